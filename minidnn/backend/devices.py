@@ -1,0 +1,221 @@
+"""Devices and array modules: the only place that decides between NumPy and CuPy.
+
+A device is ``"cpu"`` (NumPy arrays) or ``"cuda"`` / ``"cuda:N"`` (CuPy arrays on GPU N).  CuPy is
+imported lazily, the first time a GPU is asked for, so a CPU-only install never touches it.
+Everything above the backend asks this module which array module holds an array
+(``array_module(x)``) and never imports CuPy itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+
+__all__ = [
+    "Device", "device", "array_module", "device_of", "xp_for", "to_device", "device_guard",
+    "cuda_is_available", "cuda_device_count", "default_device", "set_default_device",
+    "CudaUnavailableError", "DeviceMismatchError", "is_cuda_array",
+]
+
+
+class CudaUnavailableError(RuntimeError):
+    """A GPU was asked for but CuPy, the driver or the GPU is missing."""
+
+
+class DeviceMismatchError(RuntimeError):
+    """Arrays of one operation live on different devices."""
+
+
+_cupy = None          # the module once imported
+_cupy_error = None    # why it could not be imported (an ImportError), once tried
+_cupy_tried = False
+
+
+def _try_cupy():
+    global _cupy, _cupy_error, _cupy_tried
+    if not _cupy_tried:
+        _cupy_tried = True
+        try:
+            import cupy  # noqa: F401  (only this module imports CuPy outside backend/cuda)
+            _cupy = cupy
+        except Exception as exc:  # ImportError, or a broken CUDA install raising at import
+            _cupy_error = exc
+    return _cupy
+
+
+def _require_cupy():
+    cp = _try_cupy()
+    if cp is None:
+        raise CudaUnavailableError(
+            "minidnn: a CUDA device was requested but CuPy is not installed or failed to import "
+            f"({type(_cupy_error).__name__}: {_cupy_error}). Install the GPU extra that matches your CUDA "
+            "driver: pip install 'minidnn[cuda12]' (CUDA 12.x) or 'minidnn[cuda13]' (CUDA 13.x).")
+    return cp
+
+
+def cuda_device_count() -> int:
+    """Number of visible GPUs; 0 where CuPy, the driver or a GPU is missing."""
+    cp = _try_cupy()
+    if cp is None:
+        return 0
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def cuda_is_available() -> bool:
+    return cuda_device_count() > 0
+
+
+class Device:
+    """A device: ``type`` is ``"cpu"`` or ``"cuda"``; ``index`` is the GPU ordinal (None for cpu)."""
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type: str, index: int | None = None):
+        object.__setattr__(self, "type", type)
+        object.__setattr__(self, "index", index)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Device is immutable")
+
+    def __repr__(self):
+        return f"device(type='{self.type}'" + (f", index={self.index})" if self.index is not None else ")")
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            try:
+                other = device(other)
+            except ValueError:
+                return False
+        return isinstance(other, Device) and self.type == other.type and self.index == other.index
+
+    def __hash__(self):
+        return hash((self.type, self.index))
+
+    @property
+    def xp(self):
+        """The array module that holds this device's arrays (numpy or cupy)."""
+        return np if self.type == "cpu" else _require_cupy()
+
+
+CPU = Device("cpu")
+_device_cache: dict = {}
+
+
+def device(spec=None) -> Device:
+    """Parse ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int (GPU N) or a Device.  None means the default.
+
+    Asking for a GPU checks that CuPy, the driver and that GPU exist, and raises
+    CudaUnavailableError naming the cause and the fix otherwise.
+    """
+    if spec is None:
+        return default_device()
+    if isinstance(spec, Device):
+        return spec
+    cached = _device_cache.get(spec)
+    if cached is not None:
+        return cached
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        dev_type, index = "cuda", spec
+    elif isinstance(spec, str):
+        s = spec.strip().lower()
+        if s == "cpu":
+            return CPU
+        if s == "gpu":
+            s = "cuda"
+        dev_type, _, idx = s.partition(":")
+        if dev_type != "cuda" or (idx and not idx.isdigit()):
+            raise ValueError(f"unknown device {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        index = int(idx) if idx else None
+    else:
+        # A torch.device or anything printing as one.
+        try:
+            return device(str(spec))
+        except ValueError:
+            raise ValueError(f"cannot interpret {spec!r} as a device") from None
+    _require_cupy()
+    count = cuda_device_count()
+    if count == 0:
+        raise CudaUnavailableError(
+            f"minidnn: device {spec!r} requested, CuPy is installed but no CUDA GPU is visible "
+            "(no NVIDIA driver, no GPU, or CUDA_VISIBLE_DEVICES hides them). Use device='cpu', or run on a "
+            "machine with an NVIDIA GPU and a driver matching the installed cupy-cuda12x/cupy-cuda13x extra.")
+    if index is None:
+        index = int(_cupy.cuda.runtime.getDevice())
+    if not 0 <= index < count:
+        raise CudaUnavailableError(f"minidnn: device 'cuda:{index}' requested but only {count} GPU(s) are visible")
+    dev = Device("cuda", index)
+    _device_cache[spec] = dev
+    return dev
+
+
+_default = None
+
+
+def default_device() -> Device:
+    """The device new tensors go to: ``MINIDNN_DEVICE`` from the environment, else ``cpu``."""
+    global _default
+    if _default is None:
+        _default = device(os.environ.get("MINIDNN_DEVICE", "cpu") or "cpu")
+    return _default
+
+
+def set_default_device(spec) -> None:
+    global _default
+    _default = device(spec)
+
+
+def is_cuda_array(x) -> bool:
+    return _cupy is not None and isinstance(x, _cupy.ndarray)
+
+
+def array_module(x):
+    """numpy or cupy: the module that holds array ``x`` (a NumPy scalar counts as NumPy)."""
+    if type(x) is np.ndarray or _cupy is None:
+        return np
+    return _cupy if isinstance(x, _cupy.ndarray) else np
+
+
+def device_of(x) -> Device:
+    if type(x) is np.ndarray or _cupy is None or not isinstance(x, _cupy.ndarray):
+        return CPU
+    return device(int(x.device.id))
+
+
+def xp_for(dev) -> object:
+    return device(dev).xp
+
+
+@contextlib.contextmanager
+def device_guard(dev):
+    """Make ``dev`` the current CUDA device inside the block (a no-op for cpu)."""
+    dev = device(dev)
+    if dev.type == "cpu":
+        yield
+    else:
+        with _cupy.cuda.Device(dev.index):
+            yield
+
+
+def to_device(x, dev, dtype=None, copy=False):
+    """Return array ``x`` on device ``dev`` (copying across devices; no copy when already there)."""
+    dev = device(dev)
+    if dev.type == "cpu":
+        if is_cuda_array(x):
+            x = x.get()
+            copy = False
+        out = np.array(x, dtype=dtype, copy=True) if copy else np.asarray(x, dtype=dtype)
+        return out
+    cp = _cupy
+    with cp.cuda.Device(dev.index):
+        if isinstance(x, cp.ndarray) and x.device.id == dev.index:
+            if dtype is not None and x.dtype != dtype:
+                return x.astype(dtype)
+            return x.copy() if copy else x
+        return cp.array(x, dtype=dtype, copy=True)

@@ -1,0 +1,36 @@
+"""Status and errors, after cuDNN's status codes.
+
+Every primitive validates its arguments before any computation and raises one of these with a
+message naming the offending shapes, dtypes or values and the rule they break.
+"""
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Status", "BackendError", "BadParamError", "NotSupportedError", "check"]
+
+
+class Status(enum.Enum):
+    SUCCESS = 0
+    BAD_PARAM = 3
+    NOT_SUPPORTED = 9
+
+
+class BackendError(RuntimeError):
+    status = None
+
+
+class BadParamError(BackendError, ValueError):
+    """An argument breaks a rule of the primitive (cuDNN's CUDNN_STATUS_BAD_PARAM)."""
+    status = Status.BAD_PARAM
+
+
+class NotSupportedError(BackendError):
+    """Valid arguments that this algorithm or device does not implement (CUDNN_STATUS_NOT_SUPPORTED)."""
+    status = Status.NOT_SUPPORTED
+
+
+def check(condition: bool, message: str, error=BadParamError) -> None:
+    """Raise ``error(message)`` unless ``condition`` holds."""
+    if not condition:
+        raise error(message)

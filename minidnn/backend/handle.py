@@ -1,0 +1,137 @@
+"""The handle: one device, one stream, and the settings every primitive reads.
+
+Like ``cudnnHandle_t`` it is passed first to every primitive.  Where none is passed, the
+primitive uses the calling thread's default handle for the device its arrays live on.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+
+import numpy as np
+
+from . import devices as _dev
+from .errors import BadParamError
+
+__all__ = ["MathType", "Handle", "get_default_handle", "resolve_handle", "create", "destroy"]
+
+
+class MathType(enum.Enum):
+    """Whether tensor cores may be used (cuDNN's cudnnMathType_t).
+
+    DEFAULT      strict fp32: float32 data is computed in float32 (no TF32).
+    TENSOR_OP    tensor cores allowed: TF32 for float32 matrix products on the GPU, fp16/bf16 inputs as given.
+    TENSOR_OP_ALLOW_CONVERSION   like TENSOR_OP, and float32 data may be down-converted for tensor cores.
+    FMA          plain FMA math, never tensor cores (same as DEFAULT here).
+    On the CPU every mode falls back to DEFAULT: NumPy has no reduced-precision matrix units.
+    """
+    DEFAULT = "default"
+    TENSOR_OP = "tensor_op"
+    TENSOR_OP_ALLOW_CONVERSION = "tensor_op_allow_conversion"
+    FMA = "fma"
+
+
+class Handle:
+    """``Handle(device="cpu"|"cuda:N", stream=None)`` plus the settings:
+
+    math_type        MathType.DEFAULT (strict fp32) or a tensor-core mode; see ``effective_math_type``.
+    deterministic    only algorithms whose results do not depend on execution order.
+    benchmark        time every supported convolution algorithm once per configuration and cache the winner.
+    workspace_limit  bytes of scratch memory an algorithm may use (None: no limit).
+    """
+
+    def __init__(self, device=None, stream=None, math_type=MathType.DEFAULT, deterministic=False,
+                 benchmark=False, workspace_limit=None):
+        self.device = _dev.device(device)
+        self.xp = self.device.xp
+        if stream is not None and self.device.type == "cpu":
+            raise BadParamError("Handle: a stream was given for device 'cpu'; streams exist only on CUDA devices")
+        self.stream = stream
+        self.math_type = MathType(math_type)
+        self.deterministic = bool(deterministic)
+        self.benchmark = bool(benchmark)
+        if workspace_limit is not None and workspace_limit < 0:
+            raise BadParamError(f"Handle: workspace_limit must be >= 0 bytes or None, got {workspace_limit}")
+        self.workspace_limit = workspace_limit
+
+    def __repr__(self):
+        return (f"Handle(device='{self.device}', math_type={self.math_type.name}, deterministic={self.deterministic}, "
+                f"benchmark={self.benchmark}, workspace_limit={self.workspace_limit})")
+
+    def effective_math_type(self, dtype=np.float32, math_type=None) -> MathType:
+        """The math type actually used for ``dtype``: tensor-core modes fall back to DEFAULT on the CPU,
+        and for dtypes other than float32/float16/bfloat16 (float64 is always computed in float64)."""
+        mt = MathType(math_type) if math_type is not None else self.math_type
+        if self.device.type == "cpu" or mt in (MathType.DEFAULT, MathType.FMA):
+            return MathType.DEFAULT
+        if np.dtype(dtype).kind != "f" or np.dtype(dtype).itemsize == 8:
+            return MathType.DEFAULT
+        return mt
+
+    def allows_tf32(self, dtype=np.float32, math_type=None) -> bool:
+        return (np.dtype(dtype) == np.float32
+                and self.effective_math_type(dtype, math_type) is not MathType.DEFAULT)
+
+    @contextlib.contextmanager
+    def activate(self):
+        """Make this handle's device and stream current inside the block."""
+        if self.device.type == "cpu":
+            yield self
+            return
+        with self.xp.cuda.Device(self.device.index):
+            if self.stream is None:
+                yield self
+            else:
+                with self.stream:
+                    yield self
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            with self.xp.cuda.Device(self.device.index):
+                (self.stream or self.xp.cuda.get_current_stream()).synchronize()
+
+    def check_arrays(self, where: str, **arrays):
+        """Raise if any named array does not live on this handle's device."""
+        for name, a in arrays.items():
+            if a is None:
+                continue
+            d = _dev.device_of(a)
+            if d != self.device:
+                raise _dev.DeviceMismatchError(
+                    f"{where}: {name} is on device '{d}' but the handle is on '{self.device}'")
+
+
+_local = threading.local()
+
+
+def get_default_handle(device=None) -> Handle:
+    """The calling thread's default handle for ``device`` (created on first use)."""
+    dev = _dev.device(device) if device is not None else _dev.CPU
+    handles = getattr(_local, "handles", None)
+    if handles is None:
+        handles = _local.handles = {}
+    h = handles.get(dev)
+    if h is None:
+        h = handles[dev] = Handle(dev)
+    return h
+
+
+def resolve_handle(handle, *arrays) -> Handle:
+    """``handle`` itself, or the default handle for the device of the first array given."""
+    if handle is not None:
+        return handle
+    for a in arrays:
+        if a is not None and hasattr(a, "shape"):
+            return get_default_handle(_dev.device_of(a))
+    return get_default_handle()
+
+
+def create(device=None, stream=None, **settings) -> Handle:
+    """cuDNN's cudnnCreate: same as ``Handle(...)``."""
+    return Handle(device, stream, **settings)
+
+
+def destroy(handle: Handle) -> None:
+    """cuDNN's cudnnDestroy: handles hold no resources beyond Python objects; kept for symmetry."""
+    handle.stream = None
