@@ -1,1 +1,275 @@
-__all__ = []
+"""Pooling (cuDNN's cudnnPoolingForward / cudnnPoolingBackward), 1-D, 2-D and 3-D.
+
+# x, dx: (N, C, *S)   with S = (W,), (H, W) or (D, H, W)       (format="NHWC": (N, *S, C))
+# y, dy: (N, C, *O)   O[i] = floor((S[i] + 2*pad[i] - window[i]) / stride[i]) + 1   (ceil with ceil_mode)
+# argmax: (N, C, *O)  index of the winning tap inside its window (row-major), MAX modes only
+
+The reference walks the window *taps* (at most window[0]*window[1]*... iterations), never pixels or
+samples: at tap k every output position o reads the padded input at k + o * stride, a strided slice.
+
+Padding is zero padding.  Max pooling never picks a padded position (they count as -inf);
+AVERAGE_COUNT_INCLUDE_PADDING divides by the window size clipped to the padded input,
+AVERAGE_COUNT_EXCLUDE_PADDING by the number of real input elements in the window.
+
+Determinism: MAX backward sends each window's gradient to the *first* maximum of the window
+(row-major tap order, as cuDNN and PyTorch do), and accumulates overlapping windows tap by tap in a
+fixed order, so MAX and MAX_DETERMINISTIC give bit-identical results in this reference.  The
+distinction matters for a parallel GPU kernel (atomic adds in MAX), which must keep
+MAX_DETERMINISTIC's fixed order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+import numpy as np
+
+from ._common import (as_tuple, begin, blend, check_float, check_ndim, check_out, check_same, pad_axes,
+                      shape_str, tap_offsets)
+from .errors import BadParamError
+from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from_channels_first, resolve_format,
+                     to_channels_first)
+
+__all__ = ["PoolingMode", "PoolingDescriptor", "get_pooling_forward_output_dim",
+           "pooling_forward", "pooling_backward"]
+
+
+class PoolingMode(enum.Enum):
+    MAX = "max"
+    MAX_DETERMINISTIC = "max_deterministic"
+    AVERAGE_COUNT_INCLUDE_PADDING = "average_count_include_padding"
+    AVERAGE_COUNT_EXCLUDE_PADDING = "average_count_exclude_padding"
+
+    @property
+    def is_max(self) -> bool:
+        return self in (PoolingMode.MAX, PoolingMode.MAX_DETERMINISTIC)
+
+
+def _int_or_tuple(value, name, minimum):
+    """Normalise an int or a sequence of ints (kept as given: the spatial rank is known only at use)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        values = (int(value),)
+        norm = int(value)
+    else:
+        try:
+            values = norm = tuple(int(v) for v in value)
+        except TypeError:
+            raise BadParamError(f"PoolingDescriptor: {name}={value!r} must be an int or a sequence of ints") from None
+        if not 1 <= len(values) <= 3:
+            raise BadParamError(f"PoolingDescriptor: {name}={value!r} must have 1 to 3 entries (1-D to 3-D pooling)")
+    if any(v < minimum for v in values):
+        raise BadParamError(f"PoolingDescriptor: {name}={value!r} must be >= {minimum}")
+    return norm
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolingDescriptor:
+    """Pooling settings.  ``window``, ``padding`` and ``stride`` are ints (same for every spatial dim)
+    or one int per spatial dim; ``stride=None`` means stride = window (non-overlapping windows).
+
+    ``ceil_mode=True`` rounds the output size up (PyTorch's ceil_mode), but, as in PyTorch, a last
+    window is dropped if it would start in the right padding.  Padding must be smaller than the
+    window so that every window holds at least one input element.
+    """
+    mode: PoolingMode
+    window: int | tuple
+    padding: int | tuple = 0
+    stride: int | tuple | None = None
+    ceil_mode: bool = False
+
+    def __post_init__(self):
+        try:
+            mode = PoolingMode(self.mode) if not isinstance(self.mode, str) else PoolingMode[self.mode.upper()]
+        except (KeyError, ValueError):
+            raise BadParamError(f"PoolingDescriptor: unknown mode {self.mode!r}; expected one of "
+                                f"{[m.name for m in PoolingMode]}") from None
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "window", _int_or_tuple(self.window, "window", 1))
+        object.__setattr__(self, "padding", _int_or_tuple(self.padding, "padding", 0))
+        stride = self.window if self.stride is None else _int_or_tuple(self.stride, "stride", 1)
+        object.__setattr__(self, "stride", stride)
+        object.__setattr__(self, "ceil_mode", bool(self.ceil_mode))
+
+    def resolve(self, nd: int, where: str = "pooling"):
+        """(window, padding, stride) as tuples of ``nd`` ints, checked against each other."""
+        window = as_tuple(self.window, nd, where, "window")
+        padding = as_tuple(self.padding, nd, where, "padding")
+        stride = as_tuple(self.stride, nd, where, "stride")
+        for k, p in zip(window, padding):
+            if p >= k:
+                raise BadParamError(f"{where}: padding {padding} must be smaller than window {window} in every "
+                                    "dim, or a window could hold only padding")
+        return window, padding, stride
+
+
+def _output_size(length, k, p, s, ceil_mode):
+    span = length + 2 * p - k
+    if span < 0:
+        return None
+    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= length + p:
+        out -= 1      # the last window would start in the right padding: drop it (PyTorch's rule)
+    return out
+
+
+class _Geometry:
+    """Everything about one pooling call that forward and backward share (channels-first view)."""
+
+    def __init__(self, desc, x_shape, where):
+        if not isinstance(desc, PoolingDescriptor):
+            raise BadParamError(f"{where}: pooling_desc must be a PoolingDescriptor, got {type(desc).__name__}")
+        nd = len(x_shape) - 2
+        self.window, self.padding, self.stride = desc.resolve(nd, where)
+        self.spatial = tuple(x_shape[2:])
+        out = [_output_size(n, k, p, s, desc.ceil_mode)
+               for n, k, p, s in zip(self.spatial, self.window, self.padding, self.stride)]
+        if any(o is None for o in out):
+            raise BadParamError(f"{where}: window {self.window} is larger than the padded input: spatial size "
+                                f"{self.spatial} with padding {self.padding}")
+        self.out_sizes = tuple(out)
+        self.y_shape = tuple(x_shape[:2]) + self.out_sizes
+        # ceil_mode windows may run past the right padding: pad enough for the last window to be sliced.
+        self.pad_after = tuple(max(p, (o - 1) * s + k - n - p) for n, k, p, s, o in
+                               zip(self.spatial, self.window, self.padding, self.stride, self.out_sizes))
+        self.axes = tuple(range(2, 2 + nd))
+        self.mode = desc.mode
+
+    @property
+    def padded_spatial(self):
+        return tuple(p + n + a for p, n, a in zip(self.padding, self.spatial, self.pad_after))
+
+    def pad(self, xp, x, value):
+        return pad_axes(xp, x, self.axes, self.padding, self.pad_after, value)
+
+    def crop(self, xpad):
+        return xpad[(Ellipsis,) + tuple(slice(p, p + n) for p, n in zip(self.padding, self.spatial))]
+
+    def taps(self):
+        return tap_offsets(self.window, self.stride, self.out_sizes)
+
+    def divisor(self, xp, dtype):
+        """How many elements each average window divides by, broadcastable to y: (1, 1, *O).
+
+        Separable: the count is the product of per-dim counts.  Including padding, a window is
+        clipped to the padded input [-p, n + p) (only ceil_mode windows are ever clipped); excluding
+        padding, to the real input [0, n).
+        """
+        include = self.mode is PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING
+        count = xp.ones((1, 1) + (1,) * len(self.out_sizes), dtype=dtype)
+        for d, (n, k, p, s, o) in enumerate(zip(self.spatial, self.window, self.padding, self.stride,
+                                                self.out_sizes)):
+            start = xp.arange(o) * s - p
+            if include:
+                c = xp.minimum(start + k, n + p) - start
+            else:
+                c = xp.minimum(start + k, n) - xp.maximum(start, 0)
+            shape = [1] * count.ndim
+            shape[2 + d] = o
+            count = count * c.astype(dtype).reshape(shape)
+        return count
+
+
+def _in_format(cf_shape, fmt):
+    """A channels-first shape written in the index order of ``fmt``."""
+    return tuple(cf_shape[i] for i in channels_last_perm(len(cf_shape))) if fmt is TensorFormat.NHWC else cf_shape
+
+
+def _window_max(xp, xpad, geom):
+    """Max over each window and the tap that holds it (first maximum; a NaN wins, as in PyTorch)."""
+    best = arg = None
+    for t, sl in geom.taps():
+        v = xpad[(Ellipsis,) + sl]
+        if best is None:
+            best = v.copy()
+            arg = xp.zeros(v.shape, dtype=np.min_scalar_type(math.prod(geom.window) - 1))
+            continue
+        better = (v > best) | (xp.isnan(v) & ~xp.isnan(best))
+        best = xp.where(better, v, best)
+        arg[better] = t
+    return best, arg
+
+
+def get_pooling_forward_output_dim(pooling_desc: PoolingDescriptor, x_shape, format=None) -> tuple:
+    """Shape of y for an x of ``x_shape`` (cuDNN's cudnnGetPoolingNdForwardOutputDim)."""
+    where = "get_pooling_forward_output_dim"
+    x_shape = tuple(int(n) for n in x_shape)
+    if len(x_shape) not in (3, 4, 5):
+        raise BadParamError(f"{where}: x shape {x_shape} must be 3-D, 4-D or 5-D (N, C, *spatial)")
+    fmt = resolve_format(None, format)
+    cf_shape = tuple(x_shape[i] for i in channels_first_perm(len(x_shape))) if fmt is TensorFormat.NHWC else x_shape
+    return _in_format(_Geometry(pooling_desc, cf_shape, where).y_shape, fmt)
+
+
+def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=0.0, y=None, format=None,
+                    return_argmax=False):
+    """y = alpha * pool(x) + beta * y.
+
+    ``return_argmax=True`` (max modes only) returns ``(y, argmax)``, where argmax holds each window's
+    winning tap; passing it to ``pooling_backward`` skips recomputing the maxima.
+    """
+    where = "pooling_forward"
+    handle, xp = begin(handle, where, x=x, y=y)
+    check_float(where, x=x)
+    check_ndim(where, "x", x, (3, 4, 5))
+    fmt = resolve_format(x, format)
+    xc = to_channels_first(x, fmt)
+    geom = _Geometry(pooling_desc, xc.shape, where)
+    if return_argmax and not geom.mode.is_max:
+        raise BadParamError(f"{where}: return_argmax=True needs a MAX mode, got {geom.mode.name}")
+    y_shape = _in_format(geom.y_shape, fmt)
+    check_out(where, "y", y, y_shape, x.dtype, beta)
+
+    if geom.mode.is_max:
+        value, argmax = _window_max(xp, geom.pad(xp, xc, -np.inf), geom)
+    else:
+        xpad = geom.pad(xp, xc, 0)
+        value = sum(xpad[(Ellipsis,) + sl] for _, sl in geom.taps()) / geom.divisor(xp, x.dtype)
+        argmax = None
+    y = blend(from_channels_first(value, fmt), alpha, beta, y, x.dtype)
+    return (y, from_channels_first(argmax, fmt)) if return_argmax else y
+
+
+def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.0, beta=0.0, dx=None, format=None,
+                     argmax=None):
+    """dx = alpha * (d pool / d x)^T dy + beta * dx   (cuDNN argument order: desc, y, dy, x).
+
+    MAX modes route each window's gradient to its first maximum, recomputed from x (``y`` is only
+    checked), or read from ``argmax`` returned by ``pooling_forward(..., return_argmax=True)``.
+    """
+    where = "pooling_backward"
+    handle, xp = begin(handle, where, y=y, dy=dy, x=x, dx=dx, argmax=argmax)
+    check_float(where, x=x)
+    check_ndim(where, "x", x, (3, 4, 5))
+    fmt = resolve_format(x, format)
+    xc = to_channels_first(x, fmt)
+    geom = _Geometry(pooling_desc, xc.shape, where)
+    dyc = to_channels_first(dy, fmt)
+    if tuple(dyc.shape) != geom.y_shape:
+        raise BadParamError(f"{where}: dy has shape {shape_str(dy)} but pooling x of shape {shape_str(x)} gives "
+                            f"{_in_format(geom.y_shape, fmt)}")
+    check_same(where, "dy", dy, y=y)
+    if dy.dtype != x.dtype:
+        raise BadParamError(f"{where}: dy has dtype {dy.dtype} but x has dtype {x.dtype}; they must match")
+    if argmax is not None:
+        if not geom.mode.is_max:
+            raise BadParamError(f"{where}: argmax is only meaningful for MAX modes, got {geom.mode.name}")
+        if tuple(argmax.shape) != tuple(dy.shape):
+            raise BadParamError(f"{where}: argmax has shape {shape_str(argmax)} but dy has shape {shape_str(dy)}")
+    check_out(where, "dx", dx, x.shape, x.dtype, beta)
+
+    dxpad = xp.zeros(xc.shape[:2] + geom.padded_spatial, dtype=x.dtype)
+    if geom.mode.is_max:
+        if argmax is None:
+            _, arg = _window_max(xp, geom.pad(xp, xc, -np.inf), geom)
+        else:
+            arg = to_channels_first(argmax, fmt)
+        zero = xp.zeros((), dtype=x.dtype)
+        for t, sl in geom.taps():
+            # One tap's slice never hits an input position twice (stride >= 1), so += on the view is exact.
+            dxpad[(Ellipsis,) + sl] += xp.where(arg == t, dyc, zero)
+    else:
+        g = dyc / geom.divisor(xp, x.dtype)
+        for _, sl in geom.taps():
+            dxpad[(Ellipsis,) + sl] += g
+    return blend(from_channels_first(geom.crop(dxpad), fmt), alpha, beta, dx, x.dtype)
