@@ -1,1 +1,167 @@
-__all__ = []
+"""Pointwise activations (cuDNN's cudnnActivationForward / cudnnActivationBackward).
+
+# x, y, dy, dx: any shape, all the same shape and dtype (elementwise)
+
+Each mode is one row of ``_MODES``: its function f(x) and its derivative f'(x), both written once
+for NumPy and CuPy.  Backward computes dx = alpha * f'(x) * dy + beta * dx from **x** for every mode:
+``y`` is accepted for cuDNN's argument order but not needed, because a y written with alpha/beta
+blending is no longer f(x), and one source of truth keeps the reference simple.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+import numpy as np
+
+from ._common import begin, blend, check_float, check_out, check_same
+from .errors import BadParamError
+
+__all__ = ["ActivationMode", "ActivationDescriptor", "activation_forward", "activation_backward"]
+
+
+class ActivationMode(enum.Enum):
+    RELU = "relu"                  # max(x, 0)
+    SIGMOID = "sigmoid"            # 1 / (1 + exp(-x))
+    TANH = "tanh"
+    CLIPPED_RELU = "clipped_relu"  # min(max(x, 0), coef)                 coef = ceiling (required)
+    ELU = "elu"                    # x if x > 0 else coef * (exp(x) - 1)  coef = alpha (default 1)
+    IDENTITY = "identity"
+    LEAKY_RELU = "leaky_relu"      # x if x > 0 else coef * x             coef = negative slope (default 0.01)
+    GELU = "gelu"                  # x * Phi(x), exact erf form
+    GELU_TANH = "gelu_tanh"        # PyTorch's approximate="tanh" form
+    SWISH = "swish"                # x * sigmoid(coef * x)                coef = beta (default 1: SiLU)
+    SOFTPLUS = "softplus"          # log(1 + exp(coef * x)) / coef       coef = beta (default 1)
+    HARDTANH = "hardtanh"          # min(max(x, -coef), coef)             coef = bound (default 1)
+    RELU6 = "relu6"                # min(max(x, 0), 6)
+
+
+# Default coef per mode where the mode uses one; None marks "must be given".
+_DEFAULT_COEF = {ActivationMode.CLIPPED_RELU: None, ActivationMode.ELU: 1.0, ActivationMode.LEAKY_RELU: 0.01,
+                 ActivationMode.SWISH: 1.0, ActivationMode.SOFTPLUS: 1.0, ActivationMode.HARDTANH: 1.0}
+_POSITIVE_COEF = (ActivationMode.CLIPPED_RELU, ActivationMode.SOFTPLUS, ActivationMode.HARDTANH)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationDescriptor:
+    """An activation mode and its coefficient.
+
+    ``coef=None`` takes the mode's default (ELU 1.0, LEAKY_RELU 0.01, SWISH 1.0, SOFTPLUS 1.0,
+    HARDTANH 1.0); CLIPPED_RELU needs an explicit ceiling.  Modes without a coefficient ignore it.
+    """
+    mode: ActivationMode
+    coef: float | None = None
+
+    def __post_init__(self):
+        try:
+            mode = ActivationMode[self.mode.upper()] if isinstance(self.mode, str) else ActivationMode(self.mode)
+        except (KeyError, ValueError):
+            raise BadParamError(f"ActivationDescriptor: unknown mode {self.mode!r}; expected one of "
+                                f"{[m.name for m in ActivationMode]}") from None
+        object.__setattr__(self, "mode", mode)
+        coef = self.coef if self.coef is not None else _DEFAULT_COEF.get(mode, 0.0)
+        if coef is None:
+            raise BadParamError(f"ActivationDescriptor: mode {mode.name} needs coef (the clipping ceiling)")
+        coef = float(coef)
+        if not math.isfinite(coef) or (mode in _POSITIVE_COEF and coef <= 0):
+            raise BadParamError(f"ActivationDescriptor: mode {mode.name} needs a finite coef > 0, got {coef}")
+        object.__setattr__(self, "coef", coef)
+
+
+def _erf(xp, x):
+    """erf for NumPy (SciPy where installed) or CuPy (cupyx).  NumPy itself has no erf."""
+    if xp is np:
+        try:
+            from scipy.special import erf
+        except ImportError:     # slow but exact fallback: SciPy is not a hard dependency
+            return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+        return erf(x)
+    from cupyx.scipy.special import erf
+    return erf(x)
+
+
+def _sigmoid(xp, x):
+    return 0.5 * (1 + xp.tanh(0.5 * x))     # equals 1/(1+exp(-x)) and never overflows
+
+
+_SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+_GELU_TANH_C = 0.044715
+
+
+def _gelu(xp, x, c):
+    return 0.5 * x * (1 + _erf(xp, x / math.sqrt(2)))
+
+
+def _gelu_grad(xp, x, c):
+    # d/dx [x * Phi(x)] = Phi(x) + x * phi(x)
+    return 0.5 * (1 + _erf(xp, x / math.sqrt(2))) + x * xp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _gelu_tanh(xp, x, c):
+    return 0.5 * x * (1 + xp.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x ** 3)))
+
+
+def _gelu_tanh_grad(xp, x, c):
+    t = xp.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x ** 3))
+    dinner = _SQRT_2_OVER_PI * (1 + 3 * _GELU_TANH_C * x * x)
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * dinner
+
+
+def _swish_grad(xp, x, c):
+    s = _sigmoid(xp, c * x)
+    return s + c * x * s * (1 - s)
+
+
+def _between(x, lo, hi):
+    return ((x > lo) & (x < hi)).astype(x.dtype)
+
+
+# mode -> (f(xp, x, coef), f'(xp, x, coef)); derivatives at kinks follow PyTorch (relu'(0) = 0, ...).
+_MODES = {
+    ActivationMode.IDENTITY: (lambda xp, x, c: x, lambda xp, x, c: xp.ones_like(x)),
+    ActivationMode.RELU: (lambda xp, x, c: xp.maximum(x, 0), lambda xp, x, c: (x > 0).astype(x.dtype)),
+    ActivationMode.SIGMOID: (lambda xp, x, c: _sigmoid(xp, x),
+                             lambda xp, x, c: _sigmoid(xp, x) * (1 - _sigmoid(xp, x))),
+    ActivationMode.TANH: (lambda xp, x, c: xp.tanh(x), lambda xp, x, c: 1 - xp.tanh(x) ** 2),
+    ActivationMode.CLIPPED_RELU: (lambda xp, x, c: xp.clip(x, 0, c), lambda xp, x, c: _between(x, 0, c)),
+    ActivationMode.RELU6: (lambda xp, x, c: xp.clip(x, 0, 6), lambda xp, x, c: _between(x, 0, 6)),
+    ActivationMode.HARDTANH: (lambda xp, x, c: xp.clip(x, -c, c), lambda xp, x, c: _between(x, -c, c)),
+    # expm1/exp see min(x, 0) so the unused branch of where() cannot overflow
+    ActivationMode.ELU: (lambda xp, x, c: xp.where(x > 0, x, c * xp.expm1(xp.minimum(x, 0))),
+                         lambda xp, x, c: xp.where(x > 0, 1, c * xp.exp(xp.minimum(x, 0))).astype(x.dtype)),
+    ActivationMode.LEAKY_RELU: (lambda xp, x, c: xp.where(x > 0, x, c * x),
+                                lambda xp, x, c: xp.where(x > 0, 1, c).astype(x.dtype)),
+    ActivationMode.GELU: (_gelu, _gelu_grad),
+    ActivationMode.GELU_TANH: (_gelu_tanh, _gelu_tanh_grad),
+    ActivationMode.SWISH: (lambda xp, x, c: x * _sigmoid(xp, c * x), _swish_grad),
+    ActivationMode.SOFTPLUS: (lambda xp, x, c: xp.logaddexp(0, c * x) / c, lambda xp, x, c: _sigmoid(xp, c * x)),
+}
+
+
+def _check_desc(where, desc):
+    if not isinstance(desc, ActivationDescriptor):
+        raise BadParamError(f"{where}: activation_desc must be an ActivationDescriptor, got {type(desc).__name__}")
+
+
+def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1.0, beta=0.0, y=None):
+    """y = alpha * f(x) + beta * y."""
+    where = "activation_forward"
+    handle, xp = begin(handle, where, x=x, y=y)
+    _check_desc(where, activation_desc)
+    check_float(where, x=x)
+    check_out(where, "y", y, x.shape, x.dtype, beta)
+    f, _ = _MODES[activation_desc.mode]
+    return blend(f(xp, x, activation_desc.coef), alpha, beta, y, x.dtype)
+
+
+def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x, alpha=1.0, beta=0.0, dx=None):
+    """dx = alpha * f'(x) * dy + beta * dx   (cuDNN argument order: desc, y, dy, x; y may be None)."""
+    where = "activation_backward"
+    handle, xp = begin(handle, where, y=y, dy=dy, x=x, dx=dx)
+    _check_desc(where, activation_desc)
+    check_float(where, x=x)
+    check_same(where, "x", x, y=y, dy=dy)
+    check_out(where, "dx", dx, x.shape, x.dtype, beta)
+    _, fprime = _MODES[activation_desc.mode]
+    return blend(fprime(xp, x, activation_desc.coef) * dy, alpha, beta, dx, x.dtype)
