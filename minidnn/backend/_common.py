@@ -96,6 +96,14 @@ def blend(value, alpha, beta, out, dtype=None):
     return out
 
 
+def parse_enum(where: str, cls, value, name: str):
+    """``value`` as a member of enum ``cls``: a member, its value, or its name in any case."""
+    try:
+        return cls[value.upper()] if isinstance(value, str) else cls(value)
+    except (KeyError, ValueError):
+        raise BadParamError(f"{where}: unknown {name} {value!r}; expected one of {[m.name for m in cls]}") from None
+
+
 def as_tuple(value, n: int, where: str, name: str) -> tuple:
     """Broadcast an int to ``n`` ints, or check that a sequence has ``n`` entries."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ._common import begin, blend, check_float, check_out, check_same
+from ._common import begin, blend, check_float, check_out, check_same, parse_enum
 from .errors import BadParamError
 
 __all__ = ["ActivationMode", "ActivationDescriptor", "activation_forward", "activation_backward"]
@@ -54,11 +54,7 @@ class ActivationDescriptor:
     coef: float | None = None
 
     def __post_init__(self):
-        try:
-            mode = ActivationMode[self.mode.upper()] if isinstance(self.mode, str) else ActivationMode(self.mode)
-        except (KeyError, ValueError):
-            raise BadParamError(f"ActivationDescriptor: unknown mode {self.mode!r}; expected one of "
-                                f"{[m.name for m in ActivationMode]}") from None
+        mode = parse_enum("ActivationDescriptor", ActivationMode, self.mode, "mode")
         object.__setattr__(self, "mode", mode)
         coef = self.coef if self.coef is not None else _DEFAULT_COEF.get(mode, 0.0)
         if coef is None:

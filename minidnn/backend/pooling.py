@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from ._common import (as_tuple, begin, blend, check_float, check_ndim, check_out, check_same, pad_axes,
-                      shape_str, tap_offsets)
+                      parse_enum, shape_str, tap_offsets)
 from .errors import BadParamError
 from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from_channels_first, resolve_format,
                      to_channels_first)
@@ -79,12 +79,7 @@ class PoolingDescriptor:
     ceil_mode: bool = False
 
     def __post_init__(self):
-        try:
-            mode = PoolingMode(self.mode) if not isinstance(self.mode, str) else PoolingMode[self.mode.upper()]
-        except (KeyError, ValueError):
-            raise BadParamError(f"PoolingDescriptor: unknown mode {self.mode!r}; expected one of "
-                                f"{[m.name for m in PoolingMode]}") from None
-        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "mode", parse_enum("PoolingDescriptor", PoolingMode, self.mode, "mode"))
         object.__setattr__(self, "window", _int_or_tuple(self.window, "window", 1))
         object.__setattr__(self, "padding", _int_or_tuple(self.padding, "padding", 0))
         stride = self.window if self.stride is None else _int_or_tuple(self.stride, "stride", 1)
