@@ -1,1 +1,342 @@
-__all__ = []
+"""Batch, layer and group normalisation (cuDNN's cudnnBatchNormalization*, cudnnNormalization*).
+
+# x, y, dy, dx: (N, C, *S)   (batch norm with format="NHWC": (N, *S, C)); batch norm also takes (N, C)
+# batch norm SPATIAL:         scale, bias, running_*, saved_*: (C,)        statistics over N and S
+# batch norm PER_ACTIVATION:  scale, bias, running_*, saved_*: (C, *S)     statistics over N only
+#                             (a (1, C, 1, 1) / (1, C, *S) shape is accepted too, as cuDNN's descriptors use)
+# layer norm:  x (*B, *D) with D the last ``normalized_ndim`` dims; scale, bias: D;  mean, inv_std: B
+# group norm:  x (N, C, *S), G groups of C/G channels; scale, bias: (C,);             mean, inv_std: (N, G)
+
+All three share one recipe: xhat = (x - mean) * inv_std with inv_std = 1 / sqrt(var + epsilon) and the
+*biased* variance, y = scale * xhat + bias.  ``scale`` and ``bias`` may be None (affine off: scale 1,
+bias 0); backward then returns None for dscale and dbias.  Statistics come from the shifted one-pass
+moments in _common.moments (float16 data accumulates in float32).
+
+Batch-norm training updates the running statistics in place, cuDNN's and PyTorch's rule:
+    running_mean = (1 - f) * running_mean + f * batch_mean
+    running_var  = (1 - f) * running_var  + f * batch_var * m / (m - 1)     (unbiased, m values per statistic)
+"""
+from __future__ import annotations
+
+import enum
+import math
+
+import numpy as np
+
+from ._common import begin, blend, check_float, check_ndim, check_out, moments, normalization_backward, parse_enum
+from .errors import BadParamError
+from .layout import TensorFormat, channels_last_perm, from_channels_first, resolve_format, to_channels_first
+
+__all__ = ["BatchNormMode", "batch_normalization_forward_training", "batch_normalization_forward_inference",
+           "batch_normalization_backward", "layer_normalization_forward", "layer_normalization_backward",
+           "group_normalization_forward", "group_normalization_backward"]
+
+
+class BatchNormMode(enum.Enum):
+    SPATIAL = "spatial"                 # one statistic per channel (BatchNorm1d/2d/3d)
+    PER_ACTIVATION = "per_activation"   # one statistic per (C, *S) element (fully connected layers)
+
+
+# ----------------------------------------------------------------------------------------------
+# Steps shared by the three families.
+
+def _check_epsilon(where, epsilon):
+    if not (epsilon >= 0 and math.isfinite(epsilon)):
+        raise BadParamError(f"{where}: epsilon={epsilon} must be a finite number >= 0")
+
+
+def _normalize(xp, x, axes, epsilon):
+    """xhat, mean and inv_std (both with size-1 dims on ``axes``)."""
+    mean, var = moments(xp, x, axes)
+    inv_std = 1 / xp.sqrt(var + epsilon)
+    return (x - mean) * inv_std, mean, var, inv_std
+
+
+def _affine(xhat, scale, bias):
+    y = xhat if scale is None else xhat * scale
+    return y if bias is None else y + bias
+
+
+def _backward(xp, xhat, dy, scale, inv_std, stat_axes, param_axes):
+    """(dx, dscale, dbias) before blending; dscale and dbias are None when scale is None (affine off)."""
+    dx = normalization_backward(xp, xhat, dy if scale is None else dy * scale, inv_std, stat_axes)
+    if scale is None:
+        return dx, None, None
+    return dx, (dy * xhat).sum(axis=param_axes, keepdims=True), dy.sum(axis=param_axes, keepdims=True)
+
+
+def _blend_backward(where, values, outs, x, param_shape, alpha_data, beta_data, alpha_param, beta_param):
+    """Write dx, dscale, dbias with their two (alpha, beta) pairs, as cuDNN's backward does."""
+    dx_v, dscale_v, dbias_v = values
+    dx, dscale, dbias = outs
+    dx = blend(dx_v, alpha_data, beta_data, dx, x.dtype)
+    if dscale_v is None:
+        return dx, None, None
+    dscale = blend(dscale_v.reshape(param_shape), alpha_param, beta_param, dscale, dscale_v.dtype)
+    dbias = blend(dbias_v.reshape(param_shape), alpha_param, beta_param, dbias, dbias_v.dtype)
+    return dx, dscale, dbias
+
+
+def _check_param(where, name, p, shapes):
+    """A per-channel/per-element parameter: None or an array of one of ``shapes`` (the first is named)."""
+    if p is None:
+        return
+    check_float(where, **{name: p})
+    if tuple(p.shape) not in shapes:
+        raise BadParamError(f"{where}: {name} has shape {tuple(p.shape)} but must have shape {shapes[0]}"
+                            + (f" (or {', '.join(map(str, shapes[1:]))})" if len(shapes) > 1 else ""))
+
+
+def _check_backward_outs(where, x, param_shape, scale, beta_data, beta_param, dx, dscale, dbias):
+    check_out(where, "dx", dx, x.shape, x.dtype, beta_data)
+    if scale is not None:
+        check_out(where, "dscale", dscale, param_shape, dscale.dtype if dscale is not None else np.float64,
+                  beta_param)
+        check_out(where, "dbias", dbias, param_shape, dbias.dtype if dbias is not None else np.float64, beta_param)
+
+
+# ----------------------------------------------------------------------------------------------
+# Batch normalisation.
+
+class _BatchNormGeometry:
+    """The channels-first view of x, the statistic axes and the parameter shapes of one call."""
+
+    def __init__(self, where, mode, x, format):
+        self.mode = parse_enum(where, BatchNormMode, mode, "mode")
+        check_float(where, x=x)
+        check_ndim(where, "x", x, (2, 3, 4, 5))
+        self.fmt = resolve_format(x, format)
+        self.xc = to_channels_first(x, self.fmt)
+        nd = self.xc.ndim
+        c_shape = self.xc.shape[1:2] if self.mode is BatchNormMode.SPATIAL else self.xc.shape[1:]
+        # broadcast shape of a statistic against the channels-first x, e.g. (1, C, 1, 1)
+        self.bshape = (1,) + tuple(c_shape) + (1,) * (nd - 1 - len(c_shape))
+        self.axes = tuple(a for a in range(nd) if self.bshape[a] == 1)
+        self.count = math.prod(self.xc.shape[a] for a in self.axes)
+        # Parameters are indexed like x without N: (C,), or (C, *S) / (*S, C) for PER_ACTIVATION.
+        self.param_shape = self._in_format(self.bshape)[1:] if self.mode is BatchNormMode.PER_ACTIVATION \
+            else tuple(c_shape)
+        self.accepted = (self.param_shape, self._in_format(self.bshape))
+
+    def _in_format(self, cf_shape):
+        if self.fmt is TensorFormat.NHWC and len(cf_shape) >= 3:
+            return tuple(cf_shape[i] for i in channels_last_perm(len(cf_shape)))
+        return tuple(cf_shape)
+
+    def view(self, p):
+        """Parameter ``p`` (any accepted shape) as a channels-first broadcastable view, or None."""
+        if p is None:
+            return None
+        return to_channels_first(p.reshape(self._in_format(self.bshape)), self.fmt)
+
+    def to_param(self, v, shape=None):
+        """A channels-first statistic of shape bshape, back in parameter indexing (``shape`` or param_shape)."""
+        return from_channels_first(v, self.fmt).reshape(shape or self.param_shape)
+
+
+def _bn_prologue(where, handle, mode, x, format, epsilon, params, others):
+    """Device checks for every array, then x, the parameters (``params``) and epsilon validated."""
+    handle, xp = begin(handle, where, x=x, **params, **others)
+    geom = _BatchNormGeometry(where, mode, x, format)
+    for name, p in params.items():
+        _check_param(where, name, p, geom.accepted)
+    _check_epsilon(where, epsilon)
+    return xp, geom
+
+
+def batch_normalization_forward_training(handle, mode, x, scale, bias, exponential_average_factor,
+                                         running_mean, running_var, epsilon, alpha=1.0, beta=0.0, y=None,
+                                         format=None):
+    """Normalise with the batch's statistics -> (y, saved_mean, saved_inv_variance).
+
+    running_mean / running_var (each may be None) are updated in place with factor f =
+    ``exponential_average_factor`` (PyTorch's momentum).  saved_inv_variance is 1/sqrt(var + epsilon),
+    what backward needs.  An empty batch returns an empty y, zero saved statistics and leaves the
+    running statistics untouched; a single value per statistic (e.g. N=1 with PER_ACTIVATION) is an
+    error, as in PyTorch, because the unbiased variance is undefined.
+    """
+    where = "batch_normalization_forward_training"
+    xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
+                            dict(scale=scale, bias=bias, running_mean=running_mean, running_var=running_var),
+                            dict(y=y))
+    check_out(where, "y", y, x.shape, x.dtype, beta)
+    f = exponential_average_factor
+    if not 0 <= f <= 1:
+        raise BadParamError(f"{where}: exponential_average_factor={f} must be in [0, 1]")
+    if geom.count == 1 and x.size:
+        raise BadParamError(f"{where}: expected more than 1 value per statistic when training, got x of shape "
+                            f"{tuple(x.shape)} in mode {geom.mode.name}")
+
+    if x.size == 0:
+        zeros = xp.zeros(geom.param_shape, dtype=np.float32 if x.dtype == np.float16 else x.dtype)
+        return blend(xp.empty(x.shape, dtype=x.dtype), alpha, beta, y, x.dtype), zeros, zeros.copy()
+    xhat, mean, var, inv_std = _normalize(xp, geom.xc, geom.axes, epsilon)
+    for running, batch in ((running_mean, mean), (running_var, var * (geom.count / (geom.count - 1)))):
+        if running is not None:
+            running[...] = (1 - f) * running + f * geom.to_param(batch, running.shape)
+    value = from_channels_first(_affine(xhat, geom.view(scale), geom.view(bias)), geom.fmt)
+    return blend(value, alpha, beta, y, x.dtype), geom.to_param(mean), geom.to_param(inv_std)
+
+
+def batch_normalization_forward_inference(handle, mode, x, scale, bias, estimated_mean, estimated_variance,
+                                          epsilon, alpha=1.0, beta=0.0, y=None, format=None):
+    """y = alpha * (scale * (x - estimated_mean) / sqrt(estimated_variance + epsilon) + bias) + beta * y."""
+    where = "batch_normalization_forward_inference"
+    if estimated_mean is None or estimated_variance is None:
+        raise BadParamError(f"{where}: estimated_mean and estimated_variance are required")
+    xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
+                            dict(scale=scale, bias=bias, estimated_mean=estimated_mean,
+                                 estimated_variance=estimated_variance), dict(y=y))
+    check_out(where, "y", y, x.shape, x.dtype, beta)
+    xhat = (geom.xc - geom.view(estimated_mean)) / xp.sqrt(geom.view(estimated_variance) + epsilon)
+    value = from_channels_first(_affine(xhat, geom.view(scale), geom.view(bias)), geom.fmt)
+    return blend(value, alpha, beta, y, x.dtype)
+
+
+def batch_normalization_backward(handle, mode, x, dy, scale, saved_mean, saved_inv_variance, epsilon,
+                                 alpha_data=1.0, beta_data=0.0, alpha_param=1.0, beta_param=0.0,
+                                 dx=None, dscale=None, dbias=None, format=None):
+    """-> (dx, dscale, dbias), blended with (alpha_data, beta_data) and (alpha_param, beta_param).
+
+    saved_mean / saved_inv_variance come from the training forward; pass both as None to recompute
+    them from x and epsilon (as cuDNN allows).  dscale and dbias take scale's shape and are None when
+    scale is None.
+    """
+    where = "batch_normalization_backward"
+    xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
+                            dict(scale=scale, saved_mean=saved_mean, saved_inv_variance=saved_inv_variance),
+                            dict(dy=dy, dx=dx, dscale=dscale, dbias=dbias))
+    if tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
+        raise BadParamError(f"{where}: dy ({tuple(dy.shape)}, {dy.dtype}) must match x ({tuple(x.shape)}, {x.dtype})")
+    if (saved_mean is None) != (saved_inv_variance is None):
+        raise BadParamError(f"{where}: give both saved_mean and saved_inv_variance, or neither (to recompute)")
+    param_shape = tuple(scale.shape) if scale is not None else geom.param_shape
+    _check_backward_outs(where, x, param_shape, scale, beta_data, beta_param, dx, dscale, dbias)
+
+    if x.size == 0:
+        values = (xp.zeros(x.shape, x.dtype),) + ((None, None) if scale is None else
+                                                  (xp.zeros(param_shape, scale.dtype),) * 2)
+    else:
+        dyc = to_channels_first(dy, geom.fmt)
+        if saved_mean is None:
+            xhat, _, _, inv_std = _normalize(xp, geom.xc, geom.axes, epsilon)
+        else:
+            inv_std = geom.view(saved_inv_variance)
+            xhat = (geom.xc - geom.view(saved_mean)) * inv_std
+        dx_v, dscale_v, dbias_v = _backward(xp, xhat, dyc, geom.view(scale), inv_std, geom.axes, geom.axes)
+        values = (from_channels_first(dx_v, geom.fmt),
+                  None if scale is None else geom.to_param(dscale_v, param_shape),
+                  None if scale is None else geom.to_param(dbias_v, param_shape))
+    return _blend_backward(where, values, (dx, dscale, dbias), x, param_shape,
+                           alpha_data, beta_data, alpha_param, beta_param)
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer normalisation: statistics per sample over the last ``normalized_ndim`` dims.
+
+def _ln_geometry(where, x, normalized_ndim, params):
+    check_float(where, x=x)
+    k = normalized_ndim
+    if not (isinstance(k, (int, np.integer)) and 1 <= k <= x.ndim):
+        raise BadParamError(f"{where}: normalized_ndim={k} must be an int in [1, {x.ndim}] for x of shape "
+                            f"{tuple(x.shape)}")
+    normalized_shape = tuple(x.shape[x.ndim - k:])
+    if math.prod(normalized_shape) == 0:
+        raise BadParamError(f"{where}: cannot normalise over the empty dims {normalized_shape} of x {tuple(x.shape)}")
+    for name, p in params.items():
+        _check_param(where, name, p, (normalized_shape,))
+    return tuple(range(x.ndim - k, x.ndim)), tuple(range(x.ndim - k)), normalized_shape
+
+
+def layer_normalization_forward(handle, x, scale, bias, normalized_ndim, epsilon, alpha=1.0, beta=0.0, y=None):
+    """-> (y, mean, inv_std); mean and inv_std have shape x.shape[:-normalized_ndim] (PyTorch's LayerNorm)."""
+    where = "layer_normalization_forward"
+    handle, xp = begin(handle, where, x=x, scale=scale, bias=bias, y=y)
+    axes, _, _ = _ln_geometry(where, x, normalized_ndim, dict(scale=scale, bias=bias))
+    _check_epsilon(where, epsilon)
+    check_out(where, "y", y, x.shape, x.dtype, beta)
+    xhat, mean, _, inv_std = _normalize(xp, x, axes, epsilon)
+    stat_shape = x.shape[:x.ndim - normalized_ndim]
+    return (blend(_affine(xhat, scale, bias), alpha, beta, y, x.dtype),
+            mean.reshape(stat_shape), inv_std.reshape(stat_shape))
+
+
+def layer_normalization_backward(handle, x, dy, scale, mean, inv_std, normalized_ndim, alpha_data=1.0,
+                                 beta_data=0.0, alpha_param=1.0, beta_param=0.0, dx=None, dscale=None, dbias=None):
+    """-> (dx, dscale, dbias) from the forward's mean and inv_std; dscale/dbias None when scale is None."""
+    where = "layer_normalization_backward"
+    handle, xp = begin(handle, where, x=x, dy=dy, scale=scale, mean=mean, inv_std=inv_std, dx=dx, dscale=dscale,
+                       dbias=dbias)
+    axes, lead_axes, normalized_shape = _ln_geometry(where, x, normalized_ndim, dict(scale=scale))
+    _check_dy_and_stats(where, x, dy, dict(mean=mean, inv_std=inv_std), x.shape[:x.ndim - normalized_ndim])
+    _check_backward_outs(where, x, normalized_shape, scale, beta_data, beta_param, dx, dscale, dbias)
+    stat_shape = x.shape[:x.ndim - normalized_ndim] + (1,) * normalized_ndim
+    inv_std = inv_std.reshape(stat_shape)
+    xhat = (x - mean.reshape(stat_shape)) * inv_std
+    values = _backward(xp, xhat, dy, scale, inv_std, axes, lead_axes)
+    return _blend_backward(where, values, (dx, dscale, dbias), x, normalized_shape,
+                           alpha_data, beta_data, alpha_param, beta_param)
+
+
+def _check_dy_and_stats(where, x, dy, stats, stat_shape):
+    if dy is None or tuple(dy.shape) != tuple(x.shape) or dy.dtype != x.dtype:
+        raise BadParamError(f"{where}: dy ({None if dy is None else (tuple(dy.shape), str(dy.dtype))}) must match "
+                            f"x ({tuple(x.shape)}, {x.dtype})")
+    for name, s in stats.items():
+        if s is None or tuple(s.shape) != tuple(stat_shape):
+            raise BadParamError(f"{where}: {name} must be the forward's statistic of shape {tuple(stat_shape)}, got "
+                                f"{None if s is None else tuple(s.shape)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Group normalisation: statistics per sample and group of C/G channels; scale and bias per channel.
+
+def _gn_geometry(where, x, num_groups, params):
+    check_float(where, x=x)
+    check_ndim(where, "x", x, (2, 3, 4, 5))
+    c = x.shape[1]
+    if not (isinstance(num_groups, (int, np.integer)) and num_groups >= 1 and c % num_groups == 0):
+        raise BadParamError(f"{where}: num_groups={num_groups} must be a positive divisor of the {c} channels of x "
+                            f"{tuple(x.shape)}")
+    if c // num_groups * math.prod(x.shape[2:]) == 0:
+        raise BadParamError(f"{where}: each group of x {tuple(x.shape)} is empty")
+    for name, p in params.items():
+        _check_param(where, name, p, ((c,),))
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    return (x.shape[0], num_groups, -1), bshape, tuple(a for a in range(x.ndim) if a != 1)
+
+
+def group_normalization_forward(handle, x, num_groups, scale, bias, epsilon, alpha=1.0, beta=0.0, y=None):
+    """-> (y, mean, inv_std) with mean, inv_std of shape (N, num_groups) (PyTorch's GroupNorm)."""
+    where = "group_normalization_forward"
+    handle, xp = begin(handle, where, x=x, scale=scale, bias=bias, y=y)
+    grouped, bshape, _ = _gn_geometry(where, x, num_groups, dict(scale=scale, bias=bias))
+    _check_epsilon(where, epsilon)
+    check_out(where, "y", y, x.shape, x.dtype, beta)
+    xhat, mean, _, inv_std = _normalize(xp, x.reshape(grouped), (2,), epsilon)
+    value = _affine(xhat.reshape(x.shape), None if scale is None else scale.reshape(bshape),
+                    None if bias is None else bias.reshape(bshape))
+    return blend(value, alpha, beta, y, x.dtype), mean[..., 0], inv_std[..., 0]
+
+
+def group_normalization_backward(handle, x, dy, num_groups, scale, mean, inv_std, alpha_data=1.0, beta_data=0.0,
+                                 alpha_param=1.0, beta_param=0.0, dx=None, dscale=None, dbias=None):
+    """-> (dx, dscale, dbias) from the forward's mean and inv_std; dscale/dbias None when scale is None."""
+    where = "group_normalization_backward"
+    handle, xp = begin(handle, where, x=x, dy=dy, scale=scale, mean=mean, inv_std=inv_std, dx=dx, dscale=dscale,
+                       dbias=dbias)
+    grouped, bshape, param_axes = _gn_geometry(where, x, num_groups, dict(scale=scale))
+    _check_dy_and_stats(where, x, dy, dict(mean=mean, inv_std=inv_std), (x.shape[0], num_groups))
+    _check_backward_outs(where, x, (x.shape[1],), scale, beta_data, beta_param, dx, dscale, dbias)
+    inv_std_g = inv_std[..., None]
+    xhat_g = (x.reshape(grouped) - mean[..., None]) * inv_std_g
+    # Per-channel scale acts before the grouped statistics: fold it into dxhat in x's shape, then group.
+    dxhat = dy if scale is None else dy * scale.reshape(bshape)
+    dx_v = normalization_backward(xp, xhat_g, dxhat.reshape(grouped), inv_std_g, (2,)).reshape(x.shape)
+    if scale is None:
+        values = (dx_v, None, None)
+    else:
+        xhat = xhat_g.reshape(x.shape)
+        values = (dx_v, (dy * xhat).sum(axis=param_axes), dy.sum(axis=param_axes))
+    return _blend_backward(where, values, (dx, dscale, dbias), x, (x.shape[1],),
+                           alpha_data, beta_data, alpha_param, beta_param)
