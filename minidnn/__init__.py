@@ -1,0 +1,36 @@
+"""minidnn: a minimal deep learning framework with its own reverse-mode autograd.
+
+    import minidnn as mdn
+    x = mdn.randn(3, 4, requires_grad=True)
+    (x * x).sum().backward()
+"""
+from __future__ import annotations
+
+import numpy as _np
+
+__version__ = "0.1.0"
+
+from . import backend                       # noqa: E402,F401
+from . import autograd                      # noqa: E402,F401
+from .autograd import enable_grad, inference_mode, no_grad, set_grad_enabled, is_grad_enabled  # noqa: E402,F401
+from .tensor import *                       # noqa: E402,F401,F403
+from .tensor import Tensor                  # noqa: E402,F401
+from . import ops as _ops                   # noqa: E402  (binds the Tensor methods)
+from .ops import *                          # noqa: E402,F401,F403
+from .ops import softmax, log_softmax       # noqa: E402,F401
+from . import cuda                          # noqa: E402,F401
+
+# dtypes under PyTorch's names (NumPy dtype objects).
+float16 = half = _np.dtype("float16")
+float32 = float = _np.dtype("float32")
+float64 = double = _np.dtype("float64")
+int8 = _np.dtype("int8")
+uint8 = _np.dtype("uint8")
+int16 = short = _np.dtype("int16")
+int32 = int = _np.dtype("int32")
+int64 = long = _np.dtype("int64")
+bool = _np.dtype("bool")
+complex64 = _np.dtype("complex64")
+
+device = backend.device
+Device = backend.Device

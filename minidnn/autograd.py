@@ -1,0 +1,754 @@
+"""Reverse-mode automatic differentiation: graph nodes, the backward engine, grad modes, Function.
+
+The graph: every Tensor produced by a differentiable op under grad mode points (``grad_fn``) to a
+``Node``.  A node knows, for each of its inputs, the edge ``(node, output_nr)`` its gradient flows
+into (``None`` for inputs that need no gradient).  Leaves that require grad get an
+``AccumulateGrad`` node that adds incoming gradients into ``leaf.grad``.
+
+Backward (``run_backward``) is iterative, never recursive (a chain of 100,000 ops works):
+  1. walk the graph from the roots once, counting for every node how many edges point into it;
+  2. start from the roots and process a node when all its consumers have sent their gradient
+     (Kahn's algorithm): call ``node.backward(*grads)``, add the results into the buffers of the
+     next nodes, release the node's saved tensors unless ``retain_graph``.
+Gradients are Tensors, and every built-in backward is written with differentiable Tensor ops, so
+with ``create_graph=True`` the backward pass itself records a graph (higher-order gradients).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import traceback
+
+import numpy as np
+
+__all__ = [
+    "Function", "FunctionCtx", "Node", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+    "inference_mode", "grad", "backward", "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
+    "gradcheck", "gradgradcheck", "GradcheckError",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# Grad mode (per thread, as in PyTorch)
+# ----------------------------------------------------------------------------------------------
+class _State(threading.local):
+    grad_enabled = True
+    anomaly = False
+
+
+_state = _State()
+
+
+def is_grad_enabled() -> bool:
+    return _state.grad_enabled
+
+
+class _GradModeContext:
+    """A context manager that is also a decorator (``@no_grad()`` and ``with no_grad():``)."""
+
+    mode = True
+
+    def __enter__(self):
+        self._prev = _state.grad_enabled
+        _state.grad_enabled = self.mode
+
+    def __exit__(self, *exc):
+        _state.grad_enabled = self._prev
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self.__class__():
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class no_grad(_GradModeContext):
+    """Disable graph recording inside the block (or the decorated function)."""
+    mode = False
+
+
+class enable_grad(_GradModeContext):
+    """Enable graph recording inside the block, even within ``no_grad``."""
+    mode = True
+
+
+inference_mode = no_grad
+
+
+class set_grad_enabled(_GradModeContext):
+    """``set_grad_enabled(False)``: as a function call it sets the mode; as a context it restores it."""
+
+    def __init__(self, mode: bool):
+        self._prev = _state.grad_enabled
+        self.mode = bool(mode)
+        _state.grad_enabled = self.mode
+
+    def __enter__(self):
+        pass
+
+    def __call__(self, fn):
+        mode = self.mode
+        _state.grad_enabled = self._prev
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with set_grad_enabled(mode):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+# ----------------------------------------------------------------------------------------------
+# Anomaly detection
+# ----------------------------------------------------------------------------------------------
+def is_anomaly_enabled() -> bool:
+    return _state.anomaly
+
+
+class detect_anomaly:
+    """Inside this block every node remembers where it was created, and a backward that produces
+    NaN or inf raises an error naming the op and that place."""
+
+    def __init__(self, check_nan: bool = True):
+        self.check_nan = check_nan
+
+    def __enter__(self):
+        self._prev = _state.anomaly
+        _state.anomaly = self.check_nan
+
+    def __exit__(self, *exc):
+        _state.anomaly = self._prev
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with detect_anomaly(self.check_nan):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+def set_detect_anomaly(mode: bool) -> None:
+    _state.anomaly = bool(mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# Nodes
+# ----------------------------------------------------------------------------------------------
+_FREED_MSG = ("Trying to backward through the graph a second time (or to read saved tensors after they were "
+              "freed): {name} released its saved tensors after the first backward. Pass retain_graph=True to "
+              "the first backward() or autograd.grad() if you need to backward through it again.")
+
+
+class Node:
+    """A recorded operation.  Subclasses implement ``backward(self, *grads)`` returning one gradient
+    (a Tensor or None) per input edge, written in differentiable Tensor ops.
+
+    ``saved`` holds the tensors backward needs (a tuple), with their version counters in
+    ``versions`` so that an in-place change after the forward is caught; after a backward without
+    ``retain_graph`` it becomes None.
+    """
+
+    __slots__ = ("next_edges", "saved", "versions", "pre_hooks", "trace", "__weakref__")
+    num_outputs = 1
+
+    # Subclasses set the attributes they need; these defaults keep the hot path free of checks.
+    def save(self, *tensors):
+        self.saved = tensors
+        self.versions = tuple(t._version for t in tensors)
+
+    def saved_tensors_checked(self):
+        saved = self.saved
+        if saved is None:
+            raise RuntimeError(_FREED_MSG.format(name=self.name()))
+        for t, v in zip(saved, self.versions):
+            if t._version != v:
+                raise RuntimeError(
+                    f"one of the tensors needed by {self.name()} for gradient computation was modified by an "
+                    f"in-place operation: a tensor of shape {tuple(t.shape)} is at version {t._version}; "
+                    f"expected version {v}. Use an out-of-place op, or clone() the tensor before changing it.")
+        return saved
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    def backward(self, *grads):
+        raise NotImplementedError(f"{self.name()} has no backward")
+
+    def release(self):
+        if self.saved:
+            self.saved = None
+
+    def register_prehook(self, output_nr, fn):
+        if self.pre_hooks is None:
+            self.pre_hooks = {}
+        self.pre_hooks.setdefault(output_nr, []).append(fn)
+        return _RemovableHandle(self.pre_hooks[output_nr], fn)
+
+    @property
+    def next_functions(self):
+        return tuple(e if e is not None else (None, 0) for e in self.next_edges)
+
+    def __repr__(self):
+        return f"<{self.name()}>"
+
+
+class _RemovableHandle:
+    def __init__(self, hooks: list, fn):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self):
+        try:
+            self._hooks.remove(self._fn)
+        except ValueError:
+            pass
+
+
+class AccumulateGrad(Node):
+    """The sink of a leaf that requires grad: adds the incoming gradient into ``variable.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        self.variable = variable
+        self.next_edges = ()
+        self.saved = ()
+        self.versions = ()
+        self.pre_hooks = None
+        self.trace = None
+
+    def accumulate(self, g, create_graph: bool, fresh: bool):
+        """``fresh``: the engine guarantees nobody else holds ``g``'s array, so it may be kept as is."""
+        var = self.variable
+        if var._hooks:
+            for hook in var._hooks:
+                r = hook(g)
+                if r is not None:
+                    g = r
+                    fresh = False
+        if g.dtype != var.dtype:
+            g = g.astype(var.dtype)
+            fresh = True
+        old = var.grad
+        if create_graph:
+            var.grad = g if old is None else old + g
+            return
+        if old is None:
+            storage = var._grad_storage
+            data = g.data
+            if storage is not None:
+                # The optimizer's flat gradient buffer: land the gradient in place, no gather later.
+                storage[...] = data
+                var.grad = var._wrap_like(storage)
+            elif fresh and data.flags.c_contiguous and data.base is None and data.flags.writeable:
+                var.grad = var._wrap_like(data)
+            else:
+                var.grad = var._wrap_like(data.copy())
+        elif old.requires_grad:
+            var.grad = old.detach() + g.detach()
+        else:
+            try:
+                old.data += g.data      # accumulate in place: keeps views into flat buffers valid
+                old._version += 1
+            except ValueError:           # read-only or broadcast-incompatible array: out of place
+                var.grad = var._wrap_like(old.data + g.data)
+
+
+class FunctionCtx(Node):
+    """The ``ctx`` of a user ``Function``: it is the graph node its outputs point to."""
+
+    __slots__ = ("_fn_cls", "needs_input_grad", "_non_differentiable", "_materialize", "_out_meta",
+                 "_n_inputs", "_input_meta", "_dirty", "__dict__")
+
+    def __init__(self):
+        self.next_edges = ()
+        self.saved = ()
+        self.versions = ()
+        self.pre_hooks = None
+        self.trace = None
+        self._non_differentiable = ()
+        self._materialize = True
+        self._out_meta = ()
+        self.needs_input_grad = ()
+        self._dirty = ()
+
+    @property
+    def num_outputs(self):
+        return len(self._out_meta)
+
+    def name(self):
+        return self._fn_cls.__name__ + "Backward" if getattr(self, "_fn_cls", None) else "FunctionCtx"
+
+    def save_for_backward(self, *tensors):
+        self.saved = tuple(tensors)
+        self.versions = tuple(getattr(t, "_version", 0) for t in tensors)
+
+    @property
+    def saved_tensors(self):
+        saved = self.saved_tensors_checked()
+        return tuple(saved)
+
+    def saved_tensors_checked(self):
+        from .tensor import Tensor
+        saved = self.saved
+        if saved is None:
+            raise RuntimeError(_FREED_MSG.format(name=self.name()))
+        for t, v in zip(saved, self.versions):
+            if isinstance(t, Tensor) and t._version != v:
+                raise RuntimeError(
+                    f"one of the tensors saved by {self.name()} (shape {tuple(t.shape)}) was modified by an "
+                    f"in-place operation after save_for_backward: version {t._version}, expected {v}")
+        return saved
+
+    def mark_non_differentiable(self, *tensors):
+        self._non_differentiable = tuple(id(t) for t in tensors)
+
+    def mark_dirty(self, *tensors):
+        self._dirty = tuple(tensors)
+
+    def set_materialize_grads(self, value: bool):
+        self._materialize = bool(value)
+
+    def backward(self, *grads):
+        from .tensor import Tensor
+        if self._materialize:
+            grads = tuple(g if g is not None else _zeros_like_meta(meta)
+                          for g, meta in zip(grads, self._out_meta))
+        result = self._fn_cls.backward(self, *grads)
+        if not isinstance(result, tuple):
+            result = (result,)
+        if len(result) != self._n_inputs:
+            if len(result) > self._n_inputs and all(r is None for r in result[self._n_inputs:]):
+                result = result[:self._n_inputs]
+            else:
+                raise RuntimeError(f"{self._fn_cls.__name__}.backward returned {len(result)} gradients but forward "
+                                   f"took {self._n_inputs} arguments: return one per argument (None for non-tensors)")
+        out = []
+        for i, (r, meta) in enumerate(zip(result, self._input_meta)):
+            if r is None or meta is None:
+                out.append(None)
+                continue
+            if not isinstance(r, Tensor):
+                r = Tensor._from_array(np.asarray(r) if not hasattr(r, "shape") else r)
+            if tuple(r.shape) != meta[0]:
+                try:
+                    r = r.sum_to(meta[0])
+                except Exception:
+                    raise RuntimeError(f"{self._fn_cls.__name__}.backward returned a gradient of shape {tuple(r.shape)} "
+                                       f"for argument {i}, whose shape is {meta[0]}") from None
+            out.append(r)
+        return tuple(out)
+
+
+def _zeros_like_meta(meta):
+    from .tensor import Tensor
+    shape, dtype, xp = meta
+    return Tensor._from_array(xp.zeros(shape, dtype=dtype))
+
+
+class Function:
+    """Define a differentiable op, as in PyTorch::
+
+        class Exp(Function):
+            @staticmethod
+            def forward(ctx, x):
+                y = x.exp()
+                ctx.save_for_backward(y)
+                return y
+
+            @staticmethod
+            def backward(ctx, gy):
+                y, = ctx.saved_tensors
+                return gy * y
+
+        y = Exp.apply(x)
+
+    ``forward`` runs without recording a graph and receives the arguments as given; ``backward``
+    receives one gradient per output and returns one per forward argument (None where there is
+    none).  Written with Tensor ops, a backward is itself differentiable (``create_graph=True``).
+    """
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        from .tensor import Tensor
+        ctx = FunctionCtx()
+        ctx._fn_cls = cls
+        tensor_args = [a for a in args if isinstance(a, Tensor)]
+        _check_same_device(cls.__name__, tensor_args)
+        needs = _state.grad_enabled and any(t.requires_grad for t in tensor_args)
+        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        prev = _state.grad_enabled
+        _state.grad_enabled = False
+        try:
+            outputs = cls.forward(ctx, *args, **kwargs)
+        finally:
+            _state.grad_enabled = prev
+        if not needs:
+            return outputs
+        single = not isinstance(outputs, tuple)
+        outs = (outputs,) if single else outputs
+        ctx.next_edges = tuple(a._edge() if isinstance(a, Tensor) else None for a in args)
+        ctx._n_inputs = len(args)
+        ctx._input_meta = tuple((tuple(a.shape), a.dtype) if isinstance(a, Tensor) and a.requires_grad else None
+                                for a in args)
+        if _state.anomaly:
+            ctx.trace = "".join(traceback.format_stack()[:-1])
+        wired = []
+        meta = []
+        input_ids = {id(a) for a in tensor_args}
+        for i, o in enumerate(outs):
+            if not isinstance(o, Tensor):
+                wired.append(o)
+                meta.append(None)
+                continue
+            if id(o) in input_ids and not any(o is d for d in ctx._dirty):
+                o = o._view_of_data()     # an input returned as-is becomes a new tensor of this node
+            meta.append((tuple(o.shape), o.dtype, o._xp()))
+            if id(o) in ctx._non_differentiable:
+                o.requires_grad = False
+            else:
+                o.grad_fn, o.output_nr, o.requires_grad = ctx, i, o.dtype.kind in "fc"
+                if o.grad_fn is ctx and not o.requires_grad:
+                    o.grad_fn = None
+            wired.append(o)
+        ctx._out_meta = tuple(m if m is not None else ((), np.float32, np) for m in meta)
+        return wired[0] if single else tuple(wired)
+
+
+def _check_same_device(where, tensors):
+    if len(tensors) < 2:
+        return
+    d0 = tensors[0].device
+    for t in tensors[1:]:
+        if t.device != d0:
+            raise RuntimeError(f"{where}: expected all tensors on one device, but found tensors on '{d0}' and '{t.device}'")
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine
+# ----------------------------------------------------------------------------------------------
+def _add_grads(a, b, create_graph):
+    if a is None:
+        return b
+    if create_graph:
+        return a + b
+    return a._wrap_like(a.data + b.data)
+
+
+def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targets=None, allow_unused=False):
+    """Backpropagate ``root_grads`` from ``roots`` (tensors).  Without ``targets``: accumulate into
+    leaves' ``.grad``.  With ``targets`` (tensors): return their gradients, touching no ``.grad``."""
+    from .tensor import Tensor
+
+    # 1. Root edges and the initial gradient buffers.
+    buffers = {}                   # node -> list of gradients, one per output
+    root_nodes = []
+    for t, g in zip(roots, root_grads):
+        edge = t._edge()
+        if edge is None:
+            raise RuntimeError(f"element of shape {tuple(t.shape)} does not require grad and has no grad_fn: "
+                               "nothing to differentiate (did you forget requires_grad=True, or call it under no_grad?)")
+        node, nr = edge
+        buf = buffers.get(node)
+        if buf is None:
+            buf = buffers[node] = [None] * node.num_outputs
+            root_nodes.append(node)
+        buf[nr] = _add_grads(buf[nr], g, create_graph)
+
+    # 2. Discover the graph, count incoming edges (dependencies) per node.
+    deps = {}
+    seen = set(root_nodes)
+    stack = list(root_nodes)
+    while stack:
+        node = stack.pop()
+        for edge in node.next_edges:
+            if edge is None:
+                continue
+            child = edge[0]
+            deps[child] = deps.get(child, 0) + 1
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+
+    capture = None
+    execute = None
+    if targets is not None:
+        # Capture gradients flowing into the targets' edges; execute only nodes that lead to a target.
+        capture = {}
+        target_edges = []
+        for t in targets:
+            edge = t._edge()
+            target_edges.append(edge)
+            if edge is not None:
+                capture.setdefault(edge[0], set()).add(edge[1])
+        # A node must execute if any of its edges reaches a captured node: fixpoint over the graph.
+        reach = set(capture)
+        order = _reverse_topological(root_nodes, deps)
+        for node in order:      # children before parents
+            if any(e is not None and e[0] in reach for e in node.next_edges):
+                reach.add(node)
+        execute = {n for n in reach if any(e is not None and e[0] in reach for e in n.next_edges)}
+
+    # 3. Process nodes whose consumers are all done.
+    ready = [n for n in root_nodes if deps.get(n, 0) == 0]
+    prev_mode = _state.grad_enabled
+    _state.grad_enabled = create_graph
+    anomaly = _state.anomaly
+    captured = {}
+    try:
+        while ready:
+            node = ready.pop()
+            grads = buffers.pop(node, None) or [None] * node.num_outputs
+            if capture is not None and node in capture:
+                for nr in capture[node]:
+                    captured[(node, nr)] = grads[nr]
+            if node.pre_hooks:
+                for nr, hooks in node.pre_hooks.items():
+                    for hook in hooks:
+                        if grads[nr] is not None:
+                            r = hook(grads[nr])
+                            if r is not None:
+                                grads[nr] = r
+            run = execute is None or node in execute
+            if type(node) is AccumulateGrad:
+                if run and grads[0] is not None and targets is None:
+                    node.accumulate(grads[0], create_graph, fresh=True)
+                continue
+            if run and any(g is not None for g in grads):
+                if node.saved is None:
+                    raise RuntimeError(_FREED_MSG.format(name=node.name()))
+                outs = node.backward(*grads)
+                if anomaly:
+                    _check_anomaly(node, outs)
+                if not retain_graph:
+                    node.release()
+            else:
+                outs = None
+            for i, edge in enumerate(node.next_edges):
+                if edge is None:
+                    continue
+                child, nr = edge
+                g = outs[i] if outs is not None else None
+                if g is not None:
+                    if execute is not None and child not in execute and child not in capture:
+                        g = None
+                if g is not None:
+                    buf = buffers.get(child)
+                    if buf is None:
+                        buf = buffers[child] = [None] * child.num_outputs
+                    buf[nr] = g if buf[nr] is None else _add_grads(buf[nr], g, create_graph)
+                left = deps[child] - 1
+                deps[child] = left
+                if left == 0:
+                    ready.append(child)
+    finally:
+        _state.grad_enabled = prev_mode
+
+    if targets is None:
+        return None
+    results = []
+    for t, edge in zip(targets, target_edges):
+        g = captured.get(edge) if edge is not None else None
+        if g is None and not allow_unused:
+            raise RuntimeError(f"one of the differentiated tensors (shape {tuple(t.shape)}) appears to not have been "
+                               "used in the graph. Set allow_unused=True if this is the desired behavior.")
+        if g is not None and not create_graph:
+            g = g.detach()
+        results.append(g)
+    return tuple(results)
+
+
+def _reverse_topological(root_nodes, deps):
+    """Nodes ordered so that every node comes after all nodes it points to (children first)."""
+    deps = dict(deps)
+    order = []
+    ready = [n for n in root_nodes if deps.get(n, 0) == 0]
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for edge in node.next_edges:
+            if edge is None:
+                continue
+            c = edge[0]
+            deps[c] -= 1
+            if deps[c] == 0:
+                ready.append(c)
+    order.reverse()
+    return order
+
+
+def _check_anomaly(node, outs):
+    for i, g in enumerate(outs):
+        if g is None:
+            continue
+        xp = g._xp()
+        if not bool(xp.isfinite(g.data).all()):
+            where = node.trace or "(the forward ran outside detect_anomaly: no trace recorded)\n"
+            raise RuntimeError(f"Function '{node.name()}' returned nan or inf values in its {i}th output.\n"
+                               f"The forward call that created it:\n{where}")
+
+
+def _normalize_grads(tensors, grads, what):
+    from .tensor import Tensor
+    out = []
+    for i, (t, g) in enumerate(zip(tensors, grads)):
+        if g is None:
+            if t.numel() != 1:
+                raise RuntimeError(f"grad can be implicitly created only for scalar outputs, but {what} {i} has "
+                                   f"shape {tuple(t.shape)}: pass gradient= (a tensor of that shape)")
+            g = Tensor._from_array(t._xp().ones(t.shape, dtype=t.dtype))
+        elif not isinstance(g, Tensor):
+            g = Tensor._from_array(t._xp().asarray(g, dtype=t.dtype))
+        else:
+            if tuple(g.shape) != tuple(t.shape):
+                raise RuntimeError(f"mismatch in shape: the gradient has shape {tuple(g.shape)} but {what} {i} has "
+                                   f"shape {tuple(t.shape)}")
+            if g.device != t.device:
+                raise RuntimeError(f"the gradient is on device '{g.device}' but {what} {i} is on '{t.device}'")
+        out.append(g)
+    return out
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False):
+    """Accumulate d(tensors)/d(leaves) into every leaf's ``.grad``."""
+    from .tensor import Tensor
+    if isinstance(tensors, Tensor):
+        tensors = (tensors,)
+    tensors = tuple(tensors)
+    if grad_tensors is None or isinstance(grad_tensors, Tensor):
+        grad_tensors = (grad_tensors,) * len(tensors) if grad_tensors is None else (grad_tensors,)
+    grads = _normalize_grads(tensors, grad_tensors, "output")
+    if retain_graph is None:
+        retain_graph = create_graph
+    run_backward(tensors, grads, retain_graph=retain_graph, create_graph=create_graph)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=False):
+    """The gradients of ``outputs`` with respect to ``inputs``, returned as a tuple (``.grad`` untouched)."""
+    from .tensor import Tensor
+    single_out = isinstance(outputs, Tensor)
+    outputs = (outputs,) if single_out else tuple(outputs)
+    inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
+    if grad_outputs is None or isinstance(grad_outputs, Tensor):
+        grad_outputs = (grad_outputs,) * len(outputs) if grad_outputs is None else (grad_outputs,)
+    for i, t in enumerate(inputs):
+        if not t.requires_grad:
+            raise RuntimeError(f"autograd.grad: input {i} (shape {tuple(t.shape)}) does not require grad")
+    grads = _normalize_grads(outputs, grad_outputs, "output")
+    if retain_graph is None:
+        retain_graph = create_graph
+    return run_backward(outputs, grads, retain_graph=retain_graph, create_graph=create_graph,
+                        targets=inputs, allow_unused=allow_unused)
+
+
+# ----------------------------------------------------------------------------------------------
+# Numerical gradient checks
+# ----------------------------------------------------------------------------------------------
+class GradcheckError(AssertionError):
+    pass
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _flat_outputs(fn, inputs):
+    from .tensor import Tensor
+    out = fn(*inputs)
+    outs = _as_tuple(out) if not isinstance(out, list) else tuple(out)
+    return tuple(o for o in outs if isinstance(o, Tensor))
+
+
+def _numerical_jacobian_vjp(fn, inputs, i, vs, eps):
+    """d<outputs, vs>/d inputs[i] by central differences, in float64, one element at a time."""
+    x = inputs[i]
+    xp = x._xp()
+    flat = x.data.reshape(-1)       # a view: perturb in place
+    grad = np.zeros(flat.size, dtype=np.float64)
+    with no_grad():
+        for k in range(flat.size):
+            orig = flat[k].item()
+            flat[k] = orig + eps
+            fp = sum(float((o.data * v).sum()) for o, v in zip(_flat_outputs(fn, inputs), vs))
+            flat[k] = orig - eps
+            fm = sum(float((o.data * v).sum()) for o, v in zip(_flat_outputs(fn, inputs), vs))
+            flat[k] = orig
+            grad[k] = (fp - fm) / (2 * eps)
+    return grad.reshape(x.shape), xp
+
+
+def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, seed=0):
+    """Compare analytical gradients of ``fn(*inputs)`` with float64 central differences.
+
+    Every floating input that requires grad is checked through a random vector-Jacobian product
+    (one backward, 2 * numel forwards per input).  On failure the report names the input, the
+    worst element, and the numerical and analytical values there.
+    """
+    from .tensor import Tensor
+    inputs = _as_tuple(inputs) if not isinstance(inputs, list) else tuple(inputs)
+    for i, x in enumerate(inputs):
+        if isinstance(x, Tensor) and x.requires_grad and x.dtype != np.float64:
+            raise GradcheckError(f"gradcheck: input {i} has dtype {x.dtype}; use float64 inputs (finite differences "
+                                 "in lower precision are too coarse to check anything)")
+    outs = _flat_outputs(fn, inputs)
+    rng = np.random.default_rng(seed)
+    vs = []
+    for o in outs:
+        xp = o._xp()
+        vs.append(xp.asarray(rng.standard_normal(o.shape)).astype(o.dtype) if o.dtype.kind == "f"
+                  else xp.zeros(o.shape, dtype=o.dtype))
+    diff_inputs = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+    diff_outs = [(o, v) for o, v in zip(outs, vs) if o.requires_grad]
+    if diff_outs:
+        analytic = grad([o for o, _ in diff_outs], [x for _, x in diff_inputs],
+                        [Tensor._from_array(v) for _, v in diff_outs], allow_unused=True)
+    else:
+        analytic = (None,) * len(diff_inputs)
+    for (i, x), a in zip(diff_inputs, analytic):
+        num, xp = _numerical_jacobian_vjp(fn, inputs, i, vs, eps)
+        ana = np.zeros(x.shape) if a is None else a.numpy().astype(np.float64)
+        err = np.abs(num - ana)
+        tol = atol + rtol * np.abs(num)
+        if not np.all(err <= tol) or not np.all(np.isfinite(ana)):
+            k = int(np.argmax(err - tol)) if err.size else 0
+            idx = np.unravel_index(k, x.shape) if x.ndim else ()
+            msg = (f"gradcheck failed for input {i} (shape {tuple(x.shape)}): worst element {tuple(int(j) for j in idx)}: "
+                   f"numerical {num.reshape(-1)[k]:.8g} vs analytical {ana.reshape(-1)[k]:.8g} "
+                   f"(|diff| {err.reshape(-1)[k]:.3g} > atol {atol} + rtol {rtol} * |numerical|)")
+            if raise_exception:
+                raise GradcheckError(msg)
+            return False
+    return True
+
+
+def gradgradcheck(fn, inputs, grad_outputs=None, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, seed=1):
+    """gradcheck of the first derivative: checks that backward is itself correctly differentiable."""
+    from .tensor import Tensor
+    inputs = _as_tuple(inputs) if not isinstance(inputs, list) else tuple(inputs)
+    outs = _flat_outputs(fn, inputs)
+    rng = np.random.default_rng(seed)
+    if grad_outputs is None:
+        grad_outputs = tuple(Tensor._from_array(o._xp().asarray(rng.standard_normal(o.shape)), requires_grad=True)
+                             for o in outs)
+    grad_outputs = _as_tuple(grad_outputs)
+    n_in = len(inputs)
+    diff_idx = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
+
+    def first_derivative(*args):
+        xs, gos = args[:n_in], args[n_in:]
+        outs = _flat_outputs(fn, xs)
+        gs = grad(outs, [xs[i] for i in diff_idx], gos, create_graph=True, allow_unused=True)
+        return tuple(g for g in gs if g is not None)
+
+    return gradcheck(first_derivative, tuple(inputs) + tuple(grad_outputs), eps=eps, atol=atol, rtol=rtol,
+                     raise_exception=raise_exception, seed=seed)

@@ -1,0 +1,80 @@
+"""Matrix products for the backend, honouring the handle's math type.
+
+# a: (M, Ka) or (B, M, Ka)     b: (Ka, Kb) or (B, Ka, Kb)     -> (M, Kb) or (B, M, Kb)
+
+Why a helper instead of ``xp.matmul`` everywhere:
+
+* TF32.  On CuPy, float32 products may use TF32 tensor cores when the math type allows it
+  (``MathType.TENSOR_OP``).  CuPy selects that with a process-wide compute type, so we set it around the
+  one call and restore it afterwards.  Only the 2-D path of cuBLAS honours it: a batched (>= 3-D) matmul
+  ignores it, so a batch that shares its right-hand matrix is reshaped into one 2-D product.
+* Outer products.  A product whose inner dimension is 1 (depthwise convolution: one input channel per
+  group) is an elementwise broadcast; sending it to cuBLAS as thousands of 1xK GEMMs is far slower.
+* Groups.  ``grouped_matmul`` and ``grouped_gram`` are the block-diagonal products a grouped convolution
+  is made of, written once here.
+Nothing here imports CuPy: the array module comes from the arrays.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .devices import array_module
+
+__all__ = ["tf32_compute", "matmul", "grouped_matmul", "grouped_gram"]
+
+
+@contextlib.contextmanager
+def tf32_compute(xp, enabled: bool):
+    """Let CuPy's float32 2-D matmuls use TF32 inside the block (a no-op for NumPy or when disabled)."""
+    if not enabled or xp is np:
+        yield
+        return
+    linalg = xp._core._routines_linalg
+    previous = linalg.get_compute_type(np.float32)
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        yield
+    finally:
+        linalg.set_compute_type(np.float32, previous)
+
+
+def matmul(a, b, tf32: bool = False):
+    """``a @ b`` with TF32 allowed when ``tf32`` (CuPy, float32 only; NumPy ignores it)."""
+    xp = array_module(a)
+    if a.shape[-1] == 1:
+        return a * b                          # inner dim 1: an outer product, by broadcasting
+    if a.ndim > 2 and b.ndim == 2:
+        # a shared right-hand matrix: one 2-D GEMM over all rows, which is also the TF32-capable path
+        lead = a.shape[:-1]
+        return matmul(a.reshape(-1, a.shape[-1]), b, tf32).reshape(*lead, b.shape[-1])
+    with tf32_compute(xp, tf32 and a.dtype == np.float32 and a.ndim == 2 and b.ndim == 2):
+        return xp.matmul(a, b)
+
+
+def grouped_matmul(a, b, tf32: bool = False):
+    """a (M, G*Ka) times the block-diagonal matrix of b (G, Ka, Kb): (M, G*Kb).
+
+    Row m, group g: ``out[m, g*Kb:(g+1)*Kb] = a[m, g*Ka:(g+1)*Ka] @ b[g]``.  One GEMM when G == 1, else
+    one batched GEMM over the groups (no Python loop over them).
+    """
+    G, Ka, Kb = b.shape
+    M = a.shape[0]
+    if G == 1:
+        return matmul(a, b[0], tf32)
+    per_group = a.reshape(M, G, Ka).transpose(1, 0, 2)            # (G, M, Ka)
+    return matmul(per_group, b, tf32).transpose(1, 0, 2).reshape(M, G * Kb)
+
+
+def grouped_gram(a, b, groups: int, tf32: bool = False):
+    """Per group, the product a_g^T b_g summed over the M rows: a (M, G*A), b (M, G*B) -> (G, A, B)."""
+    M = a.shape[0]
+    A, B = a.shape[1] // groups, b.shape[1] // groups
+    if groups == 1:
+        return matmul(a.T, b, tf32)[None]
+    a3, b3 = a.reshape(M, groups, A), b.reshape(M, groups, B)
+    if A == 1 or B == 1:
+        # depthwise: a reduction over rows of an elementwise product beats G skinny batched GEMMs
+        return (a3[:, :, :, None] * b3[:, :, None, :]).sum(axis=0)
+    return matmul(a3.transpose(1, 2, 0), b3.transpose(1, 0, 2), tf32)

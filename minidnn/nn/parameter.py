@@ -1,0 +1,39 @@
+"""``Parameter``: a leaf Tensor that a Module registers as learnable."""
+from __future__ import annotations
+
+from ..tensor import Tensor, _make_array
+
+__all__ = ["Parameter", "Buffer"]
+
+
+class Parameter(Tensor):
+    """A Tensor that requires grad by default and is registered when assigned to a Module attribute."""
+
+    __slots__ = ()
+
+    def __init__(self, data=None, requires_grad=True):
+        if data is None:
+            data = []
+        arr = data.data if isinstance(data, Tensor) else _make_array(data, None, None)
+        super().__init__(arr, requires_grad=False)
+        self.data = arr                    # share storage with the tensor it wraps (no copy)
+        if requires_grad:
+            self.requires_grad_(True)
+
+    def __repr__(self):
+        return "Parameter containing:\n" + super().__repr__()
+
+    def _wrap_like(self, data):
+        return Tensor._from_array(data)
+
+
+class Buffer(Tensor):
+    """Marks a tensor as a Module buffer when assigned as an attribute (PyTorch 2.5's nn.Buffer)."""
+
+    __slots__ = ("persistent",)
+
+    def __init__(self, data, persistent=True):
+        super().__init__(data.data if isinstance(data, Tensor) else data)
+        if isinstance(data, Tensor):
+            self.data = data.data
+        self.persistent = persistent

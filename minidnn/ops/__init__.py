@@ -1,0 +1,75 @@
+"""The differentiable ops on Tensors, grouped by family, and their binding as Tensor methods."""
+from __future__ import annotations
+
+from ..tensor import Tensor
+from ._core import broadcast_to, sum_to, to_tensor
+from .elementwise import *      # noqa: F401,F403
+from .elementwise import _add
+from .indexing import getitem, index_put, scatter_into   # noqa: F401
+from .linalg import *           # noqa: F401,F403
+from .reduction import *        # noqa: F401,F403
+from .shape import *            # noqa: F401,F403
+from . import elementwise as _ew, linalg as _la, reduction as _red, shape as _sh
+
+
+def _bind():
+    T = Tensor
+    # Operators.  Python scalars on the left go through the reflected forms.
+    T.__add__ = _add
+    T.__radd__ = _add
+    T.__sub__ = _ew.sub
+    T.__rsub__ = _ew.rsub
+    T.__mul__ = _ew.mul
+    T.__rmul__ = _ew.mul
+    T.__truediv__ = _ew.div
+    T.__rtruediv__ = _ew.rdiv
+    T.__pow__ = _ew.pow
+    T.__rpow__ = _ew.rpow
+    T.__neg__ = _ew.neg
+    T.__abs__ = _ew.abs
+    T.__matmul__ = _la.matmul
+    T.__rmatmul__ = lambda a, b: _la.matmul(to_tensor(b, a), a)
+    T.__floordiv__ = _ew.floordiv
+    T.__mod__ = _ew.remainder
+    T.__eq__ = _ew.eq
+    T.__ne__ = _ew.ne
+    T.__lt__ = _ew.lt
+    T.__le__ = _ew.le
+    T.__gt__ = _ew.gt
+    T.__ge__ = _ew.ge
+    T.__invert__ = _ew.logical_not
+    T.__and__ = lambda a, b: T._from_array(a.data & (b.data if isinstance(b, T) else b))
+    T.__or__ = lambda a, b: T._from_array(a.data | (b.data if isinstance(b, T) else b))
+    T.__xor__ = lambda a, b: T._from_array(a.data ^ (b.data if isinstance(b, T) else b))
+    T.__getitem__ = getitem
+    # Methods with the same name as the op.
+    for mod in (_ew, _red, _sh, _la):
+        for name in mod.__all__:
+            if not hasattr(T, name) or name in ("abs", "max", "min", "sum", "all", "any", "round", "pow"):
+                setattr(T, name, getattr(mod, name))
+    T.add = _ew.add
+    T.sub = T.subtract = _ew.sub
+    T.mul = T.multiply = _ew.mul
+    T.div = T.divide = _ew.div
+    T.view = _sh.reshape
+    T.sum_to = sum_to
+    T.broadcast_to = broadcast_to
+    T.expand_as = lambda a, other: _sh.expand(a, other.shape)
+    T.view_as = T.reshape_as = lambda a, other: _sh.reshape(a, other.shape)
+    T.T = property(lambda a: _sh.permute(a, tuple(range(a.ndim))[::-1]))
+    T.mT = property(lambda a: _sh.swapaxes(a, -1, -2))
+    T.astype = _la.astype
+    T.softmax = lambda x, dim=-1, axis=None: softmax(x, dim if axis is None else axis)
+    T.log_softmax = lambda x, dim=-1, axis=None: log_softmax(x, dim if axis is None else axis)
+
+
+def softmax(x, dim=-1):
+    e = (x - x.detach().max(dim, keepdims=True)).exp()
+    return e / e.sum(dim, keepdims=True)
+
+
+def log_softmax(x, dim=-1):
+    return x - x.logsumexp(dim, keepdims=True)
+
+
+_bind()

@@ -1,0 +1,148 @@
+"""What every op shares: making graph nodes cheaply, operand coercion, device checks, sum_to."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..autograd import Node, _state
+from ..backend import devices as _dev
+from ..tensor import Tensor, _attach, _wrap
+
+__all__ = []
+
+_new = object.__new__
+_SCALARS = (int, float, bool, np.number, np.bool_)
+
+
+def node(cls, *inputs):
+    """A fresh ``cls`` node whose edges point at ``inputs`` (Tensors, or None for constants)."""
+    n = _new(cls)
+    n.next_edges = tuple(t._edge() if t is not None else None for t in inputs)
+    n.saved = ()
+    n.versions = ()
+    n.pre_hooks = None
+    n.trace = None
+    return n
+
+
+def needs_grad(*tensors) -> bool:
+    if not _state.grad_enabled:
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def device_mismatch(op, a, b):
+    return RuntimeError(f"{op}: expected all tensors on the same device, but found one on '{a.device}' and one on "
+                        f"'{b.device}' (move one explicitly with .to(device))")
+
+
+def check_pair(op, a, b):
+    """Raise unless a and b (Tensors) live on the same device.  Cheap: compares array types first."""
+    ad, bd = a.data, b.data
+    if type(ad) is not type(bd):
+        raise device_mismatch(op, a, b)
+    if type(ad) is not np.ndarray and ad.device != bd.device:
+        raise device_mismatch(op, a, b)
+
+
+def as_operand(x, like: Tensor):
+    """Coerce a non-Tensor operand: Python/NumPy scalars stay scalars; arrays and lists become tensors
+    (on the cpu for NumPy data, so a cuda tensor mixed with NumPy data raises instead of copying)."""
+    if isinstance(x, Tensor) or isinstance(x, _SCALARS):
+        return x
+    if isinstance(x, numbers.Number):
+        return x
+    if _dev.is_cuda_array(x):
+        return _wrap(x)
+    arr = np.asarray(x)
+    if arr.ndim == 0 and arr.dtype.kind in "biuf":
+        return arr[()]
+    if arr.dtype == np.float64 and not isinstance(x, np.ndarray):
+        arr = arr.astype(np.float32)
+    return _wrap(arr)
+
+
+def to_tensor(x, like: Tensor) -> Tensor:
+    """Coerce to a Tensor on ``like``'s device (scalars become 0-d arrays of a fitting dtype)."""
+    if isinstance(x, Tensor):
+        return x
+    x = as_operand(x, like)
+    if isinstance(x, Tensor):
+        return x
+    xp = like._xp()
+    # Python scalars are "weak": they take the tensor's dtype where that loses nothing (as in PyTorch).
+    weak = isinstance(x, (int, float)) and not isinstance(x, bool) and like.dtype.kind in "fc"
+    return _wrap(xp.asarray(x, dtype=like.dtype if weak else None))
+
+
+def fit(g: Tensor, shape, dtype) -> Tensor:
+    """Reduce a broadcast gradient back to ``shape`` and cast it to ``dtype``."""
+    if g.data.shape != shape:
+        g = sum_to(g, shape)
+    if g.data.dtype != dtype:
+        g = g.astype(dtype)
+    return g
+
+
+class SumToBackward(Node):
+    __slots__ = ("shape",)
+
+    def backward(self, g):
+        return (broadcast_to(g, self.shape),)
+
+
+class BroadcastToBackward(Node):
+    __slots__ = ("shape",)
+
+    def backward(self, g):
+        return (sum_to(g, self.shape),)
+
+
+def _sum_to_array(x, shape):
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and x.shape[i + lead] != 1)
+    y = x.sum(axis=axes, keepdims=True) if axes else x
+    if lead:
+        y = y.reshape(shape)
+    return y
+
+
+def sum_to(x: Tensor, shape) -> Tensor:
+    """Sum ``x`` down to ``shape`` (the reverse of broadcasting)."""
+    shape = tuple(shape)
+    if x.data.shape == shape:
+        return x
+    out = _sum_to_array(x.data, shape)
+    if needs_grad(x):
+        n = node(SumToBackward, x)
+        n.shape = x.data.shape
+        return _attach(out, n)
+    return _wrap(out)
+
+
+def broadcast_to(x: Tensor, shape) -> Tensor:
+    """A broadcast (read-only) view of ``x`` with ``shape``."""
+    shape = tuple(shape)
+    if x.data.shape == shape:
+        return x
+    xp = x._xp()
+    try:
+        out = xp.broadcast_to(x.data, shape)
+    except ValueError:
+        raise ValueError(f"broadcast_to: cannot broadcast a tensor of shape {tuple(x.shape)} to {shape}") from None
+    if needs_grad(x):
+        n = node(BroadcastToBackward, x)
+        n.shape = x.data.shape
+        return _attach(out, n)
+    return _wrap(out)
+
+
+def broadcast_error(op, a, b):
+    sa = tuple(a.shape) if hasattr(a, "shape") else ()
+    sb = tuple(b.shape) if hasattr(b, "shape") else ()
+    return ValueError(f"{op}: shapes {sa} and {sb} cannot be broadcast together (trailing dimensions must be equal "
+                      "or 1)")

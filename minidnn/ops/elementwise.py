@@ -1,0 +1,404 @@
+"""Elementwise ops with NumPy broadcasting.  Gradients are reduced back to each input's shape.
+
+Every backward is written with differentiable Tensor ops, so ``create_graph=True`` gives
+higher-order gradients.  Unary ops are one table: forward on the array, backward as Tensor math.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import Node, _state
+from ..tensor import Tensor, _attach, _wrap
+from ._core import as_operand, broadcast_error, check_pair, fit, node, to_tensor
+
+__all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
+           "tanh", "sigmoid", "relu", "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
+           "expm1", "reciprocal", "rsub", "rdiv", "rpow", "eq", "ne", "lt", "le", "gt", "ge", "logical_not",
+           "isfinite", "isnan", "floor", "ceil", "round", "floordiv", "remainder"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Binary arithmetic: one node class per op, a scalar operand is a constant (no edge).
+# ------------------------------------------------------------------------------------------------
+class _Binary(Node):
+    __slots__ = ("a_meta", "b_meta")     # (shape, dtype) of each tensor input, None for a scalar
+
+
+def _binary(op, name, cls, a, b, save):
+    """Run ``op`` on the arrays of a (Tensor) and b (Tensor or scalar); record ``cls`` if needed."""
+    if isinstance(b, Tensor):
+        check_pair(name, a, b)
+        try:
+            out = op(a.data, b.data)
+        except ValueError:
+            raise broadcast_error(name, a, b) from None
+        if _state.grad_enabled and (a.requires_grad or b.requires_grad):
+            n = node(cls, a if a.requires_grad else None, b if b.requires_grad else None)
+            n.a_meta = (a.data.shape, a.data.dtype)
+            n.b_meta = (b.data.shape, b.data.dtype)
+            if save:
+                n.save(a, b)
+            return _attach(out, n)
+        return _wrap(out)
+    b = as_operand(b, a)
+    if isinstance(b, Tensor):
+        return _binary(op, name, cls, a, b, save)
+    out = op(a.data, b)
+    if _state.grad_enabled and a.requires_grad:
+        n = node(cls, a, None)
+        n.a_meta = (a.data.shape, a.data.dtype)
+        n.b_meta = None
+        if save:
+            n.save(a, to_tensor(b, a))
+        return _attach(out, n)
+    return _wrap(out)
+
+
+class AddBackward(_Binary):
+    __slots__ = ()
+
+    def backward(self, g):
+        return (fit(g, *self.a_meta) if self.next_edges[0] else None,
+                fit(g, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
+
+
+class SubBackward(_Binary):
+    __slots__ = ()
+
+    def backward(self, g):
+        return (fit(g, *self.a_meta) if self.next_edges[0] else None,
+                fit(-g, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
+
+
+class MulBackward(_Binary):
+    __slots__ = ()
+
+    def backward(self, g):
+        a, b = self.saved_tensors_checked()
+        return (fit(g * b, *self.a_meta) if self.next_edges[0] else None,
+                fit(g * a, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
+
+
+class DivBackward(_Binary):
+    __slots__ = ()
+
+    def backward(self, g):
+        a, b = self.saved_tensors_checked()
+        ga = g / b
+        return (fit(ga, *self.a_meta) if self.next_edges[0] else None,
+                fit(-ga * a / b, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
+
+
+class PowBackward(_Binary):
+    __slots__ = ()
+
+    def backward(self, g):
+        a, b = self.saved_tensors_checked()
+        ga = gb = None
+        if self.next_edges[0]:
+            ga = fit(g * b * a ** (b - 1), *self.a_meta)
+        if self.b_meta and self.next_edges[1]:
+            # d(a^b)/db = a^b log a; defined as 0 where a == 0 (and b >= 0), as in PyTorch.
+            safe_log = where(a.detach() == 0, 0.0, log(where(a.detach() == 0, 1.0, a)))
+            gb = fit(g * a ** b * safe_log, *self.b_meta)
+        return ga, gb
+
+
+def _arith(name, cls, save):
+    # Python operators on the arrays (x + y) work for NumPy and CuPy alike.
+    pyop = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+            "truediv": lambda x, y: x / y, "pow": lambda x, y: x ** y}[name]
+
+    def op(a, b):
+        if not isinstance(a, Tensor):      # scalar op tensor: handled by the reflected operators
+            raise TypeError(f"{name}: the first operand must be a Tensor")
+        return _binary(pyop, name, cls, a, b, save)
+    op.__name__ = name
+    return op
+
+
+_add = _arith("add", AddBackward, False)
+sub = _arith("sub", SubBackward, False)
+mul = _arith("mul", MulBackward, True)
+div = true_divide = _arith("truediv", DivBackward, True)
+_pow = _arith("pow", PowBackward, True)
+
+
+def add(a, b, alpha=1):  # (PyTorch's signature, alpha scales b)
+    return _add(a, b if alpha == 1 else b * alpha)
+
+
+def pow(a, b):
+    if not isinstance(b, Tensor) and not isinstance(b, (int, float)):
+        b = as_operand(b, a)
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        return _scalar_pow(a, b)
+    return _pow(a, b)
+
+
+class ScalarPowBackward(Node):
+    __slots__ = ("p",)
+
+    def backward(self, g):
+        (a,) = self.saved_tensors_checked()
+        p = self.p
+        if p == 2:
+            return (g * a * 2.0,)
+        return (g * p * a ** (p - 1),)
+
+
+def _scalar_pow(a, p):
+    out = a.data ** p
+    if _state.grad_enabled and a.requires_grad:
+        n = node(ScalarPowBackward, a)
+        n.p = p
+        n.save(a)
+        return _attach(out, n)
+    return _wrap(out)
+
+
+def rsub(a, b):
+    """b - a for a scalar or array b."""
+    return neg(a) + b if not isinstance(b, Tensor) else sub(b, a)
+
+
+def rdiv(a, b):
+    """b / a."""
+    if isinstance(b, Tensor):
+        return div(b, a)
+    return reciprocal(a) * b
+
+
+def rpow(a, b):
+    """b ** a for a scalar b."""
+    return pow(to_tensor(b, a), a)
+
+
+# ------------------------------------------------------------------------------------------------
+# Unary ops: one node class, a table of (forward on arrays, backward as Tensor math).
+# backward(g, x, y) gets the input x and the output y as Tensors (y is re-attached to this node
+# under create_graph so the second derivative flows through it).
+# ------------------------------------------------------------------------------------------------
+_UNARY = {
+    "neg": (lambda xp, x: -x, lambda g, x, y: -g, ""),
+    "exp": (lambda xp, x: xp.exp(x), lambda g, x, y: g * y, "y"),
+    "log": (lambda xp, x: xp.log(x), lambda g, x, y: g / x, "x"),
+    "sqrt": (lambda xp, x: xp.sqrt(x), lambda g, x, y: g / (y * 2.0), "y"),
+    "sin": (lambda xp, x: xp.sin(x), lambda g, x, y: g * cos(x), "x"),
+    "cos": (lambda xp, x: xp.cos(x), lambda g, x, y: -g * sin(x), "x"),
+    "tanh": (lambda xp, x: xp.tanh(x), lambda g, x, y: g * (1.0 - y * y), "y"),
+    "sigmoid": (lambda xp, x: _sigmoid(xp, x), lambda g, x, y: g * y * (1.0 - y), "y"),
+    "relu": (lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
+             lambda g, x, y: g * _wrap(y.data > 0).astype(g.dtype), "y"),
+    "abs": (lambda xp, x: xp.abs(x), lambda g, x, y: g * sign(x), "x"),
+    "square": (lambda xp, x: x * x, lambda g, x, y: g * x * 2.0, "x"),
+    "log1p": (lambda xp, x: xp.log1p(x), lambda g, x, y: g / (x + 1.0), "x"),
+    "expm1": (lambda xp, x: xp.expm1(x), lambda g, x, y: g * (y + 1.0), "y"),
+    "reciprocal": (lambda xp, x: 1 / x, lambda g, x, y: -g * y * y, "y"),
+}
+
+
+def _sigmoid(xp, x):
+    # Stable for large |x|: exp of a non-positive number only.
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+class UnaryBackward(Node):
+    __slots__ = ("kind", "out")
+
+    def name(self):
+        return self.kind.capitalize() + "Backward"
+
+    def backward(self, g):
+        saved = self.saved_tensors_checked()
+        x = saved[0] if saved else None
+        y = None
+        if self.out is not None:
+            y = _attach(self.out, self) if _state.grad_enabled else _wrap(self.out)
+        return (_UNARY[self.kind][1](g, x, y),)
+
+    def release(self):
+        if self.saved or self.out is not None:
+            self.saved = None
+            self.out = None
+
+
+def _unary(kind):
+    fwd, _, needs = _UNARY[kind]
+
+    def op(x):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{kind}: expected a Tensor, got {type(x).__name__}")
+        xd = x.data
+        out = fwd(np if type(xd) is np.ndarray else x._xp(), xd)
+        if _state.grad_enabled and x.requires_grad:
+            n = node(UnaryBackward, x)
+            n.kind = kind
+            n.out = out if needs == "y" else None
+            if needs == "x":
+                n.save(x)
+            return _attach(out, n)
+        return _wrap(out)
+    op.__name__ = kind
+    return op
+
+
+neg = _unary("neg")
+exp = _unary("exp")
+log = _unary("log")
+sqrt = _unary("sqrt")
+sin = _unary("sin")
+cos = _unary("cos")
+tanh = _unary("tanh")
+sigmoid = _unary("sigmoid")
+relu = _unary("relu")
+abs = _unary("abs")
+square = _unary("square")
+log1p = _unary("log1p")
+expm1 = _unary("expm1")
+reciprocal = _unary("reciprocal")
+
+
+# ------------------------------------------------------------------------------------------------
+# Selection ops: gradient routed by a mask (maximum/minimum split ties evenly, as PyTorch does).
+# ------------------------------------------------------------------------------------------------
+class WhereBackward(Node):
+    __slots__ = ("cond", "a_meta", "b_meta")
+
+    def backward(self, g):
+        zero = g * 0.0 if _state.grad_enabled else None
+        c = self.cond
+        ga = fit(where(c, g, 0.0 if zero is None else zero), *self.a_meta) if self.next_edges[0] else None
+        gb = fit(where(c, 0.0 if zero is None else zero, g), *self.b_meta) if self.next_edges[1] else None
+        return ga, gb
+
+
+def where(condition, a, b):
+    """Elements of ``a`` where ``condition`` holds, else of ``b`` (a, b tensors or scalars)."""
+    like = next((t for t in (condition, a, b) if isinstance(t, Tensor)), None)
+    cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+    xp = like._xp() if like is not None else np
+    ta = a if isinstance(a, Tensor) else None
+    tb = b if isinstance(b, Tensor) else None
+    for t in (ta, tb):
+        if t is not None and isinstance(condition, Tensor):
+            check_pair("where", condition, t)
+    if ta is not None and tb is not None:
+        check_pair("where", ta, tb)
+    av = ta.data if ta is not None else a
+    bv = tb.data if tb is not None else b
+    if ta is None and tb is not None and isinstance(a, float) and tb.dtype.kind == "f":
+        av = xp.asarray(a, dtype=tb.dtype)
+    if tb is None and ta is not None and isinstance(b, float) and ta.dtype.kind == "f":
+        bv = xp.asarray(b, dtype=ta.dtype)
+    try:
+        out = xp.where(cond, av, bv)
+    except ValueError:
+        raise broadcast_error("where", a, b) from None
+    ra = ta is not None and ta.requires_grad
+    rb = tb is not None and tb.requires_grad
+    if _state.grad_enabled and (ra or rb):
+        n = node(WhereBackward, ta if ra else None, tb if rb else None)
+        n.cond = _wrap(cond if hasattr(cond, "dtype") and cond.dtype == bool else cond.astype(bool))
+        n.a_meta = (ta.data.shape, ta.data.dtype) if ta is not None else None
+        n.b_meta = (tb.data.shape, tb.data.dtype) if tb is not None else None
+        return _attach(out, n)
+    return _wrap(out)
+
+
+def _select(a, b, pick_a_mask_fn, name):
+    b_t = to_tensor(b, a) if not isinstance(b, Tensor) else b
+    check_pair(name, a, b_t)
+    ad, bd = a.data, b_t.data
+    # Weight 1 where a wins, 0 where b wins, 1/2 on ties.
+    with_grad = _state.grad_enabled and (a.requires_grad or b_t.requires_grad)
+    if not with_grad:
+        xp = a._xp()
+        return _wrap(xp.maximum(ad, bd) if name == "maximum" else xp.minimum(ad, bd))
+    wa = pick_a_mask_fn(ad, bd).astype(np.result_type(ad, bd)) + (ad == bd) * 0.5
+    wa_t = _wrap(wa)
+    return a * wa_t + b_t * (1.0 - wa_t)
+
+
+def maximum(a, b):
+    return _select(a, b, lambda x, y: x > y, "maximum")
+
+
+def minimum(a, b):
+    return _select(a, b, lambda x, y: x < y, "minimum")
+
+
+class ClipBackward(Node):
+    __slots__ = ("mask",)
+
+    def backward(self, g):
+        return (g * self.mask,)
+
+
+def clip(x, min=None, max=None):
+    """Clamp to [min, max]; the gradient passes where min <= x <= max (PyTorch's rule)."""
+    if min is None and max is None:
+        raise ValueError("clip: at least one of min and max must be given")
+    lo = min.data if isinstance(min, Tensor) else min
+    hi = max.data if isinstance(max, Tensor) else max
+    xd = x.data
+    xp = x._xp()
+    out = xd
+    if lo is not None:
+        out = xp.maximum(out, lo)
+    if hi is not None:
+        out = xp.minimum(out, hi)
+    out = out.astype(xd.dtype, copy=False)
+    if _state.grad_enabled and x.requires_grad:
+        mask = xp.ones(xd.shape, dtype=bool)
+        if lo is not None:
+            mask &= xd >= lo
+        if hi is not None:
+            mask &= xd <= hi
+        n = node(ClipBackward, x)
+        n.mask = _wrap(mask.astype(xd.dtype))
+        return _attach(out, n)
+    return _wrap(out)
+
+
+clamp = clip
+
+
+# ------------------------------------------------------------------------------------------------
+# Non-differentiable ops: comparisons and rounding return tensors without history.
+# ------------------------------------------------------------------------------------------------
+def _nondiff(name, fn):
+    def op(a, b=None):
+        if b is None:
+            return _wrap(fn(a.data))
+        if isinstance(b, Tensor):
+            check_pair(name, a, b)
+            bd = b.data
+        else:
+            bd = as_operand(b, a)
+            bd = bd.data if isinstance(bd, Tensor) else bd
+        try:
+            return _wrap(fn(a.data, bd))
+        except ValueError:
+            raise broadcast_error(name, a, b) from None
+    op.__name__ = name
+    return op
+
+
+eq = _nondiff("eq", lambda x, y: x == y)
+ne = _nondiff("ne", lambda x, y: x != y)
+lt = _nondiff("lt", lambda x, y: x < y)
+le = _nondiff("le", lambda x, y: x <= y)
+gt = _nondiff("gt", lambda x, y: x > y)
+ge = _nondiff("ge", lambda x, y: x >= y)
+floordiv = _nondiff("floordiv", lambda x, y: x // y)
+remainder = _nondiff("remainder", lambda x, y: x % y)
+sign = _nondiff("sign", lambda x: (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype))
+logical_not = _nondiff("logical_not", lambda x: ~x.astype(bool))
+# NumPy ufuncs dispatch to CuPy for CuPy arrays (__array_ufunc__), so one spelling serves both.
+isfinite = _nondiff("isfinite", np.isfinite)
+isnan = _nondiff("isnan", np.isnan)
+floor = _nondiff("floor", np.floor)
+ceil = _nondiff("ceil", np.ceil)
+round = _nondiff("round", np.round)

@@ -1,0 +1,242 @@
+"""Reductions: sum, mean, var, std, max, min, logsumexp, prod, and argmax/argmin (no grad).
+
+``axis`` may be None, an int (negative counts from the end) or a tuple; ``keepdims``.  PyTorch's
+spelling ``dim=`` / ``keepdim=`` is accepted too.  ``max``/``min`` return the values only (use
+``argmax``/``argmin`` for indices).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import Node, _state
+from ..tensor import Tensor, _attach, _wrap
+from ._core import broadcast_to, node
+
+__all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "prod", "argmax", "argmin",
+           "all", "any", "norm"]
+
+
+def _axes(x, axis, dim, where="reduction"):
+    if dim is not None:
+        if axis is not None:
+            raise TypeError(f"{where}: give either axis= or dim=, not both")
+        axis = dim
+    nd = x.ndim
+    if axis is None:
+        return None
+    if isinstance(axis, (list, tuple)):
+        ax = tuple(_norm_axis(a, nd, where) for a in axis)
+        if len(set(ax)) != len(ax):
+            raise ValueError(f"{where}: repeated axis in {tuple(axis)}")
+        return tuple(sorted(ax))
+    return (_norm_axis(axis, nd, where),)
+
+
+def _norm_axis(a, nd, where):
+    a = int(a)
+    if not -max(nd, 1) <= a < max(nd, 1):
+        raise IndexError(f"{where}: axis {a} is out of range for a tensor with {nd} dimensions")
+    return a % nd if nd else 0
+
+
+def _keep(keepdims, keepdim):
+    return bool(keepdim) if keepdim is not None else bool(keepdims)
+
+
+def _kept_shape(shape, axes):
+    """The shape of the result with keepdims=True (reduced axes become 1)."""
+    if axes is None:
+        return (1,) * len(shape)
+    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+
+def _count(shape, axes):
+    n = 1
+    for i, s in enumerate(shape):
+        if axes is None or i in axes:
+            n *= s
+    return n
+
+
+class SumBackward(Node):
+    __slots__ = ("in_shape", "kept")
+
+    def backward(self, g):
+        return (broadcast_to(g.reshape(self.kept), self.in_shape),)
+
+
+def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
+    axes = _axes(x, axis, dim, "sum")
+    kd = _keep(keepdims, keepdim)
+    out = x.data.sum(axis=axes, keepdims=kd, dtype=dtype)
+    if _state.grad_enabled and x.requires_grad:
+        n = node(SumBackward, x)
+        n.in_shape, n.kept = x.data.shape, _kept_shape(x.data.shape, axes)
+        return _attach(out, n)
+    return _wrap(out)
+
+
+def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    axes = _axes(x, axis, dim, "mean")
+    if x.dtype.kind not in "fc":
+        raise TypeError(f"mean: input dtype should be floating point, got {x.dtype} (use .float() first)")
+    n = _count(x.shape, axes)
+    return sum(x, axes, _keep(keepdims, keepdim)) * (1.0 / n if n else float("nan"))
+
+
+def var(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None, unbiased=None, ddof=None):
+    """Variance with ``correction`` (PyTorch's default 1: unbiased); ``unbiased``/``ddof`` also accepted."""
+    corr = 1
+    for c in (ddof, correction):
+        if c is not None:
+            corr = c
+    if unbiased is not None:
+        corr = 1 if unbiased else 0
+    axes = _axes(x, axis, dim, "var")
+    kd = _keep(keepdims, keepdim)
+    n = _count(x.shape, axes)
+    d = x - mean(x, axes, True)
+    denom = n - corr
+    return sum(d * d, axes, kd) * (1.0 / denom if denom > 0 else float("nan"))
+
+
+def std(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None, unbiased=None, ddof=None):
+    return var(x, axis, keepdims, dim=dim, keepdim=keepdim, correction=correction, unbiased=unbiased,
+               ddof=ddof).sqrt()
+
+
+class ExtremumBackward(Node):
+    """Gradient of max/min: split evenly among the elements equal to the extremum."""
+    __slots__ = ("in_shape", "kept", "axes", "out_kept")
+
+    def backward(self, g):
+        (x,) = self.saved_tensors_checked()
+        y = self.out_kept
+        mask = _wrap((x.data == y).astype(x.dtype))
+        count = mask.sum(self.axes, keepdims=True)
+        return (broadcast_to(g.reshape(self.kept), self.in_shape) * (mask / count),)
+
+
+def _extremum(x, axis, keepdims, dim, keepdim, which):
+    axes = _axes(x, axis, dim, which)
+    if x.data.size == 0 and (axes is None or any(x.shape[a] == 0 for a in axes)):
+        raise RuntimeError(f"{which}(): cannot reduce an empty tensor of shape {tuple(x.shape)} (no identity)")
+    kd = _keep(keepdims, keepdim)
+    fn = x.data.max if which == "max" else x.data.min
+    kept = fn(axis=axes, keepdims=True)
+    out = kept if kd else kept.reshape(tuple(s for i, s in enumerate(kept.shape)
+                                             if axes is not None and i not in axes))
+    if _state.grad_enabled and x.requires_grad:
+        n = node(ExtremumBackward, x)
+        n.in_shape, n.kept, n.axes, n.out_kept = x.data.shape, _kept_shape(x.data.shape, axes), axes, kept
+        n.save(x)
+        return _attach(out, n)
+    return _wrap(out)
+
+
+def max(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    if isinstance(axis, Tensor):        # x.max(other): elementwise, as torch.max(a, b)
+        from .elementwise import maximum
+        return maximum(x, axis)
+    return _extremum(x, axis, keepdims, dim, keepdim, "max")
+
+
+def min(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    if isinstance(axis, Tensor):
+        from .elementwise import minimum
+        return minimum(x, axis)
+    return _extremum(x, axis, keepdims, dim, keepdim, "min")
+
+
+amax, amin = max, min
+
+
+def logsumexp(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """log(sum(exp(x))) computed stably (the max is subtracted first)."""
+    axes = _axes(x, axis, dim, "logsumexp")
+    kd = _keep(keepdims, keepdim)
+    m = x.data.max(axis=axes, keepdims=True)
+    xp = x._xp()
+    m = xp.where(xp.isfinite(m), m, 0)
+    shift = _wrap(m)
+    out = (x - shift).exp().sum(axes, True).log() + shift
+    if not kd:
+        out = out.reshape(tuple(s for i, s in enumerate(out.shape) if axes is not None and i not in axes))
+    return out
+
+
+class ProdBackward(Node):
+    __slots__ = ("in_shape", "kept", "axes", "has_zero")
+
+    def backward(self, g):
+        (x,) = self.saved_tensors_checked()
+        gk = broadcast_to(g.reshape(self.kept), self.in_shape)
+        if not self.has_zero:
+            y = prod(x, self.axes, True)
+            return (gk * y / x,)
+        # With zeros, d prod / d x_i = product of the others: exclusive products along the reduced
+        # axes (moved last and flattened), built from cumulative products from both ends.
+        xd = x.data
+        xp = x._xp()
+        axes = self.axes if self.axes is not None else tuple(range(xd.ndim))
+        rest = [i for i in range(xd.ndim) if i not in axes]
+        perm = rest + list(axes)
+        moved = xd.transpose(perm)
+        flat = moved.reshape(moved.shape[:len(rest)] + (-1,))
+        ones = xp.ones(flat.shape[:-1] + (1,), dtype=flat.dtype)
+        left = xp.cumprod(xp.concatenate([ones, flat[..., :-1]], axis=-1), axis=-1)
+        right = xp.flip(xp.cumprod(xp.flip(xp.concatenate([flat[..., 1:], ones], axis=-1), -1), axis=-1), -1)
+        excl = (left * right).reshape(moved.shape).transpose(np.argsort(perm))
+        return (gk * _wrap(excl),)
+
+
+def prod(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    axes = _axes(x, axis, dim, "prod")
+    kd = _keep(keepdims, keepdim)
+    out = x.data.prod(axis=axes, keepdims=kd)
+    if _state.grad_enabled and x.requires_grad:
+        n = node(ProdBackward, x)
+        n.in_shape, n.kept, n.axes = x.data.shape, _kept_shape(x.data.shape, axes), axes
+        n.has_zero = bool((x.data == 0).any())
+        n.save(x)
+        return _attach(out, n)
+    return _wrap(out)
+
+
+def _arg(x, axis, keepdims, dim, keepdim, fn):
+    if dim is not None:
+        axis = dim
+    kd = _keep(keepdims, keepdim)
+    if axis is None:
+        r = fn(x.data.reshape(-1), axis=0)
+        return _wrap(r.reshape((1,) * x.ndim) if kd else r)
+    return _wrap(fn(x.data, axis=int(axis), keepdims=kd))
+
+
+def argmax(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    return _arg(x, axis, keepdims, dim, keepdim, lambda a, axis, keepdims=False: a.argmax(axis=axis, keepdims=keepdims)
+                if keepdims else a.argmax(axis=axis))
+
+
+def argmin(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    return _arg(x, axis, keepdims, dim, keepdim, lambda a, axis, keepdims=False: a.argmin(axis=axis, keepdims=keepdims)
+                if keepdims else a.argmin(axis=axis))
+
+
+def all(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    return _wrap(x.data.all(axis=_axes(x, axis, dim, "all"), keepdims=_keep(keepdims, keepdim)))
+
+
+def any(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    return _wrap(x.data.any(axis=_axes(x, axis, dim, "any"), keepdims=_keep(keepdims, keepdim)))
+
+
+def norm(x, p=2, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """The p-norm over ``axis`` (all elements by default)."""
+    if p == 2:
+        return (x * x).sum(axis, keepdims, dim=dim, keepdim=keepdim).sqrt()
+    if p == 1:
+        return x.abs().sum(axis, keepdims, dim=dim, keepdim=keepdim)
+    if p == float("inf"):
+        return x.abs().max(axis, keepdims, dim=dim, keepdim=keepdim)
+    return (x.abs() ** p).sum(axis, keepdims, dim=dim, keepdim=keepdim) ** (1.0 / p)

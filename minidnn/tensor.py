@@ -1,0 +1,746 @@
+"""The Tensor: an n-dimensional array (NumPy on cpu, CuPy on cuda) that records the ops made on it.
+
+PyTorch's names and semantics: ``minidnn.tensor(data, dtype=None, device=None, requires_grad=False)``;
+Python floats become float32 (the default float dtype); otherwise NumPy's promotion rules apply.
+Tensors never move between devices silently: an op mixing devices raises naming both.
+The differentiable ops live in ``minidnn/ops/`` and are attached as methods at the bottom of that package.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import autograd as _ag
+from .autograd import AccumulateGrad, _state
+from .backend import devices as _dev
+
+__all__ = [
+    "Tensor", "tensor", "as_tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "empty", "arange",
+    "linspace", "eye", "rand", "randn", "randint", "zeros_like", "ones_like", "full_like", "empty_like", "rand_like",
+    "randn_like", "manual_seed", "get_default_dtype", "set_default_dtype", "is_tensor",
+]
+
+_DEFAULT_FLOAT = np.dtype(np.float32)
+
+
+def get_default_dtype():
+    return _DEFAULT_FLOAT
+
+
+def set_default_dtype(dtype):
+    global _DEFAULT_FLOAT
+    dt = _to_dtype(dtype)
+    if dt.kind != "f":
+        raise TypeError(f"set_default_dtype: only floating dtypes are allowed, got {dt}")
+    _DEFAULT_FLOAT = dt
+
+
+def _to_dtype(dtype):
+    if dtype is None:
+        return None
+    if isinstance(dtype, np.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.startswith("torch."):
+        dtype = dtype[6:]
+    s = str(dtype)
+    if s.startswith("torch."):      # a torch.dtype object
+        dtype = s[6:]
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"cannot interpret {dtype!r} as a dtype") from None
+
+
+class Tensor:
+    """An array plus what autograd needs.  Build one with ``minidnn.tensor(...)``."""
+
+    __slots__ = ("data", "grad", "grad_fn", "requires_grad", "output_nr", "_version", "_hooks", "_accumulator",
+                 "_grad_storage", "name", "__weakref__")
+
+    __array_priority__ = 1000    # NumPy defers `ndarray * Tensor` to Tensor.__rmul__
+
+    def __init__(self, data, dtype=None, device=None, requires_grad=False):
+        arr = _make_array(data, dtype, device)
+        self.data = arr
+        self.grad = None
+        self.grad_fn = None
+        self.output_nr = 0
+        self._version = 0
+        self._hooks = None
+        self._accumulator = None
+        self._grad_storage = None
+        self.name = None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # -- fast construction used by every op -------------------------------------------------
+    @staticmethod
+    def _from_array(data, requires_grad=False):
+        t = _new(Tensor)
+        if isinstance(data, np.generic):
+            data = np.asarray(data)
+        t.data = data
+        t.grad = None
+        t.grad_fn = None
+        t.requires_grad = requires_grad
+        t.output_nr = 0
+        t._version = 0
+        t._hooks = None
+        t._accumulator = None
+        t._grad_storage = None
+        t.name = None
+        return t
+
+    def _wrap_like(self, data):
+        return _wrap(data)
+
+    def _xp(self):
+        return _dev.array_module(self.data)
+
+    def _edge(self):
+        """Where a gradient for this tensor goes: (grad_fn, output_nr), the leaf's accumulator, or None."""
+        fn = self.grad_fn
+        if fn is not None:
+            return (fn, self.output_nr)
+        if self.requires_grad:
+            acc = self._accumulator
+            if acc is None or acc() is None:
+                node = AccumulateGrad(self)
+                import weakref
+                self._accumulator = weakref.ref(node)
+                return (node, 0)
+            return (acc(), 0)
+        return None
+
+    def _view_of_data(self):
+        return _wrap(self.data)
+
+    # -- attributes ------------------------------------------------------------------------
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def ndim(self):
+        return self.data.ndim
+
+    def dim(self):
+        return self.data.ndim
+
+    def size(self, dim=None):
+        return self.data.shape if dim is None else self.data.shape[dim]
+
+    def numel(self):
+        return int(self.data.size)
+
+    def __len__(self):
+        if self.data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.data.shape[0]
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def device(self):
+        return _dev.device_of(self.data)
+
+    @property
+    def is_cuda(self):
+        return _dev.is_cuda_array(self.data)
+
+    @property
+    def is_leaf(self):
+        return self.grad_fn is None
+
+    @property
+    def itemsize(self):
+        return self.data.itemsize
+
+    def element_size(self):
+        return self.data.itemsize
+
+    @property
+    def nbytes(self):
+        return self.data.nbytes
+
+    def is_floating_point(self):
+        return self.data.dtype.kind == "f"
+
+    def requires_grad_(self, requires_grad=True):
+        if not self.is_leaf:
+            if not requires_grad:
+                raise RuntimeError("requires_grad_(False) on a non-leaf tensor: use detach() instead")
+            return self
+        if requires_grad and self.data.dtype.kind not in "fc":
+            raise RuntimeError(f"only tensors of floating point dtype can require gradients, got {self.data.dtype}")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False):
+        """Accumulate the gradient of this tensor into every leaf's ``.grad`` (``gradient`` is needed
+        unless this tensor has one element)."""
+        _ag.backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph)
+
+    def retain_grad(self):
+        """Keep ``.grad`` for this non-leaf tensor after backward."""
+        if self.is_leaf:
+            return self
+        import weakref
+        ref = weakref.ref(self)
+
+        def _retain(g):
+            t = ref()
+            if t is not None:
+                t.grad = g.detach() if t.grad is None else t.grad.detach() + g.detach()
+        self.grad_fn.register_prehook(self.output_nr, _retain)
+        return self
+
+    def register_hook(self, hook):
+        """``hook(grad) -> Tensor or None`` runs when this tensor's gradient is computed; a returned
+        tensor replaces the gradient.  Returns a handle whose ``remove()`` unregisters it."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
+        if self.grad_fn is not None:
+            return self.grad_fn.register_prehook(self.output_nr, hook)
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(hook)
+        return _ag._RemovableHandle(self._hooks, hook)
+
+    # -- conversion ------------------------------------------------------------------------
+    def numpy(self):
+        """A host NumPy array (a copy for cuda tensors; shares memory for cpu tensors, as in PyTorch)."""
+        return self.data.get() if _dev.is_cuda_array(self.data) else self.data
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def item(self):
+        if self.data.size != 1:
+            raise RuntimeError(f"item(): a Tensor with {self.data.size} elements cannot be converted to a Python number")
+        return self.data.reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        if self.data.size != 1:
+            raise RuntimeError(f"the truth value of a tensor with {self.data.size} elements is ambiguous")
+        return bool(self.item())
+
+    def __index__(self):
+        if self.data.dtype.kind not in "iub" or self.data.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self.data.__dlpack__(stream=stream, **kwargs) if stream is not None else self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+    def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
+        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other_tensor)``: differentiable."""
+        for a in args:
+            if isinstance(a, Tensor):
+                device, dtype = a.device, a.dtype
+            elif _looks_like_dtype(a):
+                dtype = a
+            else:
+                device = a
+        from .ops import transfer
+        return transfer(self, device=device, dtype=dtype, copy=copy)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self, device=None):
+        return self.to("cuda" if device is None else (f"cuda:{device}" if isinstance(device, int) else device))
+
+    def type(self, dtype=None):
+        return str(self.dtype) if dtype is None else self.to(dtype=dtype)
+
+    def float(self):
+        return self.to(dtype=np.float32)
+
+    def double(self):
+        return self.to(dtype=np.float64)
+
+    def half(self):
+        return self.to(dtype=np.float16)
+
+    def long(self):
+        return self.to(dtype=np.int64)
+
+    def int(self):
+        return self.to(dtype=np.int32)
+
+    def bool(self):
+        return self.to(dtype=np.bool_)
+
+    def astype(self, dtype):
+        return self.to(dtype=dtype)
+
+    def detach(self):
+        """A tensor sharing this one's data, cut from the graph."""
+        return _wrap(self.data)
+
+    def detach_(self):
+        self.grad_fn = None
+        self.requires_grad = False
+        return self
+
+    def contiguous(self):
+        return self
+
+    def is_contiguous(self):
+        return bool(self.data.flags.c_contiguous)
+
+    # -- in-place ops ------------------------------------------------------------------------
+    def _check_inplace(self, op):
+        if self.requires_grad and _state.grad_enabled:
+            if self.grad_fn is None:
+                raise RuntimeError(f"{op}: a leaf tensor that requires grad (shape {tuple(self.shape)}) is being used in "
+                                   "an in-place operation; wrap the update in `with minidnn.no_grad():` or use an "
+                                   "out-of-place op")
+            return True     # part of a graph: rebind to the out-of-place result
+        return False
+
+    def _inplace(self, op, fn, other=None):
+        """Apply ``fn`` in place.  On a graph tensor the result of the out-of-place op is rebound to self,
+        so the history stays correct; saved copies of the old value see the version bump."""
+        if self._check_inplace(op):
+            res = fn(self) if other is None else fn(self, other)
+            self.data, self.grad_fn, self.output_nr = res.data, res.grad_fn, res.output_nr
+            self.requires_grad = res.requires_grad
+        else:
+            o = other.data if isinstance(other, Tensor) else other
+            if isinstance(other, Tensor) and other.device != self.device:
+                raise RuntimeError(f"{op}: tensors on different devices: '{self.device}' and '{other.device}'")
+            res = fn(_wrap(self.data), other) if other is not None else fn(_wrap(self.data))
+            if tuple(res.shape) != tuple(self.shape):
+                raise RuntimeError(f"{op}: the result of shape {tuple(res.shape)} cannot be written into a tensor of shape "
+                                   f"{tuple(self.shape)} in place")
+            self.data[...] = res.data
+            del o
+        self._version += 1
+        return self
+
+    def add_(self, other, alpha=1):
+        if alpha != 1:
+            return self._inplace("add_", lambda a, b: a + b * alpha, other)
+        return self._inplace("add_", lambda a, b: a + b, other)
+
+    def sub_(self, other, alpha=1):
+        return self._inplace("sub_", lambda a, b: a - b * alpha, other)
+
+    def mul_(self, other):
+        return self._inplace("mul_", lambda a, b: a * b, other)
+
+    def div_(self, other):
+        return self._inplace("div_", lambda a, b: a / b, other)
+
+    def pow_(self, other):
+        return self._inplace("pow_", lambda a, b: a ** b, other)
+
+    def clamp_(self, min=None, max=None):
+        return self._inplace("clamp_", lambda a: a.clip(min, max))
+
+    clip_ = clamp_
+
+    def neg_(self):
+        return self._inplace("neg_", lambda a: -a)
+
+    def exp_(self):
+        return self._inplace("exp_", lambda a: a.exp())
+
+    def sqrt_(self):
+        return self._inplace("sqrt_", lambda a: a.sqrt())
+
+    def relu_(self):
+        return self._inplace("relu_", lambda a: a.relu())
+
+    def __iadd__(self, other):
+        return self.add_(other)
+
+    def __isub__(self, other):
+        return self.sub_(other)
+
+    def __imul__(self, other):
+        return self.mul_(other)
+
+    def __itruediv__(self, other):
+        return self.div_(other)
+
+    def zero_(self):
+        if self._check_inplace("zero_"):
+            return self._inplace("zero_", lambda a: a * 0)
+        self.data.fill(0)
+        self._version += 1
+        return self
+
+    def fill_(self, value):
+        if self._check_inplace("fill_"):
+            return self._inplace("fill_", lambda a: a * 0 + value)
+        self.data.fill(value.item() if isinstance(value, Tensor) else value)
+        self._version += 1
+        return self
+
+    def copy_(self, src):
+        """Copy ``src`` (broadcast) into this tensor in place; crossing devices is explicit here."""
+        if self._check_inplace("copy_"):
+            return self._inplace("copy_", lambda a, b: a * 0 + b, src)
+        s = src.data if isinstance(src, Tensor) else src
+        s = _dev.to_device(s, self.device)
+        self.data[...] = s
+        self._version += 1
+        return self
+
+    def uniform_(self, a=0.0, b=1.0):
+        with _ag.no_grad():
+            self.copy_(rand(*self.shape, dtype=self.dtype, device=self.device) * (b - a) + a)
+        return self
+
+    def normal_(self, mean=0.0, std=1.0):
+        with _ag.no_grad():
+            self.copy_(randn(*self.shape, dtype=self.dtype, device=self.device) * std + mean)
+        return self
+
+    def __setitem__(self, key, value):
+        if self.requires_grad and _state.grad_enabled:
+            if self.grad_fn is None:
+                self._check_inplace("__setitem__")
+            from .ops import index_put
+            res = index_put(self, key, value)
+            self.data, self.grad_fn, self.output_nr, self.requires_grad = res.data, res.grad_fn, 0, res.requires_grad
+        else:
+            from .ops.indexing import _normalize_key
+            v = value.data if isinstance(value, Tensor) else value
+            if isinstance(value, Tensor) and value.device != self.device:
+                raise RuntimeError(f"__setitem__: value on '{value.device}' assigned into a tensor on '{self.device}'")
+            self.data[_normalize_key(key)] = v
+        self._version += 1
+
+    # -- printing ----------------------------------------------------------------------------
+    def __repr__(self):
+        body = np.array2string(self.numpy(), separator=", ", prefix="tensor(", precision=4, threshold=200)
+        extras = []
+        if self.device.type != "cpu":
+            extras.append(f"device='{self.device}'")
+        if self.data.dtype not in (_DEFAULT_FLOAT, np.dtype(np.int64), np.dtype(np.bool_)):
+            extras.append(f"dtype={self.data.dtype}")
+        if self.grad_fn is not None:
+            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
+        elif self.requires_grad:
+            extras.append("requires_grad=True")
+        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
+
+    def __hash__(self):
+        return id(self)
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("minidnn tensors are not pickled: use minidnn.save (a safe format) or .numpy()")
+
+
+_new = object.__new__
+
+
+def _wrap(data):
+    """A tensor without history around an array (the hot path of every op)."""
+    t = _new(Tensor)
+    if isinstance(data, np.generic):
+        data = np.asarray(data)
+    t.data = data
+    t.grad = None
+    t.grad_fn = None
+    t.requires_grad = False
+    t.output_nr = 0
+    t._version = 0
+    t._hooks = None
+    t._accumulator = None
+    t._grad_storage = None
+    t.name = None
+    return t
+
+
+def _attach(data, node):
+    """A tensor produced by ``node`` (the hot path of every recorded op)."""
+    t = _new(Tensor)
+    if isinstance(data, np.generic):
+        data = np.asarray(data)
+    t.data = data
+    t.grad = None
+    t.grad_fn = node
+    t.requires_grad = True
+    t.output_nr = 0
+    t._version = 0
+    t._hooks = None
+    t._accumulator = None
+    t._grad_storage = None
+    t.name = None
+    if _state.anomaly:
+        import traceback
+        node.trace = "".join(traceback.format_stack()[:-2])
+    return t
+
+
+def _looks_like_dtype(a):
+    if isinstance(a, (np.dtype, type)) and not isinstance(a, _dev.Device):
+        return True
+    if isinstance(a, str):
+        s = a[6:] if a.startswith("torch.") else a
+        if s.startswith("cuda") or s in ("cpu", "gpu"):
+            return False
+        try:
+            np.dtype(s)
+            return True
+        except TypeError:
+            return False
+    return str(a).startswith("torch.") and not str(a).startswith("torch.device")
+
+
+def _infer_python_dtype(data):
+    """PyTorch's rule for Python data: floats -> default float dtype, ints -> int64, bools -> bool."""
+    if isinstance(data, bool):
+        return np.dtype(np.bool_)
+    if isinstance(data, numbers.Integral):
+        return np.dtype(np.int64)
+    if isinstance(data, numbers.Real):
+        return _DEFAULT_FLOAT
+    if isinstance(data, numbers.Complex):
+        return np.dtype(np.complex64)
+    return None
+
+
+def _make_array(data, dtype=None, device=None):
+    dtype = _to_dtype(dtype)
+    if isinstance(data, Tensor):
+        data = data.data
+    if device is None:
+        dev = _dev.device_of(data) if hasattr(data, "__cuda_array_interface__") else _dev.default_device()
+    else:
+        dev = _dev.device(device)
+    if hasattr(data, "__array_namespace__") or isinstance(data, np.ndarray) or hasattr(data, "__cuda_array_interface__"):
+        # An array keeps its dtype (float64 NumPy arrays stay float64, as torch.tensor(np_array) does).
+        return _dev.to_device(data, dev, dtype=dtype, copy=True)
+    if hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
+        return _dev.to_device(np.from_dlpack(data) if dev.type == "cpu" else dev.xp.from_dlpack(data), dev,
+                              dtype=dtype, copy=True)
+    if dtype is None:
+        arr = np.asarray(data)
+        if arr.dtype == np.float64:
+            arr = arr.astype(_DEFAULT_FLOAT)
+        elif arr.dtype.kind == "O":
+            raise TypeError(f"cannot build a tensor from {type(data).__name__} data of mixed/unsupported types")
+        elif arr.dtype == np.complex128:
+            arr = arr.astype(np.complex64)
+    else:
+        arr = np.asarray(data, dtype=dtype)
+    return _dev.to_device(arr, dev)
+
+
+# ----------------------------------------------------------------------------------------------
+# Creation functions
+# ----------------------------------------------------------------------------------------------
+def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """A new tensor (always a copy) from Python data, a NumPy/CuPy array or another tensor."""
+    return Tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    if isinstance(data, Tensor) and (dtype is None or data.dtype == _to_dtype(dtype)) and \
+            (device is None or data.device == _dev.device(device)):
+        return data
+    return tensor(data, dtype=dtype, device=device)
+
+
+def is_tensor(obj) -> bool:
+    return isinstance(obj, Tensor)
+
+
+def from_numpy(array) -> Tensor:
+    """A cpu tensor sharing memory with the NumPy array (no copy)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(array).__name__}")
+    return _wrap(array)
+
+
+def from_dlpack(obj) -> Tensor:
+    """Zero-copy import from any DLPack producer (NumPy, CuPy, PyTorch, ...)."""
+    if isinstance(obj, Tensor):
+        return _wrap(obj.data)
+    dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
+    if int(dev_type) == 1:      # kDLCPU
+        return _wrap(np.from_dlpack(obj))
+    cp = _dev.device(f"cuda:{int(dev_id)}").xp
+    with cp.cuda.Device(int(dev_id)):
+        return _wrap(cp.from_dlpack(obj))
+
+
+def _shape_arg(size):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        return tuple(size[0])
+    return tuple(int(s) for s in size)
+
+
+def _factory(fill, size, dtype, device, requires_grad, default=None):
+    dt = _to_dtype(dtype) or default or _DEFAULT_FLOAT
+    xp = _dev.device(device).xp
+    with _dev.device_guard(device if device is not None else _dev.default_device()):
+        arr = fill(xp, _shape_arg(size), dt)
+    t = _wrap(arr)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False):
+    return _factory(lambda xp, s, d: xp.zeros(s, dtype=d), size, dtype, device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False):
+    return _factory(lambda xp, s, d: xp.ones(s, dtype=d), size, dtype, device, requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False):
+    return _factory(lambda xp, s, d: xp.empty(s, dtype=d), size, dtype, device, requires_grad)
+
+
+def full(size, fill_value, dtype=None, device=None, requires_grad=False):
+    default = _infer_python_dtype(fill_value) if not isinstance(fill_value, Tensor) else fill_value.dtype
+    size = (size,) if isinstance(size, int) else tuple(size)
+    return _factory(lambda xp, s, d: xp.full(s, fill_value, dtype=d), (size,), dtype, device, requires_grad,
+                    default=default)
+
+
+def _like(t, dtype, device):
+    return (dtype if dtype is not None else t.dtype), (device if device is not None else t.device)
+
+
+def zeros_like(t, dtype=None, device=None, requires_grad=False):
+    d, dev = _like(t, dtype, device)
+    return zeros(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def ones_like(t, dtype=None, device=None, requires_grad=False):
+    d, dev = _like(t, dtype, device)
+    return ones(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def empty_like(t, dtype=None, device=None, requires_grad=False):
+    d, dev = _like(t, dtype, device)
+    return empty(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
+    d, dev = _like(t, dtype, device)
+    return full(t.shape, fill_value, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    if end is None:
+        start, end = 0, start
+    default = np.dtype(np.int64) if all(isinstance(v, numbers.Integral) for v in (start, end, step)) else _DEFAULT_FLOAT
+    return _factory(lambda xp, s, d: xp.arange(start, end, step).astype(d), (), dtype, device, requires_grad,
+                    default=default)
+
+
+def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
+    return _factory(lambda xp, s, d: xp.linspace(start, end, int(steps)).astype(d), (), dtype, device, requires_grad)
+
+
+def eye(n, m=None, dtype=None, device=None, requires_grad=False):
+    return _factory(lambda xp, s, d: xp.eye(n, m, dtype=d), (), dtype, device, requires_grad)
+
+
+# -- random numbers: one seeded generator per device ----------------------------------------------
+_generators = {}
+_seed = None
+
+
+def manual_seed(seed: int):
+    """Seed every generator (cpu and each GPU) for reproducible rand/randn/randint/dropout/init."""
+    global _seed
+    _seed = int(seed)
+    _generators.clear()
+    return _seed
+
+
+def _generator(dev):
+    g = _generators.get(dev)
+    if g is None:
+        seed = _seed if _seed is not None else np.random.SeedSequence().entropy % (2 ** 63)
+        seed = seed + (0 if dev.type == "cpu" else 1000003 * (dev.index + 1))
+        if dev.type == "cpu":
+            g = np.random.default_rng(seed)
+        else:
+            with _dev.device_guard(dev):
+                g = dev.xp.random.default_rng(seed)
+        _generators[dev] = g
+    return g
+
+
+def default_generator(device=None):
+    return _generator(_dev.device(device))
+
+
+def _random(kind, size, dtype, device, requires_grad, **kw):
+    dt = _to_dtype(dtype) or _DEFAULT_FLOAT
+    dev = _dev.device(device)
+    g = _generator(dev)
+    shape = _shape_arg(size)
+    with _dev.device_guard(dev):
+        if kind == "rand":
+            arr = g.random(shape, dtype=np.float64 if dt == np.float64 else np.float32)
+        elif kind == "randn":
+            arr = g.standard_normal(shape, dtype=np.float64 if dt == np.float64 else np.float32)
+        else:
+            arr = g.integers(kw["low"], kw["high"], size=shape)
+        arr = arr.astype(dt, copy=False)
+    t = _wrap(arr)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def rand(*size, dtype=None, device=None, requires_grad=False):
+    return _random("rand", size, dtype, device, requires_grad)
+
+
+def randn(*size, dtype=None, device=None, requires_grad=False):
+    return _random("randn", size, dtype, device, requires_grad)
+
+
+def randint(low, high=None, size=None, dtype=None, device=None):
+    """``randint(high, size)`` or ``randint(low, high, size)``: integers in [low, high)."""
+    if size is None:
+        low, high, size = 0, low, high
+    if high is None:
+        raise TypeError("randint needs high and size")
+    return _random("randint", (tuple(size),), dtype or np.int64, device, False, low=low, high=high)
+
+
+def rand_like(t, dtype=None, device=None, requires_grad=False):
+    d, dev = _like(t, dtype, device)
+    return rand(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
+
+
+def randn_like(t, dtype=None, device=None, requires_grad=False):
+    d, dev = _like(t, dtype, device)
+    return randn(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
