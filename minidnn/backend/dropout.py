@@ -1,1 +1,91 @@
-__all__ = []
+"""Dropout (cuDNN's cudnnDropoutForward / cudnnDropoutBackward).
+
+# x, y, dy, dx: any shape;  reserve: bool array of x's shape, True where an element is kept
+
+y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator
+(``xp.random.default_rng(seed)``, one per device, created on first use).  The same seed gives the
+same sequence of masks on the same device (NumPy and CuPy generators differ, so CPU and GPU
+masks differ).  p = 0 is the identity, p = 1 gives zeros.  The reserve space (cuDNN's name) is the
+boolean mask itself: 1 byte per element, everything backward needs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import begin, check_float, shape_str
+from .devices import device, device_guard
+from .errors import BadParamError
+
+__all__ = ["DropoutDescriptor", "dropout_forward", "dropout_backward", "dropout_get_reserve_space_size"]
+
+
+class DropoutDescriptor:
+    """Drop probability ``p`` and the seed of its random state (cuDNN keeps the state in the descriptor too).
+
+    ``p`` and ``seed`` are read-only; the generators advance with every ``dropout_forward``.
+    ``reset()`` restarts every device's sequence from the seed.
+    """
+
+    __slots__ = ("_p", "_seed", "_generators")
+
+    def __init__(self, p: float, seed: int = 0):
+        p = float(p)
+        if not 0.0 <= p <= 1.0:
+            raise BadParamError(f"DropoutDescriptor: p={p} must be in [0, 1]")
+        if not (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0):
+            raise BadParamError(f"DropoutDescriptor: seed={seed!r} must be an int >= 0")
+        self._p, self._seed, self._generators = p, int(seed), {}
+
+    p = property(lambda self: self._p)
+    seed = property(lambda self: self._seed)
+
+    def __repr__(self):
+        return f"DropoutDescriptor(p={self._p}, seed={self._seed})"
+
+    @property
+    def scale(self) -> float:
+        """The factor kept elements are multiplied by: 1 / (1 - p), and 0 for p = 1 (nothing is kept)."""
+        return 0.0 if self._p == 1.0 else 1.0 / (1.0 - self._p)
+
+    def generator(self, dev_spec):
+        """This descriptor's generator on a device ("cpu", "cuda:0", a Device), created from the seed on first use."""
+        dev = device(dev_spec)
+        gen = self._generators.get(dev)
+        if gen is None:
+            with device_guard(dev):
+                gen = self._generators[dev] = dev.xp.random.default_rng(self._seed)
+        return gen
+
+    def reset(self):
+        self._generators.clear()
+
+
+def dropout_get_reserve_space_size(x) -> int:
+    """Bytes of reserve space ``dropout_forward`` returns for x: one bool per element."""
+    return int(np.prod(x.shape))
+
+
+def dropout_forward(handle, dropout_desc: DropoutDescriptor, x):
+    """-> (y, reserve): y = x * mask / (1 - p), reserve = the boolean keep mask."""
+    where = "dropout_forward"
+    handle, xp = begin(handle, where, x=x)
+    if not isinstance(dropout_desc, DropoutDescriptor):
+        raise BadParamError(f"{where}: dropout_desc must be a DropoutDescriptor, got {type(dropout_desc).__name__}")
+    check_float(where, x=x)
+    with device_guard(handle.device):
+        # float32 draws are plenty to compare against p and are the cheaper draw on both libraries
+        keep = dropout_desc.generator(handle.device).random(x.shape, dtype=np.float32) >= dropout_desc.p
+    return x * (keep.astype(x.dtype) * dropout_desc.scale), keep
+
+
+def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
+    """dx = dy * mask / (1 - p) with the mask ``dropout_forward`` returned as reserve."""
+    where = "dropout_backward"
+    handle, xp = begin(handle, where, dy=dy, reserve=reserve)
+    if not isinstance(dropout_desc, DropoutDescriptor):
+        raise BadParamError(f"{where}: dropout_desc must be a DropoutDescriptor, got {type(dropout_desc).__name__}")
+    check_float(where, dy=dy)
+    if reserve is None or tuple(reserve.shape) != tuple(dy.shape) or reserve.dtype != np.bool_:
+        raise BadParamError(f"{where}: reserve must be the bool mask of dy's shape {shape_str(dy)} returned by "
+                            f"dropout_forward, got {None if reserve is None else (shape_str(reserve), str(reserve.dtype))}")
+    return dy * (reserve.astype(dy.dtype) * dropout_desc.scale)
