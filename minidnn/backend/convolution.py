@@ -1,1 +1,331 @@
-__all__ = []
+"""Convolution primitives (cuDNN's cudnnConvolution*), on raw NumPy / CuPy arrays.
+
+# x: (N, C, *in)  w: (K, C/G, *kernel)  y: (N, K, *out)  b, db: (K,)    1-D, 2-D or 3-D; G = groups
+# format="NHWC": x, y, dx, dy are indexed channels-last, (N, *spatial, C); w and dw keep (K, C/G, *kernel).
+
+Each primitive runs the same steps:
+  1. validate every shape, dtype and device before computing (BadParamError naming values and rule);
+  2. orient: channels-first views of the arrays (no copy), the kernel flipped for ConvolutionMode.CONVOLUTION;
+  3. pick the algorithm from its registry (explicit ``algo``, the cached benchmark winner, or the
+     heuristic's choice) -- see algorithm_selection.py; the ops never branch on algorithms;
+  4. blend: ``out = alpha * result + beta * out`` (``out`` read only when beta != 0).
+The algorithms live in conv_gemm.py (the reference, im2col + GEMM) and conv_algorithms.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._common import accumulation_dtype, begin, blend, check_float, check_out
+from .algorithm_selection import AlgoPerf, ConvolutionPreference, Determinism
+from .conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS, FORWARD_ALGORITHMS,
+                              ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo, ConvolutionFwdAlgo)
+from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
+from .devices import array_module
+from .errors import BadParamError, NotSupportedError
+from .handle import resolve_handle
+from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from_channels_first, resolve_format,
+                     to_channels_first)
+
+__all__ = [
+    "ConvolutionMode", "ConvolutionDescriptor", "ConvolutionFwdAlgo", "ConvolutionBwdDataAlgo",
+    "ConvolutionBwdFilterAlgo", "ConvolutionPreference", "Determinism", "AlgoPerf",
+    "get_convolution_forward_output_dim",
+    "convolution_forward", "convolution_backward_data", "convolution_backward_filter", "convolution_backward_bias",
+    "get_convolution_forward_algorithm", "find_convolution_forward_algorithm",
+    "get_convolution_forward_workspace_size",
+    "get_convolution_backward_data_algorithm", "find_convolution_backward_data_algorithm",
+    "get_convolution_backward_data_workspace_size",
+    "get_convolution_backward_filter_algorithm", "find_convolution_backward_filter_algorithm",
+    "get_convolution_backward_filter_workspace_size",
+    "get_convolution_algorithm_cache", "clear_convolution_algorithm_cache", "convolution_algorithm_cache_info",
+]
+
+_REGISTRIES = (FORWARD_ALGORITHMS, BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS)
+
+
+# ---- shapes in the caller's format ---------------------------------------------------------------------
+
+def _cf_shape(shape, fmt):
+    """A shape indexed in ``fmt`` -> the same shape indexed channels-first."""
+    shape = tuple(int(v) for v in shape)
+    if fmt is TensorFormat.NHWC and len(shape) >= 3:
+        return tuple(shape[i] for i in channels_first_perm(len(shape)))
+    return shape
+
+
+def _fmt_shape(shape_cf, fmt):
+    if fmt is TensorFormat.NHWC and len(shape_cf) >= 3:
+        return tuple(shape_cf[i] for i in channels_last_perm(len(shape_cf)))
+    return tuple(shape_cf)
+
+
+def _check_dtypes(where, first_name, first, **others):
+    """Floating dtypes only, and every array (or dtype) the same as the first."""
+    for name, dtype in ((first_name, first), *others.items()):
+        if np.dtype(dtype).kind != "f":
+            raise BadParamError(f"{where}: {name} has dtype {np.dtype(dtype)}, but only floating-point dtypes "
+                                "(float16, float32, float64) are supported")
+        if np.dtype(dtype) != np.dtype(first):
+            raise BadParamError(f"{where}: {first_name} has dtype {np.dtype(first)} but {name} has dtype "
+                                f"{np.dtype(dtype)}; they must match")
+
+
+def _check_dy(where, dy_shape, p, fmt):
+    expected = _fmt_shape(p.y_shape, fmt)
+    if tuple(dy_shape) != expected:
+        raise BadParamError(f"{where}: dy has shape {tuple(dy_shape)} but the convolution of x {_fmt_shape(p.x_shape, fmt)} "
+                            f"with w {p.w_shape} (padding {p.padding}, stride {p.stride}, dilation {p.dilation}, "
+                            f"groups {p.groups}) has output shape {expected}")
+
+
+def _format(fmt):
+    return resolve_format(None, fmt)
+
+
+# ---- the problem of each direction, from shapes (cuDNN's argument order) ----------------------------------
+
+def _forward_problem(where, x_shape, w_shape, conv_desc, dtype, fmt):
+    return make_problem(where, _cf_shape(x_shape, fmt), w_shape, conv_desc, dtype)
+
+
+def _backward_data_problem(where, w_shape, dy_shape, conv_desc, x_shape, dtype, fmt):
+    p = make_problem(where, _cf_shape(x_shape, fmt), w_shape, conv_desc, dtype, x_name="x_shape")
+    _check_dy(where, dy_shape, p, fmt)
+    return p
+
+
+def _backward_filter_problem(where, x_shape, dy_shape, conv_desc, w_shape, dtype, fmt):
+    p = make_problem(where, _cf_shape(x_shape, fmt), w_shape, conv_desc, dtype)
+    _check_dy(where, dy_shape, p, fmt)
+    return p
+
+
+def _flip(w, conv_desc):
+    """ConvolutionMode.CONVOLUTION is cross-correlation with the kernel flipped on every spatial axis."""
+    if conv_desc.mode is ConvolutionMode.CROSS_CORRELATION:
+        return w
+    return w[(slice(None), slice(None), *(slice(None, None, -1),) * (w.ndim - 2))]
+
+
+# ---- running an algorithm -------------------------------------------------------------------------------
+
+def _cache_key(registry, handle, p, fmt, math_type):
+    return (registry.name, p, fmt, math_type, handle.deterministic, handle.workspace_limit, str(handle.device))
+
+
+def _execute(registry, handle, p, conv_desc, fmt, algo, a, b, result_shape):
+    """Pick an algorithm and run it on channels-first arrays; returns the raw (unblended) result."""
+    math_type = handle.effective_math_type(p.dtype, conv_desc.math_type)
+    tf32 = handle.allows_tf32(p.dtype, conv_desc.math_type)
+    with handle.activate():
+        if algo is not None:
+            algorithm = registry.require(algo, p, handle)
+        elif p.N > 0:
+            algorithm = registry.choose(p, handle, math_type, _cache_key(registry, handle, p, fmt, math_type),
+                                        lambda alg: alg.run(p, a, b, tf32))
+        if p.N == 0:        # an empty batch: nothing to compute (and dw sums over no images: zeros)
+            return handle.xp.zeros(result_shape, dtype=a.dtype)
+        return algorithm.run(p, a, b, tf32)
+
+
+def _finish(result, alpha, beta, out, fmt):
+    """Blend the channels-first ``result`` into ``out`` (in ``fmt``), or return a fresh contiguous array."""
+    if out is not None:
+        blend(result, alpha, beta, to_channels_first(out, fmt))
+        return out
+    return array_module(result).ascontiguousarray(blend(from_channels_first(result, fmt), alpha, beta, None))
+
+
+# ---- the primitives -----------------------------------------------------------------------------------
+
+def get_convolution_forward_output_dim(conv_desc, x_shape, w_shape, format=None):
+    """The shape of y (cuDNN's cudnnGetConvolutionNdForwardOutputDim), in ``format``'s index order."""
+    fmt = _format(format)
+    p = _forward_problem("get_convolution_forward_output_dim", x_shape, w_shape, conv_desc, np.float32, fmt)
+    return _fmt_shape(p.y_shape, fmt)
+
+
+def _prepare_forward(where, handle, x, w, conv_desc, format, y=None):
+    handle, _ = begin(handle, where, x=x, w=w, y=y)
+    _check_dtypes(where, "x", x.dtype, w=w.dtype)
+    fmt = _format(format)
+    p = _forward_problem(where, x.shape, w.shape, conv_desc, x.dtype, fmt)
+    return handle, p, fmt, to_channels_first(x, fmt), _flip(w, conv_desc)
+
+
+def convolution_forward(handle, x, w, conv_desc, algo=None, alpha=1.0, beta=0.0, y=None, format=None):
+    """y = alpha * conv(x, w) + beta * y."""
+    where = "convolution_forward"
+    handle, p, fmt, x_cf, w_or = _prepare_forward(where, handle, x, w, conv_desc, format, y)
+    check_out(where, "y", y, _fmt_shape(p.y_shape, fmt), x.dtype, beta)
+    result = _execute(FORWARD_ALGORITHMS, handle, p, conv_desc, fmt, algo, x_cf, w_or, p.y_shape)
+    return _finish(result, alpha, beta, y, fmt)
+
+
+def _prepare_backward_data(where, handle, w, dy, conv_desc, x_shape, format, dx=None):
+    handle, _ = begin(handle, where, w=w, dy=dy, dx=dx)
+    _check_dtypes(where, "w", w.dtype, dy=dy.dtype)
+    fmt = _format(format)
+    p = _backward_data_problem(where, w.shape, dy.shape, conv_desc, x_shape, w.dtype, fmt)
+    return handle, p, fmt, _flip(w, conv_desc), to_channels_first(dy, fmt)
+
+
+def convolution_backward_data(handle, w, dy, conv_desc, x_shape, algo=None, alpha=1.0, beta=0.0, dx=None,
+                              format=None):
+    """dx = alpha * (d conv / d x)^T dy + beta * dx, for an x of shape ``x_shape`` (in ``format``)."""
+    where = "convolution_backward_data"
+    handle, p, fmt, w_or, dy_cf = _prepare_backward_data(where, handle, w, dy, conv_desc, x_shape, format, dx)
+    check_out(where, "dx", dx, _fmt_shape(p.x_shape, fmt), w.dtype, beta)
+    result = _execute(BACKWARD_DATA_ALGORITHMS, handle, p, conv_desc, fmt, algo, w_or, dy_cf, p.x_shape)
+    return _finish(result, alpha, beta, dx, fmt)
+
+
+def _prepare_backward_filter(where, handle, x, dy, conv_desc, w_shape, format, dw=None):
+    handle, _ = begin(handle, where, x=x, dy=dy, dw=dw)
+    _check_dtypes(where, "x", x.dtype, dy=dy.dtype)
+    fmt = _format(format)
+    p = _backward_filter_problem(where, x.shape, dy.shape, conv_desc, w_shape, x.dtype, fmt)
+    return handle, p, fmt, to_channels_first(x, fmt), to_channels_first(dy, fmt)
+
+
+def convolution_backward_filter(handle, x, dy, conv_desc, w_shape, algo=None, alpha=1.0, beta=0.0, dw=None,
+                                format=None):
+    """dw = alpha * (d conv / d w)^T dy + beta * dw; dw has shape ``w_shape`` = (K, C/G, *kernel)."""
+    where = "convolution_backward_filter"
+    handle, p, fmt, x_cf, dy_cf = _prepare_backward_filter(where, handle, x, dy, conv_desc, w_shape, format, dw)
+    check_out(where, "dw", dw, p.w_shape, x.dtype, beta)
+    result = _execute(BACKWARD_FILTER_ALGORITHMS, handle, p, conv_desc, fmt, algo, x_cf, dy_cf, p.w_shape)
+    # The algorithms computed the gradient of the kernel as applied (flipped in CONVOLUTION mode).
+    return _finish(_flip(result, conv_desc), alpha, beta, dw, TensorFormat.NCHW)
+
+
+def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None):
+    """db (K,) = alpha * sum of dy over every axis but the channel axis + beta * db."""
+    where = "convolution_backward_bias"
+    handle, _ = begin(handle, where, dy=dy, db=db)
+    check_float(where, dy=dy)
+    if not 3 <= dy.ndim <= 5:
+        raise BadParamError(f"{where}: dy has shape {tuple(dy.shape)} ({dy.ndim}-D) but must be 3-D, 4-D or 5-D")
+    fmt = _format(format)
+    dy_cf = to_channels_first(dy, fmt)
+    check_out(where, "db", db, (dy_cf.shape[1],), dy.dtype, beta)
+    with handle.activate():
+        axes = (0, *range(2, dy.ndim))
+        result = dy_cf.sum(axis=axes, dtype=accumulation_dtype(dy.dtype)).astype(dy.dtype, copy=False)
+        return _finish(result, alpha, beta, db, TensorFormat.NCHW)
+
+
+# ---- algorithm selection: heuristics, find, workspace, cache ----------------------------------------------
+
+def _math_type(handle, p, conv_desc):
+    return handle.effective_math_type(p.dtype, conv_desc.math_type)
+
+
+def get_convolution_forward_algorithm(handle, x_shape, w_shape, conv_desc,
+                                      preference=ConvolutionPreference.PREFER_FASTEST, workspace_limit=None,
+                                      dtype=np.float32, format=None):
+    """The heuristic's ranking, as cuDNN v7's cudnnGetConvolutionForwardAlgorithm_v7: a list of AlgoPerf
+    (time -1.0), usable algorithms first in order of preference; ``[0].algo`` is the choice."""
+    handle = resolve_handle(handle)
+    p = _forward_problem("get_convolution_forward_algorithm", x_shape, w_shape, conv_desc, dtype, _format(format))
+    return FORWARD_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc), preference, workspace_limit)
+
+
+def get_convolution_backward_data_algorithm(handle, w_shape, dy_shape, conv_desc, x_shape,
+                                            preference=ConvolutionPreference.PREFER_FASTEST, workspace_limit=None,
+                                            dtype=np.float32, format=None):
+    """Like get_convolution_forward_algorithm, for convolution_backward_data."""
+    handle = resolve_handle(handle)
+    p = _backward_data_problem("get_convolution_backward_data_algorithm", w_shape, dy_shape, conv_desc, x_shape,
+                               dtype, _format(format))
+    return BACKWARD_DATA_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc), preference,
+                                              workspace_limit)
+
+
+def get_convolution_backward_filter_algorithm(handle, x_shape, dy_shape, conv_desc, w_shape,
+                                              preference=ConvolutionPreference.PREFER_FASTEST,
+                                              workspace_limit=None, dtype=np.float32, format=None):
+    """Like get_convolution_forward_algorithm, for convolution_backward_filter."""
+    handle = resolve_handle(handle)
+    p = _backward_filter_problem("get_convolution_backward_filter_algorithm", x_shape, dy_shape, conv_desc,
+                                 w_shape, dtype, _format(format))
+    return BACKWARD_FILTER_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc), preference,
+                                                workspace_limit)
+
+
+def _find(registry, handle, p, conv_desc, a, b, repeats):
+    tf32 = handle.allows_tf32(p.dtype, conv_desc.math_type)
+    with handle.activate():
+        return registry.find(p, handle, _math_type(handle, p, conv_desc), lambda alg: alg.run(p, a, b, tf32),
+                             repeats)
+
+
+def find_convolution_forward_algorithm(handle, x, w, conv_desc, format=None, repeats=3):
+    """Run and time every usable forward algorithm on these arrays (cuDNN's cudnnFindConvolutionForwardAlgorithm):
+    a list of AlgoPerf sorted by time in ms (median of ``repeats`` after a warm-up), unusable ones last."""
+    handle, p, _, x_cf, w_or = _prepare_forward("find_convolution_forward_algorithm", handle, x, w, conv_desc, format)
+    return _find(FORWARD_ALGORITHMS, handle, p, conv_desc, x_cf, w_or, repeats)
+
+
+def find_convolution_backward_data_algorithm(handle, w, dy, conv_desc, x_shape, format=None, repeats=3):
+    """Like find_convolution_forward_algorithm, for convolution_backward_data."""
+    handle, p, _, w_or, dy_cf = _prepare_backward_data("find_convolution_backward_data_algorithm", handle, w, dy,
+                                                       conv_desc, x_shape, format)
+    return _find(BACKWARD_DATA_ALGORITHMS, handle, p, conv_desc, w_or, dy_cf, repeats)
+
+
+def find_convolution_backward_filter_algorithm(handle, x, dy, conv_desc, w_shape, format=None, repeats=3):
+    """Like find_convolution_forward_algorithm, for convolution_backward_filter."""
+    handle, p, _, x_cf, dy_cf = _prepare_backward_filter("find_convolution_backward_filter_algorithm", handle, x,
+                                                         dy, conv_desc, w_shape, format)
+    return _find(BACKWARD_FILTER_ALGORITHMS, handle, p, conv_desc, x_cf, dy_cf, repeats)
+
+
+def _workspace(registry, where, p, algo):
+    algorithm = registry.get(algo)
+    reason = algorithm.unsupported_reason(p)
+    if reason is not None:
+        raise NotSupportedError(f"{where}: {algorithm.algo} cannot run {p.describe()}: {reason}")
+    return algorithm.workspace_size(p)
+
+
+def get_convolution_forward_workspace_size(handle, x_shape, w_shape, conv_desc, algo, dtype=np.float32,
+                                           format=None):
+    """Bytes of scratch memory ``algo`` needs beyond x, w and y (NotSupportedError if it cannot run)."""
+    where = "get_convolution_forward_workspace_size"
+    p = _forward_problem(where, x_shape, w_shape, conv_desc, dtype, _format(format))
+    return _workspace(FORWARD_ALGORITHMS, where, p, algo)
+
+
+def get_convolution_backward_data_workspace_size(handle, w_shape, dy_shape, conv_desc, x_shape, algo,
+                                                 dtype=np.float32, format=None):
+    where = "get_convolution_backward_data_workspace_size"
+    p = _backward_data_problem(where, w_shape, dy_shape, conv_desc, x_shape, dtype, _format(format))
+    return _workspace(BACKWARD_DATA_ALGORITHMS, where, p, algo)
+
+
+def get_convolution_backward_filter_workspace_size(handle, x_shape, dy_shape, conv_desc, w_shape, algo,
+                                                   dtype=np.float32, format=None):
+    where = "get_convolution_backward_filter_workspace_size"
+    p = _backward_filter_problem(where, x_shape, dy_shape, conv_desc, w_shape, dtype, _format(format))
+    return _workspace(BACKWARD_FILTER_ALGORITHMS, where, p, algo)
+
+
+def get_convolution_algorithm_cache() -> dict:
+    """What handle.benchmark chose so far: {key: AlgoPerf}.  A key is (direction, problem, format,
+    math type, deterministic, workspace_limit, device); the problem holds shapes, dtype and descriptor."""
+    entries = {}
+    for registry in _REGISTRIES:
+        entries.update(registry.cache.snapshot())
+    return entries
+
+
+def clear_convolution_algorithm_cache() -> None:
+    """Forget every benchmark choice (and reset the hit/miss counters)."""
+    for registry in _REGISTRIES:
+        registry.cache.clear()
+
+
+def convolution_algorithm_cache_info() -> dict:
+    """{direction: (hits, misses, entries)} of the benchmark cache."""
+    return {r.name: (r.cache.hits, r.cache.misses, len(r.cache)) for r in _REGISTRIES}
