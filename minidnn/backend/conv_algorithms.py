@@ -89,26 +89,29 @@ def _w_tap(w, tap):
     return w[(slice(None), slice(None), *tap)]          # (K, C/G)
 
 
-def direct_forward(p: ConvProblem, x, w, tf32=False):
-    xp = array_module(x)
-    x_cl = _channels_last(x)
-    y_cl = xp.zeros((p.N, *p.out_size, p.K), dtype=x.dtype)
+def _tap_accumulate(src, out_spatial, out_channels, block, reads_x_side, p: ConvProblem, tf32):
+    """The DIRECT loop of forward and backward data: for every tap, the pixels ``src`` contributes
+    through that tap, times the tap's weight block, added into the matching strided slice of the output.
+
+    Forward reads x at the tap's x-slices and writes y at its y-slices; backward data reads dy at the
+    y-slices and writes dx at the x-slices (``reads_x_side`` False).  Each ``+=`` is one array operation
+    over all images and pixels; slices of one tap never overlap, so no atomics are needed.
+    """
+    src_cl = _channels_last(src)
+    out_cl = array_module(src).zeros((p.N, *out_spatial, out_channels), dtype=src.dtype)
     for tap, xs, ys in p.taps():
-        rows, shape = _tap_rows(x_cl, xs)
-        y_cl[(slice(None), *ys)] += grouped_matmul(rows, forward_weights(_w_tap(w, tap), p.groups),
-                                                   tf32).reshape(*shape[:-1], p.K)
-    return _channels_first(y_cl)
+        read, write = (xs, ys) if reads_x_side else (ys, xs)
+        rows, shape = _tap_rows(src_cl, read)
+        out_cl[(slice(None), *write)] += grouped_matmul(rows, block(tap), tf32).reshape(*shape[:-1], out_channels)
+    return _channels_first(out_cl)
+
+
+def direct_forward(p: ConvProblem, x, w, tf32=False):
+    return _tap_accumulate(x, p.out_size, p.K, lambda tap: forward_weights(_w_tap(w, tap), p.groups), True, p, tf32)
 
 
 def direct_backward_data(p: ConvProblem, w, dy, tf32=False):
-    xp = array_module(dy)
-    dy_cl = _channels_last(dy)
-    dx_cl = xp.zeros((p.N, *p.in_size, p.C), dtype=dy.dtype)
-    for tap, xs, ys in p.taps():
-        rows, shape = _tap_rows(dy_cl, ys)
-        dx_cl[(slice(None), *xs)] += grouped_matmul(rows, data_weights(_w_tap(w, tap), p.groups),
-                                                    tf32).reshape(*shape[:-1], p.C)
-    return _channels_first(dx_cl)
+    return _tap_accumulate(dy, p.in_size, p.C, lambda tap: data_weights(_w_tap(w, tap), p.groups), False, p, tf32)
 
 
 def direct_backward_filter(p: ConvProblem, x, dy, tf32=False):

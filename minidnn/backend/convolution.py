@@ -84,7 +84,7 @@ def _format(fmt):
 
 # ---- the problem of each direction, from shapes (cuDNN's argument order) ----------------------------------
 
-def _forward_problem(where, x_shape, w_shape, conv_desc, dtype, fmt):
+def _forward_problem(where, x_shape, w_shape, conv_desc, _unused, dtype, fmt):
     return make_problem(where, _cf_shape(x_shape, fmt), w_shape, conv_desc, dtype)
 
 
@@ -141,60 +141,54 @@ def _finish(result, alpha, beta, out, fmt):
 def get_convolution_forward_output_dim(conv_desc, x_shape, w_shape, format=None):
     """The shape of y (cuDNN's cudnnGetConvolutionNdForwardOutputDim), in ``format``'s index order."""
     fmt = _format(format)
-    p = _forward_problem("get_convolution_forward_output_dim", x_shape, w_shape, conv_desc, np.float32, fmt)
+    p = _forward_problem("get_convolution_forward_output_dim", x_shape, w_shape, conv_desc, None, np.float32, fmt)
     return _fmt_shape(p.y_shape, fmt)
 
 
-def _prepare_forward(where, handle, x, w, conv_desc, format, y=None):
-    handle, _ = begin(handle, where, x=x, w=w, y=y)
-    _check_dtypes(where, "x", x.dtype, w=w.dtype)
+def _prepare(where, handle, conv_desc, format, problem, first, second, other_shape, out=None):
+    """Steps 1 of every direction: handle and devices, dtypes, the format, the validated problem.
+
+    ``first`` and ``second`` are the (name, array) inputs in cuDNN's order, ``other_shape`` the shape of
+    the array being computed (None for forward), ``out`` the (name, array) output buffer if any.
+    """
+    (name1, a1), (name2, a2) = first, second
+    handle, _ = begin(handle, where, **{name1: a1, name2: a2}, **dict([out] if out else []))
+    _check_dtypes(where, name1, a1.dtype, **{name2: a2.dtype})
     fmt = _format(format)
-    p = _forward_problem(where, x.shape, w.shape, conv_desc, x.dtype, fmt)
-    return handle, p, fmt, to_channels_first(x, fmt), _flip(w, conv_desc)
+    return handle, problem(where, a1.shape, a2.shape, conv_desc, other_shape, a1.dtype, fmt), fmt
 
 
 def convolution_forward(handle, x, w, conv_desc, algo=None, alpha=1.0, beta=0.0, y=None, format=None):
     """y = alpha * conv(x, w) + beta * y."""
     where = "convolution_forward"
-    handle, p, fmt, x_cf, w_or = _prepare_forward(where, handle, x, w, conv_desc, format, y)
+    handle, p, fmt = _prepare(where, handle, conv_desc, format, _forward_problem, ("x", x), ("w", w), None, ("y", y))
     check_out(where, "y", y, _fmt_shape(p.y_shape, fmt), x.dtype, beta)
-    result = _execute(FORWARD_ALGORITHMS, handle, p, conv_desc, fmt, algo, x_cf, w_or, p.y_shape)
+    result = _execute(FORWARD_ALGORITHMS, handle, p, conv_desc, fmt, algo, to_channels_first(x, fmt),
+                      _flip(w, conv_desc), p.y_shape)
     return _finish(result, alpha, beta, y, fmt)
-
-
-def _prepare_backward_data(where, handle, w, dy, conv_desc, x_shape, format, dx=None):
-    handle, _ = begin(handle, where, w=w, dy=dy, dx=dx)
-    _check_dtypes(where, "w", w.dtype, dy=dy.dtype)
-    fmt = _format(format)
-    p = _backward_data_problem(where, w.shape, dy.shape, conv_desc, x_shape, w.dtype, fmt)
-    return handle, p, fmt, _flip(w, conv_desc), to_channels_first(dy, fmt)
 
 
 def convolution_backward_data(handle, w, dy, conv_desc, x_shape, algo=None, alpha=1.0, beta=0.0, dx=None,
                               format=None):
     """dx = alpha * (d conv / d x)^T dy + beta * dx, for an x of shape ``x_shape`` (in ``format``)."""
     where = "convolution_backward_data"
-    handle, p, fmt, w_or, dy_cf = _prepare_backward_data(where, handle, w, dy, conv_desc, x_shape, format, dx)
+    handle, p, fmt = _prepare(where, handle, conv_desc, format, _backward_data_problem, ("w", w), ("dy", dy),
+                              x_shape, ("dx", dx))
     check_out(where, "dx", dx, _fmt_shape(p.x_shape, fmt), w.dtype, beta)
-    result = _execute(BACKWARD_DATA_ALGORITHMS, handle, p, conv_desc, fmt, algo, w_or, dy_cf, p.x_shape)
+    result = _execute(BACKWARD_DATA_ALGORITHMS, handle, p, conv_desc, fmt, algo, _flip(w, conv_desc),
+                      to_channels_first(dy, fmt), p.x_shape)
     return _finish(result, alpha, beta, dx, fmt)
-
-
-def _prepare_backward_filter(where, handle, x, dy, conv_desc, w_shape, format, dw=None):
-    handle, _ = begin(handle, where, x=x, dy=dy, dw=dw)
-    _check_dtypes(where, "x", x.dtype, dy=dy.dtype)
-    fmt = _format(format)
-    p = _backward_filter_problem(where, x.shape, dy.shape, conv_desc, w_shape, x.dtype, fmt)
-    return handle, p, fmt, to_channels_first(x, fmt), to_channels_first(dy, fmt)
 
 
 def convolution_backward_filter(handle, x, dy, conv_desc, w_shape, algo=None, alpha=1.0, beta=0.0, dw=None,
                                 format=None):
     """dw = alpha * (d conv / d w)^T dy + beta * dw; dw has shape ``w_shape`` = (K, C/G, *kernel)."""
     where = "convolution_backward_filter"
-    handle, p, fmt, x_cf, dy_cf = _prepare_backward_filter(where, handle, x, dy, conv_desc, w_shape, format, dw)
+    handle, p, fmt = _prepare(where, handle, conv_desc, format, _backward_filter_problem, ("x", x), ("dy", dy),
+                              w_shape, ("dw", dw))
     check_out(where, "dw", dw, p.w_shape, x.dtype, beta)
-    result = _execute(BACKWARD_FILTER_ALGORITHMS, handle, p, conv_desc, fmt, algo, x_cf, dy_cf, p.w_shape)
+    result = _execute(BACKWARD_FILTER_ALGORITHMS, handle, p, conv_desc, fmt, algo, to_channels_first(x, fmt),
+                      to_channels_first(dy, fmt), p.w_shape)
     # The algorithms computed the gradient of the kernel as applied (flipped in CONVOLUTION mode).
     return _finish(_flip(result, conv_desc), alpha, beta, dw, TensorFormat.NCHW)
 
@@ -227,7 +221,8 @@ def get_convolution_forward_algorithm(handle, x_shape, w_shape, conv_desc,
     """The heuristic's ranking, as cuDNN v7's cudnnGetConvolutionForwardAlgorithm_v7: a list of AlgoPerf
     (time -1.0), usable algorithms first in order of preference; ``[0].algo`` is the choice."""
     handle = resolve_handle(handle)
-    p = _forward_problem("get_convolution_forward_algorithm", x_shape, w_shape, conv_desc, dtype, _format(format))
+    p = _forward_problem("get_convolution_forward_algorithm", x_shape, w_shape, conv_desc, None, dtype,
+                         _format(format))
     return FORWARD_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc), preference, workspace_limit)
 
 
@@ -263,22 +258,25 @@ def _find(registry, handle, p, conv_desc, a, b, repeats):
 def find_convolution_forward_algorithm(handle, x, w, conv_desc, format=None, repeats=3):
     """Run and time every usable forward algorithm on these arrays (cuDNN's cudnnFindConvolutionForwardAlgorithm):
     a list of AlgoPerf sorted by time in ms (median of ``repeats`` after a warm-up), unusable ones last."""
-    handle, p, _, x_cf, w_or = _prepare_forward("find_convolution_forward_algorithm", handle, x, w, conv_desc, format)
-    return _find(FORWARD_ALGORITHMS, handle, p, conv_desc, x_cf, w_or, repeats)
+    handle, p, fmt = _prepare("find_convolution_forward_algorithm", handle, conv_desc, format, _forward_problem,
+                              ("x", x), ("w", w), None)
+    return _find(FORWARD_ALGORITHMS, handle, p, conv_desc, to_channels_first(x, fmt), _flip(w, conv_desc), repeats)
 
 
 def find_convolution_backward_data_algorithm(handle, w, dy, conv_desc, x_shape, format=None, repeats=3):
     """Like find_convolution_forward_algorithm, for convolution_backward_data."""
-    handle, p, _, w_or, dy_cf = _prepare_backward_data("find_convolution_backward_data_algorithm", handle, w, dy,
-                                                       conv_desc, x_shape, format)
-    return _find(BACKWARD_DATA_ALGORITHMS, handle, p, conv_desc, w_or, dy_cf, repeats)
+    handle, p, fmt = _prepare("find_convolution_backward_data_algorithm", handle, conv_desc, format,
+                              _backward_data_problem, ("w", w), ("dy", dy), x_shape)
+    return _find(BACKWARD_DATA_ALGORITHMS, handle, p, conv_desc, _flip(w, conv_desc), to_channels_first(dy, fmt),
+                 repeats)
 
 
 def find_convolution_backward_filter_algorithm(handle, x, dy, conv_desc, w_shape, format=None, repeats=3):
     """Like find_convolution_forward_algorithm, for convolution_backward_filter."""
-    handle, p, _, x_cf, dy_cf = _prepare_backward_filter("find_convolution_backward_filter_algorithm", handle, x,
-                                                         dy, conv_desc, w_shape, format)
-    return _find(BACKWARD_FILTER_ALGORITHMS, handle, p, conv_desc, x_cf, dy_cf, repeats)
+    handle, p, fmt = _prepare("find_convolution_backward_filter_algorithm", handle, conv_desc, format,
+                              _backward_filter_problem, ("x", x), ("dy", dy), w_shape)
+    return _find(BACKWARD_FILTER_ALGORITHMS, handle, p, conv_desc, to_channels_first(x, fmt),
+                 to_channels_first(dy, fmt), repeats)
 
 
 def _workspace(registry, where, p, algo):
@@ -293,7 +291,7 @@ def get_convolution_forward_workspace_size(handle, x_shape, w_shape, conv_desc, 
                                            format=None):
     """Bytes of scratch memory ``algo`` needs beyond x, w and y (NotSupportedError if it cannot run)."""
     where = "get_convolution_forward_workspace_size"
-    p = _forward_problem(where, x_shape, w_shape, conv_desc, dtype, _format(format))
+    p = _forward_problem(where, x_shape, w_shape, conv_desc, None, dtype, _format(format))
     return _workspace(FORWARD_ALGORITHMS, where, p, algo)
 
 
