@@ -86,6 +86,7 @@ def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
         raise BadParamError(f"{where}: dropout_desc must be a DropoutDescriptor, got {type(dropout_desc).__name__}")
     check_float(where, dy=dy)
     if reserve is None or tuple(reserve.shape) != tuple(dy.shape) or reserve.dtype != np.bool_:
+        got = None if reserve is None else (shape_str(reserve), str(reserve.dtype))
         raise BadParamError(f"{where}: reserve must be the bool mask of dy's shape {shape_str(dy)} returned by "
-                            f"dropout_forward, got {None if reserve is None else (shape_str(reserve), str(reserve.dtype))}")
+                            f"dropout_forward, got {got}")
     return dy * (reserve.astype(dy.dtype) * dropout_desc.scale)

@@ -304,7 +304,8 @@ def _gn_geometry(where, x, num_groups, params):
         _check_param(where, name, p, ((c,),))
     bshape = (1, c) + (1,) * (x.ndim - 2)
     # explicit group size rather than -1: reshape cannot infer it when the batch is empty
-    return (x.shape[0], num_groups, c // num_groups * math.prod(x.shape[2:])), bshape, tuple(a for a in range(x.ndim) if a != 1)
+    grouped = (x.shape[0], num_groups, c // num_groups * math.prod(x.shape[2:]))
+    return grouped, bshape, tuple(a for a in range(x.ndim) if a != 1)
 
 
 def group_normalization_forward(handle, x, num_groups, scale, bias, epsilon, alpha=1.0, beta=0.0, y=None):

@@ -185,6 +185,16 @@ def _window_max(xp, xpad, geom):
     return best, arg
 
 
+def _prologue(where, handle, desc, x, format, **arrays):
+    """Checks shared by forward and backward -> (xp, format, channels-first x, geometry)."""
+    handle, xp = begin(handle, where, x=x, **arrays)
+    check_float(where, x=x)
+    check_ndim(where, "x", x, (3, 4, 5))
+    fmt = resolve_format(x, format)
+    xc = to_channels_first(x, fmt)
+    return xp, fmt, xc, _Geometry(desc, xc.shape, where)
+
+
 def get_pooling_forward_output_dim(pooling_desc: PoolingDescriptor, x_shape, format=None) -> tuple:
     """Shape of y for an x of ``x_shape`` (cuDNN's cudnnGetPoolingNdForwardOutputDim)."""
     where = "get_pooling_forward_output_dim"
@@ -204,12 +214,7 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     winning tap; passing it to ``pooling_backward`` skips recomputing the maxima.
     """
     where = "pooling_forward"
-    handle, xp = begin(handle, where, x=x, y=y)
-    check_float(where, x=x)
-    check_ndim(where, "x", x, (3, 4, 5))
-    fmt = resolve_format(x, format)
-    xc = to_channels_first(x, fmt)
-    geom = _Geometry(pooling_desc, xc.shape, where)
+    xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y)
     if return_argmax and not geom.mode.is_max:
         raise BadParamError(f"{where}: return_argmax=True needs a MAX mode, got {geom.mode.name}")
     y_shape = _in_format(geom.y_shape, fmt)
@@ -233,12 +238,7 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
     checked), or read from ``argmax`` returned by ``pooling_forward(..., return_argmax=True)``.
     """
     where = "pooling_backward"
-    handle, xp = begin(handle, where, y=y, dy=dy, x=x, dx=dx, argmax=argmax)
-    check_float(where, x=x)
-    check_ndim(where, "x", x, (3, 4, 5))
-    fmt = resolve_format(x, format)
-    xc = to_channels_first(x, fmt)
-    geom = _Geometry(pooling_desc, xc.shape, where)
+    xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y, dy=dy, dx=dx, argmax=argmax)
     dyc = to_channels_first(dy, fmt)
     if tuple(dyc.shape) != geom.y_shape:
         raise BadParamError(f"{where}: dy has shape {shape_str(dy)} but pooling x of shape {shape_str(x)} gives "

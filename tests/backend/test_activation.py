@@ -62,7 +62,8 @@ def test_activation_matches_reference(xp, rng, mode, coef, ref, _torch):
     assert activation_forward(None, desc, xp.zeros((0, 3))).shape == (0, 3)
 
 
-@pytest.mark.parametrize("mode, coef, ref, torch_fn", [t for t in TABLE if t[3]], ids=[i for i, t in zip(IDS, TABLE) if t[3]])
+@pytest.mark.parametrize("mode, coef, ref, torch_fn", [t for t in TABLE if t[3]],
+                         ids=[i for i, t in zip(IDS, TABLE) if t[3]])
 def test_activation_against_pytorch(rng, mode, coef, ref, torch_fn):
     torch = pytest.importorskip("torch")
     name, kwargs = torch_fn

@@ -68,7 +68,8 @@ def _nhwc(a):
 
 
 @pytest.mark.parametrize("fmt", [None, "NHWC"])
-@pytest.mark.parametrize("shape, mode", BN_CASES, ids=[f"{m.name.lower()}-{'x'.join(map(str, s))}" for s, m in BN_CASES])
+@pytest.mark.parametrize("shape, mode", BN_CASES,
+                         ids=[f"{m.name.lower()}-{'x'.join(map(str, s))}" for s, m in BN_CASES])
 def test_batch_norm_matches_reference(xp, rng, shape, mode, fmt):
     x = rng.standard_normal(shape) * 2 + 3
     dy = rng.standard_normal(shape)

@@ -90,7 +90,8 @@ def test_softmax_against_pytorch(rng):
             yt.backward(torch.tensor(dy))
             y = softmax_forward(None, algo, mode, x)
             np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1.3e-6, atol=1e-5)
-            np.testing.assert_allclose(softmax_backward(None, algo, mode, y, dy), xt.grad.numpy(), rtol=1.3e-6, atol=1e-5)
+            np.testing.assert_allclose(softmax_backward(None, algo, mode, y, dy), xt.grad.numpy(),
+                                       rtol=1.3e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("make, match", [

@@ -53,14 +53,14 @@ def test_transform_tensor_round_trip(xp, rng, shape):
     np.testing.assert_array_equal(to_numpy(back), x)
 
 
-REF_REDUCE = {ReduceTensorOp.ADD: np.sum, ReduceTensorOp.MUL: np.prod, ReduceTensorOp.MIN: np.min,
-              ReduceTensorOp.MAX: np.max, ReduceTensorOp.AMAX: lambda a, axis, keepdims: np.abs(a).max(axis, None,
-                                                                                                      keepdims=keepdims),
-              ReduceTensorOp.AVG: np.mean, ReduceTensorOp.NORM1: lambda a, axis, keepdims: np.abs(a).sum(axis, None,
-                                                                                                         keepdims=keepdims),
-              ReduceTensorOp.NORM2: lambda a, axis, keepdims: np.sqrt((a * a).sum(axis, keepdims=keepdims)),
-              ReduceTensorOp.MUL_NO_ZEROS: lambda a, axis, keepdims: np.where(a == 0, 1, a).prod(axis,
-                                                                                                   keepdims=keepdims)}
+REF_REDUCE = {
+    ReduceTensorOp.ADD: np.sum, ReduceTensorOp.MUL: np.prod, ReduceTensorOp.MIN: np.min, ReduceTensorOp.MAX: np.max,
+    ReduceTensorOp.AVG: np.mean,
+    ReduceTensorOp.AMAX: lambda a, axis, keepdims: np.abs(a).max(axis=axis, keepdims=keepdims),
+    ReduceTensorOp.NORM1: lambda a, axis, keepdims: np.abs(a).sum(axis=axis, keepdims=keepdims),
+    ReduceTensorOp.NORM2: lambda a, axis, keepdims: np.sqrt((a * a).sum(axis=axis, keepdims=keepdims)),
+    ReduceTensorOp.MUL_NO_ZEROS: lambda a, axis, keepdims: np.where(a == 0, 1, a).prod(axis=axis, keepdims=keepdims),
+}
 
 
 @pytest.mark.parametrize("out_shape", [(1, 3, 1, 1), (2, 1, 4, 1), (1, 1, 1, 1), (2, 3, 4, 5)])
