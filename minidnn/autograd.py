@@ -745,10 +745,13 @@ def gradgradcheck(fn, inputs, grad_outputs=None, eps=1e-6, atol=1e-5, rtol=1e-3,
     diff_idx = [i for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
 
     def first_derivative(*args):
-        xs, gos = args[:n_in], args[n_in:]
-        outs = _flat_outputs(fn, xs)
-        gs = grad(outs, [xs[i] for i in diff_idx], gos, create_graph=True, allow_unused=True)
-        return tuple(g for g in gs if g is not None)
+        # gradcheck evaluates its function under no_grad for the finite differences; the first
+        # derivative needs a graph to differentiate, whatever the ambient mode.
+        with enable_grad():
+            xs, gos = args[:n_in], args[n_in:]
+            outs = _flat_outputs(fn, xs)
+            gs = grad(outs, [xs[i] for i in diff_idx], gos, create_graph=True, allow_unused=True)
+            return tuple(g for g in gs if g is not None)
 
     return gradcheck(first_derivative, tuple(inputs) + tuple(grad_outputs), eps=eps, atol=atol, rtol=rtol,
                      raise_exception=raise_exception, seed=seed)

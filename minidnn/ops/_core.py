@@ -7,7 +7,7 @@ import numpy as np
 
 from ..autograd import Node, _state
 from ..backend import devices as _dev
-from ..tensor import Tensor, _attach, _wrap
+from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 
 __all__ = []
 
@@ -74,9 +74,28 @@ def to_tensor(x, like: Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
     xp = like._xp()
-    # Python scalars are "weak": they take the tensor's dtype where that loses nothing (as in PyTorch).
-    weak = isinstance(x, (int, float)) and not isinstance(x, bool) and like.dtype.kind in "fc"
-    return _wrap(xp.asarray(x, dtype=like.dtype if weak else None))
+    # Python scalars are "weak": they take the tensor's dtype where that loses nothing (as in PyTorch);
+    # a Python float meeting an integer/bool tensor becomes the default float dtype.
+    dtype = None
+    kind = like.dtype.kind
+    if isinstance(x, float):
+        dtype = like.dtype if kind in "fc" else get_default_dtype()
+    elif isinstance(x, int) and not isinstance(x, bool) and kind in "fciu":
+        dtype = like.dtype
+        if kind in "iu" and not np.iinfo(dtype).min <= x <= np.iinfo(dtype).max:
+            dtype = None
+    return _wrap(xp.asarray(x, dtype=dtype))
+
+
+_F64 = np.dtype(np.float64)
+
+
+def weak_scalar_result(out, a, b):
+    """``out = a.data (op) b`` for a Python scalar ``b``: NumPy makes float64 from an integer/bool
+    array and a Python float (or true division); PyTorch, whose rule we follow, the default float dtype."""
+    if out.dtype is _F64 and a.data.dtype.kind in "biu" and type(b) in (int, float):
+        return out.astype(get_default_dtype())
+    return out
 
 
 def fit(g: Tensor, shape, dtype) -> Tensor:

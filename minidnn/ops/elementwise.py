@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import Node, _state
-from ..tensor import Tensor, _attach, _wrap
-from ._core import as_operand, broadcast_error, check_pair, fit, node, to_tensor
+from ..tensor import Tensor, _attach, _wrap, get_default_dtype
+from ._core import as_operand, broadcast_error, check_pair, fit, node, to_tensor, weak_scalar_result
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "tanh", "sigmoid", "relu", "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
@@ -43,7 +43,7 @@ def _binary(op, name, cls, a, b, save):
     b = as_operand(b, a)
     if isinstance(b, Tensor):
         return _binary(op, name, cls, a, b, save)
-    out = op(a.data, b)
+    out = weak_scalar_result(op(a.data, b), a, b)
     if _state.grad_enabled and a.requires_grad:
         n = node(cls, a, None)
         n.a_meta = (a.data.shape, a.data.dtype)
@@ -148,7 +148,7 @@ class ScalarPowBackward(Node):
 
 
 def _scalar_pow(a, p):
-    out = a.data ** p
+    out = weak_scalar_result(a.data ** p, a, p)
     if _state.grad_enabled and a.requires_grad:
         n = node(ScalarPowBackward, a)
         n.p = p
@@ -166,11 +166,15 @@ def rdiv(a, b):
     """b / a."""
     if isinstance(b, Tensor):
         return div(b, a)
+    if a.dtype.kind in "biu":       # 1 / int_array would be float64: keep the default float dtype
+        a = a.astype(get_default_dtype())
     return reciprocal(a) * b
 
 
 def rpow(a, b):
     """b ** a for a scalar b."""
+    if isinstance(b, float) and a.dtype.kind in "biu":     # 2.5 ** int_tensor: the default float dtype
+        a = a.astype(get_default_dtype())
     return pow(to_tensor(b, a), a)
 
 

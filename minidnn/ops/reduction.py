@@ -6,6 +6,8 @@ spelling ``dim=`` / ``keepdim=`` is accepted too.  ``max``/``min`` return the va
 """
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
 from ..autograd import Node, _state
@@ -34,7 +36,8 @@ def _axes(x, axis, dim, where="reduction"):
 
 def _norm_axis(a, nd, where):
     a = int(a)
-    if not -max(nd, 1) <= a < max(nd, 1):
+    bound = builtins.max(nd, 1)     # this module's max/min/any/all/sum shadow the builtins
+    if not -bound <= a < bound:
         raise IndexError(f"{where}: axis {a} is out of range for a tensor with {nd} dimensions")
     return a % nd if nd else 0
 
@@ -119,7 +122,7 @@ class ExtremumBackward(Node):
 
 def _extremum(x, axis, keepdims, dim, keepdim, which):
     axes = _axes(x, axis, dim, which)
-    if x.data.size == 0 and (axes is None or any(x.shape[a] == 0 for a in axes)):
+    if x.data.size == 0 and (axes is None or builtins.any(x.shape[a] == 0 for a in axes)):
         raise RuntimeError(f"{which}(): cannot reduce an empty tensor of shape {tuple(x.shape)} (no identity)")
     kd = _keep(keepdims, keepdim)
     fn = x.data.max if which == "max" else x.data.min
