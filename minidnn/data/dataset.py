@@ -1,0 +1,128 @@
+"""Map-style datasets: ``Dataset``, ``TensorDataset``, ``Subset`` and ``random_split``.
+
+A dataset is anything with ``__getitem__(i)`` and ``__len__()``.  A ``Dataset`` subclass may also
+offer ``get_batch(indices)``: the whole batch for an int64 index array, already collated, as raw
+arrays.  The DataLoader uses it instead of one ``__getitem__`` call per sample; ``TensorDataset``
+implements it with one fancy-indexing op per array, which is what makes loading a batch cost a
+memcpy instead of a Python loop.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from ..tensor import Tensor
+from ._utils import as_generator, unwrap, wrap
+from .collate import collate_arrays
+
+__all__ = ["Dataset", "TensorDataset", "Subset", "random_split", "fetch_batch"]
+
+
+class Dataset:
+    """Base class of map-style datasets: override ``__getitem__`` and ``__len__``."""
+
+    def __getitem__(self, index):
+        raise NotImplementedError(f"{type(self).__name__} must implement __getitem__")
+
+    def __len__(self):
+        raise NotImplementedError(f"{type(self).__name__} must implement __len__")
+
+    def get_batch(self, indices):
+        """The collated batch (raw arrays) for ``indices``; override with a vectorised fetch where possible."""
+        return collate_arrays([self[int(i)] for i in indices])
+
+
+def fetch_batch(dataset, indices):
+    """Collated batch of ``dataset`` at ``indices``: the dataset's ``get_batch`` if it has one, else per sample."""
+    get_batch = getattr(dataset, "get_batch", None)
+    if get_batch is not None:
+        return get_batch(indices)
+    return collate_arrays([dataset[int(i)] for i in indices])
+
+
+class TensorDataset(Dataset):
+    """Samples are rows of equally long arrays/Tensors: ``ds[i] == (a[i], b[i], ...)``.
+
+    ``ds[index_array]`` returns the whole batch (fancy indexing on the first axis), and ``get_batch``
+    returns the same as raw arrays for the DataLoader's fast path.  The arrays are kept as given
+    (no copy, dtype unchanged): pass float32 inputs and int64 labels.
+    """
+
+    def __init__(self, *tensors):
+        if not tensors:
+            raise ValueError("TensorDataset: needs at least one array or Tensor")
+        arrays = tuple(_as_array(t) for t in tensors)
+        lengths = [a.shape[0] if a.ndim else None for a in arrays]
+        if None in lengths or len(set(lengths)) > 1:
+            raise ValueError("TensorDataset: every array needs the same first dimension, got shapes "
+                             f"{[tuple(a.shape) for a in arrays]}")
+        self.tensors = arrays
+
+    def __len__(self):
+        return self.tensors[0].shape[0]
+
+    def get_batch(self, indices):
+        return tuple(a[indices] for a in self.tensors)
+
+    def __getitem__(self, index):
+        if isinstance(index, Tensor):
+            index = index.data
+        return tuple(wrap(a) for a in self.get_batch(index))
+
+
+def _as_array(x):
+    """The array of a Tensor, a NumPy/CuPy array as is, anything else (lists) through np.asarray."""
+    x = unwrap(x)
+    return x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+
+
+class Subset(Dataset):
+    """The samples of ``dataset`` at ``indices`` (in that order)."""
+
+    def __init__(self, dataset, indices):
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64)
+        if self.indices.ndim != 1:
+            raise ValueError(f"Subset: indices must be one-dimensional, got shape {self.indices.shape}")
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, index):
+        if isinstance(index, numbers.Integral):
+            return self.dataset[int(self.indices[index])]
+        return self.dataset[self.indices[index]]
+
+    def get_batch(self, indices):
+        return fetch_batch(self.dataset, self.indices[indices])
+
+
+def _split_lengths(n, lengths):
+    """Integer lengths from ints summing to ``n`` or fractions summing to 1 (remainder dealt round-robin)."""
+    lengths = list(lengths)
+    if all(isinstance(x, numbers.Integral) for x in lengths):
+        if sum(lengths) != n or min(lengths) < 0:
+            raise ValueError(f"random_split: lengths {lengths} must be non-negative and sum to the dataset "
+                             f"length {n}")
+        return [int(x) for x in lengths]
+    if not math.isclose(sum(lengths), 1.0, abs_tol=1e-6) or min(lengths) < 0:
+        raise ValueError(f"random_split: fractions {lengths} must be non-negative and sum to 1")
+    sizes = [int(math.floor(n * f)) for f in lengths]
+    for i in range(n - sum(sizes)):          # as PyTorch: the leftover samples go one each, from the first split
+        sizes[i % len(sizes)] += 1
+    return sizes
+
+
+def random_split(dataset, lengths, generator=None, seed=None):
+    """Split ``dataset`` into disjoint random ``Subset``\\ s of the given lengths (ints or fractions).
+
+    ``generator``: a ``numpy.random.Generator`` or int seed (``seed=`` is the same); the same seed gives the
+    same split on every run.
+    """
+    n = len(dataset)
+    sizes = _split_lengths(n, lengths)
+    order = as_generator(generator, seed, owner="random_split").permutation(n)
+    bounds = np.cumsum([0] + sizes)
+    return [Subset(dataset, order[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
