@@ -1,11 +1,10 @@
 """Convolution: one table of configurations x every registered algorithm x every direction, against an
 independent float64 reference; adjoint identities; blending; errors; selection/benchmark cache; PyTorch."""
-import math
 
 import numpy as np
 import pytest
 
-from minidnn.backend import (AlgoPerf, BadParamError, ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo,
+from minidnn.backend import (AlgoPerf, BadParamError, ConvolutionBwdFilterAlgo,
                              ConvolutionDescriptor, ConvolutionFwdAlgo, ConvolutionMode, ConvolutionPreference,
                              Determinism, Handle, MathType, NotSupportedError, Status,
                              clear_convolution_algorithm_cache, convolution_algorithm_cache_info,
