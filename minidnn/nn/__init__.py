@@ -1,2 +1,11 @@
-"""minidnn.nn: Parameter, Module system, layers, losses (see the layers issue)."""
+"""minidnn.nn: Parameter, Module system, containers, layers, init (see the layers issue).
+
+Adding a layer: subclass ``Module`` (module.py explains the protocol), export it here.
+"""
 from .parameter import Parameter, Buffer  # noqa: F401
+from . import init  # noqa: F401
+from .module import Module, RemovableHandle  # noqa: F401
+from .containers import Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict  # noqa: F401
+from .linear import Identity, Linear  # noqa: F401
+from .flatten import Flatten, Unflatten  # noqa: F401
+from .sparse import Embedding  # noqa: F401

@@ -1,0 +1,58 @@
+"""Identity and Linear: layers written in Tensor ops alone (no backend primitive needed)."""
+from __future__ import annotations
+
+import math
+
+from ..tensor import empty
+from . import init
+from .module import Module
+from .parameter import Parameter
+
+__all__ = ["Identity", "Linear"]
+
+
+class Identity(Module):
+    """Returns its input; accepts and ignores any constructor arguments (a drop-in placeholder)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class Linear(Module):
+    """y = x @ weight.T + bias, with weight (out_features, in_features) and PyTorch's default init."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(empty(out_features, in_features, device=device, dtype=dtype))
+        if bias:
+            self.bias = Parameter(empty(out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(fan_in): the old "uniform(-1/sqrt(in), 1/sqrt(in))" rule.
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.in_features
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x):
+        if x.shape[-1:] != (self.in_features,):
+            raise RuntimeError(f"Linear: input has shape {tuple(x.shape)} but the layer expects a last dimension of "
+                               f"{self.in_features} (weight {tuple(self.weight.shape)})")
+        y = x @ self.weight.T
+        return y + self.bias if self.bias is not None else y
+
+    def _macs(self, input, output):
+        # One multiply-add per weight entry per output row (the bias add is not a MAC).
+        return self.in_features * output.numel()
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

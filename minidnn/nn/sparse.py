@@ -1,0 +1,66 @@
+"""Embedding: a lookup table, ``weight[indices]``, differentiable through indexing."""
+from __future__ import annotations
+
+from ..autograd import no_grad
+from ..tensor import Tensor, empty, tensor as _tensor
+from . import init
+from .module import Module
+from .parameter import Parameter
+
+__all__ = ["Embedding"]
+
+
+class Embedding(Module):
+    """Rows of ``weight`` (num_embeddings, embedding_dim) picked by integer indices of any shape.
+
+    ``padding_idx``: that row starts at zero and never receives a gradient (it stays a fixed "pad" vector)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, _weight=None,
+                 _freeze: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"padding_idx {padding_idx} must be within num_embeddings {num_embeddings}")
+            padding_idx %= num_embeddings
+        self.padding_idx = padding_idx
+        if _weight is None:
+            self.weight = Parameter(empty(num_embeddings, embedding_dim, device=device, dtype=dtype),
+                                    requires_grad=not _freeze)
+            self.reset_parameters()
+        else:
+            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+                raise ValueError(f"Embedding: _weight has shape {tuple(_weight.shape)}, expected "
+                                 f"{(num_embeddings, embedding_dim)}")
+            self.weight = Parameter(_weight, requires_grad=not _freeze)
+
+    def reset_parameters(self):
+        init.normal_(self.weight)
+        if self.padding_idx is not None:
+            with no_grad():
+                self.weight[self.padding_idx] = 0
+
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze: bool = True, padding_idx: int | None = None):
+        rows, cols = embeddings.shape
+        return cls(rows, cols, padding_idx=padding_idx, _weight=embeddings, _freeze=freeze)
+
+    def forward(self, indices):
+        if not isinstance(indices, Tensor):
+            indices = _tensor(indices)
+        if indices.dtype.kind not in "iu":
+            raise TypeError(f"Embedding: indices must be an integer tensor, got dtype {indices.dtype}")
+        out = self.weight[indices]
+        if self.padding_idx is not None and out.requires_grad:
+            # Zero the output gradient where the index is the pad: the pad row then gets no gradient,
+            # while the forward value is the row as stored (PyTorch's semantics).
+            keep = (indices != self.padding_idx).astype(out.dtype).unsqueeze(-1)
+            out.register_hook(lambda g: g * keep)
+        return out
+
+    def extra_repr(self):
+        s = f"{self.num_embeddings}, {self.embedding_dim}"
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        return s
