@@ -34,4 +34,7 @@ complex64 = _np.dtype("complex64")
 
 device = backend.device
 Device = backend.Device
+from .serialization import save, load       # noqa: E402,F401
+from .summary import summary                # noqa: E402,F401
+from . import nn, viz                       # noqa: E402,F401
 from . import data                           # noqa: E402,F401
