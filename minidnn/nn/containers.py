@@ -113,51 +113,61 @@ class ModuleList(_IndexedModules):
         return self._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
 
 
-class ModuleDict(Module):
-    """An ordered dict of modules, registered under their keys."""
+class _MemberDict(Module):
+    """Dict access to one registry (``_modules`` or ``_parameters``), in insertion order."""
 
-    def __init__(self, modules=None):
+    _registry = ""
+
+    def __init__(self, members=None):
         super().__init__()
-        if modules is not None:
-            self.update(modules)
+        if members is not None:
+            self.update(members)
+
+    def _members(self):
+        return self.__dict__[self._registry]
 
     def __getitem__(self, key):
-        return self._modules[key]
+        return self._members()[key]
+
+    def __delitem__(self, key):
+        del self._members()[key]
+
+    def __len__(self):
+        return len(self._members())
+
+    def __iter__(self):
+        return iter(self._members())
+
+    def __contains__(self, key):
+        return key in self._members()
+
+    def keys(self):
+        return self._members().keys()
+
+    def items(self):
+        return self._members().items()
+
+    def values(self):
+        return self._members().values()
+
+    def pop(self, key):
+        return self._members().pop(key)
+
+    def clear(self):
+        self._members().clear()
+
+    def update(self, members):
+        for key, value in (members.items() if hasattr(members, "items") else members):
+            self[key] = value
+
+
+class ModuleDict(_MemberDict):
+    """An ordered dict of modules, registered under their keys."""
+
+    _registry = "_modules"
 
     def __setitem__(self, key, module):
         self.add_module(key, module)
-
-    def __delitem__(self, key):
-        del self._modules[key]
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules)
-
-    def __contains__(self, key):
-        return key in self._modules
-
-    def keys(self):
-        return self._modules.keys()
-
-    def items(self):
-        return self._modules.items()
-
-    def values(self):
-        return self._modules.values()
-
-    def pop(self, key):
-        return self._modules.pop(key)
-
-    def clear(self):
-        self._modules.clear()
-
-    def update(self, modules):
-        items = modules.items() if hasattr(modules, "items") else modules
-        for key, module in items:
-            self[key] = module
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError("ModuleDict has no forward: index it in your module's forward")
@@ -210,45 +220,13 @@ class ParameterList(Module):
         return "\n".join(_param_line(k, p) for k, p in self._parameters.items())
 
 
-class ParameterDict(Module):
+class ParameterDict(_MemberDict):
     """An ordered dict of Parameters, registered under their keys."""
 
-    def __init__(self, parameters=None):
-        super().__init__()
-        if parameters is not None:
-            self.update(parameters)
-
-    def __getitem__(self, key):
-        return self._parameters[key]
+    _registry = "_parameters"
 
     def __setitem__(self, key, value):
         self.register_parameter(key, _as_parameter(value))
-
-    def __delitem__(self, key):
-        del self._parameters[key]
-
-    def __len__(self):
-        return len(self._parameters)
-
-    def __iter__(self):
-        return iter(self._parameters)
-
-    def __contains__(self, key):
-        return key in self._parameters
-
-    def keys(self):
-        return self._parameters.keys()
-
-    def items(self):
-        return self._parameters.items()
-
-    def values(self):
-        return self._parameters.values()
-
-    def update(self, parameters):
-        items = parameters.items() if hasattr(parameters, "items") else parameters
-        for key, value in items:
-            self[key] = value
 
     def extra_repr(self):
         return "\n".join(_param_line(k, p) for k, p in self._parameters.items())
