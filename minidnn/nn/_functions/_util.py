@@ -1,0 +1,84 @@
+"""What every functional family shares: the handle, argument normalisation, wrapping arrays,
+and the guard that makes a first-order-only backward fail loudly under ``create_graph``."""
+from __future__ import annotations
+
+import operator
+
+from ... import backend as B
+from ...autograd import Function, is_grad_enabled
+from ...tensor import Tensor
+
+__all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "first_order_grads", "batched"]
+
+
+def handle_for(x: Tensor):
+    """The calling thread's default backend handle for x's device, with the global flags applied
+    (``minidnn.nn._backend_flags``: benchmark / deterministic / math type, like torch.backends.cudnn)."""
+    from .. import _backend_flags
+    return _backend_flags.configure(B.resolve_handle(None, x.data))
+
+
+def wrap(array) -> Tensor:
+    return None if array is None else Tensor._from_array(array)
+
+
+def ntuple(value, n: int, op: str, name: str) -> tuple:
+    """An int or a sequence of ``n`` ints -> an ``n``-tuple of ints (PyTorch's _pair/_triple), or a clear error."""
+    try:
+        v = operator.index(value)
+        return (v,) * n
+    except TypeError:
+        pass
+    try:
+        out = tuple(operator.index(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{op}: {name}={value!r} must be an int or a tuple of {n} ints") from None
+    if len(out) == 1:
+        return out * n
+    if len(out) != n:
+        raise ValueError(f"{op}: {name}={value!r} must be an int or a tuple of {n} ints, got {len(out)} values")
+    return out
+
+
+def check_tensor(op: str, name: str, t, float_only=True):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+    if float_only and t.dtype.kind != "f":
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}, but a floating-point tensor is required")
+
+
+def batched(op: str, x: Tensor, nd: int):
+    """PyTorch accepts unbatched input, (C, *spatial); the primitives want (N, C, *spatial).
+    Returns (x with a batch dim, whether to drop it from the result)."""
+    if x.ndim == nd + 2:
+        return x, False
+    if x.ndim == nd + 1:
+        return x.unsqueeze(0), True
+    raise ValueError(f"{op}: expected a {nd + 1}-D (unbatched) or {nd + 2}-D (batched) input, got shape "
+                     f"{tuple(x.shape)}")
+
+
+class _DoubleBackwardUnsupported(Function):
+    """Stands for a backward computed on raw arrays: its outputs carry a graph node (so the failure
+    is found) whose own backward raises, instead of silently returning a zero second derivative."""
+
+    @staticmethod
+    def forward(ctx, op, arrays, *depends):
+        ctx.op = op
+        return tuple(wrap(a) for a in arrays)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.op}: double backward (differentiating its gradient again, create_graph=True) is "
+                           "not implemented; see docs/nn.md for the ops that support it (conv, conv_transpose, "
+                           "linear, pad, dropout, piecewise-linear activations, eval-mode batch_norm, losses)")
+
+
+def first_order_grads(op: str, arrays, *depends):
+    """Tensors for the gradients ``arrays`` (raw arrays or None) a backward computed from ``depends``
+    (the incoming gradients and saved tensors).  Under ``create_graph`` with any of ``depends``
+    requiring grad, they are wired to a node that raises if differentiated again."""
+    if is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in depends):
+        out = _DoubleBackwardUnsupported.apply(op, tuple(arrays), *depends)
+        return out if isinstance(out, tuple) else (out,)
+    return tuple(wrap(a) for a in arrays)

@@ -1,0 +1,217 @@
+"""Convolution and transposed convolution, 1-D to 3-D, as three mutually differentiable Functions.
+
+# x: (N, C_in, *in)   weight (conv): (C_out, C_in/groups, *k)   y: (N, C_out, *out)
+# weight (conv_transpose): (C_in, C_out/groups, *k), PyTorch's layout = the conv weight it transposes
+
+The three backend primitives are bilinear maps, so each one's derivatives are the other two (the
+Chainer way):
+
+    ConvForward(x, w)          = y     d/dx -> ConvBackwardData(w, gy)     d/dw -> ConvBackwardFilter(x, gy)
+    ConvBackwardData(w, dy)    = dx    d/dw -> ConvBackwardFilter(g, dy)   d/ddy -> ConvForward(g, w)
+    ConvBackwardFilter(x, dy)  = dw    d/dx -> ConvBackwardData(g, dy)     d/ddy -> ConvForward(x, g)
+
+Every backward is written with these Functions, so conv and conv_transpose have gradients of any
+order for free, and conv_transpose *is* ConvBackwardData used forward.  The bias is a broadcast
+Tensor add (differentiable to any order; its gradient is the sum convolution_backward_bias computes).
+"""
+from __future__ import annotations
+
+from ... import backend as B
+from ...autograd import Function
+from ...ops import pad as _pad
+from ._util import batched, check_tensor, handle_for, ntuple, wrap
+
+__all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+           "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]
+
+
+class ConvForward(Function):
+    @staticmethod
+    def forward(ctx, x, w, desc):
+        ctx.desc = desc
+        # gx needs w, gw needs x: keep only what the requested gradients use.
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
+        ctx.shapes = (tuple(x.shape), tuple(w.shape))
+        return wrap(B.convolution_forward(handle_for(x), x.data, w.data, desc))
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        x_shape, w_shape = ctx.shapes
+        gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if ctx.needs_input_grad[0] else None
+        gw = ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape) if ctx.needs_input_grad[1] else None
+        return gx, gw, None
+
+
+class ConvBackwardData(Function):
+    """dx = (d conv / d x)^T dy for an x of ``x_shape``; used forward, this is conv_transpose."""
+
+    @staticmethod
+    def forward(ctx, w, dy, desc, x_shape):
+        ctx.desc = desc
+        ctx.save_for_backward(w if ctx.needs_input_grad[1] else None, dy if ctx.needs_input_grad[0] else None)
+        ctx.w_shape = tuple(w.shape)
+        return wrap(B.convolution_backward_data(handle_for(w), w.data, dy.data, desc, tuple(x_shape)))
+
+    @staticmethod
+    def backward(ctx, g):
+        w, dy = ctx.saved_tensors
+        gw = ConvBackwardFilter.apply(g, dy, ctx.desc, ctx.w_shape) if ctx.needs_input_grad[0] else None
+        gdy = ConvForward.apply(g, w, ctx.desc) if ctx.needs_input_grad[1] else None
+        return gw, gdy, None, None
+
+
+class ConvBackwardFilter(Function):
+    """dw = (d conv / d w)^T dy for a weight of ``w_shape``."""
+
+    @staticmethod
+    def forward(ctx, x, dy, desc, w_shape):
+        ctx.desc = desc
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, dy if ctx.needs_input_grad[0] else None)
+        ctx.x_shape = tuple(x.shape)
+        return wrap(B.convolution_backward_filter(handle_for(x), x.data, dy.data, desc, tuple(w_shape)))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, dy = ctx.saved_tensors
+        gx = ConvBackwardData.apply(g, dy, ctx.desc, ctx.x_shape) if ctx.needs_input_grad[0] else None
+        gdy = ConvForward.apply(x, g, ctx.desc) if ctx.needs_input_grad[1] else None
+        return gx, gdy, None, None
+
+
+# ---- argument checks shared by conv and conv_transpose -------------------------------------------------
+
+def _check_operands(op, x, weight, bias, nd, groups, transposed):
+    check_tensor(op, "input", x)
+    check_tensor(op, "weight", weight)
+    if weight.ndim != nd + 2:
+        raise ValueError(f"{op}: weight must be {nd + 2}-D, got shape {tuple(weight.shape)}")
+    if x.dtype != weight.dtype:
+        raise TypeError(f"{op}: input has dtype {x.dtype} but weight has dtype {weight.dtype}; they must match")
+    if not (isinstance(groups, int) and groups >= 1):
+        raise ValueError(f"{op}: groups={groups!r} must be a positive int")
+    c_in = x.shape[1]
+    if transposed:      # weight (C_in, C_out/groups, *k)
+        if weight.shape[0] != c_in:
+            raise ValueError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} expects "
+                             f"{weight.shape[0]} (weight[0] = in_channels for a transposed convolution)")
+        if c_in % groups:
+            raise ValueError(f"{op}: in_channels {c_in} is not divisible by groups={groups}")
+        c_out = weight.shape[1] * groups
+    else:               # weight (C_out, C_in/groups, *k)
+        if weight.shape[1] * groups != c_in:
+            raise ValueError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} with groups={groups} "
+                             f"expects {weight.shape[1] * groups}")
+        if weight.shape[0] % groups:
+            raise ValueError(f"{op}: weight {tuple(weight.shape)} has {weight.shape[0]} output channels, not "
+                             f"divisible by groups={groups}")
+        c_out = weight.shape[0]
+    if bias is not None:
+        check_tensor(op, "bias", bias)
+        if tuple(bias.shape) != (c_out,):
+            raise ValueError(f"{op}: bias has shape {tuple(bias.shape)} but the output has {c_out} channels "
+                             f"(expected ({c_out},))")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"{op}: bias has dtype {bias.dtype} but input has dtype {x.dtype}; they must match")
+
+
+def _add_bias(y, bias, nd):
+    return y if bias is None else y + bias.reshape((1, -1) + (1,) * nd)
+
+
+def _same_padding(op, x, weight, stride, dilation, nd):
+    """padding='same': total d*(k-1) per dim; an odd total puts the extra element on the right, done by
+    padding the input first (PyTorch's rule), leaving a symmetric padding for the primitive."""
+    if any(s != 1 for s in stride):
+        raise ValueError(f"{op}: padding='same' is not supported for strided convolutions (stride={stride})")
+    totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+    extra = [t % 2 for t in totals]
+    if any(extra):
+        flat = []
+        for e in reversed(extra):       # F.pad lists (left, right) pairs from the last dim backwards
+            flat += [0, e]
+        x = _pad(x, flat)
+    return x, tuple(t // 2 for t in totals)
+
+
+def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
+    check_tensor(op, "input", x)
+    x, unbatched = batched(op, x, nd)
+    _check_operands(op, x, weight, bias, nd, groups, transposed=False)
+    stride = ntuple(stride, nd, op, "stride")
+    dilation = ntuple(dilation, nd, op, "dilation")
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = (0,) * nd
+        elif padding == "same":
+            x, padding = _same_padding(op, x, weight, stride, dilation, nd)
+        else:
+            raise ValueError(f"{op}: padding={padding!r} must be 'valid', 'same', an int or a tuple of {nd} ints")
+    else:
+        padding = ntuple(padding, nd, op, "padding")
+    desc = B.ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)
+    effective = tuple(d * (k - 1) + 1 for d, k in zip(dilation, weight.shape[2:]))
+    padded = tuple(n + 2 * p for n, p in zip(x.shape[2:], padding))
+    if any(e > n for e, n in zip(effective, padded)):
+        raise ValueError(f"{op}: the (dilated) kernel {effective} is larger than the padded input {padded} "
+                         f"(input {tuple(x.shape)}, weight {tuple(weight.shape)}, padding {padding}, "
+                         f"dilation {dilation})")
+    y = _add_bias(ConvForward.apply(x, weight, desc), bias, nd)
+    return y.squeeze(0) if unbatched else y
+
+
+def _conv_transpose(op, nd, x, weight, bias, stride, padding, output_padding, groups, dilation):
+    check_tensor(op, "input", x)
+    x, unbatched = batched(op, x, nd)
+    _check_operands(op, x, weight, bias, nd, groups, transposed=True)
+    stride = ntuple(stride, nd, op, "stride")
+    padding = ntuple(padding, nd, op, "padding")
+    dilation = ntuple(dilation, nd, op, "dilation")
+    output_padding = ntuple(output_padding, nd, op, "output_padding")
+    for op_, s, d in zip(output_padding, stride, dilation):
+        # PyTorch allows op < max(stride, dilation); the backward-data primitive needs the conv of the
+        # output to give back exactly the input size, which holds for op < stride.
+        if not 0 <= op_ < s:
+            raise ValueError(f"{op}: output_padding={output_padding} must be smaller than stride={stride} in "
+                             "every dim (and >= 0)")
+    k = weight.shape[2:]
+    out = tuple((n - 1) * s - 2 * p + d * (kk - 1) + o + 1
+                for n, s, p, d, kk, o in zip(x.shape[2:], stride, padding, dilation, k, output_padding))
+    if any(o <= 0 for o in out):
+        raise ValueError(f"{op}: input {tuple(x.shape)} with weight {tuple(weight.shape)}, stride {stride}, padding "
+                         f"{padding}, dilation {dilation} gives a non-positive output size {out}")
+    out_shape = (x.shape[0], weight.shape[1] * groups) + out
+    desc = B.ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)
+    y = _add_bias(ConvBackwardData.apply(weight, x, desc, out_shape), bias, nd)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-D cross-correlation: input (N, C_in, H, W), weight (C_out, C_in/groups, kH, kW) -> (N, C_out, H', W').
+    ``padding`` may be an int, a pair, 'valid' or 'same' (stride 1 only; odd totals pad one more on the right)."""
+    return _conv("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """The adjoint of conv2d (its gradient wrt the input): weight (C_in, C_out/groups, kH, kW);
+    H_out = (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1."""
+    return _conv_transpose("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)

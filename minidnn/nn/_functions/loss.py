@@ -1,0 +1,286 @@
+"""Losses, one_hot and pad.
+
+# cross_entropy / nll_loss:  input (N, C, d1, ...) or (N, C) or unbatched (C,)
+#                            target: class indices (N, d1, ...) (int)  or  class probabilities shaped like input
+# the other losses:          input and target of one shape; reduction 'none' keeps it
+
+cross_entropy is ONE fused Function: forward = log-softmax primitive + a weighted sum; backward =
+(softmax * sum_c(q) - q) * scale, where q (N, C, ...) holds each element's target weights:
+    class indices:        q = (1 - eps) * w[t] * onehot(t) + eps / C * w     (0 where t == ignore_index)
+    class probabilities:  q = w * ((1 - eps) * t + eps / C)
+(without weights and smoothing that is the familiar softmax - onehot).  The 'mean' denominator is
+PyTorch's: the sum of w[t] over non-ignored elements for class indices, the number of elements
+(N * d1 * ...) for probabilities.  It is first order only.
+
+The other losses have no backend primitive: they are compositions of differentiable Tensor ops
+(so they have gradients of any order).  nll_loss is linear in its input: -(input * q).sum(1) with
+the same q as cross_entropy's (eps = 0).
+"""
+from __future__ import annotations
+
+import warnings
+
+from ... import backend as B
+from ...autograd import Function
+from ...ops import pad as _tensor_pad, stack, where
+from ...tensor import Tensor
+from ._util import check_tensor, first_order_grads, handle_for, wrap
+
+__all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits", "one_hot", "pad"]
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _reduction(op, size_average, reduce, reduction):
+    """PyTorch's legacy size_average / reduce flags, mapped onto ``reduction`` (with its warning)."""
+    if size_average is not None or reduce is not None:
+        size_average = True if size_average is None else size_average
+        reduce = True if reduce is None else reduce
+        reduction = "none" if not reduce else ("mean" if size_average else "sum")
+        warnings.warn("size_average and reduce args will be deprecated, please use reduction='"
+                      f"{reduction}' instead.", stacklevel=3)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: reduction={reduction!r} is not a valid value; expected 'none', 'mean' or 'sum'")
+    return reduction
+
+
+def _reduce(loss, reduction):
+    if reduction == "mean":
+        return loss.mean()
+    return loss.sum() if reduction == "sum" else loss
+
+
+# ---- class-index targets: the weights q of every (element, class) ---------------------------------------
+
+def _class_targets(op, x, target, weight, ignore_index):
+    """For input (N, C, *d) and int target (N, *d): (q, valid, denominator) where q (N, C, *d) is
+    w[t] * onehot(t) (zero where ignored) and denominator = sum of w[t] over valid elements."""
+    n, c = x.shape[0], x.shape[1]
+    if target.dtype.kind not in "iu":
+        raise TypeError(f"{op}: target has dtype {target.dtype}; class indices must be integers (or pass "
+                        f"class probabilities of the input's shape {tuple(x.shape)})")
+    if tuple(target.shape) != (n,) + tuple(x.shape[2:]):
+        raise ValueError(f"{op}: input {tuple(x.shape)} expects a target of shape {(n,) + tuple(x.shape[2:])}, got "
+                         f"{tuple(target.shape)}")
+    xp = x._xp()
+    t = target.data
+    valid = t != ignore_index
+    bad = valid & ((t < 0) | (t >= c))
+    if bool(bad.any()):
+        raise IndexError(f"{op}: target {int(t[bad].reshape(-1)[0])} is out of bounds for {c} classes "
+                         f"(valid: 0..{c - 1}, or ignore_index={ignore_index})")
+    t = xp.where(valid, t, 0)
+    classes = xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
+    q = (xp.expand_dims(t, 1) == classes) & xp.expand_dims(valid, 1)
+    q = q.astype(x.dtype)
+    if weight is None:
+        return q, valid, valid.sum().astype(x.dtype)
+    w = weight.data
+    q *= w.reshape(classes.shape)
+    return q, valid, (w[t] * valid).sum()
+
+
+def _check_weight(op, weight, c, x):
+    if weight is None:
+        return
+    check_tensor(op, "weight", weight)
+    if tuple(weight.shape) != (c,):
+        raise ValueError(f"{op}: weight has shape {tuple(weight.shape)} but the input has {c} classes (expected "
+                         f"({c},))")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"{op}: weight has dtype {weight.dtype} but input has dtype {x.dtype}; they must match")
+
+
+def _unbatched(x, target, class_indices):
+    """PyTorch accepts input (C,) with a 0-d target (or (C,) probabilities)."""
+    if x.ndim == 1:
+        return x.unsqueeze(0), (target.reshape(1) if class_indices else target.unsqueeze(0)), True
+    return x, target, False
+
+
+class CrossEntropy(Function):
+    @staticmethod
+    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
+        x = logits
+        xp = x._xp()
+        c = x.shape[1]
+        eps = label_smoothing
+        logp = B.softmax_forward(handle_for(x), B.SoftmaxAlgorithm.LOG, None, x.data, axis=1)
+        wshape = (1, c) + (1,) * (x.ndim - 2)
+        w = None if weight is None else weight.data.reshape(wshape)
+        if target.dtype.kind == "f":            # class probabilities
+            t = target.data
+            if eps:
+                t = t * (1 - eps) + eps / c
+            q = t if w is None else t * w
+            denom = logp.size // c if logp.size else float("nan")
+        else:                                   # class indices
+            q, valid, denom = _class_targets("cross_entropy", x, target, weight, ignore_index)
+            if eps:
+                smooth = xp.expand_dims(valid, 1).astype(x.dtype) * (eps / c)
+                q = q * (1 - eps) + (smooth if w is None else smooth * w)
+        per_element = -(q * logp).sum(axis=1)
+        if reduction == "none":
+            loss = per_element
+        else:
+            loss = per_element.sum()
+            if reduction == "mean":
+                loss = loss / denom
+        ctx.logp, ctx.q, ctx.denom, ctx.w, ctx.reduction, ctx.smoothing = logp, q, denom, w, reduction, eps
+        ctx.save_for_backward(logits)
+        return wrap(xp.asarray(loss, dtype=x.dtype))
+
+    @staticmethod
+    def backward(ctx, gy):
+        logits, = ctx.saved_tensors
+        xp = logits._xp()
+        g = gy.data
+        if ctx.reduction == "none":
+            g = xp.expand_dims(g, 1)
+        elif ctx.reduction == "mean":
+            g = g / ctx.denom
+        q = ctx.q
+        dx = (xp.exp(ctx.logp) * q.sum(axis=1, keepdims=True) - q) * g if ctx.needs_input_grad[0] else None
+        dt = None
+        if ctx.needs_input_grad[1]:     # probabilities that require grad: d/dt of -sum(w * t' * logp)
+            dt = -(1 - ctx.smoothing) * ctx.logp * g
+            dt = dt if ctx.w is None else dt * ctx.w
+        dx, dt = first_order_grads("cross_entropy", [dx, dt], gy, logits)
+        return dx, dt, None, None, None, None
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    """Softmax cross entropy of logits (N, C, *d) against class indices (N, *d) or probabilities (N, C, *d)."""
+    op = "cross_entropy"
+    reduction = _reduction(op, size_average, reduce, reduction)
+    check_tensor(op, "input", input)
+    check_tensor(op, "target", target, float_only=False)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing={label_smoothing} must be in [0, 1]")
+    probabilities = target.dtype.kind == "f"
+    x, target, unbatched = _unbatched(input, target, not probabilities)
+    if x.ndim < 2:
+        raise ValueError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
+    _check_weight(op, weight, x.shape[1], x)
+    if probabilities:
+        if tuple(target.shape) != tuple(x.shape):
+            raise ValueError(f"{op}: class-probability target has shape {tuple(target.shape)} but input has shape "
+                             f"{tuple(x.shape)}; they must match (or pass integer class indices)")
+        if target.dtype != x.dtype:
+            raise TypeError(f"{op}: target has dtype {target.dtype} but input has dtype {x.dtype}")
+    loss = CrossEntropy.apply(x, target, weight, ignore_index, reduction, float(label_smoothing))
+    return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    """Negative log likelihood of log-probabilities input (N, C, *d) at class indices target (N, *d)."""
+    op = "nll_loss"
+    reduction = _reduction(op, size_average, reduce, reduction)
+    check_tensor(op, "input", input)
+    check_tensor(op, "target", target, float_only=False)
+    x, target, unbatched = _unbatched(input, target, True)
+    if x.ndim < 2:
+        raise ValueError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
+    _check_weight(op, weight, x.shape[1], x)
+    q, _, denom = _class_targets(op, x, target, weight, ignore_index)
+    per_element = -(x * Tensor._from_array(q)).sum(1)
+    if reduction == "none":
+        return per_element.squeeze(0) if unbatched else per_element
+    total = per_element.sum()
+    return total / Tensor._from_array(denom) if reduction == "mean" else total
+
+
+# ---- elementwise regression and binary losses (Tensor ops) ----------------------------------------------
+
+def _pair(op, input, target, strict):
+    check_tensor(op, "input", input)
+    check_tensor(op, "target", target)
+    if tuple(input.shape) != tuple(target.shape):
+        msg = (f"{op}: target size {tuple(target.shape)} is different to the input size {tuple(input.shape)}")
+        if strict:
+            raise ValueError(msg + "; they must match")
+        warnings.warn(msg + ". This will likely lead to incorrect results due to broadcasting. Please ensure they "
+                      "have the same size.", stacklevel=3)
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction("mse_loss", size_average, reduce, reduction)
+    _pair("mse_loss", input, target, strict=False)
+    d = input - target
+    return _reduce(d * d, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction("l1_loss", size_average, reduce, reduction)
+    _pair("l1_loss", input, target, strict=False)
+    return _reduce((input - target).abs(), reduction)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta = 0: l1_loss)."""
+    reduction = _reduction("smooth_l1_loss", size_average, reduce, reduction)
+    _pair("smooth_l1_loss", input, target, strict=False)
+    if beta < 0:
+        raise ValueError(f"smooth_l1_loss: beta={beta} must be >= 0")
+    d = input - target
+    a = d.abs()
+    if beta == 0:
+        return _reduce(a, reduction)
+    return _reduce(where(a < beta, d * d * (0.5 / beta), a - 0.5 * beta), reduction)
+
+
+_LOG_FLOOR = 3.720075976020836e-44      # exp(-100): log is clamped at -100 like PyTorch, with a zero gradient
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 (PyTorch's rule: finite at x = 0 or 1)."""
+    op = "binary_cross_entropy"
+    reduction = _reduction(op, size_average, reduce, reduction)
+    _pair(op, input, target, strict=True)
+    if bool(((input.data < 0) | (input.data > 1)).any()):
+        raise ValueError(f"{op}: all elements of input should be between 0 and 1")
+    # clamping x (not log x) keeps the gradient finite at x = 0 and 1
+    loss = -(target * input.clamp(min=_LOG_FLOOR).log() + (1 - target) * (1 - input).clamp(min=_LOG_FLOOR).log())
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+def _softplus(z):
+    """log(1 + exp(z)) as logsumexp(0, z): stable, smooth at 0, differentiable to any order."""
+    return stack([z * 0, z], 0).logsumexp(0)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    """binary_cross_entropy(sigmoid(x), t), computed stably: (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""
+    op = "binary_cross_entropy_with_logits"
+    reduction = _reduction(op, size_average, reduce, reduction)
+    _pair(op, input, target, strict=True)
+    log_weight = 1 if pos_weight is None else 1 + (pos_weight - 1) * target
+    loss = (1 - target) * input + log_weight * _softplus(-input)
+    return _reduce(loss if weight is None else loss * weight, reduction)
+
+
+# ---- one_hot and pad ---------------------------------------------------------------------------------------
+
+def one_hot(tensor, num_classes=-1):
+    """int64 (*, num_classes) with a 1 at each index; num_classes=-1 means max(tensor) + 1."""
+    check_tensor("one_hot", "tensor", tensor, float_only=False)
+    if tensor.dtype.kind not in "iu":
+        raise TypeError(f"one_hot: expected an integer tensor of class indices, got dtype {tensor.dtype}")
+    xp = tensor._xp()
+    t = tensor.data
+    if num_classes == -1:
+        if t.size == 0:
+            raise RuntimeError("one_hot: cannot infer the number of classes from an empty tensor")
+        num_classes = int(t.max()) + 1
+    if t.size and (int(t.min()) < 0 or int(t.max()) >= num_classes):
+        raise RuntimeError(f"one_hot: class values must be in [0, {num_classes}), got min {int(t.min())} and "
+                           f"max {int(t.max())}")
+    return wrap((xp.expand_dims(t, -1) == xp.arange(num_classes)).astype(xp.int64))
+
+
+def pad(input, pad, mode="constant", value=None):
+    """PyTorch's flat (left, right) pairs from the last dim backwards; constant mode (the Tensor pad)."""
+    return _tensor_pad(input, pad, mode=mode, value=0.0 if value is None else value)

@@ -1,0 +1,193 @@
+"""Batch, layer and group normalisation and local response normalisation.
+
+# batch_norm:  x (N, C) or (N, C, *S); weight, bias, running_mean, running_var: (C,)   stats over N and S
+# layer_norm:  x (*B, *D) with D = normalized_shape; weight, bias: D                   stats over D
+# group_norm:  x (N, C, *S); weight, bias: (C,); num_groups divides C                  stats over C/G and S
+# local_response_norm: x (N, C, *S); window of ``size`` channels
+
+Training-mode batch norm and layer/group norm save the primitive's mean and inverse std (what the
+backward primitive needs) and are first order only.  Eval-mode batch norm is an affine map of x with
+constant statistics; its backward is written in Tensor ops, so it has double backward.
+"""
+from __future__ import annotations
+
+import math
+
+from ... import backend as B
+from ...autograd import Function
+from ...tensor import Tensor
+from ._util import check_tensor, first_order_grads, handle_for, wrap
+
+__all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
+
+_SPATIAL = B.BatchNormMode.SPATIAL
+
+
+def _data(t):
+    return None if t is None else t.data
+
+
+def _scale_for(weight, bias):
+    """The primitives return no bias gradient without a scale: a bias alone gets a constant scale of 1."""
+    if weight is None and bias is not None:
+        return Tensor._from_array(bias._xp().ones(bias.shape, dtype=bias.dtype))
+    return weight
+
+
+class BatchNormTraining(Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+        # The primitive updates the running statistics in place (PyTorch's momentum is cuDNN's
+        # exponential_average_factor; the running variance is the unbiased one).
+        y, mean, inv_std = B.batch_normalization_forward_training(
+            handle_for(x), _SPATIAL, x.data, _data(weight), _data(bias), momentum,
+            _data(running_mean), _data(running_var), eps)
+        for buf in (running_mean, running_var):
+            if buf is not None:
+                buf._version += 1
+        ctx.stats, ctx.eps = (mean, inv_std), eps
+        ctx.save_for_backward(x, weight)
+        return wrap(y)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        dx, dw, db = B.batch_normalization_backward(handle_for(x), _SPATIAL, x.data, gy.data, _data(weight),
+                                                    *ctx.stats, ctx.eps)
+        dx, dw, db = first_order_grads("batch_norm", [dx, dw, db], gy, x, weight)
+        return dx, dw, db, None, None, None, None
+
+
+class BatchNormInference(Function):
+    """y = x * a + c with a = weight / sqrt(running_var + eps), c = bias - running_mean * a (per channel)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps):
+        y = B.batch_normalization_forward_inference(handle_for(x), _SPATIAL, x.data, _data(weight), _data(bias),
+                                                    running_mean.data, running_var.data, eps)
+        ctx.save_for_backward(x, weight, running_mean, running_var)
+        ctx.eps = eps
+        return wrap(y)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight, mean, var = ctx.saved_tensors
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        axes = tuple(a for a in range(x.ndim) if a != 1)
+        inv_std = ((var.detach() + ctx.eps) ** -0.5).reshape(shape)
+        a = inv_std if weight is None else inv_std * weight.reshape(shape)
+        need = ctx.needs_input_grad
+        dx = gy * a if need[0] else None
+        dw = (gy * (x - mean.detach().reshape(shape)) * inv_std).sum(axes) if need[1] else None
+        db = gy.sum(axes) if need[2] else None
+        return dx, dw, db, None, None, None
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Normalise each channel of (N, C, *) with the batch's statistics (training, updating running_mean /
+    running_var in place when given) or with running_mean / running_var (eval)."""
+    op = "batch_norm"
+    check_tensor(op, "input", input)
+    if input.ndim < 2:
+        raise ValueError(f"{op}: expected input of shape (N, C) or (N, C, *), got {tuple(input.shape)}")
+    c = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None:
+            check_tensor(op, name, t)
+            if tuple(t.shape) != (c,):
+                raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but input {tuple(input.shape)} has {c} "
+                                 f"channels (expected ({c},))")
+    if (running_mean is None) != (running_var is None):
+        raise ValueError(f"{op}: give both running_mean and running_var, or neither")
+    if training:
+        if input.numel() // c <= 1:
+            raise ValueError(f"{op}: expected more than 1 value per channel when training, got input of shape "
+                             f"{tuple(input.shape)}")
+        momentum = 0.0 if momentum is None else float(momentum)
+        return BatchNormTraining.apply(input, _scale_for(weight, bias), bias, running_mean, running_var, momentum,
+                                       float(eps))
+    if running_mean is None:
+        raise ValueError(f"{op}: running_mean and running_var are required when training=False")
+    return BatchNormInference.apply(input, weight, bias, running_mean, running_var, float(eps))
+
+
+class NormWithSavedStats(Function):
+    """Layer and group norm: the forward primitive returns (y, mean, inv_std) and the backward primitive
+    takes them back.  ``primitives`` is (forward, backward) bound to the op's settings (eps, dims, groups)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, op, primitives):
+        forward, ctx.backward_primitive = primitives
+        y, mean, inv_std = forward(handle_for(x), x.data, _data(weight), _data(bias))
+        ctx.op, ctx.stats = op, (mean, inv_std)
+        ctx.save_for_backward(x, weight)
+        return wrap(y)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, weight = ctx.saved_tensors
+        grads = ctx.backward_primitive(handle_for(x), x.data, gy.data, _data(weight), *ctx.stats)
+        return (*first_order_grads(ctx.op, grads, gy, x, weight), None, None)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Normalise over the trailing dims ``normalized_shape`` (per sample); weight and bias have that shape."""
+    op = "layer_norm"
+    check_tensor(op, "input", input)
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or k > input.ndim or tuple(input.shape[input.ndim - k:]) != shape:
+        raise ValueError(f"{op}: normalized_shape={shape} must be the trailing dims of input {tuple(input.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but normalized_shape is {shape}")
+    eps = float(eps)
+    primitives = (lambda h, x, w, b: B.layer_normalization_forward(h, x, w, b, k, eps),
+                  lambda h, x, dy, w, mean, inv_std: B.layer_normalization_backward(h, x, dy, w, mean, inv_std, k))
+    return NormWithSavedStats.apply(input, _scale_for(weight, bias), bias, op, primitives)
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """Normalise each sample over groups of C/num_groups channels (and all spatial positions)."""
+    op = "group_norm"
+    check_tensor(op, "input", input)
+    if input.ndim < 2:
+        raise ValueError(f"{op}: expected input of shape (N, C, *), got {tuple(input.shape)}")
+    c = input.shape[1]
+    if not (isinstance(num_groups, int) and num_groups >= 1 and c % num_groups == 0):
+        raise ValueError(f"{op}: num_groups={num_groups!r} must be a positive divisor of the {c} channels of input "
+                         f"{tuple(input.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (c,):
+            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but input has {c} channels (expected ({c},))")
+    eps = float(eps)
+    primitives = (lambda h, x, w, b: B.group_normalization_forward(h, x, num_groups, w, b, eps),
+                  lambda h, x, dy, w, mean, inv_std: B.group_normalization_backward(h, x, dy, num_groups, w, mean,
+                                                                                    inv_std))
+    return NormWithSavedStats.apply(input, _scale_for(weight, bias), bias, op, primitives)
+
+
+class LocalResponseNorm(Function):
+    @staticmethod
+    def forward(ctx, x, desc):
+        ctx.desc = desc
+        ctx.save_for_backward(x)
+        return wrap(B.lrn_cross_channel_forward(handle_for(x), desc, x.data))
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, = ctx.saved_tensors
+        dx = B.lrn_cross_channel_backward(handle_for(x), ctx.desc, None, gy.data, x.data)
+        return first_order_grads("local_response_norm", [dx], gy, x)[0], None
+
+
+def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    """x / (k + alpha/size * sum of x^2 over a window of ``size`` channels) ** beta (PyTorch's window placement)."""
+    op = "local_response_norm"
+    check_tensor(op, "input", input)
+    if input.ndim < 3:
+        raise ValueError(f"{op}: expected 3-D or higher input (N, C, *), got {tuple(input.shape)}")
+    if not math.isfinite(alpha):
+        raise ValueError(f"{op}: alpha={alpha} must be finite")
+    return LocalResponseNorm.apply(input, B.LRNDescriptor(n=size, alpha=alpha, beta=beta, k=k))

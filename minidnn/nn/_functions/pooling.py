@@ -1,0 +1,193 @@
+"""Max and average pooling (1-D to 3-D) and adaptive pooling.
+
+# x: (N, C, *in)  (or unbatched (C, *in))   y: (N, C, *out)
+# out[d] = floor((in[d] + 2*padding[d] - kernel[d]) / stride[d]) + 1        (ceil with ceil_mode)
+
+Pool is one Function over pooling_forward / pooling_backward.  Max pooling keeps the primitive's
+argmax (the winning tap of each window, one byte per output) so backward does not search again.
+Average pooling's backward is linear in dy and independent of x, so it is its own Function whose
+derivative wrt dy is the average pooling forward: average pooling has double backward; max pooling
+is first order only.
+
+Adaptive pooling uses the primitive when the input size is a multiple of the output size (uniform
+bins: kernel = stride = in / out); otherwise PyTorch's bins start = floor(i*in/out),
+end = ceil((i+1)*in/out), one slice per output cell, composed from differentiable Tensor ops.
+"""
+from __future__ import annotations
+
+from ... import backend as B
+from ...autograd import Function
+from ...ops import stack
+from ._util import batched, check_tensor, first_order_grads, handle_for, ntuple, wrap
+
+__all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+           "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d"]
+
+
+class MaxPool(Function):
+    @staticmethod
+    def forward(ctx, x, desc):
+        ctx.desc = desc
+        y, argmax = B.pooling_forward(handle_for(x), desc, x.data, return_argmax=True)
+        ctx.argmax = argmax
+        ctx.save_for_backward(x)
+        return wrap(y)
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, = ctx.saved_tensors
+        dx = B.pooling_backward(handle_for(x), ctx.desc, None, gy.data, x.data, argmax=ctx.argmax)
+        return first_order_grads("max_pool", [dx], gy, x)[0], None
+
+
+class AvgPool(Function):
+    @staticmethod
+    def forward(ctx, x, desc):
+        ctx.desc = desc
+        ctx.x_shape, ctx.dtype = tuple(x.shape), x.dtype
+        return wrap(B.pooling_forward(handle_for(x), desc, x.data))
+
+    @staticmethod
+    def backward(ctx, gy):
+        return AvgPoolBackward.apply(gy, ctx.desc, ctx.x_shape), None
+
+
+class AvgPoolBackward(Function):
+    """dx = (d avgpool / d x)^T dy: linear in dy, so its own derivative is the average pooling forward."""
+
+    @staticmethod
+    def forward(ctx, dy, desc, x_shape):
+        ctx.desc = desc
+        xp = dy._xp()
+        # The primitive reads x only for its shape and dtype (average pooling ignores the values):
+        # a broadcast zero costs no memory.
+        x_like = xp.broadcast_to(xp.zeros((), dtype=dy.dtype), x_shape)
+        return wrap(B.pooling_backward(handle_for(dy), desc, None, dy.data, x_like))
+
+    @staticmethod
+    def backward(ctx, g):
+        return AvgPool.apply(g, ctx.desc), None, None
+
+
+def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode):
+    check_tensor(op, "input", x)
+    x, unbatched = batched(op, x, nd)
+    kernel = ntuple(kernel_size, nd, op, "kernel_size")
+    # PyTorch: stride None (or an empty list) means stride = kernel_size
+    stride = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) \
+        else ntuple(stride, nd, op, "stride")
+    padding = ntuple(padding, nd, op, "padding")
+    if any(k < 1 for k in kernel) or any(s < 1 for s in stride):
+        raise ValueError(f"{op}: kernel_size {kernel} and stride {stride} must be positive")
+    if any(2 * p > k for p, k in zip(padding, kernel)):
+        raise ValueError(f"{op}: padding {padding} should be at most half of the kernel size {kernel}")
+    if any(n + 2 * p < k for n, p, k in zip(x.shape[2:], padding, kernel)):
+        raise ValueError(f"{op}: kernel {kernel} is larger than the padded input: input {tuple(x.shape)}, "
+                         f"padding {padding}")
+    desc = B.PoolingDescriptor(mode, kernel, padding, stride, ceil_mode)
+    y = (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
+    return y.squeeze(0) if unbatched else y
+
+
+def _max_pool(op, nd, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
+    if ntuple(dilation, nd, op, "dilation") != (1,) * nd:
+        raise NotImplementedError(f"{op}: dilation={dilation} is not supported (only 1): the pooling primitive "
+                                  "has no dilated windows")
+    if return_indices:
+        raise NotImplementedError(f"{op}: return_indices=True is not supported (max_unpool is not implemented)")
+    return _pool(op, nd, x, B.PoolingMode.MAX, kernel_size, stride, padding, ceil_mode)
+
+
+def _avg_pool(op, nd, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
+    if divisor_override is not None:
+        raise NotImplementedError(f"{op}: divisor_override={divisor_override} is not supported")
+    mode = B.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING if count_include_pad \
+        else B.PoolingMode.AVERAGE_COUNT_EXCLUDE_PADDING
+    return _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode)
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max over kernel_size windows (stride defaults to kernel_size); padding counts as -inf."""
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    return _avg_pool("avg_pool1d", 1, input, kernel_size, stride, padding, ceil_mode, count_include_pad)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """Mean over kernel_size windows; ``count_include_pad`` counts zero padding in the divisor."""
+    return _avg_pool("avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+# ---- adaptive pooling ------------------------------------------------------------------------------------
+
+def _adaptive(op, nd, x, output_size, is_max):
+    check_tensor(op, "input", x)
+    x, unbatched = batched(op, x, nd)
+    in_sizes = tuple(x.shape[2:])
+    if output_size is None or isinstance(output_size, int):
+        output_size = (output_size,) * nd
+    out = tuple(n if o is None else int(o) for o, n in zip(output_size, in_sizes))     # None keeps that size
+    if len(out) != nd or any(o < 1 for o in out):
+        raise ValueError(f"{op}: output_size={output_size!r} must be {nd} positive ints (or None)")
+    if all(n % o == 0 for n, o in zip(in_sizes, out)):
+        k = tuple(n // o for n, o in zip(in_sizes, out))
+        mode = B.PoolingMode.MAX if is_max else B.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING
+        y = (MaxPool if is_max else AvgPool).apply(x, B.PoolingDescriptor(mode, k, 0, k))
+    else:
+        y = _adaptive_bins(x, in_sizes, out, is_max)
+    return y.squeeze(0) if unbatched else y
+
+
+def _adaptive_bins(x, in_sizes, out, is_max):
+    """Non-uniform bins, one output cell at a time (slow, but only for sizes that do not divide)."""
+    axes = tuple(range(2, 2 + len(out)))
+
+    def bins(n, o):
+        return [(i * n // o, -(-(i + 1) * n // o)) for i in range(o)]
+
+    def cells(prefix, dim):
+        if dim == len(out):
+            window = x[(slice(None), slice(None)) + prefix]
+            return window.amax(axis=axes) if is_max else window.mean(axis=axes)
+        # children are (N, C, *out[dim+1:]): stacking on axis 2 puts this dim in its place
+        return stack([cells(prefix + (slice(a, b),), dim + 1) for a, b in bins(in_sizes[dim], out[dim])], axis=2)
+    return cells((), 0)
+
+
+def adaptive_avg_pool1d(input, output_size):
+    return _adaptive("adaptive_avg_pool1d", 1, input, output_size, is_max=False)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    """Average pooling to a fixed output size (H_out, W_out); None keeps that input size."""
+    return _adaptive("adaptive_avg_pool2d", 2, input, output_size, is_max=False)
+
+
+def adaptive_max_pool1d(input, output_size, return_indices=False):
+    if return_indices:
+        raise NotImplementedError("adaptive_max_pool1d: return_indices=True is not supported")
+    return _adaptive("adaptive_max_pool1d", 1, input, output_size, is_max=True)
+
+
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    if return_indices:
+        raise NotImplementedError("adaptive_max_pool2d: return_indices=True is not supported")
+    return _adaptive("adaptive_max_pool2d", 2, input, output_size, is_max=True)

@@ -1,0 +1,50 @@
+"""minidnn.nn.functional (``import minidnn.nn.functional as F``): PyTorch's functional API.
+
+Names, argument order, defaults and semantics follow ``torch.nn.functional``.  Each op is an
+autograd Function over a ``minidnn.backend`` primitive (see minidnn/nn/_functions/); the default
+backend handle of the input's device is used (settings: ``minidnn.nn._backend_flags.cudnn``).
+
+Double backward (create_graph=True, then backward again) works for: conv1d/2d/3d,
+conv_transpose1d/2d/3d, linear, pad, dropout (all variants), avg_pool*, adaptive_avg_pool*,
+relu, relu6, leaky_relu, hardtanh, batch_norm with training=False, nll_loss, mse_loss, l1_loss,
+smooth_l1_loss, binary_cross_entropy(_with_logits).  The others (max pooling, training batch_norm,
+layer_norm, group_norm, local_response_norm, elu, gelu, silu, sigmoid, tanh, softplus, softmax,
+log_softmax, cross_entropy) are first order: differentiating their gradient raises an error naming
+the op, never a silent zero.
+"""
+from __future__ import annotations
+
+from ._functions.activation import (dropout, dropout1d, dropout2d, dropout3d, elu, gelu, hardtanh, leaky_relu,  # noqa: F401
+                                    log_softmax, relu, relu6, sigmoid, silu, softmax, softplus, tanh)
+from ._functions.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
+                              conv_transpose3d)
+from ._functions.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,  # noqa: F401
+                              l1_loss, mse_loss, nll_loss, one_hot, pad, smooth_l1_loss)
+from ._functions.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
+from ._functions.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_max_pool1d,  # noqa: F401
+                                 adaptive_max_pool2d, avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d,
+                                 max_pool3d)
+
+__all__ = [
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "linear",
+    "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "batch_norm", "layer_norm", "group_norm", "local_response_norm",
+    "dropout", "dropout1d", "dropout2d", "dropout3d",
+    "relu", "relu6", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "softplus",
+    "softmax", "log_softmax",
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "one_hot", "pad",
+]
+
+
+def linear(input, weight, bias=None):
+    """input @ weight.T + bias: input (*, in_features), weight (out_features, in_features), bias (out_features,)."""
+    if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input {tuple(input.shape)} has {input.shape[-1] if input.ndim else 0} features "
+                         f"but weight {tuple(weight.shape)} expects {weight.shape[-1] if weight.ndim else '?'}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"linear: bias has shape {tuple(bias.shape)} but weight {tuple(weight.shape)} has "
+                         f"{weight.shape[0]} outputs")
+    y = input @ weight.T
+    return y if bias is None else y + bias
