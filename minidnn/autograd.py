@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import traceback
 
@@ -184,8 +185,12 @@ class Node:
     def register_prehook(self, output_nr, fn):
         if self.pre_hooks is None:
             self.pre_hooks = {}
-        self.pre_hooks.setdefault(output_nr, []).append(fn)
-        return _RemovableHandle(self.pre_hooks[output_nr], fn)
+        hooks = self.pre_hooks.setdefault(output_nr, [])
+        if hooks and getattr(hooks[-1], "retains_grad", False):
+            hooks.insert(len(hooks) - 1, fn)    # retain_grad sees the gradient after every hook (PyTorch)
+        else:
+            hooks.append(fn)
+        return _RemovableHandle(hooks, fn)
 
     @property
     def next_functions(self):
@@ -223,11 +228,11 @@ class AccumulateGrad(Node):
         """``fresh``: the engine guarantees nobody else holds ``g``'s array, so it may be kept as is."""
         var = self.variable
         if var._hooks:
+            fresh = False       # a hook may keep a reference to g
             for hook in var._hooks:
                 r = hook(g)
                 if r is not None:
                     g = r
-                    fresh = False
         if g.dtype != var.dtype:
             g = g.astype(var.dtype)
             fresh = True
@@ -242,7 +247,7 @@ class AccumulateGrad(Node):
                 # The optimizer's flat gradient buffer: land the gradient in place, no gather later.
                 storage[...] = data
                 var.grad = var._wrap_like(storage)
-            elif fresh and data.flags.c_contiguous and data.base is None and data.flags.writeable:
+            elif fresh and data.flags.c_contiguous and data.base is None and getattr(data.flags, "writeable", True):
                 var.grad = var._wrap_like(data)
             else:
                 var.grad = var._wrap_like(data.copy())
@@ -521,8 +526,14 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targ
                                 grads[nr] = r
             run = execute is None or node in execute
             if type(node) is AccumulateGrad:
-                if run and grads[0] is not None and targets is None:
-                    node.accumulate(grads[0], create_graph, fresh=True)
+                g = grads[0]
+                if run and g is not None and targets is None:
+                    # Keep g's array as .grad without a copy only where nothing else holds g or its
+                    # array (PyTorch's use_count rule): not a user's gradient, not a tensor passed
+                    # through to several leaves, not one a hook or retain_grad kept.
+                    node.accumulate(g, create_graph, fresh=_getrefcount(g) <= _SOLE_TENSOR_REFS
+                                    and _getrefcount(g.data) <= _SOLE_ARRAY_REFS)
+                g = None
                 continue
             if run and any(g is not None for g in grads):
                 if node.saved is None:
@@ -551,6 +562,7 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targ
                 deps[child] = left
                 if left == 0:
                     ready.append(child)
+            outs = None      # drop our references to the gradients (see the refcount test above)
     finally:
         _state.grad_enabled = prev_mode
 
@@ -566,6 +578,26 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targ
             g = g.detach()
         results.append(g)
     return tuple(results)
+
+
+_getrefcount = sys.getrefcount
+
+
+def _sole_refcounts():
+    """The refcounts of a gradient and of its array when only the engine holds it: an element of
+    the engine's ``grads`` list bound to a local, its array in one slot.  Measured with the same
+    structure, so it follows the interpreter's way of counting."""
+    class _Probe:
+        __slots__ = ("data",)
+    p = _Probe()
+    p.data = object()
+    grads = [p]
+    del p
+    g = grads[0]
+    return _getrefcount(g), _getrefcount(g.data)
+
+
+_SOLE_TENSOR_REFS, _SOLE_ARRAY_REFS = _sole_refcounts()
 
 
 def _reverse_topological(root_nodes, deps):
