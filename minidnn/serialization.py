@@ -158,9 +158,10 @@ def _resolve_location(map_location, saved, name):
     try:
         return _dev.device(target)
     except (ValueError, RuntimeError) as e:
-        raise SerializationError(f"minidnn.load: {name}: a tensor was saved on '{saved}', which is not available "
-                                 f"here ({e}). Pass map_location='cpu' (or a dict like {{'{saved}': 'cpu'}}) to "
-                                 "load it elsewhere.") from None
+        where = f"was saved on '{saved}'" if target == saved else f"saved on '{saved}' is mapped to '{target}'"
+        raise SerializationError(f"minidnn.load: {name}: a tensor {where}, which is not available here ({e}). "
+                                 f"Pass map_location='cpu' (or a dict like {{'{saved}': 'cpu'}}) to load it "
+                                 "elsewhere.") from None
 
 
 class _Reader:
@@ -168,20 +169,38 @@ class _Reader:
         self.zf, self.name, self.map_location = zf, name, map_location
 
     def array(self, entry):
+        """Read one ``.npy`` entry.  The header is checked before anything is allocated: an object dtype
+        (a pickle) is refused, and the declared size must equal the entry's size, so a crafted header cannot
+        make us allocate terabytes."""
         if not isinstance(entry, str) or not entry.startswith("arrays/"):
             raise SerializationError(f"minidnn.load: {self.name}: bad array reference {entry!r}")
-        try:
-            with self.zf.open(entry) as f:
-                arr = np.lib.format.read_array(f, allow_pickle=False)
-                f.read()        # read to the end of the entry: that is when zipfile checks its CRC-32
-        except ValueError as e:
-            if "allow_pickle" in str(e) or "Object arrays" in str(e):
-                raise UnsafeFileError(f"minidnn.load: {self.name}: entry '{entry}' holds pickled Python objects; "
-                                      "refusing to load it (unpickling can run arbitrary code, and minidnn.save never "
-                                      "writes pickles, so this file was not written by minidnn or was tampered with)"
-                                      ) from None
-            raise
-        return arr
+        fmt = np.lib.format
+        size = self.zf.getinfo(entry).file_size
+        with self.zf.open(entry) as f:
+            version = fmt.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise SerializationError(f"minidnn.load: {self.name}: entry '{entry}' has .npy version {version}, "
+                                         "which minidnn does not write")
+            read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran_order, dtype = read_header(f)
+            if dtype.hasobject:
+                raise UnsafeFileError(f"minidnn.load: {self.name}: entry '{entry}' holds pickled Python objects "
+                                      f"(dtype {dtype}); refusing to load it (unpickling can run arbitrary code, and "
+                                      "minidnn.save never writes pickles, so this file was not written by minidnn or "
+                                      "was tampered with)")
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            if size - f.tell() != count * dtype.itemsize:
+                raise SerializationError(f"minidnn.load: {self.name} is truncated or corrupt: entry '{entry}' declares "
+                                         f"{count * dtype.itemsize} bytes of {dtype} {shape} but holds {size - f.tell()}")
+            arr = np.empty(count, dtype=dtype)
+            view, done = memoryview(arr).cast("B"), 0
+            while done < len(view):
+                n = f.readinto(view[done:])
+                if not n:
+                    raise EOFError(f"entry '{entry}' ends after {done} of {len(view)} bytes")
+                done += n
+            f.read()        # at the end of the entry zipfile checks its CRC-32
+        return arr.reshape(shape, order="F" if fortran_order else "C")
 
     def tensor(self, node):
         arr = self.array(node["tensor"])

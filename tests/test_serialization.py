@@ -31,6 +31,7 @@ def _nested():
         3: [mdn.randn(4, requires_grad=True), (mdn.zeros(0, 5), None)],
         "scalars": (True, False, None, 0, -7, 2 ** 62, 1.5, float("inf"), "text ✓", ""),
         "numpy": np.arange(6, dtype=np.int32).reshape(2, 3),
+        "fortran": np.asfortranarray(np.arange(12.0).reshape(3, 4)),
         "np_scalar": np.float32(2.5),
         "param": nn.Parameter(mdn.ones(2)),
         "dtype": mdn.float16,
@@ -191,6 +192,18 @@ def test_pickled_object_arrays_are_rejected_not_executed(tmp_path):
     with pytest.raises(SerializationError, match="truncated or corrupt"):
         mdn.load(pkl)
     assert not sentinel.exists()
+
+
+def test_lying_array_header_is_caught_before_allocating(tmp_path):
+    path = tmp_path / "huge.mdn"
+    header = {"descr": "<f8", "fortran_order": False, "shape": (10 ** 12,)}
+    with zipfile.ZipFile(path, "w") as zf:
+        with zf.open("arrays/0.npy", "w") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            f.write(b"\0" * 64)
+        zf.writestr("minidnn.json", json.dumps({"format": "minidnn", "version": 1, "root": {"ndarray": "arrays/0.npy"}}))
+    with pytest.raises(SerializationError, match="declares 8000000000000 bytes"):
+        mdn.load(path)
 
 
 def test_truncated_files_give_clear_errors(tmp_path):
