@@ -189,9 +189,10 @@ class _Reader:
                                       "minidnn.save never writes pickles, so this file was not written by minidnn or "
                                       "was tampered with)")
             count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            if size - f.tell() != count * dtype.itemsize:
+            held = size - f.tell()
+            if held != count * dtype.itemsize:
                 raise SerializationError(f"minidnn.load: {self.name} is truncated or corrupt: entry '{entry}' declares "
-                                         f"{count * dtype.itemsize} bytes of {dtype} {shape} but holds {size - f.tell()}")
+                                         f"{count * dtype.itemsize} bytes of {dtype} {shape} but holds {held}")
             arr = np.empty(count, dtype=dtype)
             view, done = memoryview(arr).cast("B"), 0
             while done < len(view):

@@ -158,6 +158,9 @@ def test_tensors_return_to_their_device(tmp_path, device):
 # ----------------------------------------------------------------------------------------------
 # Safety and corruption
 # ----------------------------------------------------------------------------------------------
+_META_ONE_ARRAY = json.dumps({"format": "minidnn", "version": 1, "root": {"ndarray": "arrays/0.npy"}})
+
+
 class _Exploit:
     """Unpickling this would create a file: the test checks that it never happens."""
 
@@ -176,7 +179,7 @@ def test_pickled_object_arrays_are_rejected_not_executed(tmp_path):
     with zipfile.ZipFile(path, "w") as zf:
         with zf.open("arrays/0.npy", "w") as f:
             np.lib.format.write_array(f, evil, allow_pickle=True)
-        zf.writestr("minidnn.json", json.dumps({"format": "minidnn", "version": 1, "root": {"ndarray": "arrays/0.npy"}}))
+        zf.writestr("minidnn.json", _META_ONE_ARRAY)
     with pytest.raises(UnsafeFileError, match="pickled Python objects") as info:
         mdn.load(path)
     assert str(path) in str(info.value)
@@ -201,7 +204,7 @@ def test_lying_array_header_is_caught_before_allocating(tmp_path):
         with zf.open("arrays/0.npy", "w") as f:
             np.lib.format.write_array_header_1_0(f, header)
             f.write(b"\0" * 64)
-        zf.writestr("minidnn.json", json.dumps({"format": "minidnn", "version": 1, "root": {"ndarray": "arrays/0.npy"}}))
+        zf.writestr("minidnn.json", _META_ONE_ARRAY)
     with pytest.raises(SerializationError, match="declares 8000000000000 bytes"):
         mdn.load(path)
 

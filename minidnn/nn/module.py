@@ -363,7 +363,8 @@ class Module:
                 device = a
         dtype = _to_dtype(dtype)
         if dtype is not None and dtype.kind not in "fc":
-            raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got desired dtype={dtype}")
+            raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, "
+                            f"but got desired dtype={dtype}")
         dev = _dev.device(device) if device is not None else None
 
         def convert(arr):
