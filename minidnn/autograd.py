@@ -531,8 +531,8 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targ
                     # Keep g's array as .grad without a copy only where nothing else holds g or its
                     # array (PyTorch's use_count rule): not a user's gradient, not a tensor passed
                     # through to several leaves, not one a hook or retain_grad kept.
-                    node.accumulate(g, create_graph, fresh=_getrefcount(g) <= _SOLE_TENSOR_REFS
-                                    and _getrefcount(g.data) <= _SOLE_ARRAY_REFS)
+                    fresh = _getrefcount(g) <= _SOLE_TENSOR_REFS and _getrefcount(g.data) <= _SOLE_ARRAY_REFS
+                    node.accumulate(g, create_graph, fresh)
                 g = None
                 continue
             if run and any(g is not None for g in grads):

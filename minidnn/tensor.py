@@ -2,6 +2,8 @@
 
 PyTorch's names and semantics: ``minidnn.tensor(data, dtype=None, device=None, requires_grad=False)``;
 Python floats become float32 (the default float dtype); otherwise NumPy's promotion rules apply.
+Python scalars are weak: ``float16_tensor * 2.5`` stays float16, ``int32_tensor + 1`` stays int32, and an
+integer tensor meeting a Python float (or ``/``) gives the default float dtype, as in PyTorch.
 Tensors never move between devices silently: an op mixing devices raises naming both.
 The differentiable ops live in ``minidnn/ops/`` and are attached as methods at the bottom of that package.
 """
@@ -189,6 +191,9 @@ class Tensor:
         """Keep ``.grad`` for this non-leaf tensor after backward."""
         if self.is_leaf:
             return self
+        hooks = (self.grad_fn.pre_hooks or {}).get(self.output_nr, ())
+        if any(getattr(h, "retains_grad", False) for h in hooks):
+            return self
         import weakref
         ref = weakref.ref(self)
 
@@ -196,6 +201,7 @@ class Tensor:
             t = ref()
             if t is not None:
                 t.grad = g.detach() if t.grad is None else t.grad.detach() + g.detach()
+        _retain.retains_grad = True     # register_prehook keeps it after the user's hooks
         self.grad_fn.register_prehook(self.output_nr, _retain)
         return self
 
@@ -317,11 +323,25 @@ class Tensor:
             return True     # part of a graph: rebind to the out-of-place result
         return False
 
+    def _alias(self):
+        """A new Tensor object for this one's current value and history (what an in-place op reads)."""
+        t = _wrap(self.data)
+        t.grad_fn, t.output_nr, t.requires_grad, t._version = self.grad_fn, self.output_nr, self.requires_grad, \
+            self._version
+        return t
+
     def _inplace(self, op, fn, other=None):
-        """Apply ``fn`` in place.  On a graph tensor the result of the out-of-place op is rebound to self,
-        so the history stays correct; saved copies of the old value see the version bump."""
-        if self._check_inplace(op):
-            res = fn(self) if other is None else fn(self, other)
+        """Apply ``fn`` in place.  On a graph tensor (or with an operand that requires grad) the result
+        of the out-of-place op on an alias of the old value is rebound to self, so the history stays
+        correct; graph nodes that saved self see the version bump."""
+        if self._check_inplace(op) or (isinstance(other, Tensor) and other.requires_grad and _state.grad_enabled):
+            old = self._alias()
+            res = fn(old) if other is None else fn(old, old if other is self else other)
+            if tuple(res.shape) != tuple(self.shape):
+                raise RuntimeError(f"{op}: the result of shape {tuple(res.shape)} cannot be written into a tensor of "
+                                   f"shape {tuple(self.shape)} in place")
+            if res.dtype != self.dtype:
+                res = res.astype(self.dtype)
             self.data, self.grad_fn, self.output_nr = res.data, res.grad_fn, res.output_nr
             self.requires_grad = res.requires_grad
         else:
@@ -399,8 +419,8 @@ class Tensor:
 
     def copy_(self, src):
         """Copy ``src`` (broadcast) into this tensor in place; crossing devices is explicit here."""
-        if self._check_inplace("copy_"):
-            return self._inplace("copy_", lambda a, b: a * 0 + b, src)
+        if self._check_inplace("copy_") or (isinstance(src, Tensor) and src.requires_grad and _state.grad_enabled):
+            return self._inplace("copy_", lambda a, b: b.to(device=a.device).broadcast_to(a.shape).clone(), src)
         s = src.data if isinstance(src, Tensor) else src
         s = _dev.to_device(s, self.device)
         self.data[...] = s
@@ -418,11 +438,10 @@ class Tensor:
         return self
 
     def __setitem__(self, key, value):
-        if self.requires_grad and _state.grad_enabled:
-            if self.grad_fn is None:
-                self._check_inplace("__setitem__")
+        if _state.grad_enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
+            self._check_inplace("__setitem__")
             from .ops import index_put
-            res = index_put(self, key, value)
+            res = index_put(self._alias(), key, value)
             self.data, self.grad_fn, self.output_nr, self.requires_grad = res.data, res.grad_fn, 0, res.requires_grad
         else:
             from .ops.indexing import _normalize_key

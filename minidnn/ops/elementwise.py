@@ -9,7 +9,7 @@ import numpy as np
 
 from ..autograd import Node, _state
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
-from ._core import as_operand, broadcast_error, check_pair, fit, node, to_tensor, weak_scalar_result
+from ._core import _F64, as_operand, broadcast_error, check_pair, fit, node, to_tensor, weak_scalar_result
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "tanh", "sigmoid", "relu", "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
@@ -43,7 +43,9 @@ def _binary(op, name, cls, a, b, save):
     b = as_operand(b, a)
     if isinstance(b, Tensor):
         return _binary(op, name, cls, a, b, save)
-    out = weak_scalar_result(op(a.data, b), a, b)
+    out = op(a.data, b)
+    if out.dtype is _F64 and a.data.dtype.kind in "biu":    # int_tensor (op) 2.5: the default float dtype
+        out = weak_scalar_result(out, a, b)
     if _state.grad_enabled and a.requires_grad:
         n = node(cls, a, None)
         n.a_meta = (a.data.shape, a.data.dtype)

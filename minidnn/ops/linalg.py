@@ -8,7 +8,7 @@ from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _to_dtype, _wrap
 from ._core import check_pair, fit, node, to_tensor
 
-__all__ = ["matmul", "dot", "outer", "transfer", "astype"]
+__all__ = ["matmul", "dot", "outer", "transfer", "astype", "clone"]
 
 
 class MatmulBackward(Node):
@@ -94,3 +94,8 @@ def transfer(x, device=None, dtype=None, copy=False):
 
 def astype(x, dtype):
     return transfer(x, dtype=dtype)
+
+
+def clone(x):
+    """A copy with its own memory; differentiable (the gradient passes through unchanged)."""
+    return transfer(x, copy=True)
