@@ -27,6 +27,9 @@ def test_random_crop_equals_per_sample_loop(device, padding, size):
     h, w = ref_crop.size
     reference = np.stack([padded[i, :, oy[i]:oy[i] + h, ox[i]:ox[i] + w] for i in range(len(x))])
     np.testing.assert_array_equal(out, reference)
+    gathered = T.crop(_dev.to_device(padded, device), _dev.to_device(oy, device), _dev.to_device(ox, device),
+                      (h, w))
+    np.testing.assert_array_equal(_host(gathered), reference)
     assert len(set(zip(oy.tolist(), ox.tolist()))) > 1          # offsets really differ per sample
 
 
