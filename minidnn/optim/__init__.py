@@ -1,0 +1,7 @@
+"""minidnn.optim: optimizers with a fused flat-buffer step, and learning-rate schedulers (PyTorch's API)."""
+from . import lr_scheduler  # noqa: F401
+from .adam import Adam, AdamW  # noqa: F401
+from .optimizer import Optimizer  # noqa: F401
+from .sgd import SGD  # noqa: F401
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]

@@ -1,0 +1,292 @@
+"""Multi-tensor optimizer kernels: one CUDA launch updates every parameter of a flat buffer set.
+
+Shape legend (every array 1-D, on one GPU):
+    p, g, m, v, vmax, buf: (n,)   flat param / grad / exp_avg / exp_avg_sq / max_exp_avg_sq / momentum_buffer,
+                                  each parameter at an offset aligned to `SEGMENT_ALIGN_BYTES`, zero padding between
+    hyper: (k,) float64           lr, betas, eps, weight_decay ... (read on the device: "capturable")
+    steps: (n_params,) float32    per-parameter step counts, incremented by the kernel itself
+    has_grad: (n_params,) uint8   masked variant only: 0 = no gradient this step, leave p and its state alone
+    vec_param: (n / VEC,) int32   masked variant only: which parameter each vector of VEC elements belongs to
+
+Works on raw CuPy arrays; knows nothing of Tensors or optimizers.  Kernels compile lazily, the first time a
+variant is launched (never at import), one RawKernel per (kind, dtype, flags).
+
+Launch count: exactly ONE launch per flat buffer set and step, in every variant.  The step counters advance
+inside that launch: the last block to finish (threadfence + atomic ticket, CUDA's threadFenceReduction idiom)
+bumps them after every block has read them, then resets its ticket for the next launch.  Nothing is read back
+to the host, so a CUDA-graph capture of the step replays correctly.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import devices as _dev
+
+__all__ = ["supports", "adam_flat_step", "sgd_flat_step", "launch_count", "SEGMENT_ALIGN_BYTES", "vector_width",
+           "kernel_source"]
+
+SEGMENT_ALIGN_BYTES = 128        # each parameter starts on a 128-byte boundary: aligned vector loads, whole lines
+THREADS = 256
+BLOCKS_PER_SM = 8                # 8 x 256 = 2048 threads: one full wave on sm_80/sm_90; the grid-stride loop does the rest
+_VECTOR = {np.dtype(np.float32): ("float", "float4", 4), np.dtype(np.float64): ("double", "double2", 2)}
+
+_launches = 0
+_kernels: dict = {}
+_sm_count: dict = {}
+
+
+def supports(dtype) -> bool:
+    """True where a flat buffer of ``dtype`` has a fused kernel (others use the xp-generic flat update)."""
+    return np.dtype(dtype) in _VECTOR
+
+
+def vector_width(dtype) -> int:
+    """Elements per vector load (16 bytes): 4 for float32, 2 for float64."""
+    return _VECTOR[np.dtype(dtype)][2]
+
+
+def launch_count() -> int:
+    """How many optimizer kernels this process has launched (tests take differences)."""
+    return _launches
+
+
+# One vector of VEC elements per thread per iteration: LOAD/STORE move 16 bytes (float4 / double2).
+_COMMON = r"""
+typedef SCALAR T;
+typedef VECTOR V;
+#if VEC == 4
+#define UNPACK(r, t) { r[0] = t.x; r[1] = t.y; r[2] = t.z; r[3] = t.w; }
+#define PACK(t, r) { t.x = r[0]; t.y = r[1]; t.z = r[2]; t.w = r[3]; }
+#else
+#define UNPACK(r, t) { r[0] = t.x; r[1] = t.y; }
+#define PACK(t, r) { t.x = r[0]; t.y = r[1]; }
+#endif
+#define LOAD(r, a, i) { const V t_ = reinterpret_cast<const V*>(a)[i]; UNPACK(r, t_) }
+#define STORE(a, i, r) { V t_; PACK(t_, r) reinterpret_cast<V*>(a)[i] = t_; }
+
+// The last block to finish advances the step counters: every block has read them by then.
+__device__ __forceinline__ void advance_steps(float* steps, const unsigned char* __restrict__ has_grad,
+                                              const int n_params, unsigned int* ticket)
+{
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int j = threadIdx.x; j < n_params; j += blockDim.x) {
+#if MASKED
+        if (!has_grad[j]) continue;
+#endif
+        steps[j] += 1.0f;
+    }
+    if (threadIdx.x == 0) *ticket = 0u;
+}
+"""
+
+# Adam / AdamW.  Grid-stride loop over vectors; each thread updates VEC consecutive elements per iteration.
+# Scalars in double once per parameter (per thread in the uniform variant), element math in T without FMA
+# contraction (--fmad=false) so results match the NumPy reference op for op.
+_ADAM = _COMMON + r"""
+__device__ __forceinline__ void adam_scalars(const double* __restrict__ hyper, const double step,
+                                             T& neg_step_size, T& bc2_sqrt)
+{
+    const double bc1 = 1.0 - pow(hyper[1], step);
+    const double bc2 = 1.0 - pow(hyper[2], step);
+    neg_step_size = (T)(-(hyper[0] / bc1));
+    bc2_sqrt = (T)sqrt(bc2);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
+          T* __restrict__ vmax, const double* __restrict__ hyper, float* steps,
+          const unsigned char* __restrict__ has_grad, const int* __restrict__ vec_param,
+          const int n_params, unsigned int* ticket, const long long n_vec)
+{
+    // hyper: lr, beta1, beta2, eps, weight_decay
+    const T one_minus_beta1 = (T)(1.0 - hyper[1]);
+    const T beta2 = (T)hyper[2];
+    const T one_minus_beta2 = (T)(1.0 - hyper[2]);
+    const T eps = (T)hyper[3];
+    const T weight_decay = (T)hyper[4];
+    const T decay = (T)(1.0 - hyper[0] * hyper[4]);
+    const bool has_decay = hyper[4] != 0.0;
+    T neg_step_size, bc2_sqrt;
+#if MASKED
+    int current = -1;
+    bool active = false;
+#else
+    adam_scalars(hyper, (double)steps[0] + 1.0, neg_step_size, bc2_sqrt);
+#endif
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+#if MASKED
+        const int j = vec_param[i];
+        if (j != current) {
+            current = j;
+            active = has_grad[j] != 0;
+            if (active) adam_scalars(hyper, (double)steps[j] + 1.0, neg_step_size, bc2_sqrt);
+        }
+        if (!active) continue;
+#endif
+        T rp[VEC], rg[VEC], rm[VEC], rv[VEC];
+        LOAD(rp, p, i) LOAD(rg, g, i) LOAD(rm, m, i) LOAD(rv, v, i)
+#if AMSGRAD
+        T rx[VEC];
+        LOAD(rx, vmax, i)
+#endif
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            T gk = rg[k];
+#if MAXIMIZE
+            gk = -gk;
+#endif
+            if (has_decay) {
+#if DECOUPLED
+                rp[k] = rp[k] * decay;
+#else
+                gk = gk + rp[k] * weight_decay;
+#endif
+            }
+            rm[k] = rm[k] + (gk - rm[k]) * one_minus_beta1;
+            rv[k] = rv[k] * beta2 + (gk * gk) * one_minus_beta2;
+#if AMSGRAD
+            rx[k] = rx[k] > rv[k] ? rx[k] : rv[k];
+            const T denom = sqrt(rx[k]) / bc2_sqrt + eps;
+#else
+            const T denom = sqrt(rv[k]) / bc2_sqrt + eps;
+#endif
+            rp[k] = rp[k] + (rm[k] / denom) * neg_step_size;
+        }
+        STORE(p, i, rp) STORE(m, i, rm) STORE(v, i, rv)
+#if AMSGRAD
+        STORE(vmax, i, rx)
+#endif
+    }
+    advance_steps(steps, has_grad, n_params, ticket);
+}
+"""
+
+# SGD with optional momentum / nesterov.  Same tiling as adam_flat.  steps[j] == 0 marks a parameter whose
+# momentum buffer starts as its first gradient (PyTorch: buf = clone(grad), no dampening).
+_SGD = _COMMON + r"""
+extern "C" __global__ void __launch_bounds__(256)
+sgd_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, const double* __restrict__ hyper,
+         float* steps, const unsigned char* __restrict__ has_grad, const int* __restrict__ vec_param,
+         const int n_params, unsigned int* ticket, const long long n_vec)
+{
+    // hyper: lr, momentum, dampening, weight_decay
+    const T neg_lr = (T)(-hyper[0]);
+    const T momentum = (T)hyper[1];
+    const T one_minus_dampening = (T)(1.0 - hyper[2]);
+    const T weight_decay = (T)hyper[3];
+    const bool has_decay = hyper[3] != 0.0;
+#if MASKED
+    int current = -1;
+    bool active = false, first = false;
+#else
+    const bool first = steps[0] == 0.0f;
+#endif
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+#if MASKED
+        const int j = vec_param[i];
+        if (j != current) {
+            current = j;
+            active = has_grad[j] != 0;
+            first = steps[j] == 0.0f;
+        }
+        if (!active) continue;
+#endif
+        T rp[VEC], rg[VEC];
+        LOAD(rp, p, i) LOAD(rg, g, i)
+#if MOMENTUM
+        T rb[VEC];
+        if (!first) LOAD(rb, buf, i)
+#endif
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            T d = rg[k];
+#if MAXIMIZE
+            d = -d;
+#endif
+            if (has_decay) d = d + rp[k] * weight_decay;
+#if MOMENTUM
+            rb[k] = first ? d : rb[k] * momentum + d * one_minus_dampening;
+#if NESTEROV
+            d = d + rb[k] * momentum;
+#else
+            d = rb[k];
+#endif
+#endif
+            rp[k] = rp[k] + d * neg_lr;
+        }
+        STORE(p, i, rp)
+#if MOMENTUM
+        STORE(buf, i, rb)
+#endif
+    }
+    advance_steps(steps, has_grad, n_params, ticket);
+}
+"""
+
+
+def kernel_source(kind: str, dtype, **flags) -> tuple[str, tuple]:
+    """(source, nvrtc options) of one variant: kind 'adam' or 'sgd'; flags become 0/1 macros."""
+    scalar, vector, vec = _VECTOR[np.dtype(dtype)]
+    names = ("AMSGRAD", "MAXIMIZE", "DECOUPLED", "MASKED") if kind == "adam" else \
+        ("MOMENTUM", "NESTEROV", "MAXIMIZE", "MASKED")
+    defines = [f"-DSCALAR={scalar}", f"-DVECTOR={vector}", f"-DVEC={vec}"]
+    defines += [f"-D{n}={int(bool(flags.get(n.lower(), False)))}" for n in names]
+    return (_ADAM if kind == "adam" else _SGD), tuple(defines) + ("--fmad=false", "-std=c++14")
+
+
+def _kernel(kind, dtype, **flags):
+    key = (kind, np.dtype(dtype), tuple(sorted(flags.items())))
+    k = _kernels.get(key)
+    if k is None:
+        cp = _dev._require_cupy()
+        source, options = kernel_source(kind, dtype, **flags)
+        k = cp.RawKernel(source, f"{kind}_flat", options=options)
+        _kernels[key] = k
+    return k
+
+
+def _grid(cp, n_vec):
+    dev_id = cp.cuda.runtime.getDevice()
+    sms = _sm_count.get(dev_id)
+    if sms is None:
+        sms = _sm_count[dev_id] = int(cp.cuda.Device(dev_id).attributes["MultiProcessorCount"])
+    return max(1, min((n_vec + THREADS - 1) // THREADS, sms * BLOCKS_PER_SM))
+
+
+def _launch(kernel, p, args):
+    global _launches
+    cp = _dev._require_cupy()
+    n_vec = p.size // vector_width(p.dtype)
+    with cp.cuda.Device(p.device.id):
+        kernel((_grid(cp, n_vec),), (THREADS,), args + (np.int64(n_vec),))
+    _launches += 1
+
+
+def adam_flat_step(p, g, m, v, vmax, hyper, steps, ticket, has_grad=None, vec_param=None, *,
+                   amsgrad, maximize, decoupled):
+    """One Adam/AdamW step over flat buffers (one launch).  ``has_grad``/``vec_param`` given: the masked
+    variant (parameters without a gradient are skipped, each parameter uses its own step count);
+    otherwise every parameter has a gradient and all step counts are equal (steps[0] is read)."""
+    masked = has_grad is not None
+    k = _kernel("adam", p.dtype, amsgrad=amsgrad, maximize=maximize, decoupled=decoupled, masked=masked)
+    _launch(k, p, (p, g, m, v, vmax if amsgrad else m, hyper, steps, has_grad if masked else ticket,
+                   vec_param if masked else ticket, np.int32(steps.size), ticket))
+
+
+def sgd_flat_step(p, g, buf, hyper, steps, ticket, has_grad=None, vec_param=None, *, nesterov, maximize):
+    """One SGD step over flat buffers (one launch); ``buf`` None means momentum == 0."""
+    masked = has_grad is not None
+    momentum = buf is not None
+    k = _kernel("sgd", p.dtype, momentum=momentum, nesterov=nesterov and momentum, maximize=maximize,
+                masked=masked)
+    _launch(k, p, (p, g, buf if momentum else p, hyper, steps, has_grad if masked else ticket,
+                   vec_param if masked else ticket, np.int32(steps.size), ticket))

@@ -1,0 +1,229 @@
+"""Flat buffers: every parameter of one (param group, device, dtype) lives in ONE contiguous array.
+
+    param  = [ p0 ...pad | p1 ......pad | p2 .pad ]      each parameter's .data is REBOUND to its slice
+    grad   = [ g0 ...pad | g1 ......pad | g2 .pad ]      each parameter's _grad_storage is its slice: backward
+                                                         (AccumulateGrad) writes the first gradient into it
+    state  = {"exp_avg": [...], "exp_avg_sq": [...]}    optimizer state, same layout
+    steps  = [s0, s1, s2]  (float32, on the device)     per-parameter step counts (the kernels advance them)
+
+Offsets are aligned to 128 bytes, so every slice starts on a vector boundary and the fused update is one
+elementwise pass over whole arrays.  Padding stays zero forever (a zero gradient leaves a zero parameter and
+zero state unchanged under SGD and Adam).
+
+What invalidates a binding, and what ``check_bindings`` does about it (once per step, an identity test per
+parameter):
+  * ``p.data = new_array`` of the same shape, dtype and device: the values are copied into the buffer and
+    ``p.data`` is rebound to its slice again (re-gather; the optimizer state is kept).
+  * a different device, dtype or shape (``model.to(...)`` after the optimizer was built): RuntimeError.
+  * another fused optimizer built later over the same parameter took it over: RuntimeError.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ..backend import devices as _dev
+
+__all__ = ["FlatParams", "owner_of"]
+
+_ALIGN_BYTES = 128
+# id(parameter) -> (weakref to it, weakref to its FlatParams, index).  Keyed by id, not a WeakKeyDictionary:
+# Tensor's == is elementwise, so weak references to Tensors must never be compared.
+_owners: dict = {}
+
+
+def owner_of(p):
+    """(FlatParams, index) of the flat buffer that holds ``p`` now, or None."""
+    entry = _owners.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return None
+    fs = entry[1]()
+    return None if fs is None else (fs, entry[2])
+
+
+def _register(p, fs, j):
+    key = id(p)
+    _owners[key] = (weakref.ref(p, lambda _, key=key: _owners.pop(key, None)), weakref.ref(fs), j)
+
+
+def _describe(arr):
+    return f"{_dev.device_of(arr)}/{arr.dtype}/{tuple(arr.shape)}"
+
+
+class FlatParams:
+    """The flat buffers of one (group, device, dtype).  ``state_names``: the optimizer's per-element state."""
+
+    def __init__(self, params, state_names=()):
+        first = params[0].data
+        self.params = list(params)
+        self.xp = _dev.array_module(first)
+        self.device = _dev.device_of(first)
+        self.dtype = first.dtype
+        align = max(1, _ALIGN_BYTES // self.dtype.itemsize)
+        self.shapes = [tuple(p.shape) for p in params]
+        self.numels = [int(p.data.size) for p in params]
+        self.offsets = []
+        total = 0
+        for n in self.numels:
+            self.offsets.append(total)
+            total += -(-n // align) * align if n else 0
+        self.total = max(total, align)
+        xp = self.xp
+        with _dev.device_guard(self.device):
+            self.param = xp.zeros(self.total, dtype=self.dtype)
+            self.grad = xp.zeros(self.total, dtype=self.dtype)
+            self.steps = xp.zeros(len(params), dtype=np.float32)
+            self.state = {name: xp.zeros(self.total, dtype=self.dtype) for name in state_names}
+        self.steps_host = np.zeros(len(params), dtype=np.int64)   # mirror of steps, kept without a device sync
+        self.param_views = [self.view(self.param, j) for j in range(len(params))]
+        self.grad_views = [self.view(self.grad, j) for j in range(len(params))]
+        self.has_grad = np.zeros(len(params), dtype=bool)
+        self.has_state = np.zeros(len(params), dtype=bool)    # the optimizer published state[p] views for it
+        self._device_mask = None       # (pattern bytes, uint8 device array) of the last masked step
+        self._vec_param = None
+        self._scratch = None
+        self._hyper = None             # (values tuple, float64 device array)
+        self.ticket = None
+        for j, p in enumerate(params):
+            self._bind(j, p)
+
+    # -- layout ------------------------------------------------------------------------------------------------
+    def view(self, flat, j):
+        o = self.offsets[j]
+        return flat[o:o + self.numels[j]].reshape(self.shapes[j])
+
+    def state_buffer(self, name):
+        """The flat array of state ``name``, allocated (zeros) on first use."""
+        buf = self.state.get(name)
+        if buf is None:
+            with _dev.device_guard(self.device):
+                buf = self.state[name] = self.xp.zeros(self.total, dtype=self.dtype)
+        return buf
+
+    def _bind(self, j, p):
+        pv, gv = self.param_views[j], self.grad_views[j]
+        pv[...] = p.data
+        p.data = pv
+        g = p.grad
+        if g is not None:
+            if g.grad_fn is None and not g.requires_grad:
+                gv[...] = _dev.to_device(g.data, self.device)
+                p.grad = p._wrap_like(gv)
+        p._grad_storage = gv
+        _register(p, self, j)
+
+    def check_bindings(self):
+        """Re-gather parameters whose ``.data`` was replaced by an array of the same kind; raise otherwise."""
+        for j, p in enumerate(self.params):
+            if p.data is self.param_views[j] and p._grad_storage is self.grad_views[j]:
+                continue
+            owner = owner_of(p)
+            if owner is None or owner[0] is not self:
+                raise RuntimeError(
+                    f"optimizer: parameter {j} (shape {self.shapes[j]}) now belongs to another fused optimizer's flat "
+                    "buffer; two fused optimizers cannot share parameters (use fused=False for one of them)")
+            new, pv = p.data, self.param_views[j]
+            if (new.shape != pv.shape or new.dtype != pv.dtype or _dev.device_of(new) != self.device):
+                raise RuntimeError(
+                    f"optimizer: parameter {j} is now {_describe(new)} but the optimizer's flat buffer holds it as "
+                    f"{_describe(pv)}: the model was moved or cast after the optimizer was built. Build the optimizer "
+                    "after model.to(...), or use fused=False")
+            self._bind(j, p)
+
+    # -- per-step gradient bookkeeping ----------------------------------------------------------------------------
+    def collect_grads(self):
+        """Fill ``has_grad``; copy gradients that do not live in the flat buffer into it.  Returns the number of
+        such copies (0 when backward wrote every gradient in place)."""
+        copies = 0
+        has = self.has_grad
+        for j, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                has[j] = False
+                continue
+            has[j] = True
+            gv = self.grad_views[j]
+            if g.data is not gv:
+                if g.data.shape != gv.shape:
+                    raise RuntimeError(f"optimizer: parameter {j} has shape {gv.shape} but its gradient "
+                                       f"{tuple(g.data.shape)}")
+                gv[...] = _dev.to_device(g.data, self.device)
+                copies += 1
+        return copies
+
+    def uniform(self):
+        """Every parameter has a gradient and all step counts agree: the unmasked update applies."""
+        s = self.steps_host
+        return bool(self.has_grad.all()) and bool((s == s[0]).all())
+
+    def runs(self):
+        """Maximal [start, stop) element ranges of consecutive parameters with a gradient and one step count,
+        as (start, stop, first_index, last_index + 1): the pieces of an xp-generic masked update."""
+        out, j, n = [], 0, len(self.params)
+        has, steps = self.has_grad, self.steps_host
+        while j < n:
+            if not has[j]:
+                j += 1
+                continue
+            k = j + 1
+            while k < n and has[k] and steps[k] == steps[j]:
+                k += 1
+            stop = self.offsets[k] if k < n else self.total
+            out.append((self.offsets[j], stop, j, k))
+            j = k
+        return out
+
+    def advance_steps(self, on_device):
+        """Count this step for every parameter that had a gradient: in the host mirror, and on the device too
+        unless the CUDA kernel already did (``on_device`` False)."""
+        self.steps_host[self.has_grad] += 1
+        if on_device:
+            self.steps[self.xp.asarray(self.has_grad)] += 1
+
+    def set_step(self, j, value):
+        """Used by load_state_dict: one parameter's step, on the device and in the host mirror."""
+        self.steps_host[j] = int(value)
+        self.steps[j] = value
+
+    # -- device-side inputs of the fused kernels --------------------------------------------------------------------
+    def device_hyper(self, values):
+        """The float64 device array of scalar hyperparameters; uploaded only when the values change."""
+        values = tuple(float(v) for v in values)
+        if self._hyper is None or self._hyper[0] != values:
+            with _dev.device_guard(self.device):
+                if self._hyper is None or self._hyper[1].size != len(values):
+                    arr = self.xp.asarray(np.asarray(values, dtype=np.float64))
+                else:
+                    arr = self._hyper[1]
+                    arr.set(np.asarray(values, dtype=np.float64))
+            self._hyper = (values, arr)
+        return self._hyper[1]
+
+    def device_mask(self, vector_width):
+        """(has_grad uint8, vec_param int32) device arrays for the masked kernel variant."""
+        xp = self.xp
+        with _dev.device_guard(self.device):
+            if self._vec_param is None:
+                seg = [(self.offsets[j + 1] if j + 1 < len(self.params) else self.total) - self.offsets[j]
+                       for j in range(len(self.params))]
+                owners = np.repeat(np.arange(len(self.params), dtype=np.int32),
+                                   np.asarray(seg, dtype=np.int64) // vector_width)
+                self._vec_param = xp.asarray(owners)
+            pattern = self.has_grad.tobytes()
+            if self._device_mask is None or self._device_mask[0] != pattern:
+                self._device_mask = (pattern, xp.asarray(self.has_grad.astype(np.uint8)))
+        return self._device_mask[1], self._vec_param
+
+    def device_ticket(self):
+        if self.ticket is None:
+            with _dev.device_guard(self.device):
+                self.ticket = self.xp.zeros(1, dtype=np.uint32)
+        return self.ticket
+
+    def scratch(self, count):
+        """``count`` full-length scratch arrays for the xp-generic update (allocated once)."""
+        if self._scratch is None or len(self._scratch) < count:
+            with _dev.device_guard(self.device):
+                self._scratch = [self.xp.empty(self.total, dtype=self.dtype) for _ in range(count)]
+        return self._scratch

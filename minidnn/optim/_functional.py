@@ -1,0 +1,149 @@
+"""The optimizer updates on raw arrays: one readable per-tensor reference and one fused flat-buffer version.
+
+PyTorch's pattern: the optimizer gathers what a step needs and dispatches to
+    _single_tensor_sgd / _single_tensor_adam    lists of per-parameter arrays, a plain loop (the reference);
+    _fused_sgd / _fused_adam                    FlatParams sets (see _flat.py): one update per set.
+Both take the same keyword hyperparameters.  The fused CPU update calls the SAME elementwise core
+(`_sgd_update_` / `_adam_update_`) on whole flat slices, so the two agree op for op; the CUDA kernels in
+backend/cuda/multi_tensor.py repeat that op order (without FMA contraction).
+
+Every core updates in place with ufunc ``out=`` arguments and at most two scratch arrays.
+"""
+from __future__ import annotations
+
+from ..backend import devices as _dev
+
+__all__ = ["_single_tensor_sgd", "_fused_sgd", "_single_tensor_adam", "_fused_adam"]
+
+
+def _cuda_kernels():
+    from ..backend.cuda import multi_tensor
+    return multi_tensor
+
+
+def _uses_kernel(fs):
+    return fs.device.type == "cuda" and _cuda_kernels().supports(fs.dtype)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# SGD
+# ------------------------------------------------------------------------------------------------------------
+def _sgd_update_(p, g, buf, first, scratch, *, lr, momentum, dampening, weight_decay, nesterov, maximize):
+    """p -= lr * d, d = (-)g (+ wd p), through the momentum buffer: PyTorch's SGD on arrays, in place."""
+    xp = _dev.array_module(p)
+    s1, s2 = scratch
+    d = g
+    if maximize:
+        d = xp.negative(d, out=s1)
+    if weight_decay != 0:
+        d = xp.add(d, xp.multiply(p, weight_decay, out=s2), out=s1)
+    if momentum != 0:
+        if first:
+            buf[...] = d                       # the first buffer is the gradient itself: no dampening
+        else:
+            buf *= momentum
+            buf += d if dampening == 0 else xp.multiply(d, 1 - dampening, out=s2)
+        d = xp.add(d, xp.multiply(buf, momentum, out=s2), out=s1) if nesterov else buf
+    p += xp.multiply(d, -lr, out=s2)
+
+
+def _single_tensor_sgd(params, grads, momentum_buffers, *, lr, momentum, dampening, weight_decay, nesterov,
+                       maximize):
+    """``momentum_buffers[i]`` None: allocated here (and the caller keeps it) on the first step."""
+    for i, p in enumerate(params):
+        xp = _dev.array_module(p)
+        first = momentum != 0 and momentum_buffers[i] is None
+        if first:
+            momentum_buffers[i] = xp.empty_like(p)
+        scratch = (xp.empty_like(p), xp.empty_like(p))
+        _sgd_update_(p, grads[i], momentum_buffers[i], first, scratch, lr=lr, momentum=momentum,
+                     dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+
+
+def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, maximize):
+    """One update per flat set.  Returns the number of kernel launches / vectorised passes."""
+    launches = 0
+    for fs in flat_sets:
+        buf = fs.state_buffer("momentum_buffer") if momentum != 0 else None
+        if _uses_kernel(fs):
+            mt = _cuda_kernels()
+            hyper = fs.device_hyper((lr, momentum, dampening, weight_decay))
+            mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
+            mt.sgd_flat_step(fs.param, fs.grad, buf, hyper, fs.steps, fs.device_ticket(), *mask,
+                             nesterov=nesterov, maximize=maximize)
+            launches += 1
+        else:
+            scratch = fs.scratch(2)
+            for a, b, j, _ in fs.runs():
+                _sgd_update_(fs.param[a:b], fs.grad[a:b], None if buf is None else buf[a:b],
+                             fs.steps_host[j] == 0, [s[a:b] for s in scratch], lr=lr, momentum=momentum,
+                             dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+                launches += 1
+        fs.advance_steps(on_device=not _uses_kernel(fs))
+    return launches
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Adam / AdamW
+# ------------------------------------------------------------------------------------------------------------
+def _adam_update_(p, g, m, v, vmax, step, scratch, *, lr, beta1, beta2, eps, weight_decay, maximize,
+                  decoupled_weight_decay):
+    """PyTorch's Adam (non-capturable single-tensor form) on arrays, in place; ``step`` is already advanced."""
+    xp = _dev.array_module(p)
+    s1, s2 = scratch
+    if maximize:
+        g = xp.negative(g, out=s1)
+    if weight_decay != 0:
+        if decoupled_weight_decay:
+            p *= 1 - lr * weight_decay
+        else:
+            g = xp.add(g, xp.multiply(p, weight_decay, out=s2), out=s1)
+    m += xp.multiply(xp.subtract(g, m, out=s2), 1 - beta1, out=s2)          # m.lerp_(g, 1 - beta1)
+    v *= beta2
+    v += xp.multiply(xp.multiply(g, g, out=s2), 1 - beta2, out=s2)
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2_sqrt = (1 - beta2 ** step) ** 0.5
+    if vmax is not None:
+        xp.maximum(vmax, v, out=vmax)
+        v = vmax
+    denom = xp.sqrt(v, out=s2)
+    denom /= bias_correction2_sqrt
+    denom += eps
+    p += xp.multiply(xp.divide(m, denom, out=s2), -(lr / bias_correction1), out=s2)
+
+
+def _single_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, amsgrad, lr, beta1,
+                        beta2, eps, weight_decay, maximize, decoupled_weight_decay):
+    """``state_steps``: 0-d float32 arrays, advanced here before use (as PyTorch does)."""
+    for i, p in enumerate(params):
+        xp = _dev.array_module(p)
+        state_steps[i] += 1
+        _adam_update_(p, grads[i], exp_avgs[i], exp_avg_sqs[i], max_exp_avg_sqs[i] if amsgrad else None,
+                      float(state_steps[i]), (xp.empty_like(p), xp.empty_like(p)), lr=lr, beta1=beta1, beta2=beta2,
+                      eps=eps, weight_decay=weight_decay, maximize=maximize,
+                      decoupled_weight_decay=decoupled_weight_decay)
+
+
+def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maximize, decoupled_weight_decay):
+    """One update per flat set.  Returns the number of kernel launches / vectorised passes."""
+    launches = 0
+    for fs in flat_sets:
+        m, v = fs.state_buffer("exp_avg"), fs.state_buffer("exp_avg_sq")
+        vmax = fs.state_buffer("max_exp_avg_sq") if amsgrad else None
+        if _uses_kernel(fs):
+            mt = _cuda_kernels()
+            hyper = fs.device_hyper((lr, beta1, beta2, eps, weight_decay))
+            mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
+            mt.adam_flat_step(fs.param, fs.grad, m, v, vmax, hyper, fs.steps, fs.device_ticket(), *mask,
+                              amsgrad=amsgrad, maximize=maximize, decoupled=decoupled_weight_decay)
+            launches += 1
+        else:
+            scratch = fs.scratch(2)
+            for a, b, j, _ in fs.runs():
+                _adam_update_(fs.param[a:b], fs.grad[a:b], m[a:b], v[a:b], None if vmax is None else vmax[a:b],
+                              float(fs.steps_host[j] + 1), [s[a:b] for s in scratch], lr=lr, beta1=beta1,
+                              beta2=beta2, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                              decoupled_weight_decay=decoupled_weight_decay)
+                launches += 1
+        fs.advance_steps(on_device=not _uses_kernel(fs))
+    return launches

@@ -1,0 +1,273 @@
+"""``Optimizer``: param groups, state, state_dict, zero_grad; subclasses supply the update.
+
+A group is fused (``group["fused"]``, the default) or not.  A fused group's parameters are moved into flat
+buffers (``_flat.FlatParams``, one per (device, dtype)) when the group is added; ``self.state[p]`` then holds
+VIEWS into those buffers, so state_dict/load_state_dict and user code see PyTorch's per-parameter layout
+whichever path runs.  ``step`` gathers, per group, either the flat sets or per-parameter lists and calls the
+subclass's ``_fused_update`` / ``_single_update``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import autograd as _ag
+from ..backend import devices as _dev
+from ..tensor import Tensor
+from ._flat import FlatParams
+
+__all__ = ["Optimizer"]
+
+
+class _RequiredParameter:
+    def __repr__(self):
+        return "<required parameter>"
+
+
+required = _RequiredParameter()
+
+
+class Optimizer:
+    """Base class.  ``params``: an iterable of Tensors, or of dicts (param groups) with per-group options."""
+
+    def __init__(self, params, defaults):
+        self.defaults = dict(defaults)
+        self.state: dict = {}              # parameter -> {name: array}  (Tensor hashes by identity)
+        self.param_groups: list = []
+        self._flat_sets: list = []         # per group: [FlatParams, ...] (empty for an unfused group)
+        self._flat_index: dict = {}        # id(p) -> (FlatParams, index)
+        self._launches_per_step = 0        # kernel launches (GPU) / vectorised passes (CPU) of the last step
+        self._grad_copies_per_step = 0     # gradients that were not already in the flat buffer
+        if isinstance(params, Tensor):
+            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                            f"but got {type(params).__name__}")
+        if isinstance(params, (set, frozenset)):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
+                            "of a set changes between runs; use a list")
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for g in groups:
+            self.add_param_group(g)
+
+    def __repr__(self):
+        lines = [self.__class__.__name__ + " ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {group[k]}" for k in sorted(group) if k != "params"]
+        return "\n".join(lines) + "\n)"
+
+    # -- groups ------------------------------------------------------------------------------------------------
+    def add_param_group(self, param_group: dict):
+        """Add a group (a dict with "params" and optional per-group hyperparameters; the rest from defaults)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
+        group = dict(param_group)
+        params = group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            raise TypeError("optimizer parameters need to be organized in ordered collections; use a list")
+        unique, seen = [], set()
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError("can't optimize a non-leaf Tensor")
+            if id(p) not in seen:          # a parameter shared between modules is updated once
+                seen.add(id(p))
+                unique.append(p)
+        group["params"] = unique
+        for name, default in self.defaults.items():
+            if default is required and name not in group:
+                raise ValueError(f"parameter group didn't specify a value of required optimization parameter {name}")
+            group.setdefault(name, default)
+        already = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in already for p in unique):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self._validate(group)
+        group["fused"] = self._resolve_fused(group)
+        self.param_groups.append(group)
+        self._flat_sets.append(self._build_flat(group) if group["fused"] else [])
+
+    def _validate(self, group):
+        """Subclasses raise ValueError naming the offending hyperparameter."""
+
+    @staticmethod
+    def _resolve_fused(group):
+        fused = group.get("fused")
+        floating = all(p.dtype.kind == "f" for p in group["params"])
+        if fused is None:
+            return floating
+        if fused and not floating:
+            bad = sorted({str(p.dtype) for p in group["params"] if p.dtype.kind != "f"})
+            raise ValueError(f"fused=True requires floating point parameters, got {', '.join(bad)}")
+        return bool(fused)
+
+    def _build_flat(self, group):
+        buckets: dict = {}
+        for p in group["params"]:
+            buckets.setdefault((_dev.device_of(p.data), p.dtype), []).append(p)
+        sets = [FlatParams(ps, self._flat_state_names(group)) for ps in buckets.values()]
+        for fs in sets:
+            for j, p in enumerate(fs.params):
+                self._flat_index[id(p)] = (fs, j)
+                self.state.pop(p, None)
+        return sets
+
+    # -- subclass hooks ----------------------------------------------------------------------------------------------
+    def _flat_state_names(self, group):
+        """Names of the per-element state buffers a fused group allocates up front."""
+        return ()
+
+    def _flat_state_views(self, group, fs, j):
+        """``self.state[p]`` of flat-set parameter ``j``: views into ``fs`` (None: this optimizer keeps none)."""
+        return None
+
+    def _fused_update(self, group, flat_sets):
+        raise NotImplementedError
+
+    def _single_update(self, group):
+        raise NotImplementedError
+
+    # -- step ----------------------------------------------------------------------------------------------------------
+    def step(self, closure=None):
+        """One update of every parameter that has a gradient.  ``closure`` re-evaluates the model and returns
+        the loss (it runs with grad enabled)."""
+        loss = None
+        if closure is not None:
+            with _ag.enable_grad():
+                loss = closure()
+        launches = copies = 0
+        with _ag.no_grad():
+            for group, flat_sets in zip(self.param_groups, self._flat_sets):
+                if not flat_sets:
+                    self._single_update(group)
+                    continue
+                for fs in flat_sets:
+                    fs.check_bindings()
+                    copies += fs.collect_grads()
+                launches += self._fused_update(group, flat_sets)
+                for fs in flat_sets:
+                    if not fs.has_state.all():
+                        self._publish_flat_state(group, fs, np.flatnonzero(fs.has_grad & ~fs.has_state))
+        self._launches_per_step = launches
+        self._grad_copies_per_step = copies
+        return loss
+
+    def _publish_flat_state(self, group, fs, indices):
+        for j in indices:
+            views = self._flat_state_views(group, fs, int(j))
+            fs.has_state[j] = True
+            if views is not None:
+                self.state[fs.params[j]] = views
+
+    def zero_grad(self, set_to_none: bool = True):
+        """Clear every parameter's gradient: ``p.grad = None`` (default) or zero it in place.  A fused group keeps
+        its flat gradient buffer either way (backward writes the next gradient into it)."""
+        for group, flat_sets in zip(self.param_groups, self._flat_sets):
+            done = set()
+            if not set_to_none:
+                for fs in flat_sets:      # every gradient lives in the flat buffer: one fill for all of them
+                    if all(p.grad is not None and p.grad.data is fs.grad_views[j] for j, p in enumerate(fs.params)):
+                        fs.grad.fill(0)
+                        for p in fs.params:
+                            p.grad._version += 1
+                            done.add(id(p))
+            for p in group["params"]:
+                g = p.grad
+                if g is None or id(p) in done:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                    continue
+                if g.grad_fn is not None or g.requires_grad:
+                    g = p.grad = g.detach()
+                g.data.fill(0)
+                g._version += 1
+
+    # -- state_dict --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """PyTorch's layout: {"state": {index: {name: array}}, "param_groups": [{..., "params": [index]}]}.
+        Arrays are references (deep-copy them to keep a snapshot), as in PyTorch."""
+        index: dict = {}
+        groups = []
+        for g in self.param_groups:
+            packed = {k: v for k, v in g.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in g["params"]]
+            groups.append(packed)
+        state = {index[id(p)]: dict(s) for p, s in self.state.items() if id(p) in index}
+        return {"state": dict(sorted(state.items())), "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict):
+        """Copy a state_dict's values INTO this optimizer's state (flat buffers are never rebound) and take its
+        groups' hyperparameters.  State of parameters absent from ``state_dict`` is reset, as PyTorch drops it."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups, the optimizer "
+                             f"{len(self.param_groups)}")
+        id_map = {}
+        for i, (g, s) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(g["params"]) != len(s["params"]):
+                raise ValueError(f"loaded state dict's parameter group {i} has {len(s['params'])} parameters, the "
+                                 f"optimizer's {len(g['params'])}")
+            id_map.update(zip(s["params"], g["params"]))
+        saved_state = {id(id_map[int(k)]): v for k, v in state_dict["state"].items() if int(k) in id_map}
+        for g in self.param_groups:
+            for p in g["params"]:
+                if id(p) not in saved_state:
+                    self._reset_state(p)
+        for g, s in zip(self.param_groups, saved_groups):
+            for k, v in s.items():
+                if k not in ("params", "fused"):
+                    g[k] = v
+            self._validate(g)
+        for g in self.param_groups:
+            for p in g["params"]:
+                values = saved_state.get(id(p))
+                if values is not None:
+                    self._load_param_state(g, p, values)
+
+    def _reset_state(self, p):
+        entry = self._flat_index.get(id(p))
+        self.state.pop(p, None)
+        if entry is not None:
+            fs, j = entry
+            fs.set_step(j, 0)
+            fs.has_state[j] = False
+            for buf in fs.state.values():
+                fs.view(buf, j)[...] = 0
+
+    def _load_param_state(self, group, p, values):
+        entry = self._flat_index.get(id(p))
+        if entry is not None:
+            fs, j = entry
+            dst = self._flat_state_views(group, fs, j)
+            fs.has_state[j] = True
+            if dst is None:
+                return
+            self.state[p] = dst
+        else:
+            dst = self.state.setdefault(p, {})
+        for name, value in values.items():
+            if value is None:
+                dst[name] = None
+                continue
+            value = value.data if isinstance(value, Tensor) else value
+            dtype = np.float32 if name == "step" else (p.dtype if np.dtype(getattr(value, "dtype", float)).kind
+                                                       == "f" else None)
+            arr = _dev.to_device(value, p.device, dtype=dtype)
+            if dst.get(name) is not None:
+                if tuple(dst[name].shape) != tuple(arr.shape):
+                    raise ValueError(f"load_state_dict: state '{name}' has shape {tuple(arr.shape)} but the "
+                                     f"optimizer's is {tuple(dst[name].shape)}")
+                dst[name][...] = arr
+            else:
+                dst[name] = _dev.to_device(arr, p.device, copy=True)
+        if entry is not None:
+            fs.set_step(j, self._flat_step_of(dst))
+
+    def _flat_step_of(self, state):
+        """The step count a loaded flat-set state means (Adam: its "step"; SGD: 1 if it has a buffer)."""
+        return int(float(state["step"])) if "step" in state else 0
