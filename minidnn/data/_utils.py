@@ -60,9 +60,6 @@ def wrap(x):
     return Tensor._from_array(x)
 
 
-def to_tensors(batch, device=None):
-    """Every array leaf of ``batch`` as a Tensor on ``device`` (None: where it already is)."""
-    if device is None:
-        return map_arrays(wrap, batch)
-    dev = _dev.device(device)
-    return map_arrays(lambda a: wrap(_dev.to_device(a, dev)), batch)
+def to_tensors(batch):
+    """Every array leaf of ``batch`` as a Tensor (no copy)."""
+    return map_arrays(wrap, batch)

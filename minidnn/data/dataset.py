@@ -13,6 +13,7 @@ import numbers
 
 import numpy as np
 
+from ..backend import devices as _dev
 from ..tensor import Tensor
 from ._utils import as_generator, unwrap, wrap
 from .collate import collate_arrays
@@ -64,12 +65,19 @@ class TensorDataset(Dataset):
         return self.tensors[0].shape[0]
 
     def get_batch(self, indices):
-        return tuple(a[indices] for a in self.tensors)
+        return tuple(a[_index_on_device_of(a, indices)] for a in self.tensors)
 
     def __getitem__(self, index):
         if isinstance(index, Tensor):
             index = index.data
         return tuple(wrap(a) for a in self.get_batch(index))
+
+
+def _index_on_device_of(array, index):
+    """``index`` usable on ``array``: a NumPy index array is copied to the GPU for a CuPy array."""
+    if isinstance(index, np.ndarray) and _dev.is_cuda_array(array):
+        return _dev.to_device(index, _dev.device_of(array))
+    return index
 
 
 def _as_array(x):

@@ -131,7 +131,7 @@ class RandomCrop(Transform):
         batch = _zero_pad(batch, self.padding)
         n, c, height, width = batch.shape
         oy, ox = self.offsets(n, height, width)
-        windows = getattr(xp.lib.stride_tricks, "sliding_window_view", None)
+        windows = _sliding_window_view(xp)
         if windows is None:
             out = crop(batch, xp.asarray(oy), xp.asarray(ox), self.size)
         else:
@@ -140,6 +140,14 @@ class RandomCrop(Transform):
             view = windows(batch, self.size, axis=(2, 3))
             out = view[xp.arange(n), :, xp.asarray(oy), xp.asarray(ox)]
         return out[0] if single else out
+
+
+def _sliding_window_view(xp):
+    """``xp.lib.stride_tricks.sliding_window_view``, or None where this NumPy/CuPy release lacks it."""
+    try:
+        return xp.lib.stride_tricks.sliding_window_view
+    except AttributeError:
+        return None
 
 
 def _zero_pad(batch, p):

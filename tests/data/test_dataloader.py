@@ -285,3 +285,11 @@ def test_bad_arguments():
         DataLoader(ds, batch_size=0)
     with pytest.raises(ValueError, match="prefetch"):
         DataLoader(ds, prefetch=-1)
+
+
+def test_tensordataset_of_device_arrays(device):
+    x, y = _xy(9)
+    ds = TensorDataset(mdn.tensor(x, device=device), mdn.tensor(y, device=device))
+    xb, yb = next(iter(DataLoader(ds, batch_size=4, shuffle=True, seed=0, device=device)))
+    assert xb.device == mdn.device(device) and yb.device == mdn.device(device)
+    np.testing.assert_array_equal(xb.cpu().numpy(), x[yb.cpu().numpy()])
