@@ -319,10 +319,13 @@ def _select(a, b, pick_a_mask_fn, name):
     ad, bd = a.data, b_t.data
     # Weight 1 where a wins, 0 where b wins, 1/2 on ties.
     with_grad = _state.grad_enabled and (a.requires_grad or b_t.requires_grad)
-    if not with_grad:
-        xp = a._xp()
-        return _wrap(xp.maximum(ad, bd) if name == "maximum" else xp.minimum(ad, bd))
-    wa = pick_a_mask_fn(ad, bd).astype(np.result_type(ad, bd)) + (ad == bd) * 0.5
+    try:
+        if not with_grad:
+            xp = a._xp()
+            return _wrap(xp.maximum(ad, bd) if name == "maximum" else xp.minimum(ad, bd))
+        wa = pick_a_mask_fn(ad, bd).astype(np.result_type(ad, bd)) + (ad == bd) * 0.5
+    except ValueError:
+        raise broadcast_error(name, a, b_t) from None
     wa_t = _wrap(wa)
     return a * wa_t + b_t * (1.0 - wa_t)
 

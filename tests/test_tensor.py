@@ -1,0 +1,413 @@
+"""The Tensor API: creation, attributes, conversions, devices, DLPack, and the errors bad inputs raise."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minidnn as mdn
+from minidnn.backend import devices as _dev
+
+
+# ------------------------------------------------------------------------------------------------
+# Creation
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("make, shape, check", [
+    (lambda d: mdn.zeros(2, 3, device=d), (2, 3), lambda a: (a == 0).all()),
+    (lambda d: mdn.zeros((2, 3), device=d), (2, 3), lambda a: (a == 0).all()),
+    (lambda d: mdn.ones(4, device=d), (4,), lambda a: (a == 1).all()),
+    (lambda d: mdn.ones((), device=d), (), lambda a: a == 1),
+    (lambda d: mdn.full((2, 2), 7.5, device=d), (2, 2), lambda a: (a == 7.5).all()),
+    (lambda d: mdn.empty(3, 1, device=d), (3, 1), lambda a: True),
+    (lambda d: mdn.zeros(0, 3, device=d), (0, 3), lambda a: True),
+    (lambda d: mdn.arange(5, device=d), (5,), lambda a: (a == np.arange(5)).all()),
+    (lambda d: mdn.arange(1, 7, 2, device=d), (3,), lambda a: (a == [1, 3, 5]).all()),
+    (lambda d: mdn.arange(0.0, 1.0, 0.25, device=d), (4,), lambda a: np.allclose(a, [0, 0.25, 0.5, 0.75])),
+    (lambda d: mdn.linspace(0, 1, 5, device=d), (5,), lambda a: np.allclose(a, np.linspace(0, 1, 5))),
+    (lambda d: mdn.eye(3, device=d), (3, 3), lambda a: (a == np.eye(3)).all()),
+    (lambda d: mdn.eye(2, 3, device=d), (2, 3), lambda a: (a == np.eye(2, 3)).all()),
+    (lambda d: mdn.rand(3, 4, device=d), (3, 4), lambda a: ((a >= 0) & (a < 1)).all()),
+    (lambda d: mdn.randn(2, 5, device=d), (2, 5), lambda a: np.isfinite(a).all()),
+    (lambda d: mdn.randint(2, 5, (30,), device=d), (30,), lambda a: ((a >= 2) & (a < 5)).all() and a.dtype == np.int64),
+    (lambda d: mdn.randint(3, (2, 2), device=d), (2, 2), lambda a: ((a >= 0) & (a < 3)).all()),
+])
+def test_creation_functions(make, shape, check, device):
+    t = make(device)
+    assert isinstance(t, mdn.Tensor)
+    assert tuple(t.shape) == shape and t.device == mdn.device(device)
+    assert check(t.cpu().numpy())
+    assert not t.requires_grad and t.is_leaf
+
+
+def test_creation_dtype_and_requires_grad_arguments(device):
+    z = mdn.zeros(2, dtype=mdn.float64, device=device, requires_grad=True)
+    assert z.dtype == np.float64 and z.requires_grad and z.is_leaf and z.grad is None
+    assert mdn.ones(2, dtype="int32", device=device).dtype == np.int32
+    assert mdn.full((2,), 1, dtype=mdn.float16, device=device).dtype == np.float16
+    assert mdn.arange(3, dtype=mdn.float64, device=device).dtype == np.float64
+    assert mdn.randn(2, dtype=mdn.float64, device=device).dtype == np.float64
+    assert mdn.rand(2, requires_grad=True, device=device).requires_grad
+    with pytest.raises(RuntimeError, match="floating point"):
+        mdn.zeros(2, dtype=mdn.int64, requires_grad=True)
+
+
+def test_like_functions(device):
+    base = mdn.tensor(np.ones((2, 3)), dtype=mdn.float64, device=device)
+    for fn in (mdn.zeros_like, mdn.ones_like, mdn.randn_like, mdn.rand_like, mdn.empty_like):
+        t = fn(base)
+        assert tuple(t.shape) == (2, 3) and t.dtype == np.float64 and t.device == base.device
+    assert (mdn.zeros_like(base).cpu().numpy() == 0).all()
+    assert (mdn.ones_like(base).cpu().numpy() == 1).all()
+    assert mdn.zeros_like(base, dtype=mdn.int32).dtype == np.int32
+    assert mdn.full_like(base, 2.0).tolist() == [[2.0] * 3] * 2
+
+
+def test_tensor_from_data_copies(device):
+    a = np.array([1.0, 2.0])
+    t = mdn.tensor(a, device=device)
+    a[0] = 100.0
+    assert t.tolist() == [1.0, 2.0]
+    t2 = mdn.tensor(t)
+    t2.add_(1.0)
+    assert t.tolist() == [1.0, 2.0]
+    assert mdn.tensor([[1, 2], [3, 4]], device=device).shape == (2, 2)
+    assert mdn.tensor(3.0).shape == () and mdn.tensor(3.0).item() == 3.0
+
+
+def test_from_numpy_shares_memory():
+    a = np.arange(6.0).reshape(2, 3)
+    t = mdn.from_numpy(a)
+    assert t.dtype == np.float64 and t.shape == (2, 3)
+    a[0, 0] = 42.0
+    assert t[0, 0].item() == 42.0
+    with mdn.no_grad():
+        t.add_(1.0)
+    assert a[0, 0] == 43.0
+    with pytest.raises(TypeError, match="ndarray"):
+        mdn.from_numpy([1.0, 2.0])
+
+
+def test_manual_seed_reproducibility(device):
+    def draw():
+        return (mdn.randn(5, device=device).tolist(), mdn.rand(3, device=device).tolist(),
+                mdn.randint(0, 100, (4,), device=device).tolist(), mdn.randn_like(mdn.zeros(2, device=device)).tolist())
+
+    mdn.manual_seed(123)
+    first = draw()
+    mdn.manual_seed(123)
+    assert draw() == first
+    mdn.manual_seed(124)
+    assert draw() != first
+
+
+# ------------------------------------------------------------------------------------------------
+# Attributes
+# ------------------------------------------------------------------------------------------------
+def test_attributes(device):
+    x = mdn.tensor(np.zeros((2, 3, 4)), dtype=mdn.float32, device=device, requires_grad=True)
+    assert x.shape == (2, 3, 4) and isinstance(x.shape, tuple)
+    assert x.ndim == 3 and x.dim() == 3
+    assert x.size() == (2, 3, 4) and x.size(1) == 3 and x.size(-1) == 4
+    assert x.numel() == 24 and len(x) == 2
+    assert x.dtype == mdn.float32 == np.float32
+    assert x.device == mdn.device(device) and str(x.device) in (device, f"{device}:0")
+    assert x.requires_grad and x.grad is None and x.is_leaf and x.grad_fn is None
+    y = x * 2.0
+    assert not y.is_leaf and y.requires_grad and y.grad_fn is not None
+    z = mdn.tensor([1.0], device=device) * 2.0      # no grad anywhere: a leaf
+    assert z.is_leaf and not z.requires_grad
+
+
+def test_requires_grad_and_detach(device):
+    x = mdn.tensor([1.0, 2.0], device=device)
+    assert x.requires_grad_() is x and x.requires_grad
+    x.requires_grad_(False)
+    assert not x.requires_grad
+    x.requires_grad_(True)
+    d = (x * 2.0).detach()
+    assert not d.requires_grad and d.grad_fn is None and d.is_leaf
+    d2 = x.detach()
+    with mdn.no_grad():
+        d2.add_(1.0)                    # shares memory with x
+    assert x.tolist() == [2.0, 3.0]
+    with pytest.raises(RuntimeError, match="floating"):
+        mdn.tensor([1, 2]).requires_grad_()
+    with pytest.raises(RuntimeError, match="detach"):
+        (x * 2.0).requires_grad_(False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Conversions
+# ------------------------------------------------------------------------------------------------
+def test_numpy_item_tolist_array(device):
+    x = mdn.tensor([[1.5, 2.0], [3.0, 4.0]], device=device)
+    assert isinstance(x.cpu().numpy(), np.ndarray)
+    np.testing.assert_array_equal(np.asarray(x.cpu()), [[1.5, 2.0], [3.0, 4.0]])
+    np.testing.assert_array_equal(np.asarray(x.cpu(), dtype=np.float64), [[1.5, 2.0], [3.0, 4.0]])
+    assert x.tolist() == [[1.5, 2.0], [3.0, 4.0]]
+    assert x[0, 0].item() == 1.5 and isinstance(x[0, 0].item(), float)
+    assert isinstance(mdn.tensor([3], device=device).item(), int)
+    assert float(x[1, 1]) == 4.0 and int(mdn.tensor(7)) == 7
+    with pytest.raises(RuntimeError, match="4 elements"):
+        x.item()
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        bool(x)
+
+
+def test_numpy_shares_memory_on_cpu():
+    x = mdn.tensor([1.0, 2.0])
+    x.numpy()[0] = 9.0
+    assert x.tolist() == [9.0, 2.0]
+
+
+def test_to_dtype_and_device(device):
+    x = mdn.tensor([1.5, -2.0], device=device, requires_grad=True)
+    assert x.to(device) is x and x.to(dtype=x.dtype) is x
+    d = x.to(mdn.float64)
+    assert d.dtype == np.float64 and d.device == x.device and d.requires_grad
+    assert x.to("float16").dtype == np.float16
+    assert x.to(device, mdn.float64).dtype == np.float64
+    assert x.to(mdn.tensor([1], dtype=mdn.int32, device=device)).dtype == np.int32
+    assert x.double().dtype == np.float64 and x.float().dtype == np.float32 and x.long().dtype == np.int64
+    assert x.to(mdn.int32).tolist() == [1, -2]
+    assert x.cpu().device == mdn.device("cpu")
+    (d * d).sum().backward()            # to() is differentiable
+    assert x.grad.dtype == np.float32
+    np.testing.assert_allclose(x.grad.cpu().numpy(), [3.0, -4.0])
+
+
+def test_cuda_without_gpu_raises_naming_the_fix():
+    if mdn.cuda.is_available():
+        pytest.skip("a GPU is present")
+    x = mdn.tensor([1.0])
+    for call in (lambda: x.cuda(), lambda: x.to("cuda"), lambda: mdn.zeros(2, device="cuda"),
+                 lambda: mdn.tensor([1.0], device="cuda:0"), lambda: mdn.device("cuda")):
+        with pytest.raises(mdn.backend.CudaUnavailableError) as info:
+            call()
+        msg = str(info.value)
+        assert "cuda" in msg.lower() and ("pip install" in msg or "device='cpu'" in msg)
+    assert issubclass(mdn.backend.CudaUnavailableError, RuntimeError)
+
+
+def test_cuda_module_queries():
+    assert isinstance(mdn.cuda.is_available(), bool)
+    assert isinstance(mdn.cuda.device_count(), int)
+    assert mdn.cuda.is_available() == (mdn.cuda.device_count() > 0)
+    mdn.cuda.synchronize()              # a no-op without a GPU
+
+
+def test_cuda_round_trip(device):
+    if device != "cuda":
+        pytest.skip("round trip through a GPU needs one")
+    x = mdn.tensor([1.0, 2.0], requires_grad=True)
+    y = x.cuda()
+    assert y.is_cuda and y.device.type == "cuda"
+    (y * y).sum().backward()
+    assert x.grad.device == mdn.device("cpu") and x.grad.tolist() == [2.0, 4.0]
+    assert y.cpu().tolist() == [1.0, 2.0]
+
+
+def test_clone_exists_and_copies(device):
+    x = mdn.tensor([1.0, 2.0], device=device)
+    c = x.clone()
+    assert c is not x and c.tolist() == x.tolist() and c.device == x.device and c.dtype == x.dtype
+    c.add_(1.0)
+    assert x.tolist() == [1.0, 2.0]
+
+
+# ------------------------------------------------------------------------------------------------
+# DLPack
+# ------------------------------------------------------------------------------------------------
+def test_dlpack_with_numpy_shares_memory():
+    x = mdn.tensor([1.0, 2.0, 3.0])
+    a = np.from_dlpack(x)
+    a[0] = 10.0
+    assert x[0].item() == 10.0
+    n = np.array([4.0, 5.0])
+    t = mdn.from_dlpack(n)
+    n[1] = 50.0
+    assert t.tolist() == [4.0, 50.0] and t.dtype == np.float64
+    assert x.__dlpack_device__()[0] == 1      # kDLCPU
+
+
+def test_dlpack_with_torch_shares_memory():
+    torch = pytest.importorskip("torch")
+    x = mdn.tensor([1.0, 2.0, 3.0])
+    t = torch.from_dlpack(x)
+    assert t.dtype == torch.float32 and t.shape == (3,)
+    t[1] = 20.0
+    assert x.tolist() == [1.0, 20.0, 3.0]
+    tt = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    m = mdn.from_dlpack(tt)
+    assert m.shape == (2, 3) and m.dtype == np.float64
+    tt[0, 0] = -1.0
+    assert m[0, 0].item() == -1.0
+    with mdn.no_grad():
+        m.mul_(2.0)
+    assert tt[1, 2].item() == 10.0
+
+
+def test_from_dlpack_of_a_tensor_shares_memory():
+    x = mdn.tensor([1.0, 2.0])
+    y = mdn.from_dlpack(x)
+    y.numpy()[0] = 3.0
+    assert x.tolist() == [3.0, 2.0]
+
+
+# ------------------------------------------------------------------------------------------------
+# The default device
+# ------------------------------------------------------------------------------------------------
+def test_default_device_from_monkeypatched_default(monkeypatch):
+    monkeypatch.setattr(_dev, "_default", None)
+    monkeypatch.setenv("MINIDNN_DEVICE", "cpu")
+    assert mdn.zeros(1).device == mdn.device("cpu")
+    monkeypatch.setattr(_dev, "_default", _dev.device("cpu"))
+    assert mdn.tensor([1.0]).device.type == "cpu" and mdn.randn(2).device.type == "cpu"
+
+
+def test_default_device_from_environment():
+    code = ("import minidnn as m\n"
+            "print(m.zeros(1).device)\n"
+            "try:\n"
+            "    m.backend.set_default_device('cpu')\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__)\n")
+    env = dict(os.environ, MINIDNN_DEVICE="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "cpu"
+    if not mdn.cuda.is_available():
+        env["MINIDNN_DEVICE"] = "cuda"
+        out = subprocess.run([sys.executable, "-c", "import minidnn as m\nm.zeros(1)"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and "CudaUnavailableError" in out.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# Printing, iteration
+# ------------------------------------------------------------------------------------------------
+def test_repr_and_iteration():
+    x = mdn.tensor([1.0, 2.0], requires_grad=True)
+    assert "requires_grad=True" in repr(x)
+    assert "grad_fn=<MulBackward>" in repr(x * 2.0)
+    assert "float64" in repr(mdn.tensor(np.zeros(2)))
+    assert [t.item() for t in mdn.tensor([3, 4])] == [3, 4]
+    with pytest.raises(TypeError):
+        len(mdn.tensor(1.0))
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad inputs: errors name the shapes or devices
+# ------------------------------------------------------------------------------------------------
+def test_matmul_shape_mismatch_names_shapes(device):
+    a = mdn.zeros(2, 3, device=device)
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 5\)"):
+        a @ mdn.zeros(4, 5, device=device)
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(2,\)"):
+        a @ mdn.zeros(2, device=device)
+    with pytest.raises(ValueError, match=r"\(2, 2, 3\).*\(3, 3, 1\)"):
+        mdn.zeros(2, 2, 3, device=device) @ mdn.zeros(3, 3, 1, device=device)
+    with pytest.raises(ValueError, match=r"\(\)"):
+        mdn.tensor(1.0, device=device) @ a
+
+
+def test_broadcast_mismatch_names_shapes(device):
+    a = mdn.zeros(2, 3, device=device)
+    b = mdn.zeros(4, device=device)
+    for op in (lambda: a + b, lambda: a * b, lambda: a - b, lambda: a / b, lambda: a ** b,
+               lambda: mdn.maximum(a, b), lambda: mdn.where(a > 0, a, b), lambda: a < b):
+        with pytest.raises(ValueError, match=r"\(2, 3\).*\(4,\)"):
+            op()
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 3\)"):
+        a.broadcast_to((4, 3))
+
+
+def test_bad_reshape_names_shapes(device):
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 2\)"):
+        mdn.zeros(2, 3, device=device).reshape(4, 2)
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        mdn.zeros(2, 3, device=device).view(5, -1)
+
+
+def test_cat_and_stack_mismatch_names_shapes(device):
+    a, b = mdn.zeros(2, 3, device=device), mdn.zeros(2, 4, device=device)
+    with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
+        mdn.cat([a, b], dim=0)
+    assert mdn.cat([a, b], dim=1).shape == (2, 7)
+    with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
+        mdn.stack([a, b])
+    with pytest.raises(ValueError, match=r"\(3,\)|dimensions"):
+        mdn.cat([a, mdn.zeros(3, device=device)])
+
+
+def test_backward_on_non_scalar_needs_gradient():
+    x = mdn.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2.0
+    with pytest.raises(RuntimeError, match=r"\(2,\).*gradient"):
+        y.backward()
+    with pytest.raises(RuntimeError, match=r"\(3,\).*\(2,\)"):
+        y.backward(mdn.tensor([1.0, 1.0, 1.0]))
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        mdn.tensor([1.0]).sum().backward()
+
+
+def test_in_place_on_leaf_names_shape_and_fix():
+    x = mdn.tensor([[1.0, 2.0]], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"leaf.*\(1, 2\).*no_grad"):
+        x.mul_(2.0)
+    with pytest.raises(RuntimeError, match=r"leaf.*\(1, 2\)"):
+        x += 1.0
+
+
+def test_in_place_shape_change_raises():
+    x = mdn.zeros(3)
+    with pytest.raises(RuntimeError, match=r"\(2, 3\).*\(3,\)"):
+        x.add_(mdn.zeros(2, 3))
+
+
+def test_index_errors_name_shape():
+    with pytest.raises(IndexError, match=r"\(2, 3\)"):
+        mdn.zeros(2, 3)[5]
+    with pytest.raises(IndexError, match="axis 2.*2 dimensions"):
+        mdn.zeros(2, 3).sum(2)
+
+
+class _FakeGPUArray(np.ndarray):
+    """A NumPy array that reports itself as living on cuda:0 (a stand-in where no GPU exists)."""
+
+
+def _other_device_pair(device, monkeypatch):
+    """Two tensors on different devices: real cpu/cuda on a GPU machine, a faked cuda:0 tensor on cpu."""
+    if device == "cuda":
+        return mdn.tensor([1.0, 2.0], device="cuda", requires_grad=True), mdn.tensor([1.0, 2.0], device="cpu")
+    fake = _dev.Device("cuda", 0)
+    real_device_of = _dev.device_of
+    monkeypatch.setattr(_dev, "device_of", lambda x: fake if isinstance(x, _FakeGPUArray) else real_device_of(x))
+    gpu = mdn.Tensor._from_array(np.array([1.0, 2.0], dtype=np.float32).view(_FakeGPUArray))
+    gpu.requires_grad = True
+    return gpu, mdn.tensor([1.0, 2.0])
+
+
+@pytest.mark.parametrize("op", ["add", "mul", "sub", "div", "pow", "matmul", "cat", "stack", "where",
+                                "maximum", "lt", "add_"])
+def test_device_mix_raises_naming_both_devices(op, device, monkeypatch):
+    g, c = _other_device_pair(device, monkeypatch)
+    calls = {
+        "add": lambda: g + c, "mul": lambda: c * g, "sub": lambda: g - c, "div": lambda: g / c,
+        "pow": lambda: c ** g, "matmul": lambda: g @ c, "cat": lambda: mdn.cat([c, g]),
+        "stack": lambda: mdn.stack([g, c]), "where": lambda: mdn.where(c > 0, g, c),
+        "maximum": lambda: mdn.maximum(g, c), "lt": lambda: g < c,
+        "add_": lambda: c.add_(g.detach()),
+    }
+    with pytest.raises(RuntimeError) as info:
+        calls[op]()
+    msg = str(info.value)
+    assert "cpu" in msg and "cuda" in msg, msg
+
+
+def test_backward_gradient_on_wrong_device(device, monkeypatch):
+    g, c = _other_device_pair(device, monkeypatch)
+    y = g * 2.0
+    with pytest.raises(RuntimeError, match="cpu.*cuda|cuda.*cpu"):
+        y.backward(c)
