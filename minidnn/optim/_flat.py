@@ -221,9 +221,9 @@ class FlatParams:
                 self.ticket = self.xp.zeros(1, dtype=np.uint32)
         return self.ticket
 
-    def scratch(self, count):
-        """``count`` full-length scratch arrays for the xp-generic update (allocated once)."""
-        if self._scratch is None or len(self._scratch) < count:
+    def scratch(self, count, length):
+        """``count`` scratch arrays of ``length`` elements for the xp-generic update (allocated once)."""
+        if self._scratch is None or len(self._scratch) < count or self._scratch[0].size < length:
             with _dev.device_guard(self.device):
-                self._scratch = [self.xp.empty(self.total, dtype=self.dtype) for _ in range(count)]
+                self._scratch = [self.xp.empty(length, dtype=self.dtype) for _ in range(count)]
         return self._scratch

@@ -25,6 +25,22 @@ def _uses_kernel(fs):
     return fs.device.type == "cuda" and _cuda_kernels().supports(fs.dtype)
 
 
+_CPU_CHUNK = 1 << 15     # elements per pass on the CPU: the ~10 operands of one chunk stay in L2
+
+
+def _pieces(fs):
+    """(start, stop, first_param) of the xp-generic flat update: the runs of parameters with a gradient and one
+    step count, cut into cache-sized chunks on the CPU (whole runs on a GPU: each ufunc is a launch there)."""
+    chunk = _CPU_CHUNK if fs.device.type == "cpu" else fs.total
+    for a, b, j, _ in fs.runs():
+        for start in range(a, b, chunk):
+            yield start, min(start + chunk, b), j
+
+
+def _scratch(fs, a, b):
+    return [s[:b - a] for s in fs.scratch(2, min(fs.total, _CPU_CHUNK) if fs.device.type == "cpu" else fs.total)]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # SGD
 # ------------------------------------------------------------------------------------------------------------
@@ -61,7 +77,8 @@ def _single_tensor_sgd(params, grads, momentum_buffers, *, lr, momentum, dampeni
 
 
 def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, maximize):
-    """One update per flat set.  Returns the number of kernel launches / vectorised passes."""
+    """One update per flat set: one CUDA launch, or (CPU) one vectorised pass in cache-sized chunks.
+    Returns the number of updates (= flat sets)."""
     launches = 0
     for fs in flat_sets:
         buf = fs.state_buffer("momentum_buffer") if momentum != 0 else None
@@ -71,14 +88,12 @@ def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, ma
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
             mt.sgd_flat_step(fs.param, fs.grad, buf, hyper, fs.steps, fs.device_ticket(), *mask,
                              nesterov=nesterov, maximize=maximize)
-            launches += 1
         else:
-            scratch = fs.scratch(2)
-            for a, b, j, _ in fs.runs():
+            for a, b, j in _pieces(fs):
                 _sgd_update_(fs.param[a:b], fs.grad[a:b], None if buf is None else buf[a:b],
-                             fs.steps_host[j] == 0, [s[a:b] for s in scratch], lr=lr, momentum=momentum,
+                             fs.steps_host[j] == 0, _scratch(fs, a, b), lr=lr, momentum=momentum,
                              dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
-                launches += 1
+        launches += 1
         fs.advance_steps(on_device=not _uses_kernel(fs))
     return launches
 
@@ -125,7 +140,8 @@ def _single_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, s
 
 
 def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maximize, decoupled_weight_decay):
-    """One update per flat set.  Returns the number of kernel launches / vectorised passes."""
+    """One update per flat set: one CUDA launch, or (CPU) one vectorised pass in cache-sized chunks.
+    Returns the number of updates (= flat sets)."""
     launches = 0
     for fs in flat_sets:
         m, v = fs.state_buffer("exp_avg"), fs.state_buffer("exp_avg_sq")
@@ -136,14 +152,12 @@ def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maxi
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
             mt.adam_flat_step(fs.param, fs.grad, m, v, vmax, hyper, fs.steps, fs.device_ticket(), *mask,
                               amsgrad=amsgrad, maximize=maximize, decoupled=decoupled_weight_decay)
-            launches += 1
         else:
-            scratch = fs.scratch(2)
-            for a, b, j, _ in fs.runs():
+            for a, b, j in _pieces(fs):
                 _adam_update_(fs.param[a:b], fs.grad[a:b], m[a:b], v[a:b], None if vmax is None else vmax[a:b],
-                              float(fs.steps_host[j] + 1), [s[a:b] for s in scratch], lr=lr, beta1=beta1,
+                              float(fs.steps_host[j] + 1), _scratch(fs, a, b), lr=lr, beta1=beta1,
                               beta2=beta2, eps=eps, weight_decay=weight_decay, maximize=maximize,
                               decoupled_weight_decay=decoupled_weight_decay)
-                launches += 1
+        launches += 1
         fs.advance_steps(on_device=not _uses_kernel(fs))
     return launches
