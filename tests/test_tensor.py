@@ -366,6 +366,16 @@ def test_in_place_shape_change_raises():
         x.add_(mdn.zeros(2, 3))
 
 
+def test_axis_out_of_range_raises(device):
+    x = mdn.zeros(2, 3, device=device)
+    for call in (lambda: x.transpose(0, 5), lambda: x.swapaxes(2, 0), lambda: x.permute(0, 2),
+                 lambda: mdn.cat([x, x], dim=2), lambda: x.unsqueeze(3), lambda: x.sum(axis=(0, 2))):
+        with pytest.raises((IndexError, ValueError), match=r"\(2, 3\)|out of range"):
+            call()
+    with pytest.raises(ValueError, match="zero-dimensional"):
+        mdn.cat([mdn.tensor(1.0, device=device), mdn.tensor(2.0, device=device)])
+
+
 def test_index_errors_name_shape():
     with pytest.raises(IndexError, match=r"\(2, 3\)"):
         mdn.zeros(2, 3)[5]

@@ -67,7 +67,7 @@ class PermuteBackward(Node):
 def permute(x, *axes):
     axes = _shape_args(axes)
     nd = x.ndim
-    if sorted(a % nd for a in axes) != list(range(nd)) or len(axes) != nd:
+    if len(axes) != nd or not all(-nd <= a < nd for a in axes) or sorted(a % nd for a in axes) != list(range(nd)):
         raise ValueError(f"permute: {tuple(axes)} is not a permutation of the {nd} dimensions of a tensor of shape "
                          f"{tuple(x.shape)}")
     axes = tuple(a % nd for a in axes)
@@ -91,6 +91,9 @@ def transpose(x, *axes):
 
 def swapaxes(x, axis1, axis2):
     nd = x.ndim
+    for a in (axis1, axis2):
+        if not -nd <= a < nd:
+            raise IndexError(f"swapaxes/transpose: axis {a} is out of range for a tensor of shape {tuple(x.shape)}")
     perm = list(range(nd))
     a, b = axis1 % nd, axis2 % nd
     perm[a], perm[b] = perm[b], perm[a]
@@ -157,6 +160,10 @@ def cat(tensors, axis=0, *, dim=None):
         raise ValueError("cat: expected a non-empty list of tensors")
     _device_check("cat", tensors)
     nd = tensors[0].ndim
+    if nd == 0:
+        raise ValueError(f"cat: zero-dimensional tensors cannot be concatenated (tensor 0 has shape (); use stack)")
+    if not -nd <= axis < nd:
+        raise IndexError(f"cat: dim {axis} is out of range for tensors of shape {tuple(tensors[0].shape)}")
     axis = axis % nd
     for i, t in enumerate(tensors):
         if t.ndim != nd or any(t.shape[d] != tensors[0].shape[d] for d in range(nd) if d != axis):
