@@ -205,17 +205,28 @@ def _pair(op, input, target, strict):
                       "have the same size.", stacklevel=3)
 
 
-def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+def _weighted_reduce(op, loss, weight, reduction):
+    """PyTorch 2.13's elementwise ``weight`` (input's shape): the weighted mean divides by sum(weight)."""
+    if weight is None:
+        return _reduce(loss, reduction)
+    if tuple(weight.shape) != tuple(loss.shape):
+        raise ValueError(f"{op}: weight has shape {tuple(weight.shape)} but input has shape {tuple(loss.shape)}; "
+                         "weights and input must have the same size")
+    loss = loss * weight
+    return loss.sum() / weight.sum() if reduction == "mean" else _reduce(loss, reduction)
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _reduction("mse_loss", size_average, reduce, reduction)
     _pair("mse_loss", input, target, strict=False)
     d = input - target
-    return _reduce(d * d, reduction)
+    return _weighted_reduce("mse_loss", d * d, weight, reduction)
 
 
-def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _reduction("l1_loss", size_average, reduce, reduction)
     _pair("l1_loss", input, target, strict=False)
-    return _reduce((input - target).abs(), reduction)
+    return _weighted_reduce("l1_loss", (input - target).abs(), weight, reduction)
 
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):

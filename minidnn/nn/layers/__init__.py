@@ -1,0 +1,12 @@
+"""The layers with a backend behind them: convolution, pooling, normalisation, activations, dropout, losses.
+Everything here is re-exported by ``minidnn.nn``."""
+from .activation import *      # noqa: F401,F403
+from .conv import *            # noqa: F401,F403
+from .dropout import *         # noqa: F401,F403
+from .loss import *            # noqa: F401,F403
+from .normalization import *   # noqa: F401,F403
+from .pooling import *         # noqa: F401,F403
+from . import activation, conv, dropout, loss, normalization, pooling
+
+__all__ = (activation.__all__ + conv.__all__ + dropout.__all__ + loss.__all__ + normalization.__all__
+           + pooling.__all__)

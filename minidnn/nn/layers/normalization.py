@@ -1,0 +1,138 @@
+"""Normalisation layers: BatchNorm1d/2d/3d, LayerNorm, GroupNorm, LocalResponseNorm.
+
+BatchNorm follows PyTorch exactly: training normalises with the batch statistics and updates
+running_mean / running_var (unbiased) in place with ``momentum`` (None: a cumulative average,
+factor 1 / num_batches_tracked); eval uses the running statistics, unless track_running_stats=False,
+in which case the batch statistics are used in both modes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...tensor import ones, tensor, zeros
+from .. import functional as F
+from ..module import Module
+from ..parameter import Parameter
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "LocalResponseNorm"]
+
+
+def _affine_parameters(module, shape, weight, bias, device, dtype):
+    """weight = 1 and bias = 0 of ``shape`` (PyTorch's init), each registered as None when switched off."""
+    module.register_parameter("weight", Parameter(ones(*shape, device=device, dtype=dtype)) if weight else None)
+    module.register_parameter("bias", Parameter(zeros(*shape, device=device, dtype=dtype)) if bias else None)
+
+
+class _BatchNorm(Module):
+    _dims = (4,)
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, *, bias=True):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        _affine_parameters(self, (num_features,), affine, affine and bias, device, dtype)
+        if track_running_stats:
+            self.register_buffer("running_mean", zeros(num_features, device=device, dtype=dtype))
+            self.register_buffer("running_var", ones(num_features, device=device, dtype=dtype))
+            self.register_buffer("num_batches_tracked", tensor(0, dtype=np.int64, device=device))
+        else:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                self.register_buffer(name, None)
+
+    def reset_running_stats(self):
+        if self.track_running_stats:
+            self.running_mean.zero_()
+            self.running_var.fill_(1)
+            self.num_batches_tracked.zero_()
+
+    def reset_parameters(self):
+        self.reset_running_stats()
+        for p, value in ((self.weight, 1), (self.bias, 0)):
+            if p is not None:
+                p.data[...] = value
+
+    def forward(self, input):
+        if input.ndim not in self._dims:
+            raise ValueError(f"{type(self).__name__}: expected {' or '.join(f'{d}D' for d in self._dims)} input "
+                             f"(got {input.ndim}D input of shape {tuple(input.shape)})")
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:           # cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked.item())
+        # Batch statistics in training, and in eval when there are no running statistics to use.
+        use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        update = not self.training or self.track_running_stats
+        return F.batch_norm(input, self.running_mean if update else None, self.running_var if update else None,
+                            self.weight, self.bias, use_batch_stats, factor, self.eps)
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
+
+    def _macs(self, input, output):
+        return input.numel()        # one multiply-add per element (the folded scale and shift)
+
+
+class BatchNorm1d(_BatchNorm):
+    """Over (N, C) or (N, C, L)."""
+    _dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Over (N, C, H, W): one mean and variance per channel."""
+    _dims = (4,)
+
+
+class BatchNorm3d(_BatchNorm):
+    _dims = (5,)
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        _affine_parameters(self, self.normalized_shape, elementwise_affine, elementwise_affine and bias, device, dtype)
+
+    def forward(self, input):
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
+
+    def _macs(self, input, output):
+        return input.numel()
+
+
+class GroupNorm(Module):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, *, bias=True):
+        super().__init__()
+        if num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels={num_channels} must be divisible by num_groups={num_groups}")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        _affine_parameters(self, (num_channels,), affine, affine and bias, device, dtype)
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+                f"bias={self.bias is not None}")
+
+    def _macs(self, input, output):
+        return input.numel()
+
+
+class LocalResponseNorm(Module):
+    def __init__(self, size, alpha=1e-4, beta=0.75, k=1.0):
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, input):
+        return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self):
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
