@@ -5,9 +5,11 @@
     cudnn.deterministic = True    # only algorithms whose result does not depend on execution order
     cudnn.allow_tf32 = True       # MathType.TENSOR_OP on the GPU (TF32 for float32); no effect on the CPU
 
-The functional ops use each thread's default handle (``backend.resolve_handle``); these flags are
-copied onto that handle on every call, so a change takes effect at the next op on every thread.
-A handle passed explicitly to a backend primitive is never touched.
+The functional ops use each thread's default handle (``backend.resolve_handle``); a flag that has
+been set is copied onto that handle at every op, so a change takes effect at the next op on every
+thread.  A flag left at None leaves the handle's own setting alone (so code that configures
+``backend.get_default_handle()`` directly keeps working); a handle passed explicitly to a backend
+primitive is never touched.
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ class _CudnnFlags:
     __slots__ = ("benchmark", "deterministic", "allow_tf32")
 
     def __init__(self):
-        self.benchmark = False
-        self.deterministic = False
-        self.allow_tf32 = False
+        self.benchmark = None          # None: not set, the handle's own value stands
+        self.deterministic = None
+        self.allow_tf32 = None
 
     def __repr__(self):
         return (f"cudnn(benchmark={self.benchmark}, deterministic={self.deterministic}, "
@@ -33,8 +35,11 @@ cudnn = _CudnnFlags()
 
 
 def configure(handle):
-    """Apply the flags to a default handle (cheap attribute writes) and return it."""
-    handle.benchmark = bool(cudnn.benchmark)
-    handle.deterministic = bool(cudnn.deterministic)
-    handle.math_type = MathType.TENSOR_OP if cudnn.allow_tf32 else MathType.DEFAULT
+    """Apply the flags that were set to a default handle (cheap attribute writes) and return it."""
+    if cudnn.benchmark is not None:
+        handle.benchmark = bool(cudnn.benchmark)
+    if cudnn.deterministic is not None:
+        handle.deterministic = bool(cudnn.deterministic)
+    if cudnn.allow_tf32 is not None:
+        handle.math_type = MathType.TENSOR_OP if cudnn.allow_tf32 else MathType.DEFAULT
     return handle

@@ -95,6 +95,7 @@ ROWS = [
     Row("max_pool1d", [G(2, 3, 9)], lambda F, x: F.max_pool1d(x, 3, 2, 1)),
     Row("max_pool2d", [G(2, 3, 6, 6)], lambda F, x: F.max_pool2d(x, 2)),
     Row("max_pool2d_ceil_pad", [G(1, 2, 7, 7)], lambda F, x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True)),
+    Row("max_pool2d_unbatched_rect", [G(2, 5, 6)], lambda F, x: F.max_pool2d(x, (2, 3), (1, 2))),
     Row("max_pool3d", [G(1, 2, 4, 4, 4)], lambda F, x: F.max_pool3d(x, 2)),
     Row("avg_pool1d", [G(2, 3, 8)], lambda F, x: F.avg_pool1d(x, 3, 2, 1)),
     Row("avg_pool2d", [G(2, 3, 6, 6)], lambda F, x: F.avg_pool2d(x, 3, 2, 1), double=True),
@@ -149,6 +150,7 @@ ROWS = [
     Row("nll_loss_spatial_none", [G(2, 3, 2), C(2, 2, kind="int", high=3)],
         lambda F, x, t: F.nll_loss(x, t, reduction="none")),
     Row("mse_loss", [G(3, 4), G(3, 4)], lambda F, x, y: F.mse_loss(x, y), double=True),
+    Row("mse_loss_weight", [G(3, 4), G(3, 4), C(3, 4, kind="positive")], lambda F, x, y, w: F.mse_loss(x, y, weight=w)),
     Row("l1_loss_sum", [G(3, 4), G(3, 4)], lambda F, x, y: F.l1_loss(x, y, reduction="sum")),
     Row("smooth_l1_loss", [G(3, 4), G(3, 4)], lambda F, x, y: F.smooth_l1_loss(x, y, beta=0.5)),
     Row("smooth_l1_loss_none", [G(3, 4, scale=2), G(3, 4)], lambda F, x, y: F.smooth_l1_loss(x, y, reduction="none")),
@@ -276,6 +278,23 @@ def test_dropout2d_zeroes_whole_channels(device):
     per_channel = y.reshape(8, 16, 9)
     assert ((per_channel == 0).all(-1) | (per_channel == 2).all(-1)).all()
     assert 0 < (per_channel == 0).all(-1).mean() < 1
+
+
+def test_backend_flags_reach_the_default_handle():
+    from minidnn.backend import MathType, get_default_handle
+    from minidnn.nn._backend_flags import cudnn
+    handle = get_default_handle("cpu")
+    saved = (cudnn.benchmark, cudnn.allow_tf32, handle.benchmark, handle.math_type)
+    try:
+        cudnn.benchmark, cudnn.allow_tf32 = True, True
+        F.conv2d(mdn.randn(1, 1, 3, 3), mdn.randn(1, 1, 2, 2))
+        assert handle.benchmark and handle.math_type is MathType.TENSOR_OP
+        cudnn.benchmark, cudnn.allow_tf32 = None, None       # unset: the handle keeps what it has
+        handle.benchmark = False
+        F.conv2d(mdn.randn(1, 1, 3, 3), mdn.randn(1, 1, 2, 2))
+        assert not handle.benchmark
+    finally:
+        cudnn.benchmark, cudnn.allow_tf32, handle.benchmark, handle.math_type = saved
 
 
 # ---- one_hot ------------------------------------------------------------------------------------------

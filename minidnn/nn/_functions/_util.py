@@ -70,8 +70,9 @@ class _DoubleBackwardUnsupported(Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(f"{ctx.op}: double backward (differentiating its gradient again, create_graph=True) is "
-                           "not implemented; see docs/nn.md for the ops that support it (conv, conv_transpose, "
-                           "linear, pad, dropout, piecewise-linear activations, eval-mode batch_norm, losses)")
+                           "not implemented; the minidnn.nn.functional docstring lists the ops that support it (conv, "
+                           "conv_transpose, linear, pad, dropout, avg pooling, piecewise-linear activations, eval-mode "
+                           "batch_norm, the losses but cross_entropy)")
 
 
 def first_order_grads(op: str, arrays, *depends):
