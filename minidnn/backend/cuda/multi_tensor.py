@@ -55,14 +55,23 @@ _COMMON = r"""
 typedef SCALAR T;
 typedef VECTOR V;
 #if VEC == 4
+#define SQRT sqrtf
 #define UNPACK(r, t) { r[0] = t.x; r[1] = t.y; r[2] = t.z; r[3] = t.w; }
 #define PACK(t, r) { t.x = r[0]; t.y = r[1]; t.z = r[2]; t.w = r[3]; }
 #else
+#define SQRT sqrt
 #define UNPACK(r, t) { r[0] = t.x; r[1] = t.y; }
 #define PACK(t, r) { t.x = r[0]; t.y = r[1]; }
 #endif
 #define LOAD(r, a, i) { const V t_ = reinterpret_cast<const V*>(a)[i]; UNPACK(r, t_) }
 #define STORE(a, i, r) { V t_; PACK(t_, r) reinterpret_cast<V*>(a)[i] = t_; }
+// Grid-stride loop over the n_vec vectors.
+#define FOR_EACH_VECTOR(i) \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
+// Masked variant: entering another parameter's segment, look up whether it has a gradient, then run `refresh`.
+#define NEXT_PARAMETER(i, refresh) { \
+    const int j = vec_param[i]; \
+    if (j != current) { current = j; active = has_grad[j] != 0; refresh; } }
 
 // The last block to finish advances the step counters: every block has read them by then.
 __device__ __forceinline__ void advance_steps(float* steps, const unsigned char* __restrict__ has_grad,
@@ -110,8 +119,11 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
     const T beta2 = (T)hyper[2];
     const T one_minus_beta2 = (T)(1.0 - hyper[2]);
     const T eps = (T)hyper[3];
-    const T weight_decay = (T)hyper[4];
+#if DECOUPLED
     const T decay = (T)(1.0 - hyper[0] * hyper[4]);
+#else
+    const T weight_decay = (T)hyper[4];
+#endif
     const bool has_decay = hyper[4] != 0.0;
     T neg_step_size, bc2_sqrt;
 #if MASKED
@@ -120,15 +132,9 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
 #else
     adam_scalars(hyper, (double)steps[0] + 1.0, neg_step_size, bc2_sqrt);
 #endif
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+    FOR_EACH_VECTOR(i) {
 #if MASKED
-        const int j = vec_param[i];
-        if (j != current) {
-            current = j;
-            active = has_grad[j] != 0;
-            if (active) adam_scalars(hyper, (double)steps[j] + 1.0, neg_step_size, bc2_sqrt);
-        }
+        NEXT_PARAMETER(i, if (active) adam_scalars(hyper, (double)steps[j] + 1.0, neg_step_size, bc2_sqrt))
         if (!active) continue;
 #endif
         T rp[VEC], rg[VEC], rm[VEC], rv[VEC];
@@ -154,9 +160,9 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
             rv[k] = rv[k] * beta2 + (gk * gk) * one_minus_beta2;
 #if AMSGRAD
             rx[k] = rx[k] > rv[k] ? rx[k] : rv[k];
-            const T denom = sqrt(rx[k]) / bc2_sqrt + eps;
+            const T denom = SQRT(rx[k]) / bc2_sqrt + eps;
 #else
-            const T denom = sqrt(rv[k]) / bc2_sqrt + eps;
+            const T denom = SQRT(rv[k]) / bc2_sqrt + eps;
 #endif
             rp[k] = rp[k] + (rm[k] / denom) * neg_step_size;
         }
@@ -179,25 +185,27 @@ sgd_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, const 
 {
     // hyper: lr, momentum, dampening, weight_decay
     const T neg_lr = (T)(-hyper[0]);
-    const T momentum = (T)hyper[1];
-    const T one_minus_dampening = (T)(1.0 - hyper[2]);
     const T weight_decay = (T)hyper[3];
     const bool has_decay = hyper[3] != 0.0;
+#if MOMENTUM
+    const T momentum = (T)hyper[1];
+    const T one_minus_dampening = (T)(1.0 - hyper[2]);
+#define REFRESH_FIRST first = steps[j] == 0.0f
+#else
+#define REFRESH_FIRST (void)0
+#endif
 #if MASKED
     int current = -1;
-    bool active = false, first = false;
-#else
+    bool active = false;
+#if MOMENTUM
+    bool first = false;
+#endif
+#elif MOMENTUM
     const bool first = steps[0] == 0.0f;
 #endif
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += stride) {
+    FOR_EACH_VECTOR(i) {
 #if MASKED
-        const int j = vec_param[i];
-        if (j != current) {
-            current = j;
-            active = has_grad[j] != 0;
-            first = steps[j] == 0.0f;
-        }
+        NEXT_PARAMETER(i, REFRESH_FIRST)
         if (!active) continue;
 #endif
         T rp[VEC], rg[VEC];
