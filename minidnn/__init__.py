@@ -38,3 +38,4 @@ from .serialization import save, load       # noqa: E402,F401
 from .summary import summary                # noqa: E402,F401
 from . import nn, viz                       # noqa: E402,F401
 from . import data                           # noqa: E402,F401
+from . import optim                          # noqa: E402,F401
