@@ -9,3 +9,5 @@ from .containers import Sequential, ModuleList, ModuleDict, ParameterList, Param
 from .linear import Identity, Linear  # noqa: F401
 from .flatten import Flatten, Unflatten  # noqa: F401
 from .sparse import Embedding  # noqa: F401
+from . import functional  # noqa: F401
+from .layers import *  # noqa: F401,F403  (conv, pooling, normalisation, activation, dropout and loss layers)
