@@ -127,6 +127,9 @@ class AlgorithmRegistry:
         self.enum_type = enum_type
         self._algorithms = {}
         self.cache = AlgorithmCache()
+        # The heuristic's ranking costs far more than a small convolution (hundreds of µs of Python):
+        # remember its choice per key too.  Not exposed as the benchmark cache: it holds no timings.
+        self._heuristic_choice = {}
 
     def register(self, algorithm):
         if algorithm.algo in self._algorithms:
@@ -217,7 +220,11 @@ class AlgorithmRegistry:
                 if perf.status is Status.SUCCESS:
                     self.cache.put(key, perf)
         else:
-            perf = self.heuristic(prob, handle, math_type)[0]
+            perf = self._heuristic_choice.get(key)
+            if perf is None:
+                perf = self.heuristic(prob, handle, math_type)[0]
+                if perf.status is Status.SUCCESS:
+                    self._heuristic_choice[key] = perf
         if perf.status is not Status.SUCCESS:
             reasons = "; ".join(p.reason for p in self.heuristic(prob, handle, math_type))
             raise NotSupportedError(f"{self.name}: no algorithm can run {prob.describe()} with {handle}: {reasons}")

@@ -339,7 +339,7 @@ class ConvAlgorithm:
         return device_type not in self.nondeterministic_on
 
     def estimated_cost(self, p: ConvProblem, device_type: str) -> float:
-        return float(self._cost(p))
+        return float(self._cost(p, device_type))
 
     def run(self, p: ConvProblem, a, b, tf32=False):
         return self._run(p, a, b, tf32)
@@ -365,24 +365,44 @@ def _ws_winograd(p):        # transformed tiles V (16 per tile and channel), fil
     return 16 * (p.N * T * (p.C + p.K) + p.K * p.Cg) + p.N * p.C * math.prod(p.padded_size)
 
 
-# ... and cost models: multiply-adds plus elements moved, a rough relative time for the heuristic.
-def _cost_gemm(p):
-    return 2 * p.macs + 2 * _ws_gemm(p)
+# ... and cost models: multiply-adds plus elements moved, a rough relative time for the heuristic,
+# scaled by a per-device factor.  The factors are fitted to the find tables measured on an H200 and
+# on a 2-core CPU (docs/measurements/): the raw model cannot see that NumPy's DIRECT tap loop is the
+# fastest on the CPU, that the staged Winograd is the slowest everywhere, or that on the GPU a
+# depthwise GEMM/DIRECT is a batch of tiny products (many launches) while FFT stays one big product.
+_DEVICE_FACTOR = {
+    "cpu": {"gemm": 3.0, "direct": 1.0, "fft": 8.0, "winograd": 20.0},
+    "cuda": {"gemm": 1.0, "direct": 1.25, "fft": 2.2, "winograd": 40.0},
+}
+_CUDA_DEPTHWISE_PENALTY = 10.0      # GEMM/DIRECT on GPU when each group has one input channel
 
 
-def _cost_direct(p):
+def _factor(technique, p, device_type):
+    f = _DEVICE_FACTOR.get(device_type, _DEVICE_FACTOR["cuda"])[technique]
+    if device_type != "cpu" and p.Cg == 1 and p.groups > 1 and technique in ("gemm", "direct"):
+        f *= _CUDA_DEPTHWISE_PENALTY
+    return f
+
+
+def _cost_gemm(p, device_type="cpu"):
+    return (2 * p.macs + 2 * _ws_gemm(p)) * _factor("gemm", p, device_type)
+
+
+def _cost_direct(p, device_type="cpu"):
     taps = math.prod(p.kernel)
-    return 2 * p.macs + taps * (p.N * math.prod(p.out_size) * (p.C + 2 * p.K) + 20000)
+    return (2 * p.macs + taps * (p.N * math.prod(p.out_size) * (p.C + 2 * p.K) + 20000)) * \
+        _factor("direct", p, device_type)
 
 
-def _cost_fft(p):
+def _cost_fft(p, device_type="cpu"):
     L = math.prod(_fft_lengths(p))
     F = math.prod(_spectrum_shape(_fft_lengths(p)))
-    return 5 * L * math.log2(max(L, 2)) * (p.N * p.C + p.K * p.Cg + p.N * p.K) + 8 * p.N * p.K * p.Cg * F
+    raw = 5 * L * math.log2(max(L, 2)) * (p.N * p.C + p.K * p.Cg + p.N * p.K) + 8 * p.N * p.K * p.Cg * F
+    return raw * _factor("fft", p, device_type)
 
 
-def _cost_winograd(p):
-    return 2 * p.macs * 16 / 36 + 4 * _ws_winograd(p)
+def _cost_winograd(p, device_type="cpu"):
+    return (2 * p.macs * 16 / 36 + 4 * _ws_winograd(p)) * _factor("winograd", p, device_type)
 
 
 _FLOAT32_64 = ("float32 or float64 data", lambda p: p.dtype in ("float32", "float64"))

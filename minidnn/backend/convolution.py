@@ -319,9 +319,10 @@ def get_convolution_algorithm_cache() -> dict:
 
 
 def clear_convolution_algorithm_cache() -> None:
-    """Forget every benchmark choice (and reset the hit/miss counters)."""
+    """Forget every benchmark choice and heuristic choice (and reset the hit/miss counters)."""
     for registry in _REGISTRIES:
         registry.cache.clear()
+        registry._heuristic_choice.clear()
 
 
 def convolution_algorithm_cache_info() -> dict:

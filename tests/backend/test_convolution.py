@@ -432,10 +432,10 @@ def test_deterministic_flag_excludes_non_deterministic_algorithms(device):
     registry = AlgorithmRegistry("toy", ConvolutionFwdAlgo)
     calls = []
     atomic = ConvAlgorithm(ConvolutionFwdAlgo.IMPLICIT_GEMM, lambda *a: calls.append(1), (), lambda p: 0,
-                           lambda p: 0, nondeterministic_on=("cpu", "cuda"))
+                           lambda p, device_type: 0, nondeterministic_on=("cpu", "cuda"))
     registry.register(atomic)
     registry.register(ConvAlgorithm(ConvolutionFwdAlgo.GEMM, lambda *a: calls.append(2), (), lambda p: 1,
-                                    lambda p: 1e9))
+                                    lambda p, device_type: 1e9))
     assert registry.heuristic(p, Handle(device), MathType.DEFAULT)[0].algo is ConvolutionFwdAlgo.IMPLICIT_GEMM
     ranked = registry.heuristic(p, h, MathType.DEFAULT)
     assert ranked[0].algo is ConvolutionFwdAlgo.GEMM
