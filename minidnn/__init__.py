@@ -39,3 +39,5 @@ from .summary import summary                # noqa: E402,F401
 from . import nn, viz                       # noqa: E402,F401
 from . import data                           # noqa: E402,F401
 from . import optim                          # noqa: E402,F401
+from . import models                        # noqa: E402,F401
+from . import backends                      # noqa: E402,F401

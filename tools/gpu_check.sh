@@ -7,7 +7,7 @@ OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=$PWD/.cupy_cache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import cupy, torch, numpy; print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/gpu.txt"
-python3 -m pytest -q -m cuda -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest_cuda.log" | tail -40
+python3 -m pytest -m cuda -p no:cacheprovider -q -rfE "$@" 2>&1 | tee "$OUT/pytest_cuda.log" | tail -40
 rc=${PIPESTATUS[0]}
 for b in ${BENCHES:-overhead conv_algorithms optim_step}; do
   if [ -f "bench/$b.py" ]; then

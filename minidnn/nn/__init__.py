@@ -11,3 +11,4 @@ from .flatten import Flatten, Unflatten  # noqa: F401
 from .sparse import Embedding  # noqa: F401
 from . import functional  # noqa: F401
 from .layers import *  # noqa: F401,F403  (conv, pooling, normalisation, activation, dropout and loss layers)
+from . import utils  # noqa: F401,E402
