@@ -55,23 +55,18 @@ def digits():
     (lambda: resnet20(in_channels=1), 4, 0.05, 32),
     (lambda: MobileNetSmall(in_channels=1), 6, 0.05, 64),
 ], ids=["lenet5", "resnet20", "mobilenet_small"])
-def test_training_on_digits_lowers_the_loss(make, steps, lr, batch_size, digits):
+def test_training_on_digits_lowers_the_loss(make, steps, lr, batch_size, digits, device):
     mdn.manual_seed(0)
-    model = make()
-    params = list(model.parameters())
-    velocity = [mdn.zeros_like(p) for p in params]
-    x, y = digits
+    model = make().to(device)
+    optimizer = mdn.optim.SGD(model.parameters(), lr=lr, momentum=0.9)     # the fused flat-buffer step
+    x, y = (t.to(device) for t in digits)
     losses = []
     for step in range(steps):
         batch = slice(batch_size * (step % 4), batch_size * (step % 4 + 1))
         loss = F.cross_entropy(model(x[batch]), y[batch])
-        for p in params:
-            p.grad = None
+        optimizer.zero_grad()
         loss.backward()
-        with mdn.no_grad():         # SGD with momentum 0.9, written inline
-            for p, v in zip(params, velocity):
-                v.mul_(0.9).add_(p.grad)
-                p -= lr * v
+        optimizer.step()
         losses.append(loss.item())
     # The loss over the data the steps saw, with batch statistics (a few steps barely move BN's
     # running averages, so eval mode would measure those rather than the learning).
