@@ -24,6 +24,7 @@ CHAIN = 100            # (mul, add) pairs -> 200 ops
 
 
 def _chain(x, w, b, backward):
+    x.grad = w.grad = b.grad = None     # each chain starts clean (no accumulation towards overflow)
     y = x
     for _ in range(CHAIN):
         y = y * w + b

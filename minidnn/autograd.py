@@ -535,7 +535,8 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targ
                     node.accumulate(g, create_graph, fresh)
                 g = None
                 continue
-            if run and any(g is not None for g in grads):
+            # (a single-output node, the common case, skips the generator of any())
+            if run and (grads[0] is not None if len(grads) == 1 else any(g is not None for g in grads)):
                 if node.saved is None:
                     raise RuntimeError(_FREED_MSG.format(name=node.name()))
                 outs = node.backward(*grads)
@@ -545,22 +546,28 @@ def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targ
                     node.release()
             else:
                 outs = None
-            for i, edge in enumerate(node.next_edges):
+            i = -1
+            for edge in node.next_edges:
+                i += 1
                 if edge is None:
                     continue
                 child, nr = edge
                 g = outs[i] if outs is not None else None
-                if g is not None:
-                    if execute is not None and child not in execute and child not in capture:
-                        g = None
+                if g is not None and execute is not None and child not in execute and child not in capture:
+                    g = None
                 if g is not None:
                     buf = buffers.get(child)
                     if buf is None:
-                        buf = buffers[child] = [None] * child.num_outputs
-                    buf[nr] = g if buf[nr] is None else _add_grads(buf[nr], g, create_graph)
+                        buffers[child] = [g] if nr == 0 and child.num_outputs == 1 else \
+                            [g if k == nr else None for k in range(child.num_outputs)]
+                    elif buf[nr] is None:
+                        buf[nr] = g
+                    else:
+                        buf[nr] = _add_grads(buf[nr], g, create_graph)
                 left = deps[child] - 1
-                deps[child] = left
-                if left == 0:
+                if left:
+                    deps[child] = left
+                else:
                     ready.append(child)
             outs = None      # drop our references to the gradients (see the refcount test above)
     finally:
