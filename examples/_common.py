@@ -1,0 +1,259 @@
+"""Shared machinery of the example scripts: the argument parser, datasets, the train/eval loop,
+checkpoints and plots.  Each script builds its model and data, then hands them to ``fit``.
+
+The loop, in short::
+
+    for epoch in range(start, epochs):
+        seed every random stream from (seed, epoch)      # so a resumed run replays the same batches
+        train one pass (tqdm bar: running loss and accuracy), evaluate on the test set
+        save checkpoint.mdn (model + optimizer + scheduler + epoch + history), redraw curves.png
+    print("test accuracy: 0.XXXX")                       # always the last line
+
+Only minidnn's public API is used here, as in any user's script.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+import minidnn as mdn
+from minidnn.data import TensorDataset
+from minidnn.data import datasets
+from minidnn.nn import functional as F
+
+CHECKPOINT_NAME = "checkpoint.mdn"
+PLOT_NAME = "curves.png"
+HISTORY_KEYS = ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_seconds")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
+    return value
+
+
+def positive_float(text):
+    value = float(text)
+    if not value > 0 or not np.isfinite(value):      # `not >` also rejects NaN
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def device_name(text):
+    """Checked when the arguments are parsed, so that a typo or a missing GPU is an argparse error, not a
+    traceback from deep inside the first forward pass."""
+    try:
+        dev = mdn.device(text)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if dev.type == "cuda" and not mdn.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: no CUDA GPU with CuPy on this machine")
+    return str(dev)
+
+
+def make_parser(script, description, *, epochs, batch_size, lr, data=("digits",), synthetic=False):
+    """The arguments every example shares; ``data`` lists the dataset names the script accepts (the first
+    is the default).  ``synthetic`` adds ``--synthetic`` (random data of the real data's shape)."""
+    p = argparse.ArgumentParser(prog=f"{script}.py", description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--device", type=device_name, default="cpu", help='"cpu", "cuda" or "cuda:N"')
+    p.add_argument("--epochs", type=positive_int, default=epochs)
+    p.add_argument("--batch-size", type=positive_int, default=batch_size)
+    p.add_argument("--lr", type=positive_float, default=lr, help="(peak) learning rate")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seeds initialisation, shuffling, augmentation")
+    p.add_argument("--data", choices=data, default=data[0], help="dataset")
+    p.add_argument("--data-dir", default=None,
+                   help="folder of the dataset files (default: $MINIDNN_DATA or ~/.cache/minidnn/datasets)")
+    p.add_argument("--download", action="store_true", help="download missing dataset files into --data-dir")
+    p.add_argument("--out", default=os.path.join("runs", script), help="folder for the checkpoint and the plot")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+                   help=f"continue from CHECKPOINT (default: OUT/{CHECKPOINT_NAME})")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="at most this many batches per epoch, train and test (smoke tests)")
+    if synthetic:
+        p.add_argument("--synthetic", action="store_true",
+                       help="random images and labels of the dataset's shape instead of files (no download)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class DataSpec:
+    """What a model and its transforms need to know about a dataset."""
+    channels: int
+    size: int                    # images are size x size
+    num_classes: int
+    mean: tuple                  # per channel, of the training images in [0, 1] (for Normalize)
+    std: tuple
+
+
+SPECS = {
+    # digits: measured on the 1437 training images; the others are the usual published values.
+    "digits": DataSpec(1, 8, 10, (0.3055,), (0.3761,)),
+    "mnist": DataSpec(1, 28, 10, (0.1307,), (0.3081,)),
+    "fashion-mnist": DataSpec(1, 28, 10, (0.2860,), (0.3530,)),
+    "cifar10": DataSpec(3, 32, 10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+
+
+def synthetic_data(spec, n_train=2000, n_test=500, seed=0):
+    """Random images in [0, 1] and random labels of ``spec``'s shape: exercises the whole pipeline (and
+    measures its speed) without any files.  Nothing can be learned from them: accuracy stays near chance."""
+    rng = np.random.default_rng(seed)
+
+    def make(n):
+        images = rng.random((n, spec.channels, spec.size, spec.size), dtype=np.float32)
+        return TensorDataset(images, rng.integers(0, spec.num_classes, n, dtype=np.int64))
+    return make(n_train), make(n_test)
+
+
+def load_data(args):
+    """(train, test, spec) for ``args.data`` (or random data of its shape with ``--synthetic``)."""
+    spec = SPECS[args.data]
+    if getattr(args, "synthetic", False):
+        return (*synthetic_data(spec, seed=args.seed), spec)
+    if args.data == "digits":
+        return datasets.load_digits("train"), datasets.load_digits("test"), spec
+    cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[args.data]
+    return (cls(args.data_dir, train=True, download=args.download),
+            cls(args.data_dir, train=False, download=args.download), spec)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------
+def epoch_seed(seed, epoch):
+    """A distinct, well-mixed seed for each (run seed, epoch)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def batches_per_epoch(dataset, args):
+    """How many optimizer steps one epoch takes (for schedulers that need the total up front)."""
+    n = -(-len(dataset) // args.batch_size)
+    return n if args.limit is None else min(n, args.limit)
+
+
+def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn=F.cross_entropy, desc=""):
+    """One pass over ``loader``: training when an optimizer is given, evaluation (no graph) otherwise.
+    Returns (mean loss, accuracy) over the samples seen.  ``scheduler`` steps after every batch."""
+    training = optimizer is not None
+    model.train(training)
+    total = len(loader) if limit is None else min(limit, len(loader))
+    loss_sum = correct = seen = 0
+    bar = tqdm(itertools.islice(loader, total), total=total, desc=desc, leave=False, dynamic_ncols=True)
+    with mdn.set_grad_enabled(training):
+        for images, labels in bar:
+            logits = model(images)
+            loss = loss_fn(logits, labels)
+            if training:
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+            n = labels.shape[0]
+            loss_sum += loss.item() * n
+            correct += int((logits.argmax(dim=1) == labels).sum().item())
+            seen += n
+            bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)
+    return loss_sum / max(seen, 1), correct / max(seen, 1)
+
+
+def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, loss_fn=F.cross_entropy):
+    """Train for ``args.epochs`` epochs, or what remains of them after ``--resume``; evaluate, checkpoint
+    and plot after every epoch; print the final ``test accuracy: 0.XXXX`` last.  Returns the history.
+
+    ``make_train_loader()`` builds the training loader of one epoch.  It is called after the epoch's
+    ``mdn.manual_seed``, and loaders and transforms built without an explicit seed draw theirs from
+    minidnn's generator: so epoch e shuffles and augments the same way whether or not the run was
+    interrupted and resumed before it.  Build the model on its device, then the optimizer (its flat
+    buffers live on the parameters' device), then call this."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint_path = out / CHECKPOINT_NAME
+    history = {key: [] for key in HISTORY_KEYS}
+    start = 0
+    if args.resume is not None:
+        source = Path(args.resume) if args.resume else checkpoint_path
+        start, history = load_checkpoint(source, model, optimizer, scheduler, args.device)
+        tqdm.write(f"resumed from {source} after epoch {start}")
+
+    for epoch in range(start, args.epochs):
+        mdn.manual_seed(epoch_seed(args.seed, epoch))
+        began = time.perf_counter()
+        train_loss, train_acc = run_epoch(model, make_train_loader(), args.limit, optimizer, scheduler, loss_fn,
+                                          desc=f"epoch {epoch + 1}/{args.epochs}")
+        seconds = time.perf_counter() - began            # training only: what "time per epoch" means
+        test_loss, test_acc = run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test")
+        for key, value in zip(HISTORY_KEYS, (train_loss, train_acc, test_loss, test_acc, seconds)):
+            history[key].append(value)
+        tqdm.write(f"epoch {epoch + 1}/{args.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
+                   f"test loss {test_loss:.4f} acc {test_acc:.4f} | {seconds:.2f} s/epoch")
+        save_checkpoint(checkpoint_path, model, optimizer, scheduler, epoch + 1, history)
+        plot_history(history, out / PLOT_NAME)
+
+    if not history["test_acc"]:          # --epochs is not more than the checkpoint's: nothing new to train
+        history["test_acc"].append(run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test")[1])
+    print(f"test accuracy: {history['test_acc'][-1]:.4f}", flush=True)
+    return history
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints and plots
+# ---------------------------------------------------------------------------------------------------------
+def save_checkpoint(path, model, optimizer, scheduler, epoch, history):
+    """Everything a resumed run needs.  ``minidnn.save`` writes atomically (temporary file, fsync, rename):
+    a run killed mid-save leaves the previous epoch's checkpoint intact."""
+    mdn.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+              "scheduler": None if scheduler is None else scheduler.state_dict(),
+              "epoch": epoch, "history": history}, path)
+
+
+def load_checkpoint(path, model, optimizer, scheduler, device):
+    """Restore model, optimizer and scheduler in place; returns (epochs done, history)."""
+    state = mdn.load(path, map_location=device)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    history = {key: list(state["history"].get(key, [])) for key in HISTORY_KEYS}
+    return state["epoch"], history
+
+
+def plot_history(history, path):
+    """Loss and accuracy per epoch, train and test, as a PNG.  A bare ``Figure`` renders with the Agg
+    canvas without touching pyplot's global backend (scripts may run without a display)."""
+    from matplotlib.figure import Figure
+
+    epochs = np.arange(1, len(history["train_loss"]) + 1)
+    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    for ax, key, title in ((loss_ax, "loss", "loss"), (acc_ax, "acc", "accuracy")):
+        ax.plot(epochs, history[f"train_{key}"], "o-", label="train")
+        ax.plot(epochs, history[f"test_{key}"], "s-", label="test")
+        ax.set(title=title, xlabel="epoch")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, path)            # readers never see a half-written image
