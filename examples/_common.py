@@ -183,10 +183,11 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
     """Train for ``args.epochs`` epochs, or what remains of them after ``--resume``; evaluate, checkpoint
     and plot after every epoch; print the final ``test accuracy: 0.XXXX`` last.  Returns the history.
 
-    ``make_train_loader()`` builds the training loader of one epoch.  It is called after the epoch's
-    ``mdn.manual_seed``, and loaders and transforms built without an explicit seed draw theirs from
-    minidnn's generator: so epoch e shuffles and augments the same way whether or not the run was
-    interrupted and resumed before it.  Build the model on its device, then the optimizer (its flat
+    ``make_train_loader()`` builds the training loader of one epoch, random transforms included.  It is
+    called after the epoch's ``mdn.manual_seed``, and loaders and transforms built without an explicit
+    seed draw theirs from minidnn's generator: so epoch e shuffles and augments the same way whether or
+    not the run was interrupted and resumed before it.  (A transform built once, outside, would carry
+    its random stream across epochs, and a resumed run would restart that stream.)  Build the model on its device, then the optimizer (its flat
     buffers live on the parameters' device), then call this."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

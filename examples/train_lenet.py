@@ -35,11 +35,12 @@ def main(argv=None):
     size = spec.size * scale
     resize = [T.Upsample(scale)] if scale > 1 else []
     normalize = T.Normalize(spec.mean, spec.std)
-    # Shift before normalising, so that the padding is background (0) and not a grey frame.
-    augment = T.Compose(resize + [T.RandomCrop(size, padding=size // 16), normalize])
     plain = T.Compose(resize + [normalize])
 
     def make_train_loader():
+        # Random transforms are built here, once per epoch, so they seed from the epoch's seed (see fit).
+        # Shift before normalising: the padding is then background (0), not a grey frame.
+        augment = T.Compose(resize + [T.RandomCrop(size, padding=size // 16), normalize])
         return DataLoader(train_set, batch_size=args.batch_size, shuffle=True, device=args.device, transform=augment)
     test_loader = DataLoader(test_set, batch_size=args.batch_size, device=args.device, transform=plain)
 

@@ -30,15 +30,15 @@ def main(argv=None):
 
     train_set, test_set, spec = load_data(args)
     normalize = T.Normalize(spec.mean, spec.std)
-    if spec.size < 16:            # digits: upsample, then shift by up to one pixel
-        size = 16
-        plain = T.Compose([T.Upsample(size // spec.size), normalize])
-        augment = T.Compose([T.Upsample(size // spec.size), T.RandomCrop(size, padding=1), normalize])
-    else:                         # CIFAR-10: the standard crop + flip
-        plain = normalize
-        augment = T.Compose([T.RandomCrop(spec.size, padding=4), T.RandomHorizontalFlip(), normalize])
+    upsample = [T.Upsample(16 // spec.size)] if spec.size < 16 else []     # digits: 8x8 -> 16x16
+    plain = T.Compose(upsample + [normalize])
 
     def make_train_loader():
+        # Random transforms are built here, once per epoch, so they seed from the epoch's seed (see fit).
+        if upsample:      # digits: shifts of up to one pixel (a flipped digit is another digit, or none)
+            augment = T.Compose(upsample + [T.RandomCrop(16, padding=1), normalize])
+        else:             # CIFAR-10: the standard crop + flip
+            augment = T.Compose([T.RandomCrop(spec.size, padding=4), T.RandomHorizontalFlip(), normalize])
         return DataLoader(train_set, batch_size=args.batch_size, shuffle=True, device=args.device, transform=augment,
                           prefetch=True)
     test_loader = DataLoader(test_set, batch_size=args.batch_size, device=args.device, transform=plain)

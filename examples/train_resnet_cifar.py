@@ -27,9 +27,10 @@ def main(argv=None):
 
     train_set, test_set, spec = load_data(args)
     normalize = T.Normalize(spec.mean, spec.std)
-    augment = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), normalize])
 
     def make_train_loader():
+        # Random transforms are built here, once per epoch, so they seed from the epoch's seed (see fit).
+        augment = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), normalize])
         # prefetch: the next batches are fetched and copied while the current one computes (pays off on a GPU).
         return DataLoader(train_set, batch_size=args.batch_size, shuffle=True, device=args.device,
                           transform=augment, prefetch=True)
