@@ -855,10 +855,9 @@ NOTEBOOKS["05_grouped_convolutions"] = [
     """),
     code("""
     net = MobileNetSmall(num_classes=10, in_channels=3, width=16)
-    s = mdn.summary(net, input_shape=(1, 3, 32, 32), verbose=0)
-    resnet = mdn.summary(mdn.models.resnet20(), input_shape=(1, 3, 32, 32), verbose=0)
-    print(f"MobileNetSmall: {s.total_params:,} parameters, {s.total_mult_adds / 1e6:.1f} M mult-adds per image")
-    print(f"ResNet-20:      {resnet.total_params:,} parameters, {resnet.total_mult_adds / 1e6:.1f} M mult-adds per image")
+    for name, model in (("MobileNetSmall", net), ("ResNet-20", mdn.models.resnet20())):
+        s = mdn.summary(model, input_shape=(1, 3, 32, 32), verbose=0)
+        print(f"{name:15s}{s.total_params:>9,} parameters {s.total_mult_adds / 1e6:6.1f} M mult-adds per image")
     """),
     md("""
     **Summary.** `groups` divides parameters and multiply-adds by G; depthwise + pointwise replaces a 3x3
