@@ -69,14 +69,23 @@ def device_name(text):
     return str(dev)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: ...)" only where there is a default worth showing (not None, not an off switch)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def make_parser(script, description, *, epochs, batch_size, lr, data=("digits",), synthetic=False):
     """The arguments every example shares; ``data`` lists the dataset names the script accepts (the first
     is the default).  ``synthetic`` adds ``--synthetic`` (random data of the real data's shape)."""
     p = argparse.ArgumentParser(prog=f"{script}.py", description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_HelpFormatter)
     p.add_argument("--device", type=device_name, default="cpu", help='"cpu", "cuda" or "cuda:N"')
-    p.add_argument("--epochs", type=positive_int, default=epochs)
-    p.add_argument("--batch-size", type=positive_int, default=batch_size)
+    p.add_argument("--epochs", type=positive_int, default=epochs, help="passes over the training set")
+    p.add_argument("--batch-size", type=positive_int, default=batch_size, help="training and test batch size")
     p.add_argument("--lr", type=positive_float, default=lr, help="(peak) learning rate")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seeds initialisation, shuffling, augmentation")
     p.add_argument("--data", choices=data, default=data[0], help="dataset")
