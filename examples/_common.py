@@ -144,8 +144,11 @@ def load_data(args):
     if args.data == "digits":
         return datasets.load_digits("train"), datasets.load_digits("test"), spec
     cls = {"mnist": datasets.MNIST, "fashion-mnist": datasets.FashionMNIST, "cifar10": datasets.CIFAR10}[args.data]
-    return (cls(args.data_dir, train=True, download=args.download),
-            cls(args.data_dir, train=False, download=args.download), spec)
+    try:
+        return (cls(args.data_dir, train=True, download=args.download),
+                cls(args.data_dir, train=False, download=args.download), spec)
+    except datasets.DatasetNotFoundError as e:      # a message for the command line, not a traceback
+        raise SystemExit(f"error: {e}\nOn the command line: --download fetches them, --data-dir points to them.")
 
 
 # ---------------------------------------------------------------------------------------------------------

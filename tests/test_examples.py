@@ -77,6 +77,12 @@ def test_cuda_without_a_gpu_is_an_argparse_error(capsys):
     assert "argument --device" in capsys.readouterr().err
 
 
+def test_missing_dataset_files_exit_with_a_message_not_a_traceback(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        run("train_resnet_cifar", ["--data-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert "cifar-10-batches-py" in str(exc.value) and "--download" in str(exc.value)
+
+
 def test_mobilenet_width_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         run("train_mobilenet", ["--width", "0"])
