@@ -490,3 +490,17 @@ def test_against_pytorch(device, cfg, dtype):
                 loose = dtype == F32 and algorithm.algo.name.startswith(("FFT", "WINOGRAD"))
                 torch.testing.assert_close(torch.tensor(got), torch.tensor(want[direction]),
                                            **(dict(rtol=1e-4, atol=1e-4) if loose else {}))
+
+
+# The heuristic's policy on the CPU, fitted to find measurements on a 2-core CPU (docs/measurements):
+# narrow inputs (few channels per group) -> one im2col GEMM; wide or depthwise -> the DIRECT tap loop.
+@pytest.mark.parametrize("x_shape, w_shape, groups, padding, expected", [
+    ((64, 1, 32, 32), (6, 1, 5, 5), 1, 0, "GEMM"),          # LeNet conv1: 2.6 ms GEMM vs 28 ms DIRECT
+    ((32, 64, 16, 16), (64, 4, 3, 3), 16, 1, "GEMM"),       # 4 channels per group
+    ((32, 64, 16, 16), (64, 64, 3, 3), 1, 1, "DIRECT"),     # 9 ms DIRECT vs 17 ms GEMM
+    ((64, 64, 4, 4), (64, 1, 3, 3), 64, 1, "DIRECT"),       # depthwise: a broadcast multiply per tap
+])
+def test_cpu_heuristic_policy(x_shape, w_shape, groups, padding, expected):
+    desc = ConvolutionDescriptor(padding, 1, 1, groups=groups)
+    ranked = get_convolution_forward_algorithm(None, x_shape, w_shape, desc)
+    assert ranked[0].algo.name == expected, [p.algo.name for p in ranked]
