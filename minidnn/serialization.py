@@ -80,6 +80,10 @@ class _Writer:
                     "requires_grad": bool(obj.requires_grad)}
         if isinstance(obj, np.ndarray):
             return {"ndarray": self.array(obj)}
+        if _dev.is_cuda_array(obj):
+            # A raw GPU array (an optimizer's state on the GPU): stored like a NumPy array, with its
+            # device, and put back there (or where map_location says) by load.
+            return {"ndarray": self.array(obj.get()), "device": str(_dev.device_of(obj))}
         if isinstance(obj, np.generic):
             return {"npscalar": self.array(np.asarray(obj))}
         if isinstance(obj, np.dtype):
@@ -205,7 +209,7 @@ class _Reader:
 
     def tensor(self, node):
         arr = self.array(node["tensor"])
-        dtype = np.dtype(node["dtype"])
+        dtype = np.dtype(node["dtype"]) if node["dtype"] is not None else arr.dtype
         if arr.dtype != dtype:
             raise SerializationError(f"minidnn.load: {self.name}: entry '{node['tensor']}' has dtype {arr.dtype} but "
                                      f"the metadata says {dtype}")
@@ -231,7 +235,9 @@ class _Reader:
             if "tensor" in node:
                 return self.tensor(node)
             if "ndarray" in node:
-                return self.array(node["ndarray"])
+                if "device" not in node:
+                    return self.array(node["ndarray"])
+                return self.tensor({"tensor": node["ndarray"], "dtype": None, "device": node["device"]}).data
             if "npscalar" in node:
                 return self.array(node["npscalar"])[()]
             if "list" in node:

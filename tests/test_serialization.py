@@ -290,3 +290,26 @@ def test_save_killed_mid_write_leaves_old_or_new_file(tmp_path):
     assert max(versions) > 0, "no save ever completed: the test did not exercise anything"
     # What a kill can leave is a stray temporary file, never a damaged target.
     assert all(p.name.startswith((".ckpt.mdn.", "ckpt.mdn", "writer.py")) for p in tmp_path.iterdir())
+
+
+def test_optimizer_state_on_the_device_round_trips(tmp_path, device):
+    """An optimizer's state holds raw arrays of its device (CuPy on the GPU): save/load must keep them,
+    on the device they came from, so a training checkpoint works on every device."""
+    import minidnn.nn as nn
+    model = nn.Linear(3, 2).to(device)
+    opt = mdn.optim.Adam(model.parameters(), lr=0.1)
+    model(mdn.randn(4, 3, device=device)).sum().backward()
+    opt.step()
+    path = tmp_path / "opt.mdn"
+    mdn.save({"optimizer": opt.state_dict()}, path)
+    back = mdn.load(path)["optimizer"]
+    for idx, state in opt.state_dict()["state"].items():
+        for name, value in state.items():
+            got = back["state"][idx][name]
+            if hasattr(value, "shape"):
+                assert type(got) is type(value), (name, type(got), type(value))
+                np.testing.assert_array_equal(mdn.tensor(got).numpy(), mdn.tensor(value).numpy())
+            else:
+                assert got == value
+    fresh = mdn.optim.Adam(model.parameters(), lr=0.1)
+    fresh.load_state_dict(back)
