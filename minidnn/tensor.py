@@ -80,19 +80,8 @@ class Tensor:
     # -- fast construction used by every op -------------------------------------------------
     @staticmethod
     def _from_array(data, requires_grad=False):
-        t = _new(Tensor)
-        if isinstance(data, np.generic):
-            data = np.asarray(data)
-        t.data = data
-        t.grad = None
-        t.grad_fn = None
+        t = _wrap(data)
         t.requires_grad = requires_grad
-        t.output_nr = 0
-        t._version = 0
-        t._hooks = None
-        t._accumulator = None
-        t._grad_storage = None
-        t.name = None
         return t
 
     def _wrap_like(self, data):
@@ -258,13 +247,7 @@ class Tensor:
 
     def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
         """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other_tensor)``: differentiable."""
-        for a in args:
-            if isinstance(a, Tensor):
-                device, dtype = a.device, a.dtype
-            elif _looks_like_dtype(a):
-                dtype = a
-            else:
-                device = a
+        device, dtype = parse_to_args(args, device, dtype)
         from .ops import transfer
         return transfer(self, device=device, dtype=dtype, copy=copy)
 
@@ -499,7 +482,8 @@ def _wrap(data):
 
 
 def _attach(data, node):
-    """A tensor produced by ``node`` (the hot path of every recorded op)."""
+    """A tensor produced by ``node`` (the hot path of every recorded op: written out rather than
+    calling _wrap, which would add a function call to every recorded op)."""
     t = _new(Tensor)
     if isinstance(data, np.generic):
         data = np.asarray(data)
@@ -517,6 +501,19 @@ def _attach(data, node):
         import traceback
         node.trace = "".join(traceback.format_stack()[:-2])
     return t
+
+
+def parse_to_args(args, device=None, dtype=None):
+    """The (device, dtype) that ``to(*args)`` asks for: a device, a dtype, both, or another tensor's.
+    Shared by Tensor.to and Module.to."""
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        elif _looks_like_dtype(a):
+            dtype = a
+        else:
+            device = a
+    return device, dtype
 
 
 def _looks_like_dtype(a):

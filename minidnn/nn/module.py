@@ -19,7 +19,7 @@ import numpy as np
 
 from ..autograd import no_grad
 from ..backend import devices as _dev
-from ..tensor import Tensor, _looks_like_dtype, _to_dtype
+from ..tensor import Tensor, _to_dtype, parse_to_args
 from .parameter import Buffer, Parameter
 
 __all__ = ["Module", "RemovableHandle"]
@@ -354,13 +354,7 @@ class Module:
         kwargs.pop("non_blocking", None)
         if kwargs:
             raise TypeError(f"Module.to() got unexpected keyword arguments {sorted(kwargs)}")
-        for a in args:
-            if isinstance(a, Tensor):
-                device, dtype = a.device, a.dtype
-            elif _looks_like_dtype(a):
-                dtype = a
-            else:
-                device = a
+        device, dtype = parse_to_args(args, device, dtype)
         dtype = _to_dtype(dtype)
         if dtype is not None and dtype.kind not in "fc":
             raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, "
