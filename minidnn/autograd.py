@@ -15,7 +15,6 @@ with ``create_graph=True`` the backward pass itself records a graph (higher-orde
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 import threading
@@ -453,7 +452,6 @@ def _add_grads(a, b, create_graph):
 def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targets=None, allow_unused=False):
     """Backpropagate ``root_grads`` from ``roots`` (tensors).  Without ``targets``: accumulate into
     leaves' ``.grad``.  With ``targets`` (tensors): return their gradients, touching no ``.grad``."""
-    from .tensor import Tensor
 
     # 1. Root edges and the initial gradient buffers.
     buffers = {}                   # node -> list of gradients, one per output

@@ -328,7 +328,6 @@ class Tensor:
             self.data, self.grad_fn, self.output_nr = res.data, res.grad_fn, res.output_nr
             self.requires_grad = res.requires_grad
         else:
-            o = other.data if isinstance(other, Tensor) else other
             if isinstance(other, Tensor) and other.device != self.device:
                 raise RuntimeError(f"{op}: tensors on different devices: '{self.device}' and '{other.device}'")
             res = fn(_wrap(self.data), other) if other is not None else fn(_wrap(self.data))
@@ -336,7 +335,6 @@ class Tensor:
                 raise RuntimeError(f"{op}: the result of shape {tuple(res.shape)} cannot be written into a tensor of shape "
                                    f"{tuple(self.shape)} in place")
             self.data[...] = res.data
-            del o
         self._version += 1
         return self
 

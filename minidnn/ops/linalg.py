@@ -1,8 +1,6 @@
 """matmul with NumPy's batching, broadcasting and 1-D rules, plus dtype/device transfer ops."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..autograd import Node, _state
 from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _to_dtype, _wrap

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import Node, _state
-from ..tensor import Tensor, _attach, _wrap
+from ..tensor import _attach, _wrap
 from ._core import broadcast_to, check_pair, node
 
 __all__ = ["reshape", "flatten", "transpose", "permute", "swapaxes", "squeeze", "unsqueeze", "expand",
@@ -161,7 +161,7 @@ def cat(tensors, axis=0, *, dim=None):
     _device_check("cat", tensors)
     nd = tensors[0].ndim
     if nd == 0:
-        raise ValueError(f"cat: zero-dimensional tensors cannot be concatenated (tensor 0 has shape (); use stack)")
+        raise ValueError("cat: zero-dimensional tensors cannot be concatenated (tensor 0 has shape (); use stack)")
     if not -nd <= axis < nd:
         raise IndexError(f"cat: dim {axis} is out of range for tensors of shape {tuple(tensors[0].shape)}")
     axis = axis % nd
