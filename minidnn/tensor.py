@@ -386,14 +386,14 @@ class Tensor:
 
     def zero_(self):
         if self._check_inplace("zero_"):
-            return self._inplace("zero_", lambda a: a * 0)
+            return self._inplace("zero_", lambda a: _constant_like(a, 0))
         self.data.fill(0)
         self._version += 1
         return self
 
     def fill_(self, value):
         if self._check_inplace("fill_"):
-            return self._inplace("fill_", lambda a: a * 0 + value)
+            return self._inplace("fill_", lambda a: _constant_like(a, value))
         self.data.fill(value.item() if isinstance(value, Tensor) else value)
         self._version += 1
         return self
@@ -499,6 +499,13 @@ def _attach(data, node):
         import traceback
         node.trace = "".join(traceback.format_stack()[:-2])
     return t
+
+
+def _constant_like(a, value):
+    """``value`` everywhere, recorded as a where() on ``a`` so the gradient to ``a`` is zero (not
+    ``a * 0``, which turns inf into nan).  ``value`` may be a tensor that requires grad."""
+    from .ops import where
+    return where(_wrap(a._xp().ones(a.shape, dtype=bool)), value, a)
 
 
 def parse_to_args(args, device=None, dtype=None):

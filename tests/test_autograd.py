@@ -767,3 +767,17 @@ def test_copy_from_tensor_requiring_grad_records():
         buf2 = mdn.zeros(2, dtype=mdn.float64)
         buf2.copy_(w)
     assert not buf2.requires_grad and buf2.tolist() == [2.0, 3.0]
+
+
+def test_zero_and_fill_on_graph_tensors_keep_inf_out_and_record_the_value():
+    a = mdn.tensor([1.0, float("inf"), 2.0], requires_grad=True)
+    x = a * 2
+    x.zero_()                                  # a * 0 would give nan at the inf
+    np.testing.assert_array_equal(x.numpy(), [0.0, 0.0, 0.0])
+    x.sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [0.0, 0.0, 0.0])
+    v = mdn.tensor(3.0, requires_grad=True)
+    y = a * 1
+    y.fill_(v)                                 # the value's gradient flows: 3 elements took it
+    y.sum().backward()
+    assert v.grad.item() == 3.0
