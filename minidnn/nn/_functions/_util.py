@@ -8,7 +8,7 @@ from ... import backend as B
 from ...autograd import Function, is_grad_enabled
 from ...tensor import Tensor
 
-__all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "first_order_grads", "batched"]
+__all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched"]
 
 
 def handle_for(x: Tensor):
@@ -45,6 +45,20 @@ def check_tensor(op: str, name: str, t, float_only=True):
         raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
     if float_only and t.dtype.kind != "f":
         raise TypeError(f"{op}: {name} has dtype {t.dtype}, but a floating-point tensor is required")
+
+
+def check_vector(op: str, name: str, t, n: int, x: Tensor, what: str = "channels", of: str = None,
+                 same_dtype: bool = True):
+    """An optional per-channel (or per-class) parameter: None, or a tensor of shape (n,) — and, with
+    ``same_dtype``, of x's dtype.  ``of`` names what has the n channels (default: the input and its shape)."""
+    if t is None:
+        return
+    check_tensor(op, name, t)
+    if tuple(t.shape) != (n,):
+        of = of or f"input {tuple(x.shape)}"
+        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but {of} has {n} {what} (expected ({n},))")
+    if same_dtype and t.dtype != x.dtype:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype} but input has dtype {x.dtype}; they must match")
 
 
 def batched(op: str, x: Tensor, nd: int):

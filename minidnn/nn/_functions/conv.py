@@ -19,7 +19,7 @@ from __future__ import annotations
 from ... import backend as B
 from ...autograd import Function
 from ...ops import pad as _pad
-from ._util import batched, check_tensor, handle_for, ntuple, wrap
+from ._util import batched, check_tensor, check_vector, handle_for, ntuple, wrap
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
            "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]
@@ -106,13 +106,7 @@ def _check_operands(op, x, weight, bias, nd, groups, transposed):
             raise ValueError(f"{op}: weight {tuple(weight.shape)} has {weight.shape[0]} output channels, not "
                              f"divisible by groups={groups}")
         c_out = weight.shape[0]
-    if bias is not None:
-        check_tensor(op, "bias", bias)
-        if tuple(bias.shape) != (c_out,):
-            raise ValueError(f"{op}: bias has shape {tuple(bias.shape)} but the output has {c_out} channels "
-                             f"(expected ({c_out},))")
-        if bias.dtype != x.dtype:
-            raise TypeError(f"{op}: bias has dtype {bias.dtype} but input has dtype {x.dtype}; they must match")
+    check_vector(op, "bias", bias, c_out, x, of="the output")
 
 
 def _add_bias(y, bias, nd):

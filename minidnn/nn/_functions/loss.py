@@ -24,7 +24,7 @@ from ... import backend as B
 from ...autograd import Function
 from ...ops import pad as _tensor_pad, stack, where
 from ...tensor import Tensor
-from ._util import check_tensor, first_order_grads, handle_for, wrap
+from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "one_hot", "pad"]
@@ -82,14 +82,7 @@ def _class_targets(op, x, target, weight, ignore_index):
 
 
 def _check_weight(op, weight, c, x):
-    if weight is None:
-        return
-    check_tensor(op, "weight", weight)
-    if tuple(weight.shape) != (c,):
-        raise ValueError(f"{op}: weight has shape {tuple(weight.shape)} but the input has {c} classes (expected "
-                         f"({c},))")
-    if weight.dtype != x.dtype:
-        raise TypeError(f"{op}: weight has dtype {weight.dtype} but input has dtype {x.dtype}; they must match")
+    check_vector(op, "weight", weight, c, x, what="classes", of="the input")
 
 
 def _unbatched(x, target, class_indices):

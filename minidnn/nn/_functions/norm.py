@@ -16,7 +16,7 @@ import math
 from ... import backend as B
 from ...autograd import Function
 from ...tensor import Tensor
-from ._util import check_tensor, first_order_grads, handle_for, wrap
+from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
 
 __all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
 
@@ -93,11 +93,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     c = input.shape[1]
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
                     ("bias", bias)):
-        if t is not None:
-            check_tensor(op, name, t)
-            if tuple(t.shape) != (c,):
-                raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but input {tuple(input.shape)} has {c} "
-                                 f"channels (expected ({c},))")
+        check_vector(op, name, t, c, input, same_dtype=False)
     if (running_mean is None) != (running_var is None):
         raise ValueError(f"{op}: give both running_mean and running_var, or neither")
     if training:
@@ -159,8 +155,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
         raise ValueError(f"{op}: num_groups={num_groups!r} must be a positive divisor of the {c} channels of input "
                          f"{tuple(input.shape)}")
     for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and tuple(t.shape) != (c,):
-            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but input has {c} channels (expected ({c},))")
+        check_vector(op, name, t, c, input, same_dtype=False)
     eps = float(eps)
     primitives = (lambda h, x, w, b: B.group_normalization_forward(h, x, num_groups, w, b, eps),
                   lambda h, x, dy, w, mean, inv_std: B.group_normalization_backward(h, x, dy, num_groups, w, mean,
