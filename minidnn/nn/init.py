@@ -15,7 +15,7 @@ from ..tensor import randn
 
 __all__ = [
     "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "zeros_", "ones_", "eye_",
-    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "default_layer_init_",
 ]
 
 _LINEAR_FNS = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
@@ -151,6 +151,17 @@ def kaiming_normal_(tensor, a: float = 0, mode: str = "fan_in", nonlinearity: st
     if std is None:
         return tensor
     return normal_(tensor, 0.0, std)
+
+
+def default_layer_init_(weight, bias=None):
+    """PyTorch's default for Linear and Conv layers: kaiming_uniform_(a=sqrt(5)) on the weight, i.e.
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for the bias."""
+    kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = _calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        uniform_(bias, -bound, bound)
+    return weight
 
 
 def orthogonal_(tensor, gain: float = 1.0):

@@ -1,7 +1,6 @@
 """Identity and Linear: layers written in Tensor ops alone (no backend primitive needed)."""
 from __future__ import annotations
 
-import math
 
 from ..tensor import empty
 from . import init
@@ -36,12 +35,7 @@ class Linear(Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        # kaiming_uniform_(a=sqrt(5)) gives bound 1/sqrt(fan_in): the old "uniform(-1/sqrt(in), 1/sqrt(in))" rule.
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.in_features
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        init.default_layer_init_(self.weight, self.bias)
 
     def forward(self, x):
         if x.shape[-1:] != (self.in_features,):
