@@ -1,7 +1,6 @@
 """Identity and Linear: layers written in Tensor ops alone (no backend primitive needed)."""
 from __future__ import annotations
 
-
 from ..tensor import empty
 from . import init
 from .module import Module
