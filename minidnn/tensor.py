@@ -10,6 +10,7 @@ The differentiable ops live in ``minidnn/ops/`` and are attached as methods at t
 from __future__ import annotations
 
 import numbers
+import weakref
 
 import numpy as np
 
@@ -63,7 +64,11 @@ class Tensor:
     __array_priority__ = 1000    # NumPy defers `ndarray * Tensor` to Tensor.__rmul__
 
     def __init__(self, data, dtype=None, device=None, requires_grad=False):
-        arr = _make_array(data, dtype, device)
+        self._adopt(_make_array(data, dtype, device), requires_grad)
+
+    def _adopt(self, arr, requires_grad=False):
+        """Initialise a fresh leaf around ``arr`` itself (no copy): for constructors, such as
+        Parameter's, that already hold the array they want."""
         self.data = arr
         self.grad = None
         self.grad_fn = None
@@ -99,7 +104,6 @@ class Tensor:
             acc = self._accumulator
             if acc is None or acc() is None:
                 node = AccumulateGrad(self)
-                import weakref
                 self._accumulator = weakref.ref(node)
                 return (node, 0)
             return (acc(), 0)
@@ -183,7 +187,6 @@ class Tensor:
         hooks = (self.grad_fn.pre_hooks or {}).get(self.output_nr, ())
         if any(getattr(h, "retains_grad", False) for h in hooks):
             return self
-        import weakref
         ref = weakref.ref(self)
 
         def _retain(g):

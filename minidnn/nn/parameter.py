@@ -14,11 +14,8 @@ class Parameter(Tensor):
     def __init__(self, data=None, requires_grad=True):
         if data is None:
             data = []
-        arr = data.data if isinstance(data, Tensor) else _make_array(data, None, None)
-        super().__init__(arr, requires_grad=False)
-        self.data = arr                    # share storage with the tensor it wraps (no copy)
-        if requires_grad:
-            self.requires_grad_(True)
+        # A Parameter shares storage with the tensor it wraps, as in PyTorch (no copy).
+        self._adopt(data.data if isinstance(data, Tensor) else _make_array(data, None, None), requires_grad)
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
@@ -33,7 +30,5 @@ class Buffer(Tensor):
     __slots__ = ("persistent",)
 
     def __init__(self, data, persistent=True):
-        super().__init__(data.data if isinstance(data, Tensor) else data)
-        if isinstance(data, Tensor):
-            self.data = data.data
+        self._adopt(data.data if isinstance(data, Tensor) else _make_array(data, None, None))
         self.persistent = persistent
