@@ -47,19 +47,11 @@ def _time(fn, sync, iters, repeats):
     return statistics.median(samples)
 
 
-def bench_minidnn(device, iters, repeats):
-    mdn.manual_seed(0)
-    x, w, b = (mdn.randn(8, device=device, requires_grad=True) for _ in range(3))
-    sync = (lambda: mdn.cuda.synchronize()) if device != "cpu" else (lambda: None)
-    fwd = _time(lambda: _chain(x, w, b, False), sync, iters, repeats)
-    both = _time(lambda: _chain(x, w, b, True), sync, iters, repeats)
-    return fwd, both
-
-
-def bench_torch(device, iters, repeats):
-    torch.manual_seed(0)
-    x, w, b = (torch.randn(8, device=device, requires_grad=True) for _ in range(3))
-    sync = (lambda: torch.cuda.synchronize()) if device != "cpu" else (lambda: None)
+def bench(lib, device, iters, repeats):
+    """(forward, forward + backward) µs per op; ``lib`` is minidnn or torch (the same API here)."""
+    lib.manual_seed(0)
+    x, w, b = (lib.randn(8, device=device, requires_grad=True) for _ in range(3))
+    sync = lib.cuda.synchronize if device != "cpu" else (lambda: None)
     fwd = _time(lambda: _chain(x, w, b, False), sync, iters, repeats)
     both = _time(lambda: _chain(x, w, b, True), sync, iters, repeats)
     return fwd, both
@@ -73,10 +65,11 @@ def main(argv=None):
     devices = ["cpu"] + (["cuda"] if mdn.cuda.is_available() else [])
     rows = []
     for dev in devices:
-        m = bench_minidnn(dev, args.iters if dev == "cpu" else args.iters // 2, args.repeats)
+        iters = args.iters if dev == "cpu" else args.iters // 2
+        m = bench(mdn, dev, iters, args.repeats)
         t = None
         if torch is not None and (dev == "cpu" or torch.cuda.is_available()):
-            t = bench_torch(dev, args.iters if dev == "cpu" else args.iters // 2, args.repeats)
+            t = bench(torch, dev, iters, args.repeats)
         rows.append((dev, m, t))
     print(f"per-op overhead, µs/op (8-element tensors, chain of {CHAIN} mul+add, median of {args.repeats})")
     print(f"{'device':8} {'minidnn fwd':>12} {'torch fwd':>10} {'minidnn f+b':>12} {'torch f+b':>10} {'ratio f+b':>10}")

@@ -15,11 +15,9 @@ import re
 import statistics
 import time
 
-import numpy as np
 
 import minidnn as mdn
 import minidnn.models
-import minidnn.nn.functional as F
 
 try:
     import torch
@@ -60,36 +58,22 @@ def _median_ms(step, sync, steps):
     return statistics.median(times)
 
 
-def bench_minidnn(ctor, shape, batch, device, steps):
-    mdn.manual_seed(0)
-    model = eval(ctor, vars(minidnn.models)).to(device)
-    opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = mdn.randn(batch, *shape, device=device)
-    y = mdn.randint(0, 10, (batch,), device=device)
+def bench(lib, models, ctor, shape, batch, device, steps):
+    """(median ms per step, parameter count) for ``lib`` (minidnn or torch: the same API here) and the
+    namespace ``models`` holding that library's model classes."""
+    lib.manual_seed(0)
+    model = eval(ctor, models).to(device)
+    opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = lib.randn(batch, *shape, device=device)
+    y = lib.randint(0, 10, (batch,), device=device)
+    cross_entropy = lib.nn.functional.cross_entropy
 
     def step():
-        loss = F.cross_entropy(model(x), y)
+        loss = cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    sync = mdn.cuda.synchronize if device != "cpu" else (lambda: None)
-    n_params = sum(p.numel() for p in model.parameters())
-    return _median_ms(step, sync, steps), n_params
-
-
-def bench_torch(ctor, shape, batch, device, steps, twins):
-    torch.manual_seed(0)
-    model = eval(ctor, twins).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, *shape, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+    sync = lib.cuda.synchronize if device != "cpu" else (lambda: None)
     n_params = sum(p.numel() for p in model.parameters())
     return _median_ms(step, sync, steps), n_params
 
@@ -107,10 +91,10 @@ def main(argv=None):
     for name in args.models.split(","):
         ctor, shape, batch = CONFIGS[name]
         batch = args.batch_size or batch
-        m_ms, m_params = bench_minidnn(ctor, shape, batch, args.device, args.steps)
+        m_ms, m_params = bench(mdn, vars(minidnn.models), ctor, shape, batch, args.device, args.steps)
         t_ms = None
         if use_torch:
-            t_ms, t_params = bench_torch(ctor, shape, batch, args.device, args.steps, twins)
+            t_ms, t_params = bench(torch, twins, ctor, shape, batch, args.device, args.steps)
             assert t_params == m_params, f"{name}: the twins differ ({m_params} vs {t_params} parameters)"
         rows.append((name, batch, m_params, m_ms, t_ms))
     print(f"training step (fwd + loss + bwd + SGD momentum), {args.device}, median of {args.steps}")
