@@ -23,7 +23,13 @@ __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp"
 # Binary arithmetic: one node class per op, a scalar operand is a constant (no edge).
 # ------------------------------------------------------------------------------------------------
 class _Binary(Node):
-    __slots__ = ("a_meta", "b_meta")     # (shape, dtype) of each tensor input, None for a scalar
+    # (shape, dtype) of each tensor input; b_meta None when b is a scalar, kept as is in ``scalar``
+    __slots__ = ("a_meta", "b_meta", "scalar")
+
+    def operands(self):
+        """The saved (a, b) for backward: b is the Python/NumPy scalar itself when it was one."""
+        saved = self.saved_tensors_checked()
+        return saved if self.b_meta is not None else (saved[0], self.scalar)
 
 
 def _binary(op, name, cls, a, b, save):
@@ -53,7 +59,9 @@ def _binary(op, name, cls, a, b, save):
         n.a_meta = (a.data.shape, a.data.dtype)
         n.b_meta = None
         if save:
-            n.save(a, to_tensor(b, a))
+            # A scalar needs no Tensor wrapper (nor a version check): backward multiplies by it directly.
+            n.save(a)
+            n.scalar = b
         return _attach(out, n)
     return _wrap(out)
 
@@ -78,7 +86,7 @@ class MulBackward(_Binary):
     __slots__ = ()
 
     def backward(self, g):
-        a, b = self.saved_tensors_checked()
+        a, b = self.operands()
         return (fit(g * b, *self.a_meta) if self.next_edges[0] else None,
                 fit(g * a, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
 
@@ -87,7 +95,7 @@ class DivBackward(_Binary):
     __slots__ = ()
 
     def backward(self, g):
-        a, b = self.saved_tensors_checked()
+        a, b = self.operands()
         ga = g / b
         return (fit(ga, *self.a_meta) if self.next_edges[0] else None,
                 fit(-ga * a / b, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
@@ -97,7 +105,7 @@ class PowBackward(_Binary):
     __slots__ = ()
 
     def backward(self, g):
-        a, b = self.saved_tensors_checked()
+        a, b = self.operands()
         ga = gb = None
         if self.next_edges[0]:
             ga = fit(g * b * a ** (b - 1), *self.a_meta)
