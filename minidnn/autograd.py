@@ -22,6 +22,10 @@ import traceback
 
 import numpy as np
 
+# The Tensor class: bound by minidnn/tensor.py once it is defined (that module imports this one, so
+# importing it here would be circular); every function below runs after ``import minidnn``.
+Tensor = None
+
 __all__ = [
     "Function", "FunctionCtx", "Node", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     "inference_mode", "grad", "backward", "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
@@ -295,7 +299,6 @@ class FunctionCtx(Node):
         return tuple(saved)
 
     def saved_tensors_checked(self):
-        from .tensor import Tensor
         saved = self.saved
         if saved is None:
             raise RuntimeError(_FREED_MSG.format(name=self.name()))
@@ -316,7 +319,6 @@ class FunctionCtx(Node):
         self._materialize = bool(value)
 
     def backward(self, *grads):
-        from .tensor import Tensor
         if self._materialize:
             grads = tuple(g if g is not None else _zeros_like_meta(meta)
                           for g, meta in zip(grads, self._out_meta))
@@ -347,7 +349,6 @@ class FunctionCtx(Node):
 
 
 def _zeros_like_meta(meta):
-    from .tensor import Tensor
     shape, dtype, xp = meta
     return Tensor._from_array(xp.zeros(shape, dtype=dtype))
 
@@ -384,13 +385,18 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        from .tensor import Tensor
         ctx = FunctionCtx()
         ctx._fn_cls = cls
-        tensor_args = [a for a in args if isinstance(a, Tensor)]
+        tensor_args = []
+        needs_input_grad = []
+        for a in args:                  # one pass over the arguments
+            is_tensor = isinstance(a, Tensor)
+            if is_tensor:
+                tensor_args.append(a)
+            needs_input_grad.append(is_tensor and a.requires_grad)
         _check_same_device(cls.__name__, tensor_args)
-        needs = _state.grad_enabled and any(t.requires_grad for t in tensor_args)
-        ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
+        ctx.needs_input_grad = needs_input_grad = tuple(needs_input_grad)
+        needs = _state.grad_enabled and any(needs_input_grad)
         prev = _state.grad_enabled
         _state.grad_enabled = False
         try:
@@ -403,8 +409,7 @@ class Function:
         outs = (outputs,) if single else outputs
         ctx.next_edges = tuple(a._edge() if isinstance(a, Tensor) else None for a in args)
         ctx._n_inputs = len(args)
-        ctx._input_meta = tuple((tuple(a.shape), a.dtype) if isinstance(a, Tensor) and a.requires_grad else None
-                                for a in args)
+        ctx._input_meta = tuple((a.shape, a.dtype) if needs else None for a, needs in zip(args, needs_input_grad))
         if _state.anomaly:
             ctx.trace = "".join(traceback.format_stack()[:-1])
         wired = []
@@ -430,7 +435,7 @@ class Function:
 
 
 def _check_same_device(where, tensors):
-    if len(tensors) < 2:
+    if len(tensors) < 2 or all(type(t.data) is np.ndarray for t in tensors):
         return
     d0 = tensors[0].device
     for t in tensors[1:]:
@@ -636,7 +641,6 @@ def _check_anomaly(node, outs):
 
 
 def _normalize_grads(tensors, grads, what):
-    from .tensor import Tensor
     out = []
     for i, (t, g) in enumerate(zip(tensors, grads)):
         if g is None:
@@ -658,7 +662,6 @@ def _normalize_grads(tensors, grads, what):
 
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False):
     """Accumulate d(tensors)/d(leaves) into every leaf's ``.grad``."""
-    from .tensor import Tensor
     if isinstance(tensors, Tensor):
         tensors = (tensors,)
     tensors = tuple(tensors)
@@ -672,7 +675,6 @@ def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False):
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=False):
     """The gradients of ``outputs`` with respect to ``inputs``, returned as a tuple (``.grad`` untouched)."""
-    from .tensor import Tensor
     single_out = isinstance(outputs, Tensor)
     outputs = (outputs,) if single_out else tuple(outputs)
     inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
@@ -700,7 +702,6 @@ def _as_tuple(x):
 
 
 def _flat_outputs(fn, inputs):
-    from .tensor import Tensor
     out = fn(*inputs)
     outs = _as_tuple(out) if not isinstance(out, list) else tuple(out)
     return tuple(o for o in outs if isinstance(o, Tensor))
@@ -731,7 +732,6 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, 
     (one backward, 2 * numel forwards per input).  On failure the report names the input, the
     worst element, and the numerical and analytical values there.
     """
-    from .tensor import Tensor
     inputs = _as_tuple(inputs) if not isinstance(inputs, list) else tuple(inputs)
     for i, x in enumerate(inputs):
         if isinstance(x, Tensor) and x.requires_grad and x.dtype != np.float64:
@@ -770,7 +770,6 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, 
 
 def gradgradcheck(fn, inputs, grad_outputs=None, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, seed=1):
     """gradcheck of the first derivative: checks that backward is itself correctly differentiable."""
-    from .tensor import Tensor
     inputs = _as_tuple(inputs) if not isinstance(inputs, list) else tuple(inputs)
     outs = _flat_outputs(fn, inputs)
     rng = np.random.default_rng(seed)

@@ -461,6 +461,7 @@ class Tensor:
         raise TypeError("minidnn tensors are not pickled: use minidnn.save (a safe format) or .numpy()")
 
 
+_ag.Tensor = Tensor        # autograd needs the class; it cannot import this module (circular)
 _new = object.__new__
 
 

@@ -7,6 +7,7 @@ import operator
 from ... import backend as B
 from ...autograd import Function, is_grad_enabled
 from ...tensor import Tensor
+from .._backend_flags import configure as _configure_flags
 
 __all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched"]
 
@@ -14,8 +15,7 @@ __all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "firs
 def handle_for(x: Tensor):
     """The calling thread's default backend handle for x's device, with the global flags applied
     (``minidnn.nn._backend_flags``: benchmark / deterministic / math type, like torch.backends.cudnn)."""
-    from .. import _backend_flags
-    return _backend_flags.configure(B.resolve_handle(None, x.data))
+    return _configure_flags(B.resolve_handle(None, x.data))
 
 
 def wrap(array) -> Tensor:

@@ -14,6 +14,8 @@ through the dropout primitive; its backward (multiply by the same mask) is its o
 """
 from __future__ import annotations
 
+import functools
+
 import warnings
 
 from ... import backend as B
@@ -62,9 +64,15 @@ class ActivationGrad(Function):
         return gdy, None, None      # f'' = 0 almost everywhere for the piecewise-linear modes
 
 
+@functools.lru_cache(maxsize=None)
+def _descriptor(mode, coef):
+    """Descriptors are immutable and validated on construction: build each (mode, coef) once."""
+    return B.ActivationDescriptor(mode, coef)
+
+
 def _activation(op, x, mode, coef=None):
     check_tensor(op, "input", x)
-    return Activation.apply(x, B.ActivationDescriptor(mode, coef))
+    return Activation.apply(x, _descriptor(mode, coef))
 
 
 # ``inplace`` is accepted for PyTorch compatibility; the result is always a new tensor.
