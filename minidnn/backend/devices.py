@@ -44,7 +44,8 @@ def _try_cupy():
     return _cupy
 
 
-def _require_cupy():
+def require_cupy():
+    """The CuPy module, or CudaUnavailableError saying which GPU extra to install."""
     cp = _try_cupy()
     if cp is None:
         raise CudaUnavailableError(
@@ -101,7 +102,7 @@ class Device:
     @property
     def xp(self):
         """The array module that holds this device's arrays (numpy or cupy)."""
-        return np if self.type == "cpu" else _require_cupy()
+        return np if self.type == "cpu" else require_cupy()
 
 
 CPU = Device("cpu")
@@ -139,7 +140,7 @@ def device(spec=None) -> Device:
             return device(str(spec))
         except ValueError:
             raise ValueError(f"cannot interpret {spec!r} as a device") from None
-    _require_cupy()
+    require_cupy()
     count = cuda_device_count()
     if count == 0:
         raise CudaUnavailableError(

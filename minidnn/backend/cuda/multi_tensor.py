@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import devices as _dev
+from . import launch as _launch_mod
 
 __all__ = ["supports", "adam_flat_step", "sgd_flat_step", "launch_count", "SEGMENT_ALIGN_BYTES", "vector_width",
            "kernel_source"]
@@ -32,7 +32,6 @@ _VECTOR = {np.dtype(np.float32): ("float", "float4", 4), np.dtype(np.float64): (
 
 _launches = 0
 _kernels: dict = {}
-_sm_count: dict = {}
 
 
 def supports(dtype) -> bool:
@@ -255,27 +254,21 @@ def _kernel(kind, dtype, **flags):
     key = (kind, np.dtype(dtype), tuple(sorted(flags.items())))
     k = _kernels.get(key)
     if k is None:
-        cp = _dev._require_cupy()
         source, options = kernel_source(kind, dtype, **flags)
-        k = cp.RawKernel(source, f"{kind}_flat", options=options)
-        _kernels[key] = k
+        k = _kernels[key] = _launch_mod.get_kernel(source, f"{kind}_flat", options)
     return k
 
 
-def _grid(cp, n_vec):
-    dev_id = cp.cuda.runtime.getDevice()
-    sms = _sm_count.get(dev_id)
-    if sms is None:
-        sms = _sm_count[dev_id] = int(cp.cuda.Device(dev_id).attributes["MultiProcessorCount"])
-    return max(1, min((n_vec + THREADS - 1) // THREADS, sms * BLOCKS_PER_SM))
+def _grid(device_id, n_vec):
+    return max(1, min((n_vec + THREADS - 1) // THREADS, _launch_mod.sm_count(device_id) * BLOCKS_PER_SM))
 
 
 def _launch(kernel, p, args):
     global _launches
-    cp = _dev._require_cupy()
+    cp = _launch_mod.cupy()
     n_vec = p.size // vector_width(p.dtype)
     with cp.cuda.Device(p.device.id):
-        kernel((_grid(cp, n_vec),), (THREADS,), args + (np.int64(n_vec),))
+        _launch_mod.launch(kernel, (_grid(p.device.id, n_vec),), (THREADS,), args + (np.int64(n_vec),))
     _launches += 1
 
 
