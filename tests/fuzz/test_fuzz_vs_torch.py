@@ -1,0 +1,468 @@
+"""Hypothesis-driven comparison with PyTorch, forward and backward, over the op table below.
+
+Each row draws inputs (size-0/size-1/broadcast shapes, negative dims, non-contiguous views, NaN/inf where the row
+allows them, float32 and float64), runs minidnn and PyTorch on the same values and checks:
+  * where PyTorch raises, minidnn raises too (an exception of a builtin type PyTorch users catch);
+  * otherwise the outputs agree in shape, dtype and value (NaN where PyTorch has NaN), and
+  * the gradients of sum(out * cotangent) with respect to every floating input agree.
+
+Fast profile (CI): FAST_EXAMPLES per op.  Long profile: ``python -m pytest -m fuzz tests/fuzz`` runs
+``MINIDNN_FUZZ_EXAMPLES`` (default 1,300) per op.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch (the test oracle) is not installed: pip install -e '.[dev]'")
+hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is not installed: pip install -e '.[dev]'")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+import minidnn as mdn  # noqa: E402
+import minidnn.nn.functional as F  # noqa: E402
+
+tF = torch.nn.functional
+FAST_EXAMPLES = int(os.environ.get("MINIDNN_FUZZ_FAST", "12"))
+LONG_EXAMPLES = int(os.environ.get("MINIDNN_FUZZ_EXAMPLES", "1300"))
+SPECIALS = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan]
+
+
+# -- drawing inputs -----------------------------------------------------------------------------------------------
+def _elements(dtype, specials, lo=-8.0, hi=8.0):
+    width = 32 if dtype == np.float32 else 64
+    finite = st.floats(lo, hi, width=width, allow_subnormal=False)
+    if not specials:
+        return finite
+    return st.one_of(finite, finite, finite, st.sampled_from(SPECIALS))
+
+
+@st.composite
+def arrays(draw, shape, dtype, specials=False, lo=-8.0, hi=8.0, unique=False):
+    return draw(hnp.arrays(dtype, shape, elements=_elements(dtype, specials, lo, hi), unique=unique))
+
+
+@st.composite
+def layouts(draw, ndim):
+    """How an input is presented: 'c' contiguous, 't' a transposed view, 's' a strided slice view."""
+    if ndim < 2:
+        return draw(st.sampled_from(["c", "s"]))
+    return draw(st.sampled_from(["c", "t", "s"]))
+
+
+def _present(arr, layout, lib, requires_grad):
+    """A leaf of ``lib`` holding ``arr`` as seen through ``layout``; returns (leaf, view)."""
+    if layout == "t":
+        base = np.ascontiguousarray(np.swapaxes(arr, -1, -2))
+    elif layout == "s":
+        base = np.repeat(arr, 2, axis=-1) if arr.ndim else arr
+    else:
+        base = arr
+    if lib is torch:
+        leaf = torch.tensor(base, requires_grad=requires_grad)
+    else:
+        leaf = mdn.tensor(base, requires_grad=requires_grad)
+    if layout == "t":
+        view = leaf.transpose(-1, -2) if lib is torch else leaf.swapaxes(-1, -2)
+    elif layout == "s" and arr.ndim:
+        view = leaf[..., ::2]
+    else:
+        view = leaf
+    return leaf, view
+
+
+@dataclass
+class Case:
+    arrays: list                     # numpy inputs
+    layouts: list                    # one per input
+    kwargs: dict = field(default_factory=dict)
+    grad: list | None = None         # which inputs are differentiable (default: every floating one)
+
+
+@dataclass
+class Op:
+    name: str
+    case: Callable                   # (dtype) -> strategy of Case
+    m: Callable                      # minidnn call on (*inputs, **kwargs)
+    t: Callable                      # torch call on (*inputs, **kwargs)
+    grad: bool = True
+    rtol: float = 0.0                # 0: PyTorch's assert_close default for the dtype
+    atol: float = 0.0
+    dtypes: tuple = (np.float32, np.float64)
+
+
+def _tol(op, dtype):
+    if op.rtol or op.atol:
+        scale = 1.0 if dtype == np.float32 else 1e-6
+        return op.rtol * scale or 1e-7, op.atol * scale or 1e-7
+    return (1.3e-6, 1e-5) if dtype == np.float32 else (1e-7, 1e-7)
+
+
+# -- case strategies ------------------------------------------------------------------------------------------------
+def unary(specials=True, lo=-8.0, hi=8.0, max_dims=3):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            shape = draw(hnp.array_shapes(min_dims=0, max_dims=max_dims, min_side=0, max_side=4))
+            return Case([draw(arrays(shape, dtype, specials, lo, hi))], [draw(layouts(len(shape)))])
+        return draw_case()
+    return strategy
+
+
+def binary(specials=True, lo=-8.0, hi=8.0, second_lo=None, second_hi=None):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            shapes = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, min_side=0,
+                                                            max_side=4)).input_shapes
+            a = draw(arrays(shapes[0], dtype, specials, lo, hi))
+            b = draw(arrays(shapes[1], dtype, specials, second_lo if second_lo is not None else lo,
+                            second_hi if second_hi is not None else hi))
+            return Case([a, b], [draw(layouts(len(shapes[0]))), draw(layouts(len(shapes[1])))])
+        return draw_case()
+    return strategy
+
+
+def reduction(specials=True, keepdim=True, dim_required=False, unique=False, min_side=0, extra=None):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            shape = draw(hnp.array_shapes(min_dims=0 if not dim_required else 1, max_dims=3, min_side=min_side,
+                                          max_side=4))
+            arr = draw(arrays(shape, dtype, specials, unique=unique))
+            kwargs = {}
+            nd = max(len(shape), 1)
+            if dim_required or draw(st.booleans()):
+                kwargs["dim"] = draw(st.integers(-nd, nd - 1))
+                if keepdim:
+                    kwargs["keepdim"] = draw(st.booleans())
+            if extra:
+                kwargs.update(draw(extra))
+            return Case([arr], [draw(layouts(len(shape)))], kwargs)
+        return draw_case()
+    return strategy
+
+
+def matmul_case(dtype):
+    @st.composite
+    def draw_case(draw):
+        kind = draw(st.sampled_from(["mm", "mv", "bmm", "broadcast"]))
+        n, k, m = (draw(st.integers(0, 4)) for _ in range(3))
+        b = draw(st.integers(1, 3))
+        shapes = {"mm": ((n, k), (k, m)), "mv": ((n, k), (k,)), "bmm": ((b, n, k), (b, k, m)),
+                  "broadcast": ((b, 1, n, k), (k, m))}[kind]
+        arrs = [draw(arrays(s, dtype, False)) for s in shapes]
+        return Case(arrs, [draw(layouts(len(s))) for s in shapes])
+    return draw_case()
+
+
+def conv_case(dtype):
+    @st.composite
+    def draw_case(draw):
+        groups = draw(st.sampled_from([1, 1, 2, 3]))
+        cin = groups * draw(st.integers(1, 2))
+        cout = groups * draw(st.integers(1, 2))
+        kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        h, w = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+        n = draw(st.integers(1, 2))
+        x = draw(arrays((n, cin, h, w), dtype, False, -2, 2))
+        wt = draw(arrays((cout, cin // groups, kh, kw), dtype, False, -2, 2))
+        b = draw(arrays((cout,), dtype, False, -2, 2))
+        kwargs = dict(stride=draw(st.integers(1, 3)), padding=draw(st.integers(0, 2)),
+                      dilation=draw(st.integers(1, 2)), groups=groups)
+        return Case([x, wt, b], ["c", "c", "c"], kwargs)
+    return draw_case()
+
+
+def pool_case(avg):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            k = draw(st.integers(1, 3))
+            shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 7)),
+                     draw(st.integers(1, 7)))
+            x = draw(arrays(shape, dtype, not avg, unique=not avg))
+            kwargs = dict(kernel_size=k, stride=draw(st.one_of(st.none(), st.integers(1, 3))),
+                          padding=draw(st.integers(0, k // 2)), ceil_mode=draw(st.booleans()))
+            if avg:
+                kwargs["count_include_pad"] = draw(st.booleans())
+            return Case([x], [draw(layouts(4))], kwargs)
+        return draw_case()
+    return strategy
+
+
+def norm_case(kind):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            n, c = draw(st.integers(2, 4)), draw(st.sampled_from([2, 4]))
+            hw = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+            x = draw(arrays((n, c) + hw, dtype, False, -4, 4))
+            w = draw(arrays((c,), dtype, False, 0.5, 2))
+            b = draw(arrays((c,), dtype, False, -1, 1))
+            if kind == "layer":
+                w = draw(arrays(hw, dtype, False, 0.5, 2))
+                b = draw(arrays(hw, dtype, False, -1, 1))
+                return Case([x, w, b], ["c"] * 3, {"normalized_shape": hw})
+            if kind == "group":
+                return Case([x, w, b], ["c"] * 3, {"num_groups": draw(st.sampled_from([1, 2]))})
+            return Case([x, w, b], ["c"] * 3)
+        return draw_case()
+    return strategy
+
+
+def ce_case(dtype):
+    @st.composite
+    def draw_case(draw):
+        n, c = draw(st.integers(1, 5)), draw(st.integers(2, 5))
+        logits = draw(arrays((n, c), dtype, False, -6, 6))
+        target = np.asarray(draw(st.lists(st.integers(0, c - 1), min_size=n, max_size=n)), dtype=np.int64)
+        if draw(st.booleans()):
+            target[draw(st.integers(0, n - 1))] = -100
+        kwargs = dict(reduction=draw(st.sampled_from(["mean", "sum", "none"])),
+                      label_smoothing=draw(st.sampled_from([0.0, 0.0, 0.1])))
+        return Case([logits, target], ["c", "c"], kwargs, grad=[True, False])
+    return draw_case()
+
+
+def loss_case(lo=-3.0, hi=3.0, tlo=-3.0, thi=3.0):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
+            a = draw(arrays(shape, dtype, False, lo, hi))
+            b = draw(arrays(shape, dtype, False, tlo, thi))
+            return Case([a, b], ["c", "c"], {"reduction": draw(st.sampled_from(["mean", "sum", "none"]))},
+                        grad=[True, False])
+        return draw_case()
+    return strategy
+
+
+def shape_case(kind):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=4))
+            nd = len(shape)
+            x = draw(arrays(shape, dtype, True))
+            kw = {}
+            if kind == "permute":
+                kw["dims"] = tuple(draw(st.permutations(range(nd))))
+            elif kind == "flip":
+                kw["dims"] = (draw(st.integers(-nd, nd - 1)),)
+            elif kind in ("unsqueeze", "squeeze_dim"):
+                kw["dim"] = draw(st.integers(-nd - (kind == "unsqueeze"), nd - 1 + (kind == "unsqueeze")))
+            elif kind == "transpose":
+                kw["dim0"], kw["dim1"] = draw(st.integers(-nd, nd - 1)), draw(st.integers(-nd, nd - 1))
+            elif kind == "reshape":
+                kw["shape"] = (-1,) + tuple(shape[-1:]) if shape and shape[-1] else (-1,)
+            elif kind == "index":
+                sel = []
+                for s in shape:
+                    choice = draw(st.sampled_from(["int", "slice", "full"])) if s else "full"
+                    if choice == "int":
+                        sel.append(draw(st.integers(-s, s - 1)))
+                    elif choice == "slice":
+                        a = draw(st.integers(0, s))
+                        sel.append(slice(a, draw(st.integers(a, s)), draw(st.integers(1, 2))))
+                    else:
+                        sel.append(slice(None))
+                kw["key"] = tuple(sel)
+            return Case([x], [draw(layouts(nd))], kw)
+        return draw_case()
+    return strategy
+
+
+def cat_case(stack):
+    def strategy(dtype):
+        @st.composite
+        def draw_case(draw):
+            shape = list(draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=3)))
+            nd = len(shape)
+            dim = draw(st.integers(-nd - stack, nd - 1 + stack))
+            count = draw(st.integers(1, 3))
+            arrs = []
+            for _ in range(count):
+                s = list(shape)
+                if not stack:
+                    s[dim] = draw(st.integers(0, 3))
+                arrs.append(draw(arrays(tuple(s), dtype, True)))
+            return Case(arrs, ["c"] * count, {"dim": dim})
+        return draw_case()
+    return strategy
+
+
+# -- the table --------------------------------------------------------------------------------------------------------
+def _u(name, **kw):
+    return Op(name, unary(**{k: v for k, v in kw.items() if k in ("specials", "lo", "hi")}),
+              lambda x, **a: getattr(x, name)(**a), lambda x, **a: getattr(x, name)(**a),
+              **{k: v for k, v in kw.items() if k in ("rtol", "atol", "grad")})
+
+
+def _b(name, mfn=None, tfn=None, **kw):
+    return Op(name, binary(**{k: v for k, v in kw.items() if k in ("specials", "lo", "hi", "second_lo", "second_hi")}),
+              mfn or (lambda a, b: getattr(mdn, name)(a, b)), tfn or (lambda a, b: getattr(torch, name)(a, b)),
+              **{k: v for k, v in kw.items() if k in ("rtol", "atol", "grad")})
+
+
+def _red(name, **kw):
+    strat_kw = {k: v for k, v in kw.items() if k in ("specials", "keepdim", "dim_required", "unique", "min_side",
+                                                     "extra")}
+    return Op(name, reduction(**strat_kw), lambda x, **a: getattr(x, name)(**a), lambda x, **a: getattr(x, name)(**a),
+              **{k: v for k, v in kw.items() if k in ("rtol", "atol", "grad")})
+
+
+def _cat(xs, stack, lib, dim):
+    return (lib.stack if stack else lib.cat)(list(xs), dim=dim)
+
+
+OPS = [
+    _u("neg"), _u("abs"), _u("exp"), _u("log"), _u("sqrt"), _u("sin"), _u("cos"), _u("tanh"), _u("sigmoid"),
+    _u("relu"), _u("log1p"), _u("expm1"), _u("floor", grad=False), _u("ceil", grad=False), _u("sign", grad=False),
+    Op("clamp", unary(), lambda x: x.clamp(-1.5, 2.0), lambda x: x.clamp(-1.5, 2.0)),
+    Op("pow_scalar", unary(), lambda x: x ** 2, lambda x: x ** 2),
+    Op("pow_frac", unary(lo=0, hi=4), lambda x: x ** 0.5, lambda x: x ** 0.5),
+    _b("add", lambda a, b: a + b, lambda a, b: a + b), _b("sub", lambda a, b: a - b, lambda a, b: a - b),
+    _b("mul", lambda a, b: a * b, lambda a, b: a * b), _b("div", lambda a, b: a / b, lambda a, b: a / b),
+    _b("pow", lambda a, b: a ** b, lambda a, b: a ** b, lo=0.1, hi=3, second_lo=-2, second_hi=2, specials=False),
+    _b("maximum"), _b("minimum"),
+    Op("where", binary(), lambda a, b: mdn.where(a > b, a, b), lambda a, b: torch.where(a > b, a, b)),
+    _red("sum", atol=4e-5), _red("mean", atol=4e-5), _red("prod", specials=False, rtol=1e-5, atol=1e-5),
+    _red("amax", keepdim=True), _red("amin", keepdim=True),
+    _red("logsumexp", dim_required=True, atol=4e-5),
+    Op("var", reduction(extra=st.fixed_dictionaries({"correction": st.sampled_from([0, 1, 2])})),
+       lambda x, **a: x.var(**a), lambda x, **a: x.var(**a), rtol=1e-5, atol=4e-5),
+    Op("std", reduction(specials=False, extra=st.fixed_dictionaries({"correction": st.sampled_from([0, 1])})),
+       lambda x, **a: x.std(**a), lambda x, **a: x.std(**a), rtol=1e-5, atol=4e-5),
+    _red("max", dim_required=True, unique=True, specials=False), _red("min", dim_required=True, unique=True,
+                                                                      specials=False),
+    _red("argmax", unique=True, specials=False, grad=False), _red("argmin", unique=True, specials=False, grad=False),
+    Op("softmax", reduction(dim_required=True, keepdim=False), lambda x, dim: F.softmax(x, dim),
+       lambda x, dim: tF.softmax(x, dim)),
+    Op("log_softmax", reduction(dim_required=True, keepdim=False), lambda x, dim: F.log_softmax(x, dim),
+       lambda x, dim: tF.log_softmax(x, dim), atol=2e-5),
+    Op("matmul", matmul_case, lambda a, b: a @ b, lambda a, b: a @ b, rtol=1e-5, atol=3e-5),
+    Op("permute", shape_case("permute"), lambda x, dims: x.permute(*dims), lambda x, dims: x.permute(*dims)),
+    Op("transpose", shape_case("transpose"), lambda x, dim0, dim1: x.swapaxes(dim0, dim1),
+       lambda x, dim0, dim1: x.transpose(dim0, dim1)),
+    Op("flip", shape_case("flip"), lambda x, dims: x.flip(dims), lambda x, dims: x.flip(dims)),
+    Op("unsqueeze", shape_case("unsqueeze"), lambda x, dim: x.unsqueeze(dim), lambda x, dim: x.unsqueeze(dim)),
+    Op("squeeze", shape_case("squeeze_dim"), lambda x, dim: x.squeeze(dim), lambda x, dim: x.squeeze(dim)),
+    Op("reshape", shape_case("reshape"), lambda x, shape: x.reshape(*shape), lambda x, shape: x.reshape(*shape)),
+    Op("getitem", shape_case("index"), lambda x, key: x[key], lambda x, key: x[key]),
+    Op("cat", cat_case(False), lambda *xs, dim: _cat(xs, False, mdn, dim), lambda *xs, dim: _cat(xs, False, torch, dim)),
+    Op("stack", cat_case(True), lambda *xs, dim: _cat(xs, True, mdn, dim),
+       lambda *xs, dim: _cat(xs, True, torch, dim)),
+    Op("conv2d", conv_case, lambda x, w, b, **k: F.conv2d(x, w, b, **k), lambda x, w, b, **k: tF.conv2d(x, w, b, **k),
+       rtol=1e-5, atol=1e-4),
+    Op("max_pool2d", pool_case(False), lambda x, **k: F.max_pool2d(x, **k), lambda x, **k: tF.max_pool2d(x, **k)),
+    Op("avg_pool2d", pool_case(True), lambda x, **k: F.avg_pool2d(x, **k), lambda x, **k: tF.avg_pool2d(x, **k)),
+    Op("batch_norm", norm_case("batch"),
+       lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+       lambda x, w, b: tF.batch_norm(x, None, None, w, b, training=True), rtol=1e-4, atol=1e-4),
+    Op("layer_norm", norm_case("layer"), lambda x, w, b, normalized_shape: F.layer_norm(x, normalized_shape, w, b),
+       lambda x, w, b, normalized_shape: tF.layer_norm(x, normalized_shape, w, b), rtol=1e-4, atol=1e-4),
+    Op("group_norm", norm_case("group"), lambda x, w, b, num_groups: F.group_norm(x, num_groups, w, b),
+       lambda x, w, b, num_groups: tF.group_norm(x, num_groups, w, b), rtol=1e-4, atol=1e-4),
+    Op("cross_entropy", ce_case, lambda x, t, **k: F.cross_entropy(x, t, **k),
+       lambda x, t, **k: tF.cross_entropy(x, t, **k), atol=2e-5),
+    Op("mse_loss", loss_case(), lambda a, b, **k: F.mse_loss(a, b, **k), lambda a, b, **k: tF.mse_loss(a, b, **k)),
+    Op("l1_loss", loss_case(), lambda a, b, **k: F.l1_loss(a, b, **k), lambda a, b, **k: tF.l1_loss(a, b, **k)),
+    Op("smooth_l1_loss", loss_case(), lambda a, b, **k: F.smooth_l1_loss(a, b, **k),
+       lambda a, b, **k: tF.smooth_l1_loss(a, b, **k)),
+    Op("binary_cross_entropy", loss_case(0.0, 1.0, 0.0, 1.0), lambda a, b, **k: F.binary_cross_entropy(a, b, **k),
+       lambda a, b, **k: tF.binary_cross_entropy(a, b, **k), rtol=1e-5, atol=1e-4),
+    Op("bce_with_logits", loss_case(-6, 6, 0.0, 1.0), lambda a, b, **k: F.binary_cross_entropy_with_logits(a, b, **k),
+       lambda a, b, **k: tF.binary_cross_entropy_with_logits(a, b, **k), atol=2e-5),
+    Op("gelu", unary(), lambda x: F.gelu(x), lambda x: tF.gelu(x)),
+    Op("silu", unary(), lambda x: F.silu(x), lambda x: tF.silu(x)),
+    Op("elu", unary(), lambda x: F.elu(x), lambda x: tF.elu(x)),
+    Op("softplus", unary(), lambda x: F.softplus(x), lambda x: tF.softplus(x)),
+    Op("leaky_relu", unary(), lambda x: F.leaky_relu(x, 0.1), lambda x: tF.leaky_relu(x, 0.1)),
+]
+
+
+# -- running one case in both frameworks --------------------------------------------------------------------------
+def _as_list(out):
+    if isinstance(out, tuple):
+        return list(out)
+    return [out]
+
+
+def _to_numpy(t):
+    if isinstance(t, torch.Tensor):
+        return t.detach().numpy()
+    return np.asarray(t.detach().numpy() if hasattr(t, "detach") else t)
+
+
+def _check_case(op, case, dtype):
+    grads = case.grad if case.grad is not None else [a.dtype.kind == "f" for a in case.arrays]
+    grads = [g and op.grad for g in grads]
+    t_leaves, t_inputs, m_leaves, m_inputs = [], [], [], []
+    for arr, lay, g in zip(case.arrays, case.layouts, grads):
+        tl, tv = _present(arr, lay, torch, g)
+        ml, mv = _present(arr, lay, mdn, g)
+        t_leaves.append(tl), t_inputs.append(tv), m_leaves.append(ml), m_inputs.append(mv)
+    try:
+        t_out = op.t(*t_inputs, **case.kwargs)
+    except Exception as exc:          # PyTorch refuses: minidnn must refuse too, with a catchable builtin type
+        with pytest.raises((RuntimeError, ValueError, IndexError, TypeError, NotImplementedError)):
+            op.m(*m_inputs, **case.kwargs)
+        return f"both raise ({type(exc).__name__})"
+    m_out = op.m(*m_inputs, **case.kwargs)
+    t_outs, m_outs = _as_list(t_out), _as_list(m_out)
+    assert len(t_outs) == len(m_outs), f"{op.name}: {len(m_outs)} outputs, PyTorch gives {len(t_outs)}"
+    rtol, atol = _tol(op, dtype)
+    for i, (to, mo) in enumerate(zip(t_outs, m_outs)):
+        expected, got = _to_numpy(to), _to_numpy(mo)
+        assert got.shape == expected.shape, f"{op.name} output {i}: shape {got.shape}, PyTorch {expected.shape}"
+        assert got.dtype == expected.dtype, f"{op.name} output {i}: dtype {got.dtype}, PyTorch {expected.dtype}"
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True,
+                                   err_msg=f"{op.name} output {i} differs from PyTorch")
+    if not any(grads) or not t_outs[0].dtype.is_floating_point or not t_outs[0].requires_grad:
+        return "forward"
+    cot = np.random.default_rng(0).standard_normal(tuple(t_outs[0].shape)).astype(dtype)
+    (t_outs[0] * torch.tensor(cot)).sum().backward()
+    (m_outs[0] * mdn.tensor(cot)).sum().backward()
+    for i, (tl, ml, g) in enumerate(zip(t_leaves, m_leaves, grads)):
+        if not g:
+            continue
+        expected = np.zeros_like(case.arrays[i]) if tl.grad is None else tl.grad.numpy()
+        got = np.zeros_like(expected) if ml.grad is None else _to_numpy(ml.grad)
+        assert got.shape == expected.shape
+        np.testing.assert_allclose(got, expected, rtol=rtol * 10, atol=atol * 10, equal_nan=True,
+                                   err_msg=f"{op.name}: gradient of input {i} differs from PyTorch")
+    return "forward+backward"
+
+
+def _make_test(op, examples):
+    @settings(max_examples=examples, deadline=None, derandomize=examples <= FAST_EXAMPLES, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def run(data):
+        dtype = data.draw(st.sampled_from(op.dtypes))
+        case = data.draw(op.case(dtype))
+        with np.errstate(all="ignore"):
+            _check_case(op, case, dtype)
+    return run
+
+
+@pytest.mark.parametrize("op", OPS, ids=[o.name for o in OPS])
+def test_fuzz_fast(op):
+    _make_test(op, FAST_EXAMPLES)()
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("op", OPS, ids=[o.name for o in OPS])
+def test_fuzz_long(op):
+    _make_test(op, LONG_EXAMPLES)()
+
+
+def test_table_covers_forty_ops():
+    assert len({o.name for o in OPS}) >= 40
