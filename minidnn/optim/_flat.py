@@ -216,9 +216,11 @@ class FlatParams:
         return self._device_mask[1], self._vec_param
 
     def device_ticket(self):
+        """uint32 words the fused kernels coordinate their blocks with: [0] the last-block ticket, [1:3] the
+        grid barrier of a loss-scaled launch (arrivals, generation).  Each launch leaves them ready for the next."""
         if self.ticket is None:
             with _dev.device_guard(self.device):
-                self.ticket = self.xp.zeros(1, dtype=np.uint32)
+                self.ticket = self.xp.zeros(4, dtype=np.uint32)
         return self.ticket
 
     def scratch(self, count, length):

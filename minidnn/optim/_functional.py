@@ -25,6 +25,12 @@ def _uses_kernel(fs):
     return fs.device.type == "cuda" and _cuda_kernels().supports(fs.dtype)
 
 
+def _skip_for_overflow(fs, found_inf):
+    """The xp-generic update's overflow check (a host read: free on the CPU; on a GPU only the rare float64 path
+    without a kernel pays this sync)."""
+    return found_inf is not None and float(found_inf[0]) != 0.0
+
+
 _CPU_CHUNK = 1 << 15     # elements per pass on the CPU: the ~10 operands of one chunk stay in L2
 
 
@@ -76,9 +82,10 @@ def _single_tensor_sgd(params, grads, momentum_buffers, *, lr, momentum, dampeni
                      dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
 
 
-def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, maximize):
+def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, maximize, scale=None, found_inf=None):
     """One update per flat set: one CUDA launch, or (CPU) one vectorised pass in cache-sized chunks.
-    Returns the number of updates (= flat sets)."""
+    ``found_inf`` (GradScaler): a non-zero value skips the step (decided on the device by the kernel); with
+    ``scale`` the kernel also checks and unscales the gradients itself.  Returns the number of updates."""
     launches = 0
     for fs in flat_sets:
         buf = fs.state_buffer("momentum_buffer") if momentum != 0 else None
@@ -87,7 +94,9 @@ def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, ma
             hyper = fs.device_hyper((lr, momentum, dampening, weight_decay))
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
             mt.sgd_flat_step(fs.param, fs.grad, buf, hyper, fs.steps, fs.device_ticket(), *mask,
-                             nesterov=nesterov, maximize=maximize)
+                             nesterov=nesterov, maximize=maximize, scale=scale, found_inf=found_inf)
+        elif _skip_for_overflow(fs, found_inf):
+            continue
         else:
             for a, b, j in _pieces(fs):
                 _sgd_update_(fs.param[a:b], fs.grad[a:b], None if buf is None else buf[a:b],
@@ -139,9 +148,10 @@ def _single_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, s
                       decoupled_weight_decay=decoupled_weight_decay)
 
 
-def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maximize, decoupled_weight_decay):
+def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maximize, decoupled_weight_decay,
+                scale=None, found_inf=None):
     """One update per flat set: one CUDA launch, or (CPU) one vectorised pass in cache-sized chunks.
-    Returns the number of updates (= flat sets)."""
+    ``scale``/``found_inf`` as in _fused_sgd.  Returns the number of updates (= flat sets)."""
     launches = 0
     for fs in flat_sets:
         m, v = fs.state_buffer("exp_avg"), fs.state_buffer("exp_avg_sq")
@@ -151,7 +161,10 @@ def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maxi
             hyper = fs.device_hyper((lr, beta1, beta2, eps, weight_decay))
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
             mt.adam_flat_step(fs.param, fs.grad, m, v, vmax, hyper, fs.steps, fs.device_ticket(), *mask,
-                              amsgrad=amsgrad, maximize=maximize, decoupled=decoupled_weight_decay)
+                              amsgrad=amsgrad, maximize=maximize, decoupled=decoupled_weight_decay, scale=scale,
+                              found_inf=found_inf)
+        elif _skip_for_overflow(fs, found_inf):
+            continue
         else:
             for a, b, j in _pieces(fs):
                 _adam_update_(fs.param[a:b], fs.grad[a:b], m[a:b], v[a:b], None if vmax is None else vmax[a:b],

@@ -17,6 +17,7 @@ class Adam(Optimizer):
     CUDA launch on the GPU reading lr, betas and the step count from device memory."""
 
     _decoupled = False
+    fused_amp_scaling = True        # the fused step takes GradScaler's scale/found_inf (see Optimizer.step)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  maximize=False, fused=None):
@@ -54,8 +55,8 @@ class Adam(Optimizer):
             state["max_exp_avg_sq"] = fs.view(fs.state_buffer("max_exp_avg_sq"), j)
         return state
 
-    def _fused_update(self, group, flat_sets):
-        return _fused_adam(flat_sets, **self._hyper(group))
+    def _fused_update(self, group, flat_sets, **amp):
+        return _fused_adam(flat_sets, **self._hyper(group), **amp)
 
     def _single_update(self, group):
         lists = params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps = [], [], [], [], [], []

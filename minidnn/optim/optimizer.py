@@ -11,11 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 from .. import autograd as _ag
+from ..backend import amp as _amp
 from ..backend import devices as _dev
 from ..tensor import Tensor
 from ._flat import FlatParams
 
 __all__ = ["Optimizer"]
+
+
+def _cuda_kernels_support(dtype):
+    from ..backend.cuda import multi_tensor
+    return multi_tensor.supports(dtype)
 
 
 class _RequiredParameter:
@@ -132,29 +138,59 @@ class Optimizer:
         raise NotImplementedError
 
     # -- step ----------------------------------------------------------------------------------------------------------
+    fused_amp_scaling = False        # subclasses whose fused update honours grad_scale/found_inf set this
+
+    @property
+    def step_supports_amp_scaling(self) -> bool:
+        """True when ``step`` itself unscales gradients and skips an overflowing step on the device: GradScaler
+        then sets ``grad_scale`` ((1,) float32 scale, or None once unscale_ ran) and ``found_inf`` ((1,) float32)
+        on the optimizer for the duration of ``step`` (PyTorch's protocol for its fused optimizers)."""
+        return self.fused_amp_scaling and all(g["fused"] for g in self.param_groups)
+
     def step(self, closure=None):
         """One update of every parameter that has a gradient.  ``closure`` re-evaluates the model and returns
         the loss (it runs with grad enabled)."""
+        found_inf = getattr(self, "found_inf", None)
+        amp = {} if found_inf is None else {"scale": getattr(self, "grad_scale", None), "found_inf": found_inf}
+        if amp and not self.step_supports_amp_scaling:
+            raise RuntimeError(f"{type(self).__name__}.step: found_inf/grad_scale are set but this optimizer's step "
+                               "cannot apply them (every group must be fused); let GradScaler unscale instead")
         loss = None
         if closure is not None:
             with _ag.enable_grad():
                 loss = closure()
         launches = copies = 0
         with _ag.no_grad():
+            for flat_sets in self._flat_sets:
+                for fs in flat_sets:
+                    fs.check_bindings()
+                    copies += fs.collect_grads()
+            if amp.get("scale") is not None:
+                amp["scale"] = self._unscale_before_update(amp["scale"], amp["found_inf"])
             for group, flat_sets in zip(self.param_groups, self._flat_sets):
                 if not flat_sets:
                     self._single_update(group)
                     continue
-                for fs in flat_sets:
-                    fs.check_bindings()
-                    copies += fs.collect_grads()
-                launches += self._fused_update(group, flat_sets)
+                launches += self._fused_update(group, flat_sets, **amp)
                 for fs in flat_sets:
                     if not fs.has_state.all():
                         self._publish_flat_state(group, fs, np.flatnonzero(fs.has_grad & ~fs.has_state))
         self._launches_per_step = launches
         self._grad_copies_per_step = copies
         return loss
+
+    def _unscale_before_update(self, scale, found_inf):
+        """Loss scaling: a single flat set updated by a CUDA kernel checks and unscales its gradients inside its
+        own launch (the scale is passed on).  Otherwise every gradient is unscaled and checked here first, so an
+        overflow anywhere skips every set's update; returns None (nothing left to unscale)."""
+        sets = [fs for flat_sets in self._flat_sets for fs in flat_sets]
+        if len(sets) == 1 and sets[0].device.type == "cuda" and _cuda_kernels_support(sets[0].dtype):
+            return scale
+        grads = []
+        for fs in sets:
+            grads += [fs.grad] if fs.has_grad.all() else [fs.grad_views[j] for j in np.flatnonzero(fs.has_grad)]
+        _amp.unscale_and_check_(grads, found_inf, scale)
+        return None
 
     def _publish_flat_state(self, group, fs, indices):
         for j in indices:

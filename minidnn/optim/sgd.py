@@ -12,6 +12,8 @@ class SGD(Optimizer):
     d = d + momentum buf (nesterov) or buf; p -= lr d.  ``fused`` (default where parameters are floating):
     one update over flat buffers per (device, dtype), one CUDA launch on the GPU."""
 
+    fused_amp_scaling = True        # the fused step takes GradScaler's scale/found_inf (see Optimizer.step)
+
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
                  fused=None):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
@@ -45,8 +47,8 @@ class SGD(Optimizer):
     def _flat_step_of(self, state):
         return 1 if state.get("momentum_buffer") is not None else 0
 
-    def _fused_update(self, group, flat_sets):
-        return _fused_sgd(flat_sets, **self._hyper(group))
+    def _fused_update(self, group, flat_sets, **amp):
+        return _fused_sgd(flat_sets, **self._hyper(group), **amp)
 
     def _single_update(self, group):
         params, grads, buffers = [], [], []

@@ -28,6 +28,7 @@ __all__ = ["supports", "adam_flat_step", "sgd_flat_step", "launch_count", "SEGME
 SEGMENT_ALIGN_BYTES = 128        # each parameter starts on a 128-byte boundary: aligned vector loads, whole lines
 THREADS = 256
 BLOCKS_PER_SM = 8                # 8 x 256 = 2048 threads: one full wave on sm_80/sm_90; the grid-stride loop does the rest
+UNSCALE_BLOCKS_PER_SM = 4        # co-resident grid for the grid-wide barrier of the UNSCALE variant
 _VECTOR = {np.dtype(np.float32): ("float", "float4", 4), np.dtype(np.float64): ("double", "double2", 2)}
 
 _launches = 0
@@ -92,6 +93,74 @@ __device__ __forceinline__ void advance_steps(float* steps, const unsigned char*
     }
     if (threadIdx.x == 0) *ticket = 0u;
 }
+
+// Loss scaling (GradScaler).  GUARDED: found_inf was decided before this launch; a non-zero value skips the whole
+// step (parameters, state and step counters untouched).  UNSCALE: this launch decides it: every block scans its
+// gradients for inf/NaN, a grid-wide barrier (the grid is sized to be co-resident: MIN_BLOCKS per SM) makes the
+// verdict visible to all, then the update runs on g * float(1 / double(scale)).
+#if UNSCALE
+#define MIN_BLOCKS 4
+#define GSCALE * inv_scale
+#else
+#define MIN_BLOCKS 1
+#define GSCALE
+#endif
+
+#if UNSCALE
+// Sense-reversing grid barrier on bar[0] (arrivals) and bar[1] (generation): the last block to arrive releases
+// the others.  Safe because every block of the grid is resident at once (see MIN_BLOCKS).
+__device__ __forceinline__ void grid_barrier(unsigned int* bar)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned int* generation = bar + 1;
+        const unsigned int gen = *generation;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            bar[0] = 0u;
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            while (*generation == gen) __nanosleep(32);
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// Phase 1 of an UNSCALE launch: does any gradient this launch will use hold inf or NaN?
+__device__ __forceinline__ void check_gradients(const T* __restrict__ g, const unsigned char* __restrict__ has_grad,
+                                                const int* __restrict__ vec_param, float* found_inf,
+                                                unsigned int* bar, const long long n_vec)
+{
+    bool bad = false;
+#if MASKED
+    int cur = -1;
+    bool act = false;
+#endif
+    FOR_EACH_VECTOR(i) {
+#if MASKED
+        const int j = vec_param[i];
+        if (j != cur) { cur = j; act = has_grad[j] != 0; }
+        if (!act) continue;
+#endif
+        T r[VEC];
+        LOAD(r, g, i)
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) bad = bad || !isfinite(r[k]);
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicExch(found_inf, 1.0f);
+    grid_barrier(bar);
+}
+#define AMP_PROLOGUE \
+    check_gradients(g, has_grad, vec_param, found_inf, ticket + 1, n_vec); \
+    if (*(volatile float*)found_inf != 0.0f) return; \
+    const T inv_scale = (T)(float)(1.0 / (double)(*scale));
+#elif GUARDED
+#define AMP_PROLOGUE if (*(volatile float*)found_inf != 0.0f) return;
+#else
+#define AMP_PROLOGUE
+#endif
 """
 
 # Adam / AdamW.  Grid-stride loop over vectors; each thread updates VEC consecutive elements per iteration.
@@ -107,12 +176,14 @@ __device__ __forceinline__ void adam_scalars(const double* __restrict__ hyper, c
     bc2_sqrt = (T)sqrt(bc2);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)
 adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
           T* __restrict__ vmax, const double* __restrict__ hyper, float* steps,
           const unsigned char* __restrict__ has_grad, const int* __restrict__ vec_param,
-          const int n_params, unsigned int* ticket, const long long n_vec)
+          const int n_params, unsigned int* ticket, const float* __restrict__ scale, float* found_inf,
+          const long long n_vec)
 {
+    AMP_PROLOGUE
     // hyper: lr, beta1, beta2, eps, weight_decay
     const T one_minus_beta1 = (T)(1.0 - hyper[1]);
     const T beta2 = (T)hyper[2];
@@ -144,7 +215,7 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
 #endif
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            T gk = rg[k];
+            T gk = rg[k] GSCALE;
 #if MAXIMIZE
             gk = -gk;
 #endif
@@ -177,11 +248,13 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
 # SGD with optional momentum / nesterov.  Same tiling as adam_flat.  steps[j] == 0 marks a parameter whose
 # momentum buffer starts as its first gradient (PyTorch: buf = clone(grad), no dampening).
 _SGD = _COMMON + r"""
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)
 sgd_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, const double* __restrict__ hyper,
          float* steps, const unsigned char* __restrict__ has_grad, const int* __restrict__ vec_param,
-         const int n_params, unsigned int* ticket, const long long n_vec)
+         const int n_params, unsigned int* ticket, const float* __restrict__ scale, float* found_inf,
+         const long long n_vec)
 {
+    AMP_PROLOGUE
     // hyper: lr, momentum, dampening, weight_decay
     const T neg_lr = (T)(-hyper[0]);
     const T weight_decay = (T)hyper[3];
@@ -215,7 +288,7 @@ sgd_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, const 
 #endif
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-            T d = rg[k];
+            T d = rg[k] GSCALE;
 #if MAXIMIZE
             d = -d;
 #endif
@@ -245,6 +318,7 @@ def kernel_source(kind: str, dtype, **flags) -> tuple[str, tuple]:
     scalar, vector, vec = _VECTOR[np.dtype(dtype)]
     names = ("AMSGRAD", "MAXIMIZE", "DECOUPLED", "MASKED") if kind == "adam" else \
         ("MOMENTUM", "NESTEROV", "MAXIMIZE", "MASKED")
+    names += ("GUARDED", "UNSCALE")
     defines = [f"-DSCALAR={scalar}", f"-DVECTOR={vector}", f"-DVEC={vec}"]
     defines += [f"-D{n}={int(bool(flags.get(n.lower(), False)))}" for n in names]
     return (_ADAM if kind == "adam" else _SGD), tuple(defines) + ("--fmad=false", "-std=c++14")
@@ -259,35 +333,58 @@ def _kernel(kind, dtype, **flags):
     return k
 
 
-def _grid(device_id, n_vec):
-    return max(1, min((n_vec + THREADS - 1) // THREADS, _launch_mod.sm_count(device_id) * BLOCKS_PER_SM))
+def _grid(device_id, n_vec, blocks_per_sm):
+    return max(1, min((n_vec + THREADS - 1) // THREADS, _launch_mod.sm_count(device_id) * blocks_per_sm))
 
 
-def _launch(kernel, p, args):
+def _launch(kernel, p, args, unscale):
     global _launches
     cp = _launch_mod.cupy()
     n_vec = p.size // vector_width(p.dtype)
+    # An UNSCALE launch waits at a grid-wide barrier: its grid must fit on the GPU at once (4 blocks per SM,
+    # guaranteed by __launch_bounds__(256, 4)).
+    blocks_per_sm = UNSCALE_BLOCKS_PER_SM if unscale else BLOCKS_PER_SM
     with cp.cuda.Device(p.device.id):
-        _launch_mod.launch(kernel, (_grid(p.device.id, n_vec),), (THREADS,), args + (np.int64(n_vec),))
+        _launch_mod.launch(kernel, (_grid(p.device.id, n_vec, blocks_per_sm),), (THREADS,),
+                           args + (np.int64(n_vec),))
     _launches += 1
 
 
+def _amp_args(ticket, scale, found_inf):
+    """(flags, kernel args) of the loss-scaling inputs: ``found_inf`` alone guards the step (GUARDED); with
+    ``scale`` the launch also checks and unscales the gradients itself (UNSCALE)."""
+    if found_inf is None:
+        if scale is not None:
+            raise ValueError("multi_tensor: a loss scale needs a found_inf flag to record overflows in")
+        return dict(guarded=False, unscale=False), (ticket, ticket)
+    if ticket.size < 3:
+        raise ValueError("multi_tensor: the ticket array needs 3 words (ticket, barrier count, barrier generation)")
+    return dict(guarded=True, unscale=scale is not None), (found_inf if scale is None else scale, found_inf)
+
+
 def adam_flat_step(p, g, m, v, vmax, hyper, steps, ticket, has_grad=None, vec_param=None, *,
-                   amsgrad, maximize, decoupled):
+                   amsgrad, maximize, decoupled, scale=None, found_inf=None):
     """One Adam/AdamW step over flat buffers (one launch).  ``has_grad``/``vec_param`` given: the masked
     variant (parameters without a gradient are skipped, each parameter uses its own step count);
-    otherwise every parameter has a gradient and all step counts are equal (steps[0] is read)."""
+    otherwise every parameter has a gradient and all step counts are equal (steps[0] is read).
+    ``found_inf`` ((1,) float32): skip the step on the device when it is non-zero; with ``scale`` ((1,) float32)
+    the launch first sets it from its own inf/NaN check and updates with g / scale (GradScaler)."""
     masked = has_grad is not None
-    k = _kernel("adam", p.dtype, amsgrad=amsgrad, maximize=maximize, decoupled=decoupled, masked=masked)
+    amp_flags, amp = _amp_args(ticket, scale, found_inf)
+    k = _kernel("adam", p.dtype, amsgrad=amsgrad, maximize=maximize, decoupled=decoupled, masked=masked,
+                **amp_flags)
     _launch(k, p, (p, g, m, v, vmax if amsgrad else m, hyper, steps, has_grad if masked else ticket,
-                   vec_param if masked else ticket, np.int32(steps.size), ticket))
+                   vec_param if masked else ticket, np.int32(steps.size), ticket) + amp, amp_flags["unscale"])
 
 
-def sgd_flat_step(p, g, buf, hyper, steps, ticket, has_grad=None, vec_param=None, *, nesterov, maximize):
-    """One SGD step over flat buffers (one launch); ``buf`` None means momentum == 0."""
+def sgd_flat_step(p, g, buf, hyper, steps, ticket, has_grad=None, vec_param=None, *, nesterov, maximize,
+                  scale=None, found_inf=None):
+    """One SGD step over flat buffers (one launch); ``buf`` None means momentum == 0.  ``scale``/``found_inf``
+    as in adam_flat_step."""
     masked = has_grad is not None
     momentum = buf is not None
+    amp_flags, amp = _amp_args(ticket, scale, found_inf)
     k = _kernel("sgd", p.dtype, momentum=momentum, nesterov=nesterov and momentum, maximize=maximize,
-                masked=masked)
+                masked=masked, **amp_flags)
     _launch(k, p, (p, g, buf if momentum else p, hyper, steps, has_grad if masked else ticket,
-                   vec_param if masked else ticket, np.int32(steps.size), ticket))
+                   vec_param if masked else ticket, np.int32(steps.size), ticket) + amp, amp_flags["unscale"])
