@@ -22,6 +22,8 @@ from . import cuda                          # noqa: E402,F401
 
 # dtypes under PyTorch's names (NumPy dtype objects).
 float16 = half = _np.dtype("float16")
+import ml_dtypes as _ml_dtypes             # noqa: E402  (bfloat16 for NumPy and CuPy)
+bfloat16 = _np.dtype(_ml_dtypes.bfloat16)
 float32 = float = _np.dtype("float32")
 float64 = double = _np.dtype("float64")
 int8 = _np.dtype("int8")
@@ -41,3 +43,5 @@ from . import data                           # noqa: E402,F401
 from . import optim                          # noqa: E402,F401
 from . import models                        # noqa: E402,F401
 from . import backends                      # noqa: E402,F401
+from . import amp                           # noqa: E402,F401
+from .amp import autocast                   # noqa: E402,F401

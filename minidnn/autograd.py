@@ -22,6 +22,9 @@ import traceback
 
 import numpy as np
 
+from . import _amp_state
+from .backend.devices import is_floating as _is_floating
+
 # The Tensor class: bound by minidnn/tensor.py once it is defined (that module imports this one, so
 # importing it here would be circular); every function below runs after ``import minidnn``.
 Tensor = None
@@ -426,7 +429,7 @@ class Function:
             if id(o) in ctx._non_differentiable:
                 o.requires_grad = False
             else:
-                o.grad_fn, o.output_nr, o.requires_grad = ctx, i, o.dtype.kind in "fc"
+                o.grad_fn, o.output_nr, o.requires_grad = ctx, i, _is_floating(o.dtype, complex_ok=True)
                 if o.grad_fn is ctx and not o.requires_grad:
                     o.grad_fn = None
             wired.append(o)
@@ -457,6 +460,13 @@ def _add_grads(a, b, create_graph):
 def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targets=None, allow_unused=False):
     """Backpropagate ``root_grads`` from ``roots`` (tensors).  Without ``targets``: accumulate into
     leaves' ``.grad``.  With ``targets`` (tensors): return their gradients, touching no ``.grad``."""
+    if _amp_state.is_active():      # gradients keep the dtypes the forward pass chose, even inside autocast
+        with _amp_state.suspended():
+            return _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_unused)
+    return _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_unused)
+
+
+def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_unused):
 
     # 1. Root edges and the initial gradient buffers.
     buffers = {}                   # node -> list of gradients, one per output
@@ -742,7 +752,7 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, 
     vs = []
     for o in outs:
         xp = o._xp()
-        vs.append(xp.asarray(rng.standard_normal(o.shape)).astype(o.dtype) if o.dtype.kind == "f"
+        vs.append(xp.asarray(rng.standard_normal(o.shape)).astype(o.dtype) if _is_floating(o.dtype)
                   else xp.zeros(o.shape, dtype=o.dtype))
     diff_inputs = [(i, x) for i, x in enumerate(inputs) if isinstance(x, Tensor) and x.requires_grad]
     diff_outs = [(o, v) for o, v in zip(outs, vs) if o.requires_grad]

@@ -21,6 +21,7 @@ import numpy as np
 from .autograd import no_grad
 from .backend import devices as _dev
 from .tensor import Tensor, _to_dtype, randn, zeros
+from .backend.devices import is_floating as _is_floating
 
 __all__ = ["summary", "ModelSummary", "LayerRow"]
 
@@ -115,7 +116,7 @@ def _make_inputs(input_shape, batch_size, device, dtype):
     for s, dt in zip(shapes, dtypes):
         dt = _to_dtype(dt)
         # Integer inputs (token ids for an Embedding) are zeros: always a valid index.
-        inputs.append(randn(*s, dtype=dt, device=device) if dt.kind == "f" else zeros(*s, dtype=dt, device=device))
+        inputs.append(randn(*s, dtype=dt, device=device) if _is_floating(dt) else zeros(*s, dtype=dt, device=device))
     return inputs
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from . import autograd as _ag
 from .autograd import AccumulateGrad, _state
 from .backend import devices as _dev
+from .backend.devices import is_floating as _is_floating
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "empty", "arange",
@@ -34,7 +35,7 @@ def get_default_dtype():
 def set_default_dtype(dtype):
     global _DEFAULT_FLOAT
     dt = _to_dtype(dtype)
-    if dt.kind != "f":
+    if not _is_floating(dt):
         raise TypeError(f"set_default_dtype: only floating dtypes are allowed, got {dt}")
     _DEFAULT_FLOAT = dt
 
@@ -163,14 +164,14 @@ class Tensor:
         return self.data.nbytes
 
     def is_floating_point(self):
-        return self.data.dtype.kind == "f"
+        return _is_floating(self.data.dtype)
 
     def requires_grad_(self, requires_grad=True):
         if not self.is_leaf:
             if not requires_grad:
                 raise RuntimeError("requires_grad_(False) on a non-leaf tensor: use detach() instead")
             return self
-        if requires_grad and self.data.dtype.kind not in "fc":
+        if requires_grad and not _is_floating(self.data.dtype, complex_ok=True):
             raise RuntimeError(f"only tensors of floating point dtype can require gradients, got {self.data.dtype}")
         self.requires_grad = bool(requires_grad)
         return self

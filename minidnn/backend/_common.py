@@ -20,6 +20,7 @@ import numpy as np
 from .devices import array_module
 from .errors import BadParamError
 from .handle import resolve_handle
+from .devices import is_floating as _is_floating
 
 
 def begin(handle, where: str, **arrays):
@@ -37,7 +38,7 @@ def shape_str(a) -> str:
 def check_float(where: str, **arrays) -> None:
     """The reference code computes in floating point only (float16/32/64), as cuDNN does."""
     for name, a in arrays.items():
-        if a is not None and np.dtype(a.dtype).kind != "f":
+        if a is not None and not _is_floating(np.dtype(a.dtype)):
             raise BadParamError(f"{where}: {name} has dtype {a.dtype}, but only floating-point dtypes "
                                 "(float16, float32, float64) are supported")
 
@@ -118,8 +119,8 @@ def as_tuple(value, n: int, where: str, name: str) -> tuple:
 
 
 def accumulation_dtype(dtype):
-    """float16 statistics are accumulated in float32 (as cuDNN and PyTorch do); others in their own dtype."""
-    return np.float32 if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+    """float16/bfloat16 statistics are accumulated in float32 (as cuDNN and PyTorch do); others in their own dtype."""
+    return np.dtype(np.float32) if np.dtype(dtype).itemsize == 2 else np.dtype(dtype)
 
 
 # ----------------------------------------------------------------------------------------------

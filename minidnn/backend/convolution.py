@@ -25,6 +25,7 @@ from .errors import BadParamError, NotSupportedError
 from .handle import resolve_handle
 from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from_channels_first, resolve_format,
                      to_channels_first)
+from .devices import is_floating as _is_floating
 
 __all__ = [
     "ConvolutionMode", "ConvolutionDescriptor", "ConvolutionFwdAlgo", "ConvolutionBwdDataAlgo",
@@ -62,7 +63,7 @@ def _fmt_shape(shape_cf, fmt):
 def _check_dtypes(where, first_name, first, **others):
     """Floating dtypes only, and every array (or dtype) the same as the first."""
     for name, dtype in ((first_name, first), *others.items()):
-        if np.dtype(dtype).kind != "f":
+        if not _is_floating(np.dtype(dtype)):
             raise BadParamError(f"{where}: {name} has dtype {np.dtype(dtype)}, but only floating-point dtypes "
                                 "(float16, float32, float64) are supported")
         if np.dtype(dtype) != np.dtype(first):
@@ -125,6 +126,10 @@ def _execute(registry, handle, p, conv_desc, fmt, algo, a, b, result_shape):
                                         lambda alg: alg.run(p, a, b, tf32))
         if p.N == 0:        # an empty batch: nothing to compute (and dw sums over no images: zeros)
             return handle.xp.zeros(result_shape, dtype=a.dtype)
+        if np.dtype(p.dtype).itemsize == 2 and not getattr(algorithm, "native_half", False):
+            # float16/bfloat16 data through an array algorithm: computed in float32 and rounded once at the end
+            # (cuDNN's float compute type for half data); kernels with native half math set native_half.
+            return algorithm.run(p, a.astype(np.float32), b.astype(np.float32), tf32).astype(p.dtype)
         return algorithm.run(p, a, b, tf32)
 
 

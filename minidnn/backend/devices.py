@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-__all__ = [
+__all__ = ["is_floating",
     "Device", "device", "array_module", "device_of", "xp_for", "to_device", "device_guard",
     "cuda_is_available", "cuda_device_count", "default_device", "set_default_device",
     "CudaUnavailableError", "DeviceMismatchError", "is_cuda_array",
@@ -220,3 +220,10 @@ def to_device(x, dev, dtype=None, copy=False):
                 return x.astype(dtype)
             return x.copy() if copy else x
         return cp.array(x, dtype=dtype, copy=True)
+
+
+def is_floating(dtype, complex_ok: bool = False) -> bool:
+    """Whether ``dtype`` is a floating-point type: NumPy's float kinds and ml_dtypes' bfloat16 (which NumPy files
+    under kind 'V'); ``complex_ok`` admits complex types too."""
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    return dt.kind == "f" or (complex_ok and dt.kind == "c") or (dt.kind == "V" and dt.name == "bfloat16")

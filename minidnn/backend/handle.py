@@ -13,6 +13,7 @@ import numpy as np
 
 from . import devices as _dev
 from .errors import BadParamError
+from .devices import is_floating as _is_floating
 
 __all__ = ["MathType", "Handle", "get_default_handle", "resolve_handle", "create", "destroy"]
 
@@ -65,7 +66,7 @@ class Handle:
         mt = MathType(math_type) if math_type is not None else self.math_type
         if self.device.type == "cpu" or mt in (MathType.DEFAULT, MathType.FMA):
             return MathType.DEFAULT
-        if np.dtype(dtype).kind != "f" or np.dtype(dtype).itemsize == 8:
+        if not _is_floating(np.dtype(dtype)) or np.dtype(dtype).itemsize == 8:
             return MathType.DEFAULT
         return mt
 

@@ -17,6 +17,7 @@ import numpy as np
 from ..backend import devices as _dev
 from ..tensor import Tensor
 from ._utils import as_generator, wrap
+from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["Compose", "Normalize", "RandomCrop", "RandomHorizontalFlip", "ToTensor", "Resize", "Upsample",
            "Lambda"]
@@ -96,7 +97,7 @@ class Normalize(Transform):
         if channels is None or self.mean.size not in (1, channels):
             raise ValueError(f"Normalize: {self.mean.size} means for an input of shape {tuple(x.shape)} "
                              "(expected (C, H, W) or (N, C, H, W) with C channels)")
-        if x.dtype.kind != "f":
+        if not _is_floating(x.dtype):
             x = x.astype(np.float32)
         mean = xp.asarray(self.mean, dtype=x.dtype).reshape(-1, 1, 1)
         inv_std = xp.asarray(1.0 / self.std, dtype=x.dtype).reshape(-1, 1, 1)

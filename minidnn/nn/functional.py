@@ -14,6 +14,7 @@ the op, never a silent zero.
 """
 from __future__ import annotations
 
+from .._amp_state import autocast_op
 from ._functions.activation import (dropout, dropout1d, dropout2d, dropout3d, elu, gelu, hardtanh, leaky_relu,  # noqa: F401
                                     log_softmax, relu, relu6, sigmoid, silu, softmax, softplus, tanh)
 from ._functions.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 
+@autocast_op("linear")
 def linear(input, weight, bias=None):
     """input @ weight.T + bias: input (*, in_features), weight (out_features, in_features), bias (out_features,)."""
     if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..tensor import empty
 from . import init
+from .functional import linear
 from .module import Module
 from .parameter import Parameter
 
@@ -40,8 +41,7 @@ class Linear(Module):
         if x.shape[-1:] != (self.in_features,):
             raise RuntimeError(f"Linear: input has shape {tuple(x.shape)} but the layer expects a last dimension of "
                                f"{self.in_features} (weight {tuple(self.weight.shape)})")
-        y = x @ self.weight.T
-        return y + self.bias if self.bias is not None else y
+        return linear(x, self.weight, self.bias)
 
     def _macs(self, input, output):
         # One multiply-add per weight entry per output row (the bias add is not a MAC).

@@ -21,6 +21,7 @@ from ..autograd import no_grad
 from ..backend import devices as _dev
 from ..tensor import Tensor, _to_dtype, parse_to_args
 from .parameter import Buffer, Parameter
+from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["Module", "RemovableHandle"]
 
@@ -356,14 +357,14 @@ class Module:
             raise TypeError(f"Module.to() got unexpected keyword arguments {sorted(kwargs)}")
         device, dtype = parse_to_args(args, device, dtype)
         dtype = _to_dtype(dtype)
-        if dtype is not None and dtype.kind not in "fc":
+        if dtype is not None and not _is_floating(dtype, complex_ok=True):
             raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, "
                             f"but got desired dtype={dtype}")
         dev = _dev.device(device) if device is not None else None
 
         def convert(arr):
-            dt = dtype if dtype is not None and arr.dtype.kind in "fc" else None
-            if dt is not None and dt.kind == "f" and arr.dtype.kind == "c":
+            dt = dtype if dtype is not None and _is_floating(arr.dtype, complex_ok=True) else None
+            if dt is not None and _is_floating(dt) and arr.dtype.kind == "c":
                 dt = None      # never silently drop imaginary parts
             target = dev if dev is not None else _dev.device_of(arr)
             if target == _dev.device_of(arr) and (dt is None or dt == arr.dtype):

@@ -8,6 +8,7 @@ import numpy as np
 from ..autograd import Node, _state
 from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
+from ..backend.devices import is_floating as _is_floating
 
 __all__ = []
 
@@ -79,8 +80,8 @@ def to_tensor(x, like: Tensor) -> Tensor:
     dtype = None
     kind = like.dtype.kind
     if isinstance(x, float):
-        dtype = like.dtype if kind in "fc" else get_default_dtype()
-    elif isinstance(x, int) and not isinstance(x, bool) and kind in "fciu":
+        dtype = like.dtype if _is_floating(like.dtype, complex_ok=True) else get_default_dtype()
+    elif isinstance(x, int) and not isinstance(x, bool) and (kind in "iu" or _is_floating(like.dtype, True)):
         dtype = like.dtype
         if kind in "iu" and not np.iinfo(dtype).min <= x <= np.iinfo(dtype).max:
             dtype = None

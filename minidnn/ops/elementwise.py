@@ -9,9 +9,11 @@ import operator
 
 import numpy as np
 
+from .._amp_state import autocast_op
 from ..autograd import Node, _state
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ._core import _F64, as_operand, broadcast_error, check_pair, fit, node, to_tensor, weak_scalar_result
+from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "tanh", "sigmoid", "relu", "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
@@ -141,6 +143,7 @@ def add(a, b, alpha=1):  # (PyTorch's signature, alpha scales b)
     return _add(a, b if alpha == 1 else b * alpha)
 
 
+@autocast_op("pow")
 def pow(a, b):
     if not isinstance(b, Tensor) and not isinstance(b, (int, float)):
         b = as_operand(b, a)
@@ -305,9 +308,9 @@ def where(condition, a, b):
         check_pair("where", ta, tb)
     av = ta.data if ta is not None else a
     bv = tb.data if tb is not None else b
-    if ta is None and tb is not None and isinstance(a, float) and tb.dtype.kind == "f":
+    if ta is None and tb is not None and isinstance(a, float) and _is_floating(tb.dtype):
         av = xp.asarray(a, dtype=tb.dtype)
-    if tb is None and ta is not None and isinstance(b, float) and ta.dtype.kind == "f":
+    if tb is None and ta is not None and isinstance(b, float) and _is_floating(ta.dtype):
         bv = xp.asarray(b, dtype=ta.dtype)
     try:
         out = xp.where(cond, av, bv)

@@ -1,10 +1,12 @@
 """matmul with NumPy's batching, broadcasting and 1-D rules, plus dtype/device transfer ops."""
 from __future__ import annotations
 
+from .._amp_state import autocast_op
 from ..autograd import Node, _state
 from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _to_dtype, _wrap
 from ._core import check_pair, fit, node, to_tensor
+from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["matmul", "dot", "outer", "transfer", "astype", "clone"]
 
@@ -34,6 +36,7 @@ class MatmulBackward(Node):
         return ga, gb
 
 
+@autocast_op("matmul")
 def matmul(a, b):
     if not isinstance(b, Tensor):
         b = to_tensor(b, a)
@@ -51,6 +54,8 @@ def matmul(a, b):
     except ValueError:
         raise ValueError(f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} cannot be broadcast "
                          "together") from None
+    if out.dtype != a.dtype and a.dtype == b.dtype:
+        out = out.astype(a.dtype)       # NumPy returns bfloat16 products in float32: round once, as a GEMM would
     if _state.grad_enabled and (a.requires_grad or b.requires_grad):
         n = node(MatmulBackward, a if a.requires_grad else None, b if b.requires_grad else None)
         n.save(a, b)
@@ -83,7 +88,7 @@ def transfer(x, device=None, dtype=None, copy=False):
     if same_dev and (dt is None or dt == x.dtype) and not copy:
         return x
     out = _dev.to_device(x.data, dev, dtype=dt, copy=copy)
-    if _state.grad_enabled and x.requires_grad and (dt is None or dt.kind in "fc"):
+    if _state.grad_enabled and x.requires_grad and (dt is None or _is_floating(dt, complex_ok=True)):
         n = node(TransferBackward, x)
         n.src_device, n.src_dtype = x.device, x.dtype
         return _attach(out, n)

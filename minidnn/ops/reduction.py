@@ -6,6 +6,7 @@ spelling ``dim=`` / ``keepdim=`` is accepted too.  ``max``/``min`` return the va
 """
 from __future__ import annotations
 
+from .._amp_state import autocast_op
 import builtins
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from ..autograd import Node, _state
 from ..tensor import Tensor, _attach, _wrap
 from ._core import broadcast_to, node
+from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "prod", "argmax", "argmin",
            "all", "any", "norm"]
@@ -68,6 +70,7 @@ class SumBackward(Node):
         return (broadcast_to(g.reshape(self.kept), self.in_shape),)
 
 
+@autocast_op("sum")
 def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
     axes = _axes(x, axis, dim, "sum")
     kd = _keep(keepdims, keepdim)
@@ -81,7 +84,7 @@ def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
 
 def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     axes = _axes(x, axis, dim, "mean")
-    if x.dtype.kind not in "fc":
+    if not _is_floating(x.dtype, complex_ok=True):
         raise TypeError(f"mean: input dtype should be floating point, got {x.dtype} (use .float() first)")
     n = _count(x.shape, axes)
     return sum(x, axes, _keep(keepdims, keepdim)) * (1.0 / n if n else float("nan"))
@@ -154,6 +157,7 @@ def min(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
 amax, amin = max, min
 
 
+@autocast_op("logsumexp")
 def logsumexp(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     """log(sum(exp(x))) computed stably (the max is subtracted first)."""
     axes = _axes(x, axis, dim, "logsumexp")
@@ -193,6 +197,7 @@ class ProdBackward(Node):
         return (gk * _wrap(excl),)
 
 
+@autocast_op("prod")
 def prod(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     axes = _axes(x, axis, dim, "prod")
     kd = _keep(keepdims, keepdim)

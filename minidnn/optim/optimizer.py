@@ -15,6 +15,7 @@ from ..backend import amp as _amp
 from ..backend import devices as _dev
 from ..tensor import Tensor
 from ._flat import FlatParams
+from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["Optimizer"]
 
@@ -103,11 +104,11 @@ class Optimizer:
     @staticmethod
     def _resolve_fused(group):
         fused = group.get("fused")
-        floating = all(p.dtype.kind == "f" for p in group["params"])
+        floating = all(_is_floating(p.dtype) for p in group["params"])
         if fused is None:
             return floating
         if fused and not floating:
-            bad = sorted({str(p.dtype) for p in group["params"] if p.dtype.kind != "f"})
+            bad = sorted({str(p.dtype) for p in group["params"] if not _is_floating(p.dtype)})
             raise ValueError(f"fused=True requires floating point parameters, got {', '.join(bad)}")
         return bool(fused)
 

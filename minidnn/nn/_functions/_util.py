@@ -8,6 +8,7 @@ from ... import backend as B
 from ...autograd import Function, is_grad_enabled
 from ...tensor import Tensor
 from .._backend_flags import configure as _configure_flags
+from ...backend.devices import is_floating as _is_floating
 
 __all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched"]
 
@@ -43,7 +44,7 @@ def ntuple(value, n: int, op: str, name: str) -> tuple:
 def check_tensor(op: str, name: str, t, float_only=True):
     if not isinstance(t, Tensor):
         raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
-    if float_only and t.dtype.kind != "f":
+    if float_only and not _is_floating(t.dtype):
         raise TypeError(f"{op}: {name} has dtype {t.dtype}, but a floating-point tensor is required")
 
 

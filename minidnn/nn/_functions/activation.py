@@ -14,6 +14,7 @@ through the dropout primitive; its backward (multiply by the same mask) is its o
 """
 from __future__ import annotations
 
+from ..._amp_state import autocast_op
 import functools
 
 import warnings
@@ -123,6 +124,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     return input.clamp(min_val, max_val)
 
 
+@autocast_op("softplus")
 def softplus(input, beta=1.0, threshold=20.0):
     """log(1 + exp(beta * x)) / beta.  PyTorch switches to x where beta * x > threshold; the primitive's
     stable logaddexp form differs from that by at most exp(-threshold) / beta (2e-9 by default)."""
@@ -166,10 +168,12 @@ def _softmax(op, x, dim, dtype, algo):
     return Softmax.apply(x, _softmax_dim(op, x, dim), algo)
 
 
+@autocast_op("softmax")
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     return _softmax("softmax", input, dim, dtype, B.SoftmaxAlgorithm.ACCURATE)
 
 
+@autocast_op("log_softmax")
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     return _softmax("log_softmax", input, dim, dtype, B.SoftmaxAlgorithm.LOG)
 

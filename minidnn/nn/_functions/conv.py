@@ -16,6 +16,7 @@ Tensor add (differentiable to any order; its gradient is the sum convolution_bac
 """
 from __future__ import annotations
 
+from ..._amp_state import autocast_op
 from ... import backend as B
 from ...autograd import Function
 from ...ops import pad as _pad
@@ -180,25 +181,30 @@ def _conv_transpose(op, nd, x, weight, bias, stride, padding, output_padding, gr
     return y.squeeze(0) if unbatched else y
 
 
+@autocast_op("conv1d")
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
 
 
+@autocast_op("conv2d")
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """2-D cross-correlation: input (N, C_in, H, W), weight (C_out, C_in/groups, kH, kW) -> (N, C_out, H', W').
     ``padding`` may be an int, a pair, 'valid' or 'same' (stride 1 only; odd totals pad one more on the right)."""
     return _conv("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
 
 
+@autocast_op("conv3d")
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
 
 
+@autocast_op("conv_transpose1d")
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     return _conv_transpose("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
                            dilation)
 
 
+@autocast_op("conv_transpose2d")
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """The adjoint of conv2d (its gradient wrt the input): weight (C_in, C_out/groups, kH, kW);
     H_out = (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1."""
@@ -206,6 +212,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
                            dilation)
 
 
+@autocast_op("conv_transpose3d")
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     return _conv_transpose("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
                            dilation)

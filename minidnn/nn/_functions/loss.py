@@ -18,6 +18,7 @@ the same q as cross_entropy's (eps = 0).
 """
 from __future__ import annotations
 
+from ..._amp_state import autocast_op
 import warnings
 
 from ... import backend as B
@@ -25,6 +26,7 @@ from ...autograd import Function
 from ...ops import pad as _tensor_pad, stack, where
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
+from ...backend.devices import is_floating as _is_floating
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "one_hot", "pad"]
@@ -102,7 +104,7 @@ class CrossEntropy(Function):
         logp = B.softmax_forward(handle_for(x), B.SoftmaxAlgorithm.LOG, None, x.data, axis=1)
         wshape = (1, c) + (1,) * (x.ndim - 2)
         w = None if weight is None else weight.data.reshape(wshape)
-        if target.dtype.kind == "f":            # class probabilities
+        if _is_floating(target.dtype):            # class probabilities
             t = target.data
             if eps:
                 t = t * (1 - eps) + eps / c
@@ -143,6 +145,7 @@ class CrossEntropy(Function):
         return dx, dt, None, None, None, None
 
 
+@autocast_op("cross_entropy")
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
     """Softmax cross entropy of logits (N, C, *d) against class indices (N, *d) or probabilities (N, C, *d)."""
@@ -152,7 +155,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     check_tensor(op, "target", target, float_only=False)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{op}: label_smoothing={label_smoothing} must be in [0, 1]")
-    probabilities = target.dtype.kind == "f"
+    probabilities = _is_floating(target.dtype)
     x, target, unbatched = _unbatched(input, target, not probabilities)
     if x.ndim < 2:
         raise ValueError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
@@ -167,6 +170,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
 
+@autocast_op("nll_loss")
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """Negative log likelihood of log-probabilities input (N, C, *d) at class indices target (N, *d)."""
     op = "nll_loss"
@@ -209,6 +213,7 @@ def _weighted_reduce(op, loss, weight, reduction):
     return loss.sum() / weight.sum() if reduction == "mean" else _reduce(loss, reduction)
 
 
+@autocast_op("mse_loss")
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _reduction("mse_loss", size_average, reduce, reduction)
     _pair("mse_loss", input, target, strict=False)
@@ -216,12 +221,14 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     return _weighted_reduce("mse_loss", d * d, weight, reduction)
 
 
+@autocast_op("l1_loss")
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _reduction("l1_loss", size_average, reduce, reduction)
     _pair("l1_loss", input, target, strict=False)
     return _weighted_reduce("l1_loss", (input - target).abs(), weight, reduction)
 
 
+@autocast_op("smooth_l1_loss")
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta = 0: l1_loss)."""
     reduction = _reduction("smooth_l1_loss", size_average, reduce, reduction)
@@ -238,6 +245,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 _LOG_FLOOR = 3.720075976020836e-44      # exp(-100): log is clamped at -100 like PyTorch, with a zero gradient
 
 
+@autocast_op("binary_cross_entropy")
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 (PyTorch's rule: finite at x = 0 or 1)."""
     op = "binary_cross_entropy"
@@ -255,6 +263,7 @@ def _softplus(z):
     return stack([z * 0, z], 0).logsumexp(0)
 
 
+@autocast_op("binary_cross_entropy_with_logits")
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
                                      pos_weight=None):
     """binary_cross_entropy(sigmoid(x), t), computed stably: (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""

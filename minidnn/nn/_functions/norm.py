@@ -11,6 +11,7 @@ constant statistics; its backward is written in Tensor ops, so it has double bac
 """
 from __future__ import annotations
 
+from ..._amp_state import autocast_op
 import math
 
 from ... import backend as B
@@ -83,6 +84,7 @@ class BatchNormInference(Function):
         return dx, dw, db, None, None, None
 
 
+@autocast_op("batch_norm")
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Normalise each channel of (N, C, *) with the batch's statistics (training, updating running_mean /
     running_var in place when given) or with running_mean / running_var (eval)."""
@@ -127,6 +129,7 @@ class NormWithSavedStats(Function):
         return (*first_order_grads(ctx.op, grads, gy, x, weight), None, None)
 
 
+@autocast_op("layer_norm")
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Normalise over the trailing dims ``normalized_shape`` (per sample); weight and bias have that shape."""
     op = "layer_norm"
@@ -144,6 +147,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return NormWithSavedStats.apply(input, _scale_for(weight, bias), bias, op, primitives)
 
 
+@autocast_op("group_norm")
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """Normalise each sample over groups of C/num_groups channels (and all spatial positions)."""
     op = "group_norm"

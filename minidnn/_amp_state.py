@@ -1,0 +1,178 @@
+"""Autocast's state and per-op policy, at the engine's floor (``minidnn.amp.autocast`` is the public face).
+
+An op consults the policy with ``cast_inputs(op_name, args)`` before it computes; the policy casts its floating
+Tensor arguments (differentiably, so gradients come back in each input's own dtype):
+
+    lower     to the region's low-precision dtype (float16 / bfloat16): convolutions, linear, matrix products
+    fp32      float16/bfloat16 inputs to float32: reductions, softmax/log-softmax, losses, norms (per device, as
+              PyTorch's lists say)
+    promote   every floating input to the widest floating dtype among them (ops that mix inputs: cat, stack, ...)
+    keep_fp32 computed in float32, output cast back to the input's dtype (batch norm: its statistics in float32)
+
+The state is thread-local (a region in one thread does not affect another) and nests: an inner region overrides
+the outer one for its device type and restores it on exit.  Casts of leaf tensors (weights) are cached for the
+outermost region, as PyTorch does, so a weight used twice is cast once.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+from .backend.devices import is_floating as _is_floating
+
+__all__ = ["cast_inputs", "autocast_op", "policy_of", "is_active", "enter", "exit_", "get_dtype", "suspended"]
+
+_local = threading.local()
+_active_regions = 0            # enabled regions in all threads: the cheap test every op makes first
+
+_LOWER = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "linear",
+          "matmul", "mm", "bmm", "addmm", "baddbmm", "prelu", "scaled_dot_product_attention"}
+_LOSSES = {"nll_loss", "cross_entropy", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+           "binary_cross_entropy_with_logits", "kl_div", "binary_cross_entropy"}
+_FP32 = {
+    "cuda": _LOSSES | {"softmax", "log_softmax", "layer_norm", "group_norm", "logsumexp", "exp", "expm1", "log",
+                       "log1p", "log2", "log10", "pow", "reciprocal", "rsqrt", "softplus", "sum", "prod", "cumsum",
+                       "cumprod", "norm", "cdist", "dist", "acos", "asin", "cosh", "sinh", "tan", "erfinv"},
+    "cpu": _LOSSES | {"prod", "cdist", "avg_pool3d"},
+}
+_PROMOTE = {"cat", "stack", "addcdiv", "addcmul", "atan2", "where", "index_put", "scatter_add", "tensordot"}
+_KEEP_FP32 = {"batch_norm"}
+
+
+def policy_of(op_name: str, device_type: str):
+    """'lower', 'fp32', 'promote', 'keep_fp32' or None (the op runs in its inputs' dtypes)."""
+    if op_name in _LOWER:
+        return "lower"
+    if op_name in _FP32.get(device_type, ()):
+        return "fp32"
+    if op_name in _PROMOTE:
+        return "promote"
+    if op_name in _KEEP_FP32:
+        return "keep_fp32"
+    return None
+
+
+def _state():
+    s = getattr(_local, "state", None)
+    if s is None:
+        s = _local.state = {"dtype": {}, "depth": 0, "cache": {}, "suspended": 0, "cache_enabled": True}
+    return s
+
+
+def is_active() -> bool:
+    return _active_regions > 0
+
+
+def get_dtype(device_type: str):
+    """The low-precision dtype of this thread's enabled region for ``device_type``, or None."""
+    return _state()["dtype"].get(device_type)
+
+
+def enter(device_type: str, dtype, enabled: bool, cache_enabled: bool):
+    """Open a region; returns the token ``exit_`` needs to restore the previous state."""
+    global _active_regions
+    s = _state()
+    token = (device_type, s["dtype"].get(device_type), s["cache_enabled"], bool(enabled))
+    s["dtype"][device_type] = np.dtype(dtype) if enabled else None
+    s["cache_enabled"] = cache_enabled
+    s["depth"] += 1
+    if enabled:
+        _active_regions += 1
+    return token
+
+
+def exit_(token):
+    global _active_regions
+    s = _state()
+    device_type, previous, cache_enabled, enabled = token
+    s["dtype"][device_type] = previous
+    s["cache_enabled"] = cache_enabled
+    s["depth"] -= 1
+    if enabled:
+        _active_regions -= 1
+    if s["depth"] == 0:
+        s["cache"].clear()
+
+
+@contextmanager
+def suspended():
+    """No casting inside (the backward pass runs gradients in the dtypes the forward pass chose)."""
+    s = _state()
+    s["suspended"] += 1
+    try:
+        yield
+    finally:
+        s["suspended"] -= 1
+
+
+def _cast(t, dtype, s):
+    if t.dtype == dtype:
+        return t
+    cacheable = s["cache_enabled"] and t.is_leaf and t.requires_grad
+    if cacheable:
+        hit = s["cache"].get(id(t))
+        if hit is not None and hit[0] is t and hit[1] == t._version and hit[2].dtype == dtype:
+            return hit[2]
+    out = t.to(dtype=dtype)
+    if cacheable:
+        s["cache"][id(t)] = (t, t._version, out)
+    return out
+
+
+def _is_float_tensor(a):
+    return hasattr(a, "_version") and _is_floating(a.dtype)
+
+
+def cast_inputs(op_name: str, args, kwargs=None):
+    """(args, kwargs, output_dtype): the floating Tensors among ``args``/``kwargs`` cast as ``op_name``'s policy says
+    for this thread's region; output_dtype is not None when the outputs must be cast back (keep_fp32)."""
+    kwargs = {} if kwargs is None else kwargs
+    s = _state()
+    if s["suspended"]:
+        return args, kwargs, None
+    tensors = [a for a in args if _is_float_tensor(a)] + [v for v in kwargs.values() if _is_float_tensor(v)]
+    if not tensors:
+        return args, kwargs, None
+    device_type = tensors[0].device.type
+    low = s["dtype"].get(device_type)
+    policy = None if low is None else policy_of(op_name, device_type)
+    if policy is None:
+        return args, kwargs, None
+    back = None
+    if policy == "lower":
+        target = low
+    elif policy == "promote":
+        target = tensors[0].dtype
+        for t in tensors[1:]:
+            target = np.promote_types(target, t.dtype)
+    else:
+        if not any(t.dtype.itemsize < 4 for t in tensors):
+            return args, kwargs, None
+        target = np.dtype(np.float32)
+        back = tensors[0].dtype if policy == "keep_fp32" else None
+
+    def cast(a):
+        return _cast(a, target, s) if _is_float_tensor(a) else a
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}, back
+
+
+def autocast_op(op_name: str):
+    """Decorator for an op's public function: inside an autocast region its inputs are cast by ``op_name``'s
+    policy (outside one it costs a single global test)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            if not _active_regions:
+                return fn(*args, **kwargs)
+            args, kwargs, back = cast_inputs(op_name, args, kwargs)
+            if back is None:
+                return fn(*args, **kwargs)
+            with suspended():
+                out = fn(*args, **kwargs)
+            if isinstance(out, tuple):
+                return type(out)(o.to(dtype=back) if _is_float_tensor(o) else o for o in out)
+            return out.to(dtype=back) if _is_float_tensor(out) else out
+        return op
+    return decorate

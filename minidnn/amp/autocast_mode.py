@@ -1,0 +1,86 @@
+"""``autocast``: run each op in the precision its kind calls for, PyTorch's ``torch.autocast``.
+
+    with minidnn.autocast("cuda", dtype=minidnn.bfloat16):
+        loss = F.cross_entropy(model(x), y)   # convolutions/linear in bfloat16, the loss in float32
+    loss.backward()                           # outside the region; gradients come back in each parameter's dtype
+
+The per-op policy (which ops run in the low-precision dtype, which in float32, which promote) is in
+``minidnn/_amp_state.py`` and follows PyTorch's lists per device type.  On the CPU only bfloat16 is supported.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .. import _amp_state
+from ..tensor import _to_dtype
+
+__all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype", "is_autocast_available"]
+
+_DEFAULTS = {"cuda": np.dtype(np.float16), "cpu": None}     # the CPU default (bfloat16) needs ml_dtypes
+
+
+def _bfloat16():
+    try:
+        import ml_dtypes
+    except ImportError as exc:          # pragma: no cover - ml_dtypes is a dependency
+        raise RuntimeError("autocast: bfloat16 needs the ml_dtypes package (pip install ml_dtypes)") from exc
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_autocast_available(device_type: str) -> bool:
+    return device_type in ("cuda", "cpu")
+
+
+class autocast:
+    """Context manager and decorator.  ``device_type``: "cuda" or "cpu"; ``dtype``: float16 or bfloat16 (defaults:
+    float16 on cuda, bfloat16 on cpu); ``enabled=False`` turns autocast off inside the region (nesting restores
+    the outer state on exit); ``cache_enabled``: cast each weight once per outermost region."""
+
+    def __init__(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if not isinstance(device_type, str):
+            raise ValueError(f"autocast: expected device_type of type str, got {type(device_type).__name__}")
+        device_type = device_type.split(":")[0]
+        if not is_autocast_available(device_type):
+            raise RuntimeError(f"autocast: device_type {device_type!r} is not supported (use 'cuda' or 'cpu')")
+        if dtype is None:
+            dtype = _DEFAULTS[device_type] or _bfloat16()
+        dt = _to_dtype(dtype)
+        allowed = (np.dtype(np.float16), _bfloat16()) if device_type == "cuda" else (_bfloat16(),)
+        if enabled and dt not in allowed:
+            names = " and ".join(str(a) for a in allowed)
+            raise ValueError(f"autocast: {device_type} autocast supports {names}, got {dt}"
+                             + ("; float16 autocast needs a GPU (use dtype=minidnn.bfloat16 on the CPU)"
+                                if device_type == "cpu" and dt == np.float16 else ""))
+        self.device = device_type
+        self.fast_dtype = dt
+        self._enabled = bool(enabled)
+        self._cache_enabled = True if cache_enabled is None else bool(cache_enabled)
+        self._tokens = []
+
+    def __enter__(self):
+        self._tokens.append(_amp_state.enter(self.device, self.fast_dtype, self._enabled, self._cache_enabled))
+        return self
+
+    def __exit__(self, *exc):
+        _amp_state.exit_(self._tokens.pop())
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with autocast(self.device, self.fast_dtype, self._enabled, self._cache_enabled):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+def is_autocast_enabled(device_type: str = "cuda") -> bool:
+    """Whether ops on ``device_type`` tensors are being autocast in this thread."""
+    return _amp_state.get_dtype(device_type) is not None
+
+
+def get_autocast_dtype(device_type: str):
+    """The low-precision dtype of ``device_type``'s current region (its default when none is active)."""
+    dt = _amp_state.get_dtype(device_type)
+    return dt if dt is not None else (_DEFAULTS.get(device_type) or _bfloat16())
