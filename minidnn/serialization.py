@@ -66,8 +66,11 @@ class _Writer:
                             "cannot store")
         name = f"arrays/{self.count}.npy"
         self.count += 1
+        arr = np.asarray(arr)
+        if arr.dtype.kind == "V" and arr.dtype.name == "bfloat16":
+            arr = arr.view(np.uint16)       # .npy has no bfloat16: its bits as uint16, the metadata keeps the dtype
         with self.zf.open(name, "w", force_zip64=arr.nbytes > _ZIP64_LIMIT) as f:
-            np.lib.format.write_array(f, np.asarray(arr), allow_pickle=False)
+            np.lib.format.write_array(f, arr, allow_pickle=False)
         return name
 
     def encode(self, obj, where="obj"):
@@ -210,6 +213,8 @@ class _Reader:
     def tensor(self, node):
         arr = self.array(node["tensor"])
         dtype = np.dtype(node["dtype"]) if node["dtype"] is not None else arr.dtype
+        if dtype.name == "bfloat16" and arr.dtype == np.uint16:
+            arr = arr.view(dtype)
         if arr.dtype != dtype:
             raise SerializationError(f"minidnn.load: {self.name}: entry '{node['tensor']}' has dtype {arr.dtype} but "
                                      f"the metadata says {dtype}")
