@@ -52,14 +52,19 @@ def _describe(arr):
 
 
 class FlatParams:
-    """The flat buffers of one (group, device, dtype).  ``state_names``: the optimizer's per-element state."""
+    """The flat buffers of one (group, device, dtype).  ``state_names``: the optimizer's per-element state;
+    ``master_weights``: float16/bfloat16 parameters are updated through a float32 master copy (see __init__)."""
 
-    def __init__(self, params, state_names=()):
+    def __init__(self, params, state_names=(), master_weights=False):
         first = params[0].data
         self.params = list(params)
         self.xp = _dev.array_module(first)
         self.device = _dev.device_of(first)
-        self.dtype = first.dtype
+        # master_weights (apex O2): the model keeps float16/bfloat16 parameters and gradients (param_lowp, grad),
+        # the update runs on a float32 master copy (param) and float32 state, and writes the rounded result back.
+        self.master = bool(master_weights) and first.dtype.itemsize == 2
+        self.lowp_dtype = first.dtype if self.master else None
+        self.dtype = np.dtype(np.float32) if self.master else first.dtype
         align = max(1, _ALIGN_BYTES // self.dtype.itemsize)
         self.shapes = [tuple(p.shape) for p in params]
         self.numels = [int(p.data.size) for p in params]
@@ -72,11 +77,14 @@ class FlatParams:
         xp = self.xp
         with _dev.device_guard(self.device):
             self.param = xp.zeros(self.total, dtype=self.dtype)
-            self.grad = xp.zeros(self.total, dtype=self.dtype)
+            self.param_lowp = xp.zeros(self.total, dtype=self.lowp_dtype) if self.master else None
+            self.grad = xp.zeros(self.total, dtype=first.dtype)
             self.steps = xp.zeros(len(params), dtype=np.float32)
             self.state = {name: xp.zeros(self.total, dtype=self.dtype) for name in state_names}
         self.steps_host = np.zeros(len(params), dtype=np.int64)   # mirror of steps, kept without a device sync
-        self.param_views = [self.view(self.param, j) for j in range(len(params))]
+        model_flat = self.param_lowp if self.master else self.param
+        self.param_views = [self.view(model_flat, j) for j in range(len(params))]     # what p.data is bound to
+        self.master_views = [self.view(self.param, j) for j in range(len(params))] if self.master else None
         self.grad_views = [self.view(self.grad, j) for j in range(len(params))]
         self.has_grad = np.zeros(len(params), dtype=bool)
         self.has_state = np.zeros(len(params), dtype=bool)    # the optimizer published state[p] views for it
@@ -87,6 +95,11 @@ class FlatParams:
         self.ticket = None
         for j, p in enumerate(params):
             self._bind(j, p)
+
+    def sync_lowp(self, start=0, stop=None):
+        """master_weights: round the float32 master copy into the model's low-precision parameters."""
+        if self.master:
+            self.param_lowp[start:stop] = self.param[start:stop].astype(self.lowp_dtype)
 
     # -- layout ------------------------------------------------------------------------------------------------
     def view(self, flat, j):
@@ -104,6 +117,8 @@ class FlatParams:
     def _bind(self, j, p):
         pv, gv = self.param_views[j], self.grad_views[j]
         pv[...] = p.data
+        if self.master:
+            self.master_views[j][...] = p.data.astype(self.dtype)
         p.data = pv
         g = p.grad
         if g is not None:

@@ -25,6 +25,12 @@ def _uses_kernel(fs):
     return fs.device.type == "cuda" and _cuda_kernels().supports(fs.dtype)
 
 
+def _grad_piece(fs, a, b):
+    """The gradient slice the update reads: as stored, or (master weights) widened to the float32 master's dtype."""
+    g = fs.grad[a:b]
+    return g.astype(fs.dtype) if g.dtype != fs.dtype else g
+
+
 def _skip_for_overflow(fs, found_inf):
     """The xp-generic update's overflow check (a host read: free on the CPU; on a GPU only the rare float64 path
     without a kernel pays this sync)."""
@@ -94,14 +100,16 @@ def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, ma
             hyper = fs.device_hyper((lr, momentum, dampening, weight_decay))
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
             mt.sgd_flat_step(fs.param, fs.grad, buf, hyper, fs.steps, fs.device_ticket(), *mask,
-                             nesterov=nesterov, maximize=maximize, scale=scale, found_inf=found_inf)
+                             nesterov=nesterov, maximize=maximize, scale=scale, found_inf=found_inf,
+                             p_lowp=fs.param_lowp)
         elif _skip_for_overflow(fs, found_inf):
             continue
         else:
             for a, b, j in _pieces(fs):
-                _sgd_update_(fs.param[a:b], fs.grad[a:b], None if buf is None else buf[a:b],
+                _sgd_update_(fs.param[a:b], _grad_piece(fs, a, b), None if buf is None else buf[a:b],
                              fs.steps_host[j] == 0, _scratch(fs, a, b), lr=lr, momentum=momentum,
                              dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
+                fs.sync_lowp(a, b)
         launches += 1
         fs.advance_steps(on_device=not _uses_kernel(fs))
     return launches
@@ -162,15 +170,16 @@ def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maxi
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
             mt.adam_flat_step(fs.param, fs.grad, m, v, vmax, hyper, fs.steps, fs.device_ticket(), *mask,
                               amsgrad=amsgrad, maximize=maximize, decoupled=decoupled_weight_decay, scale=scale,
-                              found_inf=found_inf)
+                              found_inf=found_inf, p_lowp=fs.param_lowp)
         elif _skip_for_overflow(fs, found_inf):
             continue
         else:
             for a, b, j in _pieces(fs):
-                _adam_update_(fs.param[a:b], fs.grad[a:b], m[a:b], v[a:b], None if vmax is None else vmax[a:b],
-                              float(fs.steps_host[j] + 1), _scratch(fs, a, b), lr=lr, beta1=beta1,
-                              beta2=beta2, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                _adam_update_(fs.param[a:b], _grad_piece(fs, a, b), m[a:b], v[a:b],
+                              None if vmax is None else vmax[a:b], float(fs.steps_host[j] + 1), _scratch(fs, a, b),
+                              lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, maximize=maximize,
                               decoupled_weight_decay=decoupled_weight_decay)
+                fs.sync_lowp(a, b)
         launches += 1
         fs.advance_steps(on_device=not _uses_kernel(fs))
     return launches

@@ -20,9 +20,9 @@ class Adam(Optimizer):
     fused_amp_scaling = True        # the fused step takes GradScaler's scale/found_inf (see Optimizer.step)
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 maximize=False, fused=None):
+                 maximize=False, fused=None, master_weights=False):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, fused=fused)
+                        maximize=maximize, fused=fused, master_weights=master_weights)
         super().__init__(params, defaults)
 
     def _validate(self, group):
@@ -83,6 +83,6 @@ class AdamW(Adam):
     _decoupled = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, fused=None):
+                 maximize=False, fused=None, master_weights=False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                         maximize=maximize, fused=fused)
+                         maximize=maximize, fused=fused, master_weights=master_weights)

@@ -104,6 +104,9 @@ class Optimizer:
     @staticmethod
     def _resolve_fused(group):
         fused = group.get("fused")
+        if group.get("master_weights") and fused is False:
+            raise ValueError("master_weights=True keeps the float32 master copy in the fused flat buffers; it needs "
+                             "fused=True (or the default)")
         floating = all(_is_floating(p.dtype) for p in group["params"])
         if fused is None:
             return floating
@@ -116,7 +119,8 @@ class Optimizer:
         buckets: dict = {}
         for p in group["params"]:
             buckets.setdefault((_dev.device_of(p.data), p.dtype), []).append(p)
-        sets = [FlatParams(ps, self._flat_state_names(group)) for ps in buckets.values()]
+        sets = [FlatParams(ps, self._flat_state_names(group), master_weights=group.get("master_weights", False))
+                for ps in buckets.values()]
         for fs in sets:
             for j, p in enumerate(fs.params):
                 self._flat_index[id(p)] = (fs, j)
@@ -193,9 +197,18 @@ class Optimizer:
         _amp.unscale_and_check_(grads, found_inf, scale)
         return None
 
+    def _state_views(self, group, fs, j):
+        """``self.state[p]`` of a flat-set parameter: the subclass's views, plus (master weights) the float32
+        master copy, so that state_dict and checkpoints hold it."""
+        views = self._flat_state_views(group, fs, j)
+        if fs.master:
+            views = dict(views or {})
+            views["master_param"] = fs.master_views[j]
+        return views
+
     def _publish_flat_state(self, group, fs, indices):
         for j in indices:
-            views = self._flat_state_views(group, fs, int(j))
+            views = self._state_views(group, fs, int(j))
             fs.has_state[j] = True
             if views is not None:
                 self.state[fs.params[j]] = views
@@ -280,7 +293,7 @@ class Optimizer:
         entry = self._flat_index.get(id(p))
         if entry is not None:
             fs, j = entry
-            dst = self._flat_state_views(group, fs, j)
+            dst = self._state_views(group, fs, j)
             fs.has_state[j] = True
             if dst is None:
                 return
@@ -292,8 +305,9 @@ class Optimizer:
                 dst[name] = None
                 continue
             value = value.data if isinstance(value, Tensor) else value
-            dtype = np.float32 if name == "step" else (p.dtype if np.dtype(getattr(value, "dtype", float)).kind
-                                                       == "f" else None)
+            floating = _is_floating(np.dtype(getattr(value, "dtype", float)))
+            dtype = np.float32 if name == "step" else (
+                (dst[name].dtype if dst.get(name) is not None else p.dtype) if floating else None)
             arr = _dev.to_device(value, p.device, dtype=dtype)
             if dst.get(name) is not None:
                 if tuple(dst[name].shape) != tuple(arr.shape):
@@ -304,6 +318,8 @@ class Optimizer:
                 dst[name] = _dev.to_device(arr, p.device, copy=True)
         if entry is not None:
             fs.set_step(j, self._flat_step_of(dst))
+            if fs.master and "master_param" in values:       # the model's copy follows the loaded master copy
+                fs.param_views[j][...] = fs.master_views[j].astype(fs.lowp_dtype)
 
     def _flat_step_of(self, state):
         """The step count a loaded flat-set state means (Adam: its "step"; SGD: 1 if it has a buffer)."""

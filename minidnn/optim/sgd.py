@@ -15,9 +15,9 @@ class SGD(Optimizer):
     fused_amp_scaling = True        # the fused step takes GradScaler's scale/found_inf (see Optimizer.step)
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
-                 fused=None):
+                 fused=None, master_weights=False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        maximize=maximize, fused=fused)
+                        maximize=maximize, fused=fused, master_weights=master_weights)
         super().__init__(params, defaults)
 
     def _validate(self, group):

@@ -65,6 +65,34 @@ typedef VECTOR V;
 #endif
 #define LOAD(r, a, i) { const V t_ = reinterpret_cast<const V*>(a)[i]; UNPACK(r, t_) }
 #define STORE(a, i, r) { V t_; PACK(t_, r) reinterpret_cast<V*>(a)[i] = t_; }
+// Master weights (MASTER): gradients and the model's parameters are float16 (LOWP_BF16 0) or bfloat16 (1) bits,
+// the update runs in T = float on the master copy p; conversions by PTX / bit arithmetic (no headers needed).
+#if MASTER
+typedef unsigned short GT;
+__device__ __forceinline__ float lowp_to_float(unsigned short h) {
+#if LOWP_BF16
+    return __uint_as_float(((unsigned int)h) << 16);
+#else
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#endif
+}
+__device__ __forceinline__ unsigned short float_to_lowp(float f) {
+#if LOWP_BF16
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0u;      // NaN stays a quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                                         // round to nearest even
+    return (unsigned short)(u >> 16);
+#else
+    unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#endif
+}
+#define LOAD_G(r, a, i) { _Pragma("unroll") for (int k_ = 0; k_ < VEC; ++k_) r[k_] = lowp_to_float(a[(i) * VEC + k_]); }
+#define STORE_LOWP(a, i, r) { _Pragma("unroll") for (int k_ = 0; k_ < VEC; ++k_) a[(i) * VEC + k_] = float_to_lowp(r[k_]); }
+#else
+typedef T GT;
+#define LOAD_G(r, a, i) LOAD(r, a, i)
+#define STORE_LOWP(a, i, r)
+#endif
 // Grid-stride loop over the n_vec vectors.
 #define FOR_EACH_VECTOR(i) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
@@ -129,7 +157,7 @@ __device__ __forceinline__ void grid_barrier(unsigned int* bar)
 }
 
 // Phase 1 of an UNSCALE launch: does any gradient this launch will use hold inf or NaN?
-__device__ __forceinline__ void check_gradients(const T* __restrict__ g, const unsigned char* __restrict__ has_grad,
+__device__ __forceinline__ void check_gradients(const GT* __restrict__ g, const unsigned char* __restrict__ has_grad,
                                                 const int* __restrict__ vec_param, float* found_inf,
                                                 unsigned int* bar, const long long n_vec)
 {
@@ -145,7 +173,7 @@ __device__ __forceinline__ void check_gradients(const T* __restrict__ g, const u
         if (!act) continue;
 #endif
         T r[VEC];
-        LOAD(r, g, i)
+        LOAD_G(r, g, i)
 #pragma unroll
         for (int k = 0; k < VEC; ++k) bad = bad || !isfinite(r[k]);
     }
@@ -177,11 +205,11 @@ __device__ __forceinline__ void adam_scalars(const double* __restrict__ hyper, c
 }
 
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)
-adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
+adam_flat(T* __restrict__ p, const GT* __restrict__ g, T* __restrict__ m, T* __restrict__ v,
           T* __restrict__ vmax, const double* __restrict__ hyper, float* steps,
           const unsigned char* __restrict__ has_grad, const int* __restrict__ vec_param,
           const int n_params, unsigned int* ticket, const float* __restrict__ scale, float* found_inf,
-          const long long n_vec)
+          GT* __restrict__ p_lowp, const long long n_vec)
 {
     AMP_PROLOGUE
     // hyper: lr, beta1, beta2, eps, weight_decay
@@ -208,7 +236,7 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
         if (!active) continue;
 #endif
         T rp[VEC], rg[VEC], rm[VEC], rv[VEC];
-        LOAD(rp, p, i) LOAD(rg, g, i) LOAD(rm, m, i) LOAD(rv, v, i)
+        LOAD(rp, p, i) LOAD_G(rg, g, i) LOAD(rm, m, i) LOAD(rv, v, i)
 #if AMSGRAD
         T rx[VEC];
         LOAD(rx, vmax, i)
@@ -236,7 +264,7 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
 #endif
             rp[k] = rp[k] + (rm[k] / denom) * neg_step_size;
         }
-        STORE(p, i, rp) STORE(m, i, rm) STORE(v, i, rv)
+        STORE(p, i, rp) STORE(m, i, rm) STORE(v, i, rv) STORE_LOWP(p_lowp, i, rp)
 #if AMSGRAD
         STORE(vmax, i, rx)
 #endif
@@ -249,10 +277,10 @@ adam_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ m, T* __re
 # momentum buffer starts as its first gradient (PyTorch: buf = clone(grad), no dampening).
 _SGD = _COMMON + r"""
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS)
-sgd_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, const double* __restrict__ hyper,
+sgd_flat(T* __restrict__ p, const GT* __restrict__ g, T* __restrict__ buf, const double* __restrict__ hyper,
          float* steps, const unsigned char* __restrict__ has_grad, const int* __restrict__ vec_param,
          const int n_params, unsigned int* ticket, const float* __restrict__ scale, float* found_inf,
-         const long long n_vec)
+         GT* __restrict__ p_lowp, const long long n_vec)
 {
     AMP_PROLOGUE
     // hyper: lr, momentum, dampening, weight_decay
@@ -281,7 +309,7 @@ sgd_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, const 
         if (!active) continue;
 #endif
         T rp[VEC], rg[VEC];
-        LOAD(rp, p, i) LOAD(rg, g, i)
+        LOAD(rp, p, i) LOAD_G(rg, g, i)
 #if MOMENTUM
         T rb[VEC];
         if (!first) LOAD(rb, buf, i)
@@ -303,7 +331,7 @@ sgd_flat(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ buf, const 
 #endif
             rp[k] = rp[k] + d * neg_lr;
         }
-        STORE(p, i, rp)
+        STORE(p, i, rp) STORE_LOWP(p_lowp, i, rp)
 #if MOMENTUM
         STORE(buf, i, rb)
 #endif
@@ -318,7 +346,7 @@ def kernel_source(kind: str, dtype, **flags) -> tuple[str, tuple]:
     scalar, vector, vec = _VECTOR[np.dtype(dtype)]
     names = ("AMSGRAD", "MAXIMIZE", "DECOUPLED", "MASKED") if kind == "adam" else \
         ("MOMENTUM", "NESTEROV", "MAXIMIZE", "MASKED")
-    names += ("GUARDED", "UNSCALE")
+    names += ("GUARDED", "UNSCALE", "MASTER", "LOWP_BF16")
     defines = [f"-DSCALAR={scalar}", f"-DVECTOR={vector}", f"-DVEC={vec}"]
     defines += [f"-D{n}={int(bool(flags.get(n.lower(), False)))}" for n in names]
     return (_ADAM if kind == "adam" else _SGD), tuple(defines) + ("--fmad=false", "-std=c++14")
@@ -350,6 +378,17 @@ def _launch(kernel, p, args, unscale):
     _launches += 1
 
 
+def _master_flags(p, g, p_lowp):
+    if p_lowp is None:
+        if g.dtype != p.dtype:
+            raise ValueError(f"multi_tensor: gradient dtype {g.dtype} differs from parameter dtype {p.dtype}")
+        return {}
+    if p.dtype != np.float32 or g.dtype != p_lowp.dtype or p_lowp.dtype.itemsize != 2:
+        raise ValueError(f"multi_tensor: master weights need float32 p and float16/bfloat16 g and p_lowp, got "
+                         f"{p.dtype}, {g.dtype}, {p_lowp.dtype}")
+    return {"master": True, "lowp_bf16": p_lowp.dtype.name == "bfloat16"}
+
+
 def _amp_args(ticket, scale, found_inf):
     """(flags, kernel args) of the loss-scaling inputs: ``found_inf`` alone guards the step (GUARDED); with
     ``scale`` the launch also checks and unscales the gradients itself (UNSCALE)."""
@@ -363,28 +402,32 @@ def _amp_args(ticket, scale, found_inf):
 
 
 def adam_flat_step(p, g, m, v, vmax, hyper, steps, ticket, has_grad=None, vec_param=None, *,
-                   amsgrad, maximize, decoupled, scale=None, found_inf=None):
+                   amsgrad, maximize, decoupled, scale=None, found_inf=None, p_lowp=None):
     """One Adam/AdamW step over flat buffers (one launch).  ``has_grad``/``vec_param`` given: the masked
     variant (parameters without a gradient are skipped, each parameter uses its own step count);
     otherwise every parameter has a gradient and all step counts are equal (steps[0] is read).
     ``found_inf`` ((1,) float32): skip the step on the device when it is non-zero; with ``scale`` ((1,) float32)
-    the launch first sets it from its own inf/NaN check and updates with g / scale (GradScaler)."""
+    the launch first sets it from its own inf/NaN check and updates with g / scale (GradScaler).
+    ``p_lowp`` (master weights): g and p_lowp are float16/bfloat16, p and the state float32; the launch writes
+    the updated p, rounded, into p_lowp."""
     masked = has_grad is not None
     amp_flags, amp = _amp_args(ticket, scale, found_inf)
     k = _kernel("adam", p.dtype, amsgrad=amsgrad, maximize=maximize, decoupled=decoupled, masked=masked,
-                **amp_flags)
+                **amp_flags, **_master_flags(p, g, p_lowp))
     _launch(k, p, (p, g, m, v, vmax if amsgrad else m, hyper, steps, has_grad if masked else ticket,
-                   vec_param if masked else ticket, np.int32(steps.size), ticket) + amp, amp_flags["unscale"])
+                   vec_param if masked else ticket, np.int32(steps.size), ticket) + amp
+            + (p_lowp if p_lowp is not None else ticket,), amp_flags["unscale"])
 
 
 def sgd_flat_step(p, g, buf, hyper, steps, ticket, has_grad=None, vec_param=None, *, nesterov, maximize,
-                  scale=None, found_inf=None):
+                  scale=None, found_inf=None, p_lowp=None):
     """One SGD step over flat buffers (one launch); ``buf`` None means momentum == 0.  ``scale``/``found_inf``
     as in adam_flat_step."""
     masked = has_grad is not None
     momentum = buf is not None
     amp_flags, amp = _amp_args(ticket, scale, found_inf)
     k = _kernel("sgd", p.dtype, momentum=momentum, nesterov=nesterov and momentum, maximize=maximize,
-                masked=masked, **amp_flags)
+                masked=masked, **amp_flags, **_master_flags(p, g, p_lowp))
     _launch(k, p, (p, g, buf if momentum else p, hyper, steps, has_grad if masked else ticket,
-                   vec_param if masked else ticket, np.int32(steps.size), ticket) + amp, amp_flags["unscale"])
+                   vec_param if masked else ticket, np.int32(steps.size), ticket) + amp
+            + (p_lowp if p_lowp is not None else ticket,), amp_flags["unscale"])
