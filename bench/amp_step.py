@@ -1,0 +1,96 @@
+"""Mixed-precision training steps, minidnn beside PyTorch (torch.autocast), from one run.
+
+Models: ResNet-20 and MobileNet-small at batch 128 on CIFAR-sized input, both frameworks built from the same
+source (minidnn/models.py; see bench/train_step.py's torch_models).  One step = forward under autocast,
+cross-entropy, backward, SGD(momentum 0.9) step; float16 adds GradScaler (scale, step, update).
+Columns: fp32, bf16 (autocast), fp16 (autocast + GradScaler), median ms per step, and minidnn's bf16 time as a
+fraction of its own fp32 step (issue target: <= 0.75).
+
+    python bench/amp_step.py [--device cuda] [--steps 30] [--models resnet20,mobilenet]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from train_step import CONFIGS, _median_ms, torch, torch_models  # noqa: E402
+
+import minidnn as mdn  # noqa: E402
+import minidnn.models  # noqa: E402
+import minidnn.nn.functional as F  # noqa: E402
+
+MODES = ("fp32", "bf16", "fp16")
+
+
+def minidnn_step(name, mode, device):
+    ctor, shape, batch = CONFIGS[name]
+    mdn.manual_seed(0)
+    model = eval(ctor, vars(minidnn.models)).to(device)
+    opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = mdn.amp.GradScaler(device, enabled=mode == "fp16")
+    x = mdn.randn(batch, *shape, device=device)
+    y = mdn.randint(0, 10, (batch,), device=device)
+    dtype = {"bf16": mdn.bfloat16, "fp16": mdn.float16}.get(mode, mdn.bfloat16)
+
+    def step():
+        with mdn.autocast(device, dtype=dtype, enabled=mode != "fp32"):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return step
+
+
+def torch_step(name, mode, device, ns):
+    ctor, shape, batch = CONFIGS[name]
+    torch.manual_seed(0)
+    model = eval(ctor, ns).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler(device, enabled=mode == "fp16")
+    x = torch.randn(batch, *shape, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode, torch.bfloat16)
+
+    def step():
+        with torch.autocast(device, dtype=dtype, enabled=mode != "fp32"):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    return step
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if mdn.cuda.is_available() else "cpu")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--models", default="resnet20,mobilenet")
+    args = ap.parse_args()
+    if args.device == "cpu":
+        print("note: on the CPU only bf16 autocast exists (fp16 is skipped); CPU times are not the target")
+    if torch is not None and args.device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    ns = torch_models() if torch is not None else None
+    tsync = (torch.cuda.synchronize if args.device == "cuda" else (lambda: None)) if torch is not None else None
+    print(f"{'model':<10} {'mode':<5} {'minidnn ms':>11} {'PyTorch ms':>11} {'ratio':>7} {'vs own fp32':>12}")
+    for name in args.models.split(","):
+        own_fp32 = None
+        for mode in MODES:
+            if mode == "fp16" and args.device == "cpu":
+                continue
+            m_ms = _median_ms(minidnn_step(name, mode, args.device), lambda: mdn.cuda.synchronize(), args.steps)
+            t_ms = _median_ms(torch_step(name, mode, args.device, ns), tsync, args.steps) if ns else float("nan")
+            own_fp32 = m_ms if mode == "fp32" else own_fp32
+            print(f"{name:<10} {mode:<5} {m_ms:>11.2f} {t_ms:>11.2f} {m_ms / t_ms:>6.2f}x "
+                  f"{m_ms / own_fp32:>11.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
