@@ -1,4 +1,4 @@
-"""Real datasets: the 8x8 digits bundled with scikit-learn, MNIST, Fashion-MNIST and CIFAR-10.
+"""Real datasets: the 8x8 digits bundled in the package (UCI optdigits), MNIST, Fashion-MNIST and CIFAR-10.
 
 Every dataset is an ``ImageDataset``: a ``TensorDataset`` of images (N, C, H, W) and int64 labels with
 ``.classes``, whose samples and batches come out as float32 in [0, 1] (uint8 storage is converted per
@@ -74,7 +74,7 @@ class ImageDataset(TensorDataset):
 
 
 # ----------------------------------------------------------------------------------------------
-# Digits (scikit-learn)
+# Digits (bundled: minidnn/data/digits.npz)
 # ----------------------------------------------------------------------------------------------
 DIGITS_TEST_SIZE = 360      # of 1797: the 80/20 split of sklearn's train_test_split(test_size=0.2)
 
@@ -93,20 +93,18 @@ def digits_split_indices(n=1797, test_size=DIGITS_TEST_SIZE):
 
 
 def load_digits(split="train", as_tensors=False, root=None, transform=None):
-    """scikit-learn's 1797 8x8 handwritten digits: 1437 train / 360 test, the same split everywhere.
+    """The 1797 8x8 handwritten digits (UCI optdigits, as bundled by scikit-learn): 1437 train / 360 test,
+    the same split everywhere.
 
     Returns an ``ImageDataset`` of float32 images (N, 1, 8, 8) scaled to [0, 1] (pixel / 16) and int64 labels
     0-9, or with ``as_tensors=True`` the pair ``(images, labels)`` of Tensors.  ``split``: "train", "test" or
     "all".  ``root`` is accepted for symmetry with the other loaders and unused: the data ship inside
-    scikit-learn, so this works offline.
+    minidnn (``minidnn/data/digits.npz``, 45 kB; source and licence in ``digits_SOURCE.md`` beside it),
+    so this works offline and needs no scikit-learn.
     """
-    try:
-        from sklearn.datasets import load_digits as _sk_load_digits
-    except ImportError as exc:
-        raise ImportError("load_digits needs scikit-learn (it ships the digits): pip install scikit-learn") from exc
-    bunch = _sk_load_digits()
-    images = (bunch.images.astype(np.float32) / np.float32(16.0))[:, None]
-    labels = bunch.target.astype(np.int64)
+    images, labels = _bundled_digits()
+    images = (images.astype(np.float32) / np.float32(16.0))[:, None]
+    labels = labels.astype(np.int64)
     train, test = digits_split_indices(len(labels))
     chosen = {"train": train, "test": test, "all": np.arange(len(labels))}.get(split)
     if chosen is None:
@@ -114,6 +112,19 @@ def load_digits(split="train", as_tensors=False, root=None, transform=None):
     if as_tensors:
         return wrap(np.ascontiguousarray(images[chosen])), wrap(labels[chosen])
     return ImageDataset(images[chosen], labels[chosen], classes=[str(d) for d in range(10)], transform=transform)
+
+
+DIGITS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits.npz")
+
+
+def _bundled_digits():
+    """(images uint8 (1797, 8, 8) in 0..16, labels uint8 (1797,)) from the file shipped in the package."""
+    try:
+        with np.load(DIGITS_FILE, allow_pickle=False) as f:
+            return f["images"], f["labels"]
+    except FileNotFoundError:
+        raise DatasetNotFoundError(f"load_digits: the bundled file {DIGITS_FILE} is missing; reinstall minidnn "
+                                   "(pip install -e .) so that package data is installed") from None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import pickle
 import struct
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,8 @@ def no_network(monkeypatch):
 
 
 # -- digits ------------------------------------------------------------------------------------------
+DIGITS_IMAGES_SHA256 = "8f26b2bd9d135c256808f68f14fdabddde6d9c7f869ae419704b051f0f14b3b3"
+DIGITS_LABELS_SHA256 = "8ba4f891220f5e4c9c819638d1602d74b83618f167043c6da52a2a247841ddf0"
 def test_digits_split_is_fixed():
     train, test = D.digits_split_indices()
     assert len(train) == 1437 and len(test) == 360
@@ -36,18 +39,37 @@ def test_digits_split_is_fixed():
     assert digest == "6f64a41c53b3764a70a75d75bbcd9dbb0daec518b24a18c5980e63cea921350a"
 
 
+def test_bundled_digits_file_is_the_published_data():
+    # The file shipped in the package (minidnn/data/digits.npz): its exact contents, and its source and licence
+    # noted beside it.  The hashes are of scikit-learn 1.9.1's copy, which the next test compares when present.
+    images, labels = D._bundled_digits()
+    assert images.shape == (1797, 8, 8) and images.dtype == np.uint8 and images.max() == 16
+    assert labels.shape == (1797,) and set(np.unique(labels)) == set(range(10))
+    assert hashlib.sha256(images.tobytes()).hexdigest() == DIGITS_IMAGES_SHA256
+    assert hashlib.sha256(labels.tobytes()).hexdigest() == DIGITS_LABELS_SHA256
+    note = (Path(D.DIGITS_FILE).parent / "digits_SOURCE.md").read_text()
+    assert "UCI" in note and "CC BY 4.0" in note
+
+
+def test_bundled_digits_equal_scikit_learns_copy():
+    datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn not installed (only this cross-check "
+                                   "needs it; minidnn ships the digits)")
+    sk = datasets.load_digits()
+    images, labels = D._bundled_digits()
+    np.testing.assert_array_equal(images, sk.images)
+    np.testing.assert_array_equal(labels, sk.target)
+
+
 def test_load_digits_shapes_dtypes_and_values():
-    pytest.importorskip("sklearn")
-    from sklearn.datasets import load_digits as sk_load_digits
     train, test = D.load_digits("train"), D.load_digits("test")
     assert (len(train), len(test)) == (1437, 360)
     assert train.data.shape == (1437, 1, 8, 8) and train.data.dtype == np.float32
     assert train.targets.dtype == np.int64 and train.classes == [str(d) for d in range(10)]
     assert 0.0 <= train.data.min() and train.data.max() == 1.0
-    sk = sk_load_digits()
+    images, labels = D._bundled_digits()
     _, test_idx = D.digits_split_indices()
-    np.testing.assert_array_equal(test.data[:, 0] * 16, sk.images[test_idx])
-    np.testing.assert_array_equal(test.targets, sk.target[test_idx])
+    np.testing.assert_array_equal(test.data[:, 0] * 16, images[test_idx])
+    np.testing.assert_array_equal(test.targets, labels[test_idx])
     assert all(np.bincount(test.targets, minlength=10) >= 25)       # every class is represented
     images, labels = D.load_digits("test", as_tensors=True)
     assert isinstance(images, mdn.Tensor) and images.shape == (360, 1, 8, 8) and labels.dtype == np.int64
@@ -57,7 +79,6 @@ def test_load_digits_shapes_dtypes_and_values():
 
 
 def test_digits_through_loader_with_upsampling():
-    pytest.importorskip("sklearn")
     ds = D.load_digits("test", transform=T.Upsample(2))
     xb, yb = next(iter(DataLoader(ds, batch_size=32, shuffle=True, seed=0)))
     assert xb.shape == (32, 1, 16, 16) and xb.dtype == np.float32 and yb.dtype == np.int64

@@ -43,11 +43,11 @@ def test_mobilenet_uses_depthwise_convolutions():
 
 @pytest.fixture(scope="module")
 def digits():
-    datasets = pytest.importorskip("sklearn.datasets")
-    d = datasets.load_digits()
-    x = d.data[:256].astype(np.float32)
+    from minidnn.data.datasets import load_digits
+    images, labels = load_digits("all", as_tensors=True)
+    x = images.numpy()[:256] * np.float32(16)                  # the raw 0..16 pixels, in the original order
     x = ((x - x.mean()) / x.std()).reshape(-1, 1, 8, 8)       # standardised: PyTorch's default init expects it
-    return mdn.tensor(x), mdn.tensor(d.target[:256].astype(np.int64))
+    return mdn.tensor(x), mdn.tensor(labels.numpy()[:256])
 
 
 @pytest.mark.parametrize("make, steps, lr, batch_size", [
