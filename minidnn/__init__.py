@@ -10,6 +10,8 @@ import numpy as _np
 
 __version__ = "0.1.0"
 
+from ._threads import set_num_threads, get_num_threads, _apply_default as _apply_thread_default  # noqa: E402
+_apply_thread_default()                     # BLAS/OpenMP threads: half the CPUs unless the user chose (docs/threads.md)
 from . import backend                       # noqa: E402,F401
 from . import autograd                      # noqa: E402,F401
 from .autograd import enable_grad, inference_mode, no_grad, set_grad_enabled, is_grad_enabled  # noqa: E402,F401
@@ -35,6 +37,8 @@ bool = _np.dtype("bool")
 complex64 = _np.dtype("complex64")
 
 device = backend.device
+from ._memory_format import (channels_last, channels_last_3d, contiguous_format, memory_format,  # noqa: E402,F401
+                             preserve_format)
 Device = backend.Device
 from .serialization import save, load       # noqa: E402,F401
 from .summary import summary                # noqa: E402,F401

@@ -1,0 +1,81 @@
+"""How many threads the CPU libraries under minidnn use: ``set_num_threads`` / ``get_num_threads``.
+
+minidnn's CPU time is spent in NumPy's BLAS (OpenBLAS or MKL) and, where present, OpenMP.  Their own
+default is one thread per logical CPU, busy-waiting between calls.  That is right for one big product on
+an idle machine and very wrong for what minidnn runs: many small products, often on a laptop or a
+2-core CI box that something else is also using.  Measured on a 2-core machine with one other busy
+process (docs/threads.md): a LeNet epoch went from 0.40 s to 1.9-3.9 s with two BLAS threads, and
+stayed at 0.3-0.5 s with one.
+
+The default, applied when minidnn is imported (docs/threads.md has the measurements behind it):
+
+* if the user already chose (``MINIDNN_NUM_THREADS``, or any of ``OMP_NUM_THREADS``,
+  ``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``), that choice stands: minidnn changes nothing, except
+  that ``MINIDNN_NUM_THREADS`` is applied through threadpoolctl;
+* otherwise half the CPUs this process may run on (``os.sched_getaffinity``), at least 1, at most 8:
+  1 on a 2-core machine, 4 on an 8-core laptop.  The other half stays free for the data loader, the
+  notebook kernel, or whatever else runs beside, so a busy machine slows minidnn down gracefully instead
+  of by 5x.
+
+The limit is set through threadpoolctl (a maintained library that finds every BLAS/OpenMP runtime loaded
+in the process and calls its own API), not through environment variables, which only work before the
+library is loaded.  ``set_num_threads`` re-scans, so libraries loaded later (CuPy, PyTorch's OpenMP) are
+covered from the next call on.
+"""
+from __future__ import annotations
+
+import os
+
+__all__ = ["set_num_threads", "get_num_threads", "default_num_threads"]
+
+_USER_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_MAX_DEFAULT = 8
+
+
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):         # not Linux
+        return os.cpu_count() or 1
+
+
+def default_num_threads() -> int:
+    """Half the CPUs available to this process, between 1 and 8 (see the module docstring)."""
+    return max(1, min(_MAX_DEFAULT, _available_cpus() // 2))
+
+
+def _controller():
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController()
+
+
+def set_num_threads(n: int) -> None:
+    """Use at most ``n`` threads in every BLAS and OpenMP runtime loaded in this process (PyTorch's
+    ``torch.set_num_threads``).  ``n`` must be a positive int."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
+    _controller().limit(limits=int(n))
+
+
+def get_num_threads() -> int:
+    """The threads NumPy's BLAS may use now (the largest limit among the loaded BLAS runtimes; 1 if none)."""
+    infos = [lib.num_threads for lib in _controller().lib_controllers if lib.user_api == "blas"]
+    return max(infos) if infos else 1
+
+
+def _apply_default() -> None:
+    """Called once when minidnn is imported."""
+    explicit = os.environ.get("MINIDNN_NUM_THREADS")
+    if explicit:
+        try:
+            n = int(explicit)
+        except ValueError:
+            raise ValueError(f"MINIDNN_NUM_THREADS={explicit!r} must be a positive integer") from None
+        set_num_threads(n)
+        return
+    if any(os.environ.get(name) for name in _USER_ENV):
+        return                                # the user chose through the libraries' own variables
+    try:
+        set_num_threads(default_num_threads())
+    except ImportError:                       # threadpoolctl missing (an install without dependencies)
+        pass
