@@ -695,41 +695,27 @@ def eye(n, m=None, dtype=None, device=None, requires_grad=False):
     return _factory(lambda xp, s, d: xp.eye(n, m, dtype=d), (), dtype, device, requires_grad)
 
 
-# -- random numbers: one seeded generator per device ----------------------------------------------
-_generators = {}
-_seed = None
-
-
+# -- random numbers: each device's default Generator lives in minidnn/random.py ------------------------------
 def manual_seed(seed: int):
     """Seed every generator (cpu and each GPU) for reproducible rand/randn/randint/dropout/init."""
-    global _seed
-    _seed = int(seed)
-    _generators.clear()
-    return _seed
+    from . import random as _rnd
+    return _rnd.manual_seed(seed)
 
 
-def _generator(dev):
-    g = _generators.get(dev)
-    if g is None:
-        seed = _seed if _seed is not None else np.random.SeedSequence().entropy % (2 ** 63)
-        seed = seed + (0 if dev.type == "cpu" else 1000003 * (dev.index + 1))
-        if dev.type == "cpu":
-            g = np.random.default_rng(seed)
-        else:
-            with _dev.device_guard(dev):
-                g = dev.xp.random.default_rng(seed)
-        _generators[dev] = g
-    return g
+def _generator(dev, generator=None):
+    """The engine that draws on ``dev``: ``generator``'s (a minidnn.Generator) or the device default's."""
+    from . import random as _rnd
+    return _rnd.engine_for(dev, generator)
 
 
 def default_generator(device=None):
     return _generator(_dev.device(device))
 
 
-def _random(kind, size, dtype, device, requires_grad, **kw):
+def _random(kind, size, dtype, device, requires_grad, generator=None, **kw):
     dt = _to_dtype(dtype) or _DEFAULT_FLOAT
     dev = _dev.device(device)
-    g = _generator(dev)
+    g = _generator(dev, generator)
     shape = _shape_arg(size)
     with _dev.device_guard(dev):
         if kind == "rand":
@@ -745,21 +731,21 @@ def _random(kind, size, dtype, device, requires_grad, **kw):
     return t
 
 
-def rand(*size, dtype=None, device=None, requires_grad=False):
-    return _random("rand", size, dtype, device, requires_grad)
+def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    return _random("rand", size, dtype, device, requires_grad, generator)
 
 
-def randn(*size, dtype=None, device=None, requires_grad=False):
-    return _random("randn", size, dtype, device, requires_grad)
+def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    return _random("randn", size, dtype, device, requires_grad, generator)
 
 
-def randint(low, high=None, size=None, dtype=None, device=None):
+def randint(low, high=None, size=None, dtype=None, device=None, generator=None):
     """``randint(high, size)`` or ``randint(low, high, size)``: integers in [low, high)."""
     if size is None:
         low, high, size = 0, low, high
     if high is None:
         raise TypeError("randint needs high and size")
-    return _random("randint", (tuple(size),), dtype or np.int64, device, False, low=low, high=high)
+    return _random("randint", (tuple(size),), dtype or np.int64, device, False, generator, low=low, high=high)
 
 
 def rand_like(t, dtype=None, device=None, requires_grad=False):
