@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from . import _memory_format as _mf
 from . import autograd as _ag
 from .autograd import AccumulateGrad, _state
 from .backend import devices as _dev
@@ -249,11 +250,13 @@ class Tensor:
     def __dlpack_device__(self):
         return self.data.__dlpack_device__()
 
-    def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False):
-        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other_tensor)``: differentiable."""
+    def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False, memory_format=None):
+        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other_tensor)``, and ``memory_format=``:
+        differentiable."""
         device, dtype = parse_to_args(args, device, dtype)
         from .ops import transfer
-        return transfer(self, device=device, dtype=dtype, copy=copy)
+        out = transfer(self, device=device, dtype=dtype, copy=copy)
+        return out if memory_format is None else out.contiguous(memory_format)
 
     def cpu(self):
         return self.to("cpu")
@@ -294,11 +297,17 @@ class Tensor:
         self.requires_grad = False
         return self
 
-    def contiguous(self):
-        return self
+    def contiguous(self, memory_format=_mf.contiguous_format):
+        """This tensor if its memory is laid out as ``memory_format`` already, else a (differentiable) copy that is."""
+        if _mf.is_in(self.data, memory_format, "contiguous"):
+            return self
+        out = self.clone()
+        out.data = _mf.relayout(out.data, memory_format, "contiguous")
+        return out
 
-    def is_contiguous(self):
-        return bool(self.data.flags.c_contiguous)
+    def is_contiguous(self, memory_format=_mf.contiguous_format):
+        """Whether the memory is laid out as ``memory_format`` (row-major by default; channels_last: NHWC order)."""
+        return _mf.is_in(self.data, memory_format)
 
     # -- in-place ops ------------------------------------------------------------------------
     def _check_inplace(self, op):

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import _memory_format as _mf
 from ..autograd import no_grad
 from ..backend import devices as _dev
 from ..tensor import Tensor, _to_dtype, parse_to_args
@@ -349,10 +350,12 @@ class Module:
         return self
 
     def to(self, *args, **kwargs):
-        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)``; dtype casts only floating tensors
-        (integer buffers such as counters keep their dtype), as in PyTorch."""
+        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)``, ``memory_format=``; dtype casts only
+        floating tensors (integer buffers such as counters keep their dtype), as in PyTorch; memory_format relays
+        the 4-D (channels_last) or 5-D (channels_last_3d) parameters and buffers."""
         device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
         kwargs.pop("non_blocking", None)
+        fmt = kwargs.pop("memory_format", None)
         if kwargs:
             raise TypeError(f"Module.to() got unexpected keyword arguments {sorted(kwargs)}")
         device, dtype = parse_to_args(args, device, dtype)
@@ -367,9 +370,11 @@ class Module:
             if dt is not None and _is_floating(dt) and arr.dtype.kind == "c":
                 dt = None      # never silently drop imaginary parts
             target = dev if dev is not None else _dev.device_of(arr)
-            if target == _dev.device_of(arr) and (dt is None or dt == arr.dtype):
-                return arr
-            return _dev.to_device(arr, target, dtype=dt)
+            if not (target == _dev.device_of(arr) and (dt is None or dt == arr.dtype)):
+                arr = _dev.to_device(arr, target, dtype=dt)
+            if fmt is not None and arr.ndim == {_mf.channels_last: 4, _mf.channels_last_3d: 5}.get(fmt, arr.ndim):
+                arr = _mf.relayout(arr, fmt, "Module.to")      # PyTorch: only 4-D (5-D) tensors change layout
+            return arr
 
         return self._apply_to_tensors(convert)
 

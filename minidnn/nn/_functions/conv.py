@@ -26,6 +26,24 @@ __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]
 
 
+# Channels-last activations (PyTorch's memory format: NCHW indexing, NHWC memory) go to the backend as the NHWC-indexed
+# views they are, so kernels with native NHWC paths read them without a transpose, and outputs keep that layout.
+def _channels_last(arr):
+    return arr.ndim >= 3 and B.memory_format(arr) is B.TensorFormat.NHWC
+
+
+def _last(arr):
+    return arr.transpose(B.channels_last_perm(arr.ndim))
+
+
+def _first(arr):
+    return arr.transpose(B.channels_first_perm(arr.ndim))
+
+
+def _last_shape(shape):
+    return tuple(shape[i] for i in B.channels_last_perm(len(shape)))
+
+
 class ConvForward(Function):
     @staticmethod
     def forward(ctx, x, w, desc):
@@ -33,6 +51,9 @@ class ConvForward(Function):
         # gx needs w, gw needs x: keep only what the requested gradients use.
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         ctx.shapes = (tuple(x.shape), tuple(w.shape))
+        if _channels_last(x.data):
+            y = B.convolution_forward(handle_for(x), _last(x.data), w.data, desc, format="NHWC")
+            return wrap(_first(y))
         return wrap(B.convolution_forward(handle_for(x), x.data, w.data, desc))
 
     @staticmethod
@@ -52,6 +73,10 @@ class ConvBackwardData(Function):
         ctx.desc = desc
         ctx.save_for_backward(w if ctx.needs_input_grad[1] else None, dy if ctx.needs_input_grad[0] else None)
         ctx.w_shape = tuple(w.shape)
+        if _channels_last(dy.data):
+            dx = B.convolution_backward_data(handle_for(w), w.data, _last(dy.data), desc, _last_shape(x_shape),
+                                             format="NHWC")
+            return wrap(_first(dx))
         return wrap(B.convolution_backward_data(handle_for(w), w.data, dy.data, desc, tuple(x_shape)))
 
     @staticmethod
@@ -70,6 +95,9 @@ class ConvBackwardFilter(Function):
         ctx.desc = desc
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, dy if ctx.needs_input_grad[0] else None)
         ctx.x_shape = tuple(x.shape)
+        if _channels_last(x.data) and _channels_last(dy.data):
+            return wrap(B.convolution_backward_filter(handle_for(x), _last(x.data), _last(dy.data), desc,
+                                                      tuple(w_shape), format="NHWC"))
         return wrap(B.convolution_backward_filter(handle_for(x), x.data, dy.data, desc, tuple(w_shape)))
 
     @staticmethod

@@ -45,28 +45,35 @@ class AvgPool(Function):
     def forward(ctx, x, desc):
         ctx.desc = desc
         ctx.x_shape, ctx.dtype = tuple(x.shape), x.dtype
+        ctx.channels_last = x.ndim >= 3 and B.memory_format(x.data) is B.TensorFormat.NHWC
         return wrap(B.pooling_forward(handle_for(x), desc, x.data))
 
     @staticmethod
     def backward(ctx, gy):
-        return AvgPoolBackward.apply(gy, ctx.desc, ctx.x_shape), None
+        return AvgPoolBackward.apply(gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
 
 
 class AvgPoolBackward(Function):
-    """dx = (d avgpool / d x)^T dy: linear in dy, so its own derivative is the average pooling forward."""
+    """dx = (d avgpool / d x)^T dy: linear in dy, so its own derivative is the average pooling forward.
+    ``channels_last``: x was channels-last in memory, and so is dx (computed through NHWC-indexed views)."""
 
     @staticmethod
-    def forward(ctx, dy, desc, x_shape):
+    def forward(ctx, dy, desc, x_shape, channels_last=False):
         ctx.desc = desc
         xp = dy._xp()
         # The primitive reads x only for its shape and dtype (average pooling ignores the values):
         # a broadcast zero costs no memory.
+        if channels_last:
+            last = B.channels_last_perm(len(x_shape))
+            x_like = xp.broadcast_to(xp.zeros((), dtype=dy.dtype), tuple(x_shape[i] for i in last))
+            dx = B.pooling_backward(handle_for(dy), desc, None, dy.data.transpose(last), x_like, format="NHWC")
+            return wrap(xp.ascontiguousarray(dx).transpose(B.channels_first_perm(dx.ndim)))
         x_like = xp.broadcast_to(xp.zeros((), dtype=dy.dtype), x_shape)
         return wrap(B.pooling_backward(handle_for(dy), desc, None, dy.data, x_like))
 
     @staticmethod
     def backward(ctx, g):
-        return AvgPool.apply(g, ctx.desc), None, None
+        return AvgPool.apply(g, ctx.desc), None, None, None
 
 
 def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode):

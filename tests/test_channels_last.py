@@ -1,0 +1,63 @@
+"""channels_last end to end: memory-format API, and a model converted with model.to(memory_format=channels_last)
+keeps every 4-D activation and every activation gradient in NHWC memory order (counted with hooks: zero layout
+changes), with the same values as the channels-first model."""
+import numpy as np
+import pytest
+
+import minidnn as mdn
+import minidnn.nn as nn
+from minidnn.models import MobileNetSmall, resnet20
+
+
+def test_tensor_memory_format_api(device):
+    x = mdn.randn(2, 3, 4, 5, device=device)
+    assert x.is_contiguous() and not x.is_contiguous(memory_format=mdn.channels_last)
+    y = x.to(memory_format=mdn.channels_last)
+    assert y.shape == x.shape and y.is_contiguous(memory_format=mdn.channels_last) and not y.is_contiguous()
+    assert y.contiguous(memory_format=mdn.channels_last) is y
+    np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy())
+    z = y.contiguous()
+    assert z.is_contiguous()
+    with pytest.raises(RuntimeError, match="rank 4"):
+        mdn.randn(2, 3).contiguous(memory_format=mdn.channels_last)
+    # The layout change is differentiable: the gradient passes through unchanged.
+    a = mdn.randn(1, 2, 3, 3, requires_grad=True)
+    (a.to(memory_format=mdn.channels_last) * 2).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), np.full((1, 2, 3, 3), 2, np.float32))
+
+
+def test_module_to_channels_last_converts_only_4d_tensors():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    model.to(memory_format=mdn.channels_last)
+    assert model[0].weight.is_contiguous(memory_format=mdn.channels_last)
+    assert model[1].weight.is_contiguous() and model[3].weight.is_contiguous()
+
+
+@pytest.mark.parametrize("make", [lambda: resnet20(), lambda: MobileNetSmall()], ids=["resnet20", "mobilenet_small"])
+def test_model_keeps_nhwc_through_forward_and_backward(make, device):
+    mdn.manual_seed(0)
+    ref = make().to(device)
+    model = make().to(device)
+    model.load_state_dict(ref.state_dict())
+    model.to(memory_format=mdn.channels_last)
+    x = mdn.randn(2, 3, 16, 16, device=device)
+    layout_changes = []
+
+    def watch(mod, inp, out):
+        if out.ndim == 4:
+            if not out.is_contiguous(memory_format=mdn.channels_last):
+                layout_changes.append(f"{type(mod).__name__} output")
+            if out.requires_grad:
+                out.register_hook(lambda g, name=type(mod).__name__: layout_changes.append(f"{name} grad")
+                                  if not g.is_contiguous(memory_format=mdn.channels_last) else None)
+
+    for mod in model.modules():
+        mod.register_forward_hook(watch)
+    y = model(x.to(memory_format=mdn.channels_last))
+    (y * mdn.arange(10, device=device)).sum().backward()
+    y_ref = ref(x)
+    (y_ref * mdn.arange(10, device=device)).sum().backward()
+    assert layout_changes == []
+    np.testing.assert_allclose(y.cpu().numpy(), y_ref.cpu().numpy(), rtol=1e-4, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.cpu().numpy(), q.grad.cpu().numpy(), rtol=1e-3, atol=1e-4)
