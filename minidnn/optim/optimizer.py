@@ -174,6 +174,7 @@ class Optimizer:
                 amp["scale"] = self._unscale_before_update(amp["scale"], amp["found_inf"])
             for group, flat_sets in zip(self.param_groups, self._flat_sets):
                 if not flat_sets:
+                    self._check_grads(group)
                     self._single_update(group)
                     continue
                 launches += self._fused_update(group, flat_sets, **amp)
@@ -183,6 +184,14 @@ class Optimizer:
         self._launches_per_step = launches
         self._grad_copies_per_step = copies
         return loss
+
+    def _check_grads(self, group):
+        """A gradient must match its parameter's shape and device (NumPy would broadcast a wrong one silently)."""
+        for i, p in enumerate(group["params"]):
+            g = p.grad
+            if g is not None and (tuple(g.shape) != tuple(p.shape) or g.device != p.device):
+                raise RuntimeError(f"{type(self).__name__}.step: parameter {i} has shape {tuple(p.shape)} on "
+                                   f"{p.device} but its gradient has shape {tuple(g.shape)} on {g.device}")
 
     def _unscale_before_update(self, scale, found_inf):
         """Loss scaling: a single flat set updated by a CUDA kernel checks and unscales its gradients inside its
@@ -253,7 +262,35 @@ class Optimizer:
     def load_state_dict(self, state_dict: dict):
         """Copy a state_dict's values INTO this optimizer's state (flat buffers are never rebound) and take its
         groups' hyperparameters.  State of parameters absent from ``state_dict`` is reset, as PyTorch drops it."""
-        saved_groups = state_dict["param_groups"]
+        saved_groups, saved_state = self._check_state_dict(state_dict)
+        # Everything is validated above; from here on nothing can fail half-way.
+        for g in self.param_groups:
+            for p in g["params"]:
+                if id(p) not in saved_state:
+                    self._reset_state(p)
+        for g, s in zip(self.param_groups, saved_groups):
+            g.update({k: v for k, v in s.items() if k not in ("params", "fused")})
+        for g in self.param_groups:
+            for p in g["params"]:
+                values = saved_state.get(id(p))
+                if values is not None:
+                    self._load_param_state(g, p, values)
+
+    def _check_state_dict(self, state_dict):
+        """Validate a state_dict completely before anything is changed: its structure, group sizes, every
+        hyperparameter (through the subclass's _validate on a copy) and every state entry's shape.  Returns
+        (saved groups, {id(param): state})."""
+        name = type(self).__name__
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+            raise ValueError(f"{name}.load_state_dict: expected a dict with 'state' and 'param_groups' (what "
+                             f"state_dict() returns), got {type(state_dict).__name__}"
+                             + (f" with keys {sorted(map(str, state_dict))}" if isinstance(state_dict, dict) else ""))
+        saved_groups, saved_states = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_groups, (list, tuple)) or not all(isinstance(g, dict) and "params" in g
+                                                                  for g in saved_groups):
+            raise ValueError(f"{name}.load_state_dict: 'param_groups' must be a list of dicts with 'params'")
+        if not isinstance(saved_states, dict):
+            raise ValueError(f"{name}.load_state_dict: 'state' must be a dict, got {type(saved_states).__name__}")
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups, the optimizer "
                              f"{len(self.param_groups)}")
@@ -262,22 +299,31 @@ class Optimizer:
             if len(g["params"]) != len(s["params"]):
                 raise ValueError(f"loaded state dict's parameter group {i} has {len(s['params'])} parameters, the "
                                  f"optimizer's {len(g['params'])}")
+            trial = dict(g)
+            trial.update({k: v for k, v in s.items() if k not in ("params", "fused")})
+            try:
+                self._validate(trial)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{name}.load_state_dict: parameter group {i}: {exc}") from None
             id_map.update(zip(s["params"], g["params"]))
-        saved_state = {id(id_map[int(k)]): v for k, v in state_dict["state"].items() if int(k) in id_map}
-        for g in self.param_groups:
-            for p in g["params"]:
-                if id(p) not in saved_state:
-                    self._reset_state(p)
-        for g, s in zip(self.param_groups, saved_groups):
-            for k, v in s.items():
-                if k not in ("params", "fused"):
-                    g[k] = v
-            self._validate(g)
-        for g in self.param_groups:
-            for p in g["params"]:
-                values = saved_state.get(id(p))
-                if values is not None:
-                    self._load_param_state(g, p, values)
+        saved_state = {}
+        for k, values in saved_states.items():
+            try:
+                p = id_map.get(int(k))
+            except (TypeError, ValueError):
+                raise ValueError(f"{name}.load_state_dict: state key {k!r} is not a parameter index") from None
+            if p is None:
+                continue
+            if not isinstance(values, dict):
+                raise ValueError(f"{name}.load_state_dict: state of parameter {k} must be a dict, got "
+                                 f"{type(values).__name__}")
+            for entry, value in values.items():
+                shape = tuple(getattr(value, "shape", ()))
+                if entry != "step" and shape not in ((), tuple(p.shape)):
+                    raise ValueError(f"{name}.load_state_dict: state '{entry}' of parameter {k} has shape {shape} "
+                                     f"but the parameter has shape {tuple(p.shape)}")
+            saved_state[id(p)] = values
+        return saved_groups, saved_state
 
     def _reset_state(self, p):
         entry = self._flat_index.get(id(p))
