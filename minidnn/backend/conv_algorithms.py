@@ -317,6 +317,12 @@ class ConvAlgorithm:
         self.algo, self._run, self.rules, self.note = algo, run, tuple(rules), note
         self._workspace, self._cost = workspace, cost
         self.nondeterministic_on = tuple(nondeterministic_on)
+        self.fast_paths = []        # (description, applies(p, a, b), run): device-specific forms, tried first
+
+    def add_fast_path(self, description, applies, run):
+        """Register a faster form of this same algorithm (e.g. conv_cpu.py's NumPy forms): ``run`` computes
+        what the reference computes, and is used whenever ``applies(p, a, b)`` holds for the arrays given."""
+        self.fast_paths.append((description, applies, run))
 
     def __repr__(self):
         return f"ConvAlgorithm({self.algo})"
@@ -342,6 +348,9 @@ class ConvAlgorithm:
         return float(self._cost(p, device_type))
 
     def run(self, p: ConvProblem, a, b, tf32=False):
+        for _, applies, fast in self.fast_paths:
+            if applies(p, a, b):
+                return fast(p, a, b, tf32)
         return self._run(p, a, b, tf32)
 
 
@@ -471,3 +480,6 @@ BACKWARD_FILTER_ALGORITHMS = _registry("convolution_backward_filter", Convolutio
     ConvolutionBwdFilterAlgo.ALGO_3: "cuDNN's ALGO_3 is ALGO_0 with precomputed indices in a CUDA kernel; use ALGO_0",
     ConvolutionBwdFilterAlgo.FFT_TILING: _TILING,
 })
+
+from . import conv_cpu as _conv_cpu     # noqa: E402  (the NumPy fast forms of GEMM and DIRECT, beside the references)
+_conv_cpu.register()

@@ -1,0 +1,230 @@
+"""Fast CPU (NumPy) forms of the GEMM and DIRECT convolution algorithms, registered beside the references.
+
+# x: (N, C, *in)  w: (K, C/G, *kernel)  y: (N, K, *out)       the arrays the algorithms receive (channels-first
+#                                                              index order; the memory may be channels-last)
+# x_cl: (N, *in + 2*pad, C)    channels-last, zero-padded: the one copy of x every direction starts from
+# cols: (N*out, kernel*C)      im2col rows ordered (tap, channel): a strided window view of x_cl, reshaped
+# w_mat: (K, kernel*C)         w with its taps before its channels, to match the columns of cols
+
+The references (conv_gemm.py, and DIRECT in conv_algorithms.py) are written to be read: channels-first,
+one formula for every device, group count and layout.  On NumPy that costs copies: ``to_rows`` and
+``im2col`` transpose channels-first arrays element by element, col2im adds strided channels-first slices,
+and a depthwise tap is a broadcast over arrays far larger than the cache.  These forms compute the same
+cross-correlation (same problem, same result up to float rounding), choosing the layout for the CPU:
+
+GEMM, groups == 1     x is copied ONCE into a zero-padded channels-last array; ``as_strided`` turns it into
+                      the (N, *out, *kernel, C) window view, whose reshape to cols is one contiguous-run
+                      gather (runs of kernel_w*C elements).  Then one BLAS call per direction:
+                        forward          y_rows  = cols @ w_mat^T          (w_mat^T through BLAS's transpose flag)
+                        backward filter  dw_mat  = dy_rows^T @ cols        (dy_rows^T likewise, no copy)
+                        backward data    dcols   = dy_rows @ w_mat, then col2im in channels-last: one add of a
+                                         (N, *out, C) slice per tap, whose inner C runs are contiguous.
+                      y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
+DIRECT, depthwise     G == C == K (one input and one output channel per group): every tap is an elementwise
+                      multiply-add of a channels-last (n, *out, C) slice by a C-vector of weights.  The batch is
+                      cut into chunks whose slices fit in the L2 cache, so each tap's multiply and add run from
+                      cache, not memory; backward filter multiplies and reduces each tap's slice the same way.
+
+``fast_paths_enabled(False)`` switches them off (the registry then runs the references), for debugging and
+for the tests and benchmarks that compare the two.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+
+import numpy as np
+
+from .conv_problem import ConvProblem
+
+__all__ = ["dense_forward", "dense_backward_data", "dense_backward_filter", "depthwise_forward",
+           "depthwise_backward_data", "depthwise_backward_filter", "fast_paths_enabled", "register"]
+
+_ENABLED = [True]
+_CACHE_BYTES = 256 * 1024          # target size of one chunk's slice in the depthwise loops (L2-sized)
+
+
+@contextlib.contextmanager
+def fast_paths_enabled(enabled: bool):
+    """Inside the block, the CPU fast paths are used (True) or the references run instead (False)."""
+    previous = _ENABLED[0]
+    _ENABLED[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _ENABLED[0] = previous
+
+
+# ---- channels-last helpers ----------------------------------------------------------------------------
+
+def _channels_last_padded(a, before, after=None):
+    """(N, C, *S) (any strides) -> (N, *(S + before + after), C), C-contiguous, zeros in the border.
+    One pass over a: the transpose and the padding happen in the same copy (free of a copy when a is a
+    channels-first view of channels-last memory and there is no padding)."""
+    after = before if after is None else after
+    a_cl = np.moveaxis(a, 1, -1)
+    if not any(before) and not any(after):
+        return np.ascontiguousarray(a_cl)
+    spatial = a.shape[2:]
+    out = np.zeros((a.shape[0], *(s + b + e for s, b, e in zip(spatial, before, after)), a.shape[1]),
+                   dtype=a.dtype)
+    out[(slice(None), *(slice(b, b + s) for b, s in zip(before, spatial)), slice(None))] = a_cl
+    return out
+
+
+def _windows(x_cl, p: ConvProblem):
+    """(N, *out, *kernel, C) view of the padded channels-last x: [n, o.., r.., c] = x_cl[n, o*s + r*d, c]."""
+    sn, *ss, sc = x_cl.strides
+    shape = (p.N, *p.out_size, *p.kernel, x_cl.shape[-1])
+    strides = (sn, *(st * s for st, s in zip(ss, p.stride)), *(st * d for st, d in zip(ss, p.dilation)), sc)
+    return np.lib.stride_tricks.as_strided(x_cl, shape=shape, strides=strides, writeable=False)
+
+
+def _cols(x, p: ConvProblem):
+    """cols (N*out, kernel*C): the im2col matrix, columns ordered (tap, channel)."""
+    windows = _windows(_channels_last_padded(x, p.padding), p)
+    return windows.reshape(p.N * math.prod(p.out_size), math.prod(p.kernel) * p.C)
+
+
+def _rows(a):
+    """(N, C, *S) -> (N*S, C) channels-last rows (a copy unless a is channels-last in memory)."""
+    return np.ascontiguousarray(np.moveaxis(a, 1, -1)).reshape(-1, a.shape[1])
+
+
+def _w_mat(w):
+    """(K, C, *kernel) -> (K, kernel*C), taps before channels (a small copy)."""
+    return np.ascontiguousarray(np.moveaxis(w, 1, -1)).reshape(w.shape[0], -1)
+
+
+def _from_rows(rows, n, spatial):
+    """(N*S, C) -> channels-first (N, C, *S) view of the channels-last rows."""
+    return np.moveaxis(rows.reshape(n, *spatial, rows.shape[-1]), -1, 1)
+
+
+def _tap_window(tap, p: ConvProblem):
+    """The padded-input slices tap ``tap`` reads for every output position (one stride per axis)."""
+    return tuple(slice(r * d, r * d + s * (o - 1) + 1, s)
+                 for r, d, s, o in zip(tap, p.dilation, p.stride, p.out_size))
+
+
+def _taps(p: ConvProblem):
+    return itertools.product(*(range(r) for r in p.kernel))
+
+
+def _crop_channels_first(a_cl, p: ConvProblem):
+    """Padded channels-last dx -> the channels-first (N, C, *in) view of its interior."""
+    inner = a_cl[(slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)), slice(None))]
+    return np.moveaxis(inner, -1, 1)
+
+
+# ---- dense (groups == 1): one BLAS call per direction --------------------------------------------------
+
+def dense_forward(p: ConvProblem, x, w, tf32=False):
+    y_rows = _cols(x, p) @ _w_mat(w).T                                   # (N*out, K)
+    return _from_rows(y_rows, p.N, p.out_size)
+
+
+def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
+    dw_mat = _rows(dy).T @ _cols(x, p)                                  # (K, kernel*C)
+    return np.moveaxis(dw_mat.reshape(p.K, *p.kernel, p.C), -1, 1)
+
+
+def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
+    dcols = _rows(dy) @ _w_mat(w)                                       # (N*out, kernel*C)
+    dview = dcols.reshape(p.N, *p.out_size, *p.kernel, p.C)
+    dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dcols.dtype)
+    every_out = (slice(None),) * (1 + p.nd)
+    for tap in _taps(p):        # col2im, channels-last: taps overlap only across iterations (deterministic)
+        dx_cl[(slice(None), *_tap_window(tap, p), slice(None))] += dview[every_out + tap]
+    return _crop_channels_first(dx_cl, p)
+
+
+# ---- depthwise (G == C == K): cache-sized multiply-adds per tap ----------------------------------------
+
+def _chunks(p: ConvProblem, itemsize):
+    per_image = max(1, math.prod(p.out_size) * p.C * itemsize)
+    step = max(1, _CACHE_BYTES // per_image)
+    return [slice(n, min(n + step, p.N)) for n in range(0, p.N, step)]
+
+
+def _tap_weights(w, p):
+    """(K, 1, *kernel) -> (taps, C): row t holds every channel's weight of tap t."""
+    return np.ascontiguousarray(w.reshape(p.C, -1).T)
+
+
+def depthwise_forward(p: ConvProblem, x, w, tf32=False):
+    x_cl = _channels_last_padded(x, p.padding)
+    wt = _tap_weights(w, p)
+    y_cl = np.empty((p.N, *p.out_size, p.C), dtype=x.dtype)
+    windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
+    for nb in _chunks(p, x.itemsize):
+        xs, ys = x_cl[nb], y_cl[nb]
+        tmp = np.empty_like(ys)
+        np.multiply(xs[windows[0]], wt[0], out=ys)
+        for t in range(1, len(windows)):
+            np.multiply(xs[windows[t]], wt[t], out=tmp)
+            ys += tmp
+    return np.moveaxis(y_cl, -1, 1)
+
+
+def depthwise_backward_data(p: ConvProblem, w, dy, tf32=False):
+    dy_cl = np.ascontiguousarray(np.moveaxis(dy, 1, -1))
+    wt = _tap_weights(w, p)
+    dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dy.dtype)
+    windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
+    for nb in _chunks(p, dy.itemsize):
+        dys, dxs = dy_cl[nb], dx_cl[nb]
+        tmp = np.empty_like(dys)
+        for t, win in enumerate(windows):
+            np.multiply(dys, wt[t], out=tmp)
+            dxs[win] += tmp
+    return _crop_channels_first(dx_cl, p)
+
+
+def depthwise_backward_filter(p: ConvProblem, x, dy, tf32=False):
+    x_cl = _channels_last_padded(x, p.padding)
+    dy_cl = np.ascontiguousarray(np.moveaxis(dy, 1, -1))
+    windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
+    acc = np.zeros((len(windows), p.C), dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    axes = tuple(range(1 + p.nd))
+    for nb in _chunks(p, x.itemsize):
+        xs, dys = x_cl[nb], dy_cl[nb]
+        tmp = np.empty_like(dys)
+        for t, win in enumerate(windows):
+            np.multiply(xs[win], dys, out=tmp)
+            acc[t] += tmp.sum(axis=axes)
+    return acc.T.reshape(p.w_shape).astype(x.dtype, copy=False)
+
+
+# ---- registration ---------------------------------------------------------------------------------------
+
+def _on_cpu(a):
+    return _ENABLED[0] and type(a) is np.ndarray
+
+
+def _dense(p: ConvProblem, a, b):
+    return _on_cpu(a) and p.groups == 1
+
+
+def _depthwise(p: ConvProblem, a, b):
+    return _on_cpu(a) and p.groups > 1 and p.Cg == 1 and p.K == p.C
+
+
+def register():
+    """Attach the fast forms to the GEMM and DIRECT algorithms of the three registries (called once by
+    conv_algorithms.py).  The registry, the heuristic and ``find`` see the same algorithms as before; on
+    NumPy arrays of a supported shape the algorithm runs its fast form, elsewhere its reference."""
+    from .conv_algorithms import (BACKWARD_DATA_ALGORITHMS as BD, BACKWARD_FILTER_ALGORITHMS as BF,
+                                  FORWARD_ALGORITHMS as FW, ConvolutionBwdDataAlgo as DA,
+                                  ConvolutionBwdFilterAlgo as FA, ConvolutionFwdAlgo as A)
+    FW.get(A.GEMM).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense, dense_forward)
+    BD.get(DA.ALGO_1).add_fast_path("one GEMM + channels-last col2im (CPU, groups 1)", _dense, dense_backward_data)
+    BF.get(FA.ALGO_1).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense,
+                                    dense_backward_filter)
+    FW.get(A.DIRECT).add_fast_path("cache-blocked channels-last taps (CPU, depthwise)", _depthwise,
+                                   depthwise_forward)
+    BD.get(DA.ALGO_0).add_fast_path("cache-blocked channels-last taps (CPU, depthwise)", _depthwise,
+                                    depthwise_backward_data)
+    BF.get(FA.ALGO_0).add_fast_path("cache-blocked channels-last taps (CPU, depthwise)", _depthwise,
+                                    depthwise_backward_filter)

@@ -1,0 +1,112 @@
+"""The CPU fast forms of GEMM and DIRECT (backend/conv_cpu.py) against the references they stand beside:
+every direction, 1-D to 3-D, padding, stride, dilation, NCHW and channels-last memory, float32 and float64,
+and the registry really running them (and the references with fast_paths_enabled(False))."""
+import numpy as np
+import pytest
+
+from minidnn.backend import conv_cpu
+from minidnn.backend.conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS,
+                                             FORWARD_ALGORITHMS, ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo,
+                                             ConvolutionFwdAlgo, direct_backward_data, direct_backward_filter,
+                                             direct_forward)
+from minidnn.backend.conv_gemm import gemm_backward_data, gemm_backward_filter, gemm_forward
+from minidnn.backend.conv_problem import ConvolutionDescriptor, make_problem
+
+# (x shape, w shape, padding, stride, dilation, groups)
+DENSE = [
+    ((2, 1, 32, 32), (6, 1, 5, 5), 0, 1, 1, 1),          # LeNet conv1
+    ((3, 6, 14, 14), (16, 6, 5, 5), 2, 1, 1, 1),         # LeNet conv2, padded
+    ((2, 5, 9, 7), (4, 5, 3, 3), 1, 2, 1, 1),            # stride 2, odd sizes
+    ((2, 3, 11, 10), (7, 3, 3, 2), (2, 1), (1, 3), (2, 1), 1),   # dilation, mixed per-axis settings
+    ((2, 8, 6, 6), (4, 8, 1, 1), 0, 1, 1, 1),            # pointwise
+    ((2, 3, 13), (5, 3, 4), 1, 2, 1, 1),                 # 1-D
+    ((1, 2, 5, 6, 4), (3, 2, 3, 2, 2), 1, 1, 1, 1),      # 3-D
+]
+DEPTHWISE = [
+    ((2, 8, 10, 10), (8, 1, 3, 3), 1, 1, 1, 8),
+    ((3, 5, 9, 7), (5, 1, 3, 3), 1, 2, 1, 5),
+    ((2, 4, 12, 11), (4, 1, 5, 3), (2, 0), 1, (1, 2), 4),
+    ((2, 6, 15), (6, 1, 3), 1, 1, 1, 6),
+]
+PAIRS = {  # direction: (fast, reference) for dense and for depthwise
+    "forward": ((conv_cpu.dense_forward, gemm_forward), (conv_cpu.depthwise_forward, direct_forward)),
+    "backward_data": ((conv_cpu.dense_backward_data, gemm_backward_data),
+                      (conv_cpu.depthwise_backward_data, direct_backward_data)),
+    "backward_filter": ((conv_cpu.dense_backward_filter, gemm_backward_filter),
+                        (conv_cpu.depthwise_backward_filter, direct_backward_filter)),
+}
+
+
+def _problem(cfg, dtype):
+    x_shape, w_shape, padding, stride, dilation, groups = cfg
+    desc = ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)
+    return make_problem("test", x_shape, w_shape, desc, dtype)
+
+
+def _channels_last(a):
+    """The same values, channels-last in memory (a channels-first view of an NHWC array)."""
+    return np.moveaxis(np.ascontiguousarray(np.moveaxis(a, 1, -1)), -1, 1)
+
+
+def _inputs(p, dtype, rng):
+    x = rng.standard_normal(p.x_shape).astype(dtype)
+    w = rng.standard_normal(p.w_shape).astype(dtype)
+    dy = rng.standard_normal(p.y_shape).astype(dtype)
+    return x, w, dy
+
+
+def _operands(direction, x, w, dy):
+    return {"forward": (x, w), "backward_data": (w, dy), "backward_filter": (x, dy)}[direction]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("direction", list(PAIRS))
+@pytest.mark.parametrize("kind, cfg", [("dense", c) for c in DENSE] + [("depthwise", c) for c in DEPTHWISE])
+def test_fast_form_matches_reference(kind, cfg, direction, layout, dtype):
+    rng = np.random.default_rng(7)
+    p = _problem(cfg, dtype)
+    x, w, dy = _inputs(p, dtype, rng)
+    if layout == "channels_last":
+        x, dy = _channels_last(x), _channels_last(dy)
+    fast, ref = PAIRS[direction][kind == "depthwise"]
+    a, b = _operands(direction, x, w, dy)
+    got, want = fast(p, a, b), ref(p, a, b)
+    assert got.shape == want.shape
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(got, want, **tol)
+
+
+REGISTERED = [
+    ("forward", FORWARD_ALGORITHMS, ConvolutionFwdAlgo.GEMM, ConvolutionFwdAlgo.DIRECT),
+    ("backward_data", BACKWARD_DATA_ALGORITHMS, ConvolutionBwdDataAlgo.ALGO_1, ConvolutionBwdDataAlgo.ALGO_0),
+    ("backward_filter", BACKWARD_FILTER_ALGORITHMS, ConvolutionBwdFilterAlgo.ALGO_1, ConvolutionBwdFilterAlgo.ALGO_0),
+]
+
+
+@pytest.mark.parametrize("direction, registry, gemm, direct", REGISTERED)
+def test_registry_runs_the_fast_form_on_numpy_and_the_reference_when_switched_off(direction, registry, gemm,
+                                                                                  direct, monkeypatch):
+    rng = np.random.default_rng(3)
+    for cfg, algo, kind in ((DENSE[1], gemm, "dense"), (DEPTHWISE[0], direct, "depthwise")):
+        p = _problem(cfg, np.float64)
+        a, b = _operands(direction, *_inputs(p, np.float64, rng))
+        algorithm = registry.get(algo)
+        fast, ref = PAIRS[direction][kind == "depthwise"]
+        calls = []
+        assert [run for _, _, run in algorithm.fast_paths] == [fast]
+        spied = [(d, ap, lambda *args, _r=run: calls.append(1) or _r(*args)) for d, ap, run in algorithm.fast_paths]
+        monkeypatch.setattr(algorithm, "fast_paths", spied)
+        np.testing.assert_allclose(algorithm.run(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
+        assert calls == [1], f"{algo} did not run its fast form on NumPy arrays"
+        with conv_cpu.fast_paths_enabled(False):
+            np.testing.assert_allclose(algorithm.run(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
+        assert calls == [1], "fast_paths_enabled(False) still ran the fast form"
+
+
+def test_fast_forms_do_not_apply_to_grouped_or_multiplier_depthwise():
+    # groups with several channels each, and depthwise with K = 2C, stay on the reference
+    for cfg in [((2, 8, 6, 6), (8, 4, 3, 3), 1, 1, 1, 2), ((2, 4, 6, 6), (8, 1, 3, 3), 1, 1, 1, 4)]:
+        p = _problem(cfg, np.float32)
+        x, w, _ = _inputs(p, np.float32, np.random.default_rng(0))
+        assert not conv_cpu._dense(p, x, w) and not conv_cpu._depthwise(p, x, w)
