@@ -21,6 +21,12 @@ from . import ops as _ops                   # noqa: E402  (binds the Tensor meth
 from .ops import *                          # noqa: E402,F401,F403
 from .ops import softmax, log_softmax       # noqa: E402,F401
 from . import cuda                          # noqa: E402,F401
+from . import random                        # noqa: E402,F401  (Generator, rng state; see minidnn/random.py)
+from .random import (Generator, get_rng_state, set_rng_state, seed, initial_seed, randperm,  # noqa: E402,F401
+                     multinomial)
+default_generator = random.default_generator()      # the cpu Generator object, as torch.default_generator
+Tensor.multinomial = lambda self, num_samples, replacement=False, *, generator=None: multinomial(
+    self, num_samples, replacement, generator=generator)
 
 # dtypes under PyTorch's names (NumPy dtype objects).
 float16 = half = _np.dtype("float16")

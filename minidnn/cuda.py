@@ -1,7 +1,8 @@
 """``minidnn.cuda``: is a GPU usable, how many, synchronize."""
 from .backend import devices as _dev
 
-__all__ = ["is_available", "device_count", "synchronize", "current_device"]
+__all__ = ["is_available", "device_count", "synchronize", "current_device", "manual_seed", "manual_seed_all",
+           "get_rng_state", "set_rng_state", "initial_seed", "seed"]
 
 
 def is_available() -> bool:
@@ -25,3 +26,35 @@ def synchronize(device=None) -> None:
     dev = _dev.device(device if device is not None else "cuda")
     with dev.xp.cuda.Device(dev.index):
         dev.xp.cuda.Device(dev.index).synchronize()
+
+
+def manual_seed(seed, device="cuda") -> None:
+    """Seed one GPU's default generator (minidnn.manual_seed seeds them all and the cpu's)."""
+    from . import random
+    random.cuda_manual_seed(seed, device)
+
+
+def manual_seed_all(seed) -> None:
+    from . import random
+    random.cuda_manual_seed_all(seed)
+
+
+def get_rng_state(device="cuda"):
+    """A GPU's default generator state (a 64-byte uint8 cpu Tensor)."""
+    from . import random
+    return random.cuda_get_rng_state(device)
+
+
+def set_rng_state(new_state, device="cuda") -> None:
+    from . import random
+    random.cuda_set_rng_state(new_state, device)
+
+
+def initial_seed(device="cuda") -> int:
+    from . import random
+    return random.default_generator(random._cuda_device(device)).initial_seed()
+
+
+def seed(device="cuda") -> int:
+    from . import random
+    return random.default_generator(random._cuda_device(device)).seed()

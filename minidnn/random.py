@@ -22,7 +22,8 @@ import numpy as np
 from .backend import devices as _dev
 from .backend import rng as _rng
 
-__all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state",
+__all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "randperm",
+           "multinomial",
            "set_rng_state", "fork_rng", "cuda_get_rng_state", "cuda_set_rng_state", "cuda_manual_seed",
            "cuda_manual_seed_all"]
 
@@ -237,3 +238,79 @@ def fork_rng(devices=None, enabled=True):
     finally:
         for g, st in saved:
             g.set_state(st)
+
+
+# -- random functions that need more than one draw ----------------------------------------------------------
+def randperm(n, *, generator=None, dtype=None, device=None, requires_grad=False):
+    """A random permutation of ``0 .. n-1`` (int64 unless ``dtype``), PyTorch's ``torch.randperm``."""
+    from .tensor import Tensor, _to_dtype
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise RuntimeError(f"randperm: n must be a non-negative int, got {n!r}")
+    dev = _dev.device(device)
+    dt = _to_dtype(dtype) or np.dtype(np.int64)
+    if requires_grad:
+        raise RuntimeError(f"randperm: only floating point tensors can require gradients, got dtype {dt}")
+    with _dev.device_guard(dev):
+        order = engine_for(dev, generator).permutation(int(n))
+        return Tensor._from_array(order.astype(dt, copy=False))
+
+
+def multinomial_indices(weights, num_samples, replacement, engine, where="multinomial"):
+    """Category indices (int64, shape weights.shape[:-1] + (num_samples,)) drawn from the rows of ``weights``
+    (1-D or 2-D, non-negative, not necessarily normalised) with ``engine``'s uniforms.
+
+    With replacement: each draw inverts the row's cumulative distribution at a uniform u (searchsorted).
+    Without: the exponential race -- category c gets the key E_c / w_c with E_c ~ Exp(1), and the
+    ``num_samples`` smallest keys in ascending order are exactly sequential sampling without replacement.
+    Zero weights are never drawn.  Everything is checked before any draw.
+    """
+    xp = _dev.array_module(weights)
+    if weights.ndim not in (1, 2):
+        raise RuntimeError(f"{where}: prob_dist must be 1 or 2 dim, got shape {tuple(weights.shape)}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples <= 0:
+        raise RuntimeError(f"{where}: num_samples must be a positive int, got {num_samples!r}")
+    categories = weights.shape[-1]
+    if categories == 0:
+        raise RuntimeError(f"{where}: the number of categories cannot be zero (weights shape {tuple(weights.shape)})")
+    w = xp.asarray(weights, dtype=np.float64).reshape(-1, categories)
+    if not bool(xp.all(xp.isfinite(w))) or bool(xp.any(w < 0)):
+        raise RuntimeError(f"{where}: probability tensor contains either `inf`, `nan` or element < 0")
+    total = w.sum(axis=1)
+    if bool(xp.any(total <= 0)):
+        raise RuntimeError(f"{where}: invalid multinomial distribution (sum of probabilities <= 0) in a row of "
+                           f"weights {tuple(weights.shape)}")
+    rows = w.shape[0]
+    if not replacement:
+        if num_samples > categories:
+            raise RuntimeError(f"{where}: cannot sample n_sample > prob_dist.size(-1) samples without "
+                               f"replacement (num_samples={num_samples}, categories={categories})")
+        if bool(xp.any((w > 0).sum(axis=1) < num_samples)):
+            raise RuntimeError(f"{where}: invalid multinomial distribution (with replacement=False, not enough "
+                               f"non-zero categories to draw {num_samples})")
+        u = engine.random((rows, categories), dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            keys = -xp.log1p(-u) / w                     # Exp(1) / w; w = 0 gives inf: never chosen
+        out = xp.argsort(keys, axis=1, kind="stable")[:, :num_samples]
+    else:
+        cdf = xp.cumsum(w, axis=1) / total[:, None]
+        u = engine.random((rows, num_samples), dtype=np.float64)
+        # one flat searchsorted: row r's cdf and draws live in [r, r + 1]
+        offsets = xp.arange(rows, dtype=np.float64)[:, None]
+        out = xp.searchsorted((cdf + offsets).ravel(), (u + offsets).ravel(), side="right").reshape(rows, -1)
+        out = out - (xp.arange(rows) * categories)[:, None]
+        out = xp.minimum(out, categories - 1)            # u rounding up to the row's end
+    out = out.astype(np.int64, copy=False)
+    return out[0] if weights.ndim == 1 else out
+
+
+def multinomial(input, num_samples, replacement=False, *, generator=None):
+    """``torch.multinomial``: indices drawn from the categories of each row of ``input`` (weights)."""
+    from .tensor import Tensor
+    if not isinstance(input, Tensor):
+        raise TypeError(f"multinomial: input must be a Tensor, got {type(input).__name__}")
+    if not input.dtype.kind == "f":
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got {input.dtype}")
+    dev = input.device
+    with _dev.device_guard(dev):
+        eng = engine_for(dev, generator)
+        return Tensor._from_array(multinomial_indices(input.data, num_samples, replacement, eng))
