@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from . import _dlpack
 from . import _memory_format as _mf
 from . import autograd as _ag
 from .autograd import AccumulateGrad, _state
@@ -245,6 +246,8 @@ class Tensor:
         return int(self.item())
 
     def __dlpack__(self, stream=None, **kwargs):
+        if _dlpack.is_bfloat16(self.data.dtype) and self.device.type == "cpu":
+            return _dlpack.to_capsule(self.data)        # NumPy's DLPack has no bfloat16 code
         return self.data.__dlpack__(stream=stream, **kwargs) if stream is not None else self.data.__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
@@ -622,7 +625,10 @@ def from_dlpack(obj) -> Tensor:
         return _wrap(obj.data)
     dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
     if int(dev_type) == 1:      # kDLCPU
-        return _wrap(np.from_dlpack(obj))
+        capsule = obj.__dlpack__()
+        if _dlpack.capsule_is_bfloat16(capsule):        # NumPy cannot import bfloat16: read the DLTensor ourselves
+            return _wrap(_dlpack.from_capsule(capsule, np.dtype("bfloat16")))
+        return _wrap(np.from_dlpack(_dlpack.CapsuleHolder(capsule, (dev_type, dev_id))))
     cp = _dev.device(f"cuda:{int(dev_id)}").xp
     with cp.cuda.Device(int(dev_id)):
         return _wrap(cp.from_dlpack(obj))
