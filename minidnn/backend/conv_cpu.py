@@ -17,8 +17,10 @@ GEMM, groups == 1     x is copied ONCE into a zero-padded channels-last array; `
                       gather (runs of kernel_w*C elements).  Then one BLAS call per direction:
                         forward          y_rows  = cols @ w_mat^T          (w_mat^T through BLAS's transpose flag)
                         backward filter  dw_mat  = dy_rows^T @ cols        (dy_rows^T likewise, no copy)
-                        backward data    dcols   = dy_rows @ w_mat, then col2im in channels-last: one add of a
-                                         (N, *out, C) slice per tap, whose inner C runs are contiguous.
+                        backward data    stride 1: a forward correlation of the padded dy with the flipped,
+                                         channel-swapped w (one gather, one GEMM); otherwise
+                                         dcols = dy_rows @ w_mat, then col2im in channels-last: one add of
+                                         a (N, *out, C) slice per tap, whose inner C runs are contiguous.
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
 DIRECT, depthwise     G == C == K (one input and one output channel per group): every tap is an elementwise
                       multiply-add of a channels-last (n, *out, C) slice by a C-vector of weights.  The batch is
@@ -73,17 +75,17 @@ def _channels_last_padded(a, before, after=None):
     return out
 
 
-def _windows(x_cl, p: ConvProblem):
+def _windows(x_cl, out_size, kernel, stride, dilation):
     """(N, *out, *kernel, C) view of the padded channels-last x: [n, o.., r.., c] = x_cl[n, o*s + r*d, c]."""
     sn, *ss, sc = x_cl.strides
-    shape = (p.N, *p.out_size, *p.kernel, x_cl.shape[-1])
-    strides = (sn, *(st * s for st, s in zip(ss, p.stride)), *(st * d for st, d in zip(ss, p.dilation)), sc)
+    shape = (x_cl.shape[0], *out_size, *kernel, x_cl.shape[-1])
+    strides = (sn, *(st * s for st, s in zip(ss, stride)), *(st * d for st, d in zip(ss, dilation)), sc)
     return np.lib.stride_tricks.as_strided(x_cl, shape=shape, strides=strides, writeable=False)
 
 
 def _cols(x, p: ConvProblem):
     """cols (N*out, kernel*C): the im2col matrix, columns ordered (tap, channel)."""
-    windows = _windows(_channels_last_padded(x, p.padding), p)
+    windows = _windows(_channels_last_padded(x, p.padding), p.out_size, p.kernel, p.stride, p.dilation)
     return windows.reshape(p.N * math.prod(p.out_size), math.prod(p.kernel) * p.C)
 
 
@@ -130,7 +132,21 @@ def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
     return np.moveaxis(dw_mat.reshape(p.K, *p.kernel, p.C), -1, 1)
 
 
+def _full_correlation_applies(p: ConvProblem):
+    return all(s == 1 for s in p.stride) and all(q <= d * (r - 1) for q, d, r in zip(p.padding, p.dilation, p.kernel))
+
+
 def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
+    if _full_correlation_applies(p):
+        # Stride 1: dx is a forward correlation of dy, padded by d*(r-1) - padding, with w flipped and its
+        # channel axes swapped -- one gather of dy and one GEMM, no col2im scatter.
+        pad = tuple(d * (r - 1) - q for q, d, r in zip(p.padding, p.dilation, p.kernel))
+        dy_cl = _channels_last_padded(dy, pad)
+        dcols = _windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation).reshape(
+            p.N * math.prod(p.in_size), math.prod(p.kernel) * p.K)
+        flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * p.nd)]        # (K, C, *kernel)
+        w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
+        return _from_rows(dcols @ w_t.T, p.N, p.in_size)
     dcols = _rows(dy) @ _w_mat(w)                                       # (N*out, kernel*C)
     dview = dcols.reshape(p.N, *p.out_size, *p.kernel, p.C)
     dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dcols.dtype)

@@ -32,7 +32,12 @@ from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from
                      to_channels_first)
 
 __all__ = ["PoolingMode", "PoolingDescriptor", "get_pooling_forward_output_dim",
-           "pooling_forward", "pooling_backward"]
+           "pooling_forward", "pooling_backward", "FAST_PATHS"]
+
+# Faster forms of this reference, registered by their modules (pooling_cpu.py: NumPy): each is a module or object
+# with applies_forward(geom, x), pool_forward(geom, xc, xp) -> (value, argmax or None), applies_backward(geom, x)
+# and pool_backward(geom, dyc, argmax, dtype, xp) -> padded dx.  The first that applies runs; else the taps below.
+FAST_PATHS = []
 
 
 class PoolingMode(enum.Enum):
@@ -220,7 +225,10 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     y_shape = _in_format(geom.y_shape, fmt)
     check_out(where, "y", y, y_shape, x.dtype, beta)
 
-    if geom.mode.is_max:
+    fast = next((f for f in FAST_PATHS if f.applies_forward(geom, xc)), None)
+    if fast is not None:
+        value, argmax = fast.pool_forward(geom, xc, xp)
+    elif geom.mode.is_max:
         value, argmax = _window_max(xp, geom.pad(xp, xc, -np.inf), geom)
     else:
         xpad = geom.pad(xp, xc, 0)
@@ -253,6 +261,13 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
             raise BadParamError(f"{where}: argmax has shape {shape_str(argmax)} but dy has shape {shape_str(dy)}")
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
 
+    fast = next((f for f in FAST_PATHS if f.applies_backward(geom, xc)), None)
+    if fast is not None:
+        arg = None
+        if geom.mode.is_max:
+            arg = fast.pool_forward(geom, xc, xp)[1] if argmax is None else to_channels_first(argmax, fmt)
+        dxpad = fast.pool_backward(geom, dyc, arg, x.dtype, xp)
+        return blend(from_channels_first(geom.crop(dxpad), fmt), alpha, beta, dx, x.dtype)
     dxpad = xp.zeros(xc.shape[:2] + geom.padded_spatial, dtype=x.dtype)
     if geom.mode.is_max:
         if argmax is None:
@@ -268,3 +283,7 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
         for _, sl in geom.taps():
             dxpad[(Ellipsis,) + sl] += g
     return blend(from_channels_first(geom.crop(dxpad), fmt), alpha, beta, dx, x.dtype)
+
+
+from . import pooling_cpu as _pooling_cpu      # noqa: E402  (the NumPy fast form, beside the reference)
+FAST_PATHS.append(_pooling_cpu)

@@ -1,0 +1,81 @@
+"""The NumPy fast pooling (backend/pooling_cpu.py) against the reference tap loop in pooling.py: forward values
+and argmax (first maximum on ties, NaN wins), backward with and without the stored argmax, every mode, 1-D to 3-D,
+padding, ceil_mode, overlapping windows (reference backward) and NHWC."""
+import numpy as np
+import pytest
+
+from minidnn import backend as B
+from minidnn.backend import pooling_cpu
+
+CASES = [  # x shape, window, padding, stride, ceil_mode
+    ((2, 3, 8, 8), 2, 0, None, False),
+    ((2, 3, 9, 7), 2, 0, None, False),            # odd sizes: the last row/column is dropped
+    ((2, 3, 9, 7), 2, 1, None, True),             # padding and ceil_mode
+    ((2, 2, 10, 10), 3, 1, 2, False),             # overlapping windows (backward via the reference)
+    ((2, 2, 11, 10), (3, 2), (1, 0), (3, 2), True),
+    ((2, 2, 12), 3, 1, 3, False),                 # 1-D
+    ((1, 2, 4, 6, 6), 2, 0, None, False),         # 3-D
+    ((2, 2, 8, 8), 2, 0, 3, False),               # stride > window: gaps between windows
+]
+MODES = list(B.PoolingMode)
+
+
+def _reference(fn, *args, **kwargs):
+    saved = list(B.pooling.FAST_PATHS)
+    B.pooling.FAST_PATHS.clear()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        B.pooling.FAST_PATHS[:] = saved
+
+
+def _input(shape, rng, ties):
+    x = rng.standard_normal(shape)
+    if ties:                              # many equal values: the first maximum must win
+        x = np.round(x)
+        x.flat[::7] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("mode, ties", [(m, False) for m in MODES] + [(m, True) for m in MODES if m.is_max])
+@pytest.mark.parametrize("case", CASES)
+def test_fast_pooling_matches_reference(case, mode, ties):          # ties and NaN only matter for max
+    shape, window, padding, stride, ceil_mode = case
+    rng = np.random.default_rng(5)
+    desc = B.PoolingDescriptor(mode, window, padding, stride, ceil_mode)
+    x = _input(shape, rng, ties)
+    assert pooling_cpu.applies_forward(None, x)
+    if mode.is_max:
+        y, arg = B.pooling_forward(None, desc, x, return_argmax=True)
+        y_ref, arg_ref = _reference(B.pooling_forward, None, desc, x, return_argmax=True)
+        np.testing.assert_array_equal(arg, arg_ref)
+        assert arg.dtype == arg_ref.dtype
+    else:
+        y = B.pooling_forward(None, desc, x)
+        y_ref = _reference(B.pooling_forward, None, desc, x)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    dx = B.pooling_backward(None, desc, y, dy, x)
+    dx_ref = _reference(B.pooling_backward, None, desc, y, dy, x)
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-12, atol=1e-12)
+    if mode.is_max:
+        np.testing.assert_allclose(B.pooling_backward(None, desc, y, dy, x, argmax=arg), dx_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_fast_pooling_nhwc_and_blending():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6, 6, 3)).astype(np.float32)        # NHWC
+    desc = B.PoolingDescriptor("max", 2)
+    y0 = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
+    y = B.pooling_forward(None, desc, x, alpha=2.0, beta=0.5, y=y0.copy(), format="NHWC")
+    y_ref = _reference(B.pooling_forward, None, desc, x, alpha=2.0, beta=0.5, y=y0.copy(), format="NHWC")
+    np.testing.assert_allclose(y, y_ref, rtol=1e-6)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx = B.pooling_backward(None, desc, y, dy, x, format="NHWC")
+    np.testing.assert_allclose(dx, _reference(B.pooling_backward, None, desc, y, dy, x, format="NHWC"), rtol=1e-6)
+
+
+def test_overlapping_windows_keep_the_reference_backward():
+    geom = B.pooling._Geometry(B.PoolingDescriptor("max", 3, 1, 2), (1, 1, 8, 8), "test")
+    x = np.zeros((1, 1, 8, 8))
+    assert pooling_cpu.applies_forward(geom, x) and not pooling_cpu.applies_backward(geom, x)
