@@ -3,8 +3,8 @@
 Models: ResNet-20 and MobileNet-small at batch 128 on CIFAR-sized input, both frameworks built from the same
 source (minidnn/models.py; see bench/train_step.py's torch_models).  One step = forward under autocast,
 cross-entropy, backward, SGD(momentum 0.9) step; float16 adds GradScaler (scale, step, update).
-Columns: fp32, bf16 (autocast), fp16 (autocast + GradScaler), median ms per step, and minidnn's bf16 time as a
-fraction of its own fp32 step (issue target: <= 0.75).
+Rows: fp32, bf16 (autocast), fp16 (autocast + GradScaler), bf16+cl (bf16 with model and input channels_last);
+median ms per step, and minidnn's time as a fraction of its own fp32 step (issue target for bf16: <= 0.75).
 
     python bench/amp_step.py [--device cuda] [--steps 30] [--models resnet20,mobilenet]
 """
@@ -23,16 +23,21 @@ import minidnn as mdn  # noqa: E402
 import minidnn.models  # noqa: E402
 import minidnn.nn.functional as F  # noqa: E402
 
-MODES = ("fp32", "bf16", "fp16")
+MODES = ("fp32", "bf16", "fp16", "bf16+cl")     # +cl: model and input in channels_last
 
 
 def minidnn_step(name, mode, device):
     ctor, shape, batch = CONFIGS[name]
     mdn.manual_seed(0)
+    cl = mode.endswith("+cl")
+    mode = mode.split("+")[0]
     model = eval(ctor, vars(minidnn.models)).to(device)
+    if cl:
+        model.to(memory_format=mdn.channels_last)
     opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scaler = mdn.amp.GradScaler(device, enabled=mode == "fp16")
     x = mdn.randn(batch, *shape, device=device)
+    x = x.to(memory_format=mdn.channels_last) if cl else x
     y = mdn.randint(0, 10, (batch,), device=device)
     dtype = {"bf16": mdn.bfloat16, "fp16": mdn.float16}.get(mode, mdn.bfloat16)
 
@@ -49,10 +54,15 @@ def minidnn_step(name, mode, device):
 def torch_step(name, mode, device, ns):
     ctor, shape, batch = CONFIGS[name]
     torch.manual_seed(0)
+    cl = mode.endswith("+cl")
+    mode = mode.split("+")[0]
     model = eval(ctor, ns).to(device)
+    if cl:
+        model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     scaler = torch.amp.GradScaler(device, enabled=mode == "fp16")
     x = torch.randn(batch, *shape, device=device)
+    x = x.to(memory_format=torch.channels_last) if cl else x
     y = torch.randint(0, 10, (batch,), device=device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode, torch.bfloat16)
 
@@ -82,7 +92,7 @@ def main():
     for name in args.models.split(","):
         own_fp32 = None
         for mode in MODES:
-            if mode == "fp16" and args.device == "cpu":
+            if mode.startswith("fp16") and args.device == "cpu":
                 continue
             m_ms = _median_ms(minidnn_step(name, mode, args.device), lambda: mdn.cuda.synchronize(), args.steps)
             t_ms = _median_ms(torch_step(name, mode, args.device, ns), tsync, args.steps) if ns else float("nan")
