@@ -97,6 +97,8 @@ def make_parser(script, description, *, epochs, batch_size, lr, data=("digits",)
                    help=f"continue from CHECKPOINT (default: OUT/{CHECKPOINT_NAME})")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="at most this many batches per epoch, train and test (smoke tests)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (also MINIDNN_PROGRESS=0; they are off anyway when stderr is not a terminal)")
     if synthetic:
         p.add_argument("--synthetic", action="store_true",
                        help="random images and labels of the dataset's shape instead of files (no download)")
@@ -165,14 +167,26 @@ def batches_per_epoch(dataset, args):
     return n if args.limit is None else min(n, args.limit)
 
 
-def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn=F.cross_entropy, desc=""):
+def progress_disabled(progress=True):
+    """tqdm's ``disable`` for a progress switch: True (off) when ``progress`` is False or MINIDNN_PROGRESS is
+    0/false/off; False (on) when MINIDNN_PROGRESS is 1/true/on; else None: tqdm shows bars only on a terminal."""
+    env = os.environ.get("MINIDNN_PROGRESS", "").strip().lower()
+    if not progress or env in ("0", "false", "no", "off"):
+        return True
+    return False if env in ("1", "true", "yes", "on") else None
+
+
+def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn=F.cross_entropy, desc="",
+              progress=True):
     """One pass over ``loader``: training when an optimizer is given, evaluation (no graph) otherwise.
-    Returns (mean loss, accuracy) over the samples seen.  ``scheduler`` steps after every batch."""
+    Returns (mean loss, accuracy) over the samples seen.  ``scheduler`` steps after every batch.
+    ``progress=False`` hides the bar (see ``progress_disabled``)."""
     training = optimizer is not None
     model.train(training)
     total = len(loader) if limit is None else min(limit, len(loader))
     loss_sum = correct = seen = 0
-    bar = tqdm(itertools.islice(loader, total), total=total, desc=desc, leave=False, dynamic_ncols=True)
+    bar = tqdm(itertools.islice(loader, total), total=total, desc=desc, leave=False, dynamic_ncols=True,
+               disable=progress_disabled(progress))
     with mdn.set_grad_enabled(training):
         for images, labels in bar:
             logits = model(images)
@@ -208,6 +222,10 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
     start = 0
     if args.resume is not None:
         source = Path(args.resume) if args.resume else checkpoint_path
+        if not source.is_file():          # a message for the command line, not a traceback
+            raise SystemExit(f"error: --resume: no checkpoint at {source}. Train once without --resume to create "
+                             f"it (each epoch saves OUT/{CHECKPOINT_NAME}), or pass the checkpoint's path: "
+                             "--resume PATH")
         start, history = load_checkpoint(source, model, optimizer, scheduler, args.device)
         tqdm.write(f"resumed from {source} after epoch {start}")
 
@@ -215,9 +233,10 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
         mdn.manual_seed(epoch_seed(args.seed, epoch))
         began = time.perf_counter()
         train_loss, train_acc = run_epoch(model, make_train_loader(), args.limit, optimizer, scheduler, loss_fn,
-                                          desc=f"epoch {epoch + 1}/{args.epochs}")
+                                          desc=f"epoch {epoch + 1}/{args.epochs}", progress=_progress(args))
         seconds = time.perf_counter() - began            # training only: what "time per epoch" means
-        test_loss, test_acc = run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test")
+        test_loss, test_acc = run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test",
+                                        progress=_progress(args))
         for key, value in zip(HISTORY_KEYS, (train_loss, train_acc, test_loss, test_acc, seconds)):
             history[key].append(value)
         tqdm.write(f"epoch {epoch + 1}/{args.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
@@ -226,7 +245,8 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
         plot_history(history, out / PLOT_NAME)
 
     if not history["test_acc"]:          # --epochs is not more than the checkpoint's: nothing new to train
-        history["test_acc"].append(run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test")[1])
+        history["test_acc"].append(run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test",
+                                             progress=_progress(args))[1])
     print(f"test accuracy: {history['test_acc'][-1]:.4f}", flush=True)
     return history
 
@@ -234,6 +254,10 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints and plots
 # ---------------------------------------------------------------------------------------------------------
+def _progress(args):
+    return getattr(args, "progress", True)
+
+
 def save_checkpoint(path, model, optimizer, scheduler, epoch, history):
     """Everything a resumed run needs.  ``minidnn.save`` writes atomically (temporary file, fsync, rename):
     a run killed mid-save leaves the previous epoch's checkpoint intact."""
@@ -257,14 +281,17 @@ def plot_history(history, path):
     """Loss and accuracy per epoch, train and test, as a PNG.  A bare ``Figure`` renders with the Agg
     canvas without touching pyplot's global backend (scripts may run without a display)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     epochs = np.arange(1, len(history["train_loss"]) + 1)
     fig = Figure(figsize=(9, 3.5), layout="constrained")
     loss_ax, acc_ax = fig.subplots(1, 2)
-    for ax, key, title in ((loss_ax, "loss", "loss"), (acc_ax, "acc", "accuracy")):
-        ax.plot(epochs, history[f"train_{key}"], "o-", label="train")
-        ax.plot(epochs, history[f"test_{key}"], "s-", label="test")
+    for ax, key, title in ((loss_ax, "loss", "cross-entropy loss"), (acc_ax, "acc", "accuracy")):
+        # distinguishable even where the curves overlap or in grey: colour, line style and marker all differ
+        ax.plot(epochs, history[f"train_{key}"], "o-", color="C0", label="train")
+        ax.plot(epochs, history[f"test_{key}"], "s--", color="C3", markerfacecolor="none", label="test")
         ax.set(title=title, xlabel="epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))       # epochs are whole numbers
         ax.grid(alpha=0.3)
         ax.legend()
     tmp = path.with_name(f".{path.name}.tmp")
