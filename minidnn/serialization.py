@@ -126,6 +126,32 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask can only set-and-return)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _chmod_like_open(fd, path):
+    """Give the temporary file the permissions ``open(path, "wb")`` would: an existing target's own mode,
+    else 0o666 minus the umask.  mkstemp creates it 0o600 (owner only), which the rename would keep."""
+    if not hasattr(os, "fchmod"):
+        return                                   # Windows: no POSIX modes
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    os.fchmod(fd, mode)
+
+
 def save(obj, f) -> None:
     """Save ``obj`` (tensors, numpy arrays, nested dicts/lists/tuples, numbers, strings, bools, None) to ``f``.
 
@@ -137,6 +163,7 @@ def save(obj, f) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
+        _chmod_like_open(fd, path)
         with os.fdopen(fd, "wb") as out:
             _write_archive(obj, out)
             out.flush()
