@@ -25,6 +25,7 @@ Tensors saved from a Parameter come back as plain Tensors (with their ``requires
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -40,6 +41,7 @@ __all__ = ["save", "load", "SerializationError", "UnsafeFileError"]
 
 FORMAT_NAME = "minidnn"
 FORMAT_VERSION = 1
+MAX_DEPTH = 256        # nesting levels of lists/tuples/dicts: far below Python's recursion limit
 _META = "minidnn.json"
 _ZIP64_LIMIT = 2 ** 31 - 2 ** 20       # entries near 2 GiB need ZIP64 headers, decided before writing
 
@@ -73,9 +75,12 @@ class _Writer:
             np.lib.format.write_array(f, arr, allow_pickle=False)
         return name
 
-    def encode(self, obj, where="obj"):
+    def encode(self, obj, where="obj", depth=0):
         if obj is None or isinstance(obj, (bool, int, str)):
             return obj
+        if depth > MAX_DEPTH:
+            raise ValueError(f"minidnn.save: {where[:80]}... is nested more than {MAX_DEPTH} levels deep; the format "
+                             f"stores at most {MAX_DEPTH} levels of lists/tuples/dicts")
         if isinstance(obj, float):
             return obj
         if isinstance(obj, Tensor):
@@ -95,14 +100,14 @@ class _Writer:
             return {"device": str(obj)}
         if isinstance(obj, (list, tuple)):
             tag = "tuple" if isinstance(obj, tuple) else "list"
-            return {tag: [self.encode(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
+            return {tag: [self.encode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(obj)]}
         if isinstance(obj, dict):
             items = []
             for k, v in obj.items():
                 if not (k is None or isinstance(k, (str, int, float, bool))):
                     raise TypeError(f"minidnn.save: {where} has a key {k!r} of type {type(k).__name__}; keys must be "
                                     "str, int, float, bool or None")
-                items.append([k, self.encode(v, f"{where}[{k!r}]")])
+                items.append([k, self.encode(v, f"{where}[{k!r}]", depth + 1)])
             return {"dict": items, "ordered": isinstance(obj, OrderedDict)}
         raise TypeError(f"minidnn.save: {where} is a {type(obj).__name__}, which the safe format cannot store "
                         "(supported: tensors, numpy arrays, dicts, lists, tuples, numbers, strings, bools, None)")
@@ -124,6 +129,12 @@ def _fsync_dir(directory):
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _require_binary(f, op, mode):
+    if isinstance(f, io.TextIOBase) or "b" not in getattr(f, "mode", "b"):
+        raise TypeError(f"minidnn.{op}: the file object {getattr(f, 'name', f)!r} is open in text mode "
+                        f"({getattr(f, 'mode', '?')!r}); checkpoints are binary: open it with {mode!r}")
 
 
 def _umask() -> int:
@@ -157,6 +168,7 @@ def save(obj, f) -> None:
 
     ``f``: a path (written atomically, see the module docstring) or a writable binary file object."""
     if hasattr(f, "write"):
+        _require_binary(f, "save", "wb")
         _write_archive(obj, f)
         return
     path = os.fspath(f)
@@ -260,9 +272,12 @@ class _Reader:
     def _place(arr, dev):
         return from_numpy(arr) if dev.type == "cpu" else Tensor._from_array(_dev.to_device(arr, dev))
 
-    def decode(self, node):
+    def decode(self, node, depth=0):
         if node is None or isinstance(node, (bool, int, float, str)):
             return node
+        if depth > MAX_DEPTH:
+            raise SerializationError(f"minidnn.load: {self.name} nests its structure more than {MAX_DEPTH} levels "
+                                     "deep, which minidnn.save never writes; refusing it")
         if isinstance(node, dict):
             if "tensor" in node:
                 return self.tensor(node)
@@ -273,11 +288,11 @@ class _Reader:
             if "npscalar" in node:
                 return self.array(node["npscalar"])[()]
             if "list" in node:
-                return [self.decode(v) for v in node["list"]]
+                return [self.decode(v, depth + 1) for v in node["list"]]
             if "tuple" in node:
-                return tuple(self.decode(v) for v in node["tuple"])
+                return tuple(self.decode(v, depth + 1) for v in node["tuple"])
             if "dict" in node:
-                items = [(k, self.decode(v)) for k, v in node["dict"]]
+                items = [(k, self.decode(v, depth + 1)) for k, v in node["dict"]]
                 return OrderedDict(items) if node.get("ordered") else dict(items)
             if "dtype" in node:
                 return np.dtype(node["dtype"])
@@ -290,6 +305,8 @@ def load(f, map_location=None):
     """Load what ``save`` wrote.  ``f``: a path or a readable binary file object; ``map_location``: see the
     module docstring.  Raises SerializationError (naming the file) for a truncated, corrupt or foreign file and
     UnsafeFileError for a file that holds pickled objects."""
+    if hasattr(f, "read"):
+        _require_binary(f, "load", "rb")
     name = repr(getattr(f, "name", "<file object>")) if hasattr(f, "read") else repr(os.fspath(f))
     try:
         with zipfile.ZipFile(f, "r") as zf:
@@ -309,7 +326,7 @@ def load(f, map_location=None):
     except FileNotFoundError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, KeyError, TypeError,
-            UnicodeDecodeError, json.JSONDecodeError, IndexError) as e:
+            UnicodeDecodeError, json.JSONDecodeError, IndexError, RecursionError) as e:
         raise SerializationError(f"minidnn.load: {name} is truncated or corrupt and cannot be loaded "
                                  f"({type(e).__name__}: {e})") from e
 
