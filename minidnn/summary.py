@@ -120,6 +120,21 @@ def _make_inputs(input_shape, batch_size, device, dtype):
     return inputs
 
 
+def _forward_failed(exc, inputs, input_shape, batch_size, made_inputs):
+    """The model's own error, prefixed with what summary fed it and, for a made-up input, the likely slip:
+    ``input_shape`` includes the batch dimension (PyTorch's and torchinfo's convention)."""
+    shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
+    message = f"summary: the model's forward failed on input{'s' if len(inputs) > 1 else ''} of shape {shapes}: {exc}"
+    if made_inputs and batch_size is None:
+        first = tuple(input_shape) if all(isinstance(s, int) for s in input_shape) else tuple(input_shape[0])
+        message += (f"\nHint: input_shape includes the batch dimension. For one sample of shape {first}, pass "
+                    f"summary(model, {(1,) + first}) or summary(model, {first}, batch_size=1).")
+    try:
+        return type(exc)(message)
+    except Exception:                  # an exception type whose constructor takes other arguments
+        return RuntimeError(message)
+
+
 def summary(model, input_shape=None, *, batch_size=None, input_data=None, device=None, dtype=np.float32,
             mode: str = "eval", verbose: int = 1) -> ModelSummary:
     """Run ``model`` once on random inputs of ``input_shape`` (batch dim included, or given as ``batch_size``;
@@ -179,7 +194,10 @@ def summary(model, input_shape=None, *, batch_size=None, input_data=None, device
         elif mode != "same":
             raise ValueError(f"summary: mode must be 'eval', 'train' or 'same', got {mode!r}")
         with no_grad():
-            model(*inputs)
+            try:
+                model(*inputs)
+            except Exception as exc:
+                raise _forward_failed(exc, inputs, input_shape, batch_size, input_data is None) from exc
     finally:
         for h in handles:
             h.remove()
