@@ -50,6 +50,7 @@ from .serialization import save, load       # noqa: E402,F401
 from .summary import summary                # noqa: E402,F401
 from . import nn, viz                       # noqa: E402,F401
 from . import data                           # noqa: E402,F401
+from . import utils                          # noqa: E402,F401  (minidnn.utils.data: PyTorch's import path)
 from . import optim                          # noqa: E402,F401
 from . import models                        # noqa: E402,F401
 from . import backends                      # noqa: E402,F401

@@ -1,9 +1,15 @@
-"""Data loading: map-style datasets, a DataLoader with a batched fast path and prefetch, vectorised
-transforms, and real datasets (digits, MNIST, Fashion-MNIST, CIFAR-10).  See docs/data.md."""
+"""Data loading: map-style datasets, samplers, a DataLoader (worker processes, pinned memory, a batched fast
+path, prefetch, exact mid-epoch resume), vectorised transforms, and real datasets (digits, MNIST,
+Fashion-MNIST, CIFAR-10).  ``minidnn.utils.data`` is the same package under PyTorch's path.  See docs/data.md."""
 from . import datasets, transforms                                         # noqa: F401
-from .collate import default_collate                                       # noqa: F401
-from .dataloader import DataLoader                                         # noqa: F401
-from .dataset import Dataset, Subset, TensorDataset, random_split          # noqa: F401
+from .collate import default_collate, default_convert                      # noqa: F401
+from .dataloader import DataLoader, get_worker_info                        # noqa: F401
+from .dataset import ConcatDataset, Dataset, Subset, TensorDataset, random_split  # noqa: F401
+from .sampler import (BatchSampler, RandomSampler, Sampler, SequentialSampler,  # noqa: F401
+                      SubsetRandomSampler, WeightedRandomSampler)
+from ._worker import WorkerInfo                                            # noqa: F401
 
-__all__ = ["Dataset", "TensorDataset", "Subset", "random_split", "DataLoader", "default_collate", "transforms",
+__all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split", "DataLoader",
+           "default_collate", "default_convert", "get_worker_info", "WorkerInfo", "Sampler", "SequentialSampler",
+           "RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler", "transforms",
            "datasets"]

@@ -15,22 +15,29 @@ from ..tensor import Tensor
 
 
 def as_generator(generator=None, seed=None, owner="data"):
-    """A ``numpy.random.Generator`` from ``generator`` (a Generator or an int seed) or ``seed``.
+    """A cpu ``minidnn.Generator`` from ``generator`` (a minidnn.Generator, an int seed, or -- kept for old
+    scripts -- a ``numpy.random.Generator``, whose stream it then draws from) or ``seed``.
 
-    With neither, draw a fresh seed from minidnn's cpu generator, so ``minidnn.manual_seed(s)``
+    With neither, a Generator seeded from minidnn's default cpu generator, so ``minidnn.manual_seed(s)``
     makes loaders and transforms reproducible as it does ``rand``/dropout.
     """
+    from .. import random as _random
     if generator is not None and seed is not None:
         raise ValueError(f"{owner}: pass generator= or seed=, not both (got generator={generator!r}, seed={seed!r})")
-    if isinstance(generator, np.random.Generator):
+    if isinstance(generator, _random.Generator):
+        if generator.device.type != "cpu":
+            raise ValueError(f"{owner}: expected a cpu generator, got one on {generator.device}")
         return generator
+    if isinstance(generator, np.random.Generator):
+        g = _random.Generator()
+        g._eng = generator
+        return g
     if generator is None and seed is None:
-        from ..tensor import default_generator
-        return np.random.default_rng(int(default_generator("cpu").integers(2 ** 63)))
+        return _random.Generator().manual_seed(int(_random.engine_for(_dev.CPU).integers(0, 2 ** 63)))
     value = generator if generator is not None else seed
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{owner}: generator must be a numpy.random.Generator or an int seed, got {value!r}")
-    return np.random.default_rng(int(value))
+        raise TypeError(f"{owner}: generator must be a minidnn.Generator or an int seed, got {value!r}")
+    return _random.Generator().manual_seed(int(value))
 
 
 def unwrap(x):

@@ -15,7 +15,7 @@ from ..backend import devices as _dev
 from ..tensor import Tensor, get_default_dtype
 from ._utils import is_array, unwrap, to_tensors
 
-__all__ = ["default_collate", "collate_arrays"]
+__all__ = ["default_collate", "default_convert", "collate_arrays"]
 
 
 def collate_arrays(samples):
@@ -58,3 +58,9 @@ def collate_arrays(samples):
 def default_collate(samples):
     """Stack a list of samples into a batch of Tensors (nested tuples/lists/dicts are kept)."""
     return to_tensors(collate_arrays(samples))
+
+
+def default_convert(data):
+    """PyTorch's ``default_convert`` (the collate_fn when ``batch_size=None``): arrays become Tensors,
+    nested tuples/lists/dicts are kept, everything else (numbers, strings) is returned as is."""
+    return to_tensors(data)

@@ -18,7 +18,7 @@ from ..tensor import Tensor
 from ._utils import as_generator, unwrap, wrap
 from .collate import collate_arrays
 
-__all__ = ["Dataset", "TensorDataset", "Subset", "random_split", "fetch_batch"]
+__all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split", "fetch_batch"]
 
 
 class Dataset:
@@ -107,6 +107,49 @@ class Subset(Dataset):
         return fetch_batch(self.dataset, self.indices[indices])
 
 
+class ConcatDataset(Dataset):
+    """The samples of several datasets one after the other: index ``cumulative_sizes[k-1] + j`` is sample j
+    of ``datasets[k]``.  A batch that falls in one dataset is fetched through that dataset's own batched path."""
+
+    def __init__(self, datasets):
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ValueError("ConcatDataset: datasets should not be an empty iterable")
+        for d in self.datasets:
+            if not hasattr(d, "__len__") or not hasattr(d, "__getitem__"):
+                raise TypeError(f"ConcatDataset: every part must be a map-style dataset (__getitem__ and __len__), "
+                                f"got {type(d).__name__}")
+        self.cumulative_sizes = np.cumsum([len(d) for d in self.datasets]).tolist()
+
+    def __len__(self):
+        return self.cumulative_sizes[-1]
+
+    def _locate(self, index):
+        n = len(self)
+        if index < 0:
+            if -index > n:
+                raise IndexError(f"ConcatDataset: absolute value of index {index} should not exceed dataset "
+                                 f"length {n}")
+            index += n
+        if index >= n:
+            raise IndexError(f"ConcatDataset: index {index} is out of range for a dataset of length {n}")
+        k = int(np.searchsorted(self.cumulative_sizes, index, side="right"))
+        return k, index - (self.cumulative_sizes[k - 1] if k else 0)
+
+    def __getitem__(self, index):
+        k, j = self._locate(int(index))
+        return self.datasets[k][j]
+
+    def get_batch(self, indices):
+        indices = np.asarray(indices, dtype=np.int64)
+        located = [self._locate(int(i)) for i in indices]
+        parts = {k for k, _ in located}
+        if len(parts) == 1:
+            k = parts.pop()
+            return fetch_batch(self.datasets[k], np.asarray([j for _, j in located], dtype=np.int64))
+        return collate_arrays([self.datasets[k][j] for k, j in located])
+
+
 def _split_lengths(n, lengths):
     """Integer lengths from ints summing to ``n`` or fractions summing to 1 (remainder dealt round-robin)."""
     lengths = list(lengths)
@@ -126,11 +169,15 @@ def _split_lengths(n, lengths):
 def random_split(dataset, lengths, generator=None, seed=None):
     """Split ``dataset`` into disjoint random ``Subset``\\ s of the given lengths (ints or fractions).
 
-    ``generator``: a ``numpy.random.Generator`` or int seed (``seed=`` is the same); the same seed gives the
-    same split on every run.
+    ``generator``: a ``minidnn.Generator`` or an int seed (``seed=`` is the same); the same seed gives the
+    same split on every run.  Without either the permutation comes from minidnn's default cpu generator.
     """
     n = len(dataset)
     sizes = _split_lengths(n, lengths)
-    order = as_generator(generator, seed, owner="random_split").permutation(n)
+    if generator is None and seed is None:
+        from .. import random as _random
+        order = _random.engine_for(_dev.CPU).permutation(n)
+    else:
+        order = as_generator(generator, seed, owner="random_split")._engine().permutation(n)
     bounds = np.cumsum([0] + sizes)
     return [Subset(dataset, order[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]

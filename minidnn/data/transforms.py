@@ -4,9 +4,10 @@ Every transform takes either one sample (C, H, W) or a batch (N, C, H, W) (``ToT
 HW / HWC / NHWC images), as a NumPy or CuPy array or a Tensor, and returns the same kind.  On a batch
 each transform is a handful of whole-array ops — random crops are one gather, random flips one
 ``where`` — so augmenting a batch costs no per-sample Python loop, and on a CuPy batch it runs on the
-GPU.  Random transforms draw from their own ``numpy.random.Generator`` (``generator=`` a Generator or
-an int seed), so a pipeline is reproducible on its own; the draws are made on the host and only the
-resulting offsets/masks are sent to the array's device.
+GPU.  Random transforms draw from their own ``minidnn.Generator`` (``generator=`` a Generator or an int
+seed; without one, a Generator seeded from minidnn's default generator when the transform is built), so a
+pipeline is reproducible on its own and its position can be saved (``transform.generator.get_state()``);
+the draws are made on the host and only the resulting offsets/masks are sent to the array's device.
 """
 from __future__ import annotations
 
@@ -117,14 +118,15 @@ class RandomCrop(Transform):
     def __init__(self, size, padding=0, generator=None, seed=None):
         self.size = _pair(size, "RandomCrop")
         self.padding = int(padding)
-        self._rng = as_generator(generator, seed, owner="RandomCrop")
+        self.generator = as_generator(generator, seed, owner="RandomCrop")
 
     def offsets(self, n, height, width):
         """The (oy, ox) offsets, int64 arrays of length n, for n padded images of height x width."""
         h, w = self.size
         if h > height or w > width:
             raise ValueError(f"RandomCrop: crop {self.size} is larger than the padded image ({height}, {width})")
-        return self._rng.integers(0, height - h + 1, size=n), self._rng.integers(0, width - w + 1, size=n)
+        rng = self.generator._engine()
+        return rng.integers(0, height - h + 1, size=n), rng.integers(0, width - w + 1, size=n)
 
     def apply(self, x):
         batch, single = _image_batch(x, "RandomCrop")
@@ -181,12 +183,12 @@ class RandomHorizontalFlip(Transform):
 
     def __init__(self, p=0.5, generator=None, seed=None):
         self.p = float(p)
-        self._rng = as_generator(generator, seed, owner="RandomHorizontalFlip")
+        self.generator = as_generator(generator, seed, owner="RandomHorizontalFlip")
 
     def apply(self, x):
         batch, single = _image_batch(x, "RandomHorizontalFlip")
         xp = _dev.array_module(batch)
-        chosen = xp.asarray(np.flatnonzero(self._rng.random(batch.shape[0]) < self.p))
+        chosen = xp.asarray(np.flatnonzero(self.generator._engine().random(batch.shape[0]) < self.p))
         out = batch.copy()
         out[chosen] = batch[chosen, :, :, ::-1]
         return out[0] if single else out

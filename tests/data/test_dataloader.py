@@ -202,7 +202,7 @@ def test_prefetch_early_break_stops_thread():
     it = iter(loader)
     next(it)
     it.close()                                   # explicit close works too
-    assert not it._thread.is_alive()
+    assert not it._prefetcher._thread.is_alive()
     with pytest.raises(StopIteration):
         next(it)
 
@@ -281,7 +281,7 @@ def test_transform_on_dict_batch_rejected():
 
 def test_bad_arguments():
     ds = TensorDataset(*_xy())
-    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="batch_size should be a positive integer value or None, got 0"):
         DataLoader(ds, batch_size=0)
     with pytest.raises(ValueError, match="prefetch"):
         DataLoader(ds, prefetch=-1)

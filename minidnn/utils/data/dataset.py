@@ -1,0 +1,4 @@
+"""``torch.utils.data.dataset``'s path: the datasets of ``minidnn.data.dataset``."""
+from ...data.dataset import (ConcatDataset, Dataset, Subset, TensorDataset, random_split)  # noqa: F401
+
+__all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split"]
