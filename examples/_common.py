@@ -95,6 +95,8 @@ def make_parser(script, description, *, epochs, batch_size, lr, data=("digits",)
     p.add_argument("--out", default=os.path.join("runs", script), help="folder for the checkpoint and the plot")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
                    help=f"continue from CHECKPOINT (default: OUT/{CHECKPOINT_NAME})")
+    p.add_argument("--save-every", type=non_negative_int, default=0, metavar="N",
+                   help="also checkpoint every N training steps; --resume then continues mid-epoch exactly (0: off)")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="at most this many batches per epoch, train and test (smoke tests)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
@@ -177,16 +179,18 @@ def progress_disabled(progress=True):
 
 
 def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn=F.cross_entropy, desc="",
-              progress=True):
+              progress=True, done=(0, 0.0, 0, 0), on_step=None):
     """One pass over ``loader``: training when an optimizer is given, evaluation (no graph) otherwise.
     Returns (mean loss, accuracy) over the samples seen.  ``scheduler`` steps after every batch.
-    ``progress=False`` hides the bar (see ``progress_disabled``)."""
+    ``progress=False`` hides the bar (see ``progress_disabled``).  A resumed epoch passes the iterator of
+    its remaining batches and ``done`` = (steps, loss sum, correct, seen) of the part before the checkpoint;
+    ``on_step(steps, loss_sum, correct, seen)`` is called after every training step."""
     training = optimizer is not None
     model.train(training)
     total = len(loader) if limit is None else min(limit, len(loader))
-    loss_sum = correct = seen = 0
-    bar = tqdm(itertools.islice(loader, total), total=total, desc=desc, leave=False, dynamic_ncols=True,
-               disable=progress_disabled(progress))
+    step, loss_sum, correct, seen = done
+    bar = tqdm(itertools.islice(loader, total - step), total=total, initial=step, desc=desc, leave=False,
+               dynamic_ncols=True, disable=progress_disabled(progress))
     with mdn.set_grad_enabled(training):
         for images, labels in bar:
             logits = model(images)
@@ -201,7 +205,10 @@ def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn
             loss_sum += loss.item() * n
             correct += int((logits.argmax(dim=1) == labels).sum().item())
             seen += n
+            step += 1
             bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.4f}", refresh=False)
+            if on_step is not None and step < total:
+                on_step(step, loss_sum, correct, seen)
     return loss_sum / max(seen, 1), correct / max(seen, 1)
 
 
@@ -226,15 +233,36 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
             raise SystemExit(f"error: --resume: no checkpoint at {source}. Train once without --resume to create "
                              f"it (each epoch saves OUT/{CHECKPOINT_NAME}), or pass the checkpoint's path: "
                              "--resume PATH")
-        start, history = load_checkpoint(source, model, optimizer, scheduler, args.device)
-        tqdm.write(f"resumed from {source} after epoch {start}")
+        start, history, partial = load_checkpoint(source, model, optimizer, scheduler, args.device)
+        tqdm.write(f"resumed from {source} after epoch {start}" +
+                   (f", step {partial['done'][0]}" if partial is not None else ""))
+    else:
+        partial = None
 
     for epoch in range(start, args.epochs):
         mdn.manual_seed(epoch_seed(args.seed, epoch))
         began = time.perf_counter()
-        train_loss, train_acc = run_epoch(model, make_train_loader(), args.limit, optimizer, scheduler, loss_fn,
-                                          desc=f"epoch {epoch + 1}/{args.epochs}", progress=_progress(args))
-        seconds = time.perf_counter() - began            # training only: what "time per epoch" means
+        loader = make_train_loader()
+        done, seconds_before = (0, 0.0, 0, 0), 0.0
+        if partial is not None:          # a mid-epoch checkpoint (--save-every): the same remaining batches
+            loader.load_state_dict(partial["loader"])
+            batches = iter(loader)
+            set_rng_states(partial["rng"], args.device)      # dropout etc. continue their streams too
+            done, seconds_before, partial = tuple(partial["done"]), partial["seconds"], None
+        else:
+            batches = iter(loader)
+
+        def save_mid_epoch(step, loss_sum, correct, seen, epoch=epoch, loader=loader, began=began,
+                           seconds_before=seconds_before):
+            if args.save_every and step % args.save_every == 0:
+                save_checkpoint(checkpoint_path, model, optimizer, scheduler, epoch, history, partial={
+                    "loader": loader.state_dict(), "rng": get_rng_states(args.device),
+                    "done": [step, loss_sum, correct, seen],
+                    "seconds": seconds_before + time.perf_counter() - began})
+        train_loss, train_acc = run_epoch(model, batches, args.limit, optimizer, scheduler, loss_fn,
+                                          desc=f"epoch {epoch + 1}/{args.epochs}", progress=_progress(args),
+                                          done=done, on_step=save_mid_epoch)
+        seconds = seconds_before + time.perf_counter() - began   # training only: what "time per epoch" means
         test_loss, test_acc = run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test",
                                         progress=_progress(args))
         for key, value in zip(HISTORY_KEYS, (train_loss, train_acc, test_loss, test_acc, seconds)):
@@ -258,23 +286,41 @@ def _progress(args):
     return getattr(args, "progress", True)
 
 
-def save_checkpoint(path, model, optimizer, scheduler, epoch, history):
+def save_checkpoint(path, model, optimizer, scheduler, epoch, history, partial=None):
     """Everything a resumed run needs.  ``minidnn.save`` writes atomically (temporary file, fsync, rename):
-    a run killed mid-save leaves the previous epoch's checkpoint intact."""
-    mdn.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-              "scheduler": None if scheduler is None else scheduler.state_dict(),
-              "epoch": epoch, "history": history}, path)
+    a run killed mid-save leaves the previous checkpoint intact.  ``partial`` (mid-epoch checkpoints of
+    ``--save-every``): the training loader's state (sampler position, worker seed, augmentation streams),
+    the random generators' states and the epoch's running sums; ``epoch`` counts the finished epochs."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": None if scheduler is None else scheduler.state_dict(), "epoch": epoch, "history": history}
+    if partial is not None:
+        state["partial"] = partial
+    mdn.save(state, path)
 
 
 def load_checkpoint(path, model, optimizer, scheduler, device):
-    """Restore model, optimizer and scheduler in place; returns (epochs done, history)."""
+    """Restore model, optimizer and scheduler in place; returns (epochs done, history, mid-epoch part or None)."""
     state = mdn.load(path, map_location=device)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     history = {key: list(state["history"].get(key, [])) for key in HISTORY_KEYS}
-    return state["epoch"], history
+    return state["epoch"], history, state.get("partial")
+
+
+def get_rng_states(device):
+    """The default generators' states: the cpu's, and the GPU's when training on one."""
+    states = {"cpu": mdn.get_rng_state()}
+    if mdn.device(device).type == "cuda":
+        states["cuda"] = mdn.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(states, device):
+    mdn.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        mdn.cuda.set_rng_state(states["cuda"], device)
 
 
 def plot_history(history, path):

@@ -194,7 +194,7 @@ class DataLoader:
             return it.state_dict()
         if self._last_state is not None:
             return dict(self._last_state)
-        return {"sampler": None, "batches": 0, "base_seed": None, "finished": True}
+        return {"sampler": None, "batches": 0, "base_seed": None, "finished": True, "transform": None}
 
     def load_state_dict(self, state_dict):
         """The next ``iter(loader)`` continues the saved epoch with exactly the batches it had left."""
@@ -248,7 +248,26 @@ def _holds_gpu_arrays(dataset):
     return any(_dev.is_cuda_array(a) for a in getattr(dataset, "tensors", ()) or ())
 
 
-_STATE_KEYS = {"sampler", "batches", "base_seed", "finished"}
+_STATE_KEYS = {"sampler", "batches", "base_seed", "finished", "transform"}
+
+
+def _transform_generators(transform):
+    """The ``minidnn.Generator``\ s a transform draws from (its own ``generator``, and those of the
+    transforms it composes), in a fixed order: their states go into the loader's state."""
+    from .. import random as _random
+    found, stack, seen = [], [transform], set()
+    while stack:
+        t = stack.pop(0)
+        if t is None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        g = getattr(t, "generator", None)
+        if isinstance(g, _random.Generator):
+            found.append(g)
+        inner = getattr(t, "transforms", None)
+        if isinstance(inner, (list, tuple)):
+            stack = list(inner) + stack
+    return found
 
 
 def _check_loader_state(sd, loader):
@@ -261,6 +280,11 @@ def _check_loader_state(sd, loader):
     if batches > len(loader):
         raise ValueError(f"DataLoader.load_state_dict: {batches} batches were handed out but an epoch of this "
                          f"loader has only {len(loader)}")
+    states = sd["transform"]
+    gens = _transform_generators(loader.transform)
+    if states is not None and len(states) != len(gens):
+        raise ValueError(f"DataLoader.load_state_dict: the state holds {len(states)} transform generator states, "
+                         f"this loader's transform has {len(gens)} generators")
     if sd["sampler"] is not None and not hasattr(loader._index_sampler, "load_state_dict"):
         raise TypeError(f"DataLoader.load_state_dict: the state holds a sampler state but this loader's "
                         f"{type(loader._index_sampler).__name__} has no load_state_dict")
@@ -277,8 +301,14 @@ class _LoaderIter:
         self._pool = None
         self._owns_pool = False
         index_sampler = loader._index_sampler
+        self._generators = _transform_generators(loader.transform)
+        self._transform_state = None
         skip = 0
         if resume is not None and not resume["finished"]:
+            if resume["transform"] is not None:
+                for g, st in zip(self._generators, resume["transform"]):
+                    g.set_state(st)
+                self._transform_state = [np.asarray(st).copy() for st in resume["transform"]]
             if resume["sampler"] is not None:
                 index_sampler.load_state_dict(resume["sampler"])
             skip = int(resume["batches"])
@@ -295,11 +325,14 @@ class _LoaderIter:
             next(self._indices)
         self._delivered = skip
         if loader.num_workers > 0:
-            self._batches = self._from_workers()
+            batches = self._from_workers()
         else:
-            self._batches = (loader._finish(loader._fetch(loader.dataset, idx)) for idx in self._indices)
-            if loader.prefetch:
-                self._prefetcher = _PrefetchIterator(self._batches, loader.prefetch)
+            batches = (loader._finish(loader._fetch(loader.dataset, idx)) for idx in self._indices)
+        # each batch travels with the transform generators' states right after it was transformed, so the
+        # state handed out matches the batches delivered even when a thread transforms ahead
+        self._batches = _with_states(batches, self._generators)
+        if loader.prefetch:
+            self._prefetcher = _PrefetchIterator(self._batches, loader.prefetch)
 
     def __iter__(self):
         return self
@@ -311,7 +344,8 @@ class _LoaderIter:
         if self._finished or self._stopped:
             raise StopIteration
         try:
-            batch = next(self._prefetcher if self._prefetcher is not None else self._batches)
+            batch, self._transform_state = next(self._prefetcher if self._prefetcher is not None
+                                                else self._batches)
         except StopIteration:
             self._finished = True
             self._close()
@@ -325,9 +359,9 @@ class _LoaderIter:
     def state_dict(self):
         """The epoch's sampler state at its start, the batches handed out so far, the workers' base seed."""
         if self._finished:
-            return {"sampler": None, "batches": 0, "base_seed": None, "finished": True}
+            return {"sampler": None, "batches": 0, "base_seed": None, "finished": True, "transform": None}
         return {"sampler": self._sampler_state, "batches": self._delivered, "base_seed": self._base_seed,
-                "finished": False}
+                "finished": False, "transform": self._transform_state}
 
     # -- workers -----------------------------------------------------------------------------------------
     def _from_workers(self):
@@ -359,6 +393,11 @@ class _LoaderIter:
             self._close()
         except Exception:  # noqa: BLE001  (interpreter shutdown)
             pass
+
+
+def _with_states(batches, generators):
+    for batch in batches:
+        yield batch, ([g.get_state().numpy().copy() for g in generators] if generators else None)
 
 
 def _worker_batches(loader, indices_iter, pool):
