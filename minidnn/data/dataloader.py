@@ -252,7 +252,7 @@ _STATE_KEYS = {"sampler", "batches", "base_seed", "finished", "transform"}
 
 
 def _transform_generators(transform):
-    """The ``minidnn.Generator``\ s a transform draws from (its own ``generator``, and those of the
+    """The ``minidnn.Generator`` objects a transform draws from (its own ``generator``, and those of the
     transforms it composes), in a fixed order: their states go into the loader's state."""
     from .. import random as _random
     found, stack, seen = [], [transform], set()
