@@ -19,8 +19,8 @@ GEMM, groups == 1     x is copied ONCE into a zero-padded channels-last array; `
                         backward filter  dw_mat  = dy_rows^T @ cols        (dy_rows^T likewise, no copy)
                         backward data    stride 1: a forward correlation of the padded dy with the flipped,
                                          channel-swapped w (one gather, one GEMM); otherwise
-                                         dcols = dy_rows @ w_mat, then col2im in channels-last: one add of
-                                         a (N, *out, C) slice per tap, whose inner C runs are contiguous.
+                                         one (N*out, K) x (K, C) product per tap added into its strided
+                                         slice of a channels-last dx (contiguous reads, unlike col2im's).
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
 DIRECT, depthwise     G == C == K (one input and one output channel per group): every tap is an elementwise
                       multiply-add of a channels-last (n, *out, C) slice by a C-vector of weights.  The batch is
@@ -133,7 +133,10 @@ def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
 
 
 def _full_correlation_applies(p: ConvProblem):
-    return all(s == 1 for s in p.stride) and all(q <= d * (r - 1) for q, d, r in zip(p.padding, p.dilation, p.kernel))
+    # Only where its gather (in * K per tap) is not much larger than col2im's dcols (out * C per tap):
+    # LeNet's 6 -> 16 channel layer is 5x larger that way, and col2im wins there.
+    return (all(s == 1 for s in p.stride) and all(q <= d * (r - 1) for q, d, r in zip(p.padding, p.dilation, p.kernel))
+            and math.prod(p.in_size) * p.K <= 2 * math.prod(p.out_size) * p.C)
 
 
 def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
@@ -147,12 +150,14 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * p.nd)]        # (K, C, *kernel)
         w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
         return _from_rows(dcols @ w_t.T, p.N, p.in_size)
-    dcols = _rows(dy) @ _w_mat(w)                                       # (N*out, kernel*C)
-    dview = dcols.reshape(p.N, *p.out_size, *p.kernel, p.C)
-    dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dcols.dtype)
-    every_out = (slice(None),) * (1 + p.nd)
-    for tap in _taps(p):        # col2im, channels-last: taps overlap only across iterations (deterministic)
-        dx_cl[(slice(None), *_tap_window(tap, p), slice(None))] += dview[every_out + tap]
+    # Otherwise a product per tap, added into its strided slice of dx (channels-last, contiguous products):
+    # unlike col2im, which reads each tap's columns at a stride of kernel*C, every add reads contiguous rows.
+    dy_rows = _rows(dy)                                                 # (N*out, K)
+    dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dy_rows.dtype)
+    w_taps = np.moveaxis(w, 1, -1)                                      # (K, *kernel, C) view
+    for tap in _taps(p):
+        part = dy_rows @ w_taps[(slice(None), *tap)]                    # (N*out, C)
+        dx_cl[(slice(None), *_tap_window(tap, p), slice(None))] += part.reshape(p.N, *p.out_size, p.C)
     return _crop_channels_first(dx_cl, p)
 
 

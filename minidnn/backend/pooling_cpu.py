@@ -1,19 +1,22 @@
 """Fast CPU (NumPy) pooling, registered beside the reference in pooling.py.
 
 # x, dx: (N, C, *S)  channels-first index order (any memory layout)   y, dy, argmax: (N, C, *O)
-# windows: (N, C, *O, *window)  a strided view of the padded x: [n, c, o.., k..] = xpad[n, c, o*stride + k]
+# idx: (N, C, *O)    flat index, in the padded dx, of the input element each window's gradient goes to
 
-The reference walks the window taps: one strided slice, one compare and one ``where`` per tap, and its
-backward adds one masked copy of dy per tap.  Here the taps are one axis of an ``as_strided`` view:
+The reference walks the window taps with a ``where`` and a boolean ``|`` per tap, and its backward adds one
+masked copy of dy per tap (a pass over the whole dx each).  Here:
 
-forward, MAX          the windows reshaped to (..., taps) (one gather), ``argmax`` along the last axis (the
-                      first maximum, a NaN winning as in the reference), the maxima read back through it;
-forward, AVERAGE      the same gather summed along its last axis, divided by the reference's divisor;
-backward, stride >= window (non-overlapping windows, e.g. the usual 2x2 / stride 2)
-                      each dy value goes straight into its window: a one-hot of the stored argmax times dy
-                      (MAX) or dy / divisor (AVERAGE) written through a *writable* window view of the padded
-                      dx -- windows do not overlap, so one assignment is exact, no loop and no scatter-add.
-Overlapping windows (stride < window) keep the reference's backward (its tap loop adds in a fixed order).
+forward, MAX          the maximum by ``np.maximum`` over the taps' strided slices (in place, no
+                      temporaries), then the argmax by one ``putmask`` per tap in *reverse* tap order, so the
+                      first tap holding the maximum wins (the reference's rule; a NaN window points at its
+                      first NaN, fixed up only when there is one);
+backward, MAX         no loop at all: the stored argmax becomes a flat index into the padded dx
+                      (window origin + offset of the tap), and dy is written there in one fancy assignment
+                      (windows that do not overlap) or summed there by one ``bincount`` (overlapping windows:
+                      several windows may send to one element; bincount adds them in a fixed order);
+backward, AVERAGE     for non-overlapping windows, dy / divisor written through a *writable* window view of
+                      the padded dx in one assignment (overlapping ones keep the reference's tap loop).
+AVERAGE forward stays the reference's (a sum of tap slices is already one array operation per tap).
 """
 from __future__ import annotations
 
@@ -27,45 +30,75 @@ _ENABLED = [True]
 
 
 def applies_forward(geom, x) -> bool:
-    return _ENABLED[0] and type(x) is np.ndarray
+    return _ENABLED[0] and type(x) is np.ndarray and geom.mode.is_max
 
 
 def applies_backward(geom, x) -> bool:
-    return applies_forward(geom, x) and all(s >= k for s, k in zip(geom.stride, geom.window))
+    return _ENABLED[0] and type(x) is np.ndarray and (geom.mode.is_max or _non_overlapping(geom))
+
+
+def _non_overlapping(geom):
+    return all(s >= k for s, k in zip(geom.stride, geom.window))
 
 
 def _window_view(xpad, geom, writeable=False):
-    nd = len(geom.window)
+    """(N, C, *O, *window) view of the padded array: [n, c, o.., k..] = xpad[n, c, o*stride + k]."""
     lead, spatial = xpad.strides[:2], xpad.strides[2:]
     shape = (*xpad.shape[:2], *geom.out_sizes, *geom.window)
     strides = (*lead, *(st * s for st, s in zip(spatial, geom.stride)), *spatial)
-    assert len(shape) == 2 + 2 * nd
     return np.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides, writeable=writeable)
 
 
-def _gathered(xpad, geom):
-    """(N, C, *O, taps): every window's values in row-major tap order (one copy)."""
-    return _window_view(xpad, geom).reshape(*xpad.shape[:2], *geom.out_sizes, math.prod(geom.window))
-
-
 def pool_forward(geom, xc, xp):
-    """(value, argmax or None) for channels-first xc, as the reference computes them."""
-    if geom.mode.is_max:
-        cols = _gathered(geom.pad(xp, xc, -np.inf), geom)
-        arg = cols.argmax(axis=-1)
-        value = np.take_along_axis(cols, arg[..., None], axis=-1)[..., 0]
-        return value, arg.astype(np.min_scalar_type(math.prod(geom.window) - 1))
-    cols = _gathered(geom.pad(xp, xc, 0), geom)
-    return cols.sum(axis=-1) / geom.divisor(xp, xc.dtype), None
+    """(maximum, argmax) for channels-first xc, as the reference computes them (MAX modes)."""
+    xpad = geom.pad(xp, xc, -np.inf)
+    slices = [xpad[(Ellipsis,) + sl] for _, sl in geom.taps()]
+    value = slices[0].copy()
+    for v in slices[1:]:
+        np.maximum(value, v, out=value)
+    arg = np.zeros(value.shape, dtype=np.min_scalar_type(math.prod(geom.window) - 1))
+    for t in range(len(slices) - 1, -1, -1):           # reverse: the first tap equal to the maximum wins
+        np.putmask(arg, slices[t] == value, t)
+    nan = np.isnan(value)
+    if nan.any():                                     # NaN equals nothing: point at each window's first NaN
+        for t in range(len(slices) - 1, -1, -1):
+            np.putmask(arg, nan & np.isnan(slices[t]), t)
+    return value, arg
+
+
+def _flat_index(geom, shape_nc, arg):
+    """idx (N, C, *O): flat position in the C-contiguous padded dx of the element tap ``arg`` of each window
+    reads: the window's origin plus the tap's offset."""
+    padded = geom.padded_spatial
+    elem_strides = [math.prod(padded[d + 1:]) for d in range(len(padded))]
+    nd = len(padded)
+    index = (np.arange(shape_nc[0] * shape_nc[1], dtype=np.int64) * math.prod(padded)).reshape(
+        shape_nc + (1,) * nd)
+    for d, (o, s, st) in enumerate(zip(geom.out_sizes, geom.stride, elem_strides)):
+        shape = [1] * nd
+        shape[d] = o
+        index = index + (np.arange(o, dtype=np.int64) * (s * st)).reshape(shape)
+    offsets = np.zeros(geom.window, dtype=np.int64)
+    for d, (k, st) in enumerate(zip(geom.window, elem_strides)):
+        shape = [1] * nd
+        shape[d] = k
+        offsets = offsets + (np.arange(k, dtype=np.int64) * st).reshape(shape)
+    return index + offsets.reshape(-1)[arg]
 
 
 def pool_backward(geom, dyc, arg, dtype, xp):
-    """Padded dx for non-overlapping windows (see applies_backward); the caller crops and blends."""
-    taps = math.prod(geom.window)
-    dxpad = np.zeros(dyc.shape[:2] + geom.padded_spatial, dtype=dtype)
+    """Padded dx (C-contiguous, channels-first); the caller crops and blends."""
+    shape = dyc.shape[:2] + geom.padded_spatial
     if geom.mode.is_max:
-        spread = (np.arange(taps, dtype=arg.dtype) == arg[..., None]) * dyc[..., None].astype(dtype, copy=False)
-    else:
-        spread = np.broadcast_to((dyc / geom.divisor(xp, dtype))[..., None], (*dyc.shape, taps))
+        idx = _flat_index(geom, dyc.shape[:2], arg).ravel()
+        if _non_overlapping(geom):                    # every element receives from at most one window
+            dxpad = np.zeros(math.prod(shape), dtype=dtype)
+            dxpad[idx] = dyc.ravel()
+            return dxpad.reshape(shape)
+        summed = np.bincount(idx, weights=dyc.ravel(), minlength=math.prod(shape))
+        return summed.astype(dtype, copy=False).reshape(shape)
+    dxpad = np.zeros(shape, dtype=dtype)
+    taps = math.prod(geom.window)
+    spread = np.broadcast_to((dyc / geom.divisor(xp, dtype))[..., None], (*dyc.shape, taps))
     _window_view(dxpad, geom, writeable=True)[...] = spread.reshape(*dyc.shape, *geom.window)
     return dxpad

@@ -44,7 +44,6 @@ def test_fast_pooling_matches_reference(case, mode, ties):          # ties and N
     rng = np.random.default_rng(5)
     desc = B.PoolingDescriptor(mode, window, padding, stride, ceil_mode)
     x = _input(shape, rng, ties)
-    assert pooling_cpu.applies_forward(None, x)
     if mode.is_max:
         y, arg = B.pooling_forward(None, desc, x, return_argmax=True)
         y_ref, arg_ref = _reference(B.pooling_forward, None, desc, x, return_argmax=True)
@@ -75,7 +74,11 @@ def test_fast_pooling_nhwc_and_blending():
     np.testing.assert_allclose(dx, _reference(B.pooling_backward, None, desc, y, dy, x, format="NHWC"), rtol=1e-6)
 
 
-def test_overlapping_windows_keep_the_reference_backward():
-    geom = B.pooling._Geometry(B.PoolingDescriptor("max", 3, 1, 2), (1, 1, 8, 8), "test")
+def test_which_cases_the_fast_form_takes():
     x = np.zeros((1, 1, 8, 8))
-    assert pooling_cpu.applies_forward(geom, x) and not pooling_cpu.applies_backward(geom, x)
+    geom = lambda mode, *args: B.pooling._Geometry(B.PoolingDescriptor(mode, *args), x.shape, "test")  # noqa: E731
+    assert pooling_cpu.applies_forward(geom("max", 3, 1, 2), x) and pooling_cpu.applies_backward(geom("max", 3, 1, 2), x)
+    # average: forward is the reference's tap sum; backward fast only without overlapping windows
+    avg = "average_count_include_padding"
+    assert not pooling_cpu.applies_forward(geom(avg, 2), x) and pooling_cpu.applies_backward(geom(avg, 2), x)
+    assert not pooling_cpu.applies_backward(geom(avg, 3, 1, 2), x)

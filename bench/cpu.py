@@ -1,0 +1,279 @@
+"""The CPU table of issue 16: minidnn beside PyTorch (CPU build) from one run, the same thread count each.
+
+    python bench/cpu.py [--threads 2] [--rounds 7] [--only lenet,conv16]
+
+Rows: per-op overhead (forward + backward of 8-element mul/add chains), LeNet-5 training step (32x32, batch
+64 and 256, SGD with momentum), convolution forward + backward (dense 3x3 at 16 and 64 channels, depthwise
+3x3 at 64 channels; N32, 32x32), one digits epoch of examples/train_lenet.py's set-up (LeNet-5 on 16x16
+upsampled digits, batch 32, AdamW, label smoothing, augmentation through minidnn's DataLoader for both), an
+Adam step over ResNet-20's parameters (minidnn fused, PyTorch foreach), and one epoch of minidnn's DataLoader
+with augmentation beside a PyTorch DataLoader doing the same per sample.
+
+How it is timed, because the machine may be shared: each row runs minidnn and PyTorch alternately,
+``--rounds`` times, and keeps each side's *fastest* round (a repeated minimum: other processes only ever add
+time).  Wall-clock time, so BLAS threads count as they would for a user.  The PyTorch side is skipped where
+PyTorch is not installed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import minidnn as mdn                         # noqa: E402
+import minidnn.nn.functional as F             # noqa: E402
+from minidnn import models                    # noqa: E402
+from minidnn.data import DataLoader           # noqa: E402
+from minidnn.data import transforms as T      # noqa: E402
+from minidnn.data.datasets import load_digits  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def best_of(fn, rounds, inner):
+    """Fastest of ``rounds`` rounds of ``inner`` calls, seconds per call (after one warm-up call)."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / inner)
+    return best
+
+
+def side_by_side(make_mdn, make_torch, rounds, inner):
+    """(minidnn s, torch s or None): the two alternate round by round, each keeps its fastest."""
+    fm = make_mdn()
+    ft = make_torch() if torch is not None and make_torch is not None else None
+    fm()
+    if ft:
+        ft()
+    bm = bt = float("inf")
+    for _ in range(rounds):
+        bm = min(bm, best_of(fm, 1, inner))
+        if ft:
+            bt = min(bt, best_of(ft, 1, inner))
+    return bm, (bt if ft else None)
+
+
+# ---- rows ----------------------------------------------------------------------------------------------
+
+def overhead_row(rounds):
+    import overhead
+    per_op = 2 * overhead.CHAIN
+
+    def make(lib):
+        lib.manual_seed(0)
+        x, w, b = (lib.randn(8, requires_grad=True) for _ in range(3))
+        return lambda: overhead._chain(x, w, b, True)
+    m, t = side_by_side(lambda: make(mdn), lambda: make(torch), rounds, 20)
+    return ("per-op overhead fwd+bwd (8 elements)", m / per_op * 1e6, None if t is None else t / per_op * 1e6, "us")
+
+
+def _torch_twins():
+    import train_step
+    train_step.torch = torch
+    return train_step.torch_models()
+
+
+def lenet_rows(rounds, batches=(64, 256)):
+    rows = []
+    twins = _torch_twins() if torch is not None else None
+    for batch in batches:
+        rng = np.random.default_rng(0)
+        x_np = rng.standard_normal((batch, 1, 32, 32)).astype(np.float32)
+        y_np = rng.integers(0, 10, batch)
+
+        def make_mdn():
+            mdn.manual_seed(0)
+            model = models.LeNet5(10, 1, 32)
+            opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            x, y = mdn.tensor(x_np), mdn.tensor(y_np)
+
+            def step():
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            return step
+
+        def make_torch():
+            torch.manual_seed(0)
+            model = twins["LeNet5"](10, 1, 32)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
+
+            def step():
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            return step
+        m, t = side_by_side(make_mdn, make_torch, rounds, 5 if batch <= 64 else 2)
+        rows.append((f"LeNet-5 training step, batch {batch}", m * 1e3, None if t is None else t * 1e3, "ms"))
+    return rows
+
+
+def conv_row(rounds, channels, depthwise):
+    groups = channels if depthwise else 1
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((32, channels, 32, 32)).astype(np.float32)
+    w_np = rng.standard_normal((channels, channels // groups, 3, 3)).astype(np.float32) * 0.1
+    gy_np = rng.standard_normal((32, channels, 32, 32)).astype(np.float32)
+
+    def make(lib, conv):
+        x = lib.tensor(x_np, requires_grad=True)
+        w = lib.tensor(w_np, requires_grad=True)
+        gy = lib.tensor(gy_np)
+
+        def step():
+            x.grad = w.grad = None
+            conv(x, w, padding=1, groups=groups).backward(gy)
+        return step
+    m, t = side_by_side(lambda: make(mdn, F.conv2d),
+                        lambda: make(torch, torch.nn.functional.conv2d), rounds, 2 if channels <= 16 else 1)
+    name = (f"depthwise fwd+bwd N32 C{channels} 32², 3x3" if depthwise else
+            f"conv fwd+bwd N32 C=K={channels} 32², 3x3")
+    return (name, m * 1e3, None if t is None else t * 1e3, "ms")
+
+
+def digits_epoch_row(rounds):
+    """One training epoch as examples/train_lenet.py runs it (no scheduler: its cost is the same on both)."""
+    train = load_digits("train")
+    twins = _torch_twins() if torch is not None else None
+    spec_mean, spec_std = (0.3055,), (0.3761,)
+
+    def loader():
+        augment = T.Compose([T.Upsample(2), T.RandomCrop(16, padding=1), T.Normalize(spec_mean, spec_std)])
+        return DataLoader(train, batch_size=32, shuffle=True, seed=0, transform=augment)
+
+    def make_mdn():
+        mdn.manual_seed(0)
+        model = models.LeNet5(10, 1, 16)
+        opt = mdn.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+
+        def epoch():
+            model.train()
+            for x, y in loader():
+                loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return epoch
+
+    def make_torch():
+        torch.manual_seed(0)
+        model = twins["LeNet5"](10, 1, 16)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+
+        def epoch():
+            model.train()
+            for x, y in loader():
+                loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x.numpy())),
+                                                         torch.from_numpy(y.numpy()), label_smoothing=0.1)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        return epoch
+    m, t = side_by_side(make_mdn, make_torch, max(2, rounds // 2), 1)
+    return ("digits epoch of train_lenet.py (45 steps)", m, t, "s")
+
+
+def adam_row(rounds):
+    import optim_step
+    optim_step.torch = torch
+    shapes = optim_step.resnet20_shapes()
+    n = sum(int(np.prod(s)) for s in shapes)
+    rng = np.random.default_rng(0)
+    m, t = side_by_side(lambda: optim_step.minidnn_case(shapes, "cpu", "Adam", True, rng)[0],
+                        lambda: optim_step.torch_case(shapes, "cpu", "Adam", "foreach", rng), rounds, 20)
+    return (f"Adam step, {len(shapes)} tensors / {n / 1e3:.0f}k elements (fused | foreach)", m * 1e3,
+            None if t is None else t * 1e3, "ms")
+
+
+def dataloader_row(rounds):
+    train = load_digits("train")
+    images = train.data
+
+    def make_mdn():
+        augment = T.Compose([T.Upsample(2), T.RandomCrop(16, padding=1), T.Normalize((0.3055,), (0.3761,))])
+
+        def epoch():
+            for _ in DataLoader(train, batch_size=32, shuffle=True, seed=0, transform=augment):
+                pass
+        return epoch
+
+    def make_torch():
+        data = torch.from_numpy(np.ascontiguousarray(images))
+        labels = torch.from_numpy(train.targets)
+
+        class Augmented(torch.utils.data.Dataset):       # what a PyTorch user writes without torchvision
+            def __len__(self):
+                return len(labels)
+
+            def __getitem__(self, i):
+                img = data[i].repeat_interleave(2, 1).repeat_interleave(2, 2)
+                img = torch.nn.functional.pad(img, (1, 1, 1, 1))
+                oy, ox = torch.randint(0, 3, (2,)).tolist()
+                return (img[:, oy:oy + 16, ox:ox + 16] - 0.3055) / 0.3761, labels[i]
+
+        ds = Augmented()
+
+        def epoch():
+            for _ in torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True):
+                pass
+        return epoch
+    m, t = side_by_side(make_mdn, make_torch, rounds, 2)
+    return ("DataLoader epoch with augmentation (digits, 45 batches)", m * 1e3, None if t is None else t * 1e3,
+            "ms")
+
+
+ROWS = {
+    "overhead": lambda r: [overhead_row(r)],
+    "lenet": lambda r: lenet_rows(r),
+    "conv16": lambda r: [conv_row(r, 16, False)],
+    "conv64": lambda r: [conv_row(r, 64, False)],
+    "depthwise": lambda r: [conv_row(r, 64, True)],
+    "digits": lambda r: [digits_epoch_row(r)],
+    "adam": lambda r: [adam_row(r)],
+    "dataloader": lambda r: [dataloader_row(r)],
+}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads for both frameworks")
+    ap.add_argument("--rounds", type=int, default=7, help="alternating rounds; each side keeps its fastest")
+    ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated subset of {','.join(ROWS)}")
+    args = ap.parse_args(argv)
+    mdn.set_num_threads(args.threads)
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+    rows = []
+    for key in args.only.split(","):
+        rows += ROWS[key](args.rounds)
+    cpu = os.cpu_count()
+    print(f"CPU, {args.threads} threads each (minidnn: threadpoolctl, PyTorch: torch.set_num_threads), {cpu} CPUs; "
+          f"fastest of {args.rounds} alternating rounds, wall clock; PyTorch "
+          f"{torch.__version__ if torch is not None else 'not installed'}, NumPy {np.__version__}")
+    print(f"| {'workload':58} | {'minidnn':>10} | {'PyTorch':>10} | ratio |")
+    print(f"|{'-' * 60}|{'-' * 12}|{'-' * 12}|-------|")
+    for name, m, t, unit in rows:
+        fmt = (lambda v: f"{v:.2f} {unit}") if unit != "us" else (lambda v: f"{v:.2f} µs")
+        ratio = f"{m / t:.2f}x" if t else "n/a"
+        print(f"| {name:58} | {fmt(m):>10} | {fmt(t) if t else 'n/a':>10} | {ratio:>5} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
