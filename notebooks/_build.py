@@ -94,7 +94,7 @@ NOTEBOOKS["01_autograd_from_scratch"] = [
     md("""
     ## A real graph: logistic regression on one batch of digits
 
-    The scikit-learn digits are 8x8 grey images of handwritten digits. A linear classifier on the 64 pixels
+    The digits bundled with minidnn (UCI's optdigits, as in scikit-learn) are 8x8 grey images of handwritten digits. A linear classifier on the 64 pixels
     already builds a graph worth drawing. `minidnn.viz.to_dot` turns the graph into Graphviz's DOT text:
     blue boxes are leaves (labelled with the names we pass), grey ellipses are backward nodes, the green box
     is the output.
@@ -111,15 +111,18 @@ NOTEBOOKS["01_autograd_from_scratch"] = [
     print(dot)
     """),
     md("""
-    With the `graphviz` Python package installed, `minidnn.viz.render` returns a picture that Jupyter
-    displays; without it, the DOT text above can be pasted into any Graphviz viewer.
+    `minidnn.viz.draw` saves that text as `logreg_graph.dot` and, where Graphviz's `dot` program is installed
+    (`apt-get install graphviz`, `brew install graphviz`, `conda install graphviz`), renders it to a PNG that we
+    show below. Without Graphviz it says how to get it, and the `.dot` file opens in any Graphviz viewer.
     """),
     code("""
-    picture = mdn.viz.render(dot)            # a graphviz.Source, or the text itself without graphviz
-    if isinstance(picture, str):
-        print("graphviz is not installed here: the DOT text above is the picture's source")
+    from IPython.display import Image
+
+    path = mdn.viz.draw(dot, "logreg_graph.png")     # logreg_graph.dot always; the .png when Graphviz is here
+    if path.endswith(".png"):
+        display(Image(filename=path))
     else:
-        display(picture)
+        print(f"no picture without Graphviz: the DOT source is in {path}")
     """),
     code("""
     loss.backward()
@@ -398,7 +401,7 @@ NOTEBOOKS["03_training_a_cnn"] = [
     From data to a trained LeNet-5 and a look at what it learned, in the plain training loop every
     PyTorch user knows: forward, loss, `zero_grad`, `backward`, `step`.
 
-    The data are scikit-learn's 1,797 8x8 digits (1,437 for training, 360 for testing). LeNet's two 5x5
+    The data are the 1,797 8x8 digits bundled with minidnn (UCI's optdigits, as in scikit-learn) (1,437 for training, 360 for testing). LeNet's two 5x5
     convolutions and 2x2 poolings need more room than 8x8, so the images are upsampled to 16x16 and shifted
     by up to one pixel at random while training (a cheap augmentation).
     """),
@@ -489,11 +492,14 @@ NOTEBOOKS["03_training_a_cnn"] = [
     print(f"{time.perf_counter() - start:.1f} s")
     """),
     code("""
+    from matplotlib.ticker import MaxNLocator
+    epochs = np.arange(1, len(history["test_acc"]) + 1)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3))
-    ax1.plot(history["train_loss"], "o-", label="train"); ax1.plot(history["test_loss"], "s-", label="test")
+    ax1.plot(epochs, history["train_loss"], "o-", color="C0", label="train")
+    ax1.plot(epochs, history["test_loss"], "s--", color="C3", markerfacecolor="none", label="test")
     ax1.set(title="cross-entropy loss", xlabel="epoch"); ax1.legend()
-    ax2.plot(history["test_acc"], "s-", color="C1"); ax2.set(title="test accuracy", xlabel="epoch")
-    for ax in (ax1, ax2): ax.grid(alpha=0.3)
+    ax2.plot(epochs, history["test_acc"], "s--", color="C3", markerfacecolor="none"); ax2.set(title="test accuracy", xlabel="epoch")
+    for ax in (ax1, ax2): ax.grid(alpha=0.3); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     plt.show()
     """),
     md("""
@@ -677,8 +683,8 @@ NOTEBOOKS["04_fused_optimizers"] = [
         return m, opt(m.parameters())
 
     batches = [batch for _, batch in zip(range(30), loader)]             # the first 30 batches
-    fig, ax = plt.subplots(figsize=(6, 3))
-    for i, kind in enumerate(("SGD", "Adam", "AdamW")):
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3), sharey=True)          # one panel each: Adam and AdamW overlap
+    for i, (ax, kind) in enumerate(zip(axes, ("SGD", "Adam", "AdamW"))):
         runs = {"fused": make(True, kind), "loop": make(False, kind)}
         losses = {path: [] for path in runs}
         for x, y in batches:
@@ -689,11 +695,13 @@ NOTEBOOKS["04_fused_optimizers"] = [
         gap = max(float(np.abs(a.numpy() - b.numpy()).max())
                   for a, b in zip(runs["fused"][0].parameters(), runs["loop"][0].parameters()))
         print(f"{kind:6s} max |weight difference| after 30 steps: {gap:.1e}")
-        ax.plot(losses["fused"], "-", color=f"C{i}", label=f"{kind} fused")
-        ax.plot(losses["loop"], "o", color=f"C{i}", markersize=3, label=f"{kind} loop")
-    ax.set(xlabel="step", ylabel="training loss", title="fused (lines) and loop (dots) trace the same path")
-    ax.legend(fontsize=7, ncol=3); ax.grid(alpha=0.3)
-    plt.show()
+        steps = np.arange(1, len(batches) + 1)
+        ax.plot(steps, losses["fused"], "-", color=f"C{i}", label="fused")
+        ax.plot(steps, losses["loop"], "o", color="black", markersize=3, label="loop")
+        ax.set(xlabel="step", title=kind); ax.legend(fontsize=8); ax.grid(alpha=0.3)
+    axes[0].set_ylabel("training loss")
+    fig.suptitle("fused (line) and loop (dots) trace the same path")
+    fig.tight_layout(); plt.show()
     """),
     md("""
     ## When does fusing pay?
@@ -787,9 +795,10 @@ NOTEBOOKS["05_grouped_convolutions"] = [
     print(mdn.summary(DepthwiseSeparable(C, K), input_shape=(1, C, 16, 16), verbose=0))
     """),
     code("""
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.bar([r[0] for r in rows], [r[2] for r in rows], color=["C0"] * 5 + ["C2"])
-    ax.set_yscale("log"); ax.set_ylabel("mult-adds (log)"); ax.tick_params(axis="x", labelsize=8)
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    labels = [r[0].replace(" + ", "\\n+ ") for r in rows]                   # two lines: no overlapping labels
+    ax.bar(labels, [r[2] for r in rows], color=["C0"] * 5 + ["C2"])
+    ax.set_yscale("log"); ax.set_ylabel("mult-adds (log)"); ax.tick_params(axis="x", labelsize=9)
     ax.set_title("3x3 convolution 64 -> 64 channels on 16x16")
     plt.show()
     """),
