@@ -262,7 +262,8 @@ def multinomial_indices(weights, num_samples, replacement, engine, where="multin
     With replacement: each draw inverts the row's cumulative distribution at a uniform u (searchsorted).
     Without: the exponential race -- category c gets the key E_c / w_c with E_c ~ Exp(1), and the
     ``num_samples`` smallest keys in ascending order are exactly sequential sampling without replacement.
-    Zero weights are never drawn.  Everything is checked before any draw.
+    Zero weights are never drawn with replacement; without, they follow (in index order) once the non-zero
+    categories are used up, as in PyTorch.  Everything is checked before any draw.
     """
     xp = _dev.array_module(weights)
     if weights.ndim not in (1, 2):
@@ -284,12 +285,9 @@ def multinomial_indices(weights, num_samples, replacement, engine, where="multin
         if num_samples > categories:
             raise RuntimeError(f"{where}: cannot sample n_sample > prob_dist.size(-1) samples without "
                                f"replacement (num_samples={num_samples}, categories={categories})")
-        if bool(xp.any((w > 0).sum(axis=1) < num_samples)):
-            raise RuntimeError(f"{where}: invalid multinomial distribution (with replacement=False, not enough "
-                               f"non-zero categories to draw {num_samples})")
         u = engine.random((rows, categories), dtype=np.float64)
-        with np.errstate(divide="ignore"):
-            keys = -xp.log1p(-u) / w                     # Exp(1) / w; w = 0 gives inf: never chosen
+        with np.errstate(divide="ignore", invalid="ignore"):
+            keys = xp.where(w > 0, -xp.log1p(-u) / w, np.inf)     # Exp(1) / w; zero weights last
         out = xp.argsort(keys, axis=1, kind="stable")[:, :num_samples]
     else:
         cdf = xp.cumsum(w, axis=1) / total[:, None]

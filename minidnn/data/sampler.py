@@ -213,10 +213,10 @@ class WeightedRandomSampler(_ResumableSampler):
         self.replacement = replacement
         self.generator = _check_generator(generator, "WeightedRandomSampler")
         # the distribution is checked now, not at the first epoch
-        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0 or (not replacement and (
-                num_samples > len(w) or np.count_nonzero(w) < num_samples)):
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0 or (not replacement and
+                                                                            num_samples > len(w)):
             raise ValueError(f"WeightedRandomSampler: weights must be finite, non-negative with a positive sum"
-                             f"{'' if replacement else ' and at least num_samples non-zero entries'}; got "
+                             f"{'' if replacement else ', and at least num_samples of them'}; got "
                              f"{len(w)} weights (min {w.min() if len(w) else None}, sum {w.sum()}) for "
                              f"num_samples={num_samples}, replacement={replacement}")
 
