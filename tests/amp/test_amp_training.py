@@ -8,7 +8,7 @@ import minidnn.nn.functional as F
 from minidnn.data.datasets import load_digits
 from minidnn.models import resnet20
 
-EPOCHS = 8
+EPOCHS = 12
 BATCH = 64
 
 
@@ -19,6 +19,7 @@ def _accuracy(mode, device):
     xtr, ytr, xte, yte = (t.to(device) for t in (xtr, ytr, xte, yte))
     model = resnet20(in_channels=1).to(device)
     opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    sched = mdn.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=EPOCHS)   # converged runs: the comparison is fair
     dtype = {"fp32": None, "bf16": mdn.bfloat16, "fp16": mdn.float16}[mode]
     scaler = mdn.amp.GradScaler(device, enabled=mode == "fp16")
     order = np.random.default_rng(0)
@@ -34,6 +35,7 @@ def _accuracy(mode, device):
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+        sched.step()
     model.eval()
     with mdn.no_grad(), mdn.autocast(device, dtype=dtype or mdn.bfloat16, enabled=dtype is not None):
         pred = model(xte).argmax(1)
