@@ -7,7 +7,6 @@ Tensor arguments (differentiably, so gradients come back in each input's own dty
     fp32      float16/bfloat16 inputs to float32: reductions, softmax/log-softmax, losses, norms (per device, as
               PyTorch's lists say)
     promote   every floating input to the widest floating dtype among them (ops that mix inputs: cat, stack, ...)
-    keep_fp32 computed in float32, output cast back to the input's dtype (batch norm: its statistics in float32)
 
 The state is thread-local (a region in one thread does not affect another) and nests: an inner region overrides
 the outer one for its device type and restores it on exit.  Casts of leaf tensors (weights) are cached for the
@@ -38,19 +37,17 @@ _FP32 = {
     "cpu": _LOSSES | {"prod", "cdist", "avg_pool3d"},
 }
 _PROMOTE = {"cat", "stack", "addcdiv", "addcmul", "atan2", "where", "index_put", "scatter_add", "tensordot"}
-_KEEP_FP32 = {"batch_norm"}
 
 
 def policy_of(op_name: str, device_type: str):
-    """'lower', 'fp32', 'promote', 'keep_fp32' or None (the op runs in its inputs' dtypes)."""
+    """'lower', 'fp32', 'promote' or None (the op runs in its inputs' dtypes; batch norm is such an op: the backend
+    accumulates float16/bfloat16 statistics in float32 and keeps float32 parameters, as cuDNN does)."""
     if op_name in _LOWER:
         return "lower"
     if op_name in _FP32.get(device_type, ()):
         return "fp32"
     if op_name in _PROMOTE:
         return "promote"
-    if op_name in _KEEP_FP32:
-        return "keep_fp32"
     return None
 
 
@@ -126,21 +123,20 @@ def _is_float_tensor(a):
 
 
 def cast_inputs(op_name: str, args, kwargs=None):
-    """(args, kwargs, output_dtype): the floating Tensors among ``args``/``kwargs`` cast as ``op_name``'s policy says
-    for this thread's region; output_dtype is not None when the outputs must be cast back (keep_fp32)."""
+    """(args, kwargs): the floating Tensors among ``args``/``kwargs`` cast as ``op_name``'s policy says for this
+    thread's region."""
     kwargs = {} if kwargs is None else kwargs
     s = _state()
     if s["suspended"]:
-        return args, kwargs, None
+        return args, kwargs
     tensors = [a for a in args if _is_float_tensor(a)] + [v for v in kwargs.values() if _is_float_tensor(v)]
     if not tensors:
-        return args, kwargs, None
+        return args, kwargs
     device_type = tensors[0].device.type
     low = s["dtype"].get(device_type)
     policy = None if low is None else policy_of(op_name, device_type)
     if policy is None:
-        return args, kwargs, None
-    back = None
+        return args, kwargs
     if policy == "lower":
         target = low
     elif policy == "promote":
@@ -149,13 +145,12 @@ def cast_inputs(op_name: str, args, kwargs=None):
             target = np.promote_types(target, t.dtype)
     else:
         if not any(t.dtype.itemsize < 4 for t in tensors):
-            return args, kwargs, None
+            return args, kwargs
         target = np.dtype(np.float32)
-        back = tensors[0].dtype if policy == "keep_fp32" else None
 
     def cast(a):
         return _cast(a, target, s) if _is_float_tensor(a) else a
-    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}, back
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
 
 
 def autocast_op(op_name: str):
@@ -164,15 +159,8 @@ def autocast_op(op_name: str):
     def decorate(fn):
         @functools.wraps(fn)
         def op(*args, **kwargs):
-            if not _active_regions:
-                return fn(*args, **kwargs)
-            args, kwargs, back = cast_inputs(op_name, args, kwargs)
-            if back is None:
-                return fn(*args, **kwargs)
-            with suspended():
-                out = fn(*args, **kwargs)
-            if isinstance(out, tuple):
-                return type(out)(o.to(dtype=back) if _is_float_tensor(o) else o for o in out)
-            return out.to(dtype=back) if _is_float_tensor(out) else out
+            if _active_regions:
+                args, kwargs = cast_inputs(op_name, args, kwargs)
+            return fn(*args, **kwargs)
         return op
     return decorate
