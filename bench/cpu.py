@@ -40,15 +40,19 @@ except ImportError:
     torch = None
 
 
+CLOCK = [time.perf_counter]      # --cpu-time: time.process_time (this process's CPU seconds, all threads)
+
+
 def best_of(fn, rounds, inner):
     """Fastest of ``rounds`` rounds of ``inner`` calls, seconds per call (after one warm-up call)."""
     fn()
     best = float("inf")
+    clock = CLOCK[0]
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
-        best = min(best, (time.perf_counter() - t0) / inner)
+        best = min(best, (clock() - t0) / inner)
     return best
 
 
@@ -256,7 +260,12 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads for both frameworks")
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds; each side keeps its fastest")
     ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated subset of {','.join(ROWS)}")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time by process CPU seconds instead of wall clock (steadier on a busy machine; with "
+                         "several threads it adds their times up, spinning included)")
     args = ap.parse_args(argv)
+    if args.cpu_time:
+        CLOCK[0] = time.process_time
     mdn.set_num_threads(args.threads)
     if torch is not None:
         torch.set_num_threads(args.threads)
@@ -265,7 +274,7 @@ def main(argv=None):
         rows += ROWS[key](args.rounds)
     cpu = os.cpu_count()
     print(f"CPU, {args.threads} threads each (minidnn: threadpoolctl, PyTorch: torch.set_num_threads), {cpu} CPUs; "
-          f"fastest of {args.rounds} alternating rounds, wall clock; PyTorch "
+          f"fastest of {args.rounds} alternating rounds, {'process CPU time' if args.cpu_time else 'wall clock'}; PyTorch "
           f"{torch.__version__ if torch is not None else 'not installed'}, NumPy {np.__version__}")
     print(f"| {'workload':58} | {'minidnn':>10} | {'PyTorch':>10} | ratio |")
     print(f"|{'-' * 60}|{'-' * 12}|{'-' * 12}|-------|")

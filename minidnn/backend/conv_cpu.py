@@ -14,7 +14,10 @@ cross-correlation (same problem, same result up to float rounding), choosing the
 
 GEMM, groups == 1     x is copied ONCE into a zero-padded channels-last array; ``as_strided`` turns it into
                       the (N, *out, *kernel, C) window view, whose reshape to cols is one contiguous-run
-                      gather (runs of kernel_w*C elements).  Then one BLAS call per direction:
+                      gather (runs of kernel_w*C elements).  Where channels-first runs are longer (few
+                      channels: out_w > kernel_w*C), the gather is cols^T (C*kernel, N*out) from a
+                      channels-first window view instead, and the products are w (K, C*kernel) @ cols^T and
+                      dy^T @ cols (no transposition of w at all).  Then one BLAS call per direction:
                         forward          y_rows  = cols @ w_mat^T          (w_mat^T through BLAS's transpose flag)
                         backward filter  dw_mat  = dy_rows^T @ cols        (dy_rows^T likewise, no copy)
                         backward data    stride 1: a forward correlation of the padded dy with the flipped,
@@ -122,12 +125,38 @@ def _crop_channels_first(a_cl, p: ConvProblem):
 
 # ---- dense (groups == 1): one BLAS call per direction --------------------------------------------------
 
+def _gather_channels_first(p: ConvProblem) -> bool:
+    """Which layout gathers cols in longer contiguous runs: channels-last copies runs of kernel_w*C elements,
+    channels-first runs of out_w (stride 1).  LeNet's first layer (C=1, 5x5 on 28 columns): 5 against 28."""
+    inner_cl = p.kernel[-1] * p.C if p.dilation[-1] == 1 else p.C
+    inner_cf = p.out_size[-1] if p.stride[-1] == 1 else 1
+    return inner_cf > inner_cl
+
+
+def _cols_t(x, p: ConvProblem):
+    """cols^T (C*kernel, N*out), rows ordered (channel, tap) like w's own (K, C, *kernel) layout: the
+    channels-first gather, from a (C, *kernel, N, *out) window view of the padded x."""
+    xpad = np.zeros((p.N, p.C, *p.padded_size), dtype=x.dtype)
+    xpad[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))] = x
+    sn, sc, *ss = xpad.strides
+    shape = (p.C, *p.kernel, p.N, *p.out_size)
+    strides = (sc, *(st * d for st, d in zip(ss, p.dilation)), sn, *(st * s for st, s in zip(ss, p.stride)))
+    view = np.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides, writeable=False)
+    return view.reshape(p.C * math.prod(p.kernel), p.N * math.prod(p.out_size))
+
+
 def dense_forward(p: ConvProblem, x, w, tf32=False):
+    if _gather_channels_first(p):
+        y_t = w.reshape(p.K, -1) @ _cols_t(x, p)                         # (K, N*out)
+        return np.moveaxis(y_t.reshape(p.K, p.N, *p.out_size), 0, 1)
     y_rows = _cols(x, p) @ _w_mat(w).T                                   # (N*out, K)
     return _from_rows(y_rows, p.N, p.out_size)
 
 
 def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
+    if _gather_channels_first(p):
+        dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)      # (K, N*out)
+        return (dy_t @ _cols_t(x, p).T).reshape(p.w_shape)
     dw_mat = _rows(dy).T @ _cols(x, p)                                  # (K, kernel*C)
     return np.moveaxis(dw_mat.reshape(p.K, *p.kernel, p.C), -1, 1)
 
@@ -150,6 +179,15 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * p.nd)]        # (K, C, *kernel)
         w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
         return _from_rows(dcols @ w_t.T, p.N, p.in_size)
+    if _gather_channels_first(p):
+        # Few channels: dcols^T = w_mat^T @ dy^T (C*kernel, N*out), then col2im channels-first, whose adds run
+        # along contiguous output rows (out_w long) in both operands.
+        dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)
+        dcols_t = (w.reshape(p.K, -1).T @ dy_t).reshape(p.C, *p.kernel, p.N, *p.out_size)
+        dxpad = np.zeros((p.N, p.C, *p.padded_size), dtype=dcols_t.dtype)
+        for tap in _taps(p):
+            dxpad[(slice(None), slice(None), *_tap_window(tap, p))] += np.moveaxis(dcols_t[(slice(None), *tap)], 1, 0)
+        return dxpad[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))]
     # Otherwise a product per tap, added into its strided slice of dx (channels-last, contiguous products):
     # unlike col2im, which reads each tap's columns at a stride of kernel*C, every add reads contiguous rows.
     dy_rows = _rows(dy)                                                 # (N*out, K)

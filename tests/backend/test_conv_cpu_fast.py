@@ -104,6 +104,11 @@ def test_registry_runs_the_fast_form_on_numpy_and_the_reference_when_switched_of
         assert calls == [1], "fast_paths_enabled(False) still ran the fast form"
 
 
+def test_both_gather_layouts_are_exercised():
+    chosen = {conv_cpu._gather_channels_first(_problem(cfg, np.float32)) for cfg in DENSE}
+    assert chosen == {True, False}
+
+
 def test_fast_forms_do_not_apply_to_grouped_or_multiplier_depthwise():
     # groups with several channels each, and depthwise with K = 2C, stay on the reference
     for cfg in [((2, 8, 6, 6), (8, 4, 3, 3), 1, 1, 1, 2), ((2, 4, 6, 6), (8, 1, 3, 3), 1, 1, 1, 4)]:
