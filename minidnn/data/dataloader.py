@@ -240,6 +240,12 @@ class DataLoader:
                 f"device='{self.device}', prefetch={self.prefetch})")
 
 
+def _stateful(sampler):
+    if isinstance(sampler, BatchSampler):
+        return hasattr(sampler.sampler, "state_dict")
+    return hasattr(sampler, "state_dict")
+
+
 def _pin_possible():
     return _dev.cuda_is_available()
 
@@ -319,11 +325,13 @@ class _LoaderIter:
             # drawn whether or not there are workers, so num_workers never changes the random streams
             self._base_seed = draw_seed(loader.generator)
         self._indices = iter(index_sampler)
-        get = getattr(index_sampler, "state_dict", None)
-        self._sampler_state = get() if get is not None else None      # the epoch's start: resume skips from it
+        # the epoch's start: resume loads it and skips the batches handed out (None: a sampler without state)
+        self._sampler_state = index_sampler.state_dict() if _stateful(index_sampler) else None
         for _ in range(skip):
             next(self._indices)
         self._delivered = skip
+        if self._transform_state is None and self._generators:       # before any batch is transformed
+            self._transform_state = [g.get_state().numpy().copy() for g in self._generators]
         if loader.num_workers > 0:
             batches = self._from_workers()
         else:
@@ -487,7 +495,7 @@ class _WorkerPool:
             except Exception:  # noqa: BLE001
                 pass
         for w in self._workers:
-            w.join(timeout=5)
+            w.join(timeout=1.0)          # an idle worker exits at once; a busy one is not waited for
             if w.is_alive():
                 w.terminate()
                 w.join(timeout=1)

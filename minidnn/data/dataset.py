@@ -128,7 +128,7 @@ class ConcatDataset(Dataset):
         n = len(self)
         if index < 0:
             if -index > n:
-                raise IndexError(f"ConcatDataset: absolute value of index {index} should not exceed dataset "
+                raise ValueError(f"ConcatDataset: absolute value of index {index} should not exceed dataset "
                                  f"length {n}")
             index += n
         if index >= n:

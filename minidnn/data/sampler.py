@@ -42,9 +42,9 @@ def _check_generator(generator, owner):
     return generator
 
 
-def _check_bool(value, name, owner):
+def _check_bool(value, name, owner, error=TypeError):
     if not isinstance(value, bool):
-        raise TypeError(f"{owner}: {name} should be a boolean value, but got {name}={value!r}")
+        raise error(f"{owner}: {name} should be a boolean value, but got {name}={value!r}")
 
 
 def _check_positive_int(value, name, owner):
@@ -201,7 +201,7 @@ class WeightedRandomSampler(_ResumableSampler):
 
     def __init__(self, weights, num_samples, replacement=True, generator=None):
         _check_positive_int(num_samples, "num_samples", "WeightedRandomSampler")
-        _check_bool(replacement, "replacement", "WeightedRandomSampler")
+        _check_bool(replacement, "replacement", "WeightedRandomSampler", ValueError)     # PyTorch's type
         from ..tensor import Tensor
         w = weights.data if isinstance(weights, Tensor) else weights
         w = np.asarray(_dev.to_device(w, _dev.CPU) if _dev.is_cuda_array(w) else w, dtype=np.float64)
@@ -234,7 +234,8 @@ class BatchSampler(Sampler):
 
     def __init__(self, sampler, batch_size, drop_last):
         _check_positive_int(batch_size, "batch_size", "BatchSampler")
-        _check_bool(drop_last, "drop_last", "BatchSampler")
+        _check_bool(drop_last, "drop_last", "BatchSampler", ValueError)      # PyTorch's types, both
+
         self.sampler = sampler
         self.batch_size = int(batch_size)
         self.drop_last = drop_last
