@@ -103,3 +103,26 @@ def test_compose_on_tensor_and_reproducible():
     np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert not np.array_equal(a.numpy(), c.numpy())
     assert "RandomCrop" in repr(pipeline(0))
+
+
+def test_random_transforms_take_a_minidnn_generator_and_resume_from_its_state():
+    import minidnn as mdn
+    x = _images()
+    by_seed = T.RandomCrop(5, padding=1, seed=4)(x)
+    crop = T.RandomCrop(5, padding=1, generator=mdn.Generator().manual_seed(4))
+    np.testing.assert_array_equal(crop(x), by_seed)                 # seed=s is Generator().manual_seed(s)
+    flip = T.RandomHorizontalFlip(generator=mdn.Generator().manual_seed(2))
+    state = [crop.generator.get_state(), flip.generator.get_state()]
+    first = [crop(x), flip(x)]
+    crop.generator.set_state(state[0])
+    flip.generator.set_state(state[1])
+    np.testing.assert_array_equal(crop(x), first[0])
+    np.testing.assert_array_equal(flip(x), first[1])
+    # without a generator: seeded from minidnn's default generator when built, so manual_seed replays it
+    mdn.manual_seed(8)
+    a = T.RandomCrop(5, padding=1)(x)
+    mdn.manual_seed(8)
+    np.testing.assert_array_equal(T.RandomCrop(5, padding=1)(x), a)
+    import pytest
+    with pytest.raises(TypeError, match="minidnn.Generator or an int"):
+        T.RandomCrop(5, generator="3")
