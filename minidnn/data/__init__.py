@@ -13,3 +13,9 @@ __all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split"
            "default_collate", "default_convert", "get_worker_info", "WorkerInfo", "Sampler", "SequentialSampler",
            "RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler", "transforms",
            "datasets"]
+
+try:                       # DistributedSampler lives in distributed.py (written beside this package's other modules)
+    from .distributed import DistributedSampler  # noqa: F401
+    __all__.append("DistributedSampler")
+except ImportError:
+    pass

@@ -9,10 +9,4 @@ from ...data.collate import default_collate, default_convert  # noqa: F401
 from ...data._worker import WorkerInfo, get_worker_info   # noqa: F401
 from . import dataloader, dataset, sampler                # noqa: F401
 
-__all__ = list(_data_all)
-
-try:                                                       # DistributedSampler lands in minidnn/data/distributed.py
-    from ...data.distributed import DistributedSampler    # noqa: F401
-    __all__.append("DistributedSampler")
-except ImportError:
-    pass
+__all__ = list(_data_all)                                  # DistributedSampler too, once minidnn.data has it
