@@ -14,8 +14,7 @@ __all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split"
            "RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler", "transforms",
            "datasets"]
 
-try:                       # DistributedSampler lives in distributed.py (written beside this package's other modules)
-    from .distributed import DistributedSampler  # noqa: F401
+import importlib.util as _importlib_util                                   # noqa: E402
+if _importlib_util.find_spec(__name__ + ".distributed") is not None:     # DistributedSampler, once it is written
+    from .distributed import DistributedSampler                            # noqa: F401,E402
     __all__.append("DistributedSampler")
-except ImportError:
-    pass
