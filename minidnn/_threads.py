@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["set_num_threads", "get_num_threads", "default_num_threads"]
+__all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map"]
 
 _USER_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _MAX_DEFAULT = 8
@@ -55,12 +55,34 @@ def set_num_threads(n: int) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
     _controller().limit(limits=int(n))
+    _current[0] = int(n)
 
 
 def get_num_threads() -> int:
     """The threads NumPy's BLAS may use now (the largest limit among the loaded BLAS runtimes; 1 if none)."""
     infos = [lib.num_threads for lib in _controller().lib_controllers if lib.user_api == "blas"]
     return max(infos) if infos else 1
+
+
+_current = [None]          # the last count set through minidnn (None: never set; parallel_map then runs serially)
+_pool = [None, 0]          # a ThreadPoolExecutor and its size, made on first use
+
+
+def parallel_map(fn, items):
+    """``[fn(item) for item in items]``, spread over minidnn's thread count (``set_num_threads``).
+
+    For the backend's NumPy loops that BLAS does not thread (gathers, elementwise taps, pooling): NumPy releases
+    the GIL inside its array loops, so chunks of a batch run truly in parallel.  Serial with one thread."""
+    items = list(items)
+    n = min(_current[0] or 1, len(items))
+    if n <= 1:
+        return [fn(item) for item in items]
+    if _pool[1] != _current[0]:
+        from concurrent.futures import ThreadPoolExecutor
+        if _pool[0] is not None:
+            _pool[0].shutdown(wait=False)
+        _pool[0], _pool[1] = ThreadPoolExecutor(max_workers=_current[0], thread_name_prefix="minidnn"), _current[0]
+    return list(_pool[0].map(fn, items))
 
 
 def _apply_default() -> None:

@@ -41,6 +41,7 @@ import math
 
 import numpy as np
 
+from .._threads import parallel_map
 from .conv_problem import ConvProblem
 
 __all__ = ["dense_forward", "dense_backward_data", "dense_backward_filter", "depthwise_forward",
@@ -86,10 +87,29 @@ def _windows(x_cl, out_size, kernel, stride, dilation):
     return np.lib.stride_tricks.as_strided(x_cl, shape=shape, strides=strides, writeable=False)
 
 
+def _batch_spans(n):
+    """[0, n) cut into one contiguous slice per minidnn thread."""
+    from .. import _threads
+    parts = max(1, min(_threads._current[0] or 1, n))
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _gather(view, batch_axis):
+    """A C-contiguous copy of a strided window view, its batch axis shared out between minidnn's threads."""
+    out = np.empty(view.shape, dtype=view.dtype)
+    lead = (slice(None),) * batch_axis
+
+    def body(nb):
+        out[lead + (nb,)] = view[lead + (nb,)]
+    parallel_map(body, _batch_spans(view.shape[batch_axis]))
+    return out
+
+
 def _cols(x, p: ConvProblem):
     """cols (N*out, kernel*C): the im2col matrix, columns ordered (tap, channel)."""
     windows = _windows(_channels_last_padded(x, p.padding), p.out_size, p.kernel, p.stride, p.dilation)
-    return windows.reshape(p.N * math.prod(p.out_size), math.prod(p.kernel) * p.C)
+    return _gather(windows, 0).reshape(p.N * math.prod(p.out_size), math.prod(p.kernel) * p.C)
 
 
 def _rows(a):
@@ -142,7 +162,7 @@ def _cols_t(x, p: ConvProblem):
     shape = (p.C, *p.kernel, p.N, *p.out_size)
     strides = (sc, *(st * d for st, d in zip(ss, p.dilation)), sn, *(st * s for st, s in zip(ss, p.stride)))
     view = np.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides, writeable=False)
-    return view.reshape(p.C * math.prod(p.kernel), p.N * math.prod(p.out_size))
+    return _gather(view, 1 + p.nd).reshape(p.C * math.prod(p.kernel), p.N * math.prod(p.out_size))
 
 
 def dense_forward(p: ConvProblem, x, w, tf32=False):
@@ -174,7 +194,7 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         # channel axes swapped -- one gather of dy and one GEMM, no col2im scatter.
         pad = tuple(d * (r - 1) - q for q, d, r in zip(p.padding, p.dilation, p.kernel))
         dy_cl = _channels_last_padded(dy, pad)
-        dcols = _windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation).reshape(
+        dcols = _gather(_windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation), 0).reshape(
             p.N * math.prod(p.in_size), math.prod(p.kernel) * p.K)
         flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * p.nd)]        # (K, C, *kernel)
         w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
@@ -185,17 +205,25 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)
         dcols_t = (w.reshape(p.K, -1).T @ dy_t).reshape(p.C, *p.kernel, p.N, *p.out_size)
         dxpad = np.zeros((p.N, p.C, *p.padded_size), dtype=dcols_t.dtype)
-        for tap in _taps(p):
-            dxpad[(slice(None), slice(None), *_tap_window(tap, p))] += np.moveaxis(dcols_t[(slice(None), *tap)], 1, 0)
+
+        def col2im(nb):
+            for tap in _taps(p):
+                dxpad[(nb, slice(None), *_tap_window(tap, p))] += np.moveaxis(dcols_t[(slice(None), *tap, nb)], 1, 0)
+        parallel_map(col2im, _batch_spans(p.N))
         return dxpad[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))]
     # Otherwise a product per tap, added into its strided slice of dx (channels-last, contiguous products):
     # unlike col2im, which reads each tap's columns at a stride of kernel*C, every add reads contiguous rows.
-    dy_rows = _rows(dy)                                                 # (N*out, K)
+    dy_rows = _rows(dy).reshape(p.N, -1, p.K)                           # (N, out, K)
     dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dy_rows.dtype)
-    w_taps = np.moveaxis(w, 1, -1)                                      # (K, *kernel, C) view
-    for tap in _taps(p):
-        part = dy_rows @ w_taps[(slice(None), *tap)]                    # (N*out, C)
-        dx_cl[(slice(None), *_tap_window(tap, p), slice(None))] += part.reshape(p.N, *p.out_size, p.C)
+    w_taps = np.ascontiguousarray(np.moveaxis(w, 1, -1))                # (K, *kernel, C)
+
+    def per_tap(nb):
+        rows = dy_rows[nb].reshape(-1, p.K)
+        n = rows.shape[0] // math.prod(p.out_size)
+        for tap in _taps(p):
+            part = rows @ w_taps[(slice(None), *tap)]                   # (n*out, C)
+            dx_cl[(nb, *_tap_window(tap, p), slice(None))] += part.reshape(n, *p.out_size, p.C)
+    parallel_map(per_tap, _batch_spans(p.N))
     return _crop_channels_first(dx_cl, p)
 
 
@@ -205,6 +233,21 @@ def _chunks(p: ConvProblem, itemsize):
     per_image = max(1, math.prod(p.out_size) * p.C * itemsize)
     step = max(1, _CACHE_BYTES // per_image)
     return [slice(n, min(n + step, p.N)) for n in range(0, p.N, step)]
+
+
+def _over_chunks(p: ConvProblem, itemsize, body):
+    """body(slice of images) over cache-sized chunks of the batch, the chunks shared out between minidnn's
+    threads (parallel_map: NumPy's loops release the GIL); returns the bodies' results in batch order."""
+    chunks = _chunks(p, itemsize)
+    return [r for part in parallel_map(lambda span: [body(nb) for nb in span], _spans(chunks)) for r in part]
+
+
+def _spans(chunks):
+    """The chunks in as many contiguous runs as there are threads (at most one run per chunk)."""
+    from .. import _threads
+    parts = max(1, min(_threads._current[0] or 1, len(chunks)))
+    bounds = [round(i * len(chunks) / parts) for i in range(parts + 1)]
+    return [chunks[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _tap_weights(w, p):
@@ -217,13 +260,15 @@ def depthwise_forward(p: ConvProblem, x, w, tf32=False):
     wt = _tap_weights(w, p)
     y_cl = np.empty((p.N, *p.out_size, p.C), dtype=x.dtype)
     windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
-    for nb in _chunks(p, x.itemsize):
+
+    def body(nb):
         xs, ys = x_cl[nb], y_cl[nb]
         tmp = np.empty_like(ys)
         np.multiply(xs[windows[0]], wt[0], out=ys)
         for t in range(1, len(windows)):
             np.multiply(xs[windows[t]], wt[t], out=tmp)
             ys += tmp
+    _over_chunks(p, x.itemsize, body)
     return np.moveaxis(y_cl, -1, 1)
 
 
@@ -232,12 +277,14 @@ def depthwise_backward_data(p: ConvProblem, w, dy, tf32=False):
     wt = _tap_weights(w, p)
     dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dy.dtype)
     windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
-    for nb in _chunks(p, dy.itemsize):
+
+    def body(nb):
         dys, dxs = dy_cl[nb], dx_cl[nb]
         tmp = np.empty_like(dys)
         for t, win in enumerate(windows):
             np.multiply(dys, wt[t], out=tmp)
             dxs[win] += tmp
+    _over_chunks(p, dy.itemsize, body)
     return _crop_channels_first(dx_cl, p)
 
 
@@ -245,14 +292,19 @@ def depthwise_backward_filter(p: ConvProblem, x, dy, tf32=False):
     x_cl = _channels_last_padded(x, p.padding)
     dy_cl = np.ascontiguousarray(np.moveaxis(dy, 1, -1))
     windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
-    acc = np.zeros((len(windows), p.C), dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
     axes = tuple(range(1 + p.nd))
-    for nb in _chunks(p, x.itemsize):
+
+    def body(nb):
         xs, dys = x_cl[nb], dy_cl[nb]
         tmp = np.empty_like(dys)
+        part = np.empty((len(windows), p.C), dtype=acc_dtype)
         for t, win in enumerate(windows):
             np.multiply(xs[win], dys, out=tmp)
-            acc[t] += tmp.sum(axis=axes)
+            part[t] = tmp.sum(axis=axes)
+        return part
+    # the chunks' partial sums added in batch order: the same result whatever the thread count
+    acc = np.sum(_over_chunks(p, x.itemsize, body), axis=0, dtype=acc_dtype)
     return acc.T.reshape(p.w_shape).astype(x.dtype, copy=False)
 
 

@@ -24,6 +24,8 @@ import math
 
 import numpy as np
 
+from .._threads import parallel_map
+
 __all__ = ["applies_forward", "applies_backward", "pool_forward", "pool_backward"]
 
 _ENABLED = [True]
@@ -50,20 +52,35 @@ def _window_view(xpad, geom, writeable=False):
 
 
 def pool_forward(geom, xc, xp):
-    """(maximum, argmax) for channels-first xc, as the reference computes them (MAX modes)."""
+    """(maximum, argmax) for channels-first xc, as the reference computes them (MAX modes); the batch is
+    shared out between minidnn's threads."""
     xpad = geom.pad(xp, xc, -np.inf)
-    slices = [xpad[(Ellipsis,) + sl] for _, sl in geom.taps()]
-    value = slices[0].copy()
-    for v in slices[1:]:
-        np.maximum(value, v, out=value)
-    arg = np.zeros(value.shape, dtype=np.min_scalar_type(math.prod(geom.window) - 1))
-    for t in range(len(slices) - 1, -1, -1):           # reverse: the first tap equal to the maximum wins
-        np.putmask(arg, slices[t] == value, t)
-    nan = np.isnan(value)
-    if nan.any():                                     # NaN equals nothing: point at each window's first NaN
-        for t in range(len(slices) - 1, -1, -1):
-            np.putmask(arg, nan & np.isnan(slices[t]), t)
+    value = np.empty(geom.y_shape, dtype=xc.dtype)
+    arg = np.empty(geom.y_shape, dtype=np.min_scalar_type(math.prod(geom.window) - 1))
+    taps = [sl for _, sl in geom.taps()]
+
+    def body(nb):
+        slices = [xpad[(nb, Ellipsis) + sl] for sl in taps]
+        v, a = value[nb], arg[nb]
+        np.copyto(v, slices[0])
+        for s in slices[1:]:
+            np.maximum(v, s, out=v)
+        a.fill(len(slices) - 1)                       # some tap holds the maximum: default to the last
+        for t in range(len(slices) - 2, -1, -1):      # reverse: the first tap equal to the maximum wins
+            np.putmask(a, slices[t] == v, t)
+        nan = np.isnan(v)
+        if nan.any():                                 # NaN equals nothing: point at each window's first NaN
+            for t in range(len(slices) - 1, -1, -1):
+                np.putmask(a, nan & np.isnan(slices[t]), t)
+    parallel_map(body, _batch_spans(xc.shape[0]))
     return value, arg
+
+
+def _batch_spans(n):
+    from .. import _threads
+    parts = max(1, min(_threads._current[0] or 1, n))
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _flat_index(geom, shape_nc, arg):

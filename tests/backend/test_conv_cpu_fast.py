@@ -37,6 +37,16 @@ PAIRS = {  # direction: (fast, reference) for dense and for depthwise
 }
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"], autouse=True)
+def threads(request):
+    """The fast forms share the batch out between minidnn's threads: same results with 1 or 2."""
+    import minidnn
+    before = minidnn._threads._current[0]
+    minidnn.set_num_threads(request.param)
+    yield request.param
+    minidnn.set_num_threads(before or 1)
+
+
 def _problem(cfg, dtype):
     x_shape, w_shape, padding, stride, dilation, groups = cfg
     desc = ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)

@@ -37,6 +37,16 @@ def _input(shape, rng, ties):
     return x
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"], autouse=True)
+def threads(request):
+    """The fast forms share the batch out between minidnn's threads: same results with 1 or 2."""
+    import minidnn
+    before = minidnn._threads._current[0]
+    minidnn.set_num_threads(request.param)
+    yield request.param
+    minidnn.set_num_threads(before or 1)
+
+
 @pytest.mark.parametrize("mode, ties", [(m, False) for m in MODES] + [(m, True) for m in MODES if m.is_max])
 @pytest.mark.parametrize("case", CASES)
 def test_fast_pooling_matches_reference(case, mode, ties):          # ties and NaN only matter for max
