@@ -107,19 +107,27 @@ class CudaCounterEngine:
 
     def random(self, size=None, dtype=np.float64):
         with device_guard(self.device):
+            if _count(size) == 0:                # nothing to draw: no kernel, the stream does not move
+                return require_cupy().empty(size, dtype=dtype)
             return self._next(_count(size)).random(size, dtype=dtype)
 
     def standard_normal(self, size=None, dtype=np.float64):
         with device_guard(self.device):
+            if _count(size) == 0:
+                return require_cupy().empty(size, dtype=dtype)
             return self._next(_count(size)).standard_normal(size, dtype=dtype)
 
     def integers(self, low, high=None, size=None, dtype=np.int64, endpoint=False):
         with device_guard(self.device):
+            if size is not None and _count(size) == 0:
+                return require_cupy().empty(size, dtype=dtype)
             return self._next(_count(size)).integers(low, high, size=size, dtype=dtype, endpoint=endpoint)
 
     def permutation(self, n):
         """A uniform permutation of range(n): argsort of 62-bit random keys (ties have probability ~n^2/2^63)."""
         with device_guard(self.device):
+            if int(n) == 0:
+                return require_cupy().zeros(0, dtype=np.int64)
             keys = self._next(n).integers(0, 1 << 62, size=int(n), dtype=np.int64)
             return require_cupy().argsort(keys).astype(np.int64)
 
