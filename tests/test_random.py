@@ -256,3 +256,27 @@ def test_cuda_default_state_round_trips_rand_and_dropout():
     assert mdn.cuda.initial_seed() == 5
     kept = F.dropout(mdn.ones(100_000, device="cuda"), 0.25, True).cpu().numpy()
     assert abs((kept != 0).mean() - 0.75) < 0.01
+
+
+def test_engine_states_encode_both_kinds_without_a_gpu():
+    """backend/rng.py on raw engines: the cpu PCG64 state and the cuda (seed, offset) counter round-trip."""
+    from minidnn.backend import rng
+    from minidnn.backend.devices import Device
+    cpu = rng.new_engine("cpu", 12)
+    cpu.random(3)
+    cpu.integers(0, 5, size=1, dtype=np.int32)
+    blob = rng.engine_state(cpu, 12)
+    assert blob.dtype == np.uint8 and blob.size == rng.STATE_BYTES
+    expected = cpu.standard_normal(4)
+    other = rng.new_engine("cpu", 0)
+    assert rng.set_engine_state(other, blob) == 12
+    np.testing.assert_array_equal(other.standard_normal(4), expected)
+
+    counter = rng.CudaCounterEngine(Device("cuda", 0), 7)          # no draw: nothing touches CuPy
+    counter.offset = 41
+    blob = rng.engine_state(counter, 7)
+    restored = rng.CudaCounterEngine(Device("cuda", 0), 0)
+    assert rng.set_engine_state(restored, blob) == 7
+    assert (restored.seed, restored.offset) == (7, 41)
+    with pytest.raises(RuntimeError, match="cuda generator"):
+        rng.set_engine_state(rng.new_engine("cpu", 0), blob)
