@@ -387,6 +387,7 @@ _CUDA_DEPTHWISE_PENALTY = 10.0      # GEMM/DIRECT on GPU when each group has one
 
 
 _CPU_NARROW_DIRECT_PENALTY = 4.0   # DIRECT on the CPU when each group has few (but > 1 or ungrouped) channels
+_CPU_FAST_GEMM_FACTOR = 0.25       # GEMM on the CPU for groups == 1, where conv_cpu.py's fast form runs
 
 
 def _factor(technique, p, device_type):
@@ -394,6 +395,11 @@ def _factor(technique, p, device_type):
     depthwise = p.Cg == 1 and p.groups > 1
     if device_type != "cpu" and depthwise and technique in ("gemm", "direct"):
         f *= _CUDA_DEPTHWISE_PENALTY
+    if device_type == "cpu" and technique == "gemm" and p.groups == 1:
+        # conv_cpu.py's fast GEMM form (channels-last windows, one BLAS call per direction) runs ungrouped
+        # problems: measured on the 2-core CPU at 1 thread it beats the DIRECT tap loop at every width
+        # (N32 32x32 3x3: 16 channels 25.5 vs 29.6 ms, 64 channels 184 vs 243 ms, fwd+bwd-data+bwd-filter).
+        f *= _CPU_FAST_GEMM_FACTOR
     if device_type == "cpu" and technique == "direct" and p.Cg < 16 and not depthwise:
         # Each tap is a product with inner dimension Cg: below ~16 BLAS runs far under its rate and
         # one im2col GEMM wins (measured: LeNet's C=1 5x5 conv, 2.6 ms GEMM vs 28 ms DIRECT); a

@@ -493,11 +493,12 @@ def test_against_pytorch(device, cfg, dtype):
 
 
 # The heuristic's policy on the CPU, fitted to find measurements on a 2-core CPU (docs/measurements):
-# narrow inputs (few channels per group) -> one im2col GEMM; wide or depthwise -> the DIRECT tap loop.
+# ungrouped or narrow inputs (few channels per group) -> one im2col GEMM (conv_cpu.py's fast form where
+# groups == 1); wide grouped or depthwise -> the DIRECT tap loop.
 @pytest.mark.parametrize("x_shape, w_shape, groups, padding, expected", [
     ((64, 1, 32, 32), (6, 1, 5, 5), 1, 0, "GEMM"),          # LeNet conv1: 2.6 ms GEMM vs 28 ms DIRECT
     ((32, 64, 16, 16), (64, 4, 3, 3), 16, 1, "GEMM"),       # 4 channels per group
-    ((32, 64, 16, 16), (64, 64, 3, 3), 1, 1, "DIRECT"),     # 9 ms DIRECT vs 17 ms GEMM
+    ((32, 64, 16, 16), (64, 64, 3, 3), 1, 1, "GEMM"),       # conv_cpu's fast GEMM form beats DIRECT (issue 16)
     ((64, 64, 4, 4), (64, 1, 3, 3), 64, 1, "DIRECT"),       # depthwise: a broadcast multiply per tap
 ])
 def test_cpu_heuristic_policy(x_shape, w_shape, groups, padding, expected):
