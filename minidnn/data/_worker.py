@@ -13,6 +13,8 @@ generator) when the epoch starts, so ``minidnn.manual_seed`` makes every worker'
 """
 from __future__ import annotations
 
+import glob
+import itertools
 import os
 import queue
 import random
@@ -26,6 +28,65 @@ __all__ = ["WorkerInfo", "get_worker_info"]
 
 _worker_info = None
 _POLL_S = 1.0          # how often an idle worker checks that its parent is still alive
+
+# Large arrays travel through files in /dev/shm (RAM) instead of the result pipe: one write in the worker and
+# one read in the main process, instead of pickling, pushing through a pipe in chunks and unpickling (about
+# 3x faster for CIFAR-sized batches on 2 cores).  The main process deletes each file as it reads it; files of
+# results it never reads (an abandoned epoch, a shutdown) are found by the worker's pid and deleted when the
+# workers are shut down.
+_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+_SHM_MIN_BYTES = 1 << 16
+_shm_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class ShmArray:
+    """An array left in a /dev/shm file by a worker (what is sent instead of the array)."""
+    path: str
+    shape: tuple
+    dtype: str
+
+
+def export_array(a):
+    """In a worker: a large plain array -> ShmArray (its bytes written to /dev/shm); anything else as is."""
+    if (_SHM_DIR is None or type(a) is not np.ndarray or a.nbytes < _SHM_MIN_BYTES or a.dtype.hasobject):
+        return a
+    path = os.path.join(_SHM_DIR, f"minidnn-data-{os.getpid()}-{next(_shm_counter)}")
+    with open(path, "wb") as f:
+        f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+    return ShmArray(path, tuple(a.shape), a.dtype.str)
+
+
+def import_array(x):
+    """In the main process: a ShmArray -> the array (the file is read once and deleted); anything else as is."""
+    if not isinstance(x, ShmArray):
+        return x
+    out = np.empty(x.shape, dtype=np.dtype(x.dtype))
+    try:
+        with open(x.path, "rb") as f:
+            f.readinto(memoryview(out).cast("B"))
+    finally:
+        os.unlink(x.path)
+    return out
+
+
+def discard_array(x):
+    if isinstance(x, ShmArray):
+        try:
+            os.unlink(x.path)
+        except FileNotFoundError:
+            pass
+    return x
+
+
+def remove_leftovers(pid):
+    """Delete every /dev/shm file worker ``pid`` wrote that no one read (after the worker has stopped)."""
+    if _SHM_DIR is not None and pid is not None:
+        for path in glob.glob(os.path.join(_SHM_DIR, f"minidnn-data-{int(pid)}-*")):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
 
 @dataclass(frozen=True)
@@ -74,7 +135,7 @@ class WorkerError:
 
 
 def worker_loop(dataset, fetch, index_queue, result_queue, worker_id, num_workers, base_seed, init_fn,
-                parent_pid):
+                parent_pid, export=None):
     """Body of worker process ``worker_id`` (module level, so the 'spawn' start method can import it)."""
     global _worker_info
     try:
@@ -101,6 +162,8 @@ def worker_loop(dataset, fetch, index_queue, result_queue, worker_id, num_worker
                 continue
             try:
                 data = fetch(dataset, indices)
+                if export is not None:
+                    data = export(data)
             except Exception as exc:  # noqa: BLE001  (everything goes back to the main process)
                 data = WorkerError(exc, worker_id)
             result_queue.put((epoch, task_id, data))

@@ -39,6 +39,13 @@ __all__ = ["DataLoader", "get_worker_info"]
 get_worker_info = _worker.get_worker_info
 
 
+class _Export:
+    """In a worker: the large arrays of a batch into /dev/shm files (picklable, for 'spawn')."""
+
+    def __call__(self, batch):
+        return map_arrays(_worker.export_array, batch)
+
+
 class _Fetch:
     """Indices -> collated batch of raw arrays (picklable: the 'spawn' workers receive it)."""
 
@@ -416,26 +423,50 @@ def _worker_batches(loader, indices_iter, pool):
     sent = received = 0
     buffer = {}
     exhausted = False
-    while True:
-        while not exhausted and sent - received < ahead:
-            try:
-                indices = next(indices_iter)
-            except StopIteration:
-                exhausted = True
-                break
-            pool.send(sent, (epoch, sent, indices))
-            sent += 1
-        if received == sent:
-            return
-        while received not in buffer:
-            ep, task, data = pool.receive(loader.timeout)
-            if ep == epoch:
-                buffer[task] = data
-        data = buffer.pop(received)
-        received += 1
-        if isinstance(data, _worker.WorkerError):
-            data.reraise()
-        yield loader._finish(data)
+    try:
+        while True:
+            while not exhausted and sent - received < ahead:
+                try:
+                    indices = next(indices_iter)
+                except StopIteration:
+                    exhausted = True
+                    break
+                pool.send(sent, (epoch, sent, indices))
+                sent += 1
+            if received == sent:
+                return
+            while received not in buffer:
+                ep, task, data = pool.receive(loader.timeout)
+                if ep == epoch:
+                    buffer[task] = data
+                else:                                  # a result of an abandoned epoch
+                    _discard(data)
+            data = buffer.pop(received)
+            received += 1
+            if isinstance(data, _worker.WorkerError):
+                data.reraise()
+            yield loader._finish(map_arrays_any(_worker.import_array, data))
+    finally:
+        for data in buffer.values():                   # received but never handed out
+            _discard(data)
+
+
+def _discard(data):
+    if not isinstance(data, _worker.WorkerError):
+        map_arrays_any(_worker.discard_array, data)
+
+
+def map_arrays_any(fn, batch):
+    """``fn`` on every leaf of a nested tuple/list/dict batch that is an array or a ShmArray."""
+    if isinstance(batch, _worker.ShmArray):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: map_arrays_any(fn, v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(map_arrays_any(fn, v) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_arrays_any(fn, v) for v in batch)
+    return batch
 
 
 class _WorkerPool:
@@ -452,7 +483,7 @@ class _WorkerPool:
             iq = ctx.Queue()
             w = ctx.Process(target=_worker.worker_loop, name=f"minidnn-data-worker-{wid}",
                             args=(loader.dataset, loader._fetch, iq, self._results, wid, self.num_workers,
-                                  base_seed, loader.worker_init_fn, os.getpid()), daemon=True)
+                                  base_seed, loader.worker_init_fn, os.getpid(), _Export()), daemon=True)
             w.start()
             self._index_queues.append(iq)
             self._workers.append(w)
@@ -499,6 +530,13 @@ class _WorkerPool:
             if w.is_alive():
                 w.terminate()
                 w.join(timeout=1)
+        while True:                               # results never read: delete their /dev/shm files
+            try:
+                _discard(self._results.get_nowait()[2])
+            except (queue.Empty, OSError, ValueError, EOFError):
+                break
+        for w in self._workers:
+            _worker.remove_leftovers(w.pid)
         for q in (*self._index_queues, self._results):
             q.cancel_join_thread()
             q.close()

@@ -317,3 +317,29 @@ def test_resume_without_sampler_state_skips_batches_of_a_deterministic_sampler()
     other = DataLoader(TensorDataset(*_xy(10)), batch_sampler=BatchSampler(SequentialSampler(range(10)), 3, False))
     other.load_state_dict(state)
     assert [b[1].tolist() for b in _epoch(other)] == [[3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_large_batches_travel_through_shared_memory_and_leave_no_files():
+    """Batches over 64 KiB go through /dev/shm files: same values, and every file is gone afterwards (read,
+    an abandoned epoch, persistent workers shut down)."""
+    import gc
+    import glob
+    from minidnn.data import _worker
+    if _worker._SHM_DIR is None:
+        pytest.skip("no /dev/shm")
+    x = np.random.default_rng(0).random((40, 3, 32, 32), dtype=np.float32)          # 8 samples = 98 KiB
+    ds = TensorDataset(x, np.arange(40))
+    mdn.manual_seed(2)
+    plain = _epoch(DataLoader(ds, batch_size=8, shuffle=True))
+    mdn.manual_seed(2)
+    assert _equal(_epoch(DataLoader(ds, batch_size=8, shuffle=True, num_workers=2)), plain)
+    loader = DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    del it                                                     # abandoned with batches in flight
+    assert _equal(_epoch(loader), _epoch(DataLoader(ds, batch_size=8)))
+    pids = [w.pid for w in loader._pool._workers]
+    del loader
+    gc.collect()
+    leftovers = [p for pid in pids for p in glob.glob(f"/dev/shm/minidnn-data-{pid}-*")]
+    assert leftovers == []
