@@ -343,3 +343,4 @@ def plot_history(history, path):
     tmp = path.with_name(f".{path.name}.tmp")
     fig.savefig(tmp, format="png", dpi=100)
     os.replace(tmp, path)            # readers never see a half-written image
+    return fig
