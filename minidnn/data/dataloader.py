@@ -95,6 +95,15 @@ class DataLoader:
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, seed=None, device=None, prefetch=False, transform=None):
         where = "DataLoader"
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise TypeError(f"{where}: dataset must be map-style (with __getitem__ and __len__), got "
+                            f"{type(dataset).__name__}; iterable-style datasets are not supported")
+        if sampler is not None and not hasattr(sampler, "__iter__"):
+            raise TypeError(f"{where}: sampler must be iterable (a Sampler or a sequence of indices), got "
+                            f"{type(sampler).__name__}")
+        if batch_sampler is not None and not hasattr(batch_sampler, "__iter__"):
+            raise TypeError(f"{where}: batch_sampler must be iterable (yielding lists of indices), got "
+                            f"{type(batch_sampler).__name__}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral) or num_workers < 0:
             raise ValueError(f"{where}: num_workers option should be a non-negative int; use num_workers=0 to "
                              f"disable multiprocessing (got {num_workers!r})")

@@ -211,6 +211,17 @@ def test_argument_errors_as_pytorch(kwargs):
         DataLoader(TensorDataset(np.arange(4)), **kwargs)
 
 
+def test_bad_dataset_and_samplers_are_type_errors_up_front():
+    with pytest.raises(TypeError, match="map-style"):
+        DataLoader(5)
+    with pytest.raises(TypeError, match="sampler must be iterable"):
+        DataLoader(TensorDataset(np.arange(4)), sampler=3)
+    with pytest.raises(TypeError, match="batch_sampler must be iterable"):
+        DataLoader(TensorDataset(np.arange(4)), batch_sampler=3)
+    with pytest.raises(TypeError, match="collate_fn must be callable"):
+        DataLoader(TensorDataset(np.arange(4)), collate_fn=3)
+
+
 def test_pin_memory_without_gpu_warns_and_still_loads():
     if mdn.cuda.is_available():
         pytest.skip("a GPU is present")
