@@ -32,7 +32,7 @@ from ..backend import devices as _dev
 from . import _worker
 from ._utils import as_generator, map_arrays, to_tensors, unwrap
 from .dataset import fetch_batch
-from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, draw_seed
+from .sampler import BatchSampler, RandomSampler, SequentialSampler, draw_seed
 
 __all__ = ["DataLoader", "get_worker_info"]
 
