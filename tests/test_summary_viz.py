@@ -1,5 +1,6 @@
 """minidnn.summary (numbers checked by hand and against PyTorch's parameter count) and minidnn.viz.to_dot."""
 import re
+import sys
 
 import pytest
 
@@ -135,12 +136,22 @@ def test_to_dot_is_iterative_on_deep_graphs():
     assert dot.count("MulBackward") == 3000
 
 
-def test_render_falls_back_to_text():
+def test_render_falls_back_to_text(monkeypatch):
     dot = mdn.viz.to_dot(mdn.ones(2, requires_grad=True).sum())
-    out = mdn.viz.render(dot)
     try:
         import graphviz
     except ImportError:
+        monkeypatch.setattr(mdn.viz.shutil, "which", lambda name: None)     # nor Graphviz's dot program
+        with pytest.warns(UserWarning, match="graphviz"):
+            out = mdn.viz.render(dot)
         assert out == dot
     else:
-        assert isinstance(out, graphviz.Source) and out.source == dot
+        assert isinstance(mdn.viz.render(dot), graphviz.Source) and mdn.viz.render(dot).source == dot
+
+
+def test_render_uses_the_dot_program_without_the_python_package(monkeypatch):
+    if mdn.viz.shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot program is not installed (tests/test_first_run.py fakes it for draw)")
+    monkeypatch.setitem(sys.modules, "graphviz", None)
+    out = mdn.viz.render(mdn.viz.to_dot(mdn.ones(2, requires_grad=True).sum()))
+    assert "<svg" in out._repr_svg_() and str(out).startswith("digraph")
