@@ -280,3 +280,34 @@ def test_engine_states_encode_both_kinds_without_a_gpu():
     assert (restored.seed, restored.offset) == (7, 41)
     with pytest.raises(RuntimeError, match="cuda generator"):
         rng.set_engine_state(rng.new_engine("cpu", 0), blob)
+
+
+def test_cuda_counter_engine_logic_with_a_stand_in_for_cupy(monkeypatch):
+    """The (seed, offset) engine's bookkeeping, with NumPy standing in for CuPy's Philox bit generator: each
+    draw uses the next offset, the same (seed, offset) gives the same draw, restoring the state replays the
+    stream, and empty draws do not move it.  (The real CuPy path runs in the cuda-marked tests.)"""
+    import contextlib
+    import types
+    from minidnn.backend import rng
+    from minidnn.backend.devices import Device
+
+    made = []
+
+    def philox(seed_sequence, size):
+        made.append((tuple(seed_sequence.entropy), size))
+        return np.random.PCG64(seed_sequence)
+    fake = types.SimpleNamespace(random=types.SimpleNamespace(Philox4x3210=philox, Generator=np.random.Generator),
+                                 empty=np.empty, zeros=np.zeros, argsort=np.argsort)
+    monkeypatch.setattr(rng, "require_cupy", lambda: fake)
+    monkeypatch.setattr(rng, "device_guard", lambda dev: contextlib.nullcontext())
+    eng = rng.CudaCounterEngine(Device("cuda", 0), 9)
+    a = eng.random((2, 3), dtype=np.float32)
+    state = rng.engine_state(eng, 9)
+    b = [eng.standard_normal(4), eng.integers(0, 10, size=5), eng.permutation(6)]
+    assert eng.offset == 4 and [m[0] for m in made] == [(9, k) for k in range(4)]
+    assert made[0][1] == 6 and made[3][1] == 6                      # one Philox state per element drawn
+    assert eng.random((0, 3)).shape == (0, 3) and eng.permutation(0).shape == (0,) and eng.offset == 4
+    rng.set_engine_state(eng, state)
+    again = [eng.standard_normal(4), eng.integers(0, 10, size=5), eng.permutation(6)]
+    assert all(np.array_equal(x, y) for x, y in zip(b, again))
+    assert sorted(again[2].tolist()) == list(range(6)) and a.dtype == np.float32
