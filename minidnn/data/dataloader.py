@@ -28,6 +28,7 @@ import weakref
 
 import numpy as np
 
+from .. import random as _random
 from ..backend import devices as _dev
 from . import _worker
 from ._utils import as_generator, map_arrays, to_tensors, unwrap
@@ -328,9 +329,11 @@ class _LoaderIter:
         skip = 0
         if resume is not None and not resume["finished"]:
             if resume["transform"] is not None:
-                for g, st in zip(self._generators, resume["transform"]):
+                # (a checkpoint loaded with map_location="cuda" may hold the states as GPU arrays or Tensors)
+                states = [_random._state_array(st, "DataLoader.load_state_dict") for st in resume["transform"]]
+                for g, st in zip(self._generators, states):
                     g.set_state(st)
-                self._transform_state = [np.asarray(st).copy() for st in resume["transform"]]
+                self._transform_state = [st.copy() for st in states]
             if resume["sampler"] is not None:
                 index_sampler.load_state_dict(resume["sampler"])
             skip = int(resume["batches"])
