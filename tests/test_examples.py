@@ -175,7 +175,8 @@ def test_resume_after_the_last_epoch_only_reports(tmp_path, capsys):
 
 
 def test_resume_without_a_checkpoint_fails_clearly(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    # a one-line message naming the missing file (issue 16), not a traceback
+    with pytest.raises(SystemExit, match="no checkpoint at .*checkpoint.mdn"):
         run("train_lenet", SMOKE["train_lenet"] + ["--out", str(tmp_path), "--resume"])
 
 
