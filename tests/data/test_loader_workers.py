@@ -354,3 +354,25 @@ def test_large_batches_travel_through_shared_memory_and_leave_no_files():
     gc.collect()
     leftovers = [p for pid in pids for p in glob.glob(f"/dev/shm/minidnn-data-{pid}-*")]
     assert leftovers == []
+
+
+@pytest.mark.cuda
+def test_resume_from_a_state_loaded_onto_the_gpu(tmp_path):
+    """A checkpoint loaded with map_location="cuda" holds the generator states on the GPU: still resumes."""
+    x, y = _xy(24)
+
+    def make():
+        crop = T.RandomCrop((1, 2), padding=1, generator=mdn.Generator().manual_seed(3))
+        return DataLoader(TensorDataset(x.reshape(24, 1, 1, 3), y), batch_size=4, device="cuda",
+                          generator=mdn.Generator().manual_seed(3), shuffle=True, transform=crop)
+    loader = make()
+    it = iter(loader)
+    next(it)
+    next(it)
+    mdn.save({"loader": loader.state_dict(), "rng": mdn.cuda.get_rng_state()}, tmp_path / "c.mdn")
+    rest = [[t.cpu().numpy() for t in b] for b in it]
+    state = mdn.load(tmp_path / "c.mdn", map_location="cuda")
+    resumed = make()
+    resumed.load_state_dict(state["loader"])
+    mdn.cuda.set_rng_state(state["rng"])
+    assert _equal([[t.cpu().numpy() for t in b] for b in resumed], rest)
