@@ -183,7 +183,8 @@ class DataLoader:
         self._iterator = None         # a weak reference to the latest iterator (for state_dict)
         self._last_state = None       # the state the latest iterator left when it closed
         self._resume = None           # a state loaded by load_state_dict, used by the next iter()
-        if self.pin_memory and not _pin_possible():
+        self._pin = self.pin_memory and _pin_possible()
+        if self.pin_memory and not self._pin:
             warnings.warn("DataLoader: pin_memory=True but no CUDA GPU with CuPy is available, so page-locked "
                           "memory won't be used", stacklevel=2)
 
@@ -230,7 +231,7 @@ class DataLoader:
 
     def _finish(self, batch):
         """A fetched batch of raw arrays -> pinned / on the device -> transformed -> Tensors."""
-        pin = self.pin_memory and _pin_possible()
+        pin = self._pin
         with _dev.device_guard(self.device):         # CuPy's current device is per thread
             if self.device.type == "cuda":
                 if pin:
@@ -448,6 +449,9 @@ def _worker_batches(loader, indices_iter, pool):
             if received == sent:
                 return
             while received not in buffer:
+                if pool.epoch != epoch:
+                    raise RuntimeError("DataLoader: this iterator was superseded by a newer iter(loader) on the same "
+                                       "persistent workers; iterate one epoch at a time")
                 ep, task, data = pool.receive(loader.timeout)
                 if ep == epoch:
                     buffer[task] = data
@@ -506,6 +510,10 @@ class _WorkerPool:
 
     def new_epoch(self):
         self._epoch += 1             # results of an abandoned earlier epoch are recognised and dropped
+        return self._epoch
+
+    @property
+    def epoch(self):
         return self._epoch
 
     def send(self, task, item):

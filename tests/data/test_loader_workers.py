@@ -140,6 +140,17 @@ def test_abandoned_epoch_with_persistent_workers_does_not_leak_batches():
     assert _equal(_epoch(loader), _epoch(DataLoader(TensorDataset(*_xy(40)), batch_size=2)))
 
 
+def test_a_superseded_persistent_iterator_raises_instead_of_hanging():
+    loader = DataLoader(TensorDataset(*_xy(40)), batch_size=2, num_workers=2, persistent_workers=True)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    assert len(_epoch(new)) == 20
+    with pytest.raises(RuntimeError, match="superseded"):
+        for _ in range(20):
+            next(old)
+
+
 def test_worker_exception_is_reraised_with_its_type():
     class Bad(Dataset):
         def __len__(self):
