@@ -388,7 +388,9 @@ class _LoaderIter:
         """The epoch's sampler state at its start, the batches handed out so far, the workers' base seed."""
         if self._finished:
             return {"sampler": None, "batches": 0, "base_seed": None, "finished": True, "transform": None}
-        return {"sampler": self._sampler_state, "batches": self._delivered, "base_seed": self._base_seed,
+        # persistent workers keep the seed they were started with, so that is the one a resumed run needs
+        base_seed = self._pool.base_seed if self._pool is not None else self._base_seed
+        return {"sampler": self._sampler_state, "batches": self._delivered, "base_seed": base_seed,
                 "finished": False, "transform": self._transform_state}
 
     # -- workers -----------------------------------------------------------------------------------------
@@ -491,6 +493,7 @@ class _WorkerPool:
     def __init__(self, loader, base_seed):
         ctx = loader.multiprocessing_context or _default_context()
         self.num_workers = loader.num_workers
+        self.base_seed = base_seed
         self._epoch = 0
         self._results = ctx.Queue()
         self._index_queues, self._workers = [], []

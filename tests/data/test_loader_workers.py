@@ -140,6 +140,21 @@ def test_abandoned_epoch_with_persistent_workers_does_not_leak_batches():
     assert _equal(_epoch(loader), _epoch(DataLoader(TensorDataset(*_xy(40)), batch_size=2)))
 
 
+def test_persistent_workers_state_carries_the_seed_they_were_started_with():
+    loader = DataLoader(PerSample(8), batch_size=2, num_workers=2, persistent_workers=True)
+    first = np.concatenate([b.numpy() for b in loader])
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["base_seed"] == loader._pool.base_seed
+    fresh = DataLoader(PerSample(8), batch_size=2, num_workers=2)
+    fresh.load_state_dict(state)
+    rows = np.concatenate([b.numpy() for b in fresh])
+    # the resumed worker 0 starts from the seed the persistent worker 0 started from: its first draws match
+    assert rows[0][0] == 2 and first[0][0] == 0
+    np.testing.assert_array_equal(rows[0][2:], first[0][2:])
+
+
 def test_a_superseded_persistent_iterator_raises_instead_of_hanging():
     loader = DataLoader(TensorDataset(*_xy(40)), batch_size=2, num_workers=2, persistent_workers=True)
     old = iter(loader)
