@@ -32,8 +32,12 @@ def dropout_lenet(monkeypatch):
 
 
 @pytest.mark.parametrize("stop_epoch,stop_step", [(0, 4), (1, 2)])
-def test_mid_epoch_resume_equals_straight_run(tmp_path, monkeypatch, capsys, dropout_lenet, stop_epoch, stop_step):
-    argv = ["--epochs", "2", "--limit", "6", "--save-every", "2", "--batch-size", "16", "--no-progress"]
+def test_mid_epoch_resume_equals_straight_run(tmp_path, monkeypatch, capsys, dropout_lenet, stop_epoch, stop_step,
+                                              device):
+    """Bit for bit on the cpu; on a GPU to float tolerance (its reductions may use atomics), the dropout masks
+    coming from the GPU generator whose (seed, offset) state the checkpoint carries."""
+    argv = ["--epochs", "2", "--limit", "6", "--save-every", "2", "--batch-size", "16", "--no-progress",
+            "--device", device]
     _run(argv + ["--out", str(tmp_path / "straight")])
     straight = mdn.load(tmp_path / "straight" / _common.CHECKPOINT_NAME)
     straight_line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -55,13 +59,17 @@ def test_mid_epoch_resume_equals_straight_run(tmp_path, monkeypatch, capsys, dro
     _run(argv + ["--out", str(tmp_path / "resumed"), "--resume"])
     out = capsys.readouterr().out
     assert f"step {stop_step}" in out
-    assert out.strip().splitlines()[-1] == straight_line
     resumed = mdn.load(tmp_path / "resumed" / _common.CHECKPOINT_NAME)
     assert resumed["epoch"] == straight["epoch"] == 2
+    exact = device == "cpu"
+    if exact:
+        assert out.strip().splitlines()[-1] == straight_line
     for key in set(_common.HISTORY_KEYS) - {"epoch_seconds"}:
-        assert resumed["history"][key] == straight["history"][key], key
+        np.testing.assert_allclose(resumed["history"][key], straight["history"][key], rtol=0 if exact else 1e-4,
+                                   err_msg=key)
     for name, value in straight["model"].items():
-        np.testing.assert_array_equal(resumed["model"][name].numpy(), value.numpy(), err_msg=name)
+        np.testing.assert_allclose(resumed["model"][name].numpy(), value.numpy(), rtol=0 if exact else 1e-4,
+                                   atol=0 if exact else 1e-6, err_msg=name)
 
 
 def test_save_every_must_be_a_non_negative_int(capsys):
