@@ -68,8 +68,8 @@ def test_mid_epoch_resume_equals_straight_run(tmp_path, monkeypatch, capsys, dro
         np.testing.assert_allclose(resumed["history"][key], straight["history"][key], rtol=0 if exact else 1e-4,
                                    err_msg=key)
     for name, value in straight["model"].items():
-        np.testing.assert_allclose(resumed["model"][name].cpu().numpy(), value.cpu().numpy(), rtol=0 if exact else 1e-4,
-                                   atol=0 if exact else 1e-6, err_msg=name)
+        np.testing.assert_allclose(resumed["model"][name].cpu().numpy(), value.cpu().numpy(),
+                                   rtol=0 if exact else 1e-4, atol=0 if exact else 1e-6, err_msg=name)
 
 
 def test_save_every_must_be_a_non_negative_int(capsys):
