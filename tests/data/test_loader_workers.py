@@ -223,7 +223,8 @@ def test_sampler_batch_sampler_and_no_batching():
 
 
 LOADER_ERRORS = [
-    dict(shuffle=True, sampler=[0, 1]), dict(batch_sampler=[[0]], batch_size=2), dict(batch_sampler=[[0]], shuffle=True),
+    dict(shuffle=True, sampler=[0, 1]), dict(batch_sampler=[[0]], batch_size=2),
+    dict(batch_sampler=[[0]], shuffle=True),
     dict(batch_sampler=[[0]], drop_last=True), dict(num_workers=-1), dict(timeout=-1), dict(prefetch_factor=2),
     dict(persistent_workers=True), dict(batch_size=None, drop_last=True),
 ]
