@@ -17,7 +17,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["is_bfloat16", "to_capsule", "from_capsule", "capsule_is_bfloat16", "CapsuleHolder", "KDL_BFLOAT"]
+__all__ = ["is_bfloat16", "to_capsule", "from_capsule", "capsule_is_bfloat16", "KDL_BFLOAT"]
 
 KDL_CPU = 1
 KDL_BFLOAT = 4
@@ -103,19 +103,6 @@ def capsule_is_bfloat16(capsule) -> bool:
         return False
     t = _Managed.from_address(_api.PyCapsule_GetPointer(capsule, b"dltensor")).dl_tensor
     return (t.dtype.code, t.dtype.bits) == (KDL_BFLOAT, 16)
-
-
-class CapsuleHolder:
-    """Hands an already produced capsule to ``numpy.from_dlpack``, which wants an object with ``__dlpack__``."""
-
-    def __init__(self, capsule, device):
-        self._capsule, self._device = capsule, device
-
-    def __dlpack__(self, **kwargs):
-        return self._capsule
-
-    def __dlpack_device__(self):
-        return self._device
 
 
 def from_capsule(capsule, bfloat16):

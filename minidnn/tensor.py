@@ -20,6 +20,7 @@ from . import autograd as _ag
 from .autograd import AccumulateGrad, _state
 from .backend import devices as _dev
 from .backend.devices import is_floating as _is_floating
+from .backend.errors import DTypeError
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "empty", "arange",
@@ -38,7 +39,7 @@ def set_default_dtype(dtype):
     global _DEFAULT_FLOAT
     dt = _to_dtype(dtype)
     if not _is_floating(dt):
-        raise TypeError(f"set_default_dtype: only floating dtypes are allowed, got {dt}")
+        raise DTypeError(f"set_default_dtype: only floating dtypes are allowed, got {dt}")
     _DEFAULT_FLOAT = dt
 
 
@@ -55,7 +56,7 @@ def _to_dtype(dtype):
     try:
         return np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"cannot interpret {dtype!r} as a dtype") from None
+        raise DTypeError(f"cannot interpret {dtype!r} as a dtype") from None
 
 
 class Tensor:
@@ -135,7 +136,7 @@ class Tensor:
 
     def __len__(self):
         if self.data.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
+            raise DTypeError("len() of a 0-d tensor")
         return self.data.shape[0]
 
     @property
@@ -242,7 +243,7 @@ class Tensor:
 
     def __index__(self):
         if self.data.dtype.kind not in "iub" or self.data.size != 1:
-            raise TypeError("only integer tensors of a single element can be converted to an index")
+            raise DTypeError("only integer tensors of a single element can be converted to an index")
         return int(self.item())
 
     def __dlpack__(self, stream=None, **kwargs):
@@ -467,11 +468,11 @@ class Tensor:
 
     def __iter__(self):
         if self.ndim == 0:
-            raise TypeError("iteration over a 0-d tensor")
+            raise DTypeError("iteration over a 0-d tensor")
         return (self[i] for i in range(self.shape[0]))
 
     def __reduce_ex__(self, protocol):
-        raise TypeError("minidnn tensors are not pickled: use minidnn.save (a safe format) or .numpy()")
+        raise DTypeError("minidnn tensors are not pickled: use minidnn.save (a safe format) or .numpy()")
 
 
 _ag.Tensor = Tensor        # autograd needs the class; it cannot import this module (circular)
@@ -585,7 +586,7 @@ def _make_array(data, dtype=None, device=None):
         if arr.dtype == np.float64:
             arr = arr.astype(_DEFAULT_FLOAT)
         elif arr.dtype.kind == "O":
-            raise TypeError(f"cannot build a tensor from {type(data).__name__} data of mixed/unsupported types")
+            raise DTypeError(f"cannot build a tensor from {type(data).__name__} data of mixed/unsupported types")
         elif arr.dtype == np.complex128:
             arr = arr.astype(np.complex64)
     else:
@@ -615,7 +616,7 @@ def is_tensor(obj) -> bool:
 def from_numpy(array) -> Tensor:
     """A cpu tensor sharing memory with the NumPy array (no copy)."""
     if not isinstance(array, np.ndarray):
-        raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(array).__name__}")
+        raise DTypeError(f"from_numpy expects a numpy.ndarray, got {type(array).__name__}")
     return _wrap(array)
 
 
@@ -625,10 +626,13 @@ def from_dlpack(obj) -> Tensor:
         return _wrap(obj.data)
     dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
     if int(dev_type) == 1:      # kDLCPU
-        capsule = obj.__dlpack__()
-        if _dlpack.capsule_is_bfloat16(capsule):        # NumPy cannot import bfloat16: read the DLTensor ourselves
-            return _wrap(_dlpack.from_capsule(capsule, np.dtype("bfloat16")))
-        return _wrap(np.from_dlpack(_dlpack.CapsuleHolder(capsule, (dev_type, dev_id))))
+        try:
+            return _wrap(np.from_dlpack(obj))
+        except (BufferError, RuntimeError, TypeError):
+            capsule = obj.__dlpack__()
+            if not _dlpack.capsule_is_bfloat16(capsule):
+                raise
+            return _wrap(_dlpack.from_capsule(capsule, np.dtype("bfloat16")))   # NumPy has no bfloat16 code
     cp = _dev.device(f"cuda:{int(dev_id)}").xp
     with cp.cuda.Device(int(dev_id)):
         return _wrap(cp.from_dlpack(obj))
@@ -759,7 +763,7 @@ def randint(low, high=None, size=None, dtype=None, device=None, generator=None):
     if size is None:
         low, high, size = 0, low, high
     if high is None:
-        raise TypeError("randint needs high and size")
+        raise DTypeError("randint needs high and size")
     return _random("randint", (tuple(size),), dtype or np.int64, device, False, generator, low=low, high=high)
 
 

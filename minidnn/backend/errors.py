@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Status", "BackendError", "BadParamError", "NotSupportedError", "check"]
+__all__ = ["Status", "ArgumentError", "DTypeError", "DimensionError", "BackendError", "BadParamError",
+           "NotSupportedError", "check"]
 
 
 class Status(enum.Enum):
@@ -16,11 +17,25 @@ class Status(enum.Enum):
     NOT_SUPPORTED = 9
 
 
+class ArgumentError(RuntimeError, ValueError):
+    """An argument breaks an op's rule (a shape, a size, a value).  PyTorch raises RuntimeError for these and
+    Python code expects ValueError: minidnn's is both, so either ``except`` clause catches it."""
+
+
+class DTypeError(TypeError, RuntimeError):
+    """A dtype (or an argument's type) breaks an op's rule: a TypeError that is also the RuntimeError PyTorch
+    raises for dtype mismatches."""
+
+
+class DimensionError(IndexError, ArgumentError):
+    """A dim or an index out of range: PyTorch's IndexError, also catchable as RuntimeError/ValueError."""
+
+
 class BackendError(RuntimeError):
     status = None
 
 
-class BadParamError(BackendError, ValueError):
+class BadParamError(BackendError, ArgumentError):
     """An argument breaks a rule of the primitive (cuDNN's CUDNN_STATUS_BAD_PARAM)."""
     status = Status.BAD_PARAM
 

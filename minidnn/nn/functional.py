@@ -25,6 +25,7 @@ from ._functions.norm import batch_norm, group_norm, layer_norm, local_response_
 from ._functions.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_max_pool1d,  # noqa: F401
                                  adaptive_max_pool2d, avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d,
                                  max_pool3d)
+from ..backend.errors import ArgumentError
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "linear",
@@ -43,10 +44,10 @@ __all__ = [
 def linear(input, weight, bias=None):
     """input @ weight.T + bias: input (*, in_features), weight (out_features, in_features), bias (out_features,)."""
     if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:
-        raise ValueError(f"linear: input {tuple(input.shape)} has {input.shape[-1] if input.ndim else 0} features "
+        raise ArgumentError(f"linear: input {tuple(input.shape)} has {input.shape[-1] if input.ndim else 0} features "
                          f"but weight {tuple(weight.shape)} expects {weight.shape[-1] if weight.ndim else '?'}")
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"linear: bias has shape {tuple(bias.shape)} but weight {tuple(weight.shape)} has "
+        raise ArgumentError(f"linear: bias has shape {tuple(bias.shape)} but weight {tuple(weight.shape)} has "
                          f"{weight.shape[0]} outputs")
     y = input @ weight.T
     return y if bias is None else y + bias

@@ -6,6 +6,7 @@ from ..tensor import Tensor, empty, tensor as _tensor
 from . import init
 from .module import Module
 from .parameter import Parameter
+from ..backend.errors import ArgumentError, DTypeError
 
 __all__ = ["Embedding"]
 
@@ -22,7 +23,7 @@ class Embedding(Module):
         self.embedding_dim = embedding_dim
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"padding_idx {padding_idx} must be within num_embeddings {num_embeddings}")
+                raise ArgumentError(f"padding_idx {padding_idx} must be within num_embeddings {num_embeddings}")
             padding_idx %= num_embeddings
         self.padding_idx = padding_idx
         if _weight is None:
@@ -31,7 +32,7 @@ class Embedding(Module):
             self.reset_parameters()
         else:
             if tuple(_weight.shape) != (num_embeddings, embedding_dim):
-                raise ValueError(f"Embedding: _weight has shape {tuple(_weight.shape)}, expected "
+                raise ArgumentError(f"Embedding: _weight has shape {tuple(_weight.shape)}, expected "
                                  f"{(num_embeddings, embedding_dim)}")
             self.weight = Parameter(_weight, requires_grad=not _freeze)
 
@@ -50,7 +51,7 @@ class Embedding(Module):
         if not isinstance(indices, Tensor):
             indices = _tensor(indices)
         if indices.dtype.kind not in "iu":
-            raise TypeError(f"Embedding: indices must be an integer tensor, got dtype {indices.dtype}")
+            raise DTypeError(f"Embedding: indices must be an integer tensor, got dtype {indices.dtype}")
         out = self.weight[indices]
         if self.padding_idx is not None and out.requires_grad:
             # Zero the output gradient where the index is the pad: the pad row then gets no gradient,

@@ -9,6 +9,7 @@ from ..autograd import Node, _state
 from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ..backend.devices import is_floating as _is_floating
+from ..backend.errors import ArgumentError
 
 __all__ = []
 
@@ -153,7 +154,7 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
     try:
         out = xp.broadcast_to(x.data, shape)
     except ValueError:
-        raise ValueError(f"broadcast_to: cannot broadcast a tensor of shape {tuple(x.shape)} to {shape}") from None
+        raise ArgumentError(f"broadcast_to: cannot broadcast a tensor of shape {tuple(x.shape)} to {shape}") from None
     if needs_grad(x):
         n = node(BroadcastToBackward, x)
         n.shape = x.data.shape

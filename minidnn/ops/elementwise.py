@@ -14,6 +14,7 @@ from ..autograd import Node, _state
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ._core import _F64, as_operand, broadcast_error, check_pair, fit, node, to_tensor, weak_scalar_result
 from ..backend.devices import is_floating as _is_floating
+from ..backend.errors import ArgumentError, DTypeError
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "tanh", "sigmoid", "relu", "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
@@ -126,7 +127,7 @@ def _arith(name, cls, save):
 
     def op(a, b):
         if not isinstance(a, Tensor):      # scalar op tensor: handled by the reflected operators
-            raise TypeError(f"{name}: the first operand must be a Tensor")
+            raise DTypeError(f"{name}: the first operand must be a Tensor")
         return _binary(pyop, name, cls, a, b, save)
     op.__name__ = name
     return op
@@ -249,7 +250,7 @@ def _unary(kind):
 
     def op(x):
         if not isinstance(x, Tensor):
-            raise TypeError(f"{kind}: expected a Tensor, got {type(x).__name__}")
+            raise DTypeError(f"{kind}: expected a Tensor, got {type(x).__name__}")
         xd = x.data
         out = fwd(np if type(xd) is np.ndarray else x._xp(), xd)
         if _state.grad_enabled and x.requires_grad:
@@ -362,7 +363,7 @@ class ClipBackward(Node):
 def clip(x, min=None, max=None):
     """Clamp to [min, max]; the gradient passes where min <= x <= max (PyTorch's rule)."""
     if min is None and max is None:
-        raise ValueError("clip: at least one of min and max must be given")
+        raise ArgumentError("clip: at least one of min and max must be given")
     lo = min.data if isinstance(min, Tensor) else min
     hi = max.data if isinstance(max, Tensor) else max
     xd = x.data

@@ -7,6 +7,7 @@ from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _to_dtype, _wrap
 from ._core import check_pair, fit, node, to_tensor
 from ..backend.devices import is_floating as _is_floating
+from ..backend.errors import ArgumentError
 
 __all__ = ["matmul", "dot", "outer", "transfer", "astype", "clone"]
 
@@ -42,17 +43,17 @@ def matmul(a, b):
         b = to_tensor(b, a)
     check_pair("matmul", a, b)
     if a.ndim == 0 or b.ndim == 0:
-        raise ValueError(f"matmul: both operands need at least one dimension, got shapes {tuple(a.shape)} and "
+        raise ArgumentError(f"matmul: both operands need at least one dimension, got shapes {tuple(a.shape)} and "
                          f"{tuple(b.shape)} (use * for scalars)")
     ka = a.shape[-1]
     kb = b.shape[-2] if b.ndim > 1 else b.shape[0]
     if ka != kb:
-        raise ValueError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned: {ka} (last dim of "
+        raise ArgumentError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned: {ka} (last dim of "
                          f"the first) != {kb} ({'second-to-last' if b.ndim > 1 else 'only'} dim of the second)")
     try:
         out = a.data @ b.data
     except ValueError:
-        raise ValueError(f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} cannot be broadcast "
+        raise ArgumentError(f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} cannot be broadcast "
                          "together") from None
     if out.dtype != a.dtype and a.dtype == b.dtype:
         out = out.astype(a.dtype)       # NumPy returns bfloat16 products in float32: round once, as a GEMM would
@@ -65,7 +66,7 @@ def matmul(a, b):
 
 def dot(a, b):
     if a.ndim != 1 or b.ndim != 1:
-        raise ValueError(f"dot: expected 1-D tensors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ArgumentError(f"dot: expected 1-D tensors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     return matmul(a, b)
 
 

@@ -15,6 +15,7 @@ from ..autograd import Node, _state
 from ..tensor import Tensor, _attach, _wrap
 from ._core import broadcast_to, node
 from ..backend.devices import is_floating as _is_floating
+from ..backend.errors import ArgumentError, DTypeError
 
 __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "prod", "argmax", "argmin",
            "all", "any", "norm"]
@@ -23,7 +24,7 @@ __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp
 def _axes(x, axis, dim, where="reduction"):
     if dim is not None:
         if axis is not None:
-            raise TypeError(f"{where}: give either axis= or dim=, not both")
+            raise DTypeError(f"{where}: give either axis= or dim=, not both")
         axis = dim
     nd = x.ndim
     if axis is None:
@@ -31,7 +32,7 @@ def _axes(x, axis, dim, where="reduction"):
     if isinstance(axis, (list, tuple)):
         ax = tuple(_norm_axis(a, nd, where) for a in axis)
         if len(set(ax)) != len(ax):
-            raise ValueError(f"{where}: repeated axis in {tuple(axis)}")
+            raise ArgumentError(f"{where}: repeated axis in {tuple(axis)}")
         return tuple(sorted(ax))
     return (_norm_axis(axis, nd, where),)
 
@@ -85,7 +86,7 @@ def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
 def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     axes = _axes(x, axis, dim, "mean")
     if not _is_floating(x.dtype, complex_ok=True):
-        raise TypeError(f"mean: input dtype should be floating point, got {x.dtype} (use .float() first)")
+        raise DTypeError(f"mean: input dtype should be floating point, got {x.dtype} (use .float() first)")
     n = _count(x.shape, axes)
     return sum(x, axes, _keep(keepdims, keepdim)) * (1.0 / n if n else float("nan"))
 

@@ -10,6 +10,7 @@ import numpy as np
 from ..autograd import Node, _state
 from ..tensor import _attach, _wrap
 from ._core import broadcast_to, check_pair, node
+from ..backend.errors import ArgumentError
 
 __all__ = ["reshape", "flatten", "transpose", "permute", "swapaxes", "squeeze", "unsqueeze", "expand",
            "broadcast_to", "cat", "concatenate", "stack", "split", "chunk", "pad", "unbind", "moveaxis", "repeat",
@@ -34,7 +35,7 @@ def reshape(x, *shape):
     try:
         out = x.data.reshape(shape)
     except ValueError:
-        raise ValueError(f"reshape: cannot reshape a tensor of shape {tuple(x.shape)} ({x.numel()} elements) into "
+        raise ArgumentError(f"reshape: cannot reshape a tensor of shape {tuple(x.shape)} ({x.numel()} elements) into "
                          f"{shape}") from None
     if _state.grad_enabled and x.requires_grad:
         n = node(ReshapeBackward, x)
@@ -49,7 +50,7 @@ def flatten(x, start_dim=0, end_dim=-1):
         return reshape(x, 1)
     s, e = start_dim % nd, end_dim % nd
     if s > e:
-        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for {nd} dimensions")
+        raise ArgumentError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for {nd} dimensions")
     shp = x.shape
     n = 1
     for d in shp[s:e + 1]:
@@ -68,7 +69,7 @@ def permute(x, *axes):
     axes = _shape_args(axes)
     nd = x.ndim
     if len(axes) != nd or not all(-nd <= a < nd for a in axes) or sorted(a % nd for a in axes) != list(range(nd)):
-        raise ValueError(f"permute: {tuple(axes)} is not a permutation of the {nd} dimensions of a tensor of shape "
+        raise ArgumentError(f"permute: {tuple(axes)} is not a permutation of the {nd} dimensions of a tensor of shape "
                          f"{tuple(x.shape)}")
     axes = tuple(a % nd for a in axes)
     out = x.data.transpose(axes)
@@ -157,17 +158,17 @@ def cat(tensors, axis=0, *, dim=None):
         axis = dim
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("cat: expected a non-empty list of tensors")
+        raise ArgumentError("cat: expected a non-empty list of tensors")
     _device_check("cat", tensors)
     nd = tensors[0].ndim
     if nd == 0:
-        raise ValueError("cat: zero-dimensional tensors cannot be concatenated (tensor 0 has shape (); use stack)")
+        raise ArgumentError("cat: zero-dimensional tensors cannot be concatenated (tensor 0 has shape (); use stack)")
     if not -nd <= axis < nd:
         raise IndexError(f"cat: dim {axis} is out of range for tensors of shape {tuple(tensors[0].shape)}")
     axis = axis % nd
     for i, t in enumerate(tensors):
         if t.ndim != nd or any(t.shape[d] != tensors[0].shape[d] for d in range(nd) if d != axis):
-            raise ValueError(f"cat: tensor {i} has shape {tuple(t.shape)} but tensor 0 has {tuple(tensors[0].shape)}; "
+            raise ArgumentError(f"cat: tensor {i} has shape {tuple(t.shape)} but tensor 0 has {tuple(tensors[0].shape)}; "
                              f"all dimensions except {axis} must match")
     xp = tensors[0]._xp()
     out = xp.concatenate([t.data for t in tensors], axis=axis)
@@ -190,10 +191,10 @@ def stack(tensors, axis=0, *, dim=None):
         axis = dim
     tensors = list(tensors)
     if not tensors:
-        raise ValueError("stack: expected a non-empty list of tensors")
+        raise ArgumentError("stack: expected a non-empty list of tensors")
     for i, t in enumerate(tensors):
         if t.shape != tensors[0].shape:
-            raise ValueError(f"stack: tensor {i} has shape {tuple(t.shape)} but tensor 0 has "
+            raise ArgumentError(f"stack: tensor {i} has shape {tuple(t.shape)} but tensor 0 has "
                              f"{tuple(tensors[0].shape)}; all must be equal")
     return cat([unsqueeze(t, axis) for t in tensors], axis % (tensors[0].ndim + 1))
 
@@ -207,12 +208,12 @@ def split(x, split_size_or_sections, axis=0, *, dim=None):
     if isinstance(split_size_or_sections, int):
         s = split_size_or_sections
         if s <= 0:
-            raise ValueError(f"split: split_size must be positive, got {s}")
+            raise ArgumentError(f"split: split_size must be positive, got {s}")
         sizes = [s] * (n // s) + ([n % s] if n % s else [])
     else:
         sizes = list(split_size_or_sections)
         if sum(sizes) != n:
-            raise ValueError(f"split: sections {sizes} sum to {sum(sizes)} but dimension {axis} has size {n}")
+            raise ArgumentError(f"split: sections {sizes} sum to {sum(sizes)} but dimension {axis} has size {n}")
     out, lo = [], 0
     for s in sizes:
         out.append(x[(slice(None),) * axis + (slice(lo, lo + s),)])
@@ -251,15 +252,15 @@ def pad(x, pad, mode="constant", value=0.0):
     if len(pad) and isinstance(pad[0], (tuple, list)):
         widths = [tuple(int(v) for v in p) for p in pad]
         if len(widths) != nd:
-            raise ValueError(f"pad: NumPy-style widths need one (before, after) pair per dimension ({nd}), got {len(widths)}")
+            raise ArgumentError(f"pad: NumPy-style widths need one (before, after) pair per dimension ({nd}), got {len(widths)}")
     else:
         if len(pad) % 2 or len(pad) // 2 > nd:
-            raise ValueError(f"pad: expected an even number of values, at most 2 per dimension ({nd}), got {len(pad)}")
+            raise ArgumentError(f"pad: expected an even number of values, at most 2 per dimension ({nd}), got {len(pad)}")
         widths = [(0, 0)] * nd
         for i in range(len(pad) // 2):
             widths[nd - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
     if any(a < 0 or b < 0 for a, b in widths):
-        raise ValueError(f"pad: negative padding {widths} is not supported")
+        raise ArgumentError(f"pad: negative padding {widths} is not supported")
     xp = x._xp()
     out = xp.pad(x.data, widths, mode="constant", constant_values=value)
     if _state.grad_enabled and x.requires_grad:
@@ -273,7 +274,7 @@ def repeat(x, *sizes):
     """PyTorch's repeat (NumPy's tile): differentiable through expand + reshape."""
     sizes = _shape_args(sizes)
     if len(sizes) < x.ndim:
-        raise ValueError(f"repeat: {len(sizes)} repeat counts for a tensor with {x.ndim} dimensions")
+        raise ArgumentError(f"repeat: {len(sizes)} repeat counts for a tensor with {x.ndim} dimensions")
     x = reshape(x, (1,) * (len(sizes) - x.ndim) + tuple(x.shape))
     inter = []
     for s, r in zip(x.shape, sizes):

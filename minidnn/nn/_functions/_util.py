@@ -9,6 +9,7 @@ from ...autograd import Function, is_grad_enabled
 from ...tensor import Tensor
 from .._backend_flags import configure as _configure_flags
 from ...backend.devices import is_floating as _is_floating
+from ...backend.errors import ArgumentError, DTypeError
 
 __all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched"]
 
@@ -33,19 +34,19 @@ def ntuple(value, n: int, op: str, name: str) -> tuple:
     try:
         out = tuple(operator.index(v) for v in value)
     except TypeError:
-        raise TypeError(f"{op}: {name}={value!r} must be an int or a tuple of {n} ints") from None
+        raise DTypeError(f"{op}: {name}={value!r} must be an int or a tuple of {n} ints") from None
     if len(out) == 1:
         return out * n
     if len(out) != n:
-        raise ValueError(f"{op}: {name}={value!r} must be an int or a tuple of {n} ints, got {len(out)} values")
+        raise ArgumentError(f"{op}: {name}={value!r} must be an int or a tuple of {n} ints, got {len(out)} values")
     return out
 
 
 def check_tensor(op: str, name: str, t, float_only=True):
     if not isinstance(t, Tensor):
-        raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+        raise DTypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
     if float_only and not _is_floating(t.dtype):
-        raise TypeError(f"{op}: {name} has dtype {t.dtype}, but a floating-point tensor is required")
+        raise DTypeError(f"{op}: {name} has dtype {t.dtype}, but a floating-point tensor is required")
 
 
 def check_vector(op: str, name: str, t, n: int, x: Tensor, what: str = "channels", of: str = None,
@@ -57,9 +58,9 @@ def check_vector(op: str, name: str, t, n: int, x: Tensor, what: str = "channels
     check_tensor(op, name, t)
     if tuple(t.shape) != (n,):
         of = of or f"input {tuple(x.shape)}"
-        raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but {of} has {n} {what} (expected ({n},))")
+        raise ArgumentError(f"{op}: {name} has shape {tuple(t.shape)} but {of} has {n} {what} (expected ({n},))")
     if same_dtype and t.dtype != x.dtype:
-        raise TypeError(f"{op}: {name} has dtype {t.dtype} but input has dtype {x.dtype}; they must match")
+        raise DTypeError(f"{op}: {name} has dtype {t.dtype} but input has dtype {x.dtype}; they must match")
 
 
 def batched(op: str, x: Tensor, nd: int):
@@ -69,7 +70,7 @@ def batched(op: str, x: Tensor, nd: int):
         return x, False
     if x.ndim == nd + 1:
         return x.unsqueeze(0), True
-    raise ValueError(f"{op}: expected a {nd + 1}-D (unbatched) or {nd + 2}-D (batched) input, got shape "
+    raise ArgumentError(f"{op}: expected a {nd + 1}-D (unbatched) or {nd + 2}-D (batched) input, got shape "
                      f"{tuple(x.shape)}")
 
 

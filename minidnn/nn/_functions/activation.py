@@ -23,6 +23,7 @@ from ... import backend as B
 from ...autograd import Function
 from ...tensor import Tensor, _generator
 from ._util import check_tensor, first_order_grads, handle_for, wrap
+from ...backend.errors import ArgumentError
 
 __all__ = ["relu", "relu6", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "softplus",
            "softmax", "log_softmax", "dropout", "dropout1d", "dropout2d", "dropout3d"]
@@ -95,7 +96,7 @@ def elu(input, alpha=1.0, inplace=False):
 
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu: approximate={approximate!r} must be 'none' or 'tanh'")
+        raise ArgumentError(f"gelu: approximate={approximate!r} must be 'none' or 'tanh'")
     return _activation("gelu", input, _Mode.GELU if approximate == "none" else _Mode.GELU_TANH)
 
 
@@ -115,7 +116,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     """clamp(x, min_val, max_val); the primitive's modes cover the symmetric, [0, c] and [0, 6] cases,
     other ranges use the Tensor clamp."""
     if min_val > max_val:
-        raise ValueError(f"hardtanh: min_val={min_val} must not exceed max_val={max_val}")
+        raise ArgumentError(f"hardtanh: min_val={min_val} must not exceed max_val={max_val}")
     if min_val == -max_val and max_val > 0:
         return _activation("hardtanh", input, _Mode.HARDTANH, max_val)
     if min_val == 0 and max_val > 0:
@@ -217,7 +218,7 @@ class DropoutMask(Function):
 
 def _check_p(op, p):
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
+        raise ArgumentError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
@@ -234,7 +235,7 @@ def _channel_dropout(op, x, p, training, nd):
     check_tensor(op, "input", x)
     _check_p(op, p)
     if x.ndim not in (nd + 1, nd + 2):
-        raise ValueError(f"{op}: expected a {nd + 1}-D or {nd + 2}-D input, got shape {tuple(x.shape)}")
+        raise ArgumentError(f"{op}: expected a {nd + 1}-D or {nd + 2}-D input, got shape {tuple(x.shape)}")
     if not training or p == 0.0:
         return x
     lead = x.ndim - nd

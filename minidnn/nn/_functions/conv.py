@@ -21,6 +21,7 @@ from ... import backend as B
 from ...autograd import Function
 from ...ops import pad as _pad
 from ._util import batched, check_tensor, check_vector, handle_for, ntuple, wrap
+from ...backend.errors import ArgumentError, DTypeError
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
            "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]
@@ -114,25 +115,25 @@ def _check_operands(op, x, weight, bias, nd, groups, transposed):
     check_tensor(op, "input", x)
     check_tensor(op, "weight", weight)
     if weight.ndim != nd + 2:
-        raise ValueError(f"{op}: weight must be {nd + 2}-D, got shape {tuple(weight.shape)}")
+        raise ArgumentError(f"{op}: weight must be {nd + 2}-D, got shape {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
-        raise TypeError(f"{op}: input has dtype {x.dtype} but weight has dtype {weight.dtype}; they must match")
+        raise DTypeError(f"{op}: input has dtype {x.dtype} but weight has dtype {weight.dtype}; they must match")
     if not (isinstance(groups, int) and groups >= 1):
-        raise ValueError(f"{op}: groups={groups!r} must be a positive int")
+        raise ArgumentError(f"{op}: groups={groups!r} must be a positive int")
     c_in = x.shape[1]
     if transposed:      # weight (C_in, C_out/groups, *k)
         if weight.shape[0] != c_in:
-            raise ValueError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} expects "
+            raise ArgumentError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} expects "
                              f"{weight.shape[0]} (weight[0] = in_channels for a transposed convolution)")
         if c_in % groups:
-            raise ValueError(f"{op}: in_channels {c_in} is not divisible by groups={groups}")
+            raise ArgumentError(f"{op}: in_channels {c_in} is not divisible by groups={groups}")
         c_out = weight.shape[1] * groups
     else:               # weight (C_out, C_in/groups, *k)
         if weight.shape[1] * groups != c_in:
-            raise ValueError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} with groups={groups} "
+            raise ArgumentError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} with groups={groups} "
                              f"expects {weight.shape[1] * groups}")
         if weight.shape[0] % groups:
-            raise ValueError(f"{op}: weight {tuple(weight.shape)} has {weight.shape[0]} output channels, not "
+            raise ArgumentError(f"{op}: weight {tuple(weight.shape)} has {weight.shape[0]} output channels, not "
                              f"divisible by groups={groups}")
         c_out = weight.shape[0]
     check_vector(op, "bias", bias, c_out, x, of="the output")
@@ -146,7 +147,7 @@ def _same_padding(op, x, weight, stride, dilation, nd):
     """padding='same': total d*(k-1) per dim; an odd total puts the extra element on the right, done by
     padding the input first (PyTorch's rule), leaving a symmetric padding for the primitive."""
     if any(s != 1 for s in stride):
-        raise ValueError(f"{op}: padding='same' is not supported for strided convolutions (stride={stride})")
+        raise ArgumentError(f"{op}: padding='same' is not supported for strided convolutions (stride={stride})")
     totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
     extra = [t % 2 for t in totals]
     if any(extra):
@@ -169,14 +170,14 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
         elif padding == "same":
             x, padding = _same_padding(op, x, weight, stride, dilation, nd)
         else:
-            raise ValueError(f"{op}: padding={padding!r} must be 'valid', 'same', an int or a tuple of {nd} ints")
+            raise ArgumentError(f"{op}: padding={padding!r} must be 'valid', 'same', an int or a tuple of {nd} ints")
     else:
         padding = ntuple(padding, nd, op, "padding")
     desc = B.ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)
     effective = tuple(d * (k - 1) + 1 for d, k in zip(dilation, weight.shape[2:]))
     padded = tuple(n + 2 * p for n, p in zip(x.shape[2:], padding))
     if any(e > n for e, n in zip(effective, padded)):
-        raise ValueError(f"{op}: the (dilated) kernel {effective} is larger than the padded input {padded} "
+        raise ArgumentError(f"{op}: the (dilated) kernel {effective} is larger than the padded input {padded} "
                          f"(input {tuple(x.shape)}, weight {tuple(weight.shape)}, padding {padding}, "
                          f"dilation {dilation})")
     y = _add_bias(ConvForward.apply(x, weight, desc), bias, nd)
@@ -195,13 +196,13 @@ def _conv_transpose(op, nd, x, weight, bias, stride, padding, output_padding, gr
         # PyTorch allows op < max(stride, dilation); the backward-data primitive needs the conv of the
         # output to give back exactly the input size, which holds for op < stride.
         if not 0 <= op_ < s:
-            raise ValueError(f"{op}: output_padding={output_padding} must be smaller than stride={stride} in "
+            raise ArgumentError(f"{op}: output_padding={output_padding} must be smaller than stride={stride} in "
                              "every dim (and >= 0)")
     k = weight.shape[2:]
     out = tuple((n - 1) * s - 2 * p + d * (kk - 1) + o + 1
                 for n, s, p, d, kk, o in zip(x.shape[2:], stride, padding, dilation, k, output_padding))
     if any(o <= 0 for o in out):
-        raise ValueError(f"{op}: input {tuple(x.shape)} with weight {tuple(weight.shape)}, stride {stride}, padding "
+        raise ArgumentError(f"{op}: input {tuple(x.shape)} with weight {tuple(weight.shape)}, stride {stride}, padding "
                          f"{padding}, dilation {dilation} gives a non-positive output size {out}")
     out_shape = (x.shape[0], weight.shape[1] * groups) + out
     desc = B.ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)

@@ -27,6 +27,7 @@ from ...ops import pad as _tensor_pad, stack, where
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
 from ...backend.devices import is_floating as _is_floating
+from ...backend.errors import ArgumentError, DTypeError
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "one_hot", "pad"]
@@ -43,7 +44,7 @@ def _reduction(op, size_average, reduce, reduction):
         warnings.warn("size_average and reduce args will be deprecated, please use reduction='"
                       f"{reduction}' instead.", stacklevel=3)
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"{op}: reduction={reduction!r} is not a valid value; expected 'none', 'mean' or 'sum'")
+        raise ArgumentError(f"{op}: reduction={reduction!r} is not a valid value; expected 'none', 'mean' or 'sum'")
     return reduction
 
 
@@ -60,10 +61,10 @@ def _class_targets(op, x, target, weight, ignore_index):
     w[t] * onehot(t) (zero where ignored) and denominator = sum of w[t] over valid elements."""
     n, c = x.shape[0], x.shape[1]
     if target.dtype.kind not in "iu":
-        raise TypeError(f"{op}: target has dtype {target.dtype}; class indices must be integers (or pass "
+        raise DTypeError(f"{op}: target has dtype {target.dtype}; class indices must be integers (or pass "
                         f"class probabilities of the input's shape {tuple(x.shape)})")
     if tuple(target.shape) != (n,) + tuple(x.shape[2:]):
-        raise ValueError(f"{op}: input {tuple(x.shape)} expects a target of shape {(n,) + tuple(x.shape[2:])}, got "
+        raise ArgumentError(f"{op}: input {tuple(x.shape)} expects a target of shape {(n,) + tuple(x.shape[2:])}, got "
                          f"{tuple(target.shape)}")
     xp = x._xp()
     t = target.data
@@ -154,18 +155,18 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     check_tensor(op, "input", input)
     check_tensor(op, "target", target, float_only=False)
     if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"{op}: label_smoothing={label_smoothing} must be in [0, 1]")
+        raise ArgumentError(f"{op}: label_smoothing={label_smoothing} must be in [0, 1]")
     probabilities = _is_floating(target.dtype)
     x, target, unbatched = _unbatched(input, target, not probabilities)
     if x.ndim < 2:
-        raise ValueError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
+        raise ArgumentError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
     _check_weight(op, weight, x.shape[1], x)
     if probabilities:
         if tuple(target.shape) != tuple(x.shape):
-            raise ValueError(f"{op}: class-probability target has shape {tuple(target.shape)} but input has shape "
+            raise ArgumentError(f"{op}: class-probability target has shape {tuple(target.shape)} but input has shape "
                              f"{tuple(x.shape)}; they must match (or pass integer class indices)")
         if target.dtype != x.dtype:
-            raise TypeError(f"{op}: target has dtype {target.dtype} but input has dtype {x.dtype}")
+            raise DTypeError(f"{op}: target has dtype {target.dtype} but input has dtype {x.dtype}")
     loss = CrossEntropy.apply(x, target, weight, ignore_index, reduction, float(label_smoothing))
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
@@ -179,7 +180,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     check_tensor(op, "target", target, float_only=False)
     x, target, unbatched = _unbatched(input, target, True)
     if x.ndim < 2:
-        raise ValueError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
+        raise ArgumentError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
     _check_weight(op, weight, x.shape[1], x)
     q, _, denom = _class_targets(op, x, target, weight, ignore_index)
     per_element = -(x * Tensor._from_array(q)).sum(1)
@@ -197,7 +198,7 @@ def _pair(op, input, target, strict):
     if tuple(input.shape) != tuple(target.shape):
         msg = (f"{op}: target size {tuple(target.shape)} is different to the input size {tuple(input.shape)}")
         if strict:
-            raise ValueError(msg + "; they must match")
+            raise ArgumentError(msg + "; they must match")
         warnings.warn(msg + ". This will likely lead to incorrect results due to broadcasting. Please ensure they "
                       "have the same size.", stacklevel=3)
 
@@ -207,7 +208,7 @@ def _weighted_reduce(op, loss, weight, reduction):
     if weight is None:
         return _reduce(loss, reduction)
     if tuple(weight.shape) != tuple(loss.shape):
-        raise ValueError(f"{op}: weight has shape {tuple(weight.shape)} but input has shape {tuple(loss.shape)}; "
+        raise ArgumentError(f"{op}: weight has shape {tuple(weight.shape)} but input has shape {tuple(loss.shape)}; "
                          "weights and input must have the same size")
     loss = loss * weight
     return loss.sum() / weight.sum() if reduction == "mean" else _reduce(loss, reduction)
@@ -234,7 +235,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     reduction = _reduction("smooth_l1_loss", size_average, reduce, reduction)
     _pair("smooth_l1_loss", input, target, strict=False)
     if beta < 0:
-        raise ValueError(f"smooth_l1_loss: beta={beta} must be >= 0")
+        raise ArgumentError(f"smooth_l1_loss: beta={beta} must be >= 0")
     d = input - target
     a = d.abs()
     if beta == 0:
@@ -252,7 +253,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     reduction = _reduction(op, size_average, reduce, reduction)
     _pair(op, input, target, strict=True)
     if bool(((input.data < 0) | (input.data > 1)).any()):
-        raise ValueError(f"{op}: all elements of input should be between 0 and 1")
+        raise ArgumentError(f"{op}: all elements of input should be between 0 and 1")
     # clamping x (not log x) keeps the gradient finite at x = 0 and 1
     loss = -(target * input.clamp(min=_LOG_FLOOR).log() + (1 - target) * (1 - input).clamp(min=_LOG_FLOOR).log())
     return _reduce(loss if weight is None else loss * weight, reduction)
@@ -281,7 +282,7 @@ def one_hot(tensor, num_classes=-1):
     """int64 (*, num_classes) with a 1 at each index; num_classes=-1 means max(tensor) + 1."""
     check_tensor("one_hot", "tensor", tensor, float_only=False)
     if tensor.dtype.kind not in "iu":
-        raise TypeError(f"one_hot: expected an integer tensor of class indices, got dtype {tensor.dtype}")
+        raise DTypeError(f"one_hot: expected an integer tensor of class indices, got dtype {tensor.dtype}")
     xp = tensor._xp()
     t = tensor.data
     if num_classes == -1:

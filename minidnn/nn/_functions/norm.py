@@ -18,6 +18,7 @@ from ... import backend as B
 from ...autograd import Function
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
+from ...backend.errors import ArgumentError
 
 __all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
 
@@ -91,22 +92,22 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     op = "batch_norm"
     check_tensor(op, "input", input)
     if input.ndim < 2:
-        raise ValueError(f"{op}: expected input of shape (N, C) or (N, C, *), got {tuple(input.shape)}")
+        raise ArgumentError(f"{op}: expected input of shape (N, C) or (N, C, *), got {tuple(input.shape)}")
     c = input.shape[1]
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
                     ("bias", bias)):
         check_vector(op, name, t, c, input, same_dtype=False)
     if (running_mean is None) != (running_var is None):
-        raise ValueError(f"{op}: give both running_mean and running_var, or neither")
+        raise ArgumentError(f"{op}: give both running_mean and running_var, or neither")
     if training:
         if input.numel() // c <= 1:
-            raise ValueError(f"{op}: expected more than 1 value per channel when training, got input of shape "
+            raise ArgumentError(f"{op}: expected more than 1 value per channel when training, got input of shape "
                              f"{tuple(input.shape)}")
         momentum = 0.0 if momentum is None else float(momentum)
         return BatchNormTraining.apply(input, _scale_for(weight, bias), bias, running_mean, running_var, momentum,
                                        float(eps))
     if running_mean is None:
-        raise ValueError(f"{op}: running_mean and running_var are required when training=False")
+        raise ArgumentError(f"{op}: running_mean and running_var are required when training=False")
     return BatchNormInference.apply(input, weight, bias, running_mean, running_var, float(eps))
 
 
@@ -137,10 +138,10 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
     if k == 0 or k > input.ndim or tuple(input.shape[input.ndim - k:]) != shape:
-        raise ValueError(f"{op}: normalized_shape={shape} must be the trailing dims of input {tuple(input.shape)}")
+        raise ArgumentError(f"{op}: normalized_shape={shape} must be the trailing dims of input {tuple(input.shape)}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{op}: {name} has shape {tuple(t.shape)} but normalized_shape is {shape}")
+            raise ArgumentError(f"{op}: {name} has shape {tuple(t.shape)} but normalized_shape is {shape}")
     eps = float(eps)
     primitives = (lambda h, x, w, b: B.layer_normalization_forward(h, x, w, b, k, eps),
                   lambda h, x, dy, w, mean, inv_std: B.layer_normalization_backward(h, x, dy, w, mean, inv_std, k))
@@ -153,10 +154,10 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     op = "group_norm"
     check_tensor(op, "input", input)
     if input.ndim < 2:
-        raise ValueError(f"{op}: expected input of shape (N, C, *), got {tuple(input.shape)}")
+        raise ArgumentError(f"{op}: expected input of shape (N, C, *), got {tuple(input.shape)}")
     c = input.shape[1]
     if not (isinstance(num_groups, int) and num_groups >= 1 and c % num_groups == 0):
-        raise ValueError(f"{op}: num_groups={num_groups!r} must be a positive divisor of the {c} channels of input "
+        raise ArgumentError(f"{op}: num_groups={num_groups!r} must be a positive divisor of the {c} channels of input "
                          f"{tuple(input.shape)}")
     for name, t in (("weight", weight), ("bias", bias)):
         check_vector(op, name, t, c, input, same_dtype=False)
@@ -186,7 +187,7 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     op = "local_response_norm"
     check_tensor(op, "input", input)
     if input.ndim < 3:
-        raise ValueError(f"{op}: expected 3-D or higher input (N, C, *), got {tuple(input.shape)}")
+        raise ArgumentError(f"{op}: expected 3-D or higher input (N, C, *), got {tuple(input.shape)}")
     if not math.isfinite(alpha):
-        raise ValueError(f"{op}: alpha={alpha} must be finite")
+        raise ArgumentError(f"{op}: alpha={alpha} must be finite")
     return LocalResponseNorm.apply(input, B.LRNDescriptor(n=size, alpha=alpha, beta=beta, k=k))

@@ -19,6 +19,7 @@ from ... import backend as B
 from ...autograd import Function
 from ...ops import stack
 from ._util import batched, check_tensor, first_order_grads, handle_for, ntuple, wrap
+from ...backend.errors import ArgumentError
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
            "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d"]
@@ -85,11 +86,11 @@ def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode):
         else ntuple(stride, nd, op, "stride")
     padding = ntuple(padding, nd, op, "padding")
     if any(k < 1 for k in kernel) or any(s < 1 for s in stride):
-        raise ValueError(f"{op}: kernel_size {kernel} and stride {stride} must be positive")
+        raise ArgumentError(f"{op}: kernel_size {kernel} and stride {stride} must be positive")
     if any(2 * p > k for p, k in zip(padding, kernel)):
-        raise ValueError(f"{op}: padding {padding} should be at most half of the kernel size {kernel}")
+        raise ArgumentError(f"{op}: padding {padding} should be at most half of the kernel size {kernel}")
     if any(n + 2 * p < k for n, p, k in zip(x.shape[2:], padding, kernel)):
-        raise ValueError(f"{op}: kernel {kernel} is larger than the padded input: input {tuple(x.shape)}, "
+        raise ArgumentError(f"{op}: kernel {kernel} is larger than the padded input: input {tuple(x.shape)}, "
                          f"padding {padding}")
     desc = B.PoolingDescriptor(mode, kernel, padding, stride, ceil_mode)
     y = (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
@@ -153,7 +154,7 @@ def _adaptive(op, nd, x, output_size, is_max):
         output_size = (output_size,) * nd
     out = tuple(n if o is None else int(o) for o, n in zip(output_size, in_sizes))     # None keeps that size
     if len(out) != nd or any(o < 1 for o in out):
-        raise ValueError(f"{op}: output_size={output_size!r} must be {nd} positive ints (or None)")
+        raise ArgumentError(f"{op}: output_size={output_size!r} must be {nd} positive ints (or None)")
     if all(n % o == 0 for n, o in zip(in_sizes, out)):
         k = tuple(n // o for n, o in zip(in_sizes, out))
         mode = B.PoolingMode.MAX if is_max else B.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING

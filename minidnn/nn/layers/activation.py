@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from ..module import Module
+from ...backend.errors import ArgumentError
 
 __all__ = ["ReLU", "ReLU6", "LeakyReLU", "ELU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardtanh", "Softplus",
            "Softmax", "LogSoftmax"]
@@ -39,7 +40,7 @@ class Hardtanh(Module):
     def __init__(self, min_val=-1.0, max_val=1.0, inplace=False):
         super().__init__()
         if max_val <= min_val:
-            raise ValueError(f"Hardtanh: max_val={max_val} must be greater than min_val={min_val}")
+            raise ArgumentError(f"Hardtanh: max_val={max_val} must be greater than min_val={min_val}")
         self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
 
     def forward(self, input):

@@ -14,6 +14,7 @@ from .. import init
 from .._functions._util import ntuple
 from ..module import Module
 from ..parameter import Parameter
+from ...backend.errors import ArgumentError
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
@@ -28,18 +29,18 @@ class _ConvNd(Module):
         name = type(self).__name__
         nd = self._nd
         if groups <= 0:
-            raise ValueError(f"{name}: groups must be a positive integer, got {groups}")
+            raise ArgumentError(f"{name}: groups must be a positive integer, got {groups}")
         if in_channels % groups:
-            raise ValueError(f"{name}: in_channels={in_channels} must be divisible by groups={groups}")
+            raise ArgumentError(f"{name}: in_channels={in_channels} must be divisible by groups={groups}")
         if out_channels % groups:
-            raise ValueError(f"{name}: out_channels={out_channels} must be divisible by groups={groups}")
+            raise ArgumentError(f"{name}: out_channels={out_channels} must be divisible by groups={groups}")
         if padding_mode != "zeros":
             raise NotImplementedError(f"{name}: padding_mode={padding_mode!r} is not supported (only 'zeros')")
         if isinstance(padding, str):
             if padding not in ("same", "valid"):
-                raise ValueError(f"{name}: padding={padding!r} must be 'same', 'valid', an int or a tuple")
+                raise ArgumentError(f"{name}: padding={padding!r} must be 'same', 'valid', an int or a tuple")
             if padding == "same" and any(s != 1 for s in ntuple(stride, nd, name, "stride")):
-                raise ValueError(f"{name}: padding='same' is not supported for strided convolutions")
+                raise ArgumentError(f"{name}: padding='same' is not supported for strided convolutions")
         else:
             padding = ntuple(padding, nd, name, "padding")
         self.in_channels, self.out_channels = in_channels, out_channels

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from ..module import Module
+from ...backend.errors import ArgumentError
 
 __all__ = ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d"]
 
@@ -14,7 +15,7 @@ class Dropout(Module):
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+            raise ArgumentError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p, self.inplace = p, inplace
 
     def forward(self, input):

@@ -13,6 +13,7 @@ from ...tensor import ones, tensor, zeros
 from .. import functional as F
 from ..module import Module
 from ..parameter import Parameter
+from ...backend.errors import ArgumentError
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "LocalResponseNorm"]
 
@@ -54,7 +55,7 @@ class _BatchNorm(Module):
 
     def forward(self, input):
         if input.ndim not in self._dims:
-            raise ValueError(f"{type(self).__name__}: expected {' or '.join(f'{d}D' for d in self._dims)} input "
+            raise ArgumentError(f"{type(self).__name__}: expected {' or '.join(f'{d}D' for d in self._dims)} input "
                              f"(got {input.ndim}D input of shape {tuple(input.shape)})")
         factor = 0.0 if self.momentum is None else self.momentum
         tracking = self.training and self.track_running_stats and self.num_batches_tracked is not None
@@ -113,7 +114,7 @@ class GroupNorm(Module):
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, *, bias=True):
         super().__init__()
         if num_channels % num_groups:
-            raise ValueError(f"GroupNorm: num_channels={num_channels} must be divisible by num_groups={num_groups}")
+            raise ArgumentError(f"GroupNorm: num_channels={num_channels} must be divisible by num_groups={num_groups}")
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
         _affine_parameters(self, (num_channels,), affine, affine and bias, device, dtype)
 
