@@ -65,7 +65,7 @@ def get_num_threads() -> int:
 
 
 _current = [None]          # the last count set through minidnn (None: never set; parallel_map then runs serially)
-_pool = [None, 0]          # a ThreadPoolExecutor and its size, made on first use
+_pool = [None, 0, 0]       # a ThreadPoolExecutor, its size and the pid that made it (made on first use)
 
 
 def parallel_map(fn, items):
@@ -77,11 +77,11 @@ def parallel_map(fn, items):
     n = min(_current[0] or 1, len(items))
     if n <= 1:
         return [fn(item) for item in items]
-    if _pool[1] != _current[0]:
+    if _pool[1] != _current[0] or _pool[2] != os.getpid():      # resized, or a forked child (no threads there)
         from concurrent.futures import ThreadPoolExecutor
-        if _pool[0] is not None:
+        if _pool[0] is not None and _pool[2] == os.getpid():
             _pool[0].shutdown(wait=False)
-        _pool[0], _pool[1] = ThreadPoolExecutor(max_workers=_current[0], thread_name_prefix="minidnn"), _current[0]
+        _pool[:] = ThreadPoolExecutor(max_workers=_current[0], thread_name_prefix="minidnn"), _current[0], os.getpid()
     return list(_pool[0].map(fn, items))
 
 
