@@ -4,12 +4,13 @@ Fashion-MNIST, CIFAR-10).  ``minidnn.utils.data`` is the same package under PyTo
 from . import datasets, transforms                                         # noqa: F401
 from .collate import default_collate, default_convert                      # noqa: F401
 from .dataloader import DataLoader, get_worker_info                        # noqa: F401
-from .dataset import ConcatDataset, Dataset, Subset, TensorDataset, random_split  # noqa: F401
+from .dataset import (ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset,  # noqa: F401
+                      random_split)
 from .sampler import (BatchSampler, RandomSampler, Sampler, SequentialSampler,  # noqa: F401
                       SubsetRandomSampler, WeightedRandomSampler)
 from ._worker import WorkerInfo                                            # noqa: F401
 
-__all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split", "DataLoader",
+__all__ = ["Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset", "random_split", "DataLoader",
            "default_collate", "default_convert", "get_worker_info", "WorkerInfo", "Sampler", "SequentialSampler",
            "RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler", "BatchSampler", "transforms",
            "datasets"]

@@ -118,6 +118,13 @@ def seed_worker(base_seed, worker_id):
     return seed
 
 
+class Exhausted(Exception):
+    """Raised by an iterable-style fetch when this worker's copy of the dataset has no batch left."""
+
+
+EXHAUSTED = "minidnn-data-worker-exhausted"      # what a worker sends back then
+
+
 class WorkerError:
     """An exception raised in a worker, carried to the main process and re-raised there."""
 
@@ -164,6 +171,8 @@ def worker_loop(dataset, fetch, index_queue, result_queue, worker_id, num_worker
                 data = fetch(dataset, indices)
                 if export is not None:
                     data = export(data)
+            except Exhausted:
+                data = EXHAUSTED
             except Exception as exc:  # noqa: BLE001  (everything goes back to the main process)
                 data = WorkerError(exc, worker_id)
             result_queue.put((epoch, task_id, data))

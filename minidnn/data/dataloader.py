@@ -17,6 +17,7 @@ start of the epoch, the number of batches handed out and the workers' base seed;
 """
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import numbers
 import queue
@@ -32,7 +33,8 @@ from .. import random as _random
 from ..backend import devices as _dev
 from . import _worker
 from ._utils import as_generator, map_arrays, to_tensors, unwrap
-from .dataset import fetch_batch
+from .collate import collate_arrays
+from .dataset import IterableDataset, fetch_batch
 from .sampler import BatchSampler, RandomSampler, SequentialSampler, draw_seed
 
 __all__ = ["DataLoader", "get_worker_info"]
@@ -62,6 +64,31 @@ class _Fetch:
         else:
             batch = self.collate_fn([dataset[int(i)] for i in indices])
         return map_arrays(lambda a: a, batch)            # Tensors -> their arrays (workers pickle arrays)
+
+
+class _IterFetch:
+    """One batch after another from a copy of an iterable-style dataset (each worker has its own); the
+    ``epoch`` argument restarts the stream when a new epoch begins (persistent workers)."""
+
+    def __init__(self, batch_size, drop_last, collate_fn):
+        self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
+        self._epoch, self._it = None, None
+
+    def __call__(self, dataset, epoch):
+        if epoch != self._epoch:
+            self._epoch, self._it = epoch, iter(dataset)
+        if self.batch_size is None:
+            try:
+                sample = next(self._it)
+            except StopIteration:
+                raise _worker.Exhausted from None
+            batch = sample if self.collate_fn is None else self.collate_fn(sample)
+        else:
+            samples = list(itertools.islice(self._it, self.batch_size))
+            if not samples or (self.drop_last and len(samples) < self.batch_size):
+                raise _worker.Exhausted
+            batch = collate_arrays(samples) if self.collate_fn is None else self.collate_fn(samples)
+        return map_arrays(lambda a: a, batch)
 
 
 def _default_context():
@@ -96,9 +123,15 @@ class DataLoader:
                  multiprocessing_context=None, generator=None, *, prefetch_factor=None, persistent_workers=False,
                  pin_memory_device="", in_order=True, seed=None, device=None, prefetch=False, transform=None):
         where = "DataLoader"
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise TypeError(f"{where}: dataset must be map-style (with __getitem__ and __len__), got "
-                            f"{type(dataset).__name__}; iterable-style datasets are not supported")
+        iterable = isinstance(dataset, IterableDataset)
+        if iterable:
+            for name, value in (("shuffle", shuffle), ("sampler", sampler), ("batch_sampler", batch_sampler)):
+                if value not in (None, False):
+                    raise ValueError(f"{where}: DataLoader with IterableDataset: expected unspecified {name} "
+                                     f"option, but got {name}={value!r}")
+        elif not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise TypeError(f"{where}: dataset must be map-style (__getitem__ and __len__) or an IterableDataset, "
+                            f"got {type(dataset).__name__}")
         if sampler is not None and not hasattr(sampler, "__iter__"):
             raise TypeError(f"{where}: sampler must be iterable (a Sampler or a sequence of indices), got "
                             f"{type(sampler).__name__}")
@@ -164,7 +197,10 @@ class DataLoader:
         self.transform = transform
         self.generator = None if generator is None and seed is None else as_generator(generator, seed,
                                                                                        owner=where)
-        if batch_sampler is None:
+        self._iterable = iterable
+        if iterable:
+            pass
+        elif batch_sampler is None:
             if sampler is None:
                 sampler = (RandomSampler(dataset, generator=self.generator) if shuffle
                            else SequentialSampler(dataset))
@@ -178,7 +214,8 @@ class DataLoader:
         self.sampler = sampler if sampler is not None else getattr(batch_sampler, "sampler", None)
         self.batch_sampler = batch_sampler
         self.collate_fn = collate_fn
-        self._fetch = _Fetch(batch_sampler is not None, collate_fn)
+        self._fetch = (_IterFetch(batch_size, bool(drop_last), collate_fn) if iterable
+                       else _Fetch(batch_sampler is not None, collate_fn))
         self._pool = None             # persistent workers
         self._iterator = None         # a weak reference to the latest iterator (for state_dict)
         self._last_state = None       # the state the latest iterator left when it closed
@@ -193,6 +230,11 @@ class DataLoader:
         return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
     def __len__(self):
+        if self._iterable:
+            n = len(self.dataset)            # a TypeError where the stream has no length, as in PyTorch
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return len(self._index_sampler)
 
     def __iter__(self):
@@ -324,7 +366,7 @@ class _LoaderIter:
         self._prefetcher = None
         self._pool = None
         self._owns_pool = False
-        index_sampler = loader._index_sampler
+        index_sampler = loader._index_sampler if not loader._iterable else None
         self._generators = _transform_generators(loader.transform)
         self._transform_state = None
         skip = 0
@@ -344,15 +386,22 @@ class _LoaderIter:
         if self._base_seed is None:
             # drawn whether or not there are workers, so num_workers never changes the random streams
             self._base_seed = draw_seed(loader.generator)
-        self._indices = iter(index_sampler)
-        # the epoch's start: resume loads it and skips the batches handed out (None: a sampler without state)
-        self._sampler_state = index_sampler.state_dict() if _stateful(index_sampler) else None
-        for _ in range(skip):
-            next(self._indices)
+        if loader._iterable:
+            self._indices, self._sampler_state = None, None
+        else:
+            self._indices = iter(index_sampler)
+            # the epoch's start: resume loads it and skips the batches handed out (None: a sampler without state)
+            self._sampler_state = index_sampler.state_dict() if _stateful(index_sampler) else None
+            for _ in range(skip):
+                next(self._indices)
         self._delivered = skip
         if self._transform_state is None and self._generators:       # before any batch is transformed
             self._transform_state = [g.get_state().numpy().copy() for g in self._generators]
-        if loader.num_workers > 0:
+        if loader._iterable:
+            # a stream has no index to skip to: its first `skip` batches are fetched again and dropped
+            raw = self._from_workers(raw=True) if loader.num_workers > 0 else _stream_batches(loader)
+            batches = (loader._finish(b) for b in itertools.islice(raw, skip, None))
+        elif loader.num_workers > 0:
             batches = self._from_workers()
         else:
             batches = (loader._finish(loader._fetch(loader.dataset, idx)) for idx in self._indices)
@@ -394,7 +443,7 @@ class _LoaderIter:
                 "finished": False, "transform": self._transform_state}
 
     # -- workers -----------------------------------------------------------------------------------------
-    def _from_workers(self):
+    def _from_workers(self, raw=False):
         loader = self._loader
         if loader.persistent_workers:
             if loader._pool is None:
@@ -403,6 +452,8 @@ class _LoaderIter:
         else:
             self._pool = _WorkerPool(loader, self._base_seed)
             self._owns_pool = True
+        if raw:
+            return _stream_worker_batches(loader, self._pool)
         return _worker_batches(loader, self._indices, self._pool)
 
     def close(self):
@@ -469,8 +520,61 @@ def _worker_batches(loader, indices_iter, pool):
             _discard(data)
 
 
+def _stream_batches(loader):
+    """The raw batches of an iterable-style dataset, in this process."""
+    fetch = _IterFetch(loader.batch_size, loader.drop_last, loader.collate_fn)
+    while True:
+        try:
+            yield fetch(loader.dataset, 0)
+        except _worker.Exhausted:
+            return
+
+
+def _stream_worker_batches(loader, pool):
+    """Raw batches of an iterable-style dataset from the workers, each iterating its own copy: worker 0's first
+    batch, worker 1's first, worker 0's second, ...; a worker whose copy is exhausted drops out (PyTorch's order).
+    Requests are sent and exhaustion is noticed only at hand-out points, so the order never depends on timing."""
+    epoch = pool.new_epoch()
+    active = set(range(pool.num_workers))
+    ahead = loader.prefetch_factor * pool.num_workers
+    pending = []                # (task, worker) in hand-out order
+    buffer = {}
+    task = next_worker = 0
+    try:
+        while True:
+            while active and len(pending) < ahead:
+                worker = next(w % pool.num_workers for w in range(next_worker, next_worker + pool.num_workers)
+                              if w % pool.num_workers in active)
+                next_worker = worker + 1
+                pool.send_to(worker, (epoch, task, epoch))
+                pending.append((task, worker))
+                task += 1
+            if not pending:
+                return
+            want, worker = pending.pop(0)
+            while want not in buffer:
+                if pool.epoch != epoch:
+                    raise RuntimeError("DataLoader: this iterator was superseded by a newer iter(loader) on the "
+                                       "same persistent workers; iterate one epoch at a time")
+                ep, got, data = pool.receive(loader.timeout)
+                if ep == epoch:
+                    buffer[got] = data
+                else:
+                    _discard(data)
+            data = buffer.pop(want)
+            if isinstance(data, str) and data == _worker.EXHAUSTED:
+                active.discard(worker)       # requests already queued to it answer EXHAUSTED too
+                continue
+            if isinstance(data, _worker.WorkerError):
+                data.reraise()
+            yield map_arrays_any(_worker.import_array, data)
+    finally:
+        for data in buffer.values():
+            _discard(data)
+
+
 def _discard(data):
-    if not isinstance(data, _worker.WorkerError):
+    if not isinstance(data, (_worker.WorkerError, str)):
         map_arrays_any(_worker.discard_array, data)
 
 
@@ -521,6 +625,9 @@ class _WorkerPool:
 
     def send(self, task, item):
         self._index_queues[task % self.num_workers].put(item)
+
+    def send_to(self, worker, item):
+        self._index_queues[worker].put(item)
 
     def receive(self, timeout):
         deadline = time.monotonic() + timeout if timeout > 0 else None

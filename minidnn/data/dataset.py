@@ -18,7 +18,7 @@ from ..tensor import Tensor
 from ._utils import as_generator, unwrap, wrap
 from .collate import collate_arrays
 
-__all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split", "fetch_batch"]
+__all__ = ["Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset", "random_split", "fetch_batch"]
 
 
 class Dataset:
@@ -33,6 +33,15 @@ class Dataset:
     def get_batch(self, indices):
         """The collated batch (raw arrays) for ``indices``; override with a vectorised fetch where possible."""
         return collate_arrays([self[int(i)] for i in indices])
+
+
+class IterableDataset:
+    """Base class of iterable-style datasets (streams): override ``__iter__``.  With ``num_workers > 0`` every
+    worker iterates its own copy; split the stream with ``get_worker_info()`` (``id``, ``num_workers``) to avoid
+    duplicates, as in PyTorch.  A DataLoader takes no sampler or shuffle for it."""
+
+    def __iter__(self):
+        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
 
 
 def fetch_batch(dataset, indices):

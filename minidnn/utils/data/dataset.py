@@ -1,4 +1,5 @@
 """``torch.utils.data.dataset``'s path: the datasets of ``minidnn.data.dataset``."""
-from ...data.dataset import (ConcatDataset, Dataset, Subset, TensorDataset, random_split)  # noqa: F401
+from ...data.dataset import (ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset,  # noqa: F401
+                             random_split)
 
-__all__ = ["Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split"]
+__all__ = ["Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset", "random_split"]
