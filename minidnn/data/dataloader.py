@@ -343,7 +343,7 @@ def _check_loader_state(sd, loader):
     batches = sd["batches"]
     if isinstance(batches, bool) or not isinstance(batches, numbers.Integral) or batches < 0:
         raise ValueError(f"DataLoader.load_state_dict: batches must be a non-negative int, got {batches!r}")
-    if batches > len(loader):
+    if (not loader._iterable or hasattr(loader.dataset, "__len__")) and batches > len(loader):
         raise ValueError(f"DataLoader.load_state_dict: {batches} batches were handed out but an epoch of this "
                          f"loader has only {len(loader)}")
     states = sd["transform"]

@@ -78,3 +78,9 @@ def test_resume_skips_the_batches_handed_out(workers):
     other.load_state_dict(state)
     assert labels(other) == rest and len(head) + len(rest) == len(loader)
     assert mdn.utils.data.IterableDataset is mdn.data.IterableDataset
+    unsized = mdata.DataLoader(stream(mdata, 5, sized=False), batch_size=2, num_workers=workers)
+    it = iter(unsized)
+    next(it)
+    again = mdata.DataLoader(stream(mdata, 5, sized=False), batch_size=2, num_workers=workers)
+    again.load_state_dict(unsized.state_dict())
+    assert labels(again) == labels(it)
