@@ -244,6 +244,7 @@ CASES += [
     Case("transpose-perm-tuple", lambda M, a: a.transpose((2, 0, 1)), [R(2, 3, 2)], lambda a: a.transpose(2, 0, 1),
          torch=lambda M, a: a.permute(2, 0, 1)),
     Case("transpose-2d", lambda M, a: a.transpose(1, 0), [R(3, 4)], lambda a: a.T),
+    Case("transpose-2d-01", lambda M, a: a.transpose(0, 1), [R(3, 4)], lambda a: a.T),      # PyTorch: a swap
     Case("transpose-swap-3d", lambda M, a: a.transpose(0, 2), [R(2, 3, 2)], lambda a: a.swapaxes(0, 2)),
     Case("transpose-swap-neg", lambda M, a: a.transpose(-1, -3), [R(2, 3, 2)], lambda a: a.swapaxes(0, 2)),
     Case("transpose-swap-4d", lambda M, a: a.transpose(1, 3), [R(1, 2, 3, 2)], lambda a: a.swapaxes(1, 3)),

@@ -335,7 +335,7 @@ def test_cat_and_stack_mismatch_names_shapes(device):
     with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
         mdn.cat([a, b], dim=0)
     assert mdn.cat([a, b], dim=1).shape == (2, 7)
-    with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(2, 4\)"):
         mdn.stack([a, b])
     with pytest.raises(ValueError, match=r"\(3,\)|dimensions"):
         mdn.cat([a, mdn.zeros(3, device=device)])

@@ -9,7 +9,7 @@ from ..autograd import Node, _state
 from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ..backend.devices import is_floating as _is_floating
-from ..backend.errors import ArgumentError
+from ..backend.errors import ArgumentError, DimensionError
 
 __all__ = []
 
@@ -167,3 +167,24 @@ def broadcast_error(op, a, b):
     sb = tuple(b.shape) if hasattr(b, "shape") else ()
     return ValueError(f"{op}: shapes {sa} and {sb} cannot be broadcast together (trailing dimensions must be equal "
                       "or 1)")
+
+
+def canonical_dim(op, dim, ndim, *, extra=0):
+    """``dim`` in [0, ndim + extra) from PyTorch's range [-(ndim + extra), ndim + extra) (a 0-d tensor takes
+    dims 0 and -1, as in PyTorch), or DimensionError naming the op, the range and the dim."""
+    n = max(ndim + extra, 1)
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+        raise DimensionError(f"{op}: dim must be an int, got {dim!r} ({type(dim).__name__})")
+    if not -n <= dim < n:
+        raise DimensionError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got "
+                             f"{dim})")
+    return int(dim) % n
+
+
+def canonical_dims(op, dims, ndim):
+    """A tuple of distinct canonical dims, or DimensionError / ArgumentError (duplicates)."""
+    out = tuple(canonical_dim(op, d, ndim) for d in dims)
+    if len(set(out)) != len(out):
+        raise ArgumentError(f"{op}: dims {tuple(dims)} has duplicates (dim {next(d for d in out if out.count(d) > 1)} "
+                            "appears more than once)")
+    return out

@@ -9,12 +9,12 @@ import numpy as np
 
 from ..autograd import Node, _state
 from ..tensor import _attach, _wrap
-from ._core import broadcast_to, check_pair, node
-from ..backend.errors import ArgumentError
+from ._core import broadcast_to, canonical_dim, canonical_dims, check_pair, node
+from ..backend.errors import ArgumentError, DimensionError
 
 __all__ = ["reshape", "flatten", "transpose", "permute", "swapaxes", "squeeze", "unsqueeze", "expand",
            "broadcast_to", "cat", "concatenate", "stack", "split", "chunk", "pad", "unbind", "moveaxis", "repeat",
-           "tile", "flip"]
+           "tile", "flip", "movedim", "narrow", "select"]
 
 
 class ReshapeBackward(Node):
@@ -46,9 +46,9 @@ def reshape(x, *shape):
 
 def flatten(x, start_dim=0, end_dim=-1):
     nd = x.ndim
+    s, e = canonical_dim("flatten", start_dim, nd), canonical_dim("flatten", end_dim, nd)
     if nd == 0:
         return reshape(x, 1)
-    s, e = start_dim % nd, end_dim % nd
     if s > e:
         raise ArgumentError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for {nd} dimensions")
     shp = x.shape
@@ -68,10 +68,10 @@ class PermuteBackward(Node):
 def permute(x, *axes):
     axes = _shape_args(axes)
     nd = x.ndim
-    if len(axes) != nd or not all(-nd <= a < nd for a in axes) or sorted(a % nd for a in axes) != list(range(nd)):
-        raise ArgumentError(f"permute: {tuple(axes)} is not a permutation of the {nd} dimensions of a tensor of shape "
-                         f"{tuple(x.shape)}")
-    axes = tuple(a % nd for a in axes)
+    if len(axes) != nd:
+        raise ArgumentError(f"permute: number of dims {tuple(axes)} ({len(axes)}) does not match the {nd} dimensions "
+                            f"of a tensor of shape {tuple(x.shape)}")
+    axes = canonical_dims("permute", axes, nd)
     out = x.data.transpose(axes)
     if _state.grad_enabled and x.requires_grad:
         n = node(PermuteBackward, x)
@@ -81,31 +81,42 @@ def permute(x, *axes):
 
 
 def transpose(x, *axes):
+    """PyTorch's ``transpose(dim0, dim1)`` swaps two dims (on every rank, 2-D included); with no argument the dims
+    are reversed and with a full permutation they are permuted, as NumPy's transpose does."""
     axes = _shape_args(axes)
     nd = x.ndim
     if not axes:
         return permute(x, tuple(range(nd))[::-1])
-    if len(axes) == 2 and nd != 2:
+    if len(axes) == 2:
         return swapaxes(x, axes[0], axes[1])
     return permute(x, axes)
 
 
 def swapaxes(x, axis1, axis2):
     nd = x.ndim
-    for a in (axis1, axis2):
-        if not -nd <= a < nd:
-            raise IndexError(f"swapaxes/transpose: axis {a} is out of range for a tensor of shape {tuple(x.shape)}")
+    a, b = canonical_dim("transpose", axis1, nd), canonical_dim("transpose", axis2, nd)
+    if nd == 0:
+        return x
     perm = list(range(nd))
-    a, b = axis1 % nd, axis2 % nd
     perm[a], perm[b] = perm[b], perm[a]
     return permute(x, perm)
 
 
 def moveaxis(x, source, destination):
+    """PyTorch's movedim / NumPy's moveaxis: ints or equal-length sequences of dims."""
     nd = x.ndim
-    perm = [i for i in range(nd) if i != source % nd]
-    perm.insert(destination % nd, source % nd)
-    return permute(x, perm)
+    src = (source,) if isinstance(source, (int, np.integer)) else tuple(source)
+    dst = (destination,) if isinstance(destination, (int, np.integer)) else tuple(destination)
+    if len(src) != len(dst):
+        raise ArgumentError(f"movedim: Invalid source or destination dims: source ({list(src)} dims) should contain "
+                            f"the same number of dims as destination ({list(dst)} dims)")
+    src, dst = canonical_dims("movedim", src, nd), canonical_dims("movedim", dst, nd)
+    rest = iter(i for i in range(nd) if i not in src)
+    where = dict(zip(dst, src))
+    return permute(x, [where[i] if i in where else next(rest) for i in range(nd)])
+
+
+movedim = moveaxis
 
 
 def squeeze(x, axis=None, *, dim=None):
@@ -115,16 +126,13 @@ def squeeze(x, axis=None, *, dim=None):
     if axis is None:
         new = tuple(s for s in shp if s != 1)
     else:
-        axes = {a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis)}
+        axes = set(canonical_dims("squeeze", (axis,) if isinstance(axis, (int, np.integer)) else axis, x.ndim))
         new = tuple(s for i, s in enumerate(shp) if not (i in axes and s == 1))   # PyTorch: non-1 axes stay
     return reshape(x, new)
 
 
 def unsqueeze(x, dim):
-    nd = x.ndim + 1
-    if not -nd <= dim < nd:
-        raise IndexError(f"unsqueeze: dim {dim} out of range for a result with {nd} dimensions")
-    d = dim % nd
+    d = canonical_dim("unsqueeze", dim, x.ndim, extra=1)
     shp = x.shape
     return reshape(x, shp[:d] + (1,) + shp[d:])
 
@@ -163,9 +171,7 @@ def cat(tensors, axis=0, *, dim=None):
     nd = tensors[0].ndim
     if nd == 0:
         raise ArgumentError("cat: zero-dimensional tensors cannot be concatenated (tensor 0 has shape (); use stack)")
-    if not -nd <= axis < nd:
-        raise IndexError(f"cat: dim {axis} is out of range for tensors of shape {tuple(tensors[0].shape)}")
-    axis = axis % nd
+    axis = canonical_dim("cat", axis, nd)
     for i, t in enumerate(tensors):
         if t.ndim != nd or any(t.shape[d] != tensors[0].shape[d] for d in range(nd) if d != axis):
             raise ArgumentError(f"cat: tensor {i} has shape {tuple(t.shape)} but tensor 0 has {tuple(tensors[0].shape)}; "
@@ -192,23 +198,29 @@ def stack(tensors, axis=0, *, dim=None):
     tensors = list(tensors)
     if not tensors:
         raise ArgumentError("stack: expected a non-empty list of tensors")
+    axis = canonical_dim("stack", axis, tensors[0].ndim, extra=1)
     for i, t in enumerate(tensors):
         if t.shape != tensors[0].shape:
-            raise ArgumentError(f"stack: tensor {i} has shape {tuple(t.shape)} but tensor 0 has "
-                             f"{tuple(tensors[0].shape)}; all must be equal")
-    return cat([unsqueeze(t, axis) for t in tensors], axis % (tensors[0].ndim + 1))
+            raise ArgumentError(f"stack: expects each tensor to be equal size, but got {tuple(tensors[0].shape)} at "
+                                f"entry 0 and {tuple(t.shape)} at entry {i}")
+    return cat([unsqueeze(t, axis) for t in tensors], axis)
 
 
 def split(x, split_size_or_sections, axis=0, *, dim=None):
     """PyTorch's split: an int is a chunk size (the last may be smaller); a list gives the sizes."""
     if dim is not None:
         axis = dim
-    axis = axis % x.ndim
+    axis = canonical_dim("split", axis, x.ndim)
+    if x.ndim == 0:
+        raise ArgumentError("split: a 0-d tensor cannot be split")
     n = x.shape[axis]
-    if isinstance(split_size_or_sections, int):
+    if isinstance(split_size_or_sections, (int, np.integer)):
         s = split_size_or_sections
-        if s <= 0:
-            raise ArgumentError(f"split: split_size must be positive, got {s}")
+        if s <= 0 and not (s == 0 and n == 0):
+            raise ArgumentError(f"split: split_size can only be 0 if dimension size is 0, and must not be negative; got "
+                                f"split_size {s} for dimension {axis} of size {n}")
+        if s == 0:
+            return (x,)
         sizes = [s] * (n // s) + ([n % s] if n % s else [])
     else:
         sizes = list(split_size_or_sections)
@@ -224,7 +236,12 @@ def split(x, split_size_or_sections, axis=0, *, dim=None):
 def chunk(x, chunks, axis=0, *, dim=None):
     if dim is not None:
         axis = dim
-    n = x.shape[axis % x.ndim]
+    if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks <= 0:
+        raise ArgumentError(f"chunk: expects `chunks` to be greater than 0, got: {chunks}")
+    axis = canonical_dim("chunk", axis, x.ndim)
+    if x.ndim == 0:
+        raise ArgumentError("chunk: a 0-d tensor cannot be chunked")
+    n = x.shape[axis]
     size = -(-n // chunks) if n else 1
     return split(x, size, axis)
 
@@ -232,7 +249,9 @@ def chunk(x, chunks, axis=0, *, dim=None):
 def unbind(x, axis=0, *, dim=None):
     if dim is not None:
         axis = dim
-    axis = axis % x.ndim
+    axis = canonical_dim("unbind", axis, x.ndim)
+    if x.ndim == 0:
+        raise ArgumentError("unbind: Dimension specified as 0 but tensor has no dimensions")
     return tuple(x[(slice(None),) * axis + (i,)] for i in range(x.shape[axis]))
 
 
@@ -290,8 +309,35 @@ tile = repeat
 
 
 def flip(x, dims):
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    dims = canonical_dims("flip", (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims), x.ndim)
+    if x.ndim == 0:
+        return x[...]
     idx = [slice(None)] * x.ndim
     for d in dims:
-        idx[d % x.ndim] = slice(None, None, -1)
+        idx[d] = slice(None, None, -1)
     return x[tuple(idx)]
+
+
+def narrow(x, dim, start, length):
+    """PyTorch's narrow: the slice [start, start + length) of ``dim`` (a view; start may be negative)."""
+    d = canonical_dim("narrow", dim, x.ndim)
+    if x.ndim == 0:
+        raise ArgumentError("narrow: cannot be applied to a 0-dim tensor")
+    n = x.shape[d]
+    if not -n <= start <= n:
+        raise DimensionError(f"narrow: start ({start}) out of range (expected to be in range of [{-n}, {n}])")
+    start = start % n if start < 0 else start
+    if length < 0 or start + length > n:
+        raise ArgumentError(f"narrow: start ({start}) + length ({length}) exceeds dimension size ({n})")
+    return x[(slice(None),) * d + (slice(start, start + length),)]
+
+
+def select(x, dim, index):
+    """PyTorch's select: index ``index`` of ``dim``, that dim removed (a view)."""
+    d = canonical_dim("select", dim, x.ndim)
+    if x.ndim == 0:
+        raise DimensionError("select: select() cannot be applied to a 0-dim tensor")
+    n = x.shape[d]
+    if not -n <= index < n:
+        raise DimensionError(f"select: index {index} out of range for tensor of size {tuple(x.shape)} at dimension {d}")
+    return x[(slice(None),) * d + (int(index),)]
