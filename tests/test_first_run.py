@@ -272,3 +272,14 @@ def test_checkpoints_get_normal_permissions(tmp_path, umask):
     mdn.save({}, other)
     assert stat.S_IMODE(other.stat().st_mode) == 0o600
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]      # still written atomically
+
+
+def test_parallel_map_keeps_order_and_follows_the_thread_count(restore_threads):
+    from minidnn._threads import parallel_map
+    import threading
+    for n in (1, 2):
+        mdn.set_num_threads(n)
+        names = set()
+        out = parallel_map(lambda i: names.add(threading.current_thread().name) or i * i, range(6))
+        assert out == [i * i for i in range(6)]
+        assert (names == {threading.main_thread().name}) == (n == 1)
