@@ -20,7 +20,7 @@ from . import autograd as _ag
 from .autograd import AccumulateGrad, _state
 from .backend import devices as _dev
 from .backend.devices import is_floating as _is_floating
-from .backend.errors import DTypeError
+from .backend.errors import ArgumentError, DTypeError
 
 __all__ = [
     "Tensor", "tensor", "as_tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "empty", "arange",
@@ -638,17 +638,31 @@ def from_dlpack(obj) -> Tensor:
         return _wrap(cp.from_dlpack(obj))
 
 
-def _shape_arg(size):
+def _shape_arg(size, op="tensor creation"):
+    """A size given as ints or as one tuple/list/torch.Size, checked: ints >= 0 (PyTorch's rule and wording)."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        return tuple(size[0])
-    return tuple(int(s) for s in size)
+        size = tuple(size[0])
+    out = []
+    for s in size:
+        if isinstance(s, bool) or not isinstance(s, (numbers.Integral, np.integer)):
+            if isinstance(s, Tensor) and s.ndim == 0 and not _is_floating(s.dtype):
+                s = int(s)
+            else:
+                raise DTypeError(f"{op}: size must be a tuple of ints, but got {s!r} ({type(s).__name__}) in "
+                                 f"{tuple(size)}")
+        if s < 0:
+            raise ArgumentError(f"{op}: Trying to create tensor with negative dimension {int(s)}: "
+                                f"{[int(v) for v in size]}")
+        out.append(int(s))
+    return tuple(out)
 
 
-def _factory(fill, size, dtype, device, requires_grad, default=None):
+def _factory(fill, size, dtype, device, requires_grad, default=None, op="tensor creation"):
     dt = _to_dtype(dtype) or default or _DEFAULT_FLOAT
+    shape = _shape_arg(size, op)
     xp = _dev.device(device).xp
     with _dev.device_guard(device if device is not None else _dev.default_device()):
-        arr = fill(xp, _shape_arg(size), dt)
+        arr = fill(xp, shape, dt)
     t = _wrap(arr)
     if requires_grad:
         t.requires_grad_(True)
@@ -656,22 +670,22 @@ def _factory(fill, size, dtype, device, requires_grad, default=None):
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.zeros(s, dtype=d), size, dtype, device, requires_grad)
+    return _factory(lambda xp, s, d: xp.zeros(s, dtype=d), size, dtype, device, requires_grad, op="zeros")
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.ones(s, dtype=d), size, dtype, device, requires_grad)
+    return _factory(lambda xp, s, d: xp.ones(s, dtype=d), size, dtype, device, requires_grad, op="ones")
 
 
 def empty(*size, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.empty(s, dtype=d), size, dtype, device, requires_grad)
+    return _factory(lambda xp, s, d: xp.empty(s, dtype=d), size, dtype, device, requires_grad, op="empty")
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad=False):
     default = _infer_python_dtype(fill_value) if not isinstance(fill_value, Tensor) else fill_value.dtype
     size = (size,) if isinstance(size, int) else tuple(size)
     return _factory(lambda xp, s, d: xp.full(s, fill_value, dtype=d), (size,), dtype, device, requires_grad,
-                    default=default)
+                    default=default, op="full")
 
 
 def _like(t, dtype, device):
@@ -699,19 +713,42 @@ def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
+    """Values from start to end (exclusive) by step; PyTorch's dtype rule (all ints: int64, else the default float)."""
     if end is None:
         start, end = 0, start
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if isinstance(v, Tensor):
+            v = v.item()
+        if not isinstance(v, numbers.Real) or not np.isfinite(v):
+            raise ArgumentError(f"arange: {name} must be a finite number, got {v!r}")
+    if step == 0:
+        raise ArgumentError("arange: step must be nonzero")
+    if (end - start) * step < 0:
+        raise ArgumentError(f"arange: upper bound and larger bound inconsistent with step sign (start {start}, end "
+                            f"{end}, step {step})")
     default = np.dtype(np.int64) if all(isinstance(v, numbers.Integral) for v in (start, end, step)) else _DEFAULT_FLOAT
     return _factory(lambda xp, s, d: xp.arange(start, end, step).astype(d), (), dtype, device, requires_grad,
-                    default=default)
+                    default=default, op="arange")
 
 
 def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.linspace(start, end, int(steps)).astype(d), (), dtype, device, requires_grad)
+    """``steps`` evenly spaced values from start to end inclusive (floating dtypes only, as in PyTorch)."""
+    if isinstance(steps, bool) or not isinstance(steps, (numbers.Integral, np.integer)) or steps < 0:
+        raise ArgumentError(f"linspace: number of steps must be a non-negative int, got {steps!r}")
+    dt = _to_dtype(dtype)
+    if dt is not None and dt.kind == "b":
+        raise DTypeError("linspace: dtype bool is not supported (PyTorch: \"linspace_cpu\" not implemented for "
+                         "'Bool')")
+    return _factory(lambda xp, s, d: xp.linspace(start, end, int(steps)).astype(d), (), dtype, device, requires_grad,
+                    op="linspace")
 
 
 def eye(n, m=None, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.eye(n, m, dtype=d), (), dtype, device, requires_grad)
+    """The (n, m) identity (m defaults to n)."""
+    for name, v in (("n", n), ("m", m)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer)) or v < 0):
+            raise ArgumentError(f"eye: {name} must be greater or equal to 0, got {v}")
+    return _factory(lambda xp, s, d: xp.eye(n, m, dtype=d), (), dtype, device, requires_grad, op="eye")
 
 
 # -- random numbers: each device's default Generator lives in minidnn/random.py ------------------------------
@@ -735,7 +772,10 @@ def _random(kind, size, dtype, device, requires_grad, generator=None, **kw):
     dt = _to_dtype(dtype) or _DEFAULT_FLOAT
     dev = _dev.device(device)
     g = _generator(dev, generator)
-    shape = _shape_arg(size)
+    shape = _shape_arg(size, kind)
+    if kind == "randint" and kw["high"] <= kw["low"]:
+        raise ArgumentError(f"randint: random_ expects 'from' to be less than 'to', but got from={kw['low']} >= "
+                            f"to={kw['high']}")
     with _dev.device_guard(dev):
         if kind == "rand":
             arr = g.random(shape, dtype=np.float64 if dt == np.float64 else np.float32)
