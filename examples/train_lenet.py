@@ -1,7 +1,7 @@
 """Train LeNet-5 on handwritten digits: the bundled 8x8 scikit-learn digits (default, no download),
 MNIST or Fashion-MNIST.
 
-    python examples/train_lenet.py                          # digits: >= 97% test accuracy in ~15 s on 2 cores
+    python examples/train_lenet.py                          # digits: >= 97% test accuracy in ~8 s on 2 cores
     python examples/train_lenet.py --data mnist --data-dir ~/data --download
 
 The defaults are tuned for the digits (1437 training images, checked on seeds 0-2):
