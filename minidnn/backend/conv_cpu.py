@@ -156,8 +156,11 @@ def _gather_channels_first(p: ConvProblem) -> bool:
 def _cols_t(x, p: ConvProblem):
     """cols^T (C*kernel, N*out), rows ordered (channel, tap) like w's own (K, C, *kernel) layout: the
     channels-first gather, from a (C, *kernel, N, *out) window view of the padded x."""
-    xpad = np.zeros((p.N, p.C, *p.padded_size), dtype=x.dtype)
-    xpad[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))] = x
+    if any(p.padding):
+        xpad = np.zeros((p.N, p.C, *p.padded_size), dtype=x.dtype)
+        xpad[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))] = x
+    else:
+        xpad = x                    # the window view reads x in place, whatever its strides
     sn, sc, *ss = xpad.strides
     shape = (p.C, *p.kernel, p.N, *p.out_size)
     strides = (sc, *(st * d for st, d in zip(ss, p.dilation)), sn, *(st * s for st, s in zip(ss, p.stride)))

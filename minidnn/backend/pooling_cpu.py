@@ -20,6 +20,7 @@ AVERAGE forward stays the reference's (a sum of tap slices is already one array 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -86,21 +87,31 @@ def _batch_spans(n):
 def _flat_index(geom, shape_nc, arg):
     """idx (N, C, *O): flat position in the C-contiguous padded dx of the element tap ``arg`` of each window
     reads: the window's origin plus the tap's offset."""
-    padded = geom.padded_spatial
+    origins, offsets = _index_tables(tuple(shape_nc), geom.padded_spatial, geom.out_sizes, geom.stride, geom.window)
+    return origins + offsets[arg]
+
+
+@functools.lru_cache(maxsize=8)
+def _index_tables(shape_nc, padded, out_sizes, stride, window):
+    """(window origins (N, C, *O), tap offsets (taps,)): what _flat_index needs apart from the argmax, the same
+    for every batch of one shape (cached; read-only)."""
     elem_strides = [math.prod(padded[d + 1:]) for d in range(len(padded))]
     nd = len(padded)
     index = (np.arange(shape_nc[0] * shape_nc[1], dtype=np.int64) * math.prod(padded)).reshape(
         shape_nc + (1,) * nd)
-    for d, (o, s, st) in enumerate(zip(geom.out_sizes, geom.stride, elem_strides)):
+    for d, (o, s, st) in enumerate(zip(out_sizes, stride, elem_strides)):
         shape = [1] * nd
         shape[d] = o
         index = index + (np.arange(o, dtype=np.int64) * (s * st)).reshape(shape)
-    offsets = np.zeros(geom.window, dtype=np.int64)
-    for d, (k, st) in enumerate(zip(geom.window, elem_strides)):
+    offsets = np.zeros(window, dtype=np.int64)
+    for d, (k, st) in enumerate(zip(window, elem_strides)):
         shape = [1] * nd
         shape[d] = k
         offsets = offsets + (np.arange(k, dtype=np.int64) * st).reshape(shape)
-    return index + offsets.reshape(-1)[arg]
+    index.flags.writeable = False
+    offsets = offsets.reshape(-1)
+    offsets.flags.writeable = False
+    return index, offsets
 
 
 def pool_backward(geom, dyc, arg, dtype, xp):
