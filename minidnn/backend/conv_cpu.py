@@ -25,10 +25,12 @@ GEMM, groups == 1     x is copied ONCE into a zero-padded channels-last array; `
                                          one (N*out, K) x (K, C) product per tap added into its strided
                                          slice of a channels-last dx (contiguous reads, unlike col2im's).
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
-DIRECT, depthwise     G == C == K (one input and one output channel per group): every tap is an elementwise
-                      multiply-add of a channels-last (n, *out, C) slice by a C-vector of weights.  The batch is
-                      cut into chunks whose slices fit in the L2 cache, so each tap's multiply and add run from
-                      cache, not memory; backward filter multiplies and reduces each tap's slice the same way.
+DIRECT, depthwise     G == C == K (one input and one output channel per group): one ``einsum`` over the strided
+                      channels-last window view, y[n, o, c] = sum_k windows[n, o, k, c] w[k, c], per chunk of the
+                      batch sized for the L2 cache (its sum-of-products loop runs along the contiguous channels,
+                      with no temporaries).  Backward data with stride 1 is the same correlation of the padded dy
+                      with the flipped kernel (else a multiply-add per tap); backward filter is the einsum
+                      dw[k, c] = sum windows[n, o, k, c] dy[n, o, c], chunk partials added in batch order.
 
 ``fast_paths_enabled(False)`` switches them off (the registry then runs the references), for debugging and
 for the tests and benchmarks that compare the two.
@@ -258,24 +260,43 @@ def _tap_weights(w, p):
     return np.ascontiguousarray(w.reshape(p.C, -1).T)
 
 
+def _letters(p: ConvProblem):
+    """einsum subscripts of the depthwise loops: out axes, kernel axes ('pq', 'rs' in 2-D)."""
+    return "pqo"[:p.nd], "rst"[:p.nd]
+
+
+def _depthwise_correlate(x_cl, wt, p: ConvProblem, out_size, stride, dilation, itemsize):
+    """y_cl[n, o.., c] = sum over taps of x_cl[n, o*stride + tap*dilation, c] * wt[tap.., c]: one einsum over the
+    strided window view per cache-sized chunk of the batch (its sum-of-products loop runs along the contiguous
+    channels, no temporaries)."""
+    windows = _windows(x_cl, out_size, p.kernel, stride, dilation)            # (N, *out, *kernel, C)
+    y_cl = np.empty((p.N, *out_size, p.C), dtype=x_cl.dtype)
+    o, k = _letters(p)
+    spec = f"n{o}{k}c,{k}c->n{o}c"
+    _over_chunks(p, itemsize, lambda nb: np.einsum(spec, windows[nb], wt, out=y_cl[nb]))
+    return y_cl
+
+
+def _kernel_weights(w, p):
+    """(K, 1, *kernel) -> (*kernel, C): each tap's weights of every channel, channels contiguous."""
+    return np.ascontiguousarray(np.moveaxis(w[:, 0], 0, -1))
+
+
 def depthwise_forward(p: ConvProblem, x, w, tf32=False):
     x_cl = _channels_last_padded(x, p.padding)
-    wt = _tap_weights(w, p)
-    y_cl = np.empty((p.N, *p.out_size, p.C), dtype=x.dtype)
-    windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
-
-    def body(nb):
-        xs, ys = x_cl[nb], y_cl[nb]
-        tmp = np.empty_like(ys)
-        np.multiply(xs[windows[0]], wt[0], out=ys)
-        for t in range(1, len(windows)):
-            np.multiply(xs[windows[t]], wt[t], out=tmp)
-            ys += tmp
-    _over_chunks(p, x.itemsize, body)
+    y_cl = _depthwise_correlate(x_cl, _kernel_weights(w, p), p, p.out_size, p.stride, p.dilation, x.itemsize)
     return np.moveaxis(y_cl, -1, 1)
 
 
 def depthwise_backward_data(p: ConvProblem, w, dy, tf32=False):
+    if _full_correlation_applies(p):
+        # stride 1: dx is the correlation of dy, padded by d*(r-1) - padding, with the flipped kernel
+        pad = tuple(d * (r - 1) - q for q, d, r in zip(p.padding, p.dilation, p.kernel))
+        dy_cl = _channels_last_padded(dy, pad)
+        flipped = _kernel_weights(w, p)[tuple(slice(None, None, -1) for _ in range(p.nd))]
+        dx_cl = _depthwise_correlate(dy_cl, np.ascontiguousarray(flipped), p, p.in_size, p.stride, p.dilation,
+                                     dy.itemsize)
+        return np.moveaxis(dx_cl, -1, 1)
     dy_cl = np.ascontiguousarray(np.moveaxis(dy, 1, -1))
     wt = _tap_weights(w, p)
     dx_cl = np.zeros((p.N, *p.padded_size, p.C), dtype=dy.dtype)
@@ -294,21 +315,14 @@ def depthwise_backward_data(p: ConvProblem, w, dy, tf32=False):
 def depthwise_backward_filter(p: ConvProblem, x, dy, tf32=False):
     x_cl = _channels_last_padded(x, p.padding)
     dy_cl = np.ascontiguousarray(np.moveaxis(dy, 1, -1))
-    windows = [(slice(None), *_tap_window(tap, p), slice(None)) for tap in _taps(p)]
-    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
-    axes = tuple(range(1 + p.nd))
-
-    def body(nb):
-        xs, dys = x_cl[nb], dy_cl[nb]
-        tmp = np.empty_like(dys)
-        part = np.empty((len(windows), p.C), dtype=acc_dtype)
-        for t, win in enumerate(windows):
-            np.multiply(xs[win], dys, out=tmp)
-            part[t] = tmp.sum(axis=axes)
-        return part
-    # the chunks' partial sums added in batch order: the same result whatever the thread count
-    acc = np.sum(_over_chunks(p, x.itemsize, body), axis=0, dtype=acc_dtype)
-    return acc.T.reshape(p.w_shape).astype(x.dtype, copy=False)
+    windows = _windows(x_cl, p.out_size, p.kernel, p.stride, p.dilation)    # (N, *out, *kernel, C)
+    o, k = _letters(p)
+    spec = f"n{o}{k}c,n{o}c->{k}c"
+    # each chunk's partial (*kernel, C) sum, then the partials added in batch order: the same result whatever
+    # the thread count
+    parts = _over_chunks(p, x.itemsize, lambda nb: np.einsum(spec, windows[nb], dy_cl[nb]))
+    dw = np.sum(parts, axis=0, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    return np.moveaxis(dw, -1, 0)[:, None].astype(x.dtype, copy=False)
 
 
 # ---- registration ---------------------------------------------------------------------------------------
