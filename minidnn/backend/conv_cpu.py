@@ -170,10 +170,60 @@ def _cols_t(x, p: ConvProblem):
     return _gather(view, 1 + p.nd).reshape(p.C * math.prod(p.kernel), p.N * math.prod(p.out_size))
 
 
+# ---- 2-D, stride 1 along the height: gather along the width only, shift rows for the kernel's height ------
+#
+# With x_cl flattened to rows (n, h, q) of the width windows A[(n, h, q), (s, c)] = x_cl[n, h, q*sw + s*dw, c],
+# output row (n, p, q) needs input rows h = p + r*dh: row index + r*dh*Q.  So y = sum over r of A shifted by
+# r*dh*Q rows, times w's slice r: R products of contiguous row ranges (no copy), and a gather R times smaller
+# than im2col's.  Rows whose p falls past the output are computed and dropped (or, in backward filter,
+# multiplied by zeros).
+
+def _row_shift_applies(p: ConvProblem):
+    return p.nd == 2 and p.stride[0] == 1 and p.kernel[0] > 1 and not _gather_channels_first(p)
+
+
+def _width_rows(x_cl, q_out, p: ConvProblem):
+    """A (N*H*Q, S*C): width windows of every row of the padded channels-last x (one gather)."""
+    n, h, _, c = x_cl.shape
+    sn, sh, sw, sc = x_cl.strides
+    view = np.lib.stride_tricks.as_strided(x_cl, shape=(n, h, q_out, p.kernel[1], c),
+                                           strides=(sn, sh, sw * p.stride[1], sw * p.dilation[1], sc),
+                                           writeable=False)
+    return _gather(view, 0).reshape(n * h * q_out, p.kernel[1] * c)
+
+
+def _row_shift_products(a, w_rows, shift, rows_out):
+    """out[:L] = sum_r a[r*shift : r*shift + L] @ w_rows[r], L = rows_out - (R-1)*shift; rows past L stay 0."""
+    R = w_rows.shape[0]
+    length = rows_out - (R - 1) * shift
+    out = np.zeros((rows_out, w_rows.shape[-1]), dtype=a.dtype)
+    np.matmul(a[:length], w_rows[0], out=out[:length])
+    for r in range(1, R):
+        out[:length] += a[r * shift:r * shift + length] @ w_rows[r]
+    return out
+
+
+def _row_shift_correlate(x_cl, w_rows, p: ConvProblem, out_hw):
+    """Cross-correlation of the padded channels-last x_cl (N, H, W, C) with w_rows (R, S*C, K), stride 1 along H:
+    the channels-first (N, K, *out_hw) view of a channels-last result."""
+    n, h = x_cl.shape[:2]
+    a = _width_rows(x_cl, out_hw[1], p)
+    y = _row_shift_products(a, w_rows, p.dilation[0] * out_hw[1], a.shape[0])
+    return np.moveaxis(y.reshape(n, h, out_hw[1], -1)[:, :out_hw[0]], -1, 1)
+
+
+def _rows_of_w(w):
+    """(K, C, R, S) -> (R, S*C, K): kernel row r's weights as the right-hand matrix of its product."""
+    K, C, R, S = w.shape
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0)).reshape(R, S * C, K)
+
+
 def dense_forward(p: ConvProblem, x, w, tf32=False):
     if _gather_channels_first(p):
         y_t = w.reshape(p.K, -1) @ _cols_t(x, p)                         # (K, N*out)
         return np.moveaxis(y_t.reshape(p.K, p.N, *p.out_size), 0, 1)
+    if _row_shift_applies(p):
+        return _row_shift_correlate(_channels_last_padded(x, p.padding), _rows_of_w(w), p, p.out_size)
     y_rows = _cols(x, p) @ _w_mat(w).T                                   # (N*out, K)
     return _from_rows(y_rows, p.N, p.out_size)
 
@@ -182,6 +232,18 @@ def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
     if _gather_channels_first(p):
         dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)      # (K, N*out)
         return (dy_t @ _cols_t(x, p).T).reshape(p.w_shape)
+    if _row_shift_applies(p):
+        x_cl = _channels_last_padded(x, p.padding)
+        n, h = x_cl.shape[:2]
+        P, Q = p.out_size
+        a = _width_rows(x_cl, Q, p)                                     # (N*H*Q, S*C)
+        dy_grid = np.zeros((n, h, Q, p.K), dtype=dy.dtype)              # dy on the input's row grid, 0 elsewhere
+        dy_grid[:, :P] = np.moveaxis(dy, 1, -1)
+        d = dy_grid.reshape(-1, p.K)
+        shift = p.dilation[0] * Q
+        length = d.shape[0] - (p.kernel[0] - 1) * shift
+        dw_rows = np.stack([a[r * shift:r * shift + length].T @ d[:length] for r in range(p.kernel[0])])
+        return dw_rows.reshape(p.kernel[0], p.kernel[1], p.C, p.K).transpose(3, 2, 0, 1)   # (K, C, R, S)
     dw_mat = _rows(dy).T @ _cols(x, p)                                  # (K, kernel*C)
     return np.moveaxis(dw_mat.reshape(p.K, *p.kernel, p.C), -1, 1)
 
@@ -199,9 +261,11 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         # channel axes swapped -- one gather of dy and one GEMM, no col2im scatter.
         pad = tuple(d * (r - 1) - q for q, d, r in zip(p.padding, p.dilation, p.kernel))
         dy_cl = _channels_last_padded(dy, pad)
+        flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * p.nd)]        # (K, C, *kernel)
+        if _row_shift_applies(p):
+            return _row_shift_correlate(dy_cl, _rows_of_w(np.swapaxes(flipped, 0, 1)), p, p.in_size)
         dcols = _gather(_windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation), 0).reshape(
             p.N * math.prod(p.in_size), math.prod(p.kernel) * p.K)
-        flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * p.nd)]        # (K, C, *kernel)
         w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
         return _from_rows(dcols @ w_t.T, p.N, p.in_size)
     if _gather_channels_first(p):
