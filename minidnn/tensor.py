@@ -341,6 +341,7 @@ class Tensor:
                 raise RuntimeError(f"{op}: the result of shape {tuple(res.shape)} cannot be written into a tensor of "
                                    f"shape {tuple(self.shape)} in place")
             if res.dtype != self.dtype:
+                _check_inplace_cast(op, res.dtype, self.dtype)
                 res = res.astype(self.dtype)
             self.data, self.grad_fn, self.output_nr = res.data, res.grad_fn, res.output_nr
             self.requires_grad = res.requires_grad
@@ -351,6 +352,7 @@ class Tensor:
             if tuple(res.shape) != tuple(self.shape):
                 raise RuntimeError(f"{op}: the result of shape {tuple(res.shape)} cannot be written into a tensor of shape "
                                    f"{tuple(self.shape)} in place")
+            _check_inplace_cast(op, res.dtype, self.dtype)
             self.data[...] = res.data
         self._version += 1
         return self
@@ -446,7 +448,11 @@ class Tensor:
             v = value.data if isinstance(value, Tensor) else value
             if isinstance(value, Tensor) and value.device != self.device:
                 raise RuntimeError(f"__setitem__: value on '{value.device}' assigned into a tensor on '{self.device}'")
-            self.data[_normalize_key(key)] = v
+            try:
+                self.data[_normalize_key(key)] = v
+            except ValueError as exc:       # NumPy's broadcast failure: say it in PyTorch's terms
+                raise ArgumentError(f"__setitem__: cannot assign a value of shape {tuple(getattr(v, 'shape', ()))} "
+                                    f"into the selected region of a tensor of shape {tuple(self.shape)} ({exc})") from None
         self._version += 1
 
     # -- printing ----------------------------------------------------------------------------
@@ -554,6 +560,18 @@ def _looks_like_dtype(a):
     return str(a).startswith("torch.") and not str(a).startswith("torch.device")
 
 
+def _check_inplace_cast(op, result, target):
+    """PyTorch's in-place rule: the result's dtype must cast to self's by the same-kind rule (a float result
+    cannot be written into an integer tensor; bool only takes bool)."""
+    if result == target:
+        return
+    r_float, t_float = _is_floating(result, complex_ok=True), _is_floating(target, complex_ok=True)
+    if (r_float and not t_float) or (result.kind == "c" and target.kind != "c") or \
+            (target.kind == "b" and result.kind != "b"):
+        raise ArgumentError(f"{op}: result type {result} can't be cast to the desired output type {target} (an "
+                            "in-place op keeps its tensor's dtype)")
+
+
 def _infer_python_dtype(data):
     """PyTorch's rule for Python data: floats -> default float dtype, ints -> int64, bools -> bool."""
     if isinstance(data, bool):
@@ -565,6 +583,25 @@ def _infer_python_dtype(data):
     if isinstance(data, numbers.Complex):
         return np.dtype(np.complex64)
     return None
+
+
+def _check_nested(op, data, depth=0):
+    """Nested lists must be rectangular and hold numbers (or tensors/arrays): PyTorch's errors, before NumPy's."""
+    if depth > 64:
+        raise ArgumentError(f"{op}: nested sequences deeper than 64 levels")
+    lengths = set()
+    for item in data:
+        if isinstance(item, (str, bytes)):
+            raise ArgumentError(f"{op}: too many dimensions 'str': the data holds the string {item!r}")
+        if isinstance(item, (list, tuple)):
+            lengths.add(len(item))
+            _check_nested(op, item, depth + 1)
+        else:
+            lengths.add(None)
+    if len(lengths) > 1:
+        sizes = sorted(("scalar" if n is None else str(n)) for n in lengths)
+        raise ArgumentError(f"{op}: expected sequences of equal length at dim {depth + 1}, got lengths "
+                            f"{', '.join(sizes)} (ragged nested lists cannot form a tensor)")
 
 
 def _make_array(data, dtype=None, device=None):
@@ -581,16 +618,23 @@ def _make_array(data, dtype=None, device=None):
     if hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
         return _dev.to_device(np.from_dlpack(data) if dev.type == "cpu" else dev.xp.from_dlpack(data), dev,
                               dtype=dtype, copy=True)
+    if isinstance(data, (str, bytes)):
+        raise ArgumentError(f"tensor: too many dimensions 'str': cannot build a tensor from the string {data!r}")
+    try:
+        arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError):
+        if isinstance(data, (list, tuple)):
+            _check_nested("tensor", data)      # names the ragged dim or the string; else NumPy's reason below
+        raise
+    if arr.dtype.kind in "USO" and isinstance(data, (list, tuple)):
+        _check_nested("tensor", data)
+        raise DTypeError(f"cannot build a tensor from {type(data).__name__} data of mixed/unsupported types "
+                         f"(NumPy reads it as {arr.dtype})")
     if dtype is None:
-        arr = np.asarray(data)
         if arr.dtype == np.float64:
             arr = arr.astype(_DEFAULT_FLOAT)
-        elif arr.dtype.kind == "O":
-            raise DTypeError(f"cannot build a tensor from {type(data).__name__} data of mixed/unsupported types")
         elif arr.dtype == np.complex128:
             arr = arr.astype(np.complex64)
-    else:
-        arr = np.asarray(data, dtype=dtype)
     return _dev.to_device(arr, dev)
 
 

@@ -12,6 +12,8 @@ import os
 
 import numpy as np
 
+from .errors import ArgumentError
+
 __all__ = ["is_floating",
     "Device", "device", "array_module", "device_of", "xp_for", "to_device", "device_guard",
     "cuda_is_available", "cuda_device_count", "default_device", "set_default_device",
@@ -132,7 +134,7 @@ def device(spec=None) -> Device:
             s = "cuda"
         dev_type, _, idx = s.partition(":")
         if dev_type != "cuda" or (idx and not idx.isdigit()):
-            raise ValueError(f"unknown device {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+            raise ArgumentError(f"Invalid device string: {spec!r}: expected 'cpu', 'cuda' or 'cuda:N'")
         index = int(idx) if idx else None
     else:
         # A torch.device or anything printing as one.

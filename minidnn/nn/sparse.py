@@ -6,7 +6,7 @@ from ..tensor import Tensor, empty, tensor as _tensor
 from . import init
 from .module import Module
 from .parameter import Parameter
-from ..backend.errors import ArgumentError, DTypeError
+from ..backend.errors import ArgumentError, DimensionError, DTypeError
 
 __all__ = ["Embedding"]
 
@@ -52,6 +52,13 @@ class Embedding(Module):
             indices = _tensor(indices)
         if indices.dtype.kind not in "iu":
             raise DTypeError(f"Embedding: indices must be an integer tensor, got dtype {indices.dtype}")
+        if indices.device.type == "cpu" and indices.numel():
+            # PyTorch: IndexError on the CPU (a device-side assert on a GPU, where checking would need a host sync).
+            lo, hi = int(indices.data.min()), int(indices.data.max())
+            if lo < 0 or hi >= self.num_embeddings:
+                bad = lo if lo < 0 else hi
+                raise DimensionError(f"Embedding: index out of range in self: index {bad} for num_embeddings="
+                                     f"{self.num_embeddings} (valid: 0 to {self.num_embeddings - 1})")
         out = self.weight[indices]
         if self.padding_idx is not None and out.requires_grad:
             # Zero the output gradient where the index is the pad: the pad row then gets no gradient,

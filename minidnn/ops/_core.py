@@ -9,7 +9,7 @@ from ..autograd import Node, _state
 from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ..backend.devices import is_floating as _is_floating
-from ..backend.errors import ArgumentError, DimensionError
+from ..backend.errors import ArgumentError, DimensionError, DTypeError
 
 __all__ = []
 
@@ -60,6 +60,9 @@ def as_operand(x, like: Tensor):
         return x
     if _dev.is_cuda_array(x):
         return _wrap(x)
+    if isinstance(x, (str, bytes)) or (isinstance(x, (list, tuple)) and any(isinstance(v, (str, bytes)) for v in x)):
+        raise DTypeError(f"unsupported operand type(s): 'Tensor' and {type(x).__name__} {x!r} (an operand must be a "
+                         "number, a Tensor or array-like numeric data)")
     arr = np.asarray(x)
     if arr.ndim == 0 and arr.dtype.kind in "biuf":
         return arr[()]
@@ -165,8 +168,8 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
 def broadcast_error(op, a, b):
     sa = tuple(a.shape) if hasattr(a, "shape") else ()
     sb = tuple(b.shape) if hasattr(b, "shape") else ()
-    return ValueError(f"{op}: shapes {sa} and {sb} cannot be broadcast together (trailing dimensions must be equal "
-                      "or 1)")
+    return ArgumentError(f"{op}: shapes {sa} and {sb} cannot be broadcast together (trailing dimensions must be "
+                         "equal or 1)")
 
 
 def canonical_dim(op, dim, ndim, *, extra=0):

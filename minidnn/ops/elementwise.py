@@ -165,6 +165,9 @@ class ScalarPowBackward(Node):
 
 
 def _scalar_pow(a, p):
+    if isinstance(p, int) and p < 0 and a.dtype.kind in "iu":
+        raise ArgumentError(f"pow: Integers to negative integer powers are not allowed (an {a.dtype} tensor to the "
+                            f"power {p}; use a floating tensor)")
     out = weak_scalar_result(a.data ** p, a, p)
     if _state.grad_enabled and a.requires_grad:
         n = node(ScalarPowBackward, a)

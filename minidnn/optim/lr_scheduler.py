@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LinearLR", "OneCycleLR",
            "ReduceLROnPlateau"]
@@ -20,10 +21,16 @@ def _per_group(name, optimizer, value):
     return [value] * len(optimizer.param_groups)
 
 
+def _check_optimizer(scheduler, optimizer):
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"{type(scheduler).__name__}: {type(optimizer).__name__} is not an Optimizer")
+
+
 class LRScheduler:
     """Base: ``get_lr()`` computes the next lrs from ``last_epoch`` (already advanced) and the groups' lrs."""
 
     def __init__(self, optimizer, last_epoch=-1):
+        _check_optimizer(self, optimizer)
         self.optimizer = optimizer
         if last_epoch == -1:
             for group in optimizer.param_groups:
@@ -236,6 +243,7 @@ class ReduceLROnPlateau:
 
     def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",
                  cooldown=0, min_lr=0, eps=1e-8):
+        _check_optimizer(self, optimizer)
         if factor >= 1.0:
             raise ValueError("Factor should be < 1.0.")
         if mode not in ("min", "max"):

@@ -23,7 +23,7 @@ from ... import backend as B
 from ...autograd import Function
 from ...tensor import Tensor, _generator
 from ._util import check_tensor, first_order_grads, handle_for, wrap
-from ...backend.errors import ArgumentError
+from ...backend.errors import ArgumentError, DimensionError
 
 __all__ = ["relu", "relu6", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "softplus",
            "softmax", "log_softmax", "dropout", "dropout1d", "dropout2d", "dropout3d"]
@@ -156,7 +156,8 @@ def _softmax_dim(op, x, dim):
         warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X "
                       "as an argument.", stacklevel=3)
     if not -max(x.ndim, 1) <= dim < max(x.ndim, 1):
-        raise IndexError(f"{op}: dim={dim} is out of range for input of shape {tuple(x.shape)}")
+        raise DimensionError(f"{op}: Dimension out of range (expected to be in range of [{-max(x.ndim, 1)}, "
+                             f"{max(x.ndim, 1) - 1}], but got {dim}) for input of shape {tuple(x.shape)}")
     return dim % max(x.ndim, 1)
 
 
@@ -164,9 +165,10 @@ def _softmax(op, x, dim, dtype, algo):
     check_tensor(op, "input", x)
     if dtype is not None:
         x = x.to(dtype=dtype)
+    dim = _softmax_dim(op, x, dim)
     if x.ndim == 0:
         return Softmax.apply(x.reshape(1), 0, algo).reshape(())
-    return Softmax.apply(x, _softmax_dim(op, x, dim), algo)
+    return Softmax.apply(x, dim, algo)
 
 
 @autocast_op("softmax")
