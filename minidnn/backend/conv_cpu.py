@@ -25,6 +25,9 @@ GEMM, groups == 1     x is copied ONCE into a zero-padded channels-last array; `
                                          one (N*out, K) x (K, C) product per tap added into its strided
                                          slice of a channels-last dx (contiguous reads, unlike col2im's).
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
+                      2-D with stride 1 along the height (most CNN layers): only the width windows are
+                      gathered (R times less than im2col) and the kernel's R rows become R products of row
+                      ranges shifted by whole image rows (``_row_shift_*`` below) -- in every direction.
 DIRECT, depthwise     G == C == K (one input and one output channel per group): one ``einsum`` over the strided
                       channels-last window view, y[n, o, c] = sum_k windows[n, o, k, c] w[k, c], per chunk of the
                       batch sized for the L2 cache (its sum-of-products loop runs along the contiguous channels,
