@@ -274,7 +274,8 @@ def main(argv=None):
         rows += ROWS[key](args.rounds)
     cpu = os.cpu_count()
     print(f"CPU, {args.threads} threads each (minidnn: threadpoolctl, PyTorch: torch.set_num_threads), {cpu} CPUs; "
-          f"fastest of {args.rounds} alternating rounds, {'process CPU time' if args.cpu_time else 'wall clock'}; PyTorch "
+          f"fastest of {args.rounds} alternating rounds, "
+          f"{'process CPU time' if args.cpu_time else 'wall clock'}; PyTorch "
           f"{torch.__version__ if torch is not None else 'not installed'}, NumPy {np.__version__}")
     print(f"| {'workload':58} | {'minidnn':>10} | {'PyTorch':>10} | ratio |")
     print(f"|{'-' * 60}|{'-' * 12}|{'-' * 12}|-------|")
