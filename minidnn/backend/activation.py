@@ -110,22 +110,25 @@ def _swish_grad(xp, x, c):
 
 
 def _between(x, lo, hi):
-    return ((x > lo) & (x < hi)).astype(x.dtype)
+    """1 strictly inside (lo, hi), 0 at or beyond the bounds; NaN counts as inside (PyTorch's hardtanh_backward)."""
+    return ~((x <= lo) | (x >= hi))
 
 
 # mode -> (f(xp, x, coef), f'(xp, x, coef)); derivatives at kinks follow PyTorch (relu'(0) = 0, ...).
 _MODES = {
     ActivationMode.IDENTITY: (lambda xp, x, c: x, lambda xp, x, c: xp.ones_like(x)),
-    ActivationMode.RELU: (lambda xp, x, c: xp.maximum(x, 0), lambda xp, x, c: (x > 0).astype(x.dtype)),
+    # relu' is 0 where x <= 0, else 1: a NaN input passes its gradient on, as in PyTorch's threshold_backward
+    ActivationMode.RELU: (lambda xp, x, c: xp.maximum(x, 0), lambda xp, x, c: xp.logical_not(x <= 0).astype(x.dtype)),
     ActivationMode.SIGMOID: (lambda xp, x, c: _sigmoid(xp, x),
                              lambda xp, x, c: _sigmoid(xp, x) * (1 - _sigmoid(xp, x))),
     ActivationMode.TANH: (lambda xp, x, c: xp.tanh(x), lambda xp, x, c: 1 - xp.tanh(x) ** 2),
-    ActivationMode.CLIPPED_RELU: (lambda xp, x, c: xp.clip(x, 0, c), lambda xp, x, c: _between(x, 0, c)),
-    ActivationMode.RELU6: (lambda xp, x, c: xp.clip(x, 0, 6), lambda xp, x, c: _between(x, 0, 6)),
-    ActivationMode.HARDTANH: (lambda xp, x, c: xp.clip(x, -c, c), lambda xp, x, c: _between(x, -c, c)),
+    ActivationMode.CLIPPED_RELU: (lambda xp, x, c: xp.clip(x, 0, c),
+                                  lambda xp, x, c: _between(x, 0, c).astype(x.dtype)),
+    ActivationMode.RELU6: (lambda xp, x, c: xp.clip(x, 0, 6), lambda xp, x, c: _between(x, 0, 6).astype(x.dtype)),
+    ActivationMode.HARDTANH: (lambda xp, x, c: xp.clip(x, -c, c), lambda xp, x, c: _between(x, -c, c).astype(x.dtype)),
     # expm1/exp see min(x, 0) so the unused branch of where() cannot overflow
     ActivationMode.ELU: (lambda xp, x, c: xp.where(x > 0, x, c * xp.expm1(xp.minimum(x, 0))),
-                         lambda xp, x, c: xp.where(x > 0, 1, c * xp.exp(xp.minimum(x, 0))).astype(x.dtype)),
+                         lambda xp, x, c: xp.where(x <= 0, c * xp.exp(xp.minimum(x, 0)), 1).astype(x.dtype)),
     ActivationMode.LEAKY_RELU: (lambda xp, x, c: xp.where(x > 0, x, c * x),
                                 lambda xp, x, c: xp.where(x > 0, 1, c).astype(x.dtype)),
     ActivationMode.GELU: (_gelu, _gelu_grad),

@@ -49,8 +49,6 @@ def _reduction_axes(where, x, mode, format, axis):
             axes = tuple(range(1, x.ndim))
         else:
             axes = (x.ndim - 1,) if resolve_format(x, format) is TensorFormat.NHWC and x.ndim >= 3 else (1,)
-    if any(x.shape[a] == 0 for a in axes):
-        raise BadParamError(f"{where}: cannot normalise over an empty dim: x has shape {tuple(x.shape)}, axes {axes}")
     return axes
 
 
@@ -63,7 +61,9 @@ def softmax_forward(handle, algo, mode, x, alpha=1.0, beta=0.0, y=None, format=N
     axes = _reduction_axes(where, x, mode, format, axis)
     check_out(where, "y", y, x.shape, x.dtype, beta)
 
-    if algo is SoftmaxAlgorithm.FAST:
+    if x.size == 0:             # an empty tensor (possibly over an empty dim, as PyTorch allows): empty result
+        value = xp.empty_like(x)
+    elif algo is SoftmaxAlgorithm.FAST:
         e = xp.exp(x)
         value = e / e.sum(axis=axes, keepdims=True)
     else:
@@ -88,7 +88,9 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
     axes = _reduction_axes(where, y, mode, format, axis)
     check_out(where, "dx", dx, y.shape, y.dtype, beta)
 
-    if algo is SoftmaxAlgorithm.LOG:
+    if y.size == 0:
+        value = xp.empty_like(y)
+    elif algo is SoftmaxAlgorithm.LOG:
         value = dy - xp.exp(y) * dy.sum(axis=axes, keepdims=True)
     else:
         value = y * (dy - (dy * y).sum(axis=axes, keepdims=True))

@@ -213,7 +213,7 @@ _UNARY = {
     "tanh": (lambda xp, x: xp.tanh(x), lambda g, x, y: g * (1.0 - y * y), "y"),
     "sigmoid": (lambda xp, x: _sigmoid(xp, x), lambda g, x, y: g * y * (1.0 - y), "y"),
     "relu": (lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
-             lambda g, x, y: g * _wrap(y.data > 0).astype(g.dtype), "y"),
+             lambda g, x, y: g * _wrap(~(y.data <= 0)).astype(g.dtype), "y"),     # NaN passes, as in PyTorch
     "abs": (lambda xp, x: xp.abs(x), lambda g, x, y: g * sign(x), "x"),
     "square": (lambda xp, x: x * x, lambda g, x, y: g * x * 2.0, "x"),
     "log1p": (lambda xp, x: xp.log1p(x), lambda g, x, y: g / (x + 1.0), "x"),
