@@ -21,6 +21,8 @@ from __future__ import annotations
 from ..._amp_state import autocast_op
 import warnings
 
+import numpy as np
+
 from ... import backend as B
 from ...autograd import Function
 from ...ops import pad as _tensor_pad, stack, where
@@ -243,7 +245,29 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     return _reduce(where(a < beta, d * d * (0.5 / beta), a - 0.5 * beta), reduction)
 
 
-_LOG_FLOOR = 3.720075976020836e-44      # exp(-100): log is clamped at -100 like PyTorch, with a zero gradient
+class BinaryCrossEntropy(Function):
+    """Elementwise -(t log x + (1 - t) log(1 - x)) with each log clamped at -100, and PyTorch's gradient
+    (x - t) / max(x (1 - x), 1e-12): finite at x = 0 and 1 (0 where t equals x there), written in Tensor ops so it
+    can be differentiated again."""
+
+    @staticmethod
+    def forward(ctx, x, t):
+        ctx.save_for_backward(x, t)
+        xp = x._xp()
+        xd, td = x.data, t.data
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_x = xp.maximum(xp.log(xd), -100)
+            log_1mx = xp.maximum(xp.log1p(-xd), -100)
+        return wrap((-(td * log_x + (1 - td) * log_1mx)).astype(xd.dtype, copy=False))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t = ctx.saved_tensors
+        gx = g * (x - t) / (x * (1 - x)).clamp(min=1e-12) if ctx.needs_input_grad[0] else None
+        gt = None
+        if ctx.needs_input_grad[1]:      # d/dt = log(1 - x) - log(x), each clamped at -100
+            gt = g * ((1 - x).log().clamp(min=-100) - x.log().clamp(min=-100))
+        return gx, gt
 
 
 @autocast_op("binary_cross_entropy")
@@ -252,10 +276,11 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     op = "binary_cross_entropy"
     reduction = _reduction(op, size_average, reduce, reduction)
     _pair(op, input, target, strict=True)
-    if bool(((input.data < 0) | (input.data > 1)).any()):
-        raise ArgumentError(f"{op}: all elements of input should be between 0 and 1")
-    # clamping x (not log x) keeps the gradient finite at x = 0 and 1
-    loss = -(target * input.clamp(min=_LOG_FLOOR).log() + (1 - target) * (1 - input).clamp(min=_LOG_FLOOR).log())
+    if input.device.type == "cpu" and bool(((input.data < 0) | (input.data > 1)).any()):
+        # PyTorch checks on the CPU (a device-side assert on a GPU, where a check would cost a host sync)
+        bad = input.data[(input.data < 0) | (input.data > 1)].ravel()[0]
+        raise ArgumentError(f"{op}: all elements of input should be between 0 and 1 (found {bad})")
+    loss = BinaryCrossEntropy.apply(input, target)
     return _reduce(loss if weight is None else loss * weight, reduction)
 
 
