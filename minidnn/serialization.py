@@ -301,10 +301,12 @@ class _Reader:
         raise SerializationError(f"minidnn.load: {self.name}: unknown entry in the structure: {str(node)[:200]}")
 
 
-def load(f, map_location=None):
+def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args):
     """Load what ``save`` wrote.  ``f``: a path or a readable binary file object; ``map_location``: see the
-    module docstring.  Raises SerializationError (naming the file) for a truncated, corrupt or foreign file and
-    UnsafeFileError for a file that holds pickled objects."""
+    module docstring.  ``weights_only`` (and PyTorch's pickle arguments) are accepted so that scripts written
+    for ``torch.load`` run unchanged; they change nothing, because loading never executes code: a checkpoint
+    holds only JSON and raw arrays, and no pickle is ever unpickled.  Raises SerializationError (naming the
+    file) for a truncated, corrupt or foreign file and UnsafeFileError for a file that holds pickled objects."""
     if hasattr(f, "read"):
         _require_binary(f, "load", "rb")
     name = repr(getattr(f, "name", "<file object>")) if hasattr(f, "read") else repr(os.fspath(f))

@@ -8,6 +8,8 @@ subclass's ``_fused_update`` / ``_single_update``.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 
 from .. import autograd as _ag
@@ -38,7 +40,9 @@ class Optimizer:
 
     def __init__(self, params, defaults):
         self.defaults = dict(defaults)
-        self.state: dict = {}              # parameter -> {name: array}  (Tensor hashes by identity)
+        # parameter -> {name: array} (Tensor hashes by identity); a defaultdict as in PyTorch, so a custom
+        # optimizer's step can write ``self.state[p]["buf"] = ...`` without creating the entry first
+        self.state: defaultdict = defaultdict(dict)
         self.param_groups: list = []
         self._flat_sets: list = []         # per group: [FlatParams, ...] (empty for an unfused group)
         self._flat_index: dict = {}        # id(p) -> (FlatParams, index)
@@ -94,12 +98,17 @@ class Optimizer:
         if any(id(p) in already for p in unique):
             raise ValueError("some parameters appear in more than one parameter group")
         self._validate(group)
-        group["fused"] = self._resolve_fused(group)
+        group["fused"] = self._resolve_fused(group) and self._has_fused_update()
         self.param_groups.append(group)
         self._flat_sets.append(self._build_flat(group) if group["fused"] else [])
 
     def _validate(self, group):
         """Subclasses raise ValueError naming the offending hyperparameter."""
+
+    def _has_fused_update(self):
+        """A subclass without a flat-buffer update (custom optimizers that override ``step``, per-tensor ones)
+        keeps its parameters where they are."""
+        return type(self)._fused_update is not Optimizer._fused_update
 
     @staticmethod
     def _resolve_fused(group):
