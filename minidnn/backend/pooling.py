@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
 
 import numpy as np
@@ -75,13 +76,15 @@ class PoolingDescriptor:
 
     ``ceil_mode=True`` rounds the output size up (PyTorch's ceil_mode), but, as in PyTorch, a last
     window is dropped if it would start in the right padding.  Padding must be smaller than the
-    window so that every window holds at least one input element.
+    window so that every window holds at least one input element.  ``dilation`` spaces a max
+    window's taps (the window then spans dilation * (window - 1) + 1 elements).
     """
     mode: PoolingMode
     window: int | tuple
     padding: int | tuple = 0
     stride: int | tuple | None = None
     ceil_mode: bool = False
+    dilation: int | tuple = 1           # spacing of the window's taps (max modes; PyTorch's max_pool dilation)
 
     def __post_init__(self):
         object.__setattr__(self, "mode", parse_enum("PoolingDescriptor", PoolingMode, self.mode, "mode"))
@@ -90,6 +93,10 @@ class PoolingDescriptor:
         stride = self.window if self.stride is None else _int_or_tuple(self.stride, "stride", 1)
         object.__setattr__(self, "stride", stride)
         object.__setattr__(self, "ceil_mode", bool(self.ceil_mode))
+        object.__setattr__(self, "dilation", _int_or_tuple(self.dilation, "dilation", 1))
+        if self.dilation not in (1, (1,), (1, 1), (1, 1, 1)) and not self.mode.is_max:
+            raise BadParamError(f"PoolingDescriptor: dilation={self.dilation!r} is only defined for MAX modes, got "
+                                f"{self.mode.name}")
 
     def resolve(self, nd: int, where: str = "pooling"):
         """(window, padding, stride) as tuples of ``nd`` ints, checked against each other."""
@@ -104,13 +111,15 @@ class PoolingDescriptor:
 
 
 def _output_size(length, k, p, s, ceil_mode):
+    """Output length for an effective window ``k``; None when not even one window fits.  In ceil mode a window may
+    run past the padded end (PyTorch: ceil((length + 2p - k) / s) + 1), as long as it starts inside."""
     span = length + 2 * p - k
-    if span < 0:
+    if span < 0 and not ceil_mode:
         return None
-    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    out = -(-span // s) + 1 if ceil_mode else span // s + 1
     if ceil_mode and (out - 1) * s >= length + p:
         out -= 1      # the last window would start in the right padding: drop it (PyTorch's rule)
-    return out
+    return out if out >= 1 else None
 
 
 class _Geometry:
@@ -121,9 +130,11 @@ class _Geometry:
             raise BadParamError(f"{where}: pooling_desc must be a PoolingDescriptor, got {type(desc).__name__}")
         nd = len(x_shape) - 2
         self.window, self.padding, self.stride = desc.resolve(nd, where)
+        self.dilation = as_tuple(desc.dilation, nd, where, "dilation")
+        self.span = tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, self.window))     # effective window
         self.spatial = tuple(x_shape[2:])
         out = [_output_size(n, k, p, s, desc.ceil_mode)
-               for n, k, p, s in zip(self.spatial, self.window, self.padding, self.stride)]
+               for n, k, p, s in zip(self.spatial, self.span, self.padding, self.stride)]
         if any(o is None for o in out):
             raise BadParamError(f"{where}: window {self.window} is larger than the padded input: spatial size "
                                 f"{self.spatial} with padding {self.padding}")
@@ -131,7 +142,7 @@ class _Geometry:
         self.y_shape = tuple(x_shape[:2]) + self.out_sizes
         # ceil_mode windows may run past the right padding: pad enough for the last window to be sliced.
         self.pad_after = tuple(max(p, (o - 1) * s + k - n - p) for n, k, p, s, o in
-                               zip(self.spatial, self.window, self.padding, self.stride, self.out_sizes))
+                               zip(self.spatial, self.span, self.padding, self.stride, self.out_sizes))
         self.axes = tuple(range(2, 2 + nd))
         self.mode = desc.mode
 
@@ -145,8 +156,16 @@ class _Geometry:
     def crop(self, xpad):
         return xpad[(Ellipsis,) + tuple(slice(p, p + n) for p, n in zip(self.padding, self.spatial))]
 
+    @property
+    def dilated(self) -> bool:
+        return any(d != 1 for d in self.dilation)
+
     def taps(self):
-        return tap_offsets(self.window, self.stride, self.out_sizes)
+        if not self.dilated:
+            return tap_offsets(self.window, self.stride, self.out_sizes)
+        return ((t, tuple(slice(k * d, k * d + s * (o - 1) + 1, s)
+                          for k, d, s, o in zip(ks, self.dilation, self.stride, self.out_sizes)))
+                for t, ks in enumerate(itertools.product(*(range(k) for k in self.window))))
 
     def divisor(self, xp, dtype):
         """How many elements each average window divides by, broadcastable to y: (1, 1, *O).
@@ -190,6 +209,26 @@ def _window_max(xp, xpad, geom):
     return best, arg
 
 
+def _prefer_real_taps(xp, xc, geom, best, arg):
+    """A window whose maximum is -inf ties its padded taps (padding counts as -inf) with its real -inf elements:
+    point it at its first real tap, as PyTorch does (its windows never pick padding)."""
+    if not (any(geom.padding) or any(geom.pad_after)) or xc.size == 0:
+        return arg
+    valid = geom.pad(xp, xp.ones(xc.shape[2:], dtype=bool)[None, None], False)
+    first_real = None
+    for t, sl in reversed(list(geom.taps())):
+        v = valid[(Ellipsis,) + sl]
+        first_real = xp.where(v, t, t if first_real is None else first_real)
+    return xp.where(best == -np.inf, first_real.astype(arg.dtype), arg)
+
+
+def _max_and_argmax(xp, xc, geom, fast):
+    """(window maxima, winning taps) from the fast form when one applies, else the reference tap loop."""
+    best, arg = fast.pool_forward(geom, xc, xp) if fast is not None else \
+        _window_max(xp, geom.pad(xp, xc, -np.inf), geom)
+    return best, _prefer_real_taps(xp, xc, geom, best, arg)
+
+
 def _prologue(where, handle, desc, x, format, **arrays):
     """Checks shared by forward and backward -> (xp, format, channels-first x, geometry)."""
     handle, xp = begin(handle, where, x=x, **arrays)
@@ -225,11 +264,11 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     y_shape = _in_format(geom.y_shape, fmt)
     check_out(where, "y", y, y_shape, x.dtype, beta)
 
-    fast = next((f for f in FAST_PATHS if f.applies_forward(geom, xc)), None)
-    if fast is not None:
+    fast = None if geom.dilated else next((f for f in FAST_PATHS if f.applies_forward(geom, xc)), None)
+    if geom.mode.is_max:
+        value, argmax = _max_and_argmax(xp, xc, geom, fast)
+    elif fast is not None:
         value, argmax = fast.pool_forward(geom, xc, xp)
-    elif geom.mode.is_max:
-        value, argmax = _window_max(xp, geom.pad(xp, xc, -np.inf), geom)
     else:
         xpad = geom.pad(xp, xc, 0)
         value = sum(xpad[(Ellipsis,) + sl] for _, sl in geom.taps()) / geom.divisor(xp, x.dtype)
@@ -261,17 +300,17 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
             raise BadParamError(f"{where}: argmax has shape {shape_str(argmax)} but dy has shape {shape_str(dy)}")
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
 
-    fast = next((f for f in FAST_PATHS if f.applies_backward(geom, xc)), None)
+    fast = None if geom.dilated else next((f for f in FAST_PATHS if f.applies_backward(geom, xc)), None)
     if fast is not None:
         arg = None
         if geom.mode.is_max:
-            arg = fast.pool_forward(geom, xc, xp)[1] if argmax is None else to_channels_first(argmax, fmt)
+            arg = _max_and_argmax(xp, xc, geom, fast)[1] if argmax is None else to_channels_first(argmax, fmt)
         dxpad = fast.pool_backward(geom, dyc, arg, x.dtype, xp)
         return blend(from_channels_first(geom.crop(dxpad), fmt), alpha, beta, dx, x.dtype)
     dxpad = xp.zeros(xc.shape[:2] + geom.padded_spatial, dtype=x.dtype)
     if geom.mode.is_max:
         if argmax is None:
-            _, arg = _window_max(xp, geom.pad(xp, xc, -np.inf), geom)
+            _, arg = _max_and_argmax(xp, xc, geom, None)
         else:
             arg = to_channels_first(argmax, fmt)
         zero = xp.zeros((), dtype=x.dtype)

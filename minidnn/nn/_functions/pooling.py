@@ -77,7 +77,7 @@ class AvgPoolBackward(Function):
         return AvgPool.apply(g, ctx.desc), None, None, None
 
 
-def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode):
+def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
     check_tensor(op, "input", x)
     x, unbatched = batched(op, x, nd)
     kernel = ntuple(kernel_size, nd, op, "kernel_size")
@@ -85,25 +85,30 @@ def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode):
     stride = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) \
         else ntuple(stride, nd, op, "stride")
     padding = ntuple(padding, nd, op, "padding")
-    if any(k < 1 for k in kernel) or any(s < 1 for s in stride):
-        raise ArgumentError(f"{op}: kernel_size {kernel} and stride {stride} must be positive")
+    dilation = ntuple(dilation, nd, op, "dilation")
+    if any(k < 1 for k in kernel) or any(s < 1 for s in stride) or any(d < 1 for d in dilation):
+        raise ArgumentError(f"{op}: kernel_size {kernel}, stride {stride} and dilation {dilation} must be positive")
     if any(2 * p > k for p, k in zip(padding, kernel)):
-        raise ArgumentError(f"{op}: padding {padding} should be at most half of the kernel size {kernel}")
-    if any(n + 2 * p < k for n, p, k in zip(x.shape[2:], padding, kernel)):
-        raise ArgumentError(f"{op}: kernel {kernel} is larger than the padded input: input {tuple(x.shape)}, "
-                         f"padding {padding}")
-    desc = B.PoolingDescriptor(mode, kernel, padding, stride, ceil_mode)
+        raise ArgumentError(f"{op}: pad should be at most half of effective kernel size: padding {padding}, kernel "
+                            f"{kernel}")
+    span = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
+    # PyTorch's output size; ceil mode may let the one window run past the padded end
+    for n, p, k, s in zip(x.shape[2:], padding, span, stride):
+        out = (-(-(n + 2 * p - k) // s) if ceil_mode else (n + 2 * p - k) // s) + 1
+        if ceil_mode and (out - 1) * s >= n + p:
+            out -= 1
+        if out < 1:
+            raise ArgumentError(f"{op}: Output size is too small: input {tuple(x.shape)}, kernel {kernel}, padding "
+                                f"{padding}, stride {stride}, dilation {dilation}, ceil_mode={ceil_mode}")
+    desc = B.PoolingDescriptor(mode, kernel, padding, stride, ceil_mode, dilation)
     y = (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
     return y.squeeze(0) if unbatched else y
 
 
 def _max_pool(op, nd, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
-    if ntuple(dilation, nd, op, "dilation") != (1,) * nd:
-        raise NotImplementedError(f"{op}: dilation={dilation} is not supported (only 1): the pooling primitive "
-                                  "has no dilated windows")
     if return_indices:
         raise NotImplementedError(f"{op}: return_indices=True is not supported (max_unpool is not implemented)")
-    return _pool(op, nd, x, B.PoolingMode.MAX, kernel_size, stride, padding, ceil_mode)
+    return _pool(op, nd, x, B.PoolingMode.MAX, kernel_size, stride, padding, ceil_mode, dilation)
 
 
 def _avg_pool(op, nd, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override=None):
