@@ -6,11 +6,13 @@ last wrote; ``state_dict()`` holds everything but the optimizer.
 from __future__ import annotations
 
 import math
+import types
+from bisect import bisect_right
 from collections import Counter
 from .optimizer import Optimizer
 
-__all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "LinearLR", "OneCycleLR",
-           "ReduceLROnPlateau"]
+__all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
+           "ExponentialLR", "PolynomialLR", "CosineAnnealingLR", "SequentialLR", "OneCycleLR", "ReduceLROnPlateau"]
 
 
 def _per_group(name, optimizer, value):
@@ -42,8 +44,17 @@ class LRScheduler:
                                    "optimizer")
         self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         self.last_epoch = last_epoch
+        self._is_initial = False
+        self._initial_step()
+
+    def _initial_step(self):
+        """The step the constructor takes (``_is_initial`` lets get_lr keep the lrs when resuming)."""
         self._step_count = 0
-        self.step()
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
 
     def get_lr(self):
         raise NotImplementedError
@@ -51,10 +62,20 @@ class LRScheduler:
     def get_last_lr(self):
         return self._last_lr
 
-    def step(self):
+    def step(self, epoch=None):
+        """Advance one step; ``step(epoch)`` (deprecated in PyTorch) jumps to ``epoch`` through the closed form
+        where the scheduler has one."""
         self._step_count += 1
-        self.last_epoch += 1
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+        self._update_lr(epoch)
+
+    def _update_lr(self, epoch=None):
+        if epoch is None:
+            self.last_epoch += 1
+            values = self.get_lr()
+        else:
+            self.last_epoch = epoch
+            values = self._get_closed_form_lr() if hasattr(self, "_get_closed_form_lr") else self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, values):
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
@@ -80,6 +101,9 @@ class StepLR(LRScheduler):
             return self._group_lrs()
         return [lr * self.gamma for lr in self._group_lrs()]
 
+    def _get_closed_form_lr(self):
+        return [base * self.gamma ** (self.last_epoch // self.step_size) for base in self.base_lrs]
+
 
 class MultiStepLR(LRScheduler):
     """lr *= gamma at each milestone (a repeated milestone multiplies again)."""
@@ -94,6 +118,10 @@ class MultiStepLR(LRScheduler):
             return self._group_lrs()
         return [lr * self.gamma ** self.milestones[self.last_epoch] for lr in self._group_lrs()]
 
+    def _get_closed_form_lr(self):
+        milestones = sorted(self.milestones.elements())
+        return [base * self.gamma ** bisect_right(milestones, self.last_epoch) for base in self.base_lrs]
+
 
 class ExponentialLR(LRScheduler):
     """lr *= gamma every step."""
@@ -103,9 +131,12 @@ class ExponentialLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
-        if self.last_epoch == 0:
+        if self._is_initial:            # resuming: the constructor's step keeps the lrs
             return self._group_lrs()
         return [lr * self.gamma for lr in self._group_lrs()]
+
+    def _get_closed_form_lr(self):
+        return [base * self.gamma ** self.last_epoch for base in self.base_lrs]
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -118,7 +149,7 @@ class CosineAnnealingLR(LRScheduler):
     def get_lr(self):
         t, T, lo = self.last_epoch, self.T_max, self.eta_min
         lrs = self._group_lrs()
-        if t == 0:
+        if self._is_initial:
             return lrs
         if self._step_count == 1 and t > 0:
             return [lo + (base - lo) * (1 + math.cos(t * math.pi / T)) / 2 for base in self.base_lrs]
@@ -126,6 +157,11 @@ class CosineAnnealingLR(LRScheduler):
             return [lr + (base - lo) * (1 - math.cos(math.pi / T)) / 2 for base, lr in zip(self.base_lrs, lrs)]
         return [(1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T)) * (lr - lo) + lo
                 for lr in lrs]
+
+    def _get_closed_form_lr(self):
+        lo = self.eta_min
+        return [lo + (base - lo) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base in self.base_lrs]
 
 
 class LinearLR(LRScheduler):
@@ -144,10 +180,168 @@ class LinearLR(LRScheduler):
         lrs = self._group_lrs()
         if self.last_epoch == 0:
             return [lr * self.start_factor for lr in lrs]
-        if self.last_epoch > self.total_iters:
+        if self._is_initial or self.last_epoch > self.total_iters:
             return lrs
         a, b, n = self.start_factor, self.end_factor, self.total_iters
         return [lr * (1.0 + (b - a) / (n * a + (self.last_epoch - 1) * (b - a))) for lr in lrs]
+
+    def _get_closed_form_lr(self):
+        a, b, n = self.start_factor, self.end_factor, self.total_iters
+        return [base * (a + (b - a) * min(n, self.last_epoch) / n) for base in self.base_lrs]
+
+
+class _LambdaBase(LRScheduler):
+    """One callable per group (or one for all); state_dict keeps callable objects' __dict__, never functions."""
+
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        _check_optimizer(self, optimizer)
+        self.optimizer = optimizer
+        if isinstance(lr_lambda, (list, tuple)):
+            if len(lr_lambda) != len(optimizer.param_groups):
+                raise ValueError(f"Expected {len(optimizer.param_groups)} lr_lambdas, but got {len(lr_lambda)}")
+            self.lr_lambdas = list(lr_lambda)
+        else:
+            self.lr_lambdas = [lr_lambda] * len(optimizer.param_groups)
+        for fn in self.lr_lambdas:
+            if not callable(fn):
+                raise TypeError(f"lr_lambda should be a function, but got {type(fn).__name__}")
+        super().__init__(optimizer, last_epoch)
+
+    def state_dict(self):
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
+        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else fn.__dict__.copy()
+                               for fn in self.lr_lambdas]
+        return state
+
+    def load_state_dict(self, state_dict):
+        state = dict(state_dict)
+        lr_lambdas = state.pop("lr_lambdas")
+        self.__dict__.update(state)
+        for fn, saved in zip(self.lr_lambdas, lr_lambdas):
+            if saved is not None:
+                fn.__dict__.update(saved)
+
+
+class LambdaLR(_LambdaBase):
+    """lr = initial_lr * lr_lambda(epoch)."""
+
+    def get_lr(self):
+        return [base * fn(self.last_epoch) for fn, base in zip(self.lr_lambdas, self.base_lrs)]
+
+
+class MultiplicativeLR(_LambdaBase):
+    """lr *= lr_lambda(epoch) on every step after the first."""
+
+    def get_lr(self):
+        if self._is_initial:
+            return self._group_lrs()
+        return [lr * fn(self.last_epoch) for fn, lr in zip(self.lr_lambdas, self._group_lrs())]
+
+
+class ConstantLR(LRScheduler):
+    """lr * factor until ``total_iters`` steps have passed, then lr."""
+
+    def __init__(self, optimizer, factor=1.0 / 3, total_iters=5, last_epoch=-1):
+        if factor > 1.0 or factor < 0:
+            raise ValueError(f"Constant multiplicative factor expected to be between 0 and 1, got {factor}")
+        self.factor, self.total_iters = factor, total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        lrs = self._group_lrs()
+        if self.last_epoch == 0:
+            return [lr * self.factor for lr in lrs]
+        if self.last_epoch != self.total_iters:
+            return lrs
+        return [lr * (1.0 / self.factor) for lr in lrs]
+
+    def _get_closed_form_lr(self):
+        f = self.factor
+        return [base * (f + (self.last_epoch >= self.total_iters) * (1 - f)) for base in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """lr = base * (1 - t / total_iters) ** power, in PyTorch's recursive form; constant after total_iters."""
+
+    def __init__(self, optimizer, total_iters=5, power=1.0, last_epoch=-1):
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        lrs = self._group_lrs()
+        if self._is_initial or self.last_epoch > self.total_iters:
+            return lrs
+        t, n = self.last_epoch, self.total_iters
+        decay = ((1.0 - t / n) / (1.0 - (t - 1) / n)) ** self.power
+        return [lr * decay for lr in lrs]
+
+    def _get_closed_form_lr(self):
+        return [base * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters) ** self.power
+                for base in self.base_lrs]
+
+
+class SequentialLR(LRScheduler):
+    """Runs ``schedulers[i]`` between ``milestones[i-1]`` and ``milestones[i]``; at a milestone the next scheduler
+    restarts from its epoch 0 (closed form).  The schedulers' own construction steps are undone, as PyTorch does."""
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch=-1):
+        if len(schedulers) < 1:
+            raise ValueError(f"{type(self).__name__} expects at least one scheduler, but got no scheduler.")
+        for i, sched in enumerate(schedulers):
+            if not hasattr(sched, "optimizer"):
+                raise TypeError(f"{type(self).__name__} at index {i} should have `optimizer` as its attribute.")
+            if isinstance(sched, ReduceLROnPlateau):
+                raise ValueError(f"{type(self).__name__} does not support `ReduceLROnPlateau` scheduler as it "
+                                 "requires additional kwargs to be specified when calling `step`, but got one at "
+                                 f"index {i} in the given schedulers sequence.")
+            if optimizer is not sched.optimizer:
+                raise ValueError(f"{type(self).__name__} expects all schedulers to belong to the same optimizer, "
+                                 f"but got scheduler {type(sched).__name__} at index {i} with another optimizer")
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError("Sequential Schedulers expects number of schedulers provided to be one more than the "
+                             f"number of milestone points, but got number of schedulers {len(schedulers)} and the "
+                             f"number of milestones to be equal to {len(milestones)}")
+        self._schedulers = list(schedulers)
+        self._milestones = list(milestones)
+        self.last_epoch = last_epoch + 1
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"]
+        self.recursive_undo()
+        idx = bisect_right(self._milestones, 0)
+        self._schedulers[idx]._initial_step()
+        self._last_lr = self._schedulers[idx].get_last_lr()
+
+    def recursive_undo(self, sched=None):
+        """Take back the construction step of every (nested) scheduler."""
+        sched = self if sched is None else sched
+        if hasattr(sched, "_schedulers"):
+            for s in sched._schedulers:
+                self.recursive_undo(s)
+        elif hasattr(sched, "last_epoch"):
+            sched.last_epoch -= 1
+
+    def step(self):
+        self.last_epoch += 1
+        idx = bisect_right(self._milestones, self.last_epoch)
+        sched = self._schedulers[idx]
+        if idx > 0 and self._milestones[idx - 1] == self.last_epoch:
+            sched._update_lr(0)
+        else:
+            sched.step()
+        self._last_lr = sched.get_last_lr()
+
+    def state_dict(self):
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict):
+        state = dict(state_dict)
+        saved = state.pop("_schedulers")
+        self.__dict__.update(state)
+        for sched, s in zip(self._schedulers, saved):
+            sched.load_state_dict(s)
 
 
 class OneCycleLR(LRScheduler):
@@ -237,62 +431,83 @@ class OneCycleLR(LRScheduler):
         return lrs
 
 
-class ReduceLROnPlateau:
+class ReduceLROnPlateau(LRScheduler):
     """lr = max(lr * factor, min_lr) after ``patience`` steps without improvement of the metric passed to
     ``step(metric)`` (then ``cooldown`` steps of rest)."""
 
     def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",
                  cooldown=0, min_lr=0, eps=1e-8):
-        _check_optimizer(self, optimizer)
         if factor >= 1.0:
             raise ValueError("Factor should be < 1.0.")
+        _check_optimizer(self, optimizer)
+        self.factor = factor
+        self.optimizer = optimizer
+        if isinstance(min_lr, (list, tuple)):
+            if len(min_lr) != len(optimizer.param_groups):
+                raise ValueError(f"expected {len(optimizer.param_groups)} min_lrs, got {len(min_lr)}")
+            self.default_min_lr, self.min_lrs = None, list(min_lr)
+        else:
+            self.default_min_lr, self.min_lrs = min_lr, [min_lr] * len(optimizer.param_groups)
+        self.patience, self.cooldown, self.eps = patience, cooldown, eps
+        self.last_epoch = 0
+        self._last_lr = self._group_lrs()
+        self._init_is_better(mode, threshold, threshold_mode)
+        self._reset()
+
+    def _reset(self):
+        self.best = self.mode_worse
+        self.cooldown_counter = 0
+        self.num_bad_epochs = 0
+
+    def _init_is_better(self, mode, threshold, threshold_mode):
         if mode not in ("min", "max"):
             raise ValueError(f"mode {mode} is unknown!")
         if threshold_mode not in ("rel", "abs"):
             raise ValueError(f"threshold mode {threshold_mode} is unknown!")
-        self.optimizer = optimizer
-        self.factor = factor
-        self.min_lrs = [float(v) for v in _per_group("min_lr", optimizer, min_lr)]
-        self.patience, self.cooldown, self.mode, self.threshold = patience, cooldown, mode, threshold
-        self.threshold_mode, self.eps = threshold_mode, eps
         self.mode_worse = math.inf if mode == "min" else -math.inf
-        self.best = self.mode_worse
-        self.cooldown_counter = 0
-        self.num_bad_epochs = 0
-        self.last_epoch = 0
-        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+        self.mode, self.threshold, self.threshold_mode = mode, threshold, threshold_mode
+
+    @property
+    def in_cooldown(self):
+        return self.cooldown_counter > 0
 
     def is_better(self, a, best):
         if self.mode == "min":
             return a < best * (1.0 - self.threshold) if self.threshold_mode == "rel" else a < best - self.threshold
         return a > best * (self.threshold + 1.0) if self.threshold_mode == "rel" else a > best + self.threshold
 
-    def step(self, metrics):
-        current = float(metrics)
-        self.last_epoch += 1
+    _is_better = is_better
+
+    def step(self, metrics, epoch=None):
+        current = float(metrics)            # a 0-d Tensor works too
+        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
         if self.is_better(current, self.best):
             self.best = current
             self.num_bad_epochs = 0
         else:
             self.num_bad_epochs += 1
-        if self.cooldown_counter > 0:
+        if self.in_cooldown:
             self.cooldown_counter -= 1
             self.num_bad_epochs = 0
         if self.num_bad_epochs > self.patience:
-            for group, min_lr in zip(self.optimizer.param_groups, self.min_lrs):
-                old = float(group["lr"])
-                new = max(old * self.factor, min_lr)
-                if old - new > self.eps:
-                    group["lr"] = new
+            self._reduce_lr()
             self.cooldown_counter = self.cooldown
             self.num_bad_epochs = 0
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        self._last_lr = self._group_lrs()
 
-    def get_last_lr(self):
-        return self._last_lr
-
-    def state_dict(self):
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+    def _reduce_lr(self):
+        if len(self.optimizer.param_groups) != len(self.min_lrs):
+            if self.default_min_lr is None:
+                raise RuntimeError(f"The number of param groups in the `optimizer` ({len(self.optimizer.param_groups)})"
+                                   f" differs from when `ReduceLROnPlateau` was initialized ({len(self.min_lrs)}); "
+                                   "set `min_lrs` to match")
+            self.min_lrs = [self.default_min_lr] * len(self.optimizer.param_groups)
+        for group, min_lr in zip(self.optimizer.param_groups, self.min_lrs):
+            old = float(group["lr"])
+            new = max(old * self.factor, min_lr)
+            if old - new > self.eps:
+                group["lr"] = new
 
     def load_state_dict(self, state_dict):
         self.__dict__.update(state_dict)
+        self._init_is_better(self.mode, self.threshold, self.threshold_mode)
