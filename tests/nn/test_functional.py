@@ -330,7 +330,8 @@ def _t(*shape, dtype=np.float32):
      r"conv_transpose2d: input has 4 channels but weight \(3, 2, 3, 3\) expects 3"),
     (lambda: F.conv_transpose2d(_t(1, 4, 5, 5), _t(4, 2, 3, 3), stride=2, output_padding=2), ValueError,
      r"output_padding=\(2, 2\) must be smaller than stride=\(2, 2\)"),
-    (lambda: F.max_pool2d(_t(1, 1, 4, 4), 2, dilation=2), NotImplementedError, r"dilation=2 is not supported"),
+    (lambda: F.max_pool2d(_t(1, 1, 4, 4), 2, dilation=0), ValueError, r"dilation \(0, 0\) must be positive"),
+    (lambda: F.max_pool2d(_t(1, 1, 3, 3), 2, dilation=3), ValueError, r"Output size is too small"),
     (lambda: F.max_pool2d(_t(1, 1, 4, 4), 2, return_indices=True), NotImplementedError, r"return_indices"),
     (lambda: F.max_pool2d(_t(1, 1, 4, 4), 2, padding=2), ValueError, r"at most half of the kernel size"),
     (lambda: F.batch_norm(_t(2, 3, 4), _t(4), _t(4)), ValueError,
@@ -355,3 +356,20 @@ def _t(*shape, dtype=np.float32):
 def test_errors_name_values(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, dilation=2), dict(kernel_size=(2, 3), dilation=(2, 1), stride=2,
+                                                                       padding=1, ceil_mode=True),
+                                dict(kernel_size=2, ceil_mode=True)])
+def test_max_pool_dilation_and_ceil_against_pytorch(kw, device):
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(0).random((2, 2, 7, 6)).astype(np.float32) if "dilation" in kw else \
+        np.zeros((1, 1, 1, 1), np.float32)
+    ta = torch.tensor(a, requires_grad=True)
+    t = torch.nn.functional.max_pool2d(ta, **kw)
+    t.sum().backward()
+    ma = mdn.tensor(a, device=device, requires_grad=True)
+    y = F.max_pool2d(ma, **kw)
+    y.sum().backward()
+    np.testing.assert_array_equal(y.cpu().numpy(), t.detach().numpy())
+    np.testing.assert_array_equal(ma.grad.cpu().numpy(), ta.grad.numpy())
