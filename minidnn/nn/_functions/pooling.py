@@ -89,7 +89,7 @@ def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
     if any(k < 1 for k in kernel) or any(s < 1 for s in stride) or any(d < 1 for d in dilation):
         raise ArgumentError(f"{op}: kernel_size {kernel}, stride {stride} and dilation {dilation} must be positive")
     if any(2 * p > k for p, k in zip(padding, kernel)):
-        raise ArgumentError(f"{op}: pad should be at most half of effective kernel size: padding {padding}, kernel "
+        raise ArgumentError(f"{op}: pad should be at most half of the kernel size: padding {padding}, kernel "
                             f"{kernel}")
     span = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
     # PyTorch's output size; ceil mode may let the one window run past the padded end
