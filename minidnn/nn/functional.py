@@ -26,6 +26,8 @@ from ._functions.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, adapt
                                  adaptive_max_pool2d, avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d,
                                  max_pool3d)
 from ..backend.errors import ArgumentError
+from .functional_extra import (interpolate, normalize, pad, scaled_dot_product_attention,  # noqa: F401,E402
+                               upsample)
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "linear",
@@ -37,6 +39,7 @@ __all__ = [
     "softmax", "log_softmax",
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "one_hot", "pad",
+    "interpolate", "upsample", "normalize", "scaled_dot_product_attention",
 ]
 
 
