@@ -58,6 +58,13 @@ def pad(input, pad, mode="constant", value=None):
         raise ArgumentError(f"pad: padding length {len(pad)} is too large for an input of {input.ndim} dims "
                             f"(shape {tuple(input.shape)})")
     if mode == "constant":
+        if min(pad, default=0) < 0:            # negative amounts crop (PyTorch's constant_pad_nd)
+            crop = [slice(None)] * input.ndim
+            for j in range(len(pad) // 2):
+                n = input.shape[input.ndim - 1 - j]
+                crop[input.ndim - 1 - j] = slice(max(-pad[2 * j], 0), n - max(-pad[2 * j + 1], 0))
+            input = input[tuple(crop)]
+            pad = tuple(max(p, 0) for p in pad)
         return _constant_pad(input, pad, mode="constant", value=value)
     if mode not in ("reflect", "replicate", "circular"):
         raise NotImplementedError(f"pad: unknown padding mode {mode!r} (constant, reflect, replicate, circular)")
