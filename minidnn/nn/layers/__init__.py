@@ -8,7 +8,8 @@ from .normalization import *   # noqa: F401,F403
 from .pooling import *         # noqa: F401,F403
 from .padding import *         # noqa: F401,F403
 from .upsampling import *      # noqa: F401,F403
-from . import activation, conv, dropout, loss, normalization, padding, pooling, upsampling
+from .attention import *       # noqa: F401,F403
+from . import activation, attention, conv, dropout, loss, normalization, padding, pooling, upsampling
 
 __all__ = (activation.__all__ + conv.__all__ + dropout.__all__ + loss.__all__ + normalization.__all__
-           + pooling.__all__ + padding.__all__ + upsampling.__all__)
+           + pooling.__all__ + padding.__all__ + upsampling.__all__ + attention.__all__)
