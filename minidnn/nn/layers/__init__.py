@@ -9,7 +9,9 @@ from .pooling import *         # noqa: F401,F403
 from .padding import *         # noqa: F401,F403
 from .upsampling import *      # noqa: F401,F403
 from .attention import *       # noqa: F401,F403
-from . import activation, attention, conv, dropout, loss, normalization, padding, pooling, upsampling
+from .rnn import *             # noqa: F401,F403
+from . import activation, attention, conv, dropout, loss, normalization, padding, pooling, rnn, upsampling
 
 __all__ = (activation.__all__ + conv.__all__ + dropout.__all__ + loss.__all__ + normalization.__all__
-           + pooling.__all__ + padding.__all__ + upsampling.__all__ + attention.__all__)
+           + pooling.__all__ + padding.__all__ + upsampling.__all__ + attention.__all__
+           + rnn.__all__)
