@@ -87,6 +87,8 @@ class Module:
         object.__setattr__(self, "_forward_pre_hooks", OrderedDict())
         object.__setattr__(self, "_forward_hooks", OrderedDict())
         object.__setattr__(self, "_hooks_with_kwargs", set())
+        object.__setattr__(self, "_backward_hooks", OrderedDict())
+        object.__setattr__(self, "_backward_pre_hooks", OrderedDict())
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
@@ -406,6 +408,17 @@ class Module:
         output)``) runs after ``forward``."""
         return self._add_hook(self._forward_hooks, hook, prepend, with_kwargs)
 
+    def register_full_backward_hook(self, hook, prepend: bool = False):
+        """``hook(module, grad_input, grad_output) -> None or new grad_input``, run when the gradients with respect
+        to the module's tensor arguments are computed (grad_input all None when none requires grad).  Tuples hold
+        one entry per tensor argument / output, None where there is no gradient."""
+        return self._add_hook(self.__dict__.setdefault("_backward_hooks", OrderedDict()), hook, prepend, False)
+
+    def register_full_backward_pre_hook(self, hook, prepend: bool = False):
+        """``hook(module, grad_output) -> None or new grad_output``, run when the gradients of the module's
+        outputs are computed, before grad_input."""
+        return self._add_hook(self.__dict__.setdefault("_backward_pre_hooks", OrderedDict()), hook, prepend, False)
+
     def _add_hook(self, hooks, hook, prepend, with_kwargs):
         handle = RemovableHandle(hooks)
         hooks[handle.id] = hook
@@ -416,6 +429,12 @@ class Module:
         return handle
 
     def __call__(self, *args, **kwargs):
+        if self.__dict__.get("_backward_hooks") or self.__dict__.get("_backward_pre_hooks"):
+            from ._backward_hooks import call_with_backward_hooks
+            return call_with_backward_hooks(self, args, kwargs, self._call_forward)
+        return self._call_forward(*args, **kwargs)
+
+    def _call_forward(self, *args, **kwargs):
         if not (self._forward_pre_hooks or self._forward_hooks):
             return self.forward(*args, **kwargs)
         kw_hooks = self._hooks_with_kwargs
