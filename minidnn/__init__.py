@@ -52,6 +52,7 @@ from . import nn, viz                       # noqa: E402,F401
 from . import data                           # noqa: E402,F401
 from . import utils                          # noqa: E402,F401  (minidnn.utils.data: PyTorch's import path)
 from . import optim                          # noqa: E402,F401
+from . import distributions                  # noqa: E402,F401
 from . import models                        # noqa: E402,F401
 from . import backends                      # noqa: E402,F401
 from . import amp                           # noqa: E402,F401
