@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from ._common import begin, blend, check_float, check_out, check_same, parse_enum
+from .layout import in_memory_order
 from .errors import BadParamError
 
 __all__ = ["ActivationMode", "ActivationDescriptor", "activation_forward", "activation_backward"]
@@ -151,7 +152,8 @@ def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1
     check_float(where, x=x)
     check_out(where, "y", y, x.shape, x.dtype, beta)
     f, _ = _MODES[activation_desc.mode]
-    return blend(f(xp, x, activation_desc.coef), alpha, beta, y, x.dtype)
+    coef = activation_desc.coef
+    return blend(in_memory_order(lambda a: f(xp, a, coef), x), alpha, beta, y, x.dtype)
 
 
 def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x, alpha=1.0, beta=0.0, dx=None):
@@ -163,4 +165,5 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
     check_same(where, "x", x, y=y, dy=dy)
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
     _, fprime = _MODES[activation_desc.mode]
-    return blend(fprime(xp, x, activation_desc.coef) * dy, alpha, beta, dx, x.dtype)
+    coef = activation_desc.coef
+    return blend(in_memory_order(lambda a, g: fprime(xp, a, coef) * g, x, dy), alpha, beta, dx, x.dtype)

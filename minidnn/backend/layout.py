@@ -20,7 +20,7 @@ import enum
 from .errors import BadParamError
 
 __all__ = ["TensorFormat", "memory_format", "resolve_format", "to_channels_first", "from_channels_first",
-           "channels_last_perm", "channels_first_perm"]
+           "channels_last_perm", "channels_first_perm", "in_memory_order"]
 
 
 class TensorFormat(enum.Enum):
@@ -83,3 +83,27 @@ def from_channels_first(x, fmt: TensorFormat):
     if fmt is TensorFormat.NHWC and x.ndim >= 3:
         return x.transpose(channels_last_perm(x.ndim))
     return x
+
+
+def in_memory_order(fn, *arrays):
+    """``fn(*arrays)`` for an elementwise ``fn``, computed on NHWC views when every array operand is a channels-last
+    GPU array of one shape, so the result stays channels-last (CuPy allocates C-ordered outputs, where NumPy follows
+    its inputs' memory order).  Anything else goes to ``fn`` unchanged."""
+    first = None
+    for a in arrays:
+        if getattr(a, "ndim", 0) >= 3:
+            first = a
+            break
+    if first is None or type(first).__module__.startswith("numpy") or first.flags.c_contiguous \
+            or memory_format(first) is not TensorFormat.NHWC:
+        return fn(*arrays)
+    perm = channels_last_perm(first.ndim)
+    views = []
+    for a in arrays:
+        if getattr(a, "ndim", 0):
+            if a.shape != first.shape or memory_format(a) is not TensorFormat.NHWC:
+                return fn(*arrays)
+            views.append(a.transpose(perm))
+        else:
+            views.append(a)
+    return fn(*views).transpose(channels_first_perm(first.ndim))

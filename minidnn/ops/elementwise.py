@@ -11,6 +11,7 @@ import numpy as np
 
 from .._amp_state import autocast_op
 from ..autograd import Node, _state
+from ..backend.layout import in_memory_order
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ._core import _F64, as_operand, broadcast_error, check_pair, fit, node, to_tensor, weak_scalar_result
 from ..backend.devices import is_floating as _is_floating
@@ -40,7 +41,7 @@ def _binary(op, name, cls, a, b, save):
     if isinstance(b, Tensor):
         check_pair(name, a, b)
         try:
-            out = op(a.data, b.data)
+            out = in_memory_order(op, a.data, b.data)
         except ValueError:
             raise broadcast_error(name, a, b) from None
         if _state.grad_enabled and (a.requires_grad or b.requires_grad):
@@ -255,7 +256,11 @@ def _unary(kind):
         if not isinstance(x, Tensor):
             raise DTypeError(f"{kind}: expected a Tensor, got {type(x).__name__}")
         xd = x.data
-        out = fwd(np if type(xd) is np.ndarray else x._xp(), xd)
+        if type(xd) is np.ndarray:
+            out = fwd(np, xd)
+        else:
+            xp = x._xp()
+            out = in_memory_order(lambda v: fwd(xp, v), xd)
         if _state.grad_enabled and x.requires_grad:
             n = node(UnaryBackward, x)
             n.kind = kind

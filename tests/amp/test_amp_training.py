@@ -12,8 +12,8 @@ EPOCHS = 12
 BATCH = 64
 
 
-def _accuracy(mode, device):
-    mdn.manual_seed(0)
+def _accuracy(mode, device, seed=0):
+    mdn.manual_seed(seed)
     xtr, ytr = load_digits("train", as_tensors=True)
     xte, yte = load_digits("test", as_tensors=True)
     xtr, ytr, xte, yte = (t.to(device) for t in (xtr, ytr, xte, yte))
@@ -22,7 +22,7 @@ def _accuracy(mode, device):
     sched = mdn.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=EPOCHS)   # converged runs: the comparison is fair
     dtype = {"fp32": None, "bf16": mdn.bfloat16, "fp16": mdn.float16}[mode]
     scaler = mdn.amp.GradScaler(device, enabled=mode == "fp16")
-    order = np.random.default_rng(0)
+    order = np.random.default_rng(seed)
     n = xtr.shape[0]
     for _ in range(EPOCHS):
         perm = order.permutation(n)
@@ -47,9 +47,9 @@ def _accuracy(mode, device):
 def test_low_precision_training_reaches_fp32_accuracy(device):
     if device != "cuda":
         pytest.skip("float16 autocast is a GPU feature; the bfloat16 CPU path is covered by test_autocast")
-    fp32 = _accuracy("fp32", device)
-    bf16 = _accuracy("bf16", device)
-    fp16 = _accuracy("fp16", device)
-    print(f"digits test accuracy: fp32 {fp32:.2f}%  bf16 {bf16:.2f}%  fp16+scaler {fp16:.2f}%")
+    # Mean over seeds: one run's accuracy on 360 test images moves by a couple of images with any change of numerics.
+    seeds = (0, 1, 2)
+    fp32, bf16, fp16 = (float(np.mean([_accuracy(mode, device, s) for s in seeds])) for mode in ("fp32", "bf16", "fp16"))
+    print(f"digits test accuracy, mean of {len(seeds)} seeds: fp32 {fp32:.2f}%  bf16 {bf16:.2f}%  fp16+scaler {fp16:.2f}%")
     assert fp32 > 90.0
     assert bf16 >= fp32 - 0.5 and fp16 >= fp32 - 0.5, (fp32, bf16, fp16)

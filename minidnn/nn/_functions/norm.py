@@ -99,6 +99,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         check_vector(op, name, t, c, input, same_dtype=False)
     if (running_mean is None) != (running_var is None):
         raise ArgumentError(f"{op}: give both running_mean and running_var, or neither")
+    if input.ndim >= 3 and not input.data.flags.c_contiguous and B.memory_format(input.data) is B.TensorFormat.NHWC:
+        # channels-last memory: normalise the (N*H*W, C) view of it, so the output keeps that memory order
+        perm = B.channels_last_perm(input.ndim)
+        rows = input.permute(perm).reshape(-1, c)
+        y = batch_norm(rows, running_mean, running_var, weight, bias, training, momentum, eps)
+        return y.reshape(tuple(input.shape[i] for i in perm)).permute(B.channels_first_perm(input.ndim))
     if training:
         if input.numel() // c <= 1:
             raise ArgumentError(f"{op}: expected more than 1 value per channel when training, got input of shape "
