@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 HERE = pathlib.Path(__file__).parent
-SCRIPTS = ["char_lstm_lm.py"]
+SCRIPTS = ["char_lstm_lm.py", "transformer_classifier.py"]
 
 
 def switch_imports(source):
