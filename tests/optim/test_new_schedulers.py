@@ -2,6 +2,7 @@
 OneCycleLR, ReduceLROnPlateau, step(epoch) closed forms, resuming with last_epoch): lr (and momentum) trajectories
 compared step by step with torch.optim.lr_scheduler."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -70,6 +71,9 @@ MAKERS = {
     "sequential3": lambda m, o: m.SequentialLR(o, [m.ConstantLR(o, 0.25, total_iters=3),
                                                     m.ExponentialLR(o, 0.8), m.StepLR(o, 2, 0.5)],
                                                 milestones=[4, 11]),
+    "chained": lambda m, o: m.ChainedScheduler([m.ConstantLR(o, 0.5, total_iters=4), m.ExponentialLR(o, 0.9)]),
+    "warm_restarts": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=3, T_mult=2, eta_min=0.01),
+    "warm_restarts_1": lambda m, o: m.CosineAnnealingWarmRestarts(o, T_0=4),
     "onecycle": lambda m, o: m.OneCycleLR(o, max_lr=[0.5, 1.0], total_steps=26),
     "onecycle_linear3": lambda m, o: m.OneCycleLR(o, max_lr=0.3, epochs=2, steps_per_epoch=13, pct_start=0.25,
                                                    anneal_strategy="linear", three_phase=True, div_factor=10),
@@ -94,13 +98,15 @@ def test_reduce_on_plateau_matches_pytorch(kw):
     assert s.best == ts.best and s.num_bad_epochs == ts.num_bad_epochs and s.last_epoch == ts.last_epoch
 
 
-@pytest.mark.parametrize("name", ["step", "multistep", "exponential", "cosine", "linear", "constant", "polynomial"])
+@pytest.mark.parametrize("name", ["step", "multistep", "exponential", "cosine", "linear", "constant", "polynomial",
+                                  "warm_restarts", "warm_restarts_1"])
 def test_step_with_epoch_uses_closed_form(name):
     opt, topt = _opts()
     s, ts = MAKERS[name](mls, opt), MAKERS[name](tls, topt)
     for epoch in [3, 7, 2, 12, 0]:
         s.step(epoch)
-        with pytest.warns(UserWarning):
+        with warnings.catch_warnings():            # PyTorch warns that step(epoch) is deprecated
+            warnings.simplefilter("ignore")
             ts.step(epoch)
         np.testing.assert_allclose(s.get_last_lr(), ts.get_last_lr(), rtol=1e-12)
 
