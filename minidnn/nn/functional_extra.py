@@ -99,7 +99,16 @@ def pad(input, pad, mode="constant", value=None):
 # ------------------------------------------------------------------------------------------------------------
 # interpolate
 # ------------------------------------------------------------------------------------------------------------
-_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3}
+_LINEAR_MODES = {"linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+_CUBIC_A = -0.75          # PyTorch's (and OpenCV's) cubic convolution coefficient
+
+
+def _cubic_weights(t):
+    """The 4 tap weights of Keys' cubic convolution at fractional offsets t (PyTorch's formulas)."""
+    A = _CUBIC_A
+    near = lambda x: ((A + 2) * x - (A + 3)) * x * x + 1               # |x| <= 1
+    far = lambda x: ((A * x - 5 * A) * x + 8 * A) * x - 4 * A          # 1 < |x| < 2
+    return [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
 
 
 def _output_sizes(name, x, size, scale_factor, k):
@@ -132,7 +141,7 @@ def _source_scale(n_in, n_out, scale, align_corners):
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
     """PyTorch's ``F.interpolate`` for x (N, C, *spatial): modes 'nearest', 'nearest-exact', 'linear' (3-D),
-    'bilinear' (4-D), 'trilinear' (5-D) and 'area'.  Linear modes are separable: one gather of the two
+    'bilinear' and 'bicubic' (4-D), 'trilinear' (5-D) and 'area'.  Linear modes are separable: one gather of the two
     neighbours and a weighted sum per spatial dim."""
     name = "interpolate"
     if antialias:
@@ -152,7 +161,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         align_corners = bool(align_corners)
     else:
         raise NotImplementedError(f"{name}: mode {mode!r} is not supported (nearest, nearest-exact, linear, "
-                                  "bilinear, trilinear, area)")
+                                  "bilinear, bicubic, trilinear, area)")
     out_sizes, scales = _output_sizes(name, input, size, scale_factor, k)
     if recompute_scale_factor:
         scales = None
@@ -182,6 +191,14 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
             x = _take(x, dim, index)
             continue
         s = _source_scale(n_in, n_out, scale, align_corners)
+        if mode == "bicubic":            # 4 taps at floor(src) - 1 .. + 2, clamped to the edge; src not clamped
+            src = dst * s if align_corners else s * (dst + 0.5) - 0.5
+            base = np.floor(src).astype(np.int64)
+            shape = (n_out,) + (1,) * (x.ndim - dim - 1)
+            taps = [_take(x, dim, np.clip(base - 1 + j, 0, n_in - 1)) * _const(w.reshape(shape), x)
+                    for j, w in enumerate(_cubic_weights(src - base))]
+            x = taps[0] + taps[1] + taps[2] + taps[3]
+            continue
         src = dst * s if align_corners else np.maximum(s * (dst + 0.5) - 0.5, 0.0)
         i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
         i1 = np.minimum(i0 + 1, n_in - 1)
