@@ -24,6 +24,9 @@ def _new_state(p, names, fill=0.0):
 
 def _check_common(group, **ranges):
     """ValueError naming the offending hyperparameter, PyTorch's wording."""
+    if group.get("differentiable"):
+        raise NotImplementedError("differentiable=True (an update recorded by autograd) is not supported; "
+                                  "the update runs on raw arrays")
     if not 0.0 <= group["lr"]:
         raise ValueError(f"Invalid learning rate: {group['lr']}")
     if not 0.0 <= group["eps"]:

@@ -138,3 +138,11 @@ def test_fused_adam_state_views_survive_defaultdict():
     opt.step()
     assert set(opt.state[w]) == {"step", "exp_avg", "exp_avg_sq"}
     assert float(opt.state_dict()["state"][0]["step"]) == 1.0
+
+
+@pytest.mark.parametrize("name", ["Adadelta", "Adagrad", "RMSprop"])
+def test_pytorch_only_flags_are_accepted_or_refused_clearly(name):
+    p = mdn.zeros(2, requires_grad=True)
+    getattr(optim, name)([p], foreach=False)             # accepted: one implementation either way
+    with pytest.raises(NotImplementedError, match="differentiable"):
+        getattr(optim, name)([p], differentiable=True)
