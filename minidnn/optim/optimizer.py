@@ -8,6 +8,7 @@ subclass's ``_fused_update`` / ``_single_update``.
 """
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 
 import numpy as np
@@ -355,6 +356,9 @@ class Optimizer:
             self.state[p] = dst
         else:
             dst = self.state.setdefault(p, {})
+            if type(self)._single_update is Optimizer._single_update:
+                self._load_custom_state(p, dst, values)
+                return
         for name, value in values.items():
             if value is None:
                 dst[name] = None
@@ -375,6 +379,20 @@ class Optimizer:
             fs.set_step(j, self._flat_step_of(dst))
             if fs.master and "master_param" in values:       # the model's copy follows the loaded master copy
                 fs.param_views[j][...] = fs.master_views[j].astype(fs.lowp_dtype)
+
+    @staticmethod
+    def _load_custom_state(p, dst, values):
+        """A custom optimizer (its own ``step``) gets its state back as it wrote it, PyTorch's policy: Tensors
+        stay Tensors on the parameter's device (floating ones in its dtype, except "step"), arrays stay arrays,
+        anything else is deep-copied."""
+        for name, value in values.items():
+            if isinstance(value, Tensor):
+                dtype = p.dtype if name != "step" and _is_floating(value.dtype) else value.dtype
+                dst[name] = Tensor._from_array(_dev.to_device(value.data, p.device, dtype=dtype, copy=True))
+            elif hasattr(value, "shape") and hasattr(value, "dtype"):
+                dst[name] = _dev.to_device(value, p.device, copy=True)
+            else:
+                dst[name] = copy.deepcopy(value)
 
     def _flat_step_of(self, state):
         """The step count a loaded flat-set state means (Adam: its "step"; SGD: 1 if it has a buffer)."""

@@ -107,8 +107,10 @@ def test_state_is_a_defaultdict_for_custom_optimizers():
                         state = self.state[p]
                         if "buf" not in state:
                             state["buf"] = p.grad.detach().clone()
+                            state["count"] = 0
                         else:
                             state["buf"] = state["buf"] * group["beta"] + p.grad.detach()
+                        state["count"] += 1
                         with lib.no_grad():
                             p -= group["lr"] * state["buf"]
         return Custom
@@ -119,7 +121,12 @@ def test_state_is_a_defaultdict_for_custom_optimizers():
     for lib, base in ((mdn, optim.Optimizer), (torch, torch.optim.Optimizer)):
         w = lib.tensor(w0.copy(), requires_grad=True)
         opt = make(lib, base)([w])
-        for _ in range(3):
+        for step in range(5):
+            if step == 3:             # resume from a checkpoint into a fresh optimizer: state comes back as written
+                sd = opt.state_dict()
+                opt = make(lib, base)([w])
+                opt.load_state_dict(sd)
+                assert isinstance(opt.state[w]["buf"], lib.Tensor) and opt.state[w]["count"] == 3
             opt.zero_grad()
             ((lib.tensor(x) @ w) ** 2).sum().backward()
             opt.step()
