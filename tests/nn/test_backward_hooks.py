@@ -116,3 +116,15 @@ def test_no_grad_forward_runs_no_hooks():
     with mdn.no_grad():
         y = m(mdn.randn(2, 3))
     assert not y.requires_grad and calls == []
+
+
+def test_hooked_module_gradients_pass_gradcheck():
+    """The identity Functions around a hooked module leave its gradient unchanged (float64 gradcheck)."""
+    from minidnn.autograd import gradcheck
+    m = nn.Linear(3, 2, dtype=mdn.float64)
+    seen = []
+    m.register_full_backward_hook(lambda mod, gi, go: seen.append(1))
+    m.register_full_backward_pre_hook(lambda mod, go: None)
+    x = mdn.tensor(np.random.default_rng(0).standard_normal((4, 3)), requires_grad=True)
+    assert gradcheck(lambda a: m(a).tanh(), (x,))
+    assert seen
