@@ -283,7 +283,7 @@ def test_engine_states_encode_both_kinds_without_a_gpu():
 
 
 def test_cuda_counter_engine_logic_with_a_stand_in_for_cupy(monkeypatch):
-    """The (seed, offset) engine's bookkeeping, with NumPy standing in for CuPy's Philox bit generator: each
+    """The (seed, offset) engine's bookkeeping, with NumPy standing in for CuPy's Philox RandomState: each
     draw uses the next offset, the same (seed, offset) gives the same draw, restoring the state replays the
     stream, and empty draws do not move it.  (The real CuPy path runs in the cuda-marked tests.)"""
     import contextlib
@@ -293,10 +293,22 @@ def test_cuda_counter_engine_logic_with_a_stand_in_for_cupy(monkeypatch):
 
     made = []
 
-    def philox(seed_sequence, size):
-        made.append((tuple(seed_sequence.entropy), size))
-        return np.random.PCG64(seed_sequence)
-    fake = types.SimpleNamespace(random=types.SimpleNamespace(Philox4x3210=philox, Generator=np.random.Generator),
+    class StandInRandomState:          # CuPy's RandomState API over NumPy's generator
+        def __init__(self, seed, method):
+            made.append((seed, method))
+            self.g = np.random.Generator(np.random.PCG64(seed))
+
+        def random_sample(self, size, dtype):
+            return self.g.random(size).astype(dtype)
+
+        def standard_normal(self, size, dtype=np.float64):
+            return self.g.standard_normal(size).astype(dtype)
+
+        def randint(self, low, high, size, dtype):
+            return self.g.integers(low, high, size=size).astype(dtype)
+    fake = types.SimpleNamespace(random=types.SimpleNamespace(RandomState=StandInRandomState),
+                                 cuda=types.SimpleNamespace(curand=types.SimpleNamespace(
+                                     CURAND_RNG_PSEUDO_PHILOX4_32_10="philox")),
                                  empty=np.empty, zeros=np.zeros, argsort=np.argsort)
     monkeypatch.setattr(rng, "require_cupy", lambda: fake)
     monkeypatch.setattr(rng, "device_guard", lambda dev: contextlib.nullcontext())
@@ -304,8 +316,9 @@ def test_cuda_counter_engine_logic_with_a_stand_in_for_cupy(monkeypatch):
     a = eng.random((2, 3), dtype=np.float32)
     state = rng.engine_state(eng, 9)
     b = [eng.standard_normal(4), eng.integers(0, 10, size=5), eng.permutation(6)]
-    assert eng.offset == 4 and [m[0] for m in made] == [(9, k) for k in range(4)]
-    assert made[0][1] == 6 and made[3][1] == 6                      # one Philox state per element drawn
+    keys = [int(np.random.SeedSequence([9, k]).generate_state(1, np.uint64)[0] & ((1 << 63) - 1)) for k in range(4)]
+    assert eng.offset == 4 and [m[0] for m in made] == keys        # one key per draw, from (seed, offset)
+    assert all(m[1] == "philox" for m in made)
     assert eng.random((0, 3)).shape == (0, 3) and eng.permutation(0).shape == (0,) and eng.offset == 4
     rng.set_engine_state(eng, state)
     again = [eng.standard_normal(4), eng.integers(0, 10, size=5), eng.permutation(6)]

@@ -28,6 +28,7 @@ _MAGIC = 0x6D646E5F726E6731          # "mdn_rng1"
 _KIND_CPU, _KIND_CUDA = 0, 1
 _WORDS = 8
 STATE_BYTES = _WORDS * 8
+_MASK63 = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1
 _MAX_CUDA_STATES = 1 << 18           # cuRAND states per draw at most (kernels stride over larger outputs)
 
@@ -92,43 +93,50 @@ def set_engine_state(engine, state: np.ndarray, where="set_state") -> int:
 class CudaCounterEngine:
     """A GPU draw stream whose whole state is ``(seed, offset)``: every draw uses fresh Philox states."""
 
-    __slots__ = ("device", "seed", "offset")
+    __slots__ = ("device", "seed", "offset", "_last")
 
     def __init__(self, dev: Device, seed: int):
         self.device, self.seed, self.offset = dev, int(seed) & _MASK64, 0
+        self._last = None
 
-    def _next(self, n):
+    def _next(self):
+        """A cuRAND Philox generator (host API, CuPy's RandomState) keyed by (seed, offset), then offset += 1.
+        CuPy 14's experimental Generator/BitGenerator objects made per draw returned partly unwritten output on an
+        H100, so the legacy, well-trodden path is used.  The last one is kept alive until the next draw."""
         cp = require_cupy()
-        key = np.random.SeedSequence([self.seed, self.offset])
+        key = int(np.random.SeedSequence([self.seed, self.offset]).generate_state(1, np.uint64)[0] & _MASK63)
         self.offset += 1
-        states = int(min(max(int(n), 1), _MAX_CUDA_STATES))
-        # XORWOW: CuPy 14's Philox4x3210 bit generator returned garbage for float32 draws on an H100
-        return cp.random.Generator(cp.random.XORWOW(key, size=states))
+        self._last = cp.random.RandomState(key, method=cp.cuda.curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+        return self._last
 
     def random(self, size=None, dtype=np.float64):
         with device_guard(self.device):
             if _count(size) == 0:                # nothing to draw: no kernel, the stream does not move
                 return require_cupy().empty(size, dtype=dtype)
-            return self._next(_count(size)).random(size, dtype=dtype)
+            return self._next().random_sample(size, dtype=dtype)
 
     def standard_normal(self, size=None, dtype=np.float64):
         with device_guard(self.device):
             if _count(size) == 0:
                 return require_cupy().empty(size, dtype=dtype)
-            return self._next(_count(size)).standard_normal(size, dtype=dtype)
+            return self._next().standard_normal(size, dtype=dtype)
 
     def integers(self, low, high=None, size=None, dtype=np.int64, endpoint=False):
         with device_guard(self.device):
             if size is not None and _count(size) == 0:
                 return require_cupy().empty(size, dtype=dtype)
-            return self._next(_count(size)).integers(low, high, size=size, dtype=dtype, endpoint=endpoint)
+            if high is None:
+                low, high = 0, low
+            if endpoint:
+                high = high + 1
+            return self._next().randint(low, high, size=size, dtype=dtype)
 
     def permutation(self, n):
         """A uniform permutation of range(n): argsort of 62-bit random keys (ties have probability ~n^2/2^63)."""
         with device_guard(self.device):
             if int(n) == 0:
                 return require_cupy().zeros(0, dtype=np.int64)
-            keys = self._next(n).integers(0, 1 << 62, size=int(n), dtype=np.int64)
+            keys = self._next().randint(0, 1 << 62, size=int(n), dtype=np.int64)
             return require_cupy().argsort(keys).astype(np.int64)
 
     def __repr__(self):
