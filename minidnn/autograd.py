@@ -23,6 +23,7 @@ import traceback
 import numpy as np
 
 from . import _amp_state
+from .backend.layout import in_memory_order
 from .backend.devices import is_floating as _is_floating
 
 # The Tensor class: bound by minidnn/tensor.py once it is defined (that module imports this one, so
@@ -454,7 +455,13 @@ def _add_grads(a, b, create_graph):
         return b
     if create_graph:
         return a + b
-    return a._wrap_like(a.data + b.data)
+    if type(a.data) is np.ndarray:
+        return a._wrap_like(a.data + b.data)
+    return a._wrap_like(in_memory_order(_add_arrays, a.data, b.data))      # CuPy: keep a channels-last layout
+
+
+def _add_arrays(x, y):
+    return x + y
 
 
 def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targets=None, allow_unused=False):
