@@ -172,3 +172,99 @@ def test_float32_lstm_close_to_pytorch():
 def test_errors(call, exc):
     with pytest.raises(exc):
         call()
+
+
+# ---- variable-length sequences: nn.utils.rnn and PackedSequence inputs -----------------------------------------
+from minidnn.nn.utils import rnn as mrnn  # noqa: E402
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("enforce_sorted,lengths", [(True, [5, 3, 3, 1]), (False, [2, 5, 1, 4]),
+                                                    (False, [3, 3, 3, 3])])
+def test_pack_pad_round_trip_matches_pytorch(batch_first, enforce_sorted, lengths):
+    tu = torch.nn.utils.rnn
+    T, B = max(lengths), len(lengths)
+    x = np.random.default_rng(0).standard_normal((B, T, 3) if batch_first else (T, B, 3))
+    a, t = _t(x, "cpu")
+    p = mrnn.pack_padded_sequence(a, lengths, batch_first=batch_first, enforce_sorted=enforce_sorted)
+    tp = tu.pack_padded_sequence(t, torch.tensor(lengths), batch_first=batch_first, enforce_sorted=enforce_sorted)
+    _close(p.data, tp.data)
+    np.testing.assert_array_equal(p.batch_sizes.numpy(), tp.batch_sizes.numpy())
+    y, n = mrnn.pad_packed_sequence(p, batch_first=batch_first, padding_value=-1.0, total_length=T + 1)
+    ty, tn = tu.pad_packed_sequence(tp, batch_first=batch_first, padding_value=-1.0, total_length=T + 1)
+    _close(y, ty)
+    np.testing.assert_array_equal(n.numpy(), tn.numpy())
+    g = np.random.default_rng(1).standard_normal(tuple(ty.shape))
+    y.backward(mdn.tensor(g))
+    ty.backward(torch.tensor(g))
+    _close(a.grad, t.grad)
+
+
+def test_pad_sequence_pack_sequence_unpack():
+    tu = torch.nn.utils.rnn
+    seqs = [np.random.default_rng(i).standard_normal((n, 2)) for i, n in enumerate([3, 5, 1])]
+    for bf in (False, True):
+        for side in ("right", "left"):
+            _close(mrnn.pad_sequence([mdn.tensor(s) for s in seqs], batch_first=bf, padding_value=9.0,
+                                     padding_side=side),
+                   tu.pad_sequence([torch.tensor(s) for s in seqs], batch_first=bf, padding_value=9.0,
+                                   padding_side=side))
+    p = mrnn.pack_sequence([mdn.tensor(s) for s in seqs], enforce_sorted=False)
+    tp = tu.pack_sequence([torch.tensor(s) for s in seqs], enforce_sorted=False)
+    _close(p.data, tp.data)
+    for a, b in zip(mrnn.unpack_sequence(p), tu.unpack_sequence(tp)):
+        _close(a, b)
+    with pytest.raises(RuntimeError, match="sorted in decreasing order"):
+        mrnn.pack_sequence([mdn.tensor(s) for s in seqs])
+
+
+@pytest.mark.parametrize("kind,kw", [("LSTM", dict(num_layers=2, bidirectional=True)), ("GRU", dict(bidirectional=True)),
+                                     ("RNN", dict(num_layers=2)), ("LSTM", dict(proj_size=2, bidirectional=True))])
+@pytest.mark.parametrize("with_hx", [False, True])
+def test_packed_input_matches_pytorch(kind, kw, with_hx, device):
+    tu = torch.nn.utils.rnn
+    I, H, lengths = 3, 4, [2, 5, 1, 4]
+    T, N = max(lengths), len(lengths)
+    torch.manual_seed(1)
+    t = getattr(torch.nn, kind)(I, H, batch_first=True, **kw).double()
+    m = getattr(nn, kind)(I, H, batch_first=True, dtype=mdn.float64, **kw)
+    _load(m, t)
+    m.to(device)
+    rng = np.random.default_rng(2)
+    x, tx = _t(rng.standard_normal((N, T, I)), device)
+    D, L = (2 if kw.get("bidirectional") else 1), kw.get("num_layers", 1)
+    hx = thx = None
+    if with_hx:
+        h, th = _t(rng.standard_normal((D * L, N, kw.get("proj_size") or H)), device)
+        if kind == "LSTM":
+            c, tc = _t(rng.standard_normal((D * L, N, H)), device)
+            hx, thx = (h, c), (th, tc)
+        else:
+            hx, thx = h, th
+    p = mrnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    tp = tu.pack_padded_sequence(tx, torch.tensor(lengths), batch_first=True, enforce_sorted=False)
+    out, hn = m(p, hx)
+    tout, thn = t(tp, thx)
+    assert isinstance(out, mrnn.PackedSequence)
+    _close(out.data, tout.data)
+    y, _ = mrnn.pad_packed_sequence(out, batch_first=True)
+    ty, _ = tu.pad_packed_sequence(tout, batch_first=True)
+    _close(y, ty)
+    hn, thn = (hn if kind == "LSTM" else (hn,)), (thn if kind == "LSTM" else (thn,))
+    for a, b in zip(hn, thn):
+        _close(a, b)
+    g = rng.standard_normal(tuple(ty.shape))
+    ((y * mdn.tensor(g, device=device)).sum() + sum((a * a).sum() for a in hn)).backward()
+    ((ty * torch.tensor(g)).sum() + sum((b * b).sum() for b in thn)).backward()
+    _close(x.grad, tx.grad)
+    if with_hx:
+        for a, b in zip(hx if kind == "LSTM" else (hx,), thx if kind == "LSTM" else (thx,)):
+            _close(a.grad, b.grad)
+    tp_ = dict(t.named_parameters())
+    for n_, prm in m.named_parameters():
+        _close(prm.grad, tp_[n_].grad)
+
+
+def test_split_rows_gradcheck():
+    x = mdn.tensor(np.random.default_rng(3).standard_normal((6, 2)), requires_grad=True)
+    assert gradcheck(lambda a: mdn.cat([b * (i + 1) for i, b in enumerate(mrnn.split_rows(a, [3, 2, 1]))], 0), (x,))

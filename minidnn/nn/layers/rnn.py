@@ -5,7 +5,8 @@ Shapes (batch_first=False): input (T, N, H_in), or (N, T, H_in) with batch_first
 h_0 / h_n (D * num_layers, N, H_out) with D = 2 if bidirectional; output (T, N, D * H_out).
 H_out = proj_size if proj_size > 0 (LSTM) else hidden_size.
 Gates (rows of weight_ih / weight_hh): LSTM (i, f, g, o), GRU (r, z, n); each layer projects the whole input
-sequence with one matmul, then steps through time with h @ weight_hh.T.
+sequence with one matmul, then steps through time with h @ weight_hh.T.  A PackedSequence input (see
+nn.utils.rnn) gives a PackedSequence output, and h_n holds each sequence's state at its own last step.
 """
 from __future__ import annotations
 
@@ -166,11 +167,96 @@ class RNNBase(Module):
             s += ", bidirectional=True"
         return s
 
+    def _step(self, xw, h, c, w_hh_t, b_hh, w_hr_t):
+        if self.mode == "LSTM":
+            return _lstm_step(xw, h, c, w_hh_t, b_hh, w_hr_t)
+        if self.mode == "GRU":
+            return _gru_step(xw, h, w_hh_t, b_hh), None
+        return _rnn_step(xw, h, w_hh_t, b_hh, "tanh" if self.mode == "RNN_TANH" else "relu"), None
+
+    def _initial_states(self, name, hx, N, like):
+        lstm = self.mode == "LSTM"
+        D = 2 if self.bidirectional else 1
+        real_h = self.proj_size if self.proj_size > 0 else self.hidden_size
+        h_shape, c_shape = (self.num_layers * D, N, real_h), (self.num_layers * D, N, self.hidden_size)
+        if hx is None:
+            h0 = zeros(*h_shape, dtype=like.dtype, device=like.device)
+            c0 = zeros(*c_shape, dtype=like.dtype, device=like.device) if lstm else None
+        elif lstm:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise TypeError(f"{name}: hx must be a tuple (h_0, c_0)")
+            h0, c0 = hx
+            _check_size(name, "hidden", h0.shape, h_shape)
+            _check_size(name, "cell", c0.shape, c_shape)
+        else:
+            h0, c0 = hx, None
+            _check_size(name, "hidden", h0.shape, h_shape)
+        return h0, c0
+
+    def _forward_packed(self, packed, hx):
+        """The recurrence over a PackedSequence: step t updates the first batch_sizes[t] rows (sequences sorted
+        by decreasing length); a finished row keeps its last state, which becomes its h_n."""
+        from ..utils.rnn import _ints, split_rows
+        name = type(self).__name__
+        data, sizes = packed.data, [int(b) for b in _ints(packed.batch_sizes)]
+        if data.ndim != 2 or data.shape[-1] != self.input_size:
+            raise RuntimeError(f"{name}: input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                               f"got {data.shape[-1]} (packed data {tuple(data.shape)})")
+        lstm, D, N = self.mode == "LSTM", (2 if self.bidirectional else 1), sizes[0]
+        sorted_idx = None if packed.sorted_indices is None else _ints(packed.sorted_indices)
+        if hx is not None and sorted_idx is not None:         # the caller's batch order -> the packed order
+            hx = tuple(h[:, sorted_idx] for h in hx) if lstm else hx[:, sorted_idx]
+        h0, c0 = self._initial_states(name, hx, N, data)
+        x = data
+        h_n, c_n = [], []
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(D):
+                w_ih, w_hh, b_ih, b_hh, w_hr = self._layer_params(layer, d)
+                k = layer * D + d
+                xw = split_rows(linear(x, w_ih, b_ih), sizes)
+                w_hh_t, w_hr_t = w_hh.T, (w_hr.T if w_hr is not None else None)
+                ys = [None] * len(sizes)
+                if d == 0:
+                    h, c = h0[k], (c0[k] if lstm else None)
+                    for t, bs in enumerate(sizes):
+                        hn, cn = self._step(xw[t], h[:bs], c[:bs] if lstm else None, w_hh_t, b_hh, w_hr_t)
+                        ys[t] = hn
+                        h = cat([hn, h[bs:]], 0) if bs < N else hn
+                        if lstm:
+                            c = cat([cn, c[bs:]], 0) if bs < N else cn
+                else:
+                    h = c = None
+                    for t in range(len(sizes) - 1, -1, -1):
+                        bs = sizes[t]
+                        have = 0 if h is None else h.shape[0]
+                        if bs > have:                              # sequences whose last step is t start here
+                            h = h0[k][have:bs] if h is None else cat([h, h0[k][have:bs]], 0)
+                            if lstm:
+                                c = c0[k][have:bs] if c is None else cat([c, c0[k][have:bs]], 0)
+                        h, c = self._step(xw[t], h, c, w_hh_t, b_hh, w_hr_t)
+                        ys[t] = h
+                outs.append(cat(ys, 0))
+                h_n.append(h)
+                c_n.append(c)
+            x = outs[0] if D == 1 else cat(outs, -1)
+            if self.dropout > 0 and self.training and layer < self.num_layers - 1:
+                x = _dropout(x, self.dropout, training=True)
+        h_n = stack(h_n, 0)
+        c_n = stack(c_n, 0) if lstm else None
+        if packed.unsorted_indices is not None:
+            unsorted = _ints(packed.unsorted_indices)
+            h_n = h_n[:, unsorted]
+            c_n = c_n[:, unsorted] if lstm else None
+        return packed._replace(data=x), ((h_n, c_n) if lstm else h_n)
+
     def forward(self, input, hx=None):
         name = type(self).__name__
+        from ..utils.rnn import PackedSequence
+        if isinstance(input, PackedSequence):
+            return self._forward_packed(input, hx)
         if not isinstance(input, Tensor):
-            raise TypeError(f"{name}: input must be a Tensor (PackedSequence is not supported), got "
-                            f"{type(input).__name__}")
+            raise TypeError(f"{name}: input must be a Tensor or a PackedSequence, got {type(input).__name__}")
         if input.ndim not in (2, 3):
             raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.ndim}D tensor instead")
         batched = input.ndim == 3
@@ -187,19 +273,7 @@ class RNNBase(Module):
         T, N = input.shape[0], input.shape[1]
         D = 2 if self.bidirectional else 1
         real_h = self.proj_size if self.proj_size > 0 else self.hidden_size
-        h_shape, c_shape = (self.num_layers * D, N, real_h), (self.num_layers * D, N, self.hidden_size)
-        if hx is None:
-            h0 = zeros(*h_shape, dtype=input.dtype, device=input.device)
-            c0 = zeros(*c_shape, dtype=input.dtype, device=input.device) if lstm else None
-        elif lstm:
-            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
-                raise TypeError(f"{name}: hx must be a tuple (h_0, c_0)")
-            h0, c0 = hx
-            _check_size(name, "hidden", h0.shape, h_shape)
-            _check_size(name, "cell", c0.shape, c_shape)
-        else:
-            h0, c0 = hx, None
-            _check_size(name, "hidden", h0.shape, h_shape)
+        h0, c0 = self._initial_states(name, hx, N, input)
         x = input
         h_n, c_n = [], []
         for layer in range(self.num_layers):
@@ -213,12 +287,7 @@ class RNNBase(Module):
                 h, c = h0[k], (c0[k] if lstm else None)
                 ys = [None] * T
                 for t in (range(T - 1, -1, -1) if d else range(T)):
-                    if lstm:
-                        h, c = _lstm_step(xw[t], h, c, w_hh_t, b_hh, w_hr_t)
-                    elif self.mode == "GRU":
-                        h = _gru_step(xw[t], h, w_hh_t, b_hh)
-                    else:
-                        h = _rnn_step(xw[t], h, w_hh_t, b_hh, "tanh" if self.mode == "RNN_TANH" else "relu")
+                    h, c = self._step(xw[t], h, c, w_hh_t, b_hh, w_hr_t)
                     ys[t] = h
                 outs.append(stack(ys, 0) if T else zeros(0, N, real_h, dtype=input.dtype, device=input.device))
                 h_n.append(h)
