@@ -1,0 +1,146 @@
+"""Matrix products through cuBLAS called directly (ctypes), so that they can run inside CUDA-graph capture.
+
+Shape legend (row-major, as NumPy/CuPy index them):  a (M, K) or (B, M, K)   b (K, N) or (B, K, N)   c = a @ b
+
+Why not ``cupy.matmul``: CuPy 14 refuses cuBLAS calls while a stream is being captured.  Calling cublasGemmEx /
+cublasGemmStridedBatchedEx on CuPy's own handle works under capture once the handle is bound to the current
+stream and given a workspace (cublasSetStream, then cublasSetWorkspace, in that order).  No kernel of ours here:
+cuBLAS picks its own tiling; this file only maps row-major operands onto its column-major interface:
+
+    c^T (N, M) = b^T (N, K) @ a^T (K, M)      a row-major C-contiguous (M, K) block *is* a column-major (K, M)
+                                               one with leading dimension K; an F-ordered (transposed) view is
+                                               the same matrix with the transpose flag set.
+The math type is explicit: CUBLAS_COMPUTE_32F (strict fp32), _32F_FAST_TF32 (tensor cores, TF32) for float32,
+_64F for float64, and fp32 accumulation for float16/bfloat16 data.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import launch as _launch
+
+__all__ = ["supports", "gemm"]
+
+_OP_N, _OP_T = 0, 1
+_DATA = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2}
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70
+_GEMM_DEFAULT = -1
+_WORKSPACE_BYTES = 32 << 20
+
+_lib = None
+_workspace: dict = {}          # device id -> CuPy array that cuBLAS may use (allocated once, kept forever)
+
+
+def _load():
+    global _lib
+    if _lib is not None:
+        return _lib
+    names = ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    try:       # the exact file CuPy loaded, if the soname lookup fails
+        with open("/proc/self/maps") as f:
+            names += sorted({line.split()[-1] for line in f if "libcublas.so" in line and "Lt" not in line})
+    except OSError:
+        pass
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        raise RuntimeError("minidnn: could not load libcublas for graph-capturable matrix products")
+    vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    lib.cublasSetStream_v2.argtypes = [vp, vp]
+    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, sz]
+    lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+    ll = ctypes.c_longlong
+    lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll,
+                                               i, i, i]
+    _lib = lib
+    return lib
+
+
+def _data_type(dtype):
+    if dtype.name == "bfloat16":
+        return 14                  # CUDA_R_16BF
+    return _DATA.get(dtype)
+
+
+def supports(a, b) -> bool:
+    """Whether ``gemm`` takes these operands: 2-D @ 2-D or equal-batch 3-D @ 3-D, one floating dtype cuBLAS knows,
+    every operand in a BLAS layout (C- or F-ordered last two axes)."""
+    if a.dtype != b.dtype or _data_type(a.dtype) is None:
+        return False
+    if not ((a.ndim == b.ndim == 2) or (a.ndim == b.ndim == 3 and a.shape[0] == b.shape[0])):
+        return False
+    return _layout(a) is not None and _layout(b) is not None and a.shape[-1] == b.shape[-2]
+
+
+def _layout(m):
+    """(transpose flag, leading dimension) of a row-major matrix operand seen column-major, or None."""
+    r, c = m.shape[-2:]
+    s0, s1 = m.strides[-2] // m.itemsize, m.strides[-1] // m.itemsize
+    if m.strides[-2] % m.itemsize or m.strides[-1] % m.itemsize:
+        return None
+    if s1 == 1 and s0 >= max(c, 1):
+        return _OP_N, max(s0, 1)
+    if s0 == 1 and s1 >= max(r, 1):
+        return _OP_T, max(s1, 1)
+    return None
+
+
+def _bind(lib, cp):
+    """The handle of the current device, bound to the current stream and to our workspace."""
+    handle = cp.cuda.device.get_cublas_handle()
+    dev = cp.cuda.runtime.getDevice()
+    ws = _workspace.get(dev)
+    if ws is None:
+        ws = _workspace[dev] = cp.empty(_WORKSPACE_BYTES, dtype=np.uint8)
+    _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
+    _check(lib.cublasSetWorkspace_v2(handle, ws.data.ptr, _WORKSPACE_BYTES), "cublasSetWorkspace")
+    return handle
+
+
+def _check(status, what):
+    if status != 0:
+        raise RuntimeError(f"minidnn: {what} failed with cuBLAS status {status}")
+
+
+def gemm(a, b, tf32=False):
+    """a @ b for operands ``supports`` accepts, on the current stream (capturable)."""
+    cp = _launch.cupy()
+    lib = _load()
+    M, K = a.shape[-2:]
+    N = b.shape[-1]
+    batched = a.ndim == 3
+    out = cp.empty(((a.shape[0],) if batched else ()) + (M, N), dtype=a.dtype)
+    if out.size == 0:
+        return out
+    if K == 0:
+        out.fill(0)
+        return out
+    dtype = a.dtype
+    if dtype == np.float64:
+        compute, scalar = _COMPUTE_64F, ctypes.c_double
+    else:
+        compute = _COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32) else _COMPUTE_32F
+        scalar = ctypes.c_float
+    alpha, beta = scalar(1.0), scalar(0.0)
+    op_b, ld_b = _layout(b)       # first gemm operand: b^T
+    op_a, ld_a = _layout(a)       # second: a^T
+    dt = _data_type(dtype)
+    handle = _bind(lib, cp)
+    if not batched:
+        _check(lib.cublasGemmEx(handle, op_b, op_a, N, M, K, ctypes.byref(alpha), b.data.ptr, dt, ld_b,
+                                a.data.ptr, dt, ld_a, ctypes.byref(beta), out.data.ptr, dt, N, compute,
+                                _GEMM_DEFAULT), "cublasGemmEx")
+    else:
+        item = a.itemsize
+        _check(lib.cublasGemmStridedBatchedEx(
+            handle, op_b, op_a, N, M, K, ctypes.byref(alpha), b.data.ptr, dt, ld_b, b.strides[0] // item,
+            a.data.ptr, dt, ld_a, a.strides[0] // item, ctypes.byref(beta), out.data.ptr, dt, N, M * N,
+            a.shape[0], compute, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+    _launch.count_launches()
+    return out
