@@ -12,6 +12,8 @@ Why a helper instead of ``xp.matmul`` everywhere:
   group) is an elementwise broadcast; sending it to cuBLAS as thousands of 1xK GEMMs is far slower.
 * Groups.  ``grouped_matmul`` and ``grouped_gram`` are the block-diagonal products a grouped convolution
   is made of, written once here.
+* CUDA graphs.  On a GPU the 2-D and batched products go to cuBLAS through backend/cuda/cublas.py, which binds
+  the handle to the current stream itself, so a training step that multiplies matrices can be captured.
 Nothing here imports CuPy: the array module comes from the arrays.
 """
 from __future__ import annotations
@@ -53,6 +55,11 @@ def matmul(a, b, tf32: bool = False):
     # other strides (a weight tap w[:, :, r, s] is one) fall back to a plain loop measured 280x slower
     # on a (3136, 16) x (16, 16) product.  The copy costs one pass over a (usually small) operand.
     a, b = _blas_ready(a), _blas_ready(b)
+    if xp is not np:
+        # cuBLAS called directly: capturable in a CUDA graph, and TF32 honoured by batched products too
+        from .cuda import cublas
+        if cublas.supports(a, b):
+            return cublas.gemm(a, b, tf32)
     with tf32_compute(xp, tf32 and a.dtype == np.float32 and a.ndim == 2 and b.ndim == 2):
         return xp.matmul(a, b)
 

@@ -205,7 +205,7 @@ def _window_max(xp, xpad, geom):
             continue
         better = (v > best) | (xp.isnan(v) & ~xp.isnan(best))
         best = xp.where(better, v, best)
-        arg[better] = t
+        arg = xp.where(better, t, arg).astype(arg.dtype, copy=False)     # no boolean-mask write: it syncs CuPy
     return best, arg
 
 

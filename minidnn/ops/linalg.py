@@ -1,8 +1,11 @@
 """matmul with NumPy's batching, broadcasting and 1-D rules, plus dtype/device transfer ops."""
 from __future__ import annotations
 
+import numpy as np
+
 from .._amp_state import autocast_op
 from ..autograd import Node, _state
+from ..backend import blas as _blas
 from ..backend import devices as _dev
 from ..tensor import Tensor, _attach, _to_dtype, _wrap
 from ._core import check_pair, fit, node, to_tensor
@@ -51,7 +54,10 @@ def matmul(a, b):
         raise ArgumentError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned: {ka} (last dim of "
                          f"the first) != {kb} ({'second-to-last' if b.ndim > 1 else 'only'} dim of the second)")
     try:
-        out = a.data @ b.data
+        if type(a.data) is np.ndarray or a.ndim < 2 or b.ndim < 2:
+            out = a.data @ b.data
+        else:
+            out = _blas.matmul(a.data, b.data)      # GPU: cuBLAS on the current stream (graph-capturable)
     except ValueError:
         raise ArgumentError(f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} cannot be broadcast "
                          "together") from None
