@@ -57,3 +57,4 @@ from . import models                        # noqa: E402,F401
 from . import backends                      # noqa: E402,F401
 from . import amp                           # noqa: E402,F401
 from .amp import autocast                   # noqa: E402,F401
+from .compile import compile               # noqa: E402,F401

@@ -1,0 +1,125 @@
+"""``minidnn.compile(fn)``: torch.compile's name, its "reduce-overhead" idea — capture a whole step in a CUDA graph.
+
+    step = minidnn.compile(train_step)      # train_step(x, y) does forward, loss, backward, optimizer.step
+    for x, y in loader:
+        loss = step(x, y)                   # warm-up calls run eagerly, then one capture, then replays
+
+How it works: the first ``warmup`` calls for a new signature (shapes, dtypes, devices of the tensor arguments)
+run eagerly on a side stream; the next call copies the arguments into static tensors and captures ``fn`` on them;
+every later call with that signature copies its arguments into the static tensors and replays.  What ``fn``
+returns is the captured step's output, overwritten by the next replay (read it before the next call, or copy it).
+A bounded cache keeps one graph per signature (``max_graphs``; the oldest is dropped).
+
+Falls back to calling ``fn`` eagerly, with one warning that says why, when nothing can be captured: no GPU, no
+CUDA tensor among the arguments, or a capture that failed (``minidnn.cuda.graphs.check(fn, *args)`` lists the
+blockers with file and line).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import warnings
+
+from .tensor import Tensor
+
+__all__ = ["compile"]
+
+
+def _signature(args, kwargs):
+    def one(a):
+        if isinstance(a, Tensor):
+            return ("T", tuple(a.shape), str(a.dtype), str(a.device), a.requires_grad)
+        return ("V", repr(a))
+    return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
+
+
+class _Compiled:
+    def __init__(self, fn, warmup, max_graphs, mode):
+        self.fn = fn
+        self.warmup = int(warmup)
+        self.max_graphs = int(max_graphs)
+        self.mode = mode
+        self.graphs = collections.OrderedDict()     # signature -> (graph, static args, static kwargs, output)
+        self.calls = collections.Counter()
+        self.eager_reason = None
+        functools.update_wrapper(self, fn)
+
+    def _fallback(self, reason):
+        if self.eager_reason is None:
+            warnings.warn(f"minidnn.compile({getattr(self.fn, '__name__', 'fn')}): running eagerly: {reason}",
+                          RuntimeWarning, stacklevel=3)
+        self.eager_reason = reason
+
+    def __call__(self, *args, **kwargs):
+        from . import cuda
+        if self.eager_reason is not None:
+            return self.fn(*args, **kwargs)
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
+        if not cuda.is_available():
+            self._fallback("no CUDA GPU (CUDA graphs need one); the function runs as written")
+            return self.fn(*args, **kwargs)
+        if not any(t.device.type == "cuda" for t in tensors):
+            self._fallback("none of its tensor arguments is on a CUDA device")
+            return self.fn(*args, **kwargs)
+        key = _signature(args, kwargs)
+        entry = self.graphs.get(key)
+        if entry is not None:
+            self.graphs.move_to_end(key)
+            graph, s_args, s_kwargs, out = entry
+            _copy_into(s_args, args)
+            _copy_into(list(s_kwargs.values()), [kwargs[k] for k in s_kwargs])
+            graph.replay()
+            return out
+        self.calls[key] += 1
+        if self.calls[key] <= self.warmup:
+            side = cuda.Stream()
+            side.wait_stream(cuda.current_stream())
+            with cuda.stream(side):
+                out = self.fn(*args, **kwargs)
+            cuda.current_stream().wait_stream(side)
+            return out
+        s_args = [_static_copy(a) for a in args]
+        s_kwargs = {k: _static_copy(v) for k, v in kwargs.items()}
+        graph = cuda.CUDAGraph()
+        try:
+            with cuda.graph(graph):
+                out = self.fn(*s_args, **s_kwargs)
+        except Exception as exc:          # a blocker inside fn: keep running eagerly, and say which
+            self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
+                           "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
+            return self.fn(*args, **kwargs)
+        self.graphs[key] = (graph, s_args, s_kwargs, out)
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        graph.replay()
+        return out
+
+
+def _static_copy(a):
+    if isinstance(a, Tensor):
+        t = a.detach().clone()
+        if a.requires_grad:
+            t.requires_grad_(True)
+        return t
+    return a
+
+
+def _copy_into(static, new):
+    from .autograd import no_grad
+    with no_grad():
+        for dst, src in zip(static, new):
+            if isinstance(dst, Tensor):
+                dst.copy_(src)
+
+
+def compile(fn=None, *, mode="reduce-overhead", warmup=3, max_graphs=8, fullgraph=False, dynamic=None,
+            backend=None):
+    """Wrap ``fn`` so that, on a GPU, it runs as a replayed CUDA graph (see the module docstring).  Usable as
+    ``minidnn.compile(fn)`` or as a decorator ``@minidnn.compile`` / ``@minidnn.compile(warmup=2)``.  ``mode``,
+    ``fullgraph``, ``dynamic`` and ``backend`` are accepted for torch.compile compatibility; only the
+    reduce-overhead behaviour exists."""
+    if fn is None:
+        return lambda f: _Compiled(f, warmup, max_graphs, mode)
+    if not callable(fn):
+        raise TypeError(f"minidnn.compile: expected a callable, got {type(fn).__name__}")
+    return _Compiled(fn, warmup, max_graphs, mode)

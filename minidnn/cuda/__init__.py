@@ -1,0 +1,64 @@
+"""``minidnn.cuda``: is a GPU usable, how many, synchronize; streams and CUDA graphs with PyTorch's API
+(Stream, stream, current_stream, CUDAGraph, graph, make_graphed_callables: see minidnn/cuda/graphs.py)."""
+from ..backend import devices as _dev
+from .graphs import (CUDAGraph, Stream, current_stream, graph, graph_pool_handle, is_current_stream_capturing,
+                     make_graphed_callables, stream)
+
+__all__ = ["is_available", "device_count", "synchronize", "current_device", "manual_seed", "manual_seed_all",
+           "get_rng_state", "set_rng_state", "initial_seed", "seed", "Stream", "stream", "current_stream", "CUDAGraph",
+           "graph", "graph_pool_handle", "make_graphed_callables", "is_current_stream_capturing"]
+
+
+def is_available() -> bool:
+    """True where CuPy imports and at least one CUDA GPU is visible."""
+    return _dev.cuda_is_available()
+
+
+def device_count() -> int:
+    return _dev.cuda_device_count()
+
+
+def current_device() -> int:
+    cp = _dev.device("cuda").xp
+    return int(cp.cuda.runtime.getDevice())
+
+
+def synchronize(device=None) -> None:
+    """Wait for all work queued on the GPU (no-op without one)."""
+    if not is_available():
+        return
+    dev = _dev.device(device if device is not None else "cuda")
+    with dev.xp.cuda.Device(dev.index):
+        dev.xp.cuda.Device(dev.index).synchronize()
+
+
+def manual_seed(seed, device="cuda") -> None:
+    """Seed one GPU's default generator (minidnn.manual_seed seeds them all and the cpu's)."""
+    from .. import random
+    random.cuda_manual_seed(seed, device)
+
+
+def manual_seed_all(seed) -> None:
+    from .. import random
+    random.cuda_manual_seed_all(seed)
+
+
+def get_rng_state(device="cuda"):
+    """A GPU's default generator state (a 64-byte uint8 cpu Tensor)."""
+    from .. import random
+    return random.cuda_get_rng_state(device)
+
+
+def set_rng_state(new_state, device="cuda") -> None:
+    from .. import random
+    random.cuda_set_rng_state(new_state, device)
+
+
+def initial_seed(device="cuda") -> int:
+    from .. import random
+    return random.default_generator(random._cuda_device(device)).initial_seed()
+
+
+def seed(device="cuda") -> int:
+    from .. import random
+    return random.default_generator(random._cuda_device(device)).seed()

@@ -1,0 +1,118 @@
+"""CUDA graphs: PyTorch's capture pattern on the example models with SGD (momentum) and Adam gives the same
+parameters as eager execution, minidnn.compile replays equal eager and re-captures on a new batch size, and on
+the CPU minidnn.compile falls back to eager with one warning."""
+import warnings
+
+import numpy as np
+import pytest
+
+import minidnn as mdn
+import minidnn.nn.functional as F
+from minidnn.models import LeNet5, MobileNetSmall, resnet20
+
+MODELS = {"lenet5": (lambda: LeNet5(input_size=32), (1, 32, 32)),
+          "resnet20": (lambda: resnet20(), (3, 32, 32)),
+          "mobilenet_small": (lambda: MobileNetSmall(), (3, 32, 32))}
+OPTS = {"sgd": lambda p: mdn.optim.SGD(p, lr=0.05, momentum=0.9),
+        "adam": lambda p: mdn.optim.Adam(p, lr=1e-3)}
+
+
+def _setup(name, opt, device, batch=8):
+    make, shape = MODELS[name]
+    mdn.manual_seed(0)
+    model = make().to(device)
+    optimizer = OPTS[opt](model.parameters())
+    x = mdn.randn(batch, *shape, device=device)
+    y = mdn.randint(0, 10, (batch,), device=device)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        optimizer.step()
+        return loss
+    return model, step, x, y
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("opt", list(OPTS))
+@pytest.mark.parametrize("name", list(MODELS))
+def test_captured_step_equals_eager(name, opt, device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    eager_model, eager_step, _, _ = _setup(name, opt, device)
+    model, step, _, _ = _setup(name, opt, device)
+    s = mdn.cuda.Stream()
+    s.wait_stream(mdn.cuda.current_stream())
+    with mdn.cuda.stream(s):
+        for _ in range(3):
+            step()
+    mdn.cuda.current_stream().wait_stream(s)
+    g = mdn.cuda.CUDAGraph()
+    with mdn.cuda.graph(g):
+        step()
+    for _ in range(3 + 20):
+        eager_step()
+    for _ in range(20):
+        g.replay()
+    mdn.cuda.synchronize()
+    for p, q in zip(model.parameters(), eager_model.parameters()):
+        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+
+
+@pytest.mark.cuda
+def test_compile_replays_and_recaptures(device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    mdn.manual_seed(0)
+    ref = LeNet5(input_size=32).to(device)
+    model = LeNet5(input_size=32).to(device)
+    model.load_state_dict(ref.state_dict())
+    opt_ref = mdn.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def make_step(m, o):
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            o.zero_grad(set_to_none=False)
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    eager, compiled = make_step(ref, opt_ref), mdn.compile(make_step(model, opt))
+    rng = np.random.default_rng(0)
+    for batch in (8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 8):
+        x = mdn.tensor(rng.standard_normal((batch, 1, 32, 32)).astype(np.float32), device=device)
+        y = mdn.tensor(rng.integers(0, 10, batch), device=device)
+        a, b = float(eager(x, y)), float(compiled(x, y))
+        assert a == b
+    assert len(compiled.graphs) == 2 and compiled.eager_reason is None
+    for p, q in zip(model.parameters(), ref.parameters()):
+        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+
+
+def test_compile_falls_back_to_eager_on_cpu_with_one_warning():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x * 2
+    g = mdn.compile(f)
+    x = mdn.arange(3.0)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = [g(x) for _ in range(4)]
+    assert len(calls) == 4 and all(o.tolist() == [0.0, 2.0, 4.0] for o in out)
+    msgs = [str(m.message) for m in w if "minidnn.compile" in str(m.message)]
+    assert len(msgs) == 1 and ("no CUDA GPU" in msgs[0] or "CUDA device" in msgs[0])
+
+
+def test_compile_as_decorator_and_type_check():
+    @mdn.compile(warmup=1)
+    def f(x):
+        return x + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert f(mdn.zeros(2)).tolist() == [1.0, 1.0]
+    with pytest.raises(TypeError, match="callable"):
+        mdn.compile(3)
