@@ -294,8 +294,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """softmax(q k^T * scale + bias) v for q (*, L, E), k (*, S, E), v (*, S, Ev); ``attn_mask`` bool (True:
     attend) or float (added), broadcastable to (*, L, S); ``is_causal``: the lower-triangular mask; dropout on
-    the attention weights whenever dropout_p > 0 (as PyTorch's function does)."""
+    the attention weights whenever dropout_p > 0 (as PyTorch's function does).  A query whose keys are all
+    masked gets zero weights (output 0, gradient 0), as PyTorch's safe softmax gives, not NaN."""
     from ._functions.activation import dropout, softmax
+    from ..ops import where
     if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
         raise ArgumentError(f"scaled_dot_product_attention: query, key and value need at least 2 dims, got "
                             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
@@ -319,9 +321,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = (query @ key.transpose(-2, -1)) * scale
     bias = _attention_bias(attn_mask, is_causal, L, S, query)
+    dead = None
     if bias is not None:
         scores = scores + bias
+        xp = _dev.array_module(scores.data)
+        rows = xp.all(xp.isneginf(scores.data), axis=-1, keepdims=True)
+        if bool(rows.any()):          # PyTorch's safe softmax: a row with every key masked attends to nothing
+            dead = Tensor._from_array(rows)
+            scores = where(dead, 0.0, scores)
     weights = softmax(scores, dim=-1)
+    if dead is not None:
+        weights = where(dead, 0.0, weights)
     if dropout_p > 0.0:
         weights = dropout(weights, dropout_p, training=True)
     return weights @ value

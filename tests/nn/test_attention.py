@@ -61,6 +61,23 @@ def test_sdpa_matches_pytorch(case, device):
         _close(a.grad, t.grad)
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_fully_masked_rows_are_zero_as_in_pytorch(kind):
+    (q, tq), (k, tk), (v, tv) = (_pair(s, "cpu", i) for i, s in enumerate([(2, 3, 4), (2, 5, 4), (2, 5, 4)]))
+    m = np.ones((3, 5), bool)
+    m[1] = False
+    if kind == "float":
+        m = np.where(m, 0.0, -np.inf)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mdn.tensor(m))
+    ty = TF.scaled_dot_product_attention(tq, tk, tv, attn_mask=torch.tensor(m))
+    _close(y, ty)
+    y.sum().backward()
+    ty.sum().backward()
+    for a, t in ((q, tq), (k, tk), (v, tv)):
+        _close(a.grad, t.grad)
+    assert np.isfinite(q.grad.numpy()).all()
+
+
 def test_sdpa_float_mask_gets_a_gradient():
     (q, tq), (k, tk), (v, tv), (m, tm) = (_pair(s, "cpu", i) for i, s in
                                           enumerate([(2, 3, 4), (2, 5, 4), (2, 5, 4), (3, 5)]))
@@ -107,6 +124,7 @@ MHA_CASES = {
     "causal_no_weights": dict(ctor={}, fwd=dict(attn_mask="causal", is_causal=True, need_weights=False)),
     "padding_no_weights": dict(ctor=dict(add_zero_attn=True), fwd=dict(key_padding_mask="bool",
                                                                         need_weights=False)),
+    "all_keys_padded_no_weights": dict(ctor={}, fwd=dict(key_padding_mask="all_bool", need_weights=False)),
     "unbatched": dict(ctor={}, fwd={}, unbatched=True),
 }
 
@@ -134,6 +152,10 @@ def test_multihead_attention_matches_pytorch(name, device):
         if kind == "bool":
             a = rng.random((N, S)) > 0.6
             a[:, 0] = False
+        elif kind == "all_bool":                  # batch element 1 has no key at all: PyTorch's output is 0
+            a = rng.random((N, S)) > 0.6
+            a[:, 0] = False
+            a[1] = True
         elif kind == "float":
             a = rng.standard_normal((N, S))
         elif kind == "bool2d":
