@@ -222,3 +222,21 @@ def test_multihead_attention_errors():
         m(mdn.zeros(3, 2, 6), x, x)
     with pytest.raises(AssertionError):
         nn.MultiheadAttention(9, 2)
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_multihead_attention_float32_close_to_pytorch(need_weights):
+    torch.manual_seed(3)
+    t = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+    m = nn.MultiheadAttention(16, 4, batch_first=True)
+    _copy_mha(m, t)
+    x = np.random.default_rng(0).standard_normal((2, 7, 16)).astype(np.float32)
+    kpm = np.zeros((2, 7), bool)
+    kpm[0, 5:] = True
+    y, w = m(mdn.tensor(x), mdn.tensor(x), mdn.tensor(x), key_padding_mask=mdn.tensor(kpm), need_weights=need_weights)
+    ty, tw = t(torch.tensor(x), torch.tensor(x), torch.tensor(x), key_padding_mask=torch.tensor(kpm),
+               need_weights=need_weights)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1.3e-6, atol=1e-5)
+    if need_weights:
+        np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1.3e-6, atol=1e-5)
