@@ -29,7 +29,7 @@ from ...ops import pad as _tensor_pad, stack, where
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
 from ...backend.devices import is_floating as _is_floating
-from ...backend.errors import ArgumentError, DTypeError
+from ...backend.errors import ArgumentError, DimensionError, DTypeError
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "one_hot", "pad"]
@@ -71,10 +71,13 @@ def _class_targets(op, x, target, weight, ignore_index):
     xp = x._xp()
     t = target.data
     valid = t != ignore_index
-    bad = valid & ((t < 0) | (t >= c))
-    if bool(bad.any()):
-        raise IndexError(f"{op}: target {int(t[bad].reshape(-1)[0])} is out of bounds for {c} classes "
-                         f"(valid: 0..{c - 1}, or ignore_index={ignore_index})")
+    if type(t) is np.ndarray:
+        # PyTorch checks on the CPU; on a GPU it is a device-side assert there, and a host read here would be a
+        # synchronisation in every step (and make the step impossible to capture in a CUDA graph)
+        bad = valid & ((t < 0) | (t >= c))
+        if bool(bad.any()):
+            raise DimensionError(f"{op}: Target {int(t[bad].reshape(-1)[0])} is out of bounds for {c} classes "
+                                 f"(valid: 0..{c - 1}, or ignore_index={ignore_index})")
     t = xp.where(valid, t, 0)
     classes = xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
     q = (xp.expand_dims(t, 1) == classes) & xp.expand_dims(valid, 1)
