@@ -237,19 +237,20 @@ class _NormKeepdim(Function):
 
     @staticmethod
     def backward(ctx, g):
+        # Written in Tensor ops (the norm through this Function again), so create_graph=True differentiates it.
+        from ..ops import where
         x, = ctx.saved_tensors
-        xp = _dev.array_module(x.data)
-        a, n, p, gd = x.data, ctx.n, ctx.p, g.data
-        safe = xp.where(n == 0, 1, n)
+        p, dim = ctx.p, ctx.dim
+        n = _NormKeepdim.apply(x, p, dim)
+        zero = Tensor._from_array(ctx.n == 0)
         if p == math.inf:
-            hit = (xp.abs(a) == n).astype(a.dtype)
-            d = xp.sign(a) * hit / xp.maximum(hit.sum(axis=ctx.dim, keepdims=True), 1)
+            hit = Tensor._from_array((_dev.array_module(x.data).abs(x.data) == ctx.n).astype(x.dtype))
+            d = x.sign() * hit / hit.sum(dim, keepdim=True).clamp(min=1)
         elif p == 2:
-            d = a / safe
+            d = x / where(zero, 1.0, n)
         else:
-            d = xp.sign(a) * xp.abs(a) ** (p - 1) / safe ** (p - 1)
-        d = xp.where(n == 0, 0, d) * gd
-        return Tensor._from_array(d.astype(a.dtype, copy=False)), None, None
+            d = x.sign() * x.abs() ** (p - 1) / where(zero, 1.0, n) ** (p - 1)
+        return where(zero, 0.0, d) * g, None, None
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):

@@ -145,3 +145,12 @@ def test_normalize_gradcheck():
         x = mdn.tensor(np.random.default_rng(1).standard_normal((3, 4)) + 0.1, requires_grad=True)
         assert gradcheck(lambda a: _NormKeepdim.apply(a, p, 1), (x,))
         assert gradcheck(lambda a: F.normalize(a, p=p, dim=0), (x,))
+
+
+def test_double_backward():
+    from minidnn.autograd import gradgradcheck
+    x = mdn.tensor(np.random.default_rng(2).standard_normal((1, 2, 3, 4)) + 0.2, requires_grad=True)
+    assert gradgradcheck(lambda a: F.normalize(a, dim=1), (x,))
+    assert gradgradcheck(lambda a: F.normalize(a, p=3.0, dim=-1), (x,))
+    assert gradgradcheck(lambda a: F.pad(a, (1, 2, 2, 0), mode="reflect") ** 2, (x,))
+    assert gradgradcheck(lambda a: F.interpolate(a, scale_factor=1.5, mode="bicubic") ** 2, (x,))

@@ -268,3 +268,14 @@ def test_packed_input_matches_pytorch(kind, kw, with_hx, device):
 def test_split_rows_gradcheck():
     x = mdn.tensor(np.random.default_rng(3).standard_normal((6, 2)), requires_grad=True)
     assert gradcheck(lambda a: mdn.cat([b * (i + 1) for i, b in enumerate(mrnn.split_rows(a, [3, 2, 1]))], 0), (x,))
+
+
+def test_double_backward_through_lstm_and_packed_gru():
+    """create_graph=True differentiates the recurrences again (every piece is a Tensor op)."""
+    from minidnn.autograd import gradgradcheck
+    mdn.manual_seed(0)
+    lstm = nn.LSTM(2, 3, dtype=mdn.float64)
+    x = mdn.tensor(np.random.default_rng(0).standard_normal((3, 2, 2)), requires_grad=True)
+    assert gradgradcheck(lambda a: lstm(a)[0], (x,))
+    gru = nn.GRU(2, 2, bidirectional=True, dtype=mdn.float64)
+    assert gradgradcheck(lambda a: gru(mrnn.pack_padded_sequence(a, [3, 1], enforce_sorted=False))[0].data, (x,))

@@ -15,7 +15,6 @@ import numbers
 import warnings
 
 from ...autograd import Function
-from ...backend import devices as _dev
 from ...ops import cat, stack
 from ...tensor import Tensor, empty, zeros
 from .. import init
@@ -39,8 +38,7 @@ class _UnbindTime(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        xp = _dev.array_module(grads[0].data)
-        return Tensor._from_array(xp.stack([g.data for g in grads]))
+        return stack(list(grads), 0)          # Tensor ops: differentiable again under create_graph
 
 
 def _steps(x):
