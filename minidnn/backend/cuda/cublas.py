@@ -11,7 +11,8 @@ cuBLAS picks its own tiling; this file only maps row-major operands onto its col
                                                one with leading dimension K; an F-ordered (transposed) view is
                                                the same matrix with the transpose flag set.
 The math type is explicit: CUBLAS_COMPUTE_32F (strict fp32), _32F_FAST_TF32 (tensor cores, TF32) for float32,
-_64F for float64, and fp32 accumulation for float16/bfloat16 data.
+_64F for float64, fp32 accumulation for float16/bfloat16 data; complex64/complex128 (the FFT convolutions'
+frequency-domain products) with 32F/64F compute.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from . import launch as _launch
 __all__ = ["supports", "gemm"]
 
 _OP_N, _OP_T = 0, 1
-_DATA = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2}
+_DATA = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2, np.dtype(np.complex64): 4,
+         np.dtype(np.complex128): 5}
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70
 _GEMM_DEFAULT = -1
 _WORKSPACE_BYTES = 32 << 20
@@ -122,12 +124,15 @@ def gemm(a, b, tf32=False):
         out.fill(0)
         return out
     dtype = a.dtype
-    if dtype == np.float64:
+    if dtype in (np.float64, np.complex128):
         compute, scalar = _COMPUTE_64F, ctypes.c_double
     else:
         compute = _COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32) else _COMPUTE_32F
         scalar = ctypes.c_float
-    alpha, beta = scalar(1.0), scalar(0.0)
+    if dtype.kind == "c":       # complex products (the FFT convolutions): alpha, beta as (real, imaginary) pairs
+        alpha, beta = (scalar * 2)(1.0, 0.0), (scalar * 2)(0.0, 0.0)
+    else:
+        alpha, beta = scalar(1.0), scalar(0.0)
     op_b, ld_b = _layout(b)       # first gemm operand: b^T
     op_a, ld_a = _layout(a)       # second: a^T
     dt = _data_type(dtype)
