@@ -60,6 +60,11 @@ def matmul(a, b, tf32: bool = False):
         from .cuda import cublas
         if cublas.supports(a, b):
             return cublas.gemm(a, b, tf32)
+        if a.ndim == b.ndim > 3 and a.shape[:-2] == b.shape[:-2]:      # several batch dims: one batched GEMM
+            lead = a.shape[:-2]
+            a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+            if cublas.supports(a3, b3):
+                return cublas.gemm(a3, b3, tf32).reshape(*lead, a.shape[-2], b.shape[-1])
     with tf32_compute(xp, tf32 and a.dtype == np.float32 and a.ndim == 2 and b.ndim == 2):
         return xp.matmul(a, b)
 
