@@ -116,3 +116,48 @@ def test_compile_as_decorator_and_type_check():
         assert f(mdn.zeros(2)).tolist() == [1.0, 1.0]
     with pytest.raises(TypeError, match="callable"):
         mdn.compile(3)
+
+
+def _planted_step(x):
+    import random
+    y = x * 2
+    loss = y.sum()
+    value = loss.item()                 # host synchronisation
+    noise = random.random()             # Python randomness
+    picked = y[y > 0]                   # data-dependent shape
+    bias = mdn.ones(3)                  # a CPU tensor inside a GPU step
+    print(loss)                         # printing a tensor
+    return value, noise, picked, bias
+
+
+def test_doctor_finds_python_randomness_on_the_cpu(capsys):
+    found = mdn.cuda.graphs.check(_planted_step, mdn.arange(3.0))
+    kinds = {b.kind for b in found}
+    assert "Python randomness" in kinds
+    rnd = next(b for b in found if b.kind == "Python randomness")
+    assert rnd.where.endswith(f"test_cuda_graphs.py:{_planted_step.__code__.co_firstlineno + 5}")
+    assert "blocker" in capsys.readouterr().out
+
+
+@pytest.mark.cuda
+def test_doctor_finds_each_planted_blocker_and_its_line(device):
+    if device != "cuda":
+        pytest.skip("the GPU blockers need a GPU")
+    found = mdn.cuda.graphs.check(_planted_step, mdn.arange(3.0, device="cuda"))
+    first = _planted_step.__code__.co_firstlineno
+    lines = {b.kind: int(b.where.rsplit(":", 1)[1]) for b in found if b.where.endswith(
+        tuple(f":{first + k}" for k in range(1, 10)))}
+    assert lines["host synchronisation"] == first + 4
+    assert lines["Python randomness"] == first + 5
+    assert lines["data-dependent shape"] == first + 6
+    assert lines["CPU tensor"] == first + 7
+    prints = [b for b in found if b.kind == "host synchronisation" and b.where.endswith(f":{first + 8}")]
+    assert prints
+
+
+@pytest.mark.cuda
+def test_doctor_passes_a_capturable_step(device):
+    if device != "cuda":
+        pytest.skip("needs a GPU")
+    model, step, _, _ = _setup("lenet5", "sgd", device)
+    assert mdn.cuda.graphs.check(step) == []

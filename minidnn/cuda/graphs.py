@@ -18,7 +18,7 @@ import contextlib
 import gc
 
 __all__ = ["Stream", "stream", "current_stream", "CUDAGraph", "graph", "graph_pool_handle",
-           "make_graphed_callables", "is_current_stream_capturing"]
+           "make_graphed_callables", "is_current_stream_capturing", "check", "Blocker"]
 
 
 def _g():
@@ -202,3 +202,6 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             return _out
         out.append(replayed)
     return out[0] if single else tuple(out)
+
+
+from .doctor import Blocker, check  # noqa: E402  (the capture doctor: minidnn.cuda.graphs.check)

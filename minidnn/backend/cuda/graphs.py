@@ -64,3 +64,34 @@ def capture(stream, pool, result):
 
 def launch_graph(graph, stream=None):
     graph.launch(stream=current_stream() if stream is None else stream)
+
+
+@contextlib.contextmanager
+def record_library_calls(report):
+    """While the block runs, GPU library calls that refuse stream capture are reported (``report(description)``)
+    and then run as usual: CuPy's matmul/dot (its cuBLAS calls) and cuRAND's host-API generators (RandomState)."""
+    try:
+        cp = _launch.cupy()
+    except Exception:          # no GPU: nothing to record
+        yield
+        return
+    patches = []
+
+    def patch(owner, name, what):
+        original = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            report(what)
+            return original(*a, **k)
+        setattr(owner, name, wrapper)
+        patches.append((owner, name, original))
+    patch(cp, "matmul", "cupy.matmul (CuPy's cuBLAS calls refuse capture); minidnn's matmul is capturable")
+    patch(cp, "dot", "cupy.dot (CuPy's cuBLAS calls refuse capture)")
+    for name in ("random_sample", "standard_normal", "randint"):
+        patch(cp.random.RandomState, name, f"cuRAND host generator (RandomState.{name}): a random draw on the GPU "
+                                           "(dropout, minidnn.rand/randn) cannot be captured yet")
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(patches):
+            setattr(owner, name, original)
