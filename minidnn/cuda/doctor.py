@@ -105,7 +105,7 @@ def _instrument(stack, rec, cuda_inputs):
     stack.enter_context(_patched(Tensor, "__getitem__", getitem))
 
     if cuda_inputs:
-        from .. import tensor as tensor_module
+        tensor_module = sys.modules[Tensor.__module__]      # minidnn.tensor (the package's `tensor` is the function)
 
         def created(original):
             def wrapper(*a, **k):
