@@ -161,3 +161,38 @@ def test_doctor_passes_a_capturable_step(device):
         pytest.skip("needs a GPU")
     model, step, _, _ = _setup("lenet5", "sgd", device)
     assert mdn.cuda.graphs.check(step) == []
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("opt", list(OPTS))
+def test_scheduler_reaches_a_replayed_step(opt, device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    runs = []
+    for graphed in (False, True):
+        model, step, _, _ = _setup("lenet5", opt, device)
+        optimizer = step.__closure__[[c.cell_contents.__class__.__name__ for c in step.__closure__].index(
+            type(OPTS[opt]([mdn.nn.Parameter(mdn.zeros(1))])).__name__)].cell_contents
+        sched = mdn.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        run = step
+        if graphed:
+            s = mdn.cuda.Stream()
+            s.wait_stream(mdn.cuda.current_stream())
+            with mdn.cuda.stream(s):
+                for _ in range(3):
+                    step()
+            mdn.cuda.current_stream().wait_stream(s)
+            g = mdn.cuda.CUDAGraph()
+            with mdn.cuda.graph(g):
+                step()
+            run = g.replay
+        else:
+            for _ in range(3):
+                step()
+        for _ in range(8):
+            run()
+            sched.step()
+        mdn.cuda.synchronize()
+        runs.append([p.cpu().numpy() for p in model.parameters()])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)

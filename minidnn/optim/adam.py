@@ -44,6 +44,10 @@ class Adam(Optimizer):
                     weight_decay=group["weight_decay"], maximize=group["maximize"],
                     decoupled_weight_decay=self._decoupled)
 
+    def _fused_hyper(self, group):
+        beta1, beta2 = group["betas"]
+        return (group["lr"], beta1, beta2, group["eps"], group["weight_decay"])
+
     def _flat_state_names(self, group):
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 

@@ -24,6 +24,14 @@ def _per_group(name, optimizer, value):
     return [value] * len(optimizer.param_groups)
 
 
+def _push_to_device(optimizer):
+    """A fused optimizer reads its hyperparameters from device memory: write the new learning rates there now, so
+    a step replayed from a CUDA graph (where optimizer.step's Python does not run) uses them too."""
+    push = getattr(optimizer, "refresh_device_hyperparameters", None)
+    if push is not None:
+        push()
+
+
 def _check_optimizer(scheduler, optimizer):
     if not isinstance(optimizer, Optimizer):
         raise TypeError(f"{type(scheduler).__name__}: {type(optimizer).__name__} is not an Optimizer")
@@ -78,6 +86,7 @@ class LRScheduler:
             values = self._get_closed_form_lr() if hasattr(self, "_get_closed_form_lr") else self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, values):
             group["lr"] = lr
+        _push_to_device(self.optimizer)
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def state_dict(self):
@@ -418,6 +427,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self.last_epoch = math.floor(epoch)
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
             group["lr"] = lr
+        _push_to_device(self.optimizer)
         self._last_lr = self._group_lrs()
 
 
@@ -584,6 +594,7 @@ class ReduceLROnPlateau(LRScheduler):
             new = max(old * self.factor, min_lr)
             if old - new > self.eps:
                 group["lr"] = new
+        _push_to_device(self.optimizer)
 
     def load_state_dict(self, state_dict):
         self.__dict__.update(state_dict)

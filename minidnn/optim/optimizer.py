@@ -203,6 +203,21 @@ class Optimizer:
                 raise RuntimeError(f"{type(self).__name__}.step: parameter {i} has shape {tuple(p.shape)} on "
                                    f"{p.device} but its gradient has shape {tuple(g.shape)} on {g.device}")
 
+    def _fused_hyper(self, group):
+        """The scalar hyperparameters a fused update reads from device memory, in its kernel's order (None: this
+        optimizer's fused update reads none)."""
+        return None
+
+    def refresh_device_hyperparameters(self):
+        """Upload every fused group's hyperparameters (lr, ...) to the device arrays its kernels read.  step() does
+        this itself; LR schedulers call it so that a step replayed from a CUDA graph sees a new learning rate."""
+        for group, flat_sets in zip(self.param_groups, self._flat_sets):
+            values = self._fused_hyper(group)
+            if values is None:
+                continue
+            for fs in flat_sets:
+                fs.device_hyper(values)
+
     def _unscale_before_update(self, scale, found_inf):
         """Loss scaling: a single flat set updated by a CUDA kernel checks and unscales its gradients inside its
         own launch (the scale is passed on).  Otherwise every gradient is unscaled and checked here first, so an

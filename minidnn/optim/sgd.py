@@ -36,6 +36,9 @@ class SGD(Optimizer):
     def _hyper(group):
         return {k: group[k] for k in ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")}
 
+    def _fused_hyper(self, group):
+        return (group["lr"], group["momentum"], group["dampening"], group["weight_decay"])
+
     def _flat_state_names(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
