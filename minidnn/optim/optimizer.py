@@ -216,7 +216,8 @@ class Optimizer:
             if values is None:
                 continue
             for fs in flat_sets:
-                fs.device_hyper(values)
+                if fs.device.type == "cuda":          # the CPU update reads the group's values directly
+                    fs.device_hyper(values)
 
     def _unscale_before_update(self, scale, found_inf):
         """Loss scaling: a single flat set updated by a CUDA kernel checks and unscales its gradients inside its
