@@ -31,6 +31,7 @@ def _setup(name, opt, device, batch=8):
         loss.backward()
         optimizer.step()
         return loss
+    step.optimizer = optimizer
     return model, step, x, y
 
 
@@ -171,9 +172,7 @@ def test_scheduler_reaches_a_replayed_step(opt, device):
     runs = []
     for graphed in (False, True):
         model, step, _, _ = _setup("lenet5", opt, device)
-        optimizer = step.__closure__[[c.cell_contents.__class__.__name__ for c in step.__closure__].index(
-            type(OPTS[opt]([mdn.nn.Parameter(mdn.zeros(1))])).__name__)].cell_contents
-        sched = mdn.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+        sched = mdn.optim.lr_scheduler.StepLR(step.optimizer, step_size=2, gamma=0.5)
         run = step
         if graphed:
             s = mdn.cuda.Stream()
