@@ -99,6 +99,9 @@ def make_parser(script, description, *, epochs, batch_size, lr, data=("digits",)
                    help="also checkpoint every N training steps; --resume then continues mid-epoch exactly (0: off)")
     p.add_argument("--limit", type=positive_int, default=None,
                    help="at most this many batches per epoch, train and test (smoke tests)")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="on a GPU, run each training step eagerly instead of replaying it from a CUDA graph "
+                        "(minidnn.compile); on the CPU steps always run eagerly")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (also MINIDNN_PROGRESS=0; they are off anyway when stderr is not a terminal)")
     if synthetic:
@@ -178,8 +181,22 @@ def progress_disabled(progress=True):
     return False if env in ("1", "true", "yes", "on") else None
 
 
+def make_train_step(model, optimizer, loss_fn, compile_step):
+    """One training step (forward, loss, zero_grad, backward, optimizer step) -> (loss, logits); with
+    ``compile_step`` wrapped in ``minidnn.compile``: on a GPU it is captured once per batch shape and replayed
+    from a CUDA graph (elsewhere minidnn.compile runs it as written)."""
+    def train_step(images, labels):
+        logits = model(images)
+        loss = loss_fn(logits, labels)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        optimizer.step()
+        return loss, logits
+    return mdn.compile(train_step) if compile_step else train_step
+
+
 def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn=F.cross_entropy, desc="",
-              progress=True, done=(0, 0.0, 0, 0), on_step=None):
+              progress=True, done=(0, 0.0, 0, 0), on_step=None, train_step=None):
     """One pass over ``loader``: training when an optimizer is given, evaluation (no graph) otherwise.
     Returns (mean loss, accuracy) over the samples seen.  ``scheduler`` steps after every batch.
     ``progress=False`` hides the bar (see ``progress_disabled``).  A resumed epoch passes the iterator of
@@ -191,16 +208,17 @@ def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn
     step, loss_sum, correct, seen = done
     bar = tqdm(itertools.islice(loader, total - step), total=total, initial=step, desc=desc, leave=False,
                dynamic_ncols=True, disable=progress_disabled(progress))
+    if training and train_step is None:
+        train_step = make_train_step(model, optimizer, loss_fn, compile_step=False)
     with mdn.set_grad_enabled(training):
         for images, labels in bar:
-            logits = model(images)
-            loss = loss_fn(logits, labels)
             if training:
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                loss, logits = train_step(images, labels)
                 if scheduler is not None:
                     scheduler.step()
+            else:
+                logits = model(images)
+                loss = loss_fn(logits, labels)
             n = labels.shape[0]
             loss_sum += loss.item() * n
             correct += int((logits.argmax(dim=1) == labels).sum().item())
@@ -224,6 +242,9 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
     buffers live on the parameters' device), then call this."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # On a GPU each training step is replayed from a CUDA graph (minidnn.compile) unless --no-compile.
+    train_step = make_train_step(model, optimizer, loss_fn,
+                                 compile_step=getattr(args, "compile", True) and str(args.device).startswith("cuda"))
     checkpoint_path = out / CHECKPOINT_NAME
     history = {key: [] for key in HISTORY_KEYS}
     start = 0
@@ -261,7 +282,7 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
                     "seconds": seconds_before + time.perf_counter() - began})
         train_loss, train_acc = run_epoch(model, batches, args.limit, optimizer, scheduler, loss_fn,
                                           desc=f"epoch {epoch + 1}/{args.epochs}", progress=_progress(args),
-                                          done=done, on_step=save_mid_epoch)
+                                          done=done, on_step=save_mid_epoch, train_step=train_step)
         seconds = seconds_before + time.perf_counter() - began   # training only: what "time per epoch" means
         test_loss, test_acc = run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test",
                                         progress=_progress(args))
