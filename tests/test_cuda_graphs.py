@@ -195,3 +195,68 @@ def test_scheduler_reaches_a_replayed_step(opt, device):
         runs.append([p.cpu().numpy() for p in model.parameters()])
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+class _DropNet(mdn.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = mdn.nn.Sequential(mdn.nn.Flatten(), mdn.nn.Linear(32 * 32, 64), mdn.nn.ReLU(),
+                                      mdn.nn.Dropout(0.3), mdn.nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.cuda
+def test_dropout_step_replays_equal_eager(device):
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    params = []
+    for graphed in (False, True):
+        mdn.manual_seed(0)
+        model = _DropNet().to(device)
+        opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x = mdn.randn(16, 1, 32, 32, device=device)
+        y = mdn.randint(0, 10, (16,), device=device)
+
+        def step():
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+        run = step
+        if graphed:
+            for _ in range(3):
+                step()
+            g = mdn.cuda.CUDAGraph()
+            with mdn.cuda.graph(g):
+                step()
+            run = g.replay
+        else:
+            for _ in range(3):
+                step()
+        for _ in range(10):
+            run()
+        mdn.cuda.synchronize()
+        params.append([p.cpu().numpy() for p in model.parameters()])
+    for a, b in zip(*params):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.cuda
+def test_device_dropout_statistics_seed_and_state(device):
+    if device != "cuda":
+        pytest.skip("the device-side stream is the GPU's")
+    x = mdn.ones(200_000, device=device)
+    mdn.manual_seed(3)
+    a = F.dropout(x, 0.25).cpu().numpy()
+    b = F.dropout(x, 0.25).cpu().numpy()
+    kept = (a != 0).mean()
+    assert abs(kept - 0.75) < 0.005 and not np.array_equal(a, b)        # fresh masks, right keep rate
+    assert np.allclose(a[a != 0], 1 / 0.75)
+    mdn.manual_seed(3)
+    assert np.array_equal(F.dropout(x, 0.25).cpu().numpy(), a)          # reproducible from the seed
+    state = mdn.cuda.get_rng_state()
+    c = F.dropout(x, 0.25).cpu().numpy()
+    mdn.cuda.set_rng_state(state)
+    assert np.array_equal(F.dropout(x, 0.25).cpu().numpy(), c)          # and from a saved state

@@ -3,7 +3,9 @@
 # x, y, dy, dx: any shape;  reserve: bool array of x's shape, True where an element is kept
 
 y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator
-(``xp.random.default_rng(seed)``, one per device, created on first use).  The same seed gives the
+(``xp.random.default_rng(seed)``, one per device, created on first use).  A generator with a device-side
+Philox stream (minidnn's GPU engines) draws the mask in one kernel that also advances that stream on the device
+(backend/cuda/dropout_philox.py), so a training step with dropout can be replayed from a CUDA graph.  The same seed gives the
 same sequence of masks on the same device (NumPy and CuPy generators differ, so CPU and GPU
 masks differ).  p = 0 is the identity, p = 1 gives zeros.  The reserve space (cuDNN's name) is the
 boolean mask itself: 1 byte per element, everything backward needs.
@@ -73,8 +75,14 @@ def dropout_forward(handle, dropout_desc: DropoutDescriptor, x):
         raise BadParamError(f"{where}: dropout_desc must be a DropoutDescriptor, got {type(dropout_desc).__name__}")
     check_float(where, x=x)
     with device_guard(handle.device):
+        gen = dropout_desc.generator(handle.device)
+        if hasattr(gen, "device_philox_state") and 0.0 < dropout_desc.p < 1.0:
+            from .cuda import dropout_philox
+            if dropout_philox.supports(x):      # one kernel, its random state on the device: capturable
+                return dropout_philox.dropout_forward(x, dropout_desc.p, dropout_desc.scale,
+                                                      *gen.device_philox_state())
         # float32 draws are plenty to compare against p and are the cheaper draw on both libraries
-        keep = dropout_desc.generator(handle.device).random(x.shape, dtype=np.float32) >= dropout_desc.p
+        keep = gen.random(x.shape, dtype=np.float32) >= dropout_desc.p
     return x * (keep.astype(x.dtype) * dropout_desc.scale), keep
 
 

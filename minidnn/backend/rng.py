@@ -47,6 +47,7 @@ def engine_state(engine, initial_seed: int) -> np.ndarray:
     words[0], words[2] = _MAGIC, int(initial_seed) & _MASK64
     if isinstance(engine, CudaCounterEngine):
         words[1], words[3], words[4] = _KIND_CUDA, engine.seed, engine.offset
+        words[5] = engine.device_counter()
     else:
         st = engine.bit_generator.state
         if st["bit_generator"] != "PCG64":
@@ -80,6 +81,7 @@ def set_engine_state(engine, state: np.ndarray, where="set_state") -> int:
                            f"{'cuda' if is_cuda else 'cpu'}")
     if is_cuda:
         engine.seed, engine.offset = w[3], w[4]
+        engine.set_device_counter(w[5])
     else:
         has_uint32, uinteger = w[7] >> 32, w[7] & 0xFFFFFFFF
         if has_uint32 > 1:
@@ -93,11 +95,36 @@ def set_engine_state(engine, state: np.ndarray, where="set_state") -> int:
 class CudaCounterEngine:
     """A GPU draw stream whose whole state is ``(seed, offset)``: every draw uses fresh Philox states."""
 
-    __slots__ = ("device", "seed", "offset", "_last")
+    __slots__ = ("device", "seed", "offset", "_last", "_dcounter", "_dstate", "_ticket")
 
     def __init__(self, dev: Device, seed: int):
         self.device, self.seed, self.offset = dev, int(seed) & _MASK64, 0
         self._last = None
+        self._dcounter = 0          # the device-side Philox stream's counter (dropout), while not on the device
+        self._dstate = None         # (2,) uint64 device array [key, counter], created on first device use
+        self._ticket = None
+
+    # -- the device-side stream (dropout kernels advance it on the GPU: capturable) ----------------------------------
+    def _device_key(self):
+        return int(np.random.SeedSequence([self.seed, 0x0D0]).generate_state(1, np.uint64)[0])
+
+    def device_philox_state(self):
+        """([key, counter] uint64 device array, uint32 ticket) that device-side draws read and advance."""
+        if self._dstate is None:
+            cp = require_cupy()
+            with device_guard(self.device):
+                self._dstate = cp.asarray(np.array([self._device_key(), self._dcounter], dtype=np.uint64))
+                self._ticket = cp.zeros(1, dtype=np.uint32)
+        return self._dstate, self._ticket
+
+    def device_counter(self) -> int:
+        return self._dcounter if self._dstate is None else int(self._dstate[1].get())
+
+    def set_device_counter(self, value: int):
+        self._dcounter = int(value) & _MASK64
+        if self._dstate is not None:
+            with device_guard(self.device):
+                self._dstate.set(np.array([self._device_key(), self._dcounter], dtype=np.uint64))
 
     def _next(self):
         """A cuRAND Philox generator (host API, CuPy's RandomState) keyed by (seed, offset), then offset += 1.
