@@ -4,7 +4,8 @@ Models: ResNet-20 and MobileNet-small at batch 128 on CIFAR-sized input, both fr
 source (minidnn/models.py; see bench/train_step.py's torch_models).  One step = forward under autocast,
 cross-entropy, backward, SGD(momentum 0.9) step; float16 adds GradScaler (scale, step, update).
 Rows: fp32, bf16 (autocast), fp16 (autocast + GradScaler), bf16+cl (bf16 with model and input channels_last);
-median ms per step, and minidnn's time as a fraction of its own fp32 step (issue target for bf16: <= 0.75).
+median ms per step eager, and minidnn's time as a fraction of its own fp32 step (issue target for bf16: <= 0.75);
+on a GPU also the step captured and replayed from a CUDA graph on both sides.
 
     python bench/amp_step.py [--device cuda] [--steps 30] [--models resnet20,mobilenet]
 """
@@ -17,6 +18,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
+from graphs import _capture  # noqa: E402
 from train_step import CONFIGS, _median_ms, torch, torch_models  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
@@ -81,6 +83,7 @@ def main():
     ap.add_argument("--device", default="cuda" if mdn.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--models", default="resnet20,mobilenet")
+    ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graphed columns")
     args = ap.parse_args()
     if args.device == "cpu":
         print("note: on the CPU only bf16 autocast exists (fp16 is skipped); CPU times are not the target")
@@ -88,17 +91,30 @@ def main():
         torch.backends.cudnn.benchmark = True
     ns = torch_models() if torch is not None else None
     tsync = (torch.cuda.synchronize if args.device == "cuda" else (lambda: None)) if torch is not None else None
-    print(f"{'model':<10} {'mode':<5} {'minidnn ms':>11} {'PyTorch ms':>11} {'ratio':>7} {'vs own fp32':>12}")
+    graphed = args.device == "cuda" and not args.no_graphs
+    print(f"{'model':<10} {'mode':<8} {'minidnn ms':>11} {'PyTorch ms':>11} {'ratio':>7} {'vs own fp32':>12}"
+          + (f" {'mdn graphed':>12} {'torch graphed':>14} {'ratio':>7}" if graphed else ""))
     for name in args.models.split(","):
         own_fp32 = None
         for mode in MODES:
             if mode.startswith("fp16") and args.device == "cpu":
                 continue
-            m_ms = _median_ms(minidnn_step(name, mode, args.device), lambda: mdn.cuda.synchronize(), args.steps)
-            t_ms = _median_ms(torch_step(name, mode, args.device, ns), tsync, args.steps) if ns else float("nan")
+            m_step = minidnn_step(name, mode, args.device)
+            m_ms = _median_ms(m_step, lambda: mdn.cuda.synchronize(), args.steps)
+            t_step = torch_step(name, mode, args.device, ns) if ns else None
+            t_ms = _median_ms(t_step, tsync, args.steps) if ns else float("nan")
             own_fp32 = m_ms if mode == "fp32" else own_fp32
-            print(f"{name:<10} {mode:<5} {m_ms:>11.2f} {t_ms:>11.2f} {m_ms / t_ms:>6.2f}x "
-                  f"{m_ms / own_fp32:>11.2f}x", flush=True)
+            line = (f"{name:<10} {mode:<8} {m_ms:>11.2f} {t_ms:>11.2f} {m_ms / t_ms:>6.2f}x "
+                    f"{m_ms / own_fp32:>11.2f}x")
+            if graphed:
+                try:
+                    mg = _median_ms(_capture(mdn, m_step), lambda: mdn.cuda.synchronize(), args.steps)
+                except Exception as exc:        # report, keep the table going
+                    mg = float("nan")
+                    print(f"  minidnn capture failed: {type(exc).__name__}: {str(exc)[:200]}")
+                tg = _median_ms(_capture(torch, t_step), tsync, args.steps) if ns else float("nan")
+                line += f" {mg:>12.2f} {tg:>14.2f} {mg / tg:>6.2f}x"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":
