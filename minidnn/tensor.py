@@ -444,12 +444,12 @@ class Tensor:
             res = index_put(self._alias(), key, value)
             self.data, self.grad_fn, self.output_nr, self.requires_grad = res.data, res.grad_fn, 0, res.requires_grad
         else:
-            from .ops.indexing import _normalize_key
+            from .ops.indexing import setitem_array
             v = value.data if isinstance(value, Tensor) else value
             if isinstance(value, Tensor) and value.device != self.device:
                 raise RuntimeError(f"__setitem__: value on '{value.device}' assigned into a tensor on '{self.device}'")
             try:
-                self.data[_normalize_key(key)] = v
+                setitem_array(self, key, v)     # PyTorch's placement of advanced-index dims
             except ValueError as exc:       # NumPy's broadcast failure: say it in PyTorch's terms
                 raise ArgumentError(f"__setitem__: cannot assign a value of shape {tuple(getattr(v, 'shape', ()))} "
                                     f"into the selected region of a tensor of shape {tuple(self.shape)} ({exc})") from None

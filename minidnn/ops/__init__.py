@@ -9,7 +9,10 @@ from .indexing import getitem, index_put, scatter_into   # noqa: F401
 from .linalg import *           # noqa: F401,F403
 from .reduction import *        # noqa: F401,F403
 from .shape import *            # noqa: F401,F403
+from .gather_scatter import *          # noqa: F401,F403
+from .sorting import *          # noqa: F401,F403
 from . import elementwise as _ew, linalg as _la, reduction as _red, shape as _sh
+from . import gather_scatter as _sc, sorting as _so
 
 
 def _bind():
@@ -37,7 +40,7 @@ def _bind():
     T.__le__ = _ew.le
     T.__gt__ = _ew.gt
     T.__ge__ = _ew.ge
-    T.__invert__ = _ew.logical_not
+    T.__invert__ = _ew.bitwise_not
     T.__and__ = lambda a, b: T._from_array(a.data & (b.data if isinstance(b, T) else b))
     T.__or__ = lambda a, b: T._from_array(a.data | (b.data if isinstance(b, T) else b))
     T.__xor__ = lambda a, b: T._from_array(a.data ^ (b.data if isinstance(b, T) else b))
@@ -45,12 +48,13 @@ def _bind():
     # Methods with the same name as the op.
     for mod in (_ew, _red, _sh, _la):
         for name in mod.__all__:
-            if not hasattr(T, name) or name in ("abs", "max", "min", "sum", "all", "any", "round", "pow"):
+            if not hasattr(T, name) or name in ("abs", "max", "min", "sum", "all", "any", "round", "pow", "amax",
+                                                "amin"):
                 setattr(T, name, getattr(mod, name))
     T.add = _ew.add
     T.sub = T.subtract = _ew.sub
     T.mul = T.multiply = _ew.mul
-    T.div = T.divide = _ew.div
+    T.div = T.divide = T.true_divide = _ew.div
     T.view = _sh.reshape
     T.sum_to = sum_to
     T.broadcast_to = broadcast_to
@@ -59,12 +63,42 @@ def _bind():
     T.T = property(lambda a: _sh.permute(a, tuple(range(a.ndim))[::-1]))
     T.mT = property(lambda a: _sh.swapaxes(a, -1, -2))
     T.astype = _la.astype
+    # PyTorch-named methods of the index/sort families and composites (issue 14)
+    for name in ("sort", "argsort", "topk", "median", "mode", "kthvalue"):
+        setattr(T, name, getattr(_so, name))
+    for name in ("gather", "scatter", "scatter_add", "masked_fill", "tril", "triu", "diag", "cumsum", "cumprod",
+                 "take_along_dim"):
+        setattr(T, name, getattr(_sc, name))
+    for name in ("isclose", "allclose", "addcmul", "addcdiv", "lerp", "bitwise_not", "remainder", "fmod",
+                 "floor_divide"):
+        setattr(T, name, getattr(_ew, name))
+    T.t = _la.t
+    T.mm = _la.mm
+    T.bmm = _la.bmm
+    T.logical_not = _ew.logical_not
+    for name, fn in (("scatter_", _sc.scatter), ("scatter_add_", _sc.scatter_add), ("masked_fill_", _sc.masked_fill),
+                     ("addcmul_", _ew.addcmul), ("addcdiv_", _ew.addcdiv), ("lerp_", _ew.lerp),
+                     ("tril_", _sc.tril), ("triu_", _sc.triu), ("t_", _la.t)):
+        setattr(T, name, _inplace_method(name, fn))
     T.softmax = lambda x, dim=-1, axis=None: softmax(x, dim if axis is None else axis)
     T.log_softmax = lambda x, dim=-1, axis=None: log_softmax(x, dim if axis is None else axis)
 
 
+def _inplace_method(name, fn):
+    """``x.name(...)``: ``fn(x, ...)`` written into x (PyTorch's in-place variant; dtype kept, history rebound
+    when x or an operand is part of a graph)."""
+    def method(self, *args, **kwargs):
+        grad_operand = next((a for a in list(args) + list(kwargs.values())
+                             if isinstance(a, Tensor) and a.requires_grad), None)
+        if grad_operand is None:
+            return self._inplace(name, lambda a: fn(a, *args, **kwargs))
+        return self._inplace(name, lambda a, _o: fn(a, *args, **kwargs), grad_operand)
+    method.__name__ = name
+    return method
+
+
 def softmax(x, dim=-1):
-    e = (x - x.detach().max(dim, keepdims=True)).exp()
+    e = (x - x.detach().amax(dim, keepdim=True)).exp()
     return e / e.sum(dim, keepdims=True)
 
 

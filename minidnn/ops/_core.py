@@ -191,3 +191,134 @@ def canonical_dims(op, dims, ndim):
         raise ArgumentError(f"{op}: dims {tuple(dims)} has duplicates (dim {next(d for d in out if out.count(d) > 1)} "
                             "appears more than once)")
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Type promotion, PyTorch's rule (docs/semantics.md has the table).  Operands fall into three groups:
+# tensors with dims, 0-d tensors, and wrapped numbers (Python/NumPy scalars).  A lower group only
+# decides the dtype when its category (bool < integer < floating < complex) is higher than every
+# higher group's; wrapped floats count as the default float dtype, wrapped ints as int64.
+# ------------------------------------------------------------------------------------------------
+_BOOL = np.dtype(np.bool_)
+_I64 = np.dtype(np.int64)
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+
+
+def category(dt) -> int:
+    """0 bool, 1 integer, 2 floating (bfloat16 included), 3 complex."""
+    k = dt.kind
+    if k == "b":
+        return 0
+    if k in "iu":
+        return 1
+    if k == "c":
+        return 3
+    return 2
+
+
+def promote_types(a, b):
+    """PyTorch's promote_types: a float beats any integer (float16 + int64 is float16); bfloat16 and float16 meet
+    at float32; otherwise NumPy's lattice (uint8 + int8 = int16), which agrees with PyTorch's there."""
+    if a is None:
+        return b
+    if b is None or a == b:
+        return a
+    ca, cb = category(a), category(b)
+    if ca != cb:
+        hi, lo = (a, b) if ca > cb else (b, a)
+        if category(hi) == 2:
+            return hi
+        if category(hi) == 3 and category(lo) == 2 and lo.itemsize > hi.itemsize // 2:
+            return np.dtype(np.complex128)
+        return hi if category(lo) < 1 or category(hi) == 3 else np.promote_types(a, b)
+    if ca == 2 and (a.kind == "V" or b.kind == "V"):    # bfloat16 with another float
+        other = b if a.kind == "V" else a
+        return _F32 if other == _F16 else other
+    return np.promote_types(a, b)
+
+
+def scalar_dtype(v):
+    """The dtype a wrapped number counts as: bool, int64, the default float dtype, complex64."""
+    if isinstance(v, (bool, np.bool_)):
+        return _BOOL
+    if isinstance(v, (int, np.integer)):
+        return _I64
+    if isinstance(v, (float, np.floating)):
+        return get_default_dtype()
+    return np.dtype(np.complex64) if get_default_dtype() != _F64 else np.dtype(np.complex128)
+
+
+def _combine(higher, lower):
+    if higher is None:
+        return lower
+    if lower is None:
+        return higher
+    ch, cl = category(higher), category(lower)
+    if ch == 3:
+        return higher
+    if cl == 3:
+        return promote_types(higher, lower) if ch == 2 else lower
+    if ch == 2:
+        return higher
+    if ch == 0 or cl == 2:
+        return promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands):
+    """The dtype PyTorch gives an op on ``operands`` (Tensors, Python/NumPy scalars)."""
+    dim = zero = wrapped = None
+    for o in operands:
+        if isinstance(o, Tensor):
+            if o.data.ndim:
+                dim = promote_types(dim, o.data.dtype)
+            else:
+                zero = promote_types(zero, o.data.dtype)
+        elif o is not None:
+            wrapped = promote_types(wrapped, scalar_dtype(o))
+    return _combine(dim, _combine(zero, wrapped))
+
+
+def cast_array(arr, dtype):
+    return arr if arr.dtype == dtype else arr.astype(dtype)
+
+
+def scalar_as(v, dtype, xp=np):
+    """A wrapped number as an operand of ``dtype`` arithmetic: a Python scalar when NumPy keeps it weak and in
+    range, else a 0-d array of ``dtype`` (integers wrap around, as PyTorch's cast does)."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    k = dtype.kind
+    if k in "iu":
+        if isinstance(v, bool) or not isinstance(v, int):
+            return np.asarray(v).astype(dtype)[()]
+        info = np.iinfo(dtype)
+        if info.min <= v <= info.max:
+            return v
+        return np.asarray(v % (1 << (8 * dtype.itemsize))).astype(np.uint64).astype(dtype)[()] if v >= 0 or k == "u" \
+            else np.asarray(v).astype(np.int64).astype(dtype)[()]
+    if k == "b":
+        return bool(v)
+    if isinstance(v, complex) and k != "c":
+        return v
+    return v if isinstance(v, (bool, int, float)) else np.asarray(v, dtype=dtype)[()]
+
+
+def promoted_operands(a, b, *, true_div=False):
+    """(a_array, b_operand, dtype) with both cast to PyTorch's result dtype (``true_div``: integer results become
+    the default float dtype, as ``/`` does)."""
+    bt = isinstance(b, Tensor)
+    if bt and a.data.dtype == b.data.dtype:
+        dt = a.data.dtype
+        if true_div and category(dt) < 2:
+            dt = get_default_dtype()
+            return a.data.astype(dt), b.data.astype(dt), dt
+        return a.data, b.data, dt
+    dt = result_type(a, b)
+    if true_div and category(dt) < 2:
+        dt = get_default_dtype()
+    ad = cast_array(a.data, dt)
+    if bt:
+        return ad, cast_array(b.data, dt), dt
+    return ad, scalar_as(b, dt), dt

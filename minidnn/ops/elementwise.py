@@ -13,14 +13,16 @@ from .._amp_state import autocast_op
 from ..autograd import Node, _state
 from ..backend.layout import in_memory_order
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
-from ._core import _F64, as_operand, broadcast_error, check_pair, fit, node, to_tensor, weak_scalar_result
+from ._core import (_F64, as_operand, broadcast_error, check_pair, fit, node, promoted_operands, to_tensor,
+                    weak_scalar_result)
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "tanh", "sigmoid", "relu", "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
            "expm1", "reciprocal", "rsub", "rdiv", "rpow", "eq", "ne", "lt", "le", "gt", "ge", "logical_not",
-           "isfinite", "isnan", "floor", "ceil", "round", "floordiv", "remainder"]
+           "isfinite", "isnan", "floor", "ceil", "round", "floordiv", "remainder", "floor_divide", "bitwise_not",
+           "fmod", "isclose", "allclose", "addcmul", "addcdiv", "lerp"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -36,12 +38,16 @@ class _Binary(Node):
         return saved if self.b_meta is not None else (saved[0], self.scalar)
 
 
-def _binary(op, name, cls, a, b, save):
-    """Run ``op`` on the arrays of a (Tensor) and b (Tensor or scalar); record ``cls`` if needed."""
+def _binary(op, name, cls, a, b, save, true_div=False):
+    """Run ``op`` on the arrays of a (Tensor) and b (Tensor or scalar), both cast to PyTorch's result dtype
+    (``true_div``: integers give the default float dtype); record ``cls`` if needed."""
     if isinstance(b, Tensor):
         check_pair(name, a, b)
+        ad, bd = a.data, b.data
+        if ad.dtype != bd.dtype or true_div:
+            ad, bd, _ = promoted_operands(a, b, true_div=true_div)
         try:
-            out = in_memory_order(op, a.data, b.data)
+            out = in_memory_order(op, ad, bd)
         except ValueError:
             raise broadcast_error(name, a, b) from None
         if _state.grad_enabled and (a.requires_grad or b.requires_grad):
@@ -54,10 +60,9 @@ def _binary(op, name, cls, a, b, save):
         return _wrap(out)
     b = as_operand(b, a)
     if isinstance(b, Tensor):
-        return _binary(op, name, cls, a, b, save)
-    out = op(a.data, b)
-    if out.dtype is _F64 and a.data.dtype.kind in "biu":    # int_tensor (op) 2.5: the default float dtype
-        out = weak_scalar_result(out, a, b)
+        return _binary(op, name, cls, a, b, save, true_div)
+    ad, bs, _ = promoted_operands(a, b, true_div=true_div)
+    out = op(ad, bs)
     if _state.grad_enabled and a.requires_grad:
         n = node(cls, a, None)
         n.a_meta = (a.data.shape, a.data.dtype)
@@ -111,12 +116,15 @@ class PowBackward(_Binary):
     def backward(self, g):
         a, b = self.operands()
         ga = gb = None
+        bd = b.detach() if isinstance(b, Tensor) else b
         if self.next_edges[0]:
-            ga = fit(g * b * a ** (b - 1), *self.a_meta)
+            # PyTorch: 0 where the exponent is 0 (so d(x**0)/dx = 0 at x = 0, not 0 * inf)
+            ga = fit(where(bd == 0, 0.0, g * b * a ** (b - 1)), *self.a_meta)
         if self.b_meta and self.next_edges[1]:
-            # d(a^b)/db = a^b log a; defined as 0 where a == 0 (and b >= 0), as in PyTorch.
-            safe_log = where(a.detach() == 0, 0.0, log(where(a.detach() == 0, 1.0, a)))
-            gb = fit(g * a ** b * safe_log, *self.b_meta)
+            # d(a^b)/db = a^b log a; defined as 0 where a == 0 and b >= 0, as in PyTorch.
+            ad = a.detach()
+            zero = (ad == 0) & (bd >= 0)
+            gb = fit(where(zero, 0.0, g * a ** b * log(where(zero, 1.0, a))), *self.b_meta)
         return ga, gb
 
 
@@ -137,7 +145,32 @@ def _arith(name, cls, save):
 _add = _arith("add", AddBackward, False)
 sub = _arith("sub", SubBackward, False)
 mul = _arith("mul", MulBackward, True)
-div = true_divide = _arith("truediv", DivBackward, True)
+_div = _arith("truediv", DivBackward, True)
+
+
+def div(a, b, *, rounding_mode=None):
+    """True division (integers give the default float dtype); rounding_mode 'floor' or 'trunc' as PyTorch."""
+    if rounding_mode is None:
+        if not isinstance(a, Tensor):
+            raise DTypeError("div: the first operand must be a Tensor")
+        return _binary(operator.truediv, "div", DivBackward, a, b, True, true_div=True)
+    if rounding_mode == "floor":
+        return floordiv(a, b)
+    if rounding_mode == "trunc":
+        q = div(a, b)
+        out = _wrap(q._xp().trunc(q.data))
+        rt = result_of(a, b)
+        return out.astype(rt) if out.dtype != rt else out
+    raise ArgumentError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+                        f"'{rounding_mode}'")
+
+
+true_divide = div
+
+
+def result_of(a, b):
+    from ._core import result_type
+    return result_type(a, b if isinstance(b, Tensor) else as_operand(b, a))
 _pow = _arith("pow", PowBackward, True)
 
 
@@ -162,6 +195,10 @@ class ScalarPowBackward(Node):
         p = self.p
         if p == 2:
             return (g * a * 2.0,)
+        if p == 0:                      # PyTorch: exactly 0 (not 0 * x**-1, NaN at 0)
+            return (_wrap(a._xp().zeros(a.shape, dtype=g.dtype)),)
+        if p == 0.5:                    # PyTorch's x**0.5 is sqrt: 0.5 * rsqrt(x) (-inf at -0, as there)
+            return (g * (0.5 * reciprocal(sqrt(a))),)
         return (g * p * a ** (p - 1),)
 
 
@@ -169,7 +206,8 @@ def _scalar_pow(a, p):
     if isinstance(p, int) and p < 0 and a.dtype.kind in "iu":
         raise ArgumentError(f"pow: Integers to negative integer powers are not allowed (an {a.dtype} tensor to the "
                             f"power {p}; use a floating tensor)")
-    out = weak_scalar_result(a.data ** p, a, p)
+    ad, ps, _ = promoted_operands(a, p)
+    out = ad ** ps
     if _state.grad_enabled and a.requires_grad:
         n = node(ScalarPowBackward, a)
         n.p = p
@@ -336,21 +374,38 @@ def where(condition, a, b):
     return _wrap(out)
 
 
+class SelectBackward(Node):
+    """maximum/minimum: the gradient goes to the winner, half to each on a tie (PyTorch's masks, so an
+    infinite operand never meets a 0 weight: no NaN at +-inf)."""
+    __slots__ = ("wa", "a_meta", "b_meta")
+
+    def backward(self, g):
+        wa = self.wa
+        ga = fit(g * wa, *self.a_meta) if self.next_edges[0] else None
+        gb = fit(g * (1.0 - wa), *self.b_meta) if self.b_meta is not None and self.next_edges[1] else None
+        return ga, gb
+
+
 def _select(a, b, pick_a_mask_fn, name):
+    if not isinstance(a, Tensor):
+        raise DTypeError(f"{name}: expected a Tensor as the first operand, got {type(a).__name__}")
     b_t = to_tensor(b, a) if not isinstance(b, Tensor) else b
     check_pair(name, a, b_t)
-    ad, bd = a.data, b_t.data
-    # Weight 1 where a wins, 0 where b wins, 1/2 on ties.
-    with_grad = _state.grad_enabled and (a.requires_grad or b_t.requires_grad)
+    ad, bd, dt = promoted_operands(a, b_t)
+    xp = a._xp()
     try:
-        if not with_grad:
-            xp = a._xp()
-            return _wrap(xp.maximum(ad, bd) if name == "maximum" else xp.minimum(ad, bd))
-        wa = pick_a_mask_fn(ad, bd).astype(np.result_type(ad, bd)) + (ad == bd) * 0.5
+        out = xp.maximum(ad, bd) if name == "maximum" else xp.minimum(ad, bd)
     except ValueError:
         raise broadcast_error(name, a, b_t) from None
-    wa_t = _wrap(wa)
-    return a * wa_t + b_t * (1.0 - wa_t)
+    if not (_state.grad_enabled and (a.requires_grad or b_t.requires_grad)):
+        return _wrap(out)
+    # Weight 1 where a wins, 0 where b wins, 1/2 on ties; NaN goes to the NaN operand.
+    wa = pick_a_mask_fn(ad, bd).astype(dt) + (ad == bd) * dt.type(0.5) + (ad != ad) * dt.type(1)
+    n = node(SelectBackward, a if a.requires_grad else None, b_t if b_t.requires_grad else None)
+    n.wa = _wrap(xp.broadcast_to(wa, out.shape) if wa.shape != out.shape else wa)
+    n.a_meta = (a.data.shape, a.data.dtype)
+    n.b_meta = (b_t.data.shape, b_t.data.dtype)
+    return _attach(out, n)
 
 
 def maximum(a, b):
@@ -406,12 +461,11 @@ def _nondiff(name, fn):
             return _wrap(fn(a.data))
         if isinstance(b, Tensor):
             check_pair(name, a, b)
-            bd = b.data
         else:
-            bd = as_operand(b, a)
-            bd = bd.data if isinstance(bd, Tensor) else bd
+            b = as_operand(b, a)
+        ad, bd, _ = promoted_operands(a, b)      # compared/divided in PyTorch's result dtype
         try:
-            return _wrap(fn(a.data, bd))
+            return _wrap(fn(ad, bd))
         except ValueError:
             raise broadcast_error(name, a, b) from None
     op.__name__ = name
@@ -424,8 +478,47 @@ lt = _nondiff("lt", lambda x, y: x < y)
 le = _nondiff("le", lambda x, y: x <= y)
 gt = _nondiff("gt", lambda x, y: x > y)
 ge = _nondiff("ge", lambda x, y: x >= y)
-floordiv = _nondiff("floordiv", lambda x, y: x // y)
-remainder = _nondiff("remainder", lambda x, y: x % y)
+floordiv = floor_divide = _nondiff("floordiv", lambda x, y: x // y)
+_remainder = _nondiff("remainder", lambda x, y: x % y)
+_fmod = _nondiff("fmod", lambda x, y: np.fmod(x, y))
+
+
+class RemainderBackward(Node):
+    __slots__ = ("q", "a_meta", "b_meta")
+
+    def backward(self, g):
+        ga = fit(g, *self.a_meta) if self.next_edges[0] else None
+        gb = fit(-g * self.q, *self.b_meta) if self.b_meta is not None and self.next_edges[1] else None
+        return ga, gb
+
+
+def remainder(a, b):
+    """Python's modulo (the sign of the divisor), in PyTorch's result dtype (int % float is the default float);
+    differentiable as in PyTorch: d/da = 1, d/db = -floor(a / b)."""
+    out = _remainder(a, b)
+    bt = b if isinstance(b, Tensor) else None
+    if _state.grad_enabled and (a.requires_grad or (bt is not None and bt.requires_grad)):
+        n = node(RemainderBackward, a if a.requires_grad else None, bt if bt is not None and bt.requires_grad else None)
+        n.q = _wrap(floordiv(a, b).data)
+        n.a_meta = (a.data.shape, a.data.dtype)
+        n.b_meta = (bt.data.shape, bt.data.dtype) if bt is not None else None
+        return _attach(out.data, n)
+    return out
+
+
+def fmod(a, b):
+    """C's fmod (the sign of the dividend)."""
+    return _fmod(a, b)
+
+
+def bitwise_not(x):
+    """``~x``: bitwise not of an integer tensor, logical not of a bool tensor (PyTorch's rule)."""
+    k = x.dtype.kind
+    if k == "b":
+        return _wrap(~x.data)
+    if k in "iu":
+        return _wrap(~x.data)
+    raise DTypeError(f"bitwise_not: only integer and bool tensors are supported, got {x.dtype}")
 sign = _nondiff("sign", lambda x: (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype))
 logical_not = _nondiff("logical_not", lambda x: ~x.astype(bool))
 # NumPy ufuncs dispatch to CuPy for CuPy arrays (__array_ufunc__), so one spelling serves both.
@@ -434,3 +527,53 @@ isnan = _nondiff("isnan", np.isnan)
 floor = _nondiff("floor", np.floor)
 ceil = _nondiff("ceil", np.ceil)
 round = _nondiff("round", np.round)
+
+
+# ------------------------------------------------------------------------------------------------
+# Composite ops with PyTorch's signatures.
+# ------------------------------------------------------------------------------------------------
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """|input - other| <= atol + rtol * |other| elementwise (equal infinities are close; NaN only with
+    ``equal_nan``); compared in the promoted dtype."""
+    if not isinstance(other, Tensor):
+        other = to_tensor(other, input)
+    check_pair("isclose", input, other)
+    if input.dtype != other.dtype:
+        raise DTypeError(f"isclose: {input.dtype} did not match {other.dtype} (PyTorch compares tensors of one "
+                         "dtype)")
+    ad, bd, dt = promoted_operands(input, other)
+    xp = input._xp()
+    try:
+        if dt.kind in "biu":
+            ad, bd = ad.astype(np.float64), bd.astype(np.float64)
+        return _wrap(xp.isclose(ad, bd, rtol=rtol, atol=atol, equal_nan=equal_nan))
+    except ValueError:
+        raise broadcast_error("isclose", input, other) from None
+
+
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
+    return bool(isclose(input, other, rtol, atol, equal_nan).data.all())
+
+
+def addcmul(input, tensor1, tensor2, *, value=1):
+    """input + value * tensor1 * tensor2."""
+    prod = mul(tensor1, tensor2)
+    return add(input, prod if value == 1 else prod * value)
+
+
+def addcdiv(input, tensor1, tensor2, *, value=1):
+    """input + value * tensor1 / tensor2 (integer tensor1 / tensor2 is refused, as in PyTorch)."""
+    if tensor1.dtype.kind in "biu" and tensor2.dtype.kind in "biu":
+        raise DTypeError("addcdiv: integer division with addcdiv is no longer supported (tensor1 and tensor2 are "
+                         f"{tensor1.dtype} and {tensor2.dtype})")
+    q = div(tensor1, tensor2)
+    return add(input, q if value == 1 else q * value)
+
+
+def lerp(input, end, weight):
+    """input + weight * (end - input) (weight a number or a tensor)."""
+    if not isinstance(end, Tensor):
+        raise DTypeError(f"lerp: end must be a Tensor, got {type(end).__name__}")
+    if end.dtype != input.dtype:
+        raise DTypeError(f"lerp: expected dtype {input.dtype} for `end` but got dtype {end.dtype}")
+    return add(input, mul(sub(end, input), weight) if isinstance(weight, Tensor) else sub(end, input) * weight)

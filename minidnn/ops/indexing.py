@@ -16,6 +16,110 @@ from ._core import node
 __all__ = ["getitem", "index_put", "scatter_into"]
 
 
+# ------------------------------------------------------------------------------------------------
+# PyTorch's placement rule.  NumPy counts an int as an advanced index whenever an index array is present,
+# so in ``a[1, :, idx]`` the int and ``idx`` are "separated by a slice" and the indexed dims go first;
+# PyTorch applies ints (and 0-d integer tensors) as plain selections, so only index arrays and masks are
+# advanced and ``a[1, :, idx]`` keeps idx's dims where idx stood.  We index with NumPy and move the advanced
+# dims from NumPy's place to PyTorch's when the two differ (docs/semantics.md).
+# ------------------------------------------------------------------------------------------------
+def _kind(k):
+    """'int' (a plain selection in PyTorch), 'adv' (index array / mask / Python bool), 'slice', 'none',
+    'ellipsis'."""
+    if k is None:
+        return "none"
+    if k is Ellipsis:
+        return "ellipsis"
+    if isinstance(k, slice):
+        return "slice"
+    if isinstance(k, (bool, np.bool_)):
+        return "adv"
+    if isinstance(k, (int, np.integer)):
+        return "int"
+    if hasattr(k, "ndim") and hasattr(k, "dtype"):
+        if k.ndim == 0 and k.dtype.kind in "iu":
+            return "int"
+        return "adv"
+    return "adv"
+
+
+def _consumes(k, kind):
+    if kind in ("int", "slice"):
+        return 1
+    if kind == "adv":
+        if isinstance(k, (bool, np.bool_)):
+            return 0
+        return k.ndim if k.dtype.kind == "b" else 1
+    return 0
+
+
+def _placement_move(key, ndim):
+    """None, or (n_adv_dims, numpy_pos, torch_pos) when PyTorch places the advanced dims elsewhere than NumPy."""
+    keys = key if isinstance(key, tuple) else (key,)
+    kinds = [_kind(k) for k in keys]
+    if "adv" not in kinds or "int" not in kinds:
+        return None
+    used = builtins_sum(_consumes(k, c) for k, c in zip(keys, kinds))
+    ell = builtins_max(ndim - used, 0)
+    out_dims = []        # output dims each element makes as a basic index
+    for c in kinds:
+        out_dims.append({"none": 1, "slice": 1, "ellipsis": ell}.get(c, 0))
+    n_adv = 0
+    for k, c in zip(keys, kinds):
+        if c == "adv":
+            if isinstance(k, (bool, np.bool_)) or k.dtype.kind == "b":
+                n_adv = builtins_max(n_adv, 1)
+            else:
+                n_adv = builtins_max(n_adv, k.ndim)
+
+    def pos(adv_set):
+        idx = [i for i, c in enumerate(kinds) if c in adv_set]
+        contiguous = all(kinds[i] in adv_set for i in range(idx[0], idx[-1] + 1))
+        if not contiguous:
+            return 0
+        return builtins_sum(out_dims[:idx[0]])
+
+    def pos_torch():
+        idx = [i for i, c in enumerate(kinds) if c == "adv"]
+        between = [kinds[i] for i in range(idx[0], idx[-1] + 1)]
+        if not all(c in ("adv", "int") for c in between):
+            return 0
+        return builtins_sum(out_dims[:idx[0]])
+
+    np_pos, t_pos = pos(("adv", "int")), pos_torch()
+    if np_pos == t_pos or n_adv == 0:
+        return None
+    return n_adv, np_pos, t_pos
+
+
+builtins_sum, builtins_max = sum, max
+
+
+def _to_torch_order(arr_or_tensor, move):
+    n, src, dst = move
+    if isinstance(arr_or_tensor, Tensor):
+        from .shape import movedim
+        return movedim(arr_or_tensor, tuple(range(src, src + n)), tuple(range(dst, dst + n)))
+    xp = _dev.array_module(arr_or_tensor)
+    return xp.moveaxis(arr_or_tensor, tuple(range(src, src + n)), tuple(range(dst, dst + n)))
+
+
+def _to_numpy_order(v, move):
+    n, src, dst = move
+    return _to_torch_order(v, (n, dst, src))
+
+
+def setitem_array(x, key, value):
+    """``x.data[key] = value`` with PyTorch's placement (``x`` a Tensor, value an array or a number)."""
+    k = _normalize_key(key, x)
+    move = _placement_move(k, x.ndim)
+    if move is not None and hasattr(value, "shape"):
+        xp = x._xp()
+        target = _to_torch_order(xp.empty(x.data[k].shape, dtype=bool), move).shape
+        value = _to_numpy_order(xp.broadcast_to(value, target), move)
+    x.data[k] = value
+
+
 def _normalize_key(key, like=None):
     """Tensors become their arrays, lists become arrays (NumPy semantics)."""
     if isinstance(key, tuple):
@@ -59,7 +163,13 @@ class ScatterBackward(Node):
 
 
 def getitem(x, key, normalized=False):
-    k = key if normalized else _normalize_key(key, x)
+    if not normalized:
+        k = _normalize_key(key, x)
+        move = _placement_move(k, x.ndim)
+        if move is not None:
+            return _to_torch_order(getitem(x, k, normalized=True), move)
+    else:
+        k = key
     try:
         out = x.data[k]
     except IndexError as e:
@@ -107,6 +217,11 @@ class IndexPutBackward(Node):
 def index_put(x, key, value):
     """Out-of-place ``x[key] = value`` (what ``__setitem__`` records on graph tensors)."""
     k = _normalize_key(key, x)
+    move = _placement_move(k, x.ndim)
+    if move is not None and isinstance(value, Tensor):
+        target = _to_torch_order(x._xp().empty(x.data[k].shape, dtype=bool), move).shape
+        from ._core import broadcast_to
+        value = _to_numpy_order(broadcast_to(value, target), move)
     out = x.data.copy()
     v = value.data if isinstance(value, Tensor) else value
     out[k] = v

@@ -12,7 +12,7 @@ from ._core import check_pair, fit, node, to_tensor
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError
 
-__all__ = ["matmul", "dot", "outer", "transfer", "astype", "clone"]
+__all__ = ["matmul", "dot", "outer", "transfer", "astype", "clone", "mm", "bmm", "t", "einsum"]
 
 
 class MatmulBackward(Node):
@@ -109,3 +109,125 @@ def astype(x, dtype):
 def clone(x):
     """A copy with its own memory; differentiable (the gradient passes through unchanged)."""
     return transfer(x, copy=True)
+
+
+def mm(input, mat2):
+    """The matrix product of two 2-D tensors (no broadcasting, as torch.mm)."""
+    if input.ndim != 2 or mat2.ndim != 2:
+        raise ArgumentError(f"mm: expected 2-D tensors, got shapes {tuple(input.shape)} and {tuple(mat2.shape)}")
+    if input.dtype != mat2.dtype:
+        raise ArgumentError(f"mm: expected both operands to have the same dtype, but got {input.dtype} and "
+                            f"{mat2.dtype}")
+    return matmul(input, mat2)
+
+
+def bmm(input, mat2):
+    """Batched matrix product of (b, n, m) and (b, m, p) tensors (no broadcasting, as torch.bmm)."""
+    if input.ndim != 3 or mat2.ndim != 3:
+        raise ArgumentError(f"bmm: expected 3-D tensors, got shapes {tuple(input.shape)} and {tuple(mat2.shape)}")
+    if input.shape[0] != mat2.shape[0] or input.shape[2] != mat2.shape[1]:
+        raise ArgumentError(f"bmm: shapes {tuple(input.shape)} and {tuple(mat2.shape)} do not match (expected (b, n, "
+                            "m) and (b, m, p))")
+    if input.dtype != mat2.dtype:
+        raise ArgumentError(f"bmm: expected both operands to have the same dtype, but got {input.dtype} and "
+                            f"{mat2.dtype}")
+    return matmul(input, mat2)
+
+
+def t(input):
+    """Transpose of a tensor with at most 2 dims (0-d and 1-D come back as they are)."""
+    if input.ndim > 2:
+        raise ArgumentError(f"t() expects a tensor with <= 2 dimensions, but self is {input.ndim}D (shape "
+                            f"{tuple(input.shape)}); use transpose(dim0, dim1) or .mT")
+    return input if input.ndim < 2 else input.transpose(0, 1)
+
+
+# -- einsum ---------------------------------------------------------------------------------------
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _parse_einsum(equation, shapes):
+    """Explicit subscripts (ellipses spelled out as letters), one string per operand, and the output's."""
+    eq = equation.replace(" ", "")
+    if "->" in eq:
+        lhs, out = eq.split("->")
+    else:
+        lhs, out = eq, None
+    ins = lhs.split(",")
+    if len(ins) != len(shapes):
+        raise ArgumentError(f"einsum(): {len(ins)} operands in the equation {equation!r} but {len(shapes)} given")
+    used = set(c for c in eq if c.isalpha())
+    free = [c for c in _LETTERS if c not in used]
+    ell = 0
+    for s, shp in zip(ins, shapes):
+        if "..." in s:
+            ell = builtin_max(ell, len(shp) - (len(s) - 3))
+    ell_letters = "".join(free[:ell])
+    spelled = []
+    for s, shp in zip(ins, shapes):
+        if "..." in s:
+            k = len(shp) - (len(s) - 3)
+            s = s.replace("...", ell_letters[ell - k:] if k else "")
+        if len(s) != len(shp):
+            raise ArgumentError(f"einsum(): the subscripts {s!r} do not match an operand of shape {tuple(shp)}")
+        spelled.append(s)
+    if out is None:
+        counts = {}
+        for s in spelled:
+            for c in s:
+                counts[c] = counts.get(c, 0) + 1
+        out = ell_letters + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell_letters))
+    else:
+        out = out.replace("...", ell_letters)
+    return spelled, out
+
+
+def builtin_max(a, b):
+    return a if a > b else b
+
+
+def einsum(equation, *operands):
+    """Einstein summation with PyTorch's signature (operands as arguments or one list); differentiable: the
+    gradient of each operand is an einsum of the output gradient with the others."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    from ..autograd import Function
+
+    ins, out = _parse_einsum(equation, [o.shape for o in operands])
+    eq = ",".join(ins) + "->" + out
+    for o in operands[1:]:
+        check_pair("einsum", operands[0], o)
+
+    class Einsum(Function):
+        @staticmethod
+        def forward(ctx, *ops):
+            xp = ops[0]._xp()
+            arrs = [o.data for o in ops]
+            dt = arrs[0].dtype
+            for a in arrs[1:]:
+                dt = np.promote_types(dt, a.dtype)
+            return _wrap(xp.einsum(eq, *[a.astype(dt, copy=False) for a in arrs]))
+
+        @staticmethod
+        def backward(ctx, g):
+            grads = []
+            for i, sub in enumerate(ins):
+                if not ctx.needs_input_grad[i]:
+                    grads.append(None)
+                    continue
+                if len(set(sub)) != len(sub):
+                    raise ArgumentError(f"einsum backward: repeated subscripts in one operand ({sub!r}) are not "
+                                        "supported")
+                others = [ins[j] for j in range(len(ins)) if j != i]
+                avail = set(out).union(*others) if others else set(out)
+                keep = "".join(c for c in sub if c in avail)
+                gi = einsum(",".join([out] + others) + "->" + keep, g, *[operands[j] for j in range(len(ins))
+                                                                        if j != i])
+                if keep != sub:       # letters summed in this operand only: broadcast the gradient back
+                    shape = operands[i].shape
+                    gi = gi.reshape(tuple(shape[sub.index(c)] if c in keep else 1 for c in sub))
+                    gi = gi.expand(*shape)
+                grads.append(gi.astype(operands[i].dtype) if gi.dtype != operands[i].dtype else gi)
+            return tuple(grads)
+
+    return Einsum.apply(*operands)

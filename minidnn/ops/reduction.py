@@ -1,8 +1,9 @@
 """Reductions: sum, mean, var, std, max, min, logsumexp, prod, and argmax/argmin (no grad).
 
 ``axis`` may be None, an int (negative counts from the end) or a tuple; ``keepdims``.  PyTorch's
-spelling ``dim=`` / ``keepdim=`` is accepted too.  ``max``/``min`` return the values only (use
-``argmax``/``argmin`` for indices).
+spelling ``dim=`` / ``keepdim=`` is accepted too.  A 0-d tensor takes dim 0 and -1 (as in PyTorch).
+``max(dim)``/``min(dim)`` return PyTorch's named tuple (values, indices) (ops/sorting.py); ``max()`` over
+everything and ``amax``/``amin`` return values, their gradient split evenly among ties.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from ..autograd import Node, _state
 from ..tensor import Tensor, _attach, _wrap
-from ._core import broadcast_to, node
+from ._core import broadcast_to, canonical_dim, node
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 
@@ -22,6 +23,7 @@ __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp
 
 
 def _axes(x, axis, dim, where="reduction"):
+    """None (all dims) or a sorted tuple of canonical dims; () for a 0-d tensor given dim 0 or -1."""
     if dim is not None:
         if axis is not None:
             raise DTypeError(f"{where}: give either axis= or dim=, not both")
@@ -30,19 +32,13 @@ def _axes(x, axis, dim, where="reduction"):
     if axis is None:
         return None
     if isinstance(axis, (list, tuple)):
-        ax = tuple(_norm_axis(a, nd, where) for a in axis)
+        ax = tuple(canonical_dim(where, a, nd) for a in axis)
         if len(set(ax)) != len(ax):
-            raise ArgumentError(f"{where}: repeated axis in {tuple(axis)}")
-        return tuple(sorted(ax))
-    return (_norm_axis(axis, nd, where),)
-
-
-def _norm_axis(a, nd, where):
-    a = int(a)
-    bound = builtins.max(nd, 1)     # this module's max/min/any/all/sum shadow the builtins
-    if not -bound <= a < bound:
-        raise IndexError(f"{where}: axis {a} is out of range for a tensor with {nd} dimensions")
-    return a % nd if nd else 0
+            raise ArgumentError(f"{where}: dim {builtins.next(a for a in ax if ax.count(a) > 1)} appears multiple "
+                                f"times in the list of dims {tuple(axis)}")
+        return tuple(sorted(ax)) if nd else ()
+    d = canonical_dim(where, axis, nd)
+    return (d,) if nd else ()
 
 
 def _keep(keepdims, keepdim):
@@ -104,7 +100,8 @@ def var(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None
     n = _count(x.shape, axes)
     d = x - mean(x, axes, True)
     denom = n - corr
-    return sum(d * d, axes, kd) * (1.0 / denom if denom > 0 else float("nan"))
+    # PyTorch divides by max(0, N - correction): inf where the sum of squares is positive, nan where it is 0
+    return sum(d * d, axes, kd) * (1.0 / denom if denom > 0 else float("inf"))
 
 
 def std(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None, unbiased=None, ddof=None):
@@ -127,9 +124,11 @@ class ExtremumBackward(Node):
 def _extremum(x, axis, keepdims, dim, keepdim, which):
     axes = _axes(x, axis, dim, which)
     if x.data.size == 0 and (axes is None or builtins.any(x.shape[a] == 0 for a in axes)):
-        raise RuntimeError(f"{which}(): cannot reduce an empty tensor of shape {tuple(x.shape)} (no identity)")
+        from ..backend.errors import DimensionError
+        raise DimensionError(f"{which}(): cannot reduce an empty tensor of shape {tuple(x.shape)} over dims "
+                             f"{axes if axes is not None else 'all'} (Expected reduction dim to have non-zero size)")
     kd = _keep(keepdims, keepdim)
-    fn = x.data.max if which == "max" else x.data.min
+    fn = x.data.max if which in ("max", "amax") else x.data.min
     kept = fn(axis=axes, keepdims=True)
     out = kept if kd else kept.reshape(tuple(s for i, s in enumerate(kept.shape)
                                              if axes is not None and i not in axes))
@@ -141,21 +140,39 @@ def _extremum(x, axis, keepdims, dim, keepdim, which):
     return _wrap(out)
 
 
+def _named_or_values(x, axis, keepdims, dim, keepdim, which):
+    d = dim if dim is not None else axis
+    if dim is not None and axis is not None:
+        raise DTypeError(f"{which}: give either axis= or dim=, not both")
+    if d is None or isinstance(d, (tuple, list)):      # all dims (or minidnn's tuple of dims): values only
+        return _extremum(x, d, keepdims, None, keepdim, which)
+    from .sorting import max_dim
+    return max_dim(x, d, _keep(keepdims, keepdim), which)
+
+
 def max(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """``max(x)``: the largest element; ``max(x, dim, keepdim=False)``: the named tuple (values, indices), as
+    ``torch.max``; ``max(x, other)``: the elementwise maximum."""
     if isinstance(axis, Tensor):        # x.max(other): elementwise, as torch.max(a, b)
         from .elementwise import maximum
         return maximum(x, axis)
-    return _extremum(x, axis, keepdims, dim, keepdim, "max")
+    return _named_or_values(x, axis, keepdims, dim, keepdim, "max")
 
 
 def min(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     if isinstance(axis, Tensor):
         from .elementwise import minimum
         return minimum(x, axis)
-    return _extremum(x, axis, keepdims, dim, keepdim, "min")
+    return _named_or_values(x, axis, keepdims, dim, keepdim, "min")
 
 
-amax, amin = max, min
+def amax(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
+    """The largest values over ``dim`` (an int or a tuple; all by default); the gradient is split among ties."""
+    return _extremum(x, dim if axis is None else axis, bool(keepdim) or bool(keepdims), None, None, "amax")
+
+
+def amin(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
+    return _extremum(x, dim if axis is None else axis, bool(keepdim) or bool(keepdims), None, None, "amin")
 
 
 @autocast_op("logsumexp")
@@ -163,8 +180,11 @@ def logsumexp(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     """log(sum(exp(x))) computed stably (the max is subtracted first)."""
     axes = _axes(x, axis, dim, "logsumexp")
     kd = _keep(keepdims, keepdim)
-    m = x.data.max(axis=axes, keepdims=True)
     xp = x._xp()
+    if x.data.size == 0:
+        m = xp.zeros(_kept_shape(x.data.shape, axes), dtype=x.dtype)
+    else:
+        m = x.data.max(axis=axes, keepdims=True)
     m = xp.where(xp.isfinite(m), m, 0)
     shift = _wrap(m)
     out = (x - shift).exp().sum(axes, True).log() + shift
@@ -247,5 +267,5 @@ def norm(x, p=2, axis=None, keepdims=False, *, dim=None, keepdim=None):
     if p == 1:
         return x.abs().sum(axis, keepdims, dim=dim, keepdim=keepdim)
     if p == float("inf"):
-        return x.abs().max(axis, keepdims, dim=dim, keepdim=keepdim)
+        return x.abs().amax(dim if dim is not None else axis, bool(keepdims) or bool(keepdim))
     return (x.abs() ** p).sum(axis, keepdims, dim=dim, keepdim=keepdim) ** (1.0 / p)

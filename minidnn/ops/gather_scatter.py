@@ -1,0 +1,358 @@
+"""Index-driven ops with PyTorch's semantics: gather/scatter/scatter_add, masked_fill, tril/triu/diag,
+cumsum/cumprod.
+
+    # x: (d0, ..., dn)   index: same ndim as x, index.size(d) <= x.size(d) for d != dim (gather) or
+    #                    <= src.size(d) for every d (scatter); out[i][j][k] = x[i][index[i][j][k]][k] (dim=1)
+
+Each op is an ``autograd.Function``: forward on arrays (xp-generic: NumPy or CuPy through the array
+module), backward written with these same differentiable ops (gather <-> scatter_add), so
+create_graph=True differentiates again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import Function
+from ..backend.array_ops import index_add
+from ..backend.errors import ArgumentError, DTypeError
+from ..tensor import Tensor, _wrap
+from ._core import canonical_dim, check_pair
+
+__all__ = ["gather", "scatter", "scatter_add", "masked_fill", "tril", "triu", "diag", "cumsum", "cumprod",
+           "take_along_dim"]
+
+
+def _grid(xp, shape, dim, index):
+    """The full advanced-index tuple that addresses ``index``'s positions along ``dim`` (open grids elsewhere)."""
+    key = []
+    nd = len(shape)
+    for d in range(nd):
+        if d == dim:
+            key.append(index)
+        else:
+            r = xp.arange(shape[d]).reshape((1,) * d + (-1,) + (1,) * (nd - d - 1))
+            key.append(r)
+    return tuple(key)
+
+
+def _check_index(op, x, dim, index, other=None, other_name="src"):
+    if not isinstance(index, Tensor):
+        raise DTypeError(f"{op}: index must be a Tensor, got {type(index).__name__}")
+    if index.dtype != np.int64 and index.dtype.kind not in "iu":
+        raise DTypeError(f"{op}(): Expected dtype int64 for index, got {index.dtype}")
+    check_pair(op, x, index)
+    nd = x.ndim
+    d = canonical_dim(op, dim, nd)
+    if index.ndim != max(nd, 0) and not (nd == 0 and index.ndim <= 1):
+        raise ArgumentError(f"{op}: Index tensor must have the same number of dimensions as input tensor (index "
+                            f"{tuple(index.shape)}, input {tuple(x.shape)})")
+    for i in range(index.ndim):
+        if i != d and index.shape[i] > x.shape[i]:
+            raise ArgumentError(f"{op}: Size does not match at dimension {i} expected index {tuple(index.shape)} to be "
+                                f"no larger than self {tuple(x.shape)} apart from dimension {d}")
+        if other is not None and index.shape[i] > other.shape[i]:
+            raise ArgumentError(f"{op}: Size does not match at dimension {i} expected index {tuple(index.shape)} to be "
+                                f"no larger than {other_name} {tuple(other.shape)}")
+    if index.data.size:
+        lo, hi = int(index.data.min()), int(index.data.max())
+        n = x.shape[d] if nd else 1
+        if lo < 0 or hi >= n:
+            from ..backend.errors import DimensionError
+            raise DimensionError(f"{op}: index {hi if hi >= n else lo} is out of bounds for dimension {d} with size "
+                                 f"{n}")
+    return d
+
+
+class Gather(Function):
+    @staticmethod
+    def forward(ctx, x, dim, index):
+        xd, idx = x.data, index.data
+        ctx.in_shape, ctx.dim = xd.shape, dim
+        ctx.save_for_backward(index)
+        if xd.ndim == 0:
+            return _wrap(xd.reshape(idx.shape) if idx.size else xd.reshape(-1)[:0].reshape(idx.shape))
+        xp = x._xp()
+        return _wrap(xd[_grid(xp, idx.shape, dim, idx)])
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        z = _wrap(g._xp().zeros(ctx.in_shape, dtype=g.dtype))
+        return ScatterAdd.apply(z, ctx.dim, index, g), None, None
+
+
+class ScatterAdd(Function):
+    @staticmethod
+    def forward(ctx, x, dim, index, src):
+        ctx.dim = dim
+        ctx.save_for_backward(index)
+        out = x.data.copy()
+        idx = index.data
+        if idx.size:
+            if out.ndim == 0:
+                out = out + src.data.reshape(-1)[:idx.size].sum()
+            else:
+                xp = x._xp()
+                sl = tuple(slice(0, s) for s in idx.shape)
+                index_add(out, _grid(xp, idx.shape, dim, idx), src.data[sl].astype(out.dtype))
+        return _wrap(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        gsrc = None
+        if ctx.needs_input_grad[3]:
+            gsrc = _pad_to(gather(g, ctx.dim, index), ctx._input_meta[3][0])
+        return g if ctx.needs_input_grad[0] else None, None, None, gsrc
+
+
+class Scatter(Function):
+    @staticmethod
+    def forward(ctx, x, dim, index, src):
+        ctx.dim = dim
+        ctx.save_for_backward(index)
+        out = x.data.copy()
+        idx = index.data
+        if idx.size:
+            xp = x._xp()
+            if isinstance(src, Tensor):
+                sl = tuple(slice(0, s) for s in idx.shape)
+                v = src.data[sl] if src.ndim else src.data
+            else:
+                v = src
+            if out.ndim == 0:
+                out[...] = v.reshape(-1)[0] if hasattr(v, "reshape") else v
+            else:
+                out[_grid(xp, idx.shape, dim, idx)] = v
+        return _wrap(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        gx = gsrc = None
+        if ctx.needs_input_grad[0]:
+            gx = scatter(g, ctx.dim, index, 0.0)
+        if len(ctx.needs_input_grad) > 3 and ctx.needs_input_grad[3]:
+            gsrc = _pad_to(gather(g, ctx.dim, index), ctx._input_meta[3][0])
+        return gx, None, None, gsrc
+
+
+def _pad_to(t, shape):
+    """``t`` (index-shaped) placed at the start of zeros(shape): src may be larger than index."""
+    if tuple(t.shape) == tuple(shape):
+        return t
+    from .shape import pad
+    widths = []
+    for s, n in zip(reversed(t.shape), reversed(shape)):
+        widths += [0, n - s]
+    return pad(t, tuple(widths))
+
+
+def gather(input, dim, index, *, sparse_grad=False):
+    """``out[i][j][k] = input[i][index[i][j][k]][k]`` (dim=1); index may be smaller than input off ``dim``."""
+    d = _check_index("gather", input, dim, index)
+    return Gather.apply(input, d, index)
+
+
+def take_along_dim(input, indices, dim=None):
+    if dim is None:
+        return gather(input.reshape(-1), 0, indices.reshape(-1))
+    d = canonical_dim("take_along_dim", dim, input.ndim)
+    shape = list(input.shape)
+    shape[d] = indices.shape[d]
+    return gather(input, d, indices.expand(*shape) if tuple(indices.shape) != tuple(shape) else indices)
+
+
+def scatter(input, dim, index, src=None, value=None, *, reduce=None):
+    """A copy of ``input`` with ``src`` (a tensor, or a number ``value``) written at ``index`` along ``dim``."""
+    if src is None:
+        src = value
+    if src is None:
+        raise ArgumentError("scatter: expected src or value")
+    if reduce is not None:
+        if reduce == "add":
+            return scatter_add(input, dim, index, src if isinstance(src, Tensor) else
+                               _wrap(input._xp().full(index.shape, src, dtype=input.dtype)))
+        raise ArgumentError(f"scatter: reduce={reduce!r} is not supported (only 'add')")
+    if isinstance(src, Tensor):
+        if src.dtype != input.dtype:
+            raise DTypeError(f"scatter(): Expected self.dtype to be equal to src.dtype ({input.dtype} vs {src.dtype})")
+        d = _check_index("scatter", input, dim, index, src)
+        return Scatter.apply(input, d, index, src)
+    d = _check_index("scatter", input, dim, index)
+    return Scatter.apply(input, d, index, src)
+
+
+def scatter_add(input, dim, index, src):
+    """A copy of ``input`` with ``src`` added at ``index`` along ``dim`` (repeated indices accumulate)."""
+    if not isinstance(src, Tensor):
+        raise DTypeError(f"scatter_add: src must be a Tensor, got {type(src).__name__}")
+    if src.dtype != input.dtype:
+        raise DTypeError(f"scatter_add(): Expected self.dtype to be equal to src.dtype ({input.dtype} vs {src.dtype})")
+    d = _check_index("scatter_add", input, dim, index, src)
+    return ScatterAdd.apply(input, d, index, src)
+
+
+def masked_fill(input, mask, value):
+    """``value`` where ``mask`` (bool, broadcast to input) holds; input's dtype; ``value`` may be a 0-d tensor
+    (its gradient is the sum over the filled places)."""
+    if not isinstance(mask, Tensor) or mask.dtype != np.bool_:
+        raise DTypeError(f"masked_fill only supports boolean masks, but got mask with dtype "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)}")
+    check_pair("masked_fill", input, mask)
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise ArgumentError(f"masked_fill only supports a 0-dimensional value tensor, but got tensor with "
+                                f"{value.ndim} dimension(s)")
+        if value.dtype != input.dtype:
+            value = value.astype(input.dtype)
+    else:
+        value = _wrap(input._xp().asarray(value).astype(input.dtype))
+    try:
+        shape = np.broadcast_shapes(tuple(input.shape), tuple(mask.shape))
+    except ValueError:
+        raise ArgumentError(f"masked_fill: the mask of shape {tuple(mask.shape)} cannot be broadcast to the input of "
+                            f"shape {tuple(input.shape)}") from None
+    if shape != tuple(input.shape):
+        raise ArgumentError(f"masked_fill: the mask of shape {tuple(mask.shape)} cannot be broadcast to the input of "
+                            f"shape {tuple(input.shape)} (the result keeps the input's shape)")
+    from .elementwise import where
+    return where(mask, value, input)
+
+
+def _tri_mask(xp, shape, diagonal, lower):
+    r, c = shape[-2], shape[-1]
+    i = xp.arange(r).reshape(-1, 1)
+    j = xp.arange(c).reshape(1, -1)
+    return (j - i <= diagonal) if lower else (j - i >= diagonal)
+
+
+def _tri(op, input, diagonal, lower):
+    if input.ndim < 2:
+        raise ArgumentError(f"{op}: input tensor must have at least 2 dimensions, got shape {tuple(input.shape)}")
+    from .elementwise import where
+    mask = _wrap(_tri_mask(input._xp(), input.shape, int(diagonal), lower))
+    return where(mask, input, _wrap(input._xp().zeros((), dtype=input.dtype)))
+
+
+def tril(input, diagonal=0):
+    """The lower triangle (j - i <= diagonal) of the last two dims; zeros elsewhere (never 0 * inf)."""
+    return _tri("tril", input, diagonal, True)
+
+
+def triu(input, diagonal=0):
+    """The upper triangle (j - i >= diagonal) of the last two dims."""
+    return _tri("triu", input, diagonal, False)
+
+
+def _diag_index(xp, rows, cols, k):
+    n = max(0, min(rows, cols - k) if k >= 0 else min(rows + k, cols))
+    i = xp.arange(n) + (max(-k, 0))
+    return i, i + k
+
+
+class Diag(Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        xp = x._xp()
+        ctx.k, ctx.in_shape = k, x.shape
+        if x.ndim == 1:
+            n = x.shape[0] + abs(k)
+            out = xp.zeros((n, n), dtype=x.dtype)
+            i, j = _diag_index(xp, n, n, k)
+            out[i, j] = x.data
+            return _wrap(out)
+        i, j = _diag_index(xp, x.shape[0], x.shape[1], k)
+        return _wrap(x.data[i, j])
+
+    @staticmethod
+    def backward(ctx, g):
+        if len(ctx.in_shape) == 1:
+            return diag(g, ctx.k), None
+        from .shape import pad
+        rows, cols = ctx.in_shape
+        full = diag(g, ctx.k)                    # (n + |k|) square with g on the k-th diagonal
+        n = full.shape[0]
+        full = full[:min(rows, n), :min(cols, n)]
+        return pad(full, (0, cols - full.shape[1], 0, rows - full.shape[0])), None
+
+
+def diag(input, diagonal=0):
+    """1-D input: the square matrix with it on the ``diagonal``-th diagonal; 2-D input: that diagonal."""
+    if input.ndim not in (1, 2):
+        raise ArgumentError(f"diag(): Supports 1D or 2D tensors. Got {input.ndim}D (shape {tuple(input.shape)})")
+    return Diag.apply(input, int(diagonal))
+
+
+def _cum_dtype(x, dtype):
+    if dtype is not None:
+        from ..tensor import _to_dtype
+        return _to_dtype(dtype)
+    return np.dtype(np.int64) if x.dtype.kind in "biu" else x.dtype
+
+
+class Cumsum(Function):
+    @staticmethod
+    def forward(ctx, x, dim, dtype):
+        ctx.dim = dim
+        xd = x.data
+        if xd.ndim == 0:
+            return _wrap(xd.astype(dtype))
+        return _wrap(x._xp().cumsum(xd, axis=dim, dtype=dtype))
+
+    @staticmethod
+    def backward(ctx, g):
+        if g.ndim == 0:
+            return g, None, None
+        from .shape import flip
+        gx = flip(cumsum(flip(g, (ctx.dim,)), ctx.dim), (ctx.dim,))
+        return gx, None, None
+
+
+def cumsum(input, dim, *, dtype=None):
+    """Running sums along ``dim``; integer/bool inputs give int64 (PyTorch's rule) unless ``dtype``."""
+    d = canonical_dim("cumsum", dim, input.ndim)
+    dt = _cum_dtype(input, dtype)
+    if dt != input.dtype and input.dtype.kind == "f":
+        input = input.astype(dt)
+    return Cumsum.apply(input, d, dt)
+
+
+class Cumprod(Function):
+    @staticmethod
+    def forward(ctx, x, dim, dtype):
+        ctx.dim = dim
+        xd = x.data
+        y = xd.astype(dtype) if xd.ndim == 0 else x._xp().cumprod(xd, axis=dim, dtype=dtype)
+        ctx.save_for_backward(x)
+        return _wrap(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        if x.ndim == 0 or x.shape[ctx.dim] == 0:
+            return g, None, None
+        # dy_j/dx_i = prod_{k <= j, k != i} x_k (j >= i): exact with zeros.  Along a moved-last dim n:
+        # (..., i, j) holds the running product with x_i replaced by 1; O(n^2) memory, fine for the
+        # lengths cumprod sees in practice.
+        xp = x._xp()
+        xd = xp.moveaxis(x.data, ctx.dim, -1)
+        gd = xp.moveaxis(g.data, ctx.dim, -1)
+        n = xd.shape[-1]
+        rep = xp.broadcast_to(xd[..., None, :], xd.shape[:-1] + (n, n)).copy()
+        eye = xp.eye(n, dtype=bool)
+        rep[..., eye] = 1
+        run = xp.cumprod(rep, axis=-1)
+        tri = xp.triu(xp.ones((n, n), dtype=run.dtype))          # j >= i
+        gx = (run * tri * gd[..., None, :]).sum(-1)
+        return _wrap(xp.moveaxis(gx, -1, ctx.dim).astype(x.dtype)), None, None
+
+
+def cumprod(input, dim, *, dtype=None):
+    """Running products along ``dim``; integer/bool inputs give int64 unless ``dtype``.  The gradient is
+    exact where the input holds zeros."""
+    d = canonical_dim("cumprod", dim, input.ndim)
+    dt = _cum_dtype(input, dtype)
+    if dt != input.dtype and input.dtype.kind == "f":
+        input = input.astype(dt)
+    return Cumprod.apply(input, d, dt)
