@@ -11,6 +11,7 @@ from .reduction import *        # noqa: F401,F403
 from .shape import *            # noqa: F401,F403
 from .gather_scatter import *          # noqa: F401,F403
 from .sorting import *          # noqa: F401,F403
+from .legacy import *           # noqa: F401,F403
 from . import elementwise as _ew, linalg as _la, reduction as _red, shape as _sh
 from . import gather_scatter as _sc, sorting as _so
 
