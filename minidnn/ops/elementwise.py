@@ -375,18 +375,17 @@ def where(condition, a, b):
 
 
 class SelectBackward(Node):
-    """maximum/minimum: the gradient goes to the winner, half to each on a tie (PyTorch's masks, so an
-    infinite operand never meets a 0 weight: no NaN at +-inf)."""
-    __slots__ = ("wa", "a_meta", "b_meta")
+    """maximum/minimum: the gradient goes to the winner, half to each on a tie, and to both where either is NaN
+    (PyTorch's masks: an operand gets 0 only where it strictly loses, so an infinite operand never meets a 0 weight)."""
+    __slots__ = ("wa", "wb", "a_meta", "b_meta")
 
     def backward(self, g):
-        wa = self.wa
-        ga = fit(g * wa, *self.a_meta) if self.next_edges[0] else None
-        gb = fit(g * (1.0 - wa), *self.b_meta) if self.b_meta is not None and self.next_edges[1] else None
+        ga = fit(g * self.wa, *self.a_meta) if self.next_edges[0] else None
+        gb = fit(g * self.wb, *self.b_meta) if self.b_meta is not None and self.next_edges[1] else None
         return ga, gb
 
 
-def _select(a, b, pick_a_mask_fn, name):
+def _select(a, b, wins, name):
     if not isinstance(a, Tensor):
         raise DTypeError(f"{name}: expected a Tensor as the first operand, got {type(a).__name__}")
     b_t = to_tensor(b, a) if not isinstance(b, Tensor) else b
@@ -399,10 +398,13 @@ def _select(a, b, pick_a_mask_fn, name):
         raise broadcast_error(name, a, b_t) from None
     if not (_state.grad_enabled and (a.requires_grad or b_t.requires_grad)):
         return _wrap(out)
-    # Weight 1 where a wins, 0 where b wins, 1/2 on ties; NaN goes to the NaN operand.
-    wa = pick_a_mask_fn(ad, bd).astype(dt) + (ad == bd) * dt.type(0.5) + (ad != ad) * dt.type(1)
+    # Weight 1/2 on ties, else 1, and 0 only where the operand strictly loses (NaN compares false: both get g).
+    half = xp.where(ad == bd, dt.type(0.5), dt.type(1))
+    wa = half * ~wins(bd, ad)
+    wb = half * ~wins(ad, bd)
     n = node(SelectBackward, a if a.requires_grad else None, b_t if b_t.requires_grad else None)
     n.wa = _wrap(xp.broadcast_to(wa, out.shape) if wa.shape != out.shape else wa)
+    n.wb = _wrap(xp.broadcast_to(wb, out.shape) if wb.shape != out.shape else wb)
     n.a_meta = (a.data.shape, a.data.dtype)
     n.b_meta = (b_t.data.shape, b_t.data.dtype)
     return _attach(out, n)

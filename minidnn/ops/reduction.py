@@ -87,26 +87,65 @@ def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     return sum(x, axes, _keep(keepdims, keepdim)) * (1.0 / n if n else float("nan"))
 
 
-def var(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None, unbiased=None, ddof=None):
-    """Variance with ``correction`` (PyTorch's default 1: unbiased); ``unbiased``/``ddof`` also accepted."""
+class VarBackward(Node):
+    """d var / dx = 2 (x - mean) / (N - correction), PyTorch's formula (the divisor is not clamped here, so
+    N == correction gives nan gradients as in PyTorch); std's gradient is g / (2 std), 0 where std == 0."""
+    __slots__ = ("in_shape", "kept", "axes", "scale", "std_out")
+
+    def backward(self, g):
+        (x,) = self.saved_tensors_checked()
+        g = g.reshape(self.kept)
+        if self.std_out is not None:
+            s = self.std_out
+            g = g * _wrap((s.data != 0).astype(s.dtype)) / (s * 2.0 + _wrap((s.data == 0).astype(s.dtype)))
+        d = x - mean(x, self.axes, True)
+        if self.scale is None:      # all dims (or 0-d) with N <= correction: PyTorch's nan where x == mean, else inf
+            xp = x._xp()
+            return (broadcast_to(g, self.in_shape) * _wrap(xp.where(d.data == 0, np.nan, np.inf).astype(x.dtype)),)
+        return (broadcast_to(g, self.in_shape) * d * self.scale,)
+
+
+def _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, name):
     corr = 1
     for c in (ddof, correction):
         if c is not None:
             corr = c
     if unbiased is not None:
         corr = 1 if unbiased else 0
-    axes = _axes(x, axis, dim, "var")
+    if not _is_floating(x.dtype):
+        raise DTypeError(f"{name}: input dtype should be floating point, got {x.dtype} (use .float() first)")
+    axes = _axes(x, axis, dim, name)
     kd = _keep(keepdims, keepdim)
     n = _count(x.shape, axes)
-    d = x - mean(x, axes, True)
+    xd = x.data
+    m = xd.sum(axis=axes, keepdims=True) * (1.0 / n if n else float("nan"))
+    d = xd - m
     denom = n - corr
     # PyTorch divides by max(0, N - correction): inf where the sum of squares is positive, nan where it is 0
-    return sum(d * d, axes, kd) * (1.0 / denom if denom > 0 else float("inf"))
+    out = (d * d).sum(axis=axes, keepdims=kd) * (1.0 / denom if denom > 0 else float("inf"))
+    if name == "std":
+        out = x._xp().sqrt(out)
+    if not (_state.grad_enabled and x.requires_grad):
+        return _wrap(out)
+    n_ = node(VarBackward, x)
+    n_.in_shape, n_.kept, n_.axes = xd.shape, _kept_shape(xd.shape, axes), axes
+    if denom <= 0 and (axes is None or xd.ndim == 0):
+        n_.scale = None
+    else:
+        n_.scale = 2.0 / denom if denom != 0 else float("inf")
+    n_.std_out = _wrap(out.reshape(n_.kept)) if name == "std" else None
+    n_.save(x)
+    return _attach(out, n_)
+
+
+def var(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None, unbiased=None, ddof=None):
+    """Variance with ``correction`` (PyTorch's default 1: unbiased); ``unbiased``/``ddof`` also accepted."""
+    return _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, "var")
 
 
 def std(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None, unbiased=None, ddof=None):
-    return var(x, axis, keepdims, dim=dim, keepdim=keepdim, correction=correction, unbiased=unbiased,
-               ddof=ddof).sqrt()
+    """Standard deviation: sqrt(var) with the same ``correction`` rules; its gradient is 0 where it is 0."""
+    return _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, "std")
 
 
 class ExtremumBackward(Node):

@@ -37,6 +37,10 @@ SPECIALS = [0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan]
 # -- drawing inputs -----------------------------------------------------------------------------------------------
 def _elements(dtype, specials, lo=-8.0, hi=8.0):
     width = 32 if dtype == np.float32 else 64
+    if width == 32:  # bounds must be representable at the drawn width: round inward
+        lo32, hi32 = np.float32(lo), np.float32(hi)
+        lo = float(lo32 if lo32 >= lo else np.nextafter(lo32, np.float32(np.inf)))
+        hi = float(hi32 if hi32 <= hi else np.nextafter(hi32, np.float32(-np.inf)))
     finite = st.floats(lo, hi, width=width, allow_subnormal=False)
     if not specials:
         return finite

@@ -340,7 +340,7 @@ def _t(*shape, dtype=np.float32):
     (lambda: F.layer_norm(_t(2, 3, 4), (3,)), ValueError, r"normalized_shape=\(3,\) must be the trailing dims"),
     (lambda: F.group_norm(_t(2, 6, 4), 4), ValueError, r"num_groups=4 must be a positive divisor of the 6 channels"),
     (lambda: F.cross_entropy(_t(4, 5), mdn.tensor([0, 1, 5, 2])), IndexError,
-     r"target 5 is out of bounds for 5 classes"),
+     r"Target 5 is out of bounds for 5 classes"),
     (lambda: F.cross_entropy(_t(4, 5), mdn.tensor([0, 1, 2])), ValueError, r"expects a target of shape \(4,\)"),
     (lambda: F.cross_entropy(_t(4, 5), _t(4, 4)), ValueError, r"class-probability target has shape \(4, 4\)"),
     (lambda: F.cross_entropy(_t(4, 5), mdn.tensor([0, 1, 2, 3]), weight=_t(3)), ValueError,

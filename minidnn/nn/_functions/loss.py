@@ -129,6 +129,7 @@ class CrossEntropy(Function):
             if reduction == "mean":
                 loss = loss / denom
         ctx.logp, ctx.q, ctx.denom, ctx.w, ctx.reduction, ctx.smoothing = logp, q, denom, w, reduction, eps
+        ctx.index_targets = not _is_floating(target.dtype)
         ctx.save_for_backward(logits)
         return wrap(xp.asarray(loss, dtype=x.dtype))
 
@@ -142,7 +143,12 @@ class CrossEntropy(Function):
         elif ctx.reduction == "mean":
             g = g / ctx.denom
         q = ctx.q
-        dx = (xp.exp(ctx.logp) * q.sum(axis=1, keepdims=True) - q) * g if ctx.needs_input_grad[0] else None
+        dx = None
+        if ctx.needs_input_grad[0]:
+            qg = q * g
+            if ctx.index_targets:       # ignored elements get 0 even when every target is ignored (g = inf)
+                qg = xp.where(q != 0, qg, 0).astype(q.dtype, copy=False)
+            dx = xp.exp(ctx.logp) * qg.sum(axis=1, keepdims=True) - qg
         dt = None
         if ctx.needs_input_grad[1]:     # probabilities that require grad: d/dt of -sum(w * t' * logp)
             dt = -(1 - ctx.smoothing) * ctx.logp * g
@@ -248,6 +254,9 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     return _reduce(where(a < beta, d * d * (0.5 / beta), a - 0.5 * beta), reduction)
 
 
+_BCE_EPS = float(np.float32(1e-12))     # PyTorch's clamp is the float constant 1e-12 (9.9999999600e-13)
+
+
 class BinaryCrossEntropy(Function):
     """Elementwise -(t log x + (1 - t) log(1 - x)) with each log clamped at -100, and PyTorch's gradient
     (x - t) / max(x (1 - x), 1e-12): finite at x = 0 and 1 (0 where t equals x there), written in Tensor ops so it
@@ -266,7 +275,7 @@ class BinaryCrossEntropy(Function):
     @staticmethod
     def backward(ctx, g):
         x, t = ctx.saved_tensors
-        gx = g * (x - t) / (x * (1 - x)).clamp(min=1e-12) if ctx.needs_input_grad[0] else None
+        gx = g * (x - t) / (x * (1 - x)).clamp(min=_BCE_EPS) if ctx.needs_input_grad[0] else None
         gt = None
         if ctx.needs_input_grad[1]:      # d/dt = log(1 - x) - log(x), each clamped at -100
             gt = g * ((1 - x).log().clamp(min=-100) - x.log().clamp(min=-100))
