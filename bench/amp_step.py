@@ -112,7 +112,9 @@ def main():
                 except Exception as exc:        # report, keep the table going
                     mg = float("nan")
                     print(f"  minidnn capture failed: {type(exc).__name__}: {str(exc)[:200]}")
-                tg = _median_ms(_capture(torch, t_step), tsync, args.steps) if ns else float("nan")
+                # torch's GradScaler.step reads found_inf with .item(): a fp16 step cannot be captured there
+                torch_capturable = ns is not None and not mode.startswith("fp16")
+                tg = _median_ms(_capture(torch, t_step), tsync, args.steps) if torch_capturable else float("nan")
                 line += f" {mg:>12.2f} {tg:>14.2f} {mg / tg:>6.2f}x"
             print(line, flush=True)
 

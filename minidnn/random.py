@@ -62,13 +62,25 @@ class Generator:
 
     def manual_seed(self, seed):
         s = _check_seed(seed, "Generator.manual_seed")
-        self._initial_seed, self._eng = s, None
+        self._reseed(s)
         return self
 
     def seed(self):
         s = secrets.randbits(63)
-        self._initial_seed, self._eng = s, None
+        self._reseed(s)
         return s
+
+    def _reseed(self, s):
+        old = self._eng
+        self._initial_seed, self._eng = s, None
+        if old is not None and hasattr(old, "adopt_device_state"):     # keep captured graphs' addresses valid
+            self._replace_engine(_rng.new_engine(self._device, s), old)
+
+    def _replace_engine(self, eng, old):
+        if old is not None and hasattr(eng, "adopt_device_state"):
+            with _dev.device_guard(self._device):
+                eng.adopt_device_state(old)
+        self._eng = eng
 
     def initial_seed(self):
         return self._initial_seed
@@ -89,7 +101,7 @@ class Generator:
                                    f"is on {self._device}")
         eng = _rng.new_engine(self._device, 0)
         self._initial_seed = _rng.set_engine_state(eng, arr, "Generator.set_state")
-        self._eng = eng
+        self._replace_engine(eng, self._eng)
         return self
 
     def _engine(self):

@@ -117,6 +117,14 @@ class CudaCounterEngine:
                 self._ticket = cp.zeros(1, dtype=np.uint32)
         return self._dstate, self._ticket
 
+    def adopt_device_state(self, old):
+        """Take over ``old``'s device arrays (writing this engine's key and counter into them in place): a CUDA
+        graph captured with the old engine keeps reading the same addresses, so a reseed or a restored state
+        reaches its replays (PyTorch's graph-safe generator behaves the same way)."""
+        if isinstance(old, CudaCounterEngine) and old._dstate is not None and old.device == self.device:
+            self._dstate, self._ticket = old._dstate, old._ticket
+            self.set_device_counter(self._dcounter)
+
     def device_counter(self) -> int:
         return self._dcounter if self._dstate is None else int(self._dstate[1].get())
 
