@@ -10,7 +10,7 @@ import numpy as _np
 
 __version__ = "0.1.0"
 
-from ._threads import set_num_threads, get_num_threads, _apply_default as _apply_thread_default  # noqa: E402
+from .backend.threads import set_num_threads, get_num_threads, _apply_default as _apply_thread_default  # noqa: E402,E501
 _apply_thread_default()                     # BLAS/OpenMP threads: half the CPUs unless the user chose (docs/threads.md)
 from . import backend                       # noqa: E402,F401
 from . import autograd                      # noqa: E402,F401
@@ -58,3 +58,41 @@ from . import backends                      # noqa: E402,F401
 from . import amp                           # noqa: E402,F401
 from .amp import autocast                   # noqa: E402,F401
 from .compile import compile               # noqa: E402,F401
+
+
+# -- the public namespace: exactly __all__ (dir(minidnn) shows nothing else; tests/test_namespace.py holds it) ------
+_SUBMODULES = [
+    "amp", "autograd", "backend", "backends", "cuda", "data", "distributions", "models", "nn", "optim", "random",
+    "serialization", "utils", "viz",
+]
+__all__ = _SUBMODULES + [
+    "BoolTensor", "ByteTensor", "CharTensor", "Device", "DoubleTensor", "FloatTensor", "Generator", "HalfTensor",
+    "IntTensor", "LongTensor", "ShortTensor", "Tensor", "abs", "add", "addcdiv", "addcmul", "all", "allclose",
+    "amax", "amin", "any", "arange", "argmax", "argmin", "argsort", "as_tensor", "autocast", "bfloat16",
+    "bitwise_not", "bmm", "bool", "broadcast_to", "cat", "ceil", "channels_last", "channels_last_3d", "chunk",
+    "clamp", "clip", "clone", "compile", "complex64", "concatenate", "contiguous_format", "cos", "cumprod",
+    "cumsum", "default_generator", "device", "diag", "div", "dot", "double", "einsum", "empty", "empty_like",
+    "enable_grad", "eq", "exp", "expand", "expm1", "eye", "flatten", "flip", "float", "float16", "float32",
+    "float64", "floor", "floor_divide", "fmod", "from_dlpack", "from_numpy", "full", "full_like", "gather", "ge",
+    "get_default_dtype", "get_num_threads", "get_rng_state", "gt", "half", "index_put", "inference_mode",
+    "initial_seed", "int", "int16", "int32", "int64", "int8", "is_grad_enabled", "is_tensor", "isclose", "isfinite",
+    "isnan", "kthvalue", "le", "lerp", "linspace", "load", "log", "log1p", "log_softmax", "logical_not",
+    "logsumexp", "long", "lt", "manual_seed", "masked_fill", "matmul", "max", "maximum", "mean", "median",
+    "memory_format", "min", "minimum", "mm", "mode", "moveaxis", "movedim", "mul", "multinomial", "narrow", "ne",
+    "neg", "no_grad", "norm", "ones", "ones_like", "outer", "pad", "permute", "pow", "preserve_format", "prod",
+    "rand", "rand_like", "randint", "randn", "randn_like", "randperm", "reciprocal", "relu", "remainder", "repeat",
+    "reshape", "return_types", "round", "rsub", "save", "scatter", "scatter_add", "seed", "select",
+    "set_default_dtype", "set_grad_enabled", "set_num_threads", "set_rng_state", "short", "sigmoid", "sign", "sin",
+    "softmax", "sort", "split", "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "summary", "swapaxes",
+    "t", "take_along_dim", "tanh", "tensor", "tile", "topk", "transpose", "tril", "triu", "true_divide", "uint8",
+    "unbind", "unsqueeze", "var", "where", "zeros", "zeros_like",
+]
+for _name in ("annotations", "elementwise", "gather_scatter", "getitem", "indexing", "legacy", "linalg", "reduction",
+              "shape", "sorting", "scatter_into", "rdiv", "rpow", "floordiv", "astype", "sum_to", "to_tensor",
+              "transfer", "ops"):
+    globals().pop(_name, None)          # internals the star imports above brought in (minidnn._ops stays bound)
+del _name
+
+
+def __dir__():
+    return sorted(__all__ + ["__version__"])

@@ -143,8 +143,8 @@ def test_set_and_get_num_threads(restore_threads):
 
 @pytest.mark.parametrize("cpus, expected", [(1, 1), (2, 1), (4, 2), (8, 4), (64, 8)])
 def test_default_is_half_the_cpus_between_1_and_8(monkeypatch, cpus, expected):
-    monkeypatch.setattr(mdn._threads, "_available_cpus", lambda: cpus)
-    assert mdn._threads.default_num_threads() == expected
+    monkeypatch.setattr(mdn.backend.threads, "_available_cpus", lambda: cpus)
+    assert mdn.backend.threads.default_num_threads() == expected
 
 
 def _threads_in_fresh_process(**env):
@@ -158,7 +158,7 @@ def _threads_in_fresh_process(**env):
 
 
 def test_import_applies_the_default_and_respects_the_users_choice():
-    assert _threads_in_fresh_process() == mdn._threads.default_num_threads()
+    assert _threads_in_fresh_process() == mdn.backend.threads.default_num_threads()
     assert _threads_in_fresh_process(MINIDNN_NUM_THREADS="3") == 3
     # the library's own variable stands (OpenBLAS caps it at the CPU count)
     assert _threads_in_fresh_process(OPENBLAS_NUM_THREADS="2") == min(2, os.cpu_count())
@@ -275,7 +275,7 @@ def test_checkpoints_get_normal_permissions(tmp_path, umask):
 
 
 def test_parallel_map_keeps_order_and_follows_the_thread_count(restore_threads):
-    from minidnn._threads import parallel_map
+    from minidnn.backend.threads import parallel_map
     import threading
     for n in (1, 2):
         mdn.set_num_threads(n)

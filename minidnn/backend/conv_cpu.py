@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from .._threads import parallel_map
+from .threads import parallel_map
 from .conv_problem import ConvProblem
 
 __all__ = ["dense_forward", "dense_backward_data", "dense_backward_filter", "depthwise_forward",
@@ -94,7 +94,7 @@ def _windows(x_cl, out_size, kernel, stride, dilation):
 
 def _batch_spans(n):
     """[0, n) cut into one contiguous slice per minidnn thread."""
-    from .. import _threads
+    from . import threads as _threads
     parts = max(1, min(_threads._current[0] or 1, n))
     bounds = [round(i * n / parts) for i in range(parts + 1)]
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -316,7 +316,7 @@ def _over_chunks(p: ConvProblem, itemsize, body):
 
 def _spans(chunks):
     """The chunks in as many contiguous runs as there are threads (at most one run per chunk)."""
-    from .. import _threads
+    from . import threads as _threads
     parts = max(1, min(_threads._current[0] or 1, len(chunks)))
     bounds = [round(i * len(chunks) / parts) for i in range(parts + 1)]
     return [chunks[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

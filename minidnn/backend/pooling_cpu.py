@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .._threads import parallel_map
+from .threads import parallel_map
 
 __all__ = ["applies_forward", "applies_backward", "pool_forward", "pool_backward"]
 
@@ -78,7 +78,7 @@ def pool_forward(geom, xc, xp):
 
 
 def _batch_spans(n):
-    from .. import _threads
+    from . import threads as _threads
     parts = max(1, min(_threads._current[0] or 1, n))
     bounds = [round(i * n / parts) for i in range(parts + 1)]
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]

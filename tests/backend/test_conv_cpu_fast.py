@@ -41,7 +41,7 @@ PAIRS = {  # direction: (fast, reference) for dense and for depthwise
 def threads(request):
     """The fast forms share the batch out between minidnn's threads: same results with 1 or 2."""
     import minidnn
-    before = minidnn._threads._current[0]
+    before = minidnn.backend.threads._current[0]
     minidnn.set_num_threads(request.param)
     yield request.param
     minidnn.set_num_threads(before or 1)
