@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as _np
 
-__version__ = "0.1.0"
+from .backend.versioning import __version__   # noqa: E402  (written once, in pyproject.toml)
 
 from .backend.threads import set_num_threads, get_num_threads, _apply_default as _apply_thread_default  # noqa: E402,E501
 _apply_thread_default()                     # BLAS/OpenMP threads: half the CPUs unless the user chose (docs/threads.md)

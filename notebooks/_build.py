@@ -371,7 +371,7 @@ NOTEBOOKS["02_convolution_algorithms"] = [
     for label, (xi, wi, di) in problems.items():
         results = B.find_convolution_forward_algorithm(None, xi, wi, di, repeats=3)
         timings[label] = {r.algo.name: r.time for r in results if r.time >= 0}
-        heuristic = B.get_convolution_forward_algorithm(None, xi.shape, wi.shape, di)[0].algo.name
+        heuristic = B.get_convolution_forward_algorithm_v7(None, xi.shape, wi.shape, di)[0].algo.name
         print(f"{label:36s} fastest: {results[0].algo.name:18s} heuristic's guess: {heuristic}")
 
     names = list(ALGORITHMS)

@@ -13,6 +13,8 @@ The algorithms live in conv_gemm.py (the reference, im2col + GEMM) and conv_algo
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ._common import accumulation_dtype, begin, blend, check_float, check_out
@@ -21,7 +23,8 @@ from .conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITH
                               ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo, ConvolutionFwdAlgo)
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
 from .devices import array_module
-from .errors import BadParamError, NotSupportedError
+from .errors import BadParamError, NotSupportedError, Status
+from .versioning import deprecated_alias
 from .handle import resolve_handle
 from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from_channels_first, resolve_format,
                      to_channels_first)
@@ -32,11 +35,13 @@ __all__ = [
     "ConvolutionBwdFilterAlgo", "ConvolutionPreference", "Determinism", "AlgoPerf",
     "get_convolution_forward_output_dim",
     "convolution_forward", "convolution_backward_data", "convolution_backward_filter", "convolution_backward_bias",
-    "get_convolution_forward_algorithm", "find_convolution_forward_algorithm",
+    "get_convolution_forward_algorithm_v7", "get_convolution_forward_algorithm", "find_convolution_forward_algorithm",
     "get_convolution_forward_workspace_size",
-    "get_convolution_backward_data_algorithm", "find_convolution_backward_data_algorithm",
+    "get_convolution_backward_data_algorithm_v7", "get_convolution_backward_data_algorithm",
+    "find_convolution_backward_data_algorithm",
     "get_convolution_backward_data_workspace_size",
-    "get_convolution_backward_filter_algorithm", "find_convolution_backward_filter_algorithm",
+    "get_convolution_backward_filter_algorithm_v7", "get_convolution_backward_filter_algorithm",
+    "find_convolution_backward_filter_algorithm",
     "get_convolution_backward_filter_workspace_size",
     "get_convolution_algorithm_cache", "clear_convolution_algorithm_cache", "convolution_algorithm_cache_info",
 ]
@@ -220,37 +225,101 @@ def _math_type(handle, p, conv_desc):
     return handle.effective_math_type(p.dtype, conv_desc.math_type)
 
 
-def get_convolution_forward_algorithm(handle, x_shape, w_shape, conv_desc,
-                                      preference=ConvolutionPreference.PREFER_FASTEST, workspace_limit=None,
-                                      dtype=np.float32, format=None):
-    """The heuristic's ranking, as cuDNN v7's cudnnGetConvolutionForwardAlgorithm_v7: a list of AlgoPerf
-    (time -1.0), usable algorithms first in order of preference; ``[0].algo`` is the choice."""
+def get_convolution_forward_algorithm_v7(handle, x_shape, w_shape, conv_desc, requested_algo_count=None,
+                                         dtype=np.float32, format=None):
+    """cudnnGetConvolutionForwardAlgorithm_v7: every algorithm as an AlgoPerf (time -1.0: estimated, not measured),
+    the usable ones first, fastest estimate first, within the handle's workspace limit and determinism setting; the
+    others after, ``status`` NOT_SUPPORTED with ``reason``.  ``[0].algo`` is the choice; ``requested_algo_count``
+    keeps the first n.  Filter on ``memory`` (workspace bytes) to pick under a budget."""
     handle = resolve_handle(handle)
-    p = _forward_problem("get_convolution_forward_algorithm", x_shape, w_shape, conv_desc, None, dtype,
+    p = _forward_problem("get_convolution_forward_algorithm_v7", x_shape, w_shape, conv_desc, None, dtype,
                          _format(format))
-    return FORWARD_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc), preference, workspace_limit)
+    ranked = FORWARD_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc))
+    return ranked[:_count("get_convolution_forward_algorithm_v7", requested_algo_count, len(ranked))]
 
 
-def get_convolution_backward_data_algorithm(handle, w_shape, dy_shape, conv_desc, x_shape,
-                                            preference=ConvolutionPreference.PREFER_FASTEST, workspace_limit=None,
-                                            dtype=np.float32, format=None):
-    """Like get_convolution_forward_algorithm, for convolution_backward_data."""
+def get_convolution_backward_data_algorithm_v7(handle, w_shape, dy_shape, conv_desc, x_shape,
+                                               requested_algo_count=None, dtype=np.float32, format=None):
+    """cudnnGetConvolutionBackwardDataAlgorithm_v7: as get_convolution_forward_algorithm_v7, for
+    convolution_backward_data."""
     handle = resolve_handle(handle)
-    p = _backward_data_problem("get_convolution_backward_data_algorithm", w_shape, dy_shape, conv_desc, x_shape,
+    p = _backward_data_problem("get_convolution_backward_data_algorithm_v7", w_shape, dy_shape, conv_desc, x_shape,
                                dtype, _format(format))
-    return BACKWARD_DATA_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc), preference,
-                                              workspace_limit)
+    ranked = BACKWARD_DATA_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc))
+    return ranked[:_count("get_convolution_backward_data_algorithm_v7", requested_algo_count, len(ranked))]
 
 
-def get_convolution_backward_filter_algorithm(handle, x_shape, dy_shape, conv_desc, w_shape,
-                                              preference=ConvolutionPreference.PREFER_FASTEST,
-                                              workspace_limit=None, dtype=np.float32, format=None):
-    """Like get_convolution_forward_algorithm, for convolution_backward_filter."""
+def get_convolution_backward_filter_algorithm_v7(handle, x_shape, dy_shape, conv_desc, w_shape,
+                                                 requested_algo_count=None, dtype=np.float32, format=None):
+    """cudnnGetConvolutionBackwardFilterAlgorithm_v7: as get_convolution_forward_algorithm_v7, for
+    convolution_backward_filter."""
     handle = resolve_handle(handle)
-    p = _backward_filter_problem("get_convolution_backward_filter_algorithm", x_shape, dy_shape, conv_desc,
+    p = _backward_filter_problem("get_convolution_backward_filter_algorithm_v7", x_shape, dy_shape, conv_desc,
                                  w_shape, dtype, _format(format))
-    return BACKWARD_FILTER_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc), preference,
-                                                workspace_limit)
+    ranked = BACKWARD_FILTER_ALGORITHMS.heuristic(p, handle, _math_type(handle, p, conv_desc))
+    return ranked[:_count("get_convolution_backward_filter_algorithm_v7", requested_algo_count, len(ranked))]
+
+
+def _count(op, n, available):
+    if n is None:
+        return available
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise BadParamError(f"{op}: requested_algo_count must be a positive int, got {n!r}")
+    return int(n)
+
+
+# -- the pre-v7 queries (cuDNN 7 deprecated them, cuDNN 8 removed them): a preference instead of a ranking ---------
+def _by_preference(ranked, preference=ConvolutionPreference.PREFER_FASTEST, workspace_limit=None):
+    """The old preference-based answer, computed from the _v7 ranking: PREFER_FASTEST keeps it; NO_WORKSPACE
+    orders the usable algorithms by workspace (ties by the ranking); SPECIFY_WORKSPACE_LIMIT moves those
+    needing more than ``workspace_limit`` bytes to the unusable tail."""
+    preference = ConvolutionPreference(preference)
+    usable = [a for a in ranked if a.status is Status.SUCCESS]
+    rejected = [a for a in ranked if a.status is not Status.SUCCESS]
+    if preference is ConvolutionPreference.NO_WORKSPACE:
+        usable.sort(key=lambda a: a.memory)
+    elif preference is ConvolutionPreference.SPECIFY_WORKSPACE_LIMIT and workspace_limit is not None:
+        over = [dataclasses.replace(a, status=Status.NOT_SUPPORTED, reason=(
+            f"{a.algo.name} needs {a.memory} bytes of workspace but workspace_limit is {workspace_limit}"))
+            for a in usable if a.memory > workspace_limit]
+        usable = [a for a in usable if a.memory <= workspace_limit]
+        rejected = over + rejected
+    return usable + rejected
+
+
+def _forward_by_preference(handle, x_shape, w_shape, conv_desc, preference=ConvolutionPreference.PREFER_FASTEST,
+                           workspace_limit=None, dtype=np.float32, format=None):
+    """The pre-v7 query (cudnnGetConvolutionForwardAlgorithm): the _v7 ranking re-ordered by ``preference``."""
+    return _by_preference(get_convolution_forward_algorithm_v7(handle, x_shape, w_shape, conv_desc, dtype=dtype,
+                                                               format=format), preference, workspace_limit)
+
+
+def _backward_data_by_preference(handle, w_shape, dy_shape, conv_desc, x_shape,
+                                 preference=ConvolutionPreference.PREFER_FASTEST, workspace_limit=None,
+                                 dtype=np.float32, format=None):
+    """The pre-v7 query (cudnnGetConvolutionBackwardDataAlgorithm): the _v7 ranking re-ordered by ``preference``."""
+    return _by_preference(get_convolution_backward_data_algorithm_v7(
+        handle, w_shape, dy_shape, conv_desc, x_shape, dtype=dtype, format=format), preference, workspace_limit)
+
+
+def _backward_filter_by_preference(handle, x_shape, dy_shape, conv_desc, w_shape,
+                                   preference=ConvolutionPreference.PREFER_FASTEST, workspace_limit=None,
+                                   dtype=np.float32, format=None):
+    """The pre-v7 query (cudnnGetConvolutionBackwardFilterAlgorithm): the _v7 ranking re-ordered by
+    ``preference``."""
+    return _by_preference(get_convolution_backward_filter_algorithm_v7(
+        handle, x_shape, dy_shape, conv_desc, w_shape, dtype=dtype, format=format), preference, workspace_limit)
+
+
+get_convolution_forward_algorithm = deprecated_alias(
+    "get_convolution_forward_algorithm", get_convolution_forward_algorithm_v7, since="0.1",
+    adapter=_forward_by_preference)
+get_convolution_backward_data_algorithm = deprecated_alias(
+    "get_convolution_backward_data_algorithm", get_convolution_backward_data_algorithm_v7, since="0.1",
+    adapter=_backward_data_by_preference)
+get_convolution_backward_filter_algorithm = deprecated_alias(
+    "get_convolution_backward_filter_algorithm", get_convolution_backward_filter_algorithm_v7, since="0.1",
+    adapter=_backward_filter_by_preference)
 
 
 def _find(registry, handle, p, conv_desc, a, b, repeats):

@@ -8,8 +8,8 @@ Policy (docs/backend.md):
 * Removal comes two minor releases after the deprecation (deprecated in 0.3 -> removed in 0.5.0).
   ``overdue_deprecations()`` lists aliases past their removal release; a test keeps it empty.
 
-The version string comes from the installed package metadata; in a source checkout that was never
-installed, ``_SOURCE_VERSION`` (kept equal to pyproject.toml's version by a test) is used.
+The version string is written once, in pyproject.toml: the installed package's metadata carries it, and a
+source checkout that was never installed reads it from pyproject.toml beside the package.
 """
 from __future__ import annotations
 
@@ -21,15 +21,18 @@ import warnings
 __all__ = ["__version__", "version", "parse_version", "removal_release", "versioned_name", "deprecated_alias",
            "Deprecation", "DEPRECATIONS", "overdue_deprecations"]
 
-_SOURCE_VERSION = "0.1.0"
-
-
 def _read_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version as _dist_version
     try:
-        from importlib.metadata import PackageNotFoundError, version as _dist_version
         return _dist_version("minidnn")
     except PackageNotFoundError:
-        return _SOURCE_VERSION
+        from pathlib import Path
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            m = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
+        except OSError:
+            m = None
+        return m.group(1) if m else "0+unknown"
 
 
 __version__ = _read_version()
@@ -76,9 +79,12 @@ class Deprecation:
 DEPRECATIONS: dict = {}   # old name -> Deprecation, filled by deprecated_alias
 
 
-def deprecated_alias(old_name: str, new_func, since: str, removed_in: str | None = None, namespace: dict | None = None):
+def deprecated_alias(old_name: str, new_func, since: str, removed_in: str | None = None, namespace: dict | None = None,
+                     adapter=None):
     """A wrapper named ``old_name`` that warns (DeprecationWarning) and calls ``new_func``.
 
+    ``adapter`` (for a signature that changed, the reason for a ``_vN`` name): a function taking the OLD
+    arguments that calls ``new_func`` and shapes its result the old way; the alias calls it instead.
     ``removed_in`` defaults to two minor releases after ``since`` and may not be sooner than that.
     The alias is recorded in DEPRECATIONS; with ``namespace`` (e.g. a module's ``globals()``) it is
     also bound there under ``old_name``.
@@ -89,13 +95,15 @@ def deprecated_alias(old_name: str, new_func, since: str, removed_in: str | None
                          f"two minor releases after {since} ({removal_release(since)})")
     record = Deprecation(old_name, new_func.__name__, since, removed_in)
 
-    @functools.wraps(new_func)
+    target = adapter or new_func
+
+    @functools.wraps(target)
     def alias(*args, **kwargs):
         warnings.warn(record.message, DeprecationWarning, stacklevel=2)
-        return new_func(*args, **kwargs)
+        return target(*args, **kwargs)
 
     alias.__name__ = alias.__qualname__ = old_name
-    alias.__doc__ = f"Deprecated alias of {record.new_name} (removed in {removed_in}).\n\n{new_func.__doc__ or ''}"
+    alias.__doc__ = f"Deprecated alias of {record.new_name} (removed in {removed_in}).\n\n{target.__doc__ or ''}"
     alias.__deprecation__ = record
     DEPRECATIONS[old_name] = record
     if namespace is not None:

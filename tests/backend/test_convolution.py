@@ -3,6 +3,7 @@ independent float64 reference; adjoint identities; blending; errors; selection/b
 
 import numpy as np
 import pytest
+import minidnn.backend as B
 
 from minidnn.backend import (AlgoPerf, BadParamError, ConvolutionBwdFilterAlgo,
                              ConvolutionDescriptor, ConvolutionFwdAlgo, ConvolutionMode, ConvolutionPreference,
@@ -11,8 +12,8 @@ from minidnn.backend import (AlgoPerf, BadParamError, ConvolutionBwdFilterAlgo,
                              convolution_backward_bias, convolution_backward_data, convolution_backward_filter,
                              convolution_forward, find_convolution_backward_data_algorithm,
                              find_convolution_backward_filter_algorithm, find_convolution_forward_algorithm,
-                             get_convolution_algorithm_cache, get_convolution_backward_data_algorithm,
-                             get_convolution_backward_filter_algorithm, get_convolution_forward_algorithm,
+                             get_convolution_algorithm_cache, get_convolution_backward_data_algorithm_v7,
+                             get_convolution_backward_filter_algorithm_v7, get_convolution_forward_algorithm_v7,
                              get_convolution_forward_output_dim, get_convolution_forward_workspace_size, to_device)
 from minidnn.backend.algorithm_selection import AlgorithmRegistry
 from minidnn.backend.conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS,
@@ -358,22 +359,55 @@ def test_not_supported_names_algorithm_and_rule():
 SEL_X, SEL_W, SEL_DY = (2, 4, 8, 8), (4, 4, 3, 3), (2, 4, 8, 8)
 
 
-def test_heuristic_ranks_usable_first_and_respects_preferences():
+def test_heuristic_ranks_usable_first():
     d = ConvolutionDescriptor(1)
-    perfs = get_convolution_forward_algorithm(None, SEL_X, SEL_W, d)
+    perfs = get_convolution_forward_algorithm_v7(None, SEL_X, SEL_W, d)
     assert all(isinstance(p, AlgoPerf) for p in perfs) and {p.algo for p in perfs} == set(ConvolutionFwdAlgo)
     ok = [p for p in perfs if p.status is Status.SUCCESS]
     assert perfs[:len(ok)] == ok and len(ok) == 4 and all(p.time == -1.0 for p in perfs)
-    least = get_convolution_forward_algorithm(None, SEL_X, SEL_W, d, ConvolutionPreference.NO_WORKSPACE)[0]
+    assert get_convolution_forward_algorithm_v7(None, SEL_X, SEL_W, d, requested_algo_count=2) == perfs[:2]
+    with pytest.raises(BadParamError, match="requested_algo_count must be a positive int, got 0"):
+        get_convolution_forward_algorithm_v7(None, SEL_X, SEL_W, d, requested_algo_count=0)
+    for get in (lambda: get_convolution_backward_data_algorithm_v7(None, SEL_W, SEL_DY, d, SEL_X),
+                lambda: get_convolution_backward_filter_algorithm_v7(None, SEL_X, SEL_DY, d, SEL_W)):
+        assert get()[0].status is Status.SUCCESS
+
+
+def test_pre_v7_preference_queries_are_deprecated_aliases_of_the_v7_ranking():
+    """cuDNN's history: the preference-based query (deprecated in cuDNN 7, removed in 8) beside the ranked _v7
+    one.  The old names warn, name their replacement and removal release, and answer as they always did."""
+    from minidnn.backend import versioning as V
+    d = ConvolutionDescriptor(1)
+    ranked = get_convolution_forward_algorithm_v7(None, SEL_X, SEL_W, d)
+    ok = [p for p in ranked if p.status is Status.SUCCESS]
+    with pytest.warns(DeprecationWarning, match=r"get_convolution_forward_algorithm is deprecated since minidnn 0\.1 "
+                                                r"and will be removed in minidnn 0\.3\.0; use "
+                                                r"get_convolution_forward_algorithm_v7 instead") as rec:
+        fastest = B.get_convolution_forward_algorithm(None, SEL_X, SEL_W, d)
+    assert rec[0].filename == __file__
+    assert fastest == ranked
+    with pytest.warns(DeprecationWarning):
+        least = B.get_convolution_forward_algorithm(None, SEL_X, SEL_W, d, ConvolutionPreference.NO_WORKSPACE)[0]
     assert least.memory == min(p.memory for p in ok)
     limit = sorted(p.memory for p in ok)[1]
-    limited = get_convolution_forward_algorithm(None, SEL_X, SEL_W, d,
-                                                ConvolutionPreference.SPECIFY_WORKSPACE_LIMIT, workspace_limit=limit)
-    assert sum(p.status is Status.SUCCESS for p in limited) == 2 and limited[0].memory <= limit
-    assert "workspace" in limited[-1].reason or "not implemented" in limited[-1].reason
-    for get in (lambda: get_convolution_backward_data_algorithm(None, SEL_W, SEL_DY, d, SEL_X),
-                lambda: get_convolution_backward_filter_algorithm(None, SEL_X, SEL_DY, d, SEL_W)):
-        assert get()[0].status is Status.SUCCESS
+    with pytest.warns(DeprecationWarning):
+        limited = B.get_convolution_forward_algorithm(None, SEL_X, SEL_W, d,
+                                                      ConvolutionPreference.SPECIFY_WORKSPACE_LIMIT,
+                                                      workspace_limit=limit)
+    assert sum(p.status is Status.SUCCESS for p in limited) == sum(p.memory <= limit for p in ok)
+    assert all(p.memory <= limit for p in limited if p.status is Status.SUCCESS)
+    over = [p for p in limited if p.status is not Status.SUCCESS and p.memory > limit and p in ok] or \
+        [p for p in limited if "workspace_limit is" in p.reason]
+    assert over and all(f"but workspace_limit is {limit}" in p.reason for p in over)
+    with pytest.warns(DeprecationWarning, match="get_convolution_backward_data_algorithm_v7"):
+        B.get_convolution_backward_data_algorithm(None, SEL_W, SEL_DY, d, SEL_X)
+    with pytest.warns(DeprecationWarning, match="get_convolution_backward_filter_algorithm_v7"):
+        B.get_convolution_backward_filter_algorithm(None, SEL_X, SEL_DY, d, SEL_W)
+    assert {V.DEPRECATIONS[n].new_name for n in ("get_convolution_forward_algorithm",
+                                                 "get_convolution_backward_data_algorithm",
+                                                 "get_convolution_backward_filter_algorithm")} == {
+        "get_convolution_forward_algorithm_v7", "get_convolution_backward_data_algorithm_v7",
+        "get_convolution_backward_filter_algorithm_v7"}
 
 
 def test_workspace_size_and_workspace_limit(device):
@@ -452,7 +486,7 @@ def test_math_type(device):
     x, w, dy = data(cfg, F32)
     d = ConvolutionDescriptor(1, math_type=MathType.TENSOR_OP)
     h = Handle(device)
-    perf = get_convolution_forward_algorithm(h, x.shape, w.shape, d)[0]
+    perf = get_convolution_forward_algorithm_v7(h, x.shape, w.shape, d)[0]
     assert perf.math_type is (MathType.DEFAULT if device == "cpu" else MathType.TENSOR_OP)
     xd, wd = on(device, x, w)
     y = cpu(convolution_forward(h, xd, wd, d, algo=ConvolutionFwdAlgo.GEMM))
@@ -503,5 +537,5 @@ def test_against_pytorch(device, cfg, dtype):
 ])
 def test_cpu_heuristic_policy(x_shape, w_shape, groups, padding, expected):
     desc = ConvolutionDescriptor(padding, 1, 1, groups=groups)
-    ranked = get_convolution_forward_algorithm(None, x_shape, w_shape, desc)
+    ranked = get_convolution_forward_algorithm_v7(None, x_shape, w_shape, desc)
     assert ranked[0].algo.name == expected, [p.algo.name for p in ranked]

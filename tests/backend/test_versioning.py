@@ -12,7 +12,7 @@ from minidnn.backend import versioning as V
 def test_version_matches_pyproject():
     text = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
     declared = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M).group(1)
-    assert V._SOURCE_VERSION == declared, "keep versioning._SOURCE_VERSION equal to pyproject.toml's version"
+    assert B.__version__ == declared, "pyproject.toml is the one place the version is written"
     assert B.version() == V.parse_version(B.__version__)
     assert all(isinstance(n, int) for n in B.version()) and len(B.version()) == 3
 
@@ -38,7 +38,8 @@ def test_deprecated_alias_warns_and_forwards():
         assert old(3, factor=4) == 12
     assert record[0].filename == __file__, "the warning must point at the caller"
     assert V.DEPRECATIONS["scale_by_old"].removed_in == "0.3.0"
-    assert [d.old_name for d in V.overdue_deprecations("0.3.0")] == ["scale_by_old"]
+    assert "scale_by_old" in [d.old_name for d in V.overdue_deprecations("0.3.0")]
+    assert "scale_by_old" not in [d.old_name for d in V.overdue_deprecations("0.2.9")]
     del V.DEPRECATIONS["scale_by_old"]   # test-only alias: keep the registry clean
     with pytest.raises(ValueError, match="sooner than the policy's two minor releases"):
         V.deprecated_alias("x_old", scale_by, since="0.1", removed_in="0.2")
