@@ -15,7 +15,8 @@ from . import devices as _dev
 from .errors import BadParamError
 from .devices import is_floating as _is_floating
 
-__all__ = ["MathType", "Handle", "get_default_handle", "resolve_handle", "create", "destroy"]
+__all__ = ["MathType", "Handle", "get_default_handle", "resolve_handle", "create", "destroy", "cudnn",
+           "configured_default_handle"]
 
 
 class MathType(enum.Enum):
@@ -136,3 +137,38 @@ def create(device=None, stream=None, **settings) -> Handle:
 def destroy(handle: Handle) -> None:
     """cuDNN's cudnnDestroy: handles hold no resources beyond Python objects; kept for symmetry."""
     handle.stream = None
+
+
+# -- process-wide settings, spelled as torch.backends.cudnn (minidnn.backends.cudnn is this object) ---------------
+class _CudnnFlags:
+    """``benchmark`` (time the convolution algorithms once per shape, cache the winner), ``deterministic`` (only
+    algorithms whose result does not depend on execution order), ``allow_tf32`` (MathType.TENSOR_OP on the GPU:
+    TF32 for float32; no effect on the CPU).  None means "not set": the handle's own value stands."""
+    __slots__ = ("benchmark", "deterministic", "allow_tf32")
+
+    def __init__(self):
+        self.benchmark = None
+        self.deterministic = None
+        self.allow_tf32 = None
+
+    def __repr__(self):
+        return (f"cudnn(benchmark={self.benchmark}, deterministic={self.deterministic}, "
+                f"allow_tf32={self.allow_tf32})")
+
+
+cudnn = _CudnnFlags()
+
+
+def configured_default_handle(*arrays) -> Handle:
+    """The calling thread's default handle for the arrays' device with the ``cudnn`` flags that were set copied
+    onto it (cheap attribute writes, at every op, so a change reaches every thread's next op).  A handle passed
+    explicitly to a primitive is never touched, and code configuring ``get_default_handle()`` directly keeps its
+    settings for every flag left at None."""
+    handle = resolve_handle(None, *arrays)
+    if cudnn.benchmark is not None:
+        handle.benchmark = bool(cudnn.benchmark)
+    if cudnn.deterministic is not None:
+        handle.deterministic = bool(cudnn.deterministic)
+    if cudnn.allow_tf32 is not None:
+        handle.math_type = MathType.TENSOR_OP if cudnn.allow_tf32 else MathType.DEFAULT
+    return handle

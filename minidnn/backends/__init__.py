@@ -4,6 +4,6 @@
     minidnn.backends.cudnn.deterministic = True
     minidnn.backends.cudnn.allow_tf32 = True    # tensor cores (TF32) for float32 on the GPU
 """
-from ..nn._backend_flags import cudnn  # noqa: F401
+from ..backend.handle import cudnn  # noqa: F401  (the flags live with the backend handle)
 
 __all__ = ["cudnn"]

@@ -2,7 +2,7 @@
 
 Names, argument order, defaults and semantics follow ``torch.nn.functional``.  Each op is an
 autograd Function over a ``minidnn.backend`` primitive (see minidnn/nn/_functions/); the default
-backend handle of the input's device is used (settings: ``minidnn.nn._backend_flags.cudnn``).
+backend handle of the input's device is used (settings: ``minidnn.backends.cudnn``).
 
 Double backward (create_graph=True, then backward again) works for: conv1d/2d/3d,
 conv_transpose1d/2d/3d, linear, pad, dropout (all variants), avg_pool*, adaptive_avg_pool*,

@@ -19,34 +19,15 @@ parameter):
 """
 from __future__ import annotations
 
-import weakref
 
 import numpy as np
 
 from ..backend import devices as _dev
+from ..backend.ownership import owner_of, register_owner
 
 __all__ = ["FlatParams", "owner_of"]
 
 _ALIGN_BYTES = 128
-# id(parameter) -> (weakref to it, weakref to its FlatParams, index).  Keyed by id, not a WeakKeyDictionary:
-# Tensor's == is elementwise, so weak references to Tensors must never be compared.
-_owners: dict = {}
-
-
-def owner_of(p):
-    """(FlatParams, index) of the flat buffer that holds ``p`` now, or None."""
-    entry = _owners.get(id(p))
-    if entry is None or entry[0]() is not p:
-        return None
-    fs = entry[1]()
-    return None if fs is None else (fs, entry[2])
-
-
-def _register(p, fs, j):
-    key = id(p)
-    _owners[key] = (weakref.ref(p, lambda _, key=key: _owners.pop(key, None)), weakref.ref(fs), j)
-
-
 def _describe(arr):
     return f"{_dev.device_of(arr)}/{arr.dtype}/{tuple(arr.shape)}"
 
@@ -126,7 +107,7 @@ class FlatParams:
                 gv[...] = _dev.to_device(g.data, self.device)
                 p.grad = p._wrap_like(gv)
         p._grad_storage = gv
-        _register(p, self, j)
+        register_owner(p, self, j)
 
     def check_bindings(self):
         """Re-gather parameters whose ``.data`` was replaced by an array of the same kind; raise otherwise."""

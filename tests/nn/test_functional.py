@@ -282,7 +282,7 @@ def test_dropout2d_zeroes_whole_channels(device):
 
 def test_backend_flags_reach_the_default_handle():
     from minidnn.backend import MathType, get_default_handle
-    from minidnn.nn._backend_flags import cudnn
+    from minidnn.backends import cudnn
     handle = get_default_handle("cpu")
     saved = (cudnn.benchmark, cudnn.allow_tf32, handle.benchmark, handle.math_type)
     try:

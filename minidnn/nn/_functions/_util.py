@@ -7,7 +7,6 @@ import operator
 from ... import backend as B
 from ...autograd import Function, is_grad_enabled
 from ...tensor import Tensor
-from .._backend_flags import configure as _configure_flags
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DTypeError
 
@@ -16,8 +15,8 @@ __all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "firs
 
 def handle_for(x: Tensor):
     """The calling thread's default backend handle for x's device, with the global flags applied
-    (``minidnn.nn._backend_flags``: benchmark / deterministic / math type, like torch.backends.cudnn)."""
-    return _configure_flags(B.resolve_handle(None, x.data))
+    (``minidnn.backends.cudnn``: benchmark / deterministic / math type, like torch.backends.cudnn)."""
+    return B.handle.configured_default_handle(x.data)
 
 
 def wrap(array) -> Tensor:

@@ -22,7 +22,7 @@ def _as_list(parameters):
 
 def _grad_arrays(params, use_flat=True):
     """Arrays to reduce/scale: whole flat gradient buffers where possible, else per-parameter gradients."""
-    from ...optim._flat import owner_of
+    from ...backend.ownership import owner_of
     chosen = {id(p) for p in params if p.grad is not None}
     arrays, covered, seen_sets = [], set(), set()
     for p in params:
