@@ -16,6 +16,7 @@ from . import backend                       # noqa: E402,F401
 from . import autograd                      # noqa: E402,F401
 from .autograd import enable_grad, inference_mode, no_grad, set_grad_enabled, is_grad_enabled  # noqa: E402,F401
 from .tensor import *                       # noqa: E402,F401,F403
+from .creation import *                     # noqa: E402,F401,F403
 from .tensor import Tensor                  # noqa: E402,F401
 from . import ops as _ops                   # noqa: E402  (binds the Tensor methods)
 from .ops import *                          # noqa: E402,F401,F403

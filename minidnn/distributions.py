@@ -11,7 +11,8 @@ import numbers
 import numpy as np
 
 from .backend.errors import ArgumentError
-from .tensor import Tensor, tensor as _tensor
+from .tensor import Tensor
+from .creation import tensor as _tensor
 
 __all__ = ["Distribution", "Categorical", "kl_divergence"]
 

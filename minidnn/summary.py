@@ -20,7 +20,8 @@ import numpy as np
 
 from .autograd import no_grad
 from .backend import devices as _dev
-from .tensor import Tensor, _to_dtype, randn, zeros
+from .tensor import Tensor, _to_dtype
+from .creation import randn, zeros
 from .backend.devices import is_floating as _is_floating
 
 __all__ = ["summary", "ModelSummary", "LayerRow"]

@@ -22,11 +22,7 @@ from .backend import devices as _dev
 from .backend.devices import is_floating as _is_floating
 from .backend.errors import ArgumentError, DTypeError
 
-__all__ = [
-    "Tensor", "tensor", "as_tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "empty", "arange",
-    "linspace", "eye", "rand", "randn", "randint", "zeros_like", "ones_like", "full_like", "empty_like", "rand_like",
-    "randn_like", "manual_seed", "get_default_dtype", "set_default_dtype", "is_tensor",
-]
+__all__ = ["Tensor", "get_default_dtype", "set_default_dtype"]
 
 _DEFAULT_FLOAT = np.dtype(np.float32)
 
@@ -254,14 +250,6 @@ class Tensor:
     def __dlpack_device__(self):
         return self.data.__dlpack_device__()
 
-    def to(self, *args, dtype=None, device=None, copy=False, non_blocking=False, memory_format=None):
-        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other_tensor)``, and ``memory_format=``:
-        differentiable."""
-        device, dtype = parse_to_args(args, device, dtype)
-        from .ops import transfer
-        out = transfer(self, device=device, dtype=dtype, copy=copy)
-        return out if memory_format is None else out.contiguous(memory_format)
-
     def cpu(self):
         return self.to("cpu")
 
@@ -403,20 +391,6 @@ class Tensor:
     def __itruediv__(self, other):
         return self.div_(other)
 
-    def zero_(self):
-        if self._check_inplace("zero_"):
-            return self._inplace("zero_", lambda a: _constant_like(a, 0))
-        self.data.fill(0)
-        self._version += 1
-        return self
-
-    def fill_(self, value):
-        if self._check_inplace("fill_"):
-            return self._inplace("fill_", lambda a: _constant_like(a, value))
-        self.data.fill(value.item() if isinstance(value, Tensor) else value)
-        self._version += 1
-        return self
-
     def copy_(self, src):
         """Copy ``src`` (broadcast) into this tensor in place; crossing devices is explicit here."""
         if self._check_inplace("copy_") or (isinstance(src, Tensor) and src.requires_grad and _state.grad_enabled):
@@ -426,34 +400,6 @@ class Tensor:
         self.data[...] = s
         self._version += 1
         return self
-
-    def uniform_(self, a=0.0, b=1.0):
-        with _ag.no_grad():
-            self.copy_(rand(*self.shape, dtype=self.dtype, device=self.device) * (b - a) + a)
-        return self
-
-    def normal_(self, mean=0.0, std=1.0):
-        with _ag.no_grad():
-            self.copy_(randn(*self.shape, dtype=self.dtype, device=self.device) * std + mean)
-        return self
-
-    def __setitem__(self, key, value):
-        if _state.grad_enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
-            self._check_inplace("__setitem__")
-            from .ops import index_put
-            res = index_put(self._alias(), key, value)
-            self.data, self.grad_fn, self.output_nr, self.requires_grad = res.data, res.grad_fn, 0, res.requires_grad
-        else:
-            from .ops.indexing import setitem_array
-            v = value.data if isinstance(value, Tensor) else value
-            if isinstance(value, Tensor) and value.device != self.device:
-                raise RuntimeError(f"__setitem__: value on '{value.device}' assigned into a tensor on '{self.device}'")
-            try:
-                setitem_array(self, key, v)     # PyTorch's placement of advanced-index dims
-            except ValueError as exc:       # NumPy's broadcast failure: say it in PyTorch's terms
-                raise ArgumentError(f"__setitem__: cannot assign a value of shape {tuple(getattr(v, 'shape', ()))} "
-                                    f"into the selected region of a tensor of shape {tuple(self.shape)} ({exc})") from None
-        self._version += 1
 
     # -- printing ----------------------------------------------------------------------------
     def __repr__(self):
@@ -523,13 +469,6 @@ def _attach(data, node):
         import traceback
         node.trace = "".join(traceback.format_stack()[:-2])
     return t
-
-
-def _constant_like(a, value):
-    """``value`` everywhere, recorded as a where() on ``a`` so the gradient to ``a`` is zero (not
-    ``a * 0``, which turns inf into nan).  ``value`` may be a tensor that requires grad."""
-    from .ops import where
-    return where(_wrap(a._xp().ones(a.shape, dtype=bool)), value, a)
 
 
 def parse_to_args(args, device=None, dtype=None):
@@ -636,226 +575,3 @@ def _make_array(data, dtype=None, device=None):
         elif arr.dtype == np.complex128:
             arr = arr.astype(np.complex64)
     return _dev.to_device(arr, dev)
-
-
-# ----------------------------------------------------------------------------------------------
-# Creation functions
-# ----------------------------------------------------------------------------------------------
-def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
-    """A new tensor (always a copy) from Python data, a NumPy/CuPy array or another tensor."""
-    return Tensor(data, dtype=dtype, device=device, requires_grad=requires_grad)
-
-
-def as_tensor(data, dtype=None, device=None) -> Tensor:
-    if isinstance(data, Tensor) and (dtype is None or data.dtype == _to_dtype(dtype)) and \
-            (device is None or data.device == _dev.device(device)):
-        return data
-    return tensor(data, dtype=dtype, device=device)
-
-
-def is_tensor(obj) -> bool:
-    return isinstance(obj, Tensor)
-
-
-def from_numpy(array) -> Tensor:
-    """A cpu tensor sharing memory with the NumPy array (no copy)."""
-    if not isinstance(array, np.ndarray):
-        raise DTypeError(f"from_numpy expects a numpy.ndarray, got {type(array).__name__}")
-    return _wrap(array)
-
-
-def from_dlpack(obj) -> Tensor:
-    """Zero-copy import from any DLPack producer (NumPy, CuPy, PyTorch, ...)."""
-    if isinstance(obj, Tensor):
-        return _wrap(obj.data)
-    dev_type, dev_id = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
-    if int(dev_type) == 1:      # kDLCPU
-        try:
-            return _wrap(np.from_dlpack(obj))
-        except (BufferError, RuntimeError, TypeError):
-            capsule = obj.__dlpack__()
-            if not _dlpack.capsule_is_bfloat16(capsule):
-                raise
-            return _wrap(_dlpack.from_capsule(capsule, np.dtype("bfloat16")))   # NumPy has no bfloat16 code
-    cp = _dev.device(f"cuda:{int(dev_id)}").xp
-    with cp.cuda.Device(int(dev_id)):
-        return _wrap(cp.from_dlpack(obj))
-
-
-def _shape_arg(size, op="tensor creation"):
-    """A size given as ints or as one tuple/list/torch.Size, checked: ints >= 0 (PyTorch's rule and wording)."""
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        size = tuple(size[0])
-    out = []
-    for s in size:
-        if isinstance(s, bool) or not isinstance(s, (numbers.Integral, np.integer)):
-            if isinstance(s, Tensor) and s.ndim == 0 and not _is_floating(s.dtype):
-                s = int(s)
-            else:
-                raise DTypeError(f"{op}: size must be a tuple of ints, but got {s!r} ({type(s).__name__}) in "
-                                 f"{tuple(size)}")
-        if s < 0:
-            raise ArgumentError(f"{op}: Trying to create tensor with negative dimension {int(s)}: "
-                                f"{[int(v) for v in size]}")
-        out.append(int(s))
-    return tuple(out)
-
-
-def _factory(fill, size, dtype, device, requires_grad, default=None, op="tensor creation"):
-    dt = _to_dtype(dtype) or default or _DEFAULT_FLOAT
-    shape = _shape_arg(size, op)
-    xp = _dev.device(device).xp
-    with _dev.device_guard(device if device is not None else _dev.default_device()):
-        arr = fill(xp, shape, dt)
-    t = _wrap(arr)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
-
-
-def zeros(*size, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.zeros(s, dtype=d), size, dtype, device, requires_grad, op="zeros")
-
-
-def ones(*size, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.ones(s, dtype=d), size, dtype, device, requires_grad, op="ones")
-
-
-def empty(*size, dtype=None, device=None, requires_grad=False):
-    return _factory(lambda xp, s, d: xp.empty(s, dtype=d), size, dtype, device, requires_grad, op="empty")
-
-
-def full(size, fill_value, dtype=None, device=None, requires_grad=False):
-    default = _infer_python_dtype(fill_value) if not isinstance(fill_value, Tensor) else fill_value.dtype
-    size = (size,) if isinstance(size, int) else tuple(size)
-    return _factory(lambda xp, s, d: xp.full(s, fill_value, dtype=d), (size,), dtype, device, requires_grad,
-                    default=default, op="full")
-
-
-def _like(t, dtype, device):
-    return (dtype if dtype is not None else t.dtype), (device if device is not None else t.device)
-
-
-def zeros_like(t, dtype=None, device=None, requires_grad=False):
-    d, dev = _like(t, dtype, device)
-    return zeros(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
-
-
-def ones_like(t, dtype=None, device=None, requires_grad=False):
-    d, dev = _like(t, dtype, device)
-    return ones(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
-
-
-def empty_like(t, dtype=None, device=None, requires_grad=False):
-    d, dev = _like(t, dtype, device)
-    return empty(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
-
-
-def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
-    d, dev = _like(t, dtype, device)
-    return full(t.shape, fill_value, dtype=d, device=dev, requires_grad=requires_grad)
-
-
-def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
-    """Values from start to end (exclusive) by step; PyTorch's dtype rule (all ints: int64, else the default float)."""
-    if end is None:
-        start, end = 0, start
-    for name, v in (("start", start), ("end", end), ("step", step)):
-        if isinstance(v, Tensor):
-            v = v.item()
-        if not isinstance(v, numbers.Real) or not np.isfinite(v):
-            raise ArgumentError(f"arange: {name} must be a finite number, got {v!r}")
-    if step == 0:
-        raise ArgumentError("arange: step must be nonzero")
-    if (end - start) * step < 0:
-        raise ArgumentError(f"arange: upper bound and larger bound inconsistent with step sign (start {start}, end "
-                            f"{end}, step {step})")
-    default = np.dtype(np.int64) if all(isinstance(v, numbers.Integral) for v in (start, end, step)) else _DEFAULT_FLOAT
-    return _factory(lambda xp, s, d: xp.arange(start, end, step).astype(d), (), dtype, device, requires_grad,
-                    default=default, op="arange")
-
-
-def linspace(start, end, steps, dtype=None, device=None, requires_grad=False):
-    """``steps`` evenly spaced values from start to end inclusive (floating dtypes only, as in PyTorch)."""
-    if isinstance(steps, bool) or not isinstance(steps, (numbers.Integral, np.integer)) or steps < 0:
-        raise ArgumentError(f"linspace: number of steps must be a non-negative int, got {steps!r}")
-    dt = _to_dtype(dtype)
-    if dt is not None and dt.kind == "b":
-        raise DTypeError("linspace: dtype bool is not supported (PyTorch: \"linspace_cpu\" not implemented for "
-                         "'Bool')")
-    return _factory(lambda xp, s, d: xp.linspace(start, end, int(steps)).astype(d), (), dtype, device, requires_grad,
-                    op="linspace")
-
-
-def eye(n, m=None, dtype=None, device=None, requires_grad=False):
-    """The (n, m) identity (m defaults to n)."""
-    for name, v in (("n", n), ("m", m)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer)) or v < 0):
-            raise ArgumentError(f"eye: {name} must be greater or equal to 0, got {v}")
-    return _factory(lambda xp, s, d: xp.eye(n, m, dtype=d), (), dtype, device, requires_grad, op="eye")
-
-
-# -- random numbers: each device's default Generator lives in minidnn/random.py ------------------------------
-def manual_seed(seed: int):
-    """Seed every generator (cpu and each GPU) for reproducible rand/randn/randint/dropout/init."""
-    from . import random as _rnd
-    return _rnd.manual_seed(seed)
-
-
-def _generator(dev, generator=None):
-    """The engine that draws on ``dev``: ``generator``'s (a minidnn.Generator) or the device default's."""
-    from . import random as _rnd
-    return _rnd.engine_for(dev, generator)
-
-
-def default_generator(device=None):
-    return _generator(_dev.device(device))
-
-
-def _random(kind, size, dtype, device, requires_grad, generator=None, **kw):
-    dt = _to_dtype(dtype) or _DEFAULT_FLOAT
-    dev = _dev.device(device)
-    g = _generator(dev, generator)
-    shape = _shape_arg(size, kind)
-    if kind == "randint" and kw["high"] <= kw["low"]:
-        raise ArgumentError(f"randint: random_ expects 'from' to be less than 'to', but got from={kw['low']} >= "
-                            f"to={kw['high']}")
-    with _dev.device_guard(dev):
-        if kind == "rand":
-            arr = g.random(shape, dtype=np.float64 if dt == np.float64 else np.float32)
-        elif kind == "randn":
-            arr = g.standard_normal(shape, dtype=np.float64 if dt == np.float64 else np.float32)
-        else:
-            arr = g.integers(kw["low"], kw["high"], size=shape)
-        arr = arr.astype(dt, copy=False)
-    t = _wrap(arr)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
-
-
-def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    return _random("rand", size, dtype, device, requires_grad, generator)
-
-
-def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
-    return _random("randn", size, dtype, device, requires_grad, generator)
-
-
-def randint(low, high=None, size=None, dtype=None, device=None, generator=None):
-    """``randint(high, size)`` or ``randint(low, high, size)``: integers in [low, high)."""
-    if size is None:
-        low, high, size = 0, low, high
-    if high is None:
-        raise DTypeError("randint needs high and size")
-    return _random("randint", (tuple(size),), dtype or np.int64, device, False, generator, low=low, high=high)
-
-
-def rand_like(t, dtype=None, device=None, requires_grad=False):
-    d, dev = _like(t, dtype, device)
-    return rand(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
-
-
-def randn_like(t, dtype=None, device=None, requires_grad=False):
-    d, dev = _like(t, dtype, device)
-    return randn(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)

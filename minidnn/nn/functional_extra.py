@@ -16,7 +16,8 @@ import numpy as np
 from ..autograd import Function
 from ..backend import devices as _dev
 from ..backend.errors import ArgumentError
-from ..tensor import Tensor, tensor as _tensor
+from ..tensor import Tensor
+from ..creation import tensor as _tensor
 
 __all__ = ["pad", "interpolate", "upsample", "normalize", "scaled_dot_product_attention"]
 

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 from ..autograd import no_grad
-from ..tensor import randn
+from ..creation import randn
 
 __all__ = [
     "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "zeros_", "ones_", "eye_",

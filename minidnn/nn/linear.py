@@ -1,7 +1,7 @@
 """Identity and Linear: layers written in Tensor ops alone (no backend primitive needed)."""
 from __future__ import annotations
 
-from ..tensor import empty
+from ..creation import empty
 from . import init
 from .functional import linear
 from .module import Module

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..autograd import no_grad
-from ..tensor import Tensor, empty, tensor as _tensor
+from ..tensor import Tensor
+from ..creation import empty, tensor as _tensor
 from . import init
 from .module import Module
 from .parameter import Parameter

@@ -14,6 +14,8 @@ from .sorting import *          # noqa: F401,F403
 from .legacy import *           # noqa: F401,F403
 from . import elementwise as _ew, linalg as _la, reduction as _red, shape as _sh
 from . import gather_scatter as _sc, sorting as _so
+from . import tensor_methods as _tm
+from .. import creation as _creation
 
 
 def _bind():
@@ -46,6 +48,13 @@ def _bind():
     T.__or__ = lambda a, b: T._from_array(a.data | (b.data if isinstance(b, T) else b))
     T.__xor__ = lambda a, b: T._from_array(a.data ^ (b.data if isinstance(b, T) else b))
     T.__getitem__ = getitem
+    T.__setitem__ = _tm.setitem
+    # Conversion, in-place fills and random fills (ops/tensor_methods.py, creation.py).
+    T.to = _tm.to
+    T.zero_ = _tm.zero_
+    T.fill_ = _tm.fill_
+    T.uniform_ = _creation.uniform_
+    T.normal_ = _creation.normal_
     # Methods with the same name as the op.
     for mod in (_ew, _red, _sh, _la):
         for name in mod.__all__:

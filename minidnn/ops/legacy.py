@@ -7,7 +7,8 @@ import numbers
 import numpy as np
 
 from ..backend.errors import DTypeError
-from ..tensor import Tensor, empty, tensor
+from ..tensor import Tensor
+from ..creation import empty, tensor
 
 __all__ = ["FloatTensor", "DoubleTensor", "HalfTensor", "LongTensor", "IntTensor", "ShortTensor", "CharTensor",
            "ByteTensor", "BoolTensor"]

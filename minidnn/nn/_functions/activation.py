@@ -21,7 +21,8 @@ import warnings
 
 from ... import backend as B
 from ...autograd import Function
-from ...tensor import Tensor, _generator
+from ...tensor import Tensor
+from ...creation import _generator
 from ._util import check_tensor, first_order_grads, handle_for, wrap
 from ...backend.errors import ArgumentError, DimensionError
 

@@ -15,7 +15,8 @@ import numpy as np
 from ...backend import devices as _dev
 from ...backend.errors import ArgumentError
 from ...ops import cat
-from ...tensor import Tensor, empty, zeros
+from ...tensor import Tensor
+from ...creation import empty, zeros
 from .. import init
 from .._functions.activation import dropout as _dropout, softmax as _softmax
 from ..functional import linear

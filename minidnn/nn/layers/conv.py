@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from ...tensor import empty
+from ...creation import empty
 from .. import functional as F
 from .. import init
 from .._functions._util import ntuple

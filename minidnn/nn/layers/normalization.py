@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...tensor import ones, tensor, zeros
+from ...creation import ones, tensor, zeros
 from .. import functional as F
 from ..module import Module
 from ..parameter import Parameter

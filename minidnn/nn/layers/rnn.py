@@ -16,7 +16,8 @@ import warnings
 
 from ...autograd import Function
 from ...ops import cat, stack
-from ...tensor import Tensor, empty, zeros
+from ...tensor import Tensor
+from ...creation import empty, zeros
 from .. import init
 from .._functions.activation import dropout as _dropout
 from ..functional import linear

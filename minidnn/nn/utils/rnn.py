@@ -14,7 +14,8 @@ import numpy as np
 from ...autograd import Function
 from ...backend.errors import ArgumentError
 from ...ops import cat, stack
-from ...tensor import Tensor, tensor as _tensor
+from ...tensor import Tensor
+from ...creation import tensor as _tensor
 
 __all__ = ["PackedSequence", "pack_padded_sequence", "pad_packed_sequence", "pad_sequence", "pack_sequence",
            "unpack_sequence"]
@@ -118,7 +119,7 @@ def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_le
     else:
         T_out = T
     blocks = split_rows(data, batch_sizes)
-    from ...tensor import full
+    from ...creation import full
     steps = []
     tail = tuple(data.shape[1:])
     for t in range(T_out):
@@ -138,7 +139,7 @@ def pad_packed_sequence(sequence, batch_first=False, padding_value=0.0, total_le
 
 def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
     """Stack sequences of shapes (L_i, *) into (L_max, B, *) (or (B, L_max, *)), padding with padding_value."""
-    from ...tensor import full
+    from ...creation import full
     if padding_side not in ("left", "right"):
         raise ValueError(f"Expected padding_side to be one of left or right, but got {padding_side}.")
     sequences = list(sequences)
