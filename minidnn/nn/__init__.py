@@ -1,4 +1,4 @@
-"""minidnn.nn: Parameter, Module system, containers, layers, init (see the layers issue).
+"""minidnn.nn: Parameter, Module system, containers, layers (layers/, one file per family), init.
 
 Adding a layer: subclass ``Module`` (module.py explains the protocol), export it here.
 """
@@ -6,9 +6,6 @@ from .parameter import Parameter, Buffer  # noqa: F401
 from . import init  # noqa: F401
 from .module import Module, RemovableHandle  # noqa: F401
 from .containers import Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict  # noqa: F401
-from .linear import Identity, Linear  # noqa: F401
-from .flatten import Flatten, Unflatten  # noqa: F401
-from .sparse import Embedding  # noqa: F401
 from . import functional  # noqa: F401
 from .layers import *  # noqa: F401,F403  (conv, pooling, normalisation, activation, dropout and loss layers)
 from . import utils  # noqa: F401,E402

@@ -21,7 +21,7 @@ from .. import init
 from .._functions.activation import dropout as _dropout, softmax as _softmax
 from ..functional import linear
 from ..functional_extra import scaled_dot_product_attention
-from ..linear import Linear
+from .linear import Linear
 from ..module import Module
 from ..parameter import Parameter
 

@@ -1,11 +1,11 @@
 """Identity and Linear: layers written in Tensor ops alone (no backend primitive needed)."""
 from __future__ import annotations
 
-from ..creation import empty
-from . import init
-from .functional import linear
-from .module import Module
-from .parameter import Parameter
+from ...creation import empty
+from .. import init
+from ..functional import linear
+from ..module import Module
+from ..parameter import Parameter
 
 __all__ = ["Identity", "Linear"]
 

@@ -1,7 +1,7 @@
 """Flatten and Unflatten: reshapes as layers (for Sequential models)."""
 from __future__ import annotations
 
-from .module import Module
+from ..module import Module
 
 __all__ = ["Flatten", "Unflatten"]
 

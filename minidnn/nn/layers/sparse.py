@@ -1,13 +1,13 @@
 """Embedding: a lookup table, ``weight[indices]``, differentiable through indexing."""
 from __future__ import annotations
 
-from ..autograd import no_grad
-from ..tensor import Tensor
-from ..creation import empty, tensor as _tensor
-from . import init
-from .module import Module
-from .parameter import Parameter
-from ..backend.errors import ArgumentError, DimensionError, DTypeError
+from ...autograd import no_grad
+from ...tensor import Tensor
+from ...creation import empty, tensor as _tensor
+from .. import init
+from ..module import Module
+from ..parameter import Parameter
+from ...backend.errors import ArgumentError, DimensionError, DTypeError
 
 __all__ = ["Embedding"]
 
