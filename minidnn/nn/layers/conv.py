@@ -94,8 +94,7 @@ class _Conv(_ConvNd):
                          padding_mode, device=device, dtype=dtype)
 
     def forward(self, input):
-        conv = (F.conv1d, F.conv2d, F.conv3d)[self._nd - 1]
-        return conv(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return self._function(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class _ConvTranspose(_ConvNd):
@@ -109,32 +108,37 @@ class _ConvTranspose(_ConvNd):
     def forward(self, input, output_size=None):
         if output_size is not None:
             raise NotImplementedError(f"{type(self).__name__}: output_size is not supported; pass output_padding")
-        conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self._nd - 1]
-        return conv(input, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups,
-                    self.dilation)
+        return self._function(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                              self.groups, self.dilation)
 
 
 class Conv1d(_Conv):
+    _function = staticmethod(F.conv1d)
     _nd = 1
 
 
 class Conv2d(_Conv):
     """2-D convolution over (N, C_in, H, W); weight (out_channels, in_channels / groups, kH, kW)."""
+    _function = staticmethod(F.conv2d)
     _nd = 2
 
 
 class Conv3d(_Conv):
+    _function = staticmethod(F.conv3d)
     _nd = 3
 
 
 class ConvTranspose1d(_ConvTranspose):
+    _function = staticmethod(F.conv_transpose1d)
     _nd = 1
 
 
 class ConvTranspose2d(_ConvTranspose):
     """The adjoint of Conv2d: weight (in_channels, out_channels / groups, kH, kW)."""
+    _function = staticmethod(F.conv_transpose2d)
     _nd = 2
 
 
 class ConvTranspose3d(_ConvTranspose):
+    _function = staticmethod(F.conv_transpose3d)
     _nd = 3

@@ -28,9 +28,8 @@ class _MaxPoolNd(_WindowMacs, Module):
         self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def forward(self, input):
-        pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[self._nd - 1]
-        return pool(input, self.kernel_size, self.stride, self.padding, self.dilation, ceil_mode=self.ceil_mode,
-                    return_indices=self.return_indices)
+        return self._function(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                              ceil_mode=self.ceil_mode, return_indices=self.return_indices)
 
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -38,14 +37,17 @@ class _MaxPoolNd(_WindowMacs, Module):
 
 
 class MaxPool1d(_MaxPoolNd):
+    _function = staticmethod(F.max_pool1d)
     _nd = 1
 
 
 class MaxPool2d(_MaxPoolNd):
+    _function = staticmethod(F.max_pool2d)
     _nd = 2
 
 
 class MaxPool3d(_MaxPoolNd):
+    _function = staticmethod(F.max_pool3d)
     _nd = 3
 
 
@@ -60,17 +62,17 @@ class _AvgPoolNd(_WindowMacs, Module):
 
     def forward(self, input):
         if self._nd == 1:
-            return F.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                                self.count_include_pad)
-        pool = F.avg_pool2d if self._nd == 2 else F.avg_pool3d
-        return pool(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
-                    self.divisor_override)
+            return self._function(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                                  self.count_include_pad)
+        return self._function(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                              self.count_include_pad, self.divisor_override)
 
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
 class AvgPool1d(_AvgPoolNd):
+    _function = staticmethod(F.avg_pool1d)
     _nd = 1
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
@@ -82,10 +84,12 @@ class AvgPool1d(_AvgPoolNd):
 
 
 class AvgPool2d(_AvgPoolNd):
+    _function = staticmethod(F.avg_pool2d)
     _nd = 2
 
 
 class AvgPool3d(_AvgPoolNd):
+    _function = staticmethod(F.avg_pool3d)
     _nd = 3
 
 
@@ -100,11 +104,9 @@ class _AdaptivePool(Module):
             self.return_indices = return_indices
 
     def forward(self, input):
-        pools = {(1, False): F.adaptive_avg_pool1d, (2, False): F.adaptive_avg_pool2d,
-                 (1, True): F.adaptive_max_pool1d, (2, True): F.adaptive_max_pool2d}
         if self._max:
-            return pools[self._nd, True](input, self.output_size, self.return_indices)
-        return pools[self._nd, False](input, self.output_size)
+            return self._function(input, self.output_size, self.return_indices)
+        return self._function(input, self.output_size)
 
     def extra_repr(self):
         return f"output_size={self.output_size}"
@@ -114,16 +116,20 @@ class _AdaptivePool(Module):
 
 
 class AdaptiveAvgPool1d(_AdaptivePool):
+    _function = staticmethod(F.adaptive_avg_pool1d)
     _nd = 1
 
 
 class AdaptiveAvgPool2d(_AdaptivePool):
+    _function = staticmethod(F.adaptive_avg_pool2d)
     _nd = 2
 
 
 class AdaptiveMaxPool1d(_AdaptivePool):
+    _function = staticmethod(F.adaptive_max_pool1d)
     _nd, _max = 1, True
 
 
 class AdaptiveMaxPool2d(_AdaptivePool):
+    _function = staticmethod(F.adaptive_max_pool2d)
     _nd, _max = 2, True
