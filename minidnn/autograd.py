@@ -19,6 +19,7 @@ import functools
 import sys
 import threading
 import traceback
+import weakref
 
 import numpy as np
 
@@ -218,6 +219,23 @@ class _RemovableHandle:
             pass
 
 
+# id(leaf) -> (weakref to it, [hook(leaf)]): PyTorch's post-accumulate-grad hooks, run after a backward has
+# written the leaf's .grad (data-parallel all-reduce launches from them).  Kept outside Tensor's slots: rarely used.
+_post_accumulate_hooks: dict = {}
+
+
+def register_post_accumulate_grad_hook(tensor, hook):
+    """``hook(tensor)`` runs after each backward has accumulated into ``tensor.grad`` (a leaf).  Returns a handle
+    whose ``remove()`` unregisters it."""
+    key = id(tensor)
+    entry = _post_accumulate_hooks.get(key)
+    if entry is None or entry[0]() is not tensor:
+        entry = _post_accumulate_hooks[key] = (
+            weakref.ref(tensor, lambda _, key=key: _post_accumulate_hooks.pop(key, None)), [])
+    entry[1].append(hook)
+    return _RemovableHandle(entry[1], hook)
+
+
 class AccumulateGrad(Node):
     """The sink of a leaf that requires grad: adds the incoming gradient into ``variable.grad``."""
 
@@ -233,6 +251,14 @@ class AccumulateGrad(Node):
 
     def accumulate(self, g, create_graph: bool, fresh: bool):
         """``fresh``: the engine guarantees nobody else holds ``g``'s array, so it may be kept as is."""
+        self._accumulate(g, create_graph, fresh)
+        if _post_accumulate_hooks:
+            entry = _post_accumulate_hooks.get(id(self.variable))
+            if entry is not None and entry[0]() is self.variable:
+                for hook in list(entry[1]):
+                    hook(self.variable)
+
+    def _accumulate(self, g, create_graph, fresh):
         var = self.variable
         if var._hooks:
             fresh = False       # a hook may keep a reference to g

@@ -209,6 +209,15 @@ class Tensor:
         self._hooks.append(hook)
         return _ag._RemovableHandle(self._hooks, hook)
 
+    def register_post_accumulate_grad_hook(self, hook):
+        """``hook(tensor)`` runs after backward has accumulated into this leaf's ``.grad`` (PyTorch's API; the
+        data-parallel all-reduce launches from it).  Returns a handle whose ``remove()`` unregisters it."""
+        if not self.is_leaf:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
+        return _ag.register_post_accumulate_grad_hook(self, hook)
+
     # -- conversion ------------------------------------------------------------------------
     def numpy(self):
         """A host NumPy array (a copy for cuda tensors; shares memory for cpu tensors, as in PyTorch)."""
