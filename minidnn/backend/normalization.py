@@ -170,6 +170,9 @@ def batch_normalization_forward_training(handle, mode, x, scale, bias, exponenti
     if x.size == 0:
         zeros = xp.zeros(geom.param_shape, dtype=np.float32 if x.dtype == np.float16 else x.dtype)
         return blend(xp.empty(x.shape, dtype=x.dtype), alpha, beta, y, x.dtype), zeros, zeros.copy()
+    fast = _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y)
+    if fast is not None:        # the CUDA kernels (see the GPU fast paths block at the end of this file)
+        return fast
     xhat, mean, var, inv_std = _normalize(xp, geom.xc, geom.axes, epsilon)
     for running, batch in ((running_mean, mean), (running_var, var * (geom.count / (geom.count - 1)))):
         if running is not None:
@@ -188,6 +191,9 @@ def batch_normalization_forward_inference(handle, mode, x, scale, bias, estimate
                             dict(scale=scale, bias=bias, estimated_mean=estimated_mean,
                                  estimated_variance=estimated_variance), dict(y=y))
     check_out(where, "y", y, x.shape, x.dtype, beta)
+    fast = _gpu_bn_inference(geom, x, scale, bias, estimated_mean, estimated_variance, epsilon, alpha, beta, y)
+    if fast is not None:        # the CUDA kernel (see the GPU fast paths block at the end of this file)
+        return fast
     xhat = (geom.xc - geom.view(estimated_mean)) / xp.sqrt(geom.view(estimated_variance) + epsilon)
     value = from_channels_first(_affine(xhat, geom.view(scale), geom.view(bias)), geom.fmt)
     return blend(value, alpha, beta, y, x.dtype)
@@ -216,6 +222,9 @@ def batch_normalization_backward(handle, mode, x, dy, scale, saved_mean, saved_i
     if x.size == 0:
         values = (xp.zeros(x.shape, x.dtype),) + ((None, None) if scale is None else
                                                   (xp.zeros(param_shape, scale.dtype),) * 2)
+    elif (fast := _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv_variance, param_shape,
+                                   (alpha_data, beta_data, alpha_param, beta_param), (dx, dscale, dbias))) is not None:
+        return fast             # the CUDA kernels (see the GPU fast paths block at the end of this file)
     else:
         dyc = to_channels_first(dy, geom.fmt)
         if saved_mean is None:
@@ -342,3 +351,164 @@ def group_normalization_backward(handle, x, dy, num_groups, scale, mean, inv_std
         values = (dx_v, (dy * xhat).sum(axis=param_axes), dy.sum(axis=param_axes))
     return _blend_backward(where, values, (dx, dscale, dbias), x, (x.shape[1],),
                            alpha_data, beta_data, alpha_param, beta_param)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU fast paths and fused batch-norm primitives (backend/cuda/bn_kernels.py).  Owned by the step-kernels work
+# (issue 10); the reference above stays the spec.  Each helper returns None when the kernels do not take the call
+# (CPU arrays, PER_ACTIVATION, float16, blending, odd layouts), and the reference runs.
+
+class BatchNormOps(enum.Enum):
+    """cuDNN's cudnnBatchNormOps_t: what the *_ex primitives fuse after the normalisation."""
+    BN = "bn"                                   # y = bn(x)
+    BN_ACTIVATION = "bn_activation"             # y = relu(bn(x))
+    BN_ADD_ACTIVATION = "bn_add_activation"     # y = relu(bn(x) + z)
+
+
+def _gpu_kernels():
+    from .devices import is_cuda_array
+    from .cuda import bn_kernels
+    return is_cuda_array, bn_kernels
+
+
+def _gpu_plain(alpha, beta, *outs):
+    return alpha == 1 and beta == 0 and all(o is None for o in outs)
+
+
+def _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, z=None,
+                     relu=False):
+    is_cuda, k = _gpu_kernels()
+    if not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
+            and k.supports(geom.xc, scale, bias, running_mean, running_var,
+                           others=(None if z is None else to_channels_first(z, geom.fmt),))):
+        return None
+    zc = None if z is None else to_channels_first(z, geom.fmt)
+    yc, mean, inv_std = k.forward_training(geom.xc, scale, bias, f, running_mean, running_var, epsilon, zc, relu)
+    return from_channels_first(yc, geom.fmt), mean.reshape(geom.param_shape), inv_std.reshape(geom.param_shape)
+
+
+def _gpu_bn_inference(geom, x, scale, bias, mean, var, epsilon, alpha, beta, y, z=None, relu=False):
+    is_cuda, k = _gpu_kernels()
+    if not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
+            and k.supports(geom.xc, scale, bias, mean, var,
+                           others=(None if z is None else to_channels_first(z, geom.fmt),))):
+        return None
+    zc = None if z is None else to_channels_first(z, geom.fmt)
+    return from_channels_first(k.forward_inference(geom.xc, scale, bias, mean, var, epsilon, zc, relu), geom.fmt)
+
+
+def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, blending, outs, y=None, want_dz=False):
+    is_cuda, k = _gpu_kernels()
+    acc = np.float64 if x.dtype == np.float64 else np.float32
+    if not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and blending == (1.0, 0.0, 1.0, 0.0)
+            and all(o is None for o in outs) and saved_mean is not None
+            and saved_mean.dtype == acc and saved_inv.dtype == acc
+            and saved_mean.flags.c_contiguous and saved_inv.flags.c_contiguous
+            and (scale is None or tuple(scale.shape) == tuple(param_shape))
+            and k.supports(geom.xc, scale, others=(to_channels_first(dy, geom.fmt),
+                                                   None if y is None else to_channels_first(y, geom.fmt)))):
+        return None
+    yc = None if y is None else to_channels_first(y, geom.fmt)
+    dx, dz, dscale, dbias = k.backward(geom.xc, to_channels_first(dy, geom.fmt), scale, saved_mean.reshape(-1),
+                                       saved_inv.reshape(-1), yc, want_dz)
+    dx = from_channels_first(dx, geom.fmt)
+    dz = None if dz is None else from_channels_first(dz, geom.fmt)
+    if scale is None:
+        return (dx, dz, None, None) if want_dz else (dx, None, None)
+    return (dx, dz, dscale.reshape(param_shape), dbias.reshape(param_shape)) if want_dz \
+        else (dx, dscale.reshape(param_shape), dbias.reshape(param_shape))
+
+
+def _bn_ops_prologue(where, bn_ops, x, z, format):
+    bn_ops = parse_enum(where, BatchNormOps, bn_ops, "bn_ops")
+    if bn_ops is BatchNormOps.BN_ADD_ACTIVATION:
+        if z is None or tuple(z.shape) != tuple(x.shape) or z.dtype != x.dtype:
+            raise BadParamError(f"{where}: BN_ADD_ACTIVATION adds z, which must match x ({tuple(x.shape)}, {x.dtype}),"
+                                f" got {None if z is None else (tuple(z.shape), str(z.dtype))}")
+    elif z is not None:
+        raise BadParamError(f"{where}: z is only used by BN_ADD_ACTIVATION, got bn_ops={bn_ops.name}")
+    return bn_ops
+
+
+def _relu_after(xp, v, z):
+    v = v if z is None else v + z
+    return xp.maximum(v, 0)
+
+
+def batch_normalization_forward_training_ex(handle, mode, bn_ops, x, z, scale, bias, exponential_average_factor,
+                                            running_mean, running_var, epsilon, format=None):
+    """cuDNN's cudnnBatchNormalizationForwardTrainingEx: y = bn(x), relu(bn(x)) or relu(bn(x) + z) by ``bn_ops``
+    -> (y, saved_mean, saved_inv_variance).  The reference is the composition; on the GPU one fused pass writes y."""
+    where = "batch_normalization_forward_training_ex"
+    bn_ops = _bn_ops_prologue(where, bn_ops, x, z, format)
+    if bn_ops is not BatchNormOps.BN and x.size:
+        xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
+                                dict(scale=scale, bias=bias, running_mean=running_mean, running_var=running_var),
+                                dict(z=z))
+        if not 0 <= exponential_average_factor <= 1:
+            raise BadParamError(f"{where}: exponential_average_factor={exponential_average_factor} must be in [0, 1]")
+        fast = _gpu_bn_training(geom, x, scale, bias, exponential_average_factor, running_mean, running_var, epsilon,
+                                1.0, 0.0, None, z, True) if geom.count > 1 else None
+        if fast is not None:
+            return fast
+    y, mean, inv_std = batch_normalization_forward_training(handle, mode, x, scale, bias, exponential_average_factor,
+                                                            running_mean, running_var, epsilon, format=format)
+    if bn_ops is not BatchNormOps.BN:
+        y = _relu_after(begin(handle, where, x=x)[1], y, z)
+    return y, mean, inv_std
+
+
+def batch_normalization_forward_inference_ex(handle, mode, bn_ops, x, z, scale, bias, estimated_mean,
+                                             estimated_variance, epsilon, format=None):
+    """Inference batch norm followed by ``bn_ops``' ReLU (after adding z); one fused pass on the GPU."""
+    where = "batch_normalization_forward_inference_ex"
+    bn_ops = _bn_ops_prologue(where, bn_ops, x, z, format)
+    if bn_ops is not BatchNormOps.BN and x.size and estimated_mean is not None and estimated_variance is not None:
+        xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
+                                dict(scale=scale, bias=bias, estimated_mean=estimated_mean,
+                                     estimated_variance=estimated_variance), dict(z=z))
+        fast = _gpu_bn_inference(geom, x, scale, bias, estimated_mean, estimated_variance, epsilon, 1.0, 0.0, None,
+                                 z, True)
+        if fast is not None:
+            return fast
+    y = batch_normalization_forward_inference(handle, mode, x, scale, bias, estimated_mean, estimated_variance,
+                                              epsilon, format=format)
+    if bn_ops is not BatchNormOps.BN:
+        y = _relu_after(begin(handle, where, x=x)[1], y, z)
+    return y
+
+
+def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved_mean, saved_inv_variance, epsilon,
+                                    format=None):
+    """cuDNN's cudnnBatchNormalizationBackwardEx -> (dx, dz, dscale, dbias): ``y`` is the fused forward's output
+    (its ReLU mask), dz the residual's gradient (None unless BN_ADD_ACTIVATION).  dscale, dbias None without scale."""
+    where = "batch_normalization_backward_ex"
+    bn_ops = parse_enum(where, BatchNormOps, bn_ops, "bn_ops")
+    handle, xp = begin(handle, where, x=x, y=y, dy=dy, scale=scale, saved_mean=saved_mean,
+                       saved_inv_variance=saved_inv_variance)
+    want_dz = bn_ops is BatchNormOps.BN_ADD_ACTIVATION
+    if bn_ops is not BatchNormOps.BN:
+        if y is None or tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
+            raise BadParamError(f"{where}: {bn_ops.name} needs y, the forward's output, matching x "
+                                f"({tuple(x.shape)}, {x.dtype}), got {None if y is None else (tuple(y.shape), str(y.dtype))}")
+        if x.size and tuple(dy.shape) == tuple(x.shape) and dy.dtype == x.dtype and saved_mean is not None \
+                and saved_inv_variance is not None:
+            _, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
+                                   dict(scale=scale, saved_mean=saved_mean, saved_inv_variance=saved_inv_variance),
+                                   dict(dy=dy))
+            param_shape = tuple(scale.shape) if scale is not None else geom.param_shape
+            fast = _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv_variance, param_shape,
+                                    (1.0, 0.0, 1.0, 0.0), (None, None, None), y, want_dz=True)
+            if fast is not None:
+                dx, dz, dscale, dbias = fast
+                return dx, (dz if want_dz else None), dscale, dbias
+        g = xp.where(y <= 0, xp.zeros((), dtype=dy.dtype), dy)
+    else:
+        g = dy
+    dx, dscale, dbias = batch_normalization_backward(handle, mode, x, g, scale, saved_mean, saved_inv_variance,
+                                                     epsilon, format=format)
+    return dx, (g if want_dz else None), dscale, dbias
+
+
+__all__ += ["BatchNormOps", "batch_normalization_forward_training_ex", "batch_normalization_forward_inference_ex",
+            "batch_normalization_backward_ex"]

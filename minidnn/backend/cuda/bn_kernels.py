@@ -1,0 +1,422 @@
+"""Batch normalisation on the GPU (SPATIAL mode): training forward, backward, inference, fused ReLU / add + ReLU.
+
+Shape legend: x, y, z (residual), dy, dx, dz viewed as (outer, C, inner), contiguous:
+    NCHW / NCDHW / NCL:       outer = N,       inner = H*W (D*H*W, L)
+    channels-last and (N, C): outer = N*H*W,   inner = 1                 ("INNER1" kernels)
+scale, bias, running_mean, running_var, dscale, dbias: (C,) in x's dtype;  mean, inv_std, coef: (C,) / (C, 2) in A
+(A = the accumulation type: float for float32 data, double for float64).  m = outer * inner values per channel.
+
+Two launches per direction, each one pass over the data:
+  bn_stats   (training forward)  per channel the shifted sums  sum(x - K), sum((x - K)^2), K = the channel's first
+             element (the reference's shifted one-pass moments, _common.moments), then mean, inv_std and the
+             running-statistics update;
+  bn_grad    (backward)          per channel sum(g), sum(g * xhat) with g = dy (masked by y > 0 after a fused ReLU):
+             dbias, dscale and the two means the dx formula needs;
+  bn_apply   (forward, training or inference)  y = act((x - mean) * inv_std * scale + bias [+ z]);
+  bn_dx      (backward)          dx = scale * inv_std * (g - mean(g) - xhat * mean(g * xhat)),  dz = g.
+Tiling of the two reductions: a 256-thread block owns CT channels (CT = 1 for NCHW, 32 for INNER1) and one of
+`splits` slices of the m values of each; thread (ty, tx) = (threadIdx.x / CT, threadIdx.x % CT) accumulates channel
+blockIdx.y * CT + tx over rows ty, ty + RY, ... (RY = 256 / CT) of its slice -- consecutive threads read consecutive
+addresses in both layouts.  A fixed-order shared-memory tree sums the RY rows; each block writes its partial sums;
+the LAST block of a channel tile (threadfence + atomic ticket, reset by that block: the multi_tensor.py idiom) adds
+the partials in split order in double and finalises.  Deterministic: no float atomics.  The two elementwise kernels
+are grid-stride loops, 4 independent elements per thread per iteration.
+Traffic: forward reads x twice and writes y (3 passes; the cuDNN/PyTorch floor without a grid barrier), backward
+reads x, dy (y) twice and writes dx (dz).  Nothing is read back to the host: capturable in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import devices as _dev
+from . import launch as _launch
+
+__all__ = ["supports", "layout_of", "forward_training", "forward_inference", "backward", "SOURCE"]
+
+THREADS = 256
+
+SOURCE = r"""
+typedef SCALAR T;
+typedef ACCUM A;
+#define CT (INNER1 ? 32 : 1)
+#define RY (256 / CT)
+
+// Sum v[2] over the RY rows of the block (fixed order tree); the result lands in sm[0][tx][*].
+__device__ __forceinline__ void rows_sum(A (*sm)[CT][2], int ty, int tx, A v0, A v1)
+{
+    sm[ty][tx][0] = v0; sm[ty][tx][1] = v1;
+    __syncthreads();
+    for (int s = RY / 2; s > 0; s >>= 1) {
+        if (ty < s) { sm[ty][tx][0] += sm[ty + s][tx][0]; sm[ty][tx][1] += sm[ty + s][tx][1]; }
+        __syncthreads();
+    }
+}
+
+// Walk this thread's elements of channel c: calls f(address) for each.  NCHW: j = o * inner + i over the channel's
+// m values, advanced by a precomputed (step_o, step_i) so no division sits in the loop.
+template <class F>
+__device__ __forceinline__ void for_channel(int outer, int C, int inner, int c, int ty, F f)
+{
+#if INNER1
+    for (long long o = (long long)blockIdx.x * RY + ty; o < outer; o += (long long)gridDim.x * RY)
+        f(o * C + c);
+#else
+    const long long m = (long long)outer * inner;
+    const long long step = (long long)gridDim.x * RY;
+    long long j = (long long)blockIdx.x * RY + ty;
+    if (j >= m) return;
+    int o = (int)(j / inner), i = (int)(j - (long long)o * inner);
+    const int step_o = (int)(step / inner), step_i = (int)(step - (long long)step_o * inner);
+    for (; j < m; j += step) {
+        f(((long long)o * C + c) * inner + i);
+        o += step_o; i += step_i;
+        if (i >= inner) { i -= inner; ++o; }
+    }
+#endif
+}
+
+// Last block of channel tile blockIdx.y?  (threadfence reduction ticket; the last block resets it)
+__device__ __forceinline__ bool last_block(unsigned int* ticket)
+{
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ticket + blockIdx.y, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
+         A* __restrict__ mean_out, A* __restrict__ inv_std_out, T* running_mean, T* running_var,
+         const int outer, const int C, const int inner, const double factor, const double eps, const int has_running)
+{
+    __shared__ A sm[RY][CT][2];
+    const int tx = threadIdx.x % CT, ty = threadIdx.x / CT;
+    const int c = blockIdx.y * CT + tx;
+    A s1 = 0, s2 = 0;
+    if (c < C) {
+        const A k = (A)x[INNER1 ? c : (long long)c * inner];     // shift: the channel's first element
+        for_channel(outer, C, inner, c, ty, [&](long long a) { const A d = (A)x[a] - k; s1 += d; s2 += d * d; });
+    }
+    rows_sum(sm, ty, tx, s1, s2);
+    if (ty == 0 && c < C) {
+        A* p = partial + ((long long)c * gridDim.x + blockIdx.x) * 2;
+        p[0] = sm[0][tx][0]; p[1] = sm[0][tx][1];
+    }
+    if (!last_block(ticket)) return;
+    if (ty == 0 && c < C) {
+        double t1 = 0, t2 = 0;
+        const A* p = partial + (long long)c * gridDim.x * 2;
+        for (int b = 0; b < gridDim.x; ++b) { t1 += (double)p[2 * b]; t2 += (double)p[2 * b + 1]; }
+        const double m = (double)outer * inner;
+        const double md = t1 / m;
+        const double var = fmax(t2 / m - md * md, 0.0);
+        const double mean = (double)x[INNER1 ? c : (long long)c * inner] + md;
+        mean_out[c] = (A)mean;
+        inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
+        if (has_running) {
+            running_mean[c] = (T)((1.0 - factor) * (double)running_mean[c] + factor * mean);
+            running_var[c] = (T)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
+        }
+    }
+    if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
+}
+
+// Backward reduction.  RELU: g = dy where y > 0 (y the fused forward's output; !(y <= 0) lets a NaN through, as the
+// reference's relu' does).  Writes dscale = sum(g * xhat), dbias = sum(g) (when HAS_SCALE) and coef = (mean(g),
+// mean(g * xhat)) for bn_dx.
+extern "C" __global__ void __launch_bounds__(256)
+bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
+        const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ coef,
+        T* __restrict__ dscale, T* __restrict__ dbias, const int outer, const int C, const int inner)
+{
+    __shared__ A sm[RY][CT][2];
+    const int tx = threadIdx.x % CT, ty = threadIdx.x / CT;
+    const int c = blockIdx.y * CT + tx;
+    A s1 = 0, s2 = 0;
+    if (c < C) {
+        const A mu = mean[c], is = inv_std[c];
+        for_channel(outer, C, inner, c, ty, [&](long long a) {
+            A g = (A)dy[a];
+#if RELU
+            if ((A)y[a] <= (A)0) g = 0;
+#endif
+            s1 += g; s2 += g * (((A)x[a] - mu) * is);
+        });
+    }
+    rows_sum(sm, ty, tx, s1, s2);
+    if (ty == 0 && c < C) {
+        A* p = partial + ((long long)c * gridDim.x + blockIdx.x) * 2;
+        p[0] = sm[0][tx][0]; p[1] = sm[0][tx][1];
+    }
+    if (!last_block(ticket)) return;
+    if (ty == 0 && c < C) {
+        double t1 = 0, t2 = 0;
+        const A* p = partial + (long long)c * gridDim.x * 2;
+        for (int b = 0; b < gridDim.x; ++b) { t1 += (double)p[2 * b]; t2 += (double)p[2 * b + 1]; }
+        const double m = (double)outer * inner;
+        coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
+#if HAS_SCALE
+        dbias[c] = (T)t1; dscale[c] = (T)t2;
+#endif
+    }
+    if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
+}
+
+__device__ __forceinline__ int channel_of(long long i, int C, int inner)
+{
+#if INNER1
+    return (int)(i % C);
+#else
+    return (int)((i / inner) % C);
+#endif
+}
+
+// y = act((x - mean) * inv * scale + bias [+ z]); FROM_VAR: inv = 1 / sqrt(var + eps) (inference: stat2 = var).
+extern "C" __global__ void __launch_bounds__(256)
+bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, const void* stat1, const void* stat2,
+         const T* __restrict__ scale, const T* __restrict__ bias, const long long n, const int C, const int inner,
+         const double eps)
+{
+#if FROM_VAR
+    typedef T S;
+#else
+    typedef A S;
+#endif
+    const S* mean = (const S*)stat1;
+    const S* st2 = (const S*)stat2;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += 4 * stride) {
+        T xv[4], zv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const long long i = i0 + u * stride;
+            if (i < n) { xv[u] = x[i]; zv[u] = HAS_Z ? z[i] : (T)0; }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const long long i = i0 + u * stride;
+            if (i >= n) break;
+            const int c = channel_of(i, C, inner);
+#if FROM_VAR
+            const A inv = (A)1 / sqrt((A)st2[c] + (A)eps);
+#else
+            const A inv = (A)st2[c];
+#endif
+            const A k = HAS_SCALE ? inv * (A)scale[c] : inv;
+            A v = ((A)xv[u] - (A)mean[c]) * k;
+            if (HAS_BIAS) v += (A)bias[c];
+            if (HAS_Z) v += (A)zv[u];
+#if RELU
+            v = v > (A)0 ? v : (v != v ? v : (A)0);      // max(v, 0) keeping NaN, as numpy's maximum
+#endif
+            y[i] = (T)v;
+        }
+    }
+}
+
+// dx = scale * inv_std * (g - coef0 - xhat * coef1); g = dy masked by y > 0 (RELU); HAS_Z: dz = g.
+extern "C" __global__ void __launch_bounds__(256)
+bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
+      const A* __restrict__ inv_std, const A* __restrict__ coef, const T* __restrict__ scale, T* __restrict__ dx,
+      T* __restrict__ dz, const long long n, const int C, const int inner)
+{
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += 4 * stride) {
+        T xv[4], gv[4], yv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const long long i = i0 + u * stride;
+            if (i < n) { xv[u] = x[i]; gv[u] = dy[i]; yv[u] = RELU ? y[i] : (T)1; }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const long long i = i0 + u * stride;
+            if (i >= n) break;
+            const int c = channel_of(i, C, inner);
+            const A is = inv_std[c];
+            A g = (A)gv[u];
+            if (RELU && (A)yv[u] <= (A)0) g = 0;
+            const A xhat = ((A)xv[u] - mean[c]) * is;
+            const A k = HAS_SCALE ? is * (A)scale[c] : is;
+            dx[i] = (T)(k * (g - coef[2 * c] - xhat * coef[2 * c + 1]));
+            if (HAS_Z) dz[i] = (T)g;
+        }
+    }
+}
+"""
+
+_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
+_INT_MAX = 2 ** 31 - 1
+_tickets: dict = {}
+
+
+def _options(dtype, inner1, **flags):
+    scalar, accum = _TYPES[np.dtype(dtype)]
+    opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DINNER1={int(inner1)}", "-std=c++17"]
+    for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR"):
+        opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
+    return tuple(opts)
+
+
+def _kernel(name, dtype, inner1, **flags):
+    return _launch.get_kernel(SOURCE, name, _options(dtype, inner1, **flags))
+
+
+def layout_of(xc):
+    """(outer, C, inner, contiguous memory view) of a channels-first CuPy view ``xc``, or None when its memory is
+    neither channels-first nor channels-last contiguous."""
+    c = xc.shape[1]
+    if xc.flags.c_contiguous:
+        inner = math.prod(xc.shape[2:])
+        return (xc.shape[0], c, inner, xc)
+    if xc.ndim >= 3:
+        perm = (0, *range(2, xc.ndim), 1)
+        cl = xc.transpose(perm)
+        if cl.flags.c_contiguous:
+            return (xc.size // c if c else 0, c, 1, cl)
+    return None
+
+
+def _empty_like_layout(cp, xc, dtype=None):
+    """An uninitialised channels-first view laid out in memory like ``xc`` (channels-first or channels-last)."""
+    dtype = dtype or xc.dtype
+    if xc.flags.c_contiguous or xc.ndim < 3:
+        return cp.empty(xc.shape, dtype=dtype)
+    perm = (0, *range(2, xc.ndim), 1)
+    back = (0, xc.ndim - 1, *range(1, xc.ndim - 1))
+    return cp.empty(tuple(xc.shape[i] for i in perm), dtype=dtype).transpose(back)
+
+
+def _mem(a):
+    """The contiguous memory view of a channels-first array laid out as layout_of found it."""
+    return a if a.flags.c_contiguous else a.transpose((0, *range(2, a.ndim), 1))
+
+
+def _vec_ok(p, c, dtype):
+    return p is None or (p.size == c and p.dtype == dtype and p.flags.c_contiguous)
+
+
+def supports(xc, *params, others=()) -> bool:
+    """True where the kernels take this call: float32/float64 CuPy x with at least one value per channel, laid out
+    channels-first or channels-last contiguously, parameters (C,) (or (1, C, 1, 1)) contiguous in x's dtype,
+    ``others`` (dy, y, z) in x's layout, and fewer than 2**31 elements."""
+    if not _dev.is_cuda_array(xc) or np.dtype(xc.dtype) not in _TYPES or xc.size == 0 or xc.size > _INT_MAX:
+        return False
+    lay = layout_of(xc)
+    if lay is None:
+        return False
+    c = xc.shape[1]
+    if not all(_vec_ok(p, c, xc.dtype) for p in params):
+        return False
+    for o in others:
+        if o is None:
+            continue
+        if tuple(o.shape) != tuple(xc.shape) or o.dtype != xc.dtype or layout_of(o) is None \
+                or _mem(o).shape != lay[3].shape or not _mem(o).flags.c_contiguous:
+            return False
+    return True
+
+
+def _ticket(cp, n):
+    dev = cp.cuda.runtime.getDevice()
+    t = _tickets.get(dev)
+    if t is None or t.size < n:
+        t = _tickets[dev] = cp.zeros(max(n, 1024), dtype=np.uint32)
+    return t
+
+
+def _reduce_grid(outer, c, inner, inner1, dev_id):
+    tiles = (c + 31) // 32 if inner1 else c
+    ry = 8 if inner1 else THREADS
+    rows = outer if inner1 else outer * inner
+    want = max(1, (_launch.sm_count(dev_id) * 4 + tiles - 1) // tiles)
+    splits = max(1, min(want, (rows + ry * 4 - 1) // (ry * 4), 65535))
+    return splits, tiles
+
+
+def _elementwise_grid(n, dev_id):
+    return max(1, min((n + THREADS * 4 - 1) // (THREADS * 4), _launch.sm_count(dev_id) * 8))
+
+
+def _p(a, fallback):
+    return fallback if a is None else a
+
+
+def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False):
+    """(y channels-first view in xc's layout, saved mean (C,), saved inv_std (C,)); running stats updated in place."""
+    cp = _launch.cupy()
+    outer, c, inner, xm = layout_of(xc)
+    inner1 = inner == 1
+    acc = np.dtype(np.float64) if xc.dtype == np.float64 else np.dtype(np.float32)
+    dev = xc.device.id
+    with cp.cuda.Device(dev):
+        mean = cp.empty((c,), dtype=acc)
+        inv_std = cp.empty((c,), dtype=acc)
+        splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
+        partial = cp.empty((c * splits * 2,), dtype=acc)
+        has_running = running_mean is not None
+        rm = _p(running_mean, mean)
+        rv = _p(running_var, mean)
+        _launch.launch(_kernel("bn_stats", xc.dtype, inner1), (splits, tiles), (THREADS,),
+                       (xm, partial, _ticket(cp, tiles), mean, inv_std, rm, rv, np.int32(outer), np.int32(c),
+                        np.int32(inner), np.float64(factor), np.float64(eps), np.int32(has_running)))
+        y = _apply(cp, xc, xm, mean, inv_std, scale, bias, z, relu, eps, False, outer, c, inner, dev)
+    return y, mean, inv_std
+
+
+def forward_inference(xc, scale, bias, est_mean, est_var, eps, z=None, relu=False):
+    cp = _launch.cupy()
+    outer, c, inner, xm = layout_of(xc)
+    dev = xc.device.id
+    with cp.cuda.Device(dev):
+        return _apply(cp, xc, xm, est_mean, est_var, scale, bias, z, relu, eps, True, outer, c, inner, dev)
+
+
+def _apply(cp, xc, xm, stat1, stat2, scale, bias, z, relu, eps, from_var, outer, c, inner, dev):
+    y = _empty_like_layout(cp, xc)
+    n = xc.size
+    k = _kernel("bn_apply", xc.dtype, inner == 1, relu=relu, has_z=z is not None, has_scale=scale is not None,
+                has_bias=bias is not None, from_var=from_var)
+    _launch.launch(k, (_elementwise_grid(n, dev),), (THREADS,),
+                   (xm, xm if z is None else _mem(z), _mem(y), stat1, stat2, _p(scale, xm), _p(bias, xm),
+                    np.int64(n), np.int32(c), np.int32(inner), np.float64(eps)))
+    return y
+
+
+def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
+    """(dx, dz or None, dscale or None, dbias or None); ``y`` (the fused forward's output) masks dy when the forward
+    applied a ReLU; ``want_dz`` also returns g, the gradient of the residual added before the ReLU."""
+    cp = _launch.cupy()
+    outer, c, inner, xm = layout_of(xc)
+    inner1 = inner == 1
+    acc = mean.dtype
+    dev = xc.device.id
+    relu = y is not None
+    has_scale = scale is not None
+    with cp.cuda.Device(dev):
+        splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
+        partial = cp.empty((c * splits * 2,), dtype=acc)
+        coef = cp.empty((c * 2,), dtype=acc)
+        dscale = cp.empty((c,), dtype=xc.dtype) if has_scale else None
+        dbias = cp.empty((c,), dtype=xc.dtype) if has_scale else None
+        dym = _mem(dyc)
+        ym = xm if y is None else _mem(y)
+        _launch.launch(_kernel("bn_grad", xc.dtype, inner1, relu=relu, has_scale=has_scale), (splits, tiles),
+                       (THREADS,), (xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles), coef,
+                                    _p(dscale, coef), _p(dbias, coef), np.int32(outer), np.int32(c),
+                                    np.int32(inner)))
+        dx = _empty_like_layout(cp, xc)
+        dz = _empty_like_layout(cp, xc) if want_dz else None
+        n = xc.size
+        _launch.launch(_kernel("bn_dx", xc.dtype, inner1, relu=relu, has_z=want_dz, has_scale=has_scale),
+                       (_elementwise_grid(n, dev),), (THREADS,),
+                       (xm, dym, ym, mean, inv_std, coef, _p(scale, xm), _mem(dx), xm if dz is None else _mem(dz),
+                        np.int64(n), np.int32(c), np.int32(inner)))
+    return dx, dz, dscale, dbias
