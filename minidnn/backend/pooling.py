@@ -264,6 +264,9 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     y_shape = _in_format(geom.y_shape, fmt)
     check_out(where, "y", y, y_shape, x.dtype, beta)
 
+    gpu = _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax)
+    if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
+        return gpu
     fast = None if geom.dilated else next((f for f in FAST_PATHS if f.applies_forward(geom, xc)), None)
     if geom.mode.is_max:
         value, argmax = _max_and_argmax(xp, xc, geom, fast)
@@ -299,6 +302,9 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
         if tuple(argmax.shape) != tuple(dy.shape):
             raise BadParamError(f"{where}: argmax has shape {shape_str(argmax)} but dy has shape {shape_str(dy)}")
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
+    gpu = _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx)
+    if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
+        return gpu
 
     fast = None if geom.dilated else next((f for f in FAST_PATHS if f.applies_backward(geom, xc)), None)
     if fast is not None:
@@ -326,3 +332,34 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
 
 from . import pooling_cpu as _pooling_cpu      # noqa: E402  (the NumPy fast form, beside the reference)
 FAST_PATHS.append(_pooling_cpu)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU fast path (backend/cuda/pool_kernels.py), owned by the step-kernels work (issue 10): 2-D pooling of CuPy
+# float32/float64 arrays without blending; None sends the call to the reference above.
+
+def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax):
+    from .devices import is_cuda_array
+    if not (is_cuda_array(xc) and alpha == 1 and beta == 0 and y is None):
+        return None
+    from .cuda import pool_kernels
+    if not pool_kernels.supports(geom, xc):
+        return None
+    value, argmax = pool_kernels.forward(geom, xc)
+    value = from_channels_first(value, fmt)
+    return (value, from_channels_first(argmax, fmt)) if return_argmax else value
+
+
+def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx):
+    from .devices import is_cuda_array
+    if not (is_cuda_array(dyc) and alpha == 1 and beta == 0 and dx is None):
+        return None
+    from .cuda import pool_kernels
+    arg = None if argmax is None else to_channels_first(argmax, fmt)
+    if not pool_kernels.supports(geom, xc, dyc, arg) or (arg is not None and arg.dtype != pool_kernels.arg_dtype(geom)):
+        return None
+    if geom.mode.is_max and arg is None:
+        if not is_cuda_array(xc):
+            return None
+        arg = pool_kernels.forward(geom, xc)[1]
+    return from_channels_first(pool_kernels.backward(geom, dyc, arg, xc.shape, xc.dtype), fmt)
