@@ -4,7 +4,7 @@ from ..backend import devices as _dev
 from .graphs import (CUDAGraph, Stream, current_stream, graph, graph_pool_handle, is_current_stream_capturing,
                      make_graphed_callables, stream)
 
-__all__ = ["is_available", "device_count", "synchronize", "current_device", "manual_seed", "manual_seed_all",
+__all__ = ["is_available", "device_count", "synchronize", "current_device", "set_device", "manual_seed", "manual_seed_all",
            "get_rng_state", "set_rng_state", "initial_seed", "seed", "Stream", "stream", "current_stream", "CUDAGraph",
            "graph", "graph_pool_handle", "make_graphed_callables", "is_current_stream_capturing"]
 
@@ -21,6 +21,16 @@ def device_count() -> int:
 def current_device() -> int:
     cp = _dev.device("cuda").xp
     return int(cp.cuda.runtime.getDevice())
+
+
+def set_device(device) -> None:
+    """Make GPU ``device`` (an index, "cuda:N" or a device) the current one: "cuda" then means it (each
+    data-parallel process calls this with its LOCAL_RANK first)."""
+    dev = _dev.device(device)
+    if dev.type != "cuda":
+        raise ValueError(f"set_device: expected a CUDA device, got {device!r}")
+    dev.xp.cuda.Device(dev.index).use()
+    _dev._device_cache.pop("cuda", None)       # "cuda" was resolved to the old current device
 
 
 def synchronize(device=None) -> None:
