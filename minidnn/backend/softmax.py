@@ -63,6 +63,8 @@ def softmax_forward(handle, algo, mode, x, alpha=1.0, beta=0.0, y=None, format=N
 
     if x.size == 0:             # an empty tensor (possibly over an empty dim, as PyTorch allows): empty result
         value = xp.empty_like(x)
+    elif (gpu := _gpu_softmax(x, None, axes, algo, alpha, beta, y)) is not None:
+        return gpu              # the CUDA kernel (see the GPU fast path block at the end of this file)
     elif algo is SoftmaxAlgorithm.FAST:
         e = xp.exp(x)
         value = e / e.sum(axis=axes, keepdims=True)
@@ -90,8 +92,26 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
 
     if y.size == 0:
         value = xp.empty_like(y)
+    elif (gpu := _gpu_softmax(y, dy, axes, algo, alpha, beta, dx)) is not None:
+        return gpu              # the CUDA kernel (see the GPU fast path block at the end of this file)
     elif algo is SoftmaxAlgorithm.LOG:
         value = dy - xp.exp(y) * dy.sum(axis=axes, keepdims=True)
     else:
         value = y * (dy - (dy * y).sum(axis=axes, keepdims=True))
     return blend(value, alpha, beta, dx, y.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU fast path (backend/cuda/softmax_kernels.py), owned by the step-kernels work (issue 10): C-contiguous CuPy
+# float32/float64 arrays, the normalised dims consecutive, no blending; None sends the call to the reference above.
+
+def _gpu_softmax(x, dy, axes, algo, alpha, beta, out):
+    from .devices import is_cuda_array
+    if not (is_cuda_array(x) and alpha == 1 and beta == 0 and out is None):
+        return None
+    from .cuda import softmax_kernels
+    if not softmax_kernels.supports(x, axes, *(() if dy is None else (dy,))):
+        return None
+    if dy is None:
+        return softmax_kernels.forward(x, axes, algo.name)
+    return softmax_kernels.backward(x, dy, axes, algo.name)
