@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
+
 from ._common import begin, blend, check_float, check_out, check_same, parse_enum
 from .errors import BadParamError
 from .layout import TensorFormat, resolve_format
@@ -115,3 +117,136 @@ def _gpu_softmax(x, dy, axes, algo, alpha, beta, out):
     if dy is None:
         return softmax_kernels.forward(x, axes, algo.name)
     return softmax_kernels.backward(x, dy, axes, algo.name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax cross-entropy with class-index targets (log-softmax + NLL as one primitive), owned by the step-kernels
+# work (issue 10).  The reference below is the spec; backend/cuda/loss_kernels.py is its GPU fast path (one launch
+# each way, the 'mean' denominator kept on the device).
+#
+# x, dx: (N, C, *d)   target: (N, *d) integer class indices   weight: (C,) or None   lse: (N, *d)   denom: ()
+# q_c = (1 - eps) * w[t] * [c == t] + eps / C * w_c for rows with t != ignore_index (0 otherwise);
+# loss per row = -sum_c q_c * log_softmax(x)_c;  'mean' divides the sum by denom = sum of w[t] over those rows.
+
+_CE_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, **others):
+    handle, xp = begin(handle, where, x=x, target=target, weight=weight, **others)
+    check_float(where, x=x)
+    if x.ndim < 2:
+        raise BadParamError(f"{where}: x must be (N, C, *d), got shape {tuple(x.shape)}")
+    if target.dtype.kind not in "iu":
+        raise BadParamError(f"{where}: target has dtype {target.dtype}; class indices must be integers")
+    if tuple(target.shape) != (x.shape[0],) + tuple(x.shape[2:]):
+        raise BadParamError(f"{where}: x {tuple(x.shape)} needs a target of shape "
+                            f"{(x.shape[0],) + tuple(x.shape[2:])}, got {tuple(target.shape)}")
+    if weight is not None and (tuple(weight.shape) != (x.shape[1],) or weight.dtype != x.dtype):
+        raise BadParamError(f"{where}: weight ({tuple(weight.shape)}, {weight.dtype}) must be ({x.shape[1]},) in "
+                            f"x's dtype {x.dtype}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise BadParamError(f"{where}: label_smoothing={label_smoothing} must be in [0, 1]")
+    if reduction not in _CE_REDUCTIONS:
+        raise BadParamError(f"{where}: reduction={reduction!r} must be one of {_CE_REDUCTIONS}")
+    return xp
+
+
+def _ce_targets(xp, x, target, weight, ignore_index, where):
+    """(clamped targets t, valid mask, w[t] * valid, weights broadcast over x or None) of the reference."""
+    c = x.shape[1]
+    valid = target != ignore_index
+    if type(target).__module__.startswith("numpy"):     # host arrays only: a device check would synchronise
+        bad = valid & ((target < 0) | (target >= c))
+        if bool(bad.any()):
+            raise BadParamError(f"{where}: target {int(target[bad].reshape(-1)[0])} is out of bounds for {c} classes")
+    t = xp.where(valid, target, 0)
+    wshape = (1, c) + (1,) * (x.ndim - 2)
+    w = None if weight is None else weight.reshape(wshape)
+    wt = valid.astype(x.dtype) if weight is None else weight[t] * valid
+    return t, valid, wt, w
+
+
+def softmax_cross_entropy_forward(handle, x, target, weight=None, ignore_index=-100, label_smoothing=0.0,
+                                  reduction="mean"):
+    """-> (loss, lse, denom): the cross-entropy of logits x against class indices (PyTorch's F.cross_entropy),
+    the rows' log-sum-exp and the 'mean' denominator, both for softmax_cross_entropy_backward."""
+    where = "softmax_cross_entropy_forward"
+    xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction)
+    eps = float(label_smoothing)
+    if x.size and (fast := _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction)) is not None:
+        return fast
+    c = x.shape[1]
+    t, valid, wt, w = _ce_targets(xp, x, target, weight, ignore_index, where)
+    m = x.max(axis=1, keepdims=True) if x.size else xp.zeros(target.shape, x.dtype)[:, None]
+    m = xp.where(xp.isfinite(m), m, 0)
+    lse = m + xp.log(xp.exp(x - m).sum(axis=1, keepdims=True))
+    logp = x - lse
+    logp_t = xp.take_along_axis(logp, xp.expand_dims(t, 1), axis=1)[:, 0] if x.size else xp.zeros(target.shape,
+                                                                                                 x.dtype)
+    per = -(1 - eps) * wt * logp_t
+    if eps:
+        per = per - (eps / c) * valid * (logp.sum(axis=1) if w is None else (w * logp).sum(axis=1))
+    per = xp.where(valid, per, 0).astype(x.dtype, copy=False)
+    denom = wt.sum()
+    if reduction == "none":
+        loss = per
+    else:
+        loss = per.sum()
+        with np.errstate(divide="ignore", invalid="ignore"):      # every row ignored: NaN, as PyTorch
+            loss = xp.asarray(loss / denom if reduction == "mean" else loss, dtype=x.dtype)
+    return loss, lse[:, 0], xp.asarray(denom)
+
+
+def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=None, ignore_index=-100,
+                                   label_smoothing=0.0, reduction="mean"):
+    """dx = (softmax(x) * sum_c q_c - q_c) * g with g = dloss (/ denom for 'mean'); ignored rows get 0, also when
+    every row is ignored (g is then inf or NaN)."""
+    where = "softmax_cross_entropy_backward"
+    xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, dloss=dloss, lse=lse,
+                      denom=denom)
+    if tuple(lse.shape) != tuple(target.shape):
+        raise BadParamError(f"{where}: lse must be the forward's (shape {tuple(target.shape)}), got {tuple(lse.shape)}")
+    want = () if reduction != "none" else tuple(target.shape)
+    if tuple(dloss.shape) != want:
+        raise BadParamError(f"{where}: dloss has shape {tuple(dloss.shape)} but reduction={reduction!r} gives {want}")
+    eps = float(label_smoothing)
+    if x.size and (fast := _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps,
+                                             reduction)) is not None:
+        return fast
+    c = x.shape[1]
+    t, valid, wt, w = _ce_targets(xp, x, target, weight, ignore_index, where)
+    classes = xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
+    q = ((xp.expand_dims(t, 1) == classes) * xp.expand_dims((1 - eps) * wt, 1)).astype(x.dtype)
+    if eps:
+        smooth = xp.expand_dims(valid, 1).astype(x.dtype) * (eps / c)
+        q = q + (smooth if w is None else smooth * w)
+    g = dloss.astype(x.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):          # every row ignored: g is inf, dx stays 0
+        g = xp.expand_dims(g, 1) if reduction == "none" else (g / denom if reduction == "mean" else g)
+        qg = xp.where(q != 0, q * g, 0).astype(x.dtype, copy=False)
+    return (xp.exp(x - xp.expand_dims(lse, 1)) * qg.sum(axis=1, keepdims=True) - qg).astype(x.dtype, copy=False)
+
+
+def _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction):
+    from .devices import is_cuda_array
+    if not is_cuda_array(x):
+        return None
+    from .cuda import loss_kernels
+    if not loss_kernels.supports(x, target, weight):
+        return None
+    return loss_kernels.forward(x, target, weight, int(ignore_index), eps, reduction)
+
+
+def _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps, reduction):
+    from .devices import is_cuda_array
+    if not is_cuda_array(x):
+        return None
+    from .cuda import loss_kernels
+    acc = np.float64 if x.dtype == np.float64 else np.float32
+    if not (loss_kernels.supports(x, target, weight) and lse.dtype == acc and lse.flags.c_contiguous
+            and denom.dtype == acc):
+        return None
+    return loss_kernels.backward(x, target, weight, lse, denom, dloss, int(ignore_index), eps, reduction)
+
+
+__all__ += ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward"]
