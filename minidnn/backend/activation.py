@@ -151,6 +151,9 @@ def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1
     _check_desc(where, activation_desc)
     check_float(where, x=x)
     check_out(where, "y", y, x.shape, x.dtype, beta)
+    gpu = _gpu_activation(activation_desc, x, None, alpha, beta, y)
+    if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
+        return gpu
     f, _ = _MODES[activation_desc.mode]
     coef = activation_desc.coef
     return blend(in_memory_order(lambda a: f(xp, a, coef), x), alpha, beta, y, x.dtype)
@@ -164,6 +167,26 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
     check_float(where, x=x)
     check_same(where, "x", x, y=y, dy=dy)
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
+    gpu = _gpu_activation(activation_desc, x, dy, alpha, beta, dx)
+    if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
+        return gpu
     _, fprime = _MODES[activation_desc.mode]
     coef = activation_desc.coef
     return blend(in_memory_order(lambda a, g: fprime(xp, a, coef) * g, x, dy), alpha, beta, dx, x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU fast path (backend/cuda/act_kernels.py), owned by the step-kernels work (issue 10): one launch each way for
+# CuPy float32/float64 arrays in C or channels-last order, no blending; None sends the call to the reference above.
+
+def _gpu_activation(desc, x, dy, alpha, beta, out):
+    from .devices import is_cuda_array
+    if not (is_cuda_array(x) and alpha == 1 and beta == 0 and out is None):
+        return None
+    from .cuda import act_kernels
+    mode = desc.mode.name
+    if not act_kernels.supports(mode, x, *(() if dy is None else (dy,))):
+        return None
+    if dy is None:
+        return act_kernels.forward(mode, desc.coef, x)
+    return act_kernels.backward(mode, desc.coef, x, dy)

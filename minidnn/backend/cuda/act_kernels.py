@@ -1,0 +1,185 @@
+"""Pointwise activations on the GPU: y = f(x) and dx = f'(x) * dy, one launch each (the reference's CuPy form
+launches 2-5 kernels for most backward modes: comparison, cast, product, ...).
+
+Shape legend: x, y, dy, dx any shape, all of one shape and memory order, walked as flat (n,) memory: C-contiguous,
+or channels-last (N, *S, C) contiguous for a channels-first (N, C, *S) view -- the outputs keep that order.
+Tiling: a grid-stride loop, each thread 4 independent elements per iteration (loads first, then the math).
+MODE (the ActivationMode, a macro) and COEF (the descriptor's coefficient, an argument) choose f; f' follows the
+reference's conventions at the kinks (relu'(0) = 0, a NaN input passes the gradient on, ...).
+Traffic: forward reads x, writes y; backward reads x and dy, writes dx -- the memory floor of each.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import devices as _dev
+from . import launch as _launch
+
+__all__ = ["supports", "forward", "backward", "MODES", "SOURCE"]
+
+THREADS = 256
+MODES = ("IDENTITY", "RELU", "SIGMOID", "TANH", "CLIPPED_RELU", "ELU", "LEAKY_RELU", "GELU", "GELU_TANH", "SWISH",
+         "SOFTPLUS", "HARDTANH", "RELU6")
+
+SOURCE = r"""
+typedef SCALAR T;
+typedef ACCUM A;
+""" + "".join(f"#define M_{m} {i}\n" for i, m in enumerate(MODES)) + r"""
+
+__device__ __forceinline__ A sigm(A v) { return (A)0.5 * ((A)1 + tanh((A)0.5 * v)); }   // never overflows
+__device__ __forceinline__ bool between(A v, A lo, A hi) { return !(v <= lo || v >= hi); }
+
+__device__ __forceinline__ A act_f(A v, const A c)
+{
+#if MODE == M_IDENTITY
+    return v;
+#elif MODE == M_RELU
+    return v > (A)0 ? v : (v != v ? v : (A)0);
+#elif MODE == M_SIGMOID
+    return sigm(v);
+#elif MODE == M_TANH
+    return tanh(v);
+#elif MODE == M_CLIPPED_RELU
+    return v != v ? v : fmin(fmax(v, (A)0), c);
+#elif MODE == M_RELU6
+    return v != v ? v : fmin(fmax(v, (A)0), (A)6);
+#elif MODE == M_HARDTANH
+    return v != v ? v : fmin(fmax(v, -c), c);
+#elif MODE == M_ELU
+    return v > (A)0 ? v : c * expm1(v);      // NaN stays NaN, as the reference
+#elif MODE == M_LEAKY_RELU
+    return v > (A)0 ? v : c * v;
+#elif MODE == M_GELU
+    return (A)0.5 * v * ((A)1 + erf(v * (A)0.70710678118654752440));
+#elif MODE == M_GELU_TANH
+    return (A)0.5 * v * ((A)1 + tanh((A)0.79788456080286535588 * (v + (A)0.044715 * v * v * v)));
+#elif MODE == M_SWISH
+    return v * sigm(c * v);
+#elif MODE == M_SOFTPLUS
+    const A u = c * v;     // logaddexp(0, u) / c
+    return (fmax(u, (A)0) + log1p(exp(-fabs(u)))) / c;
+#endif
+}
+
+__device__ __forceinline__ A act_df(A v, const A c)
+{
+#if MODE == M_IDENTITY
+    return (A)1;
+#elif MODE == M_RELU
+    return v <= (A)0 ? (A)0 : (A)1;
+#elif MODE == M_SIGMOID
+    const A s = sigm(v); return s * ((A)1 - s);
+#elif MODE == M_TANH
+    const A t = tanh(v); return (A)1 - t * t;
+#elif MODE == M_CLIPPED_RELU
+    return between(v, (A)0, c) ? (A)1 : (A)0;
+#elif MODE == M_RELU6
+    return between(v, (A)0, (A)6) ? (A)1 : (A)0;
+#elif MODE == M_HARDTANH
+    return between(v, -c, c) ? (A)1 : (A)0;
+#elif MODE == M_ELU
+    return v <= (A)0 ? c * exp(v) : (A)1;
+#elif MODE == M_LEAKY_RELU
+    return v > (A)0 ? (A)1 : c;
+#elif MODE == M_GELU
+    return (A)0.5 * ((A)1 + erf(v * (A)0.70710678118654752440)) + v * exp((A)-0.5 * v * v) * (A)0.39894228040143267794;
+#elif MODE == M_GELU_TANH
+    const A k = (A)0.79788456080286535588, b = (A)0.044715;
+    const A t = tanh(k * (v + b * v * v * v));
+    return (A)0.5 * ((A)1 + t) + (A)0.5 * v * ((A)1 - t * t) * k * ((A)1 + (A)3 * b * v * v);
+#elif MODE == M_SWISH
+    const A s = sigm(c * v); return s + c * v * s * ((A)1 - s);
+#elif MODE == M_SOFTPLUS
+    return sigm(c * v);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const double coef)
+{
+    const A c = (A)coef;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += 4 * stride) {
+        T v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) v[u] = x[i0 + u * stride];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) y[i0 + u * stride] = (T)act_f((A)v[u], c);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const long long n, const double coef)
+{
+    const A c = (A)coef;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += 4 * stride) {
+        T v[4], g[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) { v[u] = x[i0 + u * stride]; g[u] = dy[i0 + u * stride]; }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (i0 + u * stride < n) dx[i0 + u * stride] = (T)(act_df((A)v[u], c) * (A)g[u]);
+    }
+}
+"""
+
+_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
+
+
+def _memory_order(a):
+    """'C' for C-contiguous, 'CL' for a channels-first view of channels-last memory, else None."""
+    if a.flags.c_contiguous:
+        return "C"
+    if a.ndim >= 3 and a.transpose((0, *range(2, a.ndim), 1)).flags.c_contiguous:
+        return "CL"
+    return None
+
+
+def supports(mode_name, x, *others) -> bool:
+    if not (_dev.is_cuda_array(x) and np.dtype(x.dtype) in _TYPES and x.size > 0 and mode_name in MODES):
+        return False
+    order = _memory_order(x)
+    return order is not None and all(
+        o is not None and tuple(o.shape) == tuple(x.shape) and o.dtype == x.dtype and tuple(o.strides) == tuple(x.strides)
+        for o in others)
+
+
+def _flat(a):
+    return a if a.flags.c_contiguous else a.transpose((0, *range(2, a.ndim), 1))
+
+
+def _like(cp, x):
+    if x.flags.c_contiguous:
+        return cp.empty(x.shape, dtype=x.dtype)
+    perm = (0, *range(2, x.ndim), 1)
+    back = (0, x.ndim - 1, *range(1, x.ndim - 1))
+    return cp.empty(tuple(x.shape[i] for i in perm), dtype=x.dtype).transpose(back)
+
+
+def _kernel(name, dtype, mode_name):
+    scalar, accum = _TYPES[np.dtype(dtype)]
+    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DMODE=M_{mode_name}",
+                                             "-std=c++14"))
+
+
+def _grid(n, dev):
+    return (max(1, min((n + THREADS * 4 - 1) // (THREADS * 4), _launch.sm_count(dev) * 8)),)
+
+
+def forward(mode_name, coef, x):
+    cp = _launch.cupy()
+    with cp.cuda.Device(x.device.id):
+        y = _like(cp, x)
+        _launch.launch(_kernel("act_fwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),
+                       (_flat(x), _flat(y), np.int64(x.size), np.float64(coef)))
+    return y
+
+
+def backward(mode_name, coef, x, dy):
+    cp = _launch.cupy()
+    with cp.cuda.Device(x.device.id):
+        dx = _like(cp, x)
+        _launch.launch(_kernel("act_bwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),
+                       (_flat(x), _flat(dy), _flat(dx), np.int64(x.size), np.float64(coef)))
+    return dx
