@@ -12,9 +12,11 @@ from .shape import *            # noqa: F401,F403
 from .gather_scatter import *          # noqa: F401,F403
 from .sorting import *          # noqa: F401,F403
 from .legacy import *           # noqa: F401,F403
+from .activation import log_softmax, relu, sigmoid, softmax, tanh   # noqa: F401  (one Function, every binding)
 from . import elementwise as _ew, linalg as _la, reduction as _red, shape as _sh
 from . import gather_scatter as _sc, sorting as _so
 from . import tensor_methods as _tm
+from . import activation as _act
 from .. import creation as _creation
 
 
@@ -49,6 +51,7 @@ def _bind():
     T.__xor__ = lambda a, b: T._from_array(a.data ^ (b.data if isinstance(b, T) else b))
     T.__getitem__ = getitem
     T.__setitem__ = _tm.setitem
+    T.relu, T.sigmoid, T.tanh = _act.relu, _act.sigmoid, _act.tanh
     # Conversion, in-place fills and random fills (ops/tensor_methods.py, creation.py).
     T.to = _tm.to
     T.zero_ = _tm.zero_
@@ -90,8 +93,9 @@ def _bind():
                      ("addcmul_", _ew.addcmul), ("addcdiv_", _ew.addcdiv), ("lerp_", _ew.lerp),
                      ("tril_", _sc.tril), ("triu_", _sc.triu), ("t_", _la.t)):
         setattr(T, name, _inplace_method(name, fn))
-    T.softmax = lambda x, dim=-1, axis=None: softmax(x, dim if axis is None else axis)
-    T.log_softmax = lambda x, dim=-1, axis=None: log_softmax(x, dim if axis is None else axis)
+    T.softmax = lambda x, dim=-1, axis=None, dtype=None: _act.softmax(x, dim if axis is None else axis, dtype=dtype)
+    T.log_softmax = lambda x, dim=-1, axis=None, dtype=None: _act.log_softmax(x, dim if axis is None else axis,
+                                                                             dtype=dtype)
 
 
 def _inplace_method(name, fn):
@@ -105,15 +109,6 @@ def _inplace_method(name, fn):
         return self._inplace(name, lambda a, _o: fn(a, *args, **kwargs), grad_operand)
     method.__name__ = name
     return method
-
-
-def softmax(x, dim=-1):
-    e = (x - x.detach().amax(dim, keepdim=True)).exp()
-    return e / e.sum(dim, keepdims=True)
-
-
-def log_softmax(x, dim=-1):
-    return x - x.logsumexp(dim, keepdims=True)
 
 
 _bind()

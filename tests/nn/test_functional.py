@@ -215,9 +215,8 @@ def test_matches_torch(row, device):
 
 # ---- double backward: supported ops chain, the others refuse loudly ---------------------------------------
 
-@pytest.mark.parametrize("call", [lambda x: F.max_pool2d(x, 2), lambda x: F.gelu(x), lambda x: F.softmax(x, 1),
-                                  lambda x: F.batch_norm(x, None, None, training=True)],
-                         ids=["max_pool2d", "gelu", "softmax", "batch_norm_train"])
+@pytest.mark.parametrize("call", [lambda x: F.max_pool2d(x, 2), lambda x: F.batch_norm(x, None, None, training=True)],
+                         ids=["max_pool2d", "batch_norm_train"])
 def test_first_order_ops_refuse_double_backward(call, device):
     x = mdn.randn(2, 3, 4, 4, dtype=mdn.float64, device=device, requires_grad=True)
     (g,) = mdn.autograd.grad((call(x) ** 2).sum(), [x], create_graph=True)

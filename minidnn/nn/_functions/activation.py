@@ -2,12 +2,10 @@
 
 # x, y, dy, dx: any shape (elementwise);  softmax: one distribution along ``dim``
 
-Every activation with an ActivationMode (relu too: one path for all, so the GPU fast path of the
-activation primitive serves every one of them) is ``Activation``: forward activation_forward,
-backward ``ActivationGrad`` = activation_backward(x, dy).  ActivationGrad is linear in dy, so its
-derivative wrt dy is itself; its derivative wrt x needs f'' which the primitive does not have: for
-the piecewise-linear modes (relu, relu6, leaky_relu, hardtanh, clipped relu) f'' = 0 and double
-backward works; for the smooth ones (elu, gelu, silu, sigmoid, tanh, softplus) it raises.
+Every activation with an ActivationMode is the one ``Activation`` Function of minidnn/ops/activation.py
+(forward activation_forward, backward ActivationGrad = activation_backward(x, dy), and a table of second
+derivatives so every gradient can be differentiated again); ``x.relu()``, ``minidnn.relu`` and ``F.relu`` are
+the same Function.
 
 Dropout draws its mask from minidnn's per-device generator (the one ``minidnn.manual_seed`` seeds),
 through the dropout primitive; its backward (multiply by the same mask) is its own derivative.
@@ -15,72 +13,31 @@ through the dropout primitive; its backward (multiply by the same mask) is its o
 from __future__ import annotations
 
 from ..._amp_state import autocast_op
-import functools
-
-import warnings
 
 from ... import backend as B
 from ...autograd import Function
 from ...tensor import Tensor
 from ...creation import _generator
-from ._util import check_tensor, first_order_grads, handle_for, wrap
-from ...backend.errors import ArgumentError, DimensionError
+from ._util import check_tensor, handle_for, wrap
+from ...ops.activation import Activation, ActivationGrad, activation as _ops_activation  # noqa: F401
+from ...ops.activation import Softmax, log_softmax, softmax  # noqa: F401
+from ...ops.activation import relu as _ops_relu, sigmoid as _ops_sigmoid, tanh as _ops_tanh
+from ...backend.errors import ArgumentError
 
 __all__ = ["relu", "relu6", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "softplus",
            "softmax", "log_softmax", "dropout", "dropout1d", "dropout2d", "dropout3d"]
 
 _Mode = B.ActivationMode
-_PIECEWISE_LINEAR = {_Mode.RELU, _Mode.RELU6, _Mode.LEAKY_RELU, _Mode.HARDTANH, _Mode.CLIPPED_RELU,
-                     _Mode.IDENTITY}
-
-
-class Activation(Function):
-    @staticmethod
-    def forward(ctx, x, desc):
-        ctx.desc = desc
-        ctx.save_for_backward(x)
-        return wrap(B.activation_forward(handle_for(x), desc, x.data))
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, = ctx.saved_tensors
-        return ActivationGrad.apply(gy, x, ctx.desc), None
-
-
-class ActivationGrad(Function):
-    """dx = f'(x) * dy."""
-
-    @staticmethod
-    def forward(ctx, dy, x, desc):
-        ctx.desc = desc
-        ctx.save_for_backward(x)
-        return wrap(B.activation_backward(handle_for(x), desc, None, dy.data, x.data))
-
-    @staticmethod
-    def backward(ctx, g):
-        x, = ctx.saved_tensors
-        if ctx.needs_input_grad[1] and ctx.desc.mode not in _PIECEWISE_LINEAR:
-            raise RuntimeError(f"{ctx.desc.mode.name.lower()}: double backward wrt the input is not implemented "
-                               "(the activation primitive has no second derivative); it is for the piecewise-linear "
-                               "activations relu, relu6, leaky_relu, hardtanh")
-        gdy = ActivationGrad.apply(g, x, ctx.desc) if ctx.needs_input_grad[0] else None
-        return gdy, None, None      # f'' = 0 almost everywhere for the piecewise-linear modes
-
-
-@functools.lru_cache(maxsize=None)
-def _descriptor(mode, coef):
-    """Descriptors are immutable and validated on construction: build each (mode, coef) once."""
-    return B.ActivationDescriptor(mode, coef)
 
 
 def _activation(op, x, mode, coef=None):
     check_tensor(op, "input", x)
-    return Activation.apply(x, _descriptor(mode, coef))
+    return _ops_activation(op, x, mode, coef)
 
 
 # ``inplace`` is accepted for PyTorch compatibility; the result is always a new tensor.
 def relu(input, inplace=False):
-    return _activation("relu", input, _Mode.RELU)
+    return _ops_relu(input)
 
 
 def relu6(input, inplace=False):
@@ -106,11 +63,11 @@ def silu(input, inplace=False):
 
 
 def sigmoid(input):
-    return _activation("sigmoid", input, _Mode.SIGMOID)
+    return _ops_sigmoid(input)
 
 
 def tanh(input):
-    return _activation("tanh", input, _Mode.TANH)
+    return _ops_tanh(input)
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
@@ -133,53 +90,7 @@ def softplus(input, beta=1.0, threshold=20.0):
     return _activation("softplus", input, _Mode.SOFTPLUS, beta)
 
 
-# ---- softmax -----------------------------------------------------------------------------------------
-
-class Softmax(Function):
-    @staticmethod
-    def forward(ctx, x, dim, algo):
-        y = B.softmax_forward(handle_for(x), algo, None, x.data, axis=dim)
-        ctx.y, ctx.dim, ctx.algo = y, dim, algo     # backward needs only the output
-        ctx.save_for_backward(x)                    # (kept to wire the double-backward guard)
-        return wrap(y)
-
-    @staticmethod
-    def backward(ctx, gy):
-        x, = ctx.saved_tensors
-        dx = B.softmax_backward(handle_for(x), ctx.algo, None, ctx.y, gy.data, axis=ctx.dim)
-        return first_order_grads(ctx.algo.name.lower() + "_softmax", [dx], gy, x)[0], None, None
-
-
-def _softmax_dim(op, x, dim):
-    if dim is None:
-        # PyTorch's legacy implicit choice, with its warning
-        dim = 0 if x.ndim in (0, 1, 3) else 1
-        warnings.warn(f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X "
-                      "as an argument.", stacklevel=3)
-    if not -max(x.ndim, 1) <= dim < max(x.ndim, 1):
-        raise DimensionError(f"{op}: Dimension out of range (expected to be in range of [{-max(x.ndim, 1)}, "
-                             f"{max(x.ndim, 1) - 1}], but got {dim}) for input of shape {tuple(x.shape)}")
-    return dim % max(x.ndim, 1)
-
-
-def _softmax(op, x, dim, dtype, algo):
-    check_tensor(op, "input", x)
-    if dtype is not None:
-        x = x.to(dtype=dtype)
-    dim = _softmax_dim(op, x, dim)
-    if x.ndim == 0:
-        return Softmax.apply(x.reshape(1), 0, algo).reshape(())
-    return Softmax.apply(x, dim, algo)
-
-
-@autocast_op("softmax")
-def softmax(input, dim=None, _stacklevel=3, dtype=None):
-    return _softmax("softmax", input, dim, dtype, B.SoftmaxAlgorithm.ACCURATE)
-
-
-@autocast_op("log_softmax")
-def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    return _softmax("log_softmax", input, dim, dtype, B.SoftmaxAlgorithm.LOG)
+# ---- softmax: minidnn/ops/activation.py (one Function for x.softmax, minidnn.softmax and F.softmax) ---------
 
 
 # ---- dropout ---------------------------------------------------------------------------------------------

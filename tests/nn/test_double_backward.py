@@ -1,0 +1,73 @@
+"""Second derivatives: every activation and softmax/log-softmax, through every binding (x.f(), minidnn.f, F.f),
+checked by gradgradcheck in float64 and against PyTorch's double backward (a gradient penalty)."""
+import numpy as np
+import pytest
+
+import minidnn as mdn
+import minidnn.nn.functional as F
+
+ACTIVATIONS = {
+    "relu": (lambda m, x: m.relu(x), None),
+    "sigmoid": (lambda m, x: m.sigmoid(x), None),
+    "tanh": (lambda m, x: m.tanh(x), None),
+    "gelu": (lambda m, x: m.gelu(x), None),
+    "gelu_tanh": (lambda m, x: m.gelu(x, approximate="tanh"), None),
+    "silu": (lambda m, x: m.silu(x), None),
+    "elu": (lambda m, x: m.elu(x, alpha=0.7), None),
+    "softplus": (lambda m, x: m.softplus(x, beta=1.5), None),
+    "leaky_relu": (lambda m, x: m.leaky_relu(x, 0.1), None),
+    "hardtanh": (lambda m, x: m.hardtanh(x), None),
+    "relu6": (lambda m, x: m.relu6(x * 4), None),
+    "softmax": (lambda m, x: m.softmax(x, 1), None),
+    "log_softmax": (lambda m, x: m.log_softmax(x, -1), None),
+}
+
+
+def _x(seed=0, shape=(3, 4, 5)):
+    return np.random.default_rng(seed).standard_normal(shape) * 2
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_gradgradcheck(name):
+    f = ACTIVATIONS[name][0]
+    x = mdn.tensor(_x(), dtype=mdn.float64, requires_grad=True)
+    assert mdn.autograd.gradgradcheck(lambda t: f(F, t), (x,))
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_gradient_penalty_matches_torch(name):
+    torch = pytest.importorskip("torch")
+    f = ACTIVATIONS[name][0]
+    a = _x(1)
+    x = mdn.tensor(a, dtype=mdn.float64, requires_grad=True)
+    (g,) = mdn.autograd.grad((f(F, x) ** 2).sum(), [x], create_graph=True)
+    (g * g).sum().backward()
+    xt = torch.tensor(a, requires_grad=True)
+    (gt,) = torch.autograd.grad((f(torch.nn.functional, xt) ** 2).sum(), [xt], create_graph=True)
+    (gt * gt).sum().backward()
+    np.testing.assert_allclose(g.detach().numpy(), gt.detach().numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["relu", "sigmoid", "tanh"])
+def test_every_binding_is_the_same_function(name):
+    """x.f(), minidnn.f(x) and F.f(x): one Function, bitwise-identical values and gradients (float32)."""
+    a = np.random.default_rng(2).standard_normal(10_000).astype(np.float32) * 8
+    outs, grads = [], []
+    for call in (lambda t: getattr(t, name)(), lambda t: getattr(mdn, name)(t), lambda t: getattr(F, name)(t)):
+        x = mdn.tensor(a, requires_grad=True)
+        y = call(x)
+        y.sum().backward()
+        outs.append(y.detach().numpy())
+        grads.append(x.grad.numpy())
+    for o, g in zip(outs[1:], grads[1:]):
+        assert np.array_equal(o, outs[0]) and np.array_equal(g, grads[0])
+    x = mdn.tensor(a)
+    assert np.array_equal(x.softmax(0).numpy(), F.softmax(x, 0).numpy())
+    assert np.array_equal(mdn.log_softmax(x, 0).numpy(), F.log_softmax(x, 0).numpy())
+
+
+def test_integer_input_becomes_the_default_float():
+    x = mdn.tensor([-2, 0, 3])
+    assert x.sigmoid().dtype == mdn.float32 and x.tanh().dtype == mdn.float32
+    assert mdn.relu(x).dtype == mdn.int64 and F.relu(x).tolist() == [0, 0, 3]     # relu keeps integers
