@@ -9,3 +9,4 @@ from .containers import Sequential, ModuleList, ModuleDict, ParameterList, Param
 from . import functional  # noqa: F401
 from .layers import *  # noqa: F401,F403  (conv, pooling, normalisation, activation, dropout and loss layers)
 from . import utils  # noqa: F401,E402
+from . import parallel  # noqa: F401,E402  (DistributedDataParallel)

@@ -14,9 +14,10 @@ from .rnn import *             # noqa: F401,F403
 from .linear import *          # noqa: F401,F403
 from .flatten import *         # noqa: F401,F403
 from .sparse import *          # noqa: F401,F403
+from .sync_batchnorm import *  # noqa: F401,F403
 from . import activation, attention, conv, dropout, flatten, linear, loss, normalization, padding, pooling, rnn, sparse
-from . import upsampling
+from . import upsampling, sync_batchnorm
 
 __all__ = (activation.__all__ + conv.__all__ + dropout.__all__ + loss.__all__ + normalization.__all__
            + pooling.__all__ + padding.__all__ + upsampling.__all__ + attention.__all__
-           + rnn.__all__ + linear.__all__ + flatten.__all__ + sparse.__all__)
+           + rnn.__all__ + linear.__all__ + flatten.__all__ + sparse.__all__ + sync_batchnorm.__all__)
