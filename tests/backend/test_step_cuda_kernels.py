@@ -1,0 +1,431 @@
+"""The training-step CUDA kernels (issue 10) against their references: batch norm (training, inference, backward,
+fused ReLU and add + ReLU), pooling, softmax, softmax cross-entropy and the activations.
+
+Each case draws fresh inputs, runs the primitive on the GPU (where the kernel takes it: the launch counter proves
+that the fast path ran, in the number of launches it promises) and compares with the NumPy reference on the host
+computed in float64 from the same values.  Every test is cuda-marked and skips cleanly without a GPU.
+"""
+import numpy as np
+import pytest
+
+import minidnn.backend as B
+from minidnn.backend import devices as _dev
+
+pytestmark = pytest.mark.cuda
+
+TOL = {np.float64: dict(rtol=1e-9, atol=1e-10), np.float32: dict(rtol=2e-4, atol=2e-5)}
+
+
+@pytest.fixture
+def cp():
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    return _dev.require_cupy()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261124)
+
+
+def launches():
+    from minidnn.backend.cuda import launch
+    return launch.launch_count()
+
+
+class Counted:
+    """with Counted() as c: ...  ->  c.n launches made through backend/cuda/launch.py inside the block."""
+
+    def __enter__(self):
+        self.start = launches()
+        return self
+
+    def __exit__(self, *exc):
+        self.n = launches() - self.start
+
+
+def host(a):
+    return None if a is None else (a.get() if hasattr(a, "get") else np.asarray(a))
+
+
+def close(got, want, dtype, scale=1.0, **kw):
+    tol = dict(TOL[dtype])
+    tol["atol"] = tol["atol"] * scale
+    tol.update(kw)
+    np.testing.assert_allclose(host(got), want, **tol)
+
+
+def channels_last(cp, a):
+    """A channels-first (N, C, *S) CuPy view of channels-last memory holding a's values."""
+    perm = (0, *range(2, a.ndim), 1)
+    back = (0, a.ndim - 1, *range(1, a.ndim - 1))
+    return cp.ascontiguousarray(cp.asarray(a).transpose(perm)).transpose(back)
+
+
+# ---- batch norm -------------------------------------------------------------------------------------------------
+
+BN_SHAPES = [(2, 3, 5, 7), (1, 1, 3, 3), (1, 4, 3, 1), (7, 1, 9, 9), (3, 300, 2, 2), (32, 16, 16, 16), (2, 7),
+             (64, 130), (5, 3, 11), (2, 3, 2, 3, 4), (4, 2, 1, 1)]
+
+
+def _bn_inputs(rng, shape, dtype, offset=0.0):
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 2 + offset).astype(dtype)
+    scale = rng.standard_normal(c).astype(dtype)
+    bias = rng.standard_normal(c).astype(dtype)
+    rm = rng.standard_normal(c).astype(dtype)
+    rv = (rng.random(c) + 0.5).astype(dtype)
+    return x, scale, bias, rm, rv
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", BN_SHAPES)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_batch_norm_training_forward_and_backward(cp, rng, dtype, shape, layout):
+    if layout == "channels_last" and len(shape) < 3:
+        pytest.skip("2-D input has one layout")
+    x, scale, bias, rm, rv = _bn_inputs(rng, shape, dtype, offset=100.0 if shape[1] == 3 else 0.0)
+    dy = rng.standard_normal(shape).astype(dtype)
+    f, eps = 0.1, 1e-5
+    rm_ref, rv_ref = rm.astype(np.float64), rv.astype(np.float64)
+    y_ref, m_ref, i_ref = B.batch_normalization_forward_training(None, "spatial", x.astype(np.float64),
+                                                                 scale.astype(np.float64), bias.astype(np.float64),
+                                                                 f, rm_ref, rv_ref, eps)
+    dx_ref, ds_ref, db_ref = B.batch_normalization_backward(None, "spatial", x.astype(np.float64),
+                                                            dy.astype(np.float64), scale.astype(np.float64),
+                                                            m_ref, i_ref, eps)
+    xg = cp.asarray(x) if layout == "nchw" else channels_last(cp, x)
+    dyg = cp.asarray(dy) if layout == "nchw" else channels_last(cp, dy)
+    rmg, rvg = cp.asarray(rm), cp.asarray(rv)
+    with Counted() as fwd:
+        y, m, i = B.batch_normalization_forward_training(None, "spatial", xg, cp.asarray(scale), cp.asarray(bias), f,
+                                                         rmg, rvg, eps)
+    assert fwd.n == 2, "statistics + apply: two launches"
+    assert y.dtype == dtype and y.shape == x.shape
+    if layout == "channels_last":
+        assert not y.flags.c_contiguous and y.transpose((0, *range(2, y.ndim), 1)).flags.c_contiguous
+    close(y, y_ref, dtype, scale=10)
+    close(m, m_ref, dtype, scale=100)
+    close(i, i_ref, dtype)
+    close(rmg, rm_ref, dtype, scale=100)
+    close(rvg, rv_ref, dtype, scale=100)
+    with Counted() as bwd:
+        dx, ds, db = B.batch_normalization_backward(None, "spatial", xg, dyg, cp.asarray(scale), m, i, eps)
+    assert bwd.n == 2, "reduction + elementwise: two launches"
+    close(dx, dx_ref, dtype, scale=10)
+    close(ds, ds_ref, dtype, scale=100, rtol=1e-3 if dtype == np.float32 else 1e-9)
+    close(db, db_ref, dtype, scale=100, rtol=1e-3 if dtype == np.float32 else 1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_batch_norm_format_nhwc_and_no_affine(cp, rng, dtype):
+    x = rng.standard_normal((3, 4, 5, 6)).astype(dtype)        # NHWC-indexed: C = 6
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    y_ref, m_ref, i_ref = B.batch_normalization_forward_training(None, "spatial", x.astype(np.float64), None, None,
+                                                                 0.1, None, None, 1e-3, format="NHWC")
+    dx_ref, _, _ = B.batch_normalization_backward(None, "spatial", x.astype(np.float64), dy.astype(np.float64), None,
+                                                  m_ref, i_ref, 1e-3, format="NHWC")
+    with Counted() as c:
+        y, m, i = B.batch_normalization_forward_training(None, "spatial", cp.asarray(x), None, None, 0.1, None, None,
+                                                         1e-3, format="NHWC")
+        dx, ds, db = B.batch_normalization_backward(None, "spatial", cp.asarray(x), cp.asarray(dy), None, m, i, 1e-3,
+                                                    format="NHWC")
+    assert c.n == 4 and ds is None and db is None
+    close(y, y_ref, dtype, scale=10)
+    close(dx, dx_ref, dtype, scale=10)
+
+
+def test_batch_norm_running_stats_over_steps(cp, rng):
+    """Ten training steps: the running statistics follow the reference's within float32 rounding."""
+    rm, rv = np.zeros(8, np.float32), np.ones(8, np.float32)
+    rmg, rvg = cp.asarray(rm), cp.asarray(rv)
+    rm64, rv64 = rm.astype(np.float64), rv.astype(np.float64)
+    for step in range(10):
+        x = (rng.standard_normal((16, 8, 6, 6)) * (1 + step) + step).astype(np.float32)
+        B.batch_normalization_forward_training(None, "spatial", x.astype(np.float64), None, None, 0.1, rm64, rv64,
+                                               1e-5)
+        B.batch_normalization_forward_training(None, "spatial", cp.asarray(x), None, None, 0.1, rmg, rvg, 1e-5)
+    np.testing.assert_allclose(host(rmg), rm64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(host(rvg), rv64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 8, 8), (9, 5), (1, 1, 1, 1)])
+def test_batch_norm_inference(cp, rng, dtype, shape):
+    x, scale, bias, rm, rv = _bn_inputs(rng, shape, dtype)
+    y_ref = B.batch_normalization_forward_inference(None, "spatial", *(a.astype(np.float64) for a in
+                                                                       (x, scale, bias, rm, rv)), 1e-5)
+    with Counted() as c:
+        y = B.batch_normalization_forward_inference(None, "spatial", *(cp.asarray(a) for a in (x, scale, bias, rm,
+                                                                                               rv)), 1e-5)
+    assert c.n == 1
+    close(y, y_ref, dtype, scale=10)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("ops", ["bn_activation", "bn_add_activation"])
+@pytest.mark.parametrize("shape, layout", [((4, 6, 5, 5), "nchw"), ((4, 6, 5, 5), "channels_last"),
+                                           ((33, 17), "nchw"), ((1, 2, 3, 3), "nchw")])
+def test_fused_batch_norm_relu_and_add_relu(cp, rng, dtype, ops, shape, layout):
+    x, scale, bias, rm, rv = _bn_inputs(rng, shape, dtype)
+    z = rng.standard_normal(shape).astype(dtype) if ops == "bn_add_activation" else None
+    dy = rng.standard_normal(shape).astype(dtype)
+    to64 = (lambda a: None if a is None else a.astype(np.float64))
+    rm_ref, rv_ref = to64(rm), to64(rv)
+    y_ref, m_ref, i_ref = B.batch_normalization_forward_training_ex(None, "spatial", ops, to64(x), to64(z),
+                                                                    to64(scale), to64(bias), 0.1, rm_ref, rv_ref,
+                                                                    1e-5)
+    dx_ref, dz_ref, ds_ref, db_ref = B.batch_normalization_backward_ex(None, "spatial", ops, to64(x), y_ref,
+                                                                       to64(dy), to64(scale), m_ref, i_ref, 1e-5)
+    g = (lambda a: None if a is None else (cp.asarray(a) if layout == "nchw" else channels_last(cp, a)))
+    rmg, rvg = cp.asarray(rm), cp.asarray(rv)
+    with Counted() as fwd:
+        y, m, i = B.batch_normalization_forward_training_ex(None, "spatial", ops, g(x), g(z), cp.asarray(scale),
+                                                            cp.asarray(bias), 0.1, rmg, rvg, 1e-5)
+    with Counted() as bwd:
+        dx, dz, ds, db = B.batch_normalization_backward_ex(None, "spatial", ops, g(x), y, g(dy), cp.asarray(scale),
+                                                           m, i, 1e-5)
+    assert fwd.n == 2 and bwd.n == 2, "the fused forms launch no more than plain batch norm"
+    close(y, y_ref, dtype, scale=10)
+    close(rmg, rm_ref, dtype, scale=100)
+    close(dx, dx_ref, dtype, scale=10)
+    close(ds, ds_ref, dtype, scale=100, rtol=1e-3 if dtype == np.float32 else 1e-9)
+    close(db, db_ref, dtype, scale=100, rtol=1e-3 if dtype == np.float32 else 1e-9)
+    if ops == "bn_add_activation":
+        close(dz, dz_ref, dtype)
+    else:
+        assert dz is None
+
+
+# ---- pooling ----------------------------------------------------------------------------------------------------
+
+POOLS = [  # (x shape, window, padding, stride, ceil_mode, dilation)
+    ((2, 3, 8, 8), 2, 0, 2, False, 1), ((1, 1, 7, 9), 3, 1, 2, False, 1), ((3, 5, 6, 6), 3, 1, 1, False, 1),
+    ((2, 4, 7, 7), 2, 0, 2, True, 1), ((2, 2, 9, 9), 3, 1, 2, True, 1), ((2, 3, 8, 8), (2, 3), (1, 0), (1, 2), False, 1),
+    ((4, 64, 8, 8), 8, 0, 8, False, 1), ((2, 3, 1, 1), 1, 0, 1, False, 1), ((128, 16, 28, 28), 2, 0, 2, False, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mode", ["max", "average_count_include_padding", "average_count_exclude_padding"])
+@pytest.mark.parametrize("case", POOLS)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_pooling_forward_backward(cp, rng, dtype, mode, case, layout):
+    shape, window, padding, stride, ceil_mode, dilation = case
+    desc = B.PoolingDescriptor(mode, window, padding, stride, ceil_mode, dilation)
+    x = rng.standard_normal(shape).astype(dtype)
+    x64 = x.astype(np.float64)
+    is_max = mode == "max"
+    if is_max:
+        y_ref, arg_ref = B.pooling_forward(None, desc, x64, return_argmax=True)
+    else:
+        y_ref = B.pooling_forward(None, desc, x64)
+    dy = rng.standard_normal(y_ref.shape).astype(dtype)
+    dx_ref = B.pooling_backward(None, desc, y_ref, dy.astype(np.float64), x64)
+    xg = cp.asarray(x) if layout == "nchw" else channels_last(cp, x)
+    dyg = cp.asarray(dy) if layout == "nchw" else channels_last(cp, dy)
+    with Counted() as fwd:
+        out = B.pooling_forward(None, desc, xg, return_argmax=is_max)
+    assert fwd.n == 1
+    y, arg = out if is_max else (out, None)
+    close(y, y_ref, dtype)
+    if is_max:
+        np.testing.assert_array_equal(host(arg), arg_ref)
+        assert arg.dtype == arg_ref.dtype
+    with Counted() as bwd:
+        dx = B.pooling_backward(None, desc, y, dyg, xg, argmax=arg)
+    assert bwd.n == 1, "max pooling backward reads the argmax: one launch"
+    close(dx, dx_ref, dtype, scale=10)
+    if layout == "channels_last" and shape[1] > 1 and shape[2] * shape[3] > 1:
+        assert y.transpose(0, 2, 3, 1).flags.c_contiguous and dx.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def test_max_pooling_ties_nan_and_padding_like_the_reference(cp):
+    x = np.zeros((1, 2, 4, 4))
+    x[0, 1] = -np.inf
+    x[0, 0, 1, 1] = np.nan
+    desc = B.PoolingDescriptor("max", 3, 1, 1)
+    y_ref, arg_ref = B.pooling_forward(None, desc, x, return_argmax=True)
+    y, arg = B.pooling_forward(None, desc, cp.asarray(x), return_argmax=True)
+    np.testing.assert_array_equal(host(y), y_ref)
+    np.testing.assert_array_equal(host(arg), arg_ref)
+
+
+def test_pooling_backward_without_argmax_recomputes_it(cp, rng):
+    desc = B.PoolingDescriptor("max", 3, 1, 2)
+    x = rng.standard_normal((2, 3, 9, 9))
+    y_ref = B.pooling_forward(None, desc, x)
+    dy = rng.standard_normal(y_ref.shape)
+    dx_ref = B.pooling_backward(None, desc, y_ref, dy, x)
+    with Counted() as c:
+        dx = B.pooling_backward(None, desc, cp.asarray(y_ref), cp.asarray(dy), cp.asarray(x))
+    assert c.n == 2
+    close(dx, dx_ref, np.float64)
+
+
+# ---- softmax and cross-entropy ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("algo", ["accurate", "log", "fast"])
+@pytest.mark.parametrize("shape, axis", [((7, 10), 1), ((1, 1), -1), ((3, 1000), 1), ((4, 5, 6, 3), 1),
+                                         ((2, 3, 4), (1, 2)), ((5, 33), -1), ((2, 4, 3, 3), -1)])
+def test_softmax_forward_backward(cp, rng, dtype, algo, shape, axis):
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    y_ref = B.softmax_forward(None, algo, None, x.astype(np.float64), axis=axis)
+    dx_ref = B.softmax_backward(None, algo, None, y_ref, dy.astype(np.float64), axis=axis)
+    with Counted() as c:
+        y = B.softmax_forward(None, algo, None, cp.asarray(x), axis=axis)
+        dx = B.softmax_backward(None, algo, None, y, cp.asarray(dy), axis=axis)
+    assert c.n == 2
+    close(y, y_ref, dtype)
+    close(dx, dx_ref, dtype, scale=10)
+
+
+CE_CASES = [  # (x shape, weighted, label smoothing, ignore fraction)
+    ((64, 10), False, 0.0, 0.0), ((1, 1), False, 0.0, 0.0), ((7, 5), True, 0.0, 0.3), ((7, 5), True, 0.1, 0.3),
+    ((5, 4, 3), False, 0.2, 0.2), ((3, 1000), True, 0.0, 0.0), ((6, 3), False, 0.0, 1.0), ((6, 3), True, 0.1, 1.0),
+    ((2, 7, 2, 3), True, 0.05, 0.5),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("case", CE_CASES)
+def test_softmax_cross_entropy(cp, rng, dtype, reduction, case):
+    _check_cross_entropy(cp, rng, dtype, reduction, case, np.int64)
+
+
+@pytest.mark.parametrize("case", CE_CASES[2:5])
+def test_softmax_cross_entropy_int32_targets(cp, rng, case):
+    _check_cross_entropy(cp, rng, np.float32, "mean", case, np.int32)
+
+
+def _check_cross_entropy(cp, rng, dtype, reduction, case, index_dtype):
+    shape, weighted, eps, ignore = case
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    t = rng.integers(0, c, (shape[0],) + shape[2:]).astype(index_dtype)
+    t[rng.random(t.shape) < ignore] = -100
+    w = (rng.random(c) + 0.1).astype(dtype) if weighted else None
+    args = (None if w is None else w.astype(np.float64), -100, eps, reduction)
+    loss_ref, lse_ref, den_ref = B.softmax_cross_entropy_forward(None, x.astype(np.float64), t, *args)
+    g = np.asarray(rng.standard_normal(np.shape(loss_ref)))
+    dx_ref = B.softmax_cross_entropy_backward(None, x.astype(np.float64), t, g, lse_ref, den_ref, *args)
+    gargs = (None if w is None else cp.asarray(w), -100, eps, reduction)
+    with Counted() as fwd:
+        loss, lse, den = B.softmax_cross_entropy_forward(None, cp.asarray(x), cp.asarray(t), *gargs)
+    with Counted() as bwd:
+        dx = B.softmax_cross_entropy_backward(None, cp.asarray(x), cp.asarray(t), cp.asarray(g.astype(dtype)), lse,
+                                              den, *gargs)
+    assert fwd.n == 1 and bwd.n == 1
+    assert loss.dtype == dtype and loss.shape == np.shape(loss_ref)
+    close(loss, loss_ref, dtype, scale=10, equal_nan=True)
+    close(dx, dx_ref, dtype)
+    if ignore == 1.0:
+        assert not host(dx).any(), "every target ignored: a zero gradient"
+
+
+def test_cross_entropy_matches_pytorch(cp, rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((9, 6))
+    t = rng.integers(0, 6, 9)
+    t[2] = -100
+    w = rng.random(6) + 0.5
+    xt = torch.tensor(x, requires_grad=True)
+    lt = torch.nn.functional.cross_entropy(xt, torch.tensor(t), weight=torch.tensor(w), label_smoothing=0.1)
+    lt.backward()
+    loss, lse, den = B.softmax_cross_entropy_forward(None, cp.asarray(x), cp.asarray(t), cp.asarray(w), -100, 0.1)
+    dx = B.softmax_cross_entropy_backward(None, cp.asarray(x), cp.asarray(t), cp.asarray(1.0), lse, den,
+                                          cp.asarray(w), -100, 0.1)
+    np.testing.assert_allclose(host(loss), lt.item(), rtol=1e-12)
+    np.testing.assert_allclose(host(dx), xt.grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+# ---- activations ------------------------------------------------------------------------------------------------
+
+MODES = [("relu", None), ("sigmoid", None), ("tanh", None), ("clipped_relu", 2.0), ("elu", 0.7), ("leaky_relu", 0.02),
+         ("gelu", None), ("gelu_tanh", None), ("swish", 1.3), ("softplus", 2.0), ("hardtanh", 1.5), ("relu6", None),
+         ("identity", None)]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mode, coef", MODES)
+@pytest.mark.parametrize("shape, layout", [((1000,), "nchw"), ((3, 4, 5, 6), "channels_last"), ((1, 1), "nchw")])
+def test_activation_forward_backward(cp, rng, dtype, mode, coef, shape, layout):
+    desc = B.ActivationDescriptor(mode, coef)
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    x.reshape(-1)[:3] = [0.0, 6.0, -1.5][: x.size]       # kinks
+    dy = rng.standard_normal(shape).astype(dtype)
+    y_ref = B.activation_forward(None, desc, x.astype(np.float64))
+    dx_ref = B.activation_backward(None, desc, None, dy.astype(np.float64), x.astype(np.float64))
+    g = (lambda a: cp.asarray(a) if layout == "nchw" else channels_last(cp, a))
+    with Counted() as c:
+        y = B.activation_forward(None, desc, g(x))
+        dx = B.activation_backward(None, desc, None, g(dy), g(x))
+    assert c.n == 2
+    close(y, y_ref, dtype, scale=10)
+    close(dx, dx_ref, dtype, scale=10)
+    if layout == "channels_last":
+        assert y.strides == g(x).strides
+
+
+# ---- the whole thing: no host synchronisation, and nn on top --------------------------------------------------------
+
+def test_step_kernels_run_inside_a_cuda_graph_capture(cp, rng):
+    """Every kernel above, captured in a CUDA graph (a capture fails on any synchronisation) and replayed."""
+    x = cp.asarray(rng.standard_normal((8, 4, 6, 6)).astype(np.float32))
+    scale, bias = cp.ones(4, np.float32), cp.zeros(4, np.float32)
+    rm, rv = cp.zeros(4, np.float32), cp.ones(4, np.float32)
+    t = cp.asarray(rng.integers(0, 4 * 9, 8))
+    t[0] = -100
+    relu = B.ActivationDescriptor("relu")
+    pool = B.PoolingDescriptor("max", 2)
+
+    def step():
+        y, m, i = B.batch_normalization_forward_training(None, "spatial", x, scale, bias, 0.1, rm, rv, 1e-5)
+        a = B.activation_forward(None, relu, y)
+        p, arg = B.pooling_forward(None, pool, a, return_argmax=True)
+        logits = p.reshape(8, -1)
+        loss, lse, den = B.softmax_cross_entropy_forward(None, logits, t)
+        dlog = B.softmax_cross_entropy_backward(None, logits, t, cp.ones((), np.float32), lse, den)
+        dp = B.pooling_backward(None, pool, p, dlog.reshape(p.shape), a, argmax=arg)
+        da = B.activation_backward(None, relu, None, dp, y)
+        dx, ds, db = B.batch_normalization_backward(None, "spatial", x, da, scale, m, i, 1e-5)
+        return loss, dx, ds
+
+    eager = [host(a) for a in step()]
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        step()
+        s.synchronize()
+        s.begin_capture()
+        with Counted() as c:
+            out = step()
+        graph = s.end_capture()
+        graph.launch(s)
+        s.synchronize()
+    assert c.n == 10, "2 bn + 1 relu + 1 pool + 1 ce, and back"
+    for a, b in zip(out, eager):
+        np.testing.assert_allclose(host(a), b, rtol=1e-5, atol=1e-6)
+
+
+def test_nn_resnet_block_on_the_gpu_matches_the_cpu(cp, rng):
+    """A BasicBlock + pooling + cross-entropy training step through nn, float64 on both devices (the fast paths
+    reach nn without any nn change): loss, every gradient and the running statistics agree."""
+    import minidnn as mdn
+    from minidnn.models import BasicBlock
+    x = rng.standard_normal((4, 3, 8, 8))
+    t = rng.integers(0, 8, 4)
+    results = []
+    for device in ("cpu", "cuda"):
+        mdn.manual_seed(0)
+        block = BasicBlock(3, 8, stride=2).double().to(device)
+        xt = mdn.tensor(x, device=device)
+        out = mdn.nn.functional.max_pool2d(block(xt), 2)
+        loss = mdn.nn.functional.cross_entropy(out.reshape(4, -1), mdn.tensor(t, device=device), label_smoothing=0.1)
+        loss.backward()
+        results.append([host(loss.data)] + [host(p.grad.data) for p in block.parameters()]
+                       + [host(b.data) for b in block.buffers() if b.dtype.kind == "f"])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
