@@ -150,7 +150,9 @@ class AlgorithmRegistry:
 
     def _verdict(self, algorithm, prob, handle, workspace_limit):
         """(workspace bytes, None) when usable under the handle's settings, else (bytes or 0, reason)."""
-        reason = algorithm.unsupported_reason(prob)
+        # a CUDA kernel asked for on the CPU says so before any rule about the problem
+        reason = getattr(algorithm, "device_reason", lambda device_type: None)(handle.device.type) \
+            or algorithm.unsupported_reason(prob)
         if reason is not None:
             return 0, reason
         ws = algorithm.workspace_size(prob)

@@ -318,11 +318,22 @@ class ConvAlgorithm:
         self._workspace, self._cost = workspace, cost
         self.nondeterministic_on = tuple(nondeterministic_on)
         self.fast_paths = []        # (description, applies(p, a, b), run): device-specific forms, tried first
+        self.fast_costs = []        # cost(p, device_type) -> float, or None where that fast form does not apply
+        self.devices = None         # device types it runs on (None: every one); e.g. ("cuda",) for a CUDA kernel
 
-    def add_fast_path(self, description, applies, run):
+    def add_fast_path(self, description, applies, run, cost=None):
         """Register a faster form of this same algorithm (e.g. conv_cpu.py's NumPy forms): ``run`` computes
-        what the reference computes, and is used whenever ``applies(p, a, b)`` holds for the arrays given."""
+        what the reference computes, and is used whenever ``applies(p, a, b)`` holds for the arrays given.
+        ``cost(p, device_type)``, if given, is the heuristic's estimate where the fast form applies (else None)."""
         self.fast_paths.append((description, applies, run))
+        if cost is not None:
+            self.fast_costs.append(cost)
+
+    def device_reason(self, device_type: str):
+        """None if the algorithm runs on ``device_type``, else why not (a CUDA kernel on the CPU)."""
+        if self.devices is None or device_type in self.devices:
+            return None
+        return f"not implemented in minidnn on {device_type} (a {'/'.join(self.devices)} kernel)"
 
     def __repr__(self):
         return f"ConvAlgorithm({self.algo})"
@@ -335,7 +346,10 @@ class ConvAlgorithm:
                 return f"supports only {text}"
         return None
 
-    def supports(self, p: ConvProblem) -> bool:
+    def supports(self, p: ConvProblem, device_type: str | None = None) -> bool:
+        """Whether it runs ``p`` (on ``device_type``; a device-restricted algorithm needs the device named)."""
+        if self.devices is not None and device_type not in self.devices:
+            return False
         return self.unsupported_reason(p) is None
 
     def workspace_size(self, p: ConvProblem) -> int:
@@ -345,6 +359,10 @@ class ConvAlgorithm:
         return device_type not in self.nondeterministic_on
 
     def estimated_cost(self, p: ConvProblem, device_type: str) -> float:
+        for cost in self.fast_costs:
+            c = cost(p, device_type)
+            if c is not None:
+                return float(c)
         return float(self._cost(p, device_type))
 
     def run(self, p: ConvProblem, a, b, tf32=False):
@@ -453,14 +471,18 @@ def _registry(name, enum_type, implemented, missing):
 _FUSED = "a fused single-kernel version needs a CUDA kernel; WINOGRAD_NONFUSED is the same transform in stages"
 _TILING = "FFT over tiles (overlap-add) is not implemented; FFT transforms the whole padded image"
 
+from .cuda import conv_register as _cuda_conv     # noqa: E402  (the CUDA kernels: implicit GEMM, direct)
+
 FORWARD_ALGORITHMS = _registry("convolution_forward", ConvolutionFwdAlgo, {
+    ConvolutionFwdAlgo.IMPLICIT_GEMM: (_cuda_conv.forward_implicit, (_cuda_conv.IGEMM_RULE,),
+                                       _cuda_conv.implicit_workspace, _cuda_conv.implicit_cost),
+    ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM: (_cuda_conv.forward_implicit_precomp, (_cuda_conv.IGEMM_RULE,),
+                                               _cuda_conv.precomp_workspace, _cuda_conv.implicit_cost),
     ConvolutionFwdAlgo.GEMM: (gemm_forward, (), _ws_gemm, _cost_gemm),
     ConvolutionFwdAlgo.DIRECT: (direct_forward, (), _ws_direct, _cost_direct),
     ConvolutionFwdAlgo.FFT: (fft_forward, (_STRIDE_1, _FLOAT32_64), _ws_fft, _cost_fft),
     ConvolutionFwdAlgo.WINOGRAD_NONFUSED: (winograd_forward, _WINOGRAD_RULES, _ws_winograd, _cost_winograd),
 }, {
-    ConvolutionFwdAlgo.IMPLICIT_GEMM: "an implicit GEMM would be the DIRECT tap loop again; use DIRECT",
-    ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM: "needs a CUDA kernel with precomputed indices; use GEMM or DIRECT",
     ConvolutionFwdAlgo.FFT_TILING: _TILING,
     ConvolutionFwdAlgo.WINOGRAD: _FUSED,
 })
@@ -478,14 +500,16 @@ BACKWARD_DATA_ALGORITHMS = _registry("convolution_backward_data", ConvolutionBwd
 
 BACKWARD_FILTER_ALGORITHMS = _registry("convolution_backward_filter", ConvolutionBwdFilterAlgo, {
     ConvolutionBwdFilterAlgo.ALGO_1: (gemm_backward_filter, (), _ws_gemm, _cost_gemm),
+    ConvolutionBwdFilterAlgo.ALGO_3: (_cuda_conv.backward_filter_precomp, (_cuda_conv.IGEMM_RULE,),
+                                      _cuda_conv.filter_workspace, _cuda_conv.implicit_cost),
     ConvolutionBwdFilterAlgo.ALGO_0: (direct_backward_filter, (), _ws_direct, _cost_direct),
     ConvolutionBwdFilterAlgo.FFT: (fft_backward_filter, (_STRIDE_1, _FLOAT32_64), _ws_fft, _cost_fft),
     ConvolutionBwdFilterAlgo.WINOGRAD_NONFUSED: (winograd_backward_filter, _WINOGRAD_RULES, _ws_winograd,
                                                  _cost_winograd),
 }, {
-    ConvolutionBwdFilterAlgo.ALGO_3: "cuDNN's ALGO_3 is ALGO_0 with precomputed indices in a CUDA kernel; use ALGO_0",
     ConvolutionBwdFilterAlgo.FFT_TILING: _TILING,
 })
 
 from . import conv_cpu as _conv_cpu     # noqa: E402  (the NumPy fast forms of GEMM and DIRECT, beside the references)
 _conv_cpu.register()
+_cuda_conv.register()

@@ -104,7 +104,7 @@ def test_registry_runs_the_fast_form_on_numpy_and_the_reference_when_switched_of
         algorithm = registry.get(algo)
         fast, ref = PAIRS[direction][kind == "depthwise"]
         calls = []
-        assert [run for _, _, run in algorithm.fast_paths] == [fast]
+        assert fast in [run for _, _, run in algorithm.fast_paths]     # (the CUDA kernels sit beside it)
         spied = [(d, ap, lambda *args, _r=run: calls.append(1) or _r(*args)) for d, ap, run in algorithm.fast_paths]
         monkeypatch.setattr(algorithm, "fast_paths", spied)
         np.testing.assert_allclose(algorithm.run(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)

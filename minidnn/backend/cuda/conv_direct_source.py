@@ -1,0 +1,205 @@
+"""CUDA C++ source of the direct (depthwise / few-channels-per-group) 2-D convolution kernels.
+
+``python -m minidnn.backend.cuda.conv_direct_source out.cu [NAME=VALUE ...]`` writes it out for nvcc.
+"""
+from __future__ import annotations
+
+SOURCE = r"""
+// ============================================================================================================
+// Direct 2-D convolution for few channels per group (depthwise: Cg == 1; grouped: Cg <= 8).
+//
+// Shapes (channels-first index order, any strides: NCHW and NHWC alike):
+//   x, dx: (N, C, H, W)  strides sxn, sxc, sxh, sxw      w, dw: (K, Cg, R, S) contiguous, Cg = C/G, Kg = K/G
+//   y, dy: (N, K, P, Q)  strides syn, syc, syh, syw
+// Each output element needs only Cg*R*S (forward) or Kg*R*S (backward data) products: far too few to feed a
+// GEMM tile, so one thread computes one output element with a plain loop, fp32 accumulation.
+//   direct_forward    one thread per y[n,k,p,q]:  sum over c < Cg, r, s of x[n, g*Cg+c, p*st-pad+r*dil, ...] w[k,c,r,s]
+//   direct_backward_data  one thread per dx[n,c,h,w]: sum over kk < Kg, r, s where (h+pad-r*dil)/st is an
+//                     integral in-range p (and likewise q) of dy[n, g*Kg+kk, p, q] w[g*Kg+kk, c%Cg, r, s]
+//   The flat thread index runs fastest along the axis with unit stride (CL = 1: channels, NHWC; CL = 0: width,
+//   NCHW) so a warp's loads and stores are coalesced; neighbouring threads re-read the same x through L1.
+//   direct_backward_filter  one block per (k, c) filter row and pixel slice (blockIdx.y of `splits`): each
+//                     thread accumulates the R*S taps (<= MAXRS, registers) over its pixels, the block reduces
+//                     them (warp shuffles, then one shared-memory row per warp) and writes its partial
+//                     partial[split][k*Cg + c][r*S + s]; a second kernel adds the splits in order (deterministic,
+//                     no atomics).
+// ============================================================================================================
+#ifndef ELEM
+#define ELEM 0
+#endif
+#ifndef CL
+#define CL 0
+#endif
+#ifndef MAXRS
+#define MAXRS 9
+#endif
+#if ELEM == 0
+typedef float T;
+#else
+typedef unsigned short T;
+#endif
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(unsigned short h) {
+#if ELEM == 2
+    return __uint_as_float(((unsigned int)h) << 16);
+#else
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#endif
+}
+__device__ __forceinline__ void from_f(float* dst, float v) { *dst = v; }
+__device__ __forceinline__ void from_f(unsigned short* dst, float v) {
+    unsigned short h;
+#if ELEM == 2
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#endif
+    *dst = h;
+}
+
+// (n, c, i, j) of flat index `idx` over (N, Cn, I, J), channels fastest when CL.
+__device__ __forceinline__ void unflatten(int idx, int Cn, int I, int J, int& n, int& c, int& i, int& j) {
+#if CL
+    c = idx % Cn; idx /= Cn; j = idx % J; idx /= J; i = idx % I; n = idx / I;
+#else
+    j = idx % J; idx /= J; i = idx % I; idx /= I; c = idx % Cn; n = idx / Cn;
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+direct_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+               int N, int C, int H, int W, int K, int P, int Q, int R, int S,
+               int pad_h, int pad_w, int st_h, int st_w, int dil_h, int dil_w, int Cg, int Kg,
+               int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw, float alpha, float beta)
+{
+    const int total = N * K * P * Q;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
+        int n, k, p, q;
+        unflatten(idx, K, P, Q, n, k, p, q);
+        const int c0 = (k / Kg) * Cg, h0 = p * st_h - pad_h, w0 = q * st_w - pad_w;
+        const T* xn = x + n * sxn;
+        const T* wk = w + k * Cg * R * S;
+        float acc = 0.f;
+        for (int c = 0; c < Cg; ++c) {
+            const T* xc = xn + (c0 + c) * sxc;
+            for (int r = 0; r < R; ++r) {
+                const int h = h0 + r * dil_h;
+                if ((unsigned)h >= (unsigned)H) continue;
+                for (int s = 0; s < S; ++s) {
+                    const int ww = w0 + s * dil_w;
+                    if ((unsigned)ww >= (unsigned)W) continue;
+                    acc = fmaf(to_f(xc[h * sxh + ww * sxw]), to_f(__ldg(wk + (c * R + r) * S + s)), acc);
+                }
+            }
+        }
+        T* dst = y + n * syn + k * syc + p * syh + q * syw;
+        const float old = beta != 0.f ? beta * to_f(*dst) : 0.f;
+        from_f(dst, alpha * acc + old);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+direct_backward_data(const T* __restrict__ w, const T* __restrict__ dy, T* __restrict__ dx,
+                     int N, int C, int H, int W, int K, int P, int Q, int R, int S,
+                     int pad_h, int pad_w, int st_h, int st_w, int dil_h, int dil_w, int Cg, int Kg,
+                     int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw, float alpha, float beta)
+{
+    const int total = N * C * H * W;
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
+        int n, c, h, ww;
+        unflatten(idx, C, H, W, n, c, h, ww);
+        const int grp = c / Cg, cl = c - grp * Cg;
+        const T* dyn = dy + n * syn;
+        float acc = 0.f;
+        for (int r = 0; r < R; ++r) {
+            int hp = h + pad_h - r * dil_h;
+            if (hp < 0) continue;
+            if (st_h > 1) { const int p_ = hp / st_h; if (p_ * st_h != hp) continue; hp = p_; }
+            if (hp >= P) continue;
+            for (int s = 0; s < S; ++s) {
+                int wp = ww + pad_w - s * dil_w;
+                if (wp < 0) continue;
+                if (st_w > 1) { const int q_ = wp / st_w; if (q_ * st_w != wp) continue; wp = q_; }
+                if (wp >= Q) continue;
+                const T* d = dyn + hp * syh + wp * syw;
+                for (int kk = 0; kk < Kg; ++kk) {
+                    const int k = grp * Kg + kk;
+                    acc = fmaf(to_f(d[k * syc]), to_f(__ldg(w + ((k * Cg + cl) * R + r) * S + s)), acc);
+                }
+            }
+        }
+        T* dst = dx + n * sxn + c * sxc + h * sxh + ww * sxw;
+        const float old = beta != 0.f ? beta * to_f(*dst) : 0.f;
+        from_f(dst, alpha * acc + old);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+direct_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial,
+                       int N, int C, int H, int W, int K, int P, int Q, int R, int S,
+                       int pad_h, int pad_w, int st_h, int st_w, int dil_h, int dil_w, int Cg, int Kg,
+                       int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw, int per_split)
+{
+    const int kc = blockIdx.x, k = kc / Cg, cl = kc - k * Cg, c = (k / Kg) * Cg + cl;
+    const int RS = R * S, PQ = P * Q, NPQ = N * PQ;
+    const int begin = blockIdx.y * per_split, end = min(NPQ, begin + per_split);
+    float acc[MAXRS];
+    #pragma unroll
+    for (int t = 0; t < MAXRS; ++t) acc[t] = 0.f;
+    const T* xc = x + c * sxc;
+    const T* dyk = dy + k * syc;
+    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        const int n = j / PQ, pq = j - n * PQ, p = pq / Q, q = pq - p * Q;
+        const float d = to_f(dyk[n * syn + p * syh + q * syw]);
+        const int h0 = p * st_h - pad_h, w0 = q * st_w - pad_w;
+        const T* xn = xc + n * sxn;
+        #pragma unroll
+        for (int t = 0; t < MAXRS; ++t) {
+            if (t >= RS) break;
+            const int r = t / S, s = t - r * S, h = h0 + r * dil_h, ww = w0 + s * dil_w;
+            if ((unsigned)h < (unsigned)H && (unsigned)ww < (unsigned)W)
+                acc[t] = fmaf(d, to_f(xn[h * sxh + ww * sxw]), acc[t]);
+        }
+    }
+    __shared__ float red[8][MAXRS];            // one row per warp (blockDim.x == 256)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    #pragma unroll
+    for (int t = 0; t < MAXRS; ++t) {
+        if (t >= RS) break;
+        float v = acc[t];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < RS; t += blockDim.x) {
+        float v = 0.f;
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) v += red[i][t];
+        partial[((size_t)blockIdx.y * K * Cg + kc) * RS + t] = v;
+    }
+}
+
+// out[i] = alpha * sum_s partial[s][i] + beta * out[i], splits added in order.
+extern "C" __global__ void __launch_bounds__(256)
+direct_splits_reduce(const float* __restrict__ partial, T* __restrict__ out, int splits, int n, float alpha, float beta)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int k = 0; k < splits; ++k) s += partial[(size_t)k * n + i];
+        const float old = beta != 0.f ? beta * to_f(out[i]) : 0.f;
+        from_f(out + i, alpha * s + old);
+    }
+}
+"""
+
+
+def write(path: str, defines: dict | None = None) -> None:
+    head = "".join(f"#define {k} {v}\n" for k, v in (defines or {}).items())
+    with open(path, "w") as f:
+        f.write(head + SOURCE)
+
+
+if __name__ == "__main__":
+    import sys
+    write(sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:]))

@@ -1,0 +1,334 @@
+"""Launchers of the implicit-GEMM and direct convolution kernels (sources: conv_igemm_source.py,
+conv_direct_source.py), on raw CuPy arrays described by a ConvProblem.
+
+# x, dx: (N, C, *in)   w, dw: (K, C/G, *kernel)   y, dy: (N, K, *out)    channels-first index order, any strides
+#                                                                         (NCHW or NHWC memory); 1-D runs as 2-D
+#                                                                         with height 1
+
+    implicit_forward(p, x, w, tf32, precomp)          -> y          IMPLICIT_GEMM / IMPLICIT_PRECOMP_GEMM
+    implicit_backward_data(p, w, dy, tf32, precomp)   -> dx
+    implicit_backward_filter(p, x, dy, tf32, precomp) -> dw         split-K partials reduced in order
+    direct_forward / direct_backward_data / direct_backward_filter   depthwise and Cg <= 8 groups
+Each takes ``alpha``, ``beta`` and ``out`` (cuDNN's blending, done in the kernel's epilogue); without ``out`` a new
+array is returned, channels-last in memory when the input is.  Kernels compile once per configuration (direction,
+dtype, math mode, tile) through launch.get_kernel; nothing here synchronises, so a call can be graph-captured once
+its kernels are compiled (the PRECOMP table is uploaded on first use of a problem).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import launch as _launch
+from .conv_direct_source import SOURCE as DIRECT_SOURCE
+from .conv_igemm_source import SOURCE as IGEMM_SOURCE
+
+__all__ = ["TILES", "igemm_supports", "direct_supports", "implicit_forward", "implicit_backward_data",
+           "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
+           "choose_tile", "DIRECT_MAX_CG"]
+
+# name: (BM, BN, BK for 4-byte data, WM, WN); every tile runs 4 warps (128 threads)
+TILES = {
+    "64x16": (64, 16, 16, 16, 16),
+    "64x32": (64, 32, 16, 32, 16),
+    "64x64": (64, 64, 16, 32, 32),
+    "128x64": (128, 64, 16, 64, 32),
+}
+DIRECT_MAX_CG = 8          # the direct kernels loop over Cg (forward) / Kg (backward data) per output element
+_INT32 = 2 ** 31 - 1
+_ELEM = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+# ---- which problems the kernels take (pure Python: the registry asks without a GPU) ----------------------
+
+def _sizes_ok(p) -> bool:
+    return max(math.prod(p.x_shape), math.prod(p.y_shape), math.prod(p.w_shape)) < _INT32
+
+
+def igemm_supports(p) -> str | None:
+    """None if the implicit-GEMM kernels run ``p``, else the rule it breaks."""
+    if p.nd not in (1, 2):
+        return "1-D and 2-D convolutions (3-D keeps the array algorithms)"
+    if p.dtype not in _ELEM:
+        return "float32, float16 or bfloat16 data"
+    if not _sizes_ok(p):
+        return "tensors of fewer than 2**31 elements (32-bit index math)"
+    return None
+
+
+def direct_supports(p) -> str | None:
+    """None if the direct kernels run ``p`` (few channels per group), else the rule it breaks."""
+    if p.nd not in (1, 2):
+        return "1-D and 2-D convolutions"
+    if p.groups == 1 or p.Cg > DIRECT_MAX_CG or p.Kg > 4 * DIRECT_MAX_CG:
+        return f"grouped convolutions with at most {DIRECT_MAX_CG} input channels per group"
+    if p.dtype not in _ELEM:
+        return "float32, float16 or bfloat16 data"
+    if math.prod(p.kernel) > 49:
+        return "kernels of at most 49 taps"
+    if not _sizes_ok(p):
+        return "tensors of fewer than 2**31 elements (32-bit index math)"
+    return None
+
+
+# ---- geometry -------------------------------------------------------------------------------------------
+
+def _as_2d(a, nd):
+    """A channels-first array of a 1-D problem as (N, C, 1, L) (a view); 2-D arrays unchanged."""
+    return a[:, :, None, :] if nd == 1 else a
+
+
+def _geometry(p):
+    """(H, W, P, Q, R, S, pad_h, pad_w, st_h, st_w, dil_h, dil_w) of the problem seen as 2-D."""
+    if p.nd == 1:
+        return (1, p.in_size[0], 1, p.out_size[0], 1, p.kernel[0], 0, p.padding[0], 1, p.stride[0], 1,
+                p.dilation[0])
+    (H, W), (P, Q), (R, S) = p.in_size, p.out_size, p.kernel
+    return (H, W, P, Q, R, S, *p.padding, *p.stride, *p.dilation)
+
+
+def _strides(a):
+    return tuple(int(s) // a.itemsize for s in a.strides)
+
+
+def _channels_last(a):
+    return a.ndim == 4 and a.shape[1] > 1 and a.strides[1] == a.itemsize
+
+
+def _new_like_layout(cp, shape, dtype, channels_last):
+    """A fresh (N, C, H, W)-indexed array, NHWC in memory when ``channels_last``."""
+    if channels_last:
+        n, c, h, w = shape
+        return cp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
+    return cp.empty(shape, dtype=dtype)
+
+
+def _ptr(a):
+    return np.uint64(a.data.ptr)
+
+
+def _args(p, g, sx, sy):
+    H, W, P, Q, R, S, ph, pw, sh, sw, dh, dw = g
+    return [np.int32(v) for v in (p.N, p.C, H, W, p.K, P, Q, R, S, ph, pw, sh, sw, dh, dw, p.Cg, p.Kg,
+                                  *sx, *sy)]
+
+
+def _dtype_name(a):
+    return np.dtype(a.dtype).name
+
+
+def _check_out(out, shape, dtype):
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}, expected {tuple(shape)} {dtype}")
+
+
+# ---- implicit GEMM ------------------------------------------------------------------------------------------
+
+def choose_tile(M, NG, groups, sms=132):
+    """The tile for a GEMM of M rows and NG columns per group: the narrowest BN that covers NG (up to 64), then
+    the taller BM when it still gives two waves of blocks."""
+    if NG <= 16:
+        return "64x16"
+    if NG <= 32:
+        return "64x32"
+    if -(-M // 128) * -(-NG // 64) * groups >= 2 * sms:
+        return "128x64"
+    return "64x64"
+
+
+def _igemm_kernel(direction, dtype_name, tf32, tile, name="conv_igemm"):
+    elem = _ELEM[dtype_name]
+    BM, BN, BK, WM, WN = TILES[tile]
+    if elem:
+        BK = 32                                      # m16n8k16: two k16 steps per slice
+    math_mode = 1 if (elem or tf32) else 0
+    opts = (f"-DDIR={direction}", f"-DELEM={elem}", f"-DMATH={math_mode}", f"-DBM={BM}", f"-DBN={BN}",
+            f"-DBK={BK}", f"-DWM={WM}", f"-DWN={WN}")
+    return _launch.get_kernel(IGEMM_SOURCE, name, opts), BM, BN, BK
+
+
+_tables: dict = {}
+
+
+def _tap_table(cp, direction, p, g, sx, sy):
+    """IMPLICIT_PRECOMP_GEMM's workspace: one int4 per reduction index (DIR 0/1) or filter row (DIR 2):
+    (channel offset, r*dil_h, s*dil_w, weight offset), uploaded once per problem and layout."""
+    key = (direction, p, sx, sy)
+    t = _tables.get(key)
+    if t is None:
+        H, W, P, Q, R, S, ph, pw, sh, sw, dh, dw = g
+        RS = R * S
+        count = p.Kg * RS if direction == 1 else p.Cg * RS
+        k = np.arange(count, dtype=np.int64)
+        ch, rs = k // RS, k % RS
+        r, s = rs // S, rs % S
+        tab = np.zeros((count, 4), dtype=np.int32)
+        if direction == 1:
+            tab[:, 0] = ch * sy[1]
+            tab[:, 3] = ch * p.Cg * RS + rs
+        else:
+            tab[:, 0] = ch * sx[1] + r * dh * sx[2] + s * dw * sx[3]
+        tab[:, 1], tab[:, 2] = r * dh, s * dw
+        t = _tables[key] = cp.asarray(tab)
+    return t
+
+
+def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta):
+    cp = _launch.cupy()
+    g = _geometry(p)
+    H, W, P, Q, R, S = g[:6]
+    RS = R * S
+    dt = _dtype_name(a)
+    if direction == 0:
+        x, w, y = _as_2d(a, p.nd), cp.ascontiguousarray(b), out
+        sx, sy = _strides(x), _strides(y)
+        M, NG, KR = p.N * P * Q, p.Kg, p.Cg * RS
+        a_src, b_src = x, w
+    elif direction == 1:
+        w, dy, dx = cp.ascontiguousarray(a), _as_2d(b, p.nd), out
+        sx, sy = _strides(dx), _strides(dy)
+        M, NG, KR = p.N * H * W, p.Cg, p.Kg * RS
+        a_src, b_src = dy, w
+    else:
+        x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
+        sx, sy = _strides(x), _strides(dy)
+        M, NG, KR = p.Cg * RS, p.Kg, p.N * P * Q
+        a_src, b_src = x, dy
+    sms = _launch.sm_count()
+    tile = choose_tile(M, NG, p.groups, sms)
+    kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile)
+    blocks = -(-M // BM) * -(-NG // BN) * p.groups
+    splits, per_split, partial = 1, KR, None
+    if direction == 2:
+        splits = max(1, min(-(-2 * sms // blocks), -(-KR // (8 * BK)), 65535 // p.groups))
+        per_split = -(-(-(-KR // splits)) // BK) * BK
+        splits = -(-KR // per_split)
+        if splits > 1:
+            partial = cp.empty(splits * p.K * p.Cg * RS, dtype=np.float32)
+    table = _tap_table(cp, direction, p, g, sx, sy) if precomp else None
+    args = [_ptr(a_src), _ptr(b_src), _ptr(out), np.uint64(0) if partial is None else _ptr(partial),
+            np.uint64(0) if table is None else _ptr(table)]
+    args += _args(p, g, sx, sy)
+    args += [np.int32(splits), np.int32(per_split), np.float32(alpha), np.float32(beta)]
+    grid = (-(-M // BM), -(-NG // BN), p.groups * splits)
+    _launch.launch(kernel, grid, (128, 1, 1), args)
+    if partial is not None:
+        reduce_kernel = _igemm_kernel(2, dt, tf32, tile, "splitk_reduce")[0]
+        n = p.K * p.Cg * RS
+        _launch.launch(reduce_kernel, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
+                       [_ptr(partial), _ptr(out), np.int32(splits), np.int32(n), np.float32(alpha),
+                        np.float32(beta)])
+
+
+def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None):
+    """y = alpha * conv(x, w) + beta * out (the kernel's epilogue); a new array when ``out`` is None."""
+    cp = _launch.cupy()
+    y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, _channels_last(x))
+    if out is not None:
+        _check_out(out, p.y_shape, x.dtype)
+    elif beta != 0:
+        raise ValueError("beta != 0 needs out")
+    _run_igemm(0, p, x, w, _as_2d(y, p.nd), tf32, precomp, alpha, beta)
+    return y
+
+
+def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None):
+    cp = _launch.cupy()
+    dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, _channels_last(dy))
+    if out is not None:
+        _check_out(out, p.x_shape, dy.dtype)
+    elif beta != 0:
+        raise ValueError("beta != 0 needs out")
+    _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta)
+    return dx
+
+
+def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None):
+    cp = _launch.cupy()
+    if out is not None:
+        _check_out(out, p.w_shape, x.dtype)
+        if not out.flags.c_contiguous:
+            res = implicit_backward_filter(p, x, dy, tf32, precomp)
+            out[...] = (alpha * res.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
+            return out
+    elif beta != 0:
+        raise ValueError("beta != 0 needs out")
+    dw = out if out is not None else cp.empty(p.w_shape, dtype=x.dtype)
+    _run_igemm(2, p, x, dy, dw, tf32, precomp, alpha, beta)
+    return dw
+
+
+# ---- direct (depthwise / small groups) -------------------------------------------------------------------
+
+def _direct_kernel(name, dtype_name, channels_last, maxrs=9):
+    opts = (f"-DELEM={_ELEM[dtype_name]}", f"-DCL={int(bool(channels_last))}", f"-DMAXRS={maxrs}")
+    return _launch.get_kernel(DIRECT_SOURCE, name, opts)
+
+
+def _grid_1d(total, sms):
+    return (max(1, min(-(-total // 256), 32 * sms)), 1, 1)
+
+
+def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
+    cp = _launch.cupy()
+    cl = _channels_last(x) if p.nd == 2 else False
+    y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, cl)
+    if out is not None:
+        _check_out(out, p.y_shape, x.dtype)
+    x2, y2, w = _as_2d(x, p.nd), _as_2d(y, p.nd), cp.ascontiguousarray(w)
+    g = _geometry(p)
+    k = _direct_kernel("direct_forward", _dtype_name(x), _channels_last(y2))
+    total = p.N * p.K * g[2] * g[3]
+    _launch.launch(k, _grid_1d(total, _launch.sm_count()), (256, 1, 1),
+                   [_ptr(x2), _ptr(w), _ptr(y2), *_args(p, g, _strides(x2), _strides(y2)),
+                    np.float32(alpha), np.float32(beta)])
+    return y
+
+
+def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
+    cp = _launch.cupy()
+    cl = _channels_last(dy) if p.nd == 2 else False
+    dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, cl)
+    if out is not None:
+        _check_out(out, p.x_shape, dy.dtype)
+    dy2, dx2, w = _as_2d(dy, p.nd), _as_2d(dx, p.nd), cp.ascontiguousarray(w)
+    g = _geometry(p)
+    k = _direct_kernel("direct_backward_data", _dtype_name(dy), _channels_last(dx2))
+    total = p.N * p.C * g[0] * g[1]
+    _launch.launch(k, _grid_1d(total, _launch.sm_count()), (256, 1, 1),
+                   [_ptr(w), _ptr(dy2), _ptr(dx2), *_args(p, g, _strides(dx2), _strides(dy2)),
+                    np.float32(alpha), np.float32(beta)])
+    return dx
+
+
+def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
+    cp = _launch.cupy()
+    if out is not None:
+        _check_out(out, p.w_shape, x.dtype)
+    dw = out if out is not None and out.flags.c_contiguous else cp.empty(p.w_shape, dtype=x.dtype)
+    x2, dy2 = _as_2d(x, p.nd), _as_2d(dy, p.nd)
+    g = _geometry(p)
+    RS = g[4] * g[5]
+    maxrs = 9 if RS <= 9 else (25 if RS <= 25 else 49)
+    sms = _launch.sm_count()
+    rows = p.K * p.Cg
+    npq = p.N * g[2] * g[3]
+    splits = max(1, min(-(-4 * sms // rows), -(-npq // 1024), 65535))
+    per_split = -(-npq // splits)
+    splits = -(-npq // per_split)
+    partial = cp.empty(splits * rows * RS, dtype=np.float32)
+    k = _direct_kernel("direct_backward_filter", _dtype_name(x), False, maxrs)
+    _launch.launch(k, (rows, splits, 1), (256, 1, 1),
+                   [_ptr(x2), _ptr(dy2), _ptr(partial), *_args(p, g, _strides(x2), _strides(dy2)),
+                    np.int32(per_split)])
+    red = _direct_kernel("direct_splits_reduce", _dtype_name(x), False)
+    n = rows * RS
+    same = dw is out or out is None
+    _launch.launch(red, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
+                   [_ptr(partial), _ptr(dw), np.int32(splits), np.int32(n), np.float32(alpha if same else 1.0),
+                    np.float32(beta if same else 0.0)])
+    if not same:            # a non-contiguous out: blend afterwards
+        out[...] = (alpha * dw.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
+        return out
+    return dw

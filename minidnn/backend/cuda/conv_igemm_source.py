@@ -1,0 +1,478 @@
+"""CUDA C++ source of the implicit-GEMM 2-D convolution kernels (one source; configurations are macros).
+
+Kept apart from the Python launcher (conv_igemm.py) so that ``python -m minidnn.backend.cuda.conv_igemm_source out.cu``
+writes a .cu file that nvcc compiles on a machine without a GPU (``nvcc -arch=sm_90 -cubin -Xptxas -v``).
+"""
+from __future__ import annotations
+
+SOURCE = r"""
+// ============================================================================================================
+// Implicit-GEMM 2-D convolution: forward (DIR 0), backward data (DIR 1), backward filter (DIR 2).
+//
+// Shapes (channels-first index order; the memory may be NCHW or NHWC: every x/dy/y/dx access goes through
+// element strides, so one kernel serves both layouts and any strided view):
+//   x, dx: (N, C, H, W)   strides sxn, sxc, sxh, sxw        w, dw: (K, C/G, R, S) contiguous
+//   y, dy: (N, K, P, Q)   strides syn, syc, syh, syw        G = groups, Cg = C/G, Kg = K/G, RS = R*S
+//
+// The GEMM each direction computes per group g (blockIdx.z = g * splits + split), never materialising im2col:
+//   DIR 0  y[n,k,p,q]   M = N*P*Q (output pixels)  NG = Kg  KR = Cg*R*S   A = x gathered (k = c*RS + r*S + s)
+//                                                                          B = w[g*Kg + n][k]
+//   DIR 1  dx[n,c,h,w]  M = N*H*W (input pixels)   NG = Cg  KR = Kg*R*S   A = dy gathered at p = (h+pad-r*dil)/stride
+//                                                                          (zero where not integral / outside)
+//                                                                          B = w[g*Kg + k/RS][n][k%RS]
+//   DIR 2  dw[k,c,r,s]  M = Cg*R*S (filter taps)   NG = Kg  KR = N*P*Q    A = x gathered, B = dy; the KR range
+//                                                                          is cut into `splits` slices whose
+//                                                                          float partial sums go to `partial`
+//                                                                          (reduced in split order afterwards:
+//                                                                          deterministic, no atomics)
+//   The per-k (DIR 0/1) or per-row (DIR 2) tap decode (c or k, r*dil_h, s*dil_w, offsets) is computed with
+//   32-bit divisions (IMPLICIT_GEMM) or read from a small int4 table (IMPLICIT_PRECOMP_GEMM, `table` != 0).
+//
+// Tiling: a thread block computes a BM x BN tile of the GEMM output over the reduction in BK slices; THREADS =
+//   (BM/WM)*(BN/WN) warps of 32; each warp owns a WM x WN sub-tile made of (WM/16) x (WN/8) fragments of
+//   16 x 8, and each thread 4 accumulators of each fragment -- the mma.sync m16n8 accumulator layout:
+//   rows (lane/4) and (lane/4)+8, columns 2*(lane%4) and 2*(lane%4)+1.  MATH 1 issues mma.sync (tf32
+//   m16n8k8 for float data, f16/bf16 m16n8k16 for half data, fp32 accumulation); MATH 0 computes the SAME
+//   accumulators with fp32 FMAs in k order (strict fp32, cuDNN's DEFAULT math).
+// Shared memory: two stages of A (BK x BM) and B (BK x BN), filled while the other stage is multiplied
+//   (cp.async 4-byte copies with zero-fill for float data; register-staged loads for 16-bit data, which
+//   cp.async cannot copy one element at a time).  Operand layouts:
+//   KCONT 0: [k][row] (row stride ROWS+8 words) filled by threads that each own one row (coalesced along rows:
+//            pixels of NCHW);  KCONT 1: [row][k] (stride BK+4) filled by threads that each own one k column.
+//   Both layouts make the fragment reads conflict-free for 4-byte data.
+// Epilogue: out = alpha * acc + beta * out (out read only when beta != 0), or the raw partial (DIR 2, splits).
+// Index math is 32-bit throughout (the host checks every tensor has < 2^31 elements).
+// ============================================================================================================
+
+#ifndef DIR
+#define DIR 0
+#endif
+#ifndef ELEM
+#define ELEM 0          // 0 float32, 1 float16, 2 bfloat16
+#endif
+#ifndef MATH
+#define MATH 1          // 0 fp32 FMA, 1 tensor cores (tf32 for float32 data, f16/bf16 for half data)
+#endif
+#ifndef BM
+#define BM 64
+#define BN 64
+#define BK 16
+#define WM 32
+#define WN 32
+#endif
+#define WARPS_M (BM / WM)
+#define WARPS_N (BN / WN)
+#define THREADS (WARPS_M * WARPS_N * 32)
+#define MI (WM / 16)
+#define NJ (WN / 8)
+
+#if DIR == 2
+#define A_KCONT 1
+#else
+#define A_KCONT 0
+#endif
+#define B_KCONT 1
+
+#if ELEM == 0
+typedef float T;
+#else
+typedef unsigned short T;
+#endif
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(unsigned short h) {
+#if ELEM == 2
+    return __uint_as_float(((unsigned int)h) << 16);
+#else
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#endif
+}
+__device__ __forceinline__ void from_f(float* dst, float v) { *dst = v; }
+__device__ __forceinline__ void from_f(unsigned short* dst, float v) {
+    unsigned short h;
+#if ELEM == 2
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#else
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+#endif
+    *dst = h;
+}
+
+// ---- shared-memory operand layouts ------------------------------------------------------------------------
+#if A_KCONT
+#define A_LD (BK + 4)
+#define A_STAGE (BM * A_LD)
+#define AS(st, k, r) sA[(st) * A_STAGE + (r) * A_LD + (k)]
+#else
+#define A_LD (BM + 8)
+#define A_STAGE (BK * A_LD)
+#define AS(st, k, r) sA[(st) * A_STAGE + (k) * A_LD + (r)]
+#endif
+#define B_LD (BK + 4)
+#define B_STAGE (BN * B_LD)
+#define BS(st, k, n) sB[(st) * B_STAGE + (n) * B_LD + (k)]
+
+#define A_ELEMS (BM * BK / THREADS)
+#define B_ELEMS (BN * BK / THREADS)
+#if A_KCONT
+#define A_STEP (THREADS / BK)      // rows between a thread's elements
+#else
+#define A_STEP (THREADS / BM)      // k between a thread's elements
+#endif
+#define B_STEP (THREADS / BK)
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+#if ELEM == 0
+// One element global -> shared without a register round trip; src-size 0 writes a zero (padding, tails).
+#define PUT(dst, src_ptr, ok) \
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(smem_addr(&(dst))), "l"(src_ptr), "r"((ok) ? 4 : 0))
+#define COMMIT() asm volatile("cp.async.commit_group;")
+#define WAIT_ALL_BUT_ONE() asm volatile("cp.async.wait_group 1;")
+#define WAIT_ALL() asm volatile("cp.async.wait_group 0;")
+#else
+#define PUT(dst, src_ptr, ok) { (dst) = (ok) ? *(src_ptr) : (T)0; }
+#define COMMIT()
+#define WAIT_ALL_BUT_ONE()
+#define WAIT_ALL()
+#endif
+
+// The tap decode of DIR 0/1's reduction index (DIR 2's row index): .x = channel offset (x or dy strides),
+// .y = r*dil_h, .z = s*dil_w, .w = w offset of the tap (DIR 1: kk*Cg*RS + r*S + s).
+struct Geo {
+    int N, C, H, W, K, P, Q, R, S, pad_h, pad_w, st_h, st_w, dil_h, dil_w, Cg, Kg;
+    int sxn, sxc, sxh, sxw, syn, syc, syh, syw;
+};
+
+__device__ __forceinline__ int4 decode_tap(int k, const Geo& g, const int4* __restrict__ table) {
+    if (table) return table[k];
+    const int RS = g.R * g.S;
+    const int ch = k / RS, rs = k - ch * RS, r = rs / g.S, s = rs - r * g.S;
+#if DIR == 1
+    return make_int4(ch * g.syc, r * g.dil_h, s * g.dil_w, ch * g.Cg * RS + rs);
+#else
+    return make_int4(ch * g.sxc + r * g.dil_h * g.sxh + s * g.dil_w * g.sxw, r * g.dil_h, s * g.dil_w, 0);
+#endif
+}
+
+__device__ __forceinline__ unsigned tf32_bits(float v) {
+    unsigned u; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v)); return u;
+}
+__device__ __forceinline__ unsigned pack2(unsigned short lo, unsigned short hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restrict__ out,
+           float* __restrict__ partial, const int4* __restrict__ table,
+           int N, int C, int H, int W, int K, int P, int Q, int R, int S,
+           int pad_h, int pad_w, int st_h, int st_w, int dil_h, int dil_w, int Cg, int Kg,
+           int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw,
+           int splits, int k_per_split, float alpha, float beta)
+{
+    const Geo g = {N, C, H, W, K, P, Q, R, S, pad_h, pad_w, st_h, st_w, dil_h, dil_w, Cg, Kg,
+                   sxn, sxc, sxh, sxw, syn, syc, syh, syw};
+    const int RS = R * S;
+#if DIR == 0
+    const int M = N * P * Q, NG = Kg, KR = Cg * RS;
+#elif DIR == 1
+    const int M = N * H * W, NG = Cg, KR = Kg * RS;
+#else
+    const int M = Cg * RS, NG = Kg, KR = N * P * Q;
+#endif
+    const int grp = blockIdx.z / splits, split = blockIdx.z - grp * splits;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int k_begin = split * k_per_split;
+    const int k_end = min(KR, k_begin + k_per_split);
+    const int tid = threadIdx.x;
+
+    __shared__ __align__(16) T sA[2 * A_STAGE];
+    __shared__ __align__(16) T sB[2 * B_STAGE];
+
+    // ---- per-thread state that does not change with the k slice -------------------------------------
+#if A_KCONT
+    const int a_k = tid % BK, a_r0 = tid / BK;
+#else
+    const int a_r = tid % BM, a_k0 = tid / BM;
+#endif
+    const int b_k = tid % BK, b_n0 = tid / BK;
+
+#if DIR == 0
+    // A row = output pixel (n, p, q): the top-left input position its window starts at.
+    const int am = m0 + a_r;
+    const bool a_row_ok = am < M;
+    int a_base = 0, a_h0 = 0, a_w0 = 0;
+    {
+        const int PQ = P * Q, n = am / PQ, pq = am - n * PQ, p = pq / Q, q = pq - p * Q;
+        a_h0 = p * st_h - pad_h; a_w0 = q * st_w - pad_w;
+        a_base = n * sxn + grp * Cg * sxc + a_h0 * sxh + a_w0 * sxw;
+    }
+    const T* b_grp = b_src + (size_t)grp * Kg * KR;
+#elif DIR == 1
+    // A row = input pixel (n, h, w) whose gradient this row accumulates.
+    const int am = m0 + a_r;
+    const bool a_row_ok = am < M;
+    int a_base = 0, a_hp = 0, a_wp = 0;
+    {
+        const int HW = H * W, n = am / HW, hw = am - n * HW, h = hw / W, w = hw - h * W;
+        a_hp = h + pad_h; a_wp = w + pad_w;
+        a_base = n * syn + grp * Kg * syc;
+    }
+    const T* b_grp = b_src + (size_t)grp * Kg * Cg * RS;
+#else
+    const T* a_grp = a_src + grp * Cg * sxc;
+    const T* b_grp = b_src + grp * Kg * syc;
+#endif
+
+    auto load_tile = [&](int stage, int k0) {
+#if DIR == 2
+        // This thread's k column is one pixel (n, p, q) for both operands: decode it once.
+        const int k = k0 + a_k;             // a_k == b_k
+        const bool k_ok = k < k_end;
+        int n = 0, p = 0, q = 0;
+        if (k_ok) { const int PQ = P * Q; n = k / PQ; const int pq = k - n * PQ; p = pq / Q; q = pq - p * Q; }
+        const int h0 = p * st_h - pad_h, w0 = q * st_w - pad_w;
+        const int x_pix = n * sxn + h0 * sxh + w0 * sxw;
+        const int dy_pix = n * syn + p * syh + q * syw;
+        #pragma unroll
+        for (int i = 0; i < A_ELEMS; ++i) {             // A: rows = filter taps (c, r, s)
+            const int r = a_r0 + i * A_STEP, row = m0 + r;
+            bool ok = k_ok && row < M;
+            int off = 0;
+            if (ok) {
+                const int4 t = decode_tap(row, g, table);
+                const int h = h0 + t.y, w = w0 + t.z;
+                ok = (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W;
+                off = x_pix + t.x;
+            }
+            PUT(AS(stage, a_k, r), a_grp + (ok ? off : 0), ok);
+        }
+        #pragma unroll
+        for (int i = 0; i < B_ELEMS; ++i) {             // B: rows = output channels of the group
+            const int nn = b_n0 + i * B_STEP, col = n0 + nn;
+            const bool ok = k_ok && col < NG;
+            PUT(BS(stage, b_k, nn), b_grp + (ok ? dy_pix + col * syc : 0), ok);
+        }
+#else
+        #pragma unroll
+        for (int i = 0; i < A_ELEMS; ++i) {             // A: this thread's row, k = a_k0 + i*A_STEP
+            const int kk = a_k0 + i * A_STEP, k = k0 + kk;
+            bool ok = a_row_ok && k < k_end;
+            int off = 0;
+            if (ok) {
+                const int4 t = decode_tap(k, g, table);
+#if DIR == 0
+                const int h = a_h0 + t.y, w = a_w0 + t.z;
+                ok = (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W;
+                off = a_base + t.x;
+#else
+                int hp = a_hp - t.y, wp = a_wp - t.z;
+                ok = hp >= 0 && wp >= 0;
+                if (st_h > 1) { const int p_ = hp / st_h; ok = ok && p_ * st_h == hp; hp = p_; }
+                if (st_w > 1) { const int q_ = wp / st_w; ok = ok && q_ * st_w == wp; wp = q_; }
+                ok = ok && hp < P && wp < Q;
+                off = a_base + t.x + hp * syh + wp * syw;
+#endif
+            }
+            PUT(AS(stage, kk, a_r), a_src + (ok ? off : 0), ok);
+        }
+        {
+            const int k = k0 + b_k;
+            const bool k_ok = k < k_end;
+#if DIR == 0
+            const int wk = k;
+#else
+            const int wk = k_ok ? decode_tap(k, g, table).w : 0;
+#endif
+            #pragma unroll
+            for (int i = 0; i < B_ELEMS; ++i) {
+                const int nn = b_n0 + i * B_STEP, col = n0 + nn;
+                const bool ok = k_ok && col < NG;
+#if DIR == 0
+                const int off = col * KR + wk;                 // w[g*Kg + col][k]
+#else
+                const int off = wk + col * RS;                 // w[g*Kg + kk][col][r][s]
+#endif
+                PUT(BS(stage, b_k, nn), b_grp + (ok ? off : 0), ok);
+            }
+        }
+#endif
+    };
+
+    float acc[MI][NJ][4];
+    #pragma unroll
+    for (int i = 0; i < MI; ++i)
+        #pragma unroll
+        for (int j = 0; j < NJ; ++j)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int wm0 = (warp % WARPS_M) * WM, wn0 = (warp / WARPS_M) * WN;
+
+    const int tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
+    if (tiles > 0) { load_tile(0, k_begin); }
+    COMMIT();
+    for (int t = 0; t < tiles; ++t) {
+        const int st = t & 1;
+        if (t + 1 < tiles) { load_tile(st ^ 1, k_begin + (t + 1) * BK); COMMIT(); WAIT_ALL_BUT_ONE(); }
+        else { WAIT_ALL(); }
+        __syncthreads();
+#if MATH == 0
+        #pragma unroll 4
+        for (int kk = 0; kk < BK; ++kk) {
+            float a_lo[MI], a_hi[MI], b0[NJ], b1[NJ];
+            #pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                a_lo[i] = to_f(AS(st, kk, wm0 + i * 16 + gq));
+                a_hi[i] = to_f(AS(st, kk, wm0 + i * 16 + gq + 8));
+            }
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                b0[j] = to_f(BS(st, kk, wn0 + j * 8 + 2 * tq));
+                b1[j] = to_f(BS(st, kk, wn0 + j * 8 + 2 * tq + 1));
+            }
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    acc[i][j][0] = fmaf(a_lo[i], b0[j], acc[i][j][0]);
+                    acc[i][j][1] = fmaf(a_lo[i], b1[j], acc[i][j][1]);
+                    acc[i][j][2] = fmaf(a_hi[i], b0[j], acc[i][j][2]);
+                    acc[i][j][3] = fmaf(a_hi[i], b1[j], acc[i][j][3]);
+                }
+        }
+#elif ELEM == 0
+        #pragma unroll
+        for (int ks = 0; ks < BK; ks += 8) {
+            unsigned af[MI][4], bf[NJ][2];
+            #pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                const int r = wm0 + i * 16 + gq;
+                af[i][0] = tf32_bits(AS(st, ks + tq, r));
+                af[i][1] = tf32_bits(AS(st, ks + tq, r + 8));
+                af[i][2] = tf32_bits(AS(st, ks + tq + 4, r));
+                af[i][3] = tf32_bits(AS(st, ks + tq + 4, r + 8));
+            }
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const int n = wn0 + j * 8 + gq;
+                bf[j][0] = tf32_bits(BS(st, ks + tq, n));
+                bf[j][1] = tf32_bits(BS(st, ks + tq + 4, n));
+            }
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                                 : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                                 : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]),
+                                   "r"(bf[j][0]), "r"(bf[j][1]));
+        }
+#else
+        #pragma unroll
+        for (int ks = 0; ks < BK; ks += 16) {
+            unsigned af[MI][4], bf[NJ][2];
+            const int k0 = ks + 2 * tq;
+            #pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                const int r = wm0 + i * 16 + gq;
+                af[i][0] = pack2(AS(st, k0, r), AS(st, k0 + 1, r));
+                af[i][1] = pack2(AS(st, k0, r + 8), AS(st, k0 + 1, r + 8));
+                af[i][2] = pack2(AS(st, k0 + 8, r), AS(st, k0 + 9, r));
+                af[i][3] = pack2(AS(st, k0 + 8, r + 8), AS(st, k0 + 9, r + 8));
+            }
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                const int n = wn0 + j * 8 + gq;
+                bf[j][0] = pack2(BS(st, k0, n), BS(st, k0 + 1, n));
+                bf[j][1] = pack2(BS(st, k0 + 8, n), BS(st, k0 + 9, n));
+            }
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    asm volatile(
+#if ELEM == 2
+                                 "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+                                 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+                                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                                 : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]), "+f"(acc[i][j][3])
+                                 : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]),
+                                   "r"(bf[j][0]), "r"(bf[j][1]));
+        }
+#endif
+        __syncthreads();
+    }
+
+    // ---- epilogue: each thread's accumulators to their output elements --------------------------------
+    #pragma unroll
+    for (int i = 0; i < MI; ++i) {
+        #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = m0 + wm0 + i * 16 + gq + half * 8;
+            if (row >= M) continue;
+#if DIR == 0
+            const int PQ = P * Q, n = row / PQ, pq = row - n * PQ, p = pq / Q, q = pq - p * Q;
+            T* base = out + (n * syn + grp * Kg * syc + p * syh + q * syw);
+            const int cstride = syc;
+#elif DIR == 1
+            const int HW = H * W, n = row / HW, hw = row - n * HW, h = hw / W, w = hw - h * W;
+            T* base = out + (n * sxn + grp * Cg * sxc + h * sxh + w * sxw);
+            const int cstride = sxc;
+#else
+            const int CRS = Cg * RS;
+            T* base = out + (grp * Kg * CRS + row);
+            float* pbase = partial + ((size_t)split * K * CRS + grp * Kg * CRS + row);
+            const int cstride = CRS;
+#endif
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int col = n0 + wn0 + j * 8 + 2 * tq + e;
+                    if (col >= NG) continue;
+                    const float v = acc[i][j][half * 2 + e];
+#if DIR == 2
+                    if (partial) { pbase[col * cstride] = v; continue; }
+#endif
+                    T* dst = base + col * cstride;
+                    const float old = beta != 0.f ? beta * to_f(*dst) : 0.f;
+                    from_f(dst, alpha * v + old);
+                }
+            }
+        }
+    }
+}
+
+// Split-K reduction of DIR 2: out[i] = alpha * sum_s partial[s][i] + beta * out[i], the splits added in order.
+extern "C" __global__ void __launch_bounds__(256)
+splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, int splits, int n, float alpha, float beta)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int k = 0; k < splits; ++k) s += partial[k * n + i];
+        const float old = beta != 0.f ? beta * to_f(out[i]) : 0.f;
+        from_f(out + i, alpha * s + old);
+    }
+}
+"""
+
+
+def write(path: str, defines: dict | None = None) -> None:
+    """Write the source (with ``#define``s prepended) to ``path`` for nvcc."""
+    head = "".join(f"#define {k} {v}\n" for k, v in (defines or {}).items())
+    with open(path, "w") as f:
+        f.write(head + SOURCE)
+
+
+if __name__ == "__main__":
+    import sys
+    write(sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:]))

@@ -1,0 +1,126 @@
+"""How the CUDA convolution kernels (conv_igemm.py) join the algorithm registries of conv_algorithms.py.
+
+Forward              IMPLICIT_GEMM          implicit-GEMM kernel, tap decode by 32-bit division, no workspace
+                     IMPLICIT_PRECOMP_GEMM  the same kernel reading a precomputed int4 tap table (workspace)
+                     DIRECT                 + fast path: the direct kernel on CuPy arrays with <= 8 channels per group
+Backward data        ALGO_0                 + fast paths: direct kernel (<= 8 channels per group), else implicit GEMM
+                                              (tap table) -- ALGO_0 is the algorithm without an im2col matrix
+Backward filter      ALGO_0                 + fast paths: direct kernel (<= 8 channels per group), else implicit GEMM
+                     ALGO_3                 implicit GEMM with the precomputed tap table (cuDNN's ALGO_3 is ALGO_0
+                                              with precomputed indices)
+The IMPLICIT_* members and ALGO_3 run only on CUDA (``devices``), on float32 (FMA, or TF32 when the math type
+allows it) and on float16/bfloat16 data natively (tensor cores, fp32 accumulation).  Every kernel is deterministic:
+backward filter reduces its split-K partial sums in a fixed order.  Pure Python: importing this needs no GPU.
+"""
+from __future__ import annotations
+
+import math
+
+from . import conv_igemm as K
+
+__all__ = ["register", "implicit_cost", "implicit_workspace", "precomp_workspace", "filter_workspace",
+           "IGEMM_RULE", "ENABLED"]
+
+ENABLED = [True]          # False: the fast paths step aside (the references run), for debugging and comparisons
+
+IGEMM_RULE = ("1-D or 2-D float32/float16/bfloat16 convolutions with tensors under 2**31 elements",
+              lambda p: K.igemm_supports(p) is None)
+
+
+def _on_gpu(a) -> bool:
+    return ENABLED[0] and type(a).__module__.split(".")[0] == "cupy"
+
+
+def _bytes(p):
+    return (math.prod(p.x_shape) + math.prod(p.y_shape)) * 4
+
+
+def implicit_cost(p, device_type="cuda"):
+    """Relative time of the implicit-GEMM kernels: multiply-adds at a high fraction of the FMA rate plus one
+    pass over x and y; GEMM tiles are wasted on a few channels per group (depthwise: 16 of every 16x16)."""
+    if device_type == "cpu":
+        return float("inf")
+    f = 0.4
+    taps = math.prod(p.kernel)
+    if p.Kg < 16:
+        f *= 16 / p.Kg
+    if p.Cg * taps < 16:
+        f *= 16 / (p.Cg * taps)
+    return (2 * p.macs + 2 * _bytes(p)) * f
+
+
+def _direct_cost(p):
+    return 2 * p.macs * 0.3 + 2 * _bytes(p) * 0.5
+
+
+def implicit_workspace(p):
+    return 0
+
+
+def precomp_workspace(p):               # one int4 per reduction index, in elements of the data type
+    return 16 * max(p.Cg, p.Kg) * math.prod(p.kernel) // p.itemsize
+
+
+def filter_workspace(p):                # the tap table and up to ~264 blocks' worth of split-K float partials
+    crs = p.Cg * math.prod(p.kernel)
+    blocks = max(1, -(-crs // 64) * -(-p.Kg // 64) * p.groups)
+    splits = max(1, min(-(-264 // blocks), -(-p.N * math.prod(p.out_size) // 128)))
+    return (16 * crs + (4 * splits * p.K * crs if splits > 1 else 0)) // p.itemsize
+
+
+def _small_groups(p, a, b):
+    return _on_gpu(a) and K.direct_supports(p) is None
+
+
+def _dense_gpu(p, a, b):
+    return _on_gpu(a) and K.igemm_supports(p) is None and K.direct_supports(p) is not None
+
+
+def _direct_cost_if(p, device_type):
+    if device_type != "cpu" and K.direct_supports(p) is None:
+        return _direct_cost(p)
+    return None
+
+
+def _implicit_cost_if(p, device_type):
+    if device_type != "cpu" and K.igemm_supports(p) is None and K.direct_supports(p) is not None \
+            and p.dtype != "float64":
+        return implicit_cost(p, device_type)
+    return None
+
+
+def register():
+    """Mark the CUDA-only members (called once by conv_algorithms.py, after the registries exist) and attach the
+    kernels as fast paths of DIRECT / ALGO_0."""
+    from ..conv_algorithms import (BACKWARD_DATA_ALGORITHMS as BD, BACKWARD_FILTER_ALGORITHMS as BF,
+                                   FORWARD_ALGORITHMS as FW, ConvolutionBwdDataAlgo as DA,
+                                   ConvolutionBwdFilterAlgo as FA, ConvolutionFwdAlgo as A)
+    for alg in (FW.get(A.IMPLICIT_GEMM), FW.get(A.IMPLICIT_PRECOMP_GEMM), BF.get(FA.ALGO_3)):
+        alg.devices = ("cuda",)
+        alg.native_half = True
+    FW.get(A.DIRECT).add_fast_path("direct CUDA kernel (<= 8 channels per group)", _small_groups,
+                                   K.direct_forward, cost=_direct_cost_if)
+    BD.get(DA.ALGO_0).add_fast_path("direct CUDA kernel (<= 8 channels per group)", _small_groups,
+                                    K.direct_backward_data, cost=_direct_cost_if)
+    BD.get(DA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table)", _dense_gpu,
+                                    lambda p, w, dy, tf32=False: K.implicit_backward_data(p, w, dy, tf32, True),
+                                    cost=_implicit_cost_if)
+    BF.get(FA.ALGO_0).add_fast_path("direct CUDA kernel, block reduction (<= 8 channels per group)", _small_groups,
+                                    K.direct_backward_filter, cost=_direct_cost_if)
+    BF.get(FA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel, split-K in order", _dense_gpu,
+                                    lambda p, x, dy, tf32=False: K.implicit_backward_filter(p, x, dy, tf32, False),
+                                    cost=_implicit_cost_if)
+
+
+# The run functions of the CUDA-only members (conv_algorithms.py registers them).
+def forward_implicit(p, x, w, tf32=False):
+    return K.implicit_forward(p, x, w, tf32, precomp=False)
+
+
+def forward_implicit_precomp(p, x, w, tf32=False):
+    return K.implicit_forward(p, x, w, tf32, precomp=True)
+
+
+def backward_filter_precomp(p, x, dy, tf32=False):
+    return K.implicit_backward_filter(p, x, dy, tf32, precomp=True)
+
