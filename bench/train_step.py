@@ -5,7 +5,12 @@ names bound to torch.nn, so both frameworks train exactly the same architecture 
 counts are checked).  One step = forward, cross-entropy, backward, SGD(momentum 0.9) step.
 Reported: median ms per step and the implied time per CIFAR-sized epoch (50,000 images).
 
-    python bench/train_step.py [--device cuda] [--steps 30] [--models lenet5,resnet20,mobilenet]
+    python bench/train_step.py [--device cuda] [--steps 30] [--models lenet5,resnet20,mobilenet] [--micro]
+
+Kernels per step (GPU): every kernel the step puts on the device, counted for BOTH frameworks by the same tool,
+PyTorch's profiler (CUPTI sees every kernel of the process, CuPy's included); beside it, minidnn's own launches
+through backend/cuda/launch.py (its CUDA kernels; the rest are CuPy's and cuBLAS's).  ``--micro`` adds a table of
+the step kernels of issue 10 (batch norm, pooling, cross-entropy, softmax, ReLU backward) beside PyTorch's ops.
 """
 from __future__ import annotations
 
@@ -75,7 +80,37 @@ def bench(lib, models, ctor, shape, batch, device, steps):
         opt.step()
     sync = lib.cuda.synchronize if device != "cpu" else (lambda: None)
     n_params = sum(p.numel() for p in model.parameters())
-    return _median_ms(step, sync, steps), n_params
+    ms = _median_ms(step, sync, steps)
+    counts = kernels_per_step(lib, step, sync) if device != "cpu" else (None, None)
+    return ms, n_params, counts
+
+
+def kernels_per_step(lib, step, sync, steps=3):
+    """(device kernels per step from PyTorch's profiler or None, minidnn's launch.py launches per step or None)."""
+    own = None
+    if lib is mdn:
+        from minidnn.backend.cuda import launch
+        sync()
+        start = launch.launch_count()
+        for _ in range(steps):
+            step()
+        sync()
+        own = (launch.launch_count() - start) / steps
+    total = None
+    if torch is not None and torch.cuda.is_available():
+        try:
+            from torch.profiler import ProfilerActivity, profile
+            sync()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    step()
+                sync()
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                       and not e.name.lower().startswith(("memcpy", "memset"))]
+            total = len(kernels) / steps
+        except Exception as exc:        # no CUPTI on this machine: say so, keep the timings
+            print(f"(kernel count unavailable: {type(exc).__name__}: {exc})")
+    return total, own
 
 
 def main(argv=None):
@@ -84,27 +119,163 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--models", default=",".join(CONFIGS))
     ap.add_argument("--batch-size", type=int, default=None, help="override every model's batch size")
+    ap.add_argument("--micro", action="store_true", help="also time the step kernels beside PyTorch's ops")
+    ap.add_argument("--micro-only", action="store_true", help="only the kernel table")
     args = ap.parse_args(argv)
+    if args.micro_only:
+        micro(args.device)
+        return
     use_torch = torch is not None and (args.device == "cpu" or torch.cuda.is_available())
     twins = torch_models() if use_torch else None
     rows = []
     for name in args.models.split(","):
         ctor, shape, batch = CONFIGS[name]
         batch = args.batch_size or batch
-        m_ms, m_params = bench(mdn, vars(minidnn.models), ctor, shape, batch, args.device, args.steps)
-        t_ms = None
+        m_ms, m_params, m_counts = bench(mdn, vars(minidnn.models), ctor, shape, batch, args.device, args.steps)
+        t_ms, t_counts = None, (None, None)
         if use_torch:
-            t_ms, t_params = bench(torch, twins, ctor, shape, batch, args.device, args.steps)
+            t_ms, t_params, t_counts = bench(torch, twins, ctor, shape, batch, args.device, args.steps)
             assert t_params == m_params, f"{name}: the twins differ ({m_params} vs {t_params} parameters)"
-        rows.append((name, batch, m_params, m_ms, t_ms))
+        rows.append((name, batch, m_params, m_ms, t_ms, m_counts, t_counts))
     print(f"training step (fwd + loss + bwd + SGD momentum), {args.device}, median of {args.steps}")
     print(f"{'model':10} {'batch':>5} {'params':>8} {'minidnn ms':>11} {'torch ms':>9} {'ratio':>6} "
           f"{'minidnn s/epoch':>16} {'torch s/epoch':>14}")
-    for name, batch, params, m_ms, t_ms in rows:
+    for name, batch, params, m_ms, t_ms, _, _ in rows:
         per_epoch = EPOCH_IMAGES / batch / 1e3
         t_cols = (f"{t_ms:9.2f} {m_ms / t_ms:5.1f}x {m_ms * per_epoch:16.1f} {t_ms * per_epoch:14.1f}" if t_ms
                   else f"{'n/a':>9} {'':>6} {m_ms * per_epoch:16.1f} {'n/a':>14}")
         print(f"{name:10} {batch:5d} {params:8d} {m_ms:11.2f} {t_cols}")
+    if args.device != "cpu":
+        fmt = (lambda v: "n/a" if v is None else f"{v:.0f}")
+        print("\nkernels per step (device kernels from PyTorch's profiler, both frameworks; minidnn's own CUDA "
+              "kernels through launch.py)")
+        print(f"{'model':10} {'minidnn':>8} {'torch':>8} {'minidnn launch.py':>18}")
+        for name, _, _, _, _, (m_total, m_own), (t_total, _) in rows:
+            print(f"{name:10} {fmt(m_total):>8} {fmt(t_total):>8} {fmt(m_own):>18}")
+    if args.micro and args.device != "cpu":
+        micro(args.device)
+
+
+# ---- per-kernel table: the step kernels of issue 10 beside PyTorch's ops ----------------------------------------
+
+def _event_ms(fn, reps=30, warmup=5, sync_cp=True):
+    """Median ms of ``fn`` by CUDA events around each call (host launch cost included when it dominates)."""
+    import cupy as cp
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b))
+    return statistics.median(times)
+
+
+def _torch_ms(fn, reps=30, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def micro(device):
+    import cupy as cp
+    import numpy as np
+    import minidnn.backend as B
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    have_torch = torch is not None and torch.cuda.is_available()
+    rows = []
+
+    def add(name, nbytes, m_fn, t_fn):
+        m = _event_ms(m_fn)
+        t = _torch_ms(t_fn) if have_torch and t_fn is not None else None
+        rows.append((name, nbytes, m, t))
+
+    def both(a):
+        g = cp.asarray(a)
+        return g, (torch.as_tensor(a, device="cuda") if have_torch else None)
+
+    for shape in ((128, 64, 8, 8), (128, 16, 32, 32), (64, 64, 56, 56)):
+        n, c = shape[:2]
+        x, xt = both(rng.standard_normal(shape).astype(f32))
+        dy, dyt = both(rng.standard_normal(shape).astype(f32))
+        w, wt = both(np.ones(c, f32))
+        b, bt = both(np.zeros(c, f32))
+        rm, rmt = both(np.zeros(c, f32))
+        rv, rvt = both(np.ones(c, f32))
+        size = x.size * 4
+        _, m, i = B.batch_normalization_forward_training(None, "spatial", x, w, b, 0.1, rm, rv, 1e-5)
+        t_fwd = t_bwd = None
+        if have_torch:
+            t_fwd = lambda: torch.nn.functional.batch_norm(xt, rmt, rvt, wt, bt, True, 0.1, 1e-5)
+            sm, si = torch.ops.aten.native_batch_norm(xt, wt, bt, rmt, rvt, True, 0.1, 1e-5)[1:]
+            t_bwd = lambda: torch.ops.aten.native_batch_norm_backward(dyt, xt, wt, rmt, rvt, sm, si, True, 1e-5,
+                                                                      [True, True, True])
+        add(f"bn fwd train {shape}", 3 * size,
+            lambda: B.batch_normalization_forward_training(None, "spatial", x, w, b, 0.1, rm, rv, 1e-5), t_fwd)
+        add(f"bn bwd {shape}", 5 * size,
+            lambda: B.batch_normalization_backward(None, "spatial", x, dy, w, m, i, 1e-5), t_bwd)
+        add(f"bn+relu fwd {shape}", 3 * size,
+            lambda: B.batch_normalization_forward_training_ex(None, "spatial", "bn_activation", x, None, w, b, 0.1,
+                                                              rm, rv, 1e-5),
+            (lambda: torch.relu(torch.nn.functional.batch_norm(xt, rmt, rvt, wt, bt, True, 0.1, 1e-5)))
+            if have_torch else None)
+        relu = B.ActivationDescriptor("relu")
+        add(f"relu bwd {shape}", 3 * size, lambda: B.activation_backward(None, relu, None, dy, x),
+            (lambda: torch.ops.aten.threshold_backward(dyt, xt, 0.0)) if have_torch else None)
+        pool = B.PoolingDescriptor("max", 2, 0, 2)
+        y, arg = B.pooling_forward(None, pool, x, return_argmax=True)
+        dyp = cp.asarray(rng.standard_normal(y.shape).astype(f32))
+        t_pf = t_pb = None
+        if have_torch:
+            t_pf = lambda: torch.nn.functional.max_pool2d_with_indices(xt, 2, 2)
+            yt, it = torch.nn.functional.max_pool2d_with_indices(xt, 2, 2)
+            dypt = torch.as_tensor(dyp.get(), device="cuda")
+            t_pb = lambda: torch.ops.aten.max_pool2d_with_indices_backward(dypt, xt, [2, 2], [2, 2], [0, 0], [1, 1],
+                                                                           False, it)
+        add(f"maxpool2 fwd {shape}", size * 5 // 4 + y.size, lambda: B.pooling_forward(None, pool, x,
+                                                                                     return_argmax=True), t_pf)
+        add(f"maxpool2 bwd {shape}", size * 5 // 4 + y.size,
+            lambda: B.pooling_backward(None, pool, y, dyp, x, argmax=arg), t_pb)
+    gap = B.PoolingDescriptor("average_count_include_padding", 8, 0, 8)
+    x, xt = both(rng.standard_normal((128, 64, 8, 8)).astype(f32))
+    add("global avgpool fwd (128, 64, 8, 8)", x.size * 4, lambda: B.pooling_forward(None, gap, x),
+        (lambda: torch.nn.functional.adaptive_avg_pool2d(xt, 1)) if have_torch else None)
+    for n, c in ((128, 10), (4096, 1000)):
+        x, xt = both(rng.standard_normal((n, c)).astype(f32))
+        t, tt = both(rng.integers(0, c, n))
+        loss, lse, den = B.softmax_cross_entropy_forward(None, x, t)
+        one = cp.ones((), f32)
+        t_f = t_b = None
+        if have_torch:
+            t_f = lambda: torch.nn.functional.cross_entropy(xt, tt)
+            xg = xt.clone().requires_grad_(True)
+            lt = torch.nn.functional.cross_entropy(xg, tt)
+            t_b = lambda: torch.autograd.grad(lt, xg, retain_graph=True)
+        add(f"cross-entropy fwd ({n}, {c})", x.size * 4, lambda: B.softmax_cross_entropy_forward(None, x, t), t_f)
+        add(f"cross-entropy bwd ({n}, {c})", x.size * 8,
+            lambda: B.softmax_cross_entropy_backward(None, x, t, one, lse, den), t_b)
+        add(f"log-softmax fwd ({n}, {c})", x.size * 8, lambda: B.softmax_forward(None, "log", None, x, axis=1),
+            (lambda: torch.log_softmax(xt, 1)) if have_torch else None)
+    print("\nstep kernels (median ms per call by CUDA events, host launch cost included; GB/s = bytes of the "
+          "one-pass floor / time)")
+    print(f"{'op':44} {'minidnn ms':>10} {'GB/s':>7} {'torch ms':>9} {'GB/s':>7} {'ratio':>6}")
+    for name, nbytes, m, t in rows:
+        tcols = f"{t:9.4f} {nbytes / t / 1e6:7.0f} {m / t:5.2f}x" if t else f"{'n/a':>9} {'':>7} {'':>6}"
+        print(f"{name:44} {m:10.4f} {nbytes / m / 1e6:7.0f} {tcols}")
 
 
 if __name__ == "__main__":
