@@ -78,14 +78,14 @@ __device__ __forceinline__ void for_channel(int outer, int C, int inner, int c, 
 }
 
 // Last block of channel tile blockIdx.y?  (threadfence reduction ticket; the last block resets it)
+// Every thread fences its own partial-sum stores (several threads of a channels-last tile write them) before the
+// block takes its ticket.
 __device__ __forceinline__ bool last_block(unsigned int* ticket)
 {
     __shared__ bool last;
+    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(ticket + blockIdx.y, 1u) == gridDim.x - 1;
-    }
+    if (threadIdx.x == 0) last = atomicAdd(ticket + blockIdx.y, 1u) == gridDim.x - 1;
     __syncthreads();
     if (last) __threadfence();
     return last;
@@ -313,6 +313,8 @@ def supports(xc, *params, others=()) -> bool:
     if lay is None:
         return False
     c = xc.shape[1]
+    if lay[2] > 1 and c > 65535:       # one grid row (gridDim.y) per channel
+        return False
     if not all(_vec_ok(p, c, xc.dtype) for p in params):
         return False
     for o in others:
