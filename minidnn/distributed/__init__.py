@@ -307,10 +307,11 @@ def broadcast_object_list(object_list, src=0, group=None, device=None):
 
 
 # -- array-level entry points for minidnn's own layers (DistributedDataParallel, SyncBatchNorm) ----------------------
-def _all_reduce_arrays(arrays, op=ReduceOp.SUM):
+def _all_reduce_arrays(arrays, op=ReduceOp.SUM, tag=None):
+    """``tag`` names the call site in the cross-rank check (cpu backend; nccl under MINIDNN_DISTRIBUTED_DEBUG)."""
     g = _require("all_reduce")
     check_reduce_dtypes(arrays, op, "all_reduce")
-    g.backend.all_reduce(list(arrays), op)
+    g.backend.all_reduce(list(arrays), op, tag=tag)
 
 
 def _broadcast_arrays(arrays, src=0):

@@ -85,8 +85,8 @@ class CpuBackend:
         self.store = store
         self.rank, self.world_size = store.rank, store.world_size
 
-    def all_reduce(self, arrays, op):
-        meta = {"op": "all_reduce", "reduce": op.name, "tensors": _describe(arrays)}
+    def all_reduce(self, arrays, op, tag=None):
+        meta = {"op": "all_reduce", "reduce": op.name, "tensors": _describe(arrays), "site": tag}
         hosts = [_to_host(a) for a in arrays]
 
         def combine(payloads):
@@ -178,10 +178,10 @@ class NcclBackend:
                 if len(arrays) > 1:
                     self.nccl.groupEnd()
 
-    def all_reduce(self, arrays, op):
+    def all_reduce(self, arrays, op, tag=None):
         if op not in _NCCL_OPS:
             raise ValueError(f"all_reduce: NCCL has no ReduceOp.{op.name} (it has SUM, AVG, PRODUCT, MIN, MAX)")
-        self._check("all_reduce", arrays, {"reduce": op.name, "tensors": _describe(arrays)})
+        self._check("all_reduce", arrays, {"reduce": op.name, "tensors": _describe(arrays), "site": tag})
         s = self._stream()
         self._grouped(arrays, lambda a, dt: self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, dt, _NCCL_OPS[op], s))
 

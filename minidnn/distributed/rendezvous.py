@@ -181,6 +181,8 @@ def _mismatch(metas):
             keys = sorted(set(ref) | set(mine), key=str)
             diff = ", ".join(f"{k}: rank 0 {ref.get(k)!r} vs rank {r} {mine.get(k)!r}" for k in keys
                              if ref.get(k) != mine.get(k))
+            if ref.get("op") == mine.get("op"):
+                return f"ranks called {ref.get('op')} with mismatched arguments: {diff}"
             return (f"ranks called mismatched collectives: rank 0 called {ref.get('op')}, rank {r} called "
                     f"{mine.get('op')} ({diff})")
     return None

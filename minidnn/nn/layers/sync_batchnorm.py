@@ -39,7 +39,7 @@ class SyncBatchNormFunction(Function):
         stats[:c] = a.sum(axis=axes, dtype=np.float64)
         stats[c:2 * c] = xp.square(a, dtype=np.float64).sum(axis=axes)
         stats[2 * c] = a.size // c
-        dist._all_reduce_arrays([stats], dist.ReduceOp.SUM)
+        dist._all_reduce_arrays([stats], dist.ReduceOp.SUM, tag="SyncBatchNorm forward")
         n = stats[2 * c]
         mean = stats[:c] / n
         var = xp.maximum(stats[c:2 * c] / n - mean * mean, 0.0)
@@ -76,7 +76,7 @@ class SyncBatchNormFunction(Function):
         db = sums[:c].astype(a.dtype) if need_b else None
         dx = None
         if need_x:
-            dist._all_reduce_arrays([sums], dist.ReduceOp.SUM)      # this rank's sums -> the global batch's
+            dist._all_reduce_arrays([sums], dist.ReduceOp.SUM, tag="SyncBatchNorm backward")  # this rank's sums -> the global batch's
             mean_dy, mean_dy_xmu = sums[:c] / n, sums[c:] / n
             w = inv_std if weight is None else inv_std * weight.data
             k = (inv_std * inv_std * mean_dy_xmu).astype(a.dtype).reshape(shape)

@@ -291,14 +291,19 @@ class DistributedDataParallel(Module):
         self._ready[i] = True
         b = int(self._bucket_of[i])
         self._pending[b] -= 1
-        if self._pending[b] == 0:
-            self._reduce(self._buckets[b])
+        # Every rank must issue the same collectives in the same order, whatever order its backward produced the
+        # gradients in (find_unused_parameters marks some ready early): buckets go strictly last-to-first, a ready
+        # bucket waiting for its turn (PyTorch's reducer does the same).
+        n = len(self._buckets)
+        while self._launched < n and self._pending[n - 1 - self._launched] == 0:
+            b = n - 1 - self._launched
+            self._reduce(b, self._buckets[b])
             self._launched += 1
-            if self._launched == len(self._buckets):
-                self._started = False
-                self._sync_next_backward = False
+        if self._launched == n:
+            self._started = False
+            self._sync_next_backward = False
 
-    def _reduce(self, bucket):
+    def _reduce(self, index, bucket):
         params = [self._params[i] for i in bucket.members]
         if bucket.flat is not None:
             fs, start, stop = bucket.flat
@@ -308,7 +313,7 @@ class DistributedDataParallel(Module):
                 if p.grad is not None and p.grad.data is not gv:
                     gv[...] = _dev.to_device(p.grad.data, fs.device)
                     p.grad = p._wrap_like(gv)
-            dist._all_reduce_arrays([fs.grad[start:stop]], dist.ReduceOp.AVG)
+            dist._all_reduce_arrays([fs.grad[start:stop]], dist.ReduceOp.AVG, tag=f"DDP bucket {index}")
             return
         arrays, owners = [], []
         for p in params:
@@ -324,7 +329,7 @@ class DistributedDataParallel(Module):
             arrays.append(data)
             owners.append(p)
         if arrays:
-            dist._all_reduce_arrays(arrays, dist.ReduceOp.AVG)
+            dist._all_reduce_arrays(arrays, dist.ReduceOp.AVG, tag=f"DDP bucket {index}")
             for p in owners:
                 p.grad._version += 1
 

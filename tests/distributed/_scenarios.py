@@ -1,0 +1,64 @@
+"""What the multi-process tests run, shared by the ranks (_worker.py) and the single-process references the tests
+compute (test_ddp_cpu.py): the same data, the same models, the same steps."""
+import numpy as np
+
+import minidnn as mdn
+from minidnn import nn, optim
+from minidnn.nn import functional as F
+
+B = 4          # per-rank batch
+STEPS = 3
+
+
+def data(world, steps=STEPS, shape=(5,), classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((steps, world * B) + shape)
+    y = rng.integers(0, classes, (steps, world * B))
+    return x, y
+
+
+def mlp(seed):
+    mdn.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+
+
+def conv_bn(seed):
+    mdn.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 5 * 5, 3)).double()
+
+
+class Branches(nn.Module):
+    """``a`` always used, ``b`` used only when the flag says so, ``c`` never."""
+
+    def __init__(self, seed):
+        super().__init__()
+        mdn.manual_seed(seed)
+        self.a, self.b, self.c = nn.Linear(5, 3), nn.Linear(5, 3), nn.Linear(5, 3)
+        self.double()
+
+    def forward(self, x, use_b=True):
+        y = self.a(x)
+        return y + self.b(x) if use_b else y
+
+
+def make_optimizer(params, kind):
+    if kind == "adam":
+        return optim.Adam(params, lr=0.05)
+    return optim.SGD(params, lr=0.1, momentum=0.9, fused=(kind == "sgd_fused"))
+
+
+def train(model, opt, xs, ys, steps=STEPS):
+    """``steps`` SGD steps on batches xs[k], ys[k]; returns the losses."""
+    losses = []
+    for k in range(steps):
+        loss = F.cross_entropy(model(mdn.tensor(xs[k])), mdn.tensor(ys[k]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def params_of(model):
+    return [p.numpy().copy() for p in model.parameters()]
