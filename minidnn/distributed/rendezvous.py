@@ -13,6 +13,7 @@ travel through it, rank 0 checking that every rank called the same collective wi
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from multiprocessing.connection import Client, Listener
@@ -52,7 +53,7 @@ class Store:
         except OSError as e:
             raise DistributedError(f"init_process_group: rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = "
                                    f"{self.addr}:{self.port} ({e}); is another job using the port?") from None
-        hellos, errors = {}, []
+        hellos, errors, stopping = {}, [], threading.Event()
 
         def accept_all():
             while len(hellos) < self.world_size - 1:
@@ -60,7 +61,8 @@ class Store:
                     conn = self.listener.accept()
                     rank, world = conn.recv()
                 except Exception as e:          # a failed handshake (wrong key) ends this rendezvous
-                    errors.append(f"a connection failed its handshake ({type(e).__name__}: {e})")
+                    if not stopping.is_set():
+                        errors.append(f"a connection failed its handshake ({type(e).__name__}: {e})")
                     return
                 if world != self.world_size:
                     errors.append(f"rank {rank} was started with world_size={world}, rank 0 with "
@@ -76,7 +78,14 @@ class Store:
         t.start()
         t.join(self.timeout)
         missing = sorted(set(range(1, self.world_size)) - set(hellos))
-        if errors or t.is_alive():
+        if t.is_alive():                # wake the blocked accept() (its handshake then fails) before closing
+            stopping.set()
+            try:
+                socket.create_connection((self.addr, self.port), timeout=1).close()
+            except OSError:
+                pass
+            t.join(1)
+        if errors or missing:
             why = "; ".join(errors) if errors else (
                 f"timed out after {self.timeout:.0f} s waiting for rank(s) {missing} to join at {self.addr}:{self.port}")
             for c in hellos.values():
