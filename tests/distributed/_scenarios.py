@@ -62,3 +62,36 @@ def train(model, opt, xs, ys, steps=STEPS):
 
 def params_of(model):
     return [p.numpy().copy() for p in model.parameters()]
+
+
+def small_cnn(seed, batchnorm=False):
+    """float32 CNN for the GPU runs: 3x8x8 images, 10 classes."""
+    mdn.manual_seed(seed)
+    layers = [nn.Conv2d(3, 8, 3, padding=1)] + ([nn.BatchNorm2d(8)] if batchnorm else []) + [
+        nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10)]
+    return nn.Sequential(*layers)
+
+
+def image_data(world, steps, batch, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((steps, world * batch, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, (steps, world * batch))
+    return x, y
+
+
+def gpu_train(model, xs, ys, device, compiled=False, lr=0.05):
+    """SGD-momentum steps (optionally through minidnn.compile: replayed from a CUDA graph); returns the losses."""
+    opt = optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        return loss
+    run = mdn.compile(step, warmup=2) if compiled else step
+    losses = []
+    for k in range(len(xs)):
+        loss = run(mdn.tensor(xs[k], device=device), mdn.tensor(ys[k], device=device))
+        losses.append(float(loss.item()))
+    return losses
