@@ -362,4 +362,5 @@ def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx):
         if not is_cuda_array(xc):
             return None
         arg = pool_kernels.forward(geom, xc)[1]
-    return from_channels_first(pool_kernels.backward(geom, dyc, arg, xc.shape, xc.dtype), fmt)
+    return from_channels_first(pool_kernels.backward(geom, dyc, arg, xc.shape, xc.dtype,
+                                                     x_channels_last=pool_kernels.is_channels_last(xc)), fmt)

@@ -3,7 +3,8 @@ launches 2-5 kernels for most backward modes: comparison, cast, product, ...).
 
 Shape legend: x, y, dy, dx any shape, all of one shape and memory order, walked as flat (n,) memory: C-contiguous,
 or channels-last (N, *S, C) contiguous for a channels-first (N, C, *S) view -- the outputs keep that order.
-Tiling: a grid-stride loop, each thread 4 independent elements per iteration (loads first, then the math).
+Tiling: a grid-stride loop; each thread moves one 16-byte vector per iteration (4 floats / 2 doubles) when the
+pointers are aligned and n fills whole vectors, else 4 independent scalars (loads first, then the math).
 MODE (the ActivationMode, a macro) and COEF (the descriptor's coefficient, an argument) choose f; f' follows the
 reference's conventions at the kinks (relu'(0) = 0, a NaN input passes the gradient on, ...).
 Traffic: forward reads x, writes y; backward reads x and dy, writes dx -- the memory floor of each.
@@ -94,12 +95,28 @@ __device__ __forceinline__ A act_df(A v, const A c)
 #endif
 }
 
+// 16-byte vectors: VW elements of T (4 floats, 2 doubles); the host sets `vec` when every pointer is 16-byte
+// aligned and n is a multiple of VW, else the scalar loop (4 independent elements per iteration) runs.
+#define VW (16 / (int)sizeof(T))
+struct alignas(16) Vec { T v[VW]; };
+
 extern "C" __global__ void __launch_bounds__(256)
-act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const double coef)
+act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const double coef, const int vec)
 {
     const A c = (A)coef;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += 4 * stride) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        const long long nv = n / VW;
+        for (long long k = tid; k < nv; k += stride) {
+            Vec a = reinterpret_cast<const Vec*>(x)[k], b;
+#pragma unroll
+            for (int u = 0; u < VW; ++u) b.v[u] = (T)act_f((A)a.v[u], c);
+            reinterpret_cast<Vec*>(y)[k] = b;
+        }
+        return;
+    }
+    for (long long i0 = tid; i0 < n; i0 += 4 * stride) {
         T v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) v[u] = x[i0 + u * stride];
@@ -109,11 +126,24 @@ act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const dou
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const long long n, const double coef)
+act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const long long n, const double coef,
+        const int vec)
 {
     const A c = (A)coef;
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += 4 * stride) {
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec) {
+        const long long nv = n / VW;
+        for (long long k = tid; k < nv; k += stride) {
+            const Vec a = reinterpret_cast<const Vec*>(x)[k], g = reinterpret_cast<const Vec*>(dy)[k];
+            Vec b;
+#pragma unroll
+            for (int u = 0; u < VW; ++u) b.v[u] = (T)(act_df((A)a.v[u], c) * (A)g.v[u]);
+            reinterpret_cast<Vec*>(dx)[k] = b;
+        }
+        return;
+    }
+    for (long long i0 = tid; i0 < n; i0 += 4 * stride) {
         T v[4], g[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) { v[u] = x[i0 + u * stride]; g[u] = dy[i0 + u * stride]; }
@@ -157,7 +187,23 @@ def _like(cp, x):
     return cp.empty(tuple(x.shape[i] for i in perm), dtype=x.dtype).transpose(back)
 
 
+def _vec(n, itemsize, *arrays):
+    """1 when every array's data is 16-byte aligned and n fills whole 16-byte vectors."""
+    return np.int32(n % (16 // itemsize) == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
+
+
+_kernel_cache: dict = {}
+
+
 def _kernel(name, dtype, mode_name):
+    key = (name, dtype, mode_name)
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _kernel_compiled(name, dtype, mode_name)
+    return k
+
+
+def _kernel_compiled(name, dtype, mode_name):
     scalar, accum = _TYPES[np.dtype(dtype)]
     return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DMODE=M_{mode_name}",
                                              "-std=c++14"))
@@ -171,8 +217,9 @@ def forward(mode_name, coef, x):
     cp = _launch.cupy()
     with cp.cuda.Device(x.device.id):
         y = _like(cp, x)
+        xf, yf = _flat(x), _flat(y)
         _launch.launch(_kernel("act_fwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),
-                       (_flat(x), _flat(y), np.int64(x.size), np.float64(coef)))
+                       (xf, yf, np.int64(x.size), np.float64(coef), _vec(x.size, x.itemsize, xf, yf)))
     return y
 
 
@@ -180,6 +227,7 @@ def backward(mode_name, coef, x, dy):
     cp = _launch.cupy()
     with cp.cuda.Device(x.device.id):
         dx = _like(cp, x)
+        xf, dyf, dxf = _flat(x), _flat(dy), _flat(dx)
         _launch.launch(_kernel("act_bwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),
-                       (_flat(x), _flat(dy), _flat(dx), np.int64(x.size), np.float64(coef)))
+                       (xf, dyf, dxf, np.int64(x.size), np.float64(coef), _vec(x.size, x.itemsize, xf, dyf, dxf)))
     return dx

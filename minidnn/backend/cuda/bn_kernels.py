@@ -54,30 +54,57 @@ __device__ __forceinline__ void rows_sum(A (*sm)[CT][2], int ty, int tx, A v0, A
     }
 }
 
-// Walk this thread's elements of channel c: calls f(address) for each.  NCHW: j = o * inner + i over the channel's
-// m values, advanced by a precomputed (step_o, step_i) so no division sits in the loop.
+// n / d for 0 <= n < 2^31 by multiply-high and shift (the divisor's (mul, shift) come from the host, _divider):
+// a 32-bit hardware-free division, as PyTorch's IntDivider.
+__device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
+{
+    return (__umulhi(n, mul) + n) >> shr;
+}
+
+// Walk this thread's elements of channel c, 4 independent loads per iteration: calls f(value) for each.
+// NCHW: j = o * inner + i over the channel's m values (o, i by the fast divider of inner); INNER1: rows o.
 template <class F>
-__device__ __forceinline__ void for_channel(int outer, int C, int inner, int c, int ty, F f)
+__device__ __forceinline__ void for_channel(const T* __restrict__ x, int outer, int C, int inner, unsigned int in_mul,
+                                            unsigned int in_shr, int c, int ty, F f)
 {
 #if INNER1
-    for (long long o = (long long)blockIdx.x * RY + ty; o < outer; o += (long long)gridDim.x * RY)
-        f(o * C + c);
+    const unsigned int m = (unsigned int)outer;
 #else
-    const long long m = (long long)outer * inner;
-    const long long step = (long long)gridDim.x * RY;
-    long long j = (long long)blockIdx.x * RY + ty;
-    if (j >= m) return;
-    int o = (int)(j / inner), i = (int)(j - (long long)o * inner);
-    const int step_o = (int)(step / inner), step_i = (int)(step - (long long)step_o * inner);
-    for (; j < m; j += step) {
-        f(((long long)o * C + c) * inner + i);
-        o += step_o; i += step_i;
-        if (i >= inner) { i -= inner; ++o; }
+    const unsigned int m = (unsigned int)outer * (unsigned int)inner;
+#endif
+    const unsigned int step = gridDim.x * RY;
+    for (unsigned int j = blockIdx.x * RY + ty; j < m; j += 4 * step) {
+        T v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const unsigned int jj = j + u * step;
+            if (jj < m) {
+#if INNER1
+                v[u] = x[(long long)jj * C + c];
+#else
+                const unsigned int o = fast_div(jj, in_mul, in_shr), i = jj - o * (unsigned int)inner;
+                v[u] = x[((long long)o * C + c) * inner + i];
+#endif
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (j + u * step < m) f(j + u * step, v[u]);
     }
+}
+
+// The address of the jj-th value of channel c (for the second operand of the backward reduction).
+__device__ __forceinline__ long long channel_addr(unsigned int jj, int C, int inner, unsigned int in_mul,
+                                                  unsigned int in_shr, int c)
+{
+#if INNER1
+    return (long long)jj * C + c;
+#else
+    const unsigned int o = fast_div(jj, in_mul, in_shr), i = jj - o * (unsigned int)inner;
+    return ((long long)o * C + c) * inner + i;
 #endif
 }
 
-// Last block of channel tile blockIdx.y?  (threadfence reduction ticket; the last block resets it)
 // Every thread fences its own partial-sum stores (several threads of a channels-last tile write them) before the
 // block takes its ticket.
 __device__ __forceinline__ bool last_block(unsigned int* ticket)
@@ -94,7 +121,8 @@ __device__ __forceinline__ bool last_block(unsigned int* ticket)
 extern "C" __global__ void __launch_bounds__(256)
 bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
          A* __restrict__ mean_out, A* __restrict__ inv_std_out, T* running_mean, T* running_var,
-         const int outer, const int C, const int inner, const double factor, const double eps, const int has_running)
+         const int outer, const int C, const int inner, const unsigned int in_mul, const unsigned int in_shr,
+         const double factor, const double eps, const int has_running)
 {
     __shared__ A sm[RY][CT][2];
     const int tx = threadIdx.x % CT, ty = threadIdx.x / CT;
@@ -102,7 +130,8 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
     A s1 = 0, s2 = 0;
     if (c < C) {
         const A k = (A)x[INNER1 ? c : (long long)c * inner];     // shift: the channel's first element
-        for_channel(outer, C, inner, c, ty, [&](long long a) { const A d = (A)x[a] - k; s1 += d; s2 += d * d; });
+        for_channel(x, outer, C, inner, in_mul, in_shr, c, ty, [&](unsigned int, T v) {
+            const A d = (A)v - k; s1 += d; s2 += d * d; });
     }
     rows_sum(sm, ty, tx, s1, s2);
     if (ty == 0 && c < C) {
@@ -134,7 +163,8 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
 extern "C" __global__ void __launch_bounds__(256)
 bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
         const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ coef,
-        T* __restrict__ dscale, T* __restrict__ dbias, const int outer, const int C, const int inner)
+        T* __restrict__ dscale, T* __restrict__ dbias, const int outer, const int C, const int inner,
+        const unsigned int in_mul, const unsigned int in_shr)
 {
     __shared__ A sm[RY][CT][2];
     const int tx = threadIdx.x % CT, ty = threadIdx.x / CT;
@@ -142,8 +172,11 @@ bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
     A s1 = 0, s2 = 0;
     if (c < C) {
         const A mu = mean[c], is = inv_std[c];
-        for_channel(outer, C, inner, c, ty, [&](long long a) {
-            A g = (A)dy[a];
+        // walk dy (4 loads in flight); x and y at the same address follow (L1/L2 hits are not guaranteed: they
+        // are separate streams, but each is read once here and coalesced)
+        for_channel(dy, outer, C, inner, in_mul, in_shr, c, ty, [&](unsigned int jj, T dv) {
+            const long long a = channel_addr(jj, C, inner, in_mul, in_shr, c);
+            A g = (A)dv;
 #if RELU
             if ((A)y[a] <= (A)0) g = 0;
 #endif
@@ -169,19 +202,22 @@ bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
     if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
 }
 
-__device__ __forceinline__ int channel_of(long long i, int C, int inner)
+// channel of flat index i (< 2^31): (i / inner) % C, by fast dividers of inner and C
+__device__ __forceinline__ int channel_of(long long i, int C, unsigned int c_mul, unsigned int c_shr, int inner,
+                                          unsigned int in_mul, unsigned int in_shr)
 {
-#if INNER1
-    return (int)(i % C);
-#else
-    return (int)((i / inner) % C);
+    unsigned int q = (unsigned int)i;
+#if !INNER1
+    q = fast_div(q, in_mul, in_shr);
 #endif
+    return (int)(q - fast_div(q, c_mul, c_shr) * (unsigned int)C);
 }
 
 // y = act((x - mean) * inv * scale + bias [+ z]); FROM_VAR: inv = 1 / sqrt(var + eps) (inference: stat2 = var).
 extern "C" __global__ void __launch_bounds__(256)
 bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, const void* stat1, const void* stat2,
          const T* __restrict__ scale, const T* __restrict__ bias, const long long n, const int C, const int inner,
+         const unsigned int c_mul, const unsigned int c_shr, const unsigned int in_mul, const unsigned int in_shr,
          const double eps)
 {
 #if FROM_VAR
@@ -203,7 +239,7 @@ bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, co
         for (int u = 0; u < 4; ++u) {
             const long long i = i0 + u * stride;
             if (i >= n) break;
-            const int c = channel_of(i, C, inner);
+            const int c = channel_of(i, C, c_mul, c_shr, inner, in_mul, in_shr);
 #if FROM_VAR
             const A inv = (A)1 / sqrt((A)st2[c] + (A)eps);
 #else
@@ -225,7 +261,8 @@ bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, co
 extern "C" __global__ void __launch_bounds__(256)
 bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
       const A* __restrict__ inv_std, const A* __restrict__ coef, const T* __restrict__ scale, T* __restrict__ dx,
-      T* __restrict__ dz, const long long n, const int C, const int inner)
+      T* __restrict__ dz, const long long n, const int C, const int inner, const unsigned int c_mul,
+      const unsigned int c_shr, const unsigned int in_mul, const unsigned int in_shr)
 {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += 4 * stride) {
@@ -239,7 +276,7 @@ bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y
         for (int u = 0; u < 4; ++u) {
             const long long i = i0 + u * stride;
             if (i >= n) break;
-            const int c = channel_of(i, C, inner);
+            const int c = channel_of(i, C, c_mul, c_shr, inner, in_mul, in_shr);
             const A is = inv_std[c];
             A g = (A)gv[u];
             if (RELU && (A)yv[u] <= (A)0) g = 0;
@@ -265,7 +302,26 @@ def _options(dtype, inner1, **flags):
     return tuple(opts)
 
 
+def _divider(d):
+    """(mul, shift) of the device's fast_div for divisor d >= 1 (exact for numerators below 2**31)."""
+    d = int(d)
+    shift = max(0, (d - 1).bit_length())
+    mul = ((1 << 32) * ((1 << shift) - d)) // d + 1
+    return np.uint32(mul & 0xFFFFFFFF), np.uint32(shift)
+
+
+_kernel_cache: dict = {}
+
+
 def _kernel(name, dtype, inner1, **flags):
+    key = (name, dtype, inner1, tuple(sorted(flags.items())))
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _kernel_compiled(name, dtype, inner1, **flags)
+    return k
+
+
+def _kernel_compiled(name, dtype, inner1, **flags):
     return _launch.get_kernel(SOURCE, name, _options(dtype, inner1, **flags))
 
 
@@ -338,8 +394,8 @@ def _reduce_grid(outer, c, inner, inner1, dev_id):
     tiles = (c + 31) // 32 if inner1 else c
     ry = 8 if inner1 else THREADS
     rows = outer if inner1 else outer * inner
-    want = max(1, (_launch.sm_count(dev_id) * 4 + tiles - 1) // tiles)
-    splits = max(1, min(want, (rows + ry * 4 - 1) // (ry * 4), 65535))
+    want = max(1, (_launch.sm_count(dev_id) * 8 + tiles - 1) // tiles)
+    splits = max(1, min(want, (rows + ry * 8 - 1) // (ry * 8), 65535))
     return splits, tiles
 
 
@@ -368,7 +424,8 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
         rv = _p(running_var, mean)
         _launch.launch(_kernel("bn_stats", xc.dtype, inner1), (splits, tiles), (THREADS,),
                        (xm, partial, _ticket(cp, tiles), mean, inv_std, rm, rv, np.int32(outer), np.int32(c),
-                        np.int32(inner), np.float64(factor), np.float64(eps), np.int32(has_running)))
+                        np.int32(inner), *_divider(inner), np.float64(factor), np.float64(eps),
+                        np.int32(has_running)))
         y = _apply(cp, xc, xm, mean, inv_std, scale, bias, z, relu, eps, False, outer, c, inner, dev)
     return y, mean, inv_std
 
@@ -388,7 +445,7 @@ def _apply(cp, xc, xm, stat1, stat2, scale, bias, z, relu, eps, from_var, outer,
                 has_bias=bias is not None, from_var=from_var)
     _launch.launch(k, (_elementwise_grid(n, dev),), (THREADS,),
                    (xm, xm if z is None else _mem(z), _mem(y), stat1, stat2, _p(scale, xm), _p(bias, xm),
-                    np.int64(n), np.int32(c), np.int32(inner), np.float64(eps)))
+                    np.int64(n), np.int32(c), np.int32(inner), *_divider(c), *_divider(inner), np.float64(eps)))
     return y
 
 
@@ -413,12 +470,12 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
         _launch.launch(_kernel("bn_grad", xc.dtype, inner1, relu=relu, has_scale=has_scale), (splits, tiles),
                        (THREADS,), (xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles), coef,
                                     _p(dscale, coef), _p(dbias, coef), np.int32(outer), np.int32(c),
-                                    np.int32(inner)))
+                                    np.int32(inner), *_divider(inner)))
         dx = _empty_like_layout(cp, xc)
         dz = _empty_like_layout(cp, xc) if want_dz else None
         n = xc.size
         _launch.launch(_kernel("bn_dx", xc.dtype, inner1, relu=relu, has_z=want_dz, has_scale=has_scale),
                        (_elementwise_grid(n, dev),), (THREADS,),
                        (xm, dym, ym, mean, inv_std, coef, _p(scale, xm), _mem(dx), xm if dz is None else _mem(dz),
-                        np.int64(n), np.int32(c), np.int32(inner)))
+                        np.int64(n), np.int32(c), np.int32(inner), *_divider(c), *_divider(inner)))
     return dx, dz, dscale, dbias

@@ -40,14 +40,29 @@ typedef ACCUM A;
 struct Geo { int N, C, H, W, OH, OW, KH, KW, PH, PW, SH, SW, DH, DW; };
 #define MAKE_GEO const Geo g = {N, C, H, W, OH, OW, KH, KW, PH, PW, SH, SW, DH, DW};
 
-// (n, c, h, w) of linear index i of an (N, C, H, W) array laid out NCHW (CL 0) or NHWC (CL 1); 32-bit division
-// (supports() keeps every array under 2**31 elements): 64-bit div/mod costs a call each
-__device__ __forceinline__ void unravel(int i, int C, int H, int W, int& n, int& c, int& h, int& w)
+// n / d for 0 <= n < 2^31 by multiply-high and shift ((mul, shift) from the host: bn_kernels._divider)
+__device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
 {
+    return (__umulhi(n, mul) + n) >> shr;
+}
+
+// (n, c, h, w) of linear index i of an (N, C, H, W) array laid out NCHW (CL 0) or NHWC (CL 1); the three divisors
+// (the inner three dims in memory order) come as fast dividers: no hardware division in the index math.
+#define DIV_ARGS const unsigned int d0m, const unsigned int d0s, const unsigned int d1m, const unsigned int d1s, \
+                 const unsigned int d2m, const unsigned int d2s
+__device__ __forceinline__ void unravel(unsigned int i, int C, int H, int W, int& n, int& c, int& h, int& w,
+                                        unsigned int d0m, unsigned int d0s, unsigned int d1m, unsigned int d1s,
+                                        unsigned int d2m, unsigned int d2s)
+{
+    unsigned int q;
 #if CL
-    c = (int)(i % C); i /= C; w = (int)(i % W); i /= W; h = (int)(i % H); n = (int)(i / H);
+    q = fast_div(i, d0m, d0s); c = (int)(i - q * C); i = q;
+    q = fast_div(i, d1m, d1s); w = (int)(i - q * W); i = q;
+    q = fast_div(i, d2m, d2s); h = (int)(i - q * H); n = (int)q;
 #else
-    w = (int)(i % W); i /= W; h = (int)(i % H); i /= H; c = (int)(i % C); n = (int)(i / C);
+    q = fast_div(i, d0m, d0s); w = (int)(i - q * W); i = q;
+    q = fast_div(i, d1m, d1s); h = (int)(i - q * H); i = q;
+    q = fast_div(i, d2m, d2s); c = (int)(i - q * C); n = (int)q;
 #endif
 }
 
@@ -72,14 +87,13 @@ __device__ __forceinline__ int window_count(int s0, int K, int L, int P)
 
 extern "C" __global__ void __launch_bounds__(256)
 pool_fwd(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, GEO_ARGS,
-         const long long xsn, const long long xsc, const long long xsh, const long long xsw)
+         const long long xsn, const long long xsc, const long long xsh, const long long xsw, DIV_ARGS)
 {
     MAKE_GEO
-    const long long total = (long long)g.N * g.C * g.OH * g.OW;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    const unsigned int total = (unsigned int)g.N * g.C * g.OH * g.OW;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         int n, c, oh, ow;
-        unravel((int)i, g.C, g.OH, g.OW, n, c, oh, ow);
+        unravel(i, g.C, g.OH, g.OW, n, c, oh, ow, d0m, d0s, d1m, d1s, d2m, d2s);
         const int h0 = oh * g.SH - g.PH, w0 = ow * g.SW - g.PW;
         const T* xb = x + n * xsn + c * xsc;
 #if IS_MAX
@@ -116,14 +130,13 @@ pool_fwd(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, G
 extern "C" __global__ void __launch_bounds__(256)
 pool_bwd(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, GEO_ARGS,
          const long long dsn, const long long dsc, const long long dsh, const long long dsw,
-         const long long asn, const long long asc, const long long ash, const long long asw)
+         const long long asn, const long long asc, const long long ash, const long long asw, DIV_ARGS)
 {
     MAKE_GEO
-    const long long total = (long long)g.N * g.C * g.H * g.W;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
+    const unsigned int total = (unsigned int)g.N * g.C * g.H * g.W;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         int n, c, h, w;
-        unravel((int)i, g.C, g.H, g.W, n, c, h, w);
+        unravel(i, g.C, g.H, g.W, n, c, h, w, d0m, d0s, d1m, d1s, d2m, d2s);
         const T* db = dy + n * dsn + c * dsc;
         A s = 0;
         for (int kh = 0; kh < g.KH; ++kh) {
@@ -188,6 +201,12 @@ def _geo(geom, n, c):
     return tuple(np.int32(v) for v in (n, c, h, w, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw))
 
 
+def _dividers(c, h, w, cl):
+    from .bn_kernels import _divider
+    order = (c, w, h) if cl else (w, h, c)
+    return tuple(v for d in order for v in _divider(d))
+
+
 def _strides(a):
     return tuple(np.int64(s // a.itemsize) for s in a.strides)
 
@@ -216,14 +235,16 @@ def forward(geom, xc):
         argmax = _empty(cp, geom.y_shape, adt, cl) if is_max else None
         k = _kernel("pool_fwd", xc.dtype, adt, cl, is_max, geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING")
         _launch.launch(k, _grid(y.size, dev), (THREADS,),
-                       (xc, y, y if argmax is None else argmax, *_geo(geom, n, c), *_strides(xc)))
+                       (xc, y, y if argmax is None else argmax, *_geo(geom, n, c), *_strides(xc),
+                        *_dividers(c, *geom.out_sizes, cl)))
     return y, argmax
 
 
-def backward(geom, dyc, argmax_c, x_shape, dtype):
-    """dx (channels-first view, in dy's memory order) from dy and, for max modes, the forward's argmax."""
+def backward(geom, dyc, argmax_c, x_shape, dtype, x_channels_last=False):
+    """dx (channels-first view, in dy's memory order; in x's when dy's spatial size is 1 and its order ambiguous)
+    from dy and, for max modes, the forward's argmax."""
     cp = _launch.cupy()
-    cl = is_channels_last(dyc)
+    cl = is_channels_last(dyc) if dyc.shape[2] * dyc.shape[3] > 1 else bool(x_channels_last)
     is_max = geom.mode.is_max
     n, c = x_shape[:2]
     dev = dyc.device.id
@@ -233,5 +254,6 @@ def backward(geom, dyc, argmax_c, x_shape, dtype):
         k = _kernel("pool_bwd", dtype, adt, cl, is_max, geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING")
         arg = argmax_c if is_max else dyc
         _launch.launch(k, _grid(dx.size, dev), (THREADS,),
-                       (dyc, arg, dx, *_geo(geom, n, c), *_strides(dyc), *_strides(arg)))
+                       (dyc, arg, dx, *_geo(geom, n, c), *_strides(dyc), *_strides(arg),
+                        *_dividers(c, *x_shape[2:], cl)))
     return dx
