@@ -27,7 +27,7 @@ def free_port(addr="127.0.0.1"):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m minidnn.distributed.run",
+    p = argparse.ArgumentParser(prog="python -m minidnn.distributed.run", allow_abbrev=False,
                                 description="Start N processes of a training script for data-parallel training.")
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="processes on this node")
     p.add_argument("--nnodes", type=int, default=1, help="number of nodes")
@@ -43,8 +43,26 @@ def _parser():
     return p
 
 
+def _split(argv):
+    """(launcher's arguments, target, script's arguments): the script's own options (say --nproc) must not reach
+    the launcher's parser, which would take them for abbreviations of its own."""
+    flags = {"-m", "-h", "--help"}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in flags or (a.startswith("--") and "=" in a):
+            i += 1
+        elif a.startswith("-"):
+            i += 2
+        else:
+            break
+    return argv[:i], argv[i:i + 1], argv[i + 1:]
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    own, target, rest = _split(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(own + target)
+    args.args = rest
     if args.nproc_per_node < 1:
         raise SystemExit(f"error: --nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:

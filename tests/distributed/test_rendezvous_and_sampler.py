@@ -184,3 +184,15 @@ def test_sampler_in_a_dataloader():
         loader = DataLoader(ds, batch_size=2, sampler=DistributedSampler(ds, 2, rank, shuffle=False))
         seen += [float(v) for (b,) in loader for v in b.numpy()]
     assert sorted(seen) == list(map(float, range(10)))
+
+
+def test_example_trains_data_parallel_on_the_cpu(tmp_path):
+    """examples/train_resnet_cifar.py --nproc 2 re-launches itself; only rank 0 prints and saves."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_resnet_cifar.py"), "--synthetic",
+                           "--epochs", "1", "--limit", "2", "--batch-size", "4", "--nproc", "2", "--out",
+                           str(tmp_path), "--no-progress"], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.join(ROOT, "examples"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and "2 ranks x 4 images" in lines[0] and lines[1].startswith("test accuracy: ")
+    assert (tmp_path / "checkpoint.mdn").is_file()
