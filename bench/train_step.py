@@ -270,12 +270,59 @@ def micro(device):
             lambda: B.softmax_cross_entropy_backward(None, x, t, one, lse, den), t_b)
         add(f"log-softmax fwd ({n}, {c})", x.size * 8, lambda: B.softmax_forward(None, "log", None, x, axis=1),
             (lambda: torch.log_softmax(xt, 1)) if have_torch else None)
+    host_rows = []
+    x, _ = both(rng.standard_normal((128, 64, 8, 8)).astype(f32))
+    dy, _ = both(rng.standard_normal((128, 64, 8, 8)).astype(f32))
+    w, b, rm, rv = (cp.asarray(v) for v in (np.ones(64, f32), np.zeros(64, f32), np.zeros(64, f32), np.ones(64, f32)))
+    _, m, i = B.batch_normalization_forward_training(None, "spatial", x, w, b, 0.1, rm, rv, 1e-5)
+    t, _ = both(rng.integers(0, 10, 128))
+    logits = cp.asarray(rng.standard_normal((128, 10)).astype(f32))
+    relu = B.ActivationDescriptor("relu")
+    pool = B.PoolingDescriptor("max", 2, 0, 2)
+    for label, fn in (("bn fwd train", lambda: B.batch_normalization_forward_training(None, "spatial", x, w, b, 0.1,
+                                                                                      rm, rv, 1e-5)),
+                      ("bn bwd", lambda: B.batch_normalization_backward(None, "spatial", x, dy, w, m, i, 1e-5)),
+                      ("relu bwd", lambda: B.activation_backward(None, relu, None, dy, x)),
+                      ("maxpool fwd", lambda: B.pooling_forward(None, pool, x, return_argmax=True)),
+                      ("cross-entropy fwd", lambda: B.softmax_cross_entropy_forward(None, logits, t))):
+        host_rows.append((label, *host_profile(fn)))
     print("\nstep kernels (median ms per call by CUDA events, host launch cost included; GB/s = bytes of the "
           "one-pass floor / time)")
     print(f"{'op':44} {'minidnn ms':>10} {'GB/s':>7} {'torch ms':>9} {'GB/s':>7} {'ratio':>6}")
     for name, nbytes, m, t in rows:
         tcols = f"{t:9.4f} {nbytes / t / 1e6:7.0f} {m / t:5.2f}x" if t else f"{'n/a':>9} {'':>7} {'':>6}"
         print(f"{name:44} {m:10.4f} {nbytes / m / 1e6:7.0f} {tcols}")
+    print("\nhost time per call (no synchronisation; (128, 64, 8, 8) float32) and where it goes (cProfile, tottime)")
+    for label, us, top in host_rows:
+        print(f"{label}: {us:.1f} us per call")
+        for line in top:
+            print("    " + line)
+
+
+def host_profile(fn, n=300, top=8):
+    """(host microseconds per call, the ``top`` functions by own time per call) for a GPU primitive call."""
+    import cProfile
+    import os
+    import pstats
+    import cupy as cp
+    for _ in range(10):
+        fn()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    us = (time.perf_counter() - t0) / n * 1e6
+    cp.cuda.Device().synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        fn()
+    prof.disable()
+    cp.cuda.Device().synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return us, [f"{tt / n * 1e6:6.1f} us  {nc // n:3d}x {func} ({os.path.basename(path)}:{line})"
+                for (path, line, func), (cc, nc, tt, ct, callers) in rows]
 
 
 if __name__ == "__main__":
