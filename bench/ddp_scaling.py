@@ -178,8 +178,8 @@ def main(argv=None):
     print(f"ResNet-20 DDP, {args.batch} images per {'GPU' if args.device == 'cuda' else 'process'}, SGD momentum, "
           f"median of {args.steps} steps; device {_device_name(args.device)} ({visible} visible)", flush=True)
     table = {}
-    for lib, mode in columns:
-        for n in sizes:
+    for n in sizes:                 # interleaved: a cut-short run still has both libraries at the first sizes
+        for lib, mode in columns:
             table[(lib, mode, n)] = launch(args, lib, mode, n)
     head = f"{'GPUs':>5}" + "".join(f" | {lib + ' ' + mode + ' img/s':>22} {'scale':>6}" for lib, mode in columns)
     print(head)

@@ -52,8 +52,9 @@ def is_available() -> bool:
 
 def is_nccl_available() -> bool:
     try:
-        from ..backend.cuda.launch import cupy
-        return hasattr(cupy().cuda, "nccl") and cupy().cuda.nccl.available
+        from ._backends import nccl_module
+        nccl_module()
+        return True
     except Exception:
         return False
 

@@ -122,10 +122,21 @@ _NCCL_DTYPES = {"int8": 0, "uint8": 1, "bool": 1, "int32": 2, "uint32": 3, "int6
 _NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3, ReduceOp.AVG: 4}
 
 
+def nccl_module():
+    """CuPy's NCCL bindings (a submodule cupy does not import by itself), or a clear error."""
+    import importlib
+    from ..backend.cuda.launch import cupy
+    cupy()
+    nccl = importlib.import_module("cupy.cuda.nccl")
+    if not getattr(nccl, "available", True):
+        raise RuntimeError("backend 'nccl': CuPy found no NCCL library (install the nvidia-nccl wheel matching "
+                           "your CUDA, or use backend='cpu')")
+    return nccl
+
+
 def nccl_unique_id():
     """Rank 0's NCCL id, shared with the other ranks by the rendezvous."""
-    from ..backend.cuda.launch import cupy
-    return cupy().cuda.nccl.get_unique_id()
+    return nccl_module().get_unique_id()
 
 
 class NcclBackend:
@@ -138,7 +149,7 @@ class NcclBackend:
     def __init__(self, store, device_index):
         from ..backend.cuda.launch import cupy
         self.cp = cupy()
-        self.nccl = self.cp.cuda.nccl
+        self.nccl = nccl_module()
         self.store = store
         self.rank, self.world_size = store.rank, store.world_size
         self.device = int(device_index)
