@@ -54,6 +54,7 @@ from . import data                           # noqa: E402,F401
 from . import utils                          # noqa: E402,F401  (minidnn.utils.data: PyTorch's import path)
 from . import optim                          # noqa: E402,F401
 from . import distributions                  # noqa: E402,F401
+from . import distributed                    # noqa: E402,F401  (process groups, launcher; docs/distributed.md)
 from . import models                        # noqa: E402,F401
 from . import backends                      # noqa: E402,F401
 from . import amp                           # noqa: E402,F401
@@ -63,8 +64,8 @@ from .compile import compile               # noqa: E402,F401
 
 # -- the public namespace: exactly __all__ (dir(minidnn) shows nothing else; tests/test_namespace.py holds it) ------
 _SUBMODULES = [
-    "amp", "autograd", "backend", "backends", "cuda", "data", "distributions", "models", "nn", "optim", "random",
-    "serialization", "utils", "viz",
+    "amp", "autograd", "backend", "backends", "cuda", "data", "distributed", "distributions", "models", "nn", "optim",
+    "random", "serialization", "utils", "viz",
 ]
 __all__ = _SUBMODULES + [
     "BoolTensor", "ByteTensor", "CharTensor", "Device", "DoubleTensor", "FloatTensor", "Generator", "HalfTensor",
