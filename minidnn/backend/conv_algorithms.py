@@ -475,7 +475,7 @@ from .cuda import conv_register as _cuda_conv     # noqa: E402  (the CUDA kernel
 
 FORWARD_ALGORITHMS = _registry("convolution_forward", ConvolutionFwdAlgo, {
     ConvolutionFwdAlgo.IMPLICIT_GEMM: (_cuda_conv.forward_implicit, (_cuda_conv.IGEMM_RULE,),
-                                       _cuda_conv.implicit_workspace, _cuda_conv.implicit_cost),
+                                       _cuda_conv.implicit_workspace, _cuda_conv.implicit_cost_no_table),
     ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM: (_cuda_conv.forward_implicit_precomp, (_cuda_conv.IGEMM_RULE,),
                                                _cuda_conv.precomp_workspace, _cuda_conv.implicit_cost),
     ConvolutionFwdAlgo.GEMM: (gemm_forward, (), _ws_gemm, _cost_gemm),

@@ -176,7 +176,7 @@ direct_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float*
         float v = 0.f;
         #pragma unroll
         for (int i = 0; i < 8; ++i) v += red[i][t];
-        partial[((size_t)blockIdx.y * K * Cg + kc) * RS + t] = v;
+        partial[((long long)blockIdx.y * K * Cg + kc) * RS + t] = v;
     }
 }
 
@@ -186,7 +186,7 @@ direct_splits_reduce(const float* __restrict__ partial, T* __restrict__ out, int
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float s = 0.f;
-        for (int k = 0; k < splits; ++k) s += partial[(size_t)k * n + i];
+        for (int k = 0; k < splits; ++k) s += partial[(long long)k * n + i];
         const float old = beta != 0.f ? beta * to_f(out[i]) : 0.f;
         from_f(out + i, alpha * s + old);
     }

@@ -137,7 +137,7 @@ def choose_tile(M, NG, groups, sms=132):
     return "64x64"
 
 
-def _igemm_kernel(direction, dtype_name, tf32, tile, name="conv_igemm"):
+def _igemm_kernel(direction, dtype_name, tf32, tile):
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -145,7 +145,7 @@ def _igemm_kernel(direction, dtype_name, tf32, tile, name="conv_igemm"):
     math_mode = 1 if (elem or tf32) else 0
     opts = (f"-DDIR={direction}", f"-DELEM={elem}", f"-DMATH={math_mode}", f"-DBM={BM}", f"-DBN={BN}",
             f"-DBK={BK}", f"-DWM={WM}", f"-DWN={WN}")
-    return _launch.get_kernel(IGEMM_SOURCE, name, opts), BM, BN, BK
+    return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
 _tables: dict = {}
@@ -174,7 +174,7 @@ def _tap_table(cp, direction, p, g, sx, sy):
     return t
 
 
-def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta):
+def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
     cp = _launch.cupy()
     g = _geometry(p)
     H, W, P, Q, R, S = g[:6]
@@ -196,7 +196,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta):
         M, NG, KR = p.Cg * RS, p.Kg, p.N * P * Q
         a_src, b_src = x, dy
     sms = _launch.sm_count()
-    tile = choose_tile(M, NG, p.groups, sms)
+    tile = tile or choose_tile(M, NG, p.groups, sms)
     kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile)
     blocks = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split, partial = 1, KR, None
@@ -214,14 +214,14 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta):
     grid = (-(-M // BM), -(-NG // BN), p.groups * splits)
     _launch.launch(kernel, grid, (128, 1, 1), args)
     if partial is not None:
-        reduce_kernel = _igemm_kernel(2, dt, tf32, tile, "splitk_reduce")[0]
+        reduce_kernel = _launch.get_kernel(IGEMM_SOURCE, "splitk_reduce", (f"-DELEM={_ELEM[dt]}",))
         n = p.K * p.Cg * RS
         _launch.launch(reduce_kernel, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
                        [_ptr(partial), _ptr(out), np.int32(splits), np.int32(n), np.float32(alpha),
                         np.float32(beta)])
 
 
-def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None):
+def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
     """y = alpha * conv(x, w) + beta * out (the kernel's epilogue); a new array when ``out`` is None."""
     cp = _launch.cupy()
     y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, _channels_last(x))
@@ -229,33 +229,33 @@ def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, ou
         _check_out(out, p.y_shape, x.dtype)
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
-    _run_igemm(0, p, x, w, _as_2d(y, p.nd), tf32, precomp, alpha, beta)
+    _run_igemm(0, p, x, w, _as_2d(y, p.nd), tf32, precomp, alpha, beta, tile)
     return y
 
 
-def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None):
+def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
     cp = _launch.cupy()
     dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, _channels_last(dy))
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
-    _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta)
+    _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
     return dx
 
 
-def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None):
+def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
     cp = _launch.cupy()
     if out is not None:
         _check_out(out, p.w_shape, x.dtype)
         if not out.flags.c_contiguous:
-            res = implicit_backward_filter(p, x, dy, tf32, precomp)
+            res = implicit_backward_filter(p, x, dy, tf32, precomp, tile=tile)
             out[...] = (alpha * res.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
             return out
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
     dw = out if out is not None else cp.empty(p.w_shape, dtype=x.dtype)
-    _run_igemm(2, p, x, dy, dw, tf32, precomp, alpha, beta)
+    _run_igemm(2, p, x, dy, dw, tf32, precomp, alpha, beta, tile)
     return dw
 
 

@@ -152,11 +152,14 @@ __device__ __forceinline__ int4 decode_tap(int k, const Geo& g, const int4* __re
     if (table) return table[k];
     const int RS = g.R * g.S;
     const int ch = k / RS, rs = k - ch * RS, r = rs / g.S, s = rs - r * g.S;
+    int4 t;
+    t.y = r * g.dil_h; t.z = s * g.dil_w;
 #if DIR == 1
-    return make_int4(ch * g.syc, r * g.dil_h, s * g.dil_w, ch * g.Cg * RS + rs);
+    t.x = ch * g.syc; t.w = ch * g.Cg * RS + rs;
 #else
-    return make_int4(ch * g.sxc + r * g.dil_h * g.sxh + s * g.dil_w * g.sxw, r * g.dil_h, s * g.dil_w, 0);
+    t.x = ch * g.sxc + t.y * g.sxh + t.z * g.sxw; t.w = 0;
 #endif
+    return t;
 }
 
 __device__ __forceinline__ unsigned tf32_bits(float v) {
@@ -211,7 +214,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
         a_h0 = p * st_h - pad_h; a_w0 = q * st_w - pad_w;
         a_base = n * sxn + grp * Cg * sxc + a_h0 * sxh + a_w0 * sxw;
     }
-    const T* b_grp = b_src + (size_t)grp * Kg * KR;
+    const T* b_grp = b_src + (long long)grp * Kg * KR;
 #elif DIR == 1
     // A row = input pixel (n, h, w) whose gradient this row accumulates.
     const int am = m0 + a_r;
@@ -222,7 +225,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
         a_hp = h + pad_h; a_wp = w + pad_w;
         a_base = n * syn + grp * Kg * syc;
     }
-    const T* b_grp = b_src + (size_t)grp * Kg * Cg * RS;
+    const T* b_grp = b_src + (long long)grp * Kg * Cg * RS;
 #else
     const T* a_grp = a_src + grp * Cg * sxc;
     const T* b_grp = b_src + grp * Kg * syc;
@@ -430,7 +433,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #else
             const int CRS = Cg * RS;
             T* base = out + (grp * Kg * CRS + row);
-            float* pbase = partial + ((size_t)split * K * CRS + grp * Kg * CRS + row);
+            float* pbase = partial + ((long long)split * K * CRS + grp * Kg * CRS + row);
             const int cstride = CRS;
 #endif
             #pragma unroll

@@ -19,7 +19,7 @@ import math
 from . import conv_igemm as K
 
 __all__ = ["register", "implicit_cost", "implicit_workspace", "precomp_workspace", "filter_workspace",
-           "IGEMM_RULE", "ENABLED"]
+           "IGEMM_RULE", "ENABLED", "implicit_cost_no_table"]
 
 ENABLED = [True]          # False: the fast paths step aside (the references run), for debugging and comparisons
 
@@ -47,6 +47,11 @@ def implicit_cost(p, device_type="cuda"):
     if p.Cg * taps < 16:
         f *= 16 / (p.Cg * taps)
     return (2 * p.macs + 2 * _bytes(p)) * f
+
+
+def implicit_cost_no_table(p, device_type="cuda"):
+    """IMPLICIT_GEMM: as IMPLICIT_PRECOMP_GEMM plus the tap decode's divisions (ranked just behind it)."""
+    return 1.05 * implicit_cost(p, device_type)
 
 
 def _direct_cost(p):

@@ -1,0 +1,339 @@
+"""The CUDA convolution kernels (backend/cuda/conv_igemm.py: implicit GEMM and direct) against float64 references.
+
+Every kernel, every direction, over a table of shapes with ragged tails (sizes no tile divides), N=1, C=K=1,
+stride 2/3, dilation 2, padding 0-3, kernels 1x1 to 7x7, groups 1/2/4-channel/depthwise (and a channel
+multiplier), 1-D, NCHW and NHWC memory; strict fp32 and TF32, float16 and bfloat16; alpha/beta blending with a
+poisoned output (every element must be written); bitwise-repeatable filter gradients; the registry, heuristic
+and find on CuPy arrays.  The reference is the backend's own GEMM algorithm run in float64 on the CPU (itself
+tested against an independent float64 reference in test_convolution.py).
+
+Tolerances are error bounds, not guesses: |got - ref| <= (2*u_in + KR*2^-23 + u_out) * conv(|x|, |w|) * 1.5,
+where KR is the reduction length of the direction, u_in the rounding of the operands the multiplier sees (2^-11
+for TF32, 0 for half inputs, which are exact in fp32) and u_out the rounding of the stored result.
+"""
+import math
+
+import numpy as np
+import pytest
+
+from minidnn.backend import devices as _dev
+
+pytestmark = pytest.mark.cuda
+
+if not _dev.cuda_is_available():
+    pytest.skip("no CUDA GPU with CuPy on this machine", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from minidnn.backend import (ConvolutionDescriptor, ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo,  # noqa: E402
+                             ConvolutionFwdAlgo, Handle, MathType, Status, convolution_backward_data,
+                             convolution_backward_filter, convolution_forward,
+                             find_convolution_backward_data_algorithm, find_convolution_backward_filter_algorithm,
+                             find_convolution_forward_algorithm, get_convolution_backward_data_algorithm_v7,
+                             get_convolution_backward_filter_algorithm_v7, get_convolution_forward_algorithm_v7)
+from minidnn.backend.conv_problem import make_problem  # noqa: E402
+from minidnn.backend.cuda import conv_igemm as K  # noqa: E402
+
+F64 = np.float64
+
+# (id, N, C, H, W, K, R, S, padding, stride, dilation, groups)
+SHAPES = [
+    ("n1-c3-odd", 1, 3, 7, 9, 5, 3, 3, 1, 1, 1, 1),
+    ("stride2-ragged", 2, 17, 11, 10, 33, 3, 3, 1, 2, 1, 1),
+    ("dil2-pad2", 2, 8, 12, 13, 12, 3, 3, 2, 1, 2, 1),
+    ("1x1", 3, 16, 9, 9, 16, 1, 1, 0, 1, 1, 1),
+    ("groups2", 2, 12, 10, 10, 18, 3, 3, 1, 1, 1, 2),
+    ("5x5-pad3", 2, 6, 13, 7, 6, 5, 5, 3, 1, 1, 1),
+    ("c1-k1-stride3", 1, 1, 8, 8, 1, 3, 3, 0, 3, 1, 1),
+    ("c40-k70", 2, 40, 6, 7, 70, 3, 3, 1, 1, 1, 1),
+    ("c64-k64", 2, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1),
+    ("7x7-stride2-pad3", 1, 4, 10, 11, 8, 7, 7, 3, 2, 1, 1),
+    ("k128-pad0", 1, 24, 5, 6, 130, 3, 3, 0, 1, 1, 1),
+    ("groups4-cg4", 2, 16, 8, 9, 16, 3, 3, 1, 1, 1, 4),
+    ("depthwise", 2, 8, 9, 11, 8, 3, 3, 1, 1, 1, 8),
+    ("depthwise-x2-stride2", 2, 6, 10, 9, 12, 3, 3, 1, 2, 1, 6),
+    ("depthwise-5x5-dil2", 1, 16, 11, 12, 16, 5, 5, 2, 1, 2, 16),
+    ("groups32-cg4-stride2", 2, 128, 7, 8, 128, 3, 3, 1, 2, 1, 32),
+]
+SMALL_GROUPS = [s for s in SHAPES if s[-1] > 1 and s[2] // s[-1] <= K.DIRECT_MAX_CG]
+
+
+def _problem(shape, dtype="float32"):
+    _, N, C, H, W, Kc, R, S, pad, stride, dil, groups = shape
+    desc = ConvolutionDescriptor(pad, stride, dil, groups)
+    return make_problem("test", (N, C, H, W), (Kc, C // groups, R, S), desc, dtype), desc
+
+
+def _data(p, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(p.x_shape)
+    w = rng.standard_normal(p.w_shape)
+    dy = rng.standard_normal(p.y_shape)
+    return x, w, dy
+
+
+def _ref(direction, desc, p, x, w, dy):
+    """float64 on the CPU through the backend's GEMM reference, plus the same of the absolute values (the
+    scale of the rounding error bound)."""
+    def run(x, w, dy):
+        if direction == "forward":
+            return convolution_forward(None, x, w, desc, algo=ConvolutionFwdAlgo.GEMM)
+        if direction == "backward_data":
+            return convolution_backward_data(None, w, dy, desc, p.x_shape, algo=ConvolutionBwdDataAlgo.ALGO_1)
+        return convolution_backward_filter(None, x, dy, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_1)
+    return run(x, w, dy), run(np.abs(x), np.abs(w), np.abs(dy))
+
+
+def _reduction(direction, p):
+    taps = math.prod(p.kernel)
+    return {"forward": p.Cg * taps, "backward_data": p.Kg * taps,
+            "backward_filter": p.N * math.prod(p.out_size)}[direction]
+
+
+def _bound(direction, p, ref_abs, u_in, u_out):
+    return 1.5 * (2 * u_in + _reduction(direction, p) * 2.0 ** -23 + u_out) * ref_abs + 1e-30
+
+
+def _to_gpu(a, dtype, layout):
+    g = cp.asarray(a.astype(dtype))
+    if layout == "NHWC" and a.ndim == 4:
+        # channels-last memory seen through a channels-first view, as convolution.py hands it to algorithms
+        g = cp.ascontiguousarray(g.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    return g
+
+
+def _poisoned(shape, dtype, layout):
+    return _to_gpu(np.full(shape, np.nan), dtype, layout)
+
+
+def _check(got, ref, bound, what):
+    got = cp.asnumpy(got).astype(F64)
+    assert not np.isnan(got).any(), f"{what}: unwritten (NaN) elements"
+    err = np.abs(got - ref)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert (err <= bound).all(), (f"{what}: |got - ref| = {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst} "
+                                  f"(got {got[worst]}, ref {ref[worst]})")
+
+
+def _run_kernel(kind, direction, p, x, w, dy, tf32, precomp, out, alpha=1.0, beta=0.0, tile=None):
+    if kind == "implicit":
+        if direction == "forward":
+            return K.implicit_forward(p, x, w, tf32, precomp, alpha, beta, out, tile)
+        if direction == "backward_data":
+            return K.implicit_backward_data(p, w, dy, tf32, precomp, alpha, beta, out, tile)
+        return K.implicit_backward_filter(p, x, dy, tf32, precomp, alpha, beta, out, tile)
+    if direction == "forward":
+        return K.direct_forward(p, x, w, tf32, alpha, beta, out)
+    if direction == "backward_data":
+        return K.direct_backward_data(p, w, dy, tf32, alpha, beta, out)
+    return K.direct_backward_filter(p, x, dy, tf32, alpha, beta, out)
+
+
+def _out_shape(direction, p):
+    return {"forward": p.y_shape, "backward_data": p.x_shape, "backward_filter": p.w_shape}[direction]
+
+
+DIRECTIONS = ["forward", "backward_data", "backward_filter"]
+
+
+def _compare(kind, shape, layout, tf32, dtype="float32", precomp=False, seed=0, tile=None):
+    p, desc = _problem(shape, dtype)
+    x, w, dy = _data(p, seed)
+    u_in, u_out = (2.0 ** -11 if tf32 else 2.0 ** -24), 2.0 ** -24
+    if dtype != "float32":
+        npdt = np.float16 if dtype == "float16" else _bf16()
+        x, w, dy = (a.astype(npdt).astype(F64) for a in (x, w, dy))        # the exact values the kernel sees
+        u_in, u_out = 0.0, (2.0 ** -11 if dtype == "float16" else 2.0 ** -8)
+    dt = np.float32 if dtype == "float32" else (np.float16 if dtype == "float16" else _bf16())
+    xg, dyg = _to_gpu(x, dt, layout), _to_gpu(dy, dt, layout)
+    wg = cp.asarray(w.astype(dt))
+    for direction in DIRECTIONS:
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        out = _poisoned(_out_shape(direction, p), dt, "NCHW" if direction == "backward_filter" else layout)
+        got = _run_kernel(kind, direction, p, xg, wg, dyg, tf32, precomp, out, tile=tile)
+        assert got is out
+        _check(got, ref, _bound(direction, p, ref_abs, u_in, u_out),
+               f"{kind} {direction} {shape[0]} {layout} {dtype} tf32={tf32} precomp={precomp} tile={tile}")
+
+
+def _bf16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    return ml_dtypes.bfloat16
+
+
+# ---- implicit GEMM ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("math_mode", ["fp32", "tf32"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_implicit_gemm_matches_float64(shape, layout, math_mode):
+    precomp = SHAPES.index(shape) % 2 == 1            # IMPLICIT_GEMM and IMPLICIT_PRECOMP_GEMM alternate
+    _compare("implicit", shape, layout, math_mode == "tf32", precomp=precomp, seed=SHAPES.index(shape))
+
+
+@pytest.mark.parametrize("tile", list(K.TILES))
+@pytest.mark.parametrize("math_mode", ["fp32", "tf32"])
+def test_every_tile(tile, math_mode):
+    """Each tile shape on a problem it does not divide, table and no table."""
+    shape = ("tiles", 2, 37, 9, 10, 70, 3, 3, 1, 1, 1, 1)
+    _compare("implicit", shape, "NCHW", math_mode == "tf32", tile=tile, precomp=tile.startswith("64x6"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[4], SHAPES[8], SHAPES[10]], ids=lambda s: s[0])
+def test_implicit_gemm_half_inputs(shape, dtype):
+    _compare("implicit", shape, "NCHW", True, dtype=dtype, precomp=True, tile="64x32")   # one tile: fewer compiles
+
+
+def test_implicit_gemm_1d():
+    desc = ConvolutionDescriptor(2, 2, 2)
+    p = make_problem("test", (3, 5, 23), (7, 5, 3), desc, "float32")
+    rng = np.random.default_rng(5)
+    x, w, dy = rng.standard_normal(p.x_shape), rng.standard_normal(p.w_shape), rng.standard_normal(p.y_shape)
+    for direction in DIRECTIONS:
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        for kind in ("implicit",):
+            got = _run_kernel(kind, direction, p, cp.asarray(x, np.float32), cp.asarray(w, np.float32),
+                              cp.asarray(dy, np.float32), False, True, None)
+            _check(got, ref, _bound(direction, p, ref_abs, 2.0 ** -24, 2.0 ** -24), f"1-D {direction}")
+
+
+def test_tf32_really_uses_tensor_cores_and_fp32_does_not():
+    """A reduction of 576: TF32's 10-bit mantissa shows in the error, strict fp32 stays at fp32 rounding."""
+    p, desc = _problem(SHAPES[8])
+    x, w, dy = _data(p, 11)
+    ref, _ = _ref("forward", desc, p, x, w, dy)
+    xg, wg = cp.asarray(x, np.float32), cp.asarray(w, np.float32)
+    rel = {}
+    for tf32 in (False, True):
+        got = cp.asnumpy(K.implicit_forward(p, xg, wg, tf32)).astype(F64)
+        rel[tf32] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel[False] < 1e-6 and 1e-5 < rel[True] < 3e-3, rel
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("kind", ["implicit", "direct"])
+def test_alpha_beta_blending(kind, direction):
+    shape = SHAPES[11]                                    # groups of 4 channels: both kernels run it
+    p, desc = _problem(shape)
+    x, w, dy = _data(p, 3)
+    ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+    prior = np.random.default_rng(4).standard_normal(ref.shape).astype(np.float32)
+    alpha, beta = 0.75, -0.5
+    out = cp.asarray(prior)
+    got = _run_kernel(kind, direction, p, cp.asarray(x, np.float32), cp.asarray(w, np.float32),
+                      cp.asarray(dy, np.float32), False, True, out, alpha, beta)
+    want = alpha * ref + beta * prior.astype(F64)
+    bound = _bound(direction, p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), 2.0 ** -24, 2.0 ** -24)
+    _check(got, want, bound, f"{kind} {direction} alpha/beta")
+
+
+@pytest.mark.parametrize("kind", ["implicit", "direct"])
+def test_filter_gradient_is_bitwise_repeatable(kind):
+    shape = ("big-reduction", 8, 16, 20, 20, 16, 3, 3, 1, 1, 1, 4 if kind == "direct" else 1)
+    p, _ = _problem(shape)
+    x, _, dy = _data(p, 9)
+    xg, dyg = cp.asarray(x, np.float32), cp.asarray(dy, np.float32)
+    first = cp.asnumpy(_run_kernel(kind, "backward_filter", p, xg, None, dyg, True, False, None))
+    for _ in range(3):
+        again = cp.asnumpy(_run_kernel(kind, "backward_filter", p, xg, None, dyg, True, False, None))
+        assert np.array_equal(first.view(np.uint32), again.view(np.uint32))
+
+
+# ---- direct (depthwise / small groups) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("shape", SMALL_GROUPS, ids=[s[0] for s in SMALL_GROUPS])
+def test_direct_matches_float64(shape, layout):
+    _compare("direct", shape, layout, False, seed=SMALL_GROUPS.index(shape))
+
+
+def test_direct_half_and_1d():
+    _compare("direct", SHAPES[13], "NCHW", False, dtype="float16")
+    desc = ConvolutionDescriptor(1, 1, 1, 6)
+    p = make_problem("test", (2, 6, 17), (6, 1, 3), desc, "float32")
+    rng = np.random.default_rng(8)
+    x, w, dy = rng.standard_normal(p.x_shape), rng.standard_normal(p.w_shape), rng.standard_normal(p.y_shape)
+    for direction in DIRECTIONS:
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        got = _run_kernel("direct", direction, p, cp.asarray(x, np.float32), cp.asarray(w, np.float32),
+                          cp.asarray(dy, np.float32), False, False, None)
+        _check(got, ref, _bound(direction, p, ref_abs, 2.0 ** -24, 2.0 ** -24), f"direct 1-D {direction}")
+
+
+# ---- through the primitives: registry, heuristic, find -----------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("math_type", [MathType.DEFAULT, MathType.TENSOR_OP])
+def test_primitives_run_the_kernels_by_name(fmt, math_type):
+    shape = SHAPES[1]
+    p, desc = _problem(shape)
+    desc = ConvolutionDescriptor(desc.padding, desc.stride, desc.dilation, desc.groups, math_type=math_type)
+    x, w, dy = _data(p, 21)
+    h = Handle("cuda")
+    u_in = 2.0 ** -11 if math_type is MathType.TENSOR_OP else 2.0 ** -24
+    nhwc = fmt == "NHWC"
+    xd = cp.asarray(np.ascontiguousarray(np.moveaxis(x, 1, -1)) if nhwc else x, np.float32)
+    dyd = cp.asarray(np.ascontiguousarray(np.moveaxis(dy, 1, -1)) if nhwc else dy, np.float32)
+    wd = cp.asarray(w, np.float32)
+    back = (lambda a: np.moveaxis(cp.asnumpy(a), -1, 1)) if nhwc else cp.asnumpy
+    for algo in (ConvolutionFwdAlgo.IMPLICIT_GEMM, ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM):
+        ref, ref_abs = _ref("forward", desc, p, x, w, dy)
+        y0 = np.random.default_rng(1).standard_normal(ref.shape)
+        y = cp.asarray(np.ascontiguousarray(np.moveaxis(y0, 1, -1)) if nhwc else y0, np.float32)
+        got = convolution_forward(h, xd, wd, desc, algo=algo, alpha=2.0, beta=0.5, y=y, format=fmt)
+        _check(back(got), 2 * ref + 0.5 * y0, _bound("forward", p, 2 * ref_abs + 0.5 * np.abs(y0), u_in, 2.0 ** -24),
+               f"{algo} {fmt}")
+    ref, ref_abs = _ref("backward_data", desc, p, x, w, dy)
+    got = convolution_backward_data(h, wd, dyd, desc, xd.shape, algo=ConvolutionBwdDataAlgo.ALGO_0, format=fmt)
+    _check(back(got), ref, _bound("backward_data", p, ref_abs, u_in, 2.0 ** -24), f"bwd data ALGO_0 {fmt}")
+    ref, ref_abs = _ref("backward_filter", desc, p, x, w, dy)
+    for algo in (ConvolutionBwdFilterAlgo.ALGO_0, ConvolutionBwdFilterAlgo.ALGO_3):
+        got = convolution_backward_filter(h, xd, dyd, desc, w.shape, algo=algo, format=fmt)
+        _check(got, ref, _bound("backward_filter", p, ref_abs, u_in, 2.0 ** -24), f"bwd filter {algo} {fmt}")
+
+
+def test_depthwise_direct_through_the_primitives_and_the_heuristic_picks_the_kernels():
+    p, desc = _problem(SHAPES[12])
+    x, w, dy = _data(p, 2)
+    h = Handle("cuda")
+    ranked = get_convolution_forward_algorithm_v7(h, p.x_shape, p.w_shape, desc)
+    assert ranked[0].algo is ConvolutionFwdAlgo.DIRECT, ranked[:3]
+    got = convolution_forward(h, cp.asarray(x, np.float32), cp.asarray(w, np.float32), desc)
+    ref, ref_abs = _ref("forward", desc, p, x, w, dy)
+    _check(got, ref, _bound("forward", p, ref_abs, 2.0 ** -24, 2.0 ** -24), "heuristic depthwise forward")
+    assert get_convolution_backward_data_algorithm_v7(h, p.w_shape, p.y_shape, desc, p.x_shape)[0].algo \
+        is ConvolutionBwdDataAlgo.ALGO_0
+    assert get_convolution_backward_filter_algorithm_v7(h, p.x_shape, p.y_shape, desc, p.w_shape)[0].algo \
+        is ConvolutionBwdFilterAlgo.ALGO_0
+    dense, ddesc = _problem(SHAPES[8])
+    assert get_convolution_forward_algorithm_v7(h, dense.x_shape, dense.w_shape, ddesc)[0].algo in \
+        (ConvolutionFwdAlgo.IMPLICIT_GEMM, ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM)
+
+
+def test_find_times_the_kernels():
+    p, desc = _problem(SHAPES[8])
+    x, w, dy = _data(p, 6)
+    h = Handle("cuda")
+    xd, wd, dyd = (cp.asarray(a, np.float32) for a in (x, w, dy))
+    perfs = find_convolution_forward_algorithm(h, xd, wd, desc)
+    ok = {perf.algo for perf in perfs if perf.status is Status.SUCCESS}
+    assert {ConvolutionFwdAlgo.IMPLICIT_GEMM, ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM} <= ok
+    assert all(perf.time > 0 for perf in perfs if perf.status is Status.SUCCESS)
+    ok = {perf.algo for perf in find_convolution_backward_filter_algorithm(h, xd, dyd, desc, p.w_shape)
+          if perf.status is Status.SUCCESS}
+    assert ConvolutionBwdFilterAlgo.ALGO_3 in ok and ConvolutionBwdFilterAlgo.ALGO_0 in ok
+    ok = {perf.algo for perf in find_convolution_backward_data_algorithm(h, wd, dyd, desc, p.x_shape)
+          if perf.status is Status.SUCCESS}
+    assert ConvolutionBwdDataAlgo.ALGO_0 in ok
+
+
+def test_half_data_through_the_primitive_runs_natively():
+    p, desc = _problem(SHAPES[8], "float16")
+    x, w, dy = _data(p, 7)
+    x, w = x.astype(np.float16).astype(F64), w.astype(np.float16).astype(F64)
+    got = convolution_forward(Handle("cuda"), cp.asarray(x, np.float16), cp.asarray(w, np.float16), desc,
+                              algo=ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM)
+    assert got.dtype == np.float16
+    ref, ref_abs = _ref("forward", desc, p, x, w, dy)
+    _check(got, ref, _bound("forward", p, ref_abs, 0.0, 2.0 ** -11), "fp16 primitive")
