@@ -146,12 +146,15 @@ def _check_desc(where, desc):
 
 def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1.0, beta=0.0, y=None):
     """y = alpha * f(x) + beta * y."""
+    if (gpu := _gpu_activation_seen("fwd", handle, activation_desc, x, None, None, alpha, beta, y)) is not None:
+        return gpu              # this exact call validated before: straight to the kernel
     where = "activation_forward"
     handle, xp = begin(handle, where, x=x, y=y)
     _check_desc(where, activation_desc)
     check_float(where, x=x)
     check_out(where, "y", y, x.shape, x.dtype, beta)
-    gpu = _gpu_activation(activation_desc, x, None, alpha, beta, y)
+    gpu = _gpu_activation(activation_desc, x, None, alpha, beta, y, _gpu_key("fwd", handle, activation_desc, x, None,
+                                                                          None, alpha, beta, y))
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
     f, _ = _MODES[activation_desc.mode]
@@ -161,13 +164,16 @@ def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1
 
 def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x, alpha=1.0, beta=0.0, dx=None):
     """dx = alpha * f'(x) * dy + beta * dx   (cuDNN argument order: desc, y, dy, x; y may be None)."""
+    if (gpu := _gpu_activation_seen("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx)) is not None:
+        return gpu              # this exact call validated before: straight to the kernel
     where = "activation_backward"
     handle, xp = begin(handle, where, y=y, dy=dy, x=x, dx=dx)
     _check_desc(where, activation_desc)
     check_float(where, x=x)
     check_same(where, "x", x, y=y, dy=dy)
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
-    gpu = _gpu_activation(activation_desc, x, dy, alpha, beta, dx)
+    gpu = _gpu_activation(activation_desc, x, dy, alpha, beta, dx, _gpu_key("bwd", handle, activation_desc, x, dy, y,
+                                                                         alpha, beta, dx))
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
     _, fprime = _MODES[activation_desc.mode]
@@ -179,7 +185,36 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
 # GPU fast path (backend/cuda/act_kernels.py), owned by the step-kernels work (issue 10): one launch each way for
 # CuPy float32/float64 arrays in C or channels-last order, no blending; None sends the call to the reference above.
 
-def _gpu_activation(desc, x, dy, alpha, beta, out):
+# Calls the kernel took, by their full signature (shapes, dtypes, strides, devices, descriptor, blending): the same
+# call again skips the validation it would pass again (host cost per step).
+_SEEN: dict = {}
+_SEEN_LIMIT = 4096
+
+
+def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
+    from .devices import is_cuda_array
+    if out is not None or not is_cuda_array(x):
+        return None
+    try:
+        key = (kind, None if handle is None else handle.device, desc, alpha, beta,
+               *((None if a is None else (a.shape, a.dtype, a.strides, a.device.id)) for a in (x, dy, y)))
+        hash(key)
+    except (TypeError, AttributeError):
+        return None
+    return key
+
+
+def _gpu_activation_seen(kind, handle, desc, x, dy, y, alpha, beta, out):
+    key = _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out)
+    if key is None or key not in _SEEN:
+        return None
+    from .cuda import act_kernels
+    if dy is None:
+        return act_kernels.forward(desc.mode.name, desc.coef, x)
+    return act_kernels.backward(desc.mode.name, desc.coef, x, dy)
+
+
+def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):
     from .devices import is_cuda_array
     if not (is_cuda_array(x) and alpha == 1 and beta == 0 and out is None):
         return None
@@ -187,6 +222,10 @@ def _gpu_activation(desc, x, dy, alpha, beta, out):
     mode = desc.mode.name
     if not act_kernels.supports(mode, x, *(() if dy is None else (dy,))):
         return None
+    if key is not None:
+        if len(_SEEN) >= _SEEN_LIMIT:
+            _SEEN.clear()
+        _SEEN[key] = True
     if dy is None:
         return act_kernels.forward(mode, desc.coef, x)
     return act_kernels.backward(mode, desc.coef, x, dy)

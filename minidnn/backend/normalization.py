@@ -155,6 +155,11 @@ def batch_normalization_forward_training(handle, mode, x, scale, bias, exponenti
     running statistics untouched; a single value per statistic (e.g. N=1 with PER_ACTIVATION) is an
     error, as in PyTorch, because the unbiased variance is undefined.
     """
+    key = _gpu_call_key(x, y, "train", handle, mode, format, exponential_average_factor, epsilon, alpha, beta,
+                        scale, bias, running_mean, running_var)
+    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernels
+        return _gpu_bn_training(seen.at(x), x, scale, bias, exponential_average_factor, running_mean, running_var,
+                                epsilon, alpha, beta, y, checked=True)
     where = "batch_normalization_forward_training"
     xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
                             dict(scale=scale, bias=bias, running_mean=running_mean, running_var=running_var),
@@ -170,7 +175,7 @@ def batch_normalization_forward_training(handle, mode, x, scale, bias, exponenti
     if x.size == 0:
         zeros = xp.zeros(geom.param_shape, dtype=np.float32 if x.dtype == np.float16 else x.dtype)
         return blend(xp.empty(x.shape, dtype=x.dtype), alpha, beta, y, x.dtype), zeros, zeros.copy()
-    fast = _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y)
+    fast = _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, key=key)
     if fast is not None:        # the CUDA kernels (see the GPU fast paths block at the end of this file)
         return fast
     xhat, mean, var, inv_std = _normalize(xp, geom.xc, geom.axes, epsilon)
@@ -184,6 +189,11 @@ def batch_normalization_forward_training(handle, mode, x, scale, bias, exponenti
 def batch_normalization_forward_inference(handle, mode, x, scale, bias, estimated_mean, estimated_variance,
                                           epsilon, alpha=1.0, beta=0.0, y=None, format=None):
     """y = alpha * (scale * (x - estimated_mean) / sqrt(estimated_variance + epsilon) + bias) + beta * y."""
+    key = _gpu_call_key(x, y, "infer", handle, mode, format, epsilon, alpha, beta, scale, bias, estimated_mean,
+                        estimated_variance)
+    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernel
+        return _gpu_bn_inference(seen.at(x), x, scale, bias, estimated_mean, estimated_variance, epsilon, alpha, beta,
+                                 y, checked=True)
     where = "batch_normalization_forward_inference"
     if estimated_mean is None or estimated_variance is None:
         raise BadParamError(f"{where}: estimated_mean and estimated_variance are required")
@@ -191,7 +201,8 @@ def batch_normalization_forward_inference(handle, mode, x, scale, bias, estimate
                             dict(scale=scale, bias=bias, estimated_mean=estimated_mean,
                                  estimated_variance=estimated_variance), dict(y=y))
     check_out(where, "y", y, x.shape, x.dtype, beta)
-    fast = _gpu_bn_inference(geom, x, scale, bias, estimated_mean, estimated_variance, epsilon, alpha, beta, y)
+    fast = _gpu_bn_inference(geom, x, scale, bias, estimated_mean, estimated_variance, epsilon, alpha, beta, y,
+                             key=key)
     if fast is not None:        # the CUDA kernel (see the GPU fast paths block at the end of this file)
         return fast
     xhat = (geom.xc - geom.view(estimated_mean)) / xp.sqrt(geom.view(estimated_variance) + epsilon)
@@ -208,6 +219,13 @@ def batch_normalization_backward(handle, mode, x, dy, scale, saved_mean, saved_i
     them from x and epsilon (as cuDNN allows).  dscale and dbias take scale's shape and are None when
     scale is None.
     """
+    key = _gpu_call_key(x, None if dx is None and dscale is None and dbias is None else x, "backward", handle,
+                        mode, format,
+                        epsilon, alpha_data, beta_data, alpha_param, beta_param, dy, scale, saved_mean,
+                        saved_inv_variance)
+    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernels
+        return _gpu_bn_backward(seen.at(x), x, dy, scale, saved_mean, saved_inv_variance, seen.grad_shape,
+                                (alpha_data, beta_data, alpha_param, beta_param), (dx, dscale, dbias), checked=True)
     where = "batch_normalization_backward"
     xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
                             dict(scale=scale, saved_mean=saved_mean, saved_inv_variance=saved_inv_variance),
@@ -223,7 +241,8 @@ def batch_normalization_backward(handle, mode, x, dy, scale, saved_mean, saved_i
         values = (xp.zeros(x.shape, x.dtype),) + ((None, None) if scale is None else
                                                   (xp.zeros(param_shape, scale.dtype),) * 2)
     elif (fast := _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv_variance, param_shape,
-                                   (alpha_data, beta_data, alpha_param, beta_param), (dx, dscale, dbias))) is not None:
+                                   (alpha_data, beta_data, alpha_param, beta_param), (dx, dscale, dbias),
+                                   key=key)) is not None:
         return fast             # the CUDA kernels (see the GPU fast paths block at the end of this file)
     else:
         dyc = to_channels_first(dy, geom.fmt)
@@ -365,42 +384,101 @@ class BatchNormOps(enum.Enum):
     BN_ADD_ACTIVATION = "bn_add_activation"     # y = relu(bn(x) + z)
 
 
+_GPU = []
+
+
 def _gpu_kernels():
-    from .devices import is_cuda_array
-    from .cuda import bn_kernels
-    return is_cuda_array, bn_kernels
+    if not _GPU:
+        from .devices import is_cuda_array
+        from .cuda import bn_kernels
+        _GPU.extend((is_cuda_array, bn_kernels))
+    return _GPU
 
 
 def _gpu_plain(alpha, beta, *outs):
     return alpha == 1 and beta == 0 and all(o is None for o in outs)
 
 
-def _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, z=None,
-                     relu=False):
-    is_cuda, k = _gpu_kernels()
-    if not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
-            and k.supports(geom.xc, scale, bias, running_mean, running_var,
-                           others=(None if z is None else to_channels_first(z, geom.fmt),))):
+# Calls the kernels took, by their full signature (every array's shape, dtype, strides and device; every setting):
+# the same call again skips the validation, which it would pass again, and the geometry (host cost per step).
+_SEEN: dict = {}
+_SEEN_LIMIT = 4096
+
+
+class _SeenGeometry:
+    """What a validated call decided: the format, the parameter shape, the gradient parameter shape."""
+    mode = BatchNormMode.SPATIAL
+
+    def __init__(self, geom, grad_shape=None):
+        self.fmt, self.param_shape, self.grad_shape = geom.fmt, geom.param_shape, grad_shape
+
+    def at(self, x):
+        return _SeenCall(self, to_channels_first(x, self.fmt))
+
+
+class _SeenCall:
+    __slots__ = ("mode", "fmt", "param_shape", "xc")
+
+    def __init__(self, seen, xc):
+        self.mode, self.fmt, self.param_shape, self.xc = seen.mode, seen.fmt, seen.param_shape, xc
+
+
+def _gpu_call_key(x, out, *settings_and_arrays):
+    """The signature of a CUDA call without output buffers (None for anything else: those are never cached)."""
+    is_cuda, _ = _gpu_kernels()
+    if out is not None or not is_cuda(x):
         return None
+    try:
+        key = tuple(a if not hasattr(a, "strides") else (a.shape, a.dtype, a.strides, a.device.id)
+                    for a in settings_and_arrays)
+        key = key[:1] + (None if key[1] is None else getattr(key[1], "device", id(key[1])),) + key[2:]
+        key += ((x.shape, x.dtype, x.strides, x.device.id),)
+        hash(key)
+    except (TypeError, AttributeError):
+        return None
+    return key
+
+
+def _gpu_remember(key, geom, grad_shape=None):
+    if key is not None:
+        if len(_SEEN) >= _SEEN_LIMIT:
+            _SEEN.clear()
+        _SEEN[key] = _SeenGeometry(geom, grad_shape)
+
+
+def _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, z=None,
+                     relu=False, key=None, checked=False):
+    is_cuda, k = _gpu_kernels()
+    if not checked and not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
+                            and k.supports(geom.xc, scale, bias, running_mean, running_var,
+                                           others=(None if z is None else to_channels_first(z, geom.fmt),))):
+        return None
+    _gpu_remember(key, geom)
     zc = None if z is None else to_channels_first(z, geom.fmt)
     yc, mean, inv_std = k.forward_training(geom.xc, scale, bias, f, running_mean, running_var, epsilon, zc, relu)
-    return from_channels_first(yc, geom.fmt), mean.reshape(geom.param_shape), inv_std.reshape(geom.param_shape)
+    if mean.shape != geom.param_shape:
+        mean, inv_std = mean.reshape(geom.param_shape), inv_std.reshape(geom.param_shape)
+    return from_channels_first(yc, geom.fmt), mean, inv_std
 
 
-def _gpu_bn_inference(geom, x, scale, bias, mean, var, epsilon, alpha, beta, y, z=None, relu=False):
+def _gpu_bn_inference(geom, x, scale, bias, mean, var, epsilon, alpha, beta, y, z=None, relu=False, key=None,
+                      checked=False):
     is_cuda, k = _gpu_kernels()
-    if not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
-            and k.supports(geom.xc, scale, bias, mean, var,
-                           others=(None if z is None else to_channels_first(z, geom.fmt),))):
+    if not checked and not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
+                            and k.supports(geom.xc, scale, bias, mean, var,
+                                           others=(None if z is None else to_channels_first(z, geom.fmt),))):
         return None
+    _gpu_remember(key, geom)
     zc = None if z is None else to_channels_first(z, geom.fmt)
     return from_channels_first(k.forward_inference(geom.xc, scale, bias, mean, var, epsilon, zc, relu), geom.fmt)
 
 
-def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, blending, outs, y=None, want_dz=False):
+def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, blending, outs, y=None, want_dz=False,
+                     key=None, checked=False):
     is_cuda, k = _gpu_kernels()
     acc = np.float64 if x.dtype == np.float64 else np.float32
-    if not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and blending == (1.0, 0.0, 1.0, 0.0)
+    if not checked and not (
+            is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and blending == (1.0, 0.0, 1.0, 0.0)
             and all(o is None for o in outs) and saved_mean is not None
             and saved_mean.dtype == acc and saved_inv.dtype == acc
             and saved_mean.flags.c_contiguous and saved_inv.flags.c_contiguous
@@ -408,15 +486,19 @@ def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, ble
             and k.supports(geom.xc, scale, others=(to_channels_first(dy, geom.fmt),
                                                    None if y is None else to_channels_first(y, geom.fmt)))):
         return None
+    _gpu_remember(key, geom, param_shape)
     yc = None if y is None else to_channels_first(y, geom.fmt)
-    dx, dz, dscale, dbias = k.backward(geom.xc, to_channels_first(dy, geom.fmt), scale, saved_mean.reshape(-1),
-                                       saved_inv.reshape(-1), yc, want_dz)
+    if saved_mean.ndim != 1:
+        saved_mean, saved_inv = saved_mean.reshape(-1), saved_inv.reshape(-1)
+    dx, dz, dscale, dbias = k.backward(geom.xc, to_channels_first(dy, geom.fmt), scale, saved_mean, saved_inv, yc,
+                                       want_dz)
     dx = from_channels_first(dx, geom.fmt)
     dz = None if dz is None else from_channels_first(dz, geom.fmt)
     if scale is None:
         return (dx, dz, None, None) if want_dz else (dx, None, None)
-    return (dx, dz, dscale.reshape(param_shape), dbias.reshape(param_shape)) if want_dz \
-        else (dx, dscale.reshape(param_shape), dbias.reshape(param_shape))
+    if dscale.shape != tuple(param_shape):
+        dscale, dbias = dscale.reshape(param_shape), dbias.reshape(param_shape)
+    return (dx, dz, dscale, dbias) if want_dz else (dx, dscale, dbias)
 
 
 def _bn_ops_prologue(where, bn_ops, x, z, format):

@@ -195,7 +195,8 @@ def _in_format(cf_shape, fmt):
 
 
 def _window_max(xp, xpad, geom):
-    """Max over each window and the tap that holds it (first maximum; a NaN wins, as in PyTorch)."""
+    """Max over each window and the tap that holds it: PyTorch's CPU rule ``val > max || isnan(val)`` in tap
+    order, so the first maximum wins, and a NaN wins over everything, the last NaN of the window."""
     best = arg = None
     for t, sl in geom.taps():
         v = xpad[(Ellipsis,) + sl]
@@ -203,7 +204,7 @@ def _window_max(xp, xpad, geom):
             best = v.copy()
             arg = xp.zeros(v.shape, dtype=np.min_scalar_type(math.prod(geom.window) - 1))
             continue
-        better = (v > best) | (xp.isnan(v) & ~xp.isnan(best))
+        better = (v > best) | xp.isnan(v)
         best = xp.where(better, v, best)
         arg = xp.where(better, t, arg).astype(arg.dtype, copy=False)     # no boolean-mask write: it syncs CuPy
     return best, arg
@@ -257,6 +258,10 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     ``return_argmax=True`` (max modes only) returns ``(y, argmax)``, where argmax holds each window's
     winning tap; passing it to ``pooling_backward`` skips recomputing the maxima.
     """
+    key = _gpu_key("fwd", handle, pooling_desc, format, alpha, beta, return_argmax, y, x)
+    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernel
+        return _gpu_pool_forward(seen[1], to_channels_first(x, seen[0]), seen[0], 1.0, 0.0, None, return_argmax,
+                                 checked=True)
     where = "pooling_forward"
     xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y)
     if return_argmax and not geom.mode.is_max:
@@ -264,7 +269,7 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     y_shape = _in_format(geom.y_shape, fmt)
     check_out(where, "y", y, y_shape, x.dtype, beta)
 
-    gpu = _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax)
+    gpu = _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
     fast = None if geom.dilated else next((f for f in FAST_PATHS if f.applies_forward(geom, xc)), None)
@@ -287,6 +292,11 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
     MAX modes route each window's gradient to its first maximum, recomputed from x (``y`` is only
     checked), or read from ``argmax`` returned by ``pooling_forward(..., return_argmax=True)``.
     """
+    key = _gpu_key("bwd", handle, pooling_desc, format, alpha, beta, None, dx, x, y, dy, argmax)
+    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernel
+        fmt, geom = seen
+        return _gpu_pool_backward(geom, to_channels_first(x, fmt), to_channels_first(dy, fmt), fmt, argmax, 1.0,
+                                  0.0, None, checked=True)
     where = "pooling_backward"
     xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y, dy=dy, dx=dx, argmax=argmax)
     dyc = to_channels_first(dy, fmt)
@@ -302,7 +312,7 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
         if tuple(argmax.shape) != tuple(dy.shape):
             raise BadParamError(f"{where}: argmax has shape {shape_str(argmax)} but dy has shape {shape_str(dy)}")
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
-    gpu = _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx)
+    gpu = _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
 
@@ -338,29 +348,58 @@ FAST_PATHS.append(_pooling_cpu)
 # GPU fast path (backend/cuda/pool_kernels.py), owned by the step-kernels work (issue 10): 2-D pooling of CuPy
 # float32/float64 arrays without blending; None sends the call to the reference above.
 
-def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax):
+# Calls the kernels took, by their full signature (descriptor, format, blending, every array's shape, dtype, strides,
+# device): the same call again skips the validation and the geometry it would compute again (host cost per step).
+_SEEN: dict = {}
+_SEEN_LIMIT = 4096
+
+
+def _gpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, *arrays):
     from .devices import is_cuda_array
-    if not (is_cuda_array(xc) and alpha == 1 and beta == 0 and y is None):
+    if out is not None or not is_cuda_array(x):
         return None
+    try:
+        key = (kind, None if handle is None else handle.device, desc, format, alpha, beta, flag,
+               *((None if a is None else (a.shape, a.dtype, a.strides, a.device.id)) for a in (x, *arrays)))
+        hash(key)
+    except (TypeError, AttributeError):
+        return None
+    return key
+
+
+def _gpu_remember(key, fmt, geom):
+    if key is not None:
+        if len(_SEEN) >= _SEEN_LIMIT:
+            _SEEN.clear()
+        _SEEN[key] = (fmt, geom)
+
+
+def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=None, checked=False):
+    from .devices import is_cuda_array
     from .cuda import pool_kernels
-    if not pool_kernels.supports(geom, xc):
-        return None
+    if not checked:
+        if not (is_cuda_array(xc) and alpha == 1 and beta == 0 and y is None and pool_kernels.supports(geom, xc)):
+            return None
+        _gpu_remember(key, fmt, geom)
     value, argmax = pool_kernels.forward(geom, xc)
     value = from_channels_first(value, fmt)
     return (value, from_channels_first(argmax, fmt)) if return_argmax else value
 
 
-def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx):
+def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=None, checked=False):
     from .devices import is_cuda_array
-    if not (is_cuda_array(dyc) and alpha == 1 and beta == 0 and dx is None):
-        return None
     from .cuda import pool_kernels
     arg = None if argmax is None else to_channels_first(argmax, fmt)
-    if not pool_kernels.supports(geom, xc, dyc, arg) or (arg is not None and arg.dtype != pool_kernels.arg_dtype(geom)):
-        return None
-    if geom.mode.is_max and arg is None:
-        if not is_cuda_array(xc):
+    if not checked:
+        if not (is_cuda_array(dyc) and alpha == 1 and beta == 0 and dx is None):
             return None
+        if not pool_kernels.supports(geom, xc, dyc, arg) or (arg is not None
+                                                             and arg.dtype != pool_kernels.arg_dtype(geom)):
+            return None
+        if geom.mode.is_max and arg is None and not is_cuda_array(xc):
+            return None
+        _gpu_remember(key, fmt, geom)
+    if geom.mode.is_max and arg is None:
         arg = pool_kernels.forward(geom, xc)[1]
     return from_channels_first(pool_kernels.backward(geom, dyc, arg, xc.shape, xc.dtype,
                                                      x_channels_last=pool_kernels.is_channels_last(xc)), fmt)

@@ -431,3 +431,39 @@ def test_nn_resnet_block_on_the_gpu_matches_the_cpu(cp, rng):
                        + [host(b.data) for b in block.buffers() if b.dtype.kind == "f"])
     for a, b in zip(*results):
         np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
+
+
+def test_repeated_calls_skip_validation_and_stay_right(cp, rng):
+    """The second call of a signature goes straight to the kernels (no re-validation): same launches, right values,
+    and a call that differs in any array's shape still meets the validation."""
+    relu = B.ActivationDescriptor("relu")
+    pool = B.PoolingDescriptor("max", 3, 1, 2)
+    scale, bias = cp.ones(5), cp.zeros(5)
+    for _ in range(3):
+        x = rng.standard_normal((4, 5, 9, 9))
+        dy = rng.standard_normal(x.shape)
+        y_ref, m_ref, i_ref = B.batch_normalization_forward_training(None, "spatial", x, None, None, 0.1, None, None,
+                                                                     1e-5)
+        dx_ref = B.batch_normalization_backward(None, "spatial", x, dy, None, m_ref, i_ref, 1e-5)[0]
+        p_ref, a_ref = B.pooling_forward(None, pool, x, return_argmax=True)
+        pdx_ref = B.pooling_backward(None, pool, p_ref, p_ref * 2, x, argmax=a_ref)
+        with Counted() as c:
+            y, m, i = B.batch_normalization_forward_training(None, "spatial", cp.asarray(x), scale, bias, 0.1, None,
+                                                             None, 1e-5)
+            dx = B.batch_normalization_backward(None, "spatial", cp.asarray(x), cp.asarray(dy), scale, m, i, 1e-5)[0]
+            r = B.activation_forward(None, relu, cp.asarray(x))
+            dr = B.activation_backward(None, relu, None, cp.asarray(dy), cp.asarray(x))
+            p, a = B.pooling_forward(None, pool, cp.asarray(x), return_argmax=True)
+            pdx = B.pooling_backward(None, pool, p, p * 2, cp.asarray(x), argmax=a)
+        assert c.n == 8
+        close(y, y_ref, np.float64)
+        close(dx, dx_ref, np.float64)
+        close(r, np.maximum(x, 0), np.float64)
+        close(dr, np.where(x > 0, dy, 0), np.float64)
+        close(p, p_ref, np.float64)
+        np.testing.assert_array_equal(host(a), a_ref)
+        close(pdx, pdx_ref, np.float64)
+    with pytest.raises(B.BadParamError, match="scale has shape"):
+        B.batch_normalization_forward_training(None, "spatial", cp.asarray(x), cp.ones(4), bias, 0.1, None, None, 1e-5)
+    with pytest.raises(B.BadParamError, match="must match"):
+        B.activation_backward(None, relu, None, cp.asarray(dy[:2]), cp.asarray(x))
