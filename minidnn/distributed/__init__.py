@@ -308,11 +308,17 @@ def broadcast_object_list(object_list, src=0, group=None, device=None):
 
 
 # -- array-level entry points for minidnn's own layers (DistributedDataParallel, SyncBatchNorm) ----------------------
-def _all_reduce_arrays(arrays, op=ReduceOp.SUM, tag=None):
-    """``tag`` names the call site in the cross-rank check (cpu backend; nccl under MINIDNN_DISTRIBUTED_DEBUG)."""
+def _all_reduce_arrays(arrays, op=ReduceOp.SUM, tag=None, side_stream=False):
+    """``tag`` names the call site in the cross-rank check (cpu backend; nccl under MINIDNN_DISTRIBUTED_DEBUG).
+    ``side_stream`` (nccl): overlap with what the current stream does next, until ``_join_side_stream()``."""
     g = _require("all_reduce")
     check_reduce_dtypes(arrays, op, "all_reduce")
-    g.backend.all_reduce(list(arrays), op, tag=tag)
+    g.backend.all_reduce(list(arrays), op, tag=tag, side_stream=side_stream)
+
+
+def _join_side_stream():
+    """The current stream waits for the side-stream collectives issued so far (no host wait)."""
+    _require("all_reduce").backend.join_side_stream()
 
 
 def _broadcast_arrays(arrays, src=0):

@@ -85,7 +85,7 @@ class CpuBackend:
         self.store = store
         self.rank, self.world_size = store.rank, store.world_size
 
-    def all_reduce(self, arrays, op, tag=None):
+    def all_reduce(self, arrays, op, tag=None, side_stream=False):
         meta = {"op": "all_reduce", "reduce": op.name, "tensors": _describe(arrays), "site": tag}
         hosts = [_to_host(a) for a in arrays]
 
@@ -111,6 +111,9 @@ class CpuBackend:
 
     def barrier(self):
         self.store.exchange({"op": "barrier"}, None, lambda payloads: [None] * len(payloads))
+
+    def join_side_stream(self):
+        """Nothing runs asynchronously here."""
 
     def close(self):
         pass
@@ -154,6 +157,7 @@ class NcclBackend:
         self.rank, self.world_size = store.rank, store.world_size
         self.device = int(device_index)
         self.debug = os.environ.get("MINIDNN_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
+        self._side, self._forked = None, False        # the communication stream (created on first use)
         uid = store.shared["nccl_id"]
         with self.cp.cuda.Device(self.device):
             self.comm = self.nccl.NcclCommunicator(self.world_size, uid, self.rank)
@@ -189,12 +193,37 @@ class NcclBackend:
                 if len(arrays) > 1:
                     self.nccl.groupEnd()
 
-    def all_reduce(self, arrays, op, tag=None):
+    def all_reduce(self, arrays, op, tag=None, side_stream=False):
+        """``side_stream``: run on this rank's communication stream, after the work queued on the current stream so
+        far (an event, no host wait), so that the kernels queued next on the current stream overlap with it;
+        ``join_side_stream`` makes the current stream wait for it again.  Both are capturable (the fork/join of
+        streams that CUDA graph capture records)."""
         if op not in _NCCL_OPS:
             raise ValueError(f"all_reduce: NCCL has no ReduceOp.{op.name} (it has SUM, AVG, PRODUCT, MIN, MAX)")
         self._check("all_reduce", arrays, {"reduce": op.name, "tensors": _describe(arrays), "site": tag})
-        s = self._stream()
+        with self.cp.cuda.Device(self.device):
+            s = self._fork() if side_stream else self._stream()
         self._grouped(arrays, lambda a, dt: self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, dt, _NCCL_OPS[op], s))
+
+    def _fork(self):
+        cp = self.cp
+        if self._side is None:
+            self._side = cp.cuda.Stream(non_blocking=True)
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(cp.cuda.get_current_stream())
+        self._side.wait_event(ready)
+        self._forked = True
+        return self._side.ptr
+
+    def join_side_stream(self):
+        if not self._forked:
+            return
+        cp = self.cp
+        with cp.cuda.Device(self.device):
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(self._side)
+            cp.cuda.get_current_stream().wait_event(done)
+        self._forked = False
 
     def broadcast(self, arrays, src):
         self._check("broadcast", arrays, {"src": src, "tensors": _describe(arrays)})

@@ -38,12 +38,13 @@ try:
     steps, batch = 8, 16
     xs, ys = S.image_data(W, steps, batch)
     mine = slice(R * batch, (R + 1) * batch)
-    for name, compiled, sync_bn in (("eager", False, False), ("graphed", True, False), ("syncbn", False, True)):
+    for name, compiled, sync_bn, comm_stream in (("eager", False, False, True), ("graphed", True, False, True),
+                                                 ("syncbn", False, True, True), ("current_stream", True, False, False)):
         model = S.small_cnn(seed=R, batchnorm=sync_bn)
         if sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(dev)
-        ddp = DDP(model, device_ids=None if ON_CPU else [local], bucket_cap_mb=0.002)      # a few buckets even for this small model
+        ddp = DDP(model, device_ids=None if ON_CPU else [local], bucket_cap_mb=0.002, comm_stream=comm_stream)      # a few buckets even for this small model
         out[f"{name}_losses"] = np.array(S.gpu_train(ddp, xs[:, mine], ys[:, mine], dev, compiled=compiled))
         for i, p in enumerate(model.parameters()):
             out[f"{name}_param{i}"] = p.cpu().numpy()

@@ -109,9 +109,9 @@ def ddp_sgd_fused():
     seen = []
     real = dist._all_reduce_arrays
 
-    def spy(arrays, op=dist.ReduceOp.SUM, tag=None):
+    def spy(arrays, op=dist.ReduceOp.SUM, tag=None, side_stream=False):
         seen.append(sum(p.grad is not None for p in ddp.parameters()))
-        return real(arrays, op, tag)
+        return real(arrays, op, tag, side_stream)
     dist._all_reduce_arrays = spy
     try:
         xs, ys = S.data(W)

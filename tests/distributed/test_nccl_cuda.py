@@ -59,15 +59,16 @@ def test_nccl_world_of_one_collectives(world_of_one):
         DDP(mdn.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("comm_stream", [True, False])
 @pytest.mark.parametrize("compiled", [False, True])
-def test_ddp_world_of_one_equals_plain_training(world_of_one, compiled):
+def test_ddp_world_of_one_equals_plain_training(world_of_one, compiled, comm_stream):
     """A world of one averages over one rank: the same steps as without the wrapper, eager and from a CUDA
-    graph (the bucket all-reduces are captured with the backward)."""
+    graph (the bucket all-reduces, on the communication stream or the current one, captured with the backward)."""
     xs, ys = S.image_data(1, 6, 16)
     ref = S.small_cnn(seed=0).to("cuda")
     ref_losses = S.gpu_train(ref, xs, ys, "cuda")
     model = S.small_cnn(seed=0).to("cuda")
-    ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.002)
+    ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.002, comm_stream=comm_stream)
     losses = S.gpu_train(ddp, xs, ys, "cuda", compiled=compiled)
     assert len(ddp.bucket_layout) >= 2 and all(b[0] == "flat" for b in ddp.bucket_layout)
     np.testing.assert_allclose(losses, ref_losses, **F32)
@@ -100,7 +101,7 @@ def test_multi_gpu_collectives(multi_gpu):
         np.testing.assert_array_equal(got["all_gather"], np.stack([np.full(2, float(q)) for q in range(n)]))
 
 
-@pytest.mark.parametrize("name", ["eager", "graphed", "syncbn"])
+@pytest.mark.parametrize("name", ["eager", "graphed", "syncbn", "current_stream"])
 def test_multi_gpu_loss_curve_equals_one_gpu_with_the_whole_batch(multi_gpu, name):
     n, ranks = multi_gpu
     xs, ys = S.image_data(n, 8, 16)

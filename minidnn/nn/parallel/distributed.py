@@ -13,9 +13,12 @@ layout is looked up (``owner_of``) at the first hook of each backward, so the op
 after the wrapper.  Parameters with no flat buffer (an unfused optimizer, or none yet) go in buckets of
 per-parameter gradients, all-reduced as one message (cpu) or one NCCL group.
 
-On a GPU the collectives go on the current stream, stream-ordered after the kernels that wrote the gradients and
-before the optimizer's update: a training step with this wrapper can be captured by ``minidnn.cuda.graph`` /
-``minidnn.compile`` (each replay all-reduces again).  ``no_sync()`` skips the all-reduce for the backward of a
+On a GPU each bucket's all-reduce goes on a communication stream that first waits (an event, no host wait) for the
+current stream's work so far, so the GPU overlaps it with the rest of backward; when the last bucket is launched
+the current stream waits for the communication stream, so the optimizer's update sees the averaged gradients.
+This fork/join is what CUDA graph capture records: a training step with the wrapper can be captured by
+``minidnn.cuda.graph`` / ``minidnn.compile`` (each replay all-reduces again).  ``comm_stream=False`` keeps the
+collectives on the current stream.  ``no_sync()`` skips the all-reduce for the backward of a
 forward run inside it (gradients accumulate locally, the next synchronised backward averages the sum).
 """
 from __future__ import annotations
@@ -59,11 +62,14 @@ class DistributedDataParallel(Module):
     """Wrap ``module`` (already on this rank's device) for data-parallel training; PyTorch's arguments.
     ``device_ids``: None for a cpu module, ``[i]`` (or ``["cuda:i"]``) for one on GPU i.
     ``bucket_cap_mb``: bucket size.  ``find_unused_parameters``: walk each forward's graph and treat parameters
-    it does not reach as ready (zero gradient where another rank used them)."""
+    it does not reach as ready (zero gradient where another rank used them).  ``comm_stream`` (minidnn's, NCCL):
+    the bucket all-reduces run on a communication stream that forks from the current stream when a bucket is
+    ready and joins it when the last bucket is launched, so the GPU computes the rest of backward meanwhile;
+    False keeps them on the current stream."""
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0, broadcast_buffers=True, process_group=None,
                  bucket_cap_mb=25, find_unused_parameters=False, check_reduction=False, gradient_as_bucket_view=False,
-                 static_graph=False):
+                 static_graph=False, comm_stream=True):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("DistributedDataParallel: the default process group has not been initialized; call "
@@ -103,6 +109,7 @@ class DistributedDataParallel(Module):
         self.bucket_cap_bytes = int(bucket_cap_mb * (1 << 20))
         self.find_unused_parameters = bool(find_unused_parameters)
         self.require_backward_grad_sync = True
+        self.comm_stream = bool(comm_stream)
         self.world_size = dist.get_world_size()
         self._params = trainable
         self._names = {id(p): n for n, p in module.named_parameters()}
@@ -300,6 +307,8 @@ class DistributedDataParallel(Module):
             self._reduce(b, self._buckets[b])
             self._launched += 1
         if self._launched == n:
+            if self.comm_stream:
+                dist._join_side_stream()       # the optimizer (queued next) sees the averaged gradients
             self._started = False
             self._sync_next_backward = False
 
@@ -313,7 +322,8 @@ class DistributedDataParallel(Module):
                 if p.grad is not None and p.grad.data is not gv:
                     gv[...] = _dev.to_device(p.grad.data, fs.device)
                     p.grad = p._wrap_like(gv)
-            dist._all_reduce_arrays([fs.grad[start:stop]], dist.ReduceOp.AVG, tag=f"DDP bucket {index}")
+            dist._all_reduce_arrays([fs.grad[start:stop]], dist.ReduceOp.AVG, tag=f"DDP bucket {index}",
+                                    side_stream=self.comm_stream)
             return
         arrays, owners = [], []
         for p in params:
@@ -329,7 +339,7 @@ class DistributedDataParallel(Module):
             arrays.append(data)
             owners.append(p)
         if arrays:
-            dist._all_reduce_arrays(arrays, dist.ReduceOp.AVG, tag=f"DDP bucket {index}")
+            dist._all_reduce_arrays(arrays, dist.ReduceOp.AVG, tag=f"DDP bucket {index}", side_stream=self.comm_stream)
             for p in owners:
                 p.grad._version += 1
 
