@@ -11,9 +11,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee $OUT/device.txt
 nvidia-smi topo -m >> $OUT/device.txt 2>&1
 start=$(date +%s)
-timeout ${TLIMIT:-100} python3 -m pytest -q -m cuda -p no:cacheprovider -rs tests/distributed 2>&1 \
+timeout ${TLIMIT:-110} python3 -m pytest -q -m cuda -p no:cacheprovider -rs tests/distributed 2>&1 \
     | tee $OUT/ddp_tests.log | tail -30
 echo "tests: $(( $(date +%s) - start )) s" | tee -a $OUT/ddp_tests.log
-timeout ${BLIMIT:-90} python3 bench/ddp_scaling.py --steps ${STEPS:-20} --warmup 6 --timeout 60 2>&1 \
+timeout ${BLIMIT:-85} python3 bench/ddp_scaling.py --steps ${STEPS:-20} --warmup 6 --timeout 60 2>&1 \
     | tee $OUT/ddp_bench.log
 echo "total: $(( $(date +%s) - start )) s" | tee -a $OUT/ddp_bench.log
