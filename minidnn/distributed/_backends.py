@@ -160,7 +160,12 @@ class NcclBackend:
         self._side, self._forked = None, False        # the communication stream (created on first use)
         uid = store.shared["nccl_id"]
         with self.cp.cuda.Device(self.device):
-            self.comm = self.nccl.NcclCommunicator(self.world_size, uid, self.rank)
+            try:
+                self.comm = self.nccl.NcclCommunicator(self.world_size, uid, self.rank)
+            except TypeError:       # CuPy versions differ: the id as a tuple of signed chars, or as bytes
+                other = (bytes(c & 0xFF for c in uid) if isinstance(uid, tuple)
+                         else tuple(c - 256 if c > 127 else c for c in uid))
+                self.comm = self.nccl.NcclCommunicator(self.world_size, other, self.rank)
 
     def _check(self, what, arrays, meta):
         for a in arrays:
