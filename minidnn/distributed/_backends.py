@@ -187,6 +187,13 @@ class NcclBackend:
     def _stream(self):
         return self.cp.cuda.get_current_stream().ptr
 
+    def _ordered_stream(self):
+        """The current stream, after it waited for side-stream collectives still in flight: the GPU then runs
+        every collective of this communicator in the order they were issued, on every rank (SyncBatchNorm's
+        backward all-reduce between DDP's bucket all-reduces, say)."""
+        self.join_side_stream()
+        return self._stream()
+
     def _grouped(self, arrays, launch):
         with self.cp.cuda.Device(self.device):
             if len(arrays) > 1:
@@ -207,7 +214,7 @@ class NcclBackend:
             raise ValueError(f"all_reduce: NCCL has no ReduceOp.{op.name} (it has SUM, AVG, PRODUCT, MIN, MAX)")
         self._check("all_reduce", arrays, {"reduce": op.name, "tensors": _describe(arrays), "site": tag})
         with self.cp.cuda.Device(self.device):
-            s = self._fork() if side_stream else self._stream()
+            s = self._fork() if side_stream else self._ordered_stream()
         self._grouped(arrays, lambda a, dt: self.comm.allReduce(a.data.ptr, a.data.ptr, a.size, dt, _NCCL_OPS[op], s))
 
     def _fork(self):
@@ -232,7 +239,7 @@ class NcclBackend:
 
     def broadcast(self, arrays, src):
         self._check("broadcast", arrays, {"src": src, "tensors": _describe(arrays)})
-        s = self._stream()
+        s = self._ordered_stream()
         self._grouped(arrays, lambda a, dt: self.comm.broadcast(a.data.ptr, a.data.ptr, a.size, dt, src, s))
 
     def all_gather(self, outputs, array):
@@ -240,7 +247,7 @@ class NcclBackend:
         with self.cp.cuda.Device(self.device):
             recv = self.cp.empty((self.world_size,) + tuple(array.shape), dtype=array.dtype)
             self.comm.allGather(array.data.ptr, recv.data.ptr, array.size, _NCCL_DTYPES[str(array.dtype)],
-                                self._stream())
+                                self._ordered_stream())
             for dst, part in zip(outputs, recv):
                 dst[...] = part
 
