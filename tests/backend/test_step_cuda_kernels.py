@@ -467,3 +467,84 @@ def test_repeated_calls_skip_validation_and_stay_right(cp, rng):
         B.batch_normalization_forward_training(None, "spatial", cp.asarray(x), cp.ones(4), bias, 0.1, None, None, 1e-5)
     with pytest.raises(B.BadParamError, match="must match"):
         B.activation_backward(None, relu, None, cp.asarray(dy[:2]), cp.asarray(x))
+
+
+# ---- 16-bit data (float16, bfloat16): computed in float32, parameters and statistics float32 -----------------------
+
+def _lowp(name):
+    if name == "float16":
+        return np.dtype(np.float16), dict(rtol=4e-3, atol=4e-3)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    return np.dtype(ml_dtypes.bfloat16), dict(rtol=2e-2, atol=2e-2)
+
+
+def _f64(a):
+    return host(a).astype(np.float64)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape, layout", [((8, 6, 5, 5), "nchw"), ((8, 6, 5, 5), "channels_last"), ((33, 40), "nchw")])
+def test_batch_norm_16_bit(cp, rng, name, shape, layout):
+    dtype, tol = _lowp(name)
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    scale, bias = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    rm, rv = np.zeros(c, np.float32), np.ones(c, np.float32)
+    rm64, rv64 = rm.astype(np.float64), rv.astype(np.float64)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    y_ref, m_ref, i_ref = B.batch_normalization_forward_training(None, "spatial", x64, scale.astype(np.float64),
+                                                                 bias.astype(np.float64), 0.1, rm64, rv64, 1e-5)
+    dx_ref, ds_ref, db_ref = B.batch_normalization_backward(None, "spatial", x64, dy64, scale.astype(np.float64),
+                                                            m_ref, i_ref, 1e-5)
+    g = (lambda a: cp.asarray(a) if layout == "nchw" else channels_last(cp, a))
+    rmg, rvg = cp.asarray(rm), cp.asarray(rv)
+    with Counted() as c_:
+        y, m, i = B.batch_normalization_forward_training(None, "spatial", g(x), cp.asarray(scale), cp.asarray(bias),
+                                                         0.1, rmg, rvg, 1e-5)
+        dx, ds, db = B.batch_normalization_backward(None, "spatial", g(x), g(dy), cp.asarray(scale), m, i, 1e-5)
+    assert c_.n == 4
+    assert y.dtype == dtype and dx.dtype == dtype and m.dtype == np.float32 and ds.dtype == np.float32
+    np.testing.assert_allclose(_f64(y), y_ref, **tol)
+    np.testing.assert_allclose(_f64(m), m_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_f64(rvg), rv64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_f64(dx), dx_ref, **tol)
+    np.testing.assert_allclose(_f64(ds), ds_ref, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(_f64(db), db_ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["relu", "gelu", "sigmoid"])
+def test_activation_16_bit(cp, rng, name, mode):
+    dtype, tol = _lowp(name)
+    desc = B.ActivationDescriptor(mode)
+    x = (rng.standard_normal((7, 9, 3)) * 3).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    y_ref = B.activation_forward(None, desc, x.astype(np.float64))
+    dx_ref = B.activation_backward(None, desc, None, dy.astype(np.float64), x.astype(np.float64))
+    with Counted() as c:
+        y = B.activation_forward(None, desc, cp.asarray(x))
+        dx = B.activation_backward(None, desc, None, cp.asarray(dy), cp.asarray(x))
+    assert c.n == 2 and y.dtype == dtype
+    np.testing.assert_allclose(_f64(y), y_ref, **tol)
+    np.testing.assert_allclose(_f64(dx), dx_ref, **tol)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["max", "average_count_exclude_padding"])
+def test_pooling_16_bit(cp, rng, name, mode):
+    dtype, tol = _lowp(name)
+    desc = B.PoolingDescriptor(mode, 3, 1, 2)
+    x = rng.standard_normal((2, 5, 9, 9)).astype(dtype)
+    x64 = x.astype(np.float64)
+    y_ref = B.pooling_forward(None, desc, x64)
+    dy = rng.standard_normal(y_ref.shape).astype(dtype)
+    dx_ref = B.pooling_backward(None, desc, y_ref, dy.astype(np.float64), x64)
+    with Counted() as c:
+        y = B.pooling_forward(None, desc, cp.asarray(x))
+        dx = B.pooling_backward(None, desc, y, cp.asarray(dy), cp.asarray(x))
+    assert c.n == (3 if mode == "max" else 2) and y.dtype == dtype
+    np.testing.assert_allclose(_f64(y), y_ref, **tol)
+    np.testing.assert_allclose(_f64(dx), dx_ref, **tol)
+    if mode == "max":
+        np.testing.assert_array_equal(_f64(y), y_ref)     # a maximum is one of the inputs, exactly

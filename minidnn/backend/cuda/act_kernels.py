@@ -1,7 +1,8 @@
 """Pointwise activations on the GPU: y = f(x) and dx = f'(x) * dy, one launch each (the reference's CuPy form
 launches 2-5 kernels for most backward modes: comparison, cast, product, ...).
 
-Shape legend: x, y, dy, dx any shape, all of one shape and memory order, walked as flat (n,) memory: C-contiguous,
+Shape legend: x, y, dy, dx any shape (float32/float64, or float16/bfloat16 computed in float), all of one shape and
+memory order, walked as flat (n,) memory: C-contiguous,
 or channels-last (N, *S, C) contiguous for a channels-first (N, C, *S) view -- the outputs keep that order.
 Tiling: a grid-stride loop; each thread moves one 16-byte vector per iteration (4 floats / 2 doubles) when the
 pointers are aligned and n fills whole vectors, else 4 independent scalars (loads first, then the math).
@@ -15,6 +16,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from .bn_kernels import STORAGE_HEADER, type_info
 
 __all__ = ["supports", "forward", "backward", "MODES", "SOURCE"]
 
@@ -22,10 +24,7 @@ THREADS = 256
 MODES = ("IDENTITY", "RELU", "SIGMOID", "TANH", "CLIPPED_RELU", "ELU", "LEAKY_RELU", "GELU", "GELU_TANH", "SWISH",
          "SOFTPLUS", "HARDTANH", "RELU6")
 
-SOURCE = r"""
-typedef SCALAR T;
-typedef ACCUM A;
-""" + "".join(f"#define M_{m} {i}\n" for i, m in enumerate(MODES)) + r"""
+SOURCE = STORAGE_HEADER + "".join(f"#define M_{m} {i}\n" for i, m in enumerate(MODES)) + r"""
 
 __device__ __forceinline__ A sigm(A v) { return (A)0.5 * ((A)1 + tanh((A)0.5 * v)); }   // never overflows
 __device__ __forceinline__ bool between(A v, A lo, A hi) { return !(v <= lo || v >= hi); }
@@ -111,7 +110,7 @@ act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const dou
         for (long long k = tid; k < nv; k += stride) {
             Vec a = reinterpret_cast<const Vec*>(x)[k], b;
 #pragma unroll
-            for (int u = 0; u < VW; ++u) b.v[u] = (T)act_f((A)a.v[u], c);
+            for (int u = 0; u < VW; ++u) b.v[u] = ST(act_f(LD(a.v[u]), c));
             reinterpret_cast<Vec*>(y)[k] = b;
         }
         return;
@@ -121,7 +120,7 @@ act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const dou
 #pragma unroll
         for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) v[u] = x[i0 + u * stride];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) y[i0 + u * stride] = (T)act_f((A)v[u], c);
+        for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) y[i0 + u * stride] = ST(act_f(LD(v[u]), c));
     }
 }
 
@@ -138,7 +137,7 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
             const Vec a = reinterpret_cast<const Vec*>(x)[k], g = reinterpret_cast<const Vec*>(dy)[k];
             Vec b;
 #pragma unroll
-            for (int u = 0; u < VW; ++u) b.v[u] = (T)(act_df((A)a.v[u], c) * (A)g.v[u]);
+            for (int u = 0; u < VW; ++u) b.v[u] = ST(act_df(LD(a.v[u]), c) * LD(g.v[u]));
             reinterpret_cast<Vec*>(dx)[k] = b;
         }
         return;
@@ -149,12 +148,12 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
         for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) { v[u] = x[i0 + u * stride]; g[u] = dy[i0 + u * stride]; }
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            if (i0 + u * stride < n) dx[i0 + u * stride] = (T)(act_df((A)v[u], c) * (A)g[u]);
+            if (i0 + u * stride < n) dx[i0 + u * stride] = ST(act_df(LD(v[u]), c) * LD(g[u]));
     }
 }
 """
 
-_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
+
 
 
 def _memory_order(a):
@@ -167,7 +166,7 @@ def _memory_order(a):
 
 
 def supports(mode_name, x, *others) -> bool:
-    if not (_dev.is_cuda_array(x) and np.dtype(x.dtype) in _TYPES and x.size > 0 and mode_name in MODES):
+    if not (_dev.is_cuda_array(x) and type_info(x.dtype) is not None and x.size > 0 and mode_name in MODES):
         return False
     order = _memory_order(x)
     return order is not None and all(
@@ -204,9 +203,9 @@ def _kernel(name, dtype, mode_name):
 
 
 def _kernel_compiled(name, dtype, mode_name):
-    scalar, accum = _TYPES[np.dtype(dtype)]
-    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DMODE=M_{mode_name}",
-                                             "-std=c++14"))
+    scalar, accum, storage, _ = type_info(dtype)
+    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
+                                             f"-DMODE=M_{mode_name}", "-std=c++14"))
 
 
 def _grid(n, dev):

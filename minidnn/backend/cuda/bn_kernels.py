@@ -3,8 +3,8 @@
 Shape legend: x, y, z (residual), dy, dx, dz viewed as (outer, C, inner), contiguous:
     NCHW / NCDHW / NCL:       outer = N,       inner = H*W (D*H*W, L)
     channels-last and (N, C): outer = N*H*W,   inner = 1                 ("INNER1" kernels)
-scale, bias, running_mean, running_var, dscale, dbias: (C,) in x's dtype;  mean, inv_std, coef: (C,) / (C, 2) in A
-(A = the accumulation type: float for float32 data, double for float64).  m = outer * inner values per channel.
+scale, bias, running_mean, running_var, dscale, dbias: (C,) in x's dtype (float32 for float16/bfloat16 data);
+mean, inv_std, coef: (C,) / (C, 2) in A (the accumulation type: double for float64 data, else float).  m = outer * inner values per channel.
 
 Two launches per direction, each one pass over the data:
   bn_stats   (training forward)  per channel the shifted sums  sum(x - K), sum((x - K)^2), K = the channel's first
@@ -37,9 +37,28 @@ __all__ = ["supports", "layout_of", "forward_training", "forward_inference", "ba
 
 THREADS = 256
 
-SOURCE = r"""
-typedef SCALAR T;
+# Storage of the data arrays (shared by bn, pool and act kernels): SCALAR itself (STORAGE 0: float, double) or the
+# 16 bits of a float16 (1) / bfloat16 (2) converted to and from A = float with PTX (no headers needed).
+STORAGE_HEADER = r"""
 typedef ACCUM A;
+#if STORAGE == 0
+typedef SCALAR T;
+__device__ __forceinline__ A LD(T v) { return (A)v; }
+__device__ __forceinline__ T ST(A v) { return (T)v; }
+#else
+typedef unsigned short T;
+#if STORAGE == 1
+__device__ __forceinline__ float LD(T h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ T ST(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
+__device__ __forceinline__ float LD(T h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ T ST(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#endif
+#endif
+"""
+
+SOURCE = STORAGE_HEADER + r"""
+typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
 #define CT (INNER1 ? 32 : 1)
 #define RY (256 / CT)
 
@@ -120,7 +139,7 @@ __device__ __forceinline__ bool last_block(unsigned int* ticket)
 
 extern "C" __global__ void __launch_bounds__(256)
 bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
-         A* __restrict__ mean_out, A* __restrict__ inv_std_out, T* running_mean, T* running_var,
+         A* __restrict__ mean_out, A* __restrict__ inv_std_out, P* running_mean, P* running_var,
          const int outer, const int C, const int inner, const unsigned int in_mul, const unsigned int in_shr,
          const double factor, const double eps, const int has_running)
 {
@@ -129,9 +148,9 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
     const int c = blockIdx.y * CT + tx;
     A s1 = 0, s2 = 0;
     if (c < C) {
-        const A k = (A)x[INNER1 ? c : (long long)c * inner];     // shift: the channel's first element
+        const A k = LD(x[INNER1 ? c : (long long)c * inner]);     // shift: the channel's first element
         for_channel(x, outer, C, inner, in_mul, in_shr, c, ty, [&](unsigned int, T v) {
-            const A d = (A)v - k; s1 += d; s2 += d * d; });
+            const A d = LD(v) - k; s1 += d; s2 += d * d; });
     }
     rows_sum(sm, ty, tx, s1, s2);
     if (ty == 0 && c < C) {
@@ -146,12 +165,12 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
         const double m = (double)outer * inner;
         const double md = t1 / m;
         const double var = fmax(t2 / m - md * md, 0.0);
-        const double mean = (double)x[INNER1 ? c : (long long)c * inner] + md;
+        const double mean = (double)LD(x[INNER1 ? c : (long long)c * inner]) + md;
         mean_out[c] = (A)mean;
         inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
         if (has_running) {
-            running_mean[c] = (T)((1.0 - factor) * (double)running_mean[c] + factor * mean);
-            running_var[c] = (T)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
+            running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
+            running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
         }
     }
     if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
@@ -163,7 +182,7 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
 extern "C" __global__ void __launch_bounds__(256)
 bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
         const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ coef,
-        T* __restrict__ dscale, T* __restrict__ dbias, const int outer, const int C, const int inner,
+        P* __restrict__ dscale, P* __restrict__ dbias, const int outer, const int C, const int inner,
         const unsigned int in_mul, const unsigned int in_shr)
 {
     __shared__ A sm[RY][CT][2];
@@ -176,11 +195,11 @@ bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         // are separate streams, but each is read once here and coalesced)
         for_channel(dy, outer, C, inner, in_mul, in_shr, c, ty, [&](unsigned int jj, T dv) {
             const long long a = channel_addr(jj, C, inner, in_mul, in_shr, c);
-            A g = (A)dv;
+            A g = LD(dv);
 #if RELU
-            if ((A)y[a] <= (A)0) g = 0;
+            if (LD(y[a]) <= (A)0) g = 0;
 #endif
-            s1 += g; s2 += g * (((A)x[a] - mu) * is);
+            s1 += g; s2 += g * ((LD(x[a]) - mu) * is);
         });
     }
     rows_sum(sm, ty, tx, s1, s2);
@@ -196,7 +215,7 @@ bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         const double m = (double)outer * inner;
         coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
 #if HAS_SCALE
-        dbias[c] = (T)t1; dscale[c] = (T)t2;
+        dbias[c] = (P)t1; dscale[c] = (P)t2;
 #endif
     }
     if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
@@ -216,12 +235,12 @@ __device__ __forceinline__ int channel_of(long long i, int C, unsigned int c_mul
 // y = act((x - mean) * inv * scale + bias [+ z]); FROM_VAR: inv = 1 / sqrt(var + eps) (inference: stat2 = var).
 extern "C" __global__ void __launch_bounds__(256)
 bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, const void* stat1, const void* stat2,
-         const T* __restrict__ scale, const T* __restrict__ bias, const long long n, const int C, const int inner,
+         const P* __restrict__ scale, const P* __restrict__ bias, const long long n, const int C, const int inner,
          const unsigned int c_mul, const unsigned int c_shr, const unsigned int in_mul, const unsigned int in_shr,
          const double eps)
 {
 #if FROM_VAR
-    typedef T S;
+    typedef P S;      // inference: the running statistics
 #else
     typedef A S;
 #endif
@@ -233,7 +252,7 @@ bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, co
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const long long i = i0 + u * stride;
-            if (i < n) { xv[u] = x[i]; zv[u] = HAS_Z ? z[i] : (T)0; }
+            if (i < n) { xv[u] = x[i]; zv[u] = HAS_Z ? z[i] : x[i]; }
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -246,13 +265,13 @@ bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, co
             const A inv = (A)st2[c];
 #endif
             const A k = HAS_SCALE ? inv * (A)scale[c] : inv;
-            A v = ((A)xv[u] - (A)mean[c]) * k;
+            A v = (LD(xv[u]) - (A)mean[c]) * k;
             if (HAS_BIAS) v += (A)bias[c];
-            if (HAS_Z) v += (A)zv[u];
+            if (HAS_Z) v += LD(zv[u]);
 #if RELU
             v = v > (A)0 ? v : (v != v ? v : (A)0);      // max(v, 0) keeping NaN, as numpy's maximum
 #endif
-            y[i] = (T)v;
+            y[i] = ST(v);
         }
     }
 }
@@ -260,7 +279,7 @@ bn_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, co
 // dx = scale * inv_std * (g - coef0 - xhat * coef1); g = dy masked by y > 0 (RELU); HAS_Z: dz = g.
 extern "C" __global__ void __launch_bounds__(256)
 bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
-      const A* __restrict__ inv_std, const A* __restrict__ coef, const T* __restrict__ scale, T* __restrict__ dx,
+      const A* __restrict__ inv_std, const A* __restrict__ coef, const P* __restrict__ scale, T* __restrict__ dx,
       T* __restrict__ dz, const long long n, const int C, const int inner, const unsigned int c_mul,
       const unsigned int c_shr, const unsigned int in_mul, const unsigned int in_shr)
 {
@@ -270,7 +289,7 @@ bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const long long i = i0 + u * stride;
-            if (i < n) { xv[u] = x[i]; gv[u] = dy[i]; yv[u] = RELU ? y[i] : (T)1; }
+            if (i < n) { xv[u] = x[i]; gv[u] = dy[i]; yv[u] = RELU ? y[i] : x[i]; }
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -278,32 +297,60 @@ bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y
             if (i >= n) break;
             const int c = channel_of(i, C, c_mul, c_shr, inner, in_mul, in_shr);
             const A is = inv_std[c];
-            A g = (A)gv[u];
-            if (RELU && (A)yv[u] <= (A)0) g = 0;
-            const A xhat = ((A)xv[u] - mean[c]) * is;
+            A g = LD(gv[u]);
+            if (RELU && LD(yv[u]) <= (A)0) g = 0;
+            const A xhat = (LD(xv[u]) - mean[c]) * is;
             const A k = HAS_SCALE ? is * (A)scale[c] : is;
-            dx[i] = (T)(k * (g - coef[2 * c] - xhat * coef[2 * c + 1]));
-            if (HAS_Z) dz[i] = (T)g;
+            dx[i] = ST(k * (g - coef[2 * c] - xhat * coef[2 * c + 1]));
+            if (HAS_Z) dz[i] = ST(g);
         }
     }
 }
 """
 
-_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
+# x's dtype name -> (SCALAR, ACCUM, STORAGE, parameter dtype)
+_TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
+          "float64": ("double", "double", 0, np.dtype(np.float64)),
+          "float16": ("float", "float", 1, np.dtype(np.float32)),
+          "bfloat16": ("float", "float", 2, np.dtype(np.float32))}
+
+
+def type_info(dtype):
+    """(SCALAR, ACCUM, STORAGE, parameter dtype) of data of ``dtype``, or None where no kernel exists."""
+    return _TYPES.get(np.dtype(dtype).name)
+
+
+def param_dtype(dtype):
+    return _TYPES[np.dtype(dtype).name][3]
+
+
+def acc_dtype(dtype):
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
 
 
 def _options(dtype, inner1, **flags):
-    scalar, accum = _TYPES[np.dtype(dtype)]
-    opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DINNER1={int(inner1)}", "-std=c++17"]
+    scalar, accum, storage, pdt = type_info(dtype)
+    opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
+            f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DINNER1={int(inner1)}", "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     return tuple(opts)
 
 
+_dividers: dict = {}
+
+
 def _divider(d):
-    """(mul, shift) of the device's fast_div for divisor d >= 1 (exact for numerators below 2**31)."""
+    """(mul, shift) of the device's fast_div for divisor d >= 1 (exact for numerators below 2**31), cached."""
+    r = _dividers.get(d)
+    if r is None:
+        r = _dividers[d] = _make_divider(d)
+    return r
+
+
+def _make_divider(d):
     d = int(d)
     shift = max(0, (d - 1).bit_length())
     mul = ((1 << 32) * ((1 << shift) - d)) // d + 1
@@ -363,7 +410,7 @@ def supports(xc, *params, others=()) -> bool:
     """True where the kernels take this call: float32/float64 CuPy x with at least one value per channel, laid out
     channels-first or channels-last contiguously, parameters (C,) (or (1, C, 1, 1)) contiguous in x's dtype,
     ``others`` (dy, y, z) in x's layout, and fewer than 2**31 elements."""
-    if not _dev.is_cuda_array(xc) or np.dtype(xc.dtype) not in _TYPES or xc.size == 0 or xc.size > _INT_MAX:
+    if not _dev.is_cuda_array(xc) or type_info(xc.dtype) is None or xc.size == 0 or xc.size > _INT_MAX:
         return False
     lay = layout_of(xc)
     if lay is None:
@@ -371,7 +418,7 @@ def supports(xc, *params, others=()) -> bool:
     c = xc.shape[1]
     if lay[2] > 1 and c > 65535:       # one grid row (gridDim.y) per channel
         return False
-    if not all(_vec_ok(p, c, xc.dtype) for p in params):
+    if not all(_vec_ok(p, c, param_dtype(xc.dtype)) for p in params):
         return False
     for o in others:
         if o is None:
@@ -382,15 +429,25 @@ def supports(xc, *params, others=()) -> bool:
     return True
 
 
-def _ticket(cp, n):
-    dev = cp.cuda.runtime.getDevice()
+def _ticket(cp, n, dev):
     t = _tickets.get(dev)
     if t is None or t.size < n:
         t = _tickets[dev] = cp.zeros(max(n, 1024), dtype=np.uint32)
     return t
 
 
+_grids: dict = {}
+
+
 def _reduce_grid(outer, c, inner, inner1, dev_id):
+    key = (outer, c, inner, dev_id)
+    g = _grids.get(key)
+    if g is None:
+        g = _grids[key] = _make_reduce_grid(outer, c, inner, inner1, dev_id)
+    return g
+
+
+def _make_reduce_grid(outer, c, inner, inner1, dev_id):
     tiles = (c + 31) // 32 if inner1 else c
     ry = 8 if inner1 else THREADS
     rows = outer if inner1 else outer * inner
@@ -412,7 +469,7 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
     inner1 = inner == 1
-    acc = np.dtype(np.float64) if xc.dtype == np.float64 else np.dtype(np.float32)
+    acc = acc_dtype(xc.dtype)
     dev = xc.device.id
     with cp.cuda.Device(dev):
         mean = cp.empty((c,), dtype=acc)
@@ -420,10 +477,10 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
         splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
         partial = cp.empty((c * splits * 2,), dtype=acc)
         has_running = running_mean is not None
-        rm = _p(running_mean, mean)
-        rv = _p(running_var, mean)
+        rm = _p(running_mean, inv_std)      # dummies (never touched without running statistics), float32/64
+        rv = _p(running_var, inv_std)
         _launch.launch(_kernel("bn_stats", xc.dtype, inner1), (splits, tiles), (THREADS,),
-                       (xm, partial, _ticket(cp, tiles), mean, inv_std, rm, rv, np.int32(outer), np.int32(c),
+                       (xm, partial, _ticket(cp, tiles, dev), mean, inv_std, rm, rv, np.int32(outer), np.int32(c),
                         np.int32(inner), *_divider(inner), np.float64(factor), np.float64(eps),
                         np.int32(has_running)))
         y = _apply(cp, xc, xm, mean, inv_std, scale, bias, z, relu, eps, False, outer, c, inner, dev)
@@ -463,12 +520,12 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
         splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
         partial = cp.empty((c * splits * 2,), dtype=acc)
         coef = cp.empty((c * 2,), dtype=acc)
-        dscale = cp.empty((c,), dtype=xc.dtype) if has_scale else None
-        dbias = cp.empty((c,), dtype=xc.dtype) if has_scale else None
+        dscale = cp.empty((c,), dtype=param_dtype(xc.dtype)) if has_scale else None
+        dbias = cp.empty((c,), dtype=param_dtype(xc.dtype)) if has_scale else None
         dym = _mem(dyc)
         ym = xm if y is None else _mem(y)
         _launch.launch(_kernel("bn_grad", xc.dtype, inner1, relu=relu, has_scale=has_scale), (splits, tiles),
-                       (THREADS,), (xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles), coef,
+                       (THREADS,), (xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles, dev), coef,
                                     _p(dscale, coef), _p(dbias, coef), np.int32(outer), np.int32(c),
                                     np.int32(inner), *_divider(inner)))
         dx = _empty_like_layout(cp, xc)

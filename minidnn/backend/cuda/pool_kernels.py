@@ -24,15 +24,14 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from .bn_kernels import STORAGE_HEADER, _divider, type_info
 
 __all__ = ["supports", "forward", "backward", "SOURCE"]
 
 THREADS = 256
 
-SOURCE = r"""
-typedef SCALAR T;
+SOURCE = STORAGE_HEADER + r"""
 typedef ARGT ARG;
-typedef ACCUM A;
 
 // The geometry travels as 14 int arguments (no struct: plain scalars are what every CuPy passes reliably).
 #define GEO_ARGS const int N, const int C, const int H, const int W, const int OH, const int OW, const int KH, \
@@ -104,11 +103,11 @@ pool_fwd(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, G
             for (int kw = 0; kw < g.KW; ++kw) {
                 const int w = w0 + kw * g.DW;
                 if (w < 0 || w >= g.W) continue;
-                const A v = (A)xb[h * xsh + w * xsw];
+                const A v = LD(xb[h * xsh + w * xsw]);
                 if (arg < 0 || v > best || (v != v && best == best)) { best = v; arg = kh * g.KW + kw; }
             }
         }
-        y[i] = (T)best;
+        y[i] = ST(best);
         argmax[i] = (ARG)arg;
 #else
         A s = 0;
@@ -118,11 +117,11 @@ pool_fwd(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, G
             for (int kw = 0; kw < g.KW; ++kw) {
                 const int w = w0 + kw;
                 if (w < 0 || w >= g.W) continue;
-                s += (A)xb[h * xsh + w * xsw];
+                s += LD(xb[h * xsh + w * xsw]);
             }
         }
         const A count = (A)(window_count(h0, g.KH, g.H, g.PH) * window_count(w0, g.KW, g.W, g.PW));
-        y[i] = (T)(s / count);
+        y[i] = ST(s / count);
 #endif
     }
 }
@@ -151,27 +150,38 @@ pool_bwd(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict
                 if (ow >= g.OW) continue;
 #if IS_MAX
                 if ((int)argmax[n * asn + c * asc + oh * ash + ow * asw] == kh * g.KW + kw)
-                    s += (A)db[oh * dsh + ow * dsw];
+                    s += LD(db[oh * dsh + ow * dsw]);
 #else
                 const int count = window_count(oh * g.SH - g.PH, g.KH, g.H, g.PH)
                                 * window_count(ow * g.SW - g.PW, g.KW, g.W, g.PW);
-                s += (A)db[oh * dsh + ow * dsw] / (A)count;
+                s += LD(db[oh * dsh + ow * dsw]) / (A)count;
 #endif
             }
         }
-        dx[i] = (T)s;
+        dx[i] = ST(s);
     }
 }
 """
 
-_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
 _ARG = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short"}
 _INT_MAX = 2 ** 31 - 1
 
 
+_kernel_cache: dict = {}
+
+
 def _kernel(name, dtype, arg_dtype, cl, is_max, include_pad):
-    scalar, accum = _TYPES[np.dtype(dtype)]
-    opts = (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}", f"-DCL={int(cl)}",
+    key = (name, dtype, arg_dtype, cl, is_max, include_pad)
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _kernel_compiled(name, dtype, arg_dtype, cl, is_max, include_pad)
+    return k
+
+
+def _kernel_compiled(name, dtype, arg_dtype, cl, is_max, include_pad):
+    scalar, accum, storage, _ = type_info(dtype)
+    opts = (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}",
+            f"-DCL={int(cl)}",
             f"-DIS_MAX={int(is_max)}", f"-DINCLUDE_PAD={int(include_pad)}", "-std=c++14")
     return _launch.get_kernel(SOURCE, name, opts)
 
@@ -182,8 +192,8 @@ def is_channels_last(a) -> bool:
 
 
 def supports(geom, xc, *others) -> bool:
-    """2-D pooling of float32/float64 CuPy arrays under 2**31 elements, fewer than 65536 taps."""
-    return (_dev.is_cuda_array(xc) and xc.ndim == 4 and np.dtype(xc.dtype) in _TYPES and xc.size > 0
+    """2-D pooling of float32/float64/float16/bfloat16 CuPy arrays under 2**31 elements, fewer than 65536 taps."""
+    return (_dev.is_cuda_array(xc) and xc.ndim == 4 and type_info(xc.dtype) is not None and xc.size > 0
             and 0 < xc.size <= _INT_MAX and math.prod(geom.y_shape) <= _INT_MAX
             and math.prod(geom.window) <= 65536
             and all(o is None or (_dev.is_cuda_array(o) and o.dtype.itemsize and all(
@@ -202,7 +212,6 @@ def _geo(geom, n, c):
 
 
 def _dividers(c, h, w, cl):
-    from .bn_kernels import _divider
     order = (c, w, h) if cl else (w, h, c)
     return tuple(v for d in order for v in _divider(d))
 
