@@ -164,7 +164,18 @@ def supports(x, target, weight) -> bool:
                                     and weight.flags.c_contiguous and weight.size == x.shape[1])))
 
 
+_kernel_cache: dict = {}
+
+
 def _kernel(name, x, target, weight, reduction):
+    key = (name, x.dtype, target.dtype, weight is None, reduction)
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _kernel_compiled(name, x, target, weight, reduction)
+    return k
+
+
+def _kernel_compiled(name, x, target, weight, reduction):
     scalar, accum = _TYPES[np.dtype(x.dtype)]
     return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}",
                                              f"-DINDEX={_INDEX[np.dtype(target.dtype)]}",
@@ -176,8 +187,7 @@ def _grid(rows, dev):
     return max(1, min((rows + 7) // 8, _launch.sm_count(dev) * 8))
 
 
-def _ticket(cp):
-    dev = cp.cuda.runtime.getDevice()
+def _ticket(cp, dev):
     t = _tickets.get(dev)
     if t is None:
         t = _tickets[dev] = cp.zeros(1, dtype=np.uint32)
@@ -201,7 +211,7 @@ def forward(x, target, weight, ignore_index, eps, reduction):
         partial = cp.empty((2 * grid,), dtype=acc)
         _launch.launch(_kernel("ce_fwd", x, target, weight, reduction), (grid,), (THREADS,),
                        (x, target, x if weight is None else weight, loss if loss_rows is None else loss_rows, lse,
-                        partial, _ticket(cp), loss, denom, np.int64(rows), np.int32(c), np.int32(inner),
+                        partial, _ticket(cp, dev), loss, denom, np.int64(rows), np.int32(c), np.int32(inner),
                         np.int64(ignore_index), np.float64(eps)))
     return (loss if loss_rows is None else loss_rows), lse, denom
 

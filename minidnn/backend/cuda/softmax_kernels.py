@@ -126,7 +126,18 @@ def _grid(rows, dev):
     return (max(1, min((rows + 7) // 8, _launch.sm_count(dev) * 16)),)
 
 
+_kernel_cache: dict = {}
+
+
 def _kernel(name, dtype, algo):
+    key = (name, dtype, algo)
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _kernel_compiled(name, dtype, algo)
+    return k
+
+
+def _kernel_compiled(name, dtype, algo):
     scalar, accum = _TYPES[np.dtype(dtype)]
     return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DALGO={_ALGO[algo]}",
                                              "-std=c++14"))
