@@ -412,27 +412,6 @@ def test_step_kernels_run_inside_a_cuda_graph_capture(cp, rng):
         np.testing.assert_allclose(host(a), b, rtol=1e-5, atol=1e-6)
 
 
-def test_nn_resnet_block_on_the_gpu_matches_the_cpu(cp, rng):
-    """A BasicBlock + pooling + cross-entropy training step through nn, float64 on both devices (the fast paths
-    reach nn without any nn change): loss, every gradient and the running statistics agree."""
-    import minidnn as mdn
-    from minidnn.models import BasicBlock
-    x = rng.standard_normal((4, 3, 8, 8))
-    t = rng.integers(0, 8, 4)
-    results = []
-    for device in ("cpu", "cuda"):
-        mdn.manual_seed(0)
-        block = BasicBlock(3, 8, stride=2).double().to(device)
-        xt = mdn.tensor(x, device=device)
-        out = mdn.nn.functional.max_pool2d(block(xt), 2)
-        loss = mdn.nn.functional.cross_entropy(out.reshape(4, -1), mdn.tensor(t, device=device), label_smoothing=0.1)
-        loss.backward()
-        results.append([host(loss.data)] + [host(p.grad.data) for p in block.parameters()]
-                       + [host(b.data) for b in block.buffers() if b.dtype.kind == "f"])
-    for a, b in zip(*results):
-        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
-
-
 def test_repeated_calls_skip_validation_and_stay_right(cp, rng):
     """The second call of a signature goes straight to the kernels (no re-validation): same launches, right values,
     and a call that differs in any array's shape still meets the validation."""
@@ -548,3 +527,25 @@ def test_pooling_16_bit(cp, rng, name, mode):
     np.testing.assert_allclose(_f64(dx), dx_ref, **tol)
     if mode == "max":
         np.testing.assert_array_equal(_f64(y), y_ref)     # a maximum is one of the inputs, exactly
+
+
+# Last: it runs the convolution kernels of another work item too, and must not take the kernels above down with it.
+def test_nn_resnet_block_on_the_gpu_matches_the_cpu(cp, rng):
+    """A BasicBlock + pooling + cross-entropy training step through nn, float64 on both devices (the fast paths
+    reach nn without any nn change): loss, every gradient and the running statistics agree."""
+    import minidnn as mdn
+    from minidnn.models import BasicBlock
+    x = rng.standard_normal((4, 3, 8, 8))
+    t = rng.integers(0, 8, 4)
+    results = []
+    for device in ("cpu", "cuda"):
+        mdn.manual_seed(0)
+        block = BasicBlock(3, 8, stride=2).double().to(device)
+        xt = mdn.tensor(x, device=device)
+        out = mdn.nn.functional.max_pool2d(block(xt), 2)
+        loss = mdn.nn.functional.cross_entropy(out.reshape(4, -1), mdn.tensor(t, device=device), label_smoothing=0.1)
+        loss.backward()
+        results.append([host(loss.data)] + [host(p.grad.data) for p in block.parameters()]
+                       + [host(b.data) for b in block.buffers() if b.dtype.kind == "f"])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
