@@ -9,7 +9,8 @@ masked copy of dy per tap (a pass over the whole dx each).  Here:
 forward, MAX          the maximum by ``np.maximum`` over the taps' strided slices (in place, no
                       temporaries), then the argmax by one ``putmask`` per tap in *reverse* tap order, so the
                       first tap holding the maximum wins (the reference's rule; a NaN window points at its
-                      first NaN, fixed up only when there is one);
+                      last NaN, as PyTorch's ``val > max || isnan(val)`` scan does, fixed up only when there is
+                      one);
 backward, MAX         no loop at all: the stored argmax becomes a flat index into the padded dx
                       (window origin + offset of the tap), and dy is written there in one fancy assignment
                       (windows that do not overlap) or summed there by one ``bincount`` (overlapping windows:
@@ -70,8 +71,8 @@ def pool_forward(geom, xc, xp):
         for t in range(len(slices) - 2, -1, -1):      # reverse: the first tap equal to the maximum wins
             np.putmask(a, slices[t] == v, t)
         nan = np.isnan(v)
-        if nan.any():                                 # NaN equals nothing: point at each window's first NaN
-            for t in range(len(slices) - 1, -1, -1):
+        if nan.any():                                 # NaN equals nothing: point at each window's last NaN
+            for t in range(len(slices)):
                 np.putmask(a, nan & np.isnan(slices[t]), t)
     parallel_map(body, _batch_spans(xc.shape[0]))
     return value, arg

@@ -419,34 +419,62 @@ def minimum(a, b):
 
 
 class ClipBackward(Node):
-    __slots__ = ("mask",)
+    """PyTorch's clamp gradients.  x: where min <= x <= max (NaN gets 0).  Tensor bounds (both given): min gets
+    it where x < min < max, max where x > max or max < min (max wins a crossed pair); one bound alone gets it
+    where x is beyond it."""
+    __slots__ = ("mask", "lo_mask", "hi_mask", "x_meta", "lo_meta", "hi_meta")
 
     def backward(self, g):
-        return (g * self.mask,)
+        gx = fit(g * self.mask, *self.x_meta) if self.next_edges[0] else None
+        glo = fit(g * self.lo_mask, *self.lo_meta) if self.next_edges[1] else None
+        ghi = fit(g * self.hi_mask, *self.hi_meta) if self.next_edges[2] else None
+        return gx, glo, ghi
 
 
 def clip(x, min=None, max=None):
-    """Clamp to [min, max]; the gradient passes where min <= x <= max (PyTorch's rule)."""
+    """Clamp to [min, max] (numbers or tensors); the gradient passes where min <= x <= max (PyTorch's rule),
+    and tensor bounds get theirs where they are the answer (see ClipBackward)."""
     if min is None and max is None:
         raise ArgumentError("clip: at least one of min and max must be given")
-    lo = min.data if isinstance(min, Tensor) else min
-    hi = max.data if isinstance(max, Tensor) else max
+    lo_t = min if isinstance(min, Tensor) else None
+    hi_t = max if isinstance(max, Tensor) else None
+    for t in (lo_t, hi_t):
+        if t is not None:
+            check_pair("clamp", x, t)
+    lo = min.data if lo_t is not None else min
+    hi = max.data if hi_t is not None else max
     xd = x.data
     xp = x._xp()
     out = xd
-    if lo is not None:
-        out = xp.maximum(out, lo)
-    if hi is not None:
-        out = xp.minimum(out, hi)
+    try:
+        if lo is not None:
+            out = xp.maximum(out, lo)
+        if hi is not None:
+            out = xp.minimum(out, hi)
+    except ValueError:
+        raise broadcast_error("clamp", x, lo_t if lo_t is not None else hi_t) from None
     out = out.astype(xd.dtype, copy=False)
-    if _state.grad_enabled and x.requires_grad:
-        mask = xp.ones(xd.shape, dtype=bool)
+    need_lo = lo_t is not None and lo_t.requires_grad
+    need_hi = hi_t is not None and hi_t.requires_grad
+    if _state.grad_enabled and (x.requires_grad or need_lo or need_hi):
+        shape = out.shape
+        mask = xp.ones(shape, dtype=bool)
         if lo is not None:
             mask &= xd >= lo
         if hi is not None:
             mask &= xd <= hi
-        n = node(ClipBackward, x)
+        n = node(ClipBackward, x if x.requires_grad else None, lo_t if need_lo else None, hi_t if need_hi else None)
         n.mask = _wrap(mask.astype(xd.dtype))
+        n.x_meta = (xd.shape, xd.dtype)
+        n.lo_mask = n.hi_mask = n.lo_meta = n.hi_meta = None
+        if need_lo:
+            m = (xd < lo) & (lo < hi) if hi is not None else (xd < lo)
+            n.lo_mask = _wrap(xp.broadcast_to(m, shape).astype(xd.dtype))
+            n.lo_meta = (lo_t.data.shape, lo_t.data.dtype)
+        if need_hi:
+            m = (xd > hi) | (hi < lo) if lo is not None else (xd > hi)
+            n.hi_mask = _wrap(xp.broadcast_to(m, shape).astype(xd.dtype))
+            n.hi_meta = (hi_t.data.shape, hi_t.data.dtype)
         return _attach(out, n)
     return _wrap(out)
 

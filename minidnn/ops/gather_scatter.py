@@ -158,9 +158,24 @@ def take_along_dim(input, indices, dim=None):
     if dim is None:
         return gather(input.reshape(-1), 0, indices.reshape(-1))
     d = canonical_dim("take_along_dim", dim, input.ndim)
+    if indices.ndim != input.ndim:
+        raise ArgumentError(f"take_along_dim: input and indices should have the same number of dimensions, but got "
+                            f"{input.ndim} dimensions for input (shape {tuple(input.shape)}), and {indices.ndim} "
+                            f"dimensions for indices (shape {tuple(indices.shape)})")
+    # PyTorch broadcasts input and indices against each other off ``dim`` (each keeps its own size along it)
     shape = list(input.shape)
     shape[d] = indices.shape[d]
-    return gather(input, d, indices.expand(*shape) if tuple(indices.shape) != tuple(shape) else indices)
+    try:
+        shape = list(np.broadcast_shapes(tuple(shape), tuple(indices.shape)))
+    except ValueError:
+        raise ArgumentError(f"take_along_dim: input {tuple(input.shape)} and indices {tuple(indices.shape)} are not "
+                            f"broadcastable off dim {d}") from None
+    if tuple(indices.shape) != tuple(shape):
+        indices = indices.expand(*shape)
+    shape[d] = input.shape[d]
+    if tuple(input.shape) != tuple(shape):
+        input = input.expand(*shape)
+    return gather(input, d, indices)
 
 
 def scatter(input, dim, index, src=None, value=None, *, reduce=None):
@@ -194,8 +209,8 @@ def scatter_add(input, dim, index, src):
 
 
 def masked_fill(input, mask, value):
-    """``value`` where ``mask`` (bool, broadcast to input) holds; input's dtype; ``value`` may be a 0-d tensor
-    (its gradient is the sum over the filled places)."""
+    """``value`` where ``mask`` (bool) holds, else input, both broadcast together (PyTorch's out-of-place rule);
+    input's dtype; ``value`` may be a 0-d tensor (its gradient is the sum over the filled places)."""
     if not isinstance(mask, Tensor) or mask.dtype != np.bool_:
         raise DTypeError(f"masked_fill only supports boolean masks, but got mask with dtype "
                          f"{getattr(mask, 'dtype', type(mask).__name__)}")
@@ -208,14 +223,11 @@ def masked_fill(input, mask, value):
             value = value.astype(input.dtype)
     else:
         value = _wrap(input._xp().asarray(value).astype(input.dtype))
-    try:
-        shape = np.broadcast_shapes(tuple(input.shape), tuple(mask.shape))
+    try:        # out of place, PyTorch broadcasts input and mask together (expand_outplace)
+        np.broadcast_shapes(tuple(input.shape), tuple(mask.shape))
     except ValueError:
-        raise ArgumentError(f"masked_fill: the mask of shape {tuple(mask.shape)} cannot be broadcast to the input of "
-                            f"shape {tuple(input.shape)}") from None
-    if shape != tuple(input.shape):
-        raise ArgumentError(f"masked_fill: the mask of shape {tuple(mask.shape)} cannot be broadcast to the input of "
-                            f"shape {tuple(input.shape)} (the result keeps the input's shape)")
+        raise ArgumentError(f"masked_fill: the mask of shape {tuple(mask.shape)} and the input of shape "
+                            f"{tuple(input.shape)} are not broadcastable") from None
     from .elementwise import where
     return where(mask, value, input)
 
@@ -330,22 +342,40 @@ class Cumprod(Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        if x.ndim == 0 or x.shape[ctx.dim] == 0:
-            return g, None, None
-        # dy_j/dx_i = prod_{k <= j, k != i} x_k (j >= i): exact with zeros.  Along a moved-last dim n:
-        # (..., i, j) holds the running product with x_i replaced by 1; O(n^2) memory, fine for the
-        # lengths cumprod sees in practice.
-        xp = x._xp()
-        xd = xp.moveaxis(x.data, ctx.dim, -1)
-        gd = xp.moveaxis(g.data, ctx.dim, -1)
-        n = xd.shape[-1]
-        rep = xp.broadcast_to(xd[..., None, :], xd.shape[:-1] + (n, n)).copy()
-        eye = xp.eye(n, dtype=bool)
-        rep[..., eye] = 1
-        run = xp.cumprod(rep, axis=-1)
-        tri = xp.triu(xp.ones((n, n), dtype=run.dtype))          # j >= i
-        gx = (run * tri * gd[..., None, :]).sum(-1)
-        return _wrap(xp.moveaxis(gx, -1, ctx.dim).astype(x.dtype)), None, None
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):     # inf/nan land as in PyTorch
+            return _wrap(_cumprod_grad(x._xp(), x.data, g.data, ctx.dim)), None, None
+
+
+def _cumprod_grad(xp, x, g, dim):
+    """PyTorch's cumprod gradient (FunctionsManual cumprod_backward, its O(n) form), so infinities and NaNs land
+    where PyTorch puts them.  w = y * g.  Without zeros: reversed_cumsum(w) / x.  With zeros, per slice: before
+    the first zero z1 the same formula on w masked to [0, z1); at z1, y[z1 - 1] * sum over [z1, z2) of
+    g * (running product of x with x[z1] taken as 1); after z1, 0."""
+    if x.size <= 1 or x.shape[dim] == 1:
+        return g.astype(x.dtype, copy=False)
+
+    def rcumsum(a):
+        return xp.flip(xp.cumsum(xp.flip(a, dim), axis=dim), dim)
+
+    y = xp.cumprod(x, axis=dim)
+    w = y * g
+    is_zero = x == 0
+    if not bool(is_zero.any()):
+        return (rcumsum(w) / x).astype(x.dtype, copy=False)
+    zeros_before = xp.cumsum(is_zero, axis=dim)
+    mask = zeros_before == 0
+    out = xp.where(mask, rcumsum(xp.where(mask, w, 0)) / x, 0)
+    mask = zeros_before == 1
+    first = xp.argmax(mask, axis=dim)[(slice(None),) * dim + (None,)]     # 0 where the slice has no zero
+    pos = xp.arange(x.shape[dim]).reshape((-1,) + (1,) * (x.ndim - dim - 1))
+    first_mask = mask & (pos == first)
+    mask &= ~first_mask
+    prev = xp.take_along_axis(y, xp.maximum(first - 1, 0), axis=dim)
+    prev = xp.where(first == 0, 1, prev)
+    at_zero = (xp.cumprod(xp.where(mask, x, 1), axis=dim) * xp.where(zeros_before != 1, 0, g)).sum(
+        axis=dim, keepdims=True) * prev
+    out = xp.where(first_mask, at_zero, out)
+    return out.astype(x.dtype, copy=False)
 
 
 def cumprod(input, dim, *, dtype=None):

@@ -215,18 +215,30 @@ def einsum(equation, *operands):
                 if not ctx.needs_input_grad[i]:
                     grads.append(None)
                     continue
-                if len(set(sub)) != len(sub):
-                    raise ArgumentError(f"einsum backward: repeated subscripts in one operand ({sub!r}) are not "
-                                        "supported")
+                shape = operands[i].shape
+                uniq = "".join(dict.fromkeys(sub))      # a repeated letter ('ii') reads a diagonal
+                size = {c: shape[sub.index(c)] for c in uniq}
                 others = [ins[j] for j in range(len(ins)) if j != i]
                 avail = set(out).union(*others) if others else set(out)
-                keep = "".join(c for c in sub if c in avail)
+                keep = "".join(c for c in uniq if c in avail)
                 gi = einsum(",".join([out] + others) + "->" + keep, g, *[operands[j] for j in range(len(ins))
                                                                         if j != i])
-                if keep != sub:       # letters summed in this operand only: broadcast the gradient back
-                    shape = operands[i].shape
-                    gi = gi.reshape(tuple(shape[sub.index(c)] if c in keep else 1 for c in sub))
-                    gi = gi.expand(*shape)
+                if keep != uniq:      # letters summed in this operand only: broadcast the gradient back
+                    gi = gi.reshape(tuple(size[c] if c in keep else 1 for c in uniq))
+                    gi = gi.expand(*[size[c] for c in uniq])
+                if uniq != sub:       # put the diagonal's gradient on the diagonal: times identity matrices
+                    spare = iter(c for c in _LETTERS if c not in eq)
+                    seen, spelled, eyes = set(), "", []
+                    xp = g._xp()
+                    for c in sub:
+                        if c in seen:
+                            f = next(spare)
+                            spelled += f
+                            eyes.append((c + f, _wrap(xp.eye(size[c], dtype=gi.dtype))))
+                        else:
+                            seen.add(c)
+                            spelled += c
+                    gi = einsum(",".join([uniq] + [e for e, _ in eyes]) + "->" + spelled, gi, *[t for _, t in eyes])
                 grads.append(gi.astype(operands[i].dtype) if gi.dtype != operands[i].dtype else gi)
             return tuple(grads)
 

@@ -98,10 +98,12 @@ class VarBackward(Node):
         if self.std_out is not None:
             s = self.std_out
             g = g * _wrap((s.data != 0).astype(s.dtype)) / (s * 2.0 + _wrap((s.data == 0).astype(s.dtype)))
-        d = x - mean(x, self.axes, True)
+        m = mean(x, self.axes, True)
         if self.scale is None:      # all dims (or 0-d) with N <= correction: PyTorch's nan where x == mean, else inf
-            xp = x._xp()
-            return (broadcast_to(g, self.in_shape) * _wrap(xp.where(d.data == 0, np.nan, np.inf).astype(x.dtype)),)
+            xp = x._xp()           # (x == mean, not x - mean == 0: an infinite x equals its mean, inf - inf is nan)
+            w = xp.where(x.data == m.data, np.nan, np.inf).astype(x.dtype)
+            return (broadcast_to(g, self.in_shape) * _wrap(w),)
+        d = x - m
         return (broadcast_to(g, self.in_shape) * d * self.scale,)
 
 
@@ -118,13 +120,22 @@ def _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, name):
     kd = _keep(keepdims, keepdim)
     n = _count(x.shape, axes)
     xd = x.data
-    m = xd.sum(axis=axes, keepdims=True) * (1.0 / n if n else float("nan"))
-    d = xd - m
+    xp = x._xp()
+    # Accumulated in float64 as PyTorch's Welford kernel does; a constant slice has exactly its value as mean
+    # (Welford's running mean never moves off it), so its variance is exactly 0 and std's gradient there is 0.
+    acc = xd.astype(np.float64, copy=False) if xd.dtype.kind == "f" and xd.dtype.itemsize < 8 else xd
     denom = n - corr
-    # PyTorch divides by max(0, N - correction): inf where the sum of squares is positive, nan where it is 0
-    out = (d * d).sum(axis=axes, keepdims=kd) * (1.0 / denom if denom > 0 else float("inf"))
+    with np.errstate(invalid="ignore", over="ignore"):      # inf/nan inputs give nan silently, as in PyTorch
+        m = acc.sum(axis=axes, keepdims=True) * (1.0 / n if n else float("nan"))
+        if n:
+            hi = acc.max(axis=axes, keepdims=True)
+            m = xp.where(hi == acc.min(axis=axes, keepdims=True), hi, m)
+        d = acc - m
+        # PyTorch divides by max(0, N - correction): inf where the sum of squares is positive, nan where it is 0
+        out = (d * d).sum(axis=axes, keepdims=kd) * (1.0 / denom if denom > 0 else float("inf"))
     if name == "std":
-        out = x._xp().sqrt(out)
+        out = xp.sqrt(out)
+    out = out.astype(xd.dtype, copy=False)
     if not (_state.grad_enabled and x.requires_grad):
         return _wrap(out)
     n_ = node(VarBackward, x)

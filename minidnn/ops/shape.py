@@ -221,7 +221,8 @@ def split(x, split_size_or_sections, axis=0, *, dim=None):
                                 f"split_size {s} for dimension {axis} of size {n}")
         if s == 0:
             return (x,)
-        sizes = [s] * (n // s) + ([n % s] if n % s else [])
+        # PyTorch: max(ceil(n / s), 1) pieces, so an empty dim gives one empty piece
+        sizes = [s] * (n // s) + ([n % s] if n % s else []) if n else [0]
     else:
         sizes = list(split_size_or_sections)
         if sum(sizes) != n:
@@ -242,8 +243,9 @@ def chunk(x, chunks, axis=0, *, dim=None):
     if x.ndim == 0:
         raise ArgumentError("chunk: a 0-d tensor cannot be chunked")
     n = x.shape[axis]
-    size = -(-n // chunks) if n else 1
-    return split(x, size, axis)
+    if n == 0:          # PyTorch: an empty dim gives `chunks` empty pieces
+        return split(x, [0] * chunks, axis)
+    return split(x, -(-n // chunks), axis)
 
 
 def unbind(x, axis=0, *, dim=None):

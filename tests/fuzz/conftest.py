@@ -18,3 +18,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("fuzz") is not None:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    import sys
+    module = sys.modules.get("test_fuzz_vs_torch") or sys.modules.get("tests.fuzz.test_fuzz_vs_torch")
+    counts = getattr(module, "EXAMPLES_RUN", None)
+    if counts:
+        terminalreporter.write_line(f"fuzz: {sum(counts.values())} examples completed over {len(counts)} ops "
+                                    f"(min {min(counts.values())} per op)")

@@ -80,14 +80,20 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     if min_val == 0 and max_val > 0:
         return _activation("hardtanh", input, _Mode.CLIPPED_RELU, max_val)
     check_tensor("hardtanh", "input", input)
-    return input.clamp(min_val, max_val)
+    # PyTorch's hardtanh_backward passes the gradient only strictly inside (min_val, max_val) (and through NaN),
+    # clamp's at the bounds too: clamp the values, route the gradient by the strict mask.
+    from ...ops import isnan, where
+    xd = input.detach()
+    inside = ((xd > min_val) & (xd < max_val)) | isnan(xd)
+    return where(inside, input, xd.clamp(min_val, max_val))
 
 
 @autocast_op("softplus")
 def softplus(input, beta=1.0, threshold=20.0):
-    """log(1 + exp(beta * x)) / beta.  PyTorch switches to x where beta * x > threshold; the primitive's
-    stable logaddexp form differs from that by at most exp(-threshold) / beta (2e-9 by default)."""
-    return _activation("softplus", input, _Mode.SOFTPLUS, beta)
+    """log(1 + exp(beta * x)) / beta, and x itself (gradient 1) where beta * x > threshold, as PyTorch."""
+    y = _activation("softplus", input, _Mode.SOFTPLUS, beta)
+    from ...ops import where
+    return where(input.detach() * beta > threshold, input, y)
 
 
 # ---- softmax: minidnn/ops/activation.py (one Function for x.softmax, minidnn.softmax and F.softmax) ---------

@@ -193,17 +193,29 @@ def _conv_transpose(op, nd, x, weight, bias, stride, padding, output_padding, gr
     dilation = ntuple(dilation, nd, op, "dilation")
     output_padding = ntuple(output_padding, nd, op, "output_padding")
     for op_, s, d in zip(output_padding, stride, dilation):
-        # PyTorch allows op < max(stride, dilation); the backward-data primitive needs the conv of the
-        # output to give back exactly the input size, which holds for op < stride.
-        if not 0 <= op_ < s:
-            raise ArgumentError(f"{op}: output_padding={output_padding} must be smaller than stride={stride} in "
-                             "every dim (and >= 0)")
+        if not 0 <= op_ < max(s, d):       # PyTorch's rule
+            raise ArgumentError(f"{op}: output_padding={output_padding} must be smaller than stride={stride} or "
+                                f"dilation={dilation} in every dim, and >= 0 (output padding must be smaller than "
+                                "either stride or dilation)")
     k = weight.shape[2:]
     out = tuple((n - 1) * s - 2 * p + d * (kk - 1) + o + 1
                 for n, s, p, d, kk, o in zip(x.shape[2:], stride, padding, dilation, k, output_padding))
-    if any(o <= 0 for o in out):
+    if any(o < 0 for o in out):
         raise ArgumentError(f"{op}: input {tuple(x.shape)} with weight {tuple(weight.shape)}, stride {stride}, padding "
-                         f"{padding}, dilation {dilation} gives a non-positive output size {out}")
+                         f"{padding}, dilation {dilation} gives a negative output size {out}")
+    if any(o == 0 for o in out):    # PyTorch returns the empty result (its gradients are zeros)
+        empty = (x.reshape(-1)[:0].sum() * weight.reshape(-1)[:0].sum()).reshape((1,) * (nd + 2))
+        y = _add_bias(empty.expand(x.shape[0], weight.shape[1] * groups, *out), bias, nd)
+        return y.squeeze(0) if unbatched else y
+    # The backward-data primitive needs the convolution of the output to give back exactly x's size, which holds
+    # for output_padding < stride.  A larger one (allowed up to dilation - 1) is q = op // stride more zero rows
+    # of x at the end: they add nothing to the output, and the same output size comes with op - q * stride.
+    extra = [o // s for o, s in zip(output_padding, stride)]
+    if any(extra):
+        flat = []
+        for q in reversed(extra):       # F.pad lists (left, right) pairs from the last dim backwards
+            flat += [0, q]
+        x = _pad(x, flat)
     out_shape = (x.shape[0], weight.shape[1] * groups) + out
     desc = B.ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)
     y = _add_bias(ConvBackwardData.apply(weight, x, desc, out_shape), bias, nd)

@@ -15,6 +15,8 @@ end = ceil((i+1)*in/out), one slice per output cell, composed from differentiabl
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ... import backend as B
 from ...autograd import Function
 from ...ops import stack
@@ -179,10 +181,23 @@ def _adaptive_bins(x, in_sizes, out, is_max):
     def cells(prefix, dim):
         if dim == len(out):
             window = x[(slice(None), slice(None)) + prefix]
-            return window.amax(axis=axes) if is_max else window.mean(axis=axes)
+            return _window_max(window) if is_max else window.mean(axis=axes)
         # children are (N, C, *out[dim+1:]): stacking on axis 2 puts this dim in its place
         return stack([cells(prefix + (slice(a, b),), dim + 1) for a, b in bins(in_sizes[dim], out[dim])], axis=2)
     return cells((), 0)
+
+
+def _window_max(window):
+    """(N, C, *w) -> (N, C): the max of each window and a gradient to one winner, chosen as PyTorch's CPU max pooling
+    kernels choose it (``val > maxval || isnan(val)`` in scan order): the first maximum, or the last NaN."""
+    flat = window.reshape(tuple(window.shape[:2]) + (-1,))
+    xp = flat._xp()
+    xd = flat.data
+    nan = xp.isnan(xd)
+    last_nan = xd.shape[-1] - 1 - xp.argmax(nan[..., ::-1], axis=-1)
+    first_max = xp.argmax(xp.where(nan, -xp.inf, xd), axis=-1)
+    idx = xp.where(nan.any(axis=-1), last_nan, first_max)[..., None]
+    return flat.gather(2, wrap(idx.astype(np.int64))).squeeze(2)
 
 
 def adaptive_avg_pool1d(input, output_size):
