@@ -20,7 +20,6 @@ import re
 import statistics
 import time
 
-
 import minidnn as mdn
 import minidnn.models
 
@@ -146,7 +145,8 @@ def main(argv=None):
                   else f"{'n/a':>9} {'':>6} {m_ms * per_epoch:16.1f} {'n/a':>14}")
         print(f"{name:10} {batch:5d} {params:8d} {m_ms:11.2f} {t_cols}")
     if args.device != "cpu":
-        fmt = (lambda v: "n/a" if v is None else f"{v:.0f}")
+        def fmt(v):
+            return "n/a" if v is None else f"{v:.0f}"
         print("\nkernels per step (device kernels from PyTorch's profiler, both frameworks; minidnn's own CUDA "
               "kernels through launch.py)")
         print(f"{'model':10} {'minidnn':>8} {'torch':>8} {'minidnn launch.py':>18}")
@@ -193,6 +193,7 @@ def _torch_ms(fn, reps=30, warmup=5):
 def micro(device):
     import cupy as cp
     import numpy as np
+
     import minidnn.backend as B
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -220,10 +221,12 @@ def micro(device):
         _, m, i = B.batch_normalization_forward_training(None, "spatial", x, w, b, 0.1, rm, rv, 1e-5)
         t_fwd = t_bwd = None
         if have_torch:
-            t_fwd = lambda: torch.nn.functional.batch_norm(xt, rmt, rvt, wt, bt, True, 0.1, 1e-5)
+            def t_fwd():
+                return torch.nn.functional.batch_norm(xt, rmt, rvt, wt, bt, True, 0.1, 1e-5)
             sm, si = torch.ops.aten.native_batch_norm(xt, wt, bt, rmt, rvt, True, 0.1, 1e-5)[1:]
-            t_bwd = lambda: torch.ops.aten.native_batch_norm_backward(dyt, xt, wt, rmt, rvt, sm, si, True, 1e-5,
-                                                                      [True, True, True])
+            def t_bwd():
+                return torch.ops.aten.native_batch_norm_backward(dyt, xt, wt, rmt, rvt, sm, si, True, 1e-5,
+                                                                 [True, True, True])
         add(f"bn fwd train {shape}", 3 * size,
             lambda: B.batch_normalization_forward_training(None, "spatial", x, w, b, 0.1, rm, rv, 1e-5), t_fwd)
         add(f"bn bwd {shape}", 5 * size,
@@ -241,11 +244,13 @@ def micro(device):
         dyp = cp.asarray(rng.standard_normal(y.shape).astype(f32))
         t_pf = t_pb = None
         if have_torch:
-            t_pf = lambda: torch.nn.functional.max_pool2d_with_indices(xt, 2, 2)
+            def t_pf():
+                return torch.nn.functional.max_pool2d_with_indices(xt, 2, 2)
             yt, it = torch.nn.functional.max_pool2d_with_indices(xt, 2, 2)
             dypt = torch.as_tensor(dyp.get(), device="cuda")
-            t_pb = lambda: torch.ops.aten.max_pool2d_with_indices_backward(dypt, xt, [2, 2], [2, 2], [0, 0], [1, 1],
-                                                                           False, it)
+            def t_pb():
+                return torch.ops.aten.max_pool2d_with_indices_backward(dypt, xt, [2, 2], [2, 2], [0, 0], [1, 1],
+                                                                       False, it)
         add(f"maxpool2 fwd {shape}", size * 5 // 4 + y.size, lambda: B.pooling_forward(None, pool, x,
                                                                                      return_argmax=True), t_pf)
         add(f"maxpool2 bwd {shape}", size * 5 // 4 + y.size,
@@ -261,10 +266,12 @@ def micro(device):
         one = cp.ones((), f32)
         t_f = t_b = None
         if have_torch:
-            t_f = lambda: torch.nn.functional.cross_entropy(xt, tt)
+            def t_f():
+                return torch.nn.functional.cross_entropy(xt, tt)
             xg = xt.clone().requires_grad_(True)
             lt = torch.nn.functional.cross_entropy(xg, tt)
-            t_b = lambda: torch.autograd.grad(lt, xg, retain_graph=True)
+            def t_b():
+                return torch.autograd.grad(lt, xg, retain_graph=True)
         add(f"cross-entropy fwd ({n}, {c})", x.size * 4, lambda: B.softmax_cross_entropy_forward(None, x, t), t_f)
         add(f"cross-entropy bwd ({n}, {c})", x.size * 8,
             lambda: B.softmax_cross_entropy_backward(None, x, t, one, lse, den), t_b)
@@ -304,6 +311,7 @@ def host_profile(fn, n=300, top=8):
     import cProfile
     import os
     import pstats
+
     import cupy as cp
     for _ in range(10):
         fn()

@@ -389,8 +389,8 @@ _GPU = []
 
 def _gpu_kernels():
     if not _GPU:
-        from .devices import is_cuda_array
         from .cuda import bn_kernels
+        from .devices import is_cuda_array
         _GPU.extend((is_cuda_array, bn_kernels))
     return _GPU
 
@@ -571,8 +571,9 @@ def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved
     want_dz = bn_ops is BatchNormOps.BN_ADD_ACTIVATION
     if bn_ops is not BatchNormOps.BN:
         if y is None or tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
+            got = None if y is None else (tuple(y.shape), str(y.dtype))
             raise BadParamError(f"{where}: {bn_ops.name} needs y, the forward's output, matching x "
-                                f"({tuple(x.shape)}, {x.dtype}), got {None if y is None else (tuple(y.shape), str(y.dtype))}")
+                                f"({tuple(x.shape)}, {x.dtype}), got {got}")
         if x.size and tuple(dy.shape) == tuple(x.shape) and dy.dtype == x.dtype and saved_mean is not None \
                 and saved_inv_variance is not None:
             _, geom = _bn_prologue(where, handle, mode, x, format, epsilon,

@@ -375,8 +375,8 @@ def _gpu_remember(key, fmt, geom):
 
 
 def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=None, checked=False):
-    from .devices import is_cuda_array
     from .cuda import pool_kernels
+    from .devices import is_cuda_array
     if not checked:
         if not (is_cuda_array(xc) and alpha == 1 and beta == 0 and y is None and pool_kernels.supports(geom, xc)):
             return None
@@ -387,8 +387,8 @@ def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=None, ch
 
 
 def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=None, checked=False):
-    from .devices import is_cuda_array
     from .cuda import pool_kernels
+    from .devices import is_cuda_array
     arg = None if argmax is None else to_channels_first(argmax, fmt)
     if not checked:
         if not (is_cuda_array(dyc) and alpha == 1 and beta == 0 and dx is None):

@@ -3,15 +3,15 @@ fused ReLU and add + ReLU), pooling, softmax, softmax cross-entropy and the acti
 
 Each case draws fresh inputs, runs the primitive on the GPU (where the kernel takes it: the launch counter proves
 that the fast path ran, in the number of launches it promises) and compares with the NumPy reference on the host
-computed in float64 from the same values.  Every test is cuda-marked and skips cleanly without a GPU.
+computed in float64 from the same values.  Those tests are cuda-marked and skip cleanly without a GPU; the new
+primitives' references (softmax cross-entropy, the fused batch-norm *_ex forms) are checked here on the CPU too,
+against PyTorch and against their compositions.
 """
 import numpy as np
 import pytest
 
 import minidnn.backend as B
 from minidnn.backend import devices as _dev
-
-pytestmark = pytest.mark.cuda
 
 TOL = {np.float64: dict(rtol=1e-9, atol=1e-10), np.float32: dict(rtol=2e-4, atol=2e-5)}
 
@@ -78,6 +78,7 @@ def _bn_inputs(rng, shape, dtype, offset=0.0):
     return x, scale, bias, rm, rv
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", BN_SHAPES)
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
@@ -117,6 +118,7 @@ def test_batch_norm_training_forward_and_backward(cp, rng, dtype, shape, layout)
     close(db, db_ref, dtype, scale=100, rtol=1e-3 if dtype == np.float32 else 1e-9)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_batch_norm_format_nhwc_and_no_affine(cp, rng, dtype):
     x = rng.standard_normal((3, 4, 5, 6)).astype(dtype)        # NHWC-indexed: C = 6
@@ -135,6 +137,7 @@ def test_batch_norm_format_nhwc_and_no_affine(cp, rng, dtype):
     close(dx, dx_ref, dtype, scale=10)
 
 
+@pytest.mark.cuda
 def test_batch_norm_running_stats_over_steps(cp, rng):
     """Ten training steps: the running statistics follow the reference's within float32 rounding."""
     rm, rv = np.zeros(8, np.float32), np.ones(8, np.float32)
@@ -149,6 +152,7 @@ def test_batch_norm_running_stats_over_steps(cp, rng):
     np.testing.assert_allclose(host(rvg), rv64, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (4, 64, 8, 8), (9, 5), (1, 1, 1, 1)])
 def test_batch_norm_inference(cp, rng, dtype, shape):
@@ -166,18 +170,21 @@ def test_batch_norm_inference(cp, rng, dtype, shape):
 @pytest.mark.parametrize("ops", ["bn_activation", "bn_add_activation"])
 @pytest.mark.parametrize("shape, layout", [((4, 6, 5, 5), "nchw"), ((4, 6, 5, 5), "channels_last"),
                                            ((33, 17), "nchw"), ((1, 2, 3, 3), "nchw")])
+@pytest.mark.cuda
 def test_fused_batch_norm_relu_and_add_relu(cp, rng, dtype, ops, shape, layout):
     x, scale, bias, rm, rv = _bn_inputs(rng, shape, dtype)
     z = rng.standard_normal(shape).astype(dtype) if ops == "bn_add_activation" else None
     dy = rng.standard_normal(shape).astype(dtype)
-    to64 = (lambda a: None if a is None else a.astype(np.float64))
+    def to64(a):
+        return None if a is None else a.astype(np.float64)
     rm_ref, rv_ref = to64(rm), to64(rv)
     y_ref, m_ref, i_ref = B.batch_normalization_forward_training_ex(None, "spatial", ops, to64(x), to64(z),
                                                                     to64(scale), to64(bias), 0.1, rm_ref, rv_ref,
                                                                     1e-5)
     dx_ref, dz_ref, ds_ref, db_ref = B.batch_normalization_backward_ex(None, "spatial", ops, to64(x), y_ref,
                                                                        to64(dy), to64(scale), m_ref, i_ref, 1e-5)
-    g = (lambda a: None if a is None else (cp.asarray(a) if layout == "nchw" else channels_last(cp, a)))
+    def g(a):
+        return None if a is None else (cp.asarray(a) if layout == "nchw" else channels_last(cp, a))
     rmg, rvg = cp.asarray(rm), cp.asarray(rv)
     with Counted() as fwd:
         y, m, i = B.batch_normalization_forward_training_ex(None, "spatial", ops, g(x), g(z), cp.asarray(scale),
@@ -201,11 +208,13 @@ def test_fused_batch_norm_relu_and_add_relu(cp, rng, dtype, ops, shape, layout):
 
 POOLS = [  # (x shape, window, padding, stride, ceil_mode, dilation)
     ((2, 3, 8, 8), 2, 0, 2, False, 1), ((1, 1, 7, 9), 3, 1, 2, False, 1), ((3, 5, 6, 6), 3, 1, 1, False, 1),
-    ((2, 4, 7, 7), 2, 0, 2, True, 1), ((2, 2, 9, 9), 3, 1, 2, True, 1), ((2, 3, 8, 8), (2, 3), (1, 0), (1, 2), False, 1),
+    ((2, 4, 7, 7), 2, 0, 2, True, 1), ((2, 2, 9, 9), 3, 1, 2, True, 1),
+    ((2, 3, 8, 8), (2, 3), (1, 0), (1, 2), False, 1),
     ((4, 64, 8, 8), 8, 0, 8, False, 1), ((2, 3, 1, 1), 1, 0, 1, False, 1), ((128, 16, 28, 28), 2, 0, 2, False, 1),
 ]
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("mode", ["max", "average_count_include_padding", "average_count_exclude_padding"])
 @pytest.mark.parametrize("case", POOLS)
@@ -242,6 +251,7 @@ def test_pooling_forward_backward(cp, rng, dtype, mode, case, layout):
             assert y.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
+@pytest.mark.cuda
 def test_max_pooling_ties_nan_and_padding_like_the_reference(cp):
     x = np.zeros((1, 2, 4, 4))
     x[0, 1] = -np.inf
@@ -253,6 +263,7 @@ def test_max_pooling_ties_nan_and_padding_like_the_reference(cp):
     np.testing.assert_array_equal(host(arg), arg_ref)
 
 
+@pytest.mark.cuda
 def test_pooling_backward_without_argmax_recomputes_it(cp, rng):
     desc = B.PoolingDescriptor("max", 3, 1, 2)
     x = rng.standard_normal((2, 3, 9, 9))
@@ -271,6 +282,7 @@ def test_pooling_backward_without_argmax_recomputes_it(cp, rng):
 @pytest.mark.parametrize("algo", ["accurate", "log", "fast"])
 @pytest.mark.parametrize("shape, axis", [((7, 10), 1), ((1, 1), -1), ((3, 1000), 1), ((4, 5, 6, 3), 1),
                                          ((2, 3, 4), (1, 2)), ((5, 33), -1), ((2, 4, 3, 3), -1)])
+@pytest.mark.cuda
 def test_softmax_forward_backward(cp, rng, dtype, algo, shape, axis):
     x = (rng.standard_normal(shape) * 3).astype(dtype)
     dy = rng.standard_normal(shape).astype(dtype)
@@ -291,6 +303,7 @@ CE_CASES = [  # (x shape, weighted, label smoothing, ignore fraction)
 ]
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("case", CE_CASES)
@@ -298,6 +311,7 @@ def test_softmax_cross_entropy(cp, rng, dtype, reduction, case):
     _check_cross_entropy(cp, rng, dtype, reduction, case, np.int64)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("case", CE_CASES[2:5])
 def test_softmax_cross_entropy_int32_targets(cp, rng, case):
     _check_cross_entropy(cp, rng, np.float32, "mean", case, np.int32)
@@ -328,6 +342,7 @@ def _check_cross_entropy(cp, rng, dtype, reduction, case, index_dtype):
         assert not host(dx).any(), "every target ignored: a zero gradient"
 
 
+@pytest.mark.cuda
 def test_cross_entropy_matches_pytorch(cp, rng):
     torch = pytest.importorskip("torch")
     x = rng.standard_normal((9, 6))
@@ -351,6 +366,7 @@ MODES = [("relu", None), ("sigmoid", None), ("tanh", None), ("clipped_relu", 2.0
          ("identity", None)]
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("mode, coef", MODES)
 @pytest.mark.parametrize("shape, layout", [((1000,), "nchw"), ((3, 4, 5, 6), "channels_last"), ((1, 1), "nchw")])
@@ -361,7 +377,8 @@ def test_activation_forward_backward(cp, rng, dtype, mode, coef, shape, layout):
     dy = rng.standard_normal(shape).astype(dtype)
     y_ref = B.activation_forward(None, desc, x.astype(np.float64))
     dx_ref = B.activation_backward(None, desc, None, dy.astype(np.float64), x.astype(np.float64))
-    g = (lambda a: cp.asarray(a) if layout == "nchw" else channels_last(cp, a))
+    def g(a):
+        return cp.asarray(a) if layout == "nchw" else channels_last(cp, a)
     with Counted() as c:
         y = B.activation_forward(None, desc, g(x))
         dx = B.activation_backward(None, desc, None, g(dy), g(x))
@@ -374,6 +391,7 @@ def test_activation_forward_backward(cp, rng, dtype, mode, coef, shape, layout):
 
 # ---- the whole thing: no host synchronisation, and nn on top --------------------------------------------------------
 
+@pytest.mark.cuda
 def test_step_kernels_run_inside_a_cuda_graph_capture(cp, rng):
     """Every kernel above, captured in a CUDA graph (a capture fails on any synchronisation) and replayed."""
     x = cp.asarray(rng.standard_normal((8, 4, 6, 6)).astype(np.float32))
@@ -412,6 +430,7 @@ def test_step_kernels_run_inside_a_cuda_graph_capture(cp, rng):
         np.testing.assert_allclose(host(a), b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.cuda
 def test_repeated_calls_skip_validation_and_stay_right(cp, rng):
     """The second call of a signature goes straight to the kernels (no re-validation): same launches, right values,
     and a call that differs in any array's shape still meets the validation."""
@@ -461,6 +480,7 @@ def _f64(a):
     return host(a).astype(np.float64)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("shape, layout", [((8, 6, 5, 5), "nchw"), ((8, 6, 5, 5), "channels_last"), ((33, 40), "nchw")])
 def test_batch_norm_16_bit(cp, rng, name, shape, layout):
@@ -476,7 +496,8 @@ def test_batch_norm_16_bit(cp, rng, name, shape, layout):
                                                                  bias.astype(np.float64), 0.1, rm64, rv64, 1e-5)
     dx_ref, ds_ref, db_ref = B.batch_normalization_backward(None, "spatial", x64, dy64, scale.astype(np.float64),
                                                             m_ref, i_ref, 1e-5)
-    g = (lambda a: cp.asarray(a) if layout == "nchw" else channels_last(cp, a))
+    def g(a):
+        return cp.asarray(a) if layout == "nchw" else channels_last(cp, a)
     rmg, rvg = cp.asarray(rm), cp.asarray(rv)
     with Counted() as c_:
         y, m, i = B.batch_normalization_forward_training(None, "spatial", g(x), cp.asarray(scale), cp.asarray(bias),
@@ -492,6 +513,7 @@ def test_batch_norm_16_bit(cp, rng, name, shape, layout):
     np.testing.assert_allclose(_f64(db), db_ref, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("mode", ["relu", "gelu", "sigmoid"])
 def test_activation_16_bit(cp, rng, name, mode):
@@ -509,6 +531,7 @@ def test_activation_16_bit(cp, rng, name, mode):
     np.testing.assert_allclose(_f64(dx), dx_ref, **tol)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 @pytest.mark.parametrize("mode", ["max", "average_count_exclude_padding"])
 def test_pooling_16_bit(cp, rng, name, mode):
@@ -530,6 +553,7 @@ def test_pooling_16_bit(cp, rng, name, mode):
 
 
 # Last: it runs the convolution kernels of another work item too, and must not take the kernels above down with it.
+@pytest.mark.cuda
 def test_nn_resnet_block_on_the_gpu_matches_the_cpu(cp, rng):
     """A BasicBlock + pooling + cross-entropy training step through nn, float64 on both devices (the fast paths
     reach nn without any nn change): loss, every gradient and the running statistics agree."""
@@ -549,3 +573,123 @@ def test_nn_resnet_block_on_the_gpu_matches_the_cpu(cp, rng):
                        + [host(b.data) for b in block.buffers() if b.dtype.kind == "f"])
     for a, b in zip(*results):
         np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
+
+
+# ---- the new primitives' references, on the CPU (CI): PyTorch and the compositions as oracles ----------------------
+
+CE_REF_CASES = [  # (x shape, weighted, label smoothing, ignore fraction, reduction)
+    ((8, 5), False, 0.0, 0.0, "mean"), ((8, 5), True, 0.0, 0.25, "mean"), ((8, 5), True, 0.2, 0.25, "sum"),
+    ((4, 6, 3), False, 0.1, 0.3, "none"), ((3, 4, 2, 2), True, 0.05, 0.5, "mean"), ((1, 1), False, 0.0, 0.0, "sum"),
+    ((5, 3), True, 0.1, 1.0, "mean"), ((5, 3), False, 0.0, 1.0, "none"),
+]
+
+
+@pytest.mark.parametrize("case", CE_REF_CASES)
+def test_softmax_cross_entropy_reference_matches_pytorch(rng, case):
+    torch = pytest.importorskip("torch")
+    shape, weighted, eps, ignore, reduction = case
+    c = shape[1]
+    x = rng.standard_normal(shape) * 3
+    t = rng.integers(0, c, (shape[0],) + shape[2:])
+    t[rng.random(t.shape) < ignore] = -100
+    w = rng.random(c) + 0.1 if weighted else None
+    loss, lse, den = B.softmax_cross_entropy_forward(None, x, t, w, -100, eps, reduction)
+    xt = torch.tensor(x, requires_grad=True)
+    lt = torch.nn.functional.cross_entropy(xt, torch.tensor(t), weight=None if w is None else torch.tensor(w),
+                                           ignore_index=-100, label_smoothing=eps, reduction=reduction)
+    g = rng.standard_normal(tuple(lt.shape))
+    lt.backward(torch.tensor(g))
+    np.testing.assert_allclose(loss, lt.detach().numpy(), rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert loss.dtype == x.dtype and lse.shape == t.shape and den.shape == ()
+    dx = B.softmax_cross_entropy_backward(None, x, t, np.asarray(g), lse, den, w, -100, eps, reduction)
+    expect = xt.grad.numpy()
+    if ignore == 1.0:        # PyTorch's gradient is NaN when every target is ignored (0/0); minidnn's is 0
+        expect = np.nan_to_num(expect, nan=0.0)
+    np.testing.assert_allclose(dx, expect, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x, t: B.softmax_cross_entropy_forward(None, x, t.astype(np.float64)), "class indices must be integers"),
+    (lambda x, t: B.softmax_cross_entropy_forward(None, x, t[:2]), r"needs a target of shape \(4,\)"),
+    (lambda x, t: B.softmax_cross_entropy_forward(None, x, t, np.ones(2)), r"weight \(\(2,\), float64\) must be"),
+    (lambda x, t: B.softmax_cross_entropy_forward(None, x, t + 5), "target 5 is out of bounds for 3 classes"),
+    (lambda x, t: B.softmax_cross_entropy_forward(None, x, t, reduction="avg"), "reduction='avg' must be one of"),
+    (lambda x, t: B.softmax_cross_entropy_forward(None, x, t, label_smoothing=1.5), "label_smoothing=1.5"),
+    (lambda x, t: B.softmax_cross_entropy_backward(None, x, t, np.ones(4), np.zeros(4), np.asarray(4.0)),
+     r"dloss has shape \(4,\) but reduction='mean' gives \(\)"),
+])
+def test_softmax_cross_entropy_bad_input(call, match):
+    x = np.zeros((4, 3))
+    t = np.array([0, 1, 2, 0])
+    with pytest.raises(B.BadParamError, match=match):
+        call(x, t)
+
+
+@pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
+@pytest.mark.parametrize("fmt", [None, "NHWC"])
+def test_fused_batch_norm_reference_is_the_composition(rng, ops, fmt):
+    shape = (4, 3, 5, 5) if fmt is None else (4, 5, 5, 3)
+    x = rng.standard_normal(shape)
+    z = rng.standard_normal(shape) if ops == "bn_add_activation" else None
+    dy = rng.standard_normal(shape)
+    scale, bias = rng.standard_normal(3), rng.standard_normal(3)
+    rm, rv, rm2, rv2 = np.zeros(3), np.ones(3), np.zeros(3), np.ones(3)
+    y, m, i = B.batch_normalization_forward_training_ex(None, "spatial", ops, x, z, scale, bias, 0.1, rm, rv, 1e-5,
+                                                        format=fmt)
+    y0, m0, i0 = B.batch_normalization_forward_training(None, "spatial", x, scale, bias, 0.1, rm2, rv2, 1e-5,
+                                                        format=fmt)
+    pre = y0 if z is None else y0 + z
+    want = pre if ops == "bn" else np.maximum(pre, 0)
+    np.testing.assert_allclose(y, want, rtol=1e-14, atol=1e-14)
+    np.testing.assert_array_equal(rm, rm2)
+    np.testing.assert_array_equal(rv, rv2)
+    dx, dz, ds, db = B.batch_normalization_backward_ex(None, "spatial", ops, x, y, dy, scale, m, i, 1e-5, format=fmt)
+    g = dy if ops == "bn" else np.where(pre > 0, dy, 0)
+    dx0, ds0, db0 = B.batch_normalization_backward(None, "spatial", x, g, scale, m0, i0, 1e-5, format=fmt)
+    np.testing.assert_allclose(dx, dx0, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ds, ds0, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(db, db0, rtol=1e-12, atol=1e-14)
+    if ops == "bn_add_activation":
+        np.testing.assert_array_equal(dz, g)
+    else:
+        assert dz is None
+    y_inf = B.batch_normalization_forward_inference_ex(None, "spatial", ops, x, z, scale, bias, rm, rv, 1e-5,
+                                                       format=fmt)
+    y_inf0 = B.batch_normalization_forward_inference(None, "spatial", x, scale, bias, rm, rv, 1e-5, format=fmt)
+    y_inf0 = y_inf0 if z is None else y_inf0 + z
+    np.testing.assert_allclose(y_inf, y_inf0 if ops == "bn" else np.maximum(y_inf0, 0), rtol=1e-14, atol=1e-14)
+
+
+def test_fused_batch_norm_relu_matches_pytorch(rng):
+    torch = pytest.importorskip("torch")
+    x, z, dy = (rng.standard_normal((6, 4, 3, 3)) for _ in range(3))
+    scale, bias = rng.standard_normal(4), rng.standard_normal(4)
+    y, m, i = B.batch_normalization_forward_training_ex(None, "spatial", "bn_add_activation", x, z, scale, bias, 0.1,
+                                                        None, None, 1e-5)
+    dx, dz, ds, db = B.batch_normalization_backward_ex(None, "spatial", "bn_add_activation", x, y, dy, scale, m, i,
+                                                       1e-5)
+    xt, zt, st, bt = (torch.tensor(a, requires_grad=True) for a in (x, z, scale, bias))
+    yt = torch.relu(torch.nn.functional.batch_norm(xt, None, None, st, bt, True, 0.1, 1e-5) + zt)
+    yt.backward(torch.tensor(dy))
+    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for got, want in ((dx, xt), (dz, zt), (ds, st), (db, bt)):
+        np.testing.assert_allclose(got, want.grad.numpy(), rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x: B.batch_normalization_forward_training_ex(None, "spatial", "bn_add_activation", x, None, None, None,
+                                                         0.1, None, None, 1e-5), "BN_ADD_ACTIVATION adds z"),
+    (lambda x: B.batch_normalization_forward_training_ex(None, "spatial", "bn", x, x, None, None, 0.1, None, None,
+                                                         1e-5), "z is only used by BN_ADD_ACTIVATION"),
+    (lambda x: B.batch_normalization_forward_training_ex(None, "spatial", "bn_relu", x, None, None, None, 0.1, None,
+                                                         None, 1e-5), "unknown bn_ops 'bn_relu'"),
+    (lambda x: B.batch_normalization_forward_training_ex(None, "spatial", "bn_activation", x, None, np.ones(3), None,
+                                                         0.1, None, None, 1e-5), "scale has shape"),
+    (lambda x: B.batch_normalization_forward_training_ex(None, "spatial", "bn_activation", x, None, None, None, 1.5,
+                                                         None, None, 1e-5), "exponential_average_factor=1.5"),
+    (lambda x: B.batch_normalization_backward_ex(None, "spatial", "bn_activation", x, None, x, None, np.zeros(2),
+                                                 np.ones(2), 1e-5), "needs y, the forward's output"),
+])
+def test_fused_batch_norm_bad_input(call, match):
+    with pytest.raises(B.BadParamError, match=match):
+        call(np.zeros((3, 2, 2, 2)))

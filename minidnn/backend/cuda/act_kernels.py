@@ -170,7 +170,8 @@ def supports(mode_name, x, *others) -> bool:
         return False
     order = _memory_order(x)
     return order is not None and all(
-        o is not None and tuple(o.shape) == tuple(x.shape) and o.dtype == x.dtype and tuple(o.strides) == tuple(x.strides)
+        o is not None and tuple(o.shape) == tuple(x.shape) and o.dtype == x.dtype
+        and tuple(o.strides) == tuple(x.strides)
         for o in others)
 
 

@@ -4,7 +4,8 @@ Shape legend: x, y, z (residual), dy, dx, dz viewed as (outer, C, inner), contig
     NCHW / NCDHW / NCL:       outer = N,       inner = H*W (D*H*W, L)
     channels-last and (N, C): outer = N*H*W,   inner = 1                 ("INNER1" kernels)
 scale, bias, running_mean, running_var, dscale, dbias: (C,) in x's dtype (float32 for float16/bfloat16 data);
-mean, inv_std, coef: (C,) / (C, 2) in A (the accumulation type: double for float64 data, else float).  m = outer * inner values per channel.
+mean, inv_std, coef: (C,) / (C, 2) in A (the accumulation type: double for float64 data, else float).
+m = outer * inner values per channel.
 
 Two launches per direction, each one pass over the data:
   bn_stats   (training forward)  per channel the shifted sums  sum(x - K), sum((x - K)^2), K = the channel's first
@@ -49,10 +50,12 @@ __device__ __forceinline__ T ST(A v) { return (T)v; }
 typedef unsigned short T;
 #if STORAGE == 1
 __device__ __forceinline__ float LD(T h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ T ST(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ T ST(float f)
+{ unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #else
 __device__ __forceinline__ float LD(T h) { return __uint_as_float(((unsigned int)h) << 16); }
-__device__ __forceinline__ T ST(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ T ST(float f)
+{ unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #endif
 #endif
 """

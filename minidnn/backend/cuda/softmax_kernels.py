@@ -56,7 +56,7 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const long long rows, co
         m = -(A)__int_as_float(0x7f800000);     // -inf
         for (int c = lane; c < C; c += 32) { const A v = (A)xr[(long long)c * inner]; m = (v > m || v != v) ? v : m; }
         m = warp_max(m);
-        if (m == -(A)__int_as_float(0x7f800000)) m = 0;        // an all -inf row: exp(-inf - 0) = 0, as the reference's nan-free path
+        if (m == -(A)__int_as_float(0x7f800000)) m = 0;        // an all -inf row: exp(-inf - 0) = 0
 #endif
         A s = 0;
         for (int c = lane; c < C; c += 32) s += exp((A)xr[(long long)c * inner] - m);
