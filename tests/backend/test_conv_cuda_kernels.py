@@ -54,6 +54,8 @@ SHAPES = [
     ("depthwise-x2-stride2", 2, 6, 10, 9, 12, 3, 3, 1, 2, 1, 6),
     ("depthwise-5x5-dil2", 1, 16, 11, 12, 16, 5, 5, 2, 1, 2, 16),
     ("groups32-cg4-stride2", 2, 128, 7, 8, 128, 3, 3, 1, 2, 1, 32),
+    ("depthwise-7x7-wide", 1, 4, 9, 40, 4, 7, 7, 3, 1, 1, 4),
+    ("depthwise-stride2-wide", 2, 8, 21, 37, 8, 3, 3, 1, 2, 1, 8),
 ]
 SMALL_GROUPS = [s for s in SHAPES if s[-1] > 1 and s[2] // s[-1] <= K.DIRECT_MAX_CG]
 

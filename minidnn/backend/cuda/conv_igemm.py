@@ -270,6 +270,33 @@ def _grid_1d(total, sms):
     return (max(1, min(-(-total // 256), 32 * sms)), 1, 1)
 
 
+def _plane_ok(p, *arrays, max_taps=49):
+    """The depthwise plane kernels apply: one input channel per group, 2-D, equal stride and dilation on both axes,
+    rows of unit stride (NCHW-like memory) in every array."""
+    return (p.nd == 2 and p.Cg == 1 and p.stride[0] == p.stride[1] and p.dilation[0] == p.dilation[1]
+            and max(p.kernel) <= 7 and math.prod(p.kernel) <= max_taps
+            and all(a.strides[3] == a.itemsize for a in arrays))
+
+
+def _plane_opts(dtype_name, R, S, stride, dil, tw):
+    return (f"-DELEM={_ELEM[dtype_name]}", f"-DKR={R}", f"-DKS={S}", f"-DST={stride}", f"-DDL={dil}", f"-DTW={tw}")
+
+
+def _plane_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta):
+    """dw_plane_forward over (N, K) planes: y (N, K, P, Q) from x (N, C, H, W) and a contiguous w (K, 1, R, S)."""
+    (H, W), (P, Q) = in_hw, out_hw
+    R, S = w.shape[2:]
+    tw = 16 if Q <= 16 else 32
+    th = 256 // tw
+    k = _launch.get_kernel(DIRECT_SOURCE, "dw_plane_forward", _plane_opts(_dtype_name(x), R, S, stride, dil, tw))
+    tiles_q = -(-Q // tw)
+    sx, sy = _strides(x), _strides(y)
+    _launch.launch(k, (tiles_q * -(-P // th), y.shape[1], y.shape[0]), (tw, th, 1),
+                   [_ptr(x), _ptr(w), _ptr(y), *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], Kg, sx[0], sx[1],
+                                                                       sx[2], sy[0], sy[1], sy[2], tiles_q)),
+                    np.float32(alpha), np.float32(beta)])
+
+
 def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     cp = _launch.cupy()
     cl = _channels_last(x) if p.nd == 2 else False
@@ -277,6 +304,9 @@ def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     if out is not None:
         _check_out(out, p.y_shape, x.dtype)
     x2, y2, w = _as_2d(x, p.nd), _as_2d(y, p.nd), cp.ascontiguousarray(w)
+    if _plane_ok(p, x2, y2):
+        _plane_forward(x2, w, y2, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, alpha, beta)
+        return y
     g = _geometry(p)
     k = _direct_kernel("direct_forward", _dtype_name(x), _channels_last(y2))
     total = p.N * p.K * g[2] * g[3]
@@ -292,7 +322,14 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, cl)
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
-    dy2, dx2, w = _as_2d(dy, p.nd), _as_2d(dx, p.nd), cp.ascontiguousarray(w)
+    dy2, dx2 = _as_2d(dy, p.nd), _as_2d(dx, p.nd)
+    flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
+    if _plane_ok(p, dy2, dx2) and p.Kg == 1 and p.stride[0] == 1 and min(flipped_pad) >= 0:
+        # stride 1, one output channel per input channel: dx is the correlation of dy with the flipped kernel
+        _plane_forward(dy2, cp.ascontiguousarray(w[:, :, ::-1, ::-1]), dx2, p.out_size, p.in_size, flipped_pad, 1,
+                       p.dilation[0], 1, alpha, beta)
+        return dx
+    w = cp.ascontiguousarray(w)
     g = _geometry(p)
     k = _direct_kernel("direct_backward_data", _dtype_name(dy), _channels_last(dx2))
     total = p.N * p.C * g[0] * g[1]
@@ -317,11 +354,26 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     splits = max(1, min(-(-4 * sms // rows), -(-npq // 1024), 65535))
     per_split = -(-npq // splits)
     splits = -(-npq // per_split)
-    partial = cp.empty(splits * rows * RS, dtype=np.float32)
-    k = _direct_kernel("direct_backward_filter", _dtype_name(x), False, maxrs)
-    _launch.launch(k, (rows, splits, 1), (256, 1, 1),
-                   [_ptr(x2), _ptr(dy2), _ptr(partial), *_args(p, g, _strides(x2), _strides(dy2)),
-                    np.int32(per_split)])
+    if _plane_ok(p, x2, dy2, max_taps=25):
+        # one block per channel and slice of the batch; no index division in the sweep
+        splits = max(1, min(-(-4 * sms // p.K), p.N))
+        n_per = -(-p.N // splits)
+        splits = -(-p.N // n_per)
+        partial = cp.empty(splits * rows * RS, dtype=np.float32)
+        tw = 16 if g[3] <= 16 else 32
+        k = _launch.get_kernel(DIRECT_SOURCE, "dw_plane_backward_filter",
+                               _plane_opts(_dtype_name(x), g[4], g[5], p.stride[0], p.dilation[0], tw))
+        sx, sy = _strides(x2), _strides(dy2)
+        _launch.launch(k, (p.K, splits, 1), (256, 1, 1),
+                       [_ptr(x2), _ptr(dy2), _ptr(partial),
+                        *(np.int32(v) for v in (p.N, p.K, g[0], g[1], g[2], g[3], g[6], g[7], p.Kg, sx[0], sx[1],
+                                                sx[2], sy[0], sy[1], sy[2], n_per))])
+    else:
+        partial = cp.empty(splits * rows * RS, dtype=np.float32)
+        k = _direct_kernel("direct_backward_filter", _dtype_name(x), False, maxrs)
+        _launch.launch(k, (rows, splits, 1), (256, 1, 1),
+                       [_ptr(x2), _ptr(dy2), _ptr(partial), *_args(p, g, _strides(x2), _strides(dy2)),
+                        np.int32(per_split)])
     red = _direct_kernel("direct_splits_reduce", _dtype_name(x), False)
     n = rows * RS
     same = dw is out or out is None

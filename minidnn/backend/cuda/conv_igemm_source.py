@@ -34,7 +34,7 @@ SOURCE = r"""
 //   rows (lane/4) and (lane/4)+8, columns 2*(lane%4) and 2*(lane%4)+1.  MATH 1 issues mma.sync (tf32
 //   m16n8k8 for float data, f16/bf16 m16n8k16 for half data, fp32 accumulation); MATH 0 computes the SAME
 //   accumulators with fp32 FMAs in k order (strict fp32, cuDNN's DEFAULT math).
-// Shared memory: two stages of A (BK x BM) and B (BK x BN), filled while the other stage is multiplied
+// Shared memory: STAGES stages of A (BK x BM) and B (BK x BN), filled while another stage is multiplied
 //   (cp.async 4-byte copies with zero-fill for float data; register-staged loads for 16-bit data, which
 //   cp.async cannot copy one element at a time).  Operand layouts:
 //   KCONT 0: [k][row] (row stride ROWS+8 words) filled by threads that each own one row (coalesced along rows:
@@ -59,6 +59,9 @@ SOURCE = r"""
 #define BK 16
 #define WM 32
 #define WN 32
+#endif
+#ifndef STAGES
+#define STAGES 3        // shared-memory pipeline depth (static shared memory stays under 48 KB for every tile)
 #endif
 #define WARPS_M (BM / WM)
 #define WARPS_N (BN / WN)
@@ -132,13 +135,11 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 #define PUT(dst, src_ptr, ok) \
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(smem_addr(&(dst))), "l"(src_ptr), "r"((ok) ? 4 : 0))
 #define COMMIT() asm volatile("cp.async.commit_group;")
-#define WAIT_ALL_BUT_ONE() asm volatile("cp.async.wait_group 1;")
-#define WAIT_ALL() asm volatile("cp.async.wait_group 0;")
+#define WAIT_PENDING() asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2))   // slice t has landed
 #else
 #define PUT(dst, src_ptr, ok) { (dst) = (ok) ? *(src_ptr) : (T)0; }
 #define COMMIT()
-#define WAIT_ALL_BUT_ONE()
-#define WAIT_ALL()
+#define WAIT_PENDING()
 #endif
 
 // The tap decode of DIR 0/1's reduction index (DIR 2's row index): .x = channel offset (x or dy strides),
@@ -193,8 +194,8 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
     const int k_end = min(KR, k_begin + k_per_split);
     const int tid = threadIdx.x;
 
-    __shared__ __align__(16) T sA[2 * A_STAGE];
-    __shared__ __align__(16) T sB[2 * B_STAGE];
+    __shared__ __align__(16) T sA[STAGES * A_STAGE];
+    __shared__ __align__(16) T sB[STAGES * B_STAGE];
 
     // ---- per-thread state that does not change with the k slice -------------------------------------
 #if A_KCONT
@@ -317,14 +318,23 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
     const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int wm0 = (warp % WARPS_M) * WM, wn0 = (warp / WARPS_M) * WN;
 
+    // STAGES-deep pipeline: tiles t+1 .. t+STAGES-1 are in flight while tile t is multiplied.  The one barrier
+    // per slice both publishes tile t and tells every thread that the stage read in slice t-1 may be refilled.
     const int tiles = k_end > k_begin ? (k_end - k_begin + BK - 1) / BK : 0;
-    if (tiles > 0) { load_tile(0, k_begin); }
-    COMMIT();
+    #pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) load_tile(s, k_begin + s * BK);
+        COMMIT();
+    }
     for (int t = 0; t < tiles; ++t) {
-        const int st = t & 1;
-        if (t + 1 < tiles) { load_tile(st ^ 1, k_begin + (t + 1) * BK); COMMIT(); WAIT_ALL_BUT_ONE(); }
-        else { WAIT_ALL(); }
+        const int st = t % STAGES;
+        WAIT_PENDING();
         __syncthreads();
+        {
+            const int nt = t + STAGES - 1;
+            if (nt < tiles) load_tile(nt % STAGES, k_begin + nt * BK);
+            COMMIT();
+        }
 #if MATH == 0
         #pragma unroll 4
         for (int kk = 0; kk < BK; ++kk) {
@@ -412,7 +422,6 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
                                    "r"(bf[j][0]), "r"(bf[j][1]));
         }
 #endif
-        __syncthreads();
     }
 
     // ---- epilogue: each thread's accumulators to their output elements --------------------------------
