@@ -245,27 +245,39 @@ def norm_case(kind):
     return strategy
 
 
-def ce_case(dtype):
+def ce_case(dtype, masked=False):
+    """``masked``: some logits -inf (masked classes, the target's own too), now and then +inf or NaN."""
     @st.composite
     def draw_case(draw):
         n, c = draw(st.integers(1, 5)), draw(st.integers(2, 5))
         logits = draw(arrays((n, c), dtype, False, -6, 6))
+        if masked:
+            for _ in range(draw(st.integers(1, n * c))):
+                logits[draw(st.integers(0, n - 1)), draw(st.integers(0, c - 1))] = draw(
+                    st.sampled_from([-math.inf, -math.inf, -math.inf, math.inf, math.nan]))
+        kwargs = dict(reduction=draw(st.sampled_from(["mean", "sum", "none"])),
+                      label_smoothing=draw(st.sampled_from([0.0, 0.0, 0.1])))
+        if draw(st.integers(0, 3)) == 0:        # class probabilities (each row sums to 1)
+            p = draw(arrays((n, c), dtype, False, 0.0, 1.0))
+            p = (p / np.maximum(p.sum(1, keepdims=True), 1e-3)).astype(dtype)
+            return Case([logits, p], ["c", "c"], kwargs, grad=[True, False])
         target = np.asarray(draw(st.lists(st.integers(0, c - 1), min_size=n, max_size=n)), dtype=np.int64)
         if draw(st.booleans()):
             target[draw(st.integers(0, n - 1))] = -100
-        kwargs = dict(reduction=draw(st.sampled_from(["mean", "sum", "none"])),
-                      label_smoothing=draw(st.sampled_from([0.0, 0.0, 0.1])))
+        if draw(st.booleans()):                 # class weights (a zero one too)
+            kwargs["weight"] = draw(arrays((c,), dtype, False, 0.0, 2.0))
         return Case([logits, target], ["c", "c"], kwargs, grad=[True, False])
     return draw_case()
 
 
-def loss_case(lo=-3.0, hi=3.0, tlo=-3.0, thi=3.0):
+def loss_case(lo=-3.0, hi=3.0, tlo=-3.0, thi=3.0, specials=False):
+    """(input, target) of one shape; ``specials``: NaN/inf/0/±1 in both."""
     def strategy(dtype):
         @st.composite
         def draw_case(draw):
             shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
-            a = draw(arrays(shape, dtype, False, lo, hi))
-            b = draw(arrays(shape, dtype, False, tlo, thi))
+            a = draw(arrays(shape, dtype, specials, lo, hi))
+            b = draw(arrays(shape, dtype, specials, tlo, thi))
             return Case([a, b], ["c", "c"], {"reduction": draw(st.sampled_from(["mean", "sum", "none"]))},
                         grad=[True, False])
         return draw_case()
@@ -504,6 +516,9 @@ def nll_case(dtype):
         n, c = draw(st.integers(1, 5)), draw(st.integers(1, 5))
         spatial = draw(st.sampled_from([(), (), (2,)]))
         logp = draw(arrays((n, c) + spatial, dtype, False, -6, 0))
+        if draw(st.booleans()):     # masked classes (-inf log-probabilities), the target's own too; a NaN
+            for _ in range(draw(st.integers(1, logp.size))):
+                logp.flat[draw(st.integers(0, logp.size - 1))] = draw(st.sampled_from([-math.inf, -math.inf, math.nan]))
         target = draw(hnp.arrays(np.int64, (n,) + spatial, elements=st.integers(0, c - 1)))
         if draw(st.booleans()):
             target.flat[draw(st.integers(0, target.size - 1))] = -100
@@ -665,14 +680,31 @@ def _torch_std_welford(x, dim=None, keepdim=False, **kw):
     return torch.stack([x, x.detach()]).std(dim=dims, keepdim=keepdim, **kw)[0]
 
 
-def _torch_gelu_exact(x):
-    """torch's exact (erf) gelu, evaluated in float64 and rounded to the input's dtype.
+def _torch_scalar_path(fn):
+    """torch's ``fn`` with every element on its scalar CPU path.
 
-    Why: PyTorch's float32 CPU kernel gives gelu(+inf) = nan on its vectorised path (contiguous, >= 2 elements)
-    and inf on its scalar path (one element, or a strided view), so its answer at +inf depends on the layout.
-    The erf form x * (1 + erf(x / sqrt 2)) / 2 is inf at +inf (and nan at -inf: -inf * 0), which is what the
-    float64 kernel, the scalar float32 path and minidnn give; gradients are nan at both infinities everywhere."""
-    return tF.gelu(x.double()).to(x.dtype)
+    Why: PyTorch's CPU elementwise loops run contiguous blocks of 2 * SIMD-width elements through a vectorised
+    kernel and the tail (and strided inputs) through the scalar one, and at NaN/inf some vectorised kernels
+    disagree with the scalar formula (torch 2.13, AVX2 and AVX-512):
+      * gelu forward at +inf, float32: NaN from the SIMD erf approximation, inf from the formula
+        x * (1 + erf(x / sqrt 2)) / 2 (the float64 kernel gives inf too);
+      * elu backward at NaN: NaN from the SIMD kernel, dy from the formula ``x <= 0 ? negative branch : dy``;
+      * hardtanh/relu6 backward at NaN: 0 from the SIMD kernel, dy from ``x <= lo || x >= hi ? 0 : dy``.
+    So torch's own answer there depends on where the element sits in memory.  The scalar formula is the one
+    PyTorch's CUDA kernels compute too; minidnn follows it, and this oracle runs torch on a stride-2 view
+    (no SIMD loop takes a strided operand) so every element gets it."""
+    def call(x, **kw):
+        flat = x.reshape(-1)
+        strided = torch.stack([flat, flat.detach()], dim=1)[:, 0]
+        return fn(strided, **kw).reshape(x.shape)
+    return call
+
+
+def _weights(kwargs, lib):
+    """kwargs with a NumPy ``weight`` made a tensor of ``lib``."""
+    if "weight" not in kwargs:
+        return kwargs
+    return dict(kwargs, weight=lib.tensor(kwargs["weight"]))
 
 
 def _cat(xs, stack, lib, dim):
@@ -727,8 +759,8 @@ OPS = [
        lambda x, w, b, normalized_shape: tF.layer_norm(x, normalized_shape, w, b), rtol=1e-4, atol=1e-4),
     Op("group_norm", norm_case("group"), lambda x, w, b, num_groups: F.group_norm(x, num_groups, w, b),
        lambda x, w, b, num_groups: tF.group_norm(x, num_groups, w, b), rtol=1e-4, atol=1e-4),
-    Op("cross_entropy", ce_case, lambda x, t, **k: F.cross_entropy(x, t, **k),
-       lambda x, t, **k: tF.cross_entropy(x, t, **k), atol=2e-5),
+    Op("cross_entropy", ce_case, lambda x, t, **k: F.cross_entropy(x, t, **_weights(k, mdn)),
+       lambda x, t, **k: tF.cross_entropy(x, t, **_weights(k, torch)), atol=2e-5),
     Op("mse_loss", loss_case(), lambda a, b, **k: F.mse_loss(a, b, **k), lambda a, b, **k: tF.mse_loss(a, b, **k)),
     Op("l1_loss", loss_case(), lambda a, b, **k: F.l1_loss(a, b, **k), lambda a, b, **k: tF.l1_loss(a, b, **k)),
     Op("smooth_l1_loss", loss_case(), lambda a, b, **k: F.smooth_l1_loss(a, b, **k),
@@ -737,9 +769,9 @@ OPS = [
        lambda a, b, **k: tF.binary_cross_entropy(a, b, **k), rtol=1e-5, atol=1e-4),
     Op("bce_with_logits", loss_case(-6, 6, 0.0, 1.0), lambda a, b, **k: F.binary_cross_entropy_with_logits(a, b, **k),
        lambda a, b, **k: tF.binary_cross_entropy_with_logits(a, b, **k), atol=2e-5),
-    Op("gelu", unary(), lambda x: F.gelu(x), _torch_gelu_exact),
+    Op("gelu", unary(), lambda x: F.gelu(x), _torch_scalar_path(tF.gelu)),
     Op("silu", unary(), lambda x: F.silu(x), lambda x: tF.silu(x)),
-    Op("elu", unary(), lambda x: F.elu(x), lambda x: tF.elu(x)),
+    Op("elu", unary(), lambda x: F.elu(x), _torch_scalar_path(tF.elu)),
     Op("softplus", unary(), lambda x: F.softplus(x), lambda x: tF.softplus(x)),
     Op("leaky_relu", unary(), lambda x: F.leaky_relu(x, 0.1), lambda x: tF.leaky_relu(x, 0.1)),
 ]
@@ -806,15 +838,27 @@ OPS += [
        lambda x, **k: tF.adaptive_max_pool2d(x, **k)),
     Op("batch_norm_eval", bn_eval_case, lambda x, w, b, rm, rv: F.batch_norm(x, rm, rv, w, b, training=False),
        lambda x, w, b, rm, rv: tF.batch_norm(x, rm, rv, w, b, training=False), rtol=1e-5, atol=4e-5),
+    Op("mse_loss_special", loss_case(specials=True), lambda a, b, **k: F.mse_loss(a, b, **k),
+       lambda a, b, **k: tF.mse_loss(a, b, **k)),
+    Op("l1_loss_special", loss_case(specials=True), lambda a, b, **k: F.l1_loss(a, b, **k),
+       lambda a, b, **k: tF.l1_loss(a, b, **k)),
+    Op("smooth_l1_special", loss_case(specials=True), lambda a, b, **k: F.smooth_l1_loss(a, b, **k),
+       lambda a, b, **k: tF.smooth_l1_loss(a, b, **k)),
+    Op("bce_logits_special", loss_case(-6, 6, 0.0, 1.0, specials=True),
+       lambda a, b, **k: F.binary_cross_entropy_with_logits(a, b, **k),
+       lambda a, b, **k: tF.binary_cross_entropy_with_logits(a, b, **k), atol=2e-5),
+    Op("cross_entropy_masked", lambda dtype: ce_case(dtype, masked=True),
+       lambda x, t, **k: F.cross_entropy(x, t, **_weights(k, mdn)),
+       lambda x, t, **k: tF.cross_entropy(x, t, **_weights(k, torch)), atol=2e-5),
     Op("nll_loss", nll_case, lambda x, t, *w, **k: F.nll_loss(x, t, *w, **k),
        lambda x, t, *w, **k: tF.nll_loss(x, t, *w, **k), atol=2e-5),
-    Op("elu_alpha", act_param_case("elu"), lambda x, **k: F.elu(x, **k), lambda x, **k: tF.elu(x, **k)),
+    Op("elu_alpha", act_param_case("elu"), lambda x, **k: F.elu(x, **k), _torch_scalar_path(tF.elu)),
     Op("softplus_beta", act_param_case("softplus"), lambda x, **k: F.softplus(x, **k),
        lambda x, **k: tF.softplus(x, **k)),
-    Op("hardtanh", act_param_case("hardtanh"), lambda x, **k: F.hardtanh(x, **k), lambda x, **k: tF.hardtanh(x, **k)),
+    Op("hardtanh", act_param_case("hardtanh"), lambda x, **k: F.hardtanh(x, **k), _torch_scalar_path(tF.hardtanh)),
     Op("leaky_relu_slope", act_param_case("leaky_relu"), lambda x, **k: F.leaky_relu(x, **k),
        lambda x, **k: tF.leaky_relu(x, **k)),
-    Op("relu6", unary(), lambda x: F.relu6(x), lambda x: tF.relu6(x)),
+    Op("relu6", unary(), lambda x: F.relu6(x), _torch_scalar_path(tF.relu6)),
     Op("normalize", reduction(dim_required=True, keepdim=False), lambda x, dim: F.normalize(x, dim=dim),
        lambda x, dim: tF.normalize(x, dim=dim), rtol=1e-5, atol=4e-5),
 ]

@@ -116,19 +116,38 @@ class CrossEntropy(Function):
                 t = t * (1 - eps) + eps / c
             q = t if w is None else t * w
             denom = logp.size // c if logp.size else float("nan")
+            terms = q * logp                    # PyTorch: -sum(t * logp), so t = 0 at logp = -inf gives NaN
+            present = None
         else:                                   # class indices
             q, valid, denom = _class_targets("cross_entropy", x, target, weight, ignore_index)
+            # PyTorch picks logp at the target (nll) and, with smoothing, sums logp over the classes of valid rows:
+            # the other terms are absent, not 0 * logp (a masked class's logit -inf must not make NaN)
+            picked = xp.expand_dims(xp.where(valid, target.data, 0), 1) == \
+                xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
+            terms = xp.where(picked & xp.expand_dims(valid, 1), q * logp, 0)
+            present = picked
             if eps:
                 smooth = xp.expand_dims(valid, 1).astype(x.dtype) * (eps / c)
-                q = q * (1 - eps) + (smooth if w is None else smooth * w)
-        per_element = -(q * logp).sum(axis=1)
+                smooth = smooth if w is None else smooth * w
+                q = q * (1 - eps) + smooth
+                present = picked | True
+                # the nll and smoothing parts stay separate sums, each over the mean's denominator, as in PyTorch
+                # (all target weights 0: nll 0/0 = NaN even where the smoothing part alone would be inf)
+                terms = terms * (1 - eps)
+                smooth_terms = xp.where(xp.expand_dims(valid, 1), smooth * logp, 0)
+            present = present & xp.expand_dims(valid, 1)
+        per_element = -terms.sum(axis=1)
+        smooth_part = -smooth_terms.sum(axis=1) if eps and not _is_floating(target.dtype) else None
         if reduction == "none":
-            loss = per_element
+            loss = per_element if smooth_part is None else per_element + smooth_part
         else:
             loss = per_element.sum()
             if reduction == "mean":
                 loss = loss / denom
+            if smooth_part is not None:
+                loss = loss + (smooth_part.sum() / denom if reduction == "mean" else smooth_part.sum())
         ctx.logp, ctx.q, ctx.denom, ctx.w, ctx.reduction, ctx.smoothing = logp, q, denom, w, reduction, eps
+        ctx.present = present
         ctx.index_targets = not _is_floating(target.dtype)
         ctx.save_for_backward(logits)
         return wrap(xp.asarray(loss, dtype=x.dtype))
@@ -146,8 +165,9 @@ class CrossEntropy(Function):
         dx = None
         if ctx.needs_input_grad[0]:
             qg = q * g
-            if ctx.index_targets:       # ignored elements get 0 even when every target is ignored (g = inf)
-                qg = xp.where(q != 0, qg, 0).astype(q.dtype, copy=False)
+            if ctx.present is not None:     # ignored elements get 0 even when every target is ignored (g = inf);
+                # a valid target of weight 0 keeps w * g (NaN when every weight is 0: 0 / 0, as PyTorch's)
+                qg = xp.where(ctx.present, qg, 0).astype(q.dtype, copy=False)
             dx = xp.exp(ctx.logp) * qg.sum(axis=1, keepdims=True) - qg
         dt = None
         if ctx.needs_input_grad[1]:     # probabilities that require grad: d/dt of -sum(w * t' * logp)
@@ -193,8 +213,14 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     if x.ndim < 2:
         raise ArgumentError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
     _check_weight(op, weight, x.shape[1], x)
-    q, _, denom = _class_targets(op, x, target, weight, ignore_index)
-    per_element = -(x * Tensor._from_array(q)).sum(1)
+    _, valid, denom = _class_targets(op, x, target, weight, ignore_index)
+    # PyTorch's rule: -w[t] * x[t] for each valid element, 0 for an ignored one; gathered, not -(x * onehot).sum(1)
+    # (a masked class's -inf times 0 is NaN, and so would be its gradient when every target is ignored)
+    xp = x._xp()
+    t = xp.where(valid, target.data, 0).astype(np.int64, copy=False)
+    picked = x.gather(1, Tensor._from_array(xp.expand_dims(t, 1))).squeeze(1)
+    loss = -picked if weight is None else picked * Tensor._from_array(-weight.data[t])
+    per_element = where(Tensor._from_array(valid), loss, 0.0)
     if reduction == "none":
         return per_element.squeeze(0) if unbatched else per_element
     total = per_element.sum()
@@ -251,7 +277,11 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     a = d.abs()
     if beta == 0:
         return _reduce(a, reduction)
-    return _reduce(where(a < beta, d * d * (0.5 / beta), a - 0.5 * beta), reduction)
+    # PyTorch's gradient: d / beta inside, sign(d) outside (so +-1 at an infinite d), NaN at a NaN d.  The square
+    # sees d only where it is chosen (an infinite d would make its unused zero gradient 0 * inf = NaN).
+    quad = ~(a >= beta)     # NaN takes the quadratic branch: its gradient d / beta is NaN, as PyTorch's
+    dq = where(quad, d, 0.0)
+    return _reduce(where(quad, dq * dq * (0.5 / beta), a - 0.5 * beta), reduction)
 
 
 _BCE_EPS = float(np.float32(1e-12))     # PyTorch's clamp is the float constant 1e-12 (9.9999999600e-13)
@@ -297,8 +327,13 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 
 
 def _softplus(z):
-    """log(1 + exp(z)) as logsumexp(0, z): stable, smooth at 0, differentiable to any order."""
-    return stack([z * 0, z], 0).logsumexp(0)
+    """log(1 + exp(z)), stable and differentiable to any order: log1p(exp(z)) for z <= 0, z + log1p(exp(-z))
+    above, each branch fed only its own half (so z = +-inf gives inf / 0 with gradient 1 / 0, never inf * 0 = NaN,
+    and the gradient at 0 is sigmoid(0) = 1/2); NaN stays NaN."""
+    low = ~(z > 0)
+    zl = where(low, z, 0.0)
+    zh = where(low, 0.0, z)
+    return where(low, zl.exp().log1p(), zh + (-zh).exp().log1p())
 
 
 @autocast_op("binary_cross_entropy_with_logits")
