@@ -200,13 +200,11 @@ def _conv_transpose(op, nd, x, weight, bias, stride, padding, output_padding, gr
     k = weight.shape[2:]
     out = tuple((n - 1) * s - 2 * p + d * (kk - 1) + o + 1
                 for n, s, p, d, kk, o in zip(x.shape[2:], stride, padding, dilation, k, output_padding))
-    if any(o < 0 for o in out):
-        raise ArgumentError(f"{op}: input {tuple(x.shape)} with weight {tuple(weight.shape)}, stride {stride}, padding "
-                         f"{padding}, dilation {dilation} gives a negative output size {out}")
-    if any(o == 0 for o in out):    # PyTorch returns the empty result (its gradients are zeros)
-        empty = (x.reshape(-1)[:0].sum() * weight.reshape(-1)[:0].sum()).reshape((1,) * (nd + 2))
-        y = _add_bias(empty.expand(x.shape[0], weight.shape[1] * groups, *out), bias, nd)
-        return y.squeeze(0) if unbatched else y
+    if any(o < 1 for o in out):     # PyTorch's shape check (slow_conv_transpose*_shape_check)
+        raise ArgumentError(f"{op}: Given input size per channel: {tuple(x.shape[2:])}. Calculated output size per "
+                            f"channel: {out}. Output size is too small (input {tuple(x.shape)}, weight "
+                            f"{tuple(weight.shape)}, stride {stride}, padding {padding}, dilation {dilation}, "
+                            f"output_padding {output_padding})")
     # The backward-data primitive needs the convolution of the output to give back exactly x's size, which holds
     # for output_padding < stride.  A larger one (allowed up to dilation - 1) is q = op // stride more zero rows
     # of x at the end: they add nothing to the output, and the same output size comes with op - q * stride.
