@@ -105,9 +105,10 @@ class DivBackward(_Binary):
 
     def backward(self, g):
         a, b = self.operands()
-        ga = g / b
-        return (fit(ga, *self.a_meta) if self.next_edges[0] else None,
-                fit(-ga * a / b, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
+        # PyTorch's formulas (div_tensor_self/other_backward): g / b and -(g * (a / b / b)), staged so that
+        # a / b**2 neither overflows nor underflows at half the exponent range, and rounded as PyTorch rounds
+        return (fit(g / b, *self.a_meta) if self.next_edges[0] else None,
+                fit(-(g * (a / b / b)), *self.b_meta) if self.b_meta and self.next_edges[1] else None)
 
 
 class PowBackward(_Binary):
