@@ -191,14 +191,15 @@ direct_splits_reduce(const float* __restrict__ partial, T* __restrict__ out, int
         from_f(out + i, alpha * s + old);
     }
 }
-// ---- depthwise (Cg == 1), NCHW rows (unit stride along width), taps, stride and dilation fixed at compile time ----
+// ---- few channels per group (Cg <= 8), NCHW rows (unit stride along width); taps, stride, dilation compile-time ----
 // dw_plane_forward: grid (tiles of the P x Q plane, K, N), block TW x (256/TW): one thread per output y[n,k,p,q]
-//   of a (256/TW) x TW tile; the KR*KS weights of channel k in registers; no division anywhere; a warp reads
-//   TW consecutive inputs per tap (coalesced; neighbouring taps hit L1).  Backward data with stride 1 is this
-//   kernel run on dy with the kernel flipped and padding dil*(R-1) - pad.
-// dw_plane_backward_filter: grid (K, splits of the batch), 256 threads as (256/TW) rows x TW columns sweeping each
-//   plane of the split; KR*KS accumulators per thread, block-reduced as direct_backward_filter does; partials
-//   reduced in split order by direct_splits_reduce.
+//   of a (256/TW) x TW tile, summing its group's Cg input planes; the weights are block-uniform (broadcast
+//   loads); no division in the loop; a warp reads TW consecutive inputs per tap (coalesced; neighbouring taps hit
+//   L1).  Backward data with stride 1 is this kernel run on dy with the kernel flipped, its channel roles
+//   swapped within each group, and padding dil*(R-1) - pad.
+// dw_plane_backward_filter: grid (K*Cg filter rows, splits of the batch), 256 threads as (256/TW) rows x TW
+//   columns sweeping each plane of the split; KR*KS accumulators per thread, block-reduced as
+//   direct_backward_filter does; partials reduced in split order by direct_splits_reduce.
 #ifndef KR
 #define KR 3
 #define KS 3
@@ -212,28 +213,28 @@ direct_splits_reduce(const float* __restrict__ partial, T* __restrict__ out, int
 
 extern "C" __global__ void __launch_bounds__(256)
 dw_plane_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                 int H, int W, int P, int Q, int pad_h, int pad_w, int Kg,
+                 int H, int W, int P, int Q, int pad_h, int pad_w, int Cg, int Kg,
                  int sxn, int sxc, int sxh, int syn, int syc, int syh, int tiles_q, float alpha, float beta)
 {
-    const int k = blockIdx.y, n = blockIdx.z, c = k / Kg;
+    const int k = blockIdx.y, n = blockIdx.z, c0 = (k / Kg) * Cg;
     const int tp = blockIdx.x / tiles_q, tq = blockIdx.x - tp * tiles_q;
     const int q = tq * TW + threadIdx.x, p = tp * TH + threadIdx.y;
     if (p >= P || q >= Q) return;
-    float wr[KR * KS];
-    #pragma unroll
-    for (int t = 0; t < KR * KS; ++t) wr[t] = to_f(__ldg(w + k * (KR * KS) + t));
-    const T* xp = x + n * sxn + c * sxc;
     const int h0 = p * ST - pad_h, w0 = q * ST - pad_w;
     float acc = 0.f;
-    #pragma unroll
-    for (int r = 0; r < KR; ++r) {
-        const int h = h0 + r * DL;
-        if ((unsigned)h >= (unsigned)H) continue;
-        const T* row = xp + h * sxh;
+    for (int cc = 0; cc < Cg; ++cc) {
+        const T* xp = x + n * sxn + (c0 + cc) * sxc;
+        const T* wk = w + (k * Cg + cc) * (KR * KS);
         #pragma unroll
-        for (int s = 0; s < KS; ++s) {
-            const int ww = w0 + s * DL;
-            if ((unsigned)ww < (unsigned)W) acc = fmaf(to_f(row[ww]), wr[r * KS + s], acc);
+        for (int r = 0; r < KR; ++r) {
+            const int h = h0 + r * DL;
+            if ((unsigned)h >= (unsigned)H) continue;
+            const T* row = xp + h * sxh;
+            #pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                const int ww = w0 + s * DL;
+                if ((unsigned)ww < (unsigned)W) acc = fmaf(to_f(row[ww]), to_f(__ldg(wk + r * KS + s)), acc);
+            }
         }
     }
     T* dst = y + n * syn + k * syc + p * syh + q;
@@ -243,10 +244,10 @@ dw_plane_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict
 
 extern "C" __global__ void __launch_bounds__(256)
 dw_plane_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial,
-                         int N, int K, int H, int W, int P, int Q, int pad_h, int pad_w, int Kg,
+                         int N, int K, int H, int W, int P, int Q, int pad_h, int pad_w, int Cg, int Kg,
                          int sxn, int sxc, int sxh, int syn, int syc, int syh, int n_per_split)
 {
-    const int k = blockIdx.x, c = k / Kg, split = blockIdx.y;
+    const int kc = blockIdx.x, k = kc / Cg, c = (k / Kg) * Cg + (kc - k * Cg), split = blockIdx.y;
     const int n0 = split * n_per_split, n1 = min(N, n0 + n_per_split);
     const int tx = threadIdx.x % TW, ty = threadIdx.x / TW;
     float acc[KR * KS];
@@ -288,7 +289,7 @@ dw_plane_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, floa
         float v = 0.f;
         #pragma unroll
         for (int i = 0; i < 8; ++i) v += red[i][t];
-        partial[((long long)split * K + k) * (KR * KS) + t] = v;
+        partial[((long long)split * K * Cg + kc) * (KR * KS) + t] = v;
     }
 }
 """

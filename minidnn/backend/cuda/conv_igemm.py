@@ -201,7 +201,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
     blocks = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split, partial = 1, KR, None
     if direction == 2:
-        splits = max(1, min(-(-2 * sms // blocks), -(-KR // (8 * BK)), 65535 // p.groups))
+        splits = max(1, min(-(-4 * sms // blocks), -(-KR // (8 * BK)), 65535 // p.groups))
         per_split = -(-(-(-KR // splits)) // BK) * BK
         splits = -(-KR // per_split)
         if splits > 1:
@@ -271,9 +271,9 @@ def _grid_1d(total, sms):
 
 
 def _plane_ok(p, *arrays, max_taps=49):
-    """The depthwise plane kernels apply: one input channel per group, 2-D, equal stride and dilation on both axes,
-    rows of unit stride (NCHW-like memory) in every array."""
-    return (p.nd == 2 and p.Cg == 1 and p.stride[0] == p.stride[1] and p.dilation[0] == p.dilation[1]
+    """The plane kernels apply: 2-D, equal stride and dilation on both axes, rows of unit stride (NCHW-like
+    memory) in every array (the channels-per-group limit is direct_supports')."""
+    return (p.nd == 2 and p.stride[0] == p.stride[1] and p.dilation[0] == p.dilation[1]
             and max(p.kernel) <= 7 and math.prod(p.kernel) <= max_taps
             and all(a.strides[3] == a.itemsize for a in arrays))
 
@@ -283,7 +283,7 @@ def _plane_opts(dtype_name, R, S, stride, dil, tw):
 
 
 def _plane_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta):
-    """dw_plane_forward over (N, K) planes: y (N, K, P, Q) from x (N, C, H, W) and a contiguous w (K, 1, R, S)."""
+    """dw_plane_forward over (N, K) planes: y (N, K, P, Q) from x (N, C, H, W) and a contiguous w (K, Cg, R, S)."""
     (H, W), (P, Q) = in_hw, out_hw
     R, S = w.shape[2:]
     tw = 16 if Q <= 16 else 32
@@ -292,8 +292,9 @@ def _plane_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta):
     tiles_q = -(-Q // tw)
     sx, sy = _strides(x), _strides(y)
     _launch.launch(k, (tiles_q * -(-P // th), y.shape[1], y.shape[0]), (tw, th, 1),
-                   [_ptr(x), _ptr(w), _ptr(y), *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], Kg, sx[0], sx[1],
-                                                                       sx[2], sy[0], sy[1], sy[2], tiles_q)),
+                   [_ptr(x), _ptr(w), _ptr(y), *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], w.shape[1], Kg,
+                                                                       sx[0], sx[1], sx[2], sy[0], sy[1], sy[2],
+                                                                       tiles_q)),
                     np.float32(alpha), np.float32(beta)])
 
 
@@ -324,10 +325,13 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
         _check_out(out, p.x_shape, dy.dtype)
     dy2, dx2 = _as_2d(dy, p.nd), _as_2d(dx, p.nd)
     flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
-    if _plane_ok(p, dy2, dx2) and p.Kg == 1 and p.stride[0] == 1 and min(flipped_pad) >= 0:
-        # stride 1, one output channel per input channel: dx is the correlation of dy with the flipped kernel
-        _plane_forward(dy2, cp.ascontiguousarray(w[:, :, ::-1, ::-1]), dx2, p.out_size, p.in_size, flipped_pad, 1,
-                       p.dilation[0], 1, alpha, beta)
+    if _plane_ok(p, dy2, dx2) and p.stride[0] == 1 and min(flipped_pad) >= 0:
+        # stride 1: dx is the correlation of dy with the flipped kernel whose channel roles are swapped within each
+        # group, (K, Cg, R, S) -> (C, Kg, R, S)
+        R, S = p.kernel
+        w_t = w.reshape(p.groups, p.Kg, p.Cg, R, S).transpose(0, 2, 1, 3, 4).reshape(p.C, p.Kg, R, S)
+        _plane_forward(dy2, cp.ascontiguousarray(w_t[:, :, ::-1, ::-1]), dx2, p.out_size, p.in_size, flipped_pad, 1,
+                       p.dilation[0], p.Cg, alpha, beta)
         return dx
     w = cp.ascontiguousarray(w)
     g = _geometry(p)
@@ -356,7 +360,7 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     splits = -(-npq // per_split)
     if _plane_ok(p, x2, dy2, max_taps=25):
         # one block per channel and slice of the batch; no index division in the sweep
-        splits = max(1, min(-(-4 * sms // p.K), p.N))
+        splits = max(1, min(-(-4 * sms // rows), p.N))
         n_per = -(-p.N // splits)
         splits = -(-p.N // n_per)
         partial = cp.empty(splits * rows * RS, dtype=np.float32)
@@ -364,10 +368,10 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
         k = _launch.get_kernel(DIRECT_SOURCE, "dw_plane_backward_filter",
                                _plane_opts(_dtype_name(x), g[4], g[5], p.stride[0], p.dilation[0], tw))
         sx, sy = _strides(x2), _strides(dy2)
-        _launch.launch(k, (p.K, splits, 1), (256, 1, 1),
+        _launch.launch(k, (rows, splits, 1), (256, 1, 1),
                        [_ptr(x2), _ptr(dy2), _ptr(partial),
-                        *(np.int32(v) for v in (p.N, p.K, g[0], g[1], g[2], g[3], g[6], g[7], p.Kg, sx[0], sx[1],
-                                                sx[2], sy[0], sy[1], sy[2], n_per))])
+                        *(np.int32(v) for v in (p.N, p.K, g[0], g[1], g[2], g[3], g[6], g[7], p.Cg, p.Kg, sx[0],
+                                                sx[1], sx[2], sy[0], sy[1], sy[2], n_per))])
     else:
         partial = cp.empty(splits * rows * RS, dtype=np.float32)
         k = _direct_kernel("direct_backward_filter", _dtype_name(x), False, maxrs)
