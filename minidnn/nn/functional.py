@@ -4,30 +4,60 @@ Names, argument order, defaults and semantics follow ``torch.nn.functional``.  E
 autograd Function over a ``minidnn.backend`` primitive (see minidnn/nn/_functions/); the default
 backend handle of the input's device is used (settings: ``minidnn.backends.cudnn``).
 
-Double backward (create_graph=True, then backward again) works for: conv1d/2d/3d,
-conv_transpose1d/2d/3d, linear, pad, dropout (all variants), avg_pool*, adaptive_avg_pool*,
-relu, relu6, leaky_relu, hardtanh, batch_norm with training=False, nll_loss, mse_loss, l1_loss,
-smooth_l1_loss, binary_cross_entropy(_with_logits).  The others (max pooling, training batch_norm,
-layer_norm, group_norm, local_response_norm, elu, gelu, silu, sigmoid, tanh, softplus, softmax,
-log_softmax, cross_entropy) are first order: differentiating their gradient raises an error naming
-the op, never a silent zero.
+Double backward (create_graph=True, then backward again) works for every op here: piecewise-linear
+ops differentiate their own backward, the others (normalizations, softmax, cross_entropy, smooth activations,
+local_response_norm) run their fast first-order kernels normally and, under create_graph, re-express the gradient
+in differentiable Tensor ops from the same formula.  Only SyncBatchNorm (minidnn.nn) is first order: differentiating
+its gradient raises an error naming the op, never a silent zero.
 """
 from __future__ import annotations
 
 from .._amp_state import autocast_op
-from ._functions.activation import (dropout, dropout1d, dropout2d, dropout3d, elu, gelu, hardtanh, leaky_relu,  # noqa: F401
-                                    log_softmax, relu, relu6, sigmoid, silu, softmax, softplus, tanh)
-from ._functions.conv import (conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d,  # noqa: F401
-                              conv_transpose3d)
-from ._functions.loss import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,  # noqa: F401
-                              l1_loss, mse_loss, nll_loss, one_hot, pad, smooth_l1_loss)
-from ._functions.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
-from ._functions.pooling import (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_max_pool1d,  # noqa: F401
-                                 adaptive_max_pool2d, avg_pool1d, avg_pool2d, avg_pool3d, max_pool1d, max_pool2d,
-                                 max_pool3d)
 from ..backend.errors import ArgumentError
-from .functional_extra import (interpolate, normalize, pad, scaled_dot_product_attention,  # noqa: F401,E402
-                               upsample)
+from ._functions.activation import (  # noqa: F401
+    dropout,
+    dropout1d,
+    dropout2d,
+    dropout3d,
+    elu,
+    gelu,
+    hardtanh,
+    leaky_relu,
+    log_softmax,
+    relu,
+    relu6,
+    sigmoid,
+    silu,
+    softmax,
+    softplus,
+    tanh,
+)
+from ._functions.conv import conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d  # noqa: F401
+from ._functions.loss import (  # noqa: F401
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    one_hot,
+    pad,
+    smooth_l1_loss,
+)
+from ._functions.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401
+from ._functions.pooling import (  # noqa: F401
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+)
+from .functional_extra import interpolate, normalize, pad, scaled_dot_product_attention, upsample  # noqa: F401,E402
 
 __all__ = [
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "linear",

@@ -16,8 +16,8 @@ import numpy as np
 from ..autograd import Function
 from ..backend import devices as _dev
 from ..backend.errors import ArgumentError
-from ..tensor import Tensor
 from ..creation import tensor as _tensor
+from ..tensor import Tensor
 
 __all__ = ["pad", "interpolate", "upsample", "normalize", "scaled_dot_product_attention"]
 
@@ -298,8 +298,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     attend) or float (added), broadcastable to (*, L, S); ``is_causal``: the lower-triangular mask; dropout on
     the attention weights whenever dropout_p > 0 (as PyTorch's function does).  A query whose keys are all
     masked gets zero weights (output 0, gradient 0), as PyTorch's safe softmax gives, not NaN."""
-    from ._functions.activation import dropout, softmax
     from ..ops import where
+    from ._functions.activation import dropout, softmax
     if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
         raise ArgumentError(f"scaled_dot_product_attention: query, key and value need at least 2 dims, got "
                             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")

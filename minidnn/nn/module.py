@@ -20,9 +20,9 @@ import numpy as np
 from .. import _memory_format as _mf
 from ..autograd import no_grad
 from ..backend import devices as _dev
+from ..backend.devices import is_floating as _is_floating
 from ..tensor import Tensor, _to_dtype, parse_to_args
 from .parameter import Buffer, Parameter
-from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["Module", "RemovableHandle"]
 

@@ -20,7 +20,26 @@ ACTIVATIONS = {
     "relu6": (lambda m, x: m.relu6(x * 4), None),
     "softmax": (lambda m, x: m.softmax(x, 1), None),
     "log_softmax": (lambda m, x: m.log_softmax(x, -1), None),
+    "max_pool2d": (lambda m, x: m.max_pool2d(x.unsqueeze(0), 2), None),
+    "max_pool1d_strided": (lambda m, x: m.max_pool1d(x, 3, 2, 1), None),
+    "avg_pool2d": (lambda m, x: m.avg_pool2d(x.unsqueeze(0), 2), None),
+    "adaptive_max_pool2d": (lambda m, x: m.adaptive_max_pool2d(x.unsqueeze(0), (2, 3)), None),
+    "local_response_norm": (lambda m, x: m.local_response_norm(x.unsqueeze(0), 3, alpha=0.5, k=1.5), None),
+    "batch_norm": (lambda m, x: m.batch_norm(x, None, None, training=True), None),
+    "layer_norm": (lambda m, x: m.layer_norm(x, (5,)), None),
+    "group_norm": (lambda m, x: m.group_norm(x, 2), None),
+    "cross_entropy": (lambda m, x: m.cross_entropy(x, _target(m, x)), None),
+    "cross_entropy_smooth_sum": (lambda m, x: m.cross_entropy(x, _target(m, x), reduction="sum",
+                                                               label_smoothing=0.1), None),
 }
+
+
+def _target(lib, like):
+    """The class-index target (3, 5) of the cross-entropy rows, as ``lib``'s tensor on ``like``'s device."""
+    idx = np.array([[0, 1, 2, 3, 0], [3, 3, 1, 0, 2], [1, 2, 0, 0, 3]])
+    if lib.__name__.startswith("torch"):
+        return pytest.importorskip("torch").tensor(idx)
+    return mdn.tensor(idx, device=like.device)
 
 
 def _x(seed=0, shape=(3, 4, 5)):
@@ -31,22 +50,39 @@ def _x(seed=0, shape=(3, 4, 5)):
 def test_gradgradcheck(name):
     f = ACTIVATIONS[name][0]
     x = mdn.tensor(_x(), dtype=mdn.float64, requires_grad=True)
-    assert mdn.autograd.gradgradcheck(lambda t: f(F, t), (x,))
+    assert mdn.autograd.gradgradcheck(lambda t: f(F, t) ** 2, (x,))
+
+
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("norm", ["batch_norm", "layer_norm", "group_norm"])
+def test_normalization_second_derivative_wrt_weight_and_bias(norm, affine):
+    rng = np.random.default_rng(4)
+    x = mdn.tensor(rng.standard_normal((3, 4, 5)), dtype=mdn.float64, requires_grad=True)
+    n = 5 if norm == "layer_norm" else 4
+    w = mdn.tensor(rng.standard_normal(n) + 1, dtype=mdn.float64, requires_grad=True) if affine else None
+    b = mdn.tensor(rng.standard_normal(n), dtype=mdn.float64, requires_grad=True) if affine else None
+    call = {"batch_norm": lambda a, *wb: F.batch_norm(a, None, None, *wb, training=True),
+            "layer_norm": lambda a, *wb: F.layer_norm(a, (5,), *wb),
+            "group_norm": lambda a, *wb: F.group_norm(a, 2, *wb)}[norm]
+    inputs = (x, w, b) if affine else (x,)
+    assert mdn.autograd.gradgradcheck(lambda *t: call(*t) ** 2, inputs)
 
 
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
-def test_gradient_penalty_matches_torch(name):
+def test_gradient_penalty_matches_torch(name, device):
+    """On the GPU the first-order backward runs the CUDA kernels; the penalty's gradient goes through the same
+    differentiable formulas as on the CPU."""
     torch = pytest.importorskip("torch")
     f = ACTIVATIONS[name][0]
     a = _x(1)
-    x = mdn.tensor(a, dtype=mdn.float64, requires_grad=True)
+    x = mdn.tensor(a, dtype=mdn.float64, device=device, requires_grad=True)
     (g,) = mdn.autograd.grad((f(F, x) ** 2).sum(), [x], create_graph=True)
     (g * g).sum().backward()
     xt = torch.tensor(a, requires_grad=True)
     (gt,) = torch.autograd.grad((f(torch.nn.functional, xt) ** 2).sum(), [xt], create_graph=True)
     (gt * gt).sum().backward()
-    np.testing.assert_allclose(g.detach().numpy(), gt.detach().numpy(), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(g.detach().cpu().numpy(), gt.detach().numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(x.grad.cpu().numpy(), xt.grad.numpy(), rtol=1e-7, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", ["relu", "sigmoid", "tanh"])
@@ -71,3 +107,21 @@ def test_integer_input_becomes_the_default_float():
     x = mdn.tensor([-2, 0, 3])
     assert x.sigmoid().dtype == mdn.float32 and x.tanh().dtype == mdn.float32
     assert mdn.relu(x).dtype == mdn.int64 and F.relu(x).tolist() == [0, 0, 3]     # relu keeps integers
+
+
+def test_cross_entropy_gradient_penalty_with_masked_logits_matches_torch():
+    # a masked class (-inf logit) contributes nothing to the loss, its gradient or the penalty's gradient
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(0).standard_normal((4, 5))
+    a[:, 4] = -np.inf
+    a[0, 3] = -np.inf
+    t = np.array([0, 1, 2, 1])
+    x = mdn.tensor(a, dtype=mdn.float64, requires_grad=True)
+    (g,) = mdn.autograd.grad(F.cross_entropy(x, mdn.tensor(t)), [x], create_graph=True)
+    (g[:, :4] ** 2).sum().backward()
+    xt = torch.tensor(a, requires_grad=True)
+    (gt,) = torch.autograd.grad(torch.nn.functional.cross_entropy(xt, torch.tensor(t)), [xt], create_graph=True)
+    (gt[:, :4] ** 2).sum().backward()
+    np.testing.assert_allclose(g.detach().numpy(), gt.detach().numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-10, atol=1e-15)
+    assert np.isfinite(x.grad.numpy()).all()

@@ -213,16 +213,7 @@ def test_matches_torch(row, device):
                                    msg=lambda m, i=i: f"gradient of input {i}: {m}")
 
 
-# ---- double backward: supported ops chain, the others refuse loudly ---------------------------------------
-
-@pytest.mark.parametrize("call", [lambda x: F.max_pool2d(x, 2), lambda x: F.batch_norm(x, None, None, training=True)],
-                         ids=["max_pool2d", "batch_norm_train"])
-def test_first_order_ops_refuse_double_backward(call, device):
-    x = mdn.randn(2, 3, 4, 4, dtype=mdn.float64, device=device, requires_grad=True)
-    (g,) = mdn.autograd.grad((call(x) ** 2).sum(), [x], create_graph=True)
-    with pytest.raises(RuntimeError, match="double backward"):
-        g.sum().backward()
-
+# ---- double backward: every op chains (tests/nn/test_double_backward.py has the table) ----------------------
 
 def test_conv_double_backward_matches_torch():
     torch = pytest.importorskip("torch")

@@ -6,11 +6,12 @@ import operator
 
 from ... import backend as B
 from ...autograd import Function, is_grad_enabled
-from ...tensor import Tensor
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DTypeError
+from ...tensor import Tensor
 
-__all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched"]
+__all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched",
+           "creating_graph", "composite_grads"]
 
 
 def handle_for(x: Tensor):
@@ -85,9 +86,30 @@ class _DoubleBackwardUnsupported(Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(f"{ctx.op}: double backward (differentiating its gradient again, create_graph=True) is "
-                           "not implemented; the minidnn.nn.functional docstring lists the ops that support it (conv, "
-                           "conv_transpose, linear, pad, dropout, avg pooling, piecewise-linear activations, eval-mode "
-                           "batch_norm, the losses but cross_entropy)")
+                           "not implemented (the minidnn.nn.functional docstring lists the first-order ops)")
+
+
+def creating_graph(*depends) -> bool:
+    """True inside a backward run with ``create_graph`` whose result depends on a tensor that requires grad:
+    the gradient must then be written in differentiable ops."""
+    return is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in depends)
+
+
+def composite_grads(needs, composite, inputs, gy):
+    """A backward under ``create_graph``: the gradients of ``composite(*inputs)`` -- the op's own formula written
+    in differentiable Tensor ops -- wrt each input with ``needs[i]``, as graphs that can be differentiated again
+    (the fast primitives stay the first-order path; this is the second-order one, from the same formula)."""
+    from ...autograd import enable_grad, grad
+    wanted = [i for i, t in enumerate(inputs) if t is not None and needs[i]]
+    if not wanted:
+        return [None] * len(inputs)
+    with enable_grad():
+        out = composite(*inputs)
+        gs = grad(out, [inputs[i] for i in wanted], gy, create_graph=True, allow_unused=True)
+    res = [None] * len(inputs)
+    for i, g in zip(wanted, gs):
+        res[i] = g
+    return res
 
 
 def first_order_grads(op: str, arrays, *depends):

@@ -12,17 +12,18 @@ through the dropout primitive; its backward (multiply by the same mask) is its o
 """
 from __future__ import annotations
 
-from ..._amp_state import autocast_op
-
 from ... import backend as B
+from ..._amp_state import autocast_op
 from ...autograd import Function
-from ...tensor import Tensor
-from ...creation import _generator
-from ._util import check_tensor, handle_for, wrap
-from ...ops.activation import Activation, ActivationGrad, activation as _ops_activation  # noqa: F401
-from ...ops.activation import Softmax, log_softmax, softmax  # noqa: F401
-from ...ops.activation import relu as _ops_relu, sigmoid as _ops_sigmoid, tanh as _ops_tanh
 from ...backend.errors import ArgumentError
+from ...creation import _generator
+from ...ops.activation import Activation, ActivationGrad, Softmax, log_softmax, softmax  # noqa: F401  # noqa: F401
+from ...ops.activation import activation as _ops_activation
+from ...ops.activation import relu as _ops_relu
+from ...ops.activation import sigmoid as _ops_sigmoid
+from ...ops.activation import tanh as _ops_tanh
+from ...tensor import Tensor
+from ._util import check_tensor, handle_for, wrap
 
 __all__ = ["relu", "relu6", "leaky_relu", "elu", "gelu", "silu", "sigmoid", "tanh", "hardtanh", "softplus",
            "softmax", "log_softmax", "dropout", "dropout1d", "dropout2d", "dropout3d"]

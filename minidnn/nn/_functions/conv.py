@@ -16,12 +16,12 @@ Tensor add (differentiable to any order; its gradient is the sum convolution_bac
 """
 from __future__ import annotations
 
-from ..._amp_state import autocast_op
 from ... import backend as B
+from ..._amp_state import autocast_op
 from ...autograd import Function
+from ...backend.errors import ArgumentError, DTypeError
 from ...ops import pad as _pad
 from ._util import batched, check_tensor, check_vector, handle_for, ntuple, wrap
-from ...backend.errors import ArgumentError, DTypeError
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
            "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]

@@ -18,18 +18,19 @@ the same q as cross_entropy's (eps = 0).
 """
 from __future__ import annotations
 
-from ..._amp_state import autocast_op
 import warnings
 
 import numpy as np
 
 from ... import backend as B
+from ..._amp_state import autocast_op
 from ...autograd import Function
-from ...ops import pad as _tensor_pad, stack, where
-from ...tensor import Tensor
-from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DimensionError, DTypeError
+from ...ops import pad as _tensor_pad
+from ...ops import where
+from ...tensor import Tensor
+from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "one_hot", "pad"]
@@ -124,7 +125,7 @@ class CrossEntropy(Function):
             # the other terms are absent, not 0 * logp (a masked class's logit -inf must not make NaN)
             picked = xp.expand_dims(xp.where(valid, target.data, 0), 1) == \
                 xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
-            terms = xp.where(picked & xp.expand_dims(valid, 1), q * logp, 0)
+            terms = q * xp.where(picked & xp.expand_dims(valid, 1), logp, 0)
             present = picked
             if eps:
                 smooth = xp.expand_dims(valid, 1).astype(x.dtype) * (eps / c)
@@ -134,7 +135,7 @@ class CrossEntropy(Function):
                 # the nll and smoothing parts stay separate sums, each over the mean's denominator, as in PyTorch
                 # (all target weights 0: nll 0/0 = NaN even where the smoothing part alone would be inf)
                 terms = terms * (1 - eps)
-                smooth_terms = xp.where(xp.expand_dims(valid, 1), smooth * logp, 0)
+                smooth_terms = smooth * xp.where(xp.expand_dims(valid, 1), logp, 0)
             present = present & xp.expand_dims(valid, 1)
         per_element = -terms.sum(axis=1)
         smooth_part = -smooth_terms.sum(axis=1) if eps and not _is_floating(target.dtype) else None
@@ -149,12 +150,15 @@ class CrossEntropy(Function):
         ctx.logp, ctx.q, ctx.denom, ctx.w, ctx.reduction, ctx.smoothing = logp, q, denom, w, reduction, eps
         ctx.present = present
         ctx.index_targets = not _is_floating(target.dtype)
+        ctx.target = None if ctx.index_targets else target     # a probability target: part of the formula
         ctx.save_for_backward(logits)
         return wrap(xp.asarray(loss, dtype=x.dtype))
 
     @staticmethod
     def backward(ctx, gy):
         logits, = ctx.saved_tensors
+        if creating_graph(gy, logits):          # the same formula in differentiable ops: second derivatives
+            return (*_cross_entropy_composite_grads(ctx, logits, gy), None, None, None, None)
         xp = logits._xp()
         g = gy.data
         if ctx.reduction == "none":
@@ -173,8 +177,34 @@ class CrossEntropy(Function):
         if ctx.needs_input_grad[1]:     # probabilities that require grad: d/dt of -sum(w * t' * logp)
             dt = -(1 - ctx.smoothing) * ctx.logp * g
             dt = dt if ctx.w is None else dt * ctx.w
-        dx, dt = first_order_grads("cross_entropy", [dx, dt], gy, logits)
-        return dx, dt, None, None, None, None
+        return wrap(dx), wrap(dt), None, None, None, None
+
+
+def _cross_entropy_composite_grads(ctx, logits, gy):
+    """cross_entropy's gradients under create_graph: -sum(q * log_softmax(x)) reduced, written in differentiable
+    ops (log_softmax's own backward is differentiable) with q built from a probability target as a Tensor, so
+    both gradients can be differentiated again.  Class-index targets keep forward's mask of present terms (a
+    masked class's -inf logit contributes nothing, not 0 * -inf)."""
+    from ...ops.activation import log_softmax
+    denom = float(ctx.denom) if isinstance(ctx.denom, (int, float)) else wrap(ctx.denom)
+    c, eps = logits.shape[1], ctx.smoothing
+
+    def composite(x, t):
+        if t is None:
+            q = wrap(ctx.q)
+        else:
+            q = t * (1 - eps) + eps / c if eps else t
+            q = q if ctx.w is None else q * wrap(ctx.w)
+        logp = log_softmax(x, 1)
+        if ctx.present is not None:     # class indices: only the target's (and the smoothing) terms, as forward
+            logp = where(wrap(ctx.present), logp, 0)     # (a masked -inf never meets its 0 weight)
+        terms = q * logp
+        per = -terms.sum(1)
+        if ctx.reduction == "none":
+            return per
+        return per.sum() / denom if ctx.reduction == "mean" else per.sum()
+    dx, dt = composite_grads(ctx.needs_input_grad[:2], composite, (logits, ctx.target), gy)
+    return dx, dt
 
 
 @autocast_op("cross_entropy")

@@ -11,14 +11,14 @@ constant statistics; its backward is written in Tensor ops, so it has double bac
 """
 from __future__ import annotations
 
-from ..._amp_state import autocast_op
 import math
 
 from ... import backend as B
+from ..._amp_state import autocast_op
 from ...autograd import Function
-from ...tensor import Tensor
-from ._util import check_tensor, check_vector, first_order_grads, handle_for, wrap
 from ...backend.errors import ArgumentError
+from ...tensor import Tensor
+from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
 
 __all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
 
@@ -48,16 +48,34 @@ class BatchNormTraining(Function):
             if buf is not None:
                 buf._version += 1
         ctx.stats, ctx.eps = (mean, inv_std), eps
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x, weight, bias)
         return wrap(y)
 
     @staticmethod
     def backward(ctx, gy):
-        x, weight = ctx.saved_tensors
+        x, weight, bias = ctx.saved_tensors
+        if creating_graph(gy, x, weight):       # the same normalisation in differentiable ops: second derivatives
+            eps = ctx.eps
+            return (*composite_grads(ctx.needs_input_grad, lambda a, w, b: _batch_norm_composite(a, w, b, eps),
+                                     (x, weight, bias), gy), None, None, None, None)
         dx, dw, db = B.batch_normalization_backward(handle_for(x), _SPATIAL, x.data, gy.data, _data(weight),
                                                     *ctx.stats, ctx.eps)
-        dx, dw, db = first_order_grads("batch_norm", [dx, dw, db], gy, x, weight)
-        return dx, dw, db, None, None, None, None
+        return wrap(dx), wrap(dw), wrap(db), None, None, None, None
+
+
+def _batch_norm_composite(x, w, b, eps):
+    """Training-mode batch norm in Tensor ops (biased batch variance, per channel of (N, C, *))."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    d = x - x.mean(axes, keepdim=True)
+    y = d * ((d * d).mean(axes, keepdim=True) + eps) ** -0.5
+    y = y if w is None else y * w.reshape(shape)
+    return y if b is None else y + b.reshape(shape)
+
+
+def _normalize_over(x, axes, eps):
+    d = x - x.mean(axes, keepdim=True)
+    return d * ((d * d).mean(axes, keepdim=True) + eps) ** -0.5
 
 
 class BatchNormInference(Function):
@@ -123,17 +141,19 @@ class NormWithSavedStats(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, op, primitives):
-        forward, ctx.backward_primitive = primitives
+        forward, ctx.backward_primitive, ctx.composite = primitives
         y, mean, inv_std = forward(handle_for(x), x.data, _data(weight), _data(bias))
         ctx.op, ctx.stats = op, (mean, inv_std)
-        ctx.save_for_backward(x, weight)
+        ctx.save_for_backward(x, weight, bias)
         return wrap(y)
 
     @staticmethod
     def backward(ctx, gy):
-        x, weight = ctx.saved_tensors
+        x, weight, bias = ctx.saved_tensors
+        if creating_graph(gy, x, weight):       # the same normalisation in differentiable ops: second derivatives
+            return (*composite_grads(ctx.needs_input_grad, ctx.composite, (x, weight, bias), gy), None, None)
         grads = ctx.backward_primitive(handle_for(x), x.data, gy.data, _data(weight), *ctx.stats)
-        return (*first_order_grads(ctx.op, grads, gy, x, weight), None, None)
+        return (*(wrap(g) for g in grads), None, None)
 
 
 @autocast_op("layer_norm")
@@ -149,8 +169,13 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         if t is not None and tuple(t.shape) != shape:
             raise ArgumentError(f"{op}: {name} has shape {tuple(t.shape)} but normalized_shape is {shape}")
     eps = float(eps)
+    def composite(x, w, b):
+        y = _normalize_over(x, tuple(range(x.ndim - k, x.ndim)), eps)
+        y = y if w is None else y * w
+        return y if b is None else y + b
     primitives = (lambda h, x, w, b: B.layer_normalization_forward(h, x, w, b, k, eps),
-                  lambda h, x, dy, w, mean, inv_std: B.layer_normalization_backward(h, x, dy, w, mean, inv_std, k))
+                  lambda h, x, dy, w, mean, inv_std: B.layer_normalization_backward(h, x, dy, w, mean, inv_std, k),
+                  composite)
     return NormWithSavedStats.apply(input, _scale_for(weight, bias), bias, op, primitives)
 
 
@@ -168,9 +193,15 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     for name, t in (("weight", weight), ("bias", bias)):
         check_vector(op, name, t, c, input, same_dtype=False)
     eps = float(eps)
+    def composite(x, w, b):
+        n, shape = x.shape[0], (1, -1) + (1,) * (x.ndim - 2)
+        y = _normalize_over(x.reshape(n, num_groups, -1), (2,), eps).reshape(x.shape)
+        y = y if w is None else y * w.reshape(shape)
+        return y if b is None else y + b.reshape(shape)
     primitives = (lambda h, x, w, b: B.group_normalization_forward(h, x, num_groups, w, b, eps),
                   lambda h, x, dy, w, mean, inv_std: B.group_normalization_backward(h, x, dy, num_groups, w, mean,
-                                                                                    inv_std))
+                                                                                    inv_std),
+                  composite)
     return NormWithSavedStats.apply(input, _scale_for(weight, bias), bias, op, primitives)
 
 
@@ -184,8 +215,25 @@ class LocalResponseNorm(Function):
     @staticmethod
     def backward(ctx, gy):
         x, = ctx.saved_tensors
+        if creating_graph(gy, x):               # the same formula in differentiable ops: second derivatives
+            desc = ctx.desc
+            return composite_grads([True], lambda a: _lrn_composite(a, desc), (x,), gy)[0], None
         dx = B.lrn_cross_channel_backward(handle_for(x), ctx.desc, None, gy.data, x.data)
-        return first_order_grads("local_response_norm", [dx], gy, x)[0], None
+        return wrap(dx), None
+
+
+def _lrn_composite(x, desc):
+    """x / (k + alpha/n * sum of x^2 over channels c - n//2 .. c + (n-1)//2) ** beta, in Tensor ops."""
+    from ...ops import cat
+    sq = x * x
+    lo, hi = desc.n // 2, (desc.n - 1) // 2
+    parts = ([sq[:, :1].detach() * 0] * lo) + [sq] + ([sq[:, :1].detach() * 0] * hi)
+    padded = cat(parts, 1) if lo or hi else sq
+    c = x.shape[1]
+    window = padded[:, 0:c]
+    for i in range(1, desc.n):
+        window = window + padded[:, i:i + c]
+    return x * (window * (desc.alpha / desc.n) + desc.k) ** -desc.beta
 
 
 def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):

@@ -19,9 +19,9 @@ import numpy as np
 
 from ... import backend as B
 from ...autograd import Function
-from ...ops import stack
-from ._util import batched, check_tensor, first_order_grads, handle_for, ntuple, wrap
 from ...backend.errors import ArgumentError
+from ...ops import stack
+from ._util import batched, check_tensor, handle_for, ntuple, wrap
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
            "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d"]
@@ -39,8 +39,44 @@ class MaxPool(Function):
     @staticmethod
     def backward(ctx, gy):
         x, = ctx.saved_tensors
-        dx = B.pooling_backward(handle_for(x), ctx.desc, None, gy.data, x.data, argmax=ctx.argmax)
-        return first_order_grads("max_pool", [dx], gy, x)[0], None
+        return MaxPoolBackward.apply(gy, x, ctx.desc, ctx.argmax), None
+
+
+class MaxPoolBackward(Function):
+    """dx = dy scattered to each window's winner (the argmax the forward kept): linear in dy, so its own
+    derivative gathers g at the winners; zero with respect to x (max is piecewise linear)."""
+
+    @staticmethod
+    def forward(ctx, dy, x, desc, argmax):
+        ctx.desc, ctx.argmax, ctx.x_shape = desc, argmax, tuple(x.shape)
+        return wrap(B.pooling_backward(handle_for(x), desc, None, dy.data, x.data, argmax=argmax))
+
+    @staticmethod
+    def backward(ctx, g):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        idx = wrap(_winners(g._xp(), ctx.argmax, ctx.x_shape, ctx.desc))
+        gy = g.reshape(ctx.x_shape[:2] + (-1,)).gather(2, idx).reshape(tuple(ctx.argmax.shape))
+        return gy, None, None, None
+
+
+def _winners(xp, argmax, x_shape, desc):
+    """(N, C, prod(O)) int64: the flat spatial index into x of each window's winning element (argmax holds its
+    row-major tap index inside the window)."""
+    nd = len(x_shape) - 2
+    window, padding, stride = desc.resolve(nd)
+    dilation = desc.dilation if isinstance(desc.dilation, tuple) else (desc.dilation,) * nd
+    a = xp.asarray(argmax).astype(np.int64)
+    taps = []
+    for k in reversed(window):              # unravel the row-major tap index
+        taps.append(a % k)
+        a = a // k
+    taps.reverse()
+    flat = 0
+    for d in range(nd):
+        o = xp.arange(argmax.shape[2 + d], dtype=np.int64).reshape((-1,) + (1,) * (nd - 1 - d))
+        flat = flat * x_shape[2 + d] + (o * stride[d] - padding[d] + taps[d] * dilation[d])
+    return flat.reshape(tuple(argmax.shape[:2]) + (-1,))
 
 
 class AvgPool(Function):

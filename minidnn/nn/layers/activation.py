@@ -5,9 +5,9 @@ new tensor: the activation primitive writes a fresh output.
 """
 from __future__ import annotations
 
+from ...backend.errors import ArgumentError
 from .. import functional as F
 from ..module import Module
-from ...backend.errors import ArgumentError
 
 __all__ = ["ReLU", "ReLU6", "LeakyReLU", "ELU", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardtanh", "Softplus",
            "Softmax", "LogSoftmax"]

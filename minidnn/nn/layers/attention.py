@@ -14,16 +14,17 @@ import numpy as np
 
 from ...backend import devices as _dev
 from ...backend.errors import ArgumentError
+from ...creation import empty, zeros
 from ...ops import cat
 from ...tensor import Tensor
-from ...creation import empty, zeros
 from .. import init
-from .._functions.activation import dropout as _dropout, softmax as _softmax
+from .._functions.activation import dropout as _dropout
+from .._functions.activation import softmax as _softmax
 from ..functional import linear
 from ..functional_extra import scaled_dot_product_attention
-from .linear import Linear
 from ..module import Module
 from ..parameter import Parameter
+from .linear import Linear
 
 __all__ = ["MultiheadAttention"]
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 
+from ...backend.errors import ArgumentError
 from ...creation import empty
 from .. import functional as F
 from .. import init
 from .._functions._util import ntuple
 from ..module import Module
 from ..parameter import Parameter
-from ...backend.errors import ArgumentError
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 

@@ -1,9 +1,9 @@
 """Dropout layers: active in training mode only (``module.train()`` / ``module.eval()``)."""
 from __future__ import annotations
 
+from ...backend.errors import ArgumentError
 from .. import functional as F
 from ..module import Module
-from ...backend.errors import ArgumentError
 
 __all__ = ["Dropout", "Dropout1d", "Dropout2d", "Dropout3d"]
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...backend.errors import ArgumentError
 from ...creation import ones, tensor, zeros
 from .. import functional as F
 from ..module import Module
 from ..parameter import Parameter
-from ...backend.errors import ArgumentError
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "LocalResponseNorm"]
 

@@ -15,9 +15,9 @@ import numbers
 import warnings
 
 from ...autograd import Function
+from ...creation import empty, zeros
 from ...ops import cat, stack
 from ...tensor import Tensor
-from ...creation import empty, zeros
 from .. import init
 from .._functions.activation import dropout as _dropout
 from ..functional import linear

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from ...autograd import no_grad
+from ...backend.errors import ArgumentError, DimensionError, DTypeError
+from ...creation import empty
+from ...creation import tensor as _tensor
 from ...tensor import Tensor
-from ...creation import empty, tensor as _tensor
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from ...backend.errors import ArgumentError, DimensionError, DTypeError
 
 __all__ = ["Embedding"]
 

@@ -18,7 +18,6 @@ from ... import distributed as dist
 from ...autograd import Function
 from ...backend.errors import ArgumentError
 from .._functions._util import first_order_grads, wrap
-from ..module import Module
 from .normalization import _BatchNorm
 
 __all__ = ["SyncBatchNorm"]

@@ -13,9 +13,9 @@ import numpy as np
 
 from ...autograd import Function
 from ...backend.errors import ArgumentError
+from ...creation import tensor as _tensor
 from ...ops import cat, stack
 from ...tensor import Tensor
-from ...creation import tensor as _tensor
 
 __all__ = ["PackedSequence", "pack_padded_sequence", "pad_packed_sequence", "pad_sequence", "pack_sequence",
            "unpack_sequence"]
