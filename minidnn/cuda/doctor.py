@@ -105,7 +105,7 @@ def _instrument(stack, rec, cuda_inputs):
     stack.enter_context(_patched(Tensor, "__getitem__", getitem))
 
     if cuda_inputs:
-        tensor_module = sys.modules[Tensor.__module__]      # minidnn.tensor (the package's `tensor` is the function)
+        from .. import creation  # zeros/ones/full/arange/... and rand/randn/...
 
         def created(original):
             def wrapper(*a, **k):
@@ -115,8 +115,8 @@ def _instrument(stack, rec, cuda_inputs):
                     rec.add("CPU tensor", f"a {tuple(t.shape)} tensor was created on the CPU inside the step")
                 return out
             return wrapper
-        stack.enter_context(_patched(tensor_module, "_factory", created))
-        stack.enter_context(_patched(tensor_module, "_random", created))
+        stack.enter_context(_patched(creation, "_factory", created))
+        stack.enter_context(_patched(creation, "_random", created))
         stack.enter_context(_patched(Tensor, "__init__", created))
 
     def rand(name):
