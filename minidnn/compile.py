@@ -26,11 +26,14 @@ __all__ = ["compile"]
 
 
 def _signature(args, kwargs):
+    """The graph cache's key: each tensor's shape, dtype, device and requires_grad; other values by repr.
+    (Built from the raw fields, not strings: it is computed on every call, so it is host time on every replay.)"""
     def one(a):
         if isinstance(a, Tensor):
-            return ("T", tuple(a.shape), str(a.dtype), str(a.device), a.requires_grad)
+            return (a.data.shape, a.data.dtype, a.device, a.requires_grad)
         return ("V", repr(a))
-    return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
+    key = tuple(one(a) for a in args)
+    return key + tuple((k, one(v)) for k, v in sorted(kwargs.items())) if kwargs else key
 
 
 class _Compiled:
@@ -105,11 +108,12 @@ def _static_copy(a):
 
 
 def _copy_into(static, new):
-    from .autograd import no_grad
-    with no_grad():
-        for dst, src in zip(static, new):
-            if isinstance(dst, Tensor):
-                dst.copy_(src)
+    """Copy each new tensor argument into its static buffer (same shape, dtype and device: the key says so), as
+    one raw device copy each (no autograd: the static buffers are leaves of the captured step)."""
+    for dst, src in zip(static, new):
+        if isinstance(dst, Tensor) and dst is not src:
+            dst.device.xp.copyto(dst.data, src.data)
+            dst._version += 1
 
 
 def compile(fn=None, *, mode="reduce-overhead", warmup=3, max_graphs=8, fullgraph=False, dynamic=None,

@@ -108,6 +108,26 @@ def test_compile_falls_back_to_eager_on_cpu_with_one_warning():
     assert len(msgs) == 1 and ("no CUDA GPU" in msgs[0] or "CUDA device" in msgs[0])
 
 
+def test_compile_cache_key_and_input_copy():
+    """The replay path's host helpers (the replay itself needs a GPU): the key separates every property a
+    captured graph depends on, and the copy fills the static buffers in place."""
+    from minidnn.compile import _copy_into, _signature
+    x = mdn.randn(2, 3)
+    same = _signature((x, 1), {"k": x})
+    assert same == _signature((mdn.randn(2, 3), 1), {"k": mdn.randn(2, 3)})
+    for other in [(mdn.randn(3, 2), 1), (mdn.randn(2, 3, dtype=mdn.float64), 1), (mdn.randn(2, 3), 2),
+                  (mdn.randn(2, 3, requires_grad=True), 1)]:
+        assert _signature(other, {"k": x}) != same
+    assert _signature((x, 1), {"j": x}) != same
+    static, new = [mdn.zeros(2, 3), 5], [x, 5]
+    buf = static[0].data
+    v = static[0]._version
+    _copy_into(static, new)
+    assert static[0].data is buf and np.array_equal(buf, x.numpy()) and static[0]._version == v + 1
+    _copy_into([x], [x])                            # the buffer itself: nothing to copy
+    assert np.array_equal(x.numpy(), buf)
+
+
 def test_compile_as_decorator_and_type_check():
     @mdn.compile(warmup=1)
     def f(x):
