@@ -1,0 +1,28 @@
+"""Every arrow points down (issue 13): no import cycle between the package's parts, the backend imports nothing
+above it, and the engine (tensor, autograd) imports only the backend and its own small helpers."""
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "import_graph", pathlib.Path(__file__).resolve().parent.parent / "tools" / "import_graph.py")
+ig = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ig)
+
+
+def test_no_cycles_between_parts():
+    assert ig.cycles(ig.layer_graph()) == []
+
+
+def test_backend_and_engine_sit_at_the_bottom():
+    g = ig.layer_graph()
+    assert g.get("minidnn.backend", set()) == set(), g.get("minidnn.backend")
+    allowed = {"minidnn.backend", "minidnn.autograd", "minidnn._amp_state", "minidnn._dlpack", "minidnn._memory_format"}
+    assert g.get("minidnn.tensor", set()) <= allowed, g["minidnn.tensor"]
+    assert g.get("minidnn.autograd", set()) <= allowed - {"minidnn.autograd"}, g["minidnn.autograd"]
+    for top in ("minidnn.nn", "minidnn.optim", "minidnn.data", "minidnn.models"):
+        for low in ("minidnn.tensor", "minidnn.autograd", "minidnn.backend"):
+            assert top not in g.get(low, set())
+
+
+def test_a_planted_cycle_is_found():
+    assert ig.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
