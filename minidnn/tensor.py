@@ -9,51 +9,26 @@ The differentiable ops live in ``minidnn/ops/`` and are attached as methods at t
 """
 from __future__ import annotations
 
-import numbers
 import weakref
 
 import numpy as np
 
-from . import _dlpack
+from . import _dlpack, _dtypes
 from . import _memory_format as _mf
 from . import autograd as _ag
+from ._dtypes import (  # noqa: F401  (the dtype helpers, re-exported: the layers above import them from here)
+    _infer_python_dtype,
+    _looks_like_dtype,
+    _to_dtype,
+    get_default_dtype,
+    set_default_dtype,
+)
 from .autograd import AccumulateGrad, _state
 from .backend import devices as _dev
 from .backend.devices import is_floating as _is_floating
 from .backend.errors import ArgumentError, DTypeError
 
 __all__ = ["Tensor", "get_default_dtype", "set_default_dtype"]
-
-_DEFAULT_FLOAT = np.dtype(np.float32)
-
-
-def get_default_dtype():
-    return _DEFAULT_FLOAT
-
-
-def set_default_dtype(dtype):
-    global _DEFAULT_FLOAT
-    dt = _to_dtype(dtype)
-    if not _is_floating(dt):
-        raise DTypeError(f"set_default_dtype: only floating dtypes are allowed, got {dt}")
-    _DEFAULT_FLOAT = dt
-
-
-def _to_dtype(dtype):
-    if dtype is None:
-        return None
-    if isinstance(dtype, np.dtype):
-        return dtype
-    if isinstance(dtype, str) and dtype.startswith("torch."):
-        dtype = dtype[6:]
-    s = str(dtype)
-    if s.startswith("torch."):      # a torch.dtype object
-        dtype = s[6:]
-    try:
-        return np.dtype(dtype)
-    except TypeError:
-        raise DTypeError(f"cannot interpret {dtype!r} as a dtype") from None
-
 
 class Tensor:
     """An array plus what autograd needs.  Build one with ``minidnn.tensor(...)``."""
@@ -229,7 +204,8 @@ class Tensor:
 
     def item(self):
         if self.data.size != 1:
-            raise RuntimeError(f"item(): a Tensor with {self.data.size} elements cannot be converted to a Python number")
+            raise RuntimeError(f"item(): a Tensor with {self.data.size} elements cannot be converted to a Python "
+                               "number")
         return self.data.reshape(()).item()
 
     def tolist(self):
@@ -314,8 +290,8 @@ class Tensor:
     def _check_inplace(self, op):
         if self.requires_grad and _state.grad_enabled:
             if self.grad_fn is None:
-                raise RuntimeError(f"{op}: a leaf tensor that requires grad (shape {tuple(self.shape)}) is being used in "
-                                   "an in-place operation; wrap the update in `with minidnn.no_grad():` or use an "
+                raise RuntimeError(f"{op}: a leaf tensor that requires grad (shape {tuple(self.shape)}) is being used "
+                                   "in an in-place operation; wrap the update in `with minidnn.no_grad():` or use an "
                                    "out-of-place op")
             return True     # part of a graph: rebind to the out-of-place result
         return False
@@ -347,8 +323,8 @@ class Tensor:
                 raise RuntimeError(f"{op}: tensors on different devices: '{self.device}' and '{other.device}'")
             res = fn(_wrap(self.data), other) if other is not None else fn(_wrap(self.data))
             if tuple(res.shape) != tuple(self.shape):
-                raise RuntimeError(f"{op}: the result of shape {tuple(res.shape)} cannot be written into a tensor of shape "
-                                   f"{tuple(self.shape)} in place")
+                raise RuntimeError(f"{op}: the result of shape {tuple(res.shape)} cannot be written into a tensor of "
+                                   f"shape {tuple(self.shape)} in place")
             _check_inplace_cast(op, res.dtype, self.dtype)
             self.data[...] = res.data
         self._version += 1
@@ -416,7 +392,7 @@ class Tensor:
         extras = []
         if self.device.type != "cpu":
             extras.append(f"device='{self.device}'")
-        if self.data.dtype not in (_DEFAULT_FLOAT, np.dtype(np.int64), np.dtype(np.bool_)):
+        if self.data.dtype not in (_dtypes.get_default_dtype(), np.dtype(np.int64), np.dtype(np.bool_)):
             extras.append(f"dtype={self.data.dtype}")
         if self.grad_fn is not None:
             extras.append(f"grad_fn=<{self.grad_fn.name()}>")
@@ -493,21 +469,6 @@ def parse_to_args(args, device=None, dtype=None):
     return device, dtype
 
 
-def _looks_like_dtype(a):
-    if isinstance(a, (np.dtype, type)) and not isinstance(a, _dev.Device):
-        return True
-    if isinstance(a, str):
-        s = a[6:] if a.startswith("torch.") else a
-        if s.startswith("cuda") or s in ("cpu", "gpu"):
-            return False
-        try:
-            np.dtype(s)
-            return True
-        except TypeError:
-            return False
-    return str(a).startswith("torch.") and not str(a).startswith("torch.device")
-
-
 def _check_inplace_cast(op, result, target):
     """PyTorch's in-place rule: the result's dtype must cast to self's by the same-kind rule (a float result
     cannot be written into an integer tensor; bool only takes bool)."""
@@ -520,67 +481,5 @@ def _check_inplace_cast(op, result, target):
                             "in-place op keeps its tensor's dtype)")
 
 
-def _infer_python_dtype(data):
-    """PyTorch's rule for Python data: floats -> default float dtype, ints -> int64, bools -> bool."""
-    if isinstance(data, bool):
-        return np.dtype(np.bool_)
-    if isinstance(data, numbers.Integral):
-        return np.dtype(np.int64)
-    if isinstance(data, numbers.Real):
-        return _DEFAULT_FLOAT
-    if isinstance(data, numbers.Complex):
-        return np.dtype(np.complex64)
-    return None
-
-
-def _check_nested(op, data, depth=0):
-    """Nested lists must be rectangular and hold numbers (or tensors/arrays): PyTorch's errors, before NumPy's."""
-    if depth > 64:
-        raise ArgumentError(f"{op}: nested sequences deeper than 64 levels")
-    lengths = set()
-    for item in data:
-        if isinstance(item, (str, bytes)):
-            raise ArgumentError(f"{op}: too many dimensions 'str': the data holds the string {item!r}")
-        if isinstance(item, (list, tuple)):
-            lengths.add(len(item))
-            _check_nested(op, item, depth + 1)
-        else:
-            lengths.add(None)
-    if len(lengths) > 1:
-        sizes = sorted(("scalar" if n is None else str(n)) for n in lengths)
-        raise ArgumentError(f"{op}: expected sequences of equal length at dim {depth + 1}, got lengths "
-                            f"{', '.join(sizes)} (ragged nested lists cannot form a tensor)")
-
-
 def _make_array(data, dtype=None, device=None):
-    dtype = _to_dtype(dtype)
-    if isinstance(data, Tensor):
-        data = data.data
-    if device is None:
-        dev = _dev.device_of(data) if hasattr(data, "__cuda_array_interface__") else _dev.default_device()
-    else:
-        dev = _dev.device(device)
-    if hasattr(data, "__array_namespace__") or isinstance(data, np.ndarray) or hasattr(data, "__cuda_array_interface__"):
-        # An array keeps its dtype (float64 NumPy arrays stay float64, as torch.tensor(np_array) does).
-        return _dev.to_device(data, dev, dtype=dtype, copy=True)
-    if hasattr(data, "__dlpack__") and not isinstance(data, (list, tuple)):
-        return _dev.to_device(np.from_dlpack(data) if dev.type == "cpu" else dev.xp.from_dlpack(data), dev,
-                              dtype=dtype, copy=True)
-    if isinstance(data, (str, bytes)):
-        raise ArgumentError(f"tensor: too many dimensions 'str': cannot build a tensor from the string {data!r}")
-    try:
-        arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype)
-    except (ValueError, TypeError):
-        if isinstance(data, (list, tuple)):
-            _check_nested("tensor", data)      # names the ragged dim or the string; else NumPy's reason below
-        raise
-    if arr.dtype.kind in "USO" and isinstance(data, (list, tuple)):
-        _check_nested("tensor", data)
-        raise DTypeError(f"cannot build a tensor from {type(data).__name__} data of mixed/unsupported types "
-                         f"(NumPy reads it as {arr.dtype})")
-    if dtype is None:
-        if arr.dtype == np.float64:
-            arr = arr.astype(_DEFAULT_FLOAT)
-        elif arr.dtype == np.complex128:
-            arr = arr.astype(np.complex64)
-    return _dev.to_device(arr, dev)
+    return _dtypes.make_array(data.data if isinstance(data, Tensor) else data, dtype, device)

@@ -16,7 +16,8 @@ def test_no_cycles_between_parts():
 def test_backend_and_engine_sit_at_the_bottom():
     g = ig.layer_graph()
     assert g.get("minidnn.backend", set()) == set(), g.get("minidnn.backend")
-    allowed = {"minidnn.backend", "minidnn.autograd", "minidnn._amp_state", "minidnn._dlpack", "minidnn._memory_format"}
+    allowed = {"minidnn.backend", "minidnn.autograd", "minidnn._amp_state", "minidnn._dlpack", "minidnn._dtypes",
+               "minidnn._memory_format"}
     assert g.get("minidnn.tensor", set()) <= allowed, g["minidnn.tensor"]
     assert g.get("minidnn.autograd", set()) <= allowed - {"minidnn.autograd"}, g["minidnn.autograd"]
     for top in ("minidnn.nn", "minidnn.optim", "minidnn.data", "minidnn.models"):
@@ -26,3 +27,9 @@ def test_backend_and_engine_sit_at_the_bottom():
 
 def test_a_planted_cycle_is_found():
     assert ig.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_helpers_below_the_tensor_import_only_the_backend():
+    g = ig.layer_graph()
+    for low in ("minidnn._dtypes", "minidnn._dlpack", "minidnn._memory_format", "minidnn._amp_state"):
+        assert g.get(low, set()) <= {"minidnn.backend"}, (low, g.get(low))
