@@ -235,36 +235,6 @@ class Tensor:
     def __dlpack_device__(self):
         return self.data.__dlpack_device__()
 
-    def cpu(self):
-        return self.to("cpu")
-
-    def cuda(self, device=None):
-        return self.to("cuda" if device is None else (f"cuda:{device}" if isinstance(device, int) else device))
-
-    def type(self, dtype=None):
-        return str(self.dtype) if dtype is None else self.to(dtype=dtype)
-
-    def float(self):
-        return self.to(dtype=np.float32)
-
-    def double(self):
-        return self.to(dtype=np.float64)
-
-    def half(self):
-        return self.to(dtype=np.float16)
-
-    def long(self):
-        return self.to(dtype=np.int64)
-
-    def int(self):
-        return self.to(dtype=np.int32)
-
-    def bool(self):
-        return self.to(dtype=np.bool_)
-
-    def astype(self, dtype):
-        return self.to(dtype=dtype)
-
     def detach(self):
         """A tensor sharing this one's data, cut from the graph."""
         return _wrap(self.data)
@@ -329,52 +299,6 @@ class Tensor:
             self.data[...] = res.data
         self._version += 1
         return self
-
-    def add_(self, other, alpha=1):
-        if alpha != 1:
-            return self._inplace("add_", lambda a, b: a + b * alpha, other)
-        return self._inplace("add_", lambda a, b: a + b, other)
-
-    def sub_(self, other, alpha=1):
-        return self._inplace("sub_", lambda a, b: a - b * alpha, other)
-
-    def mul_(self, other):
-        return self._inplace("mul_", lambda a, b: a * b, other)
-
-    def div_(self, other):
-        return self._inplace("div_", lambda a, b: a / b, other)
-
-    def pow_(self, other):
-        return self._inplace("pow_", lambda a, b: a ** b, other)
-
-    def clamp_(self, min=None, max=None):
-        return self._inplace("clamp_", lambda a: a.clip(min, max))
-
-    clip_ = clamp_
-
-    def neg_(self):
-        return self._inplace("neg_", lambda a: -a)
-
-    def exp_(self):
-        return self._inplace("exp_", lambda a: a.exp())
-
-    def sqrt_(self):
-        return self._inplace("sqrt_", lambda a: a.sqrt())
-
-    def relu_(self):
-        return self._inplace("relu_", lambda a: a.relu())
-
-    def __iadd__(self, other):
-        return self.add_(other)
-
-    def __isub__(self, other):
-        return self.sub_(other)
-
-    def __imul__(self, other):
-        return self.mul_(other)
-
-    def __itruediv__(self, other):
-        return self.div_(other)
 
     def copy_(self, src):
         """Copy ``src`` (broadcast) into this tensor in place; crossing devices is explicit here."""

@@ -1,23 +1,28 @@
 """The differentiable ops on Tensors, grouped by family, and their binding as Tensor methods."""
 from __future__ import annotations
 
-from ..tensor import Tensor
-from ._core import broadcast_to, sum_to, to_tensor
-from .elementwise import *      # noqa: F401,F403
-from .elementwise import _add
-from .indexing import getitem, index_put, scatter_into   # noqa: F401
-from .linalg import *           # noqa: F401,F403
-from .reduction import *        # noqa: F401,F403
-from .shape import *            # noqa: F401,F403
-from .gather_scatter import *          # noqa: F401,F403
-from .sorting import *          # noqa: F401,F403
-from .legacy import *           # noqa: F401,F403
-from .activation import log_softmax, relu, sigmoid, softmax, tanh   # noqa: F401  (one Function, every binding)
-from . import elementwise as _ew, linalg as _la, reduction as _red, shape as _sh
-from . import gather_scatter as _sc, sorting as _so
-from . import tensor_methods as _tm
-from . import activation as _act
 from .. import creation as _creation
+from ..tensor import Tensor
+from . import activation as _act
+from . import elementwise as _ew
+from . import gather_scatter as _sc
+from . import linalg as _la
+from . import methods as _methods
+from . import reduction as _red
+from . import shape as _sh
+from . import sorting as _so
+from . import tensor_methods as _tm
+from ._core import broadcast_to, sum_to, to_tensor
+from .activation import log_softmax, relu, sigmoid, softmax, tanh  # noqa: F401  (one Function, every binding)
+from .elementwise import *  # noqa: F401,F403
+from .elementwise import _add
+from .gather_scatter import *  # noqa: F401,F403
+from .indexing import getitem, index_put, scatter_into  # noqa: F401
+from .legacy import *  # noqa: F401,F403
+from .linalg import *  # noqa: F401,F403
+from .reduction import *  # noqa: F401,F403
+from .shape import *  # noqa: F401,F403
+from .sorting import *  # noqa: F401,F403
 
 
 def _bind():
@@ -52,6 +57,12 @@ def _bind():
     T.__getitem__ = getitem
     T.__setitem__ = _tm.setitem
     T.relu, T.sigmoid, T.tanh = _act.relu, _act.sigmoid, _act.tanh
+    # Conversions and in-place arithmetic (ops/methods.py): x.float(), x.add_(y), x += y, ...
+    for name in _methods.__all__:
+        setattr(T, name, getattr(_methods, name))
+    T.clip_ = _methods.clamp_
+    T.__iadd__, T.__isub__ = _methods.add_, _methods.sub_
+    T.__imul__, T.__itruediv__ = _methods.mul_, _methods.div_
     # Conversion, in-place fills and random fills (ops/tensor_methods.py, creation.py).
     T.to = _tm.to
     T.zero_ = _tm.zero_
