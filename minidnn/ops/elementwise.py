@@ -19,7 +19,7 @@ from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
-           "tanh", "sigmoid", "relu", "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
+           "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
            "expm1", "reciprocal", "rsub", "rdiv", "rpow", "eq", "ne", "lt", "le", "gt", "ge", "logical_not",
            "isfinite", "isnan", "floor", "ceil", "round", "floordiv", "remainder", "floor_divide", "bitwise_not",
            "fmod", "isclose", "allclose", "addcmul", "addcdiv", "lerp"]
@@ -250,8 +250,6 @@ _UNARY = {
     "sqrt": (lambda xp, x: xp.sqrt(x), lambda g, x, y: g / (y * 2.0), "y"),
     "sin": (lambda xp, x: xp.sin(x), lambda g, x, y: g * cos(x), "x"),
     "cos": (lambda xp, x: xp.cos(x), lambda g, x, y: -g * sin(x), "x"),
-    "tanh": (lambda xp, x: xp.tanh(x), lambda g, x, y: g * (1.0 - y * y), "y"),
-    "sigmoid": (lambda xp, x: _sigmoid(xp, x), lambda g, x, y: g * y * (1.0 - y), "y"),
     "relu": (lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
              lambda g, x, y: g * _wrap(~(y.data <= 0)).astype(g.dtype), "y"),     # NaN passes, as in PyTorch
     "abs": (lambda xp, x: xp.abs(x), lambda g, x, y: g * sign(x), "x"),
@@ -260,12 +258,6 @@ _UNARY = {
     "expm1": (lambda xp, x: xp.expm1(x), lambda g, x, y: g * (y + 1.0), "y"),
     "reciprocal": (lambda xp, x: 1 / x, lambda g, x, y: -g * y * y, "y"),
 }
-
-
-def _sigmoid(xp, x):
-    # Stable for large |x|: exp of a non-positive number only.
-    e = xp.exp(-xp.abs(x))
-    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 class UnaryBackward(Node):
@@ -318,9 +310,7 @@ log = _unary("log")
 sqrt = _unary("sqrt")
 sin = _unary("sin")
 cos = _unary("cos")
-tanh = _unary("tanh")
-sigmoid = _unary("sigmoid")
-relu = _unary("relu")
+relu = _unary("relu")         # integer relu (ops/activation.py's Function is the op; this is its array form)
 abs = _unary("abs")
 square = _unary("square")
 log1p = _unary("log1p")
