@@ -12,8 +12,8 @@ import threading
 import numpy as np
 
 from . import devices as _dev
-from .errors import BadParamError
 from .devices import is_floating as _is_floating
+from .errors import BadParamError
 
 __all__ = ["MathType", "Handle", "get_default_handle", "resolve_handle", "create", "destroy", "cudnn",
            "configured_default_handle"]
@@ -143,17 +143,20 @@ def destroy(handle: Handle) -> None:
 class _CudnnFlags:
     """``benchmark`` (time the convolution algorithms once per shape, cache the winner), ``deterministic`` (only
     algorithms whose result does not depend on execution order), ``allow_tf32`` (MathType.TENSOR_OP on the GPU:
-    TF32 for float32; no effect on the CPU).  None means "not set": the handle's own value stands."""
-    __slots__ = ("benchmark", "deterministic", "allow_tf32")
+    TF32 for float32; no effect on the CPU).  None means "not set": the handle's own value stands.
+    ``fusion`` (default True): nn ops run the backend's fused GPU kernels where one exists (cross_entropy as one
+    softmax-cross-entropy kernel each way); False runs the unfused composition, for debugging or comparison."""
+    __slots__ = ("benchmark", "deterministic", "allow_tf32", "fusion")
 
     def __init__(self):
         self.benchmark = None
         self.deterministic = None
         self.allow_tf32 = None
+        self.fusion = True
 
     def __repr__(self):
         return (f"cudnn(benchmark={self.benchmark}, deterministic={self.deterministic}, "
-                f"allow_tf32={self.allow_tf32})")
+                f"allow_tf32={self.allow_tf32}, fusion={self.fusion})")
 
 
 cudnn = _CudnnFlags()

@@ -125,3 +125,29 @@ def test_cross_entropy_gradient_penalty_with_masked_logits_matches_torch():
     np.testing.assert_allclose(g.detach().numpy(), gt.detach().numpy(), rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-10, atol=1e-15)
     assert np.isfinite(x.grad.numpy()).all()
+
+
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"label_smoothing": 0.2},
+                                {"ignore_index": 1, "weight": True}])
+def test_fused_cross_entropy_wiring_equals_the_reference(kw, monkeypatch, device):
+    """F.cross_entropy's fused path (one softmax-cross-entropy primitive each way; on the GPU its kernels) gives
+    the reference path's loss, gradient and second derivative.  On the CPU the path is forced, so the wiring
+    (what forward keeps for backward and for the create_graph path) runs through the primitive's reference."""
+    from minidnn.nn._functions import loss as L
+    rng = np.random.default_rng(3)
+    a, t = rng.standard_normal((6, 5, 2)), rng.integers(0, 5, (6, 2))
+    kw = dict(kw)
+    if kw.pop("weight", False):
+        kw["weight"] = mdn.tensor(rng.random(5) + 0.5, dtype=mdn.float64, device=device)
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(L, "_fused_cross_entropy", lambda x, tg, fused=fused: fused and not tg.is_floating_point())
+        x = mdn.tensor(a, dtype=mdn.float64, device=device, requires_grad=True)
+        loss = F.cross_entropy(x, mdn.tensor(t, device=device), **kw)
+        (g,) = mdn.autograd.grad(loss.sum(), [x], create_graph=True)
+        (g * g).sum().backward()
+        x2 = mdn.tensor(a, dtype=mdn.float64, device=device, requires_grad=True)
+        F.cross_entropy(x2, mdn.tensor(t, device=device), **kw).sum().backward()
+        results.append([r.detach().cpu().numpy() for r in (loss, g, x.grad, x2.grad)])
+    for ref, fused in zip(*results):
+        np.testing.assert_allclose(fused, ref, rtol=1e-12, atol=1e-14)

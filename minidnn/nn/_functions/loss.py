@@ -104,80 +104,112 @@ def _unbatched(x, target, class_indices):
 class CrossEntropy(Function):
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
-        x = logits
-        xp = x._xp()
-        c = x.shape[1]
-        eps = label_smoothing
-        logp = B.softmax_forward(handle_for(x), B.SoftmaxAlgorithm.LOG, None, x.data, axis=1)
-        wshape = (1, c) + (1,) * (x.ndim - 2)
-        w = None if weight is None else weight.data.reshape(wshape)
-        if _is_floating(target.dtype):            # class probabilities
-            t = target.data
-            if eps:
-                t = t * (1 - eps) + eps / c
-            q = t if w is None else t * w
-            denom = logp.size // c if logp.size else float("nan")
-            terms = q * logp                    # PyTorch: -sum(t * logp), so t = 0 at logp = -inf gives NaN
-            present = None
-        else:                                   # class indices
-            q, valid, denom = _class_targets("cross_entropy", x, target, weight, ignore_index)
-            # PyTorch picks logp at the target (nll) and, with smoothing, sums logp over the classes of valid rows:
-            # the other terms are absent, not 0 * logp (a masked class's logit -inf must not make NaN)
-            picked = xp.expand_dims(xp.where(valid, target.data, 0), 1) == \
-                xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
-            terms = q * xp.where(picked & xp.expand_dims(valid, 1), logp, 0)
-            present = picked
-            if eps:
-                smooth = xp.expand_dims(valid, 1).astype(x.dtype) * (eps / c)
-                smooth = smooth if w is None else smooth * w
-                q = q * (1 - eps) + smooth
-                present = picked | True
-                # the nll and smoothing parts stay separate sums, each over the mean's denominator, as in PyTorch
-                # (all target weights 0: nll 0/0 = NaN even where the smoothing part alone would be inf)
-                terms = terms * (1 - eps)
-                smooth_terms = smooth * xp.where(xp.expand_dims(valid, 1), logp, 0)
-            present = present & xp.expand_dims(valid, 1)
-        per_element = -terms.sum(axis=1)
-        smooth_part = -smooth_terms.sum(axis=1) if eps and not _is_floating(target.dtype) else None
-        if reduction == "none":
-            loss = per_element if smooth_part is None else per_element + smooth_part
-        else:
-            loss = per_element.sum()
-            if reduction == "mean":
-                loss = loss / denom
-            if smooth_part is not None:
-                loss = loss + (smooth_part.sum() / denom if reduction == "mean" else smooth_part.sum())
-        ctx.logp, ctx.q, ctx.denom, ctx.w, ctx.reduction, ctx.smoothing = logp, q, denom, w, reduction, eps
-        ctx.present = present
-        ctx.index_targets = not _is_floating(target.dtype)
-        ctx.target = None if ctx.index_targets else target     # a probability target: part of the formula
+        ctx.fused = None
+        if _fused_cross_entropy(logits, target):     # a GPU array and class indices: one kernel each way
+            w = None if weight is None else weight.data
+            loss, lse, denom = B.softmax_cross_entropy_forward(handle_for(logits), logits.data, target.data, w,
+                                                               ignore_index, label_smoothing, reduction)
+            ctx.fused = (target.data, w, ignore_index, lse, denom)
+            ctx.args = (target, weight, ignore_index, reduction, label_smoothing)
+            ctx.reduction, ctx.smoothing = reduction, label_smoothing
+            ctx.save_for_backward(logits)
+            return wrap(loss)
+        loss = _cross_entropy_reference(ctx, logits, target, weight, ignore_index, reduction, label_smoothing)
         ctx.save_for_backward(logits)
-        return wrap(xp.asarray(loss, dtype=x.dtype))
+        return wrap(loss)
 
     @staticmethod
     def backward(ctx, gy):
         logits, = ctx.saved_tensors
         if creating_graph(gy, logits):          # the same formula in differentiable ops: second derivatives
+            if ctx.fused is not None:           # the terms the composite reads, from the reference's forward
+                _cross_entropy_reference(ctx, logits, *ctx.args)
             return (*_cross_entropy_composite_grads(ctx, logits, gy), None, None, None, None)
-        xp = logits._xp()
-        g = gy.data
-        if ctx.reduction == "none":
-            g = xp.expand_dims(g, 1)
-        elif ctx.reduction == "mean":
-            g = g / ctx.denom
-        q = ctx.q
-        dx = None
-        if ctx.needs_input_grad[0]:
-            qg = q * g
-            if ctx.present is not None:     # ignored elements get 0 even when every target is ignored (g = inf);
-                # a valid target of weight 0 keeps w * g (NaN when every weight is 0: 0 / 0, as PyTorch's)
-                qg = xp.where(ctx.present, qg, 0).astype(q.dtype, copy=False)
-            dx = xp.exp(ctx.logp) * qg.sum(axis=1, keepdims=True) - qg
-        dt = None
-        if ctx.needs_input_grad[1]:     # probabilities that require grad: d/dt of -sum(w * t' * logp)
-            dt = -(1 - ctx.smoothing) * ctx.logp * g
-            dt = dt if ctx.w is None else dt * ctx.w
-        return wrap(dx), wrap(dt), None, None, None, None
+        if ctx.fused is not None:
+            t, w, ignore_index, lse, denom = ctx.fused
+            dx = B.softmax_cross_entropy_backward(handle_for(logits), logits.data, t, gy.data, lse, denom, w,
+                                                  ignore_index, ctx.smoothing, ctx.reduction)
+            return wrap(dx), None, None, None, None, None
+        return _cross_entropy_reference_backward(ctx, logits, gy)
+
+
+def _fused_cross_entropy(logits, target):
+    return B.cudnn.fusion and type(logits.data) is not np.ndarray and not _is_floating(target.dtype)
+
+
+def _cross_entropy_reference(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
+    """The loss from log_softmax and the targets' weights (every device; the CPU path), leaving on ctx what its
+    backward and the composite second-order path read."""
+    x = logits
+    xp = x._xp()
+    c = x.shape[1]
+    eps = label_smoothing
+    logp = B.softmax_forward(handle_for(x), B.SoftmaxAlgorithm.LOG, None, x.data, axis=1)
+    wshape = (1, c) + (1,) * (x.ndim - 2)
+    w = None if weight is None else weight.data.reshape(wshape)
+    if _is_floating(target.dtype):            # class probabilities
+        t = target.data
+        if eps:
+            t = t * (1 - eps) + eps / c
+        q = t if w is None else t * w
+        denom = logp.size // c if logp.size else float("nan")
+        terms = q * logp                    # PyTorch: -sum(t * logp), so t = 0 at logp = -inf gives NaN
+        present = None
+    else:                                   # class indices
+        q, valid, denom = _class_targets("cross_entropy", x, target, weight, ignore_index)
+        # PyTorch picks logp at the target (nll) and, with smoothing, sums logp over the classes of valid rows:
+        # the other terms are absent, not 0 * logp (a masked class's logit -inf must not make NaN)
+        picked = xp.expand_dims(xp.where(valid, target.data, 0), 1) == \
+            xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
+        terms = q * xp.where(picked & xp.expand_dims(valid, 1), logp, 0)
+        present = picked
+        if eps:
+            smooth = xp.expand_dims(valid, 1).astype(x.dtype) * (eps / c)
+            smooth = smooth if w is None else smooth * w
+            q = q * (1 - eps) + smooth
+            present = picked | True
+            # the nll and smoothing parts stay separate sums, each over the mean's denominator, as in PyTorch
+            # (all target weights 0: nll 0/0 = NaN even where the smoothing part alone would be inf)
+            terms = terms * (1 - eps)
+            smooth_terms = smooth * xp.where(xp.expand_dims(valid, 1), logp, 0)
+        present = present & xp.expand_dims(valid, 1)
+    per_element = -terms.sum(axis=1)
+    smooth_part = -smooth_terms.sum(axis=1) if eps and not _is_floating(target.dtype) else None
+    if reduction == "none":
+        loss = per_element if smooth_part is None else per_element + smooth_part
+    else:
+        loss = per_element.sum()
+        if reduction == "mean":
+            loss = loss / denom
+        if smooth_part is not None:
+            loss = loss + (smooth_part.sum() / denom if reduction == "mean" else smooth_part.sum())
+    ctx.logp, ctx.q, ctx.denom, ctx.w, ctx.reduction, ctx.smoothing = logp, q, denom, w, reduction, eps
+    ctx.present = present
+    ctx.index_targets = not _is_floating(target.dtype)
+    ctx.target = None if ctx.index_targets else target     # a probability target: part of the formula
+    return xp.asarray(loss, dtype=x.dtype)
+
+
+def _cross_entropy_reference_backward(ctx, logits, gy):
+    xp = logits._xp()
+    g = gy.data
+    if ctx.reduction == "none":
+        g = xp.expand_dims(g, 1)
+    elif ctx.reduction == "mean":
+        g = g / ctx.denom
+    q = ctx.q
+    dx = None
+    if ctx.needs_input_grad[0]:
+        qg = q * g
+        if ctx.present is not None:     # ignored elements get 0 even when every target is ignored (g = inf);
+            # a valid target of weight 0 keeps w * g (NaN when every weight is 0: 0 / 0, as PyTorch's)
+            qg = xp.where(ctx.present, qg, 0).astype(q.dtype, copy=False)
+        dx = xp.exp(ctx.logp) * qg.sum(axis=1, keepdims=True) - qg
+    dt = None
+    if ctx.needs_input_grad[1]:     # probabilities that require grad: d/dt of -sum(w * t' * logp)
+        dt = -(1 - ctx.smoothing) * ctx.logp * g
+        dt = dt if ctx.w is None else dt * ctx.w
+    return wrap(dx), wrap(dt), None, None, None, None
 
 
 def _cross_entropy_composite_grads(ctx, logits, gy):
