@@ -102,6 +102,11 @@ def make_parser(script, description, *, epochs, batch_size, lr, data=("digits",)
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="on a GPU, run each training step eagerly instead of replaying it from a CUDA graph "
                         "(minidnn.compile); on the CPU steps always run eagerly")
+    p.add_argument("--amp", choices=("bf16", "fp16"), default=None,
+                   help="mixed precision: convolutions and matrix products under minidnn.autocast in bfloat16, or in "
+                        "float16 with a GradScaler (the GPU; on the CPU bf16 only)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="NHWC memory format for the model and the batches (minidnn.channels_last)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars (also MINIDNN_PROGRESS=0; they are off anyway when stderr is not a terminal)")
     if synthetic:
@@ -181,22 +186,42 @@ def progress_disabled(progress=True):
     return False if env in ("1", "true", "yes", "on") else None
 
 
-def make_train_step(model, optimizer, loss_fn, compile_step):
+def check_amp(args):
+    """--amp fp16 needs a GPU: a command-line message, not a traceback."""
+    if getattr(args, "amp", None) == "fp16" and not str(args.device).startswith("cuda"):
+        raise SystemExit("error: --amp fp16 needs --device cuda (float16 autocast and its GradScaler run on the "
+                         "GPU); on the CPU use --amp bf16")
+
+
+def make_train_step(model, optimizer, loss_fn, compile_step, amp=None, channels_last=False):
     """One training step (forward, loss, zero_grad, backward, optimizer step) -> (loss, logits); with
     ``compile_step`` wrapped in ``minidnn.compile``: on a GPU it is captured once per batch shape and replayed
-    from a CUDA graph (elsewhere minidnn.compile runs it as written)."""
+    from a CUDA graph (elsewhere minidnn.compile runs it as written).  ``amp`` ("bf16" or "fp16") runs the
+    forward and the loss under minidnn.autocast (fp16 with a GradScaler: loss scaling, overflow steps skipped on
+    the device); ``channels_last`` hands the model NHWC batches."""
+    dtype = {"bf16": mdn.bfloat16, "fp16": mdn.float16}.get(amp)
+    scaler = mdn.amp.GradScaler("cuda") if amp == "fp16" else None
+
     def train_step(images, labels):
-        logits = model(images)
-        loss = loss_fn(logits, labels)
+        if channels_last:
+            images = images.contiguous(memory_format=mdn.channels_last)
+        with mdn.autocast(images.device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(images)
+            loss = loss_fn(logits, labels)
         optimizer.zero_grad(set_to_none=False)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         return loss, logits
     return mdn.compile(train_step) if compile_step else train_step
 
 
 def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn=F.cross_entropy, desc="",
-              progress=True, done=(0, 0.0, 0, 0), on_step=None, train_step=None):
+              progress=True, done=(0, 0.0, 0, 0), on_step=None, train_step=None, channels_last=False):
     """One pass over ``loader``: training when an optimizer is given, evaluation (no graph) otherwise.
     Returns (mean loss, accuracy) over the samples seen.  ``scheduler`` steps after every batch.
     ``progress=False`` hides the bar (see ``progress_disabled``).  A resumed epoch passes the iterator of
@@ -217,6 +242,8 @@ def run_epoch(model, loader, limit=None, optimizer=None, scheduler=None, loss_fn
                 if scheduler is not None:
                     scheduler.step()
             else:
+                if channels_last:
+                    images = images.contiguous(memory_format=mdn.channels_last)
                 logits = model(images)
                 loss = loss_fn(logits, labels)
             n = labels.shape[0]
@@ -238,13 +265,18 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
     called after the epoch's ``mdn.manual_seed``, and loaders and transforms built without an explicit
     seed draw theirs from minidnn's generator: so epoch e shuffles and augments the same way whether or
     not the run was interrupted and resumed before it.  (A transform built once, outside, would carry
-    its random stream across epochs, and a resumed run would restart that stream.)  Build the model on its device, then the optimizer (its flat
+    its random stream across epochs, and a resumed run would restart that stream.)
+    Build the model on its device, then the optimizer (its flat
     buffers live on the parameters' device), then call this."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # On a GPU each training step is replayed from a CUDA graph (minidnn.compile) unless --no-compile.
+    check_amp(args)
+    if getattr(args, "channels_last", False):
+        model.to(memory_format=mdn.channels_last)
     train_step = make_train_step(model, optimizer, loss_fn,
-                                 compile_step=getattr(args, "compile", True) and str(args.device).startswith("cuda"))
+                                 compile_step=getattr(args, "compile", True) and str(args.device).startswith("cuda"),
+                                 amp=getattr(args, "amp", None), channels_last=getattr(args, "channels_last", False))
     checkpoint_path = out / CHECKPOINT_NAME
     history = {key: [] for key in HISTORY_KEYS}
     start = 0
@@ -285,7 +317,7 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
                                           done=done, on_step=save_mid_epoch, train_step=train_step)
         seconds = seconds_before + time.perf_counter() - began   # training only: what "time per epoch" means
         test_loss, test_acc = run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test",
-                                        progress=_progress(args))
+                                        progress=_progress(args), channels_last=getattr(args, "channels_last", False))
         for key, value in zip(HISTORY_KEYS, (train_loss, train_acc, test_loss, test_acc, seconds)):
             history[key].append(value)
         tqdm.write(f"epoch {epoch + 1}/{args.epochs}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
@@ -295,7 +327,8 @@ def fit(model, optimizer, make_train_loader, test_loader, args, scheduler=None, 
 
     if not history["test_acc"]:          # --epochs is not more than the checkpoint's: nothing new to train
         history["test_acc"].append(run_epoch(model, test_loader, args.limit, loss_fn=loss_fn, desc="test",
-                                             progress=_progress(args))[1])
+                                             progress=_progress(args),
+                                             channels_last=getattr(args, "channels_last", False))[1])
     print(f"test accuracy: {history['test_acc'][-1]:.4f}", flush=True)
     return history
 

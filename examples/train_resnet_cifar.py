@@ -69,7 +69,8 @@ def main_distributed(args):
     from minidnn.nn import functional as F
     from minidnn.nn.parallel import DistributedDataParallel
 
-    from _common import make_train_step, run_epoch, save_checkpoint
+    from _common import check_amp, make_train_step, run_epoch, save_checkpoint
+    check_amp(args)
     local = int(os.environ["LOCAL_RANK"])
     on_gpu = str(args.device).startswith("cuda")
     if on_gpu:
@@ -90,7 +91,10 @@ def main_distributed(args):
     steps = -(-len(sampler) // args.batch_size)
     steps = steps if args.limit is None else min(steps, args.limit)
     scheduler = optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.epochs * steps)
-    train_step = make_train_step(ddp, optimizer, F.cross_entropy, compile_step=on_gpu and args.compile)
+    if args.channels_last:
+        model.to(memory_format=mdn.channels_last)
+    train_step = make_train_step(ddp, optimizer, F.cross_entropy, compile_step=on_gpu and args.compile, amp=args.amp,
+                                 channels_last=args.channels_last)
     test_loader = DataLoader(test_set, batch_size=args.batch_size, device=device, transform=normalize)
     accuracy = 0.0
     for epoch in range(args.epochs):
@@ -106,7 +110,8 @@ def main_distributed(args):
         dist.all_reduce(totals, op=dist.ReduceOp.AVG)          # the mean over ranks (equal shares)
         seconds = time.perf_counter() - began
         if rank == 0:
-            test_loss, accuracy = run_epoch(model, test_loader, args.limit, progress=False)
+            test_loss, accuracy = run_epoch(model, test_loader, args.limit, progress=False,
+                                            channels_last=args.channels_last)
             print(f"epoch {epoch + 1}/{args.epochs}: train loss {float(totals[0].item()):.4f} acc "
                   f"{float(totals[1].item()):.4f} | test loss {test_loss:.4f} acc {accuracy:.4f} | {seconds:.2f} "
                   f"s/epoch | {world} ranks x {args.batch_size} images", flush=True)

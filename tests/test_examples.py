@@ -120,6 +120,34 @@ def test_smoke_run_on_cuda(script, tmp_path, capsys):
     smoke(script, tmp_path, capsys, ["--device", "cuda"])
 
 
+def test_amp_bf16_and_channels_last_on_the_cpu(tmp_path, capsys, monkeypatch):
+    """--amp bf16 runs the step under autocast (its convolutions really see bfloat16) and --channels-last hands
+    the model NHWC batches and weights."""
+    seen = []
+    original = mdn.nn.Conv2d._function
+
+    def spy(x, w, *a, **k):
+        seen.append((x.dtype, x.is_contiguous(memory_format=mdn.channels_last), mdn.is_grad_enabled()))
+        return original(x, w, *a, **k)
+    monkeypatch.setattr(mdn.nn.Conv2d, "_function", staticmethod(spy))
+    smoke("train_resnet_cifar", tmp_path, capsys, ["--amp", "bf16", "--channels-last"])
+    assert all(nhwc for _, nhwc, _ in seen)                                   # training and evaluation
+    training = [d for d, _, grad in seen if grad]
+    steps = 2                                                  # --limit 2: the stem sees the fp32 image (autocast
+    assert training.count(mdn.float32) == steps and training.count(mdn.bfloat16) == len(training) - steps  # casts it)
+
+
+def test_amp_fp16_on_the_cpu_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="--amp fp16 needs --device cuda"):
+        run("train_lenet", SMOKE["train_lenet"] + ["--out", str(tmp_path), "--amp", "fp16"])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("extra", [["--amp", "bf16"], ["--amp", "fp16", "--channels-last"]], ids=["bf16", "fp16_nhwc"])
+def test_amp_smoke_run_on_cuda(extra, tmp_path, capsys):
+    smoke("train_resnet_cifar", tmp_path, capsys, ["--device", "cuda", *extra])
+
+
 # ---------------------------------------------------------------------------------------------------------
 # --resume
 # ---------------------------------------------------------------------------------------------------------
