@@ -115,7 +115,7 @@ def main():
             print(f"{name:32s} {mode}  kernels {sum(t_parts):7.3f} ms (fwd {t_parts[0]:.3f} dgrad {t_parts[1]:.3f} "
                   f"wgrad {t_parts[2]:.3f})  tuned {sum(t_tuned):7.3f} ms {'/'.join(chosen)}  "
                   f"cuDNN {t_torch:7.3f} ms", flush=True)
-            del x, w, dy, tx, tw, tdy
+            x = w = dy = tx = tw = tdy = parts = tuned = None      # free the layer's arrays before the next
             cp.get_default_memory_pool().free_all_blocks()
 
     print("\n| layer | mode | kernels ms | tuned ms (fwd/dgrad/wgrad algo) | cuDNN ms | kernels/cuDNN | tuned/cuDNN |")

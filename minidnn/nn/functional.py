@@ -41,7 +41,6 @@ from ._functions.loss import (  # noqa: F401
     mse_loss,
     nll_loss,
     one_hot,
-    pad,
     smooth_l1_loss,
 )
 from ._functions.norm import batch_norm, group_norm, layer_norm, local_response_norm  # noqa: F401

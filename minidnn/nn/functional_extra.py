@@ -17,6 +17,7 @@ from ..autograd import Function
 from ..backend import devices as _dev
 from ..backend.errors import ArgumentError
 from ..creation import tensor as _tensor
+from ..ops import pad as _tensor_pad
 from ..tensor import Tensor
 
 __all__ = ["pad", "interpolate", "upsample", "normalize", "scaled_dot_product_attention"]
@@ -49,7 +50,6 @@ def pad(input, pad, mode="constant", value=None):
     """PyTorch's ``F.pad``: ``pad`` pairs (left, right) from the last dimension backwards.  'constant' pads with
     ``value`` (negative pads crop); 'reflect' mirrors without repeating the edge, 'replicate' repeats the edge,
     'circular' wraps around; these three pad the last 1, 2 or 3 dims of a (C, *) or (N, C, *) input."""
-    from ._functions.loss import pad as _constant_pad
     pad = tuple(pad)
     if len(pad) % 2:
         raise ArgumentError(f"pad: padding length must be divisible by 2, got {len(pad)} ({pad})")
@@ -66,7 +66,7 @@ def pad(input, pad, mode="constant", value=None):
                 crop[input.ndim - 1 - j] = slice(max(-pad[2 * j], 0), n - max(-pad[2 * j + 1], 0))
             input = input[tuple(crop)]
             pad = tuple(max(p, 0) for p in pad)
-        return _constant_pad(input, pad, mode="constant", value=value)
+        return _tensor_pad(input, pad, mode="constant", value=0.0 if value is None else value)
     if mode not in ("reflect", "replicate", "circular"):
         raise NotImplementedError(f"pad: unknown padding mode {mode!r} (constant, reflect, replicate, circular)")
     if value is not None and value != 0:
@@ -107,8 +107,12 @@ _CUBIC_A = -0.75          # PyTorch's (and OpenCV's) cubic convolution coefficie
 def _cubic_weights(t):
     """The 4 tap weights of Keys' cubic convolution at fractional offsets t (PyTorch's formulas)."""
     A = _CUBIC_A
-    near = lambda x: ((A + 2) * x - (A + 3)) * x * x + 1               # |x| <= 1
-    far = lambda x: ((A * x - 5 * A) * x + 8 * A) * x - 4 * A          # 1 < |x| < 2
+
+    def near(x):                                                    # |x| <= 1
+        return ((A + 2) * x - (A + 3)) * x * x + 1
+
+    def far(x):                                                     # 1 < |x| < 2
+        return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
     return [far(t + 1.0), near(t), near(1.0 - t), far(2.0 - t)]
 
 

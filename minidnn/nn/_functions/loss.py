@@ -27,13 +27,12 @@ from ..._amp_state import autocast_op
 from ...autograd import Function
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DimensionError, DTypeError
-from ...ops import pad as _tensor_pad
 from ...ops import where
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
-           "binary_cross_entropy_with_logits", "one_hot", "pad"]
+           "binary_cross_entropy_with_logits", "one_hot"]
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -427,8 +426,3 @@ def one_hot(tensor, num_classes=-1):
         raise RuntimeError(f"one_hot: class values must be in [0, {num_classes}), got min {int(t.min())} and "
                            f"max {int(t.max())}")
     return wrap((xp.expand_dims(t, -1) == xp.arange(num_classes)).astype(xp.int64))
-
-
-def pad(input, pad, mode="constant", value=None):
-    """PyTorch's flat (left, right) pairs from the last dim backwards; constant mode (the Tensor pad)."""
-    return _tensor_pad(input, pad, mode=mode, value=0.0 if value is None else value)

@@ -44,11 +44,18 @@ def _make(name, mode, dims, constant=False, zero=False):
                                   "__doc__": f"{mode} padding of the last {dims} dim(s) (PyTorch's {name})."})
 
 
-for _d in (1, 2, 3):
-    globals()[f"ConstantPad{_d}d"] = _make(f"ConstantPad{_d}d", "constant", _d, constant=True)
-    globals()[f"ZeroPad{_d}d"] = _make(f"ZeroPad{_d}d", "constant", _d, zero=True)
-    globals()[f"ReflectionPad{_d}d"] = _make(f"ReflectionPad{_d}d", "reflect", _d)
-    globals()[f"ReplicationPad{_d}d"] = _make(f"ReplicationPad{_d}d", "replicate", _d)
-    globals()[f"CircularPad{_d}d"] = _make(f"CircularPad{_d}d", "circular", _d)
-for _cls in __all__:                 # defined in this module (pickling, repr)
-    globals()[_cls].__module__ = __name__
+ConstantPad1d = _make("ConstantPad1d", "constant", 1, constant=True)
+ConstantPad2d = _make("ConstantPad2d", "constant", 2, constant=True)
+ConstantPad3d = _make("ConstantPad3d", "constant", 3, constant=True)
+ZeroPad1d = _make("ZeroPad1d", "constant", 1, zero=True)
+ZeroPad2d = _make("ZeroPad2d", "constant", 2, zero=True)
+ZeroPad3d = _make("ZeroPad3d", "constant", 3, zero=True)
+ReflectionPad1d = _make("ReflectionPad1d", "reflect", 1)
+ReflectionPad2d = _make("ReflectionPad2d", "reflect", 2)
+ReflectionPad3d = _make("ReflectionPad3d", "reflect", 3)
+ReplicationPad1d = _make("ReplicationPad1d", "replicate", 1)
+ReplicationPad2d = _make("ReplicationPad2d", "replicate", 2)
+ReplicationPad3d = _make("ReplicationPad3d", "replicate", 3)
+CircularPad1d = _make("CircularPad1d", "circular", 1)
+CircularPad2d = _make("CircularPad2d", "circular", 2)
+CircularPad3d = _make("CircularPad3d", "circular", 3)

@@ -147,8 +147,8 @@ class RNNBase(Module):
 
     def _layer_params(self, layer, d):
         sfx = f"_l{layer}" + ("_reverse" if d else "")
-        get = lambda n: getattr(self, n + sfx, None)
-        return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh"), get("weight_hr")
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+        return tuple(getattr(self, n + sfx, None) for n in names)
 
     def extra_repr(self):
         s = f"{self.input_size}, {self.hidden_size}"
