@@ -21,9 +21,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minidnn.backend import (ConvolutionDescriptor, Handle, MathType, Status, cuda_is_available,  # noqa: E402
-                             find_convolution_backward_data_algorithm, find_convolution_backward_filter_algorithm,
-                             find_convolution_forward_algorithm, to_device)
+from minidnn.backend import (  # noqa: E402
+    ConvolutionDescriptor,
+    Handle,
+    MathType,
+    Status,
+    cuda_is_available,
+    find_convolution_backward_data_algorithm,
+    find_convolution_backward_filter_algorithm,
+    find_convolution_forward_algorithm,
+    to_device,
+)
 
 CONFIGS = [  # name, N, C, K, size, kernel, padding, groups
     ("3x3 C=K=64", 32, 64, 64, 56, 3, 1, 1),

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import minidnn as mdn                                    # noqa: E402
+import minidnn as mdn  # noqa: E402
 from minidnn.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 try:

@@ -20,10 +20,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import minidnn as mdn                     # noqa: E402
-from minidnn import optim                 # noqa: E402
-from minidnn.backend import devices as _dev   # noqa: E402
-from minidnn.nn import Parameter          # noqa: E402
+import minidnn as mdn  # noqa: E402
+from minidnn import optim  # noqa: E402
+from minidnn.backend import devices as _dev  # noqa: E402
+from minidnn.nn import Parameter  # noqa: E402
 
 try:
     import torch

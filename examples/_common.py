@@ -24,8 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 import minidnn as mdn
-from minidnn.data import TensorDataset
-from minidnn.data import datasets
+from minidnn.data import TensorDataset, datasets
 from minidnn.nn import functional as F
 
 CHECKPOINT_NAME = "checkpoint.mdn"

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import sys
 
+from _common import fit, load_data, make_parser
+
 import minidnn as mdn
 from minidnn import nn, optim
 from minidnn.autograd import Function, gradcheck, gradgradcheck
 from minidnn.data import DataLoader
 from minidnn.data import transforms as T
-
-from _common import fit, load_data, make_parser
 
 
 class SwishFunction(Function):

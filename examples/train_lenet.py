@@ -15,13 +15,13 @@ from __future__ import annotations
 import sys
 from functools import partial
 
+from _common import batches_per_epoch, fit, load_data, make_parser
+
 import minidnn as mdn
 from minidnn import models, optim
 from minidnn.data import DataLoader
 from minidnn.data import transforms as T
 from minidnn.nn import functional as F
-
-from _common import batches_per_epoch, fit, load_data, make_parser
 
 
 def main(argv=None):

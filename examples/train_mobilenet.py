@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import sys
 
+from _common import batches_per_epoch, fit, load_data, make_parser, positive_int
+
 import minidnn as mdn
 from minidnn import models, optim
 from minidnn.data import DataLoader
 from minidnn.data import transforms as T
-
-from _common import batches_per_epoch, fit, load_data, make_parser, positive_int
 
 
 def main(argv=None):

@@ -20,12 +20,12 @@ import subprocess
 import sys
 import time
 
+from _common import batches_per_epoch, epoch_seed, fit, load_data, make_parser, positive_int
+
 import minidnn as mdn
 from minidnn import models, optim
 from minidnn.data import DataLoader
 from minidnn.data import transforms as T
-
-from _common import batches_per_epoch, epoch_seed, fit, load_data, make_parser, positive_int
 
 
 def main(argv=None):
@@ -64,12 +64,12 @@ def main(argv=None):
 
 def main_distributed(args):
     """One rank of ``--nproc`` training (started by minidnn.distributed.run)."""
+    from _common import check_amp, make_train_step, run_epoch, save_checkpoint
+
     import minidnn.distributed as dist
     from minidnn.data import DistributedSampler
     from minidnn.nn import functional as F
     from minidnn.nn.parallel import DistributedDataParallel
-
-    from _common import check_amp, make_train_step, run_epoch, save_checkpoint
     check_amp(args)
     local = int(os.environ["LOCAL_RANK"])
     on_gpu = str(args.device).startswith("cuda")

@@ -6,9 +6,13 @@
 """
 from __future__ import annotations
 
+# The import order below is the namespace's build order (later star imports override earlier names; the thread
+# default is applied before the rest of the package loads), so the import sorter leaves this file alone:
+# isort: skip_file
+
 import numpy as _np
 
-from .backend.versioning import __version__   # noqa: E402  (written once, in pyproject.toml)
+from .backend.versioning import __version__   # noqa: E402,F401  (written once, in pyproject.toml)
 
 from .backend.threads import set_num_threads, get_num_threads, _apply_default as _apply_thread_default  # noqa: E402,E501
 _apply_thread_default()                     # BLAS/OpenMP threads: half the CPUs unless the user chose (docs/threads.md)
@@ -18,7 +22,7 @@ from .autograd import enable_grad, inference_mode, no_grad, set_grad_enabled, is
 from .tensor import *                       # noqa: E402,F401,F403
 from .creation import *                     # noqa: E402,F401,F403
 from .tensor import Tensor                  # noqa: E402,F401
-from . import ops as _ops                   # noqa: E402  (binds the Tensor methods)
+from . import ops as _ops                   # noqa: E402,F401  (binds the Tensor methods)
 from .ops import *                          # noqa: E402,F401,F403
 from .ops import softmax, log_softmax       # noqa: E402,F401
 from . import cuda                          # noqa: E402,F401

@@ -19,6 +19,7 @@ import threading
 from contextlib import contextmanager
 
 import numpy as np
+
 from .backend.devices import is_floating as _is_floating
 
 __all__ = ["cast_inputs", "autocast_op", "policy_of", "is_active", "enter", "exit_", "get_dtype", "suspended"]

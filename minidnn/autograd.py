@@ -24,8 +24,8 @@ import weakref
 import numpy as np
 
 from . import _amp_state
-from .backend.layout import in_memory_order
 from .backend.devices import is_floating as _is_floating
+from .backend.layout import in_memory_order
 
 # The Tensor class: bound by minidnn/tensor.py once it is defined (that module imports this one, so
 # importing it here would be circular); every function below runs after ``import minidnn``.

@@ -7,11 +7,11 @@ import numbers
 
 import numpy as np
 
-from .backend import devices as _dev
-from .backend.errors import ArgumentError, DTypeError
 from . import _dlpack
 from .autograd import no_grad
+from .backend import devices as _dev
 from .backend.devices import is_floating as _is_floating
+from .backend.errors import ArgumentError, DTypeError
 from .tensor import Tensor, _infer_python_dtype, _to_dtype, _wrap, get_default_dtype
 
 __all__ = [

@@ -5,8 +5,19 @@ on a CPU (sklearn's 8x8 digits, CIFAR-10 32x32).
 """
 from __future__ import annotations
 
-from .nn import (AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Identity, Linear, MaxPool2d, Module, ReLU,
-                 Sequential, init)
+from .nn import (
+    AdaptiveAvgPool2d,
+    BatchNorm2d,
+    Conv2d,
+    Flatten,
+    Identity,
+    Linear,
+    MaxPool2d,
+    Module,
+    ReLU,
+    Sequential,
+    init,
+)
 
 __all__ = ["LeNet5", "BasicBlock", "ResNetCIFAR", "resnet20", "MobileNetSmall", "DepthwiseSeparable"]
 

@@ -35,8 +35,8 @@ from collections import OrderedDict
 import numpy as np
 
 from .backend import devices as _dev
-from .tensor import Tensor
 from .creation import from_numpy
+from .tensor import Tensor
 
 __all__ = ["save", "load", "SerializationError", "UnsafeFileError"]
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from .autograd import no_grad
 from .backend import devices as _dev
-from .tensor import Tensor, _to_dtype
-from .creation import randn, zeros
 from .backend.devices import is_floating as _is_floating
+from .creation import randn, zeros
+from .tensor import Tensor, _to_dtype
 
 __all__ = ["summary", "ModelSummary", "LayerRow"]
 

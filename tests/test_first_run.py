@@ -275,8 +275,9 @@ def test_checkpoints_get_normal_permissions(tmp_path, umask):
 
 
 def test_parallel_map_keeps_order_and_follows_the_thread_count(restore_threads):
-    from minidnn.backend.threads import parallel_map
     import threading
+
+    from minidnn.backend.threads import parallel_map
     for n in (1, 2):
         mdn.set_num_threads(n)
         names = set()

@@ -17,7 +17,8 @@ import minidnn as mdn
 from minidnn.autograd import gradcheck, gradgradcheck
 
 try:            # only the two property tests at the end need hypothesis
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 except ImportError:
     st = None
 

@@ -288,6 +288,7 @@ def test_cuda_counter_engine_logic_with_a_stand_in_for_cupy(monkeypatch):
     stream, and empty draws do not move it.  (The real CuPy path runs in the cuda-marked tests.)"""
     import contextlib
     import types
+
     from minidnn.backend import rng
     from minidnn.backend.devices import Device
 

@@ -18,9 +18,9 @@ import itertools
 import numpy as np
 
 from .devices import array_module
+from .devices import is_floating as _is_floating
 from .errors import BadParamError
 from .handle import resolve_handle
-from .devices import is_floating as _is_floating
 
 
 def begin(handle, where: str, **arrays):

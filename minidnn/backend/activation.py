@@ -16,8 +16,8 @@ import math
 import numpy as np
 
 from ._common import begin, blend, check_float, check_out, check_same, parse_enum
-from .layout import in_memory_order
 from .errors import BadParamError
+from .layout import in_memory_order
 
 __all__ = ["ActivationMode", "ActivationDescriptor", "activation_forward", "activation_backward"]
 

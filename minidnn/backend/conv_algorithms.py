@@ -27,8 +27,7 @@ import numpy as np
 from ._common import pad_axes
 from .algorithm_selection import AlgorithmRegistry
 from .blas import grouped_gram, grouped_matmul, matmul
-from .conv_gemm import (data_weights, forward_weights, gemm_backward_data, gemm_backward_filter, gemm_forward,
-                        to_rows)
+from .conv_gemm import data_weights, forward_weights, gemm_backward_data, gemm_backward_filter, gemm_forward, to_rows
 from .conv_problem import ConvProblem
 from .devices import array_module
 
@@ -471,7 +470,7 @@ def _registry(name, enum_type, implemented, missing):
 _FUSED = "a fused single-kernel version needs a CUDA kernel; WINOGRAD_NONFUSED is the same transform in stages"
 _TILING = "FFT over tiles (overlap-add) is not implemented; FFT transforms the whole padded image"
 
-from .cuda import conv_register as _cuda_conv     # noqa: E402  (the CUDA kernels: implicit GEMM, direct)
+from .cuda import conv_register as _cuda_conv  # noqa: E402  (the CUDA kernels: implicit GEMM, direct)
 
 FORWARD_ALGORITHMS = _registry("convolution_forward", ConvolutionFwdAlgo, {
     ConvolutionFwdAlgo.IMPLICIT_GEMM: (_cuda_conv.forward_implicit, (_cuda_conv.IGEMM_RULE,),
@@ -510,6 +509,7 @@ BACKWARD_FILTER_ALGORITHMS = _registry("convolution_backward_filter", Convolutio
     ConvolutionBwdFilterAlgo.FFT_TILING: _TILING,
 })
 
-from . import conv_cpu as _conv_cpu     # noqa: E402  (the NumPy fast forms of GEMM and DIRECT, beside the references)
+from . import conv_cpu as _conv_cpu  # noqa: E402  (the NumPy fast forms of GEMM and DIRECT, beside the references)
+
 _conv_cpu.register()
 _cuda_conv.register()

@@ -46,8 +46,8 @@ import math
 
 import numpy as np
 
-from .threads import parallel_map
 from .conv_problem import ConvProblem
+from .threads import parallel_map
 
 __all__ = ["dense_forward", "dense_backward_data", "dense_backward_filter", "depthwise_forward",
            "depthwise_backward_data", "depthwise_backward_filter", "fast_paths_enabled", "register"]
@@ -410,9 +410,12 @@ def register():
     """Attach the fast forms to the GEMM and DIRECT algorithms of the three registries (called once by
     conv_algorithms.py).  The registry, the heuristic and ``find`` see the same algorithms as before; on
     NumPy arrays of a supported shape the algorithm runs its fast form, elsewhere its reference."""
-    from .conv_algorithms import (BACKWARD_DATA_ALGORITHMS as BD, BACKWARD_FILTER_ALGORITHMS as BF,
-                                  FORWARD_ALGORITHMS as FW, ConvolutionBwdDataAlgo as DA,
-                                  ConvolutionBwdFilterAlgo as FA, ConvolutionFwdAlgo as A)
+    from .conv_algorithms import BACKWARD_DATA_ALGORITHMS as BD
+    from .conv_algorithms import BACKWARD_FILTER_ALGORITHMS as BF
+    from .conv_algorithms import FORWARD_ALGORITHMS as FW
+    from .conv_algorithms import ConvolutionBwdDataAlgo as DA
+    from .conv_algorithms import ConvolutionBwdFilterAlgo as FA
+    from .conv_algorithms import ConvolutionFwdAlgo as A
     FW.get(A.GEMM).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense, dense_forward)
     BD.get(DA.ALGO_1).add_fast_path("one GEMM + channels-last col2im (CPU, groups 1)", _dense, dense_backward_data)
     BF.get(FA.ALGO_1).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense,

@@ -19,16 +19,28 @@ import numpy as np
 
 from ._common import accumulation_dtype, begin, blend, check_float, check_out
 from .algorithm_selection import AlgoPerf, ConvolutionPreference, Determinism
-from .conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS, FORWARD_ALGORITHMS,
-                              ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo, ConvolutionFwdAlgo)
+from .conv_algorithms import (
+    BACKWARD_DATA_ALGORITHMS,
+    BACKWARD_FILTER_ALGORITHMS,
+    FORWARD_ALGORITHMS,
+    ConvolutionBwdDataAlgo,
+    ConvolutionBwdFilterAlgo,
+    ConvolutionFwdAlgo,
+)
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
 from .devices import array_module
-from .errors import BadParamError, NotSupportedError, Status
-from .versioning import deprecated_alias
-from .handle import resolve_handle
-from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from_channels_first, resolve_format,
-                     to_channels_first)
 from .devices import is_floating as _is_floating
+from .errors import BadParamError, NotSupportedError, Status
+from .handle import resolve_handle
+from .layout import (
+    TensorFormat,
+    channels_first_perm,
+    channels_last_perm,
+    from_channels_first,
+    resolve_format,
+    to_channels_first,
+)
+from .versioning import deprecated_alias
 
 __all__ = [
     "ConvolutionMode", "ConvolutionDescriptor", "ConvolutionFwdAlgo", "ConvolutionBwdDataAlgo",

@@ -15,7 +15,7 @@ import collections
 
 import numpy as np
 
-from .devices import device, device_guard, require_cupy, cuda_is_available
+from .devices import cuda_is_available, device, device_guard, require_cupy
 
 __all__ = ["pin_array", "is_pinned", "copy_to_device_async", "pinning_available"]
 

@@ -26,11 +26,28 @@ import math
 
 import numpy as np
 
-from ._common import (as_tuple, begin, blend, check_float, check_ndim, check_out, check_same, pad_axes,
-                      parse_enum, shape_str, tap_offsets)
+from ._common import (
+    as_tuple,
+    begin,
+    blend,
+    check_float,
+    check_ndim,
+    check_out,
+    check_same,
+    pad_axes,
+    parse_enum,
+    shape_str,
+    tap_offsets,
+)
 from .errors import BadParamError
-from .layout import (TensorFormat, channels_first_perm, channels_last_perm, from_channels_first, resolve_format,
-                     to_channels_first)
+from .layout import (
+    TensorFormat,
+    channels_first_perm,
+    channels_last_perm,
+    from_channels_first,
+    resolve_format,
+    to_channels_first,
+)
 
 __all__ = ["PoolingMode", "PoolingDescriptor", "get_pooling_forward_output_dim",
            "pooling_forward", "pooling_backward", "FAST_PATHS"]
@@ -340,7 +357,8 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
     return blend(from_channels_first(geom.crop(dxpad), fmt), alpha, beta, dx, x.dtype)
 
 
-from . import pooling_cpu as _pooling_cpu      # noqa: E402  (the NumPy fast form, beside the reference)
+from . import pooling_cpu as _pooling_cpu  # noqa: E402  (the NumPy fast form, beside the reference)
+
 FAST_PATHS.append(_pooling_cpu)
 
 

@@ -22,7 +22,8 @@ __all__ = ["__version__", "version", "parse_version", "removal_release", "versio
            "Deprecation", "DEPRECATIONS", "overdue_deprecations"]
 
 def _read_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version as _dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _dist_version
     try:
         return _dist_version("minidnn")
     except PackageNotFoundError:

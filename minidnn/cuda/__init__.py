@@ -1,8 +1,16 @@
 """``minidnn.cuda``: is a GPU usable, how many, synchronize; streams and CUDA graphs with PyTorch's API
 (Stream, stream, current_stream, CUDAGraph, graph, make_graphed_callables: see minidnn/cuda/graphs.py)."""
 from ..backend import devices as _dev
-from .graphs import (CUDAGraph, Stream, current_stream, graph, graph_pool_handle, is_current_stream_capturing,
-                     make_graphed_callables, stream)
+from .graphs import (
+    CUDAGraph,
+    Stream,
+    current_stream,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+    stream,
+)
 
 __all__ = ["is_available", "device_count", "synchronize", "current_device", "set_device", "manual_seed", "manual_seed_all",
            "get_rng_state", "set_rng_state", "initial_seed", "seed", "Stream", "stream", "current_stream", "CUDAGraph",

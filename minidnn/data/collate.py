@@ -13,7 +13,7 @@ import numpy as np
 
 from ..backend import devices as _dev
 from ..tensor import Tensor, get_default_dtype
-from ._utils import is_array, unwrap, to_tensors
+from ._utils import is_array, to_tensors, unwrap
 
 __all__ = ["default_collate", "default_convert", "collate_arrays"]
 

@@ -289,7 +289,7 @@ def _latin1_encode(text, encoding="latin1"):
 def _allowed_globals():
     """(module, name) -> object for everything a pickled dict of NumPy arrays may reference."""
     try:
-        from numpy._core import multiarray, numeric          # NumPy >= 2
+        from numpy._core import multiarray, numeric  # NumPy >= 2
     except ImportError:                                       # NumPy 1.x
         from numpy.core import multiarray, numeric
     allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,

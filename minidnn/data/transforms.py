@@ -16,9 +16,9 @@ import numbers
 import numpy as np
 
 from ..backend import devices as _dev
+from ..backend.devices import is_floating as _is_floating
 from ..tensor import Tensor
 from ._utils import as_generator, wrap
-from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["Compose", "Normalize", "RandomCrop", "RandomHorizontalFlip", "ToTensor", "Resize", "Upsample",
            "Lambda"]

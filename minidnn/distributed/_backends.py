@@ -128,6 +128,7 @@ _NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN
 def nccl_module():
     """CuPy's NCCL bindings (a submodule cupy does not import by itself), or a clear error."""
     import importlib
+
     from ..backend.cuda.launch import cupy
     cupy()
     nccl = importlib.import_module("cupy.cuda.nccl")

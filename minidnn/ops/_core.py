@@ -7,9 +7,9 @@ import numpy as np
 
 from ..autograd import Node, _state
 from ..backend import devices as _dev
-from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DimensionError, DTypeError
+from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 
 __all__ = []
 

@@ -11,12 +11,21 @@ import numpy as np
 
 from .._amp_state import autocast_op
 from ..autograd import Node, _state
-from ..backend.layout import in_memory_order
-from ..tensor import Tensor, _attach, _wrap, get_default_dtype
-from ._core import (_F64, as_operand, broadcast_error, check_pair, fit, node, promoted_operands, to_tensor,
-                    weak_scalar_result)
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
+from ..backend.layout import in_memory_order
+from ..tensor import Tensor, _attach, _wrap, get_default_dtype
+from ._core import (
+    _F64,
+    as_operand,
+    broadcast_error,
+    check_pair,
+    fit,
+    node,
+    promoted_operands,
+    to_tensor,
+    weak_scalar_result,
+)
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import Node, _state
-from ..backend.array_ops import index_add
 from ..backend import devices as _dev
+from ..backend.array_ops import index_add
 from ..tensor import Tensor, _attach, _wrap
 from ._core import node
 

@@ -7,8 +7,8 @@ import numbers
 import numpy as np
 
 from ..backend.errors import DTypeError
-from ..tensor import Tensor
 from ..creation import empty, tensor
+from ..tensor import Tensor
 
 __all__ = ["FloatTensor", "DoubleTensor", "HalfTensor", "LongTensor", "IntTensor", "ShortTensor", "CharTensor",
            "ByteTensor", "BoolTensor"]

@@ -7,10 +7,10 @@ from .._amp_state import autocast_op
 from ..autograd import Node, _state
 from ..backend import blas as _blas
 from ..backend import devices as _dev
-from ..tensor import Tensor, _attach, _to_dtype, _wrap
-from ._core import check_pair, fit, node, to_tensor
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError
+from ..tensor import Tensor, _attach, _to_dtype, _wrap
+from ._core import check_pair, fit, node, to_tensor
 
 __all__ = ["matmul", "dot", "outer", "transfer", "astype", "clone", "mm", "bmm", "t", "einsum"]
 

@@ -7,16 +7,16 @@ everything and ``amax``/``amin`` return values, their gradient split evenly amon
 """
 from __future__ import annotations
 
-from .._amp_state import autocast_op
 import builtins
 
 import numpy as np
 
+from .._amp_state import autocast_op
 from ..autograd import Node, _state
-from ..tensor import Tensor, _attach, _wrap
-from ._core import broadcast_to, canonical_dim, node
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
+from ..tensor import Tensor, _attach, _wrap
+from ._core import broadcast_to, canonical_dim, node
 
 __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "prod", "argmax", "argmin",
            "all", "any", "norm"]

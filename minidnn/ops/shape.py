@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import Node, _state
+from ..backend.errors import ArgumentError, DimensionError
 from ..tensor import _attach, _wrap
 from ._core import broadcast_to, canonical_dim, canonical_dims, check_pair, node
-from ..backend.errors import ArgumentError, DimensionError
 
 __all__ = ["reshape", "flatten", "transpose", "permute", "swapaxes", "squeeze", "unsqueeze", "expand",
            "broadcast_to", "cat", "concatenate", "stack", "split", "chunk", "pad", "unbind", "moveaxis", "repeat",

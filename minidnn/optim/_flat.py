@@ -19,7 +19,6 @@ parameter):
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..backend import devices as _dev

@@ -9,6 +9,7 @@ import math
 import types
 from bisect import bisect_right
 from collections import Counter
+
 from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",

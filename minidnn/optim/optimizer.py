@@ -16,9 +16,9 @@ import numpy as np
 from .. import autograd as _ag
 from ..backend import amp as _amp
 from ..backend import devices as _dev
+from ..backend.devices import is_floating as _is_floating
 from ..tensor import Tensor
 from ._flat import FlatParams
-from ..backend.devices import is_floating as _is_floating
 
 __all__ = ["Optimizer"]
 

@@ -1,4 +1,4 @@
 """``minidnn.utils``: PyTorch's ``torch.utils`` paths.  ``minidnn.utils.data`` is ``minidnn.data``."""
-from . import data                   # noqa: F401
+from . import data  # noqa: F401
 
 __all__ = ["data"]

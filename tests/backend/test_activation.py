@@ -4,8 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from minidnn.backend import (ActivationDescriptor, ActivationMode, BadParamError, activation_backward,
-                             activation_forward)
+from minidnn.backend import ActivationDescriptor, ActivationMode, BadParamError, activation_backward, activation_forward
 from minidnn.backend._testing import numerical_gradient, to_numpy
 
 M = ActivationMode

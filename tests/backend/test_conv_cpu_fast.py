@@ -5,10 +5,17 @@ import numpy as np
 import pytest
 
 from minidnn.backend import conv_cpu
-from minidnn.backend.conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS,
-                                             FORWARD_ALGORITHMS, ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo,
-                                             ConvolutionFwdAlgo, direct_backward_data, direct_backward_filter,
-                                             direct_forward)
+from minidnn.backend.conv_algorithms import (
+    BACKWARD_DATA_ALGORITHMS,
+    BACKWARD_FILTER_ALGORITHMS,
+    FORWARD_ALGORITHMS,
+    ConvolutionBwdDataAlgo,
+    ConvolutionBwdFilterAlgo,
+    ConvolutionFwdAlgo,
+    direct_backward_data,
+    direct_backward_filter,
+    direct_forward,
+)
 from minidnn.backend.conv_gemm import gemm_backward_data, gemm_backward_filter, gemm_forward
 from minidnn.backend.conv_problem import ConvolutionDescriptor, make_problem
 

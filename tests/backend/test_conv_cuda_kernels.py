@@ -25,12 +25,24 @@ if not _dev.cuda_is_available():
 
 import cupy as cp  # noqa: E402
 
-from minidnn.backend import (ConvolutionDescriptor, ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo,  # noqa: E402
-                             ConvolutionFwdAlgo, Handle, MathType, Status, convolution_backward_data,
-                             convolution_backward_filter, convolution_forward,
-                             find_convolution_backward_data_algorithm, find_convolution_backward_filter_algorithm,
-                             find_convolution_forward_algorithm, get_convolution_backward_data_algorithm_v7,
-                             get_convolution_backward_filter_algorithm_v7, get_convolution_forward_algorithm_v7)
+from minidnn.backend import (  # noqa: E402
+    ConvolutionBwdDataAlgo,
+    ConvolutionBwdFilterAlgo,
+    ConvolutionDescriptor,
+    ConvolutionFwdAlgo,
+    Handle,
+    MathType,
+    Status,
+    convolution_backward_data,
+    convolution_backward_filter,
+    convolution_forward,
+    find_convolution_backward_data_algorithm,
+    find_convolution_backward_filter_algorithm,
+    find_convolution_forward_algorithm,
+    get_convolution_backward_data_algorithm_v7,
+    get_convolution_backward_filter_algorithm_v7,
+    get_convolution_forward_algorithm_v7,
+)
 from minidnn.backend.conv_problem import make_problem  # noqa: E402
 from minidnn.backend.cuda import conv_igemm as K  # noqa: E402
 

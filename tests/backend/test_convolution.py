@@ -3,21 +3,45 @@ independent float64 reference; adjoint identities; blending; errors; selection/b
 
 import numpy as np
 import pytest
-import minidnn.backend as B
 
-from minidnn.backend import (AlgoPerf, BadParamError, ConvolutionBwdFilterAlgo,
-                             ConvolutionDescriptor, ConvolutionFwdAlgo, ConvolutionMode, ConvolutionPreference,
-                             Determinism, Handle, MathType, NotSupportedError, Status,
-                             clear_convolution_algorithm_cache, convolution_algorithm_cache_info,
-                             convolution_backward_bias, convolution_backward_data, convolution_backward_filter,
-                             convolution_forward, find_convolution_backward_data_algorithm,
-                             find_convolution_backward_filter_algorithm, find_convolution_forward_algorithm,
-                             get_convolution_algorithm_cache, get_convolution_backward_data_algorithm_v7,
-                             get_convolution_backward_filter_algorithm_v7, get_convolution_forward_algorithm_v7,
-                             get_convolution_forward_output_dim, get_convolution_forward_workspace_size, to_device)
+import minidnn.backend as B
+from minidnn.backend import (
+    AlgoPerf,
+    BadParamError,
+    ConvolutionBwdFilterAlgo,
+    ConvolutionDescriptor,
+    ConvolutionFwdAlgo,
+    ConvolutionMode,
+    ConvolutionPreference,
+    Determinism,
+    Handle,
+    MathType,
+    NotSupportedError,
+    Status,
+    clear_convolution_algorithm_cache,
+    convolution_algorithm_cache_info,
+    convolution_backward_bias,
+    convolution_backward_data,
+    convolution_backward_filter,
+    convolution_forward,
+    find_convolution_backward_data_algorithm,
+    find_convolution_backward_filter_algorithm,
+    find_convolution_forward_algorithm,
+    get_convolution_algorithm_cache,
+    get_convolution_backward_data_algorithm_v7,
+    get_convolution_backward_filter_algorithm_v7,
+    get_convolution_forward_algorithm_v7,
+    get_convolution_forward_output_dim,
+    get_convolution_forward_workspace_size,
+    to_device,
+)
 from minidnn.backend.algorithm_selection import AlgorithmRegistry
-from minidnn.backend.conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS,
-                                             FORWARD_ALGORITHMS, ConvAlgorithm)
+from minidnn.backend.conv_algorithms import (
+    BACKWARD_DATA_ALGORITHMS,
+    BACKWARD_FILTER_ALGORITHMS,
+    FORWARD_ALGORITHMS,
+    ConvAlgorithm,
+)
 from minidnn.backend.conv_problem import make_problem
 
 CC, CONV = ConvolutionMode.CROSS_CORRELATION, ConvolutionMode.CONVOLUTION

@@ -2,8 +2,13 @@
 import numpy as np
 import pytest
 
-from minidnn.backend import (BadParamError, DropoutDescriptor, dropout_backward, dropout_forward,
-                             dropout_get_reserve_space_size)
+from minidnn.backend import (
+    BadParamError,
+    DropoutDescriptor,
+    dropout_backward,
+    dropout_forward,
+    dropout_get_reserve_space_size,
+)
 from minidnn.backend._testing import to_numpy
 
 

@@ -2,8 +2,15 @@
 import numpy as np
 import pytest
 
-from minidnn.backend import (BadParamError, DivNormMode, LRNDescriptor, divisive_normalization_backward,
-                             divisive_normalization_forward, lrn_cross_channel_backward, lrn_cross_channel_forward)
+from minidnn.backend import (
+    BadParamError,
+    DivNormMode,
+    LRNDescriptor,
+    divisive_normalization_backward,
+    divisive_normalization_forward,
+    lrn_cross_channel_backward,
+    lrn_cross_channel_forward,
+)
 from minidnn.backend._testing import numerical_gradient, to_numpy
 
 # (x shape, LRNDescriptor(n, alpha, beta, k))

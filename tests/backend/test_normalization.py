@@ -7,10 +7,17 @@ row, dy_j/dx_i = s_j * inv_std * (delta_ij - 1/m - xhat_i xhat_j / m).
 import numpy as np
 import pytest
 
-from minidnn.backend import (BadParamError, BatchNormMode, batch_normalization_backward,
-                             batch_normalization_forward_inference, batch_normalization_forward_training,
-                             group_normalization_backward, group_normalization_forward, layer_normalization_backward,
-                             layer_normalization_forward)
+from minidnn.backend import (
+    BadParamError,
+    BatchNormMode,
+    batch_normalization_backward,
+    batch_normalization_forward_inference,
+    batch_normalization_forward_training,
+    group_normalization_backward,
+    group_normalization_forward,
+    layer_normalization_backward,
+    layer_normalization_forward,
+)
 from minidnn.backend._testing import numerical_gradient, to_numpy
 
 EPS = 1e-5

@@ -5,8 +5,14 @@ import math
 import numpy as np
 import pytest
 
-from minidnn.backend import (BadParamError, PoolingDescriptor, PoolingMode, get_pooling_forward_output_dim,
-                             pooling_backward, pooling_forward)
+from minidnn.backend import (
+    BadParamError,
+    PoolingDescriptor,
+    PoolingMode,
+    get_pooling_forward_output_dim,
+    pooling_backward,
+    pooling_forward,
+)
 from minidnn.backend._testing import numerical_gradient, to_numpy
 
 MAX, MAXD = PoolingMode.MAX, PoolingMode.MAX_DETERMINISTIC

@@ -2,8 +2,17 @@
 import numpy as np
 import pytest
 
-from minidnn.backend import (BadParamError, OpTensorOp, ReduceTensorOp, add_tensor, op_tensor, reduce_tensor,
-                             scale_tensor, set_tensor, transform_tensor)
+from minidnn.backend import (
+    BadParamError,
+    OpTensorOp,
+    ReduceTensorOp,
+    add_tensor,
+    op_tensor,
+    reduce_tensor,
+    scale_tensor,
+    set_tensor,
+    transform_tensor,
+)
 from minidnn.backend._testing import to_numpy
 
 # (y shape, b shape, format, b as the reference broadcasts it)

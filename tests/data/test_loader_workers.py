@@ -13,8 +13,15 @@ import pytest
 
 import minidnn as mdn
 from minidnn.data import transforms as T
-from minidnn.utils.data import (BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset,
-                                WeightedRandomSampler, get_worker_info)
+from minidnn.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    SequentialSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    get_worker_info,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -362,6 +369,7 @@ def test_large_batches_travel_through_shared_memory_and_leave_no_files():
     an abandoned epoch, persistent workers shut down)."""
     import gc
     import glob
+
     from minidnn.data import _worker
     if _worker._SHM_DIR is None:
         pytest.skip("no /dev/shm")

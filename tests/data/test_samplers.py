@@ -6,8 +6,17 @@ import numpy as np
 import pytest
 
 import minidnn as mdn
-from minidnn.utils.data import (BatchSampler, ConcatDataset, RandomSampler, SequentialSampler, Subset,
-                                SubsetRandomSampler, TensorDataset, WeightedRandomSampler, random_split)
+from minidnn.utils.data import (
+    BatchSampler,
+    ConcatDataset,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    random_split,
+)
 
 torch = pytest.importorskip("torch")
 tud = torch.utils.data

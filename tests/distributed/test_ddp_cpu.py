@@ -6,10 +6,10 @@ import os
 import subprocess
 import sys
 
+import _scenarios as S
 import numpy as np
 import pytest
 
-import _scenarios as S
 import minidnn as mdn
 from minidnn import nn
 from minidnn.nn import functional as F

@@ -6,10 +6,10 @@ import os
 import subprocess
 import sys
 
+import _scenarios as S
 import numpy as np
 import pytest
 
-import _scenarios as S
 import minidnn as mdn
 import minidnn.distributed as dist
 from minidnn.distributed.run import free_port

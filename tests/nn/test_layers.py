@@ -3,7 +3,6 @@ initialisation, extra_repr strings and multiply-add counts."""
 from __future__ import annotations
 
 import math
-
 import re
 
 import numpy as np

@@ -9,7 +9,8 @@ import minidnn.nn.functional as F
 
 torch = pytest.importorskip("torch", reason="PyTorch is the oracle")
 hyp = pytest.importorskip("hypothesis", reason="hypothesis drives the property tests")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 TF = torch.nn.functional
 SETTINGS = dict(max_examples=30, deadline=None, derandomize=True, database=None)

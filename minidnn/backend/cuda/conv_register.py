@@ -97,9 +97,24 @@ def _implicit_cost_if(p, device_type):
 def register():
     """Mark the CUDA-only members (called once by conv_algorithms.py, after the registries exist) and attach the
     kernels as fast paths of DIRECT / ALGO_0."""
-    from ..conv_algorithms import (BACKWARD_DATA_ALGORITHMS as BD, BACKWARD_FILTER_ALGORITHMS as BF,
-                                   FORWARD_ALGORITHMS as FW, ConvolutionBwdDataAlgo as DA,
-                                   ConvolutionBwdFilterAlgo as FA, ConvolutionFwdAlgo as A)
+    from ..conv_algorithms import (
+        BACKWARD_DATA_ALGORITHMS as BD,
+    )
+    from ..conv_algorithms import (
+        BACKWARD_FILTER_ALGORITHMS as BF,
+    )
+    from ..conv_algorithms import (
+        FORWARD_ALGORITHMS as FW,
+    )
+    from ..conv_algorithms import (
+        ConvolutionBwdDataAlgo as DA,
+    )
+    from ..conv_algorithms import (
+        ConvolutionBwdFilterAlgo as FA,
+    )
+    from ..conv_algorithms import (
+        ConvolutionFwdAlgo as A,
+    )
     for alg in (FW.get(A.IMPLICIT_GEMM), FW.get(A.IMPLICIT_PRECOMP_GEMM), BF.get(FA.ALGO_3)):
         alg.devices = ("cuda",)
         alg.native_half = True

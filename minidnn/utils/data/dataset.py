@@ -1,5 +1,4 @@
 """``torch.utils.data.dataset``'s path: the datasets of ``minidnn.data.dataset``."""
-from ...data.dataset import (ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset,  # noqa: F401
-                             random_split)
+from ...data.dataset import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset, random_split  # noqa: F401
 
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset", "random_split"]
