@@ -30,12 +30,8 @@ sys.path.insert(0, HERE)
 import minidnn as mdn  # noqa: E402
 import minidnn.nn.functional as F  # noqa: E402
 from minidnn import models  # noqa: E402
-from minidnn.data import (
-    DataLoader,  # noqa: E402
-)
-from minidnn.data import (
-    transforms as T,  # noqa: E402
-)
+from minidnn.data import DataLoader  # noqa: E402
+from minidnn.data import transforms as T  # noqa: E402
 from minidnn.data.datasets import load_digits  # noqa: E402
 
 try:

@@ -4,7 +4,6 @@ import ast
 import importlib
 import importlib.metadata
 import pathlib
-import types
 
 import minidnn as mdn
 

@@ -489,7 +489,7 @@ def test_tensor_tensor_promotion_is_pytorchs(op, a_dtype, b_dtype, device):
                                   "mdn.where(x > 1, x, 0.0)", "mdn.maximum(x, 1.5)"])
 def test_python_scalars_are_weak_for_float_tensors(expr, dtype, device):
     x = mdn.tensor(np.array([1.0, 2.0], dtype=dtype), device=device)
-    assert eval(expr).dtype == np.dtype(dtype), expr
+    assert eval(expr, {"mdn": mdn}, {"x": x}).dtype == np.dtype(dtype), expr
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
@@ -499,11 +499,11 @@ def test_python_scalars_with_int_tensors(dtype, device):
     x = mdn.tensor(np.array([1, 2], dtype=dtype), device=device)
     t = torch.tensor(np.array([1, 2], dtype=dtype))
     for expr in ["x + 1", "2 * x", "x - 1", "1 - x", "x ** 2", "2 ** x"]:
-        assert eval(expr).dtype == np.dtype(dtype), expr
+        assert eval(expr, {}, {"x": x}).dtype == np.dtype(dtype), expr
     for expr in ["x + 2.5", "2.5 * x", "x - 0.5", "0.5 - x", "x / 2", "2 / x", "x ** 0.5", "2.5 ** x"]:
-        r = eval(expr)
+        r = eval(expr, {}, {"x": x})
         assert r.dtype == np.float32, expr
-        np.testing.assert_allclose(r.cpu().numpy(), eval(expr.replace("x", "t")).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(r.cpu().numpy(), eval(expr.replace("x", "t"), {}, {"t": t}).numpy(), rtol=1e-6)
 
 
 def test_float64_tensor_stays_float64_through_every_op():

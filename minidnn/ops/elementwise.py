@@ -16,7 +16,6 @@ from ..backend.errors import ArgumentError, DTypeError
 from ..backend.layout import in_memory_order
 from ..tensor import Tensor, _attach, _wrap, get_default_dtype
 from ._core import (
-    _F64,
     as_operand,
     broadcast_error,
     check_pair,
@@ -24,7 +23,6 @@ from ._core import (
     node,
     promoted_operands,
     to_tensor,
-    weak_scalar_result,
 )
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",

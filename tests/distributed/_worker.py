@@ -4,7 +4,6 @@ tests compare them with single-process references.  A scenario that fails record
 the others (a rank that died would leave the other ranks waiting)."""
 import json
 import os
-import pickle
 import sys
 import traceback
 

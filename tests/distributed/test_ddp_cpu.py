@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import minidnn as mdn
-from minidnn import nn
 from minidnn.nn import functional as F
 
 WORLD = 3

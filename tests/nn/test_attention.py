@@ -143,7 +143,8 @@ def test_multihead_attention_matches_pytorch(name, device):
     bf = case["ctor"].get("batch_first", False)
     lead = (lambda n_: (N, n_)) if bf else (lambda n_: (n_, N))
     if case.get("unbatched"):
-        lead = lambda n_: (n_,)
+        def lead(n_):
+            return (n_,)
     (q, tq), (k, tk), (v, tv) = (_pair(lead(L) + (E,), device, 0), _pair(lead(S) + (kd,), device, 1),
                                  _pair(lead(S) + (vd,), device, 2))
     fwd, tfwd = {}, {}

@@ -62,7 +62,9 @@ def _lin(lib):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_full_backward_hook_sees_pytorchs_gradients(name):
     make, inputs, loss_fn = CASES[name]
-    reg = lambda m, seen: m.register_full_backward_hook(lambda mod, gi, go: seen.append((mod, gi, go)))
+    def reg(m, seen):
+        return m.register_full_backward_hook(lambda mod, gi, go: seen.append((mod, gi, go)))
+
     (seen, _), (tseen, _) = _run(mdn, make, inputs, reg, loss_fn), _run(torch, make, inputs, reg, loss_fn)
     assert len(seen) == len(tseen) == 1
     (_, gi, go), (_, tgi, tgo) = seen[0], tseen[0]

@@ -34,16 +34,16 @@ CASES = [
 @pytest.mark.parametrize("with_hx", [False, True])
 @pytest.mark.parametrize("kind,kw", CASES)
 def test_layer_matches_pytorch(kind, kw, with_hx, device):
-    I, H, T, N = 4, 5, 6, 3
+    n_in, H, T, N = 4, 5, 6, 3
     torch.manual_seed(0)
-    t = getattr(torch.nn, kind)(I, H, **kw).double()
-    m = getattr(nn, kind)(I, H, dtype=mdn.float64, **kw)
+    t = getattr(torch.nn, kind)(n_in, H, **kw).double()
+    m = getattr(nn, kind)(n_in, H, dtype=mdn.float64, **kw)
     assert [(n, tuple(p.shape)) for n, p in m.named_parameters()] == \
         [(n, tuple(p.shape)) for n, p in t.named_parameters()]
     _load(m, t)
     m.to(device)
     rng = np.random.default_rng(1)
-    x, tx = _t(rng.standard_normal((N, T, I) if kw.get("batch_first") else (T, N, I)), device)
+    x, tx = _t(rng.standard_normal((N, T, n_in) if kw.get("batch_first") else (T, N, n_in)), device)
     D, L = (2 if kw.get("bidirectional") else 1), kw.get("num_layers", 1)
     hx = thx = None
     if with_hx:
@@ -223,15 +223,15 @@ def test_pad_sequence_pack_sequence_unpack():
 @pytest.mark.parametrize("with_hx", [False, True])
 def test_packed_input_matches_pytorch(kind, kw, with_hx, device):
     tu = torch.nn.utils.rnn
-    I, H, lengths = 3, 4, [2, 5, 1, 4]
+    n_in, H, lengths = 3, 4, [2, 5, 1, 4]
     T, N = max(lengths), len(lengths)
     torch.manual_seed(1)
-    t = getattr(torch.nn, kind)(I, H, batch_first=True, **kw).double()
-    m = getattr(nn, kind)(I, H, batch_first=True, dtype=mdn.float64, **kw)
+    t = getattr(torch.nn, kind)(n_in, H, batch_first=True, **kw).double()
+    m = getattr(nn, kind)(n_in, H, batch_first=True, dtype=mdn.float64, **kw)
     _load(m, t)
     m.to(device)
     rng = np.random.default_rng(2)
-    x, tx = _t(rng.standard_normal((N, T, I)), device)
+    x, tx = _t(rng.standard_normal((N, T, n_in)), device)
     D, L = (2 if kw.get("bidirectional") else 1), kw.get("num_layers", 1)
     hx = thx = None
     if with_hx:

@@ -93,7 +93,9 @@ def test_with_adam_betas(name):
 @pytest.mark.parametrize("kw", [{}, dict(mode="max", factor=0.5, patience=2, threshold_mode="abs", threshold=0.1),
                                 dict(patience=1, cooldown=2, min_lr=[0.02, 0.05], eps=1e-3)])
 def test_reduce_on_plateau_matches_pytorch(kw):
-    metric = lambda t: [5, 4, 4, 4.5, 4, 4, 3.9999, 3, 3, 3, 3, 3, 3, 3, 2][t % 15] * (1 + 0.01 * (t // 15))
+    def metric(t):
+        return [5, 4, 4, 4.5, 4, 4, 3.9999, 3, 3, 3, 3, 3, 3, 3, 2][t % 15] * (1 + 0.01 * (t // 15))
+
     s, ts = _compare(lambda m, o: m.ReduceLROnPlateau(o, **kw), steps=40, metric=metric)
     assert s.best == ts.best and s.num_bad_epochs == ts.num_bad_epochs and s.last_epoch == ts.last_epoch
 
