@@ -372,8 +372,8 @@ class FunctionCtx(Node):
                 try:
                     r = r.sum_to(meta[0])
                 except Exception:
-                    raise RuntimeError(f"{self._fn_cls.__name__}.backward returned a gradient of shape {tuple(r.shape)} "
-                                       f"for argument {i}, whose shape is {meta[0]}") from None
+                    raise RuntimeError(f"{self._fn_cls.__name__}.backward returned a gradient of shape "
+                                       f"{tuple(r.shape)} for argument {i}, whose shape is {meta[0]}") from None
             out.append(r)
         return tuple(out)
 
@@ -470,7 +470,8 @@ def _check_same_device(where, tensors):
     d0 = tensors[0].device
     for t in tensors[1:]:
         if t.device != d0:
-            raise RuntimeError(f"{where}: expected all tensors on one device, but found tensors on '{d0}' and '{t.device}'")
+            raise RuntimeError(f"{where}: expected all tensors on one device, but found tensors on '{d0}' "
+                               f"and '{t.device}'")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -507,8 +508,8 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
     for t, g in zip(roots, root_grads):
         edge = t._edge()
         if edge is None:
-            raise RuntimeError(f"element of shape {tuple(t.shape)} does not require grad and has no grad_fn: "
-                               "nothing to differentiate (did you forget requires_grad=True, or call it under no_grad?)")
+            raise RuntimeError(f"element of shape {tuple(t.shape)} does not require grad and has no grad_fn: nothing "
+                               "to differentiate (did you forget requires_grad=True, or call it under no_grad?)")
         node, nr = edge
         buf = buffers.get(node)
         if buf is None:

@@ -150,7 +150,8 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
     if (end - start) * step < 0:
         raise ArgumentError(f"arange: upper bound and larger bound inconsistent with step sign (start {start}, end "
                             f"{end}, step {step})")
-    default = np.dtype(np.int64) if all(isinstance(v, numbers.Integral) for v in (start, end, step)) else get_default_dtype()
+    integral = all(isinstance(v, numbers.Integral) for v in (start, end, step))
+    default = np.dtype(np.int64) if integral else get_default_dtype()
     return _factory(lambda xp, s, d: xp.arange(start, end, step).astype(d), (), dtype, device, requires_grad,
                     default=default, op="arange")
 

@@ -78,7 +78,8 @@ def gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, 
         if not np.all(err <= tol) or not np.all(np.isfinite(ana)):
             k = int(np.argmax(err - tol)) if err.size else 0
             idx = np.unravel_index(k, x.shape) if x.ndim else ()
-            msg = (f"gradcheck failed for input {i} (shape {tuple(x.shape)}): worst element {tuple(int(j) for j in idx)}: "
+            msg = (f"gradcheck failed for input {i} (shape {tuple(x.shape)}): "
+                   f"worst element {tuple(int(j) for j in idx)}: "
                    f"numerical {num.reshape(-1)[k]:.8g} vs analytical {ana.reshape(-1)[k]:.8g} "
                    f"(|diff| {err.reshape(-1)[k]:.3g} > atol {atol} + rtol {rtol} * |numerical|)")
             if raise_exception:

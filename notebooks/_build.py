@@ -94,7 +94,8 @@ NOTEBOOKS["01_autograd_from_scratch"] = [
     md("""
     ## A real graph: logistic regression on one batch of digits
 
-    The digits bundled with minidnn (UCI's optdigits, as in scikit-learn) are 8x8 grey images of handwritten digits. A linear classifier on the 64 pixels
+    The digits bundled with minidnn (UCI's optdigits, as in scikit-learn) are 8x8 grey images of handwritten digits.
+    A linear classifier on the 64 pixels
     already builds a graph worth drawing. `minidnn.viz.to_dot` turns the graph into Graphviz's DOT text:
     blue boxes are leaves (labelled with the names we pass), grey ellipses are backward nodes, the green box
     is the output.
@@ -401,7 +402,8 @@ NOTEBOOKS["03_training_a_cnn"] = [
     From data to a trained LeNet-5 and a look at what it learned, in the plain training loop every
     PyTorch user knows: forward, loss, `zero_grad`, `backward`, `step`.
 
-    The data are the 1,797 8x8 digits bundled with minidnn (UCI's optdigits, as in scikit-learn) (1,437 for training, 360 for testing). LeNet's two 5x5
+    The data are the 1,797 8x8 digits bundled with minidnn (UCI's optdigits, as in scikit-learn) (1,437 for training,
+    360 for testing). LeNet's two 5x5
     convolutions and 2x2 poolings need more room than 8x8, so the images are upsampled to 16x16 and shifted
     by up to one pixel at random while training (a cheap augmentation).
     """),
@@ -498,7 +500,8 @@ NOTEBOOKS["03_training_a_cnn"] = [
     ax1.plot(epochs, history["train_loss"], "o-", color="C0", label="train")
     ax1.plot(epochs, history["test_loss"], "s--", color="C3", markerfacecolor="none", label="test")
     ax1.set(title="cross-entropy loss", xlabel="epoch"); ax1.legend()
-    ax2.plot(epochs, history["test_acc"], "s--", color="C3", markerfacecolor="none"); ax2.set(title="test accuracy", xlabel="epoch")
+    ax2.plot(epochs, history["test_acc"], "s--", color="C3", markerfacecolor="none")
+    ax2.set(title="test accuracy", xlabel="epoch")
     for ax in (ax1, ax2): ax.grid(alpha=0.3); ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     plt.show()
     """),

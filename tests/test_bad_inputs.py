@@ -288,7 +288,7 @@ row("scheduler dict", lambda: mdn.optim.lr_scheduler.ExponentialLR({"lr": 1}, 0.
 row("param group without params", lambda: mdn.optim.SGD(_params(), lr=0.1).add_param_group({"lr": 0.1}),
     KeyError, r"params", lambda: torch.optim.SGD(_tparams(), lr=0.1).add_param_group({"lr": 0.1}))
 
-# -- data ---------------------------------------------------------------------------------------------------------------
+# -- data --------------------------------------------------------------------------------------------------------------
 _ds = lambda: mdn.data.TensorDataset(mdn.arange(10.0))        # noqa: E731
 _tds = lambda: torch.utils.data.TensorDataset(torch.arange(10.0))  # noqa: E731
 row("DataLoader batch_size 0", lambda: mdn.data.DataLoader(_ds(), batch_size=0), ValueError, r"0|positive",

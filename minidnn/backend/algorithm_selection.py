@@ -157,7 +157,8 @@ class AlgorithmRegistry:
             return 0, reason
         ws = algorithm.workspace_size(prob)
         if handle.deterministic and not algorithm.deterministic(handle.device.type):
-            return ws, f"{algorithm.algo.name} is not deterministic on {handle.device.type} and handle.deterministic is set"
+            return ws, (f"{algorithm.algo.name} is not deterministic on {handle.device.type} "
+                        "and handle.deterministic is set")
         for limit, who in ((handle.workspace_limit, "handle.workspace_limit"), (workspace_limit, "workspace_limit")):
             if limit is not None and ws > limit:
                 return ws, f"{algorithm.algo.name} needs {ws} bytes of workspace but {who} is {limit}"

@@ -91,9 +91,9 @@ def _check_dtypes(where, first_name, first, **others):
 def _check_dy(where, dy_shape, p, fmt):
     expected = _fmt_shape(p.y_shape, fmt)
     if tuple(dy_shape) != expected:
-        raise BadParamError(f"{where}: dy has shape {tuple(dy_shape)} but the convolution of x {_fmt_shape(p.x_shape, fmt)} "
-                            f"with w {p.w_shape} (padding {p.padding}, stride {p.stride}, dilation {p.dilation}, "
-                            f"groups {p.groups}) has output shape {expected}")
+        raise BadParamError(f"{where}: dy has shape {tuple(dy_shape)} but the convolution of x "
+                            f"{_fmt_shape(p.x_shape, fmt)} with w {p.w_shape} (padding {p.padding}, stride {p.stride}, "
+                            f"dilation {p.dilation}, groups {p.groups}) has output shape {expected}")
 
 
 def _format(fmt):

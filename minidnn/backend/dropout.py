@@ -5,8 +5,8 @@
 y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator
 (``xp.random.default_rng(seed)``, one per device, created on first use).  A generator with a device-side
 Philox stream (minidnn's GPU engines) draws the mask in one kernel that also advances that stream on the device
-(backend/cuda/dropout_philox.py), so a training step with dropout can be replayed from a CUDA graph.  The same seed gives the
-same sequence of masks on the same device (NumPy and CuPy generators differ, so CPU and GPU
+(backend/cuda/dropout_philox.py), so a training step with dropout can be replayed from a CUDA graph.  The same seed
+gives the same sequence of masks on the same device (NumPy and CuPy generators differ, so CPU and GPU
 masks differ).  p = 0 is the identity, p = 1 gives zeros.  The reserve space (cuDNN's name) is the
 boolean mask itself: 1 byte per element, everything backward needs.
 """

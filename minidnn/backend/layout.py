@@ -65,7 +65,8 @@ def resolve_format(x, fmt) -> TensorFormat:
         try:
             return TensorFormat[key]
         except KeyError:
-            raise BadParamError(f"unknown tensor format {fmt!r}: expected NCHW/NHWC (or NCW/NWC, NCDHW/NDHWC)") from None
+            raise BadParamError(f"unknown tensor format {fmt!r}: expected NCHW/NHWC "
+                                "(or NCW/NWC, NCDHW/NDHWC)") from None
     if isinstance(fmt, TensorFormat):
         return TensorFormat.NHWC if fmt.value == "NHWC" else TensorFormat.NCHW
     raise BadParamError(f"tensor format must be a TensorFormat or a string, got {type(fmt).__name__}")

@@ -12,9 +12,10 @@ from .graphs import (
     stream,
 )
 
-__all__ = ["is_available", "device_count", "synchronize", "current_device", "set_device", "manual_seed", "manual_seed_all",
-           "get_rng_state", "set_rng_state", "initial_seed", "seed", "Stream", "stream", "current_stream", "CUDAGraph",
-           "graph", "graph_pool_handle", "make_graphed_callables", "is_current_stream_capturing"]
+__all__ = ["is_available", "device_count", "synchronize", "current_device", "set_device", "manual_seed",
+           "manual_seed_all", "get_rng_state", "set_rng_state", "initial_seed", "seed", "Stream", "stream",
+           "current_stream", "CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables",
+           "is_current_stream_capturing"]
 
 
 def is_available() -> bool:

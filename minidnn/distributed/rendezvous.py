@@ -87,7 +87,8 @@ class Store:
             t.join(1)
         if errors or missing:
             why = "; ".join(errors) if errors else (
-                f"timed out after {self.timeout:.0f} s waiting for rank(s) {missing} to join at {self.addr}:{self.port}")
+                f"timed out after {self.timeout:.0f} s waiting for rank(s) {missing} to join at "
+                f"{self.addr}:{self.port}")
             for c in hellos.values():
                 try:
                     c.send(("error", why))

@@ -174,8 +174,8 @@ def cat(tensors, axis=0, *, dim=None):
     axis = canonical_dim("cat", axis, nd)
     for i, t in enumerate(tensors):
         if t.ndim != nd or any(t.shape[d] != tensors[0].shape[d] for d in range(nd) if d != axis):
-            raise ArgumentError(f"cat: tensor {i} has shape {tuple(t.shape)} but tensor 0 has {tuple(tensors[0].shape)}; "
-                             f"all dimensions except {axis} must match")
+            raise ArgumentError(f"cat: tensor {i} has shape {tuple(t.shape)} but tensor 0 has "
+                                f"{tuple(tensors[0].shape)}; all dimensions except {axis} must match")
     xp = tensors[0]._xp()
     out = xp.concatenate([t.data for t in tensors], axis=axis)
     if _state.grad_enabled and any(t.requires_grad for t in tensors):
@@ -217,8 +217,8 @@ def split(x, split_size_or_sections, axis=0, *, dim=None):
     if isinstance(split_size_or_sections, (int, np.integer)):
         s = split_size_or_sections
         if s <= 0 and not (s == 0 and n == 0):
-            raise ArgumentError(f"split: split_size can only be 0 if dimension size is 0, and must not be negative; got "
-                                f"split_size {s} for dimension {axis} of size {n}")
+            raise ArgumentError(f"split: split_size can only be 0 if dimension size is 0, and must not be negative; "
+                                f"got split_size {s} for dimension {axis} of size {n}")
         if s == 0:
             return (x,)
         # PyTorch: max(ceil(n / s), 1) pieces, so an empty dim gives one empty piece
@@ -273,10 +273,12 @@ def pad(x, pad, mode="constant", value=0.0):
     if len(pad) and isinstance(pad[0], (tuple, list)):
         widths = [tuple(int(v) for v in p) for p in pad]
         if len(widths) != nd:
-            raise ArgumentError(f"pad: NumPy-style widths need one (before, after) pair per dimension ({nd}), got {len(widths)}")
+            raise ArgumentError(f"pad: NumPy-style widths need one (before, after) pair per dimension ({nd}), "
+                                f"got {len(widths)}")
     else:
         if len(pad) % 2 or len(pad) // 2 > nd:
-            raise ArgumentError(f"pad: expected an even number of values, at most 2 per dimension ({nd}), got {len(pad)}")
+            raise ArgumentError(f"pad: expected an even number of values, at most 2 per dimension ({nd}), "
+                                f"got {len(pad)}")
         widths = [(0, 0)] * nd
         for i in range(len(pad) // 2):
             widths[nd - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))

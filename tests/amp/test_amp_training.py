@@ -49,7 +49,9 @@ def test_low_precision_training_reaches_fp32_accuracy(device):
         pytest.skip("float16 autocast is a GPU feature; the bfloat16 CPU path is covered by test_autocast")
     # Mean over seeds: one run's accuracy on 360 test images moves by a couple of images with any change of numerics.
     seeds = (0, 1, 2)
-    fp32, bf16, fp16 = (float(np.mean([_accuracy(mode, device, s) for s in seeds])) for mode in ("fp32", "bf16", "fp16"))
-    print(f"digits test accuracy, mean of {len(seeds)} seeds: fp32 {fp32:.2f}%  bf16 {bf16:.2f}%  fp16+scaler {fp16:.2f}%")
+    fp32, bf16, fp16 = (float(np.mean([_accuracy(mode, device, s) for s in seeds]))
+                        for mode in ("fp32", "bf16", "fp16"))
+    print(f"digits test accuracy, mean of {len(seeds)} seeds: fp32 {fp32:.2f}%  bf16 {bf16:.2f}%  "
+          f"fp16+scaler {fp16:.2f}%")
     assert fp32 > 90.0
     assert bf16 >= fp32 - 0.5 and fp16 >= fp32 - 0.5, (fp32, bf16, fp16)

@@ -66,7 +66,8 @@ def test_checkpoint_holds_and_restores_the_master_copy(tmp_path, device):
         np.testing.assert_array_equal(mdn.tensor(a["master_param"]).cpu().numpy(),
                                       mdn.tensor(b["master_param"]).cpu().numpy())
     for p, q in zip(model.parameters(), other.parameters()):
-        np.testing.assert_array_equal(mdn.tensor(p.data).float().cpu().numpy(), mdn.tensor(q.data).float().cpu().numpy())
+        np.testing.assert_array_equal(mdn.tensor(p.data).float().cpu().numpy(),
+                                      mdn.tensor(q.data).float().cpu().numpy())
 
 
 def test_with_grad_scaler_float16(device):

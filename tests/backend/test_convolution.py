@@ -144,7 +144,8 @@ def ref_backward_data(w, dy, x_shape, pad, stride, dil, groups, mode):
     K, G = w.shape[0], groups
     o, r, orr = _letters(nd)
     dwin = np.einsum(f"ngk{o},gkc{r}->ngc{orr}", dy.reshape(N, G, K // G, *out),
-                     w.reshape(G, K // G, *w.shape[1:])).reshape(N, C, *[v for pair in zip(out, w.shape[2:]) for v in pair])
+                     w.reshape(G, K // G, *w.shape[1:]))
+    dwin = dwin.reshape(N, C, *[v for pair in zip(out, w.shape[2:]) for v in pair])
     dxpad = np.zeros((N, C, *[i + 2 * q for i, q in zip(x_shape[2:], p)]))
     index = []
     for d in range(nd):                                    # idx[d] placed on axes (2d, 2d+1) of the window

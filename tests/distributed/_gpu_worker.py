@@ -44,7 +44,8 @@ try:
         if sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = model.to(dev)
-        ddp = DDP(model, device_ids=None if ON_CPU else [local], bucket_cap_mb=0.002, comm_stream=comm_stream)      # a few buckets even for this small model
+        # bucket_cap_mb=0.002: a few buckets even for this small model
+        ddp = DDP(model, device_ids=None if ON_CPU else [local], bucket_cap_mb=0.002, comm_stream=comm_stream)
         out[f"{name}_losses"] = np.array(S.gpu_train(ddp, xs[:, mine], ys[:, mine], dev, compiled=compiled))
         for i, p in enumerate(model.parameters()):
             out[f"{name}_param{i}"] = p.cpu().numpy()

@@ -218,8 +218,9 @@ def test_pad_sequence_pack_sequence_unpack():
         mrnn.pack_sequence([mdn.tensor(s) for s in seqs])
 
 
-@pytest.mark.parametrize("kind,kw", [("LSTM", dict(num_layers=2, bidirectional=True)), ("GRU", dict(bidirectional=True)),
-                                     ("RNN", dict(num_layers=2)), ("LSTM", dict(proj_size=2, bidirectional=True))])
+@pytest.mark.parametrize("kind,kw", [("LSTM", dict(num_layers=2, bidirectional=True)),
+                                     ("GRU", dict(bidirectional=True)), ("RNN", dict(num_layers=2)),
+                                     ("LSTM", dict(proj_size=2, bidirectional=True))])
 @pytest.mark.parametrize("with_hx", [False, True])
 def test_packed_input_matches_pytorch(kind, kw, with_hx, device):
     tu = torch.nn.utils.rnn

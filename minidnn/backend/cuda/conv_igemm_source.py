@@ -133,7 +133,8 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 #if ELEM == 0
 // One element global -> shared without a register round trip; src-size 0 writes a zero (padding, tails).
 #define PUT(dst, src_ptr, ok) \
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(smem_addr(&(dst))), "l"(src_ptr), "r"((ok) ? 4 : 0))
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \
+                 :: "r"(smem_addr(&(dst))), "l"(src_ptr), "r"((ok) ? 4 : 0))
 #define COMMIT() asm volatile("cp.async.commit_group;")
 #define WAIT_PENDING() asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 2))   // slice t has landed
 #else

@@ -27,7 +27,8 @@ __all__ = ["supports", "adam_flat_step", "sgd_flat_step", "launch_count", "SEGME
 
 SEGMENT_ALIGN_BYTES = 128        # each parameter starts on a 128-byte boundary: aligned vector loads, whole lines
 THREADS = 256
-BLOCKS_PER_SM = 8                # 8 x 256 = 2048 threads: one full wave on sm_80/sm_90; the grid-stride loop does the rest
+BLOCKS_PER_SM = 8                # 8 x 256 = 2048 threads: one full wave on sm_80/sm_90; the grid-stride loop does
+                                 # the rest
 UNSCALE_BLOCKS_PER_SM = 4        # co-resident grid for the grid-wide barrier of the UNSCALE variant
 _VECTOR = {np.dtype(np.float32): ("float", "float4", 4), np.dtype(np.float64): ("double", "double2", 2)}
 
@@ -87,7 +88,8 @@ __device__ __forceinline__ unsigned short float_to_lowp(float f) {
 #endif
 }
 #define LOAD_G(r, a, i) { _Pragma("unroll") for (int k_ = 0; k_ < VEC; ++k_) r[k_] = lowp_to_float(a[(i) * VEC + k_]); }
-#define STORE_LOWP(a, i, r) { _Pragma("unroll") for (int k_ = 0; k_ < VEC; ++k_) a[(i) * VEC + k_] = float_to_lowp(r[k_]); }
+#define STORE_LOWP(a, i, r) \
+    { _Pragma("unroll") for (int k_ = 0; k_ < VEC; ++k_) a[(i) * VEC + k_] = float_to_lowp(r[k_]); }
 #else
 typedef T GT;
 #define LOAD_G(r, a, i) LOAD(r, a, i)
@@ -95,7 +97,8 @@ typedef T GT;
 #endif
 // Grid-stride loop over the n_vec vectors.
 #define FOR_EACH_VECTOR(i) \
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; i += (long long)gridDim.x * blockDim.x)
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n_vec; \
+         i += (long long)gridDim.x * blockDim.x)
 // Masked variant: entering another parameter's segment, look up whether it has a gradient, then run `refresh`.
 #define NEXT_PARAMETER(i, refresh) { \
     const int j = vec_param[i]; \

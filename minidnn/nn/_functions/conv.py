@@ -130,8 +130,8 @@ def _check_operands(op, x, weight, bias, nd, groups, transposed):
         c_out = weight.shape[1] * groups
     else:               # weight (C_out, C_in/groups, *k)
         if weight.shape[1] * groups != c_in:
-            raise ArgumentError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} with groups={groups} "
-                             f"expects {weight.shape[1] * groups}")
+            raise ArgumentError(f"{op}: input has {c_in} channels but weight {tuple(weight.shape)} "
+                                f"with groups={groups} expects {weight.shape[1] * groups}")
         if weight.shape[0] % groups:
             raise ArgumentError(f"{op}: weight {tuple(weight.shape)} has {weight.shape[0]} output channels, not "
                              f"divisible by groups={groups}")

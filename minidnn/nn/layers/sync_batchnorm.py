@@ -75,7 +75,8 @@ class SyncBatchNormFunction(Function):
         db = sums[:c].astype(a.dtype) if need_b else None
         dx = None
         if need_x:
-            dist._all_reduce_arrays([sums], dist.ReduceOp.SUM, tag="SyncBatchNorm backward")  # this rank's sums -> the global batch's
+            # this rank's sums -> the global batch's
+            dist._all_reduce_arrays([sums], dist.ReduceOp.SUM, tag="SyncBatchNorm backward")
             mean_dy, mean_dy_xmu = sums[:c] / n, sums[c:] / n
             w = inv_std if weight is None else inv_std * weight.data
             k = (inv_std * inv_std * mean_dy_xmu).astype(a.dtype).reshape(shape)

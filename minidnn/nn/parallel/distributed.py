@@ -75,7 +75,8 @@ class DistributedDataParallel(Module):
             raise RuntimeError("DistributedDataParallel: the default process group has not been initialized; call "
                                "minidnn.distributed.init_process_group(...) first")
         if process_group is not None:
-            raise NotImplementedError("DistributedDataParallel: only the default process group exists (process_group=None)")
+            raise NotImplementedError("DistributedDataParallel: only the default process group exists "
+                                      "(process_group=None)")
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel: expected a Module, got {type(module).__name__}")
         if not bucket_cap_mb > 0:
@@ -132,7 +133,7 @@ class DistributedDataParallel(Module):
                 ddp._on_grad_ready(p)
         self._grad_hooks = [p.register_post_accumulate_grad_hook(hook) for p in trainable]
 
-    # -- construction -----------------------------------------------------------------------------------------------------
+    # -- construction --------------------------------------------------------------------------------------------------
     def _verify_and_sync(self, params):
         buffers = [b for b in self.module.buffers()]
         mine = [(tuple(p.shape), str(p.dtype)) for p in params] + [(tuple(b.shape), str(b.dtype)) for b in buffers]
@@ -150,7 +151,7 @@ class DistributedDataParallel(Module):
             for t in params + buffers:
                 t._version += 1
 
-    # -- forward ------------------------------------------------------------------------------------------------------------
+    # -- forward -------------------------------------------------------------------------------------------------------
     def forward(self, *inputs, **kwargs):
         if self._started:
             names = [self._names.get(id(p), "?") for p, r in zip(self._params, self._ready) if not r]
@@ -206,7 +207,7 @@ class DistributedDataParallel(Module):
         finally:
             self.require_backward_grad_sync = old
 
-    # -- buckets --------------------------------------------------------------------------------------------------------------
+    # -- buckets -------------------------------------------------------------------------------------------------------
     def _refresh_layout(self):
         owners = [owner_of(p) for p in self._params]
         key = tuple(None if o is None else (id(o[0]), o[1]) for o in owners)
@@ -256,7 +257,7 @@ class DistributedDataParallel(Module):
             out.append(("flat", b.flat[1], b.flat[2], names) if b.flat else ("params", names))
         return out
 
-    # -- backward -----------------------------------------------------------------------------------------------------------
+    # -- backward ------------------------------------------------------------------------------------------------------
     def _on_grad_ready(self, p):
         if not self._sync_next_backward:
             return
