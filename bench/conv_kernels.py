@@ -59,10 +59,16 @@ def main():
 
     import cupy as cp
     import torch
-    from minidnn.backend import (ConvolutionDescriptor, Handle, MathType, convolution_backward_data,
-                                 convolution_backward_filter, convolution_forward)
-    from minidnn.backend.conv_algorithms import (BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS,
-                                                 FORWARD_ALGORITHMS)
+
+    from minidnn.backend import (
+        ConvolutionDescriptor,
+        Handle,
+        MathType,
+        convolution_backward_data,
+        convolution_backward_filter,
+        convolution_forward,
+    )
+    from minidnn.backend.conv_algorithms import BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS, FORWARD_ALGORITHMS
     from minidnn.backend.conv_problem import make_problem
     from minidnn.backend.convolution import get_convolution_algorithm_cache
     from minidnn.backend.cuda import conv_igemm as K
