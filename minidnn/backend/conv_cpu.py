@@ -28,12 +28,15 @@ GEMM, groups == 1     x is copied ONCE into a zero-padded channels-last array; `
                       2-D with stride 1 along the height (most CNN layers): only the width windows are
                       gathered (R times less than im2col) and the kernel's R rows become R products of row
                       ranges shifted by whole image rows (``_row_shift_*`` below) -- in every direction.
-DIRECT, depthwise     G == C == K (one input and one output channel per group): one ``einsum`` over the strided
-                      channels-last window view, y[n, o, c] = sum_k windows[n, o, k, c] w[k, c], per chunk of the
-                      batch sized for the L2 cache (its sum-of-products loop runs along the contiguous channels,
-                      with no temporaries).  Backward data with stride 1 is the same correlation of the padded dy
-                      with the flipped kernel (else a multiply-add per tap); backward filter is the einsum
-                      dw[k, c] = sum windows[n, o, k, c] dy[n, o, c], chunk partials added in batch order.
+DIRECT, depthwise     G == C == K (one input and one output channel per group).  Stride 1 on channels-first
+                      memory (most layers): the flat form below (``_flat_correlate``): per chunk of one channel's
+                      planes, zero-padded into a flat buffer, each tap is one contiguous multiply-add by a
+                      scalar; backward data is the same correlation of the padded dy with the flipped kernel,
+                      backward filter one BLAS dot per chunk and tap.  Otherwise one ``einsum`` over the strided
+                      channels-last window view, y[n, o, c] = sum_k windows[n, o, k, c] w[k, c], per chunk of
+                      the batch sized for the L2 cache (backward data with stride 1 the same correlation of the
+                      padded dy, else a multiply-add per tap; backward filter the einsum dw[k, c] = sum
+                      windows[n, o, k, c] dy[n, o, c], chunk partials added in batch order).
 
 ``fast_paths_enabled(False)`` switches them off (the registry then runs the references), for debugging and
 for the tests and benchmarks that compare the two.
@@ -54,6 +57,8 @@ __all__ = ["dense_forward", "dense_backward_data", "dense_backward_filter", "dep
 
 _ENABLED = [True]
 _CACHE_BYTES = 256 * 1024          # target size of one chunk's slice in the depthwise loops (L2-sized)
+_FLAT_CHUNK_BYTES = 1024 * 1024    # the flat depthwise chunks' buffers together: larger ops share out better between
+                                   # threads (each NumPy call releases the GIL once), and 1 MiB still sits in L2
 
 
 @contextlib.contextmanager
@@ -349,7 +354,71 @@ def _kernel_weights(w, p):
     return np.ascontiguousarray(np.moveaxis(w[:, 0], 0, -1))
 
 
+# Stride 1 (most depthwise layers): a flat, channels-first form.  A chunk is one channel of a few images; their
+# planes are zero-padded into one flat buffer of rows of ``row_len`` (the padded grid, plus a tail).  Output
+# position l of that flat buffer reads the input at l + offset(tap), offset(tap) = sum_d tap_d * dilation_d *
+# grid_stride_d, so every tap is ONE multiply-add of two contiguous 1-D ranges by a scalar (NumPy's fastest loop:
+# contiguous, no broadcasting), and backward filter is one BLAS dot per chunk and tap.  Positions on the grid's
+# padding columns (and between rows) are computed and dropped.  No transpose: x and y stay channels-first, and
+# the padding happens per chunk inside a small per-thread buffer whose border is zeroed once, never written.
+
+def _flat_plan(p: ConvProblem, in_size, padding, out_size, itemsize, buffers):
+    """(grid, row_len, L, tap offsets, chunks): the flat buffers' geometry and the (channel, image slice) chunks,
+    sized so ``buffers`` flat buffers of one chunk fit _FLAT_CHUNK_BYTES, in one contiguous run per thread."""
+    grid = tuple(i + 2 * q for i, q in zip(in_size, padding))
+    grid_strides = [math.prod(grid[d + 1:]) for d in range(p.nd)]
+    offsets = [sum(t * d * s for t, d, s in zip(tap, p.dilation, grid_strides)) for tap in _taps(p)]
+    length = out_size[0] * grid_strides[0]
+    row_len = max(math.prod(grid), offsets[-1] + length)
+    images = max(1, min(p.N, _FLAT_CHUNK_BYTES // (buffers * row_len * itemsize)))
+    chunks = [(c, slice(n, min(n + images, p.N))) for c in range(p.C) for n in range(0, p.N, images)]
+    return grid, row_len, length, offsets, _spans(chunks)
+
+
+def _flat_pad_into(buf, planes, grid, padding, inner):
+    """Write planes (n, *inner) into the interiors of buf's first n rows of the padded grid; the border stays 0."""
+    n = planes.shape[0]
+    view = buf[:n, :math.prod(grid)].reshape(n, *grid)
+    view[(slice(None), *(slice(q, q + i) for q, i in zip(padding, inner)))] = planes
+
+
+def _flat_correlate(a, w_taps, p: ConvProblem, padding, in_size, out_size):
+    """z[n, c, o..] = sum_tap a_pad[n, c, o + tap*dilation] * w_taps[c, tap] (stride 1) for channels-first a
+    (N, C, *in_size) padded by ``padding``: a C-contiguous (N, C, *out_size) array."""
+    grid, row_len, length, offsets, spans = _flat_plan(p, in_size, padding, out_size, a.itemsize, 3)
+    z = np.empty((p.N, p.C, *out_size), dtype=a.dtype)
+    w_taps = w_taps.astype(a.dtype, copy=False)
+    keep = (slice(None), *(slice(0, o) for o in out_size[1:]))
+
+    def body(span):
+        images = max(nb.stop - nb.start for _, nb in span)
+        buf = np.zeros((images, row_len), dtype=a.dtype)
+        acc = np.empty(images * row_len, dtype=a.dtype)
+        tmp = np.empty_like(acc)
+        flat = buf.reshape(-1)
+        for c, nb in span:
+            n = nb.stop - nb.start
+            _flat_pad_into(buf, a[nb, c], grid, padding, in_size)
+            m = (n - 1) * row_len + length
+            wc, out, t = w_taps[c], acc[:m], tmp[:m]
+            np.multiply(flat[offsets[0]:offsets[0] + m], wc[0], out=out)
+            for k in range(1, len(offsets)):
+                np.multiply(flat[offsets[k]:offsets[k] + m], wc[k], out=t)
+                np.add(out, t, out=out)
+            rows = acc[:n * row_len].reshape(n, row_len)[:, :length].reshape(n, out_size[0], *grid[1:])
+            z[nb, c] = rows[(slice(None), *keep)]
+    parallel_map(body, spans)
+    return z
+
+
+def _flat_applies(p: ConvProblem, a):
+    # stride 1, and a channels-first in memory (channels-last inputs keep the einsum form, which reads them in place)
+    return all(s == 1 for s in p.stride) and a.strides[1] >= a.strides[-1]
+
+
 def depthwise_forward(p: ConvProblem, x, w, tf32=False):
+    if _flat_applies(p, x):
+        return _flat_correlate(x, w.reshape(p.C, -1), p, p.padding, p.in_size, p.out_size)
     x_cl = _channels_last_padded(x, p.padding)
     y_cl = _depthwise_correlate(x_cl, _kernel_weights(w, p), p, p.out_size, p.stride, p.dilation, x.itemsize)
     return np.moveaxis(y_cl, -1, 1)
@@ -359,6 +428,8 @@ def depthwise_backward_data(p: ConvProblem, w, dy, tf32=False):
     if _full_correlation_applies(p):
         # stride 1: dx is the correlation of dy, padded by d*(r-1) - padding, with the flipped kernel
         pad = tuple(d * (r - 1) - q for q, d, r in zip(p.padding, p.dilation, p.kernel))
+        if _flat_applies(p, dy):
+            return _flat_correlate(dy, w.reshape(p.C, -1)[:, ::-1], p, pad, p.out_size, p.in_size)
         dy_cl = _channels_last_padded(dy, pad)
         flipped = _kernel_weights(w, p)[tuple(slice(None, None, -1) for _ in range(p.nd))]
         dx_cl = _depthwise_correlate(dy_cl, np.ascontiguousarray(flipped), p, p.in_size, p.stride, p.dilation,
@@ -379,7 +450,39 @@ def depthwise_backward_data(p: ConvProblem, w, dy, tf32=False):
     return _crop_channels_first(dx_cl, p)
 
 
+def _flat_filter(p: ConvProblem, x, dy):
+    """dw[c, tap] = sum over images and grid positions of x_pad[n, c, l + offset(tap)] * dy_grid[n, c, l], where
+    dy_grid is dy on the padded grid (zeros on the padding columns): one BLAS dot per chunk and tap."""
+    grid, row_len, length, offsets, spans = _flat_plan(p, p.in_size, p.padding, p.out_size, x.itemsize, 2)
+    acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
+    n_chunks = sum(len(span) for span in spans)
+    partial = np.empty((n_chunks, len(offsets)), dtype=acc_dtype)
+    starts = np.cumsum([0] + [len(span) for span in spans])
+
+    def body(job):
+        span, first = job
+        images = max(nb.stop - nb.start for _, nb in span)
+        buf = np.zeros((images, row_len), dtype=x.dtype)
+        d_grid = np.zeros((images, row_len), dtype=x.dtype)
+        flat, d_flat = buf.reshape(-1), d_grid.reshape(-1)
+        d_view = d_grid[:, :length].reshape(images, p.out_size[0], *grid[1:])
+        for i, (c, nb) in enumerate(span):
+            n = nb.stop - nb.start
+            _flat_pad_into(buf, x[nb, c], grid, p.padding, p.in_size)
+            d_view[(slice(0, n), *(slice(0, o) for o in p.out_size))] = dy[nb, c]
+            m = (n - 1) * row_len + length
+            d = d_flat[:m]
+            for k, off in enumerate(offsets):
+                partial[first + i, k] = np.dot(flat[off:off + m], d)
+    parallel_map(body, list(zip(spans, starts[:-1])))
+    # chunk partials summed per channel in image order: the same result whatever the thread count
+    per_channel = partial.reshape(p.C, -1, len(offsets)).sum(axis=1)
+    return per_channel.astype(x.dtype, copy=False).reshape(p.C, 1, *p.kernel)
+
+
 def depthwise_backward_filter(p: ConvProblem, x, dy, tf32=False):
+    if _flat_applies(p, x) and _flat_applies(p, dy):
+        return _flat_filter(p, x, dy)
     x_cl = _channels_last_padded(x, p.padding)
     dy_cl = np.ascontiguousarray(np.moveaxis(dy, 1, -1))
     windows = _windows(x_cl, p.out_size, p.kernel, p.stride, p.dilation)    # (N, *out, *kernel, C)
@@ -410,12 +513,24 @@ def register():
     """Attach the fast forms to the GEMM and DIRECT algorithms of the three registries (called once by
     conv_algorithms.py).  The registry, the heuristic and ``find`` see the same algorithms as before; on
     NumPy arrays of a supported shape the algorithm runs its fast form, elsewhere its reference."""
-    from .conv_algorithms import BACKWARD_DATA_ALGORITHMS as BD
-    from .conv_algorithms import BACKWARD_FILTER_ALGORITHMS as BF
-    from .conv_algorithms import FORWARD_ALGORITHMS as FW
-    from .conv_algorithms import ConvolutionBwdDataAlgo as DA
-    from .conv_algorithms import ConvolutionBwdFilterAlgo as FA
-    from .conv_algorithms import ConvolutionFwdAlgo as A
+    from .conv_algorithms import (
+        BACKWARD_DATA_ALGORITHMS as BD,
+    )
+    from .conv_algorithms import (
+        BACKWARD_FILTER_ALGORITHMS as BF,
+    )
+    from .conv_algorithms import (
+        FORWARD_ALGORITHMS as FW,
+    )
+    from .conv_algorithms import (
+        ConvolutionBwdDataAlgo as DA,
+    )
+    from .conv_algorithms import (
+        ConvolutionBwdFilterAlgo as FA,
+    )
+    from .conv_algorithms import (
+        ConvolutionFwdAlgo as A,
+    )
     FW.get(A.GEMM).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense, dense_forward)
     BD.get(DA.ALGO_1).add_fast_path("one GEMM + channels-last col2im (CPU, groups 1)", _dense, dense_backward_data)
     BF.get(FA.ALGO_1).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense,

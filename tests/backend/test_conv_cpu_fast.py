@@ -34,6 +34,9 @@ DEPTHWISE = [
     ((3, 5, 9, 7), (5, 1, 3, 3), 1, 2, 1, 5),
     ((2, 4, 12, 11), (4, 1, 5, 3), (2, 0), 1, (1, 2), 4),
     ((2, 6, 15), (6, 1, 3), 1, 1, 1, 6),
+    ((3, 3, 5, 6, 4), (3, 1, 3, 2, 3), (1, 0, 2), 1, (1, 1, 2), 3),  # 3-D, mixed padding and dilation
+    ((2, 3, 7, 6), (3, 1, 3, 3), 3, 1, 1, 3),                    # padding past the kernel: per-tap backward data
+    ((5, 2, 9, 8), (2, 1, 1, 1), 0, 1, 1, 2),                    # 1x1 taps
 ]
 PAIRS = {  # direction: (fast, reference) for dense and for depthwise
     "forward": ((conv_cpu.dense_forward, gemm_forward), (conv_cpu.depthwise_forward, direct_forward)),
@@ -92,6 +95,19 @@ def test_fast_form_matches_reference(kind, cfg, direction, layout, dtype):
     assert got.shape == want.shape
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(got, want, **tol)
+
+
+@pytest.mark.parametrize("direction", list(PAIRS))
+@pytest.mark.parametrize("cfg", DEPTHWISE)
+def test_flat_depthwise_over_many_small_chunks(cfg, direction, monkeypatch):
+    """The flat stride-1 depthwise form cuts the batch into chunks per channel; with a tiny chunk budget every
+    image is a chunk of its own (and the per-thread buffers are reused across chunks of other channels)."""
+    monkeypatch.setattr(conv_cpu, "_FLAT_CHUNK_BYTES", 1)
+    rng = np.random.default_rng(11)
+    p = _problem(cfg, np.float64)
+    fast, ref = PAIRS[direction][1]
+    a, b = _operands(direction, *_inputs(p, np.float64, rng))
+    np.testing.assert_allclose(fast(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
 
 
 REGISTERED = [
