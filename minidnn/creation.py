@@ -27,6 +27,9 @@ def tensor(data, dtype=None, device=None, requires_grad=False) -> Tensor:
 
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """``data`` as a tensor without a copy where possible (torch.as_tensor): a Tensor already of the requested dtype and
+    device is returned as is (the same object, its graph kept); anything else is copied through ``tensor`` (Python data,
+    arrays, or a tensor needing another dtype/device)."""
     if isinstance(data, Tensor) and (dtype is None or data.dtype == _to_dtype(dtype)) and \
             (device is None or data.device == _dev.device(device)):
         return data
@@ -34,6 +37,7 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
 
 
 def is_tensor(obj) -> bool:
+    """True if ``obj`` is a minidnn Tensor (torch.is_tensor); arrays and Python numbers are not."""
     return isinstance(obj, Tensor)
 
 
@@ -94,18 +98,26 @@ def _factory(fill, size, dtype, device, requires_grad, default=None, op="tensor 
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False):
+    """A tensor of ``size`` (ints, or one tuple/list) filled with 0 (torch.zeros); dtype defaults to the default float
+    dtype, device to the default device. Negative sizes raise ArgumentError; a 0 in size gives an empty tensor."""
     return _factory(lambda xp, s, d: xp.zeros(s, dtype=d), size, dtype, device, requires_grad, op="zeros")
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False):
+    """A tensor of ``size`` (ints, or one tuple/list) filled with 1 (torch.ones); dtype defaults to the default float
+    dtype, device to the default device."""
     return _factory(lambda xp, s, d: xp.ones(s, dtype=d), size, dtype, device, requires_grad, op="ones")
 
 
 def empty(*size, dtype=None, device=None, requires_grad=False):
+    """An uninitialized tensor of ``size`` (torch.empty): the values are whatever the allocator left there, so write
+    every element before reading one; dtype defaults to the default float dtype."""
     return _factory(lambda xp, s, d: xp.empty(s, dtype=d), size, dtype, device, requires_grad, op="empty")
 
 
 def full(size, fill_value, dtype=None, device=None, requires_grad=False):
+    """A tensor of ``size`` (an int or a tuple) filled with ``fill_value`` (torch.full); without ``dtype`` the dtype
+    follows the value as PyTorch infers it (bool -> bool, int -> int64, float -> the default float dtype)."""
     default = _infer_python_dtype(fill_value) if not isinstance(fill_value, Tensor) else fill_value.dtype
     size = (size,) if isinstance(size, int) else tuple(size)
     return _factory(lambda xp, s, d: xp.full(s, fill_value, dtype=d), (size,), dtype, device, requires_grad,
@@ -117,21 +129,28 @@ def _like(t, dtype, device):
 
 
 def zeros_like(t, dtype=None, device=None, requires_grad=False):
+    """Zeros of ``t``'s shape, with ``t``'s dtype and device unless ``dtype``/``device`` are given (torch.zeros_like);
+    the result never shares ``t``'s graph."""
     d, dev = _like(t, dtype, device)
     return zeros(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
 
 
 def ones_like(t, dtype=None, device=None, requires_grad=False):
+    """Ones of ``t``'s shape, with ``t``'s dtype and device unless ``dtype``/``device`` are given (torch.ones_like)."""
     d, dev = _like(t, dtype, device)
     return ones(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
 
 
 def empty_like(t, dtype=None, device=None, requires_grad=False):
+    """An uninitialized tensor of ``t``'s shape, with ``t``'s dtype and device unless ``dtype``/``device`` are given
+    (torch.empty_like)."""
     d, dev = _like(t, dtype, device)
     return empty(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
 
 
 def full_like(t, fill_value, dtype=None, device=None, requires_grad=False):
+    """A tensor of ``t``'s shape filled with ``fill_value``, with ``t``'s dtype and device unless ``dtype``/``device``
+    are given (torch.full_like; the value is cast to that dtype)."""
     d, dev = _like(t, dtype, device)
     return full(t.shape, fill_value, dtype=d, device=dev, requires_grad=requires_grad)
 
@@ -190,6 +209,8 @@ def _generator(dev, generator=None):
 
 
 def default_generator(device=None):
+    """The random engine that draws on ``device`` (the default device if None): the array-level generator behind that
+    device's default minidnn.Generator."""
     return _generator(_dev.device(device))
 
 
@@ -216,10 +237,16 @@ def _random(kind, size, dtype, device, requires_grad, generator=None, **kw):
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    """Uniform samples on [0, 1) of ``size`` (torch.rand), drawn from ``generator`` or the device's default generator
+    (minidnn.manual_seed makes them reproducible). Draws are made in float64 for a float64 dtype and in float32
+    otherwise (then rounded to float16/bfloat16); NumPy and CuPy streams differ, so CPU and GPU values differ for one
+    seed."""
     return _random("rand", size, dtype, device, requires_grad, generator)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False):
+    """Standard normal samples N(0, 1) of ``size`` (torch.randn), drawn from ``generator`` or the device's default
+    generator; drawn in float64 for a float64 dtype and in float32 otherwise."""
     return _random("randn", size, dtype, device, requires_grad, generator)
 
 
@@ -233,11 +260,15 @@ def randint(low, high=None, size=None, dtype=None, device=None, generator=None):
 
 
 def rand_like(t, dtype=None, device=None, requires_grad=False):
+    """Uniform samples on [0, 1) of ``t``'s shape, with ``t``'s dtype and device unless given (torch.rand_like); uses
+    the device's default generator."""
     d, dev = _like(t, dtype, device)
     return rand(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
 
 
 def randn_like(t, dtype=None, device=None, requires_grad=False):
+    """Standard normal samples of ``t``'s shape, with ``t``'s dtype and device unless given (torch.randn_like); uses the
+    device's default generator."""
     d, dev = _like(t, dtype, device)
     return randn(*t.shape, dtype=d, device=dev, requires_grad=requires_grad)
 

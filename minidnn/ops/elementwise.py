@@ -136,7 +136,7 @@ class PowBackward(_Binary):
         return ga, gb
 
 
-def _arith(name, cls, save):
+def _arith(name, cls, save, doc=None):
     # Python operators on the arrays (x + y) work for NumPy and CuPy alike; operator.* are builtins,
     # cheaper to call than a lambda on this hot path.
     pyop = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
@@ -147,12 +147,18 @@ def _arith(name, cls, save):
             raise DTypeError(f"{name}: the first operand must be a Tensor")
         return _binary(pyop, name, cls, a, b, save)
     op.__name__ = name
+    op.__doc__ = doc
     return op
 
 
 _add = _arith("add", AddBackward, False)
-sub = _arith("sub", SubBackward, False)
-mul = _arith("mul", MulBackward, True)
+sub = _arith("sub", SubBackward, False, """a - b elementwise with broadcasting (torch.sub without ``alpha``).  ``a``
+must be a Tensor; ``b`` a Tensor or a Python/NumPy scalar (a constant, no gradient).  The result has PyTorch's
+promoted dtype (a Python float keeps a float tensor's dtype: scalars are weak); gradients are summed back to each
+operand's shape.""")
+mul = _arith("mul", MulBackward, True, """a * b elementwise with broadcasting (torch.mul).  ``a`` must be a Tensor;
+``b`` a Tensor or a scalar (a constant).  PyTorch's promoted result dtype (scalars are weak); d/da = g * b,
+d/db = g * a, summed back to each operand's shape (differentiable again).""")
 _div = _arith("truediv", DivBackward, True)
 
 
@@ -183,11 +189,18 @@ _pow = _arith("pow", PowBackward, True)
 
 
 def add(a, b, alpha=1):  # (PyTorch's signature, alpha scales b)
+    """a + alpha * b elementwise with broadcasting (torch.add's signature; alpha scales b). ``a`` must be a Tensor,
+    ``b`` a Tensor or a scalar (a constant); PyTorch's promoted result dtype (scalars are weak); gradients are summed
+    back to each operand's shape."""
     return _add(a, b if alpha == 1 else b * alpha)
 
 
 @autocast_op("pow")
 def pow(a, b):
+    """a ** b elementwise (torch.pow). A Python-number exponent takes the scalar path: its gradient p * a**(p-1) is
+    exactly 0 for p = 0 and 0.5 / sqrt(a) for p = 0.5 (PyTorch's special cases); an integer tensor to a negative integer
+    power raises ArgumentError. A tensor exponent broadcasts and gets the gradient a**b * log(a). Under autocast it runs
+    in autocast's pow policy dtype."""
     if not isinstance(b, Tensor) and not isinstance(b, (int, float)):
         b = as_operand(b, a)
     if isinstance(b, (int, float)) and not isinstance(b, bool):
@@ -287,7 +300,7 @@ class UnaryBackward(Node):
             self.out = None
 
 
-def _unary(kind):
+def _unary(kind, doc):
     fwd, _, needs = _UNARY[kind]
 
     def op(x):
@@ -308,21 +321,25 @@ def _unary(kind):
             return _attach(out, n)
         return _wrap(out)
     op.__name__ = kind
+    op.__doc__ = doc + (" Differentiable; its backward is written in Tensor ops, so it can be differentiated "
+                        "again." if kind != "relu" else "")
     return op
 
 
-neg = _unary("neg")
-exp = _unary("exp")
-log = _unary("log")
-sqrt = _unary("sqrt")
-sin = _unary("sin")
-cos = _unary("cos")
-relu = _unary("relu")         # integer relu (ops/activation.py's Function is the op; this is its array form)
-abs = _unary("abs")
-square = _unary("square")
-log1p = _unary("log1p")
-expm1 = _unary("expm1")
-reciprocal = _unary("reciprocal")
+neg = _unary("neg", "-x elementwise (torch.neg); integer tensors stay integer.")
+exp = _unary("exp", "e**x elementwise (torch.exp); overflows to inf (float32 beyond x ~ 88.7); gradient g * exp(x).")
+log = _unary("log", "Natural logarithm elementwise (torch.log): log(0) = -inf, NaN for negative x; gradient g / x.")
+sqrt = _unary("sqrt", "Square root elementwise (torch.sqrt): NaN for negative x; gradient g / (2 sqrt(x)), inf at 0.")
+sin = _unary("sin", "Sine elementwise, x in radians (torch.sin); gradient g * cos(x).")
+cos = _unary("cos", "Cosine elementwise, x in radians (torch.cos); gradient -g * sin(x).")
+relu = _unary("relu", "max(x, 0) on the array, the form used for integer tensors (integers stay integers, no gradient "
+              "is recorded for them); the differentiable op is ops/activation.py's relu, which minidnn.relu, "
+              "Tensor.relu and F.relu call.")
+abs = _unary("abs", "|x| elementwise (torch.abs); gradient g * sign(x), so 0 at x = 0 as in PyTorch.")
+square = _unary("square", "x * x elementwise (torch.square); gradient 2 g x.")
+log1p = _unary("log1p", "log(1 + x) elementwise, accurate for small |x| (torch.log1p); -inf at x = -1, NaN below.")
+expm1 = _unary("expm1", "exp(x) - 1 elementwise, accurate for small |x| (torch.expm1); gradient g * (expm1(x) + 1).")
+reciprocal = _unary("reciprocal", "1 / x elementwise (torch.reciprocal): +-inf at +-0; gradient -g / x**2.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -409,10 +426,14 @@ def _select(a, b, wins, name):
 
 
 def maximum(a, b):
+    """The elementwise maximum of a and b with broadcasting (torch.maximum; b may be a scalar); NaN propagates. The
+    gradient goes to the larger operand, split half-half on ties (PyTorch's rule)."""
     return _select(a, b, lambda x, y: x > y, "maximum")
 
 
 def minimum(a, b):
+    """The elementwise minimum of a and b with broadcasting (torch.minimum; b may be a scalar); NaN propagates. The
+    gradient goes to the smaller operand, split half-half on ties (PyTorch's rule)."""
     return _select(a, b, lambda x, y: x < y, "minimum")
 
 
@@ -483,7 +504,7 @@ clamp = clip
 # ------------------------------------------------------------------------------------------------
 # Non-differentiable ops: comparisons and rounding return tensors without history.
 # ------------------------------------------------------------------------------------------------
-def _nondiff(name, fn):
+def _nondiff(name, fn, doc):
     def op(a, b=None):
         if b is None:
             return _wrap(fn(a.data))
@@ -497,18 +518,34 @@ def _nondiff(name, fn):
         except ValueError:
             raise broadcast_error(name, a, b) from None
     op.__name__ = name
+    op.__doc__ = doc + " Not differentiable: the result carries no graph."
     return op
 
 
-eq = _nondiff("eq", lambda x, y: x == y)
-ne = _nondiff("ne", lambda x, y: x != y)
-lt = _nondiff("lt", lambda x, y: x < y)
-le = _nondiff("le", lambda x, y: x <= y)
-gt = _nondiff("gt", lambda x, y: x > y)
-ge = _nondiff("ge", lambda x, y: x >= y)
-floordiv = floor_divide = _nondiff("floordiv", lambda x, y: x // y)
-_remainder = _nondiff("remainder", lambda x, y: x % y)
-_fmod = _nondiff("fmod", lambda x, y: np.fmod(x, y))
+eq = _nondiff("eq", lambda x, y: x == y,
+              "a == b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
+              "Tensor or scalar); a bool tensor (torch.eq); NaN equals nothing.")
+ne = _nondiff("ne", lambda x, y: x != y,
+              "a != b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
+              "Tensor or scalar); a bool tensor (torch.ne); NaN differs from everything.")
+lt = _nondiff("lt", lambda x, y: x < y,
+              "a < b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
+              "Tensor or scalar); a bool tensor (torch.lt); False wherever a NaN is involved.")
+le = _nondiff("le", lambda x, y: x <= y,
+              "a <= b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
+              "Tensor or scalar); a bool tensor (torch.le); False wherever a NaN is involved.")
+gt = _nondiff("gt", lambda x, y: x > y,
+              "a > b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
+              "Tensor or scalar); a bool tensor (torch.gt); False wherever a NaN is involved.")
+ge = _nondiff("ge", lambda x, y: x >= y,
+              "a >= b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
+              "Tensor or scalar); a bool tensor (torch.ge); False wherever a NaN is involved.")
+floordiv = floor_divide = _nondiff("floordiv", lambda x, y: x // y,
+                                   "floor(a / b) elementwise with broadcasting (torch.floor_divide, Python's //), in "
+                                   "PyTorch's promoted dtype; integer division by zero follows NumPy (0, with a "
+                                   "warning) where PyTorch raises.")
+_remainder = _nondiff("remainder", lambda x, y: x % y, 'a % b, the array form behind remainder().')
+_fmod = _nondiff("fmod", lambda x, y: np.fmod(x, y), "C's fmod(a, b), the array form behind fmod().")
 
 
 class RemainderBackward(Node):
@@ -547,14 +584,19 @@ def bitwise_not(x):
     if k in "iu":
         return _wrap(~x.data)
     raise DTypeError(f"bitwise_not: only integer and bool tensors are supported, got {x.dtype}")
-sign = _nondiff("sign", lambda x: (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype))
-logical_not = _nondiff("logical_not", lambda x: ~x.astype(bool))
+sign = _nondiff("sign", lambda x: (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype),
+                "-1, 0 or +1 by the sign of x, in x's dtype (torch.sign); 0 at +-0 and at NaN, as in PyTorch.")
+logical_not = _nondiff("logical_not", lambda x: ~x.astype(bool),
+                       'Elementwise not of x taken as bool (nonzero is True), a bool tensor (torch.logical_not).')
 # NumPy ufuncs dispatch to CuPy for CuPy arrays (__array_ufunc__), so one spelling serves both.
-isfinite = _nondiff("isfinite", np.isfinite)
-isnan = _nondiff("isnan", np.isnan)
-floor = _nondiff("floor", np.floor)
-ceil = _nondiff("ceil", np.ceil)
-round = _nondiff("round", np.round)
+isfinite = _nondiff("isfinite", np.isfinite,
+                    'True where x is neither inf, -inf nor NaN (torch.isfinite); a bool tensor.')
+isnan = _nondiff("isnan", np.isnan, 'True where x is NaN (torch.isnan); a bool tensor.')
+floor = _nondiff("floor", np.floor, "The largest integer <= x elementwise, in x's dtype (torch.floor).")
+ceil = _nondiff("ceil", np.ceil, "The smallest integer >= x elementwise, in x's dtype (torch.ceil).")
+round = _nondiff("round", np.round,
+                 "x rounded to the nearest integer elementwise, halves to even as in PyTorch (round(0.5) = 0, "
+                 "round(1.5) = 2), in x's dtype (torch.round without ``decimals``).")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -580,6 +622,8 @@ def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
+    """True if every element of ``isclose(input, other, rtol, atol, equal_nan)`` holds, i.e. |input - other| <= atol +
+    rtol * |other| everywhere (torch.allclose); a Python bool."""
     return bool(isclose(input, other, rtol, atol, equal_nan).data.all())
 
 

@@ -155,6 +155,9 @@ def gather(input, dim, index, *, sparse_grad=False):
 
 
 def take_along_dim(input, indices, dim=None):
+    """Pick values of ``input`` at ``indices`` along ``dim`` (torch.take_along_dim): input and indices have the same
+    rank and broadcast against each other off ``dim``; with ``dim=None`` both are flattened. Differentiable in ``input``
+    (the gradient is scattered back, adding repeated indices)."""
     if dim is None:
         return gather(input.reshape(-1), 0, indices.reshape(-1))
     d = canonical_dim("take_along_dim", dim, input.ndim)

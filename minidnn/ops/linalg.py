@@ -42,6 +42,10 @@ class MatmulBackward(Node):
 
 @autocast_op("matmul")
 def matmul(a, b):
+    """Matrix product with PyTorch's rules (torch.matmul, the @ operator): 1-D x 1-D is the dot product, a 1-D operand
+    is treated as a row (first) or column (second) vector and that dim dropped, batch dims broadcast. Mismatched inner
+    dims raise ArgumentError naming both shapes. On a GPU batched products go through cuBLAS on the current stream; a
+    bfloat16 product is rounded once to bfloat16. Under autocast it runs in the autocast dtype."""
     if not isinstance(b, Tensor):
         b = to_tensor(b, a)
     check_pair("matmul", a, b)
@@ -71,12 +75,16 @@ def matmul(a, b):
 
 
 def dot(a, b):
+    """The inner product of two 1-D tensors of one length (torch.dot), a 0-d tensor; other ranks raise ArgumentError
+    (use matmul)."""
     if a.ndim != 1 or b.ndim != 1:
         raise ArgumentError(f"dot: expected 1-D tensors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     return matmul(a, b)
 
 
 def outer(a, b):
+    """The outer product of two vectors (torch.outer): out[i, j] = a[i] * b[j]; inputs of any shape are flattened
+    first."""
     return a.reshape(-1, 1) * b.reshape(1, -1)
 
 

@@ -69,6 +69,10 @@ class SumBackward(Node):
 
 @autocast_op("sum")
 def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
+    """The sum over ``dim``/``axis`` (an int, a tuple, or None for all elements), keeping reduced dims as size 1 with
+    ``keepdim``/``keepdims`` (torch.sum; both NumPy and PyTorch spellings accepted, not both at once). Integer and bool
+    inputs sum to int64 as in PyTorch; ``dtype`` sets the accumulation/result dtype. The gradient broadcasts g back over
+    the reduced dims."""
     axes = _axes(x, axis, dim, "sum")
     kd = _keep(keepdims, keepdim)
     out = x.data.sum(axis=axes, keepdims=kd, dtype=dtype)
@@ -80,6 +84,9 @@ def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
 
 
 def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """The arithmetic mean over ``dim``/``axis`` (None: all elements), with ``keepdim``/``keepdims`` (torch.mean).
+    Floating (or complex) inputs only: integer tensors raise DTypeError (call .float() first); an empty reduction gives
+    NaN."""
     axes = _axes(x, axis, dim, "mean")
     if not _is_floating(x.dtype, complex_ok=True):
         raise DTypeError(f"mean: input dtype should be floating point, got {x.dtype} (use .float() first)")
@@ -210,6 +217,10 @@ def max(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
 
 
 def min(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """``min(x)``: the smallest element; ``min(x, dim, keepdim=False)``: the named tuple (values, indices) of the
+    minimum along ``dim``, as torch.min; a tuple of dims returns values only; ``min(x, other)`` with a Tensor is the
+    elementwise minimum. Reducing an empty dim raises DimensionError. The values' gradient is split evenly among tied
+    minima when all dims are reduced (amin's rule) and goes to the returned index with ``dim``."""
     if isinstance(axis, Tensor):
         from .elementwise import minimum
         return minimum(x, axis)
@@ -222,6 +233,8 @@ def amax(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
 
 
 def amin(x, dim=None, keepdim=False, *, axis=None, keepdims=None):
+    """The smallest values over ``dim`` (an int or a tuple; all dims by default), values only (torch.amin), with
+    ``keepdim``; the gradient is split evenly among tied minima. Reducing an empty dim raises DimensionError."""
     return _extremum(x, dim if axis is None else axis, bool(keepdim) or bool(keepdims), None, None, "amin")
 
 
@@ -270,6 +283,9 @@ class ProdBackward(Node):
 
 @autocast_op("prod")
 def prod(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """The product over ``dim``/``axis`` (None: all elements), with ``keepdim``/``keepdims`` (torch.prod). The gradient
+    is prod / x without zeros and, when the input has zeros, the exact product of the other elements (exclusive
+    cumulative products), so a single zero still gets its gradient."""
     axes = _axes(x, axis, dim, "prod")
     kd = _keep(keepdims, keepdim)
     out = x.data.prod(axis=axes, keepdims=kd)
@@ -293,20 +309,30 @@ def _arg(x, axis, keepdims, dim, keepdim, fn):
 
 
 def argmax(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """The int64 index of the largest value along ``dim``/``axis`` (torch.argmax); None gives the index into the
+    flattened tensor (shape (1,) * ndim with ``keepdim``). Ties give the first index; NaN counts as the maximum. Not
+    differentiable."""
     return _arg(x, axis, keepdims, dim, keepdim, lambda a, axis, keepdims=False: a.argmax(axis=axis, keepdims=keepdims)
                 if keepdims else a.argmax(axis=axis))
 
 
 def argmin(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """The int64 index of the smallest value along ``dim``/``axis`` (torch.argmin); None gives the index into the
+    flattened tensor (shape (1,) * ndim with ``keepdim``). Ties give the first index; NaN counts as the minimum. Not
+    differentiable."""
     return _arg(x, axis, keepdims, dim, keepdim, lambda a, axis, keepdims=False: a.argmin(axis=axis, keepdims=keepdims)
                 if keepdims else a.argmin(axis=axis))
 
 
 def all(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """True where every element over ``dim``/``axis`` is nonzero (torch.all; None reduces everything to a 0-d bool
+    tensor); ``keepdim``/``keepdims`` keeps the reduced dims. An empty reduction is True."""
     return _wrap(x.data.all(axis=_axes(x, axis, dim, "all"), keepdims=_keep(keepdims, keepdim)))
 
 
 def any(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
+    """True where some element over ``dim``/``axis`` is nonzero (torch.any; None reduces everything to a 0-d bool
+    tensor); ``keepdim``/``keepdims`` keeps the reduced dims. An empty reduction is False."""
     return _wrap(x.data.any(axis=_axes(x, axis, dim, "any"), keepdims=_keep(keepdims, keepdim)))
 
 

@@ -31,6 +31,8 @@ def _shape_args(shape):
 
 
 def reshape(x, *shape):
+    """The same elements in a new shape (torch.reshape): ints or one tuple, one -1 inferred; a view where the layout
+    allows, else a copy. An impossible shape raises ArgumentError naming both shapes."""
     shape = _shape_args(shape)
     try:
         out = x.data.reshape(shape)
@@ -45,6 +47,8 @@ def reshape(x, *shape):
 
 
 def flatten(x, start_dim=0, end_dim=-1):
+    """Merge dims ``start_dim``..``end_dim`` (inclusive, negative dims allowed) into one (torch.flatten); a 0-d tensor
+    becomes shape (1,). A reshape, so a view where the layout allows."""
     nd = x.ndim
     s, e = canonical_dim("flatten", start_dim, nd), canonical_dim("flatten", end_dim, nd)
     if nd == 0:
@@ -66,6 +70,8 @@ class PermuteBackward(Node):
 
 
 def permute(x, *axes):
+    """Reorder the dims (torch.permute): ``permute(x, 2, 0, 1)`` or with one tuple; the order must name every dim once.
+    A strided view of the same memory; the gradient is permuted back."""
     axes = _shape_args(axes)
     nd = x.ndim
     if len(axes) != nd:
@@ -93,6 +99,8 @@ def transpose(x, *axes):
 
 
 def swapaxes(x, axis1, axis2):
+    """Exchange dims ``axis1`` and ``axis2`` (torch.swapaxes / transpose(x, d0, d1)): a strided view; a 0-d tensor is
+    returned unchanged."""
     nd = x.ndim
     a, b = canonical_dim("transpose", axis1, nd), canonical_dim("transpose", axis2, nd)
     if nd == 0:
@@ -120,6 +128,8 @@ movedim = moveaxis
 
 
 def squeeze(x, axis=None, *, dim=None):
+    """Remove size-1 dims (torch.squeeze): all of them, or only ``dim`` (an int or a tuple); a named dim whose size is
+    not 1 is left in place, as in PyTorch."""
     if dim is not None:
         axis = dim
     shp = x.shape
@@ -132,6 +142,7 @@ def squeeze(x, axis=None, *, dim=None):
 
 
 def unsqueeze(x, dim):
+    """Insert a size-1 dim at ``dim`` (torch.unsqueeze; -1 appends, valid range [-ndim-1, ndim]). A view."""
     d = canonical_dim("unsqueeze", dim, x.ndim, extra=1)
     shp = x.shape
     return reshape(x, shp[:d] + (1,) + shp[d:])
@@ -162,6 +173,9 @@ def _device_check(op, tensors):
 
 
 def cat(tensors, axis=0, *, dim=None):
+    """Concatenate tensors along ``dim`` (torch.cat; ``axis`` is NumPy's spelling): all tensors on one device with equal
+    shapes except along ``dim``; an empty list and 0-d tensors raise ArgumentError. The gradient is sliced back to each
+    input."""
     if dim is not None:
         axis = dim
     tensors = list(tensors)
@@ -193,6 +207,8 @@ concatenate = cat
 
 
 def stack(tensors, axis=0, *, dim=None):
+    """Join equally shaped tensors along a new dim ``dim`` (torch.stack; ``dim`` may be ndim, appending it); different
+    shapes raise ArgumentError naming them."""
     if dim is not None:
         axis = dim
     tensors = list(tensors)
@@ -235,6 +251,9 @@ def split(x, split_size_or_sections, axis=0, *, dim=None):
 
 
 def chunk(x, chunks, axis=0, *, dim=None):
+    """Split ``x`` into ``chunks`` pieces along ``dim`` (torch.chunk): each of size ceil(n / chunks), the last smaller,
+    so fewer than ``chunks`` pieces may come back; an empty dim gives ``chunks`` empty pieces. The pieces are
+    differentiable slices."""
     if dim is not None:
         axis = dim
     if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks <= 0:
@@ -249,6 +268,8 @@ def chunk(x, chunks, axis=0, *, dim=None):
 
 
 def unbind(x, axis=0, *, dim=None):
+    """The slices of ``x`` along ``dim`` as a tuple of tensors with that dim removed (torch.unbind); each is
+    differentiable. A 0-d tensor raises ArgumentError."""
     if dim is not None:
         axis = dim
     axis = canonical_dim("unbind", axis, x.ndim)
@@ -313,6 +334,8 @@ tile = repeat
 
 
 def flip(x, dims):
+    """Reverse the order of elements along ``dims`` (an int or a tuple; torch.flip); a 0-d tensor comes back
+    unchanged (as x[...]). Differentiable (the gradient is flipped back)."""
     dims = canonical_dims("flip", (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims), x.ndim)
     if x.ndim == 0:
         return x[...]

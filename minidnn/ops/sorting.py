@@ -98,6 +98,8 @@ def sort(input, dim=-1, descending=False, stable=False):
 
 
 def argsort(input, dim=-1, descending=False, stable=False):
+    """The int64 indices that sort ``input`` along ``dim`` (torch.argsort), ascending unless ``descending``;
+    ``stable=True`` keeps equal elements in their original order. The ``indices`` of sort()."""
     return sort(input, dim, descending, stable).indices
 
 
