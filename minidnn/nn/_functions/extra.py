@@ -68,7 +68,8 @@ class _ClampKeepGrad(Function):
 
 
 class _ScaleGrad(Function):
-    """Identity forward; backward multiplies the gradient by a fixed array (linear, so its own derivative)."""
+    """Identity forward; backward multiplies the gradient by a fixed array (a Tensor product, so the gradient can
+    be differentiated again)."""
 
     @staticmethod
     def forward(ctx, x, scale):
@@ -77,7 +78,7 @@ class _ScaleGrad(Function):
 
     @staticmethod
     def backward(ctx, g):
-        return _ScaleGrad.apply(g, ctx.scale), None
+        return g * Tensor._from_array(ctx.scale), None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -98,10 +99,9 @@ def prelu(input, weight):
                             f"{weight.numel()} and channel size = {channels} (input {tuple(input.shape)})")
     if weight.dtype != input.dtype:
         raise DTypeError(f"prelu: weight has dtype {weight.dtype} but input has dtype {input.dtype}; they must match")
-    w = weight.reshape(())
     if weight.numel() != 1:
         w = weight.reshape((channels,) + (1,) * (input.ndim - 2))
-    elif input.ndim:
+    else:
         w = weight.reshape((1,) * input.ndim)
     return where(input > 0, input, w * input)
 
@@ -113,10 +113,10 @@ def mish(input, inplace=False):
 
 
 def hardswish(input, inplace=False):
-    """x * relu6(x + 3) / 6 (``F.hardswish``); its gradient is PyTorch's: 0 below -3, x / 3 + 1/2 on [-3, 3],
-    1 above."""
+    """x * relu6(x + 3) / 6 (``F.hardswish``); its gradient is PyTorch's: 0 up to -3, x / 3 + 1/2 strictly
+    between, 1 from 3 on."""
     check_tensor("hardswish", "input", input)
-    low, high = input < -3.0, input > 3.0
+    low, high = input <= -3.0, input >= 3.0
     mid = where(low | high, 0.0, input)
     return where(low, 0.0, where(high, input, mid * (mid + 3.0) / 6.0))
 
