@@ -3,10 +3,26 @@
 cuda cases carry the ``cuda`` mark and skip cleanly where CuPy or a GPU is missing, so
 ``pytest -m cuda`` on the device machine runs exactly the GPU half of every table.
 """
+import atexit
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
-from minidnn.backend import devices as _dev
+# The suite never touches the user's cache directory.  Benchmark mode's on-disk autotune cache is off by default
+# under pytest (MINIDNN_AUTOTUNE_CACHE=0): tests that count find calls or cache misses after
+# clear_convolution_algorithm_cache() would otherwise see winners an earlier test stored, so results would depend on
+# test order.  And in case a test (or a subprocess it starts: examples, notebooks) turns it on without choosing a
+# directory, MINIDNN_CACHE_DIR points at a throwaway folder.  Set here, at import, so it holds before any test and
+# is inherited by subprocesses; tests of the cache itself (tests/backend/test_autotune.py) switch it on with
+# monkeypatch and their own tmp_path.
+os.environ["MINIDNN_AUTOTUNE_CACHE"] = "0"
+os.environ["MINIDNN_CACHE_DIR"] = tempfile.mkdtemp(prefix="minidnn-test-cache-")
+atexit.register(shutil.rmtree, os.environ["MINIDNN_CACHE_DIR"], True)
+
+from minidnn.backend import devices as _dev  # noqa: E402  (after the environment above)
 
 
 def _cuda_ok():

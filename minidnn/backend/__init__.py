@@ -5,6 +5,7 @@ Tensor involved.  cuDNN's names (snake_case, no prefix), its x/y/w/b/dx/dy/dw/db
 first, alpha/beta blending.  See docs/backend.md.
 """
 from .activation import *  # noqa: F401,F403
+from .autotune import *  # noqa: F401,F403
 from .convolution import *  # noqa: F401,F403
 from .devices import *  # noqa: F401,F403
 from .dropout import *  # noqa: F401,F403

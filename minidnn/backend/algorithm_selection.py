@@ -130,6 +130,9 @@ class AlgorithmRegistry:
         # The heuristic's ranking costs far more than a small convolution (hundreds of µs of Python):
         # remember its choice per key too.  Not exposed as the benchmark cache: it holds no timings.
         self._heuristic_choice = {}
+        # Told about every benchmark-cache miss (autotune.py: the on-disk cache and the report); None: nobody.
+        # Never consulted on a hit or outside benchmark mode, so the hot path does not pay for it.
+        self.observer = None
 
     def register(self, algorithm):
         if algorithm.algo in self._algorithms:
@@ -214,14 +217,26 @@ class AlgorithmRegistry:
             failed.append(self._perf(algorithm, handle, math_type, ws, reason))
         return sorted(timed, key=lambda perf: perf.time) + failed
 
+    def _benchmark(self, prob, handle, math_type, key, run):
+        """A benchmark-cache miss: the observer's stored winner (an earlier run's find), else find now, whose
+        measurements the observer is told; a successful winner is cached in memory."""
+        observer = self.observer
+        perf = None if observer is None else observer.lookup(self, key, prob, handle, math_type)
+        if perf is None:
+            results = self.find(prob, handle, math_type, run)
+            perf = results[0]
+            if observer is not None:
+                observer.measured(self, key, prob, handle, math_type, results)
+        if perf.status is Status.SUCCESS:
+            self.cache.put(key, perf)
+        return perf
+
     def choose(self, prob, handle, math_type, key, run):
         """The algorithm for algo=None: the cached find winner with handle.benchmark, else the heuristic's."""
         if handle.benchmark:
             perf = self.cache.get(key)
             if perf is None:
-                perf = self.find(prob, handle, math_type, run)[0]
-                if perf.status is Status.SUCCESS:
-                    self.cache.put(key, perf)
+                perf = self._benchmark(prob, handle, math_type, key, run)
         else:
             perf = self._heuristic_choice.get(key)
             if perf is None:

@@ -17,6 +17,7 @@ import dataclasses
 
 import numpy as np
 
+from . import autotune as _autotune
 from ._common import accumulation_dtype, begin, blend, check_float, check_out
 from .algorithm_selection import AlgoPerf, ConvolutionPreference, Determinism
 from .conv_algorithms import (
@@ -404,11 +405,14 @@ def get_convolution_algorithm_cache() -> dict:
     return entries
 
 
-def clear_convolution_algorithm_cache() -> None:
-    """Forget every benchmark choice and heuristic choice (and reset the hit/miss counters)."""
+def clear_convolution_algorithm_cache(persistent: bool = False) -> None:
+    """Forget every benchmark choice and heuristic choice (and reset the hit/miss counters) and the autotune
+    report.  The on-disk autotune cache is read again at the next benchmark miss, as a new process would;
+    ``persistent=True`` deletes its files too (autotune.clear_autotune_cache_files), so everything is timed again."""
     for registry in _REGISTRIES:
         registry.cache.clear()
         registry._heuristic_choice.clear()
+    _autotune.forget(persistent)
 
 
 def convolution_algorithm_cache_info() -> dict:
