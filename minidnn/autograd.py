@@ -50,6 +50,8 @@ _state = _State()
 
 
 def is_grad_enabled() -> bool:
+    """True unless gradient recording is off in this thread (torch.is_grad_enabled): no_grad, inference_mode and
+    set_grad_enabled(False) turn it off."""
     return _state.grad_enabled
 
 

@@ -189,6 +189,7 @@ def seed() -> int:
 
 
 def initial_seed() -> int:
+    """The seed the cpu default generator started from (torch.initial_seed): the last manual_seed or seed() value."""
     return default_generator().initial_seed()
 
 
@@ -198,6 +199,8 @@ def get_rng_state():
 
 
 def set_rng_state(new_state) -> None:
+    """Restore the cpu default generator to a state from ``get_rng_state`` (a uint8 tensor; torch.set_rng_state), so the
+    following draws repeat; a state of another device type raises."""
     default_generator().set_state(new_state)
 
 

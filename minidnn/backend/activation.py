@@ -23,6 +23,8 @@ __all__ = ["ActivationMode", "ActivationDescriptor", "activation_forward", "acti
 
 
 class ActivationMode(enum.Enum):
+    """cudnnActivationMode_t: which elementwise function activation_forward/backward compute; ``coef`` is each mode's
+    parameter as noted beside it (ceiling, alpha, slope, beta or bound)."""
     RELU = "relu"                  # max(x, 0)
     SIGMOID = "sigmoid"            # 1 / (1 + exp(-x))
     TANH = "tanh"

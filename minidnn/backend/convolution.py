@@ -384,6 +384,9 @@ def get_convolution_forward_workspace_size(handle, x_shape, w_shape, conv_desc, 
 
 def get_convolution_backward_data_workspace_size(handle, w_shape, dy_shape, conv_desc, x_shape, algo,
                                                  dtype=np.float32, format=None):
+    """Bytes of scratch memory backward-data ``algo`` needs beyond w, dy and dx for this problem
+    (cudnnGetConvolutionBackwardDataWorkspaceSize; shapes as given to convolution_backward_data, ``format`` NCHW or
+    NHWC); NotSupportedError if the algorithm cannot run it."""
     where = "get_convolution_backward_data_workspace_size"
     p = _backward_data_problem(where, w_shape, dy_shape, conv_desc, x_shape, dtype, _format(format))
     return _workspace(BACKWARD_DATA_ALGORITHMS, where, p, algo)
@@ -391,6 +394,9 @@ def get_convolution_backward_data_workspace_size(handle, w_shape, dy_shape, conv
 
 def get_convolution_backward_filter_workspace_size(handle, x_shape, dy_shape, conv_desc, w_shape, algo,
                                                    dtype=np.float32, format=None):
+    """Bytes of scratch memory backward-filter ``algo`` needs beyond x, dy and dw for this problem
+    (cudnnGetConvolutionBackwardFilterWorkspaceSize; shapes as given to convolution_backward_filter, ``format`` NCHW or
+    NHWC); NotSupportedError if the algorithm cannot run it."""
     where = "get_convolution_backward_filter_workspace_size"
     p = _backward_filter_problem(where, x_shape, dy_shape, conv_desc, w_shape, dtype, _format(format))
     return _workspace(BACKWARD_FILTER_ALGORITHMS, where, p, algo)

@@ -69,6 +69,7 @@ def cuda_device_count() -> int:
 
 
 def cuda_is_available() -> bool:
+    """True if CuPy is importable and sees at least one CUDA device (torch.cuda.is_available)."""
     return cuda_device_count() > 0
 
 
@@ -170,11 +171,14 @@ def default_device() -> Device:
 
 
 def set_default_device(spec) -> None:
+    """Make ``spec`` ('cpu', 'cuda', 'cuda:1', a Device) the device that factories and the backend use when none is
+    given (torch.set_default_device); an unknown or unavailable device raises."""
     global _default
     _default = device(spec)
 
 
 def is_cuda_array(x) -> bool:
+    """True if ``x`` is a CuPy ndarray (False for NumPy arrays, and always False without CuPy)."""
     return _cupy is not None and isinstance(x, _cupy.ndarray)
 
 
@@ -186,12 +190,15 @@ def array_module(x):
 
 
 def device_of(x) -> Device:
+    """The Device an array lives on: cpu for a NumPy array (or anything that is not a CuPy array), cuda:i for a CuPy
+    array on GPU i."""
     if type(x) is np.ndarray or _cupy is None or not isinstance(x, _cupy.ndarray):
         return CPU
     return device(int(x.device.id))
 
 
 def xp_for(dev) -> object:
+    """The array module of ``dev`` (a Device or spec): numpy for the cpu, cupy for a cuda device."""
     return device(dev).xp
 
 

@@ -12,6 +12,7 @@ __all__ = ["Status", "ArgumentError", "DTypeError", "DimensionError", "BackendEr
 
 
 class Status(enum.Enum):
+    """cudnnStatus_t: the status code a backend error carries (SUCCESS, BAD_PARAM, NOT_SUPPORTED)."""
     SUCCESS = 0
     BAD_PARAM = 3
     NOT_SUPPORTED = 9
@@ -32,6 +33,8 @@ class DimensionError(IndexError, ArgumentError):
 
 
 class BackendError(RuntimeError):
+    """The base of the backend's errors (cuDNN's non-success statuses); ``status`` holds the Status of the concrete
+    subclass."""
     status = None
 
 

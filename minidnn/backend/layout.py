@@ -24,6 +24,8 @@ __all__ = ["TensorFormat", "memory_format", "resolve_format", "to_channels_first
 
 
 class TensorFormat(enum.Enum):
+    """cudnnTensorFormat_t: where the channel dim lives. NCHW is channels first and NHWC channels last, for every rank
+    >= 3 (NCW/NWC and the 5-D NCDHW/NDHWC follow the same rule, so NCDHW and NDHWC are aliases)."""
     NCHW = "NCHW"      # channels first, any rank >= 3 (NCW, NCHW, NCDHW)
     NHWC = "NHWC"      # channels last, any rank >= 3 (NWC, NHWC, NDHWC)
     # cuDNN spells the 5-D formats separately; they are aliases of the same rule here.

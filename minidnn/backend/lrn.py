@@ -39,10 +39,13 @@ __all__ = ["LRNDescriptor", "LRNMode", "DivNormMode", "lrn_cross_channel_forward
 
 
 class LRNMode(enum.Enum):
+    """cudnnLRNMode_t: local response normalization across channels (the window runs along dim 1), cuDNN's only mode."""
     CROSS_CHANNEL_DIM1 = "cross_channel_dim1"   # the only mode cuDNN has: the window runs along dim 1 (C)
 
 
 class DivNormMode(enum.Enum):
+    """cudnnDivNormMode_t: divisive normalization with precomputed means (cuDNN's only mode); passing means=None
+    computes them here."""
     PRECOMPUTED_MEANS = "precomputed_means"     # cuDNN's only mode; means=None computes them here
 
 

@@ -33,6 +33,8 @@ __all__ = ["BatchNormMode", "batch_normalization_forward_training", "batch_norma
 
 
 class BatchNormMode(enum.Enum):
+    """cudnnBatchNormMode_t: SPATIAL keeps one mean and variance per channel, reduced over N and the spatial dims
+    (BatchNorm1d/2d/3d); PER_ACTIVATION one per (C, *S) element, reduced over N only (after a fully connected layer)."""
     SPATIAL = "spatial"                 # one statistic per channel (BatchNorm1d/2d/3d)
     PER_ACTIVATION = "per_activation"   # one statistic per (C, *S) element (fully connected layers)
 

@@ -59,6 +59,10 @@ FAST_PATHS = []
 
 
 class PoolingMode(enum.Enum):
+    """cudnnPoolingMode_t: MAX (padding counts as -inf; the gradient goes to each window's first maximum),
+    MAX_DETERMINISTIC (the same, with a fixed accumulation order required of GPU kernels; bit-identical in this
+    reference), and averages whose divisor counts the zero padding (AVERAGE_COUNT_INCLUDE_PADDING) or only real elements
+    (AVERAGE_COUNT_EXCLUDE_PADDING)."""
     MAX = "max"
     MAX_DETERMINISTIC = "max_deterministic"
     AVERAGE_COUNT_INCLUDE_PADDING = "average_count_include_padding"

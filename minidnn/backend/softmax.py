@@ -25,12 +25,16 @@ __all__ = ["SoftmaxAlgorithm", "SoftmaxMode", "softmax_forward", "softmax_backwa
 
 
 class SoftmaxAlgorithm(enum.Enum):
+    """cudnnSoftmaxAlgorithm_t: FAST computes exp(x) / sum(exp(x)) as written (overflows for large x), ACCURATE
+    subtracts the max first (same result, never overflows), LOG returns log-softmax."""
     FAST = "fast"
     ACCURATE = "accurate"
     LOG = "log"
 
 
 class SoftmaxMode(enum.Enum):
+    """cudnnSoftmaxMode_t: INSTANCE normalizes over every dim but N (one distribution per sample), CHANNEL over C alone
+    (one distribution per sample and spatial position)."""
     INSTANCE = "instance"
     CHANNEL = "channel"
 

@@ -22,6 +22,8 @@ __all__ = ["OpTensorOp", "ReduceTensorOp", "add_tensor", "op_tensor", "scale_ten
 
 
 class OpTensorOp(enum.Enum):
+    """cudnnOpTensorOp_t: the elementwise op of op_tensor, c = op(alpha1 * a, alpha2 * b) blended with beta * c; SQRT
+    and NOT are unary (b ignored)."""
     ADD = "add"      # c = alpha1*a + alpha2*b
     MUL = "mul"      # c = (alpha1*a) * (alpha2*b)
     MIN = "min"
@@ -31,6 +33,8 @@ class OpTensorOp(enum.Enum):
 
 
 class ReduceTensorOp(enum.Enum):
+    """cudnnReduceTensorOp_t: the reduction of reduce_tensor over the dims where the output has size 1 (sum, product,
+    min, max, max |x|, mean, the 1- and 2-norms, product of the nonzero entries)."""
     ADD = "add"
     MUL = "mul"
     MIN = "min"

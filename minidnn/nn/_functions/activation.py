@@ -38,36 +38,52 @@ def _activation(op, x, mode, coef=None):
 
 # ``inplace`` is accepted for PyTorch compatibility; the result is always a new tensor.
 def relu(input, inplace=False):
+    """max(x, 0) elementwise (F.relu), the same op as minidnn.relu and Tensor.relu; the gradient is 1 where x > 0, 0
+    elsewhere (NaN passes through). ``inplace`` is accepted for compatibility; the result is always a new tensor."""
     return _ops_relu(input)
 
 
 def relu6(input, inplace=False):
+    """min(max(x, 0), 6) elementwise (F.relu6; the primitive's RELU6 mode). ``inplace`` is accepted; the result is a new
+    tensor."""
     return _activation("relu6", input, _Mode.RELU6)
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):
+    """x where x > 0, else negative_slope * x (F.leaky_relu; the primitive's LEAKY_RELU mode). ``inplace`` is accepted;
+    the result is a new tensor."""
     return _activation("leaky_relu", input, _Mode.LEAKY_RELU, negative_slope)
 
 
 def elu(input, alpha=1.0, inplace=False):
+    """x where x > 0, else alpha * (exp(x) - 1) (F.elu; the primitive's ELU mode). ``inplace`` is accepted; the result
+    is a new tensor."""
     return _activation("elu", input, _Mode.ELU, alpha)
 
 
 def gelu(input, approximate="none"):
+    """x * Phi(x) with Phi the standard normal CDF (F.gelu): the exact erf form, or with ``approximate='tanh'`` 0.5 x (1
+    + tanh(sqrt(2/pi) (x + 0.044715 x^3))); any other value raises ArgumentError."""
     if approximate not in ("none", "tanh"):
         raise ArgumentError(f"gelu: approximate={approximate!r} must be 'none' or 'tanh'")
     return _activation("gelu", input, _Mode.GELU if approximate == "none" else _Mode.GELU_TANH)
 
 
 def silu(input, inplace=False):
+    """x * sigmoid(x), also called swish (F.silu; the primitive's SWISH mode with beta 1). ``inplace`` is accepted; the
+    result is a new tensor."""
     return _activation("silu", input, _Mode.SWISH, 1.0)
 
 
 def sigmoid(input):
+    """1 / (1 + exp(-x)) elementwise (F.sigmoid), the same op as minidnn.sigmoid and Tensor.sigmoid; gradient g * y * (1
+    - y)."""
     return _ops_sigmoid(input)
 
 
 def tanh(input):
+    """The hyperbolic tangent elementwise (F.tanh), the same op as minidnn.tanh and Tensor.tanh; gradient g * (1 -
+    y^2)."""
     return _ops_tanh(input)
 
 
@@ -166,12 +182,21 @@ def _channel_dropout(op, x, p, training, nd):
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):
+    """Zero whole channels of a (N, C, L) or (C, L) input with probability ``p`` and scale the kept ones by 1/(1-p)
+    (torch.nn.functional.dropout1d): one mask value per (sample, channel), shared by the length. Identity when not
+    ``training`` or p = 0; ``inplace`` is accepted for compatibility, the result is a new tensor."""
     return _channel_dropout("dropout1d", input, p, training, 1)
 
 
 def dropout2d(input, p=0.5, training=True, inplace=False):
+    """Zero whole channels of a (N, C, H, W) or (C, H, W) input with probability ``p`` and scale the kept ones by
+    1/(1-p) (torch.nn.functional.dropout2d): one mask value per (sample, channel), shared by the spatial positions.
+    Identity when not ``training`` or p = 0; ``inplace`` is accepted for compatibility, the result is a new tensor."""
     return _channel_dropout("dropout2d", input, p, training, 2)
 
 
 def dropout3d(input, p=0.5, training=True, inplace=False):
+    """Zero whole channels of a (N, C, D, H, W) or (C, D, H, W) input with probability ``p`` and scale the kept ones by
+    1/(1-p) (torch.nn.functional.dropout3d): one mask value per (sample, channel), shared by the spatial positions.
+    Identity when not ``training`` or p = 0; ``inplace`` is accepted for compatibility, the result is a new tensor."""
     return _channel_dropout("dropout3d", input, p, training, 3)

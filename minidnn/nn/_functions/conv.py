@@ -222,6 +222,10 @@ def _conv_transpose(op, nd, x, weight, bias, stride, padding, output_padding, gr
 
 @autocast_op("conv1d")
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """1-D cross-correlation (F.conv1d): input (N, C_in, L), weight (C_out, C_in/groups, k) -> (N, C_out, L_out);
+    ``bias`` (C_out,). ``stride``, ``padding``, ``dilation`` are ints or 1-tuples, ``padding`` may also be 'valid' or
+    'same' (stride 1 only); ``groups`` splits the channels (C_in and C_out divisible by it). An unbatched input (without
+    N) is accepted; mismatched channels raise ArgumentError naming the shapes."""
     return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
 
 
@@ -234,11 +238,19 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 @autocast_op("conv3d")
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """3-D cross-correlation (F.conv3d): input (N, C_in, D, H, W), weight (C_out, C_in/groups, kD, kH, kW) -> (N, C_out,
+    D_out, H_out, W_out); ``bias`` (C_out,). ``stride``, ``padding``, ``dilation`` are ints or 3-tuples, ``padding`` may
+    also be 'valid' or 'same' (stride 1 only); ``groups`` splits the channels (C_in and C_out divisible by it). An
+    unbatched input (without N) is accepted; mismatched channels raise ArgumentError naming the shapes."""
     return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
 
 
 @autocast_op("conv_transpose1d")
 def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """The adjoint of conv1d, its gradient with respect to the input (F.conv_transpose1d): input (N, C_in, L), weight
+    (C_in, C_out/groups, k) -> (N, C_out, L_out) with each output size (in - 1) * stride - 2 * padding + dilation * (k -
+    1) + output_padding + 1; ``output_padding`` (< stride or dilation) picks among the sizes that stride makes
+    ambiguous."""
     return _conv_transpose("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
                            dilation)
 
@@ -253,5 +265,9 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
 
 @autocast_op("conv_transpose3d")
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """The adjoint of conv3d, its gradient with respect to the input (F.conv_transpose3d): input (N, C_in, D, H, W),
+    weight (C_in, C_out/groups, kD, kH, kW) -> (N, C_out, D_out, H_out, W_out) with each output size (in - 1) * stride -
+    2 * padding + dilation * (k - 1) + output_padding + 1; ``output_padding`` (< stride or dilation) picks among the
+    sizes that stride makes ambiguous."""
     return _conv_transpose("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
                            dilation)

@@ -314,6 +314,10 @@ def _weighted_reduce(op, loss, weight, reduction):
 
 @autocast_op("mse_loss")
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """The squared error (input - target)^2 elementwise, averaged (``reduction='mean'``), summed ('sum') or kept
+    ('none') (F.mse_loss); a target of another shape broadcasts, with PyTorch's warning. ``weight`` (input's shape,
+    PyTorch 2.13's elementwise weight) makes the mean a weighted mean, divided by sum(weight). The legacy
+    ``size_average``/``reduce`` flags map to ``reduction`` as in PyTorch."""
     reduction = _reduction("mse_loss", size_average, reduce, reduction)
     _pair("mse_loss", input, target, strict=False)
     d = input - target
@@ -322,6 +326,9 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
 
 @autocast_op("l1_loss")
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    """The absolute error |input - target| elementwise, averaged (``reduction='mean'``), summed ('sum') or kept ('none')
+    (F.l1_loss); a target of another shape broadcasts, with PyTorch's warning; the gradient at input == target is 0.
+    ``weight`` (input's shape) makes the mean a weighted mean divided by sum(weight)."""
     reduction = _reduction("l1_loss", size_average, reduce, reduction)
     _pair("l1_loss", input, target, strict=False)
     return _weighted_reduce("l1_loss", (input - target).abs(), weight, reduction)

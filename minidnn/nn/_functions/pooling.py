@@ -158,6 +158,10 @@ def _avg_pool(op, nd, x, kernel_size, stride, padding, ceil_mode, count_include_
 
 
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max over ``kernel_size`` windows of a (N, C, L) or (C, L) input (F.max_pool1d): ``stride`` defaults to
+    kernel_size, ``padding`` (at most half the kernel) counts as -inf, ``dilation`` spaces the taps, ``ceil_mode``
+    rounds the output size up. The gradient goes to each window's first maximum; ``return_indices=True`` raises
+    NotImplementedError."""
     return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
@@ -167,10 +171,17 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 
 
 def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max over ``kernel_size`` windows of a (N, C, D, H, W) or (C, D, H, W) input (F.max_pool3d): ``stride`` defaults
+    to kernel_size, ``padding`` (at most half the kernel) counts as -inf, ``dilation`` spaces the taps, ``ceil_mode``
+    rounds the output size up. The gradient goes to each window's first maximum; ``return_indices=True`` raises
+    NotImplementedError."""
     return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """Average over ``kernel_size`` windows of a (N, C, L) or (C, L) input (F.avg_pool1d): ``stride`` defaults to
+    kernel_size, ``padding`` (at most half the kernel) pads zeros that ``count_include_pad`` counts in the divisor;
+    ``ceil_mode`` rounds the output size up (a window may not start in the right padding)."""
     return _avg_pool("avg_pool1d", 1, input, kernel_size, stride, padding, ceil_mode, count_include_pad)
 
 
@@ -183,6 +194,10 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
 
 def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
+    """Average over ``kernel_size`` windows of a (N, C, D, H, W) or (C, D, H, W) input (F.avg_pool3d): ``stride``
+    defaults to kernel_size, ``padding`` (at most half the kernel) pads zeros that ``count_include_pad`` counts in the
+    divisor; ``ceil_mode`` rounds the output size up (a window may not start in the right padding). ``divisor_override``
+    is not supported (NotImplementedError)."""
     return _avg_pool("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
                      divisor_override)
 
@@ -237,6 +252,9 @@ def _window_max(window):
 
 
 def adaptive_avg_pool1d(input, output_size):
+    """Average pooling of a (N, C, L) or (C, L) input to the fixed output size ``output_size`` (an int or a 1-tuple,
+    None keeps that input size) (F.adaptive_avg_pool1d): bin i spans [floor(i * n / out), ceil((i + 1) * n / out)),
+    PyTorch's bins, so bins may overlap when n is not a multiple of out."""
     return _adaptive("adaptive_avg_pool1d", 1, input, output_size, is_max=False)
 
 
@@ -246,12 +264,18 @@ def adaptive_avg_pool2d(input, output_size):
 
 
 def adaptive_max_pool1d(input, output_size, return_indices=False):
+    """Max pooling of a (N, C, L) or (C, L) input to the fixed output size ``output_size`` (an int or a 1-tuple, None
+    keeps that input size) (F.adaptive_max_pool1d), over PyTorch's bins [floor(i * n / out), ceil((i + 1) * n / out));
+    the gradient goes to each bin's first maximum. ``return_indices=True`` raises NotImplementedError."""
     if return_indices:
         raise NotImplementedError("adaptive_max_pool1d: return_indices=True is not supported")
     return _adaptive("adaptive_max_pool1d", 1, input, output_size, is_max=True)
 
 
 def adaptive_max_pool2d(input, output_size, return_indices=False):
+    """Max pooling of a (N, C, H, W) or (C, H, W) input to the fixed output size ``output_size`` (an int or a 2-tuple,
+    None keeps that input size) (F.adaptive_max_pool2d), over PyTorch's bins [floor(i * n / out), ceil((i + 1) * n /
+    out)); the gradient goes to each bin's first maximum. ``return_indices=True`` raises NotImplementedError."""
     if return_indices:
         raise NotImplementedError("adaptive_max_pool2d: return_indices=True is not supported")
     return _adaptive("adaptive_max_pool2d", 2, input, output_size, is_max=True)
