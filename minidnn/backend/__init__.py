@@ -6,6 +6,7 @@ first, alpha/beta blending.  See docs/backend.md.
 """
 from .activation import *  # noqa: F401,F403
 from .autotune import *  # noqa: F401,F403
+from .conv_fused import *  # noqa: F401,F403
 from .convolution import *  # noqa: F401,F403
 from .devices import *  # noqa: F401,F403
 from .dropout import *  # noqa: F401,F403
