@@ -239,7 +239,9 @@ def dense_forward(p: ConvProblem, x, w, tf32=False):
 def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
     if _gather_channels_first(p):
         dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)      # (K, N*out)
-        return (dy_t @ _cols_t(x, p).T).reshape(p.w_shape)
+        # cols^T @ dy_t^T, not dy_t @ cols: with both operands' long axis contiguous, OpenBLAS runs this
+        # (C*kernel, N*out) x (N*out, K) shape 1.3-1.5x faster than its transpose (LeNet's first layer)
+        return np.ascontiguousarray((_cols_t(x, p) @ dy_t.T).T).reshape(p.w_shape)
     if _row_shift_applies(p):
         x_cl = _channels_last_padded(x, p.padding)
         n, h = x_cl.shape[:2]

@@ -28,6 +28,8 @@ DENSE = [
     ((2, 8, 6, 6), (4, 8, 1, 1), 0, 1, 1, 1),            # pointwise
     ((2, 3, 13), (5, 3, 4), 1, 2, 1, 1),                 # 1-D
     ((1, 2, 5, 6, 4), (3, 2, 3, 2, 2), 1, 1, 1, 1),      # 3-D
+    ((2, 4, 12, 9), (5, 4, 3, 3), 1, 1, 1, 1),           # row-shift products (few wasted rows)
+    ((2, 3, 16, 8), (4, 3, 2, 3), 1, 1, (2, 1), 1),      # row shift with a dilated kernel height
 ]
 DEPTHWISE = [
     ((2, 8, 10, 10), (8, 1, 3, 3), 1, 1, 1, 8),
@@ -140,6 +142,8 @@ def test_registry_runs_the_fast_form_on_numpy_and_the_reference_when_switched_of
 def test_both_gather_layouts_are_exercised():
     chosen = {conv_cpu._gather_channels_first(_problem(cfg, np.float32)) for cfg in DENSE}
     assert chosen == {True, False}
+    shifted = {conv_cpu._row_shift_applies(_problem(cfg, np.float32)) for cfg in DENSE}
+    assert shifted == {True, False}
 
 
 def test_fast_forms_do_not_apply_to_grouped_or_multiplier_depthwise():
