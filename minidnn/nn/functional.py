@@ -34,6 +34,7 @@ from ._functions.activation import (  # noqa: F401
 )
 from ._functions.conv import conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d  # noqa: F401
 from ._functions.extra import (  # noqa: F401
+    affine_grid,
     alpha_dropout,
     bilinear,
     celu,
@@ -44,6 +45,7 @@ from ._functions.extra import (  # noqa: F401
     fold,
     gaussian_nll_loss,
     glu,
+    grid_sample,
     hardshrink,
     hardsigmoid,
     hardswish,
@@ -55,6 +57,7 @@ from ._functions.extra import (  # noqa: F401
     margin_ranking_loss,
     mish,
     multi_margin_loss,
+    multilabel_margin_loss,
     multilabel_soft_margin_loss,
     pairwise_distance,
     pdist,
@@ -115,8 +118,9 @@ __all__ = [
     "cosine_similarity", "pairwise_distance", "pdist",
     "kl_div", "huber_loss", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
     "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "multi_margin_loss", "soft_margin_loss",
-    "multilabel_soft_margin_loss",
+    "multilabel_soft_margin_loss", "multilabel_margin_loss",
     "embedding", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "instance_norm", "unfold", "fold", "bilinear",
+    "affine_grid", "grid_sample",
 ]
 
 

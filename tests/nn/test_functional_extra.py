@@ -35,7 +35,8 @@ class Arg:
         if self.kind == "int":
             return rng.integers(0, self.high, self.shape).astype(np.int64)
         if self.kind == "values":
-            return np.asarray(self.values, dtype=dtype).reshape(self.shape)
+            ints = all(isinstance(v, int) for v in self.values)
+            return np.asarray(self.values, dtype=np.int64 if ints else dtype).reshape(self.shape)
         if self.kind == "positive":
             a = rng.uniform(0.5, 2.0, self.shape)
         elif self.kind == "prob":
@@ -157,6 +158,13 @@ ROWS = [
     _row("fold_nobatch", lambda F, x: F.fold(x, 3, 3, padding=1), G(18, 9)),
     _row("bilinear", lambda F, a, b, w, bias: F.bilinear(a, b, w, bias), G(4, 3), G(4, 2), G(5, 3, 2), G(5)),
     _row("bilinear_nobias_3d", lambda F, a, b, w: F.bilinear(a, b, w), G(2, 4, 3), G(2, 4, 2), G(5, 3, 2)),
+    _row("affine_grid", lambda F, t: F.affine_grid(t, (2, 3, 4, 5), align_corners=False), G(2, 2, 3)),
+    _row("affine_grid_aligned_size1", lambda F, t: F.affine_grid(t, [1, 1, 1, 3], align_corners=True), G(1, 2, 3)),
+    _row("grid_sample", lambda F, x, g: F.grid_sample(x, g, align_corners=False), G(2, 3, 4, 5), G(2, 3, 2, 2)),
+    _row("grid_sample_aligned", lambda F, x, g: F.grid_sample(x, g, align_corners=True), G(1, 2, 3, 4),
+         G(1, 5, 3, 2)),
+    _row("grid_sample_affine", lambda F, x, t: F.grid_sample(x, F.affine_grid(t, (2, 1, 3, 3), False), "bilinear",
+                                                              "zeros", False), G(2, 1, 4, 4), G(2, 2, 3)),
     _row("embedding_weight", lambda F, i, w: F.embedding(i, w), C(2, 5, kind="int", high=6), G(6, 3)),
     _row("embedding_padding", lambda F, i, w: F.embedding(i, w, padding_idx=2), C(3, 6, kind="int", high=4),
          G(4, 3)),
@@ -216,6 +224,10 @@ LOSS_ROWS = [
          G(4, 5), C(4, kind="int", high=5), C(5, kind="positive")),     # PyTorch: weight is not differentiable
     _row("multilabel_soft_margin", lambda F, x, y, r: F.multilabel_soft_margin_loss(x, y, reduction=r),
          G(3, 4), C(3, 4, kind="prob")),
+    _row("multilabel_margin", lambda F, x, y, r: F.multilabel_margin_loss(x, y, reduction=r), G(3, 4),
+         Arg((3, 4), kind="values", grad=False, values=(3, 0, -1, 1, 1, 2, 1, -1, -1, 0, 0, 0))),
+    _row("multilabel_margin_1d", lambda F, x, y, r: F.multilabel_margin_loss(x, y, reduction=r), G(4),
+         Arg((4,), kind="values", grad=False, values=(2, 1, -1, 0))),
     _row("multilabel_soft_margin_weight", lambda F, x, y, w, r: F.multilabel_soft_margin_loss(x, y, w, reduction=r),
          G(3, 4), C(3, 4, kind="prob"), G(4, kind="positive")),
 ]
@@ -233,7 +245,8 @@ def test_kl_div_batchmean_and_legacy_flags(torch, device):
     _compare(torch, device, lambda F, x, t: F.kl_div(x, t, reduction="batchmean"), (G(3, 4), G(3, 4, kind="prob")),
              np.float64)
     with pytest.warns(UserWarning, match="size_average and reduce"):
-        _compare(torch, device, lambda F, x, t: F.kl_div(x, t, size_average=False), (G(3, 4), G(3, 4)), np.float64)
+        _compare(torch, device, lambda F, x, t: F.kl_div(x, t, size_average=False), (G(3, 4), G(3, 4, kind="prob")),
+                 np.float64)
     with pytest.warns(UserWarning, match="batchmean"):
         F.kl_div(mdn.zeros(2, 3), mdn.zeros(2, 3))
     with pytest.warns(UserWarning, match="size_average and reduce"):
@@ -383,7 +396,7 @@ MODULES = [
     ("Fold", ((3, 3), 2), None, G(1, 8, 4)), ("AlphaDropout", (0.5,), None, X),
     ("InstanceNorm1d", (3,), None, G(2, 3, 4)), ("InstanceNorm2d", (3, 1e-5, 0.1, True), None, G(2, 3, 2, 2)),
     ("InstanceNorm3d", (2, 1e-5, 0.1, True, True), None, G(2, 2, 2, 2, 2)),
-    ("KLDivLoss", ("batchmean",), None, (G(3, 4), G(3, 4, kind="prob"))),
+    ("KLDivLoss", (None, None, "batchmean"), None, (G(3, 4), G(3, 4, kind="prob"))),
     ("HuberLoss", ("sum", 0.5), None, (G(3, 4), G(3, 4))),
     ("MarginRankingLoss", (0.2,), None, (G(4), G(4), C(4, kind="sign"))),
     ("HingeEmbeddingLoss", (), None, (G(4), C(4, kind="sign"))),
@@ -394,6 +407,7 @@ MODULES = [
     ("MultiMarginLoss", (), None, (G(3, 4), C(3, kind="int", high=4))),
     ("SoftMarginLoss", (), None, (G(3, 4), C(3, 4, kind="sign"))),
     ("MultiLabelSoftMarginLoss", (), None, (G(3, 4), C(3, 4, kind="prob"))),
+    ("MultiLabelMarginLoss", (), None, (G(2, 3), Arg((2, 3), kind="values", grad=False, values=(2, -1, 0, 0, 1, -1)))),
 ]
 
 

@@ -45,8 +45,9 @@ __all__ = [
     "cosine_similarity", "pairwise_distance", "pdist",
     "kl_div", "huber_loss", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
     "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "multi_margin_loss", "soft_margin_loss",
-    "multilabel_soft_margin_loss",
+    "multilabel_soft_margin_loss", "multilabel_margin_loss",
     "embedding", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "instance_norm", "unfold", "fold", "bilinear",
+    "affine_grid", "grid_sample",
 ]
 
 
@@ -852,3 +853,120 @@ def bilinear(input1, input2, weight, bias=None):
     if bias is not None:
         y = y + bias
     return y.reshape(*lead, o)
+
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """Multi-label hinge loss (``F.multilabel_margin_loss``): ``target`` (N, C) or (C,) int holds each sample's
+    class indices, ended by the first -1; per sample, sum over its targets j and non-target classes i of
+    max(0, 1 - (x[j] - x[i])), divided by C (a class listed twice counts twice, as in PyTorch's kernel)."""
+    op = "multilabel_margin_loss"
+    reduction = _reduction(op, size_average, reduce, reduction)
+    check_tensor(op, "input", input)
+    check_tensor(op, "target", target, float_only=False)
+    if target.dtype.kind not in "iu":
+        raise DTypeError(f"{op}: target has dtype {target.dtype}; class indices must be integers")
+    if input.ndim not in (0, 1, 2) or tuple(target.shape) != tuple(input.shape):
+        raise ArgumentError(f"{op}: inconsistent target size: {tuple(target.shape)} for input of size: "
+                            f"{tuple(input.shape)} (expected (C,) or (N, C) for both)")
+    x = input.reshape(1, -1) if input.ndim < 2 else input
+    t = target.data.reshape(x.shape)
+    xp = x._xp()
+    n, c = x.shape
+    listed = xp.cumprod(t != -1, axis=1).astype(bool)             # entries before the first -1
+    if t.size and type(t) is np.ndarray and bool(((t < -1) | (t >= c)).any()):
+        bad = int(t[(t < -1) | (t >= c)][0])
+        raise DimensionError(f"{op}: target value {bad} is out of range for {c} classes (valid: 0..{c - 1}, -1 ends "
+                             "the list)")
+    safe = xp.where(listed, t, 0)
+    is_target = ((safe[:, :, None] == xp.arange(c)[None, None, :]) & listed[:, :, None]).any(axis=1)   # (N, C)
+    picked = x.gather(1, Tensor._from_array(safe.astype(np.int64)))                                    # (N, K)
+    z = 1.0 - picked.unsqueeze(2) + x.unsqueeze(1)                                                      # (N, K, C)
+    pairs = Tensor._from_array(listed[:, :, None] & ~is_target[:, None, :])
+    per = where(pairs & (z > 0), z, 0.0).sum(2).sum(1) / c
+    if input.ndim < 2:
+        per = per.reshape(())
+    return _reduce(per, reduction)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# affine_grid / grid_sample (2-D, bilinear, zeros padding)
+# ------------------------------------------------------------------------------------------------------------
+_ALIGN_WARNING = ("Default grid_sample and affine_grid behavior has changed to align_corners=False since 1.3.0. "
+                  "Please specify align_corners=True if the old behavior is desired. See the documentation of "
+                  "grid_sample for details.")
+
+
+def _base_coords(n, align_corners):
+    """PyTorch's linspace_from_neg_one: n points in [-1, 1] (pixel centres unless align_corners); 0 for n = 1."""
+    if n <= 1:
+        return np.zeros(n)
+    v = np.linspace(-1.0, 1.0, n)
+    return v if align_corners else v * (n - 1) / n
+
+
+def affine_grid(theta, size, align_corners=None):
+    """Sampling grid (N, H, W, 2) of (x, y) in [-1, 1] for a batch of 2-D affine matrices theta (N, 2, 3) and an
+    output size (N, C, H, W) (``F.affine_grid``; 2-D only)."""
+    op = "affine_grid"
+    check_tensor(op, "theta", theta)
+    if align_corners is None:
+        warnings.warn(_ALIGN_WARNING, stacklevel=2)
+        align_corners = False
+    size = tuple(int(s) for s in size)
+    if len(size) != 4:
+        raise NotImplementedError(f"{op}: only 2-D sizes (N, C, H, W) are supported, got size {list(size)}")
+    if theta.ndim != 3 or tuple(theta.shape[1:]) != (2, 3) or theta.shape[0] != size[0]:
+        raise ArgumentError(f"{op}: Expected a batch of 2D affine matrices of shape Nx2x3 for size {list(size)}. Got "
+                            f"{list(theta.shape)}.")
+    if min(size[2:]) <= 0:
+        raise ArgumentError(f"{op}: Expected non-zero, positive output size. Got {list(size)}")
+    n, _, h, w = size
+    xs, ys = _base_coords(w, align_corners), _base_coords(h, align_corners)
+    base = np.stack([np.broadcast_to(xs[None, :], (h, w)), np.broadcast_to(ys[:, None], (h, w)),
+                     np.ones((h, w))], axis=-1).reshape(1, h * w, 3)
+    grid = _const(base, theta) @ theta.transpose(1, 2)                   # (N, H W, 2)
+    return grid.reshape(n, h, w, 2)
+
+
+def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    """Sample input (N, C, H, W) at the (x, y) locations of grid (N, Ho, Wo, 2), x and y in [-1, 1]
+    (``F.grid_sample``): bilinear interpolation of the 4 neighbours, zero outside the image; differentiable in
+    both the input and the grid.  Only mode='bilinear' and padding_mode='zeros' on 4-D inputs."""
+    op = "grid_sample"
+    check_tensor(op, "input", input)
+    check_tensor(op, "grid", grid)
+    if mode != "bilinear" or padding_mode != "zeros":
+        raise NotImplementedError(f"{op}: only mode='bilinear' with padding_mode='zeros' is supported (got "
+                                  f"mode={mode!r}, padding_mode={padding_mode!r})")
+    if align_corners is None:
+        warnings.warn(_ALIGN_WARNING, stacklevel=2)
+        align_corners = False
+    if input.ndim != 4:
+        raise NotImplementedError(f"{op}: only 4-D input (N, C, H, W) is supported, got shape {tuple(input.shape)}")
+    if grid.ndim != 4 or grid.shape[-1] != 2 or grid.shape[0] != input.shape[0]:
+        raise ArgumentError(f"{op}: grid must be (N, H_out, W_out, 2) with the input's batch size; got grid "
+                            f"{tuple(grid.shape)} for input {tuple(input.shape)}")
+    if input.dtype != grid.dtype:
+        raise DTypeError(f"{op}: expected input and grid to have the same dtype, but input has {input.dtype} and "
+                         f"grid has {grid.dtype}")
+    n, c, h, w = input.shape
+    ho, wo = grid.shape[1], grid.shape[2]
+
+    def unnormalise(v, size):
+        return (v + 1.0) * ((size - 1) / 2.0) if align_corners else ((v + 1.0) * size - 1.0) / 2.0
+    ix = unnormalise(grid[..., 0], w)                                     # (N, Ho, Wo)
+    iy = unnormalise(grid[..., 1], h)
+    x0, y0 = ix.detach().floor(), iy.detach().floor()
+    wx1, wy1 = ix - x0, iy - y0                                           # the weights carry the grid's gradient
+    flat = input.reshape(n, c, h * w)
+    out = None
+    for dy, wy in ((0, 1.0 - wy1), (1, wy1)):
+        for dx, wx in ((0, 1.0 - wx1), (1, wx1)):
+            xi, yi = x0 + dx, y0 + dy
+            inside = (xi >= 0) & (xi <= w - 1) & (yi >= 0) & (yi <= h - 1)
+            index = (where(inside, yi, 0.0) * w + where(inside, xi, 0.0)).astype(np.int64)   # (N, Ho, Wo)
+            index = index.reshape(n, 1, ho * wo).expand(n, c, ho * wo)
+            values = flat.gather(2, index).reshape(n, c, ho, wo)
+            term = values * where(inside, wx * wy, 0.0).unsqueeze(1)
+            out = term if out is None else out + term
+    return out

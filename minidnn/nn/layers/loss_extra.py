@@ -10,7 +10,7 @@ from .loss import _Loss, _WeightedLoss
 
 __all__ = ["KLDivLoss", "HuberLoss", "MarginRankingLoss", "HingeEmbeddingLoss", "CosineEmbeddingLoss",
            "TripletMarginLoss", "PoissonNLLLoss", "GaussianNLLLoss", "MultiMarginLoss", "SoftMarginLoss",
-           "MultiLabelSoftMarginLoss"]
+           "MultiLabelSoftMarginLoss", "MultiLabelMarginLoss"]
 
 
 class KLDivLoss(Module):
@@ -133,3 +133,10 @@ class MultiLabelSoftMarginLoss(_WeightedLoss):
 
     def forward(self, input, target):
         return F.multilabel_soft_margin_loss(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class MultiLabelMarginLoss(_Loss):
+    """Multi-label hinge loss over -1-terminated lists of target classes (``nn.MultiLabelMarginLoss``)."""
+
+    def forward(self, input, target):
+        return F.multilabel_margin_loss(input, target, reduction=self.reduction)
