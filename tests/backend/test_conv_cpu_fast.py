@@ -112,6 +112,26 @@ def test_flat_depthwise_over_many_small_chunks(cfg, direction, monkeypatch):
     np.testing.assert_allclose(fast(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("direction", list(PAIRS))
+@pytest.mark.parametrize("cfg", [c for c in DENSE if c[3] == 1] + [((5, 3, 9, 8), (4, 3, 3, 3), 1, 1, 1, 1)])
+@pytest.mark.parametrize("images", [1, 2])
+def test_flat_dense_over_chunks_of_images(cfg, direction, images, monkeypatch):
+    """The stride-1 flat im2col form runs one GEMM per chunk of images; chunks of one and of two images (the
+    last chunk then partial: 5 images) give the reference's result."""
+    p = _problem(cfg, np.float64)
+    _, offsets, length, _, _ = conv_cpu._flat_dense_plan(p, p.in_size, p.padding, p.out_size, min(p.C, p.K), 8)
+    monkeypatch.setattr(conv_cpu, "_FLAT_COLS_BYTES", images * len(offsets) * min(p.C, p.K) * length * 8)
+    rng = np.random.default_rng(5)
+    fast, ref = PAIRS[direction][0]
+    a, b = _operands(direction, *_inputs(p, np.float64, rng))
+    np.testing.assert_allclose(fast(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
+
+
+def test_flat_dense_form_is_exercised():
+    applies = {conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) for p in (_problem(c, np.float32) for c in DENSE)}
+    assert applies == {True, False}
+
+
 REGISTERED = [
     ("forward", FORWARD_ALGORITHMS, ConvolutionFwdAlgo.GEMM, ConvolutionFwdAlgo.DIRECT),
     ("backward_data", BACKWARD_DATA_ALGORITHMS, ConvolutionBwdDataAlgo.ALGO_1, ConvolutionBwdDataAlgo.ALGO_0),
