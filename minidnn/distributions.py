@@ -373,6 +373,7 @@ class Bernoulli(_Elementwise):
             return (u < p).astype(p.dtype)
 
     def rsample(self, sample_shape=()):
+        """Not available, as in PyTorch: the draws are discrete (use sample, or a relaxed distribution)."""
         raise NotImplementedError("Bernoulli has no reparameterised sample (rsample): its draws are discrete")
 
     def log_prob(self, value):
@@ -454,6 +455,7 @@ class Uniform(_Elementwise):
         return ((value - self.low) / (self.high - self.low)).clamp(0, 1)
 
     def icdf(self, value):
+        """low + value (high - low): the inverse of cdf on [0, 1]."""
         return value * (self.high - self.low) + self.low
 
     def entropy(self):

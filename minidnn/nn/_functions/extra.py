@@ -36,7 +36,7 @@ from ...tensor import Tensor
 from ..functional_extra import _NormKeepdim
 from ._util import check_tensor, ntuple, wrap
 from .activation import elu, leaky_relu
-from .loss import _pair, _reduce, _reduction, _softplus
+from .loss import _reduce, _reduction, _softplus
 from .norm import batch_norm
 
 __all__ = [
@@ -143,7 +143,7 @@ def celu(input, alpha=1.0, inplace=False):
     """max(0, x) + min(0, alpha (exp(x / alpha) - 1)) (``F.celu``), i.e. alpha * elu(x / alpha)."""
     check_tensor("celu", "input", input)
     if alpha == 0:
-        raise ArgumentError("celu: alpha=0 is not supported (ZeroDivisionError: x / alpha)")
+        raise ArgumentError("celu: ZeroDivisionError: alpha cannot be 0 for CELU (it divides x)")
     return elu(input / alpha, 1.0) * alpha
 
 
@@ -365,7 +365,7 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     ``weight`` (input's shape) multiplies the elementwise loss before the reduction (a plain mean, as PyTorch)."""
     op = "huber_loss"
     reduction = _reduction(op, None, None, reduction)
-    _pair(op, input, target, strict=False)
+    _broadcastable_pair(op, input, target)
     if delta <= 0:
         raise ArgumentError(f"{op}: huber_loss does not support non-positive values for delta (got delta={delta})")
     if weight is not None and tuple(weight.shape) != tuple(input.shape):
@@ -379,11 +379,26 @@ def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     return _reduce(loss if weight is None else loss * weight, reduction)
 
 
-def _same_shapes(op, **tensors):
+def _broadcastable_pair(op, input, target):
+    """Floating input and target that broadcast (else an error, before any work); PyTorch's warning when their
+    shapes differ."""
+    check_tensor(op, "input", input)
+    check_tensor(op, "target", target)
+    _broadcastable(op, input=input, target=target)
+    if tuple(input.shape) != tuple(target.shape):
+        warnings.warn(f"{op}: target size {tuple(target.shape)} is different to the input size {tuple(input.shape)}. "
+                      "This will likely lead to incorrect results due to broadcasting. Please ensure they have the "
+                      "same size.", stacklevel=4)
+
+
+def _broadcastable(op, **tensors):
+    """The loss's tensors broadcast together, or an error naming each one's shape (before any work)."""
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    if len(set(shapes.values())) > 1:
-        listed = ", ".join(f"{k}: {s}" for k, s in shapes.items())
-        raise ArgumentError(f"{op}: All input tensors should have same dimension but got sizes: {listed}")
+    try:
+        np.broadcast_shapes(*shapes.values())
+    except ValueError:
+        listed = ", ".join(f"{k} {s}" for k, s in shapes.items())
+        raise ArgumentError(f"{op}: the shapes of {listed} do not broadcast together") from None
 
 
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
@@ -395,6 +410,7 @@ def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, r
     if not input1.ndim == input2.ndim == target.ndim:
         raise ArgumentError(f"{op}: All input tensors should have same dimension but got sizes: input1: "
                             f"{tuple(input1.shape)}, input2: {tuple(input2.shape)}, target: {tuple(target.shape)}")
+    _broadcastable(op, input1=input1, input2=input2, target=target)
     return _reduce((-target * (input1 - input2) + margin).clamp(min=0.0), reduction)
 
 
@@ -405,6 +421,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     reduction = _reduction(op, size_average, reduce, reduction)
     check_tensor(op, "input", input)
     check_tensor(op, "target", target, float_only=False)
+    _broadcastable(op, input=input, target=target)
     margin_term = where(target != 1, (margin - input).clamp(min=0.0), 0.0)
     self_term = where(target != -1, input, 0.0)
     return _reduce(margin_term + self_term, reduction)
@@ -414,7 +431,7 @@ def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="m
     """log(1 + exp(-target * input)) (``F.soft_margin_loss``), computed stably."""
     op = "soft_margin_loss"
     reduction = _reduction(op, size_average, reduce, reduction)
-    _pair(op, input, target, strict=False)
+    _broadcastable_pair(op, input, target)
     return _reduce(_softplus(-target * input), reduction)
 
 
@@ -477,7 +494,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
     term target log(target) - target + 0.5 log(2 pi target) where target > 1 (``F.poisson_nll_loss``)."""
     op = "poisson_nll_loss"
     reduction = _reduction(op, size_average, reduce, reduction)
-    _pair(op, input, target, strict=False)
+    _broadcastable_pair(op, input, target)
     loss = input.exp() - target * input if log_input else input - target * (input + eps).log()
     if full:
         big = target > 1
@@ -494,6 +511,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     op = "gaussian_nll_loss"
     check_tensor(op, "input", input)
     check_tensor(op, "target", target)
+    _broadcastable(op, input=input, target=target)
     if isinstance(var, numbers.Real) and not isinstance(var, Tensor):
         if var < 0:
             raise ArgumentError(f"{op}: var has negative entry/entries (var={var})")
@@ -580,6 +598,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     check_tensor(op, "target", target, float_only=False)
     if input.ndim == 0:
         raise ArgumentError(f"{op}: expected an input with a class dim, got a 0-D input")
+    _broadcastable(op, input=input, target=target, **({} if weight is None else {"weight": weight}))
     loss = -(target * logsigmoid(input) + (1 - target) * logsigmoid(-input))
     if weight is not None:
         loss = loss * weight
