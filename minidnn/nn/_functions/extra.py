@@ -125,7 +125,7 @@ def hardswish(input, inplace=False):
 def hardsigmoid(input, inplace=False):
     """relu6(x + 3) / 6 (``F.hardsigmoid``); the gradient is 1/6 strictly inside (-3, 3) and 0 elsewhere."""
     check_tensor("hardsigmoid", "input", input)
-    inside = (input > -3.0) & (input < 3.0)
+    inside = ~((input <= -3.0) | (input >= 3.0))          # NaN counts as inside: it stays NaN, as in PyTorch
     return where(inside, input / 6.0 + 0.5, where(input <= -3.0, 0.0, 1.0).astype(input.dtype))
 
 
