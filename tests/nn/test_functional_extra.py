@@ -104,6 +104,7 @@ ROWS = [
     _row("mish_large", lambda F, x: F.mish(x), V(-40.0, -20.0, 0.0, 20.0, 40.0)),
     _row("hardswish", lambda F, x: F.hardswish(x), X),
     _row("hardswish_kinks", lambda F, x: F.hardswish(x), KINKS),
+    _row("hardswish_infinities", lambda F, x: F.hardswish(x), V(-np.inf, -3.0, 3.0, np.inf)),
     _row("hardsigmoid", lambda F, x: F.hardsigmoid(x), X),
     _row("hardsigmoid_kinks", lambda F, x: F.hardsigmoid(x), KINKS),
     _row("nan_passes_through", lambda F, x: F.hardsigmoid(x) + F.hardswish(x) + F.hardshrink(x) + F.softshrink(x)

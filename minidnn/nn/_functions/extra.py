@@ -114,19 +114,22 @@ def mish(input, inplace=False):
 
 
 def hardswish(input, inplace=False):
-    """x * relu6(x + 3) / 6 (``F.hardswish``); its gradient is PyTorch's: 0 up to -3, x / 3 + 1/2 strictly
-    between, 1 from 3 on."""
+    """x * relu6(x + 3) / 6 (``F.hardswish``) with PyTorch's values and gradients at the edges: the gradient is 0 up
+    to -3, x / 3 + 1/2 strictly between, 1 from 3 on (and at NaN); -inf gives NaN (-inf * 0) as PyTorch's."""
     check_tensor("hardswish", "input", input)
-    low, high = input <= -3.0, input >= 3.0
-    mid = where(low | high, 0.0, input)
-    return where(low, 0.0, where(high, input, mid * (mid + 3.0) / 6.0))
+    low = input <= -3.0
+    mid = (input > -3.0) & (input < 3.0)
+    m = where(mid, input, 0.0)
+    return where(low, input.detach() * 0.0, where(mid, m * (m + 3.0) / 6.0, input))
 
 
 def hardsigmoid(input, inplace=False):
-    """relu6(x + 3) / 6 (``F.hardsigmoid``); the gradient is 1/6 strictly inside (-3, 3) and 0 elsewhere."""
+    """relu6(x + 3) / 6 (``F.hardsigmoid``); the gradient is 1/6 strictly inside (-3, 3) and 0 elsewhere (NaN
+    included: it stays NaN with a 0 gradient, as in PyTorch)."""
     check_tensor("hardsigmoid", "input", input)
-    inside = ~((input <= -3.0) | (input >= 3.0))          # NaN counts as inside: it stays NaN, as in PyTorch
-    return where(inside, input / 6.0 + 0.5, where(input <= -3.0, 0.0, 1.0).astype(input.dtype))
+    inside = (input > -3.0) & (input < 3.0)
+    edge = where(input <= -3.0, 0.0, where(input >= 3.0, 1.0, input.detach())).astype(input.dtype)
+    return where(inside, input / 6.0 + 0.5, edge)
 
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -188,24 +191,19 @@ def tanhshrink(input):
     return input - input.tanh()
 
 
-def _outside(x, lambd):
-    """PyTorch's shrink mask: not (-lambd <= x <= lambd), so NaN counts as outside and keeps its gradient."""
-    return ~((x >= -lambd) & (x <= lambd))
-
-
 def softshrink(input, lambd=0.5):
-    """x - lambd above lambd, x + lambd below -lambd, 0 between (``F.softshrink``); lambd must be >= 0."""
+    """x - lambd above lambd, x + lambd below -lambd, 0 between (``F.softshrink``); lambd must be >= 0.  As in
+    PyTorch the gradient is 1 strictly outside [-lambd, lambd] and 0 elsewhere, NaN included (which stays NaN)."""
     check_tensor("softshrink", "input", input)
     if lambd < 0:
         raise ArgumentError(f"softshrink: lambda must be greater or equal to 0, but found to be {lambd}.")
-    keep = _outside(input, lambd)
-    return where(keep, input - where(input > 0, lambd, -lambd).astype(input.dtype), 0.0)
+    return where(input > lambd, input - lambd, where(input < -lambd, input + lambd, input.detach() * 0.0))
 
 
 def hardshrink(input, lambd=0.5):
-    """x where |x| > lambd, else 0 (``F.hardshrink``)."""
+    """x where |x| > lambd, else 0 (``F.hardshrink``); NaN stays NaN with a 0 gradient, as in PyTorch."""
     check_tensor("hardshrink", "input", input)
-    return where(_outside(input, lambd), input, 0.0)
+    return where((input > lambd) | (input < -lambd), input, input.detach() * 0.0)
 
 
 def threshold(input, threshold, value, inplace=False):
