@@ -120,7 +120,9 @@ def hardswish(input, inplace=False):
     low = input <= -3.0
     mid = (input > -3.0) & (input < 3.0)
     m = where(mid, input, 0.0)
-    return where(low, input.detach() * 0.0, where(mid, m * (m + 3.0) / 6.0, input))
+    with np.errstate(invalid="ignore"):                   # -inf * 0 is PyTorch's NaN, silently
+        floor = input.detach() * 0.0
+    return where(low, floor, where(mid, m * (m + 3.0) / 6.0, input))
 
 
 def hardsigmoid(input, inplace=False):
@@ -191,19 +193,25 @@ def tanhshrink(input):
     return input - input.tanh()
 
 
+def _nan_or_zero(x):
+    """NaN where x is NaN, else 0; a constant (what the shrinks give between their thresholds)."""
+    x = x.detach()
+    return where(x != x, x, 0.0).astype(x.dtype)
+
+
 def softshrink(input, lambd=0.5):
     """x - lambd above lambd, x + lambd below -lambd, 0 between (``F.softshrink``); lambd must be >= 0.  As in
     PyTorch the gradient is 1 strictly outside [-lambd, lambd] and 0 elsewhere, NaN included (which stays NaN)."""
     check_tensor("softshrink", "input", input)
     if lambd < 0:
         raise ArgumentError(f"softshrink: lambda must be greater or equal to 0, but found to be {lambd}.")
-    return where(input > lambd, input - lambd, where(input < -lambd, input + lambd, input.detach() * 0.0))
+    return where(input > lambd, input - lambd, where(input < -lambd, input + lambd, _nan_or_zero(input)))
 
 
 def hardshrink(input, lambd=0.5):
     """x where |x| > lambd, else 0 (``F.hardshrink``); NaN stays NaN with a 0 gradient, as in PyTorch."""
     check_tensor("hardshrink", "input", input)
-    return where((input > lambd) | (input < -lambd), input, input.detach() * 0.0)
+    return where((input > lambd) | (input < -lambd), input, _nan_or_zero(input))
 
 
 def threshold(input, threshold, value, inplace=False):
