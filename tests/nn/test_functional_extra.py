@@ -626,3 +626,17 @@ def test_errors_are_raised_before_any_work():
     with pytest.raises(ArgumentError):
         F.instance_norm(mdn.randn(2, 3, 4), rm, mdn.ones(3), weight=mdn.ones(2))
     np.testing.assert_array_equal(rm.numpy(), 0)
+
+
+def test_autocast_casts_as_torch(torch):
+    """Under CPU bfloat16 autocast the new ops come out in PyTorch's dtypes (losses in float32, prelu lowered)."""
+    a = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    calls = [lambda F, x: F.huber_loss(x, x * 0.5), lambda F, x: F.kl_div(x, x * 0 + 0.25, reduction="batchmean"),
+             lambda F, x: F.prelu(x.float(), x[0, :1].float() * 0 + 0.2), lambda F, x: F.mish(x),
+             lambda F, x: F.cosine_similarity(x, x * 2)]
+    for call in calls:
+        with mdn.autocast("cpu", dtype=mdn.bfloat16):
+            ours = call(F, mdn.tensor(a).astype(mdn.bfloat16))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            theirs = call(torch.nn.functional, torch.tensor(a).bfloat16())
+        assert str(ours.dtype) == str(theirs.dtype).replace("torch.", "")

@@ -10,6 +10,9 @@ pixel/channel shuffles, instance_norm, unfold/fold and alpha_dropout.
 # unfold / fold:        (N, C, H, W) <-> (N, C kh kw, L), L = number of sliding blocks
 # instance_norm:        (N, C, *spatial), statistics per (sample, channel)
 
+Ops PyTorch's autocast lists (prelu lowered; kl_div, huber_loss and the other losses in float32) carry their
+``autocast_op`` name, so minidnn's policy table decides for them as for the older ops.
+
 Nothing here has a backend primitive: every op is a composition of differentiable Tensor ops (so it has gradients of
 any order and runs on whichever device holds its input).  Where PyTorch's gradient at a kink differs from what the
 natural composition gives (hardswish at +-3, shrinks at +-lambd, threshold at the threshold) the composition picks
@@ -26,6 +29,7 @@ import warnings
 
 import numpy as np
 
+from ..._amp_state import autocast_op
 from ...autograd import Function, no_grad
 from ...backend.errors import ArgumentError, DimensionError, DTypeError
 from ...creation import rand as _rand
@@ -85,6 +89,7 @@ class _ScaleGrad(Function):
 # ------------------------------------------------------------------------------------------------------------
 # activations
 # ------------------------------------------------------------------------------------------------------------
+@autocast_op("prelu")
 def prelu(input, weight):
     """PyTorch's ``F.prelu``: x where x > 0, else weight * x, with ``weight`` of one element or one per channel
     (dim 1 of the input; a 0-D or 1-D input has one channel)."""
@@ -276,6 +281,7 @@ def _norm(x, p, dim, keepdim):
     return n if keepdim else n.squeeze(dim)
 
 
+@autocast_op("cosine_similarity")
 def cosine_similarity(x1, x2, dim=1, eps=1e-8):
     """sum(x1 * x2) / (max(||x1||, eps) * max(||x2||, eps)) over ``dim`` after broadcasting (``F.cosine_similarity``);
     as in PyTorch each input is divided by its clamped norm first, and the clamp does not stop the gradient."""
@@ -309,6 +315,7 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     return _norm(d, p, -1, keepdim)
 
 
+@autocast_op("pdist")
 def pdist(input, p=2):
     """The p-norm distance between every pair of rows i < j of ``input`` (N, M), in row-major order of (i, j):
     shape (N (N - 1) / 2,) (``F.pdist``)."""
@@ -335,6 +342,7 @@ def _xlogy_self(t):
     return where(zero, 0.0, t * safe.log())
 
 
+@autocast_op("kl_div")
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
     """KL divergence with ``input`` log-probabilities (``F.kl_div``): target * (log(target) - input) elementwise
     (exp(target) * (target - input) with ``log_target``); 'batchmean' divides the sum by the batch size, 'mean'
@@ -366,6 +374,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     return _reduce(loss, reduction)
 
 
+@autocast_op("huber_loss")
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), for d = input - target (``F.huber_loss``);
     ``weight`` (input's shape) multiplies the elementwise loss before the reduction (a plain mean, as PyTorch)."""
@@ -407,6 +416,7 @@ def _broadcastable(op, **tensors):
         raise ArgumentError(f"{op}: the shapes of {listed} do not broadcast together") from None
 
 
+@autocast_op("margin_ranking_loss")
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     """max(0, -target * (input1 - input2) + margin) (``F.margin_ranking_loss``); target holds +1 / -1."""
     op = "margin_ranking_loss"
@@ -420,6 +430,7 @@ def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, r
     return _reduce((-target * (input1 - input2) + margin).clamp(min=0.0), reduction)
 
 
+@autocast_op("hinge_embedding_loss")
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
     """x where target == 1, max(0, margin - x) where target == -1 (``F.hinge_embedding_loss``; other target values
     get both terms, as PyTorch's formula gives)."""
@@ -433,6 +444,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     return _reduce(margin_term + self_term, reduction)
 
 
+@autocast_op("soft_margin_loss")
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """log(1 + exp(-target * input)) (``F.soft_margin_loss``), computed stably."""
     op = "soft_margin_loss"
@@ -441,6 +453,7 @@ def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="m
     return _reduce(_softplus(-target * input), reduction)
 
 
+@autocast_op("cosine_embedding_loss")
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     """1 - cos(x1, x2) where target == 1, max(0, cos(x1, x2) - margin) where target == -1, for rows of
     input1/input2 (N, D) with target (N,) or vectors (D,) with a 0-D target (``F.cosine_embedding_loss``; PyTorch's
@@ -472,6 +485,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
     return _reduce(pos + neg, reduction)
 
 
+@autocast_op("triplet_margin_loss")
 def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
                         reduce=None, reduction="mean"):
     """max(0, margin + d(a, p) - d(a, n)) with d = pairwise_distance (p-norm, eps) over the last dim; ``swap``
@@ -494,6 +508,7 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, s
     return _reduce((d_pos - d_neg + margin).clamp(min=0.0), reduction)
 
 
+@autocast_op("poisson_nll_loss")
 def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None,
                      reduction="mean"):
     """exp(input) - target * input (``log_input``) or input - target * log(input + eps); ``full`` adds Stirling's
@@ -510,6 +525,7 @@ def poisson_nll_loss(input, target, log_input=True, full=False, size_average=Non
     return _reduce(loss, reduction)
 
 
+@autocast_op("gaussian_nll_loss")
 def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
     """0.5 (log(var) + (input - target)^2 / var) (+ 0.5 log(2 pi) with ``full``) (``F.gaussian_nll_loss``); ``var``
     has input's shape, or one dim fewer / one dim of size 1 (homoscedastic), or is a float; it is clamped at eps
@@ -566,6 +582,7 @@ def _class_index_target(op, input, target):
     return x, t, input.ndim == 1
 
 
+@autocast_op("multi_margin_loss")
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
                       reduction="mean"):
     """Multi-class hinge loss (``F.multi_margin_loss``): per sample, sum over classes j != y of
@@ -595,6 +612,7 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     return _reduce(per, reduction)
 
 
+@autocast_op("multilabel_soft_margin_loss")
 def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """-(t log sigmoid(x) + (1 - t) log sigmoid(-x)), optionally weighted, averaged over the classes (last dim)
     (``F.multilabel_soft_margin_loss``); reduction then acts on the per-sample values."""
@@ -727,6 +745,7 @@ def channel_shuffle(input, groups):
     return input.reshape(n, groups, c // groups, *rest).transpose(1, 2).reshape(n, c, *rest)
 
 
+@autocast_op("instance_norm")
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                   momentum=0.1, eps=1e-5):
     """Normalise each (sample, channel) of (N, C, *spatial) over its spatial elements (``F.instance_norm``): batch
@@ -880,6 +899,7 @@ def bilinear(input1, input2, weight, bias=None):
     return y.reshape(*lead, o)
 
 
+@autocast_op("multilabel_margin_loss")
 def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """Multi-label hinge loss (``F.multilabel_margin_loss``): ``target`` (N, C) or (C,) int holds each sample's
     class indices, ended by the first -1; per sample, sum over its targets j and non-target classes i of
