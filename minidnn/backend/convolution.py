@@ -29,10 +29,10 @@ from .conv_algorithms import (
     ConvolutionFwdAlgo,
 )
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
-from .devices import array_module
+from .devices import array_module, device_of
 from .devices import is_floating as _is_floating
 from .errors import BadParamError, NotSupportedError, Status
-from .handle import resolve_handle
+from .handle import get_default_handle, resolve_handle
 from .layout import (
     TensorFormat,
     channels_first_perm,
@@ -132,23 +132,68 @@ def _cache_key(registry, handle, p, fmt, math_type):
     return (registry.name, p, fmt, math_type, handle.deterministic, handle.workspace_limit, str(handle.device))
 
 
-def _execute(registry, handle, p, conv_desc, fmt, algo, a, b, result_shape):
+class _Plan:
+    """What a validated call settled once its arrays were checked: the problem, the format, the math settings, the
+    algorithm cache's key, the algorithm asked for by ``algo`` (checked usable) or None (chosen at each call)."""
+    __slots__ = ("p", "fmt", "tf32", "math_type", "key", "algorithm", "half")
+
+    def __init__(self, registry, handle, p, conv_desc, fmt, algo):
+        self.p, self.fmt = p, fmt
+        self.math_type = handle.effective_math_type(p.dtype, conv_desc.math_type)
+        self.tf32 = handle.allows_tf32(p.dtype, conv_desc.math_type)
+        self.key = _cache_key(registry, handle, p, fmt, self.math_type)
+        self.algorithm = None if algo is None else registry.require(algo, p, handle)
+        self.half = np.dtype(p.dtype).itemsize == 2
+
+
+def _execute(registry, handle, plan, a, b, result_shape):
     """Pick an algorithm and run it on channels-first arrays; returns the raw (unblended) result."""
-    math_type = handle.effective_math_type(p.dtype, conv_desc.math_type)
-    tf32 = handle.allows_tf32(p.dtype, conv_desc.math_type)
+    p, tf32 = plan.p, plan.tf32
     with handle.activate():
-        if algo is not None:
-            algorithm = registry.require(algo, p, handle)
-        elif p.N > 0:
-            algorithm = registry.choose(p, handle, math_type, _cache_key(registry, handle, p, fmt, math_type),
-                                        lambda alg: alg.run(p, a, b, tf32))
+        algorithm = plan.algorithm
+        if algorithm is None and p.N > 0:
+            algorithm = registry.choose(p, handle, plan.math_type, plan.key, lambda alg: alg.run(p, a, b, tf32))
         if p.N == 0:        # an empty batch: nothing to compute (and dw sums over no images: zeros)
             return handle.xp.zeros(result_shape, dtype=a.dtype)
-        if np.dtype(p.dtype).itemsize == 2 and not getattr(algorithm, "native_half", False):
+        if plan.half and not getattr(algorithm, "native_half", False):
             # float16/bfloat16 data through an array algorithm: computed in float32 and rounded once at the end
             # (cuDNN's float compute type for half data); kernels with native half math set native_half.
             return algorithm.run(p, a.astype(np.float32), b.astype(np.float32), tf32).astype(p.dtype)
         return algorithm.run(p, a, b, tf32)
+
+
+# ---- the validated-signature shortcut (host cost per call; docs/host_overhead.md) -----------------------------
+# A call whose signature -- direction, both inputs' shapes, dtypes and devices, the descriptor, the format, ``algo``,
+# the other shape, the handle's device and settings -- passed every check before, with no output buffer and beta 0,
+# reuses that call's _Plan: the checks would pass again and give the same problem.  The algorithm is still chosen
+# at every call (a dict lookup in the selector's caches, whose hit counters and clearing stay as they were).
+# Anything else, and any argument that cannot key a dict, takes the full path, which raises what it always raised.
+_PLANS: dict = {}
+_PLANS_LIMIT = 4096
+
+
+def _signature(registry, handle, a1, a2, conv_desc, format, other_shape, algo, out, beta):
+    """(handle, key) for the shortcut, or (None, None) when this call must take the full path."""
+    if out is not None or not (isinstance(beta, (int, float)) and beta == 0):
+        return None, None
+    try:
+        # devices as cheap tokens (None: a NumPy array); the handle by identity, with the settings a check reads
+        d1 = None if type(a1) is np.ndarray else device_of(a1)
+        d2 = None if type(a2) is np.ndarray else device_of(a2)
+        h = handle if handle is not None else get_default_handle(device_of(a1))
+        key = (registry.name, a1.shape, a1.dtype, d1, a2.shape, a2.dtype, d2, conv_desc, format, other_shape, algo,
+               h, h.device, h.math_type, h.deterministic, h.workspace_limit)
+        hash(key)
+    except (TypeError, AttributeError, ValueError):
+        return None, None
+    return h, key
+
+
+def _remember(key, plan):
+    if key is not None:
+        if len(_PLANS) >= _PLANS_LIMIT:
+            _PLANS.clear()
+        _PLANS[key] = plan
 
 
 def _finish(result, alpha, beta, out, fmt):
@@ -183,35 +228,50 @@ def _prepare(where, handle, conv_desc, format, problem, first, second, other_sha
 
 def convolution_forward(handle, x, w, conv_desc, algo=None, alpha=1.0, beta=0.0, y=None, format=None):
     """y = alpha * conv(x, w) + beta * y."""
-    where = "convolution_forward"
-    handle, p, fmt = _prepare(where, handle, conv_desc, format, _forward_problem, ("x", x), ("w", w), None, ("y", y))
-    check_out(where, "y", y, _fmt_shape(p.y_shape, fmt), x.dtype, beta)
-    result = _execute(FORWARD_ALGORITHMS, handle, p, conv_desc, fmt, algo, to_channels_first(x, fmt),
-                      _flip(w, conv_desc), p.y_shape)
-    return _finish(result, alpha, beta, y, fmt)
+    h, key = _signature(FORWARD_ALGORITHMS, handle, x, w, conv_desc, format, None, algo, y, beta)
+    plan = _PLANS.get(key)
+    if plan is None:
+        where = "convolution_forward"
+        h, p, fmt = _prepare(where, handle, conv_desc, format, _forward_problem, ("x", x), ("w", w), None, ("y", y))
+        check_out(where, "y", y, _fmt_shape(p.y_shape, fmt), x.dtype, beta)
+        plan = _Plan(FORWARD_ALGORITHMS, h, p, conv_desc, fmt, algo)
+        _remember(key, plan)
+    result = _execute(FORWARD_ALGORITHMS, h, plan, to_channels_first(x, plan.fmt), _flip(w, conv_desc),
+                      plan.p.y_shape)
+    return _finish(result, alpha, beta, y, plan.fmt)
 
 
 def convolution_backward_data(handle, w, dy, conv_desc, x_shape, algo=None, alpha=1.0, beta=0.0, dx=None,
                               format=None):
     """dx = alpha * (d conv / d x)^T dy + beta * dx, for an x of shape ``x_shape`` (in ``format``)."""
-    where = "convolution_backward_data"
-    handle, p, fmt = _prepare(where, handle, conv_desc, format, _backward_data_problem, ("w", w), ("dy", dy),
-                              x_shape, ("dx", dx))
-    check_out(where, "dx", dx, _fmt_shape(p.x_shape, fmt), w.dtype, beta)
-    result = _execute(BACKWARD_DATA_ALGORITHMS, handle, p, conv_desc, fmt, algo, _flip(w, conv_desc),
-                      to_channels_first(dy, fmt), p.x_shape)
-    return _finish(result, alpha, beta, dx, fmt)
+    h, key = _signature(BACKWARD_DATA_ALGORITHMS, handle, w, dy, conv_desc, format, x_shape, algo, dx, beta)
+    plan = _PLANS.get(key)
+    if plan is None:
+        where = "convolution_backward_data"
+        h, p, fmt = _prepare(where, handle, conv_desc, format, _backward_data_problem, ("w", w), ("dy", dy),
+                             x_shape, ("dx", dx))
+        check_out(where, "dx", dx, _fmt_shape(p.x_shape, fmt), w.dtype, beta)
+        plan = _Plan(BACKWARD_DATA_ALGORITHMS, h, p, conv_desc, fmt, algo)
+        _remember(key, plan)
+    result = _execute(BACKWARD_DATA_ALGORITHMS, h, plan, _flip(w, conv_desc), to_channels_first(dy, plan.fmt),
+                      plan.p.x_shape)
+    return _finish(result, alpha, beta, dx, plan.fmt)
 
 
 def convolution_backward_filter(handle, x, dy, conv_desc, w_shape, algo=None, alpha=1.0, beta=0.0, dw=None,
                                 format=None):
     """dw = alpha * (d conv / d w)^T dy + beta * dw; dw has shape ``w_shape`` = (K, C/G, *kernel)."""
-    where = "convolution_backward_filter"
-    handle, p, fmt = _prepare(where, handle, conv_desc, format, _backward_filter_problem, ("x", x), ("dy", dy),
-                              w_shape, ("dw", dw))
-    check_out(where, "dw", dw, p.w_shape, x.dtype, beta)
-    result = _execute(BACKWARD_FILTER_ALGORITHMS, handle, p, conv_desc, fmt, algo, to_channels_first(x, fmt),
-                      to_channels_first(dy, fmt), p.w_shape)
+    h, key = _signature(BACKWARD_FILTER_ALGORITHMS, handle, x, dy, conv_desc, format, w_shape, algo, dw, beta)
+    plan = _PLANS.get(key)
+    if plan is None:
+        where = "convolution_backward_filter"
+        h, p, fmt = _prepare(where, handle, conv_desc, format, _backward_filter_problem, ("x", x), ("dy", dy),
+                             w_shape, ("dw", dw))
+        check_out(where, "dw", dw, p.w_shape, x.dtype, beta)
+        plan = _Plan(BACKWARD_FILTER_ALGORITHMS, h, p, conv_desc, fmt, algo)
+        _remember(key, plan)
+    result = _execute(BACKWARD_FILTER_ALGORITHMS, h, plan, to_channels_first(x, plan.fmt),
+                      to_channels_first(dy, plan.fmt), plan.p.w_shape)
     # The algorithms computed the gradient of the kernel as applied (flipped in CONVOLUTION mode).
     return _finish(_flip(result, conv_desc), alpha, beta, dw, TensorFormat.NCHW)
 
@@ -418,6 +478,7 @@ def clear_convolution_algorithm_cache(persistent: bool = False) -> None:
     for registry in _REGISTRIES:
         registry.cache.clear()
         registry._heuristic_choice.clear()
+    _PLANS.clear()
     _autotune.forget(persistent)
 
 

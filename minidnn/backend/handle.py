@@ -56,6 +56,7 @@ class Handle:
         if workspace_limit is not None and workspace_limit < 0:
             raise BadParamError(f"Handle: workspace_limit must be >= 0 bytes or None, got {workspace_limit}")
         self.workspace_limit = workspace_limit
+        self._cpu_context = contextlib.nullcontext(self)     # activate() on the CPU: ``with h.activate() as h``
 
     def __repr__(self):
         return (f"Handle(device='{self.device}', math_type={self.math_type.name}, deterministic={self.deterministic}, "
@@ -75,12 +76,15 @@ class Handle:
         return (np.dtype(dtype) == np.float32
                 and self.effective_math_type(dtype, math_type) is not MathType.DEFAULT)
 
-    @contextlib.contextmanager
     def activate(self):
-        """Make this handle's device and stream current inside the block."""
+        """Make this handle's device and stream current inside the block (a context manager; on the CPU a shared
+        one that does nothing, so the primitives' hot path does not build a generator per call)."""
         if self.device.type == "cpu":
-            yield self
-            return
+            return self._cpu_context
+        return self._activate_cuda()
+
+    @contextlib.contextmanager
+    def _activate_cuda(self):
         with self.xp.cuda.Device(self.device.index):
             if self.stream is None:
                 yield self
