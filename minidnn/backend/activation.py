@@ -16,6 +16,8 @@ import math
 import numpy as np
 
 from ._common import begin, blend, check_float, check_out, check_same, parse_enum
+from .cuda import act_kernels  # the GPU fast path's kernels: imported once here, not per call (importing needs no GPU)
+from .devices import is_cuda_array
 from .errors import BadParamError
 from .layout import in_memory_order
 
@@ -194,7 +196,6 @@ _SEEN_LIMIT = 4096
 
 
 def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
-    from .devices import is_cuda_array
     if out is not None or not is_cuda_array(x):
         return None
     try:
@@ -210,17 +211,14 @@ def _gpu_activation_seen(kind, handle, desc, x, dy, y, alpha, beta, out):
     key = _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out)
     if key is None or key not in _SEEN:
         return None
-    from .cuda import act_kernels
     if dy is None:
         return act_kernels.forward(desc.mode.name, desc.coef, x)
     return act_kernels.backward(desc.mode.name, desc.coef, x, dy)
 
 
 def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):
-    from .devices import is_cuda_array
     if not (is_cuda_array(x) and alpha == 1 and beta == 0 and out is None):
         return None
-    from .cuda import act_kernels
     mode = desc.mode.name
     if not act_kernels.supports(mode, x, *(() if dy is None else (dy,))):
         return None

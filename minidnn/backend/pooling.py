@@ -39,6 +39,8 @@ from ._common import (
     shape_str,
     tap_offsets,
 )
+from .cuda import pool_kernels  # the GPU fast path's kernels: imported once here, not per call (needs no GPU)
+from .devices import is_cuda_array
 from .errors import BadParamError
 from .layout import (
     TensorFormat,
@@ -377,7 +379,6 @@ _SEEN_LIMIT = 4096
 
 
 def _gpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, *arrays):
-    from .devices import is_cuda_array
     if out is not None or not is_cuda_array(x):
         return None
     try:
@@ -397,8 +398,6 @@ def _gpu_remember(key, fmt, geom):
 
 
 def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=None, checked=False):
-    from .cuda import pool_kernels
-    from .devices import is_cuda_array
     if not checked:
         if not (is_cuda_array(xc) and alpha == 1 and beta == 0 and y is None and pool_kernels.supports(geom, xc)):
             return None
@@ -409,8 +408,6 @@ def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=None, ch
 
 
 def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=None, checked=False):
-    from .cuda import pool_kernels
-    from .devices import is_cuda_array
     arg = None if argmax is None else to_channels_first(argmax, fmt)
     if not checked:
         if not (is_cuda_array(dyc) and alpha == 1 and beta == 0 and dx is None):

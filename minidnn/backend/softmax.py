@@ -18,6 +18,8 @@ import enum
 import numpy as np
 
 from ._common import begin, blend, check_float, check_out, check_same, parse_enum
+from .cuda import loss_kernels, softmax_kernels  # the GPU fast paths' kernels, imported once (needs no GPU)
+from .devices import is_cuda_array
 from .errors import BadParamError
 from .layout import TensorFormat, resolve_format
 
@@ -112,10 +114,8 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
 # float32/float64 arrays, the normalised dims consecutive, no blending; None sends the call to the reference above.
 
 def _gpu_softmax(x, dy, axes, algo, alpha, beta, out):
-    from .devices import is_cuda_array
     if not (is_cuda_array(x) and alpha == 1 and beta == 0 and out is None):
         return None
-    from .cuda import softmax_kernels
     if not softmax_kernels.supports(x, axes, *(() if dy is None else (dy,))):
         return None
     if dy is None:
@@ -232,20 +232,16 @@ def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=
 
 
 def _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction):
-    from .devices import is_cuda_array
     if not is_cuda_array(x):
         return None
-    from .cuda import loss_kernels
     if not loss_kernels.supports(x, target, weight):
         return None
     return loss_kernels.forward(x, target, weight, int(ignore_index), eps, reduction)
 
 
 def _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps, reduction):
-    from .devices import is_cuda_array
     if not is_cuda_array(x):
         return None
-    from .cuda import loss_kernels
     acc = np.float64 if x.dtype == np.float64 else np.float32
     if not (loss_kernels.supports(x, target, weight) and lse.dtype == acc and lse.flags.c_contiguous
             and denom.dtype == acc):
