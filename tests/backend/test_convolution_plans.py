@@ -222,3 +222,16 @@ def test_the_nn_layers_reach_the_same_plan_every_step(validations):
         conv(x).sum().backward()
     assert len(validations) == 3        # forward, backward data, backward filter: validated on the first step only
     assert B.convolution_forward is convolution_forward
+
+
+def test_nn_builds_each_descriptor_once_and_still_rejects_bad_settings():
+    from minidnn.nn._functions._util import descriptor
+    a = descriptor(B.ConvolutionDescriptor, (1, 1), (2, 2), (1, 1), 1)
+    assert a is descriptor(B.ConvolutionDescriptor, (1, 1), (2, 2), (1, 1), 1)
+    assert a == B.ConvolutionDescriptor(padding=(1, 1), stride=(2, 2), dilation=(1, 1), groups=1)
+    assert a is not descriptor(B.ConvolutionDescriptor, (1, 1), (1, 1), (1, 1), 1)
+    assert descriptor(B.PoolingDescriptor, "max", (2, 2), (0, 0), (2, 2), True, (1, 1)) is not \
+        descriptor(B.PoolingDescriptor, "max", (2, 2), (0, 0), (2, 2), 1, (1, 1))       # typed: True is not 1
+    for _ in range(2):      # a failed construction is not remembered
+        with pytest.raises(BadParamError, match="stride"):
+            descriptor(B.ConvolutionDescriptor, (1, 1), (0, 0), (1, 1), 1)

@@ -2,6 +2,7 @@
 and the guard that makes a first-order-only backward fail loudly under ``create_graph``."""
 from __future__ import annotations
 
+import functools
 import operator
 
 from ... import backend as B
@@ -10,7 +11,7 @@ from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DTypeError
 from ...tensor import Tensor
 
-__all__ = ["handle_for", "wrap", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched",
+__all__ = ["handle_for", "wrap", "descriptor", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched",
            "creating_graph", "composite_grads"]
 
 
@@ -22,6 +23,15 @@ def handle_for(x: Tensor):
 
 def wrap(array) -> Tensor:
     return None if array is None else Tensor._from_array(array)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def descriptor(cls, *args):
+    """``cls(*args)``, built once per distinct argument list.  The backend's descriptors are immutable and validated
+    when built, so a layer called at every step reuses one instead of validating the same settings again (host cost,
+    docs/host_overhead.md), and the primitives' signature caches meet the same object.  ``args`` must be hashable:
+    the callers pass the tuples ntuple made."""
+    return cls(*args)
 
 
 def ntuple(value, n: int, op: str, name: str) -> tuple:

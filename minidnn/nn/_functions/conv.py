@@ -21,7 +21,7 @@ from ..._amp_state import autocast_op
 from ...autograd import Function
 from ...backend.errors import ArgumentError, DTypeError
 from ...ops import pad as _pad
-from ._util import batched, check_tensor, check_vector, handle_for, ntuple, wrap
+from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, wrap
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
            "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]
@@ -173,7 +173,7 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
             raise ArgumentError(f"{op}: padding={padding!r} must be 'valid', 'same', an int or a tuple of {nd} ints")
     else:
         padding = ntuple(padding, nd, op, "padding")
-    desc = B.ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)
+    desc = descriptor(B.ConvolutionDescriptor, padding, stride, dilation, groups)
     effective = tuple(d * (k - 1) + 1 for d, k in zip(dilation, weight.shape[2:]))
     padded = tuple(n + 2 * p for n, p in zip(x.shape[2:], padding))
     if any(e > n for e, n in zip(effective, padded)):
@@ -215,7 +215,7 @@ def _conv_transpose(op, nd, x, weight, bias, stride, padding, output_padding, gr
             flat += [0, q]
         x = _pad(x, flat)
     out_shape = (x.shape[0], weight.shape[1] * groups) + out
-    desc = B.ConvolutionDescriptor(padding=padding, stride=stride, dilation=dilation, groups=groups)
+    desc = descriptor(B.ConvolutionDescriptor, padding, stride, dilation, groups)
     y = _add_bias(ConvBackwardData.apply(weight, x, desc, out_shape), bias, nd)
     return y.squeeze(0) if unbatched else y
 

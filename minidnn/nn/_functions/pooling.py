@@ -21,7 +21,7 @@ from ... import backend as B
 from ...autograd import Function
 from ...backend.errors import ArgumentError
 from ...ops import stack
-from ._util import batched, check_tensor, handle_for, ntuple, wrap
+from ._util import batched, check_tensor, descriptor, handle_for, ntuple, wrap
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
            "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d"]
@@ -138,7 +138,7 @@ def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
         if out < 1:
             raise ArgumentError(f"{op}: Output size is too small: input {tuple(x.shape)}, kernel {kernel}, padding "
                                 f"{padding}, stride {stride}, dilation {dilation}, ceil_mode={ceil_mode}")
-    desc = B.PoolingDescriptor(mode, kernel, padding, stride, ceil_mode, dilation)
+    desc = descriptor(B.PoolingDescriptor, mode, kernel, padding, stride, ceil_mode, dilation)
     y = (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
     return y.squeeze(0) if unbatched else y
 
@@ -216,7 +216,7 @@ def _adaptive(op, nd, x, output_size, is_max):
     if all(n % o == 0 for n, o in zip(in_sizes, out)):
         k = tuple(n // o for n, o in zip(in_sizes, out))
         mode = B.PoolingMode.MAX if is_max else B.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING
-        y = (MaxPool if is_max else AvgPool).apply(x, B.PoolingDescriptor(mode, k, 0, k))
+        y = (MaxPool if is_max else AvgPool).apply(x, descriptor(B.PoolingDescriptor, mode, k, 0, k))
     else:
         y = _adaptive_bins(x, in_sizes, out, is_max)
     return y.squeeze(0) if unbatched else y
