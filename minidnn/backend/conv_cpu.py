@@ -54,7 +54,7 @@ import math
 import numpy as np
 
 from .conv_problem import ConvProblem
-from .threads import parallel_map
+from .threads import parallel_map, parallel_parts
 
 __all__ = ["dense_forward", "dense_backward_data", "dense_backward_filter", "depthwise_forward",
            "depthwise_backward_data", "depthwise_backward_filter", "fast_paths_enabled", "register"]
@@ -101,10 +101,9 @@ def _windows(x_cl, out_size, kernel, stride, dilation):
     return np.lib.stride_tricks.as_strided(x_cl, shape=shape, strides=strides, writeable=False)
 
 
-def _batch_spans(n):
-    """[0, n) cut into one contiguous slice per minidnn thread."""
-    from . import threads as _threads
-    parts = max(1, min(_threads._current[0] or 1, n))
+def _batch_spans(n, work):
+    """[0, n) cut into one contiguous slice per minidnn thread (one slice for small work: threads.parallel_parts)."""
+    parts = parallel_parts(n, work)
     bounds = [round(i * n / parts) for i in range(parts + 1)]
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -116,7 +115,7 @@ def _gather(view, batch_axis):
 
     def body(nb):
         out[lead + (nb,)] = view[lead + (nb,)]
-    parallel_map(body, _batch_spans(view.shape[batch_axis]))
+    parallel_map(body, _batch_spans(view.shape[batch_axis], view.size))
     return out
 
 
@@ -387,7 +386,7 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         def col2im(nb):
             for tap in _taps(p):
                 dxpad[(nb, slice(None), *_tap_window(tap, p))] += np.moveaxis(dcols_t[(slice(None), *tap, nb)], 1, 0)
-        parallel_map(col2im, _batch_spans(p.N))
+        parallel_map(col2im, _batch_spans(p.N, dcols_t.size))
         return dxpad[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))]
     # Otherwise a product per tap, added into its strided slice of dx (channels-last, contiguous products):
     # unlike col2im, which reads each tap's columns at a stride of kernel*C, every add reads contiguous rows.
@@ -401,7 +400,7 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         for tap in _taps(p):
             part = rows @ w_taps[(slice(None), *tap)]                   # (n*out, C)
             dx_cl[(nb, *_tap_window(tap, p), slice(None))] += part.reshape(n, *p.out_size, p.C)
-    parallel_map(per_tap, _batch_spans(p.N))
+    parallel_map(per_tap, _batch_spans(p.N, dy_rows.size * math.prod(p.kernel) * p.C))
     return _crop_channels_first(dx_cl, p)
 
 
@@ -417,13 +416,14 @@ def _over_chunks(p: ConvProblem, itemsize, body):
     """body(slice of images) over cache-sized chunks of the batch, the chunks shared out between minidnn's
     threads (parallel_map: NumPy's loops release the GIL); returns the bodies' results in batch order."""
     chunks = _chunks(p, itemsize)
-    return [r for part in parallel_map(lambda span: [body(nb) for nb in span], _spans(chunks)) for r in part]
+    work = p.N * math.prod(p.out_size) * p.C * math.prod(p.kernel)
+    return [r for part in parallel_map(lambda span: [body(nb) for nb in span], _spans(chunks, work)) for r in part]
 
 
-def _spans(chunks):
-    """The chunks in as many contiguous runs as there are threads (at most one run per chunk)."""
-    from . import threads as _threads
-    parts = max(1, min(_threads._current[0] or 1, len(chunks)))
+def _spans(chunks, work):
+    """The chunks in as many contiguous runs as there are threads (at most one run per chunk; one run for small
+    work: threads.parallel_parts)."""
+    parts = parallel_parts(len(chunks), work)
     bounds = [round(i * len(chunks) / parts) for i in range(parts + 1)]
     return [chunks[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -473,7 +473,7 @@ def _flat_plan(p: ConvProblem, in_size, padding, out_size, itemsize, buffers):
     row_len = max(math.prod(grid), offsets[-1] + length)
     images = max(1, min(p.N, _FLAT_CHUNK_BYTES // (buffers * row_len * itemsize)))
     chunks = [(c, slice(n, min(n + images, p.N))) for c in range(p.C) for n in range(0, p.N, images)]
-    return grid, row_len, length, offsets, _spans(chunks)
+    return grid, row_len, length, offsets, _spans(chunks, p.N * p.C * length * len(offsets))
 
 
 def _flat_pad_into(buf, planes, grid, padding, inner):

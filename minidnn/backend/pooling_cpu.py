@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from .threads import parallel_map
+from .threads import parallel_map, parallel_parts
 
 __all__ = ["applies_forward", "applies_backward", "pool_forward", "pool_backward"]
 
@@ -80,13 +80,12 @@ def pool_forward(geom, xc, xp):
         if nan.any():                                 # NaN equals nothing: point at each window's last NaN
             for t in range(len(slices)):
                 np.putmask(a, nan & np.isnan(slices[t]), t)
-    parallel_map(body, _batch_spans(xc.shape[0]))
+    parallel_map(body, _batch_spans(xc.shape[0], value.size * len(taps)))
     return value, arg
 
 
-def _batch_spans(n):
-    from . import threads as _threads
-    parts = max(1, min(_threads._current[0] or 1, n))
+def _batch_spans(n, work):
+    parts = parallel_parts(n, work)
     bounds = [round(i * n / parts) for i in range(parts + 1)]
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 

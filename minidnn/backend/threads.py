@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map"]
+__all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map", "parallel_parts"]
 
 _USER_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _MAX_DEFAULT = 8
@@ -66,6 +66,20 @@ def get_num_threads() -> int:
 
 _current = [None]          # the last count set through minidnn (None: never set; parallel_map then runs serially)
 _pool = [None, 0, 0]       # a ThreadPoolExecutor, its size and the pid that made it (made on first use)
+
+
+# Below this much work (elements an operation touches), a batch is not shared out: handing a part to a pool thread
+# costs tens of microseconds on a busy machine (a futex wake, then every NumPy call of the part hands the GIL back and
+# forth), more than such a part takes.  The digits LeNet's layers (batch 32, 8x8 to 16x16) stay below it.
+MIN_PARALLEL_WORK = 1 << 17
+
+
+def parallel_parts(n: int, work: int) -> int:
+    """How many parts to cut ``n`` items into for ``parallel_map``: minidnn's thread count (at most n), or 1 where
+    ``work`` is below MIN_PARALLEL_WORK."""
+    if work < MIN_PARALLEL_WORK:
+        return 1
+    return max(1, min(_current[0] or 1, n))
 
 
 def parallel_map(fn, items):

@@ -50,8 +50,11 @@ PAIRS = {  # direction: (fast, reference) for dense and for depthwise
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"], autouse=True)
-def threads(request):
-    """The fast forms share the batch out between minidnn's threads: same results with 1 or 2."""
+def threads(request, monkeypatch):
+    """The fast forms share the batch out between minidnn's threads: same results with 1 or 2 (the test arrays are
+    far below the size that is worth a thread: the threshold is lifted here so the 2-thread runs really split)."""
+    import minidnn.backend.threads
+    monkeypatch.setattr(minidnn.backend.threads, "MIN_PARALLEL_WORK", 0)
     import minidnn
     before = minidnn.backend.threads._current[0]
     minidnn.set_num_threads(request.param)
@@ -172,3 +175,12 @@ def test_fast_forms_do_not_apply_to_grouped_or_multiplier_depthwise():
         p = _problem(cfg, np.float32)
         x, w, _ = _inputs(p, np.float32, np.random.default_rng(0))
         assert not conv_cpu._dense(p, x, w) and not conv_cpu._depthwise(p, x, w)
+
+
+def test_small_work_stays_on_the_calling_thread(threads, monkeypatch):
+    """Below threads.MIN_PARALLEL_WORK the batch is not shared out (a pool thread costs more than such a part)."""
+    import minidnn.backend.threads as threads_module
+    monkeypatch.setattr(threads_module, "MIN_PARALLEL_WORK", 1 << 17)
+    assert threads_module.parallel_parts(8, (1 << 17) - 1) == 1
+    assert threads_module.parallel_parts(8, 1 << 17) == threads          # the fixture's thread count
+    assert threads_module.parallel_parts(1, 1 << 30) == 1

@@ -38,8 +38,11 @@ def _input(shape, rng, ties):
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"], autouse=True)
-def threads(request):
-    """The fast forms share the batch out between minidnn's threads: same results with 1 or 2."""
+def threads(request, monkeypatch):
+    """The fast forms share the batch out between minidnn's threads: same results with 1 or 2 (the test arrays are
+    far below the size that is worth a thread: the threshold is lifted here so the 2-thread runs really split)."""
+    import minidnn.backend.threads
+    monkeypatch.setattr(minidnn.backend.threads, "MIN_PARALLEL_WORK", 0)
     import minidnn
     before = minidnn.backend.threads._current[0]
     minidnn.set_num_threads(request.param)
