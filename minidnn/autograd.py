@@ -417,42 +417,36 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        # The hot path of every nn op: list comprehensions and one pass over the outputs (no generators).
         ctx = FunctionCtx()
         ctx._fn_cls = cls
-        tensor_args = []
-        needs_input_grad = []
-        for a in args:                  # one pass over the arguments
-            is_tensor = isinstance(a, Tensor)
-            if is_tensor:
-                tensor_args.append(a)
-            needs_input_grad.append(is_tensor and a.requires_grad)
-        _check_same_device(cls.__name__, tensor_args)
-        ctx.needs_input_grad = needs_input_grad = tuple(needs_input_grad)
-        needs = _state.grad_enabled and any(needs_input_grad)
+        tensor_args = [a for a in args if isinstance(a, Tensor)]
+        if len(tensor_args) > 1:
+            _check_same_device(cls.__name__, tensor_args)
+        ctx.needs_input_grad = needs_input_grad = tuple([isinstance(a, Tensor) and a.requires_grad for a in args])
         prev = _state.grad_enabled
         _state.grad_enabled = False
         try:
             outputs = cls.forward(ctx, *args, **kwargs)
         finally:
             _state.grad_enabled = prev
-        if not needs:
+        if not (prev and any(needs_input_grad)):
             return outputs
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
-        ctx.next_edges = tuple(a._edge() if isinstance(a, Tensor) else None for a in args)
+        ctx.next_edges = tuple([a._edge() if isinstance(a, Tensor) else None for a in args])
         ctx._n_inputs = len(args)
-        ctx._input_meta = tuple((a.shape, a.dtype) if needs else None for a, needs in zip(args, needs_input_grad))
+        ctx._input_meta = tuple([(a.shape, a.dtype) if needs else None for a, needs in zip(args, needs_input_grad)])
         if _state.anomaly:
             ctx.trace = "".join(traceback.format_stack()[:-1])
         wired = []
-        meta = []
-        input_ids = {id(a) for a in tensor_args}
+        meta = []       # per output (shape, dtype, xp); a non-Tensor output gets a float32 scalar's
         for i, o in enumerate(outs):
             if not isinstance(o, Tensor):
                 wired.append(o)
-                meta.append(None)
+                meta.append(((), np.float32, np))
                 continue
-            if id(o) in input_ids and not any(o is d for d in ctx._dirty):
+            if any([o is a for a in tensor_args]) and not any([o is d for d in ctx._dirty]):
                 o = o._view_of_data()     # an input returned as-is becomes a new tensor of this node
             meta.append((tuple(o.shape), o.dtype, o._xp()))
             if id(o) in ctx._non_differentiable:
@@ -462,12 +456,12 @@ class Function:
                 if o.grad_fn is ctx and not o.requires_grad:
                     o.grad_fn = None
             wired.append(o)
-        ctx._out_meta = tuple(m if m is not None else ((), np.float32, np) for m in meta)
+        ctx._out_meta = tuple(meta)
         return wired[0] if single else tuple(wired)
 
 
 def _check_same_device(where, tensors):
-    if len(tensors) < 2 or all(type(t.data) is np.ndarray for t in tensors):
+    if all([type(t.data) is np.ndarray for t in tensors]):
         return
     d0 = tensors[0].device
     for t in tensors[1:]:

@@ -429,7 +429,11 @@ class Module:
         return handle
 
     def __call__(self, *args, **kwargs):
-        if self.__dict__.get("_backward_hooks") or self.__dict__.get("_backward_pre_hooks"):
+        d = self.__dict__       # no hook of any kind (the common case): straight to forward, one frame
+        if not (d.get("_forward_pre_hooks", 1) or d.get("_forward_hooks", 1) or d.get("_backward_hooks")
+                or d.get("_backward_pre_hooks")):
+            return self.forward(*args, **kwargs)
+        if d.get("_backward_hooks") or d.get("_backward_pre_hooks"):
             from ._backward_hooks import call_with_backward_hooks
             return call_with_backward_hooks(self, args, kwargs, self._call_forward)
         return self._call_forward(*args, **kwargs)
