@@ -58,16 +58,18 @@ class _BatchNorm(Module):
             raise ArgumentError(f"{type(self).__name__}: expected {' or '.join(f'{d}D' for d in self._dims)} input "
                              f"(got {input.ndim}D input of shape {tuple(input.shape)})")
         factor = 0.0 if self.momentum is None else self.momentum
-        tracking = self.training and self.track_running_stats and self.num_batches_tracked is not None
+        counter = self.num_batches_tracked
+        tracking = self.training and self.track_running_stats and counter is not None
         if tracking and self.momentum is None:      # cumulative moving average over the batches so far
-            factor = 1.0 / float(self.num_batches_tracked.item() + 1)
+            factor = 1.0 / float(counter.item() + 1)
         # Batch statistics in training, and in eval when there are no running statistics to use.
         use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         update = not self.training or self.track_running_stats
         out = F.batch_norm(input, self.running_mean if update else None, self.running_var if update else None,
                            self.weight, self.bias, use_batch_stats, factor, self.eps)
-        if tracking:        # counted only once the batch went through (a failing forward changes nothing)
-            self.num_batches_tracked.add_(1)
+        if tracking:        # counted only once the batch went through (a failing forward changes nothing), in place
+            counter.data += 1       # on its array: one add and no recorded op (add_ would add, then copy back)
+            counter._version += 1
         return out
 
     def extra_repr(self):
