@@ -448,6 +448,30 @@ def test_embedding_matches_torch_with_padding(device):
     assert repr(emb) == repr(temb)
 
 
+@pytest.mark.parametrize("kw", [{"max_norm": 1.0}, {"max_norm": 0.5, "norm_type": 1.0}, {"scale_grad_by_freq": True},
+                                {"padding_idx": 1, "max_norm": 1.2, "scale_grad_by_freq": True}])
+def test_embedding_max_norm_and_scale_grad_by_freq_match_torch(kw, device):
+    """PyTorch's positional order (padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse) and semantics:
+    looked-up rows renormalised in place before the lookup, gradients divided by each row's count."""
+    torch = pytest.importorskip("torch")
+    w0 = np.random.default_rng(5).standard_normal((6, 3)).astype(np.float32) * 2
+    emb = nn.Embedding.from_pretrained(mdn.tensor(w0), freeze=False, **kw).to(device)
+    temb = torch.nn.Embedding.from_pretrained(torch.from_numpy(w0.copy()), freeze=False, **kw)
+    idx = np.array([[0, 1, 5], [1, 1, 3]])
+    y, ty = emb(mdn.tensor(idx, device=device)), temb(torch.from_numpy(idx))
+    np.testing.assert_allclose(y.detach().cpu().numpy(), ty.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(emb.weight.detach().cpu().numpy(), temb.weight.detach().numpy(), rtol=1e-6)
+    gy = np.arange(18, dtype=np.float32).reshape(2, 3, 3)
+    y.backward(mdn.tensor(gy, device=device))
+    ty.backward(torch.from_numpy(gy))
+    np.testing.assert_allclose(emb.weight.grad.cpu().numpy(), temb.weight.grad.numpy(), rtol=1e-6)
+    assert repr(emb) == repr(temb)
+    positional = nn.Embedding(6, 3, None, 1.0)                   # the 4th positional argument is max_norm
+    assert positional.max_norm == 1.0 and repr(positional) == repr(torch.nn.Embedding(6, 3, None, 1.0))
+    with pytest.raises(ValueError, match="sparse"):
+        nn.Embedding(6, 3, sparse=True)
+
+
 def test_embedding_from_pretrained_and_errors():
     w = mdn.randn(4, 2)
     emb = nn.Embedding.from_pretrained(w)
