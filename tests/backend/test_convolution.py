@@ -455,9 +455,15 @@ def test_find_returns_results_sorted_by_time(device, direction):
              "backward_filter": lambda: find_convolution_backward_filter_algorithm(h, x, dy, d, SEL_W, repeats=1),
              }[direction]()
     ok = [p for p in perfs if p.status is Status.SUCCESS]
-    # the four reference algorithms everywhere; the GPU adds its own kernels (implicit GEMM forward, ALGO_3 filter)
-    want = 4 if device == "cpu" else {"forward": 6, "backward_data": 4, "backward_filter": 5}[direction]
-    assert len(ok) == want and perfs[:want] == ok, [(p.algo.name, p.status.name) for p in perfs]
+    # the four reference algorithms succeed everywhere; the GPU adds its own kernels (implicit GEMM forward,
+    # ALGO_3 filter), which may succeed too; successes come first
+    names = {p.algo.name for p in ok}
+    reference = {"forward": {"GEMM", "DIRECT", "FFT", "WINOGRAD_NONFUSED"},
+                 "backward_data": {"ALGO_0", "ALGO_1", "FFT", "WINOGRAD_NONFUSED"},
+                 "backward_filter": {"ALGO_0", "ALGO_1", "FFT", "WINOGRAD_NONFUSED"}}[direction]
+    status = [(p.algo.name, p.status.name) for p in perfs]
+    assert (names == reference if device == "cpu" else names >= reference), status
+    assert perfs[:len(ok)] == ok, status
     assert [p.time for p in ok] == sorted(p.time for p in ok) and all(p.time >= 0 for p in ok)
     assert all(p.determinism is Determinism.DETERMINISTIC and p.math_type is MathType.DEFAULT for p in ok)
     assert all(p.reason for p in perfs[4:])
