@@ -22,6 +22,10 @@ from .autograd import enable_grad, inference_mode, no_grad, set_grad_enabled, is
 from .tensor import *                       # noqa: E402,F401,F403
 from .creation import *                     # noqa: E402,F401,F403
 from .tensor import Tensor                  # noqa: E402,F401
+from . import gradcheck as _gradcheck       # noqa: E402  (numerical checks, above the engine; PyTorch spells them
+for _name in ("gradcheck", "gradgradcheck", "GradcheckError"):        # torch.autograd.gradcheck: bound there)
+    setattr(autograd, _name, getattr(_gradcheck, _name))
+del _name
 from . import ops as _ops                   # noqa: E402,F401  (binds the Tensor methods)
 from .ops import *                          # noqa: E402,F401,F403
 from .ops import softmax, log_softmax       # noqa: E402,F401

@@ -34,7 +34,7 @@ Tensor = None
 __all__ = [
     "Function", "FunctionCtx", "Node", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
     "inference_mode", "grad", "backward", "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
-    "gradcheck", "gradgradcheck", "GradcheckError",   # noqa: F822  (module __getattr__: minidnn/gradcheck.py)
+    "gradcheck", "gradgradcheck", "GradcheckError",   # noqa: F822  (bound by minidnn/__init__.py from gradcheck.py)
 ]
 
 
@@ -728,14 +728,3 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
         retain_graph = create_graph
     return run_backward(outputs, grads, retain_graph=retain_graph, create_graph=create_graph,
                         targets=inputs, allow_unused=allow_unused)
-
-
-# Numerical gradient checks live in minidnn/gradcheck.py (PyTorch's torch.autograd.gradcheck); reached from here.
-_GRADCHECK_NAMES = ("gradcheck", "gradgradcheck", "GradcheckError")
-
-
-def __getattr__(name):
-    if name in _GRADCHECK_NAMES:
-        from . import gradcheck as _gc
-        return getattr(_gc, name)
-    raise AttributeError(f"module 'minidnn.autograd' has no attribute '{name}'")

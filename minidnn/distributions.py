@@ -13,8 +13,12 @@ import numbers
 
 import numpy as np
 
+from .autograd import no_grad
 from .backend.errors import ArgumentError
+from .creation import arange, rand, randn
 from .creation import tensor as _tensor
+from .ops import where
+from .random import multinomial
 from .tensor import Tensor
 
 __all__ = ["Distribution", "Categorical", "Normal", "Bernoulli", "Uniform", "kl_divergence"]
@@ -126,7 +130,6 @@ class Categorical(Distribution):
     def sample(self, sample_shape=(), *, generator=None):
         """Indices of shape (*sample_shape, *batch_shape) (int64), drawn with replacement per batch element.
         ``generator`` (a minidnn.Generator) is a minidnn extension for reproducible draws."""
-        from . import multinomial, no_grad
         shape = _shape(sample_shape)
         n = int(np.prod(shape)) if shape else 1
         with no_grad():
@@ -163,7 +166,6 @@ class Categorical(Distribution):
 
     def enumerate_support(self, expand=True):
         """0..K-1 shaped (K, *batch_shape) (or (K, 1, ..., 1) when ``expand`` is False)."""
-        from . import arange
         values = arange(self._num_events, device=self._param.device).reshape(
             (self._num_events,) + (1,) * len(self.batch_shape))
         return values.expand(self._num_events, *self.batch_shape) if expand else values
@@ -255,7 +257,6 @@ class _Elementwise(Distribution):
 
     def sample(self, sample_shape=()):
         """A draw of shape (*sample_shape, *batch_shape), outside autograd."""
-        from . import no_grad
         with no_grad():
             return self.rsample(sample_shape).detach()
 
@@ -292,7 +293,6 @@ class Normal(_Elementwise):
 
     def rsample(self, sample_shape=()):
         """loc + eps * scale, eps ~ N(0, 1) from minidnn's generator (differentiable in loc and scale)."""
-        from . import randn
         eps = randn(*self._extended_shape(sample_shape), dtype=self.loc.dtype, device=self.loc.device)
         return self.loc + eps * self.scale
 
@@ -353,7 +353,6 @@ class Bernoulli(_Elementwise):
 
     @property
     def mode(self):
-        from . import where
         p = self.probs
         return where(p == 0.5, math.nan, (p >= 0.5).astype(p.dtype))
 
@@ -366,7 +365,6 @@ class Bernoulli(_Elementwise):
 
     def sample(self, sample_shape=()):
         """0./1. draws of shape (*sample_shape, *batch_shape), 1 with probability probs (outside autograd)."""
-        from . import no_grad, rand
         with no_grad():
             p = self.probs.detach()
             u = rand(*self._extended_shape(sample_shape), dtype=p.dtype, device=p.device)
@@ -438,13 +436,11 @@ class Uniform(_Elementwise):
 
     def rsample(self, sample_shape=()):
         """low + u (high - low), u ~ U(0, 1) from minidnn's generator."""
-        from . import rand
         u = rand(*self._extended_shape(sample_shape), dtype=self.low.dtype, device=self.low.device)
         return self.low + u * (self.high - self.low)
 
     def log_prob(self, value):
         """-log(high - low) inside [low, high), -inf outside."""
-        from . import where
         self._validate_sample(value)
         inside = (self.low <= value) & (self.high > value)
         return where(inside, -(self.high - self.low).log(), -math.inf)
@@ -466,7 +462,6 @@ class Uniform(_Elementwise):
 # ---- kl_divergence -----------------------------------------------------------------------------------------
 
 def _kl_categorical(p, q):
-    from . import where
     t = p.probs * (p.logits - q.logits)
     t = where(q.probs == 0, math.inf, t)
     t = where(p.probs == 0, 0.0, t)
@@ -481,7 +476,6 @@ def _kl_normal(p, q):
 
 
 def _kl_bernoulli(p, q):
-    from . import where
     from .nn.functional import softplus
     t1 = p.probs * (softplus(-q.logits) - softplus(-p.logits))
     t1 = where(p.probs == 0, 0.0, where(q.probs == 0, math.inf, t1))
@@ -491,7 +485,6 @@ def _kl_bernoulli(p, q):
 
 
 def _kl_uniform(p, q):
-    from . import where
     out = ((q.high - q.low) / (p.high - p.low)).log()
     return where((q.low > p.low) | (q.high < p.high), math.inf, out)
 

@@ -126,8 +126,7 @@ class Generator:
 
 def _current_cuda_index():
     try:
-        from . import cuda
-        return cuda.current_device()
+        return _dev.current_cuda_index()
     except Exception:  # noqa: BLE001  (no CuPy: let device() below report it)
         return 0
 

@@ -1,7 +1,8 @@
-"""The package's import graph between top-level parts (minidnn.tensor, minidnn.nn, minidnn.backend, ...), from
-module-level ``from ... import`` statements; imports inside functions (deferred, to break a cycle on purpose) are
-not edges.  ``python tools/import_graph.py`` prints the edges and any cycle; tests/test_import_graph.py asserts
-that there is none and that the engine and the backend sit where docs/architecture.md puts them."""
+"""The package's import graph, from its ``from ... import`` statements, at module level and inside functions alike
+(a deferred import that closes a loop is still a cycle): between modules, and between top-level parts
+(minidnn.tensor, minidnn.nn, minidnn.backend, ...).  ``python tools/import_graph.py`` prints the parts' edges and
+any cycle; tests/test_import_graph.py asserts that there is none and that the engine and the backend sit where
+docs/architecture.md puts them."""
 from __future__ import annotations
 
 import ast
@@ -35,17 +36,25 @@ def part(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def layer_graph() -> dict:
-    """{part: set of parts it imports at module level}; the package's own __init__ (the public face) is left out."""
+def module_graph() -> dict:
+    """{module: set of minidnn modules it imports}, every import statement counted."""
     mods = _modules()
     graph = collections.defaultdict(set)
     for name, path in mods.items():
-        for node in ast.parse(path.read_text()).body:
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                for t in _targets(mods, name, path, node):
-                    a, b = part(name), part(t)
-                    if t.startswith("minidnn") and a != b and a != "minidnn":
-                        graph[a].add(b)
+                graph[name].update(t for t in _targets(mods, name, path, node) if t in mods and t != name)
+    return dict(graph)
+
+
+def layer_graph() -> dict:
+    """{part: set of parts it imports}; the package's own __init__ (the public face) is left out."""
+    graph = collections.defaultdict(set)
+    for name, targets in module_graph().items():
+        for t in targets:
+            a, b = part(name), part(t)
+            if a != b and a != "minidnn":
+                graph[a].add(b)
     return dict(graph)
 
 
@@ -72,4 +81,5 @@ if __name__ == "__main__":
     g = layer_graph()
     for a in sorted(g):
         print(f"{a} -> {', '.join(sorted(x.removeprefix('minidnn.') for x in g[a]))}")
-    print("cycles:", cycles(g) or "none")
+    print("cycles between parts:", cycles(g) or "none")
+    print("cycles between modules:", cycles(module_graph()) or "none")

@@ -511,5 +511,5 @@ BACKWARD_FILTER_ALGORITHMS = _registry("convolution_backward_filter", Convolutio
 
 from . import conv_cpu as _conv_cpu  # noqa: E402  (the NumPy fast forms of GEMM and DIRECT, beside the references)
 
-_conv_cpu.register()
-_cuda_conv.register()
+_conv_cpu.register(FORWARD_ALGORITHMS, BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS)
+_cuda_conv.register(FORWARD_ALGORITHMS, BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS)

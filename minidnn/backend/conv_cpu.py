@@ -610,28 +610,12 @@ def _depthwise(p: ConvProblem, a, b):
     return _on_cpu(a) and p.groups > 1 and p.Cg == 1 and p.K == p.C
 
 
-def register():
-    """Attach the fast forms to the GEMM and DIRECT algorithms of the three registries (called once by
-    conv_algorithms.py).  The registry, the heuristic and ``find`` see the same algorithms as before; on
-    NumPy arrays of a supported shape the algorithm runs its fast form, elsewhere its reference."""
-    from .conv_algorithms import (
-        BACKWARD_DATA_ALGORITHMS as BD,
-    )
-    from .conv_algorithms import (
-        BACKWARD_FILTER_ALGORITHMS as BF,
-    )
-    from .conv_algorithms import (
-        FORWARD_ALGORITHMS as FW,
-    )
-    from .conv_algorithms import (
-        ConvolutionBwdDataAlgo as DA,
-    )
-    from .conv_algorithms import (
-        ConvolutionBwdFilterAlgo as FA,
-    )
-    from .conv_algorithms import (
-        ConvolutionFwdAlgo as A,
-    )
+def register(FW, BD, BF):
+    """Attach the fast forms to the GEMM and DIRECT algorithms of the three registries (forward, backward data,
+    backward filter; called once by conv_algorithms.py, which passes them in).  The registry, the heuristic and
+    ``find`` see the same algorithms as before; on NumPy arrays of a supported shape the algorithm runs its fast
+    form, elsewhere its reference."""
+    A, DA, FA = FW.enum_type, BD.enum_type, BF.enum_type
     FW.get(A.GEMM).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense, dense_forward)
     BD.get(DA.ALGO_1).add_fast_path("one GEMM + channels-last col2im (CPU, groups 1)", _dense, dense_backward_data)
     BF.get(FA.ALGO_1).add_fast_path("channels-last im2col + one GEMM (CPU, groups 1)", _dense,

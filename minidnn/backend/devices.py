@@ -16,7 +16,7 @@ from .errors import ArgumentError
 
 __all__ = ["is_floating",
     "Device", "device", "array_module", "device_of", "xp_for", "to_device", "device_guard",
-    "cuda_is_available", "cuda_device_count", "default_device", "set_default_device",
+    "cuda_is_available", "cuda_device_count", "current_cuda_index", "default_device", "set_default_device",
     "CudaUnavailableError", "DeviceMismatchError", "is_cuda_array",
 ]
 
@@ -55,6 +55,11 @@ def require_cupy():
             f"({type(_cupy_error).__name__}: {_cupy_error}). Install the GPU extra that matches your CUDA "
             "driver: pip install 'minidnn[cuda12]' (CUDA 12.x) or 'minidnn[cuda13]' (CUDA 13.x).")
     return cp
+
+
+def current_cuda_index() -> int:
+    """The calling thread's current GPU ordinal (CuPy's current device; ``minidnn.cuda.current_device``)."""
+    return int(require_cupy().cuda.runtime.getDevice())
 
 
 def cuda_device_count() -> int:

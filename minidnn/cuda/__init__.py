@@ -28,8 +28,8 @@ def device_count() -> int:
 
 
 def current_device() -> int:
-    cp = _dev.device("cuda").xp
-    return int(cp.cuda.runtime.getDevice())
+    """The index of the current GPU (torch.cuda.current_device)."""
+    return _dev.current_cuda_index()
 
 
 def set_device(device) -> None:

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["Blocker", "check"]
+__all__ = ["Blocker", "diagnose"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FIXES = {
@@ -132,12 +132,11 @@ def _instrument(stack, rec, cuda_inputs):
         stack.enter_context(_patched(np.random, name, rand(f"numpy.random.{name}")))
 
 
-def check(fn, *args, **kwargs):
-    """Run ``fn(*args, **kwargs)`` once in checking mode, then try to capture it; return the list of Blockers (empty:
-    the step can be captured).  A report is printed too."""
+def diagnose(fn, args, kwargs, capture):
+    """Run ``fn(*args, **kwargs)`` once in checking mode, then ``capture()`` (fn inside a CUDA-graph capture, given
+    by minidnn.cuda.graphs.check); return the list of Blockers (empty: the step can be captured), printing a report."""
     from ..backend.cuda import graphs as backend_graphs
     from ..tensor import Tensor
-    from . import graphs
     rec = _Recorder()
     cuda_inputs = any(isinstance(a, Tensor) and a.device.type == "cuda"
                       for a in list(args) + list(kwargs.values()))
@@ -146,10 +145,8 @@ def check(fn, *args, **kwargs):
         stack.enter_context(backend_graphs.record_library_calls(lambda what: rec.add("library call", what)))
         fn(*args, **kwargs)
     if not rec.found and cuda_inputs:
-        g = graphs.CUDAGraph()
         try:
-            with graphs.graph(g):
-                fn(*args, **kwargs)
+            capture()
         except Exception as exc:
             rec.found.append(Blocker("capture failed", "<capture>", f"{type(exc).__name__}: {str(exc)[:300]}",
                                      _FIXES["capture failed"]))

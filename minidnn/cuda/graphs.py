@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import gc
 
+from . import doctor as _doctor
+from .doctor import Blocker  # noqa: F401  (minidnn.cuda.graphs.Blocker)
+
 __all__ = ["Stream", "stream", "current_stream", "CUDAGraph", "graph", "graph_pool_handle",
            "make_graphed_callables", "is_current_stream_capturing", "check", "Blocker"]
 
@@ -156,8 +159,7 @@ class graph:
         self.stream = stream
 
     def __enter__(self):
-        from .. import cuda
-        cuda.synchronize()
+        _g().synchronize_device()
         gc.collect()        # free what earlier steps left behind, before the graph's memory is laid out
         self.cuda_graph.capture_begin(pool=self.pool, stream=self.stream)
         return self.cuda_graph
@@ -204,4 +206,11 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     return out[0] if single else tuple(out)
 
 
-from .doctor import Blocker, check  # noqa: E402  (the capture doctor: minidnn.cuda.graphs.check)
+def check(fn, *args, **kwargs):
+    """The capture doctor: run ``fn(*args, **kwargs)`` once in checking mode, then try to capture it in a
+    CUDAGraph; return the list of Blockers (each with the user's file:line and a fix; empty: the step can be
+    captured), printing a report (minidnn/cuda/doctor.py)."""
+    def capture():
+        with graph(CUDAGraph()):
+            fn(*args, **kwargs)
+    return _doctor.diagnose(fn, args, kwargs, capture)

@@ -94,27 +94,10 @@ def _implicit_cost_if(p, device_type):
     return None
 
 
-def register():
-    """Mark the CUDA-only members (called once by conv_algorithms.py, after the registries exist) and attach the
-    kernels as fast paths of DIRECT / ALGO_0."""
-    from ..conv_algorithms import (
-        BACKWARD_DATA_ALGORITHMS as BD,
-    )
-    from ..conv_algorithms import (
-        BACKWARD_FILTER_ALGORITHMS as BF,
-    )
-    from ..conv_algorithms import (
-        FORWARD_ALGORITHMS as FW,
-    )
-    from ..conv_algorithms import (
-        ConvolutionBwdDataAlgo as DA,
-    )
-    from ..conv_algorithms import (
-        ConvolutionBwdFilterAlgo as FA,
-    )
-    from ..conv_algorithms import (
-        ConvolutionFwdAlgo as A,
-    )
+def register(FW, BD, BF):
+    """Mark the CUDA-only members and attach the kernels as fast paths of DIRECT / ALGO_0 in the three registries
+    (forward, backward data, backward filter; called once by conv_algorithms.py, which passes them in)."""
+    A, DA, FA = FW.enum_type, BD.enum_type, BF.enum_type
     for alg in (FW.get(A.IMPLICIT_GEMM), FW.get(A.IMPLICIT_PRECOMP_GEMM), BF.get(FA.ALGO_3)):
         alg.devices = ("cuda",)
         alg.native_half = True

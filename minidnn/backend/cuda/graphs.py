@@ -14,7 +14,7 @@ import contextlib
 from . import launch as _launch
 
 __all__ = ["new_stream", "current_stream", "wait_stream", "use_stream", "new_pool", "capture", "launch_graph",
-           "is_capturing", "synchronize_stream"]
+           "is_capturing", "synchronize_stream", "synchronize_device"]
 
 
 def new_stream():
@@ -37,6 +37,11 @@ def use_stream(stream):
 
 def synchronize_stream(stream):
     stream.synchronize()
+
+
+def synchronize_device():
+    """Wait for all work queued on the current GPU (every stream)."""
+    _launch.cupy().cuda.Device().synchronize()
 
 
 def new_pool():
