@@ -1,23 +1,19 @@
-"""Layers over the reshaping, distance and normalisation ops of minidnn/nn/_functions/extra.py: CosineSimilarity,
-PairwiseDistance, PixelShuffle / PixelUnshuffle, ChannelShuffle, Unfold / Fold, AlphaDropout, InstanceNorm1d/2d/3d
-and Bilinear, with PyTorch's constructor arguments, parameters, buffers and repr."""
+"""Layers over the reshaping and distance ops of minidnn/nn/_functions/extra.py: CosineSimilarity,
+PairwiseDistance, PixelShuffle / PixelUnshuffle, ChannelShuffle, Unfold / Fold, AlphaDropout and Bilinear, with
+PyTorch's constructor arguments, parameters and repr (InstanceNorm is with the other normalisation layers)."""
 from __future__ import annotations
 
 import math
-import warnings
-
-import numpy as np
 
 from ...backend.errors import ArgumentError
-from ...creation import empty, tensor, zeros
+from ...creation import empty
 from .. import functional as F
 from .. import init
 from ..module import Module
 from ..parameter import Parameter
-from .normalization import _affine_parameters
 
 __all__ = ["CosineSimilarity", "PairwiseDistance", "PixelShuffle", "PixelUnshuffle", "ChannelShuffle", "Unfold",
-           "Fold", "AlphaDropout", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "Bilinear"]
+           "Fold", "AlphaDropout", "Bilinear"]
 
 
 class CosineSimilarity(Module):
@@ -129,71 +125,6 @@ class AlphaDropout(Module):
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"
-
-
-class _InstanceNorm(Module):
-    """PyTorch's _InstanceNorm: no affine parameters and no running statistics by default; with
-    ``track_running_stats`` the running statistics are updated in training and used in eval."""
-
-    _batched_ndim = 3
-
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
-                 dtype=None, *, bias=True):
-        super().__init__()
-        self.num_features, self.eps, self.momentum = num_features, eps, momentum
-        self.affine, self.track_running_stats = affine, track_running_stats
-        _affine_parameters(self, (num_features,), affine, affine and bias, device, dtype)
-        if track_running_stats:
-            self.register_buffer("running_mean", zeros(num_features, device=device, dtype=dtype))
-            self.register_buffer("running_var", zeros(num_features, device=device, dtype=dtype) + 1)
-            self.register_buffer("num_batches_tracked", tensor(0, dtype=np.int64, device=device))
-        else:
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                self.register_buffer(name, None)
-
-    def reset_running_stats(self):
-        if self.track_running_stats:
-            self.running_mean.zero_()
-            self.running_var.fill_(1)
-            self.num_batches_tracked.zero_()
-
-    def forward(self, input):
-        name, nd = type(self).__name__, self._batched_ndim
-        if input.ndim not in (nd - 1, nd):
-            raise ArgumentError(f"{name}: expected {nd - 1}D or {nd}D input (got {input.ndim}D input of shape "
-                                f"{tuple(input.shape)})")
-        feature_dim = input.ndim - (nd - 1)
-        if input.shape[feature_dim] != self.num_features:
-            if self.affine:
-                raise ArgumentError(f"{name}: expected input's size at dim={feature_dim} to match num_features "
-                                    f"({self.num_features}), but got: {input.shape[feature_dim]}.")
-            warnings.warn(f"input's size at dim={feature_dim} does not match num_features. You can silence this "
-                          "warning by not passing in num_features, which is not used because affine=False",
-                          stacklevel=2)
-        x = input.unsqueeze(0) if input.ndim == nd - 1 else input
-        y = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                            self.training or not self.track_running_stats,
-                            self.momentum if self.momentum is not None else 0.0, self.eps)
-        return y.squeeze(0) if input.ndim == nd - 1 else y
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
-
-
-class InstanceNorm1d(_InstanceNorm):
-    """Instance normalisation of (N, C, L) or unbatched (C, L) (``nn.InstanceNorm1d``)."""
-    _batched_ndim = 3
-
-
-class InstanceNorm2d(_InstanceNorm):
-    """Instance normalisation of (N, C, H, W) or unbatched (C, H, W) (``nn.InstanceNorm2d``)."""
-    _batched_ndim = 4
-
-
-class InstanceNorm3d(_InstanceNorm):
-    """Instance normalisation of (N, C, D, H, W) or unbatched (C, D, H, W) (``nn.InstanceNorm3d``)."""
-    _batched_ndim = 5
 
 
 class Bilinear(Module):

@@ -1,4 +1,4 @@
-"""Normalisation layers: BatchNorm1d/2d/3d, LayerNorm, GroupNorm, LocalResponseNorm.
+"""Normalisation layers: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm, GroupNorm, LocalResponseNorm.
 
 BatchNorm follows PyTorch exactly: training normalises with the batch statistics and updates
 running_mean / running_var (unbiased) in place with ``momentum`` (None: a cumulative average,
@@ -6,6 +6,8 @@ factor 1 / num_batches_tracked); eval uses the running statistics, unless track_
 in which case the batch statistics are used in both modes.
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -15,7 +17,8 @@ from .. import functional as F
 from ..module import Module
 from ..parameter import Parameter
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "LocalResponseNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
+           "LayerNorm", "GroupNorm", "LocalResponseNorm"]
 
 
 def _affine_parameters(module, shape, weight, bias, device, dtype):
@@ -24,8 +27,8 @@ def _affine_parameters(module, shape, weight, bias, device, dtype):
     module.register_parameter("bias", Parameter(zeros(*shape, device=device, dtype=dtype)) if bias else None)
 
 
-class _BatchNorm(Module):
-    _dims = (4,)
+class _NormBase(Module):
+    """What batch and instance norm share (PyTorch's _NormBase): affine weight/bias, running statistics, repr."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
                  dtype=None, *, bias=True):
@@ -53,6 +56,14 @@ class _BatchNorm(Module):
             if p is not None:
                 p.data[...] = value
 
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
+
+
+class _BatchNorm(_NormBase):
+    _dims = (4,)
+
     def forward(self, input):
         if input.ndim not in self._dims:
             raise ArgumentError(f"{type(self).__name__}: expected {' or '.join(f'{d}D' for d in self._dims)} input "
@@ -71,10 +82,6 @@ class _BatchNorm(Module):
             counter.data += 1       # on its array: one add and no recorded op (add_ would add, then copy back)
             counter._version += 1
         return out
-
-    def extra_repr(self):
-        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
     def _macs(self, input, output):
         return input.numel()        # one multiply-add per element (the folded scale and shift)
@@ -141,3 +148,48 @@ class LocalResponseNorm(Module):
 
     def extra_repr(self):
         return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class _InstanceNorm(_NormBase):
+    """PyTorch's _InstanceNorm: no affine parameters and no running statistics by default; with
+    ``track_running_stats`` the running statistics are updated in training and used in eval."""
+
+    _batched_ndim = 3
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False, device=None,
+                 dtype=None, *, bias=True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias)
+
+    def forward(self, input):
+        name, nd = type(self).__name__, self._batched_ndim
+        if input.ndim not in (nd - 1, nd):
+            raise ArgumentError(f"{name}: expected {nd - 1}D or {nd}D input (got {input.ndim}D input of shape "
+                                f"{tuple(input.shape)})")
+        feature_dim = input.ndim - (nd - 1)
+        if input.shape[feature_dim] != self.num_features:
+            if self.affine:
+                raise ArgumentError(f"{name}: expected input's size at dim={feature_dim} to match num_features "
+                                    f"({self.num_features}), but got: {input.shape[feature_dim]}.")
+            warnings.warn(f"input's size at dim={feature_dim} does not match num_features. You can silence this "
+                          "warning by not passing in num_features, which is not used because affine=False",
+                          stacklevel=2)
+        x = input.unsqueeze(0) if input.ndim == nd - 1 else input
+        y = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                            self.training or not self.track_running_stats,
+                            self.momentum if self.momentum is not None else 0.0, self.eps)
+        return y.squeeze(0) if input.ndim == nd - 1 else y
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Instance normalisation of (N, C, L) or unbatched (C, L) (``nn.InstanceNorm1d``)."""
+    _batched_ndim = 3
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Instance normalisation of (N, C, H, W) or unbatched (C, H, W) (``nn.InstanceNorm2d``)."""
+    _batched_ndim = 4
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Instance normalisation of (N, C, D, H, W) or unbatched (C, D, H, W) (``nn.InstanceNorm3d``)."""
+    _batched_ndim = 5
