@@ -10,7 +10,6 @@ from . import (
 )
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential  # noqa: F401
 from .layers import *  # noqa: F401,F403  (conv, pooling, normalisation, activation, dropout and loss layers)
-from .layers.loss_extra import *  # noqa: F401,F403  (KLDivLoss, HuberLoss, the margin losses, ...)
-from .layers.misc import *  # noqa: F401,F403  (InstanceNorm, PixelShuffle, Unfold/Fold, Bilinear, ...)
+from .layers.misc import *  # noqa: F401,F403  (PixelShuffle, Unfold/Fold, Bilinear, ...)
 from .module import Module, RemovableHandle  # noqa: F401
 from .parameter import Buffer, Parameter  # noqa: F401
