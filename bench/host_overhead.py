@@ -30,6 +30,7 @@ import time
 import types
 
 sys.path.insert(0, os.path.dirname(__file__))
+from train_step import make_step as _make_step  # noqa: E402
 from train_step import torch, torch_models  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
@@ -44,19 +45,9 @@ BATCH = 2
 
 
 def make_step(lib, models, name, device="cpu"):
+    """(step, optimizer) of model ``name`` at batch BATCH on tiny images (train_step.make_step)."""
     ctor, shape = CONFIGS[name]
-    lib.manual_seed(0)
-    model = eval(ctor, models).to(device)
-    opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = lib.randn(BATCH, *shape, device=device)
-    y = lib.randint(0, 10, (BATCH,), device=device)
-    cross_entropy = lib.nn.functional.cross_entropy
-
-    def step():
-        loss = cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    step, _, opt = _make_step(lib, models, ctor, shape, BATCH, device)
     return step, opt
 
 
@@ -71,7 +62,7 @@ def time_step(step, steps, rounds=5, sync=None):
     for _ in range(rounds):
         times = []
         gc.collect()
-        for _ in range(steps // rounds):
+        for _ in range(max(1, steps // rounds)):
             t0 = clock()
             step()
             if sync is not None:

@@ -62,9 +62,10 @@ def _median_ms(step, sync, steps):
     return statistics.median(times)
 
 
-def bench(lib, models, ctor, shape, batch, device, steps):
-    """(median ms per step, parameter count) for ``lib`` (minidnn or torch: the same API here) and the
-    namespace ``models`` holding that library's model classes."""
+def make_step(lib, models, ctor, shape, batch, device):
+    """(step, model, optimizer): one SGD-momentum training step of the model ``ctor`` builds from the namespace
+    ``models`` (that library's model classes) on a fixed random batch; ``lib`` is minidnn or torch (the same API
+    here).  Shared by the benchmarks that time steps (train_step.py, host_overhead.py)."""
     lib.manual_seed(0)
     model = eval(ctor, models).to(device)
     opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -77,6 +78,13 @@ def bench(lib, models, ctor, shape, batch, device, steps):
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return step, model, opt
+
+
+def bench(lib, models, ctor, shape, batch, device, steps):
+    """(median ms per step, parameter count) for ``lib`` (minidnn or torch: the same API here) and the
+    namespace ``models`` holding that library's model classes."""
+    step, model, _ = make_step(lib, models, ctor, shape, batch, device)
     sync = lib.cuda.synchronize if device != "cpu" else (lambda: None)
     n_params = sum(p.numel() for p in model.parameters())
     ms = _median_ms(step, sync, steps)
