@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .._amp_state import autocast_op
 from ..backend.errors import ArgumentError
+from ._functions import extra as _extra
 from ._functions.activation import (  # noqa: F401
     dropout,
     dropout1d,
@@ -33,49 +34,7 @@ from ._functions.activation import (  # noqa: F401
     tanh,
 )
 from ._functions.conv import conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d  # noqa: F401
-from ._functions.extra import (  # noqa: F401
-    affine_grid,
-    alpha_dropout,
-    bilinear,
-    celu,
-    channel_shuffle,
-    cosine_embedding_loss,
-    cosine_similarity,
-    embedding,
-    fold,
-    gaussian_nll_loss,
-    glu,
-    grid_sample,
-    hardshrink,
-    hardsigmoid,
-    hardswish,
-    hinge_embedding_loss,
-    huber_loss,
-    instance_norm,
-    kl_div,
-    logsigmoid,
-    margin_ranking_loss,
-    mish,
-    multi_margin_loss,
-    multilabel_margin_loss,
-    multilabel_soft_margin_loss,
-    pairwise_distance,
-    pdist,
-    pixel_shuffle,
-    pixel_unshuffle,
-    poisson_nll_loss,
-    prelu,
-    rrelu,
-    selu,
-    soft_margin_loss,
-    softmin,
-    softshrink,
-    softsign,
-    tanhshrink,
-    threshold,
-    triplet_margin_loss,
-    unfold,
-)
+from ._functions.extra import *  # noqa: F401,F403  (its __all__ joins this one's below)
 from ._functions.loss import (  # noqa: F401
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
@@ -112,16 +71,7 @@ __all__ = [
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "one_hot", "pad",
     "interpolate", "upsample", "normalize", "scaled_dot_product_attention",
-    # minidnn/nn/_functions/extra.py
-    "prelu", "mish", "hardswish", "hardsigmoid", "selu", "celu", "glu", "softsign", "logsigmoid", "softmin",
-    "tanhshrink", "softshrink", "hardshrink", "threshold", "rrelu", "alpha_dropout",
-    "cosine_similarity", "pairwise_distance", "pdist",
-    "kl_div", "huber_loss", "margin_ranking_loss", "hinge_embedding_loss", "cosine_embedding_loss",
-    "triplet_margin_loss", "poisson_nll_loss", "gaussian_nll_loss", "multi_margin_loss", "soft_margin_loss",
-    "multilabel_soft_margin_loss", "multilabel_margin_loss",
-    "embedding", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "instance_norm", "unfold", "fold", "bilinear",
-    "affine_grid", "grid_sample",
-]
+] + _extra.__all__
 
 
 @autocast_op("linear")
