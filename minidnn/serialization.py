@@ -28,13 +28,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 import zipfile
 from collections import OrderedDict
 
 import numpy as np
 
 from .backend import devices as _dev
+from .backend.files import write_atomically
 from .creation import from_numpy
 from .tensor import Tensor
 
@@ -122,46 +122,10 @@ def _write_archive(obj, fileobj):
         zf.writestr(_META, json.dumps(meta, allow_nan=True))
 
 
-def _fsync_dir(directory):
-    if os.name != "posix":
-        return     # Windows cannot open a directory for fsync; os.replace is already atomic there
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _require_binary(f, op, mode):
     if isinstance(f, io.TextIOBase) or "b" not in getattr(f, "mode", "b"):
         raise TypeError(f"minidnn.{op}: the file object {getattr(f, 'name', f)!r} is open in text mode "
                         f"({getattr(f, 'mode', '?')!r}); checkpoints are binary: open it with {mode!r}")
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where Linux allows (os.umask can only set-and-return)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _chmod_like_open(fd, path):
-    """Give the temporary file the permissions ``open(path, "wb")`` would: an existing target's own mode,
-    else 0o666 minus the umask.  mkstemp creates it 0o600 (owner only), which the rename would keep."""
-    if not hasattr(os, "fchmod"):
-        return                                   # Windows: no POSIX modes
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o666 & ~_umask()
-    os.fchmod(fd, mode)
 
 
 def save(obj, f) -> None:
@@ -172,23 +136,7 @@ def save(obj, f) -> None:
         _require_binary(f, "save", "wb")
         _write_archive(obj, f)
         return
-    path = os.fspath(f)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        _chmod_like_open(fd, path)
-        with os.fdopen(fd, "wb") as out:
-            _write_archive(obj, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
+    write_atomically(f, lambda out: _write_archive(obj, out))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ import numbers
 import os
 import platform
 import re
-import secrets
 import threading
 import warnings
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 from .algorithm_selection import AlgoPerf, Determinism
 from .conv_algorithms import BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS, FORWARD_ALGORITHMS
 from .errors import Status
+from .files import write_atomically
 from .layout import TensorFormat
 from .versioning import __version__
 
@@ -393,25 +393,12 @@ def _read(path, identity, warn):
 
 
 def _write(path, identity, entries):
-    """Write ``entries`` to ``path`` atomically: a temporary file beside it, fsync, os.replace.  Created with
-    mode 0o666 minus the umask (the user's normal permissions); readers see the old file or the new, never half."""
+    """Write ``entries`` to ``path`` atomically (backend/files.py: the user's normal permissions; readers see the old
+    file or the new, never half)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"kind": _KIND, "schema": SCHEMA, "identity": identity, "entries": entries},
                       indent=1, sort_keys=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
 # ---- the observer the selector calls on a benchmark-cache miss --------------------------------------------------
