@@ -226,16 +226,24 @@ def _prepare(where, handle, conv_desc, format, problem, first, second, other_sha
     return handle, problem(where, a1.shape, a2.shape, conv_desc, other_shape, a1.dtype, fmt), fmt
 
 
-def convolution_forward(handle, x, w, conv_desc, algo=None, alpha=1.0, beta=0.0, y=None, format=None):
-    """y = alpha * conv(x, w) + beta * y."""
-    h, key = _signature(FORWARD_ALGORITHMS, handle, x, w, conv_desc, format, None, algo, y, beta)
+def _planned(registry, where, handle, conv_desc, format, problem, first, second, other_shape, algo, out, beta,
+             out_shape):
+    """(handle, _Plan) of a call: the remembered plan of its signature, or the full checks (``_prepare``, the output
+    buffer against ``out_shape(problem, fmt)``) and a new plan, remembered."""
+    h, key = _signature(registry, handle, first[1], second[1], conv_desc, format, other_shape, algo, out[1], beta)
     plan = _PLANS.get(key)
     if plan is None:
-        where = "convolution_forward"
-        h, p, fmt = _prepare(where, handle, conv_desc, format, _forward_problem, ("x", x), ("w", w), None, ("y", y))
-        check_out(where, "y", y, _fmt_shape(p.y_shape, fmt), x.dtype, beta)
-        plan = _Plan(FORWARD_ALGORITHMS, h, p, conv_desc, fmt, algo)
+        h, p, fmt = _prepare(where, handle, conv_desc, format, problem, first, second, other_shape, out)
+        check_out(where, out[0], out[1], out_shape(p, fmt), first[1].dtype, beta)
+        plan = _Plan(registry, h, p, conv_desc, fmt, algo)
         _remember(key, plan)
+    return h, plan
+
+
+def convolution_forward(handle, x, w, conv_desc, algo=None, alpha=1.0, beta=0.0, y=None, format=None):
+    """y = alpha * conv(x, w) + beta * y."""
+    h, plan = _planned(FORWARD_ALGORITHMS, "convolution_forward", handle, conv_desc, format, _forward_problem,
+                       ("x", x), ("w", w), None, algo, ("y", y), beta, lambda p, fmt: _fmt_shape(p.y_shape, fmt))
     result = _execute(FORWARD_ALGORITHMS, h, plan, to_channels_first(x, plan.fmt), _flip(w, conv_desc),
                       plan.p.y_shape)
     return _finish(result, alpha, beta, y, plan.fmt)
@@ -244,15 +252,9 @@ def convolution_forward(handle, x, w, conv_desc, algo=None, alpha=1.0, beta=0.0,
 def convolution_backward_data(handle, w, dy, conv_desc, x_shape, algo=None, alpha=1.0, beta=0.0, dx=None,
                               format=None):
     """dx = alpha * (d conv / d x)^T dy + beta * dx, for an x of shape ``x_shape`` (in ``format``)."""
-    h, key = _signature(BACKWARD_DATA_ALGORITHMS, handle, w, dy, conv_desc, format, x_shape, algo, dx, beta)
-    plan = _PLANS.get(key)
-    if plan is None:
-        where = "convolution_backward_data"
-        h, p, fmt = _prepare(where, handle, conv_desc, format, _backward_data_problem, ("w", w), ("dy", dy),
-                             x_shape, ("dx", dx))
-        check_out(where, "dx", dx, _fmt_shape(p.x_shape, fmt), w.dtype, beta)
-        plan = _Plan(BACKWARD_DATA_ALGORITHMS, h, p, conv_desc, fmt, algo)
-        _remember(key, plan)
+    h, plan = _planned(BACKWARD_DATA_ALGORITHMS, "convolution_backward_data", handle, conv_desc, format,
+                       _backward_data_problem, ("w", w), ("dy", dy), x_shape, algo, ("dx", dx), beta,
+                       lambda p, fmt: _fmt_shape(p.x_shape, fmt))
     result = _execute(BACKWARD_DATA_ALGORITHMS, h, plan, _flip(w, conv_desc), to_channels_first(dy, plan.fmt),
                       plan.p.x_shape)
     return _finish(result, alpha, beta, dx, plan.fmt)
@@ -261,15 +263,9 @@ def convolution_backward_data(handle, w, dy, conv_desc, x_shape, algo=None, alph
 def convolution_backward_filter(handle, x, dy, conv_desc, w_shape, algo=None, alpha=1.0, beta=0.0, dw=None,
                                 format=None):
     """dw = alpha * (d conv / d w)^T dy + beta * dw; dw has shape ``w_shape`` = (K, C/G, *kernel)."""
-    h, key = _signature(BACKWARD_FILTER_ALGORITHMS, handle, x, dy, conv_desc, format, w_shape, algo, dw, beta)
-    plan = _PLANS.get(key)
-    if plan is None:
-        where = "convolution_backward_filter"
-        h, p, fmt = _prepare(where, handle, conv_desc, format, _backward_filter_problem, ("x", x), ("dy", dy),
-                             w_shape, ("dw", dw))
-        check_out(where, "dw", dw, p.w_shape, x.dtype, beta)
-        plan = _Plan(BACKWARD_FILTER_ALGORITHMS, h, p, conv_desc, fmt, algo)
-        _remember(key, plan)
+    h, plan = _planned(BACKWARD_FILTER_ALGORITHMS, "convolution_backward_filter", handle, conv_desc, format,
+                       _backward_filter_problem, ("x", x), ("dy", dy), w_shape, algo, ("dw", dw), beta,
+                       lambda p, fmt: p.w_shape)
     result = _execute(BACKWARD_FILTER_ALGORITHMS, h, plan, to_channels_first(x, plan.fmt),
                       to_channels_first(dy, plan.fmt), plan.p.w_shape)
     # The algorithms computed the gradient of the kernel as applied (flipped in CONVOLUTION mode).
