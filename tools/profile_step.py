@@ -1,0 +1,82 @@
+"""Where an eager training step's host time goes, at the benchmark's real shapes (issue 10).
+
+For each model of bench/train_step.py: the step's wall time to a synchronize, the host time of one step() call
+(the kernels run asynchronously: when the host is the bottleneck, step() returns about when the GPU is done),
+the process CPU time per step, minidnn's own launches per step, and a cProfile of N steps (the functions with
+the most own time, and the most cumulative time), written to stdout.
+
+    PYTHONPATH=. python3 tools/profile_step.py [--models resnet20] [--steps 20] [--top 40] [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+from train_step import CONFIGS, make_step  # noqa: E402
+
+import minidnn as mdn  # noqa: E402
+import minidnn.models  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="resnet20")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--device", default="cuda" if mdn.cuda.is_available() else "cpu")
+    ap.add_argument("--batch-size", type=int, default=None)
+    args = ap.parse_args(argv)
+    sync = mdn.cuda.synchronize if args.device != "cpu" else (lambda: None)
+    for name in args.models.split(","):
+        ctor, shape, batch = CONFIGS[name]
+        batch = args.batch_size or batch
+        step, _, _ = make_step(mdn, vars(minidnn.models), ctor, shape, batch, args.device)
+        for _ in range(10):
+            step()
+        sync()
+        wall, host, cpu = [], [], []
+        for _ in range(args.steps):
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            step()
+            t1 = time.perf_counter()
+            sync()
+            t2 = time.perf_counter()
+            c1 = time.process_time()
+            wall.append((t2 - t0) * 1e3)
+            host.append((t1 - t0) * 1e3)
+            cpu.append((c1 - c0) * 1e3)
+        launches = None
+        if args.device != "cpu":
+            from minidnn.backend.cuda import launch
+            start = launch.launch_count()
+            step()
+            sync()
+            launches = launch.launch_count() - start
+        print(f"== {name} batch {batch} on {args.device}: wall {statistics.median(wall):.2f} ms, host step() "
+              f"{statistics.median(host):.2f} ms, cpu {statistics.median(cpu):.2f} ms, own launches/step {launches}")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.steps):
+            step()
+        sync()
+        prof.disable()
+        for key in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            st = pstats.Stats(prof, stream=buf)
+            st.sort_stats(key).print_stats(args.top)
+            text = buf.getvalue()
+            print(f"-- {name}: by {key} ({args.steps} steps)")
+            print(text[text.find("ncalls"):])
+
+
+if __name__ == "__main__":
+    main()
