@@ -33,7 +33,13 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--device", default="cuda" if mdn.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--kernels", action="store_true",
+                    help="only the device-kernel time per step by kernel name, minidnn beside PyTorch (CUPTI)")
     args = ap.parse_args(argv)
+    if args.kernels:
+        for name in args.models.split(","):
+            kernel_table(name, args.batch_size, args.top)
+        return
     sync = mdn.cuda.synchronize if args.device != "cpu" else (lambda: None)
     for name in args.models.split(","):
         ctor, shape, batch = CONFIGS[name]
@@ -76,6 +82,43 @@ def main(argv=None):
             text = buf.getvalue()
             print(f"-- {name}: by {key} ({args.steps} steps)")
             print(text[text.find("ncalls"):])
+
+
+def _kernel_times(lib, models, ctor, shape, batch, steps=5):
+    """{kernel name: (µs per step, launches per step)} of one library's step, from PyTorch's profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    step, _, _ = make_step(lib, models, ctor, shape, batch, "cuda")
+    for _ in range(15):
+        step()
+    torch.cuda.synchronize()
+    mdn.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        mdn.cuda.synchronize()
+        torch.cuda.synchronize()
+    table = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        t, n = table.get(e.name, (0.0, 0))
+        table[e.name] = (t + e.device_time / steps, n + 1 / steps)
+    return table
+
+
+def kernel_table(name, batch, top):
+    import train_step
+    ctor, shape, default_batch = CONFIGS[name]
+    batch = batch or default_batch
+    for label, lib, models in (("minidnn", mdn, vars(minidnn.models)),
+                               ("torch", __import__("torch"), train_step.torch_models())):
+        table = _kernel_times(lib, models, ctor, shape, batch)
+        total = sum(t for t, _ in table.values())
+        count = sum(n for _, n in table.values())
+        print(f"== {name} b{batch} {label}: device kernel time {total / 1e3:.3f} ms/step in {count:.0f} kernels")
+        for kname, (t, n) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]:
+            print(f"  {t:9.1f} us {n:5.0f}x  {kname[:110]}")
 
 
 if __name__ == "__main__":
