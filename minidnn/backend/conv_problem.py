@@ -131,6 +131,21 @@ class ConvProblem:
     dilation: tuple
     dtype: str
 
+    def __hash__(self):
+        # A problem keys several caches on every convolution call: its hash is computed once (the fields are
+        # frozen) and kept out of pickles (string hashes differ between processes).
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.N, self.C, self.K, self.groups, self.in_size, self.kernel, self.out_size, self.padding,
+                      self.stride, self.dilation, self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
     @property
     def nd(self):
         return len(self.in_size)

@@ -104,18 +104,21 @@ def _new_like_layout(cp, shape, dtype, channels_last):
     return cp.empty(shape, dtype=dtype)
 
 
-def _ptr(a):
-    return np.uint64(a.data.ptr)
-
-
 def _args(p, g, sx, sy):
     H, W, P, Q, R, S, ph, pw, sh, sw, dh, dw = g
     return [np.int32(v) for v in (p.N, p.C, H, W, p.K, P, Q, R, S, ph, pw, sh, sw, dh, dw, p.Cg, p.Kg,
                                   *sx, *sy)]
 
 
+_NAMES: dict = {}
+
+
 def _dtype_name(a):
-    return np.dtype(a.dtype).name
+    """The dtype's name (cached: NumPy's ``dtype.name`` is Python code, ~1 µs a call)."""
+    name = _NAMES.get(a.dtype)
+    if name is None:
+        name = _NAMES[a.dtype] = np.dtype(a.dtype).name
+    return name
 
 
 def _check_out(out, shape, dtype):
@@ -154,7 +157,7 @@ _tables: dict = {}
 def _tap_table(cp, direction, p, g, sx, sy):
     """IMPLICIT_PRECOMP_GEMM's workspace: one int4 per reduction index (DIR 0/1) or filter row (DIR 2):
     (channel offset, r*dil_h, s*dil_w, weight offset), uploaded once per problem and layout."""
-    key = (direction, p, sx, sy)
+    key = (direction, p, sx, sy, cp.cuda.runtime.getDevice())
     t = _tables.get(key)
     if t is None:
         H, W, P, Q, R, S, ph, pw, sh, sw, dh, dw = g
@@ -174,51 +177,75 @@ def _tap_table(cp, direction, p, g, sx, sy):
     return t
 
 
+_plans: dict = {}          # the launches of a settled call (below); bounded
+_PLANS_LIMIT = 4096
+
+
 def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
+    """out = alpha * (direction's product of a and b) + beta * out, through the implicit-GEMM kernel (and the
+    split-K reduction for the filter gradient).  Everything but the arrays' addresses -- geometry, strides, tile,
+    split, the packed scalar arguments -- is settled once per (direction, problem, strides, dtype, math, blend,
+    tile, device) and kept (``_plans``): a repeated call costs the allocation of the split-K buffer and two
+    prepared launches (host cost: docs/host_overhead.md)."""
     cp = _launch.cupy()
+    if direction == 0:
+        x, w = _as_2d(a, p.nd), cp.ascontiguousarray(b)
+        src, s1, s2 = (x, w), x, out
+    elif direction == 1:
+        w, dy = cp.ascontiguousarray(a), _as_2d(b, p.nd)
+        src, s1, s2 = (dy, w), out, dy
+    else:
+        x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
+        src, s1, s2 = (x, dy), x, dy
+    key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile,
+           cp.cuda.runtime.getDevice())
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _PLANS_LIMIT:
+            _plans.clear()
+        plan = _plans[key] = _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile)
+    main, reduce, partial_size, table = plan
+    partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
+    main(src[0], src[1], out, partial, table)
+    if reduce is not None:
+        reduce(partial, out)
+
+
+def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile):
+    """(main launch, split-K reduce launch or None, split-K buffer size, PRECOMP table or None) of a call whose
+    x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy)."""
     g = _geometry(p)
     H, W, P, Q, R, S = g[:6]
     RS = R * S
-    dt = _dtype_name(a)
+    dt = _dtype_name(s1)
+    sx, sy = _strides(s1), _strides(s2)
     if direction == 0:
-        x, w, y = _as_2d(a, p.nd), cp.ascontiguousarray(b), out
-        sx, sy = _strides(x), _strides(y)
         M, NG, KR = p.N * P * Q, p.Kg, p.Cg * RS
-        a_src, b_src = x, w
     elif direction == 1:
-        w, dy, dx = cp.ascontiguousarray(a), _as_2d(b, p.nd), out
-        sx, sy = _strides(dx), _strides(dy)
         M, NG, KR = p.N * H * W, p.Cg, p.Kg * RS
-        a_src, b_src = dy, w
     else:
-        x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
-        sx, sy = _strides(x), _strides(dy)
         M, NG, KR = p.Cg * RS, p.Kg, p.N * P * Q
-        a_src, b_src = x, dy
     sms = _launch.sm_count()
     tile = tile or choose_tile(M, NG, p.groups, sms)
     kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile)
     blocks = -(-M // BM) * -(-NG // BN) * p.groups
-    splits, per_split, partial = 1, KR, None
+    splits, per_split = 1, KR
     if direction == 2:
         splits = max(1, min(-(-4 * sms // blocks), -(-KR // (8 * BK)), 65535 // p.groups))
         per_split = -(-(-(-KR // splits)) // BK) * BK
         splits = -(-KR // per_split)
-        if splits > 1:
-            partial = cp.empty(splits * p.K * p.Cg * RS, dtype=np.float32)
+    partial_size = splits * p.K * p.Cg * RS if splits > 1 else 0
     table = _tap_table(cp, direction, p, g, sx, sy) if precomp else None
-    args = [_ptr(a_src), _ptr(b_src), _ptr(out), np.uint64(0) if partial is None else _ptr(partial),
-            np.uint64(0) if table is None else _ptr(table)]
-    args += _args(p, g, sx, sy)
-    args += [np.int32(splits), np.int32(per_split), np.float32(alpha), np.float32(beta)]
-    grid = (-(-M // BM), -(-NG // BN), p.groups * splits)
-    _launch.launch(kernel, grid, (128, 1, 1), args)
-    if partial is not None:
+    args = [None] * 5 + _args(p, g, sx, sy) + [np.int32(splits), np.int32(per_split), np.float32(alpha),
+                                               np.float32(beta)]
+    main = _launch.prepare(kernel, (-(-M // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
+    reduce = None
+    if partial_size:
         reduce_kernel = _launch.get_kernel(IGEMM_SOURCE, "splitk_reduce", (f"-DELEM={_ELEM[dt]}",))
         n = p.K * p.Cg * RS
-        _launch.launch(reduce_kernel, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
-                       [_ptr(partial), _ptr(out), np.int32(splits), np.int32(n), np.float32(alpha),
-                        np.float32(beta)])
+        reduce = _launch.prepare(reduce_kernel, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
+                                 [None, None, np.int32(splits), np.int32(n), np.float32(alpha), np.float32(beta)])
+    return main, reduce, partial_size, table
 
 
 def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
@@ -292,7 +319,7 @@ def _plane_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta):
     tiles_q = -(-Q // tw)
     sx, sy = _strides(x), _strides(y)
     _launch.launch(k, (tiles_q * -(-P // th), y.shape[1], y.shape[0]), (tw, th, 1),
-                   [_ptr(x), _ptr(w), _ptr(y), *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], w.shape[1], Kg,
+                   [x, w, y, *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], w.shape[1], Kg,
                                                                        sx[0], sx[1], sx[2], sy[0], sy[1], sy[2],
                                                                        tiles_q)),
                     np.float32(alpha), np.float32(beta)])
@@ -312,7 +339,7 @@ def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     k = _direct_kernel("direct_forward", _dtype_name(x), _channels_last(y2))
     total = p.N * p.K * g[2] * g[3]
     _launch.launch(k, _grid_1d(total, _launch.sm_count()), (256, 1, 1),
-                   [_ptr(x2), _ptr(w), _ptr(y2), *_args(p, g, _strides(x2), _strides(y2)),
+                   [x2, w, y2, *_args(p, g, _strides(x2), _strides(y2)),
                     np.float32(alpha), np.float32(beta)])
     return y
 
@@ -338,7 +365,7 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     k = _direct_kernel("direct_backward_data", _dtype_name(dy), _channels_last(dx2))
     total = p.N * p.C * g[0] * g[1]
     _launch.launch(k, _grid_1d(total, _launch.sm_count()), (256, 1, 1),
-                   [_ptr(w), _ptr(dy2), _ptr(dx2), *_args(p, g, _strides(dx2), _strides(dy2)),
+                   [w, dy2, dx2, *_args(p, g, _strides(dx2), _strides(dy2)),
                     np.float32(alpha), np.float32(beta)])
     return dx
 
@@ -369,20 +396,20 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
                                _plane_opts(_dtype_name(x), g[4], g[5], p.stride[0], p.dilation[0], tw))
         sx, sy = _strides(x2), _strides(dy2)
         _launch.launch(k, (rows, splits, 1), (256, 1, 1),
-                       [_ptr(x2), _ptr(dy2), _ptr(partial),
+                       [x2, dy2, partial,
                         *(np.int32(v) for v in (p.N, p.K, g[0], g[1], g[2], g[3], g[6], g[7], p.Cg, p.Kg, sx[0],
                                                 sx[1], sx[2], sy[0], sy[1], sy[2], n_per))])
     else:
         partial = cp.empty(splits * rows * RS, dtype=np.float32)
         k = _direct_kernel("direct_backward_filter", _dtype_name(x), False, maxrs)
         _launch.launch(k, (rows, splits, 1), (256, 1, 1),
-                       [_ptr(x2), _ptr(dy2), _ptr(partial), *_args(p, g, _strides(x2), _strides(dy2)),
+                       [x2, dy2, partial, *_args(p, g, _strides(x2), _strides(dy2)),
                         np.int32(per_split)])
     red = _direct_kernel("direct_splits_reduce", _dtype_name(x), False)
     n = rows * RS
     same = dw is out or out is None
     _launch.launch(red, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
-                   [_ptr(partial), _ptr(dw), np.int32(splits), np.int32(n), np.float32(alpha if same else 1.0),
+                   [partial, dw, np.int32(splits), np.int32(n), np.float32(alpha if same else 1.0),
                     np.float32(beta if same else 0.0)])
     if not same:            # a non-contiguous out: blend afterwards
         out[...] = (alpha * dw.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)

@@ -8,22 +8,40 @@ Why one place:
 - counting: ``launch_count()`` is the number of kernels minidnn itself launched, so tests and bench/train_step.py can
   report kernels per step (take differences around the step);
 - capture safety: nothing here allocates, synchronises or reads device memory back, and the launch goes to CuPy's
-  current stream, so a launch inside ``minidnn.cuda.graph`` capture is recorded in the graph.
+  current stream, so a launch inside ``minidnn.cuda.graph`` capture is recorded in the graph;
+- host cost: CuPy's ``RawKernel.__call__`` inspects every argument at every call (~0.5 µs each, 19 µs for the
+  34 arguments of a convolution kernel on an H200 host, tools/launch_micro.py).  Here the arguments' layout (one
+  C struct code per argument: a CuPy array is its 8-byte pointer, a NumPy scalar its own width and alignment, the
+  kernel ABI's rules) is worked out once per sequence of argument types; each launch packs the values into that
+  layout's buffer and calls ``cuLaunchKernel`` with a pointer to each (8.5 µs for the same 34).  ``prepare`` goes
+  further for a launch that repeats with only its arrays changing (a convolution plan): the scalars are packed
+  once and a call writes just the pointers.  An argument type with no struct code (a bfloat16 scalar) takes
+  CuPy's own path.
 
 Only this package (backend/cuda) talks to CuPy's kernel API; ``cupy()`` hands the module to the kernel files.
 """
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
+
+import numpy as np
 
 from .. import devices as _dev
 
-__all__ = ["cupy", "get_kernel", "launch", "launch_count", "count_launches", "sm_count"]
+__all__ = ["cupy", "get_kernel", "launch", "prepare", "launch_count", "count_launches", "sm_count"]
 
 _lock = threading.Lock()
 _kernels: dict = {}
 _launches = 0
 _sm: dict = {}
+_layouts: dict = {}       # tuple of argument types -> _Layout (None: some type has no struct code)
+_functions: dict = {}     # (id(kernel), device id) -> (CUfunction handle, dynamic shared memory opted into)
+_PTR = struct.Struct("@Q")
+_ARRAY = object()         # the type code of a device array argument: its pointer
+_CODES = {np.int8: "b", np.uint8: "B", np.bool_: "?", np.int16: "h", np.uint16: "H", np.int32: "i",
+          np.uint32: "I", np.int64: "q", np.uint64: "Q", np.float16: "e", np.float32: "f", np.float64: "d"}
 
 
 def cupy():
@@ -45,14 +63,117 @@ def get_kernel(source: str, name: str, options: tuple = ()):
     return k
 
 
+class _Buffer:
+    """Packed kernel arguments: the bytes of a C struct laid out as the kernel's parameters, and the array of
+    pointers to each parameter that ``cuLaunchKernel`` reads (the driver copies the values during the call, so the
+    buffer is reused; its lock keeps two threads from packing into it at once)."""
+    __slots__ = ("struct", "data", "params", "params_ptr", "lock")
+
+    def __init__(self, layout: struct.Struct, offsets):
+        self.struct = layout
+        self.data = ctypes.create_string_buffer(max(layout.size, 1))
+        base = ctypes.addressof(self.data)
+        self.params = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+        self.params_ptr = ctypes.addressof(self.params)
+        self.lock = threading.Lock()
+
+
+def _layout(types):
+    """(struct, parameter offsets) for a sequence of argument types (a CuPy array -> its pointer), or None when a
+    type has no struct code."""
+    codes = []
+    for t in types:
+        code = "Q" if t is _ARRAY else _CODES.get(t)
+        if code is None:
+            return None
+        codes.append(code)
+    offsets, end = [], 0
+    for code in codes:       # each parameter at its natural alignment: the '@' struct layout
+        size = struct.calcsize(code)
+        end = -(-end // size) * size
+        offsets.append(end)
+        end += size
+    return struct.Struct("@" + "".join(codes)), offsets
+
+
+def _function(kernel, shared_mem):
+    """The CUfunction handle of ``kernel`` on the current device, opted into ``shared_mem`` bytes of
+    dynamic shared memory when that is above 48 KiB (once per kernel, device and size)."""
+    cp = cupy()
+    dev = cp.cuda.runtime.getDevice()
+    entry = _functions.get((id(kernel), dev))
+    if entry is None or entry[1] < shared_mem:
+        if shared_mem >= 48 * 1024:
+            kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, int(shared_mem))
+        entry = _functions[(id(kernel), dev)] = (kernel.kernel.ptr, max(int(shared_mem), 0 if entry is None
+                                                                         else entry[1]))
+    return entry[0]
+
+
+def _go(fn, grid, block, shared_mem, stream, params_ptr):
+    global _launches
+    cp = cupy()
+    g = tuple(grid) + (1, 1)
+    b = tuple(block) + (1, 1)
+    s = (stream if stream is not None else cp.cuda.get_current_stream()).ptr
+    cp.cuda.driver.launchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem), s, params_ptr, 0)
+    _launches += 1
+
+
 def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None) -> None:
     """Launch ``kernel`` on ``grid`` x ``block`` with ``args`` (CuPy arrays and NumPy scalars), counted."""
     global _launches
-    if shared_mem >= 48 * 1024:
-        # Dynamic shared memory above 48 KiB must be opted into once per kernel.
-        kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, int(shared_mem))
-    kernel(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem), stream=stream)
-    _launches += 1
+    nd = _dev.require_cupy().ndarray
+    types = tuple([_ARRAY if type(a) is nd else type(a) for a in args])
+    buf = _layouts.get(types, False)
+    if buf is False:
+        layout = _layout(types)
+        buf = _layouts[types] = None if layout is None else _Buffer(*layout)
+    if buf is None:      # an argument type struct cannot pack: CuPy's own launch
+        if shared_mem >= 48 * 1024:
+            kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, int(shared_mem))
+        kernel(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem), stream=stream)
+        _launches += 1
+        return
+    fn = _function(kernel, shared_mem)
+    values = [a.data.ptr if t is _ARRAY else a for a, t in zip(args, types)]
+    with buf.lock:
+        buf.struct.pack_into(buf.data, 0, *values)
+        _go(fn, grid, block, shared_mem, stream, buf.params_ptr)
+
+
+class Prepared:
+    """A launch that repeats with only its arrays changing: ``prepare(kernel, grid, block, args)`` packs the scalar
+    arguments once (``args`` as for ``launch``, with ``None`` where an array will go), and calling the result with
+    the arrays, in order, writes their pointers (None -> a null pointer) and launches."""
+    __slots__ = ("kernel", "grid", "block", "shared_mem", "buf", "slots")
+
+    def __init__(self, kernel, grid, block, args, shared_mem=0):
+        nd = _dev.require_cupy().ndarray
+        types = [_ARRAY if a is None or type(a) is nd else type(a) for a in args]
+        layout = _layout(types)
+        if layout is None:
+            raise TypeError(f"prepare: no struct code for {sorted({t.__name__ for t in types if t is not _ARRAY})}")
+        self.kernel, self.grid, self.block, self.shared_mem = kernel, tuple(grid), tuple(block), int(shared_mem)
+        self.buf = _Buffer(*layout)       # its own buffer: the scalars stay packed in it between calls
+        self.slots = [o for o, t in zip(layout[1], types) if t is _ARRAY]
+        layout[0].pack_into(self.buf.data, 0, *[0 if t is _ARRAY else a for a, t in zip(args, types)])
+
+    def __call__(self, *arrays, stream=None):
+        offsets = self.slots
+        if len(arrays) != len(offsets):
+            raise TypeError(f"prepared launch: {len(offsets)} arrays expected, got {len(arrays)}")
+        fn = _function(self.kernel, self.shared_mem)
+        data = self.buf.data
+        with self.buf.lock:
+            for off, a in zip(offsets, arrays):
+                _PTR.pack_into(data, off, 0 if a is None else a.data.ptr)
+            _go(fn, self.grid, self.block, self.shared_mem, stream, self.buf.params_ptr)
+
+
+def prepare(kernel, grid, block, args, shared_mem: int = 0) -> Prepared:
+    """A Prepared launch of ``kernel`` (see Prepared)."""
+    return Prepared(kernel, grid, block, args, shared_mem)
 
 
 def count_launches(n: int = 1) -> None:
