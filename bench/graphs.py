@@ -78,9 +78,9 @@ def main():
     ap.add_argument("--tf32", action="store_true", help="TF32 on both sides (minidnn: MathType.TENSOR_OP)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
-    if args.tf32:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        mdn.backends.cudnn.allow_tf32 = True
+    # the same math on both sides: PyTorch's cuDNN convolutions default to TF32, so strict fp32 must be asked for
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
+    mdn.backends.cudnn.allow_tf32 = args.tf32
     ns = torch_models()
     msync, tsync = mdn.cuda.synchronize, torch.cuda.synchronize
     print(f"{'model':<10} {'opt':<5} {'mdn eager':>10} {'mdn graph':>10} {'mdn compile':>12} {'torch eager':>12} "

@@ -49,6 +49,15 @@ def torch_models():
     return namespace
 
 
+def set_math(tf32):
+    """The same math on both sides (PyTorch's cuDNN convolutions default to TF32: strict fp32 must be asked for);
+    PyTorch with cudnn.benchmark (its fastest eager), minidnn with its default algorithm heuristics."""
+    mdn.backends.cudnn.allow_tf32 = bool(tf32)
+    if torch is not None:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(tf32)
+        torch.backends.cudnn.benchmark = True
+
+
 def _median_ms(step, sync, steps):
     for _ in range(20):     # 5 left the first model's median 45% high on the H200 (GPU clocks, pools)
         step()
@@ -128,7 +137,9 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=None, help="override every model's batch size")
     ap.add_argument("--micro", action="store_true", help="also time the step kernels beside PyTorch's ops")
     ap.add_argument("--micro-only", action="store_true", help="only the kernel table")
+    ap.add_argument("--tf32", action="store_true", help="TF32 convolutions and matmuls on both sides")
     args = ap.parse_args(argv)
+    set_math(args.tf32)
     if args.micro_only:
         micro(args.device)
         return
@@ -144,7 +155,8 @@ def main(argv=None):
             t_ms, t_params, t_counts = bench(torch, twins, ctor, shape, batch, args.device, args.steps)
             assert t_params == m_params, f"{name}: the twins differ ({m_params} vs {t_params} parameters)"
         rows.append((name, batch, m_params, m_ms, t_ms, m_counts, t_counts))
-    print(f"training step (fwd + loss + bwd + SGD momentum), {args.device}, median of {args.steps}")
+    print(f"training step (fwd + loss + bwd + SGD momentum), {args.device}, {'TF32' if args.tf32 else 'strict fp32'}"
+          f" on both sides, torch cudnn.benchmark, median of {args.steps}")
     print(f"{'model':10} {'batch':>5} {'params':>8} {'minidnn ms':>11} {'torch ms':>9} {'ratio':>6} "
           f"{'minidnn s/epoch':>16} {'torch s/epoch':>14}")
     for name, batch, params, m_ms, t_ms, _, _ in rows:

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
-from train_step import CONFIGS, make_step  # noqa: E402
+from train_step import CONFIGS, make_step, set_math  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
 import minidnn.models  # noqa: E402
@@ -35,7 +35,10 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--kernels", action="store_true",
                     help="only the device-kernel time per step by kernel name, minidnn beside PyTorch (CUPTI)")
+    ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--dump", default=None, help="folder: write each model's pstats file there (<model>.prof)")
     args = ap.parse_args(argv)
+    set_math(args.tf32)
     if args.kernels:
         for name in args.models.split(","):
             kernel_table(name, args.batch_size, args.top)
@@ -75,6 +78,8 @@ def main(argv=None):
             step()
         sync()
         prof.disable()
+        if args.dump:
+            prof.dump_stats(os.path.join(args.dump, f"{name}.prof"))
         for key in ("tottime", "cumulative"):
             buf = io.StringIO()
             st = pstats.Stats(prof, stream=buf)

@@ -215,7 +215,7 @@ def _grid(n, dev):
 
 def forward(mode_name, coef, x):
     cp = _launch.cupy()
-    with cp.cuda.Device(x.device.id):
+    with _launch.on_device(x.device.id):
         y = _like(cp, x)
         xf, yf = _flat(x), _flat(y)
         _launch.launch(_kernel("act_fwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),
@@ -225,7 +225,7 @@ def forward(mode_name, coef, x):
 
 def backward(mode_name, coef, x, dy):
     cp = _launch.cupy()
-    with cp.cuda.Device(x.device.id):
+    with _launch.on_device(x.device.id):
         dx = _like(cp, x)
         xf, dyf, dxf = _flat(x), _flat(dy), _flat(dx)
         _launch.launch(_kernel("act_bwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),

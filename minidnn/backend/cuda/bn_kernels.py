@@ -318,17 +318,28 @@ _TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
           "bfloat16": ("float", "float", 2, np.dtype(np.float32))}
 
 
+_NAMES: dict = {}
+
+
+def _name(dtype):
+    """The dtype's name (cached: NumPy's ``dtype.name`` is Python code, ~1 µs a call)."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
 def type_info(dtype):
     """(SCALAR, ACCUM, STORAGE, parameter dtype) of data of ``dtype``, or None where no kernel exists."""
-    return _TYPES.get(np.dtype(dtype).name)
+    return _TYPES.get(_name(dtype))
 
 
 def param_dtype(dtype):
-    return _TYPES[np.dtype(dtype).name][3]
+    return _TYPES[_name(dtype)][3]
 
 
 def acc_dtype(dtype):
-    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+    return np.dtype(np.float64) if _name(dtype) == "float64" else np.dtype(np.float32)
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
 
@@ -467,25 +478,57 @@ def _p(a, fallback):
     return fallback if a is None else a
 
 
+# ---- the launches --------------------------------------------------------------------------------------------
+# Everything but the arrays -- geometry, grid, kernels, the packed scalar arguments -- is settled once per call
+# signature and kept (``_plans``, bounded): a repeated call allocates its outputs and makes two prepared launches
+# (host cost: docs/host_overhead.md).
+_plans: dict = {}
+_PLANS_LIMIT = 4096
+
+
+def _planned(key, build, *args):
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _PLANS_LIMIT:
+            _plans.clear()
+        plan = _plans[key] = build(*args)
+    return plan
+
+
+def _stats_plan(xc, outer, c, inner, factor, eps, has_running, dev):
+    inner1 = inner == 1
+    splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
+    stats = _launch.prepare(_kernel("bn_stats", xc.dtype, inner1), (splits, tiles), (THREADS,),
+                            [None] * 7 + [np.int32(outer), np.int32(c), np.int32(inner), *_divider(inner),
+                                          np.float64(factor), np.float64(eps), np.int32(has_running)])
+    return stats, c * splits * 2, tiles, acc_dtype(xc.dtype)
+
+
+def _apply_plan(xc, outer, c, inner, relu, has_z, has_scale, has_bias, eps, from_var, dev):
+    n = xc.size
+    k = _kernel("bn_apply", xc.dtype, inner == 1, relu=relu, has_z=has_z, has_scale=has_scale,
+                has_bias=has_bias, from_var=from_var)
+    return _launch.prepare(k, (_elementwise_grid(n, dev),), (THREADS,),
+                           [None] * 7 + [np.int64(n), np.int32(c), np.int32(inner), *_divider(c), *_divider(inner),
+                                         np.float64(eps)])
+
+
 def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False):
     """(y channels-first view in xc's layout, saved mean (C,), saved inv_std (C,)); running stats updated in place."""
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
-    inner1 = inner == 1
-    acc = acc_dtype(xc.dtype)
     dev = xc.device.id
-    with cp.cuda.Device(dev):
+    has_running = running_mean is not None
+    sig = (xc.shape, xc.strides, xc.dtype, dev)
+    stats, n_partial, tiles, acc = _planned(("stats", factor, eps, has_running) + sig, _stats_plan,
+                                            xc, outer, c, inner, factor, eps, has_running, dev)
+    with _launch.on_device(dev):
         mean = cp.empty((c,), dtype=acc)
         inv_std = cp.empty((c,), dtype=acc)
-        splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
-        partial = cp.empty((c * splits * 2,), dtype=acc)
-        has_running = running_mean is not None
-        rm = _p(running_mean, inv_std)      # dummies (never touched without running statistics), float32/64
-        rv = _p(running_var, inv_std)
-        _launch.launch(_kernel("bn_stats", xc.dtype, inner1), (splits, tiles), (THREADS,),
-                       (xm, partial, _ticket(cp, tiles, dev), mean, inv_std, rm, rv, np.int32(outer), np.int32(c),
-                        np.int32(inner), *_divider(inner), np.float64(factor), np.float64(eps),
-                        np.int32(has_running)))
+        partial = cp.empty((n_partial,), dtype=acc)
+        # dummies for absent running statistics (never touched), float32/64
+        stats(xm, partial, _ticket(cp, tiles, dev), mean, inv_std, _p(running_mean, inv_std),
+              _p(running_var, inv_std))
         y = _apply(cp, xc, xm, mean, inv_std, scale, bias, z, relu, eps, False, outer, c, inner, dev)
     return y, mean, inv_std
 
@@ -494,19 +537,30 @@ def forward_inference(xc, scale, bias, est_mean, est_var, eps, z=None, relu=Fals
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
     dev = xc.device.id
-    with cp.cuda.Device(dev):
+    with _launch.on_device(dev):
         return _apply(cp, xc, xm, est_mean, est_var, scale, bias, z, relu, eps, True, outer, c, inner, dev)
 
 
 def _apply(cp, xc, xm, stat1, stat2, scale, bias, z, relu, eps, from_var, outer, c, inner, dev):
+    flags = (relu, z is not None, scale is not None, bias is not None, eps, from_var)
+    apply = _planned(("apply", xc.shape, xc.strides, xc.dtype, dev) + flags, _apply_plan,
+                     xc, outer, c, inner, *flags, dev)
     y = _empty_like_layout(cp, xc)
-    n = xc.size
-    k = _kernel("bn_apply", xc.dtype, inner == 1, relu=relu, has_z=z is not None, has_scale=scale is not None,
-                has_bias=bias is not None, from_var=from_var)
-    _launch.launch(k, (_elementwise_grid(n, dev),), (THREADS,),
-                   (xm, xm if z is None else _mem(z), _mem(y), stat1, stat2, _p(scale, xm), _p(bias, xm),
-                    np.int64(n), np.int32(c), np.int32(inner), *_divider(c), *_divider(inner), np.float64(eps)))
+    apply(xm, xm if z is None else _mem(z), _mem(y), stat1, stat2, _p(scale, xm), _p(bias, xm))
     return y
+
+
+def _backward_plan(xc, outer, c, inner, relu, has_scale, want_dz, dev):
+    inner1 = inner == 1
+    splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
+    grad = _launch.prepare(_kernel("bn_grad", xc.dtype, inner1, relu=relu, has_scale=has_scale), (splits, tiles),
+                           (THREADS,), [None] * 10 + [np.int32(outer), np.int32(c), np.int32(inner),
+                                                      *_divider(inner)])
+    n = xc.size
+    dx = _launch.prepare(_kernel("bn_dx", xc.dtype, inner1, relu=relu, has_z=want_dz, has_scale=has_scale),
+                         (_elementwise_grid(n, dev),), (THREADS,),
+                         [None] * 9 + [np.int64(n), np.int32(c), np.int32(inner), *_divider(c), *_divider(inner)])
+    return grad, dx, c * splits * 2, tiles, param_dtype(xc.dtype)
 
 
 def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
@@ -514,28 +568,22 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
     applied a ReLU; ``want_dz`` also returns g, the gradient of the residual added before the ReLU."""
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
-    inner1 = inner == 1
     acc = mean.dtype
     dev = xc.device.id
     relu = y is not None
     has_scale = scale is not None
-    with cp.cuda.Device(dev):
-        splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
-        partial = cp.empty((c * splits * 2,), dtype=acc)
+    grad, dx_launch, n_partial, tiles, pdt = _planned(("backward", xc.shape, xc.strides, xc.dtype, dev, relu,
+                                                       has_scale, want_dz), _backward_plan,
+                                                      xc, outer, c, inner, relu, has_scale, want_dz, dev)
+    with _launch.on_device(dev):
+        partial = cp.empty((n_partial,), dtype=acc)
         coef = cp.empty((c * 2,), dtype=acc)
-        dscale = cp.empty((c,), dtype=param_dtype(xc.dtype)) if has_scale else None
-        dbias = cp.empty((c,), dtype=param_dtype(xc.dtype)) if has_scale else None
+        dscale = cp.empty((c,), dtype=pdt) if has_scale else None
+        dbias = cp.empty((c,), dtype=pdt) if has_scale else None
         dym = _mem(dyc)
         ym = xm if y is None else _mem(y)
-        _launch.launch(_kernel("bn_grad", xc.dtype, inner1, relu=relu, has_scale=has_scale), (splits, tiles),
-                       (THREADS,), (xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles, dev), coef,
-                                    _p(dscale, coef), _p(dbias, coef), np.int32(outer), np.int32(c),
-                                    np.int32(inner), *_divider(inner)))
+        grad(xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles, dev), coef, _p(dscale, coef), _p(dbias, coef))
         dx = _empty_like_layout(cp, xc)
         dz = _empty_like_layout(cp, xc) if want_dz else None
-        n = xc.size
-        _launch.launch(_kernel("bn_dx", xc.dtype, inner1, relu=relu, has_z=want_dz, has_scale=has_scale),
-                       (_elementwise_grid(n, dev),), (THREADS,),
-                       (xm, dym, ym, mean, inv_std, coef, _p(scale, xm), _mem(dx), xm if dz is None else _mem(dz),
-                        np.int64(n), np.int32(c), np.int32(inner), *_divider(c), *_divider(inner)))
+        dx_launch(xm, dym, ym, mean, inv_std, coef, _p(scale, xm), _mem(dx), xm if dz is None else _mem(dz))
     return dx, dz, dscale, dbias

@@ -22,6 +22,7 @@ Only this package (backend/cuda) talks to CuPy's kernel API; ``cupy()`` hands th
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import struct
 import threading
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import devices as _dev
 
-__all__ = ["cupy", "get_kernel", "launch", "prepare", "launch_count", "count_launches", "sm_count"]
+__all__ = ["cupy", "get_kernel", "launch", "prepare", "on_device", "launch_count", "count_launches", "sm_count"]
 
 _lock = threading.Lock()
 _kernels: dict = {}
@@ -174,6 +175,16 @@ class Prepared:
 def prepare(kernel, grid, block, args, shared_mem: int = 0) -> Prepared:
     """A Prepared launch of ``kernel`` (see Prepared)."""
     return Prepared(kernel, grid, block, args, shared_mem)
+
+
+_HERE = contextlib.nullcontext()
+
+
+def on_device(dev: int):
+    """``with on_device(id):`` the device context of GPU ``id`` (nothing to switch, and no CuPy context object,
+    when it is already current: the common case, ~1 µs saved per kernel call)."""
+    cp = cupy()
+    return _HERE if cp.cuda.runtime.getDevice() == dev else cp.cuda.Device(dev)
 
 
 def count_launches(n: int = 1) -> None:
