@@ -24,6 +24,8 @@ import weakref
 import numpy as np
 
 from . import _amp_state
+from .backend.devices import array_module as _array_module
+from .backend.devices import device_of as _device_of
 from .backend.devices import is_floating as _is_floating
 from .backend.layout import in_memory_order
 
@@ -268,7 +270,7 @@ class AccumulateGrad(Node):
                 r = hook(g)
                 if r is not None:
                     g = r
-        if g.dtype != var.dtype:
+        if g.data.dtype != var.data.dtype:
             g = g.astype(var.dtype)
             fresh = True
         old = var.grad
@@ -299,7 +301,7 @@ class AccumulateGrad(Node):
 class FunctionCtx(Node):
     """The ``ctx`` of a user ``Function``: it is the graph node its outputs point to."""
 
-    __slots__ = ("_fn_cls", "needs_input_grad", "_non_differentiable", "_materialize", "_out_meta",
+    __slots__ = ("_fn_cls", "needs_input_grad", "_non_differentiable", "_materialize", "_out_meta", "num_outputs",
                  "_n_inputs", "_input_meta", "_dirty", "__dict__")
 
     def __init__(self):
@@ -311,19 +313,16 @@ class FunctionCtx(Node):
         self._non_differentiable = ()
         self._materialize = True
         self._out_meta = ()
+        self.num_outputs = 0        # len(_out_meta), kept beside it: the engine reads it per edge
         self.needs_input_grad = ()
         self._dirty = ()
-
-    @property
-    def num_outputs(self):
-        return len(self._out_meta)
 
     def name(self):
         return self._fn_cls.__name__ + "Backward" if getattr(self, "_fn_cls", None) else "FunctionCtx"
 
     def save_for_backward(self, *tensors):
-        self.saved = tuple(tensors)
-        self.versions = tuple(getattr(t, "_version", 0) for t in tensors)
+        self.saved = tensors
+        self.versions = tuple([getattr(t, "_version", 0) for t in tensors])
 
     @property
     def saved_tensors(self):
@@ -352,8 +351,11 @@ class FunctionCtx(Node):
 
     def backward(self, *grads):
         if self._materialize:
-            grads = tuple(g if g is not None else _zeros_like_meta(meta)
-                          for g, meta in zip(grads, self._out_meta))
+            for g in grads:
+                if g is None:       # zeros only where a gradient is missing (not on the common path)
+                    grads = tuple([g if g is not None else _zeros_like_meta(meta)
+                                   for g, meta in zip(grads, self._out_meta)])
+                    break
         result = self._fn_cls.backward(self, *grads)
         if not isinstance(result, tuple):
             result = (result,)
@@ -370,7 +372,7 @@ class FunctionCtx(Node):
                 continue
             if not isinstance(r, Tensor):
                 r = Tensor._from_array(np.asarray(r) if not hasattr(r, "shape") else r)
-            if tuple(r.shape) != meta[0]:
+            if tuple(r.data.shape) != meta[0]:
                 try:
                     r = r.sum_to(meta[0])
                 except Exception:
@@ -417,13 +419,20 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        # The hot path of every nn op: list comprehensions and one pass over the outputs (no generators).
+        # The hot path of every nn op: one pass over the arguments, one over the outputs (no generators).
         ctx = FunctionCtx()
         ctx._fn_cls = cls
-        tensor_args = [a for a in args if isinstance(a, Tensor)]
+        tensor_args = []
+        needs_input_grad = []
+        for a in args:
+            if isinstance(a, Tensor):
+                tensor_args.append(a)
+                needs_input_grad.append(a.requires_grad)
+            else:
+                needs_input_grad.append(False)
         if len(tensor_args) > 1:
             _check_same_device(cls.__name__, tensor_args)
-        ctx.needs_input_grad = needs_input_grad = tuple([isinstance(a, Tensor) and a.requires_grad for a in args])
+        ctx.needs_input_grad = needs_input_grad = tuple(needs_input_grad)
         prev = _state.grad_enabled
         _state.grad_enabled = False
         try:
@@ -434,40 +443,50 @@ class Function:
             return outputs
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
-        ctx.next_edges = tuple([a._edge() if isinstance(a, Tensor) else None for a in args])
+        edges = []
+        input_meta = []
+        for a, needs in zip(args, needs_input_grad):
+            edges.append(a._edge() if isinstance(a, Tensor) else None)
+            input_meta.append((a.data.shape, a.data.dtype) if needs else None)
+        ctx.next_edges = tuple(edges)
+        ctx._input_meta = tuple(input_meta)
         ctx._n_inputs = len(args)
-        ctx._input_meta = tuple([(a.shape, a.dtype) if needs else None for a, needs in zip(args, needs_input_grad)])
         if _state.anomaly:
             ctx.trace = "".join(traceback.format_stack()[:-1])
+        arg_ids = [id(a) for a in tensor_args]
         wired = []
         meta = []       # per output (shape, dtype, xp); a non-Tensor output gets a float32 scalar's
         for i, o in enumerate(outs):
             if not isinstance(o, Tensor):
                 wired.append(o)
-                meta.append(((), np.float32, np))
+                meta.append(_SCALAR_META)
                 continue
-            if any([o is a for a in tensor_args]) and not any([o is d for d in ctx._dirty]):
+            if id(o) in arg_ids and not (ctx._dirty and any([o is d for d in ctx._dirty])):
                 o = o._view_of_data()     # an input returned as-is becomes a new tensor of this node
-            meta.append((tuple(o.shape), o.dtype, o._xp()))
-            if id(o) in ctx._non_differentiable:
+            data = o.data
+            meta.append((tuple(data.shape), data.dtype, _array_module(data)))
+            if ctx._non_differentiable and id(o) in ctx._non_differentiable:
                 o.requires_grad = False
             else:
-                o.grad_fn, o.output_nr, o.requires_grad = ctx, i, _is_floating(o.dtype, complex_ok=True)
-                if o.grad_fn is ctx and not o.requires_grad:
-                    o.grad_fn = None
+                o.output_nr = i
+                o.requires_grad = floating = _is_floating(data.dtype, complex_ok=True)
+                o.grad_fn = ctx if floating else None
             wired.append(o)
         ctx._out_meta = tuple(meta)
+        ctx.num_outputs = len(meta)
         return wired[0] if single else tuple(wired)
 
 
+_SCALAR_META = ((), np.float32, np)
+
+
 def _check_same_device(where, tensors):
-    if all([type(t.data) is np.ndarray for t in tensors]):
-        return
-    d0 = tensors[0].device
+    d0 = _device_of(tensors[0].data)
     for t in tensors[1:]:
-        if t.device != d0:
+        d = _device_of(t.data)
+        if d is not d0 and d != d0:
             raise RuntimeError(f"{where}: expected all tensors on one device, but found tensors on '{d0}' "
-                               f"and '{t.device}'")
+                               f"and '{d}'")
 
 
 # ----------------------------------------------------------------------------------------------

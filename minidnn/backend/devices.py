@@ -81,11 +81,12 @@ def cuda_is_available() -> bool:
 class Device:
     """A device: ``type`` is ``"cpu"`` or ``"cuda"``; ``index`` is the GPU ordinal (None for cpu)."""
 
-    __slots__ = ("type", "index")
+    __slots__ = ("type", "index", "_hash")
 
     def __init__(self, type: str, index: int | None = None):
         object.__setattr__(self, "type", type)
         object.__setattr__(self, "index", index)
+        object.__setattr__(self, "_hash", hash((type, index)))     # devices key the handle and plan caches
 
     def __setattr__(self, name, value):
         raise AttributeError("Device is immutable")
@@ -97,6 +98,8 @@ class Device:
         return self.type if self.index is None else f"{self.type}:{self.index}"
 
     def __eq__(self, other):
+        if other is self:
+            return True
         if isinstance(other, str):
             try:
                 other = device(other)
@@ -105,7 +108,7 @@ class Device:
         return isinstance(other, Device) and self.type == other.type and self.index == other.index
 
     def __hash__(self):
-        return hash((self.type, self.index))
+        return self._hash
 
     @property
     def xp(self):
@@ -199,7 +202,9 @@ def device_of(x) -> Device:
     array on GPU i."""
     if type(x) is np.ndarray or _cupy is None or not isinstance(x, _cupy.ndarray):
         return CPU
-    return device(int(x.device.id))
+    index = x.data.device_id        # what x.device.id reads, without building a cupy Device per call
+    dev = _device_cache.get(index)
+    return dev if dev is not None else device(index)
 
 
 def xp_for(dev) -> object:
@@ -239,5 +244,14 @@ def to_device(x, dev, dtype=None, copy=False):
 def is_floating(dtype, complex_ok: bool = False) -> bool:
     """Whether ``dtype`` is a floating-point type: NumPy's float kinds and ml_dtypes' bfloat16 (which NumPy files
     under kind 'V'); ``complex_ok`` admits complex types too."""
-    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
-    return dt.kind == "f" or (complex_ok and dt.kind == "c") or (dt.kind == "V" and dt.name == "bfloat16")
+    kinds = _FLOAT_KINDS.get(dtype) if isinstance(dtype, np.dtype) else None
+    if kinds is None:
+        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        floating = dt.kind == "f" or (dt.kind == "V" and dt.name == "bfloat16")    # dt.name is slow Python in NumPy
+        kinds = (floating, floating or dt.kind == "c")
+        if dt is dtype:
+            _FLOAT_KINDS[dt] = kinds
+    return kinds[1] if complex_ok else kinds[0]
+
+
+_FLOAT_KINDS: dict = {}      # np.dtype -> (floating, floating or complex): every op asks, the answer never changes

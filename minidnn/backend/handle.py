@@ -99,27 +99,30 @@ class Handle:
 
     def check_arrays(self, where: str, **arrays):
         """Raise if any named array does not live on this handle's device."""
+        dev = self.device
         for name, a in arrays.items():
             if a is None:
                 continue
             d = _dev.device_of(a)
-            if d != self.device:
+            if d is not dev and d != dev:
                 raise _dev.DeviceMismatchError(
                     f"{where}: {name} is on device '{d}' but the handle is on '{self.device}'")
 
 
-_local = threading.local()
+class _Handles(threading.local):
+    def __init__(self):
+        self.by_device = {}         # Device -> this thread's default Handle
+
+
+_local = _Handles()
 
 
 def get_default_handle(device=None) -> Handle:
     """The calling thread's default handle for ``device`` (created on first use)."""
-    dev = _dev.device(device) if device is not None else _dev.CPU
-    handles = getattr(_local, "handles", None)
-    if handles is None:
-        handles = _local.handles = {}
-    h = handles.get(dev)
+    dev = device if type(device) is _dev.Device else _dev.device(device) if device is not None else _dev.CPU
+    h = _local.by_device.get(dev)
     if h is None:
-        h = handles[dev] = Handle(dev)
+        h = _local.by_device[dev] = Handle(dev)
     return h
 
 
@@ -129,7 +132,8 @@ def resolve_handle(handle, *arrays) -> Handle:
         return handle
     for a in arrays:
         if a is not None and hasattr(a, "shape"):
-            return get_default_handle(_dev.device_of(a))
+            h = _local.by_device.get(_dev.device_of(a))     # the common case: one dict lookup, no further call
+            return h if h is not None else get_default_handle(_dev.device_of(a))
     return get_default_handle()
 
 

@@ -173,12 +173,18 @@ class Module:
             object.__setattr__(self, name, value)
 
     def __getattr__(self, name):
-        # Only called when normal lookup fails: look in the registries.
+        # Only called when normal lookup fails: look in the registries (written out: every layer call reads its
+        # parameters and submodules through here).
         d = self.__dict__
-        for registry in ("_parameters", "_buffers", "_modules"):
-            reg = d.get(registry)
-            if reg is not None and name in reg:
-                return reg[name]
+        reg = d.get("_parameters")
+        if reg is not None and name in reg:
+            return reg[name]
+        reg = d.get("_buffers")
+        if reg is not None and name in reg:
+            return reg[name]
+        reg = d.get("_modules")
+        if reg is not None and name in reg:
+            return reg[name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name):

@@ -36,6 +36,12 @@ def descriptor(cls, *args):
 
 def ntuple(value, n: int, op: str, name: str) -> tuple:
     """An int or a sequence of ``n`` ints -> an ``n``-tuple of ints (PyTorch's _pair/_triple), or a clear error."""
+    if type(value) is tuple and len(value) == n:     # already one (a layer's own settings): no conversion, no raise
+        for v in value:
+            if type(v) is not int:
+                break
+        else:
+            return value
     try:
         v = operator.index(value)
         return (v,) * n
@@ -55,7 +61,7 @@ def ntuple(value, n: int, op: str, name: str) -> tuple:
 def check_tensor(op: str, name: str, t, float_only=True):
     if not isinstance(t, Tensor):
         raise DTypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
-    if float_only and not _is_floating(t.dtype):
+    if float_only and not _is_floating(t.data.dtype):
         raise DTypeError(f"{op}: {name} has dtype {t.dtype}, but a floating-point tensor is required")
 
 
@@ -66,7 +72,7 @@ def check_vector(op: str, name: str, t, n: int, x: Tensor, what: str = "channels
     if t is None:
         return
     check_tensor(op, name, t)
-    if tuple(t.shape) != (n,):
+    if tuple(t.data.shape) != (n,):
         of = of or f"input {tuple(x.shape)}"
         raise ArgumentError(f"{op}: {name} has shape {tuple(t.shape)} but {of} has {n} {what} (expected ({n},))")
     if same_dtype and t.dtype != x.dtype:

@@ -112,8 +112,7 @@ class ConvBackwardFilter(Function):
 # ---- argument checks shared by conv and conv_transpose -------------------------------------------------
 
 def _check_operands(op, x, weight, bias, nd, groups, transposed):
-    check_tensor(op, "input", x)
-    check_tensor(op, "weight", weight)
+    check_tensor(op, "weight", weight)      # (the input was checked by the caller, before batched() reads it)
     if weight.ndim != nd + 2:
         raise ArgumentError(f"{op}: weight must be {nd + 2}-D, got shape {tuple(weight.shape)}")
     if x.dtype != weight.dtype:
@@ -174,9 +173,10 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
     else:
         padding = ntuple(padding, nd, op, "padding")
     desc = descriptor(B.ConvolutionDescriptor, padding, stride, dilation, groups)
-    effective = tuple(d * (k - 1) + 1 for d, k in zip(dilation, weight.shape[2:]))
-    padded = tuple(n + 2 * p for n, p in zip(x.shape[2:], padding))
-    if any(e > n for e, n in zip(effective, padded)):
+    effective = [d * (k - 1) + 1 for d, k in zip(dilation, weight.shape[2:])]
+    padded = [n + 2 * p for n, p in zip(x.shape[2:], padding)]
+    if any([e > n for e, n in zip(effective, padded)]):
+        effective, padded = tuple(effective), tuple(padded)
         raise ArgumentError(f"{op}: the (dilated) kernel {effective} is larger than the padded input {padded} "
                          f"(input {tuple(x.shape)}, weight {tuple(weight.shape)}, padding {padding}, "
                          f"dilation {dilation})")
