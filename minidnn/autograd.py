@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 
 from . import _amp_state
+from .backend.array_ops import copy_into as _copy_into
 from .backend.devices import array_module as _array_module
 from .backend.devices import device_of as _device_of
 from .backend.devices import is_floating as _is_floating
@@ -282,7 +283,7 @@ class AccumulateGrad(Node):
             data = g.data
             if storage is not None:
                 # The optimizer's flat gradient buffer: land the gradient in place, no gather later.
-                storage[...] = data
+                _copy_into(storage, data)
                 var.grad = var._wrap_like(storage)
             elif fresh and data.flags.c_contiguous and data.base is None and getattr(data.flags, "writeable", True):
                 var.grad = var._wrap_like(data)
