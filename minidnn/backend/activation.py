@@ -200,7 +200,7 @@ def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
         return None
     try:
         key = (kind, None if handle is None else handle.device, desc, alpha, beta,
-               *((None if a is None else (a.shape, a.dtype, a.strides, a.device.id)) for a in (x, dy, y)))
+               *((None if a is None else (a.shape, a.dtype, a.strides, a.data.device_id)) for a in (x, dy, y)))
         hash(key)
     except (TypeError, AttributeError):
         return None

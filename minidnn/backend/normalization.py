@@ -431,10 +431,12 @@ def _gpu_call_key(x, out, *settings_and_arrays):
     if out is not None or not is_cuda(x):
         return None
     try:
-        key = tuple(a if not hasattr(a, "strides") else (a.shape, a.dtype, a.strides, a.device.id)
-                    for a in settings_and_arrays)
-        key = key[:1] + (None if key[1] is None else getattr(key[1], "device", id(key[1])),) + key[2:]
-        key += ((x.shape, x.dtype, x.strides, x.device.id),)
+        # arrays by what a check reads (data.device_id: x.device would build a CuPy Device per array)
+        key = [a if not hasattr(a, "strides") else (a.shape, a.dtype, a.strides, a.data.device_id)
+               for a in settings_and_arrays]
+        key[1] = None if key[1] is None else getattr(key[1], "device", id(key[1]))
+        key.append((x.shape, x.dtype, x.strides, x.data.device_id))
+        key = tuple(key)
         hash(key)
     except (TypeError, AttributeError):
         return None

@@ -383,7 +383,7 @@ def _gpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, *arrays):
         return None
     try:
         key = (kind, None if handle is None else handle.device, desc, format, alpha, beta, flag,
-               *((None if a is None else (a.shape, a.dtype, a.strides, a.device.id)) for a in (x, *arrays)))
+               *((None if a is None else (a.shape, a.dtype, a.strides, a.data.device_id)) for a in (x, *arrays)))
         hash(key)
     except (TypeError, AttributeError):
         return None

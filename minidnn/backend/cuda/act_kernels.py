@@ -215,19 +215,19 @@ def _grid(n, dev):
 
 def forward(mode_name, coef, x):
     cp = _launch.cupy()
-    with _launch.on_device(x.device.id):
+    with _launch.on_device(x.data.device_id):
         y = _like(cp, x)
         xf, yf = _flat(x), _flat(y)
-        _launch.launch(_kernel("act_fwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),
+        _launch.launch(_kernel("act_fwd", x.dtype, mode_name), _grid(x.size, x.data.device_id), (THREADS,),
                        (xf, yf, np.int64(x.size), np.float64(coef), _vec(x.size, x.itemsize, xf, yf)))
     return y
 
 
 def backward(mode_name, coef, x, dy):
     cp = _launch.cupy()
-    with _launch.on_device(x.device.id):
+    with _launch.on_device(x.data.device_id):
         dx = _like(cp, x)
         xf, dyf, dxf = _flat(x), _flat(dy), _flat(dx)
-        _launch.launch(_kernel("act_bwd", x.dtype, mode_name), _grid(x.size, x.device.id), (THREADS,),
+        _launch.launch(_kernel("act_bwd", x.dtype, mode_name), _grid(x.size, x.data.device_id), (THREADS,),
                        (xf, dyf, dxf, np.int64(x.size), np.float64(coef), _vec(x.size, x.itemsize, xf, dyf, dxf)))
     return dx

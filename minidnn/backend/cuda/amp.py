@@ -44,8 +44,7 @@ extern "C" __global__ void amp_update_scale(float* scale, int* growth_tracker, f
 
 def update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
     kernel = _launch.get_kernel(SOURCE, "amp_update_scale", ("-std=c++14",))
-    cp = _launch.cupy()
-    with cp.cuda.Device(scale.device.id):
+    with _launch.on_device(scale.data.device_id):
         _launch.launch(kernel, (1,), (32,), (scale, growth_tracker, found_inf, np.int32(found_inf.size),
                                              np.float64(growth_factor), np.float64(backoff_factor),
                                              np.int32(growth_interval)))

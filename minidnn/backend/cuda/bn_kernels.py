@@ -517,7 +517,7 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
     """(y channels-first view in xc's layout, saved mean (C,), saved inv_std (C,)); running stats updated in place."""
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
-    dev = xc.device.id
+    dev = xc.data.device_id
     has_running = running_mean is not None
     sig = (xc.shape, xc.strides, xc.dtype, dev)
     stats, n_partial, tiles, acc = _planned(("stats", factor, eps, has_running) + sig, _stats_plan,
@@ -536,7 +536,7 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
 def forward_inference(xc, scale, bias, est_mean, est_var, eps, z=None, relu=False):
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
-    dev = xc.device.id
+    dev = xc.data.device_id
     with _launch.on_device(dev):
         return _apply(cp, xc, xm, est_mean, est_var, scale, bias, z, relu, eps, True, outer, c, inner, dev)
 
@@ -569,7 +569,7 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
     acc = mean.dtype
-    dev = xc.device.id
+    dev = xc.data.device_id
     relu = y is not None
     has_scale = scale is not None
     grad, dx_launch, n_partial, tiles, pdt = _planned(("backward", xc.shape, xc.strides, xc.dtype, dev, relu,

@@ -84,8 +84,8 @@ def dropout_forward(x, p, scale, state, ticket):
     y = cp.empty_like(xc)
     keep = cp.empty(xc.shape, dtype=np.uint8)
     groups = (xc.size + 3) // 4
-    grid = max(1, min((groups + THREADS - 1) // THREADS, _launch.sm_count(xc.device.id) * 8))
-    with cp.cuda.Device(xc.device.id):
+    grid = max(1, min((groups + THREADS - 1) // THREADS, _launch.sm_count(xc.data.device_id) * 8))
+    with _launch.on_device(xc.data.device_id):
         _launch.launch(kernel, (grid,), (THREADS,), (xc, y, keep, state, ticket, np.int64(xc.size), np.float32(p),
                                                       xc.dtype.type(scale)))
     return y, keep.view(np.bool_)

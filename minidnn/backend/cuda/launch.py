@@ -45,9 +45,15 @@ _CODES = {np.int8: "b", np.uint8: "B", np.bool_: "?", np.int16: "h", np.uint16: 
           np.uint32: "I", np.int64: "q", np.uint64: "Q", np.float16: "e", np.float32: "f", np.float64: "d"}
 
 
+_cp = None
+
+
 def cupy():
     """The CuPy module (raises minidnn's CudaUnavailableError with install advice where CuPy is missing)."""
-    return _dev.require_cupy()
+    global _cp
+    if _cp is None:
+        _cp = _dev.require_cupy()
+    return _cp
 
 
 def get_kernel(source: str, name: str, options: tuple = ()):
@@ -97,11 +103,9 @@ def _layout(types):
     return struct.Struct("@" + "".join(codes)), offsets
 
 
-def _function(kernel, shared_mem):
-    """The CUfunction handle of ``kernel`` on the current device, opted into ``shared_mem`` bytes of
-    dynamic shared memory when that is above 48 KiB (once per kernel, device and size)."""
-    cp = cupy()
-    dev = cp.cuda.runtime.getDevice()
+def _function(kernel, shared_mem, dev):
+    """The CUfunction handle of ``kernel`` on GPU ``dev``, opted into ``shared_mem`` bytes of dynamic shared memory
+    when that is above 48 KiB (once per kernel, device and size)."""
     entry = _functions.get((id(kernel), dev))
     if entry is None or entry[1] < shared_mem:
         if shared_mem >= 48 * 1024:
@@ -111,20 +115,25 @@ def _function(kernel, shared_mem):
     return entry[0]
 
 
-def _go(fn, grid, block, shared_mem, stream, params_ptr):
-    global _launches
-    cp = cupy()
+def _dims(grid, block, shared_mem):
     g = tuple(grid) + (1, 1)
     b = tuple(block) + (1, 1)
+    return (int(g[0]), int(g[1]), int(g[2]), int(b[0]), int(b[1]), int(b[2]), int(shared_mem))
+
+
+def _go(fn, dims, stream, params_ptr):
+    global _launches
+    cp = _cp
     s = (stream if stream is not None else cp.cuda.get_current_stream()).ptr
-    cp.cuda.driver.launchKernel(fn, g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem), s, params_ptr, 0)
+    cp.cuda.driver.launchKernel(fn, *dims, s, params_ptr, 0)
     _launches += 1
 
 
 def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None) -> None:
     """Launch ``kernel`` on ``grid`` x ``block`` with ``args`` (CuPy arrays and NumPy scalars), counted."""
     global _launches
-    nd = _dev.require_cupy().ndarray
+    cp = cupy()
+    nd = cp.ndarray
     types = tuple([_ARRAY if type(a) is nd else type(a) for a in args])
     buf = _layouts.get(types, False)
     if buf is False:
@@ -136,40 +145,53 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None) -> None:
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem), stream=stream)
         _launches += 1
         return
-    fn = _function(kernel, shared_mem)
+    fn = _function(kernel, shared_mem, cp.cuda.runtime.getDevice())
     values = [a.data.ptr if t is _ARRAY else a for a, t in zip(args, types)]
     with buf.lock:
         buf.struct.pack_into(buf.data, 0, *values)
-        _go(fn, grid, block, shared_mem, stream, buf.params_ptr)
+        _go(fn, _dims(grid, block, shared_mem), stream, buf.params_ptr)
 
 
 class Prepared:
     """A launch that repeats with only its arrays changing: ``prepare(kernel, grid, block, args)`` packs the scalar
     arguments once (``args`` as for ``launch``, with ``None`` where an array will go), and calling the result with
     the arrays, in order, writes their pointers (None -> a null pointer) and launches."""
-    __slots__ = ("kernel", "grid", "block", "shared_mem", "buf", "slots")
+    __slots__ = ("kernel", "dims", "shared_mem", "buf", "slots", "pack_ptrs", "fn")
 
     def __init__(self, kernel, grid, block, args, shared_mem=0):
-        nd = _dev.require_cupy().ndarray
+        nd = cupy().ndarray
         types = [_ARRAY if a is None or type(a) is nd else type(a) for a in args]
         layout = _layout(types)
         if layout is None:
             raise TypeError(f"prepare: no struct code for {sorted({t.__name__ for t in types if t is not _ARRAY})}")
-        self.kernel, self.grid, self.block, self.shared_mem = kernel, tuple(grid), tuple(block), int(shared_mem)
+        self.kernel, self.shared_mem = kernel, int(shared_mem)
+        self.dims = _dims(grid, block, shared_mem)
         self.buf = _Buffer(*layout)       # its own buffer: the scalars stay packed in it between calls
         self.slots = [o for o, t in zip(layout[1], types) if t is _ARRAY]
         layout[0].pack_into(self.buf.data, 0, *[0 if t is _ARRAY else a for a, t in zip(args, types)])
+        n = len(self.slots)
+        # the arrays lead the argument list (every kernel here): all their pointers in one pack
+        self.pack_ptrs = struct.Struct(f"@{n}Q").pack_into if self.slots == list(range(0, 8 * n, 8)) else None
+        self.fn = (None, None)            # (device, CUfunction) of the last launch
 
     def __call__(self, *arrays, stream=None):
         offsets = self.slots
         if len(arrays) != len(offsets):
             raise TypeError(f"prepared launch: {len(offsets)} arrays expected, got {len(arrays)}")
-        fn = _function(self.kernel, self.shared_mem)
+        dev = _cp.cuda.runtime.getDevice()
+        last, fn = self.fn
+        if last != dev:
+            fn = _function(self.kernel, self.shared_mem, dev)
+            self.fn = (dev, fn)
+        ptrs = [0 if a is None else a.data.ptr for a in arrays]
         data = self.buf.data
         with self.buf.lock:
-            for off, a in zip(offsets, arrays):
-                _PTR.pack_into(data, off, 0 if a is None else a.data.ptr)
-            _go(fn, self.grid, self.block, self.shared_mem, stream, self.buf.params_ptr)
+            if self.pack_ptrs is not None:
+                self.pack_ptrs(data, 0, *ptrs)
+            else:
+                for off, p in zip(offsets, ptrs):
+                    _PTR.pack_into(data, off, p)
+            _go(fn, self.dims, stream, self.buf.params_ptr)
 
 
 def prepare(kernel, grid, block, args, shared_mem: int = 0) -> Prepared:

@@ -201,7 +201,7 @@ def forward(x, target, weight, ignore_index, eps, reduction):
     inner = x.size // (n * c)
     rows = n * inner
     acc = np.float64 if x.dtype == np.float64 else np.float32
-    dev = x.device.id
+    dev = x.data.device_id
     with cp.cuda.Device(dev):
         grid = _grid(rows, dev)
         lse = cp.empty(target.shape, dtype=acc)
@@ -222,7 +222,7 @@ def backward(x, target, weight, lse, denom, g, ignore_index, eps, reduction):
     n, c = x.shape[:2]
     inner = x.size // (n * c)
     rows = n * inner
-    dev = x.device.id
+    dev = x.data.device_id
     with cp.cuda.Device(dev):
         dx = cp.empty(x.shape, dtype=x.dtype)
         g = cp.ascontiguousarray(g, dtype=x.dtype)

@@ -238,7 +238,7 @@ def forward(geom, xc):
     is_max = geom.mode.is_max
     adt = arg_dtype(geom)
     n, c = xc.shape[:2]
-    dev = xc.device.id
+    dev = xc.data.device_id
     with cp.cuda.Device(dev):
         y = _empty(cp, geom.y_shape, xc.dtype, cl)
         argmax = _empty(cp, geom.y_shape, adt, cl) if is_max else None
@@ -256,7 +256,7 @@ def backward(geom, dyc, argmax_c, x_shape, dtype, x_channels_last=False):
     cl = is_channels_last(dyc) if dyc.shape[2] * dyc.shape[3] > 1 else bool(x_channels_last)
     is_max = geom.mode.is_max
     n, c = x_shape[:2]
-    dev = dyc.device.id
+    dev = dyc.data.device_id
     adt = argmax_c.dtype if is_max else np.dtype(np.uint8)
     with cp.cuda.Device(dev):
         dx = _empty(cp, tuple(x_shape), dtype, cl)

@@ -146,10 +146,10 @@ def _kernel_compiled(name, dtype, algo):
 def forward(x, axes, algo_name):
     cp = _launch.cupy()
     outer, c, inner = collapse(x.shape, axes)
-    with cp.cuda.Device(x.device.id):
+    with _launch.on_device(x.data.device_id):
         y = cp.empty(x.shape, dtype=x.dtype)
         rows = outer * inner
-        _launch.launch(_kernel("softmax_fwd", x.dtype, algo_name), _grid(rows, x.device.id), (THREADS,),
+        _launch.launch(_kernel("softmax_fwd", x.dtype, algo_name), _grid(rows, x.data.device_id), (THREADS,),
                        (x, y, np.int64(rows), np.int32(c), np.int32(inner)))
     return y
 
@@ -157,9 +157,9 @@ def forward(x, axes, algo_name):
 def backward(y, dy, axes, algo_name):
     cp = _launch.cupy()
     outer, c, inner = collapse(y.shape, axes)
-    with cp.cuda.Device(y.device.id):
+    with _launch.on_device(y.data.device_id):
         dx = cp.empty(y.shape, dtype=y.dtype)
         rows = outer * inner
-        _launch.launch(_kernel("softmax_bwd", y.dtype, algo_name), _grid(rows, y.device.id), (THREADS,),
+        _launch.launch(_kernel("softmax_bwd", y.dtype, algo_name), _grid(rows, y.data.device_id), (THREADS,),
                        (y, dy, dx, np.int64(rows), np.int32(c), np.int32(inner)))
     return dx

@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 
+from ...backend.array_ops import increment as _increment
 from ...backend.errors import ArgumentError
 from ...creation import ones, tensor, zeros
 from .. import functional as F
@@ -79,7 +80,7 @@ class _BatchNorm(_NormBase):
         out = F.batch_norm(input, self.running_mean if update else None, self.running_var if update else None,
                            self.weight, self.bias, use_batch_stats, factor, self.eps)
         if tracking:        # counted only once the batch went through (a failing forward changes nothing), in place
-            counter.data += 1       # on its array: one add and no recorded op (add_ would add, then copy back)
+            _increment(counter.data)    # on its array: no recorded op (add_ would add, then copy back)
             counter._version += 1
         return out
 
