@@ -89,6 +89,8 @@ def main():
         print("note: on the CPU only bf16 autocast exists (fp16 is skipped); CPU times are not the target")
     if torch is not None and args.device == "cuda":
         torch.backends.cudnn.benchmark = True
+        # the fp32 rows in the same math on both sides: PyTorch's cuDNN convolutions default to TF32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     ns = torch_models() if torch is not None else None
     tsync = (torch.cuda.synchronize if args.device == "cuda" else (lambda: None)) if torch is not None else None
     graphed = args.device == "cuda" and not args.no_graphs

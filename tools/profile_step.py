@@ -91,9 +91,15 @@ def main(argv=None):
 
 def _kernel_times(lib, models, ctor, shape, batch, steps=5):
     """{kernel name: (µs per step, launches per step)} of one library's step, from PyTorch's profiler."""
+    step, _, _ = make_step(lib, models, ctor, shape, batch, "cuda")
+    return step_kernel_times(step, steps)
+
+
+def step_kernel_times(step, steps=5):
+    """{kernel name: (µs per step, launches per step)} of ``step()`` on the GPU, from PyTorch's profiler (CUPTI sees
+    every kernel of the process, CuPy's and minidnn's included)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    step, _, _ = make_step(lib, models, ctor, shape, batch, "cuda")
     for _ in range(15):
         step()
     torch.cuda.synchronize()
@@ -112,18 +118,21 @@ def _kernel_times(lib, models, ctor, shape, batch, steps=5):
     return table
 
 
+def print_table(title, table, top):
+    total = sum(t for t, _ in table.values())
+    count = sum(n for _, n in table.values())
+    print(f"== {title}: device kernel time {total / 1e3:.3f} ms/step in {count:.0f} kernels")
+    for kname, (t, n) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {t:9.1f} us {n:5.0f}x  {kname[:110]}")
+
+
 def kernel_table(name, batch, top):
     import train_step
     ctor, shape, default_batch = CONFIGS[name]
     batch = batch or default_batch
     for label, lib, models in (("minidnn", mdn, vars(minidnn.models)),
                                ("torch", __import__("torch"), train_step.torch_models())):
-        table = _kernel_times(lib, models, ctor, shape, batch)
-        total = sum(t for t, _ in table.values())
-        count = sum(n for _, n in table.values())
-        print(f"== {name} b{batch} {label}: device kernel time {total / 1e3:.3f} ms/step in {count:.0f} kernels")
-        for kname, (t, n) in sorted(table.items(), key=lambda kv: -kv[1][0])[:top]:
-            print(f"  {t:9.1f} us {n:5.0f}x  {kname[:110]}")
+        print_table(f"{name} b{batch} {label}", _kernel_times(lib, models, ctor, shape, batch), top)
 
 
 if __name__ == "__main__":
