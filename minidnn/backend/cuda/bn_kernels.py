@@ -20,7 +20,8 @@ Tiling of the two reductions: a 256-thread block owns CT channels (CT = 1 for NC
 blockIdx.y * CT + tx over rows ty, ty + RY, ... (RY = 256 / CT) of its slice -- consecutive threads read consecutive
 addresses in both layouts.  A fixed-order shared-memory tree sums the RY rows; each block writes its partial sums;
 the LAST block of a channel tile (threadfence + atomic ticket, reset by that block: the multi_tensor.py idiom) adds
-the partials in split order in double and finalises.  Deterministic: no float atomics.  The two elementwise kernels
+the partials in double -- row ty of the block takes splits ty, ty + RY, ... in order, then a fixed-order tree over
+the rows -- and finalises.  Deterministic: no float atomics, the same order at every call.  The two elementwise kernels
 are grid-stride loops, 4 independent elements per thread per iteration.
 Traffic: forward reads x twice and writes y (3 passes; the cuDNN/PyTorch floor without a grid barrier), backward
 reads x, dy (y) twice and writes dx (dz).  Nothing is read back to the host: capturable in a CUDA graph.
@@ -140,6 +141,28 @@ __device__ __forceinline__ bool last_block(unsigned int* ticket)
     return last;
 }
 
+// In the last block of a channel tile: the totals (in double) of channel c's gridDim.x partial pairs.  Row ty of
+// the block sums partials ty, ty + RY, ... in order, then a fixed-order tree adds the RY rows: the same split of
+// the work at every call (deterministic), and RY loads in flight instead of one thread walking every partial (a
+// channels-last tile has ~10^3 splits: that walk was most of the kernel's time).  Every thread of the block calls it.
+__device__ __forceinline__ void partials_total(const A* __restrict__ partial, int c, int C, int ty, int tx,
+                                               double& t1, double& t2)
+{
+    __shared__ double sd[RY][CT][2];
+    double a1 = 0, a2 = 0;
+    if (c < C) {
+        const A* p = partial + (long long)c * gridDim.x * 2;
+        for (int b = ty; b < (int)gridDim.x; b += RY) { a1 += (double)p[2 * b]; a2 += (double)p[2 * b + 1]; }
+    }
+    sd[ty][tx][0] = a1; sd[ty][tx][1] = a2;
+    __syncthreads();
+    for (int s = RY / 2; s > 0; s >>= 1) {
+        if (ty < s) { sd[ty][tx][0] += sd[ty + s][tx][0]; sd[ty][tx][1] += sd[ty + s][tx][1]; }
+        __syncthreads();
+    }
+    t1 = sd[0][tx][0]; t2 = sd[0][tx][1];
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
          A* __restrict__ mean_out, A* __restrict__ inv_std_out, P* running_mean, P* running_var,
@@ -161,10 +184,9 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
         p[0] = sm[0][tx][0]; p[1] = sm[0][tx][1];
     }
     if (!last_block(ticket)) return;
+    double t1, t2;
+    partials_total(partial, c, C, ty, tx, t1, t2);
     if (ty == 0 && c < C) {
-        double t1 = 0, t2 = 0;
-        const A* p = partial + (long long)c * gridDim.x * 2;
-        for (int b = 0; b < gridDim.x; ++b) { t1 += (double)p[2 * b]; t2 += (double)p[2 * b + 1]; }
         const double m = (double)outer * inner;
         const double md = t1 / m;
         const double var = fmax(t2 / m - md * md, 0.0);
@@ -211,10 +233,9 @@ bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         p[0] = sm[0][tx][0]; p[1] = sm[0][tx][1];
     }
     if (!last_block(ticket)) return;
+    double t1, t2;
+    partials_total(partial, c, C, ty, tx, t1, t2);
     if (ty == 0 && c < C) {
-        double t1 = 0, t2 = 0;
-        const A* p = partial + (long long)c * gridDim.x * 2;
-        for (int b = 0; b < gridDim.x; ++b) { t1 += (double)p[2 * b]; t2 += (double)p[2 * b + 1]; }
         const double m = (double)outer * inner;
         coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
 #if HAS_SCALE
@@ -465,7 +486,9 @@ def _make_reduce_grid(outer, c, inner, inner1, dev_id):
     tiles = (c + 31) // 32 if inner1 else c
     ry = 8 if inner1 else THREADS
     rows = outer if inner1 else outer * inner
-    want = max(1, (_launch.sm_count(dev_id) * 8 + tiles - 1) // tiles)
+    # blocks: ~8 per SM for the channel-first kernels; ~2 per SM channels-last, where a tile holds 32 channels and
+    # the last block's sum over the splits grows with their number
+    want = max(1, (_launch.sm_count(dev_id) * (2 if inner1 else 8) + tiles - 1) // tiles)
     splits = max(1, min(want, (rows + ry * 8 - 1) // (ry * 8), 65535))
     return splits, tiles
 
