@@ -16,6 +16,7 @@ its kernels are compiled (the PRECOMP table is uploaded on first use of a proble
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -46,8 +47,10 @@ def _sizes_ok(p) -> bool:
     return max(math.prod(p.x_shape), math.prod(p.y_shape), math.prod(p.w_shape)) < _INT32
 
 
+@functools.lru_cache(maxsize=4096)
 def igemm_supports(p) -> str | None:
-    """None if the implicit-GEMM kernels run ``p``, else the rule it breaks."""
+    """None if the implicit-GEMM kernels run ``p``, else the rule it breaks (cached per problem: the fast-path
+    predicates ask at every call)."""
     if p.nd not in (1, 2):
         return "1-D and 2-D convolutions (3-D keeps the array algorithms)"
     if p.dtype not in _ELEM:
@@ -57,8 +60,9 @@ def igemm_supports(p) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def direct_supports(p) -> str | None:
-    """None if the direct kernels run ``p`` (few channels per group), else the rule it breaks."""
+    """None if the direct kernels run ``p`` (few channels per group), else the rule it breaks (cached per problem)."""
     if p.nd not in (1, 2):
         return "1-D and 2-D convolutions"
     if p.groups == 1 or p.Cg > DIRECT_MAX_CG or p.Kg > 4 * DIRECT_MAX_CG:
