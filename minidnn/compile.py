@@ -20,6 +20,7 @@ import collections
 import functools
 import warnings
 
+from .backend.array_ops import copy_into as _copy_arrays
 from .tensor import Tensor
 
 __all__ = ["compile"]
@@ -54,9 +55,19 @@ class _Compiled:
         self.eager_reason = reason
 
     def __call__(self, *args, **kwargs):
-        from . import cuda
         if self.eager_reason is not None:
             return self.fn(*args, **kwargs)
+        key = _signature(args, kwargs)
+        entry = self.graphs.get(key)
+        if entry is not None:       # the replay: host time on every step, so nothing else before it
+            self.graphs.move_to_end(key)
+            graph, s_args, s_kwargs, out = entry
+            _copy_into(s_args, args)
+            if s_kwargs:
+                _copy_into(list(s_kwargs.values()), [kwargs[k] for k in s_kwargs])
+            graph.replay()
+            return out
+        from . import cuda
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
         if not cuda.is_available():
             self._fallback("no CUDA GPU (CUDA graphs need one); the function runs as written")
@@ -64,15 +75,6 @@ class _Compiled:
         if not any(t.device.type == "cuda" for t in tensors):
             self._fallback("none of its tensor arguments is on a CUDA device")
             return self.fn(*args, **kwargs)
-        key = _signature(args, kwargs)
-        entry = self.graphs.get(key)
-        if entry is not None:
-            self.graphs.move_to_end(key)
-            graph, s_args, s_kwargs, out = entry
-            _copy_into(s_args, args)
-            _copy_into(list(s_kwargs.values()), [kwargs[k] for k in s_kwargs])
-            graph.replay()
-            return out
         self.calls[key] += 1
         if self.calls[key] <= self.warmup:
             side = cuda.Stream()
@@ -112,7 +114,7 @@ def _copy_into(static, new):
     one raw device copy each (no autograd: the static buffers are leaves of the captured step)."""
     for dst, src in zip(static, new):
         if isinstance(dst, Tensor) and dst is not src:
-            dst.device.xp.copyto(dst.data, src.data)
+            _copy_arrays(dst.data, src.data)     # one asynchronous device copy where both are dense and alike
             dst._version += 1
 
 
