@@ -25,6 +25,9 @@ from .tensor import Tensor                  # noqa: E402,F401
 from . import gradcheck as _gradcheck       # noqa: E402  (numerical checks, above the engine; PyTorch spells them
 for _name in ("gradcheck", "gradgradcheck", "GradcheckError"):        # torch.autograd.gradcheck: bound there)
     setattr(autograd, _name, getattr(_gradcheck, _name))
+from . import _anomaly_mode                 # noqa: E402  (anomaly mode's switch, above the engine, which keeps the flag;
+for _name in _anomaly_mode.__all__:         # PyTorch spells it torch.autograd.detect_anomaly: bound there too)
+    setattr(autograd, _name, getattr(_anomaly_mode, _name))
 del _name
 from . import ops as _ops                   # noqa: E402,F401  (binds the Tensor methods)
 from .ops import *                          # noqa: E402,F401,F403

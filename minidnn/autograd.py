@@ -19,7 +19,6 @@ import functools
 import sys
 import threading
 import traceback
-import weakref
 
 import numpy as np
 
@@ -36,8 +35,10 @@ Tensor = None
 
 __all__ = [
     "Function", "FunctionCtx", "Node", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
-    "inference_mode", "grad", "backward", "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",
-    "gradcheck", "gradgradcheck", "GradcheckError",   # noqa: F822  (bound by minidnn/__init__.py from gradcheck.py)
+    "inference_mode", "grad", "backward",
+    # bound by minidnn/__init__.py from the modules above the engine that define them:
+    "detect_anomaly", "set_detect_anomaly", "is_anomaly_enabled",     # noqa: F822  (_anomaly_mode.py)
+    "gradcheck", "gradgradcheck", "GradcheckError",                   # noqa: F822  (gradcheck.py)
 ]
 
 
@@ -46,7 +47,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 class _State(threading.local):
     grad_enabled = True
-    anomaly = False
+    anomaly = False     # detect_anomaly (_anomaly_mode.py) sets it; new nodes then keep a trace, backward checks
 
 
 _state = _State()
@@ -112,40 +113,6 @@ class set_grad_enabled(_GradModeContext):
             with set_grad_enabled(mode):
                 return fn(*args, **kwargs)
         return wrapper
-
-
-# ----------------------------------------------------------------------------------------------
-# Anomaly detection
-# ----------------------------------------------------------------------------------------------
-def is_anomaly_enabled() -> bool:
-    return _state.anomaly
-
-
-class detect_anomaly:
-    """Inside this block every node remembers where it was created, and a backward that produces
-    NaN or inf raises an error naming the op and that place."""
-
-    def __init__(self, check_nan: bool = True):
-        self.check_nan = check_nan
-
-    def __enter__(self):
-        self._prev = _state.anomaly
-        _state.anomaly = self.check_nan
-
-    def __exit__(self, *exc):
-        _state.anomaly = self._prev
-        return False
-
-    def __call__(self, fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            with detect_anomaly(self.check_nan):
-                return fn(*args, **kwargs)
-        return wrapper
-
-
-def set_detect_anomaly(mode: bool) -> None:
-    _state.anomaly = bool(mode)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,19 +193,8 @@ class _RemovableHandle:
 
 # id(leaf) -> (weakref to it, [hook(leaf)]): PyTorch's post-accumulate-grad hooks, run after a backward has
 # written the leaf's .grad (data-parallel all-reduce launches from them).  Kept outside Tensor's slots: rarely used.
+# Tensor.register_post_accumulate_grad_hook (_tensor_hooks.py) fills it.
 _post_accumulate_hooks: dict = {}
-
-
-def register_post_accumulate_grad_hook(tensor, hook):
-    """``hook(tensor)`` runs after each backward has accumulated into ``tensor.grad`` (a leaf).  Returns a handle
-    whose ``remove()`` unregisters it."""
-    key = id(tensor)
-    entry = _post_accumulate_hooks.get(key)
-    if entry is None or entry[0]() is not tensor:
-        entry = _post_accumulate_hooks[key] = (
-            weakref.ref(tensor, lambda _, key=key: _post_accumulate_hooks.pop(key, None)), [])
-    entry[1].append(hook)
-    return _RemovableHandle(entry[1], hook)
 
 
 class AccumulateGrad(Node):

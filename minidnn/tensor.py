@@ -5,7 +5,10 @@ Python floats become float32 (the default float dtype); otherwise NumPy's promot
 Python scalars are weak: ``float16_tensor * 2.5`` stays float16, ``int32_tensor + 1`` stays int32, and an
 integer tensor meeting a Python float (or ``/``) gives the default float dtype, as in PyTorch.
 Tensors never move between devices silently: an op mixing devices raises naming both.
-The differentiable ops live in ``minidnn/ops/`` and are attached as methods at the bottom of that package.
+This file is the engine's half of the Tensor: its data, its place in the graph (``grad_fn``, ``_edge``), the
+in-place mechanism, and the constructors every op uses (``_wrap``, ``_attach``).  The differentiable ops live in
+``minidnn/ops/``; conversions and printing in ``_tensor_convert.py``; gradient hooks in ``_tensor_hooks.py``.
+ops/__init__.py attaches all of them as methods, in one place.
 """
 from __future__ import annotations
 
@@ -13,12 +16,10 @@ import weakref
 
 import numpy as np
 
-from . import _dlpack, _dtypes
-from . import _memory_format as _mf
+from . import _dtypes
 from . import autograd as _ag
 from ._dtypes import (  # noqa: F401  (the dtype helpers, re-exported: the layers above import them from here)
     _infer_python_dtype,
-    _looks_like_dtype,
     _to_dtype,
     get_default_dtype,
     set_default_dtype,
@@ -155,86 +156,6 @@ class Tensor:
         unless this tensor has one element)."""
         _ag.backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph)
 
-    def retain_grad(self):
-        """Keep ``.grad`` for this non-leaf tensor after backward."""
-        if self.is_leaf:
-            return self
-        hooks = (self.grad_fn.pre_hooks or {}).get(self.output_nr, ())
-        if any(getattr(h, "retains_grad", False) for h in hooks):
-            return self
-        ref = weakref.ref(self)
-
-        def _retain(g):
-            t = ref()
-            if t is not None:
-                t.grad = g.detach() if t.grad is None else t.grad.detach() + g.detach()
-        _retain.retains_grad = True     # register_prehook keeps it after the user's hooks
-        self.grad_fn.register_prehook(self.output_nr, _retain)
-        return self
-
-    def register_hook(self, hook):
-        """``hook(grad) -> Tensor or None`` runs when this tensor's gradient is computed; a returned
-        tensor replaces the gradient.  Returns a handle whose ``remove()`` unregisters it."""
-        if not self.requires_grad:
-            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
-        if self.grad_fn is not None:
-            return self.grad_fn.register_prehook(self.output_nr, hook)
-        if self._hooks is None:
-            self._hooks = []
-        self._hooks.append(hook)
-        return _ag._RemovableHandle(self._hooks, hook)
-
-    def register_post_accumulate_grad_hook(self, hook):
-        """``hook(tensor)`` runs after backward has accumulated into this leaf's ``.grad`` (PyTorch's API; the
-        data-parallel all-reduce launches from it).  Returns a handle whose ``remove()`` unregisters it."""
-        if not self.is_leaf:
-            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
-        if not self.requires_grad:
-            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
-        return _ag.register_post_accumulate_grad_hook(self, hook)
-
-    # -- conversion ------------------------------------------------------------------------
-    def numpy(self):
-        """A host NumPy array (a copy for cuda tensors; shares memory for cpu tensors, as in PyTorch)."""
-        return self.data.get() if _dev.is_cuda_array(self.data) else self.data
-
-    def __array__(self, dtype=None, copy=None):
-        a = self.numpy()
-        return a.astype(dtype) if dtype is not None else a
-
-    def item(self):
-        if self.data.size != 1:
-            raise RuntimeError(f"item(): a Tensor with {self.data.size} elements cannot be converted to a Python "
-                               "number")
-        return self.data.reshape(()).item()
-
-    def tolist(self):
-        return self.numpy().tolist()
-
-    def __float__(self):
-        return float(self.item())
-
-    def __int__(self):
-        return int(self.item())
-
-    def __bool__(self):
-        if self.data.size != 1:
-            raise RuntimeError(f"the truth value of a tensor with {self.data.size} elements is ambiguous")
-        return bool(self.item())
-
-    def __index__(self):
-        if self.data.dtype.kind not in "iub" or self.data.size != 1:
-            raise DTypeError("only integer tensors of a single element can be converted to an index")
-        return int(self.item())
-
-    def __dlpack__(self, stream=None, **kwargs):
-        if _dlpack.is_bfloat16(self.data.dtype) and self.device.type == "cpu":
-            return _dlpack.to_capsule(self.data)        # NumPy's DLPack has no bfloat16 code
-        return self.data.__dlpack__(stream=stream, **kwargs) if stream is not None else self.data.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.data.__dlpack_device__()
-
     def detach(self):
         """A tensor sharing this one's data, cut from the graph."""
         return _wrap(self.data)
@@ -243,18 +164,6 @@ class Tensor:
         self.grad_fn = None
         self.requires_grad = False
         return self
-
-    def contiguous(self, memory_format=_mf.contiguous_format):
-        """This tensor if its memory is laid out as ``memory_format`` already, else a (differentiable) copy that is."""
-        if _mf.is_in(self.data, memory_format, "contiguous"):
-            return self
-        out = self.clone()
-        out.data = _mf.relayout(out.data, memory_format, "contiguous")
-        return out
-
-    def is_contiguous(self, memory_format=_mf.contiguous_format):
-        """Whether the memory is laid out as ``memory_format`` (row-major by default; channels_last: NHWC order)."""
-        return _mf.is_in(self.data, memory_format)
 
     # -- in-place ops ------------------------------------------------------------------------
     def _check_inplace(self, op):
@@ -300,40 +209,9 @@ class Tensor:
         self._version += 1
         return self
 
-    def copy_(self, src):
-        """Copy ``src`` (broadcast) into this tensor in place; crossing devices is explicit here."""
-        if self._check_inplace("copy_") or (isinstance(src, Tensor) and src.requires_grad and _state.grad_enabled):
-            return self._inplace("copy_", lambda a, b: b.to(device=a.device).broadcast_to(a.shape).clone(), src)
-        s = src.data if isinstance(src, Tensor) else src
-        s = _dev.to_device(s, self.device)
-        self.data[...] = s
-        self._version += 1
-        return self
-
-    # -- printing ----------------------------------------------------------------------------
-    def __repr__(self):
-        body = np.array2string(self.numpy(), separator=", ", prefix="tensor(", precision=4, threshold=200)
-        extras = []
-        if self.device.type != "cpu":
-            extras.append(f"device='{self.device}'")
-        if self.data.dtype not in (_dtypes.get_default_dtype(), np.dtype(np.int64), np.dtype(np.bool_)):
-            extras.append(f"dtype={self.data.dtype}")
-        if self.grad_fn is not None:
-            extras.append(f"grad_fn=<{self.grad_fn.name()}>")
-        elif self.requires_grad:
-            extras.append("requires_grad=True")
-        return "tensor(" + body + "".join(", " + e for e in extras) + ")"
-
-    def __hash__(self):
+    def __hash__(self):         # by identity, as in PyTorch: == is the elementwise op (bound in ops/)
         return id(self)
 
-    def __iter__(self):
-        if self.ndim == 0:
-            raise DTypeError("iteration over a 0-d tensor")
-        return (self[i] for i in range(self.shape[0]))
-
-    def __reduce_ex__(self, protocol):
-        raise DTypeError("minidnn tensors are not pickled: use minidnn.save (a safe format) or .numpy()")
 
 
 _ag.Tensor = Tensor        # autograd needs the class; it cannot import this module (circular)
@@ -378,19 +256,6 @@ def _attach(data, node):
         import traceback
         node.trace = "".join(traceback.format_stack()[:-2])
     return t
-
-
-def parse_to_args(args, device=None, dtype=None):
-    """The (device, dtype) that ``to(*args)`` asks for: a device, a dtype, both, or another tensor's.
-    Shared by Tensor.to and Module.to."""
-    for a in args:
-        if isinstance(a, Tensor):
-            device, dtype = a.device, a.dtype
-        elif _looks_like_dtype(a):
-            dtype = a
-        else:
-            device = a
-    return device, dtype
 
 
 def _check_inplace_cast(op, result, target):

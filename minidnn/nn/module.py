@@ -18,10 +18,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _memory_format as _mf
+from .._tensor_convert import parse_to_args
 from ..autograd import no_grad
 from ..backend import devices as _dev
 from ..backend.devices import is_floating as _is_floating
-from ..tensor import Tensor, _to_dtype, parse_to_args
+from ..tensor import Tensor, _to_dtype
 from .parameter import Buffer, Parameter
 
 __all__ = ["Module", "RemovableHandle"]

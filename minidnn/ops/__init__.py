@@ -1,6 +1,8 @@
 """The differentiable ops on Tensors, grouped by family, and their binding as Tensor methods."""
 from __future__ import annotations
 
+from .. import _tensor_convert as _convert
+from .. import _tensor_hooks as _hooks
 from .. import creation as _creation
 from ..tensor import Tensor
 from . import activation as _act
@@ -63,6 +65,10 @@ def _bind():
     T.clip_ = _methods.clamp_
     T.__iadd__, T.__isub__ = _methods.add_, _methods.sub_
     T.__imul__, T.__itruediv__ = _methods.mul_, _methods.div_
+    # Leaving the graph (numpy(), item(), repr, DLPack...), layout and copy_; gradient hooks (minidnn/_tensor_*.py).
+    for mod in (_convert, _hooks):
+        for name in mod.__all__:
+            setattr(T, name, getattr(mod, name))
     # Conversion, in-place fills and random fills (ops/tensor_methods.py, creation.py).
     T.to = _tm.to
     T.zero_ = _tm.zero_

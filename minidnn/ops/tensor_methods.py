@@ -2,9 +2,10 @@
 tensor.py, and ops/__init__.py binds them to Tensor with every other method (tensor.py imports nothing above it)."""
 from __future__ import annotations
 
+from .._tensor_convert import parse_to_args
 from ..autograd import _state
 from ..backend.errors import ArgumentError
-from ..tensor import Tensor, _wrap, parse_to_args
+from ..tensor import Tensor, _wrap
 from .elementwise import where
 from .indexing import index_put, setitem_array
 from .linalg import transfer
