@@ -25,7 +25,10 @@ GEMM, groups == 1     Stride 1 on channels-first memory, where the padded width 
                         forward          y_rows  = cols @ w_mat^T          (w_mat^T through BLAS's transpose flag)
                         backward filter  dw_mat  = dy_rows^T @ cols        (dy_rows^T likewise, no copy)
                         backward data    stride 1: a forward correlation of the padded dy with the flipped,
-                                         channel-swapped w (one gather, one GEMM); otherwise
+                                         channel-swapped w (one gather, one GEMM) where that gather is small;
+                                         else (more output than input channels, channels-first dy) col2im on
+                                         the flat padded grid (``_flat_col2im``: one GEMM per chunk of images,
+                                         one contiguous add per tap); otherwise
                                          one (N*out, K) x (K, C) product per tap added into its strided
                                          slice of a channels-last dx (contiguous reads, unlike col2im's).
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
@@ -244,6 +247,8 @@ def _rows_of_w(w):
 # chunking depends only on the shapes, so results do not depend on the thread count (BLAS threads the GEMMs).
 
 _FLAT_COLS_BYTES = 2560 * 1024
+_COL2IM_BYTES = 4096 * 1024        # dcols of one chunk in _flat_col2im (measured: 1 MiB 1.7x slower, fewer
+                                   # and larger calls win)
 
 
 def _flat_dense_plan(p: ConvProblem, in_size, padding, out_size, channels, itemsize):
@@ -354,6 +359,50 @@ def _flat_dense_filter(p: ConvProblem, x, dy):
     return np.moveaxis(dw_mat_t.T.reshape(p.K, *p.kernel, p.C), -1, 1)
 
 
+# Backward data, stride 1, where the full correlation's gather would be large (more output than input channels,
+# LeNet's 6 -> 16 layer): col2im on the flat padded grid.  dy is laid on the padded input's grid (out_h rows of
+# grid_w, zeros on the padding columns), images one padded grid apart, so each tap's dcols rows are added to the
+# flat dx at ONE offset: per chunk of images, one GEMM dcols (C*taps, m*G) = w^T @ dy_grid, then per tap one add of
+# contiguous runs of m*G elements per channel (channels-last col2im added runs of C: 6 floats in LeNet, and its
+# per-tap products were skinny GEMMs).  An image's real outputs (the first out_w columns of its first out_h rows)
+# reach at most its own grid's last element; the zero columns may spill into the next image's grid and add 0.
+
+def _flat_col2im_applies(p: ConvProblem, dy):
+    # the GEMM runs over the whole padded grid: measured no faster than the per-tap form where the grid is more than
+    # twice the output (the digits LeNet's conv2: 12x12 for 8x8, 0.55 ms both ways), 1.3-1.4x faster at 14x14 for
+    # 10x10 (LeNet's conv2 at batch 64 and 256)
+    return (all(s == 1 for s in p.stride) and dy.strides[1] >= dy.strides[-1]
+            and math.prod(p.padded_size) <= 2 * math.prod(p.out_size))
+
+
+def _flat_col2im(p: ConvProblem, w, dy):
+    """dx (N, C, *in) for stride 1: col2im on the flat padded grid (a view of a channel-major padded result)."""
+    grid = p.padded_size
+    size = math.prod(grid)
+    offsets = [sum(t * d * s for t, d, s in zip(tap, p.dilation, [math.prod(grid[d + 1:]) for d in range(p.nd)]))
+               for tap in _taps(p)]
+    taps = len(offsets)
+    images = max(1, min(p.N, _COL2IM_BYTES // (taps * p.C * size * dy.itemsize)))
+    dtype = np.result_type(w, dy)
+    w_t = w.reshape(p.K, p.C * taps).T.astype(dtype, copy=False)       # (C*taps, K): rows (channel, tap), no copy
+    d_grid = np.zeros((p.K, images * size), dtype=dtype)
+    d_view = d_grid.reshape(p.K, images, *grid)
+    dcols = np.empty((p.C * taps, images * size), dtype=dtype)
+    dx_flat = np.zeros((p.C, p.N * size + offsets[-1]), dtype=dtype)
+    out_window = tuple(slice(0, o) for o in p.out_size)
+    for n0 in range(0, p.N, images):
+        m = min(p.N - n0, images)
+        d_view[(slice(None), slice(0, m), *out_window)] = dy[n0:n0 + m].swapaxes(0, 1)
+        cols = dcols[:, :m * size]
+        np.matmul(w_t, d_grid[:, :m * size], out=cols)
+        per_tap = cols.reshape(p.C, taps, m * size)
+        for t, off in enumerate(offsets):
+            target = dx_flat[:, n0 * size + off:(n0 + m) * size + off]
+            np.add(target, per_tap[:, t], out=target)
+    padded = dx_flat[:, :p.N * size].reshape(p.C, p.N, *grid)
+    return padded[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))].swapaxes(0, 1)
+
+
 def _full_correlation_applies(p: ConvProblem):
     # Only where its gather (in * K per tap) is not much larger than col2im's dcols (out * C per tap):
     # LeNet's 6 -> 16 channel layer is 5x larger that way, and col2im wins there.
@@ -376,6 +425,8 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
             p.N * math.prod(p.in_size), math.prod(p.kernel) * p.K)
         w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
         return _from_rows(dcols @ w_t.T, p.N, p.in_size)
+    if _flat_col2im_applies(p, dy):
+        return _flat_col2im(p, w, dy)
     if _gather_channels_first(p):
         # Few channels: dcols^T = w_mat^T @ dy^T (C*kernel, N*out), then col2im channels-first, whose adds run
         # along contiguous output rows (out_w long) in both operands.

@@ -130,6 +130,40 @@ def test_flat_dense_over_chunks_of_images(cfg, direction, images, monkeypatch):
     np.testing.assert_allclose(fast(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "channels_last_x"])
+@pytest.mark.parametrize("cfg", [c for c in DENSE if c[3] == 1] + [((5, 6, 14, 14), (16, 6, 5, 5), 0, 1, 1, 1),
+                                                                 ((3, 2, 7, 9), (5, 2, 3, 2), (1, 2), 1, (2, 3), 1)])
+@pytest.mark.parametrize("images", [1, 2, 64])
+def test_flat_col2im_backward_data(cfg, images, layout, monkeypatch):
+    """Stride-1 backward data by col2im on the flat padded grid, in chunks of one, two (the last partial) and all
+    images, against the float64 reference; the weights may be a non-contiguous view (channels-last memory)."""
+    p = _problem(cfg, np.float64)
+    grid = np.prod(p.padded_size)
+    monkeypatch.setattr(conv_cpu, "_COL2IM_BYTES", images * np.prod(p.kernel) * p.C * grid * 8)
+    rng = np.random.default_rng()                                       # fresh inputs each run
+    _, w, dy = _inputs(p, np.float64, rng)
+    if layout == "channels_last_x":
+        w = _channels_last(w)
+    dy = dy * rng.uniform(0.5, 2.0)
+    got = conv_cpu._flat_col2im(p, w, dy)
+    want = gemm_backward_data(p, w, dy)
+    assert got.shape == want.shape == p.x_shape
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+
+
+def test_flat_col2im_is_exercised_and_chosen_where_it_applies(monkeypatch):
+    applies = [conv_cpu._flat_col2im_applies(p, np.empty(p.y_shape)) for p in (_problem(c, np.float32) for c in DENSE)]
+    assert set(applies) == {True, False}
+    p = _problem(((4, 6, 14, 14), (16, 6, 5, 5), 0, 1, 1, 1), np.float32)       # LeNet's conv2
+    assert conv_cpu._flat_col2im_applies(p, np.empty(p.y_shape))
+    assert not conv_cpu._flat_col2im_applies(p, _channels_last(np.empty(p.y_shape)))
+    calls, real = [], conv_cpu._flat_col2im
+    monkeypatch.setattr(conv_cpu, "_flat_col2im", lambda *a: calls.append(1) or real(*a))
+    _, w, dy = _inputs(p, np.float32, np.random.default_rng(1))
+    conv_cpu.dense_backward_data(p, w, dy)
+    assert calls == [1]
+
+
 def test_flat_dense_form_is_exercised():
     applies = {conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) for p in (_problem(c, np.float32) for c in DENSE)}
     assert applies == {True, False}
