@@ -68,6 +68,8 @@ SHAPES = [
     ("groups32-cg4-stride2", 2, 128, 7, 8, 128, 3, 3, 1, 2, 1, 32),
     ("depthwise-7x7-wide", 1, 4, 9, 40, 4, 7, 7, 3, 1, 1, 4),
     ("depthwise-stride2-wide", 2, 8, 21, 37, 8, 3, 3, 1, 2, 1, 8),
+    ("1x1-stride2", 2, 8, 9, 8, 12, 1, 1, 0, 2, 1, 1),            # dgrad: 3 of 4 residue classes have no tap
+    ("2x2-stride3-pad1", 2, 5, 10, 11, 7, 2, 2, 1, 3, 1, 1),      # a tapless class beside 1- and 2-tap ones
 ]
 SMALL_GROUPS = [s for s in SHAPES if s[-1] > 1 and s[2] // s[-1] <= K.DIRECT_MAX_CG]
 
@@ -240,6 +242,35 @@ def test_alpha_beta_blending(kind, direction):
     want = alpha * ref + beta * prior.astype(F64)
     bound = _bound(direction, p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), 2.0 ** -24, 2.0 ** -24)
     _check(got, want, bound, f"{kind} {direction} alpha/beta")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("name", ["stride2-ragged", "1x1-stride2", "2x2-stride3-pad1", "groups32-cg4-stride2"])
+def test_strided_backward_data_blends_every_residue_class(name, layout):
+    """A strided backward data runs as one stride-1 problem per residue class of dx (classes with no tap get
+    beta * dx): alpha/beta must reach every element once, in either memory layout, with fresh data each time."""
+    shape = next(s for s in SHAPES if s[0] == name)
+    p, desc = _problem(shape)
+    x, w, dy = _data(p, None)
+    ref, ref_abs = _ref("backward_data", desc, p, x, w, dy)
+    prior = np.random.default_rng().standard_normal(ref.shape).astype(np.float32)
+    alpha, beta = 0.75, -0.5
+    out = _to_gpu(prior, np.float32, layout)
+    got = K.implicit_backward_data(p, cp.asarray(w, np.float32), _to_gpu(dy, np.float32, layout), False,
+                                   SHAPES.index(shape) % 2 == 1, alpha, beta, out)
+    assert got is out
+    want = alpha * ref + beta * prior.astype(F64)
+    bound = _bound("backward_data", p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), 2.0 ** -24, 2.0 ** -24)
+    _check(got, want, bound, f"strided backward data {name} {layout} alpha/beta")
+
+
+def test_strided_backward_data_1d():
+    desc = ConvolutionDescriptor(1, 2, 1)
+    p = make_problem("test", (3, 5, 23), (7, 5, 4), desc, "float32")
+    x, w, dy = _data(p, None)
+    ref, ref_abs = _ref("backward_data", desc, p, x, w, dy)
+    got = K.implicit_backward_data(p, cp.asarray(w, np.float32), cp.asarray(dy, np.float32), False, True)
+    _check(got, ref, _bound("backward_data", p, ref_abs, 2.0 ** -24, 2.0 ** -24), "1-D stride 2 backward data")
 
 
 @pytest.mark.parametrize("kind", ["implicit", "direct"])

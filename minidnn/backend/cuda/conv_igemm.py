@@ -16,6 +16,7 @@ its kernels are compiled (the PRECOMP table is uploaded on first use of a proble
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -271,8 +272,50 @@ def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=
         _check_out(out, p.x_shape, dy.dtype)
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
-    _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
+    if p.nd in (1, 2) and max(p.stride) > 1 and max(p.dilation) == 1:
+        _strided_backward_data(cp, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
+    else:
+        _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
     return dx
+
+
+def _strided_backward_data(cp, p, w, dy, dx, tf32, precomp, alpha, beta, tile):
+    """dx of a strided convolution as stride-1 problems, one per residue class of dx's rows and columns.
+
+    With stride s, dx[h] gathers dy[(h + pad - r) / s] over the taps r that make the division exact: for the rows
+    h = s*i + a those are r = r0, r0 + s, ... with r0 = (a + pad) mod s, and then dy's row is i + off - r' (r' the
+    tap's index in that sub-kernel, off = (a + pad - r0) / s).  So the rows of class a form a stride-1 backward-data
+    problem of their own -- input rows i, kernel w[:, :, r0::s], padding off, dy unchanged -- written into the strided
+    view dx[:, :, a::s] (the kernel addresses dx through its strides).  The single strided launch instead visited
+    every tap of every dx pixel and discarded the inexact ones: (s_h * s_w - 1) / (s_h * s_w) of its gather work
+    (stride 2, 3x3: 235 µs vs 35 µs forward on an H200, tools/tile_sweep.py).  Classes with no tap (a 1x1 kernel
+    with stride 2 touches one class in four) get beta * dx: zeros."""
+    H, W, P, Q, R, S, ph, pw, sh, sw = _geometry(p)[:10]
+    w4 = w.reshape(p.K, p.Cg, R, S)
+    dy4 = _as_2d(dy, p.nd)
+    tapless = []
+    for a in range(sh):
+        r0 = (a + ph) % sh
+        rows, taps_r = len(range(a, H, sh)), len(range(r0, R, sh))
+        for b in range(sw):
+            s0 = (b + pw) % sw
+            cols, taps_s = len(range(b, W, sw)), len(range(s0, S, sw))
+            if rows == 0 or cols == 0:
+                continue
+            view = dx[:, :, a::sh, b::sw]
+            if taps_r == 0 or taps_s == 0:
+                tapless.append(view)
+                continue
+            sub = dataclasses.replace(p, in_size=(rows, cols), kernel=(taps_r, taps_s), out_size=(P, Q),
+                                      padding=((a + ph - r0) // sh, (b + pw - s0) // sw), stride=(1, 1),
+                                      dilation=(1, 1))
+            _run_igemm(1, sub, cp.ascontiguousarray(w4[:, :, r0::sh, s0::sw]), dy4, view, tf32, precomp, alpha,
+                       beta, tile)
+    for view in tapless:
+        if beta == 0:
+            view.fill(0)
+        else:
+            view *= beta
 
 
 def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
