@@ -68,8 +68,8 @@ SHAPES = [
     ("groups32-cg4-stride2", 2, 128, 7, 8, 128, 3, 3, 1, 2, 1, 32),
     ("depthwise-7x7-wide", 1, 4, 9, 40, 4, 7, 7, 3, 1, 1, 4),
     ("depthwise-stride2-wide", 2, 8, 21, 37, 8, 3, 3, 1, 2, 1, 8),
-    ("1x1-stride2", 2, 8, 9, 8, 12, 1, 1, 0, 2, 1, 1),            # dgrad: 3 of 4 residue classes have no tap
-    ("2x2-stride3-pad1", 2, 5, 10, 11, 7, 2, 2, 1, 3, 1, 1),      # a tapless class beside 1- and 2-tap ones
+    ("1x1-stride2", 2, 8, 9, 8, 12, 1, 1, 0, 2, 1, 1),            # kernel < stride: dgrad stays one launch
+    ("2x2-stride3-pad1", 2, 5, 10, 11, 7, 2, 2, 1, 3, 1, 1),      # (residue classes without a tap)
 ]
 SMALL_GROUPS = [s for s in SHAPES if s[-1] > 1 and s[2] // s[-1] <= K.DIRECT_MAX_CG]
 
@@ -247,8 +247,9 @@ def test_alpha_beta_blending(kind, direction):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("name", ["stride2-ragged", "1x1-stride2", "2x2-stride3-pad1", "groups32-cg4-stride2"])
 def test_strided_backward_data_blends_every_residue_class(name, layout):
-    """A strided backward data runs as one stride-1 problem per residue class of dx (classes with no tap get
-    beta * dx): alpha/beta must reach every element once, in either memory layout, with fresh data each time."""
+    """A strided backward data runs as one stride-1 problem per residue class of dx (a kernel smaller than the
+    stride keeps the single launch): alpha/beta must reach every element once, in either memory layout, with
+    fresh data each time."""
     shape = next(s for s in SHAPES if s[0] == name)
     p, desc = _problem(shape)
     x, w, dy = _data(p, None)
