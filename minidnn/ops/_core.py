@@ -20,7 +20,7 @@ _SCALARS = (int, float, bool, np.number, np.bool_)
 def node(cls, *inputs):
     """A fresh ``cls`` node whose edges point at ``inputs`` (Tensors, or None for constants)."""
     n = _new(cls)
-    n.next_edges = tuple(t._edge() if t is not None else None for t in inputs)
+    n.next_edges = tuple([t._edge() if t is not None else None for t in inputs])
     n.saved = ()
     n.versions = ()
     n.pre_hooks = None
@@ -47,7 +47,7 @@ def check_pair(op, a, b):
     ad, bd = a.data, b.data
     if type(ad) is not type(bd):
         raise device_mismatch(op, a, b)
-    if type(ad) is not np.ndarray and ad.device != bd.device:
+    if type(ad) is not np.ndarray and ad.data.device_id != bd.data.device_id:    # (no CuPy Device objects)
         raise device_mismatch(op, a, b)
 
 

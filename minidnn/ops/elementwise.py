@@ -53,8 +53,8 @@ def _binary(op, name, cls, a, b, save, true_div=False):
         ad, bd = a.data, b.data
         if ad.dtype != bd.dtype or true_div:
             ad, bd, _ = promoted_operands(a, b, true_div=true_div)
-        try:
-            out = in_memory_order(op, ad, bd)
+        try:       # (NumPy keeps its inputs' memory order by itself; CuPy arrays go through in_memory_order)
+            out = op(ad, bd) if type(ad) is np.ndarray else in_memory_order(op, ad, bd)
         except ValueError:
             raise broadcast_error(name, a, b) from None
         if _state.grad_enabled and (a.requires_grad or b.requires_grad):
