@@ -37,8 +37,8 @@ _lock = threading.Lock()
 _kernels: dict = {}
 _launches = 0
 _sm: dict = {}
-_layouts: dict = {}       # tuple of argument types -> _Layout (None: some type has no struct code)
-_functions: dict = {}     # (id(kernel), device id) -> (CUfunction handle, dynamic shared memory opted into)
+_layouts: dict = {}       # tuple of argument types -> _Buffer (None: some type has no struct code)
+_functions: dict = {}     # (id(kernel), device id) -> (CUfunction handle, shared memory opted into, the kernel)
 _PTR = struct.Struct("@Q")
 _ARRAY = object()         # the type code of a device array argument: its pointer
 _CODES = {np.int8: "b", np.uint8: "B", np.bool_: "?", np.int16: "h", np.uint16: "H", np.int32: "i",
@@ -110,8 +110,9 @@ def _function(kernel, shared_mem, dev):
     if entry is None or entry[1] < shared_mem:
         if shared_mem >= 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, int(shared_mem))
+        # the entry holds the kernel itself, so its id cannot be reused by another kernel while the entry lives
         entry = _functions[(id(kernel), dev)] = (kernel.kernel.ptr, max(int(shared_mem), 0 if entry is None
-                                                                         else entry[1]))
+                                                                         else entry[1]), kernel)
     return entry[0]
 
 
