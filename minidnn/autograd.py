@@ -138,7 +138,7 @@ class Node:
     # Subclasses set the attributes they need; these defaults keep the hot path free of checks.
     def save(self, *tensors):
         self.saved = tensors
-        self.versions = tuple(t._version for t in tensors)
+        self.versions = tuple([t._version for t in tensors])
 
     def saved_tensors_checked(self):
         saved = self.saved

@@ -78,11 +78,11 @@ class Tensor:
             return (fn, self.output_nr)
         if self.requires_grad:
             acc = self._accumulator
-            if acc is None or acc() is None:
+            node = acc() if acc is not None else None
+            if node is None:
                 node = AccumulateGrad(self)
                 self._accumulator = weakref.ref(node)
-                return (node, 0)
-            return (acc(), 0)
+            return (node, 0)
         return None
 
     def _view_of_data(self):

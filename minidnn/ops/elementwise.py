@@ -49,8 +49,9 @@ def _binary(op, name, cls, a, b, save, true_div=False):
     """Run ``op`` on the arrays of a (Tensor) and b (Tensor or scalar), both cast to PyTorch's result dtype
     (``true_div``: integers give the default float dtype); record ``cls`` if needed."""
     if isinstance(b, Tensor):
-        check_pair(name, a, b)
         ad, bd = a.data, b.data
+        if type(ad) is not np.ndarray or type(bd) is not np.ndarray:       # (two NumPy arrays: both on the cpu)
+            check_pair(name, a, b)
         if ad.dtype != bd.dtype or true_div:
             ad, bd, _ = promoted_operands(a, b, true_div=true_div)
         try:       # (NumPy keeps its inputs' memory order by itself; CuPy arrays go through in_memory_order)
