@@ -19,7 +19,8 @@ def increment(a):
     raw launch (CuPy's ``+=`` builds an elementwise call around the scalar: ~15 µs of host time, once per
     BatchNorm layer per training step)."""
     if is_cuda_array(a) and a.dtype == np.int64 and a.size == 1 and a.flags.c_contiguous:
-        _launch.launch(_launch.get_kernel(_INCREMENT, "increment_i64"), (1,), (1,), [a])
+        with _launch.on_device(a.data.device_id):      # the counter's GPU, whichever is current
+            _launch.launch(_launch.get_kernel(_INCREMENT, "increment_i64"), (1,), (1,), [a])
     else:
         a += 1
     return a
