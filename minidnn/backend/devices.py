@@ -91,6 +91,9 @@ class Device:
     def __setattr__(self, name, value):
         raise AttributeError("Device is immutable")
 
+    def __reduce__(self):       # pickle / copy rebuild through __init__ (restoring slots would hit __setattr__)
+        return (Device, (self.type, self.index))
+
     def __repr__(self):
         return f"device(type='{self.type}'" + (f", index={self.index})" if self.index is not None else ")")
 
@@ -130,7 +133,7 @@ def device(spec=None) -> Device:
         return default_device()
     if isinstance(spec, Device):
         return spec
-    cached = _device_cache.get(spec)
+    cached = _device_cache.get(spec) if type(spec) in (int, str) else None     # (True == 1 and hash alike)
     if cached is not None:
         return cached
     if isinstance(spec, int) and not isinstance(spec, bool):
