@@ -32,6 +32,9 @@ __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp"
            "fmod", "isclose", "allclose", "addcmul", "addcdiv", "lerp"]
 
 
+_new = object.__new__
+
+
 # ------------------------------------------------------------------------------------------------
 # Binary arithmetic: one node class per op, a scalar operand is a constant (no edge).
 # ------------------------------------------------------------------------------------------------
@@ -59,11 +62,13 @@ def _binary(op, name, cls, a, b, save, true_div=False):
         except ValueError:
             raise broadcast_error(name, a, b) from None
         if _state.grad_enabled and (a.requires_grad or b.requires_grad):
-            n = node(cls, a if a.requires_grad else None, b if b.requires_grad else None)
-            n.a_meta = (a.data.shape, a.data.dtype)
-            n.b_meta = (b.data.shape, b.data.dtype)
-            if save:
-                n.save(a, b)
+            # node(), meta and save() written out: this is every binary op's recording
+            n = _new(cls)
+            n.next_edges = (a._edge() if a.requires_grad else None, b._edge() if b.requires_grad else None)
+            n.saved, n.versions = ((a, b), (a._version, b._version)) if save else ((), ())
+            n.pre_hooks = n.trace = None
+            n.a_meta = (ad.shape, a.data.dtype)
+            n.b_meta = (bd.shape, b.data.dtype)
             return _attach(out, n)
         return _wrap(out)
     b = as_operand(b, a)
