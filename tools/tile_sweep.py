@@ -11,13 +11,14 @@ appears in ResNet-20) for the heuristic against always taking the fastest.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from conv_kernels import _timer  # noqa: E402  (ms per call: CUDA events, median of 3 windows)
 
 # name, count in ResNet-20 (per step), N, C, K, size, kernel, padding, stride
 LAYERS = [
@@ -30,21 +31,6 @@ LAYERS = [
     ("1x1 16->32 s2", 1, 128, 16, 32, 32, 1, 0, 2),
     ("1x1 32->64 s2", 1, 128, 32, 64, 16, 1, 0, 2),
 ]
-
-
-def _timer(cp, fn, reps):
-    fn()
-    cp.cuda.Device().synchronize()
-    windows = []
-    for _ in range(3):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(reps):
-            fn()
-        stop.record()
-        stop.synchronize()
-        windows.append(cp.cuda.get_elapsed_time(start, stop) / reps * 1e3)
-    return statistics.median(windows)
 
 
 def main():
@@ -84,7 +70,7 @@ def main():
             for direction, run in (("fwd", lambda t: K.implicit_forward(p, x, w, tf32, True, tile=t)),
                                    ("dgrad", lambda t: K.implicit_backward_data(p, w, dy, tf32, True, tile=t)),
                                    ("wgrad", lambda t: K.implicit_backward_filter(p, x, dy, tf32, True, tile=t))):
-                times = {t: _timer(cp, lambda t=t: run(t), args.reps) for t in K.TILES}
+                times = {t: 1e3 * _timer(cp, lambda t=t: run(t), args.reps) for t in K.TILES}
                 M, NG = gemms[direction]
                 pick = K.choose_tile(M, NG, 1, sms)
                 best = min(times, key=times.get)

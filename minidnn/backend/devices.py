@@ -236,33 +236,24 @@ def to_device(x, dev, dtype=None, copy=False):
         out = np.array(x, dtype=dtype, copy=True) if copy else np.asarray(x, dtype=dtype)
         return out
     cp = _cupy
-    if isinstance(x, cp.ndarray) and x.data.device_id == dev.index:
-        if dtype is not None and x.dtype != dtype:
-            with cp.cuda.Device(dev.index):
-                return _astype_in_memory_order(x, dtype)
-        if not copy:
-            return x
     with cp.cuda.Device(dev.index):
         if isinstance(x, cp.ndarray) and x.data.device_id == dev.index:
-            return x.copy()
+            if dtype is not None and x.dtype != dtype:
+                return x.astype(dtype)
+            return x.copy() if copy else x
         return cp.array(x, dtype=dtype, copy=True)
 
 
-def _astype_in_memory_order(x, dtype):
-    """``x.astype(dtype)`` in x's memory layout.  A dense array that is not C-ordered (a channels-last tensor, a
-    transposed matrix) is cast as the C-ordered view of its memory and viewed back: one contiguous pass, where CuPy's
-    elementwise cast would index every element through the strides (2x the time for channels-last weights, cast at
-    every autocast step)."""
-    if x.flags.c_contiguous or x.ndim < 2:
-        return x.astype(dtype)
-    perm = sorted(range(x.ndim), key=lambda i: -abs(x.strides[i]))
-    view = x.transpose(perm)
-    if not view.flags.c_contiguous:
-        return x.astype(dtype)
-    inverse = [0] * x.ndim
-    for i, p in enumerate(perm):
-        inverse[p] = i
-    return view.astype(dtype).transpose(inverse)
+_NAMES: dict = {}
+
+
+def dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name``, cached per dtype (NumPy computes the name in Python, ~1 µs a call, and the kernel
+    modules ask at every call)."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = np.dtype(dtype).name
+    return name
 
 
 def is_floating(dtype, complex_ok: bool = False) -> bool:

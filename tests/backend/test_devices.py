@@ -1,8 +1,10 @@
-"""backend/devices.py: device specs parse the same whether or not an equal-hashing spec was seen before, and a
-Device survives pickling and copying (it is immutable: rebuilt through its constructor)."""
+"""backend/devices.py: device specs parse the same whether or not an equal-hashing spec was seen before, a
+Device survives pickling and copying (it is immutable: rebuilt through its constructor), dtype names are cached
+correctly, and a GPU dtype conversion keeps the array's layout and values."""
 import copy
 import pickle
 
+import numpy as np
 import pytest
 
 from minidnn.backend import devices as D
@@ -30,3 +32,24 @@ def test_device_pickles_and_copies(dev):
         assert back == dev and hash(back) == hash(dev) and str(back) == str(dev)
         with pytest.raises(AttributeError, match="immutable"):
             back.index = 5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.dtype(np.float16), "float64", np.int8])
+def test_dtype_name_matches_numpy_and_is_cached(dtype):
+    assert D.dtype_name(dtype) == np.dtype(dtype).name
+    assert D.dtype_name(dtype) == np.dtype(dtype).name        # second call: from the cache
+
+
+@pytest.mark.cuda
+def test_gpu_cast_of_a_channels_last_array_keeps_its_layout():
+    if not D.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    cp = D.require_cupy()
+    rng = np.random.default_rng()
+    host = rng.normal(size=(8, 5, 7, 16)).astype(np.float32)        # NHWC memory
+    x = cp.asarray(host).transpose(0, 3, 1, 2)                      # (N, C, H, W) logical
+    for dtype in (np.float16, np.float64):
+        y = D.to_device(x, D.device_of(x), dtype=dtype)
+        assert y.shape == x.shape and y.dtype == dtype
+        np.testing.assert_array_equal(cp.asnumpy(y), host.transpose(0, 3, 1, 2).astype(dtype))
+        assert y.transpose(0, 2, 3, 1).flags.c_contiguous

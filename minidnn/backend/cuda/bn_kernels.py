@@ -339,28 +339,17 @@ _TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
           "bfloat16": ("float", "float", 2, np.dtype(np.float32))}
 
 
-_NAMES: dict = {}
-
-
-def _name(dtype):
-    """The dtype's name (cached: NumPy's ``dtype.name`` is Python code, ~1 µs a call)."""
-    name = _NAMES.get(dtype)
-    if name is None:
-        name = _NAMES[dtype] = np.dtype(dtype).name
-    return name
-
-
 def type_info(dtype):
     """(SCALAR, ACCUM, STORAGE, parameter dtype) of data of ``dtype``, or None where no kernel exists."""
-    return _TYPES.get(_name(dtype))
+    return _TYPES.get(_dev.dtype_name(dtype))
 
 
 def param_dtype(dtype):
-    return _TYPES[_name(dtype)][3]
+    return _TYPES[_dev.dtype_name(dtype)][3]
 
 
 def acc_dtype(dtype):
-    return np.dtype(np.float64) if _name(dtype) == "float64" else np.dtype(np.float32)
+    return np.dtype(np.float64) if _dev.dtype_name(dtype) == "float64" else np.dtype(np.float32)
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
 
@@ -506,16 +495,10 @@ def _p(a, fallback):
 # signature and kept (``_plans``, bounded): a repeated call allocates its outputs and makes two prepared launches
 # (host cost: docs/host_overhead.md).
 _plans: dict = {}
-_PLANS_LIMIT = 4096
 
 
 def _planned(key, build, *args):
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) >= _PLANS_LIMIT:
-            _plans.clear()
-        plan = _plans[key] = build(*args)
-    return plan
+    return _launch.planned(_plans, key, build, *args)
 
 
 def _stats_plan(xc, outer, c, inner, factor, eps, has_running, dev):

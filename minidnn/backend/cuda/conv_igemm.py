@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from .. import devices as _dev
 from . import launch as _launch
 from .conv_direct_source import SOURCE as DIRECT_SOURCE
 from .conv_igemm_source import SOURCE as IGEMM_SOURCE
@@ -115,15 +116,8 @@ def _args(p, g, sx, sy):
                                   *sx, *sy)]
 
 
-_NAMES: dict = {}
-
-
 def _dtype_name(a):
-    """The dtype's name (cached: NumPy's ``dtype.name`` is Python code, ~1 µs a call)."""
-    name = _NAMES.get(a.dtype)
-    if name is None:
-        name = _NAMES[a.dtype] = np.dtype(a.dtype).name
-    return name
+    return _dev.dtype_name(a.dtype)
 
 
 def _check_out(out, shape, dtype):
@@ -182,8 +176,7 @@ def _tap_table(cp, direction, p, g, sx, sy):
     return t
 
 
-_plans: dict = {}          # the launches of a settled call (below); bounded
-_PLANS_LIMIT = 4096
+_plans: dict = {}          # the launches of a settled call (below), through launch.planned
 
 
 def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
@@ -204,12 +197,8 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
         src, s1, s2 = (x, dy), x, dy
     key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile,
            cp.cuda.runtime.getDevice())
-    plan = _plans.get(key)
-    if plan is None:
-        if len(_plans) >= _PLANS_LIMIT:
-            _plans.clear()
-        plan = _plans[key] = _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile)
-    main, reduce, partial_size, table = plan
+    main, reduce, partial_size, table = _launch.planned(_plans, key, _igemm_plan, cp, direction, p, s1, s2, tf32,
+                                                        precomp, alpha, beta, tile)
     partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
     main(src[0], src[1], out, partial, table)
     if reduce is not None:

@@ -31,7 +31,8 @@ import numpy as np
 
 from .. import devices as _dev
 
-__all__ = ["cupy", "get_kernel", "launch", "prepare", "on_device", "launch_count", "count_launches", "sm_count"]
+__all__ = ["cupy", "get_kernel", "launch", "prepare", "planned", "on_device", "launch_count", "count_launches",
+           "sm_count"]
 
 _lock = threading.Lock()
 _kernels: dict = {}
@@ -103,13 +104,18 @@ def _layout(types):
     return struct.Struct("@" + "".join(codes)), offsets
 
 
+def _opt_in(kernel, shared_mem):
+    """Dynamic shared memory above 48 KiB must be opted into (on the current device's function)."""
+    if shared_mem >= 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, int(shared_mem))
+
+
 def _function(kernel, shared_mem, dev):
     """The CUfunction handle of ``kernel`` on GPU ``dev``, opted into ``shared_mem`` bytes of dynamic shared memory
     when that is above 48 KiB (once per kernel, device and size)."""
     entry = _functions.get((id(kernel), dev))
     if entry is None or entry[1] < shared_mem:
-        if shared_mem >= 48 * 1024:
-            kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, int(shared_mem))
+        _opt_in(kernel, shared_mem)
         # the entry holds the kernel itself, so its id cannot be reused by another kernel while the entry lives
         entry = _functions[(id(kernel), dev)] = (kernel.kernel.ptr, max(int(shared_mem), 0 if entry is None
                                                                          else entry[1]), kernel)
@@ -141,8 +147,7 @@ def launch(kernel, grid, block, args, shared_mem: int = 0, stream=None) -> None:
         layout = _layout(types)
         buf = _layouts[types] = None if layout is None else _Buffer(*layout)
     if buf is None:      # an argument type struct cannot pack: CuPy's own launch
-        if shared_mem >= 48 * 1024:
-            kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, int(shared_mem))
+        _opt_in(kernel, shared_mem)
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=int(shared_mem), stream=stream)
         _launches += 1
         return
@@ -198,6 +203,20 @@ class Prepared:
 def prepare(kernel, grid, block, args, shared_mem: int = 0) -> Prepared:
     """A Prepared launch of ``kernel`` (see Prepared)."""
     return Prepared(kernel, grid, block, args, shared_mem)
+
+
+_PLANS_LIMIT = 4096
+
+
+def planned(table: dict, key, build, *args):
+    """``table[key]``, built as ``build(*args)`` on first use: the kernel modules' caches of settled launches
+    (prepared launches, grids, buffer sizes per call signature).  Bounded: a full table starts again empty."""
+    plan = table.get(key)
+    if plan is None:
+        if len(table) >= _PLANS_LIMIT:
+            table.clear()
+        plan = table[key] = build(*args)
+    return plan
 
 
 _HERE = contextlib.nullcontext()

@@ -370,12 +370,11 @@ def _grid(device_id, n_vec, blocks_per_sm):
 
 def _launch(kernel, p, args, unscale):
     global _launches
-    cp = _launch_mod.cupy()
     n_vec = p.size // vector_width(p.dtype)
     # An UNSCALE launch waits at a grid-wide barrier: its grid must fit on the GPU at once (4 blocks per SM,
     # guaranteed by __launch_bounds__(256, 4)).
     blocks_per_sm = UNSCALE_BLOCKS_PER_SM if unscale else BLOCKS_PER_SM
-    with cp.cuda.Device(p.data.device_id):
+    with _launch_mod.on_device(p.data.device_id):
         _launch_mod.launch(kernel, (_grid(p.data.device_id, n_vec, blocks_per_sm),), (THREADS,),
                            args + (np.int64(n_vec),))
     _launches += 1
