@@ -79,6 +79,7 @@ def main(argv=None):
         sync()
         prof.disable()
         if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
             prof.dump_stats(os.path.join(args.dump, f"{name}.prof"))
         for key in ("tottime", "cumulative"):
             buf = io.StringIO()
