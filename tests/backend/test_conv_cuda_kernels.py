@@ -383,3 +383,128 @@ def test_half_data_through_the_primitive_runs_natively():
     assert got.dtype == np.float16
     ref, ref_abs = _ref("forward", desc, p, x, w, dy)
     _check(got, ref, _bound("forward", p, ref_abs, 0.0, 2.0 ** -11), "fp16 primitive")
+
+
+# ---- the filter gradient's split-K in one launch (the last block of a tile adds the splits in order) ------------
+
+# (id, N, C, H, W, K, R, S, padding, stride, dilation, groups): reductions N*P*Q that no split length divides
+SPLIT_K_SHAPES = [
+    ("splitk-ragged", 3, 7, 13, 11, 19, 3, 3, 1, 1, 1, 1),
+    ("splitk-many", 16, 16, 19, 21, 24, 3, 3, 1, 1, 1, 1),
+    ("splitk-groups2-stride2", 4, 12, 17, 15, 10, 3, 3, 1, 2, 1, 2),
+    ("splitk-5x5-dil2-groups2", 5, 20, 14, 13, 14, 5, 5, 2, 1, 2, 2),
+    ("splitk-k70-tall", 6, 40, 9, 10, 70, 3, 3, 1, 1, 1, 1),
+]
+
+
+def _filter_splits(p, dtype, tile=None):
+    """The split count the launcher settles for the filter gradient of ``p``."""
+    from minidnn.backend.cuda import launch as L
+    crs, kr = p.Cg * math.prod(p.kernel), p.N * math.prod(p.out_size)
+    tile = tile or K.choose_tile(crs, p.Kg, p.groups, L.sm_count())
+    BM, BN, BK = K.TILES[tile][:3]
+    if dtype != "float32":
+        BK = 32
+    tiles = -(-crs // BM) * -(-p.Kg // BN) * p.groups
+    return K.filter_splits(kr, tiles, p.groups, BK, L.sm_count())[0]
+
+
+def _np_dtype(dtype):
+    return np.float32 if dtype == "float32" else (np.float16 if dtype == "float16" else _bf16())
+
+
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("shape", SPLIT_K_SHAPES, ids=[s[0] for s in SPLIT_K_SHAPES])
+def test_split_k_filter_gradient_blends_and_writes_every_element(shape, layout, mode):
+    """Split-K > 1 with a ragged last split and ragged tiles: beta = 0 into a NaN-poisoned dw (every element
+    written once), then alpha/beta blending over a prior dw, both against float64."""
+    dtype = "float32" if mode in ("fp32", "tf32") else mode
+    p, desc = _problem(shape, dtype)
+    assert _filter_splits(p, dtype) > 1, "the shape must exercise split-K"
+    x, w, dy = _data(p, SPLIT_K_SHAPES.index(shape))
+    u_in, u_out = (2.0 ** -11 if mode == "tf32" else 2.0 ** -24), 2.0 ** -24
+    dt = _np_dtype(dtype)
+    if dtype != "float32":
+        x, dy = (a.astype(dt).astype(F64) for a in (x, dy))
+        u_in, u_out = 0.0, (2.0 ** -11 if dtype == "float16" else 2.0 ** -8)
+    xg, dyg = _to_gpu(x, dt, layout), _to_gpu(dy, dt, layout)
+    ref, ref_abs = _ref("backward_filter", desc, p, x, w, dy)
+    precomp = SPLIT_K_SHAPES.index(shape) % 2 == 0
+    out = _poisoned(p.w_shape, dt, "NCHW")
+    got = K.implicit_backward_filter(p, xg, dyg, mode != "fp32", precomp, out=out)
+    assert got is out
+    _check(got, ref, _bound("backward_filter", p, ref_abs, u_in, u_out), f"split-K {shape[0]} {layout} {mode}")
+    prior = np.random.default_rng(4).standard_normal(ref.shape).astype(dt).astype(F64)
+    alpha, beta = 0.75, -0.5
+    out = cp.asarray(prior.astype(dt))
+    got = K.implicit_backward_filter(p, xg, dyg, mode != "fp32", precomp, alpha, beta, out)
+    want = alpha * ref + beta * prior
+    bound = _bound("backward_filter", p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), u_in, u_out)
+    _check(got, want, bound, f"split-K {shape[0]} {layout} {mode} alpha/beta")
+
+
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bfloat16"])
+def test_split_k_is_bitwise_repeatable_and_leaves_the_tickets_zeroed(mode):
+    """Two runs give the same bits whichever block of a tile finishes last; the ticket counters are back at 0."""
+    dtype = "float32" if mode != "bfloat16" else mode
+    shape = SPLIT_K_SHAPES[1]
+    p, _ = _problem(shape, dtype)
+    assert _filter_splits(p, dtype) > 8
+    x, _, dy = _data(p, 12)
+    dt = _np_dtype(dtype)
+    xg, dyg = _to_gpu(x, dt, "NHWC"), _to_gpu(dy, dt, "NHWC")
+    runs = [cp.asnumpy(K.implicit_backward_filter(p, xg, dyg, mode != "fp32", False)) for _ in range(3)]
+    bits = [r.view(np.uint16 if dt != np.float32 else np.uint32) for r in runs]
+    assert all(np.array_equal(bits[0], b) for b in bits[1:])
+    cp.cuda.Device().synchronize()
+    tickets = K._ticket_arrays[cp.cuda.runtime.getDevice()]
+    assert int(cp.count_nonzero(tickets)) == 0
+
+
+def test_split_k_sums_the_splits_in_order():
+    """The result is the float32 sum of the per-split partial products taken in split order 0..S-1: each split's
+    product is computed by the kernel itself (the same launch restricted to one split's slice of the batch, one
+    image per split), then added on the host in order -- bitwise equal to the one-launch split-K."""
+    # one image per split: N*P*Q = 4 * 8*16, 128 rows (8 slices of 16) per split when the launcher picks 4 splits
+    shape = ("splitk-per-image", 4, 8, 8, 16, 8, 3, 3, 1, 1, 1, 1)
+    p, desc = _problem(shape)
+    if _filter_splits(p, "float32") != 4:
+        pytest.skip("the launcher picks another split count on this GPU")
+    x, _, dy = _data(p, 13)
+    xg, dyg = cp.asarray(x, np.float32), cp.asarray(dy, np.float32)
+    whole = cp.asnumpy(K.implicit_backward_filter(p, xg, dyg, False, False))
+    p1, _ = _problem(("one", 1, 8, 8, 16, 8, 3, 3, 1, 1, 1, 1))
+    if _filter_splits(p1, "float32") != 1:
+        pytest.skip("a single image would itself be split on this GPU")
+    total = np.zeros(p.w_shape, np.float32)
+    for n in range(4):
+        total = total + cp.asnumpy(K.implicit_backward_filter(p1, xg[n:n + 1], dyg[n:n + 1], False, False))
+    assert np.array_equal(whole.view(np.uint32), total.view(np.uint32))
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_filter_gradient_is_one_launch(layout):
+    """The split-K reduction lives in the main kernel: one launch per filter gradient, kernel or primitive."""
+    from minidnn.backend.cuda import launch as L
+    shape = SPLIT_K_SHAPES[1]
+    p, desc = _problem(shape)
+    assert _filter_splits(p, "float32") > 1
+    x, _, dy = _data(p, 14)
+    xg, dyg = _to_gpu(x, np.float32, layout), _to_gpu(dy, np.float32, layout)
+    K.implicit_backward_filter(p, xg, dyg, True, True)                  # compile and plan
+    before = L.launch_count()
+    K.implicit_backward_filter(p, xg, dyg, True, True)
+    assert L.launch_count() - before == 1
+    out = cp.zeros(p.w_shape, np.float32)
+    before = L.launch_count()
+    K.implicit_backward_filter(p, xg, dyg, True, True, 0.5, 0.25, out)
+    assert L.launch_count() - before == 1
+    h = Handle("cuda")
+    fmt = layout
+    xd = cp.ascontiguousarray(xg.transpose(0, 2, 3, 1)) if layout == "NHWC" else xg
+    dyd = cp.ascontiguousarray(dyg.transpose(0, 2, 3, 1)) if layout == "NHWC" else dyg
+    convolution_backward_filter(h, xd, dyd, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_3, format=fmt)
+    before = L.launch_count()
+    convolution_backward_filter(h, xd, dyd, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_3, format=fmt)
+    assert L.launch_count() - before == 1

@@ -7,7 +7,8 @@ conv_direct_source.py), on raw CuPy arrays described by a ConvProblem.
 
     implicit_forward(p, x, w, tf32, precomp)          -> y          IMPLICIT_GEMM / IMPLICIT_PRECOMP_GEMM
     implicit_backward_data(p, w, dy, tf32, precomp)   -> dx
-    implicit_backward_filter(p, x, dy, tf32, precomp) -> dw         split-K partials reduced in order
+    implicit_backward_filter(p, x, dy, tf32, precomp) -> dw         one launch: split-K partials added in
+                                                                     split order by each tile's last block
     direct_forward / direct_backward_data / direct_backward_filter   depthwise and Cg <= 8 groups
 Each takes ``alpha``, ``beta`` and ``out`` (cuDNN's blending, done in the kernel's epilogue); without ``out`` a new
 array is returned, channels-last in memory when the input is.  Kernels compile once per configuration (direction,
@@ -29,7 +30,7 @@ from .conv_igemm_source import SOURCE as IGEMM_SOURCE
 
 __all__ = ["TILES", "igemm_supports", "direct_supports", "implicit_forward", "implicit_backward_data",
            "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
-           "choose_tile", "DIRECT_MAX_CG"]
+           "choose_tile", "filter_splits", "DIRECT_MAX_CG"]
 
 # name: (BM, BN, BK for 4-byte data, WM, WN); every tile runs 4 warps (128 threads)
 TILES = {
@@ -180,11 +181,12 @@ _plans: dict = {}          # the launches of a settled call (below), through lau
 
 
 def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
-    """out = alpha * (direction's product of a and b) + beta * out, through the implicit-GEMM kernel (and the
-    split-K reduction for the filter gradient).  Everything but the arrays' addresses -- geometry, strides, tile,
-    split, the packed scalar arguments -- is settled once per (direction, problem, strides, dtype, math, blend,
-    tile, device) and kept (``_plans``): a repeated call costs the allocation of the split-K buffer and two
-    prepared launches (host cost: docs/host_overhead.md)."""
+    """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
+    (the filter gradient's split-K partials are added by the last block of each output tile, in split order).
+    Everything but the arrays' addresses -- geometry, strides, tile, split, the packed scalar arguments -- is
+    settled once per (direction, problem, strides, dtype, math, blend, tile, device) and kept (``_plans``): a
+    repeated call costs the allocation of the split-K buffer and one prepared launch (host cost:
+    docs/host_overhead.md)."""
     cp = _launch.cupy()
     if direction == 0:
         x, w = _as_2d(a, p.nd), cp.ascontiguousarray(b)
@@ -197,17 +199,15 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
         src, s1, s2 = (x, dy), x, dy
     key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile,
            cp.cuda.runtime.getDevice())
-    main, reduce, partial_size, table = _launch.planned(_plans, key, _igemm_plan, cp, direction, p, s1, s2, tf32,
-                                                        precomp, alpha, beta, tile)
+    main, partial_size, table, tickets = _launch.planned(_plans, key, _igemm_plan, cp, direction, p, s1, s2, tf32,
+                                                         precomp, alpha, beta, tile)
     partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
-    main(src[0], src[1], out, partial, table)
-    if reduce is not None:
-        reduce(partial, out)
+    main(src[0], src[1], out, partial, table, tickets)
 
 
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile):
-    """(main launch, split-K reduce launch or None, split-K buffer size, PRECOMP table or None) of a call whose
-    x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy)."""
+    """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
+    None) of a call whose x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy)."""
     g = _geometry(p)
     H, W, P, Q, R, S = g[:6]
     RS = R * S
@@ -222,24 +222,39 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile):
     sms = _launch.sm_count()
     tile = tile or choose_tile(M, NG, p.groups, sms)
     kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile)
-    blocks = -(-M // BM) * -(-NG // BN) * p.groups
-    splits, per_split = 1, KR
-    if direction == 2:
-        splits = max(1, min(-(-4 * sms // blocks), -(-KR // (8 * BK)), 65535 // p.groups))
-        per_split = -(-(-(-KR // splits)) // BK) * BK
-        splits = -(-KR // per_split)
-    partial_size = splits * p.K * p.Cg * RS if splits > 1 else 0
+    tiles = -(-M // BM) * -(-NG // BN) * p.groups
+    splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
+    partial_size = tiles * splits * BM * BN if splits > 1 else 0
+    tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if splits > 1 else None
     table = _tap_table(cp, direction, p, g, sx, sy) if precomp else None
-    args = [None] * 5 + _args(p, g, sx, sy) + [np.int32(splits), np.int32(per_split), np.float32(alpha),
+    args = [None] * 6 + _args(p, g, sx, sy) + [np.int32(splits), np.int32(per_split), np.float32(alpha),
                                                np.float32(beta)]
     main = _launch.prepare(kernel, (-(-M // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
-    reduce = None
-    if partial_size:
-        reduce_kernel = _launch.get_kernel(IGEMM_SOURCE, "splitk_reduce", (f"-DELEM={_ELEM[dt]}",))
-        n = p.K * p.Cg * RS
-        reduce = _launch.prepare(reduce_kernel, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
-                                 [None, None, np.int32(splits), np.int32(n), np.float32(alpha), np.float32(beta)])
-    return main, reduce, partial_size, table
+    return main, partial_size, table, tickets
+
+
+def filter_splits(KR, tiles, groups, BK, sms):
+    """(splits, reduction rows per split) of the filter gradient's split-K over a reduction of KR rows and
+    ``tiles`` output tiles: about 4 blocks per SM, at least 8 k slices per split, whole BK slices per split."""
+    splits = max(1, min(-(-4 * sms // tiles), -(-KR // (8 * BK)), 65535 // groups))
+    per_split = -(-(-(-KR // splits)) // BK) * BK
+    return -(-KR // per_split), per_split
+
+
+_ticket_arrays: dict = {}      # device id -> the split-K ticket counters (uint32, kept zeroed by the kernel)
+_retired: list = []            # outgrown counter arrays, kept alive: a captured graph may still point at one
+
+
+def _tickets(cp, n, dev):
+    """At least ``n`` zeroed split-K ticket counters on GPU ``dev``: one array per device shared by every plan (the
+    bn_kernels idiom), so launches on one stream reuse it in turn; concurrent filter gradients on two streams of
+    one device would share counters and must not overlap."""
+    t = _ticket_arrays.get(dev)
+    if t is None or t.size < n:
+        if t is not None:
+            _retired.append(t)
+        t = _ticket_arrays[dev] = cp.zeros(max(n, 4096), dtype=np.uint32)
+    return t
 
 
 def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):

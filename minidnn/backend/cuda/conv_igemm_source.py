@@ -21,10 +21,7 @@ SOURCE = r"""
 //                                                                          (zero where not integral / outside)
 //                                                                          B = w[g*Kg + k/RS][n][k%RS]
 //   DIR 2  dw[k,c,r,s]  M = Cg*R*S (filter taps)   NG = Kg  KR = N*P*Q    A = x gathered, B = dy; the KR range
-//                                                                          is cut into `splits` slices whose
-//                                                                          float partial sums go to `partial`
-//                                                                          (reduced in split order afterwards:
-//                                                                          deterministic, no atomics)
+//                                                                          is cut into `splits` slices (below)
 //   The per-k (DIR 0/1) or per-row (DIR 2) tap decode (c or k, r*dil_h, s*dil_w, offsets) is computed with
 //   32-bit divisions (IMPLICIT_GEMM) or read from a small int4 table (IMPLICIT_PRECOMP_GEMM, `table` != 0).
 //
@@ -40,7 +37,14 @@ SOURCE = r"""
 //   KCONT 0: [k][row] (row stride ROWS+8 words) filled by threads that each own one row (coalesced along rows:
 //            pixels of NCHW);  KCONT 1: [row][k] (stride BK+4) filled by threads that each own one k column.
 //   Both layouts make the fragment reads conflict-free for 4-byte data.
-// Epilogue: out = alpha * acc + beta * out (out read only when beta != 0), or the raw partial (DIR 2, splits).
+// Epilogue: out = alpha * acc + beta * out (out read only when beta != 0).
+// Split-K (DIR 2, splits > 1), in the same launch: every block stores its raw accumulators to `partial` in
+//   fragment order (float4 f = acc[i][j][0..3], f = i*NJ + j, of thread tid at ((tile*splits + split)*FRAGS + f)
+//   * THREADS + tid: coalesced 16-byte stores and loads), fences, and takes a ticket of its output tile
+//   (`tickets[tile]`, an int array kept zeroed).  The block that draws the last ticket re-reads the partials of
+//   all splits of the tile IN SPLIT ORDER 0..splits-1 into its accumulators (the same sums whichever block came
+//   last: bitwise deterministic, no float atomics), resets the ticket to 0 (reusable, graph-capturable) and
+//   runs the ordinary epilogue; the other blocks exit.
 // Index math is 32-bit throughout (the host checks every tensor has < 2^31 elements).
 // ============================================================================================================
 
@@ -68,6 +72,7 @@ SOURCE = r"""
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define MI (WM / 16)
 #define NJ (WN / 8)
+#define FRAGS (MI * NJ)     // float4 accumulator groups per thread (split-K partial layout)
 
 #if DIR == 2
 #define A_KCONT 1
@@ -173,7 +178,7 @@ __device__ __forceinline__ unsigned pack2(unsigned short lo, unsigned short hi) 
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restrict__ out,
-           float* __restrict__ partial, const int4* __restrict__ table,
+           float* __restrict__ partial, const int4* __restrict__ table, unsigned int* __restrict__ tickets,
            int N, int C, int H, int W, int K, int P, int Q, int R, int S,
            int pad_h, int pad_w, int st_h, int st_w, int dil_h, int dil_w, int Cg, int Kg,
            int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw,
@@ -425,6 +430,48 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #endif
     }
 
+#if DIR == 2
+    // ---- split-K: the last block of an output tile adds every split's partials, in split order ---------
+    if (splits > 1) {
+        const int tile = (grp * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        float4* tile_part = reinterpret_cast<float4*>(partial) + (long long)tile * splits * FRAGS * THREADS + tid;
+        {
+            float4* mine = tile_part + (long long)split * FRAGS * THREADS;
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    mine[(i * NJ + j) * THREADS] = make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2],
+                                                               acc[i][j][3]);
+        }
+        __shared__ int s_last;
+        __threadfence();                   // each thread's partial stores are visible device-wide ...
+        __syncthreads();                   // ... before thread 0 takes the tile's ticket for the whole block
+        if (tid == 0) s_last = atomicAdd(tickets + tile, 1u) == (unsigned)(splits - 1);
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();                   // the other splits' stores, published before their tickets
+        #pragma unroll
+        for (int i = 0; i < MI; ++i)
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+        #pragma unroll 2
+        for (int sp = 0; sp < splits; ++sp) {
+            const float4* src = tile_part + (long long)sp * FRAGS * THREADS;
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    const float4 v = __ldcg(src + (i * NJ + j) * THREADS);     // L2: never a stale L1 line
+                    acc[i][j][0] += v.x; acc[i][j][1] += v.y; acc[i][j][2] += v.z; acc[i][j][3] += v.w;
+                }
+        }
+        if (tid == 0) tickets[tile] = 0u;  // every split has drawn: the counter is free for the next launch
+    }
+#endif
+
     // ---- epilogue: each thread's accumulators to their output elements --------------------------------
     #pragma unroll
     for (int i = 0; i < MI; ++i) {
@@ -443,7 +490,6 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #else
             const int CRS = Cg * RS;
             T* base = out + (grp * Kg * CRS + row);
-            float* pbase = partial + ((long long)split * K * CRS + grp * Kg * CRS + row);
             const int cstride = CRS;
 #endif
             #pragma unroll
@@ -453,27 +499,12 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
                     const int col = n0 + wn0 + j * 8 + 2 * tq + e;
                     if (col >= NG) continue;
                     const float v = acc[i][j][half * 2 + e];
-#if DIR == 2
-                    if (partial) { pbase[col * cstride] = v; continue; }
-#endif
                     T* dst = base + col * cstride;
                     const float old = beta != 0.f ? beta * to_f(*dst) : 0.f;
                     from_f(dst, alpha * v + old);
                 }
             }
         }
-    }
-}
-
-// Split-K reduction of DIR 2: out[i] = alpha * sum_s partial[s][i] + beta * out[i], the splits added in order.
-extern "C" __global__ void __launch_bounds__(256)
-splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, int splits, int n, float alpha, float beta)
-{
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float s = 0.f;
-        for (int k = 0; k < splits; ++k) s += partial[k * n + i];
-        const float old = beta != 0.f ? beta * to_f(out[i]) : 0.f;
-        from_f(out + i, alpha * s + old);
     }
 }
 """

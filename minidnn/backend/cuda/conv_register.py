@@ -10,7 +10,8 @@ Backward filter      ALGO_0                 + fast paths: direct kernel (<= 8 ch
                                               with precomputed indices)
 The IMPLICIT_* members and ALGO_3 run only on CUDA (``devices``), on float32 (FMA, or TF32 when the math type
 allows it) and on float16/bfloat16 data natively (tensor cores, fp32 accumulation).  Every kernel is deterministic:
-backward filter reduces its split-K partial sums in a fixed order.  Pure Python: importing this needs no GPU.
+backward filter adds its split-K partial sums in split order (the last block of each output tile, in the same
+launch).  Pure Python: importing this needs no GPU.
 """
 from __future__ import annotations
 
@@ -66,11 +67,14 @@ def precomp_workspace(p):               # one int4 per reduction index, in eleme
     return 16 * max(p.Cg, p.Kg) * math.prod(p.kernel) // p.itemsize
 
 
-def filter_workspace(p):                # the tap table and up to ~264 blocks' worth of split-K float partials
+def filter_workspace(p, sms=132):       # the tap table, the split-K float partials of every block, the tickets
     crs = p.Cg * math.prod(p.kernel)
-    blocks = max(1, -(-crs // 64) * -(-p.Kg // 64) * p.groups)
-    splits = max(1, min(-(-264 // blocks), -(-p.N * math.prod(p.out_size) // 128)))
-    return (16 * crs + (4 * splits * p.K * crs if splits > 1 else 0)) // p.itemsize
+    tile = K.choose_tile(crs, p.Kg, p.groups, sms)
+    BM, BN, BK = K.TILES[tile][:3]
+    tiles = -(-crs // BM) * -(-p.Kg // BN) * p.groups
+    splits = K.filter_splits(p.N * math.prod(p.out_size), tiles, p.groups, 32 if p.itemsize == 2 else BK, sms)[0]
+    split_bytes = (4 * splits * tiles * BM * BN + 4 * tiles) if splits > 1 else 0
+    return (16 * crs + split_bytes) // p.itemsize
 
 
 def _small_groups(p, a, b):
