@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from ._common import begin, blend, check_float, check_ndim, check_out, moments, normalization_backward, parse_enum
+from .array_ops import increment
 from .errors import BadParamError
 from .layout import TensorFormat, channels_last_perm, from_channels_first, resolve_format, to_channels_first
 
@@ -148,7 +149,7 @@ def _bn_prologue(where, handle, mode, x, format, epsilon, params, others):
 
 def batch_normalization_forward_training(handle, mode, x, scale, bias, exponential_average_factor,
                                          running_mean, running_var, epsilon, alpha=1.0, beta=0.0, y=None,
-                                         format=None):
+                                         format=None, counter=None):
     """Normalise with the batch's statistics -> (y, saved_mean, saved_inv_variance).
 
     running_mean / running_var (each may be None) are updated in place with factor f =
@@ -156,17 +157,22 @@ def batch_normalization_forward_training(handle, mode, x, scale, bias, exponenti
     what backward needs.  An empty batch returns an empty y, zero saved statistics and leaves the
     running statistics untouched; a single value per statistic (e.g. N=1 with PER_ACTIVATION) is an
     error, as in PyTorch, because the unbiased variance is undefined.
+
+    ``counter`` (minidnn's extension; None by default): a one-element int64 array -- BatchNorm's
+    ``num_batches_tracked`` -- incremented by one when the call succeeds; on the GPU by the statistics kernel
+    itself, so a training step launches no separate counter kernel per layer.
     """
     key = _gpu_call_key(x, y, "train", handle, mode, format, exponential_average_factor, epsilon, alpha, beta,
-                        scale, bias, running_mean, running_var)
+                        scale, bias, running_mean, running_var, counter)
     if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernels
         return _gpu_bn_training(seen.at(x), x, scale, bias, exponential_average_factor, running_mean, running_var,
-                                epsilon, alpha, beta, y, checked=True)
+                                epsilon, alpha, beta, y, counter=counter, checked=True)
     where = "batch_normalization_forward_training"
     xp, geom = _bn_prologue(where, handle, mode, x, format, epsilon,
                             dict(scale=scale, bias=bias, running_mean=running_mean, running_var=running_var),
-                            dict(y=y))
+                            dict(y=y, counter=counter))
     check_out(where, "y", y, x.shape, x.dtype, beta)
+    _check_counter(where, counter)
     f = exponential_average_factor
     if not 0 <= f <= 1:
         raise BadParamError(f"{where}: exponential_average_factor={f} must be in [0, 1]")
@@ -176,8 +182,12 @@ def batch_normalization_forward_training(handle, mode, x, scale, bias, exponenti
 
     if x.size == 0:
         zeros = xp.zeros(geom.param_shape, dtype=np.float32 if x.dtype == np.float16 else x.dtype)
-        return blend(xp.empty(x.shape, dtype=x.dtype), alpha, beta, y, x.dtype), zeros, zeros.copy()
-    fast = _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, key=key)
+        out = blend(xp.empty(x.shape, dtype=x.dtype), alpha, beta, y, x.dtype), zeros, zeros.copy()
+        if counter is not None:
+            increment(counter)
+        return out
+    fast = _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, key=key,
+                            counter=counter)
     if fast is not None:        # the CUDA kernels (see the GPU fast paths block at the end of this file)
         return fast
     xhat, mean, var, inv_std = _normalize(xp, geom.xc, geom.axes, epsilon)
@@ -185,7 +195,15 @@ def batch_normalization_forward_training(handle, mode, x, scale, bias, exponenti
         if running is not None:
             running[...] = (1 - f) * running + f * geom.to_param(batch, running.shape)
     value = from_channels_first(_affine(xhat, geom.view(scale), geom.view(bias)), geom.fmt)
+    if counter is not None:
+        increment(counter)
     return blend(value, alpha, beta, y, x.dtype), geom.to_param(mean), geom.to_param(inv_std)
+
+
+def _check_counter(where, counter):
+    if counter is not None and (counter.dtype != np.int64 or counter.size != 1):
+        raise BadParamError(f"{where}: counter must be a one-element int64 array (BatchNorm's num_batches_tracked), "
+                            f"got shape {tuple(counter.shape)} and dtype {counter.dtype}")
 
 
 def batch_normalization_forward_inference(handle, mode, x, scale, bias, estimated_mean, estimated_variance,
@@ -410,6 +428,7 @@ _SEEN_LIMIT = 4096
 class _SeenGeometry:
     """What a validated call decided: the format, the parameter shape, the gradient parameter shape."""
     mode = BatchNormMode.SPATIAL
+    want_dz = False         # backward_ex: whether the call returns dz (BN_ADD_ACTIVATION)
 
     def __init__(self, geom, grad_shape=None):
         self.fmt, self.param_shape, self.grad_shape = geom.fmt, geom.param_shape, grad_shape
@@ -451,15 +470,17 @@ def _gpu_remember(key, geom, grad_shape=None):
 
 
 def _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, z=None,
-                     relu=False, key=None, checked=False):
+                     relu=False, key=None, checked=False, counter=None):
     is_cuda, k = _gpu_kernels()
     if not checked and not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
+                            and (counter is None or counter.flags.c_contiguous)
                             and k.supports(geom.xc, scale, bias, running_mean, running_var,
                                            others=(None if z is None else to_channels_first(z, geom.fmt),))):
         return None
     _gpu_remember(key, geom)
     zc = None if z is None else to_channels_first(z, geom.fmt)
-    yc, mean, inv_std = k.forward_training(geom.xc, scale, bias, f, running_mean, running_var, epsilon, zc, relu)
+    yc, mean, inv_std = k.forward_training(geom.xc, scale, bias, f, running_mean, running_var, epsilon, zc, relu,
+                                           counter)
     if mean.shape != geom.param_shape:
         mean, inv_std = mean.reshape(geom.param_shape), inv_std.reshape(geom.param_shape)
     return from_channels_first(yc, geom.fmt), mean, inv_std
@@ -568,6 +589,13 @@ def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved
                                     format=None):
     """cuDNN's cudnnBatchNormalizationBackwardEx -> (dx, dz, dscale, dbias): ``y`` is the fused forward's output
     (its ReLU mask), dz the residual's gradient (None unless BN_ADD_ACTIVATION).  dscale, dbias None without scale."""
+    key = _gpu_call_key(x, None, "backward_ex", handle, mode, format, epsilon, bn_ops, y, dy, scale, saved_mean,
+                        saved_inv_variance)
+    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernels
+        want_dz = seen.want_dz
+        out = _gpu_bn_backward(seen.at(x), x, dy, scale, saved_mean, saved_inv_variance, seen.grad_shape,
+                               (1.0, 0.0, 1.0, 0.0), (None, None, None), y, want_dz=want_dz, checked=True)
+        return out if want_dz else (out[0], None, *out[1:])
     where = "batch_normalization_backward_ex"
     bn_ops = parse_enum(where, BatchNormOps, bn_ops, "bn_ops")
     handle, xp = begin(handle, where, x=x, y=y, dy=dy, scale=scale, saved_mean=saved_mean,
@@ -585,10 +613,11 @@ def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved
                                    dict(dy=dy))
             param_shape = tuple(scale.shape) if scale is not None else geom.param_shape
             fast = _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv_variance, param_shape,
-                                    (1.0, 0.0, 1.0, 0.0), (None, None, None), y, want_dz=True)
+                                    (1.0, 0.0, 1.0, 0.0), (None, None, None), y, want_dz=want_dz, key=key)
             if fast is not None:
-                dx, dz, dscale, dbias = fast
-                return dx, (dz if want_dz else None), dscale, dbias
+                if key is not None:
+                    _SEEN[key].want_dz = want_dz
+                return fast if want_dz else (fast[0], None, *fast[1:])
         g = xp.where(y <= 0, xp.zeros((), dtype=dy.dtype), dy)
     else:
         g = dy

@@ -29,7 +29,7 @@ import warnings
 
 from .. import backend as B
 from .._amp_state import autocast_op
-from ..autograd import Function, is_grad_enabled
+from ..autograd import Function, _state, is_grad_enabled
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import DimensionError, DTypeError
 from ..backend.handle import configured_default_handle
@@ -130,6 +130,14 @@ def relu(input):
     if isinstance(input, Tensor) and input.dtype.kind in "iu":
         from .elementwise import relu as integer_relu  # no gradient to carry: the plain array form
         return integer_relu(input)
+    producer = getattr(input, "grad_fn", None)
+    if producer is not None and _state.grad_enabled:
+        # consumer fusion: the op that made ``input`` may record relu(input) as one fused node (batch norm + ReLU:
+        # its ``fuse_relu`` rule, docs/fusion.md); None runs the plain ReLU
+        rule = getattr(getattr(producer, "_fn_cls", None), "fuse_relu", None)
+        fused = rule(producer, input) if rule is not None else None
+        if fused is not None:
+            return fused
     return activation("relu", input, _Mode.RELU)
 
 

@@ -273,3 +273,43 @@ def test_layer_and_group_norm_against_pytorch(rng):
 def test_normalization_errors(make, match):
     with pytest.raises(BadParamError, match=match):
         make()
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_batch_norm_counter_counts_each_successful_call(xp, rng, fmt):
+    # BatchNorm's num_batches_tracked is counted by the training primitive (on the GPU: by its statistics kernel)
+    shape = (4, 3, 5, 6) if fmt == "NCHW" else (4, 5, 6, 3)
+    x = xp.asarray(rng.standard_normal(shape).astype(np.float32))
+    s, b = xp.ones(3, np.float32), xp.zeros(3, np.float32)
+    rm, rv = xp.zeros(3, np.float32), xp.ones(3, np.float32)
+    counter = xp.asarray(np.array([7], dtype=np.int64))
+    for i in range(3):
+        y, mean, inv = batch_normalization_forward_training(None, SPATIAL, x, s, b, 0.1, rm, rv, EPS, format=fmt,
+                                                            counter=counter)
+        assert int(to_numpy(counter)[0]) == 8 + i
+    y0, _, _ = batch_normalization_forward_training(None, SPATIAL, x, s, b, 0.1, None, None, EPS, format=fmt)
+    np.testing.assert_allclose(to_numpy(y), to_numpy(y0), rtol=1e-6, atol=1e-6)
+    # a rejected call counts nothing; a wrong counter is named in the error
+    with pytest.raises(BadParamError, match="counter must be a one-element int64"):
+        batch_normalization_forward_training(None, SPATIAL, x, s, b, 0.1, rm, rv, EPS, format=fmt,
+                                             counter=xp.zeros(1, np.float32))
+    with pytest.raises(BadParamError):
+        batch_normalization_forward_training(None, SPATIAL, x, s, b, 2.0, rm, rv, EPS, format=fmt, counter=counter)
+    assert int(to_numpy(counter)[0]) == 10
+
+
+@pytest.mark.cuda
+def test_batch_norm_counter_needs_no_launch_of_its_own():
+    cp = pytest.importorskip("cupy")
+    from minidnn.backend.cuda import launch
+    x = cp.random.standard_normal((8, 16, 6, 6), dtype=cp.float32)
+    s, b, rm, rv = cp.ones(16, cp.float32), cp.zeros(16, cp.float32), cp.zeros(16, cp.float32), cp.ones(16, cp.float32)
+    counter = cp.zeros(1, cp.int64)
+
+    def launches(c):
+        batch_normalization_forward_training(None, SPATIAL, x, s, b, 0.1, rm, rv, EPS, counter=c)  # warm
+        start = launch.launch_count()
+        batch_normalization_forward_training(None, SPATIAL, x, s, b, 0.1, rm, rv, EPS, counter=c)
+        return launch.launch_count() - start
+    assert launches(counter) == launches(None) == 2
+    assert int(counter[0]) == 2

@@ -9,8 +9,8 @@ m = outer * inner values per channel.
 
 Two launches per direction, each one pass over the data:
   bn_stats   (training forward)  per channel the shifted sums  sum(x - K), sum((x - K)^2), K = the channel's first
-             element (the reference's shifted one-pass moments, _common.moments), then mean, inv_std and the
-             running-statistics update;
+             element (the reference's shifted one-pass moments, _common.moments), then mean, inv_std, the
+             running-statistics update and (when given) BatchNorm's step counter += 1;
   bn_grad    (backward)          per channel sum(g), sum(g * xhat) with g = dy (masked by y > 0 after a fused ReLU):
              dbias, dscale and the two means the dx formula needs;
   bn_apply   (forward, training or inference)  y = act((x - mean) * inv_std * scale + bias [+ z]);
@@ -165,9 +165,9 @@ __device__ __forceinline__ void partials_total(const A* __restrict__ partial, in
 
 extern "C" __global__ void __launch_bounds__(256)
 bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
-         A* __restrict__ mean_out, A* __restrict__ inv_std_out, P* running_mean, P* running_var,
+         A* __restrict__ mean_out, A* __restrict__ inv_std_out, P* running_mean, P* running_var, long long* counter,
          const int outer, const int C, const int inner, const unsigned int in_mul, const unsigned int in_shr,
-         const double factor, const double eps, const int has_running)
+         const double factor, const double eps, const int has_running, const int has_counter)
 {
     __shared__ A sm[RY][CT][2];
     const int tx = threadIdx.x % CT, ty = threadIdx.x / CT;
@@ -198,7 +198,10 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
             running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
         }
     }
-    if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
+    if (threadIdx.x == 0) {
+        ticket[blockIdx.y] = 0u;
+        if (has_counter && blockIdx.y == 0) counter[0] += 1;    // BatchNorm's num_batches_tracked, once per call
+    }
 }
 
 // Backward reduction.  RELU: g = dy where y > 0 (y the fused forward's output; !(y <= 0) lets a NaN through, as the
@@ -501,12 +504,13 @@ def _planned(key, build, *args):
     return _launch.planned(_plans, key, build, *args)
 
 
-def _stats_plan(xc, outer, c, inner, factor, eps, has_running, dev):
+def _stats_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, dev):
     inner1 = inner == 1
     splits, tiles = _reduce_grid(outer, c, inner, inner1, dev)
     stats = _launch.prepare(_kernel("bn_stats", xc.dtype, inner1), (splits, tiles), (THREADS,),
-                            [None] * 7 + [np.int32(outer), np.int32(c), np.int32(inner), *_divider(inner),
-                                          np.float64(factor), np.float64(eps), np.int32(has_running)])
+                            [None] * 8 + [np.int32(outer), np.int32(c), np.int32(inner), *_divider(inner),
+                                          np.float64(factor), np.float64(eps), np.int32(has_running),
+                                          np.int32(has_counter)])
     return stats, c * splits * 2, tiles, acc_dtype(xc.dtype)
 
 
@@ -519,22 +523,24 @@ def _apply_plan(xc, outer, c, inner, relu, has_z, has_scale, has_bias, eps, from
                                          np.float64(eps)])
 
 
-def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False):
-    """(y channels-first view in xc's layout, saved mean (C,), saved inv_std (C,)); running stats updated in place."""
+def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False, counter=None):
+    """(y channels-first view in xc's layout, saved mean (C,), saved inv_std (C,)); running stats updated in place,
+    and ``counter`` (a one-element int64 array, or None) incremented by the same launch."""
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
     dev = xc.data.device_id
     has_running = running_mean is not None
+    has_counter = counter is not None
     sig = (xc.shape, xc.strides, xc.dtype, dev)
-    stats, n_partial, tiles, acc = _planned(("stats", factor, eps, has_running) + sig, _stats_plan,
-                                            xc, outer, c, inner, factor, eps, has_running, dev)
+    stats, n_partial, tiles, acc = _planned(("stats", factor, eps, has_running, has_counter) + sig, _stats_plan,
+                                            xc, outer, c, inner, factor, eps, has_running, has_counter, dev)
     with _launch.on_device(dev):
         mean = cp.empty((c,), dtype=acc)
         inv_std = cp.empty((c,), dtype=acc)
         partial = cp.empty((n_partial,), dtype=acc)
         # dummies for absent running statistics (never touched), float32/64
         stats(xm, partial, _ticket(cp, tiles, dev), mean, inv_std, _p(running_mean, inv_std),
-              _p(running_var, inv_std))
+              _p(running_var, inv_std), _p(counter, inv_std))
         y = _apply(cp, xc, xm, mean, inv_std, scale, bias, z, relu, eps, False, outer, c, inner, dev)
     return y, mean, inv_std
 

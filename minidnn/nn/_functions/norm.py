@@ -23,6 +23,8 @@ from ._util import check_tensor, check_vector, composite_grads, creating_graph, 
 __all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
 
 _SPATIAL = B.BatchNormMode.SPATIAL
+_BN_RELU = B.BatchNormOps.BN_ACTIVATION
+_RELU = B.ActivationDescriptor(B.ActivationMode.RELU)
 
 
 def _data(t):
@@ -38,12 +40,13 @@ def _scale_for(weight, bias):
 
 class BatchNormTraining(Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, counter=None):
         # The primitive updates the running statistics in place (PyTorch's momentum is cuDNN's
-        # exponential_average_factor; the running variance is the unbiased one).
+        # exponential_average_factor; the running variance is the unbiased one), and counts the batch in
+        # ``counter`` (BatchNorm's num_batches_tracked array, or None) in the same launch.
         y, mean, inv_std = B.batch_normalization_forward_training(
             handle_for(x), _SPATIAL, x.data, _data(weight), _data(bias), momentum,
-            _data(running_mean), _data(running_var), eps)
+            _data(running_mean), _data(running_var), eps, counter=counter)
         for buf in (running_mean, running_var):
             if buf is not None:
                 buf._version += 1
@@ -57,10 +60,49 @@ class BatchNormTraining(Function):
         if creating_graph(gy, x, weight):       # the same normalisation in differentiable ops: second derivatives
             eps = ctx.eps
             return (*composite_grads(ctx.needs_input_grad, lambda a, w, b: _batch_norm_composite(a, w, b, eps),
-                                     (x, weight, bias), gy), None, None, None, None)
+                                     (x, weight, bias), gy), None, None, None, None, None)
         dx, dw, db = B.batch_normalization_backward(handle_for(x), _SPATIAL, x.data, gy.data, _data(weight),
                                                     *ctx.stats, ctx.eps)
-        return wrap(dx), wrap(dw), wrap(db), None, None, None, None
+        return wrap(dx), wrap(dw), wrap(db), None, None, None, None, None
+
+
+    @staticmethod
+    def fuse_relu(bn, y):
+        """The consumer-fusion rule ``relu`` asks a producer for (ops/activation.py): relu(y) of this batch norm's
+        output ``y`` as one node whose backward is the fused batch-norm + ReLU backward (the ReLU mask applied inside
+        the batch-norm gradient kernels: one launch and one full-size temporary fewer per pair), or None to run the
+        plain ReLU.  The forward is the plain ReLU (y is already computed); see docs/fusion.md."""
+        saved = bn.saved
+        if not (B.cudnn.fusion and y.output_nr == 0 and saved is not None and not bn.pre_hooks) \
+                or any(isinstance(t, Tensor) and t._version != v for t, v in zip(saved, bn.versions)):
+            return None         # switched off, hooked, already backpropagated, or an input modified in place
+        return BatchNormReLU.apply(*saved, (y, bn.stats, bn.eps))
+
+
+class BatchNormReLU(Function):
+    """r = relu(y) for y = batch_norm(x) in training, recorded as one node: edges to x, weight and bias (batch
+    norm's own), y's data only read.  Its gradient equals the unfused relu-then-batch-norm gradient; where y is
+    also used elsewhere, the batch-norm node still receives that use's gradient (the batch-norm gradient is linear
+    in dy, so the two nodes' contributions add up to the unfused total)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, src):
+        y, ctx.stats, ctx.eps = src
+        ctx.save_for_backward(x, weight, bias, y)
+        return wrap(B.activation_forward(handle_for(y), _RELU, y.data))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, bias, y = ctx.saved_tensors
+        if creating_graph(g, x, weight):        # unfused, in differentiable ops: second derivatives
+            from ...ops.activation import ActivationGrad
+            gy = ActivationGrad.apply(g, y, _RELU)
+            eps = ctx.eps
+            return (*composite_grads(ctx.needs_input_grad, lambda a, w, b: _batch_norm_composite(a, w, b, eps),
+                                     (x, weight, bias), gy), None)
+        dx, _, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_RELU, x.data, y.data, g.data,
+                                                          _data(weight), *ctx.stats, ctx.eps)
+        return wrap(dx), wrap(dw), wrap(db), None
 
 
 def _batch_norm_composite(x, w, b, eps):
@@ -104,9 +146,11 @@ class BatchNormInference(Function):
 
 
 @autocast_op("batch_norm")
-def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5,
+               *, _counter=None):
     """Normalise each channel of (N, C, *) with the batch's statistics (training, updating running_mean /
-    running_var in place when given) or with running_mean / running_var (eval)."""
+    running_var in place when given) or with running_mean / running_var (eval).  ``_counter`` (the BatchNorm
+    layers' own use): the num_batches_tracked tensor, counted by the training forward's own launch."""
     op = "batch_norm"
     check_tensor(op, "input", input)
     if input.ndim < 2:
@@ -121,15 +165,18 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         # channels-last memory: normalise the (N*H*W, C) view of it, so the output keeps that memory order
         perm = B.channels_last_perm(input.ndim)
         rows = input.permute(perm).reshape(-1, c)
-        y = batch_norm(rows, running_mean, running_var, weight, bias, training, momentum, eps)
+        y = batch_norm(rows, running_mean, running_var, weight, bias, training, momentum, eps, _counter=_counter)
         return y.reshape(tuple(input.shape[i] for i in perm)).permute(B.channels_first_perm(input.ndim))
     if training:
         if input.numel() // c <= 1:
             raise ArgumentError(f"{op}: expected more than 1 value per channel when training, got input of shape "
                              f"{tuple(input.shape)}")
         momentum = 0.0 if momentum is None else float(momentum)
-        return BatchNormTraining.apply(input, _scale_for(weight, bias), bias, running_mean, running_var, momentum,
-                                       float(eps))
+        out = BatchNormTraining.apply(input, _scale_for(weight, bias), bias, running_mean, running_var, momentum,
+                                      float(eps), None if _counter is None else _counter.data)
+        if _counter is not None:
+            _counter._version += 1
+        return out
     if running_mean is None:
         raise ArgumentError(f"{op}: running_mean and running_var are required when training=False")
     return BatchNormInference.apply(input, weight, bias, running_mean, running_var, float(eps))

@@ -11,7 +11,6 @@ import warnings
 
 import numpy as np
 
-from ...backend.array_ops import increment as _increment
 from ...backend.errors import ArgumentError
 from ...creation import ones, tensor, zeros
 from .. import functional as F
@@ -77,12 +76,11 @@ class _BatchNorm(_NormBase):
         # Batch statistics in training, and in eval when there are no running statistics to use.
         use_batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         update = not self.training or self.track_running_stats
-        out = F.batch_norm(input, self.running_mean if update else None, self.running_var if update else None,
-                           self.weight, self.bias, use_batch_stats, factor, self.eps)
-        if tracking:        # counted only once the batch went through (a failing forward changes nothing), in place
-            _increment(counter.data)    # on its array: no recorded op (add_ would add, then copy back)
-            counter._version += 1
-        return out
+        # the batch is counted by the training forward itself, in place and only once it went through (a failing
+        # forward changes nothing); on the GPU by the statistics kernel: no counter launch per layer
+        return F.batch_norm(input, self.running_mean if update else None, self.running_var if update else None,
+                            self.weight, self.bias, use_batch_stats, factor, self.eps,
+                            _counter=counter if tracking else None)
 
     def _macs(self, input, output):
         return input.numel()        # one multiply-add per element (the folded scale and shift)
