@@ -29,7 +29,7 @@ from .conv_algorithms import (
     ConvolutionFwdAlgo,
 )
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
-from .devices import array_module, device_of
+from .devices import array_module, device_of, is_cuda_array
 from .devices import is_floating as _is_floating
 from .errors import BadParamError, NotSupportedError, Status
 from .handle import get_default_handle, resolve_handle
@@ -282,10 +282,26 @@ def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=N
     fmt = _format(format)
     dy_cf = to_channels_first(dy, fmt)
     check_out(where, "db", db, (dy_cf.shape[1],), dy.dtype, beta)
+    if alpha == 1 and beta == 0 and db is None and (fast := _gpu_bias_grad(dy_cf)) is not None:
+        return fast             # backend/cuda/norm_kernels.py: bias_grad (1-2 launches)
     with handle.activate():
         axes = (0, *range(2, dy.ndim))
         result = dy_cf.sum(axis=axes, dtype=accumulation_dtype(dy.dtype)).astype(dy.dtype, copy=False)
         return _finish(result, alpha, beta, db, TensorFormat.NCHW)
+
+
+def _gpu_bias_grad(dy_cf):
+    """db by the CUDA column-sum kernels for channels-first dy in NCHW or channels-last memory, else None."""
+    if not is_cuda_array(dy_cf):
+        return None
+    from .cuda import norm_kernels
+    if dy_cf.flags.c_contiguous:
+        mem, axis = dy_cf, 1
+    else:
+        mem, axis = dy_cf.transpose((0, *range(2, dy_cf.ndim), 1)), dy_cf.ndim - 1
+    if not norm_kernels.supports_bias_grad(mem, axis):
+        return None
+    return norm_kernels.bias_grad(mem, axis)
 
 
 # ---- algorithm selection: heuristics, find, workspace, cache ----------------------------------------------

@@ -25,6 +25,8 @@ import numpy as np
 
 from ._common import begin, blend, check_float, check_ndim, check_out, moments, normalization_backward, parse_enum
 from .array_ops import increment
+from .cuda import norm_kernels as _norm_gpu  # the layer/group norm kernels (importing them needs no GPU)
+from .devices import is_cuda_array as _is_cuda
 from .errors import BadParamError
 from .layout import TensorFormat, channels_last_perm, from_channels_first, resolve_format, to_channels_first
 
@@ -303,6 +305,8 @@ def layer_normalization_forward(handle, x, scale, bias, normalized_ndim, epsilon
     axes, _, _ = _ln_geometry(where, x, normalized_ndim, dict(scale=scale, bias=bias))
     _check_epsilon(where, epsilon)
     check_out(where, "y", y, x.shape, x.dtype, beta)
+    if (fast := _gpu_norm_forward("ln", x, normalized_ndim, scale, bias, epsilon, alpha, beta, y)) is not None:
+        return fast             # the CUDA kernel (backend/cuda/norm_kernels.py; the block at the end of this file)
     xhat, mean, _, inv_std = _normalize(xp, x, axes, epsilon)
     stat_shape = x.shape[:x.ndim - normalized_ndim]
     return (blend(_affine(xhat, scale, bias), alpha, beta, y, x.dtype),
@@ -318,6 +322,9 @@ def layer_normalization_backward(handle, x, dy, scale, mean, inv_std, normalized
     axes, lead_axes, normalized_shape = _ln_geometry(where, x, normalized_ndim, dict(scale=scale))
     _check_dy_and_stats(where, x, dy, dict(mean=mean, inv_std=inv_std), x.shape[:x.ndim - normalized_ndim])
     _check_backward_outs(where, x, normalized_shape, scale, beta_data, beta_param, dx, dscale, dbias)
+    if (fast := _gpu_norm_backward("ln", x, dy, normalized_ndim, scale, mean, inv_std, normalized_shape,
+                                   (alpha_data, beta_data, alpha_param, beta_param), (dx, dscale, dbias))) is not None:
+        return fast
     stat_shape = x.shape[:x.ndim - normalized_ndim] + (1,) * normalized_ndim
     inv_std = inv_std.reshape(stat_shape)
     xhat = (x - mean.reshape(stat_shape)) * inv_std
@@ -363,6 +370,8 @@ def group_normalization_forward(handle, x, num_groups, scale, bias, epsilon, alp
     grouped, bshape, _ = _gn_geometry(where, x, num_groups, dict(scale=scale, bias=bias))
     _check_epsilon(where, epsilon)
     check_out(where, "y", y, x.shape, x.dtype, beta)
+    if (fast := _gpu_norm_forward("gn", x, num_groups, scale, bias, epsilon, alpha, beta, y)) is not None:
+        return fast
     xhat, mean, _, inv_std = _normalize(xp, x.reshape(grouped), (2,), epsilon)
     value = _affine(xhat.reshape(x.shape), None if scale is None else scale.reshape(bshape),
                     None if bias is None else bias.reshape(bshape))
@@ -378,6 +387,9 @@ def group_normalization_backward(handle, x, dy, num_groups, scale, mean, inv_std
     grouped, bshape, param_axes = _gn_geometry(where, x, num_groups, dict(scale=scale))
     _check_dy_and_stats(where, x, dy, dict(mean=mean, inv_std=inv_std), (x.shape[0], num_groups))
     _check_backward_outs(where, x, (x.shape[1],), scale, beta_data, beta_param, dx, dscale, dbias)
+    if (fast := _gpu_norm_backward("gn", x, dy, num_groups, scale, mean, inv_std, (x.shape[1],),
+                                   (alpha_data, beta_data, alpha_param, beta_param), (dx, dscale, dbias))) is not None:
+        return fast
     inv_std_g = inv_std[..., None]
     xhat_g = (x.reshape(grouped) - mean[..., None]) * inv_std_g
     # Per-channel scale acts before the grouped statistics: fold it into dxhat in x's shape, then group.
@@ -390,6 +402,41 @@ def group_normalization_backward(handle, x, dy, num_groups, scale, mean, inv_std
         values = (dx_v, (dy * xhat).sum(axis=param_axes), dy.sum(axis=param_axes))
     return _blend_backward(where, values, (dx, dscale, dbias), x, (x.shape[1],),
                            alpha_data, beta_data, alpha_param, beta_param)
+
+
+# ----------------------------------------------------------------------------------------------
+# Layer and group norm on the GPU (backend/cuda/norm_kernels.py): C-contiguous CuPy x (float32/64, float16,
+# bfloat16), parameters of x's dtype or float32, no blending, no output buffers.  None sends the call to the
+# reference above.  ``kind`` is "ln" (``arg`` = normalized_ndim) or "gn" (``arg`` = num_groups).
+
+def _gpu_norm_forward(kind, x, arg, scale, bias, epsilon, alpha, beta, y):
+    if not (_is_cuda(x) and _gpu_plain(alpha, beta, y)):
+        return None
+    if kind == "ln":
+        if not _norm_gpu.supports_layer_norm(x, arg, scale, bias):
+            return None
+        return _norm_gpu.layer_norm_forward(x, arg, scale, bias, epsilon)
+    if not _norm_gpu.supports_group_norm(x, arg, scale, bias):
+        return None
+    return _norm_gpu.group_norm_forward(x, arg, scale, bias, epsilon)
+
+
+def _gpu_norm_backward(kind, x, dy, arg, scale, mean, inv_std, param_shape, blending, outs):
+    if not (_is_cuda(x) and blending == (1.0, 0.0, 1.0, 0.0) and all(o is None for o in outs)):
+        return None
+    if not _norm_gpu.supports_stats(x, mean, inv_std):
+        return None
+    if kind == "ln":
+        if not _norm_gpu.supports_layer_norm(x, arg, scale, None, dy):
+            return None
+        dx, dscale, dbias = _norm_gpu.layer_norm_backward(x, dy, arg, scale, mean, inv_std)
+    else:
+        if not _norm_gpu.supports_group_norm(x, arg, scale, None, dy):
+            return None
+        dx, dscale, dbias = _norm_gpu.group_norm_backward(x, dy, arg, scale, mean, inv_std)
+    if dscale is not None and dscale.shape != tuple(param_shape):
+        dscale, dbias = dscale.reshape(param_shape), dbias.reshape(param_shape)
+    return dx, dscale, dbias
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from __future__ import annotations
 import enum
 
 from ._common import begin, blend, check_float, check_out, parse_enum, shape_str
+from .cuda import norm_kernels  # bias add's CUDA kernel (importing it needs no GPU)
+from .devices import is_cuda_array
 from .errors import BadParamError
 from .layout import TensorFormat, from_channels_first, resolve_format, to_channels_first
 
@@ -72,7 +74,21 @@ def add_tensor(handle, alpha, b, beta, y, format=None):
         raise BadParamError(f"{where}: y is required (it is updated in place)")
     check_float(where, b=b, y=y)
     bb = _broadcast_operand(where, "b", b, y.shape, format)
+    if _gpu_bias_add(y, bb, alpha, beta):
+        return y                # one launch (backend/cuda/norm_kernels.py: bias_add)
     return blend(xp.broadcast_to(bb, y.shape), alpha, beta, y)
+
+
+def _gpu_bias_add(y, bb, alpha, beta):
+    """y = alpha * b + beta * y by the CUDA bias-add kernel where b is per-channel (one dim of y, the others 1)
+    and y a C-contiguous CuPy array; False: the reference runs."""
+    if not is_cuda_array(y):
+        return False
+    axes = [i for i, s in enumerate(bb.shape) if s != 1]
+    if len(axes) != 1 or not norm_kernels.supports_bias(y, bb.reshape(-1), axes[0]):
+        return False
+    norm_kernels.bias_add(y, bb.reshape(-1), axes[0], alpha, beta, out=y)
+    return True
 
 
 _BINARY = {OpTensorOp.ADD: lambda xp, a, b: a + b, OpTensorOp.MUL: lambda xp, a, b: a * b,

@@ -1,0 +1,788 @@
+"""Layer norm, group norm and bias add on the GPU: one-pass row kernels, a deterministic column sum, bias add.
+
+Shape legend (all C-contiguous; float32/float64, or float16/bfloat16 computed in float32):
+    layer norm  x, y, dy, dx (rows, D): rows = prod(leading dims), D = prod(normalized dims); scale, bias (D,)
+                mean, rstd (rows,) in A (float, double for float64 data);  parameter index p(j) = j
+    group norm  x (N, C, *S) seen as rows = N*G rows of D = (C/G)*S values (a group of one sample is contiguous);
+                scale, bias (C,); mean, rstd (N, G) in A;  parameter index p(j) = (row % G) * C/G + j / S
+    bias add    y (outer, C, inner): NCHW outer = N, inner = S;  channels-last / (N, C) linear outer = N*S, inner = 1
+                b (C,);  db (C,) = sum of dy over outer and inner
+A is the accumulation type; scale/bias are x's dtype or float32 (PSTORAGE); dscale is A, dbias x's dtype (as the
+reference returns them).
+
+Tiling of the row kernels: a TEAM of threads (32 = one warp, 8 teams per 256-thread block; 64..512 = the whole
+block) owns a row at a time, grid-stride over the rows.  Thread t of the team handles the 16-byte vectors (VEC values:
+4 float, 2 double, 8 half) t, t + TEAM, ... of the row.
+  VPT > 0 ("cached"): the row's VPT vectors per thread stay in registers: the mean is one team sum, the variance
+        a second team sum of (x - mean)^2 over the registers (an exact two-pass, one read of x), then y is written
+        from the registers.  Traffic: read x, write y.  Backward reads x and dy once, writes dx.
+  VPT = 0 ("looped", rows longer than TEAM * VPT * VEC <= 8192 floats): shifted one-pass sums sum(x - K),
+        sum((x - K)^2), K = the row's first value (the reference's _common.moments), then a second sweep writes y
+        (the row is re-read, mostly from L2).  Team sums: warp shuffles, then one shared-memory slot per warp added
+        in warp order (deterministic).
+  norm_fwd   y = (x - mean) * rstd * scale[p] + bias[p]; writes mean, rstd per row.
+  ln_bwd     dxh = dy * scale[j], dx = rstd * (dxh - mean(dxh) - xhat * mean(dxh * xhat)); each thread also keeps
+             the column partials sum(dy * xhat), sum(dy) of its columns over the rows its team visits and writes
+             them to partial[team][2D] at the end (registers when cached; its own partial row in global memory
+             when looped); col_sum adds them over the teams -> dscale, dbias.
+  row_sums   one team per plane (n, c) of S values: GN: e = sum(dy * xhat), s = sum(dy) -> out[n][2C]
+             (e at c, s at C + c); BIAS: s = sum(dy) -> out[plane].
+  gn_dx      one team per group row: c1 = sum_{c in g} scale[c] * s[n, c] / D, c2 = sum scale[c] * e[n, c] / D (a
+             team sum over the group's channels), then dx = rstd * (dy * scale[c] - c1 - xhat * c2) in one sweep.
+  col_sum    out[col] = sum over R rows of m[row][col] for an (R, NC) matrix: block (32 columns x 8 rows), grid
+             (column tiles, row splits); each block sums its split into ws; the LAST block of a column tile
+             (threadfence + ticket, reset by that block) adds the splits in order, in double.  Deterministic.
+             Columns < SPLIT_COL go to an A output, the rest to a T output (dscale and dbias in one launch).
+  bias_add   y = alpha * b[c] + beta * x, grid-stride, VEC values per thread per iteration (x may be y: in place).
+Group norm backward: row_sums, col_sum (dscale, dbias), gn_dx -- 3 launches, x and dy read twice; layer norm
+backward: ln_bwd + col_sum.  Nothing is read back to the host: every launch can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import devices as _dev
+from . import launch as _launch
+from .bn_kernels import STORAGE_HEADER
+from .softmax_kernels import WARP_REDUCE
+
+__all__ = ["supports_layer_norm", "supports_group_norm", "supports_stats", "supports_bias",
+           "supports_bias_grad", "layer_norm_forward",
+           "layer_norm_backward", "group_norm_forward", "group_norm_backward", "bias_add", "bias_grad", "SOURCE"]
+
+SOURCE = STORAGE_HEADER + WARP_REDUCE + r"""
+#if PSTORAGE == 0
+typedef PARAM PT;
+__device__ __forceinline__ A LDP(PT v) { return (A)v; }
+#else
+typedef unsigned short PT;
+#if PSTORAGE == 1
+__device__ __forceinline__ A LDP(PT h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return (A)f; }
+#else
+__device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned int)h) << 16); }
+#endif
+#endif
+
+#define TPB (BLOCK / TEAM)          // teams per block (TEAM > 32: one team = the block, so block barriers are safe)
+struct alignas(sizeof(T) * VEC) V { T v[VEC]; };
+
+// n / d for 0 <= n < 2^31 with (mul, shr) from the host: (umulhi(n, mul) + n) >> shr.
+__device__ __forceinline__ unsigned int divu(unsigned int n, unsigned int mul, unsigned int shr)
+{
+    return (__umulhi(n, mul) + n) >> shr;
+}
+
+// Sum of (a, b) over the team; every thread of the team gets it.  red: BLOCK / 32 pairs of shared memory.
+__device__ __forceinline__ void team_sum2(A& a, A& b, A (*red)[2])
+{
+    a = warp_sum(a); b = warp_sum(b);
+#if TEAM > 32
+    __syncthreads();                               // the previous call's readers are done with red
+    if ((threadIdx.x & 31) == 0) { red[threadIdx.x >> 5][0] = a; red[threadIdx.x >> 5][1] = b; }
+    __syncthreads();
+    a = 0; b = 0;
+#pragma unroll
+    for (int w = 0; w < TEAM / 32; ++w) { a += red[w][0]; b += red[w][1]; }
+#endif
+}
+
+// The parameter index of value j of row r (GROUPED: channel (r % G) * cpg + j / S).
+__device__ __forceinline__ int pidx(int j, int g0, unsigned int s_mul, unsigned int s_shr)
+{
+#if GROUPED
+    return g0 + (int)divu((unsigned int)j, s_mul, s_shr);
+#else
+    return j;
+#endif
+}
+
+__device__ __forceinline__ A affine(A v, int p, const PT* __restrict__ scale, const PT* __restrict__ bias)
+{
+#if HAS_SCALE
+    v *= LDP(scale[p]);
+#endif
+#if HAS_BIAS
+    v += LDP(bias[p]);
+#endif
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+norm_fwd(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
+         A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows, const int D, const int G,
+         const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps)
+{
+    __shared__ A red[BLOCK / 32][2];
+    const int t = threadIdx.x % TEAM;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        V* yr = reinterpret_cast<V*>(y + r * D);
+        const int g0 = GROUPED ? (int)(r % G) * cpg : 0;
+        A mean, rstd;
+#if VPT > 0
+        A v[VPT][VEC];
+        A s = 0, unused = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                const V a = xr[vi];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) { v[k][e] = LD(a.v[e]); s += v[k][e]; }
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[k][e] = 0;
+            }
+        }
+        team_sum2(s, unused, red);
+        mean = s * inv_d;
+        A q = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) { const A d = v[k][e] - mean; q += d * d; }
+            }
+        unused = 0;
+        team_sum2(q, unused, red);
+        rstd = (A)1 / sqrt(q * inv_d + (A)eps);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                V o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    o.v[e] = ST(affine((v[k][e] - mean) * rstd, pidx(vi * VEC + e, g0, s_mul, s_shr), scale, bias));
+                yr[vi] = o;
+            }
+        }
+#else
+        const A K = LD(x[r * D]);
+        A s1 = 0, s2 = 0;
+#pragma unroll 4
+        for (int vi = t; vi < nvec; vi += TEAM) {
+            const V a = xr[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { const A d = LD(a.v[e]) - K; s1 += d; s2 += d * d; }
+        }
+        team_sum2(s1, s2, red);
+        const A md = s1 * inv_d;
+        const A var = s2 * inv_d - md * md;
+        mean = K + md;
+        rstd = (A)1 / sqrt((var > (A)0 ? var : (A)0) + (A)eps);
+#pragma unroll 4
+        for (int vi = t; vi < nvec; vi += TEAM) {
+            const V a = xr[vi];
+            V o;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e)
+                o.v[e] = ST(affine((LD(a.v[e]) - mean) * rstd, pidx(vi * VEC + e, g0, s_mul, s_shr), scale, bias));
+            yr[vi] = o;
+        }
+#endif
+        if (t == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
+    }
+}
+
+// Layer norm backward: dx per row, and (HAS_SCALE) this team's column partials -> partial[team][0..D) = sum(dy *
+// xhat), partial[team][D..2D) = sum(dy), over the rows the team visited (zeros for a team that got none).
+extern "C" __global__ void __launch_bounds__(BLOCK)
+ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+       const PT* __restrict__ scale, T* __restrict__ dx, A* __restrict__ partial, const long long rows, const int D)
+{
+    __shared__ A red[BLOCK / 32][2];
+    const int t = threadIdx.x % TEAM;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    const long long team = (long long)blockIdx.x * TPB + threadIdx.x / TEAM;
+#if HAS_SCALE
+    A* pg = partial + team * 2 * D;        // this team's partial row
+#if VPT > 0
+    A acc_g[VPT][VEC], acc_b[VPT][VEC];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) { acc_g[k][e] = 0; acc_b[k][e] = 0; }
+#endif
+#endif
+#if VPT == 0
+    bool first = true;
+#endif
+    for (long long r = team; r < rows; r += (long long)gridDim.x * TPB) {
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + r * D);
+        V* dr = reinterpret_cast<V*>(dx + r * D);
+        const A mu = mean[r], is = rstd[r];
+        A s1 = 0, s2 = 0;
+#if VPT > 0
+        A xh[VPT][VEC], dh[VPT][VEC];
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                const V a = xr[vi], b = gr[vi];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A g = LD(b.v[e]);
+                    xh[k][e] = (LD(a.v[e]) - mu) * is;
+#if HAS_SCALE
+                    dh[k][e] = g * LDP(scale[vi * VEC + e]);
+                    acc_g[k][e] += g * xh[k][e]; acc_b[k][e] += g;
+#else
+                    dh[k][e] = g;
+#endif
+                    s1 += dh[k][e]; s2 += dh[k][e] * xh[k][e];
+                }
+            }
+        }
+        team_sum2(s1, s2, red);
+        const A c1 = s1 * inv_d, c2 = s2 * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                V o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) o.v[e] = ST(is * (dh[k][e] - c1 - xh[k][e] * c2));
+                dr[vi] = o;
+            }
+        }
+#else
+#pragma unroll 4
+        for (int vi = t; vi < nvec; vi += TEAM) {
+            const V a = xr[vi], b = gr[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A xh = (LD(a.v[e]) - mu) * is;
+                const A dh = HAS_SCALE ? LD(b.v[e]) * LDP(scale[vi * VEC + e]) : LD(b.v[e]);
+                s1 += dh; s2 += dh * xh;
+            }
+        }
+        team_sum2(s1, s2, red);
+        const A c1 = s1 * inv_d, c2 = s2 * inv_d;
+        for (int vi = t; vi < nvec; vi += TEAM) {
+            const V a = xr[vi], b = gr[vi];
+            V o;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const int j = vi * VEC + e;
+                const A g = LD(b.v[e]);
+                const A xh = (LD(a.v[e]) - mu) * is;
+#if HAS_SCALE
+                const A dh = g * LDP(scale[j]);
+                pg[j] = first ? g * xh : pg[j] + g * xh;          // this team's own row: no other writer
+                pg[D + j] = first ? g : pg[D + j] + g;
+#else
+                const A dh = g;
+#endif
+                o.v[e] = ST(is * (dh - c1 - xh * c2));
+            }
+            dr[vi] = o;
+        }
+        first = false;
+#endif
+    }
+#if HAS_SCALE
+#if VPT > 0
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = k * TEAM + t;
+        if (vi < nvec) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { pg[vi * VEC + e] = acc_g[k][e]; pg[D + vi * VEC + e] = acc_b[k][e]; }
+        }
+    }
+#else
+    if (first)       // a team that got no row still owns a partial row: zeros
+        for (int j = t; j < 2 * D; j += TEAM) pg[j] = 0;
+#endif
+#endif
+}
+
+// Per plane q of L values (GN: q = n * C + c, L = S; BIAS: q = o * C + c, L = inner):
+//   GN:   out[n * 2C + c] = sum dy * (x - mean[n, g]) * rstd[n, g],  out[n * 2C + C + c] = sum dy
+//   BIAS: out[q] = sum dy
+extern "C" __global__ void __launch_bounds__(BLOCK)
+row_sums(const T* __restrict__ dy, const T* __restrict__ x, const A* __restrict__ mean, const A* __restrict__ rstd,
+         A* __restrict__ out, const long long planes, const int L, const int C, const int G, const int cpg)
+{
+    __shared__ A red[BLOCK / 32][2];
+    const int t = threadIdx.x % TEAM;
+    const int nvec = L / VEC;
+    for (long long q = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; q < planes; q += (long long)gridDim.x * TPB) {
+        const V* gr = reinterpret_cast<const V*>(dy + q * L);
+        A s = 0, e1 = 0;
+#if GROUPED
+        const long long n = q / C;
+        const int c = (int)(q - n * C);
+        const long long row = n * G + c / cpg;
+        const A mu = mean[row], is = rstd[row];
+        const V* xr = reinterpret_cast<const V*>(x + q * L);
+#pragma unroll 4
+        for (int vi = t; vi < nvec; vi += TEAM) {
+            const V a = xr[vi], b = gr[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { const A g = LD(b.v[e]); s += g; e1 += g * (LD(a.v[e]) - mu); }
+        }
+        team_sum2(e1, s, red);
+        if (t == 0) { out[n * 2 * C + c] = e1 * is; out[n * 2 * C + C + c] = s; }
+#else
+#pragma unroll 4
+        for (int vi = t; vi < nvec; vi += TEAM) {
+            const V b = gr[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s += LD(b.v[e]);
+        }
+        team_sum2(s, e1, red);
+        if (t == 0) out[q] = s;
+#endif
+    }
+}
+
+// Group norm dx, one team per group row r = n * G + g: sums = row_sums' (N, 2C) output.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+gn_dx(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+      const PT* __restrict__ scale, const A* __restrict__ sums, T* __restrict__ dx, const long long rows, const int D,
+      const int C, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr)
+{
+    __shared__ A red[BLOCK / 32][2];
+    const int t = threadIdx.x % TEAM;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
+        const long long n = r / G;
+        const int g0 = (int)(r - n * G) * cpg;
+        const A* e_n = sums + n * 2 * C;
+        A c1 = 0, c2 = 0;
+        for (int k = t; k < cpg; k += TEAM) {
+            const A sc = HAS_SCALE ? LDP(scale[g0 + k]) : (A)1;
+            c1 += sc * e_n[C + g0 + k]; c2 += sc * e_n[g0 + k];
+        }
+        team_sum2(c1, c2, red);
+        c1 *= inv_d; c2 *= inv_d;
+        const A mu = mean[r], is = rstd[r];
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + r * D);
+        V* dr = reinterpret_cast<V*>(dx + r * D);
+#pragma unroll 4
+        for (int vi = t; vi < nvec; vi += TEAM) {
+            const V a = xr[vi], b = gr[vi];
+            V o;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A sc = HAS_SCALE ? LDP(scale[pidx(vi * VEC + e, g0, s_mul, s_shr)]) : (A)1;
+                const A xh = (LD(a.v[e]) - mu) * is;
+                o.v[e] = ST(is * (LD(b.v[e]) * sc - c1 - xh * c2));
+            }
+            dr[vi] = o;
+        }
+    }
+}
+
+// Column sums of an (R, NC) matrix m (IN_T: x's storage type, else A), see the legend.  Block: 256 threads =
+// 32 columns (tx) x 8 rows (ty); grid (column tiles, splits).  ws: NC * splits partial sums; ticket: one per tile.
+#if IN_T
+typedef T MT;
+__device__ __forceinline__ A LDM(MT v) { return LD(v); }
+#else
+typedef A MT;
+__device__ __forceinline__ A LDM(MT v) { return v; }
+#endif
+
+extern "C" __global__ void __launch_bounds__(256)
+col_sum(const MT* __restrict__ m, A* __restrict__ ws, unsigned int* ticket, A* __restrict__ out_a,
+        T* __restrict__ out_t, const long long R, const int NC, const int split_col, const long long chunk)
+{
+    __shared__ double sd[8][32];
+    __shared__ bool last;
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int col = blockIdx.x * 32 + tx;
+    const long long r0 = (long long)blockIdx.y * chunk;
+    const long long r1 = r0 + chunk < R ? r0 + chunk : R;
+    A s = 0;
+    if (col < NC) {
+#pragma unroll 4
+        for (long long r = r0 + ty; r < r1; r += 8) s += LDM(m[r * NC + col]);
+    }
+    sd[ty][tx] = (double)s;
+    __syncthreads();
+    if (ty == 0) {
+        double a = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a += sd[k][tx];
+        if (col < NC) ws[(long long)col * gridDim.y + blockIdx.y] = (A)a;
+        __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double a = 0;
+    if (col < NC)
+        for (int b = ty; b < (int)gridDim.y; b += 8) a += (double)ws[(long long)col * gridDim.y + b];
+    sd[ty][tx] = a;
+    __syncthreads();
+    if (ty == 0 && col < NC) {
+        double tot = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) tot += sd[k][tx];
+        if (col < split_col) out_a[col] = (A)tot; else out_t[col - split_col] = ST((A)tot);
+    }
+    if (threadIdx.x == 0) ticket[blockIdx.x] = 0u;
+}
+
+// y = alpha * b[c] + beta * x (x is not read when beta == 0: a NaN there does not leak), c = (i / inner) % C.
+extern "C" __global__ void __launch_bounds__(256)
+bias_add(const T* __restrict__ x, const PT* __restrict__ b, T* y, const long long n, const int C,
+         const unsigned int c_mul, const unsigned int c_shr, const unsigned int in_mul, const unsigned int in_shr,
+         const int inner1, const double alpha, const double beta)
+{
+    const long long nv = n / VEC;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const A al = (A)alpha, be = (A)beta;
+    const bool read_x = beta != 0.0;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < nv; k += stride) {
+        V a;
+        if (read_x) a = reinterpret_cast<const V*>(x)[k];
+        V o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            unsigned int q = (unsigned int)(k * VEC + e);
+            if (!inner1) q = divu(q, in_mul, in_shr);
+            const int c = (int)(q - divu(q, c_mul, c_shr) * (unsigned int)C);
+            A v = al * LDP(b[c]);
+            if (read_x) v += be * LD(a.v[e]);
+            o.v[e] = ST(v);
+        }
+        reinterpret_cast<V*>(y)[k] = o;
+    }
+}
+"""
+
+# x's dtype name -> (SCALAR, ACCUM, STORAGE, accumulation dtype)
+_TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
+          "float64": ("double", "double", 0, np.dtype(np.float64)),
+          "float16": ("float", "float", 1, np.dtype(np.float32)),
+          "bfloat16": ("float", "float", 2, np.dtype(np.float32))}
+_PSTORAGE = {"float32": ("float", 0), "float64": ("double", 0), "float16": ("float", 1), "bfloat16": ("float", 2)}
+_INT_MAX = 2 ** 31 - 1
+MAX_TEAM = 512
+
+
+def _max_cached_values(dtype):
+    """Values of one array a thread keeps in registers (64 bytes of A: 16 floats, 8 doubles)."""
+    return 8 if _dev.dtype_name(dtype) == "float64" else 16
+
+
+def row_config(d, dtype, aligned=True):
+    """(TEAM, VPT, VEC) for rows of ``d`` values of ``dtype``: 16-byte vectors where d fills them (and the base
+    pointer is aligned), a team just large enough to hold the row in ~8 values per thread (32..512 threads), VPT
+    vectors per thread in registers, or VPT = 0 (looped) when the row needs more than 16 floats (8 doubles) per
+    thread of a 512-thread team."""
+    item = np.dtype(dtype).itemsize
+    vec = 16 // item
+    if not aligned or d % vec:
+        vec = 1
+    nvec = d // vec
+    target = max(1, 8 // vec)
+    team = 32
+    while team < MAX_TEAM and team * target < nvec:
+        team *= 2
+    vpt = 1
+    while team * vpt < nvec:
+        vpt *= 2
+    if vpt * vec > _max_cached_values(dtype):
+        vpt = 0
+    return team, vpt, vec
+
+
+def _block(team):
+    return 256 if team == 32 else team
+
+
+def _p_info(x_dtype, p):
+    """(PARAM, PSTORAGE) of parameter array p (None: any, it is never read), or None where p's dtype is neither x's
+    nor float32."""
+    if p is None:
+        return _PSTORAGE[_dev.dtype_name(x_dtype)]
+    name = _dev.dtype_name(p.dtype)
+    if p.dtype != x_dtype and name != "float32":
+        return None
+    return _PSTORAGE.get(name)
+
+
+_kernel_cache: dict = {}
+
+
+def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, grouped=False, has_scale=False, has_bias=False, in_t=False):
+    key = (name, dtype, pinfo, team, vpt, vec, grouped, has_scale, has_bias, in_t)
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:]))
+    return k
+
+
+def options(dtype, pinfo, team=32, vpt=0, vec=1, grouped=False, has_scale=False, has_bias=False, in_t=False):
+    scalar, accum, storage, _ = _TYPES[_dev.dtype_name(dtype)]
+    param, pstorage = pinfo
+    return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
+            f"-DPSTORAGE={pstorage}", f"-DTEAM={team}", f"-DBLOCK={_block(team)}", f"-DVPT={vpt}", f"-DVEC={vec}",
+            f"-DGROUPED={int(grouped)}", f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}",
+            f"-DIN_T={int(in_t)}", "-std=c++17")
+
+
+_dividers: dict = {}
+
+
+def divider(d):
+    """(mul, shr) with n // d == (umulhi(n, mul) + n) >> shr for 0 <= n < 2**31 (d >= 1), cached."""
+    r = _dividers.get(d)
+    if r is None:
+        shr = max(0, (int(d) - 1).bit_length())
+        mul = ((1 << 32) * ((1 << shr) - int(d))) // int(d) + 1
+        r = _dividers[d] = (np.uint32(mul & 0xFFFFFFFF), np.uint32(shr))
+    return r
+
+
+def _acc(dtype):
+    return _TYPES[_dev.dtype_name(dtype)][3]
+
+
+def _aligned(*arrays):
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+# ---- selection predicates (plain sentences: what the kernels take) -------------------------------------------
+
+def _data_ok(x):
+    return (_dev.is_cuda_array(x) and _dev.dtype_name(x.dtype) in _TYPES and 0 < x.size <= _INT_MAX
+            and x.flags.c_contiguous)
+
+
+def _params_ok(x, c, *params):
+    pinfo = [_p_info(x.dtype, p) for p in params if p is not None]
+    if any(p is None for p in pinfo) or len(set(pinfo)) > 1:
+        return False
+    return all(p is None or (_dev.is_cuda_array(p) and p.size == c and p.flags.c_contiguous) for p in params)
+
+
+def supports_layer_norm(x, normalized_ndim, scale=None, bias=None, *others) -> bool:
+    """C-contiguous CuPy x of float32/float64/float16/bfloat16 with fewer than 2**31 values; scale and bias (when
+    given) contiguous, of x's dtype or float32, both the same; ``others`` (dy) like x."""
+    if not _data_ok(x) or not 1 <= normalized_ndim <= x.ndim:
+        return False
+    d = math.prod(x.shape[x.ndim - normalized_ndim:])
+    return d > 0 and _params_ok(x, d, scale, bias) and all(
+        o is not None and _data_ok(o) and o.shape == x.shape and o.dtype == x.dtype for o in others)
+
+
+def supports_group_norm(x, num_groups, scale=None, bias=None, *others) -> bool:
+    """As layer norm, for (N, C, *S) channels-first contiguous x (a channels-last x goes to the reference)."""
+    if not _data_ok(x) or x.ndim < 2 or x.shape[1] % num_groups:
+        return False
+    return _params_ok(x, x.shape[1], scale, bias) and all(
+        o is not None and _data_ok(o) and o.shape == x.shape and o.dtype == x.dtype for o in others)
+
+
+def supports_stats(x, *stats) -> bool:
+    """The saved statistics are the kernels' own: contiguous CuPy arrays in x's accumulation type."""
+    acc = _acc(x.dtype)
+    return all(_dev.is_cuda_array(s) and s.dtype == acc and s.flags.c_contiguous for s in stats)
+
+
+def supports_bias(y, b, channel_axis) -> bool:
+    """y C-contiguous (float32/float64/float16/bfloat16) with the channel on ``channel_axis``, b (C,) contiguous of
+    y's dtype or float32."""
+    return (_data_ok(y) and 0 <= channel_axis < y.ndim and _dev.is_cuda_array(b) and b.size == y.shape[channel_axis]
+            and b.flags.c_contiguous and _p_info(y.dtype, b) is not None)
+
+
+def supports_bias_grad(dy, channel_axis) -> bool:
+    """dy C-contiguous (float32/float64/float16/bfloat16), fewer than 2**31 values, the channel on ``channel_axis``."""
+    return _data_ok(dy) and 0 <= channel_axis < dy.ndim
+
+
+# ---- launches ------------------------------------------------------------------------------------------------
+
+def _grid(rows, team, dev, waves=2):
+    block = _block(team)
+    tpb = block // team
+    return max(1, min((rows + tpb - 1) // tpb, _launch.sm_count(dev) * max(1, 2048 // block) * waves))
+
+
+def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s):
+    cp = _launch.cupy()
+    pinfo = _p_info(x.dtype, scale if scale is not None else bias)
+    team, vpt, vec = row_config(d, x.dtype, _aligned(x))
+    dev = x.data.device_id
+    k = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec, grouped, scale is not None, bias is not None)
+    with _launch.on_device(dev):
+        y = cp.empty(x.shape, dtype=x.dtype)
+        acc = _acc(x.dtype)
+        mean = cp.empty((rows,), dtype=acc)
+        rstd = cp.empty((rows,), dtype=acc)
+        _launch.launch(k, (_grid(rows, team, dev),), (_block(team),),
+                       (x, x if scale is None else scale, x if bias is None else bias, y, mean, rstd, np.int64(rows),
+                        np.int32(d), np.int32(g), np.int32(cpg), *divider(s), np.float64(eps)))
+    return y, mean, rstd
+
+
+def layer_norm_forward(x, normalized_ndim, scale, bias, eps):
+    """-> (y, mean, rstd), mean and rstd of shape x.shape[:-normalized_ndim] in A."""
+    lead = x.shape[:x.ndim - normalized_ndim]
+    rows = math.prod(lead)
+    d = x.size // rows
+    y, mean, rstd = _row_forward(x, rows, d, scale, bias, eps, False, 1, 1, 1)
+    return y, mean.reshape(lead), rstd.reshape(lead)
+
+
+def group_norm_forward(x, num_groups, scale, bias, eps):
+    """-> (y, mean, rstd), mean and rstd (N, G) in A."""
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    y, mean, rstd = _row_forward(x, n * num_groups, c // num_groups * s, scale, bias, eps, True, num_groups,
+                                 c // num_groups, s)
+    return y, mean.reshape(n, num_groups), rstd.reshape(n, num_groups)
+
+
+_tickets: dict = {}
+
+
+def _ticket(cp, n, dev):
+    t = _tickets.get(dev)
+    if t is None or t.size < n:
+        t = _tickets[dev] = cp.zeros(max(n, 1024), dtype=np.uint32)
+    return t
+
+
+def _col_sum(cp, m, r, nc, out_a, out_t, split_col, dtype, in_t, dev):
+    """out_a[:split_col], out_t[:nc - split_col] = column sums of the (r, nc) matrix m (one launch)."""
+    tiles = (nc + 31) // 32
+    want = max(1, (_launch.sm_count(dev) * 4 + tiles - 1) // tiles)
+    splits = max(1, min(want, (r + 63) // 64, 65535))
+    chunk = (r + splits - 1) // splits
+    splits = (r + chunk - 1) // chunk
+    ws = cp.empty((nc * splits,), dtype=_acc(dtype))
+    k = _kernel("col_sum", dtype, _PSTORAGE[_dev.dtype_name(dtype)], in_t=in_t)
+    _launch.launch(k, (tiles, splits), (256,),
+                   (m, ws, _ticket(cp, tiles, dev), out_a if out_a is not None else ws,
+                    out_t if out_t is not None else m, np.int64(r), np.int32(nc), np.int32(split_col),
+                    np.int64(chunk)))
+
+
+def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
+    """-> (dx, dscale (A) or None, dbias (x's dtype) or None); dscale/dbias shaped like scale."""
+    cp = _launch.cupy()
+    rows = mean.size
+    d = x.size // rows
+    pinfo = _p_info(x.dtype, scale)
+    team, vpt, vec = row_config(d, x.dtype, _aligned(x, dy))
+    dev = x.data.device_id
+    has_scale = scale is not None
+    k = _kernel("ln_bwd", x.dtype, pinfo, team, vpt, vec, False, has_scale)
+    grid = _grid(rows, team, dev, waves=1)
+    teams = grid * (_block(team) // team)
+    with _launch.on_device(dev):
+        dx = cp.empty(x.shape, dtype=x.dtype)
+        acc = _acc(x.dtype)
+        partial = cp.empty((teams * 2 * d if has_scale else 1,), dtype=acc)
+        _launch.launch(k, (grid,), (_block(team),),
+                       (x, dy, mean, rstd, x if scale is None else scale, dx, partial, np.int64(rows), np.int32(d)))
+        if not has_scale:
+            return dx, None, None
+        dscale = cp.empty(scale.shape, dtype=acc)
+        dbias = cp.empty(scale.shape, dtype=x.dtype)
+        _col_sum(cp, partial, teams, 2 * d, dscale, dbias, d, x.dtype, False, dev)
+    return dx, dscale, dbias
+
+
+def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
+    """-> (dx, dscale (A) or None, dbias (x's dtype) or None)."""
+    cp = _launch.cupy()
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    cpg = c // num_groups
+    d = cpg * s
+    rows = n * num_groups
+    pinfo = _p_info(x.dtype, scale)
+    dev = x.data.device_id
+    has_scale = scale is not None
+    acc = _acc(x.dtype)
+    aligned = _aligned(x, dy)
+    with _launch.on_device(dev):
+        sums = cp.empty((n * 2 * c,), dtype=acc)
+        team, _, vec = row_config(s, x.dtype, aligned)
+        _launch.launch(_kernel("row_sums", x.dtype, pinfo, team, 0, vec, True), (_grid(n * c, team, dev),),
+                       (_block(team),), (dy, x, mean, rstd, sums, np.int64(n * c), np.int32(s), np.int32(c),
+                                         np.int32(num_groups), np.int32(cpg)))
+        dscale = dbias = None
+        if has_scale:
+            dscale = cp.empty((c,), dtype=acc)
+            dbias = cp.empty((c,), dtype=x.dtype)
+            _col_sum(cp, sums, n, 2 * c, dscale, dbias, c, x.dtype, False, dev)
+        dx = cp.empty(x.shape, dtype=x.dtype)
+        team, _, vec = row_config(d, x.dtype, aligned)
+        _launch.launch(_kernel("gn_dx", x.dtype, pinfo, team, 0, vec, True, has_scale), (_grid(rows, team, dev),),
+                       (_block(team),), (x, dy, mean, rstd, x if scale is None else scale, sums, dx, np.int64(rows),
+                                         np.int32(d), np.int32(c), np.int32(num_groups), np.int32(cpg), *divider(s)))
+    return dx, dscale, dbias
+
+
+def _geometry(shape, channel_axis):
+    outer = math.prod(shape[:channel_axis])
+    return outer, shape[channel_axis], math.prod(shape[channel_axis + 1:])
+
+
+def bias_add(x, b, channel_axis, alpha=1.0, beta=1.0, out=None):
+    """out = alpha * b (broadcast on ``channel_axis``) + beta * x; ``out`` may be x (in place), None: a new array.
+    One launch."""
+    cp = _launch.cupy()
+    _, c, inner = _geometry(x.shape, channel_axis)
+    dev = x.data.device_id
+    with _launch.on_device(dev):
+        y = cp.empty(x.shape, dtype=x.dtype) if out is None else out
+        n = x.size
+        item = x.dtype.itemsize
+        vec = 16 // item
+        if n % vec or not _aligned(x, y):        # c is found per value: a vector may span channels
+            vec = 1
+        block = 256
+        grid = max(1, min((n // vec + block - 1) // block, _launch.sm_count(dev) * 16))
+        k = _kernel("bias_add", x.dtype, _p_info(x.dtype, b), vec=vec)
+        _launch.launch(k, (grid,), (block,), (x, b, y, np.int64(n), np.int32(c), *divider(c), *divider(inner),
+                                              np.int32(inner == 1), np.float64(alpha), np.float64(beta)))
+    return y
+
+
+def bias_grad(dy, channel_axis):
+    """db (C,) in dy's dtype = sum of dy over every axis but ``channel_axis`` (float32/float64 accumulation):
+    channel last (inner = 1): one column-sum launch; else per-(outer, C) plane sums, then a column sum."""
+    cp = _launch.cupy()
+    outer, c, inner = _geometry(dy.shape, channel_axis)
+    dev = dy.data.device_id
+    pinfo = _PSTORAGE[_dev.dtype_name(dy.dtype)]
+    with _launch.on_device(dev):
+        db = cp.empty((c,), dtype=dy.dtype)
+        if inner == 1:
+            _col_sum(cp, dy, outer, c, None, db, 0, dy.dtype, True, dev)
+            return db
+        planes = cp.empty((outer * c,), dtype=_acc(dy.dtype))
+        team, _, vec = row_config(inner, dy.dtype, _aligned(dy))
+        _launch.launch(_kernel("row_sums", dy.dtype, pinfo, team, 0, vec), (_grid(outer * c, team, dev),),
+                       (_block(team),), (dy, dy, planes, planes, planes, np.int64(outer * c), np.int32(inner),
+                                         np.int32(c), np.int32(1), np.int32(1)))
+        _col_sum(cp, planes, outer, c, None, db, 0, dy.dtype, False, dev)
+    return db
+
+
+if __name__ == "__main__":       # python -m minidnn.backend.cuda.norm_kernels out.cu NAME=VALUE ...: source for nvcc
+    import sys
+    defs = dict(a.split("=", 1) for a in sys.argv[2:])
+    with open(sys.argv[1], "w") as f:
+        f.write("".join(f"#define {k} {v}\n" for k, v in defs.items()) + SOURCE)
