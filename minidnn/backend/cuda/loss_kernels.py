@@ -3,7 +3,8 @@
 Shape legend: x, dx (N, C, *d) viewed as (N, C, inner) with inner = prod(d), C-contiguous; target (N, *d) int32/int64;
 weight (C,) (optional, x's dtype); lse (N, *d) in A (the row's log-sum-exp, saved for backward); loss () for
 'mean'/'sum', (N, *d) for 'none'; denom () in A = sum of weight[target] over rows whose target != ignore_index
-(the 'mean' denominator, kept on the device: no host read anywhere).  A = float for float32 data, double for float64.
+(the 'mean' denominator, kept on the device: no host read anywhere).  A = float for float32 data, double for float64;
+float16/bfloat16 logits (and weights) are loaded into float (LD/ST of bn_kernels' STORAGE_HEADER), lse and denom float.
 Per row (n, i): q_c = (1 - eps) * w[t] * [c == t] + eps / C * w_c (0 when t == ignore_index), and
     loss = -sum_c q_c * (x_c - lse) = -((1 - eps) * w[t] * (x_t - lse) + eps / C * (sum_c w_c x_c - lse * sum_c w_c))
     dx_c = (softmax_c * sum_c q_c - q_c) * g      (g = dloss, / denom for 'mean'; ignored rows get 0)
@@ -20,6 +21,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from .bn_kernels import STORAGE_HEADER, type_info
 from .softmax_kernels import WARP_REDUCE
 
 __all__ = ["supports", "forward", "backward", "SOURCE"]
@@ -27,9 +29,7 @@ __all__ = ["supports", "forward", "backward", "SOURCE"]
 THREADS = 256
 _REDUCTION = {"none": 0, "mean": 1, "sum": 2}
 
-SOURCE = WARP_REDUCE + r"""
-typedef SCALAR T;
-typedef ACCUM A;
+SOURCE = STORAGE_HEADER + WARP_REDUCE + r"""
 typedef INDEX I;
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 
@@ -38,14 +38,14 @@ __device__ __forceinline__ void row_stats(const T* xr, const T* w, int C, int in
                                           A& lse, A& swx, A& sw, const bool smooth)
 {
     A m = NEG_INF;
-    for (int c = lane; c < C; c += 32) { const A v = (A)xr[(long long)c * inner]; m = (v > m || v != v) ? v : m; }
+    for (int c = lane; c < C; c += 32) { const A v = LD(xr[(long long)c * inner]); m = (v > m || v != v) ? v : m; }
     m = warp_max(m);
     const A shift = m == NEG_INF ? (A)0 : m;
     A s = 0, a = 0, b = 0;
     for (int c = lane; c < C; c += 32) {
-        const A v = (A)xr[(long long)c * inner];
+        const A v = LD(xr[(long long)c * inner]);
         s += exp(v - shift);
-        if (smooth) { const A wc = HAS_W ? (A)w[c] : (A)1; a += wc * v; b += wc; }
+        if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; a += wc * v; b += wc; }
     }
     s = warp_sum(s);
     lse = shift + log(s);
@@ -74,8 +74,8 @@ ce_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
         A per = 0, wt = 0;
         if (valid) {
             if (in_range) {
-                wt = HAS_W ? (A)w[t] : (A)1;
-                per = -((A)(1.0 - eps) * wt * ((A)xr[t * inner] - lse));
+                wt = HAS_W ? LD(w[t]) : (A)1;
+                per = -((A)(1.0 - eps) * wt * (LD(xr[t * inner]) - lse));
                 if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
             } else {
                 per = wt = __int_as_float(0x7fffffff);      // NaN: a bad class index
@@ -83,7 +83,7 @@ ce_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
         }
         if (lane == 0) {
             lse_out[r] = lse;
-            if (REDUCTION == 0) loss_rows[r] = (T)per;
+            if (REDUCTION == 0) loss_rows[r] = ST(per);
         }
         acc_loss += per; acc_den += wt;
     }
@@ -102,8 +102,8 @@ ce_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
         double tl = 0, td = 0;
         for (int b = 0; b < gridDim.x; ++b) { tl += (double)partial[2 * b]; td += (double)partial[2 * b + 1]; }
         denom_out[0] = (A)td;
-        if (REDUCTION == 1) loss_out[0] = (T)(tl / td);
-        if (REDUCTION == 2) loss_out[0] = (T)tl;
+        if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
+        if (REDUCTION == 2) loss_out[0] = ST((A)tl);
         *ticket = 0u;
     }
 }
@@ -121,17 +121,17 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
         const long long base = o * C * (long long)inner + i;
         const long long t = (long long)target[r];
         if (t == ignore_index) {
-            for (int c = lane; c < C; c += 32) dx[base + (long long)c * inner] = (T)0;
+            for (int c = lane; c < C; c += 32) dx[base + (long long)c * inner] = ST((A)0);
             continue;
         }
-        A gr = (A)g[REDUCTION == 0 ? r : 0];
+        A gr = LD(g[REDUCTION == 0 ? r : 0]);
         if (REDUCTION == 1) gr /= denom[0];
         const bool in_range = t >= 0 && t < C;
-        const A wt = in_range ? (HAS_W ? (A)w[t] : (A)1) : (A)__int_as_float(0x7fffffff);
+        const A wt = in_range ? (HAS_W ? LD(w[t]) : (A)1) : (A)__int_as_float(0x7fffffff);
         A sw = (A)C;
         if (smooth && HAS_W) {
             A b = 0;
-            for (int c = lane; c < C; c += 32) b += (A)w[c];
+            for (int c = lane; c < C; c += 32) b += LD(w[c]);
             sw = warp_sum(b);
         }
         const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
@@ -140,15 +140,14 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
         for (int c = lane; c < C; c += 32) {
             const long long a = base + (long long)c * inner;
             A q = (c == t) ? (A)(1.0 - eps) * wt : (A)0;
-            if (smooth) q += (A)(eps / C) * (HAS_W ? (A)w[c] : (A)1);
+            if (smooth) q += (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1);
             const A qg = q != (A)0 ? q * gr : (A)0;
-            dx[a] = (T)(exp((A)x[a] - lse) * sumqg - qg);
+            dx[a] = ST(exp(LD(x[a]) - lse) * sumqg - qg);
         }
     }
 }
 """
 
-_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
@@ -157,7 +156,7 @@ _tickets: dict = {}
 def supports(x, target, weight) -> bool:
     """Class-index targets: float32/float64 C-contiguous CuPy logits (N, C, *d), int32/int64 contiguous targets,
     weight None or (C,) contiguous in x's dtype."""
-    return (_dev.is_cuda_array(x) and np.dtype(x.dtype) in _TYPES and x.ndim >= 2 and 0 < x.size <= _INT_MAX
+    return (_dev.is_cuda_array(x) and type_info(x.dtype) is not None and x.ndim >= 2 and 0 < x.size <= _INT_MAX
             and x.flags.c_contiguous and _dev.is_cuda_array(target) and np.dtype(target.dtype) in _INDEX
             and target.flags.c_contiguous and target.size * x.shape[1] == x.size
             and (weight is None or (_dev.is_cuda_array(weight) and weight.dtype == x.dtype
@@ -176,8 +175,8 @@ def _kernel(name, x, target, weight, reduction):
 
 
 def _kernel_compiled(name, x, target, weight, reduction):
-    scalar, accum = _TYPES[np.dtype(x.dtype)]
-    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}",
+    scalar, accum, storage, _ = type_info(x.dtype)
+    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
                                              f"-DINDEX={_INDEX[np.dtype(target.dtype)]}",
                                              f"-DHAS_W={int(weight is not None)}",
                                              f"-DREDUCTION={_REDUCTION[reduction]}", "-std=c++14"))

@@ -8,6 +8,8 @@ Forward: pass 1 the row max (ACCURATE, LOG; FAST takes 0, as its reference formu
 sum exp(x - max) (warp shuffle reductions, fixed order), pass 3 writes y = e / s or x - max - log s.
 Backward: pass 1 sum(dy * y) (softmax) or sum(dy) (log-softmax), pass 2 dx = y * (dy - s) or dy - exp(y) * s.
 Rows are re-read from L1/L2 (a row of 10..1000 classes is small); with inner = 1 the warp's reads are coalesced.
+Data float32/float64, or float16/bfloat16 loaded into float (LD/ST of bn_kernels' STORAGE_HEADER): every sum and
+exp in float, one rounding at the store.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from .bn_kernels import STORAGE_HEADER, type_info
 
 __all__ = ["supports", "collapse", "forward", "backward", "SOURCE", "WARP_REDUCE"]
 
@@ -38,9 +41,7 @@ template <class V> __device__ __forceinline__ V warp_max(V v)
 }
 """
 
-SOURCE = WARP_REDUCE + r"""
-typedef SCALAR T;
-typedef ACCUM A;
+SOURCE = STORAGE_HEADER + WARP_REDUCE + r"""
 
 extern "C" __global__ void __launch_bounds__(256)
 softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const long long rows, const int C, const int inner)
@@ -54,19 +55,19 @@ softmax_fwd(const T* __restrict__ x, T* __restrict__ y, const long long rows, co
         A m = 0;
 #if ALGO != 0
         m = -(A)__int_as_float(0x7f800000);     // -inf
-        for (int c = lane; c < C; c += 32) { const A v = (A)xr[(long long)c * inner]; m = (v > m || v != v) ? v : m; }
+        for (int c = lane; c < C; c += 32) { const A v = LD(xr[(long long)c * inner]); m = (v > m || v != v) ? v : m; }
         m = warp_max(m);
         if (m == -(A)__int_as_float(0x7f800000)) m = 0;        // an all -inf row: exp(-inf - 0) = 0
 #endif
         A s = 0;
-        for (int c = lane; c < C; c += 32) s += exp((A)xr[(long long)c * inner] - m);
+        for (int c = lane; c < C; c += 32) s += exp(LD(xr[(long long)c * inner]) - m);
         s = warp_sum(s);
 #if ALGO == 2
         const A ls = log(s);
-        for (int c = lane; c < C; c += 32) yr[(long long)c * inner] = (T)((A)xr[(long long)c * inner] - m - ls);
+        for (int c = lane; c < C; c += 32) yr[(long long)c * inner] = ST(LD(xr[(long long)c * inner]) - m - ls);
 #else
         const A inv = (A)1 / s;
-        for (int c = lane; c < C; c += 32) yr[(long long)c * inner] = (T)(exp((A)xr[(long long)c * inner] - m) * inv);
+        for (int c = lane; c < C; c += 32) yr[(long long)c * inner] = ST(exp(LD(xr[(long long)c * inner]) - m) * inv);
 #endif
     }
 }
@@ -84,25 +85,24 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
         for (int c = lane; c < C; c += 32) {
             const long long a = base + (long long)c * inner;
 #if ALGO == 2
-            s += (A)dy[a];
+            s += LD(dy[a]);
 #else
-            s += (A)dy[a] * (A)y[a];
+            s += LD(dy[a]) * LD(y[a]);
 #endif
         }
         s = warp_sum(s);
         for (int c = lane; c < C; c += 32) {
             const long long a = base + (long long)c * inner;
 #if ALGO == 2
-            dx[a] = (T)((A)dy[a] - exp((A)y[a]) * s);
+            dx[a] = ST(LD(dy[a]) - exp(LD(y[a])) * s);
 #else
-            dx[a] = (T)((A)y[a] * ((A)dy[a] - s));
+            dx[a] = ST(LD(y[a]) * (LD(dy[a]) - s));
 #endif
         }
     }
 }
 """
 
-_TYPES = {np.dtype(np.float32): ("float", "float"), np.dtype(np.float64): ("double", "double")}
 _ALGO = {"FAST": 0, "ACCURATE": 1, "LOG": 2}
 _INT_MAX = 2 ** 31 - 1
 
@@ -117,7 +117,7 @@ def collapse(shape, axes):
 
 
 def supports(x, axes, *others) -> bool:
-    return (_dev.is_cuda_array(x) and np.dtype(x.dtype) in _TYPES and 0 < x.size <= _INT_MAX
+    return (_dev.is_cuda_array(x) and type_info(x.dtype) is not None and 0 < x.size <= _INT_MAX
             and x.flags.c_contiguous and collapse(x.shape, axes) is not None
             and all(o is not None and o.flags.c_contiguous and o.dtype == x.dtype for o in others))
 
@@ -138,9 +138,9 @@ def _kernel(name, dtype, algo):
 
 
 def _kernel_compiled(name, dtype, algo):
-    scalar, accum = _TYPES[np.dtype(dtype)]
-    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DALGO={_ALGO[algo]}",
-                                             "-std=c++14"))
+    scalar, accum, storage, _ = type_info(dtype)
+    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
+                                             f"-DALGO={_ALGO[algo]}", "-std=c++14"))
 
 
 def forward(x, axes, algo_name):
