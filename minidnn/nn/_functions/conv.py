@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ... import backend as B
 from ..._amp_state import autocast_op
-from ...autograd import Function
+from ...autograd import Function, is_grad_enabled
 from ...backend.errors import ArgumentError, DTypeError
 from ...ops import pad as _pad
 from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, wrap
@@ -45,6 +45,28 @@ def _last_shape(shape):
     return tuple(shape[i] for i in B.channels_last_perm(len(shape)))
 
 
+# The three primitives on a Tensor's arrays (channels-last activations as their NHWC views); each Function's forward
+# is one of these, and a first-order backward calls them directly (no Function recorded: no graph is being built).
+def _forward(x, w, desc):
+    if _channels_last(x.data):
+        return wrap(_first(B.convolution_forward(handle_for(x), _last(x.data), w.data, desc, format="NHWC")))
+    return wrap(B.convolution_forward(handle_for(x), x.data, w.data, desc))
+
+
+def _backward_data(w, dy, desc, x_shape):
+    if _channels_last(dy.data):
+        return wrap(_first(B.convolution_backward_data(handle_for(w), w.data, _last(dy.data), desc,
+                                                       _last_shape(x_shape), format="NHWC")))
+    return wrap(B.convolution_backward_data(handle_for(w), w.data, dy.data, desc, tuple(x_shape)))
+
+
+def _backward_filter(x, dy, desc, w_shape):
+    if _channels_last(x.data) and _channels_last(dy.data):
+        return wrap(B.convolution_backward_filter(handle_for(x), _last(x.data), _last(dy.data), desc,
+                                                  tuple(w_shape), format="NHWC"))
+    return wrap(B.convolution_backward_filter(handle_for(x), x.data, dy.data, desc, tuple(w_shape)))
+
+
 class ConvForward(Function):
     @staticmethod
     def forward(ctx, x, w, desc):
@@ -52,17 +74,18 @@ class ConvForward(Function):
         # gx needs w, gw needs x: keep only what the requested gradients use.
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         ctx.shapes = (tuple(x.shape), tuple(w.shape))
-        if _channels_last(x.data):
-            y = B.convolution_forward(handle_for(x), _last(x.data), w.data, desc, format="NHWC")
-            return wrap(_first(y))
-        return wrap(B.convolution_forward(handle_for(x), x.data, w.data, desc))
+        return _forward(x, w, desc)
 
     @staticmethod
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
         x_shape, w_shape = ctx.shapes
-        gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if ctx.needs_input_grad[0] else None
-        gw = ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape) if ctx.needs_input_grad[1] else None
+        need = ctx.needs_input_grad
+        if not is_grad_enabled():       # first order: the primitives directly
+            return (_backward_data(w, gy, ctx.desc, x_shape) if need[0] else None,
+                    _backward_filter(x, gy, ctx.desc, w_shape) if need[1] else None, None)
+        gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
+        gw = ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape) if need[1] else None
         return gx, gw, None
 
 
@@ -74,17 +97,17 @@ class ConvBackwardData(Function):
         ctx.desc = desc
         ctx.save_for_backward(w if ctx.needs_input_grad[1] else None, dy if ctx.needs_input_grad[0] else None)
         ctx.w_shape = tuple(w.shape)
-        if _channels_last(dy.data):
-            dx = B.convolution_backward_data(handle_for(w), w.data, _last(dy.data), desc, _last_shape(x_shape),
-                                             format="NHWC")
-            return wrap(_first(dx))
-        return wrap(B.convolution_backward_data(handle_for(w), w.data, dy.data, desc, tuple(x_shape)))
+        return _backward_data(w, dy, desc, x_shape)
 
     @staticmethod
     def backward(ctx, g):
         w, dy = ctx.saved_tensors
-        gw = ConvBackwardFilter.apply(g, dy, ctx.desc, ctx.w_shape) if ctx.needs_input_grad[0] else None
-        gdy = ConvForward.apply(g, w, ctx.desc) if ctx.needs_input_grad[1] else None
+        need = ctx.needs_input_grad
+        if not is_grad_enabled():
+            return (_backward_filter(g, dy, ctx.desc, ctx.w_shape) if need[0] else None,
+                    _forward(g, w, ctx.desc) if need[1] else None, None, None)
+        gw = ConvBackwardFilter.apply(g, dy, ctx.desc, ctx.w_shape) if need[0] else None
+        gdy = ConvForward.apply(g, w, ctx.desc) if need[1] else None
         return gw, gdy, None, None
 
 
@@ -96,16 +119,17 @@ class ConvBackwardFilter(Function):
         ctx.desc = desc
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, dy if ctx.needs_input_grad[0] else None)
         ctx.x_shape = tuple(x.shape)
-        if _channels_last(x.data) and _channels_last(dy.data):
-            return wrap(B.convolution_backward_filter(handle_for(x), _last(x.data), _last(dy.data), desc,
-                                                      tuple(w_shape), format="NHWC"))
-        return wrap(B.convolution_backward_filter(handle_for(x), x.data, dy.data, desc, tuple(w_shape)))
+        return _backward_filter(x, dy, desc, w_shape)
 
     @staticmethod
     def backward(ctx, g):
         x, dy = ctx.saved_tensors
-        gx = ConvBackwardData.apply(g, dy, ctx.desc, ctx.x_shape) if ctx.needs_input_grad[0] else None
-        gdy = ConvForward.apply(x, g, ctx.desc) if ctx.needs_input_grad[1] else None
+        need = ctx.needs_input_grad
+        if not is_grad_enabled():
+            return (_backward_data(g, dy, ctx.desc, ctx.x_shape) if need[0] else None,
+                    _forward(x, g, ctx.desc) if need[1] else None, None, None)
+        gx = ConvBackwardData.apply(g, dy, ctx.desc, ctx.x_shape) if need[0] else None
+        gdy = ConvForward.apply(x, g, ctx.desc) if need[1] else None
         return gx, gdy, None, None
 
 
