@@ -84,7 +84,13 @@ class Activation(Function):
     @staticmethod
     def backward(ctx, gy):
         x, = ctx.saved_tensors
+        if not is_grad_enabled():       # first order: the primitive directly (no Function recorded)
+            return _activation_grad(gy, x, ctx.desc), None
         return ActivationGrad.apply(gy, x, ctx.desc), None
+
+
+def _activation_grad(dy, x, desc):
+    return _wrap(B.activation_backward(configured_default_handle(x.data), desc, None, dy.data, x.data))
 
 
 class ActivationGrad(Function):
@@ -94,7 +100,7 @@ class ActivationGrad(Function):
     def forward(ctx, dy, x, desc):
         ctx.desc = desc
         ctx.save_for_backward(dy, x)
-        return _wrap(B.activation_backward(configured_default_handle(x.data), desc, None, dy.data, x.data))
+        return _activation_grad(dy, x, desc)
 
     @staticmethod
     def backward(ctx, g):
