@@ -71,11 +71,12 @@ def test_parameter_dtype_rule():
     assert NK._p_info(f64, None) == ("double", 0)
 
 
-_CONFIGS = [  # (dtype, pinfo, team, vpt, vec, grouped, has_scale, has_bias, in_t)
-    (np.float32, ("float", 0), 512, 4, 4, False, True, True, False),
-    (np.float32, ("float", 0), 512, 0, 4, True, True, True, True),
-    (np.float16, ("float", 1), 32, 1, 8, True, True, False, False),
-    (np.float16, ("float", 0), 512, 2, 8, False, True, True, True),
+_CONFIGS = [  # (dtype, pinfo, team, vpt, vec, in_t)
+    (np.float32, ("float", 0), 512, 4, 4, False),
+    (np.float32, ("float", 0), 512, 0, 4, True),
+    (np.float16, ("float", 1), 32, 1, 8, False),
+    (np.float16, ("float", 0), 512, 2, 8, True),
+    (np.dtype("float64"), ("double", 0), 128, 4, 2, False),
 ]
 
 

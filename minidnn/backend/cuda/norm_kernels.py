@@ -88,31 +88,29 @@ __device__ __forceinline__ void team_sum2(A& a, A& b, A (*red)[2])
 #endif
 }
 
-// The parameter index of value j of row r (GROUPED: channel (r % G) * cpg + j / S).
-__device__ __forceinline__ int pidx(int j, int g0, unsigned int s_mul, unsigned int s_shr)
+// Run-time flags (one compiled kernel serves both norms, with and without affine parameters; the branches are
+// uniform across the grid): bit 0 scale, bit 1 bias, bit 2 grouped (group norm's parameter index).
+#define F_SCALE 1
+#define F_BIAS 2
+#define F_GROUPED 4
+
+// The parameter index of value j of row r (grouped: channel (r % G) * cpg + j / S, with g0 = (r % G) * cpg).
+__device__ __forceinline__ int pidx(int j, int g0, unsigned int s_mul, unsigned int s_shr, int flags)
 {
-#if GROUPED
-    return g0 + (int)divu((unsigned int)j, s_mul, s_shr);
-#else
-    return j;
-#endif
+    return (flags & F_GROUPED) ? g0 + (int)divu((unsigned int)j, s_mul, s_shr) : j;
 }
 
-__device__ __forceinline__ A affine(A v, int p, const PT* __restrict__ scale, const PT* __restrict__ bias)
+__device__ __forceinline__ A affine(A v, int p, const PT* __restrict__ scale, const PT* __restrict__ bias, int flags)
 {
-#if HAS_SCALE
-    v *= LDP(scale[p]);
-#endif
-#if HAS_BIAS
-    v += LDP(bias[p]);
-#endif
+    if (flags & F_SCALE) v *= LDP(scale[p]);
+    if (flags & F_BIAS) v += LDP(bias[p]);
     return v;
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK)
 norm_fwd(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
          A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows, const int D, const int G,
-         const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps)
+         const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps, const int flags)
 {
     __shared__ A red[BLOCK / 32][2];
     const int t = threadIdx.x % TEAM;
@@ -121,7 +119,7 @@ norm_fwd(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __rest
     for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
         const V* xr = reinterpret_cast<const V*>(x + r * D);
         V* yr = reinterpret_cast<V*>(y + r * D);
-        const int g0 = GROUPED ? (int)(r % G) * cpg : 0;
+        const int g0 = (flags & F_GROUPED) ? (int)((unsigned int)r % (unsigned int)G) * cpg : 0;  // r < 2^31
         A mean, rstd;
 #if VPT > 0
         A v[VPT][VEC];
@@ -157,7 +155,8 @@ norm_fwd(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __rest
                 V o;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    o.v[e] = ST(affine((v[k][e] - mean) * rstd, pidx(vi * VEC + e, g0, s_mul, s_shr), scale, bias));
+                    o.v[e] = ST(affine((v[k][e] - mean) * rstd, pidx(vi * VEC + e, g0, s_mul, s_shr, flags), scale,
+                                       bias, flags));
                 yr[vi] = o;
             }
         }
@@ -181,7 +180,8 @@ norm_fwd(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __rest
             V o;
 #pragma unroll
             for (int e = 0; e < VEC; ++e)
-                o.v[e] = ST(affine((LD(a.v[e]) - mean) * rstd, pidx(vi * VEC + e, g0, s_mul, s_shr), scale, bias));
+                o.v[e] = ST(affine((LD(a.v[e]) - mean) * rstd, pidx(vi * VEC + e, g0, s_mul, s_shr, flags), scale, bias,
+                                   flags));
             yr[vi] = o;
         }
 #endif
@@ -189,26 +189,26 @@ norm_fwd(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __rest
     }
 }
 
-// Layer norm backward: dx per row, and (HAS_SCALE) this team's column partials -> partial[team][0..D) = sum(dy *
+// Layer norm backward: dx per row, and (flags & F_SCALE) this team's column partials -> partial[team][0..D) = sum(dy *
 // xhat), partial[team][D..2D) = sum(dy), over the rows the team visited (zeros for a team that got none).
 extern "C" __global__ void __launch_bounds__(BLOCK)
 ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
-       const PT* __restrict__ scale, T* __restrict__ dx, A* __restrict__ partial, const long long rows, const int D)
+       const PT* __restrict__ scale, T* __restrict__ dx, A* __restrict__ partial, const long long rows, const int D,
+       const int flags)
 {
+    const bool has_scale = flags & F_SCALE;
     __shared__ A red[BLOCK / 32][2];
     const int t = threadIdx.x % TEAM;
     const int nvec = D / VEC;
     const A inv_d = (A)1 / (A)D;
     const long long team = (long long)blockIdx.x * TPB + threadIdx.x / TEAM;
-#if HAS_SCALE
-    A* pg = partial + team * 2 * D;        // this team's partial row
+    A* pg = partial + team * 2 * D;        // this team's partial row (has_scale)
 #if VPT > 0
     A acc_g[VPT][VEC], acc_b[VPT][VEC];
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
 #pragma unroll
         for (int e = 0; e < VEC; ++e) { acc_g[k][e] = 0; acc_b[k][e] = 0; }
-#endif
 #endif
 #if VPT == 0
     bool first = true;
@@ -230,12 +230,11 @@ ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
                 for (int e = 0; e < VEC; ++e) {
                     const A g = LD(b.v[e]);
                     xh[k][e] = (LD(a.v[e]) - mu) * is;
-#if HAS_SCALE
-                    dh[k][e] = g * LDP(scale[vi * VEC + e]);
-                    acc_g[k][e] += g * xh[k][e]; acc_b[k][e] += g;
-#else
                     dh[k][e] = g;
-#endif
+                    if (has_scale) {
+                        dh[k][e] = g * LDP(scale[vi * VEC + e]);
+                        acc_g[k][e] += g * xh[k][e]; acc_b[k][e] += g;
+                    }
                     s1 += dh[k][e]; s2 += dh[k][e] * xh[k][e];
                 }
             }
@@ -259,7 +258,7 @@ ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
                 const A xh = (LD(a.v[e]) - mu) * is;
-                const A dh = HAS_SCALE ? LD(b.v[e]) * LDP(scale[vi * VEC + e]) : LD(b.v[e]);
+                const A dh = has_scale ? LD(b.v[e]) * LDP(scale[vi * VEC + e]) : LD(b.v[e]);
                 s1 += dh; s2 += dh * xh;
             }
         }
@@ -273,13 +272,12 @@ ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
                 const int j = vi * VEC + e;
                 const A g = LD(b.v[e]);
                 const A xh = (LD(a.v[e]) - mu) * is;
-#if HAS_SCALE
-                const A dh = g * LDP(scale[j]);
-                pg[j] = first ? g * xh : pg[j] + g * xh;          // this team's own row: no other writer
-                pg[D + j] = first ? g : pg[D + j] + g;
-#else
-                const A dh = g;
-#endif
+                A dh = g;
+                if (has_scale) {
+                    dh = g * LDP(scale[j]);
+                    pg[j] = first ? g * xh : pg[j] + g * xh;      // this team's own row: no other writer
+                    pg[D + j] = first ? g : pg[D + j] + g;
+                }
                 o.v[e] = ST(is * (dh - c1 - xh * c2));
             }
             dr[vi] = o;
@@ -287,7 +285,7 @@ ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
         first = false;
 #endif
     }
-#if HAS_SCALE
+    if (!has_scale) return;
 #if VPT > 0
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -301,15 +299,15 @@ ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
     if (first)       // a team that got no row still owns a partial row: zeros
         for (int j = t; j < 2 * D; j += TEAM) pg[j] = 0;
 #endif
-#endif
 }
 
-// Per plane q of L values (GN: q = n * C + c, L = S; BIAS: q = o * C + c, L = inner):
-//   GN:   out[n * 2C + c] = sum dy * (x - mean[n, g]) * rstd[n, g],  out[n * 2C + C + c] = sum dy
-//   BIAS: out[q] = sum dy
+// Per plane q of L values (grouped: q = n * C + c, L = S; else bias: q = o * C + c, L = inner):
+//   grouped: out[n * 2C + c] = sum dy * (x - mean[n, g]) * rstd[n, g],  out[n * 2C + C + c] = sum dy
+//   bias:    out[q] = sum dy
 extern "C" __global__ void __launch_bounds__(BLOCK)
 row_sums(const T* __restrict__ dy, const T* __restrict__ x, const A* __restrict__ mean, const A* __restrict__ rstd,
-         A* __restrict__ out, const long long planes, const int L, const int C, const int G, const int cpg)
+         A* __restrict__ out, const long long planes, const int L, const int C, const int G, const int cpg,
+         const int flags)
 {
     __shared__ A red[BLOCK / 32][2];
     const int t = threadIdx.x % TEAM;
@@ -317,8 +315,8 @@ row_sums(const T* __restrict__ dy, const T* __restrict__ x, const A* __restrict_
     for (long long q = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; q < planes; q += (long long)gridDim.x * TPB) {
         const V* gr = reinterpret_cast<const V*>(dy + q * L);
         A s = 0, e1 = 0;
-#if GROUPED
-        const long long n = q / C;
+        if (flags & F_GROUPED) {
+        const long long n = (unsigned int)q / (unsigned int)C;       // 32-bit: q < 2^31
         const int c = (int)(q - n * C);
         const long long row = n * G + c / cpg;
         const A mu = mean[row], is = rstd[row];
@@ -331,7 +329,7 @@ row_sums(const T* __restrict__ dy, const T* __restrict__ x, const A* __restrict_
         }
         team_sum2(e1, s, red);
         if (t == 0) { out[n * 2 * C + c] = e1 * is; out[n * 2 * C + C + c] = s; }
-#else
+        } else {
 #pragma unroll 4
         for (int vi = t; vi < nvec; vi += TEAM) {
             const V b = gr[vi];
@@ -340,7 +338,7 @@ row_sums(const T* __restrict__ dy, const T* __restrict__ x, const A* __restrict_
         }
         team_sum2(s, e1, red);
         if (t == 0) out[q] = s;
-#endif
+        }
     }
 }
 
@@ -348,19 +346,20 @@ row_sums(const T* __restrict__ dy, const T* __restrict__ x, const A* __restrict_
 extern "C" __global__ void __launch_bounds__(BLOCK)
 gn_dx(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
       const PT* __restrict__ scale, const A* __restrict__ sums, T* __restrict__ dx, const long long rows, const int D,
-      const int C, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr)
+      const int C, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr, const int flags)
 {
+    const bool has_scale = flags & F_SCALE;
     __shared__ A red[BLOCK / 32][2];
     const int t = threadIdx.x % TEAM;
     const int nvec = D / VEC;
     const A inv_d = (A)1 / (A)D;
     for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
-        const long long n = r / G;
+        const long long n = (unsigned int)r / (unsigned int)G;
         const int g0 = (int)(r - n * G) * cpg;
         const A* e_n = sums + n * 2 * C;
         A c1 = 0, c2 = 0;
         for (int k = t; k < cpg; k += TEAM) {
-            const A sc = HAS_SCALE ? LDP(scale[g0 + k]) : (A)1;
+            const A sc = has_scale ? LDP(scale[g0 + k]) : (A)1;
             c1 += sc * e_n[C + g0 + k]; c2 += sc * e_n[g0 + k];
         }
         team_sum2(c1, c2, red);
@@ -375,7 +374,7 @@ gn_dx(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ m
             V o;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-                const A sc = HAS_SCALE ? LDP(scale[pidx(vi * VEC + e, g0, s_mul, s_shr)]) : (A)1;
+                const A sc = has_scale ? LDP(scale[pidx(vi * VEC + e, g0, s_mul, s_shr, F_GROUPED)]) : (A)1;
                 const A xh = (LD(a.v[e]) - mu) * is;
                 o.v[e] = ST(is * (LD(b.v[e]) * sc - c1 - xh * c2));
             }
@@ -520,20 +519,21 @@ def _p_info(x_dtype, p):
 _kernel_cache: dict = {}
 
 
-def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, grouped=False, has_scale=False, has_bias=False, in_t=False):
-    key = (name, dtype, pinfo, team, vpt, vec, grouped, has_scale, has_bias, in_t)
+def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, in_t=False):
+    key = (name, dtype, pinfo, team, vpt, vec, in_t)
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:]))
     return k
 
 
-def options(dtype, pinfo, team=32, vpt=0, vec=1, grouped=False, has_scale=False, has_bias=False, in_t=False):
+def options(dtype, pinfo, team=32, vpt=0, vec=1, in_t=False):
+    """NVRTC options of one configuration (affine parameters and the group mapping are run-time flags: one
+    compilation serves layer and group norm with or without parameters)."""
     scalar, accum, storage, _ = _TYPES[_dev.dtype_name(dtype)]
     param, pstorage = pinfo
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
             f"-DPSTORAGE={pstorage}", f"-DTEAM={team}", f"-DBLOCK={_block(team)}", f"-DVPT={vpt}", f"-DVEC={vec}",
-            f"-DGROUPED={int(grouped)}", f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}",
             f"-DIN_T={int(in_t)}", "-std=c++17")
 
 
@@ -552,6 +552,10 @@ def divider(d):
 
 def _acc(dtype):
     return _TYPES[_dev.dtype_name(dtype)][3]
+
+
+def _flags(scale, bias, grouped):
+    return np.int32((scale is not None) | (bias is not None) << 1 | bool(grouped) << 2)
 
 
 def _aligned(*arrays):
@@ -621,7 +625,8 @@ def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s):
     pinfo = _p_info(x.dtype, scale if scale is not None else bias)
     team, vpt, vec = row_config(d, x.dtype, _aligned(x))
     dev = x.data.device_id
-    k = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec, grouped, scale is not None, bias is not None)
+    k = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec)
+    flags = _flags(scale, bias, grouped)
     with _launch.on_device(dev):
         y = cp.empty(x.shape, dtype=x.dtype)
         acc = _acc(x.dtype)
@@ -629,7 +634,7 @@ def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s):
         rstd = cp.empty((rows,), dtype=acc)
         _launch.launch(k, (_grid(rows, team, dev),), (_block(team),),
                        (x, x if scale is None else scale, x if bias is None else bias, y, mean, rstd, np.int64(rows),
-                        np.int32(d), np.int32(g), np.int32(cpg), *divider(s), np.float64(eps)))
+                        np.int32(d), np.int32(g), np.int32(cpg), *divider(s), np.float64(eps), flags))
     return y, mean, rstd
 
 
@@ -685,7 +690,7 @@ def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
     team, vpt, vec = row_config(d, x.dtype, _aligned(x, dy))
     dev = x.data.device_id
     has_scale = scale is not None
-    k = _kernel("ln_bwd", x.dtype, pinfo, team, vpt, vec, False, has_scale)
+    k = _kernel("ln_bwd", x.dtype, pinfo, team, vpt, vec)
     grid = _grid(rows, team, dev, waves=1)
     teams = grid * (_block(team) // team)
     with _launch.on_device(dev):
@@ -693,7 +698,8 @@ def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
         acc = _acc(x.dtype)
         partial = cp.empty((teams * 2 * d if has_scale else 1,), dtype=acc)
         _launch.launch(k, (grid,), (_block(team),),
-                       (x, dy, mean, rstd, x if scale is None else scale, dx, partial, np.int64(rows), np.int32(d)))
+                       (x, dy, mean, rstd, x if scale is None else scale, dx, partial, np.int64(rows), np.int32(d),
+                        _flags(scale, None, False)))
         if not has_scale:
             return dx, None, None
         dscale = cp.empty(scale.shape, dtype=acc)
@@ -718,9 +724,9 @@ def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
     with _launch.on_device(dev):
         sums = cp.empty((n * 2 * c,), dtype=acc)
         team, _, vec = row_config(s, x.dtype, aligned)
-        _launch.launch(_kernel("row_sums", x.dtype, pinfo, team, 0, vec, True), (_grid(n * c, team, dev),),
+        _launch.launch(_kernel("row_sums", x.dtype, pinfo, team, 0, vec), (_grid(n * c, team, dev),),
                        (_block(team),), (dy, x, mean, rstd, sums, np.int64(n * c), np.int32(s), np.int32(c),
-                                         np.int32(num_groups), np.int32(cpg)))
+                                         np.int32(num_groups), np.int32(cpg), _flags(None, None, True)))
         dscale = dbias = None
         if has_scale:
             dscale = cp.empty((c,), dtype=acc)
@@ -728,9 +734,10 @@ def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
             _col_sum(cp, sums, n, 2 * c, dscale, dbias, c, x.dtype, False, dev)
         dx = cp.empty(x.shape, dtype=x.dtype)
         team, _, vec = row_config(d, x.dtype, aligned)
-        _launch.launch(_kernel("gn_dx", x.dtype, pinfo, team, 0, vec, True, has_scale), (_grid(rows, team, dev),),
+        _launch.launch(_kernel("gn_dx", x.dtype, pinfo, team, 0, vec), (_grid(rows, team, dev),),
                        (_block(team),), (x, dy, mean, rstd, x if scale is None else scale, sums, dx, np.int64(rows),
-                                         np.int32(d), np.int32(c), np.int32(num_groups), np.int32(cpg), *divider(s)))
+                                         np.int32(d), np.int32(c), np.int32(num_groups), np.int32(cpg), *divider(s),
+                                         _flags(scale, None, True)))
     return dx, dscale, dbias
 
 
@@ -776,7 +783,7 @@ def bias_grad(dy, channel_axis):
         team, _, vec = row_config(inner, dy.dtype, _aligned(dy))
         _launch.launch(_kernel("row_sums", dy.dtype, pinfo, team, 0, vec), (_grid(outer * c, team, dev),),
                        (_block(team),), (dy, dy, planes, planes, planes, np.int64(outer * c), np.int32(inner),
-                                         np.int32(c), np.int32(1), np.int32(1)))
+                                         np.int32(c), np.int32(1), np.int32(1), _flags(None, None, False)))
         _col_sum(cp, planes, outer, c, None, db, 0, dy.dtype, False, dev)
     return db
 
