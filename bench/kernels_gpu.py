@@ -1,0 +1,502 @@
+"""The training-step kernels of issue 10 one by one: minidnn's time and achieved bandwidth beside PyTorch's op.
+
+    python bench/kernels_gpu.py [--sizes large,small] [--dtypes float32,bfloat16] [--only ln,gn] [--trials 7]
+
+For each kernel (batch norm training forward/backward, fused bn + ReLU and bn + add + ReLU, max/average pooling
+forward/backward, global average pooling, softmax, log-softmax, cross-entropy forward/backward, bias add and its
+gradient, dropout, layer norm, group norm, ReLU) on a large tensor and on a small-CNN-sized one:
+  minidnn ms   CUDA events around `reps` back-to-back calls of the backend primitive on CuPy arrays, divided by reps;
+               the median of `trials` such timings.  On large tensors this is the kernels' time (the host runs
+               ahead); on small ones the host cost of the call shows (a CUDA graph removes it: bench/graphs.py).
+  GB/s, %copy  the op's compulsory traffic (every input read once, every output written once: the floor, not what
+               a kernel happens to move) over minidnn's time, and that against the device-to-device copy
+               bandwidth measured in the same run (a 256 MiB cudaMemcpyAsync: 2 x bytes / time).
+  torch ms     PyTorch's equivalent op timed the same way (eager, cudnn.benchmark on; backward by
+               torch.autograd.grad of that op alone).
+  k/call       kernels minidnn launched per call through backend/cuda/launch.py (CuPy's own are not counted).
+  target       issue 10's: a memory-bound kernel on a large tensor at >= 70% of copy bandwidth and faster than
+               PyTorch ("ok"), else what is missing.
+One run prints the whole table.  PyTorch is imported here only (it is the yardstick, not a dependency).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+import minidnn.backend as B
+from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import launch as _launch
+
+SIZES = {   # name: (NCHW activation, (rows, classes) logits, (rows, D) layer norm, (N, C) linear)
+    "large": ((128, 64, 56, 56), (16384, 1000), (16384, 1024), (16384, 1024)),
+    "small": ((128, 16, 32, 32), (128, 10), (2048, 256), (128, 256)),
+}
+
+
+class Timer:
+    def __init__(self, cp, torch, trials):
+        self.cp, self.torch, self.trials = cp, torch, trials
+
+    def _reps(self, fn, sync, now, elapsed):
+        fn()
+        sync()
+        a = now()
+        fn()
+        b = now()
+        ms = max(elapsed(a, b), 1e-3)
+        return int(min(200, max(3, 10.0 / ms)))       # ~10 ms per trial
+
+    def cupy(self, fn):
+        cp = self.cp
+
+        def now():
+            e = cp.cuda.Event()
+            e.record()
+            return e
+
+        def elapsed(a, b):
+            b.synchronize()
+            return cp.cuda.get_elapsed_time(a, b)
+        return self._time(fn, cp.cuda.Device().synchronize, now, elapsed)
+
+    def torch_(self, fn):
+        torch = self.torch
+
+        def now():
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+
+        def elapsed(a, b):
+            b.synchronize()
+            return a.elapsed_time(b)
+        return self._time(fn, torch.cuda.synchronize, now, elapsed)
+
+    def _time(self, fn, sync, now, elapsed):
+        reps = self._reps(fn, sync, now, elapsed)
+        times = []
+        for _ in range(self.trials):
+            a = now()
+            for _ in range(reps):
+                fn()
+            b = now()
+            times.append(elapsed(a, b) / reps)
+        return statistics.median(times)
+
+
+def copy_bandwidth(cp, timer):
+    n = 64 * 1024 * 1024                    # 256 MiB of float32
+    src = cp.ones(n, dtype=np.float32)
+    dst = cp.empty_like(src)
+    ms = timer.cupy(lambda: dst.data.copy_from_device_async(src.data, src.nbytes))
+    return 2 * src.nbytes / (ms * 1e-3) / 1e9
+
+
+def _np_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+class Cases:
+    """Each case: (kernel name, shape, (minidnn fn, torch fn or None, compulsory bytes), memory-bound?)."""
+
+    def __init__(self, cp, torch, dtype_name):
+        self.cp, self.torch = cp, torch
+        self.dt = _np_dtype(dtype_name)
+        self.tdt = getattr(torch, dtype_name) if torch is not None else None
+        self.item = self.dt.itemsize
+        self.rng = cp.random.default_rng(0)
+        self.pdt = np.float32 if self.item == 2 else self.dt    # 16-bit data: float32 parameters, as cuDNN
+        self.tdev = "cuda"
+
+    def x(self, shape):
+        f = self.rng.standard_normal(shape, dtype=np.float32)
+        if self.dt.itemsize == 2 and self.dt.kind == "V":       # bfloat16: the top 16 bits of the float32 draw
+            try:
+                return (f.view(np.uint32) >> 16).astype(np.uint16).view(self.dt)
+            except Exception:
+                return self.cp.asarray(self.cp.asnumpy(f).astype(self.dt))
+        return f.astype(self.dt)
+
+    def full(self, shape, value, dtype=None):
+        return self.cp.asarray(np.full(shape, value, dtype or self.dt))
+
+    def t(self, shape, grad=False):
+        if self.torch is None:
+            return None
+        return self.torch.randn(shape, device=self.tdev, dtype=self.tdt, requires_grad=grad)
+
+    def tp(self, c, fill=None, same=False):
+        torch = self.torch
+        pdt = torch.float32 if self.item == 2 and not same else self.tdt
+        return torch.ones(c, device=self.tdev, dtype=pdt, requires_grad=True) if fill is None else \
+            torch.full((c,), fill, device=self.tdev, dtype=pdt)
+
+    # ---- batch norm -------------------------------------------------------------------------------------------
+    def bn(self, shape, ops="bn"):
+        cp, torch = self.cp, self.torch
+        c = shape[1]
+        x, dy = self.x(shape), self.x(shape)
+        z = self.x(shape) if ops == "bn_add_activation" else None
+        scale, bias = cp.ones(c, self.pdt), cp.zeros(c, self.pdt)
+        rm, rv = cp.zeros(c, self.pdt), cp.ones(c, self.pdt)
+        if ops == "bn":
+            def fwd():
+                return B.batch_normalization_forward_training(None, "spatial", x, scale, bias, 0.1, rm, rv, 1e-5)
+        else:
+            def fwd():
+                return B.batch_normalization_forward_training_ex(None, "spatial", ops, x, z, scale, bias, 0.1, rm, rv,
+                                                                 1e-5)
+        y, mean, inv = fwd()
+        if ops == "bn":
+            def bwd():
+                return B.batch_normalization_backward(None, "spatial", x, dy, scale, mean, inv, 1e-5)
+        else:
+            def bwd():
+                return B.batch_normalization_backward_ex(None, "spatial", ops, x, y, dy, scale, mean, inv, 1e-5)
+        tf = tb = None
+        if torch is not None:
+            F = torch.nn.functional
+            xt, dyt = self.t(shape, True), self.t(shape)
+            zt = self.t(shape) if z is not None else None
+            wt, bt = self.tp(c), self.tp(c)
+            rmt, rvt = self.tp(c, 0.0), self.tp(c, 1.0)
+
+            def tf():
+                v = F.batch_norm(xt, rmt, rvt, wt, bt, True, 0.1, 1e-5)
+                if zt is not None:
+                    v = v + zt
+                return F.relu(v) if ops != "bn" else v
+            yt = tf()
+
+            def tb():
+                return torch.autograd.grad(yt, (xt, wt, bt), dyt, retain_graph=True)
+        e = x.size * self.item
+        fwd_bytes = {"bn": 2, "bn_activation": 2, "bn_add_activation": 3}[ops] * e
+        bwd_bytes = {"bn": 3, "bn_activation": 4, "bn_add_activation": 5}[ops] * e
+        name = {"bn": "batch norm", "bn_activation": "bn + relu", "bn_add_activation": "bn + add + relu"}[ops]
+        return [(f"{name} fwd (train)", shape, (fwd, tf, fwd_bytes), True),
+                (f"{name} bwd", shape, (bwd, tb, bwd_bytes), True)]
+
+    # ---- pooling -----------------------------------------------------------------------------------------------
+    def pool(self, shape, mode, window=2, glob=False):
+        torch = self.torch
+        n, c, h, w = shape
+        win = (h, w) if glob else window
+        desc = B.PoolingDescriptor(mode, win, 0, win)
+        x = self.x(shape)
+        is_max = mode == "max"
+        if is_max:
+            y, am = B.pooling_forward(None, desc, x, return_argmax=True)
+        else:
+            y, am = B.pooling_forward(None, desc, x), None
+        dy = self.x(y.shape)
+
+        def fwd():
+            return B.pooling_forward(None, desc, x, return_argmax=is_max)
+
+        def bwd():
+            return B.pooling_backward(None, desc, y, dy, x, argmax=am)
+        tf = tb = None
+        if torch is not None:
+            F = torch.nn.functional
+            xt = self.t(shape, True)
+            if glob:
+                def tf():
+                    return F.adaptive_avg_pool2d(xt, 1)
+            elif is_max:
+                def tf():
+                    return F.max_pool2d(xt, window, window)
+            else:
+                def tf():
+                    return F.avg_pool2d(xt, window, window)
+            yt = tf()
+            dyt = torch.randn_like(yt)
+
+            def tb():
+                return torch.autograd.grad(yt, xt, dyt, retain_graph=True)
+        e, o = x.size * self.item, y.size * self.item
+        extra = y.size if is_max else 0           # the argmax map (1 byte per output)
+        name = "global avg pool" if glob else ("max pool 2x2" if is_max else "avg pool 2x2")
+        return [(f"{name} fwd", shape, (fwd, tf, e + o + extra), True),
+                (f"{name} bwd", shape, (bwd, tb, o + extra + e), True)]
+
+    # ---- softmax, log-softmax, cross-entropy -----------------------------------------------------------------
+    def softmax(self, shape, algo):
+        torch = self.torch
+        x = self.x(shape)
+        y = B.softmax_forward(None, algo, None, x, axis=-1)
+        dy = self.x(shape)
+
+        def fwd():
+            return B.softmax_forward(None, algo, None, x, axis=-1)
+
+        def bwd():
+            return B.softmax_backward(None, algo, None, y, dy, axis=-1)
+        tf = tb = None
+        if torch is not None:
+            xt, dyt = self.t(shape, True), self.t(shape)
+            op = torch.log_softmax if algo == "log" else torch.softmax
+
+            def tf():
+                return op(xt, -1)
+            yt = tf()
+
+            def tb():
+                return torch.autograd.grad(yt, xt, dyt, retain_graph=True)
+        e = x.size * self.item
+        name = "log-softmax" if algo == "log" else "softmax"
+        return [(f"{name} fwd", shape, (fwd, tf, 2 * e), True), (f"{name} bwd", shape, (bwd, tb, 3 * e), True)]
+
+    def cross_entropy(self, shape):
+        cp, torch = self.cp, self.torch
+        n, c = shape
+        x = self.x(shape)
+        t = cp.asarray(np.random.default_rng(0).integers(0, c, n))
+        loss, lse, den = B.softmax_cross_entropy_forward(None, x, t)
+        dloss = self.full((), 1.0)
+
+        def fwd():
+            return B.softmax_cross_entropy_forward(None, x, t)
+
+        def bwd():
+            return B.softmax_cross_entropy_backward(None, x, t, dloss, lse, den)
+        tf = tb = None
+        if torch is not None:
+            xt = self.t(shape, True)
+            tt = torch.randint(0, c, (n,), device=self.tdev)
+
+            def tf():
+                return torch.nn.functional.cross_entropy(xt, tt)
+            lt = tf()
+
+            def tb():
+                return torch.autograd.grad(lt, xt, retain_graph=True)
+        e = x.size * self.item
+        return [("cross-entropy fwd", shape, (fwd, tf, e + n * 8), True),
+                ("cross-entropy bwd", shape, (bwd, tb, 2 * e + n * 12), True)]
+
+    # ---- bias add and its gradient -----------------------------------------------------------------------------
+    def bias(self, shape):
+        torch = self.torch
+        c = shape[1]
+        y, dy = self.x(shape), self.x(shape)
+        b = self.full((c,), 1.0)
+        bshape = (1, c) + (1,) * (len(shape) - 2)
+        dy3 = dy if dy.ndim >= 3 else dy.reshape(dy.shape + (1,))
+
+        def fwd():
+            return B.add_tensor(None, 1.0, b, 1.0, y)
+
+        def bwd():
+            return B.convolution_backward_bias(None, dy3)
+
+        def cupy_fwd():
+            return y + b.reshape(bshape)
+
+        axes = (0,) + tuple(range(2, len(shape)))
+
+        def cupy_bwd():
+            return dy.sum(axis=axes)
+        tf = tb = None
+        if torch is not None:
+            yt, dyt = self.t(shape), self.t(shape)
+            bt = self.t((c,)).reshape(bshape)
+
+            def tf():
+                return yt.add_(bt)
+
+            def tb():
+                return dyt.sum(axes)
+        e = y.size * self.item
+        kind = "conv" if len(shape) == 4 else "linear"
+        return [(f"bias add ({kind}, in place)", shape, (fwd, tf, 2 * e), True),
+                ("  CuPy y + b (nn path today)", shape, (cupy_fwd, None, 2 * e), False),
+                (f"bias grad ({kind})", shape, (bwd, tb, e), True),
+                ("  CuPy dy.sum (nn path today)", shape, (cupy_bwd, None, e), False)]
+
+    # ---- dropout -----------------------------------------------------------------------------------------------
+    def dropout(self, shape):
+        torch = self.torch
+        from minidnn.nn._functions.activation import _SeededDropoutDescriptor
+        desc = _SeededDropoutDescriptor(0.5)
+        x, dy = self.x(shape), self.x(shape)
+        y, mask = B.dropout_forward(None, desc, x)
+
+        def fwd():
+            return B.dropout_forward(None, desc, x)
+
+        def bwd():
+            return B.dropout_backward(None, desc, dy, mask)
+        tf = tb = None
+        if torch is not None:
+            xt, dyt = self.t(shape), self.t(shape)
+            _, mt = torch.ops.aten.native_dropout(xt, 0.5, True)
+
+            def tf():
+                return torch.ops.aten.native_dropout(xt, 0.5, True)
+
+            def tb():
+                return torch.ops.aten.native_dropout_backward(dyt, mt, 2.0)
+        e = x.size * self.item
+        return [("dropout fwd (p=0.5)", shape, (fwd, tf, 2 * e + x.size), True),
+                ("dropout bwd", shape, (bwd, tb, 2 * e + x.size), True)]
+
+    # ---- layer norm, group norm --------------------------------------------------------------------------------
+    def norm(self, shape, groups=None):
+        cp, torch = self.cp, self.torch
+        c = shape[1] if groups else shape[-1]
+        x, dy = self.x(shape), self.x(shape)
+        w, b = cp.ones(c, self.pdt), cp.zeros(c, self.pdt)
+        if groups:
+            def fwd():
+                return B.group_normalization_forward(None, x, groups, w, b, 1e-5)
+            _, mean, rstd = fwd()
+
+            def bwd():
+                return B.group_normalization_backward(None, x, dy, groups, w, mean, rstd)
+        else:
+            def fwd():
+                return B.layer_normalization_forward(None, x, w, b, 1, 1e-5)
+            _, mean, rstd = fwd()
+
+            def bwd():
+                return B.layer_normalization_backward(None, x, dy, w, mean, rstd, 1)
+        tf = tb = None
+        if torch is not None:
+            F = torch.nn.functional
+            xt, dyt = self.t(shape, True), self.t(shape)
+            wt, bt = self.tp(c, same=True), self.tp(c, same=True)
+            if groups:
+                def tf():
+                    return F.group_norm(xt, groups, wt, bt, 1e-5)
+            else:
+                def tf():
+                    return F.layer_norm(xt, (c,), wt, bt, 1e-5)
+            yt = tf()
+
+            def tb():
+                return torch.autograd.grad(yt, (xt, wt, bt), dyt, retain_graph=True)
+        e = x.size * self.item
+        name = f"group norm G={groups}" if groups else "layer norm"
+        return [(f"{name} fwd", shape, (fwd, tf, 2 * e), True), (f"{name} bwd", shape, (bwd, tb, 3 * e), True)]
+
+    # ---- ReLU --------------------------------------------------------------------------------------------------
+    def relu(self, shape):
+        torch = self.torch
+        desc = B.ActivationDescriptor("relu")
+        x, dy = self.x(shape), self.x(shape)
+
+        def fwd():
+            return B.activation_forward(None, desc, x)
+
+        def bwd():
+            return B.activation_backward(None, desc, None, dy, x)
+        tf = tb = None
+        if torch is not None:
+            xt, dyt = self.t(shape), self.t(shape)
+
+            def tf():
+                return torch.relu(xt)
+
+            def tb():
+                return torch.ops.aten.threshold_backward(dyt, xt, 0.0)
+        e = x.size * self.item
+        return [("relu fwd", shape, (fwd, tf, 2 * e), True), ("relu bwd", shape, (bwd, tb, 3 * e), True)]
+
+
+KINDS = ("bn", "pool", "softmax", "ce", "bias", "dropout", "ln", "gn", "relu")
+
+
+def build(cases, kind, size):
+    act, logits, ln_shape, lin = SIZES[size]
+    if kind == "bn":
+        return cases.bn(act) + cases.bn(act, "bn_activation") + cases.bn(act, "bn_add_activation")
+    if kind == "pool":
+        return cases.pool(act, "max") + cases.pool(act, "average_count_include_padding") + \
+            cases.pool(act, "average_count_include_padding", glob=True)
+    if kind == "softmax":
+        return cases.softmax(logits, "accurate") + cases.softmax(logits, "log")
+    if kind == "ce":
+        return cases.cross_entropy(logits)
+    if kind == "bias":
+        return cases.bias(act) + cases.bias(lin)
+    if kind == "dropout":
+        return cases.dropout(act)
+    if kind == "ln":
+        return cases.norm(ln_shape)
+    if kind == "gn":
+        return cases.norm(act, groups=32 if act[1] >= 32 else 4)
+    if kind == "relu":
+        return cases.relu(act)
+    raise ValueError(kind)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="large,small")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--only", default=",".join(KINDS), help="comma list of " + ",".join(KINDS))
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not _dev.cuda_is_available():
+        print("kernels_gpu: no CUDA GPU with CuPy here; nothing to measure")
+        return 0
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = False
+    except ImportError:
+        torch = None
+    timer = Timer(cp, torch, args.trials)
+    bw = copy_bandwidth(cp, timer)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s "
+          f"(cudaMemcpyAsync, 256 MiB); PyTorch {torch.__version__ if torch else 'absent'}")
+    head = (f"{'kernel':34s} {'dtype':9s} {'shape':22s} {'MB':>7s} {'minidnn ms':>10s} {'GB/s':>7s} {'%copy':>6s} "
+            f"{'torch ms':>9s} {'vs torch':>8s} {'k/call':>6s}  target")
+    print(head)
+    print("-" * len(head))
+    for dtype_name in args.dtypes.split(","):
+        cases = Cases(cp, torch, dtype_name)
+        for size in args.sizes.split(","):
+            for kind in args.only.split(","):
+                try:
+                    rows = build(cases, kind, size)
+                except Exception as exc:        # one broken case must not take the table down
+                    print(f"{kind:34s} {dtype_name:9s} {size:22s} setup failed: {type(exc).__name__}: {exc}")
+                    continue
+                for name, shape, (fn, tfn, nbytes), memory_bound in rows:
+                    try:
+                        before = _launch.launch_count()
+                        fn()
+                        launches = _launch.launch_count() - before
+                        ms = timer.cupy(fn)
+                        tms = timer.torch_(tfn) if tfn is not None else None
+                    except Exception as exc:
+                        print(f"{name:34s} {dtype_name:9s} {str(shape):22s} failed: {type(exc).__name__}: {exc}")
+                        continue
+                    gbs = nbytes / (ms * 1e-3) / 1e9
+                    pct = 100 * gbs / bw
+                    verdict = ""
+                    if memory_bound and size == "large":
+                        misses = ([] if pct >= 70 else ["<70%"]) + ([] if tms is None or ms < tms else ["slower"])
+                        verdict = "ok" if not misses else " ".join(misses)
+                    tcol = f"{tms:9.4f}" if tms is not None else f"{'':9s}"
+                    ratio = f"{tms / ms:7.2f}x" if tms is not None else f"{'':8s}"
+                    print(f"{name:34s} {dtype_name:9s} {str(shape):22s} {nbytes / 1e6:7.1f} {ms:10.4f} {gbs:7.0f} "
+                          f"{pct:5.0f}% {tcol} {ratio} {launches:6d}  {verdict}")
+                sys.stdout.flush()
+        del cases
+        cp.get_default_memory_pool().free_all_blocks()
+    print("vs torch: PyTorch's time / minidnn's (> 1: minidnn faster).  MB: compulsory traffic of one call.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
