@@ -25,8 +25,10 @@ covered from the next call on.
 from __future__ import annotations
 
 import os
+from concurrent.futures import wait
 
-__all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map", "parallel_parts"]
+__all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map", "parallel_parts",
+           "parallel_for"]
 
 _USER_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _MAX_DEFAULT = 8
@@ -82,21 +84,59 @@ def parallel_parts(n: int, work: int) -> int:
     return max(1, min(_current[0] or 1, n))
 
 
-def parallel_map(fn, items):
-    """``[fn(item) for item in items]``, spread over minidnn's thread count (``set_num_threads``).
-
-    For the backend's NumPy loops that BLAS does not thread (gathers, elementwise taps, pooling): NumPy releases
-    the GIL inside its array loops, so chunks of a batch run truly in parallel.  Serial with one thread."""
-    items = list(items)
-    n = min(_current[0] or 1, len(items))
-    if n <= 1:
-        return [fn(item) for item in items]
-    if _pool[1] != _current[0] or _pool[2] != os.getpid():      # resized, or a forked child (no threads there)
+def _executor():
+    """minidnn's thread pool, (re)made for the current thread count and process (a forked child has no threads)."""
+    if _pool[1] != _current[0] or _pool[2] != os.getpid():
         from concurrent.futures import ThreadPoolExecutor
         if _pool[0] is not None and _pool[2] == os.getpid():
             _pool[0].shutdown(wait=False)
         _pool[:] = ThreadPoolExecutor(max_workers=_current[0], thread_name_prefix="minidnn"), _current[0], os.getpid()
-    return list(_pool[0].map(fn, items))
+    return _pool[0]
+
+
+def parallel_map(fn, items):
+    """``[fn(item) for item in items]``, spread over minidnn's thread count (``set_num_threads``).
+
+    For the backend's NumPy loops that BLAS does not thread (gathers, elementwise taps, pooling): NumPy releases
+    the GIL inside its array loops, so chunks of a batch run truly in parallel.  The calling thread runs the first
+    item itself (one pool thread fewer to wake).  Serial with one thread."""
+    items = list(items)
+    n = min(_current[0] or 1, len(items))
+    if n <= 1:
+        return [fn(item) for item in items]
+    futures = [_executor().submit(fn, item) for item in items[1:]]
+    try:
+        first = fn(items[0])
+    finally:
+        wait(futures)                         # no part still writing once this returns or raises
+    return [first] + [f.result() for f in futures]
+
+
+def parallel_for(chunks, body, work, setup=None):
+    """``body(state, chunk)`` for every chunk, the chunks handed out one at a time to the calling thread and up to
+    ``parallel_parts(len(chunks), work) - 1`` pool threads, each with its own ``state = setup()`` (buffers).
+
+    Handing out one chunk at a time instead of a fixed share per thread is for shared machines: a thread whose core
+    is taken by another process simply takes fewer chunks.  The order in which chunks run is not fixed, so each body
+    must write only its own chunk's results (results then do not depend on the thread count)."""
+    chunks = list(chunks)
+    parts = parallel_parts(len(chunks), work)
+    pending = iter(chunks)                    # shared: next() on a list iterator is atomic under the GIL
+
+    def worker():
+        state = setup() if setup is not None else None
+        for chunk in pending:
+            body(state, chunk)
+    if parts <= 1:
+        worker()
+        return
+    futures = [_executor().submit(worker) for _ in range(parts - 1)]
+    try:
+        worker()
+    finally:
+        wait(futures)
+    for f in futures:
+        f.result()                            # a pool thread's exception, raised here
 
 
 def _apply_default() -> None:

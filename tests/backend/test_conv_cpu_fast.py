@@ -104,15 +104,53 @@ def test_fast_form_matches_reference(kind, cfg, direction, layout, dtype):
 
 @pytest.mark.parametrize("direction", list(PAIRS))
 @pytest.mark.parametrize("cfg", DEPTHWISE)
-def test_flat_depthwise_over_many_small_chunks(cfg, direction, monkeypatch):
-    """The flat stride-1 depthwise form cuts the batch into chunks per channel; with a tiny chunk budget every
-    image is a chunk of its own (and the per-thread buffers are reused across chunks of other channels)."""
-    monkeypatch.setattr(conv_cpu, "_FLAT_CHUNK_BYTES", 1)
+@pytest.mark.parametrize("planes", ["one", "three", "two_images"])
+def test_flat_depthwise_over_chunks(cfg, direction, planes, monkeypatch):
+    """The flat stride-1 depthwise form cuts the work into chunks of channels of images, handed out to the threads
+    one at a time: every plane a chunk of its own, three channels a chunk (the last block partial where C is not a
+    multiple of 3), and all channels of two images a chunk (the last image block partial where N is odd); each
+    thread's buffers are reused across chunks of different sizes."""
     rng = np.random.default_rng(11)
     p = _problem(cfg, np.float64)
+    _, row_len, _, offsets, _ = conv_cpu._flat_plan(p, p.in_size, p.padding, p.out_size, 8)
+    per_plane = len(offsets) * row_len * 8
+    budget = {"one": 1, "three": 3 * per_plane, "two_images": 2 * p.C * per_plane}[planes]
+    monkeypatch.setattr(conv_cpu, "_FLAT_TAPS_BYTES", budget)
+    chunks = conv_cpu._flat_plan(p, p.in_size, p.padding, p.out_size, 8)[-1]
+    sizes = {(cs.stop - cs.start, nb.stop - nb.start) for cs, nb in chunks}
+    evened = -(-p.C // -(-p.C // 3))                     # at most 3 channels a chunk, as few chunks as that allows
+    assert max(sizes) == {"one": (1, 1), "three": (evened, 1), "two_images": (p.C, min(2, p.N))}[planes]
+    assert sum(c * n for c, n in (((cs.stop - cs.start), (nb.stop - nb.start)) for cs, nb in chunks)) == p.N * p.C
     fast, ref = PAIRS[direction][1]
     a, b = _operands(direction, *_inputs(p, np.float64, rng))
     np.testing.assert_allclose(fast(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
+
+
+def test_flat_depthwise_chunks_are_shared_between_threads(threads, monkeypatch):
+    """With two threads, both take chunks (the pool thread and the calling thread), and the result is the one
+    thread's bit for bit (each chunk writes its own outputs; filter partials are added in image order)."""
+    import threading
+
+    import minidnn.backend.threads as threads_module
+    p = _problem(((6, 5, 9, 8), (5, 1, 3, 3), 1, 1, 1, 5), np.float32)
+    monkeypatch.setattr(conv_cpu, "_FLAT_TAPS_BYTES", 1)
+    seen, real = set(), threads_module.parallel_for
+
+    def spy(chunks, body, work, setup=None):
+        def watched(state, chunk):
+            seen.add(threading.get_ident())
+            body(state, chunk)
+        return real(chunks, watched, work, setup)
+    monkeypatch.setattr(conv_cpu, "parallel_for", spy)
+    x, w, dy = _inputs(p, np.float32, np.random.default_rng(2))
+    got = [conv_cpu.depthwise_forward(p, x, w), conv_cpu.depthwise_backward_filter(p, x, dy)]
+    assert len(seen) == threads or threads == 2 and len(seen) == 1      # a pool thread may find no chunk left
+    import minidnn
+    minidnn.set_num_threads(1)
+    want = [conv_cpu.depthwise_forward(p, x, w), conv_cpu.depthwise_backward_filter(p, x, dy)]
+    minidnn.set_num_threads(threads)
+    for g, e in zip(got, want):
+        np.testing.assert_array_equal(g, e)
 
 
 @pytest.mark.parametrize("direction", list(PAIRS))
