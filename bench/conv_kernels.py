@@ -2,6 +2,7 @@
 
     python bench/conv_kernels.py                # the layer table of issue 9, strict fp32 and TF32
     python bench/conv_kernels.py --reps 10 --layers 3
+    python bench/conv_kernels.py --layout nhwc  # ResNet-20's 3x3 layers in NHWC: element loader vs VEC loader
 
 Per layer and math mode, forward + backward data + backward filter (ms, CUDA events around --reps back-to-back
 calls after a warm-up, median of 3 such windows):
@@ -11,6 +12,11 @@ calls after a warm-up, median of 3 such windows):
   cuDNN     torch.nn.functional.conv2d forward + backward (x and w gradients), torch.backends.cudnn.benchmark=True,
             torch.backends.cudnn.allow_tf32 set to the mode
 and the ratios kernels/cuDNN and tuned/cuDNN, then geometric means per family (dense, depthwise/grouped).
+
+--layout nhwc: ResNet-20's 3x3 layers at batch 128 (NHWC activations, channels-last filters), bf16 / fp32 TF32 /
+strict fp32, each direction timed through the kernels with the NHWC 16-byte loader switched off ("element", the
+old path) and on ("vec"), beside PyTorch channels_last (cudnn.benchmark on, allow_tf32 set to the mode: strict
+fp32 is asked for explicitly), forward and the two gradients timed separately (torch.ops.aten.convolution_backward).
 """
 from __future__ import annotations
 
@@ -51,11 +57,93 @@ def _timer(cp, fn, reps):
     return statistics.median(windows)
 
 
+# name, N, C, K, size, kernel, padding, stride (ResNet-20's 3x3 convolutions, CIFAR batch 128)
+NHWC_LAYERS = [
+    ("16->16 32^2", 128, 16, 16, 32, 3, 1, 1),
+    ("16->32 s2 32^2", 128, 16, 32, 32, 3, 1, 2),
+    ("32->32 16^2", 128, 32, 32, 16, 3, 1, 1),
+    ("32->64 s2 16^2", 128, 32, 64, 16, 3, 1, 2),
+    ("64->64 8^2", 128, 64, 64, 8, 3, 1, 1),
+]
+
+
+def nhwc_main(args):
+    import cupy as cp
+    import torch
+
+    from minidnn.backend import ConvolutionDescriptor
+    from minidnn.backend.conv_problem import make_problem
+    from minidnn.backend.cuda import conv_igemm as K
+
+    torch.backends.cudnn.benchmark = True
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}  torch {torch.__version__} "
+          f"cuDNN {torch.backends.cudnn.version()}  (us per call; element = VEC loader off, vec = on)")
+    modes = args.modes.split(",")
+    totals = {}
+    for mode in modes:
+        if mode == "bf16":
+            import ml_dtypes
+            np_dtype, t_dtype = np.dtype(ml_dtypes.bfloat16), torch.bfloat16
+        else:
+            np_dtype, t_dtype = np.dtype(np.float32), torch.float32
+        tf32 = mode != "fp32"
+        torch.backends.cudnn.allow_tf32 = mode == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+        for name, N, C, Kc, size, k, pad, stride in NHWC_LAYERS[:args.layers]:
+            p = make_problem("bench", (N, C, size, size), (Kc, C, k, k), ConvolutionDescriptor(pad, stride),
+                             np_dtype)
+            rng = np.random.default_rng(0)
+
+            def nhwc(shape):
+                n, c, h, w = shape
+                a = rng.standard_normal((n, h, w, c)).astype(np.float32).astype(np_dtype)
+                return cp.asarray(a).transpose(0, 3, 1, 2)
+            x, dy, w = nhwc(p.x_shape), nhwc(p.y_shape), nhwc(p.w_shape)      # w: KRSC memory (channels_last)
+            runs = {"fwd": lambda: K.implicit_forward(p, x, w, tf32, True),
+                    "dgrad": lambda: K.implicit_backward_data(p, w, dy, tf32, True),
+                    "wgrad": lambda: K.implicit_backward_filter(p, x, dy, tf32, True)}
+            t = {}
+            for variant in ("element", "vec"):
+                K.VEC_ENABLED[0] = variant == "vec"
+                for d, fn in runs.items():
+                    t[(variant, d)] = 1e3 * _timer(cp, fn, args.reps)
+            K.VEC_ENABLED[0] = True
+            tx = torch.randn(p.x_shape, device="cuda", dtype=t_dtype).to(memory_format=torch.channels_last)
+            tw = torch.randn(p.w_shape, device="cuda", dtype=t_dtype).to(memory_format=torch.channels_last)
+            tdy = torch.randn(p.y_shape, device="cuda", dtype=t_dtype).to(memory_format=torch.channels_last)
+            conv_args = ([stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1)
+            bwd = torch.ops.aten.convolution_backward
+            truns = {"fwd": lambda: torch.nn.functional.conv2d(tx, tw, padding=pad, stride=stride),
+                     "dgrad": lambda: bwd(tdy, tx, tw, None, *conv_args, [True, False, False]),
+                     "wgrad": lambda: bwd(tdy, tx, tw, None, *conv_args, [False, True, False])}
+            for d, fn in truns.items():
+                t[("torch", d)] = 1e3 * _timer(cp, fn, args.reps)
+            torch.cuda.synchronize()
+            for d in runs:
+                for v in ("element", "vec", "torch"):
+                    totals[(mode, v)] = totals.get((mode, v), 0.0) + t[(v, d)]
+            cells = "  ".join(f"{d} {t[('element', d)]:6.1f}/{t[('vec', d)]:6.1f}/{t[('torch', d)]:6.1f}"
+                              for d in runs)
+            print(f"{mode:5} {name:15} element/vec/torch: {cells}", flush=True)
+            x = dy = w = tx = tw = tdy = None
+            cp.get_default_memory_pool().free_all_blocks()
+    print()
+    for mode in modes:
+        e, v, tt = (totals[(mode, k)] for k in ("element", "vec", "torch"))
+        print(f"{mode:5} sum over the layers (fwd+dgrad+wgrad, one of each): element {e:7.1f} us  vec {v:7.1f} us "
+              f"({e / v:.2f}x faster)  torch channels_last {tt:7.1f} us  (vec/torch {v / tt:.2f}x)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=len(LAYERS))
+    ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw",
+                    help="nhwc: ResNet-20's layers, element loader vs the VEC loader vs PyTorch channels_last")
+    ap.add_argument("--modes", default="bf16,tf32,fp32", help="--layout nhwc: the data/math modes to time")
     args = ap.parse_args()
+    if args.layout == "nhwc":
+        return nhwc_main(args)
 
     import cupy as cp
     import torch

@@ -508,3 +508,143 @@ def test_filter_gradient_is_one_launch(layout):
     before = L.launch_count()
     convolution_backward_filter(h, xd, dyd, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_3, format=fmt)
     assert L.launch_count() - before == 1
+
+
+# ---- the NHWC 16-byte loader (the kernel's VEC=1 variant: forward and stride-1 backward data) --------------------
+
+# (id, N, C, H, W, K, R, S, padding, stride, dilation, groups); K ragged against every tile, N = 1, C per group
+# 4 (float32 only) to 64, 1x1 / 3x3 / 5x5, stride 2 (forward; backward data through the stride-1 residue classes),
+# padding 0-2, dilation 2, groups 2.  Backward data vectorises over K/G: where that is not a whole vector the
+# element loader runs it (still checked here).
+VEC_SHAPES = [
+    ("v-c4-k6", 2, 4, 9, 11, 6, 3, 3, 1, 1, 1, 1),
+    ("v-c8-k12-n1-pad0", 1, 8, 7, 10, 12, 3, 3, 0, 1, 1, 1),
+    ("v-c16-k16-stride2", 3, 16, 13, 12, 16, 3, 3, 1, 2, 1, 1),
+    ("v-c24-k40-5x5-pad2", 2, 24, 11, 9, 40, 5, 5, 2, 1, 1, 1),
+    ("v-c64-k72-1x1", 2, 64, 7, 6, 72, 1, 1, 0, 1, 1, 1),
+    ("v-c16-k24-dil2-pad2", 2, 16, 12, 13, 24, 3, 3, 2, 1, 2, 1),
+    ("v-groups2-c32-k48", 2, 32, 9, 8, 48, 3, 3, 1, 1, 1, 2),
+    ("v-groups2-c16-k16-stride2", 2, 16, 11, 10, 16, 3, 3, 1, 2, 1, 2),
+    ("v-c64-k70-5x5-stride2", 1, 64, 10, 9, 70, 5, 5, 2, 2, 1, 1),
+    ("v-c32-k32-wide-m", 4, 32, 17, 19, 32, 3, 3, 1, 1, 1, 1),
+]
+VEC_DIRECTIONS = ["forward", "backward_data"]
+
+
+def _channels_last_filter(w):
+    """A (K, Cg, R, S) CuPy filter whose memory is KRSC (channels_last), seen in KCRS index order."""
+    return cp.ascontiguousarray(w.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+def _vec_ran(direction, p):
+    """Whether a plan of ``p`` for ``direction`` (0 forward, 1 backward data) with the VEC loader was made (the
+    plan key's vec flag); a strided backward data plans its stride-1 residue-class sub-problems instead."""
+    return any(k[0] == direction and k[10] is True and (k[1] == p or (direction == 1 and k[1].N == p.N
+                                                                     and k[1].C == p.C and k[1].K == p.K))
+               for k in K._plans)
+
+
+def _compare_vec(shape, mode, w_layout, tile=None, seed=0):
+    dtype = "float32" if mode in ("fp32", "tf32") else mode
+    tf32 = mode != "fp32"
+    p, desc = _problem(shape, dtype)
+    x, w, dy = _data(p, seed)
+    u_in, u_out = (2.0 ** -11 if mode == "tf32" else 2.0 ** -24), 2.0 ** -24
+    dt = _np_dtype(dtype)
+    if dtype != "float32":
+        x, w, dy = (a.astype(dt).astype(F64) for a in (x, w, dy))
+        u_in, u_out = 0.0, (2.0 ** -11 if dtype == "float16" else 2.0 ** -8)
+    xg, dyg = _to_gpu(x, dt, "NHWC"), _to_gpu(dy, dt, "NHWC")
+    wg = cp.asarray(w.astype(dt))
+    if w_layout == "KRSC":
+        wg = _channels_last_filter(wg)
+    width = 16 // np.dtype(dt).itemsize
+    for d, direction in enumerate(VEC_DIRECTIONS):
+        ch = p.Cg if d == 0 else p.Kg
+        expect_vec = ch % width == 0 and (d == 0 or max(p.stride) == 1 or K._split_by_residue(p))
+        assert (K.vec_eligible(d, p, xg if d == 0 else dyg) is None) == (expect_vec and (d == 0 or p.stride == (1, 1)))
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        what = f"VEC {direction} {shape[0]} {mode} w {w_layout} tile={tile}"
+        K._plans.clear()
+        out = _poisoned(_out_shape(direction, p), dt, "NHWC")
+        got = _run_kernel("implicit", direction, p, xg, wg, dyg, tf32, d == 0, out, tile=tile)
+        assert got is out
+        _check(got, ref, _bound(direction, p, ref_abs, u_in, u_out), what)
+        assert _vec_ran(d, p) == expect_vec, f"{what}: VEC loader ran {_vec_ran(d, p)}, expected {expect_vec}"
+        prior = np.random.default_rng(seed + 1).standard_normal(ref.shape).astype(dt).astype(F64)
+        alpha, beta = 0.75, -0.5
+        out = _to_gpu(prior, dt, "NHWC")
+        got = _run_kernel("implicit", direction, p, xg, wg, dyg, tf32, d == 1, out, alpha, beta, tile=tile)
+        bound = _bound(direction, p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), u_in, u_out)
+        _check(got, alpha * ref + beta * prior, bound, what + " alpha/beta")
+
+
+@pytest.mark.parametrize("w_layout", ["KCRS", "KRSC"])
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", VEC_SHAPES, ids=[s[0] for s in VEC_SHAPES])
+def test_vec_loader_matches_float64(shape, mode, w_layout):
+    if mode in ("float16", "bfloat16") and shape[2] // shape[-1] % 8:
+        pytest.skip("16-bit vectors need 8 input channels per group (the element loader runs it: tested above)")
+    _compare_vec(shape, mode, w_layout, seed=VEC_SHAPES.index(shape))
+
+
+@pytest.mark.parametrize("tile", list(K.TILES))
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bfloat16"])
+def test_vec_loader_every_tile(tile, mode):
+    """Each tile under VEC=1 on a problem no tile divides (M = 3*11*13, K = 40)."""
+    _compare_vec(("v-tiles", 3, 24, 11, 13, 40, 3, 3, 1, 1, 1, 1), mode, "KCRS", tile=tile)
+
+
+def test_vec_loader_is_chosen_only_where_it_applies():
+    """Eligible: NHWC activations with whole 16-byte vectors of channels per group.  Not: 3 channels (C % 4), NCHW
+    memory, a base address off 16 bytes (a channel slice starting at channel 1), strided backward data that stays
+    one launch (1x1 stride 2), switched off."""
+    ok, _ = _problem(("ok", 2, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1))
+    c3, _ = _problem(("c3", 2, 3, 8, 8, 16, 3, 3, 1, 1, 1, 1))
+    x = _to_gpu(np.ones(ok.x_shape), np.float32, "NHWC")
+    assert K.vec_eligible(0, ok, x) is None and K.vec_eligible(1, ok, x) is None
+    assert "multiple of 4" in K.vec_eligible(0, c3, _to_gpu(np.ones(c3.x_shape), np.float32, "NHWC"))
+    assert "channel stride 1" in K.vec_eligible(0, ok, _to_gpu(np.ones(ok.x_shape), np.float32, "NCHW"))
+    wide = _to_gpu(np.ones((2, 20, 8, 8)), np.float32, "NHWC")
+    assert "aligned" in K.vec_eligible(0, ok, wide[:, 1:17])
+    s2, _ = _problem(("1x1-s2", 2, 16, 8, 8, 16, 1, 1, 0, 2, 1, 1))
+    assert "stride 1" in K.vec_supports(1, s2)
+    assert K.vec_supports(2, ok) is not None
+    K.VEC_ENABLED[0] = False
+    try:
+        assert K.vec_eligible(0, ok, x) is not None
+    finally:
+        K.VEC_ENABLED[0] = True
+    # and the plans say which loader ran: VEC for the eligible problem, the element loader for C = 3
+    K._plans.clear()
+    w = cp.ones(ok.w_shape, np.float32)
+    K.implicit_forward(ok, x, w, True, True)
+    assert _vec_ran(0, ok)
+    K._plans.clear()
+    K.implicit_forward(c3, _to_gpu(np.ones(c3.x_shape), np.float32, "NHWC"), cp.ones(c3.w_shape, np.float32), True)
+    assert not _vec_ran(0, c3) and K._plans
+    # a misaligned channel slice still computes (element loader), and correctly
+    p, desc = _problem(("slice", 2, 16, 8, 8, 8, 3, 3, 1, 1, 1, 1))
+    xs = np.random.default_rng(3).standard_normal((2, 20, 8, 8))
+    wv = np.random.default_rng(4).standard_normal(p.w_shape)
+    got = K.implicit_forward(p, _to_gpu(xs, np.float32, "NHWC")[:, 1:17], cp.asarray(wv, np.float32))
+    ref, ref_abs = _ref("forward", desc, p, xs[:, 1:17], wv, np.zeros(p.y_shape))
+    _check(got, ref, _bound("forward", p, ref_abs, 2.0 ** -24, 2.0 ** -24), "misaligned NHWC slice")
+
+
+def test_vec_forward_and_backward_data_one_launch_with_a_channels_last_filter():
+    """Forward reads a channels-last filter directly (one launch); backward data transposes the filter (one CuPy
+    copy, counted) and launches once."""
+    from minidnn.backend.cuda import launch as L
+    p, _ = _problem(("cl", 2, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1))
+    x = _to_gpu(np.ones(p.x_shape), np.float32, "NHWC")
+    dy = _to_gpu(np.ones(p.y_shape), np.float32, "NHWC")
+    w = _channels_last_filter(cp.ones(p.w_shape, np.float32))
+    K.implicit_forward(p, x, w, True)
+    K.implicit_backward_data(p, w, dy, True)
+    before = L.launch_count()
+    K.implicit_forward(p, x, w, True)
+    assert L.launch_count() - before == 1
+    before = L.launch_count()
+    K.implicit_backward_data(p, w, dy, True)
+    assert L.launch_count() - before == 2

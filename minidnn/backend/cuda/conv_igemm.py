@@ -28,7 +28,8 @@ from . import launch as _launch
 from .conv_direct_source import SOURCE as DIRECT_SOURCE
 from .conv_igemm_source import SOURCE as IGEMM_SOURCE
 
-__all__ = ["TILES", "igemm_supports", "direct_supports", "implicit_forward", "implicit_backward_data",
+__all__ = ["TILES", "igemm_supports", "direct_supports", "vec_supports", "vec_eligible", "VEC_ENABLED",
+           "implicit_forward", "implicit_backward_data",
            "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
            "choose_tile", "filter_splits", "DIRECT_MAX_CG"]
 
@@ -77,6 +78,69 @@ def direct_supports(p) -> str | None:
     if not _sizes_ok(p):
         return "tensors of fewer than 2**31 elements (32-bit index math)"
     return None
+
+
+VEC_ENABLED = [True]       # False: the NHWC 16-byte loader steps aside (old path), for comparisons and debugging
+
+
+@functools.lru_cache(maxsize=4096)
+def vec_supports(direction, p) -> str | None:
+    """None if the NHWC 16-byte loader (the kernel's VEC=1 variant) can run direction ``direction`` of ``p`` given
+    suitable memory (``vec_eligible`` checks that), else the rule it breaks."""
+    if direction not in (0, 1):
+        return "forward and backward data (the filter gradient keeps the element loader)"
+    if p.nd not in (1, 2) or p.dtype not in _ELEM or not _sizes_ok(p):
+        return "1-D and 2-D float32/float16/bfloat16 problems the implicit-GEMM kernel runs"
+    width = 16 // p.itemsize
+    ch, name = (p.Cg, "input") if direction == 0 else (p.Kg, "output")
+    if ch % width:
+        return f"{name} channels per group a multiple of {width} ({ch} given): whole 16-byte vectors of channels"
+    if direction == 1 and max(p.stride) != 1:
+        return "stride 1 backward data (a strided one splits into stride-1 problems first, when it can)"
+    return None
+
+
+def vec_eligible(direction, p, act) -> str | None:
+    """None if the VEC=1 loader runs this call: ``vec_supports`` and the activation it gathers (x forward, dy
+    backward data; channels-first view, 4-D) is NHWC-like -- channel stride 1, the other strides whole 16-byte
+    vectors, a 16-byte aligned base.  Else the reason the element loader runs."""
+    if not VEC_ENABLED[0]:
+        return "switched off (conv_igemm.VEC_ENABLED)"
+    why = vec_supports(direction, p)
+    if why is not None:
+        return why
+    item = act.itemsize
+    width = 16 // item
+    if act.data.ptr % 16:
+        return "a 16-byte aligned activation"
+    for axis, (size, stride) in enumerate(zip(act.shape, act.strides)):
+        if size == 1:
+            continue                      # never stepped: its stride is never used
+        if axis == 1:
+            if stride != item:
+                return "channels-last (NHWC) activations: channel stride 1"
+        elif (stride // item) % width or stride % item:
+            return f"NHWC strides that are whole 16-byte vectors ({tuple(s // item for s in act.strides)} given)"
+    return None
+
+
+def _krsc_filter(cp, w):
+    """Forward's B operand under VEC=1: w (K, Cg, *kernel) as a KRSC matrix (the channel innermost, k = (r, s, c)):
+    the filter itself when it is channels-last in memory and 16-byte aligned, else one copy."""
+    wk = cp.moveaxis(w, 1, -1)
+    if wk.flags.c_contiguous and wk.data.ptr % 16 == 0:
+        return wk
+    _launch.count_launches(1)            # CuPy's copy kernel: a launch of this call all the same
+    return cp.ascontiguousarray(wk)
+
+
+def _crsk_filter(cp, p, w):
+    """Backward data's B operand under VEC=1: w (K, Cg, *kernel) as (G, Cg, *kernel, Kg) -- for each input channel
+    c a row over k = (r, s, kk), kk fastest (one transposing copy per call: the weights change between calls)."""
+    nd = w.ndim - 2
+    wg = w.reshape(p.groups, p.Kg, p.Cg, *w.shape[2:])
+    _launch.count_launches(1)
+    return cp.ascontiguousarray(wg.transpose(0, 2, *range(3, 3 + nd), 1))
 
 
 # ---- geometry -------------------------------------------------------------------------------------------
@@ -140,14 +204,14 @@ def choose_tile(M, NG, groups, sms=132):
     return "64x64"
 
 
-def _igemm_kernel(direction, dtype_name, tf32, tile):
+def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False):
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
         BK = 32                                      # m16n8k16: two k16 steps per slice
     math_mode = 1 if (elem or tf32) else 0
     opts = (f"-DDIR={direction}", f"-DELEM={elem}", f"-DMATH={math_mode}", f"-DBM={BM}", f"-DBN={BN}",
-            f"-DBK={BK}", f"-DWM={WM}", f"-DWN={WN}")
+            f"-DBK={BK}", f"-DWM={WM}", f"-DWN={WN}") + (("-DVEC=1",) if vec else ())
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -188,26 +252,32 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
     repeated call costs the allocation of the split-K buffer and one prepared launch (host cost:
     docs/host_overhead.md)."""
     cp = _launch.cupy()
+    vec = False
     if direction == 0:
-        x, w = _as_2d(a, p.nd), cp.ascontiguousarray(b)
+        x = _as_2d(a, p.nd)
+        vec = vec_eligible(0, p, x) is None
+        w = _krsc_filter(cp, b) if vec else cp.ascontiguousarray(b)
         src, s1, s2 = (x, w), x, out
     elif direction == 1:
-        w, dy = cp.ascontiguousarray(a), _as_2d(b, p.nd)
+        dy = _as_2d(b, p.nd)
+        vec = vec_eligible(1, p, dy) is None
+        w = _crsk_filter(cp, p, a) if vec else cp.ascontiguousarray(a)
         src, s1, s2 = (dy, w), out, dy
     else:
         x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
         src, s1, s2 = (x, dy), x, dy
-    key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile,
+    key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec,
            cp.cuda.runtime.getDevice())
     main, partial_size, table, tickets = _launch.planned(_plans, key, _igemm_plan, cp, direction, p, s1, s2, tf32,
-                                                         precomp, alpha, beta, tile)
+                                                         precomp, alpha, beta, tile, vec)
     partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
     main(src[0], src[1], out, partial, table, tickets)
 
 
-def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile):
+def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False):
     """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
-    None) of a call whose x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy)."""
+    None) of a call whose x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy);
+    ``vec``: the NHWC 16-byte loader (no tap table: its tap walk needs none)."""
     g = _geometry(p)
     H, W, P, Q, R, S = g[:6]
     RS = R * S
@@ -221,12 +291,12 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile):
         M, NG, KR = p.Cg * RS, p.Kg, p.N * P * Q
     sms = _launch.sm_count()
     tile = tile or choose_tile(M, NG, p.groups, sms)
-    kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile)
+    kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile, vec)
     tiles = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
     partial_size = tiles * splits * BM * BN if splits > 1 else 0
     tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if splits > 1 else None
-    table = _tap_table(cp, direction, p, g, sx, sy) if precomp else None
+    table = _tap_table(cp, direction, p, g, sx, sy) if precomp and not vec else None
     args = [None] * 6 + _args(p, g, sx, sy) + [np.int32(splits), np.int32(per_split), np.float32(alpha),
                                                np.float32(beta)]
     main = _launch.prepare(kernel, (-(-M // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
@@ -318,8 +388,9 @@ def _strided_backward_data(cp, p, w, dy, dx, tf32, precomp, alpha, beta, tile):
             sub = dataclasses.replace(p, in_size=(rows, cols), kernel=(taps_r, taps_s), out_size=(P, Q),
                                       padding=((a + ph - r0) // sh, (b + pw - s0) // sw), stride=(1, 1),
                                       dilation=(1, 1))
-            _run_igemm(1, sub, cp.ascontiguousarray(w4[:, :, r0::sh, s0::sw]), dy4, dx[:, :, a::sh, b::sw], tf32,
-                       precomp, alpha, beta, tile)
+            # the sub-kernel view: _run_igemm makes the one copy its loader wants (KCRS, or (G, Cg, R, S, Kg))
+            _run_igemm(1, sub, w4[:, :, r0::sh, s0::sw], dy4, dx[:, :, a::sh, b::sw], tf32, precomp, alpha, beta,
+                       tile)
 
 
 def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):

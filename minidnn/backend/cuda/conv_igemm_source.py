@@ -24,6 +24,15 @@ SOURCE = r"""
 //                                                                          is cut into `splits` slices (below)
 //   The per-k (DIR 0/1) or per-row (DIR 2) tap decode (c or k, r*dil_h, s*dil_w, offsets) is computed with
 //   32-bit divisions (IMPLICIT_GEMM) or read from a small int4 table (IMPLICIT_PRECOMP_GEMM, `table` != 0).
+// VEC 1 (DIR 0 and stride-1 DIR 1; the host checks the conditions): the NHWC loader.  The reduction index is
+//   reordered k = (r*S + s)*CH + c, c fastest (CH = Cg forward, Kg backward data), so that VECW = 16/sizeof(T)
+//   consecutive k are consecutive channels of one pixel: each thread copies 16 bytes (4 float32 or 8 half
+//   channels) with ONE cp.async.cg of src-size 16 or 0 (0 zero-fills padding and tails).  Needs: x/dy NHWC-like
+//   (channel stride 1, other strides and the base 16-byte multiples), CH % VECW == 0, and B given as a dense
+//   NG x KR row-major matrix per group in the same k order: forward w in KRSC (w[k][r][s][c]: a channels-last
+//   filter as it is), backward data w transposed to (G, Cg, R, S, Kg).  A row's pixel decode is done once per
+//   thread; the tap (r, s) and channel c of the thread's k advance by BK per slice without division.  16-bit
+//   data goes through cp.async too (the element loader stages it through registers).
 //
 // Tiling: a thread block computes a BM x BN tile of the GEMM output over the reduction in BK slices; THREADS =
 //   (BM/WM)*(BN/WN) warps of 32; each warp owns a WM x WN sub-tile made of (WM/16) x (WN/8) fragments of
@@ -32,11 +41,13 @@ SOURCE = r"""
 //   m16n8k8 for float data, f16/bf16 m16n8k16 for half data, fp32 accumulation); MATH 0 computes the SAME
 //   accumulators with fp32 FMAs in k order (strict fp32, cuDNN's DEFAULT math).
 // Shared memory: STAGES stages of A (BK x BM) and B (BK x BN), filled while another stage is multiplied
-//   (cp.async 4-byte copies with zero-fill for float data; register-staged loads for 16-bit data, which
-//   cp.async cannot copy one element at a time).  Operand layouts:
-//   KCONT 0: [k][row] (row stride ROWS+8 words) filled by threads that each own one row (coalesced along rows:
-//            pixels of NCHW);  KCONT 1: [row][k] (stride BK+4) filled by threads that each own one k column.
-//   Both layouts make the fragment reads conflict-free for 4-byte data.
+//   (VEC 0: cp.async 4-byte copies with zero-fill for float data; register-staged loads for 16-bit data, which
+//   cp.async cannot copy one element at a time.  VEC 1: 16-byte cp.async for every type).  Operand layouts:
+//   KCONT 0: [k][row] (row stride ROWS+8 elements) filled by threads that each own one row (coalesced along
+//            rows: pixels of NCHW);  KCONT 1: [row][k] (stride BK+KPAD: +4, or +VECW under VEC so that rows
+//            stay 16-byte aligned) filled by threads that each own one k column (VEC: one 16-byte k vector).
+//   Both layouts make the fragment reads conflict-free for 4-byte data; a 16-bit (k, k+1) pair is one 32-bit
+//   shared load in the [row][k] layout.
 // Epilogue: out = alpha * acc + beta * out (out read only when beta != 0).
 // Split-K (DIR 2, splits > 1), in the same launch: every block stores its raw accumulators to `partial` in
 //   fragment order (float4 f = acc[i][j][0..3], f = i*NJ + j, of thread tid at ((tile*splits + split)*FRAGS + f)
@@ -64,6 +75,15 @@ SOURCE = r"""
 #define WM 32
 #define WN 32
 #endif
+#ifndef VEC
+#define VEC 0           // 1: the NHWC/KRSC 16-byte loader (DIR 0/1; conditions in the opening comment)
+#endif
+#if VEC && DIR == 2
+#error "VEC=1 is a loader of DIR 0 and DIR 1"
+#endif
+#if VEC && BK * 2 != 64 / (ELEM == 0 ? 2 : 1)
+#error "VEC=1 expects BK = 16 for float32, 32 for 16-bit data (4 vectors of 16 bytes per row of a slice)"
+#endif
 #ifndef STAGES
 #define STAGES 3        // shared-memory pipeline depth (static shared memory stays under 48 KB for every tile)
 #endif
@@ -74,7 +94,7 @@ SOURCE = r"""
 #define NJ (WN / 8)
 #define FRAGS (MI * NJ)     // float4 accumulator groups per thread (split-K partial layout)
 
-#if DIR == 2
+#if DIR == 2 || VEC
 #define A_KCONT 1
 #else
 #define A_KCONT 0
@@ -85,6 +105,12 @@ SOURCE = r"""
 typedef float T;
 #else
 typedef unsigned short T;
+#endif
+#define VECW (16 / (int)sizeof(T))     // elements per 16-byte copy: 4 float32, 8 float16/bfloat16
+#if VEC
+#define KPAD VECW                      // row pad of the [row][k] layouts: rows stay 16-byte aligned
+#else
+#define KPAD 4
 #endif
 
 __device__ __forceinline__ float to_f(float v) { return v; }
@@ -108,7 +134,7 @@ __device__ __forceinline__ void from_f(unsigned short* dst, float v) {
 
 // ---- shared-memory operand layouts ------------------------------------------------------------------------
 #if A_KCONT
-#define A_LD (BK + 4)
+#define A_LD (BK + KPAD)
 #define A_STAGE (BM * A_LD)
 #define AS(st, k, r) sA[(st) * A_STAGE + (r) * A_LD + (k)]
 #else
@@ -116,7 +142,7 @@ __device__ __forceinline__ void from_f(unsigned short* dst, float v) {
 #define A_STAGE (BK * A_LD)
 #define AS(st, k, r) sA[(st) * A_STAGE + (k) * A_LD + (r)]
 #endif
-#define B_LD (BK + 4)
+#define B_LD (BK + KPAD)
 #define B_STAGE (BN * B_LD)
 #define BS(st, k, n) sB[(st) * B_STAGE + (n) * B_LD + (k)]
 
@@ -128,6 +154,12 @@ __device__ __forceinline__ void from_f(unsigned short* dst, float v) {
 #define A_STEP (THREADS / BM)      // k between a thread's elements
 #endif
 #define B_STEP (THREADS / BK)
+#if VEC
+#define KV (BK / VECW)                 // 16-byte vectors per row of a slice (4: BK = 16 float32 or 32 half)
+#define V_STEP (THREADS / KV)          // rows between a thread's vectors
+#define A_VECS (BM / V_STEP)
+#define B_VECS ((BN + V_STEP - 1) / V_STEP)
+#endif
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned a;
@@ -135,7 +167,11 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return a;
 }
 
-#if ELEM == 0
+// 16 bytes global -> shared (L2 only), src-size 0 writes zeros (padding, tails): the VEC loader's one copy.
+#define PUT16(dst, src_ptr, ok) \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" \
+                 :: "r"(smem_addr(&(dst))), "l"(src_ptr), "r"((ok) ? 16 : 0))
+#if ELEM == 0 || VEC
 // One element global -> shared without a register round trip; src-size 0 writes a zero (padding, tails).
 #define PUT(dst, src_ptr, ok) \
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" \
@@ -175,6 +211,14 @@ __device__ __forceinline__ unsigned tf32_bits(float v) {
 __device__ __forceinline__ unsigned pack2(unsigned short lo, unsigned short hi) {
     return (unsigned)lo | ((unsigned)hi << 16);
 }
+// The 16-bit pair (k, k+1) of a row as one mma operand register: one 32-bit load in the [row][k] layouts (k even,
+// even row strides: 4-byte aligned), two loads in the [k][row] layout.
+#if A_KCONT
+#define A2(st, k, r) (*reinterpret_cast<const unsigned*>(&AS(st, k, r)))
+#else
+#define A2(st, k, r) pack2(AS(st, k, r), AS(st, (k) + 1, r))
+#endif
+#define B2(st, k, n) (*reinterpret_cast<const unsigned*>(&BS(st, k, n)))
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restrict__ out,
@@ -204,14 +248,53 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
     __shared__ __align__(16) T sB[STAGES * B_STAGE];
 
     // ---- per-thread state that does not change with the k slice -------------------------------------
+#if !VEC
 #if A_KCONT
     const int a_k = tid % BK, a_r0 = tid / BK;
 #else
     const int a_r = tid % BM, a_k0 = tid / BM;
 #endif
     const int b_k = tid % BK, b_n0 = tid / BK;
+#else
+    (void)g;
+#endif
 
+#if VEC
+    // NHWC activations, KRSC-ordered B: reduction index k = (r*S + s)*CH + c, c fastest (CH = Cg for DIR 0, Kg for
+    // DIR 1).  Thread tid copies the 16-byte vector kq = (tid % KV)*VECW of every slice, for rows (pixels of A;
+    // columns n of B) tid/KV + i*V_STEP.  Per A row, decoded once: v_base = offset of the pixel's reference point
+    // (+ the group's channels), v_h / v_w = its coordinate the tap moves (DIR 0: h0 = p*st - pad, tap adds
+    // r*dil; DIR 1: h + pad, tap subtracts r*dil and the result indexes dy's rows, stride 1).  A row past M gets
+    // v_h = -2^30 (every tap fails the bounds test).  The tap (r, s) and channel c of this thread's k advance by
+    // BK per slice without division (load_tile runs once per slice, in order).
+    const int v_kq = (tid % KV) * VECW, v_r0 = tid / KV;
+    int v_base[A_VECS], v_h[A_VECS], v_w[A_VECS];
+    #pragma unroll
+    for (int i = 0; i < A_VECS; ++i) {
+        const int am = m0 + v_r0 + i * V_STEP;
 #if DIR == 0
+        const int PQ = P * Q, n = am / PQ, pq = am - n * PQ, p = pq / Q, q = pq - p * Q;
+        v_h[i] = p * st_h - pad_h; v_w[i] = q * st_w - pad_w;
+        v_base[i] = n * sxn + grp * Cg + v_h[i] * sxh + v_w[i] * sxw;
+#else
+        const int HW = H * W, n = am / HW, hw = am - n * HW, h = hw / W, w = hw - h * W;
+        v_h[i] = h + pad_h; v_w[i] = w + pad_w;
+        v_base[i] = n * syn + grp * Kg + v_h[i] * syh + v_w[i] * syw;
+#endif
+        if (am >= M) { v_h[i] = -(1 << 30); v_base[i] = 0; }
+    }
+#if DIR == 0
+    const int CH = Cg, LIM_H = H, LIM_W = W, T_SH = sxh, T_SW = sxw;
+#else
+    const int CH = Kg, LIM_H = P, LIM_W = Q, T_SH = -syh, T_SW = -syw;
+#endif
+    int t_c, t_r, t_s;                      // channel and tap of k = k0 + v_kq in the next slice load_tile fills
+    {
+        const int k = k_begin + v_kq, rs = k / CH;
+        t_c = k - rs * CH; t_r = rs / S; t_s = rs - t_r * S;
+    }
+    const T* b_grp = b_src + (long long)grp * NG * KR;       // B: a dense NG x KR matrix per group
+#elif DIR == 0
     // A row = output pixel (n, p, q): the top-left input position its window starts at.
     const int am = m0 + a_r;
     const bool a_row_ok = am < M;
@@ -239,7 +322,31 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #endif
 
     auto load_tile = [&](int stage, int k0) {
-#if DIR == 2
+#if VEC
+        const int k = k0 + v_kq;
+        const bool k_ok = k < k_end;
+        const int rh = t_r * dil_h, sw = t_s * dil_w;
+        const int t_off = rh * T_SH + sw * T_SW + t_c;
+        #pragma unroll
+        for (int i = 0; i < A_VECS; ++i) {
+#if DIR == 0
+            const int hh = v_h[i] + rh, ww = v_w[i] + sw;
+#else
+            const int hh = v_h[i] - rh, ww = v_w[i] - sw;
+#endif
+            const bool ok = k_ok && (unsigned)hh < (unsigned)LIM_H && (unsigned)ww < (unsigned)LIM_W;
+            PUT16(AS(stage, v_kq, v_r0 + i * V_STEP), a_src + (ok ? v_base[i] + t_off : 0), ok);
+        }
+        #pragma unroll
+        for (int i = 0; i < B_VECS; ++i) {
+            const int nn = v_r0 + i * V_STEP, col = n0 + nn;
+            if (BN % V_STEP != 0 && nn >= BN) break;
+            const bool ok = k_ok && col < NG;
+            PUT16(BS(stage, v_kq, nn), b_grp + (ok ? col * KR + k : 0), ok);
+        }
+        t_c += BK;                          // the next slice: k += BK, carried into (s, r)
+        while (t_c >= CH) { t_c -= CH; if (++t_s == S) { t_s = 0; ++t_r; } }
+#elif DIR == 2
         // This thread's k column is one pixel (n, p, q) for both operands: decode it once.
         const int k = k0 + a_k;             // a_k == b_k
         const bool k_ok = k < k_end;
@@ -401,16 +508,16 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             #pragma unroll
             for (int i = 0; i < MI; ++i) {
                 const int r = wm0 + i * 16 + gq;
-                af[i][0] = pack2(AS(st, k0, r), AS(st, k0 + 1, r));
-                af[i][1] = pack2(AS(st, k0, r + 8), AS(st, k0 + 1, r + 8));
-                af[i][2] = pack2(AS(st, k0 + 8, r), AS(st, k0 + 9, r));
-                af[i][3] = pack2(AS(st, k0 + 8, r + 8), AS(st, k0 + 9, r + 8));
+                af[i][0] = A2(st, k0, r);
+                af[i][1] = A2(st, k0, r + 8);
+                af[i][2] = A2(st, k0 + 8, r);
+                af[i][3] = A2(st, k0 + 8, r + 8);
             }
             #pragma unroll
             for (int j = 0; j < NJ; ++j) {
                 const int n = wn0 + j * 8 + gq;
-                bf[j][0] = pack2(BS(st, k0, n), BS(st, k0 + 1, n));
-                bf[j][1] = pack2(BS(st, k0 + 8, n), BS(st, k0 + 9, n));
+                bf[j][0] = B2(st, k0, n);
+                bf[j][1] = B2(st, k0 + 8, n);
             }
             #pragma unroll
             for (int i = 0; i < MI; ++i)
