@@ -438,7 +438,8 @@ col_sum(const MT* __restrict__ m, A* __restrict__ ws, unsigned int* ticket, A* _
 
 // y = alpha * b[c] + beta * x (x is not read when beta == 0: a NaN there does not leak), c = (i / inner) % C.
 extern "C" __global__ void __launch_bounds__(256)
-bias_add(const T* __restrict__ x, const PT* __restrict__ b, T* y, const long long n, const int C,
+bias_add(const T* x, const PT* __restrict__ b, T* y,      // x may be y: no __restrict__
+         const long long n, const int C,
          const unsigned int c_mul, const unsigned int c_shr, const unsigned int in_mul, const unsigned int in_shr,
          const int inner1, const double alpha, const double beta)
 {
@@ -614,10 +615,12 @@ def supports_bias_grad(dy, channel_axis) -> bool:
 
 # ---- launches ------------------------------------------------------------------------------------------------
 
-def _grid(rows, team, dev, waves=2):
+def _grid(rows, team, dev, threads_per_sm=4096):
+    """Blocks for ``rows`` rows: one team per row, at most ``threads_per_sm`` threads per SM (the rest is the
+    grid-stride loop)."""
     block = _block(team)
     tpb = block // team
-    return max(1, min((rows + tpb - 1) // tpb, _launch.sm_count(dev) * max(1, 2048 // block) * waves))
+    return max(1, min((rows + tpb - 1) // tpb, _launch.sm_count(dev) * max(1, threads_per_sm // block)))
 
 
 def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s):
@@ -691,7 +694,10 @@ def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
     dev = x.data.device_id
     has_scale = scale is not None
     k = _kernel("ln_bwd", x.dtype, pinfo, team, vpt, vec)
-    grid = _grid(rows, team, dev, waves=1)
+    # fewer teams than the forward: each writes a column-partial row of 2D values that col_sum adds up
+    grid = _grid(rows, team, dev, threads_per_sm=1024)
+    tpb = _block(team) // team
+    grid = min(grid, max(_launch.sm_count(dev), -(-rows // (4 * tpb))))
     teams = grid * (_block(team) // team)
     with _launch.on_device(dev):
         dx = cp.empty(x.shape, dtype=x.dtype)
