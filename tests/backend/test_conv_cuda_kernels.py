@@ -510,12 +510,12 @@ def test_filter_gradient_is_one_launch(layout):
     assert L.launch_count() - before == 1
 
 
-# ---- the NHWC 16-byte loader (the kernel's VEC=1 variant: forward and stride-1 backward data) --------------------
+# ---- the NHWC 16-byte loader (the kernel's VEC=1 variant: forward, stride-1 backward data, backward filter) -------
 
 # (id, N, C, H, W, K, R, S, padding, stride, dilation, groups); K ragged against every tile, N = 1, C per group
 # 4 (float32 only) to 64, 1x1 / 3x3 / 5x5, stride 2 (forward; backward data through the stride-1 residue classes),
 # padding 0-2, dilation 2, groups 2.  Backward data vectorises over K/G: where that is not a whole vector the
-# element loader runs it (still checked here).
+# element loader runs it (still checked here); the filter gradient vectorises over both.
 VEC_SHAPES = [
     ("v-c4-k6", 2, 4, 9, 11, 6, 3, 3, 1, 1, 1, 1),
     ("v-c8-k12-n1-pad0", 1, 8, 7, 10, 12, 3, 3, 0, 1, 1, 1),
@@ -528,7 +528,7 @@ VEC_SHAPES = [
     ("v-c64-k70-5x5-stride2", 1, 64, 10, 9, 70, 5, 5, 2, 2, 1, 1),
     ("v-c32-k32-wide-m", 4, 32, 17, 19, 32, 3, 3, 1, 1, 1, 1),
 ]
-VEC_DIRECTIONS = ["forward", "backward_data"]
+VEC_DIRECTIONS = ["forward", "backward_data", "backward_filter"]
 
 
 def _channels_last_filter(w):
@@ -537,8 +537,9 @@ def _channels_last_filter(w):
 
 
 def _vec_ran(direction, p):
-    """Whether a plan of ``p`` for ``direction`` (0 forward, 1 backward data) with the VEC loader was made (the
-    plan key's vec flag); a strided backward data plans its stride-1 residue-class sub-problems instead."""
+    """Whether a plan of ``p`` for ``direction`` (0 forward, 1 backward data, 2 backward filter) with the VEC loader
+    was made (the plan key's vec flag); a strided backward data plans its stride-1 residue-class sub-problems
+    instead."""
     return any(k[0] == direction and k[10] is True and (k[1] == p or (direction == 1 and k[1].N == p.N
                                                                      and k[1].C == p.C and k[1].K == p.K))
                for k in K._plans)
@@ -560,20 +561,26 @@ def _compare_vec(shape, mode, w_layout, tile=None, seed=0):
         wg = _channels_last_filter(wg)
     width = 16 // np.dtype(dt).itemsize
     for d, direction in enumerate(VEC_DIRECTIONS):
-        ch = p.Cg if d == 0 else p.Kg
-        expect_vec = ch % width == 0 and (d == 0 or max(p.stride) == 1 or K._split_by_residue(p))
-        assert (K.vec_eligible(d, p, xg if d == 0 else dyg) is None) == (expect_vec and (d == 0 or p.stride == (1, 1)))
+        if d == 2:
+            expect_vec = p.Cg % width == 0 and p.Kg % width == 0
+            eligible = K.vec_eligible(2, p, xg, dyg) is None
+        else:
+            ch = p.Cg if d == 0 else p.Kg
+            expect_vec = ch % width == 0 and (d == 0 or max(p.stride) == 1 or K._split_by_residue(p))
+            eligible = K.vec_eligible(d, p, xg if d == 0 else dyg) is None
+        assert eligible == (expect_vec and (d != 1 or p.stride == (1, 1)))
+        out_layout = "NCHW" if d == 2 else "NHWC"          # dw: (K, Cg, R, S) contiguous, blended in the kernel
         ref, ref_abs = _ref(direction, desc, p, x, w, dy)
         what = f"VEC {direction} {shape[0]} {mode} w {w_layout} tile={tile}"
         K._plans.clear()
-        out = _poisoned(_out_shape(direction, p), dt, "NHWC")
+        out = _poisoned(_out_shape(direction, p), dt, out_layout)
         got = _run_kernel("implicit", direction, p, xg, wg, dyg, tf32, d == 0, out, tile=tile)
         assert got is out
         _check(got, ref, _bound(direction, p, ref_abs, u_in, u_out), what)
         assert _vec_ran(d, p) == expect_vec, f"{what}: VEC loader ran {_vec_ran(d, p)}, expected {expect_vec}"
         prior = np.random.default_rng(seed + 1).standard_normal(ref.shape).astype(dt).astype(F64)
         alpha, beta = 0.75, -0.5
-        out = _to_gpu(prior, dt, "NHWC")
+        out = _to_gpu(prior, dt, out_layout)
         got = _run_kernel("implicit", direction, p, xg, wg, dyg, tf32, d == 1, out, alpha, beta, tile=tile)
         bound = _bound(direction, p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), u_in, u_out)
         _check(got, alpha * ref + beta * prior, bound, what + " alpha/beta")
@@ -598,7 +605,7 @@ def test_vec_loader_every_tile(tile, mode):
 def test_vec_loader_is_chosen_only_where_it_applies():
     """Eligible: NHWC activations with whole 16-byte vectors of channels per group.  Not: 3 channels (C % 4), NCHW
     memory, a base address off 16 bytes (a channel slice starting at channel 1), strided backward data that stays
-    one launch (1x1 stride 2), switched off."""
+    one launch (1x1 stride 2), a filter gradient with one NCHW operand, switched off."""
     ok, _ = _problem(("ok", 2, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1))
     c3, _ = _problem(("c3", 2, 3, 8, 8, 16, 3, 3, 1, 1, 1, 1))
     x = _to_gpu(np.ones(ok.x_shape), np.float32, "NHWC")
@@ -609,7 +616,10 @@ def test_vec_loader_is_chosen_only_where_it_applies():
     assert "aligned" in K.vec_eligible(0, ok, wide[:, 1:17])
     s2, _ = _problem(("1x1-s2", 2, 16, 8, 8, 16, 1, 1, 0, 2, 1, 1))
     assert "stride 1" in K.vec_supports(1, s2)
-    assert K.vec_supports(2, ok) is not None
+    assert K.vec_eligible(2, ok, x, x) is None
+    assert "channel stride 1" in K.vec_eligible(2, ok, x, _to_gpu(np.ones(ok.x_shape), np.float32, "NCHW"))
+    k6, _ = _problem(("k6", 2, 16, 8, 8, 6, 3, 3, 1, 1, 1, 1))
+    assert "output channels" in K.vec_supports(2, k6)
     K.VEC_ENABLED[0] = False
     try:
         assert K.vec_eligible(0, ok, x) is not None

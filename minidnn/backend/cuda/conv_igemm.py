@@ -85,42 +85,43 @@ VEC_ENABLED = [True]       # False: the NHWC 16-byte loader steps aside (old pat
 
 @functools.lru_cache(maxsize=4096)
 def vec_supports(direction, p) -> str | None:
-    """None if the NHWC 16-byte loader (the kernel's VEC=1 variant) can run direction ``direction`` of ``p`` given
-    suitable memory (``vec_eligible`` checks that), else the rule it breaks."""
-    if direction not in (0, 1):
-        return "forward and backward data (the filter gradient keeps the element loader)"
+    """None if the NHWC 16-byte loader (the kernel's VEC=1 variant) can run direction ``direction`` (0 forward,
+    1 backward data, 2 backward filter) of ``p`` given suitable memory (``vec_eligible`` checks that), else the rule
+    it breaks."""
     if p.nd not in (1, 2) or p.dtype not in _ELEM or not _sizes_ok(p):
         return "1-D and 2-D float32/float16/bfloat16 problems the implicit-GEMM kernel runs"
     width = 16 // p.itemsize
-    ch, name = (p.Cg, "input") if direction == 0 else (p.Kg, "output")
-    if ch % width:
-        return f"{name} channels per group a multiple of {width} ({ch} given): whole 16-byte vectors of channels"
+    vectors = {0: [(p.Cg, "input")], 1: [(p.Kg, "output")], 2: [(p.Cg, "input"), (p.Kg, "output")]}[direction]
+    for ch, name in vectors:
+        if ch % width:
+            return f"{name} channels per group a multiple of {width} ({ch} given): whole 16-byte vectors of channels"
     if direction == 1 and max(p.stride) != 1:
         return "stride 1 backward data (a strided one splits into stride-1 problems first, when it can)"
     return None
 
 
-def vec_eligible(direction, p, act) -> str | None:
-    """None if the VEC=1 loader runs this call: ``vec_supports`` and the activation it gathers (x forward, dy
-    backward data; channels-first view, 4-D) is NHWC-like -- channel stride 1, the other strides whole 16-byte
-    vectors, a 16-byte aligned base.  Else the reason the element loader runs."""
+def vec_eligible(direction, p, *acts) -> str | None:
+    """None if the VEC=1 loader runs this call: ``vec_supports`` and every activation it gathers (x forward, dy
+    backward data, x and dy backward filter; channels-first views, 4-D) is NHWC-like -- channel stride 1, the other
+    strides whole 16-byte vectors, a 16-byte aligned base.  Else the reason the element loader runs."""
     if not VEC_ENABLED[0]:
         return "switched off (conv_igemm.VEC_ENABLED)"
     why = vec_supports(direction, p)
     if why is not None:
         return why
-    item = act.itemsize
-    width = 16 // item
-    if act.data.ptr % 16:
-        return "a 16-byte aligned activation"
-    for axis, (size, stride) in enumerate(zip(act.shape, act.strides)):
-        if size == 1:
-            continue                      # never stepped: its stride is never used
-        if axis == 1:
-            if stride != item:
-                return "channels-last (NHWC) activations: channel stride 1"
-        elif (stride // item) % width or stride % item:
-            return f"NHWC strides that are whole 16-byte vectors ({tuple(s // item for s in act.strides)} given)"
+    for act in acts:
+        item = act.itemsize
+        width = 16 // item
+        if act.data.ptr % 16:
+            return "16-byte aligned activations"
+        for axis, (size, stride) in enumerate(zip(act.shape, act.strides)):
+            if size == 1:
+                continue                      # never stepped: its stride is never used
+            if axis == 1:
+                if stride != item:
+                    return "channels-last (NHWC) activations: channel stride 1"
+            elif (stride // item) % width or stride % item:
+                return f"NHWC strides that are whole 16-byte vectors ({tuple(s // item for s in act.strides)} given)"
     return None
 
 
@@ -265,6 +266,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
         src, s1, s2 = (dy, w), out, dy
     else:
         x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
+        vec = vec_eligible(2, p, x, dy) is None
         src, s1, s2 = (x, dy), x, dy
     key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec,
            cp.cuda.runtime.getDevice())

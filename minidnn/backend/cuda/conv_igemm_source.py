@@ -33,6 +33,11 @@ SOURCE = r"""
 //   filter as it is), backward data w transposed to (G, Cg, R, S, Kg).  A row's pixel decode is done once per
 //   thread; the tap (r, s) and channel c of the thread's k advance by BK per slice without division.  16-bit
 //   data goes through cp.async too (the element loader stages it through registers).
+//   DIR 2 under VEC 1 (x and dy NHWC-like, Cg and Kg multiples of VECW): filter rows reordered (r, s, c), c
+//   fastest, so that a 16-byte vector is VECW channels of one tap of one pixel k (A) or VECW output channels of
+//   one pixel of dy (B); both operands sit in [k][row] layouts.  A thread's row vector (tap, channels) is
+//   decoded once, the pixels (n, p, q) of its k rows advance by BK per slice with a carry from q into p and n;
+//   the epilogue writes row (r, s, c) to dw[k][c][r][s].
 //
 // Tiling: a thread block computes a BM x BN tile of the GEMM output over the reduction in BK slices; THREADS =
 //   (BM/WM)*(BN/WN) warps of 32; each warp owns a WM x WN sub-tile made of (WM/16) x (WN/8) fragments of
@@ -78,9 +83,6 @@ SOURCE = r"""
 #ifndef VEC
 #define VEC 0           // 1: the NHWC/KRSC 16-byte loader (DIR 0/1; conditions in the opening comment)
 #endif
-#if VEC && DIR == 2
-#error "VEC=1 is a loader of DIR 0 and DIR 1"
-#endif
 #if VEC && BK * 2 != 64 / (ELEM == 0 ? 2 : 1)
 #error "VEC=1 expects BK = 16 for float32, 32 for 16-bit data (4 vectors of 16 bytes per row of a slice)"
 #endif
@@ -94,12 +96,16 @@ SOURCE = r"""
 #define NJ (WN / 8)
 #define FRAGS (MI * NJ)     // float4 accumulator groups per thread (split-K partial layout)
 
-#if DIR == 2 || VEC
+#if VEC && DIR == 2
+#define A_KCONT 0       // VEC filter gradient: both operands [k][row], 16-byte vectors along the rows (channels)
+#define B_KCONT 0
+#elif DIR == 2 || VEC
 #define A_KCONT 1
+#define B_KCONT 1
 #else
 #define A_KCONT 0
-#endif
 #define B_KCONT 1
+#endif
 
 #if ELEM == 0
 typedef float T;
@@ -142,9 +148,15 @@ __device__ __forceinline__ void from_f(unsigned short* dst, float v) {
 #define A_STAGE (BK * A_LD)
 #define AS(st, k, r) sA[(st) * A_STAGE + (k) * A_LD + (r)]
 #endif
+#if B_KCONT
 #define B_LD (BK + KPAD)
 #define B_STAGE (BN * B_LD)
 #define BS(st, k, n) sB[(st) * B_STAGE + (n) * B_LD + (k)]
+#else
+#define B_LD (BN + 8)
+#define B_STAGE (BK * B_LD)
+#define BS(st, k, n) sB[(st) * B_STAGE + (k) * B_LD + (n)]
+#endif
 
 #define A_ELEMS (BM * BK / THREADS)
 #define B_ELEMS (BN * BK / THREADS)
@@ -154,7 +166,14 @@ __device__ __forceinline__ void from_f(unsigned short* dst, float v) {
 #define A_STEP (THREADS / BM)      // k between a thread's elements
 #endif
 #define B_STEP (THREADS / BK)
-#if VEC
+#if VEC && DIR == 2
+#define AV (BM / VECW)                 // 16-byte vectors per k row of the A slice (along the filter rows)
+#define BV (BN / VECW)                 // ... of the B slice (along the output channels)
+#define A_KSTEP (THREADS / AV)         // k rows between a thread's A vectors
+#define B_KSTEP (THREADS / BV)
+#define A_VECS (BK / A_KSTEP)
+#define B_VECS ((BK + B_KSTEP - 1) / B_KSTEP)
+#elif VEC
 #define KV (BK / VECW)                 // 16-byte vectors per row of a slice (4: BK = 16 float32 or 32 half)
 #define V_STEP (THREADS / KV)          // rows between a thread's vectors
 #define A_VECS (BM / V_STEP)
@@ -218,7 +237,11 @@ __device__ __forceinline__ unsigned pack2(unsigned short lo, unsigned short hi) 
 #else
 #define A2(st, k, r) pack2(AS(st, k, r), AS(st, (k) + 1, r))
 #endif
+#if B_KCONT
 #define B2(st, k, n) (*reinterpret_cast<const unsigned*>(&BS(st, k, n)))
+#else
+#define B2(st, k, n) pack2(BS(st, k, n), BS(st, (k) + 1, n))
+#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restrict__ out,
@@ -259,7 +282,36 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
     (void)g;
 #endif
 
-#if VEC
+#if VEC && DIR == 2
+    // NHWC x and dy.  Filter rows ordered m = (r*S + s)*Cg + c, c fastest (dw written back to (K, Cg, R, S) in the
+    // epilogue); k = pixel (n, p, q), q fastest, over this split's range.  A vector = VECW consecutive rows (the
+    // channels c..c+VECW-1 of one tap) of one k: x[n, p*st - pad + r*dil, q*st - pad + s*dil, g*Cg + c ...]; a B
+    // vector = VECW output channels of one pixel of dy.  A thread's row vector (its tap and channels) is fixed and
+    // decoded once; the pixels of its k rows advance by BK per slice, carried from q into p and n (no division).
+    const int a_rv = tid % AV, a_kk0 = tid / AV, b_cv = tid % BV, b_kk0 = tid / BV;
+    const int row0 = m0 + a_rv * VECW, col0 = n0 + b_cv * VECW;
+    const bool a_row_ok = row0 < M, b_col_ok = col0 < NG;
+    int a_dh, a_dw;
+    const int a_ch = grp * Cg + (row0 % Cg), b_ch = grp * Kg + col0;
+    {
+        const int rs = row0 / Cg, r = rs / S;
+        a_dh = r * dil_h - pad_h; a_dw = (rs - r * S) * dil_w - pad_w;
+    }
+    int a_n[A_VECS], a_p[A_VECS], a_q[A_VECS], b_n[B_VECS], b_p[B_VECS], b_q[B_VECS];
+    {
+        const int PQ = P * Q;
+        #pragma unroll
+        for (int i = 0; i < A_VECS; ++i) {
+            const int k = k_begin + a_kk0 + i * A_KSTEP, n = k / PQ, pq = k - n * PQ;
+            a_n[i] = n; a_p[i] = pq / Q; a_q[i] = pq - a_p[i] * Q;
+        }
+        #pragma unroll
+        for (int i = 0; i < B_VECS; ++i) {
+            const int k = k_begin + b_kk0 + i * B_KSTEP, n = k / PQ, pq = k - n * PQ;
+            b_n[i] = n; b_p[i] = pq / Q; b_q[i] = pq - b_p[i] * Q;
+        }
+    }
+#elif VEC
     // NHWC activations, KRSC-ordered B: reduction index k = (r*S + s)*CH + c, c fastest (CH = Cg for DIR 0, Kg for
     // DIR 1).  Thread tid copies the 16-byte vector kq = (tid % KV)*VECW of every slice, for rows (pixels of A;
     // columns n of B) tid/KV + i*V_STEP.  Per A row, decoded once: v_base = offset of the pixel's reference point
@@ -322,7 +374,27 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #endif
 
     auto load_tile = [&](int stage, int k0) {
-#if VEC
+#if VEC && DIR == 2
+        #pragma unroll
+        for (int i = 0; i < A_VECS; ++i) {
+            const int kk = a_kk0 + i * A_KSTEP;
+            const int h = a_p[i] * st_h + a_dh, w = a_q[i] * st_w + a_dw;
+            const bool ok = a_row_ok && k0 + kk < k_end && (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W;
+            PUT16(AS(stage, kk, a_rv * VECW), a_src + (ok ? a_n[i] * sxn + h * sxh + w * sxw + a_ch : 0), ok);
+            a_q[i] += BK;                   // this k row's pixel in the next slice
+            while (a_q[i] >= Q) { a_q[i] -= Q; if (++a_p[i] == P) { a_p[i] = 0; ++a_n[i]; } }
+        }
+        #pragma unroll
+        for (int i = 0; i < B_VECS; ++i) {
+            const int kk = b_kk0 + i * B_KSTEP;
+            if (B_KSTEP * B_VECS != BK && kk >= BK) break;        // narrow tiles: fewer vectors than threads
+            const bool ok = b_col_ok && k0 + kk < k_end;
+            PUT16(BS(stage, kk, b_cv * VECW),
+                  b_src + (ok ? b_n[i] * syn + b_p[i] * syh + b_q[i] * syw + b_ch : 0), ok);
+            b_q[i] += BK;
+            while (b_q[i] >= Q) { b_q[i] -= Q; if (++b_p[i] == P) { b_p[i] = 0; ++b_n[i]; } }
+        }
+#elif VEC
         const int k = k0 + v_kq;
         const bool k_ok = k < k_end;
         const int rh = t_r * dil_h, sw = t_s * dil_w;
@@ -596,7 +668,12 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             const int cstride = sxc;
 #else
             const int CRS = Cg * RS;
+#if VEC
+            const int rs_ = row / Cg;                      // row = (r*S + s)*Cg + c -> dw[k][c][r][s]
+            T* base = out + (grp * Kg * CRS + (row - rs_ * Cg) * RS + rs_);
+#else
             T* base = out + (grp * Kg * CRS + row);
+#endif
             const int cstride = CRS;
 #endif
             #pragma unroll
