@@ -25,8 +25,12 @@ block) owns a row at a time, grid-stride over the rows.  Thread t of the team ha
              the column partials sum(dy * xhat), sum(dy) of its columns over the rows its team visits and writes
              them to partial[team][2D] at the end (registers when cached; its own partial row in global memory
              when looped); col_sum adds them over the teams -> dscale, dbias.
-  row_sums   one team per plane (n, c) of S values: GN: e = sum(dy * xhat), s = sum(dy) -> out[n][2C]
-             (e at c, s at C + c); BIAS: s = sum(dy) -> out[plane].
+  gn_bwd     (group rows held in registers, C/G <= 32) one team per group row: dx from two team sums as ln_bwd
+             (scale[c] per value), and the per-channel sums e = sum(dy * xhat), s = sum(dy) of the group's channels
+             (each warp walks the few channels its lanes' values fall in, shuffle sums, lane k keeps channel k; the
+             team adds its warps in order) -> sums[n][2C]; col_sum turns them into dscale, dbias.  One read.
+  row_sums   (longer group rows) one team per plane (n, c) of S values: GN: e = sum(dy * xhat), s = sum(dy) ->
+             out[n][2C] (e at c, s at C + c); BIAS: s = sum(dy) -> out[plane].
   gn_dx      one team per group row: c1 = sum_{c in g} scale[c] * s[n, c] / D, c2 = sum scale[c] * e[n, c] / D (a
              team sum over the group's channels), then dx = rstd * (dy * scale[c] - c1 - xhat * c2) in one sweep.
   col_sum    out[col] = sum over R rows of m[row][col] for an (R, NC) matrix: block (32 columns x 8 rows), grid
@@ -34,8 +38,9 @@ block) owns a row at a time, grid-stride over the rows.  Thread t of the team ha
              (threadfence + ticket, reset by that block) adds the splits in order, in double.  Deterministic.
              Columns < SPLIT_COL go to an A output, the rest to a T output (dscale and dbias in one launch).
   bias_add   y = alpha * b[c] + beta * x, grid-stride, VEC values per thread per iteration (x may be y: in place).
-Group norm backward: row_sums, col_sum (dscale, dbias), gn_dx -- 3 launches, x and dy read twice; layer norm
-backward: ln_bwd + col_sum.  Nothing is read back to the host: every launch can be captured in a CUDA graph.
+Group norm backward: gn_bwd + col_sum (x and dy read once) where the group row fits in registers, else row_sums,
+col_sum (dscale, dbias), gn_dx -- 3 launches, x and dy read twice;
+layer norm backward: ln_bwd + col_sum.  Nothing is read back to the host: every launch can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -340,6 +345,101 @@ row_sums(const T* __restrict__ dy, const T* __restrict__ x, const A* __restrict_
         if (t == 0) out[q] = s;
         }
     }
+}
+
+// Group norm backward in one read (rows held in registers, C/G <= 32): one team per group row r = n * G + g.
+// dx = rstd * (dy * scale[c] - mean(dy * scale) - xhat * mean(dy * scale * xhat)) from two team sums, and the
+// per-channel sums e[n, c] = sum_s dy * xhat, s[n, c] = sum_s dy -> sums[n][2C] (e at c, s at C + c) for col_sum.
+// Per channel: each lane's values lie in a few consecutive channels; the warp walks the channels its lanes touch
+// (warp-uniform range), sums each by shuffles, and lane k keeps channel g0 + k; a team of several warps then adds
+// its warps' results in warp order (shared memory).  Deterministic, no atomics.
+extern "C" __global__ void __launch_bounds__(BLOCK)
+gn_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+       const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const long long rows, const int D,
+       const int C, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr, const int flags)
+{
+#if VPT > 0
+    const bool has_scale = flags & F_SCALE;
+    __shared__ A red[BLOCK / 32][2];
+#if TEAM > 32
+    __shared__ A wsum[BLOCK / 32][32][2];
+    const int warp = threadIdx.x >> 5;
+#endif
+    const int t = threadIdx.x % TEAM, lane = threadIdx.x & 31;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
+        const unsigned int n = (unsigned int)r / (unsigned int)G;          // r < 2^31
+        const int g0 = (int)((unsigned int)r - n * (unsigned int)G) * cpg;
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + r * D);
+        V* dr = reinterpret_cast<V*>(dx + r * D);
+        const A mu = mean[r], is = rstd[r];
+        A xh[VPT][VEC], gv[VPT][VEC];
+        int lc[VPT][VEC];                    // the channel of each value within the group (0 .. cpg - 1)
+        A s1 = 0, s2 = 0;
+        int clo = 1 << 30, chi = -1;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                const V a = xr[vi], b = gr[vi];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    lc[k][e] = (int)divu((unsigned int)(vi * VEC + e), s_mul, s_shr);
+                    xh[k][e] = (LD(a.v[e]) - mu) * is;
+                    gv[k][e] = LD(b.v[e]);
+                    const A dh = has_scale ? gv[k][e] * LDP(scale[g0 + lc[k][e]]) : gv[k][e];
+                    s1 += dh; s2 += dh * xh[k][e];
+                }
+                clo = min(clo, lc[k][0]); chi = max(chi, lc[k][VEC - 1]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) { lc[k][e] = -1; xh[k][e] = 0; gv[k][e] = 0; }
+            }
+        }
+        team_sum2(s1, s2, red);
+        const A c1 = s1 * inv_d, c2 = s2 * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                V o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A sc = has_scale ? LDP(scale[g0 + lc[k][e]]) : (A)1;
+                    o.v[e] = ST(is * (gv[k][e] * sc - c1 - xh[k][e] * c2));
+                }
+                dr[vi] = o;
+            }
+        }
+        // per-channel sums over the channels this warp touches
+        const int wlo = -warp_max(-clo), whi = warp_max(chi);
+        A me = 0, ms = 0;
+        for (int k = wlo; k <= whi; ++k) {
+            A pe = 0, ps = 0;
+#pragma unroll
+            for (int i = 0; i < VPT; ++i)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    if (lc[i][e] == k) { pe += gv[i][e] * xh[i][e]; ps += gv[i][e]; }
+            pe = warp_sum(pe); ps = warp_sum(ps);
+            if (lane == k) { me = pe; ms = ps; }
+        }
+        A* out = sums + (long long)n * 2 * C + g0;
+#if TEAM > 32
+        if (lane < cpg) { wsum[warp][lane][0] = me; wsum[warp][lane][1] = ms; }
+        __syncthreads();
+        if (t < cpg) {
+            A e1 = 0, e2 = 0;
+            for (int w = 0; w < TEAM / 32; ++w) { e1 += wsum[w][t][0]; e2 += wsum[w][t][1]; }
+            out[t] = e1; out[C + t] = e2;
+        }
+#else
+        if (lane < cpg) { out[lane] = me; out[C + lane] = ms; }
+#endif
+    }
+#endif
 }
 
 // Group norm dx, one team per group row r = n * G + g: sums = row_sums' (N, 2C) output.
@@ -729,6 +829,19 @@ def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
     aligned = _aligned(x, dy)
     with _launch.on_device(dev):
         sums = cp.empty((n * 2 * c,), dtype=acc)
+        team, vpt, vec = row_config(d, x.dtype, aligned)
+        if vpt and cpg <= 32:        # the group row fits in registers: gn_bwd (one read of x and dy) + col_sum
+            dx = cp.empty(x.shape, dtype=x.dtype)
+            _launch.launch(_kernel("gn_bwd", x.dtype, pinfo, team, vpt, vec), (_grid(rows, team, dev),),
+                           (_block(team),), (x, dy, mean, rstd, x if scale is None else scale, sums, dx,
+                                             np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
+                                             np.int32(cpg), *divider(s), _flags(scale, None, True)))
+            dscale = dbias = None
+            if has_scale:
+                dscale = cp.empty((c,), dtype=acc)
+                dbias = cp.empty((c,), dtype=x.dtype)
+                _col_sum(cp, sums, n, 2 * c, dscale, dbias, c, x.dtype, False, dev)
+            return dx, dscale, dbias
         team, _, vec = row_config(s, x.dtype, aligned)
         _launch.launch(_kernel("row_sums", x.dtype, pinfo, team, 0, vec), (_grid(n * c, team, dev),),
                        (_block(team),), (dy, x, mean, rstd, sums, np.int64(n * c), np.int32(s), np.int32(c),
