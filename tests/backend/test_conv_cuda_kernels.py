@@ -540,7 +540,7 @@ def _vec_ran(direction, p):
     """Whether a plan of ``p`` for ``direction`` (0 forward, 1 backward data, 2 backward filter) with the VEC loader
     was made (the plan key's vec flag); a strided backward data plans its stride-1 residue-class sub-problems
     instead."""
-    return any(k[0] == direction and k[10] is True and (k[1] == p or (direction == 1 and k[1].N == p.N
+    return any(k[0] == direction and bool(k[10]) and (k[1] == p or (direction == 1 and k[1].N == p.N
                                                                      and k[1].C == p.C and k[1].K == p.K))
                for k in K._plans)
 
@@ -595,11 +595,13 @@ def test_vec_loader_matches_float64(shape, mode, w_layout):
     _compare_vec(shape, mode, w_layout, seed=VEC_SHAPES.index(shape))
 
 
+@pytest.mark.parametrize("w_layout", ["KCRS", "KRSC"])
 @pytest.mark.parametrize("tile", list(K.TILES))
 @pytest.mark.parametrize("mode", ["fp32", "tf32", "bfloat16"])
-def test_vec_loader_every_tile(tile, mode):
-    """Each tile under VEC=1 on a problem no tile divides (M = 3*11*13, K = 40)."""
-    _compare_vec(("v-tiles", 3, 24, 11, 13, 40, 3, 3, 1, 1, 1, 1), mode, "KCRS", tile=tile)
+def test_vec_loader_every_tile(tile, mode, w_layout):
+    """Each tile under VEC=1 on a problem no tile divides (M = 3*11*13, K = 40), both filter layouts (backward
+    data's WKRSC=1 read and its transposing copy)."""
+    _compare_vec(("v-tiles", 3, 24, 11, 13, 40, 3, 3, 1, 1, 1, 1), mode, w_layout, tile=tile)
 
 
 def test_vec_loader_is_chosen_only_where_it_applies():
@@ -643,8 +645,8 @@ def test_vec_loader_is_chosen_only_where_it_applies():
 
 
 def test_vec_forward_and_backward_data_one_launch_with_a_channels_last_filter():
-    """Forward reads a channels-last filter directly (one launch); backward data transposes the filter (one CuPy
-    copy, counted) and launches once."""
+    """Forward and backward data read a channels-last filter directly (one launch each, backward data through
+    WKRSC=1); with a KCRS filter each makes one transposing CuPy copy first (counted)."""
     from minidnn.backend.cuda import launch as L
     p, _ = _problem(("cl", 2, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1))
     x = _to_gpu(np.ones(p.x_shape), np.float32, "NHWC")
@@ -657,4 +659,11 @@ def test_vec_forward_and_backward_data_one_launch_with_a_channels_last_filter():
     assert L.launch_count() - before == 1
     before = L.launch_count()
     K.implicit_backward_data(p, w, dy, True)
-    assert L.launch_count() - before == 2
+    assert L.launch_count() - before == 1
+    assert any(k[0] == 1 and k[10] == "krsc" for k in K._plans)
+    w_kcrs = cp.ones(p.w_shape, np.float32)
+    for run in (lambda: K.implicit_forward(p, x, w_kcrs, True), lambda: K.implicit_backward_data(p, w_kcrs, dy, True)):
+        run()
+        before = L.launch_count()
+        run()
+        assert L.launch_count() - before == 2

@@ -135,6 +135,14 @@ def _krsc_filter(cp, w):
     return cp.ascontiguousarray(wk)
 
 
+def _reads_krsc(p, w):
+    """Backward data under VEC=1 reads the filter itself (no transposing copy) when it is channels-last in memory
+    (KRSC contiguous, as ``module.to(memory_format=channels_last)`` leaves it), 16-byte aligned, and its input
+    channels per group are whole vectors."""
+    wk = _launch.cupy().moveaxis(w, 1, -1)
+    return p.Cg % (16 // p.itemsize) == 0 and wk.flags.c_contiguous and w.data.ptr % 16 == 0
+
+
 def _crsk_filter(cp, p, w):
     """Backward data's B operand under VEC=1: w (K, Cg, *kernel) as (G, Cg, *kernel, Kg) -- for each input channel
     c a row over k = (r, s, kk), kk fastest (one transposing copy per call: the weights change between calls)."""
@@ -213,6 +221,8 @@ def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False):
     math_mode = 1 if (elem or tf32) else 0
     opts = (f"-DDIR={direction}", f"-DELEM={elem}", f"-DMATH={math_mode}", f"-DBM={BM}", f"-DBN={BN}",
             f"-DBK={BK}", f"-DWM={WM}", f"-DWN={WN}") + (("-DVEC=1",) if vec else ())
+    if vec == "krsc":
+        opts += ("-DWKRSC=1",)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -262,7 +272,10 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
     elif direction == 1:
         dy = _as_2d(b, p.nd)
         vec = vec_eligible(1, p, dy) is None
-        w = _crsk_filter(cp, p, a) if vec else cp.ascontiguousarray(a)
+        if vec and _reads_krsc(p, a):
+            vec, w = "krsc", a             # a channels-last filter, read as it is (WKRSC=1)
+        else:
+            w = _crsk_filter(cp, p, a) if vec else cp.ascontiguousarray(a)
         src, s1, s2 = (dy, w), out, dy
     else:
         x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
@@ -279,7 +292,8 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False):
     """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
     None) of a call whose x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy);
-    ``vec``: the NHWC 16-byte loader (no tap table: its tap walk needs none)."""
+    ``vec``: the NHWC 16-byte loader (no tap table: its tap walk needs none); "krsc": and backward data reads a
+    channels-last filter directly."""
     g = _geometry(p)
     H, W, P, Q, R, S = g[:6]
     RS = R * S

@@ -30,7 +30,8 @@ SOURCE = r"""
 //   channels) with ONE cp.async.cg of src-size 16 or 0 (0 zero-fills padding and tails).  Needs: x/dy NHWC-like
 //   (channel stride 1, other strides and the base 16-byte multiples), CH % VECW == 0, and B given as a dense
 //   NG x KR row-major matrix per group in the same k order: forward w in KRSC (w[k][r][s][c]: a channels-last
-//   filter as it is), backward data w transposed to (G, Cg, R, S, Kg).  A row's pixel decode is done once per
+//   filter as it is), backward data w transposed to (G, Cg, R, S, Kg) -- or, WKRSC 1, a channels-last filter read
+//   as it is, B in a [k][n] layout with vectors along c (Cg % VECW == 0).  A row's pixel decode is done once per
 //   thread; the tap (r, s) and channel c of the thread's k advance by BK per slice without division.  16-bit
 //   data goes through cp.async too (the element loader stages it through registers).
 //   DIR 2 under VEC 1 (x and dy NHWC-like, Cg and Kg multiples of VECW): filter rows reordered (r, s, c), c
@@ -86,6 +87,12 @@ SOURCE = r"""
 #if VEC && BK * 2 != 64 / (ELEM == 0 ? 2 : 1)
 #error "VEC=1 expects BK = 16 for float32, 32 for 16-bit data (4 vectors of 16 bytes per row of a slice)"
 #endif
+#ifndef WKRSC
+#define WKRSC 0         // VEC DIR 1: read B straight from a channels-last (KRSC) filter, vectors along c
+#endif
+#if WKRSC && !(VEC && DIR == 1)
+#error "WKRSC=1 is a VEC=1 backward-data option"
+#endif
 #ifndef STAGES
 #define STAGES 3        // shared-memory pipeline depth (static shared memory stays under 48 KB for every tile)
 #endif
@@ -98,6 +105,9 @@ SOURCE = r"""
 
 #if VEC && DIR == 2
 #define A_KCONT 0       // VEC filter gradient: both operands [k][row], 16-byte vectors along the rows (channels)
+#define B_KCONT 0
+#elif WKRSC
+#define A_KCONT 1       // A as under VEC; B [k][n]: vectors along the filter's innermost input channels
 #define B_KCONT 0
 #elif DIR == 2 || VEC
 #define A_KCONT 1
@@ -168,15 +178,18 @@ __device__ __forceinline__ void from_f(unsigned short* dst, float v) {
 #define B_STEP (THREADS / BK)
 #if VEC && DIR == 2
 #define AV (BM / VECW)                 // 16-byte vectors per k row of the A slice (along the filter rows)
-#define BV (BN / VECW)                 // ... of the B slice (along the output channels)
 #define A_KSTEP (THREADS / AV)         // k rows between a thread's A vectors
-#define B_KSTEP (THREADS / BV)
 #define A_VECS (BK / A_KSTEP)
-#define B_VECS ((BK + B_KSTEP - 1) / B_KSTEP)
 #elif VEC
 #define KV (BK / VECW)                 // 16-byte vectors per row of a slice (4: BK = 16 float32 or 32 half)
 #define V_STEP (THREADS / KV)          // rows between a thread's vectors
 #define A_VECS (BM / V_STEP)
+#endif
+#if VEC && !B_KCONT
+#define BV (BN / VECW)                 // 16-byte vectors per k row of the B slice (along its columns n)
+#define B_KSTEP (THREADS / BV)         // k rows between a thread's B vectors
+#define B_VECS ((BK + B_KSTEP - 1) / B_KSTEP)
+#elif VEC
 #define B_VECS ((BN + V_STEP - 1) / V_STEP)
 #endif
 
@@ -345,7 +358,21 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
         const int k = k_begin + v_kq, rs = k / CH;
         t_c = k - rs * CH; t_r = rs / S; t_s = rs - t_r * S;
     }
+#if WKRSC
+    // B straight from the KRSC filter: element (k = rs*Kg + kc, n = c) at w[g*Kg + kc][rs][c]; a vector = VECW input
+    // channels.  Each of the thread's B k rows keeps its (kc, rs), advanced by BK per slice with a carry.
+    const int b_cv = tid % BV, b_kk0 = tid / BV, col0 = n0 + b_cv * VECW;
+    const bool b_col_ok = col0 < NG;
+    const int w_row = RS * Cg;                                 // elements per output channel of the filter
+    int b_kc[B_VECS], b_rs[B_VECS];
+    #pragma unroll
+    for (int i = 0; i < B_VECS; ++i) {
+        const int k = k_begin + b_kk0 + i * B_KSTEP;
+        b_rs[i] = k / Kg; b_kc[i] = k - b_rs[i] * Kg;
+    }
+#else
     const T* b_grp = b_src + (long long)grp * NG * KR;       // B: a dense NG x KR matrix per group
+#endif
 #elif DIR == 0
     // A row = output pixel (n, p, q): the top-left input position its window starts at.
     const int am = m0 + a_r;
@@ -409,6 +436,18 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             const bool ok = k_ok && (unsigned)hh < (unsigned)LIM_H && (unsigned)ww < (unsigned)LIM_W;
             PUT16(AS(stage, v_kq, v_r0 + i * V_STEP), a_src + (ok ? v_base[i] + t_off : 0), ok);
         }
+#if WKRSC
+        #pragma unroll
+        for (int i = 0; i < B_VECS; ++i) {
+            const int kk = b_kk0 + i * B_KSTEP;
+            if (B_KSTEP * B_VECS != BK && kk >= BK) break;        // narrow tiles: fewer vectors than threads
+            const bool ok = b_col_ok && k0 + kk < k_end;
+            PUT16(BS(stage, kk, b_cv * VECW), b_src + (ok ? (grp * Kg + b_kc[i]) * w_row + b_rs[i] * Cg + col0 : 0),
+                  ok);
+            b_kc[i] += BK;
+            while (b_kc[i] >= Kg) { b_kc[i] -= Kg; ++b_rs[i]; }
+        }
+#else
         #pragma unroll
         for (int i = 0; i < B_VECS; ++i) {
             const int nn = v_r0 + i * V_STEP, col = n0 + nn;
@@ -416,6 +455,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             const bool ok = k_ok && col < NG;
             PUT16(BS(stage, v_kq, nn), b_grp + (ok ? col * KR + k : 0), ok);
         }
+#endif
         t_c += BK;                          // the next slice: k += BK, carried into (s, r)
         while (t_c >= CH) { t_c -= CH; if (++t_s == S) { t_s = 0; ++t_r; } }
 #elif DIR == 2
