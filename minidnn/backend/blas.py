@@ -12,6 +12,8 @@ Why a helper instead of ``xp.matmul`` everywhere:
   group) is an elementwise broadcast; sending it to cuBLAS as thousands of 1xK GEMMs is far slower.
 * Groups.  ``grouped_matmul`` and ``grouped_gram`` are the block-diagonal products a grouped convolution
   is made of, written once here.
+* Threads.  On NumPy, a product of at least ``threads.MIN_PARALLEL_BLAS_WORK`` multiply-adds gets all of
+  minidnn's threads and a smaller one stays on one (``cpu_matmul``: the BLAS grain, docs/threads.md).
 * CUDA graphs.  On a GPU the 2-D and batched products go to cuBLAS through backend/cuda/cublas.py, which binds
   the handle to the current stream itself, so a training step that multiplies matrices can be captured.
 Nothing here imports CuPy: the array module comes from the arrays.
@@ -19,12 +21,14 @@ Nothing here imports CuPy: the array module comes from the arrays.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
+from . import threads
 from .devices import array_module
 
-__all__ = ["tf32_compute", "matmul", "grouped_matmul", "grouped_gram"]
+__all__ = ["tf32_compute", "matmul", "cpu_matmul", "grouped_matmul", "grouped_gram"]
 
 
 @contextlib.contextmanager
@@ -65,8 +69,21 @@ def matmul(a, b, tf32: bool = False):
             a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
             if cublas.supports(a3, b3):
                 return cublas.gemm(a3, b3, tf32).reshape(*lead, a.shape[-2], b.shape[-1])
-    with tf32_compute(xp, tf32 and a.dtype == np.float32 and a.ndim == 2 and b.ndim == 2):
-        return xp.matmul(a, b)
+        with tf32_compute(xp, tf32 and a.dtype == np.float32 and a.ndim == 2 and b.ndim == 2):
+            return xp.matmul(a, b)
+    return cpu_matmul(a, b)
+
+
+def cpu_matmul(a, b, out=None):
+    """``np.matmul(a, b, out=out)`` on NumPy arrays, with BLAS on all of minidnn's threads where the product has
+    at least ``threads.MIN_PARALLEL_BLAS_WORK`` multiply-adds and on one thread below (``set_num_threads``).  For
+    products the calling thread runs, not those inside the threads' own loops."""
+    lead = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    work = lead * (a.shape[-2] if a.ndim > 1 else 1) * a.shape[-1] * (b.shape[-1] if b.ndim > 1 else 1)
+    if work < threads.MIN_PARALLEL_BLAS_WORK:
+        return np.matmul(a, b, out=out)
+    with threads.blas_threads_for(work):
+        return np.matmul(a, b, out=out)
 
 
 def _blas_ready(m):

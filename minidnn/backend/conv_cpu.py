@@ -58,6 +58,7 @@ import math
 
 import numpy as np
 
+from .blas import cpu_matmul
 from .conv_problem import ConvProblem
 from .threads import parallel_for, parallel_map, parallel_parts
 
@@ -211,9 +212,9 @@ def _row_shift_products(a, w_rows, shift, rows_out):
     R = w_rows.shape[0]
     length = rows_out - (R - 1) * shift
     out = np.zeros((rows_out, w_rows.shape[-1]), dtype=a.dtype)
-    np.matmul(a[:length], w_rows[0], out=out[:length])
+    cpu_matmul(a[:length], w_rows[0], out=out[:length])
     for r in range(1, R):
-        out[:length] += a[r * shift:r * shift + length] @ w_rows[r]
+        out[:length] += cpu_matmul(a[r * shift:r * shift + length], w_rows[r])
     return out
 
 
@@ -294,7 +295,7 @@ def _flat_dense_correlate(a, w_mat, p: ConvProblem, padding, in_size, out_size):
     keep = (slice(None), slice(None), slice(None), *(slice(0, o) for o in out_size[1:]))
     for nb, cols in _flat_dense_chunks(a, p, padding, in_size, out_size):
         m = nb.stop - nb.start
-        y_grid = (w_mat @ cols).reshape(K, m, out_size[0], *grid[1:])
+        y_grid = cpu_matmul(w_mat, cols).reshape(K, m, out_size[0], *grid[1:])
         z[nb] = y_grid[keep].swapaxes(0, 1)
     return z
 
@@ -311,11 +312,11 @@ def dense_forward(p: ConvProblem, x, w, tf32=False):
     if _flat_dense_applies(p, x):
         return _flat_dense_correlate(x, _w_mat(w), p, p.padding, p.in_size, p.out_size)
     if _gather_channels_first(p):
-        y_t = w.reshape(p.K, -1) @ _cols_t(x, p)                         # (K, N*out)
+        y_t = cpu_matmul(w.reshape(p.K, -1), _cols_t(x, p))              # (K, N*out)
         return np.moveaxis(y_t.reshape(p.K, p.N, *p.out_size), 0, 1)
     if _row_shift_applies(p):
         return _row_shift_correlate(_channels_last_padded(x, p.padding), _rows_of_w(w), p, p.out_size)
-    y_rows = _cols(x, p) @ _w_mat(w).T                                   # (N*out, K)
+    y_rows = cpu_matmul(_cols(x, p), _w_mat(w).T)                        # (N*out, K)
     return _from_rows(y_rows, p.N, p.out_size)
 
 
@@ -326,7 +327,7 @@ def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
         dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)      # (K, N*out)
         # cols^T @ dy_t^T, not dy_t @ cols: with both operands' long axis contiguous, OpenBLAS runs this
         # (C*kernel, N*out) x (N*out, K) shape 1.3-1.5x faster than its transpose (LeNet's first layer)
-        return np.ascontiguousarray((_cols_t(x, p) @ dy_t.T).T).reshape(p.w_shape)
+        return np.ascontiguousarray(cpu_matmul(_cols_t(x, p), dy_t.T).T).reshape(p.w_shape)
     if _row_shift_applies(p):
         x_cl = _channels_last_padded(x, p.padding)
         n, h = x_cl.shape[:2]
@@ -337,9 +338,9 @@ def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
         d = dy_grid.reshape(-1, p.K)
         shift = p.dilation[0] * Q
         length = d.shape[0] - (p.kernel[0] - 1) * shift
-        dw_rows = np.stack([a[r * shift:r * shift + length].T @ d[:length] for r in range(p.kernel[0])])
+        dw_rows = np.stack([cpu_matmul(a[r * shift:r * shift + length].T, d[:length]) for r in range(p.kernel[0])])
         return dw_rows.reshape(p.kernel[0], p.kernel[1], p.C, p.K).transpose(3, 2, 0, 1)   # (K, C, R, S)
-    dw_mat = _rows(dy).T @ _cols(x, p)                                  # (K, kernel*C)
+    dw_mat = cpu_matmul(_rows(dy).T, _cols(x, p))                       # (K, kernel*C)
     return np.moveaxis(dw_mat.reshape(p.K, *p.kernel, p.C), -1, 1)
 
 
@@ -355,7 +356,7 @@ def _flat_dense_filter(p: ConvProblem, x, dy):
         d = d_grid[:, :m * length]
         d.reshape(p.K, m, p.out_size[0], *grid[1:])[(slice(None),) * 3 + tuple(slice(0, o) for o in p.out_size[1:])] \
             = dy[nb].swapaxes(0, 1)
-        dw_mat_t += cols @ d.T      # this orientation (long axes contiguous in both operands) runs faster in BLAS
+        dw_mat_t += cpu_matmul(cols, d.T)   # this orientation (long axes contiguous in both) runs faster in BLAS
     return np.moveaxis(dw_mat_t.T.reshape(p.K, *p.kernel, p.C), -1, 1)
 
 
@@ -394,7 +395,7 @@ def _flat_col2im(p: ConvProblem, w, dy):
         m = min(p.N - n0, images)
         d_view[(slice(None), slice(0, m), *out_window)] = dy[n0:n0 + m].swapaxes(0, 1)
         cols = dcols[:, :m * size]
-        np.matmul(w_t, d_grid[:, :m * size], out=cols)
+        cpu_matmul(w_t, d_grid[:, :m * size], out=cols)
         per_tap = cols.reshape(p.C, taps, m * size)
         for t, off in enumerate(offsets):
             target = dx_flat[:, n0 * size + off:(n0 + m) * size + off]
@@ -424,14 +425,14 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         dcols = _gather(_windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation), 0).reshape(
             p.N * math.prod(p.in_size), math.prod(p.kernel) * p.K)
         w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
-        return _from_rows(dcols @ w_t.T, p.N, p.in_size)
+        return _from_rows(cpu_matmul(dcols, w_t.T), p.N, p.in_size)
     if _flat_col2im_applies(p, dy):
         return _flat_col2im(p, w, dy)
     if _gather_channels_first(p):
         # Few channels: dcols^T = w_mat^T @ dy^T (C*kernel, N*out), then col2im channels-first, whose adds run
         # along contiguous output rows (out_w long) in both operands.
         dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)
-        dcols_t = (w.reshape(p.K, -1).T @ dy_t).reshape(p.C, *p.kernel, p.N, *p.out_size)
+        dcols_t = cpu_matmul(w.reshape(p.K, -1).T, dy_t).reshape(p.C, *p.kernel, p.N, *p.out_size)
         dxpad = np.zeros((p.N, p.C, *p.padded_size), dtype=dcols_t.dtype)
 
         def col2im(nb):

@@ -24,11 +24,13 @@ covered from the next call on.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 from concurrent.futures import wait
 
 __all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map", "parallel_parts",
-           "parallel_for"]
+           "parallel_for", "blas_threads_for", "MIN_PARALLEL_WORK", "MIN_PARALLEL_BLAS_WORK"]
 
 _USER_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _MAX_DEFAULT = 8
@@ -52,18 +54,80 @@ def _controller():
 
 
 def set_num_threads(n: int) -> None:
-    """Use at most ``n`` threads in every BLAS and OpenMP runtime loaded in this process (PyTorch's
-    ``torch.set_num_threads``).  ``n`` must be a positive int."""
+    """Use at most ``n`` threads in every BLAS and OpenMP runtime loaded in this process, and in minidnn's own
+    loops (PyTorch's ``torch.set_num_threads``).  ``n`` must be a positive int.
+
+    Like PyTorch's ``parallel_for`` grain size, small work stays on one thread: minidnn's loops share out only work
+    above MIN_PARALLEL_WORK, and BLAS is left at one thread between products, the backend's products of at least
+    MIN_PARALLEL_BLAS_WORK multiply-adds getting all ``n`` (``blas_threads_for``; docs/threads.md)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
-    _controller().limit(limits=int(n))
+    controller = _controller()
+    controller.limit(limits=int(n))
     _current[0] = int(n)
+    _blas_setters[:] = [f for f in (_thread_setter(lib) for lib in controller.lib_controllers
+                                    if lib.user_api == "blas") if f is not None]
+    for setter in _blas_setters:
+        setter(1 if n > 1 else n)
 
 
 def get_num_threads() -> int:
-    """The threads NumPy's BLAS may use now (the largest limit among the loaded BLAS runtimes; 1 if none)."""
+    """The thread count minidnn works with: the last ``set_num_threads`` (or the default applied at import).  Where
+    the user chose through ``OMP_NUM_THREADS`` and friends instead, the largest limit among the loaded BLAS
+    runtimes (1 if none)."""
+    if _current[0] is not None:
+        return _current[0]
     infos = [lib.num_threads for lib in _controller().lib_controllers if lib.user_api == "blas"]
     return max(infos) if infos else 1
+
+
+# ---- the BLAS grain ----------------------------------------------------------------------------------------
+#
+# OpenBLAS runs any product above ~262k multiply-adds on all its threads, and its worker threads then busy-wait
+# for the next product for about 0.1 s.  A training step of small products thus keeps a second core spinning all
+# the time: on a 2-core machine that another process also uses, the spinning worker and the thread it waits for
+# take turns on one core (the digits epoch went from 0.19 s on one thread to 0.8-1.2 s on two, docs/threads.md).
+# So BLAS rests at one thread, and only the backend's products of at least MIN_PARALLEL_BLAS_WORK multiply-adds
+# (conv64's GEMMs, ~1 ms and up on one thread) get all of minidnn's threads, by the library's own setter (about
+# 1 us a call through ctypes; threadpoolctl's limit() re-scans the process and takes milliseconds).
+
+MIN_PARALLEL_BLAS_WORK = 1 << 24
+
+_blas_setters = []         # per loaded BLAS runtime: a cheap set-thread-count function (ctypes)
+
+_SETTERS = {               # threadpoolctl's internal_api -> the library's own thread-count setter
+    "openblas": [f"{pre}openblas_set_num_threads{suf}" for pre in ("", "scipy_") for suf in ("", "64_", "_64")],
+    "mkl": ["MKL_Set_Num_Threads"],
+    "blis": ["bli_thread_set_num_threads"],
+}
+
+
+def _thread_setter(lib):
+    """The ctypes function that sets ``lib``'s thread count, or None (an unknown BLAS: then no grain for it)."""
+    for name in _SETTERS.get(lib.internal_api, ()):
+        func = getattr(lib.dynlib, name, None)
+        if func is not None:
+            func.argtypes, func.restype = [ctypes.c_int], None
+            return func
+    return None
+
+
+@contextlib.contextmanager
+def blas_threads_for(work: int):
+    """Inside the block, BLAS may use all of minidnn's threads if ``work`` (the product's multiply-adds, M*N*K)
+    is at least MIN_PARALLEL_BLAS_WORK; below it, BLAS stays at one thread.  For products run by the calling
+    thread (not inside ``parallel_map`` / ``parallel_for`` bodies, which are threads already)."""
+    n = _current[0] or 1
+    if n <= 1 or work < MIN_PARALLEL_BLAS_WORK or not _blas_setters:
+        yield
+        return
+    for setter in _blas_setters:
+        setter(n)
+    try:
+        yield
+    finally:
+        for setter in _blas_setters:
+            setter(1)
 
 
 _current = [None]          # the last count set through minidnn (None: never set; parallel_map then runs serially)
