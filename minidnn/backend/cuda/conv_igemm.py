@@ -213,7 +213,9 @@ def choose_tile(M, NG, groups, sms=132):
     return "64x64"
 
 
-def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False):
+def igemm_options(direction, dtype_name, tf32, tile, vec=False):
+    """(NVRTC options, BM, BN, BK) of one implicit-GEMM configuration (tools/precompile_conv.py compiles them
+    all ahead of a test run through the same options)."""
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -223,6 +225,11 @@ def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False):
             f"-DBK={BK}", f"-DWM={WM}", f"-DWN={WN}") + (("-DVEC=1",) if vec else ())
     if vec == "krsc":
         opts += ("-DWKRSC=1",)
+    return opts, BM, BN, BK
+
+
+def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False):
+    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
