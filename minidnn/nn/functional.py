@@ -33,6 +33,7 @@ from ._functions.activation import (  # noqa: F401
     softplus,
     tanh,
 )
+from ._functions.bias import add_bias
 from ._functions.conv import conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d  # noqa: F401
 from ._functions.extra import *  # noqa: F401,F403  (its __all__ joins this one's below)
 from ._functions.loss import (  # noqa: F401
@@ -84,4 +85,4 @@ def linear(input, weight, bias=None):
         raise ArgumentError(f"linear: bias has shape {tuple(bias.shape)} but weight {tuple(weight.shape)} has "
                          f"{weight.shape[0]} outputs")
     y = input @ weight.T
-    return y if bias is None else y + bias
+    return add_bias(y, bias, channels_last=True)

@@ -11,8 +11,8 @@ Chainer way):
     ConvBackwardFilter(x, dy)  = dw    d/dx -> ConvBackwardData(g, dy)     d/ddy -> ConvForward(x, g)
 
 Every backward is written with these Functions, so conv and conv_transpose have gradients of any
-order for free, and conv_transpose *is* ConvBackwardData used forward.  The bias is a broadcast
-Tensor add (differentiable to any order; its gradient is the sum convolution_backward_bias computes).
+order for free, and conv_transpose *is* ConvBackwardData used forward.  The bias is added by
+BiasAdd (bias.py: a broadcast add whose gradient is convolution_backward_bias's sum; any order).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ...autograd import Function, is_grad_enabled
 from ...backend.errors import ArgumentError, DTypeError
 from ...ops import pad as _pad
 from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, wrap
+from .bias import add_bias
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
            "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]
@@ -163,7 +164,7 @@ def _check_operands(op, x, weight, bias, nd, groups, transposed):
 
 
 def _add_bias(y, bias, nd):
-    return y if bias is None else y + bias.reshape((1, -1) + (1,) * nd)
+    return add_bias(y, bias)
 
 
 def _same_padding(op, x, weight, stride, dilation, nd):
