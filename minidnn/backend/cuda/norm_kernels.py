@@ -21,6 +21,10 @@ block) owns a row at a time, grid-stride over the rows.  Thread t of the team ha
         (the row is re-read, mostly from L2).  Team sums: warp shuffles, then one shared-memory slot per warp added
         in warp order (deterministic).
   norm_fwd   y = (x - mean) * rstd * scale[p] + bias[p]; writes mean, rstd per row.
+  RECENTRE   (cached backward paths) xhat = (x - mean - mean(x - mean)) * rstd: the saved mean is rounded to A, and
+             its offset d (~1 ulp of the mean) makes sum(xhat) = -D * d * rstd, an error of ~d * rstd^2 * |dy| in dx
+             that swamped short rows with a small variance (2-value groups: 0.05% off in float32); the row's own
+             mean of the exact differences x - mean removes it (one extra team sum).
   ln_bwd     dxh = dy * scale[j], dx = rstd * (dxh - mean(dxh) - xhat * mean(dxh * xhat)); each thread also keeps
              the column partials sum(dy * xhat), sum(dy) of its columns over the rows its team visits and writes
              them to partial[team][2D] at the end (registers when cached; its own partial row in global memory
@@ -225,26 +229,41 @@ ln_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
         const A mu = mean[r], is = rstd[r];
         A s1 = 0, s2 = 0;
 #if VPT > 0
-        A xh[VPT][VEC], dh[VPT][VEC];
+        // x - mean re-centred on the row's own mean of (x - mean): the saved mean is rounded to A, and that offset
+        // (~1 ulp of the mean) times rstd^2 swamps dx of short rows with a small variance (RECENTRE, above)
+        A xh[VPT][VEC], dh[VPT][VEC], gv[VPT][VEC];
+        A cs = 0;
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
             const int vi = k * TEAM + t;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { xh[k][e] = 0; dh[k][e] = 0; gv[k][e] = 0; }
             if (vi < nvec) {
                 const V a = xr[vi], b = gr[vi];
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const A g = LD(b.v[e]);
-                    xh[k][e] = (LD(a.v[e]) - mu) * is;
-                    dh[k][e] = g;
-                    if (has_scale) {
-                        dh[k][e] = g * LDP(scale[vi * VEC + e]);
-                        acc_g[k][e] += g * xh[k][e]; acc_b[k][e] += g;
-                    }
-                    s1 += dh[k][e]; s2 += dh[k][e] * xh[k][e];
+                    gv[k][e] = LD(b.v[e]);
+                    xh[k][e] = LD(a.v[e]) - mu;
+                    dh[k][e] = has_scale ? gv[k][e] * LDP(scale[vi * VEC + e]) : gv[k][e];
+                    cs += xh[k][e]; s1 += dh[k][e];
                 }
             }
         }
-        team_sum2(s1, s2, red);
+        team_sum2(cs, s1, red);
+        const A off = cs * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    xh[k][e] = (xh[k][e] - off) * is;
+                    if (has_scale) { acc_g[k][e] += gv[k][e] * xh[k][e]; acc_b[k][e] += gv[k][e]; }
+                    s2 += dh[k][e] * xh[k][e];
+                }
+            }
+        }
+        A unused = 0;
+        team_sum2(s2, unused, red);
         const A c1 = s1 * inv_d, c2 = s2 * inv_d;
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
@@ -377,7 +396,7 @@ gn_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
         const A mu = mean[r], is = rstd[r];
         A xh[VPT][VEC], gv[VPT][VEC];
         int lc[VPT][VEC];                    // the channel of each value within the group (0 .. cpg - 1)
-        A s1 = 0, s2 = 0;
+        A s1 = 0, s2 = 0, cs = 0;
         int clo = 1 << 30, chi = -1;
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
@@ -387,10 +406,10 @@ gn_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     lc[k][e] = (int)divu((unsigned int)(vi * VEC + e), s_mul, s_shr);
-                    xh[k][e] = (LD(a.v[e]) - mu) * is;
+                    xh[k][e] = LD(a.v[e]) - mu;
                     gv[k][e] = LD(b.v[e]);
-                    const A dh = has_scale ? gv[k][e] * LDP(scale[g0 + lc[k][e]]) : gv[k][e];
-                    s1 += dh; s2 += dh * xh[k][e];
+                    cs += xh[k][e];
+                    s1 += has_scale ? gv[k][e] * LDP(scale[g0 + lc[k][e]]) : gv[k][e];
                 }
                 clo = min(clo, lc[k][0]); chi = max(chi, lc[k][VEC - 1]);
             } else {
@@ -398,7 +417,21 @@ gn_bwd(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ 
                 for (int e = 0; e < VEC; ++e) { lc[k][e] = -1; xh[k][e] = 0; gv[k][e] = 0; }
             }
         }
-        team_sum2(s1, s2, red);
+        // re-centred as in ln_bwd: the rounded saved mean's offset, times rstd^2, swamped dx of 2-value groups
+        team_sum2(cs, s1, red);
+        const A off = cs * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    xh[k][e] = (xh[k][e] - off) * is;
+                    s2 += (has_scale ? gv[k][e] * LDP(scale[g0 + lc[k][e]]) : gv[k][e]) * xh[k][e];
+                }
+            }
+        }
+        A unused = 0;
+        team_sum2(s2, unused, red);
         const A c1 = s1 * inv_d, c2 = s2 * inv_d;
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
