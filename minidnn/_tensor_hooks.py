@@ -10,9 +10,32 @@ from __future__ import annotations
 
 import weakref
 
-from .autograd import _post_accumulate_hooks, _RemovableHandle
+from .autograd import _post_accumulate_hooks
 
 __all__ = ["retain_grad", "register_hook", "register_post_accumulate_grad_hook"]
+
+
+class _RemovableHandle:
+    def __init__(self, hooks: list, fn):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self):
+        try:
+            self._hooks.remove(self._fn)
+        except ValueError:
+            pass
+
+
+def _register_prehook(node, output_nr, fn):
+    """``fn(grad)`` runs on the gradient of ``node``'s output ``output_nr`` before the node's backward."""
+    if node.pre_hooks is None:
+        node.pre_hooks = {}
+    hooks = node.pre_hooks.setdefault(output_nr, [])
+    if hooks and getattr(hooks[-1], "retains_grad", False):
+        hooks.insert(len(hooks) - 1, fn)    # retain_grad sees the gradient after every hook (PyTorch)
+    else:
+        hooks.append(fn)
+    return _RemovableHandle(hooks, fn)
 
 
 def retain_grad(self):
@@ -28,8 +51,8 @@ def retain_grad(self):
         t = ref()
         if t is not None:
             t.grad = g.detach() if t.grad is None else t.grad.detach() + g.detach()
-    _retain.retains_grad = True     # register_prehook keeps it after the user's hooks
-    self.grad_fn.register_prehook(self.output_nr, _retain)
+    _retain.retains_grad = True     # _register_prehook keeps it after the user's hooks
+    _register_prehook(self.grad_fn, self.output_nr, _retain)
     return self
 
 
@@ -39,7 +62,7 @@ def register_hook(self, hook):
     if not self.requires_grad:
         raise RuntimeError("cannot register a hook on a tensor that does not require grad")
     if self.grad_fn is not None:
-        return self.grad_fn.register_prehook(self.output_nr, hook)
+        return _register_prehook(self.grad_fn, self.output_nr, hook)
     if self._hooks is None:
         self._hooks = []
     self._hooks.append(hook)

@@ -8,7 +8,7 @@ into (``None`` for inputs that need no gradient).  Leaves that require grad get 
 Backward (``run_backward``) is iterative, never recursive (a chain of 100,000 ops works):
   1. walk the graph from the roots once, counting for every node how many edges point into it;
   2. start from the roots and process a node when all its consumers have sent their gradient
-     (Kahn's algorithm): call ``node.backward(*grads)``, add the results into the buffers of the
+     (Kahn's algorithm): call ``type(node).backward(node, *grads)``, add the results into the buffers of the
      next nodes, release the node's saved tensors unless ``retain_graph``.
 Gradients are Tensors, and every built-in backward is written with differentiable Tensor ops, so
 with ``create_graph=True`` the backward pass itself records a graph (higher-order gradients).
@@ -28,6 +28,9 @@ from .backend.devices import array_module as _array_module
 from .backend.devices import device_of as _device_of
 from .backend.devices import is_floating as _is_floating
 from .backend.layout import in_memory_order
+
+_new = object.__new__
+_UNARY = object()        # Function.node's marker: one input
 
 # The Tensor class: bound by minidnn/tensor.py once it is defined (that module imports this one, so
 # importing it here would be circular); every function below runs after ``import minidnn``.
@@ -124,28 +127,30 @@ _FREED_MSG = ("Trying to backward through the graph a second time (or to read sa
 
 
 class Node:
-    """A recorded operation.  Subclasses implement ``backward(self, *grads)`` returning one gradient
-    (a Tensor or None) per input edge, written in differentiable Tensor ops.
-
-    ``saved`` holds the tensors backward needs (a tuple), with their version counters in
-    ``versions`` so that an in-place change after the forward is caught; after a backward without
-    ``retain_graph`` it becomes None.
-    """
+    """A recorded operation: the engine calls ``type(node).backward(node, *grads)`` for one gradient (a Tensor or
+    None) per input edge.  Ops are ``Function``s (below); AccumulateGrad and FunctionCtx are the engine's own nodes.
+    ``saved`` holds what backward needs, with the tensors' versions (an in-place change after the forward is
+    caught); after a backward without ``retain_graph`` it becomes None."""
 
     __slots__ = ("next_edges", "saved", "versions", "pre_hooks", "trace", "__weakref__")
     num_outputs = 1
 
-    # Subclasses set the attributes they need; these defaults keep the hot path free of checks.
-    def save(self, *tensors):
+    def save_for_backward(self, *tensors):
+        """Keep ``tensors`` (None or other objects allowed) for backward, with their versions."""
         self.saved = tensors
-        self.versions = tuple([t._version for t in tensors])
+        self.versions = tuple([getattr(t, "_version", 0) for t in tensors])
+
+    @property
+    def saved_tensors(self):
+        """What ``save_for_backward`` kept, checked: raises if it was released or changed in place since."""
+        return self.saved_tensors_checked()
 
     def saved_tensors_checked(self):
         saved = self.saved
         if saved is None:
             raise RuntimeError(_FREED_MSG.format(name=self.name()))
         for t, v in zip(saved, self.versions):
-            if t._version != v:
+            if getattr(t, "_version", v) != v:
                 raise RuntimeError(
                     f"one of the tensors needed by {self.name()} for gradient computation was modified by an "
                     f"in-place operation: a tensor of shape {tuple(t.shape)} is at version {t._version}; "
@@ -162,33 +167,12 @@ class Node:
         if self.saved:
             self.saved = None
 
-    def register_prehook(self, output_nr, fn):
-        if self.pre_hooks is None:
-            self.pre_hooks = {}
-        hooks = self.pre_hooks.setdefault(output_nr, [])
-        if hooks and getattr(hooks[-1], "retains_grad", False):
-            hooks.insert(len(hooks) - 1, fn)    # retain_grad sees the gradient after every hook (PyTorch)
-        else:
-            hooks.append(fn)
-        return _RemovableHandle(hooks, fn)
-
     @property
     def next_functions(self):
         return tuple(e if e is not None else (None, 0) for e in self.next_edges)
 
     def __repr__(self):
         return f"<{self.name()}>"
-
-
-class _RemovableHandle:
-    def __init__(self, hooks: list, fn):
-        self._hooks, self._fn = hooks, fn
-
-    def remove(self):
-        try:
-            self._hooks.remove(self._fn)
-        except ValueError:
-            pass
 
 
 # id(leaf) -> (weakref to it, [hook(leaf)]): PyTorch's post-accumulate-grad hooks, run after a backward has
@@ -277,26 +261,6 @@ class FunctionCtx(Node):
     def name(self):
         return self._fn_cls.__name__ + "Backward" if getattr(self, "_fn_cls", None) else "FunctionCtx"
 
-    def save_for_backward(self, *tensors):
-        self.saved = tensors
-        self.versions = tuple([getattr(t, "_version", 0) for t in tensors])
-
-    @property
-    def saved_tensors(self):
-        saved = self.saved_tensors_checked()
-        return tuple(saved)
-
-    def saved_tensors_checked(self):
-        saved = self.saved
-        if saved is None:
-            raise RuntimeError(_FREED_MSG.format(name=self.name()))
-        for t, v in zip(saved, self.versions):
-            if isinstance(t, Tensor) and t._version != v:
-                raise RuntimeError(
-                    f"one of the tensors saved by {self.name()} (shape {tuple(t.shape)}) was modified by an "
-                    f"in-place operation after save_for_backward: version {t._version}, expected {v}")
-        return saved
-
     def mark_non_differentiable(self, *tensors):
         self._non_differentiable = tuple(id(t) for t in tensors)
 
@@ -344,8 +308,10 @@ def _zeros_like_meta(meta):
     return Tensor._from_array(xp.zeros(shape, dtype=dtype))
 
 
-class Function:
-    """Define a differentiable op, as in PyTorch::
+class Function(Node):
+    """A differentiable op, the one way to write one: ``forward`` computes, ``backward`` receives one gradient
+    per output and returns one per input (None where there is none), written in Tensor ops so that it is itself
+    differentiable (``create_graph=True``).  As in PyTorch::
 
         class Exp(Function):
             @staticmethod
@@ -361,10 +327,14 @@ class Function:
 
         y = Exp.apply(x)
 
-    ``forward`` runs without recording a graph and receives the arguments as given; ``backward``
-    receives one gradient per output and returns one per forward argument (None where there is
-    none).  Written with Tensor ops, a backward is itself differentiable (``create_graph=True``).
+    Two ways to run one, one graph: ``Op.apply(*args)``, PyTorch's contract (nn and user ops: any arguments and
+    outputs; its ctx, a FunctionCtx, checks backward's results), and the lean path of the built-in Tensor ops
+    (minidnn/ops/): the op computes its array, ``ctx = Op.node(a, b)`` makes the graph node, an instance of ``Op``
+    (backward reads what the op kept in its slots), and ``ctx.output(array)`` returns the recorded result.
     """
+
+    __slots__ = ()
+    retain_inputs = False       # the lean path: node() saves the inputs for backward (Chainer's retain_inputs)
 
     @staticmethod
     def forward(ctx, *args, **kwargs):
@@ -432,6 +402,62 @@ class Function:
         ctx._out_meta = tuple(meta)
         ctx.num_outputs = len(meta)
         return wired[0] if single else tuple(wired)
+
+    @classmethod
+    def node(cls, a, b=_UNARY):
+        """A new graph node of this op (the ctx backward receives) with an edge to each of its one or two inputs
+        that requires grad (an input may be None: a constant); ``retain_inputs`` saves the inputs that are not None.
+        Written out, not looped: this is every built-in op's recording (node_of: any number of inputs)."""
+        ctx = _new(cls)
+        if b is _UNARY:
+            ctx.next_edges = (a._edge() if a.requires_grad else None,)
+            ctx.saved, ctx.versions = ((a,), (a._version,)) if cls.retain_inputs else ((), ())
+        else:
+            ctx.next_edges = (a._edge() if a is not None and a.requires_grad else None,
+                              b._edge() if b is not None and b.requires_grad else None)
+            if not cls.retain_inputs:
+                ctx.saved = ctx.versions = ()
+            elif b is None:
+                ctx.saved, ctx.versions = (a,), (a._version,)
+            else:
+                ctx.saved, ctx.versions = (a, b), (a._version, b._version)
+        ctx.pre_hooks = ctx.trace = None
+        return ctx
+
+    @classmethod
+    def node_of(cls, *inputs):
+        ctx = _new(cls)
+        ctx.next_edges = tuple([t._edge() if t is not None and t.requires_grad else None for t in inputs])
+        ctx.saved = ctx.versions = ctx.pre_hooks = ctx.trace = None
+        ctx.save_for_backward(*[t for t in inputs if t is not None] if cls.retain_inputs else ())
+        return ctx
+
+    def output(self, data):
+        """``data`` (an array) as a Tensor made by this node (written out rather than calling the Tensor's
+        constructor: one call less on every recorded op)."""
+        t = _new(Tensor)
+        if isinstance(data, np.generic):
+            data = np.asarray(data)
+        t.data = data
+        t.grad = None
+        t.grad_fn = self
+        t.requires_grad = True
+        t.output_nr = 0
+        t._version = 0
+        t._hooks = None
+        t._accumulator = None
+        t._grad_storage = None
+        t.name = None
+        if _state.anomaly:
+            self.trace = "".join(traceback.format_stack()[:-1])
+        return t
+
+    @property
+    def needs_input_grad(self):
+        return tuple([e is not None for e in self.next_edges])
+
+    def name(self):
+        return type(self).__name__ + "Backward"
 
 
 _SCALAR_META = ((), np.float32, np)
@@ -558,7 +584,7 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
             if run and (grads[0] is not None if len(grads) == 1 else any(g is not None for g in grads)):
                 if node.saved is None:
                     raise RuntimeError(_FREED_MSG.format(name=node.name()))
-                outs = node.backward(*grads)
+                outs = type(node).backward(node, *grads)
                 if anomaly:
                     _check_anomaly(node, outs)
                 if not retain_graph:

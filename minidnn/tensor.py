@@ -6,9 +6,9 @@ Python scalars are weak: ``float16_tensor * 2.5`` stays float16, ``int32_tensor 
 integer tensor meeting a Python float (or ``/``) gives the default float dtype, as in PyTorch.
 Tensors never move between devices silently: an op mixing devices raises naming both.
 This file is the engine's half of the Tensor: its data, its place in the graph (``grad_fn``, ``_edge``), the
-in-place mechanism, and the constructors every op uses (``_wrap``, ``_attach``).  The differentiable ops live in
-``minidnn/ops/``; conversions and printing in ``_tensor_convert.py``; gradient hooks in ``_tensor_hooks.py``.
-ops/__init__.py attaches all of them as methods, in one place.
+in-place mechanism, and ``_wrap`` (an array as a Tensor without history; a recorded op's output comes from its
+node, ``Function.output``).  The differentiable ops live in ``minidnn/ops/``; conversions and printing in
+``_tensor_convert.py``; gradient hooks in ``_tensor_hooks.py``.  ops/__init__.py binds them as methods.
 """
 from __future__ import annotations
 
@@ -64,9 +64,6 @@ class Tensor:
         t = _wrap(data)
         t.requires_grad = requires_grad
         return t
-
-    def _wrap_like(self, data):
-        return _wrap(data)
 
     def _xp(self):
         return _dev.array_module(self.data)
@@ -236,26 +233,7 @@ def _wrap(data):
     return t
 
 
-def _attach(data, node):
-    """A tensor produced by ``node`` (the hot path of every recorded op: written out rather than
-    calling _wrap, which would add a function call to every recorded op)."""
-    t = _new(Tensor)
-    if isinstance(data, np.generic):
-        data = np.asarray(data)
-    t.data = data
-    t.grad = None
-    t.grad_fn = node
-    t.requires_grad = True
-    t.output_nr = 0
-    t._version = 0
-    t._hooks = None
-    t._accumulator = None
-    t._grad_storage = None
-    t.name = None
-    if _state.anomaly:
-        import traceback
-        node.trace = "".join(traceback.format_stack()[:-2])
-    return t
+Tensor._wrap_like = staticmethod(_wrap)     # x._wrap_like(array): a plain Tensor around array (one call)
 
 
 def _check_inplace_cast(op, result, target):

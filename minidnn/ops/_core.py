@@ -1,31 +1,19 @@
-"""What every op shares: making graph nodes cheaply, operand coercion, device checks, sum_to."""
+"""What every op shares: operand coercion, device checks, type promotion, sum_to / broadcast_to."""
 from __future__ import annotations
 
 import numbers
 
 import numpy as np
 
-from ..autograd import Node, _state
+from ..autograd import Function, _state
 from ..backend import devices as _dev
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DimensionError, DTypeError
-from ..tensor import Tensor, _attach, _wrap, get_default_dtype
+from ..tensor import Tensor, _wrap, get_default_dtype
 
 __all__ = []
 
-_new = object.__new__
 _SCALARS = (int, float, bool, np.number, np.bool_)
-
-
-def node(cls, *inputs):
-    """A fresh ``cls`` node whose edges point at ``inputs`` (Tensors, or None for constants)."""
-    n = _new(cls)
-    n.next_edges = tuple([t._edge() if t is not None else None for t in inputs])
-    n.saved = ()
-    n.versions = ()
-    n.pre_hooks = None
-    n.trace = None
-    return n
 
 
 def needs_grad(*tensors) -> bool:
@@ -103,8 +91,11 @@ def weak_scalar_result(out, a, b):
     return out
 
 
-def fit(g: Tensor, shape, dtype) -> Tensor:
-    """Reduce a broadcast gradient back to ``shape`` and cast it to ``dtype``."""
+def fit(g: Tensor, meta) -> Tensor:
+    """Reduce a broadcast gradient back to an input's ``meta`` = (shape, dtype) and cast it (None: g as it is)."""
+    if meta is None:
+        return g
+    shape, dtype = meta
     if g.data.shape != shape:
         g = sum_to(g, shape)
     if g.data.dtype != dtype:
@@ -112,18 +103,20 @@ def fit(g: Tensor, shape, dtype) -> Tensor:
     return g
 
 
-class SumToBackward(Node):
+class SumTo(Function):
     __slots__ = ("shape",)
 
-    def backward(self, g):
-        return (broadcast_to(g, self.shape),)
+    @staticmethod
+    def backward(ctx, g):
+        return (broadcast_to(g, ctx.shape),)
 
 
-class BroadcastToBackward(Node):
+class BroadcastTo(Function):
     __slots__ = ("shape",)
 
-    def backward(self, g):
-        return (sum_to(g, self.shape),)
+    @staticmethod
+    def backward(ctx, g):
+        return (sum_to(g, ctx.shape),)
 
 
 def _sum_to_array(x, shape):
@@ -142,9 +135,9 @@ def sum_to(x: Tensor, shape) -> Tensor:
         return x
     out = _sum_to_array(x.data, shape)
     if needs_grad(x):
-        n = node(SumToBackward, x)
+        n = SumTo.node(x)
         n.shape = x.data.shape
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -159,9 +152,9 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
     except ValueError:
         raise ArgumentError(f"broadcast_to: cannot broadcast a tensor of shape {tuple(x.shape)} to {shape}") from None
     if needs_grad(x):
-        n = node(BroadcastToBackward, x)
+        n = BroadcastTo.node(x)
         n.shape = x.data.shape
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 

@@ -10,17 +10,16 @@ import operator
 import numpy as np
 
 from .._amp_state import autocast_op
-from ..autograd import Node, _state
+from ..autograd import Function, _state
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 from ..backend.layout import in_memory_order
-from ..tensor import Tensor, _attach, _wrap, get_default_dtype
+from ..tensor import Tensor, _wrap, get_default_dtype
 from ._core import (
     as_operand,
     broadcast_error,
     check_pair,
     fit,
-    node,
     promoted_operands,
     to_tensor,
 )
@@ -32,148 +31,153 @@ __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp"
            "fmod", "isclose", "allclose", "addcmul", "addcdiv", "lerp"]
 
 
-_new = object.__new__
 
 
 # ------------------------------------------------------------------------------------------------
-# Binary arithmetic: one node class per op, a scalar operand is a constant (no edge).
+# Binary arithmetic: one Function per op, forward the Python operator on the two arrays (cast to PyTorch's result
+# dtype; x + y works for NumPy and CuPy alike, and operator.* builtins are cheaper to call than a lambda on this hot
+# path), backward summing each gradient back to its operand's shape and dtype.  A scalar operand is a constant:
+# no edge, kept as is in ``scalar``.
 # ------------------------------------------------------------------------------------------------
-class _Binary(Node):
-    # (shape, dtype) of each tensor input; b_meta None when b is a scalar, kept as is in ``scalar``
-    __slots__ = ("a_meta", "b_meta", "scalar")
+class Binary(Function):
+    __slots__ = ("a_meta", "b_meta", "scalar")     # (shape, dtype) to fit each gradient to (None: the result's)
+    op_name = None
 
-    def operands(self):
+    def operands(ctx):
         """The saved (a, b) for backward: b is the Python/NumPy scalar itself when it was one."""
-        saved = self.saved_tensors_checked()
-        return saved if self.b_meta is not None else (saved[0], self.scalar)
+        saved = ctx.saved_tensors_checked()
+        return saved if len(saved) == 2 else (saved[0], ctx.scalar)
 
 
-def _binary(op, name, cls, a, b, save, true_div=False):
-    """Run ``op`` on the arrays of a (Tensor) and b (Tensor or scalar), both cast to PyTorch's result dtype
-    (``true_div``: integers give the default float dtype); record ``cls`` if needed."""
-    if isinstance(b, Tensor):
-        ad, bd = a.data, b.data
-        if type(ad) is not np.ndarray or type(bd) is not np.ndarray:       # (two NumPy arrays: both on the cpu)
-            check_pair(name, a, b)
-        if ad.dtype != bd.dtype or true_div:
-            ad, bd, _ = promoted_operands(a, b, true_div=true_div)
-        try:       # (NumPy keeps its inputs' memory order by itself; CuPy arrays go through in_memory_order)
-            out = op(ad, bd) if type(ad) is np.ndarray else in_memory_order(op, ad, bd)
-        except ValueError:
-            raise broadcast_error(name, a, b) from None
-        if _state.grad_enabled and (a.requires_grad or b.requires_grad):
-            # node(), meta and save() written out: this is every binary op's recording
-            n = _new(cls)
-            n.next_edges = (a._edge() if a.requires_grad else None, b._edge() if b.requires_grad else None)
-            n.saved, n.versions = ((a, b), (a._version, b._version)) if save else ((), ())
-            n.pre_hooks = n.trace = None
-            n.a_meta = (ad.shape, a.data.dtype)
-            n.b_meta = (bd.shape, b.data.dtype)
-            return _attach(out, n)
-        return _wrap(out)
-    b = as_operand(b, a)
-    if isinstance(b, Tensor):
-        return _binary(op, name, cls, a, b, save, true_div)
-    ad, bs, _ = promoted_operands(a, b, true_div=true_div)
-    out = op(ad, bs)
-    if _state.grad_enabled and a.requires_grad:
-        n = node(cls, a, None)
-        n.a_meta = (a.data.shape, a.data.dtype)
-        n.b_meta = None
-        if save:
-            # A scalar needs no Tensor wrapper (nor a version check): backward multiplies by it directly.
-            n.save(a)
-            n.scalar = b
-        return _attach(out, n)
-    return _wrap(out)
-
-
-class AddBackward(_Binary):
-    __slots__ = ()
-
-    def backward(self, g):
-        return (fit(g, *self.a_meta) if self.next_edges[0] else None,
-                fit(g, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
-
-
-class SubBackward(_Binary):
-    __slots__ = ()
-
-    def backward(self, g):
-        return (fit(g, *self.a_meta) if self.next_edges[0] else None,
-                fit(-g, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
-
-
-class MulBackward(_Binary):
-    __slots__ = ()
-
-    def backward(self, g):
-        a, b = self.operands()
-        return (fit(g * b, *self.a_meta) if self.next_edges[0] else None,
-                fit(g * a, *self.b_meta) if self.b_meta and self.next_edges[1] else None)
-
-
-class DivBackward(_Binary):
-    __slots__ = ()
-
-    def backward(self, g):
-        a, b = self.operands()
-        # PyTorch's formulas (div_tensor_self/other_backward): g / b and -(g * (a / b / b)), staged so that
-        # a / b**2 neither overflows nor underflows at half the exponent range, and rounded as PyTorch rounds
-        return (fit(g / b, *self.a_meta) if self.next_edges[0] else None,
-                fit(-(g * (a / b / b)), *self.b_meta) if self.b_meta and self.next_edges[1] else None)
-
-
-class PowBackward(_Binary):
-    __slots__ = ()
-
-    def backward(self, g):
-        a, b = self.operands()
-        ga = gb = None
-        bd = b.detach() if isinstance(b, Tensor) else b
-        if self.next_edges[0]:
-            # PyTorch: 0 where the exponent is 0 (so d(x**0)/dx = 0 at x = 0, not 0 * inf)
-            ga = fit(where(bd == 0, 0.0, g * b * a ** (b - 1)), *self.a_meta)
-        if self.b_meta and self.next_edges[1]:
-            # d(a^b)/db = a^b log a; defined as 0 where a == 0 and b >= 0, as in PyTorch.
-            ad = a.detach()
-            zero = (ad == 0) & (bd >= 0)
-            gb = fit(where(zero, 0.0, g * a ** b * log(where(zero, 1.0, a))), *self.b_meta)
-        return ga, gb
-
-
-def _arith(name, cls, save, doc=None):
-    # Python operators on the arrays (x + y) work for NumPy and CuPy alike; operator.* are builtins,
-    # cheaper to call than a lambda on this hot path.
-    pyop = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
-            "truediv": operator.truediv, "pow": operator.pow}[name]
+def _binary(cls, name=None, true_div=False):
+    """The Tensor function of ``cls``: a (Tensor) op b (Tensor or scalar), both cast to PyTorch's result dtype
+    (``true_div``: integers give the default float dtype), recorded by a ``cls`` node when a gradient is needed."""
+    forward, new_node, output = cls.forward, cls.node, Function.output    # (looked up once: the hot path)
+    name = name or cls.op_name
 
     def op(a, b):
         if not isinstance(a, Tensor):      # scalar op tensor: handled by the reflected operators
             raise DTypeError(f"{name}: the first operand must be a Tensor")
-        return _binary(pyop, name, cls, a, b, save)
+        if isinstance(b, Tensor):
+            ad, bd = a.data, b.data
+            if type(ad) is not np.ndarray or type(bd) is not np.ndarray:       # (two NumPy arrays: both on the cpu)
+                check_pair(name, a, b)
+            promoted = ad.dtype != bd.dtype or true_div
+            if promoted:
+                ad, bd, _ = promoted_operands(a, b, true_div=true_div)
+            try:       # (NumPy keeps its inputs' memory order by itself; CuPy arrays go through in_memory_order)
+                out = forward(ad, bd) if type(ad) is np.ndarray else in_memory_order(forward, ad, bd)
+            except ValueError:
+                raise broadcast_error(name, a, b) from None
+            if _state.grad_enabled and (a.requires_grad or b.requires_grad):
+                ctx = new_node(a, b)
+                if promoted or ad.shape != bd.shape:
+                    ctx.a_meta = (ad.shape, a.data.dtype)
+                    ctx.b_meta = (bd.shape, b.data.dtype)
+                else:       # same shape and dtype as the result: backward's gradients need no fitting
+                    ctx.a_meta = ctx.b_meta = None
+                return output(ctx, out)
+            return _wrap(out)
+        b = as_operand(b, a)
+        if isinstance(b, Tensor):
+            return op(a, b)
+        ad, bs, _ = promoted_operands(a, b, true_div=true_div)
+        out = forward(ad, bs)
+        if _state.grad_enabled and a.requires_grad:
+            ctx = new_node(a, None)
+            ctx.a_meta, ctx.b_meta = (a.data.shape, a.data.dtype), None
+            ctx.scalar = b      # a scalar needs no Tensor wrapper (nor a version check): backward uses it directly
+            return output(ctx, out)
+        return _wrap(out)
     op.__name__ = name
-    op.__doc__ = doc
+    op.__doc__ = cls.__doc__
     return op
 
 
-_add = _arith("add", AddBackward, False)
-sub = _arith("sub", SubBackward, False, """a - b elementwise with broadcasting (torch.sub without ``alpha``).  ``a``
-must be a Tensor; ``b`` a Tensor or a Python/NumPy scalar (a constant, no gradient).  The result has PyTorch's
-promoted dtype (a Python float keeps a float tensor's dtype: scalars are weak); gradients are summed back to each
-operand's shape.""")
-mul = _arith("mul", MulBackward, True, """a * b elementwise with broadcasting (torch.mul).  ``a`` must be a Tensor;
-``b`` a Tensor or a scalar (a constant).  PyTorch's promoted result dtype (scalars are weak); d/da = g * b,
-d/db = g * a, summed back to each operand's shape (differentiable again).""")
-_div = _arith("truediv", DivBackward, True)
+class Add(Binary):
+    """a + b elementwise with broadcasting; d/da = d/db = g."""
+    __slots__ = ()
+    forward, op_name = staticmethod(operator.add), "add"
+
+    @staticmethod
+    def backward(ctx, g):
+        return (fit(g, ctx.a_meta) if ctx.next_edges[0] else None,
+                fit(g, ctx.b_meta) if ctx.next_edges[1] else None)
+
+
+class Sub(Binary):
+    """a - b elementwise with broadcasting (torch.sub without ``alpha``).  ``a`` must be a Tensor; ``b`` a Tensor or a
+    Python/NumPy scalar (a constant, no gradient).  The result has PyTorch's promoted dtype (a Python float keeps a
+    float tensor's dtype: scalars are weak); gradients are summed back to each operand's shape."""
+    __slots__ = ()
+    forward, op_name = staticmethod(operator.sub), "sub"
+
+    @staticmethod
+    def backward(ctx, g):
+        return (fit(g, ctx.a_meta) if ctx.next_edges[0] else None,
+                fit(-g, ctx.b_meta) if ctx.next_edges[1] else None)
+
+
+class Mul(Binary):
+    """a * b elementwise with broadcasting (torch.mul).  ``a`` must be a Tensor; ``b`` a Tensor or a scalar (a
+    constant).  PyTorch's promoted result dtype (scalars are weak); d/da = g * b, d/db = g * a, summed back to each
+    operand's shape (differentiable again)."""
+    __slots__ = ()
+    forward, op_name, retain_inputs = staticmethod(operator.mul), "mul", True
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.operands()
+        return (fit(g * b, ctx.a_meta) if ctx.next_edges[0] else None,
+                fit(g * a, ctx.b_meta) if ctx.next_edges[1] else None)
+
+
+class Div(Binary):
+    """True division a / b; integers give the default float dtype."""
+    __slots__ = ()
+    forward, op_name, retain_inputs = staticmethod(operator.truediv), "div", True
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.operands()
+        # PyTorch's formulas (div_tensor_self/other_backward): g / b and -(g * (a / b / b)), staged so that
+        # a / b**2 neither overflows nor underflows at half the exponent range, and rounded as PyTorch rounds
+        return (fit(g / b, ctx.a_meta) if ctx.next_edges[0] else None,
+                fit(-(g * (a / b / b)), ctx.b_meta) if ctx.next_edges[1] else None)
+
+
+class Pow(Binary):
+    """a ** b for a tensor exponent b."""
+    __slots__ = ()
+    forward, op_name, retain_inputs = staticmethod(operator.pow), "pow", True
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.operands()
+        ga = gb = None
+        bd = b.detach() if isinstance(b, Tensor) else b
+        if ctx.next_edges[0]:
+            # PyTorch: 0 where the exponent is 0 (so d(x**0)/dx = 0 at x = 0, not 0 * inf)
+            ga = fit(where(bd == 0, 0.0, g * b * a ** (b - 1)), ctx.a_meta)
+        if ctx.next_edges[1]:
+            # d(a^b)/db = a^b log a; defined as 0 where a == 0 and b >= 0, as in PyTorch.
+            ad = a.detach()
+            zero = (ad == 0) & (bd >= 0)
+            gb = fit(where(zero, 0.0, g * a ** b * log(where(zero, 1.0, a))), ctx.b_meta)
+        return ga, gb
+
+
+_add = _binary(Add)
+sub = _binary(Sub)
+mul = _binary(Mul)
+_true_div = _binary(Div, true_div=True)
+_pow = _binary(Pow)
 
 
 def div(a, b, *, rounding_mode=None):
     """True division (integers give the default float dtype); rounding_mode 'floor' or 'trunc' as PyTorch."""
     if rounding_mode is None:
-        if not isinstance(a, Tensor):
-            raise DTypeError("div: the first operand must be a Tensor")
-        return _binary(operator.truediv, "div", DivBackward, a, b, True, true_div=True)
+        return _true_div(a, b)
     if rounding_mode == "floor":
         return floordiv(a, b)
     if rounding_mode == "trunc":
@@ -191,7 +195,6 @@ true_divide = div
 def result_of(a, b):
     from ._core import result_type
     return result_type(a, b if isinstance(b, Tensor) else as_operand(b, a))
-_pow = _arith("pow", PowBackward, True)
 
 
 def add(a, b, alpha=1):  # (PyTorch's signature, alpha scales b)
@@ -214,12 +217,15 @@ def pow(a, b):
     return _pow(a, b)
 
 
-class ScalarPowBackward(Node):
+class ScalarPow(Function):
+    """a ** p for a Python number p, with PyTorch's special cases of the gradient p * a**(p - 1)."""
     __slots__ = ("p",)
+    retain_inputs = True
 
-    def backward(self, g):
-        (a,) = self.saved_tensors_checked()
-        p = self.p
+    @staticmethod
+    def backward(ctx, g):
+        (a,) = ctx.saved_tensors
+        p = ctx.p
         if p == 2:
             return (g * a * 2.0,)
         if p == 0:                      # PyTorch: exactly 0 (not 0 * x**-1, NaN at 0)
@@ -236,10 +242,9 @@ def _scalar_pow(a, p):
     ad, ps, _ = promoted_operands(a, p)
     out = ad ** ps
     if _state.grad_enabled and a.requires_grad:
-        n = node(ScalarPowBackward, a)
-        n.p = p
-        n.save(a)
-        return _attach(out, n)
+        ctx = ScalarPow.node(a)
+        ctx.p = p
+        return ctx.output(out)
     return _wrap(out)
 
 
@@ -265,40 +270,21 @@ def rpow(a, b):
 
 
 # ------------------------------------------------------------------------------------------------
-# Unary ops: one node class, a table of (forward on arrays, backward as Tensor math).
-# backward(g, x, y) gets the input x and the output y as Tensors (y is re-attached to this node
-# under create_graph so the second derivative flows through it).
+# Unary ops: one table of Functions, (forward on arrays, backward as Tensor math, what backward reads).
+# backward(g, x, y) gets the input x (saved: "x") and the output y ("y": kept as an array, re-attached to
+# this node under create_graph so the second derivative flows through it) as Tensors.
 # ------------------------------------------------------------------------------------------------
-_UNARY = {
-    "neg": (lambda xp, x: -x, lambda g, x, y: -g, ""),
-    "exp": (lambda xp, x: xp.exp(x), lambda g, x, y: g * y, "y"),
-    "log": (lambda xp, x: xp.log(x), lambda g, x, y: g / x, "x"),
-    "sqrt": (lambda xp, x: xp.sqrt(x), lambda g, x, y: g / (y * 2.0), "y"),
-    "sin": (lambda xp, x: xp.sin(x), lambda g, x, y: g * cos(x), "x"),
-    "cos": (lambda xp, x: xp.cos(x), lambda g, x, y: -g * sin(x), "x"),
-    "relu": (lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
-             lambda g, x, y: g * _wrap(~(y.data <= 0)).astype(g.dtype), "y"),     # NaN passes, as in PyTorch
-    "abs": (lambda xp, x: xp.abs(x), lambda g, x, y: g * sign(x), "x"),
-    "square": (lambda xp, x: x * x, lambda g, x, y: g * x * 2.0, "x"),
-    "log1p": (lambda xp, x: xp.log1p(x), lambda g, x, y: g / (x + 1.0), "x"),
-    "expm1": (lambda xp, x: xp.expm1(x), lambda g, x, y: g * (y + 1.0), "y"),
-    "reciprocal": (lambda xp, x: 1 / x, lambda g, x, y: -g * y * y, "y"),
-}
+class Unary(Function):
+    __slots__ = ("out",)
 
-
-class UnaryBackward(Node):
-    __slots__ = ("kind", "out")
-
-    def name(self):
-        return self.kind.capitalize() + "Backward"
-
-    def backward(self, g):
-        saved = self.saved_tensors_checked()
+    @staticmethod
+    def backward(ctx, g):
+        saved = ctx.saved_tensors_checked()
         x = saved[0] if saved else None
         y = None
-        if self.out is not None:
-            y = _attach(self.out, self) if _state.grad_enabled else _wrap(self.out)
-        return (_UNARY[self.kind][1](g, x, y),)
+        if ctx.out is not None:
+            y = ctx.output(ctx.out) if _state.grad_enabled else _wrap(ctx.out)
+        return (ctx.grad(g, x, y),)
 
     def release(self):
         if self.saved or self.out is not None:
@@ -306,25 +292,46 @@ class UnaryBackward(Node):
             self.out = None
 
 
+def _table(**rows):
+    return {kind: type(kind.capitalize(), (Unary,), {
+        "__slots__": (), "__module__": __name__, "forward": staticmethod(fwd), "grad": staticmethod(grad),
+        "keeps_output": needs == "y", "retain_inputs": needs == "x"}) for kind, (fwd, grad, needs) in rows.items()}
+
+
+UNARY = _table(
+    neg=(lambda xp, x: -x, lambda g, x, y: -g, ""),
+    exp=(lambda xp, x: xp.exp(x), lambda g, x, y: g * y, "y"),
+    log=(lambda xp, x: xp.log(x), lambda g, x, y: g / x, "x"),
+    sqrt=(lambda xp, x: xp.sqrt(x), lambda g, x, y: g / (y * 2.0), "y"),
+    sin=(lambda xp, x: xp.sin(x), lambda g, x, y: g * cos(x), "x"),
+    cos=(lambda xp, x: xp.cos(x), lambda g, x, y: -g * sin(x), "x"),
+    relu=(lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
+          lambda g, x, y: g * _wrap(~(y.data <= 0)).astype(g.dtype), "y"),      # NaN passes, as in PyTorch
+    abs=(lambda xp, x: xp.abs(x), lambda g, x, y: g * sign(x), "x"),
+    square=(lambda xp, x: x * x, lambda g, x, y: g * x * 2.0, "x"),
+    log1p=(lambda xp, x: xp.log1p(x), lambda g, x, y: g / (x + 1.0), "x"),
+    expm1=(lambda xp, x: xp.expm1(x), lambda g, x, y: g * (y + 1.0), "y"),
+    reciprocal=(lambda xp, x: 1 / x, lambda g, x, y: -g * y * y, "y"),
+)
+
+
 def _unary(kind, doc):
-    fwd, _, needs = _UNARY[kind]
+    cls = UNARY[kind]
+    forward, keeps_output, new_node, output = cls.forward, cls.keeps_output, cls.node, Function.output
 
     def op(x):
         if not isinstance(x, Tensor):
             raise DTypeError(f"{kind}: expected a Tensor, got {type(x).__name__}")
         xd = x.data
         if type(xd) is np.ndarray:
-            out = fwd(np, xd)
+            out = forward(np, xd)
         else:
             xp = x._xp()
-            out = in_memory_order(lambda v: fwd(xp, v), xd)
+            out = in_memory_order(lambda v: forward(xp, v), xd)
         if _state.grad_enabled and x.requires_grad:
-            n = node(UnaryBackward, x)
-            n.kind = kind
-            n.out = out if needs == "y" else None
-            if needs == "x":
-                n.save(x)
-            return _attach(out, n)
+            ctx = new_node(x)
+            ctx.out = out if keeps_output else None
+            return output(ctx, out)
         return _wrap(out)
     op.__name__ = kind
     op.__doc__ = doc + (" Differentiable; its backward is written in Tensor ops, so it can be differentiated "
@@ -351,14 +358,15 @@ reciprocal = _unary("reciprocal", "1 / x elementwise (torch.reciprocal): +-inf a
 # ------------------------------------------------------------------------------------------------
 # Selection ops: gradient routed by a mask (maximum/minimum split ties evenly, as PyTorch does).
 # ------------------------------------------------------------------------------------------------
-class WhereBackward(Node):
+class Where(Function):
     __slots__ = ("cond", "a_meta", "b_meta")
 
-    def backward(self, g):
+    @staticmethod
+    def backward(ctx, g):
         zero = g * 0.0 if _state.grad_enabled else None
-        c = self.cond
-        ga = fit(where(c, g, 0.0 if zero is None else zero), *self.a_meta) if self.next_edges[0] else None
-        gb = fit(where(c, 0.0 if zero is None else zero, g), *self.b_meta) if self.next_edges[1] else None
+        c = ctx.cond
+        ga = fit(where(c, g, 0.0 if zero is None else zero), ctx.a_meta) if ctx.next_edges[0] else None
+        gb = fit(where(c, 0.0 if zero is None else zero, g), ctx.b_meta) if ctx.next_edges[1] else None
         return ga, gb
 
 
@@ -387,22 +395,23 @@ def where(condition, a, b):
     ra = ta is not None and ta.requires_grad
     rb = tb is not None and tb.requires_grad
     if _state.grad_enabled and (ra or rb):
-        n = node(WhereBackward, ta if ra else None, tb if rb else None)
+        n = Where.node(ta, tb)
         n.cond = _wrap(cond if hasattr(cond, "dtype") and cond.dtype == bool else cond.astype(bool))
         n.a_meta = (ta.data.shape, ta.data.dtype) if ta is not None else None
         n.b_meta = (tb.data.shape, tb.data.dtype) if tb is not None else None
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
-class SelectBackward(Node):
+class Select(Function):
     """maximum/minimum: the gradient goes to the winner, half to each on a tie, and to both where either is NaN
     (PyTorch's masks: an operand gets 0 only where it strictly loses, so an infinite operand never meets a 0 weight)."""
     __slots__ = ("wa", "wb", "a_meta", "b_meta")
 
-    def backward(self, g):
-        ga = fit(g * self.wa, *self.a_meta) if self.next_edges[0] else None
-        gb = fit(g * self.wb, *self.b_meta) if self.b_meta is not None and self.next_edges[1] else None
+    @staticmethod
+    def backward(ctx, g):
+        ga = fit(g * ctx.wa, ctx.a_meta) if ctx.next_edges[0] else None
+        gb = fit(g * ctx.wb, ctx.b_meta) if ctx.next_edges[1] else None
         return ga, gb
 
 
@@ -423,12 +432,12 @@ def _select(a, b, wins, name):
     half = xp.where(ad == bd, dt.type(0.5), dt.type(1))
     wa = half * ~wins(bd, ad)
     wb = half * ~wins(ad, bd)
-    n = node(SelectBackward, a if a.requires_grad else None, b_t if b_t.requires_grad else None)
+    n = Select.node(a, b_t)
     n.wa = _wrap(xp.broadcast_to(wa, out.shape) if wa.shape != out.shape else wa)
     n.wb = _wrap(xp.broadcast_to(wb, out.shape) if wb.shape != out.shape else wb)
     n.a_meta = (a.data.shape, a.data.dtype)
     n.b_meta = (b_t.data.shape, b_t.data.dtype)
-    return _attach(out, n)
+    return n.output(out)
 
 
 def maximum(a, b):
@@ -443,22 +452,23 @@ def minimum(a, b):
     return _select(a, b, lambda x, y: x < y, "minimum")
 
 
-class ClipBackward(Node):
+class Clip(Function):
     """PyTorch's clamp gradients.  x: where min <= x <= max (NaN gets 0).  Tensor bounds (both given): min gets
     it where x < min < max, max where x > max or max < min (max wins a crossed pair); one bound alone gets it
     where x is beyond it."""
     __slots__ = ("mask", "lo_mask", "hi_mask", "x_meta", "lo_meta", "hi_meta")
 
-    def backward(self, g):
-        gx = fit(g * self.mask, *self.x_meta) if self.next_edges[0] else None
-        glo = fit(g * self.lo_mask, *self.lo_meta) if self.next_edges[1] else None
-        ghi = fit(g * self.hi_mask, *self.hi_meta) if self.next_edges[2] else None
+    @staticmethod
+    def backward(ctx, g):
+        gx = fit(g * ctx.mask, ctx.x_meta) if ctx.next_edges[0] else None
+        glo = fit(g * ctx.lo_mask, ctx.lo_meta) if ctx.next_edges[1] else None
+        ghi = fit(g * ctx.hi_mask, ctx.hi_meta) if ctx.next_edges[2] else None
         return gx, glo, ghi
 
 
 def clip(x, min=None, max=None):
     """Clamp to [min, max] (numbers or tensors); the gradient passes where min <= x <= max (PyTorch's rule),
-    and tensor bounds get theirs where they are the answer (see ClipBackward)."""
+    and tensor bounds get theirs where they are the answer (see Clip)."""
     if min is None and max is None:
         raise ArgumentError("clip: at least one of min and max must be given")
     lo_t = min if isinstance(min, Tensor) else None
@@ -488,7 +498,7 @@ def clip(x, min=None, max=None):
             mask &= xd >= lo
         if hi is not None:
             mask &= xd <= hi
-        n = node(ClipBackward, x if x.requires_grad else None, lo_t if need_lo else None, hi_t if need_hi else None)
+        n = Clip.node_of(x, lo_t, hi_t)
         n.mask = _wrap(mask.astype(xd.dtype))
         n.x_meta = (xd.shape, xd.dtype)
         n.lo_mask = n.hi_mask = n.lo_meta = n.hi_meta = None
@@ -500,7 +510,7 @@ def clip(x, min=None, max=None):
             m = (xd > hi) | (hi < lo) if lo is not None else (xd > hi)
             n.hi_mask = _wrap(xp.broadcast_to(m, shape).astype(xd.dtype))
             n.hi_meta = (hi_t.data.shape, hi_t.data.dtype)
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -554,12 +564,13 @@ _remainder = _nondiff("remainder", lambda x, y: x % y, 'a % b, the array form be
 _fmod = _nondiff("fmod", lambda x, y: np.fmod(x, y), "C's fmod(a, b), the array form behind fmod().")
 
 
-class RemainderBackward(Node):
+class Remainder(Function):
     __slots__ = ("q", "a_meta", "b_meta")
 
-    def backward(self, g):
-        ga = fit(g, *self.a_meta) if self.next_edges[0] else None
-        gb = fit(-g * self.q, *self.b_meta) if self.b_meta is not None and self.next_edges[1] else None
+    @staticmethod
+    def backward(ctx, g):
+        ga = fit(g, ctx.a_meta) if ctx.next_edges[0] else None
+        gb = fit(-g * ctx.q, ctx.b_meta) if ctx.next_edges[1] else None
         return ga, gb
 
 
@@ -569,11 +580,11 @@ def remainder(a, b):
     out = _remainder(a, b)
     bt = b if isinstance(b, Tensor) else None
     if _state.grad_enabled and (a.requires_grad or (bt is not None and bt.requires_grad)):
-        n = node(RemainderBackward, a if a.requires_grad else None, bt if bt is not None and bt.requires_grad else None)
+        n = Remainder.node(a, bt)
         n.q = _wrap(floordiv(a, b).data)
         n.a_meta = (a.data.shape, a.data.dtype)
         n.b_meta = (bt.data.shape, bt.data.dtype) if bt is not None else None
-        return _attach(out.data, n)
+        return n.output(out.data)
     return out
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import Node, _state
+from ..autograd import Function, _state
 from ..backend import devices as _dev
 from ..backend.array_ops import index_add
-from ..tensor import Tensor, _attach, _wrap
-from ._core import node
+from ..tensor import Tensor, _wrap
 
 __all__ = ["getitem", "index_put", "scatter_into"]
 
@@ -148,18 +147,20 @@ def _is_basic(key):
     return all(k is None or k is Ellipsis or isinstance(k, (int, slice, np.integer)) for k in keys)
 
 
-class GetItemBackward(Node):
+class GetItem(Function):
     __slots__ = ("key", "in_shape", "in_dtype", "basic")
 
-    def backward(self, g):
-        return (scatter_into(g, self.key, self.in_shape, self.basic),)
+    @staticmethod
+    def backward(ctx, g):
+        return (scatter_into(g, ctx.key, ctx.in_shape, ctx.basic),)
 
 
-class ScatterBackward(Node):
+class ScatterInto(Function):
     __slots__ = ("key",)
 
-    def backward(self, g):
-        return (getitem(g, self.key, normalized=True),)
+    @staticmethod
+    def backward(ctx, g):
+        return (getitem(g, ctx.key, normalized=True),)
 
 
 def getitem(x, key, normalized=False):
@@ -175,9 +176,9 @@ def getitem(x, key, normalized=False):
     except IndexError as e:
         raise IndexError(f"index {key!r} is invalid for a tensor of shape {tuple(x.shape)}: {e}") from None
     if _state.grad_enabled and x.requires_grad:
-        n = node(GetItemBackward, x)
+        n = GetItem.node(x)
         n.key, n.in_shape, n.in_dtype, n.basic = k, x.data.shape, x.data.dtype, _is_basic(k)
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -192,25 +193,26 @@ def scatter_into(g, key, shape, basic=None):
     else:
         index_add(out, key, g.data)
     if _state.grad_enabled and g.requires_grad:
-        n = node(ScatterBackward, g)
+        n = ScatterInto.node(g)
         n.key = key
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
-class IndexPutBackward(Node):
+class IndexPut(Function):
     __slots__ = ("key", "v_meta")
 
-    def backward(self, g):
+    @staticmethod
+    def backward(ctx, g):
         gx = None
-        if self.next_edges[0]:
+        if ctx.next_edges[0]:
             mask = _wrap(g._xp().ones(g.shape, dtype=g.dtype))
-            mask.data[self.key] = 0
+            mask.data[ctx.key] = 0
             gx = g * mask
         gv = None
-        if self.v_meta is not None and self.next_edges[1]:
+        if ctx.v_meta is not None and ctx.next_edges[1]:
             from ._core import fit
-            gv = fit(getitem(g, self.key, normalized=True), *self.v_meta)
+            gv = fit(getitem(g, ctx.key, normalized=True), ctx.v_meta)
         return gx, gv
 
 
@@ -227,8 +229,8 @@ def index_put(x, key, value):
     out[k] = v
     vt = value if isinstance(value, Tensor) and value.requires_grad else None
     if _state.grad_enabled and (x.requires_grad or vt is not None):
-        n = node(IndexPutBackward, x if x.requires_grad else None, vt)
+        n = IndexPut.node(x, vt)
         n.key = k
         n.v_meta = (value.data.shape, value.data.dtype) if vt is not None else None
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)

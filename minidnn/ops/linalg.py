@@ -4,25 +4,27 @@ from __future__ import annotations
 import numpy as np
 
 from .._amp_state import autocast_op
-from ..autograd import Node, _state
+from ..autograd import Function, _state
 from ..backend import blas as _blas
 from ..backend import devices as _dev
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError
-from ..tensor import Tensor, _attach, _to_dtype, _wrap
-from ._core import check_pair, fit, node, to_tensor
+from ..tensor import Tensor, _to_dtype, _wrap
+from ._core import check_pair, fit, to_tensor
 
 __all__ = ["matmul", "dot", "outer", "transfer", "astype", "clone", "mm", "bmm", "t", "einsum"]
 
 
-class MatmulBackward(Node):
-    __slots__ = ("a_meta", "b_meta")
+class Matmul(Function):
+    __slots__ = ()
+    retain_inputs = True
 
-    def backward(self, g):
-        a, b = self.saved_tensors_checked()
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
         ga = gb = None
         if a.ndim == 1 and b.ndim == 1:          # dot product: g is a scalar
-            return (g * b if self.next_edges[0] else None, g * a if self.next_edges[1] else None)
+            return (g * b if ctx.next_edges[0] else None, g * a if ctx.next_edges[1] else None)
         # Promote 1-D operands as NumPy does, then undo the promotion on the gradients.
         a2 = a.reshape(1, -1) if a.ndim == 1 else a
         b2 = b.reshape(-1, 1) if b.ndim == 1 else b
@@ -31,12 +33,12 @@ class MatmulBackward(Node):
             g2 = g2.unsqueeze(-2)
         if b.ndim == 1:
             g2 = g2.unsqueeze(-1)
-        if self.next_edges[0]:
+        if ctx.next_edges[0]:
             ga = matmul(g2, b2.swapaxes(-1, -2))
-            ga = fit(ga, a2.shape, a.dtype).reshape(a.shape)
-        if self.next_edges[1]:
+            ga = fit(ga, (a2.shape, a.dtype)).reshape(a.shape)
+        if ctx.next_edges[1]:
             gb = matmul(a2.swapaxes(-1, -2), g2)
-            gb = fit(gb, b2.shape, b.dtype).reshape(b.shape)
+            gb = fit(gb, (b2.shape, b.dtype)).reshape(b.shape)
         return ga, gb
 
 
@@ -68,9 +70,7 @@ def matmul(a, b):
     if out.dtype != a.dtype and a.dtype == b.dtype:
         out = out.astype(a.dtype)       # NumPy returns bfloat16 products in float32: round once, as a GEMM would
     if _state.grad_enabled and (a.requires_grad or b.requires_grad):
-        n = node(MatmulBackward, a if a.requires_grad else None, b if b.requires_grad else None)
-        n.save(a, b)
-        return _attach(out, n)
+        return Matmul.node(a, b).output(out)
     return _wrap(out)
 
 
@@ -88,11 +88,12 @@ def outer(a, b):
     return a.reshape(-1, 1) * b.reshape(1, -1)
 
 
-class TransferBackward(Node):
+class Transfer(Function):
     __slots__ = ("src_device", "src_dtype")
 
-    def backward(self, g):
-        return (transfer(g, device=self.src_device, dtype=self.src_dtype),)
+    @staticmethod
+    def backward(ctx, g):
+        return (transfer(g, device=ctx.src_device, dtype=ctx.src_dtype),)
 
 
 def transfer(x, device=None, dtype=None, copy=False):
@@ -104,9 +105,9 @@ def transfer(x, device=None, dtype=None, copy=False):
         return x
     out = _dev.to_device(x.data, dev, dtype=dt, copy=copy)
     if _state.grad_enabled and x.requires_grad and (dt is None or _is_floating(dt, complex_ok=True)):
-        n = node(TransferBackward, x)
+        n = Transfer.node(x)
         n.src_device, n.src_dtype = x.device, x.dtype
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 

@@ -12,11 +12,11 @@ import builtins
 import numpy as np
 
 from .._amp_state import autocast_op
-from ..autograd import Node, _state
+from ..autograd import Function, _state
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
-from ..tensor import Tensor, _attach, _wrap
-from ._core import broadcast_to, canonical_dim, node
+from ..tensor import Tensor, _wrap
+from ._core import broadcast_to, canonical_dim
 
 __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "prod", "argmax", "argmin",
            "all", "any", "norm"]
@@ -60,11 +60,12 @@ def _count(shape, axes):
     return n
 
 
-class SumBackward(Node):
+class Sum(Function):
     __slots__ = ("in_shape", "kept")
 
-    def backward(self, g):
-        return (broadcast_to(g.reshape(self.kept), self.in_shape),)
+    @staticmethod
+    def backward(ctx, g):
+        return (broadcast_to(g.reshape(ctx.kept), ctx.in_shape),)
 
 
 @autocast_op("sum")
@@ -77,9 +78,9 @@ def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
     kd = _keep(keepdims, keepdim)
     out = x.data.sum(axis=axes, keepdims=kd, dtype=dtype)
     if _state.grad_enabled and x.requires_grad:
-        n = node(SumBackward, x)
+        n = Sum.node(x)
         n.in_shape, n.kept = x.data.shape, _kept_shape(x.data.shape, axes)
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -94,24 +95,26 @@ def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     return sum(x, axes, _keep(keepdims, keepdim)) * (1.0 / n if n else float("nan"))
 
 
-class VarBackward(Node):
+class Var(Function):
     """d var / dx = 2 (x - mean) / (N - correction), PyTorch's formula (the divisor is not clamped here, so
     N == correction gives nan gradients as in PyTorch); std's gradient is g / (2 std), 0 where std == 0."""
     __slots__ = ("in_shape", "kept", "axes", "scale", "std_out")
+    retain_inputs = True
 
-    def backward(self, g):
-        (x,) = self.saved_tensors_checked()
-        g = g.reshape(self.kept)
-        if self.std_out is not None:
-            s = self.std_out
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        g = g.reshape(ctx.kept)
+        if ctx.std_out is not None:
+            s = ctx.std_out
             g = g * _wrap((s.data != 0).astype(s.dtype)) / (s * 2.0 + _wrap((s.data == 0).astype(s.dtype)))
-        m = mean(x, self.axes, True)
-        if self.scale is None:      # all dims (or 0-d) with N <= correction: PyTorch's nan where x == mean, else inf
+        m = mean(x, ctx.axes, True)
+        if ctx.scale is None:      # all dims (or 0-d) with N <= correction: PyTorch's nan where x == mean, else inf
             xp = x._xp()           # (x == mean, not x - mean == 0: an infinite x equals its mean, inf - inf is nan)
             w = xp.where(x.data == m.data, np.nan, np.inf).astype(x.dtype)
-            return (broadcast_to(g, self.in_shape) * _wrap(w),)
+            return (broadcast_to(g, ctx.in_shape) * _wrap(w),)
         d = x - m
-        return (broadcast_to(g, self.in_shape) * d * self.scale,)
+        return (broadcast_to(g, ctx.in_shape) * d * ctx.scale,)
 
 
 def _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, name):
@@ -145,15 +148,14 @@ def _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, name):
     out = out.astype(xd.dtype, copy=False)
     if not (_state.grad_enabled and x.requires_grad):
         return _wrap(out)
-    n_ = node(VarBackward, x)
+    n_ = Var.node(x)
     n_.in_shape, n_.kept, n_.axes = xd.shape, _kept_shape(xd.shape, axes), axes
     if denom <= 0 and (axes is None or xd.ndim == 0):
         n_.scale = None
     else:
         n_.scale = 2.0 / denom if denom != 0 else float("inf")
     n_.std_out = _wrap(out.reshape(n_.kept)) if name == "std" else None
-    n_.save(x)
-    return _attach(out, n_)
+    return n_.output(out)
 
 
 def var(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None, unbiased=None, ddof=None):
@@ -166,16 +168,18 @@ def std(x, axis=None, keepdims=False, *, dim=None, keepdim=None, correction=None
     return _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, "std")
 
 
-class ExtremumBackward(Node):
+class Extremum(Function):
     """Gradient of max/min: split evenly among the elements equal to the extremum."""
     __slots__ = ("in_shape", "kept", "axes", "out_kept")
+    retain_inputs = True
 
-    def backward(self, g):
-        (x,) = self.saved_tensors_checked()
-        y = self.out_kept
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        y = ctx.out_kept
         mask = _wrap((x.data == y).astype(x.dtype))
-        count = mask.sum(self.axes, keepdims=True)
-        return (broadcast_to(g.reshape(self.kept), self.in_shape) * (mask / count),)
+        count = mask.sum(ctx.axes, keepdims=True)
+        return (broadcast_to(g.reshape(ctx.kept), ctx.in_shape) * (mask / count),)
 
 
 def _extremum(x, axis, keepdims, dim, keepdim, which):
@@ -190,10 +194,9 @@ def _extremum(x, axis, keepdims, dim, keepdim, which):
     out = kept if kd else kept.reshape(tuple(s for i, s in enumerate(kept.shape)
                                              if axes is not None and i not in axes))
     if _state.grad_enabled and x.requires_grad:
-        n = node(ExtremumBackward, x)
+        n = Extremum.node(x)
         n.in_shape, n.kept, n.axes, n.out_kept = x.data.shape, _kept_shape(x.data.shape, axes), axes, kept
-        n.save(x)
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -256,20 +259,22 @@ def logsumexp(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     return out
 
 
-class ProdBackward(Node):
+class Prod(Function):
     __slots__ = ("in_shape", "kept", "axes", "has_zero")
+    retain_inputs = True
 
-    def backward(self, g):
-        (x,) = self.saved_tensors_checked()
-        gk = broadcast_to(g.reshape(self.kept), self.in_shape)
-        if not self.has_zero:
-            y = prod(x, self.axes, True)
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        gk = broadcast_to(g.reshape(ctx.kept), ctx.in_shape)
+        if not ctx.has_zero:
+            y = prod(x, ctx.axes, True)
             return (gk * y / x,)
         # With zeros, d prod / d x_i = product of the others: exclusive products along the reduced
         # axes (moved last and flattened), built from cumulative products from both ends.
         xd = x.data
         xp = x._xp()
-        axes = self.axes if self.axes is not None else tuple(range(xd.ndim))
+        axes = ctx.axes if ctx.axes is not None else tuple(range(xd.ndim))
         rest = [i for i in range(xd.ndim) if i not in axes]
         perm = rest + list(axes)
         moved = xd.transpose(perm)
@@ -290,11 +295,10 @@ def prod(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     kd = _keep(keepdims, keepdim)
     out = x.data.prod(axis=axes, keepdims=kd)
     if _state.grad_enabled and x.requires_grad:
-        n = node(ProdBackward, x)
+        n = Prod.node(x)
         n.in_shape, n.kept, n.axes = x.data.shape, _kept_shape(x.data.shape, axes), axes
         n.has_zero = bool((x.data == 0).any())
-        n.save(x)
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 

@@ -7,21 +7,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import Node, _state
+from ..autograd import Function, _state
 from ..backend.errors import ArgumentError, DimensionError
-from ..tensor import _attach, _wrap
-from ._core import broadcast_to, canonical_dim, canonical_dims, check_pair, node
+from ..tensor import _wrap
+from ._core import broadcast_to, canonical_dim, canonical_dims, check_pair
 
 __all__ = ["reshape", "flatten", "transpose", "permute", "swapaxes", "squeeze", "unsqueeze", "expand",
            "broadcast_to", "cat", "concatenate", "stack", "split", "chunk", "pad", "unbind", "moveaxis", "repeat",
            "tile", "flip", "movedim", "narrow", "select"]
 
 
-class ReshapeBackward(Node):
+class Reshape(Function):
     __slots__ = ("in_shape",)
 
-    def backward(self, g):
-        return (g.reshape(self.in_shape),)
+    @staticmethod
+    def backward(ctx, g):
+        return (g.reshape(ctx.in_shape),)
 
 
 def _shape_args(shape):
@@ -40,9 +41,9 @@ def reshape(x, *shape):
         raise ArgumentError(f"reshape: cannot reshape a tensor of shape {tuple(x.shape)} ({x.numel()} elements) into "
                          f"{shape}") from None
     if _state.grad_enabled and x.requires_grad:
-        n = node(ReshapeBackward, x)
+        n = Reshape.node(x)
         n.in_shape = x.data.shape
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -62,11 +63,12 @@ def flatten(x, start_dim=0, end_dim=-1):
     return reshape(x, shp[:s] + (n,) + shp[e + 1:])
 
 
-class PermuteBackward(Node):
+class Permute(Function):
     __slots__ = ("inverse",)
 
-    def backward(self, g):
-        return (permute(g, self.inverse),)
+    @staticmethod
+    def backward(ctx, g):
+        return (permute(g, ctx.inverse),)
 
 
 def permute(x, *axes):
@@ -80,9 +82,9 @@ def permute(x, *axes):
     axes = canonical_dims("permute", axes, nd)
     out = x.data.transpose(axes)
     if _state.grad_enabled and x.requires_grad:
-        n = node(PermuteBackward, x)
+        n = Permute.node(x)
         n.inverse = tuple(int(i) for i in np.argsort(axes))
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -156,13 +158,14 @@ def expand(x, *shape):
     return broadcast_to(x, full)
 
 
-class CatBackward(Node):
+class Cat(Function):
     __slots__ = ("axis", "bounds")
 
-    def backward(self, g):
+    @staticmethod
+    def backward(ctx, g):
         out = []
-        for (lo, hi) in self.bounds:
-            idx = (slice(None),) * self.axis + (slice(lo, hi),)
+        for (lo, hi) in ctx.bounds:
+            idx = (slice(None),) * ctx.axis + (slice(lo, hi),)
             out.append(g[idx])
         return tuple(out)
 
@@ -193,13 +196,13 @@ def cat(tensors, axis=0, *, dim=None):
     xp = tensors[0]._xp()
     out = xp.concatenate([t.data for t in tensors], axis=axis)
     if _state.grad_enabled and any(t.requires_grad for t in tensors):
-        n = node(CatBackward, *[t if t.requires_grad else None for t in tensors])
+        n = Cat.node_of(*tensors)
         bounds, lo = [], 0
         for t in tensors:
             bounds.append((lo, lo + t.shape[axis]))
             lo += t.shape[axis]
         n.axis, n.bounds = axis, bounds
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
@@ -278,11 +281,12 @@ def unbind(x, axis=0, *, dim=None):
     return tuple(x[(slice(None),) * axis + (i,)] for i in range(x.shape[axis]))
 
 
-class PadBackward(Node):
+class Pad(Function):
     __slots__ = ("slices",)
 
-    def backward(self, g):
-        return (g[self.slices],)
+    @staticmethod
+    def backward(ctx, g):
+        return (g[ctx.slices],)
 
 
 def pad(x, pad, mode="constant", value=0.0):
@@ -308,9 +312,9 @@ def pad(x, pad, mode="constant", value=0.0):
     xp = x._xp()
     out = xp.pad(x.data, widths, mode="constant", constant_values=value)
     if _state.grad_enabled and x.requires_grad:
-        n = node(PadBackward, x)
+        n = Pad.node(x)
         n.slices = tuple(slice(a, a + s) for (a, _), s in zip(widths, x.shape))
-        return _attach(out, n)
+        return n.output(out)
     return _wrap(out)
 
 
