@@ -56,7 +56,9 @@ class Handle:
         if workspace_limit is not None and workspace_limit < 0:
             raise BadParamError(f"Handle: workspace_limit must be >= 0 bytes or None, got {workspace_limit}")
         self.workspace_limit = workspace_limit
-        self._cpu_context = contextlib.nullcontext(self)     # activate() on the CPU: ``with h.activate() as h``
+        # activate() where nothing needs switching (the CPU; a CUDA handle whose device is current and which has no
+        # stream of its own): ``with h.activate() as h``
+        self._cpu_context = contextlib.nullcontext(self)
 
     def __repr__(self):
         return (f"Handle(device='{self.device}', math_type={self.math_type.name}, deterministic={self.deterministic}, "
@@ -81,6 +83,8 @@ class Handle:
         one that does nothing, so the primitives' hot path does not build a generator per call)."""
         if self.device.type == "cpu":
             return self._cpu_context
+        if self.stream is None and self.xp.cuda.runtime.getDevice() == self.device.index:
+            return self._cpu_context      # already current (the common case): nothing to switch, no generator
         return self._activate_cuda()
 
     @contextlib.contextmanager

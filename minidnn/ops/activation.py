@@ -140,7 +140,7 @@ def relu(input):
     if producer is not None and _state.grad_enabled:
         # consumer fusion: the op that made ``input`` may record relu(input) as one fused node (batch norm + ReLU:
         # its ``fuse_relu`` rule, docs/fusion.md); None runs the plain ReLU
-        rule = getattr(getattr(producer, "_fn_cls", None), "fuse_relu", None)
+        rule = getattr(getattr(producer, "_fn_cls", None) or type(producer), "fuse_relu", None)
         fused = rule(producer, input) if rule is not None else None
         if fused is not None:
             return fused

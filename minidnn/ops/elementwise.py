@@ -104,6 +104,23 @@ class Add(Binary):
         return (fit(g, ctx.a_meta) if ctx.next_edges[0] else None,
                 fit(g, ctx.b_meta) if ctx.next_edges[1] else None)
 
+    @staticmethod
+    def fuse_relu(ctx, out):
+        """Consumer fusion (docs/fusion.md): relu(y + z) where the op that made y (an operand of the same shape and
+        dtype as z: no broadcasting) offers a ``fuse_add_relu`` rule -- training batch norm -- recorded by that rule
+        as one node; None runs the plain ReLU."""
+        if ctx.a_meta is not None or ctx.pre_hooks:     # meta None: two tensors of the result's shape and dtype
+            return None
+        e0, e1 = ctx.next_edges
+        for mine, other in ((e0, e1), (e1, e0)):
+            if mine is not None and mine[1] == 0:
+                producer = mine[0]
+                rule = getattr(getattr(producer, "_fn_cls", None) or type(producer), "fuse_add_relu", None)
+                fused = rule(producer, out, other) if rule is not None else None
+                if fused is not None:
+                    return fused
+        return None
+
 
 class Sub(Binary):
     """a - b elementwise with broadcasting (torch.sub without ``alpha``).  ``a`` must be a Tensor; ``b`` a Tensor or a

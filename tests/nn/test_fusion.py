@@ -54,10 +54,56 @@ def _same(a, b, device, exact=True):
 ], ids=["F.relu", "nn.ReLU", "Tensor.relu", "minidnn.relu"])
 def test_bn_relu_is_one_node_with_the_unfused_gradients(device, fusion, build):
     r, fused = _grads(device, True, build)
-    assert r.grad_fn._fn_cls.__name__ == "BatchNormReLU"
+    assert _node(r) == "BatchNormReLU"
     r, plain = _grads(device, False, build)
-    assert r.grad_fn._fn_cls.__name__ == "Activation"
+    assert _node(r) == "Activation"
     _same(fused, plain, device)
+
+
+def _node(t):
+    """The class name of the node that made ``t`` (built-in ops are their own node class)."""
+    gf = t.grad_fn
+    return getattr(gf, "_fn_cls", None).__name__ if getattr(gf, "_fn_cls", None) else type(gf).__name__
+
+
+@pytest.mark.parametrize("order", ["bn+z", "z+bn"])
+@pytest.mark.parametrize("z_kind", ["nonleaf", "leaf", "constant"])
+def test_bn_add_relu_is_one_node_with_the_unfused_gradients(device, fusion, order, z_kind):
+    # the residual block: relu(bn(conv(x)) + shortcut)
+    zs = {}
+
+    def build(conv, bn, x):
+        if z_kind == "nonleaf":
+            z = x.repeat(1, 2, 1, 1) * 0.5
+        else:
+            mdn.manual_seed(3)
+            z = mdn.randn(4, 6, 7, 5, device=x.device, requires_grad=z_kind == "leaf")
+        zs["z"] = z
+        y = bn(conv(x))
+        return F.relu(y + z if order == "bn+z" else z + y)
+
+    r, fused = _grads(device, True, build)
+    assert _node(r) == "BatchNormAddReLU"
+    z_fused = zs["z"].grad.detach().cpu().numpy() if z_kind == "leaf" else None
+    r, plain = _grads(device, False, build)
+    assert _node(r) == "Activation"
+    _same(fused, plain, device)
+    if z_kind == "leaf":
+        _same([z_fused], [zs["z"].grad.detach().cpu().numpy()], device)
+
+
+def test_bn_add_relu_not_fused_with_broadcasting_or_hooks(device, fusion):
+    backends.cudnn.fusion = True
+    conv, bn, x = _net(device)
+    y = bn(conv(x))
+    assert _node(F.relu(y + mdn.ones(1, 6, 1, 1, device=device))) == "Activation"     # broadcast residual
+    a = y + y.detach()
+    seen = []
+    a.register_hook(lambda g: seen.append(g))
+    r = F.relu(a)
+    assert _node(r) == "Activation"
+    r.sum().backward()
+    assert len(seen) == 1
 
 
 def test_batch_norm_output_used_twice(device, fusion):
@@ -84,12 +130,12 @@ def test_not_fused_where_it_would_change_what_the_user_sees(device, fusion):
     seen = []
     y.register_hook(lambda g: seen.append(g))
     r = F.relu(y)
-    assert r.grad_fn._fn_cls.__name__ == "Activation"
+    assert _node(r) == "Activation"
     r.sum().backward()
     assert len(seen) == 1 and seen[0].shape == y.shape
     # eval mode (running statistics) and no_grad: plain ReLU
     bn.eval()
-    assert F.relu(bn(conv(x))).grad_fn._fn_cls.__name__ == "Activation"
+    assert _node(F.relu(bn(conv(x)))) == "Activation"
     bn.train()
     with mdn.no_grad():
         assert F.relu(bn(conv(x))).grad_fn is None
@@ -106,13 +152,16 @@ def test_in_place_change_after_relu_still_raises(device, fusion):
             r.sum().backward()
 
 
-def test_double_backward_through_the_fused_node(fusion):
+@pytest.mark.parametrize("residual", [False, True])
+def test_double_backward_through_the_fused_node(fusion, residual):
     def penalty(fused):
         backends.cudnn.fusion = fused
         conv, bn, x = _net("cpu")
         x64 = x.detach().double().requires_grad_()
         conv.double(), bn.double()
-        r = F.relu(bn(conv(x64)))
+        y = bn(conv(x64))
+        r = F.relu(y + x64.repeat(1, 2, 1, 1) if residual else y)
+        assert _node(r) == (("BatchNormAddReLU" if residual else "BatchNormReLU") if fused else "Activation")
         g, = mdn.autograd.grad((r * _weights(r)).sum(), x64, create_graph=True)
         (g * g).sum().backward()
         return [t.detach().numpy() for t in (x64.grad, conv.weight.grad, bn.weight.grad)]

@@ -24,6 +24,7 @@ __all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
 
 _SPATIAL = B.BatchNormMode.SPATIAL
 _BN_RELU = B.BatchNormOps.BN_ACTIVATION
+_BN_ADD_RELU = B.BatchNormOps.BN_ADD_ACTIVATION
 _RELU = B.ActivationDescriptor(B.ActivationMode.RELU)
 
 
@@ -77,6 +78,57 @@ class BatchNormTraining(Function):
                 or any(isinstance(t, Tensor) and t._version != v for t, v in zip(saved, bn.versions)):
             return None         # switched off, hooked, already backpropagated, or an input modified in place
         return BatchNormReLU.apply(*saved, (y, bn.stats, bn.eps))
+
+
+    @staticmethod
+    def fuse_add_relu(bn, a, z_edge):
+        """The rule the add of a residual block asks for (ops/elementwise.py, Add.fuse_relu): relu(a), a = y + z with
+        y this batch norm's output and ``z_edge`` where z's gradient goes (None: z needs none), as one node whose
+        backward is the fused batch-norm + add + ReLU backward (dz and dx from one kernel pair); None: plain ReLU."""
+        saved = bn.saved
+        if not (B.cudnn.fusion and saved is not None and not bn.pre_hooks) \
+                or any(isinstance(t, Tensor) and t._version != v for t, v in zip(saved, bn.versions)):
+            return None
+        return BatchNormAddReLU.apply(*saved, _edge_stand_in(z_edge, a), (a, bn.stats, bn.eps))
+
+
+def _edge_stand_in(edge, like):
+    """A Tensor whose gradient goes to ``edge`` (the add node keeps its operands' edges, not the operands): the
+    residual's place among the fused node's inputs.  Its data is ``like``'s (same shape, dtype and device as the
+    operand it stands for: the add had no broadcasting); None where the operand needs no gradient."""
+    if edge is None:
+        return None
+    t = Tensor._from_array(like.data)
+    t.grad_fn, t.output_nr = edge
+    t.requires_grad = True
+    return t
+
+
+class BatchNormAddReLU(Function):
+    """r = relu(y + z) for y = batch_norm(x) in training, recorded as one node: edges to x, weight, bias and z.  Its
+    gradient equals the unfused relu, add and batch-norm gradients (the ReLU mask and dz = the masked gradient
+    come from the batch-norm backward kernels)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, z, src):
+        a, ctx.stats, ctx.eps = src
+        ctx.save_for_backward(x, weight, bias, a)
+        return wrap(B.activation_forward(handle_for(a), _RELU, a.data))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, bias, a = ctx.saved_tensors
+        need_z = ctx.needs_input_grad[3]
+        if creating_graph(g, x, weight):        # unfused, in differentiable ops: second derivatives
+            from ...ops.activation import ActivationGrad
+            ga = ActivationGrad.apply(g, a, _RELU)
+            eps = ctx.eps
+            return (*composite_grads(ctx.needs_input_grad[:3],
+                                     lambda t, w, b: _batch_norm_composite(t, w, b, eps), (x, weight, bias), ga),
+                    ga if need_z else None, None)
+        dx, dz, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_ADD_RELU, x.data, a.data,
+                                                          g.data, _data(weight), *ctx.stats, ctx.eps)
+        return wrap(dx), wrap(dw), wrap(db), (wrap(dz) if need_z else None), None
 
 
 class BatchNormReLU(Function):
