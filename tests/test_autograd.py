@@ -781,3 +781,38 @@ def test_zero_and_fill_on_graph_tensors_keep_inf_out_and_record_the_value():
     y.fill_(v)                                 # the value's gradient flows: 3 elements took it
     y.sum().backward()
     assert v.grad.item() == 3.0
+
+
+# ------------------------------------------------------------------------------------------------
+# One op mechanism (issue 13): every recorded op is a Function
+# ------------------------------------------------------------------------------------------------
+def _subclasses(cls):
+    out, stack = set(), [cls]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in out:
+                out.add(sub)
+                stack.append(sub)
+    return out
+
+
+def test_every_node_class_of_the_package_is_a_function():
+    """Besides the engine's own AccumulateGrad and FunctionCtx, nothing in minidnn subclasses Node directly: an op
+    is a Function (its forward computes, its backward is written in Tensor ops), recorded by Function.apply or by
+    Function's lean node()/output() path."""
+    import minidnn.nn  # noqa: F401  (the nn Functions are imported with it)
+    others = {c for c in _subclasses(autograd.Node) if c.__module__.startswith("minidnn")
+              and not issubclass(c, Function)} - {autograd.AccumulateGrad, autograd.FunctionCtx}
+    assert not others, f"Node subclasses that are not Functions: {sorted(c.__qualname__ for c in others)}"
+
+
+def test_built_in_ops_record_instances_of_their_function():
+    a, b = leaf([1.0, 2.0]), leaf([3.0, 4.0])
+    for y, name in ((a * b, "MulBackward"), (a + b, "AddBackward"), (a.exp(), "ExpBackward"),
+                    (a.sum(), "SumBackward"), (a.reshape(2, 1), "ReshapeBackward"), (a[0], "GetItemBackward"),
+                    (mdn.cat([a, b]), "CatBackward"), (a.clamp(0.0, 1.5), "ClipBackward")):
+        node = y.grad_fn
+        assert isinstance(node, Function) and node.name() == name
+        assert type(node).backward(node, mdn.ones_like(y)) is not None
+    ctx = (a * b).grad_fn
+    assert ctx.needs_input_grad == (True, True) and [t is s for t, s in zip(ctx.saved_tensors, (a, b))] == [True] * 2
