@@ -281,10 +281,10 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     ``return_argmax=True`` (max modes only) returns ``(y, argmax)``, where argmax holds each window's
     winning tap; passing it to ``pooling_backward`` skips recomputing the maxima.
     """
-    key = _gpu_key("fwd", handle, pooling_desc, format, alpha, beta, return_argmax, y, x)
+    key = _gpu_key("fwd", handle, pooling_desc, format, alpha, beta, return_argmax, y, x, None, None, None)
     if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernel
-        return _gpu_pool_forward(seen[1], to_channels_first(x, seen[0]), seen[0], 1.0, 0.0, None, return_argmax,
-                                 checked=True)
+        fmt, plan = seen
+        return _gpu_forward_result(plan(to_channels_first(x, fmt)), fmt, return_argmax)
     where = "pooling_forward"
     xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y)
     if return_argmax and not geom.mode.is_max:
@@ -317,9 +317,9 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
     """
     key = _gpu_key("bwd", handle, pooling_desc, format, alpha, beta, None, dx, x, y, dy, argmax)
     if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernel
-        fmt, geom = seen
-        return _gpu_pool_backward(geom, to_channels_first(x, fmt), to_channels_first(dy, fmt), fmt, argmax, 1.0,
-                                  0.0, None, checked=True)
+        fmt, plan = seen
+        return from_channels_first(plan(to_channels_first(dy, fmt), None if argmax is None else
+                                        to_channels_first(argmax, fmt)), fmt)
     where = "pooling_backward"
     xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y, dy=dy, dx=dx, argmax=argmax)
     dyc = to_channels_first(dy, fmt)
@@ -373,52 +373,63 @@ FAST_PATHS.append(_pooling_cpu)
 # float32/float64 arrays without blending; None sends the call to the reference above.
 
 # Calls the kernels took, by their full signature (descriptor, format, blending, every array's shape, dtype, strides,
-# device): the same call again skips the validation and the geometry it would compute again (host cost per step).
+# device) -> (format, the kernels' plan for it): the same call again skips the validation and the geometry, and goes
+# straight to the plan (pool_kernels: one output allocation or two and one prepared launch).
 _SEEN: dict = {}
 _SEEN_LIMIT = 4096
 
 
-def _gpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, *arrays):
+def _sig(a):
+    return None if a is None else (a.shape, a.dtype, a.strides, a.data.device_id)
+
+
+def _gpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, y, dy, argmax):
     if out is not None or not is_cuda_array(x):
         return None
     try:
         key = (kind, None if handle is None else handle.device, desc, format, alpha, beta, flag,
-               *((None if a is None else (a.shape, a.dtype, a.strides, a.data.device_id)) for a in (x, *arrays)))
+               (x.shape, x.dtype, x.strides, x.data.device_id), _sig(y), _sig(dy), _sig(argmax))
         hash(key)
     except (TypeError, AttributeError):
         return None
     return key
 
 
-def _gpu_remember(key, fmt, geom):
+def _gpu_remember(key, fmt, plan):
     if key is not None:
         if len(_SEEN) >= _SEEN_LIMIT:
             _SEEN.clear()
-        _SEEN[key] = (fmt, geom)
+        _SEEN[key] = (fmt, plan)
 
 
-def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=None, checked=False):
-    if not checked:
-        if not (is_cuda_array(xc) and alpha == 1 and beta == 0 and y is None and pool_kernels.supports(geom, xc)):
-            return None
-        _gpu_remember(key, fmt, geom)
-    value, argmax = pool_kernels.forward(geom, xc)
+def _gpu_forward_result(out, fmt, return_argmax):
+    value, argmax = out
     value = from_channels_first(value, fmt)
     return (value, from_channels_first(argmax, fmt)) if return_argmax else value
 
 
-def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=None, checked=False):
+def _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=None):
+    if not (is_cuda_array(xc) and alpha == 1 and beta == 0 and y is None and pool_kernels.supports(geom, xc)):
+        return None
+    plan = pool_kernels.forward_plan(geom, xc)
+    _gpu_remember(key, fmt, plan)
+    return _gpu_forward_result(plan(xc), fmt, return_argmax)
+
+
+def _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=None):
     arg = None if argmax is None else to_channels_first(argmax, fmt)
-    if not checked:
-        if not (is_cuda_array(dyc) and alpha == 1 and beta == 0 and dx is None):
-            return None
-        if not pool_kernels.supports(geom, xc, dyc, arg) or (arg is not None
-                                                             and arg.dtype != pool_kernels.arg_dtype(geom)):
-            return None
-        if geom.mode.is_max and arg is None and not is_cuda_array(xc):
-            return None
-        _gpu_remember(key, fmt, geom)
+    if not (is_cuda_array(dyc) and alpha == 1 and beta == 0 and dx is None):
+        return None
+    if not pool_kernels.supports(geom, xc, dyc, arg) or (arg is not None
+                                                         and arg.dtype != pool_kernels.arg_dtype(geom)):
+        return None
     if geom.mode.is_max and arg is None:
-        arg = pool_kernels.forward(geom, xc)[1]
-    return from_channels_first(pool_kernels.backward(geom, dyc, arg, xc.shape, xc.dtype,
-                                                     x_channels_last=pool_kernels.is_channels_last(xc)), fmt)
+        if not (is_cuda_array(xc) and pool_kernels.supports(geom, xc)):
+            return None
+        arg = pool_kernels.forward(geom, xc)[1]       # recomputed: this call is not remembered
+        key = None
+    # dx's memory order follows dy's; where dy's is ambiguous (1x1 output), x's -- and an NHWC call's dx is NHWC
+    x_cl = fmt is TensorFormat.NHWC or pool_kernels.is_channels_last(xc)
+    plan = pool_kernels.backward_plan(geom, dyc, arg if geom.mode.is_max else None, xc.shape, xc.dtype, x_cl)
+    _gpu_remember(key, fmt, plan)
+    return from_channels_first(plan(dyc, arg if geom.mode.is_max else None), fmt)

@@ -211,6 +211,11 @@ POOLS = [  # (x shape, window, padding, stride, ceil_mode, dilation)
     ((2, 4, 7, 7), 2, 0, 2, True, 1), ((2, 2, 9, 9), 3, 1, 2, True, 1),
     ((2, 3, 8, 8), (2, 3), (1, 0), (1, 2), False, 1),
     ((4, 64, 8, 8), 8, 0, 8, False, 1), ((2, 3, 1, 1), 1, 0, 1, False, 1), ((128, 16, 28, 28), 2, 0, 2, False, 1),
+    # global windows (average: gap_fwd / gap_fwd_cl / gap_bwd; max: the disjoint backward): tails, big planes
+    ((3, 37, 7, 9), (7, 9), 0, (7, 9), False, 1), ((2, 40, 56, 56), 56, 0, 56, False, 1),
+    ((3, 5, 4, 4), 4, 0, 1, False, 1),
+    # disjoint windows (pool_bwd_disjoint): ceil-clipped last row and column, 2-wide pairs, 3x3/3
+    ((2, 5, 7, 6), 2, 0, 2, True, 1), ((2, 3, 9, 9), 3, 0, 3, False, 1), ((2, 3, 8, 5), (2, 1), 0, (2, 1), False, 1),
 ]
 
 
@@ -249,6 +254,108 @@ def test_pooling_forward_backward(cp, rng, dtype, mode, case, layout):
         assert dx.transpose(0, 2, 3, 1).flags.c_contiguous, "dx keeps x's channels-last order"
         if y.shape[2] * y.shape[3] > 1:
             assert y.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def _plan_kinds():
+    from minidnn.backend.cuda import pool_kernels
+    return sorted({p.kind for p in pool_kernels._plans.values()})
+
+
+def _fresh_pool_plans():
+    """Forget the primitive's remembered calls and the kernels' plans (a remembered call builds no plan)."""
+    from minidnn.backend import pooling
+    from minidnn.backend.cuda import pool_kernels
+    pooling._SEEN.clear()
+    pool_kernels._plans.clear()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("shape", [(4, 64, 8, 8), (3, 37, 7, 9), (2, 40, 56, 56), (128, 16, 32, 32)])
+def test_global_average_pooling_takes_its_own_kernels(cp, rng, layout, shape):
+    """Adaptive average pooling to 1x1 (window = the input): gap_fwd / gap_fwd_cl and gap_bwd, one launch each,
+    against the reference; dx keeps x's memory order."""
+    desc = B.PoolingDescriptor("average_count_include_padding", shape[2:], 0, shape[2:])
+    x = rng.standard_normal(shape).astype(np.float32)
+    y_ref = B.pooling_forward(None, desc, x.astype(np.float64))
+    dy = rng.standard_normal(y_ref.shape).astype(np.float32)
+    dx_ref = B.pooling_backward(None, desc, y_ref, dy.astype(np.float64), x.astype(np.float64))
+    xg = cp.asarray(x) if layout == "nchw" else channels_last(cp, x)
+    _fresh_pool_plans()
+    with Counted() as c:
+        y = B.pooling_forward(None, desc, xg)
+        dx = B.pooling_backward(None, desc, y, cp.asarray(dy), xg)
+    assert c.n == 2 and _plan_kinds() == [2, 3]
+    close(y, y_ref, np.float32)
+    close(dx, dx_ref, np.float32)
+    if layout == "channels_last":
+        assert dx.transpose(0, 2, 3, 1).flags.c_contiguous
+    for _ in range(2):        # repeated calls: the remembered plan, the same bits
+        np.testing.assert_array_equal(host(B.pooling_forward(None, desc, xg)), host(y))
+        np.testing.assert_array_equal(host(B.pooling_backward(None, desc, y, cp.asarray(dy), xg)), host(dx))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_global_average_pooling_16_bit(cp, rng, name, layout):
+    dtype, tol = _lowp(name)
+    desc = B.PoolingDescriptor("average_count_exclude_padding", (6, 10), 0, (6, 10))
+    x = rng.standard_normal((3, 24, 6, 10)).astype(dtype)
+    y_ref = B.pooling_forward(None, desc, x.astype(np.float64))
+    dy = rng.standard_normal(y_ref.shape).astype(dtype)
+    dx_ref = B.pooling_backward(None, desc, y_ref, dy.astype(np.float64), x.astype(np.float64))
+    xg = cp.asarray(x) if layout == "nchw" else channels_last(cp, x)
+    with Counted() as c:
+        y = B.pooling_forward(None, desc, xg)
+        dx = B.pooling_backward(None, desc, y, cp.asarray(dy), xg)
+    assert c.n == 2 and y.dtype == dtype and dx.dtype == dtype
+    np.testing.assert_allclose(_f64(y), y_ref, **tol)
+    np.testing.assert_allclose(_f64(dx), dx_ref, **tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["max", "average_count_include_padding"])
+def test_disjoint_windows_take_the_scatter_backward(cp, rng, mode):
+    from minidnn.backend.cuda import pool_kernels
+    desc = B.PoolingDescriptor(mode, 2)
+    x = rng.standard_normal((4, 8, 10, 10))
+    y_ref = B.pooling_forward(None, desc, x)
+    dy = rng.standard_normal(y_ref.shape)
+    dx_ref = B.pooling_backward(None, desc, y_ref, dy, x)
+    xg = cp.asarray(x)
+    out = B.pooling_forward(None, desc, xg, return_argmax=mode == "max")
+    y, arg = out if mode == "max" else (out, None)
+    _fresh_pool_plans()
+    dx = B.pooling_backward(None, desc, y, cp.asarray(dy), xg, argmax=arg)
+    assert _plan_kinds() == [1]
+    assert any(p.go.kernel is pool_kernels._kernel("pool_bwd_disjoint", np.dtype(np.float64), np.dtype(np.uint8),
+                                                   False, mode == "max", mode != "max", pair=True)
+               for p in pool_kernels._plans.values())
+    close(dx, dx_ref, np.float64)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("how", ["adaptive", "avg_pool2d", "module"])
+def test_nn_global_average_pooling_reaches_the_kernels(cp, rng, how):
+    """F.adaptive_avg_pool2d(x, 1), nn.AdaptiveAvgPool2d(1) and F.avg_pool2d with the full window: the global
+    average kernels, forward and backward, and the CPU's gradients (float64)."""
+    import minidnn as mdn
+    import minidnn.nn.functional as F
+    xv = rng.standard_normal((4, 24, 7, 7))
+    grads = {}
+    for dev in ("cpu", "cuda"):
+        x = mdn.tensor(xv, dtype=mdn.float64, device=dev, requires_grad=True)
+        _fresh_pool_plans()
+        with Counted() as c:
+            y = (F.adaptive_avg_pool2d(x, 1) if how == "adaptive" else F.avg_pool2d(x, 7) if how == "avg_pool2d"
+                 else mdn.nn.AdaptiveAvgPool2d(1)(x))
+            (y * y).sum().backward()
+        if dev == "cuda":
+            assert c.n >= 2 and _plan_kinds() == [2, 3]
+        grads[dev] = [host(t.data) for t in (y, x.grad)]
+    for a, b in zip(grads["cpu"], grads["cuda"]):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.cuda

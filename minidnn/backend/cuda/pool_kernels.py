@@ -15,6 +15,24 @@ input); one thread per INPUT element in backward -- it gathers, tap by tap, the 
 order, no atomics, so MAX and MAX_DETERMINISTIC are the same bits.  A grid-stride loop covers any size.
 Traffic: forward reads x once (overlapping windows through L1/L2) and writes y (+ 1 byte argmax); backward reads dy
 and argmax about (K/S)^2 times through the cache and writes dx once.
+
+Special cases with kernels of their own (chosen per call signature, the plan below):
+  pool_bwd_disjoint  non-overlapping windows (stride == window, no padding, no dilation, every input element in
+             exactly one window: the common 2x2/2): one thread per OUTPUT element writes its whole window -- dy at
+             the argmax tap and 0 elsewhere (max), dy / count everywhere (average) -- no gather, no atomics,
+             deterministic; NCHW rows of a 2-wide window as one 2-element store (PAIR).
+  gap_fwd    global average pooling (average, window = the whole input, no padding), NCHW: a TEAM of threads per
+             (n, c) plane (a warp, or 64..256 threads where the planes are few and long), 16-byte vectors where
+             the plane fills them, two accumulator chains per thread, warp shuffles, warps added in order: a fixed
+             order, in float (double for float64).  Reads x once.
+  gap_fwd_cl the same for channels-last memory: a block owns 32 consecutive channels (lane = channel, one coalesced
+             128-byte row per warp load) of one sample and 8 rows; rows l = ty, ty + 8, ... of the H*W positions in
+             4 chains, then a fixed-order sum over the 8 rows in shared memory.
+  gap_bwd    dx = dy[n, c] / (H*W): one elementwise pass, 16-byte vectors (a vector stays in one plane (NCHW) or
+             one position's channels (channels-last)).  Writes dx once, reads dy (N*C values) through the cache.
+Host cost: everything but the arrays (kernel, grid, packed scalars, output shapes) is settled once per call
+signature (``forward_plan`` / ``backward_plan``, a bounded table); the pooling primitive keeps the plan of a call it
+validated, so a repeated call is a dict lookup, the output allocation(s) and one prepared launch.
 """
 from __future__ import annotations
 
@@ -25,12 +43,13 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, _divider, type_info
+from .softmax_kernels import WARP_REDUCE
 
 __all__ = ["supports", "forward", "backward", "SOURCE"]
 
 THREADS = 256
 
-SOURCE = STORAGE_HEADER + r"""
+SOURCE = STORAGE_HEADER + WARP_REDUCE + r"""
 typedef ARGT ARG;
 
 // The geometry travels as 14 int arguments (no struct: plain scalars are what every CuPy passes reliably).
@@ -161,6 +180,152 @@ pool_bwd(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict
         dx[i] = ST(s);
     }
 }
+
+// Non-overlapping windows: one thread per output element writes its window of dx (each input element is in exactly
+// one window).  s = 0 + v keeps the gather's bits (a -0 gradient lands as +0, as there).
+struct alignas(2 * sizeof(T)) Pair { T a, b; };
+extern "C" __global__ void __launch_bounds__(256)
+pool_bwd_disjoint(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, GEO_ARGS,
+                  const long long dsn, const long long dsc, const long long dsh, const long long dsw,
+                  const long long asn, const long long asc, const long long ash, const long long asw, DIV_ARGS)
+{
+    MAKE_GEO
+    const unsigned int total = (unsigned int)g.N * g.C * g.OH * g.OW;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int n, c, oh, ow;
+        unravel(i, g.C, g.OH, g.OW, n, c, oh, ow, d0m, d0s, d1m, d1s, d2m, d2s);
+        const A v = LD(dy[n * dsn + c * dsc + oh * dsh + ow * dsw]);
+        const int h0 = oh * g.KH, w0 = ow * g.KW;
+        const int nh = min(g.KH, g.H - h0), nw = min(g.KW, g.W - w0);     // ceil mode clips the last windows
+#if IS_MAX
+        const int win = (int)argmax[n * asn + c * asc + oh * ash + ow * asw];
+#else
+        const A q = v / (A)(nh * nw);
+#endif
+        for (int kh = 0; kh < nh; ++kh) {
+#if PAIR
+            A s0 = 0, s1 = 0;
+#if IS_MAX
+            if (win == kh * 2) s0 += v;
+            if (win == kh * 2 + 1) s1 += v;
+#else
+            s0 += q; s1 += q;
+#endif
+            Pair o; o.a = ST(s0); o.b = ST(s1);
+            *reinterpret_cast<Pair*>(dx + lin(n, c, h0 + kh, w0, g.C, g.H, g.W)) = o;
+#else
+            for (int kw = 0; kw < nw; ++kw) {
+                A s = 0;
+#if IS_MAX
+                if (win == kh * g.KW + kw) s += v;
+#else
+                s += q;
+#endif
+                dx[lin(n, c, h0 + kh, w0 + kw, g.C, g.H, g.W)] = ST(s);
+            }
+#endif
+        }
+    }
+}
+
+// ---- global average pooling ----
+#define GBLOCK (TEAM == 32 ? 256 : TEAM)      // a team of more than a warp is the whole block (uniform barriers)
+#define GTPB (GBLOCK / TEAM)
+struct alignas(sizeof(T) * VEC) GV { T v[VEC]; };
+
+extern "C" __global__ void __launch_bounds__(256)
+gap_fwd(const T* __restrict__ x, T* __restrict__ y, const int planes, const int L)
+{
+#if TEAM > 32
+    __shared__ A red[GBLOCK / 32];
+#endif
+    const int t = threadIdx.x % TEAM;
+    const int nvec = L / VEC;
+    for (int p = blockIdx.x * GTPB + threadIdx.x / TEAM; p < planes; p += gridDim.x * GTPB) {
+        const GV* xp = reinterpret_cast<const GV*>(x + (long long)p * L);
+        A s0 = 0, s1 = 0;
+        int vi = t;
+        for (; vi + TEAM < nvec; vi += 2 * TEAM) {
+            const GV a = xp[vi], b = xp[vi + TEAM];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { s0 += LD(a.v[e]); s1 += LD(b.v[e]); }
+        }
+        if (vi < nvec) {
+            const GV a = xp[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s0 += LD(a.v[e]);
+        }
+        A s = warp_sum(s0 + s1);
+#if TEAM > 32
+        __syncthreads();                       // the previous plane's readers are done with red
+        if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+        __syncthreads();
+        s = 0;
+#pragma unroll
+        for (int w = 0; w < TEAM / 32; ++w) s += red[w];
+#endif
+        if (t == 0) y[p] = ST(s / (A)L);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+gap_fwd_cl(const T* __restrict__ x, T* __restrict__ y, const int N, const int L, const int C)
+{
+    __shared__ A sm[8][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int tiles = (C + 31) >> 5;
+    for (int u = blockIdx.x; u < N * tiles; u += gridDim.x) {       // uniform over the block
+        const int n = u / tiles, c = (u - n * tiles) * 32 + tx;
+        A s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        if (c < C) {
+            const T* xb = x + (long long)n * L * C + c;
+            int l = ty;
+            for (; l + 24 < L; l += 32) {
+                const T a = xb[(long long)l * C], b = xb[(long long)(l + 8) * C];
+                const T d = xb[(long long)(l + 16) * C], e = xb[(long long)(l + 24) * C];
+                s0 += LD(a); s1 += LD(b); s2 += LD(d); s3 += LD(e);
+            }
+            for (; l < L; l += 8) s0 += LD(xb[(long long)l * C]);
+        }
+        sm[ty][tx] = (s0 + s1) + (s2 + s3);
+        __syncthreads();
+        if (ty == 0 && c < C) {
+            A s = 0;
+#pragma unroll
+            for (int r = 0; r < 8; ++r) s += sm[r][tx];
+            y[(long long)n * C + c] = ST(s / (A)L);
+        }
+        __syncthreads();
+    }
+}
+
+// dx = dy[n, c] / L over (N, C, L) NCHW or (N, L, C) channels-last memory, VEC values per thread per iteration.
+extern "C" __global__ void __launch_bounds__(256)
+gap_bwd(const T* __restrict__ dy, T* __restrict__ dx, const long long total, const int C, const int L,
+        const long long dsn, const long long dsc, const unsigned int lm, const unsigned int ls,
+        const unsigned int cm, const unsigned int cs)
+{
+    const long long nv = total / VEC, step = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < nv; k += step) {
+        const unsigned int i0 = (unsigned int)(k * VEC);
+        GV o;
+#if CL
+        const unsigned int q = fast_div(i0, cm, cs);            // n * L + l
+        const int c0 = (int)(i0 - q * (unsigned int)C);
+        const long long n = fast_div(q, lm, ls);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o.v[e] = ST(LD(dy[n * dsn + (c0 + e) * dsc]) / (A)L);
+#else
+        const unsigned int p = fast_div(i0, lm, ls);            // n * C + c
+        const unsigned int n = fast_div(p, cm, cs);
+        const long long c = p - n * (unsigned int)C;
+        const T v = ST(LD(dy[n * dsn + c * dsc]) / (A)L);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o.v[e] = v;
+#endif
+        reinterpret_cast<GV*>(dx)[k] = o;
+    }
+}
 """
 
 _ARG = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short"}
@@ -170,20 +335,20 @@ _INT_MAX = 2 ** 31 - 1
 _kernel_cache: dict = {}
 
 
-def _kernel(name, dtype, arg_dtype, cl, is_max, include_pad):
-    key = (name, dtype, arg_dtype, cl, is_max, include_pad)
+def _kernel(name, dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32, vec=1):
+    key = (name, dtype, arg_dtype, cl, is_max, include_pad, pair, team, vec)
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _kernel_compiled(name, dtype, arg_dtype, cl, is_max, include_pad)
+        k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:]))
     return k
 
 
-def _kernel_compiled(name, dtype, arg_dtype, cl, is_max, include_pad):
+def options(dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32, vec=1):
+    """NVRTC options of one configuration (also what nvcc needs as -D options: tests compile every kernel)."""
     scalar, accum, storage, _ = type_info(dtype)
-    opts = (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}",
-            f"-DCL={int(cl)}",
-            f"-DIS_MAX={int(is_max)}", f"-DINCLUDE_PAD={int(include_pad)}", "-std=c++14")
-    return _launch.get_kernel(SOURCE, name, opts)
+    return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}",
+            f"-DCL={int(cl)}", f"-DIS_MAX={int(is_max)}", f"-DINCLUDE_PAD={int(include_pad)}",
+            f"-DPAIR={int(pair)}", f"-DTEAM={int(team)}", f"-DVEC={int(vec)}", "-std=c++14")
 
 
 def is_channels_last(a) -> bool:
@@ -205,64 +370,194 @@ def arg_dtype(geom):
     return np.min_scalar_type(math.prod(geom.window) - 1) if math.prod(geom.window) > 1 else np.dtype(np.uint8)
 
 
+def is_global_average(geom) -> bool:
+    """Average pooling whose one window is the whole (unpadded) input: adaptive pooling to 1x1."""
+    return (not geom.mode.is_max and tuple(geom.window) == tuple(geom.spatial) and not any(geom.padding)
+            and tuple(geom.out_sizes) == (1, 1))
+
+
+def is_disjoint(geom) -> bool:
+    """Windows that tile the input: stride == window, no padding or dilation, and every input element inside a
+    window (floor mode leaves no uncovered tail rows or columns)."""
+    (h, w), (oh, ow) = geom.spatial, geom.out_sizes
+    (kh, kw) = geom.window
+    return (tuple(geom.stride) == tuple(geom.window) and not any(geom.padding) and not geom.dilated
+            and oh * kh >= h and ow * kw >= w)
+
+
 def _geo(geom, n, c):
     (h, w), (oh, ow) = geom.spatial, geom.out_sizes
     (kh, kw), (ph, pw), (sh, sw), (dh, dw) = geom.window, geom.padding, geom.stride, geom.dilation
-    return tuple(np.int32(v) for v in (n, c, h, w, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw))
+    return [np.int32(v) for v in (n, c, h, w, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw)]
 
 
 def _dividers(c, h, w, cl):
     order = (c, w, h) if cl else (w, h, c)
-    return tuple(v for d in order for v in _divider(d))
+    return [v for d in order for v in _divider(d)]
 
 
 def _strides(a):
-    return tuple(np.int64(s // a.itemsize) for s in a.strides)
+    return [np.int64(s // a.itemsize) for s in a.strides]
 
 
-def _empty(cp, shape, dtype, cl):
-    if not cl:
-        return cp.empty(shape, dtype=dtype)
+def _grid(total, dev, per_thread=1):
+    return (max(1, min((total + THREADS * per_thread - 1) // (THREADS * per_thread), _launch.sm_count(dev) * 16)),)
+
+
+def _vec(n, dtype):
+    """16-byte vectors of ``dtype`` when ``n`` values fill them, else 1."""
+    v = 16 // np.dtype(dtype).itemsize
+    return v if n % v == 0 else 1
+
+
+# ---- plans: everything but the arrays, once per call signature ------------------------------------------------
+
+class _Plan:
+    """A settled pooling call: ``plan(a, b)`` allocates the output(s) on ``dev`` in memory shape ``mem`` (viewed
+    channels-first through ``back``), and makes the prepared launch, ``go`` (``go16``: the same kernel with 16-byte
+    vectors, taken when the input's pointer is 16-byte aligned)."""
+    __slots__ = ("dev", "mem", "back", "dtype", "adt", "go", "go16", "kind")
+
+    def __call__(self, a, b=None):
+        cp = _launch._cp
+        with _launch.on_device(self.dev):
+            out = cp.empty(self.mem, self.dtype)
+            kind = self.kind
+            if kind == 0:                                      # pooling forward: (x) -> y, argmax or None
+                arg = None if self.adt is None else cp.empty(self.mem, self.adt)
+                self.go(a, out, out if arg is None else arg)
+                if self.back is not None:
+                    out = out.transpose(self.back)
+                    if arg is not None:
+                        arg = arg.transpose(self.back)
+                return out, arg
+            if kind == 1:                                      # pooling backward: (dy, argmax or None) -> dx
+                self.go(a, a if b is None else b, out)
+            else:                                              # global average: (x) -> y, or (dy) -> dx
+                go = self.go16
+                (go if go is not None and not a.data.ptr & 15 else self.go)(a, out)
+        if self.back is not None:
+            out = out.transpose(self.back)
+        return (out, None) if kind == 2 else out
+
+
+_plans: dict = {}
+
+
+def _geom_key(geom):
+    return (geom.mode, geom.window, geom.padding, geom.stride, geom.dilation, geom.spatial, geom.out_sizes)
+
+
+def forward_plan(geom, xc):
+    """The plan of ``pool(xc)``: calling it with xc gives (y, argmax or None) as channels-first views in x's memory
+    order (channels-last stays channels-last)."""
+    dev = xc.data.device_id
+    return _launch.planned(_plans, ("fwd", xc.shape, xc.strides, xc.dtype, dev) + _geom_key(geom),
+                           _forward_plan, geom, xc, dev)
+
+
+def _out_layout(plan, shape, cl):
     n, c, h, w = shape
-    return cp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
+    plan.mem, plan.back = ((n, h, w, c), (0, 3, 1, 2)) if cl else (tuple(shape), None)
 
 
-def _grid(total, dev):
-    return (max(1, min((total + THREADS - 1) // THREADS, _launch.sm_count(dev) * 16)),)
+def _forward_plan(geom, xc, dev):
+    plan = _Plan()
+    plan.dev, plan.dtype = dev, xc.dtype
+    n, c, h, w = xc.shape
+    cl = is_channels_last(xc)
+    if is_global_average(geom) and (xc.flags.c_contiguous or cl):
+        plan.kind, plan.adt = 2, None
+        _out_layout(plan, geom.y_shape, cl)
+        L = h * w
+        if xc.flags.c_contiguous:          # NCHW (also C == 1 or H*W == 1, where both orders coincide)
+            planes, vec = n * c, _vec(L, xc.dtype)
+            team = 32
+            while team < 256 and planes * team < _launch.sm_count(dev) * 2048 and L // vec >= team * 4:
+                team *= 2
+            tpb = (256 if team == 32 else team) // team
+            grid = (max(1, min((planes + tpb - 1) // tpb, _launch.sm_count(dev) * (2048 // team // tpb))),)
+            block = (256 if team == 32 else team,)
+            args = [None, None, np.int32(planes), np.int32(L)]
+            plan.go = _launch.prepare(_kernel("gap_fwd", xc.dtype, np.uint8, False, False, False, team=team),
+                                      grid, block, args)
+            plan.go16 = None if vec == 1 else _launch.prepare(
+                _kernel("gap_fwd", xc.dtype, np.uint8, False, False, False, team=team, vec=vec), grid, block, args)
+        else:
+            tiles = (c + 31) // 32
+            grid = (max(1, min(n * tiles, _launch.sm_count(dev) * 8)),)
+            plan.go = _launch.prepare(_kernel("gap_fwd_cl", xc.dtype, np.uint8, True, False, False), grid,
+                                      (THREADS,), [None, None, np.int32(n), np.int32(L), np.int32(c)])
+            plan.go16 = None
+        return plan
+    is_max = geom.mode.is_max
+    adt = arg_dtype(geom)
+    plan.kind, plan.adt = 0, (adt if is_max else None)
+    _out_layout(plan, geom.y_shape, cl)
+    k = _kernel("pool_fwd", xc.dtype, adt, cl, is_max, geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING")
+    plan.go = _launch.prepare(k, _grid(math.prod(geom.y_shape), dev), (THREADS,),
+                              [None, None, None] + _geo(geom, n, c) + _strides(xc) + _dividers(c, *geom.out_sizes, cl))
+    plan.go16 = None
+    return plan
+
+
+def backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last=False):
+    """The plan of the backward: calling it with (dyc, argmax_c) gives dx (a channels-first view, in dy's memory
+    order; in x's when dy's spatial size is 1 and its order ambiguous)."""
+    dev = dyc.data.device_id
+    key = ("bwd", dyc.shape, dyc.strides, None if argmax_c is None else (argmax_c.strides, argmax_c.dtype),
+           tuple(x_shape), dtype, bool(x_channels_last), dev) + _geom_key(geom)
+    return _launch.planned(_plans, key, _backward_plan, geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev)
+
+
+def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
+    plan = _Plan()
+    plan.dev, plan.dtype, plan.adt, plan.go16 = dev, dtype, None, None
+    cl = is_channels_last(dyc) if dyc.shape[2] * dyc.shape[3] > 1 else bool(x_channels_last)
+    n, c, h, w = x_shape
+    _out_layout(plan, x_shape, cl)
+    total = n * c * h * w
+    if is_global_average(geom):
+        plan.kind = 3
+        L = h * w
+        vec = _vec(c if cl else L, dtype)
+        dsn, dsc = _strides(dyc)[:2]
+        args = [None, None, np.int64(total), np.int32(c), np.int32(L), dsn, dsc, *_divider(L), *_divider(c)]
+        plan.go = _launch.prepare(_kernel("gap_bwd", dtype, np.uint8, cl, False, False, vec=vec),
+                                  _grid(total // vec, dev, 4), (THREADS,), args)
+        return plan
+    plan.kind = 1
+    is_max = geom.mode.is_max
+    adt = argmax_c.dtype if is_max else np.dtype(np.uint8)
+    arg = argmax_c if is_max else dyc
+    include = geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING"
+    tail = _strides(dyc) + _strides(arg)
+    if is_disjoint(geom):
+        pair = not cl and geom.window[1] == 2 and w % 2 == 0
+        k = _kernel("pool_bwd_disjoint", dtype, adt, cl, is_max, include, pair=pair)
+        plan.go = _launch.prepare(k, _grid(math.prod(geom.y_shape), dev), (THREADS,),
+                                  [None, None, None] + _geo(geom, n, c) + tail + _dividers(c, *geom.out_sizes, cl))
+        return plan
+    k = _kernel("pool_bwd", dtype, adt, cl, is_max, include)
+    plan.go = _launch.prepare(k, _grid(total, dev), (THREADS,),
+                              [None, None, None] + _geo(geom, n, c) + tail + _dividers(c, h, w, cl))
+    return plan
 
 
 def forward(geom, xc):
     """(y, argmax or None) as channels-first views in x's memory order (channels-last stays channels-last)."""
-    cp = _launch.cupy()
-    cl = is_channels_last(xc)
-    is_max = geom.mode.is_max
-    adt = arg_dtype(geom)
-    n, c = xc.shape[:2]
-    dev = xc.data.device_id
-    with cp.cuda.Device(dev):
-        y = _empty(cp, geom.y_shape, xc.dtype, cl)
-        argmax = _empty(cp, geom.y_shape, adt, cl) if is_max else None
-        k = _kernel("pool_fwd", xc.dtype, adt, cl, is_max, geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING")
-        _launch.launch(k, _grid(y.size, dev), (THREADS,),
-                       (xc, y, y if argmax is None else argmax, *_geo(geom, n, c), *_strides(xc),
-                        *_dividers(c, *geom.out_sizes, cl)))
-    return y, argmax
+    return forward_plan(geom, xc)(xc)
 
 
 def backward(geom, dyc, argmax_c, x_shape, dtype, x_channels_last=False):
     """dx (channels-first view, in dy's memory order; in x's when dy's spatial size is 1 and its order ambiguous)
     from dy and, for max modes, the forward's argmax."""
-    cp = _launch.cupy()
-    cl = is_channels_last(dyc) if dyc.shape[2] * dyc.shape[3] > 1 else bool(x_channels_last)
-    is_max = geom.mode.is_max
-    n, c = x_shape[:2]
-    dev = dyc.data.device_id
-    adt = argmax_c.dtype if is_max else np.dtype(np.uint8)
-    with cp.cuda.Device(dev):
-        dx = _empty(cp, tuple(x_shape), dtype, cl)
-        k = _kernel("pool_bwd", dtype, adt, cl, is_max, geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING")
-        arg = argmax_c if is_max else dyc
-        _launch.launch(k, _grid(dx.size, dev), (THREADS,),
-                       (dyc, arg, dx, *_geo(geom, n, c), *_strides(dyc), *_strides(arg),
-                        *_dividers(c, *x_shape[2:], cl)))
-    return dx
+    return backward_plan(geom, dyc, argmax_c if geom.mode.is_max else None, x_shape, dtype,
+                         x_channels_last)(dyc, argmax_c if geom.mode.is_max else None)
+
+
+if __name__ == "__main__":       # python -m minidnn.backend.cuda.pool_kernels out.cu NAME=VALUE ...: source for nvcc
+    import sys
+    defs = dict(a.split("=", 1) for a in sys.argv[2:])
+    with open(sys.argv[1], "w") as f:
+        f.write("".join(f"#define {k} {v}\n" for k, v in defs.items()) + SOURCE)
