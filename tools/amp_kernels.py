@@ -1,7 +1,10 @@
 """Device-kernel time per step by kernel name for bench/amp_step.py's mixed-precision steps, minidnn beside
 PyTorch (issue 12: where a bf16 / channels-last step's GPU time goes).
 
-    PYTHONPATH=. python3 tools/amp_kernels.py [--models resnet20] [--modes bf16,bf16+cl] [--top 20]
+    PYTHONPATH=. python3 tools/amp_kernels.py [--models resnet20] [--modes bf16,bf16+cl] [--top 20] [--casts]
+
+``--casts``: instead, where minidnn's casts come from -- a cProfile of 5 steps, printing the callers (two levels)
+of CuPy's ``astype`` and of minidnn's cast entry points, with call counts per step.
 """
 import argparse
 import os
@@ -20,13 +23,48 @@ def main():
     ap.add_argument("--models", default="resnet20")
     ap.add_argument("--modes", default="bf16,bf16+cl")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--casts", action="store_true")
     args = ap.parse_args()
     set_math(False)
+    if args.casts:
+        for name in args.models.split(","):
+            for mode in args.modes.split(","):
+                cast_callers(name, mode)
+        return
     ns = torch_models()
     for name in args.models.split(","):
         for mode in args.modes.split(","):
             print_table(f"{name} {mode} minidnn", step_kernel_times(minidnn_step(name, mode, "cuda")), args.top)
             print_table(f"{name} {mode} torch", step_kernel_times(torch_step(name, mode, "cuda", ns)), args.top)
+
+
+def cast_callers(name, mode, steps=5):
+    import cProfile
+    import pstats
+
+    import minidnn as mdn
+    step = minidnn_step(name, mode, "cuda")
+    for _ in range(3):
+        step()
+    mdn.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    mdn.cuda.synchronize()
+    prof.disable()
+    print(f"== {name} {mode}: callers of the casts ({steps} steps; divide the counts by {steps})")
+    st = pstats.Stats(prof)
+    st.sort_stats("cumulative")
+    for pattern in ("'astype'", "_cast_to", "def to\\b", "cast_inputs"):
+        st.print_callers(pattern)
+    # one level up: who calls the callers of astype
+    callers = set()
+    for func, (_, _, _, _, who) in st.stats.items():
+        if "astype" in func[2]:
+            callers.update(who)
+    for func in callers:
+        st.print_callers(f"{func[2]}")
 
 
 if __name__ == "__main__":
