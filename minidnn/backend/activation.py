@@ -189,8 +189,9 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
 # GPU fast path (backend/cuda/act_kernels.py), owned by the step-kernels work (issue 10): one launch each way for
 # CuPy float32/float64 arrays in C or channels-last order, no blending; None sends the call to the reference above.
 
-# Calls the kernel took, by their full signature (shapes, dtypes, strides, devices, descriptor, blending): the same
-# call again skips the validation it would pass again (host cost per step).
+# Calls the kernel took, by their full signature (shapes, dtypes, strides, devices, descriptor, blending) -> the
+# kernel's plan: the same call again skips the validation it would pass again and goes straight to the plan (one
+# allocation, one prepared launch; host cost per step).
 _SEEN: dict = {}
 _SEEN_LIMIT = 4096
 
@@ -200,7 +201,9 @@ def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
         return None
     try:
         key = (kind, None if handle is None else handle.device, desc, alpha, beta,
-               *((None if a is None else (a.shape, a.dtype, a.strides, a.data.device_id)) for a in (x, dy, y)))
+               (x.shape, x.dtype, x.strides, x.data.device_id),
+               None if dy is None else (dy.shape, dy.dtype, dy.strides, dy.data.device_id),
+               None if y is None else (y.shape, y.dtype, y.strides, y.data.device_id))
         hash(key)
     except (TypeError, AttributeError):
         return None
@@ -209,11 +212,12 @@ def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
 
 def _gpu_activation_seen(kind, handle, desc, x, dy, y, alpha, beta, out):
     key = _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out)
-    if key is None or key not in _SEEN:
+    if key is None:
         return None
-    if dy is None:
-        return act_kernels.forward(desc.mode.name, desc.coef, x)
-    return act_kernels.backward(desc.mode.name, desc.coef, x, dy)
+    plan = _SEEN.get(key)
+    if plan is None:
+        return None
+    return plan(x) if dy is None else plan(x, dy)
 
 
 def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):
@@ -222,10 +226,9 @@ def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):
     mode = desc.mode.name
     if not act_kernels.supports(mode, x, *(() if dy is None else (dy,))):
         return None
+    plan = act_kernels.plan(mode, desc.coef, x, dy is not None)
     if key is not None:
         if len(_SEEN) >= _SEEN_LIMIT:
             _SEEN.clear()
-        _SEEN[key] = True
-    if dy is None:
-        return act_kernels.forward(mode, desc.coef, x)
-    return act_kernels.backward(mode, desc.coef, x, dy)
+        _SEEN[key] = plan
+    return plan(x) if dy is None else plan(x, dy)

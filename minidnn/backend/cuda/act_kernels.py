@@ -175,23 +175,6 @@ def supports(mode_name, x, *others) -> bool:
         for o in others)
 
 
-def _flat(a):
-    return a if a.flags.c_contiguous else a.transpose((0, *range(2, a.ndim), 1))
-
-
-def _like(cp, x):
-    if x.flags.c_contiguous:
-        return cp.empty(x.shape, dtype=x.dtype)
-    perm = (0, *range(2, x.ndim), 1)
-    back = (0, x.ndim - 1, *range(1, x.ndim - 1))
-    return cp.empty(tuple(x.shape[i] for i in perm), dtype=x.dtype).transpose(back)
-
-
-def _vec(n, itemsize, *arrays):
-    """1 when every array's data is 16-byte aligned and n fills whole 16-byte vectors."""
-    return np.int32(n % (16 // itemsize) == 0 and all(a.data.ptr % 16 == 0 for a in arrays))
-
-
 _kernel_cache: dict = {}
 
 
@@ -213,21 +196,57 @@ def _grid(n, dev):
     return (max(1, min((n + THREADS * 4 - 1) // (THREADS * 4), _launch.sm_count(dev) * 8)),)
 
 
+# ---- plans: everything but the arrays, once per call signature ------------------------------------------------
+
+class _Plan:
+    """A settled activation call: ``plan(x)`` -> y, ``plan(x, dy)`` -> dx.  The output is allocated in x's memory
+    order (``mem`` shape, viewed back channels-first through ``back``); the prepared launch takes the arrays' pointers
+    directly (no flat views); ``vec`` is the same launch with 16-byte vectors, taken when every input pointer is
+    16-byte aligned (a fresh output always is; n filling whole vectors is part of the signature)."""
+    __slots__ = ("dev", "mem", "back", "dtype", "go", "vec")
+
+    def __call__(self, x, dy=None):
+        with _launch.on_device(self.dev):
+            out = _launch._cp.empty(self.mem, self.dtype)
+            vec = self.vec
+            if dy is None:
+                (vec if vec is not None and not x.data.ptr & 15 else self.go)(x, out)
+            else:
+                (vec if vec is not None and not (x.data.ptr | dy.data.ptr) & 15 else self.go)(x, dy, out)
+        return out if self.back is None else out.transpose(self.back)
+
+
+_plans: dict = {}
+
+
+def plan(mode_name, coef, x, backward=False):
+    """The plan of ``forward(mode_name, coef, x)`` (or of ``backward``: call it with x, dy), built once per
+    signature."""
+    dev = x.data.device_id
+    return _launch.planned(_plans, (backward, mode_name, coef, x.shape, x.strides, x.dtype, dev), _plan,
+                           mode_name, coef, x, backward, dev)
+
+
+def _plan(mode_name, coef, x, backward, dev):
+    p = _Plan()
+    p.dev, p.dtype = dev, x.dtype
+    if x.flags.c_contiguous:
+        p.mem, p.back = x.shape, None
+    else:                                   # channels-last memory of a channels-first view (supports)
+        perm = (0, *range(2, x.ndim), 1)
+        p.mem, p.back = tuple(x.shape[i] for i in perm), (0, x.ndim - 1, *range(1, x.ndim - 1))
+    n = x.size
+    k = _kernel("act_bwd" if backward else "act_fwd", x.dtype, mode_name)
+    head = [None] * (3 if backward else 2) + [np.int64(n), np.float64(coef)]
+    p.go = _launch.prepare(k, _grid(n, dev), (THREADS,), head + [np.int32(0)])
+    p.vec = _launch.prepare(k, _grid(n, dev), (THREADS,), head + [np.int32(1)]) \
+        if n % (16 // x.itemsize) == 0 else None
+    return p
+
+
 def forward(mode_name, coef, x):
-    cp = _launch.cupy()
-    with _launch.on_device(x.data.device_id):
-        y = _like(cp, x)
-        xf, yf = _flat(x), _flat(y)
-        _launch.launch(_kernel("act_fwd", x.dtype, mode_name), _grid(x.size, x.data.device_id), (THREADS,),
-                       (xf, yf, np.int64(x.size), np.float64(coef), _vec(x.size, x.itemsize, xf, yf)))
-    return y
+    return plan(mode_name, coef, x)(x)
 
 
 def backward(mode_name, coef, x, dy):
-    cp = _launch.cupy()
-    with _launch.on_device(x.data.device_id):
-        dx = _like(cp, x)
-        xf, dyf, dxf = _flat(x), _flat(dy), _flat(dx)
-        _launch.launch(_kernel("act_bwd", x.dtype, mode_name), _grid(x.size, x.data.device_id), (THREADS,),
-                       (xf, dyf, dxf, np.int64(x.size), np.float64(coef), _vec(x.size, x.itemsize, xf, dyf, dxf)))
-    return dx
+    return plan(mode_name, coef, x, True)(x, dy)

@@ -193,39 +193,57 @@ def _ticket(cp, dev):
     return t
 
 
-def forward(x, target, weight, ignore_index, eps, reduction):
-    """-> (loss, lse, denom) as described in the legend."""
-    cp = _launch.cupy()
+# ---- plans: kernel, grid, packed scalars and output shapes once per call signature -------------------------------
+_plans: dict = {}
+
+
+class _Plan:
+    __slots__ = ("dev", "go", "tshape", "acc", "dtype", "grid", "none", "xshape")
+
+
+def _plan(name, x, target, weight, ignore_index, eps, reduction, dev):
     n, c = x.shape[:2]
     inner = x.size // (n * c)
     rows = n * inner
-    acc = np.float64 if x.dtype == np.float64 else np.float32
-    dev = x.data.device_id
-    with cp.cuda.Device(dev):
-        grid = _grid(rows, dev)
-        lse = cp.empty(target.shape, dtype=acc)
-        loss_rows = cp.empty(target.shape, dtype=x.dtype) if reduction == "none" else None
-        loss = cp.empty((), dtype=x.dtype)
-        denom = cp.empty((), dtype=acc)
-        partial = cp.empty((2 * grid,), dtype=acc)
-        _launch.launch(_kernel("ce_fwd", x, target, weight, reduction), (grid,), (THREADS,),
-                       (x, target, x if weight is None else weight, loss if loss_rows is None else loss_rows, lse,
-                        partial, _ticket(cp, dev), loss, denom, np.int64(rows), np.int32(c), np.int32(inner),
-                        np.int64(ignore_index), np.float64(eps)))
+    p = _Plan()
+    p.dev, p.tshape, p.xshape, p.dtype, p.none = dev, target.shape, x.shape, x.dtype, reduction == "none"
+    p.acc = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
+    p.grid = _grid(rows, dev)
+    k = _kernel(name, x, target, weight, reduction)
+    tail = [np.int64(rows), np.int32(c), np.int32(inner), np.int64(ignore_index), np.float64(eps)]
+    p.go = _launch.prepare(k, (p.grid,), (THREADS,), [None] * (9 if name == "ce_fwd" else 7) + tail)
+    return p
+
+
+def _key(name, x, target, weight, ignore_index, eps, reduction):
+    return (name, x.shape, x.dtype, target.shape, target.dtype, weight is None, ignore_index, eps, reduction,
+            x.data.device_id)
+
+
+def forward(x, target, weight, ignore_index, eps, reduction):
+    """-> (loss, lse, denom) as described in the legend."""
+    p = _launch.planned(_plans, _key("ce_fwd", x, target, weight, ignore_index, eps, reduction), _plan,
+                        "ce_fwd", x, target, weight, ignore_index, eps, reduction, x.data.device_id)
+    cp = _launch._cp
+    with _launch.on_device(p.dev):
+        lse = cp.empty(p.tshape, dtype=p.acc)
+        loss_rows = cp.empty(p.tshape, dtype=p.dtype) if p.none else None
+        loss = cp.empty((), dtype=p.dtype)
+        denom = cp.empty((), dtype=p.acc)
+        partial = cp.empty((2 * p.grid,), dtype=p.acc)
+        p.go(x, target, x if weight is None else weight, loss if loss_rows is None else loss_rows, lse, partial,
+             _ticket(cp, p.dev), loss, denom)
     return (loss if loss_rows is None else loss_rows), lse, denom
 
 
 def backward(x, target, weight, lse, denom, g, ignore_index, eps, reduction):
     """dx for the incoming gradient ``g`` (shape () for 'mean'/'sum', target's shape for 'none')."""
-    cp = _launch.cupy()
-    n, c = x.shape[:2]
-    inner = x.size // (n * c)
-    rows = n * inner
-    dev = x.data.device_id
-    with cp.cuda.Device(dev):
-        dx = cp.empty(x.shape, dtype=x.dtype)
-        g = cp.ascontiguousarray(g, dtype=x.dtype)
-        _launch.launch(_kernel("ce_bwd", x, target, weight, reduction), (_grid(rows, dev),), (THREADS,),
-                       (x, target, x if weight is None else weight, lse, g, denom, dx, np.int64(rows), np.int32(c),
-                        np.int32(inner), np.int64(ignore_index), np.float64(eps)))
+    p = _launch.planned(_plans, _key("ce_bwd", x, target, weight, ignore_index, eps, reduction), _plan,
+                        "ce_bwd", x, target, weight, ignore_index, eps, reduction, x.data.device_id)
+    cp = _launch._cp
+    with _launch.on_device(p.dev):
+        dx = cp.empty(p.xshape, dtype=p.dtype)
+        if g.dtype != p.dtype or not g.flags.c_contiguous:
+            g = cp.ascontiguousarray(g, dtype=p.dtype)
+        p.go(x, target, x if weight is None else weight, lse, g, denom, dx)
     return dx

@@ -143,23 +143,41 @@ def _kernel_compiled(name, dtype, algo):
                                              f"-DALGO={_ALGO[algo]}", "-std=c++14"))
 
 
-def forward(x, axes, algo_name):
-    cp = _launch.cupy()
+# ---- plans: kernel, grid and packed scalars once per call signature; a call = one allocation + one launch --------
+_plans: dict = {}
+
+
+class _Plan:
+    __slots__ = ("dev", "go")
+
+    def __call__(self, a, b=None):
+        with _launch.on_device(self.dev):
+            out = _launch._cp.empty(a.shape, a.dtype)
+            if b is None:
+                self.go(a, out)
+            else:
+                self.go(a, b, out)
+        return out
+
+
+def _plan(name, x, axes, algo_name, dev):
     outer, c, inner = collapse(x.shape, axes)
-    with _launch.on_device(x.data.device_id):
-        y = cp.empty(x.shape, dtype=x.dtype)
-        rows = outer * inner
-        _launch.launch(_kernel("softmax_fwd", x.dtype, algo_name), _grid(rows, x.data.device_id), (THREADS,),
-                       (x, y, np.int64(rows), np.int32(c), np.int32(inner)))
-    return y
+    rows = outer * inner
+    p = _Plan()
+    p.dev = dev
+    p.go = _launch.prepare(_kernel(name, x.dtype, algo_name), _grid(rows, dev), (THREADS,),
+                           [None] * (2 if name == "softmax_fwd" else 3) + [np.int64(rows), np.int32(c),
+                                                                            np.int32(inner)])
+    return p
+
+
+def forward(x, axes, algo_name):
+    dev = x.data.device_id
+    return _launch.planned(_plans, ("softmax_fwd", x.shape, tuple(axes), algo_name, x.dtype, dev), _plan,
+                           "softmax_fwd", x, axes, algo_name, dev)(x)
 
 
 def backward(y, dy, axes, algo_name):
-    cp = _launch.cupy()
-    outer, c, inner = collapse(y.shape, axes)
-    with _launch.on_device(y.data.device_id):
-        dx = cp.empty(y.shape, dtype=y.dtype)
-        rows = outer * inner
-        _launch.launch(_kernel("softmax_bwd", y.dtype, algo_name), _grid(rows, y.data.device_id), (THREADS,),
-                       (y, dy, dx, np.int64(rows), np.int32(c), np.int32(inner)))
-    return dx
+    dev = y.data.device_id
+    return _launch.planned(_plans, ("softmax_bwd", y.shape, tuple(axes), algo_name, y.dtype, dev), _plan,
+                           "softmax_bwd", y, axes, algo_name, dev)(y, dy)
