@@ -245,7 +245,10 @@ def _rows_of_w(w):
 #     backward data    stride 1: the forward form on dy padded by d*(r-1) - padding, flipped and swapped w
 # The grid's padding columns are computed and dropped (grid_w / out_w more work: 34/32 on CIFAR-sized 3x3 layers).
 # Chunks hold about _FLAT_COLS_BYTES of cols, so they stay in the L2/L3 caches between the copy and the GEMM; the
-# chunking depends only on the shapes, so results do not depend on the thread count (BLAS threads the GEMMs).
+# chunking depends only on the shapes, so results do not depend on the thread count.  Where there are chunks
+# enough, they go to minidnn's threads one at a time, each thread copying and multiplying its own chunks (its
+# GEMMs on one BLAS thread): a thread whose core another process holds takes fewer chunks, where BLAS's own split
+# of one GEMM waits for its slowest thread (conv64 on the shared 2-core machine: 0.6-1.5 s with two BLAS threads).
 
 _FLAT_COLS_BYTES = 2560 * 1024
 _COL2IM_BYTES = 4096 * 1024        # dcols of one chunk in _flat_col2im (measured: 1 MiB 1.7x slower, fewer
@@ -263,20 +266,34 @@ def _flat_dense_plan(p: ConvProblem, in_size, padding, out_size, channels, items
 
 
 def _flat_dense_chunks(a, p: ConvProblem, padding, in_size, out_size):
-    """For each chunk of images: (image slice, cols (taps*C, m*L) view).  The buffers are reused chunk to chunk."""
+    """(chunks, setup, fill) for the flat im2col of channels-first a: the image slices (about _FLAT_COLS_BYTES of
+    cols each), ``setup()`` making one thread's buffers, and ``fill(buffers, nb)`` writing chunk nb's cols and
+    returning its (taps*C, m*L) view (rows BLAS-addressable)."""
     N, C = a.shape[:2]
     grid, offsets, length, row_len, images = _flat_dense_plan(p, in_size, padding, out_size, C, a.itemsize)
-    buf = np.zeros((images, C, row_len), dtype=a.dtype)
-    cols = np.empty((len(offsets), C, images * length), dtype=a.dtype)
     interior = (slice(None), slice(None), *(slice(q, q + i) for q, i in zip(padding, in_size)))
-    for n0 in range(0, N, images):
-        nb = slice(n0, min(N, n0 + images))
+    chunks = [slice(n0, min(N, n0 + images)) for n0 in range(0, N, images)]
+
+    def setup():
+        return (np.zeros((images, C, row_len), dtype=a.dtype),
+                np.empty((len(offsets), C, images * length), dtype=a.dtype))
+
+    def fill(buffers, nb):
+        buf, cols = buffers
         m = nb.stop - nb.start
         buf[:m, :, :math.prod(grid)].reshape(m, C, *grid)[interior] = a[nb]
         used = cols[:, :, :m * length]
         for t, off in enumerate(offsets):
             used[t].reshape(C, m, length)[...] = buf[:m, :, off:off + length].transpose(1, 0, 2)
-        yield nb, used.reshape(len(offsets) * C, m * length) if m == images else _rows_view(used)
+        return used.reshape(len(offsets) * C, m * length) if m == images else _rows_view(used)
+    return chunks, setup, fill
+
+
+def _chunk_product(chunks, work):
+    """The matrix product for per-chunk GEMMs: where the chunks are shared between minidnn's threads, each GEMM runs
+    on its thread's one BLAS thread (np.matmul: threads that wait on each other's cores are avoided, and OpenBLAS's
+    workers never spin); where they are not, cpu_matmul's BLAS grain decides."""
+    return np.matmul if parallel_parts(len(chunks), work) > 1 else cpu_matmul
 
 
 def _rows_view(used):
@@ -293,10 +310,14 @@ def _flat_dense_correlate(a, w_mat, p: ConvProblem, padding, in_size, out_size):
     grid = tuple(i + 2 * q for i, q in zip(in_size, padding))
     z = np.empty((a.shape[0], K, *out_size), dtype=a.dtype)
     keep = (slice(None), slice(None), slice(None), *(slice(0, o) for o in out_size[1:]))
-    for nb, cols in _flat_dense_chunks(a, p, padding, in_size, out_size):
-        m = nb.stop - nb.start
-        y_grid = cpu_matmul(w_mat, cols).reshape(K, m, out_size[0], *grid[1:])
+    chunks, setup, fill = _flat_dense_chunks(a, p, padding, in_size, out_size)
+    work = a.shape[0] * w_mat.shape[1] * math.prod(out_size)             # cols elements
+    product = _chunk_product(chunks, work)
+
+    def body(buffers, nb):
+        y_grid = product(w_mat, fill(buffers, nb)).reshape(K, nb.stop - nb.start, out_size[0], *grid[1:])
         z[nb] = y_grid[keep].swapaxes(0, 1)
+    parallel_for(chunks, body, work, setup)
     return z
 
 
@@ -345,18 +366,29 @@ def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
 
 
 def _flat_dense_filter(p: ConvProblem, x, dy):
-    """dw (K, C, *kernel) = sum over chunks of dy_grid (K, m*L) @ cols^T, dy_grid dy on the padded grid."""
+    """dw (K, C, *kernel) = sum over chunks of (cols @ dy_grid^T)^T, dy_grid (K, m*L) dy on the padded grid; the
+    chunks' partial sums added in image order (the same result whatever the thread count)."""
     grid = p.padded_size
     length = p.out_size[0] * math.prod(grid[1:])
-    images = _flat_dense_plan(p, p.in_size, p.padding, p.out_size, p.C, x.itemsize)[-1]
-    d_grid = np.zeros((p.K, images * length), dtype=dy.dtype)
-    dw_mat_t = np.zeros((math.prod(p.kernel) * p.C, p.K), dtype=dy.dtype)
-    for nb, cols in _flat_dense_chunks(x, p, p.padding, p.in_size, p.out_size):
-        m = nb.stop - nb.start
+    chunks, setup, fill = _flat_dense_chunks(x, p, p.padding, p.in_size, p.out_size)
+    images = chunks[0].stop - chunks[0].start
+    partial = np.empty((len(chunks), math.prod(p.kernel) * p.C, p.K), dtype=np.result_type(x, dy))
+    work = p.N * math.prod(p.kernel) * p.C * math.prod(p.out_size)
+    product = _chunk_product(chunks, work)
+    on_grid = (slice(None),) * 3 + tuple(slice(0, o) for o in p.out_size[1:])
+
+    def setup_filter():
+        return setup(), np.zeros((p.K, images * length), dtype=dy.dtype)    # zeros off the output positions
+
+    def body(buffers, nb):
+        (cols_buffers, d_grid), m = buffers, nb.stop - nb.start
+        cols = fill(cols_buffers, nb)
         d = d_grid[:, :m * length]
-        d.reshape(p.K, m, p.out_size[0], *grid[1:])[(slice(None),) * 3 + tuple(slice(0, o) for o in p.out_size[1:])] \
-            = dy[nb].swapaxes(0, 1)
-        dw_mat_t += cpu_matmul(cols, d.T)   # this orientation (long axes contiguous in both) runs faster in BLAS
+        d.reshape(p.K, m, p.out_size[0], *grid[1:])[on_grid] = dy[nb].swapaxes(0, 1)
+        # this orientation (long axes contiguous in both operands) runs faster in BLAS
+        product(cols, d.T, out=partial[nb.start // images])
+    parallel_for(chunks, body, work, setup_filter)
+    dw_mat_t = partial.sum(axis=0)
     return np.moveaxis(dw_mat_t.T.reshape(p.K, *p.kernel, p.C), -1, 1)
 
 
@@ -548,38 +580,39 @@ def _even_blocks(n, most):
 
 
 class _FlatBuffers:
-    """One thread's buffers for the flat depthwise chunks: ``rows`` (channels, images * row_len), zero-padded planes
-    (their borders and tails stay 0), and ``taps`` (channels, taps, m), sized for the largest chunk."""
+    """One thread's buffers for the flat depthwise chunks, sized for the largest chunk: ``rows`` (channels,
+    images * row_len), zero-padded planes (their borders and tails stay 0); ``second`` (the same shape: the
+    correlation's results, or dy on the grid for the filter); ``taps`` (channels, taps, m).  The strided views
+    are made once here: per chunk they are only sliced (building them cost ~10 us a chunk, as much as a copy)."""
 
-    def __init__(self, chunks, p: ConvProblem, grid, row_len, length, offsets, dtype):
+    def __init__(self, chunks, p: ConvProblem, grid, row_len, length, in_size, padding, out_size, dtype, zeroed):
         channels = max(cs.stop - cs.start for cs, _ in chunks)
         images = max(nb.stop - nb.start for _, nb in chunks)
-        self.grid, self.row_len, self.length = grid, row_len, length
+        self.row_len, self.length, taps = row_len, length, math.prod(p.kernel)
+        m = (images - 1) * row_len + length
         self.rows = np.zeros((channels, images * row_len), dtype=dtype)
-        self.taps = np.empty((channels, len(offsets), (images - 1) * row_len + length), dtype=dtype)
-        self.tap_strides = tuple(d * math.prod(grid[k + 1:]) * self.rows.itemsize for k, d in enumerate(p.dilation))
+        self.second = (np.zeros if zeroed else np.empty)((channels, images * row_len), dtype=dtype)
+        self.taps = np.empty((channels, taps, m), dtype=dtype)
+        self.taps_by_axis = self.taps.reshape(channels, *p.kernel, m)
+        itemsize = self.rows.itemsize
+        tap_strides = tuple(d * math.prod(grid[k + 1:]) * itemsize for k, d in enumerate(p.dilation))
+        # source[c, tap.., l] = rows[c, l + offset(tap)]: the last read, (channels-1) rows on, is offset(last tap)
+        # + m - 1 <= images * row_len - 1, since row_len >= offset(last tap) + length
+        self.source = np.lib.stride_tricks.as_strided(self.rows, shape=(channels, *p.kernel, m),
+                                                      strides=(self.rows.strides[0], *tap_strides, itemsize),
+                                                      writeable=False)
+        grids = self.rows.reshape(channels, images, row_len)[:, :, :math.prod(grid)].reshape(channels, images, *grid)
+        self.interior = grids[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(padding, in_size)))]
+        on_grid = self.second.reshape(channels, images, row_len)[:, :, :length].reshape(
+            channels, images, out_size[0], *grid[1:])
+        self.outputs = on_grid[(slice(None),) * 3 + tuple(slice(0, o) for o in out_size[1:])]
 
-    def planes(self, rows, cc, n):
-        """The (cc, n, *grid) view of the first n padded grids of the first cc channels of ``rows``."""
-        return rows[:cc, :n * self.row_len].reshape(cc, n, self.row_len)[:, :, :math.prod(self.grid)].reshape(
-            cc, n, *self.grid)
-
-    def outputs(self, rows, cc, n, out_size):
-        """The (cc, n, *out_size) view of the output positions in ``rows`` (out_size[0] grid rows per image)."""
-        grid_rows = rows[:cc, :n * self.row_len].reshape(cc, n, self.row_len)[:, :, :self.length]
-        return grid_rows.reshape(cc, n, out_size[0], *self.grid[1:])[
-            (slice(None), slice(None), slice(None), *(slice(0, o) for o in out_size[1:]))]
-
-    def gather(self, kernel, cc, n):
+    def gather(self, cc, n):
         """taps[c, tap, l] = rows[c, l + offset(tap)] over the chunk's m = (n-1)*row_len + length positions: one
         strided copy."""
         m = (n - 1) * self.row_len + self.length
-        view = np.lib.stride_tricks.as_strided(self.rows, shape=(cc, *kernel, m),
-                                               strides=(self.rows.strides[0], *self.tap_strides, self.rows.itemsize),
-                                               writeable=False)
-        taps = self.taps[:cc, :, :m]
-        taps.reshape(cc, *kernel, m)[...] = view
-        return taps
+        self.taps_by_axis[:cc, ..., :m] = self.source[:cc, ..., :m]
+        return self.taps[:cc, :, :m]
 
 
 def _flat_correlate(a, w_taps, p: ConvProblem, padding, in_size, out_size):
@@ -588,19 +621,17 @@ def _flat_correlate(a, w_taps, p: ConvProblem, padding, in_size, out_size):
     grid, row_len, length, offsets, chunks = _flat_plan(p, in_size, padding, out_size, a.itemsize)
     z = np.empty((p.N, p.C, *out_size), dtype=a.dtype)
     w_rows = np.ascontiguousarray(w_taps, dtype=a.dtype)[:, None, :]           # (C, 1, taps)
-    interior = (slice(None), slice(None), *(slice(q, q + i) for q, i in zip(padding, in_size)))
 
     def setup():
-        bufs = _FlatBuffers(chunks, p, grid, row_len, length, offsets, a.dtype)
-        return bufs, np.empty_like(bufs.rows)
+        return _FlatBuffers(chunks, p, grid, row_len, length, in_size, padding, out_size, a.dtype, zeroed=False)
 
-    def body(state, chunk):
-        (bufs, acc), (cs, nb) = state, chunk
+    def body(bufs, chunk):
+        cs, nb = chunk
         cc, n = cs.stop - cs.start, nb.stop - nb.start
-        bufs.planes(bufs.rows, cc, n)[interior] = a[nb, cs].swapaxes(0, 1)
-        taps = bufs.gather(p.kernel, cc, n)
-        np.matmul(w_rows[cs], taps, out=acc[:cc, None, :taps.shape[-1]])
-        z[nb, cs] = bufs.outputs(acc, cc, n, out_size).swapaxes(0, 1)
+        bufs.interior[:cc, :n] = a[nb, cs].swapaxes(0, 1)
+        taps = bufs.gather(cc, n)
+        np.matmul(w_rows[cs], taps, out=bufs.second[:cc, None, :taps.shape[-1]])
+        z[nb, cs] = bufs.outputs[:cc, :n].swapaxes(0, 1)
     parallel_for(chunks, body, p.N * p.C * length * len(offsets), setup)
     return z
 
@@ -653,19 +684,17 @@ def _flat_filter(p: ConvProblem, x, dy):
     acc_dtype = np.float64 if x.dtype == np.float64 else np.float32
     block_of = {start: i for i, start in enumerate(sorted({nb.start for _, nb in chunks}))}
     partial = np.empty((len(block_of), p.C, len(offsets), 1), dtype=acc_dtype)
-    interior = (slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))
 
     def setup():
-        bufs = _FlatBuffers(chunks, p, grid, row_len, length, offsets, x.dtype)
-        return bufs, np.zeros_like(bufs.rows)                  # dy on the grid: zeros where no output lies
+        return _FlatBuffers(chunks, p, grid, row_len, length, p.in_size, p.padding, p.out_size, x.dtype, zeroed=True)
 
-    def body(state, chunk):
-        (bufs, d_grid), (cs, nb) = state, chunk
+    def body(bufs, chunk):
+        cs, nb = chunk
         cc, n = cs.stop - cs.start, nb.stop - nb.start
-        bufs.planes(bufs.rows, cc, n)[interior] = x[nb, cs].swapaxes(0, 1)
-        bufs.outputs(d_grid, cc, n, p.out_size)[...] = dy[nb, cs].swapaxes(0, 1)
+        bufs.interior[:cc, :n] = x[nb, cs].swapaxes(0, 1)
+        bufs.outputs[:cc, :n] = dy[nb, cs].swapaxes(0, 1)            # dy on the grid; zeros where no output lies
         m = (n - 1) * row_len + length
-        d, out = d_grid[:cc, :m, None], partial[block_of[nb.start], cs]
+        d, out = bufs.second[:cc, :m, None], partial[block_of[nb.start], cs]
         for k, off in enumerate(offsets):
             np.matmul(bufs.rows[:cc, None, off:off + m], d, out=out[:, k:k + 1])
     parallel_for(chunks, body, p.N * p.C * length * len(offsets), setup)
