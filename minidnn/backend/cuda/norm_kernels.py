@@ -756,40 +756,53 @@ def _grid(rows, team, dev, threads_per_sm=4096):
     return max(1, min((rows + tpb - 1) // tpb, _launch.sm_count(dev) * max(1, threads_per_sm // block)))
 
 
-def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s):
-    cp = _launch.cupy()
-    pinfo = _p_info(x.dtype, scale if scale is not None else bias)
-    team, vpt, vec = row_config(d, x.dtype, _aligned(x))
+# ---- plans: kernels, grids, packed scalars and buffer sizes once per call signature (shape, dtypes, which
+# parameters, settings, 16-byte alignment of the inputs, device); a repeated call = one dict lookup, the allocations
+# and the prepared launches taking the arrays' pointers.  The results are those of the launches as built before.
+_plans: dict = {}
+
+
+def _pdt(p):
+    return None if p is None else p.dtype
+
+
+def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s, stat_shape):
     dev = x.data.device_id
-    k = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec)
-    flags = _flags(scale, bias, grouped)
+    aligned = not x.data.ptr & 15
+    go, acc = _launch.planned(_plans, ("fwd", x.shape, x.dtype, _pdt(scale), _pdt(bias), eps, grouped, g,
+                                       stat_shape, aligned, dev),
+                              _row_forward_plan, x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, dev)
+    cp = _launch._cp
     with _launch.on_device(dev):
         y = cp.empty(x.shape, dtype=x.dtype)
-        acc = _acc(x.dtype)
-        mean = cp.empty((rows,), dtype=acc)
-        rstd = cp.empty((rows,), dtype=acc)
-        _launch.launch(k, (_grid(rows, team, dev),), (_block(team),),
-                       (x, x if scale is None else scale, x if bias is None else bias, y, mean, rstd, np.int64(rows),
-                        np.int32(d), np.int32(g), np.int32(cpg), *divider(s), np.float64(eps), flags))
+        mean = cp.empty(stat_shape, dtype=acc)
+        rstd = cp.empty(stat_shape, dtype=acc)
+        go(x, x if scale is None else scale, x if bias is None else bias, y, mean, rstd)
     return y, mean, rstd
+
+
+def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, dev):
+    pinfo = _p_info(x.dtype, scale if scale is not None else bias)
+    team, vpt, vec = row_config(d, x.dtype, aligned)
+    k = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec)
+    return _launch.prepare(k, (_grid(rows, team, dev),), (_block(team),),
+                           [None] * 6 + [np.int64(rows), np.int32(d), np.int32(g), np.int32(cpg), *divider(s),
+                                         np.float64(eps), _flags(scale, bias, grouped)]), _acc(x.dtype)
 
 
 def layer_norm_forward(x, normalized_ndim, scale, bias, eps):
     """-> (y, mean, rstd), mean and rstd of shape x.shape[:-normalized_ndim] in A."""
     lead = x.shape[:x.ndim - normalized_ndim]
     rows = math.prod(lead)
-    d = x.size // rows
-    y, mean, rstd = _row_forward(x, rows, d, scale, bias, eps, False, 1, 1, 1)
-    return y, mean.reshape(lead), rstd.reshape(lead)
+    return _row_forward(x, rows, x.size // rows, scale, bias, eps, False, 1, 1, 1, lead)
 
 
 def group_norm_forward(x, num_groups, scale, bias, eps):
     """-> (y, mean, rstd), mean and rstd (N, G) in A."""
     n, c = x.shape[:2]
     s = x.size // (n * c)
-    y, mean, rstd = _row_forward(x, n * num_groups, c // num_groups * s, scale, bias, eps, True, num_groups,
-                                 c // num_groups, s)
-    return y, mean.reshape(n, num_groups), rstd.reshape(n, num_groups)
+    return _row_forward(x, n * num_groups, c // num_groups * s, scale, bias, eps, True, num_groups,
+                        c // num_groups, s, (n, num_groups))
 
 
 _tickets: dict = {}
@@ -802,94 +815,111 @@ def _ticket(cp, n, dev):
     return t
 
 
-def _col_sum(cp, m, r, nc, out_a, out_t, split_col, dtype, in_t, dev):
-    """out_a[:split_col], out_t[:nc - split_col] = column sums of the (r, nc) matrix m (one launch)."""
+def _col_sum_plan(r, nc, split_col, dtype, in_t, dev):
+    """(prepared col_sum launch, workspace size, column tiles) for out_a[:split_col], out_t[:nc - split_col] =
+    column sums of an (r, nc) matrix m; called as go(m, ws, ticket, out_a or ws, out_t or m)."""
     tiles = (nc + 31) // 32
     want = max(1, (_launch.sm_count(dev) * 4 + tiles - 1) // tiles)
     splits = max(1, min(want, (r + 63) // 64, 65535))
     chunk = (r + splits - 1) // splits
     splits = (r + chunk - 1) // chunk
-    ws = cp.empty((nc * splits,), dtype=_acc(dtype))
     k = _kernel("col_sum", dtype, _PSTORAGE[_dev.dtype_name(dtype)], in_t=in_t)
-    _launch.launch(k, (tiles, splits), (256,),
-                   (m, ws, _ticket(cp, tiles, dev), out_a if out_a is not None else ws,
-                    out_t if out_t is not None else m, np.int64(r), np.int32(nc), np.int32(split_col),
-                    np.int64(chunk)))
+    go = _launch.prepare(k, (tiles, splits), (256,), [None] * 5 + [np.int64(r), np.int32(nc), np.int32(split_col),
+                                                                   np.int64(chunk)])
+    return go, nc * splits, tiles
 
 
-def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
-    """-> (dx, dscale (A) or None, dbias (x's dtype) or None); dscale/dbias shaped like scale."""
-    cp = _launch.cupy()
-    rows = mean.size
-    d = x.size // rows
+def _ln_backward_plan(x, rows, d, scale, aligned, dev):
     pinfo = _p_info(x.dtype, scale)
-    team, vpt, vec = row_config(d, x.dtype, _aligned(x, dy))
-    dev = x.data.device_id
-    has_scale = scale is not None
+    team, vpt, vec = row_config(d, x.dtype, aligned)
     k = _kernel("ln_bwd", x.dtype, pinfo, team, vpt, vec)
     # fewer teams than the forward: each writes a column-partial row of 2D values that col_sum adds up
     grid = _grid(rows, team, dev, threads_per_sm=1024)
     tpb = _block(team) // team
     grid = min(grid, max(_launch.sm_count(dev), -(-rows // (4 * tpb))))
     teams = grid * (_block(team) // team)
+    has_scale = scale is not None
+    go = _launch.prepare(k, (grid,), (_block(team),), [None] * 7 + [np.int64(rows), np.int32(d),
+                                                                     _flags(scale, None, False)])
+    col = _col_sum_plan(teams, 2 * d, d, x.dtype, False, dev) if has_scale else None
+    return go, (teams * 2 * d if has_scale else 1), col, _acc(x.dtype)
+
+
+def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
+    """-> (dx, dscale (A) or None, dbias (x's dtype) or None); dscale/dbias shaped like scale."""
+    cp = _launch._cp or _launch.cupy()
+    rows = mean.size
+    d = x.size // rows
+    dev = x.data.device_id
+    aligned = not (x.data.ptr | dy.data.ptr) & 15
+    go, n_partial, col, acc = _launch.planned(_plans, ("ln_bwd", x.shape, x.dtype, rows, _pdt(scale), aligned, dev),
+                                              _ln_backward_plan, x, rows, d, scale, aligned, dev)
     with _launch.on_device(dev):
         dx = cp.empty(x.shape, dtype=x.dtype)
-        acc = _acc(x.dtype)
-        partial = cp.empty((teams * 2 * d if has_scale else 1,), dtype=acc)
-        _launch.launch(k, (grid,), (_block(team),),
-                       (x, dy, mean, rstd, x if scale is None else scale, dx, partial, np.int64(rows), np.int32(d),
-                        _flags(scale, None, False)))
-        if not has_scale:
+        partial = cp.empty((n_partial,), dtype=acc)
+        go(x, dy, mean, rstd, x if scale is None else scale, dx, partial)
+        if col is None:
             return dx, None, None
         dscale = cp.empty(scale.shape, dtype=acc)
         dbias = cp.empty(scale.shape, dtype=x.dtype)
-        _col_sum(cp, partial, teams, 2 * d, dscale, dbias, d, x.dtype, False, dev)
+        col_go, n_ws, tiles = col
+        col_go(partial, cp.empty((n_ws,), dtype=acc), _ticket(cp, tiles, dev), dscale, dbias)
     return dx, dscale, dbias
 
 
-def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
-    """-> (dx, dscale (A) or None, dbias (x's dtype) or None)."""
-    cp = _launch.cupy()
+def _gn_backward_plan(x, num_groups, scale, aligned, dev):
     n, c = x.shape[:2]
     s = x.size // (n * c)
     cpg = c // num_groups
     d = cpg * s
     rows = n * num_groups
     pinfo = _p_info(x.dtype, scale)
-    dev = x.data.device_id
     has_scale = scale is not None
+    col = _col_sum_plan(n, 2 * c, c, x.dtype, False, dev) if has_scale else None
+    team, vpt, vec = row_config(d, x.dtype, aligned)
+    if vpt and cpg <= 32:        # the group row fits in registers: gn_bwd (one read of x and dy) + col_sum
+        one = _launch.prepare(_kernel("gn_bwd", x.dtype, pinfo, team, vpt, vec), (_grid(rows, team, dev),),
+                              (_block(team),), [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c),
+                                                             np.int32(num_groups), np.int32(cpg), *divider(s),
+                                                             _flags(scale, None, True)])
+        return one, None, col, c
+    team, _, vec = row_config(s, x.dtype, aligned)
+    sums = _launch.prepare(_kernel("row_sums", x.dtype, pinfo, team, 0, vec), (_grid(n * c, team, dev),),
+                           (_block(team),), [None] * 5 + [np.int64(n * c), np.int32(s), np.int32(c),
+                                                          np.int32(num_groups), np.int32(cpg),
+                                                          _flags(None, None, True)])
+    team, _, vec = row_config(d, x.dtype, aligned)
+    dx = _launch.prepare(_kernel("gn_dx", x.dtype, pinfo, team, 0, vec), (_grid(rows, team, dev),),
+                         (_block(team),), [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c),
+                                                        np.int32(num_groups), np.int32(cpg), *divider(s),
+                                                        _flags(scale, None, True)])
+    return sums, dx, col, c
+
+
+def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
+    """-> (dx, dscale (A) or None, dbias (x's dtype) or None)."""
+    cp = _launch._cp or _launch.cupy()
+    dev = x.data.device_id
+    aligned = not (x.data.ptr | dy.data.ptr) & 15
+    first, second, col, c = _launch.planned(_plans, ("gn_bwd", x.shape, x.dtype, num_groups, _pdt(scale), aligned,
+                                                     dev), _gn_backward_plan, x, num_groups, scale, aligned, dev)
     acc = _acc(x.dtype)
-    aligned = _aligned(x, dy)
+    s = x if scale is None else scale
     with _launch.on_device(dev):
-        sums = cp.empty((n * 2 * c,), dtype=acc)
-        team, vpt, vec = row_config(d, x.dtype, aligned)
-        if vpt and cpg <= 32:        # the group row fits in registers: gn_bwd (one read of x and dy) + col_sum
-            dx = cp.empty(x.shape, dtype=x.dtype)
-            _launch.launch(_kernel("gn_bwd", x.dtype, pinfo, team, vpt, vec), (_grid(rows, team, dev),),
-                           (_block(team),), (x, dy, mean, rstd, x if scale is None else scale, sums, dx,
-                                             np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
-                                             np.int32(cpg), *divider(s), _flags(scale, None, True)))
-            dscale = dbias = None
-            if has_scale:
-                dscale = cp.empty((c,), dtype=acc)
-                dbias = cp.empty((c,), dtype=x.dtype)
-                _col_sum(cp, sums, n, 2 * c, dscale, dbias, c, x.dtype, False, dev)
-            return dx, dscale, dbias
-        team, _, vec = row_config(s, x.dtype, aligned)
-        _launch.launch(_kernel("row_sums", x.dtype, pinfo, team, 0, vec), (_grid(n * c, team, dev),),
-                       (_block(team),), (dy, x, mean, rstd, sums, np.int64(n * c), np.int32(s), np.int32(c),
-                                         np.int32(num_groups), np.int32(cpg), _flags(None, None, True)))
+        sums = cp.empty((x.shape[0] * 2 * c,), dtype=acc)
+        dx = cp.empty(x.shape, dtype=x.dtype)
+        if second is None:
+            first(x, dy, mean, rstd, s, sums, dx)
+        else:
+            first(dy, x, mean, rstd, sums)
         dscale = dbias = None
-        if has_scale:
+        if col is not None:
             dscale = cp.empty((c,), dtype=acc)
             dbias = cp.empty((c,), dtype=x.dtype)
-            _col_sum(cp, sums, n, 2 * c, dscale, dbias, c, x.dtype, False, dev)
-        dx = cp.empty(x.shape, dtype=x.dtype)
-        team, _, vec = row_config(d, x.dtype, aligned)
-        _launch.launch(_kernel("gn_dx", x.dtype, pinfo, team, 0, vec), (_grid(rows, team, dev),),
-                       (_block(team),), (x, dy, mean, rstd, x if scale is None else scale, sums, dx, np.int64(rows),
-                                         np.int32(d), np.int32(c), np.int32(num_groups), np.int32(cpg), *divider(s),
-                                         _flags(scale, None, True)))
+            col_go, n_ws, tiles = col
+            col_go(sums, cp.empty((n_ws,), dtype=acc), _ticket(cp, tiles, dev), dscale, dbias)
+        if second is not None:
+            second(x, dy, mean, rstd, s, sums, dx)
     return dx, dscale, dbias
 
 
@@ -898,45 +928,65 @@ def _geometry(shape, channel_axis):
     return outer, shape[channel_axis], math.prod(shape[channel_axis + 1:])
 
 
+def _bias_add_plan(x, b, channel_axis, alpha, beta, aligned, dev):
+    _, c, inner = _geometry(x.shape, channel_axis)
+    n = x.size
+    vec = 16 // x.dtype.itemsize
+    if n % vec or not aligned:        # c is found per value: a vector may span channels
+        vec = 1
+    grid = max(1, min((n // vec + 255) // 256, _launch.sm_count(dev) * 16))
+    k = _kernel("bias_add", x.dtype, _p_info(x.dtype, b), vec=vec)
+    return _launch.prepare(k, (grid,), (256,), [None] * 3 + [np.int64(n), np.int32(c), *divider(c),
+                                                             *divider(inner), np.int32(inner == 1),
+                                                             np.float64(alpha), np.float64(beta)])
+
+
 def bias_add(x, b, channel_axis, alpha=1.0, beta=1.0, out=None):
     """out = alpha * b (broadcast on ``channel_axis``) + beta * x; ``out`` may be x (in place), None: a new array.
     One launch."""
-    cp = _launch.cupy()
-    _, c, inner = _geometry(x.shape, channel_axis)
+    cp = _launch._cp or _launch.cupy()
     dev = x.data.device_id
     with _launch.on_device(dev):
         y = cp.empty(x.shape, dtype=x.dtype) if out is None else out
-        n = x.size
-        item = x.dtype.itemsize
-        vec = 16 // item
-        if n % vec or not _aligned(x, y):        # c is found per value: a vector may span channels
-            vec = 1
-        block = 256
-        grid = max(1, min((n // vec + block - 1) // block, _launch.sm_count(dev) * 16))
-        k = _kernel("bias_add", x.dtype, _p_info(x.dtype, b), vec=vec)
-        _launch.launch(k, (grid,), (block,), (x, b, y, np.int64(n), np.int32(c), *divider(c), *divider(inner),
-                                              np.int32(inner == 1), np.float64(alpha), np.float64(beta)))
+        aligned = not (x.data.ptr | y.data.ptr) & 15
+        go = _launch.planned(_plans, ("bias", x.shape, x.dtype, b.dtype, channel_axis, alpha, beta, aligned, dev),
+                             _bias_add_plan, x, b, channel_axis, alpha, beta, aligned, dev)
+        go(x, b, y)
     return y
+
+
+def _bias_grad_plan(dy, channel_axis, aligned, dev):
+    outer, c, inner = _geometry(dy.shape, channel_axis)
+    if inner == 1:
+        return None, _col_sum_plan(outer, c, 0, dy.dtype, True, dev), c, outer
+    team, _, vec = row_config(inner, dy.dtype, aligned)
+    sums = _launch.prepare(_kernel("row_sums", dy.dtype, _PSTORAGE[_dev.dtype_name(dy.dtype)], team, 0, vec),
+                           (_grid(outer * c, team, dev),), (_block(team),),
+                           [None] * 5 + [np.int64(outer * c), np.int32(inner), np.int32(c), np.int32(1), np.int32(1),
+                                         _flags(None, None, False)])
+    return sums, _col_sum_plan(outer, c, 0, dy.dtype, False, dev), c, outer
 
 
 def bias_grad(dy, channel_axis):
     """db (C,) in dy's dtype = sum of dy over every axis but ``channel_axis`` (float32/float64 accumulation):
     channel last (inner = 1): one column-sum launch; else per-(outer, C) plane sums, then a column sum."""
-    cp = _launch.cupy()
-    outer, c, inner = _geometry(dy.shape, channel_axis)
+    cp = _launch._cp or _launch.cupy()
     dev = dy.data.device_id
-    pinfo = _PSTORAGE[_dev.dtype_name(dy.dtype)]
+    aligned = not dy.data.ptr & 15
+    sums, (col_go, n_ws, tiles), c, outer = _launch.planned(
+        _plans, ("bias_grad", dy.shape, dy.dtype, channel_axis, aligned, dev), _bias_grad_plan, dy, channel_axis,
+        aligned, dev)
+    acc = _acc(dy.dtype)
     with _launch.on_device(dev):
         db = cp.empty((c,), dtype=dy.dtype)
-        if inner == 1:
-            _col_sum(cp, dy, outer, c, None, db, 0, dy.dtype, True, dev)
+        if sums is None:
+            ws = cp.empty((n_ws,), dtype=acc)
+            col_go(dy, ws, _ticket(cp, tiles, dev), ws, db)        # no A columns: ws stands in for them
             return db
-        planes = cp.empty((outer * c,), dtype=_acc(dy.dtype))
-        team, _, vec = row_config(inner, dy.dtype, _aligned(dy))
-        _launch.launch(_kernel("row_sums", dy.dtype, pinfo, team, 0, vec), (_grid(outer * c, team, dev),),
-                       (_block(team),), (dy, dy, planes, planes, planes, np.int64(outer * c), np.int32(inner),
-                                         np.int32(c), np.int32(1), np.int32(1), _flags(None, None, False)))
-        _col_sum(cp, planes, outer, c, None, db, 0, dy.dtype, False, dev)
+        planes = cp.empty((outer * c,), dtype=acc)
+        sums(dy, dy, planes, planes, planes)
+        ws = cp.empty((n_ws,), dtype=acc)
+        col_go(planes, ws, _ticket(cp, tiles, dev), ws, db)
     return db
 
 
