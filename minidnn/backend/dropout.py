@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._common import begin, check_float, shape_str
+from .cuda import dropout_philox  # the GPU kernel, imported once here, not per call (importing it needs no GPU)
 from .devices import device, device_guard
 from .errors import BadParamError
 
@@ -77,7 +78,6 @@ def dropout_forward(handle, dropout_desc: DropoutDescriptor, x):
     with device_guard(handle.device):
         gen = dropout_desc.generator(handle.device)
         if hasattr(gen, "device_philox_state") and 0.0 < dropout_desc.p < 1.0:
-            from .cuda import dropout_philox
             if dropout_philox.supports(x):      # one kernel, its random state on the device: capturable
                 return dropout_philox.dropout_forward(x, dropout_desc.p, dropout_desc.scale,
                                                       *gen.device_philox_state())

@@ -10,6 +10,8 @@ draws fresh numbers without any host involvement.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import launch as _launch
@@ -76,16 +78,27 @@ def supports(x) -> bool:
     return x.dtype in _SCALARS and x.size > 0
 
 
+_plans: dict = {}
+
+
+def _plan(shape, dtype, p, scale, dev):
+    kernel = _launch.get_kernel(_SOURCE, "dropout_philox", (f"-DSCALAR={_SCALARS[dtype]}", "-std=c++14"))
+    n = math.prod(shape)
+    groups = (n + 3) // 4
+    grid = max(1, min((groups + THREADS - 1) // THREADS, _launch.sm_count(dev) * 8))
+    return _launch.prepare(kernel, (grid,), (THREADS,), [None] * 5 + [np.int64(n), np.float32(p), dtype.type(scale)])
+
+
 def dropout_forward(x, p, scale, state, ticket):
-    """(y, keep) for a contiguous-able GPU array ``x``; ``state``/``ticket`` are the engine's device arrays."""
+    """(y, keep) for a contiguous-able GPU array ``x``; ``state``/``ticket`` are the engine's device arrays.  The
+    launch is settled once per (shape, dtype, p, scale, device); the keep mask is allocated as bool (the kernel
+    writes 0/1 bytes)."""
     cp = _launch.cupy()
-    kernel = _launch.get_kernel(_SOURCE, "dropout_philox", (f"-DSCALAR={_SCALARS[x.dtype]}", "-std=c++14"))
-    xc = cp.ascontiguousarray(x)
-    y = cp.empty_like(xc)
-    keep = cp.empty(xc.shape, dtype=np.uint8)
-    groups = (xc.size + 3) // 4
-    grid = max(1, min((groups + THREADS - 1) // THREADS, _launch.sm_count(xc.data.device_id) * 8))
-    with _launch.on_device(xc.data.device_id):
-        _launch.launch(kernel, (grid,), (THREADS,), (xc, y, keep, state, ticket, np.int64(xc.size), np.float32(p),
-                                                      xc.dtype.type(scale)))
-    return y, keep.view(np.bool_)
+    xc = x if x.flags.c_contiguous else cp.ascontiguousarray(x)
+    dev = xc.data.device_id
+    go = _launch.planned(_plans, (xc.shape, xc.dtype, p, scale, dev), _plan, xc.shape, xc.dtype, p, scale, dev)
+    with _launch.on_device(dev):
+        y = cp.empty(xc.shape, dtype=xc.dtype)
+        keep = cp.empty(xc.shape, dtype=np.bool_)
+        go(xc, y, keep, state, ticket)
+    return y, keep
