@@ -62,6 +62,9 @@ def _reduction_axes(where, x, mode, format, axis):
 
 def softmax_forward(handle, algo, mode, x, alpha=1.0, beta=0.0, y=None, format=None, axis=None):
     """y = alpha * softmax(x) + beta * y  (log-softmax for algo LOG)."""
+    key = _gpu_key("fwd", handle, algo, mode, format, axis, alpha, beta, y, x, None)
+    if key is not None and (plan := _SEEN.get(key)) is not None:
+        return plan(x)          # this exact call validated before: straight to the kernel's plan
     where = "softmax_forward"
     handle, xp = begin(handle, where, x=x, y=y)
     algo = parse_enum(where, SoftmaxAlgorithm, algo, "algorithm")
@@ -71,7 +74,7 @@ def softmax_forward(handle, algo, mode, x, alpha=1.0, beta=0.0, y=None, format=N
 
     if x.size == 0:             # an empty tensor (possibly over an empty dim, as PyTorch allows): empty result
         value = xp.empty_like(x)
-    elif (gpu := _gpu_softmax(x, None, axes, algo, alpha, beta, y)) is not None:
+    elif (gpu := _gpu_softmax(x, None, axes, algo, alpha, beta, y, key)) is not None:
         return gpu              # the CUDA kernel (see the GPU fast path block at the end of this file)
     elif algo is SoftmaxAlgorithm.FAST:
         e = xp.exp(x)
@@ -90,6 +93,9 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
     softmax:      dx = y * (dy - sum(dy * y))
     log-softmax:  dx = dy - exp(y) * sum(dy)
     """
+    key = _gpu_key("bwd", handle, algo, mode, format, axis, alpha, beta, dx, y, dy)
+    if key is not None and (plan := _SEEN.get(key)) is not None:
+        return plan(y, dy)      # this exact call validated before: straight to the kernel's plan
     where = "softmax_backward"
     handle, xp = begin(handle, where, y=y, dy=dy, dx=dx)
     algo = parse_enum(where, SoftmaxAlgorithm, algo, "algorithm")
@@ -100,7 +106,7 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
 
     if y.size == 0:
         value = xp.empty_like(y)
-    elif (gpu := _gpu_softmax(y, dy, axes, algo, alpha, beta, dx)) is not None:
+    elif (gpu := _gpu_softmax(y, dy, axes, algo, alpha, beta, dx, key)) is not None:
         return gpu              # the CUDA kernel (see the GPU fast path block at the end of this file)
     elif algo is SoftmaxAlgorithm.LOG:
         value = dy - xp.exp(y) * dy.sum(axis=axes, keepdims=True)
@@ -113,14 +119,37 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
 # GPU fast path (backend/cuda/softmax_kernels.py), owned by the step-kernels work (issue 10): C-contiguous CuPy
 # float32/float64 arrays, the normalised dims consecutive, no blending; None sends the call to the reference above.
 
-def _gpu_softmax(x, dy, axes, algo, alpha, beta, out):
+# Calls the kernels took, by their full signature (handle's device, algorithm, mode, format, axis, blending, every
+# array's shape, dtype, strides and device) -> the kernel's plan: the same call again skips the validation it would
+# pass again (host cost per step).  Bounded.
+_SEEN: dict = {}
+_SEEN_LIMIT = 4096
+
+
+def _gpu_key(kind, handle, algo, mode, format, axis, alpha, beta, out, x, dy):
+    if out is not None or not is_cuda_array(x):
+        return None
+    try:
+        key = (kind, None if handle is None else handle.device, algo, mode, format, axis, alpha, beta,
+               (x.shape, x.dtype, x.strides, x.data.device_id),
+               None if dy is None else (dy.shape, dy.dtype, dy.strides, dy.data.device_id))
+        hash(key)
+    except (TypeError, AttributeError):
+        return None
+    return key
+
+
+def _gpu_softmax(x, dy, axes, algo, alpha, beta, out, key=None):
     if not (is_cuda_array(x) and alpha == 1 and beta == 0 and out is None):
         return None
     if not softmax_kernels.supports(x, axes, *(() if dy is None else (dy,))):
         return None
-    if dy is None:
-        return softmax_kernels.forward(x, axes, algo.name)
-    return softmax_kernels.backward(x, dy, axes, algo.name)
+    plan = softmax_kernels.plan(x, axes, algo.name, dy is not None)
+    if key is not None:
+        if len(_SEEN) >= _SEEN_LIMIT:
+            _SEEN.clear()
+        _SEEN[key] = plan
+    return plan(x) if dy is None else plan(x, dy)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -171,13 +171,18 @@ def _plan(name, x, axes, algo_name, dev):
     return p
 
 
-def forward(x, axes, algo_name):
+def plan(x, axes, algo_name, backward=False):
+    """The settled launch of softmax over ``axes`` of arrays shaped like x: ``plan(x)`` -> y, ``plan(y, dy)`` -> dx
+    (``backward``)."""
     dev = x.data.device_id
-    return _launch.planned(_plans, ("softmax_fwd", x.shape, tuple(axes), algo_name, x.dtype, dev), _plan,
-                           "softmax_fwd", x, axes, algo_name, dev)(x)
+    name = "softmax_bwd" if backward else "softmax_fwd"
+    return _launch.planned(_plans, (name, x.shape, tuple(axes), algo_name, x.dtype, dev), _plan, name, x, axes,
+                           algo_name, dev)
+
+
+def forward(x, axes, algo_name):
+    return plan(x, axes, algo_name)(x)
 
 
 def backward(y, dy, axes, algo_name):
-    dev = y.data.device_id
-    return _launch.planned(_plans, ("softmax_bwd", y.shape, tuple(axes), algo_name, y.dtype, dev), _plan,
-                           "softmax_bwd", y, axes, algo_name, dev)(y, dy)
+    return plan(y, axes, algo_name, True)(y, dy)
