@@ -315,3 +315,29 @@ def promoted_operands(a, b, *, true_div=False):
     if bt:
         return ad, cast_array(b.data, dt), dt
     return ad, scalar_as(b, dt), dt
+
+
+# ---- the guard of a backward computed on raw arrays (first order only) ------------------------------------
+class _DoubleBackwardUnsupported(Function):
+    """Stands for a backward computed on raw arrays: its outputs carry a graph node (so the failure
+    is found) whose own backward raises, instead of silently returning a zero second derivative."""
+
+    @staticmethod
+    def forward(ctx, op, arrays, *depends):
+        ctx.op = op
+        return tuple(None if a is None else _wrap(a) for a in arrays)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(f"{ctx.op}: double backward (differentiating its gradient again, create_graph=True) is "
+                           "not implemented (the minidnn.nn.functional docstring lists the first-order ops)")
+
+
+def first_order_grads(op: str, arrays, *depends):
+    """Tensors for the gradients ``arrays`` (raw arrays or None) a backward computed from ``depends``
+    (the incoming gradients and saved tensors).  Under ``create_graph`` with any of ``depends``
+    requiring grad, they are wired to a node that raises if differentiated again."""
+    if _state.grad_enabled and any(isinstance(t, Tensor) and t.requires_grad for t in depends):
+        out = _DoubleBackwardUnsupported.apply(op, tuple(arrays), *depends)
+        return out if isinstance(out, tuple) else (out,)
+    return tuple(None if a is None else _wrap(a) for a in arrays)

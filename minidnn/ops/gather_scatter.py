@@ -16,7 +16,7 @@ from ..autograd import Function
 from ..backend.array_ops import index_add
 from ..backend.errors import ArgumentError, DTypeError
 from ..tensor import Tensor, _wrap
-from ._core import canonical_dim, check_pair
+from ._core import canonical_dim, check_pair, first_order_grads
 
 __all__ = ["gather", "scatter", "scatter_add", "masked_fill", "tril", "triu", "diag", "cumsum", "cumprod",
            "take_along_dim"]
@@ -346,7 +346,9 @@ class Cumprod(Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):     # inf/nan land as in PyTorch
-            return _wrap(_cumprod_grad(x._xp(), x.data, g.data, ctx.dim)), None, None
+            gx = _cumprod_grad(x._xp(), x.data, g.data, ctx.dim)
+        # computed on arrays: under create_graph, wired to a node that raises if differentiated again
+        return (*first_order_grads("cumprod", [gx], g, x), None, None)
 
 
 def _cumprod_grad(xp, x, g, dim):

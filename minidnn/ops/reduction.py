@@ -16,7 +16,7 @@ from ..autograd import Function, _state
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 from ..tensor import Tensor, _wrap
-from ._core import broadcast_to, canonical_dim
+from ._core import broadcast_to, canonical_dim, first_order_grads
 
 __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "prod", "argmax", "argmin",
            "all", "any", "norm"]
@@ -283,7 +283,10 @@ class Prod(Function):
         left = xp.cumprod(xp.concatenate([ones, flat[..., :-1]], axis=-1), axis=-1)
         right = xp.flip(xp.cumprod(xp.flip(xp.concatenate([flat[..., 1:], ones], axis=-1), -1), axis=-1), -1)
         excl = (left * right).reshape(moved.shape).transpose(np.argsort(perm))
-        return (gk * _wrap(excl),)
+        # arrays, not a graph: under create_graph the exclusive products are wired to a node that raises if
+        # differentiated again (without zeros, prod / x above is differentiable to any order)
+        excl, = first_order_grads("prod (over an input with zeros)", [excl], x)
+        return (gk * excl,)
 
 
 @autocast_op("prod")

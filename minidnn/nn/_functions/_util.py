@@ -6,9 +6,10 @@ import functools
 import operator
 
 from ... import backend as B
-from ...autograd import Function, is_grad_enabled
+from ...autograd import is_grad_enabled
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DTypeError
+from ...ops._core import first_order_grads  # noqa: F401  (re-exported: the nn families' guard)
 from ...tensor import Tensor
 
 __all__ = ["handle_for", "wrap", "descriptor", "ntuple", "check_tensor", "check_vector", "first_order_grads", "batched",
@@ -90,21 +91,6 @@ def batched(op: str, x: Tensor, nd: int):
                      f"{tuple(x.shape)}")
 
 
-class _DoubleBackwardUnsupported(Function):
-    """Stands for a backward computed on raw arrays: its outputs carry a graph node (so the failure
-    is found) whose own backward raises, instead of silently returning a zero second derivative."""
-
-    @staticmethod
-    def forward(ctx, op, arrays, *depends):
-        ctx.op = op
-        return tuple(wrap(a) for a in arrays)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(f"{ctx.op}: double backward (differentiating its gradient again, create_graph=True) is "
-                           "not implemented (the minidnn.nn.functional docstring lists the first-order ops)")
-
-
 def creating_graph(*depends) -> bool:
     """True inside a backward run with ``create_graph`` whose result depends on a tensor that requires grad:
     the gradient must then be written in differentiable ops."""
@@ -126,13 +112,3 @@ def composite_grads(needs, composite, inputs, gy):
     for i, g in zip(wanted, gs):
         res[i] = g
     return res
-
-
-def first_order_grads(op: str, arrays, *depends):
-    """Tensors for the gradients ``arrays`` (raw arrays or None) a backward computed from ``depends``
-    (the incoming gradients and saved tensors).  Under ``create_graph`` with any of ``depends``
-    requiring grad, they are wired to a node that raises if differentiated again."""
-    if is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in depends):
-        out = _DoubleBackwardUnsupported.apply(op, tuple(arrays), *depends)
-        return out if isinstance(out, tuple) else (out,)
-    return tuple(wrap(a) for a in arrays)
