@@ -247,9 +247,9 @@ def test_alpha_beta_blending(kind, direction):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("name", ["stride2-ragged", "1x1-stride2", "2x2-stride3-pad1", "groups32-cg4-stride2"])
 def test_strided_backward_data_blends_every_residue_class(name, layout):
-    """A strided backward data runs as one stride-1 problem per residue class of dx (a kernel smaller than the
-    stride keeps the single launch): alpha/beta must reach every element once, in either memory layout, with
-    fresh data each time."""
+    """A strided backward data runs its stride-1 residue classes of dx in one launch (a kernel smaller than the
+    stride leaves classes without a tap: alpha*0 + beta*dx there): alpha/beta must reach every element once, in
+    either memory layout, with fresh data each time."""
     shape = next(s for s in SHAPES if s[0] == name)
     p, desc = _problem(shape)
     x, w, dy = _data(p, None)
@@ -568,7 +568,7 @@ def _compare_vec(shape, mode, w_layout, tile=None, seed=0):
             ch = p.Cg if d == 0 else p.Kg
             expect_vec = ch % width == 0 and (d == 0 or max(p.stride) == 1 or K._split_by_residue(p))
             eligible = K.vec_eligible(d, p, xg if d == 0 else dyg) is None
-        assert eligible == (expect_vec and (d != 1 or p.stride == (1, 1)))
+        assert eligible == expect_vec
         out_layout = "NCHW" if d == 2 else "NHWC"          # dw: (K, Cg, R, S) contiguous, blended in the kernel
         ref, ref_abs = _ref(direction, desc, p, x, w, dy)
         what = f"VEC {direction} {shape[0]} {mode} w {w_layout} tile={tile}"
@@ -617,7 +617,9 @@ def test_vec_loader_is_chosen_only_where_it_applies():
     wide = _to_gpu(np.ones((2, 20, 8, 8)), np.float32, "NHWC")
     assert "aligned" in K.vec_eligible(0, ok, wide[:, 1:17])
     s2, _ = _problem(("1x1-s2", 2, 16, 8, 8, 16, 1, 1, 0, 2, 1, 1))
-    assert "stride 1" in K.vec_supports(1, s2)
+    assert K.vec_supports(1, s2) is None                 # strided, undilated: its residue classes in one launch
+    s2d, _ = _problem(("s2-dil2", 2, 16, 9, 9, 16, 3, 3, 2, 2, 2, 1))
+    assert "stride 1" in K.vec_supports(1, s2d)
     assert K.vec_eligible(2, ok, x, x) is None
     assert "channel stride 1" in K.vec_eligible(2, ok, x, _to_gpu(np.ones(ok.x_shape), np.float32, "NCHW"))
     k6, _ = _problem(("k6", 2, 16, 8, 8, 6, 3, 3, 1, 1, 1, 1))
@@ -667,3 +669,85 @@ def test_vec_forward_and_backward_data_one_launch_with_a_channels_last_filter():
         before = L.launch_count()
         run()
         assert L.launch_count() - before == 2
+
+
+# ---- strided backward data: every residue class of dx in ONE launch, the original filter read through a tap map ------
+
+# (id, N, C, H, W, K, R, S, padding, stride, dilation, groups): stride 2/3 and (3, 2), kernels smaller than the stride
+# (classes without a tap), H < stride (empty classes), ragged against every tile, groups
+RESID_SHAPES = [
+    ("r-3x3-s2-ragged", 3, 16, 11, 13, 40, 3, 3, 1, 2, 1, 1),
+    ("r-1x1-s2", 2, 16, 9, 8, 24, 1, 1, 0, 2, 1, 1),
+    ("r-2x2-s3-pad1", 2, 8, 10, 11, 16, 2, 2, 1, 3, 1, 1),
+    ("r-5x5-s3-pad2", 1, 16, 13, 12, 16, 5, 5, 2, 3, 1, 1),
+    ("r-3x3-s32-asym", 2, 8, 10, 9, 16, 3, 3, 1, (3, 2), 1, 1),
+    ("r-h1-s2", 2, 8, 1, 9, 8, 3, 3, 1, 2, 1, 1),
+    ("r-groups2-s2", 2, 32, 7, 8, 32, 3, 3, 1, 2, 1, 2),
+]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precomp", [False, True])
+@pytest.mark.parametrize("shape", RESID_SHAPES, ids=[s[0] for s in RESID_SHAPES])
+def test_residue_backward_data_element_loader(shape, precomp, layout):
+    """The element loader (VEC off) on the one-launch residue classes, with and without the per-class tap table,
+    strict fp32, poisoned output (every dx element written once) and alpha/beta."""
+    p, desc = _problem(shape)
+    x, w, dy = _data(p, RESID_SHAPES.index(shape))
+    ref, ref_abs = _ref("backward_data", desc, p, x, w, dy)
+    K.VEC_ENABLED[0] = False
+    try:
+        for tile in K.TILES:
+            out = _poisoned(p.x_shape, np.float32, layout)
+            got = K.implicit_backward_data(p, cp.asarray(w, np.float32), _to_gpu(dy, np.float32, layout), False,
+                                           precomp, out=out, tile=tile)
+            _check(got, ref, _bound("backward_data", p, ref_abs, 2.0 ** -24, 2.0 ** -24),
+                   f"residue {shape[0]} {layout} precomp={precomp} tile={tile}")
+        prior = np.random.default_rng(1).standard_normal(ref.shape).astype(np.float32)
+        out = _to_gpu(prior, np.float32, layout)
+        got = K.implicit_backward_data(p, cp.asarray(w, np.float32), _to_gpu(dy, np.float32, layout), False, precomp,
+                                       0.75, -0.5, out)
+        bound = _bound("backward_data", p, 0.75 * ref_abs + 0.5 * np.abs(prior), 2.0 ** -24, 2.0 ** -24)
+        _check(got, 0.75 * ref - 0.5 * prior.astype(F64), bound, f"residue {shape[0]} {layout} alpha/beta")
+    finally:
+        K.VEC_ENABLED[0] = True
+
+
+@pytest.mark.parametrize("w_layout", ["KCRS", "KRSC"])
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bfloat16"])
+@pytest.mark.parametrize("shape", RESID_SHAPES, ids=[s[0] for s in RESID_SHAPES])
+def test_residue_backward_data_vec_loader(shape, mode, w_layout):
+    """The VEC loader on the one-launch residue classes (NHWC dy and dx): B from the (G, Cg, R, S, Kg) copy of the
+    whole filter, or (KRSC) the channels-last filter itself through WKRSC=1; all three directions checked."""
+    _compare_vec(shape, mode, w_layout, seed=RESID_SHAPES.index(shape))
+
+
+@pytest.mark.parametrize("tile", list(K.TILES))
+@pytest.mark.parametrize("mode", ["fp32", "bfloat16"])
+def test_residue_backward_data_vec_every_tile(tile, mode):
+    _compare_vec(("r-tiles", 3, 24, 11, 13, 40, 3, 3, 1, 2, 1, 1), mode, "KRSC", tile=tile)
+
+
+@pytest.mark.parametrize("layout, w_layout, launches", [("NCHW", "KCRS", 1), ("NHWC", "KRSC", 1),
+                                                        ("NHWC", "KCRS", 2)])
+@pytest.mark.parametrize("name", ["r-3x3-s2-ragged", "r-1x1-s2", "r-2x2-s3-pad1"])
+def test_strided_backward_data_is_one_launch(name, layout, w_layout, launches):
+    """Strided backward data: one launch (element loader with a KCRS filter, VEC loader with a channels-last one), two
+    where the VEC loader needs its one (G, Cg, R, S, Kg) transpose of a KCRS filter -- never per residue class."""
+    from minidnn.backend.cuda import launch as L
+    shape = next(s for s in RESID_SHAPES if s[0] == name)
+    p, desc = _problem(shape)
+    x, w, dy = _data(p, 5)
+    wg = cp.asarray(w, np.float32)
+    if w_layout == "KRSC":
+        wg = _channels_last_filter(wg)
+    dyg = _to_gpu(dy, np.float32, layout)
+    ref, ref_abs = _ref("backward_data", desc, p, x, w, dy)
+    for precomp in (False, True):
+        K.implicit_backward_data(p, wg, dyg, True, precomp)              # compile, plan, upload the table
+        before = L.launch_count()
+        got = K.implicit_backward_data(p, wg, dyg, True, precomp)
+        assert L.launch_count() - before == launches
+        _check(got, ref, _bound("backward_data", p, ref_abs, 2.0 ** -11, 2.0 ** -24), f"{name} {layout} {w_layout}")
+    vec = layout == "NHWC" and p.Kg % 4 == 0
+    assert any(k[0] == 1 and k[1] == p and bool(k[10]) == vec for k in K._plans)

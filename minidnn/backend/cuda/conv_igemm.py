@@ -17,7 +17,6 @@ its kernels are compiled (the PRECOMP table is uploaded on first use of a proble
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -95,8 +94,8 @@ def vec_supports(direction, p) -> str | None:
     for ch, name in vectors:
         if ch % width:
             return f"{name} channels per group a multiple of {width} ({ch} given): whole 16-byte vectors of channels"
-    if direction == 1 and max(p.stride) != 1:
-        return "stride 1 backward data (a strided one splits into stride-1 problems first, when it can)"
+    if direction == 1 and max(p.stride) != 1 and not _split_by_residue(p):
+        return "stride 1 or undilated backward data (a strided one runs as its stride-1 residue classes)"
     return None
 
 
@@ -236,11 +235,41 @@ def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False):
 _tables: dict = {}
 
 
+def _residue_tap_table(p, g, sy):
+    """Backward data's tap table when its residue classes run in one launch (``_split_by_residue``): class
+    (a, b) = (cls // st_w, cls % st_w) holds its Kg * taps entries at cls * Kg * ceil(R/st_h) * ceil(S/st_w); entry
+    k = kk * taps + jr * ts + js of the class's sub-kernel (jr < tr, js < ts) is (kk * dy's channel stride, jr, js,
+    the weight offset of filter tap (r0 + jr*st_h, s0 + js*st_w) of output channel kk)."""
+    H, W, P, Q, R, S, ph, pw, sh, sw = g[:10]
+    per = p.Kg * -(-R // sh) * -(-S // sw)
+    tab = np.zeros((sh * sw * per, 4), dtype=np.int32)
+    for a in range(sh):
+        r0 = (a + ph) % sh
+        for b in range(sw):
+            s0 = (b + pw) % sw
+            jr, js = np.arange(r0, R, sh), np.arange(s0, S, sw)
+            taps = len(jr) * len(js)
+            if taps == 0:
+                continue
+            kk = np.repeat(np.arange(p.Kg, dtype=np.int64), taps)
+            sub = np.tile(np.arange(taps, dtype=np.int64), p.Kg)
+            j_r, j_s = sub // len(js), sub % len(js)
+            base = (a * sw + b) * per
+            rows = tab[base:base + p.Kg * taps]
+            rows[:, 0] = kk * sy[1]
+            rows[:, 1], rows[:, 2] = j_r, j_s
+            rows[:, 3] = kk * p.Cg * R * S + jr[j_r] * S + js[j_s]
+    return tab
+
+
 def _tap_table(cp, direction, p, g, sx, sy):
     """IMPLICIT_PRECOMP_GEMM's workspace: one int4 per reduction index (DIR 0/1) or filter row (DIR 2):
-    (channel offset, r*dil_h, s*dil_w, weight offset), uploaded once per problem and layout."""
+    (channel offset, r*dil_h, s*dil_w, weight offset), uploaded once per problem and layout; a strided backward
+    data's residue classes each get their sub-kernel's table (``_residue_tap_table``)."""
     key = (direction, p, sx, sy, cp.cuda.runtime.getDevice())
     t = _tables.get(key)
+    if t is None and direction == 1 and _split_by_residue(p):
+        t = _tables[key] = cp.asarray(_residue_tap_table(p, g, sy))
     if t is None:
         H, W, P, Q, R, S, ph, pw, sh, sw, dh, dw = g
         RS = R * S
@@ -277,6 +306,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
         w = _krsc_filter(cp, b) if vec else cp.ascontiguousarray(b)
         src, s1, s2 = (x, w), x, out
     elif direction == 1:
+        # (strided and undilated: every residue class of dx in this one launch, reading the whole filter)
         dy = _as_2d(b, p.nd)
         vec = vec_eligible(1, p, dy) is None
         if vec and _reads_krsc(p, a):
@@ -317,12 +347,18 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
     kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile, vec)
     tiles = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
-    partial_size = tiles * splits * BM * BN if splits > 1 else 0
-    tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if splits > 1 else None
+    partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 else 0
+    tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if partial_size else None
+    grid_m = M
+    if direction == 1 and _split_by_residue(p):
+        # the residue classes on blockIdx.z (the kernel's `splits` argument = their count), blockIdx.x over the
+        # largest class's rows (class (0, 0): the others have at most as many)
+        sh, sw = g[8], g[9]
+        splits, grid_m = sh * sw, p.N * -(-H // sh) * -(-W // sw)
     table = _tap_table(cp, direction, p, g, sx, sy) if precomp and not vec else None
     args = [None] * 6 + _args(p, g, sx, sy) + [np.int32(splits), np.int32(per_split), np.float32(alpha),
                                                np.float32(beta)]
-    main = _launch.prepare(kernel, (-(-M // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
+    main = _launch.prepare(kernel, (-(-grid_m // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
     return main, partial_size, table, tickets
 
 
@@ -369,51 +405,26 @@ def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=
         _check_out(out, p.x_shape, dy.dtype)
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
-    if _split_by_residue(p):
-        _strided_backward_data(cp, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
-    else:
-        _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
+    _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
     return dx
 
 
 def _split_by_residue(p):
-    """A strided, undilated 2-D (or 1-D) problem whose kernel is at least as large as the stride on each axis, so
-    that every residue class of dx has a tap.  A smaller kernel (1x1 with stride 2) leaves classes with nothing
-    but beta * dx to write, and strided fills of those cost more than the single launch saves (H200: 1x1 stride-2
-    backward data 27-34 µs as one launch, 61-67 µs split)."""
-    if p.nd not in (1, 2) or max(p.stride) == 1 or max(p.dilation) != 1:
-        return False
-    return all(r >= s for r, s in zip(p.kernel, p.stride))
-
-
-def _strided_backward_data(cp, p, w, dy, dx, tf32, precomp, alpha, beta, tile):
-    """dx of a strided convolution as stride-1 problems, one per residue class of dx's rows and columns.
+    """A strided, undilated 2-D (or 1-D) backward data runs as its stride-1 residue classes, all in ONE launch.
 
     With stride s, dx[h] gathers dy[(h + pad - r) / s] over the taps r that make the division exact: for the rows
-    h = s*i + a those are r = r0, r0 + s, ... with r0 = (a + pad) mod s, and then dy's row is i + off - r' (r' the
+    h = s*i + a those are r = r0, r0 + s, ... with r0 = (a + pad) mod s, and then dy's row is i + off - j (j the
     tap's index in that sub-kernel, off = (a + pad - r0) / s).  So the rows of class a form a stride-1 backward-data
-    problem of their own -- input rows i, kernel w[:, :, r0::s], padding off, dy unchanged -- written into the strided
-    view dx[:, :, a::s] (the kernel addresses dx through its strides).  The single strided launch instead visited
-    every tap of every dx pixel and discarded the inexact ones: (s_h * s_w - 1) / (s_h * s_w) of its gather work
-    (stride 2, 3x3: 235 µs vs 35 µs forward on an H200, tools/tile_sweep.py; split: 138 µs).  Every class has a
-    tap (``_split_by_residue``)."""
-    H, W, P, Q, R, S, ph, pw, sh, sw = _geometry(p)[:10]
-    w4 = w.reshape(p.K, p.Cg, R, S)
-    dy4 = _as_2d(dy, p.nd)
-    for a in range(sh):
-        r0 = (a + ph) % sh
-        rows, taps_r = len(range(a, H, sh)), len(range(r0, R, sh))
-        for b in range(sw):
-            s0 = (b + pw) % sw
-            cols, taps_s = len(range(b, W, sw)), len(range(s0, S, sw))
-            if rows == 0 or cols == 0:
-                continue
-            sub = dataclasses.replace(p, in_size=(rows, cols), kernel=(taps_r, taps_s), out_size=(P, Q),
-                                      padding=((a + ph - r0) // sh, (b + pw - s0) // sw), stride=(1, 1),
-                                      dilation=(1, 1))
-            # the sub-kernel view: _run_igemm makes the one copy its loader wants (KCRS, or (G, Cg, R, S, Kg))
-            _run_igemm(1, sub, w4[:, :, r0::sh, s0::sw], dy4, dx[:, :, a::sh, b::sw], tf32, precomp, alpha, beta,
-                       tile)
+    problem of their own -- input rows i, sub-kernel w[:, :, r0::s], padding off, dy unchanged -- written into
+    dx[:, :, a::s].  The kernel (DIR 1 with ``splits`` = s_h * s_w classes on blockIdx.z) decodes its class and
+    sub-problem per block, reads the ORIGINAL filter at tap r0 + j*s (no sub-kernel copies) and writes dx through
+    its strides; a class without a tap (a kernel smaller than the stride, 1x1 stride 2) has an empty reduction and
+    writes alpha*0 + beta*dx.  The single strided launch (still used with dilation) visited every tap of every dx
+    pixel and discarded the inexact ones: (s_h*s_w - 1) / (s_h*s_w) of its gather work.  The classes must fit
+    gridDim.z (groups * s_h * s_w <= 65535)."""
+    if p.nd not in (1, 2) or max(p.stride) == 1 or max(p.dilation) != 1:
+        return False
+    return p.groups * math.prod(p.stride) <= 65535
 
 
 def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):

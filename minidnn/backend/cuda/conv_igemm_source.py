@@ -22,18 +22,26 @@ SOURCE = r"""
 //                                                                          B = w[g*Kg + k/RS][n][k%RS]
 //   DIR 2  dw[k,c,r,s]  M = Cg*R*S (filter taps)   NG = Kg  KR = N*P*Q    A = x gathered, B = dy; the KR range
 //                                                                          is cut into `splits` slices (below)
+//   DIR 1 with splits = st_h*st_w > 1 (strided, undilated): ONE launch runs every residue class of dx, blockIdx.z =
+//   g * splits + class, class (a, b) = dx pixels h = a + i*st_h, w = b + j*st_w: a stride-1 problem of its own
+//   (rows ceil((H-a)/st_h), sub-kernel taps r = r0 + jr*st_h with r0 = (a+pad_h) mod st_h, padding
+//   (a+pad_h-r0)/st_h; columns alike).  Each block rewrites its geometry to its class's sub-problem, reads the
+//   ORIGINAL filter at tap r0*S + s0 + jr*st_h*S + js*st_w (no sub-kernel copies) and writes dx through strides
+//   st_h*sxh, st_w*sxw from pixel (a, b); a class without a tap (kernel smaller than the stride) writes
+//   alpha*0 + beta*dx.  blockIdx.x spans the largest class (class 0); blocks past their class's rows exit.
 //   The per-k (DIR 0/1) or per-row (DIR 2) tap decode (c or k, r*dil_h, s*dil_w, offsets) is computed with
 //   32-bit divisions (IMPLICIT_GEMM) or read from a small int4 table (IMPLICIT_PRECOMP_GEMM, `table` != 0).
-// VEC 1 (DIR 0 and stride-1 DIR 1; the host checks the conditions): the NHWC loader.  The reduction index is
-//   reordered k = (r*S + s)*CH + c, c fastest (CH = Cg forward, Kg backward data), so that VECW = 16/sizeof(T)
-//   consecutive k are consecutive channels of one pixel: each thread copies 16 bytes (4 float32 or 8 half
+// VEC 1 (DIR 0, DIR 1 stride 1 or residue classes; the host checks the conditions): the NHWC loader.  The reduction
+//   index is reordered k = (r*S + s)*CH + c, c fastest (CH = Cg forward, Kg backward data), so that VECW =
+//   16/sizeof(T) consecutive k are consecutive channels of one pixel: each thread copies 16 bytes (4 float32 or 8 half
 //   channels) with ONE cp.async.cg of src-size 16 or 0 (0 zero-fills padding and tails).  Needs: x/dy NHWC-like
-//   (channel stride 1, other strides and the base 16-byte multiples), CH % VECW == 0, and B given as a dense
-//   NG x KR row-major matrix per group in the same k order: forward w in KRSC (w[k][r][s][c]: a channels-last
-//   filter as it is), backward data w transposed to (G, Cg, R, S, Kg) -- or, WKRSC 1, a channels-last filter read
-//   as it is, B in a [k][n] layout with vectors along c (Cg % VECW == 0).  A row's pixel decode is done once per
-//   thread; the tap (r, s) and channel c of the thread's k advance by BK per slice without division.  16-bit
-//   data goes through cp.async too (the element loader stages it through registers).
+//   (channel stride 1, other strides and the base 16-byte multiples), CH % VECW == 0, and B given as a dense NG x KR
+//   row-major matrix per group in the same k order: forward w in KRSC (w[k][r][s][c]: a channels-last filter as it
+//   is), backward data w transposed to (G, Cg, R, S, Kg) -- or, WKRSC 1, a channels-last filter read as it is, B in a
+//   [k][n] layout with vectors along c (Cg % VECW == 0).  Residue classes read either form of the whole filter at
+//   their sub-kernel's taps (the walk's (r, s) mapped to r0 + r*st_h, s0 + s*st_w).  A row's pixel decode is done once
+//   per thread; the tap (r, s) and channel c of the thread's k advance by BK per slice without division.  16-bit data
+//   goes through cp.async too (the element loader stages it through registers).
 //   DIR 2 under VEC 1 (x and dy NHWC-like, Cg and Kg multiples of VECW): filter rows reordered (r, s, c), c
 //   fastest, so that a 16-byte vector is VECW channels of one tap of one pixel k (A) or VECW output channels of
 //   one pixel of dy (B); both operands sit in [k][row] layouts.  A thread's row vector (tap, channels) is
@@ -221,6 +229,7 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 struct Geo {
     int N, C, H, W, K, P, Q, R, S, pad_h, pad_w, st_h, st_w, dil_h, dil_w, Cg, Kg;
     int sxn, sxc, sxh, sxw, syn, syc, syh, syw;
+    int wrs, wt0, wjr, wjs;     // DIR 1: the filter's R*S, and its tap of (sub-)tap (r, s): wt0 + r*wjr + s*wjs
 };
 
 __device__ __forceinline__ int4 decode_tap(int k, const Geo& g, const int4* __restrict__ table) {
@@ -230,7 +239,7 @@ __device__ __forceinline__ int4 decode_tap(int k, const Geo& g, const int4* __re
     int4 t;
     t.y = r * g.dil_h; t.z = s * g.dil_w;
 #if DIR == 1
-    t.x = ch * g.syc; t.w = ch * g.Cg * RS + rs;
+    t.x = ch * g.syc; t.w = ch * g.Cg * g.wrs + g.wt0 + r * g.wjr + s * g.wjs;
 #else
     t.x = ch * g.sxc + t.y * g.sxh + t.z * g.sxw; t.w = 0;
 #endif
@@ -264,20 +273,60 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
            int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw,
            int splits, int k_per_split, float alpha, float beta)
 {
+    const int grp = blockIdx.z / splits, split = blockIdx.z - grp * splits;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+#if DIR == 1
+    // Residue classes (splits = st_h * st_w > 1: a strided, undilated backward data in ONE launch).  Class
+    // split = a * st_w + b owns the dx pixels h = a + i*st_h, w = b + j*st_w.  Such a row h gathers dy row
+    // (h + pad_h - r) / st_h only from the taps r = r0 + jr*st_h, r0 = (a + pad_h) mod st_h, and that row is
+    // i + off_h - jr with off_h = (a + pad_h - r0) / st_h: a stride-1 problem with input rows i < ceil((H-a)/st_h),
+    // ceil((R-r0)/st_h) taps and padding off_h (columns alike).  The block rewrites its geometry to that
+    // sub-problem; its sub-tap (jr, js) reads the ORIGINAL filter at tap wt0 + jr*wjr + js*wjs (wt0 = r0*S + s0,
+    // wjr = st_h*S, wjs = st_w), and it writes dx through strides st_h*sxh, st_w*sxw from pixel (a, b).  A class
+    // without a tap (kernel smaller than the stride) has KR = 0: its pixels get alpha*0 + beta*dx.  Blocks past
+    // their class's rows (classes differ by at most one row/column) exit at once.  The PRECOMP table holds each
+    // class's taps at class * Kg * ceil(R/st_h) * ceil(S/st_w).
+    const int wrs = R * S;
+    int wt0 = 0, wjr = S, wjs = 1;
+    bool has_taps = true;
+    if (splits > 1) {
+        const int a = split / st_w, b = split - a * st_w;
+        const int r0 = (a + pad_h) % st_h, s0 = (b + pad_w) % st_w;
+        const int tr = R > r0 ? (R - r0 + st_h - 1) / st_h : 0, ts = S > s0 ? (S - s0 + st_w - 1) / st_w : 0;
+        if (table) table += split * Kg * (((R + st_h - 1) / st_h) * ((S + st_w - 1) / st_w));
+        wt0 = r0 * S + s0; wjr = st_h * S; wjs = st_w;
+        pad_h = (a + pad_h - r0) / st_h; pad_w = (b + pad_w - s0) / st_w;
+        out += a * sxh + b * sxw;
+        H = H > a ? (H - a + st_h - 1) / st_h : 0; W = W > b ? (W - b + st_w - 1) / st_w : 0;
+        sxh *= st_h; sxw *= st_w;
+        has_taps = tr > 0 && ts > 0;
+        R = has_taps ? tr : 1; S = has_taps ? ts : 1;       // (1: the walks' divisors stay non-zero)
+        st_h = st_w = 1;
+    }
+#endif
     const Geo g = {N, C, H, W, K, P, Q, R, S, pad_h, pad_w, st_h, st_w, dil_h, dil_w, Cg, Kg,
-                   sxn, sxc, sxh, sxw, syn, syc, syh, syw};
+                   sxn, sxc, sxh, sxw, syn, syc, syh, syw,
+#if DIR == 1
+                   wrs, wt0, wjr, wjs};
+#else
+                   R * S, 0, S, 1};
+#endif
     const int RS = R * S;
 #if DIR == 0
     const int M = N * P * Q, NG = Kg, KR = Cg * RS;
 #elif DIR == 1
-    const int M = N * H * W, NG = Cg, KR = Kg * RS;
+    const int M = N * H * W, NG = Cg, KR = has_taps ? Kg * RS : 0;
+    if (m0 >= M) return;
 #else
     const int M = Cg * RS, NG = Kg, KR = N * P * Q;
 #endif
-    const int grp = blockIdx.z / splits, split = blockIdx.z - grp * splits;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+#if DIR == 2
     const int k_begin = split * k_per_split;
     const int k_end = min(KR, k_begin + k_per_split);
+#else
+    const int k_begin = 0, k_end = KR;
+    (void)k_per_split;
+#endif
     const int tid = threadIdx.x;
 
     __shared__ __align__(16) T sA[STAGES * A_STAGE];
@@ -358,18 +407,27 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
         const int k = k_begin + v_kq, rs = k / CH;
         t_c = k - rs * CH; t_r = rs / S; t_s = rs - t_r * S;
     }
+#if DIR == 1 && !WKRSC
+    // B's place of that k in the whole filter's (Cg, R, S, Kg) row, carried beside (t_c, t_s, t_r): a residue
+    // class's sub-tap steps move it by the filter's tap strides (0 extra for stride 1: t_w == k)
+    int t_w = (wt0 + t_r * wjr + t_s * wjs) * Kg + t_c;
+    const int t_ds = (wjs - 1) * Kg, t_dr = (wjr - S * wjs) * Kg;
+#endif
 #if WKRSC
     // B straight from the KRSC filter: element (k = rs*Kg + kc, n = c) at w[g*Kg + kc][rs][c]; a vector = VECW input
     // channels.  Each of the thread's B k rows keeps its (kc, rs), advanced by BK per slice with a carry.
     const int b_cv = tid % BV, b_kk0 = tid / BV, col0 = n0 + b_cv * VECW;
     const bool b_col_ok = col0 < NG;
-    const int w_row = RS * Cg;                                 // elements per output channel of the filter
-    int b_kc[B_VECS], b_rs[B_VECS];
+    // b_rs = the ORIGINAL filter tap of the k row's sub-tap (jr, b_js): residue classes step it by wjs / wjr.
+    const int w_row = wrs * Cg;                                // elements per output channel of the filter
+    int b_kc[B_VECS], b_rs[B_VECS], b_js[B_VECS];
     #pragma unroll
     for (int i = 0; i < B_VECS; ++i) {
-        const int k = k_begin + b_kk0 + i * B_KSTEP;
-        b_rs[i] = k / Kg; b_kc[i] = k - b_rs[i] * Kg;
+        const int k = k_begin + b_kk0 + i * B_KSTEP, rs = k / Kg, jr = rs / S;
+        b_kc[i] = k - rs * Kg; b_js[i] = rs - jr * S; b_rs[i] = wt0 + jr * wjr + b_js[i] * wjs;
     }
+#elif DIR == 1
+    const T* b_grp = b_src + (long long)grp * NG * Kg * wrs; // B: (G, Cg, R, S, Kg) of the whole filter
 #else
     const T* b_grp = b_src + (long long)grp * NG * KR;       // B: a dense NG x KR matrix per group
 #endif
@@ -394,7 +452,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
         a_hp = h + pad_h; a_wp = w + pad_w;
         a_base = n * syn + grp * Kg * syc;
     }
-    const T* b_grp = b_src + (long long)grp * Kg * Cg * RS;
+    const T* b_grp = b_src + (long long)grp * Kg * Cg * wrs;
 #else
     const T* a_grp = a_src + grp * Cg * sxc;
     const T* b_grp = b_src + grp * Kg * syc;
@@ -445,19 +503,35 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             PUT16(BS(stage, kk, b_cv * VECW), b_src + (ok ? (grp * Kg + b_kc[i]) * w_row + b_rs[i] * Cg + col0 : 0),
                   ok);
             b_kc[i] += BK;
-            while (b_kc[i] >= Kg) { b_kc[i] -= Kg; ++b_rs[i]; }
+            while (b_kc[i] >= Kg) {
+                b_kc[i] -= Kg; b_rs[i] += wjs;
+                if (++b_js[i] == S) { b_js[i] = 0; b_rs[i] += wjr - S * wjs; }
+            }
         }
 #else
+#if DIR == 1
+        const int wk = t_w, b_ld = Kg * wrs;    // k's place in the whole filter
+#else
+        const int wk = k, b_ld = KR;
+#endif
         #pragma unroll
         for (int i = 0; i < B_VECS; ++i) {
             const int nn = v_r0 + i * V_STEP, col = n0 + nn;
             if (BN % V_STEP != 0 && nn >= BN) break;
             const bool ok = k_ok && col < NG;
-            PUT16(BS(stage, v_kq, nn), b_grp + (ok ? col * KR + k : 0), ok);
+            PUT16(BS(stage, v_kq, nn), b_grp + (ok ? col * b_ld + wk : 0), ok);
         }
 #endif
         t_c += BK;                          // the next slice: k += BK, carried into (s, r)
+#if DIR == 1 && !WKRSC
+        t_w += BK;
+        while (t_c >= CH) {
+            t_c -= CH; t_w += t_ds;
+            if (++t_s == S) { t_s = 0; ++t_r; t_w += t_dr; }
+        }
+#else
         while (t_c >= CH) { t_c -= CH; if (++t_s == S) { t_s = 0; ++t_r; } }
+#endif
 #elif DIR == 2
         // This thread's k column is one pixel (n, p, q) for both operands: decode it once.
         const int k = k0 + a_k;             // a_k == b_k
@@ -524,7 +598,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #if DIR == 0
                 const int off = col * KR + wk;                 // w[g*Kg + col][k]
 #else
-                const int off = wk + col * RS;                 // w[g*Kg + kk][col][r][s]
+                const int off = wk + col * wrs;                // w[g*Kg + kk][col][r][s]
 #endif
                 PUT(BS(stage, b_k, nn), b_grp + (ok ? off : 0), ok);
             }
