@@ -325,7 +325,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
     const int k_end = min(KR, k_begin + k_per_split);
 #else
     const int k_begin = 0, k_end = KR;
-    (void)k_per_split;
+    (void)k_per_split; (void)split;
 #endif
     const int tid = threadIdx.x;
 
