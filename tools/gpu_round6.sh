@@ -13,7 +13,8 @@ NOBENCH=1 TLIMIT=${TLIMIT:-200} bash tools/gpu_close.sh
 stamp sanitizer
 timeout ${SANLIMIT:-80} compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m cuda \
     -p no:cacheprovider -x tests/backend/test_conv_cuda_kernels.py \
-    -k "(split_k or residue or vec) and float32" > $OUT/sanitizer_conv.log 2>&1
+    -k "(split_k_filter_gradient_blends and fp32) or residue_backward_data_element or (vec_loader_matches and fp32)" \
+    > $OUT/sanitizer_conv.log 2>&1
 echo "rc $?" >> $OUT/sanitizer_conv.log
 timeout ${SANLIMIT2:-50} compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m cuda \
     -p no:cacheprovider -x tests/nn/test_fusion.py tests/backend/test_norm_kernels.py \
