@@ -51,9 +51,16 @@ __all__ = [
 class _State(threading.local):
     grad_enabled = True
     anomaly = False     # detect_anomaly (_anomaly_mode.py) sets it; new nodes then keep a trace, backward checks
+    capture = None      # during autograd.grad: {node: output numbers} whose gradients are asked for
 
 
 _state = _State()
+
+
+def gradient_wanted(node) -> bool:
+    """Whether the running backward must form the gradient of ``node``'s outputs itself: a hook or retain_grad sits
+    on them, or autograd.grad asked for them (a fused node that bypasses ``node`` then takes the unfused path)."""
+    return bool(node.pre_hooks) or (_state.capture is not None and node in _state.capture)
 
 
 def is_grad_enabled() -> bool:
@@ -551,8 +558,8 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
 
     # 3. Process nodes whose consumers are all done.
     ready = [n for n in root_nodes if deps.get(n, 0) == 0]
-    prev_mode = _state.grad_enabled
-    _state.grad_enabled = create_graph
+    prev_mode, prev_capture = _state.grad_enabled, _state.capture
+    _state.grad_enabled, _state.capture = create_graph, capture
     anomaly = _state.anomaly
     captured = {}
     try:
@@ -591,6 +598,8 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
                     node.release()
             else:
                 outs = None
+                if run and not retain_graph and node.saved:     # reached with no gradient: freed like a run node
+                    node.release()
             i = -1
             for edge in node.next_edges:
                 i += 1
@@ -616,7 +625,7 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
                     ready.append(child)
             outs = None      # drop our references to the gradients (see the refcount test above)
     finally:
-        _state.grad_enabled = prev_mode
+        _state.grad_enabled, _state.capture = prev_mode, prev_capture
 
     if targets is None:
         return None

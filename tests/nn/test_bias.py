@@ -56,3 +56,13 @@ def test_bias_gradient_is_one_column_sum_kernel():
     out.backward(g)
     assert 1 <= launch.launch_count() - start <= 2          # NCHW column sum: one or two kernels
     np.testing.assert_allclose(_np(b.grad), 2 * _np(g).sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-4)
+
+
+def test_linear_with_no_output_features():
+    x = mdn.randn(2, 3, requires_grad=True)
+    w = mdn.randn(0, 3, requires_grad=True)
+    b = mdn.randn(0, requires_grad=True)
+    y = F.linear(x, w, b)
+    assert y.shape == (2, 0)
+    y.sum().backward()
+    assert b.grad.shape == (0,) and x.grad.shape == (2, 3)

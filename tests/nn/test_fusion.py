@@ -209,3 +209,48 @@ def test_batch_norm_layer_counts_batches_in_its_forward(device, channels_last):
     bn.momentum = None                                  # cumulative average: the factor reads the counter
     bn(x)
     assert bn.num_batches_tracked.item() == 4
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("kind", ["grad_y", "grad_a", "hook_after_relu", "retain_grad_after_relu", "grad_x"])
+def test_the_bypassed_tensor_still_gets_its_gradient(device, fusion, residual, kind):
+    # autograd.grad w.r.t. batch norm's output (or the residual sum), and hooks / retain_grad registered on it after
+    # relu recorded the fused node: the fused node then takes the unfused path, with the same bits
+    def run(fused):
+        backends.cudnn.fusion = fused
+        conv, bn, x = _net(device)
+        mdn.manual_seed(5)
+        z = mdn.randn(4, 6, 7, 5, device=device, requires_grad=True)
+        y = bn(conv(x))
+        a = y + z if residual else y
+        r = F.relu(a)
+        assert _node(r) == (("BatchNormAddReLU" if residual else "BatchNormReLU") if fused else "Activation")
+        loss = (r * _weights(r)).sum()
+        if kind == "grad_y":
+            return mdn.autograd.grad(loss, y)[0]
+        if kind == "grad_a":
+            return mdn.autograd.grad(loss, a)[0]
+        if kind == "grad_x":
+            return mdn.autograd.grad(loss, x)[0]
+        if kind == "hook_after_relu":
+            seen = []
+            y.register_hook(seen.append)
+            loss.backward()
+            assert len(seen) == 1
+            return seen[0]
+        y.retain_grad()
+        loss.backward()
+        return y.grad
+    _same([run(True).detach().cpu().numpy()], [run(False).detach().cpu().numpy()], device)
+
+
+def test_the_bypassed_batch_norm_node_is_freed_by_backward(fusion):
+    backends.cudnn.fusion = True
+    conv, bn, x = _net("cpu")
+    y = bn(conv(x))
+    r = F.relu(y)
+    bn_node = y.grad_fn
+    r.sum().backward()
+    assert bn_node.saved is None            # freed, as after an unfused backward
+    with pytest.raises(RuntimeError, match="second time|freed"):
+        (y * 2).sum().backward()            # as unfused: batch norm's saved tensors are gone

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import math
+
 from ... import backend as B
 from ...autograd import Function, is_grad_enabled
 from ._util import handle_for, wrap
@@ -39,7 +41,7 @@ class BiasAdd(Function):
             else:
                 dy = g.data
                 if ctx.channels_last or dy.ndim < 3:        # (*, C) -> (rows, C, 1): channels on axis 1
-                    dy = dy.reshape(-1, dy.shape[-1], 1)
+                    dy = dy.reshape(math.prod(dy.shape[:-1]), dy.shape[-1], 1)    # (no -1: C may be 0)
                 gb = wrap(B.convolution_backward_bias(handle_for(g), dy))
             if gb.dtype != ctx.b_dtype:
                 gb = gb.to(dtype=ctx.b_dtype)

@@ -15,7 +15,7 @@ import math
 
 from ... import backend as B
 from ..._amp_state import autocast_op
-from ...autograd import Function
+from ...autograd import Function, gradient_wanted, is_grad_enabled
 from ...backend.errors import ArgumentError
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
@@ -77,8 +77,7 @@ class BatchNormTraining(Function):
         if not (B.cudnn.fusion and y.output_nr == 0 and saved is not None and not bn.pre_hooks) \
                 or any(isinstance(t, Tensor) and t._version != v for t, v in zip(saved, bn.versions)):
             return None         # switched off, hooked, already backpropagated, or an input modified in place
-        return BatchNormReLU.apply(*saved, (y, bn.stats, bn.eps))
-
+        return BatchNormReLU.apply(*saved, y, (bn.stats, bn.eps, (bn,)))
 
     @staticmethod
     def fuse_add_relu(bn, a, z_edge):
@@ -89,7 +88,7 @@ class BatchNormTraining(Function):
         if not (B.cudnn.fusion and saved is not None and not bn.pre_hooks) \
                 or any(isinstance(t, Tensor) and t._version != v for t, v in zip(saved, bn.versions)):
             return None
-        return BatchNormAddReLU.apply(*saved, _edge_stand_in(z_edge, a), (a, bn.stats, bn.eps))
+        return BatchNormAddReLU.apply(*saved, _edge_stand_in(z_edge, a), a, (bn.stats, bn.eps, (a.grad_fn, bn)))
 
 
 def _edge_stand_in(edge, like):
@@ -104,57 +103,58 @@ def _edge_stand_in(edge, like):
     return t
 
 
-class BatchNormAddReLU(Function):
-    """r = relu(y + z) for y = batch_norm(x) in training, recorded as one node: edges to x, weight, bias and z.  Its
-    gradient equals the unfused relu, add and batch-norm gradients (the ReLU mask and dz = the masked gradient
-    come from the batch-norm backward kernels)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, z, src):
-        a, ctx.stats, ctx.eps = src
-        ctx.save_for_backward(x, weight, bias, a)
-        return wrap(B.activation_forward(handle_for(a), _RELU, a.data))
-
-    @staticmethod
-    def backward(ctx, g):
-        x, weight, bias, a = ctx.saved_tensors
-        need_z = ctx.needs_input_grad[3]
-        if creating_graph(g, x, weight):        # unfused, in differentiable ops: second derivatives
-            from ...ops.activation import ActivationGrad
-            ga = ActivationGrad.apply(g, a, _RELU)
-            eps = ctx.eps
-            return (*composite_grads(ctx.needs_input_grad[:3],
-                                     lambda t, w, b: _batch_norm_composite(t, w, b, eps), (x, weight, bias), ga),
-                    ga if need_z else None, None)
-        dx, dz, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_ADD_RELU, x.data, a.data,
-                                                          g.data, _data(weight), *ctx.stats, ctx.eps)
-        return wrap(dx), wrap(dw), wrap(db), (wrap(dz) if need_z else None), None
+def _relu_grad(g, y):
+    """relu's gradient g * (y > 0), the unfused path's (differentiable under create_graph)."""
+    if is_grad_enabled():
+        from ...ops.activation import ActivationGrad
+        return ActivationGrad.apply(g, y, _RELU)
+    return wrap(B.activation_backward(handle_for(y), _RELU, None, g.data, y.data))
 
 
+# The fused nodes keep one more edge: to the tensor they bypass (batch norm's output y, or the residual sum y + z).
+# Normally it gets no gradient, so the bypassed nodes are reached with none and do not run.  Where that tensor's
+# own gradient is wanted -- a hook or retain_grad on it (registered even after relu ran), autograd.grad asking for
+# it -- or under create_graph, the fused node sends relu's gradient down that edge instead and the unfused nodes
+# do the rest (docs/fusion.md).
 class BatchNormReLU(Function):
-    """r = relu(y) for y = batch_norm(x) in training, recorded as one node: edges to x, weight and bias (batch
-    norm's own), y's data only read.  Its gradient equals the unfused relu-then-batch-norm gradient; where y is
-    also used elsewhere, the batch-norm node still receives that use's gradient (the batch-norm gradient is linear
-    in dy, so the two nodes' contributions add up to the unfused total)."""
+    """r = relu(y) for y = batch_norm(x) in training, recorded as one node: edges to x, weight, bias (batch norm's
+    own) and y; its gradient equals the unfused relu-then-batch-norm gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, src):
-        y, ctx.stats, ctx.eps = src
-        ctx.save_for_backward(x, weight, bias, y)
+    def forward(ctx, x, weight, bias, y, src):
+        ctx.stats, ctx.eps, ctx.bypassed = src
+        ctx.save_for_backward(x, weight, y)
         return wrap(B.activation_forward(handle_for(y), _RELU, y.data))
 
     @staticmethod
     def backward(ctx, g):
-        x, weight, bias, y = ctx.saved_tensors
-        if creating_graph(g, x, weight):        # unfused, in differentiable ops: second derivatives
-            from ...ops.activation import ActivationGrad
-            gy = ActivationGrad.apply(g, y, _RELU)
-            eps = ctx.eps
-            return (*composite_grads(ctx.needs_input_grad, lambda a, w, b: _batch_norm_composite(a, w, b, eps),
-                                     (x, weight, bias), gy), None)
+        x, weight, y = ctx.saved_tensors
+        if is_grad_enabled() or any(gradient_wanted(n) for n in ctx.bypassed):
+            return None, None, None, _relu_grad(g, y), None
         dx, _, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_RELU, x.data, y.data, g.data,
                                                           _data(weight), *ctx.stats, ctx.eps)
-        return wrap(dx), wrap(dw), wrap(db), None
+        return wrap(dx), wrap(dw), wrap(db), None, None
+
+
+class BatchNormAddReLU(Function):
+    """r = relu(y + z) for y = batch_norm(x) in training, recorded as one node: edges to x, weight, bias, z and the
+    sum a = y + z; its gradient equals the unfused relu, add and batch-norm gradients (the ReLU mask and dz = the
+    masked gradient come from the batch-norm backward kernels)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, z, a, src):
+        ctx.stats, ctx.eps, ctx.bypassed = src
+        ctx.save_for_backward(x, weight, a)
+        return wrap(B.activation_forward(handle_for(a), _RELU, a.data))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, a = ctx.saved_tensors
+        if is_grad_enabled() or any(gradient_wanted(n) for n in ctx.bypassed):
+            return None, None, None, None, _relu_grad(g, a), None
+        dx, dz, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_ADD_RELU, x.data, a.data,
+                                                          g.data, _data(weight), *ctx.stats, ctx.eps)
+        return wrap(dx), wrap(dw), wrap(db), (wrap(dz) if ctx.needs_input_grad[3] else None), None, None
 
 
 def _batch_norm_composite(x, w, b, eps):
