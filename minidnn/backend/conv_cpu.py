@@ -470,7 +470,7 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         def col2im(nb):
             for tap in _taps(p):
                 dxpad[(nb, slice(None), *_tap_window(tap, p))] += np.moveaxis(dcols_t[(slice(None), *tap, nb)], 1, 0)
-        parallel_map(col2im, _batch_spans(p.N, dcols_t.size))
+        parallel_map(col2im, _batch_spans(p.N, dcols_t.size // math.prod(p.kernel)))    # one add: a tap's
         return dxpad[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))]
     # Otherwise a product per tap, added into its strided slice of dx (channels-last, contiguous products):
     # unlike col2im, which reads each tap's columns at a stride of kernel*C, every add reads contiguous rows.
@@ -484,7 +484,7 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         for tap in _taps(p):
             part = rows @ w_taps[(slice(None), *tap)]                   # (n*out, C)
             dx_cl[(nb, *_tap_window(tap, p), slice(None))] += part.reshape(n, *p.out_size, p.C)
-    parallel_map(per_tap, _batch_spans(p.N, dy_rows.size * math.prod(p.kernel) * p.C))
+    parallel_map(per_tap, _batch_spans(p.N, p.N * math.prod(p.out_size) * p.C))           # one tap's add
     return _crop_channels_first(dx_cl, p)
 
 

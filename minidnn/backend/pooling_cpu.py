@@ -80,7 +80,7 @@ def pool_forward(geom, xc, xp):
         if nan.any():                                 # NaN equals nothing: point at each window's last NaN
             for t in range(len(slices)):
                 np.putmask(a, nan & np.isnan(slices[t]), t)
-    parallel_map(body, _batch_spans(xc.shape[0], value.size * len(taps)))
+    parallel_map(body, _batch_spans(xc.shape[0], value.size))        # each NumPy call: one tap over the batch
     return value, arg
 
 

@@ -134,10 +134,14 @@ _current = [None]          # the last count set through minidnn (None: never set
 _pool = [None, 0, 0]       # a ThreadPoolExecutor, its size and the pid that made it (made on first use)
 
 
-# Below this much work (elements an operation touches), a batch is not shared out: handing a part to a pool thread
-# costs tens of microseconds on a busy machine (a futex wake, then every NumPy call of the part hands the GIL back and
-# forth), more than such a part takes.  The digits LeNet's layers (batch 32, 8x8 to 16x16) stay below it.
-MIN_PARALLEL_WORK = 1 << 17
+# Below this much work, a batch is not shared out.  ``work`` is the elements ONE NumPy call of the operation touches
+# over the whole batch (a gather's copy, one tap's add): split in two, each call of a part is half that.  Handing a
+# part to a pool thread costs tens of microseconds (a futex wake, a core to find), and every NumPy call of the part
+# hands the GIL back and forth, so parts of short calls cost more than they save.  Measured, the digits LeNet's
+# epoch at 2 threads (batch 32, 8x8 to 16x16; its largest call the first layer's 205k-element gather): 0.205 s at
+# 128k counted as elements x taps (the per-tap adds of 12k elements were split), 0.178 s at 128k per call, 0.170 s
+# at 256k, the same as one thread (0.169 s), with half the machine idle.
+MIN_PARALLEL_WORK = 1 << 18
 
 
 def parallel_parts(n: int, work: int) -> int:
@@ -163,17 +167,36 @@ def parallel_map(fn, items):
 
     For the backend's NumPy loops that BLAS does not thread (gathers, elementwise taps, pooling): NumPy releases
     the GIL inside its array loops, so chunks of a batch run truly in parallel.  The calling thread runs the first
-    item itself (one pool thread fewer to wake).  Serial with one thread."""
+    item, then every item no pool thread has started yet (``_reclaim``).  Serial with one thread."""
     items = list(items)
     n = min(_current[0] or 1, len(items))
     if n <= 1:
         return [fn(item) for item in items]
     futures = [_executor().submit(fn, item) for item in items[1:]]
+    results = [None] * len(items)
     try:
-        first = fn(items[0])
+        results[0] = fn(items[0])
+        for i in _reclaim(futures):
+            results[i + 1] = fn(items[i + 1])
     finally:
-        wait(futures)                         # no part still writing once this returns or raises
-    return [first] + [f.result() for f in futures]
+        _wait_started(futures)                # no part still writing once this returns or raises
+    for i, f in enumerate(futures):
+        if not f.cancelled():
+            results[i + 1] = f.result()
+    return results
+
+
+def _reclaim(futures):
+    """Indices of the futures no pool thread has started, cancelled (last submitted first): the caller, done with
+    its own share, runs those itself rather than wait for a thread that has no core yet.  On a shared machine a
+    woken pool thread may wait milliseconds for a core; then the op costs one thread's time, not that wait."""
+    return [i for i in reversed(range(len(futures))) if futures[i].cancel()]
+
+
+def _wait_started(futures):
+    """Wait for the futures that were not cancelled (a cancelled one is only marked done once a pool thread has
+    dequeued it: waiting for that would be waiting for the very thread that has no core)."""
+    wait([f for f in futures if not f.cancelled()])
 
 
 def parallel_for(chunks, body, work, setup=None):
@@ -181,8 +204,9 @@ def parallel_for(chunks, body, work, setup=None):
     ``parallel_parts(len(chunks), work) - 1`` pool threads, each with its own ``state = setup()`` (buffers).
 
     Handing out one chunk at a time instead of a fixed share per thread is for shared machines: a thread whose core
-    is taken by another process simply takes fewer chunks.  The order in which chunks run is not fixed, so each body
-    must write only its own chunk's results (results then do not depend on the thread count)."""
+    is taken by another process simply takes fewer chunks (none, if it has not started when the caller runs out:
+    ``_reclaim``).  The order in which chunks run is not fixed, so each body must write only its own chunk's results
+    (results then do not depend on the thread count)."""
     chunks = list(chunks)
     parts = parallel_parts(len(chunks), work)
     pending = iter(chunks)                    # shared: next() on a list iterator is atomic under the GIL
@@ -197,10 +221,12 @@ def parallel_for(chunks, body, work, setup=None):
     futures = [_executor().submit(worker) for _ in range(parts - 1)]
     try:
         worker()
+        _reclaim(futures)                     # nothing left for them: workers not started yet are not waited for
     finally:
-        wait(futures)
+        _wait_started(futures)
     for f in futures:
-        f.result()                            # a pool thread's exception, raised here
+        if not f.cancelled():
+            f.result()                        # a pool thread's exception, raised here
 
 
 def _apply_default() -> None:

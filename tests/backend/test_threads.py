@@ -107,3 +107,24 @@ def test_parallel_for_and_map_raise_a_threads_exception(restore_threads, monkeyp
         threads_module.parallel_for(range(10), body, work=1 << 30)
     with pytest.raises(ValueError, match="item 3"):
         threads_module.parallel_map(lambda i: i if i != 3 else (_ for _ in ()).throw(ValueError("item 3")), range(6))
+
+
+def test_work_no_pool_thread_has_started_runs_on_the_caller(restore_threads, monkeypatch):
+    """On a shared machine a woken pool thread may wait for a core: the caller, done with its share, runs what no
+    pool thread has started instead of waiting (here: pool threads that never start)."""
+    from concurrent.futures import Future
+
+    class NeverStarts:
+        def submit(self, fn, *args):
+            return Future()                   # pending for ever unless cancelled
+    monkeypatch.setattr(threads_module, "_executor", lambda: NeverStarts())
+    monkeypatch.setattr(threads_module, "MIN_PARALLEL_WORK", 0)
+    minidnn.set_num_threads(2)
+    caller = threading.get_ident()
+    where = set()
+    assert threads_module.parallel_map(lambda i: where.add(threading.get_ident()) or i * i, range(5)) == [
+        0, 1, 4, 9, 16]
+    done = []
+    threads_module.parallel_for(range(7), lambda s, c: where.add(threading.get_ident()) or done.append(c),
+                                work=1 << 30)
+    assert sorted(done) == list(range(7)) and where == {caller}
