@@ -137,11 +137,13 @@ _pool = [None, 0, 0]       # a ThreadPoolExecutor, its size and the pid that mad
 # Below this much work, a batch is not shared out.  ``work`` is the elements ONE NumPy call of the operation touches
 # over the whole batch (a gather's copy, one tap's add): split in two, each call of a part is half that.  Handing a
 # part to a pool thread costs tens of microseconds (a futex wake, a core to find), and every NumPy call of the part
-# hands the GIL back and forth, so parts of short calls cost more than they save.  Measured, the digits LeNet's
-# epoch at 2 threads (batch 32, 8x8 to 16x16; its largest call the first layer's 205k-element gather): 0.205 s at
-# 128k counted as elements x taps (the per-tap adds of 12k elements were split), 0.178 s at 128k per call, 0.170 s
-# at 256k, the same as one thread (0.169 s), with half the machine idle.
-MIN_PARALLEL_WORK = 1 << 18
+# hands the GIL back and forth, so parts of short calls cost more than they save.  Measured on the 2-core machine,
+# 2 threads: the digits LeNet's epoch (batch 32; its largest call the first layer's 205k-element gather) 0.205 s
+# with parts of 12k-element adds, 0.178 s at 128k per call, 0.170 s at 256k (one thread: 0.169 s); the LeNet-5 step
+# at batch 64 (gathers of 0.27M-1.25M elements) no faster split than not even with the machine idle (8.0-8.9 ms
+# either way, one thread 8.0-8.5), and at batch 256 the same split or not.  The chunked forms (flat depthwise,
+# flat dense: tens of millions of elements, long calls) gain 1.65x.
+MIN_PARALLEL_WORK = 1 << 21
 
 
 def parallel_parts(n: int, work: int) -> int:
