@@ -150,15 +150,15 @@ def _check_desc(where, desc):
 
 def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1.0, beta=0.0, y=None):
     """y = alpha * f(x) + beta * y."""
-    if (gpu := _gpu_activation_seen("fwd", handle, activation_desc, x, None, None, alpha, beta, y)) is not None:
-        return gpu              # this exact call validated before: straight to the kernel
+    key, plan = _seen(_gpu_key("fwd", handle, activation_desc, x, None, None, alpha, beta, y))
+    if plan is not None:
+        return plan(x)          # this exact call validated before: straight to the kernel's plan
     where = "activation_forward"
     handle, xp = begin(handle, where, x=x, y=y)
     _check_desc(where, activation_desc)
     check_float(where, x=x)
     check_out(where, "y", y, x.shape, x.dtype, beta)
-    gpu = _gpu_activation(activation_desc, x, None, alpha, beta, y, _gpu_key("fwd", handle, activation_desc, x, None,
-                                                                          None, alpha, beta, y))
+    gpu = _gpu_activation(activation_desc, x, None, alpha, beta, y, key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
     f, _ = _MODES[activation_desc.mode]
@@ -168,16 +168,16 @@ def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1
 
 def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x, alpha=1.0, beta=0.0, dx=None):
     """dx = alpha * f'(x) * dy + beta * dx   (cuDNN argument order: desc, y, dy, x; y may be None)."""
-    if (gpu := _gpu_activation_seen("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx)) is not None:
-        return gpu              # this exact call validated before: straight to the kernel
+    key, plan = _seen(_gpu_key("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx))
+    if plan is not None:
+        return plan(x, dy)      # this exact call validated before: straight to the kernel's plan
     where = "activation_backward"
     handle, xp = begin(handle, where, y=y, dy=dy, x=x, dx=dx)
     _check_desc(where, activation_desc)
     check_float(where, x=x)
     check_same(where, "x", x, y=y, dy=dy)
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
-    gpu = _gpu_activation(activation_desc, x, dy, alpha, beta, dx, _gpu_key("bwd", handle, activation_desc, x, dy, y,
-                                                                         alpha, beta, dx))
+    gpu = _gpu_activation(activation_desc, x, dy, alpha, beta, dx, key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
     _, fprime = _MODES[activation_desc.mode]
@@ -189,9 +189,11 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
 # GPU fast path (backend/cuda/act_kernels.py), owned by the step-kernels work (issue 10): one launch each way for
 # CuPy float32/float64 arrays in C or channels-last order, no blending; None sends the call to the reference above.
 
-# Calls the kernel took, by their full signature (shapes, dtypes, strides, devices, descriptor, blending) -> the
-# kernel's plan: the same call again skips the validation it would pass again and goes straight to the plan (one
-# allocation, one prepared launch; host cost per step).
+# Calls the kernel took, by their full signature (shapes, dtypes, strides, devices, descriptor, blending, the handle
+# as passed: None keys as None, x's device deciding) -> the kernel's plan: the same call again skips the validation
+# it would pass again and goes straight to the plan (one allocation, one prepared launch; host cost per step).  The
+# key is built once per call, from the arguments as given (it was built again after begin() from the resolved
+# handle, so a call passing handle=None never matched its remembered key).
 _SEEN: dict = {}
 _SEEN_LIMIT = 4096
 
@@ -204,20 +206,20 @@ def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
                (x.shape, x.dtype, x.strides, x.data.device_id),
                None if dy is None else (dy.shape, dy.dtype, dy.strides, dy.data.device_id),
                None if y is None else (y.shape, y.dtype, y.strides, y.data.device_id))
-        hash(key)
-    except (TypeError, AttributeError):
+    except AttributeError:
         return None
     return key
 
 
-def _gpu_activation_seen(kind, handle, desc, x, dy, y, alpha, beta, out):
-    key = _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out)
+def _seen(key):
+    """(key, the plan remembered for it or None); (None, None) where an argument cannot key a dict (hashed
+    once, by the lookup itself: a separate hash() doubled the cost of hashing the descriptor)."""
     if key is None:
-        return None
-    plan = _SEEN.get(key)
-    if plan is None:
-        return None
-    return plan(x) if dy is None else plan(x, dy)
+        return None, None
+    try:
+        return key, _SEEN.get(key)
+    except TypeError:
+        return None, None
 
 
 def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):

@@ -281,8 +281,8 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     ``return_argmax=True`` (max modes only) returns ``(y, argmax)``, where argmax holds each window's
     winning tap; passing it to ``pooling_backward`` skips recomputing the maxima.
     """
-    key = _gpu_key("fwd", handle, pooling_desc, format, alpha, beta, return_argmax, y, x, None, None, None)
-    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernel
+    key, seen = _seen(_gpu_key("fwd", handle, pooling_desc, format, alpha, beta, return_argmax, y, x, None, None, None))
+    if seen is not None:     # validated before: straight to the kernel
         fmt, plan = seen
         return _gpu_forward_result(plan(to_channels_first(x, fmt)), fmt, return_argmax)
     where = "pooling_forward"
@@ -315,8 +315,8 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
     MAX modes route each window's gradient to its first maximum, recomputed from x (``y`` is only
     checked), or read from ``argmax`` returned by ``pooling_forward(..., return_argmax=True)``.
     """
-    key = _gpu_key("bwd", handle, pooling_desc, format, alpha, beta, None, dx, x, y, dy, argmax)
-    if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernel
+    key, seen = _seen(_gpu_key("bwd", handle, pooling_desc, format, alpha, beta, None, dx, x, y, dy, argmax))
+    if seen is not None:     # validated before: straight to the kernel
         fmt, plan = seen
         return from_channels_first(plan(to_channels_first(dy, fmt), None if argmax is None else
                                         to_channels_first(argmax, fmt)), fmt)
@@ -389,10 +389,20 @@ def _gpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, y, dy, argma
     try:
         key = (kind, None if handle is None else handle.device, desc, format, alpha, beta, flag,
                (x.shape, x.dtype, x.strides, x.data.device_id), _sig(y), _sig(dy), _sig(argmax))
-        hash(key)
-    except (TypeError, AttributeError):
+    except AttributeError:
         return None
     return key
+
+
+def _seen(key):
+    """(key, the plan remembered for it or None); (None, None) where an argument cannot key a dict (hashed
+    once, by the lookup itself: a separate hash() doubled the cost of hashing the descriptor)."""
+    if key is None:
+        return None, None
+    try:
+        return key, _SEEN.get(key)
+    except TypeError:
+        return None, None
 
 
 def _gpu_remember(key, fmt, plan):

@@ -62,8 +62,8 @@ def _reduction_axes(where, x, mode, format, axis):
 
 def softmax_forward(handle, algo, mode, x, alpha=1.0, beta=0.0, y=None, format=None, axis=None):
     """y = alpha * softmax(x) + beta * y  (log-softmax for algo LOG)."""
-    key = _gpu_key("fwd", handle, algo, mode, format, axis, alpha, beta, y, x, None)
-    if key is not None and (plan := _SEEN.get(key)) is not None:
+    key, plan = _seen(_gpu_key("fwd", handle, algo, mode, format, axis, alpha, beta, y, x, None))
+    if plan is not None:
         return plan(x)          # this exact call validated before: straight to the kernel's plan
     where = "softmax_forward"
     handle, xp = begin(handle, where, x=x, y=y)
@@ -93,8 +93,8 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
     softmax:      dx = y * (dy - sum(dy * y))
     log-softmax:  dx = dy - exp(y) * sum(dy)
     """
-    key = _gpu_key("bwd", handle, algo, mode, format, axis, alpha, beta, dx, y, dy)
-    if key is not None and (plan := _SEEN.get(key)) is not None:
+    key, plan = _seen(_gpu_key("bwd", handle, algo, mode, format, axis, alpha, beta, dx, y, dy))
+    if plan is not None:
         return plan(y, dy)      # this exact call validated before: straight to the kernel's plan
     where = "softmax_backward"
     handle, xp = begin(handle, where, y=y, dy=dy, dx=dx)
@@ -133,10 +133,20 @@ def _gpu_key(kind, handle, algo, mode, format, axis, alpha, beta, out, x, dy):
         key = (kind, None if handle is None else handle.device, algo, mode, format, axis, alpha, beta,
                (x.shape, x.dtype, x.strides, x.data.device_id),
                None if dy is None else (dy.shape, dy.dtype, dy.strides, dy.data.device_id))
-        hash(key)
-    except (TypeError, AttributeError):
+    except AttributeError:
         return None
     return key
+
+
+def _seen(key):
+    """(key, the plan remembered for it or None); (None, None) where an argument cannot key a dict (hashed
+    once, by the lookup itself: a separate hash() doubled the cost of hashing the descriptor)."""
+    if key is None:
+        return None, None
+    try:
+        return key, _SEEN.get(key)
+    except TypeError:
+        return None, None
 
 
 def _gpu_softmax(x, dy, axes, algo, alpha, beta, out, key=None):
