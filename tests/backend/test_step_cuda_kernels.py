@@ -358,6 +358,32 @@ def test_nn_global_average_pooling_reaches_the_kernels(cp, rng, how):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
 
+_POOL_CONFIGS = [  # (dtype, argmax dtype, CL, IS_MAX, INCLUDE_PAD, PAIR, TEAM, VEC)
+    (np.float32, np.uint8, 0, 1, 0, 1, 32, 4), (np.float32, np.uint16, 1, 0, 1, 0, 128, 1),
+    (np.float64, np.uint8, 0, 0, 0, 1, 256, 2), (np.float16, np.uint8, 1, 1, 0, 0, 64, 8),
+]
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("cfg", _POOL_CONFIGS, ids=lambda c: "-".join(str(v) for v in c[2:]) + f"-{np.dtype(c[0])}")
+def test_pool_kernels_compile_without_spills(tmp_path, cfg):
+    """Every pooling kernel (generic, disjoint backward, global average) compiles for sm_90 without spills."""
+    import subprocess
+
+    from minidnn.backend.cuda import pool_kernels
+    opts = pool_kernels.options(np.dtype(cfg[0]), np.dtype(cfg[1]), *cfg[2:])
+    defines = "".join(f"#define {o[2:].split('=')[0]} {o.split('=', 1)[1]}\n" for o in opts if o.startswith("-D"))
+    src = tmp_path / "k.cu"
+    src.write_text(defines + pool_kernels.SOURCE)
+    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k"),
+                        str(src)], capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "warning" not in out, out[-2000:]
+    spills = [line for line in out.splitlines() if "spill stores" in line]
+    assert len(spills) == pool_kernels.SOURCE.count('extern "C" __global__') == 6
+    assert all(" 0 bytes spill stores" in line for line in spills), out
+
+
 @pytest.mark.cuda
 def test_max_pooling_ties_nan_and_padding_like_the_reference(cp):
     x = np.zeros((1, 2, 4, 4))
