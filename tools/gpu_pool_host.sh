@@ -12,13 +12,13 @@ start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader 2>&1 | tee "$OUT/device.txt"
 run_tests() {
     local log=$1; shift
-    timeout ${TLIMIT:-90} python3 -m pytest -q -m cuda -p no:cacheprovider -o addopts="" -rf --maxfail=30 \
+    timeout ${TLIMIT:-100} python3 -m pytest -q -m cuda -p no:cacheprovider -o addopts="" -rf --maxfail=30 \
         --no-header "$@" > "$OUT/$log" 2>&1
     echo "rc $? after $(( $(date +%s) - start )) s" >> "$OUT/$log"
 }
-run_tests tests_a.log tests/backend/test_step_cuda_kernels.py \
-    -k "pool or activation or softmax or cross_entropy or graph or repeated or resnet" &
-run_tests tests_b.log tests/backend/test_norm_kernels.py tests/backend/test_launch.py
+run_tests tests_a.log tests/backend/test_step_cuda_kernels.py tests/backend/test_launch.py \
+    -k "pool or activation or softmax or cross_entropy or graph or repeated or launch or prepare" &
+run_tests tests_b.log tests/backend/test_norm_kernels.py
 wait
 grep -hE "^(FAILED|ERROR)|passed|failed|^rc " "$OUT/tests_a.log" "$OUT/tests_b.log" | tail -40
 left=$(( 200 - ($(date +%s) - start) )); [ $left -lt 60 ] && left=60
