@@ -737,6 +737,8 @@ def test_strided_backward_data_is_one_launch(name, layout, w_layout, launches):
     from minidnn.backend.cuda import launch as L
     shape = next(s for s in RESID_SHAPES if s[0] == name)
     p, desc = _problem(shape)
+    if p.kernel == (1, 1):
+        launches = 1        # a 1x1 KCRS filter is already KRSC in memory: read as it is, no transpose
     x, w, dy = _data(p, 5)
     wg = cp.asarray(w, np.float32)
     if w_layout == "KRSC":
@@ -751,3 +753,57 @@ def test_strided_backward_data_is_one_launch(name, layout, w_layout, launches):
         _check(got, ref, _bound("backward_data", p, ref_abs, 2.0 ** -11, 2.0 ** -24), f"{name} {layout} {w_layout}")
     vec = layout == "NHWC" and p.Kg % 4 == 0
     assert any(k[0] == 1 and k[1] == p and bool(k[10]) == vec for k in K._plans)
+
+
+# ---- NCHW staging: plain NCHW activations copied to NHWC so the VEC loader runs them --------------------------
+@pytest.fixture
+def stage_everything(monkeypatch):
+    monkeypatch.setattr(K, "STAGE_MIN_MACS", 0)       # the test shapes are far below the size rule
+    monkeypatch.setitem(K.STAGE_ENABLED, 0, True)
+    K._plans.clear()
+    yield
+    K._plans.clear()
+
+
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bfloat16"])
+@pytest.mark.parametrize("shape", VEC_SHAPES, ids=[s[0] for s in VEC_SHAPES])
+def test_nchw_staging_matches_float64(stage_everything, shape, mode):
+    """NCHW x / dy (and NCHW y / dx written through strides by the epilogue) with the NHWC copy the staging makes:
+    every direction against float64, alpha/beta blending, and the VEC loader actually ran where it applies."""
+    dtype = "float32" if mode in ("fp32", "tf32") else mode
+    if dtype == "bfloat16" and shape[2] // shape[-1] % 8:
+        pytest.skip("16-bit vectors need 8 input channels per group")
+    tf32 = mode != "fp32"
+    p, desc = _problem(shape, dtype)
+    x, w, dy = _data(p, VEC_SHAPES.index(shape))
+    u_in, u_out = (2.0 ** -11 if mode == "tf32" else 2.0 ** -24), 2.0 ** -24
+    dt = _np_dtype(dtype)
+    if dtype != "float32":
+        x, w, dy = (a.astype(dt).astype(F64) for a in (x, w, dy))
+        u_in, u_out = 0.0, 2.0 ** -8
+    xg, dyg, wg = _to_gpu(x, dt, "NCHW"), _to_gpu(dy, dt, "NCHW"), cp.asarray(w.astype(dt))
+    for d, direction in enumerate(VEC_DIRECTIONS):
+        expect_vec = K.vec_supports(d, p) is None
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        what = f"staged {direction} {shape[0]} {mode}"
+        K._plans.clear()
+        got = _run_kernel("implicit", direction, p, xg, wg, dyg, tf32, d == 0, _poisoned(_out_shape(direction, p),
+                                                                                        dt, "NCHW"))
+        _check(got, ref, _bound(direction, p, ref_abs, u_in, u_out), what)
+        assert _vec_ran(d, p) == expect_vec, f"{what}: VEC loader ran {_vec_ran(d, p)}, expected {expect_vec}"
+        prior = np.random.default_rng(7).standard_normal(ref.shape).astype(dt).astype(F64)
+        out = _to_gpu(prior, dt, "NCHW")
+        got = _run_kernel("implicit", direction, p, xg, wg, dyg, tf32, False, out, 0.75, -0.5)
+        bound = _bound(direction, p, 0.75 * ref_abs + 0.5 * np.abs(prior), u_in, u_out)
+        _check(got, 0.75 * ref - 0.5 * prior, bound, what + " alpha/beta")
+
+
+def test_nchw_staging_size_rule_and_switch(monkeypatch):
+    big, _ = _problem(("big", 128, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1))
+    small, _ = _problem(("small", 2, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1))
+    c3, _ = _problem(("c3", 128, 3, 32, 32, 16, 3, 3, 1, 1, 1, 1))
+    assert K._stageable(0, big) and K._stageable(1, big) and K._stageable(2, big)
+    assert not K._stageable(0, small)                   # below STAGE_MIN_MACS: the extra launch is not worth it
+    assert not K._stageable(0, c3)                      # 3 channels: no whole vectors
+    monkeypatch.setitem(K.STAGE_ENABLED, 0, False)
+    assert not K._stageable(0, big)
