@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def vec_eligible(direction, p, *acts) -> str | None:
 # 2.3-2.8x faster than the element loader (docs/measurements/conv_kernels_nhwc_*), while the copy moves the
 # activation once (~5 us for 8 MB).  Outputs stay where they were asked for (the epilogue writes through strides).
 # Only for problems large enough that the saving outweighs the extra launch's host time in an eager step.
-STAGE_ENABLED = [True]
+STAGE_ENABLED = [os.environ.get("MINIDNN_CONV_STAGE", "1") != "0"]      # MINIDNN_CONV_STAGE=0: off
 STAGE_MIN_MACS = 1 << 25
 
 
