@@ -758,8 +758,8 @@ def test_strided_backward_data_is_one_launch(name, layout, w_layout, launches):
 # ---- NCHW staging: plain NCHW activations copied to NHWC so the VEC loader runs them --------------------------
 @pytest.fixture
 def stage_everything(monkeypatch):
-    monkeypatch.setattr(K, "STAGE_MIN_MACS", 0)       # the test shapes are far below the size rule
-    monkeypatch.setitem(K.STAGE_ENABLED, 0, True)
+    monkeypatch.setattr(K, "STAGE_MIN_MACS_EAGER", 0)     # the test shapes are far below the size rules
+    monkeypatch.setattr(K, "STAGE_ENABLED", [True])
     K._plans.clear()
     yield
     K._plans.clear()
@@ -798,12 +798,46 @@ def test_nchw_staging_matches_float64(stage_everything, shape, mode):
         _check(got, 0.75 * ref - 0.5 * prior, bound, what + " alpha/beta")
 
 
-def test_nchw_staging_size_rule_and_switch(monkeypatch):
-    big, _ = _problem(("big", 128, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1))
+def test_nchw_staging_size_rule_capture_and_switch(monkeypatch):
+    huge, _ = _problem(("huge", 32, 64, 56, 56, 64, 3, 3, 1, 1, 1, 1))        # ~3.7e9 multiply-adds
+    mid, _ = _problem(("mid", 128, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1))         # ~3.0e8: ResNet-20's first stage
     small, _ = _problem(("small", 2, 16, 8, 8, 16, 3, 3, 1, 1, 1, 1))
-    c3, _ = _problem(("c3", 128, 3, 32, 32, 16, 3, 3, 1, 1, 1, 1))
-    assert K._stageable(0, big) and K._stageable(1, big) and K._stageable(2, big)
-    assert not K._stageable(0, small)                   # below STAGE_MIN_MACS: the extra launch is not worth it
+    c3, _ = _problem(("c3", 32, 3, 56, 56, 64, 3, 3, 1, 1, 1, 1))
+    assert K._stageable(0, huge) and K._stageable(1, huge) and K._stageable(2, huge)
+    assert not K._stageable(0, mid)                     # eager: the extra launch costs more host time than it saves
     assert not K._stageable(0, c3)                      # 3 channels: no whole vectors
-    monkeypatch.setitem(K.STAGE_ENABLED, 0, False)
-    assert not K._stageable(0, big)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            capturing = [K._stageable(d, mid) for d in range(3)] + [K._stageable(0, small)]
+        finally:
+            s.end_capture()
+    assert capturing == [True, True, True, False]       # under capture a launch is free: staged from 2^25
+    monkeypatch.setattr(K, "STAGE_ENABLED", [False])
+    assert not K._stageable(0, huge)
+
+
+def test_nchw_staging_inside_a_cuda_graph(monkeypatch):
+    """A mid-size NCHW problem is staged only under capture: the captured forward (VEC loader on the NHWC copy)
+    replays to the eager (element loader) result within float32 rounding."""
+    p, desc = _problem(("mid", 64, 16, 32, 32, 16, 3, 3, 1, 1, 1, 1))
+    x, w, _ = _data(p, 3)
+    xg, wg = cp.asarray(x, np.float32), cp.asarray(w, np.float32)
+    eager = K.implicit_forward(p, xg, wg)
+    assert not _vec_ran(0, p)
+    monkeypatch.setattr(K, "STAGE_MIN_MACS_EAGER", 0)
+    K.implicit_forward(p, xg, wg)                       # compile and plan the staged path before capturing
+    monkeypatch.undo()
+    y = cp.empty(p.y_shape, np.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            K.implicit_forward(p, xg, wg, out=y)
+        finally:
+            g = s.end_capture()
+        g.launch(s)
+    s.synchronize()
+    ref_abs = np.abs(x).sum() / x.size * np.abs(w).sum() / w.shape[0] + 1.0
+    np.testing.assert_allclose(cp.asnumpy(y), cp.asnumpy(eager), rtol=0, atol=1e-5 * ref_abs)

@@ -129,14 +129,22 @@ def vec_eligible(direction, p, *acts) -> str | None:
 # memory format), one copy of it in NHWC memory lets it run -- on an H200 the VEC loader took ResNet-20's 3x3 layers
 # 2.3-2.8x faster than the element loader (docs/measurements/conv_kernels_nhwc_*), while the copy moves the
 # activation once (~5 us for 8 MB).  Outputs stay where they were asked for (the epilogue writes through strides).
-# Only for problems large enough that the saving outweighs the extra launch's host time in an eager step.
+# The copy is one more launch: in an eager step of a small CNN the host is the bottleneck and that launch costs more
+# than the device time it saves (ResNet-20 b128: +85 launches, eager 1.5x -> 1.9x PyTorch), while under CUDA-graph
+# capture a launch costs the host nothing (graphed ResNet-20 4.60 -> 4.04 ms, PyTorch 4.55).  So: staged under
+# capture from STAGE_MIN_MACS multiply-adds, and in eager mode only from STAGE_MIN_MACS_EAGER (device-bound layers).
 STAGE_ENABLED = [os.environ.get("MINIDNN_CONV_STAGE", "1") != "0"]      # MINIDNN_CONV_STAGE=0: off
 STAGE_MIN_MACS = 1 << 25
+STAGE_MIN_MACS_EAGER = 1 << 30
 
 
 def _stageable(direction, p) -> bool:
-    return (STAGE_ENABLED[0] and VEC_ENABLED[0] and vec_supports(direction, p) is None
-            and p.N * math.prod(p.out_size) * p.Kg * p.Cg * math.prod(p.kernel) * p.groups >= STAGE_MIN_MACS)
+    if not (STAGE_ENABLED[0] and VEC_ENABLED[0] and vec_supports(direction, p) is None):
+        return False
+    macs = p.N * math.prod(p.out_size) * p.Kg * p.Cg * math.prod(p.kernel) * p.groups
+    if macs >= STAGE_MIN_MACS_EAGER:
+        return True
+    return macs >= STAGE_MIN_MACS and _launch.cupy().cuda.get_current_stream().is_capturing()
 
 
 def _nhwc_copy(cp, a):
