@@ -280,7 +280,17 @@ def test_parallel_map_keeps_order_and_follows_the_thread_count(restore_threads):
     from minidnn.backend.threads import parallel_map
     for n in (1, 2):
         mdn.set_num_threads(n)
-        names = set()
-        out = parallel_map(lambda i: names.add(threading.current_thread().name) or i * i, range(6))
+        names, taken = set(), threading.Event()
+
+        def square(i):
+            names.add(threading.current_thread().name)
+            if threading.current_thread() is not threading.main_thread():
+                taken.set()
+            elif i == 0 and n == 2:
+                # the caller runs every part no pool thread has started once it is done with its own: give the pool
+                # thread the time to start (on a loaded machine it may need milliseconds to get a core)
+                taken.wait(10)
+            return i * i
+        out = parallel_map(square, range(6))
         assert out == [i * i for i in range(6)]
         assert (names == {threading.main_thread().name}) == (n == 1)
