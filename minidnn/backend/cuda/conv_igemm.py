@@ -133,9 +133,10 @@ def vec_eligible(direction, p, *acts) -> str | None:
 # than the device time it saves (ResNet-20 b128: +85 launches, eager 1.5x -> 1.9x PyTorch), while under CUDA-graph
 # capture a launch costs the host nothing (graphed ResNet-20 4.60 -> 4.04 ms, PyTorch 4.55).  So: staged under
 # capture from STAGE_MIN_MACS multiply-adds, and in eager mode only from STAGE_MIN_MACS_EAGER (device-bound layers).
-STAGE_ENABLED = [os.environ.get("MINIDNN_CONV_STAGE", "1") != "0"]      # MINIDNN_CONV_STAGE=0: off
+_STAGE_ENV = os.environ.get("MINIDNN_CONV_STAGE", "1")         # 0: off; always: eager too, from STAGE_MIN_MACS
+STAGE_ENABLED = [_STAGE_ENV != "0"]
 STAGE_MIN_MACS = 1 << 25
-STAGE_MIN_MACS_EAGER = 1 << 30
+STAGE_MIN_MACS_EAGER = STAGE_MIN_MACS if _STAGE_ENV == "always" else 1 << 30
 
 
 def _stageable(direction, p):
