@@ -181,6 +181,7 @@ def parallel_map(fn, items):
         for i in _reclaim(futures):
             results[i + 1] = fn(items[i + 1])
     finally:
+        _reclaim(futures)                     # after an error: parts not started yet never start
         _wait_started(futures)                # no part still writing once this returns or raises
     for i, f in enumerate(futures):
         if not f.cancelled():
@@ -223,8 +224,8 @@ def parallel_for(chunks, body, work, setup=None):
     futures = [_executor().submit(worker) for _ in range(parts - 1)]
     try:
         worker()
-        _reclaim(futures)                     # nothing left for them: workers not started yet are not waited for
     finally:
+        _reclaim(futures)                     # no chunk left for them (or an error): unstarted workers never start
         _wait_started(futures)
     for f in futures:
         if not f.cancelled():

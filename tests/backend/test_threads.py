@@ -128,3 +128,28 @@ def test_work_no_pool_thread_has_started_runs_on_the_caller(restore_threads, mon
     threads_module.parallel_for(range(7), lambda s, c: where.add(threading.get_ident()) or done.append(c),
                                 work=1 << 30)
     assert sorted(done) == list(range(7)) and where == {caller}
+
+
+def test_after_the_callers_error_no_further_part_starts(restore_threads, monkeypatch):
+    """If the caller's own share raises, the parts no pool thread has started are cancelled, not run."""
+    from concurrent.futures import Future
+
+    class NeverStarts:
+        def __init__(self):
+            self.futures = []
+
+        def submit(self, fn, *args):
+            self.futures.append(Future())
+            return self.futures[-1]
+    pool = NeverStarts()
+    monkeypatch.setattr(threads_module, "_executor", lambda: pool)
+    monkeypatch.setattr(threads_module, "MIN_PARALLEL_WORK", 0)
+    minidnn.set_num_threads(2)
+
+    def fail(item):
+        raise KeyError(item)
+    with pytest.raises(KeyError):
+        threads_module.parallel_map(fail, range(4))
+    with pytest.raises(KeyError):
+        threads_module.parallel_for(range(4), lambda s, c: fail(c), work=1 << 30)
+    assert pool.futures and all(f.cancelled() for f in pool.futures)
