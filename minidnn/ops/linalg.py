@@ -60,7 +60,9 @@ def matmul(a, b):
         raise ArgumentError(f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} are not aligned: {ka} (last dim of "
                          f"the first) != {kb} ({'second-to-last' if b.ndim > 1 else 'only'} dim of the second)")
     try:
-        if type(a.data) is np.ndarray or a.ndim < 2 or b.ndim < 2:
+        if type(a.data) is np.ndarray:
+            out = _blas.cpu_matmul(a.data, b.data)  # CPU: BLAS on minidnn's threads for large products (grain)
+        elif a.ndim < 2 or b.ndim < 2:
             out = a.data @ b.data
         else:
             out = _blas.matmul(a.data, b.data)      # GPU: cuBLAS on the current stream (graph-capturable)
