@@ -318,15 +318,32 @@ class ConvAlgorithm:
         self.nondeterministic_on = tuple(nondeterministic_on)
         self.fast_paths = []        # (description, applies(p, a, b), run): device-specific forms, tried first
         self.fast_costs = []        # cost(p, device_type) -> float, or None where that fast form does not apply
+        self.native_half_runs = set()   # the fast forms that take float16/bfloat16 arrays as they are
+        self.native_half = False    # the algorithm itself has half math (a CUDA kernel's run function)
         self.devices = None         # device types it runs on (None: every one); e.g. ("cuda",) for a CUDA kernel
 
-    def add_fast_path(self, description, applies, run, cost=None):
+    def add_fast_path(self, description, applies, run, cost=None, native_half=False):
         """Register a faster form of this same algorithm (e.g. conv_cpu.py's NumPy forms): ``run`` computes
         what the reference computes, and is used whenever ``applies(p, a, b)`` holds for the arrays given.
-        ``cost(p, device_type)``, if given, is the heuristic's estimate where the fast form applies (else None)."""
+        ``cost(p, device_type)``, if given, is the heuristic's estimate where the fast form applies (else None).
+        ``native_half``: ``run`` takes float16/bfloat16 arrays itself (a kernel with half math); otherwise half data
+        reaches it as float32 (see ``runs_half_natively``)."""
         self.fast_paths.append((description, applies, run))
         if cost is not None:
             self.fast_costs.append(cost)
+        if native_half:
+            self.native_half_runs.add(run)
+
+    def runs_half_natively(self, p: ConvProblem, a, b) -> bool:
+        """Whether float16/bfloat16 ``a``, ``b`` go to this algorithm as they are: it has half math of its own
+        (``native_half``), or the fast form that applies to them does.  Else they are computed in float32 and
+        rounded once (cuDNN's float compute type for half data)."""
+        if self.native_half:
+            return True
+        for _, applies, fast in self.fast_paths:
+            if applies(p, a, b):
+                return fast in self.native_half_runs
+        return False
 
     def device_reason(self, device_type: str):
         """None if the algorithm runs on ``device_type``, else why not (a CUDA kernel on the CPU)."""

@@ -155,7 +155,7 @@ def _execute(registry, handle, plan, a, b, result_shape):
             algorithm = registry.choose(p, handle, plan.math_type, plan.key, lambda alg: alg.run(p, a, b, tf32))
         if p.N == 0:        # an empty batch: nothing to compute (and dw sums over no images: zeros)
             return handle.xp.zeros(result_shape, dtype=a.dtype)
-        if plan.half and not getattr(algorithm, "native_half", False):
+        if plan.half and not algorithm.runs_half_natively(p, a, b):
             # float16/bfloat16 data through an array algorithm: computed in float32 and rounded once at the end
             # (cuDNN's float compute type for half data); kernels with native half math set native_half.
             return algorithm.run(p, a.astype(np.float32), b.astype(np.float32), tf32).astype(p.dtype)

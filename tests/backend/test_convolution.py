@@ -35,6 +35,7 @@ from minidnn.backend import (
     get_convolution_forward_workspace_size,
     to_device,
 )
+from minidnn.backend._testing import to_numpy
 from minidnn.backend.algorithm_selection import AlgorithmRegistry
 from minidnn.backend.conv_algorithms import (
     BACKWARD_DATA_ALGORITHMS,
@@ -572,3 +573,31 @@ def test_cpu_heuristic_policy(x_shape, w_shape, groups, padding, expected):
     desc = ConvolutionDescriptor(padding, 1, 1, groups=groups)
     ranked = get_convolution_forward_algorithm_v7(None, x_shape, w_shape, desc)
     assert ranked[0].algo.name == expected, [p.algo.name for p in ranked]
+
+
+# ---- half data: which algorithms take it as it is ---------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_data_reaches_native_kernels_as_it_is(device, dtype):
+    """float16/bfloat16 data goes to an algorithm as it is where that algorithm, or the fast form that applies, has
+    half math (the CUDA kernels: no float32 round trip of the inputs), and as float32 elsewhere (the NumPy forms);
+    the primitive's result is the float64 reference within the dtype's rounding either way."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float16)
+    xp = B.devices.device(device).xp
+    rng = np.random.default_rng(0)
+    x64, w64 = rng.standard_normal((2, 8, 6, 6)), rng.standard_normal((8, 8, 3, 3))
+    desc = ConvolutionDescriptor(1, 1, 1)
+    x, w = xp.asarray(x64.astype(dt)), xp.asarray(w64.astype(dt))
+    dy64 = rng.standard_normal((2, 8, 6, 6))
+    dy = xp.asarray(dy64.astype(dt))
+    x64, w64, dy64 = (a.astype(dt).astype(np.float64) for a in (x64, w64, dy64))
+    p = make_problem("test", (2, 8, 6, 6), (8, 8, 3, 3), desc, dt)
+    for registry, algo, a, b in ((BACKWARD_DATA_ALGORITHMS, B.ConvolutionBwdDataAlgo.ALGO_0, w, dy),
+                                 (BACKWARD_FILTER_ALGORITHMS, ConvolutionBwdFilterAlgo.ALGO_0, x, dy)):
+        assert registry.get(algo).runs_half_natively(p, a, b) == (device == "cuda")
+    dx = convolution_backward_data(None, w, dy, desc, (2, 8, 6, 6), algo=B.ConvolutionBwdDataAlgo.ALGO_0)
+    ref = convolution_backward_data(None, w64, dy64, desc, (2, 8, 6, 6), algo=B.ConvolutionBwdDataAlgo.ALGO_0)
+    assert dx.dtype == dt
+    unit = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    np.testing.assert_allclose(to_numpy(dx).astype(np.float64), ref, rtol=0, atol=4 * unit * np.abs(ref).max())

@@ -105,18 +105,19 @@ def register(FW, BD, BF):
     for alg in (FW.get(A.IMPLICIT_GEMM), FW.get(A.IMPLICIT_PRECOMP_GEMM), BF.get(FA.ALGO_3)):
         alg.devices = ("cuda",)
         alg.native_half = True
+    # every kernel here takes float16/bfloat16 data as it is (native_half): no float32 round trip of its inputs
     FW.get(A.DIRECT).add_fast_path("direct CUDA kernel (<= 8 channels per group)", _small_groups,
-                                   K.direct_forward, cost=_direct_cost_if)
+                                   K.direct_forward, cost=_direct_cost_if, native_half=True)
     BD.get(DA.ALGO_0).add_fast_path("direct CUDA kernel (<= 8 channels per group)", _small_groups,
-                                    K.direct_backward_data, cost=_direct_cost_if)
+                                    K.direct_backward_data, cost=_direct_cost_if, native_half=True)
     BD.get(DA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table)", _dense_gpu,
                                     lambda p, w, dy, tf32=False: K.implicit_backward_data(p, w, dy, tf32, True),
-                                    cost=_implicit_cost_if)
+                                    cost=_implicit_cost_if, native_half=True)
     BF.get(FA.ALGO_0).add_fast_path("direct CUDA kernel, block reduction (<= 8 channels per group)", _small_groups,
-                                    K.direct_backward_filter, cost=_direct_cost_if)
+                                    K.direct_backward_filter, cost=_direct_cost_if, native_half=True)
     BF.get(FA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel, split-K in order", _dense_gpu,
                                     lambda p, x, dy, tf32=False: K.implicit_backward_filter(p, x, dy, tf32, False),
-                                    cost=_implicit_cost_if)
+                                    cost=_implicit_cost_if, native_half=True)
 
 
 # The run functions of the CUDA-only members (conv_algorithms.py registers them).
