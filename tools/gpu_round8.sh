@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Round 8 (closing): every cuda test, then the step benchmarks (graphs strict fp32 SGD+Adam and TF32 SGD,
 # train_step strict fp32 with kernels per step, amp_step) and the NCHW conv table as eager calls see it and with
-# staging forced (MINIDNN_CONV_STAGE=always: what a CUDA graph runs).  Logs under $OUT; ~560 s.
+# staging forced (MINIDNN_CONV_STAGE=always in that version of conv_igemm).  Logs under $OUT; ~560 s.
 export CUPY_CACHE_DIR=$PWD/.cupy_cache PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 T0=$(date +%s)

@@ -129,40 +129,67 @@ def vec_eligible(direction, p, *acts) -> str | None:
 # memory format), one copy of it in NHWC memory lets it run -- on an H200 the VEC loader took ResNet-20's 3x3 layers
 # 2.3-2.8x faster than the element loader (docs/measurements/conv_kernels_nhwc_*), while the copy moves the
 # activation once (~5 us for 8 MB).  Outputs stay where they were asked for (the epilogue writes through strides).
-# The copy is one more launch: in an eager step of a small CNN the host is the bottleneck and that launch costs more
-# than the device time it saves (ResNet-20 b128: +85 launches, eager 1.5x -> 1.9x PyTorch), while under CUDA-graph
-# capture a launch costs the host nothing (graphed ResNet-20 4.60 -> 4.04 ms, PyTorch 4.55).  So: staged under
-# capture from STAGE_MIN_MACS multiply-adds, and in eager mode only from STAGE_MIN_MACS_EAGER (device-bound layers).
-_STAGE_ENV = os.environ.get("MINIDNN_CONV_STAGE", "1")         # 0: off; always: eager too, from STAGE_MIN_MACS
-STAGE_ENABLED = [_STAGE_ENV != "0"]
+# The copy is one more launch per staged operand, so it is made by our own prepared transpose kernel (a few us of
+# host time, where CuPy's strided copy cost ~15-20: an eager ResNet-20 step stages ~85 operands) and only for
+# problems of at least STAGE_MIN_MACS multiply-adds.  The rule depends on the problem alone, so an eager step and
+# its CUDA-graph capture compute the same bits.
+STAGE_ENABLED = [os.environ.get("MINIDNN_CONV_STAGE", "1") != "0"]      # MINIDNN_CONV_STAGE=0: off
 STAGE_MIN_MACS = 1 << 25
-STAGE_MIN_MACS_EAGER = STAGE_MIN_MACS if _STAGE_ENV == "always" else 1 << 30
+
+TRANSPOSE_SOURCE = r"""
+// NCHW -> NHWC copy for the staging above.  x: (N, C, HW) contiguous; y: (N, HW, C) contiguous.
+// Tiling: one block per 32 x 32 tile of (c, hw) of one image (blockIdx.x: hw tiles, blockIdx.y: c tiles, blockIdx.z:
+// n), 32 x 8 threads; each thread loads 4 elements along hw (coalesced reads) into a padded shared tile (33
+// columns: no bank conflicts), then stores 4 along c (coalesced writes).  Elements move as their bits (WORD_T: 32-bit for
+// float32, 16-bit for float16/bfloat16).
+extern "C" __global__ void __launch_bounds__(256)
+nchw_to_nhwc(const WORD_T* __restrict__ x, WORD_T* __restrict__ y, const int C, const int HW)
+{
+    __shared__ WORD_T tile[32][33];
+    const long long base = (long long)blockIdx.z * C * HW;
+    const int hw0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int c = c0 + i, hw = hw0 + threadIdx.x;
+        if (c < C && hw < HW) tile[i][threadIdx.x] = x[base + (long long)c * HW + hw];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int hw = hw0 + i, c = c0 + threadIdx.x;
+        if (c < C && hw < HW) y[base + (long long)hw * C + c] = tile[threadIdx.x][i];
+    }
+}
+"""
 
 
-def _stageable(direction, p):
-    """True: stage this call's NCHW activations; "warm": not now (eager), but a captured call would, so its kernels
-    must be compiled and loaded beforehand (compiling during capture is not allowed); False: never."""
+def _stageable(direction, p) -> bool:
     if not (STAGE_ENABLED[0] and VEC_ENABLED[0] and vec_supports(direction, p) is None):
         return False
-    macs = p.N * math.prod(p.out_size) * p.Kg * p.Cg * math.prod(p.kernel) * p.groups
-    if macs >= STAGE_MIN_MACS_EAGER:
-        return True
-    if macs < STAGE_MIN_MACS:
-        return False
-    return True if _launch.cupy().cuda.get_current_stream().is_capturing() else "warm"
+    return p.N * math.prod(p.out_size) * p.Kg * p.Cg * math.prod(p.kernel) * p.groups >= STAGE_MIN_MACS
 
 
-_warmed: set = set()
+def _transpose_plan(shape, itemsize, dev):
+    n, c, h, w = shape
+    kernel = _launch.get_kernel(TRANSPOSE_SOURCE, "nchw_to_nhwc",
+                                (f"-DWORD_T={'unsigned int' if itemsize == 4 else 'unsigned short'}",))
+    grid = (-(-(h * w) // 32), -(-c // 32), n)
+    return _launch.prepare(kernel, grid, (32, 8), [None, None, np.int32(c), np.int32(h * w)])
+
+
+_transposes: dict = {}
 
 
 def _nhwc_copy(cp, a):
-    """An NHWC-memory copy of the 4-D channels-first array ``a``, as its channels-first view (one copy kernel)."""
+    """An NHWC-memory copy of the 4-D channels-first array ``a``, as its channels-first view (one launch)."""
     if _channels_last(a) or a.shape[1] == 1:
         return a
     n, c, h, w = a.shape
     t = cp.empty((n, h, w, c), dtype=a.dtype)
-    t[...] = a.transpose(0, 2, 3, 1)
-    _launch.count_launches(1)            # CuPy's copy kernel: a launch of this call all the same
+    if a.flags.c_contiguous and n <= 65535 and -(-c // 32) <= 65535:
+        dev = a.data.device_id
+        _launch.planned(_transposes, (a.shape, a.itemsize, dev), _transpose_plan, a.shape, a.itemsize, dev)(a, t)
+    else:
+        t[...] = a.transpose(0, 2, 3, 1)
+        _launch.count_launches(1)        # CuPy's copy kernel: a launch of this call all the same
     return t.transpose(0, 3, 1, 2)
 
 
@@ -333,7 +360,7 @@ def _tap_table(cp, direction, p, g, sx, sy):
 _plans: dict = {}          # the launches of a settled call (below), through launch.planned
 
 
-def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, stage=None):
+def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
     """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
     (the filter gradient's split-K partials are added by the last block of each output tile, in split order).
     Everything but the arrays' addresses -- geometry, strides, tile, split, the packed scalar arguments -- is
@@ -342,12 +369,11 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, s
     docs/host_overhead.md)."""
     cp = _launch.cupy()
     vec = False
-    if stage is None:
-        stage = _stageable(direction, p)
+    stage = _stageable(direction, p)
     if direction == 0:
         x = _as_2d(a, p.nd)
         vec = vec_eligible(0, p, x) is None
-        if not vec and stage is True:
+        if not vec and stage:
             xs = _nhwc_copy(cp, x)
             if vec_eligible(0, p, xs) is None:
                 x, vec = xs, True
@@ -357,7 +383,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, s
         # (strided and undilated: every residue class of dx in this one launch, reading the whole filter)
         dy = _as_2d(b, p.nd)
         vec = vec_eligible(1, p, dy) is None
-        if not vec and stage is True:
+        if not vec and stage:
             dys = _nhwc_copy(cp, dy)
             if vec_eligible(1, p, dys) is None:
                 dy, vec = dys, True
@@ -369,7 +395,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, s
     else:
         x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
         vec = vec_eligible(2, p, x, dy) is None
-        if not vec and stage is True:
+        if not vec and stage:
             xs, dys = _nhwc_copy(cp, x), _nhwc_copy(cp, dy)
             if vec_eligible(2, p, xs, dys) is None:
                 x, dy, vec = xs, dys, True
@@ -380,11 +406,6 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, s
                                                          precomp, alpha, beta, tile, vec)
     partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
     main(src[0], src[1], out, partial, table, tickets)
-    if stage == "warm" and not vec:
-        wkey = (direction, p, s1.dtype, tf32, precomp, tile, key[-1])
-        if wkey not in _warmed:       # once: the staged path into scratch, so a capture finds its kernels loaded
-            _warmed.add(wkey)
-            _run_igemm(direction, p, a, b, cp.empty_like(out), tf32, precomp, alpha, 0.0, tile, stage=True)
 
 
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False):
