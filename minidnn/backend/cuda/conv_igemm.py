@@ -140,8 +140,8 @@ TRANSPOSE_SOURCE = r"""
 // NCHW -> NHWC copy for the staging above.  x: (N, C, HW) contiguous; y: (N, HW, C) contiguous.
 // Tiling: one block per 32 x 32 tile of (c, hw) of one image (blockIdx.x: hw tiles, blockIdx.y: c tiles, blockIdx.z:
 // n), 32 x 8 threads; each thread loads 4 elements along hw (coalesced reads) into a padded shared tile (33
-// columns: no bank conflicts), then stores 4 along c (coalesced writes).  Elements move as their bits (WORD_T: 32-bit for
-// float32, 16-bit for float16/bfloat16).
+// columns: no bank conflicts), then stores 4 along c (coalesced writes).  Elements move as their bits (WORD_T:
+// 32-bit for float32, 16-bit for float16/bfloat16).
 extern "C" __global__ void __launch_bounds__(256)
 nchw_to_nhwc(const WORD_T* __restrict__ x, WORD_T* __restrict__ y, const int C, const int HW)
 {
