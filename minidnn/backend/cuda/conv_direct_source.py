@@ -292,6 +292,152 @@ dw_plane_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, floa
         partial[((long long)split * K * Cg + kc) * (KR * KS) + t] = v;
     }
 }
+
+// ---- register-tiled depthwise/grouped forward, NCHW rows (unit stride along width) --------------------------
+// dw_tile_forward: block (TX, TY, TZ) threads (blockDim, <= 256), grid (plane groups, tiles of P, tiles of Q).
+//   threadIdx.z picks one of the block's TZ output planes z = n*Kout + k (blockIdx.x*TZ + threadIdx.z, planes past
+//   N*Kout idle but keep the barriers); each plane's TX*TY threads cover a tile of (TY*VH) x (TX*VW) outputs
+//   starting at (p0, q0) = (blockIdx.y*TY*VH, blockIdx.z*TX*VW); thread (tx, ty) computes the VH x VW outputs
+//   y[n, k, p0 + ty*VH + i, q0 + tx*VW + j] (i < VH, j < VW), fp32 accumulators in registers.
+//   Per input channel of the group (c0 + cc, cc < Cg): the plane's threads stage the input tile with its halo,
+//   IH = (TY*VH-1)*ST + (KR-1)*DL + 1 rows x `pitch` columns from (h, w) = (p0*ST - pad_h, q0*ST - pad_w), into
+//   shared memory as float (zero outside the image), in 16-byte chunks aligned in global memory (one 16-byte
+//   load where the chunk lies inside the row and the plane's rows are 16-byte aligned; element loads else),
+//   then each thread reads, per input row of its window (IRH rows), the WIN = (VW-1)*ST + (KS-1)*DL + 1 columns
+//   it needs as float4s (its window starts at column tx*VW*ST, a multiple of 4; `pitch` is a multiple of 4 and
+//   covers the last thread's WIN4 float4s) and applies every tap (r, s) that row holds to all its outputs.
+//   Taps, stride, dilation, VW and VH are compile-time; the weights of (k, cc) sit in registers.
+//   Epilogue: alpha*acc + beta*y (y read only when beta != 0), VW outputs per store where aligned and whole.
+//   Backward data with stride 1 runs this kernel as dw_plane_forward does (dy, flipped channel-swapped kernel).
+#ifndef VW
+#define VW 4
+#endif
+#ifndef VH
+#define VH 2
+#endif
+#define WIN ((VW - 1) * ST + (KS - 1) * DL + 1)
+#define WIN4 ((WIN + 3) / 4)
+#define IRH ((VH - 1) * ST + (KR - 1) * DL + 1)
+#define LV (16 / (int)sizeof(T))
+#if ELEM == 0
+typedef float4 OutVec;            // VW == 4 outputs of 4 bytes
+#else
+typedef uint2 OutVec;             // VW == 4 outputs of 2 bytes
+#endif
+union ChunkU { uint4 v; T e[LV]; };
+union OutU { OutVec v; T e[VW]; };
+
+extern "C" __global__ void __launch_bounds__(256)
+dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                int H, int W, int P, int Q, int pad_h, int pad_w, int Cg, int Kg, int Kout, int planes,
+                int sxn, int sxc, int sxh, int syn, int syc, int syh, int pitch, float alpha, float beta)
+{
+    static_assert(VW == 4, "the float4 window reads and the vector stores assume VW == 4");
+    extern __shared__ float4 smem4[];
+    const int TX = blockDim.x, TY = blockDim.y;
+    const int IH = (TY * VH - 1) * ST + (KR - 1) * DL + 1;
+    float* tile = reinterpret_cast<float*>(smem4) + threadIdx.z * IH * pitch;
+    const int z = blockIdx.x * blockDim.z + threadIdx.z;
+    const bool live = z < planes;
+    const int n = live ? z / Kout : 0, k = live ? z - n * Kout : 0;
+    const int c0 = (k / Kg) * Cg;
+    const int p0 = blockIdx.y * TY * VH, q0 = blockIdx.z * TX * VW;
+    const int h_base = p0 * ST - pad_h, w_base = q0 * ST - pad_w;
+    const int ws = w_base & ~(LV - 1);                     // w_base rounded down to a 16-byte chunk
+    const int nv = (w_base - ws + pitch + LV - 1) / LV;    // chunks per staged row
+    const int tid = threadIdx.y * TX + threadIdx.x, nthr = TX * TY;
+    float acc[VH][VW];
+    #pragma unroll
+    for (int i = 0; i < VH; ++i)
+        #pragma unroll
+        for (int j = 0; j < VW; ++j) acc[i][j] = 0.f;
+    for (int cc = 0; cc < Cg; ++cc) {
+        if (live) {
+            const T* xp = x + n * sxn + (c0 + cc) * sxc;
+            const bool vec_ok = (reinterpret_cast<unsigned long long>(xp) & 15) == 0 && (sxh & (LV - 1)) == 0;
+            for (int i = tid; i < IH * nv; i += nthr) {
+                const int row = i / nv, v = i - row * nv;
+                const int h = h_base + row, gw = ws + v * LV, col = gw - w_base;
+                ChunkU u;
+                float vals[LV];
+                if ((unsigned)h >= (unsigned)H) {
+                    #pragma unroll
+                    for (int e = 0; e < LV; ++e) vals[e] = 0.f;
+                } else if (vec_ok && gw >= 0 && gw + LV <= W) {
+                    u.v = __ldg(reinterpret_cast<const uint4*>(xp + h * sxh + gw));
+                    #pragma unroll
+                    for (int e = 0; e < LV; ++e) vals[e] = to_f(u.e[e]);
+                } else {
+                    const T* src = xp + h * sxh;
+                    #pragma unroll
+                    for (int e = 0; e < LV; ++e) vals[e] = (unsigned)(gw + e) < (unsigned)W ? to_f(src[gw + e]) : 0.f;
+                }
+                float* dst = tile + row * pitch;
+                #pragma unroll
+                for (int e = 0; e < LV; ++e)
+                    if ((unsigned)(col + e) < (unsigned)pitch) dst[col + e] = vals[e];
+            }
+        }
+        __syncthreads();
+        if (live) {
+            float wr[KR * KS];
+            const T* wk = w + (k * Cg + cc) * (KR * KS);
+            #pragma unroll
+            for (int t = 0; t < KR * KS; ++t) wr[t] = to_f(__ldg(wk + t));
+            const float* base = tile + threadIdx.y * (VH * ST) * pitch + threadIdx.x * (VW * ST);
+            #pragma unroll
+            for (int ir = 0; ir < IRH; ++ir) {
+                float xs[WIN4 * 4];
+                #pragma unroll
+                for (int j = 0; j < WIN4; ++j) {
+                    const float4 f = reinterpret_cast<const float4*>(base + ir * pitch)[j];
+                    xs[4 * j] = f.x; xs[4 * j + 1] = f.y; xs[4 * j + 2] = f.z; xs[4 * j + 3] = f.w;
+                }
+                #pragma unroll
+                for (int i = 0; i < VH; ++i) {
+                    const int d = ir - i * ST;                         // compile-time after unrolling
+                    if (d < 0 || d % DL != 0 || d / DL >= KR) continue;
+                    const int r = d / DL;
+                    #pragma unroll
+                    for (int s = 0; s < KS; ++s)
+                        #pragma unroll
+                        for (int j = 0; j < VW; ++j) acc[i][j] = fmaf(xs[j * ST + s * DL], wr[r * KS + s], acc[i][j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (!live) return;
+    T* yp = y + n * syn + k * syc;
+    const int q = q0 + threadIdx.x * VW;
+    #pragma unroll
+    for (int i = 0; i < VH; ++i) {
+        const int p = p0 + threadIdx.y * VH + i;
+        if (p >= P || q >= Q) continue;
+        T* dst = yp + p * syh + q;
+        float o[VW];
+        #pragma unroll
+        for (int j = 0; j < VW; ++j) o[j] = alpha * acc[i][j];
+        if (q + VW <= Q && (reinterpret_cast<unsigned long long>(dst) & (sizeof(OutVec) - 1)) == 0) {
+            OutU u;
+            if (beta != 0.f) {
+                u.v = *reinterpret_cast<const OutVec*>(dst);
+                #pragma unroll
+                for (int j = 0; j < VW; ++j) o[j] += beta * to_f(u.e[j]);
+            }
+            #pragma unroll
+            for (int j = 0; j < VW; ++j) from_f(&u.e[j], o[j]);
+            *reinterpret_cast<OutVec*>(dst) = u.v;
+        } else {
+            #pragma unroll
+            for (int j = 0; j < VW; ++j) {
+                if (q + j >= Q) break;
+                const float old = beta != 0.f ? beta * to_f(dst[j]) : 0.f;
+                from_f(dst + j, o[j] + old);
+            }
+        }
+    }
+}
 """
 
 

@@ -31,7 +31,7 @@ from .conv_igemm_source import SOURCE as IGEMM_SOURCE
 __all__ = ["TILES", "igemm_supports", "direct_supports", "vec_supports", "vec_eligible", "VEC_ENABLED",
            "implicit_forward", "implicit_backward_data",
            "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
-           "choose_tile", "filter_splits", "DIRECT_MAX_CG"]
+           "choose_tile", "filter_splits", "DIRECT_MAX_CG", "TILE_ENABLED", "tile_config"]
 
 # name: (BM, BN, BK for 4-byte data, WM, WN); every tile runs 4 warps (128 threads)
 TILES = {
@@ -563,6 +563,83 @@ def _plane_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta):
                     np.float32(alpha), np.float32(beta)])
 
 
+TILE_ENABLED = [os.environ.get("MINIDNN_DW_TILE", "1") != "0"]   # MINIDNN_DW_TILE=0: the plane kernel instead
+TILE_VW = 4                # outputs per thread along a row (dw_tile_forward's VW)
+_TILE_SMEM = 40 * 1024     # dynamic shared memory per block the tile chooser allows
+_tile_plans: dict = {}
+
+
+def _tile_window(R, S, stride, dil, vh):
+    """(WIN4 float4s a thread reads per input row, IRH input rows per thread) of dw_tile_forward."""
+    win = (TILE_VW - 1) * stride + (S - 1) * dil + 1
+    return -(-win // 4), (vh - 1) * stride + (R - 1) * dil + 1
+
+
+def tile_config(P, Q, planes, R, S, stride, dil, sms=132):
+    """(TX, TY, TZ, VH, pitch) of dw_tile_forward for planes of P x Q outputs, or None where the kernel does not
+    take the geometry (window over 24 columns, or no tile fitting the shared memory).  TX threads of VW outputs
+    along a row (the whole row when it has <= 32*VW outputs, else the TX in 16..32 wasting fewest columns), TY
+    rows of threads of VH output rows each (as many as 256 threads allow, fewest wasted rows), TZ planes per
+    block filling 256 threads while keeping >= 2 blocks per SM."""
+    vw = TILE_VW
+    if (vw - 1) * stride + (S - 1) * dil + 1 > 24 or stride > 4:
+        return None
+    vh = 1 if P == 1 else 2
+    nq = -(-Q // vw)
+    tx = nq if nq <= 32 else min(range(16, 33), key=lambda t: (-(-nq // t) * t, -t))
+    np_ = -(-P // vh)
+    ty_max = max(1, 256 // tx)
+    ty = np_ if np_ <= ty_max else min(range(max(1, ty_max // 2), ty_max + 1), key=lambda t: (-(-np_ // t) * t, -t))
+    win4, _ = _tile_window(R, S, stride, dil, vh)
+    pitch = -(-((tx - 1) * vw * stride + 4 * win4) // 4) * 4
+    while True:
+        ih = (ty * vh - 1) * stride + (R - 1) * dil + 1
+        if ih * pitch * 4 <= _TILE_SMEM or ty == 1:
+            break
+        ty = max(1, ty // 2)
+    if ih * pitch * 4 > _TILE_SMEM:
+        return None
+    tiles = -(-P // (ty * vh)) * -(-Q // (tx * vw))
+    tz = max(1, min(256 // (tx * ty), 64, _TILE_SMEM // (ih * pitch * 4), planes))      # blockDim.z <= 64
+    while tz > 1 and -(-planes // tz) * tiles < 2 * sms:
+        tz //= 2
+    return tx, ty, tz, vh, pitch
+
+
+def _tile_plan(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, sms):
+    (H, W), (P, Q) = in_hw, out_hw
+    R, S = w.shape[2:]
+    planes = y.shape[0] * y.shape[1]
+    cfg = tile_config(P, Q, planes, R, S, stride, dil, sms)
+    if cfg is None:
+        return None
+    tx, ty, tz, vh, pitch = cfg
+    ih = (ty * vh - 1) * stride + (R - 1) * dil + 1
+    k = _launch.get_kernel(DIRECT_SOURCE, "dw_tile_forward",
+                           _plane_opts(_dtype_name(x), R, S, stride, dil, 32) + (f"-DVW={TILE_VW}", f"-DVH={vh}"))
+    sx, sy = _strides(x), _strides(y)
+    grid = (-(-planes // tz), -(-P // (ty * vh)), -(-Q // (tx * TILE_VW)))
+    args = [None, None, None, *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], w.shape[1], Kg, y.shape[1],
+                                                      planes, sx[0], sx[1], sx[2], sy[0], sy[1], sy[2], pitch)),
+            np.float32(alpha), np.float32(beta)]
+    return _launch.prepare(k, grid, (tx, ty, tz), args, shared_mem=tz * ih * pitch * 4)
+
+
+def _tile_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta) -> bool:
+    """dw_tile_forward (the register-tiled plane kernel) over (N, K) planes, as _plane_forward; False (nothing
+    launched) where it does not take the problem."""
+    if not TILE_ENABLED[0] or y.shape[0] * y.shape[1] >= 2 ** 31:
+        return False
+    key = (tuple(x.shape), tuple(x.strides), tuple(w.shape), tuple(y.shape), tuple(y.strides), x.dtype, in_hw,
+           out_hw, tuple(pad), stride, dil, Kg, float(alpha), float(beta), x.data.device_id)
+    run = _launch.planned(_tile_plans, key, _tile_plan, x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta,
+                          _launch.sm_count())
+    if run is None:
+        return False
+    run(x, w, y)
+    return True
+
+
 def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     cp = _launch.cupy()
     cl = _channels_last(x) if p.nd == 2 else False
@@ -571,7 +648,10 @@ def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
         _check_out(out, p.y_shape, x.dtype)
     x2, y2, w = _as_2d(x, p.nd), _as_2d(y, p.nd), cp.ascontiguousarray(w)
     if _plane_ok(p, x2, y2):
-        _plane_forward(x2, w, y2, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, alpha, beta)
+        if not _tile_forward(x2, w, y2, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, alpha,
+                             beta):
+            _plane_forward(x2, w, y2, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, alpha,
+                           beta)
         return y
     g = _geometry(p)
     k = _direct_kernel("direct_forward", _dtype_name(x), _channels_last(y2))
@@ -595,8 +675,9 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
         # group, (K, Cg, R, S) -> (C, Kg, R, S)
         R, S = p.kernel
         w_t = w.reshape(p.groups, p.Kg, p.Cg, R, S).transpose(0, 2, 1, 3, 4).reshape(p.C, p.Kg, R, S)
-        _plane_forward(dy2, cp.ascontiguousarray(w_t[:, :, ::-1, ::-1]), dx2, p.out_size, p.in_size, flipped_pad, 1,
-                       p.dilation[0], p.Cg, alpha, beta)
+        w_f = cp.ascontiguousarray(w_t[:, :, ::-1, ::-1])
+        if not _tile_forward(dy2, w_f, dx2, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, alpha, beta):
+            _plane_forward(dy2, w_f, dx2, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, alpha, beta)
         return dx
     w = cp.ascontiguousarray(w)
     g = _geometry(p)

@@ -1,0 +1,238 @@
+"""The register-tiled depthwise/grouped kernel (conv_direct_source's dw_tile_forward, launched by
+conv_igemm._tile_forward for the forward and for stride-1 backward data of NCHW rows) against float64 references.
+
+Shapes with ragged tails (no tile divides them), N=1, stride 1 and 2, padding 0/1/2, dilation 2, 3x3/5x5/7x7,
+channel multiplier 1 and 2, groups of 4 channels, more than one tile along either axis, several planes per block
+with a partly idle last block, aligned rows (16-byte loads, vector stores) and views offset by one element (the
+element paths); float32/float16/bfloat16; alpha/beta blending over a prior output; poisoned outputs (every element
+must be written); and that the tile kernel is the one that runs where it applies.  Bounds as in
+test_conv_cuda_kernels: |got - ref| <= 1.5 (2 u_in + KR 2^-23 + u_out) conv(|x|, |w|).
+"""
+import math
+
+import numpy as np
+import pytest
+
+from minidnn.backend import devices as _dev
+
+pytestmark = pytest.mark.cuda
+
+if not _dev.cuda_is_available():
+    pytest.skip("no CUDA GPU with CuPy on this machine", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+from minidnn.backend import (  # noqa: E402
+    ConvolutionBwdDataAlgo,
+    ConvolutionBwdFilterAlgo,
+    ConvolutionDescriptor,
+    ConvolutionFwdAlgo,
+    Handle,
+    convolution_backward_data,
+    convolution_backward_filter,
+    convolution_forward,
+)
+from minidnn.backend.conv_problem import make_problem  # noqa: E402
+from minidnn.backend.cuda import conv_igemm as K  # noqa: E402
+
+F64 = np.float64
+
+# (id, N, C, H, W, K, R, S, padding, stride, dilation, groups)
+SHAPES = [
+    ("dw-ragged", 2, 8, 9, 11, 8, 3, 3, 1, 1, 1, 8),
+    ("dw-n1-pad0", 1, 5, 14, 14, 5, 3, 3, 0, 1, 1, 5),
+    ("dw-pad2", 2, 3, 12, 20, 3, 3, 3, 2, 1, 1, 3),
+    ("dw-stride2", 2, 8, 21, 37, 8, 3, 3, 1, 2, 1, 8),
+    ("dw-stride2-odd", 1, 6, 7, 7, 6, 3, 3, 1, 2, 1, 6),
+    ("dw-x2", 2, 6, 10, 9, 12, 3, 3, 1, 1, 1, 6),
+    ("dw-x2-stride2", 2, 6, 10, 9, 12, 3, 3, 1, 2, 1, 6),
+    ("dw-5x5", 2, 4, 13, 15, 4, 5, 5, 2, 1, 1, 4),
+    ("dw-5x5-dil2", 1, 16, 11, 12, 16, 5, 5, 2, 1, 2, 16),
+    ("dw-3x3-dil2", 2, 4, 16, 16, 4, 3, 3, 2, 1, 2, 4),
+    ("dw-7x7", 1, 4, 9, 40, 4, 7, 7, 3, 1, 1, 4),
+    ("groups-cg4", 2, 16, 8, 9, 16, 3, 3, 1, 1, 1, 4),
+    ("dw-wide", 1, 2, 6, 150, 2, 3, 3, 1, 1, 1, 2),
+    ("dw-tall", 1, 2, 70, 8, 2, 3, 3, 1, 1, 1, 2),
+    ("dw-56-aligned", 2, 4, 56, 56, 4, 3, 3, 1, 1, 1, 4),
+    ("dw-many-planes", 5, 333, 9, 9, 333, 3, 3, 1, 1, 1, 333),
+]
+DTYPES = ["float32", "float16", "bfloat16"]
+DIRECTIONS = ["forward", "backward_data", "backward_filter"]
+
+
+def _bf16():
+    return pytest.importorskip("ml_dtypes").bfloat16
+
+
+def _np_dtype(dtype):
+    return {"float32": np.float32, "float16": np.float16}.get(dtype) or _bf16()
+
+
+def _problem(shape, dtype="float32"):
+    _, N, C, H, W, Kc, R, S, pad, stride, dil, groups = shape
+    desc = ConvolutionDescriptor(pad, stride, dil, groups)
+    return make_problem("test", (N, C, H, W), (Kc, C // groups, R, S), desc, dtype), desc
+
+
+def _ref(direction, desc, p, x, w, dy):
+    def run(x, w, dy):
+        if direction == "forward":
+            return convolution_forward(None, x, w, desc, algo=ConvolutionFwdAlgo.GEMM)
+        if direction == "backward_data":
+            return convolution_backward_data(None, w, dy, desc, p.x_shape, algo=ConvolutionBwdDataAlgo.ALGO_1)
+        return convolution_backward_filter(None, x, dy, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_1)
+    return run(x, w, dy), run(np.abs(x), np.abs(w), np.abs(dy))
+
+
+def _bound(direction, p, ref_abs, u_in, u_out):
+    taps = math.prod(p.kernel)
+    red = {"forward": p.Cg * taps, "backward_data": p.Kg * taps,
+           "backward_filter": p.N * math.prod(p.out_size)}[direction]
+    return 1.5 * (2 * u_in + red * 2.0 ** -23 + u_out) * ref_abs + 1e-30
+
+
+def _check(got, ref, bound, what):
+    got = cp.asnumpy(got).astype(F64)
+    assert not np.isnan(got).any(), f"{what}: unwritten (NaN) elements"
+    err = np.abs(got - ref)
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert (err <= bound).all(), (f"{what}: |got - ref| = {err[worst]:.3g} > bound {bound[worst]:.3g} at {worst} "
+                                  f"(got {got[worst]}, ref {ref[worst]})")
+
+
+def _offset_view(a, dt):
+    """``a`` on the GPU as a view starting one element into a wider array (rows still of unit stride, but no
+    16-byte alignment anywhere: the element loads and scalar stores)."""
+    N, C, H, W = a.shape
+    big = cp.asarray(np.full((N, C, H, W + 1), np.nan).astype(dt))
+    v = big[:, :, :, 1:]
+    v[...] = cp.asarray(a.astype(dt))
+    return v
+
+
+@pytest.fixture
+def tile_runs(monkeypatch):
+    """Records each _tile_forward call's result (True: dw_tile_forward ran)."""
+    seen = []
+    orig = K._tile_forward
+
+    def spy(*args, **kwargs):
+        ran = orig(*args, **kwargs)
+        seen.append(ran)
+        return ran
+    monkeypatch.setattr(K, "_tile_forward", spy)
+    return seen
+
+
+def _compare(shape, dtype, tile_runs, alpha=1.0, beta=0.0, offset=False, seed=0):
+    p, desc = _problem(shape, dtype)
+    rng = np.random.default_rng(seed)
+    x, w, dy = (rng.standard_normal(s) for s in (p.x_shape, p.w_shape, p.y_shape))
+    u_in, u_out = 2.0 ** -24, 2.0 ** -24
+    dt = _np_dtype(dtype)
+    if dtype != "float32":
+        x, w, dy = (a.astype(dt).astype(F64) for a in (x, w, dy))          # the exact values the kernel sees
+        u_in, u_out = 0.0, (2.0 ** -11 if dtype == "float16" else 2.0 ** -8)
+    to_gpu = (lambda a: _offset_view(a, dt)) if offset else (lambda a: cp.asarray(a.astype(dt)))
+    xg, dyg, wg = to_gpu(x), to_gpu(dy), cp.asarray(w.astype(dt))
+    for direction in DIRECTIONS:
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        prior = rng.standard_normal(ref.shape)
+        if dtype != "float32":
+            prior = prior.astype(dt).astype(F64)
+        if beta != 0:
+            out = to_gpu(prior) if direction != "backward_filter" else cp.asarray(prior.astype(dt))
+        else:
+            out = to_gpu(np.full(ref.shape, np.nan)) if direction != "backward_filter" else \
+                cp.asarray(np.full(ref.shape, np.nan).astype(dt))
+        del tile_runs[:]
+        if direction == "forward":
+            got = K.direct_forward(p, xg, wg, False, alpha, beta, out)
+        elif direction == "backward_data":
+            got = K.direct_backward_data(p, wg, dyg, False, alpha, beta, out)
+        else:
+            got = K.direct_backward_filter(p, xg, dyg, False, alpha, beta, out)
+        assert got is out
+        want = alpha * ref + beta * prior
+        bound = _bound(direction, p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), u_in, u_out)
+        _check(got, want, bound, f"{direction} {shape[0]} {dtype} alpha={alpha} beta={beta} offset={offset}")
+        if direction == "forward" or (direction == "backward_data" and max(p.stride) == 1):
+            assert tile_runs == [True], f"{direction} {shape[0]}: the tile kernel did not run ({tile_runs})"
+        else:
+            assert tile_runs == [], f"{direction} {shape[0]}: {tile_runs}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=[s[0] for s in SHAPES])
+def test_tile_kernel_matches_float64(shape, dtype, tile_runs):
+    _compare(shape, dtype, tile_runs, seed=SHAPES.index(shape))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["dw-ragged", "dw-56-aligned", "dw-x2-stride2", "dw-many-planes"])
+def test_tile_kernel_blends_alpha_beta(name, dtype, tile_runs):
+    shape = next(s for s in SHAPES if s[0] == name)
+    _compare(shape, dtype, tile_runs, alpha=0.75, beta=-0.5, seed=7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["dw-56-aligned", "dw-ragged", "dw-5x5-dil2"])
+def test_tile_kernel_unaligned_views(name, dtype, tile_runs):
+    shape = next(s for s in SHAPES if s[0] == name)
+    _compare(shape, dtype, tile_runs, offset=True, seed=11)
+    _compare(shape, dtype, tile_runs, alpha=0.5, beta=2.0, offset=True, seed=12)
+
+
+def test_several_planes_per_block_is_exercised():
+    """dw-many-planes runs with TZ > 1 planes per block and a last block partly idle (on any SM count here)."""
+    _, N, C, H, W, Kc, R, S, pad, stride, dil, groups = next(s for s in SHAPES if s[0] == "dw-many-planes")
+    sms = K._launch.sm_count()
+    tx, ty, tz, vh, pitch = K.tile_config(H, W, N * Kc, R, S, stride, dil, sms)
+    assert tz > 1 and (N * Kc) % tz != 0, (tz, sms)
+
+
+def test_tile_kernel_is_chosen_where_it_applies(tile_runs):
+    """Eligible NCHW problems run dw_tile_forward (forward, stride-1 backward data) through the primitives too;
+    NHWC memory does not reach it, and TILE_ENABLED = False gives the plane kernel the same answer."""
+    shape = next(s for s in SHAPES if s[0] == "dw-56-aligned")
+    p, desc = _problem(shape)
+    rng = np.random.default_rng(3)
+    x, w, dy = (rng.standard_normal(s) for s in (p.x_shape, p.w_shape, p.y_shape))
+    xg, wg, dyg = (cp.asarray(a, np.float32) for a in (x, w, dy))
+    h = Handle("cuda")
+    del tile_runs[:]
+    y = convolution_forward(h, xg, wg, desc)
+    dx = convolution_backward_data(h, wg, dyg, desc, p.x_shape)
+    assert tile_runs == [True, True], tile_runs
+    for direction, got in (("forward", y), ("backward_data", dx)):
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        _check(got, ref, _bound(direction, p, ref_abs, 2.0 ** -24, 2.0 ** -24), f"primitive {direction}")
+    # NHWC memory: not a plane problem, the generic kernel
+    del tile_runs[:]
+    x_nhwc = cp.ascontiguousarray(xg.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    y_nhwc = K.direct_forward(p, x_nhwc, wg)
+    assert tile_runs == []
+    cp.testing.assert_allclose(y_nhwc, y, rtol=1e-5, atol=1e-5)
+    # switched off: the plane kernel, same results within rounding
+    old = K.TILE_ENABLED[0]
+    K.TILE_ENABLED[0] = False
+    try:
+        del tile_runs[:]
+        y_plane = K.direct_forward(p, xg, wg)
+        assert tile_runs == [False]
+    finally:
+        K.TILE_ENABLED[0] = old
+    cp.testing.assert_allclose(y_plane, y, rtol=1e-5, atol=1e-5)
+
+
+def test_tile_kernel_is_one_launch_and_repeatable():
+    shape = next(s for s in SHAPES if s[0] == "dw-many-planes")
+    p, _ = _problem(shape)
+    rng = np.random.default_rng(5)
+    xg, wg = cp.asarray(rng.standard_normal(p.x_shape), np.float32), cp.asarray(rng.standard_normal(p.w_shape),
+                                                                                np.float32)
+    first = K.direct_forward(p, xg, wg)
+    before = K._launch.launch_count()
+    again = K.direct_forward(p, xg, wg)
+    assert K._launch.launch_count() - before == 1
+    assert cp.array_equal(first.view(cp.uint32), again.view(cp.uint32))
