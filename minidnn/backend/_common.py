@@ -199,3 +199,15 @@ def window_sum(xp, x, axes, n, before):
     for _, sl in tap_offsets(window, [1] * len(axes), sizes):
         out += xp_[lead + sl]
     return out
+
+
+def seen_plan(table, key):
+    """(key, the plan ``table`` remembers for it, or None) -- the primitives' validated-call caches; (None, None)
+    where an argument cannot key a dict (hashed once, by the lookup itself: a separate hash() doubled the cost of
+    hashing a descriptor)."""
+    if key is None:
+        return None, None
+    try:
+        return key, table.get(key)
+    except TypeError:
+        return None, None

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ._common import begin, blend, check_float, check_out, check_same, parse_enum
+from ._common import begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
 from .cuda import act_kernels  # the GPU fast path's kernels: imported once here, not per call (importing needs no GPU)
 from .devices import is_cuda_array
 from .errors import BadParamError
@@ -212,14 +212,7 @@ def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
 
 
 def _seen(key):
-    """(key, the plan remembered for it or None); (None, None) where an argument cannot key a dict (hashed
-    once, by the lookup itself: a separate hash() doubled the cost of hashing the descriptor)."""
-    if key is None:
-        return None, None
-    try:
-        return key, _SEEN.get(key)
-    except TypeError:
-        return None, None
+    return seen_plan(_SEEN, key)
 
 
 def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):

@@ -36,6 +36,7 @@ from ._common import (
     check_same,
     pad_axes,
     parse_enum,
+    seen_plan,
     shape_str,
     tap_offsets,
 )
@@ -395,14 +396,7 @@ def _gpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, y, dy, argma
 
 
 def _seen(key):
-    """(key, the plan remembered for it or None); (None, None) where an argument cannot key a dict (hashed
-    once, by the lookup itself: a separate hash() doubled the cost of hashing the descriptor)."""
-    if key is None:
-        return None, None
-    try:
-        return key, _SEEN.get(key)
-    except TypeError:
-        return None, None
+    return seen_plan(_SEEN, key)
 
 
 def _gpu_remember(key, fmt, plan):

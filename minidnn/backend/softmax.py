@@ -17,7 +17,7 @@ import enum
 
 import numpy as np
 
-from ._common import begin, blend, check_float, check_out, check_same, parse_enum
+from ._common import begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
 from .cuda import loss_kernels, softmax_kernels  # the GPU fast paths' kernels, imported once (needs no GPU)
 from .devices import is_cuda_array
 from .errors import BadParamError
@@ -139,14 +139,7 @@ def _gpu_key(kind, handle, algo, mode, format, axis, alpha, beta, out, x, dy):
 
 
 def _seen(key):
-    """(key, the plan remembered for it or None); (None, None) where an argument cannot key a dict (hashed
-    once, by the lookup itself: a separate hash() doubled the cost of hashing the descriptor)."""
-    if key is None:
-        return None, None
-    try:
-        return key, _SEEN.get(key)
-    except TypeError:
-        return None, None
+    return seen_plan(_SEEN, key)
 
 
 def _gpu_softmax(x, dy, axes, algo, alpha, beta, out, key=None):
