@@ -146,20 +146,27 @@ class _Plan:
         self.half = np.dtype(p.dtype).itemsize == 2
 
 
+def _run(algorithm, p, a, b, tf32):
+    """``algorithm`` on channels-first arrays as a call runs it -- also when find/benchmark times it: float16/bfloat16
+    data through an algorithm without half math (``runs_half_natively``) is computed in float32 and rounded once
+    at the end (cuDNN's float compute type for half data)."""
+    if np.dtype(p.dtype).itemsize == 2 and not algorithm.runs_half_natively(p, a, b):
+        return algorithm.run(p, a.astype(np.float32), b.astype(np.float32), tf32).astype(p.dtype)
+    return algorithm.run(p, a, b, tf32)
+
+
 def _execute(registry, handle, plan, a, b, result_shape):
     """Pick an algorithm and run it on channels-first arrays; returns the raw (unblended) result."""
     p, tf32 = plan.p, plan.tf32
     with handle.activate():
         algorithm = plan.algorithm
         if algorithm is None and p.N > 0:
-            algorithm = registry.choose(p, handle, plan.math_type, plan.key, lambda alg: alg.run(p, a, b, tf32))
+            algorithm = registry.choose(p, handle, plan.math_type, plan.key, lambda alg: _run(alg, p, a, b, tf32))
         if p.N == 0:        # an empty batch: nothing to compute (and dw sums over no images: zeros)
             return handle.xp.zeros(result_shape, dtype=a.dtype)
-        if plan.half and not algorithm.runs_half_natively(p, a, b):
-            # float16/bfloat16 data through an array algorithm: computed in float32 and rounded once at the end
-            # (cuDNN's float compute type for half data); kernels with native half math set native_half.
-            return algorithm.run(p, a.astype(np.float32), b.astype(np.float32), tf32).astype(p.dtype)
-        return algorithm.run(p, a, b, tf32)
+        if not plan.half:
+            return algorithm.run(p, a, b, tf32)
+        return _run(algorithm, p, a, b, tf32)
 
 
 # ---- the validated-signature shortcut (host cost per call; docs/host_overhead.md) -----------------------------
@@ -410,7 +417,7 @@ get_convolution_backward_filter_algorithm = deprecated_alias(
 def _find(registry, handle, p, conv_desc, a, b, repeats):
     tf32 = handle.allows_tf32(p.dtype, conv_desc.math_type)
     with handle.activate():
-        return registry.find(p, handle, _math_type(handle, p, conv_desc), lambda alg: alg.run(p, a, b, tf32),
+        return registry.find(p, handle, _math_type(handle, p, conv_desc), lambda alg: _run(alg, p, a, b, tf32),
                              repeats)
 
 

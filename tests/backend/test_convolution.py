@@ -601,3 +601,27 @@ def test_half_data_reaches_native_kernels_as_it_is(device, dtype):
     assert dx.dtype == dt
     unit = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
     np.testing.assert_allclose(to_numpy(dx).astype(np.float64), ref, rtol=0, atol=4 * unit * np.abs(ref).max())
+
+
+def test_find_times_half_data_the_way_a_call_runs_it(monkeypatch):
+    """find / benchmark time each algorithm on what a call would hand it: float16 data reaches an algorithm without
+    half math as float32 (the round trip of _execute), not as float16 (it timed a path that never runs)."""
+    seen = []
+    for alg in FORWARD_ALGORITHMS._algorithms.values():
+        real = alg.run
+        monkeypatch.setattr(alg, "run", lambda p, a, b, tf32=False, _real=real: seen.append(a.dtype) or
+                            _real(p, a, b, tf32))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 6, 6)).astype(np.float16)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float16)
+    perfs = find_convolution_forward_algorithm(Handle("cpu"), x, w, ConvolutionDescriptor(1, 1, 1), repeats=1)
+    assert any(pf.status is Status.SUCCESS for pf in perfs)
+    assert seen and all(dt == np.float32 for dt in seen)        # no CPU algorithm has half math
+
+
+def test_depthwise_tile_grid_limits():
+    from minidnn.backend.cuda import conv_igemm as K
+    assert K.tile_config(56, 56, 4096, 3, 3, 1, 1) is not None
+    # more than 65535 tile columns (grid z) or tile rows (grid y): the plane kernel keeps such planes
+    assert K.tile_config(1, 9_000_000, 2, 1, 3, 1, 1) is None
+    assert K.tile_config(40_000_000, 4, 1, 3, 1, 1, 1) is None

@@ -577,7 +577,8 @@ def _tile_window(R, S, stride, dil, vh):
 
 def tile_config(P, Q, planes, R, S, stride, dil, sms=132):
     """(TX, TY, TZ, VH, pitch) of dw_tile_forward for planes of P x Q outputs, or None where the kernel does not
-    take the geometry (window over 24 columns, or no tile fitting the shared memory).  TX threads of VW outputs
+    take the geometry (window over 24 columns, no tile fitting the shared memory, or over 65535 tile rows or
+    columns: the grid's y / z limit).  TX threads of VW outputs
     along a row (the whole row when it has <= 32*VW outputs, else the TX in 16..32 wasting fewest columns), TY
     rows of threads of VH output rows each (as many as 256 threads allow, fewest wasted rows), TZ planes per
     block filling 256 threads while keeping >= 2 blocks per SM."""
@@ -599,6 +600,8 @@ def tile_config(P, Q, planes, R, S, stride, dil, sms=132):
         ty = max(1, ty // 2)
     if ih * pitch * 4 > _TILE_SMEM:
         return None
+    if -(-P // (ty * vh)) > 65535 or -(-Q // (tx * vw)) > 65535:
+        return None         # the launch grid's y / z (tile rows, tile columns) hold at most 65535: the plane kernel
     tiles = -(-P // (ty * vh)) * -(-Q // (tx * vw))
     tz = max(1, min(256 // (tx * ty), 64, _TILE_SMEM // (ih * pitch * 4), planes))      # blockDim.z <= 64
     while tz > 1 and -(-planes // tz) * tiles < 2 * sms:
