@@ -341,3 +341,9 @@ def first_order_grads(op: str, arrays, *depends):
         out = _DoubleBackwardUnsupported.apply(op, tuple(arrays), *depends)
         return out if isinstance(out, tuple) else (out,)
     return tuple(None if a is None else _wrap(a) for a in arrays)
+
+
+def fusion_rule(node, name):
+    """The consumer-fusion rule ``name`` the op that recorded ``node`` offers, or None (docs/fusion.md): an
+    ``apply``-made node names its Function in ``_fn_cls``; a built-in op's node is an instance of it."""
+    return getattr(getattr(node, "_fn_cls", None) or type(node), name, None)

@@ -34,8 +34,10 @@ from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import DimensionError, DTypeError
 from ..backend.handle import configured_default_handle
 from ..tensor import Tensor, _wrap, get_default_dtype
+from ._core import fusion_rule
 
-__all__ = ["Activation", "ActivationGrad", "activation", "relu", "sigmoid", "tanh", "Softmax", "softmax", "log_softmax"]
+__all__ = ["Activation", "ActivationGrad", "activation", "activation_grad", "relu", "sigmoid", "tanh", "Softmax",
+           "softmax", "log_softmax"]
 
 _Mode = B.ActivationMode
 _PIECEWISE_LINEAR = {_Mode.RELU, _Mode.RELU6, _Mode.LEAKY_RELU, _Mode.HARDTANH, _Mode.CLIPPED_RELU, _Mode.IDENTITY}
@@ -84,9 +86,15 @@ class Activation(Function):
     @staticmethod
     def backward(ctx, gy):
         x, = ctx.saved_tensors
-        if not is_grad_enabled():       # first order: the primitive directly (no Function recorded)
-            return _activation_grad(gy, x, ctx.desc), None
-        return ActivationGrad.apply(gy, x, ctx.desc), None
+        return activation_grad(gy, x, ctx.desc), None
+
+
+def activation_grad(dy, x, desc):
+    """dx = f'(x) * dy: an ActivationGrad node under create_graph (differentiable again), else the primitive
+    directly (first order: no Function recorded)."""
+    if is_grad_enabled():
+        return ActivationGrad.apply(dy, x, desc)
+    return _activation_grad(dy, x, desc)
 
 
 def _activation_grad(dy, x, desc):
@@ -140,7 +148,7 @@ def relu(input):
     if producer is not None and _state.grad_enabled:
         # consumer fusion: the op that made ``input`` may record relu(input) as one fused node (batch norm + ReLU:
         # its ``fuse_relu`` rule, docs/fusion.md); None runs the plain ReLU
-        rule = getattr(getattr(producer, "_fn_cls", None) or type(producer), "fuse_relu", None)
+        rule = fusion_rule(producer, "fuse_relu")
         fused = rule(producer, input) if rule is not None else None
         if fused is not None:
             return fused

@@ -20,6 +20,7 @@ from ._core import (
     broadcast_error,
     check_pair,
     fit,
+    fusion_rule,
     promoted_operands,
     to_tensor,
 )
@@ -114,9 +115,8 @@ class Add(Binary):
         e0, e1 = ctx.next_edges
         for mine, other in ((e0, e1), (e1, e0)):
             if mine is not None and mine[1] == 0:
-                producer = mine[0]
-                rule = getattr(getattr(producer, "_fn_cls", None) or type(producer), "fuse_add_relu", None)
-                fused = rule(producer, out, other) if rule is not None else None
+                rule = fusion_rule(mine[0], "fuse_add_relu")
+                fused = rule(mine[0], out, other) if rule is not None else None
                 if fused is not None:
                     return fused
         return None

@@ -17,6 +17,7 @@ from ... import backend as B
 from ..._amp_state import autocast_op
 from ...autograd import Function, gradient_wanted, is_grad_enabled
 from ...backend.errors import ArgumentError
+from ...ops.activation import activation_grad
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
 
@@ -73,22 +74,26 @@ class BatchNormTraining(Function):
         output ``y`` as one node whose backward is the fused batch-norm + ReLU backward (the ReLU mask applied inside
         the batch-norm gradient kernels: one launch and one full-size temporary fewer per pair), or None to run the
         plain ReLU.  The forward is the plain ReLU (y is already computed); see docs/fusion.md."""
-        saved = bn.saved
-        if not (B.cudnn.fusion and y.output_nr == 0 and saved is not None and not bn.pre_hooks) \
-                or any(isinstance(t, Tensor) and t._version != v for t, v in zip(saved, bn.versions)):
-            return None         # switched off, hooked, already backpropagated, or an input modified in place
-        return BatchNormReLU.apply(*saved, y, (bn.stats, bn.eps, (bn,)))
+        if y.output_nr != 0 or not _fusable(bn):
+            return None
+        return BatchNormReLU.apply(*bn.saved, y, (bn.stats, bn.eps, (bn,)))
 
     @staticmethod
     def fuse_add_relu(bn, a, z_edge):
         """The rule the add of a residual block asks for (ops/elementwise.py, Add.fuse_relu): relu(a), a = y + z with
         y this batch norm's output and ``z_edge`` where z's gradient goes (None: z needs none), as one node whose
         backward is the fused batch-norm + add + ReLU backward (dz and dx from one kernel pair); None: plain ReLU."""
-        saved = bn.saved
-        if not (B.cudnn.fusion and saved is not None and not bn.pre_hooks) \
-                or any(isinstance(t, Tensor) and t._version != v for t, v in zip(saved, bn.versions)):
+        if not _fusable(bn):
             return None
-        return BatchNormAddReLU.apply(*saved, _edge_stand_in(z_edge, a), a, (bn.stats, bn.eps, (a.grad_fn, bn)))
+        return BatchNormAddReLU.apply(*bn.saved, _edge_stand_in(z_edge, a), a, (bn.stats, bn.eps, (a.grad_fn, bn)))
+
+
+def _fusable(bn):
+    """Whether batch norm's node ``bn`` may be bypassed by a fused node: fusion on, no hook on its output, its
+    saved tensors still there and not modified in place since (else the plain ReLU is recorded)."""
+    saved = bn.saved
+    return (B.cudnn.fusion and saved is not None and not bn.pre_hooks
+            and all(not isinstance(t, Tensor) or t._version == v for t, v in zip(saved, bn.versions)))
 
 
 def _edge_stand_in(edge, like):
@@ -101,14 +106,6 @@ def _edge_stand_in(edge, like):
     t.grad_fn, t.output_nr = edge
     t.requires_grad = True
     return t
-
-
-def _relu_grad(g, y):
-    """relu's gradient g * (y > 0), the unfused path's (differentiable under create_graph)."""
-    if is_grad_enabled():
-        from ...ops.activation import ActivationGrad
-        return ActivationGrad.apply(g, y, _RELU)
-    return wrap(B.activation_backward(handle_for(y), _RELU, None, g.data, y.data))
 
 
 # The fused nodes keep one more edge: to the tensor they bypass (batch norm's output y, or the residual sum y + z).
@@ -130,7 +127,7 @@ class BatchNormReLU(Function):
     def backward(ctx, g):
         x, weight, y = ctx.saved_tensors
         if is_grad_enabled() or any(gradient_wanted(n) for n in ctx.bypassed):
-            return None, None, None, _relu_grad(g, y), None
+            return None, None, None, activation_grad(g, y, _RELU), None
         dx, _, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_RELU, x.data, y.data, g.data,
                                                           _data(weight), *ctx.stats, ctx.eps)
         return wrap(dx), wrap(dw), wrap(db), None, None
@@ -151,7 +148,7 @@ class BatchNormAddReLU(Function):
     def backward(ctx, g):
         x, weight, a = ctx.saved_tensors
         if is_grad_enabled() or any(gradient_wanted(n) for n in ctx.bypassed):
-            return None, None, None, None, _relu_grad(g, a), None
+            return None, None, None, None, activation_grad(g, a, _RELU), None
         dx, dz, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_ADD_RELU, x.data, a.data,
                                                           g.data, _data(weight), *ctx.stats, ctx.eps)
         return wrap(dx), wrap(dw), wrap(db), (wrap(dz) if ctx.needs_input_grad[3] else None), None, None
