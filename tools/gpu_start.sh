@@ -5,6 +5,7 @@
 export CUPY_CACHE_DIR=$PWD/.cupy_cache PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 start=$(date +%s)
+timeout 100 python3 tools/precompile_conv.py > $OUT/precompile.log 2>&1
 NOBENCH=1 TLIMIT=${TLIMIT:-170} bash tools/gpu_close.sh
 timeout 90 python3 tools/profile_step.py --models resnet20,mobilenet,lenet5 --steps 20 --top 30 \
     --dump $OUT/prof > $OUT/profile.log 2>&1
