@@ -200,6 +200,7 @@ direct_splits_reduce(const float* __restrict__ partial, T* __restrict__ out, int
 // dw_plane_backward_filter: grid (K*Cg filter rows, splits of the batch), 256 threads as (256/TW) rows x TW
 //   columns sweeping each plane of the split; KR*KS accumulators per thread, block-reduced as
 //   direct_backward_filter does; partials reduced in split order by direct_splits_reduce.
+//   (dw_tile_backward_filter, below, replaces it where it applies; this one keeps what that declines.)
 #ifndef KR
 #define KR 3
 #define KS 3
@@ -308,7 +309,8 @@ dw_plane_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, floa
 //   covers the last thread's WIN4 float4s) and applies every tap (r, s) that row holds to all its outputs.
 //   Taps, stride, dilation, VW and VH are compile-time; the weights of (k, cc) sit in registers.
 //   Epilogue: alpha*acc + beta*y (y read only when beta != 0), VW outputs per store where aligned and whole.
-//   Backward data with stride 1 runs this kernel as dw_plane_forward does (dy, flipped channel-swapped kernel).
+//   Backward data with stride 1 runs this kernel on dy with FLIP=1: the convolution's own filter read flipped
+//   and with its channel roles swapped within each group (no flipped copy of the filter, no extra launch).
 #ifndef VW
 #define VW 4
 #endif
@@ -324,8 +326,45 @@ typedef float4 OutVec;            // VW == 4 outputs of 4 bytes
 #else
 typedef uint2 OutVec;             // VW == 4 outputs of 2 bytes
 #endif
+#ifndef FLIP
+#define FLIP 0
+#endif
 union ChunkU { uint4 v; T e[LV]; };
 union OutU { OutVec v; T e[VW]; };
+
+// The IH x pitch input tile of plane xp whose corner is (h_base, w_base), as float into `tile` (row pitch `pitch`),
+// zero outside the H x W image; threads tid < nthr share it in 16-byte chunks aligned in global memory (the
+// first chunk starts at w_base rounded down to a chunk): one 16-byte load where the chunk lies inside the row and
+// the plane's rows are 16-byte aligned, element loads else.  No barrier (the caller's).
+__device__ __forceinline__ void stage_tile(const T* __restrict__ xp, float* tile, int H, int W, int sxh, int IH,
+                                           int pitch, int h_base, int w_base, int tid, int nthr)
+{
+    const int ws = w_base & ~(LV - 1);                     // w_base rounded down to a 16-byte chunk
+    const int nv = (w_base - ws + pitch + LV - 1) / LV;    // chunks per staged row
+    const bool vec_ok = (reinterpret_cast<unsigned long long>(xp) & 15) == 0 && (sxh & (LV - 1)) == 0;
+    for (int i = tid; i < IH * nv; i += nthr) {
+        const int row = i / nv, v = i - row * nv;
+        const int h = h_base + row, gw = ws + v * LV, col = gw - w_base;
+        ChunkU u;
+        float vals[LV];
+        if ((unsigned)h >= (unsigned)H) {
+            #pragma unroll
+            for (int e = 0; e < LV; ++e) vals[e] = 0.f;
+        } else if (vec_ok && gw >= 0 && gw + LV <= W) {
+            u.v = __ldg(reinterpret_cast<const uint4*>(xp + h * sxh + gw));
+            #pragma unroll
+            for (int e = 0; e < LV; ++e) vals[e] = to_f(u.e[e]);
+        } else {
+            const T* src = xp + h * sxh;
+            #pragma unroll
+            for (int e = 0; e < LV; ++e) vals[e] = (unsigned)(gw + e) < (unsigned)W ? to_f(src[gw + e]) : 0.f;
+        }
+        float* dst = tile + row * pitch;
+        #pragma unroll
+        for (int e = 0; e < LV; ++e)
+            if ((unsigned)(col + e) < (unsigned)pitch) dst[col + e] = vals[e];
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(256)
 dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
@@ -343,8 +382,6 @@ dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict_
     const int c0 = (k / Kg) * Cg;
     const int p0 = blockIdx.y * TY * VH, q0 = blockIdx.z * TX * VW;
     const int h_base = p0 * ST - pad_h, w_base = q0 * ST - pad_w;
-    const int ws = w_base & ~(LV - 1);                     // w_base rounded down to a 16-byte chunk
-    const int nv = (w_base - ws + pitch + LV - 1) / LV;    // chunks per staged row
     const int tid = threadIdx.y * TX + threadIdx.x, nthr = TX * TY;
     float acc[VH][VW];
     #pragma unroll
@@ -352,38 +389,22 @@ dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict_
         #pragma unroll
         for (int j = 0; j < VW; ++j) acc[i][j] = 0.f;
     for (int cc = 0; cc < Cg; ++cc) {
-        if (live) {
-            const T* xp = x + n * sxn + (c0 + cc) * sxc;
-            const bool vec_ok = (reinterpret_cast<unsigned long long>(xp) & 15) == 0 && (sxh & (LV - 1)) == 0;
-            for (int i = tid; i < IH * nv; i += nthr) {
-                const int row = i / nv, v = i - row * nv;
-                const int h = h_base + row, gw = ws + v * LV, col = gw - w_base;
-                ChunkU u;
-                float vals[LV];
-                if ((unsigned)h >= (unsigned)H) {
-                    #pragma unroll
-                    for (int e = 0; e < LV; ++e) vals[e] = 0.f;
-                } else if (vec_ok && gw >= 0 && gw + LV <= W) {
-                    u.v = __ldg(reinterpret_cast<const uint4*>(xp + h * sxh + gw));
-                    #pragma unroll
-                    for (int e = 0; e < LV; ++e) vals[e] = to_f(u.e[e]);
-                } else {
-                    const T* src = xp + h * sxh;
-                    #pragma unroll
-                    for (int e = 0; e < LV; ++e) vals[e] = (unsigned)(gw + e) < (unsigned)W ? to_f(src[gw + e]) : 0.f;
-                }
-                float* dst = tile + row * pitch;
-                #pragma unroll
-                for (int e = 0; e < LV; ++e)
-                    if ((unsigned)(col + e) < (unsigned)pitch) dst[col + e] = vals[e];
-            }
-        }
+        if (live) stage_tile(x + n * sxn + (c0 + cc) * sxc, tile, H, W, sxh, IH, pitch, h_base, w_base, tid, nthr);
         __syncthreads();
         if (live) {
             float wr[KR * KS];
+#if FLIP
+            // backward data: w is the convolution's own filter (Kc, Cg', R, S); this launch's output channel k is
+            // its input channel and the summed channel c0 + cc its output channel, so the weight of tap (r, s) is
+            // w[c0 + cc][k % Kg][R-1-r][S-1-s] (Kg here = the convolution's channels per group)
+            const T* wk = w + ((c0 + cc) * Kg + (k - (k / Kg) * Kg)) * (KR * KS);
+            #pragma unroll
+            for (int t = 0; t < KR * KS; ++t) wr[t] = to_f(__ldg(wk + (KR * KS - 1 - t)));
+#else
             const T* wk = w + (k * Cg + cc) * (KR * KS);
             #pragma unroll
             for (int t = 0; t < KR * KS; ++t) wr[t] = to_f(__ldg(wk + t));
+#endif
             const float* base = tile + threadIdx.y * (VH * ST) * pitch + threadIdx.x * (VW * ST);
             #pragma unroll
             for (int ir = 0; ir < IRH; ++ir) {
@@ -437,6 +458,151 @@ dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict_
             }
         }
     }
+}
+
+// ---- register-tiled depthwise/grouped backward filter, NCHW rows (unit stride along width) ------------------
+// dw_tile_backward_filter:  dw[k, cl, r, s] = sum over n, p, q of dy[n, k, p, q] * x[n, c, p*ST + r*DL - pad_h,
+//   q*ST + s*DL - pad_w]   (c = (k/Kg)*Cg + cl; one "filter row" kc = k*Cg + cl pairs dy's channel k with x's c).
+//   grid (K*Cg filter rows, splits), block NT threads, 1-D: NT = TX*TY*TZ rounded up to whole warps (threads past
+//   TX*TY*TZ stage and compute nothing but join the warp reductions, so every shuffle is over a full warp).
+//   A row's work items are (n, dy tile) pairs, item = n*tiles + tp*tiles_q + tq, the tiles (TY*VH) x (TX*VW) of
+//   dy as dw_tile_forward tiles its output; split blockIdx.y takes items [split*per_split, +per_split), TZ at a
+//   time: slice z = tid / (TX*TY) takes item it0 + z, its thread (tx, ty) the VH x VW dy values
+//   dy[n, k, p0 + ty*VH + i, q0 + tx*VW + j].  Per item: the slice stages the x tile of its dy tile with the
+//   halo (stage_tile, as the forward: IH rows x pitch columns from (p0*ST - pad_h, q0*ST - pad_w)), each thread
+//   loads its dy values (VW-wide loads where aligned and whole, zero past P or Q) and, per input row of its
+//   window (IRH rows), reads the float4 run of WIN x values it needs and adds dy[i][j] * x[..] into acc[r*KS+s]
+//   for every tap (r, s) that row holds: KR*KS fp32 accumulators in registers, the product order fixed.
+//   End: the block sums each tap over its threads (xor-shuffle butterfly per warp, one shared row per warp,
+//   warps added in order); with one split that is dw's row; else the block stores its KR*KS partial sums at
+//   partial[kc][split][:], fences, and draws the row's ticket; the block drawing the last one re-reads every
+//   split's partials IN SPLIT ORDER (bitwise the same sums whichever block came last), writes
+//   dw[kc][:] = alpha*sum + beta*dw and resets the ticket to 0 (the implicit-GEMM split-K idiom; one launch).
+//   Traffic: x and dy read once (plus the halo rows of each tile), KR*KS*splits floats of partials per row.
+extern "C" __global__ void __launch_bounds__(256)
+dw_tile_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial,
+                        unsigned int* __restrict__ tickets, T* __restrict__ dw,
+                        int H, int W, int P, int Q, int pad_h, int pad_w, int Cg, int Kg,
+                        int sxn, int sxc, int sxh, int syn, int syc, int syh,
+                        int TX, int TY, int TZ, int tiles_q, int tiles, int items, int per_split, int pitch,
+                        float alpha, float beta)
+{
+    static_assert(VW == 4, "the float4 window reads and the dy vector loads assume VW == 4");
+    constexpr int RS = KR * KS;
+    extern __shared__ float4 smem4[];
+    const int IH = (TY * VH - 1) * ST + (KR - 1) * DL + 1;
+    const int tid = threadIdx.x, plane_thr = TX * TY;
+    const int z = tid / plane_thr, pt = tid - z * plane_thr;       // slice, thread within the slice
+    const int ty = pt / TX, tx = pt - ty * TX;
+    const bool worker = z < TZ;
+    float* tile = reinterpret_cast<float*>(smem4) + (worker ? z : 0) * IH * pitch;
+    const int kc = blockIdx.x, k = kc / Cg, c = (k / Kg) * Cg + (kc - k * Cg);
+    const int begin = blockIdx.y * per_split, end = min(items, begin + per_split);
+    const T* xc = x + c * sxc;
+    const T* dyk = dy + k * syc;
+    float acc[RS];
+    #pragma unroll
+    for (int t = 0; t < RS; ++t) acc[t] = 0.f;
+    for (int it0 = begin; it0 < end; it0 += TZ) {                  // block-uniform trip count (barriers inside)
+        const int it = it0 + z;
+        const bool live = worker && it < end;
+        int n = 0, p0 = 0, q0 = 0;
+        if (live) {
+            n = it / tiles;
+            const int t = it - n * tiles, tp = t / tiles_q;
+            p0 = tp * TY * VH;
+            q0 = (t - tp * tiles_q) * TX * VW;
+        }
+        float d[VH][VW];                 // this thread's dy values, loaded before the staging: both in flight
+        #pragma unroll
+        for (int i = 0; i < VH; ++i)
+            #pragma unroll
+            for (int j = 0; j < VW; ++j) d[i][j] = 0.f;
+        if (live) {
+            const int q = q0 + tx * VW;
+            #pragma unroll
+            for (int i = 0; i < VH; ++i) {
+                const int p = p0 + ty * VH + i;
+                if (p >= P || q >= Q) continue;
+                const T* src = dyk + n * syn + p * syh + q;
+                if (q + VW <= Q && (reinterpret_cast<unsigned long long>(src) & (sizeof(OutVec) - 1)) == 0) {
+                    OutU u;
+                    u.v = __ldg(reinterpret_cast<const OutVec*>(src));
+                    #pragma unroll
+                    for (int j = 0; j < VW; ++j) d[i][j] = to_f(u.e[j]);
+                } else {
+                    #pragma unroll
+                    for (int j = 0; j < VW; ++j) d[i][j] = q + j < Q ? to_f(src[j]) : 0.f;
+                }
+            }
+            stage_tile(xc + n * sxn, tile, H, W, sxh, IH, pitch, p0 * ST - pad_h, q0 * ST - pad_w, pt, plane_thr);
+        }
+        __syncthreads();
+        if (live) {
+            const float* base = tile + ty * (VH * ST) * pitch + tx * (VW * ST);
+            #pragma unroll
+            for (int ir = 0; ir < IRH; ++ir) {
+                float xs[WIN4 * 4];
+                #pragma unroll
+                for (int j = 0; j < WIN4; ++j) {
+                    const float4 f = reinterpret_cast<const float4*>(base + ir * pitch)[j];
+                    xs[4 * j] = f.x; xs[4 * j + 1] = f.y; xs[4 * j + 2] = f.z; xs[4 * j + 3] = f.w;
+                }
+                #pragma unroll
+                for (int i = 0; i < VH; ++i) {
+                    const int dd = ir - i * ST;                        // compile-time after unrolling
+                    if (dd < 0 || dd % DL != 0 || dd / DL >= KR) continue;
+                    const int r = dd / DL;
+                    #pragma unroll
+                    for (int s = 0; s < KS; ++s)
+                        #pragma unroll
+                        for (int j = 0; j < VW; ++j)
+                            acc[r * KS + s] = fmaf(d[i][j], xs[j * ST + s * DL], acc[r * KS + s]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    __shared__ float red[8][RS];           // one row per warp (NT <= 256)
+    __shared__ int s_last;
+    const int warp = tid >> 5, lane = tid & 31, nwarps = blockDim.x >> 5;
+    #pragma unroll
+    for (int t = 0; t < RS; ++t) {
+        float v = acc[t];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    T* dwr = dw + (long long)kc * RS;
+    if (gridDim.y == 1) {
+        for (int t = tid; t < RS; t += blockDim.x) {
+            float v = 0.f;
+            for (int i = 0; i < nwarps; ++i) v += red[i][t];
+            const float old = beta != 0.f ? beta * to_f(dwr[t]) : 0.f;
+            from_f(dwr + t, alpha * v + old);
+        }
+        return;
+    }
+    float* row_part = partial + (long long)kc * gridDim.y * RS;
+    for (int t = tid; t < RS; t += blockDim.x) {
+        float v = 0.f;
+        for (int i = 0; i < nwarps; ++i) v += red[i][t];
+        row_part[blockIdx.y * RS + t] = v;
+    }
+    __threadfence();                       // this block's partials visible device-wide ...
+    __syncthreads();                       // ... before thread 0 draws the row's ticket for the block
+    if (tid == 0) s_last = atomicAdd(tickets + kc, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();                       // the other splits' partials, published before their tickets
+    for (int t = tid; t < RS; t += blockDim.x) {
+        float v = 0.f;
+        for (int sp = 0; sp < (int)gridDim.y; ++sp) v += __ldcg(row_part + sp * RS + t);   // L2, split order
+        const float old = beta != 0.f ? beta * to_f(dwr[t]) : 0.f;
+        from_f(dwr + t, alpha * v + old);
+    }
+    if (tid == 0) tickets[kc] = 0u;        // every split has drawn: the counter is free for the next launch
 }
 """
 

@@ -31,7 +31,7 @@ from .conv_igemm_source import SOURCE as IGEMM_SOURCE
 __all__ = ["TILES", "igemm_supports", "direct_supports", "vec_supports", "vec_eligible", "VEC_ENABLED",
            "implicit_forward", "implicit_backward_data",
            "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
-           "choose_tile", "filter_splits", "DIRECT_MAX_CG", "TILE_ENABLED", "tile_config"]
+           "choose_tile", "filter_splits", "DIRECT_MAX_CG", "TILE_ENABLED", "tile_config", "wgrad_config"]
 
 # name: (BM, BN, BK for 4-byte data, WM, WN); every tile runs 4 warps (128 threads)
 TILES = {
@@ -609,7 +609,7 @@ def tile_config(P, Q, planes, R, S, stride, dil, sms=132):
     return tx, ty, tz, vh, pitch
 
 
-def _tile_plan(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, sms):
+def _tile_plan(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, flip, sms):
     (H, W), (P, Q) = in_hw, out_hw
     R, S = w.shape[2:]
     planes = y.shape[0] * y.shape[1]
@@ -619,24 +619,29 @@ def _tile_plan(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, sms):
     tx, ty, tz, vh, pitch = cfg
     ih = (ty * vh - 1) * stride + (R - 1) * dil + 1
     k = _launch.get_kernel(DIRECT_SOURCE, "dw_tile_forward",
-                           _plane_opts(_dtype_name(x), R, S, stride, dil, 32) + (f"-DVW={TILE_VW}", f"-DVH={vh}"))
+                           _plane_opts(_dtype_name(x), R, S, stride, dil, 32) + (f"-DVW={TILE_VW}", f"-DVH={vh}")
+                           + (("-DFLIP=1",) if flip else ()))
+    # channels summed per output: w's second axis; under FLIP w is the convolution's (Kc, Cg', R, S) filter and
+    # the sum runs over its Kc / groups output channels per group (Kg here is Cg')
+    cg = w.shape[0] * Kg // y.shape[1] if flip else w.shape[1]
     sx, sy = _strides(x), _strides(y)
     grid = (-(-planes // tz), -(-P // (ty * vh)), -(-Q // (tx * TILE_VW)))
-    args = [None, None, None, *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], w.shape[1], Kg, y.shape[1],
+    args = [None, None, None, *(np.int32(v) for v in (H, W, P, Q, pad[0], pad[1], cg, Kg, y.shape[1],
                                                       planes, sx[0], sx[1], sx[2], sy[0], sy[1], sy[2], pitch)),
             np.float32(alpha), np.float32(beta)]
     return _launch.prepare(k, grid, (tx, ty, tz), args, shared_mem=tz * ih * pitch * 4)
 
 
-def _tile_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta) -> bool:
+def _tile_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, flip=False) -> bool:
     """dw_tile_forward (the register-tiled plane kernel) over (N, K) planes, as _plane_forward; False (nothing
-    launched) where it does not take the problem."""
+    launched) where it does not take the problem.  ``flip``: stride-1 backward data, ``w`` the convolution's own
+    contiguous filter, read flipped and channel-swapped by the kernel (FLIP=1) instead of a flipped copy."""
     if not TILE_ENABLED[0] or y.shape[0] * y.shape[1] >= 2 ** 31:
         return False
     key = (tuple(x.shape), tuple(x.strides), tuple(w.shape), tuple(y.shape), tuple(y.strides), x.dtype, in_hw,
-           out_hw, tuple(pad), stride, dil, Kg, float(alpha), float(beta), x.data.device_id)
+           out_hw, tuple(pad), stride, dil, Kg, float(alpha), float(beta), flip, x.data.device_id)
     run = _launch.planned(_tile_plans, key, _tile_plan, x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta,
-                          _launch.sm_count())
+                          flip, _launch.sm_count())
     if run is None:
         return False
     run(x, w, y)
@@ -675,12 +680,15 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
     if _plane_ok(p, dy2, dx2) and p.stride[0] == 1 and min(flipped_pad) >= 0:
         # stride 1: dx is the correlation of dy with the flipped kernel whose channel roles are swapped within each
-        # group, (K, Cg, R, S) -> (C, Kg, R, S)
+        # group, (K, Cg, R, S) -> (C, Kg, R, S); the tile kernel reads w so (FLIP=1): one launch, no copy of w (the
+        # copy was a second launch and ~15-20 us of host time per call, which the 14^2 layer's dgrad showed)
+        if _tile_forward(dy2, cp.ascontiguousarray(w), dx2, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0],
+                         p.Cg, alpha, beta, flip=True):
+            return dx
         R, S = p.kernel
         w_t = w.reshape(p.groups, p.Kg, p.Cg, R, S).transpose(0, 2, 1, 3, 4).reshape(p.C, p.Kg, R, S)
         w_f = cp.ascontiguousarray(w_t[:, :, ::-1, ::-1])
-        if not _tile_forward(dy2, w_f, dx2, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, alpha, beta):
-            _plane_forward(dy2, w_f, dx2, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, alpha, beta)
+        _plane_forward(dy2, w_f, dx2, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, alpha, beta)
         return dx
     w = cp.ascontiguousarray(w)
     g = _geometry(p)
@@ -692,6 +700,75 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     return dx
 
 
+WGRAD_TARGET_BLOCKS_PER_SM = 16     # dw_tile_backward_filter: blocks per SM the splits aim at (~4 resident: waves)
+_wgrad_plans: dict = {}
+
+
+def wgrad_config(N, rows, P, Q, R, S, stride, dil, sms=132):
+    """(TX, TY, TZ, VH, pitch, threads, splits, per_split) of dw_tile_backward_filter over ``rows`` filter rows,
+    each a sum over N planes of P x Q dy values, or None where it does not take the geometry (what tile_config
+    declines for dw_tile_forward, over 49 taps).  The dy tile is the forward's (tile_config for one plane); TZ
+    tiles per step fill <= 256 threads with the fewest idle slots; a block takes at least 2 steps where a row has
+    them, and each row's splits aim at WGRAD_TARGET_BLOCKS_PER_SM blocks per SM over all rows (several waves of
+    the ~4 blocks an SM holds: a short tail), at most 65535 (grid y).  Per row the work items are N * tiles
+    (n, dy tile) pairs; split i takes items [i * per_split, (i + 1) * per_split)."""
+    if R * S > 49:
+        return None
+    cfg = tile_config(P, Q, 1, R, S, stride, dil, sms)
+    if cfg is None:
+        return None
+    tx, ty, _, vh, pitch = cfg
+    ih = (ty * vh - 1) * stride + (R - 1) * dil + 1
+    items = N * -(-P // (ty * vh)) * -(-Q // (tx * TILE_VW))
+    if items >= 2 ** 31:
+        return None
+    tz_max = max(1, min(256 // (tx * ty), _TILE_SMEM // (ih * pitch * 4), items))
+    tz = min(range(max(1, tz_max // 2), tz_max + 1), key=lambda t: (-(-items // t) * t, -t))
+    steps = -(-items // tz)
+    want = -(-WGRAD_TARGET_BLOCKS_PER_SM * sms // rows)
+    iters = max(min(2, steps), -(-steps // want), -(-steps // 65535))
+    per_split = iters * tz
+    return tx, ty, tz, vh, pitch, -(-(tx * ty * tz) // 32) * 32, -(-items // per_split), per_split
+
+
+def _tile_wgrad_plan(p, x, dy, g, alpha, beta, sms):
+    """(prepared launch of dw_tile_backward_filter, partial floats (0: one split), tickets or None), or None."""
+    H, W, P, Q, R, S, ph, pw, st, _, dil, _ = g
+    rows = p.K * p.Cg
+    cfg = wgrad_config(p.N, rows, P, Q, R, S, st, dil, sms)
+    if cfg is None:
+        return None
+    tx, ty, tz, vh, pitch, threads, splits, per_split = cfg
+    ih = (ty * vh - 1) * st + (R - 1) * dil + 1
+    k = _launch.get_kernel(DIRECT_SOURCE, "dw_tile_backward_filter",
+                           _plane_opts(_dtype_name(x), R, S, st, dil, 32) + (f"-DVW={TILE_VW}", f"-DVH={vh}"))
+    tiles_q = -(-Q // (tx * TILE_VW))
+    tiles = -(-P // (ty * vh)) * tiles_q
+    sx, sy = _strides(x), _strides(dy)
+    args = [None] * 5 + [np.int32(v) for v in (H, W, P, Q, ph, pw, p.Cg, p.Kg, sx[0], sx[1], sx[2], sy[0], sy[1],
+                                               sy[2], tx, ty, tz, tiles_q, tiles, p.N * tiles, per_split, pitch)]
+    args += [np.float32(alpha), np.float32(beta)]
+    run = _launch.prepare(k, (rows, splits, 1), (threads, 1, 1), args, shared_mem=tz * ih * pitch * 4)
+    if splits == 1:
+        return run, 0, None
+    return run, rows * splits * R * S, _tickets(_launch.cupy(), rows, x.data.device_id)
+
+
+def _tile_backward_filter(p, x2, dy2, dw, g, alpha, beta) -> bool:
+    """dw_tile_backward_filter into the contiguous ``dw`` (one launch); False (nothing launched) where it does
+    not take the problem (switched off with the forward's TILE_ENABLED / MINIDNN_DW_TILE=0)."""
+    if not TILE_ENABLED[0] or not _plane_ok(p, x2, dy2, max_taps=49):
+        return False
+    key = (p, x2.strides, dy2.strides, x2.dtype, float(alpha), float(beta), x2.data.device_id)
+    plan = _launch.planned(_wgrad_plans, key, _tile_wgrad_plan, p, x2, dy2, g, alpha, beta, _launch.sm_count())
+    if plan is None:
+        return False
+    run, partial_size, tickets = plan
+    partial = _launch.cupy().empty(partial_size, dtype=np.float32) if partial_size else None
+    run(x2, dy2, partial, tickets, dw)
+    return True
+
+
 def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     cp = _launch.cupy()
     if out is not None:
@@ -699,6 +776,12 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     dw = out if out is not None and out.flags.c_contiguous else cp.empty(p.w_shape, dtype=x.dtype)
     x2, dy2 = _as_2d(x, p.nd), _as_2d(dy, p.nd)
     g = _geometry(p)
+    same = dw is out or out is None
+    if _tile_backward_filter(p, x2, dy2, dw, g, alpha if same else 1.0, beta if same else 0.0):
+        if not same:        # a non-contiguous out: blend afterwards
+            out[...] = (alpha * dw.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
+            return out
+        return dw
     RS = g[4] * g[5]
     maxrs = 9 if RS <= 9 else (25 if RS <= 25 else 49)
     sms = _launch.sm_count()
@@ -729,7 +812,6 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
                         np.int32(per_split)])
     red = _direct_kernel("direct_splits_reduce", _dtype_name(x), False)
     n = rows * RS
-    same = dw is out or out is None
     _launch.launch(red, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
                    [partial, dw, np.int32(splits), np.int32(n), np.float32(alpha if same else 1.0),
                     np.float32(beta if same else 0.0)])
