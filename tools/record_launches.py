@@ -4,10 +4,17 @@ as 0), for a fixed scenario of pooling, activation, softmax, cross-entropy, laye
 (each twice: the remembered-call path too).  Two trees' records compared = "the launches did not change"
 --time
 prints the host time per primitive call (the fake's allocation and launch are near free: the Python layers only).
+--conv records / times the convolution primitives' GPU path instead (the implicit-GEMM and direct kernels, the
+NCHW staging copies; a copy made by CuPy is recorded as "cupy/cublas"): every conv layer of LeNet-5, ResNet-20 and
+MobileNet-small at the benchmark's batch sizes through F.conv2d forward and backward, plus primitive calls over
+layouts, dtypes, strides, groups and modes; --time --conv gives µs per primitive call and per conv layer step.
 
     python tools/record_launches.py TREE OUT.json           # record TREE's launches (TREE: a checkout's root)
     python tools/record_launches.py --compare A.json B.json  # differing launches
     python tools/record_launches.py --time TREE              # µs per call, small shapes
+    python tools/record_launches.py --conv TREE OUT.json     # the convolutions' launches
+    python tools/record_launches.py --time --conv TREE       # µs per convolution call
+    python tools/record_launches.py --count-conv TREE        # conv launches per training step of each model
 """
 import contextlib
 import ctypes
@@ -22,9 +29,9 @@ import numpy as np
 def _fake_cupy():
     fake = types.ModuleType("fakecp")
 
-    class _Mem:
+    class _Mem:         # the array's real address: distinct arrays differ (the staging's reuse keys on it)
         def __init__(self, a):
-            self.ptr, self.device_id = 0, 0
+            self.ptr, self.device_id = a.__array_interface__["data"][0], 0
 
     class ndarray(np.ndarray):
         @property
@@ -58,7 +65,10 @@ def _fake_cupy():
         def get_function(self, name):
             return _K(name, self.options)
 
+    ndarray.__module__ = "cupy._core.core"    # what conv_register's GPU test reads of an array's type
     fake.ndarray, fake.RawModule = ndarray, RawModule
+    fake.moveaxis = lambda a, source, destination: w(np.moveaxis(a, source, destination))
+    fake.lib = np.lib           # the reference convolution (CuPy's own kernels, not recorded) computes in NumPy
     fake.empty = lambda shape, dtype=np.float32: w(np.empty(shape, dtype))
     fake.zeros = lambda shape, dtype=np.float32: w(np.zeros(shape, dtype))
     fake.asarray = lambda a: w(np.array(a, order="C"))
@@ -78,12 +88,35 @@ def _install(tree):
     D._cupy = fakecp
     D._try_cupy = lambda: fakecp
     D.cuda_device_count = lambda: 1
+    from minidnn.backend.cuda import cublas
     from minidnn.backend.cuda import launch as L
+
+    def gemm(a, b, tf32=False, *args, **kwargs):      # a reference algorithm's cuBLAS product, in NumPy: one launch
+        L.count_launches(1)
+        return fakecp.asarray(np.matmul(a, b))
+    cublas.gemm = gemm
     return fakecp, L
+
+
+def _zero_pointers(fakecp, L):
+    """Launches record their array arguments as null pointers (addresses differ from run to run)."""
+    zero = types.SimpleNamespace(ptr=0, device_id=0)
+
+    def nulled(a):
+        if not isinstance(a, fakecp.ndarray):
+            return a
+        v = a.view(fakecp.ndarray)
+        v.__dict__["_m"] = zero
+        return v
+    prepared_call, launch = L.Prepared.__call__, L.launch
+    L.Prepared.__call__ = lambda self, *arrays, stream=None: prepared_call(self, *map(nulled, arrays), stream=stream)
+    L.launch = lambda kernel, grid, block, args, *rest, **kw: launch(kernel, grid, block, [nulled(a) for a in args],
+                                                                     *rest, **kw)
 
 
 def record(tree, path):
     fakecp, L = _install(tree)
+    _zero_pointers(fakecp, L)
     sizes = {}
     init = L._Buffer.__init__
 
@@ -160,12 +193,27 @@ def record(tree, path):
 
 
 def compare(a, b):
+    """Position by position; where the counts differ, the two records aligned (difflib) and what was removed or added,
+    by kernel: e.g. the staging copies a shared staging no longer makes, every other launch byte-identical."""
     ra, rb = json.load(open(a)), json.load(open(b))
     bad = [(i, x, y) for i, (x, y) in enumerate(zip(ra, rb)) if x != y]
     print(f"{len(ra)} / {len(rb)} launches, {len(bad)} differ")
+    if len(ra) != len(rb):
+        import difflib
+        ta, tb = [json.dumps(x) for x in ra], [json.dumps(x) for x in rb]
+        sm = difflib.SequenceMatcher(a=ta, b=tb, autojunk=False)
+        gone, new = {}, {}
+        for op, i1, i2, j1, j2 in sm.get_opcodes():
+            for x in ra[i1:i2] if op != "equal" else ():
+                gone[x[0][:60]] = gone.get(x[0][:60], 0) + 1
+            for x in rb[j1:j2] if op != "equal" else ():
+                new[x[0][:60]] = new.get(x[0][:60], 0) + 1
+        same = sum(i2 - i1 for op, i1, i2, _, _ in sm.get_opcodes() if op == "equal")
+        print(f"aligned: {same} identical; only in {a}: {gone}; only in {b}: {new}")
+        return 1
     for i, x, y in bad[:10]:
         print(i, x[0][:100], "|", y[0][:100], "dims same:", x[1] == y[1], "args same:", x[2] == y[2])
-    return 1 if bad or len(ra) != len(rb) else 0
+    return 1 if bad else 0
 
 
 def time_calls(tree):
@@ -214,10 +262,192 @@ def time_calls(tree):
         print(f"{name:18s} {best * 1e6:7.2f} us")
 
 
+# ---- the convolutions' GPU path (--conv) -----------------------------------------------------------------------
+
+def conv_layers(batch_scale=1):
+    """[(model, layer name, input shape, weight shape, stride, padding, dilation, groups, needs dx)] of every Conv2d of
+    the benchmark's models (bench/train_step.py's batch sizes), read from a CPU forward of one image."""
+    import minidnn as mdn
+    import minidnn.models as M
+    from minidnn.nn import Conv2d
+    configs = (("lenet5", M.LeNet5(10, 1, 32), (1, 32, 32), 64), ("resnet20", M.resnet20(10), (3, 32, 32), 128),
+               ("mobilenet", M.MobileNetSmall(10, 3), (3, 32, 32), 128))
+    layers = []
+    for name, model, shape, batch in configs:
+        seen = []
+        for lname, m in model.named_modules():
+            if isinstance(m, Conv2d):
+                m.register_forward_pre_hook(lambda mod, inp, lname=lname: seen.append((lname, mod, inp[0].shape)))
+        with mdn.no_grad():
+            model(mdn.zeros((1, *shape)))
+        for i, (lname, m, xs) in enumerate(seen):
+            layers.append((name, lname, (batch * batch_scale, *xs[1:]), tuple(m.weight.shape), m.stride, m.padding,
+                           m.dilation, m.groups, i > 0))     # the first conv's input (the images) needs no grad
+    return layers
+
+
+def _conv_step(fakecp, layer, dtype=np.float32, channels_last=False):
+    """One conv layer's forward and first-order backward through F.conv2d (what a training step runs)."""
+    from minidnn.nn import functional as F
+    from minidnn.tensor import Tensor
+    _, _, xs, ws, stride, padding, dilation, groups, needs_dx = layer
+    xa = fakecp.empty(xs, dtype=dtype)
+    if channels_last:
+        n, c, h, w_ = xs
+        xa = fakecp.empty((n, h, w_, c), dtype=dtype).transpose(0, 3, 1, 2)
+    x = Tensor._from_array(xa)
+    x.requires_grad = needs_dx
+    w = Tensor._from_array(fakecp.zeros(ws, dtype=dtype))
+    w.requires_grad = True
+    y = F.conv2d(x, w, None, stride, padding, dilation, groups)
+    y.backward(Tensor._from_array(fakecp.empty(y.shape, dtype=dtype) if not channels_last else
+                                  fakecp.empty((y.shape[0], *y.shape[2:], y.shape[1]), dtype=dtype)
+                                  .transpose(0, 3, 1, 2)))
+    return y
+
+
+def _conv_primitives(fakecp, B):
+    """Primitive calls over layouts, dtypes, strides, groups, 1-D, CONVOLUTION mode and blending, each direction."""
+    import ml_dtypes
+    cases = [((128, 16, 32, 32), (16, 16, 3, 3), (1, 1), (1, 1), 1, np.float32, "NCHW"),
+             ((128, 16, 32, 32), (32, 16, 3, 3), (1, 1), (2, 2), 1, np.float32, "NCHW"),
+             ((128, 16, 32, 32), (16, 16, 3, 3), (1, 1), (1, 1), 1, np.float32, "NHWC"),
+             ((64, 32, 16, 16), (64, 32, 1, 1), (0, 0), (1, 1), 1, ml_dtypes.bfloat16, "NCHW"),
+             ((64, 64, 16, 16), (64, 16, 3, 3), (1, 1), (1, 1), 4, np.float32, "NCHW"),
+             ((32, 16, 16, 16), (16, 16, 3, 3), (1, 1), (1, 1), 1, np.float16, "NCHW"),
+             ((8, 6, 12, 12), (16, 6, 5, 5), (0, 0), (1, 1), 1, np.float32, "NCHW"),
+             ((128, 32, 16, 16), (32, 1, 3, 3), (1, 1), (1, 1), 32, np.float32, "NCHW"),
+             ((64, 16, 4096), (32, 16, 9), (4,), (1,), 1, np.float32, "NCHW")]
+    for xs, ws, pad, stride, groups, dt, fmt in cases:
+        nd = len(xs) - 2
+        for mode in ("cross_correlation", "convolution"):
+            desc = B.ConvolutionDescriptor(pad, stride, (1,) * nd, groups, mode=mode)
+            x, w = fakecp.zeros(xs, dtype=dt), fakecp.zeros(ws, dtype=dt)
+            if fmt == "NHWC":
+                x = fakecp.zeros((xs[0], *xs[2:], xs[1]), dtype=dt)
+            for _ in range(2):
+                y = B.convolution_forward(None, x, w, desc, format=fmt)
+                B.convolution_backward_data(None, w, y, desc, x.shape, format=fmt)
+                B.convolution_backward_filter(None, x, y, desc, w.shape, format=fmt)
+                B.convolution_forward(None, x, w, desc, alpha=0.5, beta=0.25, y=y, format=fmt)
+
+
+def _filter_copies_as_one(out):
+    """Record the filter's transposing copy for the VEC loader as one "filter copy" entry, whoever makes it (CuPy's
+    strided copy up to round 6, the staging's transpose kernel since round 7: the same bits), so that two trees'
+    records line up."""
+    from minidnn.backend.cuda import conv_igemm as K
+    for name in ("_filter_copy", "_krsc_filter", "_crsk_filter"):
+        f = getattr(K, name, None)
+        if f is None:
+            continue
+
+        def marked(*args, _f=f):
+            n = len(out)
+            r = _f(*args)
+            if len(out) > n:
+                del out[n:]
+                out.append(("filter copy", [], ""))
+            return r
+        setattr(K, name, marked)
+
+
+def record_conv(tree, path):
+    """The convolutions' launches: every conv layer of the three models through F.conv2d forward + backward (NCHW
+    and channels-last, fp32; each twice), then _conv_primitives."""
+    fakecp, L = _install(tree)
+    _zero_pointers(fakecp, L)
+    sizes = {}
+    init = L._Buffer.__init__
+
+    def buffer_init(self, layout, offsets):
+        init(self, layout, offsets)
+        sizes[ctypes.addressof(self.data)] = layout.size
+    L._Buffer.__init__ = buffer_init
+    out = []
+
+    def go(fn, dims, stream, params_ptr):
+        base = ctypes.c_void_p.from_address(params_ptr).value
+        out.append((str(fn), list(dims), ctypes.string_at(base, sizes[base]).hex()))
+    L._go = go
+    L.count_launches = lambda n=1: out.extend([("cupy/cublas", [], "")] * n)
+    _filter_copies_as_one(out)
+    import minidnn.backend as B
+    for layer in conv_layers():
+        for cl in (False, True):
+            for _ in range(2):
+                _conv_step(fakecp, layer, channels_last=cl)
+    _conv_primitives(fakecp, B)
+    json.dump(out, open(path, "w"))
+    print(f"{len(out)} launches recorded")
+
+
+def count_conv(tree):
+    """Convolution launches per training step of each model (the F.conv2d forward and backward of its conv layers,
+    NCHW fp32, the benchmark's batch sizes), staged operands and filter copies apart."""
+    fakecp, L = _install(tree)
+    names = []
+    L._go = lambda fn, dims, stream, params_ptr: names.append(str(fn).split("(")[0])
+    L.count_launches = lambda n=1: names.extend(["cupy/cublas"] * n)
+    per_model = {}
+    for layer in conv_layers():
+        _conv_step(fakecp, layer)                   # settle the plans; then count one step
+        names.clear()
+        _conv_step(fakecp, layer)
+        tally = per_model.setdefault(layer[0], {})
+        for n in names:
+            tally[n] = tally.get(n, 0) + 1
+    for model, tally in per_model.items():
+        print(f"{model:10s} {sum(tally.values()):4d} conv launches per step: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
+
+
+def time_conv(tree):
+    """µs of host time per convolution primitive call (and per F.conv2d forward + backward) on the GPU path, under
+    the fake CuPy: small shapes with the staging's size rule set to 0, so the staged path runs without the fake's
+    large allocations (the Python layers are those of ResNet-20's staged layers)."""
+    fakecp, L = _install(tree)
+    L._go = lambda fn, dims, stream, params_ptr: None
+    import minidnn.backend as B
+    from minidnn.backend.cuda import conv_igemm as K
+    K.STAGE_MIN_MACS = 0
+    x, w = fakecp.zeros((4, 16, 8, 8)), fakecp.zeros((16, 16, 3, 3))
+    desc = B.ConvolutionDescriptor((1, 1))
+    y = B.convolution_forward(None, x, w, desc)
+    xd, wd = fakecp.zeros((4, 32, 8, 8)), fakecp.zeros((32, 1, 3, 3))
+    dd = B.ConvolutionDescriptor((1, 1), groups=32)
+    layer = ("t", "t", (4, 16, 8, 8), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1, True)
+    ops = {
+        "forward (staged)": lambda: B.convolution_forward(None, x, w, desc),
+        "backward data (staged)": lambda: B.convolution_backward_data(None, w, y, desc, x.shape),
+        "backward filter (staged)": lambda: B.convolution_backward_filter(None, x, y, desc, w.shape),
+        "depthwise forward": lambda: B.convolution_forward(None, xd, wd, dd),
+        "F.conv2d fwd+bwd (staged)": lambda: _conv_step(fakecp, layer),
+    }
+    for name, f in ops.items():
+        for _ in range(50):
+            f()
+        best = 1e9
+        n = 400 if name.startswith("F.") else 2000
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            best = min(best, (time.perf_counter() - t0) / n)
+        print(f"{name:28s} {best * 1e6:7.2f} us")
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--compare":
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
-    elif sys.argv[1] == "--time":
-        time_calls(sys.argv[2])
+    argv = sys.argv[1:]
+    if argv[0] == "--compare":
+        sys.exit(compare(argv[1], argv[2]))
+    elif argv[0] == "--count-conv":
+        count_conv(argv[1])
+    elif argv[:2] == ["--time", "--conv"]:
+        time_conv(argv[2])
+    elif argv[0] == "--time":
+        time_calls(argv[1])
+    elif argv[0] == "--conv":
+        record_conv(argv[1], argv[2])
     else:
-        record(sys.argv[1], sys.argv[2])
+        record(argv[0], argv[1])

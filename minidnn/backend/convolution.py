@@ -29,6 +29,7 @@ from .conv_algorithms import (
     ConvolutionFwdAlgo,
 )
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
+from .cuda.conv_igemm import shared_staging as _shared_staging
 from .devices import array_module, device_of, is_cuda_array
 from .devices import is_floating as _is_floating
 from .errors import BadParamError, NotSupportedError, Status
@@ -57,6 +58,7 @@ __all__ = [
     "find_convolution_backward_filter_algorithm",
     "get_convolution_backward_filter_workspace_size",
     "get_convolution_algorithm_cache", "clear_convolution_algorithm_cache", "convolution_algorithm_cache_info",
+    "convolution_shared_staging",
 ]
 
 _REGISTRIES = (FORWARD_ALGORITHMS, BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS)
@@ -277,6 +279,15 @@ def convolution_backward_filter(handle, x, dy, conv_desc, w_shape, algo=None, al
                       to_channels_first(dy, plan.fmt), plan.p.w_shape)
     # The algorithms computed the gradient of the kernel as applied (flipped in CONVOLUTION mode).
     return _finish(_flip(result, conv_desc), alpha, beta, dw, TensorFormat.NCHW)
+
+
+def convolution_shared_staging():
+    """``with convolution_shared_staging():`` the convolution calls inside copy an NCHW activation into NHWC memory
+    for the GPU kernels' 16-byte loader (the staging of large problems, docs/conv_kernels.md) once, and the later
+    calls that stage the same array reuse that copy: a convolution's backward data and backward filter both read
+    dy.  The results are bit for bit those of the calls made outside the block (the same kernels read the same NHWC
+    data); the arrays given to the calls must not be written inside the block.  Nothing changes on the CPU."""
+    return _shared_staging()
 
 
 def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 
 import numpy as np
 
@@ -178,46 +179,99 @@ def _transpose_plan(shape, itemsize, dev):
 _transposes: dict = {}
 
 
-def _nhwc_copy(cp, a):
-    """An NHWC-memory copy of the 4-D channels-first array ``a``, as its channels-first view (one launch)."""
-    if _channels_last(a) or a.shape[1] == 1:
-        return a
+def _transposer(a):
+    """The prepared launch of ``nchw_to_nhwc`` for the C-contiguous (N, C, H, W) array ``a``, or None where the
+    launch grid cannot hold it (CuPy's strided copy then)."""
+    n, c = a.shape[:2]
+    if not (a.flags.c_contiguous and n <= 65535 and -(-c // 32) <= 65535):
+        return None
+    key = (a.shape, a.itemsize, a.data.device_id)
+    run = _transposes.get(key)
+    return run if run is not None else _launch.planned(_transposes, key, _transpose_plan, a.shape, a.itemsize,
+                                                       key[2])
+
+
+# Operands staged once per scope (``shared_staging``): a convolution's backward stages dy for backward data and
+# finds that copy again in backward filter (one transpose per step and layer less).  Keyed on what the copy reads
+# (address, shape, strides, dtype): inside the scope the caller keeps the arrays alive and unchanged, so an address
+# cannot be reused by another array; the copies are dropped when the scope closes.
+class _Scope(threading.local):
+    memo = None
+
+
+_scope = _Scope()
+
+
+class shared_staging:
+    """``with shared_staging():`` an activation the calls inside stage (NCHW -> NHWC) is copied once and the copy
+    reused by the later calls that stage the same array; the caller must not write the arrays inside the block.
+    Nested blocks share the outer one's copies.  The results are those of the calls made outside any block
+    (the same kernels read the same NHWC data); only the repeated copies are skipped."""
+    __slots__ = ("outer",)
+
+    def __enter__(self):
+        self.outer = _scope.memo
+        if self.outer is None:
+            _scope.memo = {}
+        return self
+
+    def __exit__(self, *exc):
+        _scope.memo = self.outer
+        return False
+
+
+def _stage(cp, a, run):
+    """``a``'s NHWC copy as its channels-first view: by the prepared transpose ``run`` (None: CuPy's strided copy),
+    or the copy already made for ``a`` inside a ``shared_staging`` block."""
+    memo = _scope.memo
+    if memo is not None:
+        key = (a.data.ptr, a.shape, a.strides, a.dtype)
+        t = memo.get(key)
+        if t is None:
+            t = memo[key] = _copy_nhwc(cp, a, run)
+        return t
+    return _copy_nhwc(cp, a, run)
+
+
+def _copy_nhwc(cp, a, run):
     n, c, h, w = a.shape
     t = cp.empty((n, h, w, c), dtype=a.dtype)
-    if a.flags.c_contiguous and n <= 65535 and -(-c // 32) <= 65535:
-        dev = a.data.device_id
-        _launch.planned(_transposes, (a.shape, a.itemsize, dev), _transpose_plan, a.shape, a.itemsize, dev)(a, t)
+    if run is not None:
+        run(a, t)
     else:
         t[...] = a.transpose(0, 2, 3, 1)
         _launch.count_launches(1)        # CuPy's copy kernel: a launch of this call all the same
     return t.transpose(0, 3, 1, 2)
 
 
-def _krsc_filter(cp, w):
-    """Forward's B operand under VEC=1: w (K, Cg, *kernel) as a KRSC matrix (the channel innermost, k = (r, s, c)):
-    the filter itself when it is channels-last in memory and 16-byte aligned, else one copy."""
-    wk = cp.moveaxis(w, 1, -1)
-    if wk.flags.c_contiguous and wk.data.ptr % 16 == 0:
-        return wk
-    _launch.count_launches(1)            # CuPy's copy kernel: a launch of this call all the same
-    return cp.ascontiguousarray(wk)
+def _nhwc_copy(cp, a):
+    """An NHWC-memory copy of the 4-D channels-first array ``a``, as its channels-first view (one launch; none where
+    ``a`` already is channels-last, has one channel, or was staged already in a ``shared_staging`` block)."""
+    if _channels_last(a) or a.shape[1] == 1:
+        return a
+    return _stage(cp, a, _transposer(a))
 
 
-def _reads_krsc(p, w):
-    """Backward data under VEC=1 reads the filter itself (no transposing copy) when it is channels-last in memory
-    (KRSC contiguous, as ``module.to(memory_format=channels_last)`` leaves it), 16-byte aligned, and its input
-    channels per group are whole vectors."""
-    wk = _launch.cupy().moveaxis(w, 1, -1)
-    return p.Cg % (16 // p.itemsize) == 0 and wk.flags.c_contiguous and w.data.ptr % 16 == 0
-
-
-def _crsk_filter(cp, p, w):
-    """Backward data's B operand under VEC=1: w (K, Cg, *kernel) as (G, Cg, *kernel, Kg) -- for each input channel
-    c a row over k = (r, s, kk), kk fastest (one transposing copy per call: the weights change between calls)."""
+def _filter_copy(cp, p, w, form):
+    """The filter in the form the VEC loader reads, one copy: "krsc" -- w (K, Cg, *kernel) as (K, *kernel, Cg), the
+    channel innermost (forward); "crsk" -- as (G, Cg, *kernel, Kg), for each input channel a row over k = (r, s, kk),
+    kk fastest (backward data).  Both are per-block transposes of a contiguous filter, (K, Cg, RS) -> (K, RS, Cg)
+    and (G, Kg, Cg*RS) -> (G, Cg*RS, Kg), made by the staging's prepared transpose kernel (a few us of host time
+    where CuPy's strided copy of the permuted view cost ~15-20); a strided filter, or one the grid cannot hold, gets
+    CuPy's copy.  One launch either way (the weights change between calls), the bits those of the copy."""
     nd = w.ndim - 2
-    wg = w.reshape(p.groups, p.Kg, p.Cg, *w.shape[2:])
-    _launch.count_launches(1)
-    return cp.ascontiguousarray(wg.transpose(0, 2, *range(3, 3 + nd), 1))
+    n, c = (p.K, p.Cg) if form == "krsc" else (p.groups, p.Kg)
+    run = _transposer(w.reshape(n, c, 1, w.size // (n * c))) if w.flags.c_contiguous else None
+    if run is None:
+        _launch.count_launches(1)        # CuPy's copy kernel: a launch of this call all the same
+        if form == "krsc":
+            return cp.ascontiguousarray(cp.moveaxis(w, 1, -1))
+        wg = w.reshape(p.groups, p.Kg, p.Cg, *w.shape[2:])
+        return cp.ascontiguousarray(wg.transpose(0, 2, *range(3, 3 + nd), 1))
+    shape = (p.K, *w.shape[2:], p.Cg) if form == "krsc" else (p.groups, p.Cg, *w.shape[2:], p.Kg)
+    t = cp.empty(shape, dtype=w.dtype)
+    run(w, t)
+    return t
 
 
 # ---- geometry -------------------------------------------------------------------------------------------
@@ -358,54 +412,165 @@ def _tap_table(cp, direction, p, g, sx, sy):
 
 
 _plans: dict = {}          # the launches of a settled call (below), through launch.planned
+_calls: dict = {}          # a call's settled decisions (_Call), per layout and alignment of its arrays
 
 
-def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
-    """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
-    (the filter gradient's split-K partials are added by the last block of each output tile, in split order).
-    Everything but the arrays' addresses -- geometry, strides, tile, split, the packed scalar arguments -- is
-    settled once per (direction, problem, strides, dtype, math, blend, tile, device) and kept (``_plans``): a
-    repeated call costs the allocation of the split-K buffer and one prepared launch (host cost:
-    docs/host_overhead.md)."""
-    cp = _launch.cupy()
-    vec = False
+class _Meta:
+    """What the decisions and a plan read of an array (shape, strides, dtype, address alignment), without the
+    array: a staged copy before it is made, or an array a kept plan must not hold alive."""
+    __slots__ = ("shape", "strides", "dtype", "itemsize", "ndim", "data")
+
+    def __init__(self, shape, strides, dtype, ptr=0):
+        self.shape, self.strides, self.dtype = tuple(shape), tuple(strides), np.dtype(dtype)
+        self.itemsize, self.ndim = self.dtype.itemsize, len(self.shape)
+        self.data = _Ptr(ptr)
+
+
+class _Ptr:
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+def _meta(a):
+    return _Meta(a.shape, a.strides, a.dtype, a.data.ptr % 16)
+
+
+def _staged_meta(a):
+    """The array ``_nhwc_copy(a)`` returns, described: ``a`` itself where it copies nothing, else a fresh NHWC copy
+    (the memory pool's blocks are 512-byte aligned)."""
+    if _channels_last(a) or a.shape[1] == 1:
+        return a
+    n, c, h, w = a.shape
+    e = a.itemsize
+    return _Meta(a.shape, (h * w * c * e, e, w * c * e, c * e), a.dtype)
+
+
+class _Call:
+    """The settled decisions of an implicit-GEMM call, for every later call whose arrays have the same layout and
+    alignment: which activation operands are staged (``stage``: per operand, None, or True for a copy), how the
+    filter is read (``wmode``: "as-is", "contiguous" (CuPy's ascontiguousarray), "krsc" / "crsk" (a transposing copy)),
+    and the key and arguments of the kernel plan (looked up again in ``_plans`` at each call, so clearing that table
+    is seen)."""
+    __slots__ = ("direction", "p", "stage", "wmode", "plan_key", "plan_args")
+
+    def __call__(self, cp, a, b, out):
+        direction, nd = self.direction, self.p.nd
+        if direction == 0:
+            x, w = a, b
+            if nd == 1:
+                x = x[:, :, None, :]
+            if self.stage[0]:
+                x = _nhwc_copy(cp, x)
+            w = self._filter(cp, w)
+            src = (x, w)
+        elif direction == 1:
+            dy = b if nd == 2 else b[:, :, None, :]
+            if self.stage[1]:
+                dy = _nhwc_copy(cp, dy)
+            src = (dy, self._filter(cp, a))
+        else:
+            x, dy = (a, b) if nd == 2 else (a[:, :, None, :], b[:, :, None, :])
+            if self.stage[0]:
+                x = _nhwc_copy(cp, x)
+            if self.stage[1]:
+                dy = _nhwc_copy(cp, dy)
+            src = (x, dy)
+        plan = _plans.get(self.plan_key)
+        if plan is None:
+            plan = _launch.planned(_plans, self.plan_key, _igemm_plan, cp, *self.plan_args)
+        main, partial_size, table, tickets = plan
+        partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
+        main(src[0], src[1], out, partial, table, tickets)
+
+    def _filter(self, cp, w):
+        mode = self.wmode
+        if mode == "as-is":
+            return w
+        if mode == "contiguous":
+            return cp.ascontiguousarray(w)
+        return _filter_copy(cp, self.p, w, mode)
+
+
+def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
+    """The decisions of ``_run_igemm`` for these arrays' layouts and alignment (nothing launched, nothing copied):
+    the VEC loader where the activations are NHWC-like, else the NCHW staging where the problem is large enough, and
+    the filter's form for the loader that runs."""
+    call = _Call()
+    call.direction, call.p = direction, p
+    call.stage = (False, False)
     stage = _stageable(direction, p)
     if direction == 0:
-        x = _as_2d(a, p.nd)
+        x, w = _as_2d(a, p.nd), b
         vec = vec_eligible(0, p, x) is None
         if not vec and stage:
-            xs = _nhwc_copy(cp, x)
-            if vec_eligible(0, p, xs) is None:
-                x, vec = xs, True
-        w = _krsc_filter(cp, b) if vec else cp.ascontiguousarray(b)
-        src, s1, s2 = (x, w), x, out
+            xs = _staged_meta(x)
+            if xs is not x:
+                call.stage = (True, False)
+                if vec_eligible(0, p, xs) is None:
+                    x, vec = xs, True
+        wk = cp.moveaxis(w, 1, -1)
+        if vec and not (wk.flags.c_contiguous and w.data.ptr % 16 == 0):
+            call.wmode = "krsc"                     # the filter as KRSC: k = (r, s, c), the channel innermost
+        else:
+            call.wmode = "as-is" if vec or w.flags.c_contiguous else "contiguous"
+        s1, s2 = x, out
     elif direction == 1:
         # (strided and undilated: every residue class of dx in this one launch, reading the whole filter)
-        dy = _as_2d(b, p.nd)
+        dy, w = _as_2d(b, p.nd), a
         vec = vec_eligible(1, p, dy) is None
         if not vec and stage:
-            dys = _nhwc_copy(cp, dy)
-            if vec_eligible(1, p, dys) is None:
-                dy, vec = dys, True
-        if vec and _reads_krsc(p, a):
-            vec, w = "krsc", a             # a channels-last filter, read as it is (WKRSC=1)
+            dys = _staged_meta(dy)
+            if dys is not dy:
+                call.stage = (False, True)
+                if vec_eligible(1, p, dys) is None:
+                    dy, vec = dys, True
+        reads_krsc = (p.Cg % (16 // p.itemsize) == 0 and cp.moveaxis(w, 1, -1).flags.c_contiguous
+                      and w.data.ptr % 16 == 0)
+        if vec and reads_krsc:
+            vec, call.wmode = "krsc", "as-is"        # a channels-last filter, read as it is (WKRSC=1)
+        elif vec:
+            call.wmode = "crsk"                     # the filter as (G, Cg, *kernel, Kg)
         else:
-            w = _crsk_filter(cp, p, a) if vec else cp.ascontiguousarray(a)
-        src, s1, s2 = (dy, w), out, dy
+            call.wmode = "as-is" if w.flags.c_contiguous else "contiguous"
+        s1, s2 = out, dy
     else:
         x, dy = _as_2d(a, p.nd), _as_2d(b, p.nd)
         vec = vec_eligible(2, p, x, dy) is None
         if not vec and stage:
-            xs, dys = _nhwc_copy(cp, x), _nhwc_copy(cp, dy)
+            xs, dys = _staged_meta(x), _staged_meta(dy)
+            call.stage = (xs is not x, dys is not dy)
             if vec_eligible(2, p, xs, dys) is None:
                 x, dy, vec = xs, dys, True
-        src, s1, s2 = (x, dy), x, dy
-    key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec,
-           cp.cuda.runtime.getDevice())
-    main, partial_size, table, tickets = _launch.planned(_plans, key, _igemm_plan, cp, direction, p, s1, s2, tf32,
-                                                         precomp, alpha, beta, tile, vec)
-    partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
-    main(src[0], src[1], out, partial, table, tickets)
+        call.wmode = None
+        s1, s2 = x, dy
+    dev = cp.cuda.runtime.getDevice()
+    call.plan_key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec, dev)
+    call.plan_args = (direction, p, _as_meta(s1), _as_meta(s2), tf32, precomp, alpha, beta, tile, vec)
+    return call
+
+
+def _as_meta(a):
+    return a if type(a) is _Meta else _meta(a)
+
+
+def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
+    """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
+    (the filter gradient's split-K partials are added by the last block of each output tile, in split order), after
+    the staging copies and filter transpose its loader needs.  The decisions (loader, staging, filter form) are
+    settled once per layout and alignment of the arrays (``_calls``), the kernel's launch -- geometry, strides,
+    tile, split, the packed scalar arguments -- once per (direction, problem, strides, dtype, math, blend, tile,
+    device) (``_plans``): a repeated call costs two dict lookups, its copies, the allocation of the split-K buffer
+    and one prepared launch (host cost: docs/host_overhead.md)."""
+    cp = _launch.cupy()
+    key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
+           out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
+           a.data.device_id)
+    call = _calls.get(key)
+    if call is None:
+        call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile)
+    call(cp, a, b, out)
 
 
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False):

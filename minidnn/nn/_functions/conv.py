@@ -83,6 +83,10 @@ class ConvForward(Function):
         x_shape, w_shape = ctx.shapes
         need = ctx.needs_input_grad
         if not is_grad_enabled():       # first order: the primitives directly
+            if need[0] and need[1]:     # both read gy: the GPU kernels' NHWC copy of it is made once
+                with B.convolution_shared_staging():
+                    return (_backward_data(w, gy, ctx.desc, x_shape), _backward_filter(x, gy, ctx.desc, w_shape),
+                            None)
             return (_backward_data(w, gy, ctx.desc, x_shape) if need[0] else None,
                     _backward_filter(x, gy, ctx.desc, w_shape) if need[1] else None, None)
         gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
@@ -105,6 +109,9 @@ class ConvBackwardData(Function):
         w, dy = ctx.saved_tensors
         need = ctx.needs_input_grad
         if not is_grad_enabled():
+            if need[0] and need[1]:     # both read g (as x): its NHWC copy is made once
+                with B.convolution_shared_staging():
+                    return _backward_filter(g, dy, ctx.desc, ctx.w_shape), _forward(g, w, ctx.desc), None, None
             return (_backward_filter(g, dy, ctx.desc, ctx.w_shape) if need[0] else None,
                     _forward(g, w, ctx.desc) if need[1] else None, None, None)
         gw = ConvBackwardFilter.apply(g, dy, ctx.desc, ctx.w_shape) if need[0] else None
