@@ -2,6 +2,7 @@
 
     python bench/conv_kernels.py                # the layer table of issue 9, strict fp32 and TF32
     python bench/conv_kernels.py --reps 10 --layers 3
+    python bench/conv_kernels.py --match depthwise   # only the layers whose name contains "depthwise"
     python bench/conv_kernels.py --layout nhwc  # ResNet-20's 3x3 layers in NHWC: element loader vs VEC loader
 
 Per layer and math mode, forward + backward data + backward filter (ms, CUDA events around --reps back-to-back
@@ -138,6 +139,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=len(LAYERS))
+    ap.add_argument("--match", default="", help="only the layers whose name contains this text")
     ap.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw",
                     help="nhwc: ResNet-20's layers, element loader vs the VEC loader vs PyTorch channels_last")
     ap.add_argument("--modes", default="bf16,tf32,fp32", help="--layout nhwc: the data/math modes to time")
@@ -166,6 +168,8 @@ def main():
           f"cuDNN {torch.backends.cudnn.version()}")
     rows = []
     for name, N, C, Kc, size, k, pad, stride, groups in LAYERS[:args.layers]:
+        if args.match not in name:
+            continue
         for mode in ("fp32", "tf32"):
             tf32 = mode == "tf32"
             mt = MathType.TENSOR_OP if tf32 else MathType.DEFAULT

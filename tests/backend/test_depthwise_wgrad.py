@@ -190,9 +190,9 @@ def test_wgrad_tile_is_one_launch_bitwise_repeatable(name, dtype):
 
 
 def test_wgrad_switch_and_primitive(wgrad_runs):
-    """Through the primitive (handle.deterministic default) the tile kernel runs; TILE_ENABLED = False gives the
-    plane kernel (two launches) the same answer within rounding; an interleaved implicit-GEMM split-K filter
-    gradient (which shares the ticket array) leaves both right."""
+    """Through the primitive's ALGO_0 (handle.deterministic default) the tile kernel runs; TILE_ENABLED = False
+    gives the plane kernel (two launches) the same answer within rounding; an interleaved implicit-GEMM split-K
+    filter gradient (which shares the ticket array) leaves both right."""
     shape = _shape("56-many-splits")
     p, desc = _problem(shape)
     rng = np.random.default_rng(9)
@@ -200,7 +200,7 @@ def test_wgrad_switch_and_primitive(wgrad_runs):
     xg, dyg = cp.asarray(x, np.float32), cp.asarray(dy, np.float32)
     h = Handle("cuda")
     del wgrad_runs[:]
-    dw = convolution_backward_filter(h, xg, dyg, desc, p.w_shape)
+    dw = convolution_backward_filter(h, xg, dyg, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_0)
     assert wgrad_runs == [True], wgrad_runs
     ref, ref_abs = _ref(desc, p, x, dy)
     bound = _bound(p, ref_abs, 2.0 ** -24, 2.0 ** -24)
