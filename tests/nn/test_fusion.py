@@ -254,3 +254,30 @@ def test_the_bypassed_batch_norm_node_is_freed_by_backward(fusion):
     assert bn_node.saved is None            # freed, as after an unfused backward
     with pytest.raises(RuntimeError, match="second time|freed"):
         (y * 2).sum().backward()            # as unfused: batch norm's saved tensors are gone
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["bn+relu", "bn+add+relu"])
+def test_channels_last_batch_norm_is_fused(device, fusion, residual):
+    # issue 12: a channels-last (NHWC) activation reaches batch norm as itself (no permuted (N*H*W, C) view), so
+    # relu finds batch norm's node and the fused node is recorded; outputs and gradients stay NHWC and equal the
+    # unfused graph's
+    zs = {}
+
+    def build(conv, bn, x):
+        conv.to(memory_format=mdn.channels_last)
+        y = bn(conv(x.to(memory_format=mdn.channels_last)))
+        if not residual:
+            return F.relu(y)
+        mdn.manual_seed(3)
+        z = zs["z"] = mdn.randn(4, 6, 7, 5, device=x.device).to(memory_format=mdn.channels_last).requires_grad_()
+        return F.relu(y + z)
+
+    r, fused = _grads(device, True, build)
+    assert _node(r) == ("BatchNormAddReLU" if residual else "BatchNormReLU")
+    assert r.is_contiguous(memory_format=mdn.channels_last)
+    z_fused = zs["z"].grad.detach().cpu().numpy() if residual else None
+    r, plain = _grads(device, False, build)
+    assert _node(r) == "Activation"
+    _same(fused, plain, device)
+    if residual:
+        _same([z_fused], [zs["z"].grad.detach().cpu().numpy()], device)

@@ -29,6 +29,7 @@ reads x, dy (y) twice and writes dx (dz).  Nothing is read back to the host: cap
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -38,6 +39,8 @@ from . import launch as _launch
 __all__ = ["supports", "layout_of", "forward_training", "forward_inference", "backward", "SOURCE"]
 
 THREADS = 256
+ONEPASS_UNROLL = 4        # vectors in flight per thread and array in the one-pass kernels
+ONEPASS_BPS = 2           # their blocks per SM: the grid is at most this many per SM, all resident at once
 
 # Storage of the data arrays (shared by bn, pool and act kernels): SCALAR itself (STORAGE 0: float, double) or the
 # 16 bits of a float16 (1) / bfloat16 (2) converted to and from A = float with PTX (no headers needed).
@@ -335,6 +338,363 @@ bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y
 }
 """
 
+# The one-pass kernels (bn_fwd1, bn_bwd1): the statistics and the elementwise pass in ONE launch.  A tile (one
+# channel NCHW; TW = TPR * VEC consecutive channels channels-last) is split over `per` blocks; each block reads its
+# slice, publishes its partial sums, meets the tile's other blocks (the last one adds the partials in a fixed order
+# and finalises), then reads the same slice again -- from L2: a launch takes at most an L2-sized share of the data
+# in flight (`_ROUND_SHARE`) -- and writes the output.  The grid (`per` blocks times the tiles of one round, at most
+# the resident blocks: BPS per SM) loops over rounds of tiles.  DRAM traffic is the compulsory one (x read once,
+# y written once) where a round fits in L2.  Defines: VEC (values per 16-byte vector, or 1), TPR (threads side by
+# side over a channels-last tile), UNROLL (vectors in flight per thread and array), BPS (blocks per SM).
+ONEPASS_SOURCE = STORAGE_HEADER + r"""
+typedef PARAM P;
+__device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
+{
+    return (__umulhi(n, mul) + n) >> shr;
+}
+""" + r"""// ---- one-pass kernels (bn_fwd1, bn_bwd1): statistics and the elementwise pass in one launch ----------
+#define NCH (INNER1 ? VEC : 1)          // channels a thread accumulates (its vector's lanes, channels-last)
+#define TX (INNER1 ? TPR : 1)           // threads side by side over a tile's channels
+#define RW (256 / TX)                   // rows of threads
+#define TW (TX * NCH)                   // channels of a tile
+#if VEC == 1
+typedef T VT;
+#else
+typedef uint4 VT;                       // 16 bytes: 2 doubles, 4 floats or 8 halves
+#endif
+union Pack { VT raw; T v[VEC]; };
+
+// first pass: plain loads (they fill L2); second pass: the same addresses again, streaming ("last use") loads that
+// hit L2, and streaming stores so the outputs do not push the first pass's lines out
+__device__ __forceinline__ Pack ld1(const T* p) { Pack r; r.raw = *reinterpret_cast<const VT*>(p); return r; }
+__device__ __forceinline__ Pack ld2(const T* p)
+{
+    Pack r;
+#if VEC == 1
+    r.raw = *p;
+#else
+    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.raw.x), "=r"(r.raw.y), "=r"(r.raw.z),
+                 "=r"(r.raw.w) : "l"(p));
+#endif
+    return r;
+}
+__device__ __forceinline__ void st2(T* p, const Pack& v)
+{
+#if VEC == 1
+    *p = v.raw;
+#else
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(v.raw.x), "r"(v.raw.y),
+                 "r"(v.raw.z), "r"(v.raw.w) : "memory");
+#endif
+}
+
+// The element offsets of this block's slice of tile t, visited as (thread, unrolled step): one function object
+// call per vector with its offset.  NCHW: the channel's m / VEC vectors split into `per` contiguous ranges, vector
+// j at ((j / iv) * C + c) * inner + (j % iv) * VEC; channels-last: rows split likewise, thread (ty, tx) reads
+// row r's channels t * TW + tx * VEC ... at r * C + t * TW + tx * VEC.
+struct Slice {
+    unsigned int lo, hi, first;
+    long long base;
+};
+
+__device__ __forceinline__ Slice slice_of(int t, int s, int per, int outer, int C, int inner, int iv)
+{
+    Slice sl;
+#if INNER1
+    const unsigned long long m = (unsigned long long)outer;
+    sl.first = threadIdx.x / TX;
+    sl.base = (long long)t * TW + (threadIdx.x % TX) * VEC;
+#else
+    const unsigned long long m = (unsigned long long)outer * (unsigned int)iv;
+    sl.first = threadIdx.x;
+    sl.base = (long long)t * inner;
+#endif
+    sl.lo = (unsigned int)(m * s / per);
+    sl.hi = (unsigned int)(m * (s + 1) / per);
+    return sl;
+}
+
+template <class F>
+__device__ __forceinline__ void walk(const Slice& sl, int C, int inner, int iv, unsigned int iv_mul,
+                                     unsigned int iv_shr, bool valid, F f)
+{
+    if (!valid) return;
+    for (unsigned int j = sl.lo + sl.first; j < sl.hi; j += RW * UNROLL) {
+        long long off[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const unsigned int jj = j + u * RW;
+#if INNER1
+            off[u] = jj < sl.hi ? (long long)jj * C + sl.base : -1;
+#else
+            const unsigned int o = fast_div(jj, iv_mul, iv_shr);
+            off[u] = jj < sl.hi ? ((long long)o * C) * inner + sl.base + (long long)(jj - o * iv) * VEC : -1;
+#endif
+        }
+        f(off);
+    }
+}
+
+// The block's sums of v[NCH][2] over its RW rows of threads (fixed-order tree); thread row 0 holds the result.
+__device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
+{
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) { sm[ty][tx * NCH + k][0] = v[k][0]; sm[ty][tx * NCH + k][1] = v[k][1]; }
+    __syncthreads();
+    for (int s = RW / 2; s > 0; s >>= 1) {
+        if (ty < s) {
+#pragma unroll
+            for (int k = 0; k < NCH; ++k) {
+                sm[ty][tx * NCH + k][0] += sm[ty + s][tx * NCH + k][0];
+                sm[ty][tx * NCH + k][1] += sm[ty + s][tx * NCH + k][1];
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int k = 0; k < NCH; ++k) { v[k][0] = sm[0][tx * NCH + k][0]; v[k][1] = sm[0][tx * NCH + k][1]; }
+}
+
+// Publish this block's partials of tile t, then meet the tile's other blocks.  The last to arrive adds every
+// block's partials in double (thread (q, k): channel k of the tile, partials q, q + 256 / TW, ... in order, then a
+// fixed-order tree over q: the same order whichever block is last, so the result is bitwise repeatable), calls
+// fin(k, t1, t2) on row q == 0 and raises the tile's flag; the others wait for the flag.  sync[3t..3t+2]: arrivals,
+// flag, departures (reset by the last block to leave: see depart()).  All `per` blocks of a tile are resident at
+// once (the grid never exceeds the resident blocks), so the wait ends.
+template <class Fin>
+__device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
+                                     int per, int C, A (*sm)[TW][2], Fin fin)
+{
+    __shared__ double sd[256][2];
+    __shared__ bool last;
+    block_sum(sm, v);
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
+    if (ty == 0) {
+#pragma unroll
+        for (int k = 0; k < NCH; ++k) {
+            const int c = t * TW + tx * NCH + k;
+            if (c < C) { A* p = partial + ((long long)c * per + s) * 2; p[0] = v[k][0]; p[1] = v[k][1]; }
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(sync + 3 * t, 1u) == (unsigned int)per - 1;
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        const int k = threadIdx.x % TW, q = threadIdx.x / TW, rq = 256 / TW;
+        const int c = t * TW + k;
+        double a1 = 0, a2 = 0;
+        if (c < C) {
+            const A* p = partial + (long long)c * per * 2;
+            for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
+        }
+        sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
+        __syncthreads();
+        for (int h = rq / 2; h > 0; h >>= 1) {
+            if (q < h) {
+                sd[threadIdx.x][0] += sd[threadIdx.x + h * TW][0];
+                sd[threadIdx.x][1] += sd[threadIdx.x + h * TW][1];
+            }
+            __syncthreads();
+        }
+        if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicExch(sync + 3 * t + 1, 1u);
+    } else {
+        if (threadIdx.x == 0) {
+            while (*(volatile unsigned int*)(sync + 3 * t + 1) == 0u) __nanosleep(64);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+}
+
+// After every thread has read the tile's statistics: the last block of the tile to leave resets its counters
+// (every block has passed the wait by then), so the next launch finds them zero.
+__device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
+{
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(sync + 3 * t + 2, 1u) == (unsigned int)per - 1) {
+        sync[3 * t] = 0u; sync[3 * t + 1] = 0u; sync[3 * t + 2] = 0u;
+    }
+}
+
+// channel of lane e of the thread's vector (channels-last: consecutive channels; NCHW: the tile's one channel)
+#define LANE_CH(e) (INNER1 ? (e) : 0)
+
+extern "C" __global__ void __launch_bounds__(256, BPS)
+bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
+        unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
+        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter,
+        const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
+        const unsigned int iv_shr, const int tiles, const int per, const double factor, const double eps,
+        const int has_running, const int has_counter)
+{
+    __shared__ A sm[RW][TW][2];
+    const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
+    for (int t = blockIdx.x / per; t < tiles; t += rounds_step) {
+        const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
+        const bool valid = !INNER1 || sl.base < C;
+        A kshift[NCH], v[NCH][2];
+#pragma unroll
+        for (int e = 0; e < NCH; ++e) {
+            kshift[e] = valid ? LD(x[sl.base + e]) : (A)0;      // shift: the channel's first element
+            v[e][0] = 0; v[e][1] = 0;
+        }
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A d = LD(p[u].v[e]) - kshift[LANE_CH(e)];
+                    v[LANE_CH(e)][0] += d; v[LANE_CH(e)][1] += d * d;
+                }
+            }
+        });
+        meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
+            const double m = INNER1 ? (double)outer : (double)outer * inner;
+            const double md = t1 / m;
+            const double var = fmax(t2 / m - md * md, 0.0);
+            const double mean = (double)LD(x[INNER1 ? c : (long long)c * inner]) + md;
+            mean_out[c] = (A)mean;
+            inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
+            if (has_running) {
+                running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
+                running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
+            }
+            if (has_counter && c == 0) counter[0] += 1;     // BatchNorm's num_batches_tracked, once per call
+        });
+        A mu[NCH], kk[NCH], bb[NCH];
+#pragma unroll
+        for (int e = 0; e < NCH; ++e) {
+            const int c = INNER1 ? (int)sl.base + e : t;
+            const bool ok = valid && c < C;
+            mu[e] = ok ? __ldcg(mean_out + c) : (A)0;
+            const A inv = ok ? __ldcg(inv_std_out + c) : (A)0;
+            kk[e] = HAS_SCALE && ok ? inv * (A)scale[c] : inv;
+            bb[e] = HAS_BIAS && ok ? (A)bias[c] : (A)0;
+        }
+        depart(sync, t, per);
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL], q[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (off[u] >= 0) { p[u] = ld2(x + off[u]); if (HAS_Z) q[u] = ld2(z + off[u]); }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+                Pack o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    A w = (LD(p[u].v[e]) - mu[LANE_CH(e)]) * kk[LANE_CH(e)];
+                    if (HAS_BIAS) w += bb[LANE_CH(e)];
+                    if (HAS_Z) w += LD(q[u].v[e]);
+#if RELU
+                    w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
+#endif
+                    o.v[e] = ST(w);
+                }
+                st2(y + off[u], o);
+            }
+        });
+    }
+}
+
+// Backward in one launch: per channel sum(g), sum(g * xhat) (g = dy, masked by y > 0 after a fused ReLU), then
+// dx = scale * inv_std * (g - mean(g) - xhat * mean(g * xhat)) and dz = g from the same slice read again.
+extern "C" __global__ void __launch_bounds__(256, BPS)
+bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
+        const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* sync, A* __restrict__ coef,
+        P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
+        T* __restrict__ dz, const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
+        const unsigned int iv_shr, const int tiles, const int per)
+{
+    __shared__ A sm[RW][TW][2];
+    const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
+    for (int t = blockIdx.x / per; t < tiles; t += rounds_step) {
+        const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
+        const bool valid = !INNER1 || sl.base < C;
+        A mu[NCH], is[NCH], v[NCH][2];
+#pragma unroll
+        for (int e = 0; e < NCH; ++e) {
+            const int c = INNER1 ? (int)sl.base + e : t;
+            mu[e] = valid ? mean[c] : (A)0;
+            is[e] = valid ? inv_std[c] : (A)0;
+            v[e][0] = 0; v[e][1] = 0;
+        }
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL], g[UNROLL], r[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+                g[u] = ld1(dy + off[u]); p[u] = ld1(x + off[u]);
+                if (RELU) r[u] = ld1(y + off[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    A gv = LD(g[u].v[e]);
+                    if (RELU && LD(r[u].v[e]) <= (A)0) gv = 0;
+                    v[LANE_CH(e)][0] += gv;
+                    v[LANE_CH(e)][1] += gv * ((LD(p[u].v[e]) - mu[LANE_CH(e)]) * is[LANE_CH(e)]);
+                }
+            }
+        });
+        meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
+            const double m = INNER1 ? (double)outer : (double)outer * inner;
+            coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
+#if HAS_SCALE
+            dbias[c] = (P)t1; dscale[c] = (P)t2;
+#endif
+        });
+        A c0[NCH], c1[NCH], kk[NCH];
+#pragma unroll
+        for (int e = 0; e < NCH; ++e) {
+            const int c = INNER1 ? (int)sl.base + e : t;
+            const bool ok = valid && c < C;
+            c0[e] = ok ? __ldcg(coef + 2 * c) : (A)0;
+            c1[e] = ok ? __ldcg(coef + 2 * c + 1) : (A)0;
+            kk[e] = HAS_SCALE && ok ? is[e] * (A)scale[c] : is[e];
+        }
+        depart(sync, t, per);
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL], g[UNROLL], r[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+                g[u] = ld2(dy + off[u]); p[u] = ld2(x + off[u]);
+                if (RELU) r[u] = ld2(y + off[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+                Pack o, oz;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    A gv = LD(g[u].v[e]);
+                    if (RELU && LD(r[u].v[e]) <= (A)0) gv = 0;
+                    const int ch = LANE_CH(e);
+                    const A xhat = (LD(p[u].v[e]) - mu[ch]) * is[ch];
+                    o.v[e] = ST(kk[ch] * (gv - c0[ch] - xhat * c1[ch]));
+                    if (HAS_Z) oz.v[e] = ST(gv);
+                }
+                st2(dx + off[u], o);
+                if (HAS_Z) st2(dz + off[u], oz);
+            }
+        });
+    }
+}
+"""
+
 # x's dtype name -> (SCALAR, ACCUM, STORAGE, parameter dtype)
 _TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
           "float64": ("double", "double", 0, np.dtype(np.float64)),
@@ -366,6 +726,13 @@ def _options(dtype, inner1, **flags):
     return tuple(opts)
 
 
+def _onepass_options(dtype, inner1, vec, tpr, **flags):
+    """NVRTC options of the one-pass kernels: the data/flag defines of ``_options`` plus the vector width, the
+    threads per channels-last row, the unroll (vectors in flight per thread and array) and the blocks per SM."""
+    return _options(dtype, inner1, **flags) + (f"-DVEC={vec}", f"-DTPR={tpr}", f"-DUNROLL={ONEPASS_UNROLL}",
+                                               f"-DBPS={ONEPASS_BPS}")
+
+
 _dividers: dict = {}
 
 
@@ -392,6 +759,15 @@ def _kernel(name, dtype, inner1, **flags):
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _kernel_compiled(name, dtype, inner1, **flags)
+    return k
+
+
+def _kernel1(name, dtype, inner1, vec, tpr, **flags):
+    key = (name, dtype, inner1, vec, tpr, tuple(sorted(flags.items())))
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
+                                                    _onepass_options(dtype, inner1, vec, tpr, **flags))
     return k
 
 
@@ -523,6 +899,108 @@ def _apply_plan(xc, outer, c, inner, relu, has_z, has_scale, has_bias, eps, from
                                          np.float64(eps)])
 
 
+# ---- the one-pass launches ------------------------------------------------------------------------------------
+# MINIDNN_BN_ONEPASS=0 switches them off (the two-launch kernels above then run: for comparison or debugging).
+ONEPASS = os.environ.get("MINIDNN_BN_ONEPASS", "1") != "0"
+# Share of L2 the data of one round of tiles may take (x, or x, dy and y backward), so the second read of a slice
+# finds it there; the outputs are written with streaming stores and stay out of the way.
+_ROUND_SHARE = 0.5
+_L2_DEFAULT = 50 * 2 ** 20
+_l2: dict = {}
+
+
+def _l2_bytes(dev):
+    n = _l2.get(dev)
+    if n is None:
+        try:
+            n = int(_launch.cupy().cuda.Device(dev).attributes["L2CacheSize"])
+        except (KeyError, AttributeError, TypeError):
+            n = _L2_DEFAULT
+        n = _l2[dev] = n or _L2_DEFAULT
+    return n
+
+
+def _aligned(*arrays):
+    """Whether every array's memory starts on a 16-byte boundary (the one-pass kernels' vectors need it)."""
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_bytes, blocks_per_sm=None):
+    """(vec, tpr, tiles, per, grid) of a one-pass launch: the vector width (16 bytes of values, or 1 where rows or
+    planes do not fill vectors or a pointer is misaligned), the threads side by side over a channels-last row, the
+    channel tiles, the blocks per tile and the grid (rounds of grid / per tiles, at most the resident blocks).
+    ``arrays``: the full-size arrays read twice (1 forward, 3 backward: the same for the plain and the fused
+    forms, so their sums are split the same way and round alike)."""
+    bps = ONEPASS_BPS if blocks_per_sm is None else blocks_per_sm
+    resident = max(1, sm_count * bps)
+    vec = 16 // itemsize
+    inner1 = inner == 1
+    if not aligned or (c if inner1 else inner) % vec:
+        vec = 1
+    budget = l2_bytes * _ROUND_SHARE
+    if inner1:
+        # the widest tile (up to 32 threads per row and no wider than the channels) whose data fits the budget,
+        # and at least a 32-byte sector of each row (narrower, the neighbouring tile fetches the same sectors again)
+        tpr = 1
+        while tpr < 32 and tpr * vec < c and (tpr * vec * itemsize < 32
+                                              or outer * 2 * tpr * vec * itemsize * arrays <= budget):
+            tpr *= 2
+        tw = tpr * vec
+        tiles = -(-c // tw)
+        values = outer * tw
+        vectors = outer                 # rows: one vector per thread and row
+        min_per_block = THREADS // tpr * ONEPASS_UNROLL * 2
+    else:
+        tpr, tiles, values = 1, c, outer * inner
+        vectors = values // vec
+        min_per_block = THREADS * ONEPASS_UNROLL * 2
+    rounds_of = max(1, min(tiles, resident, int(budget // max(1, values * itemsize * arrays))))
+    per = max(1, min(resident // rounds_of, -(-vectors // min_per_block)))
+    return vec, tpr, tiles, per, rounds_of * per
+
+
+def _resident_per_sm(kernel):
+    """Blocks of ``kernel`` one SM holds at once (the driver's occupancy), capped at ONEPASS_BPS; ONEPASS_BPS where
+    the query is unavailable (the kernel's launch bounds promise it)."""
+    try:
+        occ = _launch.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS, 0)
+        return max(0, min(ONEPASS_BPS, int(occ)))
+    except Exception:       # noqa: BLE001 -- an old CuPy or a fake one: the launch bounds' promise
+        return ONEPASS_BPS
+
+
+def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_arrays, tail=()):
+    item = xc.dtype.itemsize
+    inner1 = inner == 1
+    vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, _launch.sm_count(dev),
+                                                  _l2_bytes(dev))
+    k = _kernel1(name, xc.dtype, inner1, vec, tpr, **flags)
+    bps = _resident_per_sm(k)
+    if bps < 1:
+        return None
+    if bps < ONEPASS_BPS:
+        vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned,
+                                                      _launch.sm_count(dev), _l2_bytes(dev), bps)
+    iv = inner // vec if not inner1 else 1
+    geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *_divider(iv), np.int32(tiles),
+           np.int32(per)]
+    return _launch.prepare(k, (grid,), (THREADS,), [None] * n_arrays + geo + list(tail)), c * per * 2, 3 * tiles
+
+
+def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
+               aligned, dev):
+    flags = dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias)
+    r = _onepass_launch("bn_fwd1", xc, outer, c, inner, 1, aligned, dev, flags, 12,
+                        (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)))
+    return None if r is None else (*r, acc_dtype(xc.dtype))
+
+
+def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev):
+    flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
+    r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 3, aligned, dev, flags, 13)
+    return None if r is None else (*r, param_dtype(xc.dtype))
+
+
 def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False, counter=None):
     """(y channels-first view in xc's layout, saved mean (C,), saved inv_std (C,)); running stats updated in place,
     and ``counter`` (a one-element int64 array, or None) incremented by the same launch."""
@@ -532,6 +1010,21 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
     has_running = running_mean is not None
     has_counter = counter is not None
     sig = (xc.shape, xc.strides, xc.dtype, dev)
+    if ONEPASS:
+        one = _planned(("fwd1", factor, eps, has_running, has_counter, relu, z is not None, scale is not None,
+                        bias is not None, _aligned(xm, z)) + sig, _fwd1_plan, xc, outer, c, inner, factor, eps,
+                       has_running, has_counter, relu, z is not None, scale is not None, bias is not None,
+                       _aligned(xm, z), dev)
+        if one is not None:
+            launch1, n_partial, n_sync, acc = one
+            with _launch.on_device(dev):
+                mean = cp.empty((c,), dtype=acc)
+                inv_std = cp.empty((c,), dtype=acc)
+                partial = cp.empty((n_partial,), dtype=acc)
+                y = _empty_like_layout(cp, xc)
+                launch1(xm, None if z is None else _mem(z), _mem(y), partial, _ticket(cp, n_sync, dev), mean,
+                        inv_std, scale, bias, running_mean, running_var, counter)
+            return y, mean, inv_std
     stats, n_partial, tiles, acc = _planned(("stats", factor, eps, has_running, has_counter) + sig, _stats_plan,
                                             xc, outer, c, inner, factor, eps, has_running, has_counter, dev)
     with _launch.on_device(dev):
@@ -584,6 +1077,23 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
     dev = xc.data.device_id
     relu = y is not None
     has_scale = scale is not None
+    if ONEPASS:
+        one = _planned(("bwd1", xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
+                        _aligned(xm, dyc, y)), _bwd1_plan, xc, outer, c, inner, relu, has_scale, want_dz,
+                       _aligned(xm, dyc, y), dev)
+        if one is not None:
+            launch1, n_partial, n_sync, pdt = one
+            with _launch.on_device(dev):
+                partial = cp.empty((n_partial,), dtype=acc)
+                coef = cp.empty((c * 2,), dtype=acc)
+                dscale = cp.empty((c,), dtype=pdt) if has_scale else None
+                dbias = cp.empty((c,), dtype=pdt) if has_scale else None
+                dx = _empty_like_layout(cp, xc)
+                dz = _empty_like_layout(cp, xc) if want_dz else None
+                launch1(xm, _mem(dyc), None if y is None else _mem(y), mean, inv_std, partial,
+                        _ticket(cp, n_sync, dev), coef, dscale, dbias, scale, _mem(dx),
+                        None if dz is None else _mem(dz))
+            return dx, dz, dscale, dbias
     grad, dx_launch, n_partial, tiles, pdt = _planned(("backward", xc.shape, xc.strides, xc.dtype, dev, relu,
                                                        has_scale, want_dz), _backward_plan,
                                                       xc, outer, c, inner, relu, has_scale, want_dz, dev)

@@ -33,6 +33,20 @@ def _data(t):
     return None if t is None else t.data
 
 
+def _channels_last(a):
+    return not a.flags.c_contiguous and B.memory_format(a) is B.TensorFormat.NHWC
+
+
+def _as_layout_of(a, x):
+    """``a`` (same shape as x) in x's channels-last memory order where x has it and ``a`` lost it (the reference
+    path on CuPy allocates C-ordered results; a gradient may arrive C-ordered): the kernels and the next layer then
+    see NHWC memory.  Anything else as it is."""
+    if a is None or a.ndim < 3 or not _channels_last(x) or _channels_last(a):
+        return a
+    perm = B.channels_last_perm(a.ndim)
+    return a.transpose(perm).copy().transpose(B.channels_first_perm(a.ndim))
+
+
 def _scale_for(weight, bias):
     """The primitives return no bias gradient without a scale: a bias alone gets a constant scale of 1."""
     if weight is None and bias is not None:
@@ -54,7 +68,7 @@ class BatchNormTraining(Function):
                 buf._version += 1
         ctx.stats, ctx.eps = (mean, inv_std), eps
         ctx.save_for_backward(x, weight, bias)
-        return wrap(y)
+        return wrap(_as_layout_of(y, x.data))
 
     @staticmethod
     def backward(ctx, gy):
@@ -63,9 +77,9 @@ class BatchNormTraining(Function):
             eps = ctx.eps
             return (*composite_grads(ctx.needs_input_grad, lambda a, w, b: _batch_norm_composite(a, w, b, eps),
                                      (x, weight, bias), gy), None, None, None, None, None)
-        dx, dw, db = B.batch_normalization_backward(handle_for(x), _SPATIAL, x.data, gy.data, _data(weight),
-                                                    *ctx.stats, ctx.eps)
-        return wrap(dx), wrap(dw), wrap(db), None, None, None, None, None
+        dx, dw, db = B.batch_normalization_backward(handle_for(x), _SPATIAL, x.data, _as_layout_of(gy.data, x.data),
+                                                    _data(weight), *ctx.stats, ctx.eps)
+        return wrap(_as_layout_of(dx, x.data)), wrap(dw), wrap(db), None, None, None, None, None
 
 
     @staticmethod
@@ -128,9 +142,10 @@ class BatchNormReLU(Function):
         x, weight, y = ctx.saved_tensors
         if is_grad_enabled() or any(gradient_wanted(n) for n in ctx.bypassed):
             return None, None, None, activation_grad(g, y, _RELU), None
-        dx, _, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_RELU, x.data, y.data, g.data,
-                                                          _data(weight), *ctx.stats, ctx.eps)
-        return wrap(dx), wrap(dw), wrap(db), None, None
+        dx, _, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_RELU, x.data, y.data,
+                                                          _as_layout_of(g.data, x.data), _data(weight), *ctx.stats,
+                                                          ctx.eps)
+        return wrap(_as_layout_of(dx, x.data)), wrap(dw), wrap(db), None, None
 
 
 class BatchNormAddReLU(Function):
@@ -150,8 +165,10 @@ class BatchNormAddReLU(Function):
         if is_grad_enabled() or any(gradient_wanted(n) for n in ctx.bypassed):
             return None, None, None, None, activation_grad(g, a, _RELU), None
         dx, dz, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_ADD_RELU, x.data, a.data,
-                                                          g.data, _data(weight), *ctx.stats, ctx.eps)
-        return wrap(dx), wrap(dw), wrap(db), (wrap(dz) if ctx.needs_input_grad[3] else None), None, None
+                                                          _as_layout_of(g.data, x.data), _data(weight), *ctx.stats,
+                                                          ctx.eps)
+        dz = _as_layout_of(dz, x.data) if ctx.needs_input_grad[3] else None
+        return wrap(_as_layout_of(dx, x.data)), wrap(dw), wrap(db), (None if dz is None else wrap(dz)), None, None
 
 
 def _batch_norm_composite(x, w, b, eps):
@@ -210,8 +227,10 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         check_vector(op, name, t, c, input, same_dtype=False)
     if (running_mean is None) != (running_var is None):
         raise ArgumentError(f"{op}: give both running_mean and running_var, or neither")
-    if input.ndim >= 3 and not input.data.flags.c_contiguous and B.memory_format(input.data) is B.TensorFormat.NHWC:
-        # channels-last memory: normalise the (N*H*W, C) view of it, so the output keeps that memory order
+    if not training and input.ndim >= 3 and _channels_last(input.data):
+        # channels-last memory in eval: normalise the (N*H*W, C) view of it, so the output keeps that memory order
+        # (training passes the NHWC-strided tensor itself: the kernels read channels-last natively, and relu finds
+        # batch norm's node, so the fusion rules apply: docs/fusion.md)
         perm = B.channels_last_perm(input.ndim)
         rows = input.permute(perm).reshape(-1, c)
         y = batch_norm(rows, running_mean, running_var, weight, bias, training, momentum, eps, _counter=_counter)
