@@ -134,6 +134,25 @@ def _rows(a):
     return np.ascontiguousarray(np.moveaxis(a, 1, -1)).reshape(-1, a.shape[1])
 
 
+_INNER_BLOCK = 4096                # longest inner axis of one filter-gradient GEMM (see _filter_product)
+
+
+def _filter_product(a, b, out=None, product=cpu_matmul):
+    """a (M, L) @ b (L, N) for the filter gradients' products: a long inner axis (positions) and a small result
+    (kernel*C x K).  OpenBLAS runs these 2-2.5x slower once L passes ~4-8k ((25, 26k) x (26k, 6), LeNet's first
+    layer at batch 64: 24 against 73 GF/s at L = 4096), so L is cut into even blocks of at most _INNER_BLOCK and the
+    blocks' products added in order (the same blocks whatever the thread count)."""
+    length = a.shape[-1]
+    blocks = -(-length // _INNER_BLOCK)
+    if blocks < 2:
+        return product(a, b, out=out)
+    step = -(-length // blocks)
+    acc = product(a[:, :step], b[:step], out=out)
+    for i in range(step, length, step):
+        acc += product(a[:, i:i + step], b[i:i + step])
+    return acc
+
+
 def _w_mat(w):
     """(K, C, *kernel) -> (K, kernel*C), taps before channels (a small copy)."""
     return np.ascontiguousarray(np.moveaxis(w, 1, -1)).reshape(w.shape[0], -1)
@@ -348,7 +367,7 @@ def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
         dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)      # (K, N*out)
         # cols^T @ dy_t^T, not dy_t @ cols: with both operands' long axis contiguous, OpenBLAS runs this
         # (C*kernel, N*out) x (N*out, K) shape 1.3-1.5x faster than its transpose (LeNet's first layer)
-        return np.ascontiguousarray(cpu_matmul(_cols_t(x, p), dy_t.T).T).reshape(p.w_shape)
+        return np.ascontiguousarray(_filter_product(_cols_t(x, p), dy_t.T).T).reshape(p.w_shape)
     if _row_shift_applies(p):
         x_cl = _channels_last_padded(x, p.padding)
         n, h = x_cl.shape[:2]
@@ -386,7 +405,7 @@ def _flat_dense_filter(p: ConvProblem, x, dy):
         d = d_grid[:, :m * length]
         d.reshape(p.K, m, p.out_size[0], *grid[1:])[on_grid] = dy[nb].swapaxes(0, 1)
         # this orientation (long axes contiguous in both operands) runs faster in BLAS
-        product(cols, d.T, out=partial[nb.start // images])
+        _filter_product(cols, d.T, out=partial[nb.start // images], product=product)
     parallel_for(chunks, body, work, setup_filter)
     dw_mat_t = partial.sum(axis=0)
     return np.moveaxis(dw_mat_t.T.reshape(p.K, *p.kernel, p.C), -1, 1)

@@ -202,6 +202,31 @@ def test_flat_col2im_is_exercised_and_chosen_where_it_applies(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("cfg", DENSE)
+@pytest.mark.parametrize("block", [7, 64])
+def test_filter_gradient_with_the_inner_axis_in_blocks(cfg, block, monkeypatch):
+    """The filter gradients' long-inner products cut their inner axis (output positions) into even blocks added
+    in order (_filter_product): blocks of 7 and 64 positions (uneven splits, every path's product) give the
+    float64 reference's result, and the same bits with 1 or 2 threads."""
+    monkeypatch.setattr(conv_cpu, "_INNER_BLOCK", block)
+    p = _problem(cfg, np.float64)
+    x, _, dy = _inputs(p, np.float64, np.random.default_rng(3))
+    got = conv_cpu.dense_backward_filter(p, x, dy)
+    np.testing.assert_allclose(got, gemm_backward_filter(p, x, dy), rtol=1e-11, atol=1e-11)
+
+
+def test_filter_product_blocks():
+    a, b = np.arange(30.0).reshape(3, 10), np.arange(20.0).reshape(10, 2)
+    for block in (1, 3, 4, 10, 11):
+        conv_cpu._INNER_BLOCK, before = block, conv_cpu._INNER_BLOCK
+        try:
+            out = np.empty((3, 2))
+            assert conv_cpu._filter_product(a, b, out=out) is out
+            np.testing.assert_array_equal(out, a @ b)
+        finally:
+            conv_cpu._INNER_BLOCK = before
+
+
 def test_flat_dense_form_is_exercised():
     applies = {conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) for p in (_problem(c, np.float32) for c in DENSE)}
     assert applies == {True, False}
