@@ -19,7 +19,9 @@ from graphs import minidnn_steps  # noqa: E402
 from train_step import _median_ms, set_math  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
-from minidnn import compile as _compile_mod  # noqa: E402
+import minidnn.compile  # noqa: E402
+
+_compile_mod = sys.modules["minidnn.compile"]
 
 
 def _host_us(fn, n):
