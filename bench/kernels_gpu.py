@@ -138,11 +138,17 @@ class Cases:
             torch.full((c,), fill, device=self.tdev, dtype=pdt)
 
     # ---- batch norm -------------------------------------------------------------------------------------------
-    def bn(self, shape, ops="bn"):
+    def cl(self, a):
+        """Channels-last memory of a channels-first CuPy array (the same indexing)."""
+        return self.cp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+    def bn(self, shape, ops="bn", layout="nchw", twopass=False):
         cp, torch = self.cp, self.torch
         c = shape[1]
         x, dy = self.x(shape), self.x(shape)
         z = self.x(shape) if ops == "bn_add_activation" else None
+        if layout == "nhwc":
+            x, dy, z = self.cl(x), self.cl(dy), None if z is None else self.cl(z)
         scale, bias = cp.ones(c, self.pdt), cp.zeros(c, self.pdt)
         rm, rv = cp.zeros(c, self.pdt), cp.ones(c, self.pdt)
         if ops == "bn":
@@ -164,6 +170,10 @@ class Cases:
             F = torch.nn.functional
             xt, dyt = self.t(shape, True), self.t(shape)
             zt = self.t(shape) if z is not None else None
+            if layout == "nhwc":
+                cl = torch.channels_last
+                xt = xt.detach().to(memory_format=cl).requires_grad_()
+                dyt, zt = dyt.to(memory_format=cl), None if zt is None else zt.to(memory_format=cl)
             wt, bt = self.tp(c), self.tp(c)
             rmt, rvt = self.tp(c, 0.0), self.tp(c, 1.0)
 
@@ -180,6 +190,21 @@ class Cases:
         fwd_bytes = {"bn": 2, "bn_activation": 2, "bn_add_activation": 3}[ops] * e
         bwd_bytes = {"bn": 3, "bn_activation": 4, "bn_add_activation": 5}[ops] * e
         name = {"bn": "batch norm", "bn_activation": "bn + relu", "bn_add_activation": "bn + add + relu"}[ops]
+        name += " NHWC" if layout == "nhwc" else ""
+        if twopass:     # the two-launch kernels (MINIDNN_BN_ONEPASS=0) beside the one-pass ones, for comparison
+            from minidnn.backend.cuda import bn_kernels
+            name += " 2-launch"
+
+            def off(fn):
+                def run():
+                    bn_kernels.ONEPASS = False
+                    try:
+                        return fn()
+                    finally:
+                        bn_kernels.ONEPASS = True
+                return run
+            y, mean, inv = off(fwd)()
+            fwd, bwd = off(fwd), off(bwd)
         return [(f"{name} fwd (train)", shape, (fwd, tf, fwd_bytes), True),
                 (f"{name} bwd", shape, (bwd, tb, bwd_bytes), True)]
 
@@ -410,13 +435,21 @@ class Cases:
         return [("relu fwd", shape, (fwd, tf, 2 * e), True), ("relu bwd", shape, (bwd, tb, 3 * e), True)]
 
 
-KINDS = ("bn", "pool", "softmax", "ce", "bias", "dropout", "ln", "gn", "relu")
+BN_EXTRA = {"large": (256, 16, 32, 32)}
+KINDS = ("bn", "bn_cl", "bn2", "pool", "softmax", "ce", "bias", "dropout", "ln", "gn", "relu")
 
 
 def build(cases, kind, size):
     act, logits, ln_shape, lin = SIZES[size]
-    if kind == "bn":
-        return cases.bn(act) + cases.bn(act, "bn_activation") + cases.bn(act, "bn_add_activation")
+    if kind in ("bn", "bn_cl"):     # NCHW / channels-last; large: also the (256, 16, 32, 32) of a small CNN
+        lay = "nhwc" if kind == "bn_cl" else "nchw"
+        rows = []
+        for shape in (act, BN_EXTRA[size]) if size in BN_EXTRA else (act,):
+            rows += cases.bn(shape, layout=lay) + cases.bn(shape, "bn_activation", lay) + \
+                cases.bn(shape, "bn_add_activation", lay)
+        return rows
+    if kind == "bn2":               # the two-launch kernels, for comparison
+        return cases.bn(act, twopass=True) + cases.bn(act, layout="nhwc", twopass=True)
     if kind == "pool":
         return cases.pool(act, "max") + cases.pool(act, "average_count_include_padding") + \
             cases.pool(act, "average_count_include_padding", glob=True)
