@@ -192,7 +192,6 @@ def _signature(registry, handle, a1, a2, conv_desc, format, other_shape, algo, o
         h = handle if handle is not None else get_default_handle(device_of(a1))
         key = (registry.name, a1.shape, a1.dtype, d1, a2.shape, a2.dtype, d2, conv_desc, format, other_shape, algo,
                h, h.device, h.math_type, h.deterministic, h.workspace_limit)
-        hash(key)
     except (TypeError, AttributeError, ValueError):
         return None, None
     return h, key
@@ -210,7 +209,10 @@ def _finish(result, alpha, beta, out, fmt):
     if out is not None:
         blend(result, alpha, beta, to_channels_first(out, fmt))
         return out
-    return array_module(result).ascontiguousarray(blend(from_channels_first(result, fmt), alpha, beta, None))
+    result = from_channels_first(result, fmt)
+    if alpha == 1 and result.flags.c_contiguous:
+        return result           # what blend and ascontiguousarray would return (the same array)
+    return array_module(result).ascontiguousarray(blend(result, alpha, beta, None))
 
 
 # ---- the primitives -----------------------------------------------------------------------------------
@@ -240,7 +242,10 @@ def _planned(registry, where, handle, conv_desc, format, problem, first, second,
     """(handle, _Plan) of a call: the remembered plan of its signature, or the full checks (``_prepare``, the output
     buffer against ``out_shape(problem, fmt)``) and a new plan, remembered."""
     h, key = _signature(registry, handle, first[1], second[1], conv_desc, format, other_shape, algo, out[1], beta)
-    plan = _PLANS.get(key)
+    try:
+        plan = _PLANS.get(key)
+    except TypeError:           # an argument that cannot key a dict: the full path
+        plan = key = None
     if plan is None:
         h, p, fmt = _prepare(where, handle, conv_desc, format, problem, first, second, other_shape, out)
         check_out(where, out[0], out[1], out_shape(p, fmt), first[1].dtype, beta)

@@ -449,11 +449,11 @@ def _staged_meta(a):
 
 class _Call:
     """The settled decisions of an implicit-GEMM call, for every later call whose arrays have the same layout and
-    alignment: which activation operands are staged (``stage``: per operand, None, or True for a copy), how the
-    filter is read (``wmode``: "as-is", "contiguous" (CuPy's ascontiguousarray), "krsc" / "crsk" (a transposing copy)),
-    and the key and arguments of the kernel plan (looked up again in ``_plans`` at each call, so clearing that table
-    is seen)."""
-    __slots__ = ("direction", "p", "stage", "wmode", "plan_key", "plan_args")
+    alignment: which activation operands are staged (``stage``: per operand False, or (the prepared transpose, None
+    for CuPy's copy)), how the filter is read (``wmode``: "as-is", "contiguous" (CuPy's ascontiguousarray), "krsc" /
+    "crsk" (a transposing copy; ``wcopy``: (prepared transpose, copy's shape) for a contiguous filter)), and the key
+    and arguments of the kernel plan (looked up again in ``_plans`` at each call, so clearing that table is seen)."""
+    __slots__ = ("direction", "p", "stage", "wmode", "wcopy", "plan_key", "plan_args")
 
     def __call__(self, cp, a, b, out):
         direction, nd = self.direction, self.p.nd
@@ -461,21 +461,23 @@ class _Call:
             x, w = a, b
             if nd == 1:
                 x = x[:, :, None, :]
-            if self.stage[0]:
-                x = _nhwc_copy(cp, x)
-            w = self._filter(cp, w)
-            src = (x, w)
+            st = self.stage[0]
+            if st:
+                x = _stage(cp, x, st[0])
+            src = (x, self._filter(cp, w))
         elif direction == 1:
             dy = b if nd == 2 else b[:, :, None, :]
-            if self.stage[1]:
-                dy = _nhwc_copy(cp, dy)
+            st = self.stage[1]
+            if st:
+                dy = _stage(cp, dy, st[0])
             src = (dy, self._filter(cp, a))
         else:
             x, dy = (a, b) if nd == 2 else (a[:, :, None, :], b[:, :, None, :])
-            if self.stage[0]:
-                x = _nhwc_copy(cp, x)
-            if self.stage[1]:
-                dy = _nhwc_copy(cp, dy)
+            sx, sy = self.stage
+            if sx:
+                x = _stage(cp, x, sx[0])
+            if sy:
+                dy = _stage(cp, dy, sy[0])
             src = (x, dy)
         plan = _plans.get(self.plan_key)
         if plan is None:
@@ -490,7 +492,12 @@ class _Call:
             return w
         if mode == "contiguous":
             return cp.ascontiguousarray(w)
-        return _filter_copy(cp, self.p, w, mode)
+        if self.wcopy is None:
+            return _filter_copy(cp, self.p, w, mode)
+        run, shape = self.wcopy
+        t = cp.empty(shape, dtype=w.dtype)
+        run(w, t)
+        return t
 
 
 def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
@@ -500,6 +507,7 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
     call = _Call()
     call.direction, call.p = direction, p
     call.stage = (False, False)
+    call.wcopy = None
     stage = _stageable(direction, p)
     if direction == 0:
         x, w = _as_2d(a, p.nd), b
@@ -507,7 +515,7 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
         if not vec and stage:
             xs = _staged_meta(x)
             if xs is not x:
-                call.stage = (True, False)
+                call.stage = ((_transposer(x),), False)
                 if vec_eligible(0, p, xs) is None:
                     x, vec = xs, True
         wk = cp.moveaxis(w, 1, -1)
@@ -523,7 +531,7 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
         if not vec and stage:
             dys = _staged_meta(dy)
             if dys is not dy:
-                call.stage = (False, True)
+                call.stage = (False, (_transposer(dy),))
                 if vec_eligible(1, p, dys) is None:
                     dy, vec = dys, True
         reads_krsc = (p.Cg % (16 // p.itemsize) == 0 and cp.moveaxis(w, 1, -1).flags.c_contiguous
@@ -540,11 +548,17 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
         vec = vec_eligible(2, p, x, dy) is None
         if not vec and stage:
             xs, dys = _staged_meta(x), _staged_meta(dy)
-            call.stage = (xs is not x, dys is not dy)
+            call.stage = (xs is not x and (_transposer(x),), dys is not dy and (_transposer(dy),))
             if vec_eligible(2, p, xs, dys) is None:
                 x, dy, vec = xs, dys, True
         call.wmode = None
         s1, s2 = x, dy
+    if call.wmode in ("krsc", "crsk") and w.flags.c_contiguous:
+        n, c = (p.K, p.Cg) if call.wmode == "krsc" else (p.groups, p.Kg)
+        run = _transposer(w.reshape(n, c, 1, w.size // (n * c)))
+        if run is not None:
+            call.wcopy = (run, (p.K, *w.shape[2:], p.Cg) if call.wmode == "krsc" else
+                          (p.groups, p.Cg, *w.shape[2:], p.Kg))
     dev = cp.cuda.runtime.getDevice()
     call.plan_key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec, dev)
     call.plan_args = (direction, p, _as_meta(s1), _as_meta(s2), tf32, precomp, alpha, beta, tile, vec)
