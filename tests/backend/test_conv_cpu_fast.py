@@ -259,11 +259,32 @@ def test_registry_runs_the_fast_form_on_numpy_and_the_reference_when_switched_of
         assert calls == [1], "fast_paths_enabled(False) still ran the fast form"
 
 
-def test_both_gather_layouts_are_exercised():
+def test_both_gather_layouts_are_exercised(monkeypatch):
     chosen = {conv_cpu._gather_channels_first(_problem(cfg, np.float32)) for cfg in DENSE}
     assert chosen == {True, False}
+    # small cols (every test shape) take the whole im2col; the row shift only above _ROW_SHIFT_MIN_COLS_BYTES
+    assert not any(conv_cpu._row_shift_applies(_problem(cfg, np.float32)) for cfg in DENSE)
+    lenet_conv2 = ((256, 6, 14, 14), (16, 6, 5, 5), 0, 1, 1, 1)
+    assert conv_cpu._row_shift_applies(_problem(lenet_conv2, np.float32))
+    assert not conv_cpu._row_shift_applies(_problem(((64,) + lenet_conv2[0][1:],) + lenet_conv2[1:], np.float32))
+    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
     shifted = {conv_cpu._row_shift_applies(_problem(cfg, np.float32)) for cfg in DENSE}
     assert shifted == {True, False}
+
+
+@pytest.mark.parametrize("direction", list(PAIRS))
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("cfg", DENSE)
+def test_row_shift_products_match_reference(cfg, layout, direction, monkeypatch):
+    """The row-shift forms (large cols only, by default) against the float64 reference on the test shapes."""
+    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
+    p = _problem(cfg, np.float64)
+    x, w, dy = _inputs(p, np.float64, np.random.default_rng(11))
+    if layout == "channels_last":
+        x, dy = _channels_last(x), _channels_last(dy)
+    fast, ref = PAIRS[direction][0]
+    a, b = _operands(direction, x, w, dy)
+    np.testing.assert_allclose(fast(p, a, b), ref(p, a, b), rtol=1e-11, atol=1e-11)
 
 
 def test_fast_forms_do_not_apply_to_grouped_or_multiplier_depthwise():
