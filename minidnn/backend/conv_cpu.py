@@ -212,7 +212,7 @@ def _cols_t(x, p: ConvProblem):
 # than im2col's.  Rows whose p falls past the output are computed and dropped (or, in backward filter,
 # multiplied by zeros).
 
-_ROW_SHIFT_MIN_COLS_BYTES = 4 << 20    # below this much im2col, the whole cols and one GEMM win (measured)
+_SMALL_COLS_BYTES = 4 << 20    # im2col this small stays in the caches: the whole cols and one GEMM win (measured)
 
 
 def _row_shift_applies(p: ConvProblem):
@@ -222,7 +222,7 @@ def _row_shift_applies(p: ConvProblem):
     # conv2 0.30 -> 0.24 and 0.48 -> 0.36; at batch 256 (15 MB) the row shift stays faster (3.4 vs 4.0 ms forward)
     return (p.nd == 2 and p.stride[0] == 1 and p.kernel[0] > 1 and not _gather_channels_first(p)
             and p.N * math.prod(p.out_size) * math.prod(p.kernel) * p.C * p.itemsize
-            > _ROW_SHIFT_MIN_COLS_BYTES)
+            > _SMALL_COLS_BYTES)
 
 
 def _width_rows(x_cl, q_out, p: ConvProblem):
@@ -465,10 +465,13 @@ def _flat_col2im(p: ConvProblem, w, dy):
 
 
 def _full_correlation_applies(p: ConvProblem):
-    # Only where its gather (in * K per tap) is not much larger than col2im's dcols (out * C per tap):
-    # LeNet's 6 -> 16 channel layer is 5x larger that way, and col2im wins there.
+    # Only where its gather (in * K per tap) is not much larger than col2im's dcols (out * C per tap): LeNet's
+    # 6 -> 16 channel layer is 5x larger that way, and col2im wins there -- unless the whole gather is small enough
+    # to stay in the caches (the digits LeNet's conv2, 3.3 MB: 0.55 -> 0.44 ms on one thread, one GEMM instead of
+    # 25 products and strided adds)
     return (all(s == 1 for s in p.stride) and all(q <= d * (r - 1) for q, d, r in zip(p.padding, p.dilation, p.kernel))
-            and math.prod(p.in_size) * p.K <= 2 * math.prod(p.out_size) * p.C)
+            and (math.prod(p.in_size) * p.K <= 2 * math.prod(p.out_size) * p.C
+                 or p.N * math.prod(p.in_size) * math.prod(p.kernel) * p.K * p.itemsize <= _SMALL_COLS_BYTES))
 
 
 def dense_backward_data(p: ConvProblem, w, dy, tf32=False):

@@ -190,6 +190,7 @@ def test_flat_col2im_backward_data(cfg, images, layout, monkeypatch):
 
 
 def test_flat_col2im_is_exercised_and_chosen_where_it_applies(monkeypatch):
+    monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", 0)         # no whole-gather shortcut for small problems
     applies = [conv_cpu._flat_col2im_applies(p, np.empty(p.y_shape)) for p in (_problem(c, np.float32) for c in DENSE)]
     assert set(applies) == {True, False}
     p = _problem(((4, 6, 14, 14), (16, 6, 5, 5), 0, 1, 1, 1), np.float32)       # LeNet's conv2
@@ -262,12 +263,12 @@ def test_registry_runs_the_fast_form_on_numpy_and_the_reference_when_switched_of
 def test_both_gather_layouts_are_exercised(monkeypatch):
     chosen = {conv_cpu._gather_channels_first(_problem(cfg, np.float32)) for cfg in DENSE}
     assert chosen == {True, False}
-    # small cols (every test shape) take the whole im2col; the row shift only above _ROW_SHIFT_MIN_COLS_BYTES
+    # small cols (every test shape) take the whole im2col; the row shift only above _SMALL_COLS_BYTES
     assert not any(conv_cpu._row_shift_applies(_problem(cfg, np.float32)) for cfg in DENSE)
     lenet_conv2 = ((256, 6, 14, 14), (16, 6, 5, 5), 0, 1, 1, 1)
     assert conv_cpu._row_shift_applies(_problem(lenet_conv2, np.float32))
     assert not conv_cpu._row_shift_applies(_problem(((64,) + lenet_conv2[0][1:],) + lenet_conv2[1:], np.float32))
-    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
+    monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", 0)
     shifted = {conv_cpu._row_shift_applies(_problem(cfg, np.float32)) for cfg in DENSE}
     assert shifted == {True, False}
 
@@ -275,9 +276,11 @@ def test_both_gather_layouts_are_exercised(monkeypatch):
 @pytest.mark.parametrize("direction", list(PAIRS))
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("cfg", DENSE)
-def test_row_shift_products_match_reference(cfg, layout, direction, monkeypatch):
-    """The row-shift forms (large cols only, by default) against the float64 reference on the test shapes."""
-    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
+def test_large_problem_forms_match_reference(cfg, layout, direction, monkeypatch):
+    """The forms chosen only where the whole im2col would not fit the caches (row-shift products; backward data by
+    col2im or per-tap products rather than the full correlation) against the float64 reference on the test
+    shapes, with _SMALL_COLS_BYTES lowered so that they run."""
+    monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", 0)
     p = _problem(cfg, np.float64)
     x, w, dy = _inputs(p, np.float64, np.random.default_rng(11))
     if layout == "channels_last":
