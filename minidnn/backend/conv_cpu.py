@@ -302,17 +302,29 @@ def _flat_dense_chunks(a, p: ConvProblem, padding, in_size, out_size):
     interior = (slice(None), slice(None), *(slice(q, q + i) for q, i in zip(padding, in_size)))
     chunks = [slice(n0, min(N, n0 + images)) for n0 in range(0, N, images)]
 
+    tap_steps = [d * math.prod(grid[k + 1:]) for k, d in enumerate(p.dilation)]
+
     def setup():
-        return (np.zeros((images, C, row_len), dtype=a.dtype),
-                np.empty((len(offsets), C, images * length), dtype=a.dtype))
+        buf = np.zeros((images, C, row_len), dtype=a.dtype)
+        cols = np.empty((len(offsets), C, images * length), dtype=a.dtype)
+        # source[tap.., c, n, l] = buf[n, c, offset(tap) + l], dest[tap.., c, n, l] = cols[tap, c, n*L + l]: the
+        # gather of every tap is one strided copy (a copy per tap made 9 calls per chunk for a 3x3 kernel)
+        item = buf.itemsize
+        source = np.lib.stride_tricks.as_strided(
+            buf, shape=(*p.kernel, C, images, length),
+            strides=(*(s * item for s in tap_steps), buf.strides[1], buf.strides[0], item), writeable=False)
+        dest = np.lib.stride_tricks.as_strided(
+            cols, shape=(*p.kernel, C, images, length),
+            strides=(*(cols.strides[0] * math.prod(p.kernel[k + 1:]) for k in range(p.nd)), cols.strides[1],
+                     length * item, item))
+        return buf, cols, source, dest
 
     def fill(buffers, nb):
-        buf, cols = buffers
+        buf, cols, source, dest = buffers
         m = nb.stop - nb.start
         buf[:m, :, :math.prod(grid)].reshape(m, C, *grid)[interior] = a[nb]
+        dest[..., :m, :] = source[..., :m, :]
         used = cols[:, :, :m * length]
-        for t, off in enumerate(offsets):
-            used[t].reshape(C, m, length)[...] = buf[:m, :, off:off + length].transpose(1, 0, 2)
         return used.reshape(len(offsets) * C, m * length) if m == images else _rows_view(used)
     return chunks, setup, fill
 
