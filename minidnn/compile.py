@@ -21,17 +21,20 @@ import functools
 import warnings
 
 from .backend.array_ops import copy_into as _copy_arrays
+from .backend.array_ops import dense_copier as _dense_copier
 from .tensor import Tensor
 
 __all__ = ["compile"]
 
 
 def _signature(args, kwargs):
-    """The graph cache's key: each tensor's shape, dtype, device and requires_grad; other values by repr.
-    (Built from the raw fields, not strings: it is computed on every call, so it is host time on every replay.)"""
+    """The graph cache's key: each tensor's shape, strides, dtype, device and requires_grad; other values by repr.
+    (Built from the raw fields, not strings: it is computed on every call, so it is host time on every replay.
+    The strides let a replay copy a dense argument without checking its layout again.)"""
     def one(a):
         if isinstance(a, Tensor):
-            return (a.data.shape, a.data.dtype, a.device, a.requires_grad)
+            d = a.data
+            return (d.shape, d.strides, d.dtype, a.device, a.requires_grad)
         return ("V", repr(a))
     key = tuple(one(a) for a in args)
     return key + tuple((k, one(v)) for k, v in sorted(kwargs.items())) if kwargs else key
@@ -43,7 +46,7 @@ class _Compiled:
         self.warmup = int(warmup)
         self.max_graphs = int(max_graphs)
         self.mode = mode
-        self.graphs = collections.OrderedDict()     # signature -> (graph, static args, static kwargs, output)
+        self.graphs = collections.OrderedDict()     # signature -> (graph, copies, output)
         self.calls = collections.Counter()
         self.eager_reason = None
         functools.update_wrapper(self, fn)
@@ -61,10 +64,8 @@ class _Compiled:
         entry = self.graphs.get(key)
         if entry is not None:       # the replay: host time on every step, so nothing else before it
             self.graphs.move_to_end(key)
-            graph, s_args, s_kwargs, out = entry
-            _copy_into(s_args, args)
-            if s_kwargs:
-                _copy_into(list(s_kwargs.values()), [kwargs[k] for k in s_kwargs])
+            graph, copies, out = entry
+            _copy_args(copies, args, kwargs)
             graph.replay()
             return out
         from . import cuda
@@ -93,7 +94,7 @@ class _Compiled:
             self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
                            "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
             return self.fn(*args, **kwargs)
-        self.graphs[key] = (graph, s_args, s_kwargs, out)
+        self.graphs[key] = (graph, _copy_plan(args, s_args, kwargs, s_kwargs), out)
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)
         graph.replay()
@@ -109,13 +110,29 @@ def _static_copy(a):
     return a
 
 
-def _copy_into(static, new):
-    """Copy each new tensor argument into its static buffer (same shape, dtype and device: the key says so), as
-    one raw device copy each (no autograd: the static buffers are leaves of the captured step)."""
-    for dst, src in zip(static, new):
-        if isinstance(dst, Tensor) and dst is not src:
-            _copy_arrays(dst.data, src.data)     # one asynchronous device copy where both are dense and alike
-            dst._version += 1
+def _copy_plan(args, s_args, kwargs, s_kwargs):
+    """What a replay copies: (position, keyword or None, static tensor, copy(src array)) per tensor argument.  The
+    graph's key fixes each argument's shape, strides, dtype and device, so a dense one is copied by one raw device
+    copy with no per-call checks (``dense_copier``); anything else by ``copy_into``.  No autograd: the static
+    buffers are leaves of the captured step."""
+    plan = []
+    pairs = [(i, None, a, s) for i, (a, s) in enumerate(zip(args, s_args))]
+    pairs += [(None, k, kwargs[k], s) for k, s in s_kwargs.items()]
+    for i, name, a, static in pairs:
+        if isinstance(static, Tensor):
+            copy = _dense_copier(static.data) if a.data.flags.c_contiguous else None
+            plan.append((i, name, static, copy or functools.partial(_copy_arrays, static.data)))
+    return tuple(plan)
+
+
+def _copy_args(copies, args, kwargs):
+    """Fill the static buffers from this call's arguments, as ``_copy_plan`` planned (a buffer passed back as
+    its own argument is left as it is)."""
+    for i, name, static, copy in copies:
+        src = args[i] if name is None else kwargs[name]
+        if src is not static:
+            copy(src.data)
+            static._version += 1
 
 
 def compile(fn=None, *, mode="reduce-overhead", warmup=3, max_graphs=8, fullgraph=False, dynamic=None,

@@ -111,7 +111,7 @@ def test_compile_falls_back_to_eager_on_cpu_with_one_warning():
 def test_compile_cache_key_and_input_copy():
     """The replay path's host helpers (the replay itself needs a GPU): the key separates every property a
     captured graph depends on, and the copy fills the static buffers in place."""
-    from minidnn.compile import _copy_into, _signature
+    from minidnn.compile import _copy_args, _copy_plan, _signature
     x = mdn.randn(2, 3)
     same = _signature((x, 1), {"k": x})
     assert same == _signature((mdn.randn(2, 3), 1), {"k": mdn.randn(2, 3)})
@@ -119,13 +119,21 @@ def test_compile_cache_key_and_input_copy():
                   (mdn.randn(2, 3, requires_grad=True), 1)]:
         assert _signature(other, {"k": x}) != same
     assert _signature((x, 1), {"j": x}) != same
+    assert _signature((x.t().contiguous().t(), 1), {"k": x}) != same       # same shape, other strides
     static, new = [mdn.zeros(2, 3), 5], [x, 5]
-    buf = static[0].data
+    s_kw, kw = {"k": mdn.zeros(3, 2)}, {"k": x.t()}                         # a strided argument: copy_into
+    plan = _copy_plan(new, static, kw, s_kw)
+    assert [(i, name) for i, name, _, _ in plan] == [(0, None), (None, "k")]
+    buf, kbuf = static[0].data, s_kw["k"].data
     v = static[0]._version
-    _copy_into(static, new)
+    _copy_args(plan, new, kw)
     assert static[0].data is buf and np.array_equal(buf, x.numpy()) and static[0]._version == v + 1
-    _copy_into([x], [x])                            # the buffer itself: nothing to copy
-    assert np.array_equal(x.numpy(), buf)
+    assert s_kw["k"].data is kbuf and np.array_equal(kbuf, x.numpy().T)
+    x2 = mdn.randn(2, 3)
+    _copy_args(plan, [x2, 5], {"k": x2.t()})
+    assert np.array_equal(buf, x2.numpy()) and np.array_equal(kbuf, x2.numpy().T)
+    _copy_args(plan, [static[0], 5], {"k": s_kw["k"]})     # the buffers themselves: nothing copied
+    assert static[0]._version == v + 2 and np.array_equal(buf, x2.numpy())
 
 
 def test_compile_as_decorator_and_type_check():

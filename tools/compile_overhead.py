@@ -61,8 +61,8 @@ def main():
     y = mdn.randint(0, 10, (batch,), device="cuda")
     print(f"host µs per call: signature {_host_us(lambda: _compile_mod._signature((x, y), {}), 2000):.2f}")
     if isinstance(compiled, _compile_mod._Compiled) and compiled.graphs:
-        graph, s_args, s_kwargs, _ = next(iter(compiled.graphs.values()))
-        copy_us = _host_us(lambda: _compile_mod._copy_into(s_args, (x, y)), 2000)
+        graph, copies, _ = next(iter(compiled.graphs.values()))
+        copy_us = _host_us(lambda: _compile_mod._copy_args(copies, (x, y), {}), 2000)
         print(f"host µs per call: copy of the 2 arguments {copy_us:.2f}")
         print(f"host µs per call: CUDAGraph.replay {_host_us(graph.replay, args.steps):.2f}")
         print(f"host µs per call: whole compiled call {_host_us(lambda: compiled(x, y), args.steps):.2f}")
