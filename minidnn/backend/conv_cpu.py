@@ -23,18 +23,21 @@ GEMM, groups == 1     Stride 1 on channels-first memory, where the padded width 
                       channels-first window view instead, and the products are w (K, C*kernel) @ cols^T and
                       dy^T @ cols (no transposition of w at all).  Then one BLAS call per direction:
                         forward          y_rows  = cols @ w_mat^T          (w_mat^T through BLAS's transpose flag)
-                        backward filter  dw_mat  = dy_rows^T @ cols        (dy_rows^T likewise, no copy)
+                        backward filter  dw_mat^T = cols^T @ dy_rows       (cols^T likewise, no copy)
                         backward data    stride 1: a forward correlation of the padded dy with the flipped,
-                                         channel-swapped w (one gather, one GEMM) where that gather is small;
+                                         channel-swapped w (one gather, one GEMM) where that gather is small
+                                         (at most twice col2im's, or at most 4 MiB);
                                          else (more output than input channels, channels-first dy) col2im on
                                          the flat padded grid (``_flat_col2im``: one GEMM per chunk of images,
                                          one contiguous add per tap); otherwise
                                          one (N*out, K) x (K, C) product per tap added into its strided
                                          slice of a channels-last dx (contiguous reads, unlike col2im's).
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
-                      2-D with stride 1 along the height (most CNN layers): only the width windows are
-                      gathered (R times less than im2col) and the kernel's R rows become R products of row
-                      ranges shifted by whole image rows (``_row_shift_*`` below) -- in every direction.
+                      2-D with stride 1 along the height, where the whole cols would pass 4 MiB (out of the
+                      caches): only the width windows are gathered (R times less than im2col) and the kernel's
+                      R rows become R products of row ranges shifted by whole image rows (``_row_shift_*``
+                      below) -- in every direction.  Filter-gradient products with a long inner axis (the
+                      positions) run in blocks of at most 4096 positions (``_filter_product``).
 DIRECT, depthwise     G == C == K (one input and one output channel per group).  Stride 1 on channels-first
                       memory (most layers): the flat form below (``_flat_correlate``): per chunk of channels of
                       images, zero-padded into flat rows, one strided copy gathers every tap's shifted range and
