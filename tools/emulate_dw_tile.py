@@ -152,6 +152,7 @@ def run(N, C, H, W, Kc, R, S, pad, stride, dil, groups, direction, itemsize=4, o
     rng = np.random.default_rng(seed)
     desc = ConvolutionDescriptor(pad, stride, dil, groups)
     p = make_problem("emu", (N, C, H, W), (Kc, C // groups, R, S), desc, "float32")
+    assert K.direct_supports(p) is None, K.direct_supports(p)        # a problem the direct kernels are given
     x, w, dy = (rng.standard_normal(s) for s in (p.x_shape, p.w_shape, p.y_shape))
     if direction == "forward":
         ref = convolution_forward(None, x, w, desc, algo=ConvolutionFwdAlgo.GEMM)
@@ -200,7 +201,16 @@ CASES = [
     (1, 2, 70, 8, 2, 3, 3, 1, 1, 1, 2),        # many rows: several p tiles
     (2, 3, 7, 7, 3, 3, 3, 1, 2, 1, 3),         # stride 2, odd
     (1, 2, 56, 56, 2, 3, 3, 1, 1, 1, 2),       # the benchmark's 56x56 geometry (TX 14, TY 14)
+] + [
+    # dense convolutions of one input channel (groups 1, C 1): depthwise with channel multiplier K
+    (2, 1, 32, 32, 6, 5, 5, 0, 1, 1, 1),       # LeNet-5's conv1 (5x5, 32x32 -> 28x28, K 6)
+    (2, 1, 13, 11, 16, 3, 3, 1, 1, 1, 1),      # K 16 3x3, ragged
+    (3, 1, 9, 10, 1, 3, 3, 1, 1, 1, 1),        # K 1
+    (2, 1, 12, 19, 6, 5, 5, 2, 1, 1, 1),       # 5x5 pad 2 ("same"), ragged
+    (2, 1, 15, 17, 6, 3, 3, 1, 2, 1, 1),       # stride 2
+    (1, 1, 16, 16, 4, 5, 5, 2, 2, 1, 1),       # 5x5 stride 2 pad 2, aligned rows
 ]
+DENSE_C1 = CASES[-6:]
 # (case, sms): a tiny SM count keeps several planes per block (TZ > 1), the last block partly idle
 TZ_CASES = [((4, 6, 14, 14, 6, 3, 3, 1, 1, 1, 6), 1), ((3, 5, 7, 9, 5, 3, 3, 1, 2, 1, 5), 1),
             ((2, 4, 6, 6, 8, 3, 3, 1, 1, 1, 4), 1)]
@@ -323,6 +333,7 @@ def run_wgrad(N, C, H, W, Kc, R, S, pad, stride, dil, groups, itemsize=4, offset
     rng = np.random.default_rng(seed)
     desc = ConvolutionDescriptor(pad, stride, dil, groups)
     p = make_problem("emu", (N, C, H, W), (Kc, C // groups, R, S), desc, "float32")
+    assert K.direct_supports(p) is None, K.direct_supports(p)
     x, dy = (rng.standard_normal(s).astype(F32).astype(np.float64) for s in (p.x_shape, p.y_shape))
     ref = convolution_backward_filter(None, x, dy, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_1)
     ref_abs = convolution_backward_filter(None, np.abs(x), np.abs(dy), desc, p.w_shape,
@@ -361,11 +372,12 @@ WGRAD_CASES = [
     (1, 2, 5, 6, 2, 1, 1, 0, 2, 1, 2),         # 1x1 stride 2
     (1, 1, 6, 150, 1, 3, 3, 1, 1, 1, 1),       # > 128 columns: several q tiles
     (1, 1, 70, 8, 1, 3, 3, 1, 1, 1, 1),        # many rows: several p tiles
-]
+] + DENSE_C1                                    # dense, one input channel (as the forward's table)
 # (case, sms): a large SM count splits each row into several blocks (tickets, split-order sums); a tiny one keeps
 # the whole row in one block of several steps
 WGRAD_SPLIT_CASES = [((12, 1, 6, 150, 1, 3, 3, 1, 1, 1, 1), 1000), ((3, 1, 56, 56, 1, 3, 3, 1, 1, 1, 1), 1000),
-                     ((100, 1, 14, 14, 1, 3, 3, 1, 2, 1, 1), 1000), ((5, 2, 9, 9, 2, 3, 3, 1, 1, 1, 2), 1)]
+                     ((100, 1, 14, 14, 1, 3, 3, 1, 2, 1, 1), 1000), ((5, 2, 9, 9, 2, 3, 3, 1, 1, 1, 2), 1),
+                     ((8, 1, 32, 32, 6, 5, 5, 0, 1, 1, 1), 132)]     # LeNet conv1, 8 images: 2 splits per row
 
 
 def wgrad_main(quick=False):

@@ -55,6 +55,13 @@ SHAPES = [
     ("dw-tall", 1, 2, 70, 8, 2, 3, 3, 1, 1, 1, 2),
     ("dw-56-aligned", 2, 4, 56, 56, 4, 3, 3, 1, 1, 1, 4),
     ("dw-many-planes", 5, 333, 9, 9, 333, 3, 3, 1, 1, 1, 333),
+    # dense convolutions of ONE input channel (groups 1, C 1): depthwise with channel multiplier K
+    ("dense-c1-lenet", 4, 1, 32, 32, 6, 5, 5, 0, 1, 1, 1),          # LeNet-5's conv1, 32x32 -> 28x28
+    ("dense-c1-k16-ragged", 2, 1, 13, 11, 16, 3, 3, 1, 1, 1, 1),
+    ("dense-c1-k1", 3, 1, 9, 10, 1, 3, 3, 1, 1, 1, 1),
+    ("dense-c1-pad2", 2, 1, 12, 19, 6, 5, 5, 2, 1, 1, 1),
+    ("dense-c1-stride2", 2, 1, 15, 17, 6, 3, 3, 1, 2, 1, 1),
+    ("dense-c1-k32-5x5-s2", 2, 1, 16, 16, 32, 5, 5, 2, 2, 1, 1),    # K at the limit, aligned rows
 ]
 DTYPES = ["float32", "float16", "bfloat16"]
 DIRECTIONS = ["forward", "backward_data", "backward_filter"]
@@ -169,14 +176,14 @@ def test_tile_kernel_matches_float64(shape, dtype, tile_runs):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["dw-ragged", "dw-56-aligned", "dw-x2-stride2", "dw-many-planes"])
+@pytest.mark.parametrize("name", ["dw-ragged", "dw-56-aligned", "dw-x2-stride2", "dw-many-planes", "dense-c1-lenet"])
 def test_tile_kernel_blends_alpha_beta(name, dtype, tile_runs):
     shape = next(s for s in SHAPES if s[0] == name)
     _compare(shape, dtype, tile_runs, alpha=0.75, beta=-0.5, seed=7)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["dw-56-aligned", "dw-ragged", "dw-5x5-dil2"])
+@pytest.mark.parametrize("name", ["dw-56-aligned", "dw-ragged", "dw-5x5-dil2", "dense-c1-lenet"])
 def test_tile_kernel_unaligned_views(name, dtype, tile_runs):
     shape = next(s for s in SHAPES if s[0] == name)
     _compare(shape, dtype, tile_runs, offset=True, seed=11)
@@ -236,3 +243,49 @@ def test_tile_kernel_is_one_launch_and_repeatable():
     again = K.direct_forward(p, xg, wg)
     assert K._launch.launch_count() - before == 1
     assert cp.array_equal(first.view(cp.uint32), again.view(cp.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("name", ["dense-c1-lenet", "dense-c1-k16-ragged", "dense-c1-stride2"])
+def test_dense_one_channel_through_the_primitives(name, fmt, dtype):
+    """C == 1, groups == 1 through the primitives with the heuristic's choice (algo=None): DIRECT / ALGO_0 / ALGO_0
+    (the direct kernels), against float64, in both formats; NCHW stride 1 is one launch per direction."""
+    from minidnn.backend import (
+        get_convolution_backward_data_algorithm_v7,
+        get_convolution_backward_filter_algorithm_v7,
+        get_convolution_forward_algorithm_v7,
+    )
+    p, desc = _problem(next(s for s in SHAPES if s[0] == name), dtype)
+    dt = _np_dtype(dtype)
+    h = Handle("cuda")
+    kw = dict(dtype=dtype, format=fmt)
+    cl = (lambda s: (s[0], *s[2:], s[1])) if fmt == "NHWC" else (lambda s: s)
+    assert get_convolution_forward_algorithm_v7(h, cl(p.x_shape), p.w_shape, desc, **kw)[0].algo \
+        is ConvolutionFwdAlgo.DIRECT
+    assert get_convolution_backward_data_algorithm_v7(h, p.w_shape, cl(p.y_shape), desc, cl(p.x_shape),
+                                                      **kw)[0].algo is ConvolutionBwdDataAlgo.ALGO_0
+    assert get_convolution_backward_filter_algorithm_v7(h, cl(p.x_shape), cl(p.y_shape), desc, p.w_shape,
+                                                        **kw)[0].algo is ConvolutionBwdFilterAlgo.ALGO_0
+    rng = np.random.default_rng(21)
+    x, w, dy = (rng.standard_normal(s).astype(dt).astype(F64) for s in (p.x_shape, p.w_shape, p.y_shape))
+    u_in, u_out = (2.0 ** -24, 2.0 ** -24) if dtype == "float32" else (0.0, 2.0 ** -8)
+    to_fmt = (lambda a: a.transpose(0, 2, 3, 1)) if fmt == "NHWC" else (lambda a: a)
+    xg, dyg = (cp.asarray(np.ascontiguousarray(to_fmt(a)).astype(dt)) for a in (x, dy))
+    wg = cp.asarray(w.astype(dt))
+    calls = {"forward": lambda: convolution_forward(h, xg, wg, desc, format=fmt),
+             "backward_data": lambda: convolution_backward_data(h, wg, dyg, desc, cl(p.x_shape), format=fmt),
+             "backward_filter": lambda: convolution_backward_filter(h, xg, dyg, desc, p.w_shape, format=fmt)}
+    for direction, call in calls.items():
+        got = call()
+        before = K._launch.launch_count()
+        again = call()
+        launches = K._launch.launch_count() - before
+        ref, ref_abs = _ref(direction, desc, p, x, w, dy)
+        if direction != "backward_filter" and fmt == "NHWC":
+            got, again = (a.transpose(0, 3, 1, 2) for a in (got, again))
+        _check(got, ref, _bound(direction, p, ref_abs, u_in, u_out), f"{name} {fmt} {dtype} {direction}")
+        uint = cp.uint32 if dtype == "float32" else cp.uint16
+        assert cp.array_equal(cp.ascontiguousarray(got).view(uint), cp.ascontiguousarray(again).view(uint))
+        if fmt == "NCHW" and max(p.stride) == 1:
+            assert launches == 1, f"{name} {direction}: {launches} launches"

@@ -55,6 +55,13 @@ SHAPES = [
     ("56-many-splits", 32, 4, 56, 56, 4, 3, 3, 1, 1, 1, 4),     # 4 rows: ~32 splits each (tickets)
     ("14-few-rows", 9, 3, 14, 14, 3, 3, 3, 1, 1, 1, 3),
     ("many-rows", 3, 333, 7, 9, 333, 3, 3, 1, 1, 1, 333),
+    # dense convolutions of ONE input channel (groups 1, C 1): depthwise with channel multiplier K
+    ("dense-c1-lenet-b64", 64, 1, 32, 32, 6, 5, 5, 0, 1, 1, 1),    # LeNet-5's conv1 in the step: 6 rows, splits
+    ("dense-c1-k16-ragged", 2, 1, 13, 11, 16, 3, 3, 1, 1, 1, 1),
+    ("dense-c1-k1", 3, 1, 9, 10, 1, 3, 3, 1, 1, 1, 1),
+    ("dense-c1-pad2", 2, 1, 12, 19, 6, 5, 5, 2, 1, 1, 1),
+    ("dense-c1-stride2", 2, 1, 15, 17, 6, 3, 3, 1, 2, 1, 1),
+    ("dense-c1-k32-5x5-s2", 2, 1, 16, 16, 32, 5, 5, 2, 2, 1, 1),
 ]
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -149,13 +156,15 @@ def test_wgrad_tile_matches_float64(shape, dtype, wgrad_runs):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("name", ["ragged-3x3", "stride3-pad2", "5x5-dil2", "multiplier2-stride2"])
+@pytest.mark.parametrize("name", ["ragged-3x3", "stride3-pad2", "5x5-dil2", "multiplier2-stride2",
+                                  "dense-c1-lenet-b64", "dense-c1-k16-ragged", "dense-c1-stride2"])
 def test_wgrad_nhwc_keeps_the_generic_kernel(name, dtype, wgrad_runs):
     _compare(_shape(name), dtype, "NHWC", wgrad_runs, seed=3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["ragged-3x3", "56-many-splits", "14-few-rows", "7x7-stride2", "groups-cg4"])
+@pytest.mark.parametrize("name", ["ragged-3x3", "56-many-splits", "14-few-rows", "7x7-stride2", "groups-cg4",
+                                  "dense-c1-lenet-b64", "dense-c1-pad2"])
 def test_wgrad_tile_blends_alpha_beta(name, dtype, wgrad_runs):
     _compare(_shape(name), dtype, "NCHW", wgrad_runs, alpha=0.75, beta=-0.5, seed=7)
     _compare(_shape(name), dtype, "NCHW", wgrad_runs, alpha=2.0, beta=1.0, strided_out=True, seed=8)
@@ -168,10 +177,12 @@ def test_wgrad_tile_splits_are_exercised():
     assert K.wgrad_config(N, Kc, H, W, R, S, stride, dil, sms)[6] > 4
     _, N, C, H, W, Kc, R, S, pad, stride, dil, groups = _shape("14-few-rows")
     assert K.wgrad_config(N, Kc, H, W, R, S, stride, dil, sms)[2] > 1
+    _, N, C, H, W, Kc, R, S, pad, stride, dil, groups = _shape("dense-c1-lenet-b64")     # 6 rows of 64 tiles
+    assert K.wgrad_config(N, Kc, H - R + 1, W - S + 1, R, S, stride, dil, sms)[6] > 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["56-many-splits", "many-rows", "7x7-pad3"])
+@pytest.mark.parametrize("name", ["56-many-splits", "many-rows", "7x7-pad3", "dense-c1-lenet-b64"])
 def test_wgrad_tile_is_one_launch_bitwise_repeatable(name, dtype):
     p, _ = _problem(_shape(name), dtype)
     rng = np.random.default_rng(5)

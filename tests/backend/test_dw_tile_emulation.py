@@ -29,8 +29,29 @@ def test_tile_backward_filter(case):
     E.run_wgrad(*case, 2, 1, 0.75, -0.5, seed=4)
 
 
-@pytest.mark.parametrize("case,sms", E.WGRAD_SPLIT_CASES[:1] + E.WGRAD_SPLIT_CASES[2:],
+@pytest.mark.parametrize("case,sms", E.WGRAD_SPLIT_CASES[:1] + E.WGRAD_SPLIT_CASES[2:4],
                          ids=["splits-wide", "splits-tz25", "one-block-row"])
 def test_tile_backward_filter_splits_and_tickets(case, sms):
     cfg, stats = E.run_wgrad(*case, 4, 0, 0.5, 2.0, seed=5, sms=sms)
     assert (cfg[6] > 1) == (stats["last_reduces"] > 0)
+
+
+# dense convolutions of one input channel (C 1, groups 1; conv_igemm.direct_supports sends them to these kernels):
+# LeNet's conv1 (5x5, K 6, 32x32), K 16 3x3 ragged, K 1, 5x5 pad 2, 3x3 stride 2, 5x5 stride 2 pad 2
+@pytest.mark.parametrize("case", E.DENSE_C1, ids=lambda c: "x".join(map(str, c)))
+def test_dense_one_channel_forward_and_flipped_backward_data(case):
+    for direction in ["forward"] + (["backward_data"] if case[8] == 1 else []):
+        E.run(*case, direction, 4, 0, 0.75, -0.5, seed=6)
+        E.run(*case, direction, 2, 1, 1.0, 0.0, seed=7)                  # 16-bit, unaligned: element paths
+
+
+@pytest.mark.parametrize("case", E.DENSE_C1, ids=lambda c: "x".join(map(str, c)))
+def test_dense_one_channel_backward_filter(case):
+    E.run_wgrad(*case, 4, 0, 1.0, 0.0, seed=8)
+
+
+def test_dense_one_channel_lenet_splits_and_tickets():
+    """LeNet's conv1 geometry on 8 images with an H200's 132 SMs: each of the 6 filter rows split over blocks."""
+    (case, sms), = [c for c in E.WGRAD_SPLIT_CASES if c[0][1] == 1 and c[0][4] == 6]
+    cfg, stats = E.run_wgrad(*case, 4, 0, 0.5, 2.0, seed=9, sms=sms)
+    assert cfg[6] > 1 and stats["last_reduces"] == 6

@@ -9,7 +9,7 @@ conv_direct_source.py), on raw CuPy arrays described by a ConvProblem.
     implicit_backward_data(p, w, dy, tf32, precomp)   -> dx
     implicit_backward_filter(p, x, dy, tf32, precomp) -> dw         one launch: split-K partials added in
                                                                      split order by each tile's last block
-    direct_forward / direct_backward_data / direct_backward_filter   depthwise and Cg <= 8 groups
+    direct_forward / direct_backward_data / direct_backward_filter   depthwise, Cg <= 8 groups, and C == 1
 Each takes ``alpha``, ``beta`` and ``out`` (cuDNN's blending, done in the kernel's epilogue); without ``out`` a new
 array is returned, channels-last in memory when the input is.  Kernels compile once per configuration (direction,
 dtype, math mode, tile) through launch.get_kernel; nothing here synchronises, so a call can be graph-captured once
@@ -67,11 +67,19 @@ def igemm_supports(p) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def direct_supports(p) -> str | None:
-    """None if the direct kernels run ``p`` (few channels per group), else the rule it breaks (cached per problem)."""
+    """None if the direct kernels run ``p`` (few channels per group), else the rule it breaks (cached per problem).
+
+    A dense convolution of ONE input channel (C == 1, groups == 1: LeNet's first layer, any single-channel stem) is
+    a depthwise convolution with channel multiplier K -- the kernels' index math (c0 = (k / Kg) * Cg, rows k * Cg +
+    cl) takes groups == 1 as it is -- so it runs here too: one launch per direction where the im2col GEMM took ~5.
+    Dense problems of 2..8 input channels stay with the implicit GEMM (one launch per direction already): there the
+    direct kernels would stage and sweep each input channel in turn per output plane, for K/G-fold re-reads of x,
+    and no measurement says that beats the GEMM's tiles (docs/conv_kernels.md)."""
     if p.nd not in (1, 2):
         return "1-D and 2-D convolutions"
-    if p.groups == 1 or p.Cg > DIRECT_MAX_CG or p.Kg > 4 * DIRECT_MAX_CG:
-        return f"grouped convolutions with at most {DIRECT_MAX_CG} input channels per group"
+    if (p.groups == 1 and p.C != 1) or p.Cg > DIRECT_MAX_CG or p.Kg > 4 * DIRECT_MAX_CG:
+        return (f"grouped convolutions with at most {DIRECT_MAX_CG} input channels per group and "
+                f"{4 * DIRECT_MAX_CG} output channels per group, or one input channel (groups == 1)")
     if p.dtype not in _ELEM:
         return "float32, float16 or bfloat16 data"
     if math.prod(p.kernel) > 49:

@@ -1,0 +1,173 @@
+"""A dense convolution of one input channel (C == 1, groups == 1: LeNet-5's conv1) is a depthwise convolution with
+channel multiplier K, so the direct kernels take it (conv_igemm.direct_supports) -- checked here without a GPU:
+which problems the rule admits, that the heuristic on a CUDA device ranks DIRECT / ALGO_0's direct kernel first for
+LeNet's conv1 in all three directions and keeps LeNet's conv2 (C=6) on the implicit GEMM, and which kernels the
+GPU path launches under tools/record_launches.py's fake CuPy (NumPy arrays, launches recorded, never run; in a
+subprocess so the fake never meets this session's modules).  The bits on a GPU: the dense-c1 rows of
+test_depthwise_kernels.py and test_depthwise_wgrad.py; the index math on the CPU: test_dw_tile_emulation.py."""
+import functools
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from minidnn.backend import ConvolutionDescriptor, MathType
+from minidnn.backend.conv_algorithms import (
+    BACKWARD_DATA_ALGORITHMS,
+    BACKWARD_FILTER_ALGORITHMS,
+    FORWARD_ALGORITHMS,
+    ConvolutionBwdDataAlgo,
+    ConvolutionBwdFilterAlgo,
+    ConvolutionFwdAlgo,
+)
+from minidnn.backend.conv_problem import make_problem
+from minidnn.backend.cuda import conv_igemm as K
+from minidnn.backend.cuda import conv_register as R
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LENET_CONV1 = ((64, 1, 32, 32), (6, 1, 5, 5), 0, 1)
+LENET_CONV2 = ((64, 6, 14, 14), (16, 6, 5, 5), 0, 1)
+
+
+def _problem(x_shape, w_shape, pad, groups, stride=1, dtype="float32"):
+    return make_problem("test", x_shape, w_shape, ConvolutionDescriptor(pad, stride, 1, groups), dtype)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, pad, groups, direct", [
+    ((64, 1, 32, 32), (6, 1, 5, 5), 0, 1, True),        # LeNet conv1
+    ((8, 1, 32, 32), (32, 1, 3, 3), 1, 1, True),        # K at the limit (4 * DIRECT_MAX_CG)
+    ((8, 1, 32, 32), (33, 1, 3, 3), 1, 1, False),       # one over: the implicit GEMM
+    ((8, 1, 20, 20), (1, 1, 7, 7), 3, 1, True),         # K 1, 7x7
+    ((8, 1, 20, 20), (4, 1, 8, 8), 0, 1, False),        # 64 taps
+    ((64, 6, 14, 14), (16, 6, 5, 5), 0, 1, False),      # LeNet conv2: dense, 6 channels -- implicit GEMM
+    ((8, 3, 32, 32), (16, 3, 3, 3), 1, 1, False),       # a 3-channel stem
+    ((8, 16, 8, 8), (16, 1, 3, 3), 1, 16, True),        # depthwise, as before
+    ((8, 16, 8, 8), (16, 4, 3, 3), 1, 4, True),         # groups of 4 channels, as before
+])
+def test_direct_rule_admits_dense_one_channel(x_shape, w_shape, pad, groups, direct):
+    p = _problem(x_shape, w_shape, pad, groups)
+    assert (K.direct_supports(p) is None) == direct, K.direct_supports(p)
+    for dtype in ("float16", "bfloat16"):
+        assert (K.direct_supports(_problem(x_shape, w_shape, pad, groups, dtype=dtype)) is None) == direct
+    assert K.direct_supports(_problem(x_shape, w_shape, pad, groups, dtype="float64")) is not None
+
+
+def _cuda_handle():
+    """What the registry's heuristic reads of a handle on a CUDA device (no GPU needed to rank)."""
+    return types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"), deterministic=False, workspace_limit=None)
+
+
+def _top(registry, p):
+    ranked = registry.heuristic(p, _cuda_handle(), MathType.DEFAULT)
+    return ranked[0].algo, registry.get(ranked[0].algo).estimated_cost(p, "cuda")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_heuristic_picks_the_direct_kernels_for_lenet_conv1(dtype):
+    p = _problem(*LENET_CONV1, dtype=dtype)
+    direct = R._direct_cost(p)
+    assert _top(FORWARD_ALGORITHMS, p) == (ConvolutionFwdAlgo.DIRECT, direct)
+    assert _top(BACKWARD_DATA_ALGORITHMS, p) == (ConvolutionBwdDataAlgo.ALGO_0, direct)
+    assert _top(BACKWARD_FILTER_ALGORITHMS, p) == (ConvolutionBwdFilterAlgo.ALGO_0, direct)
+    # the GEMM forms it displaced, with room to spare (not a near tie the heuristic could flip)
+    for registry, gemm in ((FORWARD_ALGORITHMS, ConvolutionFwdAlgo.GEMM),
+                           (BACKWARD_DATA_ALGORITHMS, ConvolutionBwdDataAlgo.ALGO_1),
+                           (BACKWARD_FILTER_ALGORITHMS, ConvolutionBwdFilterAlgo.ALGO_1)):
+        assert registry.get(gemm).estimated_cost(p, "cuda") > 2 * direct
+    assert R.implicit_cost(p) > 2 * direct
+
+
+def test_heuristic_keeps_lenet_conv2_on_the_implicit_gemm():
+    p = _problem(*LENET_CONV2)
+    implicit = R.implicit_cost(p)
+    assert _top(FORWARD_ALGORITHMS, p) == (ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM, implicit)
+    assert _top(BACKWARD_DATA_ALGORITHMS, p) == (ConvolutionBwdDataAlgo.ALGO_0, implicit)
+    assert _top(BACKWARD_FILTER_ALGORITHMS, p)[1] == implicit           # ALGO_3 or ALGO_0's implicit kernel
+
+
+def test_cpu_heuristic_is_unchanged_for_lenet_conv1():
+    """The CUDA kernels' rule does not touch the CPU ranking (conv_cpu's fast GEMM stays first there)."""
+    p = _problem(*LENET_CONV1)
+    cpu = types.SimpleNamespace(device=types.SimpleNamespace(type="cpu"), deterministic=False, workspace_limit=None)
+    assert FORWARD_ALGORITHMS.heuristic(p, cpu, MathType.DEFAULT)[0].algo is ConvolutionFwdAlgo.GEMM
+
+
+_SCRIPT = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {root!r} + "/tools")
+    import record_launches as R
+    fakecp, L = R._install({root!r})
+    recs = []
+    L._go = lambda fn, dims, stream, params_ptr: recs.append([str(fn), list(dims)])
+    L.count_launches = lambda n=1: recs.extend([["cupy/cublas", []]] * n)
+    import numpy as np
+    import minidnn.backend as B
+    from minidnn.nn import functional as F
+    from minidnn.tensor import Tensor
+    out = {{}}
+    xs, ws, ys = (64, 1, 32, 32), (6, 1, 5, 5), (64, 6, 28, 28)       # LeNet-5's conv1 at the benchmark's batch
+    xa, wa, gya = fakecp.zeros(xs), fakecp.zeros(ws), fakecp.zeros(ys)
+    for rep in range(2):                                # the second time: the settled calls
+        for needs_dx in (False, True):                  # a training step's conv1 (images need no grad), and not
+            x, w = Tensor._from_array(xa), Tensor._from_array(wa)
+            x.requires_grad, w.requires_grad = needs_dx, True
+            del recs[:]
+            y = F.conv2d(x, w)
+            out["fwd%d%d" % (rep, needs_dx)] = list(recs)
+            del recs[:]
+            y.backward(Tensor._from_array(gya))
+            out["bwd%d%d" % (rep, needs_dx)] = list(recs)
+    desc = B.ConvolutionDescriptor(0)
+    for fmt in ("NCHW", "NHWC"):                         # the primitives, both formats (C = 1: one memory order)
+        xf = xa if fmt == "NCHW" else fakecp.zeros((64, 32, 32, 1))
+        gyf = gya if fmt == "NCHW" else fakecp.zeros((64, 28, 28, 6))
+        del recs[:]
+        B.convolution_forward(None, xf, wa, desc, format=fmt)
+        B.convolution_backward_data(None, wa, gyf, desc, xf.shape, format=fmt)
+        B.convolution_backward_filter(None, xf, gyf, desc, ws, format=fmt)
+        out["prim_" + fmt] = list(recs)
+    print(json.dumps(out))
+""")
+
+
+@functools.lru_cache(maxsize=1)
+def _run():
+    res = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT))], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _names(recs):
+    return [r[0].split("(")[0] for r in recs]
+
+
+def test_lenet_conv1_step_is_one_direct_launch_per_direction():
+    """F.conv2d's forward and backward of LeNet's conv1 on the GPU path: dw_tile_forward, then
+    dw_tile_backward_filter (and, where x needs a gradient, dw_tile_forward with FLIP=1) -- no im2col, no cuBLAS,
+    no split-K reduce, no contiguous copy; the settled calls launch the same."""
+    out = _run()
+    for rep in (0, 1):
+        assert _names(out[f"fwd{rep}0"]) == ["dw_tile_forward"], out[f"fwd{rep}0"]
+        assert _names(out[f"bwd{rep}0"]) == ["dw_tile_backward_filter"], out[f"bwd{rep}0"]
+        assert _names(out[f"fwd{rep}1"]) == ["dw_tile_forward"]
+        bwd = out[f"bwd{rep}1"]
+        assert sorted(_names(bwd)) == ["dw_tile_backward_filter", "dw_tile_forward"], bwd
+        flipped = [r for r in bwd if r[0].startswith("dw_tile_forward")]
+        assert "-DFLIP=1" in flipped[0][0] and "-DKR=5" in flipped[0][0]
+    assert "-DFLIP=1" not in out["fwd00"][0][0]
+    assert out["fwd00"] == out["fwd10"] and out["bwd00"] == out["bwd10"]
+
+
+def test_lenet_conv1_primitives_take_the_direct_kernels_in_both_formats():
+    out = _run()
+    assert _names(out["prim_NCHW"]) == ["dw_tile_forward", "dw_tile_forward", "dw_tile_backward_filter"]
+    # NHWC dy (6 channels innermost) is no plane of unit-stride rows: the generic direct kernels take it
+    nhwc = _names(out["prim_NHWC"])
+    assert nhwc[0] == "dw_tile_forward"                  # x of one channel is NCHW memory too
+    assert "conv_igemm" not in nhwc and "cupy/cublas" not in nhwc, nhwc
+    assert set(nhwc[1:]) <= {"direct_backward_data", "direct_backward_filter", "direct_splits_reduce"}, nhwc
