@@ -2,7 +2,7 @@
 tools/emulate_dw_tile.py, which replays dw_tile_forward (forward; stride-1 backward data reading the filter
 flipped, FLIP=1) and dw_tile_backward_filter (work-item decode, staging, windows, warp butterflies, split partials
 and tickets with blocks in shuffled orders, float32 sums) index for index against float64 references.  The whole
-table: `python3 tools/emulate_dw_tile.py` (~12 s)."""
+table: `python3 tools/emulate_dw_tile.py` (~30 s)."""
 import sys
 from pathlib import Path
 
