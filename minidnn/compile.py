@@ -111,28 +111,34 @@ def _static_copy(a):
 
 
 def _copy_plan(args, s_args, kwargs, s_kwargs):
-    """What a replay copies: (position, keyword or None, static tensor, copy(src array)) per tensor argument.  The
-    graph's key fixes each argument's shape, strides, dtype and device, so a dense one is copied by one raw device
-    copy with no per-call checks (``dense_copier``); anything else by ``copy_into``.  No autograd: the static
-    buffers are leaves of the captured step."""
-    plan = []
+    """What a replay copies: a tuple of (entries, copy) where entries are (position, keyword or None, static tensor)
+    and ``copy(*src arrays)`` fills those statics.  The graph's key fixes each argument's shape, strides, dtype and
+    device, so the dense CUDA ones are copied together with no per-call checks (``dense_copier``: one launch for
+    up to four); anything else one by one through ``copy_into``.  No autograd: the static buffers are leaves of the
+    captured step."""
     pairs = [(i, None, a, s) for i, (a, s) in enumerate(zip(args, s_args))]
     pairs += [(None, k, kwargs[k], s) for k, s in s_kwargs.items()]
-    for i, name, a, static in pairs:
-        if isinstance(static, Tensor):
-            copy = _dense_copier(static.data) if a.data.flags.c_contiguous else None
-            plan.append((i, name, static, copy or functools.partial(_copy_arrays, static.data)))
+    pairs = [(i, name, a, s) for i, name, a, s in pairs if isinstance(s, Tensor)]
+    dense = [(i, name, s) for i, name, a, s in pairs if a.is_cuda and a.data.flags.c_contiguous]
+    copy = _dense_copier([s.data for _, _, s in dense]) if dense else None
+    plan = [(tuple(dense), copy)] if copy is not None else []
+    grouped = {id(s) for _, _, s in dense} if copy is not None else set()
+    plan += [(((i, name, s),), functools.partial(_copy_arrays, s.data)) for i, name, a, s in pairs
+             if id(s) not in grouped]
     return tuple(plan)
 
 
 def _copy_args(copies, args, kwargs):
-    """Fill the static buffers from this call's arguments, as ``_copy_plan`` planned (a buffer passed back as
-    its own argument is left as it is)."""
-    for i, name, static, copy in copies:
-        src = args[i] if name is None else kwargs[name]
-        if src is not static:
-            copy(src.data)
-            static._version += 1
+    """Fill the static buffers from this call's arguments, as ``_copy_plan`` planned (a buffer passed back as its
+    own argument is copied onto itself, a no-op, and keeps its version)."""
+    for entries, copy in copies:
+        srcs = []
+        for i, name, static in entries:
+            src = args[i] if name is None else kwargs[name]
+            srcs.append(src.data)
+            if src is not static:
+                static._version += 1
+        copy(*srcs)
 
 
 def compile(fn=None, *, mode="reduce-overhead", warmup=3, max_graphs=8, fullgraph=False, dynamic=None,

@@ -123,7 +123,7 @@ def test_compile_cache_key_and_input_copy():
     static, new = [mdn.zeros(2, 3), 5], [x, 5]
     s_kw, kw = {"k": mdn.zeros(3, 2)}, {"k": x.t()}                         # a strided argument: copy_into
     plan = _copy_plan(new, static, kw, s_kw)
-    assert [(i, name) for i, name, _, _ in plan] == [(0, None), (None, "k")]
+    assert [[(i, name) for i, name, _ in entries] for entries, _ in plan] == [[(0, None)], [(None, "k")]]
     buf, kbuf = static[0].data, s_kw["k"].data
     v = static[0]._version
     _copy_args(plan, new, kw)
@@ -134,6 +134,43 @@ def test_compile_cache_key_and_input_copy():
     assert np.array_equal(buf, x2.numpy()) and np.array_equal(kbuf, x2.numpy().T)
     _copy_args(plan, [static[0], 5], {"k": s_kw["k"]})     # the buffers themselves: nothing copied
     assert static[0]._version == v + 2 and np.array_equal(buf, x2.numpy())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("pairs", [1, 2, 4, 6])
+def test_dense_copier_against_copy_into(device, pairs):
+    """array_ops.dense_copier (cuda/copy_kernels.multi_copy: up to four copies per launch) against dst[...] = src:
+    16-byte multiples (vector path), odd byte counts (byte path), 1-byte and 8-byte items, a source at an odd
+    offset, a source that is its own destination, and more pairs than one launch takes."""
+    if device != "cuda":
+        pytest.skip("needs a GPU")
+    import cupy as cp
+
+    from minidnn.backend.array_ops import dense_copier
+    from minidnn.backend.cuda import launch
+    rng = np.random.default_rng(pairs)
+    shapes = [((64, 1, 32, 32), np.float32), ((7,), np.int64), ((13,), np.uint8), ((3, 5), np.float16),
+              ((1,), np.float32), ((100003,), np.float32)][:pairs]
+    dsts = [cp.zeros(s, dtype=t) for s, t in shapes]
+    copy = dense_copier(dsts)
+    for round_ in range(2):
+        srcs = []
+        for (s, t), d in zip(shapes, dsts):
+            host = (rng.standard_normal(s) * 100).astype(t)
+            if t == np.uint8 and round_:        # an odd address: a view one byte into a larger buffer
+                src = cp.asarray(np.concatenate([[0], host.ravel()]).astype(t))[1:].reshape(s)
+            else:
+                src = cp.asarray(host)
+            srcs.append(src)
+        if round_:
+            srcs[0] = dsts[0]                   # a buffer copied onto itself keeps its contents
+        before = dsts[0].copy()
+        start = launch.launch_count()
+        copy(*srcs)
+        assert launch.launch_count() - start == -(-pairs // 4)
+        for k, (src, dst) in enumerate(zip(srcs, dsts)):
+            want = before if (round_ and k == 0) else src
+            np.testing.assert_array_equal(cp.asnumpy(dst), cp.asnumpy(want))
 
 
 def test_compile_as_decorator_and_type_check():

@@ -40,19 +40,24 @@ def copy_into(dst, src):
     return dst
 
 
-def dense_copier(dst):
-    """For a C-contiguous CuPy array ``dst``: a function ``copy(src)`` doing ``dst[...] = src`` as one asynchronous
-    device copy on the current stream, for a ``src`` the caller knows to be a C-contiguous CuPy array of dst's shape
-    and dtype (``minidnn.compile``'s replay, whose graph key holds the arguments' shapes, dtypes and strides).  It
-    checks nothing per call: ``copy_into``'s checks and CuPy's ``copy_from_device_async`` cost ~5 µs of host time
-    per copy, paid before every replayed step.  None where ``dst`` is not such an array."""
-    if not is_cuda_array(dst) or not dst.flags.c_contiguous or not dst.nbytes:
+def dense_copier(dsts):
+    """For C-contiguous CuPy arrays ``dsts`` on one GPU: a function ``copy(*srcs)`` doing ``dst[...] = src`` for each
+    pair, for srcs the caller knows to be C-contiguous CuPy arrays of their dst's shape and dtype (``minidnn.compile``'s
+    replay, whose graph key holds the arguments' shapes, dtypes and strides).  Nothing is checked per call, and up to
+    four arrays go in one launch (cuda/copy_kernels.py): ``copy_into``'s checks plus a ``cudaMemcpyAsync`` cost
+    ~5 µs of host time per array, paid before every replayed step.  None where ``dsts`` are not such arrays."""
+    if not dsts or not all(is_cuda_array(d) and d.flags.c_contiguous for d in dsts) \
+            or len({d.data.device_id for d in dsts}) != 1:
         return None
-    cp = _launch.cupy()
-    memcpy, current, ptr, nbytes = cp.cuda.runtime.memcpyAsync, cp.cuda.get_current_stream, dst.data.ptr, dst.nbytes
+    from .cuda import copy_kernels
+    copiers = [copy_kernels.multi_copier(dsts[i:i + copy_kernels.MAX_PAIRS])
+               for i in range(0, len(dsts), copy_kernels.MAX_PAIRS)]
+    if len(copiers) == 1:
+        return copiers[0]
 
-    def copy(src):
-        memcpy(ptr, src.data.ptr, nbytes, 4, current().ptr)       # 4: cudaMemcpyDefault (any device, UVA)
+    def copy(*srcs):
+        for k, c in enumerate(copiers):
+            c(*srcs[k * copy_kernels.MAX_PAIRS:(k + 1) * copy_kernels.MAX_PAIRS])
     return copy
 
 
