@@ -61,3 +61,35 @@ def test_model_keeps_nhwc_through_forward_and_backward(make, device):
     np.testing.assert_allclose(y.cpu().numpy(), y_ref.cpu().numpy(), rtol=1e-4, atol=1e-5)
     for p, q in zip(model.parameters(), ref.parameters()):
         np.testing.assert_allclose(p.grad.cpu().numpy(), q.grad.cpu().numpy(), rtol=1e-3, atol=1e-4)
+
+
+class _DeviceLike(np.ndarray):
+    """A NumPy array that in_memory_order treats as a GPU array (its type's module is not numpy's), so the CPU sees
+    the NHWC-view path CuPy arrays take."""
+
+
+_DeviceLike.__module__ = "cupy._core.core"
+
+
+@pytest.mark.parametrize("other_shape", [(1, 6, 1, 1), (6, 1, 1), (1, 1, 1, 5), (5,), (4, 6, 7, 5)])
+def test_in_memory_order_keeps_channels_last_through_a_broadcast_operand(other_shape):
+    # CuPy allocates C-ordered outputs: a conv output plus its (1, C, 1, 1) bias (BiasAdd's broadcast add) lost the
+    # NHWC order on the GPU, and every layer after it ran channels-first
+    from minidnn.backend.layout import in_memory_order
+    rng = np.random.default_rng(0)
+    y = np.ascontiguousarray(rng.standard_normal((4, 7, 5, 6))).transpose(0, 3, 1, 2).view(_DeviceLike)
+    b = rng.standard_normal(other_shape)
+    b = np.ascontiguousarray(b.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2) if b.shape == y.shape else b
+    b = b.view(_DeviceLike)
+    seen = []
+
+    def fn(u, v):
+        seen.append(u.flags.c_contiguous)
+        return np.ascontiguousarray(np.asarray(u) + np.asarray(v)).view(_DeviceLike)   # C-ordered, as CuPy's
+
+    out = in_memory_order(fn, y, b)
+    assert seen == [True]                   # computed on y's NHWC view
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(y) + np.asarray(b))
+    assert mdn.backend.memory_format(out) is mdn.backend.TensorFormat.NHWC
+    # the operands swapped: the larger one still decides
+    np.testing.assert_array_equal(np.asarray(in_memory_order(fn, b, y)), np.asarray(b) + np.asarray(y))

@@ -89,24 +89,32 @@ def from_channels_first(x, fmt: TensorFormat):
 
 
 def in_memory_order(fn, *arrays):
-    """``fn(*arrays)`` for an elementwise ``fn``, computed on NHWC views when every array operand is a channels-last
-    GPU array of one shape, so the result stays channels-last (CuPy allocates C-ordered outputs, where NumPy follows
-    its inputs' memory order).  Anything else goes to ``fn`` unchanged."""
+    """``fn(*arrays)`` for an elementwise ``fn``, computed on NHWC views when the largest array operand is a
+    channels-last GPU array, every other one of its shape is channels-last too, and the rest broadcast to it (a
+    per-channel (1, C, 1, 1) bias, say: its NHWC view (1, 1, 1, C) broadcasts the same way), so the result stays
+    channels-last (CuPy allocates C-ordered outputs, where NumPy follows its inputs' memory order).  Anything else
+    goes to ``fn`` unchanged."""
     first = None
     for a in arrays:
-        if getattr(a, "ndim", 0) >= 3:
+        if getattr(a, "ndim", 0) >= 3 and (first is None or a.size > first.size):
             first = a
-            break
     if first is None or type(first).__module__.startswith("numpy") or first.flags.c_contiguous \
             or memory_format(first) is not TensorFormat.NHWC:
         return fn(*arrays)
-    perm = channels_last_perm(first.ndim)
+    nd, shape = first.ndim, tuple(first.shape)
+    perm = channels_last_perm(nd)
     views = []
     for a in arrays:
-        if getattr(a, "ndim", 0):
-            if a.shape != first.shape or memory_format(a) is not TensorFormat.NHWC:
-                return fn(*arrays)
-            views.append(a.transpose(perm))
-        else:
+        k = getattr(a, "ndim", 0)
+        if not k:
             views.append(a)
-    return fn(*views).transpose(channels_first_perm(first.ndim))
+            continue
+        if tuple(a.shape) == shape:
+            if memory_format(a) is not TensorFormat.NHWC:
+                return fn(*arrays)
+        elif k > nd or any(d != 1 and d != s for d, s in zip(a.shape, shape[nd - k:])):
+            return fn(*arrays)      # a shape that does not broadcast to ``first``'s (the result is larger)
+        elif k < nd:
+            a = a.reshape((1,) * (nd - k) + tuple(a.shape))
+        views.append(a.transpose(perm))
+    return fn(*views).transpose(channels_first_perm(nd))
