@@ -959,6 +959,16 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
     return vec, tpr, tiles, per, rounds_of * per
 
 
+def onepass_routes(inner, tiles, per, grid):
+    """Whether a call of this one-pass geometry takes the one-pass kernels (else the two-launch ones run).
+    Channels-last only where one round holds every tile: a round then reads whole rows, contiguous memory.  Where
+    the L2 share splits the channels over rounds, each round reads a 32-64-byte piece of every row (e.g. 16 of 64
+    float channels: 64 bytes of each 256-byte row, 4 rounds) and the backward's round outgrows the share (its
+    second read misses L2); measured on an H200 (docs/step_kernels.md) that ran 1.25x (forward) to 2.9x (backward)
+    slower than the two-launch kernels, which read whole rows.  NCHW tiles are contiguous channels: always."""
+    return inner != 1 or grid // per >= tiles
+
+
 def _resident_per_sm(kernel):
     """Blocks of ``kernel`` one SM holds at once (the driver's occupancy), capped at ONEPASS_BPS; ONEPASS_BPS where
     the query is unavailable (the kernel's launch bounds promise it)."""
@@ -981,6 +991,8 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
     if bps < ONEPASS_BPS:
         vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned,
                                                       _launch.sm_count(dev), _l2_bytes(dev), bps)
+    if not onepass_routes(inner, tiles, per, grid):
+        return None
     iv = inner // vec if not inner1 else 1
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *_divider(iv), np.int32(tiles),
            np.int32(per)]
