@@ -209,8 +209,17 @@ CASES = [
     (2, 1, 12, 19, 6, 5, 5, 2, 1, 1, 1),       # 5x5 pad 2 ("same"), ragged
     (2, 1, 15, 17, 6, 3, 3, 1, 2, 1, 1),       # stride 2
     (1, 1, 16, 16, 4, 5, 5, 2, 2, 1, 1),       # 5x5 stride 2 pad 2, aligned rows
+] + [
+    # dense convolutions of 2..8 input channels (groups 1: Cg = C, Kg = K, every plane sums all C input planes)
+    (2, 3, 13, 11, 16, 3, 3, 1, 1, 1, 1),      # a 3-channel stem (ResNet-20 / MobileNet-small), ragged
+    (2, 6, 14, 14, 16, 5, 5, 0, 1, 1, 1),      # LeNet-5's conv2 (6 -> 16, 5x5, 14x14 -> 10x10)
+    (1, 8, 9, 10, 32, 3, 3, 1, 1, 1, 1),       # C 8, K 32: both limits
+    (2, 3, 15, 17, 8, 3, 3, 1, 2, 1, 1),       # stride 2, ragged
+    (2, 4, 12, 19, 6, 5, 5, 2, 1, 1, 1),       # 5x5 pad 2
+    (1, 2, 16, 16, 5, 3, 3, 0, 1, 1, 1),       # C 2, pad 0, aligned rows
 ]
-DENSE_C1 = CASES[-6:]
+DENSE_C1 = CASES[-12:-6]
+DENSE_CG = CASES[-6:]
 # (case, sms): a tiny SM count keeps several planes per block (TZ > 1), the last block partly idle
 TZ_CASES = [((4, 6, 14, 14, 6, 3, 3, 1, 1, 1, 6), 1), ((3, 5, 7, 9, 5, 3, 3, 1, 2, 1, 5), 1),
             ((2, 4, 6, 6, 8, 3, 3, 1, 1, 1, 4), 1)]
@@ -372,12 +381,13 @@ WGRAD_CASES = [
     (1, 2, 5, 6, 2, 1, 1, 0, 2, 1, 2),         # 1x1 stride 2
     (1, 1, 6, 150, 1, 3, 3, 1, 1, 1, 1),       # > 128 columns: several q tiles
     (1, 1, 70, 8, 1, 3, 3, 1, 1, 1, 1),        # many rows: several p tiles
-] + DENSE_C1                                    # dense, one input channel (as the forward's table)
+] + DENSE_C1 + DENSE_CG                         # dense, 1 and 2..8 input channels (as the forward's table)
 # (case, sms): a large SM count splits each row into several blocks (tickets, split-order sums); a tiny one keeps
 # the whole row in one block of several steps
 WGRAD_SPLIT_CASES = [((12, 1, 6, 150, 1, 3, 3, 1, 1, 1, 1), 1000), ((3, 1, 56, 56, 1, 3, 3, 1, 1, 1, 1), 1000),
                      ((100, 1, 14, 14, 1, 3, 3, 1, 2, 1, 1), 1000), ((5, 2, 9, 9, 2, 3, 3, 1, 1, 1, 2), 1),
-                     ((8, 1, 32, 32, 6, 5, 5, 0, 1, 1, 1), 132)]     # LeNet conv1, 8 images: 2 splits per row
+                     ((8, 1, 32, 32, 6, 5, 5, 0, 1, 1, 1), 132),     # LeNet conv1, 8 images: 2 splits per row
+                     ((24, 3, 13, 14, 4, 3, 3, 1, 1, 1, 1), 132)]    # dense C 3 K 4, 24 images: 12 rows, split
 
 
 def wgrad_main(quick=False):

@@ -1,7 +1,8 @@
-"""A dense convolution of one input channel (C == 1, groups == 1: LeNet-5's conv1) is a depthwise convolution with
-channel multiplier K, so the direct kernels take it (conv_igemm.direct_supports) -- checked here without a GPU:
-which problems the rule admits, that the heuristic on a CUDA device ranks DIRECT / ALGO_0's direct kernel first for
-LeNet's conv1 in all three directions and keeps LeNet's conv2 (C=6) on the implicit GEMM, and which kernels the
+"""Dense convolutions (groups == 1) of few input channels run on the direct kernels (conv_igemm.direct_supports): C == 1
+(LeNet-5's conv1) is a depthwise convolution with channel multiplier K, C 2..8 (LeNet's conv2, the 3-channel stems)
+one group of Cg = C -- checked here without a GPU: which problems the rule admits (and DIRECT_DENSE_MAX_MACS, the
+one constant that sends the multi-channel ones back), that the heuristic on a CUDA device ranks DIRECT / ALGO_0's
+direct kernel first for LeNet's conv1 and conv2 and the stems in all three directions, and which kernels the
 GPU path launches under tools/record_launches.py's fake CuPy (NumPy arrays, launches recorded, never run; in a
 subprocess so the fake never meets this session's modules).  The bits on a GPU: the dense-c1 rows of
 test_depthwise_kernels.py and test_depthwise_wgrad.py; the index math on the CPU: test_dw_tile_emulation.py."""
@@ -43,12 +44,16 @@ def _problem(x_shape, w_shape, pad, groups, stride=1, dtype="float32"):
     ((8, 1, 32, 32), (33, 1, 3, 3), 1, 1, False),       # one over: the implicit GEMM
     ((8, 1, 20, 20), (1, 1, 7, 7), 3, 1, True),         # K 1, 7x7
     ((8, 1, 20, 20), (4, 1, 8, 8), 0, 1, False),        # 64 taps
-    ((64, 6, 14, 14), (16, 6, 5, 5), 0, 1, False),      # LeNet conv2: dense, 6 channels -- implicit GEMM
-    ((8, 3, 32, 32), (16, 3, 3, 3), 1, 1, False),       # a 3-channel stem
+    ((64, 6, 14, 14), (16, 6, 5, 5), 0, 1, True),       # LeNet conv2: dense, 6 channels
+    ((8, 3, 32, 32), (16, 3, 3, 3), 1, 1, True),        # a 3-channel stem (ResNet-20, MobileNet-small)
+    ((8, 8, 16, 16), (32, 8, 3, 3), 1, 1, True),        # C 8, K 32: both limits
+    ((8, 9, 16, 16), (16, 9, 3, 3), 1, 1, False),       # 9 channels: the implicit GEMM
+    ((8, 2, 16, 16), (33, 2, 3, 3), 1, 1, False),       # K 33
+    ((8, 4, 16, 16), (8, 4, 7, 7), 0, 1, True),         # C 4, 7x7 (49 taps)
     ((8, 16, 8, 8), (16, 1, 3, 3), 1, 16, True),        # depthwise, as before
     ((8, 16, 8, 8), (16, 4, 3, 3), 1, 4, True),         # groups of 4 channels, as before
 ])
-def test_direct_rule_admits_dense_one_channel(x_shape, w_shape, pad, groups, direct):
+def test_direct_rule_admits_dense_few_channels(x_shape, w_shape, pad, groups, direct):
     p = _problem(x_shape, w_shape, pad, groups)
     assert (K.direct_supports(p) is None) == direct, K.direct_supports(p)
     for dtype in ("float16", "bfloat16"):
@@ -81,12 +86,45 @@ def test_heuristic_picks_the_direct_kernels_for_lenet_conv1(dtype):
     assert R.implicit_cost(p) > 2 * direct
 
 
-def test_heuristic_keeps_lenet_conv2_on_the_implicit_gemm():
-    p = _problem(*LENET_CONV2)
-    implicit = R.implicit_cost(p)
-    assert _top(FORWARD_ALGORITHMS, p) == (ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM, implicit)
-    assert _top(BACKWARD_DATA_ALGORITHMS, p) == (ConvolutionBwdDataAlgo.ALGO_0, implicit)
-    assert _top(BACKWARD_FILTER_ALGORITHMS, p)[1] == implicit           # ALGO_3 or ALGO_0's implicit kernel
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("x_shape, w_shape, pad", [((64, 6, 14, 14), (16, 6, 5, 5), 0),       # LeNet conv2
+                                                   ((128, 3, 32, 32), (16, 3, 3, 3), 1),     # ResNet-20's stem
+                                                   ((64, 3, 32, 32), (16, 3, 3, 3), 1)],     # MobileNet-small's
+                         ids=["lenet-conv2", "resnet20-stem", "mobilenet-stem"])
+def test_heuristic_picks_the_direct_kernels_for_dense_few_channels(x_shape, w_shape, pad, dtype):
+    """LeNet's conv2 (H200: direct 14.6 / 30.6 / 15.5 us, implicit GEMM 23.2 / 71.3 / 22.1) and, by the cost
+    model alone (unmeasured), the 3-channel stems: DIRECT / ALGO_0 / ALGO_0 with the direct cost, the implicit GEMM
+    (IMPLICIT_PRECOMP_GEMM, ALGO_3) next."""
+    p = _problem(x_shape, w_shape, pad, 1, dtype=dtype)
+    direct = R._direct_cost(p)
+    assert direct < R.implicit_cost(p)
+    assert _top(FORWARD_ALGORITHMS, p) == (ConvolutionFwdAlgo.DIRECT, direct)
+    assert _top(BACKWARD_DATA_ALGORITHMS, p) == (ConvolutionBwdDataAlgo.ALGO_0, direct)
+    assert _top(BACKWARD_FILTER_ALGORITHMS, p) == (ConvolutionBwdFilterAlgo.ALGO_0, direct)
+    h = _cuda_handle()
+    assert FORWARD_ALGORITHMS.heuristic(p, h, MathType.DEFAULT)[1].algo is ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM
+    assert BACKWARD_FILTER_ALGORITHMS.heuristic(p, h, MathType.DEFAULT)[1].algo is ConvolutionBwdFilterAlgo.ALGO_3
+
+
+def test_dense_macs_cap_sends_the_stems_back_to_the_implicit_gemm(monkeypatch):
+    """DIRECT_DENSE_MAX_MACS (multiply-adds per image) is the one constant to flip: 2 ** 18 keeps LeNet's conv2
+    (240e3 per image) direct and sends the 3-channel 32x32 stems (442e3) to the implicit GEMM in all three
+    directions; 0 restores 0678a49's rule (one input channel only)."""
+    stem, conv2, conv1 = _problem((128, 3, 32, 32), (16, 3, 3, 3), 1, 1), _problem(*LENET_CONV2), _problem(*LENET_CONV1)
+    try:
+        for cap, direct in ((2 ** 18, (False, True, True)), (0, (False, False, True))):
+            monkeypatch.setattr(K, "DIRECT_DENSE_MAX_MACS", cap)
+            K.direct_supports.cache_clear()
+            assert tuple(K.direct_supports(q) is None for q in (stem, conv2, conv1)) == direct
+        monkeypatch.setattr(K, "DIRECT_DENSE_MAX_MACS", 2 ** 18)
+        K.direct_supports.cache_clear()
+        implicit = R.implicit_cost(stem)
+        assert _top(FORWARD_ALGORITHMS, stem) == (ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM, implicit)
+        assert _top(BACKWARD_DATA_ALGORITHMS, stem) == (ConvolutionBwdDataAlgo.ALGO_0, implicit)
+        assert _top(BACKWARD_FILTER_ALGORITHMS, stem)[1] == implicit        # ALGO_3 or ALGO_0's implicit kernel
+    finally:
+        monkeypatch.undo()
+        K.direct_supports.cache_clear()
 
 
 def test_cpu_heuristic_is_unchanged_for_lenet_conv1():
@@ -130,6 +168,21 @@ _SCRIPT = textwrap.dedent("""
         B.convolution_backward_data(None, wa, gyf, desc, xf.shape, format=fmt)
         B.convolution_backward_filter(None, xf, gyf, desc, ws, format=fmt)
         out["prim_" + fmt] = list(recs)
+    xs2, ws2, ys2 = (64, 6, 14, 14), (16, 6, 5, 5), (64, 16, 10, 10)  # LeNet-5's conv2: x needs its gradient
+    for rep in range(2):
+        x, w = Tensor._from_array(fakecp.zeros(xs2)), Tensor._from_array(fakecp.zeros(ws2))
+        x.requires_grad, w.requires_grad = True, True
+        del recs[:]
+        y = F.conv2d(x, w)
+        out["c2fwd%d" % rep] = list(recs)
+        del recs[:]
+        y.backward(Tensor._from_array(fakecp.zeros(ys2)))
+        out["c2bwd%d" % rep] = list(recs)
+    del recs[:]
+    B.convolution_forward(None, fakecp.zeros(xs2), fakecp.zeros(ws2), desc)
+    B.convolution_backward_data(None, fakecp.zeros(ws2), fakecp.zeros(ys2), desc, xs2)
+    B.convolution_backward_filter(None, fakecp.zeros(xs2), fakecp.zeros(ys2), desc, ws2)
+    out["c2prim_NCHW"] = list(recs)
     print(json.dumps(out))
 """)
 
@@ -171,3 +224,16 @@ def test_lenet_conv1_primitives_take_the_direct_kernels_in_both_formats():
     assert nhwc[0] == "dw_tile_forward"                  # x of one channel is NCHW memory too
     assert "conv_igemm" not in nhwc and "cupy/cublas" not in nhwc, nhwc
     assert set(nhwc[1:]) <= {"direct_backward_data", "direct_backward_filter", "direct_splits_reduce"}, nhwc
+
+
+def test_lenet_conv2_is_one_direct_launch_per_direction():
+    """LeNet's conv2 (C 6, K 16) in a training step: dw_tile_forward, then dw_tile_backward_filter and the FLIP=1
+    dw_tile_forward for dx (x is conv1's pooled output) -- no implicit-GEMM kernel, no cuBLAS; the primitives too."""
+    out = _run()
+    for rep in (0, 1):
+        assert _names(out[f"c2fwd{rep}"]) == ["dw_tile_forward"], out[f"c2fwd{rep}"]
+        bwd = out[f"c2bwd{rep}"]
+        assert sorted(_names(bwd)) == ["dw_tile_backward_filter", "dw_tile_forward"], bwd
+        assert "-DFLIP=1" in [r for r in bwd if r[0].startswith("dw_tile_forward")][0][0]
+    assert out["c2fwd0"] == out["c2fwd1"] and out["c2bwd0"] == out["c2bwd1"]
+    assert _names(out["c2prim_NCHW"]) == ["dw_tile_forward", "dw_tile_forward", "dw_tile_backward_filter"]

@@ -62,6 +62,14 @@ SHAPES = [
     ("dense-c1-pad2", 2, 1, 12, 19, 6, 5, 5, 2, 1, 1, 1),
     ("dense-c1-stride2", 2, 1, 15, 17, 6, 3, 3, 1, 2, 1, 1),
     ("dense-c1-k32-5x5-s2", 2, 1, 16, 16, 32, 5, 5, 2, 2, 1, 1),    # K at the limit, aligned rows
+    # dense convolutions of 2..8 input channels (groups 1: Cg = C, Kg = K; each plane sums all C input planes)
+    ("dense-c3-k16-ragged", 2, 3, 13, 11, 16, 3, 3, 1, 1, 1, 1),     # a 3-channel stem's geometry, ragged
+    ("dense-c3-stem-32", 8, 3, 32, 32, 16, 3, 3, 1, 1, 1, 1),        # ResNet-20 / MobileNet-small stem, 8 images
+    ("dense-c6-lenet-conv2", 4, 6, 14, 14, 16, 5, 5, 0, 1, 1, 1),    # LeNet-5's conv2, 14x14 -> 10x10
+    ("dense-c8-k32", 2, 8, 9, 10, 32, 3, 3, 1, 1, 1, 1),             # both limits (Cg 8, Kg 32)
+    ("dense-c3-stride2", 2, 3, 15, 17, 8, 3, 3, 1, 2, 1, 1),
+    ("dense-c4-5x5-pad2", 2, 4, 12, 19, 6, 5, 5, 2, 1, 1, 1),
+    ("dense-c2-aligned", 2, 2, 16, 16, 5, 3, 3, 1, 1, 1, 1),         # 16-byte rows
 ]
 DTYPES = ["float32", "float16", "bfloat16"]
 DIRECTIONS = ["forward", "backward_data", "backward_filter"]
@@ -176,14 +184,15 @@ def test_tile_kernel_matches_float64(shape, dtype, tile_runs):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["dw-ragged", "dw-56-aligned", "dw-x2-stride2", "dw-many-planes", "dense-c1-lenet"])
+@pytest.mark.parametrize("name", ["dw-ragged", "dw-56-aligned", "dw-x2-stride2", "dw-many-planes", "dense-c1-lenet",
+                                  "dense-c6-lenet-conv2", "dense-c3-stride2"])
 def test_tile_kernel_blends_alpha_beta(name, dtype, tile_runs):
     shape = next(s for s in SHAPES if s[0] == name)
     _compare(shape, dtype, tile_runs, alpha=0.75, beta=-0.5, seed=7)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["dw-56-aligned", "dw-ragged", "dw-5x5-dil2", "dense-c1-lenet"])
+@pytest.mark.parametrize("name", ["dw-56-aligned", "dw-ragged", "dw-5x5-dil2", "dense-c1-lenet", "dense-c3-k16-ragged"])
 def test_tile_kernel_unaligned_views(name, dtype, tile_runs):
     shape = next(s for s in SHAPES if s[0] == name)
     _compare(shape, dtype, tile_runs, offset=True, seed=11)
@@ -247,10 +256,12 @@ def test_tile_kernel_is_one_launch_and_repeatable():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("name", ["dense-c1-lenet", "dense-c1-k16-ragged", "dense-c1-stride2"])
-def test_dense_one_channel_through_the_primitives(name, fmt, dtype):
-    """C == 1, groups == 1 through the primitives with the heuristic's choice (algo=None): DIRECT / ALGO_0 / ALGO_0
-    (the direct kernels), against float64, in both formats; NCHW stride 1 is one launch per direction."""
+@pytest.mark.parametrize("name", ["dense-c1-lenet", "dense-c1-k16-ragged", "dense-c1-stride2", "dense-c3-stem-32",
+                                  "dense-c6-lenet-conv2", "dense-c8-k32", "dense-c3-stride2"])
+def test_dense_few_channels_through_the_primitives(name, fmt, dtype):
+    """Dense (groups == 1) with C 1..8 through the primitives with the heuristic's choice (algo=None): DIRECT /
+    ALGO_0 / ALGO_0 (the direct kernels), against float64, in both formats, each call's bits repeated; NCHW stride 1
+    is one launch per direction."""
     from minidnn.backend import (
         get_convolution_backward_data_algorithm_v7,
         get_convolution_backward_filter_algorithm_v7,

@@ -62,6 +62,14 @@ SHAPES = [
     ("dense-c1-pad2", 2, 1, 12, 19, 6, 5, 5, 2, 1, 1, 1),
     ("dense-c1-stride2", 2, 1, 15, 17, 6, 3, 3, 1, 2, 1, 1),
     ("dense-c1-k32-5x5-s2", 2, 1, 16, 16, 32, 5, 5, 2, 2, 1, 1),
+    # dense convolutions of 2..8 input channels (groups 1): K * C filter rows, row k * C + c pairs dy's k with x's c
+    ("dense-c6-lenet-conv2-b64", 64, 6, 14, 14, 16, 5, 5, 0, 1, 1, 1),  # LeNet-5's conv2 in the step: 96 rows, splits
+    ("dense-c3-stem-32", 16, 3, 32, 32, 16, 3, 3, 1, 1, 1, 1),          # the 3-channel 32x32 stems, 16 images
+    ("dense-c3-k16-ragged", 2, 3, 13, 11, 16, 3, 3, 1, 1, 1, 1),
+    ("dense-c8-k32", 2, 8, 9, 10, 32, 3, 3, 1, 1, 1, 1),                # both limits: 256 rows
+    ("dense-c3-stride2", 2, 3, 15, 17, 8, 3, 3, 1, 2, 1, 1),
+    ("dense-c4-5x5-pad2", 2, 4, 12, 19, 6, 5, 5, 2, 1, 1, 1),
+    ("dense-c2-aligned", 2, 2, 16, 16, 5, 3, 3, 1, 1, 1, 1),
 ]
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -157,14 +165,16 @@ def test_wgrad_tile_matches_float64(shape, dtype, wgrad_runs):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("name", ["ragged-3x3", "stride3-pad2", "5x5-dil2", "multiplier2-stride2",
-                                  "dense-c1-lenet-b64", "dense-c1-k16-ragged", "dense-c1-stride2"])
+                                  "dense-c1-lenet-b64", "dense-c1-k16-ragged", "dense-c1-stride2",
+                                  "dense-c6-lenet-conv2-b64", "dense-c3-k16-ragged", "dense-c3-stride2"])
 def test_wgrad_nhwc_keeps_the_generic_kernel(name, dtype, wgrad_runs):
     _compare(_shape(name), dtype, "NHWC", wgrad_runs, seed=3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["ragged-3x3", "56-many-splits", "14-few-rows", "7x7-stride2", "groups-cg4",
-                                  "dense-c1-lenet-b64", "dense-c1-pad2"])
+                                  "dense-c1-lenet-b64", "dense-c1-pad2", "dense-c6-lenet-conv2-b64",
+                                  "dense-c3-stride2"])
 def test_wgrad_tile_blends_alpha_beta(name, dtype, wgrad_runs):
     _compare(_shape(name), dtype, "NCHW", wgrad_runs, alpha=0.75, beta=-0.5, seed=7)
     _compare(_shape(name), dtype, "NCHW", wgrad_runs, alpha=2.0, beta=1.0, strided_out=True, seed=8)
@@ -179,10 +189,13 @@ def test_wgrad_tile_splits_are_exercised():
     assert K.wgrad_config(N, Kc, H, W, R, S, stride, dil, sms)[2] > 1
     _, N, C, H, W, Kc, R, S, pad, stride, dil, groups = _shape("dense-c1-lenet-b64")     # 6 rows of 64 tiles
     assert K.wgrad_config(N, Kc, H - R + 1, W - S + 1, R, S, stride, dil, sms)[6] > 1
+    _, N, C, H, W, Kc, R, S, pad, stride, dil, groups = _shape("dense-c6-lenet-conv2-b64")   # 96 rows (k * 6 + c)
+    assert K.wgrad_config(N, Kc * C, H - R + 1, W - S + 1, R, S, stride, dil, sms)[6] > 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["56-many-splits", "many-rows", "7x7-pad3", "dense-c1-lenet-b64"])
+@pytest.mark.parametrize("name", ["56-many-splits", "many-rows", "7x7-pad3", "dense-c1-lenet-b64",
+                                  "dense-c6-lenet-conv2-b64", "dense-c3-stem-32"])
 def test_wgrad_tile_is_one_launch_bitwise_repeatable(name, dtype):
     p, _ = _problem(_shape(name), dtype)
     rng = np.random.default_rng(5)

@@ -2,7 +2,7 @@
 tools/emulate_dw_tile.py, which replays dw_tile_forward (forward; stride-1 backward data reading the filter
 flipped, FLIP=1) and dw_tile_backward_filter (work-item decode, staging, windows, warp butterflies, split partials
 and tickets with blocks in shuffled orders, float32 sums) index for index against float64 references.  The whole
-table: `python3 tools/emulate_dw_tile.py` (~30 s)."""
+table: `python3 tools/emulate_dw_tile.py` (~45 s)."""
 import sys
 from pathlib import Path
 
@@ -55,3 +55,25 @@ def test_dense_one_channel_lenet_splits_and_tickets():
     (case, sms), = [c for c in E.WGRAD_SPLIT_CASES if c[0][1] == 1 and c[0][4] == 6]
     cfg, stats = E.run_wgrad(*case, 4, 0, 0.5, 2.0, seed=9, sms=sms)
     assert cfg[6] > 1 and stats["last_reduces"] == 6
+
+
+# dense convolutions of 2..8 input channels (groups 1: Cg = C, Kg = K; direct_supports admits C <= DIRECT_MAX_CG):
+# a 3-channel stem 3x3 ragged, LeNet's conv2 (C 6 K 16 5x5), C 8 K 32 (both limits), stride 2, 5x5 pad 2, C 2
+@pytest.mark.parametrize("case", E.DENSE_CG, ids=lambda c: "x".join(map(str, c)))
+def test_dense_channels_forward_and_flipped_backward_data(case):
+    for direction in ["forward"] + (["backward_data"] if case[8] == 1 else []):
+        E.run(*case, direction, 4, 0, 0.75, -0.5, seed=11)
+        E.run(*case, direction, 2, 1, 1.0, 0.0, seed=12)                 # 16-bit, unaligned: element paths
+
+
+@pytest.mark.parametrize("case", E.DENSE_CG, ids=lambda c: "x".join(map(str, c)))
+def test_dense_channels_backward_filter(case):
+    E.run_wgrad(*case, 4, 0, 1.0, 0.0, seed=13)
+    E.run_wgrad(*case, 2, 1, 0.75, -0.5, seed=14)
+
+
+def test_dense_channels_splits_and_tickets():
+    """C 3 K 4 on 24 images with 132 SMs: each of the 12 filter rows (k * Cg + c) split over 2 blocks."""
+    (case, sms), = [c for c in E.WGRAD_SPLIT_CASES if c[0][1] == 3 and c[0][10] == 1]
+    cfg, stats = E.run_wgrad(*case, 4, 0, 0.5, 2.0, seed=15, sms=sms)
+    assert cfg[6] > 1 and stats["last_reduces"] == 12

@@ -9,7 +9,7 @@ conv_direct_source.py), on raw CuPy arrays described by a ConvProblem.
     implicit_backward_data(p, w, dy, tf32, precomp)   -> dx
     implicit_backward_filter(p, x, dy, tf32, precomp) -> dw         one launch: split-K partials added in
                                                                      split order by each tile's last block
-    direct_forward / direct_backward_data / direct_backward_filter   depthwise, Cg <= 8 groups, and C == 1
+    direct_forward / direct_backward_data / direct_backward_filter   depthwise, Cg <= 8 groups, dense C <= 8
 Each takes ``alpha``, ``beta`` and ``out`` (cuDNN's blending, done in the kernel's epilogue); without ``out`` a new
 array is returned, channels-last in memory when the input is.  Kernels compile once per configuration (direction,
 dtype, math mode, tile) through launch.get_kernel; nothing here synchronises, so a call can be graph-captured once
@@ -32,7 +32,8 @@ from .conv_igemm_source import SOURCE as IGEMM_SOURCE
 __all__ = ["TILES", "igemm_supports", "direct_supports", "vec_supports", "vec_eligible", "VEC_ENABLED",
            "implicit_forward", "implicit_backward_data",
            "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
-           "choose_tile", "filter_splits", "DIRECT_MAX_CG", "TILE_ENABLED", "tile_config", "wgrad_config"]
+           "choose_tile", "filter_splits", "DIRECT_MAX_CG", "DIRECT_DENSE_MAX_MACS", "TILE_ENABLED", "tile_config",
+           "wgrad_config"]
 
 # name: (BM, BN, BK for 4-byte data, WM, WN); every tile runs 4 warps (128 threads)
 TILES = {
@@ -42,6 +43,13 @@ TILES = {
     "128x64": (128, 64, 16, 64, 32),
 }
 DIRECT_MAX_CG = 8          # the direct kernels loop over Cg (forward) / Kg (backward data) per output element
+# Dense convolutions (groups == 1) of 2..DIRECT_MAX_CG input channels run on the direct kernels up to this many
+# multiply-adds per image (K * P * Q * C * R * S).  The cost model ranks direct ahead of the implicit GEMM for every
+# such problem (direct 0.6 vs implicit 0.8 per multiply-add), and the H200 agrees for LeNet's conv2 (240e3 per
+# image): so no cap.  The 3-channel 32x32 stems (ResNet-20, MobileNet-small: 16 outputs, 442e3 per image) are
+# unmeasured (tools/lenet_conv_ab.py --stems): 2 ** 18 sends them back to the implicit GEMM while LeNet's conv2 stays
+# direct; 0 restores 0678a49's rule (one input channel only).  direct_supports caches: call its cache_clear().
+DIRECT_DENSE_MAX_MACS = float("inf")
 _INT32 = 2 ** 31 - 1
 _ELEM = {"float32": 0, "float16": 1, "bfloat16": 2}
 
@@ -69,17 +77,20 @@ def igemm_supports(p) -> str | None:
 def direct_supports(p) -> str | None:
     """None if the direct kernels run ``p`` (few channels per group), else the rule it breaks (cached per problem).
 
-    A dense convolution of ONE input channel (C == 1, groups == 1: LeNet's first layer, any single-channel stem) is
-    a depthwise convolution with channel multiplier K -- the kernels' index math (c0 = (k / Kg) * Cg, rows k * Cg +
-    cl) takes groups == 1 as it is -- so it runs here too: one launch per direction where the im2col GEMM took ~5.
-    Dense problems of 2..8 input channels stay with the implicit GEMM (one launch per direction already): there the
-    direct kernels would stage and sweep each input channel in turn per output plane, for K/G-fold re-reads of x,
-    and no measurement says that beats the GEMM's tiles (docs/conv_kernels.md)."""
+    A dense convolution (groups == 1) of C <= DIRECT_MAX_CG input channels is one group of Cg = C, Kg = K: the
+    kernels' index math (c0 = (k / Kg) * Cg = 0, filter rows k * Cg + cl, under FLIP the sum over the K output
+    channels) takes groups == 1 as it is, within the grouped case's limits (K <= 4 * DIRECT_MAX_CG, <= 49 taps).
+    C == 1 (LeNet's conv1, 0678a49) is a depthwise problem of channel multiplier K; C 2..8 (LeNet's conv2: H200
+    direct 14.6 / 30.6 / 15.5 us vs implicit GEMM 23.2 / 71.3 / 22.1) sweeps the C input planes per output plane.
+    DIRECT_DENSE_MAX_MACS caps the multi-channel case by multiply-adds per image (docs/conv_kernels.md)."""
     if p.nd not in (1, 2):
         return "1-D and 2-D convolutions"
-    if (p.groups == 1 and p.C != 1) or p.Cg > DIRECT_MAX_CG or p.Kg > 4 * DIRECT_MAX_CG:
-        return (f"grouped convolutions with at most {DIRECT_MAX_CG} input channels per group and "
-                f"{4 * DIRECT_MAX_CG} output channels per group, or one input channel (groups == 1)")
+    if p.Cg > DIRECT_MAX_CG or p.Kg > 4 * DIRECT_MAX_CG:
+        return (f"at most {DIRECT_MAX_CG} input channels per group and {4 * DIRECT_MAX_CG} output channels per "
+                f"group (dense convolutions: groups == 1)")
+    if p.groups == 1 and p.C > 1 and p.macs > DIRECT_DENSE_MAX_MACS * p.N:
+        return (f"dense convolutions of 2..{DIRECT_MAX_CG} input channels with at most {DIRECT_DENSE_MAX_MACS} "
+                f"multiply-adds per image (DIRECT_DENSE_MAX_MACS)")
     if p.dtype not in _ELEM:
         return "float32, float16 or bfloat16 data"
     if math.prod(p.kernel) > 49:

@@ -3,7 +3,7 @@
 Forward              IMPLICIT_GEMM          implicit-GEMM kernel, tap decode by 32-bit division, no workspace
                      IMPLICIT_PRECOMP_GEMM  the same kernel reading a precomputed int4 tap table (workspace)
                      DIRECT                 + fast path: the direct kernel on CuPy arrays with <= 8 channels per group
-                                              (grouped, depthwise, or dense with ONE input channel: LeNet's conv1)
+                                              (grouped, depthwise, or dense with C <= 8: LeNet's conv1 and conv2)
 Backward data        ALGO_0                 + fast paths: direct kernel (<= 8 channels per group), else implicit GEMM
                                               (tap table) -- ALGO_0 is the algorithm without an im2col matrix
 Backward filter      ALGO_0                 + fast paths: direct kernel (<= 8 channels per group), else implicit GEMM
@@ -107,9 +107,10 @@ def register(FW, BD, BF):
         alg.devices = ("cuda",)
         alg.native_half = True
     # every kernel here takes float16/bfloat16 data as it is (native_half): no float32 round trip of its inputs
-    # "<= 8 channels per group" includes the dense one-input-channel case (K.direct_supports): its direct cost
-    # (a depthwise problem of multiplier K) undercuts the implicit GEMM's, whose tiles waste 16/K of N, and the
-    # cuBLAS GEMM's (im2col + product + reduce + copy), so get_*_v7 ranks DIRECT / ALGO_0 first for it
+    # "<= 8 channels per group" includes dense convolutions of C <= 8 (K.direct_supports): their direct cost
+    # (0.6 per multiply-add) undercuts the implicit GEMM's (0.8, more where its tiles waste N: C == 1's 16/K) and
+    # the cuBLAS GEMM's (im2col + product + reduce + copy), so get_*_v7 ranks DIRECT / ALGO_0 first for them (H200,
+    # LeNet conv2: direct 1.5-2.3x the implicit GEMM); K.DIRECT_DENSE_MAX_MACS sends the larger ones back
     FW.get(A.DIRECT).add_fast_path("direct CUDA kernel (<= 8 channels per group)", _small_groups,
                                    K.direct_forward, cost=_direct_cost_if, native_half=True)
     BD.get(DA.ALGO_0).add_fast_path("direct CUDA kernel (<= 8 channels per group)", _small_groups,
