@@ -18,7 +18,6 @@ Batch-norm training updates the running statistics in place, cuDNN's and PyTorch
 """
 from __future__ import annotations
 
-import enum
 import math
 
 import numpy as np
@@ -27,7 +26,7 @@ from ._common import begin, blend, check_float, check_ndim, check_out, moments, 
 from .array_ops import increment
 from .cuda import norm_kernels as _norm_gpu  # the layer/group norm kernels (importing them needs no GPU)
 from .devices import is_cuda_array as _is_cuda
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .layout import TensorFormat, channels_last_perm, from_channels_first, resolve_format, to_channels_first
 
 __all__ = ["BatchNormMode", "batch_normalization_forward_training", "batch_normalization_forward_inference",
@@ -35,7 +34,7 @@ __all__ = ["BatchNormMode", "batch_normalization_forward_training", "batch_norma
            "group_normalization_forward", "group_normalization_backward"]
 
 
-class BatchNormMode(enum.Enum):
+class BatchNormMode(IdentityEnum):
     """cudnnBatchNormMode_t: SPATIAL keeps one mean and variance per channel, reduced over N and the spatial dims
     (BatchNorm1d/2d/3d); PER_ACTIVATION one per (C, *S) element, reduced over N only (after a fully connected layer)."""
     SPATIAL = "spatial"                 # one statistic per channel (BatchNorm1d/2d/3d)
@@ -444,7 +443,7 @@ def _gpu_norm_backward(kind, x, dy, arg, scale, mean, inv_std, param_shape, blen
 # (issue 10); the reference above stays the spec.  Each helper returns None when the kernels do not take the call
 # (CPU arrays, PER_ACTIVATION, float16, blending, odd layouts), and the reference runs.
 
-class BatchNormOps(enum.Enum):
+class BatchNormOps(IdentityEnum):
     """cuDNN's cudnnBatchNormOps_t: what the *_ex primitives fuse after the normalisation."""
     BN = "bn"                                   # y = bn(x)
     BN_ACTIVATION = "bn_activation"             # y = relu(bn(x))
@@ -555,15 +554,17 @@ def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, ble
             and saved_mean.dtype == acc and saved_inv.dtype == acc
             and saved_mean.flags.c_contiguous and saved_inv.flags.c_contiguous
             and (scale is None or tuple(scale.shape) == tuple(param_shape))
-            and k.supports(geom.xc, scale, others=(to_channels_first(dy, geom.fmt),
+            and k.supports(geom.xc, scale, others=(k.in_layout_of(to_channels_first(dy, geom.fmt), geom.xc),
                                                    None if y is None else to_channels_first(y, geom.fmt)))):
         return None
     _gpu_remember(key, geom, param_shape)
     yc = None if y is None else to_channels_first(y, geom.fmt)
     if saved_mean.ndim != 1:
         saved_mean, saved_inv = saved_mean.reshape(-1), saved_inv.reshape(-1)
-    dx, dz, dscale, dbias = k.backward(geom.xc, to_channels_first(dy, geom.fmt), scale, saved_mean, saved_inv, yc,
-                                       want_dz)
+    # a dy in another memory order than x (the gradient of a cast or a broadcast reaching a channels-last batch
+    # norm) is copied into x's order: dx then comes back in x's order, as x.grad must
+    dyc = k.in_layout_of(to_channels_first(dy, geom.fmt), geom.xc)
+    dx, dz, dscale, dbias = k.backward(geom.xc, dyc, scale, saved_mean, saved_inv, yc, want_dz)
     dx = from_channels_first(dx, geom.fmt)
     dz = None if dz is None else from_channels_first(dz, geom.fmt)
     if scale is None:
