@@ -5,8 +5,10 @@
     python bench/conv_kernels.py --match depthwise   # only the layers whose name contains "depthwise"
     python bench/conv_kernels.py --layout nhwc  # ResNet-20's 3x3 layers in NHWC: element loader vs VEC loader
 
-Per layer and math mode, forward + backward data + backward filter (ms, CUDA events around --reps back-to-back
-calls after a warm-up, median of 3 such windows):
+This is issue 9's ``bench/conv_gpu.py`` (that name runs this file).  Per layer and math mode, forward + backward
+data + backward filter (ms, CUDA events around --reps back-to-back calls after a warm-up, median of 3 such
+windows), each direction and their sum, with TFLOP/s (3 x 2 x multiply-adds per fwd+bwd) and % of the device's
+dense peak (H100/H200: 67 fp32, 495 TF32):
   kernels   the new kernels called directly (IMPLICIT_PRECOMP_GEMM + bwd-data ALGO_0 + bwd-filter ALGO_3 for dense
             layers; the direct kernels for depthwise/grouped)
   tuned     the primitives with handle.benchmark=True: the autotuner's choice per direction (named)
@@ -40,7 +42,17 @@ LAYERS = [
     ("depthwise 3x3 N32 C128 56^2", 32, 128, 128, 56, 3, 1, 1, 128),
     ("depthwise 3x3 N32 C512 14^2", 32, 512, 512, 14, 3, 1, 1, 512),
     ("grouped(32) 3x3 N32 C128 28^2", 32, 128, 128, 28, 3, 1, 1, 32),
+    ("stem 7x7 s2 N32 3->64 224^2", 32, 3, 64, 224, 7, 3, 2, 1),
+    ("LeNet 5x5 N64 6->16 14^2", 64, 6, 16, 14, 5, 0, 1, 1),
+    ("depthwise 3x3 s2 N32 C128 56^2", 32, 128, 128, 56, 3, 1, 2, 128),
 ]
+
+# dense peak rates (TFLOP/s, no sparsity) for the % of peak column; other devices print no percentage
+_PEAKS = {"H100": {"fp32": 67.0, "tf32": 495.0}, "H200": {"fp32": 67.0, "tf32": 495.0}}
+
+
+def _peak(device_name, mode):
+    return next((v[mode] for k, v in _PEAKS.items() if k in device_name), None)
 
 
 def _timer(cp, fn, reps):
@@ -208,23 +220,38 @@ def main():
                 y = torch.nn.functional.conv2d(tx, tw, padding=pad, stride=stride, groups=groups)
                 y.backward(tdy)
             t_torch = _timer(cp, torch_step, args.reps)
+            conv_args = ([stride] * 2, [pad] * 2, [1, 1], False, [0, 0], groups)
+            bwd = torch.ops.aten.convolution_backward
+            with torch.no_grad():
+                t_torch_parts = [_timer(cp, f, args.reps) for f in (
+                    lambda: torch.nn.functional.conv2d(tx, tw, padding=pad, stride=stride, groups=groups),
+                    lambda: bwd(tdy, tx, tw, None, *conv_args, [True, False, False]),
+                    lambda: bwd(tdy, tx, tw, None, *conv_args, [False, True, False]))]
             torch.cuda.synchronize()
-            rows.append((name, mode, direct, t_parts, t_tuned, chosen, t_torch))
+            flops = 3 * 2 * p.macs          # forward, backward data and backward filter: one GEMM's work each
+            rows.append((name, mode, groups, t_parts, t_tuned, chosen, t_torch, t_torch_parts, flops))
             print(f"{name:32s} {mode}  kernels {sum(t_parts):7.3f} ms (fwd {t_parts[0]:.3f} dgrad {t_parts[1]:.3f} "
                   f"wgrad {t_parts[2]:.3f})  tuned {sum(t_tuned):7.3f} ms {'/'.join(chosen)}  "
-                  f"cuDNN {t_torch:7.3f} ms", flush=True)
+                  f"cuDNN {t_torch:7.3f} ms (fwd {t_torch_parts[0]:.3f} dgrad {t_torch_parts[1]:.3f} "
+                  f"wgrad {t_torch_parts[2]:.3f})", flush=True)
             x = w = dy = tx = tw = tdy = parts = tuned = None      # free the layer's arrays before the next
             cp.get_default_memory_pool().free_all_blocks()
 
-    print("\n| layer | mode | kernels ms | tuned ms (fwd/dgrad/wgrad algo) | cuDNN ms | kernels/cuDNN | tuned/cuDNN |")
-    print("|---|---|---|---|---|---|---|")
+    dev_name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print("\n| layer | mode | kernels ms (fwd/dgrad/wgrad) | tuned ms (algos) | cuDNN ms (fwd/dgrad/wgrad) | "
+          "kernels/cuDNN | tuned/cuDNN | kernels TFLOP/s (% peak) | cuDNN TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ratios = {}
-    for name, mode, direct, tp, tt, chosen, tc in rows:
+    for name, mode, groups, tp, tt, chosen, tc, tcp, flops in rows:
         rk, rt = sum(tp) / tc, sum(tt) / tc
-        fam = "depthwise/grouped" if direct else "dense"
+        fam = "dense" if groups == 1 else "depthwise/grouped"
         ratios.setdefault((fam, mode), []).append((rk, rt))
+        tf_k, tf_c = flops / sum(tp) / 1e9, flops / tc / 1e9
+        peak = _peak(dev_name, mode)
+        pct = f" ({100 * tf_k / peak:.0f}%)" if peak else ""
         print(f"| {name} | {mode} | {sum(tp):.3f} ({tp[0]:.3f}/{tp[1]:.3f}/{tp[2]:.3f}) | {sum(tt):.3f} "
-              f"({'/'.join(chosen)}) | {tc:.3f} | {rk:.2f}x | {rt:.2f}x |")
+              f"({'/'.join(chosen)}) | {tc:.3f} ({tcp[0]:.3f}/{tcp[1]:.3f}/{tcp[2]:.3f}) | {rk:.2f}x | {rt:.2f}x | "
+              f"{tf_k:.1f}{pct} | {tf_c:.1f} |")
     print()
     for (fam, mode), rs in sorted(ratios.items()):
         gk = math.exp(statistics.mean(math.log(r[0]) for r in rs))
