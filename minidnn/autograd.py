@@ -23,6 +23,7 @@ import traceback
 import numpy as np
 
 from . import _amp_state
+from .backend import devices as _devices
 from .backend.array_ops import copy_into as _copy_into
 from .backend.devices import array_module as _array_module
 from .backend.devices import device_of as _device_of
@@ -247,23 +248,13 @@ class AccumulateGrad(Node):
 
 
 class FunctionCtx(Node):
-    """The ``ctx`` of a user ``Function``: it is the graph node its outputs point to."""
+    """The ``ctx`` of a user ``Function``: it is the graph node its outputs point to.  What most ctxs keep as it is
+    is a class default (a ctx that sets one holds its own in ``__dict__``), so apply writes only what it must."""
 
-    __slots__ = ("_fn_cls", "needs_input_grad", "_non_differentiable", "_materialize", "_out_meta", "num_outputs",
-                 "_n_inputs", "_input_meta", "_dirty", "__dict__")
-
-    def __init__(self):
-        self.next_edges = ()
-        self.saved = ()
-        self.versions = ()
-        self.pre_hooks = None
-        self.trace = None
-        self._non_differentiable = ()
-        self._materialize = True
-        self._out_meta = ()
-        self.num_outputs = 0        # len(_out_meta), kept beside it: the engine reads it per edge
-        self.needs_input_grad = ()
-        self._dirty = ()
+    __slots__ = ("_fn_cls", "needs_input_grad", "_out_meta", "num_outputs", "_n_inputs", "_input_meta", "__dict__")
+    next_edges = saved = versions = _non_differentiable = _dirty = ()
+    pre_hooks = trace = None
+    _materialize = True
 
     def name(self):
         return self._fn_cls.__name__ + "Backward" if getattr(self, "_fn_cls", None) else "FunctionCtx"
@@ -300,7 +291,7 @@ class FunctionCtx(Node):
                 continue
             if not isinstance(r, Tensor):
                 r = Tensor._from_array(np.asarray(r) if not hasattr(r, "shape") else r)
-            if tuple(r.data.shape) != meta[0]:
+            if r.data.shape != meta[0]:      # meta[0]: the input's data.shape, a tuple
                 try:
                     r = r.sum_to(meta[0])
                 except Exception:
@@ -353,41 +344,46 @@ class Function(Node):
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        # The hot path of every nn op: one pass over the arguments, one over the outputs (no generators).
-        ctx = FunctionCtx()
+        # The hot path of every nn op: one pass over the arguments (needs, edges, metadata), one over the outputs.
+        ctx = _new(FunctionCtx)         # the class defaults stand for what most ctxs never change
         ctx._fn_cls = cls
         tensor_args = []
         needs_input_grad = []
+        edges = []
+        input_meta = []
+        record = _state.grad_enabled
         for a in args:
             if isinstance(a, Tensor):
                 tensor_args.append(a)
-                needs_input_grad.append(a.requires_grad)
+                if a.requires_grad:
+                    needs_input_grad.append(True)
+                    edges.append(a._edge() if record else None)
+                    input_meta.append((a.data.shape, a.data.dtype))
+                    continue
+                edges.append(a._edge() if record and a.grad_fn is not None else None)
             else:
-                needs_input_grad.append(False)
+                edges.append(None)
+            needs_input_grad.append(False)
+            input_meta.append(None)
         if len(tensor_args) > 1:
             _check_same_device(cls.__name__, tensor_args)
         ctx.needs_input_grad = needs_input_grad = tuple(needs_input_grad)
-        prev = _state.grad_enabled
         _state.grad_enabled = False
         try:
             outputs = cls.forward(ctx, *args, **kwargs)
         finally:
-            _state.grad_enabled = prev
-        if not (prev and any(needs_input_grad)):
+            _state.grad_enabled = record
+        if not (record and True in needs_input_grad):
             return outputs
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
-        edges = []
-        input_meta = []
-        for a, needs in zip(args, needs_input_grad):
-            edges.append(a._edge() if isinstance(a, Tensor) else None)
-            input_meta.append((a.data.shape, a.data.dtype) if needs else None)
         ctx.next_edges = tuple(edges)
         ctx._input_meta = tuple(input_meta)
         ctx._n_inputs = len(args)
         if _state.anomaly:
             ctx.trace = "".join(traceback.format_stack()[:-1])
         arg_ids = [id(a) for a in tensor_args]
+        dirty, non_differentiable = ctx._dirty, ctx._non_differentiable
         wired = []
         meta = []       # per output (shape, dtype, xp); a non-Tensor output gets a float32 scalar's
         for i, o in enumerate(outs):
@@ -395,15 +391,15 @@ class Function(Node):
                 wired.append(o)
                 meta.append(_SCALAR_META)
                 continue
-            if id(o) in arg_ids and not (ctx._dirty and any([o is d for d in ctx._dirty])):
+            if id(o) in arg_ids and not (dirty and any([o is d for d in dirty])):
                 o = o._view_of_data()     # an input returned as-is becomes a new tensor of this node
             data = o.data
-            meta.append((tuple(data.shape), data.dtype, _array_module(data)))
-            if ctx._non_differentiable and id(o) in ctx._non_differentiable:
+            meta.append((data.shape, data.dtype, _array_module(data)))
+            if non_differentiable and id(o) in non_differentiable:
                 o.requires_grad = False
             else:
                 o.output_nr = i
-                o.requires_grad = floating = _is_floating(data.dtype, complex_ok=True)
+                o.requires_grad = floating = _is_floating(data.dtype, True)
                 o.grad_fn = ctx if floating else None
             wired.append(o)
         ctx._out_meta = tuple(meta)
@@ -471,6 +467,15 @@ _SCALAR_META = ((), np.float32, np)
 
 
 def _check_same_device(where, tensors):
+    kind = type(tensors[0].data)
+    for t in tensors:
+        if type(t.data) is not kind:
+            break
+    else:       # one array type (the common case): NumPy's are on the cpu, CuPy's compared by GPU number
+        cp = _devices._cupy
+        if kind is np.ndarray or (cp is not None and kind is cp.ndarray
+                                  and len({t.data.data.device_id for t in tensors}) == 1):
+            return
     d0 = _device_of(tensors[0].data)
     for t in tensors[1:]:
         d = _device_of(t.data)

@@ -10,7 +10,6 @@ blending is no longer f(x), and one source of truth keeps the reference simple.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 
 import numpy as np
@@ -18,13 +17,13 @@ import numpy as np
 from ._common import begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
 from .cuda import act_kernels  # the GPU fast path's kernels: imported once here, not per call (importing needs no GPU)
 from .devices import is_cuda_array
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .layout import in_memory_order
 
 __all__ = ["ActivationMode", "ActivationDescriptor", "activation_forward", "activation_backward"]
 
 
-class ActivationMode(enum.Enum):
+class ActivationMode(IdentityEnum):
     """cudnnActivationMode_t: which elementwise function activation_forward/backward compute; ``coef`` is each mode's
     parameter as noted beside it (ceiling, alpha, slope, beta or bound)."""
     RELU = "relu"                  # max(x, 0)

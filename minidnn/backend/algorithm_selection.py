@@ -20,20 +20,20 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import BadParamError, NotSupportedError, Status
+from .errors import BadParamError, IdentityEnum, NotSupportedError, Status
 from .handle import MathType
 
 __all__ = ["Determinism", "ConvolutionPreference", "AlgoPerf", "AlgorithmRegistry", "AlgorithmCache",
            "time_call"]
 
 
-class Determinism(enum.Enum):
+class Determinism(IdentityEnum):
     """cuDNN's cudnnDeterminism_t."""
     NON_DETERMINISTIC = 0
     DETERMINISTIC = 1
 
 
-class ConvolutionPreference(enum.Enum):
+class ConvolutionPreference(IdentityEnum):
     """How the heuristic ranks algorithms (cuDNN's cudnnConvolutionFwdPreference_t and friends).
 
     PREFER_FASTEST            the lowest estimated time, within handle.workspace_limit

@@ -19,7 +19,6 @@ Every algorithm computes cross-correlation on channels-first arrays; convolution
 """
 from __future__ import annotations
 
-import enum
 import math
 
 import numpy as np
@@ -30,12 +29,13 @@ from .blas import grouped_gram, grouped_matmul, matmul
 from .conv_gemm import data_weights, forward_weights, gemm_backward_data, gemm_backward_filter, gemm_forward, to_rows
 from .conv_problem import ConvProblem
 from .devices import array_module
+from .errors import IdentityEnum
 
 __all__ = ["ConvolutionFwdAlgo", "ConvolutionBwdDataAlgo", "ConvolutionBwdFilterAlgo", "ConvAlgorithm",
            "FORWARD_ALGORITHMS", "BACKWARD_DATA_ALGORITHMS", "BACKWARD_FILTER_ALGORITHMS"]
 
 
-class ConvolutionFwdAlgo(enum.Enum):
+class ConvolutionFwdAlgo(IdentityEnum):
     """cuDNN's cudnnConvolutionFwdAlgo_t (same values).  See docs/backend_convolution.md for what each maps to."""
     IMPLICIT_GEMM = 0
     IMPLICIT_PRECOMP_GEMM = 1
@@ -47,7 +47,7 @@ class ConvolutionFwdAlgo(enum.Enum):
     WINOGRAD_NONFUSED = 7
 
 
-class ConvolutionBwdDataAlgo(enum.Enum):
+class ConvolutionBwdDataAlgo(IdentityEnum):
     """cuDNN's cudnnConvolutionBwdDataAlgo_t: ALGO_0 = tap loop (DIRECT), ALGO_1 = GEMM + col2im."""
     ALGO_0 = 0
     ALGO_1 = 1
@@ -57,7 +57,7 @@ class ConvolutionBwdDataAlgo(enum.Enum):
     WINOGRAD_NONFUSED = 5
 
 
-class ConvolutionBwdFilterAlgo(enum.Enum):
+class ConvolutionBwdFilterAlgo(IdentityEnum):
     """cuDNN's cudnnConvolutionBwdFilterAlgo_t: ALGO_0 = tap loop (DIRECT), ALGO_1 = im2col GEMM."""
     ALGO_0 = 0
     ALGO_1 = 1

@@ -11,7 +11,6 @@ channels-first arrays; the convolution mode and the tensor format are handled be
 """
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 import operator
@@ -20,13 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._common import as_tuple
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .handle import MathType
 
 __all__ = ["ConvolutionMode", "ConvolutionDescriptor", "ConvProblem", "make_problem"]
 
 
-class ConvolutionMode(enum.Enum):
+class ConvolutionMode(IdentityEnum):
     """cuDNN's cudnnConvolutionMode_t.
 
     CROSS_CORRELATION  y[o] = sum_r x[o*s + r*d] w[r]           (what deep learning calls convolution)

@@ -11,7 +11,14 @@ __all__ = ["Status", "ArgumentError", "DTypeError", "DimensionError", "BackendEr
            "NotSupportedError", "check"]
 
 
-class Status(enum.Enum):
+class IdentityEnum(enum.Enum):
+    """The backend's enums: members are singletons compared by identity, so they hash by identity too (C code)
+    instead of Enum's ``hash(self._name_)`` in Python -- they key every plan and selector table (~450 hashes per
+    ResNet-20 step, docs/host_overhead.md round 8)."""
+    __hash__ = object.__hash__
+
+
+class Status(IdentityEnum):
     """cudnnStatus_t: the status code a backend error carries (SUCCESS, BAD_PARAM, NOT_SUPPORTED)."""
     SUCCESS = 0
     BAD_PARAM = 3

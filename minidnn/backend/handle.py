@@ -6,20 +6,19 @@ primitive uses the calling thread's default handle for the device its arrays liv
 from __future__ import annotations
 
 import contextlib
-import enum
 import threading
 
 import numpy as np
 
 from . import devices as _dev
 from .devices import is_floating as _is_floating
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 
 __all__ = ["MathType", "Handle", "get_default_handle", "resolve_handle", "create", "destroy", "cudnn",
            "configured_default_handle"]
 
 
-class MathType(enum.Enum):
+class MathType(IdentityEnum):
     """Whether tensor cores may be used (cuDNN's cudnnMathType_t).
 
     DEFAULT      strict fp32: float32 data is computed in float32 (no TF32).
@@ -179,7 +178,11 @@ def configured_default_handle(*arrays) -> Handle:
     onto it (cheap attribute writes, at every op, so a change reaches every thread's next op).  A handle passed
     explicitly to a primitive is never touched, and code configuring ``get_default_handle()`` directly keeps its
     settings for every flag left at None."""
-    handle = resolve_handle(None, *arrays)
+    handle = None
+    if len(arrays) == 1 and hasattr(arrays[0], "shape"):     # the common call (nn's handle_for): one array
+        handle = _local.by_device.get(_dev.device_of(arrays[0]))
+    if handle is None:
+        handle = resolve_handle(None, *arrays)
     if cudnn.benchmark is not None:
         handle.benchmark = bool(cudnn.benchmark)
     if cudnn.deterministic is not None:

@@ -15,15 +15,13 @@ of a channels-first one, so supporting NHWC costs no copy in the reference code.
 """
 from __future__ import annotations
 
-import enum
-
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 
 __all__ = ["TensorFormat", "memory_format", "resolve_format", "to_channels_first", "from_channels_first",
            "channels_last_perm", "channels_first_perm", "in_memory_order"]
 
 
-class TensorFormat(enum.Enum):
+class TensorFormat(IdentityEnum):
     """cudnnTensorFormat_t: where the channel dim lives. NCHW is channels first and NHWC channels last, for every rank
     >= 3 (NCW/NWC and the 5-D NCDHW/NDHWC follow the same rule, so NCDHW and NDHWC are aliases)."""
     NCHW = "NCHW"      # channels first, any rank >= 3 (NCW, NCHW, NCDHW)

@@ -25,25 +25,24 @@ backward returns its gradient dmeans = -dz instead of differentiating through th
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 
 import numpy as np
 
 from ._common import begin, blend, check_float, check_ndim, check_out, check_same, parse_enum, window_sum
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .layout import from_channels_first, resolve_format, to_channels_first
 
 __all__ = ["LRNDescriptor", "LRNMode", "DivNormMode", "lrn_cross_channel_forward", "lrn_cross_channel_backward",
            "divisive_normalization_forward", "divisive_normalization_backward"]
 
 
-class LRNMode(enum.Enum):
+class LRNMode(IdentityEnum):
     """cudnnLRNMode_t: local response normalization across channels (the window runs along dim 1), cuDNN's only mode."""
     CROSS_CHANNEL_DIM1 = "cross_channel_dim1"   # the only mode cuDNN has: the window runs along dim 1 (C)
 
 
-class DivNormMode(enum.Enum):
+class DivNormMode(IdentityEnum):
     """cudnnDivNormMode_t: divisive normalization with precomputed means (cuDNN's only mode); passing means=None
     computes them here."""
     PRECOMPUTED_MEANS = "precomputed_means"     # cuDNN's only mode; means=None computes them here

@@ -18,7 +18,6 @@ Batch-norm training updates the running statistics in place, cuDNN's and PyTorch
 """
 from __future__ import annotations
 
-import enum
 import math
 
 import numpy as np
@@ -27,7 +26,7 @@ from ._common import begin, blend, check_float, check_ndim, check_out, moments, 
 from .array_ops import increment
 from .cuda import norm_kernels as _norm_gpu  # the layer/group norm kernels (importing them needs no GPU)
 from .devices import is_cuda_array as _is_cuda
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .layout import TensorFormat, channels_last_perm, from_channels_first, resolve_format, to_channels_first
 
 __all__ = ["BatchNormMode", "batch_normalization_forward_training", "batch_normalization_forward_inference",
@@ -35,7 +34,7 @@ __all__ = ["BatchNormMode", "batch_normalization_forward_training", "batch_norma
            "group_normalization_forward", "group_normalization_backward"]
 
 
-class BatchNormMode(enum.Enum):
+class BatchNormMode(IdentityEnum):
     """cudnnBatchNormMode_t: SPATIAL keeps one mean and variance per channel, reduced over N and the spatial dims
     (BatchNorm1d/2d/3d); PER_ACTIVATION one per (C, *S) element, reduced over N only (after a fully connected layer)."""
     SPATIAL = "spatial"                 # one statistic per channel (BatchNorm1d/2d/3d)
@@ -444,7 +443,7 @@ def _gpu_norm_backward(kind, x, dy, arg, scale, mean, inv_std, param_shape, blen
 # (issue 10); the reference above stays the spec.  Each helper returns None when the kernels do not take the call
 # (CPU arrays, PER_ACTIVATION, float16, blending, odd layouts), and the reference runs.
 
-class BatchNormOps(enum.Enum):
+class BatchNormOps(IdentityEnum):
     """cuDNN's cudnnBatchNormOps_t: what the *_ex primitives fuse after the normalisation."""
     BN = "bn"                                   # y = bn(x)
     BN_ACTIVATION = "bn_activation"             # y = relu(bn(x))

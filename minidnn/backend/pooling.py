@@ -20,7 +20,6 @@ MAX_DETERMINISTIC's fixed order.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import itertools
 import math
 
@@ -42,7 +41,7 @@ from ._common import (
 )
 from .cuda import pool_kernels  # the GPU fast path's kernels: imported once here, not per call (needs no GPU)
 from .devices import is_cuda_array
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .layout import (
     TensorFormat,
     channels_first_perm,
@@ -61,7 +60,7 @@ __all__ = ["PoolingMode", "PoolingDescriptor", "get_pooling_forward_output_dim",
 FAST_PATHS = []
 
 
-class PoolingMode(enum.Enum):
+class PoolingMode(IdentityEnum):
     """cudnnPoolingMode_t: MAX (padding counts as -inf; the gradient goes to each window's first maximum),
     MAX_DETERMINISTIC (the same, with a fixed accumulation order required of GPU kernels; bit-identical in this
     reference), and averages whose divisor counts the zero padding (AVERAGE_COUNT_INCLUDE_PADDING) or only real elements

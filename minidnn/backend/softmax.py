@@ -13,20 +13,18 @@ x - max - log(sum(exp(x - max))).
 """
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 
 from ._common import begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
 from .cuda import loss_kernels, softmax_kernels  # the GPU fast paths' kernels, imported once (needs no GPU)
 from .devices import is_cuda_array
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .layout import TensorFormat, resolve_format
 
 __all__ = ["SoftmaxAlgorithm", "SoftmaxMode", "softmax_forward", "softmax_backward"]
 
 
-class SoftmaxAlgorithm(enum.Enum):
+class SoftmaxAlgorithm(IdentityEnum):
     """cudnnSoftmaxAlgorithm_t: FAST computes exp(x) / sum(exp(x)) as written (overflows for large x), ACCURATE
     subtracts the max first (same result, never overflows), LOG returns log-softmax."""
     FAST = "fast"
@@ -34,7 +32,7 @@ class SoftmaxAlgorithm(enum.Enum):
     LOG = "log"
 
 
-class SoftmaxMode(enum.Enum):
+class SoftmaxMode(IdentityEnum):
     """cudnnSoftmaxMode_t: INSTANCE normalizes over every dim but N (one distribution per sample), CHANNEL over C alone
     (one distribution per sample and spatial position)."""
     INSTANCE = "instance"

@@ -11,19 +11,17 @@ cuDNN's vocabulary and get its validation and alpha/beta blending.
 """
 from __future__ import annotations
 
-import enum
-
 from ._common import begin, blend, check_float, check_out, parse_enum, shape_str
 from .cuda import norm_kernels  # bias add's CUDA kernel (importing it needs no GPU)
 from .devices import is_cuda_array
-from .errors import BadParamError
+from .errors import BadParamError, IdentityEnum
 from .layout import TensorFormat, from_channels_first, resolve_format, to_channels_first
 
 __all__ = ["OpTensorOp", "ReduceTensorOp", "add_tensor", "op_tensor", "scale_tensor", "set_tensor",
            "transform_tensor", "reduce_tensor"]
 
 
-class OpTensorOp(enum.Enum):
+class OpTensorOp(IdentityEnum):
     """cudnnOpTensorOp_t: the elementwise op of op_tensor, c = op(alpha1 * a, alpha2 * b) blended with beta * c; SQRT
     and NOT are unary (b ignored)."""
     ADD = "add"      # c = alpha1*a + alpha2*b
@@ -34,7 +32,7 @@ class OpTensorOp(enum.Enum):
     NOT = "not"      # unary logical not: c = 1 where alpha1*a == 0, else 0; b ignored
 
 
-class ReduceTensorOp(enum.Enum):
+class ReduceTensorOp(IdentityEnum):
     """cudnnReduceTensorOp_t: the reduction of reduce_tensor over the dims where the output has size 1 (sum, product,
     min, max, max |x|, mean, the 1- and 2-norms, product of the nonzero entries)."""
     ADD = "add"
