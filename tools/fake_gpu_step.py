@@ -1,0 +1,133 @@
+"""A whole eager training step (forward, cross-entropy, zero_grad, backward, SGD momentum) of LeNet-5, ResNet-20 or
+MobileNet-small on "cuda" under tools/record_launches.py's fake CuPy (NumPy arrays, launches recorded and never run;
+CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU step, measurable without a GPU
+(docs/host_overhead.md round 8).  The fake's allocation and launch cost ~nothing, so this is the framework's Python.
+
+    MODE=count python tools/fake_gpu_step.py TREE resnet20 128   # launches, cupy.empty/zeros/... per step by caller
+    MODE=time  python tools/fake_gpu_step.py TREE resnet20 2     # ms of CPU time per step (fastest of 7 x 20)
+    MODE=prof  [SORT=cumulative N=60] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
+    MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
+    MODE=calls python tools/fake_gpu_step.py TREE     # µs per call of round 8's device check, handle, enum keys
+"""
+# ruff: noqa: E402, E501, E701, E702, E731  (a measuring script, set up in order: the fake before minidnn)
+import collections
+import os
+import sys
+import time
+import types
+
+import numpy as np
+
+tree = sys.argv[1]; model = sys.argv[2] if len(sys.argv) > 2 else "resnet20"
+sys.path.insert(0, tree + "/tools"); sys.path.insert(0, tree + "/bench")
+import record_launches as R
+
+fakecp, L = R._install(tree)
+L._go = lambda fn, dims, stream, params_ptr: None
+w = lambda a: a.view(fakecp.ndarray) if isinstance(a, np.ndarray) else a
+def fallback(name):
+    f = getattr(np, name)
+    if callable(f):
+        def g(*a, **k):
+            r = f(*a, **k)
+            return w(r) if isinstance(r, np.ndarray) else r
+        return g
+    return f
+fakecp.__getattr__ = fallback
+print("ok")
+fakecp.float32 = np.float32
+_M = type(fakecp.empty((1,)).data)
+_M.copy_from_device_async = lambda self, src, n, stream=None: None
+
+fakecp.cuda.Stream = types.SimpleNamespace
+import minidnn as mdn
+import minidnn.models as M
+
+ctor = {"resnet20": ("resnet20(num_classes=10)", (3, 32, 32), 128), "lenet5": ("LeNet5(num_classes=10, in_channels=1, input_size=32)", (1, 32, 32), 64),
+        "mobilenet": ("MobileNetSmall(num_classes=10, in_channels=3)", (3, 32, 32), 128)}[model]
+batch = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+mdn.manual_seed(0)
+m = eval(ctor[0], vars(M)).to("cuda")
+opt = mdn.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+x = mdn.randn(batch, *ctor[1]).to("cuda")
+y = mdn.randint(0, 10, (batch,)).to("cuda")
+F = mdn.nn.functional
+def step():
+    loss = F.cross_entropy(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+step(); step()
+print("stepped")
+mode = os.environ.get("MODE", "count")
+if mode == "count":
+    counts = collections.Counter()
+    def wrapname(name):
+        f = getattr(fakecp, name) if name in fakecp.__dict__ else fallback(name)
+        def g(*a, **k):
+            fr = sys._getframe(1)
+            key = (name, fr.f_code.co_filename.replace(tree + "/", "") + ":" + str(fr.f_lineno) + " " + fr.f_code.co_name)
+            counts[key] += 1
+            return f(*a, **k)
+        setattr(fakecp, name, g)
+    for n in ("empty", "ascontiguousarray", "zeros", "empty_like", "asarray"):
+        wrapname(n)
+    nl = [0]
+    L._go = lambda *a: nl.__setitem__(0, nl[0] + 1)
+    step()
+    counts.clear(); nl[0] = 0
+    step()
+    tot = collections.Counter()
+    for (n, c), v in counts.items(): tot[n] += v
+    print("launches", nl[0], dict(tot))
+    for (n, c), v in counts.most_common(40): print(f"{v:5d} {n:18s} {c}")
+elif mode == "time":
+    import gc
+    for _ in range(10): step()
+    best = 1e9
+    for r in range(7):
+        gc.collect()
+        t0 = time.process_time()
+        for _ in range(20): step()
+        best = min(best, (time.process_time() - t0) / 20)
+    print(f"{model} b{batch}: {best*1e3:.3f} ms/step (CPU time, fake CuPy)")
+elif mode == "prof":
+    import cProfile
+    import pstats
+    for _ in range(5): step()
+    pr = cProfile.Profile(); pr.enable()
+    for _ in range(20): step()
+    pr.disable()
+    pstats.Stats(pr).sort_stats(os.environ.get("SORT","tottime")).print_stats(int(os.environ.get("N","40")))
+elif mode == "callers":
+    import cProfile
+    import pstats
+    for _ in range(5): step()
+    pr = cProfile.Profile(); pr.enable()
+    for _ in range(20): step()
+    pr.disable()
+    st = pstats.Stats(pr)
+    for pat in os.environ.get("PAT", "__hash__|device_of|resolve_handle").split(","):
+        st.print_callers(pat)
+elif mode == "calls":
+    import gc
+
+    from minidnn import autograd as AG
+    from minidnn.backend import handle as H
+    from minidnn.backend.algorithm_selection import Determinism
+    from minidnn.backend.handle import MathType
+    ts = [mdn.Tensor._from_array(fakecp.empty((4,))) for _ in range(5)]
+    arr = ts[0].data
+    key = ("conv", (2, 3), MathType.DEFAULT, Determinism.DETERMINISTIC, MathType.TENSOR_OP)
+    d = {key: 1}
+    ops = {"_check_same_device 5 GPU tensors": lambda: AG._check_same_device("x", ts),
+           "configured_default_handle(gpu array)": lambda: H.configured_default_handle(arr),
+           "dict.get of a key with 3 enums": lambda: d.get(key)}
+    for name, f in ops.items():
+        for _ in range(1000): f()
+        r = 1e9
+        for _ in range(7):
+            t0 = time.process_time()
+            for _ in range(20000): f()
+            r = min(r, (time.process_time() - t0) / 20000)
+        print(f"{name:40s} {r*1e6:6.3f} us")
