@@ -183,6 +183,16 @@ _SCRIPT = textwrap.dedent("""
     B.convolution_backward_data(None, fakecp.zeros(ws2), fakecp.zeros(ys2), desc, xs2)
     B.convolution_backward_filter(None, fakecp.zeros(xs2), fakecp.zeros(ys2), desc, ws2)
     out["c2prim_NCHW"] = list(recs)
+    xs3, ws3, ys3 = (8, 3, 32, 32), (16, 3, 3, 3), (8, 16, 32, 32)   # a 3-channel stem, NCHW and NHWC format
+    desc1 = B.ConvolutionDescriptor(1)
+    for fmt in ("NCHW", "NHWC"):
+        cl = (lambda s: (s[0], s[2], s[3], s[1])) if fmt == "NHWC" else (lambda s: s)
+        xf, gyf = fakecp.zeros(cl(xs3)), fakecp.zeros(cl(ys3))
+        del recs[:]
+        B.convolution_forward(None, xf, fakecp.zeros(ws3), desc1, format=fmt)
+        B.convolution_backward_data(None, fakecp.zeros(ws3), gyf, desc1, xf.shape, format=fmt)
+        B.convolution_backward_filter(None, xf, gyf, desc1, ws3, format=fmt)
+        out["stem_" + fmt] = list(recs)
     print(json.dumps(out))
 """)
 
@@ -237,3 +247,14 @@ def test_lenet_conv2_is_one_direct_launch_per_direction():
         assert "-DFLIP=1" in [r for r in bwd if r[0].startswith("dw_tile_forward")][0][0]
     assert out["c2fwd0"] == out["c2fwd1"] and out["c2bwd0"] == out["c2bwd1"]
     assert _names(out["c2prim_NCHW"]) == ["dw_tile_forward", "dw_tile_forward", "dw_tile_backward_filter"]
+
+
+def test_dense_stem_takes_direct_in_nchw_and_the_implicit_gemm_in_nhwc():
+    """conv_register._dense_channels_last: a dense 3-channel stem runs the direct kernels on NCHW activations and
+    the implicit GEMM on channels-last ones (H200: the direct kernels' generic NHWC forms were 1.6-1.9x slower
+    there), in all three directions, through the same algorithm choice (DIRECT / ALGO_0 / ALGO_0)."""
+    out = _run()
+    assert "conv_igemm" not in _names(out["stem_NCHW"]), out["stem_NCHW"]
+    assert _names(out["stem_NCHW"])[0] == "dw_tile_forward"
+    nhwc = [n for n in _names(out["stem_NHWC"]) if n != "nchw_to_nhwc"]
+    assert nhwc == ["conv_igemm"] * 3, out["stem_NHWC"]
