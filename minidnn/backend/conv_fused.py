@@ -6,8 +6,12 @@
     y = act(alpha1 * conv(x, w) + alpha2 * z + bias)
 
 The reference is the composition of the existing primitives (convolution_forward, add_tensor, activation_forward),
-so it runs wherever they run, CPU and GPU.  A fused GPU kernel (the epilogue applied to the GEMM tile in registers,
-one pass over y) is future work: it would register beside this reference and be tested against it.
+so it runs wherever they run, CPU and GPU.  The GPU fast path (backend/cuda/conv_epilogue.py) runs where the plain
+convolution would run an implicit-GEMM kernel: the same kernel with its fused epilogue applies alpha1, z, the bias
+and the activation to the accumulators in registers and writes y once -- one launch instead of 3-4, y written once
+instead of read and written 3-4 times.  Where it declines (another algorithm -- the direct depthwise kernels among
+them --, float64, an activation the epilogue lacks, y overlapping an input, MINIDNN_CONV_EPILOGUE=0), the
+composition runs.  ``fused_reason`` says which for a call.
 """
 from __future__ import annotations
 
@@ -18,13 +22,14 @@ import numpy as np
 from ._common import begin, check_out, shape_str
 from .activation import ActivationDescriptor, activation_forward
 from .conv_problem import make_problem
-from .convolution import convolution_forward
+from .convolution import convolution_forward, forward_choice
+from .devices import is_cuda_array
 from .devices import is_floating as _is_floating
 from .errors import BadParamError
-from .layout import TensorFormat, channels_first_perm, channels_last_perm, resolve_format
+from .layout import TensorFormat, channels_first_perm, channels_last_perm, resolve_format, to_channels_first
 from .tensor_ops import add_tensor
 
-__all__ = ["convolution_bias_activation_forward"]
+__all__ = ["convolution_bias_activation_forward", "fused_reason"]
 
 
 def _check_scalar(where, name, value):
@@ -81,17 +86,95 @@ def convolution_bias_activation_forward(handle, x, w, conv_desc, algo, z, alpha1
     or None for the handle's selection (heuristic, or the benchmark cache with handle.benchmark).  ``y``, if
     given, is overwritten and returned (there is no beta: cuDNN has none either).
 
-    Every shape, dtype, device and descriptor is checked before any work (BadParamError naming them).  This is the
-    reference, the composition convolution_forward -> add_tensor (alpha2 * z, bias) -> activation_forward: several
-    passes over y, on CPU and GPU alike.  A fused GPU kernel applying the epilogue in registers is future work.
+    Every shape, dtype, device and descriptor is checked before any work (BadParamError naming them).  On CUDA
+    arrays, where the convolution runs an implicit-GEMM kernel, ONE launch of that kernel with the fused epilogue
+    computes y; elsewhere the reference runs, the composition convolution_forward -> add_tensor (alpha2 * z, bias)
+    -> activation_forward: several passes over y.  ``fused_reason`` tells which, and why.
     """
     where = "convolution_bias_activation_forward"
     handle, _ = begin(handle, where, x=x, w=w, z=z, bias=bias, y=y)
     fmt = resolve_format(None, format)
-    _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt)
+    y_shape = _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt)
+    if is_cuda_array(x):
+        fused = _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, fmt,
+                       y_shape)
+        if not isinstance(fused, str):
+            return fused
     acc = convolution_forward(handle, x, w, conv_desc, algo=algo, alpha=alpha1, format=format)   # fresh array
     if z is not None and alpha2 != 0:
         add_tensor(handle, alpha2, z, 1.0, acc)
     if bias is not None:
         add_tensor(handle, 1.0, bias, 1.0, acc, format=format)
     return activation_forward(handle, activation_desc, acc, y=y)
+
+
+# ---- the GPU fast path -----------------------------------------------------------------------------------------
+
+def _span(a):
+    """[first, last] byte addresses ``a`` can touch (its strides may be negative: a flipped view)."""
+    lo = hi = a.data.ptr
+    for n, st in zip(a.shape, a.strides):
+        if n > 1:
+            if st < 0:
+                lo += (n - 1) * st
+            else:
+                hi += (n - 1) * st
+    return lo, hi + a.itemsize - 1
+
+
+def _overlap(a, b):
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a.size > 0 and b.size > 0 and a0 <= b1 and b0 <= a1
+
+
+def _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, fmt, y_shape):
+    """y from the fused kernel, or the reason (a str) the composition runs instead."""
+    from .cuda import conv_epilogue as E
+    mode = activation_desc.mode.name
+    why = E.early_reason(mode)
+    if why is not None:
+        return why
+    h, plan, algorithm, xa, wa = forward_choice(handle, x, w, conv_desc, algo, format)
+    p = plan.p
+    if algorithm is None or p.N == 0:
+        return "an empty batch (nothing to compute)"
+    why = E.supports(algorithm.algo.name, p, mode)
+    if why is not None:
+        return why
+    if z is not None and alpha2 == 0:
+        z = None                            # the composition never reads it either
+    z_is_y = False
+    if y is not None:
+        for name, a in (("x", x), ("w", w), ("bias", bias)):
+            if a is not None and _overlap(y, a):
+                return f"y overlaps {name} (the kernel would read what it writes)"
+        if z is not None and _overlap(y, z):
+            if z.data.ptr != y.data.ptr or z.strides != y.strides:
+                return "z overlaps y without being y"
+            z, z_is_y = None, True
+    xp = h.xp
+    if y is None:
+        y = xp.empty(y_shape, dtype=x.dtype)
+    zc = None if z is None else to_channels_first(z, fmt)
+    b = None if bias is None else xp.ascontiguousarray(bias.reshape(-1))
+    with h.activate():
+        E.forward(p, xa, wa, algorithm.algo.name, plan.tf32, float(alpha1), zc, float(alpha2), b, mode,
+                  activation_desc.coef, to_channels_first(y, fmt), z_is_y)
+    return y
+
+
+def fused_reason(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y=None, format=None):
+    """None if convolution_bias_activation_forward with these arguments runs the fused GPU kernel, else why the
+    composition runs (a sentence; the rules on y overlapping an input aside).  Nothing is computed (the algorithm
+    choice may be, with handle.benchmark)."""
+    from .cuda import conv_epilogue as E
+    if not is_cuda_array(x):
+        return "not CUDA arrays (the composition is the CPU path)"
+    mode = activation_desc.mode.name
+    why = E.early_reason(mode)
+    if why is not None:
+        return why
+    h, plan, algorithm, _, _ = forward_choice(handle, x, w, conv_desc, algo, format)
+    if algorithm is None or plan.p.N == 0:
+        return "an empty batch (nothing to compute)"
+    return E.supports(algorithm.algo.name, plan.p, mode)

@@ -263,6 +263,22 @@ def convolution_forward(handle, x, w, conv_desc, algo=None, alpha=1.0, beta=0.0,
     return _finish(result, alpha, beta, y, plan.fmt)
 
 
+def forward_choice(handle, x, w, conv_desc, algo=None, format=None):
+    """(handle, plan, algorithm, x channels-first, w as applied) of the convolution_forward call with these
+    arguments, without running it: the algorithm it would run (``algo``, or the handle's selection through the same
+    caches; None for an empty batch).  The fused forward primitives (conv_fused.py) pick their kernel from it, so
+    that fused and unfused calls agree on the algorithm."""
+    h, plan = _planned(FORWARD_ALGORITHMS, "convolution_forward", handle, conv_desc, format, _forward_problem,
+                       ("x", x), ("w", w), None, algo, ("y", None), 0.0, lambda p, fmt: _fmt_shape(p.y_shape, fmt))
+    a, b = to_channels_first(x, plan.fmt), _flip(w, conv_desc)
+    algorithm, p = plan.algorithm, plan.p
+    if algorithm is None and p.N > 0:
+        with h.activate():
+            algorithm = FORWARD_ALGORITHMS.choose(p, h, plan.math_type, plan.key,
+                                                  lambda alg: _run(alg, p, a, b, plan.tf32))
+    return h, plan, algorithm, a, b
+
+
 def convolution_backward_data(handle, w, dy, conv_desc, x_shape, algo=None, alpha=1.0, beta=0.0, dx=None,
                               format=None):
     """dx = alpha * (d conv / d x)^T dy + beta * dx, for an x of shape ``x_shape`` (in ``format``)."""

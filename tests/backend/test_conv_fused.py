@@ -186,6 +186,6 @@ def test_unsupported_algorithm_names_the_rule():
         convolution_bias_activation_forward(None, **args)
 
 
-def test_docstring_says_the_fused_kernel_is_future_work():
-    assert "future work" in convolution_bias_activation_forward.__doc__
+def test_docstring_names_the_fused_gpu_path():
+    assert "fused epilogue" in convolution_bias_activation_forward.__doc__
     assert "convolution_bias_activation_forward" in B.__dict__

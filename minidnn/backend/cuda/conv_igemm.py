@@ -33,7 +33,7 @@ __all__ = ["TILES", "igemm_supports", "direct_supports", "vec_supports", "vec_el
            "implicit_forward", "implicit_backward_data",
            "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
            "choose_tile", "filter_splits", "DIRECT_MAX_CG", "DIRECT_DENSE_MAX_MACS", "TILE_ENABLED", "tile_config",
-           "wgrad_config"]
+           "wgrad_config", "EPI_ACTS", "Epilogue", "implicit_forward_epilogue"]
 
 # name: (BM, BN, BK for 4-byte data, WM, WN); every tile runs 4 warps (128 threads)
 TILES = {
@@ -354,9 +354,10 @@ def choose_tile(M, NG, groups, sms=132):
     return "64x64"
 
 
-def igemm_options(direction, dtype_name, tf32, tile, vec=False):
+def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0):
     """(NVRTC options, BM, BN, BK) of one implicit-GEMM configuration (tools/precompile_conv.py compiles them
-    all ahead of a test run through the same options)."""
+    all ahead of a test run through the same options); ``act`` > 0: the fused bias/residual/activation epilogue
+    (EPI=1, ACT=act: ``EPI_ACTS``), forward only."""
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -366,11 +367,29 @@ def igemm_options(direction, dtype_name, tf32, tile, vec=False):
             f"-DBK={BK}", f"-DWM={WM}", f"-DWN={WN}") + (("-DVEC=1",) if vec else ())
     if vec == "krsc":
         opts += ("-DWKRSC=1",)
+    if act:
+        opts += ("-DEPI=1", f"-DACT={act}")
     return opts, BM, BN, BK
 
 
-def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False):
-    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec)
+# The activations the fused epilogue computes (the kernel's ACT codes); other modes run as the composition.
+EPI_ACTS = {"IDENTITY": 1, "RELU": 2, "SIGMOID": 3, "TANH": 4, "CLIPPED_RELU": 5, "ELU": 6, "LEAKY_RELU": 7,
+            "RELU6": 8, "HARDTANH": 9, "SWISH": 10}
+
+
+class Epilogue:
+    """The fused epilogue of one forward call: out = act(alpha * acc + beta * out + alpha2 * z + bias) (z, bias
+    None where absent).  ``key`` is what the call's decisions and plan depend on: the activation, its coefficient,
+    alpha2, z's strides (the arrays themselves change from call to call)."""
+    __slots__ = ("act", "coef", "alpha2", "z", "bias", "key")
+
+    def __init__(self, act, coef, alpha2, z, bias):
+        self.act, self.coef, self.alpha2, self.z, self.bias = act, float(coef), float(alpha2), z, bias
+        self.key = (act, self.coef, self.alpha2, None if z is None else _strides(z), bias is None)
+
+
+def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0):
+    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -474,7 +493,7 @@ class _Call:
     and arguments of the kernel plan (looked up again in ``_plans`` at each call, so clearing that table is seen)."""
     __slots__ = ("direction", "p", "stage", "wmode", "wcopy", "plan_key", "plan_args")
 
-    def __call__(self, cp, a, b, out):
+    def __call__(self, cp, a, b, out, extra=()):
         direction, nd = self.direction, self.p.nd
         if direction == 0:
             x, w = a, b
@@ -503,7 +522,7 @@ class _Call:
             plan = _launch.planned(_plans, self.plan_key, _igemm_plan, cp, *self.plan_args)
         main, partial_size, table, tickets = plan
         partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
-        main(src[0], src[1], out, partial, table, tickets)
+        main(src[0], src[1], out, partial, table, tickets, *extra)
 
     def _filter(self, cp, w):
         mode = self.wmode
@@ -519,7 +538,7 @@ class _Call:
         return t
 
 
-def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
+def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=None):
     """The decisions of ``_run_igemm`` for these arrays' layouts and alignment (nothing launched, nothing copied):
     the VEC loader where the activations are NHWC-like, else the NCHW staging where the problem is large enough, and
     the filter's form for the loader that runs."""
@@ -581,6 +600,9 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
     dev = cp.cuda.runtime.getDevice()
     call.plan_key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec, dev)
     call.plan_args = (direction, p, _as_meta(s1), _as_meta(s2), tf32, precomp, alpha, beta, tile, vec)
+    if epi is not None:
+        call.plan_key += (epi.key,)
+        call.plan_args += (epi.key,)
     return call
 
 
@@ -588,29 +610,39 @@ def _as_meta(a):
     return a if type(a) is _Meta else _meta(a)
 
 
-def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None):
+def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, epi=None):
     """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
     (the filter gradient's split-K partials are added by the last block of each output tile, in split order), after
     the staging copies and filter transpose its loader needs.  The decisions (loader, staging, filter form) are
     settled once per layout and alignment of the arrays (``_calls``), the kernel's launch -- geometry, strides,
     tile, split, the packed scalar arguments -- once per (direction, problem, strides, dtype, math, blend, tile,
     device) (``_plans``): a repeated call costs two dict lookups, its copies, the allocation of the split-K buffer
-    and one prepared launch (host cost: docs/host_overhead.md)."""
+    and one prepared launch (host cost: docs/host_overhead.md).  ``epi`` (forward): the fused epilogue (Epilogue)."""
     cp = _launch.cupy()
     key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
            out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
            a.data.device_id)
+    if epi is None:
+        call = _calls.get(key)
+        if call is None:
+            call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta,
+                                   tile)
+        call(cp, a, b, out)
+        return
+    key += (epi.key,)
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile)
-    call(cp, a, b, out)
+        call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile,
+                               epi)
+    call(cp, a, b, out, (epi.z, epi.bias))
 
 
-def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False):
+def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False, epi_key=None):
     """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
     None) of a call whose x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy);
     ``vec``: the NHWC 16-byte loader (no tap table: its tap walk needs none); "krsc": and backward data reads a
-    channels-last filter directly."""
+    channels-last filter directly.  ``epi_key`` (Epilogue.key, forward): the fused epilogue's kernel, whose launch
+    takes z and bias after the six plain arrays and z's strides, alpha2 and the activation's coefficient last."""
     g = _geometry(p)
     H, W, P, Q, R, S = g[:6]
     RS = R * S
@@ -624,7 +656,8 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
         M, NG, KR = p.Cg * RS, p.Kg, p.N * P * Q
     sms = _launch.sm_count()
     tile = tile or choose_tile(M, NG, p.groups, sms)
-    kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile, vec)
+    act = 0 if epi_key is None else epi_key[0]
+    kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile, vec, act)
     tiles = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
     partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 else 0
@@ -638,6 +671,10 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
     table = _tap_table(cp, direction, p, g, sx, sy) if precomp and not vec else None
     args = [None] * 6 + _args(p, g, sx, sy) + [np.int32(splits), np.int32(per_split), np.float32(alpha),
                                                np.float32(beta)]
+    if act:
+        _, coef, alpha2, sz, _ = epi_key
+        args = [None] * 2 + args + [np.int32(v) for v in (sz or (0, 0, 0, 0))] + [np.float32(alpha2),
+                                                                                 np.float32(coef)]
     main = _launch.prepare(kernel, (-(-grid_m // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
     return main, partial_size, table, tickets
 
@@ -676,6 +713,17 @@ def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, ou
         raise ValueError("beta != 0 needs out")
     _run_igemm(0, p, x, w, _as_2d(y, p.nd), tf32, precomp, alpha, beta, tile)
     return y
+
+
+def implicit_forward_epilogue(p, x, w, epi, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
+    """out = act(alpha * conv(x, w) + beta * out + alpha2 * z + bias) in ONE launch (``epi``: an Epilogue; its z
+    channels-first, 4-D or the 1-D problem's 3-D, bias a contiguous (K,) array, neither overlapping ``out``): the
+    implicit-GEMM forward with EPI=1.  ``out`` is required (the caller allocates y in its format)."""
+    _check_out(out, p.y_shape, x.dtype)
+    if epi.z is not None and p.nd == 1:
+        epi = Epilogue(epi.act, epi.coef, epi.alpha2, epi.z[:, :, None, :], epi.bias)
+    _run_igemm(0, p, x, w, _as_2d(out, p.nd), tf32, precomp, alpha, beta, tile, epi)
+    return out
 
 
 def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):

@@ -63,6 +63,12 @@ SOURCE = r"""
 //   Both layouts make the fragment reads conflict-free for 4-byte data; a 16-bit (k, k+1) pair is one 32-bit
 //   shared load in the [row][k] layout.
 // Epilogue: out = alpha * acc + beta * out (out read only when beta != 0).
+// EPI 1 (DIR 0 only; convolution_bias_activation_forward): per output element, in registers,
+//   v = alpha * acc + beta * out + alpha2 * z[n,k,p,q] (z != 0) + bias[k] (bias != 0), out = act(v): ACT picks the
+//   activation (1 identity, 2 relu, 3 sigmoid, 4 tanh, 5 clipped relu, 6 elu, 7 leaky relu, 8 relu6, 9 hardtanh,
+//   10 swish; act_coef its parameter), z read through its own strides (szn..szw).  One pass writing y.  A z that is
+//   y itself comes as beta = alpha2 (the existing read of out).  EPI 0 (every other launch): the kernel's
+//   parameters and code are those of the plain kernel.  Forward has no split-K, so the epilogue sees whole sums.
 // Split-K (DIR 2, splits > 1), in the same launch: every block stores its raw accumulators to `partial` in
 //   fragment order (float4 f = acc[i][j][0..3], f = i*NJ + j, of thread tid at ((tile*splits + split)*FRAGS + f)
 //   * THREADS + tid: coalesced 16-byte stores and loads), fences, and takes a ticket of its output tile
@@ -100,6 +106,22 @@ SOURCE = r"""
 #endif
 #if WKRSC && !(VEC && DIR == 1)
 #error "WKRSC=1 is a VEC=1 backward-data option"
+#endif
+#ifndef EPI
+#define EPI 0           // 1: bias / residual / activation epilogue (DIR 0; see the opening comment)
+#endif
+#ifndef ACT
+#define ACT 1
+#endif
+#if EPI && DIR != 0
+#error "EPI=1 is a forward (DIR 0) option"
+#endif
+#if EPI
+#define EPI_PTRS const T* __restrict__ zsrc, const T* __restrict__ bias,
+#define EPI_ARGS , int szn, int szc, int szh, int szw, float alpha2, float act_coef
+#else
+#define EPI_PTRS
+#define EPI_ARGS
 #endif
 #ifndef STAGES
 #define STAGES 3        // shared-memory pipeline depth (static shared memory stays under 48 KB for every tile)
@@ -265,13 +287,44 @@ __device__ __forceinline__ unsigned pack2(unsigned short lo, unsigned short hi) 
 #define B2(st, k, n) pack2(BS(st, k, n), BS(st, (k) + 1, n))
 #endif
 
+#if EPI
+// The fused epilogue's activation (the formulas of act_kernels.py, in float; NaN passes through as there).
+__device__ __forceinline__ float epi_sigm(float v) { return 0.5f * (1.f + tanhf(0.5f * v)); }
+__device__ __forceinline__ float epi_act(float v, float c) {
+#if ACT == 1
+    (void)c; return v;
+#elif ACT == 2
+    (void)c; return v > 0.f ? v : (v != v ? v : 0.f);
+#elif ACT == 3
+    (void)c; return epi_sigm(v);
+#elif ACT == 4
+    (void)c; return tanhf(v);
+#elif ACT == 5
+    return v != v ? v : fminf(fmaxf(v, 0.f), c);
+#elif ACT == 6
+    return v > 0.f ? v : c * expm1f(v);
+#elif ACT == 7
+    return v > 0.f ? v : c * v;
+#elif ACT == 8
+    (void)c; return v != v ? v : fminf(fmaxf(v, 0.f), 6.f);
+#elif ACT == 9
+    return v != v ? v : fminf(fmaxf(v, -c), c);
+#elif ACT == 10
+    return v * epi_sigm(c * v);
+#else
+#error "unknown ACT"
+#endif
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restrict__ out,
            float* __restrict__ partial, const int4* __restrict__ table, unsigned int* __restrict__ tickets,
+           EPI_PTRS
            int N, int C, int H, int W, int K, int P, int Q, int R, int S,
            int pad_h, int pad_w, int st_h, int st_w, int dil_h, int dil_w, int Cg, int Kg,
            int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw,
-           int splits, int k_per_split, float alpha, float beta)
+           int splits, int k_per_split, float alpha, float beta EPI_ARGS)
 {
     const int grp = blockIdx.z / splits, split = blockIdx.z - grp * splits;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
@@ -766,6 +819,16 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #endif
 
     // ---- epilogue: each thread's accumulators to their output elements --------------------------------
+#if EPI
+    float bias_col[NJ][2];              // this thread's 2*NJ output channels' bias, read once
+    #pragma unroll
+    for (int j = 0; j < NJ; ++j)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int col = n0 + wn0 + j * 8 + 2 * tq + e;
+            bias_col[j][e] = bias != nullptr && col < NG ? to_f(bias[grp * Kg + col]) : 0.f;
+        }
+#endif
     #pragma unroll
     for (int i = 0; i < MI; ++i) {
         #pragma unroll
@@ -776,6 +839,9 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             const int PQ = P * Q, n = row / PQ, pq = row - n * PQ, p = pq / Q, q = pq - p * Q;
             T* base = out + (n * syn + grp * Kg * syc + p * syh + q * syw);
             const int cstride = syc;
+#if EPI
+            const T* zrow = zsrc != nullptr ? zsrc + (n * szn + grp * Kg * szc + p * szh + q * szw) : nullptr;
+#endif
 #elif DIR == 1
             const int HW = H * W, n = row / HW, hw = row - n * HW, h = hw / W, w = hw - h * W;
             T* base = out + (n * sxn + grp * Cg * sxc + h * sxh + w * sxw);
@@ -799,7 +865,13 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
                     const float v = acc[i][j][half * 2 + e];
                     T* dst = base + col * cstride;
                     const float old = beta != 0.f ? beta * to_f(*dst) : 0.f;
+#if EPI
+                    float u = alpha * v + old;
+                    if (zrow != nullptr) u += alpha2 * to_f(zrow[col * szc]);
+                    from_f(dst, epi_act(bias != nullptr ? u + bias_col[j][e] : u, act_coef));
+#else
                     from_f(dst, alpha * v + old);
+#endif
                 }
             }
         }
