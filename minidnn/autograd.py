@@ -25,6 +25,7 @@ import numpy as np
 from . import _amp_state
 from .backend import devices as _devices
 from .backend.array_ops import copy_into as _copy_into
+from .backend.array_ops import copy_like as _copy_like
 from .backend.devices import array_module as _array_module
 from .backend.devices import device_of as _device_of
 from .backend.devices import is_floating as _is_floating
@@ -229,14 +230,14 @@ class AccumulateGrad(Node):
         if old is None:
             storage = var._grad_storage
             data = g.data
-            if storage is not None:
-                # The optimizer's flat gradient buffer: land the gradient in place, no gather later.
+            if storage is not None:             # the optimizer's flat gradient buffer: land it there in place
                 _copy_into(storage, data)
                 var.grad = var._wrap_like(storage)
-            elif fresh and data.flags.c_contiguous and data.base is None and getattr(data.flags, "writeable", True):
+            elif (fresh and data.strides == var.data.strides and data.base is None
+                  and getattr(data.flags, "writeable", True)):
                 var.grad = var._wrap_like(data)
             else:
-                var.grad = var._wrap_like(data.copy())
+                var.grad = var._wrap_like(_copy_like(var.data, data))    # the leaf's layout (PyTorch's)
         elif old.requires_grad:
             var.grad = old.detach() + g.detach()
         else:

@@ -93,3 +93,18 @@ def test_in_memory_order_keeps_channels_last_through_a_broadcast_operand(other_s
     assert mdn.backend.memory_format(out) is mdn.backend.TensorFormat.NHWC
     # the operands swapped: the larger one still decides
     np.testing.assert_array_equal(np.asarray(in_memory_order(fn, b, y)), np.asarray(b) + np.asarray(y))
+
+
+def test_leaf_grad_takes_the_leafs_memory_format():
+    """PyTorch's gradient layout contract: a leaf's .grad has the leaf's strides -- channels_last for a
+    channels_last leaf whatever layout the incoming gradient has, contiguous for a contiguous leaf fed a
+    channels_last gradient (autograd's AccumulateGrad, backend.array_ops.copy_like)."""
+    x = mdn.randn(2, 3, 4, 5).to(memory_format=mdn.channels_last).requires_grad_()
+    (x * 2).sum().backward()                                   # a C-ordered incoming gradient
+    assert x.grad.is_contiguous(memory_format=mdn.channels_last)
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 3, 4, 5), 2.0, np.float32))
+    y = mdn.randn(2, 3, 4, 5, requires_grad=True)
+    w = mdn.arange(120.0).reshape(2, 3, 4, 5).to(memory_format=mdn.channels_last)
+    (y.to(memory_format=mdn.channels_last) * w).sum().backward()   # a channels_last incoming gradient
+    assert y.grad.is_contiguous()
+    np.testing.assert_array_equal(y.grad.numpy(), w.numpy())

@@ -6,7 +6,7 @@ import numpy as np
 from .cuda import launch as _launch
 from .devices import is_cuda_array
 
-__all__ = ["index_add", "copy_into", "increment", "dense_copier"]
+__all__ = ["index_add", "copy_into", "copy_like", "increment", "dense_copier"]
 
 _INCREMENT = r"""
 // a[0] += 1 for a one-element int64 counter; one thread of one block.
@@ -38,6 +38,19 @@ def copy_into(dst, src):
         return dst
     dst[...] = src
     return dst
+
+
+def copy_like(template, src):
+    """A copy of ``src`` (``template``'s shape) laid out in memory as ``template`` is where that is a dense
+    permutation of the axes (a channels-last tensor), else C-ordered: PyTorch's gradient layout contract, a
+    leaf's ``.grad`` takes the leaf's strides."""
+    if template.flags.c_contiguous or template.ndim < 2 or src.shape != template.shape:
+        return src.copy()
+    order = sorted(range(template.ndim), key=lambda i: -template.strides[i])     # outermost axis first
+    inverse = sorted(range(template.ndim), key=order.__getitem__)
+    dense = src.transpose(order).copy()                                           # C order in template's order
+    out = dense.transpose(inverse)
+    return out if out.strides == template.strides else src.copy()
 
 
 def dense_copier(dsts):
