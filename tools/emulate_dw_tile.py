@@ -225,6 +225,158 @@ TZ_CASES = [((4, 6, 14, 14, 6, 3, 3, 1, 1, 1, 6), 1), ((3, 5, 7, 9, 5, 3, 3, 1, 
             ((2, 4, 6, 6, 8, 3, 3, 1, 1, 1, 4), 1)]
 
 
+def dgrad_kernel(wbuf, dybuf, dyoff, dxbuf, dxoff, H, W, P, Q, pad_h, pad_w, Cg, Kg, C, planes, sx, sy, KR, KS, ST,
+                 DL, cfg, itemsize, alpha, beta):
+    """dw_tile_backward_data (gather form, any stride) over its whole grid, index for index: the residue-class
+    tap selection with compile-time offsets, the staging of the dy tile, the register window, the epilogue."""
+    TX, TY, TZ, DVH, DVW, pitch = cfg
+    assert DVH % ST == 0 and DVW % ST == 0
+    PHM, PWM = pad_h % ST, pad_w % ST
+    LV = 16 // itemsize
+    EMIN, EMAX = (PHM - (KR - 1) * DL) // ST, (PHM + DVH - 1) // ST          # Python's // floors: DG_FLOORDIV
+    FMIN, FMAX = (PWM - (KS - 1) * DL) // ST, (PWM + DVW - 1) // ST
+    IRH, IRW = EMAX - EMIN + 1, FMAX - FMIN + 1
+    assert (IRH, IRW) == K.dgrad_window(KR, KS, ST, DL, (pad_h, pad_w), DVH, DVW)
+    IH = (TY - 1) * (DVH // ST) + IRH
+    assert pitch >= (TX - 1) * (DVW // ST) + IRW
+    # the compile-time tap lists: (i, r, e) rows and (j, s, f) columns that land
+    rows = [(i, r, (PHM + i - r * DL) // ST - EMIN) for i in range(DVH) for r in range(KR)
+            if (PHM + i - r * DL) % ST == 0]
+    cols = [(j, s, (PWM + j - s * DL) // ST - FMIN) for j in range(DVW) for s in range(KS)
+            if (PWM + j - s * DL) % ST == 0]
+    assert all(0 <= e < IRH for _, _, e in rows) and all(0 <= f < IRW for _, _, f in cols)
+    grid = (-(-planes // TZ), -(-H // (TY * DVH)), -(-W // (TX * DVW)))
+    stats = dict(vec_loads=0, elem_chunks=0, vec_stores=0, scalar_stores=0)
+    for bx, by, bz in itertools.product(*map(range, grid)):
+        h0, w0 = by * TY * DVH, bz * TX * DVW
+        p_base, q_base = h0 // ST + pad_h // ST + EMIN, w0 // ST + pad_w // ST + FMIN
+        acc = np.zeros((TZ, TY, TX, DVH, DVW))
+        for kk in range(Kg):
+            smem = np.full(TZ * IH * pitch, np.nan)
+            for tz in range(TZ):
+                z = bx * TZ + tz
+                if z >= planes:
+                    continue
+                n, c = divmod(z, C)
+                k = (c // Cg) * Kg + kk
+                stage(smem, tz * IH * pitch, dybuf, dyoff + n * sy[0] + k * sy[1], P, Q, sy[2], IH, pitch,
+                      p_base, q_base, LV, itemsize, stats)
+            # __syncthreads()
+            for tz, ty, tx in itertools.product(range(TZ), range(TY), range(TX)):
+                z = bx * TZ + tz
+                if z >= planes:
+                    continue
+                n, c = divmod(z, C)
+                grp, cl = divmod(c, Cg)
+                k = grp * Kg + kk
+                wr = wbuf[(k * Cg + cl) * KR * KS:(k * Cg + cl + 1) * KR * KS]
+                base = tz * IH * pitch + ty * (DVH // ST) * pitch + tx * (DVW // ST)
+                assert ty * (DVH // ST) + IRH <= IH and tx * (DVW // ST) + IRW <= pitch, "window outside the tile"
+                win = np.array([smem[base + e * pitch:base + e * pitch + IRW] for e in range(IRH)])
+                for i, r, e in rows:
+                    for j, s_, f in cols:
+                        assert not np.isnan(win[e, f]), "read an unstaged shared element"
+                        acc[tz, ty, tx, i, j] += win[e, f] * wr[r * KS + s_]
+            # __syncthreads()
+        for tz, ty, tx in itertools.product(range(TZ), range(TY), range(TX)):      # epilogue
+            z = bx * TZ + tz
+            if z >= planes:
+                continue
+            n, c = divmod(z, C)
+            xp = dxoff + n * sx[0] + c * sx[1]
+            wq = w0 + tx * DVW
+            for i in range(DVH):
+                h = h0 + ty * DVH + i
+                if h >= H or wq >= W:
+                    continue
+                dst = xp + h * sx[2] + wq
+                o = alpha * acc[tz, ty, tx, i]
+                if DVW == 4 and wq + DVW <= W and dst % 4 == 0:
+                    stats["vec_stores"] += 1
+                    if beta != 0:
+                        o = o + beta * dxbuf[dst:dst + DVW]
+                    dxbuf[dst:dst + DVW] = o
+                else:
+                    for j in range(DVW):
+                        if wq + j >= W:
+                            break
+                        stats["scalar_stores"] += 1
+                        dxbuf[dst + j] = o[j] + (beta * dxbuf[dst + j] if beta != 0 else 0.0)
+    return stats
+
+
+def run_dgrad(N, C, H, W, Kc, R, S, pad, stride, dil, groups, itemsize=4, offset=0, alpha=1.0, beta=0.0, seed=0,
+              sms=132):
+    """One backward data through the emulated dw_tile_backward_data against the float64 reference."""
+    rng = np.random.default_rng(seed)
+    desc = ConvolutionDescriptor(pad, stride, dil, groups)
+    p = make_problem("emu", (N, C, H, W), (Kc, C // groups, R, S), desc, "float32")
+    assert K.direct_supports(p) is None, K.direct_supports(p)
+    w, dy = (rng.standard_normal(s) for s in (p.w_shape, p.y_shape))
+    ref = convolution_backward_data(None, w, dy, desc, p.x_shape, algo=ConvolutionBwdDataAlgo.ALGO_1)
+    cfg = K.dgrad_config(H, W, N * C, R, S, stride, dil, p.padding, sms)
+    assert cfg is not None
+    dybuf, dyoff, sy = padded(dy, offset)
+    prior = rng.standard_normal(ref.shape)
+    dxbuf, dxoff, sx = padded(prior if beta != 0 else np.full(ref.shape, np.nan), offset)
+    stats = dgrad_kernel(w.ravel(), dybuf, dyoff, dxbuf, dxoff, H, W, *p.out_size, *p.padding, p.Cg, p.Kg, C,
+                         N * C, sx, sy, R, S, stride, dil, cfg, itemsize, alpha, beta)
+    got = dxbuf[dxoff:dxoff + ref.size].reshape(ref.shape)
+    want = alpha * ref + (beta * prior if beta != 0 else 0)
+    assert not np.isnan(got).any(), "unwritten outputs"
+    assert np.isnan(dxbuf[:dxoff]).all() and np.isnan(dxbuf[dxoff + ref.size:]).all(), "wrote outside dx"
+    err = np.abs(got - want).max()
+    assert err < 1e-9, err
+    return cfg, stats
+
+
+# N, C, H, W, K, R, S, pad, stride, dil, groups
+DGRAD_CASES = [
+    (2, 4, 16, 16, 4, 3, 3, 1, 2, 1, 4),       # the bench's s2 geometry in small: aligned rows, vector stores
+    (2, 3, 9, 11, 3, 3, 3, 1, 2, 1, 3),        # odd sizes, stride 2
+    (1, 2, 12, 12, 2, 3, 3, 0, 2, 1, 2),       # pad 0
+    (1, 2, 13, 10, 2, 3, 3, 2, 2, 1, 2),       # pad 2
+    (1, 2, 15, 17, 2, 5, 5, 2, 2, 1, 2),       # 5x5 stride 2
+    (1, 2, 14, 13, 2, 5, 5, 3, 2, 1, 2),       # 5x5 pad 3
+    (1, 2, 13, 14, 2, 3, 3, 1, 3, 1, 2),       # stride 3 (DVW = 3: scalar stores)
+    (1, 2, 17, 16, 2, 5, 5, 2, 3, 1, 2),       # 5x5 stride 3 pad 2
+    (1, 2, 11, 12, 2, 3, 3, 0, 3, 1, 2),       # stride 3 pad 0
+    (1, 2, 12, 13, 2, 3, 3, 2, 2, 2, 2),       # stride 2 dilation 2 (odd classes get no tap)
+    (1, 2, 16, 17, 2, 3, 3, 3, 3, 2, 2),       # stride 3 dilation 2 pad 3
+    (1, 2, 18, 16, 2, 7, 7, 3, 2, 1, 2),       # 7x7 stride 2
+    (1, 2, 16, 16, 2, 3, 3, 1, 4, 1, 2),       # stride 4
+    (2, 3, 10, 9, 6, 3, 3, 1, 2, 1, 3),        # channel multiplier 2
+    (2, 8, 9, 10, 8, 3, 3, 1, 2, 1, 2),        # groups of 4 channels
+    (2, 3, 15, 17, 8, 3, 3, 1, 2, 1, 1),       # dense C 3 (K 8 summed per plane)
+    (2, 1, 16, 16, 4, 5, 5, 2, 2, 1, 1),       # dense C 1 5x5 stride 2 pad 2
+    (1, 2, 6, 150, 2, 3, 3, 1, 2, 1, 2),       # > 128 columns: several w tiles
+    (1, 1, 300, 8, 1, 3, 3, 1, 2, 1, 1),       # many rows: several h tiles
+    (1, 2, 56, 56, 2, 3, 3, 1, 2, 1, 2),       # the benchmark's 56x56 stride-2 geometry (TX 14, TY 14)
+    (1, 2, 1, 13, 2, 1, 3, 0, 2, 1, 2),        # one row (H 1)
+    (1, 2, 9, 9, 2, 1, 1, 1, 1, 1, 2),         # stride 1, 1x1 pad 1 (pad > dil*(R-1): FLIP declines)
+]
+# (case, sms): a tiny SM count keeps several planes per block (TZ > 1), the last block partly idle
+DGRAD_TZ_CASES = [((3, 5, 7, 9, 5, 3, 3, 1, 2, 1, 5), 1), ((2, 3, 8, 8, 6, 3, 3, 1, 2, 1, 3), 1)]
+
+
+def dgrad_main():
+    n = 0
+    total = dict(vec_loads=0, elem_chunks=0, vec_stores=0, scalar_stores=0)
+    for case, sms in [(c, 132) for c in DGRAD_CASES] + DGRAD_TZ_CASES:
+        for itemsize, offset, (alpha, beta) in itertools.product((4, 2), (0, 1), ((1.0, 0.0), (0.75, -0.5))):
+            if offset and (alpha, beta) != (1.0, 0.0):
+                continue
+            cfg, stats = run_dgrad(*case, itemsize, offset, alpha, beta, seed=n, sms=sms)
+            if sms == 1:
+                assert cfg[2] > 1
+            total = {k: v + stats[k] for k, v in total.items()}
+            n += 1
+        print(case, "sms", sms, "TX, TY, TZ, DVH, DVW, pitch =", cfg)
+    assert all(total.values()), total
+    print(f"{n} configurations: dw_tile_backward_data index math matches float64; paths taken: {total}")
+    return n
+
+
 F32 = np.float32
 
 
@@ -433,7 +585,11 @@ def main():
     assert all(total.values()), total            # every load and store path was taken
     print(f"{n} configurations: dw_tile_forward index math matches float64; paths taken: {total}")
     wgrad_main()
+    dgrad_main()
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--dgrad"]:
+        dgrad_main()
+    else:
+        main()

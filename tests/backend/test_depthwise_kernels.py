@@ -1,5 +1,6 @@
-"""The register-tiled depthwise/grouped kernel (conv_direct_source's dw_tile_forward, launched by
-conv_igemm._tile_forward for the forward and for stride-1 backward data of NCHW rows) against float64 references.
+"""The register-tiled depthwise/grouped kernels (conv_direct_source's dw_tile_forward, launched by
+conv_igemm._tile_forward for the forward and for stride-1 backward data of NCHW rows; dw_tile_backward_data,
+launched by conv_igemm._tile_backward_data for strided backward data) against float64 references.
 
 Shapes with ragged tails (no tile divides them), N=1, stride 1 and 2, padding 0/1/2, dilation 2, 3x3/5x5/7x7,
 channel multiplier 1 and 2, groups of 4 channels, more than one tile along either axis, several planes per block
@@ -70,6 +71,19 @@ SHAPES = [
     ("dense-c3-stride2", 2, 3, 15, 17, 8, 3, 3, 1, 2, 1, 1),
     ("dense-c4-5x5-pad2", 2, 4, 12, 19, 6, 5, 5, 2, 1, 1, 1),
     ("dense-c2-aligned", 2, 2, 16, 16, 5, 3, 3, 1, 1, 1, 1),         # 16-byte rows
+    # strided backward data: dw_tile_backward_data (gather form by residue class); forward / filter as above
+    ("dw-56-s2", 2, 4, 56, 56, 4, 3, 3, 1, 2, 1, 4),                 # the bench's s2 geometry, aligned rows
+    ("dw-s2-pad0", 2, 4, 12, 12, 4, 3, 3, 0, 2, 1, 4),
+    ("dw-s2-5x5-pad2", 2, 4, 15, 17, 4, 5, 5, 2, 2, 1, 4),
+    ("dw-s2-5x5-pad3", 1, 3, 14, 13, 3, 5, 5, 3, 2, 1, 3),
+    ("dw-s2-dil2", 1, 4, 12, 13, 4, 3, 3, 2, 2, 2, 4),
+    ("dw-s3", 2, 4, 13, 14, 4, 3, 3, 1, 3, 1, 4),                    # DVW = 3: scalar stores
+    ("dw-s3-5x5-pad2", 1, 3, 17, 16, 3, 5, 5, 2, 3, 1, 3),
+    ("dw-s2-7x7", 1, 2, 18, 16, 2, 7, 7, 3, 2, 1, 2),
+    ("dw-s2-wide", 1, 2, 6, 150, 2, 3, 3, 1, 2, 1, 2),               # several w tiles
+    ("dw-s2-many-planes", 5, 333, 9, 9, 333, 3, 3, 1, 2, 1, 333),    # TZ > 1, last block partly idle
+    ("groups-cg4-s2", 2, 16, 9, 10, 16, 3, 3, 1, 2, 1, 4),
+    ("dense-c3-stem-s2", 8, 3, 32, 32, 16, 3, 3, 1, 2, 1, 1),        # dense C 3: 16 dy planes per dx plane
 ]
 DTYPES = ["float32", "float16", "bfloat16"]
 DIRECTIONS = ["forward", "backward_data", "backward_filter"]
@@ -127,15 +141,22 @@ def _offset_view(a, dt):
 
 @pytest.fixture
 def tile_runs(monkeypatch):
-    """Records each _tile_forward call's result (True: dw_tile_forward ran)."""
+    """Records each _tile_forward call's result (True: dw_tile_forward ran) and each _tile_backward_data call's
+    ("dgrad": dw_tile_backward_data ran, "dgrad-declined": not)."""
     seen = []
-    orig = K._tile_forward
+    orig, orig_dgrad = K._tile_forward, K._tile_backward_data
 
     def spy(*args, **kwargs):
         ran = orig(*args, **kwargs)
         seen.append(ran)
         return ran
+
+    def spy_dgrad(*args, **kwargs):
+        ran = orig_dgrad(*args, **kwargs)
+        seen.append("dgrad" if ran else "dgrad-declined")
+        return ran
     monkeypatch.setattr(K, "_tile_forward", spy)
+    monkeypatch.setattr(K, "_tile_backward_data", spy_dgrad)
     return seen
 
 
@@ -173,6 +194,8 @@ def _compare(shape, dtype, tile_runs, alpha=1.0, beta=0.0, offset=False, seed=0)
         _check(got, want, bound, f"{direction} {shape[0]} {dtype} alpha={alpha} beta={beta} offset={offset}")
         if direction == "forward" or (direction == "backward_data" and max(p.stride) == 1):
             assert tile_runs == [True], f"{direction} {shape[0]}: the tile kernel did not run ({tile_runs})"
+        elif direction == "backward_data":
+            assert tile_runs == ["dgrad"], f"{direction} {shape[0]}: dw_tile_backward_data did not run ({tile_runs})"
         else:
             assert tile_runs == [], f"{direction} {shape[0]}: {tile_runs}"
 
@@ -185,14 +208,15 @@ def test_tile_kernel_matches_float64(shape, dtype, tile_runs):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["dw-ragged", "dw-56-aligned", "dw-x2-stride2", "dw-many-planes", "dense-c1-lenet",
-                                  "dense-c6-lenet-conv2", "dense-c3-stride2"])
+                                  "dense-c6-lenet-conv2", "dense-c3-stride2", "dw-56-s2", "dw-s3", "dw-s2-dil2"])
 def test_tile_kernel_blends_alpha_beta(name, dtype, tile_runs):
     shape = next(s for s in SHAPES if s[0] == name)
     _compare(shape, dtype, tile_runs, alpha=0.75, beta=-0.5, seed=7)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["dw-56-aligned", "dw-ragged", "dw-5x5-dil2", "dense-c1-lenet", "dense-c3-k16-ragged"])
+@pytest.mark.parametrize("name", ["dw-56-aligned", "dw-ragged", "dw-5x5-dil2", "dense-c1-lenet", "dense-c3-k16-ragged",
+                                  "dw-56-s2", "dw-s3"])
 def test_tile_kernel_unaligned_views(name, dtype, tile_runs):
     shape = next(s for s in SHAPES if s[0] == name)
     _compare(shape, dtype, tile_runs, offset=True, seed=11)
@@ -298,5 +322,63 @@ def test_dense_few_channels_through_the_primitives(name, fmt, dtype):
         _check(got, ref, _bound(direction, p, ref_abs, u_in, u_out), f"{name} {fmt} {dtype} {direction}")
         uint = cp.uint32 if dtype == "float32" else cp.uint16
         assert cp.array_equal(cp.ascontiguousarray(got).view(uint), cp.ascontiguousarray(again).view(uint))
-        if fmt == "NCHW" and max(p.stride) == 1:
+        if fmt == "NCHW" and (max(p.stride) == 1 or direction == "backward_data"):
             assert launches == 1, f"{name} {direction}: {launches} launches"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("name", ["dw-56-s2", "dw-s3", "dw-x2-stride2", "dense-c3-stem-s2"])
+def test_strided_backward_data_through_the_primitive(name, fmt, dtype, tile_runs):
+    """Strided backward data through convolution_backward_data (ALGO_0, the direct fast path): NCHW is one launch of
+    dw_tile_backward_data, NHWC keeps the generic direct kernel; both against float64, alpha/beta blended, each
+    call's bits repeated (deterministic: no atomics)."""
+    p, desc = _problem(next(s for s in SHAPES if s[0] == name), dtype)
+    dt = _np_dtype(dtype)
+    h = Handle("cuda")
+    rng = np.random.default_rng(31)
+    w, dy = (rng.standard_normal(s).astype(dt).astype(F64) for s in (p.w_shape, p.y_shape))
+    prior = rng.standard_normal(p.x_shape).astype(dt).astype(F64)
+    u_in, u_out = (2.0 ** -24, 2.0 ** -24) if dtype == "float32" else (0.0, 2.0 ** -8)
+    to_fmt, back = ((lambda a: a.transpose(0, 2, 3, 1)), (lambda a: a.transpose(0, 3, 1, 2))) if fmt == "NHWC" \
+        else ((lambda a: a), (lambda a: a))
+    cl = (lambda s: (s[0], *s[2:], s[1])) if fmt == "NHWC" else (lambda s: s)
+    dyg, wg = cp.asarray(np.ascontiguousarray(to_fmt(dy)).astype(dt)), cp.asarray(w.astype(dt))
+    ref, ref_abs = _ref("backward_data", desc, p, np.zeros(p.x_shape), w, dy)
+    for alpha, beta in ((1.0, 0.0), (0.75, -0.5)):
+        outs = []
+        for _ in range(2):
+            out = cp.asarray(np.ascontiguousarray(to_fmt(prior)).astype(dt))
+            del tile_runs[:]
+            before = K._launch.launch_count()
+            got = convolution_backward_data(h, wg, dyg, desc, cl(p.x_shape), algo=ConvolutionBwdDataAlgo.ALGO_0,
+                                            alpha=alpha, beta=beta, dx=out, format=fmt)
+            launches = K._launch.launch_count() - before
+            outs.append(got)
+        assert tile_runs == (["dgrad"] if fmt == "NCHW" else []), tile_runs
+        if fmt == "NCHW":
+            assert launches == 1, launches
+        want = alpha * ref + beta * prior
+        bound = _bound("backward_data", p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), u_in, u_out)
+        _check(back(outs[0]), want, bound, f"{name} {fmt} {dtype} alpha={alpha} beta={beta}")
+        uint = cp.uint32 if dtype == "float32" else cp.uint16
+        assert cp.array_equal(cp.ascontiguousarray(outs[0]).view(uint), cp.ascontiguousarray(outs[1]).view(uint))
+
+
+def test_strided_backward_data_switched_off_takes_the_old_kernel(tile_runs):
+    """TILE_ENABLED = False (MINIDNN_DW_TILE=0): the per-element direct_backward_data kernel, same answer."""
+    shape = next(s for s in SHAPES if s[0] == "dw-56-s2")
+    p, _ = _problem(shape)
+    rng = np.random.default_rng(33)
+    wg, dyg = (cp.asarray(rng.standard_normal(s), np.float32) for s in (p.w_shape, p.y_shape))
+    dx = K.direct_backward_data(p, wg, dyg)
+    assert tile_runs == ["dgrad"]
+    old = K.TILE_ENABLED[0]
+    K.TILE_ENABLED[0] = False
+    try:
+        del tile_runs[:]
+        dx_old = K.direct_backward_data(p, wg, dyg)
+        assert tile_runs == ["dgrad-declined"]
+    finally:
+        K.TILE_ENABLED[0] = old
+    cp.testing.assert_allclose(dx_old, dx, rtol=1e-5, atol=1e-5)

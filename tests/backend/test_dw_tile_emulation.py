@@ -77,3 +77,20 @@ def test_dense_channels_splits_and_tickets():
     (case, sms), = [c for c in E.WGRAD_SPLIT_CASES if c[0][1] == 3 and c[0][10] == 1]
     cfg, stats = E.run_wgrad(*case, 4, 0, 0.5, 2.0, seed=15, sms=sms)
     assert cfg[6] > 1 and stats["last_reduces"] == 12
+
+
+# strided backward data, dw_tile_backward_data (gather form by residue class): stride 2 ragged, pad 0 / 2,
+# 5x5, stride 3 (scalar stores), stride 2 dilation 2, channel multiplier 2, dense C 3, stride 1 with pad > R - 1
+DGRAD = [E.DGRAD_CASES[i] for i in (1, 2, 3, 4, 6, 9, 13, 15, 21)]
+
+
+@pytest.mark.parametrize("case", DGRAD, ids=lambda c: "x".join(map(str, c)))
+def test_tile_strided_backward_data(case):
+    E.run_dgrad(*case, 4, 0, 0.75, -0.5, seed=16)
+    E.run_dgrad(*case, 2, 1, 1.0, 0.0, seed=17)                          # 16-bit, unaligned: element paths
+
+
+def test_tile_strided_backward_data_several_planes_per_block():
+    (case, sms) = E.DGRAD_TZ_CASES[0]
+    cfg, _ = E.run_dgrad(*case, 4, 0, 1.0, 0.0, seed=18, sms=sms)
+    assert cfg[2] > 1

@@ -604,6 +604,134 @@ dw_tile_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float
     }
     if (tid == 0) tickets[kc] = 0u;        // every split has drawn: the counter is free for the next launch
 }
+
+// ---- register-tiled depthwise/grouped backward data of any stride, NCHW rows (unit stride along width) -------
+// dw_tile_backward_data (gather form, 2026-12-01):  dx[n, c, h, w] = sum over kk < Kg, r, s of
+//   dy[n, k, p, q] * w[k, c % Cg, r, s]   (k = (c / Cg)*Kg + kk) where p = (h + pad_h - r*DL) / ST and
+//   q = (w + pad_w - s*DL) / ST are exact and in range.  Residue classes: the block's dx tile starts at a multiple
+//   of ST on both axes and each thread owns DVH x DVW outputs with DVH, DVW multiples of ST, so its output row
+//   h = h_t + i (h_t a multiple of ST) has h + pad_h = ST*U + (PHM + i), U = h_t/ST + pad_h/ST, PHM = pad_h % ST
+//   (compile-time, the launcher compiles per pad residue): tap r reaches row i iff (PHM + i - r*DL) % ST == 0,
+//   and then p = U + (PHM + i - r*DL)/ST -- a compile-time offset from U.  So the taps of each output are fixed
+//   at compile time (no division, no branch, only the taps that land: (KR/ST)*(KS/ST) on average).
+//   block (TX, TY, TZ) threads, grid (plane groups, tiles of H, tiles of W), plane z = n*C + c.  Per summed
+//   channel kk the plane's threads stage the dy tile it needs (stage_tile: zero outside P x Q, 16-byte loads
+//   where aligned): IH = (TY-1)*(DVH/ST) + DG_IRH rows x pitch >= (TX-1)*(DVW/ST) + DG_IRW columns from
+//   (h0/ST + pad_h/ST + DG_EMIN, w0/ST + pad_w/ST + DG_FMIN); thread (tx, ty) reads its DG_IRH x DG_IRW window at
+//   (ty*DVH/ST, tx*DVW/ST) into registers and applies every landing tap.  fp32 accumulation; the epilogue is
+//   dw_tile_forward's (alpha/beta, 4-wide stores where DVW == 4, aligned and whole).  Deterministic (no atomics:
+//   every dx element is written by exactly one thread).  The launcher picks DVH = ST (2 for ST = 1), DVW = 4 for
+//   ST in {1, 2, 4}, DVW = ST else.
+#ifndef DVH
+#define DVH 2
+#endif
+#ifndef DVW
+#define DVW 4
+#endif
+#ifndef PHM
+#define PHM 0
+#endif
+#ifndef PWM
+#define PWM 0
+#endif
+#define DG_FLOORDIV(a, b) ((a) >= 0 ? (a) / (b) : -((-(a) + (b) - 1) / (b)))
+#define DG_EMIN DG_FLOORDIV(PHM - (KR - 1) * DL, ST)        // window rows relative to U: DG_EMIN .. DG_EMAX
+#define DG_EMAX ((PHM + DVH - 1) / ST)
+#define DG_FMIN DG_FLOORDIV(PWM - (KS - 1) * DL, ST)
+#define DG_FMAX ((PWM + DVW - 1) / ST)
+#define DG_IRH (DG_EMAX - DG_EMIN + 1)
+#define DG_IRW (DG_FMAX - DG_FMIN + 1)
+
+extern "C" __global__ void __launch_bounds__(256)
+dw_tile_backward_data(const T* __restrict__ w, const T* __restrict__ dy, T* __restrict__ dx,
+                      int H, int W, int P, int Q, int pad_h, int pad_w, int Cg, int Kg, int C, int planes,
+                      int sxn, int sxc, int sxh, int syn, int syc, int syh, int pitch, float alpha, float beta)
+{
+    static_assert(DVH % ST == 0 && DVW % ST == 0, "a thread's outputs start at a multiple of ST");
+    static_assert(PHM < ST && PWM < ST, "PHM, PWM: the padding's residues modulo ST");
+    extern __shared__ float4 smem4[];
+    const int TX = blockDim.x, TY = blockDim.y;
+    const int IH = (TY - 1) * (DVH / ST) + DG_IRH;
+    float* tile = reinterpret_cast<float*>(smem4) + threadIdx.z * IH * pitch;
+    const int z = blockIdx.x * blockDim.z + threadIdx.z;
+    const bool live = z < planes;
+    const int n = live ? z / C : 0, c = live ? z - n * C : 0;
+    const int grp = c / Cg, cl = c - grp * Cg;
+    const int h0 = blockIdx.y * TY * DVH, w0 = blockIdx.z * TX * DVW;
+    const int p_base = h0 / ST + pad_h / ST + DG_EMIN, q_base = w0 / ST + pad_w / ST + DG_FMIN;
+    const int tid = threadIdx.y * TX + threadIdx.x, nthr = TX * TY;
+    float acc[DVH][DVW];
+    #pragma unroll
+    for (int i = 0; i < DVH; ++i)
+        #pragma unroll
+        for (int j = 0; j < DVW; ++j) acc[i][j] = 0.f;
+    for (int kk = 0; kk < Kg; ++kk) {
+        const int k = grp * Kg + kk;
+        if (live) stage_tile(dy + n * syn + k * syc, tile, P, Q, syh, IH, pitch, p_base, q_base, tid, nthr);
+        __syncthreads();
+        if (live) {
+            float wr[KR * KS];
+            const T* wk = w + (k * Cg + cl) * (KR * KS);
+            #pragma unroll
+            for (int t = 0; t < KR * KS; ++t) wr[t] = to_f(__ldg(wk + t));
+            const float* base = tile + threadIdx.y * (DVH / ST) * pitch + threadIdx.x * (DVW / ST);
+            float win[DG_IRH][DG_IRW];     // elements no tap reads are dead loads the compiler drops
+            #pragma unroll
+            for (int e = 0; e < DG_IRH; ++e)
+                #pragma unroll
+                for (int f = 0; f < DG_IRW; ++f) win[e][f] = base[e * pitch + f];
+            #pragma unroll
+            for (int i = 0; i < DVH; ++i)
+                #pragma unroll
+                for (int r = 0; r < KR; ++r) {
+                    const int a = PHM + i - r * DL;                  // compile-time after unrolling
+                    if (a % ST != 0) continue;
+                    const int e = a / ST - DG_EMIN;                  // exact division: a is a multiple of ST
+                    #pragma unroll
+                    for (int j = 0; j < DVW; ++j)
+                        #pragma unroll
+                        for (int s = 0; s < KS; ++s) {
+                            const int b = PWM + j - s * DL;
+                            if (b % ST != 0) continue;
+                            acc[i][j] = fmaf(win[e][b / ST - DG_FMIN], wr[r * KS + s], acc[i][j]);
+                        }
+                }
+        }
+        __syncthreads();
+    }
+    if (!live) return;
+    T* xp = dx + n * sxn + c * sxc;
+    const int wq = w0 + threadIdx.x * DVW;
+    #pragma unroll
+    for (int i = 0; i < DVH; ++i) {
+        const int h = h0 + threadIdx.y * DVH + i;
+        if (h >= H || wq >= W) continue;
+        T* dst = xp + h * sxh + wq;
+        float o[DVW];
+        #pragma unroll
+        for (int j = 0; j < DVW; ++j) o[j] = alpha * acc[i][j];
+#if DVW == 4
+        if (wq + DVW <= W && (reinterpret_cast<unsigned long long>(dst) & (sizeof(OutVec) - 1)) == 0) {
+            OutU u;
+            if (beta != 0.f) {
+                u.v = *reinterpret_cast<const OutVec*>(dst);
+                #pragma unroll
+                for (int j = 0; j < DVW; ++j) o[j] += beta * to_f(u.e[j]);
+            }
+            #pragma unroll
+            for (int j = 0; j < DVW; ++j) from_f(&u.e[j], o[j]);
+            *reinterpret_cast<OutVec*>(dst) = u.v;
+            continue;
+        }
+#endif
+        #pragma unroll
+        for (int j = 0; j < DVW; ++j) {
+            if (wq + j >= W) break;
+            const float old = beta != 0.f ? beta * to_f(dst[j]) : 0.f;
+            from_f(dst + j, o[j] + old);
+        }
+    }
+}
 """
 
 

@@ -937,6 +937,8 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
         _plane_forward(dy2, w_f, dx2, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, alpha, beta)
         return dx
     w = cp.ascontiguousarray(w)
+    if _plane_ok(p, dy2, dx2) and _tile_backward_data(p, w, dy2, dx2, alpha, beta):
+        return dx           # strided (or stride 1 with pad > dil * (R - 1)): the gather-form tile kernel
     g = _geometry(p)
     k = _direct_kernel("direct_backward_data", _dtype_name(dy), _channels_last(dx2))
     total = p.N * p.C * g[0] * g[1]
@@ -944,6 +946,95 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
                    [w, dy2, dx2, *_args(p, g, _strides(dx2), _strides(dy2)),
                     np.float32(alpha), np.float32(beta)])
     return dx
+
+
+_dgrad_plans: dict = {}
+
+
+def dgrad_vec(stride):
+    """(DVH, DVW) outputs per thread of dw_tile_backward_data: multiples of the stride (a thread's outputs start at
+    a multiple of it, so the residue class of each is compile-time), DVW = 4 where it can (4-wide stores)."""
+    return (2 if stride == 1 else stride), (4 if 4 % stride == 0 else stride)
+
+
+def dgrad_window(R, S, stride, dil, pad, vh, vw):
+    """(IRH, IRW): the dy rows x columns one thread of dw_tile_backward_data reads (DG_IRH, DG_IRW): rows
+    floor((pad_h % st - (R-1)*dil) / st) .. (pad_h % st + DVH - 1) // st relative to its base row, columns alike."""
+    ph, pw = pad[0] % stride, pad[1] % stride
+    return ((ph + vh - 1) // stride - (ph - (R - 1) * dil) // stride + 1,
+            (pw + vw - 1) // stride - (pw - (S - 1) * dil) // stride + 1)
+
+
+def dgrad_config(H, W, planes, R, S, stride, dil, pad, sms=132):
+    """(TX, TY, TZ, DVH, DVW, pitch) of dw_tile_backward_data for dx planes of H x W, or None where it declines
+    (stride over 4, over 49 taps, no tile within the shared memory, a grid over 65535 tile rows / columns).
+    Shaped as tile_config: TX threads of DVW outputs along a row (the whole row up to 32 threads, else the TX in
+    16..32 wasting fewest columns), TY rows of threads of DVH rows (up to 256 threads, fewest wasted rows), TZ
+    planes per block filling 256 threads while keeping >= 2 blocks per SM.  A block stages
+    IH = (TY-1)*DVH/st + IRH dy rows x pitch = (TX-1)*DVW/st + IRW columns per plane (rounded up to odd)."""
+    if stride > 4 or R * S > 49:
+        return None
+    vh, vw = dgrad_vec(stride)
+    irh, irw = dgrad_window(R, S, stride, dil, pad, vh, vw)
+    nq = -(-W // vw)
+    tx = nq if nq <= 32 else min(range(16, 33), key=lambda t: (-(-nq // t) * t, -t))
+    nh = -(-H // vh)
+    ty_max = max(1, 256 // tx)
+    ty = nh if nh <= ty_max else min(range(max(1, ty_max // 2), ty_max + 1), key=lambda t: (-(-nh // t) * t, -t))
+    pitch = ((tx - 1) * (vw // stride) + irw) | 1     # odd: threads tx*DVW/st apart in rows ty*DVH/st apart
+    #                                                  spread over the banks (scalar shared reads)
+    while True:
+        ih = (ty - 1) * (vh // stride) + irh
+        if ih * pitch * 4 <= _TILE_SMEM or ty == 1:
+            break
+        ty = max(1, ty // 2)
+    if ih * pitch * 4 > _TILE_SMEM:
+        return None
+    if -(-H // (ty * vh)) > 65535 or -(-W // (tx * vw)) > 65535:
+        return None
+    tiles = -(-H // (ty * vh)) * -(-W // (tx * vw))
+    tz = max(1, min(256 // (tx * ty), 64, _TILE_SMEM // (ih * pitch * 4), planes))
+    while tz > 1 and -(-planes // tz) * tiles < 2 * sms:
+        tz //= 2
+    return tx, ty, tz, vh, vw, pitch
+
+
+def _tile_dgrad_plan(p, w, dy, dx, alpha, beta, sms):
+    (H, W), (P, Q) = p.in_size, p.out_size
+    R, S = p.kernel
+    st, dil = p.stride[0], p.dilation[0]
+    planes = dx.shape[0] * dx.shape[1]
+    cfg = dgrad_config(H, W, planes, R, S, st, dil, p.padding, sms)
+    if cfg is None:
+        return None
+    tx, ty, tz, vh, vw, pitch = cfg
+    irh, _ = dgrad_window(R, S, st, dil, p.padding, vh, vw)
+    ih = (ty - 1) * (vh // st) + irh
+    k = _launch.get_kernel(DIRECT_SOURCE, "dw_tile_backward_data",
+                           _plane_opts(_dtype_name(dy), R, S, st, dil, 32)
+                           + (f"-DDVH={vh}", f"-DDVW={vw}", f"-DPHM={p.padding[0] % st}",
+                              f"-DPWM={p.padding[1] % st}"))
+    sx, sy = _strides(dx), _strides(dy)
+    grid = (-(-planes // tz), -(-H // (ty * vh)), -(-W // (tx * vw)))
+    args = [None, None, None, *(np.int32(v) for v in (H, W, P, Q, p.padding[0], p.padding[1], p.Cg, p.Kg,
+                                                      dx.shape[1], planes, sx[0], sx[1], sx[2], sy[0], sy[1],
+                                                      sy[2], pitch)),
+            np.float32(alpha), np.float32(beta)]
+    return _launch.prepare(k, grid, (tx, ty, tz), args, shared_mem=tz * ih * pitch * 4)
+
+
+def _tile_backward_data(p, w, dy2, dx2, alpha, beta) -> bool:
+    """dw_tile_backward_data (gather form by residue class, any stride <= 4) for NCHW rows, one launch; False
+    (nothing launched) where it declines (TILE_ENABLED off / MINIDNN_DW_TILE=0, dgrad_config's limits).  ``w`` is
+    the convolution's contiguous (K, Cg, R, S) filter."""
+    if not TILE_ENABLED[0] or dx2.shape[0] * dx2.shape[1] >= 2 ** 31:
+        return False
+    key = (p, tuple(dy2.strides), tuple(dx2.strides), dy2.dtype, float(alpha), float(beta), dy2.data.device_id)
+    run = _launch.planned(_dgrad_plans, key, _tile_dgrad_plan, p, w, dy2, dx2, alpha, beta, _launch.sm_count())
+    if run is None:
+        return False
+    run(w, dy2, dx2)
+    return True
 
 
 WGRAD_TARGET_BLOCKS_PER_SM = 16     # dw_tile_backward_filter: blocks per SM the splits aim at (~4 resident: waves)
