@@ -22,22 +22,26 @@ import warnings
 
 from .backend.array_ops import copy_into as _copy_arrays
 from .backend.array_ops import dense_copier as _dense_copier
+from .backend.devices import device_of as _device_of
 from .tensor import Tensor
 
 __all__ = ["compile"]
 
 
+def _one(a):
+    if isinstance(a, Tensor):
+        d = a.data
+        return (d.shape, d.strides, d.dtype, _device_of(d), a.requires_grad)
+    return ("V", repr(a))
+
+
 def _signature(args, kwargs):
     """The graph cache's key: each tensor's shape, strides, dtype, device and requires_grad; other values by repr.
-    (Built from the raw fields, not strings: it is computed on every call, so it is host time on every replay.
-    The strides let a replay copy a dense argument without checking its layout again.)"""
-    def one(a):
-        if isinstance(a, Tensor):
-            d = a.data
-            return (d.shape, d.strides, d.dtype, a.device, a.requires_grad)
-        return ("V", repr(a))
-    key = tuple(one(a) for a in args)
-    return key + tuple((k, one(v)) for k, v in sorted(kwargs.items())) if kwargs else key
+    (Built from the raw fields, not strings, by a module-level function mapped over the arguments: it is computed
+    on every call, so it is host time on every replay.  The strides let a replay copy a dense argument without
+    checking its layout again.)"""
+    key = tuple(map(_one, args))
+    return key + tuple((k, _one(v)) for k, v in sorted(kwargs.items())) if kwargs else key
 
 
 class _Compiled:
