@@ -354,6 +354,7 @@ DGRAD_CASES = [
     (1, 2, 56, 56, 2, 3, 3, 1, 2, 1, 2),       # the benchmark's 56x56 stride-2 geometry (TX 14, TY 14)
     (1, 2, 1, 13, 2, 1, 3, 0, 2, 1, 2),        # one row (H 1)
     (1, 2, 9, 9, 2, 1, 1, 1, 1, 1, 2),         # stride 1, 1x1 pad 1 (pad > dil*(R-1): FLIP declines)
+    (2, 3, 8, 11, 3, 3, 3, 3, 1, 1, 3),        # stride 1, 3x3 pad 3 (likewise)
 ]
 # (case, sms): a tiny SM count keeps several planes per block (TZ > 1), the last block partly idle
 DGRAD_TZ_CASES = [((3, 5, 7, 9, 5, 3, 3, 1, 2, 1, 5), 1), ((2, 3, 8, 8, 6, 3, 3, 1, 2, 1, 3), 1)]

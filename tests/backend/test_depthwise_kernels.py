@@ -84,6 +84,7 @@ SHAPES = [
     ("dw-s2-many-planes", 5, 333, 9, 9, 333, 3, 3, 1, 2, 1, 333),    # TZ > 1, last block partly idle
     ("groups-cg4-s2", 2, 16, 9, 10, 16, 3, 3, 1, 2, 1, 4),
     ("dense-c3-stem-s2", 8, 3, 32, 32, 16, 3, 3, 1, 2, 1, 1),        # dense C 3: 16 dy planes per dx plane
+    ("dw-s1-pad3", 2, 3, 8, 11, 3, 3, 3, 3, 1, 1, 3),                # stride 1, pad > R - 1: FLIP declines
 ]
 DTYPES = ["float32", "float16", "bfloat16"]
 DIRECTIONS = ["forward", "backward_data", "backward_filter"]
@@ -192,9 +193,10 @@ def _compare(shape, dtype, tile_runs, alpha=1.0, beta=0.0, offset=False, seed=0)
         want = alpha * ref + beta * prior
         bound = _bound(direction, p, abs(alpha) * ref_abs + abs(beta) * np.abs(prior), u_in, u_out)
         _check(got, want, bound, f"{direction} {shape[0]} {dtype} alpha={alpha} beta={beta} offset={offset}")
-        if direction == "forward" or (direction == "backward_data" and max(p.stride) == 1):
+        flip_ok = max(p.stride) == 1 and all(d * (r - 1) >= q for d, r, q in zip(p.dilation, p.kernel, p.padding))
+        if direction == "forward" or (direction == "backward_data" and flip_ok):
             assert tile_runs == [True], f"{direction} {shape[0]}: the tile kernel did not run ({tile_runs})"
-        elif direction == "backward_data":
+        elif direction == "backward_data":       # strided, or stride 1 with pad > dil*(R-1): the gather form
             assert tile_runs == ["dgrad"], f"{direction} {shape[0]}: dw_tile_backward_data did not run ({tile_runs})"
         else:
             assert tile_runs == [], f"{direction} {shape[0]}: {tile_runs}"
