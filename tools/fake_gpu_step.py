@@ -8,6 +8,9 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=prof  [SORT=cumulative N=60] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
     MODE=calls python tools/fake_gpu_step.py TREE     # µs per call of round 8's device check, handle, enum keys
+    MODE=record OUT=a.json python tools/fake_gpu_step.py TREE resnet20 128   # one step's launches (kernel, grid,
+        packed arguments, array pointers read as 0; the third step, after two warm-ups): compare two trees' records
+        with `python tools/record_launches.py --compare a.json b.json`
 """
 # ruff: noqa: E402, E501, E701, E702, E731  (a measuring script, set up in order: the fake before minidnn)
 import collections
@@ -60,7 +63,30 @@ def step():
 step(); step()
 print("stepped")
 mode = os.environ.get("MODE", "count")
-if mode == "count":
+if mode == "record":
+    import ctypes
+    import json
+    R._zero_pointers(fakecp, L)
+    sizes = {}
+    init = L._Buffer.__init__
+    def buffer_init(self, layout, offsets):
+        init(self, layout, offsets)
+        sizes[ctypes.addressof(self.data)] = layout.size
+    L._Buffer.__init__ = buffer_init
+    import gc
+    for obj in gc.get_objects():            # the argument buffers made by the warm-up steps
+        if type(obj) is L._Buffer:
+            sizes[ctypes.addressof(obj.data)] = obj.struct.size
+    out = []
+    def go(fn, dims, stream, params_ptr):
+        base = ctypes.c_void_p.from_address(params_ptr).value
+        out.append((str(fn), list(dims), ctypes.string_at(base, sizes[base]).hex()))
+    L._go = go
+    L.count_launches = lambda n=1: out.extend([("cupy", [], "")] * n)
+    step()
+    json.dump(out, open(os.environ["OUT"], "w"))
+    print(f"{len(out)} launches recorded")
+elif mode == "count":
     counts = collections.Counter()
     def wrapname(name):
         f = getattr(fakecp, name) if name in fakecp.__dict__ else fallback(name)

@@ -41,7 +41,18 @@ def _fake_cupy():
         def ptr(self):      # read when asked (~1 us): device_of reads only the device
             return self.a().__array_interface__["data"][0]
 
+        def __add__(self, offset):      # CuPy's MemoryPointer arithmetic: (the array, a byte offset)
+            return _Off(self.a(), offset)
+
+    class _Off:
+        def __init__(self, a, offset):
+            self.a, self.offset = a, offset
+
     class ndarray(np.ndarray):
+        def __new__(cls, shape, dtype=float, memptr=None):     # cupy.ndarray(shape, dtype, memptr=) only
+            a, off = (memptr.a(), 0) if isinstance(memptr, _Mem) else (memptr.a, memptr.offset)
+            return np.ndarray.__new__(cls, shape, dtype, buffer=np.asarray(a).reshape(-1).view(np.uint8), offset=off)
+
         @property
         def data(self):
             m = self.__dict__.get("_m")

@@ -77,8 +77,7 @@ def test_strided_depthwise_dgrad_is_one_tile_launch_in_nchw():
 
 def test_nhwc_and_switched_off_keep_the_generic_kernel():
     out = _run()
-    # NHWC depthwise of whole channel vectors now takes conv_dw_nhwc's gather kernel (issue 12), still one launch
-    assert _names(out["prim_NHWC_0"]) in (["direct_backward_data"], ["dwn_backward_data_st"]), out["prim_NHWC_0"]
+    assert _names(out["prim_NHWC_0"]) == ["direct_backward_data"], out["prim_NHWC_0"]
     assert _names(out["off"]) == ["direct_backward_data"], out["off"]
 
 

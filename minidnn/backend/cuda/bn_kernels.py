@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import workspace as _ws
 
 __all__ = ["supports", "layout_of", "forward_training", "forward_inference", "backward", "SOURCE"]
 
@@ -1042,9 +1043,8 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
         if one is not None:
             launch1, n_partial, n_sync, acc = one
             with _launch.on_device(dev):
-                mean = cp.empty((c,), dtype=acc)
-                inv_std = cp.empty((c,), dtype=acc)
-                partial = cp.empty((n_partial,), dtype=acc)
+                mean, inv_std = _ws.pair(cp, (c,), acc)
+                partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
                 y = _empty_like_layout(cp, xc)
                 launch1(xm, None if z is None else _mem(z), _mem(y), partial, _ticket(cp, n_sync, dev), mean,
                         inv_std, scale, bias, running_mean, running_var, counter)
@@ -1052,9 +1052,8 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
     stats, n_partial, tiles, acc = _planned(("stats", factor, eps, has_running, has_counter) + sig, _stats_plan,
                                             xc, outer, c, inner, factor, eps, has_running, has_counter, dev)
     with _launch.on_device(dev):
-        mean = cp.empty((c,), dtype=acc)
-        inv_std = cp.empty((c,), dtype=acc)
-        partial = cp.empty((n_partial,), dtype=acc)
+        mean, inv_std = _ws.pair(cp, (c,), acc)
+        partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
         # dummies for absent running statistics (never touched), float32/64
         stats(xm, partial, _ticket(cp, tiles, dev), mean, inv_std, _p(running_mean, inv_std),
               _p(running_var, inv_std), _p(counter, inv_std))
@@ -1108,10 +1107,9 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
         if one is not None:
             launch1, n_partial, n_sync, pdt = one
             with _launch.on_device(dev):
-                partial = cp.empty((n_partial,), dtype=acc)
-                coef = cp.empty((c * 2,), dtype=acc)
-                dscale = cp.empty((c,), dtype=pdt) if has_scale else None
-                dbias = cp.empty((c,), dtype=pdt) if has_scale else None
+                partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
+                coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
+                dscale, dbias = _ws.pair(cp, (c,), pdt) if has_scale else (None, None)
                 dx = _empty_like_layout(cp, xc)
                 dz = _empty_like_layout(cp, xc) if want_dz else None
                 launch1(xm, _mem(dyc), None if y is None else _mem(y), mean, inv_std, partial,
@@ -1122,10 +1120,9 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
                                                        has_scale, want_dz), _backward_plan,
                                                       xc, outer, c, inner, relu, has_scale, want_dz, dev)
     with _launch.on_device(dev):
-        partial = cp.empty((n_partial,), dtype=acc)
-        coef = cp.empty((c * 2,), dtype=acc)
-        dscale = cp.empty((c,), dtype=pdt) if has_scale else None
-        dbias = cp.empty((c,), dtype=pdt) if has_scale else None
+        partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
+        coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
+        dscale, dbias = _ws.pair(cp, (c,), pdt) if has_scale else (None, None)
         dym = _mem(dyc)
         ym = xm if y is None else _mem(y)
         grad(xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles, dev), coef, _p(dscale, coef), _p(dbias, coef))

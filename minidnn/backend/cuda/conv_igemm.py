@@ -25,8 +25,8 @@ import threading
 import numpy as np
 
 from .. import devices as _dev
-from . import conv_dw_nhwc as _dw_nhwc  # NHWC depthwise kernels (issue 9 item 2 / 12): hooks in direct_*
 from . import launch as _launch
+from . import workspace as _ws
 from .conv_direct_source import SOURCE as DIRECT_SOURCE
 from .conv_igemm_source import SOURCE as IGEMM_SOURCE
 
@@ -240,22 +240,26 @@ class shared_staging:
         return False
 
 
-def _stage(cp, a, run):
+def _stage(cp, a, run, slot=None):
     """``a``'s NHWC copy as its channels-first view: by the prepared transpose ``run`` (None: CuPy's strided copy),
-    or the copy already made for ``a`` inside a ``shared_staging`` block."""
+    or the copy already made for ``a`` inside a ``shared_staging`` block.  ``slot`` (the call's operand, 0 or 1):
+    the copy goes into a scratch buffer (workspace.scratch) that only this call's kernel reads -- inside a block,
+    one per copy the block holds (its n-th copy: the block's copies stay distinct until it closes) --; None: a
+    fresh array."""
     memo = _scope.memo
     if memo is not None:
         key = (a.data.ptr, a.shape, a.strides, a.dtype)
         t = memo.get(key)
         if t is None:
-            t = memo[key] = _copy_nhwc(cp, a, run)
+            t = memo[key] = _copy_nhwc(cp, a, run, None if slot is None else ("stage.scope", len(memo)))
         return t
-    return _copy_nhwc(cp, a, run)
+    return _copy_nhwc(cp, a, run, None if slot is None else ("stage", slot))
 
 
-def _copy_nhwc(cp, a, run):
+def _copy_nhwc(cp, a, run, tag=None):
     n, c, h, w = a.shape
-    t = cp.empty((n, h, w, c), dtype=a.dtype)
+    t = cp.empty((n, h, w, c), dtype=a.dtype) if tag is None else \
+        _ws.scratch(cp, a.data.device_id, tag, (n, h, w, c), a.dtype)
     if run is not None:
         run(a, t)
     else:
@@ -502,27 +506,30 @@ class _Call:
                 x = x[:, :, None, :]
             st = self.stage[0]
             if st:
-                x = _stage(cp, x, st[0])
+                x = _stage(cp, x, st[0], 0)
             src = (x, self._filter(cp, w))
         elif direction == 1:
             dy = b if nd == 2 else b[:, :, None, :]
             st = self.stage[1]
             if st:
-                dy = _stage(cp, dy, st[0])
+                dy = _stage(cp, dy, st[0], 0)
             src = (dy, self._filter(cp, a))
         else:
             x, dy = (a, b) if nd == 2 else (a[:, :, None, :], b[:, :, None, :])
             sx, sy = self.stage
             if sx:
-                x = _stage(cp, x, sx[0])
+                x = _stage(cp, x, sx[0], 0)
             if sy:
-                dy = _stage(cp, dy, sy[0])
+                dy = _stage(cp, dy, sy[0], 1)
             src = (x, dy)
         plan = _plans.get(self.plan_key)
         if plan is None:
             plan = _launch.planned(_plans, self.plan_key, _igemm_plan, cp, *self.plan_args)
         main, partial_size, table, tickets = plan
-        partial = cp.empty(partial_size, dtype=np.float32) if partial_size else None
+        # the split-K partials: every split's block writes its whole fragment of its tile before the tile's last
+        # block reads them (conv_igemm_source.py), so a scratch buffer's old contents are never read
+        partial = _ws.scratch_flat(cp, out.data.device_id, "conv.splitk", partial_size, np.float32) \
+            if partial_size else None
         main(src[0], src[1], out, partial, table, tickets, *extra)
 
     def _filter(self, cp, w):
@@ -534,7 +541,7 @@ class _Call:
         if self.wcopy is None:
             return _filter_copy(cp, self.p, w, mode)
         run, shape = self.wcopy
-        t = cp.empty(shape, dtype=w.dtype)
+        t = _ws.scratch(cp, w.data.device_id, "conv.filter", shape, w.dtype)     # read by this call's kernel only
         run(w, t)
         return t
 
@@ -902,8 +909,6 @@ def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     if out is not None:
         _check_out(out, p.y_shape, x.dtype)
     x2, y2, w = _as_2d(x, p.nd), _as_2d(y, p.nd), cp.ascontiguousarray(w)
-    if TILE_ENABLED[0] and _dw_nhwc.forward(p, x2, w, y2, alpha, beta):    # NHWC depthwise (conv_dw_nhwc)
-        return y
     if _plane_ok(p, x2, y2):
         if not _tile_forward(x2, w, y2, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, alpha,
                              beta):
@@ -926,8 +931,6 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
     dy2, dx2 = _as_2d(dy, p.nd), _as_2d(dx, p.nd)
-    if TILE_ENABLED[0] and _dw_nhwc.backward_data(p, w, dy2, dx2, alpha, beta):   # NHWC depthwise
-        return dx
     flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
     if _plane_ok(p, dy2, dx2) and p.stride[0] == 1 and min(flipped_pad) >= 0:
         # stride 1: dx is the correlation of dy with the flipped kernel whose channel roles are swapped within each
@@ -1119,9 +1122,7 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     x2, dy2 = _as_2d(x, p.nd), _as_2d(dy, p.nd)
     g = _geometry(p)
     same = dw is out or out is None
-    if TILE_ENABLED[0] and _dw_nhwc.backward_filter(p, x2, dy2, dw, alpha if same else 1.0,     # NHWC depthwise
-                                                    beta if same else 0.0) \
-            or _tile_backward_filter(p, x2, dy2, dw, g, alpha if same else 1.0, beta if same else 0.0):
+    if _tile_backward_filter(p, x2, dy2, dw, g, alpha if same else 1.0, beta if same else 0.0):
         if not same:        # a non-contiguous out: blend afterwards
             out[...] = (alpha * dw.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
             return out
