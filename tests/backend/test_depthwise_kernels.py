@@ -333,8 +333,8 @@ def test_dense_few_channels_through_the_primitives(name, fmt, dtype):
 @pytest.mark.parametrize("name", ["dw-56-s2", "dw-s3", "dw-x2-stride2", "dense-c3-stem-s2"])
 def test_strided_backward_data_through_the_primitive(name, fmt, dtype, tile_runs):
     """Strided backward data through convolution_backward_data (ALGO_0, the direct fast path): NCHW is one launch of
-    dw_tile_backward_data, NHWC keeps the generic direct kernel; both against float64, alpha/beta blended, each
-    call's bits repeated (deterministic: no atomics)."""
+    dw_tile_backward_data, NHWC does not reach it (conv_dw_nhwc or the generic kernel); both against float64,
+    alpha/beta blended, each call's bits repeated (deterministic: no atomics)."""
     p, desc = _problem(next(s for s in SHAPES if s[0] == name), dtype)
     dt = _np_dtype(dtype)
     h = Handle("cuda")
