@@ -25,6 +25,7 @@ import threading
 import numpy as np
 
 from .. import devices as _dev
+from . import conv_dw_nhwc as _dw_nhwc  # NHWC depthwise kernels (issue 9 item 2 / 12): hooks in direct_*
 from . import launch as _launch
 from . import workspace as _ws
 from .conv_direct_source import SOURCE as DIRECT_SOURCE
@@ -909,6 +910,8 @@ def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     if out is not None:
         _check_out(out, p.y_shape, x.dtype)
     x2, y2, w = _as_2d(x, p.nd), _as_2d(y, p.nd), cp.ascontiguousarray(w)
+    if TILE_ENABLED[0] and _dw_nhwc.forward(p, x2, w, y2, alpha, beta):    # NHWC depthwise (conv_dw_nhwc)
+        return y
     if _plane_ok(p, x2, y2):
         if not _tile_forward(x2, w, y2, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, alpha,
                              beta):
@@ -931,6 +934,8 @@ def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
     dy2, dx2 = _as_2d(dy, p.nd), _as_2d(dx, p.nd)
+    if TILE_ENABLED[0] and _dw_nhwc.backward_data(p, w, dy2, dx2, alpha, beta):   # NHWC depthwise
+        return dx
     flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
     if _plane_ok(p, dy2, dx2) and p.stride[0] == 1 and min(flipped_pad) >= 0:
         # stride 1: dx is the correlation of dy with the flipped kernel whose channel roles are swapped within each
@@ -1122,7 +1127,9 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     x2, dy2 = _as_2d(x, p.nd), _as_2d(dy, p.nd)
     g = _geometry(p)
     same = dw is out or out is None
-    if _tile_backward_filter(p, x2, dy2, dw, g, alpha if same else 1.0, beta if same else 0.0):
+    if TILE_ENABLED[0] and _dw_nhwc.backward_filter(p, x2, dy2, dw, alpha if same else 1.0,     # NHWC depthwise
+                                                    beta if same else 0.0) \
+            or _tile_backward_filter(p, x2, dy2, dw, g, alpha if same else 1.0, beta if same else 0.0):
         if not same:        # a non-contiguous out: blend afterwards
             out[...] = (alpha * dw.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
             return out
