@@ -27,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from concurrent.futures import wait
 
 __all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map", "parallel_parts",
-           "parallel_for", "blas_threads_for", "MIN_PARALLEL_WORK", "MIN_PARALLEL_BLAS_WORK"]
+           "parallel_for", "parallel_pair", "blas_threads_for", "MIN_PARALLEL_WORK", "MIN_PARALLEL_BLAS_WORK",
+           "MIN_PAIR_WORK", "MAX_PAIR_WORK"]
 
 _USER_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _MAX_DEFAULT = 8
@@ -117,7 +119,7 @@ def blas_threads_for(work: int):
     """Inside the block, BLAS may use all of minidnn's threads if ``work`` (the product's multiply-adds, M*N*K)
     is at least MIN_PARALLEL_BLAS_WORK; below it, BLAS stays at one thread.  For products run by the calling
     thread (not inside ``parallel_map`` / ``parallel_for`` bodies, which are threads already)."""
-    n = _current[0] or 1
+    n = _threads()
     if n <= 1 or work < MIN_PARALLEL_BLAS_WORK or not _blas_setters:
         yield
         return
@@ -131,6 +133,12 @@ def blas_threads_for(work: int):
 
 
 _current = [None]          # the last count set through minidnn (None: never set; parallel_map then runs serially)
+_local = threading.local()  # .single: True on a thread running one half of parallel_pair (no splitting inside)
+
+
+def _threads() -> int:
+    """The threads the calling thread may share its work out to: 1 inside a half of ``parallel_pair``."""
+    return 1 if getattr(_local, "single", False) else (_current[0] or 1)
 _pool = [None, 0, 0]       # a ThreadPoolExecutor, its size and the pid that made it (made on first use)
 
 
@@ -151,7 +159,7 @@ def parallel_parts(n: int, work: int) -> int:
     ``work`` is below MIN_PARALLEL_WORK."""
     if work < MIN_PARALLEL_WORK:
         return 1
-    return max(1, min(_current[0] or 1, n))
+    return max(1, min(_threads(), n))
 
 
 def _executor():
@@ -171,7 +179,7 @@ def parallel_map(fn, items):
     the GIL inside its array loops, so chunks of a batch run truly in parallel.  The calling thread runs the first
     item, then every item no pool thread has started yet (``_reclaim``).  Serial with one thread."""
     items = list(items)
-    n = min(_current[0] or 1, len(items))
+    n = min(_threads(), len(items))
     if n <= 1:
         return [fn(item) for item in items]
     futures = [_executor().submit(fn, item) for item in items[1:]]
@@ -230,6 +238,48 @@ def parallel_for(chunks, body, work, setup=None):
     for f in futures:
         if not f.cancelled():
             f.result()                        # a pool thread's exception, raised here
+
+
+# ---- two independent computations at once (inter-op) ----------------------------------------------------------
+#
+# A training step of small layers is ~30 ops of 0.1-1 ms, each below the grains above: on two threads it runs as on
+# one.  Some ops' backward is two independent computations of that size from the same inputs (a convolution's data
+# and filter gradients): those two run one per thread, each on one thread inside (its loops unsplit, BLAS at its
+# resting one thread: two cores, used once each).  Below MIN_PAIR_WORK multiply-adds a half is too short to pay for
+# the hand-off to a pool thread (tens of us on a shared VM).  From MAX_PAIR_WORK (the BLAS grain) on, the halves stay
+# one after the other: their products get BLAS's threads there already, and BLAS split over two threads gives other
+# bits than on one (OpenBLAS: LeNet conv2's filter gradient at batch 256), so a pair there would change the results.
+MIN_PAIR_WORK = 1 << 22
+MAX_PAIR_WORK = MIN_PARALLEL_BLAS_WORK
+
+
+def parallel_pair(first, second, work):
+    """``(first(), second())``.  With minidnn's thread count >= 2 and ``work`` (the larger half's multiply-adds) in
+    [MIN_PAIR_WORK, MAX_PAIR_WORK), ``second`` runs on a pool thread while the caller runs ``first``, each
+    with nothing split inside (``_threads()`` is 1 there): the same computations as one after the other, so the same
+    bits.  The caller runs ``second`` itself if no pool thread has started it by then.  Either half's exception is
+    raised once neither is running any more (the other's result dropped); if both raise, ``first``'s."""
+    if _threads() <= 1 or not MIN_PAIR_WORK <= work < MAX_PAIR_WORK:
+        return first(), second()
+    future = _executor().submit(_single, second)
+    _local.single = True
+    try:
+        a = first()
+    finally:
+        _local.single = False
+        if future.cancel():                   # not started: the caller's
+            future = None
+        else:
+            wait([future])                    # nothing of ``second`` still running once this returns or raises
+    return a, (_single(second) if future is None else future.result())
+
+
+def _single(fn):
+    _local.single = True
+    try:
+        return fn()
+    finally:
+        _local.single = False
 
 
 def _apply_default() -> None:

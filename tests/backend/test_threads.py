@@ -153,3 +153,129 @@ def test_after_the_callers_error_no_further_part_starts(restore_threads, monkeyp
     with pytest.raises(KeyError):
         threads_module.parallel_for(range(4), lambda s, c: fail(c), work=1 << 30)
     assert pool.futures and all(f.cancelled() for f in pool.futures)
+
+
+# ---- parallel_pair: two independent computations, one per thread ----------------------------------------------
+
+def test_parallel_pair_runs_each_half_unsplit(restore_threads):
+    """At >= 2 threads the second half goes to a pool thread; inside either half nothing is split further (minidnn's
+    loops and BLAS stay on one thread) and the results come back in order."""
+    minidnn.set_num_threads(2)
+    seen = []
+
+    def half(tag):
+        def run():
+            with threads_module.blas_threads_for(1 << 40):
+                seen.append((tag, threading.get_ident(), threads_module._threads(),
+                             threads_module.parallel_parts(8, 1 << 40), _blas_threads() if needs_blas else 1))
+            return tag
+        return run
+    needs_blas = bool(threads_module._blas_setters)
+    assert threads_module.parallel_pair(half("a"), half("b"), work=threads_module.MIN_PAIR_WORK) == ("a", "b")
+    assert sorted(s[0] for s in seen) == ["a", "b"]
+    assert all(s[2:] == (1, 1, 1) for s in seen)
+    assert threads_module._threads() == 2                     # the caller's count is back afterwards
+    # one thread, work below the grain, or halves whose products get BLAS's threads anyway: one after the other
+    for n, work in ((1, threads_module.MIN_PAIR_WORK), (2, threads_module.MIN_PAIR_WORK - 1),
+                    (2, threads_module.MAX_PAIR_WORK)):
+        minidnn.set_num_threads(n)
+        seen.clear()
+        assert threads_module.parallel_pair(half("a"), half("b"), work) == ("a", "b")
+        assert [s[:2] for s in seen] == [("a", threading.get_ident()), ("b", threading.get_ident())]
+
+
+@pytest.mark.parametrize("failing", ["first", "second", "both"])
+def test_parallel_pair_raises_once_neither_half_runs(restore_threads, failing):
+    minidnn.set_num_threads(2)
+    running = []
+
+    def half(tag):
+        def run():
+            running.append(tag)
+            threading.Event().wait(0.02)
+            running.remove(tag)
+            if failing in (tag, "both"):
+                raise ValueError(tag)
+            return tag
+        return run
+    with pytest.raises(ValueError, match="first" if failing != "second" else "second"):
+        threads_module.parallel_pair(half("first"), half("second"), work=threads_module.MIN_PAIR_WORK)
+    assert running == [] and threads_module._threads() == 2
+
+
+def test_parallel_pair_unstarted_second_half_runs_on_the_caller(restore_threads, monkeypatch):
+    from concurrent.futures import Future
+
+    class NeverStarts:
+        def submit(self, fn, *args):
+            return Future()
+    monkeypatch.setattr(threads_module, "_executor", lambda: NeverStarts())
+    minidnn.set_num_threads(2)
+    where = []
+    assert threads_module.parallel_pair(lambda: where.append(threading.get_ident()) or 1,
+                                        lambda: where.append(threads_module._threads()) or 2,
+                                        work=threads_module.MIN_PAIR_WORK) == (1, 2)
+    assert where == [threading.get_ident(), 1]
+
+
+_CONVS = [  # x shape, w shape, stride, padding, groups: LeNet's conv2 (b64, b256: BLAS grain), conv16 (chunked flat
+    ((64, 6, 14, 14), (16, 6, 5, 5), 1, 0, 1),       # im2col), strided, grouped, depthwise
+    ((256, 6, 14, 14), (16, 6, 5, 5), 1, 0, 1),
+    ((32, 16, 32, 32), (16, 16, 3, 3), 1, 1, 1),
+    ((16, 8, 17, 17), (12, 8, 3, 3), 2, 1, 1),
+    ((8, 8, 12, 12), (8, 2, 3, 3), 1, 1, 4),
+    ((32, 64, 16, 16), (64, 1, 3, 3), 1, 1, 64),
+]
+
+
+@pytest.mark.parametrize("xs, ws, stride, padding, groups", _CONVS)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_backward_pair_is_bitwise_the_sequential_one(restore_threads, monkeypatch, xs, ws, stride, padding,
+                                                          groups, channels_last):
+    """A convolution's data and filter gradients, one per thread, are bit for bit those computed one after the other,
+    at 1 and at 2 threads (at batch 256 the halves stay sequential: their products get BLAS's threads, which give
+    other bits than one thread does)."""
+    import minidnn.nn.functional as F
+    rng = np.random.default_rng(1)
+    x_np, w_np = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+
+    def grads(n, pair):
+        minidnn.set_num_threads(n)
+        monkeypatch.setattr(threads_module, "MIN_PAIR_WORK", 0 if pair else 1 << 62)
+        x = minidnn.tensor(x_np, requires_grad=True)
+        if channels_last:
+            x = x.detach().to(memory_format=minidnn.channels_last).requires_grad_()
+        w = minidnn.tensor(w_np, requires_grad=True)
+        y = F.conv2d(x, w, stride=stride, padding=padding, groups=groups)
+        y.backward(minidnn.tensor(np.cos(np.arange(y.numel(), dtype=np.float32)).reshape(y.shape)))
+        return x.grad.numpy(), w.grad.numpy()
+    for n in (1, 2):
+        for got, want in zip(grads(n, True), grads(n, False)):
+            np.testing.assert_array_equal(got, want, strict=True)
+
+
+def test_conv_backward_error_in_one_half_leaves_no_gradient(restore_threads, monkeypatch):
+    """An exception in the filter half propagates from backward() once the data half is done, and no gradient is
+    written."""
+    import minidnn.nn.functional as F
+    from minidnn import backend as B
+    minidnn.set_num_threads(2)
+    monkeypatch.setattr(threads_module, "MIN_PAIR_WORK", 0)
+    running = []
+    real = B.convolution_backward_data
+
+    def slow_data(*args, **kwargs):
+        running.append(1)
+        threading.Event().wait(0.05)
+        running.pop()
+        return real(*args, **kwargs)
+
+    def broken_filter(*args, **kwargs):
+        raise RuntimeError("filter half failed")
+    monkeypatch.setattr(B, "convolution_backward_data", slow_data)
+    monkeypatch.setattr(B, "convolution_backward_filter", broken_filter)
+    x = minidnn.randn(4, 3, 8, 8, requires_grad=True)
+    w = minidnn.randn(5, 3, 3, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="filter half failed"):
+        F.conv2d(x, w).sum().backward()
+    assert running == [] and x.grad is None and w.grad is None

@@ -16,10 +16,13 @@ BiasAdd (bias.py: a broadcast add whose gradient is convolution_backward_bias's 
 """
 from __future__ import annotations
 
+import math
+
 from ... import backend as B
 from ..._amp_state import autocast_op
 from ...autograd import Function, is_grad_enabled
 from ...backend.errors import ArgumentError, DTypeError
+from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
 from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, wrap
 from .bias import add_bias
@@ -84,9 +87,11 @@ class ConvForward(Function):
         need = ctx.needs_input_grad
         if not is_grad_enabled():       # first order: the primitives directly
             if need[0] and need[1]:     # both read gy: the GPU kernels' NHWC copy of it is made once
+                # independent: on the CPU at >= 2 threads, one per thread (threads.parallel_pair, docs/threads.md)
+                work = 0 if B.is_cuda_array(gy.data) else gy.data.size * math.prod(w_shape[1:])    # each half's
                 with B.convolution_shared_staging():
-                    return (_backward_data(w, gy, ctx.desc, x_shape), _backward_filter(x, gy, ctx.desc, w_shape),
-                            None)
+                    return (*parallel_pair(lambda: _backward_data(w, gy, ctx.desc, x_shape),
+                                           lambda: _backward_filter(x, gy, ctx.desc, w_shape), work), None)
             return (_backward_data(w, gy, ctx.desc, x_shape) if need[0] else None,
                     _backward_filter(x, gy, ctx.desc, w_shape) if need[1] else None, None)
         gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
