@@ -156,7 +156,7 @@ def test_dw_nhwc_declines(spy, monkeypatch):
     p, desc, dt, x, w, dy, _ = _setup(SHAPES[0], "float32", 2)
     K.direct_forward(p, cp.asarray(x.astype(dt)), cp.asarray(w.astype(dt)))   # NCHW
     assert spy[-1] == ("forward", False)
-    monkeypatch.setitem(K.TILE_ENABLED, 0, False)                      # MINIDNN_DW_TILE=0: the old path
+    monkeypatch.setattr(K, "TILE_ENABLED", [False])                   # MINIDNN_DW_TILE=0: the old path
     n = len(spy)
     ref = convolution_forward(None, x, w, desc, algo=ConvolutionFwdAlgo.GEMM)
     y = K.direct_forward(p, _nhwc(x, dt), cp.asarray(w.astype(dt)))

@@ -622,11 +622,11 @@ dw_tile_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float
 //   dw_tile_forward's (alpha/beta, 4-wide stores where DVW == 4, aligned and whole).  Deterministic (no atomics:
 //   every dx element is written by exactly one thread).  The launcher picks DVH = ST (2 for ST = 1), DVW = 4 for
 //   ST in {1, 2, 4}, DVW = ST else.
-#ifndef DVH
-#define DVH 2
+#ifndef DVH                     // defaults as the launcher picks them (the module also compiles for the other
+#define DVH (ST == 1 ? 2 : ST)   // kernels, at any ST: the static_assert below must hold there too)
 #endif
 #ifndef DVW
-#define DVW 4
+#define DVW (4 % ST == 0 ? 4 : ST)
 #endif
 #ifndef PHM
 #define PHM 0
