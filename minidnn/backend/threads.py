@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import os
 import threading
+import time
 from concurrent.futures import wait
 
 __all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map", "parallel_parts",
@@ -251,16 +252,23 @@ def parallel_for(chunks, body, work, setup=None):
 # bits than on one (OpenBLAS: LeNet conv2's filter gradient at batch 256), so a pair there would change the results.
 MIN_PAIR_WORK = 1 << 22
 MAX_PAIR_WORK = MIN_PARALLEL_BLAS_WORK
+# A shared machine: when another process holds the second core, a pool thread that has started shares the caller's
+# core and the pair costs more than the two halves in turn.  A pair whose process CPU time was under PAIR_OVERLAP x its
+# wall time did not overlap; pairs then rest for PAIR_BACKOFF_S (the halves run in turn; the same bits either way).
+PAIR_OVERLAP, PAIR_BACKOFF_S = 1.25, 0.5
+_pair_rest = [0.0]         # perf_counter() until which pairs run in turn
 
 
 def parallel_pair(first, second, work):
     """``(first(), second())``.  With minidnn's thread count >= 2 and ``work`` (the larger half's multiply-adds) in
     [MIN_PAIR_WORK, MAX_PAIR_WORK), ``second`` runs on a pool thread while the caller runs ``first``, each
     with nothing split inside (``_threads()`` is 1 there): the same computations as one after the other, so the same
-    bits.  The caller runs ``second`` itself if no pool thread has started it by then.  Either half's exception is
+    bits.  The caller runs ``second`` itself if no pool thread has started it by then; after a pair that did not
+    overlap, pairs rest for PAIR_BACKOFF_S (a busy second core).  Either half's exception is
     raised once neither is running any more (the other's result dropped); if both raise, ``first``'s."""
-    if _threads() <= 1 or not MIN_PAIR_WORK <= work < MAX_PAIR_WORK:
+    if _threads() <= 1 or not MIN_PAIR_WORK <= work < MAX_PAIR_WORK or time.perf_counter() < _pair_rest[0]:
         return first(), second()
+    wall, cpu = time.perf_counter(), time.process_time()
     future = _executor().submit(_single, second)
     _local.single = True
     try:
@@ -271,6 +279,9 @@ def parallel_pair(first, second, work):
             future = None
         else:
             wait([future])                    # nothing of ``second`` still running once this returns or raises
+            now = time.perf_counter()
+            if time.process_time() - cpu < PAIR_OVERLAP * (now - wall):
+                _pair_rest[0] = now + PAIR_BACKOFF_S        # the two did not run at once: no second core free
     return a, (_single(second) if future is None else future.result())
 
 

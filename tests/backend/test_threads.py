@@ -157,6 +157,32 @@ def test_after_the_callers_error_no_further_part_starts(restore_threads, monkeyp
 
 # ---- parallel_pair: two independent computations, one per thread ----------------------------------------------
 
+@pytest.fixture(autouse=True)
+def pairs_never_rest(monkeypatch):
+    """These tests' halves sleep (no CPU time): without this, the first pair would send the next ones to rest."""
+    monkeypatch.setattr(threads_module, "PAIR_OVERLAP", 0.0)
+    monkeypatch.setattr(threads_module, "_pair_rest", [0.0])
+
+
+def test_a_pair_that_did_not_overlap_sends_the_next_ones_to_rest(restore_threads, monkeypatch):
+    """On a busy machine (no second core: CPU time under PAIR_OVERLAP x wall) pairs run in turn for PAIR_BACKOFF_S."""
+    monkeypatch.setattr(threads_module, "PAIR_OVERLAP", 1.25)
+    minidnn.set_num_threads(2)
+    where = []
+
+    def idle(tag):
+        return lambda: where.append(threading.get_ident()) or threading.Event().wait(0.01) or tag
+    work = threads_module.MIN_PAIR_WORK
+    assert threads_module.parallel_pair(idle("a"), idle("b"), work) == ("a", "b")
+    assert threads_module._pair_rest[0] > 0                      # the halves slept: no overlap of CPU time
+    where.clear()
+    assert threads_module.parallel_pair(idle("a"), idle("b"), work) == ("a", "b")
+    assert where == [threading.get_ident()] * 2                  # resting: both on the caller
+    monkeypatch.setattr(threads_module, "_pair_rest", [0.0])          # rest over
+    where.clear()
+    threads_module.parallel_pair(idle("a"), idle("b"), work)
+    assert len(set(where)) == 2 or where == [threading.get_ident()] * 2
+
 def test_parallel_pair_runs_each_half_unsplit(restore_threads):
     """At >= 2 threads the second half goes to a pool thread; inside either half nothing is split further (minidnn's
     loops and BLAS stay on one thread) and the results come back in order."""
