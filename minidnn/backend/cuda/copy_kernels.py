@@ -46,26 +46,30 @@ multi_copy(const char* s0, char* d0, const char* s1, char* d1, const char* s2, c
 def multi_copier(dsts):
     """For 1..4 C-contiguous CuPy arrays ``dsts`` on one device: ``copy(*srcs)`` copies each src (a C-contiguous
     array of its dst's shape and dtype -- the caller's guarantee; nothing is checked per call) into its dst, all in
-    one launch on the current stream."""
+    one launch on the current stream (``launch.bind_pointers``: the pointers packed, the launch made, nothing
+    else -- ~2 µs of host time less than a generic prepared launch)."""
     if not 1 <= len(dsts) <= MAX_PAIRS:
         raise ValueError(f"multi_copier: 1 to {MAX_PAIRS} arrays, got {len(dsts)}")
     sizes = [int(d.nbytes) for d in dsts] + [0] * (MAX_PAIRS - len(dsts))
     blocks = min(max(1, -(-max(sizes) // (16 * 256))), 1024)
-    with _launch.on_device(dsts[0].data.device_id):
+    dev = dsts[0].data.device_id
+    with _launch.on_device(dev):
         kernel = _launch.get_kernel(SOURCE, "multi_copy")
     prepared = _launch.prepare(kernel, (blocks, len(dsts)), (256,),
                                [None] * (2 * MAX_PAIRS) + [np.int64(n) for n in sizes])
-    pad = (None,) * (2 * (MAX_PAIRS - len(dsts)))
+    go = _launch.bind_pointers(prepared, dev)
+    dptrs = [d.data.ptr for d in dsts]
+    pad = (0,) * (2 * (MAX_PAIRS - len(dsts)))
     if len(dsts) == 1:
-        d0 = dsts[0]
-        return lambda s0: prepared(s0, d0, *pad)
+        d0 = dptrs[0]
+        return lambda s0: go(s0.data.ptr, d0, *pad)
     if len(dsts) == 2:
-        d0, d1 = dsts
-        return lambda s0, s1: prepared(s0, d0, s1, d1, *pad)
+        d0, d1 = dptrs
+        return lambda s0, s1: go(s0.data.ptr, d0, s1.data.ptr, d1, *pad)
 
     def copy(*srcs):
-        arrays = []
-        for s, d in zip(srcs, dsts):
-            arrays += (s, d)
-        prepared(*arrays, *pad)
+        ptrs = []
+        for s, d in zip(srcs, dptrs):
+            ptrs += (s.data.ptr, d)
+        go(*ptrs, *pad)
     return copy

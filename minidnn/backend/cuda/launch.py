@@ -205,6 +205,28 @@ def prepare(kernel, grid, block, args, shared_mem: int = 0) -> Prepared:
     return Prepared(kernel, grid, block, args, shared_mem)
 
 
+def bind_pointers(prepared: Prepared, dev: int):
+    """``go(*ptrs)``: ``prepared`` launched on GPU ``dev`` (which must be current at the call) on the current
+    stream, its array slots filled from raw pointer integers -- no device lookup, no array attribute reads: for the
+    one launch a replayed ``minidnn.compile`` step makes before its graph (host time on every step).  Counted."""
+    if prepared.pack_ptrs is None:
+        raise ValueError("bind_pointers: the prepared launch's arrays must lead its argument list")
+    with on_device(dev):
+        fn = _function(prepared.kernel, prepared.shared_mem, dev)
+    buf, dims, pack = prepared.buf, prepared.dims, prepared.pack_ptrs
+    data, params_ptr, lock = buf.data, buf.params_ptr, buf.lock
+    cp = cupy()
+    launch_kernel, current = cp.cuda.driver.launchKernel, cp.cuda.get_current_stream
+
+    def go(*ptrs):
+        global _launches
+        with lock:
+            pack(data, 0, *ptrs)
+            launch_kernel(fn, *dims, current().ptr, params_ptr, 0)
+        _launches += 1
+    return go
+
+
 _PLANS_LIMIT = 4096
 
 
