@@ -606,7 +606,7 @@ dw_tile_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float
 }
 
 // ---- register-tiled depthwise/grouped backward data of any stride, NCHW rows (unit stride along width) -------
-// dw_tile_backward_data (gather form, 2026-12-01):  dx[n, c, h, w] = sum over kk < Kg, r, s of
+// dw_tile_backward_data (gather form, 2026-11-26):  dx[n, c, h, w] = sum over kk < Kg, r, s of
 //   dy[n, k, p, q] * w[k, c % Cg, r, s]   (k = (c / Cg)*Kg + kk) where p = (h + pad_h - r*DL) / ST and
 //   q = (w + pad_w - s*DL) / ST are exact and in range.  Residue classes: the block's dx tile starts at a multiple
 //   of ST on both axes and each thread owns DVH x DVW outputs with DVH, DVW multiples of ST, so its output row
