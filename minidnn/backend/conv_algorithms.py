@@ -516,8 +516,8 @@ BACKWARD_DATA_ALGORITHMS = _registry("convolution_backward_data", ConvolutionBwd
 
 BACKWARD_FILTER_ALGORITHMS = _registry("convolution_backward_filter", ConvolutionBwdFilterAlgo, {
     ConvolutionBwdFilterAlgo.ALGO_1: (gemm_backward_filter, (), _ws_gemm, _cost_gemm),
-    ConvolutionBwdFilterAlgo.ALGO_3: (_cuda_conv.backward_filter_precomp, (_cuda_conv.IGEMM_RULE,),
-                                      _cuda_conv.filter_workspace, _cuda_conv.implicit_cost),
+    ConvolutionBwdFilterAlgo.ALGO_3: (_cuda_conv.backward_filter_atomic, (_cuda_conv.IGEMM_RULE,),
+                                      _cuda_conv.atomic_filter_workspace, _cuda_conv.atomic_filter_cost),
     ConvolutionBwdFilterAlgo.ALGO_0: (direct_backward_filter, (), _ws_direct, _cost_direct),
     ConvolutionBwdFilterAlgo.FFT: (fft_backward_filter, (_STRIDE_1, _FLOAT32_64), _ws_fft, _cost_fft),
     ConvolutionBwdFilterAlgo.WINOGRAD_NONFUSED: (winograd_backward_filter, _WINOGRAD_RULES, _ws_winograd,

@@ -492,8 +492,9 @@ def test_benchmark_cache_is_hit_on_the_second_call(device, monkeypatch):
 
 
 def test_deterministic_flag_excludes_non_deterministic_algorithms(device):
-    """Every minidnn convolution algorithm is deterministic (no atomics), so the real registries lose none;
-    the generic selector's exclusion is checked with a registry holding a non-deterministic stand-in."""
+    """The forward algorithms are all deterministic, so that registry loses none (the one non-deterministic member,
+    backward-filter ALGO_3 on CUDA, is test_conv_wgrad_atomic.py's); the generic selector's exclusion is checked
+    with a registry holding a non-deterministic stand-in."""
     h = Handle(device, deterministic=True)
     p = make_problem("test", SEL_X, SEL_W, ConvolutionDescriptor(1), np.float32)
     assert all(perf.status is Status.SUCCESS for perf in FORWARD_ALGORITHMS.heuristic(p, h, MathType.DEFAULT)[:4])

@@ -360,10 +360,11 @@ def choose_tile(M, NG, groups, sms=132):
     return "64x64"
 
 
-def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0):
+def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False):
     """(NVRTC options, BM, BN, BK) of one implicit-GEMM configuration (tools/precompile_conv.py compiles them
     all ahead of a test run through the same options); ``act`` > 0: the fused bias/residual/activation epilogue
-    (EPI=1, ACT=act: ``EPI_ACTS``), forward only."""
+    (EPI=1, ACT=act: ``EPI_ACTS``), forward only; ``atomic``: the filter gradient's split-K by fp32 atomics into a
+    kept-zeroed accumulator (ATOMIC=1, backward filter only; non-deterministic)."""
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -375,6 +376,8 @@ def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0):
         opts += ("-DWKRSC=1",)
     if act:
         opts += ("-DEPI=1", f"-DACT={act}")
+    if atomic:
+        opts += ("-DATOMIC=1",)
     return opts, BM, BN, BK
 
 
@@ -394,8 +397,8 @@ class Epilogue:
         self.key = (act, self.coef, self.alpha2, None if z is None else _strides(z), bias is None)
 
 
-def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0):
-    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act)
+def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False):
+    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -526,11 +529,12 @@ class _Call:
         plan = _plans.get(self.plan_key)
         if plan is None:
             plan = _launch.planned(_plans, self.plan_key, _igemm_plan, cp, *self.plan_args)
-        main, partial_size, table, tickets = plan
+        main, partial_size, table, tickets, accumulator = plan
         # the split-K partials: every split's block writes its whole fragment of its tile before the tile's last
-        # block reads them (conv_igemm_source.py), so a scratch buffer's old contents are never read
+        # block reads them (conv_igemm_source.py), so a scratch buffer's old contents are never read.  The atomic
+        # filter gradient adds into its kept-zeroed accumulator instead (held by the plan).
         partial = _ws.scratch_flat(cp, out.data.device_id, "conv.splitk", partial_size, np.float32) \
-            if partial_size else None
+            if partial_size else accumulator
         main(src[0], src[1], out, partial, table, tickets, *extra)
 
     def _filter(self, cp, w):
@@ -547,7 +551,7 @@ class _Call:
         return t
 
 
-def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=None):
+def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=None, atomic=False):
     """The decisions of ``_run_igemm`` for these arrays' layouts and alignment (nothing launched, nothing copied):
     the VEC loader where the activations are NHWC-like, else the NCHW staging where the problem is large enough, and
     the filter's form for the loader that runs."""
@@ -612,6 +616,9 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
     if epi is not None:
         call.plan_key += (epi.key,)
         call.plan_args += (epi.key,)
+    if atomic:
+        call.plan_key += ("atomic",)
+        call.plan_args += (None, True)
     return call
 
 
@@ -619,18 +626,27 @@ def _as_meta(a):
     return a if type(a) is _Meta else _meta(a)
 
 
-def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, epi=None):
+def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, epi=None, atomic=False):
     """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
     (the filter gradient's split-K partials are added by the last block of each output tile, in split order), after
     the staging copies and filter transpose its loader needs.  The decisions (loader, staging, filter form) are
     settled once per layout and alignment of the arrays (``_calls``), the kernel's launch -- geometry, strides,
     tile, split, the packed scalar arguments -- once per (direction, problem, strides, dtype, math, blend, tile,
     device) (``_plans``): a repeated call costs two dict lookups, its copies, the allocation of the split-K buffer
-    and one prepared launch (host cost: docs/host_overhead.md).  ``epi`` (forward): the fused epilogue (Epilogue)."""
+    and one prepared launch (host cost: docs/host_overhead.md).  ``epi`` (forward): the fused epilogue (Epilogue).
+    ``atomic`` (backward filter): the split-K sums by fp32 atomics (ATOMIC=1; non-deterministic, no partials)."""
     cp = _launch.cupy()
     key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
            out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
            a.data.device_id)
+    if atomic:
+        key += ("atomic",)
+        call = _calls.get(key)
+        if call is None:
+            call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta,
+                                   tile, None, True)
+        call(cp, a, b, out)
+        return
     if epi is None:
         call = _calls.get(key)
         if call is None:
@@ -646,9 +662,11 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
     call(cp, a, b, out, (epi.z, epi.bias))
 
 
-def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False, epi_key=None):
+def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False, epi_key=None,
+                atomic=False):
     """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
-    None) of a call whose x-side strides come from ``s1`` (x or dx) and y-side strides from ``s2`` (y or dy);
+    None, the atomic variant's accumulator or None) of a call whose x-side strides come from ``s1`` (x or dx) and
+    y-side strides from ``s2`` (y or dy); ``atomic``: the ATOMIC=1 filter gradient where it has several splits;
     ``vec``: the NHWC 16-byte loader (no tap table: its tap walk needs none); "krsc": and backward data reads a
     channels-last filter directly.  ``epi_key`` (Epilogue.key, forward): the fused epilogue's kernel, whose launch
     takes z and bias after the six plain arrays and z's strides, alpha2 and the activation's coefficient last."""
@@ -666,11 +684,14 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
     sms = _launch.sm_count()
     tile = tile or choose_tile(M, NG, p.groups, sms)
     act = 0 if epi_key is None else epi_key[0]
-    kernel, BM, BN, BK = _igemm_kernel(direction, dt, tf32, tile, vec, act)
+    BM, BN, BK = igemm_options(direction, dt, tf32, tile, vec, act)[1:]
     tiles = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
-    partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 else 0
-    tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if partial_size else None
+    atomic = atomic and splits > 1 and direction == 2     # one split: the plain kernel (no sums to add)
+    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic)[0]
+    partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 and not atomic else 0
+    tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if partial_size or atomic else None
+    accumulator = _accumulator(cp, tiles * BM * BN, cp.cuda.runtime.getDevice()) if atomic else None
     grid_m = M
     if direction == 1 and _split_by_residue(p):
         # the residue classes on blockIdx.z (the kernel's `splits` argument = their count), blockIdx.x over the
@@ -685,7 +706,7 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
         args = [None] * 2 + args + [np.int32(v) for v in (sz or (0, 0, 0, 0))] + [np.float32(alpha2),
                                                                                  np.float32(coef)]
     main = _launch.prepare(kernel, (-(-grid_m // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
-    return main, partial_size, table, tickets
+    return main, partial_size, table, tickets, accumulator
 
 
 def filter_splits(KR, tiles, groups, BK, sms):
@@ -709,6 +730,22 @@ def _tickets(cp, n, dev):
         if t is not None:
             _retired.append(t)
         t = _ticket_arrays[dev] = cp.zeros(max(n, 4096), dtype=np.uint32)
+    return t
+
+
+_accumulators: dict = {}       # device id -> the atomic filter gradient's fp32 tile accumulator (kept zeroed)
+
+
+def _accumulator(cp, n, dev):
+    """At least ``n`` zeroed floats on GPU ``dev`` for the atomic filter gradient (ATOMIC=1): every launch adds
+    into its tiles and the last block of each tile writes the zeros back, so one array per device serves every
+    plan (zeroed once, here) -- the tickets' idiom and caveat: two such launches on two streams of one device must
+    not overlap.  An outgrown array is kept alive (a plan or captured graph may still point at it)."""
+    t = _accumulators.get(dev)
+    if t is None or t.size < n:
+        if t is not None:
+            _retired.append(t)
+        t = _accumulators[dev] = cp.zeros(max(n, 1 << 16), dtype=np.float32)
     return t
 
 
@@ -764,18 +801,22 @@ def _split_by_residue(p):
     return p.groups * math.prod(p.stride) <= 65535
 
 
-def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
+def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None,
+                             atomic=False):
+    """dw = alpha * (filter gradient) + beta * out in one launch; split-K partials added in split order by each
+    tile's last block (deterministic), or with ``atomic`` by fp32 atomics into a kept-zeroed accumulator that the
+    last block reads, re-zeroes and blends (non-deterministic: ALGO_3 on a handle without ``deterministic``)."""
     cp = _launch.cupy()
     if out is not None:
         _check_out(out, p.w_shape, x.dtype)
         if not out.flags.c_contiguous:
-            res = implicit_backward_filter(p, x, dy, tf32, precomp, tile=tile)
+            res = implicit_backward_filter(p, x, dy, tf32, precomp, tile=tile, atomic=atomic)
             out[...] = (alpha * res.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
             return out
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
     dw = out if out is not None else cp.empty(p.w_shape, dtype=x.dtype)
-    _run_igemm(2, p, x, dy, dw, tf32, precomp, alpha, beta, tile)
+    _run_igemm(2, p, x, dy, dw, tf32, precomp, alpha, beta, tile, atomic=atomic)
     return dw
 
 

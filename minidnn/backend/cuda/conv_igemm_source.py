@@ -76,6 +76,12 @@ SOURCE = r"""
 //   all splits of the tile IN SPLIT ORDER 0..splits-1 into its accumulators (the same sums whichever block came
 //   last: bitwise deterministic, no float atomics), resets the ticket to 0 (reusable, graph-capturable) and
 //   runs the ordinary epilogue; the other blocks exit.
+// ATOMIC 1 (DIR 2, ALGO_3 for non-deterministic handles): `partial` is instead a float accumulator of one tile per
+//   output tile, in the same fragment order ((tile*FRAGS + f) * THREADS + tid), which every launch leaves zeroed.
+//   Every split's block adds its accumulators into it with 16-byte reductions (red.global.add.v4.f32, resolved in
+//   L2), fences and draws the tile's ticket; the last block reads the sums (L2), writes the zeros back (so the next
+//   launch needs no memset), resets the ticket and runs the ordinary epilogue (alpha/beta, conversion to T).
+//   The order of the float additions is the order the reductions reach L2: not bitwise repeatable.
 // Index math is 32-bit throughout (the host checks every tensor has < 2^31 elements).
 // ============================================================================================================
 
@@ -109,6 +115,12 @@ SOURCE = r"""
 #endif
 #ifndef EPI
 #define EPI 0           // 1: bias / residual / activation epilogue (DIR 0; see the opening comment)
+#endif
+#ifndef ATOMIC
+#define ATOMIC 0        // 1: DIR 2's split-K by fp32 atomics into a kept-zeroed accumulator (non-deterministic)
+#endif
+#if ATOMIC && DIR != 2
+#error "ATOMIC=1 is a backward-filter (DIR 2) option"
 #endif
 #ifndef ACT
 #define ACT 1
@@ -780,6 +792,16 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
     // ---- split-K: the last block of an output tile adds every split's partials, in split order ---------
     if (splits > 1) {
         const int tile = (grp * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+#if ATOMIC
+        float4* tile_acc = reinterpret_cast<float4*>(partial) + (long long)tile * FRAGS * THREADS + tid;
+        #pragma unroll
+        for (int i = 0; i < MI; ++i)
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j)
+                asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                             :: "l"(tile_acc + (i * NJ + j) * THREADS), "f"(acc[i][j][0]), "f"(acc[i][j][1]),
+                                "f"(acc[i][j][2]), "f"(acc[i][j][3]) : "memory");
+#else
         float4* tile_part = reinterpret_cast<float4*>(partial) + (long long)tile * splits * FRAGS * THREADS + tid;
         {
             float4* mine = tile_part + (long long)split * FRAGS * THREADS;
@@ -790,6 +812,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
                     mine[(i * NJ + j) * THREADS] = make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2],
                                                                acc[i][j][3]);
         }
+#endif
         __shared__ int s_last;
         __threadfence();                   // each thread's partial stores are visible device-wide ...
         __syncthreads();                   // ... before thread 0 takes the tile's ticket for the whole block
@@ -797,6 +820,17 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
         __syncthreads();
         if (!s_last) return;
         __threadfence();                   // the other splits' stores, published before their tickets
+#if ATOMIC
+        #pragma unroll
+        for (int i = 0; i < MI; ++i)
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+                float4* cell = tile_acc + (i * NJ + j) * THREADS;
+                const float4 v = __ldcg(cell);                  // every split's sum (reductions live in L2)
+                acc[i][j][0] = v.x; acc[i][j][1] = v.y; acc[i][j][2] = v.z; acc[i][j][3] = v.w;
+                __stcg(cell, make_float4(0.f, 0.f, 0.f, 0.f));  // zeroed again for the next launch
+            }
+#else
         #pragma unroll
         for (int i = 0; i < MI; ++i)
             #pragma unroll
@@ -814,6 +848,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
                     acc[i][j][0] += v.x; acc[i][j][1] += v.y; acc[i][j][2] += v.z; acc[i][j][3] += v.w;
                 }
         }
+#endif
         if (tid == 0) tickets[tile] = 0u;  // every split has drawn: the counter is free for the next launch
     }
 #endif

@@ -7,12 +7,17 @@ Forward              IMPLICIT_GEMM          implicit-GEMM kernel, tap decode by 
 Backward data        ALGO_0                 + fast paths: direct kernel (<= 8 channels per group), else implicit GEMM
                                               (tap table) -- ALGO_0 is the algorithm without an im2col matrix
 Backward filter      ALGO_0                 + fast paths: direct kernel (<= 8 channels per group), else implicit GEMM
-                     ALGO_3                 implicit GEMM with the precomputed tap table (cuDNN's ALGO_3 is ALGO_0
-                                              with precomputed indices)
+                                              (tap table), split-K partials added in split order: deterministic
+                     ALGO_3                 the same implicit GEMM with the tap table, split-K by fp32 atomics into a
+                                              kept-zeroed accumulator: NON-deterministic on CUDA (as cuDNN's ALGO_3,
+                                              "ALGO_0 with precomputed indices", which sums with atomics too)
 The IMPLICIT_* members and ALGO_3 run only on CUDA (``devices``), on float32 (FMA, or TF32 when the math type
-allows it) and on float16/bfloat16 data natively (tensor cores, fp32 accumulation).  Every kernel is deterministic:
-backward filter adds its split-K partial sums in split order (the last block of each output tile, in the same
-launch).  Pure Python: importing this needs no GPU.
+allows it) and on float16/bfloat16 data natively (tensor cores, fp32 accumulation).  Every kernel but ALGO_3 is
+deterministic: ALGO_0's filter gradient adds its split-K partial sums in split order (the last block of each output
+tile, in the same launch).  ALGO_3 is reported non-deterministic on "cuda", so a handle with ``deterministic`` set
+never selects it (the registry rejects it), and its heuristic cost sits ATOMIC_COST_FACTOR above ALGO_0's, so the
+heuristic (get_*) keeps picking the deterministic kernel by default; find_* times both and benchmark mode takes the
+atomic one where it wins.  Pure Python: importing this needs no GPU.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ import math
 from . import conv_igemm as K
 
 __all__ = ["register", "implicit_cost", "implicit_workspace", "precomp_workspace", "filter_workspace",
-           "IGEMM_RULE", "ENABLED", "implicit_cost_no_table"]
+           "IGEMM_RULE", "ENABLED", "implicit_cost_no_table", "atomic_filter_workspace", "atomic_filter_cost",
+           "ATOMIC_COST_FACTOR"]
 
 ENABLED = [True]          # False: the fast paths step aside (the references run), for debugging and comparisons
 
@@ -56,6 +62,15 @@ def implicit_cost_no_table(p, device_type="cuda"):
     return 1.05 * implicit_cost(p, device_type)
 
 
+# ALGO_3 (atomic split-K) against ALGO_0's deterministic kernel in the heuristic: ranked just behind it, so that
+# get_* on a default handle (deterministic=False) still gives bitwise-repeatable filter gradients; find_* measures.
+ATOMIC_COST_FACTOR = 1.02
+
+
+def atomic_filter_cost(p, device_type="cuda"):
+    return ATOMIC_COST_FACTOR * implicit_cost(p, device_type)
+
+
 def _direct_cost(p):
     return 2 * p.macs * 0.3 + 2 * _bytes(p) * 0.5
 
@@ -76,6 +91,10 @@ def filter_workspace(p, sms=132):       # the tap table, the split-K float parti
     splits = K.filter_splits(p.N * math.prod(p.out_size), tiles, p.groups, 32 if p.itemsize == 2 else BK, sms)[0]
     split_bytes = (4 * splits * tiles * BM * BN + 4 * tiles) if splits > 1 else 0
     return (16 * crs + split_bytes) // p.itemsize
+
+
+def atomic_filter_workspace(p, sms=132):    # the tap table; the accumulator is one per device (kept zeroed)
+    return 16 * p.Cg * math.prod(p.kernel) // p.itemsize
 
 
 def _dense_channels_last(p, a, b):
@@ -115,6 +134,7 @@ def register(FW, BD, BF):
     for alg in (FW.get(A.IMPLICIT_GEMM), FW.get(A.IMPLICIT_PRECOMP_GEMM), BF.get(FA.ALGO_3)):
         alg.devices = ("cuda",)
         alg.native_half = True
+    BF.get(FA.ALGO_3).nondeterministic_on = ("cuda",)     # fp32 atomics: the sums' order is the L2's
     # every kernel here takes float16/bfloat16 data as it is (native_half): no float32 round trip of its inputs
     # "<= 8 channels per group" includes dense convolutions of C <= 8 (K.direct_supports): their direct cost
     # (0.6 per multiply-add) undercuts the implicit GEMM's (0.8, more where its tiles waste N: C == 1's 16/K) and
@@ -134,8 +154,10 @@ def register(FW, BD, BF):
                                     cost=_implicit_cost_if, native_half=True)
     BF.get(FA.ALGO_0).add_fast_path("direct CUDA kernel, block reduction (<= 8 channels per group)", _small_groups,
                                     K.direct_backward_filter, cost=_direct_cost_if, native_half=True)
-    BF.get(FA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel, split-K in order", _dense_gpu,
-                                    lambda p, x, dy, tf32=False: K.implicit_backward_filter(p, x, dy, tf32, False),
+    # (with the tap table: the launch a default or deterministic handle's heuristic choice made when ALGO_3 was
+    # this deterministic kernel -- ALGO_3 ranked first then, at equal cost; now ALGO_0 is first and runs it)
+    BF.get(FA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table), split-K in order", _dense_gpu,
+                                    lambda p, x, dy, tf32=False: K.implicit_backward_filter(p, x, dy, tf32, True),
                                     cost=_implicit_cost_if, native_half=True)
 
 
@@ -150,4 +172,9 @@ def forward_implicit_precomp(p, x, w, tf32=False):
 
 def backward_filter_precomp(p, x, dy, tf32=False):
     return K.implicit_backward_filter(p, x, dy, tf32, precomp=True)
+
+
+def backward_filter_atomic(p, x, dy, tf32=False):
+    """ALGO_3: the implicit-GEMM filter gradient with split-K by fp32 atomics (non-deterministic)."""
+    return K.implicit_backward_filter(p, x, dy, tf32, precomp=True, atomic=True)
 
