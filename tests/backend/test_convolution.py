@@ -466,7 +466,11 @@ def test_find_returns_results_sorted_by_time(device, direction):
     assert (names == reference if device == "cpu" else names >= reference), status
     assert perfs[:len(ok)] == ok, status
     assert [p.time for p in ok] == sorted(p.time for p in ok) and all(p.time >= 0 for p in ok)
-    assert all(p.determinism is Determinism.DETERMINISTIC and p.math_type is MathType.DEFAULT for p in ok)
+    # on the GPU, backward-filter ALGO_3 is the atomic split-K form (non-deterministic, as cuDNN's): find times it
+    # on a handle without `deterministic` and reports it so
+    atomic = {("cuda", "backward_filter", "ALGO_3")}
+    assert all((p.determinism is Determinism.DETERMINISTIC) != ((device, direction, p.algo.name) in atomic)
+               and p.math_type is MathType.DEFAULT for p in ok), status
     assert all(p.reason for p in perfs[len(ok):]), status     # every failure says why
 
 

@@ -214,11 +214,11 @@ def bind_pointers(prepared: Prepared, dev: int):
     with on_device(dev):
         fn = _function(prepared.kernel, prepared.shared_mem, dev)
     buf, dims, pack = prepared.buf, prepared.dims, prepared.pack_ptrs
-    data, params_ptr, lock = buf.data, buf.params_ptr, buf.lock
+    data, params_ptr, lock = buf.data, buf.params_ptr, buf.lock     # go() keeps buf alive: params_ptr points into it
     cp = cupy()
     launch_kernel, current = cp.cuda.driver.launchKernel, cp.cuda.get_current_stream
 
-    def go(*ptrs):
+    def go(*ptrs, _buf=buf):
         global _launches
         with lock:
             pack(data, 0, *ptrs)
