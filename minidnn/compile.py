@@ -10,6 +10,13 @@ every later call with that signature copies its arguments into the static tensor
 returns is the captured step's output, overwritten by the next replay (read it before the next call, or copy it).
 A bounded cache keeps one graph per signature (``max_graphs``; the oldest is dropped).
 
+Arguments that come back in the same device buffers (a loop that refills fixed input tensors, or passes the same
+batch again): when a signature's tensor arguments -- none requiring grad -- arrive at the same device addresses
+on three calls in a row, ``fn`` is captured once more directly on them, and from then on a call whose arguments
+sit at those addresses replays that graph with no copy (it reads them where they are, so what was written into
+them in place is what it computes on); other addresses take the copying graph.  That second graph has its own
+memory pool (activation memory of one more step).
+
 Falls back to calling ``fn`` eagerly, with one warning that says why, when nothing can be captured: no GPU, no
 CUDA tensor among the arguments, or a capture that failed (``minidnn.cuda.graphs.check(fn, *args)`` lists the
 blockers with file and line).
@@ -50,7 +57,7 @@ class _Compiled:
         self.warmup = int(warmup)
         self.max_graphs = int(max_graphs)
         self.mode = mode
-        self.graphs = collections.OrderedDict()     # signature -> (graph, copies, output)
+        self.graphs = collections.OrderedDict()     # signature -> _Entry
         self.calls = collections.Counter()
         self.eager_reason = None
         functools.update_wrapper(self, fn)
@@ -68,10 +75,24 @@ class _Compiled:
         entry = self.graphs.get(key)
         if entry is not None:       # the replay: host time on every step, so nothing else before it
             self.graphs.move_to_end(key)
-            graph, copies, out = entry
-            _copy_args(copies, args, kwargs)
-            graph.replay()
-            return out
+            if entry.in_place:
+                ptrs = _pointers(args, kwargs)
+                direct = entry.direct
+                if direct is not None:
+                    if ptrs == direct[0]:
+                        direct[1].replay()
+                        return direct[2]
+                elif ptrs == entry.ptrs:
+                    entry.repeats += 1
+                    if entry.repeats >= 2:
+                        out = self._capture_in_place(entry, ptrs, args, kwargs)
+                        if out is not None:
+                            return out
+                else:
+                    entry.ptrs, entry.repeats = ptrs, 0
+            _copy_args(entry.copies, args, kwargs)
+            entry.graph.replay()
+            return entry.out
         from . import cuda
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
         if not cuda.is_available():
@@ -98,11 +119,47 @@ class _Compiled:
             self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
                            "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
             return self.fn(*args, **kwargs)
-        self.graphs[key] = (graph, _copy_plan(args, s_args, kwargs, s_kwargs), out)
+        self.graphs[key] = _Entry(graph, _copy_plan(args, s_args, kwargs, s_kwargs), out, args, kwargs)
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)
         graph.replay()
         return out
+
+    def _capture_in_place(self, entry, ptrs, args, kwargs):
+        """Capture ``fn`` on the arguments themselves and run it (this call's step: one host run, one GPU run, as
+        for the first capture); None, and no more tries for this signature, if the capture fails."""
+        from . import cuda
+        graph = cuda.CUDAGraph()
+        try:
+            with cuda.graph(graph):
+                out = self.fn(*args, **kwargs)
+        except Exception:
+            entry.in_place = False
+            return None
+        entry.direct = (ptrs, graph, out)
+        graph.replay()
+        return out
+
+
+class _Entry:
+    """One signature's graphs: the copying one (static buffers) and, once the arguments have come back at the same
+    addresses, the in-place one (``direct``: (addresses, graph, output))."""
+    __slots__ = ("graph", "copies", "out", "in_place", "ptrs", "repeats", "direct")
+
+    def __init__(self, graph, copies, out, args, kwargs):
+        self.graph, self.copies, self.out = graph, copies, out
+        tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
+        self.in_place = all(t.is_cuda and not t.requires_grad for t in tensors)
+        self.ptrs = _pointers(args, kwargs) if self.in_place else None
+        self.repeats, self.direct = 0, None
+
+
+def _pointers(args, kwargs):
+    """The device addresses of the tensor arguments (positional, then keyword in the key's order)."""
+    ptrs = [a.data.data.ptr for a in args if isinstance(a, Tensor)]
+    if kwargs:
+        ptrs += [v.data.data.ptr for _, v in sorted(kwargs.items()) if isinstance(v, Tensor)]
+    return tuple(ptrs)
 
 
 def _static_copy(a):

@@ -92,6 +92,52 @@ def test_compile_replays_and_recaptures(device):
         np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
 
 
+@pytest.mark.cuda
+def test_compile_reads_arguments_in_place_when_they_come_back(device):
+    """Arguments at the same device addresses three calls in a row: a second graph captured on them replays with
+    no copy, and computes on what was written into them in place; other tensors take the copying graph; every
+    step equals eager bit for bit."""
+    if device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    mdn.manual_seed(0)
+    ref = LeNet5(input_size=32).to(device)
+    model = LeNet5(input_size=32).to(device)
+    model.load_state_dict(ref.state_dict())
+    opt_ref = mdn.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def make_step(m, o):
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            o.zero_grad(set_to_none=False)
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    eager, compiled = make_step(ref, opt_ref), mdn.compile(make_step(model, opt), warmup=1)
+    rng = np.random.default_rng(1)
+    x = mdn.tensor(rng.standard_normal((8, 1, 32, 32)).astype(np.float32), device=device)
+    y = mdn.tensor(rng.integers(0, 10, 8), device=device)
+    for step in range(10):
+        if step in (5, 7):                  # refilled in place: the in-place graph must see the new values
+            x.copy_(mdn.tensor(rng.standard_normal((8, 1, 32, 32)).astype(np.float32), device=device))
+        if step == 8:                       # another tensor: the copying graph
+            x2 = mdn.tensor(rng.standard_normal((8, 1, 32, 32)).astype(np.float32), device=device)
+            a, b = float(eager(x2, y)), float(compiled(x2, y))
+        else:
+            a, b = float(eager(x, y)), float(compiled(x, y))
+        assert a == b, step
+    entry = next(iter(compiled.graphs.values()))
+    assert entry.in_place and entry.direct is not None and entry.direct[0] == (x.data.data.ptr, y.data.data.ptr)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+    w = mdn.randn(3, device=device, requires_grad=True)       # an argument requiring grad: always the copies
+    g = mdn.compile(lambda t: (t * 2).sum(), warmup=1)
+    for _ in range(6):
+        g(w)
+    assert not next(iter(g.graphs.values())).in_place
+
+
 def test_compile_falls_back_to_eager_on_cpu_with_one_warning():
     calls = []
 
