@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import workspace as _ws
 
 SOURCE = r"""
 #ifndef ELEM
@@ -538,7 +539,6 @@ def _dgrad_plan(p, dy, dx, alpha, beta):
 
 
 def _wgrad_plan(p, x, dy, alpha, beta, sms):
-    from .conv_igemm import _tickets
     (H, W), (P, Q), (R, S) = p.in_size, p.out_size, p.kernel
     cv = vector(x.itemsize, R * S)
     vh, vq = tile("backward_filter", cv, p.stride[0])
@@ -559,7 +559,7 @@ def _wgrad_plan(p, x, dy, alpha, beta, sms):
     run = _launch.prepare(k, (slabs, splits, 1), (ct, sy, 1), args, shared_mem=sy * ct * cv * 4)
     if splits == 1:
         return run, 0, None
-    return run, slabs * splits * R * S * ct * cv, _tickets(_launch.cupy(), slabs, x.data.device_id)
+    return run, slabs * splits * R * S * ct * cv, _ws.split_tickets(_launch.cupy(), slabs, x.data.device_id)
 
 
 def backward_filter(p, x, dy, dw, alpha=1.0, beta=0.0) -> bool:

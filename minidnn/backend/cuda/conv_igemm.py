@@ -717,20 +717,10 @@ def filter_splits(KR, tiles, groups, BK, sms):
     return -(-KR // per_split), per_split
 
 
-_ticket_arrays: dict = {}      # device id -> the split-K ticket counters (uint32, kept zeroed by the kernel)
-_retired: list = []            # outgrown counter arrays, kept alive: a captured graph may still point at one
-
-
-def _tickets(cp, n, dev):
-    """At least ``n`` zeroed split-K ticket counters on GPU ``dev``: one array per device shared by every plan (the
-    bn_kernels idiom), so launches on one stream reuse it in turn; concurrent filter gradients on two streams of
-    one device would share counters and must not overlap."""
-    t = _ticket_arrays.get(dev)
-    if t is None or t.size < n:
-        if t is not None:
-            _retired.append(t)
-        t = _ticket_arrays[dev] = cp.zeros(max(n, 4096), dtype=np.uint32)
-    return t
+# the split-K ticket counters live in workspace.py (conv_dw_nhwc's filter gradient draws them too)
+_ticket_arrays = _ws.ticket_arrays
+_retired: list = []            # outgrown accumulator arrays, kept alive: a captured graph may still point at one
+_tickets = _ws.split_tickets
 
 
 _accumulators: dict = {}       # device id -> the atomic filter gradient's fp32 tile accumulator (kept zeroed)

@@ -114,3 +114,20 @@ def clear():
 
 def cached_bytes():
     return _local.nbytes
+
+
+ticket_arrays: dict = {}       # device id -> the split-K ticket counters (uint32, kept zeroed by the kernels)
+_retired_tickets: list = []    # outgrown counter arrays, kept alive: a captured graph may still point at one
+
+
+def split_tickets(cp, n, dev):
+    """At least ``n`` zeroed split-K ticket counters on GPU ``dev``, shared by the implicit-GEMM and the NHWC
+    depthwise filter gradients: one array per device reused by every plan (the bn_kernels idiom), so launches on
+    one stream take it in turn; concurrent filter gradients on two streams of one device would share counters and
+    must not overlap.  The kernels leave every counter they draw back at zero."""
+    t = ticket_arrays.get(dev)
+    if t is None or t.size < n:
+        if t is not None:
+            _retired_tickets.append(t)
+        t = ticket_arrays[dev] = cp.zeros(max(n, 4096), dtype=np.uint32)
+    return t
