@@ -57,18 +57,20 @@ def _forward(x, w, desc):
     return wrap(B.convolution_forward(handle_for(x), x.data, w.data, desc))
 
 
-def _backward_data(w, dy, desc, x_shape):
+def _backward_data(w, dy, desc, x_shape, h=None):
+    h = handle_for(w) if h is None else h
     if _channels_last(dy.data):
-        return wrap(_first(B.convolution_backward_data(handle_for(w), w.data, _last(dy.data), desc,
-                                                       _last_shape(x_shape), format="NHWC")))
-    return wrap(B.convolution_backward_data(handle_for(w), w.data, dy.data, desc, tuple(x_shape)))
+        return wrap(_first(B.convolution_backward_data(h, w.data, _last(dy.data), desc, _last_shape(x_shape),
+                                                       format="NHWC")))
+    return wrap(B.convolution_backward_data(h, w.data, dy.data, desc, tuple(x_shape)))
 
 
-def _backward_filter(x, dy, desc, w_shape):
+def _backward_filter(x, dy, desc, w_shape, h=None):
+    h = handle_for(x) if h is None else h
     if _channels_last(x.data) and _channels_last(dy.data):
-        return wrap(B.convolution_backward_filter(handle_for(x), _last(x.data), _last(dy.data), desc,
-                                                  tuple(w_shape), format="NHWC"))
-    return wrap(B.convolution_backward_filter(handle_for(x), x.data, dy.data, desc, tuple(w_shape)))
+        return wrap(B.convolution_backward_filter(h, _last(x.data), _last(dy.data), desc, tuple(w_shape),
+                                                  format="NHWC"))
+    return wrap(B.convolution_backward_filter(h, x.data, dy.data, desc, tuple(w_shape)))
 
 
 class ConvForward(Function):
@@ -89,9 +91,11 @@ class ConvForward(Function):
             if need[0] and need[1]:     # both read gy: the GPU kernels' NHWC copy of it is made once
                 # independent: on the CPU at >= 2 threads, one per thread (threads.parallel_pair, docs/threads.md)
                 work = 0 if B.is_cuda_array(gy.data) else gy.data.size * math.prod(w_shape[1:])    # each half's
+                h = handle_for(x)       # resolved here: the default handle is per thread, and the pair's second
+                #                         half may run on a pool thread (its own handle, algorithm cache, settings)
                 with B.convolution_shared_staging():
-                    return (*parallel_pair(lambda: _backward_data(w, gy, ctx.desc, x_shape),
-                                           lambda: _backward_filter(x, gy, ctx.desc, w_shape), work), None)
+                    return (*parallel_pair(lambda: _backward_data(w, gy, ctx.desc, x_shape, h),
+                                           lambda: _backward_filter(x, gy, ctx.desc, w_shape, h), work), None)
             return (_backward_data(w, gy, ctx.desc, x_shape) if need[0] else None,
                     _backward_filter(x, gy, ctx.desc, w_shape) if need[1] else None, None)
         gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
