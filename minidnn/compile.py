@@ -14,8 +14,9 @@ Arguments that come back in the same device buffers (a loop that refills fixed i
 batch again): when a signature's tensor arguments -- none requiring grad -- arrive at the same device addresses
 on three calls in a row, ``fn`` is captured once more directly on them, and from then on a call whose arguments
 sit at those addresses replays that graph with no copy (it reads them where they are, so what was written into
-them in place is what it computes on); other addresses take the copying graph.  That second graph has its own
-memory pool (activation memory of one more step).
+them in place is what it computes on).  A call at other addresses after that ends the in-place mode for the
+signature: the copying graph is captured again (so that host state ``fn`` rebinds follows the graph that runs)
+and used from then on.  The in-place graph has its own memory pool (activation memory of one more step).
 
 Falls back to calling ``fn`` eagerly, with one warning that says why, when nothing can be captured: no GPU, no
 CUDA tensor among the arguments, or a capture that failed (``minidnn.cuda.graphs.check(fn, *args)`` lists the
@@ -60,6 +61,7 @@ class _Compiled:
         self.graphs = collections.OrderedDict()     # signature -> _Entry
         self.calls = collections.Counter()
         self.eager_reason = None
+        self._side = None
         functools.update_wrapper(self, fn)
 
     def _fallback(self, reason):
@@ -82,12 +84,11 @@ class _Compiled:
                     if ptrs == direct[0]:
                         direct[1].replay()
                         return direct[2]
-                elif ptrs == entry.ptrs:
+                    return self._recapture(entry, args, kwargs)     # other addresses: back to copying, for good
+                if ptrs == entry.ptrs:
                     entry.repeats += 1
                     if entry.repeats >= 2:
-                        out = self._capture_in_place(entry, ptrs, args, kwargs)
-                        if out is not None:
-                            return out
+                        return self._capture_in_place(entry, ptrs, args, kwargs)
                 else:
                     entry.ptrs, entry.repeats = ptrs, 0
             _copy_args(entry.copies, args, kwargs)
@@ -103,7 +104,9 @@ class _Compiled:
             return self.fn(*args, **kwargs)
         self.calls[key] += 1
         if self.calls[key] <= self.warmup:
-            side = cuda.Stream()
+            if self._side is None:      # one side stream for every warm-up (scratch buffers are cached per stream)
+                self._side = cuda.Stream()
+            side = self._side
             side.wait_stream(cuda.current_stream())
             with cuda.stream(side):
                 out = self.fn(*args, **kwargs)
@@ -119,7 +122,8 @@ class _Compiled:
             self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
                            "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
             return self.fn(*args, **kwargs)
-        self.graphs[key] = _Entry(graph, _copy_plan(args, s_args, kwargs, s_kwargs), out, args, kwargs)
+        self.graphs[key] = _Entry(graph, _copy_plan(args, s_args, kwargs, s_kwargs), out, args, kwargs, s_args,
+                                  s_kwargs)
         while len(self.graphs) > self.max_graphs:
             self.graphs.popitem(last=False)
         graph.replay()
@@ -127,16 +131,37 @@ class _Compiled:
 
     def _capture_in_place(self, entry, ptrs, args, kwargs):
         """Capture ``fn`` on the arguments themselves and run it (this call's step: one host run, one GPU run, as
-        for the first capture); None, and no more tries for this signature, if the capture fails."""
+        for the first capture).  If that capture fails, the copying graph is captured again (below)."""
         from . import cuda
         graph = cuda.CUDAGraph()
         try:
             with cuda.graph(graph):
                 out = self.fn(*args, **kwargs)
         except Exception:
-            entry.in_place = False
-            return None
+            return self._recapture(entry, args, kwargs)
         entry.direct = (ptrs, graph, out)
+        graph.replay()
+        return out
+
+    def _recapture(self, entry, args, kwargs):
+        """End in-place mode for this signature: capture the copying graph again and run this call through it.
+        Capturing ``fn`` re-runs its Python, which rebinds whatever host state it sets (a parameter's .grad after
+        ``zero_grad()`` with ``set_to_none=True`` on an unfused optimizer, tensors it keeps on objects) to the
+        memory of the graph being captured; after the in-place capture (or a failed one) that state points into
+        the in-place graph, so replaying the old copying graph would leave it stale.  Recapturing rebinds it to
+        the graph that will run from now on."""
+        from . import cuda
+        entry.in_place, entry.direct = False, None
+        graph = cuda.CUDAGraph()
+        try:
+            with cuda.graph(graph):
+                out = self.fn(*entry.s_args, **entry.s_kwargs)
+        except Exception as exc:
+            self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
+                           "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
+            return self.fn(*args, **kwargs)
+        entry.graph, entry.out = graph, out
+        _copy_args(entry.copies, args, kwargs)
         graph.replay()
         return out
 
@@ -144,10 +169,10 @@ class _Compiled:
 class _Entry:
     """One signature's graphs: the copying one (static buffers) and, once the arguments have come back at the same
     addresses, the in-place one (``direct``: (addresses, graph, output))."""
-    __slots__ = ("graph", "copies", "out", "in_place", "ptrs", "repeats", "direct")
+    __slots__ = ("graph", "copies", "out", "in_place", "ptrs", "repeats", "direct", "s_args", "s_kwargs")
 
-    def __init__(self, graph, copies, out, args, kwargs):
-        self.graph, self.copies, self.out = graph, copies, out
+    def __init__(self, graph, copies, out, args, kwargs, s_args, s_kwargs):
+        self.graph, self.copies, self.out, self.s_args, self.s_kwargs = graph, copies, out, s_args, s_kwargs
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)]
         self.in_place = all(t.is_cuda and not t.requires_grad for t in tensors)
         self.ptrs = _pointers(args, kwargs) if self.in_place else None

@@ -93,23 +93,26 @@ def test_compile_replays_and_recaptures(device):
 
 
 @pytest.mark.cuda
-def test_compile_reads_arguments_in_place_when_they_come_back(device):
+@pytest.mark.parametrize("fused, set_to_none", [(True, False), (False, True)])
+def test_compile_reads_arguments_in_place_when_they_come_back(device, fused, set_to_none):
     """Arguments at the same device addresses three calls in a row: a second graph captured on them replays with
-    no copy, and computes on what was written into them in place; other tensors take the copying graph; every
-    step equals eager bit for bit."""
+    no copy, and computes on what was written into them in place.  Another tensor after that ends the in-place
+    mode: the copying graph is captured again, so state fn rebinds (an unfused optimizer's p.grad after
+    zero_grad(set_to_none=True)) follows the graph that runs.  Every step, and the final parameters and .grad,
+    equal eager bit for bit."""
     if device != "cuda":
         pytest.skip("CUDA graphs need a GPU")
     mdn.manual_seed(0)
     ref = LeNet5(input_size=32).to(device)
     model = LeNet5(input_size=32).to(device)
     model.load_state_dict(ref.state_dict())
-    opt_ref = mdn.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
-    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = mdn.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, fused=fused)
+    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=fused)
 
     def make_step(m, o):
         def step(x, y):
             loss = F.cross_entropy(m(x), y)
-            o.zero_grad(set_to_none=False)
+            o.zero_grad(set_to_none=set_to_none)
             loss.backward()
             o.step()
             return loss
@@ -118,19 +121,23 @@ def test_compile_reads_arguments_in_place_when_they_come_back(device):
     rng = np.random.default_rng(1)
     x = mdn.tensor(rng.standard_normal((8, 1, 32, 32)).astype(np.float32), device=device)
     y = mdn.tensor(rng.integers(0, 10, 8), device=device)
-    for step in range(10):
-        if step in (5, 7):                  # refilled in place: the in-place graph must see the new values
+    for step in range(11):
+        if step in (5, 6):                  # refilled in place: the in-place graph must see the new values
             x.copy_(mdn.tensor(rng.standard_normal((8, 1, 32, 32)).astype(np.float32), device=device))
-        if step == 8:                       # another tensor: the copying graph
+        if step == 8:                       # another tensor: the copying graph, captured again
             x2 = mdn.tensor(rng.standard_normal((8, 1, 32, 32)).astype(np.float32), device=device)
             a, b = float(eager(x2, y)), float(compiled(x2, y))
         else:
             a, b = float(eager(x, y)), float(compiled(x, y))
         assert a == b, step
-    entry = next(iter(compiled.graphs.values()))
-    assert entry.in_place and entry.direct is not None and entry.direct[0] == (x.data.data.ptr, y.data.data.ptr)
+        entry = next(iter(compiled.graphs.values()))
+        if step == 7:
+            assert entry.in_place and entry.direct is not None
+            assert entry.direct[0] == (x.data.data.ptr, y.data.data.ptr)
+    assert not entry.in_place and entry.direct is None
     for p, q in zip(model.parameters(), ref.parameters()):
         np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+        np.testing.assert_array_equal(p.grad.cpu().numpy(), q.grad.cpu().numpy())
     w = mdn.randn(3, device=device, requires_grad=True)       # an argument requiring grad: always the copies
     g = mdn.compile(lambda t: (t * 2).sum(), warmup=1)
     for _ in range(6):

@@ -1162,8 +1162,7 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
                                                     beta if same else 0.0) \
             or _tile_backward_filter(p, x2, dy2, dw, g, alpha if same else 1.0, beta if same else 0.0):
         if not same:        # a non-contiguous out: blend afterwards
-            out[...] = (alpha * dw.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
-            return out
+            return _blend_into(out, dw, alpha, beta)
         return dw
     RS = g[4] * g[5]
     maxrs = 9 if RS <= 9 else (25 if RS <= 25 else 49)
@@ -1199,6 +1198,13 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
                    [partial, dw, np.int32(splits), np.int32(n), np.float32(alpha if same else 1.0),
                     np.float32(beta if same else 0.0)])
     if not same:            # a non-contiguous out: blend afterwards
-        out[...] = (alpha * dw.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
-        return out
+        return _blend_into(out, dw, alpha, beta)
     return dw
+
+
+def _blend_into(out, dw, alpha, beta):
+    """out = alpha * dw + beta * out, in float32; ``out`` is not read when beta == 0 (cuDNN's rule: a NaN left in
+    it must not leak into the result)."""
+    v = alpha * dw.astype(np.float32)
+    out[...] = (v if beta == 0 else v + beta * out.astype(np.float32)).astype(out.dtype)
+    return out
