@@ -61,6 +61,7 @@ import math
 
 import numpy as np
 
+from . import conv_winograd_cpu
 from .blas import cpu_matmul
 from .conv_problem import ConvProblem
 from .threads import parallel_for, parallel_map, parallel_parts
@@ -794,3 +795,12 @@ def register(FW, BD, BF):
                                     depthwise_backward_data)
     BF.get(FA.ALGO_0).add_fast_path("cache-blocked channels-last taps (CPU, depthwise)", _depthwise,
                                     depthwise_backward_filter)
+    # F(2x2, 3x3) with the transforms as channels-last adds (conv_winograd_cpu.py); only where it beats the GEMM
+    # form above (its cost, below GEMM's there, lets the heuristic pick it; else None and the reference's cost)
+    wg = conv_winograd_cpu
+    for registry, algo, gemm, run in ((FW, A.WINOGRAD_NONFUSED, A.GEMM, wg.winograd_forward),
+                                      (BD, DA.WINOGRAD_NONFUSED, DA.ALGO_1, wg.winograd_backward_data)):
+        registry.get(algo).add_fast_path(
+            "F(2x2, 3x3), channels-last transforms (CPU, groups 1, C, K >= 64)",
+            lambda p, a, b: _ENABLED[0] and wg.winograd_applies(p, a, b), run,
+            cost=lambda p, device, _g=registry.get(gemm): wg.winograd_cost(p, device, _g.estimated_cost(p, device)))

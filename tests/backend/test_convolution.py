@@ -571,7 +571,8 @@ def test_against_pytorch(device, cfg, dtype):
 @pytest.mark.parametrize("x_shape, w_shape, groups, padding, expected", [
     ((64, 1, 32, 32), (6, 1, 5, 5), 1, 0, "GEMM"),          # LeNet conv1: 2.6 ms GEMM vs 28 ms DIRECT
     ((32, 64, 16, 16), (64, 4, 3, 3), 16, 1, "GEMM"),       # 4 channels per group
-    ((32, 64, 16, 16), (64, 64, 3, 3), 1, 1, "GEMM"),       # conv_cpu's fast GEMM form beats DIRECT (issue 16)
+    ((32, 64, 8, 8), (64, 64, 3, 3), 1, 1, "GEMM"),         # conv_cpu's fast GEMM form beats DIRECT (issue 16)
+    # (C=K=64 from 8192 output positions at 1 thread: WINOGRAD_NONFUSED, tests/backend/test_conv_winograd_cpu.py)
     ((64, 64, 4, 4), (64, 1, 3, 3), 64, 1, "DIRECT"),       # depthwise: a broadcast multiply per tap
 ])
 def test_cpu_heuristic_policy(x_shape, w_shape, groups, padding, expected):
