@@ -16,6 +16,7 @@ CASES = [  # x shape, window, padding, stride, ceil_mode
     ((2, 2, 12), 3, 1, 3, False),                 # 1-D
     ((1, 2, 4, 6, 6), 2, 0, None, False),         # 3-D
     ((2, 2, 8, 8), 2, 0, 3, False),               # stride > window: gaps between windows
+    ((2, 3, 5, 5), 1, 0, None, False),            # 1x1 windows: one tap, argmax 0
 ]
 MODES = list(B.PoolingMode)
 
