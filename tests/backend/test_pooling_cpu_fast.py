@@ -97,3 +97,29 @@ def test_which_cases_the_fast_form_takes():
     avg = "average_count_include_padding"
     assert not pooling_cpu.applies_forward(geom(avg, 2), x) and pooling_cpu.applies_backward(geom(avg, 2), x)
     assert not pooling_cpu.applies_backward(geom(avg, 3, 1, 2), x)
+
+
+@pytest.mark.parametrize("shape, window, fmt", [((4, 3, 16, 16), 2, "NCHW"), ((3, 2, 9, 7), 2, "NCHW"),
+                                                ((2, 3, 8, 8), 3, "NCHW"), ((2, 6, 6, 3), 2, "NHWC"),
+                                                ((2, 2, 12), 2, "NCHW")])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_short_row_planes_are_bitwise_the_strided_taps(shape, window, fmt, dtype, monkeypatch):
+    """Short window rows go through contiguous per-thread tap planes: maxima (signed zeros included) and argmax (ties,
+    NaN) bitwise those of the strided tap slices (today's form, _SHORT_RUN = -1), the argmax the reference's; the
+    planes are reused across calls of changing shape and dtype."""
+    rng = np.random.default_rng(3)
+    desc = B.PoolingDescriptor("max", window)
+    for variant in range(3):
+        x = rng.choice(np.array([0.0, -0.0, 1.0, -1.0]), shape).astype(dtype)     # ties everywhere, +-0 among them
+        if variant == 1:
+            x.flat[::5] = np.nan
+        elif variant == 2:
+            x = rng.standard_normal(shape).astype(dtype)
+        y, arg = B.pooling_forward(None, desc, x, return_argmax=True, format=fmt)
+        with monkeypatch.context() as m:
+            m.setattr(pooling_cpu, "_SHORT_RUN", -1)
+            y_strided, arg_strided = B.pooling_forward(None, desc, x, return_argmax=True, format=fmt)
+        assert y.tobytes() == y_strided.tobytes() and arg.tobytes() == arg_strided.tobytes()
+        y_ref, arg_ref = _reference(B.pooling_forward, None, desc, x, return_argmax=True, format=fmt)
+        np.testing.assert_array_equal(y, y_ref)
+        assert arg.tobytes() == arg_ref.tobytes() and arg.dtype == arg_ref.dtype
