@@ -40,6 +40,7 @@ from ._common import (
     tap_offsets,
 )
 from .cuda import pool_kernels  # the GPU fast path's kernels: imported once here, not per call (needs no GPU)
+from .devices import CPU as _CPU
 from .devices import is_cuda_array
 from .errors import BadParamError, IdentityEnum
 from .layout import (
@@ -285,6 +286,10 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     if seen is not None:     # validated before: straight to the kernel
         fmt, plan = seen
         return _gpu_forward_result(plan(to_channels_first(x, fmt)), fmt, return_argmax)
+    ckey, cseen = seen_plan(_CPU_SEEN, _cpu_key("fwd", handle, pooling_desc, format, alpha, beta, return_argmax, y, x))
+    if cseen is not None:    # a NumPy call validated before: its format and geometry
+        fmt, geom = cseen
+        return _cpu_forward(np, fmt, to_channels_first(x, fmt), geom, x, alpha, beta, y, return_argmax)
     where = "pooling_forward"
     xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y)
     if return_argmax and not geom.mode.is_max:
@@ -295,6 +300,11 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     gpu = _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
+    _cpu_remember(ckey, fmt, geom)
+    return _cpu_forward(xp, fmt, xc, geom, x, alpha, beta, y, return_argmax)
+
+
+def _cpu_forward(xp, fmt, xc, geom, x, alpha, beta, y, return_argmax):
     fast = None if geom.dilated else next((f for f in FAST_PATHS if f.applies_forward(geom, xc)), None)
     if geom.mode.is_max:
         value, argmax = _max_and_argmax(xp, xc, geom, fast)
@@ -320,6 +330,12 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
         fmt, plan = seen
         return from_channels_first(plan(to_channels_first(dy, fmt), None if argmax is None else
                                         to_channels_first(argmax, fmt)), fmt)
+    ckey, cseen = seen_plan(_CPU_SEEN, _cpu_key("bwd", handle, pooling_desc, format, alpha, beta, None, dx, x, y, dy,
+                                                argmax))
+    if cseen is not None:    # a NumPy call validated before: its format and geometry
+        fmt, geom = cseen
+        return _cpu_backward(np, fmt, to_channels_first(x, fmt), to_channels_first(dy, fmt), geom, x, argmax, alpha,
+                             beta, dx)
     where = "pooling_backward"
     xp, fmt, xc, geom = _prologue(where, handle, pooling_desc, x, format, y=y, dy=dy, dx=dx, argmax=argmax)
     dyc = to_channels_first(dy, fmt)
@@ -338,7 +354,11 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
     gpu = _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
+    _cpu_remember(ckey, fmt, geom)
+    return _cpu_backward(xp, fmt, xc, dyc, geom, x, argmax, alpha, beta, dx)
 
+
+def _cpu_backward(xp, fmt, xc, dyc, geom, x, argmax, alpha, beta, dx):
     fast = None if geom.dilated else next((f for f in FAST_PATHS if f.applies_backward(geom, xc)), None)
     if fast is not None:
         arg = None
@@ -361,6 +381,33 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
         for _, sl in geom.taps():
             dxpad[(Ellipsis,) + sl] += g
     return blend(from_channels_first(geom.crop(dxpad), fmt), alpha, beta, dx, x.dtype)
+
+
+# NumPy calls validated before, by their full signature (descriptor, format, blending, every array's shape, dtype,
+# strides, all plain ndarrays, no output array) -> (format, geometry): the same call again skips the checks and the
+# geometry (~15 us a call).  What runs after (the fast form's choice, the passes) is not remembered.
+_CPU_SEEN: dict = {}
+
+
+def _cpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, y=None, dy=None, argmax=None):
+    if out is not None or type(x) is not np.ndarray or not (handle is None or getattr(handle, "device", None) == _CPU):
+        return None
+    sigs = []
+    for a in (x, y, dy, argmax):
+        if a is None:
+            sigs.append(None)
+        elif type(a) is np.ndarray:
+            sigs.append((a.shape, a.dtype, a.strides))
+        else:
+            return None
+    return (kind, desc, format, alpha, beta, flag, *sigs)
+
+
+def _cpu_remember(key, fmt, geom):
+    if key is not None:
+        if len(_CPU_SEEN) >= _SEEN_LIMIT:
+            _CPU_SEEN.clear()
+        _CPU_SEEN[key] = (fmt, geom)
 
 
 from . import pooling_cpu as _pooling_cpu  # noqa: E402  (the NumPy fast form, beside the reference)
