@@ -114,14 +114,10 @@ class _Compiled:
             return out
         s_args = [_static_copy(a) for a in args]
         s_kwargs = {k: _static_copy(v) for k, v in kwargs.items()}
-        graph = cuda.CUDAGraph()
         try:
-            with cuda.graph(graph):
-                out = self.fn(*s_args, **s_kwargs)
+            graph, out = self._capture(s_args, s_kwargs)
         except Exception as exc:          # a blocker inside fn: keep running eagerly, and say which
-            self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
-                           "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
-            return self.fn(*args, **kwargs)
+            return self._eager_after(exc, args, kwargs)
         self.graphs[key] = _Entry(graph, _copy_plan(args, s_args, kwargs, s_kwargs), out, args, kwargs, s_args,
                                   s_kwargs)
         while len(self.graphs) > self.max_graphs:
@@ -129,14 +125,25 @@ class _Compiled:
         graph.replay()
         return out
 
+    def _capture(self, args, kwargs):
+        """(graph, output): ``fn`` captured on these arguments -- its Python runs once, nothing runs on the GPU
+        until the graph is replayed."""
+        from . import cuda
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph):
+            out = self.fn(*args, **kwargs)
+        return graph, out
+
+    def _eager_after(self, exc, args, kwargs):
+        self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
+                       "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
+        return self.fn(*args, **kwargs)
+
     def _capture_in_place(self, entry, ptrs, args, kwargs):
         """Capture ``fn`` on the arguments themselves and run it (this call's step: one host run, one GPU run, as
         for the first capture).  If that capture fails, the copying graph is captured again (below)."""
-        from . import cuda
-        graph = cuda.CUDAGraph()
         try:
-            with cuda.graph(graph):
-                out = self.fn(*args, **kwargs)
+            graph, out = self._capture(args, kwargs)
         except Exception:
             return self._recapture(entry, args, kwargs)
         entry.direct = (ptrs, graph, out)
@@ -150,20 +157,14 @@ class _Compiled:
         memory of the graph being captured; after the in-place capture (or a failed one) that state points into
         the in-place graph, so replaying the old copying graph would leave it stale.  Recapturing rebinds it to
         the graph that will run from now on."""
-        from . import cuda
         entry.in_place, entry.direct = False, None
-        graph = cuda.CUDAGraph()
         try:
-            with cuda.graph(graph):
-                out = self.fn(*entry.s_args, **entry.s_kwargs)
+            entry.graph, entry.out = self._capture(entry.s_args, entry.s_kwargs)
         except Exception as exc:
-            self._fallback(f"capture failed ({type(exc).__name__}: {str(exc)[:300]}); run "
-                           "minidnn.cuda.graphs.check(fn, *args) for the blockers with their file and line")
-            return self.fn(*args, **kwargs)
-        entry.graph, entry.out = graph, out
+            return self._eager_after(exc, args, kwargs)
         _copy_args(entry.copies, args, kwargs)
-        graph.replay()
-        return out
+        entry.graph.replay()
+        return entry.out
 
 
 class _Entry:

@@ -226,6 +226,62 @@ def test_dense_copier_against_copy_into(device, pairs):
             np.testing.assert_array_equal(cp.asnumpy(dst), cp.asnumpy(want))
 
 
+@pytest.mark.parametrize("in_place_fails", [False, True])
+def test_compile_in_place_mode_control_flow(monkeypatch, in_place_fails):
+    """The replay path's graph bookkeeping, on the CPU with stand-in graphs (the cuda test above runs the real
+    ones): the same addresses three calls in a row capture the in-place graph once; other addresses (or a failed
+    in-place capture) capture the copying graph again and end the mode; every replay runs the graph that fn's
+    host state was last bound to (fn rebinds it whenever it is captured), and each call runs one step."""
+    import itertools
+    import sys
+
+    import minidnn.compile  # noqa: F401
+    cm = sys.modules["minidnn.compile"]
+    log, state, capturing, tags = [], {}, {}, itertools.count()
+
+    class Graph:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def replay(self):
+            log.append((self.tag, state["bound"]))
+
+    def fn(x):
+        state["bound"] = capturing["tag"]        # host state rebound into the graph being captured
+        return x
+
+    c = cm._Compiled(fn, warmup=0, max_graphs=4, mode="reduce-overhead")
+
+    def capture(args, kwargs):
+        capturing["tag"] = next(tags)
+        if in_place_fails and args[0] is not static:
+            raise RuntimeError("planted blocker in the in-place capture")
+        return Graph(capturing["tag"]), fn(*args, **kwargs)
+    monkeypatch.setattr(c, "_capture", capture)
+    monkeypatch.setattr(cm, "_pointers", lambda args, kwargs: tuple(a.data.ctypes.data for a in args))
+    x, x2 = mdn.arange(4.0), mdn.arange(4.0) + 10
+    static = cm._static_copy(x)
+    graph, out = capture([static], {})
+    entry = cm._Entry(graph, cm._copy_plan((x,), [static], {}, {}), out, (x,), {}, [static], {})
+    entry.in_place, entry.ptrs = True, cm._pointers((x,), {})          # as a CUDA argument would have it
+    c.graphs[cm._signature((x,), {})] = entry
+    graph.replay()                                                      # the capturing call's step
+    for _ in range(3):
+        c(x)
+    if in_place_fails:
+        assert entry.direct is None and not entry.in_place             # the copying graph, captured again
+    else:
+        assert entry.direct is not None and entry.direct[0] == cm._pointers((x,), {}) and entry.in_place
+        c(x)                                                            # in place: no copy
+        c(x2)                                                           # other addresses: copying again
+        assert entry.direct is None and not entry.in_place
+    np.testing.assert_array_equal(static.numpy(), (x2 if not in_place_fails else x).numpy())
+    c(x)
+    np.testing.assert_array_equal(static.numpy(), x.numpy())
+    assert all(tag == bound for tag, bound in log), log                 # never a graph with stale host state
+    assert len(log) == (7 if not in_place_fails else 5)                 # one step per call (+ the first)
+
+
 def test_compile_as_decorator_and_type_check():
     @mdn.compile(warmup=1)
     def f(x):
