@@ -845,16 +845,8 @@ def supports(xc, *params, others=()) -> bool:
     return True
 
 
-_retired_tickets: list = []     # outgrown counter arrays, kept alive: a captured graph may still point at one
-
-
 def _ticket(cp, n, dev):
-    t = _tickets.get(dev)
-    if t is None or t.size < n:
-        if t is not None:
-            _retired_tickets.append(t)
-        t = _tickets[dev] = cp.zeros(max(n, 1024), dtype=np.uint32)
-    return t
+    return _ws.kept_zeroed(_tickets, cp, n, dev, 1024)
 
 
 _grids: dict = {}

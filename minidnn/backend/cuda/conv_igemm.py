@@ -719,7 +719,6 @@ def filter_splits(KR, tiles, groups, BK, sms):
 
 # the split-K ticket counters live in workspace.py (conv_dw_nhwc's filter gradient draws them too)
 _ticket_arrays = _ws.ticket_arrays
-_retired: list = []            # outgrown accumulator arrays, kept alive: a captured graph may still point at one
 _tickets = _ws.split_tickets
 
 
@@ -730,13 +729,8 @@ def _accumulator(cp, n, dev):
     """At least ``n`` zeroed floats on GPU ``dev`` for the atomic filter gradient (ATOMIC=1): every launch adds
     into its tiles and the last block of each tile writes the zeros back, so one array per device serves every
     plan (zeroed once, here) -- the tickets' idiom and caveat: two such launches on two streams of one device must
-    not overlap.  An outgrown array is kept alive (a plan or captured graph may still point at it)."""
-    t = _accumulators.get(dev)
-    if t is None or t.size < n:
-        if t is not None:
-            _retired.append(t)
-        t = _accumulators[dev] = cp.zeros(max(n, 1 << 16), dtype=np.float32)
-    return t
+    not overlap (``workspace.kept_zeroed``)."""
+    return _ws.kept_zeroed(_accumulators, cp, n, dev, 1 << 16, np.float32)
 
 
 def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):

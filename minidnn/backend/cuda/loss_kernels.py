@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, type_info
 from .softmax_kernels import WARP_REDUCE
 
@@ -187,10 +188,7 @@ def _grid(rows, dev):
 
 
 def _ticket(cp, dev):
-    t = _tickets.get(dev)
-    if t is None:
-        t = _tickets[dev] = cp.zeros(1, dtype=np.uint32)
-    return t
+    return _ws.kept_zeroed(_tickets, cp, 1, dev, 1)
 
 
 # ---- plans: kernel, grid, packed scalars and output shapes once per call signature -------------------------------

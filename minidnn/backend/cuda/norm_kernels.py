@@ -54,6 +54,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER
 from .softmax_kernels import WARP_REDUCE
 
@@ -809,10 +810,7 @@ _tickets: dict = {}
 
 
 def _ticket(cp, n, dev):
-    t = _tickets.get(dev)
-    if t is None or t.size < n:
-        t = _tickets[dev] = cp.zeros(max(n, 1024), dtype=np.uint32)
-    return t
+    return _ws.kept_zeroed(_tickets, cp, n, dev, 1024)
 
 
 def _col_sum_plan(r, nc, split_col, dtype, in_t, dev):

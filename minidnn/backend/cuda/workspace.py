@@ -117,17 +117,24 @@ def cached_bytes():
 
 
 ticket_arrays: dict = {}       # device id -> the split-K ticket counters (uint32, kept zeroed by the kernels)
-_retired_tickets: list = []    # outgrown counter arrays, kept alive: a captured graph may still point at one
+_retired: list = []            # outgrown kept-zeroed arrays, kept alive: a captured graph may still point at one
+
+
+def kept_zeroed(table, cp, n, dev, minimum, dtype=np.uint32):
+    """At least ``n`` elements of ``table``'s zeroed array on GPU ``dev`` (made once, at least ``minimum`` long).
+    The idiom of the kernels' ticket counters and the atomic filter gradient's accumulator: one array per device
+    and table, reused by every plan, which every launch leaves zeroed again, so it is zeroed only when made;
+    launches on one stream take it in turn, and two such launches on two streams of one device must not overlap.
+    An outgrown array is kept alive (a plan or a captured graph may still point at it)."""
+    t = table.get(dev)
+    if t is None or t.size < n:
+        if t is not None:
+            _retired.append(t)
+        t = table[dev] = cp.zeros(max(n, minimum), dtype=dtype)
+    return t
 
 
 def split_tickets(cp, n, dev):
     """At least ``n`` zeroed split-K ticket counters on GPU ``dev``, shared by the implicit-GEMM and the NHWC
-    depthwise filter gradients: one array per device reused by every plan (the bn_kernels idiom), so launches on
-    one stream take it in turn; concurrent filter gradients on two streams of one device would share counters and
-    must not overlap.  The kernels leave every counter they draw back at zero."""
-    t = ticket_arrays.get(dev)
-    if t is None or t.size < n:
-        if t is not None:
-            _retired_tickets.append(t)
-        t = ticket_arrays[dev] = cp.zeros(max(n, 4096), dtype=np.uint32)
-    return t
+    depthwise filter gradients (``kept_zeroed``)."""
+    return kept_zeroed(ticket_arrays, cp, n, dev, 4096)
