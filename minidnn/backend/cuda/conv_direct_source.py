@@ -735,12 +735,8 @@ dw_tile_backward_data(const T* __restrict__ w, const T* __restrict__ dy, T* __re
 """
 
 
-def write(path: str, defines: dict | None = None) -> None:
-    head = "".join(f"#define {k} {v}\n" for k, v in (defines or {}).items())
-    with open(path, "w") as f:
-        f.write(head + SOURCE)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":      # python -m minidnn.backend.cuda.conv_direct_source OUT.cu NAME=VALUE ... (for nvcc)
     import sys
-    write(sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:]))
+
+    from minidnn.backend.cuda.launch import write_source
+    write_source(sys.argv[1], SOURCE, sys.argv[2:])

@@ -577,13 +577,8 @@ def backward_filter(p, x, dy, dw, alpha=1.0, beta=0.0) -> bool:
     return True
 
 
-def write(path: str, defines: dict | None = None) -> None:
-    """The source for nvcc: ``python -m minidnn.backend.cuda.conv_dw_nhwc k.cu ELEM=2 KR=3 KS=3 ST=1 DL=1 CV=8``."""
-    head = "".join(f"#define {k} {v}\n" for k, v in (defines or {}).items())
-    with open(path, "w") as f:
-        f.write(head + SOURCE)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":      # python -m minidnn.backend.cuda.conv_dw_nhwc OUT.cu NAME=VALUE ... (for nvcc)
     import sys
-    write(sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:]))
+
+    from minidnn.backend.cuda.launch import write_source
+    write_source(sys.argv[1], SOURCE, sys.argv[2:])

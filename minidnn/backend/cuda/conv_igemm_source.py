@@ -915,13 +915,8 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 """
 
 
-def write(path: str, defines: dict | None = None) -> None:
-    """Write the source (with ``#define``s prepended) to ``path`` for nvcc."""
-    head = "".join(f"#define {k} {v}\n" for k, v in (defines or {}).items())
-    with open(path, "w") as f:
-        f.write(head + SOURCE)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":      # python -m minidnn.backend.cuda.conv_igemm_source OUT.cu NAME=VALUE ... (for nvcc)
     import sys
-    write(sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:]))
+
+    from minidnn.backend.cuda.launch import write_source
+    write_source(sys.argv[1], SOURCE, sys.argv[2:])

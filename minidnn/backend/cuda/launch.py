@@ -270,3 +270,11 @@ def sm_count(device_id: int | None = None) -> int:
     if n is None:
         n = _sm[dev] = int(cp.cuda.Device(dev).attributes["MultiProcessorCount"])
     return n
+
+
+def write_source(path: str, source: str, defines=()) -> None:
+    """Write a kernel ``source`` to ``path`` with ``#define NAME VALUE`` lines for ``defines`` ("NAME=VALUE"
+    strings) prepended: the file nvcc compile-checks (each kernel source module's ``python -m`` entry)."""
+    head = "".join("#define {} {}\n".format(*d.split("=", 1)) for d in defines)
+    with open(path, "w") as f:
+        f.write(head + source)
