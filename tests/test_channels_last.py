@@ -108,3 +108,19 @@ def test_leaf_grad_takes_the_leafs_memory_format():
     (y.to(memory_format=mdn.channels_last) * w).sum().backward()   # a channels_last incoming gradient
     assert y.grad.is_contiguous()
     np.testing.assert_array_equal(y.grad.numpy(), w.numpy())
+
+
+def test_in_layout_of_copies_only_when_the_order_differs():
+    """array_ops.in_layout_of (the batch-norm backward's dy; copy_like underneath, as the leaf .grad and nn's
+    fused batch-norm nodes use it): the array itself when it already has the template's strides, else one copy in
+    the template's memory order with the same values."""
+    from minidnn.backend.array_ops import in_layout_of
+    rng = np.random.default_rng(3)
+    nchw = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    nhwc = np.ascontiguousarray(nchw.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    assert in_layout_of(nchw, np.empty_like(nchw)) is nchw
+    assert in_layout_of(nhwc, nhwc.copy(order="K")) is nhwc
+    got = in_layout_of(nchw, nhwc)
+    assert got.strides == nhwc.strides and np.array_equal(got, nchw)
+    back = in_layout_of(nhwc, nchw)
+    assert back.flags.c_contiguous and np.array_equal(back, nchw)

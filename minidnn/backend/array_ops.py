@@ -6,7 +6,7 @@ import numpy as np
 from .cuda import launch as _launch
 from .devices import is_cuda_array
 
-__all__ = ["index_add", "copy_into", "copy_like", "increment", "dense_copier"]
+__all__ = ["index_add", "copy_into", "copy_like", "in_layout_of", "increment", "dense_copier"]
 
 _INCREMENT = r"""
 // a[0] += 1 for a one-element int64 counter; one thread of one block.
@@ -51,6 +51,15 @@ def copy_like(template, src):
     dense = src.transpose(order).copy()                                           # C order in template's order
     out = dense.transpose(inverse)
     return out if out.strides == template.strides else src.copy()
+
+
+def in_layout_of(a, template):
+    """``a`` (``template``'s shape) laid out in memory as ``template``: ``a`` itself where its strides already are
+    template's, else ``copy_like`` (one copy).  PyTorch makes a gradient contiguous in its input's memory format the
+    same way (a batch-norm backward given a dy in another order than x)."""
+    if a is None or a.strides == template.strides or a.shape != template.shape:
+        return a
+    return copy_like(template, a)
 
 
 def dense_copier(dsts):

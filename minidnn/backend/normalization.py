@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from ._common import begin, blend, check_float, check_ndim, check_out, moments, normalization_backward, parse_enum
-from .array_ops import increment
+from .array_ops import in_layout_of, increment
 from .cuda import norm_kernels as _norm_gpu  # the layer/group norm kernels (importing them needs no GPU)
 from .devices import is_cuda_array as _is_cuda
 from .errors import BadParamError, IdentityEnum
@@ -547,23 +547,24 @@ def _gpu_bn_inference(geom, x, scale, bias, mean, var, epsilon, alpha, beta, y, 
 def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, blending, outs, y=None, want_dz=False,
                      key=None, checked=False):
     is_cuda, k = _gpu_kernels()
+    if not checked and not is_cuda(x):
+        return None
     acc = np.float64 if x.dtype == np.float64 else np.float32
+    # a dy in another memory order than x (the gradient of a cast or a broadcast reaching a channels-last batch
+    # norm) is copied into x's order, once: the kernels take it, and dx comes back in x's order, as x.grad must
+    dyc = in_layout_of(to_channels_first(dy, geom.fmt), geom.xc)
+    yc = None if y is None else to_channels_first(y, geom.fmt)
     if not checked and not (
-            is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and blending == (1.0, 0.0, 1.0, 0.0)
+            geom.mode is BatchNormMode.SPATIAL and blending == (1.0, 0.0, 1.0, 0.0)
             and all(o is None for o in outs) and saved_mean is not None
             and saved_mean.dtype == acc and saved_inv.dtype == acc
             and saved_mean.flags.c_contiguous and saved_inv.flags.c_contiguous
             and (scale is None or tuple(scale.shape) == tuple(param_shape))
-            and k.supports(geom.xc, scale, others=(k.in_layout_of(to_channels_first(dy, geom.fmt), geom.xc),
-                                                   None if y is None else to_channels_first(y, geom.fmt)))):
+            and k.supports(geom.xc, scale, others=(dyc, yc))):
         return None
     _gpu_remember(key, geom, param_shape)
-    yc = None if y is None else to_channels_first(y, geom.fmt)
     if saved_mean.ndim != 1:
         saved_mean, saved_inv = saved_mean.reshape(-1), saved_inv.reshape(-1)
-    # a dy in another memory order than x (the gradient of a cast or a broadcast reaching a channels-last batch
-    # norm) is copied into x's order: dx then comes back in x's order, as x.grad must
-    dyc = k.in_layout_of(to_channels_first(dy, geom.fmt), geom.xc)
     dx, dz, dscale, dbias = k.backward(geom.xc, dyc, scale, saved_mean, saved_inv, yc, want_dz)
     dx = from_channels_first(dx, geom.fmt)
     dz = None if dz is None else from_channels_first(dz, geom.fmt)

@@ -801,18 +801,6 @@ def _empty_like_layout(cp, xc, dtype=None):
     return cp.empty(tuple(xc.shape[i] for i in perm), dtype=dtype).transpose(back)
 
 
-def in_layout_of(o, xc):
-    """``o`` (same shape and dtype as ``xc``) laid out in memory as ``xc`` is: ``o`` itself where it already is, else
-    one copy (PyTorch's batch-norm backward likewise makes grad_output contiguous in the input's memory format).
-    Anything else is returned as it is (``supports`` then declines it)."""
-    if o is None or o.strides == xc.strides or tuple(o.shape) != tuple(xc.shape) or o.dtype != xc.dtype \
-            or layout_of(xc) is None:
-        return o
-    t = _empty_like_layout(_dev.xp_for(_dev.device_of(xc)), xc)
-    t[...] = o
-    return t
-
-
 def _mem(a):
     """The contiguous memory view of a channels-first array laid out as layout_of found it."""
     return a if a.flags.c_contiguous else a.transpose((0, *range(2, a.ndim), 1))

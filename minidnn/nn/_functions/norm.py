@@ -16,6 +16,7 @@ import math
 from ... import backend as B
 from ..._amp_state import autocast_op
 from ...autograd import Function, gradient_wanted, is_grad_enabled
+from ...backend.array_ops import copy_like
 from ...backend.errors import ArgumentError
 from ...ops.activation import activation_grad
 from ...tensor import Tensor
@@ -43,8 +44,7 @@ def _as_layout_of(a, x):
     see NHWC memory.  Anything else as it is."""
     if a is None or a.ndim < 3 or not _channels_last(x) or _channels_last(a):
         return a
-    perm = B.channels_last_perm(a.ndim)
-    return a.transpose(perm).copy().transpose(B.channels_first_perm(a.ndim))
+    return copy_like(x, a)
 
 
 def _scale_for(weight, bias):
