@@ -17,6 +17,7 @@ import itertools
 
 import numpy as np
 
+from .devices import CPU as _CPU
 from .devices import array_module
 from .devices import is_floating as _is_floating
 from .errors import BadParamError
@@ -199,6 +200,37 @@ def window_sum(xp, x, axes, n, before):
     for _, sl in tap_offsets(window, [1] * len(axes), sizes):
         out += xp_[lead + sl]
     return out
+
+
+class SeenCalls(dict):
+    """A primitive's validated-call cache: a call's signature -> what validating it settled (the format, geometry,
+    the kernels' plan).  Bounded: a full table starts again empty."""
+    limit = 4096
+
+    def remember(self, key, value):
+        if key is not None:
+            if len(self) >= self.limit:
+                self.clear()
+            self[key] = value
+
+
+def numpy_call_key(handle, out, head, arrays, strides=False):
+    """The signature of a primitive's NumPy call for a SeenCalls table: ``head`` (the settings the checks read) and
+    each array's shape and dtype (and strides where the checks or the geometry read them); None -- not cached --
+    with an output array, a handle not the CPU's, or an argument that is not a plain ndarray (a None array keys as
+    None).  Its first array must be one."""
+    if out is not None or type(arrays[0]) is not np.ndarray or not (
+            handle is None or getattr(handle, "device", None) == _CPU):
+        return None
+    sig = list(head)
+    for a in arrays:
+        if a is None:
+            sig.append(None)
+        elif type(a) is np.ndarray:
+            sig.append((a.shape, a.dtype, a.strides) if strides else (a.shape, a.dtype))
+        else:
+            return None
+    return tuple(sig)
 
 
 def seen_plan(table, key):

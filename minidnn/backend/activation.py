@@ -14,9 +14,8 @@ import math
 
 import numpy as np
 
-from ._common import begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
+from ._common import SeenCalls, begin, blend, check_float, check_out, check_same, numpy_call_key, parse_enum, seen_plan
 from .cuda import act_kernels  # the GPU fast path's kernels: imported once here, not per call (importing needs no GPU)
-from .devices import CPU as _CPU
 from .devices import is_cuda_array
 from .errors import BadParamError, IdentityEnum
 from .layout import in_memory_order
@@ -193,7 +192,7 @@ def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1
     gpu = _gpu_activation(activation_desc, x, None, alpha, beta, y, key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
-    _cpu_remember(ckey)
+    _CPU_SEEN.remember(ckey, True)
     f, _ = _MODES[activation_desc.mode]
     coef = activation_desc.coef
     return blend(in_memory_order(lambda a: f(xp, a, coef), x), alpha, beta, y, x.dtype)
@@ -216,7 +215,7 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
     gpu = _gpu_activation(activation_desc, x, dy, alpha, beta, dx, key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
-    _cpu_remember(ckey)
+    _CPU_SEEN.remember(ckey, True)
     _, fprime = _MODES[activation_desc.mode]
     coef = activation_desc.coef
     return blend(in_memory_order(lambda a, g: fprime(xp, a, coef) * g, x, dy), alpha, beta, dx, x.dtype)
@@ -225,28 +224,11 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
 # NumPy calls validated before, by what the checks read (the descriptor, blending, every array's shape and dtype; all
 # plain ndarrays, handle None or the CPU's, no output array) -> True: the same call again skips begin() and the checks
 # (~3 us of a ReLU call's Python).  The formula itself runs every time.
-_CPU_SEEN: dict = {}
+_CPU_SEEN = SeenCalls()
 
 
 def _cpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
-    if out is not None or type(x) is not np.ndarray or not (handle is None or getattr(handle, "device", None) == _CPU):
-        return None
-    sigs = []
-    for a in (dy, y):
-        if a is None:
-            sigs.append(None)
-        elif type(a) is np.ndarray:
-            sigs.append((a.shape, a.dtype))
-        else:
-            return None
-    return (kind, desc, alpha, beta, x.shape, x.dtype, *sigs)
-
-
-def _cpu_remember(key):
-    if key is not None:
-        if len(_CPU_SEEN) >= _SEEN_LIMIT:
-            _CPU_SEEN.clear()
-        _CPU_SEEN[key] = True
+    return numpy_call_key(handle, out, (kind, desc, alpha, beta), (x, dy, y))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -258,8 +240,7 @@ def _cpu_remember(key):
 # it would pass again and goes straight to the plan (one allocation, one prepared launch; host cost per step).  The
 # key is built once per call, from the arguments as given (it was built again after begin() from the resolved
 # handle, so a call passing handle=None never matched its remembered key).
-_SEEN: dict = {}
-_SEEN_LIMIT = 4096
+_SEEN = SeenCalls()
 
 
 def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
@@ -286,8 +267,5 @@ def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):
     if not act_kernels.supports(mode, x, *(() if dy is None else (dy,))):
         return None
     plan = act_kernels.plan(mode, desc.coef, x, dy is not None)
-    if key is not None:
-        if len(_SEEN) >= _SEEN_LIMIT:
-            _SEEN.clear()
-        _SEEN[key] = plan
+    _SEEN.remember(key, plan)
     return plan(x) if dy is None else plan(x, dy)

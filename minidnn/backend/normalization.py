@@ -22,7 +22,17 @@ import math
 
 import numpy as np
 
-from ._common import begin, blend, check_float, check_ndim, check_out, moments, normalization_backward, parse_enum
+from ._common import (
+    SeenCalls,
+    begin,
+    blend,
+    check_float,
+    check_ndim,
+    check_out,
+    moments,
+    normalization_backward,
+    parse_enum,
+)
 from .array_ops import in_layout_of, increment
 from .cuda import norm_kernels as _norm_gpu  # the layer/group norm kernels (importing them needs no GPU)
 from .devices import is_cuda_array as _is_cuda
@@ -467,8 +477,7 @@ def _gpu_plain(alpha, beta, *outs):
 
 # Calls the kernels took, by their full signature (every array's shape, dtype, strides and device; every setting):
 # the same call again skips the validation, which it would pass again, and the geometry (host cost per step).
-_SEEN: dict = {}
-_SEEN_LIMIT = 4096
+_SEEN = SeenCalls()
 
 
 class _SeenGeometry:
@@ -509,10 +518,7 @@ def _gpu_call_key(x, out, *settings_and_arrays):
 
 
 def _gpu_remember(key, geom, grad_shape=None):
-    if key is not None:
-        if len(_SEEN) >= _SEEN_LIMIT:
-            _SEEN.clear()
-        _SEEN[key] = _SeenGeometry(geom, grad_shape)
+    _SEEN.remember(key, _SeenGeometry(geom, grad_shape))
 
 
 def _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, z=None,

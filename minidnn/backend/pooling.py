@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from ._common import (
+    SeenCalls,
     as_tuple,
     begin,
     blend,
@@ -33,6 +34,7 @@ from ._common import (
     check_ndim,
     check_out,
     check_same,
+    numpy_call_key,
     pad_axes,
     parse_enum,
     seen_plan,
@@ -40,7 +42,6 @@ from ._common import (
     tap_offsets,
 )
 from .cuda import pool_kernels  # the GPU fast path's kernels: imported once here, not per call (needs no GPU)
-from .devices import CPU as _CPU
 from .devices import is_cuda_array
 from .errors import BadParamError, IdentityEnum
 from .layout import (
@@ -300,7 +301,7 @@ def pooling_forward(handle, pooling_desc: PoolingDescriptor, x, alpha=1.0, beta=
     gpu = _gpu_pool_forward(geom, xc, fmt, alpha, beta, y, return_argmax, key=key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
-    _cpu_remember(ckey, fmt, geom)
+    _CPU_SEEN.remember(ckey, (fmt, geom))
     return _cpu_forward(xp, fmt, xc, geom, x, alpha, beta, y, return_argmax)
 
 
@@ -354,7 +355,7 @@ def pooling_backward(handle, pooling_desc: PoolingDescriptor, y, dy, x, alpha=1.
     gpu = _gpu_pool_backward(geom, xc, dyc, fmt, argmax, alpha, beta, dx, key=key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
         return gpu
-    _cpu_remember(ckey, fmt, geom)
+    _CPU_SEEN.remember(ckey, (fmt, geom))
     return _cpu_backward(xp, fmt, xc, dyc, geom, x, argmax, alpha, beta, dx)
 
 
@@ -386,28 +387,11 @@ def _cpu_backward(xp, fmt, xc, dyc, geom, x, argmax, alpha, beta, dx):
 # NumPy calls validated before, by their full signature (descriptor, format, blending, every array's shape, dtype,
 # strides, all plain ndarrays, no output array) -> (format, geometry): the same call again skips the checks and the
 # geometry (~15 us a call).  What runs after (the fast form's choice, the passes) is not remembered.
-_CPU_SEEN: dict = {}
+_CPU_SEEN = SeenCalls()
 
 
 def _cpu_key(kind, handle, desc, format, alpha, beta, flag, out, x, y=None, dy=None, argmax=None):
-    if out is not None or type(x) is not np.ndarray or not (handle is None or getattr(handle, "device", None) == _CPU):
-        return None
-    sigs = []
-    for a in (x, y, dy, argmax):
-        if a is None:
-            sigs.append(None)
-        elif type(a) is np.ndarray:
-            sigs.append((a.shape, a.dtype, a.strides))
-        else:
-            return None
-    return (kind, desc, format, alpha, beta, flag, *sigs)
-
-
-def _cpu_remember(key, fmt, geom):
-    if key is not None:
-        if len(_CPU_SEEN) >= _SEEN_LIMIT:
-            _CPU_SEEN.clear()
-        _CPU_SEEN[key] = (fmt, geom)
+    return numpy_call_key(handle, out, (kind, desc, format, alpha, beta, flag), (x, y, dy, argmax), strides=True)
 
 
 from . import pooling_cpu as _pooling_cpu  # noqa: E402  (the NumPy fast form, beside the reference)
@@ -422,8 +406,7 @@ FAST_PATHS.append(_pooling_cpu)
 # Calls the kernels took, by their full signature (descriptor, format, blending, every array's shape, dtype, strides,
 # device) -> (format, the kernels' plan for it): the same call again skips the validation and the geometry, and goes
 # straight to the plan (pool_kernels: one output allocation or two and one prepared launch).
-_SEEN: dict = {}
-_SEEN_LIMIT = 4096
+_SEEN = SeenCalls()
 
 
 def _sig(a):
@@ -446,10 +429,7 @@ def _seen(key):
 
 
 def _gpu_remember(key, fmt, plan):
-    if key is not None:
-        if len(_SEEN) >= _SEEN_LIMIT:
-            _SEEN.clear()
-        _SEEN[key] = (fmt, plan)
+    _SEEN.remember(key, (fmt, plan))
 
 
 def _gpu_forward_result(out, fmt, return_argmax):

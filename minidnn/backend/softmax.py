@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
+from ._common import SeenCalls, begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
 from .cuda import loss_kernels, softmax_kernels  # the GPU fast paths' kernels, imported once (needs no GPU)
 from .devices import is_cuda_array
 from .errors import BadParamError, IdentityEnum
@@ -120,8 +120,7 @@ def softmax_backward(handle, algo, mode, y, dy, alpha=1.0, beta=0.0, dx=None, fo
 # Calls the kernels took, by their full signature (handle's device, algorithm, mode, format, axis, blending, every
 # array's shape, dtype, strides and device) -> the kernel's plan: the same call again skips the validation it would
 # pass again (host cost per step).  Bounded.
-_SEEN: dict = {}
-_SEEN_LIMIT = 4096
+_SEEN = SeenCalls()
 
 
 def _gpu_key(kind, handle, algo, mode, format, axis, alpha, beta, out, x, dy):
@@ -146,10 +145,7 @@ def _gpu_softmax(x, dy, axes, algo, alpha, beta, out, key=None):
     if not softmax_kernels.supports(x, axes, *(() if dy is None else (dy,))):
         return None
     plan = softmax_kernels.plan(x, axes, algo.name, dy is not None)
-    if key is not None:
-        if len(_SEEN) >= _SEEN_LIMIT:
-            _SEEN.clear()
-        _SEEN[key] = plan
+    _SEEN.remember(key, plan)
     return plan(x) if dy is None else plan(x, dy)
 
 
