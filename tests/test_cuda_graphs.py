@@ -130,6 +130,9 @@ def test_compile_reads_arguments_in_place_when_they_come_back(device, fused, set
         else:
             a, b = float(eager(x, y)), float(compiled(x, y))
         assert a == b, step
+        if step == 0:                           # the warm-up call runs eagerly: nothing captured yet
+            assert not compiled.graphs
+            continue
         entry = next(iter(compiled.graphs.values()))
         if step == 7:
             assert entry.in_place and entry.direct is not None
