@@ -21,9 +21,11 @@ import math
 from ... import backend as B
 from ..._amp_state import autocast_op
 from ...autograd import Function, is_grad_enabled
+from ...backend._common import SeenCalls
 from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
+from ...tensor import Tensor
 from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, wrap
 from .bias import add_bias
 
@@ -198,7 +200,41 @@ def _same_padding(op, x, weight, stride, dilation, nd):
     return x, tuple(t // 2 for t in totals)
 
 
+# A conv call whose operands and settings passed every check of _conv before reuses that call's descriptor: the
+# checks read only what the key holds -- the operands' shapes and dtypes (Tensors all: bias None or its shape and
+# dtype) and the settings as plain ints or tuples of ints (anything else, 'same'/'valid' included, takes the full
+# path, which raises what it always raised).  Devices are checked by Function.apply at every call, as before.
+_SEEN_CONV = SeenCalls()
+
+
+def _setting(v):
+    """``v`` where it is an int or a tuple of ints (True, 1.0 or a list never key a seen call: they hash like the
+    ints they equal, but the checks treat them differently), else None."""
+    if type(v) is int:
+        return v
+    if type(v) is tuple:
+        for e in v:
+            if type(e) is not int:
+                return None
+        return v
+    return None
+
+
+def _seen_conv_key(op, x, weight, bias, stride, padding, dilation, groups):
+    settings = (_setting(stride), _setting(padding), _setting(dilation))
+    if (None in settings or type(groups) is not int or not isinstance(x, Tensor) or not isinstance(weight, Tensor)
+            or not (bias is None or isinstance(bias, Tensor))):
+        return None
+    xd, wd = x.data, weight.data
+    b = None if bias is None else (bias.data.shape, bias.data.dtype)
+    return (op, xd.shape, xd.dtype, wd.shape, wd.dtype, b, groups) + settings
+
+
 def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
+    key = _seen_conv_key(op, x, weight, bias, stride, padding, dilation, groups)
+    desc = _SEEN_CONV.get(key)
+    if desc is not None:        # validated before (x batched: an unbatched x's shape keys differently)
+        return _add_bias(ConvForward.apply(x, weight, desc), bias, nd)
     check_tensor(op, "input", x)
     x, unbatched = batched(op, x, nd)
     _check_operands(op, x, weight, bias, nd, groups, transposed=False)
@@ -221,6 +257,8 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
         raise ArgumentError(f"{op}: the (dilated) kernel {effective} is larger than the padded input {padded} "
                          f"(input {tuple(x.shape)}, weight {tuple(weight.shape)}, padding {padding}, "
                          f"dilation {dilation})")
+    if not unbatched:
+        _SEEN_CONV.remember(key, desc)
     y = _add_bias(ConvForward.apply(x, weight, desc), bias, nd)
     return y.squeeze(0) if unbatched else y
 
