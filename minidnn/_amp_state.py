@@ -52,10 +52,16 @@ def policy_of(op_name: str, device_type: str):
     return None
 
 
+def _policies(op_name: str) -> dict:
+    """{device type: policy} for the devices where ``op_name`` has one (looked up once per op, not per call)."""
+    return {d: p for d in ("cuda", "cpu") if (p := policy_of(op_name, d)) is not None}
+
+
 def _state():
     s = getattr(_local, "state", None)
     if s is None:
-        s = _local.state = {"dtype": {}, "depth": 0, "cache": {}, "suspended": 0, "cache_enabled": True}
+        s = _local.state = {"dtype": {}, "depth": 0, "cache": {}, "suspended": 0, "cache_enabled": True,
+                            "flat_used": {}}
     return s
 
 
@@ -91,7 +97,20 @@ def exit_(token):
     if enabled:
         _active_regions -= 1
     if s["depth"] == 0:
-        s["cache"].clear()
+        _end_of_outermost_region(s)
+
+
+def _end_of_outermost_region(s):
+    """Clear the cast cache (PyTorch's rule: a region's casts do not outlive it), remembering, per flat buffer, how
+    many of its elements the region's casts used: the next region casts a well-used flat buffer in one launch."""
+    cache = s["cache"]
+    if cache:
+        used = {}
+        for entry in cache.values():
+            if entry[3] is not None and entry[4]:
+                used[entry[3]] = used.get(entry[3], 0) + entry[2].data.size
+        s["flat_used"] = used
+        cache.clear()
 
 
 @contextmanager
@@ -105,41 +124,67 @@ def suspended():
         s["suspended"] -= 1
 
 
+# The weight cast of a whole flat buffer (minidnn.amp installs it: it builds autograd nodes, which this floor may
+# not import): flat_caster(t, dtype, state) -> t's cast, with the cache filled for the buffer's other parameters,
+# or None where t is not in a flat buffer worth casting whole (the cast then goes one tensor at a time).
+_flat_caster = None
+
+
+def set_flat_caster(fn):
+    global _flat_caster
+    _flat_caster = fn
+
+
 def _cast(t, dtype, s):
+    """``t`` in ``dtype``.  Leaf tensors that require grad (weights) are cast once per outermost region: the cache
+    entry is (t, t's version when cast, the cast, id of t's flat buffer or None, used) and a later in-place update
+    of t (a new version) casts it again.  Cache entries are lists: a hit marks the entry used."""
     if t.dtype == dtype:
         return t
     cacheable = s["cache_enabled"] and t.is_leaf and t.requires_grad
     if cacheable:
         hit = s["cache"].get(id(t))
         if hit is not None and hit[0] is t and hit[1] == t._version and hit[2].dtype == dtype:
+            hit[4] = True
             return hit[2]
+        if _flat_caster is not None:
+            out = _flat_caster(t, dtype, s)
+            if out is not None:
+                return out
     out = t.to(dtype=dtype)
     if cacheable:
-        s["cache"][id(t)] = (t, t._version, out)
+        s["cache"][id(t)] = [t, t._version, out, None, True]
     return out
 
 
-def _is_float_tensor(a):
-    return hasattr(a, "_version") and _is_floating(a.dtype)
+def _float_tensors(args, kwargs):
+    out = [a for a in args if getattr(a, "_version", None) is not None and _is_floating(a.dtype)]
+    if kwargs:
+        out += [v for v in kwargs.values() if getattr(v, "_version", None) is not None and _is_floating(v.dtype)]
+    return out
 
 
-def cast_inputs(op_name: str, args, kwargs=None):
+def cast_inputs(op_name: str, args, kwargs=None, policies=None):
     """(args, kwargs): the floating Tensors among ``args``/``kwargs`` cast as ``op_name``'s policy says for this
-    thread's region."""
+    thread's region.  ``policies``: ``_policies(op_name)``, when the caller has it at hand."""
     kwargs = {} if kwargs is None else kwargs
     s = _state()
     if s["suspended"]:
         return args, kwargs
-    tensors = [a for a in args if _is_float_tensor(a)] + [v for v in kwargs.values() if _is_float_tensor(v)]
+    tensors = _float_tensors(args, kwargs)
     if not tensors:
         return args, kwargs
     device_type = tensors[0].device.type
     low = s["dtype"].get(device_type)
-    policy = None if low is None else policy_of(op_name, device_type)
+    if low is None:
+        return args, kwargs
+    policy = (_policies(op_name) if policies is None else policies).get(device_type)
     if policy is None:
         return args, kwargs
     if policy == "lower":
         target = low
+        if all(t.dtype == low for t in tensors):
+            return args, kwargs
     elif policy == "promote":
         target = tensors[0].dtype
         for t in tensors[1:]:
@@ -150,18 +195,24 @@ def cast_inputs(op_name: str, args, kwargs=None):
         target = np.dtype(np.float32)
 
     def cast(a):
-        return _cast(a, target, s) if _is_float_tensor(a) else a
-    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+        return _cast(a, target, s) if getattr(a, "_version", None) is not None and _is_floating(a.dtype) else a
+    return tuple([cast(a) for a in args]), ({k: cast(v) for k, v in kwargs.items()} if kwargs else kwargs)
 
 
 def autocast_op(op_name: str):
     """Decorator for an op's public function: inside an autocast region its inputs are cast by ``op_name``'s
-    policy (outside one it costs a single global test)."""
+    policy (outside one it costs a single global test).  An op with no policy on any device (batch norm) is
+    returned as it is: nothing to look up at its calls."""
+    policies = _policies(op_name)
+
     def decorate(fn):
+        if not policies:
+            return fn
+
         @functools.wraps(fn)
         def op(*args, **kwargs):
             if _active_regions:
-                args, kwargs = cast_inputs(op_name, args, kwargs)
+                args, kwargs = cast_inputs(op_name, args, kwargs, policies)
             return fn(*args, **kwargs)
         return op
     return decorate

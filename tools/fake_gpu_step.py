@@ -11,6 +11,11 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=record OUT=a.json python tools/fake_gpu_step.py TREE resnet20 128   # one step's launches (kernel, grid,
         packed arguments, array pointers read as 0; the third step, after two warm-ups): compare two trees' records
         with `python tools/record_launches.py --compare a.json b.json`
+    AMP=bf16|fp16 (any mode): the forward and loss under minidnn.autocast("cuda", dtype=...), as bench/amp_step.py
+        (fp16 without the GradScaler); CL=1: model and input channels_last.
+    MODE=count also counts the CuPy operations the fake runs in NumPy (each a CuPy kernel launch on a GPU: ufuncs
+        and reductions, astype, copy, fill, x[k] = v), by kind and by caller; MODE=record lists them as
+        ("cupy:<op> <dtypes>", [], "") in order among the kernels, and KERNELS=1 prints the record one line a launch.
 """
 # ruff: noqa: E402, E501, E701, E702, E731  (a measuring script, set up in order: the fake before minidnn)
 import collections
@@ -51,15 +56,73 @@ ctor = {"resnet20": ("resnet20(num_classes=10)", (3, 32, 32), 128), "lenet5": ("
 batch = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 mdn.manual_seed(0)
 m = eval(ctor[0], vars(M)).to("cuda")
+amp = os.environ.get("AMP", "")
+amp_dtype = {"bf16": mdn.bfloat16, "fp16": mdn.float16, "": None}[amp]
+cl = os.environ.get("CL", "") not in ("", "0")
+if cl:
+    m.to(memory_format=mdn.channels_last)
 opt = mdn.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
 x = mdn.randn(batch, *ctor[1]).to("cuda")
+x = x.to(memory_format=mdn.channels_last) if cl else x
 y = mdn.randint(0, 10, (batch,)).to("cuda")
 F = mdn.nn.functional
 def step():
-    loss = F.cross_entropy(m(x), y)
+    with mdn.autocast("cuda", dtype=amp_dtype or mdn.bfloat16, enabled=amp_dtype is not None):
+        loss = F.cross_entropy(m(x), y)
     opt.zero_grad()
     loss.backward()
     opt.step()
+cupy_ops = collections.Counter()       # (op, caller) -> count, while cupy_log is on
+cupy_log = [False, None]                # counting on; the record list (MODE=record)
+def _dts(arrays):
+    return ",".join(str(a.dtype) for a in arrays if isinstance(a, np.ndarray))
+def _note(op, arrays):
+    if not cupy_log[0]:
+        return
+    fr = sys._getframe(2)
+    while fr.f_code.co_filename == __file__ or "/numpy/" in fr.f_code.co_filename:
+        fr = fr.f_back
+    cupy_ops[(op, fr.f_code.co_filename.replace(tree + "/", "") + ":" + str(fr.f_lineno) + " " + fr.f_code.co_name)] += 1
+    if cupy_log[1] is not None:
+        cupy_log[1].append((f"cupy:{op} {_dts(arrays)}", [], ""))
+_nd = fakecp.ndarray
+def _array_ufunc(self, ufunc, method, *inputs, **kwargs):
+    _note(f"{ufunc.__name__}.{method}" if method != "__call__" else ufunc.__name__, inputs)
+    args = [np.asarray(a) if isinstance(a, _nd) else a for a in inputs]
+    if "out" in kwargs:
+        kwargs["out"] = tuple(np.asarray(a) if isinstance(a, _nd) else a for a in kwargs["out"])
+    r = getattr(ufunc, method)(*args, **kwargs)
+    if "out" in kwargs:
+        r = tuple(a.view(_nd) for a in kwargs["out"]) if isinstance(r, tuple) else kwargs["out"][0].view(_nd)
+        return r
+    return tuple(w(a) for a in r) if isinstance(r, tuple) else w(r)
+def _counted(name):
+    f = getattr(np.ndarray, name)
+    def g(self, *a, **k):
+        if name != "astype":
+            _note(name, (self,))
+        elif k.get("copy", True) or np.dtype(a[0]) != self.dtype:
+            _note(f"astype->{np.dtype(a[0])}", (self,))
+        return f(self, *a, **k)
+    setattr(_nd, name, g)
+from minidnn.backend.cuda import cublas as _cublas
+
+_fake_gemm = _cublas.gemm
+def _gemm(a, b, tf32=False):    # cuBLAS writes the operands' dtype (NumPy's bfloat16 matmul gives float32); one launch
+    on = cupy_log[0]
+    cupy_log[0] = False
+    try:
+        r = _fake_gemm(a, b, tf32)
+    finally:
+        cupy_log[0] = on
+    if cupy_log[1] is None:     # MODE=record lists the gemm as the fake's count_launches entry
+        _note("cublas gemm", (a, b))
+    return r if r.dtype == a.dtype else w(np.asarray(r).astype(a.dtype))
+_cublas.gemm = _gemm
+if os.environ.get("MODE", "count") in ("count", "record"):    # the hooks cost host time: not in MODE=time/prof
+    _nd.__array_ufunc__ = _array_ufunc
+    for _name in ("astype", "copy", "fill", "__setitem__"):
+        _counted(_name)
 step(); step()
 print("stepped")
 mode = os.environ.get("MODE", "count")
@@ -83,9 +146,15 @@ if mode == "record":
         out.append((str(fn), list(dims), ctypes.string_at(base, sizes[base]).hex()))
     L._go = go
     L.count_launches = lambda n=1: out.extend([("cupy", [], "")] * n)
+    cupy_log[:] = [True, out]
     step()
-    json.dump(out, open(os.environ["OUT"], "w"))
-    print(f"{len(out)} launches recorded")
+    cupy_log[:] = [False, None]
+    if os.environ.get("OUT"):
+        json.dump(out, open(os.environ["OUT"], "w"))
+    if os.environ.get("KERNELS"):
+        for fn, dims, _ in out:
+            print(fn[:160], dims)
+    print(f"{len(out)} launches recorded ({sum(1 for o in out if o[0].startswith('cupy:'))} of them CuPy operations)")
 elif mode == "count":
     counts = collections.Counter()
     def wrapname(name):
@@ -102,10 +171,17 @@ elif mode == "count":
     L._go = lambda *a: nl.__setitem__(0, nl[0] + 1)
     step()
     counts.clear(); nl[0] = 0
+    cupy_log[0] = True
     step()
+    cupy_log[0] = False
     tot = collections.Counter()
     for (n, c), v in counts.items(): tot[n] += v
-    print("launches", nl[0], dict(tot))
+    ops = collections.Counter()
+    for (n, c), v in cupy_ops.items(): ops[n] += v
+    print(f"{model} AMP={amp or 'off'} CL={int(cl)}: launches {nl[0]} kernels + {sum(ops.values())} CuPy operations"
+          f" = {nl[0] + sum(ops.values())}", dict(tot))
+    print("CuPy operations:", dict(ops))
+    for (n, c), v in cupy_ops.most_common(25): print(f"{v:5d} {n:18s} {c}")
     for (n, c), v in counts.most_common(40): print(f"{v:5d} {n:18s} {c}")
 elif mode == "time":
     import gc
@@ -116,7 +192,7 @@ elif mode == "time":
         t0 = time.process_time()
         for _ in range(20): step()
         best = min(best, (time.process_time() - t0) / 20)
-    print(f"{model} b{batch}: {best*1e3:.3f} ms/step (CPU time, fake CuPy)")
+    print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)}: {best*1e3:.3f} ms/step (CPU time, fake CuPy)")
 elif mode == "prof":
     import cProfile
     import pstats

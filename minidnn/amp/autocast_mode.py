@@ -6,6 +6,12 @@
 
 The per-op policy (which ops run in the low-precision dtype, which in float32, which promote) is in
 ``minidnn/_amp_state.py`` and follows PyTorch's lists per device type.  On the CPU only bfloat16 is supported.
+
+Weight casts are cached per outermost region (PyTorch's ``cache_enabled``).  Parameters that a fused optimizer keeps
+in one flat buffer are cast together: when the previous region's casts used at least half of a flat buffer's
+elements, the first of its parameters the region casts casts the whole buffer in one launch (``_cast_flat_buffer``),
+and every parameter's cast is a view of that copy with its own differentiable cast node -- the same values, nodes
+and gradients as one cast per parameter, in one launch instead of one per weight.
 """
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ import functools
 import numpy as np
 
 from .. import _amp_state
+from ..autograd import _state as _grad_state
+from ..backend.ownership import owner_of
+from ..ops.linalg import Transfer
 from ..tensor import _to_dtype
 
 __all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype", "is_autocast_available"]
@@ -84,3 +93,50 @@ def get_autocast_dtype(device_type: str):
     """The low-precision dtype of ``device_type``'s current region (its default when none is active)."""
     dt = _amp_state.get_dtype(device_type)
     return dt if dt is not None else (_DEFAULTS.get(device_type) or _bfloat16())
+
+
+def _cast_node(t, data):
+    """``data`` (t cast to another dtype) as the output of t's differentiable cast: the node ``t.to(dtype)``
+    records, so the gradient comes back to t in t's dtype."""
+    n = Transfer.node(t)
+    n.src_device, n.src_dtype = t.device, t.dtype
+    return n.output(data)
+
+
+def _cast_flat_buffer(t, dtype, s):
+    """The autocast cast of parameter ``t`` when a fused optimizer's flat buffer holds it (None otherwise: the
+    caller casts it alone).  If the previous outermost region's casts used at least half of the buffer's elements
+    (batch-norm parameters, which autocast does not cast, are small beside the weights) (and
+    none of this buffer's casts is stale in this region), cast the whole flat buffer in one launch and fill the
+    cache with a view per parameter still bound to the buffer; else cast ``t`` alone, noting its buffer so the
+    region's end counts it."""
+    owner = owner_of(t)
+    if owner is None:
+        return None
+    fs, j = owner
+    key = id(fs)
+    cache = s["cache"]
+    flat = fs.param
+    whole = (_grad_state.grad_enabled and not getattr(fs, "master", False) and flat.dtype == t.data.dtype
+             and t.data is fs.param_views[j] and cache.get(id(t)) is None
+             and 2 * s["flat_used"].get(key, 0) >= flat.size)
+    if not whole:
+        out = t.to(dtype=dtype)
+        cache[id(t)] = [t, t._version, out, key, True]
+        return out
+    low = flat.astype(dtype)
+    out = None
+    for i, p in enumerate(fs.params):
+        if not (p.requires_grad and p.is_leaf) or p.data is not fs.param_views[i]:
+            continue
+        entry = cache.get(id(p))
+        if entry is not None and entry[0] is p and entry[1] == p._version and entry[2].dtype == dtype:
+            continue
+        cast = _cast_node(p, fs.view(low, i))
+        cache[id(p)] = [p, p._version, cast, key, p is t]
+        if p is t:
+            out = cast
+    return out
+
+
+_amp_state.set_flat_caster(_cast_flat_buffer)
