@@ -1,17 +1,26 @@
-"""Convolution + scaled residual + bias + activation (cuDNN's cudnnConvolutionBiasActivationForward).
+"""Convolution with fused epilogue and prologue: cuDNN's cudnnConvolutionBiasActivationForward and cuDNN frontend's
+ScaleBiasReluConvGenStats, on raw arrays.
 
 # x: (N, C, *in)  w: (K, C/G, *kernel)  z, y: (N, K, *out)  bias: (K,) or (1, K, 1, ...)    1-D, 2-D or 3-D
+# scale, shift: (C,) or (1, C, 1, ...)   stats: (sum, sumsq), each (K,)    (the compute type: float32, float64 data
+#                                                                           float64)
 # format="NHWC": x, z, y are indexed channels-last, (N, *spatial, C); bias (K,) or (1, ..., 1, K); w stays (K, C/G, ...)
 
-    y = act(alpha1 * conv(x, w) + alpha2 * z + bias)
+    convolution_bias_activation_forward:         y = act(alpha1 * conv(x, w) + alpha2 * z + bias)
+    scale_bias_activation_convolution_forward:   y = act(alpha1 * conv(act_p(x * scale + shift), w) + alpha2 * z + bias)
+    either, with stats=(sum, sumsq):             sum[k] = sum over n and the output pixels of y[n, k, ...],
+                                                 sumsq[k] = the same of y**2 (y as stored: rounded to its dtype)
 
-The reference is the composition of the existing primitives (convolution_forward, add_tensor, activation_forward),
-so it runs wherever they run, CPU and GPU.  The GPU fast path (backend/cuda/conv_epilogue.py) runs where the plain
-convolution would run an implicit-GEMM kernel: the same kernel with its fused epilogue applies alpha1, z, the bias
-and the activation to the accumulators in registers and writes y once -- one launch instead of 3-4, y written once
-instead of read and written 3-4 times.  Where it declines (another algorithm -- the direct depthwise kernels among
-them --, float64, an activation the epilogue lacks, y overlapping an input, MINIDNN_CONV_EPILOGUE=0), the
-composition runs.  ``fused_reason`` says which for a call.
+The references are compositions of the existing primitives (convolution_forward, add_tensor, activation_forward;
+the per-channel scale/shift and the sums in the compute type), so they run wherever those run, CPU and GPU.  The
+GPU fast path (backend/cuda/conv_epilogue.py) runs where the plain convolution would run an implicit-GEMM kernel:
+the same kernel applies the prologue to x as it lands in shared memory (padding stays zeros of the ACTIVATED
+tensor), the epilogue (alpha1, z, bias, activation) to the accumulators in registers, writes y once and, with
+stats, reduces the statistics in the same launch (block partials added in a fixed order by each column tile's last
+block: bitwise repeatable) -- one launch instead of 3-8, y written once.  Where it declines (another algorithm --
+the direct depthwise kernels among them --, float64, an activation the kernel lacks, y or the statistics
+overlapping an input, MINIDNN_CONV_EPILOGUE=0), the composition runs.  ``fused_reason`` /
+``scale_bias_activation_convolution_reason`` say which for a call.
 """
 from __future__ import annotations
 
@@ -29,7 +38,8 @@ from .errors import BadParamError
 from .layout import TensorFormat, channels_first_perm, channels_last_perm, resolve_format, to_channels_first
 from .tensor_ops import add_tensor
 
-__all__ = ["convolution_bias_activation_forward", "fused_reason"]
+__all__ = ["convolution_bias_activation_forward", "fused_reason", "scale_bias_activation_convolution_forward",
+           "scale_bias_activation_convolution_reason"]
 
 
 def _check_scalar(where, name, value):
@@ -37,8 +47,39 @@ def _check_scalar(where, name, value):
         raise BadParamError(f"{where}: {name} must be a finite real number, got {value!r}")
 
 
-def _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt):
-    """Every rule, before any computation; returns y's shape in ``fmt``'s index order."""
+def compute_dtype(dtype):
+    """The type of the per-channel parameters and statistics for data of ``dtype``: float64 for float64, else
+    float32 (float16 / bfloat16 data are scaled and summed in float32, as cuDNN and PyTorch's batch norm do)."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _shares(a, b):
+    """Whether arrays ``a`` and ``b`` may share memory (CuPy: their byte spans intersect; NumPy: its bounds test)."""
+    if a is None or b is None:
+        return False
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.may_share_memory(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False
+    return _overlap(a, b)
+
+
+def _channel_operand(where, name, a, count, ndim, fmt, dtype, x_dtype, what):
+    """``a`` must be (count,) or the broadcast form (1, count, 1, ...) ((1, ..., 1, count) with NHWC) of dtype."""
+    channel_axis = ndim - 1 if fmt is TensorFormat.NHWC else 1
+    broadcast = tuple(count if i == channel_axis else 1 for i in range(ndim))
+    if tuple(a.shape) not in ((count,), broadcast):
+        raise BadParamError(f"{where}: {name} has shape {shape_str(a)} but {what}: {name} must be ({count},) or "
+                            f"{broadcast}")
+    if a.dtype != dtype:
+        raise BadParamError(f"{where}: {name} has dtype {a.dtype} but must be {dtype} for x of dtype {x_dtype} "
+                            "(per-channel parameters and statistics are float32, float64 for float64 data)")
+
+
+def _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt, stats=None,
+                  prologue=None):
+    """Every rule, before any computation; returns y's shape in ``fmt``'s index order.  ``prologue``: None or
+    (scale, shift, prologue_desc); ``stats``: None or the (sum, sumsq) pair."""
     for name, a in (("x", x), ("w", w)):
         if a is None or not hasattr(a, "shape"):
             raise BadParamError(f"{where}: {name} must be an array, got {type(a).__name__}")
@@ -70,11 +111,48 @@ def _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_de
             raise BadParamError(f"{where}: bias has shape {shape_str(bias)} but w {shape_str(w)} has K={p.K} output "
                                 f"channels: bias must be ({p.K},) or {broadcast}")
     check_out(where, "y", y, y_shape, x.dtype, 0.0)
+    ct = compute_dtype(x.dtype)
+    inputs = {"x": x, "w": w, "z": z, "bias": bias}
+    if prologue is not None:
+        scale, shift, pro_desc = prologue
+        if not isinstance(pro_desc, ActivationDescriptor):
+            raise BadParamError(f"{where}: prologue_desc must be an ActivationDescriptor, got "
+                                f"{type(pro_desc).__name__}")
+        for name, a in (("scale", scale), ("shift", shift)):
+            if a is None or not hasattr(a, "shape"):
+                raise BadParamError(f"{where}: {name} must be an array, got {type(a).__name__}")
+            _channel_operand(where, name, a, p.C, x.ndim, fmt, ct, x.dtype, f"x {shape_str(x)} has C={p.C} channels")
+        inputs.update(scale=scale, shift=shift)
+    if stats is not None:
+        if not isinstance(stats, (tuple, list)) or len(stats) != 2 or \
+                not all(hasattr(a, "shape") for a in stats):
+            raise BadParamError(f"{where}: stats must be a pair of arrays (sum, sumsq), got {type(stats).__name__}")
+        for name, a in zip(("stats[0] (sum)", "stats[1] (sumsq)"), stats):
+            if tuple(a.shape) != (p.K,):
+                raise BadParamError(f"{where}: {name} has shape {shape_str(a)} but w {shape_str(w)} has K={p.K} "
+                                    f"output channels: it must be ({p.K},)")
+            if a.dtype != ct:
+                raise BadParamError(f"{where}: {name} has dtype {a.dtype} but must be {ct} for x of dtype "
+                                    f"{x.dtype} (statistics are float32, float64 for float64 data)")
+            for iname, b in list(inputs.items()) + [("y", y)]:
+                if _shares(a, b):
+                    raise BadParamError(f"{where}: {name} overlaps {iname}: the statistics are outputs of their own")
+        if _shares(stats[0], stats[1]):
+            raise BadParamError(f"{where}: stats[0] (sum) and stats[1] (sumsq) overlap; they must be distinct arrays")
     return y_shape
 
 
+def _device_arrays(x, w, z, bias, y, stats, prologue):
+    named = dict(x=x, w=w, z=z, bias=bias, y=y)
+    if stats is not None and isinstance(stats, (tuple, list)) and len(stats) == 2:
+        named.update(stats_sum=stats[0], stats_sumsq=stats[1])
+    if prologue is not None:
+        named.update(scale=prologue[0], shift=prologue[1])
+    return {k: v for k, v in named.items() if v is None or hasattr(v, "shape")}
+
+
 def convolution_bias_activation_forward(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc,
-                                        y=None, format=None):
+                                        y=None, format=None, *, stats=None):
     """y = act(alpha1 * conv(x, w) + alpha2 * z + bias): cuDNN's cudnnConvolutionBiasActivationForward.
 
     Shapes as in ``convolution_forward``: x (N, C, *in), w (K, C/groups, *kernel), y and z (N, K, *out), or
@@ -86,26 +164,99 @@ def convolution_bias_activation_forward(handle, x, w, conv_desc, algo, z, alpha1
     or None for the handle's selection (heuristic, or the benchmark cache with handle.benchmark).  ``y``, if
     given, is overwritten and returned (there is no beta: cuDNN has none either).
 
+    ``stats`` (keyword-only; cuDNN frontend's GenStats): None, or a pair (sum, sumsq) of (K,) arrays of the compute
+    type (float32; float64 for float64 data), overwritten with sum[k] = the sum of y[:, k] over the batch and the
+    output pixels and sumsq[k] = the sum of its squares -- the statistics training-mode batch norm needs (mean =
+    sum / count, var = sumsq / count - mean**2, count = N * output pixels).  They are of y AS STORED: for float16
+    / bfloat16 y, of the rounded values, summed in float32.  On the GPU kernel path they come from the same launch,
+    reduced in a fixed order (bitwise repeatable).
+
     Every shape, dtype, device and descriptor is checked before any work (BadParamError naming them).  On CUDA
     arrays, where the convolution runs an implicit-GEMM kernel, ONE launch of that kernel with the fused epilogue
-    computes y; elsewhere the reference runs, the composition convolution_forward -> add_tensor (alpha2 * z, bias)
-    -> activation_forward: several passes over y.  ``fused_reason`` tells which, and why.
+    computes y (and the statistics); elsewhere the reference runs, the composition convolution_forward ->
+    add_tensor (alpha2 * z, bias) -> activation_forward (-> the sums): several passes over y.  ``fused_reason``
+    tells which, and why.
     """
     where = "convolution_bias_activation_forward"
-    handle, _ = begin(handle, where, x=x, w=w, z=z, bias=bias, y=y)
+    return _forward(where, handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, stats,
+                    None)
+
+
+def scale_bias_activation_convolution_forward(handle, x, scale, shift, prologue_desc, w, conv_desc, algo=None,
+                                              y=None, format=None, *, z=None, alpha1=1.0, alpha2=1.0, bias=None,
+                                              activation_desc=None, stats=None):
+    """y = act(alpha1 * conv(act_p(x * scale + shift), w) + alpha2 * z + bias): batch-norm apply fused into the
+    convolution that follows it (cuDNN frontend's ScaleBiasReluConv(GenStats)).
+
+    ``scale``, ``shift``: per input channel, (C,) or the broadcast form (1, C, 1, 1) ((1, 1, 1, C) with NHWC), of
+    the compute type (float32; float64 for float64 data) -- for a training batch norm of mean m, variance v and
+    affine (gamma, beta): scale = gamma / sqrt(v + eps), shift = beta - m * scale.  ``prologue_desc``: the
+    activation act_p applied after the scale and shift (an ActivationDescriptor; the GPU kernel computes IDENTITY
+    and RELU, other modes run the composition).  The convolution pads the ACTIVATED tensor with zeros (the
+    padding taps are 0, not act_p(shift)): it is conv2d(relu(bn(x))) exactly.  The keyword-only ``z``, ``alpha1``,
+    ``alpha2``, ``bias``, ``activation_desc`` (default IDENTITY) are convolution_bias_activation_forward's
+    epilogue; ``stats`` its statistics of y.  Shapes, formats, ``algo`` and ``y`` as there.
+
+    The reference is the composition: x' = act_p(x * scale + shift) (the product and sum in the compute type,
+    rounded to x's dtype; activation_forward), then convolution_bias_activation_forward(x', ...).  On CUDA arrays
+    where the convolution runs an implicit-GEMM kernel, ONE launch computes it all: the kernel transforms each
+    element of x as it lands in shared memory.  ``scale_bias_activation_convolution_reason`` tells which ran.
+    """
+    where = "scale_bias_activation_convolution_forward"
+    if activation_desc is None:
+        activation_desc = _IDENTITY
+    return _forward(where, handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, stats,
+                    (scale, shift, prologue_desc))
+
+
+_IDENTITY = ActivationDescriptor("identity")
+
+
+def _forward(where, handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, stats,
+             prologue):
+    handle, _ = begin(handle, where, **_device_arrays(x, w, z, bias, y, stats, prologue))
     fmt = resolve_format(None, format)
-    y_shape = _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt)
+    y_shape = _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt, stats,
+                            prologue)
     if is_cuda_array(x):
         fused = _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, fmt,
-                       y_shape)
+                       y_shape, stats, prologue)
         if not isinstance(fused, str):
             return fused
-    acc = convolution_forward(handle, x, w, conv_desc, algo=algo, alpha=alpha1, format=format)   # fresh array
+    xin = x if prologue is None else _apply_prologue(handle, x, prologue, fmt)
+    acc = convolution_forward(handle, xin, w, conv_desc, algo=algo, alpha=alpha1, format=format)   # fresh array
     if z is not None and alpha2 != 0:
         add_tensor(handle, alpha2, z, 1.0, acc)
     if bias is not None:
         add_tensor(handle, 1.0, bias, 1.0, acc, format=format)
-    return activation_forward(handle, activation_desc, acc, y=y)
+    out = activation_forward(handle, activation_desc, acc, y=y)
+    if stats is not None:
+        _statistics(out, fmt, stats)
+    return out
+
+
+def _channel_view(a, ndim, fmt):
+    """A (C,) or broadcast-form per-channel array, shaped to broadcast against ``fmt``-ordered data of ``ndim``."""
+    axis = ndim - 1 if fmt is TensorFormat.NHWC else 1
+    return a.reshape([-1 if i == axis else 1 for i in range(ndim)])
+
+
+def _apply_prologue(handle, x, prologue, fmt):
+    """x' = act_p(x * scale + shift): the product and sum in the compute type, rounded once to x's dtype."""
+    scale, shift, pro_desc = prologue
+    ct = compute_dtype(x.dtype)
+    t = x.astype(ct) * _channel_view(scale, x.ndim, fmt) + _channel_view(shift, x.ndim, fmt)
+    return activation_forward(handle, pro_desc, t.astype(x.dtype, copy=False))
+
+
+def _statistics(y, fmt, stats):
+    """stats[0][k] = sum of y over every axis but the channel's, stats[1][k] = the same of y**2, in the compute
+    type (y as stored: its dtype's values, widened)."""
+    axis = y.ndim - 1 if fmt is TensorFormat.NHWC else 1
+    axes = tuple(i for i in range(y.ndim) if i != axis)
+    yc = y.astype(stats[0].dtype)
+    stats[0][...] = yc.sum(axis=axes)
+    stats[1][...] = (yc * yc).sum(axis=axes)
 
 
 # ---- the GPU fast path -----------------------------------------------------------------------------------------
@@ -127,25 +278,44 @@ def _overlap(a, b):
     return a.size > 0 and b.size > 0 and a0 <= b1 and b0 <= a1
 
 
-def _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, fmt, y_shape):
+def _contiguous_1d(a):
+    return a.size <= 1 or a.strides[-1] == a.itemsize
+
+
+def _early(handle, x, w, conv_desc, algo, activation_desc, format, stats, prologue):
+    """(forward_choice's result, None) where the kernel may run, or (None, the reason the composition runs)."""
+    from .cuda import conv_epilogue as E
+    why = E.early_reason(activation_desc.mode.name, None if prologue is None else prologue[2].mode.name)
+    if why is not None:
+        return None, why
+    if stats is not None and not all(_contiguous_1d(a) for a in stats):
+        return None, "strided statistics arrays (the kernel writes contiguous (K,) arrays)"
+    choice = forward_choice(handle, x, w, conv_desc, algo, format)
+    h, plan, algorithm, _, _ = choice
+    if algorithm is None or plan.p.N == 0:
+        return None, "an empty batch (nothing to compute)"
+    why = E.supports(algorithm.algo.name, plan.p, activation_desc.mode.name,
+                     None if prologue is None else prologue[2].mode.name)
+    return (choice, None) if why is None else (None, why)
+
+
+def _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, fmt, y_shape,
+           stats=None, prologue=None):
     """y from the fused kernel, or the reason (a str) the composition runs instead."""
     from .cuda import conv_epilogue as E
-    mode = activation_desc.mode.name
-    why = E.early_reason(mode)
+    choice, why = _early(handle, x, w, conv_desc, algo, activation_desc, format, stats, prologue)
     if why is not None:
         return why
-    h, plan, algorithm, xa, wa = forward_choice(handle, x, w, conv_desc, algo, format)
+    h, plan, algorithm, xa, wa = choice
     p = plan.p
-    if algorithm is None or p.N == 0:
-        return "an empty batch (nothing to compute)"
-    why = E.supports(algorithm.algo.name, p, mode)
-    if why is not None:
-        return why
+    mode = activation_desc.mode.name
     if z is not None and alpha2 == 0:
         z = None                            # the composition never reads it either
     z_is_y = False
     if y is not None:
-        for name, a in (("x", x), ("w", w), ("bias", bias)):
+        others = (("x", x), ("w", w), ("bias", bias)) + \
+            (() if prologue is None else (("scale", prologue[0]), ("shift", prologue[1])))
+        for name, a in others:
             if a is not None and _overlap(y, a):
                 return f"y overlaps {name} (the kernel would read what it writes)"
         if z is not None and _overlap(y, z):
@@ -157,24 +327,30 @@ def _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_de
         y = xp.empty(y_shape, dtype=x.dtype)
     zc = None if z is None else to_channels_first(z, fmt)
     b = None if bias is None else xp.ascontiguousarray(bias.reshape(-1))
+    pro = None if prologue is None else (xp.ascontiguousarray(prologue[0].reshape(-1)),
+                                         xp.ascontiguousarray(prologue[1].reshape(-1)), prologue[2].mode.name)
     with h.activate():
         E.forward(p, xa, wa, algorithm.algo.name, plan.tf32, float(alpha1), zc, float(alpha2), b, mode,
-                  activation_desc.coef, to_channels_first(y, fmt), z_is_y)
+                  activation_desc.coef, to_channels_first(y, fmt), z_is_y, pro, stats)
     return y
 
 
-def fused_reason(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y=None, format=None):
+def fused_reason(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y=None, format=None, *,
+                 stats=None):
     """None if convolution_bias_activation_forward with these arguments runs the fused GPU kernel, else why the
     composition runs (a sentence; the rules on y overlapping an input aside).  Nothing is computed (the algorithm
     choice may be, with handle.benchmark)."""
-    from .cuda import conv_epilogue as E
     if not is_cuda_array(x):
         return "not CUDA arrays (the composition is the CPU path)"
-    mode = activation_desc.mode.name
-    why = E.early_reason(mode)
-    if why is not None:
-        return why
-    h, plan, algorithm, _, _ = forward_choice(handle, x, w, conv_desc, algo, format)
-    if algorithm is None or plan.p.N == 0:
-        return "an empty batch (nothing to compute)"
-    return E.supports(algorithm.algo.name, plan.p, mode)
+    return _early(handle, x, w, conv_desc, algo, activation_desc, format, stats, None)[1]
+
+
+def scale_bias_activation_convolution_reason(handle, x, scale, shift, prologue_desc, w, conv_desc, algo=None,
+                                             y=None, format=None, *, z=None, alpha1=1.0, alpha2=1.0, bias=None,
+                                             activation_desc=None, stats=None):
+    """None if scale_bias_activation_convolution_forward with these (same) arguments runs the fused GPU kernel,
+    else why the composition runs (a sentence; the rules on y overlapping an input aside).  Nothing is computed."""
+    if not is_cuda_array(x):
+        return "not CUDA arrays (the composition is the CPU path)"
+    return _early(handle, x, w, conv_desc, algo, activation_desc or _IDENTITY, format, stats,
+                  (scale, shift, prologue_desc))[1]

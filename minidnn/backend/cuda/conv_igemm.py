@@ -35,7 +35,7 @@ __all__ = ["TILES", "igemm_supports", "direct_supports", "vec_supports", "vec_el
            "implicit_forward", "implicit_backward_data",
            "implicit_backward_filter", "direct_forward", "direct_backward_data", "direct_backward_filter",
            "choose_tile", "filter_splits", "DIRECT_MAX_CG", "DIRECT_DENSE_MAX_MACS", "TILE_ENABLED", "tile_config",
-           "wgrad_config", "EPI_ACTS", "Epilogue", "implicit_forward_epilogue"]
+           "wgrad_config", "EPI_ACTS", "PRO_ACTS", "Epilogue", "implicit_forward_epilogue"]
 
 # name: (BM, BN, BK for 4-byte data, WM, WN); every tile runs 4 warps (128 threads)
 TILES = {
@@ -360,11 +360,13 @@ def choose_tile(M, NG, groups, sms=132):
     return "64x64"
 
 
-def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False):
+def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False):
     """(NVRTC options, BM, BN, BK) of one implicit-GEMM configuration (tools/precompile_conv.py compiles them
     all ahead of a test run through the same options); ``act`` > 0: the fused bias/residual/activation epilogue
     (EPI=1, ACT=act: ``EPI_ACTS``), forward only; ``atomic``: the filter gradient's split-K by fp32 atomics into a
-    kept-zeroed accumulator (ATOMIC=1, backward filter only; non-deterministic)."""
+    kept-zeroed accumulator (ATOMIC=1, backward filter only; non-deterministic); with the epilogue, ``pro`` > 0:
+    the batch-norm-apply prologue on x (PRO=1, PACT=pro: ``PRO_ACTS``) and ``stats``: the per-channel sum and sum
+    of squares of y (STATS=1)."""
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -378,6 +380,10 @@ def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=Fa
         opts += ("-DEPI=1", f"-DACT={act}")
     if atomic:
         opts += ("-DATOMIC=1",)
+    if pro:
+        opts += ("-DPRO=1", f"-DPACT={pro}")
+    if stats:
+        opts += ("-DSTATS=1",)
     return opts, BM, BN, BK
 
 
@@ -386,19 +392,33 @@ EPI_ACTS = {"IDENTITY": 1, "RELU": 2, "SIGMOID": 3, "TANH": 4, "CLIPPED_RELU": 5
             "RELU6": 8, "HARDTANH": 9, "SWISH": 10}
 
 
+# The prologue's activations (the kernel's PACT codes): cuDNN frontend's scale-bias-relu and the plain scale-bias.
+PRO_ACTS = {"IDENTITY": 1, "RELU": 2}
+
+
 class Epilogue:
     """The fused epilogue of one forward call: out = act(alpha * acc + beta * out + alpha2 * z + bias) (z, bias
-    None where absent).  ``key`` is what the call's decisions and plan depend on: the activation, its coefficient,
-    alpha2, z's strides (the arrays themselves change from call to call)."""
-    __slots__ = ("act", "coef", "alpha2", "z", "bias", "key")
+    None where absent); optionally the prologue x -> pro_act(x * scale[c] + shift[c]) (``pro`` a PRO_ACTS code,
+    scale/shift contiguous float32 (C,)) and the statistics (``stats``: (sum, sumsq), contiguous float32 (K,)
+    arrays the launch writes).  ``key`` is what the call's decisions and plan depend on: the activation, its
+    coefficient, alpha2, z's strides, the prologue's activation, whether statistics are written (the arrays
+    themselves change from call to call)."""
+    __slots__ = ("act", "coef", "alpha2", "z", "bias", "key", "pro", "scale", "shift", "stats")
 
-    def __init__(self, act, coef, alpha2, z, bias):
+    def __init__(self, act, coef, alpha2, z, bias, pro=0, scale=None, shift=None, stats=None):
         self.act, self.coef, self.alpha2, self.z, self.bias = act, float(coef), float(alpha2), z, bias
-        self.key = (act, self.coef, self.alpha2, None if z is None else _strides(z), bias is None)
+        self.pro, self.scale, self.shift, self.stats = pro, scale, shift, stats
+        self.key = (act, self.coef, self.alpha2, None if z is None else _strides(z), bias is None, pro,
+                    stats is not None)
+
+    def arrays(self):
+        """The kernel's arrays after the six plain ones: z, bias, then (PRO) scale, shift, then (STATS) the sums."""
+        return (self.z, self.bias) + ((self.scale, self.shift) if self.pro else ()) + \
+            (tuple(self.stats) if self.stats is not None else ())
 
 
-def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False):
-    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic)
+def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False):
+    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic, pro, stats)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -453,6 +473,7 @@ def _tap_table(cp, direction, p, g, sx, sy):
             tab[:, 3] = ch * p.Cg * RS + rs
         else:
             tab[:, 0] = ch * sx[1] + r * dh * sx[2] + s * dw * sx[3]
+            tab[:, 3] = ch                          # the channel: read by the forward's prologue (PRO=1) only
         tab[:, 1], tab[:, 2] = r * dh, s * dw
         t = _tables[key] = cp.asarray(tab)
     return t
@@ -659,7 +680,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
     if call is None:
         call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile,
                                epi)
-    call(cp, a, b, out, (epi.z, epi.bias))
+    call(cp, a, b, out, epi.arrays())
 
 
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False, epi_key=None,
@@ -683,14 +704,18 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
         M, NG, KR = p.Cg * RS, p.Kg, p.N * P * Q
     sms = _launch.sm_count()
     tile = tile or choose_tile(M, NG, p.groups, sms)
-    act = 0 if epi_key is None else epi_key[0]
+    act, pro, stats = (0, 0, False) if epi_key is None else (epi_key[0], epi_key[5], epi_key[6])
     BM, BN, BK = igemm_options(direction, dt, tf32, tile, vec, act)[1:]
     tiles = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
     atomic = atomic and splits > 1 and direction == 2     # one split: the plain kernel (no sums to add)
-    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic)[0]
+    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic, pro, stats)[0]
     partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 and not atomic else 0
     tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if partial_size or atomic else None
+    if stats:
+        # the statistics' block partials ((sum, sumsq) per column of every block) and one ticket per column tile
+        partial_size = tiles * BN * 2
+        tickets = _tickets(cp, -(-NG // BN) * p.groups, cp.cuda.runtime.getDevice())
     accumulator = _accumulator(cp, tiles * BM * BN, cp.cuda.runtime.getDevice()) if atomic else None
     grid_m = M
     if direction == 1 and _split_by_residue(p):
@@ -702,9 +727,9 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
     args = [None] * 6 + _args(p, g, sx, sy) + [np.int32(splits), np.int32(per_split), np.float32(alpha),
                                                np.float32(beta)]
     if act:
-        _, coef, alpha2, sz, _ = epi_key
-        args = [None] * 2 + args + [np.int32(v) for v in (sz or (0, 0, 0, 0))] + [np.float32(alpha2),
-                                                                                 np.float32(coef)]
+        _, coef, alpha2, sz, _, _, _ = epi_key
+        args = [None] * (2 + 2 * bool(pro) + 2 * stats) + args + [np.int32(v) for v in (sz or (0, 0, 0, 0))] + \
+            [np.float32(alpha2), np.float32(coef)]
     main = _launch.prepare(kernel, (-(-grid_m // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
     return main, partial_size, table, tickets, accumulator
 
@@ -751,7 +776,8 @@ def implicit_forward_epilogue(p, x, w, epi, tf32=False, precomp=False, alpha=1.0
     implicit-GEMM forward with EPI=1.  ``out`` is required (the caller allocates y in its format)."""
     _check_out(out, p.y_shape, x.dtype)
     if epi.z is not None and p.nd == 1:
-        epi = Epilogue(epi.act, epi.coef, epi.alpha2, epi.z[:, :, None, :], epi.bias)
+        epi = Epilogue(epi.act, epi.coef, epi.alpha2, epi.z[:, :, None, :], epi.bias, epi.pro, epi.scale,
+                       epi.shift, epi.stats)
     _run_igemm(0, p, x, w, _as_2d(out, p.nd), tf32, precomp, alpha, beta, tile, epi)
     return out
 

@@ -69,6 +69,25 @@ SOURCE = r"""
 //   10 swish; act_coef its parameter), z read through its own strides (szn..szw).  One pass writing y.  A z that is
 //   y itself comes as beta = alpha2 (the existing read of out).  EPI 0 (every other launch): the kernel's
 //   parameters and code are those of the plain kernel.  Forward has no split-K, so the epilogue sees whole sums.
+// PRO 1 (with EPI 1; scale_bias_activation_convolution_forward): the batch-norm-apply prologue.  The convolution
+//   reads x' = pact(x * pscale[c] + pshift[c]) instead of x (PACT 1 identity, 2 relu; pscale/pshift float (C,)).
+//   The loaders copy x into shared memory unchanged (cp.async, or the 16-bit element loader's register copy);
+//   after a thread's wait for slice t (cp.async.wait_group: its own copies have landed and are visible to it)
+//   and BEFORE the barrier that publishes the slice, each thread rewrites the elements IT copied, in place:
+//   fma in float, the activation, rounded back to T.  It recomputes each element's channel and bounds from the
+//   slice's k (the VEC walk: k -> (r, s, c) by two divisions per slice; the element loader: its decode_tap, whose
+//   .w carries the channel under PRO), and skips the zero-filled ones (padding, tails): padding stays a zero of
+//   the ACTIVATED tensor, never pact(shift).  No extra barrier, no extra shared memory; B is untouched.
+// STATS 1 (with EPI 1): the batch-norm statistics of y AS STORED (rounded to T), per output channel k: ssum[k] =
+//   sum over n, p, q of y, ssq[k] = sum of y^2, float, written by the same launch.  Deterministic (no float
+//   atomics): each thread adds its valid (row, column) values over its rows in order; lanes with the same
+//   column (lane % 4) combine by an xor butterfly over lane / 4 (4, 8, 16); the warp rows of the block combine
+//   through shared memory in warp order; the block stores its (sum, sumsq) per column to `partial` at
+//   ((grp * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * BN * 2, fences and draws the column tile's
+//   ticket (`tickets[grp * gridDim.y + blockIdx.y]`, kept zeroed).  The block drawing the last ticket adds the
+//   gridDim.x partials of the column tile in a fixed order (thread t: float4 slot t % (BN/2) -- two columns --
+//   of m-tiles t / (BN/2), + 128 / (BN/2), ...; then the 128 / (BN/2) thread sums in thread order), writes
+//   ssum / ssq, and resets the ticket.  Same bits whichever block comes last.
 // Split-K (DIR 2, splits > 1), in the same launch: every block stores its raw accumulators to `partial` in
 //   fragment order (float4 f = acc[i][j][0..3], f = i*NJ + j, of thread tid at ((tile*splits + split)*FRAGS + f)
 //   * THREADS + tid: coalesced 16-byte stores and loads), fences, and takes a ticket of its output tile
@@ -134,6 +153,28 @@ SOURCE = r"""
 #else
 #define EPI_PTRS
 #define EPI_ARGS
+#endif
+#ifndef PRO
+#define PRO 0           // 1: the batch-norm-apply prologue on x (with EPI 1; see the opening comment)
+#endif
+#ifndef PACT
+#define PACT 2          // the prologue's activation: 1 identity, 2 relu
+#endif
+#ifndef STATS
+#define STATS 0         // 1: per-channel sum and sum of squares of y (with EPI 1; see the opening comment)
+#endif
+#if (PRO || STATS) && !EPI
+#error "PRO=1 and STATS=1 are options of the fused forward (EPI=1)"
+#endif
+#if PRO
+#define PRO_PTRS const float* __restrict__ pscale, const float* __restrict__ pshift,
+#else
+#define PRO_PTRS
+#endif
+#if STATS
+#define STATS_PTRS float* __restrict__ ssum, float* __restrict__ ssq,
+#else
+#define STATS_PTRS
 #endif
 #ifndef STAGES
 #define STAGES 3        // shared-memory pipeline depth (static shared memory stays under 48 KB for every tile)
@@ -274,6 +315,8 @@ __device__ __forceinline__ int4 decode_tap(int k, const Geo& g, const int4* __re
     t.y = r * g.dil_h; t.z = s * g.dil_w;
 #if DIR == 1
     t.x = ch * g.syc; t.w = ch * g.Cg * g.wrs + g.wt0 + r * g.wjr + s * g.wjs;
+#elif PRO
+    t.x = ch * g.sxc + t.y * g.sxh + t.z * g.sxw; t.w = ch;      // the prologue reads the channel
 #else
     t.x = ch * g.sxc + t.y * g.sxh + t.z * g.sxw; t.w = 0;
 #endif
@@ -329,10 +372,23 @@ __device__ __forceinline__ float epi_act(float v, float c) {
 }
 #endif
 
+#if PRO
+// The prologue's activation (PACT): identity or relu (NaN passes through, as activation_forward).
+__device__ __forceinline__ float pro_act(float v) {
+#if PACT == 1
+    return v;
+#elif PACT == 2
+    return v > 0.f ? v : (v != v ? v : 0.f);
+#else
+#error "unknown PACT"
+#endif
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restrict__ out,
            float* __restrict__ partial, const int4* __restrict__ table, unsigned int* __restrict__ tickets,
-           EPI_PTRS
+           EPI_PTRS PRO_PTRS STATS_PTRS
            int N, int C, int H, int W, int K, int P, int Q, int R, int S,
            int pad_h, int pad_w, int st_h, int st_w, int dil_h, int dil_w, int Cg, int Kg,
            int sxn, int sxc, int sxh, int sxw, int syn, int syc, int syh, int syw,
@@ -671,6 +727,46 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #endif
     };
 
+#if PRO
+    // The batch-norm-apply prologue (opening comment): after its wait for slice k0's copies and before the barrier,
+    // each thread rewrites the A elements it copied into `stage` as pact(x * pscale[c] + pshift[c]), in place;
+    // the zero-filled ones (padding, tails) stay zero.
+    auto prologue = [&](int stage, int k0) {
+#if VEC
+        const int k = k0 + v_kq;
+        if (k >= k_end) return;
+        const int rs = k / CH, c = k - rs * CH, r = rs / S, s_ = rs - r * S;
+        const int rh = r * dil_h, sw = s_ * dil_w, ch = grp * Cg + c;
+        float sc[VECW], sh[VECW];
+        #pragma unroll
+        for (int e = 0; e < VECW; ++e) { sc[e] = __ldg(pscale + ch + e); sh[e] = __ldg(pshift + ch + e); }
+        #pragma unroll
+        for (int i = 0; i < A_VECS; ++i) {
+            const int hh = v_h[i] + rh, ww = v_w[i] + sw;
+            if ((unsigned)hh >= (unsigned)H || (unsigned)ww >= (unsigned)W) continue;
+            union { uint4 u; T e[VECW]; } pk;
+            uint4* cell = reinterpret_cast<uint4*>(&AS(stage, v_kq, v_r0 + i * V_STEP));
+            pk.u = *cell;
+            #pragma unroll
+            for (int e = 0; e < VECW; ++e) from_f(&pk.e[e], pro_act(fmaf(to_f(pk.e[e]), sc[e], sh[e])));
+            *cell = pk.u;
+        }
+#else
+        #pragma unroll
+        for (int i = 0; i < A_ELEMS; ++i) {             // the loader's elements: row a_r, k = a_k0 + i*A_STEP
+            const int kk = a_k0 + i * A_STEP, k = k0 + kk;
+            if (!a_row_ok || k >= k_end) continue;
+            const int4 t = decode_tap(k, g, table);     // .w: the channel in the group
+            const int h = a_h0 + t.y, w = a_w0 + t.z;
+            if ((unsigned)h >= (unsigned)H || (unsigned)w >= (unsigned)W) continue;
+            T* v = &AS(stage, kk, a_r);
+            const int ch = grp * Cg + t.w;
+            from_f(v, pro_act(fmaf(to_f(*v), __ldg(pscale + ch), __ldg(pshift + ch))));
+        }
+#endif
+    };
+#endif
+
     float acc[MI][NJ][4];
     #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -693,6 +789,9 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
     for (int t = 0; t < tiles; ++t) {
         const int st = t % STAGES;
         WAIT_PENDING();
+#if PRO
+        prologue(st, k_begin + t * BK);     // this thread's own copies of slice t, before the barrier publishes it
+#endif
         __syncthreads();
         {
             const int nt = t + STAGES - 1;
@@ -864,6 +963,13 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             bias_col[j][e] = bias != nullptr && col < NG ? to_f(bias[grp * Kg + col]) : 0.f;
         }
 #endif
+#if STATS
+    float st_s[NJ][2], st_q[NJ][2];     // this thread's columns' sums of y and y^2 over its rows, in row order
+    #pragma unroll
+    for (int j = 0; j < NJ; ++j)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) st_s[j][e] = st_q[j][e] = 0.f;
+#endif
     #pragma unroll
     for (int i = 0; i < MI; ++i) {
         #pragma unroll
@@ -903,7 +1009,16 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
 #if EPI
                     float u = alpha * v + old;
                     if (zrow != nullptr) u += alpha2 * to_f(zrow[col * szc]);
+#if STATS
+                    T stored;
+                    from_f(&stored, epi_act(bias != nullptr ? u + bias_col[j][e] : u, act_coef));
+                    *dst = stored;
+                    const float yo = to_f(stored);          // the statistics of y as stored
+                    st_s[j][e] += yo;
+                    st_q[j][e] = fmaf(yo, yo, st_q[j][e]);
+#else
                     from_f(dst, epi_act(bias != nullptr ? u + bias_col[j][e] : u, act_coef));
+#endif
 #else
                     from_f(dst, alpha * v + old);
 #endif
@@ -911,6 +1026,69 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             }
         }
     }
+#if STATS
+    // ---- batch-norm statistics: block partials, then the column tile's last block adds them in order ------
+    #pragma unroll
+    for (int j = 0; j < NJ; ++j)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e)
+            #pragma unroll
+            for (int off = 4; off < 32; off *= 2) {     // over lane / 4 (the rows): every lane gets the same sum
+                st_s[j][e] += __shfl_xor_sync(0xffffffffu, st_s[j][e], off);
+                st_q[j][e] += __shfl_xor_sync(0xffffffffu, st_q[j][e], off);
+            }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();                                     // every warp is done reading sA: reuse it
+    float2* wsum = reinterpret_cast<float2*>(sA);        // [WARPS_M][BN]: each warp row's column sums
+    if (gq == 0) {
+        #pragma unroll
+        for (int j = 0; j < NJ; ++j)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e)
+                wsum[(warp % WARPS_M) * BN + wn0 + j * 8 + 2 * tq + e] = make_float2(st_s[j][e], st_q[j][e]);
+    }
+    __syncthreads();
+    const int ctile = grp * gridDim.y + blockIdx.y;      // this block's column tile (group, n0)
+    float2* part = reinterpret_cast<float2*>(partial) + (long long)ctile * gridDim.x * BN;
+    if (tid < BN) {
+        float2 v = wsum[tid];
+        #pragma unroll
+        for (int wm = 1; wm < WARPS_M; ++wm) { const float2 u = wsum[wm * BN + tid]; v.x += u.x; v.y += u.y; }
+        part[blockIdx.x * BN + tid] = v;
+    }
+    __shared__ int s_stats_last;
+    __threadfence();                   // the partial is visible device-wide ...
+    __syncthreads();                   // ... before thread 0 draws the column tile's ticket
+    if (tid == 0) s_stats_last = atomicAdd(tickets + ctile, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_stats_last) return;
+    __threadfence();                   // the other blocks' partials, published before their tickets
+    {
+        constexpr int V = BN / 2, RSTEP = THREADS / V;   // float4 slots (2 columns) per m-tile; threads per slot
+        const int slot = tid % V;
+        const float4* src = reinterpret_cast<const float4*>(part) + slot;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        #pragma unroll 8
+        for (int mt = tid / V; mt < (int)gridDim.x; mt += RSTEP) {
+            const float4 v = __ldcg(src + mt * V);       // L2: never a stale L1 line
+            a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+        }
+        float4* tsum = reinterpret_cast<float4*>(sA);
+        tsum[tid] = a;                                   // (wsum's last reads were before the barriers above)
+        __syncthreads();
+        if (tid < V) {
+            float4 v = tsum[tid];
+            for (int r = 1; r < RSTEP; ++r) {
+                const float4 u = tsum[r * V + tid];
+                v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+            }
+            const int col = n0 + 2 * tid;
+            if (col < NG) { ssum[grp * Kg + col] = v.x; ssq[grp * Kg + col] = v.y; }
+            if (col + 1 < NG) { ssum[grp * Kg + col + 1] = v.z; ssq[grp * Kg + col + 1] = v.w; }
+        }
+        if (tid == 0) tickets[ctile] = 0u;               // every block has drawn: free for the next launch
+    }
+#endif
 }
 """
 
