@@ -61,7 +61,7 @@ def _state():
     s = getattr(_local, "state", None)
     if s is None:
         s = _local.state = {"dtype": {}, "depth": 0, "cache": {}, "suspended": 0, "cache_enabled": True,
-                            "flat_used": {}}
+                            "flat_used": {}, "flat_low": {}}
     return s
 
 
@@ -107,10 +107,11 @@ def _end_of_outermost_region(s):
     if cache:
         used = {}
         for entry in cache.values():
-            if entry[3] is not None and entry[4]:
+            if entry[3] is not None:
                 used[entry[3]] = used.get(entry[3], 0) + entry[2].data.size
         s["flat_used"] = used
         cache.clear()
+    s["flat_low"].clear()
 
 
 @contextmanager
@@ -137,15 +138,14 @@ def set_flat_caster(fn):
 
 def _cast(t, dtype, s):
     """``t`` in ``dtype``.  Leaf tensors that require grad (weights) are cast once per outermost region: the cache
-    entry is (t, t's version when cast, the cast, id of t's flat buffer or None, used) and a later in-place update
-    of t (a new version) casts it again.  Cache entries are lists: a hit marks the entry used."""
+    entry is (t, t's version when cast, the cast, id of t's flat buffer or None) and a later in-place update
+    of t (a new version) casts it again."""
     if t.dtype == dtype:
         return t
     cacheable = s["cache_enabled"] and t.is_leaf and t.requires_grad
     if cacheable:
         hit = s["cache"].get(id(t))
         if hit is not None and hit[0] is t and hit[1] == t._version and hit[2].dtype == dtype:
-            hit[4] = True
             return hit[2]
         if _flat_caster is not None:
             out = _flat_caster(t, dtype, s)
@@ -153,7 +153,7 @@ def _cast(t, dtype, s):
                 return out
     out = t.to(dtype=dtype)
     if cacheable:
-        s["cache"][id(t)] = [t, t._version, out, None, True]
+        s["cache"][id(t)] = (t, t._version, out, None)
     return out
 
 

@@ -11,6 +11,8 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=record OUT=a.json python tools/fake_gpu_step.py TREE resnet20 128   # one step's launches (kernel, grid,
         packed arguments, array pointers read as 0; the third step, after two warm-ups): compare two trees' records
         with `python tools/record_launches.py --compare a.json b.json`
+    MODE=amp_ab AMP=bf16 python tools/fake_gpu_step.py TREE resnet20 2   # in-process A/B of the whole-flat-buffer
+        weight cast (minidnn._amp_state's flat caster on / off): ms per step, min of 15 alternated rounds of 20 steps
     AMP=bf16|fp16 (any mode): the forward and loss under minidnn.autocast("cuda", dtype=...), as bench/amp_step.py
         (fp16 without the GradScaler); CL=1: model and input channels_last.
     MODE=count also counts the CuPy operations the fake runs in NumPy (each a CuPy kernel launch on a GPU: ufuncs
@@ -193,6 +195,24 @@ elif mode == "time":
         for _ in range(20): step()
         best = min(best, (time.process_time() - t0) / 20)
     print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)}: {best*1e3:.3f} ms/step (CPU time, fake CuPy)")
+elif mode == "amp_ab":
+    import gc
+
+    from minidnn import _amp_state
+    caster = _amp_state._flat_caster
+    best = {"flat cast on": 1e9, "flat cast off": 1e9}
+    for _ in range(10): step()
+    for r in range(15):
+        for name, c in (("flat cast on", caster), ("flat cast off", None)):
+            _amp_state.set_flat_caster(c)
+            step(); step()
+            gc.collect()
+            t0 = time.process_time()
+            for _ in range(20): step()
+            best[name] = min(best[name], (time.process_time() - t0) / 20)
+    _amp_state.set_flat_caster(caster)
+    print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)}: " + ", ".join(f"{k} {v*1e3:.3f}" for k, v in best.items())
+          + " ms/step (CPU time, fake CuPy)")
 elif mode == "prof":
     import cProfile
     import pstats

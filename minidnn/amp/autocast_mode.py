@@ -10,8 +10,8 @@ The per-op policy (which ops run in the low-precision dtype, which in float32, w
 Weight casts are cached per outermost region (PyTorch's ``cache_enabled``).  Parameters that a fused optimizer keeps
 in one flat buffer are cast together: when the previous region's casts used at least half of a flat buffer's
 elements, the first of its parameters the region casts casts the whole buffer in one launch (``_cast_flat_buffer``),
-and every parameter's cast is a view of that copy with its own differentiable cast node -- the same values, nodes
-and gradients as one cast per parameter, in one launch instead of one per weight.
+and every parameter's cast is a view of that copy with its own differentiable cast node, made at its first use --
+the same values, nodes and gradients as one cast per parameter, in one launch instead of one per weight.
 """
 from __future__ import annotations
 
@@ -105,37 +105,28 @@ def _cast_node(t, data):
 
 def _cast_flat_buffer(t, dtype, s):
     """The autocast cast of parameter ``t`` when a fused optimizer's flat buffer holds it (None otherwise: the
-    caller casts it alone).  If the previous outermost region's casts used at least half of the buffer's elements
-    (batch-norm parameters, which autocast does not cast, are small beside the weights) (and
-    none of this buffer's casts is stale in this region), cast the whole flat buffer in one launch and fill the
-    cache with a view per parameter still bound to the buffer; else cast ``t`` alone, noting its buffer so the
-    region's end counts it."""
+    caller casts it alone).  The first such cast of a region whose previous outermost region's casts used at
+    least half of the buffer's elements (batch-norm parameters, which autocast does not cast, are small beside the
+    weights) casts the whole flat buffer in one launch and keeps it, with every parameter's version, for the
+    region; each parameter's cast is then a view of it with its own cast node, made when the region first uses
+    the parameter (if its version is still the one cast and it is still bound to the buffer).  Otherwise ``t`` is
+    cast alone, its buffer noted so the region's end counts it."""
     owner = owner_of(t)
     if owner is None:
         return None
     fs, j = owner
     key = id(fs)
     cache = s["cache"]
-    flat = fs.param
-    whole = (_grad_state.grad_enabled and not getattr(fs, "master", False) and flat.dtype == t.data.dtype
-             and t.data is fs.param_views[j] and cache.get(id(t)) is None
-             and 2 * s["flat_used"].get(key, 0) >= flat.size)
-    if not whole:
+    flat = s["flat_low"].get(key)
+    if flat is None and (_grad_state.grad_enabled and not getattr(fs, "master", False)
+                         and fs.param.dtype == t.data.dtype and 2 * s["flat_used"].get(key, 0) >= fs.param.size):
+        flat = s["flat_low"][key] = (fs, fs.param.astype(dtype), [p._version for p in fs.params])
+    if (flat is not None and flat[0] is fs and flat[1].dtype == dtype and t._version == flat[2][j]
+            and t.data is fs.param_views[j] and _grad_state.grad_enabled):
+        out = _cast_node(t, fs.view(flat[1], j))
+    else:
         out = t.to(dtype=dtype)
-        cache[id(t)] = [t, t._version, out, key, True]
-        return out
-    low = flat.astype(dtype)
-    out = None
-    for i, p in enumerate(fs.params):
-        if not (p.requires_grad and p.is_leaf) or p.data is not fs.param_views[i]:
-            continue
-        entry = cache.get(id(p))
-        if entry is not None and entry[0] is p and entry[1] == p._version and entry[2].dtype == dtype:
-            continue
-        cast = _cast_node(p, fs.view(low, i))
-        cache[id(p)] = [p, p._version, cast, key, p is t]
-        if p is t:
-            out = cast
+    cache[id(t)] = (t, t._version, out, key)
     return out
 
 
