@@ -17,9 +17,10 @@ the first GPU run: one flipped operand times |w| ~ 0.08 gave 7e-5).  Where no op
 field can differ the two accumulations are bitwise equal (same operands, same order); elsewhere each fp32
 accumulation of L = C/G*R*S products is within 2 L 2^-24 conv(|x'|, |w|) of its exact value.  With the epilogue
 rounding once vs 3-4 times: |dy| <= |alpha1| (conv(d, |w|) + [conv(d, |w|) > 0] 4 L 2^-24 conv(|x'|, |w|)) +
-4u (|alpha1 conv| + |alpha2 z| + |bias| + |y|).  y vs float64 (fp32 / TF32 only): (u_op + 2 L 2^-24) conv(|x'|, |w|) + 4 * 2^-24 (|alpha2 z| + |bias| + |y|),
-L the reduction length C/G*R*S, u_op = 2^-23 (x' rounded) or 2^-10 (TF32 operands).  Statistics vs the float64
-sums of the kernel's own y as stored: count * 2^-23 * sum |y| (sum of y^2 alike) -- they are of y as stored.
+4u (|alpha1 conv| + |alpha2 z| + |bias| + |y|).  y vs float64 (fp32 / TF32 only): (u_op + 2 L 2^-24)
+conv(|x'|, |w|) + 4 * 2^-24 (|alpha2 z| + |bias| + |y|), u_op = 2^-23 (x' rounded) or 2^-10 (TF32 operands).
+Statistics vs the float64 sums of the kernel's own y as stored: count * 2^-23 * sum |y| (sum of y^2 alike) --
+they are of y as stored.
 Determinism: y and the statistics of repeated calls bitwise equal.
 """
 import numpy as np
