@@ -28,13 +28,14 @@ import numbers
 
 import numpy as np
 
-from ._common import begin, check_out, shape_str
+from ._common import SeenCalls, begin, check_out, seen_plan, shape_str
 from .activation import ActivationDescriptor, activation_forward
 from .conv_problem import make_problem
 from .convolution import convolution_forward, forward_choice
 from .devices import is_cuda_array
 from .devices import is_floating as _is_floating
 from .errors import BadParamError
+from .handle import resolve_handle
 from .layout import TensorFormat, channels_first_perm, channels_last_perm, resolve_format, to_channels_first
 from .tensor_ops import add_tensor
 
@@ -214,13 +215,26 @@ _IDENTITY = ActivationDescriptor("identity")
 
 def _forward(where, handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, stats,
              prologue):
-    handle, _ = begin(handle, where, **_device_arrays(x, w, z, bias, y, stats, prologue))
-    fmt = resolve_format(None, format)
-    y_shape = _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt, stats,
-                            prologue)
+    key, seen = _seen(where, handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format,
+                      stats, prologue)
+    arrays = None
+    if seen is not None:
+        arrays = (x, w, z, bias) + ((None, None) if prologue is None else prologue[:2]) + (y,) + \
+            ((None, None) if stats is None else tuple(stats))
+        if seen.pairs and _any_overlap(seen, arrays):
+            seen = None                 # the full path: it raises, or runs the composition, as it always did
+    if seen is not None:
+        handle, fmt, y_shape = seen.handle, seen.fmt, seen.y_shape
+    else:
+        handle, _ = begin(handle, where, **_device_arrays(x, w, z, bias, y, stats, prologue))
+        fmt = resolve_format(None, format)
+        y_shape = _check_inputs(where, x, w, conv_desc, z, alpha1, alpha2, bias, activation_desc, y, fmt, stats,
+                                prologue)
+        if key is not None:
+            _SEEN.remember(key, _Seen(handle, fmt, y_shape, x, w, z, bias, y, stats, prologue))
     if is_cuda_array(x):
         fused = _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, fmt,
-                       y_shape, stats, prologue)
+                       y_shape, stats, prologue, seen)
         if not isinstance(fused, str):
             return fused
     xin = x if prologue is None else _apply_prologue(handle, x, prologue, fmt)
@@ -233,6 +247,97 @@ def _forward(where, handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, acti
     if stats is not None:
         _statistics(out, fmt, stats)
     return out
+
+
+# ---- the validated-signature shortcut (host cost per call; docs/host_overhead.md) -----------------------------
+# A CUDA call whose signature -- the primitive, the handle (by identity) and every setting of it a check or the
+# algorithm choice reads, the descriptors' values, ``algo``, the format, alpha1 / alpha2 (type and value: 1.0 and
+# True hash alike but the checks tell them apart), each array's type, shape, dtype, strides and device (None where
+# absent), the stats container's type and length, and the conv_epilogue switch -- passed every check before skips
+# the checks: they would pass again and give the same format and y shape.  What the checks read that the signature
+# leaves out are the arrays' addresses (the statistics must overlap no input, nor each other; y overlapping an
+# input runs the composition): every call still compares the byte spans of those arrays, from offsets the entry
+# computed once, and any overlap sends the call down the full path, which raises or declines as it always did.
+# The algorithm is still chosen at every call (forward_choice: the selector's caches), the fused kernel's rule
+# looked up per chosen algorithm.  NumPy arrays, and anything that cannot key a dict, take the full path.
+_SEEN = SeenCalls()
+_E = []         # conv_epilogue, imported on the first CUDA call (a function-level import costs ~2 us per call)
+
+
+def _epilogue():
+    if not _E:
+        from .cuda import conv_epilogue
+        _E.append(conv_epilogue)
+    return _E[0]
+
+
+def _sig(a):
+    return None if a is None else (type(a), a.shape, a.dtype, a.strides, a.data.device_id)
+
+
+def _seen(where, handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, stats,
+          prologue):
+    """(key, the remembered _Seen or None) of a call; (None, None) for a call the shortcut does not serve."""
+    if type(x) is np.ndarray or not is_cuda_array(x):
+        return None, None
+    try:
+        h = handle if handle is not None else resolve_handle(None, x)
+        key = (where, h, h.device, h.math_type, h.deterministic, h.benchmark, h.workspace_limit, conv_desc, algo,
+               format, type(alpha1), alpha1, type(alpha2), alpha2, type(activation_desc), activation_desc.mode,
+               activation_desc.coef, _epilogue().ENABLED[0], _sig(x), _sig(w), _sig(z), _sig(bias), _sig(y),
+               None if stats is None else (type(stats), len(stats), *map(_sig, stats)),
+               None if prologue is None else (_sig(prologue[0]), _sig(prologue[1]), type(prologue[2]),
+                                              prologue[2].mode, prologue[2].coef))
+    except (AttributeError, TypeError, ValueError):
+        return None, None
+    return seen_plan(_SEEN, key)
+
+
+# the arrays of a call, in _forward's order: x, w, z, bias, scale, shift, y, sum, sumsq
+_INPUTS, _Y, _SUMS = (0, 1, 2, 3, 4, 5), 6, (7, 8)
+
+
+class _Seen:
+    """What a validated call settled (the resolved handle, the format, y's shape), each array's byte span as
+    offsets from its address, and the (i, j) array pairs whose overlap the checks forbid or the fused path
+    declines; ``reasons``: the fused kernel's rule per chosen algorithm name."""
+    __slots__ = ("handle", "fmt", "y_shape", "offsets", "pairs", "reasons")
+
+    def __init__(self, handle, fmt, y_shape, x, w, z, bias, y, stats, prologue):
+        self.handle, self.fmt, self.y_shape, self.reasons = handle, fmt, y_shape, {}
+        arrays = (x, w, z, bias) + ((None, None) if prologue is None else prologue[:2]) + (y,) + \
+            ((None, None) if stats is None else tuple(stats))
+        self.offsets = tuple(None if a is None or a.size == 0 else _offsets(a) for a in arrays)
+        present = [i for i, off in enumerate(self.offsets) if off is not None]
+        pairs = set()
+        for i in present:
+            if i in _SUMS:                              # the statistics against every other array
+                pairs.update((min(i, j), max(i, j)) for j in present if j != i)
+            elif i == _Y:                               # y against every input
+                pairs.update((j, i) for j in present if j in _INPUTS)
+        self.pairs = tuple(sorted(pairs))
+
+
+def _offsets(a):
+    """(first, last) byte offsets from ``a``'s address that it can touch (strides may be negative)."""
+    lo = hi = 0
+    for n, st in zip(a.shape, a.strides):
+        if n > 1:
+            if st < 0:
+                lo += (n - 1) * st
+            else:
+                hi += (n - 1) * st
+    return lo, hi + a.itemsize - 1
+
+
+def _any_overlap(seen, arrays):
+    spans = [None if off is None else (a.data.ptr + off[0], a.data.ptr + off[1])
+             for a, off in zip(arrays, seen.offsets)]
+    for i, j in seen.pairs:
+        (a0, a1), (b0, b1) = spans[i], spans[j]
+        if a0 <= b1 and b0 <= a1:
+            return True
+    return False
 
 
 def _channel_view(a, ndim, fmt):
@@ -263,14 +368,8 @@ def _statistics(y, fmt, stats):
 
 def _span(a):
     """[first, last] byte addresses ``a`` can touch (its strides may be negative: a flipped view)."""
-    lo = hi = a.data.ptr
-    for n, st in zip(a.shape, a.strides):
-        if n > 1:
-            if st < 0:
-                lo += (n - 1) * st
-            else:
-                hi += (n - 1) * st
-    return lo, hi + a.itemsize - 1
+    lo, hi = _offsets(a)
+    return a.data.ptr + lo, a.data.ptr + hi
 
 
 def _overlap(a, b):
@@ -282,28 +381,40 @@ def _contiguous_1d(a):
     return a.size <= 1 or a.strides[-1] == a.itemsize
 
 
-def _early(handle, x, w, conv_desc, algo, activation_desc, format, stats, prologue):
-    """(forward_choice's result, None) where the kernel may run, or (None, the reason the composition runs)."""
-    from .cuda import conv_epilogue as E
-    why = E.early_reason(activation_desc.mode.name, None if prologue is None else prologue[2].mode.name)
+def _early(handle, x, w, conv_desc, algo, activation_desc, format, stats, prologue, seen=None):
+    """(forward_choice's result, None) where the kernel may run, or (None, the reason the composition runs).
+    ``seen``: the call's _Seen, whose per-algorithm rule it reads and fills."""
+    E = _epilogue()
+    pro_mode = None if prologue is None else prologue[2].mode.name
+    why = E.early_reason(activation_desc.mode.name, pro_mode)
     if why is not None:
         return None, why
     if stats is not None and not all(_contiguous_1d(a) for a in stats):
         return None, "strided statistics arrays (the kernel writes contiguous (K,) arrays)"
     choice = forward_choice(handle, x, w, conv_desc, algo, format)
-    h, plan, algorithm, _, _ = choice
-    if algorithm is None or plan.p.N == 0:
+    algorithm, p = choice[2], choice[1].p
+    if algorithm is None or p.N == 0:
         return None, "an empty batch (nothing to compute)"
-    why = E.supports(algorithm.algo.name, plan.p, activation_desc.mode.name,
-                     None if prologue is None else prologue[2].mode.name)
+    name = algorithm.algo.name
+    if seen is not None and name in seen.reasons:
+        why = seen.reasons[name]
+    else:
+        why = E.supports(name, p, activation_desc.mode.name, pro_mode)
+        if seen is not None:
+            seen.reasons[name] = why
     return (choice, None) if why is None else (None, why)
 
 
+def _flat(xp, a):
+    """``a`` as a contiguous 1-D array (itself where it is one)."""
+    return a if a.ndim == 1 and _contiguous_1d(a) else xp.ascontiguousarray(a.reshape(-1))
+
+
 def _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_desc, y, format, fmt, y_shape,
-           stats=None, prologue=None):
-    """y from the fused kernel, or the reason (a str) the composition runs instead."""
-    from .cuda import conv_epilogue as E
-    choice, why = _early(handle, x, w, conv_desc, algo, activation_desc, format, stats, prologue)
+           stats=None, prologue=None, seen=None):
+    """y from the fused kernel, or the reason (a str) the composition runs instead.  ``seen``: the call's _Seen
+    (its overlaps already ruled out), or None."""
+    choice, why = _early(handle, x, w, conv_desc, algo, activation_desc, format, stats, prologue, seen)
     if why is not None:
         return why
     h, plan, algorithm, xa, wa = choice
@@ -312,7 +423,7 @@ def _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_de
     if z is not None and alpha2 == 0:
         z = None                            # the composition never reads it either
     z_is_y = False
-    if y is not None:
+    if y is not None and seen is None:
         others = (("x", x), ("w", w), ("bias", bias)) + \
             (() if prologue is None else (("scale", prologue[0]), ("shift", prologue[1])))
         for name, a in others:
@@ -326,12 +437,11 @@ def _fused(handle, x, w, conv_desc, algo, z, alpha1, alpha2, bias, activation_de
     if y is None:
         y = xp.empty(y_shape, dtype=x.dtype)
     zc = None if z is None else to_channels_first(z, fmt)
-    b = None if bias is None else xp.ascontiguousarray(bias.reshape(-1))
-    pro = None if prologue is None else (xp.ascontiguousarray(prologue[0].reshape(-1)),
-                                         xp.ascontiguousarray(prologue[1].reshape(-1)), prologue[2].mode.name)
+    b = None if bias is None else _flat(xp, bias)
+    pro = None if prologue is None else (_flat(xp, prologue[0]), _flat(xp, prologue[1]), prologue[2].mode.name)
     with h.activate():
-        E.forward(p, xa, wa, algorithm.algo.name, plan.tf32, float(alpha1), zc, float(alpha2), b, mode,
-                  activation_desc.coef, to_channels_first(y, fmt), z_is_y, pro, stats)
+        _epilogue().forward(p, xa, wa, algorithm.algo.name, plan.tf32, float(alpha1), zc, float(alpha2), b, mode,
+                            activation_desc.coef, to_channels_first(y, fmt), z_is_y, pro, stats)
     return y
 
 
