@@ -269,3 +269,31 @@ def test_declined_prologue_runs_the_composition():
     xa = np.maximum(_f64(x) * _f64(sc).reshape(1, -1, 1, 1) + _f64(sh).reshape(1, -1, 1, 1), 0)
     _check(_f64(y), _conv64(xa, _f64(w), shape), 1e-5 * (1 + np.abs(_conv64(xa, np.abs(_f64(w)), shape))), "dw")
     _check_stats(st, y, "NCHW", "dw")
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_remembered_call_bitwise_equal_to_a_fresh_one(fmt):
+    """conv_fused's validated-signature shortcut: the remembered call's y and statistics are the fresh call's bits
+    (the table cleared between), for both fused primitives; a bad call after a remembered one still raises."""
+    from minidnn.backend import conv_fused as CF
+    from minidnn.backend.errors import BadParamError
+    shape = SHAPES[4]
+    desc, x, w, z, b, sc, sh = _arrays(shape, np.float32, MathType.TENSOR_OP, fmt, seed=5)
+    h = Handle("cuda", math_type=MathType.TENSOR_OP)
+    K = shape[2][0]
+    calls = {
+        "stats": lambda st: convolution_bias_activation_forward(h, x, w, desc, None, z, 0.75, -0.5, b, RELU,
+                                                                format=fmt, stats=st),
+        "bnrelu": lambda st: _call(h, desc, None, x, w, z, b, sc, sh, RELU, fmt, st),
+    }
+    for name, call in calls.items():
+        CF._SEEN.clear()
+        st0 = _stats(K)
+        y0 = call(st0)
+        assert len(CF._SEEN) == 1, name
+        st1 = _stats(K)
+        y1 = call(st1)                                       # remembered
+        assert cp.array_equal(y0, y1), name
+        assert cp.array_equal(st0[0], st1[0]) and cp.array_equal(st0[1], st1[1]), name
+        with pytest.raises(BadParamError, match="overlaps"):
+            call((x.reshape(-1)[:K], _stats(K)[1]))
