@@ -14,6 +14,11 @@ scale_bias_activation_convolution_forward(relu, stats=...) (one launch) vs its c
 conv, sums) vs PyTorch's relu(addcmul(shift, x, scale)) + F.conv2d + var_mean.
 
     PYTHONPATH=. python3 tools/conv_epilogue_bench.py --bn [--reps 50] [--math fp32,tf32,bf16] [--fmt NCHW,NHWC]
+
+--bn prints two groups of columns: "host incl." as above (back-to-back eager calls: the larger of host and GPU
+time per call), and "graph": the same forms' GPU time alone, ``reps`` calls captured in one CUDA graph
+(minidnn.cuda.CUDAGraph; torch.cuda.CUDAGraph for PyTorch), the graph replayed and timed with events, µs per call
+(nan where a form cannot be captured).  The gap between the two is host time per call.
 """
 import argparse
 import statistics
@@ -51,6 +56,68 @@ def _timer(cp, fn, reps):
     return statistics.median(windows)
 
 
+def _graph_timer(cp, fn, reps):
+    """µs per call of ``fn`` on the GPU alone: ``reps`` calls captured in one minidnn CUDA graph (after warm-up
+    calls on the capture's side stream: kernels compiled, scratch buffers made), replayed; median of 3 windows.
+    nan where the capture fails (a call that synchronises or a library call that refuses capture)."""
+    import minidnn.cuda as mc
+    try:
+        side = mc.Stream()
+        side.wait_stream(mc.current_stream())
+        with mc.stream(side):
+            for _ in range(3):
+                fn()
+        mc.current_stream().wait_stream(side)
+        g = mc.CUDAGraph()
+        with mc.graph(g):
+            for _ in range(reps):
+                fn()
+    except Exception as e:      # noqa: BLE001 -- reported, the column reads nan
+        print(f"    (graph capture failed: {type(e).__name__}: {str(e)[:120]})")
+        return float("nan")
+    g.replay()
+    cp.cuda.Device().synchronize()
+    windows = []
+    for _ in range(3):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        g.replay()
+        stop.record()
+        stop.synchronize()
+        windows.append(cp.cuda.get_elapsed_time(start, stop) / reps * 1000)
+    g.reset()
+    return statistics.median(windows)
+
+
+def _torch_graph_timer(torch, fn, reps):
+    """The same for PyTorch: ``reps`` calls of ``fn`` in one torch.cuda.CUDAGraph, replayed, µs per call."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+    except Exception as e:      # noqa: BLE001
+        print(f"    (torch graph capture failed: {type(e).__name__}: {str(e)[:120]})")
+        return float("nan")
+    g.replay()
+    torch.cuda.synchronize()
+    windows = []
+    for _ in range(3):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        stop.record()
+        stop.synchronize()
+        windows.append(start.elapsed_time(stop) / reps * 1000)
+    return statistics.median(windows)
+
+
 def bench_bn(args):
     """The batch-norm fusions (module docstring): us per call, fused / composition / plain conv / PyTorch."""
     import cupy as cp
@@ -65,8 +132,10 @@ def bench_bn(args):
         torch = None
     dtypes = {"fp32": np.float32, "tf32": np.float32, "bf16": ml_dtypes.bfloat16}
     relu, ident = B.ActivationDescriptor("relu"), B.ActivationDescriptor("identity")
+    print(f"{'':45s}| {'host incl. (back-to-back eager calls)':^35s} | {'graph (GPU time alone)':^35s} |")
     print(f"{'layer':26s} {'fmt':4s} {'math':4s} {'form':6s} | {'fused':>8s} {'compos.':>8s} {'conv':>8s} "
-          f"{'torch':>8s} | fused/comp fused/torch   (us per call)")
+          f"{'torch':>8s} | {'fused':>8s} {'compos.':>8s} {'conv':>8s} {'torch':>8s} | fused/torch host, graph"
+          "   (us per call)")
     for math in args.math.split(","):
         mt = B.MathType.TENSOR_OP if math == "tf32" else B.MathType.DEFAULT
         if torch is not None:
@@ -100,14 +169,21 @@ def bench_bn(args):
                                lambda: B.scale_bias_activation_convolution_reason(h, xd, scd, shd, relu, wm, desc,
                                                                                   format=fmt, stats=stats)),
                 }
-                t_conv = _timer(cp, lambda: B.convolution_forward(h, xd, wm, desc, format=fmt), args.reps)
+                def conv():
+                    return B.convolution_forward(h, xd, wm, desc, format=fmt)
+                t_conv = _timer(cp, conv, args.reps)
+                g_conv = _graph_timer(cp, conv, args.reps)
                 for form, (fused, reason) in forms.items():
                     why = reason()
                     t_fused = _timer(cp, fused, args.reps)
+                    g_fused = _graph_timer(cp, fused, args.reps)
                     E.ENABLED[0] = False
-                    t_comp = _timer(cp, fused, args.reps)
-                    E.ENABLED[0] = True
-                    t_torch = float("nan")
+                    try:
+                        t_comp = _timer(cp, fused, args.reps)
+                        g_comp = _graph_timer(cp, fused, args.reps)
+                    finally:
+                        E.ENABLED[0] = True
+                    t_torch = g_torch = float("nan")
                     if torch is not None:
                         tdt = torch.bfloat16 if math == "bf16" else torch.float32
                         mf = torch.channels_last if fmt == "NHWC" else torch.contiguous_format
@@ -122,8 +198,10 @@ def bench_bn(args):
                             t = F.conv2d(xin, tw, padding=pad)
                             return torch.var_mean(t, dim=(0, 2, 3), unbiased=False)
                         t_torch = _timer(cp, tfn, args.reps)
+                        g_torch = _torch_graph_timer(torch, tfn, args.reps)
                     print(f"{name:26s} {fmt:4s} {math:4s} {form:6s} | {t_fused:8.1f} {t_comp:8.1f} {t_conv:8.1f} "
-                          f"{t_torch:8.1f} | {t_fused / t_comp:9.2f}x {t_fused / t_torch:9.2f}x"
+                          f"{t_torch:8.1f} | {g_fused:8.1f} {g_comp:8.1f} {g_conv:8.1f} {g_torch:8.1f} | "
+                          f"{t_fused / t_torch:5.2f}x {g_fused / g_torch:5.2f}x"
                           + ("" if why is None else f"   (composition: {why})"))
 
 
