@@ -191,6 +191,14 @@ class Optimizer:
                 for fs in flat_sets:
                     if not fs.has_state.all():
                         self._publish_flat_state(group, fs, np.flatnonzero(fs.has_grad & ~fs.has_state))
+            # Each updated parameter was written in place (a fused kernel writes it through its flat buffer): bump
+            # its version as PyTorch's in-place updates do, so a graph that saved it for backward refuses to run and
+            # version-keyed caches (conv's kept filter re-layouts) see the change.  A step that GradScaler's found_inf
+            # skips on the device is bumped too: the host cannot know, and an extra bump only costs a re-layout.
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p._version += 1
         self._launches_per_step = launches
         self._grad_copies_per_step = copies
         return loss
@@ -395,6 +403,7 @@ class Optimizer:
             fs.set_step(j, self._flat_step_of(dst))
             if fs.master and "master_param" in values:       # the model's copy follows the loaded master copy
                 fs.param_views[j][...] = fs.master_views[j].astype(fs.lowp_dtype)
+                fs.params[j]._version += 1
 
     @staticmethod
     def _load_custom_state(p, dst, values):
