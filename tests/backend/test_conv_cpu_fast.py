@@ -316,9 +316,9 @@ def test_small_work_stays_on_the_calling_thread(threads, monkeypatch):
 
 ROWS = [  # (x shape, w shape, padding, dilation): stride 1, 2-D
     ((5, 16, 12, 12), (16, 16, 3, 3), 1, 1),              # conv16's shape, smaller
-    ((3, 4, 9, 11), (7, 4, 3, 2), (1, 0), 1),             # rectangular kernel, padding on one axis
-    ((2, 3, 10, 12), (5, 3, 3, 3), 2, (2, 1)),            # dilated height: rows shifted by 2 grid rows
-    ((4, 2, 8, 24), (3, 2, 5, 5), 2, 1),                  # five kernel rows
+    ((3, 6, 9, 11), (7, 6, 3, 2), (1, 0), 1),             # rectangular kernel, padding on one axis
+    ((2, 4, 10, 12), (5, 4, 3, 3), 2, (2, 1)),            # dilated height: rows shifted by 2 grid rows
+    ((4, 3, 8, 24), (3, 3, 5, 5), 2, 1),                  # five kernel rows
 ]
 
 
@@ -365,7 +365,11 @@ def test_flat_im2col_form_still_runs_where_the_rows_form_is_off(direction, monke
                                atol=1e-12)
 
 
-def test_flat_rows_form_applies_to_small_channel_counts_only():
-    small = _problem(((2, 16, 32, 32), (16, 16, 3, 3), 1, 1, 1, 1), np.float32)
-    large = _problem(((2, 64, 32, 32), (64, 64, 3, 3), 1, 1, 1, 1), np.float32)
-    assert conv_cpu._flat_rows_applies(small) and not conv_cpu._flat_rows_applies(large)
+def test_flat_rows_form_applies_where_it_measured_faster_only():
+    """Few output channels (R*K <= 96) and an inner axis of at least 12 width taps x channels."""
+    def applies(x_shape, w_shape, padding):
+        return conv_cpu._flat_rows_applies(_problem((x_shape, w_shape, padding, 1, 1, 1), np.float32))
+    assert applies((2, 16, 32, 32), (16, 16, 3, 3), 1) and applies((2, 3, 32, 32), (6, 3, 5, 5), 2)
+    assert not applies((2, 64, 32, 32), (64, 64, 3, 3), 1)            # 192 rows
+    assert not applies((2, 1, 32, 32), (6, 1, 5, 5), 0)               # LeNet's first layer: inner axis 5
+    assert not applies((2, 3, 32, 32), (16, 3, 3, 3), 1)              # RGB 3x3 stem: 9
