@@ -13,7 +13,6 @@ The algorithms live in conv_gemm.py (the reference, im2col + GEMM) and conv_algo
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import numpy as np
@@ -30,8 +29,6 @@ from .conv_algorithms import (
     ConvolutionFwdAlgo,
 )
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
-from .cuda.conv_igemm import FILTER_CACHE as _FILTER_CACHE
-from .cuda.conv_igemm import filter_version as _filter_version
 from .cuda.conv_igemm import shared_staging as _shared_staging
 from .devices import array_module, device_of, is_cuda_array
 from .devices import is_floating as _is_floating
@@ -62,7 +59,6 @@ __all__ = [
     "get_convolution_backward_filter_workspace_size",
     "get_convolution_algorithm_cache", "clear_convolution_algorithm_cache", "convolution_algorithm_cache_info",
     "convolution_shared_staging",
-    "convolution_filter_version",
 ]
 
 _REGISTRIES = (FORWARD_ALGORITHMS, BACKWARD_DATA_ALGORITHMS, BACKWARD_FILTER_ALGORITHMS)
@@ -313,20 +309,6 @@ def convolution_shared_staging():
     dy.  The results are bit for bit those of the calls made outside the block (the same kernels read the same NHWC
     data); the arrays given to the calls must not be written inside the block.  Nothing changes on the CPU."""
     return _shared_staging()
-
-
-def convolution_filter_version(owner, version, w):
-    """``with convolution_filter_version(owner, version, w):`` the GPU calls inside may reuse the re-layout (KRSC /
-    CRSK copy) of the filter array ``w`` that an earlier call made for the same ``owner`` at the same ``version``,
-    and keep the ones they make (one copy per form, dropped with ``owner``; never while a CUDA graph is being
-    captured, nor after a graph replay).  The caller vouches that ``w``'s values are unchanged while ``owner`` and
-    ``version`` are (nn vouches for a Parameter with its ``_version``).  Results are bit for bit those of the calls
-    made outside the block.  Nothing changes on the CPU.  Off unless MINIDNN_CONV_FILTER_CACHE=1 (a shared no-op
-    context then)."""
-    return _filter_version(owner, version, w) if _FILTER_CACHE[0] else _NO_VOUCH
-
-
-_NO_VOUCH = contextlib.nullcontext()
 
 
 def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None):

@@ -21,13 +21,11 @@ import functools
 import math
 import os
 import threading
-import weakref
 
 import numpy as np
 
 from .. import devices as _dev
 from . import conv_dw_nhwc as _dw_nhwc  # NHWC depthwise kernels (issue 9 item 2 / 12): hooks in direct_*
-from . import graphs as _graphs
 from . import launch as _launch
 from . import workspace as _ws
 from .conv_direct_source import SOURCE as DIRECT_SOURCE
@@ -301,94 +299,6 @@ def _filter_copy(cp, p, w, form):
     return t
 
 
-# ---- filter re-layouts kept per weight version --------------------------------------------------------------
-# A filter's KRSC / CRSK copy is a launch per call; while the weight is unchanged the copy is too.  The backend cannot
-# see writes into an array, so it keeps a copy only for a caller that vouches for the filter's version
-# (``filter_version``: nn does it for Parameters, whose every in-place write through minidnn bumps ``_version``).
-# An entry is hit only when all of these still hold: the same owner (weakly held: the entry goes with it), the same
-# array object as the one vouched then (held by the entry, so its memory cannot be reused meanwhile), the same
-# version, no CUDA-graph replay since (a replay runs no Python: it may have changed the weight without a bump;
-# graphs.REPLAYS), the same device and stream (the copy was queued there), form and groups.  While the current
-# stream captures a graph nothing is hit or kept (the graph makes its own copies, rewritten at every replay).
-# Cost: one copy per (layer, form, stream): at most twice the weights' size.  OFF by default (docs/host_overhead.md
-# round 11): a training step uses each weight version once per form, so it saves no launch there, and a write
-# through an alias of the weight (``p.detach().mul_()``, a view's in-place op, a raw write into ``p.data``) does
-# not bump the Parameter's version.  MINIDNN_CONV_FILTER_CACHE=1 (or FILTER_CACHE[0] = True): on.
-FILTER_CACHE = [os.environ.get("MINIDNN_CONV_FILTER_CACHE", "0") == "1"]
-_kept: dict = {}     # id(owner) -> (weakref to owner, {(form, groups, dev, stream): entry}); by identity (a Tensor's
-#                      == is elementwise), the item dropped when the owner dies
-
-
-def _forget(ref, key):
-    item = _kept.get(key)
-    if item is not None and item[0] is ref:
-        del _kept[key]
-
-
-class _Vouched(threading.local):
-    current = None          # (owner, version, array) while a filter_version block is open on this thread
-
-
-_vouched = _Vouched()
-
-
-class filter_version:
-    """``with filter_version(owner, version, w):`` the calls inside may reuse re-layouts of the filter array ``w``
-    made earlier for the same ``owner`` (any weak-referenceable object standing for the weight) at the same
-    ``version``, and keep the ones they make.  The caller vouches that ``w``'s values are unchanged while owner and
-    version are: every write into ``w`` changes ``version``, or rebinds the array.  Blocks do not nest (the inner
-    one holds inside it)."""
-    __slots__ = ("vouch", "outer")
-
-    def __init__(self, owner, version, w):
-        self.vouch = (owner, version, w)
-
-    def __enter__(self):
-        self.outer = _vouched.current
-        _vouched.current = self.vouch
-        return self
-
-    def __exit__(self, *exc):
-        _vouched.current = self.outer
-        return False
-
-
-def _kept_filter(cp, p, w, form, make):
-    """The kept ``form`` copy of the vouched filter ``w`` (``make(w)`` makes a fresh one), or None where this call
-    may not keep one (nothing vouched for ``w``, the cache off, or the stream capturing)."""
-    vouch = _vouched.current
-    if vouch is None or not FILTER_CACHE[0]:
-        return None
-    owner, version, arr = vouch
-    if w is not arr and (w.data.ptr != arr.data.ptr or w.shape != arr.shape or w.strides != arr.strides):
-        return None                         # another array than the one vouched for (a cast, a re-layout)
-    stream = cp.cuda.get_current_stream().ptr
-    if stream and cp.cuda.runtime.streamIsCapturing(stream):
-        return None
-    key = (form, p.groups, w.data.device_id, stream)
-    item = _kept.get(id(owner))
-    entries = item[1] if item is not None and item[0]() is owner else None
-    hit = None if entries is None else entries.get(key)
-    replays = _graphs.REPLAYS[0]
-    if hit is not None and hit[0] is arr and hit[1] == version and hit[2] == replays:
-        return hit[3]
-    t = make(w)
-    if entries is None:
-        entries = {}
-        _kept[id(owner)] = (weakref.ref(owner, functools.partial(_forget, key=id(owner))), entries)
-    entries[key] = (arr, version, replays, t)
-    return t
-
-
-def kept_filter_bytes():
-    """Device bytes held by the kept filter re-layouts (all owners, forms and streams)."""
-    return sum(e[3].nbytes for _, entries in list(_kept.values()) for e in entries.values())
-
-
-def clear_kept_filters():
-    _kept.clear()
-
-
 # ---- geometry -------------------------------------------------------------------------------------------
 
 def _as_2d(a, nd):
@@ -654,24 +564,10 @@ class _Call:
             return w
         if mode == "contiguous":
             return cp.ascontiguousarray(w)
-        if _vouched.current is not None:
-            t = _kept_filter(cp, self.p, w, mode, self._fresh_filter)
-            if t is not None:
-                return t
         if self.wcopy is None:
             return _filter_copy(cp, self.p, w, mode)
         run, shape = self.wcopy
         t = _ws.scratch(cp, w.data.device_id, "conv.filter", shape, w.dtype)     # read by this call's kernel only
-        run(w, t)
-        return t
-
-    def _fresh_filter(self, w):
-        """A new array holding the filter in this call's form (kept by _kept_filter, so not a scratch buffer)."""
-        cp = _launch.cupy()
-        if self.wcopy is None:
-            return _filter_copy(cp, self.p, w, self.wmode)
-        run, shape = self.wcopy
-        t = cp.empty(shape, dtype=w.dtype)
         run(w, t)
         return t
 

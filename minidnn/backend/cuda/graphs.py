@@ -67,13 +67,7 @@ def capture(stream, pool, result):
         result["graph"] = graph
 
 
-# Replays so far: a replay runs no Python, so caches keyed on versions (conv_igemm's kept filter re-layouts) treat
-# every replay as a possible write of anything the graph writes.
-REPLAYS = [0]
-
-
 def launch_graph(graph, stream=None):
-    REPLAYS[0] += 1
     graph.launch(stream=current_stream() if stream is None else stream)
 
 

@@ -16,7 +16,6 @@ BiasAdd (bias.py: a broadcast add whose gradient is convolution_backward_bias's 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 from ... import backend as B
@@ -27,7 +26,6 @@ from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
 from ...tensor import Tensor
-from ..parameter import Parameter
 from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, wrap
 from .bias import add_bias
 
@@ -53,32 +51,20 @@ def _last_shape(shape):
     return tuple(shape[i] for i in B.channels_last_perm(len(shape)))
 
 
-# A Parameter's filter re-layouts may be kept by the GPU kernels while its version is unchanged (off by default:
-# B.convolution_filter_version, docs/host_overhead.md round 11); nn vouches for Parameters only, whose in-place
-# writes through minidnn (optimizers, copy_, init, load_state_dict, in-place ops) bump ``_version``.
-def _vouch(w):
-    return B.convolution_filter_version(w, w._version, w.data) if isinstance(w, Parameter) else _NO_VOUCH
-
-
-_NO_VOUCH = contextlib.nullcontext()
-
-
 # The three primitives on a Tensor's arrays (channels-last activations as their NHWC views); each Function's forward
 # is one of these, and a first-order backward calls them directly (no Function recorded: no graph is being built).
 def _forward(x, w, desc):
-    with _vouch(w):
-        if _channels_last(x.data):
-            return wrap(_first(B.convolution_forward(handle_for(x), _last(x.data), w.data, desc, format="NHWC")))
-        return wrap(B.convolution_forward(handle_for(x), x.data, w.data, desc))
+    if _channels_last(x.data):
+        return wrap(_first(B.convolution_forward(handle_for(x), _last(x.data), w.data, desc, format="NHWC")))
+    return wrap(B.convolution_forward(handle_for(x), x.data, w.data, desc))
 
 
 def _backward_data(w, dy, desc, x_shape, h=None):
     h = handle_for(w) if h is None else h
-    with _vouch(w):
-        if _channels_last(dy.data):
-            return wrap(_first(B.convolution_backward_data(h, w.data, _last(dy.data), desc, _last_shape(x_shape),
-                                                           format="NHWC")))
-        return wrap(B.convolution_backward_data(h, w.data, dy.data, desc, tuple(x_shape)))
+    if _channels_last(dy.data):
+        return wrap(_first(B.convolution_backward_data(h, w.data, _last(dy.data), desc, _last_shape(x_shape),
+                                                       format="NHWC")))
+    return wrap(B.convolution_backward_data(h, w.data, dy.data, desc, tuple(x_shape)))
 
 
 def _backward_filter(x, dy, desc, w_shape, h=None):
