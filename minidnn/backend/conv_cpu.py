@@ -15,7 +15,9 @@ cross-correlation (same problem, same result up to float rounding), choosing the
 GEMM, groups == 1     Stride 1 on channels-first memory, where the padded width is at most 1.2x the output's: the
                       flat im2col (``_flat_dense_*``): per chunk of images, the zero-padded planes flattened, each
                       tap's cols rows a contiguous shifted copy of whole rows, one GEMM per chunk (details at the
-                      section below).  Otherwise:
+                      section below); for 2-D forward and backward data with few output channels (R*K <= 96) only
+                      the width taps are gathered and the kernel's rows stacked as one GEMM's output rows, then
+                      added shifted by whole grid rows (``_flat_rows_*``).  Otherwise:
                       x is copied ONCE into a zero-padded channels-last array; ``as_strided`` turns it into
                       the (N, *out, *kernel, C) window view, whose reshape to cols is one contiguous-run
                       gather (runs of kernel_w*C elements).  Where channels-first runs are longer (few
