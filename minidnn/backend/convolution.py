@@ -29,6 +29,7 @@ from .conv_algorithms import (
     ConvolutionFwdAlgo,
 )
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
+from .cuda.conv_igemm import filter_carry as _filter_carry
 from .cuda.conv_igemm import shared_staging as _shared_staging
 from .devices import array_module, device_of, is_cuda_array
 from .devices import is_floating as _is_floating
@@ -309,6 +310,16 @@ def convolution_shared_staging():
     dy.  The results are bit for bit those of the calls made outside the block (the same kernels read the same NHWC
     data); the arrays given to the calls must not be written inside the block.  Nothing changes on the CPU."""
     return _shared_staging()
+
+
+def convolution_filter_carry():
+    """A private route from a convolution's forward to its backward data (not cuDNN's API; nn's ConvForward uses
+    it, docs/host_overhead.md round 12): ``with carry:`` around ``convolution_forward`` keeps the GPU kernels' KRSC
+    copy of the filter (made where the 16-byte loader runs an NCHW filter) in ``carry`` instead of a scratch buffer;
+    ``with carry:`` around ``convolution_backward_data`` of the SAME filter array (unchanged since: the caller's
+    promise) reads that copy instead of making the (G, Cg, *kernel, Kg) one -- one launch less, the same bits.
+    Calls without it, CPU calls and other algorithms are unchanged; the copy lives as long as ``carry``."""
+    return _filter_carry()
 
 
 def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None):

@@ -218,6 +218,7 @@ def _transposer(a):
 # cannot be reused by another array; the copies are dropped when the scope closes.
 class _Scope(threading.local):
     memo = None
+    carry = None            # the active filter_carry (below)
 
 
 _scope = _Scope()
@@ -239,6 +240,47 @@ class shared_staging:
     def __exit__(self, *exc):
         _scope.memo = self.outer
         return False
+
+
+class filter_carry:
+    """One convolution's filter in the forward's KRSC form, carried from its forward to its backward data (a private
+    route of nn's ConvForward, docs/host_overhead.md round 12; ``backend.convolution.convolution_filter_carry``).
+
+    ``with carry:`` around the forward call: where that call copies the filter to (K, *kernel, Cg) for the VEC
+    loader, the copy goes into fresh memory kept here (``krsc``, with ``key`` = the filter's address, shape,
+    strides, dtype, device) instead of a scratch buffer.  ``with carry:`` around a backward-data call of the SAME
+    filter array (the key matches): where that call runs the VEC loader and would copy the filter to
+    (G, Cg, *kernel, Kg) (its CRSK form), it reads the kept copy through WKRSC=1 instead -- one transposing launch
+    less, the same bits (both B loaders fill the same (k, n) elements of the same slice, k = (r*S + s)*Kg + kk in
+    both, and the multiply reads B only through BS(stage, k, n): docs).  The caller vouches that the filter's values
+    did not change between the two calls (nn: autograd's saved-tensor version check); the kept copy *is* the
+    filter the forward multiplied by.  Outside a block, or with a key that does not match, both calls run as
+    without it.  Costs one filter copy of memory from forward to backward."""
+    __slots__ = ("krsc", "key", "outer")
+
+    def __init__(self):
+        self.krsc = self.key = self.outer = None
+
+    def __enter__(self):
+        self.outer = _scope.carry
+        _scope.carry = self
+        return self
+
+    def __exit__(self, *exc):
+        _scope.carry, self.outer = self.outer, None
+        return False
+
+
+def _filter_key(w):
+    return (w.data.ptr, w.shape, w.strides, w.dtype, w.data.device_id)
+
+
+def _carried(w):
+    """The active filter_carry when it holds a 16-byte-aligned KRSC copy of ``w`` itself, else None."""
+    carry = _scope.carry
+    if carry is None or carry.krsc is None or carry.krsc.data.ptr % 16 or carry.key != _filter_key(w):
+        return None
+    return carry
 
 
 def _stage(cp, a, run, slot=None):
@@ -523,7 +565,7 @@ class _Call:
     and arguments of the kernel plan (looked up again in ``_plans`` at each call, so clearing that table is seen)."""
     __slots__ = ("direction", "p", "stage", "wmode", "wcopy", "plan_key", "plan_args")
 
-    def __call__(self, cp, a, b, out, extra=()):
+    def __call__(self, cp, a, b, out, extra=(), carry=None):
         direction, nd = self.direction, self.p.nd
         if direction == 0:
             x, w = a, b
@@ -532,13 +574,13 @@ class _Call:
             st = self.stage[0]
             if st:
                 x = _stage(cp, x, st[0], 0)
-            src = (x, self._filter(cp, w))
+            src = (x, self._filter(cp, w, carry))
         elif direction == 1:
             dy = b if nd == 2 else b[:, :, None, :]
             st = self.stage[1]
             if st:
                 dy = _stage(cp, dy, st[0], 0)
-            src = (dy, self._filter(cp, a))
+            src = (dy, carry.krsc if self.wmode == "carried" else self._filter(cp, a))
         else:
             x, dy = (a, b) if nd == 2 else (a[:, :, None, :], b[:, :, None, :])
             sx, sy = self.stage
@@ -558,24 +600,31 @@ class _Call:
             if partial_size else accumulator
         main(src[0], src[1], out, partial, table, tickets, *extra)
 
-    def _filter(self, cp, w):
+    def _filter(self, cp, w, carry=None):
+        """The filter as the kernel reads it; ``carry`` (forward): a filter_carry that keeps the KRSC copy."""
         mode = self.wmode
         if mode == "as-is":
             return w
         if mode == "contiguous":
             return cp.ascontiguousarray(w)
         if self.wcopy is None:
-            return _filter_copy(cp, self.p, w, mode)
-        run, shape = self.wcopy
-        t = _ws.scratch(cp, w.data.device_id, "conv.filter", shape, w.dtype)     # read by this call's kernel only
-        run(w, t)
+            t = _filter_copy(cp, self.p, w, mode)                   # fresh memory
+        else:
+            run, shape = self.wcopy
+            # scratch: read by this call's kernel only; kept for backward data: fresh memory
+            t = _ws.scratch(cp, w.data.device_id, "conv.filter", shape, w.dtype) if carry is None else \
+                cp.empty(shape, dtype=w.dtype)
+            run(w, t)
+        if carry is not None and mode == "krsc":
+            carry.krsc, carry.key = t, _filter_key(w)
         return t
 
 
-def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=None, atomic=False):
+def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=None, atomic=False, carried=False):
     """The decisions of ``_run_igemm`` for these arrays' layouts and alignment (nothing launched, nothing copied):
     the VEC loader where the activations are NHWC-like, else the NCHW staging where the problem is large enough, and
-    the filter's form for the loader that runs."""
+    the filter's form for the loader that runs (``carried``, backward data: the forward's KRSC copy is at hand, a
+    filter_carry's, read through WKRSC=1 where the CRSK copy would be made)."""
     call = _Call()
     call.direction, call.p = direction, p
     call.stage = (False, False)
@@ -610,6 +659,8 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
                       and w.data.ptr % 16 == 0)
         if vec and reads_krsc:
             vec, call.wmode = "krsc", "as-is"        # a channels-last filter, read as it is (WKRSC=1)
+        elif vec and carried and p.Cg % (16 // p.itemsize) == 0:
+            vec, call.wmode = "krsc", "carried"      # the forward's KRSC copy (filter_carry), read by WKRSC=1
         elif vec:
             call.wmode = "crsk"                     # the filter as (G, Cg, *kernel, Kg)
         else:
@@ -647,7 +698,8 @@ def _as_meta(a):
     return a if type(a) is _Meta else _meta(a)
 
 
-def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, epi=None, atomic=False):
+def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, epi=None, atomic=False,
+               carry=None):
     """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
     (the filter gradient's split-K partials are added by the last block of each output tile, in split order), after
     the staging copies and filter transpose its loader needs.  The decisions (loader, staging, filter form) are
@@ -655,7 +707,9 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
     tile, split, the packed scalar arguments -- once per (direction, problem, strides, dtype, math, blend, tile,
     device) (``_plans``): a repeated call costs two dict lookups, its copies, the allocation of the split-K buffer
     and one prepared launch (host cost: docs/host_overhead.md).  ``epi`` (forward): the fused epilogue (Epilogue).
-    ``atomic`` (backward filter): the split-K sums by fp32 atomics (ATOMIC=1; non-deterministic, no partials)."""
+    ``atomic`` (backward filter): the split-K sums by fp32 atomics (ATOMIC=1; non-deterministic, no partials).
+    ``carry`` (a filter_carry; plain forward and backward data): forward keeps its KRSC filter copy in it, backward
+    data reads that copy (the caller checked it is of ``a``: ``_carried``)."""
     cp = _launch.cupy()
     key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
            out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
@@ -669,11 +723,14 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
         call(cp, a, b, out)
         return
     if epi is None:
+        carried = carry is not None and direction == 1
+        if carried:
+            key += ("carried",)
         call = _calls.get(key)
         if call is None:
             call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta,
-                                   tile)
-        call(cp, a, b, out)
+                                   tile, None, False, carried)
+        call(cp, a, b, out, (), carry)
         return
     key += (epi.key,)
     call = _calls.get(key)
@@ -766,7 +823,7 @@ def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, ou
         _check_out(out, p.y_shape, x.dtype)
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
-    _run_igemm(0, p, x, w, _as_2d(y, p.nd), tf32, precomp, alpha, beta, tile)
+    _run_igemm(0, p, x, w, _as_2d(y, p.nd), tf32, precomp, alpha, beta, tile, carry=_scope.carry)
     return y
 
 
@@ -783,13 +840,16 @@ def implicit_forward_epilogue(p, x, w, epi, tf32=False, precomp=False, alpha=1.0
 
 
 def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
+    """dx = alpha * (d conv / d x)^T dy + beta * out; inside a ``filter_carry`` block holding the forward's KRSC
+    copy of this ``w``, the VEC loader reads that copy (WKRSC=1) instead of making its CRSK one."""
     cp = _launch.cupy()
     dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, _channels_last(dy))
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
-    _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile)
+    _run_igemm(1, p, w, dy, _as_2d(dx, p.nd), tf32, precomp, alpha, beta, tile,
+               carry=None if _scope.carry is None else _carried(w))
     return dx
 
 

@@ -22,6 +22,7 @@ from ... import backend as B
 from ..._amp_state import autocast_op
 from ...autograd import Function, is_grad_enabled
 from ...backend._common import SeenCalls
+from ...backend.convolution import convolution_filter_carry
 from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
@@ -67,12 +68,29 @@ def _backward_data(w, dy, desc, x_shape, h=None):
     return wrap(B.convolution_backward_data(h, w.data, dy.data, desc, tuple(x_shape)))
 
 
+def _backward_data_carried(w, dy, desc, x_shape, h, carry):
+    """``_backward_data`` inside the forward's filter carry (ConvForward), where it holds one."""
+    if carry is None:
+        return _backward_data(w, dy, desc, x_shape, h)
+    with carry:
+        return _backward_data(w, dy, desc, x_shape, h)
+
+
 def _backward_filter(x, dy, desc, w_shape, h=None):
     h = handle_for(x) if h is None else h
     if _channels_last(x.data) and _channels_last(dy.data):
         return wrap(B.convolution_backward_filter(h, _last(x.data), _last(dy.data), desc, tuple(w_shape),
                                                   format="NHWC"))
     return wrap(B.convolution_backward_filter(h, x.data, dy.data, desc, tuple(w_shape)))
+
+
+# The forward's filter copy, carried to the first-order backward data (docs/host_overhead.md round 12): on the GPU,
+# where the forward copies an NCHW filter to KRSC for the kernels' 16-byte loader, ``convolution_filter_carry``
+# keeps that copy on the ctx and backward data reads it (WKRSC=1) instead of making its own CRSK copy: one launch
+# less per layer and step, the same bits, one filter copy of memory held from forward to backward.  It is the
+# filter the forward multiplied by, and backward reads it only after ``saved_tensors`` passed autograd's version
+# check of w (an in-place change of w raises there).  Switch: CARRY_FILTER[0] = False (tests compare both).
+CARRY_FILTER = [True]
 
 
 class ConvForward(Function):
@@ -82,13 +100,20 @@ class ConvForward(Function):
         # gx needs w, gw needs x: keep only what the requested gradients use.
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         ctx.shapes = (tuple(x.shape), tuple(w.shape))
-        return _forward(x, w, desc)
+        if not (ctx.needs_input_grad[0] and CARRY_FILTER[0] and B.is_cuda_array(w.data)):
+            ctx.carry = None
+            return _forward(x, w, desc)
+        with convolution_filter_carry() as carry:
+            y = _forward(x, w, desc)
+        ctx.carry = carry if carry.krsc is not None else None
+        return y
 
     @staticmethod
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
         x_shape, w_shape = ctx.shapes
         need = ctx.needs_input_grad
+        carry, ctx.carry = ctx.carry, None      # read once: a retained graph's second backward makes its own copy
         if not is_grad_enabled():       # first order: the primitives directly
             if need[0] and need[1]:     # both read gy: the GPU kernels' NHWC copy of it is made once
                 # independent: on the CPU at >= 2 threads, one per thread (threads.parallel_pair, docs/threads.md)
@@ -96,9 +121,9 @@ class ConvForward(Function):
                 h = handle_for(x)       # resolved here: the default handle is per thread, and the pair's second
                 #                         half may run on a pool thread (its own handle, algorithm cache, settings)
                 with B.convolution_shared_staging():
-                    return (*parallel_pair(lambda: _backward_data(w, gy, ctx.desc, x_shape, h),
+                    return (*parallel_pair(lambda: _backward_data_carried(w, gy, ctx.desc, x_shape, h, carry),
                                            lambda: _backward_filter(x, gy, ctx.desc, w_shape, h), work), None)
-            return (_backward_data(w, gy, ctx.desc, x_shape) if need[0] else None,
+            return (_backward_data_carried(w, gy, ctx.desc, x_shape, None, carry) if need[0] else None,
                     _backward_filter(x, gy, ctx.desc, w_shape) if need[1] else None, None)
         gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
         gw = ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape) if need[1] else None
