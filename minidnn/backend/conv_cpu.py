@@ -389,9 +389,10 @@ _FLAT_ROWS_MIN_INNER = 12          # S*C: a shorter inner axis lost -- LeNet's f
                                    # 1.20 -> 0.96
 
 
-def _flat_rows_applies(p: ConvProblem):
-    return (p.nd == 2 and p.kernel[0] > 1 and p.K * p.kernel[0] <= _FLAT_ROWS_MAX_ROWS
-            and p.C * p.kernel[1] >= _FLAT_ROWS_MIN_INNER)
+def _flat_rows_applies(p: ConvProblem, outputs, inputs):
+    """For a correlation of ``inputs`` channels into ``outputs`` (the forward's C -> K; backward data's K -> C)."""
+    return (p.nd == 2 and p.kernel[0] > 1 and outputs * p.kernel[0] <= _FLAT_ROWS_MAX_ROWS
+            and inputs * p.kernel[1] >= _FLAT_ROWS_MIN_INNER)
 
 
 def _flat_rows_correlate(a, w, p: ConvProblem, padding, in_size, out_size):
@@ -446,7 +447,7 @@ def _flat_dense_applies(p: ConvProblem, *arrays):
 
 def dense_forward(p: ConvProblem, x, w, tf32=False):
     if _flat_dense_applies(p, x):
-        if _flat_rows_applies(p):
+        if _flat_rows_applies(p, p.K, p.C):
             return _flat_rows_correlate(x, w, p, p.padding, p.in_size, p.out_size)
         return _flat_dense_correlate(x, _w_mat(w), p, p.padding, p.in_size, p.out_size)
     if _gather_channels_first(p):
@@ -570,7 +571,7 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
         pad = tuple(d * (r - 1) - q for q, d, r in zip(p.padding, p.dilation, p.kernel))
         flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * p.nd)]        # (K, C, *kernel)
         if _flat_dense_applies(p, dy):
-            if _flat_rows_applies(p):
+            if _flat_rows_applies(p, p.C, p.K):
                 return _flat_rows_correlate(dy, np.swapaxes(flipped, 0, 1), p, pad, p.out_size, p.in_size)
             return _flat_dense_correlate(dy, _w_mat(np.swapaxes(flipped, 0, 1)), p, pad, p.out_size, p.in_size)
         dy_cl = _channels_last_padded(dy, pad)

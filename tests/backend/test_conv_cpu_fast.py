@@ -338,7 +338,8 @@ def test_flat_rows_form_matches_float64_reference(cfg, direction, images, dtype,
     and one chunk of all), against the float64 DIRECT loops."""
     x_shape, w_shape, padding, dilation = cfg
     p = _problem((x_shape, w_shape, padding, 1, dilation, 1), dtype)
-    assert conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) and conv_cpu._flat_rows_applies(p)
+    channels = (p.K, p.C) if direction == "forward" else (p.C, p.K)
+    assert conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) and conv_cpu._flat_rows_applies(p, *channels)
     _, offsets, length, _, _ = conv_cpu._flat_dense_plan(p, p.in_size, p.padding, p.out_size, min(p.C, p.K), 8)
     monkeypatch.setattr(conv_cpu, "_FLAT_COLS_BYTES", images * len(offsets) * min(p.C, p.K) * length * 8)
     calls, original = [], conv_cpu._flat_rows_correlate
@@ -359,17 +360,22 @@ def test_flat_im2col_form_still_runs_where_the_rows_form_is_off(direction, monke
     ran slower stacked); switched off, the same problem goes through it and still matches."""
     p = _problem(ROWS[0][:3] + (1, 1, 1), np.float64)
     monkeypatch.setattr(conv_cpu, "_FLAT_ROWS_MAX_ROWS", 0)
-    assert not conv_cpu._flat_rows_applies(p)
+    assert not conv_cpu._flat_rows_applies(p, p.K, p.C)
     a, b = _operands(direction, *_inputs(p, np.float64, np.random.default_rng(2)))
     np.testing.assert_allclose(PAIRS[direction][0][0](p, a, b), _direct64(direction, p, a, b), rtol=1e-12,
                                atol=1e-12)
 
 
 def test_flat_rows_form_applies_where_it_measured_faster_only():
-    """Few output channels (R*K <= 96) and an inner axis of at least 12 width taps x channels."""
-    def applies(x_shape, w_shape, padding):
-        return conv_cpu._flat_rows_applies(_problem((x_shape, w_shape, padding, 1, 1, 1), np.float32))
+    """Few output channels (R*K <= 96) and an inner axis of at least 12 width taps x channels; backward data
+    correlates K channels into C, so its roles swap."""
+    def applies(x_shape, w_shape, padding, direction="forward"):
+        p = _problem((x_shape, w_shape, padding, 1, 1, 1), np.float32)
+        return conv_cpu._flat_rows_applies(p, *((p.K, p.C) if direction == "forward" else (p.C, p.K)))
     assert applies((2, 16, 32, 32), (16, 16, 3, 3), 1) and applies((2, 3, 32, 32), (6, 3, 5, 5), 2)
     assert not applies((2, 64, 32, 32), (64, 64, 3, 3), 1)            # 192 rows
     assert not applies((2, 1, 32, 32), (6, 1, 5, 5), 0)               # LeNet's first layer: inner axis 5
     assert not applies((2, 3, 32, 32), (16, 3, 3, 3), 1)              # RGB 3x3 stem: 9
+    assert applies((2, 64, 32, 32), (16, 64, 3, 3), 1)                # 64 -> 16: 48 rows, inner 192
+    assert not applies((2, 64, 32, 32), (16, 64, 3, 3), 1, "backward_data")   # 16 -> 64: 192 rows
+    assert applies((2, 3, 32, 32), (16, 3, 3, 3), 1, "backward_data")        # 16 -> 3: 9 rows, inner 48
