@@ -17,6 +17,7 @@ BiasAdd (bias.py: a broadcast add whose gradient is convolution_backward_bias's 
 from __future__ import annotations
 
 import math
+import os
 
 from ... import backend as B
 from ..._amp_state import autocast_op
@@ -89,8 +90,9 @@ def _backward_filter(x, dy, desc, w_shape, h=None):
 # keeps that copy on the ctx and backward data reads it (WKRSC=1) instead of making its own CRSK copy: one launch
 # less per layer and step, the same bits, one filter copy of memory held from forward to backward.  It is the
 # filter the forward multiplied by, and backward reads it only after ``saved_tensors`` passed autograd's version
-# check of w (an in-place change of w raises there).  Switch: CARRY_FILTER[0] = False (tests compare both).
-CARRY_FILTER = [True]
+# check of w (an in-place change of w raises there).  Switch: CARRY_FILTER[0] = False, or the environment's
+# MINIDNN_CONV_CARRY_FILTER=0 at import (tests and the A/B bench compare both).
+CARRY_FILTER = [os.environ.get("MINIDNN_CONV_CARRY_FILTER", "1") != "0"]
 
 
 class ConvForward(Function):
