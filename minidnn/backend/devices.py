@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 import numpy as np
 
@@ -43,6 +44,15 @@ def _try_cupy():
             _cupy = cupy
         except Exception as exc:  # ImportError, or a broken CUDA install raising at import
             _cupy_error = exc
+    return _cupy
+
+
+def _loaded_cupy():
+    """The CuPy module if the caller's program has imported it (an object that is not a NumPy array may then be a
+    CuPy array handed straight to a backend primitive before minidnn itself asked for a GPU), else None.  Only the
+    rare path pays: a non-NumPy object while minidnn has not loaded CuPy yet."""
+    if _cupy is None and not _cupy_tried and "cupy" in sys.modules:
+        _try_cupy()
     return _cupy
 
 
@@ -190,12 +200,13 @@ def set_default_device(spec) -> None:
 
 def is_cuda_array(x) -> bool:
     """True if ``x`` is a CuPy ndarray (False for NumPy arrays, and always False without CuPy)."""
-    return _cupy is not None and isinstance(x, _cupy.ndarray)
+    cp = _cupy if _cupy is not None or type(x) is np.ndarray else _loaded_cupy()
+    return cp is not None and isinstance(x, cp.ndarray)
 
 
 def array_module(x):
     """numpy or cupy: the module that holds array ``x`` (a NumPy scalar counts as NumPy)."""
-    if type(x) is np.ndarray or _cupy is None:
+    if type(x) is np.ndarray or (_cupy is None and _loaded_cupy() is None):
         return np
     return _cupy if isinstance(x, _cupy.ndarray) else np
 
@@ -203,7 +214,7 @@ def array_module(x):
 def device_of(x) -> Device:
     """The Device an array lives on: cpu for a NumPy array (or anything that is not a CuPy array), cuda:i for a CuPy
     array on GPU i."""
-    if type(x) is np.ndarray or _cupy is None or not isinstance(x, _cupy.ndarray):
+    if type(x) is np.ndarray or (_cupy is None and _loaded_cupy() is None) or not isinstance(x, _cupy.ndarray):
         return CPU
     index = x.data.device_id        # what x.device.id reads, without building a cupy Device per call
     dev = _device_cache.get(index)

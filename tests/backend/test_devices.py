@@ -53,3 +53,28 @@ def test_gpu_cast_of_a_channels_last_array_keeps_its_layout():
         assert y.shape == x.shape and y.dtype == dtype
         np.testing.assert_array_equal(cp.asnumpy(y), host.transpose(0, 3, 1, 2).astype(dtype))
         assert y.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def test_cupy_array_recognised_before_minidnn_asked_for_a_gpu(monkeypatch):
+    """A program that imports CuPy itself and hands a CuPy array straight to a backend primitive, before minidnn has
+    asked for a GPU: the array is still recognised as a GPU array (it used to be taken for a CPU one and fail deep
+    inside NumPy).  A stand-in module plays CuPy, so this runs without a GPU."""
+    import sys
+    import types
+
+    from minidnn.backend import devices as D
+
+    fake = types.ModuleType("cupy")
+
+    class ndarray:                      # noqa: N801  (CuPy's name)
+        class data:                     # noqa: N801
+            device_id = 0
+    fake.ndarray = ndarray
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(D, "_cupy", None)
+    monkeypatch.setattr(D, "_cupy_tried", False)
+    monkeypatch.setattr(D, "_cupy_error", None)
+    a = ndarray()
+    assert D.array_module(a) is fake and D.is_cuda_array(a)
+    assert D.array_module(np.zeros(2)) is np and not D.is_cuda_array(np.zeros(2))
+    assert D.device_of(np.zeros(2)) == D.CPU
