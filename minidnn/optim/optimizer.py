@@ -192,9 +192,9 @@ class Optimizer:
                     if not fs.has_state.all():
                         self._publish_flat_state(group, fs, np.flatnonzero(fs.has_grad & ~fs.has_state))
             # Each updated parameter was written in place (a fused kernel writes it through its flat buffer): bump
-            # its version as PyTorch's in-place updates do, so a graph that saved it for backward refuses to run and
-            # version-keyed caches (conv's kept filter re-layouts) see the change.  A step that GradScaler's found_inf
-            # skips on the device is bumped too: the host cannot know, and an extra bump only costs a re-layout.
+            # its version as PyTorch's in-place updates do, so a graph that saved it for backward refuses to run (the
+            # conv filter carried from forward to backward data relies on that check).  A step that GradScaler's
+            # found_inf skips on the device is bumped too: the host cannot know, and an extra bump costs nothing.
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
