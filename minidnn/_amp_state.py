@@ -22,7 +22,8 @@ import numpy as np
 
 from .backend.devices import is_floating as _is_floating
 
-__all__ = ["cast_inputs", "autocast_op", "policy_of", "is_active", "enter", "exit_", "get_dtype", "suspended"]
+__all__ = ["cast_inputs", "autocast_op", "policy_of", "is_active", "enter", "exit_", "get_dtype", "suspended",
+           "float32_grad_of"]
 
 _local = threading.local()
 _active_regions = 0            # enabled regions in all threads: the cheap test every op makes first
@@ -136,6 +137,28 @@ def set_flat_caster(fn):
     _flat_caster = fn
 
 
+# Every other cast a region makes: caster(t, dtype) -> t in dtype, differentiably (minidnn.amp installs its marked
+# cast node, whose float32 source tells consumers they may hand back float32 gradients: ``float32_grad_of``).
+_caster = None
+
+
+def set_caster(fn):
+    global _caster
+    _caster = fn
+
+
+def float32_grad_of(t):
+    """float32 where ``t`` is an autocast cast of a float32 tensor to float16/bfloat16 (its cast node's backward would
+    convert t's gradient to float32 anyway, and passes a float32 one through without a launch), else None.  A
+    consumer whose backward computes t's gradient with float32 sums (the filter-gradient kernels) may then return
+    it in float32, unrounded; only first-order backward does (create_graph keeps t's dtype)."""
+    n = t.grad_fn
+    if n is not None and getattr(n, "float32_grad_ok", False) and n.src_dtype == np.float32 \
+            and t.data.dtype.itemsize == 2:
+        return n.src_dtype
+    return None
+
+
 def _cast(t, dtype, s):
     """``t`` in ``dtype``.  Leaf tensors that require grad (weights) are cast once per outermost region: the cache
     entry is (t, t's version when cast, the cast, id of t's flat buffer or None) and a later in-place update
@@ -151,7 +174,7 @@ def _cast(t, dtype, s):
             out = _flat_caster(t, dtype, s)
             if out is not None:
                 return out
-    out = t.to(dtype=dtype)
+    out = t.to(dtype=dtype) if _caster is None else _caster(t, dtype)
     if cacheable:
         s["cache"][id(t)] = (t, t._version, out, None)
     return out

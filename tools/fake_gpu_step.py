@@ -110,7 +110,7 @@ def _counted(name):
 from minidnn.backend.cuda import cublas as _cublas
 
 _fake_gemm = _cublas.gemm
-def _gemm(a, b, tf32=False):    # cuBLAS writes the operands' dtype (NumPy's bfloat16 matmul gives float32); one launch
+def _gemm(a, b, tf32=False, out_dtype=None):    # cuBLAS writes the operands' dtype (or out_dtype); one launch
     on = cupy_log[0]
     cupy_log[0] = False
     try:
@@ -119,7 +119,8 @@ def _gemm(a, b, tf32=False):    # cuBLAS writes the operands' dtype (NumPy's bfl
         cupy_log[0] = on
     if cupy_log[1] is None:     # MODE=record lists the gemm as the fake's count_launches entry
         _note("cublas gemm", (a, b))
-    return r if r.dtype == a.dtype else w(np.asarray(r).astype(a.dtype))
+    want = a.dtype if out_dtype is None else np.dtype(out_dtype)
+    return r if r.dtype == want else w(np.asarray(r).astype(want))
 _cublas.gemm = _gemm
 if os.environ.get("MODE", "count") in ("count", "record"):    # the hooks cost host time: not in MODE=time/prof
     _nd.__array_ufunc__ = _array_ufunc

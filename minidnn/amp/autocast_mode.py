@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _amp_state
 from ..autograd import _state as _grad_state
+from ..backend.devices import to_device
 from ..backend.ownership import owner_of
 from ..ops.linalg import Transfer
 from ..tensor import _to_dtype
@@ -95,12 +96,30 @@ def get_autocast_dtype(device_type: str):
     return dt if dt is not None else (_DEFAULTS.get(device_type) or _bfloat16())
 
 
+class AutocastCast(Transfer):
+    """The node of a cast autocast makes (``t.to(dtype)``'s Transfer, marked).  Its backward converts the gradient
+    back to t's dtype, and passes one already in it through untouched (no launch).  So where t is float32, a
+    consumer of the float16/bfloat16 cast whose backward sums t's gradient in float32 anyway -- the convolution
+    and linear weight gradients (``_amp_state.float32_grad_of``) -- hands that gradient back in float32: the bf16
+    rounding of dw that PyTorch makes (and its cast launch) is skipped, so the gradient is slightly more accurate
+    than PyTorch's (docs/amp.md)."""
+    __slots__ = ()
+    float32_grad_ok = True
+
+
 def _cast_node(t, data):
     """``data`` (t cast to another dtype) as the output of t's differentiable cast: the node ``t.to(dtype)``
-    records, so the gradient comes back to t in t's dtype."""
-    n = Transfer.node(t)
+    records (marked as autocast's), so the gradient comes back to t in t's dtype."""
+    n = AutocastCast.node(t)
     n.src_device, n.src_dtype = t.device, t.dtype
     return n.output(data)
+
+
+def _cast(t, dtype):
+    """autocast's cast of ``t`` to ``dtype``: ``t.to(dtype=dtype)``, with the marked node where one is recorded."""
+    if not (_grad_state.grad_enabled and t.requires_grad):
+        return t.to(dtype=dtype)
+    return _cast_node(t, to_device(t.data, t.device, dtype=dtype))
 
 
 def _cast_flat_buffer(t, dtype, s):
@@ -125,9 +144,10 @@ def _cast_flat_buffer(t, dtype, s):
             and t.data is fs.param_views[j] and _grad_state.grad_enabled):
         out = _cast_node(t, fs.view(flat[1], j))
     else:
-        out = t.to(dtype=dtype)
+        out = _cast(t, dtype)
     cache[id(t)] = (t, t._version, out, key)
     return out
 
 
 _amp_state.set_flat_caster(_cast_flat_buffer)
+_amp_state.set_caster(_cast)

@@ -46,8 +46,11 @@ def tf32_compute(xp, enabled: bool):
         linalg.set_compute_type(np.float32, previous)
 
 
-def matmul(a, b, tf32: bool = False):
-    """``a @ b`` with TF32 allowed when ``tf32`` (CuPy, float32 only; NumPy ignores it)."""
+def matmul(a, b, tf32: bool = False, out_dtype=None):
+    """``a @ b`` with TF32 allowed when ``tf32`` (CuPy, float32 only; NumPy ignores it).  ``out_dtype`` float32 with
+    float16/bfloat16 operands: the product's float32 sums unrounded (autocast's weight gradients)."""
+    if out_dtype is not None and np.dtype(out_dtype) != a.dtype:
+        return _float32_matmul(a, b, tf32, np.dtype(out_dtype))
     xp = array_module(a)
     if a.shape[-1] == 1:
         return a * b                          # inner dim 1: an outer product, by broadcasting
@@ -72,6 +75,21 @@ def matmul(a, b, tf32: bool = False):
         with tf32_compute(xp, tf32 and a.dtype == np.float32 and a.ndim == 2 and b.ndim == 2):
             return xp.matmul(a, b)
     return cpu_matmul(a, b)
+
+
+def _float32_matmul(a, b, tf32, dt):
+    """a @ b in float32 from float16/bfloat16 operands: cuBLAS writes its float32 sums (one launch); NumPy multiplies
+    float32 copies (exact products, float32 sums: what the GPU's tensor cores compute, up to the order)."""
+    if dt != np.float32 or a.dtype.itemsize != 2 or b.dtype != a.dtype:
+        raise ValueError(f"matmul: a {dt} product of {a.dtype} and {b.dtype} operands (only float32 of float16/"
+                         "bfloat16)")
+    if array_module(a) is np:
+        return cpu_matmul(a.astype(dt), b.astype(dt))
+    from .cuda import cublas
+    a, b = _blas_ready(a), _blas_ready(b)
+    if cublas.supports(a, b):
+        return cublas.gemm(a, b, tf32, out_dtype=dt)
+    return matmul(a, b, tf32).astype(dt)
 
 
 def cpu_matmul(a, b, out=None):

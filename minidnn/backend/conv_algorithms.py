@@ -320,19 +320,23 @@ class ConvAlgorithm:
         self.fast_costs = []        # cost(p, device_type) -> float, or None where that fast form does not apply
         self.native_half_runs = set()   # the fast forms that take float16/bfloat16 arrays as they are
         self.native_half = False    # the algorithm itself has half math (a CUDA kernel's run function)
+        self.wide_out_runs = set()  # run functions taking ``out_dtype=float32`` for half data (see ``run``)
         self.devices = None         # device types it runs on (None: every one); e.g. ("cuda",) for a CUDA kernel
 
-    def add_fast_path(self, description, applies, run, cost=None, native_half=False):
+    def add_fast_path(self, description, applies, run, cost=None, native_half=False, wide_out=False):
         """Register a faster form of this same algorithm (e.g. conv_cpu.py's NumPy forms): ``run`` computes
         what the reference computes, and is used whenever ``applies(p, a, b)`` holds for the arrays given.
         ``cost(p, device_type)``, if given, is the heuristic's estimate where the fast form applies (else None).
         ``native_half``: ``run`` takes float16/bfloat16 arrays itself (a kernel with half math); otherwise half data
-        reaches it as float32 (see ``runs_half_natively``)."""
+        reaches it as float32 (see ``runs_half_natively``).  ``wide_out``: ``run`` also takes ``out_dtype=float32``
+        for float16/bfloat16 data and writes its float32 sums unrounded (the filter gradient's option)."""
         self.fast_paths.append((description, applies, run))
         if cost is not None:
             self.fast_costs.append(cost)
         if native_half:
             self.native_half_runs.add(run)
+        if wide_out:
+            self.wide_out_runs.add(run)
 
     def runs_half_natively(self, p: ConvProblem, a, b) -> bool:
         """Whether float16/bfloat16 ``a``, ``b`` go to this algorithm as they are: it has half math of its own
@@ -381,11 +385,21 @@ class ConvAlgorithm:
                 return float(c)
         return float(self._cost(p, device_type))
 
-    def run(self, p: ConvProblem, a, b, tf32=False):
+    def run(self, p: ConvProblem, a, b, tf32=False, out_dtype=None):
+        """The result of ``p`` on ``a``, ``b`` in their dtype, or in ``out_dtype`` (float32 for float16/bfloat16
+        data: autocast's filter gradients): a run function registered ``wide_out`` writes it directly, any other
+        result is cast (one pass)."""
         for _, applies, fast in self.fast_paths:
             if applies(p, a, b):
-                return fast(p, a, b, tf32)
-        return self._run(p, a, b, tf32)
+                return self._call(fast, p, a, b, tf32, out_dtype)
+        return self._call(self._run, p, a, b, tf32, out_dtype)
+
+    def _call(self, fn, p, a, b, tf32, out_dtype):
+        if out_dtype is None or out_dtype == a.dtype:
+            return fn(p, a, b, tf32)
+        if fn in self.wide_out_runs:
+            return fn(p, a, b, tf32, out_dtype=out_dtype)
+        return fn(p, a, b, tf32).astype(out_dtype)
 
 
 # Workspace models, in elements of the data type (scratch memory beyond inputs and outputs) ...

@@ -149,27 +149,30 @@ class _Plan:
         self.half = np.dtype(p.dtype).itemsize == 2
 
 
-def _run(algorithm, p, a, b, tf32):
+def _run(algorithm, p, a, b, tf32, out_dtype=None):
     """``algorithm`` on channels-first arrays as a call runs it -- also when find/benchmark times it: float16/bfloat16
     data through an algorithm without half math (``runs_half_natively``) is computed in float32 and rounded once
-    at the end (cuDNN's float compute type for half data)."""
+    at the end (cuDNN's float compute type for half data) -- or not rounded, where ``out_dtype`` is float32 (the
+    filter gradient's ``dw_dtype``)."""
     if np.dtype(p.dtype).itemsize == 2 and not algorithm.runs_half_natively(p, a, b):
-        return algorithm.run(p, a.astype(np.float32), b.astype(np.float32), tf32).astype(p.dtype)
-    return algorithm.run(p, a, b, tf32)
+        result = algorithm.run(p, a.astype(np.float32), b.astype(np.float32), tf32)
+        return result if out_dtype == np.float32 else result.astype(p.dtype)
+    return algorithm.run(p, a, b, tf32, out_dtype)
 
 
-def _execute(registry, handle, plan, a, b, result_shape):
-    """Pick an algorithm and run it on channels-first arrays; returns the raw (unblended) result."""
+def _execute(registry, handle, plan, a, b, result_shape, out_dtype=None):
+    """Pick an algorithm and run it on channels-first arrays; returns the raw (unblended) result, in ``out_dtype``
+    where it is given (float32 for half data: only the filter gradient asks)."""
     p, tf32 = plan.p, plan.tf32
     with handle.activate():
         algorithm = plan.algorithm
         if algorithm is None and p.N > 0:
             algorithm = registry.choose(p, handle, plan.math_type, plan.key, lambda alg: _run(alg, p, a, b, tf32))
         if p.N == 0:        # an empty batch: nothing to compute (and dw sums over no images: zeros)
-            return handle.xp.zeros(result_shape, dtype=a.dtype)
+            return handle.xp.zeros(result_shape, dtype=a.dtype if out_dtype is None else out_dtype)
         if not plan.half:
             return algorithm.run(p, a, b, tf32)
-        return _run(algorithm, p, a, b, tf32)
+        return _run(algorithm, p, a, b, tf32, out_dtype)
 
 
 # ---- the validated-signature shortcut (host cost per call; docs/host_overhead.md) -----------------------------
@@ -239,9 +242,9 @@ def _prepare(where, handle, conv_desc, format, problem, first, second, other_sha
 
 
 def _planned(registry, where, handle, conv_desc, format, problem, first, second, other_shape, algo, out, beta,
-             out_shape):
+             out_shape, out_dtype=None):
     """(handle, _Plan) of a call: the remembered plan of its signature, or the full checks (``_prepare``, the output
-    buffer against ``out_shape(problem, fmt)``) and a new plan, remembered."""
+    buffer against ``out_shape(problem, fmt)`` and ``out_dtype``, default the inputs') and a new plan, remembered."""
     h, key = _signature(registry, handle, first[1], second[1], conv_desc, format, other_shape, algo, out[1], beta)
     try:
         plan = _PLANS.get(key)
@@ -249,7 +252,7 @@ def _planned(registry, where, handle, conv_desc, format, problem, first, second,
         plan = key = None
     if plan is None:
         h, p, fmt = _prepare(where, handle, conv_desc, format, problem, first, second, other_shape, out)
-        check_out(where, out[0], out[1], out_shape(p, fmt), first[1].dtype, beta)
+        check_out(where, out[0], out[1], out_shape(p, fmt), first[1].dtype if out_dtype is None else out_dtype, beta)
         plan = _Plan(registry, h, p, conv_desc, fmt, algo)
         _remember(key, plan)
     return h, plan
@@ -292,15 +295,40 @@ def convolution_backward_data(handle, w, dy, conv_desc, x_shape, algo=None, alph
 
 
 def convolution_backward_filter(handle, x, dy, conv_desc, w_shape, algo=None, alpha=1.0, beta=0.0, dw=None,
-                                format=None):
-    """dw = alpha * (d conv / d w)^T dy + beta * dw; dw has shape ``w_shape`` = (K, C/G, *kernel)."""
+                                format=None, dw_dtype=None):
+    """dw = alpha * (d conv / d w)^T dy + beta * dw; dw has shape ``w_shape`` = (K, C/G, *kernel).
+
+    ``dw_dtype`` (not cuDNN's; autocast's weight gradients, docs/amp.md): float32 with float16/bfloat16 x and dy
+    returns dw in float32 -- the algorithms' float32 sums written unrounded (the CUDA kernels store them as they
+    are; an algorithm that cannot is cast once) -- instead of rounding dw to the data's dtype.  None or the data's
+    own dtype: the plain call."""
+    if dw_dtype is not None:
+        dw_dtype = _filter_gradient_dtype(x, dy, dw_dtype)
     h, plan = _planned(BACKWARD_FILTER_ALGORITHMS, "convolution_backward_filter", handle, conv_desc, format,
                        _backward_filter_problem, ("x", x), ("dy", dy), w_shape, algo, ("dw", dw), beta,
-                       lambda p, fmt: p.w_shape)
+                       lambda p, fmt: p.w_shape, dw_dtype)
     result = _execute(BACKWARD_FILTER_ALGORITHMS, h, plan, to_channels_first(x, plan.fmt),
-                      to_channels_first(dy, plan.fmt), plan.p.w_shape)
+                      to_channels_first(dy, plan.fmt), plan.p.w_shape, dw_dtype)
     # The algorithms computed the gradient of the kernel as applied (flipped in CONVOLUTION mode).
     return _finish(_flip(result, conv_desc), alpha, beta, dw, TensorFormat.NCHW)
+
+
+def _filter_gradient_dtype(x, dy, dw_dtype):
+    """``dw_dtype`` checked: float32 for float16/bfloat16 data; the data's own dtype means the plain call (None)."""
+    where = "convolution_backward_filter"
+    try:
+        dt = np.dtype(dw_dtype)
+    except TypeError:
+        raise BadParamError(f"{where}: dw_dtype={dw_dtype!r} is not a dtype") from None
+    data = getattr(x, "dtype", None)
+    if dt == data:
+        return None
+    if dt != np.float32 or data is None or not _is_floating(data) or np.dtype(data).itemsize != 2 \
+            or getattr(dy, "dtype", None) != data:
+        raise BadParamError(f"{where}: dw_dtype={dt} with x of dtype {data} and dy of dtype "
+                            f"{getattr(dy, 'dtype', None)}: a dw dtype other than the data's is float32 for "
+                            "float16/bfloat16 x and dy only")
+    return dt
 
 
 def convolution_shared_staging():
@@ -322,25 +350,32 @@ def convolution_filter_carry():
     return _filter_carry()
 
 
-def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None):
-    """db (K,) = alpha * sum of dy over every axis but the channel axis + beta * db."""
+def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None, db_dtype=None):
+    """db (K,) = alpha * sum of dy over every axis but the channel axis + beta * db.  ``db_dtype`` (not cuDNN's;
+    autocast's bias gradients, docs/amp.md): float32 for float16/bfloat16 dy returns the float32 sums unrounded."""
     where = "convolution_backward_bias"
     handle, _ = begin(handle, where, dy=dy, db=db)
     check_float(where, dy=dy)
     if not 3 <= dy.ndim <= 5:
         raise BadParamError(f"{where}: dy has shape {tuple(dy.shape)} ({dy.ndim}-D) but must be 3-D, 4-D or 5-D")
+    out_dtype = dy.dtype
+    if db_dtype is not None and np.dtype(db_dtype) != dy.dtype:
+        if np.dtype(db_dtype) != np.float32 or dy.dtype.itemsize != 2:
+            raise BadParamError(f"{where}: db_dtype={np.dtype(db_dtype)} with dy of dtype {dy.dtype}: a db dtype "
+                                "other than dy's is float32 for float16/bfloat16 dy only")
+        out_dtype = np.dtype(np.float32)
     fmt = _format(format)
     dy_cf = to_channels_first(dy, fmt)
-    check_out(where, "db", db, (dy_cf.shape[1],), dy.dtype, beta)
-    if alpha == 1 and beta == 0 and db is None and (fast := _gpu_bias_grad(dy_cf)) is not None:
+    check_out(where, "db", db, (dy_cf.shape[1],), out_dtype, beta)
+    if alpha == 1 and beta == 0 and db is None and (fast := _gpu_bias_grad(dy_cf, out_dtype)) is not None:
         return fast             # backend/cuda/norm_kernels.py: bias_grad (1-2 launches)
     with handle.activate():
         axes = (0, *range(2, dy.ndim))
-        result = dy_cf.sum(axis=axes, dtype=accumulation_dtype(dy.dtype)).astype(dy.dtype, copy=False)
+        result = dy_cf.sum(axis=axes, dtype=accumulation_dtype(dy.dtype)).astype(out_dtype, copy=False)
         return _finish(result, alpha, beta, db, TensorFormat.NCHW)
 
 
-def _gpu_bias_grad(dy_cf):
+def _gpu_bias_grad(dy_cf, out_dtype=None):
     """db by the CUDA column-sum kernels for channels-first dy in NCHW or channels-last memory, else None."""
     if not is_cuda_array(dy_cf):
         return None
@@ -351,7 +386,7 @@ def _gpu_bias_grad(dy_cf):
         mem, axis = dy_cf.transpose((0, *range(2, dy_cf.ndim), 1)), dy_cf.ndim - 1
     if not norm_kernels.supports_bias_grad(mem, axis):
         return None
-    return norm_kernels.bias_grad(mem, axis)
+    return norm_kernels.bias_grad(mem, axis, None if out_dtype == dy_cf.dtype else out_dtype)
 
 
 # ---- algorithm selection: heuristics, find, workspace, cache ----------------------------------------------

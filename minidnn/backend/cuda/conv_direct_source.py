@@ -38,6 +38,14 @@ typedef float T;
 #else
 typedef unsigned short T;
 #endif
+#ifndef DWF32
+#define DWF32 0         // 1: the filter gradients' final stores (direct_splits_reduce, dw_tile_backward_filter) of
+#endif                  //    half data write dw in float32, the sums unrounded (autocast's weight gradients)
+#if DWF32
+typedef float DwT;
+#else
+typedef T DwT;
+#endif
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(unsigned short h) {
 #if ELEM == 2
@@ -182,7 +190,8 @@ direct_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float*
 
 // out[i] = alpha * sum_s partial[s][i] + beta * out[i], splits added in order.
 extern "C" __global__ void __launch_bounds__(256)
-direct_splits_reduce(const float* __restrict__ partial, T* __restrict__ out, int splits, int n, float alpha, float beta)
+direct_splits_reduce(const float* __restrict__ partial, DwT* __restrict__ out, int splits, int n, float alpha,
+                     float beta)
 {
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float s = 0.f;
@@ -481,7 +490,7 @@ dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict_
 //   Traffic: x and dy read once (plus the halo rows of each tile), KR*KS*splits floats of partials per row.
 extern "C" __global__ void __launch_bounds__(256)
 dw_tile_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial,
-                        unsigned int* __restrict__ tickets, T* __restrict__ dw,
+                        unsigned int* __restrict__ tickets, DwT* __restrict__ dw,
                         int H, int W, int P, int Q, int pad_h, int pad_w, int Cg, int Kg,
                         int sxn, int sxc, int sxh, int syn, int syc, int syh,
                         int TX, int TY, int TZ, int tiles_q, int tiles, int items, int per_split, int pitch,
@@ -574,7 +583,7 @@ dw_tile_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float
         if (lane == 0) red[warp][t] = v;
     }
     __syncthreads();
-    T* dwr = dw + (long long)kc * RS;
+    DwT* dwr = dw + (long long)kc * RS;
     if (gridDim.y == 1) {
         for (int t = tid; t < RS; t += blockDim.x) {
             float v = 0.f;

@@ -64,6 +64,14 @@ typedef float T;
 typedef unsigned short T;
 #define EB 2
 #endif
+#ifndef DWF32
+#define DWF32 0         // 1: dwn_backward_filter of half data writes dw in float32 (autocast's weight gradients)
+#endif
+#if DWF32
+typedef float DwT;
+#else
+typedef T DwT;
+#endif
 #if CV * EB == 16
 typedef uint4 VecT;
 #elif CV * EB == 8
@@ -244,7 +252,7 @@ dwn_backward_data_st(const T* __restrict__ w, const T* __restrict__ dy, T* __res
 // partial[((slab * splits + b) * RS + t) * SLAB + col], SLAB = CT * CV, col = channel within the slab.
 extern "C" __global__ void __launch_bounds__(256)
 dwn_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partial,
-                    unsigned int* __restrict__ tickets, T* __restrict__ dw,
+                    unsigned int* __restrict__ tickets, DwT* __restrict__ dw,
                     int C, int H, int W, int P, int Q, int pad_h, int pad_w,
                     int sx_n, int sx_h, int sx_w, int sdy_n, int sdy_h, int sdy_w,
                     int tiles_q, int tiles, int items, int per_split, float alpha, float beta)
@@ -309,7 +317,7 @@ dwn_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __
     }
     // the block's sum per (tap, channel): SY rows added in ty order by the thread owning the column
     const int splits = gridDim.y;
-    T* dws = dw + (long long)(slab * SLAB) * RS;
+    DwT* dws = dw + (long long)(slab * SLAB) * RS;
     float* part = partial + (long long)(slab * splits + blockIdx.y) * RS * SLAB;
     #pragma unroll
     for (int t = 0; t < RS; ++t) {
@@ -321,7 +329,7 @@ dwn_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __
             for (int yy = 0; yy < SY; ++yy) v += buf[yy * SLAB + col];
             if (splits == 1) {
                 if (slab * SLAB + col < C) {
-                    T* dst = dws + col * RS + t;
+                    DwT* dst = dws + col * RS + t;
                     const float old = beta != 0.f ? beta * cvt_in(*dst) : 0.f;
                     cvt_out(*dst, alpha * v + old);
                 }
@@ -344,7 +352,7 @@ dwn_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __
         if (slab * SLAB + col >= C) continue;
         float v = 0.f;
         for (int b = 0; b < splits; ++b) v += __ldcg(ps + (long long)b * RS * SLAB + idx);   // split order
-        T* dst = dws + col * RS + t;
+        DwT* dst = dws + col * RS + t;
         const float old = beta != 0.f ? beta * cvt_in(*dst) : 0.f;
         cvt_out(*dst, alpha * v + old);
     }
@@ -538,7 +546,7 @@ def _dgrad_plan(p, dy, dx, alpha, beta):
     return None if run is None else _Dgrad(run, True)
 
 
-def _wgrad_plan(p, x, dy, alpha, beta, sms):
+def _wgrad_plan(p, x, dy, alpha, beta, sms, wide=False):
     (H, W), (P, Q), (R, S) = p.in_size, p.out_size, p.kernel
     cv = vector(x.itemsize, R * S)
     vh, vq = tile("backward_filter", cv, p.stride[0])
@@ -551,7 +559,8 @@ def _wgrad_plan(p, x, dy, alpha, beta, sms):
     if splits > 65535:
         return None
     k = _launch.get_kernel(SOURCE, "dwn_backward_filter", _opts(_dev.dtype_name(x.dtype), R, S, p.stride[0],
-                                                               p.dilation[0], cv, vh, vq))
+                                                               p.dilation[0], cv, vh, vq)
+                           + (("-DDWF32=1",) if wide else ()))
     sx, sd = _el(x), _el(dy)
     args = [None] * 5 + [np.int32(v) for v in (p.C, H, W, P, Q, p.padding[0], p.padding[1], sx[0], sx[2], sx[3],
                                                sd[0], sd[2], sd[3], tiles_q, tiles, items, per_split)]
@@ -564,11 +573,14 @@ def _wgrad_plan(p, x, dy, alpha, beta, sms):
 
 def backward_filter(p, x, dy, dw, alpha=1.0, beta=0.0) -> bool:
     """dw = alpha * wgrad(x, dy) + beta * dw into the contiguous (C, 1, R, S) ``dw``, one launch, deterministic;
-    False where it declines."""
+    False where it declines.  A float32 ``dw`` for half x, dy takes the sums unrounded (DWF32=1)."""
     if supports("backward_filter", p, x, dy) is not None or not dw.flags.c_contiguous:
         return False
     key = (p, x.strides, dy.strides, float(alpha), float(beta), x.data.device_id)
-    plan = _launch.planned(_wgrad_plans, key, _wgrad_plan, p, x, dy, alpha, beta, _launch.sm_count())
+    wide = dw.dtype != x.dtype
+    if wide:
+        key += (dw.dtype,)
+    plan = _launch.planned(_wgrad_plans, key, _wgrad_plan, p, x, dy, alpha, beta, _launch.sm_count(), wide)
     if plan is None:
         return False
     run, partial_size, tickets = plan

@@ -402,13 +402,14 @@ def choose_tile(M, NG, groups, sms=132):
     return "64x64"
 
 
-def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False):
+def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False,
+                  wide=False):
     """(NVRTC options, BM, BN, BK) of one implicit-GEMM configuration (tools/precompile_conv.py compiles them
     all ahead of a test run through the same options); ``act`` > 0: the fused bias/residual/activation epilogue
     (EPI=1, ACT=act: ``EPI_ACTS``), forward only; ``atomic``: the filter gradient's split-K by fp32 atomics into a
     kept-zeroed accumulator (ATOMIC=1, backward filter only; non-deterministic); with the epilogue, ``pro`` > 0:
     the batch-norm-apply prologue on x (PRO=1, PACT=pro: ``PRO_ACTS``) and ``stats``: the per-channel sum and sum
-    of squares of y (STATS=1)."""
+    of squares of y (STATS=1); ``wide`` (backward filter, half data): dw written in float32 (WOUT32=1)."""
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -426,6 +427,8 @@ def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=Fa
         opts += ("-DPRO=1", f"-DPACT={pro}")
     if stats:
         opts += ("-DSTATS=1",)
+    if wide:
+        opts += ("-DWOUT32=1",)
     return opts, BM, BN, BK
 
 
@@ -459,8 +462,9 @@ class Epilogue:
             (tuple(self.stats) if self.stats is not None else ())
 
 
-def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False):
-    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic, pro, stats)
+def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False,
+                  wide=False):
+    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic, pro, stats, wide)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -691,6 +695,9 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
     if atomic:
         call.plan_key += ("atomic",)
         call.plan_args += (None, True)
+    if direction == 2 and out.dtype != s1.dtype:       # float32 dw from half data (WOUT32)
+        call.plan_key += ("float32 dw",)
+        call.plan_args += (() if atomic else (None, False)) + (True,)
     return call
 
 
@@ -714,6 +721,8 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
     key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
            out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
            a.data.device_id)
+    if out.dtype != b.dtype:        # (backward filter only: float32 dw from half data)
+        key += (out.dtype,)
     if atomic:
         key += ("atomic",)
         call = _calls.get(key)
@@ -741,13 +750,14 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
 
 
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False, epi_key=None,
-                atomic=False):
+                atomic=False, wide=False):
     """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
     None, the atomic variant's accumulator or None) of a call whose x-side strides come from ``s1`` (x or dx) and
     y-side strides from ``s2`` (y or dy); ``atomic``: the ATOMIC=1 filter gradient where it has several splits;
     ``vec``: the NHWC 16-byte loader (no tap table: its tap walk needs none); "krsc": and backward data reads a
-    channels-last filter directly.  ``epi_key`` (Epilogue.key, forward): the fused epilogue's kernel, whose launch
-    takes z and bias after the six plain arrays and z's strides, alpha2 and the activation's coefficient last."""
+    channels-last filter directly; ``wide``: the filter gradient of half data written in float32 (WOUT32=1).
+    ``epi_key`` (Epilogue.key, forward): the fused epilogue's kernel, whose launch takes z and bias after the six
+    plain arrays and z's strides, alpha2 and the activation's coefficient last."""
     g = _geometry(p)
     H, W, P, Q, R, S = g[:6]
     RS = R * S
@@ -766,7 +776,7 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
     tiles = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
     atomic = atomic and splits > 1 and direction == 2     # one split: the plain kernel (no sums to add)
-    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic, pro, stats)[0]
+    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic, pro, stats, wide)[0]
     partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 and not atomic else 0
     tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if partial_size or atomic else None
     if stats:
@@ -872,29 +882,41 @@ def _split_by_residue(p):
 
 
 def implicit_backward_filter(p, x, dy, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None,
-                             atomic=False):
+                             atomic=False, out_dtype=None):
     """dw = alpha * (filter gradient) + beta * out in one launch; split-K partials added in split order by each
     tile's last block (deterministic), or with ``atomic`` by fp32 atomics into a kept-zeroed accumulator that the
-    last block reads, re-zeroes and blends (non-deterministic: ALGO_3 on a handle without ``deterministic``)."""
+    last block reads, re-zeroes and blends (non-deterministic: ALGO_3 on a handle without ``deterministic``).
+    ``out_dtype`` float32 with half data: dw in float32, the sums unrounded (WOUT32=1; autocast's weights)."""
     cp = _launch.cupy()
+    dt = _out_dtype(x, out_dtype)
     if out is not None:
-        _check_out(out, p.w_shape, x.dtype)
+        _check_out(out, p.w_shape, dt)
         if not out.flags.c_contiguous:
-            res = implicit_backward_filter(p, x, dy, tf32, precomp, tile=tile, atomic=atomic)
+            res = implicit_backward_filter(p, x, dy, tf32, precomp, tile=tile, atomic=atomic, out_dtype=out_dtype)
             out[...] = (alpha * res.astype(np.float32) + beta * out.astype(np.float32)).astype(out.dtype)
             return out
     elif beta != 0:
         raise ValueError("beta != 0 needs out")
-    dw = out if out is not None else cp.empty(p.w_shape, dtype=x.dtype)
+    dw = out if out is not None else cp.empty(p.w_shape, dtype=dt)
     _run_igemm(2, p, x, dy, dw, tf32, precomp, alpha, beta, tile, atomic=atomic)
     return dw
 
 
+def _out_dtype(x, out_dtype):
+    """The filter gradient's dtype: x's, or float32 where ``out_dtype`` asks it for half data (WOUT32 / DWF32)."""
+    if out_dtype is None or np.dtype(out_dtype) == x.dtype:
+        return x.dtype
+    if np.dtype(out_dtype) != np.float32 or x.dtype.itemsize != 2:
+        raise ValueError(f"a filter gradient in {np.dtype(out_dtype)} from {x.dtype} data: only float32 from "
+                         "float16/bfloat16")
+    return np.dtype(np.float32)
+
+
 # ---- direct (depthwise / small groups) -------------------------------------------------------------------
 
-def _direct_kernel(name, dtype_name, channels_last, maxrs=9):
+def _direct_kernel(name, dtype_name, channels_last, maxrs=9, wide=False):
     opts = (f"-DELEM={_ELEM[dtype_name]}", f"-DCL={int(bool(channels_last))}", f"-DMAXRS={maxrs}")
-    return _launch.get_kernel(DIRECT_SOURCE, name, opts)
+    return _launch.get_kernel(DIRECT_SOURCE, name, opts + (("-DDWF32=1",) if wide else ()))
 
 
 def _grid_1d(total, sms):
@@ -1192,7 +1214,7 @@ def wgrad_config(N, rows, P, Q, R, S, stride, dil, sms=132):
     return tx, ty, tz, vh, pitch, -(-(tx * ty * tz) // 32) * 32, -(-items // per_split), per_split
 
 
-def _tile_wgrad_plan(p, x, dy, g, alpha, beta, sms):
+def _tile_wgrad_plan(p, x, dy, g, alpha, beta, sms, wide=False):
     """(prepared launch of dw_tile_backward_filter, partial floats (0: one split), tickets or None), or None."""
     H, W, P, Q, R, S, ph, pw, st, _, dil, _ = g
     rows = p.K * p.Cg
@@ -1202,7 +1224,8 @@ def _tile_wgrad_plan(p, x, dy, g, alpha, beta, sms):
     tx, ty, tz, vh, pitch, threads, splits, per_split = cfg
     ih = (ty * vh - 1) * st + (R - 1) * dil + 1
     k = _launch.get_kernel(DIRECT_SOURCE, "dw_tile_backward_filter",
-                           _plane_opts(_dtype_name(x), R, S, st, dil, 32) + (f"-DVW={TILE_VW}", f"-DVH={vh}"))
+                           _plane_opts(_dtype_name(x), R, S, st, dil, 32) + (f"-DVW={TILE_VW}", f"-DVH={vh}")
+                           + (("-DDWF32=1",) if wide else ()))
     tiles_q = -(-Q // (tx * TILE_VW))
     tiles = -(-P // (ty * vh)) * tiles_q
     sx, sy = _strides(x), _strides(dy)
@@ -1221,7 +1244,11 @@ def _tile_backward_filter(p, x2, dy2, dw, g, alpha, beta) -> bool:
     if not TILE_ENABLED[0] or not _plane_ok(p, x2, dy2, max_taps=49):
         return False
     key = (p, x2.strides, dy2.strides, x2.dtype, float(alpha), float(beta), x2.data.device_id)
-    plan = _launch.planned(_wgrad_plans, key, _tile_wgrad_plan, p, x2, dy2, g, alpha, beta, _launch.sm_count())
+    wide = dw.dtype != x2.dtype         # float32 dw from half data (DWF32)
+    if wide:
+        key += (dw.dtype,)
+    plan = _launch.planned(_wgrad_plans, key, _tile_wgrad_plan, p, x2, dy2, g, alpha, beta, _launch.sm_count(),
+                           wide)
     if plan is None:
         return False
     run, partial_size, tickets = plan
@@ -1230,11 +1257,15 @@ def _tile_backward_filter(p, x2, dy2, dw, g, alpha, beta) -> bool:
     return True
 
 
-def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
+def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, out_dtype=None):
+    """dw of the direct kernels (NHWC depthwise, register-tiled planes, planes, generic), split sums added in order;
+    ``out_dtype`` float32 with half data: dw in float32, the sums unrounded (DWF32=1; autocast's weights)."""
     cp = _launch.cupy()
+    dt = _out_dtype(x, out_dtype)
     if out is not None:
-        _check_out(out, p.w_shape, x.dtype)
-    dw = out if out is not None and out.flags.c_contiguous else cp.empty(p.w_shape, dtype=x.dtype)
+        _check_out(out, p.w_shape, dt)
+    dw = out if out is not None and out.flags.c_contiguous else cp.empty(p.w_shape, dtype=dt)
+    wide = dt != x.dtype
     x2, dy2 = _as_2d(x, p.nd), _as_2d(dy, p.nd)
     g = _geometry(p)
     same = dw is out or out is None
@@ -1272,7 +1303,7 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
         _launch.launch(k, (rows, splits, 1), (256, 1, 1),
                        [x2, dy2, partial, *_args(p, g, _strides(x2), _strides(dy2)),
                         np.int32(per_split)])
-    red = _direct_kernel("direct_splits_reduce", _dtype_name(x), False)
+    red = _direct_kernel("direct_splits_reduce", _dtype_name(x), False, wide=wide)
     n = rows * RS
     _launch.launch(red, (min(-(-n // 256), 4 * sms), 1, 1), (256, 1, 1),
                    [partial, dw, np.int32(splits), np.int32(n), np.float32(alpha if same else 1.0),

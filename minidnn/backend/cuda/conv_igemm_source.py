@@ -101,6 +101,9 @@ SOURCE = r"""
 //   L2), fences and draws the tile's ticket; the last block reads the sums (L2), writes the zeros back (so the next
 //   launch needs no memset), resets the ticket and runs the ordinary epilogue (alpha/beta, conversion to T).
 //   The order of the float additions is the order the reductions reach L2: not bitwise repeatable.
+// WOUT32 1 (DIR 2, half data; autocast's weight gradients, docs/amp.md): `out` is float32 and the epilogue stores
+//   alpha * acc + beta * out unrounded -- the same sums (plain or split-K, deterministic or atomic) that WOUT32 0
+//   rounds to T.  Nothing else changes: the operands, tiles, partials and sum order are T's.
 // Index math is 32-bit throughout (the host checks every tensor has < 2^31 elements).
 // ============================================================================================================
 
@@ -140,6 +143,12 @@ SOURCE = r"""
 #endif
 #if ATOMIC && DIR != 2
 #error "ATOMIC=1 is a backward-filter (DIR 2) option"
+#endif
+#ifndef WOUT32
+#define WOUT32 0        // 1: DIR 2 with half data writes dw in float32 (autocast's weight gradients; see above)
+#endif
+#if WOUT32 && (DIR != 2 || ELEM == 0)
+#error "WOUT32=1 is a half-data backward-filter (DIR 2, ELEM 1/2) option"
 #endif
 #ifndef ACT
 #define ACT 1
@@ -204,6 +213,11 @@ SOURCE = r"""
 typedef float T;
 #else
 typedef unsigned short T;
+#endif
+#if WOUT32
+typedef float OutT;             // the output's element: float32 dw from half data (WOUT32), else T
+#else
+typedef T OutT;
 #endif
 #define VECW (16 / (int)sizeof(T))     // elements per 16-byte copy: 4 float32, 8 float16/bfloat16
 #if VEC
@@ -386,7 +400,7 @@ __device__ __forceinline__ float pro_act(float v) {
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restrict__ out,
+conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, OutT* __restrict__ out,
            float* __restrict__ partial, const int4* __restrict__ table, unsigned int* __restrict__ tickets,
            EPI_PTRS PRO_PTRS STATS_PTRS
            int N, int C, int H, int W, int K, int P, int Q, int R, int S,
@@ -991,9 +1005,9 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
             const int CRS = Cg * RS;
 #if VEC
             const int rs_ = row / Cg;                      // row = (r*S + s)*Cg + c -> dw[k][c][r][s]
-            T* base = out + (grp * Kg * CRS + (row - rs_ * Cg) * RS + rs_);
+            OutT* base = out + (grp * Kg * CRS + (row - rs_ * Cg) * RS + rs_);
 #else
-            T* base = out + (grp * Kg * CRS + row);
+            OutT* base = out + (grp * Kg * CRS + row);
 #endif
             const int cstride = CRS;
 #endif
@@ -1004,7 +1018,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, T* __restri
                     const int col = n0 + wn0 + j * 8 + 2 * tq + e;
                     if (col >= NG) continue;
                     const float v = acc[i][j][half * 2 + e];
-                    T* dst = base + col * cstride;
+                    OutT* dst = base + col * cstride;
                     const float old = beta != 0.f ? beta * to_f(*dst) : 0.f;
 #if EPI
                     float u = alpha * v + old;

@@ -135,6 +135,7 @@ def register(FW, BD, BF):
         alg.devices = ("cuda",)
         alg.native_half = True
     BF.get(FA.ALGO_3).nondeterministic_on = ("cuda",)     # fp32 atomics: the sums' order is the L2's
+    BF.get(FA.ALGO_3).wide_out_runs.add(backward_filter_atomic)    # float32 dw from half data (autocast)
     # every kernel here takes float16/bfloat16 data as it is (native_half): no float32 round trip of its inputs
     # "<= 8 channels per group" includes dense convolutions of C <= 8 (K.direct_supports): their direct cost
     # (0.6 per multiply-add) undercuts the implicit GEMM's (0.8, more where its tiles waste N: C == 1's 16/K) and
@@ -152,13 +153,16 @@ def register(FW, BD, BF):
     BD.get(DA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table)", _dense_gpu,
                                     lambda p, w, dy, tf32=False: K.implicit_backward_data(p, w, dy, tf32, True),
                                     cost=_implicit_cost_if, native_half=True)
+    # (the filter gradients also write float32 dw from half data: wide_out, autocast's weight gradients)
     BF.get(FA.ALGO_0).add_fast_path("direct CUDA kernel, block reduction (<= 8 channels per group)", _small_groups,
-                                    K.direct_backward_filter, cost=_direct_cost_if, native_half=True)
+                                    K.direct_backward_filter, cost=_direct_cost_if, native_half=True,
+                                    wide_out=True)
     # (with the tap table: the launch a default or deterministic handle's heuristic choice made when ALGO_3 was
     # this deterministic kernel -- ALGO_3 ranked first then, at equal cost; now ALGO_0 is first and runs it)
     BF.get(FA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table), split-K in order", _dense_gpu,
-                                    lambda p, x, dy, tf32=False: K.implicit_backward_filter(p, x, dy, tf32, True),
-                                    cost=_implicit_cost_if, native_half=True)
+                                    lambda p, x, dy, tf32=False, out_dtype=None:
+                                    K.implicit_backward_filter(p, x, dy, tf32, True, out_dtype=out_dtype),
+                                    cost=_implicit_cost_if, native_half=True, wide_out=True)
 
 
 # The run functions of the CUDA-only members (conv_algorithms.py registers them).
@@ -174,7 +178,7 @@ def backward_filter_precomp(p, x, dy, tf32=False):
     return K.implicit_backward_filter(p, x, dy, tf32, precomp=True)
 
 
-def backward_filter_atomic(p, x, dy, tf32=False):
+def backward_filter_atomic(p, x, dy, tf32=False, out_dtype=None):
     """ALGO_3: the implicit-GEMM filter gradient with split-K by fp32 atomics (non-deterministic)."""
-    return K.implicit_backward_filter(p, x, dy, tf32, precomp=True, atomic=True)
+    return K.implicit_backward_filter(p, x, dy, tf32, precomp=True, atomic=True, out_dtype=out_dtype)
 

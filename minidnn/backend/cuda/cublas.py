@@ -110,14 +110,19 @@ def _check(status, what):
         raise RuntimeError(f"minidnn: {what} failed with cuBLAS status {status}")
 
 
-def gemm(a, b, tf32=False):
-    """a @ b for operands ``supports`` accepts, on the current stream (capturable)."""
+def gemm(a, b, tf32=False, out_dtype=None):
+    """a @ b for operands ``supports`` accepts, on the current stream (capturable); ``out_dtype`` float32 with
+    float16/bfloat16 operands: the float32 sums written unrounded (C in CUDA_R_32F; autocast's weight gradients)."""
     cp = _launch.cupy()
     lib = _load()
     M, K = a.shape[-2:]
     N = b.shape[-1]
     batched = a.ndim == 3
-    out = cp.empty(((a.shape[0],) if batched else ()) + (M, N), dtype=a.dtype)
+    wide = out_dtype is not None and np.dtype(out_dtype) != a.dtype
+    if wide and (np.dtype(out_dtype) != np.float32 or a.itemsize != 2):
+        raise ValueError(f"gemm: a {np.dtype(out_dtype)} product of {a.dtype} operands (only float32 of float16/"
+                         "bfloat16)")
+    out = cp.empty(((a.shape[0],) if batched else ()) + (M, N), dtype=out_dtype if wide else a.dtype)
     if out.size == 0:
         return out
     if K == 0:
@@ -136,16 +141,17 @@ def gemm(a, b, tf32=False):
     op_b, ld_b = _layout(b)       # first gemm operand: b^T
     op_a, ld_a = _layout(a)       # second: a^T
     dt = _data_type(dtype)
+    ct = _data_type(out.dtype) if wide else dt
     handle = _bind(lib, cp)
     if not batched:
         _check(lib.cublasGemmEx(handle, op_b, op_a, N, M, K, ctypes.byref(alpha), b.data.ptr, dt, ld_b,
-                                a.data.ptr, dt, ld_a, ctypes.byref(beta), out.data.ptr, dt, N, compute,
+                                a.data.ptr, dt, ld_a, ctypes.byref(beta), out.data.ptr, ct, N, compute,
                                 _GEMM_DEFAULT), "cublasGemmEx")
     else:
         item = a.itemsize
         _check(lib.cublasGemmStridedBatchedEx(
             handle, op_b, op_a, N, M, K, ctypes.byref(alpha), b.data.ptr, dt, ld_b, b.strides[0] // item,
-            a.data.ptr, dt, ld_a, a.strides[0] // item, ctypes.byref(beta), out.data.ptr, dt, N, M * N,
+            a.data.ptr, dt, ld_a, a.strides[0] // item, ctypes.byref(beta), out.data.ptr, ct, N, M * N,
             a.shape[0], compute, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
     _launch.count_launches()
     return out

@@ -953,38 +953,46 @@ def bias_add(x, b, channel_axis, alpha=1.0, beta=1.0, out=None):
     return y
 
 
-def _bias_grad_plan(dy, channel_axis, aligned, dev):
+def _bias_grad_plan(dy, channel_axis, aligned, dev, wide=False):
+    """``wide``: db in the accumulation type (float32 for half dy): col_sum writes every column to out_a."""
     outer, c, inner = _geometry(dy.shape, channel_axis)
+    split = c if wide else 0
     if inner == 1:
-        return None, _col_sum_plan(outer, c, 0, dy.dtype, True, dev), c, outer
+        return None, _col_sum_plan(outer, c, split, dy.dtype, True, dev), c, outer
     team, _, vec = row_config(inner, dy.dtype, aligned)
     sums = _launch.prepare(_kernel("row_sums", dy.dtype, _PSTORAGE[_dev.dtype_name(dy.dtype)], team, 0, vec),
                            (_grid(outer * c, team, dev),), (_block(team),),
                            [None] * 5 + [np.int64(outer * c), np.int32(inner), np.int32(c), np.int32(1), np.int32(1),
                                          _flags(None, None, False)])
-    return sums, _col_sum_plan(outer, c, 0, dy.dtype, False, dev), c, outer
+    return sums, _col_sum_plan(outer, c, split, dy.dtype, False, dev), c, outer
 
 
-def bias_grad(dy, channel_axis):
+def bias_grad(dy, channel_axis, out_dtype=None):
     """db (C,) in dy's dtype = sum of dy over every axis but ``channel_axis`` (float32/float64 accumulation):
-    channel last (inner = 1): one column-sum launch; else per-(outer, C) plane sums, then a column sum."""
+    channel last (inner = 1): one column-sum launch; else per-(outer, C) plane sums, then a column sum.
+    ``out_dtype`` float32 for float16/bfloat16 dy: db is the float32 sums unrounded (col_sum's A-typed output;
+    autocast's bias gradients)."""
     cp = _launch._cp or _launch.cupy()
     dev = dy.data.device_id
     aligned = not dy.data.ptr & 15
-    sums, (col_go, n_ws, tiles), c, outer = _launch.planned(
-        _plans, ("bias_grad", dy.shape, dy.dtype, channel_axis, aligned, dev), _bias_grad_plan, dy, channel_axis,
-        aligned, dev)
     acc = _acc(dy.dtype)
+    wide = out_dtype is not None and np.dtype(out_dtype) != dy.dtype
+    if wide and np.dtype(out_dtype) != acc:
+        raise ValueError(f"bias_grad: db in {np.dtype(out_dtype)} from {dy.dtype} dy (only {dy.dtype} or {acc})")
+    key = ("bias_grad", dy.shape, dy.dtype, channel_axis, aligned, dev) + (("wide",) if wide else ())
+    sums, (col_go, n_ws, tiles), c, outer = _launch.planned(_plans, key, _bias_grad_plan, dy, channel_axis, aligned,
+                                                            dev, wide)
     with _launch.on_device(dev):
-        db = cp.empty((c,), dtype=dy.dtype)
-        if sums is None:
-            ws = cp.empty((n_ws,), dtype=acc)
-            col_go(dy, ws, _ticket(cp, tiles, dev), ws, db)        # no A columns: ws stands in for them
-            return db
-        planes = cp.empty((outer * c,), dtype=acc)
-        sums(dy, dy, planes, planes, planes)
+        db = cp.empty((c,), dtype=acc if wide else dy.dtype)
+        m = dy
+        if sums is not None:
+            m = cp.empty((outer * c,), dtype=acc)
+            sums(dy, dy, m, m, m)
         ws = cp.empty((n_ws,), dtype=acc)
-        col_go(planes, ws, _ticket(cp, tiles, dev), ws, db)
+        if wide:        # every column to out_a (float32); out_t unused: m stands in
+            col_go(m, ws, _ticket(cp, tiles, dev), db, m)
+        else:           # no A columns: ws stands in for them
+            col_go(m, ws, _ticket(cp, tiles, dev), ws, db)
     return db
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from ... import backend as B
+from ..._amp_state import float32_grad_of
 from ...autograd import Function, is_grad_enabled
 from ._util import handle_for, wrap
 
@@ -24,6 +25,7 @@ class BiasAdd(Function):
     def forward(ctx, y, b, channels_last):
         ctx.channels_last = channels_last
         ctx.b_dtype = b.dtype
+        ctx.db_dtype = float32_grad_of(b)       # autocast's cast of a float32 bias: db in float32 (docs/amp.md)
         shape = (-1,) if channels_last else (1, -1) + (1,) * (y.ndim - 2)
         return y + b.reshape(shape)
 
@@ -42,8 +44,9 @@ class BiasAdd(Function):
                 dy = g.data
                 if ctx.channels_last or dy.ndim < 3:        # (*, C) -> (rows, C, 1): channels on axis 1
                     dy = dy.reshape(math.prod(dy.shape[:-1]), dy.shape[-1], 1)    # (no -1: C may be 0)
-                gb = wrap(B.convolution_backward_bias(handle_for(g), dy))
-            if gb.dtype != ctx.b_dtype:
+                gb = wrap(B.convolution_backward_bias(handle_for(g), dy) if ctx.db_dtype is None else
+                          B.convolution_backward_bias(handle_for(g), dy, db_dtype=ctx.db_dtype))
+            if gb.dtype != ctx.b_dtype and ctx.db_dtype is None:
                 gb = gb.to(dtype=ctx.b_dtype)
         return (g if need[0] else None), gb, None
 

@@ -20,7 +20,7 @@ import math
 import os
 
 from ... import backend as B
-from ..._amp_state import autocast_op
+from ..._amp_state import autocast_op, float32_grad_of
 from ...autograd import Function, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.convolution import convolution_filter_carry
@@ -77,12 +77,15 @@ def _backward_data_carried(w, dy, desc, x_shape, h, carry):
         return _backward_data(w, dy, desc, x_shape, h)
 
 
-def _backward_filter(x, dy, desc, w_shape, h=None):
+def _backward_filter(x, dy, desc, w_shape, h=None, dw_dtype=None):
+    """dw; ``dw_dtype`` float32 (first order, w autocast's cast of a float32 weight: ``float32_grad_of``): the
+    kernels' float32 sums unrounded, which the cast node passes through (docs/amp.md)."""
     h = handle_for(x) if h is None else h
+    extra = {} if dw_dtype is None else {"dw_dtype": dw_dtype}
     if _channels_last(x.data) and _channels_last(dy.data):
         return wrap(B.convolution_backward_filter(h, _last(x.data), _last(dy.data), desc, tuple(w_shape),
-                                                  format="NHWC"))
-    return wrap(B.convolution_backward_filter(h, x.data, dy.data, desc, tuple(w_shape)))
+                                                  format="NHWC", **extra))
+    return wrap(B.convolution_backward_filter(h, x.data, dy.data, desc, tuple(w_shape), **extra))
 
 
 # The forward's filter copy, carried to the first-order backward data (docs/host_overhead.md round 12): on the GPU,
@@ -102,6 +105,7 @@ class ConvForward(Function):
         # gx needs w, gw needs x: keep only what the requested gradients use.
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         ctx.shapes = (tuple(x.shape), tuple(w.shape))
+        ctx.dw_dtype = float32_grad_of(w) if ctx.needs_input_grad[1] else None
         if not (ctx.needs_input_grad[0] and CARRY_FILTER[0] and B.is_cuda_array(w.data)):
             ctx.carry = None
             return _forward(x, w, desc)
@@ -124,9 +128,10 @@ class ConvForward(Function):
                 #                         half may run on a pool thread (its own handle, algorithm cache, settings)
                 with B.convolution_shared_staging():
                     return (*parallel_pair(lambda: _backward_data_carried(w, gy, ctx.desc, x_shape, h, carry),
-                                           lambda: _backward_filter(x, gy, ctx.desc, w_shape, h), work), None)
+                                           lambda: _backward_filter(x, gy, ctx.desc, w_shape, h, ctx.dw_dtype),
+                                           work), None)
             return (_backward_data_carried(w, gy, ctx.desc, x_shape, None, carry) if need[0] else None,
-                    _backward_filter(x, gy, ctx.desc, w_shape) if need[1] else None, None)
+                    _backward_filter(x, gy, ctx.desc, w_shape, None, ctx.dw_dtype) if need[1] else None, None)
         gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
         gw = ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape) if need[1] else None
         return gx, gw, None
@@ -140,6 +145,7 @@ class ConvBackwardData(Function):
         ctx.desc = desc
         ctx.save_for_backward(w if ctx.needs_input_grad[1] else None, dy if ctx.needs_input_grad[0] else None)
         ctx.w_shape = tuple(w.shape)
+        ctx.dw_dtype = float32_grad_of(w) if ctx.needs_input_grad[0] else None
         return _backward_data(w, dy, desc, x_shape)
 
     @staticmethod
@@ -149,8 +155,9 @@ class ConvBackwardData(Function):
         if not is_grad_enabled():
             if need[0] and need[1]:     # both read g (as x): its NHWC copy is made once
                 with B.convolution_shared_staging():
-                    return _backward_filter(g, dy, ctx.desc, ctx.w_shape), _forward(g, w, ctx.desc), None, None
-            return (_backward_filter(g, dy, ctx.desc, ctx.w_shape) if need[0] else None,
+                    return (_backward_filter(g, dy, ctx.desc, ctx.w_shape, None, ctx.dw_dtype),
+                            _forward(g, w, ctx.desc), None, None)
+            return (_backward_filter(g, dy, ctx.desc, ctx.w_shape, None, ctx.dw_dtype) if need[0] else None,
                     _forward(g, w, ctx.desc) if need[1] else None, None, None)
         gw = ConvBackwardFilter.apply(g, dy, ctx.desc, ctx.w_shape) if need[0] else None
         gdy = ConvForward.apply(g, w, ctx.desc) if need[1] else None
