@@ -39,6 +39,22 @@ def device(request):
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def _cudnn_flags_restored():
+    """Each test starts from the flags and default-handle settings the previous one found.  ``cudnn.allow_tf32``
+    (benchmark, deterministic) set by a test is copied onto this thread's default handles at the next nn op, and
+    setting the flag back to None leaves the handle as configured (the documented "unset" meaning): without this, a
+    TF32 test ran every later float32 call through default handles on tensor cores, and a strict-fp32 tolerance
+    failed far away, in whatever test came next in that process."""
+    from minidnn.backend import handle as H
+    flags = (H.cudnn.benchmark, H.cudnn.deterministic, H.cudnn.allow_tf32)
+    kept = {d: (h.math_type, h.benchmark, h.deterministic) for d, h in H._local.by_device.items()}
+    yield
+    H.cudnn.benchmark, H.cudnn.deterministic, H.cudnn.allow_tf32 = flags
+    for d, h in H._local.by_device.items():
+        h.math_type, h.benchmark, h.deterministic = kept.get(d, (H.MathType.DEFAULT, False, False))
+
+
 @pytest.fixture
 def xp(device):
     """The array module of the ``device`` fixture (numpy or cupy)."""
