@@ -47,8 +47,10 @@ def _accuracy(mode, device, seed=0):
 def test_low_precision_training_reaches_fp32_accuracy(device):
     if device != "cuda":
         pytest.skip("float16 autocast is a GPU feature; the bfloat16 CPU path is covered by test_autocast")
-    # Mean over seeds: one run's accuracy on 360 test images moves by a couple of images with any change of numerics.
-    seeds = (0, 1, 2)
+    # Mean over seeds: one run's accuracy on 360 test images moves by a couple of images with any change of numerics,
+    # and single fp32 runs spread over 96.7-98.6% (H200, tools/amp_accuracy_ab.py: 6 seeds, ~4 s a run).  Three seeds
+    # left the mean's noise near the 0.5-point margin (bf16 0.93 below fp32 on seeds 0-2, 0.23 on all six), so six.
+    seeds = tuple(range(6))
     fp32, bf16, fp16 = (float(np.mean([_accuracy(mode, device, s) for s in seeds]))
                         for mode in ("fp32", "bf16", "fp16"))
     print(f"digits test accuracy, mean of {len(seeds)} seeds: fp32 {fp32:.2f}%  bf16 {bf16:.2f}%  "
