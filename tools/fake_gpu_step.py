@@ -58,7 +58,10 @@ ctor = {"resnet20": ("resnet20(num_classes=10)", (3, 32, 32), 128), "lenet5": ("
 batch = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 mdn.manual_seed(0)
 m = eval(ctor[0], vars(M)).to("cuda")
-amp = os.environ.get("AMP", "")
+amp = os.environ.get("AMP", "").lower()
+amp = "" if amp in ("off", "0", "none", "fp32") else amp
+if amp not in ("bf16", "fp16", ""):
+    sys.exit(f"AMP={amp!r}: use bf16, fp16, or off")
 amp_dtype = {"bf16": mdn.bfloat16, "fp16": mdn.float16, "": None}[amp]
 cl = os.environ.get("CL", "") not in ("", "0")
 if cl:
