@@ -341,6 +341,33 @@ typedef uint2 OutVec;             // VW == 4 outputs of 2 bytes
 union ChunkU { uint4 v; T e[LV]; };
 union OutU { OutVec v; T e[VW]; };
 
+// A thread's row of N outputs at dst, the first `valid` of them inside the tensor: dst = o + beta * dst (dst read
+// only when beta != 0), one 4-wide store where N == VW == 4, the row is whole and dst is aligned; element by element
+// otherwise.  dw_tile_forward's and dw_tile_backward_data's epilogue.
+template <int N>
+__device__ __forceinline__ void store_outputs(T* dst, float* o, int valid, float beta) {
+#if VW == 4
+    if (N == 4 && valid >= 4 && (reinterpret_cast<unsigned long long>(dst) & (sizeof(OutVec) - 1)) == 0) {
+        OutU u;
+        if (beta != 0.f) {
+            u.v = *reinterpret_cast<const OutVec*>(dst);
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) o[j] += beta * to_f(u.e[j]);
+        }
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) from_f(&u.e[j], o[j]);
+        *reinterpret_cast<OutVec*>(dst) = u.v;
+        return;
+    }
+#endif
+    #pragma unroll
+    for (int j = 0; j < N; ++j) {
+        if (j >= valid) break;
+        const float old = beta != 0.f ? beta * to_f(dst[j]) : 0.f;
+        from_f(dst + j, o[j] + old);
+    }
+}
+
 // The IH x pitch input tile of plane xp whose corner is (h_base, w_base), as float into `tile` (row pitch `pitch`),
 // zero outside the H x W image; threads tid < nthr share it in 16-byte chunks aligned in global memory (the
 // first chunk starts at w_base rounded down to a chunk): one 16-byte load where the chunk lies inside the row and
@@ -448,24 +475,7 @@ dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict_
         float o[VW];
         #pragma unroll
         for (int j = 0; j < VW; ++j) o[j] = alpha * acc[i][j];
-        if (q + VW <= Q && (reinterpret_cast<unsigned long long>(dst) & (sizeof(OutVec) - 1)) == 0) {
-            OutU u;
-            if (beta != 0.f) {
-                u.v = *reinterpret_cast<const OutVec*>(dst);
-                #pragma unroll
-                for (int j = 0; j < VW; ++j) o[j] += beta * to_f(u.e[j]);
-            }
-            #pragma unroll
-            for (int j = 0; j < VW; ++j) from_f(&u.e[j], o[j]);
-            *reinterpret_cast<OutVec*>(dst) = u.v;
-        } else {
-            #pragma unroll
-            for (int j = 0; j < VW; ++j) {
-                if (q + j >= Q) break;
-                const float old = beta != 0.f ? beta * to_f(dst[j]) : 0.f;
-                from_f(dst + j, o[j] + old);
-            }
-        }
+        store_outputs<VW>(dst, o, Q - q, beta);
     }
 }
 
@@ -719,26 +729,7 @@ dw_tile_backward_data(const T* __restrict__ w, const T* __restrict__ dy, T* __re
         float o[DVW];
         #pragma unroll
         for (int j = 0; j < DVW; ++j) o[j] = alpha * acc[i][j];
-#if DVW == 4
-        if (wq + DVW <= W && (reinterpret_cast<unsigned long long>(dst) & (sizeof(OutVec) - 1)) == 0) {
-            OutU u;
-            if (beta != 0.f) {
-                u.v = *reinterpret_cast<const OutVec*>(dst);
-                #pragma unroll
-                for (int j = 0; j < DVW; ++j) o[j] += beta * to_f(u.e[j]);
-            }
-            #pragma unroll
-            for (int j = 0; j < DVW; ++j) from_f(&u.e[j], o[j]);
-            *reinterpret_cast<OutVec*>(dst) = u.v;
-            continue;
-        }
-#endif
-        #pragma unroll
-        for (int j = 0; j < DVW; ++j) {
-            if (wq + j >= W) break;
-            const float old = beta != 0.f ? beta * to_f(dst[j]) : 0.f;
-            from_f(dst + j, o[j] + old);
-        }
+        store_outputs<DVW>(dst, o, W - wq, beta);
     }
 }
 """
