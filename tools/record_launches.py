@@ -133,6 +133,30 @@ def _zero_pointers(fakecp, L):
                                                                      *rest, **kw)
 
 
+def record_packed(L, out, other="cupy/cublas"):
+    """From now on every kernel launch appends [kernel, grid, its packed argument bytes as hex] to ``out``, and
+    every CuPy/cuBLAS operation (``launch.count_launches``) appends [other, [], ""]; argument buffers made before
+    this call (warm-ups) are sized too.  Returns ``out``.  The tests' launch-record scripts and fake_gpu_step use it."""
+    import gc
+    sizes = {}
+    init = L._Buffer.__init__
+
+    def buffer_init(self, layout, offsets):
+        init(self, layout, offsets)
+        sizes[ctypes.addressof(self.data)] = layout.size
+    L._Buffer.__init__ = buffer_init
+    for obj in gc.get_objects():
+        if type(obj) is L._Buffer:
+            sizes[ctypes.addressof(obj.data)] = obj.struct.size
+
+    def go(fn, dims, stream, params_ptr):
+        base = ctypes.c_void_p.from_address(params_ptr).value
+        out.append([str(fn), list(dims), ctypes.string_at(base, sizes[base]).hex()])
+    L._go = go
+    L.count_launches = lambda n=1: out.extend([[other, [], ""]] * n)
+    return out
+
+
 def record(tree, path):
     fakecp, L = _install(tree)
     _zero_pointers(fakecp, L)
