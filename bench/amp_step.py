@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from graphs import _capture  # noqa: E402
-from train_step import CONFIGS, _median_ms, torch, torch_models  # noqa: E402
+from train_step import CONFIGS, paired_medians, torch, torch_models  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
 import minidnn.models  # noqa: E402
@@ -97,26 +97,32 @@ def main():
     print(f"{'model':<10} {'mode':<8} {'minidnn ms':>11} {'PyTorch ms':>11} {'ratio':>7} {'vs own fp32':>12}"
           + (f" {'mdn graphed':>12} {'torch graphed':>14} {'ratio':>7}" if graphed else ""))
     for name in args.models.split(","):
-        own_fp32 = None
-        for mode in MODES:
-            if mode.startswith("fp16") and args.device == "cpu":
-                continue
-            m_step = minidnn_step(name, mode, args.device)
-            m_ms = _median_ms(m_step, lambda: mdn.cuda.synchronize(), args.steps)
-            t_step = torch_step(name, mode, args.device, ns) if ns else None
-            t_ms = _median_ms(t_step, tsync, args.steps) if ns else float("nan")
-            own_fp32 = m_ms if mode == "fp32" else own_fp32
+        modes = [m for m in MODES if not (m.startswith("fp16") and args.device == "cpu")]
+        # every eager step of the model, both frameworks, timed in alternation (train_step.paired_medians): the
+        # "vs own fp32" and "ratio" columns compare steps that saw the same host
+        m_steps = [minidnn_step(name, mode, args.device) for mode in modes]
+        t_steps = [torch_step(name, mode, args.device, ns) for mode in modes] if ns else []
+        msync = lambda: mdn.cuda.synchronize()     # noqa: E731
+        runs = [(s, msync) for s in m_steps] + [(s, tsync) for s in t_steps]
+        medians = paired_medians(runs, args.steps)
+        m_all, t_all = medians[:len(modes)], medians[len(modes):] or [float("nan")] * len(modes)
+        own_fp32 = m_all[modes.index("fp32")]
+        for mode, m_step, m_ms, t_ms, t_step in zip(modes, m_steps, m_all, t_all, t_steps or [None] * len(modes)):
             line = (f"{name:<10} {mode:<8} {m_ms:>11.2f} {t_ms:>11.2f} {m_ms / t_ms:>6.2f}x "
                     f"{m_ms / own_fp32:>11.2f}x")
             if graphed:
                 try:
-                    mg = _median_ms(_capture(mdn, m_step), lambda: mdn.cuda.synchronize(), args.steps)
+                    m_graph = _capture(mdn, m_step)
                 except Exception as exc:        # report, keep the table going
-                    mg = float("nan")
+                    m_graph = None
                     print(f"  minidnn capture failed: {type(exc).__name__}: {str(exc)[:200]}")
                 # torch's GradScaler.step reads found_inf with .item(): a fp16 step cannot be captured there
                 torch_capturable = ns is not None and not mode.startswith("fp16")
-                tg = _median_ms(_capture(torch, t_step), tsync, args.steps) if torch_capturable else float("nan")
+                t_graph = _capture(torch, t_step) if torch_capturable else None
+                runs = [(g, sync) for g, sync in ((m_graph, msync), (t_graph, tsync)) if g is not None]
+                got = iter(paired_medians(runs, args.steps))
+                mg = next(got) if m_graph is not None else float("nan")
+                tg = next(got) if t_graph is not None else float("nan")
                 line += f" {mg:>12.2f} {tg:>14.2f} {mg / tg:>6.2f}x"
             print(line, flush=True)
 

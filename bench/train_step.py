@@ -71,6 +71,31 @@ def _median_ms(step, sync, steps):
     return statistics.median(times)
 
 
+def paired_medians(runs, steps, rounds=5, warmup=20):
+    """Median ms per step of each ``(step, sync)`` in ``runs``, timed in alternation: ``rounds`` rounds, each
+    timing ``steps // rounds`` steps of every run in turn (the order rotated each round), so that a slow patch of
+    the host -- other processes, clocks -- lands on every run alike.  Timed one after the other, the same code's
+    eager medians moved by up to 2x between runs on the shared device host; the ratios are what is compared."""
+    for step, sync in runs:
+        for _ in range(warmup):     # 5 left the first model's median 45% high on the H200 (GPU clocks, pools)
+            step()
+        sync()
+    times = [[] for _ in runs]
+    per = max(1, steps // rounds)
+    for r in range(rounds):
+        order = list(range(len(runs)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        for i in order:
+            step, sync = runs[i]
+            sync()
+            for _ in range(per):
+                t0 = time.perf_counter()
+                step()
+                sync()
+                times[i].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]
+
+
 def make_step(lib, models, ctor, shape, batch, device):
     """(step, model, optimizer): one SGD-momentum training step of the model ``ctor`` builds from the namespace
     ``models`` (that library's model classes) on a fixed random batch; ``lib`` is minidnn or torch (the same API
@@ -90,15 +115,19 @@ def make_step(lib, models, ctor, shape, batch, device):
     return step, model, opt
 
 
-def bench(lib, models, ctor, shape, batch, device, steps):
-    """(median ms per step, parameter count) for ``lib`` (minidnn or torch: the same API here) and the
-    namespace ``models`` holding that library's model classes."""
-    step, model, _ = make_step(lib, models, ctor, shape, batch, device)
-    sync = lib.cuda.synchronize if device != "cpu" else (lambda: None)
-    n_params = sum(p.numel() for p in model.parameters())
-    ms = _median_ms(step, sync, steps)
-    counts = kernels_per_step(lib, step, sync) if device != "cpu" else (None, None)
-    return ms, n_params, counts
+def bench_pair(twins, ctor, shape, batch, device, steps):
+    """minidnn's and PyTorch's (ms, parameter count, kernel counts) for one model, the steps timed in alternation
+    (``paired_medians``); PyTorch's entry is (None, None, (None, None)) where ``twins`` is None."""
+    libs = [(mdn, vars(minidnn.models))] + ([(torch, twins)] if twins is not None else [])
+    built = []
+    for lib, models in libs:
+        step, model, _ = make_step(lib, models, ctor, shape, batch, device)
+        sync = lib.cuda.synchronize if device != "cpu" else (lambda: None)
+        built.append((lib, step, sync, sum(p.numel() for p in model.parameters())))
+    medians = paired_medians([(step, sync) for _, step, sync, _ in built], steps)
+    out = [(ms, n, kernels_per_step(lib, step, sync) if device != "cpu" else (None, None))
+           for ms, (lib, step, sync, n) in zip(medians, built)]
+    return out[0], (out[1] if len(out) > 1 else (None, None, (None, None)))
 
 
 def kernels_per_step(lib, step, sync, steps=3):
@@ -149,14 +178,14 @@ def main(argv=None):
     for name in args.models.split(","):
         ctor, shape, batch = CONFIGS[name]
         batch = args.batch_size or batch
-        m_ms, m_params, m_counts = bench(mdn, vars(minidnn.models), ctor, shape, batch, args.device, args.steps)
-        t_ms, t_counts = None, (None, None)
+        (m_ms, m_params, m_counts), (t_ms, t_params, t_counts) = bench_pair(twins, ctor, shape, batch,
+                                                                              args.device, args.steps)
         if use_torch:
-            t_ms, t_params, t_counts = bench(torch, twins, ctor, shape, batch, args.device, args.steps)
             assert t_params == m_params, f"{name}: the twins differ ({m_params} vs {t_params} parameters)"
         rows.append((name, batch, m_params, m_ms, t_ms, m_counts, t_counts))
     print(f"training step (fwd + loss + bwd + SGD momentum), {args.device}, {'TF32' if args.tf32 else 'strict fp32'}"
-          f" on both sides, torch cudnn.benchmark, median of {args.steps}")
+          f" on both sides, torch cudnn.benchmark, median of {args.steps}"
+          " (the two frameworks' steps timed in alternation, 5 rounds)")
     print(f"{'model':10} {'batch':>5} {'params':>8} {'minidnn ms':>11} {'torch ms':>9} {'ratio':>6} "
           f"{'minidnn s/epoch':>16} {'torch s/epoch':>14}")
     for name, batch, params, m_ms, t_ms, _, _ in rows:
