@@ -1,0 +1,864 @@
+"""Channels-last (NHWC) batch normalisation on the GPU: whole rows streamed with 16-byte vectors (issues 10, 12).
+
+Shape legend: x, y, z (residual), dy, dx, dz are (R, C) contiguous in memory -- R = N*H*W (N*D*H*W, N*L; N for
+2-D input) rows of C channels.  scale, bias, running_mean, running_var, dscale, dbias: (C,) in P (x's dtype;
+float32 for float16/bfloat16 data); mean, inv_std (C,) and coef (C, 2) in A (double for float64 data, else float).
+
+Vectors.  VEC channels of a row make one vector (VEC * itemsize <= 16 bytes: the widest power of two that divides
+C and to which every pointer is aligned -- 4 floats, 8 halves, 2 doubles; C = 24 bf16 takes 8, C = 6 bf16 takes 2,
+C = 3 takes 1, the scalar path).  A row holds CV = C / VEC vectors.
+Tiling.  The row's vectors are split into `chunks` = ceil(CV / 256) column chunks (gridDim.y) of TX =
+ceil(CV / chunks) vectors.  A 256-thread block is RB = 256 / TX rows of TX threads: thread (ty, tx) = (tid / TX,
+tid % TX) owns vector column vcol = chunk * TX + tx -- the channels vcol * VEC ... + VEC - 1, the same at every row
+it visits -- and threads ty * TX + tx cover RB * TX consecutive vectors of RB consecutive rows: one contiguous span
+per block step, 16 bytes per thread.  Rows are taken in groups of RB: group g is rows g * RB ... g * RB + RB - 1
+(NG = ceil(R / RB) groups); block b of a G-block grid walks groups b, b + G, b + 2G, ... (UNROLL groups in flight
+per thread and array).  `rev` walks the mirrored order NG - 1 - g: the elementwise pass starts on the rows the
+reduction read last, which L2 still holds.
+What a thread computes.  Reduction pass: per lane e of its vector (channel vcol * VEC + e), in registers over its
+rows, forward the shifted sums sum(x - K), sum((x - K)^2) (K = the channel's row-0 value, the reference's shifted
+one-pass moments) and backward sum(g), sum(g * xhat) (g = dy, masked by y > 0 after a fused ReLU).  The block adds
+its RB rows of threads with a fixed-order shared-memory tree and row 0 writes the block's partial (G, C, 2).  The
+last block of a chunk to arrive (threadfence + atomic ticket, no float atomics) adds the G partials of each channel
+in double in a fixed order (thread (q, k): channel k, partials q, q + QN, ... in order, then a tree over q: the
+same bits whichever block is last) and finalises: mean, inv_std, the running statistics and BatchNorm's counter
+(forward); coef = (mean(g), mean(g * xhat)), dscale, dbias (backward).  Elementwise pass: each thread loads its
+VEC channels' constants once, then y = act((x - mean) * inv_std * scale + bias [+ z]) or dx = scale * inv_std *
+(g - coef0 - xhat * coef1), dz = g, over the same row walk (reversed), last-use loads and streaming stores.
+
+Two routes (ROUTE, MINIDNN_BN_NHWC_ROUTE):
+  "two"  bnc_stats + bnc_apply (forward), bnc_grad + bnc_dx (backward): two launches per direction;
+  "one"  bnc_fwd1, bnc_bwd1: the same two passes in one launch; every block of the grid is resident (grid <= the
+         driver's occupancy x SMs), the non-last blocks of a chunk wait for its flag after the meeting, the last
+         one to leave resets the counters.
+Inference is one bnc_apply with FROM_VAR (inv_std from the running variance).  ENABLED = False (MINIDNN_BN_NHWC=0)
+hands channels-last calls back to bn_kernels' older kernels (A/B).  Nothing is read back to the host; the same
+launches at every call (capturable in a CUDA graph); deterministic.
+Traffic: forward reads x twice and writes y, backward reads x, dy (y) twice and writes dx (dz); the second read
+starts on the rows the first read last, so the tail of the first pass (up to about an L2) comes from L2.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import devices as _dev
+from . import launch as _launch
+from . import workspace as _ws
+
+__all__ = ["ENABLED", "ROUTE", "SOURCE", "takes", "rows_layout", "switch", "geometry", "training_call",
+           "backward_call", "inference_call", "forward_training", "forward_inference", "backward"]
+
+ENABLED = os.environ.get("MINIDNN_BN_NHWC", "1") != "0"
+ROUTE = os.environ.get("MINIDNN_BN_NHWC_ROUTE", "one")     # "one" (one launch per direction) or "two"
+THREADS = 256
+UNROLL = 4            # row groups in flight per thread and array
+BPS = 2               # blocks per SM the one-launch kernels are built for (their launch bounds)
+TWO_BLOCKS_PER_SM = 4  # the two-launch reduction's blocks per SM (need not be resident together)
+APPLY_BLOCKS_PER_SM = 8
+_INT_MAX = 2 ** 31 - 1
+
+# Storage of the data (the conventions of bn_kernels.STORAGE_HEADER, kept here so this module imports nothing of
+# bn_kernels, which routes to it): T is the stored type, LD / ST convert to and from A; 16-bit data as raw bits
+# converted with PTX.  VT: a vector of VBYTES bytes (VEC values).
+HEADER = r"""
+typedef ACCUM A;
+typedef PARAM P;
+#if STORAGE == 0
+typedef SCALAR T;
+__device__ __forceinline__ A LD(T v) { return (A)v; }
+__device__ __forceinline__ T ST(A v) { return (T)v; }
+#else
+typedef unsigned short T;
+#if STORAGE == 1
+__device__ __forceinline__ float LD(T h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ T ST(float f)
+{ unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
+__device__ __forceinline__ float LD(T h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ T ST(float f)
+{ unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#endif
+#endif
+#if VBYTES == 16
+typedef uint4 VT;
+#elif VBYTES == 8
+typedef uint2 VT;
+#elif VBYTES == 4
+typedef unsigned int VT;
+#else
+typedef unsigned short VT;
+#endif
+"""
+
+SOURCE = HEADER + r"""
+union Pack { VT raw; T v[VEC]; };
+// first reads: plain loads (they fill L2); last reads: streaming ("last use") loads; outputs: streaming stores
+__device__ __forceinline__ Pack ld1(const T* p) { Pack r; r.raw = *reinterpret_cast<const VT*>(p); return r; }
+__device__ __forceinline__ Pack ld2(const T* p) { Pack r; r.raw = __ldcs(reinterpret_cast<const VT*>(p)); return r; }
+__device__ __forceinline__ void st2(T* p, const Pack& v) { __stcs(reinterpret_cast<VT*>(p), v.raw); }
+
+#if ACC_DOUBLE
+typedef double2 A2;
+#else
+typedef float2 A2;
+#endif
+
+// The geometry every kernel takes (by value): rows, channels, vectors per row, threads per row of a block, rows of
+// threads, row groups.
+// (Passed as six ints: one kernel parameter per packed argument, as launch.py packs them.)
+struct Geo { int R, C, CV, TX, RB, NG; };
+#define GEO_PARAMS const int R, const int C, const int CV, const int TX, const int RB, const int NG
+
+// This thread's place: vector column, first channel, and whether it owns a vector at all (ty < RB, vcol < CV).
+struct Lane { int tx, ty, vcol, c0; bool on; };
+__device__ __forceinline__ Lane lane_of(const Geo& g)
+{
+    Lane l;
+    l.tx = threadIdx.x % g.TX; l.ty = threadIdx.x / g.TX;
+    l.vcol = blockIdx.y * g.TX + l.tx;
+    l.c0 = l.vcol * VEC;
+    l.on = l.ty < g.RB && l.vcol < g.CV;
+    return l;
+}
+
+// Walk this block's row groups (UNROLL in flight): f(off[u]) with the element offset of the thread's vector in
+// each row, -1 where the row does not exist.  REV: groups in mirrored order (NG - 1 - g).
+template <bool REV, class F>
+__device__ __forceinline__ void walk(const Geo& g, const Lane& l, F f)
+{
+    if (!l.on) return;
+    const unsigned int G = gridDim.x, NG = (unsigned int)g.NG;
+    for (unsigned int g0 = blockIdx.x; g0 < NG; g0 += UNROLL * G) {
+        int off[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const unsigned int gg = g0 + u * G;
+            const unsigned int grp = REV ? NG - 1u - gg : gg;
+            const unsigned int r = grp * (unsigned int)g.RB + (unsigned int)l.ty;
+            off[u] = gg < NG && r < (unsigned int)g.R ? (int)((r * (unsigned int)g.CV + l.vcol) * VEC) : -1;
+        }
+        f(off);
+    }
+}
+
+// Sum v over the block's RB rows of threads (a fixed-order tree; RB need not be a power of two); row 0 writes the
+// block's partial sums of its channels to partial[blockIdx.x][c][2].
+__device__ __forceinline__ void block_partial(const Geo& g, const Lane& l, A (&v)[VEC][2], A* __restrict__ partial)
+{
+    __shared__ A red[256][VEC][2];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) { red[threadIdx.x][e][0] = v[e][0]; red[threadIdx.x][e][1] = v[e][1]; }
+    __syncthreads();
+    int p = 1;
+    while (p < g.RB) p <<= 1;
+    for (int h = p >> 1; h > 0; h >>= 1) {
+        if (l.ty < h && l.ty + h < g.RB) {
+            const int o = threadIdx.x + h * g.TX;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                red[threadIdx.x][e][0] += red[o][e][0]; red[threadIdx.x][e][1] += red[o][e][1];
+            }
+        }
+        __syncthreads();
+    }
+    if (l.ty == 0 && l.vcol < g.CV) {
+        A2* q = reinterpret_cast<A2*>(partial) + (long long)blockIdx.x * g.C + l.c0;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) { A2 t; t.x = red[threadIdx.x][e][0]; t.y = red[threadIdx.x][e][1]; q[e] = t; }
+    }
+}
+
+// Every thread fences its own partial stores, then the block takes its arrival ticket; true in the chunk's last block.
+__device__ __forceinline__ bool arrive(unsigned int* ticket)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+// In the chunk's last block (all threads call it): per channel of the chunk, the totals in double of the G
+// partials, in a fixed order -- thread (q, k) takes partials q, q + QN, ... of channel k (8 loads in flight), then
+// a tree over q -- and fin(c, t1, t2) once per channel.
+template <class Fin>
+__device__ __forceinline__ void combine(const Geo& g, const A* __restrict__ partial, Fin fin)
+{
+    __shared__ double sd[256][2];
+    const int cbeg = blockIdx.y * g.TX * VEC, cend = min(g.C, cbeg + g.TX * VEC);
+    int kw = 1;
+    while (kw < cend - cbeg && kw < 256) kw <<= 1;
+    const int qn = 256 / kw, k = threadIdx.x % kw, q = threadIdx.x / kw;
+    const int G = gridDim.x;
+    const A2* pp = reinterpret_cast<const A2*>(partial);
+    for (int cb = cbeg; cb < cend; cb += kw) {
+        const int c = cb + k;
+        double a1 = 0, a2 = 0;
+        if (c < cend) {
+            for (int b = q; b < G; b += 8 * qn) {
+                A2 t[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) if (b + u * qn < G) t[u] = __ldcg(pp + (long long)(b + u * qn) * g.C + c);
+#pragma unroll
+                for (int u = 0; u < 8; ++u) if (b + u * qn < G) { a1 += (double)t[u].x; a2 += (double)t[u].y; }
+            }
+        }
+        sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
+        __syncthreads();
+        for (int h = qn >> 1; h > 0; h >>= 1) {
+            if (q < h) {
+                sd[threadIdx.x][0] += sd[threadIdx.x + h * kw][0]; sd[threadIdx.x][1] += sd[threadIdx.x + h * kw][1];
+            }
+            __syncthreads();
+        }
+        if (q == 0 && c < cend) fin(c, sd[threadIdx.x][0], sd[threadIdx.x][1]);
+        __syncthreads();
+    }
+}
+
+// ---- the passes ------------------------------------------------------------------------------------------------
+// Forward reduction: this thread's shifted sums; k[e] = the channel's row-0 value.
+__device__ __forceinline__ void fwd_sums(const Geo& g, const Lane& l, const T* __restrict__ x, A (&v)[VEC][2])
+{
+    A k[VEC];
+    Pack k0;
+    if (l.on) k0 = ld1(x + l.c0);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) { k[e] = l.on ? LD(k0.v[e]) : (A)0; v[e][0] = 0; v[e][1] = 0; }
+    walk<false>(g, l, [&](const int (&off)[UNROLL]) {
+        Pack p[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { const A d = LD(p[u].v[e]) - k[e]; v[e][0] += d; v[e][1] += d * d; }
+        }
+    });
+}
+
+// Forward finalisation of channel c from its totals.
+__device__ __forceinline__ void fwd_fin(const Geo& g, const T* __restrict__ x, int c, double t1, double t2,
+                                        A* __restrict__ mean_out, A* __restrict__ inv_std_out, P* running_mean,
+                                        P* running_var, long long* counter, double factor, double eps,
+                                        int has_running, int has_counter)
+{
+    const double m = (double)g.R;
+    const double md = t1 / m;
+    const double var = fmax(t2 / m - md * md, 0.0);
+    const double mean = (double)LD(x[c]) + md;
+    mean_out[c] = (A)mean;
+    inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
+    if (has_running) {
+        running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
+        running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
+    }
+    if (has_counter && c == 0) counter[0] += 1;      // BatchNorm's num_batches_tracked, once per call
+}
+
+// y = act((x - mu) * kk + bb [+ z]) over the thread's rows (mirrored order).
+__device__ __forceinline__ void fwd_apply(const Geo& g, const Lane& l, const T* __restrict__ x,
+                                          const T* __restrict__ z, T* __restrict__ y, const A (&mu)[VEC],
+                                          const A (&kk)[VEC], const A (&bb)[VEC])
+{
+    walk<true>(g, l, [&](const int (&off)[UNROLL]) {
+        Pack p[UNROLL], q[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (off[u] >= 0) { p[u] = ld2(x + off[u]); if (HAS_Z) q[u] = ld2(z + off[u]); }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+            Pack o;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                A w = (LD(p[u].v[e]) - mu[e]) * kk[e];
+                if (HAS_BIAS) w += bb[e];
+                if (HAS_Z) w += LD(q[u].v[e]);
+#if RELU
+                w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
+#endif
+                o.v[e] = ST(w);
+            }
+            st2(y + off[u], o);
+        }
+    });
+}
+
+// Backward reduction: sum(g), sum(g * xhat) per lane.
+__device__ __forceinline__ void bwd_sums(const Geo& g, const Lane& l, const T* __restrict__ x,
+                                         const T* __restrict__ dy, const T* __restrict__ y, const A (&mu)[VEC],
+                                         const A (&is)[VEC], A (&v)[VEC][2])
+{
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) { v[e][0] = 0; v[e][1] = 0; }
+    walk<false>(g, l, [&](const int (&off)[UNROLL]) {
+        Pack p[UNROLL], d[UNROLL], r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+            d[u] = ld1(dy + off[u]); p[u] = ld1(x + off[u]);
+            if (RELU) r[u] = ld1(y + off[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                A gv = LD(d[u].v[e]);
+                if (RELU && LD(r[u].v[e]) <= (A)0) gv = 0;
+                v[e][0] += gv;
+                v[e][1] += gv * ((LD(p[u].v[e]) - mu[e]) * is[e]);
+            }
+        }
+    });
+}
+
+__device__ __forceinline__ void bwd_fin(const Geo& g, int c, double t1, double t2, A* __restrict__ coef,
+                                        P* __restrict__ dscale, P* __restrict__ dbias)
+{
+    const double m = (double)g.R;
+    coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
+#if HAS_SCALE
+    dbias[c] = (P)t1; dscale[c] = (P)t2;
+#endif
+}
+
+// dx = kk * (g - c0 - xhat * c1), dz = g over the thread's rows (mirrored order).
+__device__ __forceinline__ void bwd_dx(const Geo& g, const Lane& l, const T* __restrict__ x,
+                                       const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
+                                       T* __restrict__ dz, const A (&mu)[VEC], const A (&is)[VEC],
+                                       const A (&c0)[VEC], const A (&c1)[VEC], const A (&kk)[VEC])
+{
+    walk<true>(g, l, [&](const int (&off)[UNROLL]) {
+        Pack p[UNROLL], d[UNROLL], r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+            d[u] = ld2(dy + off[u]); p[u] = ld2(x + off[u]);
+            if (RELU) r[u] = ld2(y + off[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+            Pack o, oz;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                A gv = LD(d[u].v[e]);
+                if (RELU && LD(r[u].v[e]) <= (A)0) gv = 0;
+                const A xhat = (LD(p[u].v[e]) - mu[e]) * is[e];
+                o.v[e] = ST(kk[e] * (gv - c0[e] - xhat * c1[e]));
+                if (HAS_Z) oz.v[e] = ST(gv);
+            }
+            st2(dx + off[u], o);
+            if (HAS_Z) st2(dz + off[u], oz);
+        }
+    });
+}
+
+// Per-lane constants of a channel vector (absent channels: 0).
+template <class S>
+__device__ __forceinline__ void lane_load(const Lane& l, const S* __restrict__ a, A (&out)[VEC], bool cg)
+{
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = l.on ? (A)(cg ? __ldcg(a + l.c0 + e) : a[l.c0 + e]) : (A)0;
+}
+
+// ---- two-launch kernels --------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256)
+bnc_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ mean_out,
+          A* __restrict__ inv_std_out, P* running_mean, P* running_var, long long* counter, GEO_PARAMS,
+          const double factor, const double eps, const int has_running, const int has_counter)
+{
+    const Geo g = {R, C, CV, TX, RB, NG};
+    const Lane l = lane_of(g);
+    A v[VEC][2];
+    fwd_sums(g, l, x, v);
+    block_partial(g, l, v, partial);
+    if (!arrive(ticket + blockIdx.y)) return;
+    combine(g, partial, [&](int c, double t1, double t2) {
+        fwd_fin(g, x, c, t1, t2, mean_out, inv_std_out, running_mean, running_var, counter, factor, eps,
+                has_running, has_counter); });
+    if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
+}
+
+// y = act((x - mean) * inv * scale + bias [+ z]); FROM_VAR (inference): inv = 1 / sqrt(stat2 + eps), stat1/2 the
+// running statistics (P); else stat1/2 = mean, inv_std (A).
+extern "C" __global__ void __launch_bounds__(256)
+bnc_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, const void* stat1, const void* stat2,
+          const P* __restrict__ scale, const P* __restrict__ bias, GEO_PARAMS, const double eps)
+{
+#if FROM_VAR
+    typedef P S;
+#else
+    typedef A S;
+#endif
+    const Geo g = {R, C, CV, TX, RB, NG};
+    const Lane l = lane_of(g);
+    A mu[VEC], kk[VEC], bb[VEC];
+    lane_load(l, (const S*)stat1, mu, false);
+    lane_load(l, (const S*)stat2, kk, false);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+#if FROM_VAR
+        kk[e] = (A)1 / sqrt(kk[e] + (A)eps);
+#endif
+        if (HAS_SCALE && l.on) kk[e] *= (A)scale[l.c0 + e];
+        bb[e] = HAS_BIAS && l.on ? (A)bias[l.c0 + e] : (A)0;
+    }
+    fwd_apply(g, l, x, z, y, mu, kk, bb);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+bnc_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
+         const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ coef,
+         P* __restrict__ dscale, P* __restrict__ dbias, GEO_PARAMS)
+{
+    const Geo g = {R, C, CV, TX, RB, NG};
+    const Lane l = lane_of(g);
+    A mu[VEC], is[VEC], v[VEC][2];
+    lane_load(l, mean, mu, false);
+    lane_load(l, inv_std, is, false);
+    bwd_sums(g, l, x, dy, y, mu, is, v);
+    block_partial(g, l, v, partial);
+    if (!arrive(ticket + blockIdx.y)) return;
+    combine(g, partial, [&](int c, double t1, double t2) { bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
+    if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+bnc_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
+       const A* __restrict__ inv_std, const A* __restrict__ coef, const P* __restrict__ scale, T* __restrict__ dx,
+       T* __restrict__ dz, GEO_PARAMS)
+{
+    const Geo g = {R, C, CV, TX, RB, NG};
+    const Lane l = lane_of(g);
+    A mu[VEC], is[VEC], c0[VEC], c1[VEC], kk[VEC];
+    lane_load(l, mean, mu, false);
+    lane_load(l, inv_std, is, false);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        c0[e] = l.on ? coef[2 * (l.c0 + e)] : (A)0;
+        c1[e] = l.on ? coef[2 * (l.c0 + e) + 1] : (A)0;
+        kk[e] = HAS_SCALE && l.on ? is[e] * (A)scale[l.c0 + e] : is[e];
+    }
+    bwd_dx(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk);
+}
+
+// ---- one-launch kernels ----------------------------------------------------------------------------------------
+// After the partials: the chunk's last block combines and raises the flag (sync[3 * chunk + 1]); the others wait.
+// sync[3 * chunk ...]: arrivals, flag, departures.  Every block of the grid is resident (the host sizes the grid by
+// the driver's occupancy), so the wait ends.
+template <class Fin>
+__device__ __forceinline__ void meet(const Geo& g, const A* __restrict__ partial, unsigned int* sync, Fin fin)
+{
+    unsigned int* s = sync + 3 * blockIdx.y;
+    if (arrive(s)) {
+        combine(g, partial, fin);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicExch(s + 1, 1u);
+    } else {
+        if (threadIdx.x == 0) {
+            while (*(volatile unsigned int*)(s + 1) == 0u) __nanosleep(64);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+}
+
+// After every thread has read the chunk's results: the last block to leave resets the counters.
+__device__ __forceinline__ void depart(unsigned int* sync)
+{
+    unsigned int* s = sync + 3 * blockIdx.y;
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(s + 2, 1u) == gridDim.x - 1) { s[0] = 0u; s[1] = 0u; s[2] = 0u; }
+}
+
+extern "C" __global__ void __launch_bounds__(256, BPS)
+bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
+         unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
+         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter, GEO_PARAMS,
+         const double factor, const double eps, const int has_running, const int has_counter)
+{
+    const Geo g = {R, C, CV, TX, RB, NG};
+    const Lane l = lane_of(g);
+    {
+        A v[VEC][2];
+        fwd_sums(g, l, x, v);
+        block_partial(g, l, v, partial);
+    }
+    meet(g, partial, sync, [&](int c, double t1, double t2) {
+        fwd_fin(g, x, c, t1, t2, mean_out, inv_std_out, running_mean, running_var, counter, factor, eps,
+                has_running, has_counter); });
+    A mu[VEC], kk[VEC], bb[VEC];
+    lane_load(l, mean_out, mu, true);
+    lane_load(l, inv_std_out, kk, true);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        if (HAS_SCALE && l.on) kk[e] *= (A)scale[l.c0 + e];
+        bb[e] = HAS_BIAS && l.on ? (A)bias[l.c0 + e] : (A)0;
+    }
+    depart(sync);
+    fwd_apply(g, l, x, z, y, mu, kk, bb);
+}
+
+extern "C" __global__ void __launch_bounds__(256, BPS)
+bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
+         const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* sync, A* __restrict__ coef,
+         P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
+         T* __restrict__ dz, GEO_PARAMS)
+{
+    const Geo g = {R, C, CV, TX, RB, NG};
+    const Lane l = lane_of(g);
+    A mu[VEC], is[VEC];
+    lane_load(l, mean, mu, false);
+    lane_load(l, inv_std, is, false);
+    {
+        A v[VEC][2];
+        bwd_sums(g, l, x, dy, y, mu, is, v);
+        block_partial(g, l, v, partial);
+    }
+    meet(g, partial, sync, [&](int c, double t1, double t2) { bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
+    A c0[VEC], c1[VEC], kk[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        c0[e] = l.on ? __ldcg(coef + 2 * (l.c0 + e)) : (A)0;
+        c1[e] = l.on ? __ldcg(coef + 2 * (l.c0 + e) + 1) : (A)0;
+        kk[e] = HAS_SCALE && l.on ? is[e] * (A)scale[l.c0 + e] : is[e];
+    }
+    depart(sync);
+    bwd_dx(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk);
+}
+"""
+
+# x's dtype name -> (SCALAR, ACCUM, STORAGE, parameter dtype)
+_TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
+          "float64": ("double", "double", 0, np.dtype(np.float64)),
+          "float16": ("float", "float", 1, np.dtype(np.float32)),
+          "bfloat16": ("float", "float", 2, np.dtype(np.float32))}
+
+
+def takes(dtype) -> bool:
+    """Whether kernels exist for data of ``dtype`` (the caller, bn_kernels, has validated everything else)."""
+    return _dev.dtype_name(dtype) in _TYPES
+
+
+def vec_width(c, itemsize, ptrs=()):
+    """Values per vector: the widest power of two v with v * itemsize <= 16 that divides ``c`` and to whose
+    v * itemsize bytes every pointer in ``ptrs`` is aligned (1: the scalar path)."""
+    v = 16 // itemsize
+    while v > 1 and (c % v or any(p % (v * itemsize) for p in ptrs)):
+        v //= 2
+    return v
+
+
+def geometry(rows, c, vec):
+    """(CV, chunks, TX, RB, NG): vectors per row, column chunks (gridDim.y), threads per row of a block, rows of
+    threads per block, row groups (see the source's legend)."""
+    cv = c // vec
+    chunks = -(-cv // THREADS)
+    tx = -(-cv // chunks)
+    rb = THREADS // tx
+    return cv, chunks, tx, rb, -(-rows // rb)
+
+
+def reduce_grid(ng, chunks, blocks):
+    """Blocks per chunk of a reduction: at most ``blocks`` over all chunks, and at least UNROLL row groups each
+    (fewer blocks for small tensors: the last block's sum over the partials is shorter)."""
+    return max(1, min(blocks // chunks, -(-ng // UNROLL)))
+
+
+def _options(dtype, vec, **flags):
+    scalar, accum, storage, pdt = _TYPES[_dev.dtype_name(dtype)]
+    item = np.dtype(dtype).itemsize
+    opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
+            f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DACC_DOUBLE={int(accum == 'double')}",
+            f"-DVEC={vec}", f"-DVBYTES={vec * item}", f"-DUNROLL={UNROLL}", f"-DBPS={BPS}", "-std=c++17"]
+    for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR"):
+        opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
+    return tuple(opts)
+
+
+_kernels: dict = {}
+
+
+def _kernel(name, dtype, vec, **flags):
+    key = (name, np.dtype(dtype), vec, tuple(sorted(flags.items())))
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = _launch.get_kernel(SOURCE, name, _options(dtype, vec, **flags))
+    return k
+
+
+def _acc(dtype):
+    return np.dtype(np.float64) if _dev.dtype_name(dtype) == "float64" else np.dtype(np.float32)
+
+
+def _param(dtype):
+    return _TYPES[_dev.dtype_name(dtype)][3]
+
+
+_tickets: dict = {}
+
+
+def _ticket(cp, n, dev):
+    return _ws.kept_zeroed(_tickets, cp, n, dev, 1024)
+
+
+def _resident_per_sm(kernel):
+    """Blocks of ``kernel`` one SM holds at once (the driver's occupancy), capped at BPS; BPS where the query is
+    unavailable (the launch bounds promise it)."""
+    try:
+        occ = _launch.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS, 0)
+        return max(0, min(BPS, int(occ)))
+    except Exception:       # noqa: BLE001 -- an old CuPy or a fake one: the launch bounds' promise
+        return BPS
+
+
+def _geo_args(rows, c, vec):
+    cv, chunks, tx, rb, ng = geometry(rows, c, vec)
+    return [np.int32(rows), np.int32(c), np.int32(cv), np.int32(tx), np.int32(rb), np.int32(ng)], chunks, ng
+
+
+def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
+    """(prepared launch, partial elements, sync counters) of a one-launch kernel, or None where its grid cannot be
+    resident at once (the two-launch kernels then run)."""
+    k = _kernel(name, dtype, vec, **flags)
+    bps = _resident_per_sm(k)
+    geo, chunks, ng = _geo_args(rows, c, vec)
+    resident = _launch.sm_count(dev) * bps
+    if resident < chunks:
+        return None
+    g = reduce_grid(ng, chunks, resident)
+    return _launch.prepare(k, (g, chunks), (THREADS,), [None] * n_arrays + geo + list(tail)), g * c * 2, 3 * chunks
+
+
+def _apply_grid(ng, chunks, dev):
+    return max(1, min(_launch.sm_count(dev) * APPLY_BLOCKS_PER_SM // chunks, -(-ng // UNROLL)))
+
+
+def _fwd_plan(dtype, rows, c, vec, route, factor, eps, has_running, has_counter, flags, dev):
+    tail = (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter))
+    if route == "one":
+        one = _one_launch("bnc_fwd1", dtype, vec, rows, c, flags, 12, tail, dev)
+        if one is not None:
+            return ("one", *one)
+    geo, chunks, ng = _geo_args(rows, c, vec)
+    g = reduce_grid(ng, chunks, _launch.sm_count(dev) * TWO_BLOCKS_PER_SM)
+    stats = _launch.prepare(_kernel("bnc_stats", dtype, vec), (g, chunks), (THREADS,), [None] * 8 + geo + list(tail))
+    apply = _launch.prepare(_kernel("bnc_apply", dtype, vec, **flags), (_apply_grid(ng, chunks, dev), chunks),
+                            (THREADS,), [None] * 7 + geo + [np.float64(eps)])
+    return ("two", stats, apply, g * c * 2, chunks)
+
+
+def _bwd_plan(dtype, rows, c, vec, route, flags, dev):
+    if route == "one":
+        one = _one_launch("bnc_bwd1", dtype, vec, rows, c, flags, 13, (), dev)
+        if one is not None:
+            return ("one", *one)
+    geo, chunks, ng = _geo_args(rows, c, vec)
+    g = reduce_grid(ng, chunks, _launch.sm_count(dev) * TWO_BLOCKS_PER_SM)
+    grad = _launch.prepare(_kernel("bnc_grad", dtype, vec, relu=flags["relu"], has_scale=flags["has_scale"]),
+                           (g, chunks), (THREADS,), [None] * 10 + geo)
+    dx = _launch.prepare(_kernel("bnc_dx", dtype, vec, **flags), (_apply_grid(ng, chunks, dev), chunks),
+                         (THREADS,), [None] * 9 + geo)
+    return ("two", grad, dx, g * c * 2, chunks)
+
+
+def _inf_plan(dtype, rows, c, vec, eps, flags, dev):
+    geo, chunks, ng = _geo_args(rows, c, vec)
+    return _launch.prepare(_kernel("bnc_apply", dtype, vec, from_var=True, **flags),
+                           (_apply_grid(ng, chunks, dev), chunks), (THREADS,), [None] * 7 + geo + [np.float64(eps)])
+
+
+# ---- settled calls ---------------------------------------------------------------------------------------------
+# As bn_kernels' settled calls: everything but the arrays is worked out once per call signature (``_calls``,
+# bounded) into an object that a repeated call runs directly.  The launches take the channels-first views (a view
+# and its memory-order transpose share one pointer; a prepared launch reads only ``a.data.ptr``).  The vector width
+# depends on the pointers' alignment, so each object checks it per call and keeps one plan per width it has met.
+_calls: dict = {}
+
+
+def switch():
+    """What a caller's cache of these calls must key on: (ENABLED, ROUTE)."""
+    return ENABLED, ROUTE
+
+
+def _memory_order(xc):
+    """(shape of the memory, the transpose back to channels-first or None) of an array laid out like ``xc``."""
+    if xc.flags.c_contiguous or xc.ndim < 3:
+        return xc.shape, None
+    perm = (0, *range(2, xc.ndim), 1)
+    return tuple(xc.shape[i] for i in perm), (0, xc.ndim - 1, *range(1, xc.ndim - 1))
+
+
+class _Call:
+    __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "acc", "route", "args", "plans")
+
+    def _settle(self, xc, dev, route, args):
+        self.dev, self.c, self.dtype, self.route, self.args = dev, xc.shape[1], xc.dtype, route, args
+        self.rows = xc.size // self.c
+        self.item = xc.dtype.itemsize
+        self.vmax = vec_width(self.c, self.item)
+        self.mem, self.back = _memory_order(xc)
+        self.acc = _acc(xc.dtype)
+        self.plans = {}
+
+    def _plan(self, *arrays):
+        """The plan of the widest vector every array's pointer is aligned to."""
+        v = self.vmax
+        if v > 1:
+            p = 0
+            for a in arrays:
+                if a is not None:
+                    p |= a.data.ptr
+            while p % (v * self.item):
+                v //= 2
+        plan = self.plans.get(v)
+        if plan is None:
+            plan = self.plans[v] = self._build(v)
+        return plan
+
+    def _out(self, a):
+        return a if a is None or self.back is None else a.transpose(self.back)
+
+
+class TrainingCall(_Call):
+    """``call(xc, z, scale, bias, running_mean, running_var, counter)`` -> (y, mean, inv_std), y in xc's layout."""
+    __slots__ = ()
+
+    def _build(self, vec):
+        factor, eps, has_running, has_counter, flags = self.args
+        return _fwd_plan(self.dtype, self.rows, self.c, vec, self.route, factor, eps, has_running, has_counter,
+                         flags, self.dev)
+
+    def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
+        plan = self._plan(xc, z)
+        cp, dev, acc = _launch.cupy(), self.dev, self.acc
+        with _launch.on_device(dev):
+            mean, inv_std = _ws.pair(cp, (self.c,), acc)
+            partial = _ws.scratch_flat(cp, dev, "bn.partial", plan[-2], acc)
+            y = cp.empty(self.mem, dtype=self.dtype)
+            if plan[0] == "one":
+                plan[1](xc, z, y, partial, _ticket(cp, plan[-1], dev), mean, inv_std, scale, bias, running_mean,
+                        running_var, counter)
+            else:
+                plan[1](xc, partial, _ticket(cp, plan[-1], dev), mean, inv_std, running_mean, running_var, counter)
+                plan[2](xc, z, y, mean, inv_std, scale, bias)
+        return self._out(y), mean, inv_std
+
+
+class BackwardCall(_Call):
+    """``call(xc, dyc, scale, mean, inv_std, y)`` -> (dx, dz or None, dscale or None, dbias or None) in xc's layout."""
+    __slots__ = ()
+
+    def _build(self, vec):
+        return _bwd_plan(self.dtype, self.rows, self.c, vec, self.route, self.args, self.dev)
+
+    def __call__(self, xc, dyc, scale, mean, inv_std, y):
+        plan = self._plan(xc, dyc, y)
+        cp, dev, acc, c, flags = _launch.cupy(), self.dev, mean.dtype, self.c, self.args
+        with _launch.on_device(dev):
+            partial = _ws.scratch_flat(cp, dev, "bn.partial", plan[-2], acc)
+            coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
+            dscale, dbias = _ws.pair(cp, (c,), _param(self.dtype)) if flags["has_scale"] else (None, None)
+            dx = cp.empty(self.mem, dtype=self.dtype)
+            dz = cp.empty(self.mem, dtype=self.dtype) if flags["has_z"] else None
+            if plan[0] == "one":
+                plan[1](xc, dyc, y, mean, inv_std, partial, _ticket(cp, plan[-1], dev), coef, dscale, dbias, scale,
+                        dx, dz)
+            else:
+                plan[1](xc, dyc, y, mean, inv_std, partial, _ticket(cp, plan[-1], dev), coef, dscale, dbias)
+                plan[2](xc, dyc, y, mean, inv_std, coef, scale, dx, dz)
+        return self._out(dx), self._out(dz), dscale, dbias
+
+
+class InferenceCall(_Call):
+    """``call(xc, z, scale, bias, est_mean, est_var)`` -> y in xc's layout (one launch)."""
+    __slots__ = ()
+
+    def _build(self, vec):
+        eps, flags = self.args
+        return _inf_plan(self.dtype, self.rows, self.c, vec, eps, flags, self.dev)
+
+    def __call__(self, xc, z, scale, bias, est_mean, est_var):
+        apply = self._plan(xc, z)
+        cp = _launch.cupy()
+        with _launch.on_device(self.dev):
+            y = cp.empty(self.mem, dtype=self.dtype)
+            apply(xc, z, y, est_mean, est_var, scale, bias)
+        return self._out(y)
+
+
+def _settled(cls, xc, key, args):
+    dev = xc.data.device_id
+    key = (cls.__name__, ROUTE, xc.shape, xc.strides, xc.dtype, dev) + key
+    call = _calls.get(key)
+    if call is None:
+        def build():
+            t = cls()
+            t._settle(xc, dev, ROUTE, args)
+            return t
+        call = _launch.planned(_calls, key, build)
+    return call
+
+
+def training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias):
+    """The settled forward of a channels-last (or (N, C), or (N, C, 1, ...)) x: see TrainingCall."""
+    flags = dict(relu=bool(relu), has_z=bool(has_z), has_scale=bool(has_scale), has_bias=bool(has_bias))
+    return _settled(TrainingCall, xc, (factor, eps, has_running, has_counter, *flags.values()),
+                    (factor, eps, has_running, has_counter, flags))
+
+
+def backward_call(xc, relu, has_scale, want_dz):
+    """The settled backward of a channels-last x: see BackwardCall."""
+    flags = dict(relu=bool(relu), has_z=bool(want_dz), has_scale=bool(has_scale))
+    return _settled(BackwardCall, xc, tuple(flags.values()), flags)
+
+
+def inference_call(xc, eps, relu, has_z, has_scale, has_bias):
+    flags = dict(relu=bool(relu), has_z=bool(has_z), has_scale=bool(has_scale), has_bias=bool(has_bias))
+    return _settled(InferenceCall, xc, (eps, *flags.values()), (eps, flags))
+
+
+def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False, counter=None):
+    """bn_kernels.forward_training for x laid out as (R, C) rows (channels-last, or 2-D): (y in x's layout, saved
+    mean (C,), saved inv_std (C,)); the running statistics and ``counter`` updated in place by the same launch(es)."""
+    return training_call(xc, factor, eps, running_mean is not None, counter is not None, relu, z is not None,
+                         scale is not None, bias is not None)(xc, z, scale, bias, running_mean, running_var, counter)
+
+
+def forward_inference(xc, scale, bias, est_mean, est_var, eps, z=None, relu=False):
+    """y = act((x - est_mean) / sqrt(est_var + eps) * scale + bias [+ z]) in x's layout, one launch."""
+    return inference_call(xc, eps, relu, z is not None, scale is not None, bias is not None)(
+        xc, z, scale, bias, est_mean, est_var)
+
+
+def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
+    """bn_kernels.backward for x laid out as (R, C) rows: (dx, dz or None, dscale or None, dbias or None) in x's
+    layout; ``y`` (the fused forward's output) masks dy by y > 0; ``want_dz`` also returns g."""
+    return backward_call(xc, y is not None, scale is not None, want_dz)(xc, dyc, scale, mean, inv_std, y)
+
+
+def rows_layout(xc) -> bool:
+    """Whether ``xc`` (a channels-first view) is laid out as (R, C) contiguous rows: channels-last, (N, C), or
+    channels-first with one value per plane.  The arrays these kernels take."""
+    if xc.ndim < 2:
+        return False
+    if xc.flags.c_contiguous:
+        return xc.ndim == 2 or xc.size == xc.shape[0] * xc.shape[1]
+    if xc.ndim < 3:
+        return False
+    return xc.transpose((0, *range(2, xc.ndim), 1)).flags.c_contiguous
+
+
+def source_for_nvcc(dtype, vec, **flags):
+    """The source with one configuration's defines prepended (for nvcc: the tests' compile check)."""
+    return "".join("#define {} {}\n".format(*o[2:].split("=", 1)) for o in _options(dtype, vec, **flags)
+                   if o.startswith("-D")) + SOURCE
