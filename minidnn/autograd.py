@@ -54,6 +54,7 @@ class _State(threading.local):
     grad_enabled = True
     anomaly = False     # detect_anomaly (_anomaly_mode.py) sets it; new nodes then keep a trace, backward checks
     capture = None      # during autograd.grad: {node: output numbers} whose gradients are asked for
+    buffers = None      # during a first-order backward into .grad: the engine's pending gradients (_grad_dest.py)
 
 
 _state = _State()
@@ -231,7 +232,7 @@ class AccumulateGrad(Node):
             storage = var._grad_storage
             data = g.data
             if storage is not None:             # the optimizer's flat gradient buffer: land it there in place
-                _copy_into(storage, data)
+                data is storage or _copy_into(storage, data)    # (or the producer wrote it there: _grad_dest)
                 var.grad = var._wrap_like(storage)
             elif (fresh and data.strides == var.data.strides and data.base is None
                   and getattr(data.flags, "writeable", True)):
@@ -564,8 +565,9 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
 
     # 3. Process nodes whose consumers are all done.
     ready = [n for n in root_nodes if deps.get(n, 0) == 0]
-    prev_mode, prev_capture = _state.grad_enabled, _state.capture
+    prev = _state.grad_enabled, _state.capture, _state.buffers
     _state.grad_enabled, _state.capture = create_graph, capture
+    _state.buffers = buffers if targets is None and not create_graph else None
     anomaly = _state.anomaly
     captured = {}
     try:
@@ -622,16 +624,16 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
                             [g if k == nr else None for k in range(child.num_outputs)]
                     elif buf[nr] is None:
                         buf[nr] = g
-                    else:
+                    elif buf[nr] is not g:      # (it is: the Function added its gradient into it, _grad_dest.py)
                         buf[nr] = _add_grads(buf[nr], g, create_graph)
                 left = deps[child] - 1
                 if left:
                     deps[child] = left
                 else:
                     ready.append(child)
-            outs = None      # drop our references to the gradients (see the refcount test above)
+            outs = g = None      # drop our references to the gradients (see the refcount tests)
     finally:
-        _state.grad_enabled, _state.capture = prev_mode, prev_capture
+        _state.grad_enabled, _state.capture, _state.buffers = prev
 
     if targets is None:
         return None
@@ -651,9 +653,8 @@ _getrefcount = sys.getrefcount
 
 
 def _sole_refcounts():
-    """The refcounts of a gradient and of its array when only the engine holds it: an element of
-    the engine's ``grads`` list bound to a local, its array in one slot.  Measured with the same
-    structure, so it follows the interpreter's way of counting."""
+    """The refcounts of a gradient and of its array when only the engine holds it: an element of the engine's
+    ``grads`` list bound to a local, its array in one slot (measured: it follows the interpreter's counting)."""
     class _Probe:
         __slots__ = ("data",)
     p = _Probe()

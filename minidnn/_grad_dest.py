@@ -1,0 +1,56 @@
+"""Gradient destinations: where a Function's first-order backward may write an input's gradient in place.
+
+Two copies of a training step that the engine would otherwise make (docs/host_overhead.md, round 15):
+- a tensor used twice (a residual block's input: its convolution and the shortcut) gets two gradients, and the
+  engine adds them (``_add_grads``: one more kernel and a fresh array);
+- a weight's gradient lands in the fused optimizer's flat buffer (``Tensor._grad_storage``) by a copy
+  (``AccumulateGrad``).
+
+A Function whose kernels can blend (cuDNN's ``beta``) asks, in its backward, ``destination(ctx, i)`` for input i:
+
+    None                      compute the gradient as usual;
+    (array, 1.0, pending)     a gradient of input i is already pending in the engine and only the engine holds it:
+                              write ``array + new`` into ``array`` (beta = 1) and return ``pending`` itself -- the
+                              engine sees its own buffer come back and adds nothing;
+    (array, 0.0, None)        input i is a leaf with no ``.grad`` yet whose gradient lives in the optimizer's flat
+                              buffer: write the gradient into ``array`` (beta = 0) and return it wrapped --
+                              ``AccumulateGrad`` keeps it where it is.  (Not with hooks on the leaf or its node.)
+
+Offered only while the engine runs a first-order backward into ``.grad`` (not ``autograd.grad``, not
+``create_graph``); a pending gradient only where nothing but the engine's buffer refers to it or its array
+(PyTorch's use_count rule, as the engine's own steal of a leaf's gradient), and not a view; a leaf only without
+tensor hooks.  The caller must check that the array's shape, dtype and layout are what it would have produced,
+and otherwise compute as usual.  The sum is the same two values added once: bit for bit the engine's add for
+float32; for 16-bit data the kernel adds in float32 and rounds once, where the engine rounds each operand first.
+"""
+from __future__ import annotations
+
+from . import autograd as _ag
+
+__all__ = ["destination"]
+
+
+def destination(ctx, i):
+    """(array, beta, tensor to return) for input ``i`` of the node ``ctx`` whose backward is running, or None."""
+    buffers = _ag._state.buffers
+    if buffers is None:
+        return None
+    edge = ctx.next_edges[i]
+    if edge is None:
+        return None
+    child, nr = edge
+    buf = buffers.get(child)
+    if buf is not None and buf[nr] is not None:
+        g = buf[nr]     # held by the buffer, this local and the call's argument: the engine's sole-holder counts
+        if _ag._getrefcount(g) > _ag._SOLE_TENSOR_REFS or _ag._getrefcount(g.data) > _ag._SOLE_ARRAY_REFS:
+            return None
+        data = g.data
+        if g.requires_grad or getattr(data, "base", None) is not None or not getattr(data.flags, "writeable", True):
+            return None
+        return data, 1.0, g
+    if type(child) is _ag.AccumulateGrad:
+        var = child.variable
+        storage = var._grad_storage
+        if storage is not None and var.grad is None and not var._hooks and not child.pre_hooks:
+            return storage, 0.0, None
+    return None

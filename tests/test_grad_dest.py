@@ -1,0 +1,143 @@
+"""Gradient destinations (minidnn/_grad_dest.py): a Function's backward writing an input's gradient in place --
+into the gradient the engine already holds for that input (beta 1), or into a leaf's flat-buffer slot (beta 0).
+Checked against the same graph computed without destinations (float64, exact), and for every case where a
+destination must NOT be offered."""
+import numpy as np
+import pytest
+
+import minidnn as mdn
+from minidnn import autograd
+from minidnn._grad_dest import destination
+from minidnn.autograd import Function
+
+TAKEN = []      # (beta) per destination used by Scale's backward, for the assertions
+
+
+class Scale(Function):
+    """y = k * x, whose backward uses the destination when ``use`` is set (the way a blending kernel would:
+    dest = beta * dest + k * gy in one pass)."""
+    use = True
+
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.k = k
+        return mdn.Tensor(x.data * k)
+
+    @staticmethod
+    def backward(ctx, gy):
+        d = destination(ctx, 0) if Scale.use else None
+        if d is None:
+            return mdn.Tensor(gy.data * ctx.k), None
+        array, beta, pending = d
+        assert array.shape == gy.shape and array.dtype == gy.data.dtype
+        TAKEN.append(beta)
+        array[...] = (array if beta else 0) + gy.data * ctx.k
+        return (pending if pending is not None else mdn.Tensor(array)), None
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    TAKEN.clear()
+    Scale.use = True
+    yield
+    Scale.use = True
+
+
+def _twice_used(use, seed=0):
+    """x used by a plain op and by Scale (a residual-style fork): x.grad and the destinations taken."""
+    rng = np.random.default_rng(seed)
+    x = mdn.tensor(rng.standard_normal((3, 4)), requires_grad=True)
+    w = mdn.tensor(rng.standard_normal((3, 4)))
+    Scale.use = use
+    h = x * 1.5                       # x's first consumer, a plain op
+    out = (Scale.apply(h, 3.0) * w).sum() + (h * h).sum()      # h used twice: Scale and h*h
+    out.backward()
+    return x.grad.numpy().copy(), list(TAKEN)
+
+
+def test_pending_gradient_is_blended_in_place_with_the_engines_sum():
+    ref, taken_ref = _twice_used(False)
+    TAKEN.clear()
+    got, taken = _twice_used(True)
+    assert taken_ref == [] and taken == [1.0]      # h*h's gradient of h was pending when Scale's backward ran
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_pending_gradient_taken_when_scale_runs_second():
+    # Scale's node runs after the mul's: the mul is recorded later, so the engine reaches it first (LIFO ready list)
+    rng = np.random.default_rng(1)
+    x = mdn.tensor(rng.standard_normal((5,)), requires_grad=True)
+    h = x * 2.0
+    a = Scale.apply(h, 3.0)
+    b = h * h
+    (a.sum() + (b * 0.5).sum()).backward()
+    expected = 2.0 * (3.0 + 0.5 * 2 * (2.0 * x.numpy()))
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=0, atol=1e-12)
+    assert TAKEN == [1.0]
+
+
+def test_leaf_flat_slot_written_directly_and_kept():
+    x = mdn.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    flat = np.full(10, 7.0)
+    slot = flat[2:8].reshape(2, 3)
+    x._grad_storage = slot
+    Scale.apply(x, 2.5).sum().backward()
+    assert TAKEN == [0.0]
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 3), 2.5))
+    np.testing.assert_array_equal(flat[2:8], np.full(6, 2.5))      # in the flat buffer itself
+    assert flat[0] == 7.0 and flat[9] == 7.0                       # nothing outside the slot
+    # a second backward accumulates (x.grad exists now: no destination, the engine's in-place add)
+    TAKEN.clear()
+    Scale.apply(x, 2.5).sum().backward()
+    assert TAKEN == []
+    np.testing.assert_array_equal(flat[2:8], np.full(6, 5.0))
+
+
+def test_leaf_used_twice_second_producer_blends_into_the_slot():
+    x = mdn.tensor(np.ones((4,)), requires_grad=True)
+    flat = np.zeros(4)
+    x._grad_storage = flat
+    (Scale.apply(x, 2.0).sum() + Scale.apply(x, 3.0).sum()).backward()
+    assert sorted(TAKEN) == [0.0, 1.0]
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(4, 5.0))
+    np.testing.assert_array_equal(flat, np.full(4, 5.0))
+
+
+def test_no_destination_for_a_leaf_with_a_hook():
+    x = mdn.tensor(np.ones((4,)), requires_grad=True)
+    x._grad_storage = np.zeros(4)
+    seen = []
+    x.register_hook(lambda g: seen.append(g.numpy().copy()))
+    Scale.apply(x, 2.0).sum().backward()
+    assert TAKEN == []
+    np.testing.assert_array_equal(seen[0], np.full(4, 2.0))
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(4, 2.0))
+
+
+def test_no_destination_when_the_pending_gradient_is_shared():
+    # an add passes the same gradient tensor to both operands: writing into it in place would corrupt the other
+    x = mdn.tensor(np.ones((3,)), requires_grad=True)
+    y = mdn.tensor(np.ones((3,)), requires_grad=True)
+    hx = x * 1.0
+    s = hx + y * 1.0          # AddBackward sends the same gradient to hx's and y*1's nodes
+    out = s.sum() + Scale.apply(hx, 4.0).sum()
+    out.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(3, 5.0))
+    np.testing.assert_array_equal(y.grad.numpy(), np.full(3, 1.0))
+
+
+def test_no_destination_in_autograd_grad_or_create_graph():
+    x = mdn.tensor(np.ones((3,)), requires_grad=True)
+    x._grad_storage = np.zeros(3)
+    (g,) = autograd.grad(Scale.apply(x, 2.0).sum(), [x])
+    assert TAKEN == []
+    np.testing.assert_array_equal(g.numpy(), np.full(3, 2.0))
+    Scale.apply(x, 2.0).sum().backward(create_graph=True)
+    assert TAKEN == []
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(3, 2.0))
+
+
+def test_no_destination_outside_backward():
+    x = mdn.tensor(np.ones((3,)), requires_grad=True)
+    y = Scale.apply(x, 2.0)
+    assert destination(y.grad_fn, 0) is None
