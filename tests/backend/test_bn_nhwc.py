@@ -1,0 +1,280 @@
+"""Channels-last batch-norm kernels (backend/cuda/bn_nhwc.py) without a GPU: the index math emulated in NumPy (every
+element visited once per pass, by a thread whose lane owns its channel; the block tree and the last block's combine
+each count every row / partial once), every configuration compiled with nvcc (no spills), and the Python paths
+run under tools/record_launches.py's fake CuPy.  The GPU checks are in test_bn_nhwc_cuda.py."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minidnn.backend.cuda import bn_nhwc as M
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+THREADS = M.THREADS
+
+
+# ---- index math ------------------------------------------------------------------------------------------------
+
+def _walk(rows, c, vec, grid, rev):
+    """The kernels' walk, literally: per block (b, chunk) and thread, lane_of then walk<rev>; returns (visits per
+    element, whether every visit's lane channel matched the element's channel)."""
+    cv, chunks, tx_n, rb, ng = M.geometry(rows, c, vec)
+    seen = np.zeros(rows * c, np.int64)
+    ok = True
+    tid = np.arange(THREADS)
+    for y in range(chunks):
+        tx, ty = tid % tx_n, tid // tx_n
+        vcol = y * tx_n + tx
+        on = (ty < rb) & (vcol < cv)
+        for b in range(grid):
+            for g0 in range(b, ng, M.UNROLL * grid):
+                for u in range(M.UNROLL):
+                    gg = g0 + u * grid
+                    grp = ng - 1 - gg if rev else gg
+                    r = grp * rb + ty
+                    valid = on & (gg < ng) & (r < rows)
+                    off = (r[valid] * cv + vcol[valid]) * vec
+                    for e in range(vec):
+                        np.add.at(seen, off + e, 1)
+                        ok &= bool(np.all((off + e) % c == vcol[valid] * vec + e))
+    return seen, ok
+
+
+CASES = [(128 * 32 * 32, 16, 2), (128 * 8 * 8, 64, 4), (128 * 8 * 8, 64, 2), (1, 3, 4), (7, 1, 4), (5 * 9, 3, 4),
+         (33 * 31 * 2, 24, 2), (33 * 31, 24, 4), (17, 6, 2), (1000, 1040, 4), (300, 2052, 4), (13, 8, 8)]
+
+
+@pytest.mark.parametrize("rows, c, item", CASES, ids=str)
+def test_every_element_is_visited_once_by_its_own_channels_lane(rows, c, item):
+    vec = M.vec_width(c, item)
+    assert c % vec == 0 and vec * item <= 16
+    cv, chunks, tx, rb, ng = M.geometry(rows, c, vec)
+    assert chunks * tx >= cv and tx <= THREADS and rb >= 1 and rb * tx <= THREADS
+    grids = {1, 3, M.reduce_grid(ng, chunks, 132 * 2), M.reduce_grid(ng, chunks, 132 * 4),
+             max(1, min(132 * 8 // chunks, -(-ng // M.UNROLL)))}
+    for grid in sorted(grids):
+        if rows * c > 300000 and grid not in (min(grids), max(grids)):
+            continue
+        for rev in (False, True):
+            seen, ok = _walk(rows, c, vec, grid, rev)
+            assert ok and np.all(seen == 1), (grid, rev, np.unique(seen))
+
+
+def test_vector_width_follows_channels_and_alignment():
+    assert M.vec_width(16, 2) == 8 and M.vec_width(64, 4) == 4 and M.vec_width(64, 8) == 2
+    assert M.vec_width(24, 2) == 8 and M.vec_width(6, 2) == 2 and M.vec_width(3, 4) == 1 and M.vec_width(1, 2) == 1
+    assert M.vec_width(12, 4) == 4 and M.vec_width(10, 4) == 2
+    assert M.vec_width(64, 4, (0x1000, 0x1008)) == 2 and M.vec_width(64, 2, (0x1002,)) == 1
+    assert M.vec_width(64, 2, (0x1004,)) == 2
+
+
+def _tree(rb, tx):
+    """block_partial's tree over RB rows of TX threads on counts: row 0 of each lane must hold RB."""
+    red = np.zeros(THREADS, np.int64)
+    red[:rb * tx] = 1
+    p = 1
+    while p < rb:
+        p <<= 1
+    h = p >> 1
+    while h > 0:
+        for t in range(THREADS):
+            ty = t // tx
+            if ty < h and ty + h < rb:
+                red[t] += red[t + h * tx]
+        h >>= 1
+    return red[:tx]
+
+
+@pytest.mark.parametrize("rb, tx", [(1, 256), (2, 128), (85, 3), (42, 6), (128, 2), (256, 1), (16, 16), (7, 36),
+                                    (3, 65)])
+def test_block_tree_adds_every_row_once(rb, tx):
+    assert np.all(_tree(rb, tx) == rb)
+
+
+def _combine(c, tx, vec, chunk, grid):
+    """combine's loops: which (partial, channel) pairs each channel's total takes, and who finalises it."""
+    cbeg, cend = chunk * tx * vec, min(c, (chunk + 1) * tx * vec)
+    kw = 1
+    while kw < cend - cbeg and kw < 256:
+        kw <<= 1
+    qn = 256 // kw
+    taken = np.zeros((grid, c), np.int64)
+    fins = np.zeros(c, np.int64)
+    for cb in range(cbeg, cend, kw):
+        for t in range(256):
+            k, q = t % kw, t // kw
+            ch = cb + k
+            if ch < cend:
+                for b in range(q, grid, 8 * qn):
+                    for u in range(8):
+                        if b + u * qn < grid:
+                            taken[b + u * qn, ch] += 1
+                if q == 0:
+                    fins[ch] += 1
+    return taken[:, cbeg:cend], fins[cbeg:cend]
+
+
+@pytest.mark.parametrize("c, vec, grid", [(16, 8, 256), (64, 4, 264), (3, 1, 5), (1, 1, 1), (1040, 4, 132),
+                                          (2052, 4, 7), (24, 8, 100)])
+def test_last_block_combines_every_partial_once(c, vec, grid):
+    cv, chunks, tx, rb, ng = M.geometry(10 ** 6, c, vec)
+    for chunk in range(chunks):
+        taken, fins = _combine(c, tx, vec, chunk, grid)
+        assert np.all(taken == 1) and np.all(fins == 1)
+
+
+@pytest.mark.parametrize("rows, c, vec, blocks, want", [
+    (128 * 32 * 32, 16, 8, 264, 256),     # bf16 C=16: 2 lanes x 128 rows a step, 1024 groups: 4 per block
+    (128 * 56 * 56, 64, 4, 264, 264),     # the large tensor: every resident block
+    (3, 3, 1, 264, 1),
+])
+def test_reduce_grid(rows, c, vec, blocks, want):
+    cv, chunks, tx, rb, ng = M.geometry(rows, c, vec)
+    assert M.reduce_grid(ng, chunks, blocks) == want
+
+
+# ---- nvcc ------------------------------------------------------------------------------------------------------
+
+def _dt(name):
+    if name == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+_ALL = dict(relu=1, has_z=1, has_scale=1, has_bias=1)
+COMPILE = [("float32", 4, _ALL), ("float32", 2, {}), ("float32", 1, _ALL), ("bfloat16", 8, _ALL),
+           ("bfloat16", 4, {}), ("bfloat16", 2, _ALL), ("bfloat16", 1, {}), ("float16", 8, _ALL),
+           ("float16", 1, _ALL), ("float64", 2, _ALL), ("float64", 1, {}), ("float32", 4, dict(relu=1)),
+           ("bfloat16", 8, dict(has_scale=1, has_bias=1)), ("float32", 4, dict(from_var=1, **_ALL)),
+           ("bfloat16", 8, dict(from_var=1, has_scale=1, has_bias=1))]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("name, vec, flags", COMPILE, ids=lambda v: str(v))
+def test_kernels_compile_without_spills(tmp_path, name, vec, flags):
+    src = tmp_path / "k.cu"
+    src.write_text(M.source_for_nvcc(_dt(name), vec, **flags))
+    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k"),
+                        str(src)], capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    spills = [line for line in out.splitlines() if "spill stores" in line]
+    assert len(spills) == 6 and all(" 0 bytes spill stores" in line for line in spills), out
+    regs = {}
+    name_ = None
+    for line in out.splitlines():
+        if "Compiling entry function" in line:
+            name_ = line.split("'")[1]
+        if "registers" in line and name_:
+            regs[name_] = int(line.split("Used ")[1].split(" registers")[0])
+    # the one-launch kernels keep BPS blocks of 256 threads per SM (65536 registers)
+    assert regs["bnc_fwd1"] <= 65536 // (256 * M.BPS) and regs["bnc_bwd1"] <= 65536 // (256 * M.BPS), regs
+
+
+# ---- the Python paths under the fake CuPy -----------------------------------------------------------------------
+
+def _fake(code):
+    head = f"""
+import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
+import numpy as np, record_launches as R
+fakecp, L = R._install({ROOT!r})
+names = []
+L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d[:3], str(fn)))
+from minidnn.backend.cuda import bn_nhwc as M
+def cl(a):
+    a = np.asarray(a)
+    perm = (0, *range(2, a.ndim), 1); back = (0, a.ndim - 1, *range(1, a.ndim - 1))
+    return fakecp.asarray(np.ascontiguousarray(a.transpose(perm))).transpose(back)
+def fmt(a):
+    return "cl" if not a.flags.c_contiguous and np.asarray(a).transpose((0, *range(2, a.ndim), 1)).flags.c_contiguous \
+        else "c"
+"""
+    r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_routes_launch_their_kernels_with_outputs_in_x_layout_under_the_fake_cupy():
+    _fake("""
+rng = np.random.default_rng(0)
+for shape, dt in (((4, 16, 9, 9), np.float32), ((3, 24, 5, 7), np.float32), ((5, 3, 4, 4), np.float64),
+                  ((6, 10), np.float32), ((2, 8, 3, 3, 3), np.float32)):
+    c = shape[1]
+    x = rng.standard_normal(shape).astype(dt)
+    xx = cl(x) if len(shape) > 2 else fakecp.asarray(x)
+    pdt = np.float64 if dt == np.float64 else np.float32
+    sc, bi = fakecp.asarray(np.ones(c, pdt)), fakecp.asarray(np.zeros(c, pdt))
+    rm, rv = fakecp.asarray(np.zeros(c, pdt)), fakecp.asarray(np.ones(c, pdt))
+    cnt = fakecp.zeros((1,), np.int64)
+    assert M.rows_layout(xx)
+    for route, fwd, bwd in (("one", ["bnc_fwd1"], ["bnc_bwd1"]), ("two", ["bnc_stats", "bnc_apply"],
+                                                                   ["bnc_grad", "bnc_dx"])):
+        M.ROUTE = route
+        for rep in range(2):
+            n0 = len(names)
+            y, m, i = M.forward_training(xx, sc, bi, 0.1, rm, rv, 1e-5, counter=cnt)
+            assert y.shape == xx.shape and fmt(y) == fmt(xx) and m.shape == (c,) and i.dtype == pdt
+            dx, dz, ds, db = M.backward(xx, xx, sc, m, i)
+            assert dz is None and dx.shape == xx.shape and fmt(dx) == fmt(xx) and ds.shape == (c,)
+            y2, m2, i2 = M.forward_training(xx, sc, bi, 0.1, None, None, 1e-5, z=y, relu=True)
+            dx, dz, ds, db = M.backward(xx, y, sc, m2, i2, y=y2, want_dz=True)
+            assert fmt(dz) == fmt(xx) and dz.shape == xx.shape
+            dx, dz, ds, db = M.backward(xx, y, None, m2, i2, y=y2)
+            assert ds is None and db is None
+            yi = M.forward_inference(xx, sc, bi, rm, rv, 1e-5, relu=True)
+            assert fmt(yi) == fmt(xx)
+            got = [n[0] for n in names[n0:]]
+            assert got == fwd + bwd + fwd + bwd + bwd + ["bnc_apply"], got
+            # grid: (blocks, chunks, 1); the one-launch grid is at most 2 blocks per SM (132 SMs in the fake)
+            for n, d, full in names[n0:]:
+                assert d[1] >= 1 and d[2] == 1
+                if n.endswith("1"):
+                    assert d[0] * d[1] <= 132 * M.BPS
+print("OK")
+""")
+
+
+def test_vector_width_drops_with_a_misaligned_pointer_under_the_fake_cupy():
+    out = _fake("""
+rng = np.random.default_rng(1)
+c = 16
+base = rng.standard_normal(4 * 9 * c + 2).astype(np.float32)
+sc, bi = fakecp.asarray(np.ones(c, np.float32)), fakecp.asarray(np.zeros(c, np.float32))
+buf = fakecp.asarray(base)
+aligned = buf[:4 * 9 * c].reshape(4, 3, 3, c).transpose(0, 3, 1, 2)
+shifted = buf[2:].reshape(4, 3, 3, c).transpose(0, 3, 1, 2)    # 8 bytes past a 16-byte boundary
+vecs = []
+for xx in (aligned, shifted, aligned):
+    n0 = len(names)
+    M.forward_training(xx, sc, bi, 0.1, None, None, 1e-5)
+    vecs.append(int(names[n0][2].split("-DVEC=")[1].split("'")[0]))
+assert (buf.data.ptr % 16 == 0 and vecs == [4, 2, 4]) or (buf.data.ptr % 16 == 8 and vecs == [2, 4, 2]), vecs
+print("OK", vecs)
+""")
+    assert "OK" in out
+
+
+def test_geometry_arguments_are_packed_as_the_kernel_reads_them_under_the_fake_cupy():
+    # the six geometry ints and the trailing scalars land where the kernel's parameter list puts them
+    _fake("""
+import ctypes, struct
+got = []
+def go(fn, dims, stream, params_ptr):
+    p = (ctypes.c_void_p * 32).from_address(params_ptr)
+    got.append((str(fn).split("(")[0], [p[k] for k in range(32)]))
+L._go = go
+c = 64
+x = cl(np.random.default_rng(2).standard_normal((3, c, 5, 7)).astype(np.float32))
+M.ROUTE = "one"
+M.forward_training(x, None, None, 0.25, None, None, 1e-3)
+name, p = got[-1]
+geo = [ctypes.c_int.from_address(p[12 + k]).value for k in range(6)]
+cv, chunks, tx, rb, ng = M.geometry(105, c, 4)
+assert geo == [105, c, cv, tx, rb, ng], geo
+assert ctypes.c_double.from_address(p[18]).value == 0.25 and ctypes.c_double.from_address(p[19]).value == 1e-3
+print("OK")
+""")
