@@ -524,10 +524,8 @@ def _gpu_remember(key, geom, grad_shape=None):
 def _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon, alpha, beta, y, z=None,
                      relu=False, key=None, checked=False, counter=None):
     is_cuda, k = _gpu_kernels()
-    if not checked and not (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and _gpu_plain(alpha, beta, y)
-                            and (counter is None or counter.flags.c_contiguous)
-                            and k.supports(geom.xc, scale, bias, running_mean, running_var,
-                                           others=(None if z is None else to_channels_first(z, geom.fmt),))):
+    if not checked and not (_gpu_plain(alpha, beta, y)
+                            and _kernels_take_training(geom, x, scale, bias, running_mean, running_var, z, counter)):
         return None
     _gpu_remember(key, geom)
     zc = None if z is None else to_channels_first(z, geom.fmt)
@@ -536,6 +534,14 @@ def _gpu_bn_training(geom, x, scale, bias, f, running_mean, running_var, epsilon
     if mean.shape != geom.param_shape:
         mean, inv_std = mean.reshape(geom.param_shape), inv_std.reshape(geom.param_shape)
     return from_channels_first(yc, geom.fmt), mean, inv_std
+
+
+def _kernels_take_training(geom, x, scale, bias, running_mean, running_var, z, counter):
+    """Whether the kernels take a validated training call without blending (else the reference runs)."""
+    is_cuda, k = _gpu_kernels()
+    return (is_cuda(x) and geom.mode is BatchNormMode.SPATIAL and (counter is None or counter.flags.c_contiguous)
+            and k.supports(geom.xc, scale, bias, running_mean, running_var,
+                           others=(None if z is None else to_channels_first(z, geom.fmt),)))
 
 
 def _gpu_bn_inference(geom, x, scale, bias, mean, var, epsilon, alpha, beta, y, z=None, relu=False, key=None,
@@ -555,18 +561,12 @@ def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, ble
     is_cuda, k = _gpu_kernels()
     if not checked and not is_cuda(x):
         return None
-    acc = np.float64 if x.dtype == np.float64 else np.float32
     # a dy in another memory order than x (the gradient of a cast or a broadcast reaching a channels-last batch
     # norm) is copied into x's order, once: the kernels take it, and dx comes back in x's order, as x.grad must
     dyc = in_layout_of(to_channels_first(dy, geom.fmt), geom.xc)
     yc = None if y is None else to_channels_first(y, geom.fmt)
-    if not checked and not (
-            geom.mode is BatchNormMode.SPATIAL and blending == (1.0, 0.0, 1.0, 0.0)
-            and all(o is None for o in outs) and saved_mean is not None
-            and saved_mean.dtype == acc and saved_inv.dtype == acc
-            and saved_mean.flags.c_contiguous and saved_inv.flags.c_contiguous
-            and (scale is None or tuple(scale.shape) == tuple(param_shape))
-            and k.supports(geom.xc, scale, others=(dyc, yc))):
+    if not checked and not (blending == (1.0, 0.0, 1.0, 0.0) and all(o is None for o in outs)
+                            and _kernels_take_backward(geom, dyc, yc, scale, saved_mean, saved_inv, param_shape)):
         return None
     _gpu_remember(key, geom, param_shape)
     if saved_mean.ndim != 1:
@@ -579,6 +579,63 @@ def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, ble
     if dscale.shape != tuple(param_shape):
         dscale, dbias = dscale.reshape(param_shape), dbias.reshape(param_shape)
     return (dx, dz, dscale, dbias) if want_dz else (dx, dscale, dbias)
+
+
+def _kernels_take_backward(geom, dyc, yc, scale, saved_mean, saved_inv, param_shape):
+    """Whether the kernels take a validated backward call without blending or output arrays (dyc in x's layout)."""
+    acc = np.float64 if geom.xc.dtype == np.float64 else np.float32
+    return (geom.mode is BatchNormMode.SPATIAL and saved_mean is not None
+            and saved_mean.dtype == acc and saved_inv.dtype == acc
+            and saved_mean.flags.c_contiguous and saved_inv.flags.c_contiguous
+            and (scale is None or tuple(scale.shape) == tuple(param_shape))
+            and _gpu_kernels()[1].supports(geom.xc, scale, others=(dyc, yc)))
+
+
+# ----------------------------------------------------------------------------------------------
+# nn's remembered batch-norm calls (nn/_functions/norm.py, docs/host_overhead.md round 14).  After a call of nn's
+# full path went through a primitive below and passed its checks, nn asks here for what the primitive ran: the
+# kernels' settled call (bn_kernels.training_call / backward_call, act_kernels' plan for the fused node's ReLU), or
+# None where the primitive ran anything else -- the reference, a copy of dy into x's memory order, results reshaped
+# or transposed after the kernels.  nn then serves the same signature by calling that object directly.  Each
+# function decides with the primitive's own predicate (_kernels_take_*), for the primitive's defaults as nn calls it:
+# mode SPATIAL, format None (channels-first indexing), no blending, no output arrays.
+
+def settled_training(x, scale, bias, factor, running_mean, running_var, epsilon, counter=None):
+    """The kernels' settled call of batch_normalization_forward_training(handle, SPATIAL, x, scale, bias, factor,
+    running_mean, running_var, epsilon, counter=counter), a call the caller has just made successfully; or None."""
+    if not (_is_cuda(x) and x.size):
+        return None
+    geom = _BatchNormGeometry("settled_training", BatchNormMode.SPATIAL, x, None)
+    if geom.count <= 1 or geom.param_shape != tuple(x.shape[1:2]) \
+            or not _kernels_take_training(geom, x, scale, bias, running_mean, running_var, None, counter):
+        return None
+    return _gpu_kernels()[1].training_call(x, scale, bias, factor, running_mean, running_var, epsilon, None, False,
+                                           counter)
+
+
+def settled_backward(x, dy, scale, saved_mean, saved_inv_variance, y=None, want_dz=False):
+    """The kernels' settled call of batch_normalization_backward(handle, SPATIAL, x, dy, scale, saved_mean,
+    saved_inv_variance, epsilon) (``y`` None) or of batch_normalization_backward_ex with BN_ACTIVATION (``y``, not
+    ``want_dz``) or BN_ADD_ACTIVATION (``want_dz``), a call the caller has just made successfully; or None.  None
+    also where dy is not laid out as x is (the primitive copies it first)."""
+    if not (_is_cuda(x) and x.size and dy.strides == x.strides and dy.dtype == x.dtype and dy.shape == x.shape):
+        return None
+    geom = _BatchNormGeometry("settled_backward", BatchNormMode.SPATIAL, x, None)
+    param_shape = tuple(scale.shape) if scale is not None else geom.param_shape
+    if param_shape != tuple(x.shape[1:2]) or saved_mean is None or saved_mean.ndim != 1 \
+            or not _kernels_take_backward(geom, dy, y, scale, saved_mean, saved_inv_variance, param_shape):
+        return None
+    return _gpu_kernels()[1].backward_call(x, dy, scale, saved_mean, y, want_dz)
+
+
+def settled_activation(desc, x):
+    """The activation kernels' plan that activation_forward(handle, desc, x) runs for a CuPy x, by the rule of
+    backend/activation.py's GPU path (the kernels' dtypes and modes, C or channels-last memory, no blending); or
+    None.  (Here rather than there: that module is another work's; the rule is two lines, kept in step by tests.)"""
+    from .cuda import act_kernels
+    if not (_is_cuda(x) and act_kernels.supports(desc.mode.name, x)):
+        return None
+    return act_kernels.plan(desc.mode.name, desc.coef, x)
 
 
 def _bn_ops_prologue(where, bn_ops, x, z, format):

@@ -920,7 +920,10 @@ def _l2_bytes(dev):
 
 def _aligned(*arrays):
     """Whether every array's memory starts on a 16-byte boundary (the one-pass kernels' vectors need it)."""
-    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+    for a in arrays:
+        if a is not None and a.data.ptr & 15:
+            return False
+    return True
 
 
 def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_bytes, blocks_per_sm=None):
@@ -1014,36 +1017,89 @@ def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev):
 def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False, counter=None):
     """(y channels-first view in xc's layout, saved mean (C,), saved inv_std (C,)); running stats updated in place,
     and ``counter`` (a one-element int64 array, or None) incremented by the same launch."""
-    cp = _launch.cupy()
-    outer, c, inner, xm = layout_of(xc)
+    return training_call(xc, scale, bias, factor, running_mean, running_var, eps, z, relu, counter)(
+        xc, z, scale, bias, running_mean, running_var, counter)
+
+
+# ---- settled calls ---------------------------------------------------------------------------------------------
+# A call's whole host side -- which route (one-pass or two-launch), its prepared launches, the scratch sizes, the
+# output's memory order -- settled once per call signature (``_calls``, bounded) into one object that a repeated
+# call runs directly: forward_training and backward go through it, and nn's remembered batch-norm calls
+# (nn/_functions/norm.py, docs/host_overhead.md round 14) hold it and call it without the lookups above it.  The
+# launches take the channels-first views themselves: a view and its memory-order transpose share one pointer, and
+# a prepared launch reads only ``a.data.ptr``.  The object checks what may change between two calls of one
+# signature -- the MINIDNN_BN_ONEPASS switch (``ONEPASS``, tests flip it) and, for the one-pass kernels, the
+# 16-byte alignment of the inputs -- and returns None where either differs (the caller then takes the full path).
+_calls: dict = {}
+
+
+def _memory_order(xc):
+    """(shape of the memory, the transpose back to channels-first or None) of an array laid out like ``xc``."""
+    if xc.flags.c_contiguous or xc.ndim < 3:
+        return xc.shape, None
+    perm = (0, *range(2, xc.ndim), 1)
+    return tuple(xc.shape[i] for i in perm), (0, xc.ndim - 1, *range(1, xc.ndim - 1))
+
+
+class _TrainingCall:
+    """forward_training settled: ``call(xc, z, scale, bias, running_mean, running_var, counter)`` -> (y, mean,
+    inv_std), or None where ONEPASS or the inputs' alignment is not what it was settled for."""
+    __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "n_partial", "n_sync", "launch1",
+                 "stats", "apply")
+
+    def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
+        if ONEPASS != self.onepass or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
+            return None
+        cp, dev, acc = _launch.cupy(), self.dev, self.acc
+        with _launch.on_device(dev):
+            mean, inv_std = _ws.pair(cp, (self.c,), acc)
+            partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
+            if self.launch1 is not None:
+                y = cp.empty(self.mem, dtype=self.dtype)
+                self.launch1(xc, z, y, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, scale, bias,
+                             running_mean, running_var, counter)
+            else:
+                # dummies for absent running statistics (never touched), float32/64
+                self.stats(xc, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, _p(running_mean, inv_std),
+                           _p(running_var, inv_std), _p(counter, inv_std))
+                y = cp.empty(self.mem, dtype=self.dtype)
+                self.apply(xc, xc if z is None else z, y, mean, inv_std, _p(scale, xc), _p(bias, xc))
+        return (y if self.back is None else y.transpose(self.back)), mean, inv_std
+
+
+def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=None, relu=False, counter=None):
+    """The settled call of ``forward_training`` with these arguments (see _TrainingCall), made once per signature."""
     dev = xc.data.device_id
-    has_running = running_mean is not None
-    has_counter = counter is not None
+    flags = (factor, eps, running_mean is not None, counter is not None, relu, z is not None, scale is not None,
+             bias is not None)
+    key = ("train", ONEPASS, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags
+    call = _calls.get(key)
+    if call is None:
+        call = _launch.planned(_calls, key, _training_call, xc, dev, key[2], *flags)
+    return call
+
+
+def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias):
+    outer, c, inner, xm = layout_of(xc)
+    t = _TrainingCall()
+    t.onepass, t.dev, t.c, t.dtype = ONEPASS, dev, c, xc.dtype
+    t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
-    if ONEPASS:
-        one = _planned(("fwd1", factor, eps, has_running, has_counter, relu, z is not None, scale is not None,
-                        bias is not None, _aligned(xm, z)) + sig, _fwd1_plan, xc, outer, c, inner, factor, eps,
-                       has_running, has_counter, relu, z is not None, scale is not None, bias is not None,
-                       _aligned(xm, z), dev)
-        if one is not None:
-            launch1, n_partial, n_sync, acc = one
-            with _launch.on_device(dev):
-                mean, inv_std = _ws.pair(cp, (c,), acc)
-                partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
-                y = _empty_like_layout(cp, xc)
-                launch1(xm, None if z is None else _mem(z), _mem(y), partial, _ticket(cp, n_sync, dev), mean,
-                        inv_std, scale, bias, running_mean, running_var, counter)
-            return y, mean, inv_std
-    stats, n_partial, tiles, acc = _planned(("stats", factor, eps, has_running, has_counter) + sig, _stats_plan,
-                                            xc, outer, c, inner, factor, eps, has_running, has_counter, dev)
-    with _launch.on_device(dev):
-        mean, inv_std = _ws.pair(cp, (c,), acc)
-        partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
-        # dummies for absent running statistics (never touched), float32/64
-        stats(xm, partial, _ticket(cp, tiles, dev), mean, inv_std, _p(running_mean, inv_std),
-              _p(running_var, inv_std), _p(counter, inv_std))
-        y = _apply(cp, xc, xm, mean, inv_std, scale, bias, z, relu, eps, False, outer, c, inner, dev)
-    return y, mean, inv_std
+    one = _planned(("fwd1", factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias, aligned) + sig,
+                   _fwd1_plan, xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale,
+                   has_bias, aligned, dev) if ONEPASS else None
+    if one is not None:
+        t.launch1, t.n_partial, t.n_sync, t.acc = one
+        t.aligned, t.stats, t.apply = aligned, None, None
+        return t
+    t.launch1, t.aligned = None, None
+    t.stats, t.n_partial, t.n_sync, t.acc = _planned(("stats", factor, eps, has_running, has_counter) + sig,
+                                                     _stats_plan, xc, outer, c, inner, factor, eps, has_running,
+                                                     has_counter, dev)
+    flags = (relu, has_z, has_scale, has_bias, eps, False)
+    t.apply = _planned(("apply", xc.shape, xc.strides, xc.dtype, dev) + flags, _apply_plan,
+                       xc, outer, c, inner, *flags, dev)
+    return t
 
 
 def forward_inference(xc, scale, bias, est_mean, est_var, eps, z=None, relu=False):
@@ -1079,39 +1135,67 @@ def _backward_plan(xc, outer, c, inner, relu, has_scale, want_dz, dev):
 def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
     """(dx, dz or None, dscale or None, dbias or None); ``y`` (the fused forward's output) masks dy when the forward
     applied a ReLU; ``want_dz`` also returns g, the gradient of the residual added before the ReLU."""
-    cp = _launch.cupy()
-    outer, c, inner, xm = layout_of(xc)
-    acc = mean.dtype
+    return backward_call(xc, dyc, scale, mean, y, want_dz)(xc, dyc, scale, mean, inv_std, y)
+
+
+class _BackwardCall:
+    """backward settled (see _TrainingCall): ``call(xc, dyc, scale, mean, inv_std, y)`` -> (dx, dz, dscale, dbias), or
+    None where ONEPASS or the inputs' alignment is not what it was settled for."""
+    __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "pdt", "n_partial", "n_sync",
+                 "has_scale", "want_dz", "launch1", "grad", "dx")
+
+    def __call__(self, xc, dyc, scale, mean, inv_std, y):
+        if ONEPASS != self.onepass or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
+            return None
+        cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
+        with _launch.on_device(dev):
+            partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
+            coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
+            dscale, dbias = _ws.pair(cp, (c,), self.pdt) if self.has_scale else (None, None)
+            if self.launch1 is not None:
+                dx = cp.empty(self.mem, dtype=self.dtype)
+                dz = cp.empty(self.mem, dtype=self.dtype) if self.want_dz else None
+                self.launch1(xc, dyc, y, mean, inv_std, partial, _ticket(cp, self.n_sync, dev), coef, dscale,
+                             dbias, scale, dx, dz)
+            else:
+                ym = xc if y is None else y
+                self.grad(xc, dyc, ym, mean, inv_std, partial, _ticket(cp, self.n_sync, dev), coef,
+                          _p(dscale, coef), _p(dbias, coef))
+                dx = cp.empty(self.mem, dtype=self.dtype)
+                dz = cp.empty(self.mem, dtype=self.dtype) if self.want_dz else None
+                self.dx(xc, dyc, ym, mean, inv_std, coef, _p(scale, xc), dx, xc if dz is None else dz)
+        back = self.back
+        if back is not None:
+            dx = dx.transpose(back)
+            dz = None if dz is None else dz.transpose(back)
+        return dx, dz, dscale, dbias
+
+
+def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
+    """The settled call of ``backward`` with these arguments (see _BackwardCall), made once per signature."""
     dev = xc.data.device_id
-    relu = y is not None
-    has_scale = scale is not None
-    if ONEPASS:
-        one = _planned(("bwd1", xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
-                        _aligned(xm, dyc, y)), _bwd1_plan, xc, outer, c, inner, relu, has_scale, want_dz,
-                       _aligned(xm, dyc, y), dev)
-        if one is not None:
-            launch1, n_partial, n_sync, pdt = one
-            with _launch.on_device(dev):
-                partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
-                coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
-                dscale, dbias = _ws.pair(cp, (c,), pdt) if has_scale else (None, None)
-                dx = _empty_like_layout(cp, xc)
-                dz = _empty_like_layout(cp, xc) if want_dz else None
-                launch1(xm, _mem(dyc), None if y is None else _mem(y), mean, inv_std, partial,
-                        _ticket(cp, n_sync, dev), coef, dscale, dbias, scale, _mem(dx),
-                        None if dz is None else _mem(dz))
-            return dx, dz, dscale, dbias
-    grad, dx_launch, n_partial, tiles, pdt = _planned(("backward", xc.shape, xc.strides, xc.dtype, dev, relu,
-                                                       has_scale, want_dz), _backward_plan,
-                                                      xc, outer, c, inner, relu, has_scale, want_dz, dev)
-    with _launch.on_device(dev):
-        partial = _ws.scratch_flat(cp, dev, "bn.partial", n_partial, acc)
-        coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
-        dscale, dbias = _ws.pair(cp, (c,), pdt) if has_scale else (None, None)
-        dym = _mem(dyc)
-        ym = xm if y is None else _mem(y)
-        grad(xm, dym, ym, mean, inv_std, partial, _ticket(cp, tiles, dev), coef, _p(dscale, coef), _p(dbias, coef))
-        dx = _empty_like_layout(cp, xc)
-        dz = _empty_like_layout(cp, xc) if want_dz else None
-        dx_launch(xm, dym, ym, mean, inv_std, coef, _p(scale, xm), _mem(dx), xm if dz is None else _mem(dz))
-    return dx, dz, dscale, dbias
+    flags = (y is not None, scale is not None, want_dz)
+    key = ("backward", ONEPASS, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags
+    call = _calls.get(key)
+    if call is None:
+        call = _launch.planned(_calls, key, _backward_call, xc, dev, key[2], mean.dtype, *flags)
+    return call
+
+
+def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
+    outer, c, inner, xm = layout_of(xc)
+    t = _BackwardCall()
+    t.onepass, t.dev, t.c, t.dtype, t.acc = ONEPASS, dev, c, xc.dtype, acc
+    t.mem, t.back = _memory_order(xc)
+    t.has_scale, t.want_dz = has_scale, want_dz
+    one = _planned(("bwd1", xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz, aligned), _bwd1_plan,
+                   xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev) if ONEPASS else None
+    if one is not None:
+        t.launch1, t.n_partial, t.n_sync, t.pdt = one
+        t.aligned, t.grad, t.dx = aligned, None, None
+        return t
+    t.launch1, t.aligned = None, None
+    t.grad, t.dx, t.n_partial, t.n_sync, t.pdt = _planned(("backward", xc.shape, xc.strides, xc.dtype, dev, relu,
+                                                           has_scale, want_dz), _backward_plan,
+                                                          xc, outer, c, inner, relu, has_scale, want_dz, dev)
+    return t
