@@ -385,6 +385,14 @@ class ConvAlgorithm:
                 return float(c)
         return float(self._cost(p, device_type))
 
+    def resolve(self, p: ConvProblem, a, b):
+        """The run function ``run`` calls for these arrays: the first fast form that applies, else the algorithm's
+        own (settled calls keep it: backend.convolution's nn fast path)."""
+        for _, applies, fast in self.fast_paths:
+            if applies(p, a, b):
+                return fast
+        return self._run
+
     def run(self, p: ConvProblem, a, b, tf32=False, out_dtype=None):
         """The result of ``p`` on ``a``, ``b`` in their dtype, or in ``out_dtype`` (float32 for float16/bfloat16
         data: autocast's filter gradients): a run function registered ``wide_out`` writes it directly, any other

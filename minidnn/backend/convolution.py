@@ -29,6 +29,9 @@ from .conv_algorithms import (
     ConvolutionFwdAlgo,
 )
 from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
+from .cuda import conv_igemm as _igemm
+from .cuda import conv_register as _cuda_conv
+from .cuda import launch as _launch
 from .cuda.conv_igemm import filter_carry as _filter_carry
 from .cuda.conv_igemm import shared_staging as _shared_staging
 from .devices import array_module, device_of, is_cuda_array
@@ -340,14 +343,126 @@ def convolution_shared_staging():
     return _shared_staging()
 
 
-def convolution_filter_carry():
-    """A private route from a convolution's forward to its backward data (not cuDNN's API; nn's ConvForward uses
-    it, docs/host_overhead.md round 12): ``with carry:`` around ``convolution_forward`` keeps the GPU kernels' KRSC
-    copy of the filter (made where the 16-byte loader runs an NCHW filter) in ``carry`` instead of a scratch buffer;
-    ``with carry:`` around ``convolution_backward_data`` of the SAME filter array (unchanged since: the caller's
-    promise) reads that copy instead of making the (G, Cg, *kernel, Kg) one -- one launch less, the same bits.
-    Calls without it, CPU calls and other algorithms are unchanged; the copy lives as long as ``carry``."""
-    return _filter_carry()
+# ``convolution_filter_carry()``: a private route from a convolution's forward to its backward data (not cuDNN's API;
+# nn's ConvForward uses it, docs/host_overhead.md round 12): ``with carry:`` around ``convolution_forward`` keeps the
+# GPU kernels' KRSC copy of the filter (made where the 16-byte loader runs an NCHW filter) in ``carry`` instead of a
+# scratch buffer; ``with carry:`` around ``convolution_backward_data`` of the SAME filter array (unchanged since: the
+# caller's promise) reads that copy instead of making the (G, Cg, *kernel, Kg) one -- one launch less, the same
+# bits.  Calls without it, CPU calls and other algorithms are unchanged; the copy lives as long as ``carry``.  (The
+# class itself: nn makes one per carried forward, and a wrapper was one more frame.)
+convolution_filter_carry = _filter_carry
+
+
+# ---- settled calls: a seen GPU call replayed without its checks and selection (nn's fast path) ---------------------
+# docs/host_overhead.md round 13.  ``settle_convolution`` makes the full path's checks and algorithm choice once for a
+# call's signature and returns what it settled: the chosen algorithm's run function, or for the implicit-GEMM kernels
+# the kernel module's settled call (conv_igemm.settled_call) itself.  Calling it computes what the primitive computes
+# for arrays of that signature (the same kernels, launches and bits), skipping the layers between.  Only the default
+# settled case is served -- a CUDA array, no algo, no output buffer, alpha 1 / beta 0, a handle without a stream of its
+# own and without ``benchmark`` (whose cache counts its hits: every call keeps asking the selector), a non-empty
+# batch, cross-correlation; anything else settles to None and the caller keeps the full path.
+_GENERATION = [0]      # bumped by clear_convolution_algorithm_cache: settled calls made before no longer serve
+
+
+def settled_state():
+    """What a settled call's decisions read besides its arrays and handle: the algorithm caches' generation and the
+    kernel modules' switches.  A caller that keeps settled calls keeps this in its key (nn's fast path)."""
+    return (_GENERATION[0], _cuda_conv.ENABLED[0], _igemm.VEC_ENABLED[0], _igemm.STAGE_ENABLED[0],
+            _igemm.STAGE_MIN_MACS, _igemm.DIRECT_MAX_CG, _igemm.DIRECT_DENSE_MAX_MACS)
+
+
+class SettledConvolution:
+    """One primitive call settled for arrays of one signature -- shapes, strides, dtypes, 16-byte alignment,
+    device -- and one handle state and ``settled_state()``; the caller vouches that later arrays have the same
+    signature (nn keys its table on all of it).  ``run(a1, a2, carry=None)`` takes the primitive's two inputs (in its
+    format) and returns its result, or None where the current device is not the handle's (the full path switches
+    device there: the caller takes it).  ``carry`` (forward, backward data): the filter_carry the call would see
+    active, as ``with carry:`` around the primitive (None: whatever is active)."""
+    __slots__ = ("direction", "algorithm", "p", "fmt", "tf32", "half", "out_dtype", "dev", "igemm", "cl",
+                 "calls", "cp", "plain")
+
+    def run(self, a1, a2, carry=None):
+        cp = self.cp
+        if cp.cuda.runtime.getDevice() != self.dev:
+            return None
+        d, fmt, p = self.direction, self.fmt, self.p
+        if fmt is TensorFormat.NCHW:
+            a, b = a1, a2
+        elif d == 1:
+            a, b = a1, to_channels_first(a2, fmt)
+        else:
+            a, b = to_channels_first(a1, fmt), (a2 if d == 0 else to_channels_first(a2, fmt))
+        if self.igemm is None:      # _execute after its choice
+            result = self.algorithm.run(p, a, b, self.tf32) if not self.half else \
+                _run(self.algorithm, p, a, b, self.tf32, self.out_dtype)
+            return _finish(result, 1.0, 0.0, None, fmt if d != 2 else TensorFormat.NCHW)
+        # implicit_forward / implicit_backward_data / implicit_backward_filter, with the kernel module's settled call
+        if d == 2:
+            result = out = cp.empty(p.w_shape, dtype=a.dtype if self.out_dtype is None else self.out_dtype)
+            carry = None
+        else:
+            result = _igemm._new_like_layout(cp, p.x_shape if d else p.y_shape, b.dtype if d else a.dtype, self.cl)
+            out = result if p.nd == 2 else result[:, :, None, :]
+            if carry is None:
+                carry = _igemm._scope.carry
+            if d == 1 and carry is not None:
+                carry = _igemm._carried(a, carry)
+        slot = carry is not None and d == 1
+        call = self.calls[slot]
+        if call is None:
+            precomp, atomic = self.igemm
+            call = self.calls[slot] = _igemm.settled_call(cp, d, p, a, b, out, self.tf32, precomp, atomic=atomic,
+                                                          carried=slot)
+        call(cp, a, b, out, (), carry)
+        if self.plain:              # a contiguous channels-first result: what _finish returns for it
+            return result
+        return _finish(result, 1.0, 0.0, None, fmt if d != 2 else TensorFormat.NCHW)
+
+
+_SETTLE = (
+    (FORWARD_ALGORITHMS, "convolution_forward", _forward_problem, ("x", "w", "y"),
+     lambda p, fmt: _fmt_shape(p.y_shape, fmt)),
+    (BACKWARD_DATA_ALGORITHMS, "convolution_backward_data", _backward_data_problem, ("w", "dy", "dx"),
+     lambda p, fmt: _fmt_shape(p.x_shape, fmt)),
+    (BACKWARD_FILTER_ALGORITHMS, "convolution_backward_filter", _backward_filter_problem, ("x", "dy", "dw"),
+     lambda p, fmt: p.w_shape),
+)
+
+
+def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, format=None, dw_dtype=None):
+    """The SettledConvolution of ``convolution_forward(handle, a1, a2, conv_desc, format=format)`` (direction 0),
+    ``convolution_backward_data(handle, a1, a2, conv_desc, other_shape, format=format)`` (1) or
+    ``convolution_backward_filter(handle, a1, a2, conv_desc, other_shape, format=format, dw_dtype=dw_dtype)`` (2),
+    or None where the call is not the default settled case (see above).  Checks as the primitive does (and raises
+    what it raises); launches nothing."""
+    registry, where, problem, names, out_shape = _SETTLE[direction]
+    if not is_cuda_array(a1) or conv_desc.mode is not ConvolutionMode.CROSS_CORRELATION:
+        return None
+    if dw_dtype is not None:
+        dw_dtype = _filter_gradient_dtype(a1, a2, dw_dtype)
+    h, plan = _planned(registry, where, handle, conv_desc, format, problem, (names[0], a1), (names[1], a2),
+                       other_shape, None, (names[2], None), 0.0, out_shape, dw_dtype)
+    dev = _launch.cupy().cuda.runtime.getDevice()
+    if h.benchmark or h.stream is not None or plan.p.N == 0 or h.device.index != dev:
+        return None
+    p, fmt, tf32 = plan.p, plan.fmt, plan.tf32
+    a = a1 if direction == 1 else to_channels_first(a1, fmt)
+    b = a2 if direction == 0 else to_channels_first(a2, fmt)
+    algorithm = registry.choose(p, h, plan.math_type, plan.key, lambda alg: _run(alg, p, a, b, tf32))
+    fn = algorithm.resolve(p, a, b)
+    spec = getattr(fn, "igemm", None)
+    if plan.half and not (algorithm.runs_half_natively(p, a, b)
+                          and (dw_dtype is None or fn in algorithm.wide_out_runs)):
+        spec = None             # half data through a float32 round trip or a cast: _run's general form
+    s = SettledConvolution()
+    s.direction, s.algorithm, s.p, s.fmt, s.tf32, s.half, s.out_dtype, s.dev = \
+        direction, algorithm, p, fmt, tf32, plan.half, dw_dtype, dev
+    s.igemm = None if spec is None or spec[0] != direction else spec[1:]
+    s.cl = _igemm._channels_last(b if direction == 1 else a)
+    s.calls = [None, None]
+    s.cp = _launch.cupy()
+    s.plain = direction == 2 or (fmt is TensorFormat.NCHW and not s.cl)
+    return s
 
 
 def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None, db_dtype=None):
@@ -576,6 +691,7 @@ def clear_convolution_algorithm_cache(persistent: bool = False) -> None:
         registry.cache.clear()
         registry._heuristic_choice.clear()
     _PLANS.clear()
+    _GENERATION[0] += 1
     _autotune.forget(persistent)
 
 

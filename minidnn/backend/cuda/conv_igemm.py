@@ -275,9 +275,11 @@ def _filter_key(w):
     return (w.data.ptr, w.shape, w.strides, w.dtype, w.data.device_id)
 
 
-def _carried(w):
-    """The active filter_carry when it holds a 16-byte-aligned KRSC copy of ``w`` itself, else None."""
-    carry = _scope.carry
+def _carried(w, carry=None):
+    """``carry`` (default: the active filter_carry) when it holds a 16-byte-aligned KRSC copy of ``w`` itself, else
+    None."""
+    if carry is None:
+        carry = _scope.carry
     if carry is None or carry.krsc is None or carry.krsc.data.ptr % 16 or carry.key != _filter_key(w):
         return None
     return carry
@@ -705,6 +707,34 @@ def _as_meta(a):
     return a if type(a) is _Meta else _meta(a)
 
 
+def _call_key(direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
+    """What ``_settle`` reads of a call (its ``_calls`` key): the problem, both inputs' layouts and 16-byte
+    alignment, the output's strides, the math, blending and tile, the staging and loader switches, the device."""
+    key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
+           out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
+           a.data.device_id)
+    if out.dtype != b.dtype:        # (backward filter only: float32 dw from half data)
+        key += (out.dtype,)
+    return key
+
+
+def settled_call(cp, direction, p, a, b, out, tf32, precomp, alpha=1.0, beta=0.0, tile=None, atomic=False,
+                 carried=False):
+    """The settled call (``_Call``, without an epilogue) of ``_run_igemm`` for these arrays: ``atomic`` the
+    filter gradient's atomic split-K, ``carried`` backward data reading a filter_carry's KRSC copy.  Also what
+    backend.convolution's settled calls (nn's fast path) keep and replay."""
+    key = _call_key(direction, p, a, b, out, tf32, precomp, alpha, beta, tile)
+    if atomic:
+        key += ("atomic",)
+    elif carried:
+        key += ("carried",)
+    call = _calls.get(key)
+    if call is None:
+        call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile,
+                               None, atomic, carried)
+    return call
+
+
 def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, epi=None, atomic=False,
                carry=None):
     """out = alpha * (direction's product of a and b) + beta * out, through ONE launch of the implicit-GEMM kernel
@@ -718,30 +748,12 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
     ``carry`` (a filter_carry; plain forward and backward data): forward keeps its KRSC filter copy in it, backward
     data reads that copy (the caller checked it is of ``a``: ``_carried``)."""
     cp = _launch.cupy()
-    key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
-           out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
-           a.data.device_id)
-    if out.dtype != b.dtype:        # (backward filter only: float32 dw from half data)
-        key += (out.dtype,)
-    if atomic:
-        key += ("atomic",)
-        call = _calls.get(key)
-        if call is None:
-            call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta,
-                                   tile, None, True)
-        call(cp, a, b, out)
-        return
     if epi is None:
-        carried = carry is not None and direction == 1
-        if carried:
-            key += ("carried",)
-        call = _calls.get(key)
-        if call is None:
-            call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta,
-                                   tile, None, False, carried)
-        call(cp, a, b, out, (), carry)
+        call = settled_call(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, atomic,
+                            carry is not None and direction == 1 and not atomic)
+        call(cp, a, b, out, (), None if atomic else carry)
         return
-    key += (epi.key,)
+    key = _call_key(direction, p, a, b, out, tf32, precomp, alpha, beta, tile) + (epi.key,)
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile,

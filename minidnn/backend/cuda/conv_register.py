@@ -146,12 +146,10 @@ def register(FW, BD, BF):
     FW.get(A.DIRECT).add_fast_path("implicit-GEMM CUDA kernel (dense few-channel problems on channels-last "
                                    "activations, where it beats the direct kernels' NHWC forms)",
                                    lambda p, x, w: _dense_channels_last(p, x, w) and _dense_gpu(p, x, w),
-                                   lambda p, x, w, tf32=False: K.implicit_forward(p, x, w, tf32, precomp=False),
-                                   native_half=True)
+                                   forward_implicit, native_half=True)
     BD.get(DA.ALGO_0).add_fast_path("direct CUDA kernel (<= 8 channels per group)", _small_groups,
                                     K.direct_backward_data, cost=_direct_cost_if, native_half=True)
-    BD.get(DA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table)", _dense_gpu,
-                                    lambda p, w, dy, tf32=False: K.implicit_backward_data(p, w, dy, tf32, True),
+    BD.get(DA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table)", _dense_gpu, backward_data_precomp,
                                     cost=_implicit_cost_if, native_half=True)
     # (the filter gradients also write float32 dw from half data: wide_out, autocast's weight gradients)
     BF.get(FA.ALGO_0).add_fast_path("direct CUDA kernel, block reduction (<= 8 channels per group)", _small_groups,
@@ -160,12 +158,13 @@ def register(FW, BD, BF):
     # (with the tap table: the launch a default or deterministic handle's heuristic choice made when ALGO_3 was
     # this deterministic kernel -- ALGO_3 ranked first then, at equal cost; now ALGO_0 is first and runs it)
     BF.get(FA.ALGO_0).add_fast_path("implicit-GEMM CUDA kernel (tap table), split-K in order", _dense_gpu,
-                                    lambda p, x, dy, tf32=False, out_dtype=None:
-                                    K.implicit_backward_filter(p, x, dy, tf32, True, out_dtype=out_dtype),
-                                    cost=_implicit_cost_if, native_half=True, wide_out=True)
+                                    backward_filter_precomp, cost=_implicit_cost_if, native_half=True,
+                                    wide_out=True)
 
 
-# The run functions of the CUDA-only members (conv_algorithms.py registers them).
+# The implicit-GEMM run functions (conv_algorithms.py registers the CUDA-only members' ones, ``register`` the fast
+# paths').  Each says in ``igemm`` = (direction, precomp, atomic) which settled kernel call it makes with its default
+# arguments (conv_igemm.settled_call): backend.convolution's settled calls (nn's fast path) replay that call directly.
 def forward_implicit(p, x, w, tf32=False):
     return K.implicit_forward(p, x, w, tf32, precomp=False)
 
@@ -174,11 +173,22 @@ def forward_implicit_precomp(p, x, w, tf32=False):
     return K.implicit_forward(p, x, w, tf32, precomp=True)
 
 
-def backward_filter_precomp(p, x, dy, tf32=False):
-    return K.implicit_backward_filter(p, x, dy, tf32, precomp=True)
+def backward_data_precomp(p, w, dy, tf32=False):
+    return K.implicit_backward_data(p, w, dy, tf32, True)
+
+
+def backward_filter_precomp(p, x, dy, tf32=False, out_dtype=None):
+    return K.implicit_backward_filter(p, x, dy, tf32, precomp=True, out_dtype=out_dtype)
 
 
 def backward_filter_atomic(p, x, dy, tf32=False, out_dtype=None):
     """ALGO_3: the implicit-GEMM filter gradient with split-K by fp32 atomics (non-deterministic)."""
     return K.implicit_backward_filter(p, x, dy, tf32, precomp=True, atomic=True, out_dtype=out_dtype)
+
+
+forward_implicit.igemm = (0, False, False)
+forward_implicit_precomp.igemm = (0, True, False)
+backward_data_precomp.igemm = (1, True, False)
+backward_filter_precomp.igemm = (2, True, False)
+backward_filter_atomic.igemm = (2, True, True)
 

@@ -23,7 +23,7 @@ from ... import backend as B
 from ..._amp_state import autocast_op, float32_grad_of
 from ...autograd import Function, is_grad_enabled
 from ...backend._common import SeenCalls
-from ...backend.convolution import convolution_filter_carry
+from ...backend.convolution import convolution_filter_carry, settle_convolution, settled_state
 from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
@@ -98,15 +98,133 @@ def _backward_filter(x, dy, desc, w_shape, h=None, dw_dtype=None):
 CARRY_FILTER = [os.environ.get("MINIDNN_CONV_CARRY_FILTER", "1") != "0"]
 
 
+# ---- the fast path of a seen GPU convolution (docs/host_overhead.md round 13) -----------------------------------
+# A conv call whose signature was seen runs the backend's settled calls (backend.convolution.settle_convolution)
+# for its forward and its first-order backward pair, instead of the primitives' checks, plan lookup, algorithm
+# choice and the kernel module's own lookup: the same kernels, launches and bits with ~6 frames less per call.
+# One remembered _SeenConv per signature; its key (``_fast_key``) holds what any layer's checks or choices read:
+# conv's settings and both operands' shapes and dtypes (the seen-call key), the arrays' type, strides and 16-byte
+# alignment, the handle (per thread and device) with its settings after the ``cudnn`` flags (handle_for applies
+# them: benchmark, deterministic, math type / allow_tf32, workspace limit, stream) and the backend's
+# ``settled_state()`` (its algorithm caches' generation, the kernel modules' switches).  Autocast casts before
+# _conv (the key sees the cast dtypes); the needs_input_grad pattern, the filter carry and autocast's float32
+# filter gradient key the backward pair (``_SeenConv.pair``).  The settled calls serve only the default case (a
+# CUDA array, a handle without benchmark mode or a stream, a non-empty batch): anything else settles to None and
+# keeps the full path, as does a call made on another current device.  Switch: FAST_PATH[0] = False, or the
+# environment's MINIDNN_CONV_FAST=0 at import.
+FAST_PATH = [os.environ.get("MINIDNN_CONV_FAST", "1") != "0"]
+_FAST_CONV = SeenCalls()
+
+
+def _fast_key(op, x, weight, bias, stride, padding, dilation, groups):
+    """The fast path's key of a conv call: what ``_seen_conv_key`` holds and the rest above (None: the full path)."""
+    stride, padding, dilation = _setting(stride), _setting(padding), _setting(dilation)
+    if (stride is None or padding is None or dilation is None or type(groups) is not int
+            or not isinstance(x, Tensor) or not isinstance(weight, Tensor)):
+        return None
+    xd, wd = x.data, weight.data
+    if type(xd) is not type(wd) or not B.is_cuda_array(xd):
+        return None
+    if bias is None:
+        b = None
+    elif isinstance(bias, Tensor):
+        b = (bias.data.shape, bias.data.dtype)
+    else:
+        return None
+    h = handle_for(x)
+    return (op, xd.shape, xd.dtype, xd.strides, xd.data.ptr & 15, wd.shape, wd.dtype, wd.strides, wd.data.ptr & 15,
+            b, groups, stride, padding, dilation, h, h.benchmark, h.math_type, h.deterministic, h.workspace_limit,
+            h.stream, settled_state())
+
+
+class _SeenConv:
+    """A seen conv signature: its descriptor, the settled forward (None: the full path), whether x is channels-last
+    (the primitives see its NHWC view), and the settled backward pairs by ``_pair_key``."""
+    __slots__ = ("desc", "forward", "nhwc", "pairs")
+
+    def __init__(self, desc, x, w):
+        self.desc, self.nhwc, self.pairs = desc, _channels_last(x.data), {}
+        xa = _last(x.data) if self.nhwc else x.data
+        self.forward = settle_convolution(0, handle_for(x), xa, w.data, desc, None, "NHWC" if self.nhwc else None)
+
+    def pair(self, x, w, gy, need, carry, dw_dtype, x_shape, w_shape):
+        """(settled backward data or None, settled backward filter or None, dy's NHWC view wanted) of a first-order
+        backward; None where a wanted one is not settled (the full path)."""
+        gd = gy.data
+        t = w if x is None else x
+        if type(gd) is not type(t.data):
+            return None
+        h = handle_for(t)
+        key = (gd.shape, gd.strides, gd.dtype, gd.data.ptr & 15, need, carry is not None, dw_dtype, h, h.benchmark,
+               h.math_type, h.deterministic, h.workspace_limit, h.stream, settled_state())
+        pair = self.pairs.get(key, 0)
+        if pair == 0:
+            if len(self.pairs) >= 64:
+                self.pairs.clear()
+            pair = self.pairs[key] = self._settle_pair(x, w, gy, need, h, dw_dtype, x_shape, w_shape)
+        return pair
+
+    def _settle_pair(self, x, w, gy, need, h, dw_dtype, x_shape, w_shape):
+        dy_last = _channels_last(gy.data)
+        data = filt = None
+        if need[0]:
+            dya, shape = (_last(gy.data), _last_shape(x_shape)) if dy_last else (gy.data, tuple(x_shape))
+            data = settle_convolution(1, h, w.data, dya, self.desc, shape, "NHWC" if dy_last else None)
+            if data is None:
+                return None
+        if need[1]:
+            both = dy_last and self.nhwc
+            filt = settle_convolution(2, h, _last(x.data) if both else x.data, _last(gy.data) if both else gy.data,
+                                      self.desc, tuple(w_shape), "NHWC" if both else None, dw_dtype)
+            if filt is None:
+                return None
+        return data, filt, dy_last
+
+
+def _fast_backward(ctx, seen, x, w, gy, need, carry):
+    """ConvForward's first-order backward by the settled calls; None where the full path must run (nothing ran)."""
+    x_shape, w_shape = ctx.shapes
+    pair = seen.pair(x, w, gy, need, carry, ctx.dw_dtype, x_shape, w_shape)
+    if pair is None:
+        return None
+    data, filt, dy_last = pair
+    gd = gy.data
+    if data is None:                                # the filter gradient alone
+        xa, dya = (_last(x.data), _last(gd)) if dy_last and seen.nhwc else (x.data, gd)
+        gw = filt.run(xa, dya)
+        return None if gw is None else (None, wrap(gw), None)
+    dya = _last(gd) if dy_last else gd
+    if filt is None:                                # the data gradient alone
+        gx = data.run(w.data, dya, carry)
+        return None if gx is None else (wrap(_first(gx) if dy_last else gx), None, None)
+    with B.convolution_shared_staging():            # both read dy: its NHWC copy is made once
+        gx = data.run(w.data, dya, carry)
+        if gx is None:
+            return None
+        gw = filt.run(_last(x.data), dya) if dy_last and seen.nhwc else filt.run(x.data, gd)
+    return wrap(_first(gx) if dy_last else gx), wrap(gw), None
+
+
 class ConvForward(Function):
     @staticmethod
     def forward(ctx, x, w, desc):
+        seen = None
+        if type(desc) is _SeenConv:     # from _conv: a seen signature (the fast path's remembered object)
+            seen, desc = desc, desc.desc
         ctx.desc = desc
         # gx needs w, gw needs x: keep only what the requested gradients use.
-        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
+        need = ctx.needs_input_grad
+        ctx.save_for_backward(x if need[1] else None, w if need[0] else None)
         ctx.shapes = (tuple(x.shape), tuple(w.shape))
-        ctx.dw_dtype = float32_grad_of(w) if ctx.needs_input_grad[1] else None
-        if not (ctx.needs_input_grad[0] and CARRY_FILTER[0] and B.is_cuda_array(w.data)):
+        ctx.dw_dtype = float32_grad_of(w) if need[1] else None
+        ctx.seen = seen
+        if seen is not None and seen.forward is not None:
+            carry = convolution_filter_carry() if need[0] and CARRY_FILTER[0] else None
+            y = seen.forward.run(_last(x.data) if seen.nhwc else x.data, w.data, carry)
+            if y is not None:
+                ctx.carry = carry if carry is not None and carry.krsc is not None else None
+                return wrap(_first(y) if seen.nhwc else y)
+        if not (need[0] and CARRY_FILTER[0] and B.is_cuda_array(w.data)):
             ctx.carry = None
             return _forward(x, w, desc)
         with convolution_filter_carry() as carry:
@@ -121,6 +239,10 @@ class ConvForward(Function):
         need = ctx.needs_input_grad
         carry, ctx.carry = ctx.carry, None      # read once: a retained graph's second backward makes its own copy
         if not is_grad_enabled():       # first order: the primitives directly
+            if ctx.seen is not None and FAST_PATH[0]:
+                grads = _fast_backward(ctx, ctx.seen, x, w, gy, need, carry)
+                if grads is not None:
+                    return grads
             if need[0] and need[1]:     # both read gy: the GPU kernels' NHWC copy of it is made once
                 # independent: on the CPU at >= 2 threads, one per thread (threads.parallel_pair, docs/threads.md)
                 work = 0 if B.is_cuda_array(gy.data) else gy.data.size * math.prod(w_shape[1:])    # each half's
@@ -265,6 +387,16 @@ def _seen_conv_key(op, x, weight, bias, stride, padding, dilation, groups):
 
 
 def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
+    if FAST_PATH[0] and (fkey := _fast_key(op, x, weight, bias, stride, padding, dilation, groups)) is not None:
+        seen = _FAST_CONV.get(fkey)
+        if seen is None:
+            desc = _SEEN_CONV.get(_seen_conv_key(op, x, weight, bias, stride, padding, dilation, groups))
+            if desc is not None:        # validated before: settle this signature's calls
+                seen = _SeenConv(desc, x, weight)
+                _FAST_CONV.remember(fkey, seen)
+        if seen is not None:
+            y = ConvForward.apply(x, weight, seen)
+            return y if bias is None else _add_bias(y, bias, nd)
     key = _seen_conv_key(op, x, weight, bias, stride, padding, dilation, groups)
     desc = _SEEN_CONV.get(key)
     if desc is not None:        # validated before (x batched: an unbatched x's shape keys differently)
