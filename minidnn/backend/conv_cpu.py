@@ -58,15 +58,17 @@ for the tests and benchmarks that compare the two.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
+import threading
 
 import numpy as np
 
 from . import conv_winograd_cpu
 from .blas import cpu_matmul
 from .conv_problem import ConvProblem
-from .threads import parallel_for, parallel_map, parallel_parts
+from .threads import parallel_for, parallel_map, parallel_parts, parallel_spans, split_spans
 
 __all__ = ["dense_forward", "dense_backward_data", "dense_backward_filter", "depthwise_forward",
            "depthwise_backward_data", "depthwise_backward_filter", "fast_paths_enabled", "register"]
@@ -183,6 +185,49 @@ def _crop_channels_first(a_cl, p: ConvProblem):
     """Padded channels-last dx -> the channels-first (N, C, *in) view of its interior."""
     inner = a_cl[(slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)), slice(None))]
     return np.moveaxis(inner, -1, 1)
+
+
+# ---- one primitive over parts of its batch, one part per thread (threads.parallel_spans) ------------------------
+
+def _over_batch(p: ConvProblem, part, work=None):
+    """``part(q, nb)`` (the result for images ``nb``, q the problem of that part) over the whole batch: one call
+    below the split grain or on one thread, else one part per thread (threads.split_spans), the parts written into
+    one array laid out as the first finished part (channels-first or channels-last memory).  Each image's result is
+    computed by the same form as unsplit, so the values are the same (tests/backend/test_cpu_split.py)."""
+    spans = split_spans(p.N, p.macs if work is None else work)
+    if len(spans) == 1:
+        return part(p, slice(None))
+    out, lock = [None], threading.Lock()
+
+    def run(nb):
+        r = part(dataclasses.replace(p, N=nb.stop - nb.start), nb)
+        with lock:
+            if out[0] is None:
+                out[0] = _empty_like_layout(r, (p.N, *r.shape[1:]))
+        out[0][nb] = r
+    parallel_spans(run, spans)
+    return out[0]
+
+
+def _empty_like_layout(r, shape):
+    """An empty array of ``shape``, channels-last in memory where ``r`` is (its channel axis the most contiguous)."""
+    if r.ndim > 2 and r.strides[1] < r.strides[-1]:
+        return np.moveaxis(np.empty((shape[0], *shape[2:], shape[1]), dtype=r.dtype), -1, 1)
+    return np.empty(shape, dtype=r.dtype)
+
+
+def _summed_over_batch(p: ConvProblem, part, work=None):
+    """``part(q, nb)`` summed over the batch (a filter gradient): one call below the split grain or on one thread,
+    else one part per thread and the parts' results added in batch order, in float32 (float64 for float64 data).
+    The split changes the order of the sum over the images, hence the last bits (tested against float64)."""
+    spans = split_spans(p.N, p.macs if work is None else work)
+    if len(spans) == 1:
+        return part(p, slice(None))
+    parts = parallel_spans(lambda nb: part(dataclasses.replace(p, N=nb.stop - nb.start), nb), spans)
+    total = np.array(parts[0], dtype=np.result_type(parts[0].dtype, np.float32), copy=True)
+    for r in parts[1:]:
+        total += r
+    return total.astype(parts[0].dtype, copy=False)
 
 
 # ---- dense (groups == 1): one BLAS call per direction --------------------------------------------------
@@ -445,42 +490,73 @@ def _flat_dense_applies(p: ConvProblem, *arrays):
             and p.padded_size[-1] <= 1.2 * p.out_size[-1])
 
 
-def dense_forward(p: ConvProblem, x, w, tf32=False):
+def _dense_forward_form(p: ConvProblem, x):
+    """The forward form for the whole problem: ``form(q, x, w)`` on it or on a part of its batch (q: that part's
+    problem).  Chosen once on the whole batch, so the parts run what the unsplit call runs."""
     if _flat_dense_applies(p, x):
         if _flat_rows_applies(p, p.K, p.C):
-            return _flat_rows_correlate(x, w, p, p.padding, p.in_size, p.out_size)
-        return _flat_dense_correlate(x, _w_mat(w), p, p.padding, p.in_size, p.out_size)
+            return lambda q, x, w: _flat_rows_correlate(x, w, q, q.padding, q.in_size, q.out_size)
+        return lambda q, x, w: _flat_dense_correlate(x, _w_mat(w), q, q.padding, q.in_size, q.out_size)
     if _gather_channels_first(p):
-        y_t = cpu_matmul(w.reshape(p.K, -1), _cols_t(x, p))              # (K, N*out)
-        return np.moveaxis(y_t.reshape(p.K, p.N, *p.out_size), 0, 1)
+        def channels_first(q, x, w):
+            y_t = cpu_matmul(w.reshape(q.K, -1), _cols_t(x, q))              # (K, N*out)
+            return np.moveaxis(y_t.reshape(q.K, q.N, *q.out_size), 0, 1)
+        return channels_first
     if _row_shift_applies(p):
-        return _row_shift_correlate(_channels_last_padded(x, p.padding), _rows_of_w(w), p, p.out_size)
-    y_rows = cpu_matmul(_cols(x, p), _w_mat(w).T)                        # (N*out, K)
-    return _from_rows(y_rows, p.N, p.out_size)
+        return lambda q, x, w: _row_shift_correlate(_channels_last_padded(x, q.padding), _rows_of_w(w), q,
+                                                    q.out_size)
+
+    def im2col(q, x, w):
+        y_rows = cpu_matmul(_cols(x, q), _w_mat(w).T)                    # (N*out, K)
+        return _from_rows(y_rows, q.N, q.out_size)
+    return im2col
+
+
+def dense_forward(p: ConvProblem, x, w, tf32=False):
+    form = _dense_forward_form(p, x)
+    if _flat_dense_applies(p, x):             # shares its chunks out itself (parallel_for)
+        return form(p, x, w)
+    return _over_batch(p, lambda q, nb: form(q, x[nb], w))
+
+
+def _dense_backward_filter_form(p: ConvProblem, x, dy):
+    """``form(q, x, dy)``, as _dense_forward_form."""
+    if _flat_dense_applies(p, x, dy):
+        return _flat_dense_filter
+    if _gather_channels_first(p):
+        def channels_first(q, x, dy):
+            dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(q.K, -1)      # (K, N*out)
+            # cols^T @ dy_t^T, not dy_t @ cols: with both operands' long axis contiguous, OpenBLAS runs this
+            # (C*kernel, N*out) x (N*out, K) shape 1.3-1.5x faster than its transpose (LeNet's first layer)
+            return np.ascontiguousarray(_filter_product(_cols_t(x, q), dy_t.T).T).reshape(q.w_shape)
+        return channels_first
+    if _row_shift_applies(p):
+        def row_shift(q, x, dy):
+            x_cl = _channels_last_padded(x, q.padding)
+            n, h = x_cl.shape[:2]
+            P, Q = q.out_size
+            a = _width_rows(x_cl, Q, q)                                     # (N*H*Q, S*C)
+            dy_grid = np.zeros((n, h, Q, q.K), dtype=dy.dtype)              # dy on the input's row grid, 0 elsewhere
+            dy_grid[:, :P] = np.moveaxis(dy, 1, -1)
+            d = dy_grid.reshape(-1, q.K)
+            shift = q.dilation[0] * Q
+            length = d.shape[0] - (q.kernel[0] - 1) * shift
+            dw_rows = np.stack([cpu_matmul(a[r * shift:r * shift + length].T, d[:length])
+                                for r in range(q.kernel[0])])
+            return dw_rows.reshape(q.kernel[0], q.kernel[1], q.C, q.K).transpose(3, 2, 0, 1)   # (K, C, R, S)
+        return row_shift
+
+    def im2col(q, x, dy):
+        dw_mat_t = _filter_product(_cols(x, q).T, _rows(dy))                # (kernel*C, K)
+        return np.moveaxis(dw_mat_t.T.reshape(q.K, *q.kernel, q.C), -1, 1)
+    return im2col
 
 
 def dense_backward_filter(p: ConvProblem, x, dy, tf32=False):
-    if _flat_dense_applies(p, x, dy):
-        return _flat_dense_filter(p, x, dy)
-    if _gather_channels_first(p):
-        dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)      # (K, N*out)
-        # cols^T @ dy_t^T, not dy_t @ cols: with both operands' long axis contiguous, OpenBLAS runs this
-        # (C*kernel, N*out) x (N*out, K) shape 1.3-1.5x faster than its transpose (LeNet's first layer)
-        return np.ascontiguousarray(_filter_product(_cols_t(x, p), dy_t.T).T).reshape(p.w_shape)
-    if _row_shift_applies(p):
-        x_cl = _channels_last_padded(x, p.padding)
-        n, h = x_cl.shape[:2]
-        P, Q = p.out_size
-        a = _width_rows(x_cl, Q, p)                                     # (N*H*Q, S*C)
-        dy_grid = np.zeros((n, h, Q, p.K), dtype=dy.dtype)              # dy on the input's row grid, 0 elsewhere
-        dy_grid[:, :P] = np.moveaxis(dy, 1, -1)
-        d = dy_grid.reshape(-1, p.K)
-        shift = p.dilation[0] * Q
-        length = d.shape[0] - (p.kernel[0] - 1) * shift
-        dw_rows = np.stack([cpu_matmul(a[r * shift:r * shift + length].T, d[:length]) for r in range(p.kernel[0])])
-        return dw_rows.reshape(p.kernel[0], p.kernel[1], p.C, p.K).transpose(3, 2, 0, 1)   # (K, C, R, S)
-    dw_mat_t = _filter_product(_cols(x, p).T, _rows(dy))                # (kernel*C, K)
-    return np.moveaxis(dw_mat_t.T.reshape(p.K, *p.kernel, p.C), -1, 1)
+    form = _dense_backward_filter_form(p, x, dy)
+    if _flat_dense_applies(p, x, dy):         # shares its chunks out itself (parallel_for)
+        return form(p, x, dy)
+    return _summed_over_batch(p, lambda q, nb: form(q, x[nb], dy[nb]))
 
 
 def _flat_dense_filter(p: ConvProblem, x, dy):
@@ -565,7 +641,15 @@ def _full_correlation_applies(p: ConvProblem):
 
 
 def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
-    if _full_correlation_applies(p):
+    if _full_correlation_applies(p) and _flat_dense_applies(p, dy):     # shares its chunks out itself
+        return _backward_data_part(p, w, dy, p)
+    return _over_batch(p, lambda q, nb: _backward_data_part(q, w, dy[nb], p))
+
+
+def _backward_data_part(p: ConvProblem, w, dy, whole: ConvProblem):
+    """dx of problem ``p``, a part of the batch of ``whole`` (or all of it): the forms that depend on the batch size
+    are chosen on ``whole``, so the parts run what the unsplit call runs."""
+    if _full_correlation_applies(whole):
         # Stride 1: dx is a forward correlation of dy, padded by d*(r-1) - padding, with w flipped and its
         # channel axes swapped -- one gather of dy and one GEMM, no col2im scatter.
         pad = tuple(d * (r - 1) - q for q, d, r in zip(p.padding, p.dilation, p.kernel))
@@ -575,7 +659,7 @@ def dense_backward_data(p: ConvProblem, w, dy, tf32=False):
                 return _flat_rows_correlate(dy, np.swapaxes(flipped, 0, 1), p, pad, p.out_size, p.in_size)
             return _flat_dense_correlate(dy, _w_mat(np.swapaxes(flipped, 0, 1)), p, pad, p.out_size, p.in_size)
         dy_cl = _channels_last_padded(dy, pad)
-        if _row_shift_applies(p):
+        if _row_shift_applies(whole):
             return _row_shift_correlate(dy_cl, _rows_of_w(np.swapaxes(flipped, 0, 1)), p, p.in_size)
         dcols = _gather(_windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation), 0).reshape(
             p.N * math.prod(p.in_size), math.prod(p.kernel) * p.K)

@@ -33,7 +33,7 @@ from concurrent.futures import wait
 
 __all__ = ["set_num_threads", "get_num_threads", "default_num_threads", "parallel_map", "parallel_parts",
            "parallel_for", "parallel_pair", "blas_threads_for", "MIN_PARALLEL_WORK", "MIN_PARALLEL_BLAS_WORK",
-           "MIN_PAIR_WORK", "MAX_PAIR_WORK"]
+           "MIN_PAIR_WORK", "MAX_PAIR_WORK", "split_spans", "parallel_spans", "MIN_SPLIT_WORK"]
 
 _USER_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _MAX_DEFAULT = 8
@@ -279,18 +279,97 @@ def parallel_pair(first, second, work):
             future = None
         else:
             wait([future])                    # nothing of ``second`` still running once this returns or raises
-            now = time.perf_counter()
-            if time.process_time() - cpu < PAIR_OVERLAP * (now - wall):
-                _pair_rest[0] = now + PAIR_BACKOFF_S        # the two did not run at once: no second core free
+            _rest_if_alone(wall, cpu)         # the two did not run at once: no second core free
     return a, (_single(second) if future is None else future.result())
 
 
-def _single(fn):
+def _rest_if_alone(wall, cpu):
+    """After a pair or a split that began at (wall, cpu): if the process's CPU time over it was under PAIR_OVERLAP x
+    its wall time, its halves did not run at once (no second core free, or the pool thread never started), and
+    pairs and splits rest for PAIR_BACKOFF_S: the work runs in turn, unsplit (the same results either way, but for
+    the filter gradients' sum order)."""
+    now = time.perf_counter()
+    if time.process_time() - cpu < PAIR_OVERLAP * (now - wall):
+        _pair_rest[0] = now + PAIR_BACKOFF_S
+
+
+def _single(fn, *args):
+    """``fn(*args)`` with nothing split inside (``_threads()`` is 1 on this thread meanwhile)."""
+    before = getattr(_local, "single", False)
     _local.single = True
     try:
-        return fn()
+        return fn(*args)
     finally:
-        _local.single = False
+        _local.single = before
+
+
+# ---- one primitive cut over its batch (intra-op) --------------------------------------------------------------
+#
+# The grains above split single NumPy calls (MIN_PARALLEL_WORK elements) and single products (the BLAS grain): a
+# LeNet-5 layer at batch 64 is below both, every call of it short, so on two threads it ran as on one.  Cut instead
+# once per primitive: the whole of a convolution direction (its gathers, GEMMs and scatters) or a pooling call on
+# each part of the batch, one part per thread, each part a sub-problem run with nothing split inside (its loops on
+# one thread, BLAS at its resting one thread: the cores are never oversubscribed).  One hand-off per primitive,
+# and each part is a handful of long NumPy/BLAS calls that run without the GIL.  Below MIN_SPLIT_WORK multiply-adds
+# (or elements touched, for pooling) the hand-off costs more than the half it saves (measured: docs/threads.md).
+MIN_SPLIT_WORK = 1 << 23
+
+
+def split_spans(n: int, work: int, minimum: int = None) -> list:
+    """[0, n) cut into one contiguous slice per minidnn thread (at most n), or [slice(0, n)] where ``work`` is
+    below ``minimum`` (default MIN_SPLIT_WORK), with one thread, or inside a part already."""
+    minimum = MIN_SPLIT_WORK if minimum is None else minimum
+    parts = 1 if work < minimum or time.perf_counter() < _pair_rest[0] else max(1, min(_threads(), n))
+    bounds = [i * n // parts for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+# How long the caller waits, without the GIL, for the pool threads to take their parts before starting its own.  A
+# woken pool thread needs the GIL to start: while the caller runs its part's Python between NumPy calls, a waiting
+# thread can lose the race for the GIL each time and wait up to the interpreter's switch interval (5 ms); measured,
+# the pool thread then often started only after the caller had finished its own part (LeNet conv1 at batch 64: the
+# split ran 0.75-1.0 ms against 0.66 unsplit).  Waiting here for the start (tens of us on an idle core) lets it take
+# the GIL at once.  A pool thread with no core by the deadline is not waited for: the caller starts its own part,
+# then runs the unstarted parts itself (_reclaim).
+START_WAIT_S = 0.002
+
+
+def _wait_for_starts(started, count):
+    deadline = time.perf_counter() + START_WAIT_S
+    for _ in range(count):
+        left = deadline - time.perf_counter()
+        if left <= 0 or not started.acquire(timeout=left):
+            return
+
+
+def parallel_spans(fn, spans):
+    """``[fn(span) for span in spans]``, the first span on the calling thread and the others on the pool, each with
+    nothing split inside (``_single``).  The caller then runs every span no pool thread has started (``_reclaim``),
+    and waits for the started ones; a part's exception is raised once no part is running.  One span: just
+    ``[fn(span)]`` on the caller, splits inside allowed."""
+    if len(spans) <= 1:
+        return [fn(s) for s in spans]
+    started = threading.Semaphore(0)
+
+    def pool_part(span):
+        started.release()
+        return _single(fn, span)
+    wall, cpu = time.perf_counter(), time.process_time()
+    futures = [_executor().submit(pool_part, s) for s in spans[1:]]
+    _wait_for_starts(started, len(futures))
+    results = [None] * len(spans)
+    try:
+        results[0] = _single(fn, spans[0])
+        for i in _reclaim(futures):
+            results[i + 1] = _single(fn, spans[i + 1])
+    finally:
+        _reclaim(futures)
+        _wait_started(futures)
+        _rest_if_alone(wall, cpu)
+    for i, f in enumerate(futures):
+        if not f.cancelled():
+            results[i + 1] = f.result()
+    return results
 
 
 def _apply_default() -> None:
