@@ -34,6 +34,7 @@ import os
 import numpy as np
 
 from .. import devices as _dev
+from . import bn_nhwc as _nhwc
 from . import launch as _launch
 from . import workspace as _ws
 
@@ -1072,7 +1073,7 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
     dev = xc.data.device_id
     flags = (factor, eps, running_mean is not None, counter is not None, relu, z is not None, scale is not None,
              bias is not None)
-    key = ("train", ONEPASS, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags
+    key = ("train", ONEPASS, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _training_call, xc, dev, key[2], *flags)
@@ -1081,6 +1082,8 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
 
 def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias):
     outer, c, inner, xm = layout_of(xc)
+    if inner == 1 and _nhwc.ENABLED:        # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
+        return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
     t.onepass, t.dev, t.c, t.dtype = ONEPASS, dev, c, xc.dtype
     t.mem, t.back = _memory_order(xc)
@@ -1105,6 +1108,8 @@ def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu
 def forward_inference(xc, scale, bias, est_mean, est_var, eps, z=None, relu=False):
     cp = _launch.cupy()
     outer, c, inner, xm = layout_of(xc)
+    if inner == 1 and _nhwc.ENABLED:
+        return _nhwc.forward_inference(xc, scale, bias, est_mean, est_var, eps, z, relu)
     dev = xc.data.device_id
     with _launch.on_device(dev):
         return _apply(cp, xc, xm, est_mean, est_var, scale, bias, z, relu, eps, True, outer, c, inner, dev)
@@ -1175,7 +1180,8 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
     """The settled call of ``backward`` with these arguments (see _BackwardCall), made once per signature."""
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
-    key = ("backward", ONEPASS, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags
+    key = ("backward", ONEPASS, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
+        + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _backward_call, xc, dev, key[2], mean.dtype, *flags)
@@ -1184,6 +1190,8 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
 
 def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     outer, c, inner, xm = layout_of(xc)
+    if inner == 1 and _nhwc.ENABLED:
+        return _nhwc.backward_call(xc, relu, has_scale, want_dz)
     t = _BackwardCall()
     t.onepass, t.dev, t.c, t.dtype, t.acc = ONEPASS, dev, c, xc.dtype, acc
     t.mem, t.back = _memory_order(xc)
