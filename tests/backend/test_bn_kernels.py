@@ -134,7 +134,8 @@ for xx in (x, cl(x), x.reshape(4, 16 * 81)[:, :16].copy()):
         dx, dz, ds, db = B.batch_normalization_backward_ex(None, "spatial", "bn_add_activation", xx, y2, y, sc, m2,
                                                            i2, 1e-5)
         assert dz is not None and B.memory_format(dz) is B.memory_format(xx)
-        assert [d[0] for d in dims[n0:]] == ["bn_fwd1", "bn_bwd1", "bn_fwd1", "bn_bwd1"], dims[n0:]
+        k = "bn" if xx.ndim == 4 and xx.flags.c_contiguous else "bnc"     # (R, C) rows: bn_nhwc's kernels
+        assert [d[0] for d in dims[n0:]] == [k + "_fwd1", k + "_bwd1", k + "_fwd1", k + "_bwd1"], dims[n0:]
 print("OK", dims[:4])
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -166,8 +167,9 @@ fakecp, L = R._install({ROOT!r})
 names = []
 L._go = lambda fn, d, stream, p: names.append(str(fn).split("(")[0])
 import minidnn.backend as B
-from minidnn.backend.cuda import bn_kernels as K
+from minidnn.backend.cuda import bn_kernels as K, bn_nhwc
 K._l2[0] = 4096
+bn_nhwc.ENABLED = False      # bn_kernels' own channels-last routing
 def cl(a):
     return fakecp.asarray(np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
 x = fakecp.asarray(np.random.default_rng(0).standard_normal((4, 16, 9, 9)).astype(np.float32))

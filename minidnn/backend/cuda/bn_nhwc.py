@@ -51,7 +51,8 @@ __all__ = ["ENABLED", "ROUTE", "SOURCE", "takes", "rows_layout", "switch", "geom
            "backward_call", "inference_call", "forward_training", "forward_inference", "backward"]
 
 ENABLED = os.environ.get("MINIDNN_BN_NHWC", "1") != "0"
-ROUTE = os.environ.get("MINIDNN_BN_NHWC_ROUTE", "one")     # "one" (one launch per direction) or "two"
+# "one" (one launch per direction) or "two"; by default "two" where MINIDNN_BN_ONEPASS=0 asks bn_kernels for two
+ROUTE = os.environ.get("MINIDNN_BN_NHWC_ROUTE", "two" if os.environ.get("MINIDNN_BN_ONEPASS", "1") == "0" else "one")
 THREADS = 256
 UNROLL = 4            # row groups in flight per thread and array
 BPS = 2               # blocks per SM the one-launch kernels are built for (their launch bounds)
@@ -682,6 +683,9 @@ def _inf_plan(dtype, rows, c, vec, eps, flags, dev):
 # bounded) into an object that a repeated call runs directly.  The launches take the channels-first views (a view
 # and its memory-order transpose share one pointer; a prepared launch reads only ``a.data.ptr``).  The vector width
 # depends on the pointers' alignment, so each object checks it per call and keeps one plan per width it has met.
+# Called, an object returns None where the module's switch (ENABLED, ROUTE) is no longer what it was settled under
+# (bn_kernels' settled-call protocol: the caller then takes the full path, whose cache keys on ``switch()``);
+# ``run`` runs it regardless (this module's own functions).
 _calls: dict = {}
 
 
@@ -739,6 +743,11 @@ class TrainingCall(_Call):
                          flags, self.dev)
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
+        if not ENABLED or ROUTE != self.route:
+            return None
+        return self.run(xc, z, scale, bias, running_mean, running_var, counter)
+
+    def run(self, xc, z, scale, bias, running_mean, running_var, counter):
         plan = self._plan(xc, z)
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
         with _launch.on_device(dev):
@@ -762,6 +771,11 @@ class BackwardCall(_Call):
         return _bwd_plan(self.dtype, self.rows, self.c, vec, self.route, self.args, self.dev)
 
     def __call__(self, xc, dyc, scale, mean, inv_std, y):
+        if not ENABLED or ROUTE != self.route:
+            return None
+        return self.run(xc, dyc, scale, mean, inv_std, y)
+
+    def run(self, xc, dyc, scale, mean, inv_std, y):
         plan = self._plan(xc, dyc, y)
         cp, dev, acc, c, flags = _launch.cupy(), self.dev, mean.dtype, self.c, self.args
         with _launch.on_device(dev):
@@ -788,6 +802,11 @@ class InferenceCall(_Call):
         return _inf_plan(self.dtype, self.rows, self.c, vec, eps, flags, self.dev)
 
     def __call__(self, xc, z, scale, bias, est_mean, est_var):
+        if not ENABLED:
+            return None
+        return self.run(xc, z, scale, bias, est_mean, est_var)
+
+    def run(self, xc, z, scale, bias, est_mean, est_var):
         apply = self._plan(xc, z)
         cp = _launch.cupy()
         with _launch.on_device(self.dev):
@@ -831,19 +850,20 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
     """bn_kernels.forward_training for x laid out as (R, C) rows (channels-last, or 2-D): (y in x's layout, saved
     mean (C,), saved inv_std (C,)); the running statistics and ``counter`` updated in place by the same launch(es)."""
     return training_call(xc, factor, eps, running_mean is not None, counter is not None, relu, z is not None,
-                         scale is not None, bias is not None)(xc, z, scale, bias, running_mean, running_var, counter)
+                         scale is not None, bias is not None).run(xc, z, scale, bias, running_mean, running_var,
+                                                                  counter)
 
 
 def forward_inference(xc, scale, bias, est_mean, est_var, eps, z=None, relu=False):
     """y = act((x - est_mean) / sqrt(est_var + eps) * scale + bias [+ z]) in x's layout, one launch."""
-    return inference_call(xc, eps, relu, z is not None, scale is not None, bias is not None)(
+    return inference_call(xc, eps, relu, z is not None, scale is not None, bias is not None).run(
         xc, z, scale, bias, est_mean, est_var)
 
 
 def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
     """bn_kernels.backward for x laid out as (R, C) rows: (dx, dz or None, dscale or None, dbias or None) in x's
     layout; ``y`` (the fused forward's output) masks dy by y > 0; ``want_dz`` also returns g."""
-    return backward_call(xc, y is not None, scale is not None, want_dz)(xc, dyc, scale, mean, inv_std, y)
+    return backward_call(xc, y is not None, scale is not None, want_dz).run(xc, dyc, scale, mean, inv_std, y)
 
 
 def rows_layout(xc) -> bool:
