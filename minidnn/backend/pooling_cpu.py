@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from .threads import parallel_map, parallel_parts
+from .threads import parallel_map, parallel_parts, parallel_spans, split_spans
 
 __all__ = ["applies_forward", "applies_backward", "pool_forward", "pool_backward"]
 
@@ -97,8 +97,19 @@ def pool_forward(geom, xc, xp):
         if nan.any():                                 # NaN equals nothing: point at each window's last NaN
             for t in range(len(slices)):
                 np.putmask(a, nan & np.isnan(slices[t]), t)
-    parallel_map(body, _batch_spans(xc.shape[0], value.size))        # each NumPy call: one tap over the batch
+    spans = split_spans(xc.shape[0], xc.size, MIN_SPLIT_ELEMENTS)
+    if len(spans) > 1:                                # the whole call per part: one hand-off (threads.parallel_spans)
+        parallel_spans(body, spans)
+    else:
+        parallel_map(body, _batch_spans(xc.shape[0], value.size))    # each NumPy call: one tap over the batch
     return value, arg
+
+
+# From this many input elements a pooling call is cut over its batch, one part per thread, the whole call per part
+# (threads.split_spans; each part writes its own images' results: bit for bit the unsplit call's).  Measured on the
+# 2-core machine (docs/measurements/cpu_2026-11-26_2core.md, tenth session): LeNet's first pool at batch 64
+# (301k elements) ...
+MIN_SPLIT_ELEMENTS = 1 << 18
 
 
 _SHORT_RUN = 32
@@ -157,11 +168,22 @@ def pool_backward(geom, dyc, arg, dtype, xp):
     """Padded dx (C-contiguous, channels-first); the caller crops and blends."""
     shape = dyc.shape[:2] + geom.padded_spatial
     if geom.mode.is_max:
-        idx = _flat_index(geom, dyc.shape[:2], arg).ravel()
         if _non_overlapping(geom):                    # every element receives from at most one window
             dxpad = np.zeros(math.prod(shape), dtype=dtype)
-            dxpad[idx] = dyc.ravel()
+            spans = split_spans(shape[0], dxpad.size, MIN_SPLIT_ELEMENTS)
+            if len(spans) == 1:
+                dxpad[_flat_index(geom, dyc.shape[:2], arg).ravel()] = dyc.ravel()
+            else:                                     # each part writes its own images' elements
+                origins, offsets = _index_tables(tuple(dyc.shape[:2]), geom.padded_spatial, geom.out_sizes,
+                                                 geom.stride, geom.window)
+
+                def part(nb):
+                    idx = np.take(offsets, arg[nb])
+                    idx += origins[nb]
+                    dxpad[idx.ravel()] = dyc[nb].ravel()
+                parallel_spans(part, spans)
             return dxpad.reshape(shape)
+        idx = _flat_index(geom, dyc.shape[:2], arg).ravel()
         summed = np.bincount(idx, weights=dyc.ravel(), minlength=math.prod(shape))
         return summed.astype(dtype, copy=False).reshape(shape)
     dxpad = np.zeros(shape, dtype=dtype)

@@ -68,6 +68,7 @@ def set_num_threads(n: int) -> None:
     controller = _controller()
     controller.limit(limits=int(n))
     _current[0] = int(n)
+    _pair_rest[0] = 0.0                      # a new count: pairs and splits try the cores again at once
     _blas_setters[:] = [f for f in (_thread_setter(lib) for lib in controller.lib_controllers
                                     if lib.user_api == "blas") if f is not None]
     for setter in _blas_setters:
@@ -121,8 +122,8 @@ def blas_threads_for(work: int):
     is at least MIN_PARALLEL_BLAS_WORK; below it, BLAS stays at one thread.  For products run by the calling
     thread (not inside ``parallel_map`` / ``parallel_for`` bodies, which are threads already)."""
     n = _threads()
-    if n <= 1 or work < MIN_PARALLEL_BLAS_WORK or not _blas_setters:
-        yield
+    if n <= 1 or work < MIN_PARALLEL_BLAS_WORK or not _blas_setters or time.perf_counter() < _pair_rest[0]:
+        yield                                 # (resting: a split found no second core free just now)
         return
     for setter in _blas_setters:
         setter(n)
@@ -331,7 +332,7 @@ def split_spans(n: int, work: int, minimum: int = None) -> list:
 # split ran 0.75-1.0 ms against 0.66 unsplit).  Waiting here for the start (tens of us on an idle core) lets it take
 # the GIL at once.  A pool thread with no core by the deadline is not waited for: the caller starts its own part,
 # then runs the unstarted parts itself (_reclaim).
-START_WAIT_S = 0.002
+START_WAIT_S = 0.0002
 
 
 def _wait_for_starts(started, count):

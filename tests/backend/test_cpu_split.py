@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import minidnn
-from minidnn.backend import conv_cpu
+from minidnn.backend import conv_cpu, pooling_cpu
 from minidnn.backend import threads as threads_module
 from minidnn.backend.conv_gemm import gemm_backward_filter
 from minidnn.backend.conv_problem import ConvolutionDescriptor, make_problem
@@ -35,6 +35,7 @@ def split(monkeypatch):
     """2 threads with every primitive split (the grain lifted: test arrays are far below it)."""
     before = threads_module._current[0]
     monkeypatch.setattr(threads_module, "MIN_SPLIT_WORK", 0)
+    monkeypatch.setattr(pooling_cpu, "MIN_SPLIT_ELEMENTS", 0)
     monkeypatch.setattr(threads_module, "PAIR_BACKOFF_S", 0.0)     # tiny parts rarely overlap: no resting here
     monkeypatch.setattr(threads_module, "_pair_rest", [0.0])
     minidnn.set_num_threads(2)
@@ -229,3 +230,54 @@ def test_splits_rest_after_parts_that_did_not_run_at_once(split, monkeypatch):
     assert threads_module.parallel_pair(lambda: 1, lambda: 2, threads_module.MIN_PAIR_WORK) == (1, 2)
     threads_module._pair_rest[0] = 0.0
     assert len(threads_module.split_spans(8, 1 << 40)) == 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", BATCHES)
+@pytest.mark.parametrize("window,stride,padding", [(2, 2, 0), (3, 3, 1), (3, 2, 1), (2, 1, 0)])
+def test_max_pooling_split_bit_for_bit(split, monkeypatch, n, dtype, window, stride, padding):
+    """Max pooling forward (value and argmax) and backward from the stored argmax: each part writes its own
+    images, so the split call gives the unsplit call's bits; ties and NaN included.  Overlapping windows' backward
+    (one bincount over the batch) is not split."""
+    from minidnn.backend.pooling import PoolingDescriptor, PoolingMode, pooling_backward, pooling_forward
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((n, 3, 11, 9)).astype(dtype)
+    x[0, 0, :2, :2] = 1.0                                     # ties
+    x[-1, 1, 3, 3] = np.nan
+    dy = None
+    desc = PoolingDescriptor(PoolingMode.MAX, window, padding, stride)
+    parts = []
+    real = threads_module.parallel_spans
+    monkeypatch.setattr(pooling_cpu, "parallel_spans", lambda fn, spans: parts.append(len(spans)) or real(fn, spans))
+
+    def both():
+        y, arg = pooling_forward(None, desc, x, return_argmax=True)
+        g = np.random.default_rng(3).standard_normal(y.shape).astype(dtype) if dy is None else dy
+        return y, arg, pooling_backward(None, desc, y, g, x, argmax=arg)
+    got = both()
+    assert parts == [2] * (n > 1) * (1 + (stride >= window))
+    for a, b in zip(got, _unsplit(both)):
+        _same_bits(a, b)
+
+
+def test_pooling_grain(monkeypatch):
+    from minidnn.backend.pooling import PoolingDescriptor, PoolingMode, pooling_forward
+    before = threads_module._current[0]
+    monkeypatch.setattr(threads_module, "_pair_rest", [0.0])
+    parts = []
+    real = threads_module.parallel_spans
+    monkeypatch.setattr(pooling_cpu, "parallel_spans", lambda fn, spans: parts.append(len(spans)) or real(fn, spans))
+    x = np.zeros((4, 2, 8, 8), np.float32)
+    desc = PoolingDescriptor(PoolingMode.MAX, 2)
+    try:
+        minidnn.set_num_threads(2)
+        monkeypatch.setattr(pooling_cpu, "MIN_SPLIT_ELEMENTS", x.size + 1)
+        pooling_forward(None, desc, x)
+        monkeypatch.setattr(pooling_cpu, "MIN_SPLIT_ELEMENTS", x.size)
+        monkeypatch.setattr(threads_module, "PAIR_BACKOFF_S", 0.0)
+        pooling_forward(None, desc, x)
+        minidnn.set_num_threads(1)
+        pooling_forward(None, desc, x)
+    finally:
+        minidnn.set_num_threads(before or 1)
+    assert parts == [2]
