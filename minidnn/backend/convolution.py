@@ -378,8 +378,8 @@ class SettledConvolution:
     format) and returns its result, or None where the current device is not the handle's (the full path switches
     device there: the caller takes it).  ``carry`` (forward, backward data): the filter_carry the call would see
     active, as ``with carry:`` around the primitive (None: whatever is active)."""
-    __slots__ = ("direction", "algorithm", "p", "fmt", "tf32", "half", "out_dtype", "dev", "igemm", "cl",
-                 "calls", "cp", "plain")
+    __slots__ = ("direction", "algorithm", "fn", "p", "fmt", "tf32", "out_dtype", "dev", "igemm", "cl", "calls",
+                 "cp", "plain")
 
     def run(self, a1, a2, carry=None):
         cp = self.cp
@@ -392,9 +392,14 @@ class SettledConvolution:
             a, b = a1, to_channels_first(a2, fmt)
         else:
             a, b = to_channels_first(a1, fmt), (a2 if d == 0 else to_channels_first(a2, fmt))
-        if self.igemm is None:      # _execute after its choice
-            result = self.algorithm.run(p, a, b, self.tf32) if not self.half else \
-                _run(self.algorithm, p, a, b, self.tf32, self.out_dtype)
+        if self.igemm is None:
+            fn = self.fn
+            if fn is None:          # half data the algorithm rounds through float32 or casts: _execute's _run
+                result = _run(self.algorithm, p, a, b, self.tf32, self.out_dtype)
+            elif self.out_dtype is None:        # ConvAlgorithm.run's choice of run function, made once
+                result = fn(p, a, b, self.tf32)
+            else:
+                result = fn(p, a, b, self.tf32, out_dtype=self.out_dtype)
             return _finish(result, 1.0, 0.0, None, fmt if d != 2 else TensorFormat.NCHW)
         # implicit_forward / implicit_backward_data / implicit_backward_filter, with the kernel module's settled call
         if d == 2:
@@ -449,14 +454,16 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
     a = a1 if direction == 1 else to_channels_first(a1, fmt)
     b = a2 if direction == 0 else to_channels_first(a2, fmt)
     algorithm = registry.choose(p, h, plan.math_type, plan.key, lambda alg: _run(alg, p, a, b, tf32))
+    # the run function ConvAlgorithm.run would call (its fast forms' ``applies`` read the problem, the arrays'
+    # layout and the switches in settled_state()), and how it is called
     fn = algorithm.resolve(p, a, b)
-    spec = getattr(fn, "igemm", None)
     if plan.half and not (algorithm.runs_half_natively(p, a, b)
                           and (dw_dtype is None or fn in algorithm.wide_out_runs)):
-        spec = None             # half data through a float32 round trip or a cast: _run's general form
+        fn = None               # half data through a float32 round trip or a cast: _run's general form
+    spec = getattr(fn, "igemm", None)
     s = SettledConvolution()
-    s.direction, s.algorithm, s.p, s.fmt, s.tf32, s.half, s.out_dtype, s.dev = \
-        direction, algorithm, p, fmt, tf32, plan.half, dw_dtype, dev
+    s.direction, s.algorithm, s.fn, s.p, s.fmt, s.tf32, s.out_dtype, s.dev = \
+        direction, algorithm, fn, p, fmt, tf32, dw_dtype, dev
     s.igemm = None if spec is None or spec[0] != direction else spec[1:]
     s.cl = _igemm._channels_last(b if direction == 1 else a)
     s.calls = [None, None]
