@@ -1,6 +1,6 @@
 """The CPU table of issue 16: minidnn beside PyTorch (CPU build) from one run, the same thread count each.
 
-    python bench/cpu.py [--threads 2] [--rounds 7] [--only lenet,conv16]
+    python bench/cpu.py [--threads 1,2] [--rounds 7] [--only lenet,conv16]
 
 Rows: per-op overhead (forward + backward of 8-element mul/add chains), LeNet-5 training step (32x32, batch
 64 and 256, SGD with momentum), convolution forward + backward (dense 3x3 at 16 and 64 channels, depthwise
@@ -9,10 +9,11 @@ upsampled digits, batch 32, AdamW, label smoothing, augmentation through minidnn
 Adam step over ResNet-20's parameters (minidnn fused, PyTorch foreach), and one epoch of minidnn's DataLoader
 with augmentation beside a PyTorch DataLoader doing the same per sample.
 
-How it is timed, because the machine may be shared: each row runs minidnn and PyTorch alternately,
-``--rounds`` times, and keeps each side's *fastest* round (a repeated minimum: other processes only ever add
-time).  Wall-clock time, so BLAS threads count as they would for a user.  The PyTorch side is skipped where
-PyTorch is not installed.
+How it is timed, because the machine may be shared: each row runs minidnn and PyTorch alternately (and every
+thread count of ``--threads`` in turn), ``--rounds`` times, and prints each side's *fastest* round (a repeated
+minimum: other processes only ever add time) and the median round, with the load average at the start and end.
+Wall-clock time, so BLAS threads count as they would for a user.  The PyTorch side is skipped where PyTorch is
+not installed.
 """
 from __future__ import annotations
 
@@ -56,19 +57,33 @@ def best_of(fn, rounds, inner):
     return best
 
 
+THREADS = [2]                # --threads: the thread counts every row runs at, alternated round by round
+
+
+def set_threads(n):
+    mdn.set_num_threads(n)
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
 def side_by_side(make_mdn, make_torch, rounds, inner):
-    """(minidnn s, torch s or None): the two alternate round by round, each keeps its fastest."""
+    """{threads: (minidnn rounds, torch rounds or None)}, seconds per call: each round runs every thread count of
+    --threads in turn, minidnn then PyTorch at each, one round of ``inner`` calls each (after one warm-up call)."""
     fm = make_mdn()
     ft = make_torch() if torch is not None and make_torch is not None else None
-    fm()
-    if ft:
-        ft()
-    bm = bt = float("inf")
-    for _ in range(rounds):
-        bm = min(bm, best_of(fm, 1, inner))
+    times = {n: ([], [] if ft else None) for n in THREADS}
+    for n in THREADS:
+        set_threads(n)
+        fm()
         if ft:
-            bt = min(bt, best_of(ft, 1, inner))
-    return bm, (bt if ft else None)
+            ft()
+    for _ in range(rounds):
+        for n in THREADS:
+            set_threads(n)
+            times[n][0].append(best_of(fm, 1, inner))
+            if ft:
+                times[n][1].append(best_of(ft, 1, inner))
+    return times
 
 
 # ---- rows ----------------------------------------------------------------------------------------------
@@ -81,8 +96,8 @@ def overhead_row(rounds):
         lib.manual_seed(0)
         x, w, b = (lib.randn(8, requires_grad=True) for _ in range(3))
         return lambda: overhead._chain(x, w, b, True)
-    m, t = side_by_side(lambda: make(mdn), lambda: make(torch), rounds, 20)
-    return ("per-op overhead fwd+bwd (8 elements)", m / per_op * 1e6, None if t is None else t / per_op * 1e6, "us")
+    times = side_by_side(lambda: make(mdn), lambda: make(torch), rounds, 20)
+    return ("per-op overhead fwd+bwd (8 elements)", times, 1e6 / per_op, "us")
 
 
 def _torch_twins():
@@ -124,8 +139,8 @@ def lenet_rows(rounds, batches=(64, 256)):
                 loss.backward()
                 opt.step()
             return step
-        m, t = side_by_side(make_mdn, make_torch, rounds, 5 if batch <= 64 else 2)
-        rows.append((f"LeNet-5 training step, batch {batch}", m * 1e3, None if t is None else t * 1e3, "ms"))
+        times = side_by_side(make_mdn, make_torch, rounds, 5 if batch <= 64 else 2)
+        rows.append((f"LeNet-5 training step, batch {batch}", times, 1e3, "ms"))
     return rows
 
 
@@ -145,11 +160,11 @@ def conv_row(rounds, channels, depthwise):
             x.grad = w.grad = None
             conv(x, w, padding=1, groups=groups).backward(gy)
         return step
-    m, t = side_by_side(lambda: make(mdn, F.conv2d),
-                        lambda: make(torch, torch.nn.functional.conv2d), rounds, 2 if channels <= 16 else 1)
+    times = side_by_side(lambda: make(mdn, F.conv2d),
+                         lambda: make(torch, torch.nn.functional.conv2d), rounds, 2 if channels <= 16 else 1)
     name = (f"depthwise fwd+bwd N32 C{channels} 32², 3x3" if depthwise else
             f"conv fwd+bwd N32 C=K={channels} 32², 3x3")
-    return (name, m * 1e3, None if t is None else t * 1e3, "ms")
+    return (name, times, 1e3, "ms")
 
 
 def digits_epoch_row(rounds):
@@ -190,8 +205,8 @@ def digits_epoch_row(rounds):
                 loss.backward()
                 opt.step()
         return epoch
-    m, t = side_by_side(make_mdn, make_torch, max(2, rounds // 2), 1)
-    return ("digits epoch of train_lenet.py (45 steps)", m, t, "s")
+    times = side_by_side(make_mdn, make_torch, max(2, rounds // 2), 1)
+    return ("digits epoch of train_lenet.py (45 steps)", times, 1, "s")
 
 
 def adam_row(rounds):
@@ -200,10 +215,9 @@ def adam_row(rounds):
     shapes = optim_step.resnet20_shapes()
     n = sum(int(np.prod(s)) for s in shapes)
     rng = np.random.default_rng(0)
-    m, t = side_by_side(lambda: optim_step.minidnn_case(shapes, "cpu", "Adam", True, rng)[0],
-                        lambda: optim_step.torch_case(shapes, "cpu", "Adam", "foreach", rng), rounds, 20)
-    return (f"Adam step, {len(shapes)} tensors / {n / 1e3:.0f}k elements (fused | foreach)", m * 1e3,
-            None if t is None else t * 1e3, "ms")
+    times = side_by_side(lambda: optim_step.minidnn_case(shapes, "cpu", "Adam", True, rng)[0],
+                         lambda: optim_step.torch_case(shapes, "cpu", "Adam", "foreach", rng), rounds, 20)
+    return (f"Adam step, {len(shapes)} tensors / {n / 1e3:.0f}k elements (fused | foreach)", times, 1e3, "ms")
 
 
 def dataloader_row(rounds):
@@ -238,9 +252,8 @@ def dataloader_row(rounds):
             for _ in torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True):
                 pass
         return epoch
-    m, t = side_by_side(make_mdn, make_torch, rounds, 2)
-    return ("DataLoader epoch with augmentation (digits, 45 batches)", m * 1e3, None if t is None else t * 1e3,
-            "ms")
+    times = side_by_side(make_mdn, make_torch, rounds, 2)
+    return ("DataLoader epoch with augmentation (digits, 45 batches)", times, 1e3, "ms")
 
 
 ROWS = {
@@ -255,10 +268,17 @@ ROWS = {
 }
 
 
+def _median(values):
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads for both frameworks")
-    ap.add_argument("--rounds", type=int, default=7, help="alternating rounds; each side keeps its fastest")
+    ap.add_argument("--threads", default="2",
+                    help="BLAS/OpenMP threads for both frameworks; a comma-separated list (1,2) runs every row at each "
+                         "count, alternated round by round")
+    ap.add_argument("--rounds", type=int, default=7, help="alternating rounds; min and median of them")
     ap.add_argument("--only", default=",".join(ROWS), help=f"comma-separated subset of {','.join(ROWS)}")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time by process CPU seconds instead of wall clock (steadier on a busy machine; with "
@@ -266,23 +286,27 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.cpu_time:
         CLOCK[0] = time.process_time
-    mdn.set_num_threads(args.threads)
-    if torch is not None:
-        torch.set_num_threads(args.threads)
+    THREADS[:] = [int(n) for n in args.threads.split(",")]
+    load = os.getloadavg()
     rows = []
     for key in args.only.split(","):
         rows += ROWS[key](args.rounds)
     cpu = os.cpu_count()
-    print(f"CPU, {args.threads} threads each (minidnn: threadpoolctl, PyTorch: torch.set_num_threads), {cpu} CPUs; "
-          f"fastest of {args.rounds} alternating rounds, "
+    print(f"CPU, {args.threads} threads each (minidnn: set_num_threads, PyTorch: torch.set_num_threads), {cpu} CPUs; "
+          f"min / median of {args.rounds} alternating rounds, "
           f"{'process CPU time' if args.cpu_time else 'wall clock'}; PyTorch "
-          f"{torch.__version__ if torch is not None else 'not installed'}, NumPy {np.__version__}")
-    print(f"| {'workload':58} | {'minidnn':>10} | {'PyTorch':>10} | ratio |")
-    print(f"|{'-' * 60}|{'-' * 12}|{'-' * 12}|-------|")
-    for name, m, t, unit in rows:
-        fmt = (lambda v: f"{v:.2f} {unit}") if unit != "us" else (lambda v: f"{v:.2f} µs")
-        ratio = f"{m / t:.2f}x" if t else "n/a"
-        print(f"| {name:58} | {fmt(m):>10} | {fmt(t) if t else 'n/a':>10} | {ratio:>5} |", flush=True)
+          f"{torch.__version__ if torch is not None else 'not installed'}, NumPy {np.__version__}; load average "
+          f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+    print(f"| {'workload':58} | threads | {'minidnn min / med':>19} | {'PyTorch min / med':>19} | ratio min / med |")
+    print(f"|{'-' * 60}|---------|{'-' * 21}|{'-' * 21}|-----------------|")
+    for name, times, scale, unit in rows:
+        unit_name = "µs" if unit == "us" else unit
+        for n, (m, t) in times.items():
+            mm, mt = (min(m) * scale, _median(m) * scale), (min(t) * scale, _median(t) * scale) if t else None
+            fm = f"{mm[0]:.2f} / {mm[1]:.2f} {unit_name}"
+            ft = f"{mt[0]:.2f} / {mt[1]:.2f} {unit_name}" if mt else "n/a"
+            ratio = f"{mm[0] / mt[0]:.2f}x / {mm[1] / mt[1]:.2f}x" if mt else "n/a"
+            print(f"| {name:58} | {n:7} | {fm:>19} | {ft:>19} | {ratio:>15} |", flush=True)
 
 
 if __name__ == "__main__":
