@@ -109,7 +109,7 @@ def pool_forward(geom, xc, xp):
 # (threads.split_spans; each part writes its own images' results: bit for bit the unsplit call's).  Measured on the
 # 2-core machine (docs/measurements/cpu_2026-11-26_2core.md, tenth session): LeNet's first pool at batch 64
 # (301k elements) ...
-MIN_SPLIT_ELEMENTS = 1 << 18
+MIN_SPLIT_ELEMENTS = 1 << 20
 
 
 _SHORT_RUN = 32
