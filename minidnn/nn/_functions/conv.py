@@ -118,12 +118,11 @@ _FAST_CONV = SeenCalls()
 
 def _fast_key(op, x, weight, bias, stride, padding, dilation, groups):
     """The fast path's key of a conv call: what ``_seen_conv_key`` holds and the rest above (None: the full path)."""
+    if not (isinstance(x, Tensor) and isinstance(weight, Tensor) and B.is_cuda_array(x.data)):
+        return None             # (CPU calls: out at once)
     stride, padding, dilation = _setting(stride), _setting(padding), _setting(dilation)
-    if (stride is None or padding is None or dilation is None or type(groups) is not int
-            or not isinstance(x, Tensor) or not isinstance(weight, Tensor)):
-        return None
     xd, wd = x.data, weight.data
-    if type(xd) is not type(wd) or not B.is_cuda_array(xd):
+    if stride is None or padding is None or dilation is None or type(groups) is not int or type(xd) is not type(wd):
         return None
     if bias is None:
         b = None
