@@ -18,9 +18,9 @@ THREADS = M.THREADS
 
 # ---- index math ------------------------------------------------------------------------------------------------
 
-def _walk(rows, c, vec, grid, rev):
-    """The kernels' walk, literally: per block (b, chunk) and thread, lane_of then walk<rev>; returns (visits per
-    element, whether every visit's lane channel matched the element's channel)."""
+def _walk(rows, c, vec, grid, rev, unroll):
+    """The kernels' walk, literally: per block (b, chunk) and thread, lane_of then walk<rev, unroll>; returns (visits
+    per element, whether every visit's lane channel matched the element's channel)."""
     cv, chunks, tx_n, rb, ng = M.geometry(rows, c, vec)
     seen = np.zeros(rows * c, np.int64)
     ok = True
@@ -30,8 +30,8 @@ def _walk(rows, c, vec, grid, rev):
         vcol = y * tx_n + tx
         on = (ty < rb) & (vcol < cv)
         for b in range(grid):
-            for g0 in range(b, ng, M.UNROLL * grid):
-                for u in range(M.UNROLL):
+            for g0 in range(b, ng, unroll * grid):
+                for u in range(unroll):
                     gg = g0 + u * grid
                     grp = ng - 1 - gg if rev else gg
                     r = grp * rb + ty
@@ -58,9 +58,10 @@ def test_every_element_is_visited_once_by_its_own_channels_lane(rows, c, item):
     for grid in sorted(grids):
         if rows * c > 300000 and grid not in (min(grids), max(grids)):
             continue
-        for rev in (False, True):
-            seen, ok = _walk(rows, c, vec, grid, rev)
-            assert ok and np.all(seen == 1), (grid, rev, np.unique(seen))
+        # the forward reduction (UNROLL_F in flight), the backward reduction and both elementwise passes (UNROLL)
+        for rev, unroll in ((False, M.UNROLL_F), (False, M.UNROLL), (True, M.UNROLL)):
+            seen, ok = _walk(rows, c, vec, grid, rev, unroll)
+            assert ok and np.all(seen == 1), (grid, rev, unroll, np.unique(seen))
 
 
 def test_vector_width_follows_channels_and_alignment():
@@ -146,33 +147,51 @@ def _dt(name):
 
 
 _ALL = dict(relu=1, has_z=1, has_scale=1, has_bias=1)
-COMPILE = [("float32", 4, _ALL), ("float32", 2, {}), ("float32", 1, _ALL), ("bfloat16", 8, _ALL),
-           ("bfloat16", 4, {}), ("bfloat16", 2, _ALL), ("bfloat16", 1, {}), ("float16", 8, _ALL),
-           ("float16", 1, _ALL), ("float64", 2, _ALL), ("float64", 1, {}), ("float32", 4, dict(relu=1)),
-           ("bfloat16", 8, dict(has_scale=1, has_bias=1)), ("float32", 4, dict(from_var=1, **_ALL)),
-           ("bfloat16", 8, dict(from_var=1, has_scale=1, has_bias=1))]
+_FLAGS = [{}, _ALL, dict(relu=1), dict(has_scale=1, has_bias=1), dict(relu=1, has_scale=1),
+          dict(from_var=1, **_ALL), dict(from_var=1, has_scale=1, has_bias=1)]
+
+
+def _configs():
+    out = []
+    for name, item in (("float32", 4), ("bfloat16", 2), ("float16", 2), ("float64", 8)):
+        v = 16 // item
+        while v >= 1:
+            for flags in (_FLAGS if v == 16 // item else _FLAGS[:2]):
+                out.append((name, v, flags))
+            v = 0 if name == "float16" else v // 2      # float16 differs from bfloat16 in LD / ST only
+    return [c for c in out if not (c[0] == "float16" and c[2] not in _FLAGS[:2])]
+
+
+def _compile(args):
+    src, out = args
+    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", out, src],
+                       capture_output=True, text=True, timeout=600)
+    return r.returncode, r.stdout + r.stderr
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name, vec, flags", COMPILE, ids=lambda v: str(v))
-def test_kernels_compile_without_spills(tmp_path, name, vec, flags):
-    src = tmp_path / "k.cu"
-    src.write_text(M.source_for_nvcc(_dt(name), vec, **flags))
-    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k"),
-                        str(src)], capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-3000:]
-    spills = [line for line in out.splitlines() if "spill stores" in line]
-    assert len(spills) == 6 and all(" 0 bytes spill stores" in line for line in spills), out
-    regs = {}
-    name_ = None
-    for line in out.splitlines():
-        if "Compiling entry function" in line:
-            name_ = line.split("'")[1]
-        if "registers" in line and name_:
-            regs[name_] = int(line.split("Used ")[1].split(" registers")[0])
-    # the one-launch kernels keep BPS blocks of 256 threads per SM (65536 registers)
-    assert regs["bnc_fwd1"] <= 65536 // (256 * M.BPS) and regs["bnc_bwd1"] <= 65536 // (256 * M.BPS), regs
+def test_every_configuration_compiles_without_spills(tmp_path):
+    # every dtype x every vector width (16 bytes down to scalars) x flag sets; all six kernels of each, within the
+    # 128 registers of BPS = 2 blocks of 256 threads per SM
+    from concurrent.futures import ThreadPoolExecutor
+    jobs, cfgs = [], _configs()
+    for k, (name, vec, flags) in enumerate(cfgs):
+        src = tmp_path / f"k{k}.cu"
+        src.write_text(M.source_for_nvcc(_dt(name), vec, **flags))
+        jobs.append((str(src), str(tmp_path / f"k{k}.cubin")))
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as ex:
+        results = list(ex.map(_compile, jobs))
+    for cfg, (rc, out) in zip(cfgs, results):
+        assert rc == 0, (cfg, out[-3000:])
+        spills = [line for line in out.splitlines() if "spill stores" in line]
+        assert len(spills) == 6 and all(" 0 bytes spill stores" in line for line in spills), (cfg, out)
+        regs, name_ = {}, None
+        for line in out.splitlines():
+            if "Compiling entry function" in line:
+                name_ = line.split("'")[1]
+            if "registers" in line and name_:
+                regs[name_] = int(line.split("Used ")[1].split(" registers")[0])
+        assert len(regs) == 6 and max(regs.values()) <= 65536 // (256 * M.BPS), (cfg, regs)
 
 
 # ---- the Python paths under the fake CuPy -----------------------------------------------------------------------

@@ -12,9 +12,9 @@ ceil(CV / chunks) vectors.  A 256-thread block is RB = 256 / TX rows of TX threa
 tid % TX) owns vector column vcol = chunk * TX + tx -- the channels vcol * VEC ... + VEC - 1, the same at every row
 it visits -- and threads ty * TX + tx cover RB * TX consecutive vectors of RB consecutive rows: one contiguous span
 per block step, 16 bytes per thread.  Rows are taken in groups of RB: group g is rows g * RB ... g * RB + RB - 1
-(NG = ceil(R / RB) groups); block b of a G-block grid walks groups b, b + G, b + 2G, ... (UNROLL groups in flight
-per thread and array).  `rev` walks the mirrored order NG - 1 - g: the elementwise pass starts on the rows the
-reduction read last, which L2 still holds.
+(NG = ceil(R / RB) groups); block b of a G-block grid walks groups b, b + G, b + 2G, ... (UNROLL = 4 groups in
+flight per thread and array; UNROLL_F = 8 in the forward reduction, which reads one array).  `rev` walks the
+mirrored order NG - 1 - g: the elementwise pass starts on the rows the reduction read last, which L2 still holds.
 What a thread computes.  Reduction pass: per lane e of its vector (channel vcol * VEC + e), in registers over its
 rows, forward the shifted sums sum(x - K), sum((x - K)^2) (K = the channel's row-0 value, the reference's shifted
 one-pass moments) and backward sum(g), sum(g * xhat) (g = dy, masked by y > 0 after a fused ReLU).  The block adds
@@ -55,7 +55,9 @@ ENABLED = os.environ.get("MINIDNN_BN_NHWC", "1") != "0"
 ROUTE = os.environ.get("MINIDNN_BN_NHWC_ROUTE", "two" if os.environ.get("MINIDNN_BN_ONEPASS", "1") == "0" else "one")
 THREADS = 256
 UNROLL = 4            # row groups in flight per thread and array
-BPS = 2               # blocks per SM the one-launch kernels are built for (their launch bounds)
+UNROLL_F = 8          # ... in the forward reduction, which reads one array (registers allow it: nvcc, the tests)
+BPS = 2               # blocks per SM every kernel is built for (launch bounds: <= 128 registers; without the hint
+                      # ptxas gave bnc_dx float32 63 registers and a spill)
 TWO_BLOCKS_PER_SM = 4  # the two-launch reduction's blocks per SM (need not be resident together)
 APPLY_BLOCKS_PER_SM = 8
 _INT_MAX = 2 ** 31 - 1
@@ -124,17 +126,17 @@ __device__ __forceinline__ Lane lane_of(const Geo& g)
     return l;
 }
 
-// Walk this block's row groups (UNROLL in flight): f(off[u]) with the element offset of the thread's vector in
+// Walk this block's row groups (U in flight): f(off[u]) with the element offset of the thread's vector in
 // each row, -1 where the row does not exist.  REV: groups in mirrored order (NG - 1 - g).
-template <bool REV, class F>
+template <bool REV, int U, class F>
 __device__ __forceinline__ void walk(const Geo& g, const Lane& l, F f)
 {
     if (!l.on) return;
     const unsigned int G = gridDim.x, NG = (unsigned int)g.NG;
-    for (unsigned int g0 = blockIdx.x; g0 < NG; g0 += UNROLL * G) {
-        int off[UNROLL];
+    for (unsigned int g0 = blockIdx.x; g0 < NG; g0 += U * G) {
+        int off[U];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const unsigned int gg = g0 + u * G;
             const unsigned int grp = REV ? NG - 1u - gg : gg;
             const unsigned int r = grp * (unsigned int)g.RB + (unsigned int)l.ty;
@@ -230,12 +232,12 @@ __device__ __forceinline__ void fwd_sums(const Geo& g, const Lane& l, const T* _
     if (l.on) k0 = ld1(x + l.c0);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) { k[e] = l.on ? LD(k0.v[e]) : (A)0; v[e][0] = 0; v[e][1] = 0; }
-    walk<false>(g, l, [&](const int (&off)[UNROLL]) {
-        Pack p[UNROLL];
+    walk<false, UNROLL_F>(g, l, [&](const int (&off)[UNROLL_F]) {
+        Pack p[UNROLL_F];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+        for (int u = 0; u < UNROLL_F; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < UNROLL_F; ++u) {
             if (off[u] < 0) continue;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) { const A d = LD(p[u].v[e]) - k[e]; v[e][0] += d; v[e][1] += d * d; }
@@ -267,7 +269,7 @@ __device__ __forceinline__ void fwd_apply(const Geo& g, const Lane& l, const T* 
                                           const T* __restrict__ z, T* __restrict__ y, const A (&mu)[VEC],
                                           const A (&kk)[VEC], const A (&bb)[VEC])
 {
-    walk<true>(g, l, [&](const int (&off)[UNROLL]) {
+    walk<true, UNROLL>(g, l, [&](const int (&off)[UNROLL]) {
         Pack p[UNROLL], q[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
@@ -298,7 +300,7 @@ __device__ __forceinline__ void bwd_sums(const Geo& g, const Lane& l, const T* _
 {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) { v[e][0] = 0; v[e][1] = 0; }
-    walk<false>(g, l, [&](const int (&off)[UNROLL]) {
+    walk<false, UNROLL>(g, l, [&](const int (&off)[UNROLL]) {
         Pack p[UNROLL], d[UNROLL], r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -336,7 +338,7 @@ __device__ __forceinline__ void bwd_dx(const Geo& g, const Lane& l, const T* __r
                                        T* __restrict__ dz, const A (&mu)[VEC], const A (&is)[VEC],
                                        const A (&c0)[VEC], const A (&c1)[VEC], const A (&kk)[VEC])
 {
-    walk<true>(g, l, [&](const int (&off)[UNROLL]) {
+    walk<true, UNROLL>(g, l, [&](const int (&off)[UNROLL]) {
         Pack p[UNROLL], d[UNROLL], r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -371,7 +373,7 @@ __device__ __forceinline__ void lane_load(const Lane& l, const S* __restrict__ a
 }
 
 // ---- two-launch kernels --------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ mean_out,
           A* __restrict__ inv_std_out, P* running_mean, P* running_var, long long* counter, GEO_PARAMS,
           const double factor, const double eps, const int has_running, const int has_counter)
@@ -390,7 +392,7 @@ bnc_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket
 
 // y = act((x - mean) * inv * scale + bias [+ z]); FROM_VAR (inference): inv = 1 / sqrt(stat2 + eps), stat1/2 the
 // running statistics (P); else stat1/2 = mean, inv_std (A).
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, const void* stat1, const void* stat2,
           const P* __restrict__ scale, const P* __restrict__ bias, GEO_PARAMS, const double eps)
 {
@@ -415,7 +417,7 @@ bnc_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, c
     fwd_apply(g, l, x, z, y, mu, kk, bb);
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
          const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ coef,
          P* __restrict__ dscale, P* __restrict__ dbias, GEO_PARAMS)
@@ -432,7 +434,7 @@ bnc_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
     if (threadIdx.x == 0) ticket[blockIdx.y] = 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
        const A* __restrict__ inv_std, const A* __restrict__ coef, const P* __restrict__ scale, T* __restrict__ dx,
        T* __restrict__ dz, GEO_PARAMS)
@@ -580,7 +582,8 @@ def _options(dtype, vec, **flags):
     item = np.dtype(dtype).itemsize
     opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DACC_DOUBLE={int(accum == 'double')}",
-            f"-DVEC={vec}", f"-DVBYTES={vec * item}", f"-DUNROLL={UNROLL}", f"-DBPS={BPS}", "-std=c++17"]
+            f"-DVEC={vec}", f"-DVBYTES={vec * item}", f"-DUNROLL={UNROLL}", f"-DUNROLL_F={UNROLL_F}", f"-DBPS={BPS}",
+            "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     return tuple(opts)
