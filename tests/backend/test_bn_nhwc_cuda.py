@@ -3,6 +3,7 @@ against the older channels-last kernels of bn_kernels, bit-for-bit repeatability
 per call, the vector-width fallback, inference, running statistics over steps.  All marked cuda (skip without a
 GPU).  Both routes (one launch and two launches per direction) run every case."""
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -142,7 +143,7 @@ def _check(cp, name, shape, ops, route, seed=0):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
 def test_against_the_float64_reference(cp, route, name, shape, ops):
-    _check(cp, name, shape, ops, route, seed=abs(hash((name, shape, ops))) % 2 ** 32)
+    _check(cp, name, shape, ops, route, seed=zlib.crc32(repr((name, shape, ops)).encode()))
 
 
 @pytest.mark.parametrize("name", ["float32", "bfloat16"])
@@ -269,3 +270,29 @@ def test_primitives_route_channels_last_calls_here(cp):
     kinds = sorted(k[0] for k in M._calls)
     assert kinds == ["BackwardCall", "TrainingCall"], kinds
     assert _is_cl(y)
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_captured_in_a_cuda_graph_gives_the_eager_bits(cp, route, name):
+    # nothing read back to the host, counters reset by the kernels: a captured forward + backward replays to the
+    # same bits as the eager calls (same plans, same splits)
+    x, dy, z, scale, bias, rm, rv = _data(name, (16, 24, 10, 10), "bn_add_activation", 8)
+    xg, zg, dyg = _cl(cp, x), _cl(cp, z), _cl(cp, dy)
+    sg, bg = cp.asarray(scale), cp.asarray(bias)
+
+    def step():
+        y, m, i = M.forward_training(xg, sg, bg, 0.1, None, None, 1e-5, z=zg, relu=True)
+        return (y, m, i) + M.backward(xg, dyg, sg, m, i, y=y, want_dz=True)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        eager = step()
+        s.synchronize()
+        s.begin_capture()
+        captured = step()
+        g = s.end_capture()
+        for _ in range(2):
+            g.launch(s)
+        s.synchronize()
+    for a, b in zip(captured, eager):
+        if a is not None:
+            np.testing.assert_array_equal(_bits(a), _bits(b))
