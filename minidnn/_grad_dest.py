@@ -18,22 +18,42 @@ A Function whose kernels can blend (cuDNN's ``beta``) asks, in its backward, ``d
 
 Offered only while the engine runs a first-order backward into ``.grad`` (not ``autograd.grad``, not
 ``create_graph``); a pending gradient only where nothing but the engine's buffer refers to it or its array
-(PyTorch's use_count rule, as the engine's own steal of a leaf's gradient), and not a view; a leaf only without
-tensor hooks.  The caller must check that the array's shape, dtype and layout are what it would have produced,
-and otherwise compute as usual.  The sum is the same two values added once: bit for bit the engine's add for
-float32; for 16-bit data the kernel adds in float32 and rounds once, where the engine rounds each operand first.
+(PyTorch's use_count rule, as the engine's own steal of a leaf's gradient) -- a view only of an array that nothing
+else refers to --; a leaf only without tensor hooks.  The caller must check that the array's shape, dtype and
+layout are what it would have produced, and otherwise compute as usual.  The sum is the same two values added once:
+bit for bit the engine's add for float32; for 16-bit data the kernel adds in float32 and rounds once, where the
+engine rounds each operand first.
 """
 from __future__ import annotations
+
+import os
+
+import numpy as np
 
 from . import autograd as _ag
 
 __all__ = ["destination"]
 
+# Switch (tests and A/B runs): ENABLED[0] = False, or MINIDNN_GRAD_DEST=0 in the environment at import.
+ENABLED = [os.environ.get("MINIDNN_GRAD_DEST", "1") != "0"]
+
+
+def _sole_base_refs():
+    """The refcount of a view's base that nothing but the view refers to, seen as ``destination`` sees it."""
+    base = np.empty(2)
+    view = base[:1]
+    del base
+    base = view.base
+    return _ag._getrefcount(base)
+
+
+_SOLE_BASE_REFS = _sole_base_refs()
+
 
 def destination(ctx, i):
     """(array, beta, tensor to return) for input ``i`` of the node ``ctx`` whose backward is running, or None."""
     buffers = _ag._state.buffers
-    if buffers is None:
+    if buffers is None or not ENABLED[0]:
         return None
     edge = ctx.next_edges[i]
     if edge is None:
@@ -45,7 +65,10 @@ def destination(ctx, i):
         if _ag._getrefcount(g) > _ag._SOLE_TENSOR_REFS or _ag._getrefcount(g.data) > _ag._SOLE_ARRAY_REFS:
             return None
         data = g.data
-        if g.requires_grad or getattr(data, "base", None) is not None or not getattr(data.flags, "writeable", True):
+        if g.requires_grad or not getattr(data.flags, "writeable", True):
+            return None
+        base = getattr(data, "base", None)      # a view: only of an array nothing else refers to (no other view)
+        if base is not None and (_ag._getrefcount(base) > _SOLE_BASE_REFS or getattr(base, "base", None) is not None):
             return None
         return data, 1.0, g
     if type(child) is _ag.AccumulateGrad:

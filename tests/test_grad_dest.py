@@ -141,3 +141,27 @@ def test_no_destination_outside_backward():
     x = mdn.tensor(np.ones((3,)), requires_grad=True)
     y = Scale.apply(x, 2.0)
     assert destination(y.grad_fn, 0) is None
+
+
+def test_a_pending_view_is_offered_only_when_nothing_else_refers_to_its_base():
+    class Ctx:
+        pass
+    child = object()
+    ctx = Ctx()
+    ctx.next_edges = ((child, 0),)
+    base = np.zeros((2, 6))
+    alias = base[1]                                   # another view of the same memory, alive
+    g = mdn.Tensor._from_array(base[0])
+    del base
+    prev = autograd._state.buffers
+    try:
+        autograd._state.buffers = {child: [g]}
+        del g
+        assert destination(ctx, 0) is None            # the base is shared with `alias`: never written in place
+        del alias
+        d = destination(ctx, 0)                       # now only the pending view refers to it
+        assert d is not None and d[1] == 1.0 and d[0].shape == (6,)
+        autograd._state.buffers[child][0] = mdn.Tensor._from_array(np.zeros((3, 4)).T)      # a strided view: offered,
+        assert destination(ctx, 0) is not None                                              # callers check layout
+    finally:
+        autograd._state.buffers = prev

@@ -377,11 +377,14 @@ class SettledConvolution:
     signature (nn keys its table on all of it).  ``run(a1, a2, carry=None)`` takes the primitive's two inputs (in its
     format) and returns its result, or None where the current device is not the handle's (the full path switches
     device there: the caller takes it).  ``carry`` (forward, backward data): the filter_carry the call would see
-    active, as ``with carry:`` around the primitive (None: whatever is active)."""
+    active, as ``with carry:`` around the primitive (None: whatever is active).  ``into`` (backward data and filter,
+    an implicit-GEMM call with a contiguous channels-first result): a C-contiguous array of the result's shape and
+    dtype that the kernel's epilogue writes as ``into = result + beta * into`` (beta 0 or 1: a gradient destination,
+    minidnn/_grad_dest.py); the return value is ``into`` where it was used, a fresh result otherwise."""
     __slots__ = ("direction", "algorithm", "fn", "p", "fmt", "tf32", "out_dtype", "dev", "igemm", "cl", "calls",
                  "cp", "plain")
 
-    def run(self, a1, a2, carry=None):
+    def run(self, a1, a2, carry=None, into=None, beta=0.0):
         cp = self.cp
         if cp.cuda.runtime.getDevice() != self.dev:
             return None
@@ -402,22 +405,29 @@ class SettledConvolution:
                 result = fn(p, a, b, self.tf32, out_dtype=self.out_dtype)
             return _finish(result, 1.0, 0.0, None, fmt if d != 2 else TensorFormat.NCHW)
         # implicit_forward / implicit_backward_data / implicit_backward_filter, with the kernel module's settled call
+        if into is not None and not (d and self.plain and into.shape == (p.w_shape if d == 2 else p.x_shape)):
+            into = None
         if d == 2:
-            result = out = cp.empty(p.w_shape, dtype=a.dtype if self.out_dtype is None else self.out_dtype)
+            result = out = cp.empty(p.w_shape, dtype=a.dtype if self.out_dtype is None else self.out_dtype) \
+                if into is None else into
             carry = None
         else:
-            result = _igemm._new_like_layout(cp, p.x_shape if d else p.y_shape, b.dtype if d else a.dtype, self.cl)
+            result = _igemm._new_like_layout(cp, p.x_shape if d else p.y_shape, b.dtype if d else a.dtype, self.cl) \
+                if into is None else into
             out = result if p.nd == 2 else result[:, :, None, :]
             if carry is None:
                 carry = _igemm._scope.carry
             if d == 1 and carry is not None:
                 carry = _igemm._carried(a, carry)
         slot = carry is not None and d == 1
-        call = self.calls[slot]
+        if into is None or not beta:
+            beta = 0.0
+        index = slot + 2 * (beta != 0)
+        call = self.calls[index]
         if call is None:
             precomp, atomic = self.igemm
-            call = self.calls[slot] = _igemm.settled_call(cp, d, p, a, b, out, self.tf32, precomp, atomic=atomic,
-                                                          carried=slot)
+            call = self.calls[index] = _igemm.settled_call(cp, d, p, a, b, out, self.tf32, precomp, beta=beta,
+                                                           atomic=atomic, carried=slot)
         call(cp, a, b, out, (), carry)
         if self.plain:              # a contiguous channels-first result: what _finish returns for it
             return result
@@ -466,7 +476,7 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
         direction, algorithm, fn, p, fmt, tf32, dw_dtype, dev
     s.igemm = None if spec is None or spec[0] != direction else spec[1:]
     s.cl = _igemm._channels_last(b if direction == 1 else a)
-    s.calls = [None, None]
+    s.calls = [None, None, None, None]     # by (carried, blending into a destination)
     s.cp = _launch.cupy()
     s.plain = direction == 2 or (fmt is TensorFormat.NCHW and not s.cl)
     return s

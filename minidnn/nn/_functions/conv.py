@@ -21,6 +21,7 @@ import os
 
 from ... import backend as B
 from ..._amp_state import autocast_op, float32_grad_of
+from ..._grad_dest import destination
 from ...autograd import Function, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.convolution import convolution_filter_carry, settle_convolution, settled_state
@@ -180,28 +181,51 @@ class _SeenConv:
         return data, filt, dy_last
 
 
+def _destination(ctx, i, shape, dtype):
+    """(array, beta, tensor or None) where input i's gradient may be written in place (minidnn/_grad_dest.py): a
+    C-contiguous array of the gradient's shape and dtype; else None."""
+    d = destination(ctx, i)
+    if d is None:
+        return None
+    a = d[0]
+    return d if a.shape == shape and a.dtype == dtype and a.flags.c_contiguous else None
+
+
+def _landed(result, dest):
+    """The gradient Tensor of a settled call that was offered ``dest``: the engine's pending Tensor (blended into),
+    the leaf slot wrapped (written), or the fresh result where the call could not use it."""
+    if dest is None or result is not dest[0]:
+        return wrap(result)
+    return dest[2] if dest[2] is not None else wrap(result)
+
+
 def _fast_backward(ctx, seen, x, w, gy, need, carry):
-    """ConvForward's first-order backward by the settled calls; None where the full path must run (nothing ran)."""
+    """ConvForward's first-order backward by the settled calls; None where the full path must run (nothing ran).
+    Each gradient goes where the engine would add or copy it, where it offers that (a gradient destination: the
+    residual block input's other gradient, the optimizer's flat-buffer slot of the weight)."""
     x_shape, w_shape = ctx.shapes
     pair = seen.pair(x, w, gy, need, carry, ctx.dw_dtype, x_shape, w_shape)
     if pair is None:
         return None
     data, filt, dy_last = pair
     gd = gy.data
+    dw = _destination(ctx, 1, tuple(w_shape), ctx.dw_dtype or gd.dtype) if filt is not None else None
     if data is None:                                # the filter gradient alone
         xa, dya = (_last(x.data), _last(gd)) if dy_last and seen.nhwc else (x.data, gd)
-        gw = filt.run(xa, dya)
-        return None if gw is None else (None, wrap(gw), None)
+        gw = filt.run(xa, dya, None, *(dw[:2] if dw else ()))
+        return None if gw is None else (None, _landed(gw, dw), None)
     dya = _last(gd) if dy_last else gd
+    dx = None if dy_last else _destination(ctx, 0, tuple(x_shape), gd.dtype)
     if filt is None:                                # the data gradient alone
-        gx = data.run(w.data, dya, carry)
-        return None if gx is None else (wrap(_first(gx) if dy_last else gx), None, None)
+        gx = data.run(w.data, dya, carry, *(dx[:2] if dx else ()))
+        return None if gx is None else (wrap(_first(gx)) if dy_last else _landed(gx, dx), None, None)
     with B.convolution_shared_staging():            # both read dy: its NHWC copy is made once
-        gx = data.run(w.data, dya, carry)
+        gx = data.run(w.data, dya, carry, *(dx[:2] if dx else ()))
         if gx is None:
             return None
-        gw = filt.run(_last(x.data), dya) if dy_last and seen.nhwc else filt.run(x.data, gd)
-    return wrap(_first(gx) if dy_last else gx), wrap(gw), None
+        gw = filt.run(_last(x.data), dya, None, *(dw[:2] if dw else ())) if dy_last and seen.nhwc else \
+            filt.run(x.data, gd, None, *(dw[:2] if dw else ()))
+    return wrap(_first(gx)) if dy_last else _landed(gx, dx), _landed(gw, dw), None
 
 
 class ConvForward(Function):
