@@ -141,7 +141,7 @@ def activation(op, x, mode, coef=None):
 
 def relu(input):
     """max(x, 0) elementwise (torch.relu / F.relu / Tensor.relu); an integer tensor stays integer, as in PyTorch."""
-    if isinstance(input, Tensor) and input.dtype.kind in "iu":
+    if isinstance(input, Tensor) and input.data.dtype.kind in "iu":
         from .elementwise import relu as integer_relu  # no gradient to carry: the plain array form
         return integer_relu(input)
     producer = getattr(input, "grad_fn", None)

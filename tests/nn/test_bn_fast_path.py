@@ -131,9 +131,12 @@ _SCRIPT = textwrap.dedent("""
             b.zero_grad()
         return res
 
-    def run(fast, shape=(4, 16, 6, 6), cl=False, dtype="float32", affine=True, track=True, setup=None, steps=3):
+    def run(fast, shape=(4, 16, 6, 6), cl=False, dtype="float32", affine=True, track=True, setup=None, steps=3,
+            first=None):
         N.FAST[0] = fast
         N._REMEMBERED.clear()
+        if first is not None:
+            first()
         bns, x, z = make(shape, cl, dtype, affine, track)
         for i in range(steps):
             if setup is not None and i == steps - 1:
@@ -170,6 +173,17 @@ _SCRIPT = textwrap.dedent("""
     def misaligned(bns, x, z):
         buf = fakecp.zeros(x.data.size + 1, dtype=x.data.dtype)[1:].reshape(x.data.shape)
         x.data = buf
+    from minidnn.backend.cuda import bn_nhwc
+    nhwc = bn_nhwc.ENABLED
+    def nhwc_flip(bns, x, z):
+        bn_nhwc.ENABLED = not nhwc
+    for name, first in (("nhwc_flip_cl", None), ("nhwc_late_cl", lambda: setattr(bn_nhwc, "ENABLED", not nhwc))):
+        res = []
+        for fast in (True, False):
+            res.append(run(fast, cl=True, setup=nhwc_flip if first is None else
+                           (lambda bns, x, z: setattr(bn_nhwc, "ENABLED", nhwc)), first=first))
+            bn_nhwc.ENABLED = nhwc
+        out[name] = res
     for name, setup, undo in (("fusion_off", fusion_off, lambda: setattr(B.cudnn, "fusion", True)),
                               ("onepass_off", onepass_off, lambda: setattr(K, "ONEPASS", True)),
                               ("no_grad_x", no_grad_x, None), ("frozen", frozen, None),
@@ -244,7 +258,8 @@ def _run():
 
 
 _CASES = ["nchw", "cl", "bf16", "cl_bf16", "2d", "3d", "5d", "cl_5d", "affine_off", "untracked", "c64"]
-_SETUPS = ["fusion_off", "onepass_off", "no_grad_x", "frozen", "new_weight_arrays", "anomaly", "misaligned"]
+_SETUPS = ["nhwc_flip_cl", "nhwc_late_cl",
+           "fusion_off", "onepass_off", "no_grad_x", "frozen", "new_weight_arrays", "anomaly", "misaligned"]
 
 
 @pytest.mark.parametrize("case", _CASES + _SETUPS)
@@ -275,10 +290,12 @@ def test_remembered_calls_reach_no_primitive(case):
     assert fast["calls"] == want
 
 
-@pytest.mark.parametrize("case", ["onepass_off", "new_weight_arrays", "anomaly", "misaligned"])
+@pytest.mark.parametrize("case", ["onepass_off", "new_weight_arrays", "anomaly", "misaligned", "nhwc_flip_cl",
+                                  "nhwc_late_cl"])
 def test_a_changed_condition_takes_the_full_path(case):
-    """What the key cannot hold is checked per call: the one-pass switch, a replaced weight array, anomaly mode and
-    x's alignment send the call to the full path (whose launches and nodes the first test compares)."""
+    """What the key cannot hold is checked per call: the one-pass switch, bn_nhwc's switch (for channels-last rows,
+    either way), a replaced weight array, anomaly mode and x's alignment send the call to the full path (whose
+    launches and nodes the first test compares)."""
     fast, full = _run()[case]
     assert fast["calls"].get("batch_normalization_forward_training") == 3
     if case == "anomaly":

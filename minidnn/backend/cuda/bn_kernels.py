@@ -1044,12 +1044,14 @@ def _memory_order(xc):
 
 class _TrainingCall:
     """forward_training settled: ``call(xc, z, scale, bias, running_mean, running_var, counter)`` -> (y, mean,
-    inv_std), or None where ONEPASS or the inputs' alignment is not what it was settled for."""
+    inv_std), or None where ONEPASS or the inputs' alignment is not what it was settled for, or where bn_nhwc has
+    been switched on since (``rows``: an (R, C)-row call, which bn_nhwc takes when on)."""
     __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "n_partial", "n_sync", "launch1",
-                 "stats", "apply")
+                 "stats", "apply", "rows")
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if ONEPASS != self.onepass or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
+        if ONEPASS != self.onepass or (self.rows and _nhwc.ENABLED) \
+                or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
         with _launch.on_device(dev):
@@ -1085,7 +1087,7 @@ def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu
     if inner == 1 and _nhwc.ENABLED:        # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
         return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
-    t.onepass, t.dev, t.c, t.dtype = ONEPASS, dev, c, xc.dtype
+    t.onepass, t.dev, t.c, t.dtype, t.rows = ONEPASS, dev, c, xc.dtype, inner == 1
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
     one = _planned(("fwd1", factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias, aligned) + sig,
@@ -1145,12 +1147,13 @@ def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
 
 class _BackwardCall:
     """backward settled (see _TrainingCall): ``call(xc, dyc, scale, mean, inv_std, y)`` -> (dx, dz, dscale, dbias), or
-    None where ONEPASS or the inputs' alignment is not what it was settled for."""
+    None where ONEPASS or the inputs' alignment is not what it was settled for, or bn_nhwc was switched on since."""
     __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "pdt", "n_partial", "n_sync",
-                 "has_scale", "want_dz", "launch1", "grad", "dx")
+                 "has_scale", "want_dz", "launch1", "grad", "dx", "rows")
 
     def __call__(self, xc, dyc, scale, mean, inv_std, y):
-        if ONEPASS != self.onepass or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
+        if ONEPASS != self.onepass or (self.rows and _nhwc.ENABLED) \
+                or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
         cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
         with _launch.on_device(dev):
@@ -1193,7 +1196,7 @@ def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     if inner == 1 and _nhwc.ENABLED:
         return _nhwc.backward_call(xc, relu, has_scale, want_dz)
     t = _BackwardCall()
-    t.onepass, t.dev, t.c, t.dtype, t.acc = ONEPASS, dev, c, xc.dtype, acc
+    t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = ONEPASS, dev, c, xc.dtype, acc, inner == 1
     t.mem, t.back = _memory_order(xc)
     t.has_scale, t.want_dz = has_scale, want_dz
     one = _planned(("bwd1", xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz, aligned), _bwd1_plan,

@@ -485,35 +485,45 @@ class _Remembered:
     def _fused(self, cls, r, bn, bypassed, x, weight, bias, z_edge, y):
         """The fused node over y (or the sum a) and its output r.  Inputs as apply sees them: x, weight, bias, (the
         stand-in of z,) y, src; the stand-in requires grad exactly when z_edge is not None, with z_edge as its edge
-        and a's shape and dtype."""
+        and a's shape and dtype.  r has y's shape and dtype (checked by the caller: y is laid out as x)."""
         xr = x.requires_grad
-        wr = weight is not None and weight.requires_grad
-        br = bias is not None and bias.requires_grad
-        xd, yd = x.data, y.data
-        wd = None if weight is None else weight.data
-        bd = None if bias is None else bias.data
-        head_needs = (xr, wr, br)
-        head_edges = (_edge(x), None if weight is None else _edge(weight), None if bias is None else _edge(bias))
-        head_meta = ((xd.shape, xd.dtype) if xr else None, (wd.shape, wd.dtype) if wr else None,
-                     (bd.shape, bd.dtype) if br else None)
-        ymeta = (yd.shape, yd.dtype) if y.requires_grad else None
+        xd = x.data
+        xe = x._edge() if xr or x.grad_fn is not None else None
+        xm = (xd.shape, xd.dtype) if xr else None
+        wr = br = False
+        we = be = wm = bm = None
+        if weight is not None:
+            wr = weight.requires_grad
+            if wr or weight.grad_fn is not None:
+                we = weight._edge()
+            if wr:
+                wm = (weight.data.shape, weight.data.dtype)
+        if bias is not None:
+            br = bias.requires_grad
+            if br or bias.grad_fn is not None:
+                be = bias._edge()
+            if br:
+                bm = (bias.data.shape, bias.data.dtype)
+        yr = y.requires_grad
+        ye = y._edge() if yr or y.grad_fn is not None else None
+        ym = self.xmeta if yr else None
         ctx = _new(FunctionCtx)
         ctx._fn_cls = cls
         if cls is BatchNormReLU:
-            ctx.needs_input_grad = (*head_needs, y.requires_grad, False)
-            ctx.next_edges = (*head_edges, _edge(y), None)
-            ctx._input_meta = (*head_meta, ymeta, None)
+            ctx.needs_input_grad = (xr, wr, br, yr, False)
+            ctx.next_edges = (xe, we, be, ye, None)
+            ctx._input_meta = (xm, wm, bm, ym, None)
             ctx._n_inputs = 5
         else:
-            z = z_edge is not None
-            ctx.needs_input_grad = (*head_needs, z, y.requires_grad, False)
-            ctx.next_edges = (*head_edges, z_edge, _edge(y), None)
-            ctx._input_meta = (*head_meta, (yd.shape, yd.dtype) if z else None, ymeta, None)
+            zr = z_edge is not None
+            ctx.needs_input_grad = (xr, wr, br, zr, yr, False)
+            ctx.next_edges = (xe, we, be, z_edge, ye, None)
+            ctx._input_meta = (xm, wm, bm, self.xmeta if zr else None, ym, None)
             ctx._n_inputs = 6
         ctx.stats, ctx.eps, ctx.bypassed, ctx.seen = bn.stats, bn.eps, bypassed, self
         ctx.saved = (x, weight, y)
         ctx.versions = (x._version, 0 if weight is None else weight._version, y._version)
-        ctx._out_meta = ((r.shape, r.dtype, self.out_meta[0][2]),)
+        ctx._out_meta = self.out_meta
         ctx.num_outputs = 1
         return Function.output(ctx, r)
 
