@@ -72,9 +72,10 @@ def test_bf16_autocast_resnet20_within_a_rounding(taken):
     off_p, off_g = _train(False, True, steps=1)
     on_p, on_g = _train(True, True, steps=1)
     assert taken[1.0] >= 1, taken
+    # one rounding of a bf16 sum differs (2^-8 relative) and the difference travels through the layers below it:
+    # every gradient within a few bf16 roundings of the engine's, as a whole
     for a, b in zip(off_g, on_g):
-        scale = float(np.abs(a).max()) or 1.0
-        np.testing.assert_allclose(b, a, rtol=2 ** -6, atol=scale * 2 ** -7)
+        assert np.linalg.norm(b - a) <= 2 ** -5 * np.linalg.norm(a), (np.linalg.norm(b - a), np.linalg.norm(a))
 
 
 def test_channels_last_unchanged(taken):
