@@ -107,8 +107,11 @@ def pool_forward(geom, xc, xp):
 
 # From this many input elements a pooling call is cut over its batch, one part per thread, the whole call per part
 # (threads.split_spans; each part writes its own images' results: bit for bit the unsplit call's).  Measured on the
-# 2-core machine (docs/measurements/cpu_2026-11-26_2core.md, tenth session): LeNet's first pool at batch 64
-# (301k elements) ...
+# 2-core machine (docs/measurements/cpu_2026-11-26_2core.md, tenth session), min of 40 alternated calls: LeNet's
+# first pool at batch 64 (301k elements) forward 255-275 us unsplit, 323-361 split (backward 188 -> 221-248), its
+# second pool at batch 256 (410k) 518-539 -> 554-610; the first pool at batch 256 (1.2M) 997 -> 768 us and
+# backward 900 -> 649 in a quiet moment, about even in others.  Each part is many short passes (a tap each): their
+# GIL hand-offs cost what the second core saves below about a million elements.
 MIN_SPLIT_ELEMENTS = 1 << 20
 
 

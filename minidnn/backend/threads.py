@@ -284,13 +284,13 @@ def parallel_pair(first, second, work):
     return a, (_single(second) if future is None else future.result())
 
 
-def _rest_if_alone(wall, cpu):
+def _rest_if_alone(wall, cpu, overlap=None):
     """After a pair or a split that began at (wall, cpu): if the process's CPU time over it was under PAIR_OVERLAP x
     its wall time, its halves did not run at once (no second core free, or the pool thread never started), and
     pairs and splits rest for PAIR_BACKOFF_S: the work runs in turn, unsplit (the same results either way, but for
     the filter gradients' sum order)."""
     now = time.perf_counter()
-    if time.process_time() - cpu < PAIR_OVERLAP * (now - wall):
+    if time.process_time() - cpu < (PAIR_OVERLAP if overlap is None else overlap) * (now - wall):
         _pair_rest[0] = now + PAIR_BACKOFF_S
 
 
@@ -306,14 +306,19 @@ def _single(fn, *args):
 
 # ---- one primitive cut over its batch (intra-op) --------------------------------------------------------------
 #
-# The grains above split single NumPy calls (MIN_PARALLEL_WORK elements) and single products (the BLAS grain): a
-# LeNet-5 layer at batch 64 is below both, every call of it short, so on two threads it ran as on one.  Cut instead
-# once per primitive: the whole of a convolution direction (its gathers, GEMMs and scatters) or a pooling call on
-# each part of the batch, one part per thread, each part a sub-problem run with nothing split inside (its loops on
-# one thread, BLAS at its resting one thread: the cores are never oversubscribed).  One hand-off per primitive,
-# and each part is a handful of long NumPy/BLAS calls that run without the GIL.  Below MIN_SPLIT_WORK multiply-adds
-# (or elements touched, for pooling) the hand-off costs more than the half it saves (measured: docs/threads.md).
-MIN_SPLIT_WORK = 1 << 23
+# Cut once per primitive: the whole of a convolution direction (its gathers, GEMMs and scatters) or a pooling call
+# on each part of the batch, one part per thread, each part a sub-problem run with nothing split inside (its loops
+# on one thread, BLAS at its resting one thread: the cores are never oversubscribed).  One hand-off per primitive.
+# The grain is the BLAS grain: from there on the primitive's products would get all of BLAS's threads, and OpenBLAS's
+# own split ran slower than one thread on the 2-core machine (LeNet conv2 at batch 256: forward 5.7 ms on two BLAS
+# threads, 4.0 split, 6.8 on one thread; filter gradient 4-39 ms on two BLAS threads with the machine shared).  Below
+# it the parts lost in the training step though they won alone: LeNet conv2 at batch 64 (15.4M multiply-adds) ran
+# 0.52 ms split against 0.71 in a loop, but 0.95-1.07 split inside the step (each part at half speed: the other core
+# idle between ops, the GIL passed back and forth), and the step was no faster (docs/threads.md).
+MIN_SPLIT_WORK = MIN_PARALLEL_BLAS_WORK
+# A split's parts overlap less than a pair's halves (the filter gradient at batch 256: CPU 1.15x wall, yet 20% faster
+# than unsplit), so splits rest only under 1.1x (at 1.25x the batch-256 step lost its gain: 30.5 against 23.9 ms)
+SPLIT_OVERLAP = 1.1
 
 
 def split_spans(n: int, work: int, minimum: int = None) -> list:
@@ -326,12 +331,11 @@ def split_spans(n: int, work: int, minimum: int = None) -> list:
 
 
 # How long the caller waits, without the GIL, for the pool threads to take their parts before starting its own.  A
-# woken pool thread needs the GIL to start: while the caller runs its part's Python between NumPy calls, a waiting
-# thread can lose the race for the GIL each time and wait up to the interpreter's switch interval (5 ms); measured,
-# the pool thread then often started only after the caller had finished its own part (LeNet conv1 at batch 64: the
-# split ran 0.75-1.0 ms against 0.66 unsplit).  Waiting here for the start (tens of us on an idle core) lets it take
-# the GIL at once.  A pool thread with no core by the deadline is not waited for: the caller starts its own part,
-# then runs the unstarted parts itself (_reclaim).
+# woken pool thread needs the GIL to start; while the caller runs its part's Python between NumPy calls it can lose
+# that race again and again: measured, the pool thread often started only after the caller had finished its own part
+# (LeNet conv2 forward at batch 64, both halves then ran in turn).  Waiting for the start (20-50 us on an idle core)
+# lets it take the GIL at once.  A pool thread with no core by the deadline is not waited for: the caller starts its
+# own part, then runs the unstarted parts itself (_reclaim).
 START_WAIT_S = 0.0002
 
 
@@ -366,7 +370,7 @@ def parallel_spans(fn, spans):
     finally:
         _reclaim(futures)
         _wait_started(futures)
-        _rest_if_alone(wall, cpu)
+        _rest_if_alone(wall, cpu, SPLIT_OVERLAP)
     for i, f in enumerate(futures):
         if not f.cancelled():
             results[i + 1] = f.result()
