@@ -310,8 +310,9 @@ def _single(fn, *args):
 # on each part of the batch, one part per thread, each part a sub-problem run with nothing split inside (its loops
 # on one thread, BLAS at its resting one thread: the cores are never oversubscribed).  One hand-off per primitive.
 # The grain is the BLAS grain: from there on the primitive's products would get all of BLAS's threads, and OpenBLAS's
-# own split ran slower than one thread on the 2-core machine (LeNet conv2 at batch 256: forward 5.7 ms on two BLAS
-# threads, 4.0 split, 6.8 on one thread; filter gradient 4-39 ms on two BLAS threads with the machine shared).  Below
+# own split gained little or lost on the 2-core machine (LeNet conv2 at batch 256: forward 5.7 ms on two BLAS threads,
+# 4.0 split, 3.3-6.8 on one; filter gradient 3.1-4.0 ms on two BLAS threads when quiet, 39 when shared, 4.0-5.2
+# split; the batch-256 step 12-15% faster split, with 0.67x the CPU time: no spinning BLAS workers).  Below
 # it the parts lost in the training step though they won alone: LeNet conv2 at batch 64 (15.4M multiply-adds) ran
 # 0.52 ms split against 0.71 in a loop, but 0.95-1.07 split inside the step (each part at half speed: the other core
 # idle between ops, the GIL passed back and forth), and the step was no faster (docs/threads.md).
