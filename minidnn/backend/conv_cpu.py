@@ -52,6 +52,11 @@ DIRECT, depthwise     G == C == K (one input and one output channel per group). 
                       padded dy, else a multiply-add per tap; backward filter the einsum dw[k, c] = sum
                       windows[n, o, k, c] dy[n, o, c], chunk partials added in batch order).
 
+Threads: the flat and depthwise forms hand their chunks out to minidnn's threads one at a time (parallel_for).  The
+other dense forms run, from threads.MIN_SPLIT_WORK multiply-adds on, on one part of the batch per thread at once
+(``_over_batch`` / ``_summed_over_batch``: the form chosen on the whole batch, each part unsplit inside with BLAS at
+one thread; the filter gradient's parts added in batch order; docs/threads.md).
+
 ``fast_paths_enabled(False)`` switches them off (the registry then runs the references), for debugging and
 for the tests and benchmarks that compare the two.
 """

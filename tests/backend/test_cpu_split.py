@@ -281,3 +281,27 @@ def test_pooling_grain(monkeypatch):
     finally:
         minidnn.set_num_threads(before or 1)
     assert parts == [2]
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grouped_and_depthwise_are_not_split_and_keep_their_bits(split, monkeypatch, n, dtype):
+    """Groups: depthwise convolutions hand their own chunks out (parallel_for) and grouped dense ones run the
+    reference; neither is cut by the batch split, and both give the unsplit call's bits with splitting forced."""
+    from minidnn.backend.conv_gemm import gemm_backward_data, gemm_forward
+    parts = []
+    real = threads_module.parallel_spans
+    monkeypatch.setattr(conv_cpu, "parallel_spans", lambda fn, spans: parts.append(len(spans)) or real(fn, spans))
+    rng = np.random.default_rng(4)
+    for groups, w_shape in ((6, (6, 1, 3, 3)), (2, (4, 3, 3, 3))):
+        desc = ConvolutionDescriptor(padding=1, groups=groups)
+        p = make_problem("test", (n, 6, 9, 8), w_shape, desc, dtype)
+        x, w, dy = (rng.standard_normal(s).astype(dtype) for s in (p.x_shape, p.w_shape, p.y_shape))
+        if groups == p.C:
+            calls = [(conv_cpu.depthwise_forward, x, w), (conv_cpu.depthwise_backward_data, w, dy),
+                     (conv_cpu.depthwise_backward_filter, x, dy)]
+        else:
+            calls = [(gemm_forward, x, w), (gemm_backward_data, w, dy)]
+        for fn, a, b in calls:
+            _same_bits(fn(p, a, b), _unsplit(fn, p, a, b))
+    assert parts == []
