@@ -1151,7 +1151,9 @@ class _BackwardCall:
     __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "pdt", "n_partial", "n_sync",
                  "has_scale", "want_dz", "launch1", "grad", "dx", "rows")
 
-    def __call__(self, xc, dyc, scale, mean, inv_std, y):
+    def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
+        """``dscale``, ``dbias`` (with a scale): (C,) C-contiguous arrays of the parameter dtype the kernels write
+        the parameter gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones."""
         if ONEPASS != self.onepass or (self.rows and _nhwc.ENABLED) \
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
@@ -1159,7 +1161,10 @@ class _BackwardCall:
         with _launch.on_device(dev):
             partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
             coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
-            dscale, dbias = _ws.pair(cp, (c,), self.pdt) if self.has_scale else (None, None)
+            if not self.has_scale:
+                dscale = dbias = None
+            elif dscale is None or dbias is None:
+                dscale, dbias = _ws.pair(cp, (c,), self.pdt)
             if self.launch1 is not None:
                 dx = cp.empty(self.mem, dtype=self.dtype)
                 dz = cp.empty(self.mem, dtype=self.dtype) if self.want_dz else None

@@ -773,18 +773,23 @@ class BackwardCall(_Call):
     def _build(self, vec):
         return _bwd_plan(self.dtype, self.rows, self.c, vec, self.route, self.args, self.dev)
 
-    def __call__(self, xc, dyc, scale, mean, inv_std, y):
+    def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
         if not ENABLED or ROUTE != self.route:
             return None
-        return self.run(xc, dyc, scale, mean, inv_std, y)
+        return self.run(xc, dyc, scale, mean, inv_std, y, dscale, dbias)
 
-    def run(self, xc, dyc, scale, mean, inv_std, y):
+    def run(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
+        """``dscale``, ``dbias`` (with a scale): (C,) C-contiguous arrays of the parameter dtype to write the parameter
+        gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones."""
         plan = self._plan(xc, dyc, y)
         cp, dev, acc, c, flags = _launch.cupy(), self.dev, mean.dtype, self.c, self.args
         with _launch.on_device(dev):
             partial = _ws.scratch_flat(cp, dev, "bn.partial", plan[-2], acc)
             coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
-            dscale, dbias = _ws.pair(cp, (c,), _param(self.dtype)) if flags["has_scale"] else (None, None)
+            if not flags["has_scale"]:
+                dscale = dbias = None
+            elif dscale is None or dbias is None:
+                dscale, dbias = _ws.pair(cp, (c,), _param(self.dtype))
             dx = cp.empty(self.mem, dtype=self.dtype)
             dz = cp.empty(self.mem, dtype=self.dtype) if flags["has_z"] else None
             if plan[0] == "one":

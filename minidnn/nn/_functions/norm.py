@@ -18,6 +18,7 @@ import numpy as np
 
 from ... import backend as B
 from ..._amp_state import autocast_op
+from ..._grad_dest import destination
 from ...autograd import Function, FunctionCtx, _state, gradient_wanted, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.array_ops import copy_like
@@ -85,7 +86,7 @@ class BatchNormTraining(Function):
                                      (x, weight, bias), gy), None, None, None, None, None)
         seen = ctx.seen
         if seen is not None and FAST[0]:
-            out = seen.backward(0, x, weight, None, gy, ctx.stats)
+            out = seen.backward(0, x, weight, None, gy, ctx.stats, _param_destinations(ctx, x))
             if out is not None:
                 return wrap(out[0]), wrap(out[2]), wrap(out[3]), None, None, None, None, None
         dx, dw, db = B.batch_normalization_backward(handle_for(x), _SPATIAL, x.data, _as_layout_of(gy.data, x.data),
@@ -178,7 +179,7 @@ class BatchNormReLU(Function):
             return None, None, None, activation_grad(g, y, _RELU), None
         seen = ctx.seen
         if seen is not None and FAST[0]:
-            out = seen.backward(1, x, weight, y, g, ctx.stats)
+            out = seen.backward(1, x, weight, y, g, ctx.stats, _param_destinations(ctx, x))
             if out is not None:
                 return wrap(out[0]), wrap(out[2]), wrap(out[3]), None, None
         dx, _, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_RELU, x.data, y.data,
@@ -207,7 +208,7 @@ class BatchNormAddReLU(Function):
             return None, None, None, None, activation_grad(g, a, _RELU), None
         seen = ctx.seen
         if seen is not None and FAST[0]:
-            out = seen.backward(2, x, weight, a, g, ctx.stats)
+            out = seen.backward(2, x, weight, a, g, ctx.stats, _param_destinations(ctx, x))
             if out is not None:
                 dz = out[1] if ctx.needs_input_grad[3] else None
                 return wrap(out[0]), wrap(out[2]), wrap(out[3]), (None if dz is None else wrap(dz)), None, None
@@ -218,6 +219,25 @@ class BatchNormAddReLU(Function):
             seen.settle_backward(2, x, weight, a, g, ctx.stats)
         dz = _as_layout_of(dz, x.data) if ctx.needs_input_grad[3] else None
         return wrap(_as_layout_of(dx, x.data)), wrap(dw), wrap(db), (None if dz is None else wrap(dz)), None, None
+
+
+def _param_destinations(ctx, x):
+    """(dscale, dbias): the weight's and the bias's empty flat-buffer slots where the kernels may write their
+    gradients (gradient destinations, beta 0: minidnn/_grad_dest.py -- no copy into the optimizer's buffer
+    afterwards), each (C,), C-contiguous, of the dtype the kernels write (float32 for 16-bit data); else ()."""
+    need = ctx.needs_input_grad
+    if not (need[1] and need[2]):
+        return ()
+    a, b = destination(ctx, 1), destination(ctx, 2)
+    if a is None or b is None or a[1] or b[1]:
+        return ()
+    a, b = a[0], b[0]
+    dt = np.dtype(np.float32) if x.data.dtype.itemsize == 2 else x.data.dtype
+    c = (x.shape[1],)
+    if a.shape != c or b.shape != c or a.dtype != dt or b.dtype != dt or not (a.flags.c_contiguous
+                                                                             and b.flags.c_contiguous):
+        return ()
+    return a, b
 
 
 def _bypassed_wanted(nodes):
@@ -527,9 +547,10 @@ class _Remembered:
         ctx.num_outputs = 1
         return Function.output(ctx, r)
 
-    def backward(self, form, x, weight, y, g, stats):
+    def backward(self, form, x, weight, y, g, stats, dests=()):
         """(dx, dz, dscale, dbias) of backward form ``form`` (0 plain, 1 BN + ReLU, 2 BN + add + ReLU) from the
-        settled kernels' call, or None (the caller takes the full path)."""
+        settled kernels' call, or None (the caller takes the full path); ``dests``: (dscale, dbias) arrays to write
+        the parameter gradients into (``_param_destinations``)."""
         call = self.backward_calls[form]
         if not call:
             return None
@@ -542,7 +563,7 @@ class _Remembered:
         wd = None
         if weight is not None and (wd := weight.data) is not self.wd:
             return None
-        return call(xd, gd, wd, stats[0], stats[1], yd)
+        return call(xd, gd, wd, stats[0], stats[1], yd, *dests)
 
     def settle_backward(self, form, x, weight, y, g, stats):
         """After a full-path backward of form ``form`` through these arrays: remember the kernels' call (False where
