@@ -14,6 +14,7 @@ if not _dev.cuda_is_available():
 
 import minidnn as mdn  # noqa: E402
 import minidnn._grad_dest as G  # noqa: E402
+import minidnn.autograd as A  # noqa: E402
 import minidnn.models as M  # noqa: E402
 import minidnn.nn.functional as F  # noqa: E402
 from minidnn.nn._functions import conv as C  # noqa: E402
@@ -21,9 +22,16 @@ from minidnn.nn._functions import conv as C  # noqa: E402
 
 @pytest.fixture
 def taken(monkeypatch):
-    """Counts of the destinations the conv backward used, by beta."""
-    counts = {0.0: 0, 1.0: 0}
+    """Counts of the destinations the conv backward used, by beta, and of the engine's copies of a leaf's
+    gradient into the optimizer's flat buffer ("copies")."""
+    counts = {0.0: 0, 1.0: 0, "copies": 0}
     real = C._landed
+    real_copy = A._copy_into
+
+    def copy_into(*args):
+        counts["copies"] += 1
+        return real_copy(*args)
+    monkeypatch.setattr(A, "_copy_into", copy_into)
 
     def landed(result, dest):
         if dest is not None and result is dest[0]:
@@ -57,11 +65,14 @@ def _train(enabled, amp, channels_last=False, steps=3):
 
 def test_fp32_resnet20_same_bits_with_destinations(taken):
     off_p, off_g = _train(False, False)
-    assert taken == {0.0: 0, 1.0: 0}
+    assert taken[0.0] == taken[1.0] == 0 and taken["copies"] == 65 * 3, taken      # 65 parameters, 3 steps
+    taken["copies"] = 0
     on_p, on_g = _train(True, False)
     # 9 residual blocks' input gradients blended per step (beta 1), every conv weight's gradient written into the
-    # flat buffer (beta 0), over the steps after the first (the first settles the calls)
+    # flat buffer (beta 0), over the steps after the first (the first settles the calls); batch norm's weight and
+    # bias gradients too: only the linear layer's two (and the first step's) are still copied
     assert taken[1.0] >= 9 * 2 and taken[0.0] >= 21 * 2, taken
+    assert taken["copies"] <= 65 + 2 * 3, taken
     for a, b in zip(off_p, on_p):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(off_g, on_g):
