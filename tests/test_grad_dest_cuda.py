@@ -72,7 +72,7 @@ def test_fp32_resnet20_same_bits_with_destinations(taken):
     # flat buffer (beta 0), over the steps after the first (the first settles the calls); batch norm's weight and
     # bias gradients too: only the linear layer's two (and the first step's) are still copied
     assert taken[1.0] >= 9 * 2 and taken[0.0] >= 21 * 2, taken
-    assert taken["copies"] <= 65 + 2 * 3, taken
+    assert taken["copies"] <= 65 + 2 * 10, taken      # (at batch 16 a layer or two may pick a direct kernel)
     for a, b in zip(off_p, on_p):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(off_g, on_g):
