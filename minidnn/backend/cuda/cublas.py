@@ -3,9 +3,11 @@
 Shape legend (row-major, as NumPy/CuPy index them):  a (M, K) or (B, M, K)   b (K, N) or (B, K, N)   c = a @ b
 
 Why not ``cupy.matmul``: CuPy 14 refuses cuBLAS calls while a stream is being captured.  Calling cublasGemmEx /
-cublasGemmStridedBatchedEx on CuPy's own handle works under capture once the handle is bound to the current
-stream and given a workspace (cublasSetStream, then cublasSetWorkspace, in that order).  No kernel of ours here:
-cuBLAS picks its own tiling; this file only maps row-major operands onto its column-major interface:
+cublasGemmStridedBatchedEx works under capture once the handle is bound to the current stream and given a
+workspace (cublasSetStream, then cublasSetWorkspace, in that order: setting the stream resets the workspace).  The
+handle is our own, one per thread and device, so nothing else rebinds it: the two calls are made only when the
+current stream changed since its last product (host time: a product is one ctypes call most of the time).  No kernel
+of ours here: cuBLAS picks its own tiling; this file only maps row-major operands onto its column-major interface:
 
     c^T (N, M) = b^T (N, K) @ a^T (K, M)      a row-major C-contiguous (M, K) block *is* a column-major (K, M)
                                                one with leading dimension K; an F-ordered (transposed) view is
@@ -17,6 +19,7 @@ frequency-domain products) with 32F/64F compute.
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
@@ -32,7 +35,7 @@ _GEMM_DEFAULT = -1
 _WORKSPACE_BYTES = 32 << 20
 
 _lib = None
-_workspace: dict = {}          # device id -> CuPy array that cuBLAS may use (allocated once, kept forever)
+_local = threading.local()     # .handles: device id -> [cuBLAS handle, its workspace (CuPy array), bound stream]
 
 
 def _load():
@@ -54,6 +57,7 @@ def _load():
     else:
         raise RuntimeError("minidnn: could not load libcublas for graph-capturable matrix products")
     vp, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, sz]
     lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
@@ -65,9 +69,10 @@ def _load():
 
 
 def _data_type(dtype):
-    if dtype.name == "bfloat16":
-        return 14                  # CUDA_R_16BF
-    return _DATA.get(dtype)
+    t = _DATA.get(dtype, False)
+    if t is False:                 # (dtype.name is a slow property: looked up once per dtype)
+        t = _DATA[dtype] = 14 if dtype.name == "bfloat16" else None      # CUDA_R_16BF
+    return t
 
 
 def supports(a, b) -> bool:
@@ -94,15 +99,22 @@ def _layout(m):
 
 
 def _bind(lib, cp):
-    """The handle of the current device, bound to the current stream and to our workspace."""
-    handle = cp.cuda.device.get_cublas_handle()
+    """This thread's handle of the current device, bound to the current stream and to its workspace."""
+    handles = getattr(_local, "handles", None)
+    if handles is None:
+        handles = _local.handles = {}
     dev = cp.cuda.runtime.getDevice()
-    ws = _workspace.get(dev)
-    if ws is None:
-        ws = _workspace[dev] = cp.empty(_WORKSPACE_BYTES, dtype=np.uint8)
-    _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
-    _check(lib.cublasSetWorkspace_v2(handle, ws.data.ptr, _WORKSPACE_BYTES), "cublasSetWorkspace")
-    return handle
+    entry = handles.get(dev)
+    if entry is None:
+        h = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+        entry = handles[dev] = [h.value, cp.empty(_WORKSPACE_BYTES, dtype=np.uint8), None]
+    stream = cp.cuda.get_current_stream().ptr
+    if entry[2] != stream:
+        _check(lib.cublasSetStream_v2(entry[0], stream), "cublasSetStream")
+        _check(lib.cublasSetWorkspace_v2(entry[0], entry[1].data.ptr, _WORKSPACE_BYTES), "cublasSetWorkspace")
+        entry[2] = stream
+    return entry[0]
 
 
 def _check(status, what):
