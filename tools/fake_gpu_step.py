@@ -8,6 +8,7 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=prof  [SORT=cumulative N=60] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
     MODE=calls python tools/fake_gpu_step.py TREE     # µs per call of round 8's device check, handle, enum keys
+    MODE=copies python tools/fake_gpu_step.py TREE resnet20 8    # the engine's leaf-gradient copies and gradient sums
     MODE=record OUT=a.json python tools/fake_gpu_step.py TREE resnet20 128   # one step's launches (kernel, grid,
         packed arguments, array pointers read as 0; the third step, after two warm-ups): compare two trees' records
         with `python tools/record_launches.py --compare a.json b.json`
@@ -173,6 +174,23 @@ elif mode == "count":
     print("CuPy operations:", dict(ops))
     for (n, c), v in cupy_ops.most_common(25): print(f"{v:5d} {n:18s} {c}")
     for (n, c), v in counts.most_common(40): print(f"{v:5d} {n:18s} {c}")
+elif mode == "copies":
+    # the engine's leaf-gradient copies into the optimizer's flat buffer and its sums of two gradients, one step
+    # (gradient destinations remove both where the producing kernels can write in place: minidnn/_grad_dest.py)
+    import minidnn.autograd as A
+    n = collections.Counter()
+    def _counting(name):
+        real = getattr(A, name)
+        def f(*a, **k):
+            n[name] += 1
+            return real(*a, **k)
+        setattr(A, name, f)
+    _counting("_copy_into"); _counting("_add_grads")
+    step()
+    n.clear()
+    step()
+    print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)}: leaf copies {n['_copy_into']}, gradient sums "
+          f"{n['_add_grads']}")
 elif mode == "time":
     import gc
     for _ in range(10): step()
