@@ -43,9 +43,9 @@ import os
 
 import numpy as np
 
-from .. import devices as _dev
 from . import launch as _launch
 from . import workspace as _ws
+from .storage import STORAGE_HEADER, acc_dtype, param_dtype, type_info
 
 __all__ = ["ENABLED", "ROUTE", "SOURCE", "takes", "rows_layout", "switch", "geometry", "training_call",
            "backward_call", "inference_call", "forward_training", "forward_inference", "backward"]
@@ -62,28 +62,10 @@ TWO_BLOCKS_PER_SM = 4  # the two-launch reduction's blocks per SM (need not be r
 APPLY_BLOCKS_PER_SM = 8
 _INT_MAX = 2 ** 31 - 1
 
-# Storage of the data (the conventions of bn_kernels.STORAGE_HEADER, kept here so this module imports nothing of
-# bn_kernels, which routes to it): T is the stored type, LD / ST convert to and from A; 16-bit data as raw bits
-# converted with PTX.  VT: a vector of VBYTES bytes (VEC values).
-HEADER = r"""
-typedef ACCUM A;
+# Storage of the data: storage.STORAGE_HEADER (T the stored type, LD / ST convert to and from A; 16-bit data as raw
+# bits converted with PTX), then P, the parameters' type, and VT: a vector of VBYTES bytes (VEC values).
+HEADER = STORAGE_HEADER + r"""
 typedef PARAM P;
-#if STORAGE == 0
-typedef SCALAR T;
-__device__ __forceinline__ A LD(T v) { return (A)v; }
-__device__ __forceinline__ T ST(A v) { return (T)v; }
-#else
-typedef unsigned short T;
-#if STORAGE == 1
-__device__ __forceinline__ float LD(T h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ T ST(float f)
-{ unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-#else
-__device__ __forceinline__ float LD(T h) { return __uint_as_float(((unsigned int)h) << 16); }
-__device__ __forceinline__ T ST(float f)
-{ unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-#endif
-#endif
 #if VBYTES == 16
 typedef uint4 VT;
 #elif VBYTES == 8
@@ -540,16 +522,9 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
 }
 """
 
-# x's dtype name -> (SCALAR, ACCUM, STORAGE, parameter dtype)
-_TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
-          "float64": ("double", "double", 0, np.dtype(np.float64)),
-          "float16": ("float", "float", 1, np.dtype(np.float32)),
-          "bfloat16": ("float", "float", 2, np.dtype(np.float32))}
-
-
 def takes(dtype) -> bool:
     """Whether kernels exist for data of ``dtype`` (the caller, bn_kernels, has validated everything else)."""
-    return _dev.dtype_name(dtype) in _TYPES
+    return type_info(dtype) is not None
 
 
 def vec_width(c, itemsize, ptrs=()):
@@ -578,7 +553,7 @@ def reduce_grid(ng, chunks, blocks):
 
 
 def _options(dtype, vec, **flags):
-    scalar, accum, storage, pdt = _TYPES[_dev.dtype_name(dtype)]
+    scalar, accum, storage, pdt = type_info(dtype)
     item = np.dtype(dtype).itemsize
     opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DACC_DOUBLE={int(accum == 'double')}",
@@ -600,12 +575,7 @@ def _kernel(name, dtype, vec, **flags):
     return k
 
 
-def _acc(dtype):
-    return np.dtype(np.float64) if _dev.dtype_name(dtype) == "float64" else np.dtype(np.float32)
-
-
-def _param(dtype):
-    return _TYPES[_dev.dtype_name(dtype)][3]
+_acc, _param = acc_dtype, param_dtype
 
 
 _tickets: dict = {}

@@ -55,8 +55,8 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from . import workspace as _ws
-from .bn_kernels import STORAGE_HEADER
 from .softmax_kernels import WARP_REDUCE
+from .storage import STORAGE_HEADER, param_dtype, type_info
 
 __all__ = ["supports_layer_norm", "supports_group_norm", "supports_stats", "supports_bias",
            "supports_bias_grad", "layer_norm_forward",
@@ -599,11 +599,6 @@ bias_add(const T* x, const PT* __restrict__ b, T* y,      // x may be y: no __re
 }
 """
 
-# x's dtype name -> (SCALAR, ACCUM, STORAGE, accumulation dtype)
-_TYPES = {"float32": ("float", "float", 0, np.dtype(np.float32)),
-          "float64": ("double", "double", 0, np.dtype(np.float64)),
-          "float16": ("float", "float", 1, np.dtype(np.float32)),
-          "bfloat16": ("float", "float", 2, np.dtype(np.float32))}
 _PSTORAGE = {"float32": ("float", 0), "float64": ("double", 0), "float16": ("float", 1), "bfloat16": ("float", 2)}
 _INT_MAX = 2 ** 31 - 1
 MAX_TEAM = 512
@@ -665,7 +660,7 @@ def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, in_t=False):
 def options(dtype, pinfo, team=32, vpt=0, vec=1, in_t=False):
     """NVRTC options of one configuration (affine parameters and the group mapping are run-time flags: one
     compilation serves layer and group norm with or without parameters)."""
-    scalar, accum, storage, _ = _TYPES[_dev.dtype_name(dtype)]
+    scalar, accum, storage, _ = type_info(dtype)
     param, pstorage = pinfo
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
             f"-DPSTORAGE={pstorage}", f"-DTEAM={team}", f"-DBLOCK={_block(team)}", f"-DVPT={vpt}", f"-DVEC={vec}",
@@ -686,7 +681,7 @@ def divider(d):
 
 
 def _acc(dtype):
-    return _TYPES[_dev.dtype_name(dtype)][3]
+    return param_dtype(dtype)      # (float32 for 16-bit data, float64 for float64: the accumulation dtype)
 
 
 def _flags(scale, bias, grouped):
@@ -700,7 +695,7 @@ def _aligned(*arrays):
 # ---- selection predicates (plain sentences: what the kernels take) -------------------------------------------
 
 def _data_ok(x):
-    return (_dev.is_cuda_array(x) and _dev.dtype_name(x.dtype) in _TYPES and 0 < x.size <= _INT_MAX
+    return (_dev.is_cuda_array(x) and type_info(x.dtype) is not None and 0 < x.size <= _INT_MAX
             and x.flags.c_contiguous)
 
 
