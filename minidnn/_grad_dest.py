@@ -15,6 +15,8 @@ A Function whose kernels can blend (cuDNN's ``beta``) asks, in its backward, ``d
     (array, 0.0, None)        input i is a leaf with no ``.grad`` yet whose gradient lives in the optimizer's flat
                               buffer: write the gradient into ``array`` (beta = 0) and return it wrapped --
                               ``AccumulateGrad`` keeps it where it is.  (Not with hooks on the leaf or its node.)
+                              Also through autocast's cast of a float32 leaf, for a float32 gradient (the filter
+                              gradients' ``dw_dtype``): the cast node passes it through untouched.
 
 Offered only while the engine runs a first-order backward into ``.grad`` (not ``autograd.grad``, not
 ``create_graph``); a pending gradient only where nothing but the engine's buffer refers to it or its array
@@ -71,6 +73,15 @@ def destination(ctx, i):
         if base is not None and (_ag._getrefcount(base) > _SOLE_BASE_REFS or getattr(base, "base", None) is not None):
             return None
         return data, 1.0, g
+    if getattr(child, "float32_grad_ok", False):
+        # autocast's cast of a float32 leaf (amp.AutocastCast): its backward passes a float32 gradient through
+        # untouched, so the leaf's slot is offered through it (for a float32 gradient: the caller checks the dtype)
+        if child.pre_hooks or child.src_dtype != np.float32 or child.next_edges[0] is None:
+            return None
+        child, nr = child.next_edges[0]
+        buf = buffers.get(child)
+        if buf is not None and buf[nr] is not None:
+            return None
     if type(child) is _ag.AccumulateGrad:
         var = child.variable
         storage = var._grad_storage

@@ -191,3 +191,43 @@ def test_gpu_step_keeps_gradients_in_place_under_the_fake_cupy():
     # (the one sum left is the loss's own root buffer meeting nothing: counted by the engine's call, not an add).
     assert _fake_step_counts("resnet20", 8, MINIDNN_GRAD_DEST="0") == (65, 10)
     assert _fake_step_counts("resnet20", 8) == (3, 1)
+
+
+class _Float32Grad(Function):
+    """y = sum(k * w) over a 16-bit w, whose backward hands w's gradient back in float32 into the destination (as
+    the filter-gradient kernels do with ``dw_dtype``)."""
+
+    @staticmethod
+    def forward(ctx, w, k):
+        ctx.k, ctx.shape = k, w.shape
+        return mdn.Tensor(np.asarray((w.data.astype(np.float32) * k).sum(), dtype=np.float32))
+
+    @staticmethod
+    def backward(ctx, gy):
+        d = destination(ctx, 0)
+        g = np.full(ctx.shape, ctx.k, dtype=np.float32) * np.float32(gy.data)
+        if d is None:
+            return mdn.Tensor(g), None
+        TAKEN.append(d[1])
+        assert d[0].dtype == np.float32
+        d[0][...] = g
+        return mdn.Tensor(d[0]), None
+
+
+def test_the_slot_is_offered_through_autocasts_cast_of_a_float32_leaf():
+    from minidnn.amp.autocast_mode import _cast
+    w = mdn.tensor(np.arange(6.0, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    flat = np.zeros(8, np.float32)
+    w._grad_storage = flat[1:7].reshape(2, 3)
+    wc = _cast(w, mdn.bfloat16)                 # autocast's marked cast node (float32 -> bfloat16)
+    assert wc.dtype == mdn.bfloat16 and getattr(wc.grad_fn, "float32_grad_ok", False)
+    _Float32Grad.apply(wc, 3.0).backward()
+    assert TAKEN == [0.0]
+    np.testing.assert_array_equal(flat, [0, 3, 3, 3, 3, 3, 3, 0])
+    np.testing.assert_array_equal(w.grad.numpy(), np.full((2, 3), 3.0, np.float32))
+    # a float16/bfloat16 leaf's cast (src dtype not float32) is not looked through
+    TAKEN.clear()
+    v = mdn.tensor(np.ones(3, np.float32), requires_grad=True).to(mdn.float16).detach().requires_grad_()
+    v._grad_storage = np.zeros(3, np.float16)
+    _Float32Grad.apply(_cast(v, mdn.bfloat16), 1.0).backward()
+    assert TAKEN == []

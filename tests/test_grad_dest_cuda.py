@@ -99,3 +99,10 @@ def test_channels_last_unchanged(taken):
     on_p, _ = _train(True, False, channels_last=True, steps=2)
     for a, b in zip(off_p, on_p):
         np.testing.assert_array_equal(a, b)
+
+
+def test_bf16_autocast_weights_land_through_the_cast(taken):
+    # a conv weight reaches the engine through autocast's cast node, which passes the float32 filter gradient
+    # through: its flat-buffer slot is offered through the cast (3 copies left, as in fp32)
+    _train(True, True, steps=4, counts=taken)
+    assert taken["per step"][-2:] == [3, 3], taken
