@@ -210,6 +210,8 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
     data, filt, dy_last = pair
     gd = gy.data
     dw = _destination(ctx, 1, tuple(w_shape), ctx.dw_dtype or gd.dtype) if filt is not None else None
+    if dw is not None and dw[1]:        # the filter gradient into a slot only (beta 0): a weight used twice keeps
+        dw = None                       # the engine's add (its split-K / atomic variants' blending is not relied on)
     if data is None:                                # the filter gradient alone
         xa, dya = (_last(x.data), _last(gd)) if dy_last and seen.nhwc else (x.data, gd)
         gw = filt.run(xa, dya, None, *(dw[:2] if dw else ()))
