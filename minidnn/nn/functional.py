@@ -12,7 +12,7 @@ its gradient raises an error naming the op, never a silent zero.
 """
 from __future__ import annotations
 
-from .._amp_state import autocast_op, float32_grad_of
+from .._amp_state import autocast_op
 from ..backend.errors import ArgumentError
 from ._functions import extra as _extra
 from ._functions.activation import (  # noqa: F401
@@ -36,7 +36,7 @@ from ._functions.activation import (  # noqa: F401
 from ._functions.bias import add_bias
 from ._functions.conv import conv1d, conv2d, conv3d, conv_transpose1d, conv_transpose2d, conv_transpose3d  # noqa: F401
 from ._functions.extra import *  # noqa: F401,F403  (its __all__ joins this one's below)
-from ._functions.linear import LinearFloat32WeightGrad
+from ._functions.linear import Linear
 from ._functions.loss import (  # noqa: F401
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
@@ -85,8 +85,7 @@ def linear(input, weight, bias=None):
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ArgumentError(f"linear: bias has shape {tuple(bias.shape)} but weight {tuple(weight.shape)} has "
                          f"{weight.shape[0]} outputs")
-    if float32_grad_of(weight) is not None:     # autocast's cast of a float32 weight: dw in float32 (docs/amp.md)
-        y = LinearFloat32WeightGrad.apply(input, weight)
-    else:
-        y = input @ weight.T
+    if input.dtype == weight.dtype and (bias is None or bias.dtype == input.dtype):
+        return Linear.apply(input, weight, bias)        # one node; autocast's float32 weights get float32 dw
+    y = input @ weight.T                                # mixed dtypes: PyTorch's promotion, by the Tensor ops
     return add_bias(y, bias, channels_last=True)

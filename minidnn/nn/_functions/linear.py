@@ -1,42 +1,77 @@
-"""A linear layer's product when its weight is autocast's cast of a float32 parameter.
+"""A linear layer as one Function: the product, the bias, and their first-order gradients on raw arrays.
 
-# x: (*, in)   w: (out, in)   g = dy: (*, out)   y = x @ w.T   dx = g @ w   dw = g^T x over every leading row
+# x: (*, in)   w: (out, in)   b: (out,)   g = dy: (*, out)   rows = every leading index of x, flattened
 
-``F.linear`` computes ``input @ weight.T`` with the Tensor ops (a Matmul and a transpose), whose backward gives dw
-in the weight's dtype.  Under autocast that weight is a float16/bfloat16 cast of a float32 parameter, and the cast
-node converts dw back to float32: one more launch per layer and step, and a rounding of dw to the low precision.
-``LinearFloat32WeightGrad`` computes the same forward product and, in a first-order backward, dw in float32 straight
-from the GEMM (cuBLAS's float32 output; on the CPU the product of float32 copies), which the cast node passes through
-(``_amp_state.float32_grad_of``, docs/amp.md).  Under create_graph it is the plain formula in the weight's dtype.
+    forward    y = x @ w.T  (one GEMM on the rows: cuBLAS on the GPU), then y += b in place (the backend's
+               add_tensor: one bias kernel on the GPU)
+    backward   dx = g @ w,  dw = g^T x  (one GEMM each),  db = the column sum of g (convolution_backward_bias)
+    again      under create_graph, the same formulas in differentiable Tensor ops
+
+``F.linear`` used to record ``input @ weight.T`` and the bias add as three nodes (a transpose, a Matmul, a BiasAdd),
+whose backward ran differentiable Tensor ops -- a matmul with its checks, transposes, and the transpose's gradient
+(a strided view the leaf then copies) -- on every step; one node with array-level first-order backward is the host
+cost a PyTorch user expects of a linear layer (docs/host_overhead.md round 16).  Under autocast, where the weight is
+a float16/bfloat16 cast of a float32 parameter (``_amp_state.float32_grad_of``), dw comes back in float32 straight
+from the GEMM (cuBLAS's float32 output; on the CPU the product of float32 copies), which the cast node passes
+through; the bias's db likewise (docs/amp.md).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ... import backend as B
+from ..._amp_state import float32_grad_of
 from ...autograd import Function, is_grad_enabled
 from ...backend import blas
-from ._util import wrap
+from ._util import handle_for, wrap
 
-__all__ = ["LinearFloat32WeightGrad"]
+__all__ = ["Linear"]
 
 
-class LinearFloat32WeightGrad(Function):
-    """x @ w.T for a weight ``float32_grad_of`` marks; its dw comes back in float32 (first order)."""
+def _product(a, b, dtype=None):
+    """a @ b on 2-D arrays, in a's dtype (NumPy returns bfloat16 products in float32: rounded once, as a GEMM would)
+    or in ``dtype`` (float32 of 16-bit operands)."""
+    out = blas.matmul(a, b, out_dtype=dtype)
+    want = a.dtype if dtype is None else np.dtype(dtype)
+    return out if out.dtype == want else out.astype(want)
+
+
+class Linear(Function):
+    """y = x @ w.T (+ b) for x (*, in) with at least 2 dims, w (out, in), b (out,) or None, all of one dtype."""
 
     @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
-        return x @ w.T
+    def forward(ctx, x, w, b):
+        need = ctx.needs_input_grad
+        ctx.save_for_backward(x if need[1] else None, w if need[0] else None)
+        ctx.x_shape = tuple(x.shape)
+        ctx.dw_dtype = float32_grad_of(w) if need[1] else None
+        ctx.db_dtype = float32_grad_of(b) if b is not None and need[2] else None
+        xd = x.data
+        ctx.rows = rows = math.prod(ctx.x_shape[:-1])          # (no -1 in the reshapes: a dim may be 0)
+        y = _product(xd.reshape(rows, ctx.x_shape[-1]), w.data.T)
+        if b is not None:
+            B.add_tensor(handle_for(x), 1.0, b.data, 1.0, y)        # in place: y is this call's own array
+        return wrap(y.reshape(*ctx.x_shape[:-1], y.shape[-1]))
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         need = ctx.needs_input_grad
-        gx = g @ w if need[0] else None
-        if not need[1]:
-            return gx, None
-        if is_grad_enabled():           # create_graph: differentiable ops, dw in w's dtype
-            x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-            return gx, g2.T @ x2
-        x2, g2 = x.data.reshape(-1, x.shape[-1]), g.data.reshape(-1, g.shape[-1])
-        return gx, wrap(blas.matmul(g2.T, x2, out_dtype=np.float32))
+        if is_grad_enabled():       # create_graph: differentiable ops, gradients in the operands' dtypes
+            g2 = g.reshape(ctx.rows, g.shape[-1])
+            return (g @ w if need[0] else None,
+                    g2.T @ x.reshape(ctx.rows, ctx.x_shape[-1]) if need[1] else None,
+                    g2.sum(0) if need[2] else None)
+        gd = g.data
+        g2 = gd.reshape(ctx.rows, gd.shape[-1])
+        gx = wrap(_product(g2, w.data).reshape(ctx.x_shape)) if need[0] else None
+        gw = wrap(_product(g2.T, x.data.reshape(ctx.rows, ctx.x_shape[-1]), ctx.dw_dtype)) if need[1] else None
+        gb = None
+        if need[2]:
+            rows = g2.reshape(g2.shape[0], g2.shape[1], 1)          # (rows, out, 1): the channels on axis 1
+            h = handle_for(g)
+            gb = wrap(B.convolution_backward_bias(h, rows) if ctx.db_dtype is None else
+                      B.convolution_backward_bias(h, rows, db_dtype=ctx.db_dtype))
+        return gx, gw, gb
