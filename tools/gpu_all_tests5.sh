@@ -16,7 +16,7 @@ for i in 0 1 2 3; do
 done
 t n.log tests/nn tests/test_autograd.py tests/test_ops_grad.py &
 t g.log tests/test_cuda_graphs.py tests/optim tests/amp tests/test_examples.py tests/test_tensor.py \
-    tests/test_channels_last.py tests/test_dlpack_half.py &
+    tests/test_channels_last.py tests/test_dlpack_half.py tests/test_grad_dest_cuda.py &
 wait
 grep -hE "^(FAILED|ERROR)|passed|failed|^rc " $OUT/b0.log $OUT/b1.log $OUT/b2.log $OUT/b3.log $OUT/n.log $OUT/g.log | tail -40
 timeout 60 python3 tools/compile_overhead.py --model lenet5 2>&1 | grep -vi warn | tee $OUT/compile_overhead.log
