@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 
 import numpy as np
 
@@ -389,9 +390,10 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
         return
     key = (xd.shape, xd.strides, xd.dtype, momentum, eps, id(weight), id(bias), id(running_mean), id(running_var),
            id(counter))
+    tensors = (weight, bias, running_mean, running_var, counter)
     old = _REMEMBERED.get(key)
     if old is not None and old.dev == xd.data.device_id \
-            and all(_data(t) is a for t, a in zip(old.tensors, (old.wd, old.bd, old.rmd, old.rvd, old.cd))):
+            and all(_data(t) is a for t, a in zip(tensors, (old.wd, old.bd, old.rmd, old.rvd, old.cd))):
         return      # known: the remembered call declined for a passing reason (anomaly mode, alignment, the switch)
     for t in (running_mean, running_var):
         if t is not None and (t.requires_grad or t.grad_fn is not None):
@@ -403,8 +405,7 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
     r = _Remembered()
     r.call, r.sig, r.eps = call, _sig(xd), eps
     r.dev = r.sig[3]
-    r.tensors = (weight, bias, running_mean, running_var, counter)
-    r.wd, r.bd, r.rmd, r.rvd, r.cd = (_data(t) for t in r.tensors)
+    r.wd, r.bd, r.rmd, r.rvd, r.cd = (_data(t) for t in tensors)
     r.xmeta = (xd.shape, xd.dtype)
     r.wmeta = None if weight is None else (r.wd.shape, r.wd.dtype)
     r.bmeta = None if bias is None else (r.bd.shape, r.bd.dtype)
@@ -412,6 +413,12 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
     r.relu = r.add_relu = None
     r.backward_calls = [None, None, None]
     _REMEMBERED.remember(key, r)
+    # The key holds the tensors' ids, the entry only their arrays: it goes when the first of them goes (a model
+    # dropped in a notebook or a sweep takes its entries, and the arrays they hold, with it), so an id is never
+    # met again by a stale entry.
+    for t in tensors:
+        if t is not None:
+            weakref.finalize(t, _REMEMBERED.pop, key, None)
 
 
 def _edge(t):
@@ -421,7 +428,7 @@ def _edge(t):
 
 class _Remembered:
     """One remembered training signature (see above)."""
-    __slots__ = ("call", "sig", "eps", "dev", "tensors", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
+    __slots__ = ("call", "sig", "eps", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
                  "out_meta", "relu", "add_relu", "backward_calls")
 
     def forward(self, x, weight, bias, running_mean, running_var, counter):
