@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 
 from . import autotune as _autotune
-from ._common import accumulation_dtype, begin, blend, check_float, check_out
+from ._common import SeenCalls, accumulation_dtype, begin, blend, check_float, check_out
 from .algorithm_selection import AlgoPerf, ConvolutionPreference, Determinism
 from .conv_algorithms import (
     BACKWARD_DATA_ALGORITHMS,
@@ -485,6 +485,16 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
 def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None, db_dtype=None):
     """db (K,) = alpha * sum of dy over every axis but the channel axis + beta * db.  ``db_dtype`` (not cuDNN's;
     autocast's bias gradients, docs/amp.md): float32 for float16/bfloat16 dy returns the float32 sums unrounded."""
+    if db is None and alpha == 1 and beta == 0 and type(dy) is not np.ndarray:
+        try:        # a GPU call whose signature passed every check before: straight to the kernels
+            key = (handle, dy.shape, dy.strides, dy.dtype, dy.data.device_id, format, db_dtype)
+            seen = _BIAS_SEEN.get(key)
+        except (TypeError, AttributeError):
+            key = seen = None
+        if seen is not None:
+            return norm_kernels_bias_grad(dy.transpose(seen[0]) if seen[0] else dy, seen[1], seen[2])
+    else:
+        key = None
     where = "convolution_backward_bias"
     handle, _ = begin(handle, where, dy=dy, db=db)
     check_float(where, dy=dy)
@@ -499,7 +509,7 @@ def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=N
     fmt = _format(format)
     dy_cf = to_channels_first(dy, fmt)
     check_out(where, "db", db, (dy_cf.shape[1],), out_dtype, beta)
-    if alpha == 1 and beta == 0 and db is None and (fast := _gpu_bias_grad(dy_cf, out_dtype)) is not None:
+    if alpha == 1 and beta == 0 and db is None and (fast := _gpu_bias_grad(dy_cf, out_dtype, key)) is not None:
         return fast             # backend/cuda/norm_kernels.py: bias_grad (1-2 launches)
     with handle.activate():
         axes = (0, *range(2, dy.ndim))
@@ -507,18 +517,35 @@ def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=N
         return _finish(result, alpha, beta, db, TensorFormat.NCHW)
 
 
-def _gpu_bias_grad(dy_cf, out_dtype=None):
-    """db by the CUDA column-sum kernels for channels-first dy in NCHW or channels-last memory, else None."""
+# convolution_backward_bias's seen GPU calls: (handle, dy's shape, strides, dtype, device, format, db_dtype) -> (the
+# transpose from dy to the memory the kernels sum (or None), the channel axis there, the wide output dtype or None).
+# The key holds everything the checks and the kernels' support test read; only alpha 1, beta 0 and no db take it,
+# and only calls whose dy is already channels-first indexed (the default format) are remembered.
+_BIAS_SEEN = SeenCalls()
+
+
+def norm_kernels_bias_grad(mem, axis, out_dtype):
+    from .cuda import norm_kernels
+    return norm_kernels.bias_grad(mem, axis, out_dtype)
+
+
+def _gpu_bias_grad(dy_cf, out_dtype=None, key=None):
+    """db by the CUDA column-sum kernels for channels-first dy in NCHW or channels-last memory, else None; ``key``:
+    remember the call (see _BIAS_SEEN) -- the channels-first view and the kernels' memory as transposes of dy."""
     if not is_cuda_array(dy_cf):
         return None
     from .cuda import norm_kernels
     if dy_cf.flags.c_contiguous:
-        mem, axis = dy_cf, 1
+        mem, axis, perm = dy_cf, 1, ()
     else:
-        mem, axis = dy_cf.transpose((0, *range(2, dy_cf.ndim), 1)), dy_cf.ndim - 1
+        perm = (0, *range(2, dy_cf.ndim), 1)
+        mem, axis = dy_cf.transpose(perm), dy_cf.ndim - 1
     if not norm_kernels.supports_bias_grad(mem, axis):
         return None
-    return norm_kernels.bias_grad(mem, axis, None if out_dtype == dy_cf.dtype else out_dtype)
+    wide = None if out_dtype == dy_cf.dtype else out_dtype
+    if key is not None and dy_cf.shape == key[1] and dy_cf.strides == key[2]:      # dy itself (NCHW indexing)
+        _BIAS_SEEN.remember(key, (perm, axis, wide))
+    return norm_kernels.bias_grad(mem, axis, wide)
 
 
 # ---- algorithm selection: heuristics, find, workspace, cache ----------------------------------------------
