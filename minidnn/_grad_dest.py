@@ -21,10 +21,10 @@ A Function whose kernels can blend (cuDNN's ``beta``) asks, in its backward, ``d
 Offered only while the engine runs a first-order backward into ``.grad`` (not ``autograd.grad``, not
 ``create_graph``); a pending gradient only where nothing but the engine's buffer refers to it or its array
 (PyTorch's use_count rule, as the engine's own steal of a leaf's gradient) -- a view only of an array that nothing
-else refers to --; a leaf only without tensor hooks.  The caller must check that the array's shape, dtype and
-layout are what it would have produced, and otherwise compute as usual.  The sum is the same two values added once:
-bit for bit the engine's add for float32; for 16-bit data the kernel adds in float32 and rounds once, where the
-engine rounds each operand first.
+else refers to --; a leaf only without tensor hooks.  ``destination(ctx, i, shape, dtype)`` offers only a
+C-contiguous array of the shape and dtype the caller's kernels write; otherwise compute as usual.  The sum is the
+same two values added once: bit for bit the engine's add for float32; for 16-bit data the kernel adds in float32
+and rounds once, where the engine rounds each operand first.
 """
 from __future__ import annotations
 
@@ -52,8 +52,17 @@ def _sole_base_refs():
 _SOLE_BASE_REFS = _sole_base_refs()
 
 
-def destination(ctx, i):
-    """(array, beta, tensor to return) for input ``i`` of the node ``ctx`` whose backward is running, or None."""
+def destination(ctx, i, shape=None, dtype=None):
+    """(array, beta, tensor to return) for input ``i`` of the node ``ctx`` whose backward is running, or None;
+    with ``shape`` and ``dtype`` (what the caller's kernels write), only a C-contiguous array of them."""
+    d = _destination(ctx, i)
+    if d is None or shape is None:
+        return d
+    a = d[0]
+    return d if a.shape == shape and a.dtype == dtype and a.flags.c_contiguous else None
+
+
+def _destination(ctx, i):
     buffers = _ag._state.buffers
     if buffers is None or not ENABLED[0]:
         return None

@@ -32,6 +32,7 @@ from .conv_problem import ConvolutionDescriptor, ConvolutionMode, make_problem
 from .cuda import conv_igemm as _igemm
 from .cuda import conv_register as _cuda_conv
 from .cuda import launch as _launch
+from .cuda import norm_kernels as _norm_kernels
 from .cuda.conv_igemm import filter_carry as _filter_carry
 from .cuda.conv_igemm import shared_staging as _shared_staging
 from .devices import array_module, device_of, is_cuda_array
@@ -492,7 +493,7 @@ def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=N
         except (TypeError, AttributeError):
             key = seen = None
         if seen is not None:
-            return norm_kernels_bias_grad(dy.transpose(seen[0]) if seen[0] else dy, seen[1], seen[2])
+            return _norm_kernels.bias_grad(dy.transpose(seen[0]) if seen[0] else dy, seen[1], seen[2])
     else:
         key = None
     where = "convolution_backward_bias"
@@ -524,28 +525,22 @@ def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=N
 _BIAS_SEEN = SeenCalls()
 
 
-def norm_kernels_bias_grad(mem, axis, out_dtype):
-    from .cuda import norm_kernels
-    return norm_kernels.bias_grad(mem, axis, out_dtype)
-
-
 def _gpu_bias_grad(dy_cf, out_dtype=None, key=None):
     """db by the CUDA column-sum kernels for channels-first dy in NCHW or channels-last memory, else None; ``key``:
     remember the call (see _BIAS_SEEN) -- the channels-first view and the kernels' memory as transposes of dy."""
     if not is_cuda_array(dy_cf):
         return None
-    from .cuda import norm_kernels
     if dy_cf.flags.c_contiguous:
         mem, axis, perm = dy_cf, 1, ()
     else:
         perm = (0, *range(2, dy_cf.ndim), 1)
         mem, axis = dy_cf.transpose(perm), dy_cf.ndim - 1
-    if not norm_kernels.supports_bias_grad(mem, axis):
+    if not _norm_kernels.supports_bias_grad(mem, axis):
         return None
     wide = None if out_dtype == dy_cf.dtype else out_dtype
     if key is not None and dy_cf.shape == key[1] and dy_cf.strides == key[2]:      # dy itself (NCHW indexing)
         _BIAS_SEEN.remember(key, (perm, axis, wide))
-    return norm_kernels.bias_grad(mem, axis, wide)
+    return _norm_kernels.bias_grad(mem, axis, wide)
 
 
 # ---- algorithm selection: heuristics, find, workspace, cache ----------------------------------------------

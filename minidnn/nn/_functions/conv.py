@@ -181,16 +181,6 @@ class _SeenConv:
         return data, filt, dy_last
 
 
-def _destination(ctx, i, shape, dtype):
-    """(array, beta, tensor or None) where input i's gradient may be written in place (minidnn/_grad_dest.py): a
-    C-contiguous array of the gradient's shape and dtype; else None."""
-    d = destination(ctx, i)
-    if d is None:
-        return None
-    a = d[0]
-    return d if a.shape == shape and a.dtype == dtype and a.flags.c_contiguous else None
-
-
 def _landed(result, dest):
     """The gradient Tensor of a settled call that was offered ``dest``: the engine's pending Tensor (blended into),
     the leaf slot wrapped (written), or the fresh result where the call could not use it."""
@@ -209,7 +199,7 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
         return None
     data, filt, dy_last = pair
     gd = gy.data
-    dw = _destination(ctx, 1, tuple(w_shape), ctx.dw_dtype or gd.dtype) if filt is not None else None
+    dw = destination(ctx, 1, tuple(w_shape), ctx.dw_dtype or gd.dtype) if filt is not None else None
     if dw is not None and dw[1]:        # the filter gradient into a slot only (beta 0): a weight used twice keeps
         dw = None                       # the engine's add (its split-K / atomic variants' blending is not relied on)
     if data is None:                                # the filter gradient alone
@@ -217,7 +207,7 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
         gw = filt.run(xa, dya, None, *(dw[:2] if dw else ()))
         return None if gw is None else (None, _landed(gw, dw), None)
     dya = _last(gd) if dy_last else gd
-    dx = None if dy_last else _destination(ctx, 0, tuple(x_shape), gd.dtype)
+    dx = None if dy_last else destination(ctx, 0, tuple(x_shape), gd.dtype)
     if filt is None:                                # the data gradient alone
         gx = data.run(w.data, dya, carry, *(dx[:2] if dx else ()))
         return None if gx is None else (wrap(_first(gx)) if dy_last else _landed(gx, dx), None, None)

@@ -229,16 +229,10 @@ def _param_destinations(ctx, x):
     need = ctx.needs_input_grad
     if not (need[1] and need[2]):
         return ()
-    a, b = destination(ctx, 1), destination(ctx, 2)
-    if a is None or b is None or a[1] or b[1]:
-        return ()
-    a, b = a[0], b[0]
-    dt = np.dtype(np.float32) if x.data.dtype.itemsize == 2 else x.data.dtype
     c = (x.shape[1],)
-    if a.shape != c or b.shape != c or a.dtype != dt or b.dtype != dt or not (a.flags.c_contiguous
-                                                                             and b.flags.c_contiguous):
-        return ()
-    return a, b
+    dt = np.dtype(np.float32) if x.data.dtype.itemsize == 2 else x.data.dtype
+    a, b = destination(ctx, 1, c, dt), destination(ctx, 2, c, dt)
+    return () if a is None or b is None or a[1] or b[1] else (a[0], b[0])
 
 
 def _bypassed_wanted(nodes):
