@@ -7,7 +7,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 start=$(date +%s)
 timeout 100 python3 tools/precompile_conv.py > $OUT/precompile.log 2>&1
 if [ -n "$TESTS" ]; then
-  timeout 200 python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=30 $TESTS > $OUT/tests.log 2>&1
+  timeout ${TTIME:-200} python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=30 $TESTS > $OUT/tests.log 2>&1
   echo "pytest rc=$?"; tail -5 $OUT/tests.log
 fi
 for job in $JOBS; do
