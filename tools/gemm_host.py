@@ -1,10 +1,10 @@
 """Host time of one small matrix product on the GPU, by layer of the call (issue 10: LeNet's eager step is host-bound,
 and its 9 products a step cost ~30 µs each under cProfile in session 6's run 2).
 
-    python tools/gemm_host.py [--calls 3000]
+    python tools/gemm_host.py [--calls 100]
 
-For LeNet's linear shapes (batch 64), µs of host wall time per call (calls back to back, one sync at the end; the
-products are tiny, so the host is the bound):
+For LeNet's linear shapes (batch 64), µs of host wall time per call (the fastest of 15 bursts of back-to-back calls,
+short enough that the launch queue never fills):
   minidnn gemm      backend/cuda/cublas.gemm: output allocation, layout checks, one cublasGemmEx (ctypes)
   raw GemmEx        the same cublasGemmEx call alone, its arguments prepared once
   cupy.empty        the output allocation alone
@@ -30,15 +30,19 @@ from minidnn.backend.cuda import cublas as C  # noqa: E402
 vp, ci, sz, u64, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int64
 
 
-def per_call(fn, calls):
+def per_call(fn, calls, rounds=15):
+    """Host µs per call: the fastest of ``rounds`` bursts of ``calls`` calls, each burst short enough that the
+    launch queue never fills (so the GPU's own time does not show), synchronised between bursts."""
     fn()
+    best = float("inf")
+    for _ in range(rounds):
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - t)
     cp.cuda.Device().synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t) / calls * 1e6
-    cp.cuda.Device().synchronize()
-    return host
+    return best / calls * 1e6
 
 
 def lt_lib():
@@ -108,7 +112,7 @@ class Lt:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--calls", type=int, default=100)
     args = ap.parse_args()
     lib = C._load()
     lt = lt_lib()
