@@ -6,6 +6,8 @@ and its 9 products a step cost ~30 µs each under cProfile in session 6's run 2)
 For LeNet's linear shapes (batch 64), µs of host wall time per call (the fastest of 15 bursts of back-to-back calls,
 short enough that the launch queue never fills):
   minidnn gemm      backend/cuda/cublas.gemm: output allocation, layout checks, one cublasGemmEx (ctypes)
+  minidnn lt        backend/cuda/cublas.lt_product: the same through a prepared cublasLt call; "+bias" with the
+                    bias epilogue, "+sums" the filter gradient's product g^T x with the row sums (db) epilogue
   raw GemmEx        the same cublasGemmEx call alone, its arguments prepared once
   cupy.empty        the output allocation alone
   raw LtMatmul      cublasLtMatmul with descriptors and an algorithm chosen once (heuristic), no epilogue
@@ -120,7 +122,8 @@ def main():
         import torch
     except ImportError:
         torch = None
-    print(f"{'shape (M,K)x(N,K)^T':24s} {'minidnn':>8s} {'rawGemmEx':>10s} {'cp.empty':>9s} {'rawLt':>7s} "
+    print(f"{'shape (M,K)x(N,K)^T':24s} {'minidnn':>8s} {'lt':>6s} {'lt+bias':>8s} {'lt+sums':>8s} "
+          f"{'rawGemmEx':>10s} {'cp.empty':>9s} {'rawLt':>7s} "
           f"{'Lt+bias':>8s} {'torch mm':>9s} {'torch lin':>10s}   (µs host per call)")
     for M, K, N in [(64, 400, 120), (64, 120, 84), (64, 84, 10), (128, 64, 10)]:
         rs = np.random.default_rng(0)
@@ -129,6 +132,14 @@ def main():
         b = cp.asarray(rs.standard_normal(N, dtype=np.float32))
         wt = w.T
         ours = per_call(lambda: C.gemm(a, wt), args.calls)
+        g = cp.asarray(rs.standard_normal((M, N), dtype=np.float32))
+        checks = [float(cp.abs(C.lt_product(a, wt) - C.gemm(a, wt)).max()),
+                  float(cp.abs(C.lt_product(a, wt, bias=b) - C.gemm(a, wt) - b).max())]
+        r = C.lt_product(g.T, a, row_sums=True)
+        checks += [float(cp.abs(r[0] - C.gemm(g.T, a)).max()), float(cp.abs(r[1] - g.sum(0)).max())]
+        ours_lt = per_call(lambda: C.lt_product(a, wt), args.calls)
+        ours_ltb = per_call(lambda: C.lt_product(a, wt, bias=b), args.calls)
+        ours_lts = per_call(lambda: C.lt_product(g.T, a, row_sums=True), args.calls)
         out = cp.empty((M, N), np.float32)
         h = C._bind(lib, cp)
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
@@ -152,8 +163,9 @@ def main():
             ta, tw, tb = (torch.as_tensor(v, device="cuda") for v in (a, w, b))
             tm = per_call(lambda: torch.mm(ta, tw.t()), args.calls)
             tl = per_call(lambda: torch.nn.functional.linear(ta, tw, tb), args.calls)
-        print(f"({M},{K})x({N},{K})^T{'':6s} {ours:8.1f} {raw:10.1f} {emp:9.1f} {lt_t:7.1f} {ltb:8.1f} {tm:9.1f} "
-              f"{tl:10.1f}   Lt err {err:.1e} bias err {errb:.1e}")
+        print(f"({M},{K})x({N},{K})^T{'':6s} {ours:8.1f} {ours_lt:6.1f} {ours_ltb:8.1f} {ours_lts:8.1f} "
+              f"{raw:10.1f} {emp:9.1f} {lt_t:7.1f} {ltb:8.1f} {tm:9.1f} "
+              f"{tl:10.1f}   Lt err {err:.1e} bias err {errb:.1e} ours vs gemm {max(checks):.1e}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import numpy as np
 from . import threads
 from .devices import array_module
 
-__all__ = ["tf32_compute", "matmul", "cpu_matmul", "grouped_matmul", "grouped_gram"]
+__all__ = ["tf32_compute", "matmul", "lt_product", "cpu_matmul", "grouped_matmul", "grouped_gram"]
 
 
 @contextlib.contextmanager
@@ -75,6 +75,16 @@ def matmul(a, b, tf32: bool = False, out_dtype=None):
         with tf32_compute(xp, tf32 and a.dtype == np.float32 and a.ndim == 2 and b.ndim == 2):
             return xp.matmul(a, b)
     return cpu_matmul(a, b)
+
+
+def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=None):
+    """GPU arrays: ``a @ b`` in one cublasLt launch with its epilogue -- ``bias`` added to every row, or
+    ``row_sums`` (True or an array) the sums of a's rows -- written into ``out`` where given (backend/cuda/cublas.py
+    ``lt_product``); None for NumPy arrays or where cublasLt takes no such call (the caller's other path)."""
+    if type(a) is np.ndarray:
+        return None
+    from .cuda import cublas
+    return cublas.lt_product(a, b, out, out_dtype, tf32, bias, row_sums)
 
 
 def _float32_matmul(a, b, tf32, dt):

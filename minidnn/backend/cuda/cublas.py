@@ -25,7 +25,7 @@ import numpy as np
 
 from . import launch as _launch
 
-__all__ = ["supports", "gemm"]
+__all__ = ["supports", "gemm", "lt_product"]
 
 _OP_N, _OP_T = 0, 1
 _DATA = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2, np.dtype(np.complex64): 4,
@@ -167,3 +167,165 @@ def gemm(a, b, tf32=False, out_dtype=None):
             a.shape[0], compute, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
     _launch.count_launches()
     return out
+
+
+# ---- cublasLt: a seen product signature as one prepared call, with the bias epilogues ----------------------------
+# A linear layer's forward is a product plus a bias add, and its backward's filter product plus the bias's column sum:
+# cublasLt does each pair in one launch (epilogue BIAS: each row of c gets bias; BGRADB: the row sums of a, which for
+# dw = g^T x are db).  A product signature (shapes, strides, dtypes, alignment, math, epilogue, device) is prepared
+# once -- descriptors, layouts and the heuristic's first algorithm -- and later calls are one cublasLtMatmul through
+# ctypes with the pointers and the current stream (capturable: the workspace is ours).  Where cublasLt offers no
+# algorithm the signature remembers None and callers take gemm (+ their own bias kernels).  Switch: LT[0] = False, or
+# MINIDNN_CUBLASLT=0 in the environment at import.
+#   column-major view, as gemm's:  c^T (N, M) = op(b)^T (N, K) @ op(a)^T (K, M);  BIAS: length N, added along M;
+#   BGRADB (Lt's B is our a): length M, the sum over K of a's rows.
+LT = [__import__("os").environ.get("MINIDNN_CUBLASLT", "1") != "0"]
+_EPI_DEFAULT, _EPI_BIAS, _EPI_BGRADB = 1, 4, 512
+_lt_lib = None
+
+
+def _load_lt():
+    global _lt_lib
+    if _lt_lib is not None:
+        return _lt_lib
+    names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
+    try:
+        with open("/proc/self/maps") as f:
+            names += sorted({line.split()[-1] for line in f if "libcublasLt.so" in line})
+    except OSError:
+        pass
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        raise RuntimeError("minidnn: could not load libcublasLt")
+    vp, i, sz, pv = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)
+    lib.cublasLtCreate.argtypes = [pv]
+    lib.cublasLtMatmulDescCreate.argtypes = [pv, i, i]
+    lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i, vp, sz]
+    lib.cublasLtMatrixLayoutCreate.argtypes = [pv, i, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
+    lib.cublasLtMatmulPreferenceCreate.argtypes = [pv]
+    lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i, vp, sz]
+    lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i, vp, ctypes.POINTER(i)]
+    lib.cublasLtMatmul.argtypes = [vp] * 14 + [sz, vp]
+    _lt_lib = lib
+    return lib
+
+
+class _LtCall:
+    """One prepared cublasLt product (per thread and device: its descriptor holds the bias pointer of the last
+    call).  ``run(a, b, out, vec, stream)``: the row-major operands, c, the bias or row-sum vector (None without an
+    epilogue), the stream's pointer."""
+    __slots__ = ("lib", "handle", "desc", "la", "lb", "lc", "algo", "ws", "alpha", "beta", "vec", "keep")
+
+    def __init__(self, lib, handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, dt, ct, compute, epilogue):
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        self.lib, self.handle, self.ws, self.vec = lib, handle, ws, None
+        d = vp()
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(d), compute,
+                                            1 if compute == _COMPUTE_64F else 0), "cublasLtMatmulDescCreate")
+        for attr, value in ((3, op_b), (4, op_a), (7, epilogue)):      # TRANSA, TRANSB, EPILOGUE
+            v = i(value)
+            _check(lib.cublasLtMatmulDescSetAttribute(d, attr, ctypes.byref(v), 4), "cublasLtMatmulDescSetAttribute")
+        self.desc = d.value
+
+        def layout(rows, cols, ld, t):
+            lay = vp()
+            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), t, rows, cols, ld), "cublasLtMatrixLayoutCreate")
+            return lay.value
+        self.la = layout(N, K, ld_b, dt) if op_b == _OP_N else layout(K, N, ld_b, dt)
+        self.lb = layout(K, M, ld_a, dt) if op_a == _OP_N else layout(M, K, ld_a, dt)
+        self.lc = layout(N, M, N, ct)
+        pref = vp()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
+        wsb = ctypes.c_size_t(_WORKSPACE_BYTES)
+        _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, 1, ctypes.byref(wsb), 8), "cublasLtMatmulPreference")
+        self.keep = (ctypes.c_ubyte * 96)()           # cublasLtMatmulHeuristicResult_t: the algo is its first 64 bytes
+        found = i(0)
+        st = lib.cublasLtMatmulAlgoGetHeuristic(handle, self.desc, self.la, self.lb, self.lc, self.lc, pref, 1,
+                                                self.keep, ctypes.byref(found))
+        self.algo = ctypes.addressof(self.keep) if st == 0 and found.value > 0 else None
+        scalar = ctypes.c_double if compute == _COMPUTE_64F else ctypes.c_float
+        self.alpha, self.beta = scalar(1.0), scalar(0.0)
+
+    def run(self, a, b, out, vec, stream):
+        lib = self.lib
+        vec = 0 if vec is None else vec.data.ptr
+        if vec != self.vec:
+            v = ctypes.c_void_p(vec)
+            _check(lib.cublasLtMatmulDescSetAttribute(self.desc, 8, ctypes.byref(v), 8), "cublasLtMatmulDesc bias")
+            self.vec = vec
+        c = out.data.ptr
+        _check(lib.cublasLtMatmul(self.handle, self.desc, ctypes.addressof(self.alpha), b.data.ptr, self.la,
+                                  a.data.ptr, self.lb, ctypes.addressof(self.beta), c, self.lc, c, self.lc, self.algo,
+                                  self.ws.data.ptr, _WORKSPACE_BYTES, stream), "cublasLtMatmul")
+
+
+def _lt_state(cp):
+    """This thread's (cublasLt handle, workspace, prepared calls) of the current device."""
+    states = getattr(_local, "lt", None)
+    if states is None:
+        states = _local.lt = {}
+    dev = cp.cuda.runtime.getDevice()
+    st = states.get(dev)
+    if st is None:
+        lib = _load_lt()
+        h = ctypes.c_void_p()
+        _check(lib.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+        st = states[dev] = (h.value, cp.empty(_WORKSPACE_BYTES, dtype=np.uint8), {})
+    return st
+
+
+def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=None):
+    """a (M, K) @ b (K, N) in one cublasLt call, or None where it cannot (the caller's other path; nothing ran):
+    ``bias`` (N,) added to every row of the result (c's dtype); ``row_sums`` True or an (M,) array: also the sums of
+    a's rows over K, written there (a fresh array for True) -- returned as (c, sums).  ``out``: a C-contiguous (M, N)
+    array to write (beta 0); ``out_dtype`` float32 with float16/bfloat16 operands as ``gemm``.  2-D operands that
+    ``supports`` takes, K >= 1, 16-byte aligned pointers."""
+    if not LT[0] or a.ndim != 2 or b.ndim != 2 or (bias is not None and row_sums is not None) or not supports(a, b):
+        return None
+    cp = _launch.cupy()
+    M, K = a.shape
+    N = b.shape[1]
+    dtype = a.dtype
+    ct_dtype = dtype if out_dtype is None else np.dtype(out_dtype)
+    if M == 0 or N == 0 or K == 0 or (ct_dtype != dtype and (ct_dtype != np.float32 or a.itemsize != 2)) \
+            or dtype.kind == "c":
+        return None
+    if out is not None and (out.shape != (M, N) or out.dtype != ct_dtype or not out.flags.c_contiguous):
+        return None
+    sums = row_sums if row_sums is not None and row_sums is not True else None
+    if sums is not None and (sums.shape != (M,) or sums.dtype != ct_dtype or not sums.flags.c_contiguous):
+        return None
+    if bias is not None and (bias.shape != (N,) or bias.dtype != ct_dtype or not bias.flags.c_contiguous):
+        return None
+    epilogue = _EPI_BIAS if bias is not None else _EPI_BGRADB if row_sums is not None else _EPI_DEFAULT
+    ptrs = a.data.ptr | b.data.ptr | (0 if out is None else out.data.ptr) | (0 if bias is None else bias.data.ptr) \
+        | (0 if sums is None else sums.data.ptr)
+    handle, ws, calls = _lt_state(cp)
+    key = (a.shape, a.strides, b.shape, b.strides, dtype, ct_dtype, bool(tf32), epilogue, not ptrs & 15)
+    call = calls.get(key, False)
+    if call is False:
+        op_b, ld_b = _layout(b)
+        op_a, ld_a = _layout(a)
+        compute = _COMPUTE_64F if dtype == np.float64 else \
+            _COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32) else _COMPUTE_32F
+        call = _LtCall(_load_lt(), handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, _data_type(dtype),
+                       _data_type(ct_dtype), compute, epilogue)
+        if call.algo is None:
+            call = None
+        if len(calls) >= 1024:
+            calls.clear()
+        calls[key] = call
+    if call is None:
+        return None
+    if out is None:
+        out = cp.empty((M, N), dtype=ct_dtype)
+    if row_sums is True:
+        sums = cp.empty((M,), dtype=ct_dtype)
+    call.run(a, b, out, bias if bias is not None else sums, cp.cuda.get_current_stream().ptr)
+    _launch.count_launches()
+    return out if row_sums is None else (out, sums)

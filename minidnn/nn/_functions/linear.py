@@ -5,6 +5,9 @@
     forward    y = x @ w.T  (one GEMM on the rows: cuBLAS on the GPU), then y += b in place (the backend's
                add_tensor: one bias kernel on the GPU)
     backward   dx = g @ w,  dw = g^T x  (one GEMM each),  db = the column sum of g (convolution_backward_bias)
+    GPU        cublasLt where it takes the call (blas.lt_product): y = x @ w.T + b in one launch (epilogue BIAS),
+               dw = g^T x and db in one launch (epilogue BGRADB: the row sums of g^T), dw and db written straight
+               into the optimizer's flat-buffer slots where the engine offers them (_grad_dest); else the above
     again      under create_graph, the same formulas in differentiable Tensor ops
 
 ``F.linear`` used to record ``input @ weight.T`` and the bias add as three nodes (a transpose, a Matmul, a BiasAdd),
@@ -23,6 +26,7 @@ import numpy as np
 
 from ... import backend as B
 from ..._amp_state import float32_grad_of
+from ..._grad_dest import destination
 from ...autograd import Function, is_grad_enabled
 from ...backend import blas
 from ._util import handle_for, wrap
@@ -50,9 +54,12 @@ class Linear(Function):
         ctx.db_dtype = float32_grad_of(b) if b is not None and need[2] else None
         xd = x.data
         ctx.rows = rows = math.prod(ctx.x_shape[:-1])          # (no -1 in the reshapes: a dim may be 0)
-        y = _product(xd.reshape(rows, ctx.x_shape[-1]), w.data.T)
-        if b is not None:
-            B.add_tensor(handle_for(x), 1.0, b.data, 1.0, y)        # in place: y is this call's own array
+        x2 = xd.reshape(rows, ctx.x_shape[-1])
+        y = blas.lt_product(x2, w.data.T, bias=None if b is None else b.data)     # GPU: one launch, or None
+        if y is None:
+            y = _product(x2, w.data.T)
+            if b is not None:
+                B.add_tensor(handle_for(x), 1.0, b.data, 1.0, y)        # in place: y is this call's own array
         return wrap(y.reshape(*ctx.x_shape[:-1], y.shape[-1]))
 
     @staticmethod
@@ -66,12 +73,41 @@ class Linear(Function):
                     g2.sum(0) if need[2] else None)
         gd = g.data
         g2 = gd.reshape(ctx.rows, gd.shape[-1])
-        gx = wrap(_product(g2, w.data).reshape(ctx.x_shape)) if need[0] else None
-        gw = wrap(_product(g2.T, x.data.reshape(ctx.rows, ctx.x_shape[-1]), ctx.dw_dtype)) if need[1] else None
-        gb = None
-        if need[2]:
+        gx = None
+        if need[0]:
+            gx = blas.lt_product(g2, w.data)            # GPU: the prepared cublasLt call, or None
+            gx = wrap((_product(g2, w.data) if gx is None else gx).reshape(ctx.x_shape))
+        gw = gb = None
+        if need[1]:
+            x2 = x.data.reshape(ctx.rows, ctx.x_shape[-1])
+            if type(gd) is not np.ndarray:
+                gw, gb = _gpu_filter_and_bias(ctx, g2, x2, need[2])
+            if gw is None:
+                gw = wrap(_product(g2.T, x2, ctx.dw_dtype))
+        if need[2] and gb is None:
             rows = g2.reshape(g2.shape[0], g2.shape[1], 1)          # (rows, out, 1): the channels on axis 1
             h = handle_for(g)
             gb = wrap(B.convolution_backward_bias(h, rows) if ctx.db_dtype is None else
                       B.convolution_backward_bias(h, rows, db_dtype=ctx.db_dtype))
         return gx, gw, gb
+
+
+def _slot(ctx, i, shape, dtype):
+    """The leaf's flat-buffer slot the engine offers for input i's gradient (beta 0), or None."""
+    d = destination(ctx, i, shape, dtype)
+    return d[0] if d is not None and not d[1] else None
+
+
+def _gpu_filter_and_bias(ctx, g2, x2, with_bias):
+    """(dw, db or None) Tensors from one cublasLt launch -- dw = g^T x with db, g's column sums, from its epilogue
+    where db has dw's dtype -- each written into its flat-buffer slot where offered; (None, None) where cublasLt
+    takes no such call."""
+    dt = np.dtype(ctx.dw_dtype) if ctx.dw_dtype is not None else g2.dtype
+    fused = with_bias and (np.dtype(ctx.db_dtype) if ctx.db_dtype is not None else g2.dtype) == dt
+    dw_slot = _slot(ctx, 1, (g2.shape[1], x2.shape[1]), dt)
+    db_slot = _slot(ctx, 2, (g2.shape[1],), dt) if fused else None
+    r = blas.lt_product(g2.T, x2, out=dw_slot, out_dtype=ctx.dw_dtype,
+                        row_sums=(True if db_slot is None else db_slot) if fused else None)
+    if r is None:
+        return None, None
+    return (wrap(r[0]), wrap(r[1])) if fused else (wrap(r), None)
