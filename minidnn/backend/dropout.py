@@ -2,13 +2,14 @@
 
 # x, y, dy, dx: any shape;  reserve: bool array of x's shape, True where an element is kept
 
-y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator
-(``xp.random.default_rng(seed)``, one per device, created on first use).  A generator with a device-side
-Philox stream (minidnn's GPU engines) draws the mask in one kernel that also advances that stream on the device
-(backend/cuda/dropout_philox.py), so a training step with dropout can be replayed from a CUDA graph.  The same seed
-gives the same sequence of masks on the same device (NumPy and CuPy generators differ, so CPU and GPU
-masks differ).  p = 0 is the identity, p = 1 gives zeros.  The reserve space (cuDNN's name) is the
-boolean mask itself: 1 byte per element, everything backward needs.
+y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator (one per
+device, created on first use: NumPy's ``default_rng(seed)`` on the CPU, minidnn's counter engine on a GPU).  A
+generator with a device-side Philox stream (minidnn's GPU engines) draws the mask in one kernel that also advances
+that stream on the device (backend/cuda/dropout_philox.py, float16/bfloat16/float32/float64, any p), so a training
+step with dropout can be replayed from a CUDA graph; the backward there is one kernel too.  The same seed gives the
+same sequence of masks on the same device (the CPU and GPU streams differ, so CPU and GPU masks differ).  p = 0 is
+the identity, p = 1 gives zeros (both still advance the stream).  The reserve space (cuDNN's name) is the boolean
+mask itself: 1 byte per element, everything backward needs.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ._common import begin, check_float, shape_str
 from .cuda import dropout_philox  # the GPU kernel, imported once here, not per call (importing it needs no GPU)
 from .devices import device, device_guard
 from .errors import BadParamError
+from .rng import new_engine
 
 __all__ = ["DropoutDescriptor", "dropout_forward", "dropout_backward", "dropout_get_reserve_space_size"]
 
@@ -51,12 +53,12 @@ class DropoutDescriptor:
         return 0.0 if self._p == 1.0 else 1.0 / (1.0 - self._p)
 
     def generator(self, dev_spec):
-        """This descriptor's generator on a device ("cpu", "cuda:0", a Device), created from the seed on first use."""
+        """This descriptor's generator on a device ("cpu", "cuda:0", a Device), created from the seed on first use:
+        NumPy's PCG64 on the CPU, a counter engine on a GPU (its device-side Philox stream feeds the kernel)."""
         dev = device(dev_spec)
         gen = self._generators.get(dev)
         if gen is None:
-            with device_guard(dev):
-                gen = self._generators[dev] = dev.xp.random.default_rng(self._seed)
+            gen = self._generators[dev] = new_engine(dev, self._seed)
         return gen
 
     def reset(self):
@@ -77,13 +79,19 @@ def dropout_forward(handle, dropout_desc: DropoutDescriptor, x):
     check_float(where, x=x)
     with device_guard(handle.device):
         gen = dropout_desc.generator(handle.device)
-        if hasattr(gen, "device_philox_state") and 0.0 < dropout_desc.p < 1.0:
-            if dropout_philox.supports(x):      # one kernel, its random state on the device: capturable
-                return dropout_philox.dropout_forward(x, dropout_desc.p, dropout_desc.scale,
-                                                      *gen.device_philox_state())
+        if hasattr(gen, "device_philox_state") and dropout_philox.supports(x, dropout_desc.p):
+            # one kernel, its random state on the device: capturable
+            return dropout_philox.dropout_forward(x, dropout_desc.p, dropout_desc.scale, *gen.device_philox_state())
         # float32 draws are plenty to compare against p and are the cheaper draw on both libraries
         keep = gen.random(x.shape, dtype=np.float32) >= dropout_desc.p
-    return x * (keep.astype(x.dtype) * dropout_desc.scale), keep
+    return _masked(x, keep, dropout_desc.scale), keep
+
+
+def _masked(a, keep, scale):
+    """a * (keep ? scale : 0) computed in a's dtype, or in float32 for 16-bit data (then rounded once, as the GPU
+    kernels do; bfloat16 times a Python float would otherwise come out float32)."""
+    acc = np.dtype(np.float32) if a.dtype.itemsize < 4 else a.dtype
+    return (a * (keep.astype(acc) * acc.type(scale))).astype(a.dtype, copy=False)
 
 
 def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
@@ -97,4 +105,7 @@ def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
         got = None if reserve is None else (shape_str(reserve), str(reserve.dtype))
         raise BadParamError(f"{where}: reserve must be the bool mask of dy's shape {shape_str(dy)} returned by "
                             f"dropout_forward, got {got}")
-    return dy * (reserve.astype(dy.dtype) * dropout_desc.scale)
+    if dropout_philox.supports_backward(dy, reserve):
+        with device_guard(handle.device):
+            return dropout_philox.dropout_backward(dy, reserve, dropout_desc.scale)
+    return _masked(dy, reserve, dropout_desc.scale)
