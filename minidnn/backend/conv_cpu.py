@@ -70,7 +70,7 @@ import threading
 
 import numpy as np
 
-from . import conv_winograd_cpu
+from . import conv_winograd_cpu, threads
 from .blas import cpu_matmul
 from .conv_problem import ConvProblem
 from .threads import parallel_for, parallel_map, parallel_parts, parallel_spans, split_spans
@@ -147,6 +147,69 @@ def _rows(a):
     return np.ascontiguousarray(np.moveaxis(a, 1, -1)).reshape(-1, a.shape[1])
 
 
+# ---- the products: blocks that OpenBLAS's small-matrix kernels take (threads.blas_small_kernels) ---------------
+#
+# A convolution's products are skinny: a few output channels (6 and 16 in LeNet) against thousands of positions.
+# Where the BLAS has small-matrix kernels (threads.py: OpenBLAS on AVX-512 x86), a product above SMALL_GEMM_MACS is cut
+# into even blocks of at most that many multiply-adds along its longest axis (rows, columns, or the inner axis, whose
+# blocks' products are added in order), and an F-ordered right operand beside a C-ordered left one is first copied
+# to C order (the one orientation those kernels refuse; the smaller operand is copied).  Measured on the 2-core Zen 4
+# machine, one thread, whole product against blocks: LeNet conv2 forward at batch 64 (6400, 150) x (150, 16) 389 ->
+# 290 us, its filter gradient (150, 6400) x (6400, 16) 391 -> 300, conv1's flat forward chunk (6, 25) x (25, 25984)
+# 164 -> 84, conv16's chunk (16, 144) x (144, 4352) 260 -> 205, the digits conv2's backward data (2048, 400) x
+# (400, 6) 267 -> 107.  The blocks depend only on the shapes (results do not depend on the thread count); the small
+# kernels sum in another order than the packed ones, so the last bits differ from an unblocked product.  Products of
+# at least MIN_PARALLEL_BLAS_WORK that get all of BLAS's threads (threads.blas_threads_for) stay whole, as do blocks
+# shorter than _MIN_BLOCK along the cut axis (wide inner axes: conv64's (64, 576) x (576, L) would make 27-column
+# blocks).
+
+_MIN_BLOCK = 128
+
+
+def _gemm(a, b, out=None, product=cpu_matmul):
+    """a (M, K) @ b (K, N) (into ``out``) by ``product`` (cpu_matmul, or np.matmul on a thread's own chunks), in
+    small-kernel blocks where that applies (above)."""
+    if (a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype or a.dtype.char not in "fd"
+            or not threads.blas_small_kernels()):
+        return product(a, b, out=out)
+    (M, K), N = a.shape, b.shape[1]
+    macs = M * K * N
+    if macs <= threads.SMALL_GEMM_MACS:
+        return product(*_small_ready(a, b), out=out)
+    if product is cpu_matmul and macs >= threads.MIN_PARALLEL_BLAS_WORK and threads._threads() > 1:
+        return product(a, b, out=out)            # all of BLAS's threads (blas_threads_for)
+    axis = max(range(3), key=lambda i: (M, N, K)[i])
+    length = (M, N, K)[axis]
+    blocks = -(-macs // threads.SMALL_GEMM_MACS)
+    step = -(-length // blocks)
+    if step < _MIN_BLOCK:
+        return product(a, b, out=out)
+    a, b = _small_ready(a, b)
+    if out is None:
+        out = np.empty((M, N), dtype=a.dtype)
+    if axis == 0:
+        for i in range(0, M, step):
+            product(a[i:i + step], b, out=out[i:i + step])
+    elif axis == 1:
+        for j in range(0, N, step):
+            product(a, b[:, j:j + step], out=out[:, j:j + step])
+    else:
+        product(a[:, :step], b[:step], out=out)
+        for i in range(step, K, step):
+            out += product(a[:, i:i + step], b[i:i + step])
+    return out
+
+
+def _small_ready(a, b):
+    """(a, b) with the orientation the small kernels take: not a row-major a (unit stride along its rows) with a b
+    that is not (then the smaller of the two is copied: b to C order, or a to F order)."""
+    if a.strides[1] == a.itemsize and b.strides[1] != b.itemsize and b.shape[1] > 1:
+        if b.size <= a.size:
+            return a, np.ascontiguousarray(b)
+        return np.asfortranarray(a), b
+    return a, b
+
+
 _INNER_BLOCK = 4096                # longest inner axis of one filter-gradient GEMM (see _filter_product)
 
 
@@ -154,15 +217,16 @@ def _filter_product(a, b, out=None, product=cpu_matmul):
     """a (M, L) @ b (L, N) for the filter gradients' products: a long inner axis (positions) and a small result
     (kernel*C x K).  OpenBLAS runs these 2-2.5x slower once L passes ~4-8k ((25, 26k) x (26k, 6), LeNet's first
     layer at batch 64: 24 against 73 GF/s at L = 4096), so L is cut into even blocks of at most _INNER_BLOCK and the
-    blocks' products added in order (the same blocks whatever the thread count)."""
+    blocks' products added in order (the same blocks whatever the thread count); each block goes through ``_gemm``
+    (smaller blocks still where the small-matrix kernels apply)."""
     length = a.shape[-1]
     blocks = -(-length // _INNER_BLOCK)
     if blocks < 2:
-        return product(a, b, out=out)
+        return _gemm(a, b, out=out, product=product)
     step = -(-length // blocks)
-    acc = product(a[:, :step], b[:step], out=out)
+    acc = _gemm(a[:, :step], b[:step], out=out, product=product)
     for i in range(step, length, step):
-        acc += product(a[:, i:i + step], b[i:i + step])
+        acc += _gemm(a[:, i:i + step], b[i:i + step], product=product)
     return acc
 
 
@@ -296,9 +360,9 @@ def _row_shift_products(a, w_rows, shift, rows_out):
     R = w_rows.shape[0]
     length = rows_out - (R - 1) * shift
     out = np.zeros((rows_out, w_rows.shape[-1]), dtype=a.dtype)
-    cpu_matmul(a[:length], w_rows[0], out=out[:length])
+    _gemm(a[:length], w_rows[0], out=out[:length])
     for r in range(1, R):
-        out[:length] += cpu_matmul(a[r * shift:r * shift + length], w_rows[r])
+        out[:length] += _gemm(a[r * shift:r * shift + length], w_rows[r])
     return out
 
 
@@ -389,7 +453,9 @@ def _chunk_product(chunks, work):
     """The matrix product for per-chunk GEMMs: where the chunks are shared between minidnn's threads, each GEMM runs
     on its thread's one BLAS thread (np.matmul: threads that wait on each other's cores are avoided, and OpenBLAS's
     workers never spin); where they are not, cpu_matmul's BLAS grain decides."""
-    return np.matmul if parallel_parts(len(chunks), work) > 1 else cpu_matmul
+    if parallel_parts(len(chunks), work) > 1:
+        return lambda a, b, out=None: _gemm(a, b, out, np.matmul)
+    return _gemm
 
 
 def _rows_view(used):
@@ -504,7 +570,7 @@ def _dense_forward_form(p: ConvProblem, x):
         return lambda q, x, w: _flat_dense_correlate(x, _w_mat(w), q, q.padding, q.in_size, q.out_size)
     if _gather_channels_first(p):
         def channels_first(q, x, w):
-            y_t = cpu_matmul(w.reshape(q.K, -1), _cols_t(x, q))              # (K, N*out)
+            y_t = _gemm(w.reshape(q.K, -1), _cols_t(x, q))              # (K, N*out)
             return np.moveaxis(y_t.reshape(q.K, q.N, *q.out_size), 0, 1)
         return channels_first
     if _row_shift_applies(p):
@@ -512,7 +578,7 @@ def _dense_forward_form(p: ConvProblem, x):
                                                     q.out_size)
 
     def im2col(q, x, w):
-        y_rows = cpu_matmul(_cols(x, q), _w_mat(w).T)                    # (N*out, K)
+        y_rows = _gemm(_cols(x, q), _w_mat(w).T)                    # (N*out, K)
         return _from_rows(y_rows, q.N, q.out_size)
     return im2col
 
@@ -546,7 +612,7 @@ def _dense_backward_filter_form(p: ConvProblem, x, dy):
             d = dy_grid.reshape(-1, q.K)
             shift = q.dilation[0] * Q
             length = d.shape[0] - (q.kernel[0] - 1) * shift
-            dw_rows = np.stack([cpu_matmul(a[r * shift:r * shift + length].T, d[:length])
+            dw_rows = np.stack([_gemm(a[r * shift:r * shift + length].T, d[:length])
                                 for r in range(q.kernel[0])])
             return dw_rows.reshape(q.kernel[0], q.kernel[1], q.C, q.K).transpose(3, 2, 0, 1)   # (K, C, R, S)
         return row_shift
@@ -626,7 +692,7 @@ def _flat_col2im(p: ConvProblem, w, dy):
         m = min(p.N - n0, images)
         d_view[(slice(None), slice(0, m), *out_window)] = dy[n0:n0 + m].swapaxes(0, 1)
         cols = dcols[:, :m * size]
-        cpu_matmul(w_t, d_grid[:, :m * size], out=cols)
+        _gemm(w_t, d_grid[:, :m * size], out=cols)
         per_tap = cols.reshape(p.C, taps, m * size)
         for t, off in enumerate(offsets):
             target = dx_flat[:, n0 * size + off:(n0 + m) * size + off]
@@ -669,14 +735,14 @@ def _backward_data_part(p: ConvProblem, w, dy, whole: ConvProblem):
         dcols = _gather(_windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation), 0).reshape(
             p.N * math.prod(p.in_size), math.prod(p.kernel) * p.K)
         w_t = np.ascontiguousarray(np.moveaxis(flipped, 0, -1)).reshape(p.C, -1)       # (C, kernel*K)
-        return _from_rows(cpu_matmul(dcols, w_t.T), p.N, p.in_size)
+        return _from_rows(_gemm(dcols, w_t.T), p.N, p.in_size)
     if _flat_col2im_applies(p, dy):
         return _flat_col2im(p, w, dy)
     if _gather_channels_first(p):
         # Few channels: dcols^T = w_mat^T @ dy^T (C*kernel, N*out), then col2im channels-first, whose adds run
         # along contiguous output rows (out_w long) in both operands.
         dy_t = np.ascontiguousarray(np.moveaxis(dy, 1, 0)).reshape(p.K, -1)
-        dcols_t = cpu_matmul(w.reshape(p.K, -1).T, dy_t).reshape(p.C, *p.kernel, p.N, *p.out_size)
+        dcols_t = _gemm(w.reshape(p.K, -1).T, dy_t).reshape(p.C, *p.kernel, p.N, *p.out_size)
         dxpad = np.zeros((p.N, p.C, *p.padded_size), dtype=dcols_t.dtype)
 
         def col2im(nb):
