@@ -159,11 +159,14 @@ def _rows(a):
 # 164 -> 84, conv16's chunk (16, 144) x (144, 4352) 260 -> 205, the digits conv2's backward data (2048, 400) x
 # (400, 6) 267 -> 107.  The blocks depend only on the shapes (results do not depend on the thread count); the small
 # kernels sum in another order than the packed ones, so the last bits differ from an unblocked product.  Products of
-# at least MIN_PARALLEL_BLAS_WORK that get all of BLAS's threads (threads.blas_threads_for) stay whole, as do blocks
-# shorter than _MIN_BLOCK along the cut axis (wide inner axes: conv64's (64, 576) x (576, L) would make 27-column
-# blocks).
+# at least MIN_PARALLEL_BLAS_WORK that get all of BLAS's threads (threads.blas_threads_for) stay whole, as do products
+# with more than _SKINNY output rows and columns (the packed kernels do well there) and blocks shorter than _MIN_BLOCK
+# along the cut axis.
 
 _MIN_BLOCK = 128
+_SKINNY = 16                       # blocks only for products with at most this many rows or columns of output: wider
+                                   # ones ran as fast or faster whole ((64, 400) x (400, 120) 83 -> 88 us blocked,
+                                   # (48, 48) x (48, 4624) 226 -> 236, (4352, 72) x (72, 32) 219 -> 214)
 
 
 def _gemm(a, b, out=None, product=cpu_matmul):
@@ -176,6 +179,8 @@ def _gemm(a, b, out=None, product=cpu_matmul):
     macs = M * K * N
     if macs <= threads.SMALL_GEMM_MACS:
         return product(*_small_ready(a, b), out=out)
+    if min(M, N) > _SKINNY:
+        return product(a, b, out=out)
     if product is cpu_matmul and macs >= threads.MIN_PARALLEL_BLAS_WORK and threads._threads() > 1:
         return product(a, b, out=out)            # all of BLAS's threads (blas_threads_for)
     axis = max(range(3), key=lambda i: (M, N, K)[i])

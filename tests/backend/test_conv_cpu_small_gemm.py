@@ -72,11 +72,14 @@ def test_without_small_kernels_the_product_is_whole(monkeypatch):
 
 
 def test_short_blocks_and_other_dtypes_stay_whole(small_kernels, monkeypatch):
-    # conv64's (64, 576) x (576, 4352): blocks would be 27 columns wide (< _MIN_BLOCK)
-    a, b = _operands((64, 576), (576, 4352), "C", "C", np.float32)
+    # conv64's (64, 576) x (576, 4352) and a linear layer's (64, 400) x (400, 120): wider than _SKINNY; a skinny
+    # product whose blocks would be shorter than _MIN_BLOCK
     shapes, product = _calls(monkeypatch)
-    conv_cpu._gemm(a, b, product=product)
-    assert len(shapes) == 1
+    for sa, sb in [((64, 576), (576, 4352)), ((64, 400), (400, 120)), ((16, 600), (600, 700))]:
+        shapes.clear()
+        a, b = _operands(sa, sb, "C", "C", np.float32)
+        conv_cpu._gemm(a, b, product=product)
+        assert len(shapes) == 1
     # float16 (no BLAS) and mixed dtypes: one product, as given
     for a, b in [_operands((2048, 400), (400, 6), "C", "C", np.float16),
                  (np.ones((2048, 400), np.float32), np.ones((400, 6), np.float64))]:
