@@ -4,13 +4,18 @@ launches 2-5 kernels for most backward modes: comparison, cast, product, ...).
 Shape legend: x, y, dy, dx any shape (float32/float64, or float16/bfloat16 computed in float), all of one shape and
 memory order, walked as flat (n,) memory: C-contiguous,
 or channels-last (N, *S, C) contiguous for a channels-first (N, C, *S) view -- the outputs keep that order.
-Tiling: a grid-stride loop; each thread moves one 16-byte vector per iteration (4 floats / 2 doubles) when the
-pointers are aligned and n fills whole vectors, else 4 independent scalars (loads first, then the math).
+Tiling: 16-byte vectors (4 floats, 8 halves, 2 doubles) when every pointer is 16-byte aligned: a block owns a tile
+of 256 * UNROLL consecutive vectors, each thread UNROLL of them (a warp's access: 512 contiguous bytes), all loads
+issued before the math and the stores; one block per tile (or a capped grid walking the tiles: CONFIG); the n % VW
+elements past the last whole vector are block 0's.  A misaligned view takes a grid-stride loop of 4 independent
+scalars per thread (loads first, then the math).
 MODE (the ActivationMode, a macro) and COEF (the descriptor's coefficient, an argument) choose f; f' follows the
 reference's conventions at the kinks (relu'(0) = 0, a NaN input passes the gradient on, ...).
 Traffic: forward reads x, writes y; backward reads x and dy, writes dx -- the memory floor of each.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -18,7 +23,7 @@ from .. import devices as _dev
 from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, type_info
 
-__all__ = ["supports", "forward", "backward", "MODES", "SOURCE"]
+__all__ = ["supports", "forward", "backward", "plan", "options", "MODES", "SOURCE"]
 
 THREADS = 256
 MODES = ("IDENTITY", "RELU", "SIGMOID", "TANH", "CLIPPED_RELU", "ELU", "LEAKY_RELU", "GELU", "GELU_TANH", "SWISH",
@@ -94,28 +99,61 @@ __device__ __forceinline__ A act_df(A v, const A c)
 #endif
 }
 
-// 16-byte vectors: VW elements of T (4 floats, 2 doubles); the host sets `vec` when every pointer is 16-byte
-// aligned and n is a multiple of VW, else the scalar loop (4 independent elements per iteration) runs.
+// 16-byte vectors: VW elements of T (4 floats, 2 doubles, 8 halves).  vec = 1 (the host checked that every pointer
+// is 16-byte aligned): a block's tile is THREADS * UNROLL consecutive vectors, thread t taking vectors t, t + THREADS,
+// ... (each warp access one coalesced 512-byte run); its UNROLL loads are all issued before the math and the stores
+// (UNROLL * 16 bytes in flight per thread and array); tiles go round the grid (grid stride).  The n % VW elements
+// past the last whole vector are block 0's last job.  vec = 0 (a misaligned view): 4 independent scalars per thread
+// and iteration, loads first.
 #define VW (16 / (int)sizeof(T))
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+#ifndef HINT
+#define HINT 0
+#endif
+#define THREADS 256
 struct alignas(16) Vec { T v[VW]; };
 
-extern "C" __global__ void __launch_bounds__(256)
+// HINT 1: streaming ("evict first") loads of the inputs, read exactly once; the outputs are stored plainly (the next
+// layer reads them soon: they may still be in L2).
+__device__ __forceinline__ Vec ldv(const T* __restrict__ p, long long k)
+{
+#if HINT
+    union { uint4 r; Vec v; } u;
+    u.r = __ldcs(reinterpret_cast<const uint4*>(p) + k);
+    return u.v;
+#else
+    return reinterpret_cast<const Vec*>(p)[k];
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
 act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const double coef, const int vec)
 {
     const A c = (A)coef;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (vec) {
-        const long long nv = n / VW;
-        for (long long k = tid; k < nv; k += stride) {
-            Vec a = reinterpret_cast<const Vec*>(x)[k], b;
+        const long long nv = n / VW, step = (long long)gridDim.x * (THREADS * UNROLL);
+        for (long long k0 = (long long)blockIdx.x * (THREADS * UNROLL) + threadIdx.x; k0 < nv; k0 += step) {
+            Vec a[UNROLL];
 #pragma unroll
-            for (int u = 0; u < VW; ++u) b.v[u] = ST(act_f(LD(a.v[u]), c));
-            reinterpret_cast<Vec*>(y)[k] = b;
+            for (int u = 0; u < UNROLL; ++u) if (k0 + u * THREADS < nv) a[u] = ldv(x, k0 + u * THREADS);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u * THREADS < nv) {
+                    Vec b;
+#pragma unroll
+                    for (int e = 0; e < VW; ++e) b.v[e] = ST(act_f(LD(a[u].v[e]), c));
+                    reinterpret_cast<Vec*>(y)[k0 + u * THREADS] = b;
+                }
+            }
         }
+        const long long i = nv * VW + threadIdx.x;
+        if (blockIdx.x == 0 && i < n) y[i] = ST(act_f(LD(x[i]), c));
         return;
     }
-    for (long long i0 = tid; i0 < n; i0 += 4 * stride) {
+    const long long stride = (long long)gridDim.x * THREADS;
+    for (long long i0 = (long long)blockIdx.x * THREADS + threadIdx.x; i0 < n; i0 += 4 * stride) {
         T v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) v[u] = x[i0 + u * stride];
@@ -124,25 +162,35 @@ act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const dou
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(THREADS)
 act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const long long n, const double coef,
         const int vec)
 {
     const A c = (A)coef;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (vec) {
-        const long long nv = n / VW;
-        for (long long k = tid; k < nv; k += stride) {
-            const Vec a = reinterpret_cast<const Vec*>(x)[k], g = reinterpret_cast<const Vec*>(dy)[k];
-            Vec b;
+        const long long nv = n / VW, step = (long long)gridDim.x * (THREADS * UNROLL);
+        for (long long k0 = (long long)blockIdx.x * (THREADS * UNROLL) + threadIdx.x; k0 < nv; k0 += step) {
+            Vec a[UNROLL], g[UNROLL];
 #pragma unroll
-            for (int u = 0; u < VW; ++u) b.v[u] = ST(act_df(LD(a.v[u]), c) * LD(g.v[u]));
-            reinterpret_cast<Vec*>(dx)[k] = b;
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u * THREADS < nv) { a[u] = ldv(x, k0 + u * THREADS); g[u] = ldv(dy, k0 + u * THREADS); }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u * THREADS < nv) {
+                    Vec b;
+#pragma unroll
+                    for (int e = 0; e < VW; ++e) b.v[e] = ST(act_df(LD(a[u].v[e]), c) * LD(g[u].v[e]));
+                    reinterpret_cast<Vec*>(dx)[k0 + u * THREADS] = b;
+                }
+            }
         }
+        const long long i = nv * VW + threadIdx.x;
+        if (blockIdx.x == 0 && i < n) dx[i] = ST(act_df(LD(x[i]), c) * LD(dy[i]));
         return;
     }
-    for (long long i0 = tid; i0 < n; i0 += 4 * stride) {
+    const long long stride = (long long)gridDim.x * THREADS;
+    for (long long i0 = (long long)blockIdx.x * THREADS + threadIdx.x; i0 < n; i0 += 4 * stride) {
         T v[4], g[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) { v[u] = x[i0 + u * stride]; g[u] = dy[i0 + u * stride]; }
@@ -152,8 +200,6 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
     }
 }
 """
-
-
 
 
 def _memory_order(a):
@@ -177,23 +223,43 @@ def supports(mode_name, x, *others) -> bool:
 
 _kernel_cache: dict = {}
 
+# The launch shape: UNROLL vectors per thread and tile (all loads in flight before the math), BLOCKS_PER_SM caps the
+# grid (0: one block per tile, no cap -- blocks come and go as the hardware schedules them), HINT the streaming-load
+# variant.  MINIDNN_ACT_V1=1 keeps the previous kernel's launch for a GPU A/B: one vector per thread and iteration,
+# the grid capped at 8 blocks per SM, vectors only where n fills them.  tools/act_pool_sweep.py times the choices.
+V1 = os.environ.get("MINIDNN_ACT_V1", "0") == "1"
+CONFIG = {"unroll": 1 if V1 else 4, "blocks_per_sm": 8 if V1 else 0, "hint": 0}
+
 
 def _kernel(name, dtype, mode_name):
-    key = (name, dtype, mode_name)
+    key = (name, dtype, mode_name, CONFIG["unroll"], CONFIG["hint"])
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _kernel_compiled(name, dtype, mode_name)
+        k = _kernel_cache[key] = _kernel_compiled(name, dtype, mode_name, *key[3:])
     return k
 
 
-def _kernel_compiled(name, dtype, mode_name):
+def options(dtype, mode_name, unroll=4, hint=0):
+    """NVRTC options of one configuration (nvcc takes the same -D options: the tests compile each kernel)."""
     scalar, accum, storage, _ = type_info(dtype)
-    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
-                                             f"-DMODE=M_{mode_name}", "-std=c++14"))
+    return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DMODE=M_{mode_name}",
+            f"-DUNROLL={int(unroll)}", f"-DHINT={int(hint)}", "-std=c++14")
+
+
+def _kernel_compiled(name, dtype, mode_name, unroll, hint):
+    return _launch.get_kernel(SOURCE, name, options(dtype, mode_name, unroll, hint))
 
 
 def _grid(n, dev):
+    """Scalar path: 4 elements per thread and iteration, at most 8 blocks per SM (grid stride)."""
     return (max(1, min((n + THREADS * 4 - 1) // (THREADS * 4), _launch.sm_count(dev) * 8)),)
+
+
+def _vec_grid(nv, dev):
+    """Vector path: one block per tile of THREADS * unroll vectors, capped at blocks_per_sm per SM where set."""
+    tiles = max(1, -(-nv // (THREADS * CONFIG["unroll"])))
+    cap = CONFIG["blocks_per_sm"]
+    return (min(tiles, _launch.sm_count(dev) * cap) if cap else tiles,)
 
 
 # ---- plans: everything but the arrays, once per call signature ------------------------------------------------
@@ -239,8 +305,9 @@ def _plan(mode_name, coef, x, backward, dev):
     k = _kernel("act_bwd" if backward else "act_fwd", x.dtype, mode_name)
     head = [None] * (3 if backward else 2) + [np.int64(n), np.float64(coef)]
     p.go = _launch.prepare(k, _grid(n, dev), (THREADS,), head + [np.int32(0)])
-    p.vec = _launch.prepare(k, _grid(n, dev), (THREADS,), head + [np.int32(1)]) \
-        if n % (16 // x.itemsize) == 0 else None
+    vw = 16 // x.itemsize           # the vector path takes any n (the tail is block 0's); V1 only whole vectors
+    p.vec = _launch.prepare(k, _vec_grid(n // vw, dev), (THREADS,), head + [np.int32(1)]) \
+        if not (V1 and n % vw) else None
     return p
 
 

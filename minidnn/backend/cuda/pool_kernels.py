@@ -37,6 +37,7 @@ validated, so a repeated call is a dict lookup, the output allocation(s) and one
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -328,6 +329,332 @@ gap_bwd(const T* __restrict__ dy, T* __restrict__ dx, const long long total, con
 }
 """
 
+# ---- vectorized kernels (16-bit and float32 data): their own source, compiled per window shape --------------------
+VEC_SOURCE = STORAGE_HEADER + r"""
+typedef ARGT ARG;
+#define VW (16 / (int)sizeof(T))       // elements of a 16-byte vector: 4 floats, 8 halves
+#define OV VW                          // rows kernels: outputs per thread, adjacent in one output row
+struct alignas(16) Vec { T v[VW]; };
+
+__device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
+{
+    return (__umulhi(n, mul) + n) >> shr;
+}
+
+// S consecutive elements of type E at p (aligned to S * sizeof(E)) moved as one access
+template <int B> struct Raw;
+template <> struct Raw<1> { typedef unsigned char t; };
+template <> struct Raw<2> { typedef unsigned short t; };
+template <> struct Raw<4> { typedef unsigned int t; };
+template <> struct Raw<8> { typedef uint2 t; };
+template <> struct Raw<16> { typedef uint4 t; };
+template <int S, class E> __device__ __forceinline__ void put(E* p, const E* v)
+{
+    typedef typename Raw<S * sizeof(E)>::t R;
+    union { R r; E e[S]; } u;
+#pragma unroll
+    for (int i = 0; i < S; ++i) u.e[i] = v[i];
+    *reinterpret_cast<R*>(p) = u.r;
+}
+template <int S, class E> __device__ __forceinline__ void get(const E* __restrict__ p, E* v)
+{
+    typedef typename Raw<S * sizeof(E)>::t R;
+    union { R r; E e[S]; } u;
+    u.r = *reinterpret_cast<const R*>(p);
+#pragma unroll
+    for (int i = 0; i < S; ++i) v[i] = u.e[i];
+}
+
+__device__ __forceinline__ int window_count(int s0, int K, int L, int P)
+{
+#if INCLUDE_PAD
+    return min(s0 + K, L + P) - s0;
+#else
+    return min(s0 + K, L) - max(s0, 0);
+#endif
+}
+
+#if ROWS
+// NCHW rows: windows KH x KW (macros) with stride = window, no padding or dilation, every window inside x.
+// Thread t owns OV adjacent outputs of output row r = (n * C + c) * OH + oh: t = r * segs + s, ow0 = s * OV.  It
+// reads KH input rows of KW * OV contiguous values (KW 16-byte vectors each where VIN: rows 16-byte aligned), keeps
+// each window's first maximum and its tap (a NaN wins: the generic kernel's rule) or its row-major sum / (KH * KW),
+// and writes its OV outputs (and OV argmax entries) in chunks of SV elements (SV divides OW: aligned).  A warp's
+// threads cover consecutive rows: contiguous reads and writes.
+extern "C" __global__ void __launch_bounds__(256)
+pool_fwd_rows(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, const int H, const int W,
+              const int OH, const int OW, const unsigned int total, const int segs, const unsigned int sgm,
+              const unsigned int sgs, const unsigned int ohm, const unsigned int ohs)
+{
+    for (unsigned int t = blockIdx.x * 256 + threadIdx.x; t < total; t += gridDim.x * 256) {
+        const unsigned int r = fast_div(t, sgm, sgs);
+        const int ow0 = (int)(t - r * segs) * OV;
+        const unsigned int nc = fast_div(r, ohm, ohs);
+        const int oh = (int)(r - nc * OH);
+        const int cnt = min(OV, OW - ow0), c0 = ow0 * KW;
+        const T* xr = x + ((long long)nc * H + oh * KH) * W + c0;
+        T v[KH][KW * OV];
+#pragma unroll
+        for (int kh = 0; kh < KH; ++kh) {
+#if VIN
+#pragma unroll
+            for (int j = 0; j < KW; ++j) {
+                Vec a;
+                if (c0 + j * VW < W) a = *reinterpret_cast<const Vec*>(xr + kh * W + j * VW);
+                else {
+#pragma unroll
+                    for (int e = 0; e < VW; ++e) a.v[e] = 0;
+                }
+#pragma unroll
+                for (int e = 0; e < VW; ++e) v[kh][j * VW + e] = a.v[e];
+            }
+#else
+#pragma unroll
+            for (int e = 0; e < KW * OV; ++e) v[kh][e] = c0 + e < W ? xr[kh * W + e] : (T)0;
+#endif
+        }
+        T out[OV];
+#if IS_MAX
+        ARG arg[OV];
+#endif
+#pragma unroll
+        for (int j = 0; j < OV; ++j) {
+#if IS_MAX
+            A best = LD(v[0][j * KW]); int a = 0;
+#pragma unroll
+            for (int kh = 0; kh < KH; ++kh)
+#pragma unroll
+                for (int kw = 0; kw < KW; ++kw) {
+                    if (kh == 0 && kw == 0) continue;
+                    const A u = LD(v[kh][j * KW + kw]);
+                    if (u > best || (u != u && best == best)) { best = u; a = kh * KW + kw; }
+                }
+            out[j] = ST(best);
+            arg[j] = (ARG)a;
+#else
+            A s = 0;
+#pragma unroll
+            for (int kh = 0; kh < KH; ++kh)
+#pragma unroll
+                for (int kw = 0; kw < KW; ++kw) s += LD(v[kh][j * KW + kw]);
+            out[j] = ST(s / (A)(KH * KW));
+#endif
+        }
+        const long long o = (long long)r * OW + ow0;
+        if (cnt == OV) {
+#pragma unroll
+            for (int q = 0; q < OV; q += SV) {
+                put<SV>(y + o + q, out + q);
+#if IS_MAX
+                put<SV>(argmax + o + q, arg + q);
+#endif
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < OV; ++j) {
+                if (j < cnt) {
+                    y[o + j] = out[j];
+#if IS_MAX
+                    argmax[o + j] = arg[j];
+#endif
+                }
+            }
+        }
+    }
+}
+
+// The backward of the same windows when they tile x exactly (OH * KH == H, OW * KW == W), dy and argmax
+// C-contiguous: thread t reads its OV dy values and argmax entries (chunks of SV where VDY: 16-byte aligned
+// pointers) and writes its KH x (KW * OV) block of dx -- dy at the argmax tap and 0 elsewhere (max), dy / (KH * KW)
+// everywhere (average); s = 0 + v as the gather kernel (a -0 lands as +0) -- in KW 16-byte vectors per row where
+// VOUT (W % VW == 0).  No gather, no atomics: deterministic.
+extern "C" __global__ void __launch_bounds__(256)
+pool_bwd_rows(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, const int H,
+              const int W, const int OH, const int OW, const unsigned int total, const int segs,
+              const unsigned int sgm, const unsigned int sgs, const unsigned int ohm, const unsigned int ohs)
+{
+    for (unsigned int t = blockIdx.x * 256 + threadIdx.x; t < total; t += gridDim.x * 256) {
+        const unsigned int r = fast_div(t, sgm, sgs);
+        const int ow0 = (int)(t - r * segs) * OV;
+        const unsigned int nc = fast_div(r, ohm, ohs);
+        const int oh = (int)(r - nc * OH);
+        const int cnt = min(OV, OW - ow0), c0 = ow0 * KW;
+        const long long o = (long long)r * OW + ow0;
+        T g[OV];
+#if IS_MAX
+        ARG arg[OV];
+#endif
+#if VDY
+        if (cnt == OV) {
+#pragma unroll
+            for (int q = 0; q < OV; q += SV) {
+                get<SV>(dy + o + q, g + q);
+#if IS_MAX
+                get<SV>(argmax + o + q, arg + q);
+#endif
+            }
+        } else
+#endif
+        {
+#pragma unroll
+            for (int j = 0; j < OV; ++j) {
+                g[j] = j < cnt ? dy[o + j] : (T)0;
+#if IS_MAX
+                arg[j] = j < cnt ? argmax[o + j] : (ARG)0;
+#endif
+            }
+        }
+        T* dr = dx + ((long long)nc * H + oh * KH) * W + c0;
+#pragma unroll
+        for (int kh = 0; kh < KH; ++kh) {
+            T row[KW * OV];
+#pragma unroll
+            for (int j = 0; j < OV; ++j) {
+#if !IS_MAX
+                const A q = LD(g[j]) / (A)(KH * KW);
+#endif
+#pragma unroll
+                for (int kw = 0; kw < KW; ++kw) {
+                    A s = 0;
+#if IS_MAX
+                    if ((int)arg[j] == kh * KW + kw) s += LD(g[j]);
+#else
+                    s += q;
+#endif
+                    row[j * KW + kw] = ST(s);
+                }
+            }
+#if VOUT
+#pragma unroll
+            for (int j = 0; j < KW; ++j)
+                if (j * VW < cnt * KW) put<VW>(dr + kh * W + j * VW, row + j * VW);
+#else
+#pragma unroll
+            for (int e = 0; e < KW * OV; ++e) if (e < cnt * KW) dr[kh * W + e] = row[e];
+#endif
+        }
+    }
+}
+#else
+// Channels-last memory, any window, padding, stride, dilation, ceil mode, C % VW == 0: thread i owns VW channels
+// (one 16-byte vector) of one output position (forward: i = ((n * OH + oh) * OW + ow) * G + g, G = C / VW) or one
+// input position (backward: i = ((n * H + h) * W + w) * G + g).  The generic kernels' loops and rules lane by lane,
+// each tap one 16-byte load (and a VW-entry argmax load): the same bits as the generic kernels.
+#define GEO_ARGS const int N, const int C, const int H, const int W, const int OH, const int OW, const int KH, \
+                 const int KW, const int PH, const int PW, const int SH, const int SW, const int DH, const int DW
+extern "C" __global__ void __launch_bounds__(256)
+pool_fwd_clv(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, GEO_ARGS,
+             const unsigned int total, const unsigned int gm, const unsigned int gs, const unsigned int owm,
+             const unsigned int ows, const unsigned int ohm, const unsigned int ohs)
+{
+    const int G = C / VW;
+    for (unsigned int i = blockIdx.x * 256 + threadIdx.x; i < total; i += gridDim.x * 256) {
+        unsigned int p = fast_div(i, gm, gs);
+        const int g = (int)(i - p * G);
+        unsigned int q = fast_div(p, owm, ows);
+        const int ow = (int)(p - q * OW);
+        p = fast_div(q, ohm, ohs);
+        const int oh = (int)(q - p * OH), n = (int)p;
+        const int h0 = oh * SH - PH, w0 = ow * SW - PW;
+        const T* xb = x + (long long)n * H * W * C + g * VW;
+#if IS_MAX
+        A best[VW]; int arg[VW];
+#pragma unroll
+        for (int e = 0; e < VW; ++e) { best[e] = 0; arg[e] = -1; }
+        for (int kh = 0; kh < KH; ++kh) {
+            const int h = h0 + kh * DH;
+            if (h < 0 || h >= H) continue;
+            for (int kw = 0; kw < KW; ++kw) {
+                const int w = w0 + kw * DW;
+                if (w < 0 || w >= W) continue;
+                const Vec a = *reinterpret_cast<const Vec*>(xb + ((long long)h * W + w) * C);
+                const int tap = kh * KW + kw;
+#pragma unroll
+                for (int e = 0; e < VW; ++e) {
+                    const A v = LD(a.v[e]);
+                    if (arg[e] < 0 || v > best[e] || (v != v && best[e] == best[e])) { best[e] = v; arg[e] = tap; }
+                }
+            }
+        }
+        Vec o; ARG ao[VW];
+#pragma unroll
+        for (int e = 0; e < VW; ++e) { o.v[e] = ST(best[e]); ao[e] = (ARG)arg[e]; }
+        put<VW>(argmax + (long long)i * VW, ao);
+#else
+        A s[VW];
+#pragma unroll
+        for (int e = 0; e < VW; ++e) s[e] = 0;
+        for (int kh = 0; kh < KH; ++kh) {
+            const int h = h0 + kh;
+            if (h < 0 || h >= H) continue;
+            for (int kw = 0; kw < KW; ++kw) {
+                const int w = w0 + kw;
+                if (w < 0 || w >= W) continue;
+                const Vec a = *reinterpret_cast<const Vec*>(xb + ((long long)h * W + w) * C);
+#pragma unroll
+                for (int e = 0; e < VW; ++e) s[e] += LD(a.v[e]);
+            }
+        }
+        const A count = (A)(window_count(h0, KH, H, PH) * window_count(w0, KW, W, PW));
+        Vec o;
+#pragma unroll
+        for (int e = 0; e < VW; ++e) o.v[e] = ST(s[e] / count);
+#endif
+        reinterpret_cast<Vec*>(y)[i] = o;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+pool_bwd_clv(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, GEO_ARGS,
+             const unsigned int total, const unsigned int gm, const unsigned int gs, const unsigned int wm,
+             const unsigned int ws, const unsigned int hm, const unsigned int hs)
+{
+    const int G = C / VW;
+    for (unsigned int i = blockIdx.x * 256 + threadIdx.x; i < total; i += gridDim.x * 256) {
+        unsigned int p = fast_div(i, gm, gs);
+        const int g = (int)(i - p * G);
+        unsigned int q = fast_div(p, wm, ws);
+        const int w = (int)(p - q * W);
+        p = fast_div(q, hm, hs);
+        const int h = (int)(q - p * H), n = (int)p;
+        const long long base = (long long)n * OH * OW * C + g * VW;
+        A s[VW];
+#pragma unroll
+        for (int e = 0; e < VW; ++e) s[e] = 0;
+        for (int kh = 0; kh < KH; ++kh) {
+            const int th = h + PH - kh * DH;
+            if (th < 0 || th % SH) continue;
+            const int oh = th / SH;
+            if (oh >= OH) continue;
+            for (int kw = 0; kw < KW; ++kw) {
+                const int tw = w + PW - kw * DW;
+                if (tw < 0 || tw % SW) continue;
+                const int ow = tw / SW;
+                if (ow >= OW) continue;
+                const long long o = base + ((long long)oh * OW + ow) * C;
+                const Vec d = *reinterpret_cast<const Vec*>(dy + o);
+#if IS_MAX
+                ARG a[VW];
+                get<VW>(argmax + o, a);
+                const int tap = kh * KW + kw;
+#pragma unroll
+                for (int e = 0; e < VW; ++e) if ((int)a[e] == tap) s[e] += LD(d.v[e]);
+#else
+                const int count = window_count(oh * SH - PH, KH, H, PH) * window_count(ow * SW - PW, KW, W, PW);
+#pragma unroll
+                for (int e = 0; e < VW; ++e) s[e] += LD(d.v[e]) / (A)count;
+#endif
+            }
+        }
+        Vec o;
+#pragma unroll
+        for (int e = 0; e < VW; ++e) o.v[e] = ST(s[e]);
+        reinterpret_cast<Vec*>(dx)[i] = o;
+    }
+}
+#endif
+"""
+
 _ARG = {np.dtype(np.uint8): "unsigned char", np.dtype(np.uint16): "unsigned short"}
 _INT_MAX = 2 ** 31 - 1
 
@@ -341,6 +668,26 @@ def _kernel(name, dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:]))
     return k
+
+
+def _vec_kernel(name, dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0):
+    key = (name, dtype, arg_dtype, is_max, include_pad, rows, kh, kw, sv, vin, vdy, vout)
+    k = _kernel_cache.get(key)
+    if k is None:
+        k = _kernel_cache[key] = _launch.get_kernel(VEC_SOURCE, name, vec_options(*key[1:]))
+    return k
+
+
+def vec_options(dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0):
+    """NVRTC (and nvcc -D) options of one configuration of VEC_SOURCE: the rows kernels (``rows``: window kh x kw,
+    store chunk sv, vector input rows vin, chunked dy reads vdy, vector dx rows vout) or the channels-last ones."""
+    scalar, accum, storage, _ = type_info(dtype)
+    head = (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}",
+            f"-DIS_MAX={int(is_max)}", f"-DINCLUDE_PAD={int(include_pad)}", f"-DROWS={int(rows)}")
+    if rows:
+        head += (f"-DKH={int(kh)}", f"-DKW={int(kw)}", f"-DSV={int(sv)}", f"-DVIN={int(vin)}", f"-DVDY={int(vdy)}",
+                 f"-DVOUT={int(vout)}")
+    return head + ("-std=c++14",)
 
 
 def options(dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32, vec=1):
@@ -404,18 +751,74 @@ def _grid(total, dev, per_thread=1):
     return (max(1, min((total + THREADS * per_thread - 1) // (THREADS * per_thread), _launch.sm_count(dev) * 16)),)
 
 
+def _full_grid(total):
+    """One thread per work item, no cap (the vector kernels: blocks finish and new ones start where the hardware has
+    room, so no partial last wave of a capped grid-stride grid)."""
+    return (max(1, -(-total // THREADS)),)
+
+
 def _vec(n, dtype):
     """16-byte vectors of ``dtype`` when ``n`` values fill them, else 1."""
     v = 16 // np.dtype(dtype).itemsize
     return v if n % v == 0 else 1
 
 
+# The vectorized kernels (VEC_SOURCE) take 4- and 2-byte data (float64 keeps the generic kernels: 16 bytes hold
+# only 2 doubles, and it is the reference-precision path, not a bandwidth target).  MINIDNN_POOL_V1=1 switches them
+# off: every 2-D call then takes the generic / disjoint kernels, as before (a GPU A/B).
+V1 = os.environ.get("MINIDNN_POOL_V1", "0") == "1"
+ROWS_MAX_WINDOW = 4         # rows kernels: KH, KW <= 4 (each thread holds KH * KW vectors in registers)
+
+
+def _vw(dtype):
+    """Elements of a 16-byte vector where the vector kernels take ``dtype``, else 0."""
+    size = np.dtype(dtype).itemsize
+    return 16 // size if not V1 and size in (2, 4) else 0
+
+
+def _cl_contiguous(a):
+    return a.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def _rows_shape(geom, n, c, vw):
+    """(threads, segments per row) of the rows kernels: OV = vw outputs per thread."""
+    segs = -(-geom.out_sizes[1] // vw)
+    return n * c * geom.out_sizes[0] * segs, segs
+
+
+def rows_applies(geom, n, c, dtype, exact=False):
+    """The rows kernels' windows: stride = window <= 4 x 4, no padding or dilation, every window inside x (forward),
+    tiling x exactly (``exact``: the backward, which writes every element of dx)."""
+    vw = _vw(dtype)
+    (h, w), (oh, ow), (kh, kw) = geom.spatial, geom.out_sizes, geom.window
+    if not vw or tuple(geom.stride) != tuple(geom.window) or any(geom.padding) or geom.dilated \
+            or kh > ROWS_MAX_WINDOW or kw > ROWS_MAX_WINDOW:
+        return False
+    if (oh * kh, ow * kw) != (h, w) if exact else (oh * kh > h or ow * kw > w):
+        return False
+    return _rows_shape(geom, n, c, vw)[0] < _INT_MAX
+
+
+def clv_applies(geom, c, dtype, positions):
+    """The channels-last vector kernels: C a multiple of the vector width, under 2**31 vectors."""
+    vw = _vw(dtype)
+    return bool(vw) and c % vw == 0 and positions * (c // vw) < _INT_MAX
+
+
+def _rows_args(geom, n, c, h, w, vw):
+    total, segs = _rows_shape(geom, n, c, vw)
+    oh, ow = geom.out_sizes
+    return [None, None, None] + [np.int32(v) for v in (h, w, oh, ow)] + \
+        [np.uint32(total), np.int32(segs), *_divider(segs), *_divider(oh)], total
+
+
 # ---- plans: everything but the arrays, once per call signature ------------------------------------------------
 
 class _Plan:
     """A settled pooling call: ``plan(a, b)`` allocates the output(s) on ``dev`` in memory shape ``mem`` (viewed
-    channels-first through ``back``), and makes the prepared launch, ``go`` (``go16``: the same kernel with 16-byte
-    vectors, taken when the input's pointer is 16-byte aligned)."""
+    channels-first through ``back``), and makes the prepared launch, ``go`` (``go16``: a kernel with 16-byte
+    vectors, taken when the input pointers (x; dy and argmax) are 16-byte aligned, ``go`` the one that needs no
+    alignment)."""
     __slots__ = ("dev", "mem", "back", "dtype", "adt", "go", "go16", "kind")
 
     def __call__(self, a, b=None):
@@ -425,14 +828,17 @@ class _Plan:
             kind = self.kind
             if kind == 0:                                      # pooling forward: (x) -> y, argmax or None
                 arg = None if self.adt is None else cp.empty(self.mem, self.adt)
-                self.go(a, out, out if arg is None else arg)
+                go = self.go16
+                (go if go is not None and not a.data.ptr & 15 else self.go)(a, out, out if arg is None else arg)
                 if self.back is not None:
                     out = out.transpose(self.back)
                     if arg is not None:
                         arg = arg.transpose(self.back)
                 return out, arg
             if kind == 1:                                      # pooling backward: (dy, argmax or None) -> dx
-                self.go(a, a if b is None else b, out)
+                b = a if b is None else b
+                go = self.go16
+                (go if go is not None and not (a.data.ptr | b.data.ptr) & 15 else self.go)(a, b, out)
             else:                                              # global average: (x) -> y, or (dy) -> dx
                 go = self.go16
                 (go if go is not None and not a.data.ptr & 15 else self.go)(a, out)
@@ -494,10 +900,30 @@ def _forward_plan(geom, xc, dev):
     adt = arg_dtype(geom)
     plan.kind, plan.adt = 0, (adt if is_max else None)
     _out_layout(plan, geom.y_shape, cl)
-    k = _kernel("pool_fwd", xc.dtype, adt, cl, is_max, geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING")
+    include = geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING"
+    plan.go16 = None
+    if not cl and xc.flags.c_contiguous and rows_applies(geom, n, c, xc.dtype):
+        vw = _vw(xc.dtype)
+        args, total = _rows_args(geom, n, c, h, w, vw)
+        kh, kw = geom.window
+        sv = math.gcd(geom.out_sizes[1], vw)
+        grid = _full_grid(total)
+        plan.go = _launch.prepare(_vec_kernel("pool_fwd_rows", xc.dtype, adt, is_max, include, True, kh, kw, sv),
+                                  grid, (THREADS,), args)
+        if w % vw == 0:
+            plan.go16 = _launch.prepare(_vec_kernel("pool_fwd_rows", xc.dtype, adt, is_max, include, True, kh, kw,
+                                                    sv, vin=1), grid, (THREADS,), args)
+        return plan
+    k = _kernel("pool_fwd", xc.dtype, adt, cl, is_max, include)
     plan.go = _launch.prepare(k, _grid(math.prod(geom.y_shape), dev), (THREADS,),
                               [None, None, None] + _geo(geom, n, c) + _strides(xc) + _dividers(c, *geom.out_sizes, cl))
-    plan.go16 = None
+    oh, ow = geom.out_sizes
+    if cl and clv_applies(geom, c, xc.dtype, n * oh * ow):
+        vw = _vw(xc.dtype)
+        total = n * oh * ow * (c // vw)
+        plan.go16 = _launch.prepare(_vec_kernel("pool_fwd_clv", xc.dtype, adt, is_max, include, False),
+                                    _full_grid(total), (THREADS,), [None, None, None] + _geo(geom, n, c) +
+                                    [np.uint32(total), *_divider(c // vw), *_divider(ow), *_divider(oh)])
     return plan
 
 
@@ -532,6 +958,24 @@ def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
     arg = argmax_c if is_max else dyc
     include = geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING"
     tail = _strides(dyc) + _strides(arg)
+    vw = _vw(dtype)
+    if not cl and dyc.flags.c_contiguous and arg.flags.c_contiguous and vw \
+            and rows_applies(geom, n, c, dtype, exact=True):
+        args, total = _rows_args(geom, n, c, h, w, vw)
+        kh, kw = geom.window
+        sv = math.gcd(geom.out_sizes[1], vw)
+        grid, vout = _full_grid(total), int(w % vw == 0)
+        plan.go = _launch.prepare(_vec_kernel("pool_bwd_rows", dtype, adt, is_max, include, True, kh, kw, sv,
+                                              vout=vout), grid, (THREADS,), args)
+        plan.go16 = _launch.prepare(_vec_kernel("pool_bwd_rows", dtype, adt, is_max, include, True, kh, kw, sv,
+                                                vdy=1, vout=vout), grid, (THREADS,), args)
+        return plan
+    oh, ow = geom.out_sizes
+    if cl and _cl_contiguous(dyc) and _cl_contiguous(arg) and clv_applies(geom, c, dtype, n * h * w):
+        total = n * h * w * (c // vw)
+        plan.go16 = _launch.prepare(_vec_kernel("pool_bwd_clv", dtype, adt, is_max, include, False),
+                                    _full_grid(total), (THREADS,), [None, None, None] + _geo(geom, n, c) +
+                                    [np.uint32(total), *_divider(c // vw), *_divider(w), *_divider(h)])
     if is_disjoint(geom):
         pair = not cl and geom.window[1] == 2 and w % 2 == 0
         k = _kernel("pool_bwd_disjoint", dtype, adt, cl, is_max, include, pair=pair)
