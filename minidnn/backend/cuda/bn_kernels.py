@@ -416,6 +416,53 @@ __device__ __forceinline__ void walk(const Slice& sl, int C, int inner, int iv, 
     }
 }
 
+// The on-chip copy (CACHE: MINIDNN_BN_ONCHIP, the default).  A thread's walk of its slice is a sequence: its k-th
+// vector (k = 0 .. n - 1) is j = lo + first + k * RW, the order walk() visits.  The first `ks` vectors of each cached
+// array -- x forward; x and g (dy, masked by a fused ReLU's y) backward -- stay in dynamic shared memory across the
+// meeting: slot (k, a) of thread tid at cache_sm[(k * NCACHE + a) * 256 + tid] (a warp's slots are consecutive: no
+// bank conflicts; each thread reads back only its own slots, so a round's tile may reuse them without a barrier).
+// The elementwise pass visits the same vectors: the uncached ones newest first (what L2 still holds), then the
+// cached ones.  A round may then take the L2 share plus the whole grid's shared memory (onepass_geometry).
+#if CACHE
+extern __shared__ VT cache_sm[];
+#define CACHE_PARAM , const int ks
+#else
+#define CACHE_PARAM
+#endif
+
+__device__ __forceinline__ int slice_len(const Slice& sl)
+{
+    const unsigned int j0 = sl.lo + sl.first;
+    return j0 < sl.hi ? (int)((sl.hi - j0 - 1) / RW + 1) : 0;
+}
+
+// Visit the thread's vectors k = kb .. ke - 1 (REV: ke - 1 down to kb), UNROLL at a time: f(off[UNROLL], kk[UNROLL])
+// with the element offsets (as walk() computes them) and k, -1 past the range.
+template <bool REV, class F>
+__device__ __forceinline__ void seq_walk(const Slice& sl, int C, int inner, int iv, unsigned int iv_mul,
+                                         unsigned int iv_shr, bool valid, int kb, int ke, F f)
+{
+    if (!valid) return;
+    for (int i = 0; i < ke - kb; i += UNROLL) {
+        long long off[UNROLL];
+        int kk[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool in = i + u < ke - kb;
+            const int k = REV ? ke - 1 - (i + u) : kb + i + u;
+            const unsigned int jj = sl.lo + sl.first + (unsigned int)(in ? k : 0) * RW;
+#if INNER1
+            off[u] = in ? (long long)jj * C + sl.base : -1;
+#else
+            const unsigned int o = fast_div(jj, iv_mul, iv_shr);
+            off[u] = in ? ((long long)o * C) * inner + sl.base + (long long)(jj - o * iv) * VEC : -1;
+#endif
+            kk[u] = in ? k : -1;
+        }
+        f(off, kk);
+    }
+}
+
 // The block's sums of v[NCH][2] over its RW rows of threads (fixed-order tree); thread row 0 holds the result.
 __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 {
@@ -512,7 +559,7 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter,
         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr, const int tiles, const int per, const double factor, const double eps,
-        const int has_running, const int has_counter)
+        const int has_running, const int has_counter CACHE_PARAM)
 {
     __shared__ A sm[RW][TW][2];
     const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
@@ -525,10 +572,7 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
             kshift[e] = valid ? LD(x[sl.base + e]) : (A)0;      // shift: the channel's first element
             v[e][0] = 0; v[e][1] = 0;
         }
-        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
-            Pack p[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+        auto sums = [&](const long long (&off)[UNROLL], const Pack (&p)[UNROLL]) {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (off[u] < 0) continue;
@@ -538,7 +582,27 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
                     v[LANE_CH(e)][0] += d; v[LANE_CH(e)][1] += d * d;
                 }
             }
+        };
+#if CACHE
+        const int n = slice_len(sl), kc = min(ks, n);
+        seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, n,
+                        [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
+            Pack p[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+                if (off[u] >= 0 && k[u] < kc) cache_sm[k[u] * 256 + threadIdx.x] = p[u].raw;
+            sums(off, p);
         });
+#else
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+            sums(off, p);
+        });
+#endif
         meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
             const double m = INNER1 ? (double)outer : (double)outer * inner;
             const double md = t1 / m;
@@ -563,11 +627,12 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
             bb[e] = HAS_BIAS && ok ? (A)bias[c] : (A)0;
         }
         depart(sync, t, per);
-        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
-            Pack p[UNROLL], q[UNROLL];
+        auto out = [&](const long long (&off)[UNROLL], const Pack (&p)[UNROLL]) {
+            Pack q[UNROLL];
+            if (HAS_Z) {
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-                if (off[u] >= 0) { p[u] = ld2(x + off[u]); if (HAS_Z) q[u] = ld2(z + off[u]); }
+                for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) q[u] = ld2(z + off[u]);
+            }
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (off[u] < 0) continue;
@@ -584,7 +649,30 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
                 }
                 st2(y + off[u], o);
             }
+        };
+#if CACHE
+        seq_walk<true>(sl, C, inner, iv, iv_mul, iv_shr, valid, kc, n,
+                       [&](const long long (&off)[UNROLL], const int (&)[UNROLL]) {
+            Pack p[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld2(x + off[u]);
+            out(off, p);
         });
+        seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, kc,
+                        [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
+            Pack p[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u].raw = cache_sm[k[u] * 256 + threadIdx.x];
+            out(off, p);
+        });
+#else
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld2(x + off[u]);
+            out(off, p);
+        });
+#endif
     }
 }
 
@@ -595,7 +683,7 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* sync, A* __restrict__ coef,
         P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
         T* __restrict__ dz, const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
-        const unsigned int iv_shr, const int tiles, const int per)
+        const unsigned int iv_shr, const int tiles, const int per CACHE_PARAM)
 {
     __shared__ A sm[RW][TW][2];
     const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
@@ -610,26 +698,50 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
             is[e] = valid ? inv_std[c] : (A)0;
             v[e][0] = 0; v[e][1] = 0;
         }
-        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
-            Pack p[UNROLL], g[UNROLL], r[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (off[u] < 0) continue;
-                g[u] = ld1(dy + off[u]); p[u] = ld1(x + off[u]);
-                if (RELU) r[u] = ld1(y + off[u]);
-            }
+        // g[u] leaves masked (dy where y > 0 after a fused ReLU): what the on-chip copy keeps
+        auto sums = [&](const long long (&off)[UNROLL], const Pack (&p)[UNROLL], Pack (&g)[UNROLL],
+                        const Pack (&r)[UNROLL]) {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (off[u] < 0) continue;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     A gv = LD(g[u].v[e]);
-                    if (RELU && LD(r[u].v[e]) <= (A)0) gv = 0;
+                    if (RELU && LD(r[u].v[e]) <= (A)0) { gv = 0; g[u].v[e] = ST((A)0); }
                     v[LANE_CH(e)][0] += gv;
                     v[LANE_CH(e)][1] += gv * ((LD(p[u].v[e]) - mu[LANE_CH(e)]) * is[LANE_CH(e)]);
                 }
             }
+        };
+        auto load1 = [&](const long long (&off)[UNROLL], Pack (&p)[UNROLL], Pack (&g)[UNROLL], Pack (&r)[UNROLL]) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+                g[u] = ld1(dy + off[u]); p[u] = ld1(x + off[u]);
+                if (RELU) r[u] = ld1(y + off[u]);
+            }
+        };
+#if CACHE
+        const int n = slice_len(sl), kc = min(ks, n);
+        seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, n,
+                        [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
+            Pack p[UNROLL], g[UNROLL], r[UNROLL];
+            load1(off, p, g, r);
+            sums(off, p, g, r);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0 || k[u] >= kc) continue;
+                cache_sm[(2 * k[u]) * 256 + threadIdx.x] = p[u].raw;
+                cache_sm[(2 * k[u] + 1) * 256 + threadIdx.x] = g[u].raw;
+            }
         });
+#else
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL], g[UNROLL], r[UNROLL];
+            load1(off, p, g, r);
+            sums(off, p, g, r);
+        });
+#endif
         meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
             const double m = INNER1 ? (double)outer : (double)outer * inner;
             coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
@@ -647,14 +759,9 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
             kk[e] = HAS_SCALE && ok ? is[e] * (A)scale[c] : is[e];
         }
         depart(sync, t, per);
-        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
-            Pack p[UNROLL], g[UNROLL], r[UNROLL];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (off[u] < 0) continue;
-                g[u] = ld2(dy + off[u]); p[u] = ld2(x + off[u]);
-                if (RELU) r[u] = ld2(y + off[u]);
-            }
+        // mask: g = dy masked by y > 0 here (read from memory); else g is masked already (the on-chip copy)
+        auto out = [&](const long long (&off)[UNROLL], const Pack (&p)[UNROLL], const Pack (&g)[UNROLL],
+                       const Pack (&r)[UNROLL], bool mask) {
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (off[u] < 0) continue;
@@ -662,7 +769,7 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     A gv = LD(g[u].v[e]);
-                    if (RELU && LD(r[u].v[e]) <= (A)0) gv = 0;
+                    if (RELU && mask && LD(r[u].v[e]) <= (A)0) gv = 0;
                     const int ch = LANE_CH(e);
                     const A xhat = (LD(p[u].v[e]) - mu[ch]) * is[ch];
                     o.v[e] = ST(kk[ch] * (gv - c0[ch] - xhat * c1[ch]));
@@ -671,7 +778,40 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                 st2(dx + off[u], o);
                 if (HAS_Z) st2(dz + off[u], oz);
             }
+        };
+        auto load2 = [&](const long long (&off)[UNROLL], Pack (&p)[UNROLL], Pack (&g)[UNROLL], Pack (&r)[UNROLL]) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+                g[u] = ld2(dy + off[u]); p[u] = ld2(x + off[u]);
+                if (RELU) r[u] = ld2(y + off[u]);
+            }
+        };
+#if CACHE
+        seq_walk<true>(sl, C, inner, iv, iv_mul, iv_shr, valid, kc, n,
+                       [&](const long long (&off)[UNROLL], const int (&)[UNROLL]) {
+            Pack p[UNROLL], g[UNROLL], r[UNROLL];
+            load2(off, p, g, r);
+            out(off, p, g, r, true);
         });
+        seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, kc,
+                        [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
+            Pack p[UNROLL], g[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (off[u] < 0) continue;
+                p[u].raw = cache_sm[(2 * k[u]) * 256 + threadIdx.x];
+                g[u].raw = cache_sm[(2 * k[u] + 1) * 256 + threadIdx.x];
+            }
+            out(off, p, g, g, false);
+        });
+#else
+        walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
+            Pack p[UNROLL], g[UNROLL], r[UNROLL];
+            load2(off, p, g, r);
+            out(off, p, g, r, true);
+        });
+#endif
     }
 }
 """
@@ -684,7 +824,7 @@ def _options(dtype, inner1, **flags):
     scalar, accum, storage, pdt = type_info(dtype)
     opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DINNER1={int(inner1)}", "-std=c++17"]
-    for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR"):
+    for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     return tuple(opts)
 
@@ -865,6 +1005,11 @@ ONEPASS = os.environ.get("MINIDNN_BN_ONEPASS", "1") != "0"
 # Share of L2 the data of one round of tiles may take (x, or x, dy and y backward), so the second read of a slice
 # finds it there; the outputs are written with streaming stores and stay out of the way.
 _ROUND_SHARE = 0.5
+# With the on-chip copy (ONCHIP, MINIDNN_BN_ONCHIP: default on; NCHW): a round takes the grid's shared memory plus
+# this share of L2 (MINIDNN_BN_L2_SHARE), which the elementwise pass re-reads newest first.  Lower than
+# _ROUND_SHARE: the evict-first outputs of the round still pass through L2, and an H100's L2 is two halves.
+ONCHIP = os.environ.get("MINIDNN_BN_ONCHIP", "1") != "0"
+_ROUND_SHARE_ONCHIP = float(os.environ.get("MINIDNN_BN_L2_SHARE", "0.3"))
 _L2_DEFAULT = 50 * 2 ** 20
 _l2: dict = {}
 
@@ -888,19 +1033,23 @@ def _aligned(*arrays):
     return True
 
 
-def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_bytes, blocks_per_sm=None):
+def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_bytes, blocks_per_sm=None,
+                     cache_block_bytes=0):
     """(vec, tpr, tiles, per, grid) of a one-pass launch: the vector width (16 bytes of values, or 1 where rows or
     planes do not fill vectors or a pointer is misaligned), the threads side by side over a channels-last row, the
     channel tiles, the blocks per tile and the grid (rounds of grid / per tiles, at most the resident blocks).
     ``arrays``: the full-size arrays read twice (1 forward, 3 backward: the same for the plain and the fused
-    forms, so their sums are split the same way and round alike)."""
+    forms, so their sums are split the same way and round alike; 2 backward with the on-chip copy, which keeps x
+    and the masked g).  ``cache_block_bytes``: the on-chip copy's shared memory per block (NCHW): a round may
+    then take that much per resident block plus _ROUND_SHARE_ONCHIP of L2, the rounds balanced (equal tiles)."""
     bps = ONEPASS_BPS if blocks_per_sm is None else blocks_per_sm
     resident = max(1, sm_count * bps)
     vec = 16 // itemsize
     inner1 = inner == 1
     if not aligned or (c if inner1 else inner) % vec:
         vec = 1
-    budget = l2_bytes * _ROUND_SHARE
+    onchip = cache_block_bytes > 0 and not inner1
+    budget = l2_bytes * _ROUND_SHARE_ONCHIP + resident * cache_block_bytes if onchip else l2_bytes * _ROUND_SHARE
     if inner1:
         # the widest tile (up to 32 threads per row and no wider than the channels) whose data fits the budget,
         # and at least a 32-byte sector of each row (narrower, the neighbouring tile fetches the same sectors again)
@@ -918,8 +1067,17 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
         vectors = values // vec
         min_per_block = THREADS * ONEPASS_UNROLL * 2
     rounds_of = max(1, min(tiles, resident, int(budget // max(1, values * itemsize * arrays))))
+    if onchip:
+        rounds_of = -(-tiles // -(-tiles // rounds_of))
     per = max(1, min(resident // rounds_of, -(-vectors // min_per_block)))
     return vec, tpr, tiles, per, rounds_of * per
+
+
+def onchip_slots(outer, inner, vec, per, ks_max):
+    """Slots per thread of the on-chip copy (NCHW): the vectors a thread visits in its slice (the longest slice,
+    256 threads), at most ``ks_max``."""
+    longest = -(-outer * (inner // vec) // per)        # vectors of the longest slice
+    return max(0, min(ks_max, -(-longest // THREADS)))
 
 
 def onepass_routes(inner, tiles, per, grid):
@@ -932,11 +1090,14 @@ def onepass_routes(inner, tiles, per, grid):
     return inner != 1 or grid // per >= tiles
 
 
-def _resident_per_sm(kernel):
-    """Blocks of ``kernel`` one SM holds at once (the driver's occupancy), capped at ONEPASS_BPS; ONEPASS_BPS where
-    the query is unavailable (the kernel's launch bounds promise it)."""
+def _resident_per_sm(kernel, shared_mem=0):
+    """Blocks of ``kernel`` one SM holds at once with ``shared_mem`` bytes of dynamic shared memory (the driver's
+    occupancy), capped at ONEPASS_BPS; ONEPASS_BPS where the query is unavailable (the launch bounds promise it)."""
     try:
-        occ = _launch.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS, 0)
+        if shared_mem:
+            _launch._opt_in(kernel, shared_mem)
+        occ = _launch.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS,
+                                                                                   int(shared_mem))
         return max(0, min(ONEPASS_BPS, int(occ)))
     except Exception:       # noqa: BLE001 -- an old CuPy or a fake one: the launch bounds' promise
         return ONEPASS_BPS
@@ -945,21 +1106,34 @@ def _resident_per_sm(kernel):
 def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_arrays, tail=()):
     item = xc.dtype.itemsize
     inner1 = inner == 1
-    vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, _launch.sm_count(dev),
-                                                  _l2_bytes(dev))
-    k = _kernel1(name, xc.dtype, inner1, vec, tpr, **flags)
-    bps = _resident_per_sm(k)
+    onchip = ONCHIP and not inner1
+    sms, l2 = _launch.sm_count(dev), _l2_bytes(dev)
+    vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2)
+    k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
+    ks = dyn = 0
+    if onchip:
+        # the on-chip copy: slots of 256 vectors of each cached array (x forward; x and g backward)
+        slot = THREADS * vec * item * (1 if name == "bn_fwd1" else 2)
+        ks_max = _nhwc.cache_slots(*_nhwc.smem_limits(dev), _nhwc.static_smem(k, 8192 + 16), ONEPASS_BPS, slot)
+        ks_max = ks_max if _nhwc.SLOTS_CAP is None else min(ks_max, _nhwc.SLOTS_CAP)
+        if ks_max and _resident_per_sm(k, ks_max * slot) >= ONEPASS_BPS:
+            vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2,
+                                                          cache_block_bytes=ks_max * slot)
+            ks = onchip_slots(outer, inner, vec, per, ks_max)
+            dyn = ks * slot
+    bps = _resident_per_sm(k, dyn)
     if bps < 1:
         return None
     if bps < ONEPASS_BPS:
-        vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned,
-                                                      _launch.sm_count(dev), _l2_bytes(dev), bps)
+        ks = dyn = 0
+        vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2, bps)
     if not onepass_routes(inner, tiles, per, grid):
         return None
     iv = inner // vec if not inner1 else 1
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *_divider(iv), np.int32(tiles),
            np.int32(per)]
-    return _launch.prepare(k, (grid,), (THREADS,), [None] * n_arrays + geo + list(tail)), c * per * 2, 3 * tiles
+    args = [None] * n_arrays + geo + list(tail) + ([np.int32(ks)] if onchip else [])
+    return _launch.prepare(k, (grid,), (THREADS,), args, shared_mem=dyn), c * per * 2, 3 * tiles
 
 
 def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
@@ -972,7 +1146,7 @@ def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu,
 
 def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev):
     flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
-    r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 3, aligned, dev, flags, 13)
+    r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 2 if ONCHIP and inner != 1 else 3, aligned, dev, flags, 13)
     return None if r is None else (*r, param_dtype(xc.dtype))
 
 
@@ -1011,7 +1185,7 @@ class _TrainingCall:
                  "stats", "apply", "rows")
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if ONEPASS != self.onepass or (self.rows and _nhwc.ENABLED) \
+        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _nhwc.ENABLED) \
                 or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
@@ -1036,10 +1210,10 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
     dev = xc.data.device_id
     flags = (factor, eps, running_mean is not None, counter is not None, relu, z is not None, scale is not None,
              bias is not None)
-    key = ("train", ONEPASS, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch()
+    key = ("train", ONEPASS, ONCHIP, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _training_call, xc, dev, key[2], *flags)
+        call = _launch.planned(_calls, key, _training_call, xc, dev, key[3], *flags)
     return call
 
 
@@ -1048,10 +1222,11 @@ def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu
     if inner == 1 and _nhwc.ENABLED:        # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
         return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
-    t.onepass, t.dev, t.c, t.dtype, t.rows = ONEPASS, dev, c, xc.dtype, inner == 1
+    t.onepass, t.dev, t.c, t.dtype, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, inner == 1
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
-    one = _planned(("fwd1", factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias, aligned) + sig,
+    one = _planned(("fwd1", ONCHIP, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
+                    aligned) + sig,
                    _fwd1_plan, xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale,
                    has_bias, aligned, dev) if ONEPASS else None
     if one is not None:
@@ -1115,7 +1290,7 @@ class _BackwardCall:
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
         """``dscale``, ``dbias`` (with a scale): (C,) C-contiguous arrays of the parameter dtype the kernels write
         the parameter gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones."""
-        if ONEPASS != self.onepass or (self.rows and _nhwc.ENABLED) \
+        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _nhwc.ENABLED) \
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
         cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
@@ -1149,11 +1324,11 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
     """The settled call of ``backward`` with these arguments (see _BackwardCall), made once per signature."""
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
-    key = ("backward", ONEPASS, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
+    key = ("backward", ONEPASS, ONCHIP, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
         + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _backward_call, xc, dev, key[2], mean.dtype, *flags)
+        call = _launch.planned(_calls, key, _backward_call, xc, dev, key[3], mean.dtype, *flags)
     return call
 
 
@@ -1162,10 +1337,10 @@ def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     if inner == 1 and _nhwc.ENABLED:
         return _nhwc.backward_call(xc, relu, has_scale, want_dz)
     t = _BackwardCall()
-    t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = ONEPASS, dev, c, xc.dtype, acc, inner == 1
+    t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, acc, inner == 1
     t.mem, t.back = _memory_order(xc)
     t.has_scale, t.want_dz = has_scale, want_dz
-    one = _planned(("bwd1", xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz, aligned), _bwd1_plan,
+    one = _planned(("bwd1", ONCHIP, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz, aligned), _bwd1_plan,
                    xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev) if ONEPASS else None
     if one is not None:
         t.launch1, t.n_partial, t.n_sync, t.pdt = one

@@ -51,6 +51,12 @@ __all__ = ["ENABLED", "ROUTE", "SOURCE", "takes", "rows_layout", "switch", "geom
            "backward_call", "inference_call", "forward_training", "forward_inference", "backward"]
 
 ENABLED = os.environ.get("MINIDNN_BN_NHWC", "1") != "0"
+# The one-launch kernels keep part of the data in shared memory across the meeting and re-read the rest newest
+# first (CACHE; the source's "on-chip copy").  MINIDNN_BN_ONCHIP=0 / ONCHIP = False: the kernels before it (A/B).
+ONCHIP = os.environ.get("MINIDNN_BN_ONCHIP", "1") != "0"
+# At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
+# of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
+SLOTS_CAP = None
 # "one" (one launch per direction) or "two"; by default "two" where MINIDNN_BN_ONEPASS=0 asks bn_kernels for two
 ROUTE = os.environ.get("MINIDNN_BN_NHWC_ROUTE", "two" if os.environ.get("MINIDNN_BN_ONEPASS", "1") == "0" else "one")
 THREADS = 256
@@ -354,6 +360,210 @@ __device__ __forceinline__ void lane_load(const Lane& l, const S* __restrict__ a
     for (int e = 0; e < VEC; ++e) out[e] = l.on ? (A)(cg ? __ldcg(a + l.c0 + e) : a[l.c0 + e]) : (A)0;
 }
 
+// ---- the on-chip copy (CACHE: the one-launch kernels of MINIDNN_BN_ONCHIP, the default) ----------------------
+// A thread's reduction walk is a sequence: its k-th vector (k = 0 .. n - 1) is row (blockIdx.x + k * G) * RB + ty,
+// the order walk<false> visits.  With CACHE the one-launch kernels keep the first `ks` vectors of that sequence of
+// each cached array -- x forward; x and g (dy, masked by a fused ReLU's y) backward -- in dynamic shared memory
+// across the meeting: slot (k, a) of thread tid at cache_sm[(k * NCACHE + a) * 256 + tid] (a warp's 32 slots are
+// 512 consecutive bytes: no bank conflicts).  The elementwise pass visits the same vectors: the uncached ones in
+// reverse order first (the last ones the reduction read, which L2 still holds), then the cached ones from shared
+// memory.  DRAM re-reads only what neither shared memory nor L2 kept (docs/step_kernels.md, "on-chip copy").
+#if CACHE
+extern __shared__ VT cache_sm[];
+#define CACHE_PARAM , const int ks
+#else
+#define CACHE_PARAM
+#endif
+
+__device__ __forceinline__ int seq_len(const Geo& g)
+{
+    return (int)blockIdx.x < g.NG ? (g.NG - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+}
+
+// element offset of the thread's k-th vector (0 <= k < seq_len), -1 where its row does not exist (the last group)
+__device__ __forceinline__ int seq_off(const Geo& g, const Lane& l, int k)
+{
+    const unsigned int r = (blockIdx.x + (unsigned int)k * gridDim.x) * (unsigned int)g.RB + (unsigned int)l.ty;
+    return r < (unsigned int)g.R ? (int)((r * (unsigned int)g.CV + l.vcol) * VEC) : -1;
+}
+
+// Visit k = kb .. ke - 1 (REV: ke - 1 down to kb), U at a time: f(off[U], kk[U]); kk = -1 past the range.
+template <int U, bool REV, class F>
+__device__ __forceinline__ void seq_walk(const Geo& g, const Lane& l, int kb, int ke, F f)
+{
+    if (!l.on) return;
+    for (int i = 0; i < ke - kb; i += U) {
+        int off[U], kk[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const bool in = i + u < ke - kb;
+            const int k = REV ? ke - 1 - (i + u) : kb + i + u;
+            kk[u] = in ? k : -1;
+            off[u] = in ? seq_off(g, l, k) : -1;
+        }
+        f(off, kk);
+    }
+}
+
+#if CACHE
+// Forward reduction (the order and sums of fwd_sums), keeping the first ks vectors of x.
+__device__ __forceinline__ void fwd_sums_c(const Geo& g, const Lane& l, const T* __restrict__ x, A (&v)[VEC][2],
+                                           int ks)
+{
+    A k[VEC];
+    Pack k0;
+    if (l.on) k0 = ld1(x + l.c0);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) { k[e] = l.on ? LD(k0.v[e]) : (A)0; v[e][0] = 0; v[e][1] = 0; }
+    seq_walk<UNROLL_F, false>(g, l, 0, seq_len(g), [&](const int (&off)[UNROLL_F], const int (&kk)[UNROLL_F]) {
+        Pack p[UNROLL_F];
+#pragma unroll
+        for (int u = 0; u < UNROLL_F; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL_F; ++u) {
+            if (off[u] < 0) continue;
+            if (kk[u] < ks) cache_sm[kk[u] * 256 + threadIdx.x] = p[u].raw;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { const A d = LD(p[u].v[e]) - k[e]; v[e][0] += d; v[e][1] += d * d; }
+        }
+    });
+}
+
+// y = act((x - mu) * kk + bb [+ z]) for U vectors of x already loaded.
+__device__ __forceinline__ void fwd_out(const int (&off)[UNROLL], const Pack (&p)[UNROLL], const T* __restrict__ z,
+                                        T* __restrict__ y, const A (&mu)[VEC], const A (&kk)[VEC], const A (&bb)[VEC])
+{
+    Pack q[UNROLL];
+    if (HAS_Z) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) q[u] = ld2(z + off[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        if (off[u] < 0) continue;
+        Pack o;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            A w = (LD(p[u].v[e]) - mu[e]) * kk[e];
+            if (HAS_BIAS) w += bb[e];
+            if (HAS_Z) w += LD(q[u].v[e]);
+#if RELU
+            w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
+#endif
+            o.v[e] = ST(w);
+        }
+        st2(y + off[u], o);
+    }
+}
+
+// The elementwise pass over the same vectors: uncached ones newest first (L2), then the cached ones.
+__device__ __forceinline__ void fwd_apply_c(const Geo& g, const Lane& l, const T* __restrict__ x,
+                                            const T* __restrict__ z, T* __restrict__ y, const A (&mu)[VEC],
+                                            const A (&kk)[VEC], const A (&bb)[VEC], int ks)
+{
+    const int n = seq_len(g), kc = min(ks, n);
+    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
+        Pack p[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld2(x + off[u]);
+        fwd_out(off, p, z, y, mu, kk, bb);
+    });
+    seq_walk<UNROLL, false>(g, l, 0, kc, [&](const int (&off)[UNROLL], const int (&k)[UNROLL]) {
+        Pack p[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u].raw = cache_sm[k[u] * 256 + threadIdx.x];
+        fwd_out(off, p, z, y, mu, kk, bb);
+    });
+}
+
+// Backward reduction (the order and sums of bwd_sums), keeping x and g (dy masked by y > 0 after a fused ReLU: the
+// mask is applied once, here) of the first ks vectors.
+__device__ __forceinline__ void bwd_sums_c(const Geo& g, const Lane& l, const T* __restrict__ x,
+                                           const T* __restrict__ dy, const T* __restrict__ y, const A (&mu)[VEC],
+                                           const A (&is)[VEC], A (&v)[VEC][2], int ks)
+{
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) { v[e][0] = 0; v[e][1] = 0; }
+    seq_walk<UNROLL, false>(g, l, 0, seq_len(g), [&](const int (&off)[UNROLL], const int (&kk)[UNROLL]) {
+        Pack p[UNROLL], d[UNROLL], r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+            d[u] = ld1(dy + off[u]); p[u] = ld1(x + off[u]);
+            if (RELU) r[u] = ld1(y + off[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                A gv = LD(d[u].v[e]);
+                if (RELU && LD(r[u].v[e]) <= (A)0) { gv = 0; d[u].v[e] = ST((A)0); }
+                v[e][0] += gv;
+                v[e][1] += gv * ((LD(p[u].v[e]) - mu[e]) * is[e]);
+            }
+            if (kk[u] < ks) {
+                cache_sm[(2 * kk[u]) * 256 + threadIdx.x] = p[u].raw;
+                cache_sm[(2 * kk[u] + 1) * 256 + threadIdx.x] = d[u].raw;
+            }
+        }
+    });
+}
+
+// dx = kk * (g - c0 - xhat * c1), dz = g for U vectors of x, dy (y) already loaded; MASK: g = dy masked by y > 0
+// here (from memory), else d holds g already (from the cache).
+template <bool MASK>
+__device__ __forceinline__ void bwd_out(const int (&off)[UNROLL], const Pack (&p)[UNROLL], const Pack (&d)[UNROLL],
+                                        const Pack (&r)[UNROLL], T* __restrict__ dx, T* __restrict__ dz,
+                                        const A (&mu)[VEC], const A (&is)[VEC], const A (&c0)[VEC],
+                                        const A (&c1)[VEC], const A (&kk)[VEC])
+{
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        if (off[u] < 0) continue;
+        Pack o, oz;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            A gv = LD(d[u].v[e]);
+            if (MASK && RELU && LD(r[u].v[e]) <= (A)0) gv = 0;
+            const A xhat = (LD(p[u].v[e]) - mu[e]) * is[e];
+            o.v[e] = ST(kk[e] * (gv - c0[e] - xhat * c1[e]));
+            if (HAS_Z) oz.v[e] = ST(gv);
+        }
+        st2(dx + off[u], o);
+        if (HAS_Z) st2(dz + off[u], oz);
+    }
+}
+
+__device__ __forceinline__ void bwd_dx_c(const Geo& g, const Lane& l, const T* __restrict__ x,
+                                         const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
+                                         T* __restrict__ dz, const A (&mu)[VEC], const A (&is)[VEC],
+                                         const A (&c0)[VEC], const A (&c1)[VEC], const A (&kk)[VEC], int ks)
+{
+    const int n = seq_len(g), kc = min(ks, n);
+    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
+        Pack p[UNROLL], d[UNROLL], r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+            d[u] = ld2(dy + off[u]); p[u] = ld2(x + off[u]);
+            if (RELU) r[u] = ld2(y + off[u]);
+        }
+        bwd_out<true>(off, p, d, r, dx, dz, mu, is, c0, c1, kk);
+    });
+    seq_walk<UNROLL, false>(g, l, 0, kc, [&](const int (&off)[UNROLL], const int (&k)[UNROLL]) {
+        Pack p[UNROLL], d[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (off[u] < 0) continue;
+            p[u].raw = cache_sm[(2 * k[u]) * 256 + threadIdx.x];
+            d[u].raw = cache_sm[(2 * k[u] + 1) * 256 + threadIdx.x];
+        }
+        bwd_out<false>(off, p, d, d, dx, dz, mu, is, c0, c1, kk);
+    });
+}
+#endif
+
 // ---- two-launch kernels --------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ mean_out,
@@ -469,13 +679,17 @@ extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
          unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
          const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter, GEO_PARAMS,
-         const double factor, const double eps, const int has_running, const int has_counter)
+         const double factor, const double eps, const int has_running, const int has_counter CACHE_PARAM)
 {
     const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
     {
         A v[VEC][2];
+#if CACHE
+        fwd_sums_c(g, l, x, v, ks);
+#else
         fwd_sums(g, l, x, v);
+#endif
         block_partial(g, l, v, partial);
     }
     meet(g, partial, sync, [&](int c, double t1, double t2) {
@@ -490,14 +704,18 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
         bb[e] = HAS_BIAS && l.on ? (A)bias[l.c0 + e] : (A)0;
     }
     depart(sync);
+#if CACHE
+    fwd_apply_c(g, l, x, z, y, mu, kk, bb, ks);
+#else
     fwd_apply(g, l, x, z, y, mu, kk, bb);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
          const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* sync, A* __restrict__ coef,
          P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
-         T* __restrict__ dz, GEO_PARAMS)
+         T* __restrict__ dz, GEO_PARAMS CACHE_PARAM)
 {
     const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
@@ -506,7 +724,11 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
     lane_load(l, inv_std, is, false);
     {
         A v[VEC][2];
+#if CACHE
+        bwd_sums_c(g, l, x, dy, y, mu, is, v, ks);
+#else
         bwd_sums(g, l, x, dy, y, mu, is, v);
+#endif
         block_partial(g, l, v, partial);
     }
     meet(g, partial, sync, [&](int c, double t1, double t2) { bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
@@ -518,7 +740,11 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
         kk[e] = HAS_SCALE && l.on ? is[e] * (A)scale[l.c0 + e] : is[e];
     }
     depart(sync);
+#if CACHE
+    bwd_dx_c(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk, ks);
+#else
     bwd_dx(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk);
+#endif
 }
 """
 
@@ -559,7 +785,7 @@ def _options(dtype, vec, **flags):
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DACC_DOUBLE={int(accum == 'double')}",
             f"-DVEC={vec}", f"-DVBYTES={vec * item}", f"-DUNROLL={UNROLL}", f"-DUNROLL_F={UNROLL_F}", f"-DBPS={BPS}",
             "-std=c++17"]
-    for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR"):
+    for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     return tuple(opts)
 
@@ -585,14 +811,51 @@ def _ticket(cp, n, dev):
     return _ws.kept_zeroed(_tickets, cp, n, dev, 1024)
 
 
-def _resident_per_sm(kernel):
-    """Blocks of ``kernel`` one SM holds at once (the driver's occupancy), capped at BPS; BPS where the query is
-    unavailable (the launch bounds promise it)."""
+def _resident_per_sm(kernel, shared_mem=0):
+    """Blocks of ``kernel`` one SM holds at once with ``shared_mem`` bytes of dynamic shared memory each (the
+    driver's occupancy), capped at BPS; BPS where the query is unavailable (the launch bounds promise it)."""
     try:
-        occ = _launch.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS, 0)
+        if shared_mem:
+            _launch._opt_in(kernel, shared_mem)
+        occ = _launch.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, THREADS,
+                                                                                   int(shared_mem))
         return max(0, min(BPS, int(occ)))
     except Exception:       # noqa: BLE001 -- an old CuPy or a fake one: the launch bounds' promise
         return BPS
+
+
+_smem: dict = {}
+
+
+def smem_limits(dev):
+    """(shared memory per SM, the most one block may opt into) in bytes on GPU ``dev``; (0, 0) where the device
+    does not say (no on-chip copy then)."""
+    r = _smem.get(dev)
+    if r is None:
+        try:
+            a = _launch.cupy().cuda.Device(dev).attributes
+            r = (int(a["MaxSharedMemoryPerMultiprocessor"]), int(a["MaxSharedMemoryPerBlockOptin"]))
+        except (KeyError, AttributeError, TypeError):
+            r = (0, 0)
+        _smem[dev] = r
+    return r
+
+
+def static_smem(kernel, estimate):
+    """The kernel's static shared memory (the driver's attribute), ``estimate`` where it cannot be read."""
+    try:
+        return int(kernel.attributes["shared_size_bytes"])
+    except Exception:       # noqa: BLE001 -- a fake CuPy
+        return int(estimate)
+
+
+def cache_slots(per_sm, per_block, static, bps, slot_bytes):
+    """Slots of ``slot_bytes`` one block can keep in dynamic shared memory: the SM's shared memory split over
+    ``bps`` blocks (the driver reserves 1 KiB of it per block) less the kernel's static shared memory, within the
+    per-block limit."""
+    if per_sm <= 0:
+        return 0
+    return max(0, (min(per_block, per_sm // bps - 1024) - static) // slot_bytes)
 
 
 def _geo_args(rows, c, vec):
@@ -602,15 +865,30 @@ def _geo_args(rows, c, vec):
 
 def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
     """(prepared launch, partial elements, sync counters) of a one-launch kernel, or None where its grid cannot be
-    resident at once (the two-launch kernels then run)."""
-    k = _kernel(name, dtype, vec, **flags)
-    bps = _resident_per_sm(k)
+    resident at once (the two-launch kernels then run).  With ONCHIP: the on-chip copy's slots per thread (`ks`,
+    the last argument) and dynamic shared memory, as many as the SM's shared memory holds for BPS blocks and the
+    walk needs; none where the driver would then not keep BPS blocks per SM."""
+    k = _kernel(name, dtype, vec, cache=ONCHIP, **flags)
     geo, chunks, ng = _geo_args(rows, c, vec)
+    ks = dyn = 0
+    if ONCHIP:
+        item = np.dtype(dtype).itemsize
+        slot = THREADS * vec * item * (1 if name == "bnc_fwd1" else 2)
+        acc = 8 if _acc(dtype) == np.float64 else 4
+        ks_max = cache_slots(*smem_limits(dev), static_smem(k, THREADS * (vec * 2 * acc + 16) + 64), BPS, slot)
+        ks_max = ks_max if SLOTS_CAP is None else min(ks_max, SLOTS_CAP)
+        g = reduce_grid(ng, chunks, _launch.sm_count(dev) * BPS)
+        ks = min(ks_max, -(-ng // g))
+        dyn = ks * slot
+        if dyn and _resident_per_sm(k, dyn) < BPS:
+            ks = dyn = 0
+    bps = _resident_per_sm(k, dyn)
     resident = _launch.sm_count(dev) * bps
     if resident < chunks:
         return None
     g = reduce_grid(ng, chunks, resident)
-    return _launch.prepare(k, (g, chunks), (THREADS,), [None] * n_arrays + geo + list(tail)), g * c * 2, 3 * chunks
+    args = [None] * n_arrays + geo + list(tail) + ([np.int32(ks)] if ONCHIP else [])
+    return _launch.prepare(k, (g, chunks), (THREADS,), args, shared_mem=dyn), g * c * 2, 3 * chunks
 
 
 def _apply_grid(ng, chunks, dev):
@@ -663,8 +941,8 @@ _calls: dict = {}
 
 
 def switch():
-    """What a caller's cache of these calls must key on: (ENABLED, ROUTE)."""
-    return ENABLED, ROUTE
+    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP)."""
+    return ENABLED, ROUTE, ONCHIP
 
 
 def _memory_order(xc):
@@ -676,10 +954,12 @@ def _memory_order(xc):
 
 
 class _Call:
-    __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "acc", "route", "args", "plans")
+    __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "acc", "route", "args", "plans",
+                 "onchip")
 
     def _settle(self, xc, dev, route, args):
         self.dev, self.c, self.dtype, self.route, self.args = dev, xc.shape[1], xc.dtype, route, args
+        self.onchip = ONCHIP
         self.rows = xc.size // self.c
         self.item = xc.dtype.itemsize
         self.vmax = vec_width(self.c, self.item)
@@ -716,7 +996,7 @@ class TrainingCall(_Call):
                          flags, self.dev)
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if not ENABLED or ROUTE != self.route:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip:
             return None
         return self.run(xc, z, scale, bias, running_mean, running_var, counter)
 
@@ -744,7 +1024,7 @@ class BackwardCall(_Call):
         return _bwd_plan(self.dtype, self.rows, self.c, vec, self.route, self.args, self.dev)
 
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
-        if not ENABLED or ROUTE != self.route:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip:
             return None
         return self.run(xc, dyc, scale, mean, inv_std, y, dscale, dbias)
 
@@ -795,7 +1075,7 @@ class InferenceCall(_Call):
 
 def _settled(cls, xc, key, args):
     dev = xc.data.device_id
-    key = (cls.__name__, ROUTE, xc.shape, xc.strides, xc.dtype, dev) + key
+    key = (cls.__name__, ROUTE, ONCHIP, xc.shape, xc.strides, xc.dtype, dev) + key
     call = _calls.get(key)
     if call is None:
         def build():
