@@ -219,7 +219,7 @@ class _LtCall:
     """One prepared cublasLt product (per thread and device: its descriptor holds the bias pointer of the last
     call).  ``run(a, b, out, vec, stream)``: the row-major operands, c, the bias or row-sum vector (None without an
     epilogue), the stream's pointer."""
-    __slots__ = ("lib", "handle", "desc", "la", "lb", "lc", "algo", "ws", "alpha", "beta", "vec", "keep")
+    __slots__ = ("lib", "handle", "desc", "la", "lb", "lc", "algo", "ws", "alpha", "beta", "vec", "keep", "out_dtype")
 
     def __init__(self, lib, handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, dt, ct, compute, epilogue):
         vp, i = ctypes.c_void_p, ctypes.c_int
@@ -279,15 +279,46 @@ def _lt_state(cp):
     return st
 
 
+def _vec_key(v):
+    return None if v is None else True if v is True else (v.shape, v.strides, v.dtype)
+
+
 def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=None):
     """a (M, K) @ b (K, N) in one cublasLt call, or None where it cannot (the caller's other path; nothing ran):
     ``bias`` (N,) added to every row of the result (c's dtype); ``row_sums`` True or an (M,) array: also the sums of
     a's rows over K, written there (a fresh array for True) -- returned as (c, sums).  ``out``: a C-contiguous (M, N)
     array to write (beta 0); ``out_dtype`` float32 with float16/bfloat16 operands as ``gemm``.  2-D operands that
-    ``supports`` takes, K >= 1, 16-byte aligned pointers."""
-    if not LT[0] or a.ndim != 2 or b.ndim != 2 or (bias is not None and row_sums is not None) or not supports(a, b):
+    ``supports`` takes, K >= 1, 16-byte aligned pointers or not (their own signature).  A signature's checks and
+    preparation run once (``_lt_prepare``); later calls look it up by what the checks read."""
+    if not LT[0]:
         return None
-    cp = _launch.cupy()
+    cp = _launch._cp or _launch.cupy()
+    ptrs = a.data.ptr | b.data.ptr
+    for v in (out, bias, row_sums):
+        if v is not None and v is not True:
+            ptrs |= v.data.ptr
+    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, out_dtype, bool(tf32), _vec_key(out),
+           _vec_key(bias), _vec_key(row_sums), not ptrs & 15)
+    handle, ws, calls = _lt_state(cp)
+    call = calls.get(key, False)
+    if call is False:
+        if len(calls) >= 1024:
+            calls.clear()
+        call = calls[key] = _lt_prepare(a, b, out, out_dtype, tf32, bias, row_sums, handle, ws)
+    if call is None:
+        return None
+    if out is None:
+        out = cp.empty((a.shape[0], b.shape[1]), dtype=call.out_dtype)
+    sums = cp.empty((a.shape[0],), dtype=call.out_dtype) if row_sums is True else row_sums
+    call.run(a, b, out, bias if bias is not None else sums, cp.cuda.get_current_stream().ptr)
+    _launch.count_launches()
+    return out if row_sums is None else (out, sums)
+
+
+def _lt_prepare(a, b, out, out_dtype, tf32, bias, row_sums, handle, ws):
+    """The prepared call of a signature ``lt_product`` takes, or None."""
+    if a.ndim != 2 or b.ndim != 2 or (bias is not None and row_sums is not None) or not supports(a, b):
+        return None
     M, K = a.shape
     N = b.shape[1]
     dtype = a.dtype
@@ -295,37 +326,17 @@ def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=N
     if M == 0 or N == 0 or K == 0 or (ct_dtype != dtype and (ct_dtype != np.float32 or a.itemsize != 2)) \
             or dtype.kind == "c":
         return None
-    if out is not None and (out.shape != (M, N) or out.dtype != ct_dtype or not out.flags.c_contiguous):
-        return None
-    sums = row_sums if row_sums is not None and row_sums is not True else None
-    if sums is not None and (sums.shape != (M,) or sums.dtype != ct_dtype or not sums.flags.c_contiguous):
-        return None
-    if bias is not None and (bias.shape != (N,) or bias.dtype != ct_dtype or not bias.flags.c_contiguous):
-        return None
+    for v, shape in ((out, (M, N)), (bias, (N,)), (row_sums, (M,))):
+        if v is not None and v is not True and (v.shape != shape or v.dtype != ct_dtype or not v.flags.c_contiguous):
+            return None
     epilogue = _EPI_BIAS if bias is not None else _EPI_BGRADB if row_sums is not None else _EPI_DEFAULT
-    ptrs = a.data.ptr | b.data.ptr | (0 if out is None else out.data.ptr) | (0 if bias is None else bias.data.ptr) \
-        | (0 if sums is None else sums.data.ptr)
-    handle, ws, calls = _lt_state(cp)
-    key = (a.shape, a.strides, b.shape, b.strides, dtype, ct_dtype, bool(tf32), epilogue, not ptrs & 15)
-    call = calls.get(key, False)
-    if call is False:
-        op_b, ld_b = _layout(b)
-        op_a, ld_a = _layout(a)
-        compute = _COMPUTE_64F if dtype == np.float64 else \
-            _COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32) else _COMPUTE_32F
-        call = _LtCall(_load_lt(), handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, _data_type(dtype),
-                       _data_type(ct_dtype), compute, epilogue)
-        if call.algo is None:
-            call = None
-        if len(calls) >= 1024:
-            calls.clear()
-        calls[key] = call
-    if call is None:
+    op_b, ld_b = _layout(b)
+    op_a, ld_a = _layout(a)
+    compute = _COMPUTE_64F if dtype == np.float64 else \
+        _COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32) else _COMPUTE_32F
+    call = _LtCall(_load_lt(), handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, _data_type(dtype), _data_type(ct_dtype),
+                   compute, epilogue)
+    if call.algo is None:
         return None
-    if out is None:
-        out = cp.empty((M, N), dtype=ct_dtype)
-    if row_sums is True:
-        sums = cp.empty((M,), dtype=ct_dtype)
-    call.run(a, b, out, bias if bias is not None else sums, cp.cuda.get_current_stream().ptr)
-    _launch.count_launches()
-    return out if row_sums is None else (out, sums)
+    call.out_dtype = ct_dtype
+    return call

@@ -22,10 +22,16 @@ __all__ = ["add_bias"]
 
 class BiasAdd(Function):
     @staticmethod
-    def forward(ctx, y, b, channels_last):
+    def forward(ctx, y, b, channels_last, fresh=False):
         ctx.channels_last = channels_last
         ctx.b_dtype = b.dtype
         ctx.db_dtype = float32_grad_of(b)       # autocast's cast of a float32 bias: db in float32 (docs/amp.md)
+        yd = y.data
+        if fresh and not channels_last and B.is_cuda_array(yd) and yd.flags.c_contiguous:
+            # y is the caller's own fresh output (a convolution's) that nothing else holds or saved: the backend's
+            # bias kernel adds b in place (one launch, add_tensor's seen-call shortcut), not a broadcast Tensor add
+            B.add_tensor(handle_for(y), 1.0, b.data, 1.0, yd)
+            return wrap(yd)
         shape = (-1,) if channels_last else (1, -1) + (1,) * (y.ndim - 2)
         return y + b.reshape(shape)
 
@@ -48,15 +54,16 @@ class BiasAdd(Function):
                           B.convolution_backward_bias(handle_for(g), dy, db_dtype=ctx.db_dtype))
             if gb.dtype != ctx.b_dtype and ctx.db_dtype is None:
                 gb = gb.to(dtype=ctx.b_dtype)
-        return (g if need[0] else None), gb, None
+        return (g if need[0] else None), gb, None, None
 
 
-def add_bias(y, bias, channels_last=False):
+def add_bias(y, bias, channels_last=False, fresh=False):
     """y + bias along y's channel axis (axis 1, or the last axis with ``channels_last``: a linear layer's output);
-    ``bias`` None returns y."""
+    ``bias`` None returns y.  ``fresh``: y is the caller's own new output, which nothing else refers to or saved (a
+    convolution's): on the GPU the bias is added in place."""
     if bias is None:
         return y
     if y.dtype != bias.dtype or y.ndim < 2 or (y.ndim > 5 and not channels_last):
         # mixed dtypes (PyTorch's promotion) and shapes the column sum does not take: the plain broadcast add
         return y + (bias if channels_last else bias.reshape((1, -1) + (1,) * (y.ndim - 2)))
-    return BiasAdd.apply(y, bias, channels_last)
+    return BiasAdd.apply(y, bias, channels_last, fresh)

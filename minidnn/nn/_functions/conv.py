@@ -353,7 +353,7 @@ def _check_operands(op, x, weight, bias, nd, groups, transposed):
 
 
 def _add_bias(y, bias, nd):
-    return add_bias(y, bias)
+    return add_bias(y, bias, fresh=True)        # y: ConvForward's new output, held by nothing else
 
 
 def _same_padding(op, x, weight, stride, dilation, nd):
