@@ -30,6 +30,18 @@ Special cases with kernels of their own (chosen per call signature, the plan bel
              4 chains, then a fixed-order sum over the 8 rows in shared memory.
   gap_bwd    dx = dy[n, c] / (H*W): one elementwise pass, 16-byte vectors (a vector stays in one plane (NCHW) or
              one position's channels (channels-last)).  Writes dx once, reads dy (N*C values) through the cache.
+Vector kernels (VEC_SOURCE, float32 / float16 / bfloat16; VW = 16 / itemsize elements per 16-byte vector; the same
+rules and arithmetic order as the generic kernels, so the same bits; MINIDNN_POOL_V1=1 switches them off):
+  pool_fwd_rows / pool_bwd_rows  NCHW, windows KH x KW <= 4 x 4 (template macros) with stride = window, no padding or
+             dilation, every window inside x (the backward: tiling x exactly): a thread owns OV = VW adjacent outputs
+             of one output row, reading KH input rows of KW * OV contiguous values as KW 16-byte vectors each (where W
+             is a multiple of VW and x 16-byte aligned; scalar loads otherwise), writing y and the uint8 argmax in
+             aligned chunks of SV = gcd(OW, VW); the backward reads those chunks of dy and argmax and writes its
+             KH x (KW * OV) block of dx as vectors.  2x2/2 float32: 4 loads of 16 bytes -> 4 outputs.
+  pool_fwd_clv / pool_bwd_clv    channels-last memory with C % VW == 0, any window, padding, stride, dilation, ceil
+             mode: a thread owns one 16-byte vector of channels of one output (forward) or input (backward, the
+             gather) position, each tap one vector load.
+  A call whose pointers are not 16-byte aligned takes the kernel that needs no alignment (chosen per call).
 Host cost: everything but the arrays (kernel, grid, packed scalars, output shapes) is settled once per call
 signature (``forward_plan`` / ``backward_plan``, a bounded table); the pooling primitive keeps the plan of a call it
 validated, so a repeated call is a dict lookup, the output allocation(s) and one prepared launch.
@@ -379,8 +391,8 @@ __device__ __forceinline__ int window_count(int s0, int K, int L, int P)
 // Thread t owns OV adjacent outputs of output row r = (n * C + c) * OH + oh: t = r * segs + s, ow0 = s * OV.  It
 // reads KH input rows of KW * OV contiguous values (KW 16-byte vectors each where VIN: rows 16-byte aligned), keeps
 // each window's first maximum and its tap (a NaN wins: the generic kernel's rule) or its row-major sum / (KH * KW),
-// and writes its OV outputs (and OV argmax entries) in chunks of SV elements (SV divides OW: aligned).  A warp's
-// threads cover consecutive rows: contiguous reads and writes.
+// and writes its outputs (and argmax entries) in chunks of SV elements (SV divides OW: aligned, whole chunks).
+// A warp's threads cover consecutive rows: contiguous reads and writes.
 extern "C" __global__ void __launch_bounds__(256)
 pool_fwd_rows(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, const int H, const int W,
               const int OH, const int OW, const unsigned int total, const int segs, const unsigned int sgm,
@@ -441,23 +453,13 @@ pool_fwd_rows(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argm
 #endif
         }
         const long long o = (long long)r * OW + ow0;
-        if (cnt == OV) {
 #pragma unroll
-            for (int q = 0; q < OV; q += SV) {
+        for (int q = 0; q < OV; q += SV) {      // SV divides OW and ow0, so it divides cnt: whole chunks
+            if (q < cnt) {
                 put<SV>(y + o + q, out + q);
 #if IS_MAX
                 put<SV>(argmax + o + q, arg + q);
 #endif
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < OV; ++j) {
-                if (j < cnt) {
-                    y[o + j] = out[j];
-#if IS_MAX
-                    argmax[o + j] = arg[j];
-#endif
-                }
             }
         }
     }
@@ -484,25 +486,32 @@ pool_bwd_rows(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __res
 #if IS_MAX
         ARG arg[OV];
 #endif
-#if VDY
-        if (cnt == OV) {
 #pragma unroll
-            for (int q = 0; q < OV; q += SV) {
+        for (int q = 0; q < OV; q += SV) {      // whole chunks of SV (it divides cnt), as the forward's stores
+#if VDY
+            if (q < cnt) {
                 get<SV>(dy + o + q, g + q);
 #if IS_MAX
                 get<SV>(argmax + o + q, arg + q);
 #endif
-            }
-        } else
-#endif
-        {
+            } else {
 #pragma unroll
-            for (int j = 0; j < OV; ++j) {
+                for (int j = q; j < q + SV; ++j) {
+                    g[j] = 0;
+#if IS_MAX
+                    arg[j] = 0;
+#endif
+                }
+            }
+#else
+#pragma unroll
+            for (int j = q; j < q + SV; ++j) {
                 g[j] = j < cnt ? dy[o + j] : (T)0;
 #if IS_MAX
                 arg[j] = j < cnt ? argmax[o + j] : (ARG)0;
 #endif
             }
+#endif
         }
         T* dr = dx + ((long long)nc * H + oh * KH) * W + c0;
 #pragma unroll
