@@ -178,19 +178,19 @@ def _gemm(a, b, out=None, product=cpu_matmul):
         return product(a, b, out=out)
     (M, K), N = a.shape, b.shape[1]
     macs = M * K * N
-    if macs <= threads.SMALL_GEMM_MACS:
-        return product(*_small_ready(a, b), out=out)
-    if min(M, N) > _SKINNY:
-        return product(a, b, out=out)
-    if product is cpu_matmul and macs >= threads.MIN_PARALLEL_BLAS_WORK and threads._threads() > 1:
-        return product(a, b, out=out)            # all of BLAS's threads (blas_threads_for)
+    if macs > threads.SMALL_GEMM_MACS and (min(M, N) > _SKINNY or (
+            product is cpu_matmul and macs >= threads.MIN_PARALLEL_BLAS_WORK and threads._threads() > 1)):
+        return product(a, b, out=out)            # (the latter: all of BLAS's threads, blas_threads_for)
+    ready = _small_ready(a, b, macs)
+    if ready is None or macs <= threads.SMALL_GEMM_MACS:
+        return product(*(ready or (a, b)), out=out)
     axis = max(range(3), key=lambda i: (M, N, K)[i])
     length = (M, N, K)[axis]
     blocks = -(-macs // threads.SMALL_GEMM_MACS)
     step = -(-length // blocks)
     if step < _MIN_BLOCK:
         return product(a, b, out=out)
-    a, b = _small_ready(a, b)
+    a, b = ready
     if out is None:
         out = np.empty((M, N), dtype=a.dtype)
     if axis == 0:
@@ -206,10 +206,14 @@ def _gemm(a, b, out=None, product=cpu_matmul):
     return out
 
 
-def _small_ready(a, b):
-    """(a, b) with the orientation the small kernels take: not a row-major a (unit stride along its rows) with a b
-    that is not (then the smaller of the two is copied: b to C order, or a to F order)."""
+def _small_ready(a, b, macs):
+    """(a, b) in an orientation the small kernels take, or None.  A row-major a (unit stride along its rows) with a b
+    that is not is the orientation they refuse: the smaller operand is copied (b to C order, or a to F order) where
+    that copy is small beside the product (at most macs / 64 elements: a weight matrix, as LeNet conv2's (150, 16)),
+    else None (a filter gradient's (25, 3712) x (3712, 6) block: its copy of dy cost as much as the product)."""
     if a.strides[1] == a.itemsize and b.strides[1] != b.itemsize and b.shape[1] > 1:
+        if 64 * min(a.size, b.size) > macs:
+            return None
         if b.size <= a.size:
             return a, np.ascontiguousarray(b)
         return np.asfortranarray(a), b
