@@ -226,9 +226,12 @@ _kernel_cache: dict = {}
 # The launch shape: UNROLL vectors per thread and tile (all loads in flight before the math), BLOCKS_PER_SM caps the
 # grid (0: one block per tile, no cap -- blocks come and go as the hardware schedules them), HINT the streaming-load
 # variant.  MINIDNN_ACT_V1=1 keeps the previous kernel's launch for a GPU A/B: one vector per thread and iteration,
-# the grid capped at 8 blocks per SM, vectors only where n fills them.  tools/act_pool_sweep.py times the choices.
+# the grid capped at 8 blocks per SM, vectors only where n fills them.  MINIDNN_ACT_LAUNCH="unroll,blocks_per_sm,hint"
+# sets the three for a run (read once); tools/act_pool_sweep.py times the choices.
 V1 = os.environ.get("MINIDNN_ACT_V1", "0") == "1"
 CONFIG = {"unroll": 1 if V1 else 4, "blocks_per_sm": 8 if V1 else 0, "hint": 0}
+if os.environ.get("MINIDNN_ACT_LAUNCH") and not V1:
+    CONFIG.update(zip(("unroll", "blocks_per_sm", "hint"), map(int, os.environ["MINIDNN_ACT_LAUNCH"].split(","))))
 
 
 def _kernel(name, dtype, mode_name):
