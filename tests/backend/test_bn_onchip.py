@@ -302,7 +302,7 @@ def cap(monkeypatch):
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float16": dict(rtol=1e-2, atol=1e-2),
        "bfloat16": dict(rtol=4e-2, atol=4e-2)}
 # odd N*H*W, planes that fill vectors or not, slices that are not multiples of the slots, several rounds (C = 40)
-SHAPES = [(5, 3, 17, 19), (9, 7, 16, 16), (3, 40, 13, 21), (33, 8, 12, 12), (2, 64, 31, 31), (128, 4, 7, 9)]
+SHAPES = [(5, 3, 17, 19), (3, 40, 13, 21), (33, 8, 12, 12), (2, 64, 31, 31), (128, 4, 7, 9)]
 
 
 def _put(cp, a, layout):
@@ -352,7 +352,7 @@ def _run(cp, name, shape, layout, ops, seed):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
-@pytest.mark.parametrize("slots", [0, 1, 3, None])
+@pytest.mark.parametrize("slots", [0, 2, None])
 def test_against_the_float64_reference_with_the_copy_holding_none_part_or_all(cp, cap, name, shape, layout, ops,
                                                                              slots):
     cap(slots)

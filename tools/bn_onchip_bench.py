@@ -1,0 +1,161 @@
+"""Batch norm's one-launch kernels with and without the on-chip copy, beside PyTorch (issue 10), per call on the GPU.
+
+    PYTHONPATH=. python3 tools/bn_onchip_bench.py [--shapes 128x64x56x56,128x16x32x32,32x256x14x14]
+                                                  [--dtypes float32,bfloat16] [--layouts nchw,nhwc]
+                                                  [--shares 0.15,0.5] [--calls 50] [--large-calls 10] [--replays 7]
+
+Per (shape, dtype, layout, op) one row, ms per call (GB/s of compulsory traffic, % of copy):
+  onchip       the default: bn_kernels.bn_fwd1 / bn_bwd1 (NCHW) or bn_nhwc.bnc_fwd1 / bnc_bwd1 (channels-last) with the
+               on-chip copy (MINIDNN_BN_ONCHIP=1), NCHW rounds sized by shared memory + _ROUND_SHARE_ONCHIP of L2;
+  L2=<s>       NCHW only: the same with _ROUND_SHARE_ONCHIP = s (MINIDNN_BN_L2_SHARE), to choose the default;
+  off          MINIDNN_BN_ONCHIP=0: the kernels before the copy (the A/B);
+  torch        F.batch_norm (+ F.relu, + z) on a tensor of the same layout, training; backward: forward + backward
+               captured together less the forward.
+Ops: fwd / bwd of batch norm, bn + ReLU ("relu"), bn + add + ReLU ("add"); compulsory traffic as bench/kernels_gpu.py
+counts it (fwd 2e / 2e / 3e, bwd 3e / 4e / 5e, e = x's bytes).  Timing: a CUDA graph of `calls` back-to-back calls
+(`large-calls` over 8 M values) replayed `replays` times, median (tools/bn_nhwc_bench.py's Timer); copy bandwidth
+measured in the same run.  Expected run time on an H100: about 90 s (NVRTC compiles most of it).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bn_nhwc_bench import Timer, copy_bandwidth  # noqa: E402
+
+from minidnn.backend import devices as _dev  # noqa: E402
+from minidnn.backend.cuda import bn_kernels as K  # noqa: E402
+from minidnn.backend.cuda import bn_nhwc as M  # noqa: E402
+
+SHAPES = "128x64x56x56,128x16x32x32,32x256x14x14"
+OPS = {"fwd": (None, 2, False), "bwd": (None, 3, True), "relu fwd": ("relu", 2, False),
+       "relu bwd": ("relu", 4, True), "add fwd": ("add", 3, False), "add bwd": ("add", 5, True)}
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _setting(onchip, share):
+    """Switch the copy on/off and the NCHW round share, and drop every settled call made under other settings."""
+    K.ONCHIP = M.ONCHIP = onchip
+    K._ROUND_SHARE_ONCHIP = share
+    K._calls.clear()
+    K._plans.clear()
+    M._calls.clear()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--layouts", default="nchw,nhwc")
+    ap.add_argument("--shares", default="0.15,0.5", help="extra NCHW L2 shares to time beside the default")
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--large-calls", type=int, default=10)
+    ap.add_argument("--replays", type=int, default=7)
+    args = ap.parse_args(argv)
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        import torch.nn.functional as F
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = F = None
+    timer = Timer(cp, torch, args.replays, False)
+    bw = copy_bandwidth(cp)
+    default_share = K._ROUND_SHARE_ONCHIP
+    shares = [float(s) for s in args.shares.split(",") if s]
+    dev = cp.cuda.Device()
+    print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy bandwidth {bw:.0f} GB/s; "
+          f"smem per SM / block {M.smem_limits(dev.id)}; default L2 share {default_share}")
+    print("# ms per call (GB/s of compulsory traffic, % of copy); vs torch = torch / onchip (> 1: ours faster)")
+    variants = [("onchip", True, default_share)] + [(f"L2={s}", True, s) for s in shares] + [("off", False,
+                                                                                              default_share)]
+    head = f"{'shape':>14} {'dtype':>8} {'lay':>4} {'op':>8} | " + " | ".join(f"{v[0]:>22}" for v in variants) + \
+        f" | {'torch':>8} | vs torch"
+    print(head)
+    print("-" * len(head))
+    rng = np.random.default_rng(0)
+    for shape_s in args.shapes.split(","):
+        shape = tuple(int(v) for v in shape_s.split("x"))
+        c = shape[1]
+        calls = args.calls if np.prod(shape) <= 8 * 2 ** 20 else args.large_calls
+        for name in args.dtypes.split(","):
+            dt = _dtype(name)
+            for layout in args.layouts.split(","):
+                def put(a):
+                    if layout == "nchw":
+                        return cp.asarray(a)
+                    return cp.asarray(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+                x = (rng.standard_normal(shape) + 1).astype(dt)
+                xg, zg, dyg = put(x), put(rng.standard_normal(shape).astype(dt)), put(x[::-1].copy())
+                sg, bg = cp.ones(c, np.float32), cp.zeros(c, np.float32)
+                rmg, rvg = cp.zeros(c, np.float32), cp.ones(c, np.float32)
+                e = xg.nbytes
+                tt = {}
+                if torch is not None:
+                    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+                    tdt = getattr(torch, name)
+                    xt = torch.from_numpy(x.astype(np.float32)).to("cuda", tdt).contiguous(
+                        memory_format=fmt).requires_grad_()
+                    zt = torch.randn_like(xt).contiguous(memory_format=fmt)
+                    dyt = torch.randn_like(xt).contiguous(memory_format=fmt)
+                    wt = torch.ones(c, device="cuda", requires_grad=True)
+                    bt = torch.zeros(c, device="cuda", requires_grad=True)
+                    rmt, rvt = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+
+                    def tfwd(kind, xx, w, b):
+                        v = F.batch_norm(xx, rmt, rvt, w, b, True, 0.1, 1e-5)
+                        if kind == "add":
+                            v = v + zt
+                        return F.relu(v) if kind else v
+                    for kind in (None, "relu", "add"):
+                        f_ms = timer.torch_op(lambda: tfwd(kind, xt.detach(), wt.detach(), bt.detach()), calls)
+                        both = timer.torch_op(lambda: torch.autograd.grad(tfwd(kind, xt, wt, bt), (xt, wt, bt), dyt),
+                                              calls)
+                        tt[(kind, False)], tt[(kind, True)] = f_ms, both - f_ms
+                for op in args.ops.split(","):
+                    kind, passes, backward = OPS[op]
+                    z = zg if kind == "add" else None
+                    relu = kind is not None
+                    res = {}
+                    for label, onchip, share in variants:
+                        if label.startswith("L2=") and layout != "nchw":
+                            continue
+                        _setting(onchip, share)
+                        y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
+                        if backward:
+                            def fn():
+                                return K.backward(xg, dyg, sg, m, i, y=y if relu else None, want_dz=kind == "add")
+                        else:
+                            def fn():
+                                return K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
+                        res[label] = timer.ours(fn, calls)
+                    _setting(True, default_share)
+                    nbytes = passes * e
+
+                    def cell(ms):
+                        if ms is None:
+                            return f"{'-':>22}"
+                        gbs = nbytes / (ms * 1e-3) / 1e9
+                        return f"{ms:8.4f} ({gbs:5.0f}, {100 * gbs / bw:3.0f}%)"
+                    tms = tt.get((kind, backward))
+                    ratio = f"{tms / res['onchip']:6.2f}x" if tms else "     -"
+                    print(f"{shape_s:>14} {name:>8} {layout:>4} {op:>8} | "
+                          + " | ".join(cell(res.get(v[0])) for v in variants)
+                          + f" | {(f'{tms:8.4f}' if tms else '       -')} | {ratio}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
