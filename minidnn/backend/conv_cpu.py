@@ -164,6 +164,7 @@ def _rows(a):
 # along the cut axis.
 
 _MIN_BLOCK = 128
+_matmul = np.matmul                # the blocks' product (a name of this module's, so tests can watch the calls)
 _SKINNY = 16                       # blocks only for products with at most this many rows or columns of output: wider
                                    # ones ran as fast or faster whole ((64, 400) x (400, 120) 83 -> 88 us blocked,
                                    # (48, 48) x (48, 4624) 226 -> 236, (4352, 72) x (72, 32) 219 -> 214), and so did
@@ -182,14 +183,14 @@ def _gemm(a, b, out=None, product=cpu_matmul):
             product is cpu_matmul and macs >= threads.MIN_PARALLEL_BLAS_WORK and threads._threads() > 1)):
         return product(a, b, out=out)            # (the latter: all of BLAS's threads, blas_threads_for)
     ready = _small_ready(a, b, macs)
-    if ready is None or macs <= threads.SMALL_GEMM_MACS:
-        return product(*(ready or (a, b)), out=out)
     axis = max(range(3), key=lambda i: (M, N, K)[i])
     length = (M, N, K)[axis]
-    blocks = -(-macs // threads.SMALL_GEMM_MACS)
-    step = -(-length // blocks)
-    if step < _MIN_BLOCK:
+    step = -(-length // -(-macs // threads.SMALL_GEMM_MACS))      # even blocks of at most SMALL_GEMM_MACS
+    if ready is None or (step < _MIN_BLOCK and macs > threads.SMALL_GEMM_MACS):
         return product(a, b, out=out)
+    product = _matmul                            # each product below is under the BLAS grain (one BLAS thread)
+    if macs <= threads.SMALL_GEMM_MACS:
+        return product(*ready, out=out)
     a, b = ready
     if out is None:
         out = np.empty((M, N), dtype=a.dtype)
@@ -463,9 +464,7 @@ def _chunk_product(chunks, work):
     """The matrix product for per-chunk GEMMs: where the chunks are shared between minidnn's threads, each GEMM runs
     on its thread's one BLAS thread (np.matmul: threads that wait on each other's cores are avoided, and OpenBLAS's
     workers never spin); where they are not, cpu_matmul's BLAS grain decides."""
-    if parallel_parts(len(chunks), work) > 1:
-        return lambda a, b, out=None: _gemm(a, b, out, np.matmul)
-    return _gemm
+    return np.matmul if parallel_parts(len(chunks), work) > 1 else cpu_matmul
 
 
 def _rows_view(used):
@@ -487,7 +486,8 @@ def _flat_dense_correlate(a, w_mat, p: ConvProblem, padding, in_size, out_size):
     product = _chunk_product(chunks, work)
 
     def body(buffers, nb):
-        y_grid = product(w_mat, fill(buffers, nb)).reshape(K, nb.stop - nb.start, out_size[0], *grid[1:])
+        y_grid = _gemm(w_mat, fill(buffers, nb), product=product).reshape(K, nb.stop - nb.start, out_size[0],
+                                                                           *grid[1:])
         z[nb] = y_grid[keep].swapaxes(0, 1)
     parallel_for(chunks, body, work, setup)
     return z
@@ -551,7 +551,7 @@ def _flat_rows_correlate(a, w, p: ConvProblem, padding, in_size, out_size):
         buf[:m, :, :size].reshape(m, C, *grid)[interior] = a[nb]
         cols[:, :, :m] = source[:, :, :m]                               # every width tap: one strided copy
         b = cols.reshape(S * C, -1) if m == images else _rows_view(cols[:, :, :m].reshape(S, C, m * size))
-        rows = product(w_rows, b)                                       # (R*K, m*G)
+        rows = _gemm(w_rows, b, product=product)                        # (R*K, m*G)
         span = m * size - (R - 1) * shift
         out = y[:, :span]
         np.add(rows[:K, :span], rows[K:2 * K, shift:shift + span], out=out)

@@ -20,12 +20,14 @@ def _operands(shape_a, shape_b, order_a, order_b, dtype, seed=0):
 
 
 def _calls(monkeypatch):
-    """Record the shapes of the products _gemm hands to its ``product``."""
+    """Record the shapes of the products _gemm makes: through the ``product`` it is given (whole products) or its
+    blocks' own np.matmul (conv_cpu._matmul)."""
     shapes = []
 
     def product(a, b, out=None):
         shapes.append((a.shape, b.shape, a.strides[1] == a.itemsize, b.strides[1] == b.itemsize or b.shape[1] == 1))
         return np.matmul(a, b, out=out)
+    monkeypatch.setattr(conv_cpu, "_matmul", product)
     return shapes, product
 
 
@@ -100,10 +102,11 @@ def test_products_with_all_blas_threads_stay_whole(small_kernels, monkeypatch):
     a, b = _operands((1 << 16, 256), (256, 16), "C", "C", np.float32)
     conv_cpu._gemm(a, b, product=conv_cpu.cpu_matmul)
     assert calls == [(1 << 16, 256)]
-    monkeypatch.setattr(threads, "_current", [1])
+    monkeypatch.setattr(threads, "_current", [1])            # one thread: blocks, each by np.matmul (one BLAS thread)
     calls.clear()
+    shapes, _ = _calls(monkeypatch)
     conv_cpu._gemm(a, b, product=conv_cpu.cpu_matmul)
-    assert len(calls) > 1
+    assert calls == [] and len(shapes) == -(-a.shape[0] * 256 * 16 // threads.SMALL_GEMM_MACS)
 
 
 def test_convolutions_match_the_reference_either_way(monkeypatch):
