@@ -684,31 +684,39 @@ def _flat_col2im_applies(p: ConvProblem, dy):
 
 
 def _flat_col2im(p: ConvProblem, w, dy):
-    """dx (N, C, *in) for stride 1: col2im on the flat padded grid (a view of a channel-major padded result)."""
+    """dx (N, C, *in) for stride 1: col2im on the flat padded grid (a view of a channel-major padded result).  dy
+    fills only the first out_h rows of each image's grid (``length`` positions; the rows below would hold zeros and
+    add nothing), so the GEMM runs over out_h * grid_w positions an image, not the whole grid: LeNet's conv2 140 of
+    196.  The per-tap adds then go image by image (runs of ``length`` into grids ``size`` apart)."""
     grid = p.padded_size
     size = math.prod(grid)
+    row = math.prod(grid[1:])
+    length = p.out_size[0] * row if _COL2IM_ROWS[0] else size
     offsets = [sum(t * d * s for t, d, s in zip(tap, p.dilation, [math.prod(grid[d + 1:]) for d in range(p.nd)]))
                for tap in _taps(p)]
     taps = len(offsets)
-    images = max(1, min(p.N, _COL2IM_BYTES // (taps * p.C * size * dy.itemsize)))
+    images = max(1, min(p.N, _COL2IM_BYTES // (taps * p.C * length * dy.itemsize)))
     dtype = np.result_type(w, dy)
     w_t = w.reshape(p.K, p.C * taps).T.astype(dtype, copy=False)       # (C*taps, K): rows (channel, tap), no copy
-    d_grid = np.zeros((p.K, images * size), dtype=dtype)
-    d_view = d_grid.reshape(p.K, images, *grid)
-    dcols = np.empty((p.C * taps, images * size), dtype=dtype)
+    d_grid = np.zeros((p.K, images * length), dtype=dtype)
+    d_view = d_grid.reshape(p.K, images, length // row, *grid[1:])
+    dcols = np.empty((p.C * taps, images * length), dtype=dtype)
     dx_flat = np.zeros((p.C, p.N * size + offsets[-1]), dtype=dtype)
     out_window = tuple(slice(0, o) for o in p.out_size)
     for n0 in range(0, p.N, images):
         m = min(p.N - n0, images)
         d_view[(slice(None), slice(0, m), *out_window)] = dy[n0:n0 + m].swapaxes(0, 1)
-        cols = dcols[:, :m * size]
-        _gemm(w_t, d_grid[:, :m * size], out=cols)
-        per_tap = cols.reshape(p.C, taps, m * size)
+        cols = dcols[:, :m * length]
+        _gemm(w_t, d_grid[:, :m * length], out=cols)
+        per_tap = cols.reshape(p.C, taps, m, length)
         for t, off in enumerate(offsets):
-            target = dx_flat[:, n0 * size + off:(n0 + m) * size + off]
+            target = dx_flat[:, n0 * size + off:(n0 + m) * size + off].reshape(p.C, m, size)[:, :, :length]
             np.add(target, per_tap[:, t], out=target)
     padded = dx_flat[:, :p.N * size].reshape(p.C, p.N, *grid)
     return padded[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))].swapaxes(0, 1)
+
+
+_COL2IM_ROWS = [True]
 
 
 def _full_correlation_applies(p: ConvProblem):
