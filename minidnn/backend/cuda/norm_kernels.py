@@ -45,10 +45,23 @@ block) owns a row at a time, grid-stride over the rows.  Thread t of the team ha
 Group norm backward: gn_bwd + col_sum (x and dy read once) where the group row fits in registers, else row_sums,
 col_sum (dscale, dbias), gn_dx -- 3 launches, x and dy read twice;
 layer norm backward: ln_bwd + col_sum.  Nothing is read back to the host: every launch can be captured in a CUDA graph.
+
+Version 2 (the default; MINIDNN_NORM_V1=1 keeps the kernels and configurations above), for rows that fill 16-byte
+vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same algorithms, with
+  - the row's vectors kept RAW in registers (16-bit data: 2 bytes a value, converted at each use) and up to 4
+    vectors per thread (v1: 8 values), so 16-bit rows put 64 bytes per array and thread in flight, not 16;
+  - launch bounds capping registers (v1's gn_bwd took 91: one 512-thread row per SM, whose load, block sums and
+    store then ran one after another -- 54% of copy bandwidth in float32, 37% in bfloat16);
+  - layer-norm parameters loaded as vectors, a group-norm vector's channel found once (F_PVEC, F_CHV);
+  - ln_bwd2: teams of 32..128 threads share 256-thread blocks (named barriers), keep their columns' scale in
+    registers and add their column partials in the block: one partial row per resident block for col_sum
+    (v1: one per team, 8.6 MB for (16384, 1024)).
+  bias_grad_planes: the NCHW bias gradient in one launch (v1: row_sums + col_sum), last block per channel adding.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -75,6 +88,9 @@ __device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned in
 #endif
 #endif
 
+#ifndef MINB
+#define MINB 1
+#endif
 #define TPB (BLOCK / TEAM)          // teams per block (TEAM > 32: one team = the block, so block barriers are safe)
 struct alignas(sizeof(T) * VEC) V { T v[VEC]; };
 
@@ -597,6 +613,435 @@ bias_add(const T* x, const PT* __restrict__ b, T* y,      // x may be y: no __re
         reinterpret_cast<V*>(y)[k] = o;
     }
 }
+// ==== Version 2 (issue 10: memory-bound kernels at >= 70% of copy bandwidth) ===================================
+// norm_fwd2, gn_bwd2, ln_bwd2 hold a row's 16-byte vectors RAW in registers (V: 4 registers per vector whatever
+// the dtype, so a 16-bit row costs half the registers of its floats; every pass converts again, a shift or a cvt)
+// and are compiled with __launch_bounds__(BLOCK, MINB), MINB = 1024 / BLOCK for the forward and gn_bwd2 (<= 64
+// registers: two 512-thread rows, or four 256-thread rows, in flight per SM -- the v1 gn_bwd took 91 registers,
+// one 512-thread row per SM, whose load, two block sums and store then ran one after another).
+// Affine parameters: F_PVEC (host: parameter pointers 16-byte aligned, VEC > 1): layer norm loads the VEC
+// parameters of a vector in 16-byte pieces; F_CHV (host: S % VEC == 0): a group-norm vector lies in one channel,
+// one parameter per vector (else one per value, as v1).
+// Teams of TEAM >= 64 may share a block (ln_bwd2): their sums use named barriers (1 + team index, TEAM threads).
+#define F_PVEC 8
+#define F_CHV 16
+struct alignas(VEC > 1 ? 16 : alignof(PT)) PV { PT v[VEC]; };
+
+// Value e of raw vector v, converted where it is used: for 16-bit data an asm volatile on the vector's 32-bit word
+// (a shift / mask for bfloat16, a cvt for float16), which the compiler may not hoist into one float register per
+// value -- so the row stays in registers at 2 bytes a value.  32/64-bit data: the value itself.
+__device__ __forceinline__ A LDE(const V& v, int e)
+{
+#if STORAGE == 0 || VEC == 1
+    return LD(v.v[e]);
+#else
+    const int e0 = e & ~1;           // the vector's 32-bit word holding value e: values e0 (low half), e0 + 1
+    const unsigned int w = ((unsigned int)v.v[e0 + 1] << 16) | v.v[e0];
+    float f;
+#if STORAGE == 2
+    if (e & 1) asm volatile("and.b32 %0, %1, 0xffff0000;" : "=f"(f) : "r"(w));
+    else asm volatile("shl.b32 %0, %1, 16;" : "=f"(f) : "r"(w));
+#else
+    if (e & 1) asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi;}" : "=f"(f) : "r"(w));
+    else asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w));
+#endif
+    return f;
+#endif
+}
+
+__device__ __forceinline__ void team_bar()
+{
+#if TEAM > 32
+#if TEAM == BLOCK
+    __syncthreads();
+#else
+    asm volatile("bar.sync %0, %1;" :: "r"((int)(threadIdx.x / TEAM) + 1), "r"(TEAM) : "memory");
+#endif
+#endif
+}
+
+// team_sum2 for teams that may share a block: warp shuffles, then the team's own warps' slots added in order.
+__device__ __forceinline__ void team_sum2b(A& a, A& b, A (*red)[2])
+{
+    a = warp_sum(a); b = warp_sum(b);
+#if TEAM > 32
+    const int w0 = (int)(threadIdx.x / TEAM) * (TEAM / 32);
+    team_bar();                                    // the previous call's readers are done with red
+    if ((threadIdx.x & 31) == 0) { red[threadIdx.x >> 5][0] = a; red[threadIdx.x >> 5][1] = b; }
+    team_bar();
+    a = 0; b = 0;
+#pragma unroll
+    for (int w = 0; w < TEAM / 32; ++w) { a += red[w0 + w][0]; b += red[w0 + w][1]; }
+#endif
+}
+
+// o[e] (value vi * VEC + e of row r, normalized) times scale plus bias, see F_PVEC / F_CHV above.
+__device__ __forceinline__ void affine_vec(A (&o)[VEC], int vi, int g0, unsigned int s_mul, unsigned int s_shr,
+                                           const PT* __restrict__ scale, const PT* __restrict__ bias, int flags)
+{
+    if (!(flags & (F_SCALE | F_BIAS))) return;
+    if ((flags & F_GROUPED) && (flags & F_CHV)) {
+        const int p = g0 + (int)divu((unsigned int)(vi * VEC), s_mul, s_shr);
+        const A sc = (flags & F_SCALE) ? LDP(scale[p]) : (A)1, bi = (flags & F_BIAS) ? LDP(bias[p]) : (A)0;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) o[e] = o[e] * sc + bi;
+    } else if (flags & F_PVEC) {
+        if (flags & F_SCALE) {
+            const PV s = reinterpret_cast<const PV*>(scale)[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) o[e] *= LDP(s.v[e]);
+        }
+        if (flags & F_BIAS) {
+            const PV b = reinterpret_cast<const PV*>(bias)[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) o[e] += LDP(b.v[e]);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+            o[e] = affine(o[e], pidx(vi * VEC + e, g0, s_mul, s_shr, flags), scale, bias, flags);
+    }
+}
+
+// Forward, row held in registers (VPT > 0): the v1 norm_fwd's cached path on raw vectors.
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
+norm_fwd2(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
+          A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows, const int D, const int G,
+          const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps, const int flags)
+{
+#if VPT > 0
+    __shared__ A red[BLOCK / 32][2];
+    const int t = threadIdx.x % TEAM;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        V* yr = reinterpret_cast<V*>(y + r * D);
+        const int g0 = (flags & F_GROUPED) ? (int)((unsigned int)r % (unsigned int)G) * cpg : 0;  // r < 2^31
+        V a[VPT];
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) a[k] = xr[k * TEAM + t];
+        A s = 0, q = 0, unused = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s += LDE(a[k], e);
+            }
+        team_sum2b(s, unused, red);
+        const A mean = s * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) { const A d = LDE(a[k], e) - mean; q += d * d; }
+            }
+        unused = 0;
+        team_sum2b(q, unused, red);
+        const A rstd = (A)1 / sqrt(q * inv_d + (A)eps);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                A o[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) o[e] = (LDE(a[k], e) - mean) * rstd;
+                affine_vec(o, vi, g0, s_mul, s_shr, scale, bias, flags);
+                V w;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) w.v[e] = ST(o[e]);
+                yr[vi] = w;
+            }
+        }
+        if (t == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
+    }
+#endif
+}
+
+// Group norm backward in one read, the v1 gn_bwd on raw vectors: x and dy of the group row in registers, the
+// channel of a value recomputed where needed (F_CHV: once per vector) instead of a register per value.
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
+gn_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+        const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const long long rows, const int D,
+        const int C, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr, const int flags)
+{
+#if VPT > 0
+    const bool has_scale = flags & F_SCALE;
+    const bool chv = flags & F_CHV;
+    __shared__ A red[BLOCK / 32][2];
+#if TEAM > 32
+    __shared__ A wsum[BLOCK / 32][32][2];
+    const int warp = threadIdx.x >> 5;
+#endif
+    const int t = threadIdx.x % TEAM, lane = threadIdx.x & 31;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
+        const unsigned int n = (unsigned int)r / (unsigned int)G;          // r < 2^31
+        const int g0 = (int)((unsigned int)r - n * (unsigned int)G) * cpg;
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + r * D);
+        V* dr = reinterpret_cast<V*>(dx + r * D);
+        V a[VPT], b[VPT];
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) { a[k] = xr[k * TEAM + t]; b[k] = gr[k * TEAM + t]; }
+        const A mu = mean[r], is = rstd[r];
+// the channel (within the group) of value e of vector k
+#define GN_CH(k, e) (chv ? (int)divu((unsigned int)(((k) * TEAM + t) * VEC), s_mul, s_shr) \
+                         : (int)divu((unsigned int)(((k) * TEAM + t) * VEC + (e)), s_mul, s_shr))
+#define GN_SC(k, e) (has_scale ? LDP(scale[g0 + GN_CH(k, e)]) : (A)1)
+        A cs = 0, s1 = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) { cs += LDE(a[k], e) - mu; s1 += LDE(b[k], e) * GN_SC(k, e); }
+            }
+        // re-centred as in ln_bwd (RECENTRE)
+        team_sum2b(cs, s1, red);
+        const A off = cs * inv_d;
+        A s2 = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    s2 += LDE(b[k], e) * GN_SC(k, e) * ((LDE(a[k], e) - mu - off) * is);
+            }
+        A unused = 0;
+        team_sum2b(s2, unused, red);
+        const A c1 = s1 * inv_d, c2 = s2 * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                V o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    o.v[e] = ST(is * (LDE(b[k], e) * GN_SC(k, e) - c1 - (LDE(a[k], e) - mu - off) * is * c2));
+                dr[vi] = o;
+            }
+        }
+        // per-channel sums over the channels from this warp's first value to its last (warp-uniform bounds: the
+        // first vector of lane 0, the last value of the last vector any lane holds); lane k keeps channel g0 + k
+        const int t0 = t & ~31;
+        const int wlo = (int)divu((unsigned int)(t0 * VEC), s_mul, s_shr);
+        const int vlast = min(nvec - 1, (VPT - 1) * TEAM + t0 + 31);
+        const int whi = t0 < nvec ? (int)divu((unsigned int)(vlast * VEC + VEC - 1), s_mul, s_shr) : -1;
+        A me = 0, ms = 0;
+        for (int kc = wlo; kc <= whi; ++kc) {
+            A pe = 0, ps = 0;
+#pragma unroll
+            for (int k = 0; k < VPT; ++k)
+                if (k * TEAM + t < nvec) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e)
+                        if (GN_CH(k, e) == kc) {
+                            const A g = LDE(b[k], e);
+                            pe += g * ((LDE(a[k], e) - mu - off) * is); ps += g;
+                        }
+                }
+            pe = warp_sum(pe); ps = warp_sum(ps);
+            if (lane == kc) { me = pe; ms = ps; }
+        }
+#undef GN_SC
+#undef GN_CH
+        A* out = sums + (long long)n * 2 * C + g0;
+#if TEAM > 32
+        if (lane < cpg) { wsum[warp][lane][0] = me; wsum[warp][lane][1] = ms; }
+        __syncthreads();
+        if (t < cpg) {
+            A e1 = 0, e2 = 0;
+            for (int w = 0; w < TEAM / 32; ++w) { e1 += wsum[w][t][0]; e2 += wsum[w][t][1]; }
+            out[t] = e1; out[C + t] = e2;
+        }
+        __syncthreads();                           // wsum is rewritten by the next row
+#else
+        if (lane < cpg) { out[lane] = me; out[C + lane] = ms; }
+#endif
+    }
+#endif
+}
+
+// Layer norm backward, row in registers (VPT > 0), the v1 ln_bwd on raw vectors with the scale of the thread's
+// columns held in registers across rows; several teams per block (TPB); at the end the block's teams add their
+// column partials in team order (shared memory, 2D values of A) and the last writes ONE partial row per block:
+// partial[block][0..D) = sum(dy * xhat), [D..2D) = sum(dy) -- a grid of the resident blocks only, so col_sum adds
+// (blocks x 2D) values instead of v1's (teams x 2D).  Dynamic shared memory: 2D * sizeof(A) where TPB > 1.
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
+ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+        const PT* __restrict__ scale, T* __restrict__ dx, A* __restrict__ partial, const long long rows, const int D,
+        const int flags)
+{
+#if VPT > 0
+    extern __shared__ unsigned char ln_smem[];
+    const bool has_scale = flags & F_SCALE;
+    __shared__ A red[BLOCK / 32][2];
+    const int t = threadIdx.x % TEAM, tib = threadIdx.x / TEAM;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    A sc[VPT][VEC], acc_g[VPT][VEC], acc_b[VPT][VEC];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = k * TEAM + t;
+        if (has_scale && vi < nvec && (flags & F_PVEC)) {
+            const PV s = reinterpret_cast<const PV*>(scale)[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) sc[k][e] = LDP(s.v[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) sc[k][e] = (has_scale && vi < nvec) ? LDP(scale[vi * VEC + e]) : (A)1;
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) { acc_g[k][e] = 0; acc_b[k][e] = 0; }
+    }
+    for (long long r = (long long)blockIdx.x * TPB + tib; r < rows; r += (long long)gridDim.x * TPB) {
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + r * D);
+        V* dr = reinterpret_cast<V*>(dx + r * D);
+        V a[VPT], b[VPT];
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) { a[k] = xr[k * TEAM + t]; b[k] = gr[k * TEAM + t]; }
+        const A mu = mean[r], is = rstd[r];
+        A cs = 0, s1 = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) { cs += LDE(a[k], e) - mu; s1 += LDE(b[k], e) * sc[k][e]; }
+            }
+        team_sum2b(cs, s1, red);       // re-centred (RECENTRE)
+        const A off = cs * inv_d;
+        A s2 = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A g = LDE(b[k], e), xh = (LDE(a[k], e) - mu - off) * is;
+                    acc_g[k][e] += g * xh; acc_b[k][e] += g;
+                    s2 += g * sc[k][e] * xh;
+                }
+            }
+        A unused = 0;
+        team_sum2b(s2, unused, red);
+        const A c1 = s1 * inv_d, c2 = s2 * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                V o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    o.v[e] = ST(is * (LDE(b[k], e) * sc[k][e] - c1 - (LDE(a[k], e) - mu - off) * is * c2));
+                dr[vi] = o;
+            }
+        }
+    }
+    if (!has_scale) return;
+    A* pg = partial + (long long)blockIdx.x * 2 * D;
+#if TPB > 1
+    A* buf = reinterpret_cast<A*>(ln_smem);
+    for (int m = 0; m < TPB; ++m) {
+        if (tib == m) {
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) {
+                const int vi = k * TEAM + t;
+                if (vi < nvec) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        const int j = vi * VEC + e;
+                        const A vg = m ? buf[j] + acc_g[k][e] : acc_g[k][e];
+                        const A vb = m ? buf[D + j] + acc_b[k][e] : acc_b[k][e];
+                        if (m == TPB - 1) { pg[j] = vg; pg[D + j] = vb; } else { buf[j] = vg; buf[D + j] = vb; }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#else
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = k * TEAM + t;
+        if (vi < nvec) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { pg[vi * VEC + e] = acc_g[k][e]; pg[D + vi * VEC + e] = acc_b[k][e]; }
+        }
+    }
+#endif
+#endif
+}
+
+// Bias gradient of an (outer, C, inner) dy with inner > 1, in ONE launch (v1: row_sums, then col_sum): grid
+// (C, splits); block (c, s) sums the planes o in [s * chunk, min(R, (s + 1) * chunk)) of channel c -- its
+// (planes x inner/VEC) vectors walked as one flat range, 256 threads, 4 vectors in flight each -- into ws[c][s];
+// the last block of channel c (threadfence + ticket, reset by that block) adds the splits in order, in double ->
+// out_a[c] (A, c < split_col) or out_t[c] (dy's dtype).  Deterministic.
+extern "C" __global__ void __launch_bounds__(256)
+bias_grad_planes(const T* __restrict__ dy, A* __restrict__ ws, unsigned int* ticket, A* __restrict__ out_a,
+                 T* __restrict__ out_t, const int R, const int C, const int inner, const int chunk,
+                 const unsigned int v_mul, const unsigned int v_shr, const int split_col)
+{
+    __shared__ double sd[8];
+    __shared__ bool last;
+    const int c = blockIdx.x;
+    const int o0 = blockIdx.y * chunk, o1 = min(R, o0 + chunk);
+    const int nv = inner / VEC;                       // vectors per plane
+    const unsigned int total = (unsigned int)(o1 - o0) * (unsigned int)nv;   // < 2^31: dy has < 2^31 values
+    A s = 0;
+    unsigned int i = threadIdx.x;
+    for (; i + 768 < total; i += 1024) {          // 4 independent loads in flight per thread
+        V v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const unsigned int k = i + 256 * u, p = divu(k, v_mul, v_shr);
+            v[u] = reinterpret_cast<const V*>(dy + ((long long)(o0 + p) * C + c) * inner)[k - p * nv];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s += LD(v[u].v[e]);
+    }
+    for (; i < total; i += 256) {
+        const unsigned int p = divu(i, v_mul, v_shr);
+        const V v = reinterpret_cast<const V*>(dy + ((long long)(o0 + p) * C + c) * inner)[i - p * nv];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s += LD(v.v[e]);
+    }
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0) sd[threadIdx.x >> 5] = (double)s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double a = 0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) a += sd[w];
+        ws[(long long)c * gridDim.y + blockIdx.y] = (A)a;
+        __threadfence();
+        last = atomicAdd(ticket + c, 1u) == gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double a = 0;
+    for (int b = threadIdx.x; b < (int)gridDim.y; b += 256) a += (double)ws[(long long)c * gridDim.y + b];
+    // splits added in a fixed order: per thread (b = tid, tid + 256, ...), then warps, then the 8 warp sums
+    for (int o = 16; o > 0; o >>= 1) a += __shfl_down_sync(0xffffffffu, a, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sd[threadIdx.x >> 5] = a;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double tot = 0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) tot += sd[w];
+        if (c < split_col) out_a[c] = (A)tot; else out_t[c - split_col] = ST((A)tot);
+        ticket[c] = 0u;
+    }
+}
+
 """
 
 _PSTORAGE = {"float32": ("float", 0), "float64": ("double", 0), "float16": ("float", 1), "bfloat16": ("float", 2)}
@@ -635,6 +1080,57 @@ def _block(team):
     return 256 if team == 32 else team
 
 
+# Version 2 of the row kernels (norm_fwd2, gn_bwd2, ln_bwd2) and of the NCHW bias gradient (bias_grad_planes);
+# MINIDNN_NORM_V1=1 (read at import) keeps the version-1 kernels and configurations for a GPU A/B.
+V1 = os.environ.get("MINIDNN_NORM_V1", "") == "1"
+_PER_THREAD = {"fwd": 4, "gn_bwd": 4}     # the most 16-byte vectors of one array a v2 thread holds
+
+
+def row_config2(d, dtype, aligned, kind):
+    """(TEAM, VPT, VEC) of a v2 row kernel (``kind`` "fwd", "gn_bwd" or "ln_bwd"), or None where it does not apply
+    (rows that do not fill 16-byte vectors or are too long for registers: the v1 kernels).  The team is the
+    smallest power of two (32..512) whose threads hold the row in at most P vectors each, VPT = the vectors a thread
+    needs (not rounded up to a power of two).  P = 4 (64 bytes of raw data per array and thread) for the forward and
+    group-norm backward; layer-norm backward also keeps two column partials and the scale per value, P = 8 values
+    (4 doubles)."""
+    vec = 16 // np.dtype(dtype).itemsize
+    if not aligned or d % vec:
+        return None
+    nvec = d // vec
+    per = _PER_THREAD.get(kind) or (2 if vec == 2 else max(1, 8 // vec))
+    team = 32
+    while team < MAX_TEAM and team * per < nvec:
+        team *= 2
+    vpt = -(-nvec // team)
+    return (team, vpt, vec) if vpt <= per else None
+
+
+def _v2_launch_shape(kind, team, itemsize=4):
+    """(threads per block, the launch bounds' minimum blocks per SM) of a v2 row kernel: the forward <= 64
+    registers (1024 threads an SM); gn_bwd2 two 512-thread or three 256-thread blocks (a 64-register cap spilled its
+    256-thread float32 rows; at 512 threads float32 spills ~32 bytes of per-row scalars, float64 is left uncapped);
+    ln_bwd2 blocks of 256 threads (teams of 32..128 sharing one, <= 85 registers: three per SM) or one 512-thread
+    team."""
+    block = _block(team)
+    if kind == "fwd":
+        return block, max(1, 1024 // block)
+    if kind == "gn_bwd":
+        return block, (1 if itemsize == 8 else 2) if block == 512 else max(1, 768 // block)
+    block = max(256, team)
+    return block, 3 if block == 256 else 1
+
+
+def _resident_per_sm(kernel, block, shared_mem, fallback):
+    """Blocks of ``kernel`` one SM holds at once (the driver's occupancy), ``fallback`` (the launch bounds' promise)
+    where the query is unavailable."""
+    try:
+        occ = _launch.cupy().cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block,
+                                                                                   int(shared_mem))
+        return max(1, int(occ))
+    except Exception:       # noqa: BLE001 -- an old CuPy or a fake one
+        return fallback
+
+
 def _p_info(x_dtype, p):
     """(PARAM, PSTORAGE) of parameter array p (None: any, it is never read), or None where p's dtype is neither x's
     nor float32."""
@@ -649,22 +1145,24 @@ def _p_info(x_dtype, p):
 _kernel_cache: dict = {}
 
 
-def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, in_t=False):
-    key = (name, dtype, pinfo, team, vpt, vec, in_t)
+def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, in_t=False, block=None, minb=1):
+    key = (name, dtype, pinfo, team, vpt, vec, in_t, block, minb)
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:]))
     return k
 
 
-def options(dtype, pinfo, team=32, vpt=0, vec=1, in_t=False):
+def options(dtype, pinfo, team=32, vpt=0, vec=1, in_t=False, block=None, minb=1):
     """NVRTC options of one configuration (affine parameters and the group mapping are run-time flags: one
-    compilation serves layer and group norm with or without parameters)."""
+    compilation serves layer and group norm with or without parameters).  ``block``: threads per block where
+    several teams of 64+ share one (ln_bwd2; default: one team, or 8 warp teams); ``minb``: the launch bounds'
+    minimum blocks per SM (v2 kernels)."""
     scalar, accum, storage, _ = type_info(dtype)
     param, pstorage = pinfo
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
-            f"-DPSTORAGE={pstorage}", f"-DTEAM={team}", f"-DBLOCK={_block(team)}", f"-DVPT={vpt}", f"-DVEC={vec}",
-            f"-DIN_T={int(in_t)}", "-std=c++17")
+            f"-DPSTORAGE={pstorage}", f"-DTEAM={team}", f"-DBLOCK={block or _block(team)}", f"-DVPT={vpt}",
+            f"-DVEC={vec}", f"-DIN_T={int(in_t)}", "-std=c++17") + ((f"-DMINB={minb}",) if minb != 1 else ())
 
 
 _dividers: dict = {}
@@ -684,8 +1182,14 @@ def _acc(dtype):
     return param_dtype(dtype)      # (float32 for 16-bit data, float64 for float64: the accumulation dtype)
 
 
-def _flags(scale, bias, grouped):
-    return np.int32((scale is not None) | (bias is not None) << 1 | bool(grouped) << 2)
+def _flags(scale, bias, grouped, pvec=False, chv=False):
+    return np.int32((scale is not None) | (bias is not None) << 1 | bool(grouped) << 2 | bool(pvec) << 3
+                    | bool(chv) << 4)
+
+
+def _palign(*params):
+    """Every given parameter array starts on 16 bytes (v2: vector loads of layer norm's parameters)."""
+    return all(p is None or not p.data.ptr & 15 for p in params)
 
 
 def _aligned(*arrays):
@@ -765,9 +1269,11 @@ def _pdt(p):
 def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s, stat_shape):
     dev = x.data.device_id
     aligned = not x.data.ptr & 15
+    palign = _palign(scale, bias)
     go, acc = _launch.planned(_plans, ("fwd", x.shape, x.dtype, _pdt(scale), _pdt(bias), eps, grouped, g,
-                                       stat_shape, aligned, dev),
-                              _row_forward_plan, x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, dev)
+                                       stat_shape, aligned, palign, dev),
+                              _row_forward_plan, x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, palign,
+                              dev)
     cp = _launch._cp
     with _launch.on_device(dev):
         y = cp.empty(x.shape, dtype=x.dtype)
@@ -777,13 +1283,21 @@ def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s, stat_shape):
     return y, mean, rstd
 
 
-def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, dev):
+def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, palign, dev):
     pinfo = _p_info(x.dtype, scale if scale is not None else bias)
-    team, vpt, vec = row_config(d, x.dtype, aligned)
-    k = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec)
-    return _launch.prepare(k, (_grid(rows, team, dev),), (_block(team),),
+    cfg = None if V1 else row_config2(d, x.dtype, aligned, "fwd")
+    if cfg is None:
+        team, vpt, vec = row_config(d, x.dtype, aligned)
+        k, block, flags = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec), _block(team), _flags(scale, bias,
+                                                                                                      grouped)
+    else:
+        team, vpt, vec = cfg
+        block, minb = _v2_launch_shape("fwd", team)
+        k = _kernel("norm_fwd2", x.dtype, pinfo, team, vpt, vec, minb=minb)
+        flags = _flags(scale, bias, grouped, pvec=palign and not grouped, chv=grouped and s % vec == 0)
+    return _launch.prepare(k, (_grid(rows, team, dev),), (block,),
                            [None] * 6 + [np.int64(rows), np.int32(d), np.int32(g), np.int32(cpg), *divider(s),
-                                         np.float64(eps), _flags(scale, bias, grouped)]), _acc(x.dtype)
+                                         np.float64(eps), flags]), _acc(x.dtype)
 
 
 def layer_norm_forward(x, normalized_ndim, scale, bias, eps):
@@ -822,7 +1336,26 @@ def _col_sum_plan(r, nc, split_col, dtype, in_t, dev):
     return go, nc * splits, tiles
 
 
-def _ln_backward_plan(x, rows, d, scale, aligned, dev):
+def _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev):
+    """ln_bwd2: one partial row per resident block (see the kernel), then col_sum."""
+    team, vpt, vec = cfg
+    block, minb = _v2_launch_shape("ln_bwd", team)
+    tpb = block // team
+    has_scale = scale is not None
+    smem = 2 * d * _acc(x.dtype).itemsize if tpb > 1 and has_scale else 0
+    k = _kernel("ln_bwd2", x.dtype, _p_info(x.dtype, scale), team, vpt, vec, block=block, minb=minb)
+    grid = max(1, min(-(-rows // tpb), _launch.sm_count(dev) * _resident_per_sm(k, block, smem, minb)))
+    go = _launch.prepare(k, (grid,), (block,), [None] * 7 + [np.int64(rows), np.int32(d),
+                                                              _flags(scale, None, False, pvec=palign)],
+                         shared_mem=smem)
+    col = _col_sum_plan(grid, 2 * d, d, x.dtype, False, dev) if has_scale else None
+    return go, (grid * 2 * d if has_scale else 1), col, _acc(x.dtype)
+
+
+def _ln_backward_plan(x, rows, d, scale, aligned, palign, dev):
+    cfg = None if V1 else row_config2(d, x.dtype, aligned, "ln_bwd")
+    if cfg is not None:
+        return _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev)
     pinfo = _p_info(x.dtype, scale)
     team, vpt, vec = row_config(d, x.dtype, aligned)
     k = _kernel("ln_bwd", x.dtype, pinfo, team, vpt, vec)
@@ -845,8 +1378,10 @@ def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
     d = x.size // rows
     dev = x.data.device_id
     aligned = not (x.data.ptr | dy.data.ptr) & 15
-    go, n_partial, col, acc = _launch.planned(_plans, ("ln_bwd", x.shape, x.dtype, rows, _pdt(scale), aligned, dev),
-                                              _ln_backward_plan, x, rows, d, scale, aligned, dev)
+    palign = _palign(scale)
+    go, n_partial, col, acc = _launch.planned(_plans, ("ln_bwd", x.shape, x.dtype, rows, _pdt(scale), aligned,
+                                                       palign, dev),
+                                              _ln_backward_plan, x, rows, d, scale, aligned, palign, dev)
     with _launch.on_device(dev):
         dx = cp.empty(x.shape, dtype=x.dtype)
         partial = cp.empty((n_partial,), dtype=acc)
@@ -869,6 +1404,15 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
     pinfo = _p_info(x.dtype, scale)
     has_scale = scale is not None
     col = _col_sum_plan(n, 2 * c, c, x.dtype, False, dev) if has_scale else None
+    cfg = None if V1 or cpg > 32 else row_config2(d, x.dtype, aligned, "gn_bwd")
+    if cfg is not None:         # gn_bwd2 (one read of x and dy) + col_sum
+        team, vpt, vec = cfg
+        block, minb = _v2_launch_shape("gn_bwd", team, x.dtype.itemsize)
+        one = _launch.prepare(_kernel("gn_bwd2", x.dtype, pinfo, team, vpt, vec, minb=minb),
+                              (_grid(rows, team, dev),), (block,),
+                              [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
+                                            np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
+        return one, None, col, c
     team, vpt, vec = row_config(d, x.dtype, aligned)
     if vpt and cpg <= 32:        # the group row fits in registers: gn_bwd (one read of x and dy) + col_sum
         one = _launch.prepare(_kernel("gn_bwd", x.dtype, pinfo, team, vpt, vec), (_grid(rows, team, dev),),
@@ -954,6 +1498,18 @@ def _bias_grad_plan(dy, channel_axis, aligned, dev, wide=False):
     split = c if wide else 0
     if inner == 1:
         return None, _col_sum_plan(outer, c, split, dy.dtype, True, dev), c, outer
+    if not V1:      # bias_grad_planes: one launch, about 8 blocks of 256 threads an SM
+        vec = 16 // dy.dtype.itemsize
+        if not aligned or inner % vec:
+            vec = 1
+        splits = max(1, min(-(-_launch.sm_count(dev) * 8 // c), outer, 65535))
+        chunk = -(-outer // splits)
+        splits = -(-outer // chunk)
+        k = _kernel("bias_grad_planes", dy.dtype, _PSTORAGE[_dev.dtype_name(dy.dtype)], vec=vec)
+        go = _launch.prepare(k, (c, splits), (256,), [None] * 5 + [np.int32(outer), np.int32(c), np.int32(inner),
+                                                                   np.int32(chunk), *divider(inner // vec),
+                                                                   np.int32(split)])
+        return "planes", (go, c * splits, c), c, outer
     team, _, vec = row_config(inner, dy.dtype, aligned)
     sums = _launch.prepare(_kernel("row_sums", dy.dtype, _PSTORAGE[_dev.dtype_name(dy.dtype)], team, 0, vec),
                            (_grid(outer * c, team, dev),), (_block(team),),
@@ -964,7 +1520,8 @@ def _bias_grad_plan(dy, channel_axis, aligned, dev, wide=False):
 
 def bias_grad(dy, channel_axis, out_dtype=None):
     """db (C,) in dy's dtype = sum of dy over every axis but ``channel_axis`` (float32/float64 accumulation):
-    channel last (inner = 1): one column-sum launch; else per-(outer, C) plane sums, then a column sum.
+    channel last (inner = 1): one column-sum launch; else one bias_grad_planes launch (v1: per-(outer, C) plane
+    sums, then a column sum).
     ``out_dtype`` float32 for float16/bfloat16 dy: db is the float32 sums unrounded (col_sum's A-typed output;
     autocast's bias gradients)."""
     cp = _launch._cp or _launch.cupy()
@@ -980,6 +1537,10 @@ def bias_grad(dy, channel_axis, out_dtype=None):
     with _launch.on_device(dev):
         db = cp.empty((c,), dtype=acc if wide else dy.dtype)
         m = dy
+        if sums == "planes":        # one launch; the unused output pointer: ws (out_a) or dy (out_t)
+            ws = cp.empty((n_ws,), dtype=acc)
+            col_go(dy, ws, _ticket(cp, tiles, dev), db if wide else ws, dy if wide else db)
+            return db
         if sums is not None:
             m = cp.empty((outer * c,), dtype=acc)
             sums(dy, dy, m, m, m)
