@@ -1,0 +1,142 @@
+"""Layer norm, group norm and NCHW bias gradient on the GPU: v2 kernels vs v1 (NK.V1 switched in-process) vs
+PyTorch, on more shapes than bench/kernels_gpu.py, with %copy (compulsory traffic over time, against a 256 MiB
+device copy; the bench's accounting: fwd reads x and writes y, bwd reads x and dy and writes dx, bias grad reads dy).
+
+    python3 tools/norm_v2_bench.py [--dtypes float32,bfloat16] [--reps 30]
+"""
+import argparse
+import statistics
+
+import numpy as np
+
+import minidnn.backend as B
+from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import norm_kernels as NK
+
+LN = [(16384, 1024), (2048, 256), (8192, 4096), (4096, 768), (32768, 512)]
+GN = [((128, 64, 56, 56), 32), ((128, 16, 32, 32), 4), ((32, 256, 28, 28), 32), ((64, 128, 14, 14), 8)]
+BIAS = [(128, 64, 56, 56), (128, 16, 32, 32), (32, 256, 14, 14)]
+
+
+def timed(cp, fn, reps):
+    fn()
+    cp.cuda.Device().synchronize()
+    s, e = cp.cuda.Event(), cp.cuda.Event()
+    out = []
+    for _ in range(reps):
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        out.append(cp.cuda.get_elapsed_time(s, e))
+    return statistics.median(out)
+
+
+def both(cp, make, reps):
+    """(v2 ms, v1 ms): make() -> the call, built after the switch (plans cleared)."""
+    r = []
+    for v1 in (False, True):
+        NK.V1 = v1
+        NK._plans.clear()
+        r.append(timed(cp, make(), reps))
+    NK.V1 = False
+    NK._plans.clear()
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args()
+    cp = _dev.require_cupy()
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    buf = cp.empty(256 << 20, np.uint8)
+    dst = cp.empty_like(buf)
+    copy_gbs = 2 * buf.nbytes / timed(cp, lambda: dst.__setitem__(Ellipsis, buf), a.reps) / 1e6
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s")
+    print(f"{'case':44s} {'dtype':9s} {'v2 ms':>8s} {'%copy':>6s} {'v1 ms':>8s} {'torch ms':>9s} {'vs torch':>8s}")
+    for name in a.dtypes.split(","):
+        if name == "bfloat16":
+            import ml_dtypes
+            dtype = np.dtype(ml_dtypes.bfloat16)
+        else:
+            dtype = np.dtype(name)
+        tdt = getattr(torch, name) if torch is not None else None
+        pdt = np.float64 if name == "float64" else np.float32
+        rng = np.random.default_rng(0)
+
+        def arr(shape):
+            return cp.asarray(rng.standard_normal(shape).astype(np.float32).astype(dtype))
+
+        def row(label, shape, traffic, make, tfn):
+            v2, v1 = both(cp, make, a.reps)
+            tt = timed(cp, tfn, a.reps) if tfn is not None else float("nan")
+            pct = traffic / (v2 * 1e-3) / (copy_gbs * 1e9) * 100
+            print(f"{label + ' ' + str(shape):44s} {name:9s} {v2:8.4f} {pct:5.0f}% {v1:8.4f} {tt:9.4f} {tt / v2:7.2f}x")
+
+        for shape in LN:
+            x, dy = arr(shape), arr(shape)
+            w, b = cp.ones(shape[1], pdt), cp.zeros(shape[1], pdt)
+            e = x.nbytes
+            tf = tb = None
+            if torch is not None:
+                xt = torch.randn(shape, device="cuda", dtype=tdt, requires_grad=True)
+                wt = torch.ones(shape[1], device="cuda", dtype=tdt, requires_grad=True)
+                bt = torch.zeros(shape[1], device="cuda", dtype=tdt, requires_grad=True)
+                yt = torch.nn.functional.layer_norm(xt, (shape[1],), wt, bt, 1e-5)
+                dyt = torch.randn_like(yt)
+
+                def tf(xt=xt, wt=wt, bt=bt, c=shape[1]):
+                    return torch.nn.functional.layer_norm(xt, (c,), wt, bt, 1e-5)
+
+                def tb(yt=yt, xt=xt, wt=wt, bt=bt, dyt=dyt):
+                    return torch.autograd.grad(yt, (xt, wt, bt), dyt, retain_graph=True)
+            row("layer norm fwd", shape, 2 * e,
+                lambda x=x, w=w, b=b: lambda: B.layer_normalization_forward(None, x, w, b, 1, 1e-5), tf)
+
+            def mk_ln_bwd(x=x, dy=dy, w=w, b=b):
+                _, m, r = B.layer_normalization_forward(None, x, w, b, 1, 1e-5)
+                return lambda: B.layer_normalization_backward(None, x, dy, w, m, r, 1)
+            row("layer norm bwd", shape, 3 * e, mk_ln_bwd, tb)
+        for shape, g in GN:
+            x, dy = arr(shape), arr(shape)
+            w, b = cp.ones(shape[1], pdt), cp.zeros(shape[1], pdt)
+            e = x.nbytes
+            tf = tb = None
+            if torch is not None:
+                xt = torch.randn(shape, device="cuda", dtype=tdt, requires_grad=True)
+                wt = torch.ones(shape[1], device="cuda", dtype=tdt, requires_grad=True)
+                bt = torch.zeros(shape[1], device="cuda", dtype=tdt, requires_grad=True)
+                yt = torch.nn.functional.group_norm(xt, g, wt, bt, 1e-5)
+                dyt = torch.randn_like(yt)
+
+                def tf(xt=xt, wt=wt, bt=bt, g=g):
+                    return torch.nn.functional.group_norm(xt, g, wt, bt, 1e-5)
+
+                def tb(yt=yt, xt=xt, wt=wt, bt=bt, dyt=dyt):
+                    return torch.autograd.grad(yt, (xt, wt, bt), dyt, retain_graph=True)
+            row(f"group norm G={g} fwd", shape, 2 * e,
+                lambda x=x, w=w, b=b, g=g: lambda: B.group_normalization_forward(None, x, g, w, b, 1e-5), tf)
+
+            def mk_gn_bwd(x=x, dy=dy, w=w, b=b, g=g):
+                _, m, r = B.group_normalization_forward(None, x, g, w, b, 1e-5)
+                return lambda: B.group_normalization_backward(None, x, dy, g, w, m, r)
+            row(f"group norm G={g} bwd", shape, 3 * e, mk_gn_bwd, tb)
+        for shape in BIAS:
+            dy = arr(shape)
+            tfn = None
+            if torch is not None:
+                dyt = torch.randn(shape, device="cuda", dtype=tdt)
+
+                def tfn(dyt=dyt):
+                    return dyt.sum((0, 2, 3))
+            row("bias grad (conv)", shape, dy.nbytes,
+                lambda dy=dy: lambda: B.convolution_backward_bias(None, dy), tfn)
+
+
+if __name__ == "__main__":
+    main()
