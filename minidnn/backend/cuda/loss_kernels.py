@@ -8,6 +8,8 @@ float16/bfloat16 logits (and weights) are loaded into float (LD/ST of bn_kernels
 Per row (n, i): q_c = (1 - eps) * w[t] * [c == t] + eps / C * w_c (0 when t == ignore_index), and
     loss = -sum_c q_c * (x_c - lse) = -((1 - eps) * w[t] * (x_t - lse) + eps / C * (sum_c w_c x_c - lse * sum_c w_c))
     dx_c = (softmax_c * sum_c q_c - q_c) * g      (g = dloss, / denom for 'mean'; ignored rows get 0)
+Logits (N, C) (inner = 1): SOURCE_ROWS below (ce_rows_fwd / ce_rows_bwd), the row read once into registers with
+16-byte loads.  inner > 1 (and MINIDNN_SOFTMAX_V1=1), SOURCE (ce_fwd / ce_bwd), the tiling that follows.
 Tiling: one warp per row (8 rows per 256-thread block, grid-stride over the rows); lane l takes classes l, l + 32, ...;
 shuffle reductions for the max, sum exp(x - max) and the smoothing sums.  'mean'/'sum': each warp keeps its rows'
 loss and weight sums, the block adds its 8 warps in order and writes one partial; the LAST block (threadfence +
@@ -21,11 +23,12 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import softmax_kernels as _sk
 from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, type_info
-from .softmax_kernels import WARP_REDUCE
+from .softmax_kernels import ROW_HEADER, WARP_REDUCE, row_defines
 
-__all__ = ["supports", "forward", "backward", "SOURCE"]
+__all__ = ["supports", "forward", "backward", "SOURCE", "SOURCE_ROWS"]
 
 THREADS = 256
 _REDUCTION = {"none": 0, "mean": 1, "sum": 2}
@@ -149,6 +152,195 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
 }
 """
 
+# ---- rows (inner = 1): softmax_kernels' ROW_HEADER tiling, the row read once (ce_rows_fwd) ---------------------------
+# ce_rows_fwd: G threads per row hold it in registers (NV vectors of VEC elements each, chunk by chunk past 16K
+# classes): online max / sum exp, sum w_c x_c and sum w_c for smoothing; x[t] is one load by the group's first thread,
+# issued with the row's.  That thread writes lse and the row's loss and keeps the sums; the block adds its threads'
+# sums (warp shuffles, then the warps in order), the last block (ticket) all blocks' partials (each thread a strided
+# share in double, then the same fixed-order tree).  ce_rows_bwd: the per-row scalars, then dx streamed chunk by
+# chunk with the same vector loads and stores; sum_c w_c (smoothing with weights) once per block.
+SOURCE_ROWS = STORAGE_HEADER + WARP_REDUCE + ROW_HEADER + r"""
+typedef INDEX I;
+
+template <bool VA> __device__ __forceinline__ void ce_fwd_body(
+    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
+    A& acc_loss, A& acc_den)
+{
+    const int g = threadIdx.x % G;
+    const bool smooth = eps != 0.0;
+    const int nch = (C + CHUNK - 1) / CHUNK;
+    for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {      // uniform over the block
+        const int r = r0 + (int)threadIdx.x / G;
+        const bool live = r < rows;
+        const int cl = live ? C : 0;
+        const T* xr = x + (size_t)(live ? r : 0) * C;
+        const long long t = live ? (long long)target[r] : ignore_index;
+        const bool valid = live && t != ignore_index, in_range = t >= 0 && t < C;
+        A xt = 0;
+        if (g == 0 && valid && in_range) xt = LD(xr[t]);
+        A a[E];
+        A m = NEG_INF, s = 0, swx = 0, sw = 0;
+        for (int ch = 0; ch < nch; ++ch) {
+            load_chunk<VA>(xr, ch * CHUNK, cl, g, NEG_INF, a);
+            A cm = NEG_INF;
+#pragma unroll
+            for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
+            const A nm = vmax(m, cm);
+            if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
+            m = nm;
+            const A sh = m == NEG_INF ? (A)0 : m;
+#pragma unroll
+            for (int e = 0; e < E; ++e) s += exp(a[e] - sh);
+            if (smooth) {
+#pragma unroll
+                for (int k = 0; k < NV; ++k)
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        const int c = ch * CHUNK + (k * G + g) * VEC + j;
+                        if (c < cl) {
+                            const A wc = HAS_W ? LD(w[c]) : (A)1;
+                            swx += wc * a[k * VEC + j];
+                            sw += wc;
+                        }
+                    }
+            }
+        }
+        A M = g_max(m, sm);
+        if (M == NEG_INF) M = 0;
+        const A f = m == NEG_INF ? (A)0 : exp(m - M);
+        const A lse = M + log(g_sum(s * f, sm));
+        if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
+        if (g == 0 && live) {
+            A per = 0, wt = 0;
+            if (valid) {
+                if (in_range) {
+                    wt = HAS_W ? LD(w[t]) : (A)1;
+                    per = -((A)(1.0 - eps) * wt * (xt - lse));
+                    if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
+                } else {
+                    per = wt = A_NAN;                   // a bad class index
+                }
+            }
+            lse_out[r] = lse;
+            if (REDUCTION == 0) loss_rows[r] = ST(per);
+            acc_loss += per; acc_den += wt;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+            A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
+            A* __restrict__ denom_out, const int rows, const int C, const long long ignore_index, const double eps)
+{
+    __shared__ A sm[BLOCK / 32];
+    __shared__ double red[2][BLOCK / 32];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    A acc_loss = 0, acc_den = 0;
+    if (aligned(x)) ce_fwd_body<true>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+                                      acc_den);
+    else ce_fwd_body<false>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
+    acc_loss = warp_sum(acc_loss); acc_den = warp_sum(acc_den);
+    if (lane == 0) { red[0][warp] = acc_loss; red[1][warp] = acc_den; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        A bl = 0, bd = 0;
+        for (int k = 0; k < BLOCK / 32; ++k) { bl += (A)red[0][k]; bd += (A)red[1][k]; }
+        partial[2 * blockIdx.x] = bl; partial[2 * blockIdx.x + 1] = bd;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last) {                                   // uniform over the block
+        __threadfence();
+        double tl = 0, td = 0;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += BLOCK) {
+            tl += (double)((volatile A*)partial)[2 * b]; td += (double)((volatile A*)partial)[2 * b + 1];
+        }
+        tl = warp_sum(tl); td = warp_sum(td);
+        __syncthreads();
+        if (lane == 0) { red[0][warp] = tl; red[1][warp] = td; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            tl = 0; td = 0;
+            for (int k = 0; k < BLOCK / 32; ++k) { tl += red[0][k]; td += red[1][k]; }
+            denom_out[0] = (A)td;
+            if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
+            if (REDUCTION == 2) loss_out[0] = ST((A)tl);
+            *ticket = 0u;
+        }
+    }
+}
+
+template <bool VA> __device__ __forceinline__ void ce_bwd_body(
+    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
+    const T* __restrict__ gsrc, const A* __restrict__ denom, T* __restrict__ dx, const int rows, const int C,
+    const long long ignore_index, const double eps, const A sw)
+{
+    const int g = threadIdx.x % G;
+    const bool smooth = eps != 0.0;
+    const int nch = (C + CHUNK - 1) / CHUNK;
+    const A ec = (A)(eps / C);
+    A a[E];
+    for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {      // no reductions: a dead row just skips
+        const int r = r0 + (int)threadIdx.x / G;
+        if (r >= rows) continue;
+        const size_t base = (size_t)r * C;
+        const long long t = (long long)target[r];
+        if (t == ignore_index) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) a[e] = 0;
+            for (int ch = 0; ch < nch; ++ch) store_chunk<VA>(dx + base, ch * CHUNK, C, g, a);
+            continue;
+        }
+        A gr = LD(gsrc[REDUCTION == 0 ? r : 0]);
+        if (REDUCTION == 1) gr /= denom[0];
+        const bool in_range = t >= 0 && t < C;
+        const A wt = in_range ? (HAS_W ? LD(w[t]) : (A)1) : A_NAN;
+        const A qt = (A)(1.0 - eps) * wt;
+        const A sumq = qt + (smooth ? ec * sw : (A)0);
+        const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
+        const A lse = lse_in[r];
+        for (int ch = 0; ch < nch; ++ch) {
+            load_chunk<VA>(x + base, ch * CHUNK, C, g, (A)0, a);
+#pragma unroll
+            for (int k = 0; k < NV; ++k)
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    const int c = ch * CHUNK + (k * G + g) * VEC + j;
+                    A q = c == t ? qt : (A)0;
+                    if (smooth) q += ec * (HAS_W ? LD(w[c < C ? c : 0]) : (A)1);
+                    const A qg = q != (A)0 ? q * gr : (A)0;
+                    a[k * VEC + j] = exp(a[k * VEC + j] - lse) * sumqg - qg;
+                }
+            store_chunk<VA>(dx + base, ch * CHUNK, C, g, a);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+ce_rows_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w,
+            const A* __restrict__ lse_in, const T* __restrict__ gsrc, const A* __restrict__ denom, T* __restrict__ dx,
+            const int rows, const int C, const long long ignore_index, const double eps)
+{
+    A sw = (A)C;
+    if (HAS_W && eps != 0.0) {                    // sum_c w_c, once per block (fixed order)
+        __shared__ A part[BLOCK / 32];
+        A b = 0;
+        for (int c = threadIdx.x; c < C; c += BLOCK) b += LD(w[c]);
+        b = warp_sum(b);
+        if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = b;
+        __syncthreads();
+        sw = 0;
+        for (int k = 0; k < BLOCK / 32; ++k) sw += part[k];
+    }
+    if (aligned(x, dx)) ce_bwd_body<true>(x, target, w, lse_in, gsrc, denom, dx, rows, C, ignore_index, eps, sw);
+    else ce_bwd_body<false>(x, target, w, lse_in, gsrc, denom, dx, rows, C, ignore_index, eps, sw);
+}
+"""
+
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
@@ -167,24 +359,25 @@ def supports(x, target, weight) -> bool:
 _kernel_cache: dict = {}
 
 
-def _kernel(name, x, target, weight, reduction):
-    key = (name, x.dtype, target.dtype, weight is None, reduction)
+def _kernel(name, x, target, weight, reduction, defines=()):
+    key = (name, x.dtype, target.dtype, weight is None, reduction, defines)
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _kernel_compiled(name, x, target, weight, reduction)
+        k = _kernel_cache[key] = _kernel_compiled(name, x, target, weight, reduction, defines)
     return k
 
 
-def _kernel_compiled(name, x, target, weight, reduction):
+def _kernel_compiled(name, x, target, weight, reduction, defines):
     scalar, accum, storage, _ = type_info(x.dtype)
-    return _launch.get_kernel(SOURCE, name, (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
-                                             f"-DINDEX={_INDEX[np.dtype(target.dtype)]}",
-                                             f"-DHAS_W={int(weight is not None)}",
-                                             f"-DREDUCTION={_REDUCTION[reduction]}", "-std=c++14"))
+    return _launch.get_kernel(SOURCE_ROWS if name.startswith("ce_rows") else SOURCE, name,
+                              (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
+                               f"-DINDEX={_INDEX[np.dtype(target.dtype)]}", f"-DHAS_W={int(weight is not None)}",
+                               f"-DREDUCTION={_REDUCTION[reduction]}", "-std=c++14")
+                              + tuple(f"-D{d}" for d in defines))
 
 
-def _grid(rows, dev):
-    return max(1, min((rows + 7) // 8, _launch.sm_count(dev) * 8))
+def _grid(groups, dev, per_sm=8):
+    return max(1, min(groups, _launch.sm_count(dev) * per_sm))
 
 
 def _ticket(cp, dev):
@@ -206,10 +399,18 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev):
     p = _Plan()
     p.dev, p.tshape, p.xshape, p.dtype, p.none = dev, target.shape, x.shape, x.dtype, reduction == "none"
     p.acc = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
-    p.grid = _grid(rows, dev)
+    arrays = [None] * (9 if name == "ce_fwd" else 7)
+    if inner == 1 and not _sk.V1:       # the row kernels
+        defines, g, block = row_defines(c, x.dtype)
+        p.grid = _grid(-(-rows // (block // g)), dev, 8 if name == "ce_fwd" else 16)
+        k = _kernel(name.replace("ce_", "ce_rows_"), x, target, weight, reduction, defines)
+        tail = [np.int32(rows), np.int32(c), np.int64(ignore_index), np.float64(eps)]
+        p.go = _launch.prepare(k, (p.grid,), (block,), arrays + tail)
+        return p
+    p.grid = _grid((rows + 7) // 8, dev)
     k = _kernel(name, x, target, weight, reduction)
     tail = [np.int64(rows), np.int32(c), np.int32(inner), np.int64(ignore_index), np.float64(eps)]
-    p.go = _launch.prepare(k, (p.grid,), (THREADS,), [None] * (9 if name == "ce_fwd" else 7) + tail)
+    p.go = _launch.prepare(k, (p.grid,), (THREADS,), arrays + tail)
     return p
 
 
@@ -245,3 +446,30 @@ def backward(x, target, weight, lse, denom, g, ignore_index, eps, reduction):
             g = cp.ascontiguousarray(g, dtype=p.dtype)
         p.go(x, target, x if weight is None else weight, lse, g, denom, dx)
     return dx
+
+
+def _compile_check(out_dir):
+    """Write the row kernels' sources for nvcc over a few row lengths (python -m minidnn.backend.cuda.loss_kernels
+    DIR)."""
+    import os.path
+
+    from .softmax_kernels import row_config
+    files = []
+    for dtype, scalar, accum, storage, item in (("float32", "float", "float", 0, 4),
+                                                ("float64", "double", "double", 0, 8),
+                                                ("bfloat16", "float", "float", 2, 2)):
+        for c in (1, 10, 33, 1000, 1025, 4097, 32768):
+            g, nv, vec, block = row_config(c, item, 8 if item == 8 else 4)
+            for hw, red in ((0, 1), (1, 0)):
+                path = os.path.join(out_dir, f"ce_{dtype}_{c}_{hw}{red}.cu")
+                _launch.write_source(path, SOURCE_ROWS, (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}",
+                                                         "INDEX=long long", f"HAS_W={hw}", f"REDUCTION={red}",
+                                                         f"G={g}", f"NV={nv}", f"VEC={vec}", f"VBYTES={vec * item}",
+                                                         f"BLOCK={block}"))
+                files.append(path)
+    return files
+
+
+if __name__ == "__main__":
+    import sys
+    print("\n".join(_compile_check(sys.argv[1])))

@@ -1,0 +1,213 @@
+"""The register-resident softmax / log-softmax / cross-entropy kernels (softmax_kernels SOURCE, loss_kernels
+SOURCE_ROWS) against float64 references over ragged row lengths, float64/32/16 and bfloat16, forward and backward.
+
+CPU part: row_config's tiling covers every element of a row exactly once and stays inside its register budget.
+GPU part (cuda-marked, skips without a GPU): one launch per call, values against the float64 formulas computed on the
+host from the same (rounded) inputs; the backward is checked from the GPU's own forward output, so each direction's
+error is its own.  Lengths 1..31 (sub-warp groups), 32/33 (a warp, a ragged tail), 1000/1025 (the warp path's edge),
+4097 (a block per row, scalar loads), 32768/40000 (chunked rows: online max/sum and a second read).
+"""
+import numpy as np
+import pytest
+
+import minidnn.backend as B
+from minidnn.backend import devices as _dev
+from minidnn.backend._testing import to_numpy
+from minidnn.backend.cuda import softmax_kernels as _sk
+
+LENGTHS = [1, 7, 31, 32, 33, 1000, 1025, 4097, 32768, 40000]
+
+
+# ---- CPU: the tiling ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("item, acc", [(4, 4), (2, 4), (8, 8)])
+@pytest.mark.parametrize("arrays", [1, 2])
+def test_row_config_covers_each_element_once(item, acc, arrays):
+    for c in LENGTHS + [2, 3, 10, 64, 255, 257, 512, 513, 1024, 2000, 2048, 8192, 16384, 16385, 65536, 100003]:
+        g, nv, vec, block = _sk.row_config(c, item, acc, arrays)
+        assert g & (g - 1) == 0 and nv & (nv - 1) == 0 and block % 32 == 0 and block % g == 0
+        assert (g <= 32 and block == 256) or (g == block and 64 <= block <= 512), (c, g, block)
+        assert c % vec == 0 and vec * item <= 16
+        cap = (32 if acc == 4 else 16) // (arrays if g > 32 else 1)
+        assert nv * vec <= max(cap, vec), (c, nv, vec)
+        chunk = g * nv * vec
+        seen = np.zeros(c, np.int64)
+        for ch in range(-(-c // chunk)):       # the kernels' element map: chunk, slot k, thread t, position j
+            k, t, j = np.meshgrid(np.arange(nv), np.arange(g), np.arange(vec), indexing="ij")
+            idx = (ch * chunk + (k * g + t) * vec + j).ravel()
+            np.add.at(seen, idx[idx < c], 1)
+        assert (seen == 1).all(), c
+
+
+def test_row_config_keeps_1000_classes_in_one_warp_pass():
+    assert _sk.row_config(1000, 4, 4) == (32, 8, 4, 256)       # float32: 8 float4 per lane
+    assert _sk.row_config(1000, 2, 4) == (32, 4, 8, 256)       # bfloat16 / float16: 4 x 8 halves per lane
+    assert _sk.row_config(10, 4, 4) == (8, 1, 2, 256)          # (128, 10) logits: 8 lanes a row, 32 rows a block
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cp():
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    return _dev.require_cupy()
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
+RTOL = {"float64": 1e-10, "float32": 3e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def _host(a):
+    return np.asarray(to_numpy(a)).astype(np.float64)
+
+
+def _close(got, ref, name, what, scale=1.0):
+    got = _host(got)
+    tol = RTOL[name] * scale
+    err = np.abs(got - ref)
+    bound = tol * (np.abs(ref) + np.abs(ref).max(initial=0) * 1e-2 + 1e-30)
+    bad = ~(err <= bound) & ~(np.isnan(got) & np.isnan(ref))
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} off, worst {err[bad].max()} (tol {tol})"
+
+
+def _launches():
+    from minidnn.backend.cuda import launch
+    return launch.launch_count()
+
+
+def _ref_fwd(x, algo):
+    m = np.zeros((x.shape[0], 1)) if algo == "fast" else x.max(axis=1, keepdims=True)
+    e = np.exp(x - m)
+    s = e.sum(axis=1, keepdims=True)
+    return x - m - np.log(s) if algo == "log" else e / s
+
+
+def _ref_bwd(y, dy, algo):
+    if algo == "log":
+        return dy - np.exp(y) * dy.sum(axis=1, keepdims=True)
+    return y * (dy - (dy * y).sum(axis=1, keepdims=True))
+
+
+SOFTMAX_CASES = ([("float32", c, a) for c in LENGTHS for a in ("accurate", "log", "fast")]
+                 + [(n, c, a) for n in ("bfloat16", "float16") for c in LENGTHS for a in ("accurate", "log")
+                    if n == "bfloat16" or c in (7, 33, 1000, 1025, 32768)]
+                 + [("float64", c, a) for c in (7, 33, 513, 1000, 9000) for a in ("accurate", "log")])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, c, algo", SOFTMAX_CASES, ids=[f"{n}-{c}-{a}" for n, c, a in SOFTMAX_CASES])
+def test_softmax_rows(cp, name, c, algo):
+    dtype = _dtype(name)
+    rng = np.random.default_rng(c)
+    rows = 3 if c >= 4097 else 37
+    x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
+    dy = rng.standard_normal((rows, c)).astype(dtype)
+    n0 = _launches()
+    y = B.softmax_forward(None, algo, None, cp.asarray(x), axis=-1)
+    dx = B.softmax_backward(None, algo, None, y, cp.asarray(dy), axis=-1)
+    assert _launches() - n0 == 2, "one launch each way"
+    assert y.dtype == dtype and dx.dtype == dtype
+    _close(y, _ref_fwd(x.astype(np.float64), algo), name, "forward", scale=4 if algo == "log" else 1)
+    dx_ref = _ref_bwd(_host(y), dy.astype(np.float64), algo)
+    _close(dx, dx_ref, name, "backward", scale=8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("c", [33, 1000, 4097])
+def test_softmax_rows_misaligned_and_special_values(cp, c):
+    """A view off the 16-byte boundary takes the scalar loads; -inf, +inf-free rows and NaN as the reference."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((5, c)) * 3).astype(np.float32)
+    x[1, :] = -np.inf                          # every class -inf: NaN everywhere (as the reference's 0 / 0)
+    x[2, c // 2] = np.nan                      # a NaN: the whole row NaN
+    x[3, ::2] = -np.inf                        # some -inf: exp = 0 there
+    flat = cp.zeros(x.size + 1, np.float32)
+    flat[1:] = cp.asarray(x.ravel())
+    xv = flat[1:].reshape(x.shape)             # C-contiguous, 4 bytes past an aligned address
+    with np.errstate(invalid="ignore"):
+        for algo in ("accurate", "log"):
+            y = B.softmax_forward(None, algo, None, xv, axis=-1)
+            ref = _ref_fwd(x.astype(np.float64), algo)
+            _close(y, ref, "float32", algo, scale=4)
+            dy = cp.asarray(rng.standard_normal(x.shape).astype(np.float32))
+            dyv = cp.zeros(x.size + 1, np.float32)
+            dyv[1:] = dy.ravel()
+            dx = B.softmax_backward(None, algo, None, y, dyv[1:].reshape(x.shape), axis=-1)
+            _close(dx, _ref_bwd(_host(y), _host(dy), algo), "float32", algo + " backward", scale=8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(4, 21, 9, 7), (2, 3, 5, 64), (2, 40, 3, 11), (3, 1000, 2)])
+def test_softmax_channel_columns(cp, name, shape):
+    """A softmax over a non-last axis (CHANNEL mode on NCHW): the column kernels, registers for C <= 32."""
+    dtype = _dtype(name)
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    for algo in ("accurate", "log"):
+        n0 = _launches()
+        y = B.softmax_forward(None, algo, "channel", cp.asarray(x))
+        dx = B.softmax_backward(None, algo, "channel", y, cp.asarray(dy))
+        assert _launches() - n0 == 2
+        xm = np.moveaxis(x.astype(np.float64), 1, -1).reshape(-1, shape[1])
+        ref = np.moveaxis(_ref_fwd(xm, algo).reshape(np.moveaxis(x, 1, -1).shape), -1, 1)
+        _close(y, ref, name, algo, scale=4)
+        ym = np.moveaxis(_host(y), 1, -1).reshape(-1, shape[1])
+        dym = np.moveaxis(dy.astype(np.float64), 1, -1).reshape(-1, shape[1])
+        dref = np.moveaxis(_ref_bwd(ym, dym, algo).reshape(np.moveaxis(x, 1, -1).shape), -1, 1)
+        _close(dx, dref, name, algo + " backward", scale=8)
+
+
+CE_CASES = [  # (dtype, C, weighted, smoothing, ignore fraction, reduction)
+    ("float32", 1000, False, 0.0, 0.0, "mean"), ("float32", 1000, True, 0.1, 0.2, "mean"),
+    ("float32", 1, False, 0.0, 0.0, "sum"), ("float32", 7, True, 0.0, 0.3, "none"),
+    ("float32", 33, False, 0.2, 0.1, "none"), ("float32", 1025, True, 0.05, 0.0, "sum"),
+    ("float32", 4097, False, 0.1, 0.0, "mean"), ("float32", 32768, True, 0.1, 0.3, "mean"),
+    ("float32", 40000, False, 0.0, 0.0, "none"), ("float32", 10, False, 0.0, 1.0, "mean"),
+    ("bfloat16", 1000, False, 0.0, 0.0, "mean"), ("bfloat16", 1000, True, 0.1, 0.2, "none"),
+    ("bfloat16", 33, False, 0.0, 0.0, "sum"), ("bfloat16", 32768, False, 0.1, 0.0, "mean"),
+    ("float16", 1000, True, 0.0, 0.1, "mean"), ("float16", 1025, False, 0.1, 0.0, "none"),
+    ("float64", 1000, True, 0.1, 0.2, "mean"), ("float64", 513, False, 0.0, 0.0, "none"),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", CE_CASES, ids=["-".join(map(str, c)) for c in CE_CASES])
+def test_cross_entropy_rows(cp, case):
+    name, c, weighted, eps, ignore, reduction = case
+    dtype = _dtype(name)
+    rng = np.random.default_rng(c)
+    n = 3 if c >= 4097 else 300
+    x = (rng.standard_normal((n, c)) * 3).astype(dtype)
+    t = rng.integers(0, c, n)
+    t[rng.random(n) < ignore] = -100
+    w = (rng.random(c) + 0.1).astype(dtype) if weighted else None
+    x64, w64 = x.astype(np.float64), None if w is None else w.astype(np.float64)
+    loss_ref, lse_ref, den_ref = B.softmax_cross_entropy_forward(None, x64, t, w64, -100, eps, reduction)
+    g = np.asarray(rng.standard_normal(np.shape(loss_ref)))
+    dx_ref = B.softmax_cross_entropy_backward(None, x64, t, g, lse_ref, den_ref, w64, -100, eps, reduction)
+    gargs = (None if w is None else cp.asarray(w), -100, eps, reduction)
+    n0 = _launches()
+    loss, lse, den = B.softmax_cross_entropy_forward(None, cp.asarray(x), cp.asarray(t), *gargs)
+    dx = B.softmax_cross_entropy_backward(None, cp.asarray(x), cp.asarray(t), cp.asarray(g.astype(dtype)), lse, den,
+                                          *gargs)
+    assert _launches() - n0 == 2, "one launch each way"
+    assert loss.dtype == dtype and lse.shape == (n,) and dx.dtype == dtype
+    acc = "float64" if name == "float64" else "float32"
+    _close(lse, lse_ref, acc, "lse", scale=4)
+    _close(den, np.asarray(den_ref, np.float64), acc, "denominator", scale=4)
+    with np.errstate(invalid="ignore"):
+        _close(loss, np.asarray(loss_ref, np.float64), name, "loss", scale=10)
+    # dx from the GPU's own lse and the rounded g: the backward's error alone
+    g_r = g.astype(dtype).astype(np.float64)
+    dx_ref = B.softmax_cross_entropy_backward(None, x64, t, g_r, _host(lse), _host(den), w64, -100, eps, reduction)
+    _close(dx, dx_ref, name, "dx", scale=8)
+    if ignore == 1.0:
+        assert not _host(dx).any()
