@@ -748,7 +748,10 @@ def _flat_col2im(p: ConvProblem, w, dy):
     """dx (N, C, *in) for stride 1: col2im on the flat padded grid (a view of a channel-major padded result).  dy
     fills only the first out_h rows of each image's grid (``length`` positions; the rows below would hold zeros and
     add nothing), so the GEMM runs over out_h * grid_w positions an image, not the whole grid: LeNet's conv2 140 of
-    196.  The per-tap adds then go image by image (runs of ``length`` into grids ``size`` apart)."""
+    196.  The width taps are first folded together along the flat rows (``_fold_width_taps``: contiguous adds); then
+    one add per tap of the leading axes goes into dx image by image (runs of ``length`` into grids ``size`` apart).
+    Measured, 1 thread, LeNet's conv2 at batch 64: 1.58 ms on the whole grid with 25 contiguous adds, 1.40 over the
+    rows with 25 strided adds, 1.07 with the width folded; batch 256 6.3 -> 5.4 -> 4.2 ms."""
     grid = p.padded_size
     size = math.prod(grid)
     row = math.prod(grid[1:])
@@ -769,15 +772,34 @@ def _flat_col2im(p: ConvProblem, w, dy):
         d_view[(slice(None), slice(0, m), *out_window)] = dy[n0:n0 + m].swapaxes(0, 1)
         cols = dcols[:, :m * length]
         _gemm(w_t, d_grid[:, :m * length], out=cols)
-        per_tap = cols.reshape(p.C, taps, m, length)
-        for t, off in enumerate(offsets):
+        per_tap = cols.reshape(p.C, taps, m * length)
+        if _COL2IM_ROWS[0] and p.nd > 1:
+            _fold_width_taps(per_tap, p.kernel[-1], p.dilation[-1])
+            adds = range(0, taps, p.kernel[-1])          # one add per tap of the leading axes, the width folded in
+        else:
+            adds = range(taps)
+        for t in adds:
+            off = offsets[t]
             target = dx_flat[:, n0 * size + off:(n0 + m) * size + off].reshape(p.C, m, size)[:, :, :length]
-            np.add(target, per_tap[:, t], out=target)
+            np.add(target, per_tap[:, t].reshape(p.C, m, length), out=target)
     padded = dx_flat[:, :p.N * size].reshape(p.C, p.N, *grid)
     return padded[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))].swapaxes(0, 1)
 
 
 _COL2IM_ROWS = [True]
+
+
+def _fold_width_taps(per_tap, S, dw):
+    """Add each group of S width taps into its first, shifted along the flat positions: per_tap[:, g*S] += sum over
+    s of per_tap[:, g*S + s] moved s*dw positions on.  The rows of the grid end in at least (S-1)*dw columns where dy
+    was 0 (the padding columns), so a shift never carries a value into another row or image.  Adds of contiguous
+    rows: the col2im then adds one tap per kernel row into the strided dx (LeNet's conv2: 5 of those, not 25; a
+    strided add ran 4x slower than a contiguous one of the same size)."""
+    for g in range(0, per_tap.shape[1], S):
+        acc = per_tap[:, g]
+        for s in range(1, S):
+            shift = s * dw
+            np.add(acc[:, shift:], per_tap[:, g + s, :-shift], out=acc[:, shift:])
 
 
 def _full_correlation_applies(p: ConvProblem):
