@@ -54,8 +54,8 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
     store then ran one after another -- 54% of copy bandwidth in float32, 37% in bfloat16);
   - layer-norm parameters loaded as vectors, a group-norm vector's channel found once (F_PVEC, F_CHV);
   - ln_bwd2: teams of 32..128 threads share 256-thread blocks (named barriers), keep their columns' scale in
-    registers and add their column partials in the block: one partial row per resident block for col_sum
-    (v1: one per team, 8.6 MB for (16384, 1024)).
+    registers and their column partials in shared memory (v1: registers), added in the block: one partial row per
+    resident block for col_sum (v1: one per team, 8.6 MB for (16384, 1024)).
   bias_grad_planes: the NCHW bias gradient in one launch (v1: row_sums + col_sum), last block per channel adding.
 """
 from __future__ import annotations
@@ -866,23 +866,29 @@ gn_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 }
 
 // Layer norm backward, row in registers (VPT > 0), the v1 ln_bwd on raw vectors with the scale of the thread's
-// columns held in registers across rows; several teams per block (TPB); at the end the block's teams add their
-// column partials in team order (shared memory, 2D values of A) and the last writes ONE partial row per block:
-// partial[block][0..D) = sum(dy * xhat), [D..2D) = sum(dy) -- a grid of the resident blocks only, so col_sum adds
-// (blocks x 2D) values instead of v1's (teams x 2D).  Dynamic shared memory: 2D * sizeof(A) where TPB > 1.
+// columns held in registers across rows; several teams per block (TPB).  The column partials sum(dy * xhat),
+// sum(dy) of the rows a team visits live in SHARED memory (F_SCALE; dynamic, TPB x 2D values of A: the team's row
+// acc[team][0..D) = sum(dy * xhat), [D..2D) = sum(dy); each thread reads and writes only its own columns, no
+// barrier), not in registers as v1's (which took ~2 x 8 registers a value and so the occupancy); at the end the block
+// adds its teams' rows in team order and writes ONE partial row per block -- a grid of the resident blocks only,
+// so col_sum adds (blocks x 2D) values instead of v1's (teams x 2D).
+struct alignas(16) AV { A v[VEC]; };       // VEC values of A: 16 or 32 bytes when VEC > 1
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
         const PT* __restrict__ scale, T* __restrict__ dx, A* __restrict__ partial, const long long rows, const int D,
         const int flags)
 {
 #if VPT > 0
-    extern __shared__ unsigned char ln_smem[];
+    extern __shared__ __align__(16) unsigned char ln_smem[];
     const bool has_scale = flags & F_SCALE;
     __shared__ A red[BLOCK / 32][2];
     const int t = threadIdx.x % TEAM, tib = threadIdx.x / TEAM;
     const int nvec = D / VEC;
     const A inv_d = (A)1 / (A)D;
-    A sc[VPT][VEC], acc_g[VPT][VEC], acc_b[VPT][VEC];
+    AV* acc_g = reinterpret_cast<AV*>(ln_smem) + (long long)tib * 2 * nvec;    // (has_scale) this team's row
+    AV* acc_b = acc_g + nvec;
+    A sc[VPT][VEC];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int vi = k * TEAM + t;
@@ -894,8 +900,12 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 #pragma unroll
             for (int e = 0; e < VEC; ++e) sc[k][e] = (has_scale && vi < nvec) ? LDP(scale[vi * VEC + e]) : (A)1;
         }
+        if (has_scale && vi < nvec) {
+            AV z;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) { acc_g[k][e] = 0; acc_b[k][e] = 0; }
+            for (int e = 0; e < VEC; ++e) z.v[e] = 0;
+            acc_g[vi] = z; acc_b[vi] = z;
+        }
     }
     for (long long r = (long long)blockIdx.x * TPB + tib; r < rows; r += (long long)gridDim.x * TPB) {
         const V* xr = reinterpret_cast<const V*>(x + r * D);
@@ -917,15 +927,22 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         const A off = cs * inv_d;
         A s2 = 0;
 #pragma unroll
-        for (int k = 0; k < VPT; ++k)
-            if (k * TEAM + t < nvec) {
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const A g = LDE(b[k], e), xh = (LDE(a[k], e) - mu - off) * is;
-                    acc_g[k][e] += g * xh; acc_b[k][e] += g;
-                    s2 += g * sc[k][e] * xh;
+                for (int e = 0; e < VEC; ++e) s2 += LDE(b[k], e) * sc[k][e] * ((LDE(a[k], e) - mu - off) * is);
+                if (has_scale) {
+                    AV ag = acc_g[vi], ab = acc_b[vi];
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        const A g = LDE(b[k], e);
+                        ag.v[e] += g * ((LDE(a[k], e) - mu - off) * is); ab.v[e] += g;
+                    }
+                    acc_g[vi] = ag; acc_b[vi] = ab;
                 }
             }
+        }
         A unused = 0;
         team_sum2b(s2, unused, red);
         const A c1 = s1 * inv_d, c2 = s2 * inv_d;
@@ -942,37 +959,15 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         }
     }
     if (!has_scale) return;
+    __syncthreads();
+    const A* acc = reinterpret_cast<const A*>(ln_smem);
     A* pg = partial + (long long)blockIdx.x * 2 * D;
-#if TPB > 1
-    A* buf = reinterpret_cast<A*>(ln_smem);
-    for (int m = 0; m < TPB; ++m) {
-        if (tib == m) {
+    for (int j = threadIdx.x; j < 2 * D; j += BLOCK) {
+        A v = acc[j];
 #pragma unroll
-            for (int k = 0; k < VPT; ++k) {
-                const int vi = k * TEAM + t;
-                if (vi < nvec) {
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        const int j = vi * VEC + e;
-                        const A vg = m ? buf[j] + acc_g[k][e] : acc_g[k][e];
-                        const A vb = m ? buf[D + j] + acc_b[k][e] : acc_b[k][e];
-                        if (m == TPB - 1) { pg[j] = vg; pg[D + j] = vb; } else { buf[j] = vg; buf[D + j] = vb; }
-                    }
-                }
-            }
-        }
-        __syncthreads();
+        for (int m = 1; m < TPB; ++m) v += acc[(long long)m * 2 * D + j];
+        pg[j] = v;
     }
-#else
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int vi = k * TEAM + t;
-        if (vi < nvec) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) { pg[vi * VEC + e] = acc_g[k][e]; pg[D + vi * VEC + e] = acc_b[k][e]; }
-        }
-    }
-#endif
 #endif
 }
 
@@ -1091,13 +1086,12 @@ def row_config2(d, dtype, aligned, kind):
     (rows that do not fill 16-byte vectors or are too long for registers: the v1 kernels).  The team is the
     smallest power of two (32..512) whose threads hold the row in at most P vectors each, VPT = the vectors a thread
     needs (not rounded up to a power of two).  P = 4 (64 bytes of raw data per array and thread) for the forward and
-    group-norm backward; layer-norm backward also keeps two column partials and the scale per value, P = 8 values
-    (4 doubles)."""
+    group-norm backward; P = 2 for layer-norm backward, which also keeps the scale of its columns in registers."""
     vec = 16 // np.dtype(dtype).itemsize
     if not aligned or d % vec:
         return None
     nvec = d // vec
-    per = _PER_THREAD.get(kind) or (2 if vec == 2 else max(1, 8 // vec))
+    per = _PER_THREAD.get(kind, 2)
     team = 32
     while team < MAX_TEAM and team * per < nvec:
         team *= 2
@@ -1109,15 +1103,17 @@ def _v2_launch_shape(kind, team, itemsize=4):
     """(threads per block, the launch bounds' minimum blocks per SM) of a v2 row kernel: the forward <= 64
     registers (1024 threads an SM); gn_bwd2 two 512-thread or three 256-thread blocks (a 64-register cap spilled its
     256-thread float32 rows; at 512 threads float32 spills ~32 bytes of per-row scalars, float64 is left uncapped);
-    ln_bwd2 blocks of 256 threads (teams of 32..128 sharing one, <= 85 registers: three per SM) or one 512-thread
-    team."""
+    ln_bwd2 blocks of 256 threads (teams of 32..128 sharing one; float32 <= 64 registers, four an SM; 16/64-bit
+    <= 85, three: a 64 cap spilled them) or one 512-thread team (float32 two an SM)."""
     block = _block(team)
     if kind == "fwd":
         return block, max(1, 1024 // block)
     if kind == "gn_bwd":
         return block, (1 if itemsize == 8 else 2) if block == 512 else max(1, 768 // block)
     block = max(256, team)
-    return block, 3 if block == 256 else 1
+    if block == 256:
+        return block, 4 if itemsize == 4 else 3
+    return block, 2 if itemsize == 4 else 1
 
 
 def _resident_per_sm(kernel, block, shared_mem, fallback):
@@ -1337,12 +1333,13 @@ def _col_sum_plan(r, nc, split_col, dtype, in_t, dev):
 
 
 def _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev):
-    """ln_bwd2: one partial row per resident block (see the kernel), then col_sum."""
+    """ln_bwd2 (column partials in shared memory, TPB x 2D values of A) with one partial row per resident block,
+    then col_sum."""
     team, vpt, vec = cfg
-    block, minb = _v2_launch_shape("ln_bwd", team)
+    block, minb = _v2_launch_shape("ln_bwd", team, x.dtype.itemsize)
     tpb = block // team
     has_scale = scale is not None
-    smem = 2 * d * _acc(x.dtype).itemsize if tpb > 1 and has_scale else 0
+    smem = tpb * 2 * d * _acc(x.dtype).itemsize if has_scale else 0
     k = _kernel("ln_bwd2", x.dtype, _p_info(x.dtype, scale), team, vpt, vec, block=block, minb=minb)
     grid = max(1, min(-(-rows // tpb), _launch.sm_count(dev) * _resident_per_sm(k, block, smem, minb)))
     go = _launch.prepare(k, (grid,), (block,), [None] * 7 + [np.int64(rows), np.int32(d),
