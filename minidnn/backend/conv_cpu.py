@@ -142,8 +142,10 @@ def _gather(view, batch_axis):
 # a time into one buffer of about _IM2COL_CHUNK_BYTES (it stays in the L2 cache), and each chunk's product runs right
 # after its gather, instead of gathering all of cols (1-4 MB: out to L3 or memory) and multiplying it afterwards.  The
 # forward and backward data are row blocks of the one product (the same values, up to the kernel BLAS picks for a
-# block); the filter gradient adds the chunks' products in batch order.  Measured, one thread, in-process A/B:
-# LeNet's conv2 forward at batch 64 763 -> 651 us, the digits LeNet's conv2 258 -> 222.
+# block); the filter gradient adds the chunks' products in batch order.  Measured, one thread, in-process A/B
+# (medians): LeNet's conv2 at batch 64 forward 751 -> 691 us, filter gradient 1059 -> 878; the digits LeNet's conv2
+# forward 235 -> 235, backward data 356 -> 343, filter gradient 292 -> 270.  It also holds no cols (3.8 MB at LeNet
+# batch 64) beside its result.
 
 _IM2COL_CHUNK_BYTES = 256 * 1024
 
@@ -182,7 +184,7 @@ def _im2col_gram(windows, dy_rows):
     buf, chunks = _im2col_chunks(windows, dy_rows.shape[1])
     rows = math.prod(windows.shape[1:1 + (windows.ndim - 2) // 2])
     width = math.prod(windows.shape[1 + (windows.ndim - 2) // 2:])
-    acc = np.empty((width, dy_rows.shape[1]), dtype=np.result_type(windows, dy_rows))
+    acc = (np.empty if chunks else np.zeros)((width, dy_rows.shape[1]), dtype=np.result_type(windows, dy_rows))
     part = np.empty_like(acc)
     for i, nb in enumerate(chunks):
         m = nb.stop - nb.start
@@ -212,8 +214,9 @@ def _rows(a):
 # A convolution's products are skinny: a few output channels (6 and 16 in LeNet) against thousands of positions.
 # Where the BLAS has small-matrix kernels (threads.py: OpenBLAS on AVX-512 x86), a product above SMALL_GEMM_MACS is cut
 # into even blocks of at most that many multiply-adds along its longest axis (rows, columns, or the inner axis, whose
-# blocks' products are added in order), and an F-ordered right operand beside a C-ordered left one is first copied
-# to C order (the one orientation those kernels refuse; the smaller operand is copied).  Measured on the 2-core Zen 4
+# blocks' products are added in order), and an F-ordered right operand beside a C-ordered left one (the one
+# orientation those kernels refuse) has the smaller of the two copied first, where that copy is small beside the
+# product (``_small_ready``).  Measured on the 2-core Zen 4
 # machine, one thread, whole product against blocks: LeNet conv2 forward at batch 64 (6400, 150) x (150, 16) 389 ->
 # 290 us, its filter gradient (150, 6400) x (6400, 16) 391 -> 300, conv1's flat forward chunk (6, 25) x (25, 25984)
 # 164 -> 84, conv16's chunk (16, 144) x (144, 4352) 260 -> 205, the digits conv2's backward data (2048, 400) x

@@ -89,3 +89,10 @@ def test_chunks_hold_one_small_kernel_product(monkeypatch):
     monkeypatch.setattr(threads, "_small_kernels", [False])
     buf, chunks = conv_cpu._im2col_chunks(windows, 6)
     assert buf.shape[0] == conv_cpu._IM2COL_CHUNK_BYTES // (64 * 400 * 4)
+
+
+def test_empty_batch_gives_zero_filter_gradient():
+    windows = np.empty((0, 10, 10, 5, 5, 6), dtype=np.float32)
+    gram = conv_cpu._im2col_gram(windows, np.empty((0, 16), dtype=np.float32))
+    np.testing.assert_array_equal(gram, np.zeros((150, 16), dtype=np.float32))
+    assert conv_cpu._im2col_product(windows, np.ones((150, 16), dtype=np.float32)).shape == (0, 16)
