@@ -83,10 +83,12 @@ def test_threshold_is_the_float_comparison(p):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
-@pytest.mark.parametrize("unroll, wide", [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1)])
-def test_kernels_compile_without_spills(tmp_path, dtype, unroll, wide):
+@pytest.mark.parametrize("unroll, wide, hint, tile", [(1, 0, 0, 16), (2, 0, 1, 8), (4, 0, 2, 16), (1, 1, 1, 16),
+                                                      (2, 1, 0, 4), (4, 0, 1, 4)])
+def test_kernels_compile_without_spills(tmp_path, dtype, unroll, wide, hint, tile):
     dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
-    opts = DP._options(dt, unroll, wide)
+    tile = max(tile, 16 // dt.itemsize)          # (backward_tile never goes below one 16-byte vector of dy)
+    opts = DP._options(dt, unroll, wide, hint, tile)
     defines = "".join(f"#define {o[2:].split('=')[0]} {o.split('=', 1)[1]}\n" for o in opts if o.startswith("-D"))
     src = tmp_path / "k.cu"
     src.write_text(defines + DP.SOURCE)
@@ -95,7 +97,12 @@ def test_kernels_compile_without_spills(tmp_path, dtype, unroll, wide):
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "warning" not in out, out[-2000:]
     spills = [line for line in out.splitlines() if "spill stores" in line]
-    assert len(spills) == 2 and all(" 0 bytes spill stores" in line for line in spills), out
+    assert len(spills) == 3 and all(" 0 bytes spill stores" in line for line in spills), out
+    if hint:                                     # the streaming hints reach the vector loads and stores
+        ptx = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "--ptx", "-o", "-", str(src)], capture_output=True,
+                             text=True, timeout=300).stdout
+        tile_ptx = ptx[ptx.index(".entry dropout_bwd_tile"):]
+        assert "st.global.cs.v4" in tile_ptx and ("ld.global.cs.v4" in tile_ptx) == (hint == 1)
 
 
 _FAKE_SCRIPT = textwrap.dedent("""
@@ -111,7 +118,7 @@ _FAKE_SCRIPT = textwrap.dedent("""
     out = []
     st, tk = fakecp.zeros((2,), np.uint64), fakecp.zeros((1,), np.uint32)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        for n, offset in ((1, 0), (37, 0), (4096, 0), (1_000_003, 0), (4096, 1)):
+        for n, offset in ((1, 0), (37, 0), (4096, 0), (1_000_003, 0), (4096, 1), (5_000_011, 0)):
             base = fakecp.asarray(np.zeros(n + offset, dt))
             x = base[offset:] if offset else base
             for p in (0.0, 0.3, 1.0):
@@ -120,10 +127,30 @@ _FAKE_SCRIPT = textwrap.dedent("""
                 fwd = recs[before:]
                 before = len(recs)
                 dx = DP.dropout_backward(x, keep, 2.0)
-                out.append(dict(dtype=np.dtype(dt).name, n=n, offset=offset, p=p, fwd=fwd, bwd=recs[before:],
+                bwd = recs[before:]
+                out.append(dict(dtype=np.dtype(dt).name, n=n, offset=offset, p=p, fwd=fwd, bwd=bwd,
+                                unroll=DP.forward_unroll(n, np.dtype(dt).itemsize, 0),
+                                tile=DP.backward_tile(n, np.dtype(dt).itemsize, 0),
                                 y=[list(y.shape), str(y.dtype)], keep=[list(keep.shape), str(keep.dtype)],
                                 dx=[list(dx.shape), str(dx.dtype)]))
-    print(json.dumps(out))
+    # the backend's remembered calls (second and third call of a signature) launch what the first did
+    import minidnn.backend as B
+    desc = B.DropoutDescriptor(0.3, seed=1)
+    x = fakecp.asarray(np.ones((4, 1001), np.float32))
+    seen = []
+    for rep in range(3):
+        before = len(recs)
+        y, keep = B.dropout_forward(None, desc, x)
+        dx = B.dropout_backward(None, desc, x, keep)
+        seen.append(recs[before:])
+    errors = []     # a remembered signature does not let a bad call through: checked, and nothing launched
+    before = len(recs)
+    for bad in (keep[:2], keep.astype(np.float32), fakecp.asarray(np.ones((4, 1001), np.bool_))[:, ::-1]):
+        try:
+            B.dropout_backward(None, desc, x, bad)
+        except B.BadParamError as e:
+            errors.append(str(e)[:40])
+    print(json.dumps(dict(rows=out, seen=seen, table=len(DP.seen), errors=errors, after=len(recs) - before)))
 """)
 
 
@@ -133,8 +160,12 @@ def test_python_path_under_the_fake_cupy():
     r = subprocess.run([sys.executable, "-c", _FAKE_SCRIPT.format(root=str(ROOT))], capture_output=True, text=True,
                        timeout=300, cwd=str(ROOT))
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(rows) == 4 * 5 * 3
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = got["rows"]
+    assert len(rows) == 4 * 6 * 3
+    assert got["seen"][0] == got["seen"][1] == got["seen"][2] and len(got["seen"][0]) == 2 and got["table"] == 3
+    # two bad masks raise before any work; a reversed (non-contiguous) good one is copied (by CuPy), then one launch
+    assert got["errors"] == ["dropout_backward: reserve must be the bo"] * 2 and got["after"] == 1, got
     for row in rows:
         n, p, wide = row["n"], row["p"], 0
         itemsize = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}[row["dtype"]]
@@ -142,10 +173,20 @@ def test_python_path_under_the_fake_cupy():
         assert row["y"] == [[n], row["dtype"]] and row["keep"] == [[n], "bool"] and row["dx"] == [[n], row["dtype"]]
         assert len(row["fwd"]) == 1 and len(row["bwd"]) == 1, row
         groups = -(-n // (8 if itemsize == 2 else 4))
-        for (name, dims, packed), kernel, unroll in ((row["fwd"][0], "dropout_fwd", DP.UNROLL_FWD),
-                                                     (row["bwd"][0], "dropout_bwd", DP.UNROLL_BWD)):
-            assert name.startswith(kernel) and f"-DUNROLL={unroll}" in name and f"-DWIDE={wide}" in name
-            assert dims[0] == min(-(-groups // (256 * unroll)), 132 * 8) and dims[1:] == [1, 1, 256, 1, 1, 0]
+        unroll, tile = row["unroll"], row["tile"]
+        # the rule: 64 bytes of x a thread, 16 mask bytes a thread, each halved while under one wave (132 x 8 blocks;
+        # 5,000,011 float32: 1221 blocks of 4 groups of 4; float16: 611 blocks of 4 groups of 8 -> 2 groups)
+        if n == 5_000_011:
+            assert (unroll, tile) == ({2: 2, 4: 4, 8: 2}[itemsize], 16), row
+        else:
+            assert (unroll, tile) == (1, max(4, 16 // itemsize)), row
+        name, dims, _ = row["fwd"][0]
+        assert name.startswith("dropout_fwd") and f"-DUNROLL={unroll}" in name and f"-DWIDE={wide}" in name
+        assert f"-DHINT={DP.HINT_FWD}" in name
+        assert dims == [-(-groups // (256 * unroll)), 1, 1, 256, 1, 1, 0]
+        name, dims, _ = row["bwd"][0]
+        assert name.startswith("dropout_bwd_tile") and f"-DTILE={tile}" in name and f"-DHINT={DP.HINT_BWD}" in name
+        assert dims == [-(-n // (256 * tile)), 1, 1, 256, 1, 1, 0]
         fmt = "@5QqI" + acc + "i"
         vals = struct.unpack(fmt, bytes.fromhex(row["fwd"][0][2])[:struct.calcsize(fmt)])
         scale = 0.0 if p == 1 else 1 / (1 - p)
@@ -228,6 +269,52 @@ def test_forward_and_backward_exact(cp, dtype, shape, p):
     dx = B.dropout_backward(None, desc, cp.asarray(dy_h), keep)
     assert _launches() - before == 1
     np.testing.assert_array_equal(_host(cp, dx).view(np.uint8), reference_apply(dy_h, want, desc.scale).view(np.uint8))
+
+
+# every launch choice tools/dropout_bench.py sweeps: (UNROLL_FWD, BPS_FWD, HINT_FWD, TILE_BWD, UNROLL_BWD, BPS_BWD,
+# HINT_BWD); the one-wave rule switched off (every call takes the setting as given, small ones too)
+SETTINGS = [(4, 0, 0, 16, 1, 0, 1), (2, 0, 1, 16, 1, 0, 0), (1, 0, 2, 16, 1, 0, 2), (1, 8, 0, 8, 1, 0, 1),
+            (2, 8, 0, 4, 1, 0, 1), (4, 0, 1, 0, 1, 0, 1), (1, 8, 0, 0, 2, 8, 0)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype, setting", [(d, s) for d in DTYPES for s in SETTINGS
+                                            if d.itemsize == 4 or d == BF16 or s in (SETTINGS[0], SETTINGS[5])],
+                         ids=lambda v: v.name if isinstance(v, np.dtype) else "f{}-{}-{}_b{}-{}-{}-{}".format(*v))
+def test_every_launch_setting_exact(cp, dtype, setting, monkeypatch):
+    """Each setting's kernels against the reference over ragged sizes (tails of every tile and group) and an
+    unaligned view, forward and backward."""
+    names = ("UNROLL_FWD", "BPS_FWD", "HINT_FWD", "TILE_BWD", "UNROLL_BWD", "BPS_BWD", "HINT_BWD")
+    for name, v in zip(names, setting):
+        monkeypatch.setattr(DP, name, v)
+    monkeypatch.setattr(DP, "_wave", lambda dev: 0)
+    DP.clear_plans()
+    try:
+        rng = np.random.default_rng(11)
+        eng = _engine(3)
+        desc = _EngineDescriptor(0.4, eng)
+        key = eng._device_key()
+        for n, offset in ((1, 0), (13, 0), (31, 0), (4096 + 17, 0), (65536 * 3 + 5, 0), (1_000_003, 0), (777, 1),
+                          (5000, 3)):
+            base_h = _draw(cp, dtype, (n + offset,), rng)
+            x_h = base_h[offset:]
+            dy_h = _draw(cp, dtype, (n,), rng)
+            base = cp.asarray(base_h)
+            c0 = eng.device_counter()
+            y, keep = B.dropout_forward(None, desc, base[offset:])
+            assert eng.device_counter() == c0 + (n + 3) // 4
+            want = reference_keep(key, c0, n, 0.4)
+            np.testing.assert_array_equal(_host(cp, keep), want, err_msg=str((n, offset)))
+            np.testing.assert_array_equal(_host(cp, y).view(np.uint8),
+                                          reference_apply(x_h, want, desc.scale).view(np.uint8))
+            dx = B.dropout_backward(None, desc, cp.asarray(dy_h), keep)
+            np.testing.assert_array_equal(_host(cp, dx).view(np.uint8),
+                                          reference_apply(dy_h, want, desc.scale).view(np.uint8))
+            dx = B.dropout_backward(None, desc, base[offset:], keep)
+            np.testing.assert_array_equal(_host(cp, dx).view(np.uint8),
+                                          reference_apply(x_h, want, desc.scale).view(np.uint8))
+    finally:
+        DP.clear_plans()
 
 
 @pytest.mark.cuda

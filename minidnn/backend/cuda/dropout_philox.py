@@ -12,20 +12,29 @@ A call advances state[1] by ceil(n / 4): one Philox block per 4 elements, all fo
 Tiling (dropout_fwd): a grid-stride loop over groups of V elements (V = 4 for 4- and 8-byte data, 8 for 16-bit
 data): per group a thread makes V / 4 Philox4x32-10 calls, loads x with 16-byte vectors, writes y with 16-byte
 vectors and the V mask bytes with one 4- or 8-byte store (a warp writes 128 or 256 contiguous mask bytes).  UNROLL
-groups per iteration, all loads first (the Philox math of one group overlaps the loads of the others).  The grid is
-persistent (at most BLOCKS_PER_SM blocks per SM, all resident), so that the ticket closing the launch is cheap: the
-last block to finish (threadFenceReduction ticket, as in multi_tensor.py) advances state[1], and the next launch --
-eager or replayed from a graph -- draws fresh numbers without any host involvement.
-dropout_bwd: the same walk without the generator: dx = dy * (keep ? scale : 0).
-Unaligned inputs (a view whose pointer is not 16-byte aligned) and the last partial group take per-element loads
-and stores in the same loop (``vec`` = 0: inputs not aligned).  Products are x * (keep ? scale : 0), as the
-reference (so a NaN or inf dropped gives NaN, as in PyTorch), with scale = 1 / (1 - p) rounded to A.
+groups per iteration, all loads first (the Philox math of one group overlaps the loads of the others).  By default
+the grid fits the work exactly (the loop runs once; UNROLL_FWD below: 64 bytes of x a thread); BPS_FWD caps it into
+a persistent grid.  The last block to finish (threadFenceReduction ticket, as in multi_tensor.py) advances
+state[1], so the next launch -- eager or replayed from a graph -- draws fresh numbers without any host involvement.
+dropout_bwd_tile (the backward): thread t owns elements [t*TILE, t*TILE + TILE) (TILE = 16: one 16-byte load of
+16 mask bytes, a warp's 512 contiguous; 16 elements of dy in 16-byte vectors, 4 of them for float32, 2 for 16-bit
+data), dx = dy * (keep ? scale : 0) stored the same way; an exact grid, no loop, streaming (evict-first) loads and
+stores by default: every byte is touched once.  dropout_bwd: the forward's walk without the generator (kept for the
+A/B, TILE_BWD = 0).
+Unaligned inputs (a view whose pointer is not 16-byte aligned, a mask not aligned to its vector) and the last
+partial group or tile take per-element loads and stores (``vec`` = 0: inputs not aligned).  Products are
+x * (keep ? scale : 0), as the reference (so a NaN or inf dropped gives NaN, as in PyTorch), with scale =
+1 / (1 - p) rounded to A.
 Traffic: forward reads x, writes y and keep (2 x itemsize + 1 bytes per element); backward reads dy and keep,
 writes dx: the floor of each.
 
+Host path: a call's launch is settled once per signature (shape, dtype, contiguity, p, scale, device) as a runner
+(the allocations, an alignment test, a prepared launch); backend/dropout.py remembers validated calls in ``seen``.
+
 MINIDNN_DROPOUT_V1=1 restores the first kernel (per-element loads and stores, float32/float64 only; 16-bit data
-and backward through CuPy), for an A/B on the GPU.  MINIDNN_DROPOUT_UNROLL / MINIDNN_DROPOUT_BPS ("fwd,bwd" pairs)
-set UNROLL and the blocks per SM (tools/dropout_bench.py sweeps them).
+and backward through CuPy), for an A/B on the GPU.  MINIDNN_DROPOUT_UNROLL / _BPS / _HINT ("fwd,bwd" pairs) and
+MINIDNN_DROPOUT_TILE set the launch choices below (tools/dropout_bench.py sweeps them); MINIDNN_DROPOUT_TILE=0
+MINIDNN_DROPOUT_UNROLL=1,2 MINIDNN_DROPOUT_BPS=8,8 MINIDNN_DROPOUT_HINT=0,0 is the launch before this round.
 """
 from __future__ import annotations
 
@@ -35,6 +44,7 @@ import os
 import numpy as np
 
 from .. import devices as _dev
+from .._common import SeenCalls
 from . import launch as _launch
 from .storage import STORAGE_HEADER, type_info
 
@@ -42,10 +52,32 @@ __all__ = ["supports", "supports_backward", "dropout_forward", "dropout_backward
 
 V1 = os.environ.get("MINIDNN_DROPOUT_V1", "0") == "1"
 THREADS = 256
-# groups in flight per thread and iteration; blocks per SM at most (0: no cap), forward and backward.  Read once;
-# tools/dropout_bench.py sets them (and clears _plans) to sweep.
-UNROLL_FWD, UNROLL_BWD = (int(v) for v in os.environ.get("MINIDNN_DROPOUT_UNROLL", "1,2").split(","))
-BPS_FWD, BPS_BWD = (int(v) for v in os.environ.get("MINIDNN_DROPOUT_BPS", "8,8").split(","))
+
+
+def _pair(name, default):
+    return tuple(int(v) for v in os.environ.get(name, default).split(","))
+
+
+# The launch choices, read once (tools/dropout_bench.py sets them and calls clear_plans() to sweep):
+#   UNROLL_FWD   groups in flight per thread and iteration; 0 = the rule: 64 bytes of x per thread (4 groups of 16
+#                bytes for 2- and 4-byte data, 2 of 32 for float64), halved while the grid would not fill one wave
+#                of resident blocks (2048 threads an SM), so a small call still spreads over every SM;
+#   BPS_*        blocks per SM at most (a persistent grid-stride loop); 0 = no cap: the grid fits the work exactly
+#                (H100 sweep, (128,64,56,56): every capped forward and backward was 3-10% slower than uncapped);
+#   HINT_*       cache hints of the vector loads and stores (0 none, 1 streaming loads and stores, 2 streaming
+#                stores);
+#   TILE_BWD     the backward's elements per thread in dropout_bwd_tile (16: one 16-byte mask load; 8, 4), halved
+#                as UNROLL_FWD is while under one wave (never below one 16-byte vector of dy); 0 = the grid-stride
+#                dropout_bwd with UNROLL_BWD / BPS_BWD (the previous backward: MINIDNN_DROPOUT_TILE=0
+#                MINIDNN_DROPOUT_UNROLL=1,2 MINIDNN_DROPOUT_BPS=8,8 MINIDNN_DROPOUT_HINT=0,0 is the previous launch
+#                of both kernels, for a GPU A/B).
+UNROLL_FWD, UNROLL_BWD = _pair("MINIDNN_DROPOUT_UNROLL", "0,1")
+BPS_FWD, BPS_BWD = _pair("MINIDNN_DROPOUT_BPS", "0,0")
+HINT_FWD, HINT_BWD = _pair("MINIDNN_DROPOUT_HINT", "0,1")
+TILE_BWD = int(os.environ.get("MINIDNN_DROPOUT_TILE", "16"))
+if TILE_BWD not in (0, 4, 8, 16) or not {HINT_FWD, HINT_BWD} <= {0, 1, 2}:
+    raise ValueError(f"MINIDNN_DROPOUT_TILE={TILE_BWD} must be 0, 4, 8 or 16 and MINIDNN_DROPOUT_HINT="
+                     f"{HINT_FWD},{HINT_BWD} values 0, 1 or 2")
 
 SOURCE = STORAGE_HEADER + r"""
 #if STORAGE != 0
@@ -54,6 +86,24 @@ typedef uint2 MaskVec;
 #else
 #define V 4                                 // 16 bytes of float, 32 of double
 typedef unsigned int MaskVec;
+#endif
+#ifndef HINT
+#define HINT 0
+#endif
+#ifndef TILE
+#define TILE 16
+#endif
+// cache hints of the vector loads and stores: 0 none, 1 streaming (evict-first, ld/st.global.cs) loads and
+// stores, 2 plain loads and streaming stores
+#if HINT == 1
+#define LDS(p) __ldcs(p)
+#else
+#define LDS(p) (*(p))
+#endif
+#if HINT != 0
+#define STS(p, v) __stcs((p), (v))
+#else
+#define STS(p, v) (*(p) = (v))
 #endif
 #define PH (V / 4)                          // Philox calls per group
 #define NLD (V * (int)sizeof(T) / 16)       // 16-byte vectors per group
@@ -86,7 +136,7 @@ __device__ __forceinline__ Pack load_group(const T* __restrict__ x, I h, I full,
     if (vec && h < full) {
         const uint4* p = reinterpret_cast<const uint4*>(x + h * V);
 #pragma unroll
-        for (int j = 0; j < NLD; ++j) a.raw[j] = p[j];
+        for (int j = 0; j < NLD; ++j) a.raw[j] = LDS(p + j);
     } else {
 #pragma unroll
         for (int j = 0; j < NLD; ++j) a.raw[j] = make_uint4(0u, 0u, 0u, 0u);
@@ -101,7 +151,7 @@ __device__ __forceinline__ void store_group(T* __restrict__ y, const Pack& a, I 
     if (h < full) {                         // the outputs are fresh allocations: always aligned
         uint4* p = reinterpret_cast<uint4*>(y + h * V);
 #pragma unroll
-        for (int j = 0; j < NLD; ++j) p[j] = a.raw[j];
+        for (int j = 0; j < NLD; ++j) STS(p + j, a.raw[j]);
     } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) if (h * V + j < n) y[h * V + j] = a.v[j];
@@ -143,7 +193,7 @@ dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restric
                 }
                 store_group(y, out, h, full, n);
                 if (h < full) {
-                    reinterpret_cast<MaskVec*>(keep)[h] = m.raw;
+                    STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
                 } else {
 #pragma unroll
                     for (int j = 0; j < V; ++j) if (h * V + j < n) keep[h * V + j] = m.b[j];
@@ -179,7 +229,7 @@ dropout_bwd(const T* __restrict__ dy, const unsigned char* __restrict__ keep, T*
             if (h < groups) {
                 g[u] = load_group(dy, h, full, n, vec);
                 if (vec && h < full) {
-                    m[u].raw = reinterpret_cast<const MaskVec*>(keep)[h];
+                    m[u].raw = LDS(reinterpret_cast<const MaskVec*>(keep) + h);
                 } else {
 #pragma unroll
                     for (int j = 0; j < V; ++j) m[u].b[j] = h * V + j < n ? keep[h * V + j] : 0;
@@ -196,6 +246,46 @@ dropout_bwd(const T* __restrict__ dy, const unsigned char* __restrict__ keep, T*
                 store_group(dx, out, h, full, n);
             }
         }
+    }
+}
+
+// dropout_bwd_tile: thread t owns elements [t*TILE, t*TILE + TILE): one TILE-byte load of the mask (16 bytes: a
+// warp reads 512 contiguous mask bytes in one instruction), TLD 16-byte loads of dy, the same stores of dx.  The
+// grid fits the tiles exactly (no loop; one tile a thread); the tail tile, and every tile of a call whose dy or
+// mask is not aligned (vec = 0), take element loads.  TILE * sizeof(T) >= 16.
+#if TILE == 16
+typedef uint4 TileMask;
+#elif TILE == 8
+typedef uint2 TileMask;
+#else
+typedef unsigned int TileMask;
+#endif
+#define TLD (TILE * (int)sizeof(T) / 16)
+union TPack { uint4 raw[TLD]; T v[TILE]; };
+union TMask { TileMask raw; unsigned char b[TILE]; };
+
+extern "C" __global__ void __launch_bounds__(256)
+dropout_bwd_tile(const T* __restrict__ dy, const unsigned char* __restrict__ keep, T* __restrict__ dx,
+                 const long long n, const A scale, const int vec)
+{
+    const I t = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec && t < (I)(n / TILE)) {
+        TMask m;
+        m.raw = LDS(reinterpret_cast<const TileMask*>(keep) + t);
+        const uint4* p = reinterpret_cast<const uint4*>(dy) + t * TLD;
+        TPack g;
+#pragma unroll
+        for (int j = 0; j < TLD; ++j) g.raw[j] = LDS(p + j);
+#pragma unroll
+        for (int j = 0; j < TILE; ++j) g.v[j] = ST(LD(g.v[j]) * (m.b[j] ? scale : (A)0));
+        uint4* q = reinterpret_cast<uint4*>(dx) + t * TLD;
+#pragma unroll
+        for (int j = 0; j < TLD; ++j) STS(q + j, g.raw[j]);
+    } else {
+        const long long i0 = (long long)t * TILE;
+#pragma unroll
+        for (int j = 0; j < TILE; ++j)
+            if (i0 + j < n) dx[i0 + j] = ST(LD(dy[i0 + j]) * (keep[i0 + j] ? scale : (A)0));
     }
 }
 """
@@ -274,10 +364,34 @@ def supports_backward(dy, keep) -> bool:
             and _dev.is_cuda_array(keep) and keep.dtype == np.bool_ and tuple(keep.shape) == tuple(dy.shape))
 
 
-def _options(dtype, unroll, wide):
+def _options(dtype, unroll, wide, hint=0, tile=16):
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DUNROLL={unroll}",
-            f"-DWIDE={int(wide)}", "-std=c++14")
+            f"-DWIDE={int(wide)}", f"-DHINT={hint}", f"-DTILE={tile}", "-std=c++14")
+
+
+def _wave(dev):
+    """Blocks of THREADS that one wave holds: every SM full (2048 threads)."""
+    return _launch.sm_count(dev) * (2048 // THREADS)
+
+
+def forward_unroll(n, itemsize, dev):
+    """UNROLL of the forward for n elements (see UNROLL_FWD)."""
+    if UNROLL_FWD:
+        return UNROLL_FWD
+    v = 8 if itemsize == 2 else 4
+    u, groups = max(1, 64 // (v * itemsize)), -(-n // v)
+    while u > 1 and -(-groups // (THREADS * u)) < _wave(dev):
+        u //= 2
+    return u
+
+
+def backward_tile(n, itemsize, dev):
+    """TILE of dropout_bwd_tile for n elements (see TILE_BWD)."""
+    t, floor = TILE_BWD, max(4, 16 // itemsize)
+    while t > floor and -(-n // (THREADS * t)) < _wave(dev):
+        t //= 2
+    return max(t, floor)
 
 
 def _grid(kernel, n, dtype, dev, unroll, bps):
@@ -293,18 +407,27 @@ def _grid(kernel, n, dtype, dev, unroll, bps):
 
 
 class _Plan:
-    """A settled launch pair: ``vec`` (every input aligned: vector loads) and ``go`` (element loads)."""
-    __slots__ = ("vec", "go")
+    """A settled launch pair: ``vec`` (every input aligned: vector loads) and ``go`` (element loads), and the
+    alignment bits the mask's pointer must clear for ``vec`` (backward)."""
+    __slots__ = ("vec", "go", "mask_align")
 
-    def __init__(self, name, n, dtype, dev, unroll, bps, arrays, scalars):
-        kernel = _launch.get_kernel(SOURCE, name, _options(dtype, unroll, n >= 2 ** 31))
-        grid = _grid(kernel, n, dtype, dev, unroll, bps)
+    def __init__(self, kernel, grid, arrays, scalars, mask_align=0):
         head = [None] * arrays + scalars
         self.vec = _launch.prepare(kernel, grid, (THREADS,), head + [np.int32(1)])
         self.go = _launch.prepare(kernel, grid, (THREADS,), head + [np.int32(0)])
+        self.mask_align = mask_align
 
 
 _plans: dict = {}
+# backend/dropout.py's validated GPU calls: (handle, descriptor type, p, the arrays' types, shapes, strides,
+# dtypes, devices) -> (the handle's device, the runner); cleared with _plans
+seen = SeenCalls()
+
+
+def clear_plans():
+    """Forget every settled launch (after a change of the launch choices above)."""
+    _plans.clear()
+    seen.clear()
 
 
 def _acc(dtype):
@@ -317,46 +440,97 @@ def _plan_fwd(n, dtype, p, scale, dev):
         grid = max(1, min((n + 3) // 4 // THREADS + 1, _launch.sm_count(dev) * 8))
         return _launch.prepare(kernel, (grid,), (THREADS,), [None] * 5 + [np.int64(n), np.float32(p),
                                                                            dtype.type(scale)])
-    return _Plan("dropout_fwd", n, dtype, dev, UNROLL_FWD, BPS_FWD, 5,
+    unroll = forward_unroll(n, dtype.itemsize, dev)
+    kernel = _launch.get_kernel(SOURCE, "dropout_fwd", _options(dtype, unroll, n >= 2 ** 31, HINT_FWD))
+    return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_FWD), 5,
                  [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)])
 
 
 def _plan_bwd(n, dtype, scale, dev):
-    return _Plan("dropout_bwd", n, dtype, dev, UNROLL_BWD, BPS_BWD, 3, [np.int64(n), _acc(dtype)(scale)])
+    scalars = [np.int64(n), _acc(dtype)(scale)]
+    if TILE_BWD:
+        tile = backward_tile(n, dtype.itemsize, dev)
+        kernel = _launch.get_kernel(SOURCE, "dropout_bwd_tile", _options(dtype, 1, n >= 2 ** 31, HINT_BWD, tile))
+        return _Plan(kernel, (max(1, -(-n // (tile * THREADS))),), 3, scalars, tile - 1)
+    kernel = _launch.get_kernel(SOURCE, "dropout_bwd", _options(dtype, UNROLL_BWD, n >= 2 ** 31, HINT_BWD))
+    return _Plan(kernel, _grid(kernel, n, dtype, dev, UNROLL_BWD, BPS_BWD), 3, scalars,
+                 7 if dtype.itemsize == 2 else 3)
+
+
+def _forward_runner(shape, dtype, contiguous, p, scale, dev):
+    """run(x, state, ticket) -> (y, keep) for arrays x of this signature: a call is a device test, the
+    allocations, one alignment test and the plan's prepared launch (only the pointers packed)."""
+    n = math.prod(shape)
+    plan = _plan_fwd(n, dtype, p, scale, dev)
+    cp = _launch.cupy()
+    empty, get_device, device, ascontiguous, bool_ = (cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device,
+                                                      cp.ascontiguousarray, np.bool_)
+    if V1:
+        def run(x, state, ticket):
+            with _launch.on_device(dev):
+                x = x if contiguous else ascontiguous(x)
+                y, keep = empty(shape, dtype=dtype), empty(shape, dtype=bool_)
+                plan(x, y, keep, state, ticket)
+            return y, keep
+        return run
+    vec, go = plan.vec, plan.go
+
+    def run(x, state, ticket):
+        if get_device() != dev:
+            with device(dev):
+                return run(x, state, ticket)
+        if not contiguous:
+            x = ascontiguous(x)
+        y, keep = empty(shape, dtype=dtype), empty(shape, dtype=bool_)
+        (go if x.data.ptr & 15 else vec)(x, y, keep, state, ticket)
+        return y, keep
+    return run
+
+
+def _backward_runner(shape, dtype, contiguous, keep_contiguous, scale, dev):
+    """run(dy, keep) -> dx for arrays of this signature (see _forward_runner)."""
+    plan = _plan_bwd(math.prod(shape), dtype, scale, dev)
+    cp = _launch.cupy()
+    empty, get_device, device, ascontiguous = cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device, cp.ascontiguousarray
+    vec, go, align = plan.vec, plan.go, plan.mask_align
+
+    def run(dy, keep):
+        if get_device() != dev:
+            with device(dev):
+                return run(dy, keep)
+        if not contiguous:
+            dy = ascontiguous(dy)
+        if not keep_contiguous:
+            keep = ascontiguous(keep)
+        dx = empty(shape, dtype=dtype)
+        (go if (dy.data.ptr & 15) or (keep.data.ptr & align) else vec)(dy, keep, dx)
+        return dx
+    return run
+
+
+def forward_runner(x, p, scale):
+    """The settled run(x, state, ticket) for arrays of x's shape, dtype, contiguity and device (once per such
+    signature and (p, scale))."""
+    key = ("f", x.shape, x.dtype, x.flags.c_contiguous, p, scale, x.data.device_id)
+    return _launch.planned(_plans, key, _forward_runner, *key[1:])
+
+
+def backward_runner(dy, keep, scale):
+    """The settled run(dy, keep) for arrays of dy's and keep's signature (see forward_runner)."""
+    key = ("b", dy.shape, dy.dtype, dy.flags.c_contiguous, keep.flags.c_contiguous, scale, dy.data.device_id)
+    return _launch.planned(_plans, key, _backward_runner, *key[1:])
 
 
 def dropout_forward(x, p, scale, state, ticket):
     """(y, keep) for a GPU array ``x`` (a non-contiguous one is copied first); ``state``/``ticket`` are the engine's
-    device arrays.  One launch, settled once per (size, dtype, p, scale, device); y and keep come out C-contiguous."""
-    cp = _launch.cupy()
-    if not x.flags.c_contiguous:
-        x = cp.ascontiguousarray(x)
-    dev = x.data.device_id
-    plan = _launch.planned(_plans, ("f", x.size, x.dtype, p, scale, dev), _plan_fwd, x.size, x.dtype, p, scale, dev)
-    with _launch.on_device(dev):
-        y = cp.empty(x.shape, dtype=x.dtype)
-        keep = cp.empty(x.shape, dtype=np.bool_)
-        if V1:
-            plan(x, y, keep, state, ticket)
-        else:
-            (plan.go if x.data.ptr & 15 else plan.vec)(x, y, keep, state, ticket)
-    return y, keep
+    device arrays.  One launch, settled once per (shape, dtype, contiguity, p, scale, device); y and keep come out
+    C-contiguous."""
+    return forward_runner(x, p, scale)(x, state, ticket)
 
 
 def dropout_backward(dy, keep, scale):
     """dx = dy * (keep ? scale : 0) for GPU arrays of one shape (non-contiguous ones are copied first); one launch."""
-    cp = _launch.cupy()
-    if not dy.flags.c_contiguous:
-        dy = cp.ascontiguousarray(dy)
-    if not keep.flags.c_contiguous:
-        keep = cp.ascontiguousarray(keep)
-    dev = dy.data.device_id
-    plan = _launch.planned(_plans, ("b", dy.size, dy.dtype, scale, dev), _plan_bwd, dy.size, dy.dtype, scale, dev)
-    with _launch.on_device(dev):
-        dx = cp.empty(dy.shape, dtype=dy.dtype)
-        (plan.go if (dy.data.ptr & 15) or (keep.data.ptr & (7 if dy.itemsize == 2 else 3)) else plan.vec)(
-            dy, keep, dx)
-    return dx
+    return backward_runner(dy, keep, scale)(dy, keep)
 
 
 if __name__ == "__main__":      # the sources nvcc compile-checks: python -m minidnn.backend.cuda.dropout_philox DIR
@@ -366,4 +540,5 @@ if __name__ == "__main__":      # the sources nvcc compile-checks: python -m min
         import ml_dtypes
         scalar, accum, storage, _ = type_info(np.dtype(getattr(ml_dtypes, name, None) or name))
         _launch.write_source(os.path.join(out, f"dropout_{name}.cu"), SOURCE,
-                             (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}", "UNROLL=1", "WIDE=0"))
+                             (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}", "UNROLL=1", "WIDE=0",
+                              "HINT=1", "TILE=16"))

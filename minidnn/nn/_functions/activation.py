@@ -125,7 +125,19 @@ class _SeededDropoutDescriptor(B.DropoutDescriptor):
     __slots__ = ()
 
     def generator(self, dev_spec):
-        return _generator(B.device(dev_spec))
+        return _generator(dev_spec)         # (the engine lookup parses the device)
+
+
+_SEEDED: dict = {}      # p -> its _SeededDropoutDescriptor (immutable; one per p, not one per call: host cost)
+
+
+def _seeded(p):
+    desc = _SEEDED.get(p)
+    if desc is None:
+        if len(_SEEDED) >= 256:
+            _SEEDED.clear()
+        desc = _SEEDED[p] = _SeededDropoutDescriptor(p)
+    return desc
 
 
 class Dropout(Function):
@@ -164,7 +176,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     _check_p("dropout", p)
     if not training or p == 0.0:
         return input
-    return Dropout.apply(input, _SeededDropoutDescriptor(p))
+    return Dropout.apply(input, _seeded(p))
 
 
 def _channel_dropout(op, x, p, training, nd):
@@ -178,7 +190,7 @@ def _channel_dropout(op, x, p, training, nd):
     lead = x.ndim - nd
     xp = x._xp()
     ones = Tensor._from_array(xp.ones(tuple(x.shape[:lead]) + (1,) * nd, dtype=x.dtype))
-    return x * Dropout.apply(ones, _SeededDropoutDescriptor(p))
+    return x * Dropout.apply(ones, _seeded(p))
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):
