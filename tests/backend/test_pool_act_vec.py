@@ -191,7 +191,7 @@ def _fake_run(env_extra=None):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-NEW_KERNELS = {  # case -> (forward kernel, backward kernel) taken by the vectorized path
+NEW_KERNELS = {  # case -> (forward kernel, backward kernel) taken by the vectorized path (MINIDNN_POOL_VEC_BWD=1)
     "f32-2x2": ("pool_fwd_rows", "pool_bwd_rows"), "f32-2x2-avg": ("pool_fwd_rows", "pool_bwd_rows"),
     "bf16-2x2-tail": ("pool_fwd_rows", "pool_bwd_rows"), "f16-2x2-floor": ("pool_fwd_rows", "pool_bwd"),
     "f32-w10": ("pool_fwd_rows", "pool_bwd_rows"), "f32-misaligned": ("pool_fwd_rows", "pool_bwd_rows"),
@@ -199,12 +199,17 @@ NEW_KERNELS = {  # case -> (forward kernel, backward kernel) taken by the vector
     "f64-2x2": ("pool_fwd", "pool_bwd_disjoint"), "cl-f32-3x3p1": ("pool_fwd_clv", "pool_bwd_clv"),
     "cl-bf16-2x2": ("pool_fwd_clv", "pool_bwd_clv"), "cl-f32-c6": ("pool_fwd", "pool_bwd_disjoint"),
 }
+OLD_BWD = {  # case -> the backward kernel by default (the vector backward is opt-in): disjoint windows or the gather
+    "f16-2x2-floor": "pool_bwd", "f32-3x3p1": "pool_bwd", "cl-f32-3x3p1": "pool_bwd"}
 
 
-def test_fake_gpu_path_takes_the_vector_kernels_and_matches_the_reference():
+@pytest.mark.parametrize("vec_bwd", [False, True])
+def test_fake_gpu_path_takes_the_vector_kernels_and_matches_the_reference(vec_bwd):
     pytest.importorskip("ml_dtypes")
-    out = _fake_run()
+    out = _fake_run({"MINIDNN_POOL_VEC_BWD": "1"} if vec_bwd else None)
     for name, (fk, bk) in NEW_KERNELS.items():
+        if not vec_bwd:
+            bk = OLD_BWD.get(name, "pool_bwd_disjoint")
         for fwd, bwd, ok in out[name]:
             assert fwd == [fk] and bwd == [bk], (name, fwd, bwd)
             if fk in E.VEC_KERNELS and bk in E.VEC_KERNELS:       # both launches replayed: compare the values
@@ -330,7 +335,9 @@ _GPU_POOL_PARAMS = [(c, m, d, lay) for c in GPU_POOLS for m in ("max", "average_
 @pytest.mark.parametrize("case, mode, dtname, layout", _GPU_POOL_PARAMS,
                          ids=lambda v: "x".join(map(str, v[0])) + f"-w{v[1]}p{v[2]}s{v[3]}" if isinstance(v, tuple)
                          else str(v))
-def test_pooling_vector_kernels_on_the_gpu(cp, case, mode, dtname, layout):
+def test_pooling_vector_kernels_on_the_gpu(cp, monkeypatch, case, mode, dtname, layout):
+    from minidnn.backend.cuda import pool_kernels as PK
+    monkeypatch.setattr(PK, "VEC_BWD", True)            # the opt-in vector backward (the default's: test_step_cuda)
     shape, window, padding, stride, ceil_mode, dilation = case
     if dilation != 1 and mode != "max":
         pytest.skip("dilation is a max-pooling setting")
@@ -376,6 +383,7 @@ def test_pooling_vector_kernels_bitwise_equal_the_previous(cp, monkeypatch, case
     results = []
     for v1 in (False, True):
         monkeypatch.setattr(PK, "V1", v1)
+        monkeypatch.setattr(PK, "VEC_BWD", not v1)     # the vector backward (opt-in) against the previous one
         _fresh()
         out = B.pooling_forward(None, desc, xg, return_argmax=is_max)
         y, a = out if is_max else (out, None)

@@ -31,7 +31,8 @@ Special cases with kernels of their own (chosen per call signature, the plan bel
   gap_bwd    dx = dy[n, c] / (H*W): one elementwise pass, 16-byte vectors (a vector stays in one plane (NCHW) or
              one position's channels (channels-last)).  Writes dx once, reads dy (N*C values) through the cache.
 Vector kernels (VEC_SOURCE, float32 / float16 / bfloat16; VW = 16 / itemsize elements per 16-byte vector; the same
-rules and arithmetic order as the generic kernels, so the same bits; MINIDNN_POOL_V1=1 switches them off):
+rules and arithmetic order as the generic kernels, so the same bits; MINIDNN_POOL_V1=1 switches them off; the
+backward ones are opt-in, MINIDNN_POOL_VEC_BWD=1 -- slower than the disjoint kernel on the H100 so far):
   pool_fwd_rows / pool_bwd_rows  NCHW, windows KH x KW <= 4 x 4 (template macros) with stride = window, no padding or
              dilation, every window inside x (the backward: tiling x exactly): a thread owns OV = VW adjacent outputs
              of one output row, reading KH input rows of KW * OV contiguous values as KW 16-byte vectors each (where W
@@ -776,6 +777,10 @@ def _vec(n, dtype):
 # only 2 doubles, and it is the reference-precision path, not a bandwidth target).  MINIDNN_POOL_V1=1 switches them
 # off: every 2-D call then takes the generic / disjoint kernels, as before (a GPU A/B).
 V1 = os.environ.get("MINIDNN_POOL_V1", "0") == "1"
+# The vector BACKWARD kernels (pool_bwd_rows / pool_bwd_clv) are opt-in: on the H100 (session 6, round 3) they were
+# slower than the disjoint / gather kernels at (128, 64, 56, 56) (max 2x2 float32 0.107 ms vs 0.055, bfloat16 0.052
+# vs 0.046), so every backward takes the previous kernels unless MINIDNN_POOL_VEC_BWD=1 (and not V1).
+VEC_BWD = os.environ.get("MINIDNN_POOL_VEC_BWD", "0") == "1"
 ROWS_MAX_WINDOW = 4         # rows kernels: KH, KW <= 4 (each thread holds KH * KW vectors in registers)
 
 
@@ -967,7 +972,7 @@ def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
     arg = argmax_c if is_max else dyc
     include = geom.mode.name == "AVERAGE_COUNT_INCLUDE_PADDING"
     tail = _strides(dyc) + _strides(arg)
-    vw = _vw(dtype)
+    vw = _vw(dtype) if VEC_BWD else 0
     if not cl and dyc.flags.c_contiguous and arg.flags.c_contiguous and vw \
             and rows_applies(geom, n, c, dtype, exact=True):
         args, total = _rows_args(geom, n, c, h, w, vw)
@@ -980,7 +985,7 @@ def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
                                                 vdy=1, vout=vout), grid, (THREADS,), args)
         return plan
     oh, ow = geom.out_sizes
-    if cl and _cl_contiguous(dyc) and _cl_contiguous(arg) and clv_applies(geom, c, dtype, n * h * w):
+    if cl and vw and _cl_contiguous(dyc) and _cl_contiguous(arg) and clv_applies(geom, c, dtype, n * h * w):
         total = n * h * w * (c // vw)
         plan.go16 = _launch.prepare(_vec_kernel("pool_bwd_clv", dtype, adt, is_max, include, False),
                                     _full_grid(total), (THREADS,), [None, None, None] + _geo(geom, n, c) +
