@@ -106,10 +106,11 @@ def rows_forward(x, geom, is_max, vin):
     return Y.a.reshape(shape), (Arg.a.reshape(shape) if is_max else None)
 
 
-def rows_backward(dy, argmax, geom, x_shape, is_max, vdy):
-    """pool_bwd_rows: dx (N, C, H, W) C-contiguous from C-contiguous dy (and argmax)."""
+def rows_backward(dy, argmax, geom, x_shape, is_max, vdy, ov=0):
+    """pool_bwd_rows: dx (N, C, H, W) C-contiguous from C-contiguous dy (and argmax); ``ov`` outputs a thread (0:
+    VW, the kernel's default)."""
     n, c, h, w = x_shape
-    vw = 16 // dy.itemsize
+    vw = ov or 16 // dy.itemsize       # below, vw is the kernel's OV
     (kh_, kw_), (oh_, ow_) = geom.window, geom.out_sizes
     assert (oh_ * kh_, ow_ * kw_) == (h, w)
     total, segs = PK._rows_shape(geom, n, c, vw)
@@ -268,7 +269,8 @@ def replay(label, arrays, scalars):
                 arg[...] = av
         else:
             dy, arg, dx = (np.asarray(a) for a in arrays)
-            dx[...] = rows_backward(dy, arg if is_max else None, geom, dx.shape, is_max, int(d["VDY"]))
+            dx[...] = rows_backward(dy, arg if is_max else None, geom, dx.shape, is_max, int(d["VDY"]),
+                                    int(d.get("OV", 0)))
         return True
     n, c, h, w, oh, ow, kh, kw, ph, pw, sh, sw, dh, dw = scalars[:14]
     geom = types.SimpleNamespace(window=(kh, kw), out_sizes=(oh, ow), stride=(sh, sw), padding=(ph, pw),
@@ -333,6 +335,10 @@ def _inputs(rng, shape, dt, ties):
     return x.astype(dt), rng.standard_normal(shape).astype(dt)
 
 
+def window_kw(window):
+    return window if isinstance(window, int) else window[1]
+
+
 def check_rows(shape, window, padding, stride, ceil_mode, dilation, mode, dtname, ties=False, seed=0):
     dt = _dtype(dtname)
     desc = B.PoolingDescriptor(mode, window, padding, stride, ceil_mode, dilation)
@@ -352,9 +358,12 @@ def check_rows(shape, window, padding, stride, ceil_mode, dilation, mode, dtname
         if is_max:
             np.testing.assert_array_equal(arg, arg_ref)
     if PK.rows_applies(geom, n, c, dt, exact=True):
+        vw = 16 // dt.itemsize
         for vdy in (0, 1):
-            dx = rows_backward(dy, arg_ref.astype(PK.arg_dtype(geom)) if is_max else None, geom, shape, is_max, vdy)
-            np.testing.assert_allclose(dx.astype(np.float64), dx_ref, rtol=tol, atol=tol)
+            for ov in {0, vw // window_kw(window) if vw % window_kw(window) == 0 else 0}:
+                dx = rows_backward(dy, arg_ref.astype(PK.arg_dtype(geom)) if is_max else None, geom, shape, is_max,
+                                   vdy, ov)
+                np.testing.assert_allclose(dx.astype(np.float64), dx_ref, rtol=tol, atol=tol)
 
 
 def check_clv(shape, window, padding, stride, ceil_mode, dilation, mode, dtname, ties=False, seed=0):

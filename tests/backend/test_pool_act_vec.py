@@ -246,11 +246,13 @@ def _defines(opts):
     return [tuple(o[2:].split("=", 1)) for o in opts if o.startswith("-D")]
 
 
-_VEC_CONFIGS = [  # (dtype, argmax dtype, is_max, include, rows, kh, kw, sv, vin, vdy, vout)
+_VEC_CONFIGS = [  # (dtype, argmax dtype, is_max, include, rows, kh, kw, sv, vin, vdy, vout[, ov])
     ("float32", np.uint8, 1, 0, 1, 2, 2, 4, 1, 1, 1), ("bfloat16", np.uint8, 1, 0, 1, 2, 2, 4, 1, 1, 1),
     ("float16", np.uint8, 0, 1, 1, 2, 2, 8, 0, 0, 0), ("float32", np.uint8, 1, 0, 1, 4, 4, 1, 0, 0, 0),
     ("float32", np.uint8, 0, 0, 1, 3, 3, 2, 1, 1, 1), ("bfloat16", np.uint16, 1, 0, 0, 0, 0, 1, 0, 0, 0),
     ("float32", np.uint8, 0, 1, 0, 0, 0, 1, 0, 0, 0),
+    ("float32", np.uint8, 1, 0, 1, 2, 2, 2, 1, 1, 1, 2), ("bfloat16", np.uint8, 0, 0, 1, 2, 2, 4, 1, 1, 1, 4),
+    ("bfloat16", np.uint8, 1, 0, 1, 1, 4, 2, 0, 1, 0, 2),      # the backward's OV = VW / KW (MINIDNN_POOL_VEC_BWD=1)
 ]
 
 

@@ -346,7 +346,10 @@ gap_bwd(const T* __restrict__ dy, T* __restrict__ dx, const long long total, con
 VEC_SOURCE = STORAGE_HEADER + r"""
 typedef ARGT ARG;
 #define VW (16 / (int)sizeof(T))       // elements of a 16-byte vector: 4 floats, 8 halves
+#ifndef OV
 #define OV VW                          // rows kernels: outputs per thread, adjacent in one output row
+#endif
+#define NV (KW * OV / VW)              // pool_bwd_rows with VOUT: 16-byte vectors of one dx row per thread
 struct alignas(16) Vec { T v[VW]; };
 
 __device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
@@ -469,8 +472,10 @@ pool_fwd_rows(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argm
 // The backward of the same windows when they tile x exactly (OH * KH == H, OW * KW == W), dy and argmax
 // C-contiguous: thread t reads its OV dy values and argmax entries (chunks of SV where VDY: 16-byte aligned
 // pointers) and writes its KH x (KW * OV) block of dx -- dy at the argmax tap and 0 elsewhere (max), dy / (KH * KW)
-// everywhere (average); s = 0 + v as the gather kernel (a -0 lands as +0) -- in KW 16-byte vectors per row where
-// VOUT (W % VW == 0).  No gather, no atomics: deterministic.
+// everywhere (average); s = 0 + v as the gather kernel (a -0 lands as +0) -- in NV = KW * OV / VW 16-byte vectors
+// per row where VOUT (W % VW == 0).  OV = VW / KW where KW divides VW (the host's default, -DOV): each thread
+// writes ONE vector of each of its KH rows, so a warp's store of a row is 512 contiguous bytes (with OV = VW the
+// lanes' vectors sit 32 bytes apart and every store instruction half-fills its sectors).  No gather, no atomics.
 extern "C" __global__ void __launch_bounds__(256)
 pool_bwd_rows(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, const int H,
               const int W, const int OH, const int OW, const unsigned int total, const int segs,
@@ -536,7 +541,7 @@ pool_bwd_rows(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __res
             }
 #if VOUT
 #pragma unroll
-            for (int j = 0; j < KW; ++j)
+            for (int j = 0; j < NV; ++j)
                 if (j * VW < cnt * KW) put<VW>(dr + kh * W + j * VW, row + j * VW);
 #else
 #pragma unroll
@@ -680,23 +685,26 @@ def _kernel(name, dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32
     return k
 
 
-def _vec_kernel(name, dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0):
-    key = (name, dtype, arg_dtype, is_max, include_pad, rows, kh, kw, sv, vin, vdy, vout)
+def _vec_kernel(name, dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0, ov=0):
+    key = (name, dtype, arg_dtype, is_max, include_pad, rows, kh, kw, sv, vin, vdy, vout, ov)
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(VEC_SOURCE, name, vec_options(*key[1:]))
     return k
 
 
-def vec_options(dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0):
+def vec_options(dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0, ov=0):
     """NVRTC (and nvcc -D) options of one configuration of VEC_SOURCE: the rows kernels (``rows``: window kh x kw,
-    store chunk sv, vector input rows vin, chunked dy reads vdy, vector dx rows vout) or the channels-last ones."""
+    store chunk sv, vector input rows vin, chunked dy reads vdy, vector dx rows vout, outputs per thread ov (0: VW))
+    or the channels-last ones."""
     scalar, accum, storage, _ = type_info(dtype)
     head = (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}",
             f"-DIS_MAX={int(is_max)}", f"-DINCLUDE_PAD={int(include_pad)}", f"-DROWS={int(rows)}")
     if rows:
         head += (f"-DKH={int(kh)}", f"-DKW={int(kw)}", f"-DSV={int(sv)}", f"-DVIN={int(vin)}", f"-DVDY={int(vdy)}",
                  f"-DVOUT={int(vout)}")
+        if ov:
+            head += (f"-DOV={int(ov)}",)
     return head + ("-std=c++14",)
 
 
@@ -780,7 +788,8 @@ V1 = os.environ.get("MINIDNN_POOL_V1", "0") == "1"
 # The vector BACKWARD kernels (pool_bwd_rows / pool_bwd_clv) are opt-in: on the H100 (session 6, round 3) they were
 # slower than the disjoint / gather kernels at (128, 64, 56, 56) (max 2x2 float32 0.107 ms vs 0.055, bfloat16 0.052
 # vs 0.046), so every backward takes the previous kernels unless MINIDNN_POOL_VEC_BWD=1 (and not V1).
-VEC_BWD = os.environ.get("MINIDNN_POOL_VEC_BWD", "0") == "1"
+# MINIDNN_POOL_VEC_BWD=2: the first vector backward (OV = VW outputs a thread, KW vectors a dx row) for an A/B.
+VEC_BWD = int(os.environ.get("MINIDNN_POOL_VEC_BWD", "0") or 0)
 ROWS_MAX_WINDOW = 4         # rows kernels: KH, KW <= 4 (each thread holds KH * KW vectors in registers)
 
 
@@ -810,13 +819,20 @@ def rows_applies(geom, n, c, dtype, exact=False):
         return False
     if (oh * kh, ow * kw) != (h, w) if exact else (oh * kh > h or ow * kw > w):
         return False
-    return _rows_shape(geom, n, c, vw)[0] < _INT_MAX
+    return _rows_shape(geom, n, c, vw // kw if exact and vw % kw == 0 else vw)[0] < _INT_MAX
 
 
 def clv_applies(geom, c, dtype, positions):
     """The channels-last vector kernels: C a multiple of the vector width, under 2**31 vectors."""
     vw = _vw(dtype)
     return bool(vw) and c % vw == 0 and positions * (c // vw) < _INT_MAX
+
+
+def bwd_outputs_per_thread(geom, vw):
+    """pool_bwd_rows' OV: VW / KW where KW divides VW (one 16-byte vector of each dx row a thread, contiguous across
+    a warp), else VW (KW vectors a row); VW under MINIDNN_POOL_VEC_BWD=2 (the first vector backward, for an A/B)."""
+    kw = geom.window[1]
+    return vw // kw if VEC_BWD == 1 and vw % kw == 0 else vw
 
 
 def _rows_args(geom, n, c, h, w, vw):
@@ -975,14 +991,15 @@ def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
     vw = _vw(dtype) if VEC_BWD else 0
     if not cl and dyc.flags.c_contiguous and arg.flags.c_contiguous and vw \
             and rows_applies(geom, n, c, dtype, exact=True):
-        args, total = _rows_args(geom, n, c, h, w, vw)
+        ov = bwd_outputs_per_thread(geom, vw)
+        args, total = _rows_args(geom, n, c, h, w, ov)
         kh, kw = geom.window
-        sv = math.gcd(geom.out_sizes[1], vw)
-        grid, vout = _full_grid(total), int(w % vw == 0)
+        sv = math.gcd(geom.out_sizes[1], ov)
+        grid, vout, ovd = _full_grid(total), int(w % vw == 0), (0 if ov == vw else ov)
         plan.go = _launch.prepare(_vec_kernel("pool_bwd_rows", dtype, adt, is_max, include, True, kh, kw, sv,
-                                              vout=vout), grid, (THREADS,), args)
+                                              vout=vout, ov=ovd), grid, (THREADS,), args)
         plan.go16 = _launch.prepare(_vec_kernel("pool_bwd_rows", dtype, adt, is_max, include, True, kh, kw, sv,
-                                                vdy=1, vout=vout), grid, (THREADS,), args)
+                                                vdy=1, vout=vout, ov=ovd), grid, (THREADS,), args)
         return plan
     oh, ow = geom.out_sizes
     if cl and vw and _cl_contiguous(dyc) and _cl_contiguous(arg) and clv_applies(geom, c, dtype, n * h * w):
