@@ -11,7 +11,8 @@ with augmentation beside a PyTorch DataLoader doing the same per sample.
 
 How it is timed, because the machine may be shared: each row runs minidnn and PyTorch alternately (and every
 thread count of ``--threads`` in turn), ``--rounds`` times, and prints each side's *fastest* round (a repeated
-minimum: other processes only ever add time) and the median round, with the load average at the start and end.
+minimum: other processes only ever add time) and the median round, with the load average and the CPU pressure
+(Linux's /proc/pressure/cpu: how much of the last 10 s some task waited for a core) at the start and end.
 Wall-clock time, so BLAS threads count as they would for a user.  The PyTorch side is skipped where PyTorch is
 not installed.
 """
@@ -268,6 +269,21 @@ ROWS = {
 }
 
 
+def _pressure():
+    """The share of the last 10 s in which some runnable task waited for a CPU (Linux's /proc/pressure/cpu "some
+    avg10", in %), or None where the kernel does not report it: a busier-than-it-looks machine shows here before the
+    load average moves (two processes spinning on the 2 cores: load ~2, pressure ~100%)."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return float(f.readline().split()[1].split("=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _fmt_pressure(value):
+    return "n/a" if value is None else f"{value:.0f}%"
+
+
 def _median(values):
     v = sorted(values)
     return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
@@ -287,7 +303,7 @@ def main(argv=None):
     if args.cpu_time:
         CLOCK[0] = time.process_time
     THREADS[:] = [int(n) for n in args.threads.split(",")]
-    load = os.getloadavg()
+    load, pressure = os.getloadavg(), _pressure()
     rows = []
     for key in args.only.split(","):
         rows += ROWS[key](args.rounds)
@@ -296,7 +312,8 @@ def main(argv=None):
           f"min / median of {args.rounds} alternating rounds, "
           f"{'process CPU time' if args.cpu_time else 'wall clock'}; PyTorch "
           f"{torch.__version__ if torch is not None else 'not installed'}, NumPy {np.__version__}; load average "
-          f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+          f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; CPU pressure (10 s) "
+          f"{_fmt_pressure(pressure)} at the start, {_fmt_pressure(_pressure())} at the end")
     print(f"| {'workload':58} | threads | {'minidnn min / med':>19} | {'PyTorch min / med':>19} | ratio min / med |")
     print(f"|{'-' * 60}|---------|{'-' * 21}|{'-' * 21}|-----------------|")
     for name, times, scale, unit in rows:
