@@ -3,12 +3,21 @@
     PYTHONPATH=. python3 tools/bn_onchip_bench.py [--shapes 128x64x56x56,128x16x32x32,32x256x14x14]
                                                   [--dtypes float32,bfloat16] [--layouts nchw,nhwc]
                                                   [--shares 0.3,1.5] [--calls 50] [--large-calls 10] [--replays 7]
+                                                  [--nhwc-sweep] [--plans] [--eager]
 
 Per (shape, dtype, layout, op) one row, ms per call (GB/s of compulsory traffic, % of copy):
   onchip       the default: bn_kernels.bn_fwd1 / bn_bwd1 (NCHW) or bn_nhwc.bnc_fwd1 / bnc_bwd1 (channels-last) with the
                on-chip copy (MINIDNN_BN_ONCHIP=1), NCHW rounds sized by shared memory + _ROUND_SHARE_ONCHIP of L2;
   L2=<s>       NCHW only: the same with _ROUND_SHARE_ONCHIP = s (MINIDNN_BN_L2_SHARE), to choose the default;
   off          MINIDNN_BN_ONCHIP=0: the kernels before the copy (the A/B);
+  --nhwc-sweep channels-last only, beside the default (one launch, 2 blocks per SM, UNROLL 4, the copy): "two" (the
+               two-launch route), "bps1" (1 block per SM: twice the slots a block, 255 registers), "u2" (UNROLL 2 row
+               groups in flight), "bps1u8" (1 block per SM, UNROLL 8) -- bn_nhwc's module settings, so one GPU run
+               picks the cheapest;
+  --plans      each NCHW row's one-pass launch as settled (grid, blocks per channel, rounds, slots, dynamic shared
+               memory, the driver's blocks per SM): what the planner chose on this GPU;
+  --eager      time back-to-back eager calls instead of a graph (host time shows on small tensors, as in
+               bench/kernels_gpu.py);
   torch        F.batch_norm (+ F.relu, + z) on a tensor of the same layout, training; backward: forward + backward
                captured together less the forward.
 Ops: fwd / bwd of batch norm, bn + ReLU ("relu"), bn + add + ReLU ("add"); compulsory traffic as bench/kernels_gpu.py
@@ -45,13 +54,33 @@ def _dtype(name):
     return np.dtype(name)
 
 
-def _setting(onchip, share):
-    """Switch the copy on/off and the NCHW round share, and drop every settled call made under other settings."""
+# (UNROLL 8 at 2 blocks per SM spills: 272 bytes in the fused backward, nvcc sm_90 -- left out)
+NHWC_SWEEP = [("two", {"ROUTE": "two"}), ("bps1", {"BPS": 1}), ("u2", {"UNROLL": 2}),
+              ("bps1u8", {"BPS": 1, "UNROLL": 8})]
+_NHWC_DEFAULTS = {k: getattr(M, k) for k in ("ROUTE", "BPS", "UNROLL")}
+
+
+def _setting(onchip, share, nhwc=None):
+    """Switch the copy on/off, the NCHW round share and bn_nhwc's settings (``nhwc``: a dict over its defaults), and
+    drop every settled call and bn_nhwc kernel made under other settings."""
     K.ONCHIP = M.ONCHIP = onchip
     K._ROUND_SHARE_ONCHIP = share
+    for k, v in {**_NHWC_DEFAULTS, **(nhwc or {})}.items():
+        setattr(M, k, v)
     K._calls.clear()
     K._plans.clear()
     M._calls.clear()
+    M._kernels.clear()
+
+
+def _plan_text(call, dev):
+    """grid/per/rounds/ks/dyn/occupancy of an NCHW settled call's one-pass launch ("2-launch" where it has none)."""
+    p = getattr(call, "launch1", None)
+    if p is None:
+        return "2-launch"
+    grid, smem = p.dims[0], p.dims[6]
+    occ = K._resident_per_sm(p.kernel, smem)
+    return f"grid {grid} smem {smem} occ {occ}/SM"
 
 
 def main(argv=None):
@@ -65,6 +94,9 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--large-calls", type=int, default=10)
     ap.add_argument("--replays", type=int, default=7)
+    ap.add_argument("--nhwc-sweep", action="store_true")
+    ap.add_argument("--plans", action="store_true")
+    ap.add_argument("--eager", action="store_true")
     args = ap.parse_args(argv)
     cp = _dev.require_cupy()
     try:
@@ -73,7 +105,7 @@ def main(argv=None):
         torch.backends.cudnn.benchmark = True
     except ImportError:
         torch = F = None
-    timer = Timer(cp, torch, args.replays, False)
+    timer = Timer(cp, torch, args.replays, args.eager)
     bw = copy_bandwidth(cp)
     default_share = K._ROUND_SHARE_ONCHIP
     shares = [float(s) for s in args.shares.split(",") if s]
@@ -81,8 +113,10 @@ def main(argv=None):
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy bandwidth {bw:.0f} GB/s; "
           f"smem per SM / block {M.smem_limits(dev.id)}; default L2 share {default_share}")
     print("# ms per call (GB/s of compulsory traffic, % of copy); vs torch = torch / onchip (> 1: ours faster)")
-    variants = [("onchip", True, default_share)] + [(f"L2={s}", True, s) for s in shares] + [("off", False,
-                                                                                              default_share)]
+    variants = [("onchip", True, default_share, None)] + [(f"L2={s}", True, s, None) for s in shares] + \
+        [("off", False, default_share, None)]
+    if args.nhwc_sweep:
+        variants += [(label, True, default_share, over) for label, over in NHWC_SWEEP]
     head = f"{'shape':>14} {'dtype':>8} {'lay':>4} {'op':>8} | " + " | ".join(f"{v[0]:>22}" for v in variants) + \
         f" | {'torch':>8} | vs torch"
     print(head)
@@ -131,10 +165,10 @@ def main(argv=None):
                     z = zg if kind == "add" else None
                     relu = kind is not None
                     res = {}
-                    for label, onchip, share in variants:
-                        if label.startswith("L2=") and layout != "nchw":
+                    for label, onchip, share, over in variants:
+                        if (label.startswith("L2=") and layout != "nchw") or (over and layout != "nhwc"):
                             continue
-                        _setting(onchip, share)
+                        _setting(onchip, share, over)
                         y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                         if backward:
                             def fn():
@@ -143,6 +177,11 @@ def main(argv=None):
                             def fn():
                                 return K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                         res[label] = timer.ours(fn, calls)
+                        if args.plans and label == "onchip" and layout == "nchw":
+                            call = K.backward_call(xg, dyg, sg, m, y if relu else None, kind == "add") if backward \
+                                else K.training_call(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z, relu)
+                            geo = K.onepass_plan(shape[0], c, int(np.prod(shape[2:])), dt.itemsize, backward, dev.id)
+                            print(f"# plan {shape_s} {name} {op}: {geo}; launch {_plan_text(call, dev.id)}")
                     _setting(True, default_share)
                     nbytes = passes * e
 

@@ -182,6 +182,20 @@ def test_the_large_float32_tensor_rounds():
     assert h[4] // h[3] == 64
 
 
+def test_the_small_cnn_bfloat16_plan_is_the_float32_one_of_the_same_bytes():
+    # bench/kernels_gpu.py's (256, 16, 32, 32) bfloat16 rows ran 3-10x their float32 ones once on an H100 (torch's
+    # forward row beside them 8x too); the planner gives them the launch (128, 16, 32, 32) float32 runs at 0.012 ms
+    # (same bytes a channel): one round, the whole grid resident, every thread's walk (8 vectors) on chip
+    bf = K.onepass_plan(256, 16, 1024, 2, True)
+    f32 = K.onepass_plan(128, 16, 1024, 4, True)
+    assert {k: bf[k] for k in ("tiles", "per", "grid", "rounds", "ks", "dyn")} == \
+        {k: f32[k] for k in ("tiles", "per", "grid", "rounds", "ks", "dyn")}
+    assert bf == dict(vec=8, tiles=16, per=16, grid=256, rounds=1, ks=8, dyn=65536)
+    assert bf["grid"] <= 132 * K.ONEPASS_BPS
+    assert bf["ks"] * 256 * bf["vec"] * bf["per"] >= 256 * 1024      # the whole channel in shared memory
+    assert K.onepass_plan(256, 16, 1024, 2, False)["rounds"] == 1
+
+
 # ---- CPU: the launches under the fake CuPy ----------------------------------------------------------------------
 
 def _fake(code):
@@ -225,6 +239,23 @@ for layout, fwd, bwd in (("nchw", "bn_fwd1", "bn_bwd1"), ("nhwc", "bnc_fwd1", "b
                     assert dims[6] % slot == 0 and ks >= 1, dims
                 else:
                     assert dims[6] == 0
+print("OK")
+""")
+
+
+def test_onepass_plan_is_what_the_launches_settle_under_the_fake_cupy():
+    _fake("""
+rng = np.random.default_rng(2)
+for shape in ((128, 16, 32, 32), (256, 16, 32, 32), (4, 64, 56, 56), (3, 40, 13, 21)):
+    c = shape[1]
+    x = fakecp.asarray(rng.standard_normal(shape).astype(np.float32))
+    sc, bi = fakecp.asarray(np.ones(c, np.float32)), fakecp.asarray(np.zeros(c, np.float32))
+    n0 = len(names)
+    y, m, i = K.forward_training(x, sc, bi, 0.1, None, None, 1e-5)
+    K.backward(x, y, sc, m, i)
+    for (name, dims, full, p), bwd in zip(names[n0:], (False, True)):
+        want = K.onepass_plan(shape[0], c, int(np.prod(shape[2:])), 4, bwd, 0)
+        assert (dims[0], dims[6]) == (want["grid"], want["dyn"]), (shape, name, dims, want)
 print("OK")
 """)
 

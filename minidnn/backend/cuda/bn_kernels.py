@@ -1111,6 +1111,35 @@ def _resident_per_sm(kernel, shared_mem=0):
         return ONEPASS_BPS
 
 
+def _onchip_slot_max(name, vec, item, smem_limits, static):
+    """(bytes of one slot, the most slots a block keeps) of the on-chip copy: slots of 256 vectors of each cached
+    array (x forward; x and g backward) in what the SM's shared memory holds for ONEPASS_BPS blocks."""
+    slot = THREADS * vec * item * (1 if name == "bn_fwd1" else 2)
+    ks_max = _nhwc.cache_slots(*smem_limits, static, ONEPASS_BPS, slot)
+    return slot, (ks_max if _nhwc.SLOTS_CAP is None else min(ks_max, _nhwc.SLOTS_CAP))
+
+
+def onepass_plan(outer, c, inner, itemsize, backward, dev=None, sm_count=132, l2_bytes=50 * 2 ** 20,
+                 smem_limits=(233472, 232448), static=8192 + 16):
+    """What _onepass_launch settles for an aligned NCHW call, assuming the driver keeps ONEPASS_BPS blocks per SM:
+    dict(vec, tiles, per, grid, rounds, ks, dyn).  ``dev``: that GPU's SMs, L2 and shared memory (else an H100's);
+    for the tools and tests (the launch itself also asks the driver for occupancy and the kernel's static memory)."""
+    if dev is not None:
+        sm_count, l2_bytes, smem_limits = _launch.sm_count(dev), _l2_bytes(dev), _nhwc.smem_limits(dev)
+    name = "bn_bwd1" if backward else "bn_fwd1"
+    arrays = (2 if ONCHIP else 3) if backward else 1
+    vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, itemsize, arrays, True, sm_count, l2_bytes)
+    ks = dyn = 0
+    if ONCHIP and inner != 1:
+        slot, ks_max = _onchip_slot_max(name, vec, itemsize, smem_limits, static)
+        if ks_max:
+            vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, itemsize, arrays, True, sm_count,
+                                                          l2_bytes, cache_block_bytes=ks_max * slot)
+            ks = onchip_slots(outer, inner, vec, per, ks_max)
+            dyn = ks * slot
+    return dict(vec=vec, tiles=tiles, per=per, grid=grid, rounds=-(-tiles // (grid // per)), ks=ks, dyn=dyn)
+
+
 def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_arrays, tail=()):
     item = xc.dtype.itemsize
     inner1 = inner == 1
@@ -1120,10 +1149,7 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
     k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
     ks = dyn = 0
     if onchip:
-        # the on-chip copy: slots of 256 vectors of each cached array (x forward; x and g backward)
-        slot = THREADS * vec * item * (1 if name == "bn_fwd1" else 2)
-        ks_max = _nhwc.cache_slots(*_nhwc.smem_limits(dev), _nhwc.static_smem(k, 8192 + 16), ONEPASS_BPS, slot)
-        ks_max = ks_max if _nhwc.SLOTS_CAP is None else min(ks_max, _nhwc.SLOTS_CAP)
+        slot, ks_max = _onchip_slot_max(name, vec, item, _nhwc.smem_limits(dev), _nhwc.static_smem(k, 8192 + 16))
         if ks_max and _resident_per_sm(k, ks_max * slot) >= ONEPASS_BPS:
             vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2,
                                                           cache_block_bytes=ks_max * slot)
