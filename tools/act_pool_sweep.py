@@ -3,11 +3,13 @@ act kernels leave open (issue 10: >= 70% of copy bandwidth and faster than PyTor
 
     python tools/act_pool_sweep.py [--part sweep,shapes,ab] [--dtypes float32,bfloat16] [--trials 5]
 
-sweep   act_kernels.CONFIG (vectors per thread UNROLL, grid cap blocks_per_sm (0: one block per tile), streaming
-        loads HINT) on ReLU forward/backward and GELU forward of (128, 64, 56, 56): the row to make the default.
+sweep   act_kernels.CONFIG / CONFIG16 (16-bit data) (vectors per thread UNROLL, grid cap blocks_per_sm (0: one
+        block per tile), HINT: 1 streaming loads, 2 streaming stores, 3 both) on ReLU forward/backward and GELU
+        forward of (128, 64, 56, 56): the row to make each default (the 16-bit rows have extra hint candidates).
 shapes  ReLU, max and average pooling 2x2/2 (and max 3x3/2 pad 1), forward and backward, NCHW and channels-last, on
         CNN activation shapes (odd sizes included), minidnn beside PyTorch (channels_last memory for NHWC rows).
-ab      the vector pooling kernels against the previous ones (pool_kernels.V1 flipped in-process) on the large shape.
+ab      the vector pooling kernels against the previous ones (pool_kernels.V1 flipped in-process) on the large shape,
+        and the backward alone under pool_kernels.VEC_BWD = 1 (one dx vector a row per thread) and 2 (the first form).
 Times: CUDA events around back-to-back calls, median of trials (bench/kernels_gpu.py's Timer); GB/s and %copy from
 the op's compulsory traffic (bench/kernels_gpu.py's accounting: every input read once, every output written once,
 the argmax at 1 byte per output) against the device copy bandwidth measured in the same run.
@@ -110,7 +112,7 @@ def relu_rows(ctx, shape, dtname, cl=False, label="", mode="relu"):
         ctx.row(f"{mode} bwd{label}", dtname, shape, 3 * e, lambda: B.activation_backward(None, desc, None, dy, x), tb)
 
 
-def pool_rows(ctx, shape, dtname, mode, window=2, padding=0, stride=2, cl=False):
+def pool_rows(ctx, shape, dtname, mode, window=2, padding=0, stride=2, cl=False, label="", fwd=True):
     torch = ctx.torch
     desc = B.PoolingDescriptor(mode, window, padding, stride)
     is_max = mode == "max"
@@ -133,31 +135,36 @@ def pool_rows(ctx, shape, dtname, mode, window=2, padding=0, stride=2, cl=False)
     e, o = x.size * x.itemsize, y.size * y.itemsize
     extra = y.size if is_max else 0
     name = f"{'max' if is_max else 'avg'} pool {window}x{window}/{stride}" + (f" p{padding}" if padding else "") + \
-        (" NHWC" if cl else "")
-    ctx.row(f"{name} fwd", dtname, shape, e + o + extra, lambda: B.pooling_forward(None, desc, x,
-                                                                                   return_argmax=is_max), tf)
+        (" NHWC" if cl else "") + label
+    if fwd:
+        ctx.row(f"{name} fwd", dtname, shape, e + o + extra, lambda: B.pooling_forward(None, desc, x,
+                                                                                       return_argmax=is_max), tf)
     ctx.row(f"{name} bwd", dtname, shape, o + extra + e, lambda: B.pooling_backward(None, desc, y, dy, x,
                                                                                     argmax=am), tb)
 
 
 SWEEP = [  # (unroll, blocks_per_sm, hint)
-    (1, 8, 0), (1, 0, 0), (2, 0, 0), (4, 0, 0), (8, 0, 0), (2, 8, 0), (4, 4, 0), (4, 8, 0), (4, 0, 1), (8, 0, 1)]
+    (1, 8, 0), (1, 0, 0), (2, 0, 0), (4, 0, 0), (4, 0, 1), (4, 0, 2), (4, 0, 3)]
+SWEEP16 = [  # 16-bit: one or two vectors per thread with the streaming hints (the round-3 sweep's near-ties)
+    (1, 8, 0), (1, 0, 0), (1, 0, 1), (1, 0, 2), (1, 0, 3), (2, 0, 0), (2, 0, 1), (2, 0, 2), (2, 0, 3), (4, 0, 0)]
 SHAPES = [(128, 64, 56, 56), (128, 16, 32, 32), (64, 128, 28, 28), (32, 256, 14, 14), (128, 64, 55, 55),
           (256, 96, 27, 27), (64, 64, 112, 112)]
 
 
 def part_sweep(ctx, dtypes):
     from minidnn.backend.cuda import act_kernels as AK
-    saved = dict(AK.CONFIG)
-    print("act_kernels.CONFIG sweep (unroll, blocks_per_sm, hint); first row: the previous kernel (MINIDNN_ACT_V1)")
+    print("act_kernels.CONFIG / CONFIG16 sweep (unroll, blocks_per_sm, hint); first row: the previous kernel "
+          "(MINIDNN_ACT_V1); the default of each: " f"{AK.CONFIG} / {AK.CONFIG16}")
     for dtname in dtypes:
-        for unroll, bps, hint in SWEEP:
-            AK.CONFIG.update(unroll=unroll, blocks_per_sm=bps, hint=hint)
+        cfg = AK.config(_dtype(dtname))
+        saved = dict(cfg)
+        for unroll, bps, hint in (SWEEP16 if cfg is AK.CONFIG16 else SWEEP):
+            cfg.update(unroll=unroll, blocks_per_sm=bps, hint=hint)
             _fresh()
             label = f" u{unroll} b{bps} h{hint}"
             relu_rows(ctx, (128, 64, 56, 56), dtname, label=label)
             relu_rows(ctx, (128, 64, 56, 56), dtname, label=label, mode="gelu")
-    AK.CONFIG.update(saved)
+        cfg.update(saved)
     _fresh()
 
 
@@ -177,15 +184,17 @@ def part_shapes(ctx, dtypes):
 
 def part_ab(ctx, dtypes):
     from minidnn.backend.cuda import pool_kernels as PK
+    saved = PK.VEC_BWD
     for dtname in dtypes:
-        for v1 in (True, False):
-            PK.V1 = v1
+        for v1, vec_bwd in ((True, 0), (False, 0), (False, 1), (False, 2)):
+            PK.V1, PK.VEC_BWD = v1, vec_bwd
             _fresh()
-            print(f"pool_kernels.V1 = {v1} ({'previous kernels' if v1 else 'vector kernels'})")
+            print(f"pool_kernels.V1 = {v1}, VEC_BWD = {vec_bwd} ({'previous kernels' if v1 else 'vector kernels'})")
             for cl in (False, True):
-                pool_rows(ctx, (128, 64, 56, 56), dtname, "max", cl=cl)
-                pool_rows(ctx, (128, 64, 56, 56), dtname, "average_count_include_padding", cl=cl)
-    PK.V1 = False
+                for mode in ("max", "average_count_include_padding"):
+                    pool_rows(ctx, (128, 64, 56, 56), dtname, mode, cl=cl, label=f" vb{vec_bwd}" if vec_bwd else "",
+                              fwd=not vec_bwd)
+    PK.V1, PK.VEC_BWD = False, saved
     _fresh()
 
 

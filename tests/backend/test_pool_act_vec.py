@@ -86,7 +86,7 @@ def test_activation_tiles_cover_every_element_once():
                     i = nv * vw + t
                     np.add.at(hits, i[i < n], 1)
                     assert (hits == 1).all(), (vw, unroll, n, grid)
-    assert AK.CONFIG["unroll"] in (1, 2, 4, 8)
+    assert AK.CONFIG["unroll"] in (1, 2, 4, 8) and AK.CONFIG16["unroll"] in (1, 2, 4, 8)
 
 
 # ---- CPU: the primitive's GPU path under the fake CuPy, launches replayed -----------------------------------------
@@ -268,7 +268,8 @@ def test_vector_pool_kernels_compile_without_spills(tmp_path, cfg):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("dtname, mode, unroll, hint", [("float32", "RELU", 4, 0), ("bfloat16", "GELU", 4, 1),
                                                         ("float64", "SOFTPLUS", 2, 0), ("float16", "SWISH", 8, 0),
-                                                        ("float32", "ELU", 1, 0)])
+                                                        ("float32", "ELU", 1, 0), ("bfloat16", "RELU", 1, 2),
+                                                        ("bfloat16", "RELU", 2, 3)])
 def test_activation_kernels_compile_without_spills(tmp_path, dtname, mode, unroll, hint):
     from minidnn.backend.cuda import act_kernels as AK
     dt = E._dtype(dtname) if dtname != "bfloat16" or pytest.importorskip("ml_dtypes") else None
@@ -450,11 +451,11 @@ def test_activation_unrolled_bitwise_equals_the_previous(cp, monkeypatch, mode, 
     x = cp.asarray((rng.standard_normal((64, 32, 28, 28)) * 3).astype(dt))
     dy = cp.asarray(rng.standard_normal((64, 32, 28, 28)).astype(dt))
     got = []
+    target = AK.config(dt)                       # CONFIG16 for the 16-bit types
     for cfg in ({"unroll": 4, "blocks_per_sm": 0, "hint": 0}, {"unroll": 1, "blocks_per_sm": 8, "hint": 0},
-                {"unroll": 2, "blocks_per_sm": 4, "hint": 1})[: 3 if mode == "relu" else 2]:
-        monkeypatch.setitem(AK.CONFIG, "unroll", cfg["unroll"])
-        monkeypatch.setitem(AK.CONFIG, "blocks_per_sm", cfg["blocks_per_sm"])
-        monkeypatch.setitem(AK.CONFIG, "hint", cfg["hint"])
+                {"unroll": 2, "blocks_per_sm": 4, "hint": 3})[: 3 if mode == "relu" else 2]:
+        for key in ("unroll", "blocks_per_sm", "hint"):
+            monkeypatch.setitem(target, key, cfg[key])
         _fresh()
         got.append((_host(B.activation_forward(None, desc, x)), _host(B.activation_backward(None, desc, None, dy, x))))
     _fresh()

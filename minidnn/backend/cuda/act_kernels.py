@@ -115,16 +115,27 @@ __device__ __forceinline__ A act_df(A v, const A c)
 #define THREADS 256
 struct alignas(16) Vec { T v[VW]; };
 
-// HINT 1: streaming ("evict first") loads of the inputs, read exactly once; the outputs are stored plainly (the next
-// layer reads them soon: they may still be in L2).
+// HINT bit 0: streaming ("evict first") loads of the inputs, read exactly once; bit 1: streaming stores of the output
+// (HINT 1 stores plainly: the next layer reads the output soon, it may still be in L2).  Candidates for the GPU sweep.
 __device__ __forceinline__ Vec ldv(const T* __restrict__ p, long long k)
 {
-#if HINT
+#if HINT & 1
     union { uint4 r; Vec v; } u;
     u.r = __ldcs(reinterpret_cast<const uint4*>(p) + k);
     return u.v;
 #else
     return reinterpret_cast<const Vec*>(p)[k];
+#endif
+}
+
+__device__ __forceinline__ void stv(T* __restrict__ p, long long k, const Vec& b)
+{
+#if HINT & 2
+    union { uint4 r; Vec v; } u;
+    u.v = b;
+    __stcs(reinterpret_cast<uint4*>(p) + k, u.r);
+#else
+    reinterpret_cast<Vec*>(p)[k] = b;
 #endif
 }
 
@@ -144,7 +155,7 @@ act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const dou
                     Vec b;
 #pragma unroll
                     for (int e = 0; e < VW; ++e) b.v[e] = ST(act_f(LD(a[u].v[e]), c));
-                    reinterpret_cast<Vec*>(y)[k0 + u * THREADS] = b;
+                    stv(y, k0 + u * THREADS, b);
                 }
             }
         }
@@ -181,7 +192,7 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
                     Vec b;
 #pragma unroll
                     for (int e = 0; e < VW; ++e) b.v[e] = ST(act_df(LD(a[u].v[e]), c) * LD(g[u].v[e]));
-                    reinterpret_cast<Vec*>(dx)[k0 + u * THREADS] = b;
+                    stv(dx, k0 + u * THREADS, b);
                 }
             }
         }
@@ -228,14 +239,26 @@ _kernel_cache: dict = {}
 # variant.  MINIDNN_ACT_V1=1 keeps the previous kernel's launch for a GPU A/B: one vector per thread and iteration,
 # the grid capped at 8 blocks per SM, vectors only where n fills them.  MINIDNN_ACT_LAUNCH="unroll,blocks_per_sm,hint"
 # sets the three for a run (read once); tools/act_pool_sweep.py times the choices.
+# 16-bit data (float16 / bfloat16) has a launch of its own, CONFIG16 (MINIDNN_ACT_LAUNCH16 likewise): the rule is
+# ONE 16-byte vector per thread and tile for 16-bit (8 elements, as many as UNROLL 2 of float32) -- on the H100 sweep
+# (session 6 round 3, (128, 64, 56, 56) bf16) u1 b0 h0 was the fastest row (relu fwd 0.0374 ms, bwd 0.0540; the
+# float32 default u4 gave 0.0377 / 0.0543) -- and UNROLL 4 for 4- and 8-byte data.
 V1 = os.environ.get("MINIDNN_ACT_V1", "0") == "1"
 CONFIG = {"unroll": 1 if V1 else 4, "blocks_per_sm": 8 if V1 else 0, "hint": 0}
-if os.environ.get("MINIDNN_ACT_LAUNCH") and not V1:
-    CONFIG.update(zip(("unroll", "blocks_per_sm", "hint"), map(int, os.environ["MINIDNN_ACT_LAUNCH"].split(","))))
+CONFIG16 = {"unroll": 1, "blocks_per_sm": 8 if V1 else 0, "hint": 0}
+for _env, _cfg in (("MINIDNN_ACT_LAUNCH", CONFIG), ("MINIDNN_ACT_LAUNCH16", CONFIG16)):
+    if os.environ.get(_env) and not V1:
+        _cfg.update(zip(("unroll", "blocks_per_sm", "hint"), map(int, os.environ[_env].split(","))))
+
+
+def config(dtype):
+    """The launch settings of ``dtype``: CONFIG16 for 2-byte data, else CONFIG."""
+    return CONFIG16 if np.dtype(dtype).itemsize == 2 else CONFIG
 
 
 def _kernel(name, dtype, mode_name):
-    key = (name, dtype, mode_name, CONFIG["unroll"], CONFIG["hint"])
+    cfg = config(dtype)
+    key = (name, dtype, mode_name, cfg["unroll"], cfg["hint"])
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _kernel_compiled(name, dtype, mode_name, *key[3:])
@@ -258,10 +281,10 @@ def _grid(n, dev):
     return (max(1, min((n + THREADS * 4 - 1) // (THREADS * 4), _launch.sm_count(dev) * 8)),)
 
 
-def _vec_grid(nv, dev):
+def _vec_grid(nv, dev, cfg=CONFIG):
     """Vector path: one block per tile of THREADS * unroll vectors, capped at blocks_per_sm per SM where set."""
-    tiles = max(1, -(-nv // (THREADS * CONFIG["unroll"])))
-    cap = CONFIG["blocks_per_sm"]
+    tiles = max(1, -(-nv // (THREADS * cfg["unroll"])))
+    cap = cfg["blocks_per_sm"]
     return (min(tiles, _launch.sm_count(dev) * cap) if cap else tiles,)
 
 
@@ -309,7 +332,7 @@ def _plan(mode_name, coef, x, backward, dev):
     head = [None] * (3 if backward else 2) + [np.int64(n), np.float64(coef)]
     p.go = _launch.prepare(k, _grid(n, dev), (THREADS,), head + [np.int32(0)])
     vw = 16 // x.itemsize           # the vector path takes any n (the tail is block 0's); V1 only whole vectors
-    p.vec = _launch.prepare(k, _vec_grid(n // vw, dev), (THREADS,), head + [np.int32(1)]) \
+    p.vec = _launch.prepare(k, _vec_grid(n // vw, dev, config(x.dtype)), (THREADS,), head + [np.int32(1)]) \
         if not (V1 and n % vw) else None
     return p
 
