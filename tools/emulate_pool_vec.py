@@ -191,8 +191,9 @@ def clv_forward(x_nhwc, geom, is_max, include):
     return y, (arg.astype(PK.arg_dtype(geom)).reshape(shape) if is_max else None)
 
 
-def clv_backward(dy_nhwc, arg_nhwc, geom, x_shape_nhwc, is_max, include):
-    """pool_bwd_clv (gather) on channels-last dy / argmax -> dx (N, H, W, C)."""
+def clv_backward(dy_nhwc, arg_nhwc, geom, x_shape_nhwc, is_max, include, disj=0):
+    """pool_bwd_clv (gather; ``disj``: the disjoint-window form, one window per position) on channels-last dy /
+    argmax -> dx (N, H, W, C)."""
     n, h, w, c = x_shape_nhwc
     vw = 16 // dy_nhwc.itemsize
     G = c // vw
@@ -211,6 +212,20 @@ def clv_backward(dy_nhwc, arg_nhwc, geom, x_shape_nhwc, is_max, include):
     base = nn * oh_ * ow_ * c + g * vw
     s = np.zeros((total, vw), np.float32)
     ddh, ddw = (dh, dw) if is_max else (1, 1)
+    if disj:
+        assert (sh, sw) == (kh_, kw_) and not any(geom.padding) and oh_ * kh_ >= h and ow_ * kw_ >= w
+        oh, ow = hh // sh, ww // sw
+        tap = (hh - oh * sh) * kw_ + (ww - ow * sw)
+        o = base + (oh * ow_ + ow) * c
+        cnt = (_window_count(oh * sh - ph, kh_, h, ph, include)
+               * _window_count(ow * sw - pw, kw_, w, pw, include)).astype(np.float32)
+        for e in range(vw):
+            d = _ld(D.read(o + e)).astype(np.float32)
+            if is_max:
+                s[:, e] = np.where(Am.read(o + e) == tap, np.float32(0) + d, np.float32(0))
+            else:
+                s[:, e] = (np.float32(0) + d / cnt).astype(np.float32)
+        return s.astype(dy_nhwc.dtype).reshape(x_shape_nhwc)
     for kh in range(kh_):
         th = hh + ph - kh * ddh
         okh = (th >= 0) & (th % sh == 0)
@@ -288,7 +303,7 @@ def replay(label, arrays, scalars):
         dym = np.moveaxis(dy, 1, -1)
         am = np.moveaxis(arg, 1, -1) if is_max else None
         assert dym.flags.c_contiguous and (am is None or am.flags.c_contiguous) and dx.shape == (n, h, w, c)
-        dx[...] = clv_backward(dym, am, geom, dx.shape, is_max, include)
+        dx[...] = clv_backward(dym, am, geom, dx.shape, is_max, include, int(d.get("DISJ", 0)))
     return True
 
 
@@ -312,7 +327,8 @@ ROWS_CASES = [((2, 3, 8, 8), 2, 0, 2, False, 1), ((2, 3, 56, 56), 2, 0, 2, False
               ((1, 1, 2, 2), 2, 0, 2, False, 1)]
 CL_CASES = [((2, 8, 8, 8), 2, 0, 2, False, 1), ((2, 16, 7, 9), 3, 1, 2, False, 1), ((1, 24, 6, 7), 3, 1, 2, True, 1),
             ((2, 8, 9, 9), 3, 1, 2, False, 2), ((1, 32, 5, 5), (2, 3), (1, 0), (1, 2), False, 1),
-            ((2, 16, 6, 6), 2, 0, 2, True, 1)]
+            ((2, 16, 6, 6), 2, 0, 2, True, 1),
+            ((1, 8, 5, 7), 2, 0, 2, True, 1)]         # ceil mode: partial disjoint windows at the ends
 MODES = ("max", "average_count_include_padding", "average_count_exclude_padding")
 
 
@@ -385,9 +401,10 @@ def check_clv(shape, window, padding, stride, ceil_mode, dilation, mode, dtname,
     np.testing.assert_allclose(y.astype(np.float64), nhwc(y_ref), rtol=tol, atol=tol)
     if is_max:
         np.testing.assert_array_equal(arg, nhwc(arg_ref))
-    dx = clv_backward(nhwc(dy), nhwc(arg_ref).astype(PK.arg_dtype(geom)) if is_max else None, geom,
-                      (n, h, w, c), is_max, include)
-    np.testing.assert_allclose(dx.astype(np.float64), nhwc(dx_ref), rtol=tol, atol=tol * 4)
+    for disj in (0, 1) if PK.is_disjoint(geom) else (0,):
+        dx = clv_backward(nhwc(dy), nhwc(arg_ref).astype(PK.arg_dtype(geom)) if is_max else None, geom,
+                          (n, h, w, c), is_max, include, disj)
+        np.testing.assert_allclose(dx.astype(np.float64), nhwc(dx_ref), rtol=tol, atol=tol * 4)
 
 
 def main():

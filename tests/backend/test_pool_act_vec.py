@@ -253,7 +253,8 @@ _VEC_CONFIGS = [  # (dtype, argmax dtype, is_max, include, rows, kh, kw, sv, vin
     ("float32", np.uint8, 0, 1, 0, 0, 0, 1, 0, 0, 0),
     ("float32", np.uint8, 1, 0, 1, 2, 2, 2, 1, 1, 1, 2), ("bfloat16", np.uint8, 0, 0, 1, 2, 2, 4, 1, 1, 1, 4),
     ("bfloat16", np.uint8, 1, 0, 1, 1, 4, 2, 0, 1, 0, 2),      # the backward's OV = VW / KW (MINIDNN_POOL_VEC_BWD=1)
-]
+    ("float32", np.uint8, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1), ("bfloat16", np.uint8, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1),
+]                                                              # pool_bwd_clv's disjoint form (DISJ)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

@@ -41,7 +41,8 @@ backward ones are opt-in, MINIDNN_POOL_VEC_BWD=1 -- slower than the disjoint ker
              KH x (KW * OV) block of dx as vectors.  2x2/2 float32: 4 loads of 16 bytes -> 4 outputs.
   pool_fwd_clv / pool_bwd_clv    channels-last memory with C % VW == 0, any window, padding, stride, dilation, ceil
              mode: a thread owns one 16-byte vector of channels of one output (forward) or input (backward, the
-             gather) position, each tap one vector load.
+             gather) position, each tap one vector load; disjoint windows (DISJ, MINIDNN_POOL_VEC_BWD=1): the
+             backward reads the one window holding its position, no per-tap divisions.
   A call whose pointers are not 16-byte aligned takes the kernel that needs no alignment (chosen per call).
 Host cost: everything but the arrays (kernel, grid, packed scalars, output shapes) is settled once per call
 signature (``forward_plan`` / ``backward_plan``, a bounded table); the pooling primitive keeps the plan of a call it
@@ -636,6 +637,27 @@ pool_bwd_clv(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __rest
         A s[VW];
 #pragma unroll
         for (int e = 0; e < VW; ++e) s[e] = 0;
+#if DISJ
+        // disjoint windows (stride = window, no padding or dilation, OH * KH >= H, OW * KW >= W): the one window
+        // holding (h, w) is (h / SH, w / SW) at tap (h % SH, w % SW) -- the gather's single surviving term, without
+        // its 2 * KH * KW runtime divisions
+        {
+            const int oh = h / SH, ow = w / SW;
+            const long long o = base + ((long long)oh * OW + ow) * C;
+            const Vec d = *reinterpret_cast<const Vec*>(dy + o);
+#if IS_MAX
+            ARG a[VW];
+            get<VW>(argmax + o, a);
+            const int tap = (h - oh * SH) * KW + (w - ow * SW);
+#pragma unroll
+            for (int e = 0; e < VW; ++e) if ((int)a[e] == tap) s[e] += LD(d.v[e]);
+#else
+            const int count = window_count(oh * SH - PH, KH, H, PH) * window_count(ow * SW - PW, KW, W, PW);
+#pragma unroll
+            for (int e = 0; e < VW; ++e) s[e] += LD(d.v[e]) / (A)count;
+#endif
+        }
+#else
         for (int kh = 0; kh < KH; ++kh) {
             const int th = h + PH - kh * DH;
             if (th < 0 || th % SH) continue;
@@ -661,6 +683,7 @@ pool_bwd_clv(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __rest
 #endif
             }
         }
+#endif
         Vec o;
 #pragma unroll
         for (int e = 0; e < VW; ++e) o.v[e] = ST(s[e]);
@@ -685,18 +708,19 @@ def _kernel(name, dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32
     return k
 
 
-def _vec_kernel(name, dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0, ov=0):
-    key = (name, dtype, arg_dtype, is_max, include_pad, rows, kh, kw, sv, vin, vdy, vout, ov)
+def _vec_kernel(name, dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0, ov=0,
+                disj=0):
+    key = (name, dtype, arg_dtype, is_max, include_pad, rows, kh, kw, sv, vin, vdy, vout, ov, disj)
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(VEC_SOURCE, name, vec_options(*key[1:]))
     return k
 
 
-def vec_options(dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0, ov=0):
+def vec_options(dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, vin=0, vdy=0, vout=0, ov=0, disj=0):
     """NVRTC (and nvcc -D) options of one configuration of VEC_SOURCE: the rows kernels (``rows``: window kh x kw,
     store chunk sv, vector input rows vin, chunked dy reads vdy, vector dx rows vout, outputs per thread ov (0: VW))
-    or the channels-last ones."""
+    or the channels-last ones (``disj``: pool_bwd_clv's disjoint-window form)."""
     scalar, accum, storage, _ = type_info(dtype)
     head = (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}",
             f"-DIS_MAX={int(is_max)}", f"-DINCLUDE_PAD={int(include_pad)}", f"-DROWS={int(rows)}")
@@ -705,6 +729,8 @@ def vec_options(dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, v
                  f"-DVOUT={int(vout)}")
         if ov:
             head += (f"-DOV={int(ov)}",)
+    else:
+        head += (f"-DDISJ={int(disj)}",)
     return head + ("-std=c++14",)
 
 
@@ -1004,7 +1030,8 @@ def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
     oh, ow = geom.out_sizes
     if cl and vw and _cl_contiguous(dyc) and _cl_contiguous(arg) and clv_applies(geom, c, dtype, n * h * w):
         total = n * h * w * (c // vw)
-        plan.go16 = _launch.prepare(_vec_kernel("pool_bwd_clv", dtype, adt, is_max, include, False),
+        disj = int(VEC_BWD == 1 and is_disjoint(geom))
+        plan.go16 = _launch.prepare(_vec_kernel("pool_bwd_clv", dtype, adt, is_max, include, False, disj=disj),
                                     _full_grid(total), (THREADS,), [None, None, None] + _geo(geom, n, c) +
                                     [np.uint32(total), *_divider(c // vw), *_divider(w), *_divider(h)])
     if is_disjoint(geom):
