@@ -5,7 +5,8 @@
 Rows (N, C) over the last axis: C from 10 to 50257 (the row kernels' sub-warp, warp, block and chunked paths),
 and a channel softmax on NCHW (the column kernels).  Timing, traffic accounting and %copy as bench/kernels_gpu.py
 (its Timer, copy measurement and cases, reused): every input read once, every output written once.
-MINIDNN_SOFTMAX_V1=1 in the environment times the previous kernels instead (a GPU A/B of the same shapes).
+MINIDNN_SOFTMAX_V1=1 in the environment times the previous kernels instead (a GPU A/B of the same shapes);
+MINIDNN_SOFTMAX_BWD_WARP=1 the backward with 32 + 32 elements a warp-path thread (the first row version's tiling).
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def main(argv=None):
     timer = K.Timer(cp, torch, args.trials)
     bw = K.copy_bandwidth(cp, timer)
     v1 = os.environ.get("MINIDNN_SOFTMAX_V1", "0") == "1"
-    print(f"copy bandwidth {bw:.0f} GB/s; kernels: {'V1 (previous)' if v1 else 'rows/columns (current)'}")
+    bwd = " (backward: BWD_WARP tiling)" if os.environ.get("MINIDNN_SOFTMAX_BWD_WARP", "0") == "1" else ""
+    print(f"copy bandwidth {bw:.0f} GB/s; kernels: {'V1 (previous)' if v1 else 'rows/columns (current)'}{bwd}")
     head = (f"{'kernel':22s} {'dtype':9s} {'shape':20s} {'MB':>7s} {'ms':>8s} {'%copy':>6s} {'torch ms':>9s} "
             f"{'vs torch':>8s}")
     print(head)

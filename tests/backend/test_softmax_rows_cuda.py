@@ -7,6 +7,11 @@ host from the same (rounded) inputs; the backward is checked from the GPU's own 
 error is its own.  Lengths 1..31 (sub-warp groups), 32/33 (a warp, a ragged tail), 1000/1025 (the warp path's edge),
 4097 (a block per row, scalar loads), 32768/40000 (chunked rows: online max/sum and a second read).
 """
+import os
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -23,26 +28,105 @@ LENGTHS = [1, 7, 31, 32, 33, 1000, 1025, 4097, 32768, 40000]
 @pytest.mark.parametrize("item, acc", [(4, 4), (2, 4), (8, 8)])
 @pytest.mark.parametrize("arrays", [1, 2])
 def test_row_config_covers_each_element_once(item, acc, arrays):
+    """The kernels' element map (row_geo, load_chunk, load_edges) emulated: every element of a row once, for every
+    head a RAGGED row can have (rows start at r * C elements: each row its own distance to a 16-byte boundary)."""
     for c in LENGTHS + [2, 3, 10, 64, 255, 257, 512, 513, 1024, 2000, 2048, 8192, 16384, 16385, 65536, 100003]:
-        g, nv, vec, block = _sk.row_config(c, item, acc, arrays)
+        g, nv, vec, block, ragged, one, sch = _sk.row_config(c, item, acc, arrays, _sk.STASH_BYTES)
         assert g & (g - 1) == 0 and nv & (nv - 1) == 0 and block % 32 == 0 and block % g == 0
         assert (g <= 32 and block == 256) or (g == block and 64 <= block <= 512), (c, g, block)
-        assert c % vec == 0 and vec * item <= 16
-        cap = (32 if acc == 4 else 16) // (arrays if g > 32 else 1)
+        assert vec * item <= 16 and (ragged or c % vec == 0) and (not ragged or g >= 2)
+        cap = (32 if acc == 4 else 16) // arrays
         assert nv * vec <= max(cap, vec), (c, nv, vec)
-        chunk = g * nv * vec
-        seen = np.zeros(c, np.int64)
-        for ch in range(-(-c // chunk)):       # the kernels' element map: chunk, slot k, thread t, position j
-            k, t, j = np.meshgrid(np.arange(nv), np.arange(g), np.arange(vec), indexing="ij")
-            idx = (ch * chunk + (k * g + t) * vec + j).ravel()
-            np.add.at(seen, idx[idx < c], 1)
-        assert (seen == 1).all(), c
+        chunk = g * nv                                     # body vectors a chunk
+        assert one == (c // vec <= chunk) and (one or arrays == 2 or sch >= 1 or nv * vec * block * acc > 65536)
+        for h in (range(vec) if ragged else [0]):
+            h = min(h, c)
+            nb = (c - h) // vec
+            tl = c - h - nb * vec
+            assert 0 <= tl < vec and (one or -(-nb // chunk) >= 2)
+            seen = np.zeros(c, np.int64)
+            for ch in range(-(-nb // chunk)):
+                k, t, j = np.meshgrid(np.arange(nv), np.arange(g), np.arange(vec), indexing="ij")
+                v = ch * chunk + k * g + t
+                idx = (h + v * vec + j)[v < nb]
+                np.add.at(seen, idx, 1)
+            seen[:h] += 1                                   # thread 0's head
+            seen[h + nb * vec:] += 1                        # thread G - 1's tail
+            assert (seen == 1).all(), (c, h)
 
 
 def test_row_config_keeps_1000_classes_in_one_warp_pass():
-    assert _sk.row_config(1000, 4, 4) == (32, 8, 4, 256)       # float32: 8 float4 per lane
-    assert _sk.row_config(1000, 2, 4) == (32, 4, 8, 256)       # bfloat16 / float16: 4 x 8 halves per lane
-    assert _sk.row_config(10, 4, 4) == (8, 1, 2, 256)          # (128, 10) logits: 8 lanes a row, 32 rows a block
+    assert _sk.row_config(1000, 4, 4)[:4] == (32, 8, 4, 256)       # float32: 8 float4 per lane
+    assert _sk.row_config(1000, 2, 4)[:4] == (32, 4, 8, 256)       # bfloat16 / float16: 4 x 8 halves per lane
+    assert _sk.row_config(10, 4, 4)[:4] == (8, 1, 2, 256)          # (128, 10) logits: 8 lanes a row, 32 rows a block
+    assert _sk.row_config(4097, 4, 4)[:5] == (256, 4, 4, 256, True)   # ragged: float4 body, scalar head / tail
+    cfg = _sk.row_config(32768, 4, 4, 1, _sk.STASH_BYTES)           # two chunks: the first in shared memory
+    assert (cfg.one, cfg.sch) == (False, 1)
+
+
+# ---- CPU: every configuration the planners can produce compiles (nvcc, where installed) --------------------------
+
+ROW_SHAPES = [(3, 1), (128, 10), (4, 33), (8, 1000), (8, 1025), (8, 4097), (8, 32768), (8, 50257)]
+COL_SHAPES = [(4, 21, 9, 7), (3, 1000, 2)]           # CREG = 32, the three-pass loop
+
+
+def _planned_sources(full=False):
+    """(file name, source, defines, kernel) of the softmax / cross-entropy launches the planners choose: float32 and
+    bfloat16 over ROW_SHAPES and COL_SHAPES, float64 on three (``full``: every shape and algorithm)."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    out = {}
+    for name in ("float32", "bfloat16", "float64"):
+        dtype = _dtype(name)
+        shapes = ROW_SHAPES + COL_SHAPES
+        if name == "float64" and not full:
+            shapes = [(4, 33), (8, 4097), (8, 32768)]
+        for shape in shapes:
+            for backward in (False, True):
+                for algo in ("FAST", "ACCURATE", "LOG"):
+                    if algo == "FAST" and not full and (backward or name != "float32" or shape != (128, 10)):
+                        continue
+                    s = _sk.launch_spec(backward, shape, (1,), algo, dtype)
+                    out[(s.source, s.name, s.defines)] = (_sk._SOURCES[s.source], s.name)
+            if len(shape) == 2:
+                for kname in ("ce_fwd", "ce_bwd"):
+                    for w, red, eps in ((False, "mean", 0.0), (True, "none", 0.1)):
+                        src, k, defines, *_ = _lk.launch_spec(kname, shape, dtype, np.int64, w, red, eps)
+                        out[(src, k, defines)] = (_lk.SOURCE_ROWS if src == "ROWS" else _lk.SOURCE, k)
+    return [(f"k{i}.cu", text, key[2], kname) for i, (key, (text, kname)) in enumerate(out.items())]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_planned_configurations_compile(tmp_path):
+    """Each (source, defines) the planners can request compiles as NVRTC will get it (the column kernels once
+    failed: their source needed the row tiling's defines); the headline shapes' kernels do not spill."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from minidnn.backend.cuda import launch
+    jobs = _planned_sources(os.environ.get("MINIDNN_NVCC_FULL") == "1")
+    assert len(jobs) > 50
+
+    def build(job):
+        fname, text, defines, kname = job
+        src = tmp_path / fname
+        launch.write_source(str(src), text, defines)
+        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                            str(src) + ".cubin", str(src)], capture_output=True, text=True)
+        spill = None
+        m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % kname, r.stderr, re.S)
+        if m:
+            spill = int(m.group(1))
+        return job, r.returncode, r.stderr, spill
+
+    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
+        results = list(ex.map(build, jobs))
+    failed = [(j[2], err[:1500]) for j, rc, err, _ in results if rc != 0]
+    assert not failed, failed[:2]
+    for (_, _, defines, kname), _, _, spill in results:
+        d = dict(x.split("=", 1) for x in defines)
+        headline = d.get("ACCUM") == "float" and d.get("RAGGED", "0") == "0" and d.get("ONE") == "1" \
+            and d.get("SMOOTH", "0") == "0"
+        assert spill is not None, (kname, defines)
+        assert spill <= (0 if headline else 256), (kname, defines, spill)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------
@@ -67,13 +151,59 @@ def _host(a):
     return np.asarray(to_numpy(a)).astype(np.float64)
 
 
-def _close(got, ref, name, what, scale=1.0):
+def _close(got, ref, name, what, scale=1.0, mag=None):
+    """|got - ref| <= tol * (|ref| + 1e-2 * the row's largest finite |ref| + mag) elementwise, NaN only where the
+    reference is NaN.  ``mag``: the size of the terms whose sum is ref (a backward's cancellation: dx ~ 0 from
+    terms of size |dy|), else 0.  The row scale ignores NaN / inf rows (a NaN row once made every bound NaN)."""
     got = _host(got)
+    ref = np.asarray(ref, np.float64)
     tol = RTOL[name] * scale
     err = np.abs(got - ref)
-    bound = tol * (np.abs(ref) + np.abs(ref).max(initial=0) * 1e-2 + 1e-30)
-    bad = ~(err <= bound) & ~(np.isnan(got) & np.isnan(ref))
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} off, worst {err[bad].max()} (tol {tol})"
+    fin = np.where(np.isfinite(ref), np.abs(ref), 0.0)
+    row = fin.max(axis=-1, keepdims=True, initial=0.0) if ref.ndim else fin
+    bound = tol * (np.abs(ref) + 1e-2 * row + (0.0 if mag is None else mag) + 1e-30)
+    same = (np.isnan(got) & np.isnan(ref)) | (got == ref)          # NaN as the reference; equal infinities
+    bad = ~(err <= bound) & ~same
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} off, worst {err[bad].max()} "
+                           f"(bound there {bound[bad][np.argmax(err[bad])]}, tol {tol})")
+
+
+def _mag_bwd(y, dy, algo):
+    """The size of dx's terms: |y| (|dy| + sum |y dy|) (softmax), |dy| + exp(y) sum |dy| (log-softmax)."""
+    if algo == "log":
+        return np.abs(dy) + np.exp(y) * np.abs(dy).sum(axis=1, keepdims=True)
+    return np.abs(y) * (np.abs(dy) + np.abs(y * dy).sum(axis=1, keepdims=True))
+
+
+def test_close_checker_fails_on_a_real_error():
+    """The checker passes an answer within rounding (rows of NaN, -inf, a backward that cancels to ~0 beside) and
+    fails a perturbed one: one element 1e-3 off (relative), a NaN where the reference is finite, a finite value
+    where it is NaN, a backward entry off by 1e-3 of its terms."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 33)) * 3
+    x[1, :] = -np.inf
+    x[2, 16] = np.nan
+    with np.errstate(invalid="ignore"):
+        ref = _ref_fwd(x, "accurate")
+    got = ref * (1 + 1e-7 * rng.standard_normal(ref.shape))
+    _close(got, ref, "float32", "ok")
+    for i, j, v in ((0, 3, got[0, 3] * (1 + 1e-3)), (3, 5, np.nan), (4, 0, got[4, 0] * (1 - 1e-3))):
+        bad = got.copy()
+        bad[i, j] = v
+        with pytest.raises(AssertionError):
+            _close(bad, ref, "float32", "perturbed")
+    bad = got.copy()
+    bad[1, 0] = 0.5                                 # a finite value in a NaN row
+    with pytest.raises(AssertionError):
+        _close(bad, ref, "float32", "perturbed")
+    # backward of a 1-class softmax: y = 1, dx = dy - dy = 0 up to rounding of terms of size |dy|
+    y = np.ones((37, 1))
+    dy = rng.standard_normal((37, 1))
+    dx_ref = _ref_bwd(y * (1 - 1e-8), dy, "accurate")         # ~1e-8: the cancellation's leftover
+    mag = _mag_bwd(y, dy, "accurate")
+    _close(dx_ref + 5e-8 * np.sign(dy), dx_ref, "float32", "cancel", scale=8, mag=mag)
+    with pytest.raises(AssertionError):
+        _close(dx_ref + 1e-3 * np.abs(dy), dx_ref, "float32", "cancel", scale=8, mag=mag)
 
 
 def _launches():
@@ -114,8 +244,8 @@ def test_softmax_rows(cp, name, c, algo):
     assert _launches() - n0 == 2, "one launch each way"
     assert y.dtype == dtype and dx.dtype == dtype
     _close(y, _ref_fwd(x.astype(np.float64), algo), name, "forward", scale=4 if algo == "log" else 1)
-    dx_ref = _ref_bwd(_host(y), dy.astype(np.float64), algo)
-    _close(dx, dx_ref, name, "backward", scale=8)
+    yh, dyh = _host(y), dy.astype(np.float64)
+    _close(dx, _ref_bwd(yh, dyh, algo), name, "backward", scale=8, mag=_mag_bwd(yh, dyh, algo))
 
 
 @pytest.mark.cuda
@@ -139,7 +269,8 @@ def test_softmax_rows_misaligned_and_special_values(cp, c):
             dyv = cp.zeros(x.size + 1, np.float32)
             dyv[1:] = dy.ravel()
             dx = B.softmax_backward(None, algo, None, y, dyv[1:].reshape(x.shape), axis=-1)
-            _close(dx, _ref_bwd(_host(y), _host(dy), algo), "float32", algo + " backward", scale=8)
+            yh, dyh = _host(y), _host(dy)
+            _close(dx, _ref_bwd(yh, dyh, algo), "float32", algo + " backward", scale=8, mag=_mag_bwd(yh, dyh, algo))
 
 
 @pytest.mark.cuda
@@ -162,7 +293,8 @@ def test_softmax_channel_columns(cp, name, shape):
         ym = np.moveaxis(_host(y), 1, -1).reshape(-1, shape[1])
         dym = np.moveaxis(dy.astype(np.float64), 1, -1).reshape(-1, shape[1])
         dref = np.moveaxis(_ref_bwd(ym, dym, algo).reshape(np.moveaxis(x, 1, -1).shape), -1, 1)
-        _close(dx, dref, name, algo + " backward", scale=8)
+        dmag = np.moveaxis(_mag_bwd(ym, dym, algo).reshape(np.moveaxis(x, 1, -1).shape), -1, 1)
+        _close(dx, dref, name, algo + " backward", scale=8, mag=dmag)
 
 
 CE_CASES = [  # (dtype, C, weighted, smoothing, ignore fraction, reduction)

@@ -19,6 +19,8 @@ and a host check would be a synchronisation in every step.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import devices as _dev
@@ -154,8 +156,10 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
 
 # ---- rows (inner = 1): softmax_kernels' ROW_HEADER tiling, the row read once (ce_rows_fwd) ---------------------------
 # ce_rows_fwd: G threads per row hold it in registers (NV vectors of VEC elements each, chunk by chunk past 16K
-# classes): online max / sum exp, sum w_c x_c and sum w_c for smoothing; x[t] is one load by the group's first thread,
-# issued with the row's.  That thread writes lse and the row's loss and keeps the sums; the block adds its threads'
+# classes; RAGGED rows: scalar head and tail, as softmax_kernels): online max / sum exp, sum w_c x_c and sum w_c for
+# smoothing (SMOOTH: compile-time, eps is in the plan's key); x[t] taken from the registers of the thread holding it
+# and summed over the group with the others' zeros (exact) -- no load that waits on target[r], which is issued with
+# the row's loads.  That thread writes lse and the row's loss and keeps the sums; the block adds its threads'
 # sums (warp shuffles, then the warps in order), the last block (ticket) all blocks' partials (each thread a strided
 # share in double, then the same fixed-order tree).  ce_rows_bwd: the per-row scalars, then dx streamed chunk by
 # chunk with the same vector loads and stores; sum_c w_c (smoothing with weights) once per block.
@@ -168,50 +172,64 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
     A& acc_loss, A& acc_den)
 {
     const int g = threadIdx.x % G;
-    const bool smooth = eps != 0.0;
-    const int nch = (C + CHUNK - 1) / CHUNK;
+    const bool smooth = SMOOTH;                  // compile-time: eps != 0
     for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {      // uniform over the block
         const int r = r0 + (int)threadIdx.x / G;
         const bool live = r < rows;
-        const int cl = live ? C : 0;
         const T* xr = x + (size_t)(live ? r : 0) * C;
-        const long long t = live ? (long long)target[r] : ignore_index;
-        const bool valid = live && t != ignore_index, in_range = t >= 0 && t < C;
-        A xt = 0;
-        if (g == 0 && valid && in_range) xt = LD(xr[t]);
-        A a[E];
-        A m = NEG_INF, s = 0, swx = 0, sw = 0;
+        const long long t = live ? (long long)target[r] : ignore_index;     // issued with the row's loads
+        const Geo q = row_geo(xr, live ? C : 0, VA);
+        const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
+        A a[E], ed[NE1];
+        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+        load_edges(xr, q, g, NEG_INF, ed);
         for (int ch = 0; ch < nch; ++ch) {
-            load_chunk<VA>(xr, ch * CHUNK, cl, g, NEG_INF, a);
+            load_chunk<VA>(xr, ch, q, g, NEG_INF, a);
             A cm = NEG_INF;
 #pragma unroll
             for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
+            if (ch == 0) {
+#pragma unroll
+                for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
+            }
             const A nm = vmax(m, cm);
             if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
             m = nm;
             const A sh = m == NEG_INF ? (A)0 : m;
+            if (ch == 0) {                           // the edges: exp, x[t] if it is one, the smoothing sums
+#pragma unroll
+                for (int j = 0; j < NE; ++j) {
+                    s += exp(ed[j] - sh);
+                    if (j < edge_n(q, g)) {
+                        const int c = edge_o(q, g) + j;
+                        if (c == t) xt = ed[j];
+                        if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * ed[j]; sw += wc; }
+                    }
+                }
+            }
 #pragma unroll
             for (int e = 0; e < E; ++e) s += exp(a[e] - sh);
-            if (smooth) {
 #pragma unroll
-                for (int k = 0; k < NV; ++k)
+            for (int k = 0; k < NV; ++k) {           // x[t] from the registers of the thread that holds it
+                const int v = ch * CV + k * G + g;
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) {
-                        const int c = ch * CHUNK + (k * G + g) * VEC + j;
-                        if (c < cl) {
-                            const A wc = HAS_W ? LD(w[c]) : (A)1;
-                            swx += wc * a[k * VEC + j];
-                            sw += wc;
-                        }
+                for (int j = 0; j < VEC; ++j) {
+                    const int c = q.h + v * VEC + j;
+                    if (v < q.nb) {
+                        if (c == t) xt = a[k * VEC + j];
+                        if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
                     }
+                }
             }
         }
         A M = g_max(m, sm);
         if (M == NEG_INF) M = 0;
         const A f = m == NEG_INF ? (A)0 : exp(m - M);
         const A lse = M + log(g_sum(s * f, sm));
+        xt = g_sum(xt, sm);                          // one thread holds it, the others add 0: exact
         if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
         if (g == 0 && live) {
+            const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
             A per = 0, wt = 0;
             if (valid) {
                 if (in_range) {
@@ -229,7 +247,7 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
             A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
             A* __restrict__ denom_out, const int rows, const int C, const long long ignore_index, const double eps)
@@ -274,25 +292,39 @@ ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __re
     }
 }
 
+// dx_c = exp(x_c - lse) * sum_q * g - q_c * g
+__device__ __forceinline__ A ce_dx(A v, int c, long long t, const T* __restrict__ w, bool smooth, A qt, A ec, A gr,
+                                   A lse, A sumqg)
+{
+    A q = c == t ? qt : (A)0;
+    if (smooth) q += ec * (HAS_W ? LD(w[c]) : (A)1);
+    const A qg = q != (A)0 ? q * gr : (A)0;
+    return exp(v - lse) * sumqg - qg;
+}
+
 template <bool VA> __device__ __forceinline__ void ce_bwd_body(
     const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
     const T* __restrict__ gsrc, const A* __restrict__ denom, T* __restrict__ dx, const int rows, const int C,
     const long long ignore_index, const double eps, const A sw)
 {
     const int g = threadIdx.x % G;
-    const bool smooth = eps != 0.0;
-    const int nch = (C + CHUNK - 1) / CHUNK;
+    const bool smooth = SMOOTH;                  // compile-time: eps != 0
     const A ec = (A)(eps / C);
-    A a[E];
+    A a[E], ed[NE1];
     for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {      // no reductions: a dead row just skips
         const int r = r0 + (int)threadIdx.x / G;
         if (r >= rows) continue;
         const size_t base = (size_t)r * C;
+        const Geo q = row_geo(x + base, C, VA);
+        const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
         const long long t = (long long)target[r];
         if (t == ignore_index) {
 #pragma unroll
             for (int e = 0; e < E; ++e) a[e] = 0;
-            for (int ch = 0; ch < nch; ++ch) store_chunk<VA>(dx + base, ch * CHUNK, C, g, a);
+#pragma unroll
+            for (int j = 0; j < NE1; ++j) ed[j] = 0;
+            for (int ch = 0; ch < nch; ++ch) store_chunk<VA>(dx + base, ch, q, g, a);
+            store_edges(dx + base, q, g, ed);
             continue;
         }
         A gr = LD(gsrc[REDUCTION == 0 ? r : 0]);
@@ -303,30 +335,34 @@ template <bool VA> __device__ __forceinline__ void ce_bwd_body(
         const A sumq = qt + (smooth ? ec * sw : (A)0);
         const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
         const A lse = lse_in[r];
-        for (int ch = 0; ch < nch; ++ch) {
-            load_chunk<VA>(x + base, ch * CHUNK, C, g, (A)0, a);
+        load_edges(x + base, q, g, (A)0, ed);
 #pragma unroll
-            for (int k = 0; k < NV; ++k)
+        for (int j = 0; j < NE; ++j)
+            if (j < edge_n(q, g)) ed[j] = ce_dx(ed[j], edge_o(q, g) + j, t, w, smooth, qt, ec, gr, lse, sumqg);
+        store_edges(dx + base, q, g, ed);
+        for (int ch = 0; ch < nch; ++ch) {
+            load_chunk<VA>(x + base, ch, q, g, (A)0, a);
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const int v = ch * CV + k * G + g;
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) {
-                    const int c = ch * CHUNK + (k * G + g) * VEC + j;
-                    A q = c == t ? qt : (A)0;
-                    if (smooth) q += ec * (HAS_W ? LD(w[c < C ? c : 0]) : (A)1);
-                    const A qg = q != (A)0 ? q * gr : (A)0;
-                    a[k * VEC + j] = exp(a[k * VEC + j] - lse) * sumqg - qg;
+                    const int c = v < q.nb ? q.h + v * VEC + j : 0;
+                    a[k * VEC + j] = ce_dx(a[k * VEC + j], c, v < q.nb ? t : -1, w, smooth, qt, ec, gr, lse, sumqg);
                 }
-            store_chunk<VA>(dx + base, ch * CHUNK, C, g, a);
+            }
+            store_chunk<VA>(dx + base, ch, q, g, a);
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 ce_rows_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w,
             const A* __restrict__ lse_in, const T* __restrict__ gsrc, const A* __restrict__ denom, T* __restrict__ dx,
             const int rows, const int C, const long long ignore_index, const double eps)
 {
     A sw = (A)C;
-    if (HAS_W && eps != 0.0) {                    // sum_c w_c, once per block (fixed order)
+    if (HAS_W && SMOOTH) {                        // sum_c w_c, once per block (fixed order)
         __shared__ A part[BLOCK / 32];
         A b = 0;
         for (int c = threadIdx.x; c < C; c += BLOCK) b += LD(w[c]);
@@ -359,24 +395,33 @@ def supports(x, target, weight) -> bool:
 _kernel_cache: dict = {}
 
 
-def _kernel(name, x, target, weight, reduction, defines=()):
-    key = (name, x.dtype, target.dtype, weight is None, reduction, defines)
+def _kernel(source, name, defines):
+    key = (source, name, defines)
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _kernel_compiled(name, x, target, weight, reduction, defines)
+        k = _kernel_cache[key] = _launch.get_kernel(SOURCE_ROWS if source == "ROWS" else SOURCE, name,
+                                                    tuple(f"-D{d}" for d in defines) + ("-std=c++14",))
     return k
 
 
-def _kernel_compiled(name, x, target, weight, reduction, defines):
-    scalar, accum, storage, _ = type_info(x.dtype)
-    return _launch.get_kernel(SOURCE_ROWS if name.startswith("ce_rows") else SOURCE, name,
-                              (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
-                               f"-DINDEX={_INDEX[np.dtype(target.dtype)]}", f"-DHAS_W={int(weight is not None)}",
-                               f"-DREDUCTION={_REDUCTION[reduction]}", "-std=c++14")
-                              + tuple(f"-D{d}" for d in defines))
+def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
+    """(source key, kernel name, NAME=VALUE defines, grid groups, blocks per SM cap, threads a block) of ``name``
+    ("ce_fwd" / "ce_bwd") for logits of ``shape``: the planner's choice, also what the nvcc check compiles."""
+    n, c = shape[:2]
+    inner = math.prod(shape) // (n * c)
+    rows = n * inner
+    scalar, accum, storage, _ = type_info(dtype)
+    base = (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}", f"INDEX={_INDEX[np.dtype(index_dtype)]}",
+            f"HAS_W={int(weighted)}", f"REDUCTION={_REDUCTION[reduction]}")
+    if inner == 1 and not _sk.V1:       # the row kernels
+        # registers: 64 a thread (four 256-thread blocks an SM), 80 with label smoothing's sums (64 spilled)
+        defines, cfg = row_defines(c, dtype, regs=80 if eps else 64)
+        return ("ROWS", name.replace("ce_", "ce_rows_"), base + defines + (f"SMOOTH={int(eps != 0)}",),
+                -(-rows // (cfg.block // cfg.g)), 16, cfg.block)
+    return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
 
-def _grid(groups, dev, per_sm=8):
+def _grid(groups, dev, per_sm):
     return max(1, min(groups, _launch.sm_count(dev) * per_sm))
 
 
@@ -400,17 +445,14 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev):
     p.dev, p.tshape, p.xshape, p.dtype, p.none = dev, target.shape, x.shape, x.dtype, reduction == "none"
     p.acc = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
     arrays = [None] * (9 if name == "ce_fwd" else 7)
-    if inner == 1 and not _sk.V1:       # the row kernels
-        defines, g, block = row_defines(c, x.dtype)
-        p.grid = _grid(-(-rows // (block // g)), dev, 8 if name == "ce_fwd" else 16)
-        k = _kernel(name.replace("ce_", "ce_rows_"), x, target, weight, reduction, defines)
+    source, kname, defines, groups, per_sm, block = launch_spec(name, x.shape, x.dtype, target.dtype,
+                                                                weight is not None, reduction, eps)
+    p.grid = _grid(groups, dev, per_sm)
+    if source == "ROWS":
         tail = [np.int32(rows), np.int32(c), np.int64(ignore_index), np.float64(eps)]
-        p.go = _launch.prepare(k, (p.grid,), (block,), arrays + tail)
-        return p
-    p.grid = _grid((rows + 7) // 8, dev)
-    k = _kernel(name, x, target, weight, reduction)
-    tail = [np.int64(rows), np.int32(c), np.int32(inner), np.int64(ignore_index), np.float64(eps)]
-    p.go = _launch.prepare(k, (p.grid,), (THREADS,), arrays + tail)
+    else:
+        tail = [np.int64(rows), np.int32(c), np.int32(inner), np.int64(ignore_index), np.float64(eps)]
+    p.go = _launch.prepare(_kernel(source, kname, defines), (p.grid,), (block,), arrays + tail)
     return p
 
 
@@ -449,24 +491,19 @@ def backward(x, target, weight, lse, denom, g, ignore_index, eps, reduction):
 
 
 def _compile_check(out_dir):
-    """Write the row kernels' sources for nvcc over a few row lengths (python -m minidnn.backend.cuda.loss_kernels
-    DIR)."""
+    """Write the planned row kernels' sources for nvcc over a few row lengths (python -m
+    minidnn.backend.cuda.loss_kernels DIR)."""
     import os.path
-
-    from .softmax_kernels import row_config
     files = []
-    for dtype, scalar, accum, storage, item in (("float32", "float", "float", 0, 4),
-                                                ("float64", "double", "double", 0, 8),
-                                                ("bfloat16", "float", "float", 2, 2)):
-        for c in (1, 10, 33, 1000, 1025, 4097, 32768):
-            g, nv, vec, block = row_config(c, item, 8 if item == 8 else 4)
-            for hw, red in ((0, 1), (1, 0)):
-                path = os.path.join(out_dir, f"ce_{dtype}_{c}_{hw}{red}.cu")
-                _launch.write_source(path, SOURCE_ROWS, (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}",
-                                                         "INDEX=long long", f"HAS_W={hw}", f"REDUCTION={red}",
-                                                         f"G={g}", f"NV={nv}", f"VEC={vec}", f"VBYTES={vec * item}",
-                                                         f"BLOCK={block}"))
-                files.append(path)
+    for dtype in ("float32", "float64", "bfloat16"):
+        for c in (1, 10, 33, 1000, 1025, 4097, 32768, 50257):
+            for name in ("ce_fwd", "ce_bwd"):
+                for hw, red, eps in ((0, "mean", 0.0), (1, "none", 0.0), (1, "sum", 0.1)):
+                    source, kname, defines, *_ = launch_spec(name, (8, c), _sk._dtype_of(dtype), np.int64, hw, red,
+                                                             eps)
+                    path = os.path.join(out_dir, f"{kname}_{dtype}_{c}_{hw}{red}{eps}.cu")
+                    _launch.write_source(path, SOURCE_ROWS if source == "ROWS" else SOURCE, defines)
+                    files.append(path)
     return files
 
 

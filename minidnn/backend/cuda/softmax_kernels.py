@@ -8,18 +8,26 @@ float, one rounding at the store.
 
 Rows (inner = 1: softmax_rows_fwd / softmax_rows_bwd, the tiling of ROW_HEADER below, shared with loss_kernels):
 G threads own a row -- G a power of two <= 32 (a sub-warp group; BLOCK / G rows per block) or G = BLOCK (one row per
-block) -- each holding NV vectors of VEC elements (16-byte loads where C % VEC == 0 and the arrays are aligned):
-thread g of the group holds elements (k * G + g) * VEC + j of a chunk of G * NV * VEC elements.  row_config picks G
-and NV so that a row of up to 1024 (float64: 512) elements is one chunk of a warp and one of up to 16384 (8192) is
-one chunk of a block: the row is read ONCE into registers; each thread takes its own max m_t and sum
-s_t = sum exp(v - m_t) (keeping the exps), then the group's max M and S = sum s_t exp(m_t - M) (shuffles, shared
-memory across warps; fixed order), and writes y = e exp(m_t - M) / S or v - M - log S from registers.  A longer
-row runs chunk by chunk: an online (max, sum) over the chunks, then a second read of the row (from L2) to write.
-Backward the same: y and dy read once, the group's sum(dy * y) (softmax) or sum(dy) (log-softmax), then
-dx = y (dy - s) or dy - exp(y) s.  FAST skips the max (its formula is exp(x) / sum exp(x) as written).
-Columns (inner > 1, e.g. a channel softmax on NCHW: softmax_cols_fwd / _bwd): one thread per (o, i), consecutive
-threads on consecutive i (coalesced); C <= 32 values kept in registers (CREG), else a max pass, a sum pass and the
-write pass over the column (re-read through L1/L2).
+block) -- each holding NV vectors of VEC elements (16-byte loads): a row is h head elements, nb body vectors and
+tl < VEC tail elements; thread g holds body vectors ch * G * NV + k * G + g of chunk ch, thread 0 the head and
+thread G - 1 the tail as scalars.  h = tl = 0 where VEC divides C; RAGGED rows (C >= 32 wide vectors, no wide vector
+dividing it, e.g. 4097 classes) keep the wide vectors, each row its own head (rows start at r * C elements).
+row_config picks G and NV so that a row of up to 1024 (float64: 512) elements is one chunk of a warp and one of up
+to 16384 (8192) is one chunk of a block (ONE: straight-line code, every load issued before the first reduction):
+the row is read ONCE into registers; each thread takes its own max m_t and sum s_t = sum exp(v - m_t) (keeping the
+exps), then the group's max M and S = sum s_t exp(m_t - M) (shuffles, shared memory across warps; fixed order), and
+writes y = e exp(m_t - M) / S or v - M - log S from registers.  A longer row runs chunk by chunk: an online
+(max, sum) over the chunks; its last chunk stays in registers, the first SCH (forward: up to 64 KB a block) are kept
+in shared memory, only the ones between are read again (from L2).  Backward: y and dy read once (both arrays held:
+half the elements a thread), the group's sum(dy * y) (softmax) or sum(dy) (log-softmax), then dx = y (dy - s) or
+dy - exp(y) s.  FAST skips the max (its formula is exp(x) / sum exp(x) as written).  Registers capped by
+__launch_bounds__(BLOCK, MINB): 64 a thread holding one array (four 256-thread blocks an SM), 80 holding two.
+Columns (inner > 1, e.g. a channel softmax on NCHW: softmax_cols_fwd / _bwd, SOURCE_COLS): one thread per (o, i),
+consecutive threads on consecutive i (coalesced); C <= 32 values kept in registers (CREG), else a max pass, a sum
+pass and the write pass over the column (re-read through L1/L2).
+launch_spec() is the planner's choice of kernel, defines and launch shape; the cpu test compiles every one it makes
+for a set of shapes with nvcc.  MINIDNN_SOFTMAX_BWD_WARP=1: the backward's warp path holds 32 + 32 elements a thread
+(the first version's tiling) for a GPU A/B.
 MINIDNN_SOFTMAX_V1=1 launches the previous kernels instead (one warp per row, scalar loads, three passes over the
 row: SOURCE_V1) -- kept for a GPU A/B.
 """
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,7 +44,7 @@ from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, type_info
 
 __all__ = ["supports", "collapse", "forward", "backward", "row_config", "SOURCE", "SOURCE_V1", "ROW_HEADER",
-           "WARP_REDUCE"]
+           "WARP_REDUCE", "SOURCE_COLS", "launch_spec", "Spec", "RowConfig"]
 
 THREADS = 256
 
@@ -120,8 +129,19 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
 
 # ---- rows held in registers (shared with loss_kernels.py) ---------------------------------------------------------
 # Compile-time: G threads per row, BLOCK threads per block, NV vectors of VEC elements per thread and chunk,
-# VBYTES = VEC * sizeof(T).  Every index is 32-bit: supports() keeps x.size <= 2^31 - 1.
+# VBYTES = VEC * sizeof(T); RAGGED: rows whose length is not a multiple of VEC (each row's own head to the next
+# VBYTES boundary and its tail as scalars, the body as vectors); ONE: the row is one chunk (straight-line code).
+# Every index is 32-bit: supports() keeps x.size <= 2^31 - 1.
 ROW_HEADER = r"""
+#ifndef RAGGED
+#define RAGGED 0
+#endif
+#ifndef ONE
+#define ONE 0
+#endif
+#ifndef MINB
+#define MINB 1
+#endif
 #if VEC == 1
 typedef T VR;
 #elif VBYTES == 16
@@ -133,10 +153,15 @@ typedef unsigned int VR;
 #endif
 union Pack { VR raw; T v[VEC]; };
 #define E (NV * VEC)                       // elements a thread holds per chunk
-#define CHUNK (G * E)                      // elements a group covers per chunk
+#define CV (G * NV)                        // body vectors a group covers per chunk
 #define RPB (BLOCK / G)                    // rows per block (1 when G == BLOCK)
+#define NE (RAGGED ? VEC - 1 : 0)          // edge slots a thread keeps: the head (thread 0), the tail (thread G - 1)
+#define NE1 (NE > 0 ? NE : 1)
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 #define A_NAN ((A)__int_as_float(0x7fffffff))
+#if RAGGED && G < 2
+#error "RAGGED rows need two threads a row (head and tail)"
+#endif
 
 __device__ __forceinline__ A vmax(A a, A b) { return (b > a || b != b) ? b : a; }      // NaN wins
 
@@ -171,77 +196,140 @@ template <class V> __device__ __forceinline__ V g_max(V v, V* sm)
     return v;
 }
 
-// Chunk c0 of a row p of C elements into a[E] (as A), thread g's slots; slots past the row get `pad`.
-// VA: 16-byte (VBYTES) vector loads (the caller checked the alignment), else element by element.
-template <bool VA> __device__ __forceinline__ void load_chunk(const T* __restrict__ p, int c0, int C, int g, A pad,
-                                                              A* a)
+// A row of C elements at p: h head elements, nb body vectors of VEC, tl tail elements (tl < VEC).  h = 0 unless
+// RAGGED with vector loads (then the row's own distance to the next VBYTES boundary: rows start at r * C).
+struct Geo { int h, nb, tl; };
+__device__ __forceinline__ Geo row_geo(const T* p, int C, bool va)
+{
+    Geo q;
+    q.h = 0;
+#if RAGGED
+    if (va) {
+        q.h = (int)(((VBYTES - (unsigned)((unsigned long long)p % VBYTES)) % VBYTES) / sizeof(T));
+        if (q.h > C) q.h = C;
+    }
+#endif
+    q.nb = (C - q.h) / VEC;
+    q.tl = C - q.h - q.nb * VEC;
+    return q;
+}
+
+// Body vector v = ch * CV + k * G + g (elements h + v * VEC + j) into slots a[k * VEC + j]; slots past the body get
+// `pad`.  VA: VBYTES vector loads (the caller checked the alignment), else element by element.
+template <bool VA> __device__ __forceinline__ void load_chunk(const T* __restrict__ p, int ch, const Geo& q, int g,
+                                                              A pad, A* a)
 {
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        const int c = c0 + (k * G + g) * VEC;
-        Pack q;
+        const int v = ch * CV + k * G + g;
+        const int c = q.h + v * VEC;
+        Pack u;
         if (VA) {
-            if (c < C) q.raw = *reinterpret_cast<const VR*>(p + c);
+            if (v < q.nb) u.raw = *reinterpret_cast<const VR*>(p + c);
         } else {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) if (c < C) q.v[j] = p[c + j];
+            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = p[c + j];
         }
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = c < C ? LD(q.v[j]) : pad;
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = v < q.nb ? LD(u.v[j]) : pad;
     }
 }
 
-template <bool VA> __device__ __forceinline__ void store_chunk(T* __restrict__ p, int c0, int C, int g, const A* a)
+template <bool VA> __device__ __forceinline__ void store_chunk(T* __restrict__ p, int ch, const Geo& q, int g,
+                                                               const A* a)
 {
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        const int c = c0 + (k * G + g) * VEC;
-        if (c < C) {
-            Pack q;
+        const int v = ch * CV + k * G + g;
+        if (v >= 0 && v < q.nb) {
+            const int c = q.h + v * VEC;
+            Pack u;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) q.v[j] = ST(a[k * VEC + j]);
-            if (VA) *reinterpret_cast<VR*>(p + c) = q.raw;
+            for (int j = 0; j < VEC; ++j) u.v[j] = ST(a[k * VEC + j]);
+            if (VA) *reinterpret_cast<VR*>(p + c) = u.raw;
             else {
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) p[c + j] = q.v[j];
+                for (int j = 0; j < VEC; ++j) p[c + j] = u.v[j];
             }
         }
     }
 }
 
-// Every pointer on a VBYTES boundary (rows are too: C % VEC == 0), so the vector loads may be used.
+// The row's edges (RAGGED): thread 0 holds the head [0, h), thread G - 1 the tail [h + nb * VEC, C), as scalars.
+__device__ __forceinline__ int edge_n(const Geo& q, int g) { return g == 0 ? q.h : (g == G - 1 ? q.tl : 0); }
+__device__ __forceinline__ int edge_o(const Geo& q, int g) { return g == 0 ? 0 : q.h + q.nb * VEC; }
+__device__ __forceinline__ void load_edges(const T* __restrict__ p, const Geo& q, int g, A pad, A* ed)
+{
+#pragma unroll
+    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(p[edge_o(q, g) + j]) : pad;
+}
+__device__ __forceinline__ void store_edges(T* __restrict__ p, const Geo& q, int g, const A* ed)
+{
+#pragma unroll
+    for (int j = 0; j < NE; ++j) if (j < edge_n(q, g)) p[edge_o(q, g) + j] = ST(ed[j]);
+}
+
+// Whether the vector loads may be used: every pointer on a VBYTES boundary (rows are too: C % VEC == 0), or, for
+// RAGGED rows, every array at the same distance from one (each row then has the same head in all of them).
 __device__ __forceinline__ bool aligned(const void* a, const void* b = 0, const void* c = 0)
 {
-    return VEC > 1 && (((unsigned long long)a | (unsigned long long)b | (unsigned long long)c) % VBYTES) == 0;
+    const unsigned long long x = (unsigned long long)a, y = b ? (unsigned long long)b : x,
+                             z = c ? (unsigned long long)c : x;
+#if RAGGED
+    return VEC > 1 && (((x ^ y) | (x ^ z)) % VBYTES) == 0;
+#else
+    return VEC > 1 && ((x | y | z) % VBYTES) == 0;
+#endif
 }
 """
 
 SOURCE = STORAGE_HEADER + ROW_HEADER + r"""
+#ifndef SCH
+#define SCH 0
+#endif
 // ---- rows (inner = 1) --------------------------------------------------------------------------------------------
+// SCH > 0 (rows of several chunks): the first SCH chunks are also kept in shared memory (stash, thread t's slot e of
+// chunk ch at (ch * E + e) * BLOCK + t: conflict-free), the last stays in registers; only chunks in between (rows
+// longer than (SCH + 1) chunks) are read again.
 template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict__ x, T* __restrict__ y, int rows,
-                                                            int C, A* sm)
+                                                            int C, A* sm, A* stash)
 {
     const int g = threadIdx.x % G;
-    const int nch = (C + CHUNK - 1) / CHUNK;
     for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {      // uniform over the block
         const int r = r0 + (int)threadIdx.x / G;
-        const bool live = r < rows;                                          // a dead group still shuffles
-        const int cl = live ? C : 0;
+        const bool live = r < rows;                                          // a dead group still reduces
         const T* xr = x + (size_t)(live ? r : 0) * C;
         T* yr = y + (size_t)(live ? r : 0) * C;
-        A a[E];
+        const Geo q = row_geo(xr, live ? C : 0, VA);
+        const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
+        A a[E], ed[NE1];
         A m = ALGO == 0 ? (A)0 : NEG_INF, s = 0;
-        for (int ch = 0; ch < nch; ++ch) {           // one chunk on the register path
-            load_chunk<VA>(xr, ch * CHUNK, cl, g, NEG_INF, a);
+        load_edges(xr, q, g, NEG_INF, ed);
+        for (int ch = 0; ch < nch; ++ch) {
+            load_chunk<VA>(xr, ch, q, g, NEG_INF, a);
+#if SCH > 0
+            if (ch < SCH) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) stash[(ch * E + e) * BLOCK + threadIdx.x] = a[e];
+            }
+#endif
 #if ALGO != 0
             A cm = NEG_INF;
 #pragma unroll
             for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
+            if (ch == 0) {
+#pragma unroll
+                for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
+            }
             const A nm = vmax(m, cm);
             if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);        // online: rescale the running sum
             m = nm;
 #endif
             const A sh = m == NEG_INF ? (A)0 : m;
+            if (ch == 0) {
+#pragma unroll
+                for (int j = 0; j < NE; ++j) s += exp(ed[j] - sh);
+            }
 #pragma unroll
             for (int e = 0; e < E; ++e) {
                 const A ex = exp(a[e] - sh);
@@ -264,71 +352,104 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
 #else
         const A inv = (A)1 / S;
 #endif
-        if (nch == 1) {
+        if (!live || nch == 0) continue;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {                // the last chunk, still in registers (relative to m)
+#if ALGO == 2
+            a[e] = a[e] - M - ls;
+#else
+            a[e] = a[e] * f * inv;
+#endif
+        }
+        store_chunk<VA>(yr, nch - 1, q, g, a);
+#if !ONE
+        for (int ch = 0; ch < nch - 1; ++ch) {
+#if SCH > 0
+            if (ch < SCH) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) a[e] = stash[(ch * E + e) * BLOCK + threadIdx.x];
+            } else
+#endif
+            load_chunk<VA>(xr, ch, q, g, (A)0, a);
 #pragma unroll
             for (int e = 0; e < E; ++e) {
 #if ALGO == 2
                 a[e] = a[e] - M - ls;
 #else
-                a[e] = a[e] * f * inv;
+                a[e] = exp(a[e] - M) * inv;
 #endif
             }
-            if (live) store_chunk<VA>(yr, 0, C, g, a);
-        } else if (live) {
-            for (int ch = 0; ch < nch; ++ch) {
-                load_chunk<VA>(xr, ch * CHUNK, C, g, (A)0, a);
-#pragma unroll
-                for (int e = 0; e < E; ++e) {
-#if ALGO == 2
-                    a[e] = a[e] - M - ls;
-#else
-                    a[e] = exp(a[e] - M) * inv;
-#endif
-                }
-                store_chunk<VA>(yr, ch * CHUNK, C, g, a);
-            }
+            store_chunk<VA>(yr, ch, q, g, a);
         }
+#endif
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+#if ALGO == 2
+            ed[j] = ed[j] - M - ls;
+#else
+            ed[j] = exp(ed[j] - M) * inv;
+#endif
+        }
+        store_edges(yr, q, g, ed);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, const int C)
 {
     __shared__ A sm[BLOCK / 32];
-    if (aligned(x, y)) fwd_rows<true>(x, y, rows, C, sm);
-    else fwd_rows<false>(x, y, rows, C, sm);
+#if SCH > 0
+    extern __shared__ __align__(16) unsigned char dyn_sm[];
+    A* stash = reinterpret_cast<A*>(dyn_sm);
+#else
+    A* stash = 0;
+#endif
+    if (aligned(x, y)) fwd_rows<true>(x, y, rows, C, sm, stash);
+    else fwd_rows<false>(x, y, rows, C, sm, stash);
 }
 
+// dx = y (dy - sum(dy y)) or dy - exp(y) sum(dy): y and dy of a chunk both loaded before the sum (ONE: every load of
+// the row issued at once); a longer row keeps its last chunk in registers and reads the others again.
 template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ dy,
                                                             T* __restrict__ dx, int rows, int C, A* sm)
 {
     const int g = threadIdx.x % G;
-    const int nch = (C + CHUNK - 1) / CHUNK;
     for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {
         const int r = r0 + (int)threadIdx.x / G;
         const bool live = r < rows;
-        const int cl = live ? C : 0;
         const size_t base = (size_t)(live ? r : 0) * C;
-        A a[E], b[E];
+        const Geo q = row_geo(y + base, live ? C : 0, VA);
+        const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
+        A a[E], b[E], ea[NE1], eb[NE1];
+        load_edges(dy + base, q, g, (A)0, eb);
+        load_edges(y + base, q, g, (A)0, ea);
         A s = 0;
         for (int ch = 0; ch < nch; ++ch) {
-            load_chunk<VA>(dy + base, ch * CHUNK, cl, g, (A)0, b);
+            load_chunk<VA>(dy + base, ch, q, g, (A)0, b);
 #if ALGO == 2
+            if (ONE || ch == nch - 1) load_chunk<VA>(y + base, ch, q, g, (A)0, a);
 #pragma unroll
             for (int e = 0; e < E; ++e) s += b[e];
-            if (nch == 1) load_chunk<VA>(y + base, 0, cl, g, (A)0, a);
 #else
-            load_chunk<VA>(y + base, ch * CHUNK, cl, g, (A)0, a);
+            load_chunk<VA>(y + base, ch, q, g, (A)0, a);
 #pragma unroll
             for (int e = 0; e < E; ++e) s += b[e] * a[e];
 #endif
         }
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+#if ALGO == 2
+            s += eb[j];
+#else
+            s += eb[j] * ea[j];
+#endif
+        }
         s = g_sum(s, sm);
-        if (!live) continue;
-        for (int ch = 0; ch < nch; ++ch) {
-            if (nch > 1) {
-                load_chunk<VA>(dy + base, ch * CHUNK, C, g, (A)0, b);
-                load_chunk<VA>(y + base, ch * CHUNK, C, g, (A)0, a);
+        if (!live || nch == 0) continue;
+        for (int ch = nch - 1; ch >= 0; --ch) {      // the last chunk from registers first
+            if (!ONE && ch < nch - 1) {
+                load_chunk<VA>(dy + base, ch, q, g, (A)0, b);
+                load_chunk<VA>(y + base, ch, q, g, (A)0, a);
             }
 #pragma unroll
             for (int e = 0; e < E; ++e) {
@@ -338,20 +459,35 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
                 a[e] = a[e] * (b[e] - s);
 #endif
             }
-            store_chunk<VA>(dx + base, ch * CHUNK, C, g, a);
+            store_chunk<VA>(dx + base, ch, q, g, a);
         }
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+#if ALGO == 2
+            ea[j] = eb[j] - exp(ea[j]) * s;
+#else
+            ea[j] = ea[j] * (eb[j] - s);
+#endif
+        }
+        store_edges(dx + base, q, g, ea);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 softmax_rows_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int rows, const int C)
 {
     __shared__ A sm[BLOCK / 32];
     if (aligned(y, dy, dx)) bwd_rows<true>(y, dy, dx, rows, C, sm);
     else bwd_rows<false>(y, dy, dx, rows, C, sm);
 }
+"""
 
-// ---- columns (inner > 1): one thread per (o, i); element c at base + c * inner -----------------------------------
+# ---- columns (inner > 1): their own source (no row tiling defines) -------------------------------------------------
+SOURCE_COLS = STORAGE_HEADER + r"""
+#define NEG_INF (-(A)__int_as_float(0x7f800000))
+__device__ __forceinline__ A vmax(A a, A b) { return (b > a || b != b) ? b : a; }      // NaN wins
+
+// One thread per (o, i); element c at base + c * inner (consecutive threads on consecutive i: coalesced).
 extern "C" __global__ void __launch_bounds__(256)
 softmax_cols_fwd(const T* __restrict__ x, T* __restrict__ y, const int cols, const int C, const int inner)
 {
@@ -459,30 +595,58 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 }
 """
 
+_SOURCES = {"V1": SOURCE_V1, "ROWS": SOURCE, "COLS": SOURCE_COLS}
+
 
 def _pow2_at_least(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def row_config(c, itemsize, acc_itemsize, arrays=1):
-    """(G, NV, VEC, BLOCK) of the row kernels for rows of ``c`` elements of ``itemsize`` bytes computed in
-    ``acc_itemsize``-byte floats, ``arrays`` rows held at once (2: softmax backward's y and dy): VEC the widest
-    vector (<= 16 bytes) that divides the row; a warp-or-less group while a thread holds <= 32 (float64: 16)
-    elements per array, else a block of up to 512 threads holding <= 32 (16) elements, half that for two arrays;
-    a longer row runs in chunks of G * NV * VEC.  NV is a power of two (fewer distinct compilations)."""
-    vec = max(1, 16 // itemsize)
+class RowConfig(NamedTuple):
+    g: int          # threads a row (a power of two <= 32 in 256-thread blocks, or the whole block)
+    nv: int         # vectors a thread holds per chunk
+    vec: int        # elements a vector
+    block: int      # threads a block
+    ragged: bool    # C % vec != 0: each row's head and tail as scalars, the body as vectors
+    one: bool       # the row is one chunk
+    sch: int        # chunks also kept in shared memory (several-chunk rows)
+
+
+# MINIDNN_SOFTMAX_BWD_WARP=1: the backward's warp path holds 32 + 32 elements a thread (the first version's tiling,
+# for a GPU A/B of the backward alone); default 16 + 16 (a 1000-class row: a 64-thread block).
+BWD_HALF = os.environ.get("MINIDNN_SOFTMAX_BWD_WARP", "0") != "1"
+STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long row's chunks in (two 512-thread blocks
+                               # an SM: 128 of 228 KB)
+
+
+def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0):
+    """The row kernels' tiling (RowConfig) for rows of ``c`` elements of ``itemsize`` bytes computed in
+    ``acc_itemsize``-byte floats, ``arrays`` rows held at once (2: softmax backward's y and dy).  VEC: the widest
+    vector (<= 16 bytes) that divides the row; a row of at least 32 such vectors that no wide vector divides is
+    RAGGED (wide vectors for its body, scalars for each row's head and tail).  A warp-or-less group while a thread
+    holds <= 32 (float64: 16) elements, else a block of up to 512 threads holding <= 32 (16) elements; both halved
+    for two arrays (32 + 32 floats a thread took 93-117 registers: two 256-thread blocks an SM); a longer row
+    runs in chunks of G * NV vectors, up to ``stash_bytes`` of them kept in shared memory.  NV is a power of two
+    (fewer distinct compilations)."""
+    maxvec = max(1, 16 // itemsize)
+    vec = maxvec
     while c % vec:
         vec //= 2
-    nvec = c // vec
-    cap = 32 if acc_itemsize <= 4 else 16            # elements a warp-path thread keeps per array
+    ragged = vec < maxvec and c >= 32 * maxvec
+    if ragged:
+        vec = maxvec
+    nvec = c // vec                                  # body vectors at most (ragged: fewer when the head is not 0)
+    cap = (32 if acc_itemsize <= 4 else 16) // (arrays if arrays > 1 and BWD_HALF else 1)
     g = min(32, _pow2_at_least(nvec))
     nv = _pow2_at_least(-(-nvec // g))
-    if nv * vec <= cap:
-        return g, nv, vec, 256
-    cap //= arrays                                   # a block-path thread (512 threads: <= 128 registers each)
-    block = min(512, max(64, _pow2_at_least(-(-c // cap))))
-    nv = max(1, min(_pow2_at_least(-(-nvec // block)), cap // vec))
-    return block, nv, vec, block
+    block = 256
+    if nv * vec > cap:
+        cap = (32 if acc_itemsize <= 4 else 16) // arrays    # a block-path thread (512 threads: <= 64 registers)
+        block = g = min(512, max(64, _pow2_at_least(-(-c // cap))))
+        nv = max(1, min(_pow2_at_least(-(-nvec // block)), cap // vec))
+    nch = -(-nvec // (g * nv))
+    sch = 0 if nch <= 1 else min(nch - 1, stash_bytes // (nv * vec * block * acc_itemsize))
+    return RowConfig(g, nv, vec, block, ragged, nch <= 1, sch)
 
 
 def col_reg(c):
@@ -514,30 +678,60 @@ def _grid(groups, dev, per_sm=16):
     return (max(1, min(groups, _launch.sm_count(dev) * per_sm)),)
 
 
+def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None):
+    """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
+    NAME=VALUE strings, and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM)."""
+    item = np.dtype(dtype).itemsize
+    acc = 8 if item == 8 else 4
+    cfg = row_config(c, item, acc, arrays, stash_bytes)
+    # registers: <= 64 a thread where the data fits (a 1000-class float32 forward took 88-113 without a cap: two
+    # 256-thread blocks an SM; capped, four), <= 80 holding two arrays; float64 uncapped
+    minb = 1 if acc == 8 else max(1, 65536 // (cfg.block * (regs or (64 if arrays == 1 else 80))))
+    return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
+            f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"MINB={minb}"), cfg
+
+
+class Spec(NamedTuple):
+    """One launch as the planner settles it: SOURCE key, kernel name, NAME=VALUE defines (all of them), grid
+    groups (blocks wanted before the per-SM cap), blocks per SM cap, threads a block, dynamic shared memory."""
+    source: str
+    name: str
+    defines: tuple
+    groups: int
+    per_sm: int
+    block: int
+    smem: int
+
+
+def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
+    """The kernel, compile-time defines and launch shape of softmax over ``axes`` of a C-contiguous ``shape``."""
+    outer, c, inner = collapse(shape, axes)
+    rows = outer * inner
+    if backward and algo_name == "FAST":
+        algo_name = "ACCURATE"              # the same backward: one compilation
+    scalar, accum, storage, _ = type_info(dtype)
+    base = (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}", f"ALGO={_ALGO[algo_name]}")
+    if V1:
+        return Spec("V1", "softmax_bwd" if backward else "softmax_fwd", base, (rows + 7) // 8, 16, THREADS, 0)
+    if inner == 1:
+        defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES)
+        acc = 8 if np.dtype(dtype).itemsize == 8 else 4
+        return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
+                    -(-rows // (cfg.block // cfg.g)), 16, cfg.block, cfg.sch * cfg.nv * cfg.vec * cfg.block * acc)
+    return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
+                -(-rows // 256), 32, 256, 0)
+
+
 _kernel_cache: dict = {}
 
 
-def _kernel(name, dtype, algo, defines=()):
-    key = (name, dtype, algo, defines)
+def _kernel(source, name, defines):
+    key = (source, name, defines)
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _kernel_compiled(name, dtype, algo, defines)
+        k = _kernel_cache[key] = _launch.get_kernel(_SOURCES[source], name,
+                                                    tuple(f"-D{d}" for d in defines) + ("-std=c++14",))
     return k
-
-
-def _kernel_compiled(name, dtype, algo, defines):
-    scalar, accum, storage, _ = type_info(dtype)
-    opts = (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DALGO={_ALGO[algo]}", "-std=c++14")
-    return _launch.get_kernel(SOURCE_V1 if name in ("softmax_fwd", "softmax_bwd") else SOURCE, name,
-                              opts + tuple(f"-D{d}" for d in defines))
-
-
-def row_defines(c, dtype, arrays=1):
-    """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
-    NAME=VALUE strings, and the threads per block."""
-    item = np.dtype(dtype).itemsize
-    g, nv, vec, block = row_config(c, item, 8 if item == 8 else 4, arrays)
-    return (f"G={g}", f"NV={nv}", f"VEC={vec}", f"VBYTES={vec * item}", f"BLOCK={block}"), g, block
 
 
 # ---- plans: kernel, grid and packed scalars once per call signature; a call = one allocation + one launch --------
@@ -560,25 +754,14 @@ class _Plan:
 def _plan(backward, x, axes, algo_name, dev):
     outer, c, inner = collapse(x.shape, axes)
     rows = outer * inner
+    s = launch_spec(backward, x.shape, axes, algo_name, x.dtype)
     arrays = [None] * (3 if backward else 2)
-    if backward and algo_name == "FAST":
-        algo_name = "ACCURATE"              # the same backward: one compilation
+    tail = {"V1": [np.int64(rows), np.int32(c), np.int32(inner)], "ROWS": [np.int32(rows), np.int32(c)],
+            "COLS": [np.int32(rows), np.int32(c), np.int32(inner)]}[s.source]
     p = _Plan()
     p.dev = dev
-    if V1:
-        name = "softmax_bwd" if backward else "softmax_fwd"
-        p.go = _launch.prepare(_kernel(name, x.dtype, algo_name), _grid((rows + 7) // 8, dev), (THREADS,),
-                               arrays + [np.int64(rows), np.int32(c), np.int32(inner)])
-    elif inner == 1:
-        defines, g, block = row_defines(c, x.dtype, 2 if backward else 1)
-        name = "softmax_rows_bwd" if backward else "softmax_rows_fwd"
-        p.go = _launch.prepare(_kernel(name, x.dtype, algo_name, defines), _grid(-(-rows // (block // g)), dev),
-                               (block,), arrays + [np.int32(rows), np.int32(c)])
-    else:
-        name = "softmax_cols_bwd" if backward else "softmax_cols_fwd"
-        p.go = _launch.prepare(_kernel(name, x.dtype, algo_name, (f"CREG={col_reg(c)}",)),
-                               _grid(-(-rows // 256), dev, 32), (256,), arrays + [np.int32(rows), np.int32(c),
-                                                                               np.int32(inner)])
+    p.go = _launch.prepare(_kernel(s.source, s.name, s.defines), _grid(s.groups, dev, s.per_sm), (s.block,),
+                           arrays + tail, s.smem)
     return p
 
 
@@ -598,23 +781,32 @@ def backward(y, dy, axes, algo_name):
     return plan(y, axes, algo_name, True)(y, dy)
 
 
+def write_spec(path, spec):
+    """Write ``spec``'s source with its defines for nvcc (the compile check of every planned configuration)."""
+    _launch.write_source(path, _SOURCES[spec.source], spec.defines)
+
+
 def _compile_check(out_dir):
-    """Write every row/column configuration's source for nvcc (python -m minidnn.backend.cuda.softmax_kernels DIR)."""
+    """Write the planned configurations' sources for nvcc (python -m minidnn.backend.cuda.softmax_kernels DIR)."""
     import os.path
     files = []
-    for dtype, scalar, accum, storage in (("float32", "float", "float", 0), ("float64", "double", "double", 0),
-                                          ("bfloat16", "float", "float", 2)):
-        item = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
-        for c in (1, 7, 10, 31, 33, 1000, 1024, 1025, 4097, 16384, 32768):
-            for algo, arrays in ((0, 1), (1, 1), (2, 1), (1, 2), (2, 2)):
-                g, nv, vec, block = row_config(c, item, 8 if item == 8 else 4, arrays)
-                path = os.path.join(out_dir, f"rows_{dtype}_{c}_{algo}_{arrays}.cu")
-                _launch.write_source(path, SOURCE, (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}",
-                                                    f"ALGO={algo}", f"G={g}", f"NV={nv}", f"VEC={vec}",
-                                                    f"VBYTES={vec * item}", f"BLOCK={block}", "CREG=" +
-                                                    str(col_reg(c))))
-                files.append(path)
+    for dtype in ("float32", "float64", "bfloat16", "float16"):
+        for shape, axes in (((8, 10), (1,)), ((8, 1000), (1,)), ((8, 4097), (1,)), ((8, 32768), (1,)),
+                            ((8, 50257), (1,)), ((2, 21, 9, 7), (1,)), ((2, 1000, 2), (1,))):
+            for backward in (False, True):
+                for algo in ("FAST", "ACCURATE", "LOG"):
+                    s = launch_spec(backward, shape, axes, algo, _dtype_of(dtype))
+                    path = os.path.join(out_dir, f"{s.name}_{dtype}_{'x'.join(map(str, shape))}_{algo}.cu")
+                    write_spec(path, s)
+                    files.append(path)
     return files
+
+
+def _dtype_of(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
 
 
 if __name__ == "__main__":
