@@ -8,13 +8,15 @@ t() { echo "== $1 ($(( $(date +%s) - start )) s)"; }
 pt() { name=$1; lim=$2; shift 2; timeout $lim python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=10 "$@" > $OUT/$name.log 2>&1; t $name; grep -E "^FAILED|passed|failed" $OUT/$name.log | tail -8; }
 if [ "$PART" = a ]; then
   pt t_drop 120 tests/backend/test_dropout_cuda.py
-  pt t_soft 150 tests/backend/test_softmax_rows_cuda.py tests/backend/test_step_cuda_kernels.py -k "softmax or cross_entropy or rows or channel"
+  pt t_soft 170 tests/backend/test_softmax_rows_cuda.py "tests/backend/test_step_cuda_kernels.py::test_softmax_forward_backward" "tests/backend/test_step_cuda_kernels.py::test_softmax_cross_entropy"
   timeout 120 python3 bench/kernels_gpu.py --sizes large,small --only softmax,ce,dropout --dtypes float32,bfloat16 > $OUT/k_a.log 2>&1
   t k_a; grep -v -i warn $OUT/k_a.log | grep -v CuPy
   timeout 60 python3 tools/dropout_bench.py --dtypes float32,bfloat16 > $OUT/drop_bench.log 2>&1
   t drop_bench; grep -v -i warn $OUT/drop_bench.log | grep -E "56, 56|256, 1024|dtype" | head -60
   timeout 60 python3 tools/softmax_shapes_gpu.py --quick > $OUT/soft_shapes.log 2>&1
   t soft_shapes; grep -v -i warn $OUT/soft_shapes.log | tail -40
+  MINIDNN_SOFTMAX_BWD_WARP=1 timeout 60 python3 tools/softmax_shapes_gpu.py --quick > $OUT/soft_bwdwarp.log 2>&1
+  t soft_bwdwarp; grep -v -i warn $OUT/soft_bwdwarp.log | grep bwd | tail -20
 else
   pt t_pool 120 tests/backend/test_pool_act_vec.py tests/backend/test_step_cuda_kernels.py -k "pool"
   pt t_norm 120 tests/backend/test_norm_kernels_v2.py
