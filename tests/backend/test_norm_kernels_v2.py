@@ -53,15 +53,24 @@ _V2_CONFIGS = [  # (dtype, team, vpt, vec, block, minb, kernels built with it) -
     (np.float64, 64, 2, 2, 256, 3, ("ln_bwd2",)), (np.float32, 512, 2, 4, None, 2, ("ln_bwd2",)),
     (np.float64, 512, 4, 2, None, 1, ("gn_bwd2",)),
     (np.float16, 32, 0, 8, None, 1, ("bias_grad_planes",)), (np.float32, 32, 0, 1, None, 1, ("bias_grad_planes",)),
+    # ln_fwd3 (16-bit layer norm forward, parameters in registers) as ln_config3 / _ln_forward_plan3 choose it
+    (np.float16, 32, 1, 8, 256, 3, ("ln_fwd3",)), (np.float16, 64, 2, 8, 256, 3, ("ln_fwd3",)),
+    (np.float16, 256, 2, 8, 256, 3, ("ln_fwd3",)),
+    # gn_bwd2 with the flags fixed at compile time (GN_CHV, vectors in one channel)
+    (np.float16, 256, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1),)),
+    (np.float32, 512, 4, 4, None, 2, ("gn_bwd2",), (("GN_CHV", 1),)),
+    (np.float32, 256, 4, 4, None, 3, ("gn_bwd2",), (("GN_CHV", 1),)),
 ]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("cfg", _V2_CONFIGS, ids=lambda c: f"{np.dtype(c[0]).name}-t{c[1]}-v{c[2]}-b{c[4]}-m{c[5]}")
+@pytest.mark.parametrize("cfg", _V2_CONFIGS, ids=lambda c: f"{np.dtype(c[0]).name}-t{c[1]}-v{c[2]}-b{c[4]}-m{c[5]}"
+                         f"-{c[6][0]}" + ("-chv" if len(c) > 7 else ""))
 def test_v2_kernels_compile(tmp_path, cfg):
     """No spills, except gn_bwd2 at 512 threads capped to 64 registers: <= 32 bytes (per-row scalars, L1)."""
-    dtype, team, vpt, vec, block, minb, kernels = cfg
-    opts = NK.options(np.dtype(dtype), NK._PSTORAGE[np.dtype(dtype).name], team, vpt, vec, False, block, minb)
+    dtype, team, vpt, vec, block, minb, kernels, *defs = cfg
+    opts = NK.options(np.dtype(dtype), NK._PSTORAGE[np.dtype(dtype).name], team, vpt, vec, False, block, minb,
+                      *defs)
     defines = "".join(f"#define {o[2:].split('=')[0]} {o.split('=', 1)[1]}\n" for o in opts if o.startswith("-D"))
     src = tmp_path / "k.cu"
     src.write_text(defines + NK.SOURCE)
@@ -111,6 +120,23 @@ def _params(rng, shape, name, misalign, cp):
     p = buf[1:].reshape(shape)
     assert p.data.ptr % 16
     return p
+
+
+@pytest.mark.parametrize("d, want", [(256, (32, 1, 8)), (512, (32, 2, 8)), (768, (64, 2, 8)), (1024, (64, 2, 8)),
+                                     (4096, (256, 2, 8)), (4104, None), (8192, None), (100, None)])
+def test_ln_config3(d, want):
+    assert NK.ln_config3(d, np.dtype(np.float16), True) == want
+    assert NK.ln_config3(d, np.dtype(np.float16), False) is None
+    assert NK.ln_config3(d, np.dtype(np.float32), True) is None
+
+
+def test_route_default():
+    """16-bit layer norm forward takes ln_fwd3, everything else v2 (MINIDNN_NORM_V1 everything v1)."""
+    if NK.V1:
+        pytest.skip("MINIDNN_NORM_V1 is set")
+    assert NK._version("ln_fwd", np.dtype(np.float16)) == NK.ROUTE["ln_fwd16"]
+    assert NK._version("gn_bwd", np.dtype(np.float16)) == NK.ROUTE["gn_bwd16"]
+    assert NK._version("ln_fwd", np.dtype(np.float32)) == "v2"
 
 
 LN2_CASES = [(3000, 256), (517, 1024), (64, 4096), (40, 16384), (9, 8), (1000, 40)]
@@ -214,3 +240,39 @@ def test_bias_grad_planes(cp, name, shape, wide):
     _close(db, want, "float32" if wide else name, dy.size // shape[1], what="stat" if wide else "data-sum")
     again = NK.bias_grad(cp.asarray(dy), 1, np.float32 if wide else None)      # tickets left zeroed: same result
     np.testing.assert_array_equal(_h(again), _h(db))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(20001, 256), (7001, 1024), (1500, 4096), (40000, 8)])
+@pytest.mark.parametrize("affine", ["both", "none", "misaligned", "scale"])
+def test_ln_fwd3(cp, monkeypatch, name, shape, affine):
+    """ln_fwd3 against float64 and against norm_fwd2 (ROUTE ln_fwd16 = v2) and v1, on row counts that give each
+    team several rows (parameters held across rows, the next row prefetched) and a ragged last round."""
+    rng = np.random.default_rng(hash((shape, name, affine)) % 2 ** 32)
+    dtype = _dtype(name)
+    x = _draw(rng, shape, dtype, offset=3.0)
+    d = shape[-1]
+    scale = bias = None
+    if affine != "none":
+        scale = _params(rng, (d,), name, affine == "misaligned", cp)
+        if affine != "scale":
+            bias = _params(rng, (d,), name, affine == "misaligned", cp)
+    y_r, m_r, i_r = B.layer_normalization_forward(None, x.astype(np.float64), _h(scale), _h(bias), 1, 1e-5)
+    gx = cp.asarray(x)
+    out = {}
+    for version in ("v3", "v2", "v1"):
+        NK._plans.clear()
+        monkeypatch.setitem(NK.ROUTE, "ln_fwd16", version)
+        with Counted() as c:
+            out[version] = B.layer_normalization_forward(None, gx, scale, bias, 1, 1e-5)
+        assert c.n == 1
+    NK._plans.clear()
+    assert NK.ln_config3(d, dtype, True) is not None
+    y, m, i = out["v3"]
+    _close(y, y_r, name)
+    _close(m, m_r, name, what="stat")
+    _close(i, i_r, name, what="stat")
+    for version in ("v2", "v1"):
+        _close(y, _h(out[version][0]), name)
+        _close(m, _h(out[version][1]), name, what="stat")

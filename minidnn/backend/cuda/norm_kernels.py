@@ -57,6 +57,11 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
     registers and their column partials in shared memory (v1: registers), added in the block: one partial row per
     resident block for col_sum (v1: one per team, 8.6 MB for (16384, 1024)).
   bias_grad_planes: the NCHW bias gradient in one launch (v1: row_sums + col_sum), last block per channel adding.
+  ln_fwd3 (16-bit layer norm forward, rows <= 4096 values): teams of 32..256 threads in 256-thread blocks keep
+    their columns' scale and bias in registers across the rows they walk (a grid of the resident blocks), the next
+    row's vectors loaded before the current row's sums.
+  gn_bwd2 with GN_CHV=1 (vectors in one channel): the scale / channel flags fixed at compile time.
+Which version a case takes: ROUTE / _version (MINIDNN_NORM_ROUTE), see there.
 """
 from __future__ import annotations
 
@@ -90,6 +95,9 @@ __device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned in
 
 #ifndef MINB
 #define MINB 1
+#endif
+#ifndef GN_CHV
+#define GN_CHV 0
 #endif
 #define TPB (BLOCK / TEAM)          // teams per block (TEAM > 32: one team = the block, so block barriers are safe)
 struct alignas(sizeof(T) * VEC) V { T v[VEC]; };
@@ -759,19 +767,119 @@ norm_fwd2(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __res
 #endif
 }
 
-// Group norm backward in one read, the v1 gn_bwd on raw vectors: x and dy of the group row in registers, the
-// channel of a value recomputed where needed (F_CHV: once per vector) instead of a register per value.
+// Layer norm forward for 16-bit rows (ln_fwd3): teams of TEAM threads (several per BLOCK, named barriers) keep
+// their columns' scale and bias IN REGISTERS (A, loaded once per team: the column a thread owns is the same in
+// every row), and a team walks rows r, r + teams, ... of a grid of the resident blocks with the NEXT row's
+// VPT vectors loaded before the current row's sums (one row's loads in flight during the two team sums and the
+// store).  Thread t holds vectors k * TEAM + t (k < VPT <= 2) of the row.  norm_fwd2 re-read 2 x 4 bytes of
+// parameters per 2-byte value from L1/L2 and had one row per warp: per-row costs dominated a 2 KB row.
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
-gn_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
-        const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const long long rows, const int D,
-        const int C, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr, const int flags)
+ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
+        A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows, const int D, const int G,
+        const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps, const int flags)
 {
 #if VPT > 0
-    const bool has_scale = flags & F_SCALE;
-    const bool chv = flags & F_CHV;
     __shared__ A red[BLOCK / 32][2];
+    const int t = threadIdx.x % TEAM;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    A ps[VPT][VEC], pb[VPT][VEC];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = k * TEAM + t;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) { ps[k][e] = 1; pb[k][e] = 0; }
+        if (vi < nvec) {
+            if (flags & F_PVEC) {
+                if (flags & F_SCALE) {
+                    const PV v = reinterpret_cast<const PV*>(scale)[vi];
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) ps[k][e] = LDP(v.v[e]);
+                }
+                if (flags & F_BIAS) {
+                    const PV v = reinterpret_cast<const PV*>(bias)[vi];
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) pb[k][e] = LDP(v.v[e]);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    if (flags & F_SCALE) ps[k][e] = LDP(scale[vi * VEC + e]);
+                    if (flags & F_BIAS) pb[k][e] = LDP(bias[vi * VEC + e]);
+                }
+            }
+        }
+    }
+    const long long stride = (long long)gridDim.x * TPB;
+    long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM;
+    V nx[VPT];
+    if (r < rows) {
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) nx[k] = reinterpret_cast<const V*>(x + r * D)[k * TEAM + t];
+    }
+    for (; r < rows; r += stride) {
+        V a[VPT];
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) a[k] = nx[k];
+        if (r + stride < rows) {
+            const V* xn = reinterpret_cast<const V*>(x + (r + stride) * D);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k)
+                if (k * TEAM + t < nvec) nx[k] = xn[k * TEAM + t];
+        }
+        A s = 0, q = 0, unused = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s += LDE(a[k], e);
+            }
+        team_sum2b(s, unused, red);
+        const A mean = s * inv_d;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) { const A d = LDE(a[k], e) - mean; q += d * d; }
+            }
+        unused = 0;
+        team_sum2b(q, unused, red);
+        const A rstd = (A)1 / sqrt(q * inv_d + (A)eps);
+        V* yr = reinterpret_cast<V*>(y + r * D);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (vi < nvec) {
+                V w;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(a[k], e) - mean) * rstd * ps[k][e] + pb[k][e]);
+                yr[vi] = w;
+            }
+        }
+        if (t == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
+    }
+#endif
+}
+
+// Group norm backward in one read, the v1 gn_bwd on raw vectors: x and dy of the group row in registers, the
+// channel of a value recomputed where needed (F_CHV: once per vector) instead of a register per value.
+// F_CHV rows (S % VEC == 0: every vector in one channel, the common case) take the flags as template arguments
+// (FIXED, SC): as run-time tests they put a uniform branch around every value's scale load, so no load could be
+// hoisted and each value waited on one (16-bit rows, 32 values a thread, ran at 37% of copy bandwidth against
+// float32's 86%); the vector's scale is loaded with the row (scv).  Compiled with GN_CHV=1 for F_CHV rows (two
+// instances, with and without scale); other rows, GN_CHV=0, keep the run-time flags (one instance: instances of
+// their per-value channels spilled).
+template <bool FIXED, bool SC>
+__device__ __forceinline__ void gn_bwd2_rows(const T* __restrict__ x, const T* __restrict__ dy,
+        const A* __restrict__ mean, const A* __restrict__ rstd, const PT* __restrict__ scale, A* __restrict__ sums,
+        T* __restrict__ dx, const long long rows, const int D, const int C, const int G, const int cpg,
+        const unsigned int s_mul, const unsigned int s_shr, const int flags, A (*red)[2], A (*wsum)[32][2])
+{
+#if VPT > 0
+    const bool has_scale = FIXED ? SC : (flags & F_SCALE) != 0;
+    const bool chv = FIXED || (flags & F_CHV);
 #if TEAM > 32
-    __shared__ A wsum[BLOCK / 32][32][2];
     const int warp = threadIdx.x >> 5;
 #endif
     const int t = threadIdx.x % TEAM, lane = threadIdx.x & 31;
@@ -791,7 +899,11 @@ gn_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 // the channel (within the group) of value e of vector k
 #define GN_CH(k, e) (chv ? (int)divu((unsigned int)(((k) * TEAM + t) * VEC), s_mul, s_shr) \
                          : (int)divu((unsigned int)(((k) * TEAM + t) * VEC + (e)), s_mul, s_shr))
-#define GN_SC(k, e) (has_scale ? LDP(scale[g0 + GN_CH(k, e)]) : (A)1)
+        A scv[VPT];     // FIXED: the scale of vector k's one channel, loaded with the row
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            scv[k] = (FIXED && has_scale && k * TEAM + t < nvec) ? LDP(scale[g0 + GN_CH(k, 0)]) : (A)1;
+#define GN_SC(k, e) (FIXED ? scv[k] : has_scale ? LDP(scale[g0 + GN_CH(k, e)]) : (A)1)
         A cs = 0, s1 = 0;
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
@@ -864,6 +976,28 @@ gn_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     }
 #endif
 }
+
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
+gn_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+        const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const long long rows, const int D,
+        const int C, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr, const int flags)
+{
+    __shared__ A red[BLOCK / 32][2];
+#if TEAM > 32
+    __shared__ A wsum[BLOCK / 32][32][2];
+#else
+    A (*wsum)[32][2] = nullptr;
+#endif
+#define GN_ROWS(FIXED, SC) gn_bwd2_rows<FIXED, SC>(x, dy, mean, rstd, scale, sums, dx, rows, D, C, G, cpg, s_mul, \
+                                                    s_shr, flags, red, wsum)
+#if GN_CHV
+    if (flags & F_SCALE) GN_ROWS(true, true); else GN_ROWS(true, false);
+#else
+    GN_ROWS(false, false);
+#endif
+#undef GN_ROWS
+}
+
 
 // Layer norm backward, row in registers (VPT > 0), the v1 ln_bwd on raw vectors with the scale of the thread's
 // columns held in registers across rows; several teams per block (TPB).  The column partials sum(dy * xhat),
@@ -1080,6 +1214,39 @@ def _block(team):
 V1 = os.environ.get("MINIDNN_NORM_V1", "") == "1"
 _PER_THREAD = {"fwd": 4, "gn_bwd": 4}     # the most 16-byte vectors of one array a v2 thread holds
 
+# Per-case routing (resolved when a plan is built: no per-call work).  "ln_fwd16": 16-bit layer norm forward,
+# "v3" = ln_fwd3 where ln_config3 takes the row (<= 4096 values), else v2; "gn_bwd16": 16-bit group norm
+# backward.  Every other case takes v2: on the H100 (bench/kernels_gpu.py, back-to-back calls, v2 against the
+# session's v1 baseline) v2 was faster or level everywhere but the 16-bit layer norm forward (v2 0.0537 ms, v1
+# 0.0487 at (16384, 1024) bf16; a warp per 2 KB row, parameters re-read per row: ln_fwd3's case) and level on the
+# 16-bit group norm backward (0.1404 / 0.1386 ms: gn_bwd2's per-value scale branch, fixed by GN_CHV).
+# MINIDNN_NORM_ROUTE="ln_fwd16=v1,gn_bwd16=v1" (read at import; or set ROUTE in-process and clear _plans) picks
+# another version per case for a GPU A/B; MINIDNN_NORM_V1=1 still sends everything to v1.
+ROUTE = {"ln_fwd16": "v3", "gn_bwd16": "v2"}
+ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
+             if "=" in kv)
+
+
+def _version(case, dtype):
+    """"v1", "v2" or "v3" for ``case`` ("ln_fwd", "ln_bwd", "gn_fwd", "gn_bwd", "bias_grad") on ``dtype``."""
+    if V1:
+        return "v1"
+    return ROUTE.get(case + "16", "v2") if np.dtype(dtype).itemsize == 2 else "v2"
+
+
+def ln_config3(d, dtype, aligned):
+    """(TEAM, VPT, VEC) of ln_fwd3 (16-bit layer norm rows, parameters held in registers), or None: the smallest
+    power-of-two team of 32..256 whose threads hold the row in at most 2 vectors (16 bytes each), so <= 4096
+    values; the thread's 2 x VPT x 8 float32 parameters then fit beside the current and next row's vectors."""
+    if np.dtype(dtype).itemsize != 2 or not aligned or d % 8:
+        return None
+    nvec = d // 8
+    team = 32
+    while team < 256 and team * 2 < nvec:
+        team *= 2
+    vpt = -(-nvec // team)
+    return (team, vpt, 8) if vpt <= 2 else None
+
 
 def row_config2(d, dtype, aligned, kind):
     """(TEAM, VPT, VEC) of a v2 row kernel (``kind`` "fwd", "gn_bwd" or "ln_bwd"), or None where it does not apply
@@ -1141,24 +1308,25 @@ def _p_info(x_dtype, p):
 _kernel_cache: dict = {}
 
 
-def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, in_t=False, block=None, minb=1):
-    key = (name, dtype, pinfo, team, vpt, vec, in_t, block, minb)
+def _kernel(name, dtype, pinfo, team=32, vpt=0, vec=1, in_t=False, block=None, minb=1, defs=()):
+    key = (name, dtype, pinfo, team, vpt, vec, in_t, block, minb, defs)
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:]))
     return k
 
 
-def options(dtype, pinfo, team=32, vpt=0, vec=1, in_t=False, block=None, minb=1):
+def options(dtype, pinfo, team=32, vpt=0, vec=1, in_t=False, block=None, minb=1, defs=()):
     """NVRTC options of one configuration (affine parameters and the group mapping are run-time flags: one
     compilation serves layer and group norm with or without parameters).  ``block``: threads per block where
     several teams of 64+ share one (ln_bwd2; default: one team, or 8 warp teams); ``minb``: the launch bounds'
-    minimum blocks per SM (v2 kernels)."""
+    minimum blocks per SM (v2 kernels); ``defs``: further (NAME, value) defines (gn_bwd2's GN_CHV)."""
     scalar, accum, storage, _ = type_info(dtype)
     param, pstorage = pinfo
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
             f"-DPSTORAGE={pstorage}", f"-DTEAM={team}", f"-DBLOCK={block or _block(team)}", f"-DVPT={vpt}",
-            f"-DVEC={vec}", f"-DIN_T={int(in_t)}", "-std=c++17") + ((f"-DMINB={minb}",) if minb != 1 else ())
+            f"-DVEC={vec}", f"-DIN_T={int(in_t)}", "-std=c++17") + ((f"-DMINB={minb}",) if minb != 1 else ()) + tuple(
+                f"-D{k}={v}" for k, v in defs)
 
 
 _dividers: dict = {}
@@ -1279,9 +1447,27 @@ def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s, stat_shape):
     return y, mean, rstd
 
 
+def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev):
+    """ln_fwd3: blocks of 256 threads (teams of 32..256 sharing one), <= 80 registers (three an SM, no spills);
+    a grid of the resident blocks only, each team walking its rows with its parameters in registers."""
+    team, vpt, vec = cfg
+    block, minb = 256, 3
+    k = _kernel("ln_fwd3", x.dtype, _p_info(x.dtype, scale if scale is not None else bias), team, vpt, vec,
+                block=block, minb=minb)
+    grid = max(1, min(-(-rows // (block // team)), _launch.sm_count(dev) * _resident_per_sm(k, block, 0, minb)))
+    return _launch.prepare(k, (grid,), (block,),
+                           [None] * 6 + [np.int64(rows), np.int32(d), np.int32(1), np.int32(1), *divider(1),
+                                         np.float64(eps), _flags(scale, bias, False, pvec=palign)]), _acc(x.dtype)
+
+
 def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, palign, dev):
     pinfo = _p_info(x.dtype, scale if scale is not None else bias)
-    cfg = None if V1 else row_config2(d, x.dtype, aligned, "fwd")
+    version = _version("gn_fwd" if grouped else "ln_fwd", x.dtype)
+    if version == "v3":
+        cfg3 = ln_config3(d, x.dtype, aligned)
+        if cfg3 is not None:
+            return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev)
+    cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
     if cfg is None:
         team, vpt, vec = row_config(d, x.dtype, aligned)
         k, block, flags = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec), _block(team), _flags(scale, bias,
@@ -1350,7 +1536,7 @@ def _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev):
 
 
 def _ln_backward_plan(x, rows, d, scale, aligned, palign, dev):
-    cfg = None if V1 else row_config2(d, x.dtype, aligned, "ln_bwd")
+    cfg = None if _version("ln_bwd", x.dtype) == "v1" else row_config2(d, x.dtype, aligned, "ln_bwd")
     if cfg is not None:
         return _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev)
     pinfo = _p_info(x.dtype, scale)
@@ -1401,11 +1587,14 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
     pinfo = _p_info(x.dtype, scale)
     has_scale = scale is not None
     col = _col_sum_plan(n, 2 * c, c, x.dtype, False, dev) if has_scale else None
-    cfg = None if V1 or cpg > 32 else row_config2(d, x.dtype, aligned, "gn_bwd")
+    v1 = _version("gn_bwd", x.dtype) == "v1"
+    cfg = None if v1 or cpg > 32 else row_config2(d, x.dtype, aligned, "gn_bwd")
     if cfg is not None:         # gn_bwd2 (one read of x and dy) + col_sum
         team, vpt, vec = cfg
         block, minb = _v2_launch_shape("gn_bwd", team, x.dtype.itemsize)
-        one = _launch.prepare(_kernel("gn_bwd2", x.dtype, pinfo, team, vpt, vec, minb=minb),
+        # GN_CHV: vectors in one channel, flags fixed at compile time (float64 keeps the run-time flags: spills)
+        defs = (("GN_CHV", 1),) if s % vec == 0 and x.dtype.itemsize <= 4 else ()
+        one = _launch.prepare(_kernel("gn_bwd2", x.dtype, pinfo, team, vpt, vec, minb=minb, defs=defs),
                               (_grid(rows, team, dev),), (block,),
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
                                             np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
