@@ -1,8 +1,13 @@
-"""Layer norm, group norm and NCHW bias gradient on the GPU: v2 kernels vs v1 (NK.V1 switched in-process) vs
-PyTorch, on more shapes than bench/kernels_gpu.py, with %copy (compulsory traffic over time, against a 256 MiB
-device copy; the bench's accounting: fwd reads x and writes y, bwd reads x and dy and writes dx, bias grad reads dy).
+"""Layer norm, group norm and NCHW bias gradient on the GPU: the routed kernels (NK.ROUTE: ln_fwd3 for 16-bit
+layer norm forward, v2 elsewhere) vs v1 (NK.V1 switched in-process) vs an alternative ("alt": v2's norm_fwd2 for
+16-bit layer norm forward, gn_bwd2 with run-time flags "v2rt" for group norm backward), vs PyTorch, on more shapes
+than bench/kernels_gpu.py, with %copy (compulsory traffic over time, against a 256 MiB device copy; the bench's
+accounting: fwd reads x and writes y, bwd reads x and dy and writes dx, bias grad reads dy).  Timing as
+bench/kernels_gpu.py: CUDA events around back-to-back calls (~10 ms), divided by the calls, the median of
+--trials (the host runs ahead: kernel time on large tensors; a single call between two events, as before, added
+the launch's host time and the idle GPU's clock ramp, which is why the old log disagreed with the bench).
 
-    python3 tools/norm_v2_bench.py [--dtypes float32,bfloat16] [--reps 30]
+    python3 tools/norm_v2_bench.py [--dtypes float32,bfloat16] [--trials 5]
 """
 import argparse
 import statistics
@@ -18,36 +23,52 @@ GN = [((128, 64, 56, 56), 32), ((128, 16, 32, 32), 4), ((32, 256, 28, 28), 32), 
 BIAS = [(128, 64, 56, 56), (128, 16, 32, 32), (32, 256, 14, 14)]
 
 
-def timed(cp, fn, reps):
+def timed(cp, fn, trials, sync=None):
+    """ms per call: events around back-to-back calls (~10 ms of them), the median of ``trials``."""
+    sync = sync or cp.cuda.Device().synchronize
     fn()
-    cp.cuda.Device().synchronize()
+    sync()
     s, e = cp.cuda.Event(), cp.cuda.Event()
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    reps = int(min(200, max(3, 10.0 / max(cp.cuda.get_elapsed_time(s, e), 1e-3))))
     out = []
-    for _ in range(reps):
+    for _ in range(trials):
         s.record()
-        fn()
+        for _ in range(reps):
+            fn()
         e.record()
         e.synchronize()
-        out.append(cp.cuda.get_elapsed_time(s, e))
+        out.append(cp.cuda.get_elapsed_time(s, e) / reps)
     return statistics.median(out)
 
 
-def both(cp, make, reps):
-    """(v2 ms, v1 ms): make() -> the call, built after the switch (plans cleared)."""
+def versions(cp, make, trials, alt=None):
+    """[routed ms, v1 ms, alt ms or nan]: make() -> the call, built after the switch (plans cleared); ``alt``: a
+    NK.ROUTE entry (key, version) timed as the third column."""
     r = []
-    for v1 in (False, True):
+    for v1, route in [(False, None), (True, None)] + ([(False, alt)] if alt else []):
+        saved = dict(NK.ROUTE)
         NK.V1 = v1
+        if route is not None:
+            NK.ROUTE[route[0]] = route[1]
         NK._plans.clear()
-        r.append(timed(cp, make(), reps))
-    NK.V1 = False
-    NK._plans.clear()
-    return r
+        try:
+            r.append(timed(cp, make(), trials))
+        finally:
+            NK.ROUTE.clear()
+            NK.ROUTE.update(saved)
+            NK.V1 = False
+            NK._plans.clear()
+    return r + [float("nan")] * (3 - len(r))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--trials", type=int, default=5)
     a = ap.parse_args()
     cp = _dev.require_cupy()
     try:
@@ -56,9 +77,10 @@ def main():
         torch = None
     buf = cp.empty(256 << 20, np.uint8)
     dst = cp.empty_like(buf)
-    copy_gbs = 2 * buf.nbytes / timed(cp, lambda: dst.__setitem__(Ellipsis, buf), a.reps) / 1e6
-    print(f"copy bandwidth {copy_gbs:.0f} GB/s")
-    print(f"{'case':44s} {'dtype':9s} {'v2 ms':>8s} {'%copy':>6s} {'v1 ms':>8s} {'torch ms':>9s} {'vs torch':>8s}")
+    copy_gbs = 2 * buf.nbytes / timed(cp, lambda: dst.__setitem__(Ellipsis, buf), a.trials) / 1e6
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s; routes {NK.ROUTE}")
+    print(f"{'case':44s} {'dtype':9s} {'ms':>8s} {'%copy':>6s} {'v1 ms':>8s} {'alt ms':>8s} {'torch ms':>9s} "
+          f"{'vs torch':>8s}")
     for name in a.dtypes.split(","):
         if name == "bfloat16":
             import ml_dtypes
@@ -72,11 +94,14 @@ def main():
         def arr(shape):
             return cp.asarray(rng.standard_normal(shape).astype(np.float32).astype(dtype))
 
-        def row(label, shape, traffic, make, tfn):
-            v2, v1 = both(cp, make, a.reps)
-            tt = timed(cp, tfn, a.reps) if tfn is not None else float("nan")
+        tsync = torch.cuda.synchronize if torch is not None else None
+
+        def row(label, shape, traffic, make, tfn, alt=None):
+            v2, v1, va = versions(cp, make, a.trials, alt)
+            tt = timed(cp, tfn, a.trials, tsync) if tfn is not None else float("nan")
             pct = traffic / (v2 * 1e-3) / (copy_gbs * 1e9) * 100
-            print(f"{label + ' ' + str(shape):44s} {name:9s} {v2:8.4f} {pct:5.0f}% {v1:8.4f} {tt:9.4f} {tt / v2:7.2f}x")
+            print(f"{label + ' ' + str(shape):44s} {name:9s} {v2:8.4f} {pct:5.0f}% {v1:8.4f} {va:8.4f} {tt:9.4f} "
+                  f"{tt / v2:7.2f}x", flush=True)
 
         for shape in LN:
             x, dy = arr(shape), arr(shape)
@@ -96,7 +121,8 @@ def main():
                 def tb(yt=yt, xt=xt, wt=wt, bt=bt, dyt=dyt):
                     return torch.autograd.grad(yt, (xt, wt, bt), dyt, retain_graph=True)
             row("layer norm fwd", shape, 2 * e,
-                lambda x=x, w=w, b=b: lambda: B.layer_normalization_forward(None, x, w, b, 1, 1e-5), tf)
+                lambda x=x, w=w, b=b: lambda: B.layer_normalization_forward(None, x, w, b, 1, 1e-5), tf,
+                alt=("ln_fwd16", "v2") if dtype.itemsize == 2 else None)
 
             def mk_ln_bwd(x=x, dy=dy, w=w, b=b):
                 _, m, r = B.layer_normalization_forward(None, x, w, b, 1, 1e-5)
@@ -125,7 +151,8 @@ def main():
             def mk_gn_bwd(x=x, dy=dy, w=w, b=b, g=g):
                 _, m, r = B.group_normalization_forward(None, x, g, w, b, 1e-5)
                 return lambda: B.group_normalization_backward(None, x, dy, g, w, m, r)
-            row(f"group norm G={g} bwd", shape, 3 * e, mk_gn_bwd, tb)
+            row(f"group norm G={g} bwd", shape, 3 * e, mk_gn_bwd, tb,
+                alt=("gn_bwd16" if dtype.itemsize == 2 else "gn_bwd", "v2rt"))
         for shape in BIAS:
             dy = arr(shape)
             tfn = None

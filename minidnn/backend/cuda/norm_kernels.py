@@ -1221,17 +1221,18 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}     # the most 16-byte vectors of one arra
 # 0.0487 at (16384, 1024) bf16; a warp per 2 KB row, parameters re-read per row: ln_fwd3's case) and level on the
 # 16-bit group norm backward (0.1404 / 0.1386 ms: gn_bwd2's per-value scale branch, fixed by GN_CHV).
 # MINIDNN_NORM_ROUTE="ln_fwd16=v1,gn_bwd16=v1" (read at import; or set ROUTE in-process and clear _plans) picks
-# another version per case for a GPU A/B; MINIDNN_NORM_V1=1 still sends everything to v1.
-ROUTE = {"ln_fwd16": "v3", "gn_bwd16": "v2"}
+# another version per case for a GPU A/B ("<case>16": 16-bit data, "<case>": other dtypes; gn_bwd "v2rt": gn_bwd2
+# with its run-time flags, as before GN_CHV); MINIDNN_NORM_V1=1 still sends everything to v1.
+ROUTE = {"ln_fwd16": "v3", "gn_bwd16": "v2", "gn_bwd": "v2"}
 ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
              if "=" in kv)
 
 
 def _version(case, dtype):
-    """"v1", "v2" or "v3" for ``case`` ("ln_fwd", "ln_bwd", "gn_fwd", "gn_bwd", "bias_grad") on ``dtype``."""
+    """"v1", "v2", "v3" (or "v2rt") for ``case`` ("ln_fwd", "ln_bwd", "gn_fwd", "gn_bwd") on ``dtype``."""
     if V1:
         return "v1"
-    return ROUTE.get(case + "16", "v2") if np.dtype(dtype).itemsize == 2 else "v2"
+    return ROUTE.get(case + "16" if np.dtype(dtype).itemsize == 2 else case, "v2")
 
 
 def ln_config3(d, dtype, aligned):
@@ -1587,13 +1588,13 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
     pinfo = _p_info(x.dtype, scale)
     has_scale = scale is not None
     col = _col_sum_plan(n, 2 * c, c, x.dtype, False, dev) if has_scale else None
-    v1 = _version("gn_bwd", x.dtype) == "v1"
-    cfg = None if v1 or cpg > 32 else row_config2(d, x.dtype, aligned, "gn_bwd")
+    version = _version("gn_bwd", x.dtype)
+    cfg = None if version == "v1" or cpg > 32 else row_config2(d, x.dtype, aligned, "gn_bwd")
     if cfg is not None:         # gn_bwd2 (one read of x and dy) + col_sum
         team, vpt, vec = cfg
         block, minb = _v2_launch_shape("gn_bwd", team, x.dtype.itemsize)
         # GN_CHV: vectors in one channel, flags fixed at compile time (float64 keeps the run-time flags: spills)
-        defs = (("GN_CHV", 1),) if s % vec == 0 and x.dtype.itemsize <= 4 else ()
+        defs = (("GN_CHV", 1),) if s % vec == 0 and x.dtype.itemsize <= 4 and version != "v2rt" else ()
         one = _launch.prepare(_kernel("gn_bwd2", x.dtype, pinfo, team, vpt, vec, minb=minb, defs=defs),
                               (_grid(rows, team, dev),), (block,),
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
