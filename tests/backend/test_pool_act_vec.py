@@ -191,7 +191,7 @@ def _fake_run(env_extra=None):
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-NEW_KERNELS = {  # case -> (forward kernel, backward kernel) taken by the vectorized path (MINIDNN_POOL_VEC_BWD=1)
+NEW_KERNELS = {  # case -> (forward kernel, backward kernel) of the vectorized path (VEC_BWD=1, the default)
     "f32-2x2": ("pool_fwd_rows", "pool_bwd_rows"), "f32-2x2-avg": ("pool_fwd_rows", "pool_bwd_rows"),
     "bf16-2x2-tail": ("pool_fwd_rows", "pool_bwd_rows"), "f16-2x2-floor": ("pool_fwd_rows", "pool_bwd"),
     "f32-w10": ("pool_fwd_rows", "pool_bwd_rows"), "f32-misaligned": ("pool_fwd_rows", "pool_bwd_rows"),
@@ -199,14 +199,14 @@ NEW_KERNELS = {  # case -> (forward kernel, backward kernel) taken by the vector
     "f64-2x2": ("pool_fwd", "pool_bwd_disjoint"), "cl-f32-3x3p1": ("pool_fwd_clv", "pool_bwd_clv"),
     "cl-bf16-2x2": ("pool_fwd_clv", "pool_bwd_clv"), "cl-f32-c6": ("pool_fwd", "pool_bwd_disjoint"),
 }
-OLD_BWD = {  # case -> the backward kernel by default (the vector backward is opt-in): disjoint windows or the gather
+OLD_BWD = {  # case -> the backward with MINIDNN_POOL_VEC_BWD=0 (the previous kernels): disjoint or gather
     "f16-2x2-floor": "pool_bwd", "f32-3x3p1": "pool_bwd", "cl-f32-3x3p1": "pool_bwd"}
 
 
 @pytest.mark.parametrize("vec_bwd", [False, True])
 def test_fake_gpu_path_takes_the_vector_kernels_and_matches_the_reference(vec_bwd):
     pytest.importorskip("ml_dtypes")
-    out = _fake_run({"MINIDNN_POOL_VEC_BWD": "1"} if vec_bwd else None)
+    out = _fake_run({"MINIDNN_POOL_VEC_BWD": "1" if vec_bwd else "0"})      # (1 is the default)
     for name, (fk, bk) in NEW_KERNELS.items():
         if not vec_bwd:
             bk = OLD_BWD.get(name, "pool_bwd_disjoint")

@@ -73,8 +73,11 @@ def _pair(name, default):
 #                of both kernels, for a GPU A/B).
 UNROLL_FWD, UNROLL_BWD = _pair("MINIDNN_DROPOUT_UNROLL", "0,1")
 BPS_FWD, BPS_BWD = _pair("MINIDNN_DROPOUT_BPS", "0,0")
-HINT_FWD, HINT_BWD = _pair("MINIDNN_DROPOUT_HINT", "0,1")
-TILE_BWD = int(os.environ.get("MINIDNN_DROPOUT_TILE", "16"))
+HINT_FWD, HINT_BWD = _pair("MINIDNN_DROPOUT_HINT", "1,1")
+# Defaults from session 6's H100 sweep (run 10, docs/measurements/session6_2026-11-26.txt): streaming hints both ways
+# (forward (128,64,56,56) 1.09x PyTorch fp32, 1.06x bf16), and a backward tile of one 16-byte vector of dy a thread
+# (TILE 4 is raised to that floor: 4 fp32, 8 16-bit; 1.01x PyTorch fp32 and bf16, where 16 a thread ran 0.78x/0.93x).
+TILE_BWD = int(os.environ.get("MINIDNN_DROPOUT_TILE", "4"))
 if TILE_BWD not in (0, 4, 8, 16) or not {HINT_FWD, HINT_BWD} <= {0, 1, 2}:
     raise ValueError(f"MINIDNN_DROPOUT_TILE={TILE_BWD} must be 0, 4, 8 or 16 and MINIDNN_DROPOUT_HINT="
                      f"{HINT_FWD},{HINT_BWD} values 0, 1 or 2")

@@ -31,8 +31,8 @@ Special cases with kernels of their own (chosen per call signature, the plan bel
   gap_bwd    dx = dy[n, c] / (H*W): one elementwise pass, 16-byte vectors (a vector stays in one plane (NCHW) or
              one position's channels (channels-last)).  Writes dx once, reads dy (N*C values) through the cache.
 Vector kernels (VEC_SOURCE, float32 / float16 / bfloat16; VW = 16 / itemsize elements per 16-byte vector; the same
-rules and arithmetic order as the generic kernels, so the same bits; MINIDNN_POOL_V1=1 switches them off; the
-backward ones are opt-in, MINIDNN_POOL_VEC_BWD=1 -- slower than the disjoint kernel on the H100 so far):
+rules and arithmetic order as the generic kernels, so the same bits; MINIDNN_POOL_V1=1 switches them off;
+MINIDNN_POOL_VEC_BWD=0 keeps the backward on the previous kernels):
   pool_fwd_rows / pool_bwd_rows  NCHW, windows KH x KW <= 4 x 4 (template macros) with stride = window, no padding or
              dilation, every window inside x (the backward: tiling x exactly): a thread owns OV = VW adjacent outputs
              of one output row, reading KH input rows of KW * OV contiguous values as KW 16-byte vectors each (where W
@@ -811,11 +811,12 @@ def _vec(n, dtype):
 # only 2 doubles, and it is the reference-precision path, not a bandwidth target).  MINIDNN_POOL_V1=1 switches them
 # off: every 2-D call then takes the generic / disjoint kernels, as before (a GPU A/B).
 V1 = os.environ.get("MINIDNN_POOL_V1", "0") == "1"
-# The vector BACKWARD kernels (pool_bwd_rows / pool_bwd_clv) are opt-in: on the H100 (session 6, round 3) they were
-# slower than the disjoint / gather kernels at (128, 64, 56, 56) (max 2x2 float32 0.107 ms vs 0.055, bfloat16 0.052
-# vs 0.046), so every backward takes the previous kernels unless MINIDNN_POOL_VEC_BWD=1 (and not V1).
-# MINIDNN_POOL_VEC_BWD=2: the first vector backward (OV = VW outputs a thread, KW vectors a dx row) for an A/B.
-VEC_BWD = int(os.environ.get("MINIDNN_POOL_VEC_BWD", "0") or 0)
+# The vector BACKWARD kernels (pool_bwd_rows / pool_bwd_clv): the first form (MINIDNN_POOL_VEC_BWD=2, OV = VW
+# outputs a thread, KW vectors a dx row) was slower than the disjoint / gather kernels on the H100 (session 6, run 8:
+# max 2x2 float32 0.107 ms vs 0.055); the second (1: one full 16-byte vector of each dx row a thread, disjoint
+# windows read once) is faster than both (run 12, (128, 64, 56, 56) max / avg 2x2: float32 0.051 / 0.048 ms, 89-90%
+# of copy, NHWC 88-89%; bfloat16 0.030 / 0.029, 75-79%, NHWC 68-82%): the default.  0: the previous kernels.
+VEC_BWD = int(os.environ.get("MINIDNN_POOL_VEC_BWD", "1") or 0)
 ROWS_MAX_WINDOW = 4         # rows kernels: KH, KW <= 4 (each thread holds KH * KW vectors in registers)
 
 
