@@ -145,8 +145,20 @@ class Mul(Binary):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.operands()
-        return (fit(g * b, ctx.a_meta) if ctx.next_edges[0] else None,
-                fit(g * a, ctx.b_meta) if ctx.next_edges[1] else None)
+        return (fit(_times(g, b), ctx.a_meta) if ctx.next_edges[0] else None,
+                fit(_times(g, a), ctx.b_meta) if ctx.next_edges[1] else None)
+
+
+def _times(g, x):
+    """g * x in a backward: on a first-order backward (nothing recorded) and operands of one dtype (or a Python
+    scalar: weak, as in PyTorch) the product of the arrays, without a Tensor op's checks; else the Tensor op
+    (differentiable under create_graph, PyTorch's promotion for mixed dtypes).  The same values either way."""
+    gd = g.data
+    xd = x.data if isinstance(x, Tensor) else x
+    if _state.grad_enabled or not (type(xd) is float or getattr(xd, "dtype", None) == gd.dtype) \
+            or type(gd) is not type(xd) and type(xd) is not float:
+        return g * x
+    return _wrap(gd * xd if type(gd) is np.ndarray else in_memory_order(operator.mul, gd, xd))
 
 
 class Div(Binary):
