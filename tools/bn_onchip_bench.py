@@ -3,12 +3,14 @@
     PYTHONPATH=. python3 tools/bn_onchip_bench.py [--shapes 128x64x56x56,128x16x32x32,32x256x14x14]
                                                   [--dtypes float32,bfloat16] [--layouts nchw,nhwc]
                                                   [--shares 0.3,1.5] [--calls 50] [--large-calls 10] [--replays 7]
-                                                  [--nhwc-sweep] [--plans] [--eager]
+                                                  [--bwd-shares 0.85] [--nhwc-sweep] [--plans] [--eager]
 
 Per (shape, dtype, layout, op) one row, ms per call (GB/s of compulsory traffic, % of copy):
   onchip       the default: bn_kernels.bn_fwd1 / bn_bwd1 (NCHW) or bn_nhwc.bnc_fwd1 / bnc_bwd1 (channels-last) with the
                on-chip copy (MINIDNN_BN_ONCHIP=1), NCHW rounds sized by shared memory + _ROUND_SHARE_ONCHIP of L2;
   L2=<s>       NCHW only: the same with _ROUND_SHARE_ONCHIP = s (MINIDNN_BN_L2_SHARE), to choose the default;
+  bL2=<s>      NCHW backward only: the backward's own share (_ROUND_SHARE_ONCHIP_BWD, MINIDNN_BN_L2_SHARE_BWD; 0.85
+               gives the large float32 backward 3 rounds over the whole grid instead of 4 over 256 of 264 blocks);
   off          MINIDNN_BN_ONCHIP=0: the kernels before the copy (the A/B);
   --nhwc-sweep channels-last only, beside the default (one launch, 2 blocks per SM, UNROLL 4, the copy): "two" (the
                two-launch route), "bps1" (1 block per SM: twice the slots a block, 255 registers), "u2" (UNROLL 2 row
@@ -60,11 +62,12 @@ NHWC_SWEEP = [("two", {"ROUTE": "two"}), ("bps1", {"BPS": 1}), ("u2", {"UNROLL":
 _NHWC_DEFAULTS = {k: getattr(M, k) for k in ("ROUTE", "BPS", "UNROLL")}
 
 
-def _setting(onchip, share, nhwc=None):
+def _setting(onchip, share, nhwc=None, bwd_share=None):
     """Switch the copy on/off, the NCHW round share and bn_nhwc's settings (``nhwc``: a dict over its defaults), and
     drop every settled call and bn_nhwc kernel made under other settings."""
     K.ONCHIP = M.ONCHIP = onchip
     K._ROUND_SHARE_ONCHIP = share
+    K._ROUND_SHARE_ONCHIP_BWD = bwd_share
     for k, v in {**_NHWC_DEFAULTS, **(nhwc or {})}.items():
         setattr(M, k, v)
     K._calls.clear()
@@ -90,6 +93,8 @@ def main(argv=None):
     ap.add_argument("--layouts", default="nchw,nhwc")
     ap.add_argument("--shares", default="0.3,1.5",
                     help="extra NCHW L2 shares beside the default 0.5 (large fp32 forward: 0.3 -> 3 rounds, 1.5 -> 1)")
+    ap.add_argument("--bwd-shares", default="0.85",
+                    help="NCHW backward-only L2 shares (large fp32 backward: 0.5 -> 4 rounds, 0.85 -> 3)")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--large-calls", type=int, default=10)
@@ -107,13 +112,14 @@ def main(argv=None):
         torch = F = None
     timer = Timer(cp, torch, args.replays, args.eager)
     bw = copy_bandwidth(cp)
-    default_share = K._ROUND_SHARE_ONCHIP
+    default_share, default_bwd = K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD
     shares = [float(s) for s in args.shares.split(",") if s]
     dev = cp.cuda.Device()
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy bandwidth {bw:.0f} GB/s; "
           f"smem per SM / block {M.smem_limits(dev.id)}; default L2 share {default_share}")
     print("# ms per call (GB/s of compulsory traffic, % of copy); vs torch = torch / onchip (> 1: ours faster)")
     variants = [("onchip", True, default_share, None)] + [(f"L2={s}", True, s, None) for s in shares] + \
+        [(f"bL2={s}", True, default_share, None) for s in args.bwd_shares.split(",") if s] + \
         [("off", False, default_share, None)]
     if args.nhwc_sweep:
         variants += [(label, True, default_share, over) for label, over in NHWC_SWEEP]
@@ -166,9 +172,11 @@ def main(argv=None):
                     relu = kind is not None
                     res = {}
                     for label, onchip, share, over in variants:
-                        if (label.startswith("L2=") and layout != "nchw") or (over and layout != "nhwc"):
+                        bwd_only = label.startswith("bL2=")
+                        if (label.startswith(("L2=", "bL2=")) and layout != "nchw") or (over and layout != "nhwc") \
+                                or (bwd_only and not backward):
                             continue
-                        _setting(onchip, share, over)
+                        _setting(onchip, share, over, float(label[4:]) if bwd_only else default_bwd)
                         y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                         if backward:
                             def fn():
@@ -177,12 +185,12 @@ def main(argv=None):
                             def fn():
                                 return K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                         res[label] = timer.ours(fn, calls)
-                        if args.plans and label == "onchip" and layout == "nchw":
+                        if args.plans and (label == "onchip" or bwd_only) and layout == "nchw":
                             call = K.backward_call(xg, dyg, sg, m, y if relu else None, kind == "add") if backward \
                                 else K.training_call(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z, relu)
                             geo = K.onepass_plan(shape[0], c, int(np.prod(shape[2:])), dt.itemsize, backward, dev.id)
-                            print(f"# plan {shape_s} {name} {op}: {geo}; launch {_plan_text(call, dev.id)}")
-                    _setting(True, default_share)
+                            print(f"# plan {shape_s} {name} {op} {label}: {geo}; launch {_plan_text(call, dev.id)}")
+                    _setting(True, default_share, bwd_share=default_bwd)
                     nbytes = passes * e
 
                     def cell(ms):

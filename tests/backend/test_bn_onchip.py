@@ -183,6 +183,25 @@ def test_the_large_float32_tensor_rounds():
     assert h[4] // h[3] == 64
 
 
+def test_the_backward_share_moves_only_the_backward(monkeypatch):
+    # MINIDNN_BN_L2_SHARE_BWD: the backward's rounds by its own share (x and dy a round), the forward's unmoved;
+    # 0.85 gives the large float32 backward 3 rounds of 22 channels over all 264 resident blocks
+    monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP", 0.5)
+    monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP_BWD", None)
+    f0, b0 = K.onepass_plan(128, 64, 3136, 4, False), K.onepass_plan(128, 64, 3136, 4, True)
+    assert (f0["rounds"], b0["rounds"], b0["grid"]) == (2, 4, 256)
+    monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP_BWD", 0.85)
+    assert K.onepass_plan(128, 64, 3136, 4, False) == f0
+    b1 = K.onepass_plan(128, 64, 3136, 4, True)
+    assert (b1["rounds"], b1["per"], b1["grid"], b1["ks"]) == (3, 12, 264, 13)
+    # the rule, not a table: the round's L2 part (x and dy beyond the slots) within the share where it splits
+    l2 = 50 * 2 ** 20
+    per_round = b1["grid"] // b1["per"]
+    assert per_round * 128 * 3136 * 4 * 2 <= l2 * 0.85 + 132 * K.ONEPASS_BPS * b1["dyn"]
+    monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP_BWD", 0.5)
+    assert K.onepass_plan(128, 64, 3136, 4, True) == b0
+
+
 def test_the_small_cnn_bfloat16_plan_is_the_float32_one_of_the_same_bytes():
     # bench/kernels_gpu.py's (256, 16, 32, 32) bfloat16 rows ran 3-10x their float32 ones once on an H100 (torch's
     # forward row beside them 8x too); the planner gives them the launch (128, 16, 32, 32) float32 runs at 0.012 ms
@@ -257,6 +276,16 @@ for shape in ((128, 16, 32, 32), (256, 16, 32, 32), (4, 64, 56, 56), (3, 40, 13,
     for (name, dims, full, p), bwd in zip(names[n0:], (False, True)):
         want = K.onepass_plan(shape[0], c, int(np.prod(shape[2:])), 4, bwd, 0)
         assert (dims[0], dims[6]) == (want["grid"], want["dyn"]), (shape, name, dims, want)
+# the backward's own L2 share (3 rounds over the whole grid where the default takes 4 over 256 blocks)
+K._ROUND_SHARE_ONCHIP_BWD = 0.85
+x = fakecp.asarray(np.ones((128, 64, 56, 56), np.float32))
+sc = fakecp.asarray(np.ones(64, np.float32))
+m, i = fakecp.asarray(np.zeros(64, np.float32)), fakecp.asarray(np.ones(64, np.float32))
+n0 = len(names)
+K.backward(x, x, sc, m, i)
+(name, dims, full, p), = names[n0:]
+want = K.onepass_plan(128, 64, 3136, 4, True, 0)
+assert want["rounds"] == 3 and (dims[0], dims[6]) == (want["grid"], want["dyn"]) == (264, 13 * 8192), (dims, want)
 print("OK")
 """)
 
@@ -448,3 +477,19 @@ def test_nchw_switch_off_runs_the_kernels_before_the_copy(cp, cap, monkeypatch):
         outs.append(got[0].get())
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     assert launch.launch_count() > 0
+
+
+@pytest.mark.cuda
+def test_backward_share_three_rounds_against_the_float64_reference(cp, cap, monkeypatch):
+    # the bench's bL2=0.85 candidate: (128, 64, 56, 56) float32 backward in 3 rounds of 22, 22 and 20 channels over
+    # the whole grid (an H100: 264 blocks, 12 a channel); the forward keeps its default rounds
+    monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP_BWD", 0.85)
+    cap(None)
+    shape = (128, 64, 56, 56)
+    plan = K.onepass_plan(128, 64, 3136, 4, True, cp.cuda.Device().id)
+    assert plan["rounds"] >= 2 and plan["ks"] > 0
+    got, ref = _run(cp, "float32", shape, "nchw", "bn_activation", 13)
+    gb, rb = got[5], ref[5]
+    _close(gb[0], rb[0], "float32", 4 * (float(np.abs(rb[0]).max()) + 1))
+    np.testing.assert_allclose(gb[2].get(), rb[2], rtol=1e-3, atol=1e-3 * np.prod(shape) / shape[1])
+    np.testing.assert_allclose(gb[3].get(), rb[3], rtol=1e-3, atol=1e-3 * np.prod(shape) / shape[1])

@@ -1018,6 +1018,12 @@ _ROUND_SHARE = 0.5
 # round's streaming outputs pass through L2, two 25 MB halves) lost to the fewer meetings.
 ONCHIP = os.environ.get("MINIDNN_BN_ONCHIP", "1") != "0"
 _ROUND_SHARE_ONCHIP = float(os.environ.get("MINIDNN_BN_L2_SHARE", "0.5"))
+# The backward's share of L2 (MINIDNN_BN_L2_SHARE_BWD; None: _ROUND_SHARE_ONCHIP).  Its round holds x and dy where
+# the forward's holds x, so at one share it takes twice the rounds of a forward (float32 (128, 64, 56, 56): 4 of 16
+# channels, 256 of the 264 resident blocks); about 0.85 gives it 3 rounds over the whole grid (264), 1.5 two
+# (measured 0.161 ms against 0.147 at 0.5).  tools/bn_onchip_bench.py --bwd-shares times others.
+_ROUND_SHARE_ONCHIP_BWD = float(os.environ["MINIDNN_BN_L2_SHARE_BWD"]) if os.environ.get("MINIDNN_BN_L2_SHARE_BWD") \
+    else None
 _L2_DEFAULT = 50 * 2 ** 20
 _l2: dict = {}
 
@@ -1041,15 +1047,23 @@ def _aligned(*arrays):
     return True
 
 
+def _onchip_share(backward):
+    """The share of L2 a round of the on-chip copy's launch takes beside shared memory (forward or backward)."""
+    if backward and _ROUND_SHARE_ONCHIP_BWD is not None:
+        return _ROUND_SHARE_ONCHIP_BWD
+    return _ROUND_SHARE_ONCHIP
+
+
 def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_bytes, blocks_per_sm=None,
-                     cache_block_bytes=0):
+                     cache_block_bytes=0, share=None):
     """(vec, tpr, tiles, per, grid) of a one-pass launch: the vector width (16 bytes of values, or 1 where rows or
     planes do not fill vectors or a pointer is misaligned), the threads side by side over a channels-last row, the
     channel tiles, the blocks per tile and the grid (rounds of grid / per tiles, at most the resident blocks).
     ``arrays``: the full-size arrays read twice (1 forward, 3 backward: the same for the plain and the fused
     forms, so their sums are split the same way and round alike; 2 backward with the on-chip copy, which keeps x
     and the masked g).  ``cache_block_bytes``: the on-chip copy's shared memory per block (NCHW): a round may
-    then take that much per resident block plus _ROUND_SHARE_ONCHIP of L2, the rounds balanced (equal tiles)."""
+    then take that much per resident block plus ``share`` of L2 (None: _ROUND_SHARE_ONCHIP), the rounds balanced
+    (equal tiles)."""
     bps = ONEPASS_BPS if blocks_per_sm is None else blocks_per_sm
     resident = max(1, sm_count * bps)
     vec = 16 // itemsize
@@ -1057,7 +1071,9 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
     if not aligned or (c if inner1 else inner) % vec:
         vec = 1
     onchip = cache_block_bytes > 0 and not inner1
-    budget = l2_bytes * _ROUND_SHARE_ONCHIP + resident * cache_block_bytes if onchip else l2_bytes * _ROUND_SHARE
+    if share is None:
+        share = _ROUND_SHARE_ONCHIP
+    budget = l2_bytes * share + resident * cache_block_bytes if onchip else l2_bytes * _ROUND_SHARE
     if inner1:
         # the widest tile (up to 32 threads per row and no wider than the channels) whose data fits the budget,
         # and at least a 32-byte sector of each row (narrower, the neighbouring tile fetches the same sectors again)
@@ -1134,7 +1150,8 @@ def onepass_plan(outer, c, inner, itemsize, backward, dev=None, sm_count=132, l2
         slot, ks_max = _onchip_slot_max(name, vec, itemsize, smem_limits, static)
         if ks_max:
             vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, itemsize, arrays, True, sm_count,
-                                                          l2_bytes, cache_block_bytes=ks_max * slot)
+                                                          l2_bytes, cache_block_bytes=ks_max * slot,
+                                                          share=_onchip_share(backward))
             ks = onchip_slots(outer, inner, vec, per, ks_max)
             dyn = ks * slot
     return dict(vec=vec, tiles=tiles, per=per, grid=grid, rounds=-(-tiles // (grid // per)), ks=ks, dyn=dyn)
@@ -1152,7 +1169,8 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
         slot, ks_max = _onchip_slot_max(name, vec, item, _nhwc.smem_limits(dev), _nhwc.static_smem(k, 8192 + 16))
         if ks_max and _resident_per_sm(k, ks_max * slot) >= ONEPASS_BPS:
             vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2,
-                                                          cache_block_bytes=ks_max * slot)
+                                                          cache_block_bytes=ks_max * slot,
+                                                          share=_onchip_share(name == "bn_bwd1"))
             ks = onchip_slots(outer, inner, vec, per, ks_max)
             dyn = ks * slot
     bps = _resident_per_sm(k, dyn)
