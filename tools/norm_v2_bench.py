@@ -1,6 +1,7 @@
 """Layer norm, group norm and NCHW bias gradient on the GPU: the routed kernels (NK.ROUTE: ln_fwd3 for 16-bit
-layer norm forward, v2 elsewhere) vs v1 (NK.V1 switched in-process) vs an alternative ("alt": v2's norm_fwd2 for
-16-bit layer norm forward, gn_bwd2 with run-time flags "v2rt" for group norm backward), vs PyTorch, on more shapes
+layer norm forward, v2 elsewhere) vs v1 (NK.V1 switched in-process) vs an alternative ("alt": ln_fwd3 with its
+parameters in registers, route "v3", for 16-bit layer norm forward (routed: "v3s", shared memory), gn_bwd2 with
+run-time flags "v2rt" for group norm backward), vs PyTorch, on more shapes
 than bench/kernels_gpu.py, with %copy (compulsory traffic over time, against a 256 MiB device copy; the bench's
 accounting: fwd reads x and writes y, bwd reads x and dy and writes dx, bias grad reads dy).  Timing as
 bench/kernels_gpu.py: CUDA events around back-to-back calls (~10 ms), divided by the calls, the median of
@@ -148,7 +149,7 @@ def main():
                     return torch.autograd.grad(yt, (xt, wt, bt), dyt, retain_graph=True)
             row("layer norm fwd", shape, 2 * e,
                 lambda x=x, w=w, b=b: lambda: B.layer_normalization_forward(None, x, w, b, 1, 1e-5), tf,
-                alt=("ln_fwd16", "v2") if dtype.itemsize == 2 else None, fwd_args=(x, w, b))
+                alt=("ln_fwd16", "v3") if dtype.itemsize == 2 else None, fwd_args=(x, w, b))
 
             def mk_ln_bwd(x=x, dy=dy, w=w, b=b):
                 _, m, r = B.layer_normalization_forward(None, x, w, b, 1, 1e-5)

@@ -56,6 +56,11 @@ _V2_CONFIGS = [  # (dtype, team, vpt, vec, block, minb, kernels built with it) -
     # ln_fwd3 (16-bit layer norm forward, parameters in registers) as ln_config3 / _ln_forward_plan3 choose it
     (np.float16, 32, 1, 8, 256, 3, ("ln_fwd3",)), (np.float16, 64, 2, 8, 256, 3, ("ln_fwd3",)),
     (np.float16, 256, 2, 8, 256, 3, ("ln_fwd3",)),
+    # ... and with the parameters in shared memory (route "v3s", LN3_SMEM): minb 8 at one vector a thread, else 5
+    (np.float16, 32, 1, 8, 256, 8, ("ln_fwd3",), (("LN3_SMEM", 1),)),
+    (np.float16, 32, 2, 8, 256, 5, ("ln_fwd3",), (("LN3_SMEM", 1),)),
+    (np.float16, 64, 2, 8, 256, 5, ("ln_fwd3",), (("LN3_SMEM", 1),)),
+    (np.float16, 256, 2, 8, 256, 5, ("ln_fwd3",), (("LN3_SMEM", 1),)),
     # gn_bwd2 with the flags fixed at compile time (GN_CHV, vectors in one channel)
     (np.float16, 256, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1),)),
     (np.float32, 512, 4, 4, None, 2, ("gn_bwd2",), (("GN_CHV", 1),)),
@@ -65,7 +70,7 @@ _V2_CONFIGS = [  # (dtype, team, vpt, vec, block, minb, kernels built with it) -
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("cfg", _V2_CONFIGS, ids=lambda c: f"{np.dtype(c[0]).name}-t{c[1]}-v{c[2]}-b{c[4]}-m{c[5]}"
-                         f"-{c[6][0]}" + ("-chv" if len(c) > 7 else ""))
+                         f"-{c[6][0]}" + ("-" + c[7][0][0].lower() if len(c) > 7 else ""))
 def test_v2_kernels_compile(tmp_path, cfg):
     """No spills, except gn_bwd2 at 512 threads capped to 64 registers: <= 32 bytes (per-row scalars, L1)."""
     dtype, team, vpt, vec, block, minb, kernels, *defs = cfg
@@ -261,7 +266,7 @@ def test_ln_fwd3(cp, monkeypatch, name, shape, affine):
     y_r, m_r, i_r = B.layer_normalization_forward(None, x.astype(np.float64), _h(scale), _h(bias), 1, 1e-5)
     gx = cp.asarray(x)
     out = {}
-    for version in ("v3", "v2", "v1"):
+    for version in ("v3s", "v3", "v2", "v1"):
         NK._plans.clear()
         monkeypatch.setitem(NK.ROUTE, "ln_fwd16", version)
         with Counted() as c:
@@ -269,10 +274,10 @@ def test_ln_fwd3(cp, monkeypatch, name, shape, affine):
         assert c.n == 1
     NK._plans.clear()
     assert NK.ln_config3(d, dtype, True) is not None
-    y, m, i = out["v3"]
+    y, m, i = out["v3s"]
     _close(y, y_r, name)
     _close(m, m_r, name, what="stat")
     _close(i, i_r, name, what="stat")
-    for version in ("v2", "v1"):
+    for version in ("v3", "v2", "v1"):
         _close(y, _h(out[version][0]), name)
         _close(m, _h(out[version][1]), name, what="stat")

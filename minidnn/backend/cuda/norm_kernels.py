@@ -59,7 +59,8 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
   bias_grad_planes: the NCHW bias gradient in one launch (v1: row_sums + col_sum), last block per channel adding.
   ln_fwd3 (16-bit layer norm forward, rows <= 4096 values): teams of 32..256 threads in 256-thread blocks keep
     their columns' scale and bias in registers across the rows they walk (a grid of the resident blocks), the next
-    row's vectors loaded before the current row's sums.
+    row's vectors loaded before the current row's sums.  LN3_SMEM=1 (route "v3s", the default): scale and bias in
+    shared memory, one copy per block (fewer registers, more resident teams).
   gn_bwd2 with GN_CHV=1 (vectors in one channel): the scale / channel flags fixed at compile time.
 Which version a case takes: ROUTE / _version (MINIDNN_NORM_ROUTE), see there.
 """
@@ -98,6 +99,9 @@ __device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned in
 #endif
 #ifndef GN_CHV
 #define GN_CHV 0
+#endif
+#ifndef LN3_SMEM
+#define LN3_SMEM 0
 #endif
 #define TPB (BLOCK / TEAM)          // teams per block (TEAM > 32: one team = the block, so block barriers are safe)
 struct alignas(sizeof(T) * VEC) V { T v[VEC]; };
@@ -783,6 +787,18 @@ ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
     const int t = threadIdx.x % TEAM;
     const int nvec = D / VEC;
     const A inv_d = (A)1 / (A)D;
+#if LN3_SMEM
+    // The block's teams share one copy of the row's scale and bias in shared memory, as planes of 4-float vectors:
+    // plane h, vector vi = values vi * VEC + 4h .. + 3 (consecutive threads read consecutive 16 bytes: no bank
+    // conflicts).  Loaded once per block (coalesced scalars), 1 / 0 where a parameter is absent.
+    __shared__ float4 sps[VEC / 4][TEAM * VPT], spb[VEC / 4][TEAM * VPT];
+    for (int j = threadIdx.x; j < D; j += BLOCK) {
+        const int vi = j / VEC, e = j % VEC;
+        reinterpret_cast<float*>(&sps[e / 4][vi])[e % 4] = (flags & F_SCALE) ? (float)LDP(scale[j]) : 1.f;
+        reinterpret_cast<float*>(&spb[e / 4][vi])[e % 4] = (flags & F_BIAS) ? (float)LDP(bias[j]) : 0.f;
+    }
+    __syncthreads();
+#else
     A ps[VPT][VEC], pb[VPT][VEC];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -810,6 +826,7 @@ ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
             }
         }
     }
+#endif
     const long long stride = (long long)gridDim.x * TPB;
     long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM;
     V nx[VPT];
@@ -852,8 +869,20 @@ ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
             const int vi = k * TEAM + t;
             if (vi < nvec) {
                 V w;
+#if LN3_SMEM
+                float sc[VEC], bi[VEC];
+#pragma unroll
+                for (int h = 0; h < VEC / 4; ++h) {
+                    const float4 s4 = sps[h][vi], b4 = spb[h][vi];
+                    sc[4 * h] = s4.x; sc[4 * h + 1] = s4.y; sc[4 * h + 2] = s4.z; sc[4 * h + 3] = s4.w;
+                    bi[4 * h] = b4.x; bi[4 * h + 1] = b4.y; bi[4 * h + 2] = b4.z; bi[4 * h + 3] = b4.w;
+                }
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(a[k], e) - mean) * rstd * (A)sc[e] + (A)bi[e]);
+#else
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(a[k], e) - mean) * rstd * ps[k][e] + pb[k][e]);
+#endif
                 yr[vi] = w;
             }
         }
@@ -1223,7 +1252,10 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}     # the most 16-byte vectors of one arra
 # MINIDNN_NORM_ROUTE="ln_fwd16=v1,gn_bwd16=v1" (read at import; or set ROUTE in-process and clear _plans) picks
 # another version per case for a GPU A/B ("<case>16": 16-bit data, "<case>": other dtypes; gn_bwd "v2rt": gn_bwd2
 # with its run-time flags, as before GN_CHV); MINIDNN_NORM_V1=1 still sends everything to v1.
-ROUTE = {"ln_fwd16": "v3", "gn_bwd16": "v2", "gn_bwd": "v2"}
+# "v3s" (the default for ln_fwd16): ln_fwd3 with the parameters in shared memory (LN3_SMEM), one copy per block
+# instead of 32 registers a thread -- 48 registers, five 256-thread blocks an SM instead of three, so 1280 threads'
+# rows in flight (the current and the prefetched one) where v3 had 768; "v3" keeps them in registers (A/B).
+ROUTE = {"ln_fwd16": "v3s", "gn_bwd16": "v2", "gn_bwd": "v2"}
 ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
              if "=" in kv)
 
@@ -1448,13 +1480,16 @@ def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s, stat_shape):
     return y, mean, rstd
 
 
-def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev):
-    """ln_fwd3: blocks of 256 threads (teams of 32..256 sharing one), <= 80 registers (three an SM, no spills);
-    a grid of the resident blocks only, each team walking its rows with its parameters in registers."""
+def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev, smem=False):
+    """ln_fwd3: blocks of 256 threads (teams of 32..256 sharing one); a grid of the resident blocks only, each team
+    walking its rows.  Registers ("v3": parameters in registers, <= 80 registers, three blocks an SM) or shared
+    memory ("v3s", LN3_SMEM: one copy per block, <= 48 registers, five blocks an SM -- eight at one vector a
+    thread -- so 1280..2048 threads' rows in flight, not 768); no spills."""
     team, vpt, vec = cfg
-    block, minb = 256, 3
+    block = 256
+    minb = (8 if vpt == 1 else 5) if smem else 3
     k = _kernel("ln_fwd3", x.dtype, _p_info(x.dtype, scale if scale is not None else bias), team, vpt, vec,
-                block=block, minb=minb)
+                block=block, minb=minb, defs=(("LN3_SMEM", 1),) if smem else ())
     grid = max(1, min(-(-rows // (block // team)), _launch.sm_count(dev) * _resident_per_sm(k, block, 0, minb)))
     return _launch.prepare(k, (grid,), (block,),
                            [None] * 6 + [np.int64(rows), np.int32(d), np.int32(1), np.int32(1), *divider(1),
@@ -1464,10 +1499,10 @@ def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev):
 def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, palign, dev):
     pinfo = _p_info(x.dtype, scale if scale is not None else bias)
     version = _version("gn_fwd" if grouped else "ln_fwd", x.dtype)
-    if version == "v3":
+    if version in ("v3", "v3s"):
         cfg3 = ln_config3(d, x.dtype, aligned)
         if cfg3 is not None:
-            return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev)
+            return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version == "v3s")
     cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
     if cfg is None:
         team, vpt, vec = row_config(d, x.dtype, aligned)
