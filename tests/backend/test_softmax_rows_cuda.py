@@ -26,16 +26,16 @@ LENGTHS = [1, 7, 31, 32, 33, 1000, 1025, 4097, 32768, 40000]
 # ---- CPU: the tiling ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("item, acc", [(4, 4), (2, 4), (8, 8)])
-@pytest.mark.parametrize("arrays", [1, 2])
-def test_row_config_covers_each_element_once(item, acc, arrays):
+@pytest.mark.parametrize("arrays, pair", [(1, False), (2, False), (2, True)])
+def test_row_config_covers_each_element_once(item, acc, arrays, pair):
     """The kernels' element map (row_geo, load_chunk, load_edges) emulated: every element of a row once, for every
     head a RAGGED row can have (rows start at r * C elements: each row its own distance to a 16-byte boundary)."""
     for c in LENGTHS + [2, 3, 10, 64, 255, 257, 512, 513, 1024, 2000, 2048, 8192, 16384, 16385, 65536, 100003]:
-        g, nv, vec, block, ragged, one, sch = _sk.row_config(c, item, acc, arrays, _sk.STASH_BYTES)
+        g, nv, vec, block, ragged, one, sch = _sk.row_config(c, item, acc, arrays, _sk.STASH_BYTES, pair)
         assert g & (g - 1) == 0 and nv & (nv - 1) == 0 and block % 32 == 0 and block % g == 0
         assert (g <= 32 and block == 256) or (g == block and 64 <= block <= 512), (c, g, block)
         assert vec * item <= 16 and (ragged or c % vec == 0) and (not ragged or g >= 2)
-        cap = (32 if acc == 4 else 16) // arrays
+        cap = (32 if acc == 4 else 16) // (arrays if g > 32 or not pair else 1)
         assert nv * vec <= max(cap, vec), (c, nv, vec)
         chunk = g * nv                                     # body vectors a chunk
         assert one == (c // vec <= chunk) and (one or arrays == 2 or sch >= 1 or nv * vec * block * acc > 65536)
@@ -55,6 +55,25 @@ def test_row_config_covers_each_element_once(item, acc, arrays):
             assert (seen == 1).all(), (c, h)
 
 
+@pytest.mark.parametrize("item", [4, 2])
+def test_cross_entropy_target_slot(item):
+    """ce_rows_fwd finds x[t] at (chunk tch, thread tv % G, slot ts) of its body; emulated for every class of the
+    body, every head: that slot of load_chunk's map holds element t (edges are matched element by element)."""
+    for c in (7, 33, 1000, 1025, 4097, 32768, 40000):
+        g_, nv, vec, block, ragged, one, sch = _sk.row_config(c, item, 4)
+        cv = g_ * nv
+        for h in (range(vec) if ragged else [0]):
+            h = min(h, c)
+            nb = (c - h) // vec
+            t = np.arange(h, h + nb * vec)
+            tb = t - h
+            tv = tb // vec
+            owner, tch, ts = tv % g_, tv // cv, (tv % cv) // g_ * vec + tb % vec
+            k, j = ts // vec, ts % vec                          # load_chunk: slot k * VEC + j of vector v
+            v = tch * cv + k * g_ + owner
+            assert (h + v * vec + j == t).all() and (v < nb).all() and (ts < nv * vec).all(), (c, h)
+
+
 def test_row_config_keeps_1000_classes_in_one_warp_pass():
     assert _sk.row_config(1000, 4, 4)[:4] == (32, 8, 4, 256)       # float32: 8 float4 per lane
     assert _sk.row_config(1000, 2, 4)[:4] == (32, 4, 8, 256)       # bfloat16 / float16: 4 x 8 halves per lane
@@ -62,6 +81,28 @@ def test_row_config_keeps_1000_classes_in_one_warp_pass():
     assert _sk.row_config(4097, 4, 4)[:5] == (256, 4, 4, 256, True)   # ragged: float4 body, scalar head / tail
     cfg = _sk.row_config(32768, 4, 4, 1, _sk.STASH_BYTES)           # two chunks: the first in shared memory
     assert (cfg.one, cfg.sch) == (False, 1)
+
+
+def test_backward_tiling_rule_and_cross_entropy_grid(monkeypatch):
+    """The backward's warp path holds 32 + 32 elements for log-softmax and 2-byte data (one 1000-class row a warp),
+    16 + 16 for float32 softmax (a 64-thread block); MINIDNN_SOFTMAX_BWD_WARP forces one.  The cross-entropy
+    forward's grid: no more blocks than fit at once (MINB an SM), so the per-block ticket runs ~4 times an SM."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    monkeypatch.setattr(_sk, "_BWD_WARP_ENV", "")
+
+    def tiling(algo, dtype):
+        d = dict(x.split("=") for x in _sk.launch_spec(True, (64, 1000), (1,), algo, _dtype(dtype)).defines)
+        return int(d["G"]), int(d["BLOCK"]), int(d["MINB"])
+    assert tiling("ACCURATE", "float32") == (64, 64, 12)
+    assert tiling("LOG", "float32") == (32, 256, 65536 // (256 * _sk.BWD_PAIR_REGS))
+    assert tiling("ACCURATE", "bfloat16")[:2] == tiling("LOG", "bfloat16")[:2] == (32, 256)
+    monkeypatch.setattr(_sk, "_BWD_WARP_ENV", "0")
+    assert tiling("LOG", "float32")[:2] == (64, 64)
+    monkeypatch.setattr(_sk, "_BWD_WARP_ENV", "1")
+    assert tiling("ACCURATE", "float32")[:2] == (32, 256)
+    spec = _lk.launch_spec("ce_fwd", (16384, 1000), np.float32, np.int64, False, "mean")
+    assert spec[4] == int(dict(x.split("=") for x in spec[2])["MINB"]) == 4
+    assert _lk.launch_spec("ce_bwd", (16384, 1000), np.float32, np.int64, False, "mean")[4] == 16
 
 
 # ---- CPU: every configuration the planners can produce compiles (nvcc, where installed) --------------------------
@@ -307,16 +348,23 @@ CE_CASES = [  # (dtype, C, weighted, smoothing, ignore fraction, reduction)
     ("bfloat16", 33, False, 0.0, 0.0, "sum"), ("bfloat16", 32768, False, 0.1, 0.0, "mean"),
     ("float16", 1000, True, 0.0, 0.1, "mean"), ("float16", 1025, False, 0.1, 0.0, "none"),
     ("float64", 1000, True, 0.1, 0.2, "mean"), ("float64", 513, False, 0.0, 0.0, "none"),
+    ("float32", 1000, False, 0.0, 0.1, "none"), ("float32", 4097, True, 0.0, 0.0, "none"),
+    ("bfloat16", 4097, False, 0.0, 0.0, "none"),
 ]
+# rows enough that the cross-entropy forward's blocks loop (grid capped at MINB blocks an SM: 132 * 4 * 8 rows)
+CE_MANY = [("float32", 1000, False, 0.0, 0.1, "none"), ("float32", 1000, True, 0.1, 0.1, "mean"),
+           ("bfloat16", 1000, False, 0.0, 0.0, "none")]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("case", CE_CASES, ids=["-".join(map(str, c)) for c in CE_CASES])
+@pytest.mark.parametrize("case", CE_CASES + [c + (6000,) for c in CE_MANY],
+                         ids=["-".join(map(str, c)) for c in CE_CASES] + ["-".join(map(str, c)) + "-6000rows"
+                                                                           for c in CE_MANY])
 def test_cross_entropy_rows(cp, case):
-    name, c, weighted, eps, ignore, reduction = case
+    name, c, weighted, eps, ignore, reduction = case[:6]
     dtype = _dtype(name)
     rng = np.random.default_rng(c)
-    n = 3 if c >= 4097 else 300
+    n = case[6] if len(case) > 6 else 3 if c >= 4097 and reduction != "none" else 40 if c >= 4097 else 300
     x = (rng.standard_normal((n, c)) * 3).astype(dtype)
     t = rng.integers(0, c, n)
     t[rng.random(n) < ignore] = -100

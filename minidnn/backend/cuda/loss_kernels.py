@@ -182,6 +182,17 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
         const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
         A a[E], ed[NE1];
         A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+        // Where x[t] sits when it is in this thread's body vectors: chunk tch, slot ts (else ts = -1): two
+        // instructions an element (a compare with a constant, a select) instead of the element's class index and a
+        // 64-bit compare.  Powers of two: shifts.
+        int tch = -1, ts = -1;
+        {
+            const unsigned tb = (unsigned)((t >= 0 && t < C ? (int)t : -1) - q.h);    // offset into the body
+            if (tb < (unsigned)(q.nb * VEC)) {
+                const unsigned tv = tb / VEC;
+                if ((int)(tv % G) == g) { tch = (int)(tv / CV); ts = (int)((tv % CV) / G) * VEC + (int)(tb % VEC); }
+            }
+        }
         load_edges(xr, q, g, NEG_INF, ed);
         for (int ch = 0; ch < nch; ++ch) {
             load_chunk<VA>(xr, ch, q, g, NEG_INF, a);
@@ -209,15 +220,18 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
             }
 #pragma unroll
             for (int e = 0; e < E; ++e) s += exp(a[e] - sh);
+            if (ch == tch) {                         // x[t] from the registers of the thread that holds it
 #pragma unroll
-            for (int k = 0; k < NV; ++k) {           // x[t] from the registers of the thread that holds it
-                const int v = ch * CV + k * G + g;
+                for (int e = 0; e < E; ++e) xt = e == ts ? a[e] : xt;
+            }
+            if (smooth) {
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    const int c = q.h + v * VEC + j;
-                    if (v < q.nb) {
-                        if (c == t) xt = a[k * VEC + j];
-                        if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
+                for (int k = 0; k < NV; ++k) {
+                    const int v = ch * CV + k * G + g;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        const int c = q.h + v * VEC + j;
+                        if (v < q.nb) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
                     }
                 }
             }
@@ -416,8 +430,13 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
     if inner == 1 and not _sk.V1:       # the row kernels
         # registers: 64 a thread (four 256-thread blocks an SM), 80 with label smoothing's sums (64 spilled)
         defines, cfg = row_defines(c, dtype, regs=80 if eps else 64)
+        # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
+        # block ends with a partial, a threadfence and the ticket (one of ~4 per SM at (16384, 1000), not ~16)
+        # (float64: MINB = 1, registers uncapped -- left at 16)
+        minb = int(dict(d.split("=") for d in defines)["MINB"])
+        per_sm = minb if name == "ce_fwd" and minb > 1 else 16
         return ("ROWS", name.replace("ce_", "ce_rows_"), base + defines + (f"SMOOTH={int(eps != 0)}",),
-                -(-rows // (cfg.block // cfg.g)), 16, cfg.block)
+                -(-rows // (cfg.block // cfg.g)), per_sm, cfg.block)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
 

@@ -26,8 +26,8 @@ Columns (inner > 1, e.g. a channel softmax on NCHW: softmax_cols_fwd / _bwd, SOU
 consecutive threads on consecutive i (coalesced); C <= 32 values kept in registers (CREG), else a max pass, a sum
 pass and the write pass over the column (re-read through L1/L2).
 launch_spec() is the planner's choice of kernel, defines and launch shape; the cpu test compiles every one it makes
-for a set of shapes with nvcc.  MINIDNN_SOFTMAX_BWD_WARP=1: the backward's warp path holds 32 + 32 elements a thread
-(the first version's tiling) for a GPU A/B.
+for a set of shapes with nvcc.  The backward's warp path holds 32 + 32 elements a thread for log-softmax and 2-byte
+data, 16 + 16 for float32/float64 softmax (bwd_warp: measured); MINIDNN_SOFTMAX_BWD_WARP=1 / =0 force one for a GPU A/B.
 MINIDNN_SOFTMAX_V1=1 launches the previous kernels instead (one warp per row, scalar loads, three passes over the
 row: SOURCE_V1) -- kept for a GPU A/B.
 """
@@ -163,7 +163,9 @@ union Pack { VR raw; T v[VEC]; };
 #error "RAGGED rows need two threads a row (head and tail)"
 #endif
 
-__device__ __forceinline__ A vmax(A a, A b) { return (b > a || b != b) ? b : a; }      // NaN wins
+// The row kernels' max: one FMNMX (NaN-propagating compares cost three instructions an element).  A NaN element is
+// skipped here, but its exp(NaN - M) makes the row's sum -- and so every output of the row -- NaN, as the reference.
+__device__ __forceinline__ A vmax(A a, A b) { return fmax(a, b); }
 
 // Sum / max over the G threads of a row (every one gets it): shuffles within the warp, then (G == BLOCK > 32) the
 // warps' values through sm[BLOCK / 32] in warp order.  Fixed order: deterministic.
@@ -353,12 +355,15 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
         const A inv = (A)1 / S;
 #endif
         if (!live || nch == 0) continue;
+#if ALGO != 2
+        const A finv = f * inv;                      // one multiply an element
+#endif
 #pragma unroll
         for (int e = 0; e < E; ++e) {                // the last chunk, still in registers (relative to m)
 #if ALGO == 2
             a[e] = a[e] - M - ls;
 #else
-            a[e] = a[e] * f * inv;
+            a[e] = a[e] * finv;
 #endif
         }
         store_chunk<VA>(yr, nch - 1, q, g, a);
@@ -612,20 +617,39 @@ class RowConfig(NamedTuple):
     sch: int        # chunks also kept in shared memory (several-chunk rows)
 
 
-# MINIDNN_SOFTMAX_BWD_WARP=1: the backward's warp path holds 32 + 32 elements a thread (the first version's tiling,
-# for a GPU A/B of the backward alone); default 16 + 16 (a 1000-class row: a 64-thread block).
-BWD_HALF = os.environ.get("MINIDNN_SOFTMAX_BWD_WARP", "0") != "1"
+# The backward's warp path: 32 + 32 elements a thread (one row a warp, no block barrier: a 1000-class row in one warp)
+# or 16 + 16 (a 1000-class row: a 64-thread block).  Measured on an H100 at (16384, 1000): the warp tiling wins for
+# log-softmax (float32 0.0813 ms against 0.0926; its dx needs exp(y), and the 64-thread block's barriers serialise
+# it) and for 2-byte data (bfloat16 0.0367 / 0.0365 against 0.0391 / 0.0388), the 16 + 16 block for float32 softmax
+# (0.0713 against 0.0778).  Rule (bwd_warp): the warp tiling for log-softmax or storage of <= 2 bytes.
+# MINIDNN_SOFTMAX_BWD_WARP=1 / =0 force one tiling for every backward (a GPU A/B).
+_BWD_WARP_ENV = os.environ.get("MINIDNN_SOFTMAX_BWD_WARP", "")
+
+
+# Registers a warp-path backward thread holding 32 + 32 elements may use: 80 (three 256-thread blocks an SM) spilled
+# 28-72 bytes (nvcc 13, sm_90); 96 gives two blocks (16 warps, 8 KB of loads in flight each) and no spill.
+# MINIDNN_SOFTMAX_BWD_REGS=80 brings the spilling three-block version back for a GPU A/B.
+BWD_PAIR_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_REGS", "96"))
+
+
+def bwd_warp(algo_name, itemsize):
+    """Whether the backward's warp path holds 32 + 32 elements a thread (else 16 + 16): see above."""
+    if _BWD_WARP_ENV in ("0", "1"):
+        return _BWD_WARP_ENV == "1"
+    return algo_name == "LOG" or itemsize <= 2
+
+
 STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long row's chunks in (two 512-thread blocks
                                # an SM: 128 of 228 KB)
 
 
-def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0):
+def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0, warp_pair=False):
     """The row kernels' tiling (RowConfig) for rows of ``c`` elements of ``itemsize`` bytes computed in
     ``acc_itemsize``-byte floats, ``arrays`` rows held at once (2: softmax backward's y and dy).  VEC: the widest
     vector (<= 16 bytes) that divides the row; a row of at least 32 such vectors that no wide vector divides is
     RAGGED (wide vectors for its body, scalars for each row's head and tail).  A warp-or-less group while a thread
     holds <= 32 (float64: 16) elements, else a block of up to 512 threads holding <= 32 (16) elements; both halved
-    for two arrays (32 + 32 floats a thread took 93-117 registers: two 256-thread blocks an SM); a longer row
+    for two arrays unless ``warp_pair`` (the warp path keeps 32 + 32: bwd_warp); a longer row
     runs in chunks of G * NV vectors, up to ``stash_bytes`` of them kept in shared memory.  NV is a power of two
     (fewer distinct compilations)."""
     maxvec = max(1, 16 // itemsize)
@@ -636,7 +660,7 @@ def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0):
     if ragged:
         vec = maxvec
     nvec = c // vec                                  # body vectors at most (ragged: fewer when the head is not 0)
-    cap = (32 if acc_itemsize <= 4 else 16) // (arrays if arrays > 1 and BWD_HALF else 1)
+    cap = (32 if acc_itemsize <= 4 else 16) // (arrays if arrays > 1 and not warp_pair else 1)
     g = min(32, _pow2_at_least(nvec))
     nv = _pow2_at_least(-(-nvec // g))
     block = 256
@@ -678,15 +702,17 @@ def _grid(groups, dev, per_sm=16):
     return (max(1, min(groups, _launch.sm_count(dev) * per_sm)),)
 
 
-def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None):
+def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings, and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM)."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
-    cfg = row_config(c, item, acc, arrays, stash_bytes)
+    cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair)
     # registers: <= 64 a thread where the data fits (a 1000-class float32 forward took 88-113 without a cap: two
     # 256-thread blocks an SM; capped, four), <= 80 holding two arrays; float64 uncapped
-    minb = 1 if acc == 8 else max(1, 65536 // (cfg.block * (regs or (64 if arrays == 1 else 80))))
+    if regs is None:
+        regs = 64 if arrays == 1 else (BWD_PAIR_REGS if cfg.g <= 32 and cfg.nv * cfg.vec > 16 else 80)
+    minb = 1 if acc == 8 else max(1, 65536 // (cfg.block * regs))
     return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
             f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"MINB={minb}"), cfg
 
@@ -714,7 +740,8 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
     if V1:
         return Spec("V1", "softmax_bwd" if backward else "softmax_fwd", base, (rows + 7) // 8, 16, THREADS, 0)
     if inner == 1:
-        defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES)
+        defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
+                                   warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize))
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), 16, cfg.block, cfg.sch * cfg.nv * cfg.vec * cfg.block * acc)
