@@ -12,7 +12,9 @@ validation, no allocation: the kernel's own time), and "host us": the host time 
 calls without a sync).  Back-to-back timing reports max(kernel, host) per call: where "host us" reaches "kern ms",
 the ms column (and bench/kernels_gpu.py) measures the Python call, not the kernel.
 
-    python3 tools/norm_v2_bench.py [--dtypes float32,bfloat16] [--trials 5]
+    python3 tools/norm_v2_bench.py [--dtypes float32,bfloat16] [--trials 5] [--quick]
+
+--quick: bench/kernels_gpu.py's large shapes only (LN (16384, 1024), GN G=32 (128, 64, 56, 56), no bias rows).
 """
 import argparse
 import statistics
@@ -95,7 +97,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="the bench's large shapes only")
     a = ap.parse_args()
+    ln_shapes, gn_shapes, bias_shapes = (LN[:1], GN[:1], []) if a.quick else (LN, GN, BIAS)
     cp = _dev.require_cupy()
     try:
         import torch
@@ -130,7 +134,7 @@ def main():
             print(f"{label + ' ' + str(shape):44s} {name:9s} {v2:8.4f} {pct:5.0f}% {v1:8.4f} {va:8.4f} {tt:9.4f} "
                   f"{tt / v2:7.2f}x {kern:8.4f} {host:8.1f}", flush=True)
 
-        for shape in LN:
+        for shape in ln_shapes:
             x, dy = arr(shape), arr(shape)
             w, b = cp.ones(shape[1], pdt), cp.zeros(shape[1], pdt)
             e = x.nbytes
@@ -155,7 +159,7 @@ def main():
                 _, m, r = B.layer_normalization_forward(None, x, w, b, 1, 1e-5)
                 return lambda: B.layer_normalization_backward(None, x, dy, w, m, r, 1)
             row("layer norm bwd", shape, 3 * e, mk_ln_bwd, tb)
-        for shape, g in GN:
+        for shape, g in gn_shapes:
             x, dy = arr(shape), arr(shape)
             w, b = cp.ones(shape[1], pdt), cp.zeros(shape[1], pdt)
             e = x.nbytes
@@ -181,7 +185,7 @@ def main():
                 return lambda: B.group_normalization_backward(None, x, dy, g, w, m, r)
             row(f"group norm G={g} bwd", shape, 3 * e, mk_gn_bwd, tb,
                 alt=("gn_bwd16" if dtype.itemsize == 2 else "gn_bwd", "v2rt"))
-        for shape in BIAS:
+        for shape in bias_shapes:
             dy = arr(shape)
             tfn = None
             if torch is not None:
