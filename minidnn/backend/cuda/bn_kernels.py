@@ -1024,6 +1024,15 @@ _ROUND_SHARE_ONCHIP = float(os.environ.get("MINIDNN_BN_L2_SHARE", "0.5"))
 # (measured 0.161 ms against 0.147 at 0.5).  tools/bn_onchip_bench.py --bwd-shares times others.
 _ROUND_SHARE_ONCHIP_BWD = float(os.environ["MINIDNN_BN_L2_SHARE_BWD"]) if os.environ.get("MINIDNN_BN_L2_SHARE_BWD") \
     else None
+# Channels-last in rounds of channel tiles with the on-chip copy (CL_ROUNDS, MINIDNN_BN_CL_ROUNDS=1; off by default,
+# a candidate for the GPU A/B): (R, C) rows go to bn_fwd1 / bn_bwd1 here instead of bn_nhwc's whole-row kernels; a
+# tile of TW = TPR * VEC channels is as wide as a round's data fits shared memory plus the L2 share (the widest
+# power of two), so each round reads a TW-channel piece of every row (float32 (128, 64, 56, 56): forward 2 rounds of
+# 32 channels -- 128 bytes of each 256-byte row --, backward 4 rounds of 16 -- 64 bytes --, like NCHW's rounds) and
+# the second pass reads about half of it from shared memory and the rest from L2, where bn_nhwc's one round re-reads
+# ~155 MB of the backward's 205 from DRAM.  (Without the copy, such rounds measured 1.25-2.9x slower on an H200:
+# their second read missed L2 -- onepass_routes.)
+CL_ROUNDS = os.environ.get("MINIDNN_BN_CL_ROUNDS", "0") == "1"
 _L2_DEFAULT = 50 * 2 ** 20
 _l2: dict = {}
 
@@ -1070,7 +1079,7 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
     inner1 = inner == 1
     if not aligned or (c if inner1 else inner) % vec:
         vec = 1
-    onchip = cache_block_bytes > 0 and not inner1
+    onchip = cache_block_bytes > 0
     if share is None:
         share = _ROUND_SHARE_ONCHIP
     budget = l2_bytes * share + resident * cache_block_bytes if onchip else l2_bytes * _ROUND_SHARE
@@ -1097,21 +1106,24 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
     return vec, tpr, tiles, per, rounds_of * per
 
 
-def onchip_slots(outer, inner, vec, per, ks_max):
-    """Slots per thread of the on-chip copy (NCHW): the vectors a thread visits in its slice (the longest slice,
-    256 threads), at most ``ks_max``."""
+def onchip_slots(outer, inner, vec, per, ks_max, tpr=1):
+    """Slots per thread of the on-chip copy: the vectors a thread visits in its slice (NCHW: the longest slice's
+    vectors over 256 threads; channels-last: its rows over 256 / tpr rows of threads), at most ``ks_max``."""
+    if inner == 1:
+        return max(0, min(ks_max, -(-(-(-outer // per)) // (THREADS // tpr))))
     longest = -(-outer * (inner // vec) // per)        # vectors of the longest slice
     return max(0, min(ks_max, -(-longest // THREADS)))
 
 
-def onepass_routes(inner, tiles, per, grid):
+def onepass_routes(inner, tiles, per, grid, onchip=False):
     """Whether a call of this one-pass geometry takes the one-pass kernels (else the two-launch ones run).
     Channels-last only where one round holds every tile: a round then reads whole rows, contiguous memory.  Where
     the L2 share splits the channels over rounds, each round reads a 32-64-byte piece of every row (e.g. 16 of 64
     float channels: 64 bytes of each 256-byte row, 4 rounds) and the backward's round outgrows the share (its
     second read misses L2); measured on an H200 (docs/step_kernels.md) that ran 1.25x (forward) to 2.9x (backward)
-    slower than the two-launch kernels, which read whole rows.  NCHW tiles are contiguous channels: always."""
-    return inner != 1 or grid // per >= tiles
+    slower than the two-launch kernels, which read whole rows.  NCHW tiles are contiguous channels: always; and
+    channels-last rounds with the on-chip copy (``onchip``: CL_ROUNDS), which size them by shared memory too."""
+    return inner != 1 or onchip or grid // per >= tiles
 
 
 def _resident_per_sm(kernel, shared_mem=0):
@@ -1160,7 +1172,7 @@ def onepass_plan(outer, c, inner, itemsize, backward, dev=None, sm_count=132, l2
 def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_arrays, tail=()):
     item = xc.dtype.itemsize
     inner1 = inner == 1
-    onchip = ONCHIP and not inner1
+    onchip = ONCHIP and (not inner1 or CL_ROUNDS)
     sms, l2 = _launch.sm_count(dev), _l2_bytes(dev)
     vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2)
     k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
@@ -1171,15 +1183,18 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
             vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2,
                                                           cache_block_bytes=ks_max * slot,
                                                           share=_onchip_share(name == "bn_bwd1"))
-            ks = onchip_slots(outer, inner, vec, per, ks_max)
+            ks = onchip_slots(outer, inner, vec, per, ks_max, tpr)
             dyn = ks * slot
+            if inner1:          # the tile's width (TPR) may have grown with the budget
+                k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
     bps = _resident_per_sm(k, dyn)
     if bps < 1:
         return None
     if bps < ONEPASS_BPS:
         ks = dyn = 0
         vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2, bps)
-    if not onepass_routes(inner, tiles, per, grid):
+        k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
+    if not onepass_routes(inner, tiles, per, grid, onchip and dyn > 0):
         return None
     iv = inner // vec if not inner1 else 1
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *_divider(iv), np.int32(tiles),
@@ -1198,7 +1213,8 @@ def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu,
 
 def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev):
     flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
-    r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 2 if ONCHIP and inner != 1 else 3, aligned, dev, flags, 13)
+    r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 2 if ONCHIP and (inner != 1 or CL_ROUNDS) else 3, aligned,
+                        dev, flags, 13)
     return None if r is None else (*r, param_dtype(xc.dtype))
 
 
@@ -1221,6 +1237,11 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
 _calls: dict = {}
 
 
+def _rows_to_nhwc():
+    """Whether (R, C) rows go to bn_nhwc (on, and not CL_ROUNDS with the one-pass kernels and the copy)."""
+    return _nhwc.ENABLED and not (CL_ROUNDS and ONEPASS and ONCHIP)
+
+
 def _memory_order(xc):
     """(shape of the memory, the transpose back to channels-first or None) of an array laid out like ``xc``."""
     if xc.flags.c_contiguous or xc.ndim < 3:
@@ -1237,7 +1258,7 @@ class _TrainingCall:
                  "stats", "apply", "rows")
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _nhwc.ENABLED) \
+        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
@@ -1262,7 +1283,8 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
     dev = xc.data.device_id
     flags = (factor, eps, running_mean is not None, counter is not None, relu, z is not None, scale is not None,
              bias is not None)
-    key = ("train", ONEPASS, ONCHIP, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch()
+    key = ("train", ONEPASS, ONCHIP, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch() \
+        + (CL_ROUNDS,)
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _training_call, xc, dev, key[3], *flags)
@@ -1271,14 +1293,14 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
 
 def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias):
     outer, c, inner, xm = layout_of(xc)
-    if inner == 1 and _nhwc.ENABLED:        # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
+    if inner == 1 and _rows_to_nhwc():      # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
         return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
     t.onepass, t.dev, t.c, t.dtype, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, inner == 1
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
-    one = _planned(("fwd1", ONCHIP, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
-                    aligned) + sig,
+    one = _planned(("fwd1", ONCHIP, CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,
+                    has_bias, aligned) + sig,
                    _fwd1_plan, xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale,
                    has_bias, aligned, dev) if ONEPASS else None
     if one is not None:
@@ -1342,7 +1364,7 @@ class _BackwardCall:
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
         """``dscale``, ``dbias`` (with a scale): (C,) C-contiguous arrays of the parameter dtype the kernels write
         the parameter gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones."""
-        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _nhwc.ENABLED) \
+        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
         cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
@@ -1377,7 +1399,7 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
     key = ("backward", ONEPASS, ONCHIP, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
-        + _nhwc.switch()
+        + _nhwc.switch() + (CL_ROUNDS,)
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _backward_call, xc, dev, key[3], mean.dtype, *flags)
@@ -1386,14 +1408,15 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
 
 def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     outer, c, inner, xm = layout_of(xc)
-    if inner == 1 and _nhwc.ENABLED:
+    if inner == 1 and _rows_to_nhwc():
         return _nhwc.backward_call(xc, relu, has_scale, want_dz)
     t = _BackwardCall()
     t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, acc, inner == 1
     t.mem, t.back = _memory_order(xc)
     t.has_scale, t.want_dz = has_scale, want_dz
-    one = _planned(("bwd1", ONCHIP, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz, aligned), _bwd1_plan,
-                   xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev) if ONEPASS else None
+    one = _planned(("bwd1", ONCHIP, CL_ROUNDS, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
+                    aligned), _bwd1_plan, xc, outer, c, inner, relu, has_scale, want_dz, aligned,
+                   dev) if ONEPASS else None
     if one is not None:
         t.launch1, t.n_partial, t.n_sync, t.pdt = one
         t.aligned, t.grad, t.dx = aligned, None, None
