@@ -1,7 +1,8 @@
 """Layer norm, group norm and NCHW bias gradient on the GPU: the routed kernels (NK.ROUTE: ln_fwd3 for 16-bit
 layer norm forward, v2 elsewhere) vs v1 (NK.V1 switched in-process) vs an alternative ("alt": ln_fwd3 with its
-parameters in registers, route "v3", for 16-bit layer norm forward (routed: "v3s", shared memory), gn_bwd2 with
-run-time flags "v2rt" for group norm backward), vs PyTorch, on more shapes
+parameters in registers, route "v3", for 16-bit layer norm forward (routed: "v3s", shared memory), gn_bwd2 at three
+blocks an SM, route "v2", for 16-bit group norm backward (routed: "v2m4", four), with run-time flags "v2rt" for
+other dtypes), vs PyTorch, on more shapes
 than bench/kernels_gpu.py, with %copy (compulsory traffic over time, against a 256 MiB device copy; the bench's
 accounting: fwd reads x and writes y, bwd reads x and dy and writes dx, bias grad reads dy).  Timing as
 bench/kernels_gpu.py: CUDA events around back-to-back calls (~10 ms), divided by the calls, the median of
@@ -184,7 +185,7 @@ def main():
                 _, m, r = B.group_normalization_forward(None, x, g, w, b, 1e-5)
                 return lambda: B.group_normalization_backward(None, x, dy, g, w, m, r)
             row(f"group norm G={g} bwd", shape, 3 * e, mk_gn_bwd, tb,
-                alt=("gn_bwd16" if dtype.itemsize == 2 else "gn_bwd", "v2rt"))
+                alt=("gn_bwd16", "v2") if dtype.itemsize == 2 else ("gn_bwd", "v2rt"))
         for shape in bias_shapes:
             dy = arr(shape)
             tfn = None

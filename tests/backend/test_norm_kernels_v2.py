@@ -63,6 +63,7 @@ _V2_CONFIGS = [  # (dtype, team, vpt, vec, block, minb, kernels built with it) -
     (np.float16, 256, 2, 8, 256, 5, ("ln_fwd3",), (("LN3_SMEM", 1),)),
     # gn_bwd2 with the flags fixed at compile time (GN_CHV, vectors in one channel)
     (np.float16, 256, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1),)),
+    (np.float16, 256, 4, 8, None, 4, ("gn_bwd2",), (("GN_CHV", 1),)),     # route gn_bwd16 "v2m4"
     (np.float32, 512, 4, 4, None, 2, ("gn_bwd2",), (("GN_CHV", 1),)),
     (np.float32, 256, 4, 4, None, 3, ("gn_bwd2",), (("GN_CHV", 1),)),
 ]
@@ -224,6 +225,39 @@ def test_group_norm_v2(cp, v1, name, shape, groups, affine):
         dx1, ds1, db1 = B.group_normalization_backward(None, gx, gdy, groups, scale, m1, i1)
     _close(y, _h(y1), name)
     _close(dx, _h(dx1), name)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_gn_bwd16_routes(cp, monkeypatch, name, affine):
+    """16-bit group norm backward on the bench's row length (G=32 of 64 x 56 x 56: 256-thread teams, 4 vectors a
+    thread): route "v2m4" (four blocks an SM) against float64, bit-identical to "v2" (three: the same code, only
+    the launch bounds differ), and close to "v2rt" (the run-time flags)."""
+    rng = np.random.default_rng(hash((name, affine)) % 2 ** 32)
+    dtype = _dtype(name)
+    shape, groups = (3, 64, 56, 56), 32
+    x, dy = _draw(rng, shape, dtype, offset=1.0), _draw(rng, shape, dtype)
+    scale = _params(rng, (64,), name, False, cp) if affine else None
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    _, m_r, i_r = B.group_normalization_forward(None, x64, groups, _h(scale), None, 1e-5)
+    dx_r, ds_r, db_r = B.group_normalization_backward(None, x64, dy64, groups, _h(scale), m_r, i_r)
+    gx, gdy = cp.asarray(x), cp.asarray(dy)
+    _, m, i = B.group_normalization_forward(None, gx, groups, scale, None, 1e-5)
+    out = {}
+    for version in ("v2m4", "v2", "v2rt"):
+        NK._plans.clear()
+        monkeypatch.setitem(NK.ROUTE, "gn_bwd16", version)
+        out[version] = B.group_normalization_backward(None, gx, gdy, groups, scale, m, i)
+    NK._plans.clear()
+    assert NK.row_config2(2 * 56 * 56, dtype, True, "gn_bwd") == (256, 4, 8)
+    dx, ds, db = out["v2m4"]
+    _close(dx, dx_r, name)
+    if affine:
+        _close(ds, ds_r, name, x.size // 64, what="stat")
+        _close(db, db_r, name, x.size // 64, what="data-sum")
+    np.testing.assert_array_equal(_h(out["v2"][0]), _h(dx))
+    _close(dx, _h(out["v2rt"][0]), name)
 
 
 @pytest.mark.cuda
