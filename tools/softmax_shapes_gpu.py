@@ -6,7 +6,9 @@ Rows (N, C) over the last axis: C from 10 to 50257 (the row kernels' sub-warp, w
 and a channel softmax on NCHW (the column kernels).  Timing, traffic accounting and %copy as bench/kernels_gpu.py
 (its Timer, copy measurement and cases, reused): every input read once, every output written once.
 MINIDNN_SOFTMAX_V1=1 in the environment times the previous kernels instead (a GPU A/B of the same shapes);
-MINIDNN_SOFTMAX_BWD_WARP=1 the backward with 32 + 32 elements a warp-path thread (the first row version's tiling).
+MINIDNN_SOFTMAX_BWD_WARP=1 / =0 every backward with 32 + 32 / 16 + 16 elements a warp-path thread (default: a rule);
+MINIDNN_SOFTMAX_FWD_CAP / MINIDNN_SOFTMAX_FWD_REGS the one-array rows' (softmax and cross-entropy forward) elements
+a warp-path thread and registers (a sweep: softmax_kernels.FWD_CAP).  --rows 16384x1000,4096x4097 times those only.
 """
 from __future__ import annotations
 
@@ -51,7 +53,9 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="four row shapes, no channel softmax")
+    ap.add_argument("--rows", default="", help="row shapes NxC,NxC (no channel softmax)")
     args = ap.parse_args(argv)
+    rows = [tuple(int(v) for v in r.split("x")) for r in args.rows.split(",") if r]
     if not _dev.cuda_is_available():
         print("softmax_shapes_gpu: no CUDA GPU with CuPy here; nothing to measure")
         return 0
@@ -65,7 +69,9 @@ def main(argv=None):
     timer = K.Timer(cp, torch, args.trials)
     bw = K.copy_bandwidth(cp, timer)
     v1 = os.environ.get("MINIDNN_SOFTMAX_V1", "0") == "1"
-    bwd = " (backward: BWD_WARP tiling)" if os.environ.get("MINIDNN_SOFTMAX_BWD_WARP", "0") == "1" else ""
+    bwd = "".join(f" {k[15:]}={os.environ[k]}" for k in ("MINIDNN_SOFTMAX_BWD_WARP", "MINIDNN_SOFTMAX_BWD_REGS",
+                                                         "MINIDNN_SOFTMAX_FWD_CAP", "MINIDNN_SOFTMAX_FWD_REGS")
+                  if k in os.environ)
     print(f"copy bandwidth {bw:.0f} GB/s; kernels: {'V1 (previous)' if v1 else 'rows/columns (current)'}{bwd}")
     head = (f"{'kernel':22s} {'dtype':9s} {'shape':20s} {'MB':>7s} {'ms':>8s} {'%copy':>6s} {'torch ms':>9s} "
             f"{'vs torch':>8s}")
@@ -74,10 +80,10 @@ def main(argv=None):
     for dtype_name in args.dtypes.split(","):
         cases = K.Cases(cp, torch, dtype_name)
         todo = []
-        for shape in (QUICK if args.quick else ROWS):
+        for shape in rows or (QUICK if args.quick else ROWS):
             todo += [r[:3] for r in cases.softmax(shape, "accurate") + cases.softmax(shape, "log")
                      + cases.cross_entropy(shape)]
-        if not args.quick:
+        if not args.quick and not rows:
             for shape in CHANNEL:
                 todo += channel_cases(cases, shape)
         for name, shape, (fn, tfn, nbytes) in todo:

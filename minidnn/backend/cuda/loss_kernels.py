@@ -429,7 +429,7 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
             f"HAS_W={int(weighted)}", f"REDUCTION={_REDUCTION[reduction]}")
     if inner == 1 and not _sk.V1:       # the row kernels
         # registers: 64 a thread (four 256-thread blocks an SM), 80 with label smoothing's sums (64 spilled)
-        defines, cfg = row_defines(c, dtype, regs=80 if eps else 64)
+        defines, cfg = row_defines(c, dtype, regs=80 if eps else None)     # None: softmax's FWD_REGS (64)
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of ~4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)

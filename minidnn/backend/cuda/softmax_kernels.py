@@ -643,7 +643,15 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
                                # an SM: 128 of 228 KB)
 
 
-def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0, warp_pair=False):
+# One-array rows (softmax forward, cross-entropy forward), for a GPU sweep of the (16384, 1000) float32 forward
+# (84% of copy, 0.92x PyTorch): MINIDNN_SOFTMAX_FWD_CAP = the elements a warp-path thread may hold (default 32: a
+# 1000-class row one warp; 16: a 64-thread block of 16 each), MINIDNN_SOFTMAX_FWD_REGS = its register budget
+# (default 64: four 256-thread blocks an SM; 48 / 40: five / six).
+FWD_CAP = int(os.environ.get("MINIDNN_SOFTMAX_FWD_CAP", "0")) or None
+FWD_REGS = int(os.environ.get("MINIDNN_SOFTMAX_FWD_REGS", "64"))
+
+
+def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0, warp_pair=False, warp_cap=None):
     """The row kernels' tiling (RowConfig) for rows of ``c`` elements of ``itemsize`` bytes computed in
     ``acc_itemsize``-byte floats, ``arrays`` rows held at once (2: softmax backward's y and dy).  VEC: the widest
     vector (<= 16 bytes) that divides the row; a row of at least 32 such vectors that no wide vector divides is
@@ -660,7 +668,7 @@ def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0, warp_pair=Fal
     if ragged:
         vec = maxvec
     nvec = c // vec                                  # body vectors at most (ragged: fewer when the head is not 0)
-    cap = (32 if acc_itemsize <= 4 else 16) // (arrays if arrays > 1 and not warp_pair else 1)
+    cap = warp_cap or (32 if acc_itemsize <= 4 else 16) // (arrays if arrays > 1 and not warp_pair else 1)
     g = min(32, _pow2_at_least(nvec))
     nv = _pow2_at_least(-(-nvec // g))
     block = 256
@@ -707,11 +715,11 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False):
     NAME=VALUE strings, and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM)."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
-    cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair)
+    cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
     # registers: <= 64 a thread where the data fits (a 1000-class float32 forward took 88-113 without a cap: two
     # 256-thread blocks an SM; capped, four), <= 80 holding two arrays; float64 uncapped
     if regs is None:
-        regs = 64 if arrays == 1 else (BWD_PAIR_REGS if cfg.g <= 32 and cfg.nv * cfg.vec > 16 else 80)
+        regs = FWD_REGS if arrays == 1 else (BWD_PAIR_REGS if cfg.g <= 32 and cfg.nv * cfg.vec > 16 else 80)
     minb = 1 if acc == 8 else max(1, 65536 // (cfg.block * regs))
     return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
             f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"MINB={minb}"), cfg
@@ -743,8 +751,10 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize))
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
+        minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
-                    -(-rows // (cfg.block // cfg.g)), 16, cfg.block, cfg.sch * cfg.nv * cfg.vec * cfg.block * acc)
+                    -(-rows // (cfg.block // cfg.g)), max(16, minb), cfg.block,
+                    cfg.sch * cfg.nv * cfg.vec * cfg.block * acc)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
                 -(-rows // 256), 32, 256, 0)
 
