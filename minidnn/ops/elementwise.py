@@ -1,7 +1,7 @@
 """Elementwise ops with NumPy broadcasting.  Gradients are reduced back to each input's shape.
 
-Every backward is written with differentiable Tensor ops, so ``create_graph=True`` gives
-higher-order gradients.  Unary ops are one table: forward on the array, backward as Tensor math.
+Every backward is written with differentiable Tensor ops (Mul's first order on the arrays), so ``create_graph=True``
+gives higher-order gradients.  Unary ops are one table: forward on the array, backward as Tensor math.
 """
 from __future__ import annotations
 
@@ -15,23 +15,13 @@ from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 from ..backend.layout import in_memory_order
 from ..tensor import Tensor, _wrap, get_default_dtype
-from ._core import (
-    as_operand,
-    broadcast_error,
-    check_pair,
-    fit,
-    fusion_rule,
-    promoted_operands,
-    to_tensor,
-)
+from ._core import as_operand, broadcast_error, check_pair, fit, fusion_rule, promoted_operands, to_tensor
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
            "expm1", "reciprocal", "rsub", "rdiv", "rpow", "eq", "ne", "lt", "le", "gt", "ge", "logical_not",
            "isfinite", "isnan", "floor", "ceil", "round", "floordiv", "remainder", "floor_divide", "bitwise_not",
            "fmod", "isclose", "allclose", "addcmul", "addcdiv", "lerp"]
-
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -149,15 +139,10 @@ class Mul(Binary):
                 fit(_times(g, a), ctx.b_meta) if ctx.next_edges[1] else None)
 
 
-def _times(g, x):
-    """g * x in a backward: on a first-order backward (nothing recorded) and operands of one dtype (or a Python
-    scalar: weak, as in PyTorch) the product of the arrays, without a Tensor op's checks; else the Tensor op
-    (differentiable under create_graph, PyTorch's promotion for mixed dtypes).  The same values either way."""
-    gd = g.data
-    xd = x.data if isinstance(x, Tensor) else x
-    if _state.grad_enabled or not (type(xd) is float or getattr(xd, "dtype", None) == gd.dtype) \
-            or type(gd) is not type(xd) and type(xd) is not float:
-        return g * x
+def _times(g, x):   # g * x in a backward: first order, one dtype (or a weak Python float): the arrays' product
+    gd, xd = g.data, (x.data if isinstance(x, Tensor) else x)
+    if _state.grad_enabled or not (type(xd) is float or (type(xd) is type(gd) and xd.dtype == gd.dtype)):
+        return g * x        # create_graph, mixed dtypes: the Tensor op (differentiable, PyTorch's promotion)
     return _wrap(gd * xd if type(gd) is np.ndarray else in_memory_order(operator.mul, gd, xd))
 
 
