@@ -106,7 +106,7 @@ def cpu_matmul(a, b, out=None):
     """``np.matmul(a, b, out=out)`` on NumPy arrays, with BLAS on all of minidnn's threads where the product has
     at least ``threads.MIN_PARALLEL_BLAS_WORK`` multiply-adds and on one thread below (``set_num_threads``).  For
     products the calling thread runs, not those inside the threads' own loops."""
-    lead = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    lead = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) if a.ndim > 2 or b.ndim > 2 else 1
     work = lead * (a.shape[-2] if a.ndim > 1 else 1) * a.shape[-1] * (b.shape[-1] if b.ndim > 1 else 1)
     if work < threads.MIN_PARALLEL_BLAS_WORK:
         return np.matmul(a, b, out=out)
