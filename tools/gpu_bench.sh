@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 5's GPU figures: the re-run of the tests run 3 failed (FAST=1), then the host-path A/Bs (conv fast path,
-# remembered batch norm), the channels-last batch-norm kernels against the old ones and PyTorch, and the training
-# steps (fp32 paired with PyTorch; the AMP table).  Logs under $OUT.  ~8 min.
+# The device command of sessions 5 and 6: the cuda tests named in $TESTS (limit TTIME s), then the jobs in $JOBS --
+# kernels (bench/kernels_gpu.py, KSIZES / KOPTS), prof (tools/profile_step.py, POPTS), the host-path A/Bs (conv_ab,
+# bn_ab), bn_nhwc, the paired steps (train, train_tf32, amp) and the channels-last kernel profile (cl).  TAIL lines of
+# each log are printed; logs under $OUT.
 export CUPY_CACHE_DIR=$PWD/.cupy_cache PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 start=$(date +%s)
@@ -12,6 +13,8 @@ if [ -n "$TESTS" ]; then
 fi
 for job in $JOBS; do
   case $job in
+    kernels) timeout 300 python3 bench/kernels_gpu.py --sizes ${KSIZES:-large} ${KOPTS} > $OUT/kernels.log 2>&1 ;;
+    prof) timeout 200 python3 tools/profile_step.py ${POPTS} > $OUT/prof.log 2>&1 ;;
     conv_ab) timeout 150 python3 tools/conv_fast_ab.py --rounds 7 --steps 30 > $OUT/conv_ab.log 2>&1 ;;
     bn_ab) timeout 150 python3 tools/bn_fast_ab.py --rounds 7 --steps 30 > $OUT/bn_ab.log 2>&1 ;;
     bn_nhwc) timeout 150 python3 tools/bn_nhwc_bench.py > $OUT/bn_nhwc.log 2>&1 ;;
