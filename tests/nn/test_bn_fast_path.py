@@ -28,15 +28,7 @@ _SCRIPT = textwrap.dedent("""
     import record_launches as R
     fakecp, L = R._install({root!r})
     import numpy as np
-    def fallback(name):     # CuPy functions the fake lacks: NumPy's, results as fake arrays (as fake_gpu_step.py)
-        f = getattr(np, name)
-        if not callable(f):
-            return f
-        def g(*a, **k):
-            r = f(*a, **k)
-            return r.view(fakecp.ndarray) if isinstance(r, np.ndarray) else r
-        return g
-    fakecp.__getattr__ = fallback
+    R.numpy_fallback(fakecp)        # CuPy functions the fake lacks: NumPy's, on fake arrays
     R._zero_pointers(fakecp, L)
     recs = R.record_packed(L, [], other="cupy")
     import warnings

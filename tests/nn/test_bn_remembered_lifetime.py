@@ -15,15 +15,7 @@ _SCRIPT = textwrap.dedent("""
     import record_launches as R
     fakecp, L = R._install({root!r})
     import numpy as np
-    def fallback(name):
-        f = getattr(np, name)
-        if not callable(f):
-            return f
-        def g(*a, **k):
-            r = f(*a, **k)
-            return r.view(fakecp.ndarray) if isinstance(r, np.ndarray) else r
-        return g
-    fakecp.__getattr__ = fallback
+    R.numpy_fallback(fakecp)        # CuPy functions the fake lacks: NumPy's, on fake arrays
     import warnings
     warnings.filterwarnings("ignore")
     import minidnn as mdn

@@ -32,15 +32,7 @@ _SCRIPT = textwrap.dedent("""
     R._zero_pointers(fakecp, L)
     recs = R.record_packed(L, [], other="cupy")
     import numpy as np
-    def fallback(name):           # CuPy functions the fake lacks (the reference algorithms'): NumPy's, on fake arrays
-        f = getattr(np, name)
-        if not callable(f):
-            return f
-        def g(*a, **k):
-            r = f(*a, **k)
-            return r.view(fakecp.ndarray) if isinstance(r, np.ndarray) else r
-        return g
-    fakecp.__getattr__ = fallback
+    R.numpy_fallback(fakecp)        # CuPy functions the fake lacks: NumPy's, on fake arrays
     import minidnn as mdn
     import minidnn.backend as B
     from minidnn.backend import convolution as CV
