@@ -14,32 +14,16 @@ switched in one process, alternated rounds.
    per round of ``--steps``), remembered calls on / off alternated.
 """
 import argparse
-import gc
-import statistics
-import time
+
+from conv_fast_ab import _cpu_us, steps  # tools/: the same timer, models and step A/B
 
 import minidnn as mdn
-import minidnn.models as M
 import minidnn.nn.functional as F
 from minidnn.backend.cuda import act_kernels as AK
 from minidnn.backend.cuda import bn_kernels as K
 from minidnn.nn._functions import norm as N
 
 SHAPES = [(128, 16, 32, 32), (128, 64, 8, 8), (128, 32, 32, 32), (128, 128, 8, 8)]
-MODELS = {"resnet20": (lambda: M.resnet20(num_classes=10), (3, 32, 32), 128),
-          "mobilenet": (lambda: M.MobileNetSmall(num_classes=10, in_channels=3), (3, 32, 32), 128),
-          "lenet5": (lambda: M.LeNet5(num_classes=10, in_channels=1, input_size=32), (1, 32, 32), 64)}
-
-
-def _cpu_us(fn, n):
-    mdn.cuda.synchronize()
-    gc.collect()
-    t0 = time.process_time()
-    for _ in range(n):
-        fn()
-    dt = time.process_time() - t0
-    mdn.cuda.synchronize()
-    return dt / n * 1e6
 
 
 def calls(rounds, n=200):
@@ -82,37 +66,6 @@ def calls(rounds, n=200):
               + "   (µs host CPU time, full -> remembered, min)")
 
 
-def steps(models, rounds, n):
-    for name in models:
-        make, shape, batch = MODELS[name]
-        mdn.manual_seed(0)
-        model = make().to("cuda")
-        opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x = mdn.randn(batch, *shape).to("cuda")
-        y = mdn.randint(0, 10, (batch,)).to("cuda")
-
-        def step():
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        times = {False: [], True: []}
-        for _ in range(rounds):
-            for on in (False, True):
-                N.FAST[0] = on
-                for _ in range(3):
-                    step()
-                mdn.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    step()
-                mdn.cuda.synchronize()
-                times[on].append((time.perf_counter() - t0) / n * 1e3)
-        N.FAST[0] = True
-        print(f"{name} b{batch} eager step: full path {statistics.median(times[False]):.3f} ms, remembered "
-              f"{statistics.median(times[True]):.3f} ms (medians of {rounds} alternated rounds of {n} steps)")
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -120,4 +73,4 @@ if __name__ == "__main__":
     ap.add_argument("--models", default="resnet20,mobilenet")
     args = ap.parse_args()
     calls(args.rounds)
-    steps([m for m in args.models.split(",") if m], args.rounds, args.steps)
+    steps([m for m in args.models.split(",") if m], args.rounds, args.steps, N.FAST, "remembered")

@@ -71,7 +71,8 @@ def layers(rounds, n=200):
               f"{best['b', True]:9.1f}")
 
 
-def steps(models, rounds, n):
+def steps(models, rounds, n, switch=C.FAST_PATH, label="fast path"):
+    """The eager training step of each model, ``switch[0]`` off / on alternated (bn_fast_ab.py passes its own)."""
     for name in models:
         make, shape, batch = MODELS[name]
         mdn.manual_seed(0)
@@ -88,7 +89,7 @@ def steps(models, rounds, n):
         times = {False: [], True: []}
         for _ in range(rounds):
             for on in (False, True):
-                C.FAST_PATH[0] = on
+                switch[0] = on
                 for _ in range(3):
                     step()
                 mdn.cuda.synchronize()
@@ -97,8 +98,8 @@ def steps(models, rounds, n):
                     step()
                 mdn.cuda.synchronize()
                 times[on].append((time.perf_counter() - t0) / n * 1e3)
-        C.FAST_PATH[0] = True
-        print(f"{name} b{batch} eager step: full path {statistics.median(times[False]):.3f} ms, fast path "
+        switch[0] = True
+        print(f"{name} b{batch} eager step: full path {statistics.median(times[False]):.3f} ms, {label} "
               f"{statistics.median(times[True]):.3f} ms (medians of {rounds} alternated rounds of {n} steps)")
 
 
