@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bn_nhwc_bench import Timer, copy_bandwidth  # noqa: E402
+from bn_nhwc_bench import Timer, _dtype, copy_bandwidth  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import bn_kernels as K  # noqa: E402
@@ -50,13 +50,6 @@ from minidnn.backend.cuda import bn_nhwc as M  # noqa: E402
 SHAPES = "128x64x56x56,128x16x32x32,32x256x14x14"
 OPS = {"fwd": (None, 2, False), "bwd": (None, 3, True), "relu fwd": ("relu", 2, False),
        "relu bwd": ("relu", 4, True), "add fwd": ("add", 3, False), "add bwd": ("add", 5, True)}
-
-
-def _dtype(name):
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 # (UNROLL 8 at 2 blocks per SM spills: 272 bytes in the fused backward, nvcc sm_90 -- left out)
