@@ -14,6 +14,7 @@ from ..autograd import Function, _state
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 from ..backend.layout import in_memory_order
+from ..backend.tensor_ops import device_binary
 from ..tensor import Tensor, _wrap, get_default_dtype
 from ._core import as_operand, broadcast_error, check_pair, fit, fusion_rule, promoted_operands, to_tensor
 
@@ -43,7 +44,7 @@ class Binary(Function):
 def _binary(cls, name=None, true_div=False):
     """The Tensor function of ``cls``: a (Tensor) op b (Tensor or scalar), both cast to PyTorch's result dtype
     (``true_div``: integers give the default float dtype), recorded by a ``cls`` node when a gradient is needed."""
-    forward, new_node, output = cls.forward, cls.node, Function.output    # (looked up once: the hot path)
+    forward, new_node, output, gpu_forward = cls.forward, cls.node, Function.output, device_binary(cls.forward)
     name = name or cls.op_name
 
     def op(a, b):
@@ -56,8 +57,8 @@ def _binary(cls, name=None, true_div=False):
             promoted = ad.dtype != bd.dtype or true_div
             if promoted:
                 ad, bd, _ = promoted_operands(a, b, true_div=true_div)
-            try:       # (NumPy keeps its inputs' memory order by itself; CuPy arrays go through in_memory_order)
-                out = forward(ad, bd) if type(ad) is np.ndarray else in_memory_order(forward, ad, bd)
+            try:       # (NumPy keeps its inputs' memory order by itself; CuPy arrays: tensor_ops.device_binary)
+                out = forward(ad, bd) if type(ad) is np.ndarray else gpu_forward(ad, bd)
             except ValueError:
                 raise broadcast_error(name, a, b) from None
             if _state.grad_enabled and (a.requires_grad or b.requires_grad):

@@ -11,6 +11,9 @@ elements past the last whole vector are block 0's.  A misaligned view takes a gr
 scalars per thread (loads first, then the math).
 MODE (the ActivationMode, a macro) and COEF (the descriptor's coefficient, an argument) choose f; f' follows the
 reference's conventions at the kinks (relu'(0) = 0, a NaN input passes the gradient on, ...).
+MODE ADD (not an activation: ``add``) runs the backward kernel as out = x + dy, summed in float and rounded once --
+the bits of CuPy's ``x + dy`` -- for the engine's same-shape adds (a residual block's forward add, the gradient sums
+of a tensor used twice), which CuPy's elementwise kernel runs at ~1/3 of this kernel's rate on 16-bit data.
 Traffic: forward reads x, writes y; backward reads x and dy, writes dx -- the memory floor of each.
 """
 from __future__ import annotations
@@ -23,13 +26,14 @@ from .. import devices as _dev
 from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, type_info
 
-__all__ = ["supports", "forward", "backward", "plan", "options", "MODES", "SOURCE"]
+__all__ = ["supports", "forward", "backward", "add", "plan", "options", "MODES", "SOURCE"]
 
 THREADS = 256
 MODES = ("IDENTITY", "RELU", "SIGMOID", "TANH", "CLIPPED_RELU", "ELU", "LEAKY_RELU", "GELU", "GELU_TANH", "SWISH",
          "SOFTPLUS", "HARDTANH", "RELU6")
+_ALL_MODES = MODES + ("ADD",)      # ADD: out = x + dy through act_bwd (``add``), not an activation
 
-SOURCE = STORAGE_HEADER + "".join(f"#define M_{m} {i}\n" for i, m in enumerate(MODES)) + r"""
+SOURCE = STORAGE_HEADER + "".join(f"#define M_{m} {i}\n" for i, m in enumerate(_ALL_MODES)) + r"""
 
 __device__ __forceinline__ A sigm(A v) { return (A)0.5 * ((A)1 + tanh((A)0.5 * v)); }   // never overflows
 __device__ __forceinline__ bool between(A v, A lo, A hi) { return !(v <= lo || v >= hi); }
@@ -63,6 +67,8 @@ __device__ __forceinline__ A act_f(A v, const A c)
 #elif MODE == M_SOFTPLUS
     const A u = c * v;     // logaddexp(0, u) / c
     return (fmax(u, (A)0) + log1p(exp(-fabs(u)))) / c;
+#else
+    return v;
 #endif
 }
 
@@ -96,6 +102,18 @@ __device__ __forceinline__ A act_df(A v, const A c)
     const A s = sigm(c * v); return s + c * v * s * ((A)1 - s);
 #elif MODE == M_SOFTPLUS
     return sigm(c * v);
+#else
+    return (A)1;
+#endif
+}
+
+// act_bwd's element: f'(x) * dy, or (MODE ADD) x + dy
+__device__ __forceinline__ A act_combine(A v, A g, const A c)
+{
+#if MODE == M_ADD
+    return v + g;
+#else
+    return act_df(v, c) * g;
 #endif
 }
 
@@ -191,13 +209,13 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
                 if (k0 + u * THREADS < nv) {
                     Vec b;
 #pragma unroll
-                    for (int e = 0; e < VW; ++e) b.v[e] = ST(act_df(LD(a[u].v[e]), c) * LD(g[u].v[e]));
+                    for (int e = 0; e < VW; ++e) b.v[e] = ST(act_combine(LD(a[u].v[e]), LD(g[u].v[e]), c));
                     stv(dx, k0 + u * THREADS, b);
                 }
             }
         }
         const long long i = nv * VW + threadIdx.x;
-        if (blockIdx.x == 0 && i < n) dx[i] = ST(act_df(LD(x[i]), c) * LD(dy[i]));
+        if (blockIdx.x == 0 && i < n) dx[i] = ST(act_combine(LD(x[i]), LD(dy[i]), c));
         return;
     }
     const long long stride = (long long)gridDim.x * THREADS;
@@ -207,7 +225,7 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
         for (int u = 0; u < 4; ++u) if (i0 + u * stride < n) { v[u] = x[i0 + u * stride]; g[u] = dy[i0 + u * stride]; }
 #pragma unroll
         for (int u = 0; u < 4; ++u)
-            if (i0 + u * stride < n) dx[i0 + u * stride] = ST(act_df(LD(v[u]), c) * LD(g[u]));
+            if (i0 + u * stride < n) dx[i0 + u * stride] = ST(act_combine(LD(v[u]), LD(g[u]), c));
     }
 }
 """
@@ -223,7 +241,7 @@ def _memory_order(a):
 
 
 def supports(mode_name, x, *others) -> bool:
-    if not (_dev.is_cuda_array(x) and type_info(x.dtype) is not None and x.size > 0 and mode_name in MODES):
+    if not (_dev.is_cuda_array(x) and type_info(x.dtype) is not None and x.size > 0 and mode_name in _ALL_MODES):
         return False
     order = _memory_order(x)
     return order is not None and all(
@@ -343,3 +361,8 @@ def forward(mode_name, coef, x):
 
 def backward(mode_name, coef, x, dy):
     return plan(mode_name, coef, x, True)(x, dy)
+
+
+def add(a, b):
+    """a + b of two CuPy arrays of one shape, dtype and memory order (``supports("ADD", a, b)``), in that order."""
+    return plan("ADD", 0.0, a, True)(a, b)
