@@ -3,7 +3,7 @@
 # kernels (bench/kernels_gpu.py, KSIZES / KOPTS), prof (tools/profile_step.py, POPTS), the host-path A/Bs (conv_ab,
 # bn_ab), bn_nhwc, the paired steps (train, train_tf32, amp) and the channels-last kernel profile (cl).  TAIL lines of
 # each log are printed; logs under $OUT.
-export CUPY_CACHE_DIR=$PWD/.cupy_cache PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.cupy_cache} PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 start=$(date +%s)
 timeout 100 python3 tools/precompile_conv.py > $OUT/precompile.log 2>&1
