@@ -95,8 +95,60 @@ def test_block_tree_adds_every_row_once(rb, tx):
     assert np.all(_tree(rb, tx) == rb)
 
 
-def _combine(c, tx, vec, chunk, grid):
-    """combine's loops: which (partial, channel) pairs each channel's total takes, and who finalises it."""
+def _block_partial_v2(rb, tx_n, vec, cv, chunk, c):
+    """V2 block_partial on counts, literally: thread tid = ty * TX + tx stores value i = 2e + s of its lane as
+    red[i][tid] (1 where the thread owns a vector, ty < RB and vcol < CV); S lanes per output add rows j, j + S, ...
+    and a butterfly over the S lanes (each S-group inside one warp); returns the (C, 2) counts written to this
+    block's partial row and how many times each slot was written."""
+    red = np.zeros((2 * vec, THREADS), np.int64)
+    for tid in range(THREADS):
+        ty, tx = tid // tx_n, tid % tx_n
+        if ty < rb and chunk * tx_n + tx < cv:
+            red[:, tid] = 1
+    n_out = 2 * vec * tx_n
+    s = 1
+    while s < 32 and 2 * s * n_out <= 256:
+        s <<= 1
+    assert 32 % s == 0
+    part = np.zeros((c, 2), np.int64)
+    writes = np.zeros((c, 2), np.int64)
+    for o0 in range(0, n_out, 256 // s):
+        t = np.zeros(THREADS, np.int64)
+        for tid in range(THREADS):
+            o, j = o0 + tid // s, tid & (s - 1)
+            if o < n_out:
+                i, tx = o // tx_n, o % tx_n
+                t[tid] = sum(red[i, r * tx_n + tx] for r in range(j, rb, s))
+        m = s >> 1
+        while m > 0:                                    # __shfl_xor_sync: lane ^ m, within the warp
+            t = t + t[np.arange(THREADS) ^ m]
+            m >>= 1
+        for tid in range(THREADS):
+            o, j = o0 + tid // s, tid & (s - 1)
+            i, tx = o // tx_n, o % tx_n
+            vcol = chunk * tx_n + tx
+            if j == 0 and o < n_out and vcol < cv:
+                part[vcol * vec + (i >> 1), i & 1] = t[tid]
+                writes[vcol * vec + (i >> 1), i & 1] += 1
+    return part, writes
+
+
+@pytest.mark.parametrize("rows, c, item", [(128 * 32 * 32, 16, 2), (128 * 16 * 16, 32, 2), (8192, 64, 2),
+                                           (8192, 128, 2), (8192, 64, 4), (1000, 3, 4), (50, 24, 2), (40, 6, 2),
+                                           (7, 1, 4), (30, 1040, 4), (30, 2052, 4), (9, 256, 8), (20, 12, 8)], ids=str)
+def test_v2_block_partial_adds_every_row_of_every_lane_once(rows, c, item):
+    vec = M.vec_width(c, item)
+    cv, chunks, tx, rb, ng = M.geometry(rows, c, vec)
+    for chunk in range(chunks):
+        part, writes = _block_partial_v2(rb, tx, vec, cv, chunk, c)
+        lo, hi = chunk * tx * vec, min(c, (chunk + 1) * tx * vec)
+        assert np.all(part[lo:hi] == rb) and np.all(writes[lo:hi] == 1), (chunk, np.unique(part[lo:hi]))
+        assert not part[:lo].any() and not part[hi:].any() and not writes[:lo].any() and not writes[hi:].any()
+
+
+def _combine(c, tx, vec, chunk, grid, inflight=8):
+    """combine's loops: which (partial, channel) pairs each channel's total takes, and who finalises it (inflight:
+    the source's CB, loads in flight: 8 in V1 and for double sums, 16 in V2)."""
     cbeg, cend = chunk * tx * vec, min(c, (chunk + 1) * tx * vec)
     kw = 1
     while kw < cend - cbeg and kw < 256:
@@ -109,8 +161,8 @@ def _combine(c, tx, vec, chunk, grid):
             k, q = t % kw, t // kw
             ch = cb + k
             if ch < cend:
-                for b in range(q, grid, 8 * qn):
-                    for u in range(8):
+                for b in range(q, grid, inflight * qn):
+                    for u in range(inflight):
                         if b + u * qn < grid:
                             taken[b + u * qn, ch] += 1
                 if q == 0:
@@ -120,10 +172,11 @@ def _combine(c, tx, vec, chunk, grid):
 
 @pytest.mark.parametrize("c, vec, grid", [(16, 8, 256), (64, 4, 264), (3, 1, 5), (1, 1, 1), (1040, 4, 132),
                                           (2052, 4, 7), (24, 8, 100)])
-def test_last_block_combines_every_partial_once(c, vec, grid):
+@pytest.mark.parametrize("inflight", [8, 16])
+def test_last_block_combines_every_partial_once(c, vec, grid, inflight):
     cv, chunks, tx, rb, ng = M.geometry(10 ** 6, c, vec)
     for chunk in range(chunks):
-        taken, fins = _combine(c, tx, vec, chunk, grid)
+        taken, fins = _combine(c, tx, vec, chunk, grid, inflight)
         assert np.all(taken == 1) and np.all(fins == 1)
 
 
@@ -159,7 +212,9 @@ def _configs():
             for flags in (_FLAGS if v == 16 // item else _FLAGS[:2]):
                 out.append((name, v, flags))
             v = 0 if name == "float16" else v // 2      # float16 differs from bfloat16 in LD / ST only
-    return [c for c in out if not (c[0] == "float16" and c[2] not in _FLAGS[:2])]
+    out = [c for c in out if not (c[0] == "float16" and c[2] not in _FLAGS[:2])]
+    # session 6's block reduction and combine (MINIDNN_BN_NHWC_V2=0, kept for the GPU A/B)
+    return out + [("bfloat16", 8, dict(v2=0, **_ALL)), ("float32", 4, dict(v2=0, **_ALL)), ("float64", 2, dict(v2=0))]
 
 
 def _compile(args):

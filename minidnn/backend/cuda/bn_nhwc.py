@@ -63,6 +63,10 @@ ENABLED = os.environ.get("MINIDNN_BN_NHWC", "1") != "0"
 # The one-launch kernels keep part of the data in shared memory across the meeting and re-read the rest newest
 # first (CACHE; the source's "on-chip copy").  MINIDNN_BN_ONCHIP=0 / ONCHIP = False: the kernels before it (A/B).
 ONCHIP = os.environ.get("MINIDNN_BN_ONCHIP", "1") != "0"
+# Session 7's block reduction and combine (V2: the source's block_partial / combine; docs/step_kernels.md, "Session 7:
+# channels-last batch norm").  MINIDNN_BN_NHWC_V2=0 / V2 = False: session 6's kernels (the GPU A/B); callers clear
+# the call caches after changing it (tools/bn_nhwc_s7.py does).
+V2 = os.environ.get("MINIDNN_BN_NHWC_V2", "1") != "0"
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
@@ -143,6 +147,38 @@ __device__ __forceinline__ void walk(const Geo& g, const Lane& l, F f)
     }
 }
 
+#if V2
+// Sum v over the block's RB rows of threads (V2, session 7): every thread stores its 2 * VEC sums value-major,
+// red[i][tid] with i = 2 * e + s (a warp's store is 32 consecutive words: no bank conflict), one barrier, then
+// output o = i * TX + tx (channel chunk + tx * VEC + e, sum s; O = 2 * VEC * TX outputs) is added by S adjacent
+// lanes (S = the largest power of two <= 256 / O, at most 32; 1 where O > 256, each thread then taking outputs
+// t, t + 256, ...): lane j adds rows j, j + S, ... in order, a butterfly over the S lanes adds those, and lane 0 of
+// the S writes partial[blockIdx.x][c][s].  A fixed order: the same bits at every call.
+// (V1's tree below stored each thread's sums at a 16 * VEC-byte stride -- a 16-way bank conflict on every access
+// for 16-bit data -- through log2(RB) barriers: ~8K shared-memory cycles per block at C = 16 bfloat16.)
+__device__ __forceinline__ void block_partial(const Geo& g, const Lane& l, A (&v)[VEC][2], A* __restrict__ partial)
+{
+    __shared__ A red[2 * VEC][256];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) { red[2 * e][threadIdx.x] = v[e][0]; red[2 * e + 1][threadIdx.x] = v[e][1]; }
+    __syncthreads();
+    const int O = 2 * VEC * g.TX;
+    int S = 1;
+    while (S < 32 && 2 * S * O <= 256) S <<= 1;
+    const int j = threadIdx.x & (S - 1);
+    for (int o0 = 0; o0 < O; o0 += 256 / S) {          // the same trip count in every thread (shuffles below)
+        const int o = o0 + (int)threadIdx.x / S;
+        const int i = o / g.TX, tx = o - i * g.TX;
+        A t = 0;
+        if (o < O)
+            for (int r = j; r < g.RB; r += S) t += red[i][r * g.TX + tx];
+        for (int m = S >> 1; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+        const int vcol = blockIdx.y * g.TX + tx;
+        if (j == 0 && o < O && vcol < g.CV)
+            partial[((long long)blockIdx.x * g.C + vcol * VEC + (i >> 1)) * 2 + (i & 1)] = t;
+    }
+}
+#else
 // Sum v over the block's RB rows of threads (a fixed-order tree; RB need not be a power of two); row 0 writes the
 // block's partial sums of its channels to partial[blockIdx.x][c][2].
 __device__ __forceinline__ void block_partial(const Geo& g, const Lane& l, A (&v)[VEC][2], A* __restrict__ partial)
@@ -170,6 +206,8 @@ __device__ __forceinline__ void block_partial(const Geo& g, const Lane& l, A (&v
     }
 }
 
+#endif
+
 // Every thread fences its own partial stores, then the block takes its arrival ticket; true in the chunk's last block.
 __device__ __forceinline__ bool arrive(unsigned int* ticket)
 {
@@ -183,8 +221,10 @@ __device__ __forceinline__ bool arrive(unsigned int* ticket)
 }
 
 // In the chunk's last block (all threads call it): per channel of the chunk, the totals in double of the G
-// partials, in a fixed order -- thread (q, k) takes partials q, q + QN, ... of channel k (8 loads in flight), then
-// a tree over q -- and fin(c, t1, t2) once per channel.
+// partials, in a fixed order -- thread (q, k) takes partials q, q + QN, ... of channel k (CB loads in flight: 8,
+// 16 with V2 in float: MobileNet's C = 128 at 8 x 8 gives 64 partials a thread, 8 round trips to L2 at 8), then a tree
+// over q -- and fin(c, t1, t2) once per channel.
+#define CB (V2 && !ACC_DOUBLE ? 16 : 8)
 template <class Fin>
 __device__ __forceinline__ void combine(const Geo& g, const A* __restrict__ partial, Fin fin)
 {
@@ -199,12 +239,12 @@ __device__ __forceinline__ void combine(const Geo& g, const A* __restrict__ part
         const int c = cb + k;
         double a1 = 0, a2 = 0;
         if (c < cend) {
-            for (int b = q; b < G; b += 8 * qn) {
-                A2 t[8];
+            for (int b = q; b < G; b += CB * qn) {
+                A2 t[CB];
 #pragma unroll
-                for (int u = 0; u < 8; ++u) if (b + u * qn < G) t[u] = __ldcg(pp + (long long)(b + u * qn) * g.C + c);
+                for (int u = 0; u < CB; ++u) if (b + u * qn < G) t[u] = __ldcg(pp + (long long)(b + u * qn) * g.C + c);
 #pragma unroll
-                for (int u = 0; u < 8; ++u) if (b + u * qn < G) { a1 += (double)t[u].x; a2 += (double)t[u].y; }
+                for (int u = 0; u < CB; ++u) if (b + u * qn < G) { a1 += (double)t[u].x; a2 += (double)t[u].y; }
             }
         }
         sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
@@ -741,6 +781,11 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
         block_partial(g, l, v, partial);
     }
     meet(g, partial, sync, [&](int c, double t1, double t2) { bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
+#if V2
+    // loaded again (beside coef: no extra round trip), so that they are not live across the combine's 16 loads
+    lane_load(l, mean, mu, true);
+    lane_load(l, inv_std, is, true);
+#endif
     A c0[VEC], c1[VEC], kk[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
@@ -793,7 +838,7 @@ def _options(dtype, vec, **flags):
     opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DACC_DOUBLE={int(accum == 'double')}",
             f"-DVEC={vec}", f"-DVBYTES={vec * item}", f"-DUNROLL={UNROLL}", f"-DUNROLL_F={UNROLL_F}", f"-DBPS={BPS}",
-            "-std=c++17"]
+            f"-DV2={int(bool(flags.get('v2', V2)))}", "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     return tuple(opts)
@@ -803,6 +848,7 @@ _kernels: dict = {}
 
 
 def _kernel(name, dtype, vec, **flags):
+    flags.setdefault("v2", V2)
     key = (name, np.dtype(dtype), vec, tuple(sorted(flags.items())))
     k = _kernels.get(key)
     if k is None:
@@ -950,8 +996,8 @@ _calls: dict = {}
 
 
 def switch():
-    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP)."""
-    return ENABLED, ROUTE, ONCHIP
+    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2)."""
+    return ENABLED, ROUTE, ONCHIP, V2
 
 
 def _memory_order(xc):
@@ -964,11 +1010,11 @@ def _memory_order(xc):
 
 class _Call:
     __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "acc", "route", "args", "plans",
-                 "onchip")
+                 "onchip", "v2")
 
     def _settle(self, xc, dev, route, args):
         self.dev, self.c, self.dtype, self.route, self.args = dev, xc.shape[1], xc.dtype, route, args
-        self.onchip = ONCHIP
+        self.onchip, self.v2 = ONCHIP, V2
         self.rows = xc.size // self.c
         self.item = xc.dtype.itemsize
         self.vmax = vec_width(self.c, self.item)
@@ -1005,7 +1051,7 @@ class TrainingCall(_Call):
                          flags, self.dev)
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2:
             return None
         return self.run(xc, z, scale, bias, running_mean, running_var, counter)
 
@@ -1033,7 +1079,7 @@ class BackwardCall(_Call):
         return _bwd_plan(self.dtype, self.rows, self.c, vec, self.route, self.args, self.dev)
 
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
-        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2:
             return None
         return self.run(xc, dyc, scale, mean, inv_std, y, dscale, dbias)
 
@@ -1084,7 +1130,7 @@ class InferenceCall(_Call):
 
 def _settled(cls, xc, key, args):
     dev = xc.data.device_id
-    key = (cls.__name__, ROUTE, ONCHIP, xc.shape, xc.strides, xc.dtype, dev) + key
+    key = (cls.__name__, ROUTE, ONCHIP, V2, xc.shape, xc.strides, xc.dtype, dev) + key
     call = _calls.get(key)
     if call is None:
         def build():
