@@ -296,3 +296,30 @@ def test_captured_in_a_cuda_graph_gives_the_eager_bits(cp, route, name):
     for a, b in zip(captured, eager):
         if a is not None:
             np.testing.assert_array_equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(128, 16, 32, 32), (128, 128, 8, 8), (5, 3, 9, 9), (8, 24, 7, 7), (7, 5),
+                                   (2, 1040, 3, 3)], ids=str)
+def test_v2_against_v1_and_the_reference(cp, route, name, shape, monkeypatch):
+    # session 7's block reduction and combine (V2, the default) against session 6's (MINIDNN_BN_NHWC_V2=0): the
+    # same sums in another fixed order, so equal within rounding; both against float64 with a fused add + ReLU
+    x, dy, z, scale, bias, rm, rv = _data(name, shape, "bn_add_activation", 9)
+    xg, zg, dyg = _cl(cp, x), _cl(cp, z), _cl(cp, dy)
+    sg, bg = cp.asarray(scale), cp.asarray(bias)
+    out = {}
+    for v2 in (False, True):
+        monkeypatch.setattr(M, "V2", v2)
+        rmg, rvg = cp.asarray(rm), cp.asarray(rv)
+        with Counted() as c1:
+            y, m, i = M.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=zg, relu=True)
+            dx, dz, ds, db = M.backward(xg, dyg, sg, m, i, y=y, want_dz=True)
+        assert c1.n == (2 if route == "one" else 4)
+        out[v2] = [_h(a) for a in (y, m, i, dx, dz, ds, db, rmg, rvg)]
+    tol = TOL[name]
+    count = x.size // shape[1]
+    for k, (a, b) in enumerate(zip(out[False], out[True])):
+        atol = tol["atol"] * (math.sqrt(count) * 4 if k >= 5 and k < 7 else 1)
+        np.testing.assert_allclose(b, a, rtol=tol["rtol"], atol=atol, err_msg=str(k))
+    monkeypatch.setattr(M, "V2", True)
+    _check(cp, name, shape, "bn_add_activation", route, seed=9)

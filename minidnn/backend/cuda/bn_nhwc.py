@@ -97,6 +97,11 @@ typedef unsigned short VT;
 """
 
 SOURCE = HEADER + r"""
+// STOP (tools/bn_nhwc_s7.py's phase timing only; 0 otherwise): the one-launch kernels return after the block's
+// partial (1: the reduction pass alone) or after the meeting (2: everything but the elementwise pass).
+#ifndef STOP
+#define STOP 0
+#endif
 union Pack { VT raw; T v[VEC]; };
 // first reads: plain loads (they fill L2); last reads: streaming ("last use") loads; outputs: streaming stores
 __device__ __forceinline__ Pack ld1(const T* p) { Pack r; r.raw = *reinterpret_cast<const VT*>(p); return r; }
@@ -741,6 +746,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
 #endif
         block_partial(g, l, v, partial);
     }
+    if (STOP == 1) return;
     meet(g, partial, sync, [&](int c, double t1, double t2) {
         fwd_fin(g, x, c, t1, t2, mean_out, inv_std_out, running_mean, running_var, counter, factor, eps,
                 has_running, has_counter); });
@@ -753,6 +759,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
         bb[e] = HAS_BIAS && l.on ? (A)bias[l.c0 + e] : (A)0;
     }
     depart(sync);
+    if (STOP == 2) return;
 #if CACHE
     fwd_apply_c(g, l, x, z, y, mu, kk, bb, ks);
 #else
@@ -780,6 +787,7 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
 #endif
         block_partial(g, l, v, partial);
     }
+    if (STOP == 1) return;
     meet(g, partial, sync, [&](int c, double t1, double t2) { bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
 #if V2
     // loaded again (beside coef: no extra round trip), so that they are not live across the combine's 16 loads
@@ -794,6 +802,7 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
         kk[e] = HAS_SCALE && l.on ? is[e] * (A)scale[l.c0 + e] : is[e];
     }
     depart(sync);
+    if (STOP == 2) return;
 #if CACHE
     bwd_dx_c(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk, ks);
 #else
@@ -841,6 +850,8 @@ def _options(dtype, vec, **flags):
             f"-DV2={int(bool(flags.get('v2', V2)))}", "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
+    if flags.get("stop"):
+        opts.append(f"-DSTOP={int(flags['stop'])}")
     return tuple(opts)
 
 
