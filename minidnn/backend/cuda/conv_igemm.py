@@ -405,13 +405,14 @@ def choose_tile(M, NG, groups, sms=132):
 
 
 def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False,
-                  wide=False):
+                  wide=False, sk2=False):
     """(NVRTC options, BM, BN, BK) of one implicit-GEMM configuration (tools/precompile_conv.py compiles them
     all ahead of a test run through the same options); ``act`` > 0: the fused bias/residual/activation epilogue
     (EPI=1, ACT=act: ``EPI_ACTS``), forward only; ``atomic``: the filter gradient's split-K by fp32 atomics into a
     kept-zeroed accumulator (ATOMIC=1, backward filter only; non-deterministic); with the epilogue, ``pro`` > 0:
     the batch-norm-apply prologue on x (PRO=1, PACT=pro: ``PRO_ACTS``) and ``stats``: the per-channel sum and sum
-    of squares of y (STATS=1); ``wide`` (backward filter, half data): dw written in float32 (WOUT32=1)."""
+    of squares of y (STATS=1); ``wide`` (backward filter, half data): dw written in float32 (WOUT32=1); ``sk2``
+    (backward filter, deterministic): the split-K sum in two levels over live fragments (SK2=1, ``SPLITK2``)."""
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -431,6 +432,8 @@ def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=Fa
         opts += ("-DSTATS=1",)
     if wide:
         opts += ("-DWOUT32=1",)
+    if sk2:
+        opts += ("-DSK2=1",)
     return opts, BM, BN, BK
 
 
@@ -465,8 +468,8 @@ class Epilogue:
 
 
 def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False,
-                  wide=False):
-    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic, pro, stats, wide)
+                  wide=False, sk2=False):
+    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic, pro, stats, wide, sk2)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -689,17 +692,19 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
             call.wcopy = (run, (p.K, *w.shape[2:], p.Cg) if call.wmode == "krsc" else
                           (p.groups, p.Cg, *w.shape[2:], p.Kg))
     dev = cp.cuda.runtime.getDevice()
+    wide = direction == 2 and out.dtype != s1.dtype     # float32 dw from half data (WOUT32)
+    sk2 = direction == 2 and not atomic and SPLITK2[0]  # the two-level split-K where the plan has enough splits
     call.plan_key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec, dev)
-    call.plan_args = (direction, p, _as_meta(s1), _as_meta(s2), tf32, precomp, alpha, beta, tile, vec)
+    call.plan_args = (direction, p, _as_meta(s1), _as_meta(s2), tf32, precomp, alpha, beta, tile, vec,
+                      None if epi is None else epi.key, atomic, wide, sk2)
     if epi is not None:
         call.plan_key += (epi.key,)
-        call.plan_args += (epi.key,)
     if atomic:
         call.plan_key += ("atomic",)
-        call.plan_args += (None, True)
-    if direction == 2 and out.dtype != s1.dtype:       # float32 dw from half data (WOUT32)
+    if wide:
         call.plan_key += ("float32 dw",)
-        call.plan_args += (() if atomic else (None, False)) + (True,)
+    if sk2:
+        call.plan_key += ("splitk2",)
     return call
 
 
@@ -712,7 +717,7 @@ def _call_key(direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
     alignment, the output's strides, the math, blending and tile, the staging and loader switches, the device."""
     key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
            out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
-           a.data.device_id)
+           a.data.device_id, SPLITK2[0])
     if out.dtype != b.dtype:        # (backward filter only: float32 dw from half data)
         key += (out.dtype,)
     return key
@@ -762,12 +767,13 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
 
 
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False, epi_key=None,
-                atomic=False, wide=False):
+                atomic=False, wide=False, sk2=False):
     """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
     None, the atomic variant's accumulator or None) of a call whose x-side strides come from ``s1`` (x or dx) and
     y-side strides from ``s2`` (y or dy); ``atomic``: the ATOMIC=1 filter gradient where it has several splits;
     ``vec``: the NHWC 16-byte loader (no tap table: its tap walk needs none); "krsc": and backward data reads a
-    channels-last filter directly; ``wide``: the filter gradient of half data written in float32 (WOUT32=1).
+    channels-last filter directly; ``wide``: the filter gradient of half data written in float32 (WOUT32=1);
+    ``sk2``: the deterministic split-K summed in two levels (SK2=1) where the plan has >= SPLITK2_MIN_SPLITS splits.
     ``epi_key`` (Epilogue.key, forward): the fused epilogue's kernel, whose launch takes z and bias after the six
     plain arrays and z's strides, alpha2 and the activation's coefficient last."""
     g = _geometry(p)
@@ -788,9 +794,12 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
     tiles = -(-M // BM) * -(-NG // BN) * p.groups
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
     atomic = atomic and splits > 1 and direction == 2     # one split: the plain kernel (no sums to add)
-    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic, pro, stats, wide)[0]
+    sk2 = sk2 and direction == 2 and not atomic and splits >= SPLITK2_MIN_SPLITS
+    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic, pro, stats, wide, sk2)[0]
     partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 and not atomic else 0
-    tickets = _tickets(cp, tiles, cp.cuda.runtime.getDevice()) if partial_size or atomic else None
+    # SK2: one ticket per tile, then one per chunk of each tile (tickets[tiles + tile * chunks + chunk])
+    n_tickets = tiles * (1 + splitk2_chunks(splits)[1]) if sk2 else tiles
+    tickets = _tickets(cp, n_tickets, cp.cuda.runtime.getDevice()) if partial_size or atomic else None
     if stats:
         # the statistics' block partials ((sum, sumsq) per column of every block) and one ticket per column tile
         partial_size = tiles * BN * 2
@@ -811,6 +820,22 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
             [np.float32(alpha2), np.float32(coef)]
     main = _launch.prepare(kernel, (-(-grid_m // BM), -(-NG // BN), p.groups * splits), (128, 1, 1), args)
     return main, partial_size, table, tickets, accumulator
+
+
+# The deterministic filter gradient's split-K sum in two levels (SK2=1, docs/conv_kernels.md "Session 7"):
+# MINIDNN_WGRAD_SPLITK2=0 (or SPLITK2[0] = False) keeps session 6's one-level sum (the tile's last block adds every
+# split's whole padded tile) for the GPU A/B.  Plans of fewer than SPLITK2_MIN_SPLITS splits keep it too: their
+# serial tail is short, and SK2's extra registers (the chunk walk, ~16 partials in flight a thread: 64x16 47 -> 74,
+# 128x64 166 -> 178) would cost the many-tile layers' occupancy for nothing.
+SPLITK2 = [os.environ.get("MINIDNN_WGRAD_SPLITK2", "1") != "0"]
+SPLITK2_MIN_SPLITS = 16
+
+
+def splitk2_chunks(splits):
+    """(chunk size, chunks) of SK2's two-level sum over ``splits`` partials: chunks of ceil(sqrt(splits))
+    consecutive splits (the kernel computes the same), so one block's serial chain is ~2 sqrt(splits) reads."""
+    g = max(1, math.isqrt(splits - 1) + 1) if splits > 1 else 1
+    return g, -(-splits // g)
 
 
 def filter_splits(KR, tiles, groups, BK, sms):

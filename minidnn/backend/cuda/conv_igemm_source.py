@@ -101,6 +101,17 @@ SOURCE = r"""
 //   L2), fences and draws the tile's ticket; the last block reads the sums (L2), writes the zeros back (so the next
 //   launch needs no memset), resets the ticket and runs the ordinary epilogue (alpha/beta, conversion to T).
 //   The order of the float additions is the order the reductions reach L2: not bitwise repeatable.
+// SK2 1 (DIR 2, deterministic; the default since session 7, docs/conv_kernels.md "Session 7"): the split-K sum in
+//   TWO levels, still one launch and still a fixed order.  The splits form nch = ceil(splits / SKG) chunks of SKG =
+//   ceil(sqrt(splits)) consecutive splits.  Every block stores its partial as above and draws its CHUNK's ticket
+//   (tickets[tiles + tile * nch + chunk], tiles = gridDim.x * gridDim.y * groups); the chunk's last block adds the
+//   chunk's partials in split order and stores that chunk sum over the chunk's first split's partial (read by no
+//   one else), fences and draws the TILE's ticket (tickets[tile]); the tile's last block adds the nch chunk sums in
+//   chunk order and runs the epilogue.  Sum = sum_c (sum_{s in chunk c} partial_s): the same bits whichever blocks
+//   come last.  The serial tail of one block falls from `splits` partial reads to SKG + nch (512 -> 23 + 23).
+//   Only LIVE fragments are stored and read: fragment (i, j) of a warp covers rows m0+wm0+i*16 .. +15 and columns
+//   n0+wn0+j*8 .. +7; one whose first row is >= M or first column >= NG holds padding only (a 3-channel 3x3 stem's
+//   M = 27 on a 64-row tile: half the partial bytes; a 16-channel 1x1's M = 16: a quarter).
 // WOUT32 1 (DIR 2, half data; autocast's weight gradients, docs/amp.md): `out` is float32 and the epilogue stores
 //   alpha * acc + beta * out unrounded -- the same sums (plain or split-K, deterministic or atomic) that WOUT32 0
 //   rounds to T.  Nothing else changes: the operands, tiles, partials and sum order are T's.
@@ -149,6 +160,12 @@ SOURCE = r"""
 #endif
 #if WOUT32 && (DIR != 2 || ELEM == 0)
 #error "WOUT32=1 is a half-data backward-filter (DIR 2, ELEM 1/2) option"
+#endif
+#ifndef SK2
+#define SK2 0           // 1: DIR 2's deterministic split-K summed in two levels, live fragments only (see above)
+#endif
+#if SK2 && (DIR != 2 || ATOMIC)
+#error "SK2=1 is a deterministic backward-filter (DIR 2, ATOMIC 0) option"
 #endif
 #ifndef ACT
 #define ACT 1
@@ -905,6 +922,94 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, OutT* __res
     // ---- split-K: the last block of an output tile adds every split's partials, in split order ---------
     if (splits > 1) {
         const int tile = (grp * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+#if SK2
+        float4* tile_part = reinterpret_cast<float4*>(partial) + (long long)tile * splits * FRAGS * THREADS + tid;
+        bool live[MI][NJ];                 // warp-uniform: the fragment holds at least one real (row, column)
+        #pragma unroll
+        for (int i = 0; i < MI; ++i)
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j) live[i][j] = m0 + wm0 + i * 16 < M && n0 + wn0 + j * 8 < NG;
+        constexpr int sk_unroll = FRAGS >= 16 ? 1 : 16 / FRAGS;   // ~16 float4 loads in flight a thread
+        int skg = 1;                       // chunk size ceil(sqrt(splits)) (the host's splitk2_chunks)
+        while (skg * skg < splits) ++skg;
+        const int nch = (splits + skg - 1) / skg, chunk = split / skg, c0 = chunk * skg;
+        const int c1 = min(splits, c0 + skg);
+        {
+            float4* mine = tile_part + (long long)split * FRAGS * THREADS;
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    if (live[i][j])
+                        mine[(i * NJ + j) * THREADS] = make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2],
+                                                                   acc[i][j][3]);
+        }
+        __shared__ int s_last;
+        const unsigned ntiles = gridDim.x * gridDim.y * (gridDim.z / splits);
+        __threadfence();                   // each thread's partial stores are visible device-wide ...
+        __syncthreads();                   // ... before thread 0 takes the chunk's ticket for the whole block
+        if (tid == 0) s_last = atomicAdd(tickets + ntiles + tile * nch + chunk, 1u) == (unsigned)(c1 - c0 - 1);
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();                   // the chunk's other stores, published before their tickets
+        // level 1: this chunk's partials in split order (the last block of the chunk, whichever it is)
+        #pragma unroll
+        for (int i = 0; i < MI; ++i)
+            #pragma unroll
+            for (int j = 0; j < NJ; ++j)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+        #pragma unroll sk_unroll
+        for (int sp = c0; sp < c1; ++sp) {
+            const float4* src = tile_part + (long long)sp * FRAGS * THREADS;
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    if (live[i][j]) {
+                        const float4 v = __ldcg(src + (i * NJ + j) * THREADS);     // L2: never a stale L1 line
+                        acc[i][j][0] += v.x; acc[i][j][1] += v.y; acc[i][j][2] += v.z; acc[i][j][3] += v.w;
+                    }
+        }
+        if (tid == 0) tickets[ntiles + tile * nch + chunk] = 0u;    // the chunk's counter is free again
+        if (nch > 1) {
+            // level 2: the chunk sum over the chunk's first partial (only this block read that slot), then the
+            // tile's last chunk adds the nch chunk sums in chunk order
+            float4* csum = tile_part + (long long)c0 * FRAGS * THREADS;
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    if (live[i][j])
+                        __stcg(csum + (i * NJ + j) * THREADS, make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2],
+                                                                          acc[i][j][3]));
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) s_last = atomicAdd(tickets + tile, 1u) == (unsigned)(nch - 1);
+            __syncthreads();
+            if (!s_last) return;
+            __threadfence();               // the other chunks' sums, published before their tickets
+            #pragma unroll
+            for (int i = 0; i < MI; ++i)
+                #pragma unroll
+                for (int j = 0; j < NJ; ++j)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+            #pragma unroll sk_unroll
+            for (int c = 0; c < nch; ++c) {
+                const float4* src = tile_part + (long long)c * skg * FRAGS * THREADS;
+                #pragma unroll
+                for (int i = 0; i < MI; ++i)
+                    #pragma unroll
+                    for (int j = 0; j < NJ; ++j)
+                        if (live[i][j]) {
+                            const float4 v = __ldcg(src + (i * NJ + j) * THREADS);
+                            acc[i][j][0] += v.x; acc[i][j][1] += v.y; acc[i][j][2] += v.z; acc[i][j][3] += v.w;
+                        }
+            }
+            if (tid == 0) tickets[tile] = 0u;
+        }
+#else
 #if ATOMIC
         float4* tile_acc = reinterpret_cast<float4*>(partial) + (long long)tile * FRAGS * THREADS + tid;
         #pragma unroll
@@ -963,6 +1068,7 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, OutT* __res
         }
 #endif
         if (tid == 0) tickets[tile] = 0u;  // every split has drawn: the counter is free for the next launch
+#endif
     }
 #endif
 
