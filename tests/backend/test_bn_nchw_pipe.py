@@ -81,6 +81,28 @@ def test_the_large_tensor_sets():
         [(4, 16, 256, 13), (8, 33, 264, 6), (2, 8, 256, 13), (4, 16, 256, 6)]
 
 
+def test_min_vecs_splits_small_channels_over_more_blocks(monkeypatch):
+    # MINIDNN_BN_MIN_VECS (default 2 x UNROLL = 8): a block's slice holds at least 256 x v vectors; at 4 the
+    # bfloat16 ResNet-20 tensors take the grids their float32 forms take at 8; the large tensor's plans do not move
+    assert K.MIN_VECS == 2 * K.ONEPASS_UNROLL or "MINIDNN_BN_MIN_VECS" in os.environ
+    monkeypatch.setattr(K, "MIN_VECS", 8)
+    f32 = {s: K.onepass_plan(*s, 4, False) for s in ((128, 16, 1024), (128, 32, 256), (128, 64, 64))}
+    big = [K.onepass_plan(128, 64, 3136, item, b) for item in (4, 2) for b in (False, True)]
+    for v in (8, 4, 2, 1):
+        monkeypatch.setattr(K, "MIN_VECS", v)
+        assert [K.onepass_plan(128, 64, 3136, item, b) for item in (4, 2) for b in (False, True)] == big
+        for shape in f32:
+            for item in (4, 2):
+                plan = K.onepass_plan(*shape, item, False)
+                vectors = shape[0] * shape[2] // plan["vec"]
+                assert plan["per"] <= -(-vectors // (256 * v))
+                # one round of all channels: as many blocks a channel as the grid holds or the slices allow
+                assert plan["rounds"] == 1
+                assert plan["per"] == min(132 * K.ONEPASS_BPS // shape[1], -(-vectors // (256 * v)))
+                if v == 4 and item == 2:
+                    assert (plan["per"], plan["grid"]) == (f32[shape]["per"], f32[shape]["grid"]), (shape, plan)
+
+
 # ---- CPU: the kernel's loop, emulated ------------------------------------------------------------------------------
 
 def _seq(outer, c, inner, vec, per, t, s, tid):
@@ -379,6 +401,22 @@ def test_bit_identical_to_the_kernels_before_it_at_the_same_split(cp, small_sets
                     + ([got[5][1].get()] if ops == "bn_add_activation" else []))
     for a, b in zip(*outs):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(128, 16, 32, 32), (128, 32, 16, 16), (128, 64, 8, 8), (7, 5, 30, 33)], ids=str)
+@pytest.mark.parametrize("ops", ["bn", "bn_add_activation"])
+@pytest.mark.parametrize("min_vecs", [4, 2])
+def test_min_vecs_against_the_float64_reference(cp, monkeypatch, name, shape, ops, min_vecs):
+    # ResNet-20's shapes (and a ragged one) split over 2-4x the blocks (MINIDNN_BN_MIN_VECS)
+    monkeypatch.setattr(K, "MIN_VECS", min_vecs)
+    K._calls.clear(); K._plans.clear()      # noqa: E702
+    try:
+        got, ref = _run(cp, name, shape, ops, zlib.crc32(repr(("mv", name, shape, ops)).encode()))
+        _check(got, ref, name, shape, ops)
+    finally:
+        K._calls.clear(); K._plans.clear()      # noqa: E702
 
 
 @pytest.mark.cuda

@@ -1282,6 +1282,12 @@ CL_ROUNDS = os.environ.get("MINIDNN_BN_CL_ROUNDS", "0") == "1"
 # A/B): two tiles in flight per block, each round's meeting hidden behind the next set's statistics pass; where the
 # data fit one set (ResNet-20's tensors) nothing changes (pipe_geometry).  See PIPE_SOURCE.
 PIPE = os.environ.get("MINIDNN_BN_PIPE", "1") != "0"
+# NCHW: the fewest vectors a thread's slice holds (MINIDNN_BN_MIN_VECS, default 8 = two UNROLL iterations: a channel
+# is split over at most m / (VEC * 256 * 8) blocks).  A knob for the GPU A/B of the small tensors (ResNet-20's,
+# latency-bound, 64-128 blocks on 132 SMs): 4 gives (128, 16, 32, 32) bfloat16 256 blocks of 4 vectors a thread
+# instead of 128 of 8 (one round of loads before the meeting instead of two), 2 gives (128, 64, 8, 8) 128 blocks
+# instead of 64.  Like the L2 shares it is read once and is no part of the call caches' keys (tools clear them).
+MIN_VECS = max(1, int(os.environ.get("MINIDNN_BN_MIN_VECS", str(2 * ONEPASS_UNROLL))))
 _L2_DEFAULT = 50 * 2 ** 20
 _l2: dict = {}
 
@@ -1347,7 +1353,7 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
     else:
         tpr, tiles, values = 1, c, outer * inner
         vectors = values // vec
-        min_per_block = THREADS * ONEPASS_UNROLL * 2
+        min_per_block = THREADS * MIN_VECS
     rounds_of = max(1, min(tiles, resident, int(budget // max(1, values * itemsize * arrays))))
     if onchip:
         rounds_of = -(-tiles // -(-tiles // rounds_of))
