@@ -100,9 +100,65 @@ def test_backward_tiling_rule_and_cross_entropy_grid(monkeypatch):
     assert tiling("LOG", "float32")[:2] == (64, 64)
     monkeypatch.setattr(_sk, "_BWD_WARP_ENV", "1")
     assert tiling("ACCURATE", "float32")[:2] == (32, 256)
+    monkeypatch.setattr(_sk, "FWD_PIPE", False)
     spec = _lk.launch_spec("ce_fwd", (16384, 1000), np.float32, np.int64, False, "mean")
     assert spec[4] == int(dict(x.split("=") for x in spec[2])["MINB"]) == 4
     assert _lk.launch_spec("ce_bwd", (16384, 1000), np.float32, np.int64, False, "mean")[4] == 16
+
+
+def _defs(spec_defines):
+    return {k: int(v) for k, v in (x.split("=") for x in spec_defines) if v.lstrip("-").isdigit()}
+
+
+@pytest.mark.parametrize("pipe", [True, False])
+def test_pipe_rule_and_grid(monkeypatch, pipe):
+    """Session 7's PIPE kernels: the one-array forwards (softmax, cross-entropy) of one-chunk warp rows with vector
+    loads, on a persistent grid of exactly the resident blocks (MINB an SM, from the register budget: 96 for a
+    1000-class row, two 256-thread blocks); backward, float64, scalar-load and block rows keep the old kernels, and
+    so does everything with FWD_PIPE off (MINIDNN_SOFTMAX_PIPE=0: a grid of up to 16 blocks an SM)."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    monkeypatch.setattr(_sk, "FWD_PIPE", pipe)
+    monkeypatch.setattr(_sk, "PIPE_REGS", 96)
+    for dtype, c, minb in (("float32", 1000, 2), ("bfloat16", 1000, 2), ("float32", 10, 4), ("bfloat16", 1001, 2),
+                           ("float32", 512, 4), ("float32", 513, 2)):
+        for algo in ("FAST", "ACCURATE", "LOG"):
+            s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(dtype))
+            d = _defs(s.defines)
+            assert d["PIPE"] == int(pipe) and d["G"] <= 32 and d["ONE"] == 1, (dtype, c, d)
+            assert d["MINB"] == (minb if pipe else 4) and s.per_sm == (minb if pipe else 16), (dtype, c, d)
+            assert _defs(_sk.launch_spec(True, (16384, c), (1,), algo, _dtype(dtype)).defines)["PIPE"] == 0
+        src, _, defines, _, per_sm, _ = _lk.launch_spec("ce_fwd", (16384, c), _dtype(dtype), np.int64, True, "mean",
+                                                        0.1)
+        assert _defs(defines)["PIPE"] == int(pipe) and per_sm == _defs(defines)["MINB"]
+        assert _defs(_lk.launch_spec("ce_bwd", (16384, c), _dtype(dtype), np.int64, True, "mean")[2])["PIPE"] == 0
+    for dtype, c in (("float64", 1000), ("float32", 33), ("float32", 4097), ("float32", 32768)):
+        assert _defs(_sk.launch_spec(False, (64, c), (1,), "LOG", _dtype(dtype)).defines)["PIPE"] == 0
+
+
+@pytest.mark.parametrize("rows, rpb, grid", [(16384, 8, 264), (6000, 8, 264), (37, 8, 5), (20000, 32, 528),
+                                             (130, 32, 4), (1, 8, 1), (2113, 8, 264)])
+def test_pipe_walk_covers_each_row_once(rows, rpb, grid):
+    """fwd_rows_pipe / ce_fwd_pipe's walk emulated: group k of block b issues row r = b * RPB + k, then per step
+    issues r + gridDim * RPB (when the block's next step starts below rows) before it processes the row it issued
+    last; every row is processed once, by the group that issued its loads, and only live rows are stored."""
+    seen = np.zeros(rows, np.int64)
+    stride = grid * rpb
+    for b in range(grid):
+        r0 = b * rpb
+        if r0 >= rows:
+            continue
+        for k in range(rpb):
+            r = r0 + k
+            issued = r if r < rows else None          # a dead group issues row 0's geometry (q.nb = 0: no loads)
+            b0 = r0
+            while b0 < rows:
+                rn = r + stride
+                nxt = (rn if rn < rows else None) if b0 + stride < rows else "none"
+                assert issued == (r if r < rows else None)      # the row processed is the one whose loads are held
+                if r < rows:
+                    seen[r] += 1
+                issued, r, b0 = nxt, rn, b0 + stride
+    assert (seen == 1).all()
 
 
 # ---- CPU: every configuration the planners can produce compiles (nvcc, where installed) --------------------------
@@ -391,3 +447,74 @@ def test_cross_entropy_rows(cp, case):
     _close(dx, dx_ref, name, "dx", scale=8)
     if ignore == 1.0:
         assert not _host(dx).any()
+
+
+# ---- GPU: session 7's PIPE forwards against the reference and against the session-6 kernels -------------------------
+
+def _reset_plans():
+    """Forget every settled launch, so a flipped softmax_kernels.FWD_PIPE takes effect (kernel plans, and the
+    primitive's validated-call caches that hold them)."""
+    from minidnn.backend import softmax as _smx
+    from minidnn.backend.cuda import loss_kernels as _lk
+    _sk._plans.clear()
+    _lk._plans.clear()
+    for k, v in vars(_smx).items():
+        if isinstance(v, dict) and "seen" in k.lower():
+            v.clear()
+
+
+# rows enough that each warp walks several (PIPE grid: 2 or 4 blocks an SM of 8-32 rows each), ragged rows (1001:
+# each row its own head and tail), 513 (16 elements a lane + edges: the 96-register budget)
+PIPE_ROWS = [("float32", 6000, 1000), ("bfloat16", 6000, 1000), ("float16", 3000, 1001), ("float32", 3000, 1001),
+             ("float32", 20000, 10), ("bfloat16", 20000, 10), ("float32", 5000, 513)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", PIPE_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in PIPE_ROWS])
+def test_pipe_forward_rows(cp, monkeypatch, name, rows, c):
+    """softmax / log-softmax / cross-entropy forward with PIPE on and off: each against the float64 reference (a row
+    of -inf, a NaN row, a half -inf row; ignored targets, class weights, label smoothing, every reduction), and the
+    two kernels against each other (the same sums in the same order: equal up to the compiler's contractions)."""
+    dtype = _dtype(name)
+    rng = np.random.default_rng(rows + c)
+    x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
+    x[1, :] = -np.inf
+    x[2, c // 3] = np.nan
+    x[rows - 1, ::2] = -np.inf
+    t = rng.integers(0, c, rows)
+    t[rng.random(rows) < 0.1] = -100
+    w = (rng.random(c) + 0.1).astype(dtype)
+    x64, fin = x.astype(np.float64), np.isfinite(x.astype(np.float64)).all(axis=1)
+    xd, td, wd = cp.asarray(x), cp.asarray(t), cp.asarray(w)
+    xf, tf = cp.asarray(x[fin]), cp.asarray(t[fin])                  # the finite rows: a 'mean' / 'sum' to check
+    got = {}
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for pipe in (True, False):
+            monkeypatch.setattr(_sk, "FWD_PIPE", pipe)
+            _reset_plans()
+            for algo in ("accurate", "log") + (("fast",) if name == "float32" else ()):
+                n0 = _launches()
+                y = B.softmax_forward(None, algo, None, xd, axis=-1)
+                assert _launches() - n0 == 1
+                _close(y, _ref_fwd(x64, algo), name, f"{algo} pipe={pipe}", scale=4 if algo == "log" else 1)
+                got[pipe, algo] = _host(y)
+            for weighted, eps in ((False, 0.0), (True, 0.1), (True, 0.0)):
+                wa, w64 = (wd, w.astype(np.float64)) if weighted else (None, None)
+                what = f"pipe={pipe} weighted={weighted} eps={eps}"
+                loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wa, -100, eps, "none")
+                loss_ref, lse_ref, _ = B.softmax_cross_entropy_forward(None, x64, t, w64, -100, eps, "none")
+                _close(lse, np.asarray(lse_ref), "float32", "lse " + what, scale=4)
+                _close(loss, np.asarray(loss_ref, np.float64), name, "loss rows " + what, scale=10)
+                got[pipe, "ce", weighted, eps] = (_host(lse), _host(loss))
+                for red in ("mean", "sum"):
+                    loss, _, den = B.softmax_cross_entropy_forward(None, xf, tf, wa, -100, eps, red)
+                    loss_ref, _, den_ref = B.softmax_cross_entropy_forward(None, x64[fin], t[fin], w64, -100, eps,
+                                                                            red)
+                    _close(den, np.asarray(den_ref, np.float64), "float32", f"denominator {red} " + what, scale=4)
+                    _close(loss, np.asarray(loss_ref, np.float64), name, f"loss {red} " + what, scale=10)
+    for key, a in got.items():
+        if key[0]:
+            b = got[(False,) + key[1:]]
+            for u, v in (zip(a, b) if isinstance(a, tuple) else [(a, b)]):
+                np.testing.assert_allclose(u, v, rtol=2e-6 if name == "float32" else 1e-2, atol=0, equal_nan=True,
+                                           err_msg=str(key))

@@ -9,7 +9,9 @@ Per row (n, i): q_c = (1 - eps) * w[t] * [c == t] + eps / C * w_c (0 when t == i
     loss = -sum_c q_c * (x_c - lse) = -((1 - eps) * w[t] * (x_t - lse) + eps / C * (sum_c w_c x_c - lse * sum_c w_c))
     dx_c = (softmax_c * sum_c q_c - q_c) * g      (g = dloss, / denom for 'mean'; ignored rows get 0)
 Logits (N, C) (inner = 1): SOURCE_ROWS below (ce_rows_fwd / ce_rows_bwd), the row read once into registers with
-16-byte loads.  inner > 1 (and MINIDNN_SOFTMAX_V1=1), SOURCE (ce_fwd / ce_bwd), the tiling that follows.
+16-byte loads; up to 1024 classes the forward takes softmax_kernels' PIPE walk (persistent grid, the next row's
+loads and target issued before the current row's reduction; MINIDNN_SOFTMAX_PIPE=0: without).  inner > 1 (and
+MINIDNN_SOFTMAX_V1=1), SOURCE (ce_fwd / ce_bwd), the tiling that follows.
 Tiling: one warp per row (8 rows per 256-thread block, grid-stride over the rows); lane l takes classes l, l + 32, ...;
 shuffle reductions for the max, sum exp(x - max) and the smoothing sums.  'mean'/'sum': each warp keeps its rows'
 loss and weight sums, the block adds its 8 warps in order and writes one partial; the LAST block (threadfence +
@@ -261,6 +263,103 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
     }
 }
 
+#if PIPE
+// PIPE (softmax_kernels' one-chunk warp rows; session 7): the cross-entropy forward is a pure read of the logits, so
+// each group issues its NEXT row's loads and target before it reduces the current row (softmax_kernels'
+// fwd_rows_pipe): a row of loads always in flight per warp.  Same sums, same order, as ce_fwd_body with one chunk.
+template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
+    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
+    A& acc_loss, A& acc_den)
+{
+    const int g = threadIdx.x % G, stride = gridDim.x * RPB;
+    const bool smooth = SMOOTH;
+    int r0 = blockIdx.x * RPB;
+    if (r0 >= rows) return;                                              // uniform over the block
+    int r = r0 + (int)threadIdx.x / G;
+    bool live = r < rows;
+    Geo q = row_geo(x + (size_t)(live ? r : 0) * C, live ? C : 0, true);
+    long long t = live ? (long long)target[r] : ignore_index;
+    RawRow cur, nxt;
+    pipe_issue(x + (size_t)(live ? r : 0) * C, q, g, cur);
+    for (; r0 < rows; r0 += stride) {                                    // uniform over the block
+        const int rn = r + stride;
+        const bool liven = rn < rows;
+        const Geo qn = row_geo(x + (size_t)(liven ? rn : 0) * C, liven ? C : 0, true);
+        long long tn = ignore_index;
+        if (r0 + stride < rows) {
+            if (liven) tn = (long long)target[rn];
+            pipe_issue(x + (size_t)(liven ? rn : 0) * C, qn, g, nxt);
+        }
+        A a[E], ed[NE1];
+        pipe_decode(cur, q, g, NEG_INF, a, ed);
+        // x[t]'s slot in this thread's body (ts = -1: not here): as ce_fwd_body, one chunk
+        int ts = -1;
+        {
+            const unsigned tb = (unsigned)((t >= 0 && t < C ? (int)t : -1) - q.h);
+            if (tb < (unsigned)(q.nb * VEC)) {
+                const unsigned tv = tb / VEC;
+                if ((int)(tv % G) == g) ts = (int)(tv / G) * VEC + (int)(tb % VEC);
+            }
+        }
+        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e) m = vmax(m, a[e]);
+#pragma unroll
+        for (int j = 0; j < NE; ++j) m = vmax(m, ed[j]);
+        const A sh = m == NEG_INF ? (A)0 : m;
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+            s += exp(ed[j] - sh);
+            if (j < edge_n(q, g)) {
+                const int c = edge_o(q, g) + j;
+                if (c == t) xt = ed[j];
+                if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * ed[j]; sw += wc; }
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            s += exp(a[e] - sh);
+            xt = e == ts ? a[e] : xt;
+        }
+        if (smooth) {
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const int v = k * G + g;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    const int c = q.h + v * VEC + j;
+                    if (v < q.nb) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
+                }
+            }
+        }
+        A M = g_max(m, sm);
+        if (M == NEG_INF) M = 0;
+        const A f = m == NEG_INF ? (A)0 : exp(m - M);
+        const A lse = M + log(g_sum(s * f, sm));
+        xt = g_sum(xt, sm);
+        if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
+        if (g == 0 && live) {
+            const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
+            A per = 0, wt = 0;
+            if (valid) {
+                if (in_range) {
+                    wt = HAS_W ? LD(w[t]) : (A)1;
+                    per = -((A)(1.0 - eps) * wt * (xt - lse));
+                    if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
+                } else {
+                    per = wt = A_NAN;
+                }
+            }
+            lse_out[r] = lse;
+            if (REDUCTION == 0) loss_rows[r] = ST(per);
+            acc_loss += per; acc_den += wt;
+        }
+        cur = nxt; q = qn; r = rn; live = liven; t = tn;
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
             A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
@@ -271,6 +370,11 @@ ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __re
     __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     A acc_loss = 0, acc_den = 0;
+#if PIPE
+    if (aligned(x)) ce_fwd_pipe<0>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+                                   acc_den);
+    else
+#endif
     if (aligned(x)) ce_fwd_body<true>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
                                       acc_den);
     else ce_fwd_body<false>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
@@ -429,9 +533,10 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
             f"HAS_W={int(weighted)}", f"REDUCTION={_REDUCTION[reduction]}")
     if inner == 1 and not _sk.V1:       # the row kernels
         # registers: 64 a thread (four 256-thread blocks an SM), 80 with label smoothing's sums (64 spilled)
-        defines, cfg = row_defines(c, dtype, regs=80 if eps else None)     # None: softmax's FWD_REGS (64)
+        # None: softmax's FWD_REGS (64); the forward's PIPE path (softmax_kernels.uses_pipe): pipe_regs at least
+        defines, cfg = row_defines(c, dtype, regs=80 if eps else None, pipe=name == "ce_fwd")
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
-        # block ends with a partial, a threadfence and the ticket (one of ~4 per SM at (16384, 1000), not ~16)
+        # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)
         minb = int(dict(d.split("=") for d in defines)["MINB"])
         per_sm = minb if name == "ce_fwd" and minb > 1 else 16
@@ -488,9 +593,12 @@ def forward(x, target, weight, ignore_index, eps, reduction):
     with _launch.on_device(p.dev):
         lse = cp.empty(p.tshape, dtype=p.acc)
         loss_rows = cp.empty(p.tshape, dtype=p.dtype) if p.none else None
-        loss = cp.empty((), dtype=p.dtype)
-        denom = cp.empty((), dtype=p.acc)
-        partial = cp.empty((2 * p.grid,), dtype=p.acc)
+        if p.dtype == p.acc:                     # loss and denom: two arrays of one allocation (workspace.pair)
+            loss, denom = _ws.pair(cp, (), p.acc)
+        else:
+            loss, denom = cp.empty((), dtype=p.dtype), cp.empty((), dtype=p.acc)
+        # the blocks' partial sums: read only by this launch's last block -- a kept scratch buffer (workspace.scratch)
+        partial = _ws.scratch_flat(cp, p.dev, "ce.partial", 2 * p.grid, p.acc)
         p.go(x, target, x if weight is None else weight, loss if loss_rows is None else loss_rows, lse, partial,
              _ticket(cp, p.dev), loss, denom)
     return (loss if loss_rows is None else loss_rows), lse, denom

@@ -28,6 +28,11 @@ pass and the write pass over the column (re-read through L1/L2).
 launch_spec() is the planner's choice of kernel, defines and launch shape; the cpu test compiles every one it makes
 for a set of shapes with nvcc.  The backward's warp path holds 32 + 32 elements a thread for log-softmax and 2-byte
 data, 16 + 16 for float32/float64 softmax (bwd_warp: measured); MINIDNN_SOFTMAX_BWD_WARP=1 / =0 force one for a GPU A/B.
+PIPE (session 7, the default for one-array one-chunk rows of a warp or less with vector loads: softmax and
+cross-entropy forward up to 1024 classes): a persistent grid of the resident blocks; each group walks rows r,
+r + gridDim.x * RPB, ... and issues its NEXT row's loads (raw vectors held in registers: RawRow) before it reduces and
+writes the current one -- a row of loads in flight per warp while it computes.  MINIDNN_SOFTMAX_PIPE=0 gives the
+session-6 forward (a grid of one row a group, loads then compute).
 MINIDNN_SOFTMAX_V1=1 launches the previous kernels instead (one warp per row, scalar loads, three passes over the
 row: SOURCE_V1) -- kept for a GPU A/B.
 """
@@ -271,6 +276,41 @@ __device__ __forceinline__ void store_edges(T* __restrict__ p, const Geo& q, int
     for (int j = 0; j < NE; ++j) if (j < edge_n(q, g)) p[edge_o(q, g) + j] = ST(ed[j]);
 }
 
+#ifndef PIPE
+#define PIPE 0
+#endif
+#if PIPE
+#if !ONE || G > 32
+#error "PIPE needs one-chunk rows of a warp or less"
+#endif
+// A row's loads, not yet decoded (PIPE): its body vectors as raw VBYTES words (4-byte data: E registers; 2-byte:
+// E / 2) and, RAGGED, its edges -- the next row's registers while the current one is reduced.
+struct RawRow { VR v[NV]; T e[NE1]; };
+__device__ __forceinline__ void pipe_issue(const T* __restrict__ p, const Geo& q, int g, RawRow& w)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = k * G + g;
+        w.v[k] = v < q.nb ? *reinterpret_cast<const VR*>(p + q.h + v * VEC) : VR();
+    }
+#pragma unroll
+    for (int j = 0; j < NE; ++j) w.e[j] = j < edge_n(q, g) ? p[edge_o(q, g) + j] : T();
+}
+// Slots past the body (and edges past the row's) get `pad`, as load_chunk / load_edges.
+__device__ __forceinline__ void pipe_decode(const RawRow& w, const Geo& q, int g, A pad, A* a, A* ed)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        Pack u;
+        u.raw = w.v[k];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = k * G + g < q.nb ? LD(u.v[j]) : pad;
+    }
+#pragma unroll
+    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(w.e[j]) : pad;
+}
+#endif
+
 // Whether the vector loads may be used: every pointer on a VBYTES boundary (rows are too: C % VEC == 0), or, for
 // RAGGED rows, every array at the same distance from one (each row then has the same head in all of them).
 __device__ __forceinline__ bool aligned(const void* a, const void* b = 0, const void* c = 0)
@@ -399,10 +439,85 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
     }
 }
 
+#if PIPE
+// PIPE (one-chunk rows of a warp or less, vector loads; session 7): a persistent grid (the resident blocks), each
+// group walking rows r, r + gridDim.x * RPB, ...; it issues the NEXT row's loads (raw vectors: pipe_issue) before it
+// reduces and writes the current one, so every warp keeps a row of loads in flight while it computes (fwd_rows
+// waits on each row's loads, then computes while its loads are idle: with all warps in step, DRAM idles too).
+template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __restrict__ x, T* __restrict__ y,
+                                                                    int rows, int C, A* sm)
+{
+    const int g = threadIdx.x % G, stride = gridDim.x * RPB;
+    int r0 = blockIdx.x * RPB;
+    if (r0 >= rows) return;                                              // uniform over the block
+    int r = r0 + (int)threadIdx.x / G;
+    bool live = r < rows;
+    Geo q = row_geo(x + (size_t)(live ? r : 0) * C, live ? C : 0, true);
+    RawRow cur, nxt;
+    pipe_issue(x + (size_t)(live ? r : 0) * C, q, g, cur);
+    for (; r0 < rows; r0 += stride) {                                    // uniform over the block
+        const int rn = r + stride;
+        const bool liven = rn < rows;
+        const Geo qn = row_geo(x + (size_t)(liven ? rn : 0) * C, liven ? C : 0, true);
+        if (r0 + stride < rows) pipe_issue(x + (size_t)(liven ? rn : 0) * C, qn, g, nxt);
+        A a[E], ed[NE1];
+        pipe_decode(cur, q, g, NEG_INF, a, ed);
+        A m = ALGO == 0 ? (A)0 : NEG_INF, s = 0;
+#if ALGO != 0
+#pragma unroll
+        for (int e = 0; e < E; ++e) m = vmax(m, a[e]);
+#pragma unroll
+        for (int j = 0; j < NE; ++j) m = vmax(m, ed[j]);
+#endif
+        const A sh = m == NEG_INF ? (A)0 : m;
+#pragma unroll
+        for (int j = 0; j < NE; ++j) s += exp(ed[j] - sh);
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const A ex = exp(a[e] - sh);
+            s += ex;
+#if ALGO != 2
+            a[e] = ex;
+#endif
+        }
+#if ALGO != 0
+        A M = g_max(m, sm);
+        if (M == NEG_INF) M = 0;
+        const A f = m == NEG_INF ? (A)0 : exp(m - M);
+#else
+        const A M = 0, f = 1;
+#endif
+        const A S = g_sum(s * f, sm);
+        if (live) {
+            T* yr = y + (size_t)r * C;
+#if ALGO == 2
+            const A ls = log(S);
+#pragma unroll
+            for (int e = 0; e < E; ++e) a[e] = a[e] - M - ls;
+#pragma unroll
+            for (int j = 0; j < NE; ++j) ed[j] = ed[j] - M - ls;
+#else
+            const A inv = (A)1 / S, finv = f * inv;
+#pragma unroll
+            for (int e = 0; e < E; ++e) a[e] = a[e] * finv;
+#pragma unroll
+            for (int j = 0; j < NE; ++j) ed[j] = exp(ed[j] - M) * inv;
+#endif
+            store_chunk<true>(yr, 0, q, g, a);
+            store_edges(yr, q, g, ed);
+        }
+        cur = nxt; q = qn; r = rn; live = liven;
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, const int C)
 {
     __shared__ A sm[BLOCK / 32];
+#if PIPE
+    if (aligned(x, y)) { fwd_rows_pipe<0>(x, y, rows, C, sm); return; }
+#endif
 #if SCH > 0
     extern __shared__ __align__(16) unsigned char dyn_sm[];
     A* stash = reinterpret_cast<A*>(dyn_sm);
@@ -650,6 +765,24 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 FWD_CAP = int(os.environ.get("MINIDNN_SOFTMAX_FWD_CAP", "0")) or None
 FWD_REGS = int(os.environ.get("MINIDNN_SOFTMAX_FWD_REGS", "64"))
 
+# Session 7: one-array rows of one chunk on a warp or less (softmax and cross-entropy forward, 4-byte accumulation)
+# take the PIPE kernels -- a persistent grid of the resident blocks, each group issuing its next row's loads before it
+# reduces the current one (docs/step_kernels.md, "Session 7").  MINIDNN_SOFTMAX_PIPE=0 gives the session-6 kernels
+# back (grid of one row a group, no prefetch); MINIDNN_SOFTMAX_PIPE_REGS the registers a PIPE thread may use when it
+# holds more than 16 elements (default 96: two 256-thread blocks an SM, 16 warps each keeping a row of loads in
+# flight; nvcc 13 sm_90 at (N, 1000): float32 93-96 registers, bfloat16 113-117, no spills -- at 80, three blocks,
+# float32 spilled 56 bytes and bfloat16 over 300).  Module attributes, read by launch_spec at planning time
+# (tools/softmax_s7.py flips them).
+FWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_PIPE", "1") != "0"
+PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_PIPE_REGS", "96"))
+
+
+def pipe_regs(cfg):
+    """The register budget of a PIPE thread: FWD_REGS (64) while it holds < 16 elements (16 without RAGGED edges),
+    else PIPE_REGS (a RAGGED 513-class row spilled 24-104 bytes at 64)."""
+    e = cfg.nv * cfg.vec
+    return FWD_REGS if e < 16 or (e == 16 and not cfg.ragged) else PIPE_REGS
+
 
 def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0, warp_pair=False, warp_cap=None):
     """The row kernels' tiling (RowConfig) for rows of ``c`` elements of ``itemsize`` bytes computed in
@@ -710,19 +843,30 @@ def _grid(groups, dev, per_sm=16):
     return (max(1, min(groups, _launch.sm_count(dev) * per_sm)),)
 
 
-def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False):
+def uses_pipe(cfg, arrays, acc):
+    """Whether rows of RowConfig ``cfg`` take the PIPE kernels (FWD_PIPE; one array, one chunk, a warp or less, vector
+    loads, float accumulation)."""
+    return FWD_PIPE and not V1 and arrays == 1 and acc == 4 and cfg.one and cfg.g <= 32 and cfg.vec > 1
+
+
+def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
-    NAME=VALUE strings, and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM)."""
+    NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
+    ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
+    pipe = pipe and uses_pipe(cfg, arrays, acc)
     # registers: <= 64 a thread where the data fits (a 1000-class float32 forward took 88-113 without a cap: two
-    # 256-thread blocks an SM; capped, four), <= 80 holding two arrays; float64 uncapped
-    if regs is None:
+    # 256-thread blocks an SM; capped, four), <= 80 holding two arrays; float64 uncapped; PIPE: pipe_regs at least
+    if pipe:
+        regs = max(regs or 0, pipe_regs(cfg))
+    elif regs is None:
         regs = FWD_REGS if arrays == 1 else (BWD_PAIR_REGS if cfg.g <= 32 and cfg.nv * cfg.vec > 16 else 80)
     minb = 1 if acc == 8 else max(1, 65536 // (cfg.block * regs))
     return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
-            f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"MINB={minb}"), cfg
+            f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"PIPE={int(pipe)}",
+            f"MINB={minb}"), cfg
 
 
 class Spec(NamedTuple):
@@ -749,11 +893,13 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
         return Spec("V1", "softmax_bwd" if backward else "softmax_fwd", base, (rows + 7) // 8, 16, THREADS, 0)
     if inner == 1:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
-                                   warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize))
+                                   warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
+                                   pipe=not backward)
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
+        pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
-                    -(-rows // (cfg.block // cfg.g)), max(16, minb), cfg.block,
+                    -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block,
                     cfg.sch * cfg.nv * cfg.vec * cfg.block * acc)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
                 -(-rows // 256), 32, 256, 0)
