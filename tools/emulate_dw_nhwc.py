@@ -8,7 +8,11 @@ compile-time tap selection, the vector loads (asserted CV-aligned and reading no
 activations sit in buffers with padded channel / row strides and NaN in the gaps), the alpha/beta vector stores
 (every output written exactly once, nothing outside), and for the filter gradient the per-tap block sums in ty
 order, the split partials and the slab tickets with blocks run in shuffled orders, float32 sums: two orders must
-give the same bits, and every result must match the float64 reference of the CPU backend."""
+give the same bits, and every result must match the float64 reference of the CPU backend.
+
+Both generations: ``v2=True`` (session 7, the default of conv_dw_nhwc.V2) replays the shrinking gather tiles
+(gather_tile, with an ``sms`` argument to force small grids), the taps read as RS vectors (WVEC), the filter
+gradient's chunked two-stage block sums and its two-level split sums (group tickets, then the slab ticket)."""
 import itertools
 import sys
 from pathlib import Path
@@ -73,7 +77,27 @@ class Buf:
         assert (self.writes[~inside] == 0).all(), "wrote outside the tensor"
 
 
-def forward_kernel(inp, wflat, out, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV, VH, VQ, flip, cfg, alpha, beta):
+def load_taps(wflat, c0, RS, CV, flip, wvec):
+    """A thread's taps wt[t][c]: WVEC reads RS vectors of CV from c0*RS (element e = c*RS + t), else scalars."""
+    wt = np.full((RS, CV), np.nan)
+    if not wvec:
+        for k, c in itertools.product(range(RS), range(CV)):
+            wt[k, c] = wflat[(c0 + c) * RS + (RS - 1 - k if flip else k)]
+        return wt
+    for v in range(RS):
+        a = c0 * RS + v * CV
+        assert a % CV == 0, "unaligned tap vector"
+        vec = wflat[a:a + CV]
+        assert vec.size == CV
+        for k in range(CV):
+            c, t = divmod(v * CV + k, RS)
+            wt[RS - 1 - t if flip else t, c] = vec[k]
+    assert not np.isnan(wt).any()
+    return wt
+
+
+def forward_kernel(inp, wflat, out, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV, VH, VQ, flip, cfg, alpha, beta,
+                   wvec=False):
     """dwn_forward over its grid (FLIP: w read flipped)."""
     ct, sy, slabs, groups = cfg
     RS = R * S
@@ -90,7 +114,7 @@ def forward_kernel(inp, wflat, out, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, C
         t = it - n * tiles
         tp = t // tiles_q
         p0, q0 = tp * VH, (t - tp * tiles_q) * VQ
-        wt = np.array([[wflat[(c0 + c) * RS + (RS - 1 - k if flip else k)] for c in range(CV)] for k in range(RS)])
+        wt = load_taps(wflat, c0, RS, CV, flip, wvec)
         acc = np.zeros((VH, VQ, CV))
         hb, wb = p0 * ST - pad_h, q0 * ST - pad_w
         for ir in range(IRH):
@@ -120,7 +144,8 @@ def forward_kernel(inp, wflat, out, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, C
                 out.store(n * out.s[0] + (p0 + i) * out.s[1] + (q0 + j) * out.s[2] + c0, acc[i, j], alpha, beta)
 
 
-def dgrad_st_kernel(wflat, dy, dx, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV, VQ, cfg, alpha, beta):
+def dgrad_st_kernel(wflat, dy, dx, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV, VQ, cfg, alpha, beta,
+                    wvec=False):
     """dwn_backward_data_st over its grid (items over dx rows x VQ columns)."""
     ct, sy, slabs, groups = cfg
     RS = R * S
@@ -136,7 +161,7 @@ def dgrad_st_kernel(wflat, dy, dx, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV
         t0 = it - n * tiles
         h = t0 // tiles_q
         w0 = (t0 - h * tiles_q) * VQ
-        wt = np.array([[wflat[(c0 + c) * RS + k] for c in range(CV)] for k in range(RS)])
+        wt = load_taps(wflat, c0, RS, CV, False, wvec)
         for j in range(VQ):
             wq = w0 + j
             if wq >= W:
@@ -154,10 +179,51 @@ def dgrad_st_kernel(wflat, dy, dx, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV
             dx.store(n * dx.s[0] + h * dx.s[1] + wq * dx.s[2] + c0, acc, alpha, beta)
 
 
+def block_sums_v1(acc, sy, SLAB, RS, CV, nthr):
+    """Session 5: per tap, the column's owner adds the SY rows in ty order."""
+    f32 = np.float32
+    sums = np.zeros((RS, SLAB), dtype=f32)
+    assert SLAB <= nthr                                    # one pass of the col loop per thread
+    for k in range(RS):
+        buf = acc[:, :, k, :].reshape(sy, SLAB)            # buf[ty * SLAB + tx * CV + c]
+        for col in range(SLAB):
+            v = f32(0)
+            for yy in range(sy):
+                v = f32(v + buf[yy, col])
+            sums[k, col] = v
+    return sums
+
+
+def block_sums_v2(acc, sy, SLAB, RS, CV, nthr):
+    """V2: taps in chunks of TC; per column, segments of SEG rows added in row order, then the segments in order."""
+    f32 = np.float32
+    TC, SEG = D.chunk_taps(RS, CV), D.SEG
+    assert RS % TC == 0 and TC * CV <= 32
+    nseg = -(-sy // SEG)
+    assert (sy + nseg) * TC * SLAB == D.wgrad_shared_floats(SLAB // CV, sy, CV, RS, True) <= 12288   # 48 KB
+    sums = np.zeros((RS, SLAB), dtype=f32)
+    for t0 in range(0, RS, TC):
+        buf = acc[:, :, t0:t0 + TC, :].transpose(0, 2, 1, 3).reshape(sy, TC * SLAB)   # [ty, k*SLAB + tx*CV + c]
+        segs = np.zeros((nseg, TC * SLAB), dtype=f32)
+        for sg in range(nseg):
+            v = np.zeros(TC * SLAB, dtype=f32)
+            for y in range(sg * SEG, min(sy, sg * SEG + SEG)):
+                v = (v + buf[y]).astype(f32)
+            segs[sg] = v
+        v = np.zeros(TC * SLAB, dtype=f32)
+        for sg in range(nseg):
+            v = (v + segs[sg]).astype(f32)
+        sums[t0:t0 + TC] = v.reshape(TC, SLAB)
+    return sums
+
+
 def wgrad_kernel(x, dy, dwflat, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV, VH, VQ, cfg, alpha, beta, order,
-                 stats):
+                 stats, v2=False):
     """dwn_backward_filter with its blocks run in ``order`` (float32 sums, as the GPU)."""
-    ct, sy, slabs, splits, per_split = cfg
+    ct, sy, slabs, splits, per_split, group = cfg
+    ng = -(-splits // group)
+    gtickets = np.zeros((slabs, ng + 1), dtype=int)
+    gsum = np.full((slabs, ng, R * S * ct * CV), np.nan, dtype=np.float32)
     RS, SLAB = R * S, ct * CV
     IRH, IWN = (VH - 1) * ST + (R - 1) * DL + 1, (VQ - 1) * ST + (S - 1) * DL + 1
     tiles_q = -(-Q // VQ)
@@ -205,40 +271,77 @@ def wgrad_kernel(x, dy, dwflat, C, H, W, P, Q, pad_h, pad_w, R, S, ST, DL, CV, V
                                 acc[ty, tx, k] = (d[i, j].astype(np.float64) * xv + acc[ty, tx, k]).astype(f32)
         base = bx * SLAB * RS
         part = (bx * splits + by) * RS * SLAB
-        for k in range(RS):
-            buf = acc[:, :, k, :].reshape(sy, SLAB)              # buf[ty * SLAB + tx * CV + c]
-            for col in range(0, SLAB):
-                assert col < nthr                                  # one pass of the col loop per thread
-                v = f32(0)
-                for yy in range(sy):
-                    v = f32(v + buf[yy, col])
-                if splits == 1:
-                    if bx * SLAB + col < C:
-                        dst = base + col * RS + k
-                        dwflat[dst] = alpha * v + (beta * dwflat[dst] if beta != 0 else 0)
-                        stats["writes"][dst] += 1
-                else:
-                    partial[part + k * SLAB + col] = v
+        sums = (block_sums_v2 if v2 else block_sums_v1)(acc, sy, SLAB, RS, CV, nthr)    # [k, col] float32
+        for k, col in itertools.product(range(RS), range(SLAB)):
+            v = sums[k, col]
+            if splits == 1:
+                if bx * SLAB + col < C:
+                    dst = base + col * RS + k
+                    dwflat[dst] = alpha * v + (beta * dwflat[dst] if beta != 0 else 0)
+                    stats["writes"][dst] += 1
+            else:
+                partial[part + k * SLAB + col] = v
         if splits == 1:
             continue
-        tickets[bx] += 1
-        if tickets[bx] != splits:
-            continue
-        stats["last_reduces"] += 1
-        ps = bx * splits * RS * SLAB
-        for idx in range(RS * SLAB):
+
+        def finish(bx, idx, v):
             k, col = divmod(idx, SLAB)
-            if bx * SLAB + col >= C:
+            if bx * SLAB + col < C:
+                dst = bx * SLAB * RS + col * RS + k
+                dwflat[dst] = alpha * v + (beta * dwflat[dst] if beta != 0 else 0)
+                stats["writes"][dst] += 1
+
+        ps = bx * splits * RS * SLAB
+        if not v2:
+            tickets[bx] += 1
+            if tickets[bx] != splits:
                 continue
+            stats["last_reduces"] += 1
+            for idx in range(RS * SLAB):
+                v = f32(0)
+                for b in range(splits):
+                    pv = partial[ps + b * RS * SLAB + idx]
+                    assert not np.isnan(pv), "a split's partial read before it was written"
+                    v = f32(v + pv)
+                finish(bx, idx, v)
+            tickets[bx] = 0
+            continue
+        # V2: group tickets, then the slab ticket (index NG)
+        g = by // group
+        gb, ge = g * group, min(splits, (g + 1) * group)
+        tk = gtickets[bx]
+        tk[g] += 1
+        assert tk[g] <= ge - gb
+        if tk[g] != ge - gb:
+            continue
+        stats["group_reduces"] += 1
+        for idx in range(RS * SLAB):
             v = f32(0)
-            for b in range(splits):
+            for b in range(gb, ge):
                 pv = partial[ps + b * RS * SLAB + idx]
                 assert not np.isnan(pv), "a split's partial read before it was written"
                 v = f32(v + pv)
-            dst = base + col * RS + k
-            dwflat[dst] = alpha * v + (beta * dwflat[dst] if beta != 0 else 0)
-            stats["writes"][dst] += 1
-        tickets[bx] = 0
+            if ng > 1:
+                gsum[bx, g, idx] = v
+            else:
+                finish(bx, idx, v)
+        tk[g] = 0
+        if ng == 1:
+            stats["last_reduces"] += 1
+            continue
+        tk[ng] += 1
+        if tk[ng] != ng:
+            continue
+        stats["last_reduces"] += 1
+        for idx in range(RS * SLAB):
+            v = f32(0)
+            for gg in range(ng):
+                gv = gsum[bx, gg, idx]
+                assert not np.isnan(gv), "a group sum read before it was written"
+                v = f32(v + gv)
+            finish(bx, idx, v)
+        tk[ng] = 0
+    assert (gtickets == 0).all(), "group / slab tickets left non-zero"
     assert (tickets == 0).all(), "tickets left non-zero"
 
 
@@ -248,8 +351,10 @@ def _problem(N, C, H, W, R, S, pad, stride, dil, itemsize):
     return desc, p
 
 
-def run(N, C, H, W, R, S, pad, stride, dil, direction, itemsize=4, pad_c=0, alpha=1.0, beta=0.0, seed=0):
-    """One forward / backward_data problem, emulated and checked against float64; returns the grid config."""
+def run(N, C, H, W, R, S, pad, stride, dil, direction, itemsize=4, pad_c=0, alpha=1.0, beta=0.0, seed=0, v2=True,
+        sms=132):
+    """One forward / backward_data problem, emulated and checked against float64; returns (VH, VQ, grid config).
+    ``sms``: the SM count the V2 tile choice sees (a large one forces the smallest tiles)."""
     rng = np.random.default_rng(seed)
     desc, p = _problem(N, C, H, W, R, S, pad, stride, dil, itemsize)
     R, S = p.kernel
@@ -269,25 +374,39 @@ def run(N, C, H, W, R, S, pad, stride, dil, direction, itemsize=4, pad_c=0, alph
     (H_, W_), (P_, Q_) = p.in_size, p.out_size
     fpad = tuple(dil * (r - 1) - q for r, q in zip(p.kernel, p.padding))
     if direction == "forward" or (stride == 1 and min(fpad) >= 0):
-        vh, vq = D.tile("forward", cv, stride)
         flip = direction != "forward"
         in_hw, out_hw, pads = ((H_, W_), (P_, Q_), p.padding) if not flip else ((P_, Q_), (H_, W_), fpad)
+        vh, vq = D.gather_tile("forward", cv, 1 if flip else stride, N, C, *out_hw, sms, v2)
         tiles = -(-out_hw[0] // vh) * -(-out_hw[1] // vq)
         cfg = D.grid_config(C, cv, N * tiles)
         forward_kernel(inp, wflat, out, C, *in_hw, *out_hw, *pads, R, S, 1 if flip else stride, dil, cv, vh, vq, flip,
-                       cfg, alpha, beta)
+                       cfg, alpha, beta, v2)
     else:
-        vh, vq = D.tile("backward_data_st", cv, stride)
+        vh, vq = D.gather_tile("backward_data_st", cv, stride, N, C, H_, W_, sms, v2)
+        assert vh == 1
         cfg = D.grid_config(C, cv, N * H_ * -(-W_ // vq))
-        dgrad_st_kernel(wflat, inp, out, C, H_, W_, P_, Q_, *p.padding, R, S, stride, dil, cv, vq, cfg, alpha, beta)
+        dgrad_st_kernel(wflat, inp, out, C, H_, W_, P_, Q_, *p.padding, R, S, stride, dil, cv, vq, cfg, alpha, beta,
+                        v2)
     out.check_writes()
     want = alpha * ref + (beta * prior if beta != 0 else 0)
     err = np.abs(out.nchw() - want).max()
     assert err < 1e-9, err
-    return cfg
+    return vh, vq, cfg
 
 
-def run_wgrad(N, C, H, W, R, S, pad, stride, dil, itemsize=4, pad_c=0, alpha=1.0, beta=0.0, seed=0, sms=132):
+def run_wgrad(N, C, H, W, R, S, pad, stride, dil, itemsize=4, pad_c=0, alpha=1.0, beta=0.0, seed=0, sms=132,
+              v2=True, one_level=None):
+    """One filter gradient, emulated in two shuffled block orders, checked against float64; returns the config.
+    ``one_level``: conv_dw_nhwc.WGRAD2_ONE_LEVEL for this call (1: every multi-split launch sums in two levels)."""
+    saved = D.WGRAD2_ONE_LEVEL
+    D.WGRAD2_ONE_LEVEL = saved if one_level is None else one_level
+    try:
+        return _run_wgrad(N, C, H, W, R, S, pad, stride, dil, itemsize, pad_c, alpha, beta, seed, sms, v2)
+    finally:
+        D.WGRAD2_ONE_LEVEL = saved
+
+
+def _run_wgrad(N, C, H, W, R, S, pad, stride, dil, itemsize, pad_c, alpha, beta, seed, sms, v2):
     rng = np.random.default_rng(seed)
     desc, p = _problem(N, C, H, W, R, S, pad, stride, dil, itemsize)
     R, S = p.kernel
@@ -297,8 +416,8 @@ def run_wgrad(N, C, H, W, R, S, pad, stride, dil, itemsize=4, pad_c=0, alpha=1.0
     (H_, W_), (P_, Q_) = p.in_size, p.out_size
     vh, vq = D.tile("backward_filter", cv, stride)
     items = N * -(-P_ // vh) * -(-Q_ // vq)
-    cfg = D.wgrad_config(C, cv, items, sms)
-    ct, sy, slabs, splits, per_split = cfg
+    cfg = D.wgrad_config(C, cv, items, sms, v2)
+    ct, sy, slabs, splits, per_split, group = cfg
     assert ct * sy <= 256 and ct * sy >= ct * cv and splits <= 65535
     xb, db = Buf(x, cv, pad_c, 1), Buf(dy, cv, pad_c, 0)
     prior = rng.standard_normal(ref.shape)
@@ -309,16 +428,19 @@ def run_wgrad(N, C, H, W, R, S, pad, stride, dil, itemsize=4, pad_c=0, alpha=1.0
         np.random.default_rng(seed + 100 + trial).shuffle(order)
         dwflat = (prior.ravel().astype(np.float32).astype(np.float64) if beta != 0
                   else np.full(ref.size, np.nan))
-        stats = dict(writes=np.zeros(ref.size, dtype=int), last_reduces=0)
+        stats = dict(writes=np.zeros(ref.size, dtype=int), last_reduces=0, group_reduces=0)
         wgrad_kernel(xb, db, dwflat, C, H_, W_, P_, Q_, *p.padding, R, S, stride, dil, cv, vh, vq, cfg, alpha, beta,
-                     order, stats)
+                     order, stats, v2)
         assert (stats["writes"] == 1).all(), "a dw element written other than once"
         assert (splits > 1) == (stats["last_reduces"] == slabs)
+        if v2 and splits > 1:
+            assert stats["group_reduces"] == slabs * -(-splits // group)
         results.append(dwflat.copy())
     assert np.array_equal(results[0], results[1]), "block order changed the bits"
     want = alpha * ref + (beta * prior.astype(np.float32).astype(np.float64) if beta != 0 else 0)
-    bound = 1e-5 * (alpha * convolution_backward_filter(None, np.abs(x), np.abs(dy), desc, p.w_shape,
-                                                        algo=ConvolutionBwdFilterAlgo.ALGO_1) + 1)
+    bound = 1e-5 * (abs(alpha) * convolution_backward_filter(None, np.abs(x), np.abs(dy), desc, p.w_shape,
+                                                             algo=ConvolutionBwdFilterAlgo.ALGO_1)
+                    + abs(beta) * np.abs(prior) + 1)
     got = results[0].reshape(ref.shape)
     assert (np.abs(got - want) <= bound).all(), np.abs(got - want).max()
     return cfg
@@ -347,14 +469,21 @@ def main(quick=False):
         for itemsize in (4, 2):
             if case[1] % D.vector(itemsize, case[4] * case[5]):
                 continue                       # not whole vectors: conv_dw_nhwc.supports declines
-            for direction in ("forward", "backward_data"):
-                run(*case, direction, itemsize, 0, 1.0, 0.0, seed=1)
-                run(*case, direction, itemsize, 1, 0.75, -0.5, seed=2)     # padded channel stride, alpha/beta
-                n += 2
-            run_wgrad(*case, itemsize, 0, 1.0, 0.0, seed=3)
-            run_wgrad(*case, itemsize, 2, 0.5, 2.0, seed=4, sms=1)           # few SMs: one split per slab
-            run_wgrad((case[0] + 2) * 2, *case[1:], itemsize, 0, 1.0, 0.0, seed=5, sms=512)   # many splits
-            n += 3
+            for v2 in (False, True):
+                for direction in ("forward", "backward_data"):
+                    run(*case, direction, itemsize, 0, 1.0, 0.0, seed=1, v2=v2)
+                    run(*case, direction, itemsize, 1, 0.75, -0.5, seed=2, v2=v2)   # padded channel stride, a/b
+                    n += 2
+                run_wgrad(*case, itemsize, 0, 1.0, 0.0, seed=3, v2=v2)
+                run_wgrad(*case, itemsize, 2, 0.5, 2.0, seed=4, sms=1, v2=v2)       # few SMs: one split per slab
+                run_wgrad((case[0] + 2) * 2, *case[1:], itemsize, 0, 1.0, 0.0, seed=5, sms=512, v2=v2)  # many
+                n += 3
+            run_wgrad((case[0] + 2) * 2, *case[1:], itemsize, 1, -1.5, 0.25, seed=9, sms=512, one_level=1)
+            n += 1                                                  # two levels of split sums where splits > 2
+            for direction in ("forward", "backward_data"):            # V2's smallest tiles (VH = VQ = 1)
+                vh, vq, _ = run(*case, direction, itemsize, 0, 1.0, 0.0, seed=6, sms=10 ** 6)
+                assert (vh, vq) == (1, 1)
+                n += 1
     print(f"{n} emulated launches agree with float64")
 
 

@@ -27,6 +27,7 @@ tensors of >= 2^31 elements, grids over 65535.  ``MINIDNN_DW_TILE=0`` (conv_igem
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -56,6 +57,18 @@ SOURCE = r"""
 #endif
 #ifndef FLIP
 #define FLIP 0
+#endif
+#ifndef V2
+#define V2 0            // session 7: filter gradient's two-stage block sums and two-level split tickets
+#endif
+#ifndef WVEC
+#define WVEC 0          // 1: a thread's CV x RS taps read as RS whole vectors (w CV-vector aligned), not RS*CV scalars
+#endif
+#ifndef TC
+#define TC 1            // V2 filter gradient: taps per shared-memory chunk of the block sums (a divisor of RS)
+#endif
+#ifndef SEG
+#define SEG 8           // V2 filter gradient: rows per first-stage segment of the block sums
 #endif
 #if ELEM == 0
 typedef float T;
@@ -106,6 +119,29 @@ __device__ __forceinline__ void load_vec(const T* p, float (&f)[CV]) {
     #pragma unroll
     for (int c = 0; c < CV; ++c) f[c] = cvt_in(u.e[c]);
 }
+// the CV channels c0.. c0+CV-1's RS taps (flipped for FLIP): w is (C, RS) contiguous, so they are the RS*CV
+// consecutive elements from w + c0*RS; WVEC reads them as RS whole vectors (element e = c*RS + t of the run),
+// else one scalar load each.  All indices compile-time after unrolling.
+__device__ __forceinline__ void load_taps(const T* __restrict__ w, int c0, float (&wt)[RS][CV], bool flip) {
+#if WVEC
+    const VecT* wp = reinterpret_cast<const VecT*>(w + c0 * RS);
+    #pragma unroll
+    for (int v = 0; v < RS; ++v) {
+        VecU u;
+        u.v = __ldg(wp + v);
+        #pragma unroll
+        for (int k = 0; k < CV; ++k) {
+            const int e = v * CV + k, c = e / RS, t = e - (e / RS) * RS;
+            wt[flip ? RS - 1 - t : t][c] = cvt_in(u.e[k]);
+        }
+    }
+#else
+    #pragma unroll
+    for (int c = 0; c < CV; ++c)
+        #pragma unroll
+        for (int t = 0; t < RS; ++t) wt[t][c] = cvt_in(__ldg(w + (c0 + c) * RS + (flip ? RS - 1 - t : t)));
+#endif
+}
 // alpha * acc (+ beta * old) stored as one vector
 __device__ __forceinline__ void store_vec(T* p, const float (&a)[CV], float alpha, float beta) {
     VecU u;
@@ -145,15 +181,7 @@ dwn_forward(const T* __restrict__ in, const T* __restrict__ w, T* __restrict__ o
     int n, p0, q0;
     decode_item(it, tiles, tiles_q, n, p0, q0);
     float wt[RS][CV];
-    #pragma unroll
-    for (int c = 0; c < CV; ++c)
-        #pragma unroll
-        for (int t = 0; t < RS; ++t)
-#if FLIP
-            wt[t][c] = cvt_in(__ldg(w + (c0 + c) * RS + (RS - 1 - t)));
-#else
-            wt[t][c] = cvt_in(__ldg(w + (c0 + c) * RS + t));
-#endif
+    load_taps(w, c0, wt, FLIP != 0);
     float acc[VH][VQ][CV];
     #pragma unroll
     for (int i = 0; i < VH; ++i)
@@ -214,10 +242,7 @@ dwn_backward_data_st(const T* __restrict__ w, const T* __restrict__ dy, T* __res
     if (c0 >= C || it >= items) return;
     const int n = it / tiles, t0 = it - n * tiles, h = t0 / tiles_q, w0 = (t0 - h * tiles_q) * VQ;   // one row
     float wt[RS][CV];
-    #pragma unroll
-    for (int c = 0; c < CV; ++c)
-        #pragma unroll
-        for (int t = 0; t < RS; ++t) wt[t][c] = cvt_in(__ldg(w + (c0 + c) * RS + t));
+    load_taps(w, c0, wt, false);
     const T* db = dy + n * sdy_n + c0;
     T* xb = dx + n * sdx_n + h * sdx_h + c0;
     #pragma unroll
@@ -255,7 +280,7 @@ dwn_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __
                     unsigned int* __restrict__ tickets, DwT* __restrict__ dw,
                     int C, int H, int W, int P, int Q, int pad_h, int pad_w,
                     int sx_n, int sx_h, int sx_w, int sdy_n, int sdy_h, int sdy_w,
-                    int tiles_q, int tiles, int items, int per_split, float alpha, float beta)
+                    int tiles_q, int tiles, int items, int per_split, int group, float alpha, float beta)
 {
     extern __shared__ float buf[];
     __shared__ int s_last;
@@ -315,6 +340,97 @@ dwn_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __
             }
         }
     }
+#if V2
+    // V2 block sums, every thread taking part, in a fixed order: taps in chunks of TC (a divisor of RS); the chunk's
+    // COLS = TC*SLAB columns of SY rows go to shared memory (buf[ty*COLS + k*SLAB + tx*CV + c]); stage 1 adds
+    // segments of SEG rows (task = (segment, column)), stage 2 adds a column's segments in segment order.
+    // Dynamic shared memory: (SY + NSEG) * COLS floats.
+    const int splits = gridDim.y, COLS = TC * SLAB, NSEG = (SY + SEG - 1) / SEG;
+    float* segs = buf + SY * COLS;
+    DwT* dws = dw + (long long)(slab * SLAB) * RS;
+    float* part = partial + (long long)(slab * splits + blockIdx.y) * RS * SLAB;
+    #pragma unroll
+    for (int t0 = 0; t0 < RS; t0 += TC) {
+        #pragma unroll
+        for (int k = 0; k < TC; ++k)
+            #pragma unroll
+            for (int c = 0; c < CV; ++c) buf[ty * COLS + k * SLAB + tx * CV + c] = acc[t0 + k][c];
+        __syncthreads();
+        for (int task = l; task < NSEG * COLS; task += nthr) {
+            const int sg = task / COLS, col = task - sg * COLS, y0 = sg * SEG;
+            float v = 0.f;
+            #pragma unroll
+            for (int k = 0; k < SEG; ++k)
+                if (y0 + k < SY) v += buf[(y0 + k) * COLS + col];
+            segs[sg * COLS + col] = v;
+        }
+        __syncthreads();
+        for (int col = l; col < COLS; col += nthr) {
+            float v = 0.f;
+            for (int sg = 0; sg < NSEG; ++sg) v += segs[sg * COLS + col];
+            const int t = t0 + col / SLAB, cc = col - (col / SLAB) * SLAB;
+            if (splits == 1) {
+                if (slab * SLAB + cc < C) {
+                    DwT* dst = dws + cc * RS + t;
+                    const float old = beta != 0.f ? beta * cvt_in(*dst) : 0.f;
+                    cvt_out(*dst, alpha * v + old);
+                }
+            } else {
+                part[t * SLAB + cc] = v;
+            }
+        }
+        __syncthreads();                   // buf / segs taken by the next chunk
+    }
+    if (splits == 1) return;
+    // two-level split sums: the splits form groups of `group`; the last block of a group (its ticket) adds the
+    // group's partials in split order (NG == 1: into dw), writes the group sum and draws the slab's ticket; the
+    // last group adds the NG group sums in group order into dw.  Tickets per slab: NG group tickets + 1, each
+    // reset by the block that drew its last value.  Order fixed: bitwise the same whichever blocks came last.
+    const int NG = (splits + group - 1) / group, g = blockIdx.y / group;
+    const int gb = g * group, ge = min(splits, gb + group);
+    const long long RSL = (long long)RS * SLAB;
+    unsigned int* tk = tickets + slab * (NG + 1);
+    __threadfence();                       // this block's partials visible device-wide ...
+    __syncthreads();                       // ... before thread 0 draws the group's ticket
+    if (l == 0) s_last = atomicAdd(tk + g, 1u) == (unsigned)(ge - gb - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();                       // the group's partials, published before their tickets
+    const float* ps = partial + slab * splits * RSL;
+    float* gsum = partial + (long long)gridDim.x * splits * RSL + slab * NG * RSL;
+    for (int idx = l; idx < RS * SLAB; idx += nthr) {
+        const int t = idx / SLAB, col = idx - t * SLAB;
+        float v = 0.f;
+        #pragma unroll 8
+        for (int b = gb; b < ge; ++b) v += __ldcg(ps + b * RSL + idx);          // split order within the group
+        if (NG > 1) {
+            gsum[g * RSL + idx] = v;
+        } else if (slab * SLAB + col < C) {
+            DwT* dst = dws + col * RS + t;
+            const float old = beta != 0.f ? beta * cvt_in(*dst) : 0.f;
+            cvt_out(*dst, alpha * v + old);
+        }
+    }
+    if (l == 0) tk[g] = 0u;                // every block of the group has drawn
+    if (NG == 1) return;
+    __threadfence();                       // the group sum visible ...
+    __syncthreads();                       // ... (and every thread past s_last) before the slab's ticket
+    if (l == 0) s_last = atomicAdd(tk + NG, 1u) == (unsigned)(NG - 1);
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int idx = l; idx < RS * SLAB; idx += nthr) {
+        const int t = idx / SLAB, col = idx - t * SLAB;
+        if (slab * SLAB + col >= C) continue;
+        float v = 0.f;
+        #pragma unroll 8
+        for (int gg = 0; gg < NG; ++gg) v += __ldcg(gsum + gg * RSL + idx);       // group order
+        DwT* dst = dws + col * RS + t;
+        const float old = beta != 0.f ? beta * cvt_in(*dst) : 0.f;
+        cvt_out(*dst, alpha * v + old);
+    }
+    if (l == 0) tk[NG] = 0u;
+#else
     // the block's sum per (tap, channel): SY rows added in ty order by the thread owning the column
     const int splits = gridDim.y;
     DwT* dws = dw + (long long)(slab * SLAB) * RS;
@@ -357,13 +473,22 @@ dwn_backward_filter(const T* __restrict__ x, const T* __restrict__ dy, float* __
         cvt_out(*dst, alpha * v + old);
     }
     if (l == 0) tickets[slab] = 0u;        // every split has drawn: free for the next launch
+#endif
 }
 """
 
 ENABLED = [os.environ.get("MINIDNN_DW_TILE", "1") != "0"]     # also off with conv_igemm.TILE_ENABLED[0] = False
+# session 7 (MobileNet-small's small layers): smaller per-thread tiles where the grid would not fill the GPU, taps
+# read as vectors, the filter gradient's parallel block sums and two-level split sums; MINIDNN_DW_NHWC_V2=0: the
+# session-5 kernels and configurations exactly (the GPU A/B)
+V2 = [os.environ.get("MINIDNN_DW_NHWC_V2", "1") != "0"]
 MAX_TAPS = 25
 MAX_STRIDE = 4
 WGRAD_TARGET_BLOCKS_PER_SM = 8
+FWD_MIN_BLOCKS_PER_SM = 1.5          # V2 forward / backward data: the tile shrinks until the grid has this many
+WGRAD2_BLOCKS_PER_SM = 2             # V2 filter gradient: blocks aimed at (one resident wave at ~128 registers)
+WGRAD2_ONE_LEVEL = 16                # V2 filter gradient: up to this many splits, one level of split sums
+SEG = 8                              # the kernel's SEG: rows per first-stage segment of the V2 block sums
 _ELEM = {"float32": 0, "float16": 1, "bfloat16": 2}
 _fwd_plans: dict = {}
 _dgrad_plans: dict = {}
@@ -389,6 +514,26 @@ def tile(direction, cv, stride):
     return 1, (4 if cv == 4 else 2)
 
 
+def gather_tile(direction, cv, stride, N, C, rows, cols, sms, v2):
+    """(VH, VQ) of dwn_forward ("forward": the forward and stride-1 backward data) or dwn_backward_data_st over
+    ``rows`` x ``cols`` outputs per image: session 5's tile (``tile``), but with V2 halved (VH first, then VQ)
+    while the grid has fewer than FWD_MIN_BLOCKS_PER_SM blocks per SM (MobileNet-small's 16^2 / 8^2 layers at
+    batch 128 ran 64-128 blocks of 256 threads on 132 SMs): more threads, each with a shorter load chain."""
+    vh, vq = tile(direction, cv, stride)
+    while v2 and (vh > 1 or vq > 1):
+        ct, sy, slabs, groups = grid_config(C, cv, N * -(-rows // vh) * -(-cols // vq))
+        if slabs * groups >= FWD_MIN_BLOCKS_PER_SM * sms:
+            break
+        vh, vq = (vh // 2, vq) if vh > 1 else (vh, vq // 2)
+    return vh, vq
+
+
+def chunk_taps(taps, cv):
+    """TC of the V2 filter gradient: the largest divisor of RS with TC*CV <= 32 (block sums in shared memory of
+    at most 256 * 32 floats per chunk)."""
+    return max(d for d in range(1, taps + 1) if taps % d == 0 and d * cv <= 32) if cv <= 32 else 1
+
+
 def channel_threads(nvec):
     """CT: channel-vector threads per block -- every vector up to 32, else the CT in 16..32 wasting fewest."""
     if nvec <= 32:
@@ -403,20 +548,30 @@ def grid_config(C, cv, items):
     return ct, sy, -(-(C // cv) // ct), -(-items // sy)
 
 
-def wgrad_config(C, cv, items, sms=132):
-    """(CT, SY, slabs, splits, per_split) of dwn_backward_filter: SY >= CV spatial threads (so the CT*SY threads
-    cover the CT*CV columns of the block reduction), splits aiming at WGRAD_TARGET_BLOCKS_PER_SM blocks per SM,
-    each thread taking >= 2 items where the split has them."""
+def wgrad_config(C, cv, items, sms=132, v2=False):
+    """(CT, SY, slabs, splits, per_split, group) of dwn_backward_filter: SY >= CV spatial threads (so the CT*SY
+    threads cover the CT*CV columns of session 5's block reduction).  Session 5: splits aiming at
+    WGRAD_TARGET_BLOCKS_PER_SM blocks per SM, each thread taking >= 2 items where the split has them, one level of
+    split sums (group = splits).  V2: WGRAD2_BLOCKS_PER_SM blocks per SM (one item per thread allowed: the sums
+    no longer cost a serial pass per thread), split sums in groups of ~sqrt(splits) past WGRAD2_ONE_LEVEL."""
     ct = channel_threads(C // cv)
     sy = max(cv, 256 // ct)
     while sy // 2 >= cv and sy // 2 * 4 >= items:      # small problems: fewer idle rows (SY stays >= CV)
         sy //= 2
     slabs = -(-(C // cv) // ct)
     steps = -(-items // sy)
-    want = max(1, -(-WGRAD_TARGET_BLOCKS_PER_SM * sms // slabs))
-    iters = max(min(2, steps), -(-steps // want), -(-steps // 65535))
+    if v2:
+        want = max(1, -(-WGRAD2_BLOCKS_PER_SM * sms // slabs))
+        iters = max(1, -(-steps // want), -(-steps // 65535))
+    else:
+        want = max(1, -(-WGRAD_TARGET_BLOCKS_PER_SM * sms // slabs))
+        iters = max(min(2, steps), -(-steps // want), -(-steps // 65535))
     per_split = iters * sy
-    return ct, sy, slabs, -(-items // per_split), per_split
+    splits = -(-items // per_split)
+    group = splits
+    if v2 and splits > WGRAD2_ONE_LEVEL:
+        group = math.isqrt(splits - 1) + 1                 # ceil(sqrt): <= group groups of <= group splits
+    return ct, sy, slabs, splits, per_split, group
 
 
 def window_ok(R, S, stride, dil, vq):
@@ -457,9 +612,15 @@ def supports(direction, p, *acts) -> str | None:
     return None
 
 
-def _opts(dtype_name, R, S, st, dil, cv, vh, vq, flip=0):
-    return (f"-DELEM={_ELEM[dtype_name]}", f"-DKR={R}", f"-DKS={S}", f"-DST={st}", f"-DDL={dil}", f"-DCV={cv}",
-            f"-DVH={vh}", f"-DVQ={vq}", f"-DFLIP={flip}")
+def _opts(dtype_name, R, S, st, dil, cv, vh, vq, flip=0, v2=False, wvec=False, tc=1):
+    o = (f"-DELEM={_ELEM[dtype_name]}", f"-DKR={R}", f"-DKS={S}", f"-DST={st}", f"-DDL={dil}", f"-DCV={cv}",
+         f"-DVH={vh}", f"-DVQ={vq}", f"-DFLIP={flip}")
+    return o + (("-DV2=1", f"-DWVEC={int(wvec)}", f"-DTC={tc}") if v2 else ())
+
+
+def _w_vec_ok(w, cv):
+    """The V2 gather kernels read a thread's taps as vectors: w contiguous, its base CV-vector aligned."""
+    return w.flags.c_contiguous and w.data.ptr % (cv * w.itemsize) == 0
 
 
 def _el(a):
@@ -468,15 +629,15 @@ def _el(a):
 
 # ---- launchers -------------------------------------------------------------------------------------------------
 
-def _gather_plan(name, p, inp, out, in_hw, out_hw, pad, st, flip, alpha, beta):
+def _gather_plan(name, p, inp, out, in_hw, out_hw, pad, st, flip, alpha, beta, v2=False, wvec=False, sms=132):
     """Prepared launch of dwn_forward (the forward, or FLIP stride-1 backward data) or dwn_backward_data_st."""
     (H, W), (P, Q) = in_hw, out_hw
     R, S = p.kernel
     cv = vector(inp.itemsize, R * S)
     direction = "backward_data_st" if name == "dwn_backward_data_st" else "forward"
-    vh, vq = tile(direction, cv, st)
     # items run over the kernel's own outputs: y for the forward kernel, dx for the strided gather
     rows, cols = (H, W) if direction == "backward_data_st" else (P, Q)
+    vh, vq = gather_tile(direction, cv, st, p.N, p.C, rows, cols, sms, v2)
     tiles_q = -(-cols // vq)
     tiles = -(-rows // vh) * tiles_q
     items = p.N * tiles
@@ -486,7 +647,7 @@ def _gather_plan(name, p, inp, out, in_hw, out_hw, pad, st, flip, alpha, beta):
     if groups > 65535:
         return None
     k = _launch.get_kernel(SOURCE, name, _opts(_dev.dtype_name(inp.dtype), R, S, st, p.dilation[0], cv, vh, vq,
-                                               int(flip)))
+                                               int(flip), v2, wvec))
     si, so = _el(inp), _el(out)
     args = [None, None, None, *(np.int32(v) for v in (p.C, H, W, P, Q, pad[0], pad[1], si[0], si[2], si[3], so[0],
                                                       so[2], so[3], tiles_q, tiles, items)),
@@ -499,9 +660,11 @@ def forward(p, x, w, y, alpha=1.0, beta=0.0) -> bool:
     one launch; False (nothing launched) where it declines."""
     if supports("forward", p, x, y) is not None:
         return False
-    key = (p, x.strides, y.strides, float(alpha), float(beta), x.data.device_id)
+    v2 = V2[0]
+    wvec = v2 and _w_vec_ok(w, vector(x.itemsize, p.kernel[0] * p.kernel[1]))
+    key = (p, x.strides, y.strides, float(alpha), float(beta), x.data.device_id, v2, wvec)
     run = _launch.planned(_fwd_plans, key, _gather_plan, "dwn_forward", p, x, y, p.in_size, p.out_size, p.padding,
-                          p.stride[0], False, alpha, beta)
+                          p.stride[0], False, alpha, beta, v2, wvec, _launch.sm_count())
     if run is None:
         return False
     run(x, w, y)
@@ -514,11 +677,13 @@ def backward_data(p, w, dy, dx, alpha=1.0, beta=0.0) -> bool:
     through the gather kernel; False where it declines."""
     if supports("backward_data", p, dy, dx) is not None:
         return False
-    key = (p, dy.strides, dx.strides, float(alpha), float(beta), dy.data.device_id)
-    run = _launch.planned(_dgrad_plans, key, _dgrad_plan, p, dy, dx, alpha, beta)
+    w = _launch.cupy().ascontiguousarray(w)
+    v2 = V2[0]
+    wvec = v2 and _w_vec_ok(w, vector(dy.itemsize, p.kernel[0] * p.kernel[1]))
+    key = (p, dy.strides, dx.strides, float(alpha), float(beta), dy.data.device_id, v2, wvec)
+    run = _launch.planned(_dgrad_plans, key, _dgrad_plan, p, dy, dx, alpha, beta, v2, wvec, _launch.sm_count())
     if run is None:
         return False
-    w = _launch.cupy().ascontiguousarray(w)
     if run.gather:
         run(w, dy, dx)
     else:
@@ -536,17 +701,27 @@ class _Dgrad:
         self.run(*arrays)
 
 
-def _dgrad_plan(p, dy, dx, alpha, beta):
+def _dgrad_plan(p, dy, dx, alpha, beta, v2=False, wvec=False, sms=132):
     st, dil = p.stride[0], p.dilation[0]
     fpad = tuple(dil * (r - 1) - q for r, q in zip(p.kernel, p.padding))
     if st == 1 and min(fpad) >= 0:
-        run = _gather_plan("dwn_forward", p, dy, dx, p.out_size, p.in_size, fpad, 1, True, alpha, beta)
+        run = _gather_plan("dwn_forward", p, dy, dx, p.out_size, p.in_size, fpad, 1, True, alpha, beta, v2, wvec,
+                           sms)
         return None if run is None else _Dgrad(run, False)
-    run = _gather_plan("dwn_backward_data_st", p, dy, dx, p.in_size, p.out_size, p.padding, st, False, alpha, beta)
+    run = _gather_plan("dwn_backward_data_st", p, dy, dx, p.in_size, p.out_size, p.padding, st, False, alpha, beta,
+                       v2, wvec, sms)
     return None if run is None else _Dgrad(run, True)
 
 
-def _wgrad_plan(p, x, dy, alpha, beta, sms, wide=False):
+def wgrad_shared_floats(ct, sy, cv, taps, v2):
+    """Dynamic shared memory (floats) of dwn_backward_filter: session 5 one tap's SY x SLAB; V2 one chunk's
+    (SY + NSEG) x TC*SLAB."""
+    if not v2:
+        return sy * ct * cv
+    return (sy + -(-sy // SEG)) * chunk_taps(taps, cv) * ct * cv
+
+
+def _wgrad_plan(p, x, dy, alpha, beta, sms, wide=False, v2=False):
     (H, W), (P, Q), (R, S) = p.in_size, p.out_size, p.kernel
     cv = vector(x.itemsize, R * S)
     vh, vq = tile("backward_filter", cv, p.stride[0])
@@ -555,20 +730,26 @@ def _wgrad_plan(p, x, dy, alpha, beta, sms, wide=False):
     items = p.N * tiles
     if items >= 2 ** 31:
         return None
-    ct, sy, slabs, splits, per_split = wgrad_config(p.C, cv, items, sms)
+    ct, sy, slabs, splits, per_split, group = wgrad_config(p.C, cv, items, sms, v2)
     if splits > 65535:
         return None
+    tc = chunk_taps(R * S, cv)
     k = _launch.get_kernel(SOURCE, "dwn_backward_filter", _opts(_dev.dtype_name(x.dtype), R, S, p.stride[0],
-                                                               p.dilation[0], cv, vh, vq)
+                                                               p.dilation[0], cv, vh, vq, 0, v2, False, tc)
                            + (("-DDWF32=1",) if wide else ()))
     sx, sd = _el(x), _el(dy)
     args = [None] * 5 + [np.int32(v) for v in (p.C, H, W, P, Q, p.padding[0], p.padding[1], sx[0], sx[2], sx[3],
-                                               sd[0], sd[2], sd[3], tiles_q, tiles, items, per_split)]
+                                               sd[0], sd[2], sd[3], tiles_q, tiles, items, per_split, group)]
     args += [np.float32(alpha), np.float32(beta)]
-    run = _launch.prepare(k, (slabs, splits, 1), (ct, sy, 1), args, shared_mem=sy * ct * cv * 4)
+    run = _launch.prepare(k, (slabs, splits, 1), (ct, sy, 1), args,
+                          shared_mem=4 * wgrad_shared_floats(ct, sy, cv, R * S, v2))
     if splits == 1:
         return run, 0, None
-    return run, slabs * splits * R * S * ct * cv, _ws.split_tickets(_launch.cupy(), slabs, x.data.device_id)
+    ng = -(-splits // group)
+    slab_floats = R * S * ct * cv
+    partial = slabs * splits * slab_floats + (slabs * ng * slab_floats if ng > 1 else 0)
+    counters = slabs * (ng + 1) if v2 else slabs
+    return run, partial, _ws.split_tickets(_launch.cupy(), counters, x.data.device_id)
 
 
 def backward_filter(p, x, dy, dw, alpha=1.0, beta=0.0) -> bool:
@@ -576,11 +757,12 @@ def backward_filter(p, x, dy, dw, alpha=1.0, beta=0.0) -> bool:
     False where it declines.  A float32 ``dw`` for half x, dy takes the sums unrounded (DWF32=1)."""
     if supports("backward_filter", p, x, dy) is not None or not dw.flags.c_contiguous:
         return False
-    key = (p, x.strides, dy.strides, float(alpha), float(beta), x.data.device_id)
+    v2 = V2[0]
+    key = (p, x.strides, dy.strides, float(alpha), float(beta), x.data.device_id, v2)
     wide = dw.dtype != x.dtype
     if wide:
         key += (dw.dtype,)
-    plan = _launch.planned(_wgrad_plans, key, _wgrad_plan, p, x, dy, alpha, beta, _launch.sm_count(), wide)
+    plan = _launch.planned(_wgrad_plans, key, _wgrad_plan, p, x, dy, alpha, beta, _launch.sm_count(), wide, v2)
     if plan is None:
         return False
     run, partial_size, tickets = plan
