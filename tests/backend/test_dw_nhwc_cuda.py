@@ -162,3 +162,134 @@ def test_dw_nhwc_declines(spy, monkeypatch):
     y = K.direct_forward(p, _nhwc(x, dt), cp.asarray(w.astype(dt)))
     assert len(spy) == n
     np.testing.assert_allclose(cp.asnumpy(y), ref, rtol=1e-5, atol=1e-5)
+
+
+# ---- session 7 (conv_dw_nhwc.V2): MobileNet-small's depthwise layers at batch 128, both generations -------------
+# (id, N, C, H, W, R, S, pad, stride, dil): the four 3x3 depthwise layers of MobileNetSmall(width=16)
+MOBILENET_B128 = [
+    ("mb-C16-s1-32", 128, 16, 32, 32, 3, 3, 1, 1, 1),
+    ("mb-C32-s2-32", 128, 32, 32, 32, 3, 3, 1, 2, 1),
+    ("mb-C64-s1-16", 128, 64, 16, 16, 3, 3, 1, 1, 1),
+    ("mb-C64-s2-16", 128, 64, 16, 16, 3, 3, 1, 2, 1),
+]
+_REFS = {}
+
+
+def _exact_refs(shape):
+    """x, w, dy of multiples of 1/8 in [-1, 1] (exact in fp32 / fp16 / bf16; every float32 sum of these layers'
+    products is exact, so any order gives the float64 reference bits before the output rounding) and the three
+    float64 references, computed once per shape."""
+    if shape[0] not in _REFS:
+        _, N, C, H, W, R, S, pad, stride, dil = shape
+        desc = ConvolutionDescriptor(pad, stride, dil, C)
+        p = make_problem("test", (N, C, H, W), (C, 1, R, S), desc, "float32")
+        rng = np.random.default_rng(7)
+        x, w, dy = (rng.integers(-8, 9, s).astype(F64) / 8 for s in (p.x_shape, p.w_shape, p.y_shape))
+        y = convolution_forward(None, x, w, desc, algo=ConvolutionFwdAlgo.GEMM)
+        dx = convolution_backward_data(None, w, dy, desc, p.x_shape, algo=ConvolutionBwdDataAlgo.ALGO_1)
+        dw = convolution_backward_filter(None, x, dy, desc, p.w_shape, algo=ConvolutionBwdFilterAlgo.ALGO_1)
+        _REFS[shape[0]] = (x, w, dy, y, dx, dw)
+    return _REFS[shape[0]]
+
+
+def _rounded(ref, dtype):
+    """ref rounded once (to nearest even) to ``dtype``: the kernels' only rounding on exact sums (float64 ->
+    float32 is exact for these values)."""
+    return ref.astype(np.float32).astype(_np_dtype(dtype)).astype(F64)
+
+
+@pytest.mark.parametrize("v2", [True, False], ids=["v2", "v1"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", MOBILENET_B128, ids=[s[0] for s in MOBILENET_B128])
+def test_dw_nhwc_mobilenet_b128(shape, dtype, v2, spy, monkeypatch):
+    """The launches MobileNet-small's bf16 / fp32 channels_last step makes (V2: the shrunk forward tiles of the
+    stride-2 layers, the two-level split sums of the filter gradient; V1: session 5's), each one launch, equal to
+    the float64 reference rounded once, the filter gradient bitwise repeatable, tickets back at zero."""
+    if dtype == "float16" and not v2:
+        pytest.skip("float16 through V1: the session-5 test above")
+    monkeypatch.setattr(D, "V2", [v2])
+    _, N, C, H, W, R, S, pad, stride, dil = shape
+    x, w, dy, y_ref, dx_ref, dw_ref = _exact_refs(shape)
+    desc = ConvolutionDescriptor(pad, stride, dil, C)
+    p = make_problem("test", (N, C, H, W), (C, 1, R, S), desc, dtype)
+    dt = _np_dtype(dtype)
+    wg = cp.asarray(w.astype(dt))
+    n0 = L.launch_count()
+    y = K.direct_forward(p, _nhwc(x, dt), wg)
+    assert L.launch_count() - n0 == 1 and spy[-1] == ("forward", True)
+    assert np.array_equal(cp.asnumpy(y).astype(F64), _rounded(y_ref, dtype))
+    n0 = L.launch_count()
+    dx = K.direct_backward_data(p, wg, _nhwc(dy, dt))
+    assert L.launch_count() - n0 == 1 and spy[-1] == ("backward_data", True)
+    assert np.array_equal(cp.asnumpy(dx).astype(F64), _rounded(dx_ref, dtype))
+    xg, dyg = _nhwc(x, dt), _nhwc(dy, dt)
+    outs = []
+    for _ in range(2):
+        n0 = L.launch_count()
+        dw = K.direct_backward_filter(p, xg, dyg)
+        assert L.launch_count() - n0 == 1 and spy[-1] == ("backward_filter", True)
+        outs.append(cp.asnumpy(dw))
+    assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8)), "filter gradient not repeatable"
+    assert np.array_equal(outs[0].astype(F64), _rounded(dw_ref, dtype))
+    t = K._ticket_arrays.get(xg.data.device_id)
+    assert t is None or int(cp.count_nonzero(t)) == 0, "tickets left non-zero"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2], SHAPES[5], SHAPES[8]],
+                         ids=["ragged", "stride2", "5x5-stride2", "two-slabs"])
+def test_dw_nhwc_v2_two_level_and_small_tiles(shape, dtype, spy, monkeypatch):
+    """V2 with WGRAD2_ONE_LEVEL = 1 (every multi-split filter gradient sums in groups, then groups) and
+    FWD_MIN_BLOCKS_PER_SM huge (forward / backward-data tiles down to one output per thread), alpha/beta, against
+    float64 with random normal data; bitwise-equal repeats."""
+    monkeypatch.setattr(D, "V2", [True])
+    monkeypatch.setattr(D, "WGRAD2_ONE_LEVEL", 1)
+    monkeypatch.setattr(D, "FWD_MIN_BLOCKS_PER_SM", 10 ** 6)
+    monkeypatch.setattr(D, "WGRAD2_BLOCKS_PER_SM", 64)          # many splits even on these small shapes
+    D._fwd_plans.clear(), D._dgrad_plans.clear(), D._wgrad_plans.clear()     # plans are keyed without the knobs
+    try:
+        test_dw_nhwc_three_directions(shape, dtype, (0.75, -0.5), spy)
+        p, *_ = _setup(shape, dtype, 0)
+        (R, S), st = p.kernel, p.stride[0]
+        cv = D.vector(2 if dtype == "bfloat16" else 4, R * S)
+        vh, vq = D.tile("backward_filter", cv, st)
+        items = p.N * -(-p.out_size[0] // vh) * -(-p.out_size[1] // vq)
+        ct, sy, slabs, splits, per_split, group = D.wgrad_config(p.C, cv, items, L.sm_count(), True)
+        assert splits == 1 or splits > group, (splits, group)    # two levels wherever there is more than one split
+    finally:
+        D._fwd_plans.clear(), D._dgrad_plans.clear(), D._wgrad_plans.clear()   # plans built under the patches
+
+
+@pytest.mark.parametrize("v2", [True, False], ids=["v2", "v1"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_dw_nhwc_float32_dw_from_half(dtype, v2, spy, monkeypatch):
+    """A float32 filter gradient of half data (autocast's weights, DWF32): the sums unrounded."""
+    monkeypatch.setattr(D, "V2", [v2])
+    shape = MOBILENET_B128[3]
+    x, w, dy, *_, dw_ref = _exact_refs(shape)
+    _, N, C, H, W, R, S, pad, stride, dil = shape
+    p = make_problem("test", (N, C, H, W), (C, 1, R, S), ConvolutionDescriptor(pad, stride, dil, C), dtype)
+    dt = _np_dtype(dtype)
+    dw = K.direct_backward_filter(p, _nhwc(x, dt), _nhwc(dy, dt), out_dtype=np.float32)
+    assert spy[-1] == ("backward_filter", True) and dw.dtype == np.float32
+    assert np.array_equal(cp.asnumpy(dw).astype(F64), dw_ref)                 # exact sums: no rounding at all
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dw_nhwc_v2_unaligned_taps(dtype, spy, monkeypatch):
+    """V2 with a filter whose base is not vector-aligned (a view one element into a buffer): the scalar tap loads
+    (WVEC=0), forward and stride-1 backward data."""
+    monkeypatch.setattr(D, "V2", [True])
+    p, desc, dt, x, w, dy, _ = _setup(SHAPES[0], dtype, 3)
+    buf = cp.zeros(w.size + 1, dtype=dt)
+    buf[1:] = cp.asarray(w.astype(dt).ravel())
+    wv = buf[1:].reshape(w.shape)
+    assert wv.data.ptr % 16 != 0 and not D._w_vec_ok(wv, D.vector(wv.itemsize, 9))
+    y = K.direct_forward(p, _nhwc(x, dt), wv)
+    assert spy[-1] == ("forward", True)
+    ref = convolution_forward(None, x, w, desc, algo=ConvolutionFwdAlgo.GEMM)
+    np.testing.assert_allclose(cp.asnumpy(y).astype(F64), ref, rtol=4 * _u(dtype), atol=4 * _u(dtype) * 9)
+    dx = K.direct_backward_data(p, wv, _nhwc(dy, dt))
+    assert spy[-1] == ("backward_data", True)
+    ref = convolution_backward_data(None, w, dy, desc, p.x_shape, algo=ConvolutionBwdDataAlgo.ALGO_1)
+    np.testing.assert_allclose(cp.asnumpy(dx).astype(F64), ref, rtol=4 * _u(dtype), atol=4 * _u(dtype) * 9)

@@ -570,7 +570,7 @@ def wgrad_config(C, cv, items, sms=132, v2=False):
     splits = -(-items // per_split)
     group = splits
     if v2 and splits > WGRAD2_ONE_LEVEL:
-        group = math.isqrt(splits - 1) + 1                 # ceil(sqrt): <= group groups of <= group splits
+        group = min(splits - 1, math.isqrt(splits - 1) + 1)     # ceil(sqrt(splits)): <= group groups of <= group
     return ct, sy, slabs, splits, per_split, group
 
 
