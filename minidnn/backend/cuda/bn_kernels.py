@@ -495,10 +495,12 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 // fin(k, t1, t2) on row q == 0 and raises the tile's flag; the others wait for the flag.  sync[3t..3t+2]: arrivals,
 // flag, departures (reset by the last block to leave: see depart()).  All `per` blocks of a tile are resident at
 // once (the grid never exceeds the resident blocks), so the wait ends.  arrive() is the part before the wait (true
-// in the last block, which has raised the flag); await_flag() the wait (the pipelined kernels split them).
+// in the last block, which has raised the flag); await_flag() the wait (the pipelined kernels split them).  peek >= 0
+// (pipelined kernels): thread 0 also reads tile peek's flag into `seen` beside the ticket's atomic -- both L2 round
+// trips at once -- and await_flag(.., seen) skips the poll where it was raised already (the fence still follows).
 template <class Fin>
 __device__ __forceinline__ bool arrive(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
-                                       int per, int C, A (*sm)[TW][2], Fin fin)
+                                       int per, int C, A (*sm)[TW][2], Fin fin, int peek, unsigned int& seen)
 {
     __shared__ double sd[256][2];
     __shared__ bool last;
@@ -513,7 +515,11 @@ __device__ __forceinline__ bool arrive(A (&v)[NCH][2], A* __restrict__ partial, 
     }
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(sync + 3 * t, 1u) == (unsigned int)per - 1;
+    if (threadIdx.x == 0) {
+        const unsigned int r = atomicAdd(sync + 3 * t, 1u);
+        if (peek >= 0) seen = *(volatile unsigned int*)(sync + 3 * peek + 1);
+        last = r == (unsigned int)per - 1;
+    }
     __syncthreads();
     if (!last) return false;
     __threadfence();
@@ -540,10 +546,11 @@ __device__ __forceinline__ bool arrive(A (&v)[NCH][2], A* __restrict__ partial, 
     return true;
 }
 
-__device__ __forceinline__ void await_flag(unsigned int* sync, int t)
+__device__ __forceinline__ void await_flag(unsigned int* sync, int t, unsigned int seen = 0u)
 {
     if (threadIdx.x == 0) {
-        while (*(volatile unsigned int*)(sync + 3 * t + 1) == 0u) __nanosleep(64);
+        if (seen == 0u)
+            while (*(volatile unsigned int*)(sync + 3 * t + 1) == 0u) __nanosleep(64);
         __threadfence();
     }
     __syncthreads();
@@ -553,7 +560,8 @@ template <class Fin>
 __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
                                      int per, int C, A (*sm)[TW][2], Fin fin)
 {
-    if (!arrive(v, partial, sync, t, s, per, C, sm, fin)) await_flag(sync, t);
+    unsigned int seen = 0u;
+    if (!arrive(v, partial, sync, t, s, per, C, sm, fin, -1, seen)) await_flag(sync, t);
 }
 
 // After every thread has read the tile's statistics: the last block of the tile to leave resets its counters
@@ -877,6 +885,7 @@ bn_fwd1p(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
     int tp = -1, h = 0;                 // the tile waiting for its statistics, the cache half of the next tile
     for (int t = blockIdx.x / per; ; t += step) {
         const bool have = t < tiles;
+        unsigned int seen = 0u;         // tp's flag as thread 0 saw it at tile t's arrival (0: poll)
         if (have) {                     // statistics pass over tile t: sums, the first ks vectors into half h
             const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
             VT* cache = cache_sm + h * ks * 256;
@@ -899,10 +908,10 @@ bn_fwd1p(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
                     }
                 }
             });
-            arrive(v, partial, sync, t, s, per, C, sm, fin);
+            arrive(v, partial, sync, t, s, per, C, sm, fin, tp, seen);      // and peek at tp's flag
         }
         if (tp >= 0) {                  // elementwise pass over tile tp (its meeting ran during tile t's pass)
-            await_flag(sync, tp);
+            await_flag(sync, tp, seen);
             const Slice sl = slice_of(tp, s, per, outer, C, inner, iv);
             const VT* cache = cache_sm + (h ^ 1) * ks * 256;
             const int n = slice_len(sl), kc = min(ks, n);
@@ -975,6 +984,7 @@ bn_bwd1p(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
     int tp = -1, h = 0;
     for (int t = blockIdx.x / per; ; t += step) {
         const bool have = t < tiles;
+        unsigned int seen = 0u;
         if (have) {                     // reduction pass over tile t: sum(g), sum(g * xhat); x and g into half h
             const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
             VT* cache = cache_sm + h * ks * 2 * 256;
@@ -1006,10 +1016,10 @@ bn_bwd1p(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
                     }
                 }
             });
-            arrive(v, partial, sync, t, s, per, C, sm, fin);
+            arrive(v, partial, sync, t, s, per, C, sm, fin, tp, seen);      // and peek at tp's flag
         }
         if (tp >= 0) {                  // dx (and dz) of tile tp
-            await_flag(sync, tp);
+            await_flag(sync, tp, seen);
             const Slice sl = slice_of(tp, s, per, outer, C, inner, iv);
             const VT* cache = cache_sm + (h ^ 1) * ks * 2 * 256;
             const int n = slice_len(sl), kc = min(ks, n);
