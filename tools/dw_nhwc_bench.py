@@ -11,8 +11,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import cupy as cp  # noqa: E402
-
 from minidnn.backend import ConvolutionDescriptor  # noqa: E402
 from minidnn.backend.conv_problem import make_problem  # noqa: E402
 from minidnn.backend.cuda import conv_igemm as K  # noqa: E402
@@ -30,6 +28,7 @@ LAYERS = [
 
 
 def _time(fn, reps=20):
+    import cupy as cp
     for _ in range(5):
         fn()
     ts = []
@@ -48,6 +47,7 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     args = ap.parse_args()
     dt = "bfloat16" if args.dtype == "bf16" else "float32"
+    import cupy as cp  # (imported here: tools/dw_nhwc_s7.py takes LAYERS without a GPU)
     try:
         import torch
     except ImportError:
