@@ -354,6 +354,43 @@ def test_flat_rows_form_matches_float64_reference(cfg, direction, images, dtype,
     np.testing.assert_allclose(got, _direct64(direction, p, a, b), **tol)
 
 
+@pytest.mark.parametrize("cfg", ROWS + [((3, 5, 9, 24), (2, 5, 4, 3), (0, 1), (2, 1))])   # 4 rows dilated by 2
+@pytest.mark.parametrize("images", [1, 2, 64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_flat_rows_filter_gradient_matches_float64_reference(cfg, images, dtype, monkeypatch):
+    """The filter gradient through the width-tap chunks (kernel row r: the taps shifted by r grid rows, one product
+    each), with chunks of one and two images (the last one partial) and one of all, against the float64 DIRECT
+    loops; the rule lets it run only where OpenBLAS's small-matrix blocks do, so they are switched on here."""
+    x_shape, w_shape, padding, dilation = cfg
+    p = _problem((x_shape, w_shape, padding, 1, dilation, 1), dtype)
+    monkeypatch.setattr(conv_cpu.threads, "blas_small_kernels", lambda: True)
+    assert conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) and conv_cpu._flat_rows_filter_applies(p)
+    _, offsets, length, _, _ = conv_cpu._flat_dense_plan(p, p.in_size, p.padding, p.out_size, p.C, 8)
+    monkeypatch.setattr(conv_cpu, "_FLAT_COLS_BYTES", images * len(offsets) * p.C * length * 8)
+    calls, original = [], conv_cpu._flat_rows_filter
+    monkeypatch.setattr(conv_cpu, "_flat_rows_filter", lambda *a: calls.append(1) or original(*a))
+    x, _, dy = _inputs(p, dtype, np.random.default_rng(12))
+    got = conv_cpu.dense_backward_filter(p, x, dy)
+    assert calls, "the width-tap filter form did not run"
+    assert got.dtype == dtype and got.shape == p.w_shape
+    tol = dict(rtol=2e-5, atol=5e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, _direct64("backward_filter", p, x, dy), **tol)
+
+
+def test_flat_rows_filter_applies_where_it_measured_faster_only(monkeypatch):
+    """At most 16 output channels (the products' columns: small-matrix blocks) and an inner axis of at least 12 width
+    taps x channels, on a BLAS with small-matrix kernels."""
+    def applies(x_shape, w_shape, padding):
+        return conv_cpu._flat_rows_filter_applies(_problem((x_shape, w_shape, padding, 1, 1, 1), np.float32))
+    monkeypatch.setattr(conv_cpu.threads, "blas_small_kernels", lambda: True)
+    assert applies((2, 16, 32, 32), (16, 16, 3, 3), 1) and applies((2, 8, 32, 32), (8, 8, 3, 3), 1)
+    assert not applies((2, 32, 32, 32), (32, 32, 3, 3), 1)            # 32 columns: ran even
+    assert not applies((2, 1, 32, 32), (6, 1, 5, 5), 0)               # LeNet's first layer: inner axis 5, slower
+    assert not applies((2, 3, 32, 32), (16, 3, 3, 3), 1)              # inner axis 9
+    monkeypatch.setattr(conv_cpu.threads, "blas_small_kernels", lambda: False)
+    assert not applies((2, 16, 32, 32), (16, 16, 3, 3), 1)
+
+
 @pytest.mark.parametrize("direction", list(PAIRS))
 def test_flat_im2col_form_still_runs_where_the_rows_form_is_off(direction, monkeypatch):
     """Above _FLAT_ROWS_MAX_ROWS kernel rows x output channels the flat im2col keeps the shape (measured: C=K=64
