@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import conv_dw_nhwc as _dw_nhwc  # NHWC depthwise kernels (issue 9 item 2 / 12): hooks in direct_*
+from . import conv_pointwise as _pointwise  # 1x1 NHWC convolutions as cublasLt products (session 7): settled_call
 from . import launch as _launch
 from . import workspace as _ws
 from .conv_direct_source import SOURCE as DIRECT_SOURCE
@@ -717,7 +718,7 @@ def _call_key(direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
     alignment, the output's strides, the math, blending and tile, the staging and loader switches, the device."""
     key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
            out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
-           a.data.device_id, SPLITK2[0])
+           a.data.device_id, SPLITK2[0], _pointwise.ENABLED[0])
     if out.dtype != b.dtype:        # (backward filter only: float32 dw from half data)
         key += (out.dtype,)
     return key
@@ -735,9 +736,19 @@ def settled_call(cp, direction, p, a, b, out, tf32, precomp, alpha=1.0, beta=0.0
         key += ("carried",)
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _settle, cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile,
-                               None, atomic, carried)
+        call = _launch.planned(_calls, key, _settle_call, cp, direction, p, a, b, out, tf32, precomp, alpha, beta,
+                               tile, atomic, carried)
     return call
+
+
+def _settle_call(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, atomic, carried):
+    """``_settle``'s kernel call, or where the call is a 1x1, stride-1, unpadded, ungrouped convolution on NHWC
+    activations (and no tile or atomic form was asked for) the cublasLt product of conv_pointwise, which keeps the
+    kernel's call for pointers it cannot take."""
+    call = _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, None, atomic, carried)
+    if atomic or tile is not None:
+        return call
+    return _pointwise.settle(direction, p, a, b, out, tf32, alpha, beta, call) or call
 
 
 def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, epi=None, atomic=False,
