@@ -48,6 +48,18 @@ from minidnn.backend.cuda import conv_igemm as K  # noqa: E402
 
 F64 = np.float64
 
+
+@pytest.fixture(autouse=True)
+def _the_kernels():
+    """This file tests the kernels: 1x1 NHWC problems too (not conv_pointwise's cublasLt product, which
+    test_conv_pointwise.py tests)."""
+    from minidnn.backend.cuda import conv_pointwise as PW
+    PW.ENABLED[0] = False
+    try:
+        yield
+    finally:
+        PW.ENABLED[0] = True
+
 # (id, N, C, H, W, K, R, S, padding, stride, dilation, groups)
 SHAPES = [
     ("n1-c3-odd", 1, 3, 7, 9, 5, 3, 3, 1, 1, 1, 1),

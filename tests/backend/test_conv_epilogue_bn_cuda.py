@@ -50,6 +50,7 @@ from minidnn.backend import (  # noqa: E402
     scale_bias_activation_convolution_reason,
 )
 from minidnn.backend.cuda import conv_epilogue as E  # noqa: E402
+from minidnn.backend.cuda import conv_pointwise as PW  # noqa: E402
 from minidnn.backend.cuda import launch as L  # noqa: E402
 
 PRECOMP, IMPLICIT = ConvolutionFwdAlgo.IMPLICIT_PRECOMP_GEMM, ConvolutionFwdAlgo.IMPLICIT_GEMM
@@ -162,12 +163,12 @@ def test_prologue_and_statistics_match_the_composition(shape, fmt, math):
                                                     stats=_stats(K)) is None
     st = _stats(K)
     y = _call(h, desc, algo, x, w, z, b, sc, sh, RELU, fmt, st)
-    E.ENABLED[0] = False
+    E.ENABLED[0] = PW.ENABLED[0] = False     # (the composition: the same kernel, not the 1x1 cublasLt product)
     try:
         st_ref = _stats(K)
         ref = _call(h, desc, algo, x, w, z, b, sc, sh, RELU, fmt, st_ref)
     finally:
-        E.ENABLED[0] = True
+        E.ENABLED[0] = PW.ENABLED[0] = True
     # x' (float64, from the data) and the magnitudes of every term
     xc = _cf(x, fmt)
     ch = (1, -1, 1, 1)

@@ -36,6 +36,7 @@ from minidnn.backend import (  # noqa: E402
     fused_reason,
 )
 from minidnn.backend.cuda import conv_epilogue as E  # noqa: E402
+from minidnn.backend.cuda import conv_pointwise as PW  # noqa: E402
 from minidnn.backend.cuda import launch as L  # noqa: E402
 
 # (id, x shape (channels-first), w shape, padding, stride, dilation, groups)
@@ -80,12 +81,12 @@ def _f64(a):
 def _both(h, desc, algo, x, w, z, a1, a2, b, act, fmt, u):
     """(fused, composition, bound) of one call."""
     fused = convolution_bias_activation_forward(h, x, w, desc, algo, z, a1, a2, b, act, format=fmt)
-    E.ENABLED[0] = False
+    E.ENABLED[0] = PW.ENABLED[0] = False     # (the composition: the same kernel, not the 1x1 cublasLt product)
     try:
         comp = convolution_bias_activation_forward(h, x, w, desc, algo, z, a1, a2, b, act, format=fmt)
         conv = convolution_forward(h, x, w, desc, algo=algo, format=fmt)
     finally:
-        E.ENABLED[0] = True
+        E.ENABLED[0] = PW.ENABLED[0] = True
     mag = np.abs(a1 * _f64(conv)) + np.abs(_f64(comp))
     if z is not None and a2 != 0:
         mag += np.abs(a2 * _f64(z))
