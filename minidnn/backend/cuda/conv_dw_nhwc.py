@@ -20,6 +20,16 @@ spatial threads): a channel slab of CT*CV channels over SY spatial tiles.
                            in split order 0..S-1 (bitwise the same whichever block came last), applies alpha/beta
                            and resets the ticket.  One launch, deterministic.
 
+V2 (session 7, default; ``MINIDNN_DW_NHWC_V2=0`` / ``V2[0] = False``: the session-5 kernels and configurations
+above, exactly): the gather kernels' VH x VQ tile halves (VH first) while the grid has fewer than
+FWD_MIN_BLOCKS_PER_SM blocks an SM, and a thread's CV x RS taps are read as RS whole vectors (WVEC, w's base
+vector-aligned; else the scalar loads).  dwn_backward_filter's block sums take every thread in a fixed order
+(taps in chunks of TC: segments of SEG rows per column, then the column's segments in order), and its splits
+(about WGRAD2_BLOCKS_PER_SM blocks an SM) are summed in two ticket levels: the last block of each group of
+``group`` splits adds the group's partials in split order, the last group adds the group sums in group order
+(one level up to WGRAD2_ONE_LEVEL splits).  Still one launch, bitwise repeatable.  docs/conv_kernels.md,
+"Session 7: channels-last depthwise for MobileNet".
+
 Declines (the caller's old path runs): other groupings, > 25 taps, stride > 4, unequal strides / dilations, channels
 not a whole number of vectors, element strides (N, H, W) not multiples of CV or base pointers not vector-aligned,
 tensors of >= 2^31 elements, grids over 65535.  ``MINIDNN_DW_TILE=0`` (conv_igemm.TILE_ENABLED) or
@@ -615,7 +625,7 @@ def supports(direction, p, *acts) -> str | None:
 def _opts(dtype_name, R, S, st, dil, cv, vh, vq, flip=0, v2=False, wvec=False, tc=1):
     o = (f"-DELEM={_ELEM[dtype_name]}", f"-DKR={R}", f"-DKS={S}", f"-DST={st}", f"-DDL={dil}", f"-DCV={cv}",
          f"-DVH={vh}", f"-DVQ={vq}", f"-DFLIP={flip}")
-    return o + (("-DV2=1", f"-DWVEC={int(wvec)}", f"-DTC={tc}") if v2 else ())
+    return o + (("-DV2=1", f"-DWVEC={int(wvec)}", f"-DTC={tc}", f"-DSEG={SEG}") if v2 else ())
 
 
 def _w_vec_ok(w, cv):
