@@ -530,8 +530,7 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
         buf[nr] = _add_grads(buf[nr], g, create_graph)
 
     # 2. Discover the graph, count incoming edges (dependencies) per node.
-    deps = {}
-    seen = set(root_nodes)
+    deps = dict.fromkeys(root_nodes, 0)        # also the nodes seen (a root may be another node's child too)
     stack = list(root_nodes)
     while stack:
         node = stack.pop()
@@ -539,9 +538,10 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
             if edge is None:
                 continue
             child = edge[0]
-            deps[child] = deps.get(child, 0) + 1
-            if child not in seen:
-                seen.add(child)
+            if child in deps:
+                deps[child] += 1
+            else:
+                deps[child] = 1
                 stack.append(child)
 
     capture = None
