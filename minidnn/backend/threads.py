@@ -297,12 +297,16 @@ def parallel_pair(first, second, work):
     if _threads() <= 1 or not MIN_PAIR_WORK <= work < MAX_PAIR_WORK or time.perf_counter() < _pair_rest[0]:
         return first(), second()
     wall, cpu = time.perf_counter(), time.process_time()
-    future = _executor().submit(_single, second)
-    _local.single = True
-    try:
-        a = first()
+    started = threading.Semaphore(0)
+
+    def pool_half():
+        started.release()
+        return _single(second)
+    future = _executor().submit(pool_half)
+    _wait_for_starts(started, 1)              # the pool thread takes the GIL now, not once ``first`` is done (as in
+    try:                                      # parallel_spans, where that was measured)
+        a = _single(first)
     finally:
-        _local.single = False
         if future.cancel():                   # not started: the caller's
             future = None
         else:
