@@ -816,3 +816,18 @@ def test_built_in_ops_record_instances_of_their_function():
         assert type(node).backward(node, mdn.ones_like(y)) is not None
     ctx = (a * b).grad_fn
     assert ctx.needs_input_grad == (True, True) and [t is s for t, s in zip(ctx.saved_tensors, (a, b))] == [True] * 2
+
+
+@pytest.mark.parametrize("order", ["ancestor_first", "descendant_first"])
+def test_roots_that_lie_on_each_others_paths(order):
+    """backward over several roots where one root is another's input: each node is walked once, its dependencies
+    counted once per consumer (the discovery marks seen nodes in its dependency counts), so x gets both paths."""
+    x = leaf([1.0, -2.0, 0.5])
+    y = x * 3.0
+    z = (y * y).sum()
+    roots, grads = [y, z], [mdn.tensor(np.array([1.0, 2.0, 4.0])), None]
+    if order == "descendant_first":
+        roots, grads = roots[::-1], grads[::-1]
+    autograd.backward(roots, [g if g is not None else mdn.ones_like(z) for g in grads])
+    expected = 3.0 * np.array([1.0, 2.0, 4.0]) + 18.0 * np.array([1.0, -2.0, 0.5])   # dy/dx g + dz/dx
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
