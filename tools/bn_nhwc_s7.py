@@ -8,21 +8,25 @@ the large tensor, float32 and bfloat16 (docs/step_kernels.md, "Session 7: channe
 Tables (ms per call unless said):
   kernel   device time per call: a CUDA graph of `calls` back-to-back calls (one launch each for ours, PyTorch's two
            kernels per direction), replayed `replays` times, CUDA events, median.  A graph node costs ~1 us of launch
-           gap on top of the kernel itself, on both sides.  Columns: V1, V2, torch; "bn" forward / backward, "relu
-           bwd" the fused batch norm + ReLU backward (PyTorch: its batch-norm backward after a separate ReLU
-           backward is not comparable, so none there); V2/torch < 1 means V2 is faster; %copy: the op's compulsory
-           traffic (forward read x, write y; backward read x, dy, write dx; relu bwd also y) over the time, against
-           a 256 MiB device copy measured in the same run.
+           gap on top of the kernel itself, on both sides.  Columns: V1, V2 (one launch a direction), V2-two (V2's
+           two-launch route, MINIDNN_BN_NHWC_ROUTE=two: reduction kernel + elementwise kernel, as PyTorch splits
+           it), torch.  Ops: "bn fwd" / "bn bwd"; "relu bwd" the fused batch norm + ReLU backward (PyTorch: its
+           ReLU backward kernel + its batch-norm backward, timed as relu(bn(x)) forward + backward less that
+           forward: the models' steps run this pair, and run 1's profile counted only PyTorch's batch-norm kernels
+           beside our fused one).  V2/torch < 1: V2 is faster.  %copy: the op's compulsory traffic (forward read
+           x, write y; backward read x, dy, write dx; relu bwd also y) over the time, against a 256 MiB device
+           copy measured in the same run.
   phases   V2's one-launch kernels built with STOP=1 (return after the reduction pass and the block's partial) and
            STOP=2 (return after the meeting): reduction / meeting / elementwise pass by difference, per shape.
   per step the models' sum over their batch-norm layers (ResNet-20 b128: 7 layers at each of C = 16 @ 32x32,
            32 @ 16x16, 64 @ 8x8; MobileNet-small b128: 9 layers) of forward + backward kernel time, beside
-           PyTorch's, to hold against run 1's profile (bnc_fwd1 + bnc_bwd1 against PyTorch's four kernels).
+           PyTorch's (in parentheses: forward + the ReLU-fused backward, PyTorch's ReLU backward included), to hold
+           against run 1's profile (bnc_fwd1 + bnc_bwd1 against PyTorch's four batch-norm kernels).
   primitive  per call through the backend primitive (batch_normalization_forward_training / _backward on a
            channels-last CuPy array), eager back-to-back calls timed by CUDA events: host work included (the
            eager step is host-bound: V2 must not cost more here), F.batch_norm eager beside it.
-Expected device time on an H100: about 90 s (NVRTC compiles 20 kernels: 2 dtypes x fwd/bwd/relu-bwd x V1/V2 plus
-the 8 phase builds).  PyTorch is imported here only (the yardstick).
+Expected device time on an H100: about 100 s (NVRTC compiles 28 kernels: 2 dtypes x fwd/bwd/relu-bwd x V1/V2, the
+two-launch route's 4 kernels per dtype, the 8 phase builds).  PyTorch is imported here only (the yardstick).
 """
 from __future__ import annotations
 
@@ -199,10 +203,15 @@ class Case:
         return F.batch_norm(self.xt.detach(), self.rmt, self.rvt, self.wt.detach(), self.bt.detach(), True, 0.1,
                             1e-5)
 
-    def t_both(self):
+    def t_both(self, relu=False):
         F = self.torch.nn.functional
         y = F.batch_norm(self.xt, self.rmt, self.rvt, self.wt, self.bt, True, 0.1, 1e-5)
+        if relu:
+            y = F.relu(y)
         return self.torch.autograd.grad(y, (self.xt, self.wt, self.bt), self.dyt)
+
+    def t_fwd_relu(self):
+        return self.torch.nn.functional.relu(self.t_fwd())
 
     # the primitives (host work included)
     def p_fwd(self):
@@ -239,7 +248,8 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     kern = {}          # (shape, dtype, op) -> {"V1": ms, "V2": ms, "torch": ms}
     print("\n== kernel: ms per call, CUDA graph of back-to-back calls (%copy of the compulsory traffic)")
-    head = (f"{'shape':>16} {'dtype':>8} {'op':>8} | {'V1':>14} | {'V2':>14} | {'torch':>14} | V2/V1  V2/torch")
+    head = (f"{'shape':>16} {'dtype':>8} {'op':>8} | {'V1':>14} | {'V2':>14} | {'V2-two':>14} | {'torch':>14} | "
+            "V2/V1  V2/torch")
     print(head)
     print("-" * len(head))
     cases = {}
@@ -252,12 +262,21 @@ def main(argv=None):
             if torch is not None:
                 tt["bn fwd"] = torch_graph_time(torch, case.t_fwd, calls, args.replays)
                 tt["bn bwd"] = torch_graph_time(torch, case.t_both, calls, args.replays) - tt["bn fwd"]
+                # its ReLU backward (threshold_backward) + batch-norm backward: what our fused backward does
+                tt["relu bwd"] = (torch_graph_time(torch, lambda: case.t_both(True), calls, args.replays)
+                                  - torch_graph_time(torch, case.t_fwd_relu, calls, args.replays))
             for op, nbytes in (("bn fwd", 2 * e), ("bn bwd", 3 * e), ("relu bwd", 4 * e)):
                 res = {}
-                for label, on in (("V1", False), ("V2", True)):
+                for label, on, route in (("V1", False, "one"), ("V2", True, "one"), ("V2-two", True, "two")):
+                    if label == "V2-two" and op == "relu bwd":
+                        continue
                     _set_v2(on)
-                    fn = case.fwd if op == "bn fwd" else case.bwd_fn(op == "relu bwd")
-                    res[label] = graph_time(cp, fn, calls, args.replays)
+                    saved_route, M.ROUTE = M.ROUTE, route
+                    try:
+                        fn = case.fwd if op == "bn fwd" else case.bwd_fn(op == "relu bwd")
+                        res[label] = graph_time(cp, fn, calls, args.replays)
+                    finally:
+                        M.ROUTE = saved_route
                 if op in tt:
                     res["torch"] = tt[op]
                 kern[shape, name, op] = res
@@ -269,13 +288,13 @@ def main(argv=None):
                 r1 = res["V2"] / res["V1"]
                 rt = f"{res['V2'] / res['torch']:6.2f}" if "torch" in res else "     -"
                 print(f"{'x'.join(map(str, shape)):>16} {name:>8} {op:>8} | {cell(res['V1'])} | {cell(res['V2'])} | "
-                      f"{cell(res.get('torch'))} | {r1:5.2f}  {rt}", flush=True)
+                      f"{cell(res.get('V2-two'))} | {cell(res.get('torch'))} | {r1:5.2f}  {rt}", flush=True)
     _set_v2(True)
 
     print("\n== per step: sum over the models' batch-norm layers of bn fwd + bn bwd (relu bwd in parentheses), us")
     for model, col in (("ResNet-20 b128", 0), ("MobileNet-small b128", 1)):
         for name in args.dtypes.split(","):
-            tot = {"V1": 0.0, "V2": 0.0, "torch": 0.0, "V1r": 0.0, "V2r": 0.0}
+            tot = {"V1": 0.0, "V2": 0.0, "torch": 0.0, "V1r": 0.0, "V2r": 0.0, "torchr": 0.0}
             missing = False
             for shape, counts in MODEL_SHAPES.items():
                 n = counts[col]
@@ -289,11 +308,12 @@ def main(argv=None):
                     tot[k] += n * (f[k] + b[k]) * 1e3
                     tot[k + "r"] += n * (f[k] + r[k]) * 1e3
                 tot["torch"] += n * (f.get("torch", 0) + b.get("torch", 0)) * 1e3
+                tot["torchr"] += n * (f.get("torch", 0) + r.get("torch", 0)) * 1e3
             if missing:
                 print(f"  {model} {name}: shapes missing from --shapes")
                 continue
             print(f"  {model:>21} {name:>8}: V1 {tot['V1']:7.0f} ({tot['V1r']:5.0f})  V2 {tot['V2']:7.0f} "
-                  f"({tot['V2r']:5.0f})  torch {tot['torch']:7.0f}")
+                  f"({tot['V2r']:5.0f})  torch {tot['torch']:7.0f} ({tot['torchr']:5.0f})")
 
     if not args.no_phases:
         print("\n== phases of V2's one-launch kernels, us per call (graph): reduction | + meeting | + elementwise")
