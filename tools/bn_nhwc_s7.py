@@ -17,7 +17,9 @@ Tables (ms per call unless said):
            x, write y; backward read x, dy, write dx; relu bwd also y) over the time, against a 256 MiB device
            copy measured in the same run.
   phases   V2's one-launch kernels built with STOP=1 (return after the reduction pass and the block's partial) and
-           STOP=2 (return after the meeting): reduction / meeting / elementwise pass by difference, per shape.
+           STOP=2 (return after the meeting): reduction / meeting / elementwise pass by difference, per shape
+           (the compiler may drop the on-chip copy's shared stores from the STOP=1 build, nothing reading them:
+           the reduction figure can be a little low).
   per step the models' sum over their batch-norm layers (ResNet-20 b128: 7 layers at each of C = 16 @ 32x32,
            32 @ 16x16, 64 @ 8x8; MobileNet-small b128: 9 layers) of forward + backward kernel time, beside
            PyTorch's (in parentheses: forward + the ReLU-fused backward, PyTorch's ReLU backward included), to hold
