@@ -13,6 +13,8 @@ x - max - log(sum(exp(x - max))).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ._common import SeenCalls, begin, blend, check_float, check_out, check_same, parse_enum, seen_plan
@@ -124,8 +126,8 @@ _SEEN = SeenCalls()
 
 
 def _gpu_key(kind, handle, algo, mode, format, axis, alpha, beta, out, x, dy):
-    if out is not None or not is_cuda_array(x):
-        return None
+    if out is not None or not is_cuda_array(x) or not (axis is None or type(axis) is int):
+        return None             # (an axis 1.0 or (1,) hashes like 1 but the checks read its type: full path)
     try:
         key = (kind, None if handle is None else handle.device, algo, mode, format, axis, alpha, beta,
                (x.shape, x.dtype, x.strides, x.data.device_id),
@@ -200,10 +202,15 @@ def softmax_cross_entropy_forward(handle, x, target, weight=None, ignore_index=-
                                   reduction="mean"):
     """-> (loss, lse, denom): the cross-entropy of logits x against class indices (PyTorch's F.cross_entropy),
     the rows' log-sum-exp and the 'mean' denominator, both for softmax_cross_entropy_backward."""
+    key, seen = seen_plan(_CE_SEEN, _ce_key("fwd", handle, x, target, weight, ignore_index, label_smoothing,
+                                            reduction, ()))
+    if seen is not None:        # this exact call validated before: straight to the kernel
+        return loss_kernels.forward(x, target, weight, seen[0], seen[1], reduction)
     where = "softmax_cross_entropy_forward"
     xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction)
     eps = float(label_smoothing)
     if x.size and (fast := _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction)) is not None:
+        _CE_SEEN.remember(key, (int(ignore_index), eps))
         return fast
     c = x.shape[1]
     t, valid, wt, w = _ce_targets(xp, x, target, weight, ignore_index, where)
@@ -231,6 +238,10 @@ def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=
                                    label_smoothing=0.0, reduction="mean"):
     """dx = (softmax(x) * sum_c q_c - q_c) * g with g = dloss (/ denom for 'mean'); ignored rows get 0, also when
     every row is ignored (g is then inf or NaN)."""
+    key, seen = seen_plan(_CE_SEEN, _ce_key("bwd", handle, x, target, weight, ignore_index, label_smoothing,
+                                            reduction, (dloss, lse, denom)))
+    if seen is not None:        # this exact call validated before: straight to the kernel
+        return loss_kernels.backward(x, target, weight, lse, denom, dloss, seen[0], seen[1], reduction)
     where = "softmax_cross_entropy_backward"
     xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, dloss=dloss, lse=lse,
                       denom=denom)
@@ -242,6 +253,7 @@ def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=
     eps = float(label_smoothing)
     if x.size and (fast := _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps,
                                              reduction)) is not None:
+        _CE_SEEN.remember(key, (int(ignore_index), eps))
         return fast
     c = x.shape[1]
     t, valid, wt, w = _ce_targets(xp, x, target, weight, ignore_index, where)
@@ -255,6 +267,33 @@ def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=
         g = xp.expand_dims(g, 1) if reduction == "none" else (g / denom if reduction == "mean" else g)
         qg = xp.where(q != 0, q * g, 0).astype(x.dtype, copy=False)
     return (xp.exp(x - xp.expand_dims(lse, 1)) * qg.sum(axis=1, keepdims=True) - qg).astype(x.dtype, copy=False)
+
+
+# Cross-entropy calls the kernels took, by their full signature: the direction, the handle's device (None: x's
+# default handle), ignore_index, label_smoothing, reduction and every array's shape, dtype, strides and device (x,
+# target, weight, and backward's dloss, lse, denom) -> (int(ignore_index), float(label_smoothing)).  The same call
+# again skips _ce_prologue's checks and the kernels' support test (which it would pass again: they read only these)
+# and goes to loss_kernels with its own plan.  docs/host_overhead.md round 18.  Switch: SEEN_ON[0] = False (or
+# MINIDNN_CE_SEEN=0 at import): every call takes the full path.  Softmax's _SEEN above has no switch (round 6).
+_CE_SEEN = SeenCalls()
+SEEN_ON = [os.environ.get("MINIDNN_CE_SEEN", "1") != "0"]
+
+
+def _ce_key(kind, handle, x, target, weight, ignore_index, label_smoothing, reduction, others):
+    """None (not cached) unless x is a CuPy array, ignore_index an int, label_smoothing a float or an int (0.5 + 0j
+    or 1.0 for ignore_index hash like them but fail or pass the checks differently) and every array a CuPy one."""
+    if not SEEN_ON[0] or type(ignore_index) is not int or not (type(label_smoothing) is float
+                                                                or type(label_smoothing) is int) \
+            or not is_cuda_array(x):
+        return None
+    try:
+        return (kind, None if handle is None else handle.device, ignore_index, label_smoothing, reduction,
+                (x.shape, x.dtype, x.strides, x.data.device_id),
+                (target.shape, target.dtype, target.strides, target.data.device_id),
+                None if weight is None else (weight.shape, weight.dtype, weight.strides, weight.data.device_id),
+                *[(a.shape, a.dtype, a.strides, a.data.device_id) for a in others])
+    except AttributeError:
+        return None
 
 
 def _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction):
