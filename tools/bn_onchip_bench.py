@@ -4,27 +4,17 @@
                                                   [--dtypes float32,bfloat16] [--layouts nchw,nhwc]
                                                   [--shares 0.3,1.5] [--calls 50] [--large-calls 10] [--replays 7]
                                                   [--bwd-shares 0.85] [--cl-rounds] [--nhwc-sweep] [--plans]
-                                                  [--eager] [--pipe] [--no-off] [--min-vecs 4,2]
-    Session 7's NCHW A/B (pipelined kernels vs bn_fwd1 / bn_bwd1 vs PyTorch; the large tensor and ResNet-20's
-    shapes; about 2-3 minutes of device time on an H100, NVRTC compiles most of it):
-    PYTHONPATH=. python3 tools/bn_onchip_bench.py --pipe --no-off --plans --layouts nchw --shares "" --bwd-shares ""
-                     --min-vecs 4,2 --shapes 128x64x56x56,128x16x32x32,128x32x16x16,128x64x8x8     (one line)
+                                                  [--eager]
 
 Per (shape, dtype, layout, op) one row, ms per call (GB/s of compulsory traffic, % of copy):
   onchip       the default: bn_kernels.bn_fwd1 / bn_bwd1 (NCHW) or bn_nhwc.bnc_fwd1 / bnc_bwd1 (channels-last) with the
                on-chip copy (MINIDNN_BN_ONCHIP=1), NCHW rounds sized by shared memory + _ROUND_SHARE_ONCHIP of L2;
-               NCHW data past half a round: the pipelined bn_fwd1p / bn_bwd1p (MINIDNN_BN_PIPE=1, two tiles in flight
-               per block, the meetings behind the next set's reads);
-  pipe0        --pipe, NCHW only: bn_kernels.PIPE off (MINIDNN_BN_PIPE=0): bn_fwd1 / bn_bwd1 with the copy, the A/B
-               of session 7 (equal to onchip where the data fit one set: ResNet-20's shapes);
-  mv=<v>       --min-vecs, NCHW only: bn_kernels.MIN_VECS = v (MINIDNN_BN_MIN_VECS, default 8): a thread's slice holds
-               at least v vectors, so small tensors split a channel over more blocks (no new kernel: no compile);
   L2=<s>       NCHW only: the same with _ROUND_SHARE_ONCHIP = s (MINIDNN_BN_L2_SHARE), to choose the default;
   bL2=<s>      NCHW backward only: the backward's own share (_ROUND_SHARE_ONCHIP_BWD, MINIDNN_BN_L2_SHARE_BWD; 0.85
                gives the large float32 backward 3 rounds over the whole grid instead of 4 over 256 of 264 blocks);
   clr          --cl-rounds, channels-last only: bn_kernels.CL_ROUNDS (MINIDNN_BN_CL_ROUNDS=1): rows in rounds of
                channel tiles through bn_fwd1 / bn_bwd1 with the on-chip copy instead of bn_nhwc's one round;
-  off          MINIDNN_BN_ONCHIP=0: the kernels before the copy (session 6's A/B; --no-off leaves it out);
+  off          MINIDNN_BN_ONCHIP=0: the kernels before the copy (the A/B);
   --nhwc-sweep channels-last only, beside the default (one launch, 2 blocks per SM, UNROLL 4, the copy): "two" (the
                two-launch route), "bps1" (1 block per SM: twice the slots a block, 255 registers), "u2" (UNROLL 2 row
                groups in flight), "bps1u8" (1 block per SM, UNROLL 8) -- bn_nhwc's module settings, so one GPU run
@@ -68,17 +58,10 @@ NHWC_SWEEP = [("two", {"ROUTE": "two"}), ("bps1", {"BPS": 1}), ("u2", {"UNROLL":
 _NHWC_DEFAULTS = {k: getattr(M, k) for k in ("ROUTE", "BPS", "UNROLL")}
 
 
-_PIPE_DEFAULT, _MIN_VECS_DEFAULT = K.PIPE, K.MIN_VECS
-
-
-def _setting(onchip, share, nhwc=None, bwd_share=None, cl_rounds=False, pipe=_PIPE_DEFAULT,
-             min_vecs=_MIN_VECS_DEFAULT):
-    """Switch the copy on/off, the NCHW round share, the pipelined NCHW kernels, the smallest NCHW slice and bn_nhwc's
-    settings (``nhwc``: a dict over its defaults), and drop every settled call and bn_nhwc kernel made under other
-    settings."""
+def _setting(onchip, share, nhwc=None, bwd_share=None, cl_rounds=False):
+    """Switch the copy on/off, the NCHW round share and bn_nhwc's settings (``nhwc``: a dict over its defaults), and
+    drop every settled call and bn_nhwc kernel made under other settings."""
     K.ONCHIP = M.ONCHIP = onchip
-    K.PIPE = pipe
-    K.MIN_VECS = min_vecs
     K._ROUND_SHARE_ONCHIP = share
     K._ROUND_SHARE_ONCHIP_BWD = bwd_share
     K.CL_ROUNDS = cl_rounds
@@ -117,9 +100,6 @@ def main(argv=None):
     ap.add_argument("--cl-rounds", action="store_true")
     ap.add_argument("--plans", action="store_true")
     ap.add_argument("--eager", action="store_true")
-    ap.add_argument("--pipe", action="store_true", help="add the pipe0 column (MINIDNN_BN_PIPE=0), NCHW")
-    ap.add_argument("--no-off", action="store_true", help="leave out the off column (MINIDNN_BN_ONCHIP=0)")
-    ap.add_argument("--min-vecs", default="", help="NCHW columns mv=<v>: bn_kernels.MIN_VECS = v (default 8)")
     args = ap.parse_args(argv)
     cp = _dev.require_cupy()
     try:
@@ -136,15 +116,12 @@ def main(argv=None):
     shares = [float(s) for s in args.shares.split(",") if s]
     dev = cp.cuda.Device()
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy bandwidth {bw:.0f} GB/s; "
-          f"smem per SM / block {M.smem_limits(dev.id)}; default L2 share {default_share}; pipelined NCHW "
-          f"{'on' if _PIPE_DEFAULT else 'off'}")
+          f"smem per SM / block {M.smem_limits(dev.id)}; default L2 share {default_share}")
     print("# ms per call (GB/s of compulsory traffic, % of copy); vs torch = torch / onchip (> 1: ours faster)")
     variants = [("onchip", True, default_share, None)] + [(f"L2={s}", True, s, None) for s in shares] + \
         [(f"bL2={s}", True, default_share, None) for s in args.bwd_shares.split(",") if s] + \
         ([("clr", True, default_share, None)] if args.cl_rounds else []) + \
-        ([("pipe0", True, default_share, None)] if args.pipe else []) + \
-        [(f"mv={v}", True, default_share, None) for v in args.min_vecs.split(",") if v] + \
-        ([] if args.no_off else [("off", False, default_share, None)])
+        [("off", False, default_share, None)]
     if args.nhwc_sweep:
         variants += [(label, True, default_share, over) for label, over in NHWC_SWEEP]
     head = f"{'shape':>14} {'dtype':>8} {'lay':>4} {'op':>8} | " + " | ".join(f"{v[0]:>22}" for v in variants) + \
@@ -197,12 +174,10 @@ def main(argv=None):
                     res = {}
                     for label, onchip, share, over in variants:
                         bwd_only = label.startswith("bL2=")
-                        if (label.startswith(("L2=", "bL2=", "mv=")) or label == "pipe0") and layout != "nchw" \
+                        if (label.startswith(("L2=", "bL2=")) and layout != "nchw") \
                                 or ((over or label == "clr") and layout != "nhwc") or (bwd_only and not backward):
                             continue
-                        _setting(onchip, share, over, float(label[4:]) if bwd_only else default_bwd, label == "clr",
-                                 _PIPE_DEFAULT and label != "pipe0",
-                                 int(label[3:]) if label.startswith("mv=") else _MIN_VECS_DEFAULT)
+                        _setting(onchip, share, over, float(label[4:]) if bwd_only else default_bwd, label == "clr")
                         y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                         if backward:
                             def fn():
@@ -211,8 +186,7 @@ def main(argv=None):
                             def fn():
                                 return K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                         res[label] = timer.ours(fn, calls)
-                        if args.plans and (label in ("onchip", "pipe0") or label.startswith("mv=") or bwd_only) \
-                                and layout == "nchw":
+                        if args.plans and (label == "onchip" or bwd_only) and layout == "nchw":
                             call = K.backward_call(xg, dyg, sg, m, y if relu else None, kind == "add") if backward \
                                 else K.training_call(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z, relu)
                             geo = K.onepass_plan(shape[0], c, int(np.prod(shape[2:])), dt.itemsize, backward, dev.id)

@@ -185,8 +185,7 @@ def test_the_large_float32_tensor_rounds():
 
 def test_the_backward_share_moves_only_the_backward(monkeypatch):
     # MINIDNN_BN_L2_SHARE_BWD: the backward's rounds by its own share (x and dy a round), the forward's unmoved;
-    # 0.85 gives the large float32 backward 3 rounds of 22 channels over all 264 resident blocks (bn_bwd1: PIPE off)
-    monkeypatch.setattr(K, "PIPE", False)
+    # 0.85 gives the large float32 backward 3 rounds of 22 channels over all 264 resident blocks
     monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP", 0.5)
     monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP_BWD", None)
     f0, b0 = K.onepass_plan(128, 64, 3136, 4, False), K.onepass_plan(128, 64, 3136, 4, True)
@@ -233,7 +232,7 @@ def test_the_small_cnn_bfloat16_plan_is_the_float32_one_of_the_same_bytes():
     f32 = K.onepass_plan(128, 16, 1024, 4, True)
     assert {k: bf[k] for k in ("tiles", "per", "grid", "rounds", "ks", "dyn")} == \
         {k: f32[k] for k in ("tiles", "per", "grid", "rounds", "ks", "dyn")}
-    assert bf == dict(vec=8, tiles=16, per=16, grid=256, rounds=1, ks=8, dyn=65536, pipe=False)
+    assert bf == dict(vec=8, tiles=16, per=16, grid=256, rounds=1, ks=8, dyn=65536)
     assert bf["grid"] <= 132 * K.ONEPASS_BPS
     assert bf["ks"] * 256 * bf["vec"] * bf["per"] >= 256 * 1024      # the whole channel in shared memory
     assert K.onepass_plan(256, 16, 1024, 2, False)["rounds"] == 1
@@ -299,9 +298,8 @@ for shape in ((128, 16, 32, 32), (256, 16, 32, 32), (4, 64, 56, 56), (3, 40, 13,
     for (name, dims, full, p), bwd in zip(names[n0:], (False, True)):
         want = K.onepass_plan(shape[0], c, int(np.prod(shape[2:])), 4, bwd, 0)
         assert (dims[0], dims[6]) == (want["grid"], want["dyn"]), (shape, name, dims, want)
-# the backward's own L2 share (3 rounds over the whole grid where the default takes 4 over 256 blocks; bn_bwd1)
+# the backward's own L2 share (3 rounds over the whole grid where the default takes 4 over 256 blocks)
 K._ROUND_SHARE_ONCHIP_BWD = 0.85
-K.PIPE = False
 x = fakecp.asarray(np.ones((128, 64, 56, 56), np.float32))
 sc = fakecp.asarray(np.ones(64, np.float32))
 m, i = fakecp.asarray(np.zeros(64, np.float32)), fakecp.asarray(np.ones(64, np.float32))
@@ -577,7 +575,6 @@ def test_backward_share_three_rounds_against_the_float64_reference(cp, cap, monk
     # the bench's bL2=0.85 candidate: (128, 64, 56, 56) float32 backward in 3 rounds of 22, 22 and 20 channels over
     # the whole grid (an H100: 264 blocks, 12 a channel); the forward keeps its default rounds
     monkeypatch.setattr(K, "_ROUND_SHARE_ONCHIP_BWD", 0.85)
-    monkeypatch.setattr(K, "PIPE", False)
     cap(None)
     shape = (128, 64, 56, 56)
     plan = K.onepass_plan(128, 64, 3136, 4, True, cp.cuda.Device().id)

@@ -332,7 +332,7 @@ bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y
 # shared memory plus _ROUND_SHARE_ONCHIP (0.5) of L2.  (128, 64, 56, 56) float32 on an H100: forward 2 rounds of 32
 # channels, backward 4 rounds of 16; measured 0.094 ms (74% of copy) and 0.147 ms (71%); with 0.3 of L2 (3 and 5
 # rounds) 0.101 / 0.155, without the copy 0.112 / 0.175.)
-ONEPASS_COMMON = STORAGE_HEADER + r"""
+ONEPASS_SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;
 __device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
 {
@@ -494,13 +494,10 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 // fixed-order tree over q: the same order whichever block is last, so the result is bitwise repeatable), calls
 // fin(k, t1, t2) on row q == 0 and raises the tile's flag; the others wait for the flag.  sync[3t..3t+2]: arrivals,
 // flag, departures (reset by the last block to leave: see depart()).  All `per` blocks of a tile are resident at
-// once (the grid never exceeds the resident blocks), so the wait ends.  arrive() is the part before the wait (true
-// in the last block, which has raised the flag); await_flag() the wait (the pipelined kernels split them).  peek >= 0
-// (pipelined kernels): thread 0 also reads tile peek's flag into `seen` beside the ticket's atomic -- both L2 round
-// trips at once -- and await_flag(.., seen) skips the poll where it was raised already (the fence still follows).
+// once (the grid never exceeds the resident blocks), so the wait ends.
 template <class Fin>
-__device__ __forceinline__ bool arrive(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
-                                       int per, int C, A (*sm)[TW][2], Fin fin, int peek, unsigned int& seen)
+__device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
+                                     int per, int C, A (*sm)[TW][2], Fin fin)
 {
     __shared__ double sd[256][2];
     __shared__ bool last;
@@ -515,53 +512,37 @@ __device__ __forceinline__ bool arrive(A (&v)[NCH][2], A* __restrict__ partial, 
     }
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned int r = atomicAdd(sync + 3 * t, 1u);
-        if (peek >= 0) seen = *(volatile unsigned int*)(sync + 3 * peek + 1);
-        last = r == (unsigned int)per - 1;
-    }
+    if (threadIdx.x == 0) last = atomicAdd(sync + 3 * t, 1u) == (unsigned int)per - 1;
     __syncthreads();
-    if (!last) return false;
-    __threadfence();
-    const int k = threadIdx.x % TW, q = threadIdx.x / TW, rq = 256 / TW;
-    const int c = t * TW + k;
-    double a1 = 0, a2 = 0;
-    if (c < C) {
-        const A* p = partial + (long long)c * per * 2;
-        for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
-    }
-    sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
-    __syncthreads();
-    for (int h = rq / 2; h > 0; h >>= 1) {
-        if (q < h) {
-            sd[threadIdx.x][0] += sd[threadIdx.x + h * TW][0];
-            sd[threadIdx.x][1] += sd[threadIdx.x + h * TW][1];
+    if (last) {
+        __threadfence();
+        const int k = threadIdx.x % TW, q = threadIdx.x / TW, rq = 256 / TW;
+        const int c = t * TW + k;
+        double a1 = 0, a2 = 0;
+        if (c < C) {
+            const A* p = partial + (long long)c * per * 2;
+            for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
+        }
+        sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
+        __syncthreads();
+        for (int h = rq / 2; h > 0; h >>= 1) {
+            if (q < h) {
+                sd[threadIdx.x][0] += sd[threadIdx.x + h * TW][0];
+                sd[threadIdx.x][1] += sd[threadIdx.x + h * TW][1];
+            }
+            __syncthreads();
+        }
+        if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicExch(sync + 3 * t + 1, 1u);
+    } else {
+        if (threadIdx.x == 0) {
+            while (*(volatile unsigned int*)(sync + 3 * t + 1) == 0u) __nanosleep(64);
+            __threadfence();
         }
         __syncthreads();
     }
-    if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicExch(sync + 3 * t + 1, 1u);
-    return true;
-}
-
-__device__ __forceinline__ void await_flag(unsigned int* sync, int t, unsigned int seen = 0u)
-{
-    if (threadIdx.x == 0) {
-        if (seen == 0u)
-            while (*(volatile unsigned int*)(sync + 3 * t + 1) == 0u) __nanosleep(64);
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-template <class Fin>
-__device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
-                                     int per, int C, A (*sm)[TW][2], Fin fin)
-{
-    unsigned int seen = 0u;
-    if (!arrive(v, partial, sync, t, s, per, C, sm, fin, -1, seen)) await_flag(sync, t);
 }
 
 // After every thread has read the tile's statistics: the last block of the tile to leave resets its counters
@@ -576,8 +557,7 @@ __device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
 
 // channel of lane e of the thread's vector (channels-last: consecutive channels; NCHW: the tile's one channel)
 #define LANE_CH(e) (INNER1 ? (e) : 0)
-"""
-ONEPASS_SOURCE = ONEPASS_COMMON + r"""
+
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
         unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
@@ -841,241 +821,6 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
 }
 """
 
-# The pipelined one-pass kernels (bn_fwd1p, bn_bwd1p: PIPE, MINIDNN_BN_PIPE, NCHW with the on-chip copy).  bn_fwd1 /
-# bn_bwd1 run each round as read -> meet -> write, and every block of the grid meets at about the same time, so DRAM
-# idles through each meeting (the partials' fence, the ticket, the last block's sum and fence, the flag, the pollers'
-# fence, the statistics' load: some 5-6 L2 round trips) and through the drain and refill around it: ~6 us a round on
-# an H100 (session 6's rounds: 0.3 vs 0.5 of L2 and the copy off/on fit T = 4 us + 6.6 us x rounds + bytes / 2.66 TB/s).
-# Here a block keeps two tiles in flight: it reads tile t_k (its statistics pass, the first ks vectors into half
-# k & 1 of its dynamic shared memory), arrives at t_k's meeting without waiting, then waits for t_{k-1} -- whose
-# meeting ran while it read t_k -- and writes t_{k-1}.  A block's tiles: blockIdx.x / per, + gridDim.x / per, ...
-# (the rounds of bn_fwd1, here called sets); the host sizes a set by HALF the budget of a bn_fwd1 round (shared
-# memory and the L2 share: two sets in flight) and gives each tile ks = half the slots, so a round's bytes are the
-# same and the meeting is off the critical path.  Deadlock-free: a block arrives at t_k before it waits on t_{k-1},
-# every block of a tile reaches that tile at the same k, and the grid is resident.  Same sums in the same order as
-# bn_fwd1 / bn_bwd1 at the same (tiles, per, ks) split.  NCHW only (INNER1 0), CACHE 1.
-PIPE_SOURCE = ONEPASS_COMMON + r"""
-#if INNER1 || !CACHE
-#error "the pipelined kernels are NCHW kernels with the on-chip copy"
-#endif
-
-extern "C" __global__ void __launch_bounds__(256, BPS)
-bn_fwd1p(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
-         unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
-         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter,
-         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
-         const unsigned int iv_shr, const int tiles, const int per, const double factor, const double eps,
-         const int has_running, const int has_counter, const int ks)
-{
-    __shared__ A sm[RW][TW][2];
-    const int step = gridDim.x / per, s = blockIdx.x % per;
-    auto fin = [&](int c, double t1, double t2) {
-        const double m = (double)outer * inner;
-        const double md = t1 / m;
-        const double var = fmax(t2 / m - md * md, 0.0);
-        const double mean = (double)LD(x[(long long)c * inner]) + md;
-        mean_out[c] = (A)mean;
-        inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
-        if (has_running) {
-            running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
-            running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
-        }
-        if (has_counter && c == 0) counter[0] += 1;     // BatchNorm's num_batches_tracked, once per call
-    };
-    int tp = -1, h = 0;                 // the tile waiting for its statistics, the cache half of the next tile
-    for (int t = blockIdx.x / per; ; t += step) {
-        const bool have = t < tiles;
-        unsigned int seen = 0u;         // tp's flag as thread 0 saw it at tile t's arrival (0: poll)
-        if (have) {                     // statistics pass over tile t: sums, the first ks vectors into half h
-            const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
-            VT* cache = cache_sm + h * ks * 256;
-            const A kshift = LD(x[sl.base]);                    // shift: the channel's first element
-            A v[1][2] = {{0, 0}};
-            const int n = slice_len(sl), kc = min(ks, n);
-            seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, true, 0, n,
-                            [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
-                Pack p[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    if (k[u] < kc) cache[k[u] * 256 + threadIdx.x] = p[u].raw;
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        const A d = LD(p[u].v[e]) - kshift;
-                        v[0][0] += d; v[0][1] += d * d;
-                    }
-                }
-            });
-            arrive(v, partial, sync, t, s, per, C, sm, fin, tp, seen);      // and peek at tp's flag
-        }
-        if (tp >= 0) {                  // elementwise pass over tile tp (its meeting ran during tile t's pass)
-            await_flag(sync, tp, seen);
-            const Slice sl = slice_of(tp, s, per, outer, C, inner, iv);
-            const VT* cache = cache_sm + (h ^ 1) * ks * 256;
-            const int n = slice_len(sl), kc = min(ks, n);
-            const A mu = __ldcg(mean_out + tp), inv = __ldcg(inv_std_out + tp);
-            const A kk = HAS_SCALE ? inv * (A)scale[tp] : inv;
-            const A bb = HAS_BIAS ? (A)bias[tp] : (A)0;
-            depart(sync, tp, per);
-            auto out = [&](const long long (&off)[UNROLL], const Pack (&p)[UNROLL]) {
-                Pack q[UNROLL];
-                if (HAS_Z) {
-#pragma unroll
-                    for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) q[u] = ld2(z + off[u]);
-                }
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    Pack o;
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        A w = (LD(p[u].v[e]) - mu) * kk;
-                        if (HAS_BIAS) w += bb;
-                        if (HAS_Z) w += LD(q[u].v[e]);
-#if RELU
-                        w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
-#endif
-                        o.v[e] = ST(w);
-                    }
-                    st2(y + off[u], o);
-                }
-            };
-            seq_walk<true>(sl, C, inner, iv, iv_mul, iv_shr, true, kc, n,
-                           [&](const long long (&off)[UNROLL], const int (&)[UNROLL]) {
-                Pack p[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld2(x + off[u]);
-                out(off, p);
-            });
-            seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, true, 0, kc,
-                            [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
-                Pack p[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u].raw = cache[k[u] * 256 + threadIdx.x];
-                out(off, p);
-            });
-        }
-        if (!have) break;
-        tp = t;
-        h ^= 1;
-    }
-}
-
-// The backward with two tiles in flight (see above); the cache half of a tile holds x and the masked g, slot (k, a)
-// of thread tid at [(2k + a) * 256 + tid] as in bn_bwd1.
-extern "C" __global__ void __launch_bounds__(256, BPS)
-bn_bwd1p(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
-         const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* sync, A* __restrict__ coef,
-         P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
-         T* __restrict__ dz, const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
-         const unsigned int iv_shr, const int tiles, const int per, const int ks)
-{
-    __shared__ A sm[RW][TW][2];
-    const int step = gridDim.x / per, s = blockIdx.x % per;
-    auto fin = [&](int c, double t1, double t2) {
-        const double m = (double)outer * inner;
-        coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
-#if HAS_SCALE
-        dbias[c] = (P)t1; dscale[c] = (P)t2;
-#endif
-    };
-    int tp = -1, h = 0;
-    for (int t = blockIdx.x / per; ; t += step) {
-        const bool have = t < tiles;
-        unsigned int seen = 0u;
-        if (have) {                     // reduction pass over tile t: sum(g), sum(g * xhat); x and g into half h
-            const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
-            VT* cache = cache_sm + h * ks * 2 * 256;
-            const A mu = mean[t], is = inv_std[t];
-            A v[1][2] = {{0, 0}};
-            const int n = slice_len(sl), kc = min(ks, n);
-            seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, true, 0, n,
-                            [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
-                Pack p[UNROLL], g[UNROLL], r[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    g[u] = ld1(dy + off[u]); p[u] = ld1(x + off[u]);
-                    if (RELU) r[u] = ld1(y + off[u]);
-                }
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        A gv = LD(g[u].v[e]);
-                        if (RELU && LD(r[u].v[e]) <= (A)0) { gv = 0; g[u].v[e] = ST((A)0); }
-                        v[0][0] += gv;
-                        v[0][1] += gv * ((LD(p[u].v[e]) - mu) * is);
-                    }
-                    if (k[u] < kc) {
-                        cache[(2 * k[u]) * 256 + threadIdx.x] = p[u].raw;
-                        cache[(2 * k[u] + 1) * 256 + threadIdx.x] = g[u].raw;
-                    }
-                }
-            });
-            arrive(v, partial, sync, t, s, per, C, sm, fin, tp, seen);      // and peek at tp's flag
-        }
-        if (tp >= 0) {                  // dx (and dz) of tile tp
-            await_flag(sync, tp, seen);
-            const Slice sl = slice_of(tp, s, per, outer, C, inner, iv);
-            const VT* cache = cache_sm + (h ^ 1) * ks * 2 * 256;
-            const int n = slice_len(sl), kc = min(ks, n);
-            const A mu = mean[tp], is = inv_std[tp];
-            const A c0 = __ldcg(coef + 2 * tp), c1 = __ldcg(coef + 2 * tp + 1);
-            const A kk = HAS_SCALE ? is * (A)scale[tp] : is;
-            depart(sync, tp, per);
-            // mask: g = dy masked by y > 0 here (read from memory); else g is masked already (the on-chip copy)
-            auto out = [&](const long long (&off)[UNROLL], const Pack (&p)[UNROLL], const Pack (&g)[UNROLL],
-                           const Pack (&r)[UNROLL], bool mask) {
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    Pack o, oz;
-#pragma unroll
-                    for (int e = 0; e < VEC; ++e) {
-                        A gv = LD(g[u].v[e]);
-                        if (RELU && mask && LD(r[u].v[e]) <= (A)0) gv = 0;
-                        const A xhat = (LD(p[u].v[e]) - mu) * is;
-                        o.v[e] = ST(kk * (gv - c0 - xhat * c1));
-                        if (HAS_Z) oz.v[e] = ST(gv);
-                    }
-                    st2(dx + off[u], o);
-                    if (HAS_Z) st2(dz + off[u], oz);
-                }
-            };
-            seq_walk<true>(sl, C, inner, iv, iv_mul, iv_shr, true, kc, n,
-                           [&](const long long (&off)[UNROLL], const int (&)[UNROLL]) {
-                Pack p[UNROLL], g[UNROLL], r[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    g[u] = ld2(dy + off[u]); p[u] = ld2(x + off[u]);
-                    if (RELU) r[u] = ld2(y + off[u]);
-                }
-                out(off, p, g, r, true);
-            });
-            seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, true, 0, kc,
-                            [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
-                Pack p[UNROLL], g[UNROLL];
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    p[u].raw = cache[(2 * k[u]) * 256 + threadIdx.x];
-                    g[u].raw = cache[(2 * k[u] + 1) * 256 + threadIdx.x];
-                }
-                out(off, p, g, g, false);
-            });
-        }
-        if (!have) break;
-        tp = t;
-        h ^= 1;
-    }
-}
-"""
-
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
 
@@ -1129,8 +874,8 @@ def _kernel1(name, dtype, inner1, vec, tpr, **flags):
     key = (name, dtype, inner1, vec, tpr, tuple(sorted(flags.items())))
     k = _kernel_cache.get(key)
     if k is None:
-        src = PIPE_SOURCE if name in ("bn_fwd1p", "bn_bwd1p") else ONEPASS_SOURCE
-        k = _kernel_cache[key] = _launch.get_kernel(src, name, _onepass_options(dtype, inner1, vec, tpr, **flags))
+        k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
+                                                    _onepass_options(dtype, inner1, vec, tpr, **flags))
     return k
 
 
@@ -1288,16 +1033,6 @@ _ROUND_SHARE_ONCHIP_BWD = float(os.environ["MINIDNN_BN_L2_SHARE_BWD"]) if os.env
 # ~155 MB of the backward's 205 from DRAM.  (Without the copy, such rounds measured 1.25-2.9x slower on an H200:
 # their second read missed L2 -- onepass_routes.)
 CL_ROUNDS = os.environ.get("MINIDNN_BN_CL_ROUNDS", "0") == "1"
-# The pipelined NCHW kernels (PIPE, MINIDNN_BN_PIPE: default on; 0 gives bn_fwd1 / bn_bwd1 with the copy back, the
-# A/B): two tiles in flight per block, each round's meeting hidden behind the next set's statistics pass; where the
-# data fit one set (ResNet-20's tensors) nothing changes (pipe_geometry).  See PIPE_SOURCE.
-PIPE = os.environ.get("MINIDNN_BN_PIPE", "1") != "0"
-# NCHW: the fewest vectors a thread's slice holds (MINIDNN_BN_MIN_VECS, default 8 = two UNROLL iterations: a channel
-# is split over at most m / (VEC * 256 * 8) blocks).  A knob for the GPU A/B of the small tensors (ResNet-20's,
-# latency-bound, 64-128 blocks on 132 SMs): 4 gives (128, 16, 32, 32) bfloat16 256 blocks of 4 vectors a thread
-# instead of 128 of 8 (one round of loads before the meeting instead of two), 2 gives (128, 64, 8, 8) 128 blocks
-# instead of 64.  Like the L2 shares it is read once and is no part of the call caches' keys (tools clear them).
-MIN_VECS = max(1, int(os.environ.get("MINIDNN_BN_MIN_VECS", str(2 * ONEPASS_UNROLL))))
 _L2_DEFAULT = 50 * 2 ** 20
 _l2: dict = {}
 
@@ -1363,27 +1098,12 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
     else:
         tpr, tiles, values = 1, c, outer * inner
         vectors = values // vec
-        min_per_block = THREADS * MIN_VECS
+        min_per_block = THREADS * ONEPASS_UNROLL * 2
     rounds_of = max(1, min(tiles, resident, int(budget // max(1, values * itemsize * arrays))))
     if onchip:
         rounds_of = -(-tiles // -(-tiles // rounds_of))
     per = max(1, min(resident // rounds_of, -(-vectors // min_per_block)))
     return vec, tpr, tiles, per, rounds_of * per
-
-
-def pipe_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_bytes, slot, ks_max, share):
-    """(vec, tiles, per, grid, ks) of the pipelined kernels (bn_fwd1p / bn_bwd1p, NCHW): two sets of tiles are in
-    flight, so a set takes half of a bn_fwd1 round's budget -- half the L2 share and half a block's slots (ks a tile,
-    at most ks_max // 2) -- and the grid loops over the sets.  None where that leaves one set (a block would hold one
-    tile: nothing to overlap; bn_fwd1 / bn_bwd1 take the call with the whole budget) or no slot for a tile."""
-    half = ks_max // 2
-    if inner == 1 or half < 1:
-        return None
-    vec, _, tiles, per, grid = onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_bytes,
-                                                cache_block_bytes=half * slot, share=share / 2)
-    if grid // per >= tiles:
-        return None
-    return vec, tiles, per, grid, onchip_slots(outer, inner, vec, per, half)
 
 
 def onchip_slots(outer, inner, vec, per, ks_max, tpr=1):
@@ -1438,7 +1158,6 @@ def onepass_plan(outer, c, inner, itemsize, backward, dev=None, sm_count=132, l2
     arrays = (2 if ONCHIP else 3) if backward else 1
     vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, itemsize, arrays, True, sm_count, l2_bytes)
     ks = dyn = 0
-    pg = None
     if ONCHIP and inner != 1:
         slot, ks_max = _onchip_slot_max(name, vec, itemsize, smem_limits, static)
         if ks_max:
@@ -1447,13 +1166,7 @@ def onepass_plan(outer, c, inner, itemsize, backward, dev=None, sm_count=132, l2
                                                           share=_onchip_share(backward))
             ks = onchip_slots(outer, inner, vec, per, ks_max)
             dyn = ks * slot
-            pg = pipe_geometry(outer, c, inner, itemsize, arrays, True, sm_count, l2_bytes, slot, ks_max,
-                               _onchip_share(backward)) if PIPE else None
-            if pg is not None:
-                vec, tiles, per, grid, ks = pg
-                dyn = 2 * ks * slot
-    return dict(vec=vec, tiles=tiles, per=per, grid=grid, rounds=-(-tiles // (grid // per)), ks=ks, dyn=dyn,
-                pipe=pg is not None)
+    return dict(vec=vec, tiles=tiles, per=per, grid=grid, rounds=-(-tiles // (grid // per)), ks=ks, dyn=dyn)
 
 
 def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_arrays, tail=()):
@@ -1474,13 +1187,6 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
             dyn = ks * slot
             if inner1:          # the tile's width (TPR) may have grown with the budget
                 k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
-            pg = pipe_geometry(outer, c, inner, item, arrays, aligned, sms, l2, slot, ks_max,
-                               _onchip_share(name == "bn_bwd1")) if PIPE else None
-            if pg is not None:
-                kp = _kernel1(name + "p", xc.dtype, inner1, pg[0], tpr, cache=onchip, **flags)
-                if _resident_per_sm(kp, 2 * pg[4] * slot) >= ONEPASS_BPS:
-                    k, (vec, tiles, per, grid, ks) = kp, pg
-                    dyn = 2 * ks * slot
     bps = _resident_per_sm(k, dyn)
     if bps < 1:
         return None
@@ -1552,7 +1258,7 @@ class _TrainingCall:
                  "stats", "apply", "rows")
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if self.onepass != (ONEPASS, ONCHIP, PIPE) or (self.rows and _rows_to_nhwc()) \
+        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
@@ -1577,11 +1283,11 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
     dev = xc.data.device_id
     flags = (factor, eps, running_mean is not None, counter is not None, relu, z is not None, scale is not None,
              bias is not None)
-    key = ("train", ONEPASS, ONCHIP, PIPE, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags \
-        + _nhwc.switch() + (CL_ROUNDS,)
+    key = ("train", ONEPASS, ONCHIP, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch() \
+        + (CL_ROUNDS,)
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _training_call, xc, dev, key[4], *flags)
+        call = _launch.planned(_calls, key, _training_call, xc, dev, key[3], *flags)
     return call
 
 
@@ -1590,10 +1296,10 @@ def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu
     if inner == 1 and _rows_to_nhwc():      # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
         return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
-    t.onepass, t.dev, t.c, t.dtype, t.rows = (ONEPASS, ONCHIP, PIPE), dev, c, xc.dtype, inner == 1
+    t.onepass, t.dev, t.c, t.dtype, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, inner == 1
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
-    one = _planned(("fwd1", ONCHIP, PIPE, CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,
+    one = _planned(("fwd1", ONCHIP, CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,
                     has_bias, aligned) + sig,
                    _fwd1_plan, xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale,
                    has_bias, aligned, dev) if ONEPASS else None
@@ -1658,7 +1364,7 @@ class _BackwardCall:
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
         """``dscale``, ``dbias`` (with a scale): (C,) C-contiguous arrays of the parameter dtype the kernels write
         the parameter gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones."""
-        if self.onepass != (ONEPASS, ONCHIP, PIPE) or (self.rows and _rows_to_nhwc()) \
+        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
         cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
@@ -1692,11 +1398,11 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
     """The settled call of ``backward`` with these arguments (see _BackwardCall), made once per signature."""
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
-    key = ("backward", ONEPASS, ONCHIP, PIPE, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev,
-           mean.dtype) + flags + _nhwc.switch() + (CL_ROUNDS,)
+    key = ("backward", ONEPASS, ONCHIP, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
+        + _nhwc.switch() + (CL_ROUNDS,)
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _backward_call, xc, dev, key[4], mean.dtype, *flags)
+        call = _launch.planned(_calls, key, _backward_call, xc, dev, key[3], mean.dtype, *flags)
     return call
 
 
@@ -1705,10 +1411,10 @@ def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     if inner == 1 and _rows_to_nhwc():
         return _nhwc.backward_call(xc, relu, has_scale, want_dz)
     t = _BackwardCall()
-    t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = (ONEPASS, ONCHIP, PIPE), dev, c, xc.dtype, acc, inner == 1
+    t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, acc, inner == 1
     t.mem, t.back = _memory_order(xc)
     t.has_scale, t.want_dz = has_scale, want_dz
-    one = _planned(("bwd1", ONCHIP, PIPE, CL_ROUNDS, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
+    one = _planned(("bwd1", ONCHIP, CL_ROUNDS, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
                     aligned), _bwd1_plan, xc, outer, c, inner, relu, has_scale, want_dz, aligned,
                    dev) if ONEPASS else None
     if one is not None:
