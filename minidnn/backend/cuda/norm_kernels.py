@@ -1606,14 +1606,16 @@ def layer_norm_backward(x, dy, normalized_ndim, scale, mean, rstd):
                                               _ln_backward_plan, x, rows, d, scale, aligned, palign, dev)
     with _launch.on_device(dev):
         dx = cp.empty(x.shape, dtype=x.dtype)
-        partial = cp.empty((n_partial,), dtype=acc)
+        # the column partials and col_sum's workspace live within this call (stream-ordered): kept buffers
+        partial = _ws.scratch_flat(cp, dev, "norm.partial", n_partial, acc)
         go(x, dy, mean, rstd, x if scale is None else scale, dx, partial)
         if col is None:
             return dx, None, None
         dscale = cp.empty(scale.shape, dtype=acc)
         dbias = cp.empty(scale.shape, dtype=x.dtype)
         col_go, n_ws, tiles = col
-        col_go(partial, cp.empty((n_ws,), dtype=acc), _ticket(cp, tiles, dev), dscale, dbias)
+        col_go(partial, _ws.scratch_flat(cp, dev, "norm.col_ws", n_ws, acc), _ticket(cp, tiles, dev), dscale,
+               dbias)
     return dx, dscale, dbias
 
 
@@ -1670,7 +1672,7 @@ def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
     acc = _acc(x.dtype)
     s = x if scale is None else scale
     with _launch.on_device(dev):
-        sums = cp.empty((x.shape[0] * 2 * c,), dtype=acc)
+        sums = _ws.scratch_flat(cp, dev, "norm.partial", x.shape[0] * 2 * c, acc)     # within this call: kept
         dx = cp.empty(x.shape, dtype=x.dtype)
         if second is None:
             first(x, dy, mean, rstd, s, sums, dx)
@@ -1681,7 +1683,7 @@ def group_norm_backward(x, dy, num_groups, scale, mean, rstd):
             dscale = cp.empty((c,), dtype=acc)
             dbias = cp.empty((c,), dtype=x.dtype)
             col_go, n_ws, tiles = col
-            col_go(sums, cp.empty((n_ws,), dtype=acc), _ticket(cp, tiles, dev), dscale, dbias)
+            col_go(sums, _ws.scratch_flat(cp, dev, "norm.col_ws", n_ws, acc), _ticket(cp, tiles, dev), dscale, dbias)
         if second is not None:
             second(x, dy, mean, rstd, s, sums, dx)
     return dx, dscale, dbias
