@@ -578,14 +578,13 @@ def _flat_dense_correlate(a, w_mat, p: ConvProblem, padding, in_size, out_size):
 # (34/32 at CIFAR's 3x3 layers), with a gather R times smaller and R*K rows instead of K, a shape OpenBLAS runs
 # faster: (48, 48) x (48, 4624) in 226 us against (16, 144) x (144, 4352) in 267 (1 thread).  Measured per
 # direction, N32 32x32 3x3, 1 thread: C=K=8 1.37 -> 0.92 ms, 16 3.1 -> 2.6, 32 9.3 -> 8.5; C=K=64 (192 rows)
-# 30.4 -> 31.5, slower, hence _FLAT_ROWS_MAX_ROWS.  With at most 16 output channels (``skinny``, where OpenBLAS has
-# small-matrix kernels) the R blocks of rows are R products instead, kernel row r's weights against B shifted by
-# r*dh grid rows (a view): y = sum_r w_rows[r] (K, S*C) @ B[:, r*shift:], each product in small-matrix blocks (_gemm),
-# which the stacked (R*K, S*C) product does not reach: C=K=16 2.85 -> 2.6-2.7 ms, C=K=8 0.98-1.0 -> 0.91-0.92;
-# K=32 5.0 -> 5.2-5.3, slower (not skinny).  The filter gradient: _flat_rows_filter below.  The chunks are the flat
-# im2col's (the same parallel grain); the sums differ from it, so the bits do too.
+# 30.4 -> 31.5, slower, hence _FLAT_ROWS_MAX_ROWS.  (Tried: R products of K rows against B shifted by whole rows, in
+# small-matrix blocks, for K <= 16: C=K=16 forward + backward data 5.28 -> 5.19 ms on 1 thread but 3.21 -> 3.80 on 2,
+# the chunks' 14 calls instead of 3 passing the GIL between the threads.)  The filter gradient's stacked form (B @ D^T
+# with dy placed once per kernel row) ran 3.3 -> 3.5 ms at C=K=16; its R products against B shifted are
+# _flat_rows_filter below.  The chunks are the flat im2col's (the same parallel grain); the sums differ from it, so
+# the bits do too.
 
-_SHIFTED_ROWS = [True]             # the skinny form of R products (a switch for tests and A/B runs)
 _FLAT_ROWS_MAX_ROWS = 96           # R*K: (48, 48) and (96, 96) products won, (192, 192) lost
 _FLAT_ROWS_MIN_INNER = 12          # S*C: a shorter inner axis lost -- LeNet's first layer (5x5, C=1: 5) 0.69 -> 1.58 ms
                                    # at batch 64, 3x3 over C=3 (9) 0.57 -> 0.67; C=4 (12) 1.47 -> 1.01, C=3 5x5 (15)
@@ -612,7 +611,6 @@ def _flat_rows_correlate(a, w, p: ConvProblem, padding, in_size, out_size):
     z = np.empty((N, K, *out_size), dtype=np.result_type(a, w))
     work = N * R * S * C * math.prod(out_size)
     product = _chunk_product(chunks, work)
-    skinny = _SHIFTED_ROWS[0] and K <= _SKINNY and threads.blas_small_kernels()    # R products (see above)
 
     def setup():
         buf = np.zeros((images, C, row_len), dtype=a.dtype)            # padded planes, zeros in the border
@@ -621,25 +619,20 @@ def _flat_rows_correlate(a, w, p: ConvProblem, padding, in_size, out_size):
         source = np.lib.stride_tricks.as_strided(buf, shape=(S, C, images, size),
                                                  strides=(p.dilation[1] * item, buf.strides[1], buf.strides[0], item),
                                                  writeable=False)
-        sums = [np.empty((K, images * size), dtype=z.dtype) for _ in range(2 if skinny else 0)]
-        return (buf, cols, source, *sums) if skinny else (buf, cols, source, None, None)
+        return buf, cols, source, np.empty((K, images * size), dtype=z.dtype)
 
     def body(buffers, nb):
-        buf, cols, source, y, part = buffers
+        buf, cols, source, y = buffers
         m = nb.stop - nb.start
         buf[:m, :, :size].reshape(m, C, *grid)[interior] = a[nb]
         cols[:, :, :m] = source[:, :, :m]                               # every width tap: one strided copy
         b = cols.reshape(S * C, -1) if m == images else _rows_view(cols[:, :, :m].reshape(S, C, m * size))
+        rows = _gemm(w_rows, b, product=product)                        # (R*K, m*G)
         span = m * size - (R - 1) * shift
-        if skinny:          # kernel row r: its weights (K, S*C) times the taps shifted by r grid rows (a view of b)
-            _gemm(w_rows[:K], b[:, :span], out=y[:, :span], product=product)
-            terms = (_gemm(w_rows[r * K:(r + 1) * K], b[:, r * shift:r * shift + span], out=part[:, :span],
-                           product=product) for r in range(1, R))     # (one at a time, into ``part``)
-        else:
-            rows = _gemm(w_rows, b, product=product)                    # (R*K, m*G)
-            y, terms = rows[:K], (rows[r * K:(r + 1) * K, r * shift:r * shift + span] for r in range(1, R))
-        for term in terms:
-            np.add(y[:, :span], term, out=y[:, :span])
+        out = y[:, :span]
+        np.add(rows[:K, :span], rows[K:2 * K, shift:shift + span], out=out)
+        for r in range(2, R):
+            np.add(out, rows[r * K:(r + 1) * K, r * shift:r * shift + span], out=out)
         y_grid = y[:, :m * size].reshape(K, m, size)[:, :, :length].reshape(K, m, out_size[0], grid[1])
         z[nb] = y_grid[..., :out_size[1]].swapaxes(0, 1)
     parallel_for(chunks, body, work, setup)

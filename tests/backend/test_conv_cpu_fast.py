@@ -333,16 +333,11 @@ def _direct64(direction, p, a, b):
 @pytest.mark.parametrize("cfg", ROWS)
 @pytest.mark.parametrize("images", [1, 2, 64])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shifted", [True, False], ids=["shifted", "stacked"])
-def test_flat_rows_form_matches_float64_reference(cfg, direction, images, dtype, shifted, monkeypatch):
+def test_flat_rows_form_matches_float64_reference(cfg, direction, images, dtype, monkeypatch):
     """Forward and backward data through the stacked-rows form (chunks of one and two images, the last one partial,
-    and one chunk of all), and through its skinny variant (one product per kernel row against the shifted taps,
-    with the small-matrix blocks on), against the float64 DIRECT loops."""
+    and one chunk of all), against the float64 DIRECT loops."""
     x_shape, w_shape, padding, dilation = cfg
     p = _problem((x_shape, w_shape, padding, 1, dilation, 1), dtype)
-    monkeypatch.setattr(conv_cpu, "_SHIFTED_ROWS", [shifted])
-    if shifted:
-        monkeypatch.setattr(conv_cpu.threads, "blas_small_kernels", lambda: True)
     channels = (p.K, p.C) if direction == "forward" else (p.C, p.K)
     assert conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) and conv_cpu._flat_rows_applies(p, *channels)
     _, offsets, length, _, _ = conv_cpu._flat_dense_plan(p, p.in_size, p.padding, p.out_size, min(p.C, p.K), 8)
