@@ -9,9 +9,11 @@ bench/kernels_gpu.py: CUDA events around back-to-back calls (~10 ms), divided by
 --trials (the host runs ahead: kernel time on large tensors; a single call between two events, as before, added
 the launch's host time and the idle GPU's clock ramp, which is why the old log disagreed with the bench).
 Forward rows add "kern ms": the routed plan's prepared launch alone, back-to-back into preallocated outputs (no
-validation, no allocation: the kernel's own time), and "host us": the host time of one full primitive call (200
-calls without a sync).  Back-to-back timing reports max(kernel, host) per call: where "host us" reaches "kern ms",
-the ms column (and bench/kernels_gpu.py) measures the Python call, not the kernel.
+validation, no allocation: the kernel's own time), "host us": the host time of one full primitive call (200
+calls without a sync), and "host off": the same with the seen-call shortcut off (normalization.SEEN_ON, every call
+validated: the host time before docs/host_overhead.md round 18).  Back-to-back timing reports max(kernel, host)
+per call: where "host us" reaches "kern ms", the ms column (and bench/kernels_gpu.py) measures the Python call, not
+the kernel.
 
     python3 tools/norm_v2_bench.py [--dtypes float32,bfloat16] [--trials 5] [--quick]
 
@@ -24,6 +26,7 @@ import numpy as np
 
 import minidnn.backend as B
 from minidnn.backend import devices as _dev
+from minidnn.backend import normalization as _norm
 from minidnn.backend.cuda import norm_kernels as NK
 
 LN = [(16384, 1024), (2048, 256), (8192, 4096), (4096, 768), (32768, 512)]
@@ -74,8 +77,9 @@ def versions(cp, make, trials, alt=None):
 
 
 def kernel_and_host(cp, make, x, scale, bias, trials):
-    """(kernel ms, host us) of a forward call (see the docstring): the plan the routed call built, launched into
-    preallocated outputs; and perf_counter around 200 full calls (the GPU runs behind them)."""
+    """(kernel ms, host us, host us with the seen-call shortcut off) of a forward call (see the docstring): the plan
+    the routed call built, launched into preallocated outputs; and perf_counter around 200 full calls (the GPU runs
+    behind them), the shortcut on and off alternated."""
     import time
     NK._plans.clear()
     fn = make()
@@ -83,15 +87,22 @@ def kernel_and_host(cp, make, x, scale, bias, trials):
     go, _ = next(v for k, v in NK._plans.items() if k[0] == "fwd")
     kern = timed(cp, lambda: go(x, x if scale is None else scale, x if bias is None else bias, y, m, r), trials)
     cp.cuda.Device().synchronize()
-    best = float("inf")
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        for _ in range(200):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
-        cp.cuda.Device().synchronize()
+    best = {True: float("inf"), False: float("inf")}
+    try:
+        for _ in range(trials):
+            for on in (True, False):
+                _norm.SEEN_ON[0] = on
+                fn()
+                cp.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    fn()
+                best[on] = min(best[on], (time.perf_counter() - t0) / 200 * 1e6)
+                cp.cuda.Device().synchronize()
+    finally:
+        _norm.SEEN_ON[0] = True
     NK._plans.clear()
-    return kern, best
+    return kern, best[True], best[False]
 
 
 def main():
@@ -111,7 +122,7 @@ def main():
     copy_gbs = 2 * buf.nbytes / timed(cp, lambda: dst.__setitem__(Ellipsis, buf), a.trials) / 1e6
     print(f"copy bandwidth {copy_gbs:.0f} GB/s; routes {NK.ROUTE}")
     print(f"{'case':44s} {'dtype':9s} {'ms':>8s} {'%copy':>6s} {'v1 ms':>8s} {'alt ms':>8s} {'torch ms':>9s} "
-          f"{'vs torch':>8s} {'kern ms':>8s} {'host us':>8s}")
+          f"{'vs torch':>8s} {'kern ms':>8s} {'host us':>8s} {'host off':>8s}")
     for name in a.dtypes.split(","):
         if name == "bfloat16":
             import ml_dtypes
@@ -130,10 +141,10 @@ def main():
         def row(label, shape, traffic, make, tfn, alt=None, fwd_args=None):
             v2, v1, va = versions(cp, make, a.trials, alt)
             tt = timed(cp, tfn, a.trials, tsync) if tfn is not None else float("nan")
-            kern, host = kernel_and_host(cp, make, *fwd_args, a.trials) if fwd_args else (float("nan"),) * 2
+            kern, host, host_off = kernel_and_host(cp, make, *fwd_args, a.trials) if fwd_args else (float("nan"),) * 3
             pct = traffic / (v2 * 1e-3) / (copy_gbs * 1e9) * 100
             print(f"{label + ' ' + str(shape):44s} {name:9s} {v2:8.4f} {pct:5.0f}% {v1:8.4f} {va:8.4f} {tt:9.4f} "
-                  f"{tt / v2:7.2f}x {kern:8.4f} {host:8.1f}", flush=True)
+                  f"{tt / v2:7.2f}x {kern:8.4f} {host:8.1f} {host_off:8.1f}", flush=True)
 
         for shape in ln_shapes:
             x, dy = arr(shape), arr(shape)
