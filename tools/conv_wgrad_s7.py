@@ -130,10 +130,10 @@ def main():
                         def trun():
                             if direction == "fwd":
                                 return torch.nn.functional.conv2d(tx, tw, None, 1, pad)
-                            mask = [False, direction == "dgrad", direction == "wgrad"]
+                            mask = [direction == "dgrad", direction == "wgrad", False]   # (input, weight, bias)
                             r = torch.ops.aten.convolution_backward(tdy, tx, tw, None, [1, 1], [pad, pad], [1, 1],
                                                                     False, [0, 0], 1, mask)
-                            return r[1] if direction == "dgrad" else r[2]
+                            return r[0] if direction == "dgrad" else r[1]
                         th = trun().double().cpu().numpy()
                         t_torch = _torch_graph_timer(torch, trun, args.reps)
                     old = res["old"]
