@@ -29,7 +29,7 @@ from .backend.array_ops import copy_like as _copy_like
 from .backend.devices import array_module as _array_module
 from .backend.devices import device_of as _device_of
 from .backend.devices import is_floating as _is_floating
-from .backend.layout import in_memory_order
+from .backend.tensor_ops import add_arrays
 
 _new = object.__new__
 _UNARY = object()        # Function.node's marker: one input
@@ -496,11 +496,7 @@ def _add_grads(a, b, create_graph):
         return a + b
     if type(a.data) is np.ndarray:
         return a._wrap_like(a.data + b.data)
-    return a._wrap_like(in_memory_order(_add_arrays, a.data, b.data))      # CuPy: keep a channels-last layout
-
-
-def _add_arrays(x, y):
-    return x + y
+    return a._wrap_like(add_arrays(a.data, b.data))      # CuPy: one launch, a channels-last layout kept
 
 
 def run_backward(roots, root_grads, retain_graph=False, create_graph=False, targets=None, allow_unused=False):
