@@ -7,6 +7,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 start=$(date +%s)
 t() { echo "== $1 rc=$2 ($(( $(date +%s) - start )) s)"; }
 timeout 90 python3 tools/precompile_conv.py > $OUT/precompile.log 2>&1
+if [ -n "$TESTS" ]; then
+timeout ${TTIME:-60} python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=20 $TESTS > $OUT/tests.log 2>&1; t tests $?
+grep -E "^(FAILED|ERROR)" $OUT/tests.log | head -20; tail -1 $OUT/tests.log
+fi
 timeout ${AMP_T:-230} python3 bench/amp_step.py --steps 30 > $OUT/amp.log 2>&1; t amp $?
 grep -v -i warn $OUT/amp.log | tail -14
 timeout ${TRAIN_T:-110} python3 bench/train_step.py --steps 30 > $OUT/train.log 2>&1; t train $?
