@@ -4,6 +4,7 @@ the large tensor, float32 and bfloat16 (docs/step_kernels.md, "Session 7: channe
 
     PYTHONPATH=. python3 tools/bn_nhwc_s7.py [--dtypes float32,bfloat16] [--shapes ...] [--calls 40]
                                              [--large-calls 8] [--replays 5] [--no-phases] [--no-primitive]
+    PYTHONPATH=. python3 tools/bn_nhwc_s7.py --stage-ab      # STAGE on / off only (bfloat16, model shapes, < 60 s)
 
 Tables (ms per call unless said):
   kernel   device time per call: a CUDA graph of `calls` back-to-back calls (one launch each for ours, PyTorch's two
@@ -27,6 +28,11 @@ Tables (ms per call unless said):
   primitive  per call through the backend primitive (batch_normalization_forward_training / _backward on a
            channels-last CuPy array), eager back-to-back calls timed by CUDA events: host work included (the
            eager step is host-bound: V2 must not cost more here), F.batch_norm eager beside it.
+  --stage-ab  (replaces the tables above) the constants after the meeting (bn_nhwc.STAGE, MINIDNN_BN_NHWC_STAGE):
+           V2 with STAGE = 0 (every thread __ldcg-loads its VEC channels' constants) and STAGE = 1 (once per block
+           through shared memory), bf16 forward / backward / ReLU-fused backward, beside V2's two-launch route and
+           PyTorch; then the backward's phases with STOP=3 (return after the constants are loaded, their loads kept):
+           reduction | + meeting | + constants | + elementwise, per setting.  12 NVRTC compiles.
 Expected device time on an H100: about 100 s (NVRTC compiles 28 kernels: 2 dtypes x fwd/bwd/relu-bwd x V1/V2, the
 two-launch route's 4 kernels per dtype, the 8 phase builds).  PyTorch is imported here only (the yardstick).
 """
@@ -69,6 +75,12 @@ def _cl(cp, a):
 
 def _set_v2(on):
     M.V2 = on
+    M._calls.clear()
+    K._calls.clear()
+
+
+def _set_stage(on):
+    M.STAGE = on
     M._calls.clear()
     K._calls.clear()
 
@@ -187,12 +199,14 @@ class Case:
         y, m, i = self.saved()
         return lambda: M.backward(self.x, self.dy, self.s, m, i, y=y if relu else None)
 
-    def phase_fns(self, stop):
-        """The V2 forward / backward built with STOP = stop (call objects made here: the caches stay clean)."""
-        flags = dict(relu=False, has_z=False, has_scale=True, has_bias=True, stop=stop)
+    def phase_fns(self, stop, stage=None):
+        """The V2 forward / backward built with STOP = stop (call objects made here: the caches stay clean);
+        ``stage``: STAGE for these builds (None: the module's)."""
+        extra = {} if stage is None else dict(stage=bool(stage))
+        flags = dict(relu=False, has_z=False, has_scale=True, has_bias=True, stop=stop, **extra)
         t = M.TrainingCall()
         t._settle(self.x, self.x.data.device_id, "one", (0.1, 1e-5, True, True, flags))
-        bflags = dict(relu=False, has_z=False, has_scale=True, stop=stop)
+        bflags = dict(relu=False, has_z=False, has_scale=True, stop=stop, **extra)
         b = M.BackwardCall()
         b._settle(self.x, self.x.data.device_id, "one", bflags)
         y, m, i = self.saved()
@@ -234,7 +248,10 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--no-phases", action="store_true")
     ap.add_argument("--no-primitive", action="store_true")
+    ap.add_argument("--stage-ab", action="store_true", help="STAGE on / off only (see the docstring)")
     args = ap.parse_args(argv)
+    if args.stage_ab:
+        return stage_ab(args)
     t_start = time.perf_counter()
     cp = _dev.require_cupy()
     try:
@@ -360,6 +377,83 @@ def main(argv=None):
             print(f"  {'x'.join(map(str, shape)):>16} {name:>8}: V1 fwd {row[0]:6.1f} bwd {row[1]:6.1f} | V2 fwd "
                   f"{row[2]:6.1f} bwd {row[3]:6.1f}{tf}", flush=True)
         _set_v2(True)
+    print(f"\n# {time.perf_counter() - t_start:.0f} s in all")
+
+
+def stage_ab(args):
+    """--stage-ab: V2 with the constants after the meeting loaded per thread (STAGE = 0) or once per block through
+    shared memory (STAGE = 1), bfloat16 unless --dtypes says otherwise, the model shapes unless --shapes does."""
+    t_start = time.perf_counter()
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    bw = copy_bandwidth(cp)
+    dev = cp.cuda.Device()
+    print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, {M._launch.sm_count(dev.id)} SMs, "
+          f"copy bandwidth {bw:.0f} GB/s; bn_nhwc ROUTE {M.ROUTE}, ONCHIP {M.ONCHIP}, V2 {M.V2}, STAGE {M.STAGE}")
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes != SHAPES
+              else list(MODEL_SHAPES))
+    dtypes = args.dtypes.split(",") if args.dtypes != "float32,bfloat16" else ["bfloat16"]
+    rng = np.random.default_rng(0)
+    saved_stage = M.STAGE
+    _set_v2(True)
+    print("\n== kernel: us per call, CUDA graph of back-to-back calls (%copy of the compulsory traffic)")
+    head = (f"{'shape':>16} {'dtype':>8} {'op':>8} | {'STAGE=0':>14} | {'STAGE=1':>14} | {'V2-two':>14} | "
+            f"{'torch':>14} | S1/S0  S1/torch")
+    print(head)
+    print("-" * len(head))
+
+    def cell(ms, nbytes):
+        if ms is None:
+            return f"{'-':>14}"
+        return f"{ms * 1e3:7.1f}us {100 * nbytes / (ms * 1e-3) / 1e9 / bw:3.0f}%"
+
+    cases = []
+    for shape in shapes:
+        calls = args.calls if np.prod(shape) <= 8 * 2 ** 20 else args.large_calls
+        for name in dtypes:
+            case = Case(cp, torch, shape, name, rng)
+            cases.append((shape, name, case, calls))
+            e = case.e
+            tt = {}
+            if torch is not None:
+                tt["bn fwd"] = torch_graph_time(torch, case.t_fwd, calls, args.replays)
+                tt["bn bwd"] = torch_graph_time(torch, case.t_both, calls, args.replays) - tt["bn fwd"]
+                tt["relu bwd"] = (torch_graph_time(torch, lambda: case.t_both(True), calls, args.replays)
+                                  - torch_graph_time(torch, case.t_fwd_relu, calls, args.replays))
+            for op, nbytes in (("bn bwd", 3 * e), ("relu bwd", 4 * e), ("bn fwd", 2 * e)):
+                res = {}
+                for label, stage, route in (("S0", False, "one"), ("S1", True, "one"), ("two", True, "two")):
+                    if label == "two" and op == "relu bwd":
+                        continue
+                    _set_stage(stage)
+                    saved_route, M.ROUTE = M.ROUTE, route
+                    try:
+                        fn = case.fwd if op == "bn fwd" else case.bwd_fn(op == "relu bwd")
+                        res[label] = graph_time(cp, fn, calls, args.replays)
+                    finally:
+                        M.ROUTE = saved_route
+                rt = f"{res['S1'] / tt[op]:6.2f}" if op in tt else "     -"
+                print(f"{'x'.join(map(str, shape)):>16} {name:>8} {op:>8} | {cell(res['S0'], nbytes)} | "
+                      f"{cell(res['S1'], nbytes)} | {cell(res.get('two'), nbytes)} | {cell(tt.get(op), nbytes)} | "
+                      f"{res['S1'] / res['S0']:5.2f}  {rt}", flush=True)
+    _set_stage(saved_stage)
+
+    print("\n== phases of V2's one-launch backward, us per call (graph): reduction | + meeting | + constants | "
+          "+ elementwise  (STOP 1 / 2 built with STAGE=0: no constants loaded; STOP=3 and the full kernel per setting)")
+    for shape, name, case, calls in cases:
+        t1 = graph_time(cp, case.phase_fns(1, stage=False)[1], calls, args.replays) * 1e3
+        t2 = graph_time(cp, case.phase_fns(2, stage=False)[1], calls, args.replays) * 1e3
+        for stage in (False, True):
+            t3 = graph_time(cp, case.phase_fns(3, stage=stage)[1], calls, args.replays) * 1e3
+            _set_stage(stage)
+            full = graph_time(cp, case.bwd_fn(False), calls, args.replays) * 1e3
+            print(f"  {'x'.join(map(str, shape)):>16} {name:>8} bwd STAGE={int(stage)}: {t1:6.1f} | {t2 - t1:+6.1f} | "
+                  f"{t3 - t2:+6.1f} | {full - t3:+6.1f}  (total {full:6.1f})", flush=True)
+    _set_stage(saved_stage)
     print(f"\n# {time.perf_counter() - t_start:.0f} s in all")
 
 

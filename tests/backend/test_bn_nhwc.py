@@ -180,6 +180,52 @@ def test_last_block_combines_every_partial_once(c, vec, grid, inflight):
         assert np.all(taken == 1) and np.all(fins == 1)
 
 
+def _stage_pair(c, tx_n, vec, chunk, a, b):
+    """stage_pair literally (STAGE): the staging loop's writes into the shared buffer (one thread per channel j of
+    the chunk, j, j + 256, ...), then every thread's reads; returns (x, y) per thread (NaN where the lane is off) and
+    the writes per buffer word."""
+    cv = c // vec
+    buf = np.full(2 * vec * THREADS, np.nan)
+    writes = np.zeros(buf.size, np.int64)
+    cbeg = chunk * tx_n * vec
+    n = min(c, cbeg + tx_n * vec) - cbeg
+    for t in range(THREADS):
+        for j in range(t, n, THREADS):
+            o = 2 * (j % vec) * tx_n + j // vec
+            buf[o], buf[o + tx_n] = a[cbeg + j], b[cbeg + j]
+            writes[o] += 1
+            writes[o + tx_n] += 1
+    tid = np.arange(THREADS)
+    tx, ty = tid % tx_n, tid // tx_n
+    on = (ty < THREADS // tx_n) & (chunk * tx_n + tx < cv)
+    e = np.arange(vec)[None, :]
+    x = np.where(on[:, None], buf[2 * e * tx_n + tx[:, None]], np.nan)
+    y = np.where(on[:, None], buf[(2 * e + 1) * tx_n + tx[:, None]], np.nan)
+    return x, y, writes, on
+
+
+@pytest.mark.parametrize("c, item", [(16, 2), (32, 2), (64, 2), (128, 2), (16, 4), (64, 4), (3, 4), (24, 2), (6, 2),
+                                     (1, 4), (1040, 4), (2052, 4), (4104, 2), (256, 8), (12, 8)], ids=str)
+def test_staged_constants_match_the_per_thread_loads(c, item):
+    # after the meeting each thread must hold exactly what it loaded itself before (lane_load / the coef loop):
+    # a[c0 + e], b[c0 + e] for its channels c0 = vcol * VEC; each buffer word written at most once, inside the buffer
+    vec = M.vec_width(c, item)
+    cv, chunks, tx_n, rb, ng = M.geometry(10 ** 5, c, vec)
+    rng = np.random.default_rng(c)
+    coef = rng.standard_normal(2 * c)
+    mean, inv = rng.standard_normal(c), rng.standard_normal(c)
+    seen = np.zeros(c, np.int64)
+    for chunk in range(chunks):
+        for a, b in ((coef[0::2], coef[1::2]), (mean, inv)):     # bnc_bwd1's coef pairs, bnc_fwd1's statistics
+            x, y, writes, on = _stage_pair(c, tx_n, vec, chunk, a, b)
+            assert writes.max() <= 1
+            tid = np.arange(THREADS)
+            ch = (chunk * tx_n + tid % tx_n)[:, None] * vec + np.arange(vec)[None, :]
+            assert np.array_equal(x[on], a[ch[on]]) and np.array_equal(y[on], b[ch[on]])
+        seen[np.unique(ch[on])] += 1
+    assert np.all(seen == 1)        # every channel's pair reaches the threads of exactly one chunk
+
+
 @pytest.mark.parametrize("rows, c, vec, blocks, want", [
     (128 * 32 * 32, 16, 8, 264, 256),     # bf16 C=16: 2 lanes x 128 rows a step, 1024 groups: 4 per block
     (128 * 56 * 56, 64, 4, 264, 264),     # the large tensor: every resident block
@@ -214,6 +260,11 @@ def _configs():
             v = 0 if name == "float16" else v // 2      # float16 differs from bfloat16 in LD / ST only
     out = [c for c in out if not (c[0] == "float16" and c[2] not in _FLAGS[:2])]
     # session 6's block reduction and combine (MINIDNN_BN_NHWC_V2=0, kept for the GPU A/B)
+    # the one-launch kernels as they run by default (the on-chip copy), with and without STAGE (MINIDNN_BN_NHWC_STAGE)
+    out += [(name, 16 // item, dict(cache=1, stage=st, **flags)) for name, item in (("float32", 4), ("bfloat16", 2),
+                                                                                    ("float64", 8))
+            for st in (1, 0) for flags in (_ALL, dict(has_scale=1))]
+    out += [("bfloat16", 4, dict(cache=1, relu=1, has_scale=1)), ("float16", 8, dict(cache=1, **_ALL))]
     return out + [("bfloat16", 8, dict(v2=0, **_ALL)), ("float32", 4, dict(v2=0, **_ALL)), ("float64", 2, dict(v2=0))]
 
 

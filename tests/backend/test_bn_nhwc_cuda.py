@@ -323,3 +323,30 @@ def test_v2_against_v1_and_the_reference(cp, route, name, shape, monkeypatch):
         np.testing.assert_allclose(b, a, rtol=tol["rtol"], atol=atol, err_msg=str(k))
     monkeypatch.setattr(M, "V2", True)
     _check(cp, name, shape, "bn_add_activation", route, seed=9)
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("shape", [(128, 16, 32, 32), (128, 128, 8, 8), (5, 3, 9, 9), (8, 24, 7, 7), (7, 5),
+                                   (2, 1040, 3, 3), (2, 6, 5, 3, 3)], ids=str)
+@pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
+def test_staged_constants_give_the_same_bits(cp, name, shape, ops, monkeypatch):
+    # the one-launch kernels' constants after the meeting through shared memory (STAGE, the default) against each
+    # thread loading its own (MINIDNN_BN_NHWC_STAGE=0): the same values, so the same bits in every output; and the
+    # staged forward + backward against float64 (tails, C = 3 / 24 / 1040 in two column chunks, a 3-D plane)
+    monkeypatch.setattr(M, "ROUTE", "one")
+    x, dy, z, scale, bias, rm, rv = _data(name, shape, ops, 11)
+    xg, zg, dyg = _cl(cp, x), _cl(cp, z), _cl(cp, dy)
+    sg, bg = cp.asarray(scale), cp.asarray(bias)
+    relu = ops != "bn"
+    out = {}
+    for stage in (False, True):
+        monkeypatch.setattr(M, "STAGE", stage)
+        rmg, rvg, cnt = cp.asarray(rm), cp.asarray(rv), cp.zeros((1,), np.int64)
+        with Counted() as c1:
+            y, m, i = M.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=zg, relu=relu, counter=cnt)
+            dx, dz, ds, db = M.backward(xg, dyg, sg, m, i, y=y if relu else None, want_dz=ops == "bn_add_activation")
+        assert c1.n == 2
+        out[stage] = [a for a in (y, m, i, dx, dz, ds, db, rmg, rvg, cnt) if a is not None]
+    for k, (a, b) in enumerate(zip(out[False], out[True])):
+        np.testing.assert_array_equal(_bits(b), _bits(a), err_msg=str(k))
+    _check(cp, name, shape, ops, "one", seed=11)

@@ -67,6 +67,11 @@ ONCHIP = os.environ.get("MINIDNN_BN_ONCHIP", "1") != "0"
 # channels-last batch norm").  MINIDNN_BN_NHWC_V2=0 / V2 = False: session 6's kernels (the GPU A/B); callers clear
 # the call caches after changing it (tools/bn_nhwc_s7.py does).
 V2 = os.environ.get("MINIDNN_BN_NHWC_V2", "1") != "0"
+# With V2: the one-launch kernels take the chunk's per-channel constants after the meeting through shared memory,
+# each loaded from L2 once per block (the source's stage_pair), instead of every thread loading its own with __ldcg
+# (every warp of the grid asking L2 for the same few lines at once).  MINIDNN_BN_NHWC_STAGE=0 / STAGE = False: the
+# loads before it (the GPU A/B; callers clear the call caches after changing it).  The same values: the same bits.
+STAGE = os.environ.get("MINIDNN_BN_NHWC_STAGE", "1") != "0"
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
@@ -161,9 +166,11 @@ __device__ __forceinline__ void walk(const Geo& g, const Lane& l, F f)
 // the S writes partial[blockIdx.x][c][s].  A fixed order: the same bits at every call.
 // (V1's tree below stored each thread's sums at a 16 * VEC-byte stride -- a 16-way bank conflict on every access
 // for 16-bit data -- through log2(RB) barriers: ~8K shared-memory cycles per block at C = 16 bfloat16.)
+// (red: at file scope, so that stage_pair below reuses it after the meeting.)
+__shared__ A bp_red[2 * VEC][256];
 __device__ __forceinline__ void block_partial(const Geo& g, const Lane& l, A (&v)[VEC][2], A* __restrict__ partial)
 {
-    __shared__ A red[2 * VEC][256];
+    A (&red)[2 * VEC][256] = bp_red;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) { red[2 * e][threadIdx.x] = v[e][0]; red[2 * e + 1][threadIdx.x] = v[e][1]; }
     __syncthreads();
@@ -264,6 +271,46 @@ __device__ __forceinline__ void combine(const Geo& g, const A* __restrict__ part
         __syncthreads();
     }
 }
+
+#define STAGED (V2 && STAGE)
+#if STAGED
+// The chunk's per-channel pairs (a[c * stride], b[c * stride]) after the meeting (STAGE, the default with V2): each
+// value loaded from L2 once per block -- consecutive threads taking consecutive channels -- into block_partial's
+// buffer, finished with by then (arrive's barrier follows its last read), at bp_red[2 * e + k][tx] for channel
+// chunk + tx * VEC + e (k = 0: a, 1: b); after a barrier every thread reads its VEC pairs (consecutive tx:
+// consecutive words, no bank conflict).  All threads call it.  Before (STAGE = 0) every thread loaded its own VEC
+// pairs with __ldcg: up to 2048 warps x 16-32 loads of the same few L2 lines at the same moment -- the suspected
+// cause of the slow bfloat16 backward "elementwise" phase of session 7 run 6 (its STOP=2 build drops these loads,
+// unused, so the phase split counted them there; STOP=3 below times them apart).
+__device__ __forceinline__ void stage_pair(const Geo& g, const Lane& l, const A* a, const A* b, int stride,
+                                           A (&x)[VEC], A (&y)[VEC])
+{
+    A* st = &bp_red[0][0];
+    const int cbeg = blockIdx.y * g.TX * VEC, n = min(g.C, cbeg + g.TX * VEC) - cbeg;
+    for (int j = threadIdx.x; j < n; j += 256) {
+        const int o = 2 * (j % VEC) * g.TX + j / VEC;
+        st[o] = __ldcg(a + (long long)(cbeg + j) * stride);
+        st[o + g.TX] = __ldcg(b + (long long)(cbeg + j) * stride);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        x[e] = l.on ? st[2 * e * g.TX + l.tx] : (A)0;
+        y[e] = l.on ? st[(2 * e + 1) * g.TX + l.tx] : (A)0;
+    }
+}
+#endif
+
+// STOP == 3 (phase timing only): return after the constants, keeping their loads (a store no input makes true).
+#define STOP_AFTER_CONSTANTS(out, ...) \
+    if (STOP == 3) { \
+        const A* vs_[] = {__VA_ARGS__}; \
+        A s_ = 0; \
+        for (int i_ = 0; i_ < (int)(sizeof(vs_) / sizeof(vs_[0])); ++i_) \
+            for (int e_ = 0; e_ < VEC; ++e_) s_ += vs_[i_][e_]; \
+        if (l.on && s_ == (A)-1.25e30) out[l.c0] = ST(s_); \
+        return; \
+    }
 
 // ---- the passes ------------------------------------------------------------------------------------------------
 // Forward reduction: this thread's shifted sums; k[e] = the channel's row-0 value.
@@ -751,8 +798,12 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
         fwd_fin(g, x, c, t1, t2, mean_out, inv_std_out, running_mean, running_var, counter, factor, eps,
                 has_running, has_counter); });
     A mu[VEC], kk[VEC], bb[VEC];
+#if STAGED
+    stage_pair(g, l, mean_out, inv_std_out, 1, mu, kk);
+#else
     lane_load(l, mean_out, mu, true);
     lane_load(l, inv_std_out, kk, true);
+#endif
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
         if (HAS_SCALE && l.on) kk[e] *= (A)scale[l.c0 + e];
@@ -760,6 +811,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
     }
     depart(sync);
     if (STOP == 2) return;
+    STOP_AFTER_CONSTANTS(y, mu, kk, bb)
 #if CACHE
     fwd_apply_c(g, l, x, z, y, mu, kk, bb, ks);
 #else
@@ -789,20 +841,30 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
     }
     if (STOP == 1) return;
     meet(g, partial, sync, [&](int c, double t1, double t2) { bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
+    A c0[VEC], c1[VEC], kk[VEC];
+#if STAGED
+    // mean, inv_std: this launch's inputs (read-only: the non-coherent cached path, as at the start); coef through
+    // shared memory
+    lane_load(l, mean, mu, false);
+    lane_load(l, inv_std, is, false);
+    stage_pair(g, l, coef, coef + 1, 2, c0, c1);
+#else
 #if V2
     // loaded again (beside coef: no extra round trip), so that they are not live across the combine's 16 loads
     lane_load(l, mean, mu, true);
     lane_load(l, inv_std, is, true);
 #endif
-    A c0[VEC], c1[VEC], kk[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
         c0[e] = l.on ? __ldcg(coef + 2 * (l.c0 + e)) : (A)0;
         c1[e] = l.on ? __ldcg(coef + 2 * (l.c0 + e) + 1) : (A)0;
-        kk[e] = HAS_SCALE && l.on ? is[e] * (A)scale[l.c0 + e] : is[e];
     }
+#endif
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) kk[e] = HAS_SCALE && l.on ? is[e] * (A)scale[l.c0 + e] : is[e];
     depart(sync);
     if (STOP == 2) return;
+    STOP_AFTER_CONSTANTS(dx, mu, is, c0, c1, kk)
 #if CACHE
     bwd_dx_c(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk, ks);
 #else
@@ -847,7 +909,8 @@ def _options(dtype, vec, **flags):
     opts = [f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DACC_DOUBLE={int(accum == 'double')}",
             f"-DVEC={vec}", f"-DVBYTES={vec * item}", f"-DUNROLL={UNROLL}", f"-DUNROLL_F={UNROLL_F}", f"-DBPS={BPS}",
-            f"-DV2={int(bool(flags.get('v2', V2)))}", "-std=c++17"]
+            f"-DV2={int(bool(flags.get('v2', V2)))}", f"-DSTAGE={int(bool(flags.get('stage', STAGE)))}",
+            "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     if flags.get("stop"):
@@ -860,6 +923,7 @@ _kernels: dict = {}
 
 def _kernel(name, dtype, vec, **flags):
     flags.setdefault("v2", V2)
+    flags.setdefault("stage", STAGE)
     key = (name, np.dtype(dtype), vec, tuple(sorted(flags.items())))
     k = _kernels.get(key)
     if k is None:
@@ -1007,8 +1071,8 @@ _calls: dict = {}
 
 
 def switch():
-    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2)."""
-    return ENABLED, ROUTE, ONCHIP, V2
+    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE)."""
+    return ENABLED, ROUTE, ONCHIP, V2, STAGE
 
 
 def _memory_order(xc):
@@ -1021,11 +1085,11 @@ def _memory_order(xc):
 
 class _Call:
     __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "acc", "route", "args", "plans",
-                 "onchip", "v2")
+                 "onchip", "v2", "stage")
 
     def _settle(self, xc, dev, route, args):
         self.dev, self.c, self.dtype, self.route, self.args = dev, xc.shape[1], xc.dtype, route, args
-        self.onchip, self.v2 = ONCHIP, V2
+        self.onchip, self.v2, self.stage = ONCHIP, V2, STAGE
         self.rows = xc.size // self.c
         self.item = xc.dtype.itemsize
         self.vmax = vec_width(self.c, self.item)
@@ -1062,7 +1126,7 @@ class TrainingCall(_Call):
                          flags, self.dev)
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage:
             return None
         return self.run(xc, z, scale, bias, running_mean, running_var, counter)
 
@@ -1090,7 +1154,7 @@ class BackwardCall(_Call):
         return _bwd_plan(self.dtype, self.rows, self.c, vec, self.route, self.args, self.dev)
 
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
-        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage:
             return None
         return self.run(xc, dyc, scale, mean, inv_std, y, dscale, dbias)
 
@@ -1141,7 +1205,7 @@ class InferenceCall(_Call):
 
 def _settled(cls, xc, key, args):
     dev = xc.data.device_id
-    key = (cls.__name__, ROUTE, ONCHIP, V2, xc.shape, xc.strides, xc.dtype, dev) + key
+    key = (cls.__name__, ROUTE, ONCHIP, V2, STAGE, xc.shape, xc.strides, xc.dtype, dev) + key
     call = _calls.get(key)
     if call is None:
         def build():
