@@ -32,7 +32,8 @@ Tables (ms per call unless said):
            V2 with STAGE = 0 (every thread __ldcg-loads its VEC channels' constants) and STAGE = 1 (once per block
            through shared memory), bf16 forward / backward / ReLU-fused backward, beside V2's two-launch route and
            PyTorch; then the backward's phases with STOP=3 (return after the constants are loaded, their loads kept):
-           reduction | + meeting | + constants | + elementwise, per setting.  12 NVRTC compiles.
+           reduction | + meeting | + constants | + elementwise, per setting.  14 NVRTC compiles per dtype (about
+           40 s on an H100, less where the cuda tests compiled the same kernels: CuPy's disk cache).
 Expected device time on an H100: about 100 s (NVRTC compiles 28 kernels: 2 dtypes x fwd/bwd/relu-bwd x V1/V2, the
 two-launch route's 4 kernels per dtype, the 8 phase builds).  PyTorch is imported here only (the yardstick).
 """
