@@ -49,6 +49,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from graph_timer import graph_time, torch_graph_time  # noqa: E402
+
 import minidnn.backend as B  # noqa: E402
 from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import bn_kernels as K  # noqa: E402
@@ -84,54 +86,6 @@ def _set_stage(on):
     M.STAGE = on
     M._calls.clear()
     K._calls.clear()
-
-
-def graph_time(cp, fn, calls, replays):
-    """ms per call of ``fn`` (CuPy launches) captured ``calls`` times in a CUDA graph, median over replays."""
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        fn()                                    # compile, settle, warm this stream's scratch
-        s.synchronize()
-        s.begin_capture()
-        for _ in range(calls):
-            fn()
-        g = s.end_capture()
-        g.launch(s)
-        s.synchronize()
-        times = []
-        for _ in range(replays):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(s)
-            g.launch(s)
-            b.record(s)
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b) / calls)
-    return statistics.median(times)
-
-
-def torch_graph_time(torch, fn, calls, replays):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return statistics.median(times)
 
 
 def eager_time(cp, fn, calls, replays):

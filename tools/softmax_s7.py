@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -33,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import kernels_gpu as K  # noqa: E402
+from graph_timer import graph_time, torch_graph_time  # noqa: E402
 
 import minidnn.backend as B  # noqa: E402
 from minidnn.backend import devices as _dev  # noqa: E402
@@ -53,61 +53,6 @@ def set_candidate(name):
     for k, v in vars(_smx).items():            # the primitive's validated-call caches hold the plans
         if isinstance(v, dict) and "seen" in k.lower():
             v.clear()
-
-
-def graph_time(cp, fn, calls, trials):
-    """Median device ms of one ``fn()`` from a CUDA graph of ``calls`` of them (None where capture fails)."""
-    s = cp.cuda.Stream(non_blocking=True)
-    with s:
-        fn()
-        s.synchronize()
-        try:
-            s.begin_capture()
-            for _ in range(calls):
-                fn()
-            g = s.end_capture()
-        except Exception as e:                  # noqa: BLE001 -- report, no number
-            print(f"  (capture failed: {type(e).__name__}: {e})", file=sys.stderr)
-            try:
-                s.end_capture()
-            except Exception:                   # noqa: BLE001
-                pass
-            return None
-        g.launch(s)
-        s.synchronize()
-        times = []
-        for _ in range(trials):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(s)
-            g.launch(s)
-            b.record(s)
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b) / calls)
-    return statistics.median(times)
-
-
-def torch_graph_time(torch, fn, calls, trials):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return statistics.median(times)
 
 
 # ---- the raw launches: the planner's choice (launch_spec) with preallocated outputs --------------------------------
