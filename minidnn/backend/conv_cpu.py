@@ -33,7 +33,9 @@ GEMM, groups == 1     Stride 1 on channels-first memory, where the padded width 
                                          (at most twice col2im's, or at most 4 MiB);
                                          else (more output than input channels, channels-first dy) col2im on
                                          the flat padded grid (``_flat_col2im``: one GEMM per chunk of images,
-                                         one contiguous add per tap); otherwise
+                                         one contiguous add per tap; in 2-D where fewer rows, dy's width
+                                         taps gathered and one add per kernel row: ``_flat_width_col2im``);
+                                         otherwise
                                          one (N*out, K) x (K, C) product per tap added into its strided
                                          slice of a channels-last dx (contiguous reads, unlike col2im's).
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
@@ -855,6 +857,66 @@ def _flat_col2im(p: ConvProblem, w, dy):
 _COL2IM_ROWS = [True]
 
 
+# The same col2im with the width taps gathered from dy instead of folded out of dcols (2-D, where the S*K rows of the
+# gather and the R*C rows of the product are fewer than col2im's C*R*S dcols rows: LeNet's 6 -> 16 layer, 80 + 30
+# against 150).  On each image's out_h rows of the padded grid (images ``length`` apart, zeros on the padding
+# columns), D_s (K, m*length) is dy moved s*dw positions on (a view of one zero-led buffer: one strided copy for all
+# S), and
+#     T (R*C, m*length) = W2 @ [D_0; ..; D_{S-1}]      W2[(r, c), (s, k)] = w[k, c, r, s]
+# holds, for each kernel row r, everything that row adds to dx -- added at r*dh grid rows on, one add per r.  A value
+# moved along a row stays in it: an output column ow + s*dw <= grid_w - 1.  Per chunk: dy onto the grid, one
+# gather, one GEMM (inner axis S*K instead of K), R adds -- 8 NumPy calls for LeNet's conv2 instead of 27 (the GEMM
+# writes 30 rows, not 150, and nothing is folded afterwards).  Measured, 1 thread, LeNet's conv2 at batch 64
+# (docs/measurements/cpu_2026-11-26_2core.md, session 7): 0.94 -> 0.80 ms.
+
+def _width_col2im_applies(p: ConvProblem):
+    S, R = p.kernel[-1], p.kernel[0]
+    return p.nd == 2 and _COL2IM_WIDTH[0] and S * p.K + R * p.C < p.C * R * S
+
+
+_COL2IM_WIDTH = [True]
+
+
+def _flat_width_col2im(p: ConvProblem, w, dy):
+    """dx (N, C, *in) for stride 1, 2-D, as _flat_col2im computes it: dy's width taps gathered and each kernel
+    row's contribution one row of blocks of a single GEMM (see above)."""
+    R, S = p.kernel
+    dh, dw = p.dilation
+    P, Q = p.out_size
+    grid = p.padded_size
+    row = grid[1]
+    size = grid[0] * row
+    length = P * row
+    lead = (S - 1) * dw
+    dtype = np.result_type(w, dy)
+    w2 = np.ascontiguousarray(w[:, :, :, ::-1].transpose(2, 1, 3, 0), dtype=dtype).reshape(R * p.C, S * p.K)
+    images = max(1, min(p.N, _COL2IM_BYTES // (S * p.K * length * dtype.itemsize)))
+    d_buf = np.zeros((p.K, lead + images * length), dtype=dtype)     # zeros before the first image and off dy
+    d_view = d_buf[:, lead:].reshape(p.K, images, P, row)
+    item = d_buf.itemsize
+    # source[s', k, j] = d_buf[k, s'*dw + j]: dy moved (S-1-s')*dw on, so s' pairs with kernel column S-1-s'
+    # (w2's columns are in that reversed order)
+    source = np.lib.stride_tricks.as_strided(d_buf, shape=(S, p.K, images * length),
+                                             strides=(dw * item, d_buf.strides[0], item), writeable=False)
+    taps = np.empty((S, p.K, images * length), dtype=dtype)
+    t = np.empty((R * p.C, images * length), dtype=dtype)
+    dx_flat = np.zeros((p.C, p.N, size), dtype=dtype)
+    for n0 in range(0, p.N, images):
+        m = min(p.N - n0, images)
+        span = m * length
+        d_view[:, :m, :, :Q] = dy[n0:n0 + m].swapaxes(0, 1)
+        np.copyto(taps[:, :, :span], source[:, :, :span])
+        if m == images:
+            rows = _gemm(w2, taps.reshape(S * p.K, -1), out=t.reshape(R * p.C, -1))
+        else:                                       # the last, shorter chunk: a fresh (R*C, span) product
+            rows = _gemm(w2, _rows_view(taps[:, :, :span]))
+        for r in range(R):
+            target = dx_flat[:, n0:n0 + m, r * dh * row:r * dh * row + length]
+            np.add(target, rows[r * p.C:(r + 1) * p.C].reshape(p.C, m, length), out=target)
+    padded = dx_flat.reshape(p.C, p.N, *grid)
+    return padded[(slice(None), slice(None), *(slice(q, q + i) for q, i in zip(p.padding, p.in_size)))].swapaxes(0, 1)
+
+
 def _fold_width_taps(per_tap, S, dw):
     """Add each group of S width taps into its first, shifted along the flat positions: per_tap[:, g*S] += sum over
     s of per_tap[:, g*S + s] moved s*dw positions on.  The rows of the grid end in at least (S-1)*dw columns where dy
@@ -903,6 +965,8 @@ def _backward_data_part(p: ConvProblem, w, dy, whole: ConvProblem):
         windows = _windows(dy_cl, p.in_size, p.kernel, p.stride, p.dilation)
         return _from_rows(_im2col_product(windows, w_t.T), p.N, p.in_size)
     if _flat_col2im_applies(p, dy):
+        if _width_col2im_applies(p):
+            return _flat_width_col2im(p, w, dy)
         return _flat_col2im(p, w, dy)
     if _gather_channels_first(p):
         # Few channels: dcols^T = w_mat^T @ dy^T (C*kernel, N*out), then col2im channels-first, whose adds run

@@ -201,6 +201,7 @@ def test_flat_col2im_is_exercised_and_chosen_where_it_applies(monkeypatch):
     p = _problem(((4, 6, 14, 14), (16, 6, 5, 5), 0, 1, 1, 1), np.float32)       # LeNet's conv2
     assert conv_cpu._flat_col2im_applies(p, np.empty(p.y_shape))
     assert not conv_cpu._flat_col2im_applies(p, _channels_last(np.empty(p.y_shape)))
+    monkeypatch.setattr(conv_cpu, "_COL2IM_WIDTH", [False])            # (its width-gather form: its own tests)
     calls, real = [], conv_cpu._flat_col2im
     monkeypatch.setattr(conv_cpu, "_flat_col2im", lambda *a: calls.append(1) or real(*a))
     _, w, dy = _inputs(p, np.float32, np.random.default_rng(1))
