@@ -877,6 +877,23 @@ def _width_col2im_applies(p: ConvProblem):
 _COL2IM_WIDTH = [True]
 
 
+_WIDTH_BUFFERS = threading.local()
+
+
+def _width_col2im_buffers(K, lead, positions, S, rows, dtype):
+    """(d_buf (K, lead + positions), zeros wherever dy is not written; taps (S, K, positions); t (rows, positions)),
+    kept per thread for the next call of the same shapes: fresh ones are page faults on every call (the heap is
+    trimmed and grown again), which cost ~0.1 ms of LeNet's step.  d_buf's zeros stay: each call writes dy only
+    where the last did (the same shapes)."""
+    key = (K, lead, positions, S, rows, np.dtype(dtype))
+    held = getattr(_WIDTH_BUFFERS, "held", None)
+    if held is None or held[0] != key:
+        held = _WIDTH_BUFFERS.held = (key, (np.zeros((K, lead + positions), dtype=dtype),
+                                            np.empty((S, K, positions), dtype=dtype),
+                                            np.empty((rows, positions), dtype=dtype)))
+    return held[1]
+
+
 def _flat_width_col2im(p: ConvProblem, w, dy):
     """dx (N, C, *in) for stride 1, 2-D, as _flat_col2im computes it: dy's width taps gathered and each kernel
     row's contribution one row of blocks of a single GEMM (see above)."""
@@ -891,15 +908,13 @@ def _flat_width_col2im(p: ConvProblem, w, dy):
     dtype = np.result_type(w, dy)
     w2 = np.ascontiguousarray(w[:, :, :, ::-1].transpose(2, 1, 3, 0), dtype=dtype).reshape(R * p.C, S * p.K)
     images = max(1, min(p.N, _COL2IM_BYTES // (S * p.K * length * dtype.itemsize)))
-    d_buf = np.zeros((p.K, lead + images * length), dtype=dtype)     # zeros before the first image and off dy
+    d_buf, taps, t = _width_col2im_buffers(p.K, lead, images * length, S, R * p.C, dtype)
     d_view = d_buf[:, lead:].reshape(p.K, images, P, row)
     item = d_buf.itemsize
     # source[s', k, j] = d_buf[k, s'*dw + j]: dy moved (S-1-s')*dw on, so s' pairs with kernel column S-1-s'
     # (w2's columns are in that reversed order)
     source = np.lib.stride_tricks.as_strided(d_buf, shape=(S, p.K, images * length),
                                              strides=(dw * item, d_buf.strides[0], item), writeable=False)
-    taps = np.empty((S, p.K, images * length), dtype=dtype)
-    t = np.empty((R * p.C, images * length), dtype=dtype)
     dx_flat = np.zeros((p.C, p.N, size), dtype=dtype)
     for n0 in range(0, p.N, images):
         m = min(p.N - n0, images)
