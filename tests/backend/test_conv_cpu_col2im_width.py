@@ -67,3 +67,19 @@ def test_width_form_is_chosen_only_where_its_rows_are_fewer(monkeypatch):
     assert calls == [1]
     np.testing.assert_allclose(got, gemm_backward_data(lenet2, w.astype(np.float64), dy.astype(np.float64)),
                                rtol=0, atol=2e-5 * np.abs(got).max())
+
+
+def test_width_form_reuses_its_buffers_without_stale_values(monkeypatch):
+    """The per-thread buffers kept between calls: a second call of the same shapes (chunks of two images, the last
+    one partial) with other dy, after a call with other shapes, gives the reference's values."""
+    p = _case(((5, 6, 14, 14), (16, 6, 5, 5), 0, 1), np.float64)
+    monkeypatch.setattr(conv_cpu, "_COL2IM_BYTES", 2 * 5 * 16 * 10 * 14 * 8)
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal(p.w_shape)
+    other = _case(CASES[2], np.float64)
+    for dy in (rng.standard_normal(p.y_shape), None, rng.standard_normal(p.y_shape) * 3):
+        if dy is None:
+            conv_cpu._flat_width_col2im(other, rng.standard_normal(other.w_shape), rng.standard_normal(other.y_shape))
+            continue
+        np.testing.assert_allclose(conv_cpu._flat_width_col2im(p, w, dy), gemm_backward_data(p, w, dy),
+                                   rtol=1e-11, atol=1e-11)
