@@ -297,14 +297,13 @@ def parallel_pair(first, second, work):
     if _threads() <= 1 or not MIN_PAIR_WORK <= work < MAX_PAIR_WORK or time.perf_counter() < _pair_rest[0]:
         return first(), second()
     wall, cpu = time.perf_counter(), time.process_time()
-    started = threading.Semaphore(0)
-
-    def pool_half():
-        started.release()
-        return _single(second)
-    future = _executor().submit(pool_half)
-    _wait_for_starts(started, 1)              # the pool thread takes the GIL now, not once ``first`` is done (as in
-    try:                                      # parallel_spans, where that was measured)
+    # The caller starts its half at once, without waiting for the pool thread to take its own (parallel_spans waits):
+    # the pool thread gets the GIL at the caller's first long NumPy call.  Measured, LeNet's conv2 pair at batch 64
+    # (the data half 8 NumPy calls a chunk, docs/measurements/cpu_2026-11-26_2core.md, session 7 helper): waiting
+    # started the caller's half 140-270 us in and ended the pair no sooner; the step without the wait, 5 in-process
+    # A/Bs on the quiet 2-core machine: q25 0.09-0.19 ms and median 0.01-0.16 ms faster in every run.
+    future = _executor().submit(_single, second)
+    try:
         a = _single(first)
     finally:
         if future.cancel():                   # not started: the caller's
