@@ -82,6 +82,35 @@ def _set_v2(on):
     K._calls.clear()
 
 
+def _torch_times(torch, case, calls, replays):
+    """PyTorch channels_last ms per call: bn fwd, bn bwd, and (relu bwd) its ReLU backward (threshold_backward) +
+    batch-norm backward -- what our fused backward does; {} without PyTorch."""
+    if torch is None:
+        return {}
+    tt = {"bn fwd": torch_graph_time(torch, case.t_fwd, calls, replays)}
+    tt["bn bwd"] = torch_graph_time(torch, case.t_both, calls, replays) - tt["bn fwd"]
+    tt["relu bwd"] = (torch_graph_time(torch, lambda: case.t_both(True), calls, replays)
+                      - torch_graph_time(torch, case.t_fwd_relu, calls, replays))
+    return tt
+
+
+def _our_times(cp, case, op, variants, set_fn, calls, replays):
+    """{label: ms per call} of ``op`` for each (label, setting, route) of ``variants``: ``set_fn(setting)`` and the
+    route set around the timing; the two-launch route has no ReLU-fused backward."""
+    res = {}
+    for label, setting, route in variants:
+        if route == "two" and op == "relu bwd":
+            continue
+        set_fn(setting)
+        saved_route, M.ROUTE = M.ROUTE, route
+        try:
+            fn = case.fwd if op == "bn fwd" else case.bwd_fn(op == "relu bwd")
+            res[label] = graph_time(cp, fn, calls, replays)
+        finally:
+            M.ROUTE = saved_route
+    return res
+
+
 def _set_stage(on):
     M.STAGE = on
     M._calls.clear()
@@ -232,25 +261,10 @@ def main(argv=None):
         for name in args.dtypes.split(","):
             case = cases[shape, name] = Case(cp, torch, shape, name, rng)
             e = case.e
-            tt = {}
-            if torch is not None:
-                tt["bn fwd"] = torch_graph_time(torch, case.t_fwd, calls, args.replays)
-                tt["bn bwd"] = torch_graph_time(torch, case.t_both, calls, args.replays) - tt["bn fwd"]
-                # its ReLU backward (threshold_backward) + batch-norm backward: what our fused backward does
-                tt["relu bwd"] = (torch_graph_time(torch, lambda: case.t_both(True), calls, args.replays)
-                                  - torch_graph_time(torch, case.t_fwd_relu, calls, args.replays))
+            tt = _torch_times(torch, case, calls, args.replays)
             for op, nbytes in (("bn fwd", 2 * e), ("bn bwd", 3 * e), ("relu bwd", 4 * e)):
-                res = {}
-                for label, on, route in (("V1", False, "one"), ("V2", True, "one"), ("V2-two", True, "two")):
-                    if label == "V2-two" and op == "relu bwd":
-                        continue
-                    _set_v2(on)
-                    saved_route, M.ROUTE = M.ROUTE, route
-                    try:
-                        fn = case.fwd if op == "bn fwd" else case.bwd_fn(op == "relu bwd")
-                        res[label] = graph_time(cp, fn, calls, args.replays)
-                    finally:
-                        M.ROUTE = saved_route
+                res = _our_times(cp, case, op, (("V1", False, "one"), ("V2", True, "one"), ("V2-two", True, "two")),
+                                 _set_v2, calls, args.replays)
                 if op in tt:
                     res["torch"] = tt[op]
                 kern[shape, name, op] = res
@@ -373,24 +387,10 @@ def stage_ab(args):
             case = Case(cp, torch, shape, name, rng)
             cases.append((shape, name, case, calls))
             e = case.e
-            tt = {}
-            if torch is not None:
-                tt["bn fwd"] = torch_graph_time(torch, case.t_fwd, calls, args.replays)
-                tt["bn bwd"] = torch_graph_time(torch, case.t_both, calls, args.replays) - tt["bn fwd"]
-                tt["relu bwd"] = (torch_graph_time(torch, lambda: case.t_both(True), calls, args.replays)
-                                  - torch_graph_time(torch, case.t_fwd_relu, calls, args.replays))
+            tt = _torch_times(torch, case, calls, args.replays)
             for op, nbytes in (("bn bwd", 3 * e), ("relu bwd", 4 * e), ("bn fwd", 2 * e)):
-                res = {}
-                for label, stage, route in (("S0", False, "one"), ("S1", True, "one"), ("two", True, "two")):
-                    if label == "two" and op == "relu bwd":
-                        continue
-                    _set_stage(stage)
-                    saved_route, M.ROUTE = M.ROUTE, route
-                    try:
-                        fn = case.fwd if op == "bn fwd" else case.bwd_fn(op == "relu bwd")
-                        res[label] = graph_time(cp, fn, calls, args.replays)
-                    finally:
-                        M.ROUTE = saved_route
+                res = _our_times(cp, case, op, (("S0", False, "one"), ("S1", True, "one"), ("two", True, "two")),
+                                 _set_stage, calls, args.replays)
                 rt = f"{res['S1'] / tt[op]:6.2f}" if op in tt else "     -"
                 print(f"{'x'.join(map(str, shape)):>16} {name:>8} {op:>8} | {cell(res['S0'], nbytes)} | "
                       f"{cell(res['S1'], nbytes)} | {cell(res.get('two'), nbytes)} | {cell(tt.get(op), nbytes)} | "
