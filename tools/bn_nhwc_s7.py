@@ -49,6 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bn_nhwc_bench import copy_bandwidth  # noqa: E402
 from graph_timer import graph_time, torch_graph_time  # noqa: E402
 
 import minidnn.backend as B  # noqa: E402
@@ -130,20 +131,6 @@ def eager_time(cp, fn, calls, replays):
         b.synchronize()
         times.append(cp.cuda.get_elapsed_time(a, b) / calls)
     return statistics.median(times)
-
-
-def copy_bandwidth(cp):
-    n = 256 * 2 ** 20
-    a, b = cp.ones(n, np.uint8), cp.empty(n, np.uint8)
-    t = []
-    for _ in range(5):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record()
-        b.data.copy_from_device_async(a.data, n)
-        e1.record()
-        e1.synchronize()
-        t.append(cp.cuda.get_elapsed_time(e0, e1))
-    return 2 * n / (min(t) * 1e-3) / 1e9
 
 
 class Case:
