@@ -42,6 +42,18 @@ def _time(fn, reps=20):
     return float(np.median(ts))
 
 
+def torch_calls(torch, N, C, size, k, pad, st, tdt):
+    """PyTorch channels_last depthwise calls of one layer (random data): {"fwd", "dgrad", "wgrad"} -> callable."""
+    tx = torch.randn(N, C, size, size, device="cuda", dtype=tdt).to(memory_format=torch.channels_last)
+    tw = torch.randn(C, 1, k, k, device="cuda", dtype=tdt)
+    ty = torch.nn.functional.conv2d(tx, tw, padding=pad, stride=st, groups=C)
+    tdy = torch.randn_like(ty).contiguous(memory_format=torch.channels_last)
+    conv_args = ([st] * 2, [pad] * 2, [1, 1], False, [0, 0], C)
+    return {"fwd": lambda: torch.nn.functional.conv2d(tx, tw, padding=pad, stride=st, groups=C),
+            "dgrad": lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, *conv_args, [True, False, False]),
+            "wgrad": lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, *conv_args, [False, True, False])}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
@@ -68,16 +80,7 @@ def main():
         if torch is not None:
             torch.backends.cudnn.benchmark = True
             tdt = torch.bfloat16 if dt == "bfloat16" else torch.float32
-            tx = torch.randn(N, C, size, size, device="cuda", dtype=tdt).to(memory_format=torch.channels_last)
-            tw = torch.randn(C, 1, k, k, device="cuda", dtype=tdt)
-            ty = torch.nn.functional.conv2d(tx, tw, padding=pad, stride=st, groups=C)
-            tdy = torch.randn_like(ty).contiguous(memory_format=torch.channels_last)
-            conv_args = ([st] * 2, [pad] * 2, [1, 1], False, [0, 0], C)
-            tcalls = {"fwd": lambda: torch.nn.functional.conv2d(tx, tw, padding=pad, stride=st, groups=C),
-                      "dgrad": lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, *conv_args,
-                                                                           [True, False, False]),
-                      "wgrad": lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, *conv_args,
-                                                                           [False, True, False])}
+            tcalls = torch_calls(torch, N, C, size, k, pad, st, tdt)
         for d, fn in calls.items():
             K.TILE_ENABLED[0] = False
             t_old = _time(fn)

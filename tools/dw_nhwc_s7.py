@@ -23,6 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dw_nhwc_bench import torch_calls  # noqa: E402
+
 from minidnn.backend import ConvolutionDescriptor  # noqa: E402
 from minidnn.backend.conv_problem import make_problem  # noqa: E402
 from minidnn.backend.cuda import conv_dw_nhwc as D  # noqa: E402
@@ -161,16 +163,7 @@ def run(layers, dtypes, alt, reps):
             w = cp.asarray(rng.standard_normal(p.w_shape).astype(cdt))
             ours = {"fwd": lambda: K.direct_forward(p, x, w), "dgrad": lambda: K.direct_backward_data(p, w, dy),
                     "wgrad": lambda: K.direct_backward_filter(p, x, dy)}
-            tx = torch.randn(N, C, size, size, device="cuda", dtype=tdt).to(memory_format=torch.channels_last)
-            tw = torch.randn(C, 1, k, k, device="cuda", dtype=tdt)
-            ty = torch.nn.functional.conv2d(tx, tw, padding=pad, stride=st, groups=C)
-            tdy = torch.randn_like(ty).contiguous(memory_format=torch.channels_last)
-            conv_args = ([st] * 2, [pad] * 2, [1, 1], False, [0, 0], C)
-            theirs = {"fwd": lambda: torch.nn.functional.conv2d(tx, tw, padding=pad, stride=st, groups=C),
-                      "dgrad": lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, *conv_args,
-                                                                           [True, False, False]),
-                      "wgrad": lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, *conv_args,
-                                                                           [False, True, False])}
+            theirs = torch_calls(torch, N, C, size, k, pad, st, tdt)
             for d in DIRS:
                 row = ""
                 for cand in cands:
