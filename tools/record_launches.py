@@ -134,6 +134,14 @@ def _install(tree):
     return fakecp, L
 
 
+def record_to(L, recs):
+    """Launches through ``L`` (launch.py, installed by ``_install``) are appended to ``recs`` as [kernel, grid and
+    block dims] instead of running; launches counted by CuPy/cuBLAS primitives (``count_launches``) as
+    ["cupy/cublas", []] each -- the recorder the fake-GPU launch tests share."""
+    L._go = lambda fn, dims, stream, params_ptr: recs.append([str(fn), list(dims)])
+    L.count_launches = lambda n=1: recs.extend([["cupy/cublas", []]] * n)
+
+
 def numpy_fallback(fakecp):
     """CuPy functions the fake lacks (the reference algorithms', cupy.pad, ...) run as NumPy's, their array results
     viewed as fake arrays."""
