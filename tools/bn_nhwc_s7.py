@@ -49,7 +49,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bn_nhwc_bench import copy_bandwidth  # noqa: E402
+from bn_nhwc_bench import _cl, _dtype, copy_bandwidth  # noqa: E402
 from graph_timer import graph_time, torch_graph_time  # noqa: E402
 
 import minidnn.backend as B  # noqa: E402
@@ -62,19 +62,6 @@ MODEL_SHAPES = {(128, 16, 32, 32): (7, 2), (128, 32, 32, 32): (0, 1), (128, 32, 
                 (128, 64, 16, 16): (0, 3), (128, 64, 8, 8): (7, 1), (128, 128, 8, 8): (0, 1)}
 LARGE = (128, 64, 56, 56)
 SHAPES = ",".join("x".join(map(str, s)) for s in (*MODEL_SHAPES, LARGE))
-
-
-def _dtype(name):
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def _cl(cp, a):
-    perm = (0, *range(2, a.ndim), 1)
-    back = (0, a.ndim - 1, *range(1, a.ndim - 1))
-    return cp.asarray(np.ascontiguousarray(a.transpose(perm))).transpose(back)
 
 
 def _set_v2(on):
