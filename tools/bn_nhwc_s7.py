@@ -70,6 +70,21 @@ def _set_v2(on):
     K._calls.clear()
 
 
+def _open(settings):
+    """CuPy, PyTorch (cudnn.benchmark on; None where absent) and the copy bandwidth, after the device header line."""
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    bw = copy_bandwidth(cp)
+    dev = cp.cuda.Device()
+    print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, {M._launch.sm_count(dev.id)} SMs, "
+          f"copy bandwidth {bw:.0f} GB/s; bn_nhwc ROUTE {M.ROUTE}, ONCHIP {M.ONCHIP}{settings}")
+    return cp, torch, bw
+
+
 def _torch_times(torch, case, calls, replays):
     """PyTorch channels_last ms per call: bn fwd, bn bwd, and (relu bwd) its ReLU backward (threshold_backward) +
     batch-norm backward -- what our fused backward does; {} without PyTorch."""
@@ -211,16 +226,7 @@ def main(argv=None):
     if args.stage_ab:
         return stage_ab(args)
     t_start = time.perf_counter()
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        torch.backends.cudnn.benchmark = True
-    except ImportError:
-        torch = None
-    bw = copy_bandwidth(cp)
-    dev = cp.cuda.Device()
-    print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, {M._launch.sm_count(dev.id)} SMs, "
-          f"copy bandwidth {bw:.0f} GB/s; bn_nhwc ROUTE {M.ROUTE}, ONCHIP {M.ONCHIP}")
+    cp, torch, bw = _open("")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rng = np.random.default_rng(0)
     kern = {}          # (shape, dtype, op) -> {"V1": ms, "V2": ms, "torch": ms}
@@ -327,16 +333,7 @@ def stage_ab(args):
     """--stage-ab: V2 with the constants after the meeting loaded per thread (STAGE = 0) or once per block through
     shared memory (STAGE = 1), bfloat16 unless --dtypes says otherwise, the model shapes unless --shapes does."""
     t_start = time.perf_counter()
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        torch.backends.cudnn.benchmark = True
-    except ImportError:
-        torch = None
-    bw = copy_bandwidth(cp)
-    dev = cp.cuda.Device()
-    print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, {M._launch.sm_count(dev.id)} SMs, "
-          f"copy bandwidth {bw:.0f} GB/s; bn_nhwc ROUTE {M.ROUTE}, ONCHIP {M.ONCHIP}, V2 {M.V2}, STAGE {M.STAGE}")
+    cp, torch, bw = _open(f", V2 {M.V2}, STAGE {M.STAGE}")
     shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes != SHAPES
               else list(MODEL_SHAPES))
     dtypes = args.dtypes.split(",") if args.dtypes != "float32,bfloat16" else ["bfloat16"]
