@@ -7,6 +7,7 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=time  python tools/fake_gpu_step.py TREE resnet20 2     # ms of CPU time per step (fastest of 7 x 20)
     MODE=prof  [SORT=cumulative N=60] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
+    MODE=gc python tools/fake_gpu_step.py TREE lenet5 64   # the cyclic garbage collector's collections and time a step
     MODE=calls python tools/fake_gpu_step.py TREE     # µs per call of round 8's device check, handle, enum keys
     MODE=copies python tools/fake_gpu_step.py TREE resnet20 8    # the engine's leaf-gradient copies and gradient sums
     MODE=record OUT=a.json python tools/fake_gpu_step.py TREE resnet20 128   # one step's launches (kernel, grid,
@@ -193,6 +194,20 @@ elif mode == "time":
         for _ in range(20): step()
         best = min(best, (time.process_time() - t0) / 20)
     print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)}: {best*1e3:.3f} ms/step (CPU time, fake CuPy)")
+elif mode == "gc":
+    import gc
+    for _ in range(10): step()
+    t_gc = collections.Counter(); n_gc = collections.Counter(); t_in = [0.0]
+    def _cb(phase, info):
+        if phase == "start": t_in[0] = time.perf_counter()
+        else: t_gc[info["generation"]] += time.perf_counter() - t_in[0]; n_gc[info["generation"]] += 1
+    gc.callbacks.append(_cb); steps = 200
+    allocs0 = sys.getallocatedblocks()
+    for _ in range(steps): step()
+    gc.callbacks.remove(_cb)
+    print(f"{model} b{batch}: per step over {steps} steps: " + ", ".join(
+          f"gen{g} {n_gc[g] / steps:.3f} collections, {t_gc[g] / steps * 1e6:.1f} us" for g in range(3)),
+          f"; gc.get_count() {gc.get_count()}, live objects {len(gc.get_objects())}")
 elif mode == "amp_ab":
     import gc
 

@@ -335,13 +335,15 @@ def _filter_gradient_dtype(x, dy, dw_dtype):
     return dt
 
 
-def convolution_shared_staging():
+def convolution_shared_staging(carry=None):
     """``with convolution_shared_staging():`` the convolution calls inside copy an NCHW activation into NHWC memory
     for the GPU kernels' 16-byte loader (the staging of large problems, docs/conv_kernels.md) once, and the later
     calls that stage the same array reuse that copy: a convolution's backward data and backward filter both read
-    dy.  The results are bit for bit those of the calls made outside the block (the same kernels read the same NHWC
-    data); the arrays given to the calls must not be written inside the block.  Nothing changes on the CPU."""
-    return _shared_staging()
+    dy.  ``carry``: a ``convolution_filter_carry(want_x=True)`` that went around the forward -- its NHWC copy of x
+    counts as made inside the block (the filter gradient stages that x).  The results are bit for bit those of the
+    calls made outside the block (the same kernels read the same NHWC data); the arrays given to the calls must not
+    be written inside the block, nor x since the forward.  Nothing changes on the CPU."""
+    return _shared_staging(carry)
 
 
 # ``convolution_filter_carry()``: a private route from a convolution's forward to its backward data (not cuDNN's API;
@@ -349,7 +351,9 @@ def convolution_shared_staging():
 # GPU kernels' KRSC copy of the filter (made where the 16-byte loader runs an NCHW filter) in ``carry`` instead of a
 # scratch buffer; ``with carry:`` around ``convolution_backward_data`` of the SAME filter array (unchanged since: the
 # caller's promise) reads that copy instead of making the (G, Cg, *kernel, Kg) one -- one launch less, the same
-# bits.  Calls without it, CPU calls and other algorithms are unchanged; the copy lives as long as ``carry``.  (The
+# bits.  ``want_x=True``: the forward's NHWC staging copy of x is kept too, for the backward filter inside
+# ``convolution_shared_staging(carry)``.  Calls without it, CPU calls and other algorithms are unchanged; the copies
+# live as long as ``carry``.  (The
 # class itself: nn makes one per carried forward, and a wrapper was one more frame.)
 convolution_filter_carry = _filter_carry
 

@@ -38,16 +38,18 @@ _SCRIPT = textwrap.dedent("""
     shapes = {{"s1": (128, 16, 32, 32, 16, 3, 3, 1, 1, 1), "s2": (128, 16, 32, 32, 32, 3, 3, 1, 2, 1),
                "g2": (64, 32, 32, 32, 32, 3, 3, 1, 1, 2), "1x1": (128, 32, 16, 16, 64, 1, 1, 0, 1, 1)}}
 
-    def step(shape, carry_on):
+    def step(shape, carry_on, x_on=None, need_dx=True):
         n, c, h, w_, k, r, s, pad, st, g = shape
-        C.CARRY_FILTER[0] = carry_on
+        C.CARRY_FILTER[0], C.CARRY_X[0] = carry_on, bool(x_on)
         x = Tensor._from_array(fakecp.zeros((n, c, h, w_), dtype="float32"))
         w = Tensor._from_array(fakecp.zeros((k, c // g, r, s), dtype="float32"))
-        x.requires_grad = w.requires_grad = True
+        x.requires_grad, w.requires_grad = need_dx, True
         del recs[:]
         y = F.conv2d(x, w, None, st, pad, 1, g)
         fwd = list(recs)
         kept = y.grad_fn.carry is not None
+        if x_on is not None:
+            kept = [kept, y.grad_fn.carry is not None and y.grad_fn.carry.xs is not None]
         del recs[:]
         y.backward(Tensor._from_array(fakecp.zeros(y.shape, dtype="float32")))
         return fwd, list(recs), kept
@@ -58,7 +60,12 @@ _SCRIPT = textwrap.dedent("""
                 fwd, bwd, kept = step(shape, on)
                 out["%s_%d_%d" % (name, on, rep)] = [fwd, bwd, kept]
         out[name + "_inactive"] = K._scope.carry is None
-    C.CARRY_FILTER[0] = True
+        for rep in range(2):                      # x's NHWC copy carried to the filter gradient (CARRY_X)
+            for dx in (True, False):
+                for on in (False, True):
+                    out["x_%s_%d_%d_%d" % (name, dx, on, rep)] = list(step(shape, True, on, dx))
+        out[name + "_x_inactive"] = K._scope.carry is None and K._scope.memo is None
+    C.CARRY_FILTER[0] = C.CARRY_X[0] = True
 
     # the primitives: a carry that holds another filter's copy is not read; without a carry, as before
     n, c, h, w_, k = 128, 16, 32, 32, 16
@@ -167,3 +174,25 @@ def test_cpu_calls_keep_no_carry():
     assert y.grad_fn.carry is None
     y.sum().backward()
     assert x.grad is not None and w.grad is not None
+
+
+@pytest.mark.parametrize("rep", [0, 1])
+@pytest.mark.parametrize("need_dx", [True, False])
+@pytest.mark.parametrize("name", ["s1", "s2", "g2"])
+def test_the_filter_gradient_reads_the_forwards_copy_of_x(name, need_dx, rep):
+    """CARRY_X: the forward's NHWC staging copy of x kept for the backward filter -- the forward's launches the same,
+    one ``nchw_to_nhwc`` launch of x's size less in the backward, every other launch the same and in order (whether
+    or not backward data runs too)."""
+    out = _run()
+    f_off, b_off, kept_off = out[f"x_{name}_{int(need_dx)}_0_{rep}"]
+    f_on, b_on, kept_on = out[f"x_{name}_{int(need_dx)}_1_{rep}"]
+    assert kept_on[1] and not kept_off[1]
+    assert f_on == f_off
+    assert len(b_on) == len(b_off) - 1
+    n, c, h, w_ = {"s1": (128, 16, 32, 32), "s2": (128, 16, 32, 32), "g2": (64, 32, 32, 32)}[name]
+    gone = [i for i in range(len(b_off)) if b_on == b_off[:i] + b_off[i + 1:]]
+    assert gone, "the backward's launches are not the old ones less one"
+    r = b_off[gone[0]]
+    assert "nchw_to_nhwc" in r[0] and r[1][:3] == [-(-h * w_ // 32), -(-c // 32), n]       # a copy of x's size
+    assert out[name + "_x_inactive"]
+

@@ -122,3 +122,36 @@ def test_a_resnet_block_has_the_same_gradients_with_the_carry_on_and_off(stride,
     for a, b in zip(g_off, g_on):
         assert np.array_equal(a, b)
     assert n_on == n_off - 2            # conv1 and conv2 (3x3) carry; the 1x1 shortcut never copies its filter
+
+
+@pytest.mark.parametrize("dtype", ["float32", "tf32", "bfloat16"])
+@pytest.mark.parametrize("stride,planes", [(1, 16), (2, 32)])
+def test_a_resnet_block_has_the_same_gradients_with_x_carried_and_not(stride, planes, dtype):
+    """CARRY_X (session 8): the forward's NHWC staging copy of x read by the filter gradient -- the same bits as
+    staging x again, two launches fewer a block (conv1 and conv2 are staged; the 1x1 shortcut is too small)."""
+    from minidnn.models import BasicBlock
+    mdn.manual_seed(4)
+    block = BasicBlock(16, planes, stride).to("cuda")
+    xa = np.random.default_rng(6).standard_normal((64, 16, 32, 32)).astype(np.float32)
+    runs = {}
+    old, old_tf32 = C.CARRY_X[0], mdn.backends.cudnn.allow_tf32
+    mdn.backends.cudnn.allow_tf32 = dtype == "tf32"
+    try:
+        for on in (False, True, False, True):      # the second run of each: settled calls
+            C.CARRY_X[0] = on
+            block.zero_grad()
+            x = mdn.tensor(xa, device="cuda", requires_grad=True)
+            n0 = L.launch_count()
+            with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=dtype == "bfloat16"):
+                out = block(x)
+            out.float().backward(mdn.ones_like(out.float()))
+            launches = L.launch_count() - n0
+            grads = [cp.asnumpy(_bits(x.grad.data))] + [cp.asnumpy(_bits(q.grad.data)) for q in block.parameters()]
+            runs[on] = (grads, launches)
+    finally:
+        C.CARRY_X[0], mdn.backends.cudnn.allow_tf32 = old, old_tf32
+    (g_off, n_off), (g_on, n_on) = runs[False], runs[True]
+    assert len(g_on) == len(g_off) > 3
+    for a, b in zip(g_off, g_on):
+        assert np.array_equal(a, b)
+    assert n_on == n_off - 2

@@ -31,6 +31,7 @@ _SCRIPT = textwrap.dedent("""
     from minidnn.nn._functions import conv as C
     from minidnn.tensor import Tensor
     C.CARRY_FILTER[0] = False       # the forward's filter copy carried to backward data: test_conv_filter_carry.py
+    C.CARRY_X[0] = False            # the forward's x copy carried to backward filter: test_conv_filter_carry.py
     out = {{}}
     xs, ws = (128, 16, 32, 32), (16, 16, 3, 3)          # a ResNet-20 stage-1 layer: staged (>= 2^25 MACs)
     desc = B.ConvolutionDescriptor((1, 1))

@@ -230,12 +230,18 @@ class shared_staging:
     reused by the later calls that stage the same array; the caller must not write the arrays inside the block.
     Nested blocks share the outer one's copies.  The results are those of the calls made outside any block
     (the same kernels read the same NHWC data); only the repeated copies are skipped."""
-    __slots__ = ("outer",)
+    __slots__ = ("outer", "carry")
+
+    def __init__(self, carry=None):
+        self.carry = carry      # a filter_carry whose forward's NHWC copy of x (``xs``) the calls inside may reuse
 
     def __enter__(self):
         self.outer = _scope.memo
         if self.outer is None:
             _scope.memo = {}
+        carry = self.carry
+        if carry is not None and carry.xs is not None:
+            _scope.memo[carry.xkey] = carry.xs
         return self
 
     def __exit__(self, *exc):
@@ -256,11 +262,19 @@ class filter_carry:
     both, and the multiply reads B only through BS(stage, k, n): docs).  The caller vouches that the filter's values
     did not change between the two calls (nn: autograd's saved-tensor version check); the kept copy *is* the
     filter the forward multiplied by.  Outside a block, or with a key that does not match, both calls run as
-    without it.  Costs one filter copy of memory from forward to backward."""
-    __slots__ = ("krsc", "key", "outer")
+    without it.  Costs one filter copy of memory from forward to backward.
 
-    def __init__(self):
-        self.krsc = self.key = self.outer = None
+    ``want_x`` (session 8): the forward's NHWC staging copy of an NCHW x (made where the problem is staged) goes
+    into fresh memory kept here (``xs``, keyed ``xkey`` on what the copy read: address, shape, strides, dtype) rather
+    than a scratch buffer, and ``shared_staging(carry)`` around the backward hands it to the filter gradient, which
+    stages that same x: one transposing launch less per layer and step, the same bits (the same NHWC data), one
+    activation copy of memory held from forward to backward (nn: ``CARRY_X``).  ``want_filter`` False: the filter
+    copy stays in scratch memory (no backward data will read it)."""
+    __slots__ = ("krsc", "key", "outer", "xs", "xkey", "want_x", "want_filter")
+
+    def __init__(self, want_x=False, want_filter=True):
+        self.krsc = self.key = self.outer = self.xs = self.xkey = None
+        self.want_x, self.want_filter = want_x, want_filter
 
     def __enter__(self):
         self.outer = _scope.carry
@@ -583,7 +597,12 @@ class _Call:
                 x = x[:, :, None, :]
             st = self.stage[0]
             if st:
-                x = _stage(cp, x, st[0], 0)
+                if carry is not None and carry.want_x and _scope.memo is None:
+                    xkey = (x.data.ptr, x.shape, x.strides, x.dtype)
+                    x = carry.xs = _stage(cp, x, st[0], None)       # fresh memory, kept for the filter gradient
+                    carry.xkey = xkey
+                else:
+                    x = _stage(cp, x, st[0], 0)
             src = (x, self._filter(cp, w, carry))
         elif direction == 1:
             dy = b if nd == 2 else b[:, :, None, :]
@@ -617,6 +636,8 @@ class _Call:
             return w
         if mode == "contiguous":
             return cp.ascontiguousarray(w)
+        if carry is not None and not carry.want_filter:
+            carry = None
         if self.wcopy is None:
             t = _filter_copy(cp, self.p, w, mode)                   # fresh memory
         else:

@@ -97,6 +97,22 @@ def _backward_filter(x, dy, desc, w_shape, h=None, dw_dtype=None):
 # check of w (an in-place change of w raises there).  Switch: CARRY_FILTER[0] = False, or the environment's
 # MINIDNN_CONV_CARRY_FILTER=0 at import (tests and the A/B bench compare both).
 CARRY_FILTER = [os.environ.get("MINIDNN_CONV_CARRY_FILTER", "1") != "0"]
+# The forward's NHWC staging copy of an NCHW x, carried the same way to the backward filter (session 8): where the
+# GPU kernels stage x (large NCHW problems, docs/conv_kernels.md), the copy is kept on the ctx instead of a scratch
+# buffer and the filter gradient reads it instead of staging x again -- one transposing launch less per layer and
+# step (ResNet-20 fp32: 19), the same bits, one NHWC copy of x held from forward to backward (where autograd holds
+# x itself anyway).  Switch: CARRY_X[0] = False, or MINIDNN_CONV_CARRY_X=0 at import.
+CARRY_X = [os.environ.get("MINIDNN_CONV_CARRY_X", "1") != "0"]
+
+
+def _new_carry(need):
+    """The filter_carry for a forward whose gradients ``need`` asks for, or None where nothing is carried."""
+    want_filter, want_x = need[0] and CARRY_FILTER[0], need[1] and CARRY_X[0]
+    return convolution_filter_carry(want_x, want_filter) if want_filter or want_x else None
+
+
+def _kept(carry):
+    return carry if carry is not None and (carry.krsc is not None or carry.xs is not None) else None
 
 
 # ---- the fast path of a seen GPU convolution (docs/host_overhead.md round 13) -----------------------------------
@@ -204,14 +220,15 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
         dw = None                       # the engine's add (its split-K / atomic variants' blending is not relied on)
     if data is None:                                # the filter gradient alone
         xa, dya = (_last(x.data), _last(gd)) if dy_last and seen.nhwc else (x.data, gd)
-        gw = filt.run(xa, dya, None, *(dw[:2] if dw else ()))
+        with B.convolution_shared_staging(carry):   # x's NHWC copy, where the forward kept one
+            gw = filt.run(xa, dya, None, *(dw[:2] if dw else ()))
         return None if gw is None else (None, _landed(gw, dw), None)
     dya = _last(gd) if dy_last else gd
     dx = None if dy_last else destination(ctx, 0, tuple(x_shape), gd.dtype)
     if filt is None:                                # the data gradient alone
         gx = data.run(w.data, dya, carry, *(dx[:2] if dx else ()))
         return None if gx is None else (wrap(_first(gx)) if dy_last else _landed(gx, dx), None, None)
-    with B.convolution_shared_staging():            # both read dy: its NHWC copy is made once
+    with B.convolution_shared_staging(carry):       # both read dy: its NHWC copy is made once (x's: kept)
         gx = data.run(w.data, dya, carry, *(dx[:2] if dx else ()))
         if gx is None:
             return None
@@ -234,17 +251,18 @@ class ConvForward(Function):
         ctx.dw_dtype = float32_grad_of(w) if need[1] else None
         ctx.seen = seen
         if seen is not None and seen.forward is not None:
-            carry = convolution_filter_carry() if need[0] and CARRY_FILTER[0] else None
+            carry = _new_carry(need)
             y = seen.forward.run(_last(x.data) if seen.nhwc else x.data, w.data, carry)
             if y is not None:
-                ctx.carry = carry if carry is not None and carry.krsc is not None else None
+                ctx.carry = _kept(carry)
                 return wrap(_first(y) if seen.nhwc else y)
-        if not (need[0] and CARRY_FILTER[0] and B.is_cuda_array(w.data)):
+        carry = _new_carry(need) if B.is_cuda_array(w.data) else None
+        if carry is None:
             ctx.carry = None
             return _forward(x, w, desc)
-        with convolution_filter_carry() as carry:
+        with carry:
             y = _forward(x, w, desc)
-        ctx.carry = carry if carry.krsc is not None else None
+        ctx.carry = _kept(carry)
         return y
 
     @staticmethod
@@ -263,12 +281,13 @@ class ConvForward(Function):
                 work = 0 if B.is_cuda_array(gy.data) else gy.data.size * math.prod(w_shape[1:])    # each half's
                 h = handle_for(x)       # resolved here: the default handle is per thread, and the pair's second
                 #                         half may run on a pool thread (its own handle, algorithm cache, settings)
-                with B.convolution_shared_staging():
+                with B.convolution_shared_staging(carry):
                     return (*parallel_pair(lambda: _backward_data_carried(w, gy, ctx.desc, x_shape, h, carry),
                                            lambda: _backward_filter(x, gy, ctx.desc, w_shape, h, ctx.dw_dtype),
                                            work), None)
-            return (_backward_data_carried(w, gy, ctx.desc, x_shape, None, carry) if need[0] else None,
-                    _backward_filter(x, gy, ctx.desc, w_shape, None, ctx.dw_dtype) if need[1] else None, None)
+            with B.convolution_shared_staging(carry):
+                return (_backward_data_carried(w, gy, ctx.desc, x_shape, None, carry) if need[0] else None,
+                        _backward_filter(x, gy, ctx.desc, w_shape, None, ctx.dw_dtype) if need[1] else None, None)
         gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
         gw = ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape) if need[1] else None
         return gx, gw, None
