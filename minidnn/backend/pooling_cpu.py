@@ -17,6 +17,9 @@ backward, MAX         no loop at all: the stored argmax becomes a flat index int
                       several windows may send to one element; bincount adds them in a fixed order);
 backward, AVERAGE     for non-overlapping windows, dy / divisor written through a *writable* window view of
                       the padded dx in one assignment (overlapping ones keep the reference's tap loop).
+forward, MAX 2x2/2    windows of 2x2, stride 2, no padding, even sizes, short output rows: the taps as whole
+                      planes by 1-D copies (rows as void elements, then columns by stride 2), the argmax by
+                      three comparisons and byte operations (``_pairs_forward``);
 AVERAGE forward stays the reference's (a sum of tap slices is already one array operation per tap).
 """
 from __future__ import annotations
@@ -97,12 +100,107 @@ def pool_forward(geom, xc, xp):
         if nan.any():                                 # NaN equals nothing: point at each window's last NaN
             for t in range(len(slices)):
                 np.putmask(a, nan & np.isnan(slices[t]), t)
+    if _pairs_apply(geom, xc):
+        def pairs(nb):
+            _pairs_forward(xc[nb], value[nb], arg[nb])
+        body = pairs                                  # the 2x2 / stride 2 form below
     spans = split_spans(xc.shape[0], xc.size, MIN_SPLIT_ELEMENTS)
     if len(spans) > 1:                                # the whole call per part: one hand-off (threads.parallel_spans)
         parallel_spans(body, spans)
     else:
         parallel_map(body, _batch_spans(xc.shape[0], value.size))    # each NumPy call: one tap over the batch
     return value, arg
+
+
+# ---- 2x2 windows, stride 2, no padding, even height and width (LeNet's and most CNNs' pools) --------------------
+#
+# The general form above copies each of the 4 taps out of x as a 4-D strided slice: NumPy runs a copy loop per
+# output row (runs of O[-1] elements, 2 elements apart), ~37 us a tap for LeNet's first pool at batch 64, and its
+# argmax takes ~8 passes a window.  Here, per chunk of images (_PAIRS_CHUNK_BYTES of x, so the planes stay in the L2
+# cache):
+#     top, bot       the even and the odd image rows: each row one element of a void dtype of the row's bytes, so
+#                    one 1-D strided copy of rows (~6 ns a row, not a loop per row)
+#     t0 t1 / t2 t3  the even and odd columns of top / bot: 1-D stride-2 copies of whole planes (contiguous after)
+#     m0 = max(t0, t1), m1 = max(t2, t3), value = max(m0, m1)
+#     argmax         the first maximum in tap order (t = 2 * row + column): the bottom row only where it is
+#                    strictly greater (vs = m1 > m0), in the chosen row the right column only where strictly
+#                    greater (h0 = t1 > t0, h1 = t3 > t2):  a = (vs ? h1 : h0) + 2 vs, as bit operations on bytes
+# Ties go to the earlier tap, as in the reference; a NaN window (its maximum NaN: np.maximum propagates it) points at
+# its last NaN, fixed up only where there is one, as above.  Measured (docs/measurements/cpu_2026-11-26_2core.md,
+# session 8; in-process A/B, min / median of 15 alternated rounds, 1 thread): LeNet's second pool (out_w 5) at batch
+# 64 165/199 -> 137/167 us, at batch 256 508/529 -> 372/395; out_w 8 (the digits LeNet's first pool, 32x6x16x16)
+# 75 -> 75, (32, 16, 8, 8) 74 -> 68; out_w 14 (LeNet's first pool) even (264 -> 255 at batch 64, 974 -> 1043 at
+# 256): hence only rows of at most _PAIRS_MAX_OUT_W outputs.  Chunks of 128-512 KiB of x (to keep the planes in the
+# L2 cache) were slower at every size: each chunk is ~20 NumPy calls.
+
+_PAIRS_MAX_OUT_W = 8
+_PAIRS_CHUNK_BYTES = 2048 * 1024
+
+
+def _pairs_apply(geom, xc):
+    return (geom.window == (2, 2) and geom.stride == (2, 2) and not any(geom.padding) and not any(geom.pad_after)
+            and geom.out_sizes[-1] <= _PAIRS_MAX_OUT_W and xc.ndim == 4 and xc.shape[2] % 2 == 0
+            and xc.shape[3] % 2 == 0 and xc.size > 0 and xc.flags.c_contiguous and _PAIRS_ENABLED[0])
+
+
+_PAIRS_ENABLED = [True]
+
+
+def _row_elements(a, width):
+    """(rows, width) C-contiguous -> (rows,) view, each row one element of a void dtype."""
+    return a.reshape(-1, width).view(np.dtype((np.void, width * a.itemsize))).reshape(-1)
+
+
+def _pairs_planes(images, C, H, W, dtype):
+    """This thread's planes for a chunk of ``images`` (kept between calls; contents undefined)."""
+    key = (images, C, H, W, dtype)
+    held = getattr(_SCRATCH, "pairs", None)
+    if held is None:
+        held = _SCRATCH.pairs = {}
+    if key not in held:
+        if len(held) >= 4:                            # a model's few pools (the digits LeNet's two both come here)
+            held.clear()
+        rows, q = images * C * H // 2, W // 2
+        held[key] = (np.empty((2, rows, W), dtype=dtype), np.empty((6, rows * q), dtype=dtype),
+                     np.empty((3, rows * q), dtype=bool))
+    return held[key]
+
+
+def _pairs_forward(x, value, arg):
+    """value, arg (n, C, H/2, W/2) of x (n, C, H, W), all C-contiguous."""
+    n, C, H, W = x.shape
+    per = max(1, _PAIRS_CHUNK_BYTES // max(1, C * H * W * x.itemsize))
+    halves, planes, flags = _pairs_planes(min(n, per), C, H, W, x.dtype)
+    for n0 in range(0, n, per):
+        m = min(n, n0 + per) - n0
+        rows, size = m * C * H // 2, m * C * H * W // 4
+        top, bot = halves[0, :rows], halves[1, :rows]
+        xr = _row_elements(x[n0:n0 + m], W)
+        np.copyto(_row_elements(top, W), xr[0::2])
+        np.copyto(_row_elements(bot, W), xr[1::2])
+        t0, t1, t2, t3, m0, m1 = (pl[:size] for pl in planes)
+        tf, bf = top.reshape(-1), bot.reshape(-1)
+        np.copyto(t0, tf[0::2])
+        np.copyto(t1, tf[1::2])
+        np.copyto(t2, bf[0::2])
+        np.copyto(t3, bf[1::2])
+        v, a = value[n0:n0 + m].reshape(-1), arg[n0:n0 + m].reshape(-1)
+        np.maximum(t0, t1, out=m0)
+        np.maximum(t2, t3, out=m1)
+        np.maximum(m0, m1, out=v)
+        h0, h1, vs = (f[:size].view(np.uint8) for f in flags)
+        np.greater(t1, t0, out=h0.view(bool))
+        np.greater(t3, t2, out=h1.view(bool))
+        np.greater(m1, m0, out=vs.view(bool))
+        np.bitwise_xor(h0, h1, out=h1)                # (vs ? h1 : h0) = h0 ^ ((h0 ^ h1) & vs)
+        np.bitwise_and(h1, vs, out=h1)
+        np.bitwise_xor(h1, h0, out=a)
+        np.add(a, vs, out=a)
+        np.add(a, vs, out=a)
+        if np.isnan(v.max()):                         # NaN equals nothing: point at each window's last NaN
+            nan = np.isnan(v)
+            for t, plane in enumerate((t0, t1, t2, t3)):
+                np.putmask(a, nan & np.isnan(plane), t)
 
 
 # From this many input elements a pooling call is cut over its batch, one part per thread, the whole call per part

@@ -123,3 +123,74 @@ def test_short_row_planes_are_bitwise_the_strided_taps(shape, window, fmt, dtype
         y_ref, arg_ref = _reference(B.pooling_forward, None, desc, x, return_argmax=True, format=fmt)
         np.testing.assert_array_equal(y, y_ref)
         assert arg.tobytes() == arg_ref.tobytes() and arg.dtype == arg_ref.dtype
+
+
+PAIRS_CASES = [(4, 3, 16, 16), (64, 16, 10, 10), (3, 5, 2, 2), (2, 3, 6, 16), (5, 1, 4, 10), (1, 2, 8, 2)]
+
+
+@pytest.mark.parametrize("shape", PAIRS_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pairs_form_matches_reference_and_general_form(shape, dtype, monkeypatch):
+    """2x2 windows, stride 2, even sizes, out_w <= _PAIRS_MAX_OUT_W: _pairs_forward's maxima and argmax (ties with
+    signed zeros, NaN windows, -inf) bitwise the general form's and the float64 reference's; chunks of one image
+    (_PAIRS_CHUNK_BYTES 1) the same; backward from its argmax equal to the reference's."""
+    rng = np.random.default_rng(11)
+    desc = B.PoolingDescriptor("max", 2)
+    calls = []
+    real = pooling_cpu._pairs_forward
+    monkeypatch.setattr(pooling_cpu, "_pairs_forward", lambda *a: calls.append(1) or real(*a))
+    for variant in range(4):
+        x = rng.choice(np.array([0.0, -0.0, 1.0, -1.0, -np.inf]), shape).astype(dtype)
+        if variant == 1:
+            x.flat[::5] = np.nan
+        elif variant == 2:
+            x = rng.standard_normal(shape).astype(dtype)
+        elif variant == 3:
+            x = np.full(shape, np.nan, dtype=dtype)
+            x.flat[::3] = 2.0
+        calls.clear()
+        y, arg = B.pooling_forward(None, desc, x, return_argmax=True)
+        assert calls, "the pairs form should take this case"
+        with monkeypatch.context() as m:
+            m.setattr(pooling_cpu, "_PAIRS_CHUNK_BYTES", 1)
+            y1, arg1 = B.pooling_forward(None, desc, x, return_argmax=True)
+        with monkeypatch.context() as m:
+            m.setattr(pooling_cpu, "_PAIRS_ENABLED", [False])
+            y_general, arg_general = B.pooling_forward(None, desc, x, return_argmax=True)
+        assert y.tobytes() == y_general.tobytes() == y1.tobytes()
+        assert arg.tobytes() == arg_general.tobytes() == arg1.tobytes() and arg.dtype == arg_general.dtype
+        y_ref, arg_ref = _reference(B.pooling_forward, None, desc, x.astype(np.float64), return_argmax=True)
+        np.testing.assert_array_equal(y, y_ref.astype(dtype))
+        np.testing.assert_array_equal(arg, arg_ref)
+        dy = rng.standard_normal(y.shape).astype(dtype)
+        np.testing.assert_array_equal(B.pooling_backward(None, desc, y, dy, x, argmax=arg),
+                                      _reference(B.pooling_backward, None, desc, y, dy, x))
+
+
+@pytest.mark.parametrize("shape, kwargs", [((2, 3, 18, 18), {}),                    # out_w 9: past the rule
+                                           ((2, 3, 9, 8), {}),                      # odd height
+                                           ((2, 3, 8, 8), {"padding": 1}),
+                                           ((2, 3, 8, 8), {"stride": 1}),
+                                           ((2, 3, 8, 7), {"ceil_mode": True})])
+def test_pairs_form_rule(shape, kwargs, monkeypatch):
+    """Outside the rule (wider rows, odd sizes, padding, other strides, ceil_mode windows) the general form runs, and
+    non-contiguous x too; inside it, the boundary out_w == _PAIRS_MAX_OUT_W takes the pairs form."""
+    calls = []
+    real = pooling_cpu._pairs_forward
+    monkeypatch.setattr(pooling_cpu, "_pairs_forward", lambda *a: calls.append(1) or real(*a))
+    x = np.random.default_rng(2).standard_normal(shape)
+    desc = B.PoolingDescriptor("max", 2, kwargs.get("padding", 0), kwargs.get("stride"), kwargs.get("ceil_mode", False))
+    y, arg = B.pooling_forward(None, desc, x, return_argmax=True)
+    assert not calls
+    y_ref, arg_ref = _reference(B.pooling_forward, None, desc, x, return_argmax=True)
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(arg, arg_ref)
+    boundary = np.random.default_rng(3).standard_normal((2, 3, 4, 2 * pooling_cpu._PAIRS_MAX_OUT_W))
+    B.pooling_forward(None, B.PoolingDescriptor("max", 2), boundary, return_argmax=True)
+    assert calls
+    calls.clear()
+    strided = np.random.default_rng(4).standard_normal((2, 3, 8, 16))[..., ::2]        # not C-contiguous
+    y, arg = B.pooling_forward(None, B.PoolingDescriptor("max", 2), strided, return_argmax=True)
+    assert not calls
+    y_ref, arg_ref = _reference(B.pooling_forward, None, B.PoolingDescriptor("max", 2), strided, return_argmax=True)
+    np.testing.assert_array_equal(arg, arg_ref)

@@ -1,0 +1,55 @@
+"""In-process A/B of the CPU LeNet-5 training step (bench/cpu.py's lenet rows) with one of the backend's switches off
+and on, in alternated blocks (the 2-core machine is shared and noisy: alternating is what makes the two comparable).
+
+    PYTHONPATH=. python3 tools/cpu_step_ab.py --switch pairs [--batch 64] [--threads 2] [--blocks 40] [--steps 10]
+
+Switches: ``pairs`` (pooling_cpu._PAIRS_ENABLED: the 2x2 / stride 2 max-pool form).  Prints, for "off" and "on",
+the min / q25 / median of the per-step times over all blocks, and the ratio of the medians.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import minidnn as mdn
+from minidnn.backend import pooling_cpu
+
+SWITCHES = {"pairs": pooling_cpu._PAIRS_ENABLED}
+
+
+def main(argv=None):
+    import os
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cpu_lenet_profile import make_step
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--switch", default="pairs", choices=sorted(SWITCHES))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--blocks", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args(argv)
+    mdn.set_num_threads(args.threads)
+    flag = SWITCHES[args.switch]
+    step = make_step(args.batch)
+    times = {False: [], True: []}
+    for i in range(args.blocks):
+        for on in ((False, True) if i % 2 == 0 else (True, False)):
+            flag[0] = on
+            step()                                    # one step after the switch, untimed
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                step()
+                times[on].append(time.perf_counter() - t0)
+    flag[0] = True
+    for on in (False, True):
+        t = sorted(times[on])
+        print(f"{args.switch} {'on ' if on else 'off'} batch {args.batch}, {args.threads} threads: min / q25 / median "
+              f"{t[0] * 1e3:.3f} / {t[len(t) // 4] * 1e3:.3f} / {statistics.median(t) * 1e3:.3f} ms")
+    print(f"median on / off: {statistics.median(times[True]) / statistics.median(times[False]):.3f}")
+
+
+if __name__ == "__main__":
+    main()
