@@ -3,8 +3,9 @@ and on, in alternated blocks (the 2-core machine is shared and noisy: alternatin
 
     PYTHONPATH=. python3 tools/cpu_step_ab.py --switch pairs [--batch 64] [--threads 2] [--blocks 40] [--steps 10]
 
-Switches: ``pairs`` (pooling_cpu._PAIRS_ENABLED: the 2x2 / stride 2 max-pool form).  Prints, for "off" and "on",
-the min / q25 / median of the per-step times over all blocks, and the ratio of the medians.
+Switches: ``pairs`` (pooling_cpu._PAIRS_ENABLED: the 2x2 / stride 2 max-pool form), ``buffers``
+(conv_cpu._KEEP_BUFFERS: the chunked convolution forms' per-thread buffers kept between calls).  Prints, for "off"
+and "on", the min / q25 / median of the per-step times over all blocks, and the ratio of the medians.
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import statistics
 import time
 
 import minidnn as mdn
-from minidnn.backend import pooling_cpu
+from minidnn.backend import conv_cpu, pooling_cpu
 
-SWITCHES = {"pairs": pooling_cpu._PAIRS_ENABLED}
+SWITCHES = {"pairs": pooling_cpu._PAIRS_ENABLED, "buffers": conv_cpu._KEEP_BUFFERS}
 
 
 def main(argv=None):

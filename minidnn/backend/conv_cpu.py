@@ -511,6 +511,10 @@ def _flat_dense_chunks(a, p: ConvProblem, padding, in_size, out_size):
     tap_steps = [d * math.prod(grid[k + 1:]) for k, d in enumerate(p.dilation)]
 
     def setup():
+        return _thread_buffers(("flat", images, C, row_len, grid, tuple(padding), tuple(in_size), offsets, length,
+                                tuple(p.kernel), tuple(tap_steps), a.dtype), make)
+
+    def make():
         buf = np.zeros((images, C, row_len), dtype=a.dtype)
         cols = np.empty((len(offsets), C, images * length), dtype=a.dtype)
         # source[tap.., c, n, l] = buf[n, c, offset(tap) + l], dest[tap.., c, n, l] = cols[tap, c, n*L + l]: the
@@ -533,6 +537,31 @@ def _flat_dense_chunks(a, p: ConvProblem, padding, in_size, out_size):
         used = cols[:, :, :m * length]
         return used.reshape(len(offsets) * C, m * length) if m == images else _rows_view(used)
     return chunks, setup, fill
+
+
+# A chunked form's per-thread buffers (its padded planes, cols, dy's grids), kept for the next call with the same
+# key: fresh ones are page faults on every call (the heap is trimmed and grown again; 2.5 MiB of cols a chunk).  The
+# key holds everything that decides which elements a call writes, so the zeros a call does not write stay zeros.
+# Measured: docs/measurements/cpu_2026-11-26_2core.md, session 8.
+_THREAD_BUFFERS = threading.local()
+_KEEP_BUFFERS = [True]
+_KEPT_KEYS = 8                     # per thread: a model's few chunked problems (LeNet: conv1's forward and filter)
+
+
+def _thread_buffers(key, make):
+    """``make()``'s buffers, kept per thread under ``key`` (at most _KEPT_KEYS keys, the oldest dropped first)."""
+    if not _KEEP_BUFFERS[0]:
+        return make()
+    held = getattr(_THREAD_BUFFERS, "held", None)
+    if held is None:
+        held = _THREAD_BUFFERS.held = {}
+    buffers = held.pop(key, None)
+    if buffers is None:
+        buffers = make()
+        while len(held) >= _KEPT_KEYS:
+            del held[next(iter(held))]
+    held[key] = buffers                          # (re)inserted last: the dict's order is the use order
+    return buffers
 
 
 def _chunk_product(chunks, work):
@@ -732,8 +761,9 @@ def _flat_dense_filter(p: ConvProblem, x, dy):
     product = _chunk_product(chunks, work)
     on_grid = (slice(None),) * 3 + tuple(slice(0, o) for o in p.out_size[1:])
 
-    def setup_filter():
-        return setup(), np.zeros((p.K, images * length), dtype=dy.dtype)    # zeros off the output positions
+    def setup_filter():         # dy's grids: zeros off the output positions (each call writes only those)
+        return setup(), _thread_buffers(("grid", p.K, images, length, grid, tuple(p.out_size), dy.dtype),
+                                        lambda: np.zeros((p.K, images * length), dtype=dy.dtype))
 
     def body(buffers, nb):
         (cols_buffers, d_grid), m = buffers, nb.stop - nb.start
