@@ -3,9 +3,10 @@ and on, in alternated blocks (the 2-core machine is shared and noisy: alternatin
 
     PYTHONPATH=. python3 tools/cpu_step_ab.py --switch pairs [--batch 64] [--threads 2] [--blocks 40] [--steps 10]
 
-Switches: ``pairs`` (pooling_cpu._PAIRS_ENABLED: the 2x2 / stride 2 max-pool form), ``buffers``
-(conv_cpu._KEEP_BUFFERS: the chunked convolution forms' per-thread buffers kept between calls).  Prints, for "off"
-and "on", the min / q25 / median of the per-step times over all blocks, and the ratio of the medians.
+Switches: ``pairs`` (pooling_cpu._PAIRS_ENABLED: the 2x2 / stride 2 max-pool form); ``im2col`` (on:
+conv_cpu._ROW_SHIFT_MIN_COLS_BYTES as it is, no row shift; off: the session-7 rule, the row shift above 4 MiB of
+cols).  Prints, for "off" and "on", the min / q25 / median of the per-step times over all blocks, and the ratio of
+the medians.
 """
 from __future__ import annotations
 
@@ -16,7 +17,19 @@ import time
 import minidnn as mdn
 from minidnn.backend import conv_cpu, pooling_cpu
 
-SWITCHES = {"pairs": pooling_cpu._PAIRS_ENABLED, "buffers": conv_cpu._KEEP_BUFFERS}
+
+def _pairs(on):
+    pooling_cpu._PAIRS_ENABLED[0] = on
+
+
+_ROW_SHIFT = conv_cpu._ROW_SHIFT_MIN_COLS_BYTES
+
+
+def _im2col(on):
+    conv_cpu._ROW_SHIFT_MIN_COLS_BYTES = _ROW_SHIFT if on else conv_cpu._SMALL_COLS_BYTES
+
+
+SWITCHES = {"pairs": _pairs, "im2col": _im2col}
 
 
 def main(argv=None):
@@ -33,18 +46,18 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args(argv)
     mdn.set_num_threads(args.threads)
-    flag = SWITCHES[args.switch]
+    switch = SWITCHES[args.switch]
     step = make_step(args.batch)
     times = {False: [], True: []}
     for i in range(args.blocks):
         for on in ((False, True) if i % 2 == 0 else (True, False)):
-            flag[0] = on
+            switch(on)
             step()                                    # one step after the switch, untimed
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 step()
                 times[on].append(time.perf_counter() - t0)
-    flag[0] = True
+    switch(True)
     for on in (False, True):
         t = sorted(times[on])
         print(f"{args.switch} {'on ' if on else 'off'} batch {args.batch}, {args.threads} threads: min / q25 / median "

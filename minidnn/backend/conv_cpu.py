@@ -39,10 +39,10 @@ GEMM, groups == 1     Stride 1 on channels-first memory, where the padded width 
                                          one (N*out, K) x (K, C) product per tap added into its strided
                                          slice of a channels-last dx (contiguous reads, unlike col2im's).
                       y_rows is (N*out, K) = an NHWC array, returned as a channels-first view (no copy).
-                      2-D with stride 1 along the height, where the whole cols would pass 4 MiB (out of the
-                      caches): only the width windows are gathered (R times less than im2col) and the kernel's
-                      R rows become R products of row ranges shifted by whole image rows (``_row_shift_*``
-                      below) -- in every direction.  Filter-gradient products with a long inner axis (the
+                      (A row-shift form, ``_row_shift_*`` below: only the width windows gathered and the
+                      kernel's R rows as R products of row ranges shifted by whole image rows, is kept but no
+                      longer chosen: since im2col runs a chunk of images at a time, im2col is as fast or
+                      faster at every size measured.)  Filter-gradient products with a long inner axis (the
                       positions) run in blocks of at most 4096 positions (``_filter_product``).
 DIRECT, depthwise     G == C == K (one input and one output channel per group).  Stride 1 on channels-first
                       memory (most layers): the flat form below (``_flat_correlate``): per chunk of channels of
@@ -411,16 +411,26 @@ def _cols_t(x, p: ConvProblem):
 # multiplied by zeros).
 
 _SMALL_COLS_BYTES = 4 << 20    # im2col this small stays in the caches: the whole cols and one GEMM win (measured)
+# The row shift's rule: above this much cols (the whole im2col matrix).  It was 4 MiB (_SMALL_COLS_BYTES), measured
+# against an im2col that gathered the whole cols before its one GEMM: 1 thread, LeNet's conv2 forward at batch 64
+# (3.8 MB of cols) 0.82 -> 0.68 ms with im2col, backward filter 0.97 -> 0.78; the digits LeNet's conv2 0.30 -> 0.24
+# and 0.48 -> 0.36; at batch 256 (15 MB) the row shift faster (3.4 vs 4.0 ms forward).  Since then im2col gathers
+# and multiplies a chunk of images at a time (_im2col_product / _im2col_gram: the cols never leave the L2 cache),
+# and it wins above 4 MiB too -- measured in session 8 (in-process A/B, min of 12 alternated rounds;
+# docs/measurements/cpu_2026-11-26_2core.md): LeNet's conv2 forward at batch 128 / 256 / 512 3.2 / 6.2 / 10.8 ms
+# with the row shift against 1.3 / 2.7 / 5.2 with im2col (1 thread; 2 threads: 3.0 / 7.2 / 12.0 against 1.3 / 2.5
+# / 5.2), its filter gradient even on 1 thread and 3.9 -> 2.8 ms at batch 256 on 2; channels-last, N128 C=K=16 32x32
+# 3x3: forward 12.8 -> 11.3 ms, filter gradient 11.9 -> 11.4, data gradient 12.8 -> 11.3; N32 C=K=64: filter
+# gradient 39.7 -> 28.9, the others even; only channels-last N32 C=K=16 on 1 thread ran ~10% faster row-shifted
+# (2.48 against 2.72 ms forward; on 2 threads 2.99 against 2.77).  So the row shift is no longer chosen (it stays
+# for the tests, which lower this, and for a re-measurement).
+_ROW_SHIFT_MIN_COLS_BYTES = math.inf
 
 
 def _row_shift_applies(p: ConvProblem):
-    # A small cols matrix stays in the caches, and one GEMM with the whole kernel*C inner axis runs faster than R
-    # products with an inner axis of kernel_w*C (30 in LeNet's conv2) over R/out-times more rows: 1 thread, LeNet's
-    # conv2 forward at batch 64 (3.8 MB of cols) 0.82 -> 0.68 ms, backward filter 0.97 -> 0.78; the digits LeNet's
-    # conv2 0.30 -> 0.24 and 0.48 -> 0.36; at batch 256 (15 MB) the row shift stays faster (3.4 vs 4.0 ms forward)
     return (p.nd == 2 and p.stride[0] == 1 and p.kernel[0] > 1 and not _gather_channels_first(p)
             and p.N * math.prod(p.out_size) * math.prod(p.kernel) * p.C * p.itemsize
-            > _SMALL_COLS_BYTES)
+            > _ROW_SHIFT_MIN_COLS_BYTES)
 
 
 def _width_rows(x_cl, q_out, p: ConvProblem):
@@ -511,10 +521,6 @@ def _flat_dense_chunks(a, p: ConvProblem, padding, in_size, out_size):
     tap_steps = [d * math.prod(grid[k + 1:]) for k, d in enumerate(p.dilation)]
 
     def setup():
-        return _thread_buffers(("flat", images, C, row_len, grid, tuple(padding), tuple(in_size), offsets, length,
-                                tuple(p.kernel), tuple(tap_steps), a.dtype), make)
-
-    def make():
         buf = np.zeros((images, C, row_len), dtype=a.dtype)
         cols = np.empty((len(offsets), C, images * length), dtype=a.dtype)
         # source[tap.., c, n, l] = buf[n, c, offset(tap) + l], dest[tap.., c, n, l] = cols[tap, c, n*L + l]: the
@@ -537,31 +543,6 @@ def _flat_dense_chunks(a, p: ConvProblem, padding, in_size, out_size):
         used = cols[:, :, :m * length]
         return used.reshape(len(offsets) * C, m * length) if m == images else _rows_view(used)
     return chunks, setup, fill
-
-
-# A chunked form's per-thread buffers (its padded planes, cols, dy's grids), kept for the next call with the same
-# key: fresh ones are page faults on every call (the heap is trimmed and grown again; 2.5 MiB of cols a chunk).  The
-# key holds everything that decides which elements a call writes, so the zeros a call does not write stay zeros.
-# Measured: docs/measurements/cpu_2026-11-26_2core.md, session 8.
-_THREAD_BUFFERS = threading.local()
-_KEEP_BUFFERS = [True]
-_KEPT_KEYS = 8                     # per thread: a model's few chunked problems (LeNet: conv1's forward and filter)
-
-
-def _thread_buffers(key, make):
-    """``make()``'s buffers, kept per thread under ``key`` (at most _KEPT_KEYS keys, the oldest dropped first)."""
-    if not _KEEP_BUFFERS[0]:
-        return make()
-    held = getattr(_THREAD_BUFFERS, "held", None)
-    if held is None:
-        held = _THREAD_BUFFERS.held = {}
-    buffers = held.pop(key, None)
-    if buffers is None:
-        buffers = make()
-        while len(held) >= _KEPT_KEYS:
-            del held[next(iter(held))]
-    held[key] = buffers                          # (re)inserted last: the dict's order is the use order
-    return buffers
 
 
 def _chunk_product(chunks, work):
@@ -761,9 +742,8 @@ def _flat_dense_filter(p: ConvProblem, x, dy):
     product = _chunk_product(chunks, work)
     on_grid = (slice(None),) * 3 + tuple(slice(0, o) for o in p.out_size[1:])
 
-    def setup_filter():         # dy's grids: zeros off the output positions (each call writes only those)
-        return setup(), _thread_buffers(("grid", p.K, images, length, grid, tuple(p.out_size), dy.dtype),
-                                        lambda: np.zeros((p.K, images * length), dtype=dy.dtype))
+    def setup_filter():
+        return setup(), np.zeros((p.K, images * length), dtype=dy.dtype)    # zeros off the output positions
 
     def body(buffers, nb):
         (cols_buffers, d_grid), m = buffers, nb.stop - nb.start

@@ -269,12 +269,15 @@ def test_registry_runs_the_fast_form_on_numpy_and_the_reference_when_switched_of
 def test_both_gather_layouts_are_exercised(monkeypatch):
     chosen = {conv_cpu._gather_channels_first(_problem(cfg, np.float32)) for cfg in DENSE}
     assert chosen == {True, False}
-    # small cols (every test shape) take the whole im2col; the row shift only above _SMALL_COLS_BYTES
+    # the row shift only above _ROW_SHIFT_MIN_COLS_BYTES: no longer chosen (chunked im2col won at every size
+    # measured), not even for LeNet's conv2 at batch 256 (15 MB of cols); lowered, it takes some test shapes
     assert not any(conv_cpu._row_shift_applies(_problem(cfg, np.float32)) for cfg in DENSE)
     lenet_conv2 = ((256, 6, 14, 14), (16, 6, 5, 5), 0, 1, 1, 1)
+    assert not conv_cpu._row_shift_applies(_problem(lenet_conv2, np.float32))
+    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 4 << 20)
     assert conv_cpu._row_shift_applies(_problem(lenet_conv2, np.float32))
     assert not conv_cpu._row_shift_applies(_problem(((64,) + lenet_conv2[0][1:],) + lenet_conv2[1:], np.float32))
-    monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", 0)
+    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
     shifted = {conv_cpu._row_shift_applies(_problem(cfg, np.float32)) for cfg in DENSE}
     assert shifted == {True, False}
 
@@ -285,8 +288,9 @@ def test_both_gather_layouts_are_exercised(monkeypatch):
 def test_large_problem_forms_match_reference(cfg, layout, direction, monkeypatch):
     """The forms chosen only where the whole im2col would not fit the caches (row-shift products; backward data by
     col2im or per-tap products rather than the full correlation) against the float64 reference on the test
-    shapes, with _SMALL_COLS_BYTES lowered so that they run."""
+    shapes, with _SMALL_COLS_BYTES and _ROW_SHIFT_MIN_COLS_BYTES lowered so that they run."""
     monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", 0)
+    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
     p = _problem(cfg, np.float64)
     x, w, dy = _inputs(p, np.float64, np.random.default_rng(11))
     if layout == "channels_last":

@@ -23,7 +23,7 @@ FORMS = [
     ((8, 10, 10), (8, 8, 3, 3), 1, 1, 1),             # flat rows (few output channels)
     ((5, 9, 7), (4, 5, 3, 3), 1, 2, 1),               # stride 2: channels-first gather, per-tap backward data
     ((3, 11, 10), (7, 3, 3, 2), (2, 1), (1, 3), (2, 1)),
-    ((4, 12, 9), (5, 4, 3, 3), 1, 1, 1),              # row shift (with _SMALL_COLS_BYTES lowered below)
+    ((4, 12, 9), (5, 4, 3, 3), 1, 1, 1),              # row shift (_ROW_SHIFT_MIN_COLS_BYTES lowered below)
     ((3, 13), (5, 3, 4), 1, 2, 1),                    # 1-D
     ((2, 5, 6, 4), (3, 2, 3, 2, 2), 1, 1, 1),         # 3-D
 ]
@@ -78,7 +78,7 @@ def test_forward_and_data_gradient_split(split, monkeypatch, cfg, n, dtype, chan
     on the channels-last and full-correlation forms).  Bit for bit at the benchmarked sizes
     (test_benchmarked_layers_split_bit_for_bit)."""
     if cfg[0] == (4, 12, 9):
-        monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", 0)
+        monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
     p = _problem(n, cfg, dtype)
     x, w, dy = _inputs(p, dtype, channels_last=channels_last)
     parts = []
@@ -115,7 +115,7 @@ def test_benchmarked_layers_split_bit_for_bit(split, n):
 @pytest.mark.parametrize("cfg", FORMS)
 def test_filter_gradient_split_is_the_parts_summed_in_batch_order(split, monkeypatch, cfg, n, dtype):
     if cfg[0] == (4, 12, 9):
-        monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", 0)
+        monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", 0)
     p = _problem(n, cfg, dtype)
     x, _, dy = _inputs(p, dtype, seed=1)
     dw = conv_cpu.dense_backward_filter(p, x, dy)
@@ -137,11 +137,11 @@ def test_filter_gradient_split_is_the_parts_summed_in_batch_order(split, monkeyp
 
 
 def test_forms_are_chosen_on_the_whole_batch(split, monkeypatch):
-    """A form that depends on the batch size (row shift: cols above _SMALL_COLS_BYTES) is the whole call's choice
-    in every part, though each part alone would choose another."""
+    """A form that depends on the batch size (row shift: cols above _ROW_SHIFT_MIN_COLS_BYTES) is the whole call's
+    choice in every part, though each part alone would choose another."""
     p = _problem(8, FORMS[6], np.float32)
     cols_bytes = p.N * np.prod(p.out_size) * np.prod(p.kernel) * p.C * p.itemsize
-    monkeypatch.setattr(conv_cpu, "_SMALL_COLS_BYTES", cols_bytes - 1)          # whole: row shift; half: im2col
+    monkeypatch.setattr(conv_cpu, "_ROW_SHIFT_MIN_COLS_BYTES", cols_bytes - 1)  # whole: row shift; half: im2col
     x, w, dy = _inputs(p, np.float32)
     seen = []
     real = conv_cpu._row_shift_correlate
