@@ -52,14 +52,19 @@ def _sole_base_refs():
 _SOLE_BASE_REFS = _sole_base_refs()
 
 
-def destination(ctx, i, shape=None, dtype=None):
+def destination(ctx, i, shape=None, dtype=None, channels_last=False):
     """(array, beta, tensor to return) for input ``i`` of the node ``ctx`` whose backward is running, or None;
-    with ``shape`` and ``dtype`` (what the caller's kernels write), only a C-contiguous array of them."""
+    with ``shape`` and ``dtype`` (what the caller's kernels write), only a C-contiguous array of them -- or, with
+    ``channels_last``, a 4-D one in channels-last memory too (a channels-last weight's gradient slot)."""
     d = _destination(ctx, i)
     if d is None or shape is None:
         return d
     a = d[0]
-    return d if a.shape == shape and a.dtype == dtype and a.flags.c_contiguous else None
+    if a.shape != shape or a.dtype != dtype:
+        return None
+    if a.flags.c_contiguous or (channels_last and a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous):
+        return d
+    return None
 
 
 def _destination(ctx, i):

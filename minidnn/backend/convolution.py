@@ -412,6 +412,22 @@ class SettledConvolution:
         # implicit_forward / implicit_backward_data / implicit_backward_filter, with the kernel module's settled call
         if into is not None and not (d and self.plain and into.shape == (p.w_shape if d == 2 else p.x_shape)):
             into = None
+        # backward filter into a channels-last (KRSC memory) gradient slot: the VEC loader writes it so (DWKRSC);
+        # where this call runs another loader (ValueError from the settling), a fresh dw as before
+        krsc = d == 2 and into is not None and not into.flags.c_contiguous
+        if krsc:
+            call = self.calls[4 + 2 * (beta != 0)]
+            if call is None:
+                try:
+                    call = self.calls[4 + 2 * (beta != 0)] = _igemm.settled_call(
+                        cp, d, p, a, b, into, self.tf32, self.igemm[0], beta=float(beta), atomic=self.igemm[1])
+                except ValueError:
+                    call = False
+                    self.calls[4] = self.calls[6] = False
+            if call is False:
+                return self.run(a1, a2, carry)
+            call(cp, a, b, into, (), None)
+            return into
         if d == 2:
             result = out = cp.empty(p.w_shape, dtype=a.dtype if self.out_dtype is None else self.out_dtype) \
                 if into is None else into
@@ -481,7 +497,7 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
         direction, algorithm, fn, p, fmt, tf32, dw_dtype, dev
     s.igemm = None if spec is None or spec[0] != direction else spec[1:]
     s.cl = _igemm._channels_last(b if direction == 1 else a)
-    s.calls = [None, None, None, None]     # by (carried, blending into a destination)
+    s.calls = [None] * 8     # by (carried, blending into a destination, a channels-last dw destination)
     s.cp = _launch.cupy()
     s.plain = direction == 2 or (fmt is TensorFormat.NCHW and not s.cl)
     return s

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _memory_format as _mf
 from ..backend import devices as _dev
 from ..backend.ownership import owner_of, register_owner
 
@@ -29,6 +30,14 @@ __all__ = ["FlatParams", "owner_of"]
 _ALIGN_BYTES = 128
 def _describe(arr):
     return f"{_dev.device_of(arr)}/{arr.dtype}/{tuple(arr.shape)}"
+
+
+def _memory_order(arr):
+    """The channels-last axis order of a 4-D / 5-D ``arr`` in that memory format (and not also row-major), else None."""
+    fmt = {4: _mf.channels_last, 5: _mf.channels_last_3d}.get(arr.ndim)
+    if fmt is None or arr.flags.c_contiguous or not _mf.is_in(arr, fmt):
+        return None
+    return _mf._last_perm(arr.ndim)
 
 
 class FlatParams:
@@ -47,6 +56,9 @@ class FlatParams:
         self.dtype = np.dtype(np.float32) if self.master else first.dtype
         align = max(1, _ALIGN_BYTES // self.dtype.itemsize)
         self.shapes = [tuple(p.shape) for p in params]
+        # a channels-last parameter keeps its memory format (as PyTorch's): its slices in every flat buffer are laid
+        # out in its memory order, so the views have its strides and the update stays one pass over whole arrays
+        self.perms = [_memory_order(p.data) for p in params]
         self.numels = [int(p.data.size) for p in params]
         self.offsets = []
         total = 0
@@ -84,7 +96,10 @@ class FlatParams:
     # -- layout ------------------------------------------------------------------------------------------------
     def view(self, flat, j):
         o = self.offsets[j]
-        return flat[o:o + self.numels[j]].reshape(self.shapes[j])
+        perm, shape = self.perms[j], self.shapes[j]
+        if perm is None:
+            return flat[o:o + self.numels[j]].reshape(shape)
+        return flat[o:o + self.numels[j]].reshape([shape[a] for a in perm]).transpose(_mf._first_perm(len(shape)))
 
     def state_buffer(self, name):
         """The flat array of state ``name``, allocated (zeros) on first use."""

@@ -420,14 +420,15 @@ def choose_tile(M, NG, groups, sms=132):
 
 
 def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False,
-                  wide=False, sk2=False):
+                  wide=False, sk2=False, dwk=False):
     """(NVRTC options, BM, BN, BK) of one implicit-GEMM configuration (tools/precompile_conv.py compiles them
     all ahead of a test run through the same options); ``act`` > 0: the fused bias/residual/activation epilogue
     (EPI=1, ACT=act: ``EPI_ACTS``), forward only; ``atomic``: the filter gradient's split-K by fp32 atomics into a
     kept-zeroed accumulator (ATOMIC=1, backward filter only; non-deterministic); with the epilogue, ``pro`` > 0:
     the batch-norm-apply prologue on x (PRO=1, PACT=pro: ``PRO_ACTS``) and ``stats``: the per-channel sum and sum
     of squares of y (STATS=1); ``wide`` (backward filter, half data): dw written in float32 (WOUT32=1); ``sk2``
-    (backward filter, deterministic): the split-K sum in two levels over live fragments (SK2=1, ``SPLITK2``)."""
+    (backward filter, deterministic): the split-K sum in two levels over live fragments (SK2=1, ``SPLITK2``);
+    ``dwk`` (backward filter, VEC): dw written channels-last, KRSC memory (DWKRSC=1)."""
     elem = _ELEM[dtype_name]
     BM, BN, BK, WM, WN = TILES[tile]
     if elem:
@@ -449,6 +450,8 @@ def igemm_options(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=Fa
         opts += ("-DWOUT32=1",)
     if sk2:
         opts += ("-DSK2=1",)
+    if dwk:
+        opts += ("-DDWKRSC=1",)
     return opts, BM, BN, BK
 
 
@@ -483,8 +486,9 @@ class Epilogue:
 
 
 def _igemm_kernel(direction, dtype_name, tf32, tile, vec=False, act=0, atomic=False, pro=0, stats=False,
-                  wide=False, sk2=False):
-    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic, pro, stats, wide, sk2)
+                  wide=False, sk2=False, dwk=False):
+    opts, BM, BN, BK = igemm_options(direction, dtype_name, tf32, tile, vec, act, atomic, pro, stats, wide, sk2,
+                                     dwk)
     return _launch.get_kernel(IGEMM_SOURCE, "conv_igemm", opts), BM, BN, BK
 
 
@@ -587,7 +591,7 @@ class _Call:
     for CuPy's copy)), how the filter is read (``wmode``: "as-is", "contiguous" (CuPy's ascontiguousarray), "krsc" /
     "crsk" (a transposing copy; ``wcopy``: (prepared transpose, copy's shape) for a contiguous filter)), and the key
     and arguments of the kernel plan (looked up again in ``_plans`` at each call, so clearing that table is seen)."""
-    __slots__ = ("direction", "p", "stage", "wmode", "wcopy", "plan_key", "plan_args")
+    __slots__ = ("direction", "p", "stage", "wmode", "wcopy", "plan_key", "plan_args", "dwk")
 
     def __call__(self, cp, a, b, out, extra=(), carry=None):
         direction, nd = self.direction, self.p.nd
@@ -716,9 +720,14 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
     dev = cp.cuda.runtime.getDevice()
     wide = direction == 2 and out.dtype != s1.dtype     # float32 dw from half data (WOUT32)
     sk2 = direction == 2 and not atomic and SPLITK2[0]  # the two-level split-K where the plan has enough splits
+    # a channels-last dw (KRSC memory): written so by the VEC loader's row order (DWKRSC); other loaders cannot
+    call.dwk = direction == 2 and not out.flags.c_contiguous and _krsc_laid(out)
+    if call.dwk and not vec:
+        raise ValueError("a channels-last (KRSC) dw is written by the NHWC 16-byte loader only; this call runs the "
+                         "element loader")
     call.plan_key = (direction, p, s1.strides, s2.strides, s1.dtype, tf32, precomp, alpha, beta, tile, vec, dev)
     call.plan_args = (direction, p, _as_meta(s1), _as_meta(s2), tf32, precomp, alpha, beta, tile, vec,
-                      None if epi is None else epi.key, atomic, wide, sk2)
+                      None if epi is None else epi.key, atomic, wide, sk2, call.dwk)
     if epi is not None:
         call.plan_key += (epi.key,)
     if atomic:
@@ -727,7 +736,15 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
         call.plan_key += ("float32 dw",)
     if sk2:
         call.plan_key += ("splitk2",)
+    if call.dwk:
+        call.plan_key += ("krsc dw",)
     return call
+
+
+def _krsc_laid(a):
+    """Whether the 4-D (K, Cg, R, S) array ``a`` lies in KRSC memory (a channels-last filter), contiguously."""
+    return a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous
+
 
 
 def _as_meta(a):
@@ -799,7 +816,7 @@ def _run_igemm(direction, p, a, b, out, tf32, precomp, alpha, beta, tile=None, e
 
 
 def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=False, epi_key=None,
-                atomic=False, wide=False, sk2=False):
+                atomic=False, wide=False, sk2=False, dwk=False):
     """(prepared launch, split-K buffer size in floats (0: no split), PRECOMP table or None, split-K tickets or
     None, the atomic variant's accumulator or None) of a call whose x-side strides come from ``s1`` (x or dx) and
     y-side strides from ``s2`` (y or dy); ``atomic``: the ATOMIC=1 filter gradient where it has several splits;
@@ -827,7 +844,7 @@ def _igemm_plan(cp, direction, p, s1, s2, tf32, precomp, alpha, beta, tile, vec=
     splits, per_split = filter_splits(KR, tiles, p.groups, BK, sms) if direction == 2 else (1, KR)
     atomic = atomic and splits > 1 and direction == 2     # one split: the plain kernel (no sums to add)
     sk2 = sk2 and direction == 2 and not atomic and splits >= SPLITK2_MIN_SPLITS
-    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic, pro, stats, wide, sk2)[0]
+    kernel = _igemm_kernel(direction, dt, tf32, tile, vec, act, atomic, pro, stats, wide, sk2, dwk)[0]
     partial_size = tiles * splits * BM * BN if splits > 1 and direction == 2 and not atomic else 0
     # SK2: one ticket per tile, then one per chunk of each tile (tickets[tiles + tile * chunks + chunk])
     n_tickets = tiles * (1 + splitk2_chunks(splits)[1]) if sk2 else tiles

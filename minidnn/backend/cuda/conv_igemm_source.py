@@ -46,7 +46,7 @@ SOURCE = r"""
 //   fastest, so that a 16-byte vector is VECW channels of one tap of one pixel k (A) or VECW output channels of
 //   one pixel of dy (B); both operands sit in [k][row] layouts.  A thread's row vector (tap, channels) is
 //   decoded once, the pixels (n, p, q) of its k rows advance by BK per slice with a carry from q into p and n;
-//   the epilogue writes row (r, s, c) to dw[k][c][r][s].
+//   the epilogue writes row (r, s, c) to dw[k][c][r][s] -- or, DWKRSC 1, to dw[k][r][s][c] (a channels-last dw).
 //
 // Tiling: a thread block computes a BM x BN tile of the GEMM output over the reduction in BK slices; THREADS =
 //   (BM/WM)*(BN/WN) warps of 32; each warp owns a WM x WN sub-tile made of (WM/16) x (WN/8) fragments of
@@ -139,6 +139,12 @@ SOURCE = r"""
 #endif
 #if VEC && BK * 2 != 64 / (ELEM == 0 ? 2 : 1)
 #error "VEC=1 expects BK = 16 for float32, 32 for 16-bit data (4 vectors of 16 bytes per row of a slice)"
+#endif
+#ifndef DWKRSC
+#define DWKRSC 0        // VEC DIR 2: write dw channels-last (KRSC memory: a channels-last weight's gradient slot)
+#endif
+#if DWKRSC && !(VEC && DIR == 2)
+#error "DWKRSC=1 is a VEC=1 backward-filter option"
 #endif
 #ifndef WKRSC
 #define WKRSC 0         // VEC DIR 1: read B straight from a channels-last (KRSC) filter, vectors along c
@@ -1109,7 +1115,9 @@ conv_igemm(const T* __restrict__ a_src, const T* __restrict__ b_src, OutT* __res
             const int cstride = sxc;
 #else
             const int CRS = Cg * RS;
-#if VEC
+#if VEC && DWKRSC
+            OutT* base = out + (grp * Kg * CRS + row);     // row = (r*S + s)*Cg + c -> dw[k][r][s][c] (KRSC)
+#elif VEC
             const int rs_ = row / Cg;                      // row = (r*S + s)*Cg + c -> dw[k][c][r][s]
             OutT* base = out + (grp * Kg * CRS + (row - rs_ * Cg) * RS + rs_);
 #else

@@ -103,6 +103,10 @@ CARRY_FILTER = [os.environ.get("MINIDNN_CONV_CARRY_FILTER", "1") != "0"]
 # step (ResNet-20 fp32: 19), the same bits, one NHWC copy of x held from forward to backward (where autograd holds
 # x itself anyway).  Switch: CARRY_X[0] = False, or MINIDNN_CONV_CARRY_X=0 at import.
 CARRY_X = [os.environ.get("MINIDNN_CONV_CARRY_X", "1") != "0"]
+# A channels-last weight's gradient slot (the fused optimizers keep a parameter's memory format, session 8) is offered
+# to the implicit-GEMM filter gradient, whose NHWC loader writes dw in KRSC memory (DWKRSC): no copy into the slot.
+# Switch: CL_DW_SLOT[0] = False, or MINIDNN_CONV_CL_DW_SLOT=0 at import (the engine then copies dw into the slot).
+CL_DW_SLOT = [os.environ.get("MINIDNN_CONV_CL_DW_SLOT", "1") != "0"]
 
 
 def _new_carry(need):
@@ -215,7 +219,8 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
         return None
     data, filt, dy_last = pair
     gd = gy.data
-    dw = destination(ctx, 1, tuple(w_shape), ctx.dw_dtype or gd.dtype) if filt is not None else None
+    dw = destination(ctx, 1, tuple(w_shape), ctx.dw_dtype or gd.dtype, filt.igemm is not None and CL_DW_SLOT[0]) \
+        if filt is not None else None
     if dw is not None and dw[1]:        # the filter gradient into a slot only (beta 0): a weight used twice keeps
         dw = None                       # the engine's add (its split-K / atomic variants' blending is not relied on)
     if data is None:                                # the filter gradient alone
