@@ -3,8 +3,8 @@ nn's ConvForward; docs/host_overhead.md round 12) gives the bits of backward dat
 B loaders fill the same (k, n) elements of every slice and the multiply reads B only through BS(stage, k, n) --
 over NCHW fp32 strict / TF32 / bfloat16, stride 1 and 2 (the residue classes), groups 1 and 2; the forward's result
 is the same with the copy kept; a carry of another filter is not read; the nn path (a ResNet block, forward and
-backward) gives the same gradients with the carry on and off, with fewer launches on.  The launches themselves are
-checked on the CPU too (test_conv_filter_carry.py)."""
+backward) gives the same gradients with the carry -- and with the x carry (CARRY_X) -- on and off, with fewer
+launches on.  The launches themselves are checked on the CPU too (test_conv_filter_carry.py)."""
 import numpy as np
 import pytest
 
@@ -94,62 +94,35 @@ def test_backward_data_through_the_carried_copy_gives_the_same_bits(shape, mode)
     assert cp.array_equal(_bits(dx_other), _bits(convolution_backward_data(h, other, dy, desc, x.shape)))
 
 
-@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("switch,mode", [("CARRY_FILTER", "fp32"), ("CARRY_FILTER", "tf32"), ("CARRY_X", "fp32"),
+                                         ("CARRY_X", "tf32"), ("CARRY_X", "bf16")])
 @pytest.mark.parametrize("stride,planes", [(1, 16), (2, 32)])
-def test_a_resnet_block_has_the_same_gradients_with_the_carry_on_and_off(stride, planes, tf32):
+def test_a_resnet_block_has_the_same_gradients_with_the_carry_on_and_off(stride, planes, switch, mode):
+    """The nn path with one carry switched on and off: the same gradients, two launches fewer a block -- CARRY_FILTER:
+    conv1 and conv2 (3x3) carry their KRSC filter copy to backward data, the 1x1 shortcut never copies its filter;
+    CARRY_X (session 8): their forward's NHWC copy of x to the filter gradient, the 1x1 shortcut is not staged."""
     from minidnn.models import BasicBlock
     mdn.manual_seed(3)
     block = BasicBlock(16, planes, stride).to("cuda")
     xa = np.random.default_rng(5).standard_normal((64, 16, 32, 32)).astype(np.float32)
     runs = {}
-    old, old_tf32 = C.CARRY_FILTER[0], mdn.backends.cudnn.allow_tf32
-    mdn.backends.cudnn.allow_tf32 = tf32
+    flag = getattr(C, switch)
+    old, old_tf32 = flag[0], mdn.backends.cudnn.allow_tf32
+    mdn.backends.cudnn.allow_tf32 = mode == "tf32"
     try:
         for on in (False, True, False, True):      # the second run of each: settled calls
-            C.CARRY_FILTER[0] = on
+            flag[0] = on
             block.zero_grad()
             x = mdn.tensor(xa, device="cuda", requires_grad=True)
             n0 = L.launch_count()
-            out = block(x)
-            out.backward(mdn.ones_like(out))
-            launches = L.launch_count() - n0
-            grads = [cp.asnumpy(_bits(x.grad.data))] + [cp.asnumpy(_bits(q.grad.data)) for q in block.parameters()]
-            runs[on] = (grads, launches)
-    finally:
-        C.CARRY_FILTER[0], mdn.backends.cudnn.allow_tf32 = old, old_tf32
-    (g_off, n_off), (g_on, n_on) = runs[False], runs[True]
-    assert len(g_on) == len(g_off) > 3
-    for a, b in zip(g_off, g_on):
-        assert np.array_equal(a, b)
-    assert n_on == n_off - 2            # conv1 and conv2 (3x3) carry; the 1x1 shortcut never copies its filter
-
-
-@pytest.mark.parametrize("dtype", ["float32", "tf32", "bfloat16"])
-@pytest.mark.parametrize("stride,planes", [(1, 16), (2, 32)])
-def test_a_resnet_block_has_the_same_gradients_with_x_carried_and_not(stride, planes, dtype):
-    """CARRY_X (session 8): the forward's NHWC staging copy of x read by the filter gradient -- the same bits as
-    staging x again, two launches fewer a block (conv1 and conv2 are staged; the 1x1 shortcut is too small)."""
-    from minidnn.models import BasicBlock
-    mdn.manual_seed(4)
-    block = BasicBlock(16, planes, stride).to("cuda")
-    xa = np.random.default_rng(6).standard_normal((64, 16, 32, 32)).astype(np.float32)
-    runs = {}
-    old, old_tf32 = C.CARRY_X[0], mdn.backends.cudnn.allow_tf32
-    mdn.backends.cudnn.allow_tf32 = dtype == "tf32"
-    try:
-        for on in (False, True, False, True):      # the second run of each: settled calls
-            C.CARRY_X[0] = on
-            block.zero_grad()
-            x = mdn.tensor(xa, device="cuda", requires_grad=True)
-            n0 = L.launch_count()
-            with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=dtype == "bfloat16"):
+            with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=mode == "bf16"):
                 out = block(x)
             out.float().backward(mdn.ones_like(out.float()))
             launches = L.launch_count() - n0
             grads = [cp.asnumpy(_bits(x.grad.data))] + [cp.asnumpy(_bits(q.grad.data)) for q in block.parameters()]
             runs[on] = (grads, launches)
     finally:
-        C.CARRY_X[0], mdn.backends.cudnn.allow_tf32 = old, old_tf32
+        flag[0], mdn.backends.cudnn.allow_tf32 = old, old_tf32
     (g_off, n_off), (g_on, n_on) = runs[False], runs[True]
     assert len(g_on) == len(g_off) > 3
     for a, b in zip(g_off, g_on):
