@@ -183,6 +183,58 @@ nchw_to_nhwc(const WORD_T* __restrict__ x, WORD_T* __restrict__ y, const int C, 
 }
 """
 
+TRANSPOSE_V2_SOURCE = r"""
+// NCHW -> NHWC copy, V2 (session 8): the same copy moved in 4-byte words on both sides, for any channel count.
+//   Tile: `ct` <= CT channels x `ht` <= HWT positions of one image (blockIdx.x: hw tiles, blockIdx.y: c tiles,
+//   blockIdx.z: n) in dynamic shared memory, rows of HWT / VW words + 1 (VW = 4 / sizeof(element): 2 for 16-bit
+//   data, whose words hold two elements).  256 threads walk the tile twice: first its words in NCHW order (a word =
+//   VW consecutive positions of one channel, consecutive threads on consecutive words: 128-byte warp loads), then
+//   in NHWC order (a word = VW consecutive channels of one position, assembled from two rows of the tile for 16-bit
+//   data).  When the tile holds every channel (C <= CT, the small-C layers of ResNet-20 and MobileNet) its output is
+//   one contiguous span of y, written by consecutive threads; otherwise each position's CT channels are a
+//   contiguous run.  16-bit data needs C and HW even and 4-byte aligned arrays (the host checks; V1 otherwise).
+extern "C" __global__ void __launch_bounds__(256)
+nchw_to_nhwc(const WORD_T* __restrict__ x, WORD_T* __restrict__ y, const int C, const int HW, const int CT,
+             const int HWT)
+{
+    extern __shared__ unsigned int tile_w[];
+    constexpr int VW = 4 / sizeof(WORD_T);
+    const int RW = HWT / VW + 1;                              // row stride of the tile in words
+    const long long base = (long long)blockIdx.z * C * HW;
+    const int hw0 = blockIdx.x * HWT, c0 = blockIdx.y * CT;
+    const int ct = min(CT, C - c0), ht = min(HWT, HW - hw0);
+    const int hwords = ht / VW;                               // ht is a multiple of VW (HW and HWT are)
+    const unsigned int* xw = reinterpret_cast<const unsigned int*>(x + base + (long long)c0 * HW + hw0);
+    const int hw_words = HW / VW;
+    for (int i = threadIdx.x; i < ct * hwords; i += 256) {
+        const int c = i / hwords, w = i - c * hwords;
+        tile_w[c * RW + w] = __ldg(xw + (long long)c * hw_words + w);
+    }
+    __syncthreads();
+    const int cwords = ct / VW;                               // ct is a multiple of VW (C and CT are)
+    unsigned int* yw = reinterpret_cast<unsigned int*>(y + base + (long long)hw0 * C + c0);
+    const int c_words = C / VW;
+    for (int i = threadIdx.x; i < ht * cwords; i += 256) {
+        const int h = i / cwords, cw = i - h * cwords;
+        unsigned int v;
+        if (VW == 2) {
+            const unsigned short* t16 = reinterpret_cast<const unsigned short*>(tile_w);
+            const unsigned int lo = t16[(2 * cw) * (2 * RW) + h], hi = t16[(2 * cw + 1) * (2 * RW) + h];
+            v = lo | (hi << 16);
+        } else {
+            v = tile_w[cw * RW + h];
+        }
+        yw[(long long)h * c_words + cw] = v;
+    }
+}
+"""
+
+# V2 transpose (session 8; MINIDNN_TRANSPOSE_V2=0: the 32 x 32 kernel above for everything).  On the H200 (run 14 of
+# session 8) the 32 x 32 kernel moved 16-bit activations no faster than float32 ones (2-byte accesses: half-width
+# warp transactions) and wasted half of each warp on 16-channel layers.
+TRANSPOSE_V2 = [os.environ.get("MINIDNN_TRANSPOSE_V2", "1") != "0"]
+TRANSPOSE_TILE_ELEMS = 4096          # elements a V2 tile holds (CT channels x HWT positions)
+
 
 def _stageable(direction, p) -> bool:
     if not (STAGE_ENABLED[0] and VEC_ENABLED[0] and vec_supports(direction, p) is None):
@@ -190,10 +242,29 @@ def _stageable(direction, p) -> bool:
     return p.N * math.prod(p.out_size) * p.Kg * p.Cg * math.prod(p.kernel) * p.groups >= STAGE_MIN_MACS
 
 
-def _transpose_plan(shape, itemsize, dev):
+def transpose_v2_tile(c, hw, itemsize):
+    """(CT, HWT) of the V2 transpose for C channels and HW positions, or None where V2 does not run (switched off,
+    16-bit data with an odd C or HW, 8-byte data)."""
+    vw = 4 // itemsize if itemsize in (2, 4) else 0
+    if not TRANSPOSE_V2[0] or not vw or c % vw or hw % vw:
+        return None
+    ct = min(c, 64)
+    ct += -ct % vw
+    hwt = max(32, min(1024, TRANSPOSE_TILE_ELEMS // ct // 32 * 32))
+    return ct, hwt
+
+
+def _transpose_plan(shape, itemsize, dev, aligned=True):
     n, c, h, w = shape
-    kernel = _launch.get_kernel(TRANSPOSE_SOURCE, "nchw_to_nhwc",
-                                (f"-DWORD_T={'unsigned int' if itemsize == 4 else 'unsigned short'}",))
+    word = f"-DWORD_T={'unsigned int' if itemsize == 4 else 'unsigned short'}"
+    tile = transpose_v2_tile(c, h * w, itemsize) if aligned else None
+    if tile is not None:
+        ct, hwt = tile
+        kernel = _launch.get_kernel(TRANSPOSE_V2_SOURCE, "nchw_to_nhwc", (word,))
+        grid = (-(-(h * w) // hwt), -(-c // ct), n)
+        return _launch.prepare(kernel, grid, (256,), [None, None, np.int32(c), np.int32(h * w), np.int32(ct),
+                                                      np.int32(hwt)], shared_mem=ct * (hwt * itemsize // 4 + 1) * 4)
+    kernel = _launch.get_kernel(TRANSPOSE_SOURCE, "nchw_to_nhwc", (word,))
     grid = (-(-(h * w) // 32), -(-c // 32), n)
     return _launch.prepare(kernel, grid, (32, 8), [None, None, np.int32(c), np.int32(h * w)])
 
@@ -207,10 +278,10 @@ def _transposer(a):
     n, c = a.shape[:2]
     if not (a.flags.c_contiguous and n <= 65535 and -(-c // 32) <= 65535):
         return None
-    key = (a.shape, a.itemsize, a.data.device_id)
+    key = (a.shape, a.itemsize, a.data.device_id, a.data.ptr % 4 == 0, TRANSPOSE_V2[0])
     run = _transposes.get(key)
     return run if run is not None else _launch.planned(_transposes, key, _transpose_plan, a.shape, a.itemsize,
-                                                       key[2])
+                                                       key[2], key[3])
 
 
 # Operands staged once per scope (``shared_staging``): a convolution's backward stages dy for backward data and
