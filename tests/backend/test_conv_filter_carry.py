@@ -193,8 +193,6 @@ def test_the_filter_gradient_reads_the_forwards_copy_of_x(name, need_dx, rep):
     gone = [i for i in range(len(b_off)) if b_on == b_off[:i] + b_off[i + 1:]]
     assert gone, "the backward's launches are not the old ones less one"
     r = b_off[gone[0]]
-    from minidnn.backend.cuda.conv_igemm import transpose_v2_tile
-    ct, hwt = transpose_v2_tile(c, h * w_, 4) or (32, 32)
-    assert "nchw_to_nhwc" in r[0] and r[1][:3] == [-(-h * w_ // hwt), -(-c // ct), n]     # a copy of x's size
+    assert "nchw_to_nhwc" in r[0] and r[1][2] == n          # a copy of x (n images; a filter's copy has K rows)
     assert out[name + "_x_inactive"]
 

@@ -37,6 +37,7 @@ def test_the_staging_copy_is_exact(shape, dtype, v2, monkeypatch):
         got = cp.asnumpy(cp.ascontiguousarray(t).view(cp.uint16 if a.itemsize == 2 else cp.uint32))
         want = host.view(np.uint16 if a.itemsize == 2 else np.uint32)
         assert np.array_equal(got, want), (shape, dtype, v2, offset)
-        uses_v2 = K.transpose_v2_tile(shape[1], shape[2] * shape[3], a.itemsize) is not None and \
+        uses_v2 = K.transpose_v2_tile(shape[1], shape[2] * shape[3], a.itemsize, shape[0],
+                                      K._launch.sm_count()) is not None and \
             (a.itemsize == 4 or offset == 0)
         assert (run.dims[3] == 256) == uses_v2         # V2: 256-thread blocks; V1: 32 x 8

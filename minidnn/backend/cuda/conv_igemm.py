@@ -242,22 +242,26 @@ def _stageable(direction, p) -> bool:
     return p.N * math.prod(p.out_size) * p.Kg * p.Cg * math.prod(p.kernel) * p.groups >= STAGE_MIN_MACS
 
 
-def transpose_v2_tile(c, hw, itemsize):
-    """(CT, HWT) of the V2 transpose for C channels and HW positions, or None where V2 does not run (switched off,
-    16-bit data with an odd C or HW, 8-byte data)."""
+def transpose_v2_tile(c, hw, itemsize, n=1, sms=132):
+    """(CT, HWT) of the V2 transpose for n images of C channels and HW positions on ``sms`` SMs, or None where V1
+    runs: V2 switched off; 16-bit data with an odd C or HW; 8-byte data; float32 with C >= 32, where V1's 32 x 32
+    tiles are full and were faster (session 8, run 14: 1.5-2.3x).  HWT halves (down to 16) until the grid has 4
+    blocks an SM: one 4096-element tile an image left (128, 64, 8, 8) with 128 blocks, 2.2x slower than V1."""
     vw = 4 // itemsize if itemsize in (2, 4) else 0
-    if not TRANSPOSE_V2[0] or not vw or c % vw or hw % vw:
+    if not TRANSPOSE_V2[0] or not vw or c % vw or hw % vw or (itemsize == 4 and c >= 32):
         return None
     ct = min(c, 64)
     ct += -ct % vw
     hwt = max(32, min(1024, TRANSPOSE_TILE_ELEMS // ct // 32 * 32))
+    while hwt > 16 and n * -(-hw // hwt) * -(-c // ct) < 4 * sms:
+        hwt //= 2
     return ct, hwt
 
 
 def _transpose_plan(shape, itemsize, dev, aligned=True):
     n, c, h, w = shape
     word = f"-DWORD_T={'unsigned int' if itemsize == 4 else 'unsigned short'}"
-    tile = transpose_v2_tile(c, h * w, itemsize) if aligned else None
+    tile = transpose_v2_tile(c, h * w, itemsize, n, _launch.sm_count()) if aligned else None
     if tile is not None:
         ct, hwt = tile
         kernel = _launch.get_kernel(TRANSPOSE_V2_SOURCE, "nchw_to_nhwc", (word,))
