@@ -244,11 +244,16 @@ def _stageable(direction, p) -> bool:
 
 def transpose_v2_tile(c, hw, itemsize, n=1, sms=132):
     """(CT, HWT) of the V2 transpose for n images of C channels and HW positions on ``sms`` SMs, or None where V1
-    runs: V2 switched off; 16-bit data with an odd C or HW; 8-byte data; float32 with C >= 32, where V1's 32 x 32
-    tiles are full and were faster (session 8, run 14: 1.5-2.3x).  HWT halves (down to 16) until the grid has 4
-    blocks an SM: one 4096-element tile an image left (128, 64, 8, 8) with 128 blocks, 2.2x slower than V1."""
+    runs: V2 switched off; 16-bit data with an odd C or HW; 8-byte data; and where V1 measured faster (session 8,
+    runs 14-15, H200, tools/transpose_ab.py): V2 runs 16-bit data of <= 16 channels or >= 1024 positions (0.53-0.89x
+    V1's time; 32-64 channels at 64-256 positions: 1.09-1.21x) and float32 of <= 16 channels at >= 1024 positions
+    (0.84x; V1's 32 x 32 tiles are full from 32 channels, and 16 channels at 256 positions took 1.13x).  HWT halves
+    (down to 16) until the grid has 4 blocks an SM: one 4096-element tile an image left (128, 64, 8, 8) with 128
+    blocks, 2.2x slower than V1."""
     vw = 4 // itemsize if itemsize in (2, 4) else 0
-    if not TRANSPOSE_V2[0] or not vw or c % vw or hw % vw or (itemsize == 4 and c >= 32):
+    if not TRANSPOSE_V2[0] or not vw or c % vw or hw % vw:
+        return None
+    if not (c <= 16 or hw >= 1024) if itemsize == 2 else not (c <= 16 and hw >= 1024):
         return None
     ct = min(c, 64)
     ct += -ct % vw
