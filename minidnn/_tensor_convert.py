@@ -19,7 +19,8 @@ from .backend.errors import DTypeError
 from .tensor import Tensor
 
 __all__ = ["numpy", "__array__", "item", "tolist", "__float__", "__int__", "__bool__", "__index__", "__dlpack__",
-           "__dlpack_device__", "__iter__", "__repr__", "__reduce_ex__", "contiguous", "is_contiguous", "copy_"]
+           "__dlpack_device__", "__iter__", "__repr__", "__reduce_ex__", "contiguous", "is_contiguous", "stride",
+           "copy_"]
 
 
 # -- to NumPy, Python numbers and lists, DLPack ---------------------------------------------------------------------
@@ -112,6 +113,22 @@ def contiguous(self, memory_format=_mf.contiguous_format):
 def is_contiguous(self, memory_format=_mf.contiguous_format):
     """Whether the memory is laid out as ``memory_format`` (row-major by default; channels_last: NHWC order)."""
     return _mf.is_in(self.data, memory_format)
+
+
+def stride(self, dim=None):
+    """The step in elements between neighbours along each axis (a tuple), or along ``dim`` (an int; negative counts
+    from the end), as PyTorch's ``Tensor.stride``: (C*H*W, H*W, W, 1) for a contiguous (N, C, H, W) tensor,
+    (H*W*C, 1, W*C, C) channels-last, 0 along a broadcast axis."""
+    item = self.data.itemsize
+    strides = tuple(s // item for s in self.data.strides)
+    if dim is None:
+        return strides
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"stride(): dim must be an int, got {type(dim).__name__}")
+    if not -len(strides) <= dim < max(len(strides), 1) or not strides:
+        raise IndexError(f"stride(): dimension {dim} out of range for a {len(strides)}-D tensor of shape "
+                         f"{tuple(self.data.shape)}")
+    return strides[dim]
 
 
 def copy_(self, src):

@@ -165,3 +165,24 @@ def test_a_fused_optimizer_keeps_channels_last_parameters_channels_last(opt_name
     opt2 = getattr(mdn.optim, opt_name)(model.parameters(), fused=True, **kw)
     opt2.load_state_dict(sd)
     assert all(p.is_contiguous(memory_format=mdn.channels_last) for p in cl_params)
+
+
+def test_stride_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    a = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    pairs = [(mdn.tensor(a), torch.tensor(a))]
+    pairs.append((pairs[0][0].to(memory_format=mdn.channels_last), pairs[0][1].to(memory_format=torch.channels_last)))
+    pairs.append((pairs[0][0].transpose(1, 3), pairs[0][1].transpose(1, 3)))
+    pairs.append((pairs[0][0][:, ::2, 1:], pairs[0][1][:, ::2, 1:]))
+    pairs.append((mdn.tensor(a[0, 0, 0]).broadcast_to((3, 5)), torch.tensor(a[0, 0, 0]).expand(3, 5)))
+    pairs.append((mdn.tensor(np.float32(2.0)), torch.tensor(2.0)))
+    for m, t in pairs:
+        assert m.stride() == t.stride()
+        for d in range(-m.ndim, m.ndim):
+            assert m.stride(d) == t.stride(d)
+    with pytest.raises(IndexError, match="out of range"):
+        pairs[0][0].stride(4)
+    with pytest.raises(IndexError, match="out of range"):
+        pairs[-1][0].stride(0)
+    with pytest.raises(TypeError, match="int"):
+        pairs[0][0].stride(1.0)
