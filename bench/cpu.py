@@ -67,6 +67,22 @@ def set_threads(n):
         torch.set_num_threads(n)
 
 
+def lenet_step(x_np, y_np):
+    """One minidnn LeNet-5 training step (cross-entropy, SGD momentum 0.9) on the batch ``x_np``, ``y_np``, as a
+    callable (tools/cpu_lenet_profile.py profiles the same step)."""
+    mdn.manual_seed(0)
+    model = models.LeNet5(10, 1, 32)
+    opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = mdn.tensor(x_np), mdn.tensor(y_np)
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
 def side_by_side(make_mdn, make_torch, rounds, inner):
     """{threads: (minidnn rounds, torch rounds or None)}, seconds per call: each round runs every thread count of
     --threads in turn, minidnn then PyTorch at each, one round of ``inner`` calls each (after one warm-up call)."""
@@ -116,17 +132,7 @@ def lenet_rows(rounds, batches=(64, 256)):
         y_np = rng.integers(0, 10, batch)
 
         def make_mdn():
-            mdn.manual_seed(0)
-            model = models.LeNet5(10, 1, 32)
-            opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            x, y = mdn.tensor(x_np), mdn.tensor(y_np)
-
-            def step():
-                loss = F.cross_entropy(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            return step
+            return lenet_step(x_np, y_np)
 
         def make_torch():
             torch.manual_seed(0)

@@ -15,16 +15,20 @@ import argparse
 import collections
 import cProfile
 import io
+import os
 import pstats
 import statistics
+import sys
 import time
 
 import numpy as np
 
-import minidnn as mdn
-import minidnn.nn.functional as F
-from minidnn import models
-from minidnn.autograd import Function
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+from cpu import lenet_step  # noqa: E402  (bench/cpu.py)
+
+import minidnn as mdn  # noqa: E402
+from minidnn.autograd import Function  # noqa: E402
 
 _TIMES = collections.defaultdict(list)
 _STEP = [0]
@@ -72,20 +76,11 @@ def instrument():
 
 
 def make_step(batch):
+    """bench/cpu.py's LeNet-5 step on its batch (the same seeds)."""
     rng = np.random.default_rng(0)
     x_np = rng.standard_normal((batch, 1, 32, 32)).astype(np.float32)
     y_np = rng.integers(0, 10, batch)
-    mdn.manual_seed(0)
-    model = models.LeNet5(10, 1, 32)
-    opt = mdn.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = mdn.tensor(x_np), mdn.tensor(y_np)
-
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return step
+    return lenet_step(x_np, y_np)
 
 
 def main(argv=None):
