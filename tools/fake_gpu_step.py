@@ -65,10 +65,23 @@ x = mdn.randn(batch, *ctor[1]).to("cuda")
 x = x.to(memory_format=mdn.channels_last) if cl else x
 y = mdn.randint(0, 10, (batch,)).to("cuda")
 F = mdn.nn.functional
+STEP = os.environ.get("STEP", "")       # "plain": no autocast block; "amp_bench": bench/amp_step.py's step (autocast
+scaler = mdn.amp.GradScaler("cuda", enabled=amp == "fp16")     # and GradScaler, disabled for fp32)
 def step():
+    if STEP == "plain":
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return
     with mdn.autocast("cuda", dtype=amp_dtype or mdn.bfloat16, enabled=amp_dtype is not None):
         loss = F.cross_entropy(m(x), y)
     opt.zero_grad()
+    if STEP == "amp_bench":
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return
     loss.backward()
     opt.step()
 cupy_ops = collections.Counter()       # (op, caller) -> count, while cupy_log is on
