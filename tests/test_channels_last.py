@@ -186,3 +186,56 @@ def test_stride_matches_pytorch():
         pairs[-1][0].stride(0)
     with pytest.raises(TypeError, match="int"):
         pairs[0][0].stride(1.0)
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
+def test_channels_last_after_the_fused_optimizer_was_built(opt_name, device):
+    """``model.to(memory_format=channels_last)`` after the optimizer: the parameters become channels-last (as in
+    PyTorch, whose optimizers hold the same Parameter objects), the state keeps its values, and the steps match
+    the unfused optimizer's."""
+    mdn.manual_seed(3)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 2))
+    ref.to(device)
+    model.to(device)
+    model.load_state_dict(ref.state_dict())
+    kw = {"lr": 0.05, "momentum": 0.9} if opt_name == "SGD" else {"lr": 0.01}
+    opt = getattr(mdn.optim, opt_name)(model.parameters(), fused=True, **kw)
+    opt_ref = getattr(mdn.optim, opt_name)(ref.parameters(), fused=False, **kw)
+    x = mdn.randn(4, 3, 8, 8, device=device)
+    for step in range(4):
+        if step == 2:                   # the optimizer already holds state: relayout mid-training
+            model.to(memory_format=mdn.channels_last)
+            ref.to(memory_format=mdn.channels_last)
+        for m, o in ((model, opt), (ref, opt_ref)):
+            o.zero_grad()
+            xin = x.to(memory_format=mdn.channels_last) if step >= 2 else x
+            (m(xin) * mdn.arange(2, device=device)).sum().backward()
+            o.step()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.detach().cpu().numpy(), q.detach().cpu().numpy(), rtol=1e-5, atol=1e-6)
+    assert model[0].weight.is_contiguous(memory_format=mdn.channels_last) and not model[0].weight.is_contiguous()
+    assert model[0].weight.grad.is_contiguous(memory_format=mdn.channels_last)
+
+
+def test_a_parameter_relaid_with_its_gradient_still_in_the_slot_keeps_that_gradient():
+    mdn.manual_seed(0)
+    m = nn.Conv2d(3, 8, 3)
+    opt = mdn.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True)
+    x = mdn.randn(2, 3, 8, 8)
+    for _ in range(2):
+        opt.zero_grad()
+        m(x).sum().backward()
+        if _ == 0:
+            opt.step()
+    g = m.weight.grad.numpy().copy()
+    w_before = m.weight.detach().numpy().copy()
+    m.weight.data = mdn._memory_format.relayout(m.weight.data, mdn.channels_last)    # the gradient stays in its slot
+    opt.step()
+    np.testing.assert_array_equal(m.weight.grad.numpy(), g)
+    assert m.weight.is_contiguous(memory_format=mdn.channels_last)
+    assert m.weight.grad.is_contiguous(memory_format=mdn.channels_last)
+    buf = opt.state[m.weight]["momentum_buffer"]
+    buf = buf.data if isinstance(buf, mdn.Tensor) else buf
+    assert mdn._memory_format.is_in(buf, mdn.channels_last)
+    assert not np.allclose(m.weight.detach().numpy(), w_before)

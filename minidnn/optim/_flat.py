@@ -13,7 +13,8 @@ zero state unchanged under SGD and Adam).
 What invalidates a binding, and what ``check_bindings`` does about it (once per step, an identity test per
 parameter):
   * ``p.data = new_array`` of the same shape, dtype and device: the values are copied into the buffer and
-    ``p.data`` is rebound to its slice again (re-gather; the optimizer state is kept).
+    ``p.data`` is rebound to its slice again (re-gather; the optimizer state is kept).  A new memory format
+    (``model.to(memory_format=channels_last)`` after the optimizer was built) lays the slices out again in it.
   * a different device, dtype or shape (``model.to(...)`` after the optimizer was built): RuntimeError.
   * another fused optimizer built later over the same parameter took it over: RuntimeError.
 """
@@ -139,7 +140,28 @@ class FlatParams:
                     f"optimizer: parameter {j} is now {_describe(new)} but the optimizer's flat buffer holds it as "
                     f"{_describe(pv)}: the model was moved or cast after the optimizer was built. Build the optimizer "
                     "after model.to(...), or use fused=False")
+            perm = _memory_order(new)
+            if perm != self.perms[j]:
+                self._relayout(j, perm, p)      # model.to(memory_format=...) after the optimizer was built
             self._bind(j, p)
+
+    def _relayout(self, j, perm, p):
+        """Lay parameter ``j``'s (``p``'s) slices out in another memory order (``perm``, None for row-major), values
+        kept, in every flat buffer; its views are made again (its published state views at the next step), and a
+        gradient still held in the old gradient view is handed the new one (the same values)."""
+        bufs = [self.param, self.grad, *self.state.values()] + ([self.param_lowp] if self.master else [])
+        values = [self.view(b, j).copy() for b in bufs]
+        old_grad_view = self.grad_views[j]
+        self.perms[j] = perm
+        for b, v in zip(bufs, values):
+            self.view(b, j)[...] = v
+        self.param_views[j] = self.view(self.param_lowp if self.master else self.param, j)
+        if self.master:
+            self.master_views[j] = self.view(self.param, j)
+        self.grad_views[j] = self.view(self.grad, j)
+        if p.grad is not None and p.grad.data is old_grad_view:
+            p.grad = p._wrap_like(self.grad_views[j])
+        self.has_state[j] = False
 
     # -- per-step gradient bookkeeping ----------------------------------------------------------------------------
     def collect_grads(self):
