@@ -75,8 +75,10 @@ def test_a_captured_product_replays():
         out = cublas.gemm(ga, gb)
         graph = s.end_capture()
     a2, b2, ga2, gb2 = _operands(8)
-    ga[...] = ga2
-    gb[...] = gb2
-    graph.launch(s)
+    cp.cuda.Device().synchronize()      # ga2, gb2 uploaded (on the default stream) before s reads them
+    with s:                 # the new operands written on the replay's stream: s is non-blocking, so copies made on
+        ga[...] = ga2       # the default stream could still be running when the graph reads them (a flaky failure
+        gb[...] = gb2       # under load, session 8 run 1)
+        graph.launch(s)
     s.synchronize()
     _check(out, a2, b2)
