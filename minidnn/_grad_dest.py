@@ -32,6 +32,7 @@ import os
 
 import numpy as np
 
+from . import _memory_format as _mf
 from . import autograd as _ag
 
 __all__ = ["destination"]
@@ -62,7 +63,7 @@ def destination(ctx, i, shape=None, dtype=None, channels_last=False):
     a = d[0]
     if a.shape != shape or a.dtype != dtype:
         return None
-    if a.flags.c_contiguous or (channels_last and a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous):
+    if a.flags.c_contiguous or (channels_last and a.ndim == 4 and _mf.is_in(a, _mf.channels_last)):
         return d
     return None
 

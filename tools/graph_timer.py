@@ -4,8 +4,11 @@ of one call of ``fn`` from a graph of ``calls`` back-to-back calls, median over 
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
+
+_BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench")
 
 
 def graph_time(cp, fn, calls, trials):
@@ -40,23 +43,19 @@ def graph_time(cp, fn, calls, trials):
 
 
 def torch_graph_time(torch, fn, calls, trials):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
+    """Median device ms of one PyTorch ``fn()`` from a CUDA graph of ``calls`` of them (bench/graphs.py's capture:
+    warm-up on a side stream, then one graph)."""
+    if _BENCH not in sys.path:
+        sys.path.insert(0, _BENCH)
+    from graphs import _capture  # bench/graphs.py
+    replay = _capture(torch, lambda: [fn() for _ in range(calls)])
+    replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(trials):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        g.replay()
+        replay()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) / calls)

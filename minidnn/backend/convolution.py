@@ -414,21 +414,11 @@ class SettledConvolution:
         if into is not None and not (d and self.plain and into.shape == (p.w_shape if d == 2 else p.x_shape)):
             into = None
         # backward filter into a channels-last (KRSC memory) gradient slot: the VEC loader writes it so (DWKRSC);
-        # where this call runs another loader (ValueError from the settling), a fresh dw as before
+        # where this call runs another loader (its settling raises ValueError: slots 4-7 then hold False), a fresh
+        # dw as before
         krsc = d == 2 and into is not None and not into.flags.c_contiguous
-        if krsc:
-            call = self.calls[4 + 2 * (beta != 0)]
-            if call is None:
-                try:
-                    call = self.calls[4 + 2 * (beta != 0)] = _igemm.settled_call(
-                        cp, d, p, a, b, into, self.tf32, self.igemm[0], beta=float(beta), atomic=self.igemm[1])
-                except ValueError:
-                    call = False
-                    self.calls[4] = self.calls[6] = False
-            if call is False:
-                return self.run(a1, a2, carry)
-            call(cp, a, b, into, (), None)
-            return into
+        if krsc and self.calls[4] is False:
+            into, krsc = None, False
         if d == 2:
             result = out = cp.empty(p.w_shape, dtype=a.dtype if self.out_dtype is None else self.out_dtype) \
                 if into is None else into
@@ -444,12 +434,18 @@ class SettledConvolution:
         slot = carry is not None and d == 1
         if into is None or not beta:
             beta = 0.0
-        index = slot + 2 * (beta != 0)
+        index = slot + 2 * (beta != 0) + 4 * krsc
         call = self.calls[index]
         if call is None:
             precomp, atomic = self.igemm
-            call = self.calls[index] = _igemm.settled_call(cp, d, p, a, b, out, self.tf32, precomp, beta=beta,
-                                                           atomic=atomic, carried=slot)
+            try:
+                call = self.calls[index] = _igemm.settled_call(cp, d, p, a, b, out, self.tf32, precomp, beta=beta,
+                                                               atomic=atomic, carried=slot)
+            except ValueError:
+                if not krsc:
+                    raise
+                self.calls[4:] = [False] * 4
+                return self.run(a1, a2, carry)
         call(cp, a, b, out, (), carry)
         if self.plain:              # a contiguous channels-first result: what _finish returns for it
             return result

@@ -801,7 +801,8 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
     wide = direction == 2 and out.dtype != s1.dtype     # float32 dw from half data (WOUT32)
     sk2 = direction == 2 and not atomic and SPLITK2[0]  # the two-level split-K where the plan has enough splits
     # a channels-last dw (KRSC memory): written so by the VEC loader's row order (DWKRSC); other loaders cannot
-    call.dwk = direction == 2 and not out.flags.c_contiguous and _krsc_laid(out)
+    call.dwk = direction == 2 and out.ndim == 4 and not out.flags.c_contiguous and \
+        out.transpose(0, 2, 3, 1).flags.c_contiguous
     if call.dwk and not vec:
         raise ValueError("a channels-last (KRSC) dw is written by the NHWC 16-byte loader only; this call runs the "
                          "element loader")
@@ -819,12 +820,6 @@ def _settle(cp, direction, p, a, b, out, tf32, precomp, alpha, beta, tile, epi=N
     if call.dwk:
         call.plan_key += ("krsc dw",)
     return call
-
-
-def _krsc_laid(a):
-    """Whether the 4-D (K, Cg, R, S) array ``a`` lies in KRSC memory (a channels-last filter), contiguously."""
-    return a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous
-
 
 
 def _as_meta(a):
