@@ -36,6 +36,8 @@ def main(argv=None):
     ap.add_argument("--kernels", action="store_true",
                     help="only the device-kernel time per step by kernel name, minidnn beside PyTorch (CUPTI)")
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--amp", default="fp32", help="one of bench/amp_step.py's modes (fp32, bf16, fp16, bf16+cl): "
+                    "profile that step (forward under autocast) instead of train_step's")
     ap.add_argument("--dump", default=None, help="folder: write each model's pstats file there (<model>.prof)")
     args = ap.parse_args(argv)
     set_math(args.tf32)
@@ -47,7 +49,11 @@ def main(argv=None):
     for name in args.models.split(","):
         ctor, shape, batch = CONFIGS[name]
         batch = args.batch_size or batch
-        step, _, _ = make_step(mdn, vars(minidnn.models), ctor, shape, batch, args.device)
+        if args.amp != "fp32":
+            import amp_step
+            step = amp_step.minidnn_step(name, args.amp, args.device)
+        else:
+            step, _, _ = make_step(mdn, vars(minidnn.models), ctor, shape, batch, args.device)
         for _ in range(10):
             step()
         sync()
@@ -70,7 +76,7 @@ def main(argv=None):
             step()
             sync()
             launches = launch.launch_count() - start
-        print(f"== {name} batch {batch} on {args.device}: wall {statistics.median(wall):.2f} ms, host step() "
+        print(f"== {name} {args.amp} batch {batch} on {args.device}: wall {statistics.median(wall):.2f} ms, host step() "
               f"{statistics.median(host):.2f} ms, cpu {statistics.median(cpu):.2f} ms, own launches/step {launches}")
         prof = cProfile.Profile()
         prof.enable()
