@@ -1,26 +1,43 @@
 """The training-step kernels of issue 10 one by one: minidnn's time and achieved bandwidth beside PyTorch's op.
 
     python bench/kernels_gpu.py [--sizes large,small] [--dtypes float32,bfloat16] [--only ln,gn] [--trials 7]
+                                [--timing eager|graph|both]
 
 For each kernel (batch norm training forward/backward, fused bn + ReLU and bn + add + ReLU, max/average pooling
 forward/backward, global average pooling, softmax, log-softmax, cross-entropy forward/backward, bias add and its
-gradient, dropout, layer norm, group norm, ReLU) on a large tensor and on a small-CNN-sized one:
-  minidnn ms   CUDA events around `reps` back-to-back calls of the backend primitive on CuPy arrays, divided by reps;
-               the median of `trials` such timings.  On large tensors this is the kernels' time (the host runs
-               ahead); on small ones the host cost of the call shows (a CUDA graph removes it: bench/graphs.py).
+gradient, dropout, layer norm, group norm, ReLU) on a large tensor and on a small-CNN-sized one, each row's call
+(the backend primitive on CuPy arrays; PyTorch's equivalent op) is timed two ways, in two column groups:
+  eager  (host + device)  CUDA events around `reps` back-to-back eager calls, divided by reps; the median of
+         `trials` such timings.  A call shorter than its host cost (our Python + CuPy launch ~15-25 us, PyTorch's
+         dispatch ~5-15 us) measures the host: the GPU waits for the next launch.
+  graph  (device)  the same `reps` calls captured ONCE into a CUDA graph on a side stream (both frameworks through
+         bench/graphs.py's `_capture`: 3 warm-up rounds on the side stream, then one capture -- minidnn's through
+         minidnn.cuda.graph, i.e. CuPy stream capture into a private memory pool, PyTorch's through
+         torch.cuda.CUDAGraph), then CUDA events around one replay of the graph, divided by reps; the median of
+         `trials` replays.  Host time drops out for BOTH frameworks: what is left is the kernels' own time plus
+         the GPU's ~1 us gap between consecutive graph kernels (charged to both sides alike).  A call that
+         cannot be captured (it synchronises with the host, or calls a library that refuses capture) shows its
+         EAGER time in the graph columns, marked "e", and the reason is listed under the table.
+Columns of each group:
+  ms           one call's time, as above (minidnn "mdn ms"; PyTorch "torch ms": eager, cudnn.benchmark on,
+               backward by torch.autograd.grad of that op alone).
   GB/s, %copy  the op's compulsory traffic (every input read once, every output written once: the floor, not what
                a kernel happens to move) over minidnn's time, and that against the device-to-device copy
                bandwidth measured in the same run (a 256 MiB cudaMemcpyAsync: 2 x bytes / time).
-  torch ms     PyTorch's equivalent op timed the same way (eager, cudnn.benchmark on; backward by
-               torch.autograd.grad of that op alone).
+  vs torch     PyTorch's time / minidnn's in the same group (> 1: minidnn faster).
   k/call       kernels minidnn launched per call through backend/cuda/launch.py (CuPy's own are not counted).
   target       issue 10's: a memory-bound kernel on a large tensor at >= 70% of copy bandwidth and faster than
-               PyTorch ("ok"), else what is missing.
-One run prints the whole table.  PyTorch is imported here only (it is the yardstick, not a dependency).
+               PyTorch ("ok"), else what is missing; judged on the GRAPH columns where both sides were captured
+               (the kernels, not the host), else on the eager ones and marked "(eager)".  --timing eager: the
+               eager columns only, judged on them (the tables of sessions 6-8); --timing graph: the graph
+               columns only.
+The bytes of a row are the same in both groups (and as before this column was added).  One run prints the whole
+table.  PyTorch is imported here only (it is the yardstick, not a dependency).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -37,6 +54,8 @@ SIZES = {   # name: (NCHW activation, (rows, classes) logits, (rows, D) layer no
 
 
 class Timer:
+    """Eager and graph timings of one call (CuPy launches or PyTorch ops); see the module docstring."""
+
     def __init__(self, cp, torch, trials):
         self.cp, self.torch, self.trials = cp, torch, trials
 
@@ -49,7 +68,7 @@ class Timer:
         ms = max(elapsed(a, b), 1e-3)
         return int(min(200, max(3, 10.0 / ms)))       # ~10 ms per trial
 
-    def cupy(self, fn):
+    def _cupy_clock(self):
         cp = self.cp
 
         def now():
@@ -60,9 +79,9 @@ class Timer:
         def elapsed(a, b):
             b.synchronize()
             return cp.cuda.get_elapsed_time(a, b)
-        return self._time(fn, cp.cuda.Device().synchronize, now, elapsed)
+        return cp.cuda.Device().synchronize, now, elapsed
 
-    def torch_(self, fn):
+    def _torch_clock(self):
         torch = self.torch
 
         def now():
@@ -73,10 +92,20 @@ class Timer:
         def elapsed(a, b):
             b.synchronize()
             return a.elapsed_time(b)
-        return self._time(fn, torch.cuda.synchronize, now, elapsed)
+        return torch.cuda.synchronize, now, elapsed
 
-    def _time(self, fn, sync, now, elapsed):
-        reps = self._reps(fn, sync, now, elapsed)
+    def reps(self, fn, framework):
+        """How many back-to-back calls make a ~10 ms trial (from one eager call; at most 200)."""
+        return self._reps(fn, *(self._cupy_clock() if framework == "minidnn" else self._torch_clock()))
+
+    def cupy(self, fn, reps=None):
+        return self._time(fn, reps, *self._cupy_clock())
+
+    def torch_(self, fn, reps=None):
+        return self._time(fn, reps, *self._torch_clock())
+
+    def _time(self, fn, reps, sync, now, elapsed):
+        reps = reps or self._reps(fn, sync, now, elapsed)
         times = []
         for _ in range(self.trials):
             a = now()
@@ -85,6 +114,40 @@ class Timer:
             b = now()
             times.append(elapsed(a, b) / reps)
         return statistics.median(times)
+
+    def graph(self, fn, reps, framework):
+        """Median ms of one call from replays of a CUDA graph of ``reps`` calls (raises where capture fails).
+        The calls are captured by bench/graphs.py's ``_capture`` for both frameworks (minidnn.cuda.graph: CuPy
+        stream capture into a private pool; torch.cuda.graph); each replay is timed with events on the stream
+        it runs on (the current one)."""
+        here = os.path.dirname(os.path.abspath(__file__))
+        if here not in sys.path:
+            sys.path.insert(0, here)
+        from graphs import _capture  # bench/graphs.py
+        if framework == "minidnn":
+            import minidnn as lib
+            sync, now, elapsed = self._cupy_clock()
+        else:
+            lib = self.torch
+            sync, now, elapsed = self._torch_clock()
+
+        def calls():                        # outputs dropped as they come, as in the eager loop
+            for _ in range(reps):
+                fn()
+        replay = _capture(lib, calls)
+        try:
+            replay()
+            sync()
+            times = []
+            for _ in range(self.trials):
+                a = now()
+                replay()
+                b = now()
+                times.append(elapsed(a, b) / reps)
+            return statistics.median(times)
+        finally:
+            del replay                      # the graph and its private memory
+            sync()
 
 
 def copy_bandwidth(cp, timer):
@@ -470,12 +533,68 @@ def build(cases, kind, size):
     raise ValueError(kind)
 
 
+def _capture_reason(exc):
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text[:160]
+
+
+def measure(timer, fn, tfn, timing):
+    """One row's timings: {"eager": (mdn ms, torch ms or None), "graph": (mdn ms, torch ms or None) with eager
+    standing in where a side could not be captured, "failed": [(side, reason)]}; groups not asked for are absent."""
+    out = {"failed": []}
+    mreps = timer.reps(fn, "minidnn")
+    treps = timer.reps(tfn, "torch") if tfn is not None else None
+    eager = {}
+
+    def eager_ms(side):                     # measured once, when shown or when it must stand in
+        if side not in eager:
+            f, reps = (fn, mreps) if side == "minidnn" else (tfn, treps)
+            eager[side] = None if f is None else (timer.cupy if side == "minidnn" else timer.torch_)(f, reps)
+        return eager[side]
+    if timing in ("eager", "both"):
+        out["eager"] = (eager_ms("minidnn"), eager_ms("torch"))
+    if timing in ("graph", "both"):
+        got = []
+        for side, f, reps in (("minidnn", fn, mreps), ("torch", tfn, treps)):
+            if f is None:
+                got.append(None)
+                continue
+            try:
+                got.append(timer.graph(f, reps, side))
+            except Exception as exc:        # noqa: BLE001 -- a sync inside: eager stands in, marked
+                out["failed"].append((side, _capture_reason(exc)))
+                got.append(eager_ms(side))
+        out["graph"] = tuple(got)
+    return out
+
+
+def _cells(ms, tms, nbytes, bw, marks):
+    """``mdn ms  GB/s  %copy  torch ms  vs torch`` of one group; ``marks``: (minidnn eager?, torch eager?)."""
+    gbs = nbytes / (ms * 1e-3) / 1e9
+    pct = 100 * gbs / bw
+    m = "e" if marks[0] else " "
+    tm = "e" if marks[1] else " "
+    tcol = f"{tms:9.4f}{tm}" if tms is not None else f"{'':10s}"
+    ratio = f"{tms / ms:7.2f}x" if tms is not None else f"{'':8s}"
+    return f"{ms:10.4f}{m} {gbs:7.0f} {pct:5.0f}% {tcol} {ratio}", pct
+
+
+def _verdict(pct, ms, tms):
+    misses = ([] if pct >= 70 else ["<70%"]) + ([] if tms is None or ms < tms else ["slower"])
+    return "ok" if not misses else " ".join(misses)
+
+
+GROUP = f"{'mdn ms':>11s} {'GB/s':>7s} {'%copy':>6s} {'torch ms':>10s} {'vs torch':>8s}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="large,small")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--only", default=",".join(KINDS), help="comma list of " + ",".join(KINDS))
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--timing", default="both", choices=("eager", "graph", "both"),
+                    help="eager calls (host + device), CUDA-graph replays (device), or both column groups")
     args = ap.parse_args(argv)
     if not _dev.cuda_is_available():
         print("kernels_gpu: no CUDA GPU with CuPy here; nothing to measure")
@@ -491,10 +610,14 @@ def main(argv=None):
     bw = copy_bandwidth(cp, timer)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s "
           f"(cudaMemcpyAsync, 256 MiB); PyTorch {torch.__version__ if torch else 'absent'}")
-    head = (f"{'kernel':34s} {'dtype':9s} {'shape':22s} {'MB':>7s} {'minidnn ms':>10s} {'GB/s':>7s} {'%copy':>6s} "
-            f"{'torch ms':>9s} {'vs torch':>8s} {'k/call':>6s}  target")
+    groups = {"eager": ["eager"], "graph": ["graph"], "both": ["eager", "graph"]}[args.timing]
+    lead = f"{'kernel':34s} {'dtype':9s} {'shape':22s} {'MB':>7s}"
+    titles = {"eager": "eager calls (host + device)", "graph": "CUDA-graph replay (device)"}
+    print(" " * len(lead) + "".join(f" {('-- ' + titles[g] + ' ').ljust(len(GROUP), '-')}" for g in groups))
+    head = lead + "".join(f" {GROUP}" for _ in groups) + f" {'k/call':>6s}  target"
     print(head)
     print("-" * len(head))
+    failures = []
     for dtype_name in args.dtypes.split(","):
         cases = Cases(cp, torch, dtype_name)
         for size in args.sizes.split(","):
@@ -509,25 +632,35 @@ def main(argv=None):
                         before = _launch.launch_count()
                         fn()
                         launches = _launch.launch_count() - before
-                        ms = timer.cupy(fn)
-                        tms = timer.torch_(tfn) if tfn is not None else None
+                        got = measure(timer, fn, tfn, args.timing)
                     except Exception as exc:
                         print(f"{name:34s} {dtype_name:9s} {str(shape):22s} failed: {type(exc).__name__}: {exc}")
                         continue
-                    gbs = nbytes / (ms * 1e-3) / 1e9
-                    pct = 100 * gbs / bw
+                    failed = {side for side, _ in got["failed"]}
+                    failures += [(name, dtype_name, shape, side, why) for side, why in got["failed"]]
+                    line = f"{name:34s} {dtype_name:9s} {str(shape):22s} {nbytes / 1e6:7.1f}"
+                    judged = None
+                    for g in groups:
+                        ms, tms = got[g]
+                        marks = (g == "graph" and "minidnn" in failed, g == "graph" and "torch" in failed)
+                        text, pct = _cells(ms, tms, nbytes, bw, marks)
+                        line += " " + text
+                        judged = (pct, ms, tms, any(marks))
                     verdict = ""
                     if memory_bound and size == "large":
-                        misses = ([] if pct >= 70 else ["<70%"]) + ([] if tms is None or ms < tms else ["slower"])
-                        verdict = "ok" if not misses else " ".join(misses)
-                    tcol = f"{tms:9.4f}" if tms is not None else f"{'':9s}"
-                    ratio = f"{tms / ms:7.2f}x" if tms is not None else f"{'':8s}"
-                    print(f"{name:34s} {dtype_name:9s} {str(shape):22s} {nbytes / 1e6:7.1f} {ms:10.4f} {gbs:7.0f} "
-                          f"{pct:5.0f}% {tcol} {ratio} {launches:6d}  {verdict}")
+                        pct, ms, tms, fell_back = judged
+                        verdict = _verdict(pct, ms, tms) + (" (eager)" if fell_back else "")
+                    print(f"{line} {launches:6d}  {verdict}")
                 sys.stdout.flush()
         del cases
         cp.get_default_memory_pool().free_all_blocks()
-    print("vs torch: PyTorch's time / minidnn's (> 1: minidnn faster).  MB: compulsory traffic of one call.")
+    print("vs torch: PyTorch's time / minidnn's in the same group (> 1: minidnn faster).  MB: compulsory traffic "
+          "of one call.")
+    if "graph" in groups:
+        print("e: that side's call could not be captured in a CUDA graph; its eager time stands in (and the target "
+              "is judged on eager times, marked '(eager)').")
+        for name, dtype_name, shape, side, why in failures:
+            print(f"  capture failed: {name} {dtype_name} {shape} ({side}): {why}")
     return 0
 
 

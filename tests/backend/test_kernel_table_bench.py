@@ -1,0 +1,117 @@
+"""bench/kernels_gpu.py's two timings on a fake framework (no GPU): the graph column is the device time of the
+captured calls (host time gone), a call that cannot be captured falls back to its eager time with a mark, and the
+target is judged on the graph column only where both sides were captured."""
+import contextlib
+import importlib.util
+import os
+import sys
+import types
+
+import pytest
+
+_BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+
+
+def _bench():
+    if _BENCH not in sys.path:
+        sys.path.insert(0, _BENCH)
+    spec = importlib.util.spec_from_file_location("kernels_gpu_under_test", os.path.join(_BENCH, "kernels_gpu.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class FakeGPU:
+    """A virtual clock: an eager call costs `host` ms of launch then `device` ms of kernel (the GPU idles while the
+    host is slower); a captured call costs nothing until replayed, then only its device time."""
+
+    def __init__(self):
+        self.clock = 0.0
+        self.capturing = None
+
+    def kernel(self, host, device, syncs=False):
+        def call():
+            if self.capturing is not None:
+                if syncs:
+                    raise RuntimeError("operation not permitted when stream is capturing")
+                self.capturing.append(device)
+            else:
+                self.clock += max(host, device)
+        return call
+
+    def lib(self):
+        gpu = self
+
+        class Event:
+            def __init__(self, **_):
+                self.t = None
+
+            def record(self):
+                self.t = gpu.clock
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+        class Graph:
+            def __init__(self):
+                self.calls = []
+
+            def replay(self):
+                gpu.clock += sum(self.calls)
+
+        @contextlib.contextmanager
+        def graph(g):
+            gpu.capturing = g.calls
+            try:
+                yield g
+            finally:
+                gpu.capturing = None
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        cuda = types.SimpleNamespace(Stream=Stream, current_stream=Stream, stream=lambda s: contextlib.nullcontext(),
+                                     CUDAGraph=Graph, graph=graph, Event=Event, synchronize=lambda: None)
+        return types.SimpleNamespace(cuda=cuda)
+
+
+def test_graph_column_is_device_time_and_failures_fall_back_marked():
+    kg = _bench()
+    gpu = FakeGPU()
+    torch = gpu.lib()
+    timer = kg.Timer(None, torch, trials=3)
+    timer._cupy_clock = timer._torch_clock          # both sides on the fake clock
+    import minidnn
+    real = {k: getattr(minidnn.cuda, k) for k in ("Stream", "current_stream", "stream", "CUDAGraph", "graph")}
+    try:
+        for k in real:
+            setattr(minidnn.cuda, k, getattr(torch.cuda, k))
+        mdn = gpu.kernel(host=0.020, device=0.010)     # host-bound eagerly: 20 us a call, 10 us of kernel
+        ref = gpu.kernel(host=0.008, device=0.012)
+        got = kg.measure(timer, mdn, ref, "both")
+        assert got["eager"] == pytest.approx((0.020, 0.012))
+        assert got["graph"] == pytest.approx((0.010, 0.012))
+        assert got["failed"] == []
+        syncing = gpu.kernel(host=0.020, device=0.010, syncs=True)
+        got = kg.measure(timer, syncing, ref, "graph")
+        assert "eager" not in got
+        assert got["graph"] == pytest.approx((0.020, 0.012))   # eager stands in for the side that failed
+        assert [side for side, _ in got["failed"]] == ["minidnn"]
+        assert "capturing" in got["failed"][0][1]
+    finally:
+        for k, v in real.items():
+            setattr(minidnn.cuda, k, v)
+
+
+def test_cells_and_verdict():
+    kg = _bench()
+    text, pct = kg._cells(0.010, 0.012, 30e6, 4000.0, (False, True))
+    assert pct == pytest.approx(100 * 30e6 / 1e-5 / 1e9 / 4000.0)     # 3000 GB/s of 4000: 75%
+    assert "0.0100 " in text and "0.0120e" in text and "1.20x" in text
+    assert kg._verdict(75.0, 0.010, 0.012) == "ok"
+    assert kg._verdict(69.0, 0.010, 0.012) == "<70%"
+    assert kg._verdict(75.0, 0.013, 0.012) == "slower"
