@@ -119,6 +119,7 @@ def test_pipe_rule_and_grid(monkeypatch, pipe):
     from minidnn.backend.cuda import loss_kernels as _lk
     monkeypatch.setattr(_sk, "FWD_PIPE", pipe)
     monkeypatch.setattr(_sk, "PIPE_REGS", 96)
+    monkeypatch.setattr(_sk, "BWD_PIPE", False)         # the log-softmax backward's own rule: the next test
     for dtype, c, minb in (("float32", 1000, 2), ("bfloat16", 1000, 2), ("float32", 10, 4), ("bfloat16", 1001, 2),
                            ("float32", 512, 4), ("float32", 513, 2)):
         for algo in ("FAST", "ACCURATE", "LOG"):
@@ -133,6 +134,30 @@ def test_pipe_rule_and_grid(monkeypatch, pipe):
         assert _defs(_lk.launch_spec("ce_bwd", (16384, c), _dtype(dtype), np.int64, True, "mean")[2])["PIPE"] == 0
     for dtype, c in (("float64", 1000), ("float32", 33), ("float32", 4097), ("float32", 32768)):
         assert _defs(_sk.launch_spec(False, (64, c), (1,), "LOG", _dtype(dtype)).defines)["PIPE"] == 0
+
+
+@pytest.mark.parametrize("bwd_pipe", [True, False])
+def test_bwd_pipe_rule_and_grid(monkeypatch, bwd_pipe):
+    """Session 9: the log-softmax backward of one-chunk warp rows with vector loads (float32/16-bit) takes
+    bwd_rows_pipe on a persistent grid of exactly the resident blocks (two 256-thread blocks an SM at 1000 classes:
+    128 registers; three below 16 elements a lane: 80); softmax's backward, float64, scalar-load and block rows keep
+    bwd_rows, and so does everything with BWD_PIPE off (MINIDNN_SOFTMAX_BWD_PIPE=0: up to 16 blocks an SM)."""
+    monkeypatch.setattr(_sk, "BWD_PIPE", bwd_pipe)
+    monkeypatch.setattr(_sk, "_BWD_WARP_ENV", "")
+    monkeypatch.setattr(_sk, "BWD_PIPE_REGS", 128)
+    for dtype, c, minb in (("float32", 1000, 2), ("bfloat16", 1000, 2), ("float16", 1001, 2), ("float32", 10, 3),
+                           ("float32", 513, 3), ("bfloat16", 1024, 2)):
+        s = _sk.launch_spec(True, (16384, c), (1,), "LOG", _dtype(dtype))
+        d = _defs(s.defines)
+        assert d["PIPE"] == int(bwd_pipe) and d["G"] <= 32 and d["ONE"] == 1, (dtype, c, d)
+        if bwd_pipe:
+            assert d["MINB"] == minb and s.per_sm == minb, (dtype, c, d)
+        else:
+            assert s.per_sm == 16, (dtype, c, d)
+        if c == 1000 and dtype == "float32":       # softmax's backward: a 64-thread block a row, never piped
+            assert _defs(_sk.launch_spec(True, (16384, c), (1,), "ACCURATE", _dtype(dtype)).defines)["PIPE"] == 0
+    for dtype, c in (("float64", 1000), ("float32", 33), ("float32", 4097), ("float32", 32768)):
+        assert _defs(_sk.launch_spec(True, (64, c), (1,), "LOG", _dtype(dtype)).defines)["PIPE"] == 0
 
 
 @pytest.mark.parametrize("rows, rpb, grid", [(16384, 8, 264), (6000, 8, 264), (37, 8, 5), (20000, 32, 528),
@@ -518,3 +543,39 @@ def test_pipe_forward_rows(cp, monkeypatch, name, rows, c):
             for u, v in (zip(a, b) if isinstance(a, tuple) else [(a, b)]):
                 np.testing.assert_allclose(u, v, rtol=2e-6 if name == "float32" else 1e-2, atol=0, equal_nan=True,
                                            err_msg=str(key))
+
+
+BWD_PIPE_ROWS = [("float32", 6000, 1000), ("bfloat16", 6000, 1000), ("float16", 3000, 1001), ("float32", 3000, 1001),
+                 ("float32", 20000, 10), ("bfloat16", 20000, 10), ("float32", 5000, 513), ("bfloat16", 2113, 1024)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", BWD_PIPE_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in BWD_PIPE_ROWS])
+def test_bwd_pipe_log_softmax_rows(cp, monkeypatch, name, rows, c):
+    """Session 9's pipelined log-softmax backward (BWD_PIPE) on and off: each against the float64 formula from the
+    GPU's own forward output (rows of -inf, a NaN dy row, so every warp walks several rows on the persistent grid),
+    and the two kernels against each other (the same sum in the same order); one launch a call."""
+    dtype = _dtype(name)
+    rng = np.random.default_rng(rows * 7 + c)
+    x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
+    x[1, :] = -np.inf                                 # y NaN there (as the reference): dx NaN
+    x[rows - 1, ::2] = -np.inf                        # y -inf: exp(y) = 0, dx = dy
+    dy = rng.standard_normal((rows, c)).astype(dtype)
+    dy[2, c // 3] = np.nan
+    xd, dyd = cp.asarray(x), cp.asarray(dy)
+    got = {}
+    with np.errstate(invalid="ignore", over="ignore"):
+        for on in (True, False):
+            monkeypatch.setattr(_sk, "BWD_PIPE", on)
+            _reset_plans()
+            assert _defs(_sk.launch_spec(True, (rows, c), (1,), "LOG", dtype).defines)["PIPE"] == int(on)
+            y = B.softmax_forward(None, "log", None, xd, axis=-1)
+            n0 = _launches()
+            dx = B.softmax_backward(None, "log", None, y, dyd, axis=-1)
+            assert _launches() - n0 == 1
+            yh, dyh = _host(y), dy.astype(np.float64)
+            _close(dx, _ref_bwd(yh, dyh, "log"), name, f"log-softmax backward pipe={on}", scale=8,
+                   mag=_mag_bwd(yh, dyh, "log"))
+            got[on] = _host(dx)
+    np.testing.assert_allclose(got[True], got[False], rtol=2e-6 if name == "float32" else 1e-2, atol=0,
+                               equal_nan=True)

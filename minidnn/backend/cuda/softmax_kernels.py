@@ -593,10 +593,61 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
     }
 }
 
+#if PIPE && ALGO == 2
+// Log-softmax backward, pipelined (session 9; one-chunk rows of a warp or less, vector loads): its sum needs dy
+// alone, so a group walks rows r, r + gridDim.x * RPB, ... on a persistent grid holding the row's dy loads (raw)
+// from the step before; it issues the row's y, decodes dy, issues the NEXT row's dy, then takes the sum and writes
+// dx = dy - exp(y) s -- a row of dy loads in flight per warp through the exps and stores (bwd_rows waits on y and dy
+// together, then computes while its loads are idle).  Registers: dy decoded (E), y raw, the next dy raw.
+template <int UNUSED> __device__ __forceinline__ void bwd_rows_pipe(const T* __restrict__ y, const T* __restrict__ dy,
+                                                                    T* __restrict__ dx, int rows, int C, A* sm)
+{
+    const int g = threadIdx.x % G, stride = gridDim.x * RPB;
+    int r0 = blockIdx.x * RPB;
+    if (r0 >= rows) return;                                              // uniform over the block
+    int r = r0 + (int)threadIdx.x / G;
+    bool live = r < rows;
+    Geo q = row_geo(dy + (size_t)(live ? r : 0) * C, live ? C : 0, true);
+    RawRow cur, nxt;
+    pipe_issue(dy + (size_t)(live ? r : 0) * C, q, g, cur);
+    for (; r0 < rows; r0 += stride) {                                    // uniform over the block
+        const size_t base = (size_t)(live ? r : 0) * C;
+        RawRow yw;
+        pipe_issue(y + base, q, g, yw);                                  // this row's y: in flight during the sum
+        A b[E], eb[NE1];
+        pipe_decode(cur, q, g, (A)0, b, eb);
+        const int rn = r + stride;
+        const bool liven = rn < rows;
+        const Geo qn = row_geo(dy + (size_t)(liven ? rn : 0) * C, liven ? C : 0, true);
+        if (r0 + stride < rows) pipe_issue(dy + (size_t)(liven ? rn : 0) * C, qn, g, nxt);
+        A s = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e) s += b[e];
+#pragma unroll
+        for (int j = 0; j < NE; ++j) s += eb[j];
+        s = g_sum(s, sm);
+        if (live) {
+            A a[E], ea[NE1];
+            pipe_decode(yw, q, g, (A)0, a, ea);
+#pragma unroll
+            for (int e = 0; e < E; ++e) a[e] = b[e] - exp(a[e]) * s;
+#pragma unroll
+            for (int j = 0; j < NE; ++j) ea[j] = eb[j] - exp(ea[j]) * s;
+            store_chunk<true>(dx + base, 0, q, g, a);
+            store_edges(dx + base, q, g, ea);
+        }
+        cur = nxt; q = qn; r = rn; live = liven;
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 softmax_rows_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int rows, const int C)
 {
     __shared__ A sm[BLOCK / 32];
+#if PIPE && ALGO == 2
+    if (aligned(y, dy, dx)) { bwd_rows_pipe<0>(y, dy, dx, rows, C, sm); return; }
+#endif
     if (aligned(y, dy, dx)) bwd_rows<true>(y, dy, dx, rows, C, sm);
     else bwd_rows<false>(y, dy, dx, rows, C, sm);
 }
@@ -776,6 +827,15 @@ FWD_REGS = int(os.environ.get("MINIDNN_SOFTMAX_FWD_REGS", "64"))
 FWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_PIPE", "1") != "0"
 PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_PIPE_REGS", "96"))
 
+# Session 9: the log-softmax backward of one-chunk warp rows with vector loads (float accumulation) takes the
+# pipelined walk too (bwd_rows_pipe: the next row's dy in flight while the current dx is computed; H200 run 13 of
+# session 8: the old kernel 69% of copy at (16384, 1000) float32 against softmax backward's 92% for the same
+# traffic).  MINIDNN_SOFTMAX_BWD_PIPE=0 gives the session-6 backward back; BWD_PIPE_REGS the registers a thread
+# may use (128: two 256-thread blocks an SM, as the old kernel's 96).  Module attributes, read at planning time
+# (tools/ktable_ab.py flips BWD_PIPE).
+BWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0"
+BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
+
 
 def pipe_regs(cfg):
     """The register budget of a PIPE thread: FWD_REGS (64) while it holds < 16 elements (16 without RAGGED edges),
@@ -849,17 +909,27 @@ def uses_pipe(cfg, arrays, acc):
     return FWD_PIPE and not V1 and arrays == 1 and acc == 4 and cfg.one and cfg.g <= 32 and cfg.vec > 1
 
 
-def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False):
+def uses_bwd_pipe(cfg, acc):
+    """Whether a log-softmax backward of RowConfig ``cfg`` takes bwd_rows_pipe (BWD_PIPE; one chunk, a warp or less,
+    vector loads, float accumulation)."""
+    return BWD_PIPE and not V1 and acc == 4 and cfg.one and cfg.g <= 32 and cfg.vec > 1
+
+
+def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
-    ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says."""
+    ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says;
+    ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
-    pipe = pipe and uses_pipe(cfg, arrays, acc)
+    bwd_pipe = bwd_pipe and uses_bwd_pipe(cfg, acc)
+    pipe = (pipe and uses_pipe(cfg, arrays, acc)) or bwd_pipe
     # registers: <= 64 a thread where the data fits (a 1000-class float32 forward took 88-113 without a cap: two
     # 256-thread blocks an SM; capped, four), <= 80 holding two arrays; float64 uncapped; PIPE: pipe_regs at least
-    if pipe:
+    if bwd_pipe:
+        regs = max(regs or 0, BWD_PIPE_REGS if cfg.nv * cfg.vec > 16 else 80)
+    elif pipe:
         regs = max(regs or 0, pipe_regs(cfg))
     elif regs is None:
         regs = FWD_REGS if arrays == 1 else (BWD_PAIR_REGS if cfg.g <= 32 and cfg.nv * cfg.vec > 16 else 80)
@@ -894,7 +964,7 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
     if inner == 1:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
-                                   pipe=not backward)
+                                   pipe=not backward, bwd_pipe=backward and algo_name == "LOG")
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
