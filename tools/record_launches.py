@@ -88,8 +88,19 @@ def _fake_cupy():
     fake.ndarray, fake.RawModule = ndarray, RawModule
     fake.moveaxis = lambda a, source, destination: w(np.moveaxis(a, source, destination))
     fake.lib = np.lib           # the reference convolution (CuPy's own kernels, not recorded) computes in NumPy
-    fake.empty = lambda shape, dtype=np.float32: w(np.empty(shape, dtype))
-    fake.zeros = lambda shape, dtype=np.float32: w(np.zeros(shape, dtype))
+    def empty(shape, dtype=np.float32):        # 512-byte aligned, as CuPy's memory pool's blocks
+        dtype = np.dtype(dtype)
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = int(np.prod(shape)) * dtype.itemsize
+        raw = np.empty(n + 512, np.uint8)
+        o = -raw.ctypes.data % 512
+        return w(raw[o:o + n].view(dtype).reshape(shape))
+
+    def zeros(shape, dtype=np.float32):
+        a = empty(shape, dtype)
+        np.asarray(a)[...] = 0       # (not the counted ndarray.fill: cupy.zeros is a memset)
+        return a
+    fake.empty, fake.zeros = empty, zeros
     fake.asarray = lambda a: w(np.array(a, order="C"))
     fake.ascontiguousarray = lambda a, dtype=None: w(np.ascontiguousarray(a, dtype=dtype))
     fake.empty_like = lambda a: w(np.empty_like(np.asarray(a)))
@@ -117,9 +128,13 @@ def _install(tree):
 
     class LtCall:       # cublasLt's prepared product, in NumPy (its epilogues: BIAS, BGRADB): one launch
         def __init__(self, *args):
-            self.epilogue, self.algo = args[-1], 1
+            self.epilogue, self.algo = args[13], 1
+            self.batch = args[14] if len(args) > 14 else None
+            self.alpha, self.beta = types.SimpleNamespace(value=1.0), types.SimpleNamespace(value=0.0)
 
         def run(self, a, b, out, vec, stream):
+            if self.batch is not None or a.ndim != 2 or b.ndim != 2:
+                return      # conv_pointwise's products, given the arrays' pointers only: counted, not done
             wide = a.itemsize == 2 and out.dtype == np.float32
             a_, b_ = (np.asarray(a, np.float32), np.asarray(b, np.float32)) if wide else (np.asarray(a), np.asarray(b))
             c = np.matmul(a_, b_)

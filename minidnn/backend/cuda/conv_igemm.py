@@ -831,7 +831,7 @@ def _call_key(direction, p, a, b, out, tf32, precomp, alpha, beta, tile):
     alignment, the output's strides, the math, blending and tile, the staging and loader switches, the device."""
     key = (direction, p, a.shape, a.strides, a.dtype, a.data.ptr & 15, b.shape, b.strides, b.data.ptr & 15,
            out.strides, tf32, precomp, alpha, beta, tile, STAGE_ENABLED[0], VEC_ENABLED[0], STAGE_MIN_MACS,
-           a.data.device_id, SPLITK2[0], _pointwise.ENABLED[0], TRANSPOSE_V2[0])
+           a.data.device_id, SPLITK2[0], _pointwise.ENABLED[0], _pointwise.NCHW[0], TRANSPOSE_V2[0])
     if out.dtype != b.dtype:        # (backward filter only: float32 dw from half data)
         key += (out.dtype,)
     return key

@@ -207,6 +207,7 @@ def _load_lt():
     lib.cublasLtMatmulDescCreate.argtypes = [pv, i, i]
     lib.cublasLtMatmulDescSetAttribute.argtypes = [vp, i, vp, sz]
     lib.cublasLtMatrixLayoutCreate.argtypes = [pv, i, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
+    lib.cublasLtMatrixLayoutSetAttribute.argtypes = [vp, i, vp, sz]
     lib.cublasLtMatmulPreferenceCreate.argtypes = [pv]
     lib.cublasLtMatmulPreferenceSetAttribute.argtypes = [vp, i, vp, sz]
     lib.cublasLtMatmulAlgoGetHeuristic.argtypes = [vp, vp, vp, vp, vp, vp, vp, i, vp, ctypes.POINTER(i)]
@@ -221,7 +222,8 @@ class _LtCall:
     epilogue), the stream's pointer."""
     __slots__ = ("lib", "handle", "desc", "la", "lb", "lc", "algo", "ws", "alpha", "beta", "vec", "keep", "out_dtype")
 
-    def __init__(self, lib, handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, dt, ct, compute, epilogue):
+    def __init__(self, lib, handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, dt, ct, compute, epilogue, batch=None,
+                 align=None):
         vp, i = ctypes.c_void_p, ctypes.c_int
         self.lib, self.handle, self.ws, self.vec = lib, handle, ws, None
         d = vp()
@@ -239,10 +241,21 @@ class _LtCall:
         self.la = layout(N, K, ld_b, dt) if op_b == _OP_N else layout(K, N, ld_b, dt)
         self.lb = layout(K, M, ld_a, dt) if op_a == _OP_N else layout(M, K, ld_a, dt)
         self.lc = layout(N, M, N, ct)
+        if batch is not None:           # (count, a's, b's, c's batch strides in elements; 0: the same matrix each)
+            count, sa, sb, sc = batch
+            for lay, stride in ((self.la, sb), (self.lb, sa), (self.lc, sc)):
+                n, st = ctypes.c_int32(count), ctypes.c_int64(stride)
+                _check(lib.cublasLtMatrixLayoutSetAttribute(lay, 5, ctypes.byref(n), 4), "cublasLt batch count")
+                _check(lib.cublasLtMatrixLayoutSetAttribute(lay, 6, ctypes.byref(st), 8), "cublasLt batch stride")
         pref = vp()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         wsb = ctypes.c_size_t(_WORKSPACE_BYTES)
         _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, 1, ctypes.byref(wsb), 8), "cublasLtMatmulPreference")
+        if align is not None:           # the pointers' promised alignment (bytes; cublasLt assumes 256 without it)
+            for attr in (5, 6, 7, 8):   # MIN_ALIGNMENT_A/B/C/D_BYTES
+                v = ctypes.c_uint32(align)
+                _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4),
+                       "cublasLtMatmulPreference alignment")
         self.keep = (ctypes.c_ubyte * 96)()           # cublasLtMatmulHeuristicResult_t: the algo is its first 64 bytes
         found = i(0)
         st = lib.cublasLtMatmulAlgoGetHeuristic(handle, self.desc, self.la, self.lb, self.lc, self.lc, pref, 1,
@@ -315,8 +328,12 @@ def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=N
     return out if row_sums is None else (out, sums)
 
 
-def _lt_prepare(a, b, out, out_dtype, tf32, bias, row_sums, handle, ws):
-    """The prepared call of a signature ``lt_product`` takes, or None."""
+def _lt_prepare(a, b, out, out_dtype, tf32, bias, row_sums, handle, ws, batch=None, strict=False, align=None):
+    """The prepared call of a signature ``lt_product`` takes, or None.  ``batch`` (count, a's, b's, out's batch
+    strides in elements): a strided-batched product of ``count`` (a, b, out) triples, a, b, out describing the first
+    (conv_pointwise's NCHW 1x1 convolutions; no epilogue).  ``strict``: CUBLAS_COMPUTE_32F whatever ``tf32`` says.
+    ``align``: the bytes every pointer of later calls is a multiple of (the heuristic then picks an algorithm that
+    needs no more; default: cublasLt's 256)."""
     if a.ndim != 2 or b.ndim != 2 or (bias is not None and row_sums is not None) or not supports(a, b):
         return None
     M, K = a.shape
@@ -333,9 +350,11 @@ def _lt_prepare(a, b, out, out_dtype, tf32, bias, row_sums, handle, ws):
     op_b, ld_b = _layout(b)
     op_a, ld_a = _layout(a)
     compute = _COMPUTE_64F if dtype == np.float64 else \
-        _COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32) else _COMPUTE_32F
+        _COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32 and not strict) else _COMPUTE_32F
+    if batch is not None and epilogue != _EPI_DEFAULT:
+        return None
     call = _LtCall(_load_lt(), handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, _data_type(dtype), _data_type(ct_dtype),
-                   compute, epilogue)
+                   compute, epilogue, batch, align)
     if call.algo is None:
         return None
     call.out_dtype = ct_dtype
