@@ -41,6 +41,9 @@ block) owns a row at a time, grid-stride over the rows.  Thread t of the team ha
              (column tiles, row splits); each block sums its split into ws; the LAST block of a column tile
              (threadfence + ticket, reset by that block) adds the splits in order, in double.  Deterministic.
              Columns < SPLIT_COL go to an A output, the rest to a T output (dscale and dbias in one launch).
+  col_sum_v  (session 9; the bias gradient of a channel-last / (N, C) dy, C a multiple of the 16-byte vector, dy
+             aligned; COLSUM_VEC, MINIDNN_COLSUM_VEC=0: col_sum) the same sums with one 16-byte load a thread and
+             row, blocks of 8 vector columns (128 bytes a row) x 32 rows, four loads in flight a thread.
   bias_add   y = alpha * b[c] + beta * x, grid-stride, VEC values per thread per iteration (x may be y: in place).
 Group norm backward: gn_bwd + col_sum (x and dy read once) where the group row fits in registers, else row_sums,
 col_sum (dscale, dbias), gn_dx -- 3 launches, x and dy read twice;
@@ -594,6 +597,90 @@ col_sum(const MT* __restrict__ m, A* __restrict__ ws, unsigned int* ticket, A* _
 #pragma unroll
         for (int k = 0; k < 8; ++k) tot += sd[k][tx];
         if (col < split_col) out_a[col] = (A)tot; else out_t[col - split_col] = ST((A)tot);
+    }
+    if (threadIdx.x == 0) ticket[blockIdx.x] = 0u;
+}
+
+// Column sums, vector form (session 9; the bias gradient of a channel-last / (N, C) dy: x's storage type, NC % VEC
+// == 0, 16-byte aligned; MINIDNN_COLSUM_VEC=0: col_sum).  Block: 256 threads = CX vector columns (tx; VEC columns,
+// one 16-byte load a row) x CS_RY = 256 / CX rows (ty), so a warp reads 32 / CX rows of CX * 16 contiguous bytes
+// (whole 128-byte lines at CX = 8); grid (column tiles of CS_COLS = CX * VEC columns, row splits of `chunk`).  Each
+// thread sums rows r0 + ty, r0 + ty + CS_RY, ... of its VEC columns in A (four 16-byte loads in flight: col_sum had
+// one 4-byte load a thread, 16 KB in flight an SM against Little's ~32 KB on an H200); the block adds its CS_RY
+// row sums in order (double; CS_PARTS threads a column, then the parts in order) into ws[col * splits + split]; the
+// LAST block of a tile (threadfence + ticket, reset by that block) adds the splits the same way.  Deterministic.
+#ifndef CX
+#define CX 8
+#endif
+#define CS_COLS (CX * VEC)
+#define CS_RY (256 / CX)
+#define CS_PARTS (256 / CS_COLS)
+extern "C" __global__ void __launch_bounds__(256)
+col_sum_v(const T* __restrict__ m, A* __restrict__ ws, unsigned int* ticket, A* __restrict__ out_a,
+          T* __restrict__ out_t, const int R, const int NC, const int split_col, const int chunk)
+{
+    __shared__ double sd[CS_RY][CS_COLS];
+    __shared__ double sp[CS_PARTS][CS_COLS];
+    __shared__ bool last;
+    const int tx = threadIdx.x % CX, ty = threadIdx.x / CX;
+    const int vc = blockIdx.x * CX + tx;                 // this thread's vector column
+    const int r0 = blockIdx.y * chunk;
+    const int r1 = r0 + chunk < R ? r0 + chunk : R;
+    A acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = 0;
+    if (vc * VEC < NC) {
+        const V* p = reinterpret_cast<const V*>(m) + vc;
+        const size_t nvr = (size_t)(NC / VEC);
+        int r = r0 + ty;
+        for (; r + 3 * CS_RY < r1; r += 4 * CS_RY) {      // four loads issued, then added in row order
+            V u[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) u[k] = p[(size_t)(r + k * CS_RY) * nvr];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[e] += LD(u[k].v[e]);
+            }
+        }
+        for (; r < r1; r += CS_RY) {
+            const V u = p[(size_t)r * nvr];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[e] += LD(u.v[e]);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) sd[ty][tx * VEC + e] = (double)acc[e];
+    __syncthreads();
+    const int c = threadIdx.x % CS_COLS, part = threadIdx.x / CS_COLS;
+    double a = 0;
+    for (int k = part; k < CS_RY; k += CS_PARTS) a += sd[k][c];
+    sp[part][c] = a;
+    __syncthreads();
+    const int col = blockIdx.x * CS_COLS + (int)threadIdx.x;        // threads < CS_COLS: one column each
+    if (threadIdx.x < CS_COLS) {
+        double t = 0;
+#pragma unroll
+        for (int k = 0; k < CS_PARTS; ++k) t += sp[k][threadIdx.x];
+        if (col < NC) ws[(size_t)col * gridDim.y + blockIdx.y] = (A)t;
+        __threadfence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket + blockIdx.x, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int cc = blockIdx.x * CS_COLS + c;
+    double b = 0;
+    if (cc < NC)
+        for (int k = part; k < (int)gridDim.y; k += CS_PARTS) b += (double)ws[(size_t)cc * gridDim.y + k];
+    sp[part][c] = b;                       // the reads of sp above ended at the barriers since
+    __syncthreads();
+    if (threadIdx.x < CS_COLS && col < NC) {
+        double t = 0;
+#pragma unroll
+        for (int k = 0; k < CS_PARTS; ++k) t += sp[k][threadIdx.x];
+        if (col < split_col) out_a[col] = (A)t; else out_t[col - split_col] = ST((A)t);
     }
     if (threadIdx.x == 0) ticket[blockIdx.x] = 0u;
 }
@@ -1721,11 +1808,41 @@ def bias_add(x, b, channel_axis, alpha=1.0, beta=1.0, out=None):
     return y
 
 
+# Session 9: the channel-last / linear bias gradient (inner = 1) through col_sum_v (16-byte loads, 8 vector columns
+# a block) where dy is 16-byte aligned and C a multiple of 16 / itemsize; MINIDNN_COLSUM_VEC=0: col_sum (one 4-byte
+# load a thread: 67% of copy at (16384, 1024) float32 on the H200).  Read at planning time (tools/ktable_ab.py
+# flips it and forgets the plans).
+COLSUM_VEC = os.environ.get("MINIDNN_COLSUM_VEC", "1") != "0"
+COLSUM_CX = 8               # vector columns a col_sum_v block: 128 contiguous bytes a row
+COLSUM_BLOCKS_PER_SM = 4    # col_sum_v's grid: about this many 256-thread blocks an SM (4 x 256 x 64 B in flight)
+
+
+def col_sum_v_geometry(r, nc, itemsize, sms, cx=COLSUM_CX, per_sm=COLSUM_BLOCKS_PER_SM):
+    """(vec, tiles, splits, chunk) of col_sum_v over an (r, nc) matrix of ``itemsize``-byte values: tiles of cx * vec
+    columns, splits of ``chunk`` rows (every split non-empty), about ``per_sm`` blocks an SM."""
+    vec = 16 // itemsize
+    tiles = -(-nc // (cx * vec))
+    want = max(1, -(-sms * per_sm // tiles))
+    splits = max(1, min(want, -(-r // (256 // cx)), 65535))
+    chunk = -(-r // splits)
+    return vec, tiles, -(-r // chunk), chunk
+
+
+def _col_sum_v_plan(r, nc, split_col, dtype, dev):
+    vec, tiles, splits, chunk = col_sum_v_geometry(r, nc, dtype.itemsize, _launch.sm_count(dev))
+    k = _kernel("col_sum_v", dtype, _PSTORAGE[_dev.dtype_name(dtype)], vec=vec, defs=(("CX", COLSUM_CX),))
+    go = _launch.prepare(k, (tiles, splits), (256,), [None] * 5 + [np.int32(r), np.int32(nc), np.int32(split_col),
+                                                                   np.int32(chunk)])
+    return go, nc * splits, tiles
+
+
 def _bias_grad_plan(dy, channel_axis, aligned, dev, wide=False):
     """``wide``: db in the accumulation type (float32 for half dy): col_sum writes every column to out_a."""
     outer, c, inner = _geometry(dy.shape, channel_axis)
     split = c if wide else 0
     if inner == 1:
+        if COLSUM_VEC and aligned and c % (16 // dy.dtype.itemsize) == 0:
+            return None, _col_sum_v_plan(outer, c, split, dy.dtype, dev), c, outer
         return None, _col_sum_plan(outer, c, split, dy.dtype, True, dev), c, outer
     if not V1:      # bias_grad_planes: one launch, about 8 blocks of 256 threads an SM
         vec = 16 // dy.dtype.itemsize
