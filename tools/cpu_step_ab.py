@@ -5,8 +5,9 @@ and on, in alternated blocks (the 2-core machine is shared and noisy: alternatin
 
 Switches: ``pairs`` (pooling_cpu._PAIRS_ENABLED: the 2x2 / stride 2 max-pool form); ``im2col`` (on:
 conv_cpu._ROW_SHIFT_MIN_COLS_BYTES as it is, no row shift; off: the session-7 rule, the row shift above 4 MiB of
-cols).  Prints, for "off" and "on", the min / q25 / median of the per-step times over all blocks, and the ratio of
-the medians.
+cols); ``stacked`` (conv_cpu._STACKED_BLOCKS: a filter gradient's inner-axis blocks as one stacked product).
+Prints, for "off" and "on", the min / q25 / median of the per-step times over all blocks, and the ratio of the
+medians.
 """
 from __future__ import annotations
 
@@ -29,7 +30,11 @@ def _im2col(on):
     conv_cpu._ROW_SHIFT_MIN_COLS_BYTES = _ROW_SHIFT if on else conv_cpu._SMALL_COLS_BYTES
 
 
-SWITCHES = {"pairs": _pairs, "im2col": _im2col}
+def _stacked(on):
+    conv_cpu._STACKED_BLOCKS[0] = on
+
+
+SWITCHES = {"pairs": _pairs, "im2col": _im2col, "stacked": _stacked}
 
 
 def main(argv=None):

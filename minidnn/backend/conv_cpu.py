@@ -296,15 +296,48 @@ def _filter_product(a, b, out=None, product=cpu_matmul):
     (kernel*C x K).  OpenBLAS runs these 2-2.5x slower once L passes ~4-8k ((25, 26k) x (26k, 6), LeNet's first
     layer at batch 64: 24 against 73 GF/s at L = 4096), so L is cut into even blocks of at most _INNER_BLOCK and the
     blocks' products added in order (the same blocks whatever the thread count); each block goes through ``_gemm``
-    (smaller blocks still where the small-matrix kernels apply)."""
+    (smaller blocks still where the small-matrix kernels apply).  Where every block is one small product already,
+    the blocks run as one stacked product (``_stacked_blocks``)."""
     length = a.shape[-1]
     blocks = -(-length // _INNER_BLOCK)
     if blocks < 2:
         return _gemm(a, b, out=out, product=product)
     step = -(-length // blocks)
+    if (_STACKED_BLOCKS[0] and a.ndim == b.ndim == 2 and a.dtype == b.dtype and a.dtype.char in "fd"
+            and a.shape[0] * step * b.shape[1] <= threads.SMALL_GEMM_MACS):
+        return _stacked_blocks(a, b, step, out)
     acc = _gemm(a[:, :step], b[:step], out=out, product=product)
     for i in range(step, length, step):
         acc += _gemm(a[:, i:i + step], b[i:i + step], product=product)
+    return acc
+
+
+# The blocks of a filter-gradient product above, where each is one small product (LeNet's first layer: (25, 3584) x
+# (3584, 6) at batch 256, 7 blocks a chunk of 28 images; the digits LeNet's first layer, 2 blocks a call), as ONE
+# np.matmul over a stack of the blocks (strided views of a and b: NumPy runs the same BLAS product per block, without
+# the GIL for the whole stack) and one np.sum over the stack -- the blocks' products added in the same order: the loop's
+# bits wherever its blocks are plain products of the same operands, as in LeNet's layers (tested) -- instead of a
+# product and an add per block.  On the 2-core VM, two threads doing many short
+# NumPy calls mostly take turns: a thread waiting for the GIL (asleep on a halted virtual CPU) wakes too late to take
+# it back between the other's short calls, so their chunks ran one thread at a time (docs/measurements/
+# cpu_2026-11-26_2core.md, session 9).  Measured there, LeNet's first layer's filter gradient, min / median of 20
+# alternated calls: batch 256, 2 threads 2986/3148 -> 1947/2561 us, 1 thread 2640/2738 -> 2436/2624; batch 64, 1
+# thread 654/699 -> 607/642.  _STACKED_BLOCKS[0] = False: the loop.
+_STACKED_BLOCKS = [True]
+
+
+def _stacked_blocks(a, b, step, out):
+    """a (M, L) @ b (L, N) by blocks of ``step`` along L: the whole blocks as one stacked product, summed in order,
+    then the last, shorter block (if any) added."""
+    (M, length), N = a.shape, b.shape[1]
+    full = length // step
+    stack_a = np.lib.stride_tricks.as_strided(a, shape=(full, M, step), writeable=False,
+                                              strides=(a.strides[1] * step, a.strides[0], a.strides[1]))
+    stack_b = np.lib.stride_tricks.as_strided(b, shape=(full, step, N), writeable=False,
+                                              strides=(b.strides[0] * step, b.strides[0], b.strides[1]))
+    acc = np.sum(np.matmul(stack_a, stack_b), axis=0, out=out)
+    if full * step < length:
+        acc += np.matmul(a[:, full * step:], b[full * step:])
     return acc
 
 

@@ -234,6 +234,34 @@ def test_filter_product_blocks():
             conv_cpu._INNER_BLOCK = before
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("length,block", [(25088, 4096), (8192, 4096), (10000, 4096), (9, 4)])
+def test_stacked_filter_blocks_are_the_loop_bit_for_bit(monkeypatch, dtype, length, block):
+    """_filter_product's stacked form (one np.matmul over the blocks, one sum) against its loop of block products:
+    the same bits (the same products added in the same order), uneven last blocks included, for the operands the
+    filter gradients pass (a chunk's rows of a wider buffer, dy's grid transposed), into ``out`` or not; and the
+    float64 product within rounding."""
+    monkeypatch.setattr(conv_cpu, "_INNER_BLOCK", block)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((25, length + 7)).astype(dtype)[:, 3:3 + length]        # rows of a wider buffer
+    b = np.ascontiguousarray(rng.standard_normal((6, length)).astype(dtype)).T      # (length, 6), F-ordered
+    looped, calls, real = [], [], conv_cpu._stacked_blocks
+    monkeypatch.setattr(conv_cpu, "_stacked_blocks", lambda *args: calls.append(1) or real(*args))
+    for stacked in (False, True):
+        monkeypatch.setattr(conv_cpu, "_STACKED_BLOCKS", [stacked])
+        calls.clear()
+        out = np.empty((25, 6), dtype=dtype)
+        assert conv_cpu._filter_product(a, b, out=out) is out
+        got = conv_cpu._filter_product(a, b)
+        np.testing.assert_array_equal(got, out)
+        assert calls == ([1, 1] if stacked else [])
+        looped.append(got)
+    np.testing.assert_array_equal(looped[0], looped[1])
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(looped[1], ref, rtol=tol, atol=tol * np.sqrt(length))
+
+
 def test_flat_dense_form_is_exercised():
     applies = {conv_cpu._flat_dense_applies(p, np.empty(p.x_shape)) for p in (_problem(c, np.float32) for c in DENSE)}
     assert applies == {True, False}
