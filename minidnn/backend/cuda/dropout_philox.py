@@ -14,8 +14,11 @@ data): per group a thread makes V / 4 Philox4x32-10 calls, loads x with 16-byte 
 vectors and the V mask bytes with one 4- or 8-byte store (a warp writes 128 or 256 contiguous mask bytes).  UNROLL
 groups per iteration, all loads first (the Philox math of one group overlaps the loads of the others).  By default
 the grid fits the work exactly (the loop runs once; UNROLL_FWD below: 64 bytes of x a thread); BPS_FWD caps it into
-a persistent grid.  The last block to finish (threadFenceReduction ticket, as in multi_tensor.py) advances
-state[1], so the next launch -- eager or replayed from a graph -- draws fresh numbers without any host involvement.
+a persistent grid.  dropout_fwd_pipe (session 9, 16-bit data by default: PIPE_FWD, MINIDNN_DROPOUT_PIPE): the
+same walk and numbers on a persistent grid of the resident blocks, the next iteration's loads issued before the
+current one's Philox math and stores.  The last block to finish (threadFenceReduction ticket, as in
+multi_tensor.py) advances state[1], so the next launch -- eager or replayed from a graph -- draws fresh numbers
+without any host involvement.
 dropout_bwd_tile (the backward): thread t owns elements [t*TILE, t*TILE + TILE) (TILE = 16: one 16-byte load of
 16 mask bytes, a warp's 512 contiguous; 16 elements of dy in 16-byte vectors, 4 of them for float32, 2 for 16-bit
 data), dx = dy * (keep ? scale : 0) stored the same way; an exact grid, no loop, streaming (evict-first) loads and
@@ -78,6 +81,14 @@ HINT_FWD, HINT_BWD = _pair("MINIDNN_DROPOUT_HINT", "1,1")
 # (forward (128,64,56,56) 1.09x PyTorch fp32, 1.06x bf16), and a backward tile of one 16-byte vector of dy a thread
 # (TILE 4 is raised to that floor: 4 fp32, 8 16-bit; 1.01x PyTorch fp32 and bf16, where 16 a thread ran 0.78x/0.93x).
 TILE_BWD = int(os.environ.get("MINIDNN_DROPOUT_TILE", "4"))
+# Session 9: the forward of 16-bit data through dropout_fwd_pipe (persistent grid, next loads in flight during the
+# Philox math; H200 session 8 run 13: bfloat16 (128, 64, 56, 56) 68% of copy, float32 85%).  PIPE_FWD: "16" (the
+# default) 2-byte data only, "1" every dtype, "0" none (dropout_fwd as before); PIPE_UNROLL groups a thread and
+# iteration (4: 64 bytes of 16-bit x in flight a thread), PIPE_MINB blocks an SM (the grid and the launch bounds:
+# 4 x 256 threads x 64 bytes = 64 KB of loads in flight an SM).  Read at planning time; clear_plans() after a change.
+PIPE_FWD = os.environ.get("MINIDNN_DROPOUT_PIPE", "16")
+PIPE_UNROLL = int(os.environ.get("MINIDNN_DROPOUT_PIPE_UNROLL", "4"))
+PIPE_MINB = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MINB", "4"))
 if TILE_BWD not in (0, 4, 8, 16) or not {HINT_FWD, HINT_BWD} <= {0, 1, 2}:
     raise ValueError(f"MINIDNN_DROPOUT_TILE={TILE_BWD} must be 0, 4, 8 or 16 and MINIDNN_DROPOUT_HINT="
                      f"{HINT_FWD},{HINT_BWD} values 0, 1 or 2")
@@ -203,6 +214,83 @@ dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restric
                 }
             }
         }
+    }
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        state[1] = base + (unsigned long long)((n + 3) / 4);    // one Philox block per 4 elements
+        *ticket = 0u;
+    }
+}
+
+// dropout_fwd_pipe (session 9; PIPE_FWD): dropout_fwd's walk and numbers on a persistent grid of the resident
+// blocks (PMINB an SM), each thread holding the NEXT iteration's loads (PUNROLL groups) while it draws the
+// Philox numbers and stores the current ones.  dropout_fwd's exact grid runs in ~3 waves whose threads all load,
+// then all compute 2 Philox calls (~140 instructions) a 16-bit group, then store: with every warp computing at
+// once DRAM idles, and for 16-bit data the Philox work (~23 instructions an element against 5 bytes of traffic) is
+// near the memory time.  Same elements, counters, mask and outputs as dropout_fwd (the cuda test compares them).
+#ifndef PMINB
+#define PMINB 4
+#endif
+#ifndef PUNROLL
+#define PUNROLL ((sizeof(T) == 8 || WIDE) ? 2 : 4)   // groups a thread and iteration (host: pipe_unroll)
+#endif
+extern "C" __global__ void __launch_bounds__(256, PMINB)
+dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
+                 unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
+                 const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = state[0], base = state[1];
+    const unsigned int k0 = (unsigned int)key, k1 = (unsigned int)(key >> 32);
+    const I groups = (I)((n + V - 1) / V), full = (I)(n / V);
+    const I stride = (I)gridDim.x * blockDim.x;
+    I h0 = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    Pack cur[PUNROLL];
+#pragma unroll
+    for (int u = 0; u < PUNROLL; ++u) {
+        const I h = h0 + u * stride;
+        if (h < groups) cur[u] = load_group(x, h, full, n, vec);
+    }
+    for (; h0 < groups; h0 += PUNROLL * stride) {
+        Pack nxt[PUNROLL];
+#pragma unroll
+        for (int u = 0; u < PUNROLL; ++u) {                 // the next iteration's loads, issued before the math
+            const I h = h0 + (PUNROLL + u) * stride;
+            if (h < groups) nxt[u] = load_group(x, h, full, n, vec);
+        }
+#pragma unroll
+        for (int u = 0; u < PUNROLL; ++u) {
+            const I h = h0 + u * stride;
+            if (h < groups) {
+                Pack out;
+                Mask m;
+#pragma unroll
+                for (int q = 0; q < PH; ++q) {
+                    const uint4 r4 = philox(base + (unsigned long long)(h * PH + q), k0, k1);
+                    const unsigned int r[4] = {r4.x, r4.y, r4.z, r4.w};
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const bool kept = (r[j] >> 8) >= thresh;
+                        m.b[4 * q + j] = kept ? 1 : 0;
+                        out.v[4 * q + j] = ST(LD(cur[u].v[4 * q + j]) * (kept ? scale : (A)0));
+                    }
+                }
+                store_group(y, out, h, full, n);
+                if (h < full) {
+                    STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) if (h * V + j < n) keep[h * V + j] = m.b[j];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < PUNROLL; ++u) cur[u] = nxt[u];
     }
     __shared__ bool last;
     __syncthreads();
@@ -367,10 +455,29 @@ def supports_backward(dy, keep) -> bool:
             and _dev.is_cuda_array(keep) and keep.dtype == np.bool_ and tuple(keep.shape) == tuple(dy.shape))
 
 
-def _options(dtype, unroll, wide, hint=0, tile=16):
+def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None):
+    """NVRTC options; ``pminb``: dropout_fwd_pipe's launch (its UNROLL is PUNROLL = ``unroll``, blocks an SM)."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DUNROLL={unroll}",
-            f"-DWIDE={int(wide)}", f"-DHINT={hint}", f"-DTILE={tile}", "-std=c++14")
+            f"-DWIDE={int(wide)}", f"-DHINT={hint}", f"-DTILE={tile}", "-std=c++14") + (
+                (f"-DPMINB={pminb}", f"-DPUNROLL={unroll}") if pminb else ())
+
+
+def uses_pipe(dtype) -> bool:
+    """Whether the forward of ``dtype`` data takes dropout_fwd_pipe (PIPE_FWD, see there)."""
+    return not V1 and (PIPE_FWD == "1" or (PIPE_FWD == "16" and np.dtype(dtype).itemsize == 2))
+
+
+def pipe_unroll(itemsize, wide=False):
+    """dropout_fwd_pipe's UNROLL: PIPE_UNROLL, halved for float64 (32-byte groups: 4 of them spilled at 64
+    registers) and for 64-bit indices (``wide``: n >= 2^31; float16 spilled 16 bytes)."""
+    return max(1, PIPE_UNROLL // 2) if itemsize == 8 or wide else PIPE_UNROLL
+
+
+def pipe_grid(n, itemsize, sms):
+    """dropout_fwd_pipe's blocks: the resident ones (PIPE_MINB an SM), fewer where the work is smaller."""
+    groups = -(-n // (8 if itemsize == 2 else 4))
+    return max(1, min(-(-groups // (THREADS * pipe_unroll(itemsize, n >= 2 ** 31))), sms * PIPE_MINB))
 
 
 def _wave(dev):
@@ -443,6 +550,12 @@ def _plan_fwd(n, dtype, p, scale, dev):
         grid = max(1, min((n + 3) // 4 // THREADS + 1, _launch.sm_count(dev) * 8))
         return _launch.prepare(kernel, (grid,), (THREADS,), [None] * 5 + [np.int64(n), np.float32(p),
                                                                            dtype.type(scale)])
+    if uses_pipe(dtype):
+        wide = n >= 2 ** 31
+        kernel = _launch.get_kernel(SOURCE, "dropout_fwd_pipe", _options(dtype, pipe_unroll(dtype.itemsize, wide), wide,
+                                                                          HINT_FWD, pminb=PIPE_MINB))
+        return _Plan(kernel, (pipe_grid(n, dtype.itemsize, _launch.sm_count(dev)),), 5,
+                     [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)])
     unroll = forward_unroll(n, dtype.itemsize, dev)
     kernel = _launch.get_kernel(SOURCE, "dropout_fwd", _options(dtype, unroll, n >= 2 ** 31, HINT_FWD))
     return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_FWD), 5,
