@@ -1,0 +1,189 @@
+"""A/B of session 9's kernel-table switches on the GPU: each touched row of bench/kernels_gpu.py timed with its switch
+on and off, device time only (CUDA-graph replays, as the bench's graph columns), from one process.
+
+    python tools/ktable_ab.py [--rows logsoftmax,biasgrad,dropout] [--dtypes float32,bfloat16] [--rounds 6]
+                              [--trials 5]
+
+Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
+  logsoftmax  log-softmax bwd (16384, 1000)     softmax_kernels.BWD_PIPE    (MINIDNN_SOFTMAX_BWD_PIPE)
+  biasgrad    bias grad (linear) (16384, 1024)  norm_kernels.COLSUM_VEC     (MINIDNN_COLSUM_VEC)
+  dropout     dropout fwd (p=0.5) (128,64,56,56) dropout_philox.PIPE_FWD    (MINIDNN_DROPOUT_PIPE: "1" vs "0")
+Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
+drift of clocks or temperature cancels), each timing a fresh capture of the bench's `reps` calls replayed `trials`
+times (median).  Flipping a switch forgets the module's settled launches (and the primitive's seen-call caches)
+first, so the next capture plans and compiles anew; the line `plan` shows what each setting launched.  Reported:
+the median over rounds of each setting (ms a call, GB/s, % of the copy bandwidth measured in the same run), the
+median of the per-round ratios off/on (> 1: the switch helps), the spread of the rounds (max/min - 1), and
+PyTorch's graphed time of the same op.  Keep the switch where off/on > 1 beyond the spread.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
+
+from minidnn.backend import devices as _dev  # noqa: E402
+
+
+def _forget_softmax():
+    from minidnn.backend import softmax as _smx
+    from minidnn.backend.cuda import loss_kernels as _lk
+    from minidnn.backend.cuda import softmax_kernels as _sk
+    _sk._plans.clear()
+    _lk._plans.clear()
+    for k, v in vars(_smx).items():
+        if isinstance(v, dict) and "seen" in k.lower():      # SeenCalls tables: they hold the kernels' plans
+            v.clear()
+
+
+def _softmax_switch(on):
+    from minidnn.backend.cuda import softmax_kernels as _sk
+    _sk.BWD_PIPE = on
+    _forget_softmax()
+
+
+def _softmax_plan(dtype):
+    from minidnn.backend.cuda import softmax_kernels as _sk
+    s = _sk.launch_spec(True, (16384, 1000), (1,), "LOG", dtype)
+    d = dict(x.split("=", 1) for x in s.defines)
+    return f"{s.name} PIPE={d['PIPE']} G={d['G']} MINB={d['MINB']} blocks/SM={s.per_sm}"
+
+
+def _bias_switch(on):
+    from minidnn.backend.cuda import norm_kernels as NK
+    NK.COLSUM_VEC = on
+    NK._plans.clear()
+
+
+def _bias_plan(dtype):
+    from minidnn.backend.cuda import norm_kernels as NK
+    if not NK.COLSUM_VEC:
+        return "col_sum (one 4-byte load a thread)"
+    vec, tiles, splits, chunk = NK.col_sum_v_geometry(16384, 1024, dtype.itemsize, _launch_sms())
+    return f"col_sum_v VEC={vec} grid=({tiles}, {splits}) rows/split={chunk}"
+
+
+def _dropout_switch(on):
+    from minidnn.backend.cuda import dropout_philox as DP
+    DP.PIPE_FWD = "1" if on else "0"
+    DP.clear_plans()
+
+
+def _dropout_plan(dtype):
+    from minidnn.backend.cuda import dropout_philox as DP
+    n = 128 * 64 * 56 * 56
+    if DP.uses_pipe(dtype):
+        return (f"dropout_fwd_pipe PUNROLL={DP.pipe_unroll(dtype.itemsize)} blocks="
+                f"{DP.pipe_grid(n, dtype.itemsize, _launch_sms())}")
+    return f"dropout_fwd UNROLL={DP.forward_unroll(n, dtype.itemsize, 0)}"
+
+
+def _launch_sms():
+    from minidnn.backend.cuda import launch
+    return launch.sm_count(0)
+
+
+# row key: (bench kind, bench row name, switch(on), plan(dtype), the switch's default)
+ROWS = {
+    "logsoftmax": ("softmax", "log-softmax bwd", _softmax_switch, _softmax_plan, True),
+    "biasgrad": ("bias", "bias grad (linear)", _bias_switch, _bias_plan, True),
+    "dropout": ("dropout", "dropout fwd (p=0.5)", _dropout_switch, _dropout_plan, None),
+}
+
+
+def _default_restore(key):
+    """Put the switch back as the environment set it (dropout: the per-dtype default "16")."""
+    if key == "dropout":
+        from minidnn.backend.cuda import dropout_philox as DP
+        DP.PIPE_FWD = os.environ.get("MINIDNN_DROPOUT_PIPE", "16")
+        DP.clear_plans()
+    elif key == "logsoftmax":
+        _softmax_switch(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0")
+    else:
+        _bias_switch(os.environ.get("MINIDNN_COLSUM_VEC", "1") != "0")
+
+
+def run_row(timer, cases, key, dtype_name, bw, rounds):
+    kind, row_name, switch, plan, _ = ROWS[key]
+    rows = [r for r in KG.build(cases, kind, "large") if r[0] == row_name]
+    if not rows:
+        print(f"{key}: no row named {row_name!r} in bench/kernels_gpu.py")
+        return
+    name, shape, (fn, tfn, nbytes), _ = rows[0]
+    reps = None
+    got = {True: [], False: []}
+    ratios = []
+    plans = {}
+    try:
+        for r in range(rounds):
+            order = (True, False) if r % 2 == 0 else (False, True)
+            this = {}
+            for on in order:
+                switch(on)
+                plans[on] = plan(cases.dt)
+                fn()                                    # plans and compiles outside the capture
+                reps = reps or timer.reps(fn, "minidnn")
+                this[on] = timer.graph(fn, reps, "minidnn")
+                got[on].append(this[on])
+            ratios.append(this[False] / this[True])
+    finally:
+        _default_restore(key)
+    tms = None
+    if tfn is not None:
+        try:
+            tms = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
+        except Exception as exc:        # noqa: BLE001
+            print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
+    for on in (True, False):
+        ms = statistics.median(got[on])
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        spread = max(got[on]) / min(got[on]) - 1
+        vs = f"  vs torch {tms / ms:5.2f}x" if tms else ""
+        print(f"{name:22s} {dtype_name:9s} {'on ' if on else 'off'}  {ms:8.4f} ms  {gbs:6.0f} GB/s  "
+              f"{100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%{vs}   plan: {plans[on]}")
+    print(f"{'':22s} {dtype_name:9s} off/on {statistics.median(ratios):.3f} (rounds: "
+          f"{', '.join(f'{x:.3f}' for x in ratios)})" + (f"; torch graph {tms:.4f} ms" if tms else ""))
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not _dev.cuda_is_available():
+        print("ktable_ab: no CUDA GPU with CuPy here; nothing to measure")
+        return 0
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    timer = KG.Timer(cp, torch, args.trials)
+    bw = KG.copy_bandwidth(cp, timer)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
+          f"{args.rounds} rounds of on/off (alternating order), graph replays of {args.trials} trials each")
+    for dtype_name in args.dtypes.split(","):
+        cases = KG.Cases(cp, torch, dtype_name)
+        for key in args.rows.split(","):
+            try:
+                run_row(timer, cases, key, dtype_name, bw, args.rounds)
+            except Exception as exc:        # noqa: BLE001 -- one row must not take the others down
+                print(f"{key} {dtype_name}: failed: {type(exc).__name__}: {exc}")
+        del cases
+        cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
