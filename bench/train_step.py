@@ -2,10 +2,17 @@
 
 The PyTorch twin of each model is built from the SAME source (minidnn/models.py) with its layer
 names bound to torch.nn, so both frameworks train exactly the same architecture (the parameter
-counts are checked).  One step = forward, cross-entropy, backward, SGD(momentum 0.9) step.
+counts are checked).  One step = forward, cross-entropy, backward, optimizer step: SGD(momentum 0.9) and
+Adam(lr 1e-3), each library's default implementation (minidnn: its fused multi-tensor step; PyTorch: foreach), in
+strict fp32 and in TF32 (convolutions and matrix products on both sides) -- every combination from one run.
 Reported: median ms per step and the implied time per CIFAR-sized epoch (50,000 images).
 
-    python bench/train_step.py [--device cuda] [--steps 30] [--models lenet5,resnet20,mobilenet] [--micro]
+    python bench/train_step.py [--device cuda] [--steps 30] [--models lenet5,resnet20,mobilenet]
+                               [--optimizers sgd,adam] [--math fp32,tf32] [--tf32] [--micro]
+
+Timing: the two frameworks' steps alternate every 2 steps (``paired_medians``): the device host's speed moved by up
+to 1.6x within a minute (session 9, run 3: minidnn alone, no PyTorch in the process, 3.03 then 4.79 ms for the same
+MobileNet step), so only steps timed side by side compare.
 
 Kernels per step (GPU): every kernel the step puts on the device, counted for BOTH frameworks by the same tool,
 PyTorch's profiler (CUPTI sees every kernel of the process, CuPy's included); beside it, minidnn's own launches
@@ -71,11 +78,13 @@ def _median_ms(step, sync, steps):
     return statistics.median(times)
 
 
-def paired_medians(runs, steps, rounds=5, warmup=20):
+def paired_medians(runs, steps, rounds=None, warmup=20):
     """Median ms per step of each ``(step, sync)`` in ``runs``, timed in alternation: ``rounds`` rounds, each
     timing ``steps // rounds`` steps of every run in turn (the order rotated each round), so that a slow patch of
     the host -- other processes, clocks -- lands on every run alike.  Timed one after the other, the same code's
-    eager medians moved by up to 2x between runs on the shared device host; the ratios are what is compared."""
+    eager medians moved by up to 2x between runs on the shared device host; the ratios are what is compared.
+    ``rounds`` None: steps // 2 (every run takes 2 steps a turn)."""
+    rounds = rounds or max(1, steps // 2)
     for step, sync in runs:
         for _ in range(warmup):     # 5 left the first model's median 45% high on the H200 (GPU clocks, pools)
             step()
@@ -96,13 +105,14 @@ def paired_medians(runs, steps, rounds=5, warmup=20):
     return [statistics.median(t) for t in times]
 
 
-def make_step(lib, models, ctor, shape, batch, device):
-    """(step, model, optimizer): one SGD-momentum training step of the model ``ctor`` builds from the namespace
-    ``models`` (that library's model classes) on a fixed random batch; ``lib`` is minidnn or torch (the same API
-    here).  Shared by the benchmarks that time steps (train_step.py, host_overhead.py)."""
+def make_step(lib, models, ctor, shape, batch, device, optimizer="sgd"):
+    """(step, model, optimizer): one training step (SGD with momentum, or Adam) of the model ``ctor`` builds from
+    the namespace ``models`` (that library's model classes) on a fixed random batch; ``lib`` is minidnn or torch
+    (the same API here).  Shared by the benchmarks that time steps (train_step.py, host_overhead.py)."""
     lib.manual_seed(0)
     model = eval(ctor, models).to(device)
-    opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = lib.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if optimizer == "sgd" else \
+        lib.optim.Adam(model.parameters(), lr=1e-3)
     x = lib.randn(batch, *shape, device=device)
     y = lib.randint(0, 10, (batch,), device=device)
     cross_entropy = lib.nn.functional.cross_entropy
@@ -115,13 +125,13 @@ def make_step(lib, models, ctor, shape, batch, device):
     return step, model, opt
 
 
-def bench_pair(twins, ctor, shape, batch, device, steps):
+def bench_pair(twins, ctor, shape, batch, device, steps, optimizer="sgd"):
     """minidnn's and PyTorch's (ms, parameter count, kernel counts) for one model, the steps timed in alternation
     (``paired_medians``); PyTorch's entry is (None, None, (None, None)) where ``twins`` is None."""
     libs = [(mdn, vars(minidnn.models))] + ([(torch, twins)] if twins is not None else [])
     built = []
     for lib, models in libs:
-        step, model, _ = make_step(lib, models, ctor, shape, batch, device)
+        step, model, _ = make_step(lib, models, ctor, shape, batch, device, optimizer)
         sync = lib.cuda.synchronize if device != "cpu" else (lambda: None)
         built.append((lib, step, sync, sum(p.numel() for p in model.parameters())))
     medians = paired_medians([(step, sync) for _, step, sync, _ in built], steps)
@@ -166,41 +176,46 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=None, help="override every model's batch size")
     ap.add_argument("--micro", action="store_true", help="also time the step kernels beside PyTorch's ops")
     ap.add_argument("--micro-only", action="store_true", help="only the kernel table")
-    ap.add_argument("--tf32", action="store_true", help="TF32 convolutions and matmuls on both sides")
+    ap.add_argument("--tf32", action="store_true", help="TF32 only (same as --math tf32)")
+    ap.add_argument("--math", default="fp32,tf32", help="strict fp32 and/or TF32 (fp32,tf32)")
+    ap.add_argument("--optimizers", default="sgd,adam")
     args = ap.parse_args(argv)
-    set_math(args.tf32)
+    maths = ["tf32"] if args.tf32 else ["fp32"] if args.device == "cpu" else args.math.split(",")
     if args.micro_only:
+        set_math(False)
         micro(args.device)
         return
     use_torch = torch is not None and (args.device == "cpu" or torch.cuda.is_available())
     twins = torch_models() if use_torch else None
     rows = []
-    for name in args.models.split(","):
-        ctor, shape, batch = CONFIGS[name]
-        batch = args.batch_size or batch
-        (m_ms, m_params, m_counts), (t_ms, t_params, t_counts) = bench_pair(twins, ctor, shape, batch,
-                                                                              args.device, args.steps)
-        if use_torch:
-            assert t_params == m_params, f"{name}: the twins differ ({m_params} vs {t_params} parameters)"
-        rows.append((name, batch, m_params, m_ms, t_ms, m_counts, t_counts))
-    print(f"training step (fwd + loss + bwd + SGD momentum), {args.device}, {'TF32' if args.tf32 else 'strict fp32'}"
-          f" on both sides, torch cudnn.benchmark, median of {args.steps}"
-          " (the two frameworks' steps timed in alternation, 5 rounds)")
-    print(f"{'model':10} {'batch':>5} {'params':>8} {'minidnn ms':>11} {'torch ms':>9} {'ratio':>6} "
-          f"{'minidnn s/epoch':>16} {'torch s/epoch':>14}")
-    for name, batch, params, m_ms, t_ms, _, _ in rows:
+    for math_ in maths:
+        set_math(math_ == "tf32")
+        for opt in args.optimizers.split(","):
+            for name in args.models.split(","):
+                ctor, shape, batch = CONFIGS[name]
+                batch = args.batch_size or batch
+                (m_ms, m_params, m_counts), (t_ms, t_params, t_counts) = bench_pair(twins, ctor, shape, batch,
+                                                                                      args.device, args.steps, opt)
+                if use_torch:
+                    assert t_params == m_params, f"{name}: the twins differ ({m_params} vs {t_params} parameters)"
+                rows.append((name, opt, math_, batch, m_params, m_ms, t_ms, m_counts, t_counts))
+    print(f"training step (fwd + loss + bwd + optimizer step), {args.device}, the same math on both sides, torch "
+          f"cudnn.benchmark, median of {args.steps} (the two frameworks' steps alternating every 2 steps)")
+    print(f"{'model':10} {'opt':>4} {'math':>5} {'batch':>5} {'params':>8} {'minidnn ms':>11} {'torch ms':>9} "
+          f"{'ratio':>6} {'minidnn s/epoch':>16} {'torch s/epoch':>14}")
+    for name, opt, math_, batch, params, m_ms, t_ms, _, _ in rows:
         per_epoch = EPOCH_IMAGES / batch / 1e3
-        t_cols = (f"{t_ms:9.2f} {m_ms / t_ms:5.1f}x {m_ms * per_epoch:16.1f} {t_ms * per_epoch:14.1f}" if t_ms
+        t_cols = (f"{t_ms:9.2f} {m_ms / t_ms:5.2f}x {m_ms * per_epoch:16.1f} {t_ms * per_epoch:14.1f}" if t_ms
                   else f"{'n/a':>9} {'':>6} {m_ms * per_epoch:16.1f} {'n/a':>14}")
-        print(f"{name:10} {batch:5d} {params:8d} {m_ms:11.2f} {t_cols}")
+        print(f"{name:10} {opt:>4} {math_:>5} {batch:5d} {params:8d} {m_ms:11.2f} {t_cols}")
     if args.device != "cpu":
         def fmt(v):
             return "n/a" if v is None else f"{v:.0f}"
         print("\nkernels per step (device kernels from PyTorch's profiler, both frameworks; minidnn's own CUDA "
               "kernels through launch.py)")
-        print(f"{'model':10} {'minidnn':>8} {'torch':>8} {'minidnn launch.py':>18}")
-        for name, _, _, _, _, (m_total, m_own), (t_total, _) in rows:
-            print(f"{name:10} {fmt(m_total):>8} {fmt(t_total):>8} {fmt(m_own):>18}")
+        print(f"{'model':10} {'opt':>4} {'math':>5} {'minidnn':>8} {'torch':>8} {'minidnn launch.py':>18}")
+        for name, opt, math_, _, _, _, _, (m_total, m_own), (t_total, _) in rows:
+            print(f"{name:10} {opt:>4} {math_:>5} {fmt(m_total):>8} {fmt(t_total):>8} {fmt(m_own):>18}")
     if args.micro and args.device != "cpu":
         micro(args.device)
 
