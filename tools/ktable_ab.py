@@ -8,6 +8,7 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   logsoftmax  log-softmax bwd (16384, 1000)     softmax_kernels.BWD_PIPE    (MINIDNN_SOFTMAX_BWD_PIPE)
   biasgrad    bias grad (linear) (16384, 1024)  norm_kernels.COLSUM_VEC     (MINIDNN_COLSUM_VEC)
   dropout     dropout fwd (p=0.5) (128,64,56,56) dropout_philox.PIPE_FWD    (MINIDNN_DROPOUT_PIPE: "1" vs "0")
+  gnbwd       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_PREFETCH  (MINIDNN_GN_PREFETCH: "1" vs "0")
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
 drift of clocks or temperature cancels), each timing a fresh capture of the bench's `reps` calls replayed `trials`
 times (median).  Flipping a switch forgets the module's settled launches (and the primitive's seen-call caches)
@@ -85,6 +86,23 @@ def _dropout_plan(dtype):
     return f"dropout_fwd UNROLL={DP.forward_unroll(n, dtype.itemsize, 0)}"
 
 
+def _gn_switch(on):
+    from minidnn.backend.cuda import norm_kernels as NK
+    NK.GN_PREFETCH = "1" if on else "0"
+    NK._plans.clear()
+
+
+def _gn_plan(dtype):
+    from minidnn.backend.cuda import norm_kernels as NK
+    team, vpt, vec = NK.row_config2(2 * 56 * 56, dtype, True, "gn_bwd")
+    block, minb = NK._v2_launch_shape("gn_bwd", team, dtype.itemsize)
+    if NK._version("gn_bwd", dtype) == "v2m4" and block == 256 and dtype.itemsize == 2:
+        minb = 4
+    pref = NK.gn_prefetch(dtype)
+    return (f"gn_bwd2 team={team} VPT={vpt} GN_PREF={int(pref)} minb={max(1, minb // 2) if pref else minb}"
+            + (" (persistent grid)" if pref else ""))
+
+
 def _launch_sms():
     from minidnn.backend.cuda import launch
     return launch.sm_count(0)
@@ -95,6 +113,7 @@ ROWS = {
     "logsoftmax": ("softmax", "log-softmax bwd", _softmax_switch, _softmax_plan, True),
     "biasgrad": ("bias", "bias grad (linear)", _bias_switch, _bias_plan, True),
     "dropout": ("dropout", "dropout fwd (p=0.5)", _dropout_switch, _dropout_plan, None),
+    "gnbwd": ("gn", "group norm G=32 bwd", _gn_switch, _gn_plan, None),
 }
 
 
@@ -104,6 +123,10 @@ def _default_restore(key):
         from minidnn.backend.cuda import dropout_philox as DP
         DP.PIPE_FWD = os.environ.get("MINIDNN_DROPOUT_PIPE", "16")
         DP.clear_plans()
+    elif key == "gnbwd":
+        from minidnn.backend.cuda import norm_kernels as NK
+        NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
+        NK._plans.clear()
     elif key == "logsoftmax":
         _softmax_switch(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0")
     else:

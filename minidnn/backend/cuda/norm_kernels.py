@@ -65,6 +65,8 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
     row's vectors loaded before the current row's sums.  LN3_SMEM=1 (route "v3s", the default): scale and bias in
     shared memory, one copy per block (fewer registers, more resident teams).
   gn_bwd2 with GN_CHV=1 (vectors in one channel): the scale / channel flags fixed at compile time.
+  gn_bwd2 with GN_PREF=1 (session 9; GN_PREFETCH, 16-bit data by default): the next group row's x and dy loaded
+    before the current row's sums and stores, on a persistent grid of the resident blocks (half as many an SM).
 Which version a case takes: ROUTE / _version (MINIDNN_NORM_ROUTE), see there.
 """
 from __future__ import annotations
@@ -105,6 +107,9 @@ __device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned in
 #endif
 #ifndef LN3_SMEM
 #define LN3_SMEM 0
+#endif
+#ifndef GN_PREF
+#define GN_PREF 0
 #endif
 #define TPB (BLOCK / TEAM)          // teams per block (TEAM > 32: one team = the block, so block barriers are safe)
 struct alignas(sizeof(T) * VEC) V { T v[VEC]; };
@@ -1001,16 +1006,44 @@ __device__ __forceinline__ void gn_bwd2_rows(const T* __restrict__ x, const T* _
     const int t = threadIdx.x % TEAM, lane = threadIdx.x & 31;
     const int nvec = D / VEC;
     const A inv_d = (A)1 / (A)D;
-    for (long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM; r < rows; r += (long long)gridDim.x * TPB) {
+    const long long stride = (long long)gridDim.x * TPB;
+    long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM;
+#if GN_PREF
+    // GN_PREF (session 9): the next row's x and dy loaded before this row's team sums, barriers and stores -- a row
+    // of loads in flight a team through the compute (without it every team of an SM loads, then all reduce, with
+    // DRAM idle: 16-bit rows, half the bytes of float32's for the same barriers, ran at 54% of copy on the H200).
+    V na[VPT], nb[VPT];
+    if (r < rows) {
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (k * TEAM + t < nvec) {
+                na[k] = reinterpret_cast<const V*>(x + r * D)[k * TEAM + t];
+                nb[k] = reinterpret_cast<const V*>(dy + r * D)[k * TEAM + t];
+            }
+    }
+#endif
+    for (; r < rows; r += stride) {
         const unsigned int n = (unsigned int)r / (unsigned int)G;          // r < 2^31
         const int g0 = (int)((unsigned int)r - n * (unsigned int)G) * cpg;
-        const V* xr = reinterpret_cast<const V*>(x + r * D);
-        const V* gr = reinterpret_cast<const V*>(dy + r * D);
         V* dr = reinterpret_cast<V*>(dx + r * D);
         V a[VPT], b[VPT];
+#if GN_PREF
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) { a[k] = na[k]; b[k] = nb[k]; }
+        if (r + stride < rows) {
+            const V* xn = reinterpret_cast<const V*>(x + (r + stride) * D);
+            const V* gn = reinterpret_cast<const V*>(dy + (r + stride) * D);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k)
+                if (k * TEAM + t < nvec) { na[k] = xn[k * TEAM + t]; nb[k] = gn[k * TEAM + t]; }
+        }
+#else
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + r * D);
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
             if (k * TEAM + t < nvec) { a[k] = xr[k * TEAM + t]; b[k] = gr[k * TEAM + t]; }
+#endif
         const A mu = mean[r], is = rstd[r];
 // the channel (within the group) of value e of vector k
 #define GN_CH(k, e) (chv ? (int)divu((unsigned int)(((k) * TEAM + t) * VEC), s_mul, s_shr) \
@@ -1346,6 +1379,15 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}     # the most 16-byte vectors of one arra
 # (128, 64, 56, 56): 784 vectors, 4 a thread) launch-bounded to four blocks an SM (64 registers, no spills) instead
 # of three (80 registers): a third more group rows in flight (v2: 67% of copy bandwidth there, float32 88%).
 ROUTE = {"ln_fwd16": "v3s", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
+# Session 9: gn_bwd2's GN_CHV rows with the next row prefetched (GN_PREF; half the blocks an SM for the registers).
+# GN_PREFETCH "16" (the default): 16-bit data only (H200 session 8: bfloat16 (128, 64, 56, 56) G=32 backward 54% of
+# copy, float32 80%); "1" every dtype; "0" none.  Read at planning time (MINIDNN_GN_PREFETCH; clear _plans).
+GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
+
+
+def gn_prefetch(dtype) -> bool:
+    """Whether gn_bwd2 of ``dtype`` data prefetches the next group row (GN_PREFETCH)."""
+    return GN_PREFETCH == "1" or (GN_PREFETCH == "16" and np.dtype(dtype).itemsize == 2)
 ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
              if "=" in kv)
 
@@ -1724,8 +1766,14 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
         defs = (("GN_CHV", 1),) if s % vec == 0 and x.dtype.itemsize <= 4 and version != "v2rt" else ()
         if version == "v2m4" and defs and block == 256 and x.dtype.itemsize == 2:
             minb = 4        # 16-bit GN_CHV rows of 256 threads fit 64 registers unspilled: four blocks an SM, not 3
-        one = _launch.prepare(_kernel("gn_bwd2", x.dtype, pinfo, team, vpt, vec, minb=minb, defs=defs),
-                              (_grid(rows, team, dev),), (block,),
+        if defs and gn_prefetch(x.dtype):
+            defs += (("GN_PREF", 1),)
+            minb = max(1, minb // 2)    # two rows' registers a thread: half the blocks (bf16 G=32: 123, unspilled)
+        kernel = _kernel("gn_bwd2", x.dtype, pinfo, team, vpt, vec, minb=minb, defs=defs)
+        grid = _grid(rows, team, dev)
+        if ("GN_PREF", 1) in defs:     # a persistent grid of the resident blocks: each walks many rows, prefetching
+            grid = max(1, min(grid, _launch.sm_count(dev) * _resident_per_sm(kernel, block, 0, minb)))
+        one = _launch.prepare(kernel, (grid,), (block,),
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
                                             np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
         return one, None, col, c
