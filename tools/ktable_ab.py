@@ -9,6 +9,8 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   biasgrad    bias grad (linear) (16384, 1024)  norm_kernels.COLSUM_VEC     (MINIDNN_COLSUM_VEC)
   dropout     dropout fwd (p=0.5) (128,64,56,56) dropout_philox.PIPE_FWD    (MINIDNN_DROPOUT_PIPE: "1" vs "0")
   gnbwd       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_PREFETCH  (MINIDNN_GN_PREFETCH: "1" vs "0")
+  logsoftmax64  log-softmax bwd: on = the 64-thread-block tiling softmax's backward uses (MINIDNN_SOFTMAX_BWD_WARP=0,
+              no pipe), off = the default (warp rows, piped): off/on > 1 means the block tiling is the better fix
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
 drift of clocks or temperature cancels), each timing a fresh capture of the bench's `reps` calls replayed `trials`
 times (median).  Flipping a switch forgets the module's settled launches (and the primitive's seen-call caches)
@@ -47,6 +49,13 @@ def _forget_softmax():
 def _softmax_switch(on):
     from minidnn.backend.cuda import softmax_kernels as _sk
     _sk.BWD_PIPE = on
+    _forget_softmax()
+
+
+def _softmax64_switch(on):
+    from minidnn.backend.cuda import softmax_kernels as _sk
+    _sk._BWD_WARP_ENV = "0" if on else ""
+    _sk.BWD_PIPE = not on
     _forget_softmax()
 
 
@@ -111,6 +120,7 @@ def _launch_sms():
 # row key: (bench kind, bench row name, switch(on), plan(dtype), the switch's default)
 ROWS = {
     "logsoftmax": ("softmax", "log-softmax bwd", _softmax_switch, _softmax_plan, True),
+    "logsoftmax64": ("softmax", "log-softmax bwd", _softmax64_switch, _softmax_plan, None),
     "biasgrad": ("bias", "bias grad (linear)", _bias_switch, _bias_plan, True),
     "dropout": ("dropout", "dropout fwd (p=0.5)", _dropout_switch, _dropout_plan, None),
     "gnbwd": ("gn", "group norm G=32 bwd", _gn_switch, _gn_plan, None),
@@ -127,7 +137,9 @@ def _default_restore(key):
         from minidnn.backend.cuda import norm_kernels as NK
         NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
         NK._plans.clear()
-    elif key == "logsoftmax":
+    elif key in ("logsoftmax", "logsoftmax64"):
+        from minidnn.backend.cuda import softmax_kernels as _sk
+        _sk._BWD_WARP_ENV = os.environ.get("MINIDNN_SOFTMAX_BWD_WARP", "")
         _softmax_switch(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0")
     else:
         _bias_switch(os.environ.get("MINIDNN_COLSUM_VEC", "1") != "0")
