@@ -76,8 +76,9 @@ def main(argv=None):
             step()
             sync()
             launches = launch.launch_count() - start
-        print(f"== {name} {args.amp} batch {batch} on {args.device}: wall {statistics.median(wall):.2f} ms, host step() "
-              f"{statistics.median(host):.2f} ms, cpu {statistics.median(cpu):.2f} ms, own launches/step {launches}")
+        print(f"== {name} {args.amp} batch {batch} on {args.device}: wall {statistics.median(wall):.2f} ms, "
+              f"host step() {statistics.median(host):.2f} ms, cpu {statistics.median(cpu):.2f} ms, "
+              f"own launches/step {launches}")
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(args.steps):

@@ -93,8 +93,8 @@ def _fake_cupy():
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         n = int(np.prod(shape)) * dtype.itemsize
         raw = np.empty(n + 512, np.uint8)
-        o = -raw.ctypes.data % 512
-        return w(raw[o:o + n].view(dtype).reshape(shape))
+        # one view of the raw block (its base owns the memory, as _grad_dest expects of a sole view)
+        return np.ndarray.__new__(ndarray, shape, dtype, buffer=raw, offset=-raw.ctypes.data % 512)
 
     def zeros(shape, dtype=np.float32):
         a = empty(shape, dtype)
