@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import functools
 import json
+import math
 import sys
 import time
 import types
@@ -91,7 +92,7 @@ def _fake_cupy():
     def empty(shape, dtype=np.float32):        # 512-byte aligned, as CuPy's memory pool's blocks
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        n = int(np.prod(shape)) * dtype.itemsize
+        n = math.prod(shape) * dtype.itemsize
         raw = np.empty(n + 512, np.uint8)
         # one view of the raw block (its base owns the memory, as _grad_dest expects of a sole view)
         return np.ndarray.__new__(ndarray, shape, dtype, buffer=raw, offset=-raw.ctypes.data % 512)
