@@ -10,14 +10,15 @@ gradient, dropout, layer norm, group norm, ReLU) on a large tensor and on a smal
   eager  (host + device)  CUDA events around `reps` back-to-back eager calls, divided by reps; the median of
          `trials` such timings.  A call shorter than its host cost (our Python + CuPy launch ~15-25 us, PyTorch's
          dispatch ~5-15 us) measures the host: the GPU waits for the next launch.
-  graph  (device)  the same `reps` calls captured ONCE into a CUDA graph on a side stream (both frameworks through
-         bench/graphs.py's `_capture`: 3 warm-up rounds on the side stream, then one capture -- minidnn's through
-         minidnn.cuda.graph, i.e. CuPy stream capture into a private memory pool, PyTorch's through
-         torch.cuda.CUDAGraph), then CUDA events around one replay of the graph, divided by reps; the median of
-         `trials` replays.  Host time drops out for BOTH frameworks: what is left is the kernels' own time plus
-         the GPU's ~1 us gap between consecutive graph kernels (charged to both sides alike).  A call that
-         cannot be captured (it synchronises with the host, or calls a library that refuses capture) shows its
-         EAGER time in the graph columns, marked "e", and the reason is listed under the table.
+  graph  (device)  the same `reps` calls captured ONCE into a CUDA graph, after 3 warm-up rounds -- minidnn's
+         through bench/graphs.py's `_capture` (minidnn.cuda.graph: CuPy stream capture on a side stream into a
+         private memory pool); PyTorch's through torch.cuda.CUDAGraph on the one non-default stream every PyTorch
+         op of the table runs on (its backward ops run on their forward's stream: see Timer.graph) -- then CUDA
+         events around one replay of the graph, divided by reps; the median of `trials` replays.  Host time
+         drops out for BOTH frameworks: what is left is the kernels' own time plus the GPU's ~1 us gap between
+         consecutive graph kernels (charged to both sides alike).  A call that cannot be captured (it
+         synchronises with the host, or calls a library that refuses capture) shows its EAGER time in the graph
+         columns, marked "e", and the reason is listed under the table.
 Columns of each group:
   ms           one call's time, as above (minidnn "mdn ms"; PyTorch "torch ms": eager, cudnn.benchmark on,
                backward by torch.autograd.grad of that op alone).
@@ -116,25 +117,37 @@ class Timer:
         return statistics.median(times)
 
     def graph(self, fn, reps, framework):
-        """Median ms of one call from replays of a CUDA graph of ``reps`` calls (raises where capture fails).
-        The calls are captured by bench/graphs.py's ``_capture`` for both frameworks (minidnn.cuda.graph: CuPy
-        stream capture into a private pool; torch.cuda.graph); each replay is timed with events on the stream
-        it runs on (the current one)."""
-        here = os.path.dirname(os.path.abspath(__file__))
-        if here not in sys.path:
-            sys.path.insert(0, here)
-        from graphs import _capture  # bench/graphs.py
-        if framework == "minidnn":
-            import minidnn as lib
-            sync, now, elapsed = self._cupy_clock()
-        else:
-            lib = self.torch
-            sync, now, elapsed = self._torch_clock()
-
+        """Median ms of one call from replays of a CUDA graph of ``reps`` calls (raises where capture fails); each
+        replay is timed with events on the stream it runs on (the current one).  minidnn: bench/graphs.py's
+        ``_capture`` (minidnn.cuda.graph: CuPy stream capture into a private pool, warm-up on a side stream).
+        PyTorch: torch.cuda.CUDAGraph captured on the CURRENT stream -- main() runs every PyTorch op of the table
+        on one side stream (torch_stream): autograd runs a backward op on the stream its forward ran on, so a
+        backward whose forward (made once, at setup) ran on another stream than the capture's cannot be captured
+        (cudaErrorStreamCaptureImplicit / Isolation; pytorch/pytorch#164302) -- bench/graphs.py's _capture
+        captures on a stream of its own, which serves a step captured whole, forward included."""
         def calls():                        # outputs dropped as they come, as in the eager loop
             for _ in range(reps):
                 fn()
-        replay = _capture(lib, calls)
+        if framework == "minidnn":
+            here = os.path.dirname(os.path.abspath(__file__))
+            if here not in sys.path:
+                sys.path.insert(0, here)
+            from graphs import _capture  # bench/graphs.py
+
+            import minidnn as lib
+            sync, now, elapsed = self._cupy_clock()
+            replay = _capture(lib, calls)
+        else:
+            torch = self.torch
+            sync, now, elapsed = self._torch_clock()
+            stream = torch.cuda.current_stream()
+            for _ in range(3):              # warm-up (workspaces, cudnn.benchmark) on the capture's stream
+                calls()
+            sync()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                calls()
+            replay = g.replay
         try:
             replay()
             sync()
@@ -148,6 +161,15 @@ class Timer:
         finally:
             del replay                      # the graph and its private memory
             sync()
+
+
+def torch_stream(torch):
+    """The context every PyTorch op of the table runs in: one non-default stream, so backward ops (on their
+    forward's stream) can be captured there (see Timer.graph); a no-op without PyTorch or a GPU for it."""
+    import contextlib
+    if torch is None or not torch.cuda.is_available():
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream())
 
 
 def copy_bandwidth(cp, timer):
@@ -618,6 +640,19 @@ def main(argv=None):
     print(head)
     print("-" * len(head))
     failures = []
+    with torch_stream(torch):
+        run_table(args, cp, torch, timer, bw, groups, failures)
+    print("vs torch: PyTorch's time / minidnn's in the same group (> 1: minidnn faster).  MB: compulsory traffic "
+          "of one call.")
+    if "graph" in groups:
+        print("e: that side's call could not be captured in a CUDA graph; its eager time stands in (and the target "
+              "is judged on eager times, marked '(eager)').")
+        for name, dtype_name, shape, side, why in failures:
+            print(f"  capture failed: {name} {dtype_name} {shape} ({side}): {why}")
+    return 0
+
+
+def run_table(args, cp, torch, timer, bw, groups, failures):
     for dtype_name in args.dtypes.split(","):
         cases = Cases(cp, torch, dtype_name)
         for size in args.sizes.split(","):
@@ -654,14 +689,6 @@ def main(argv=None):
                 sys.stdout.flush()
         del cases
         cp.get_default_memory_pool().free_all_blocks()
-    print("vs torch: PyTorch's time / minidnn's in the same group (> 1: minidnn faster).  MB: compulsory traffic "
-          "of one call.")
-    if "graph" in groups:
-        print("e: that side's call could not be captured in a CUDA graph; its eager time stands in (and the target "
-              "is judged on eager times, marked '(eager)').")
-        for name, dtype_name, shape, side, why in failures:
-            print(f"  capture failed: {name} {dtype_name} {shape} ({side}): {why}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -208,15 +208,16 @@ def main(argv=None):
     bw = KG.copy_bandwidth(cp, timer)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
           f"{args.rounds} rounds of on/off (alternating order), graph replays of {args.trials} trials each")
-    for dtype_name in args.dtypes.split(","):
-        cases = KG.Cases(cp, torch, dtype_name)
-        for key in args.rows.split(","):
-            try:
-                run_row(timer, cases, key, dtype_name, bw, args.rounds)
-            except Exception as exc:        # noqa: BLE001 -- one row must not take the others down
-                print(f"{key} {dtype_name}: failed: {type(exc).__name__}: {exc}")
-        del cases
-        cp.get_default_memory_pool().free_all_blocks()
+    with KG.torch_stream(torch):           # PyTorch's ops on one stream, so its backwards can be captured
+        for dtype_name in args.dtypes.split(","):
+            cases = KG.Cases(cp, torch, dtype_name)
+            for key in args.rows.split(","):
+                try:
+                    run_row(timer, cases, key, dtype_name, bw, args.rounds)
+                except Exception as exc:        # noqa: BLE001 -- one row must not take the others down
+                    print(f"{key} {dtype_name}: failed: {type(exc).__name__}: {exc}")
+            del cases
+            cp.get_default_memory_pool().free_all_blocks()
     return 0
 
 

@@ -28,6 +28,7 @@ class FakeGPU:
     def __init__(self):
         self.clock = 0.0
         self.capturing = None
+        self.capture_streams = []
 
     def kernel(self, host, device, syncs=False):
         def call():
@@ -63,7 +64,8 @@ class FakeGPU:
                 gpu.clock += sum(self.calls)
 
         @contextlib.contextmanager
-        def graph(g):
+        def graph(g, stream=None):
+            gpu.capture_streams.append(stream)
             gpu.capturing = g.calls
             try:
                 yield g
@@ -74,7 +76,9 @@ class FakeGPU:
             def wait_stream(self, other):
                 pass
 
-        cuda = types.SimpleNamespace(Stream=Stream, current_stream=Stream, stream=lambda s: contextlib.nullcontext(),
+        current = Stream()
+        cuda = types.SimpleNamespace(Stream=Stream, current_stream=lambda: current,
+                                     stream=lambda s: contextlib.nullcontext(),
                                      CUDAGraph=Graph, graph=graph, Event=Event, synchronize=lambda: None)
         return types.SimpleNamespace(cuda=cuda)
 
@@ -96,6 +100,9 @@ def test_graph_column_is_device_time_and_failures_fall_back_marked():
         assert got["eager"] == pytest.approx((0.020, 0.012))
         assert got["graph"] == pytest.approx((0.010, 0.012))
         assert got["failed"] == []
+        # PyTorch's calls are captured on the current stream (the one its forwards ran on: autograd puts a
+        # backward op on its forward's stream); minidnn's through bench/graphs._capture (a stream of its own)
+        assert gpu.capture_streams == [None, torch.cuda.current_stream()]
         syncing = gpu.kernel(host=0.020, device=0.010, syncs=True)
         got = kg.measure(timer, syncing, ref, "graph")
         assert "eager" not in got
@@ -105,6 +112,12 @@ def test_graph_column_is_device_time_and_failures_fall_back_marked():
     finally:
         for k, v in real.items():
             setattr(minidnn.cuda, k, v)
+
+
+def test_torch_stream_without_torch():
+    kg = _bench()
+    with kg.torch_stream(None):
+        pass
 
 
 def test_cells_and_verdict():
