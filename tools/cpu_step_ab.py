@@ -5,7 +5,10 @@ and on, in alternated blocks (the 2-core machine is shared and noisy: alternatin
 
 Switches: ``pairs`` (pooling_cpu._PAIRS_ENABLED: the 2x2 / stride 2 max-pool form); ``im2col`` (on:
 conv_cpu._ROW_SHIFT_MIN_COLS_BYTES as it is, no row shift; off: the session-7 rule, the row shift above 4 MiB of
-cols); ``stacked`` (conv_cpu._STACKED_BLOCKS: a filter gradient's inner-axis blocks as one stacked product).
+cols); ``stacked`` (conv_cpu._STACKED_BLOCKS: a filter gradient's inner-axis blocks as one stacked product);
+``gemm`` (conv_cpu._STACKED_GEMM: _gemm's small-kernel blocks as one stacked product); ``parts``
+(conv_cpu._STACKED_PARTS: a split part's im2col forward as one gather and one stacked product a 2 MiB group);
+``round2`` (both of the last two).
 Prints, for "off" and "on", the min / q25 / median of the per-step times over all blocks, and the ratio of the
 medians.
 """
@@ -34,7 +37,21 @@ def _stacked(on):
     conv_cpu._STACKED_BLOCKS[0] = on
 
 
-SWITCHES = {"pairs": _pairs, "im2col": _im2col, "stacked": _stacked}
+def _gemm_blocks(on):
+    conv_cpu._STACKED_GEMM[0] = on
+
+
+def _parts(on):
+    conv_cpu._STACKED_PARTS[0] = on
+
+
+def _round2(on):
+    _gemm_blocks(on)
+    _parts(on)
+
+
+SWITCHES = {"pairs": _pairs, "im2col": _im2col, "stacked": _stacked, "gemm": _gemm_blocks, "parts": _parts,
+            "round2": _round2}
 
 
 def main(argv=None):

@@ -176,10 +176,55 @@ def _im2col_product(windows, right):
     width = math.prod(windows.shape[1 + (windows.ndim - 2) // 2:])          # kernel*C
     right = np.ascontiguousarray(right)          # a weight matrix: C order once (the small kernels' orientation)
     out = np.empty((windows.shape[0] * rows, right.shape[1]), dtype=np.result_type(windows, right))
+    images = buf.shape[0]
+    if (_STACKED_PARTS[0] and getattr(_IN_PART, "split", False) and len(chunks) > 1 and windows.dtype == right.dtype
+            and images * rows * width * right.shape[1] <= threads.SMALL_GEMM_MACS):
+        return _im2col_product_stacked(windows, right, images, rows, width, out)
     for nb in chunks:
         m = nb.stop - nb.start
         np.copyto(buf[:m], windows[nb])
         _chunk_gemm(buf[:m].reshape(m * rows, width), right, out[nb.start * rows:nb.stop * rows])
+    return out
+
+
+# A part of a batch split between threads (``_over_batch``) makes its forward im2col product in FEW, LONG NumPy calls:
+# per group of about _PART_GATHER_BYTES of cols, one gather of the group's windows (into a buffer kept per thread: a
+# fresh one page-faults every call) and one stacked np.matmul over its chunks -- the same chunk products as the loop
+# above, so the same bits -- instead of a gather and a product per chunk of ~4 images (64 calls a part of LeNet's
+# conv2 at batch 256).  On the 2-core VM a thread whose short call ends while the other holds the GIL waits 50-120 us
+# to run again (docs/measurements/cpu_2026-11-26_2core.md, session 9); long calls let both threads run at once.  On
+# one thread (no split) the loop stays: the whole part's cols leave the L2 cache (measured there: 2488 -> 2785 us).
+# Measured (round 2), LeNet conv2's forward at batch 256 on 2 threads, min / median of 40 alternated calls: 1681/2360
+# -> 1572/2005 and 1523/1739 -> 1368/1519 us (one loaded run even); groups of 2 MiB against 4 MiB, 1 MiB, 512 KiB
+# and the whole part (7.7 MB): 2 MiB the fastest (the others 4-8% slower in median, the whole part 20%).
+_STACKED_PARTS = [True]
+_PART_GATHER_BYTES = 2 << 20
+_IN_PART = threading.local()         # .split: True while this thread runs a part of a split batch (_over_batch)
+_PART_BUFFERS = threading.local()
+
+
+def _part_buffer(shape, dtype):
+    held = getattr(_PART_BUFFERS, "held", None)
+    if held is None or held.shape != shape or held.dtype != dtype:
+        held = _PART_BUFFERS.held = np.empty(shape, dtype=dtype)
+    return held
+
+
+def _im2col_product_stacked(windows, right, images, rows, width, out):
+    """_im2col_product's loop in groups of whole chunks: one gather and one stacked product a group."""
+    n, K = windows.shape[0], right.shape[1]
+    per_image = math.prod(windows.shape[1:]) * windows.itemsize
+    group = max(1, _PART_GATHER_BYTES // (per_image * images)) * images        # whole chunks a group
+    group = min(group, -(-n // images) * images)
+    buf = _part_buffer((group, *windows.shape[1:]), windows.dtype)
+    for n0 in range(0, n, group):
+        m = min(group, n - n0)
+        np.copyto(buf[:m], windows[n0:n0 + m])
+        full = m // images * images
+        dest = out[n0 * rows:(n0 + full) * rows]
+        np.matmul(buf[:full].reshape(-1, images * rows, width), right, out=dest.reshape(-1, images * rows, K))
+        if full < m:
+            np.matmul(buf[full:m].reshape(-1, width), right, out=out[(n0 + full) * rows:(n0 + m) * rows])
     return out
 
 
@@ -261,6 +306,8 @@ def _gemm(a, b, out=None, product=cpu_matmul):
     a, b = ready
     if out is None:
         out = np.empty((M, N), dtype=a.dtype)
+    if _STACKED_GEMM[0] and length // step > 1:
+        return _stacked_gemm_blocks(a, b, axis, step, out)
     if axis == 0:
         for i in range(0, M, step):
             product(a[i:i + step], b, out=out[i:i + step])
@@ -272,6 +319,45 @@ def _gemm(a, b, out=None, product=cpu_matmul):
         for i in range(step, K, step):
             out += product(a[:, i:i + step], b[i:i + step])
     return out
+
+
+# _gemm's blocks as ONE stacked np.matmul (strided views of the operands and of ``out``: NumPy runs the same BLAS
+# product per block, the whole stack without the GIL) instead of a call per block: rows or columns of the result are
+# written where the loop writes them, and inner-axis blocks are summed by one np.sum over the stack in the loop's order
+# (as _stacked_blocks), so the bits are the loop's (tested).  Fewer, longer NumPy calls per chunk: on the 2-core VM,
+# two threads doing many short calls take turns on the GIL (docs/measurements/cpu_2026-11-26_2core.md, session 9).
+# Measured there (round 2): 1 thread even ((48, 4556) x (4556, 16) 72.5 -> 72.0 us, (6, 25) x (25, 25984) 92 -> 88);
+# 2 threads, alternated calls, median on/off: LeNet conv1's forward at batch 256 (4 column blocks a chunk) 0.87-0.99,
+# conv16's filter gradient (4 inner blocks a product) 0.88-0.97.  False: the loop.
+_STACKED_GEMM = [True]
+
+
+def _stacked_gemm_blocks(a, b, axis, step, out):
+    """_gemm's blocks of ``step`` along ``axis`` (0: rows of a, 1: columns of b, 2: the inner axis) of a @ b into
+    ``out``: the whole blocks as one stacked product, then the last, shorter block (if any) as the loop runs it.
+    The stacks are reshapes of one axis into two (always views: as_strided cost ~5 us a call)."""
+    (M, K), N = a.shape, b.shape[1]
+    if axis == 2:
+        return _stacked_blocks(a, b, step, out)
+    if axis == 0:
+        cut = M // step * step
+        np.matmul(a[:cut].reshape(-1, step, K), b, out=_split_view(out[:cut], 0, step))
+        if cut < M:
+            np.matmul(a[cut:], b, out=out[cut:])
+        return out
+    cut = N // step * step
+    np.matmul(a, _split_view(b[:, :cut], 1, step), out=_split_view(out[:, :cut], 1, step))
+    if cut < N:
+        np.matmul(a, b[:, cut:], out=out[:, cut:])
+    return out
+
+
+def _split_view(m, axis, step):
+    """The 2-D ``m`` with ``axis`` cut into blocks of ``step``, the blocks first: (blocks, step, n) for axis 0,
+    (blocks, rows, step) for axis 1 -- a view (writes go to ``m``)."""
+    if axis == 0:                   # (cutting one axis in two is always a view, whatever the strides)
+        return m.reshape(m.shape[0] // step, step, m.shape[1])
+    return m.reshape(m.shape[0], m.shape[1] // step, step).transpose(1, 0, 2)
 
 
 def _small_ready(a, b, macs):
@@ -329,15 +415,10 @@ _STACKED_BLOCKS = [True]
 def _stacked_blocks(a, b, step, out):
     """a (M, L) @ b (L, N) by blocks of ``step`` along L: the whole blocks as one stacked product, summed in order,
     then the last, shorter block (if any) added."""
-    (M, length), N = a.shape, b.shape[1]
-    full = length // step
-    stack_a = np.lib.stride_tricks.as_strided(a, shape=(full, M, step), writeable=False,
-                                              strides=(a.strides[1] * step, a.strides[0], a.strides[1]))
-    stack_b = np.lib.stride_tricks.as_strided(b, shape=(full, step, N), writeable=False,
-                                              strides=(b.strides[0] * step, b.strides[0], b.strides[1]))
-    acc = np.sum(np.matmul(stack_a, stack_b), axis=0, out=out)
-    if full * step < length:
-        acc += np.matmul(a[:, full * step:], b[full * step:])
+    cut = a.shape[1] // step * step
+    acc = np.sum(np.matmul(_split_view(a[:, :cut], 1, step), _split_view(b[:cut], 0, step)), axis=0, out=out)
+    if cut < a.shape[1]:
+        acc += np.matmul(a[:, cut:], b[cut:])
     return acc
 
 
@@ -380,7 +461,11 @@ def _over_batch(p: ConvProblem, part, work=None):
     out, lock = [None], threading.Lock()
 
     def run(nb):
-        r = part(dataclasses.replace(p, N=nb.stop - nb.start), nb)
+        _IN_PART.split = True
+        try:
+            r = part(dataclasses.replace(p, N=nb.stop - nb.start), nb)
+        finally:
+            _IN_PART.split = False
         with lock:
             if out[0] is None:
                 out[0] = _empty_like_layout(r, (p.N, *r.shape[1:]))

@@ -21,7 +21,9 @@ def _operands(shape_a, shape_b, order_a, order_b, dtype, seed=0):
 
 def _calls(monkeypatch):
     """Record the shapes of the products _gemm makes: through the ``product`` it is given (whole products) or its
-    blocks' own np.matmul (conv_cpu._matmul)."""
+    blocks' own np.matmul (conv_cpu._matmul), one call a block (the stacked form is off: it makes one call for all
+    the blocks; test_stacked_blocks_are_the_loop_bit_for_bit checks it against this loop)."""
+    monkeypatch.setattr(conv_cpu, "_STACKED_GEMM", [False])
     shapes = []
 
     def product(a, b, out=None):
@@ -66,6 +68,36 @@ def test_out_argument_is_written(small_kernels, axis):
     got = conv_cpu._gemm(a, b, out=out)
     assert got is out
     np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("order_a,order_b", [("C", "C"), ("F", "C"), ("C", "F"), ("F", "F")])
+@pytest.mark.parametrize("shape", [(6, 25, 25984), (6, 25, 21504), (6, 25, 8192), (48, 4556, 16), (9000, 120, 16),
+                                   (9001, 120, 16), (16, 120, 9001), (16, 9001, 120), (25, 20000, 6)])
+def test_stacked_blocks_are_the_loop_bit_for_bit(small_kernels, monkeypatch, dtype, order_a, order_b, shape):
+    """_gemm's blocks as one stacked np.matmul (_STACKED_GEMM) against its loop of block products: the same bits,
+    for row, column and inner-axis blocks (a last, shorter block where the length is not a multiple), returned or
+    written into a strided ``out`` (nothing outside it touched); and against float64."""
+    M, K, N = shape
+    a, b = _operands((M, K), (K, N), order_a, order_b, dtype, seed=M + N)
+    stacked_calls, real = [], conv_cpu._stacked_gemm_blocks
+    monkeypatch.setattr(conv_cpu, "_stacked_gemm_blocks", lambda *args: stacked_calls.append(args[2]) or real(*args))
+    got = {}
+    for stacked in (False, True):
+        monkeypatch.setattr(conv_cpu, "_STACKED_GEMM", [stacked])
+        frame = np.full((M + 3, N + 2), np.nan, dtype=dtype)
+        out = frame[1:M + 1, 1:N + 1]
+        assert conv_cpu._gemm(a, b, out=out) is out
+        assert np.isnan(frame[0]).all() and np.isnan(frame[M + 1:]).all()
+        assert np.isnan(frame[:, 0]).all() and np.isnan(frame[:, N + 1]).all()
+        got[stacked] = (conv_cpu._gemm(a, b), out.copy())
+    # it ran (one call with out, one without) unless the product stays whole (C @ F with a large copy to make)
+    assert len(stacked_calls) == (2 if conv_cpu._small_ready(a, b, M * K * N) is not None else 0)
+    for loop, stacked in zip(got[False], got[True]):
+        np.testing.assert_array_equal(stacked, loop)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got[True][0], ref, rtol=tol, atol=tol * np.sqrt(K))
 
 
 def test_without_small_kernels_the_product_is_whole(monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 import minidnn
 from minidnn.backend import conv_cpu, pooling_cpu
 from minidnn.backend import threads as threads_module
-from minidnn.backend.conv_gemm import gemm_backward_filter
+from minidnn.backend.conv_gemm import gemm_backward_filter, gemm_forward
 from minidnn.backend.conv_problem import ConvolutionDescriptor, make_problem
 
 # (x shape without the batch, w shape, padding, stride, dilation): one config per dense form of conv_cpu.py
@@ -108,6 +108,34 @@ def test_benchmarked_layers_split_bit_for_bit(split, n):
         x, w, dy = _inputs(p, np.float32)
         _same_bits(conv_cpu.dense_forward(p, x, w), _unsplit(conv_cpu.dense_forward, p, x, w))
         _same_bits(conv_cpu.dense_backward_data(p, w, dy), _unsplit(conv_cpu.dense_backward_data, p, w, dy))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("group_bytes", [1, 200_000, 2 << 20])
+@pytest.mark.parametrize("n", [2, 9, 64, 67])
+def test_split_im2col_forward_stacked_is_the_loop_bit_for_bit(split, monkeypatch, n, group_bytes, dtype):
+    """A split part's im2col forward in groups of whole chunks, one gather and one stacked product a group
+    (conv_cpu._STACKED_PARTS), against the per-chunk loop (switch off) and the unsplit call: the same bits, for
+    groups of one chunk, several, the whole part, and a last shorter group / chunk; LeNet conv2's shape; and
+    only inside a split part (the unsplit call keeps the loop)."""
+    monkeypatch.setattr(conv_cpu, "_PART_GATHER_BYTES", group_bytes)
+    p = _problem(n, FORMS[1], dtype)
+    x, w, _ = _inputs(p, dtype, seed=n)
+    calls, real = [], conv_cpu._im2col_product_stacked
+    monkeypatch.setattr(conv_cpu, "_im2col_product_stacked", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    got = {}
+    for stacked in (False, True):
+        monkeypatch.setattr(conv_cpu, "_STACKED_PARTS", [stacked])
+        got[stacked] = conv_cpu.dense_forward(p, x, w)
+    chunk = conv_cpu._im2col_chunks(np.empty((n, 10, 10, 5, 5, 6), dtype), 16)[0].shape[0]   # images a chunk
+    assert sorted(calls) == [m for m in (n // 2, n - n // 2) if m > chunk]     # parts of one chunk: the loop
+    _same_bits(got[True], got[False])
+    calls.clear()
+    _same_bits(got[True], _unsplit(conv_cpu.dense_forward, p, x, w))
+    assert calls == []
+    exact = gemm_forward(_problem(n, FORMS[1], np.float64), x.astype(np.float64), w.astype(np.float64))
+    tol = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(got[True], exact, rtol=0, atol=tol * np.abs(exact).max() * np.sqrt(150))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
