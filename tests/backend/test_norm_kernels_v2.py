@@ -355,6 +355,8 @@ def test_gn_bwd2_prefetch(cp, monkeypatch, name, shape, affine):
     NK._plans.clear()
     monkeypatch.setattr(NK, "GN_PREFETCH", "16")
     assert NK.gn_prefetch(dtype) == (dtype.itemsize == 2)
+    monkeypatch.setattr(NK, "GN_PREFETCH", "0")
+    assert not NK.gn_prefetch(dtype)
     dx, ds, db = out["1"]
     _close(dx, dx_r, name)
     if affine:

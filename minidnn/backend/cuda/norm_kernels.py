@@ -65,7 +65,7 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
     row's vectors loaded before the current row's sums.  LN3_SMEM=1 (route "v3s", the default): scale and bias in
     shared memory, one copy per block (fewer registers, more resident teams).
   gn_bwd2 with GN_CHV=1 (vectors in one channel): the scale / channel flags fixed at compile time.
-  gn_bwd2 with GN_PREF=1 (session 9; GN_PREFETCH, 16-bit data by default): the next group row's x and dy loaded
+  gn_bwd2 with GN_PREF=1 (session 9; GN_PREFETCH, off by default: measured slower): the next group row's x and dy loaded
     before the current row's sums and stores, on a persistent grid of the resident blocks (half as many an SM).
 Which version a case takes: ROUTE / _version (MINIDNN_NORM_ROUTE), see there.
 """
@@ -1380,9 +1380,11 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}     # the most 16-byte vectors of one arra
 # of three (80 registers): a third more group rows in flight (v2: 67% of copy bandwidth there, float32 88%).
 ROUTE = {"ln_fwd16": "v3s", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
 # Session 9: gn_bwd2's GN_CHV rows with the next row prefetched (GN_PREF; half the blocks an SM for the registers).
-# GN_PREFETCH "16" (the default): 16-bit data only (H200 session 8: bfloat16 (128, 64, 56, 56) G=32 backward 54% of
-# copy, float32 80%); "1" every dtype; "0" none.  Read at planning time (MINIDNN_GN_PREFETCH; clear _plans).
-GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
+# GN_PREFETCH "0" (the default): none -- measured slower on the H200 (session 9 run 6, tools/ktable_ab.py, graph
+# replays of (128, 64, 56, 56) G=32: bfloat16 0.0636 -> 0.0854 ms, float32 0.0891 -> 0.1255; halving the resident
+# blocks cost more than the prefetch hid); "16" 16-bit data only; "1" every dtype.  Read at planning time
+# (MINIDNN_GN_PREFETCH; clear _plans).
+GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "0")
 
 
 def gn_prefetch(dtype) -> bool:
