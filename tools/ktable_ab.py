@@ -9,6 +9,8 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   biasgrad    bias grad (linear) (16384, 1024)  norm_kernels.COLSUM_VEC     (MINIDNN_COLSUM_VEC)
   dropout     dropout fwd (p=0.5) (128,64,56,56) dropout_philox.PIPE_FWD    (MINIDNN_DROPOUT_PIPE: "1" vs "0")
   gnbwd       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_PREFETCH  (MINIDNN_GN_PREFETCH: "1" vs "0")
+  cefwd       cross-entropy fwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
+  cebwd       cross-entropy bwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   logsoftmax64  log-softmax bwd: on = the 64-thread-block tiling softmax's backward uses (MINIDNN_SOFTMAX_BWD_WARP=0,
               no pipe), off = the default (warp rows, piped): off/on > 1 means the block tiling is the better fix
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
@@ -112,6 +114,21 @@ def _gn_plan(dtype):
             + (" (persistent grid)" if pref else ""))
 
 
+def _ce_switch(on):
+    from minidnn.backend.cuda import loss_kernels as _lk
+    _lk.CE_FAST = "1" if on else "0"
+    _forget_softmax()
+
+
+def _ce_plan(name):
+    def plan(dtype):
+        from minidnn.backend.cuda import loss_kernels as _lk
+        src, k, defines, groups, per_sm, block = _lk.launch_spec(name, (16384, 1000), dtype, "int64", False, "mean")
+        d = dict(x.split("=", 1) for x in defines)
+        return f"{k} FASTX={d['FASTX']} PIPE={d['PIPE']} MINB={d['MINB']} blocks/SM={per_sm}"
+    return plan
+
+
 def _launch_sms():
     from minidnn.backend.cuda import launch
     return launch.sm_count(0)
@@ -124,6 +141,8 @@ ROWS = {
     "biasgrad": ("bias", "bias grad (linear)", _bias_switch, _bias_plan, True),
     "dropout": ("dropout", "dropout fwd (p=0.5)", _dropout_switch, _dropout_plan, None),
     "gnbwd": ("gn", "group norm G=32 bwd", _gn_switch, _gn_plan, None),
+    "cefwd": ("ce", "cross-entropy fwd", _ce_switch, _ce_plan("ce_fwd"), None),
+    "cebwd": ("ce", "cross-entropy bwd", _ce_switch, _ce_plan("ce_bwd"), None),
 }
 
 
@@ -137,6 +156,10 @@ def _default_restore(key):
         from minidnn.backend.cuda import norm_kernels as NK
         NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
         NK._plans.clear()
+    elif key in ("cefwd", "cebwd"):
+        from minidnn.backend.cuda import loss_kernels as _lk
+        _lk.CE_FAST = os.environ.get("MINIDNN_CE_FAST", "16")
+        _forget_softmax()
     elif key in ("logsoftmax", "logsoftmax64"):
         from minidnn.backend.cuda import softmax_kernels as _sk
         _sk._BWD_WARP_ENV = os.environ.get("MINIDNN_SOFTMAX_BWD_WARP", "")

@@ -579,3 +579,114 @@ def test_bwd_pipe_log_softmax_rows(cp, monkeypatch, name, rows, c):
             got[on] = _host(dx)
     np.testing.assert_allclose(got[True], got[False], rtol=2e-6 if name == "float32" else 1e-2, atol=0,
                                equal_nan=True)
+
+
+# ---- session 9, round 2: FASTX cross-entropy rows (loss_kernels.CE_FAST) ---------------------------------------------
+
+def test_ce_fast_rule(monkeypatch):
+    """FASTX (one FFMA + ex2.approx for exp, x[t] by one load) is compiled into the row kernels of 2-byte logits
+    by default ("16"), of float32 too with "1", of none with "0"; never float64 nor the column (inner > 1) kernels."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    for setting, on in (("16", {"bfloat16", "float16"}), ("1", {"bfloat16", "float16", "float32"}), ("0", set())):
+        monkeypatch.setattr(_lk, "CE_FAST", setting)
+        for name in ("float32", "bfloat16", "float16", "float64"):
+            for kname in ("ce_fwd", "ce_bwd"):
+                for c in (10, 1000, 1001, 40000):
+                    d = _defs(_lk.launch_spec(kname, (64, c), _dtype(name), np.int64, False, "mean")[2])
+                    assert d["FASTX"] == int(name in on), (setting, name, kname, c)
+        assert _lk.launch_spec("ce_fwd", (4, 1000, 3), _dtype("bfloat16"), np.int64, False, "mean")[0] == "WARPS"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_ce_fast_compiles_without_spills(tmp_path, monkeypatch):
+    """FASTX in every dtype it may take ("1"), the headline (16384, 1000) rows and a ragged / smoothing / long-row
+    variant: nvcc sm_90 builds them, and the one-chunk rows do not spill."""
+    from minidnn.backend.cuda import launch
+    from minidnn.backend.cuda import loss_kernels as _lk
+    monkeypatch.setattr(_lk, "CE_FAST", "1")
+    jobs = {}
+    for name in ("float32", "bfloat16", "float16"):
+        for c, w, red, eps in ((1000, False, "mean", 0.0), (1001, True, "none", 0.1), (10, False, "sum", 0.0),
+                               (40000, True, "mean", 0.0)):
+            for kname in ("ce_fwd", "ce_bwd"):
+                src, k, defines, *_ = _lk.launch_spec(kname, (16384, c), _dtype(name), np.int64, w, red, eps)
+                assert _defs(defines)["FASTX"] == 1
+                jobs[(k, defines)] = c
+    for i, ((k, defines), c) in enumerate(jobs.items()):
+        src = tmp_path / f"k{i}.cu"
+        launch.write_source(str(src), _lk.SOURCE_ROWS, defines)
+        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(src) + ".o",
+                            str(src)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[:1500]
+        m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
+        assert m is not None, r.stderr[:1500]
+        if c != 40000 and "SMOOTH=0" in defines and "RAGGED=0" in defines:
+            assert int(m.group(1)) == 0, (k, defines)
+
+
+# rows so that each warp of the forward's persistent grid walks several; ragged rows (1001: heads and tails, targets
+# in them), sub-warp groups (10 classes), a multi-chunk row (40000: the backward's chunk loop and target patch)
+CE_FAST_ROWS = [("bfloat16", 6000, 1000), ("float16", 3000, 1001), ("float32", 6000, 1000), ("bfloat16", 20000, 10),
+                ("bfloat16", 2113, 1024), ("float32", 3000, 1001), ("bfloat16", 40, 40000)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", CE_FAST_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in CE_FAST_ROWS])
+def test_ce_fast_rows(cp, monkeypatch, name, rows, c):
+    """Cross-entropy forward and backward with FASTX on ("1") and off ("0"): each against the float64 reference
+    (loss rows / mean / sum, lse, denominator; dx from the GPU's own lse), over -inf and NaN rows, ignored and
+    head / tail targets, class weights and label smoothing; one launch each way; on and off close (FASTX's exp
+    differs from expf by a few ulp, so not bitwise)."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    dtype = _dtype(name)
+    rng = np.random.default_rng(rows + 3 * c)
+    x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
+    x[1, :] = -np.inf
+    x[2, c // 3] = np.nan
+    x[rows - 1, ::2] = -np.inf
+    t = rng.integers(0, c, rows)
+    t[rng.random(rows) < 0.1] = -100
+    t[3:9] = [0, c - 1, 1, c - 2, min(7, c - 1), c // 2]            # first / last classes: heads and tails
+    w = (rng.random(c) + 0.1).astype(dtype)
+    x64, fin = x.astype(np.float64), np.isfinite(x.astype(np.float64)).all(axis=1)
+    xd, td, wd = cp.asarray(x), cp.asarray(t), cp.asarray(w)
+    xf, tf = cp.asarray(x[fin]), cp.asarray(t[fin])
+    got = {}
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for on in ("1", "0"):
+            monkeypatch.setattr(_lk, "CE_FAST", on)
+            _reset_plans()
+            for weighted, eps in ((False, 0.0), (True, 0.1), (True, 0.0)):
+                wa, w64 = (wd, w.astype(np.float64)) if weighted else (None, None)
+                what = f"fast={on} weighted={weighted} eps={eps}"
+                n0 = _launches()
+                loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wa, -100, eps, "none")
+                assert _launches() - n0 == 1
+                loss_ref, lse_ref, den_ref = B.softmax_cross_entropy_forward(None, x64, t, w64, -100, eps, "none")
+                _close(lse, np.asarray(lse_ref), "float32", "lse " + what, scale=4)
+                _close(loss, np.asarray(loss_ref, np.float64), name, "loss rows " + what, scale=10)
+                g = rng.standard_normal(rows).astype(dtype)
+                n0 = _launches()
+                dx = B.softmax_cross_entropy_backward(None, xd, td, cp.asarray(g), lse, den, wa, -100, eps, "none")
+                assert _launches() - n0 == 1
+                dx_ref = B.softmax_cross_entropy_backward(None, x64, t, g.astype(np.float64), _host(lse), _host(den),
+                                                          w64, -100, eps, "none")
+                _close(dx, dx_ref, name, "dx " + what, scale=8)
+                got[on, weighted, eps] = (_host(lse), _host(loss), _host(dx))
+                for red in ("mean", "sum"):
+                    loss, lse_r, den = B.softmax_cross_entropy_forward(None, xf, tf, wa, -100, eps, red)
+                    loss_ref, _, den_ref = B.softmax_cross_entropy_forward(None, x64[fin], t[fin], w64, -100, eps,
+                                                                            red)
+                    _close(den, np.asarray(den_ref, np.float64), "float32", f"denominator {red} " + what, scale=4)
+                    _close(loss, np.asarray(loss_ref, np.float64), name, f"loss {red} " + what, scale=10)
+                    gr = np.asarray(rng.standard_normal(), dtype)
+                    dx = B.softmax_cross_entropy_backward(None, xf, tf, cp.asarray(gr), lse_r, den, wa, -100, eps,
+                                                          red)
+                    dx_ref = B.softmax_cross_entropy_backward(None, x64[fin], t[fin], gr.astype(np.float64),
+                                                              _host(lse_r), _host(den), w64, -100, eps, red)
+                    _close(dx, dx_ref, name, f"dx {red} " + what, scale=8)
+    for key, a in got.items():
+        if key[0] == "1":
+            for u, v in zip(a, got[("0",) + key[1:]]):
+                np.testing.assert_allclose(u, v, rtol=1e-5 if name == "float32" else 2e-2, atol=1e-5 * np.nanmax(
+                    np.abs(np.where(np.isfinite(v), v, 0))), equal_nan=True, err_msg=str(key))

@@ -22,6 +22,7 @@ and a host check would be a synchronisation in every step.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -167,6 +168,25 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
 # chunk with the same vector loads and stores; sum_c w_c (smoothing with weights) once per block.
 SOURCE_ROWS = STORAGE_HEADER + WARP_REDUCE + ROW_HEADER + r"""
 typedef INDEX I;
+#ifndef FASTX
+#define FASTX 0
+#endif
+#if FASTX
+// FASTX (session 9, round 2; float accumulation only): exp(v - sh) as 2^(v log2e - sh log2e), one FFMA and one
+// MUFU.EX2 (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to 0) instead of expf's ~9 instructions; and the
+// forward reads x[t] with one load instead of a compare and select an element.  The pipe forward and the backward
+// of 16-bit logits were issue-bound: ~21 instructions an element, 16 warps an SM (docs/step_kernels.md).
+#define LOG2E_F 1.4426950408889634f
+__device__ __forceinline__ float ex2_fast(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#define CE_EXP(v, sh, shl) ex2_fast(fmaf((v), LOG2E_F, -(shl)))
+#else
+#define CE_EXP(v, sh, shl) ((void)(shl), exp((v) - (sh)))
+#endif
 
 template <bool VA> __device__ __forceinline__ void ce_fwd_body(
     const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
@@ -293,6 +313,12 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
         }
         A a[E], ed[NE1];
         pipe_decode(cur, q, g, NEG_INF, a, ed);
+        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+#if FASTX
+        // x[t] by one load (every thread of the group; the row's lines were just read: L1), waited on only at the end
+        if (live && t >= 0 && t < C) xt = LD(x[(size_t)r * C + t]);
+        int ts = -1;
+#else
         // x[t]'s slot in this thread's body (ts = -1: not here): as ce_fwd_body, one chunk
         int ts = -1;
         {
@@ -302,25 +328,26 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
                 if ((int)(tv % G) == g) ts = (int)(tv / G) * VEC + (int)(tb % VEC);
             }
         }
-        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+#endif
 #pragma unroll
         for (int e = 0; e < E; ++e) m = vmax(m, a[e]);
 #pragma unroll
         for (int j = 0; j < NE; ++j) m = vmax(m, ed[j]);
         const A sh = m == NEG_INF ? (A)0 : m;
+        const A shl = FASTX ? sh * (A)1.4426950408889634 : (A)0;
 #pragma unroll
         for (int j = 0; j < NE; ++j) {
-            s += exp(ed[j] - sh);
+            s += CE_EXP(ed[j], sh, shl);
             if (j < edge_n(q, g)) {
                 const int c = edge_o(q, g) + j;
-                if (c == t) xt = ed[j];
+                if (!FASTX && c == t) xt = ed[j];
                 if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * ed[j]; sw += wc; }
             }
         }
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            s += exp(a[e] - sh);
-            xt = e == ts ? a[e] : xt;
+            s += CE_EXP(a[e], sh, shl);
+            if (!FASTX) xt = e == ts ? a[e] : xt;
         }
         if (smooth) {
 #pragma unroll
@@ -337,7 +364,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
         if (M == NEG_INF) M = 0;
         const A f = m == NEG_INF ? (A)0 : exp(m - M);
         const A lse = M + log(g_sum(s * f, sm));
-        xt = g_sum(xt, sm);
+        if (!FASTX) xt = g_sum(xt, sm);             // FASTX: every thread loaded it
         if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
         if (g == 0 && live) {
             const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
@@ -410,14 +437,14 @@ ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __re
     }
 }
 
-// dx_c = exp(x_c - lse) * sum_q * g - q_c * g
+// dx_c = exp(x_c - lse) * sum_q * g - q_c * g      (lsel = lse log2e: FASTX's exp)
 __device__ __forceinline__ A ce_dx(A v, int c, long long t, const T* __restrict__ w, bool smooth, A qt, A ec, A gr,
-                                   A lse, A sumqg)
+                                   A lse, A lsel, A sumqg)
 {
     A q = c == t ? qt : (A)0;
     if (smooth) q += ec * (HAS_W ? LD(w[c]) : (A)1);
     const A qg = q != (A)0 ? q * gr : (A)0;
-    return exp(v - lse) * sumqg - qg;
+    return CE_EXP(v, lse, lsel) * sumqg - qg;
 }
 
 template <bool VA> __device__ __forceinline__ void ce_bwd_body(
@@ -453,23 +480,38 @@ template <bool VA> __device__ __forceinline__ void ce_bwd_body(
         const A sumq = qt + (smooth ? ec * sw : (A)0);
         const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
         const A lse = lse_in[r];
+        const A lsel = FASTX ? lse * (A)1.4426950408889634 : (A)0;
         load_edges(x + base, q, g, (A)0, ed);
 #pragma unroll
         for (int j = 0; j < NE; ++j)
-            if (j < edge_n(q, g)) ed[j] = ce_dx(ed[j], edge_o(q, g) + j, t, w, smooth, qt, ec, gr, lse, sumqg);
+            if (j < edge_n(q, g))
+                ed[j] = ce_dx(ed[j], edge_o(q, g) + j, t, w, smooth, qt, ec, gr, lse, lsel, sumqg);
         store_edges(dx + base, q, g, ed);
         for (int ch = 0; ch < nch; ++ch) {
             load_chunk<VA>(x + base, ch, q, g, (A)0, a);
+            if (FASTX && !smooth) {                  // q_c = 0 off the target: exp * sum_q g; x[t]'s slot below
 #pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const int v = ch * CV + k * G + g;
+                for (int e = 0; e < E; ++e) a[e] = CE_EXP(a[e], lse, lsel) * sumqg;
+            } else {
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    const int c = v < q.nb ? q.h + v * VEC + j : 0;
-                    a[k * VEC + j] = ce_dx(a[k * VEC + j], c, v < q.nb ? t : -1, w, smooth, qt, ec, gr, lse, sumqg);
+                for (int k = 0; k < NV; ++k) {
+                    const int v = ch * CV + k * G + g;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        const int c = v < q.nb ? q.h + v * VEC + j : 0;
+                        a[k * VEC + j] = ce_dx(a[k * VEC + j], c, v < q.nb ? t : -1, w, smooth, qt, ec, gr, lse,
+                                               lsel, sumqg);
+                    }
                 }
             }
             store_chunk<VA>(dx + base, ch, q, g, a);
+        }
+        if (FASTX && !smooth && in_range) {
+            // dx[t] again, by the thread that stored the body vector holding it (its own program order: this store
+            // lands last), now with -q_t g; a target in the head or tail was done with the edges
+            const unsigned tb = (unsigned)((int)t - q.h);
+            if (tb < (unsigned)(q.nb * VEC) && (int)((tb / VEC) % G) == g)
+                dx[base + t] = ST(ce_dx(LD(x[base + t]), (int)t, t, w, false, qt, ec, gr, lse, lsel, sumqg));
         }
     }
 }
@@ -494,6 +536,18 @@ ce_rows_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __re
     else ce_bwd_body<false>(x, target, w, lse_in, gsrc, denom, dx, rows, C, ignore_index, eps, sw);
 }
 """
+
+# Session 9, round 2: FASTX (above) for the row kernels of 2-byte logits by default.  MINIDNN_CE_FAST=16 (default:
+# 16-bit logits) | 1 (float32 too) | 0 (none: the accurate expf and the register select of x[t]).  Module attribute,
+# read at planning time (tools/ktable_ab.py flips it).
+CE_FAST = os.environ.get("MINIDNN_CE_FAST", "16")
+
+
+def ce_fast(dtype) -> bool:
+    """Whether the row kernels of ``dtype`` logits take FASTX (CE_FAST; float accumulation only)."""
+    item = np.dtype(dtype).itemsize
+    return (CE_FAST == "1" and item <= 4) or (CE_FAST == "16" and item == 2)
+
 
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
 _INT_MAX = 2 ** 31 - 1
@@ -540,7 +594,8 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
         # (float64: MINB = 1, registers uncapped -- left at 16)
         minb = int(dict(d.split("=") for d in defines)["MINB"])
         per_sm = minb if name == "ce_fwd" and minb > 1 else 16
-        return ("ROWS", name.replace("ce_", "ce_rows_"), base + defines + (f"SMOOTH={int(eps != 0)}",),
+        return ("ROWS", name.replace("ce_", "ce_rows_"),
+                base + defines + (f"SMOOTH={int(eps != 0)}", f"FASTX={int(ce_fast(dtype))}"),
                 -(-rows // (cfg.block // cfg.g)), per_sm, cfg.block)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
