@@ -130,7 +130,9 @@ __device__ __forceinline__ A act_combine(A v, A g, const A c)
 #ifndef HINT
 #define HINT 0
 #endif
+#ifndef THREADS
 #define THREADS 256
+#endif
 struct alignas(16) Vec { T v[VW]; };
 
 // HINT bit 0: streaming ("evict first") loads of the inputs, read exactly once; bit 1: streaming stores of the output
@@ -262,11 +264,14 @@ _kernel_cache: dict = {}
 # (session 6 round 3, (128, 64, 56, 56) bf16) u1 b0 h0 was the fastest row (relu fwd 0.0374 ms, bwd 0.0540; the
 # float32 default u4 gave 0.0377 / 0.0543) -- and UNROLL 4 for 4- and 8-byte data.
 V1 = os.environ.get("MINIDNN_ACT_V1", "0") == "1"
-CONFIG = {"unroll": 1 if V1 else 4, "blocks_per_sm": 8 if V1 else 0, "hint": 0}
-CONFIG16 = {"unroll": 1, "blocks_per_sm": 8 if V1 else 0, "hint": 0}
+# "threads" (session 9, round 2; an optional 4th field of the variables): the block size -- PyTorch's vectorized
+# elementwise kernel runs 128-thread blocks of 2 float4 a thread (8 elements) where ours run 256 x 4; its ReLU
+# forward was 2-4% faster on the H200 (tools/ktable_ab.py rows relu128 / relu2 time the candidates).
+CONFIG = {"unroll": 1 if V1 else 4, "blocks_per_sm": 8 if V1 else 0, "hint": 0, "threads": THREADS}
+CONFIG16 = {"unroll": 1, "blocks_per_sm": 8 if V1 else 0, "hint": 0, "threads": THREADS}
 for _env, _cfg in (("MINIDNN_ACT_LAUNCH", CONFIG), ("MINIDNN_ACT_LAUNCH16", CONFIG16)):
     if os.environ.get(_env) and not V1:
-        _cfg.update(zip(("unroll", "blocks_per_sm", "hint"), map(int, os.environ[_env].split(","))))
+        _cfg.update(zip(("unroll", "blocks_per_sm", "hint", "threads"), map(int, os.environ[_env].split(","))))
 
 
 def config(dtype):
@@ -276,32 +281,33 @@ def config(dtype):
 
 def _kernel(name, dtype, mode_name):
     cfg = config(dtype)
-    key = (name, dtype, mode_name, cfg["unroll"], cfg["hint"])
+    key = (name, dtype, mode_name, cfg["unroll"], cfg["hint"], cfg.get("threads", THREADS))
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _kernel_compiled(name, dtype, mode_name, *key[3:])
     return k
 
 
-def options(dtype, mode_name, unroll=4, hint=0):
+def options(dtype, mode_name, unroll=4, hint=0, threads=THREADS):
     """NVRTC options of one configuration (nvcc takes the same -D options: the tests compile each kernel)."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DMODE=M_{mode_name}",
-            f"-DUNROLL={int(unroll)}", f"-DHINT={int(hint)}", "-std=c++14")
+            f"-DUNROLL={int(unroll)}", f"-DHINT={int(hint)}", "-std=c++14") + \
+        ((f"-DTHREADS={int(threads)}",) if threads != THREADS else ())
 
 
-def _kernel_compiled(name, dtype, mode_name, unroll, hint):
-    return _launch.get_kernel(SOURCE, name, options(dtype, mode_name, unroll, hint))
+def _kernel_compiled(name, dtype, mode_name, unroll, hint, threads=THREADS):
+    return _launch.get_kernel(SOURCE, name, options(dtype, mode_name, unroll, hint, threads))
 
 
-def _grid(n, dev):
+def _grid(n, dev, threads=THREADS):
     """Scalar path: 4 elements per thread and iteration, at most 8 blocks per SM (grid stride)."""
-    return (max(1, min((n + THREADS * 4 - 1) // (THREADS * 4), _launch.sm_count(dev) * 8)),)
+    return (max(1, min((n + threads * 4 - 1) // (threads * 4), _launch.sm_count(dev) * 8)),)
 
 
 def _vec_grid(nv, dev, cfg=CONFIG):
-    """Vector path: one block per tile of THREADS * unroll vectors, capped at blocks_per_sm per SM where set."""
-    tiles = max(1, -(-nv // (THREADS * cfg["unroll"])))
+    """Vector path: one block per tile of threads * unroll vectors, capped at blocks_per_sm per SM where set."""
+    tiles = max(1, -(-nv // (cfg.get("threads", THREADS) * cfg["unroll"])))
     cap = cfg["blocks_per_sm"]
     return (min(tiles, _launch.sm_count(dev) * cap) if cap else tiles,)
 
@@ -348,9 +354,10 @@ def _plan(mode_name, coef, x, backward, dev):
     n = x.size
     k = _kernel("act_bwd" if backward else "act_fwd", x.dtype, mode_name)
     head = [None] * (3 if backward else 2) + [np.int64(n), np.float64(coef)]
-    p.go = _launch.prepare(k, _grid(n, dev), (THREADS,), head + [np.int32(0)])
+    threads = config(x.dtype).get("threads", THREADS)
+    p.go = _launch.prepare(k, _grid(n, dev, threads), (threads,), head + [np.int32(0)])
     vw = 16 // x.itemsize           # the vector path takes any n (the tail is block 0's); V1 only whole vectors
-    p.vec = _launch.prepare(k, _vec_grid(n // vw, dev, config(x.dtype)), (THREADS,), head + [np.int32(1)]) \
+    p.vec = _launch.prepare(k, _vec_grid(n // vw, dev, config(x.dtype)), (threads,), head + [np.int32(1)]) \
         if not (V1 and n % vw) else None
     return p
 
