@@ -11,6 +11,10 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   gnbwd       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_PREFETCH  (MINIDNN_GN_PREFETCH: "1" vs "0")
   cefwd       cross-entropy fwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   cebwd       cross-entropy bwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
+  relu128     relu fwd (128,64,56,56): act_kernels CONFIG on = PyTorch's launch shape, 128-thread blocks, 2 vectors
+              a thread for 4-byte data (16-bit: 1, as now), off = the default (256 threads, 4 vectors)
+  relu128b    relu bwd, the same switch (it changes both directions: keep it only if bwd does not lose)
+  relu2       relu fwd: on = 256-thread blocks of 2 vectors a thread (4-byte data)
   logsoftmax64  log-softmax bwd: on = the 64-thread-block tiling softmax's backward uses (MINIDNN_SOFTMAX_BWD_WARP=0,
               no pipe), off = the default (warp rows, piped): off/on > 1 means the block tiling is the better fix
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
@@ -129,6 +133,33 @@ def _ce_plan(name):
     return plan
 
 
+_ACT_DEFAULT = {}
+
+
+def _act_switch_to(cand):
+    """ReLU's launch shape: ``cand`` (unroll for 4-byte data, threads) on, the module's defaults off."""
+    def switch(on):
+        from minidnn.backend import activation as _act
+        from minidnn.backend.cuda import act_kernels as AK
+        if not _ACT_DEFAULT:
+            _ACT_DEFAULT.update({k: dict(v) for k, v in (("4", AK.CONFIG), ("2", AK.CONFIG16))})
+        for key, cfg in (("4", AK.CONFIG), ("2", AK.CONFIG16)):
+            cfg.update(_ACT_DEFAULT[key])
+            if on:
+                cfg.update(threads=cand[1], unroll=cand[0] if key == "4" else cfg["unroll"])
+        _act._SEEN.clear()
+        AK._plans.clear()
+    return switch
+
+
+def _act_plan(dtype):
+    from minidnn.backend.cuda import act_kernels as AK
+    cfg = AK.config(dtype)
+    nv = 128 * 64 * 56 * 56 * dtype.itemsize // 16
+    return (f"act unroll={cfg['unroll']} threads={cfg.get('threads', 256)} blocks="
+            f"{AK._vec_grid(nv, 0, cfg)[0]}")
+
+
 def _launch_sms():
     from minidnn.backend.cuda import launch
     return launch.sm_count(0)
@@ -143,6 +174,9 @@ ROWS = {
     "gnbwd": ("gn", "group norm G=32 bwd", _gn_switch, _gn_plan, None),
     "cefwd": ("ce", "cross-entropy fwd", _ce_switch, _ce_plan("ce_fwd"), None),
     "cebwd": ("ce", "cross-entropy bwd", _ce_switch, _ce_plan("ce_bwd"), None),
+    "relu128": ("relu", "relu fwd", _act_switch_to((2, 128)), _act_plan, None),
+    "relu128b": ("relu", "relu bwd", _act_switch_to((2, 128)), _act_plan, None),
+    "relu2": ("relu", "relu fwd", _act_switch_to((2, 256)), _act_plan, None),
 }
 
 
@@ -156,6 +190,8 @@ def _default_restore(key):
         from minidnn.backend.cuda import norm_kernels as NK
         NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
         NK._plans.clear()
+    elif key.startswith("relu"):
+        _act_switch_to(None)(False)
     elif key in ("cefwd", "cebwd"):
         from minidnn.backend.cuda import loss_kernels as _lk
         _lk.CE_FAST = os.environ.get("MINIDNN_CE_FAST", "16")

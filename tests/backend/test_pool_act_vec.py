@@ -67,25 +67,25 @@ def test_activation_tiles_cover_every_element_once():
     """The vector path's walk (tiles of 256 * UNROLL vectors, grid stride, block 0's tail) for sizes around the tile
     and vector boundaries, capped and uncapped grids."""
     from minidnn.backend.cuda import act_kernels as AK
-    for vw in (2, 4, 8):
-        for unroll in (1, 2, 4):
-            for n in (1, vw - 1, vw, 255 * vw + 3, 256 * unroll * vw, 256 * unroll * vw * 3 + 5, 100003):
-                nv = n // vw
-                tiles = max(1, -(-nv // (256 * unroll)))
-                for grid in {tiles, min(tiles, 3)}:
-                    hits = np.zeros(n, np.int64)
-                    t = np.arange(256)
-                    for b in range(grid):
-                        k0 = b * 256 * unroll + t
-                        while (k0 < nv).any():
-                            for u in range(unroll):
-                                k = k0 + u * 256
-                                for e in range(vw):
-                                    np.add.at(hits, (k[k < nv] * vw + e), 1)
-                            k0 = k0 + grid * 256 * unroll
-                    i = nv * vw + t
-                    np.add.at(hits, i[i < n], 1)
-                    assert (hits == 1).all(), (vw, unroll, n, grid)
+    for vw, unroll, th in [(vw, u, 256) for vw in (2, 4, 8) for u in (1, 2, 4)] + [(4, 2, 128), (8, 1, 128)]:
+        for n in (1, vw - 1, vw, 255 * vw + 3, th * unroll * vw, th * unroll * vw * 3 + 5, 100003):
+            nv = n // vw
+            tiles = AK._vec_grid(nv, 0, {"unroll": unroll, "blocks_per_sm": 0, "threads": th})[0]
+            assert tiles == max(1, -(-nv // (th * unroll)))
+            for grid in {tiles, min(tiles, 3)}:
+                hits = np.zeros(n, np.int64)
+                t = np.arange(th)
+                for b in range(grid):
+                    k0 = b * th * unroll + t
+                    while (k0 < nv).any():
+                        for u in range(unroll):
+                            k = k0 + u * th
+                            for e in range(vw):
+                                np.add.at(hits, (k[k < nv] * vw + e), 1)
+                        k0 = k0 + grid * th * unroll
+                i = nv * vw + t
+                np.add.at(hits, i[i < n], 1)
+                assert (hits == 1).all(), (vw, unroll, th, n, grid)
     assert AK.CONFIG["unroll"] in (1, 2, 4, 8) and AK.CONFIG16["unroll"] in (1, 2, 4, 8)
 
 
@@ -270,11 +270,13 @@ def test_vector_pool_kernels_compile_without_spills(tmp_path, cfg):
 @pytest.mark.parametrize("dtname, mode, unroll, hint", [("float32", "RELU", 4, 0), ("bfloat16", "GELU", 4, 1),
                                                         ("float64", "SOFTPLUS", 2, 0), ("float16", "SWISH", 8, 0),
                                                         ("float32", "ELU", 1, 0), ("bfloat16", "RELU", 1, 2),
-                                                        ("bfloat16", "RELU", 2, 3)])
+                                                        ("bfloat16", "RELU", 2, 3), ("float32", "RELU", 2, 128)])
 def test_activation_kernels_compile_without_spills(tmp_path, dtname, mode, unroll, hint):
+    """hint 128: hint 0 in 128-thread blocks (session 9 round 2's candidate launch shape)."""
     from minidnn.backend.cuda import act_kernels as AK
     dt = E._dtype(dtname) if dtname != "bfloat16" or pytest.importorskip("ml_dtypes") else None
-    assert _compile(tmp_path, _defines(AK.options(dt, mode, unroll, hint)), AK.SOURCE) == 2
+    opts = AK.options(dt, mode, unroll, 0, 128) if hint == 128 else AK.options(dt, mode, unroll, hint)
+    assert _compile(tmp_path, _defines(opts), AK.SOURCE) == 2
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------------------
@@ -454,9 +456,10 @@ def test_activation_unrolled_bitwise_equals_the_previous(cp, monkeypatch, mode, 
     got = []
     target = AK.config(dt)                       # CONFIG16 for the 16-bit types
     for cfg in ({"unroll": 4, "blocks_per_sm": 0, "hint": 0}, {"unroll": 1, "blocks_per_sm": 8, "hint": 0},
-                {"unroll": 2, "blocks_per_sm": 4, "hint": 3})[: 3 if mode == "relu" else 2]:
-        for key in ("unroll", "blocks_per_sm", "hint"):
-            monkeypatch.setitem(target, key, cfg[key])
+                {"unroll": 2, "blocks_per_sm": 0, "hint": 0, "threads": 128},      # PyTorch's launch shape
+                {"unroll": 2, "blocks_per_sm": 4, "hint": 3})[: 4 if mode == "relu" else 3]:
+        for key in ("unroll", "blocks_per_sm", "hint", "threads"):
+            monkeypatch.setitem(target, key, cfg.get(key, 256))
         _fresh()
         got.append((_host(B.activation_forward(None, desc, x)), _host(B.activation_backward(None, desc, None, dy, x))))
     _fresh()
