@@ -11,6 +11,8 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   gnbwd       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_PREFETCH  (MINIDNN_GN_PREFETCH: "1" vs "0")
   cefwd       cross-entropy fwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   cebwd       cross-entropy bwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
+  lnbwd       layer norm bwd (16384, 1024)     norm_kernels.ROUTE ln_bwd16 / ln_bwd "v2w" (warp teams of 4 vectors a
+              lane in 16-bit, the scale in shared memory) vs "v2" (MINIDNN_NORM_ROUTE=ln_bwd16=v2w)
   relu128     relu fwd (128,64,56,56): act_kernels CONFIG on = PyTorch's launch shape, 128-thread blocks, 2 vectors
               a thread for 4-byte data (16-bit: 1, as now), off = the default (256 threads, 4 vectors)
   relu128b    relu bwd, the same switch (it changes both directions: keep it only if bwd does not lose)
@@ -133,6 +135,21 @@ def _ce_plan(name):
     return plan
 
 
+def _ln_switch(on):
+    from minidnn.backend.cuda import norm_kernels as NK
+    NK.ROUTE["ln_bwd16"] = NK.ROUTE["ln_bwd"] = "v2w" if on else "v2"
+    NK._plans.clear()
+
+
+def _ln_plan(dtype):
+    from minidnn.backend.cuda import norm_kernels as NK
+    ver = NK._version("ln_bwd", dtype)
+    team, vpt, vec = NK.row_config2(1024, dtype, True, "ln_bwdw" if ver == "v2w" else "ln_bwd")
+    block, minb = NK._v2_launch_shape("ln_bwd", team, dtype.itemsize)
+    return f"ln_bwd2 route={ver} team={team} VPT={vpt} block={block} minb={minb}" + \
+        (" LN_SSM" if ver == "v2w" else "")
+
+
 _ACT_DEFAULT = {}
 
 
@@ -174,6 +191,7 @@ ROWS = {
     "gnbwd": ("gn", "group norm G=32 bwd", _gn_switch, _gn_plan, None),
     "cefwd": ("ce", "cross-entropy fwd", _ce_switch, _ce_plan("ce_fwd"), None),
     "cebwd": ("ce", "cross-entropy bwd", _ce_switch, _ce_plan("ce_bwd"), None),
+    "lnbwd": ("ln", "layer norm bwd", _ln_switch, _ln_plan, None),
     "relu128": ("relu", "relu fwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu128b": ("relu", "relu bwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu2": ("relu", "relu fwd", _act_switch_to((2, 256)), _act_plan, None),
@@ -189,6 +207,13 @@ def _default_restore(key):
     elif key == "gnbwd":
         from minidnn.backend.cuda import norm_kernels as NK
         NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
+        NK._plans.clear()
+    elif key == "lnbwd":
+        from minidnn.backend.cuda import norm_kernels as NK
+        NK.ROUTE.pop("ln_bwd16", None)
+        NK.ROUTE.pop("ln_bwd", None)
+        NK.ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
+                        if "=" in kv and kv.startswith("ln_bwd"))
         NK._plans.clear()
     elif key.startswith("relu"):
         _act_switch_to(None)(False)
