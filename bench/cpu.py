@@ -45,9 +45,16 @@ except ImportError:
 CLOCK = [time.perf_counter]      # --cpu-time: time.process_time (this process's CPU seconds, all threads)
 
 
+SETTLE = [0.0]                   # --settle: seconds of untimed calls before each timed round (at least one call)
+
+
 def best_of(fn, rounds, inner):
-    """Fastest of ``rounds`` rounds of ``inner`` calls, seconds per call (after one warm-up call)."""
+    """Fastest of ``rounds`` rounds of ``inner`` calls, seconds per call (after one warm-up call, or warm-up calls
+    for at least SETTLE[0] seconds)."""
+    t_end = time.perf_counter() + SETTLE[0]
     fn()
+    while time.perf_counter() < t_end:
+        fn()
     best = float("inf")
     clock = CLOCK[0]
     for _ in range(rounds):
@@ -305,7 +312,13 @@ def main(argv=None):
     ap.add_argument("--cpu-time", action="store_true",
                     help="time by process CPU seconds instead of wall clock (steadier on a busy machine; with "
                          "several threads it adds their times up, spinning included)")
+    ap.add_argument("--settle", type=float, default=0.0, metavar="MS",
+                    help="untimed calls for at least MS milliseconds before each side's timed round (default: one "
+                         "call).  PyTorch's OpenMP threads (libgomp) spin for ~10 ms after its calls, on the core "
+                         "minidnn's next round wants: 20 lets them go idle first (docs/measurements/"
+                         "cpu_2026-11-26_2core.md, session 9 round 2)")
     args = ap.parse_args(argv)
+    SETTLE[0] = args.settle / 1e3
     if args.cpu_time:
         CLOCK[0] = time.process_time
     THREADS[:] = [int(n) for n in args.threads.split(",")]
@@ -315,7 +328,7 @@ def main(argv=None):
         rows += ROWS[key](args.rounds)
     cpu = os.cpu_count()
     print(f"CPU, {args.threads} threads each (minidnn: set_num_threads, PyTorch: torch.set_num_threads), {cpu} CPUs; "
-          f"min / median of {args.rounds} alternating rounds, "
+          f"min / median of {args.rounds} alternating rounds{f', {args.settle:g} ms settled' if args.settle else ''}, "
           f"{'process CPU time' if args.cpu_time else 'wall clock'}; PyTorch "
           f"{torch.__version__ if torch is not None else 'not installed'}, NumPy {np.__version__}; load average "
           f"{load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; CPU pressure (10 s) "
