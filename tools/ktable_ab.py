@@ -11,6 +11,7 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   gnbwd       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_PREFETCH  (MINIDNN_GN_PREFETCH: "1" vs "0")
   cefwd       cross-entropy fwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   cebwd       cross-entropy bwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
+  gnvcs       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_VSUMS     (MINIDNN_GN_VSUMS; default on)
   lnbwd       layer norm bwd (16384, 1024)     norm_kernels.ROUTE ln_bwd16 / ln_bwd "v2w" (warp teams of 4 vectors a
               lane in 16-bit, the scale in shared memory) vs "v2" (MINIDNN_NORM_ROUTE=ln_bwd16=v2w)
   relu128     relu fwd (128,64,56,56): act_kernels CONFIG on = PyTorch's launch shape, 128-thread blocks, 2 vectors
@@ -116,7 +117,8 @@ def _gn_plan(dtype):
     if NK._version("gn_bwd", dtype) == "v2m4" and block == 256 and dtype.itemsize == 2:
         minb = 4
     pref = NK.gn_prefetch(dtype)
-    return (f"gn_bwd2 team={team} VPT={vpt} GN_PREF={int(pref)} minb={max(1, minb // 2) if pref else minb}"
+    return (f"gn_bwd2 team={team} VPT={vpt} GN_PREF={int(pref)} GN_VCS={int(NK.GN_VSUMS)} "
+            f"minb={max(1, minb // 2) if pref else minb}"
             + (" (persistent grid)" if pref else ""))
 
 
@@ -133,6 +135,12 @@ def _ce_plan(name):
         d = dict(x.split("=", 1) for x in defines)
         return f"{k} FASTX={d['FASTX']} PIPE={d['PIPE']} MINB={d['MINB']} blocks/SM={per_sm}"
     return plan
+
+
+def _gnvcs_switch(on):
+    from minidnn.backend.cuda import norm_kernels as NK
+    NK.GN_VSUMS = on
+    NK._plans.clear()
 
 
 def _ln_switch(on):
@@ -191,6 +199,7 @@ ROWS = {
     "gnbwd": ("gn", "group norm G=32 bwd", _gn_switch, _gn_plan, None),
     "cefwd": ("ce", "cross-entropy fwd", _ce_switch, _ce_plan("ce_fwd"), None),
     "cebwd": ("ce", "cross-entropy bwd", _ce_switch, _ce_plan("ce_bwd"), None),
+    "gnvcs": ("gn", "group norm G=32 bwd", _gnvcs_switch, _gn_plan, True),
     "lnbwd": ("ln", "layer norm bwd", _ln_switch, _ln_plan, None),
     "relu128": ("relu", "relu fwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu128b": ("relu", "relu bwd", _act_switch_to((2, 128)), _act_plan, None),
@@ -208,6 +217,8 @@ def _default_restore(key):
         from minidnn.backend.cuda import norm_kernels as NK
         NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
         NK._plans.clear()
+    elif key == "gnvcs":
+        _gnvcs_switch(os.environ.get("MINIDNN_GN_VSUMS", "1") != "0")
     elif key == "lnbwd":
         from minidnn.backend.cuda import norm_kernels as NK
         NK.ROUTE.pop("ln_bwd16", None)

@@ -77,6 +77,13 @@ _V2_CONFIGS = [  # (dtype, team, vpt, vec, block, minb, kernels built with it) -
     (ml_dtypes.bfloat16, 32, 4, 8, None, 1, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
     (np.float32, 512, 4, 4, None, 1, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
     (np.float32, 256, 4, 4, None, 1, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
+    # gn_bwd2's channel sums from per-vector partials (session 9 round 2, GN_VCS: on by default)
+    (ml_dtypes.bfloat16, 256, 4, 8, None, 4, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
+    (np.float16, 256, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
+    (np.float32, 512, 4, 4, None, 2, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
+    (np.float32, 256, 4, 4, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
+    (ml_dtypes.bfloat16, 32, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
+    (ml_dtypes.bfloat16, 256, 4, 8, None, 2, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1), ("GN_PREF", 1))),
     # ln_bwd2 with warp teams of 4 vectors and the scale in shared memory (session 9 round 2, route "v2w")
     (ml_dtypes.bfloat16, 32, 4, 8, 256, 3, ("ln_bwd2",), (("LN_SSM", 1),)),
     (np.float16, 32, 4, 8, 256, 3, ("ln_bwd2",), (("LN_SSM", 1),)),
@@ -413,3 +420,42 @@ def test_ln_bwd2_warp_teams(cp, monkeypatch, name, shape, affine):
         _close(ds, ds_r, name, shape[0], what="stat")
         _close(db, db_r, name, shape[0], what="data-sum")
         _close(ds, _h(out["v2"][1]), name, shape[0], what="stat")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("shape, groups", [((16, 64, 56, 56), 32), ((40, 64, 28, 28), 32), ((300, 64, 7, 8), 32),
+                                           ((8, 256, 4, 8), 8), ((4, 64, 16, 16), 4), ((6, 96, 8, 8), 3)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_gn_bwd2_vector_sums(cp, monkeypatch, name, shape, groups, affine):
+    """Session 9 round 2's GN_VSUMS (gn_bwd2's per-channel sums from per-vector partials): dx bit-identical to the
+    per-value loop (GN_VSUMS off), dscale / dbias against float64 and close to it (the same terms grouped by
+    vector); warps spanning 2 to 32 channels of a group; the kernel with GN_VCS ran (or did not)."""
+    rng = np.random.default_rng(hash((name, shape, groups, affine, "vcs")) % 2 ** 32)
+    dtype = _dtype(name)
+    x, dy = _draw(rng, shape, dtype, offset=1.0), _draw(rng, shape, dtype)
+    scale = _params(rng, (shape[1],), name, False, cp) if affine else None
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    _, m_r, i_r = B.group_normalization_forward(None, x64, groups, _h(scale), None, 1e-5)
+    dx_r, ds_r, db_r = B.group_normalization_backward(None, x64, dy64, groups, _h(scale), m_r, i_r)
+    gx, gdy = cp.asarray(x), cp.asarray(dy)
+    _, m, i = B.group_normalization_forward(None, gx, groups, scale, None, 1e-5)
+    out = {}
+    for on in (True, False):
+        NK._plans.clear()
+        NK._kernel_cache.clear()
+        monkeypatch.setattr(NK, "GN_VSUMS", on)
+        with Counted() as cnt:
+            out[on] = B.group_normalization_backward(None, gx, gdy, groups, scale, m, i)
+        assert cnt.n == (2 if affine else 1)
+        assert any(k[0] == "gn_bwd2" and (("GN_VCS", 1) in k[-1]) == on for k in NK._kernel_cache), on
+    NK._plans.clear()
+    dx, ds, db = out[True]
+    _close(dx, dx_r, name)
+    np.testing.assert_array_equal(_h(dx), _h(out[False][0]))
+    if affine:
+        cnt = x.size // shape[1]
+        _close(ds, ds_r, name, cnt, what="stat")
+        _close(db, db_r, name, cnt, what="data-sum")
+        _close(ds, _h(out[False][1]), name, cnt, what="stat")
+        _close(db, _h(out[False][2]), name, cnt, what="data-sum")

@@ -67,6 +67,8 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
   gn_bwd2 with GN_CHV=1 (vectors in one channel): the scale / channel flags fixed at compile time.
   gn_bwd2 with GN_PREF=1 (session 9; GN_PREFETCH, off by default: measured slower): the next group row's x and dy loaded
     before the current row's sums and stores, on a persistent grid of the resident blocks (half as many an SM).
+  gn_bwd2 with GN_VCS=1 (session 9 round 2; GN_VSUMS, on): GN_CHV rows' per-channel sums from per-vector partials.
+  ln_bwd2 with LN_SSM=1 (session 9 round 2; route ln_bwd16 "v2w", a candidate): warp teams, scale in shared memory.
 Which version a case takes: ROUTE / _version (MINIDNN_NORM_ROUTE), see there.
 """
 from __future__ import annotations
@@ -113,6 +115,9 @@ __device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned in
 #endif
 #ifndef LN_SSM
 #define LN_SSM 0
+#endif
+#ifndef GN_VCS
+#define GN_VCS 0
 #endif
 #define TPB (BLOCK / TEAM)          // teams per block (TEAM > 32: one team = the block, so block barriers are safe)
 struct alignas(sizeof(T) * VEC) V { T v[VEC]; };
@@ -1067,13 +1072,29 @@ __device__ __forceinline__ void gn_bwd2_rows(const T* __restrict__ x, const T* _
         team_sum2b(cs, s1, red);
         const A off = cs * inv_d;
         A s2 = 0;
+#if GN_VCS
+        // GN_VCS (session 9, round 2; FIXED rows, every vector in one channel): the vector's channel partials
+        // sum(dy * xhat), sum(dy) taken here, once per value, for the channel sums below
+        A pek[VPT], psk[VPT];
+#endif
 #pragma unroll
-        for (int k = 0; k < VPT; ++k)
+        for (int k = 0; k < VPT; ++k) {
+#if GN_VCS
+            pek[k] = 0; psk[k] = 0;
+#endif
             if (k * TEAM + t < nvec) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e)
+                for (int e = 0; e < VEC; ++e) {
                     s2 += LDE(b[k], e) * GN_SC(k, e) * ((LDE(a[k], e) - mu - off) * is);
+#if GN_VCS
+                    if (FIXED) {
+                        const A g = LDE(b[k], e);
+                        pek[k] += g * ((LDE(a[k], e) - mu - off) * is); psk[k] += g;
+                    }
+#endif
+                }
             }
+        }
         A unused = 0;
         team_sum2b(s2, unused, red);
         const A c1 = s1 * inv_d, c2 = s2 * inv_d;
@@ -1095,6 +1116,23 @@ __device__ __forceinline__ void gn_bwd2_rows(const T* __restrict__ x, const T* _
         const int vlast = min(nvec - 1, (VPT - 1) * TEAM + t0 + 31);
         const int whi = t0 < nvec ? (int)divu((unsigned int)(vlast * VEC + VEC - 1), s_mul, s_shr) : -1;
         A me = 0, ms = 0;
+#if GN_VCS
+        // the per-vector partials added per channel: VPT selects a channel instead of VEC * VPT compares and
+        // branches (each value's own if, 55% of the 16-bit row's instructions at two channels a warp)
+        if (FIXED) {
+            int chk[VPT];
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) chk[k] = k * TEAM + t < nvec ? GN_CH(k, 0) : -1;
+            for (int kc = wlo; kc <= whi; ++kc) {
+                A pe = 0, ps = 0;
+#pragma unroll
+                for (int k = 0; k < VPT; ++k)
+                    if (chk[k] == kc) { pe += pek[k]; ps += psk[k]; }
+                pe = warp_sum(pe); ps = warp_sum(ps);
+                if (lane == kc) { me = pe; ms = ps; }
+            }
+        } else
+#endif
         for (int kc = wlo; kc <= whi; ++kc) {
             A pe = 0, ps = 0;
 #pragma unroll
@@ -1418,6 +1456,13 @@ ROUTE = {"ln_fwd16": "v3s", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
 # blocks cost more than the prefetch hid); "16" 16-bit data only; "1" every dtype.  Read at planning time
 # (MINIDNN_GN_PREFETCH; clear _plans).
 GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "0")
+
+
+# Session 9, round 2: gn_bwd2's GN_CHV rows take their per-channel sums from per-vector partials (GN_VCS) instead of
+# a compare and branch per value and channel (SASS, bf16 G=32 of (128, 64, 56, 56): ~1820 instructions a row and
+# thread -> ~1350; 64 registers, no spills).  dx keeps its bits; dscale / dbias are the same sums grouped by vector.
+# MINIDNN_GN_VSUMS=0 gives the per-value loop back.  Read at planning time (clear _plans; tools/ktable_ab.py gnvcs).
+GN_VSUMS = os.environ.get("MINIDNN_GN_VSUMS", "1") != "0"
 
 
 def gn_prefetch(dtype) -> bool:
@@ -1806,6 +1851,8 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
         defs = (("GN_CHV", 1),) if s % vec == 0 and x.dtype.itemsize <= 4 and version != "v2rt" else ()
         if version == "v2m4" and defs and block == 256 and x.dtype.itemsize == 2:
             minb = 4        # 16-bit GN_CHV rows of 256 threads fit 64 registers unspilled: four blocks an SM, not 3
+        if defs and GN_VSUMS:
+            defs += (("GN_VCS", 1),)
         if defs and gn_prefetch(x.dtype):
             defs += (("GN_PREF", 1),)
             minb = max(1, minb // 2)    # two rows' registers a thread: half the blocks (bf16 G=32: 123, unspilled)
