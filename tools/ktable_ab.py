@@ -14,6 +14,12 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   gnvcs       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_VSUMS     (MINIDNN_GN_VSUMS; default on)
   lnbwd       layer norm bwd (16384, 1024)     norm_kernels.ROUTE ln_bwd16 / ln_bwd "v2w" (warp teams of 4 vectors a
               lane in 16-bit, the scale in shared memory) vs "v2" (MINIDNN_NORM_ROUTE=ln_bwd16=v2w)
+  dropbwd8    dropout bwd (128,64,56,56): on = TILE_BWD 8 (8 elements a thread: PyTorch's masked-scale kernel's
+              work a thread), off = the default (4, streaming hints)
+  dropbwdh0   dropout bwd: on = plain loads and stores (HINT_BWD 0), off = streaming (1)
+  smxnopipe   softmax fwd (16384, 1000): on = FWD_PIPE off (the session-6 grid: four blocks an SM, a row a warp,
+              no prefetch; PyTorch's persistent-warp softmax is of that kind), off = the PIPE default
+  lsmxnopipe  log-softmax fwd, the same switch
   relu128     relu fwd (128,64,56,56): act_kernels CONFIG on = PyTorch's launch shape, 128-thread blocks, 2 vectors
               a thread for 4-byte data (16-bit: 1, as now), off = the default (256 threads, 4 vectors)
   relu128b    relu bwd, the same switch (it changes both directions: keep it only if bwd does not lose)
@@ -89,6 +95,9 @@ def _bias_plan(dtype):
     return f"col_sum_v VEC={vec} grid=({tiles}, {splits}) rows/split={chunk}"
 
 
+_DROP_DEFAULT = []          # dropout_philox's (TILE_BWD, HINT_BWD) as imported, taken at the first switch
+
+
 def _dropout_switch(on):
     from minidnn.backend.cuda import dropout_philox as DP
     DP.PIPE_FWD = "1" if on else "0"
@@ -158,6 +167,42 @@ def _ln_plan(dtype):
         (" LN_SSM" if ver == "v2w" else "")
 
 
+def _dropbwd_switch(setting):
+    """dropout backward's launch: ``setting`` (TILE_BWD, HINT_BWD) on, the module's values at import off."""
+    def switch(on):
+        from minidnn.backend.cuda import dropout_philox as DP
+        if not _DROP_DEFAULT:
+            _DROP_DEFAULT.extend((DP.TILE_BWD, DP.HINT_BWD))
+        DP.TILE_BWD, DP.HINT_BWD = setting if on else tuple(_DROP_DEFAULT)
+        DP.clear_plans()
+    return switch
+
+
+def _dropbwd_plan(dtype):
+    from minidnn.backend.cuda import dropout_philox as DP
+    n = 128 * 64 * 56 * 56
+    return f"dropout_bwd_tile TILE={DP.backward_tile(n, dtype.itemsize, 0)} HINT={DP.HINT_BWD}"
+
+
+def _smx_fwd_switch(on):
+    """on: the session-6 forward (no PIPE: a grid of one row a group, four blocks an SM); off: the PIPE default."""
+    _sk_mod().FWD_PIPE = not on
+    _forget_softmax()
+
+
+def _sk_mod():
+    from minidnn.backend.cuda import softmax_kernels as _sk
+    return _sk
+
+
+def _smx_fwd_plan(algo):
+    def plan(dtype):
+        s = _sk_mod().launch_spec(False, (16384, 1000), (1,), algo, dtype)
+        d = dict(x.split("=", 1) for x in s.defines)
+        return f"{s.name} PIPE={d['PIPE']} G={d['G']} MINB={d['MINB']} blocks/SM={s.per_sm}"
+    return plan
+
+
 _ACT_DEFAULT = {}
 
 
@@ -201,6 +246,10 @@ ROWS = {
     "cebwd": ("ce", "cross-entropy bwd", _ce_switch, _ce_plan("ce_bwd"), None),
     "gnvcs": ("gn", "group norm G=32 bwd", _gnvcs_switch, _gn_plan, True),
     "lnbwd": ("ln", "layer norm bwd", _ln_switch, _ln_plan, None),
+    "dropbwd8": ("dropout", "dropout bwd", _dropbwd_switch((8, 1)), _dropbwd_plan, None),
+    "dropbwdh0": ("dropout", "dropout bwd", _dropbwd_switch((4, 0)), _dropbwd_plan, None),
+    "smxnopipe": ("softmax", "softmax fwd", _smx_fwd_switch, _smx_fwd_plan("ACCURATE"), None),
+    "lsmxnopipe": ("softmax", "log-softmax fwd", _smx_fwd_switch, _smx_fwd_plan("LOG"), None),
     "relu128": ("relu", "relu fwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu128b": ("relu", "relu bwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu2": ("relu", "relu fwd", _act_switch_to((2, 256)), _act_plan, None),
@@ -215,8 +264,13 @@ def _default_restore(key):
         DP.clear_plans()
     elif key == "gnbwd":
         from minidnn.backend.cuda import norm_kernels as NK
-        NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "16")
+        NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "0")     # the module's default since run 6
         NK._plans.clear()
+    elif key.startswith("dropbwd"):
+        _dropbwd_switch(None)(False)
+    elif key in ("smxnopipe", "lsmxnopipe"):
+        _sk_mod().FWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_PIPE", "1") != "0"
+        _forget_softmax()
     elif key == "gnvcs":
         _gnvcs_switch(os.environ.get("MINIDNN_GN_VSUMS", "1") != "0")
     elif key == "lnbwd":
