@@ -13,6 +13,7 @@ x - max - log(sum(exp(x - max))).
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -212,6 +213,8 @@ def softmax_cross_entropy_forward(handle, x, target, weight=None, ignore_index=-
     if x.size and (fast := _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction)) is not None:
         _CE_SEEN.remember(key, (int(ignore_index), eps))
         return fast
+    if x.size and (fast := _cpu_ce_forward(x, target, weight, ignore_index, eps, reduction, where)) is not None:
+        return fast
     c = x.shape[1]
     t, valid, wt, w = _ce_targets(xp, x, target, weight, ignore_index, where)
     m = x.max(axis=1, keepdims=True) if x.size else xp.zeros(target.shape, x.dtype)[:, None]
@@ -254,6 +257,9 @@ def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=
     if x.size and (fast := _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps,
                                              reduction)) is not None:
         _CE_SEEN.remember(key, (int(ignore_index), eps))
+        return fast
+    if x.size and (fast := _cpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps,
+                                             reduction)) is not None:
         return fast
     c = x.shape[1]
     t, valid, wt, w = _ce_targets(xp, x, target, weight, ignore_index, where)
@@ -312,6 +318,64 @@ def _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps, re
             and denom.dtype == acc):
         return None
     return loss_kernels.backward(x, target, weight, lse, denom, dloss, int(ignore_index), eps, reduction)
+
+
+# The CPU fast path (issue 16): 2-D NumPy logits without class weights, the reference's formula in fewer NumPy
+# calls -- the shifted logits z = x - max once; the smoothing term from z's row sums (sum_c logp_c = sum_c z_c -
+# C * log-sum-exp(z)); no one-hot: the backward subtracts (1 - eps) * g at each target.  The same values up to
+# rounding (tests/backend/test_ce_cpu_fast.py).  None (the reference runs): class weights, N-d input, a row whose
+# maximum is not finite.  A (32, 10) forward + backward through nn: 108 -> ~60 µs (the digits step).
+def _cpu_ce_forward(x, target, weight, ignore_index, eps, reduction, where):
+    if type(x) is not np.ndarray or x.ndim != 2 or weight is not None or type(target) is not np.ndarray:
+        return None
+    n, c = x.shape
+    valid = target != ignore_index
+    everyone = bool(valid.all())
+    t = target if everyone else np.where(valid, target, 0)
+    if t.min() < 0 or t.max() >= c:
+        bad = t[(t < 0) | (t >= c)]
+        raise BadParamError(f"{where}: target {int(bad[0])} is out of bounds for {c} classes")
+    m = x.max(axis=1)
+    if not math.isfinite(m.sum()):          # a row with an infinite or NaN maximum (or a sum overflowing)
+        return None
+    z = x - m[:, None]
+    lse_z = np.log(np.exp(z).sum(axis=1))
+    # -((1 - eps) logp_t + eps / C sum_c logp_c), logp = z - lse_z
+    per = lse_z - z[np.arange(n), t] * (1 - eps)
+    if eps:
+        per -= z.sum(axis=1) * (eps / c)
+    if not everyone:
+        per = np.where(valid, per, 0).astype(x.dtype, copy=False)
+    count = n if everyone else int(valid.sum())
+    denom = np.asarray(count, dtype=x.dtype)
+    if reduction == "none":
+        loss = per
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):      # every row ignored: NaN, as PyTorch
+            loss = np.asarray(per.sum() / denom if reduction == "mean" else per.sum(), dtype=x.dtype)
+    return loss, m + lse_z, denom
+
+
+def _cpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps, reduction):
+    if type(x) is not np.ndarray or x.ndim != 2 or weight is not None or type(target) is not np.ndarray:
+        return None
+    n, c = x.shape
+    valid = target != ignore_index
+    everyone = bool(valid.all())
+    if reduction == "none":
+        g = dloss.astype(x.dtype)[:, None] if everyone else np.where(valid, dloss, 0).astype(x.dtype)[:, None]
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = dloss.astype(x.dtype) / denom if reduction == "mean" else dloss.astype(x.dtype)
+        if not everyone:
+            g = np.where(valid, g, 0).astype(x.dtype)[:, None]
+    dx = np.exp(x - lse[:, None])
+    if eps:
+        dx -= eps / c
+    dx *= g
+    t = target if everyone else np.where(valid, target, 0)
+    dx[np.arange(n), t] -= (g[:, 0] if g.ndim else g) * (1 - eps)
+    return dx
 
 
 __all__ += ["softmax_cross_entropy_forward", "softmax_cross_entropy_backward"]

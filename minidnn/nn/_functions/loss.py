@@ -58,6 +58,16 @@ def _reduce(loss, reduction):
 
 # ---- class-index targets: the weights q of every (element, class) ---------------------------------------
 
+def _check_target_range(op, t, valid, c, ignore_index):
+    """PyTorch's error for a class index out of range, on host arrays only: on a GPU it is a device-side assert in
+    PyTorch, and a host read here would be a synchronisation in every step (no CUDA-graph capture)."""
+    if type(t) is np.ndarray:
+        bad = valid & ((t < 0) | (t >= c))
+        if bool(bad.any()):
+            raise DimensionError(f"{op}: Target {int(t[bad].reshape(-1)[0])} is out of bounds for {c} classes "
+                                 f"(valid: 0..{c - 1}, or ignore_index={ignore_index})")
+
+
 def _class_targets(op, x, target, weight, ignore_index):
     """For input (N, C, *d) and int target (N, *d): (q, valid, denominator) where q (N, C, *d) is
     w[t] * onehot(t) (zero where ignored) and denominator = sum of w[t] over valid elements."""
@@ -71,13 +81,7 @@ def _class_targets(op, x, target, weight, ignore_index):
     xp = x._xp()
     t = target.data
     valid = t != ignore_index
-    if type(t) is np.ndarray:
-        # PyTorch checks on the CPU; on a GPU it is a device-side assert there, and a host read here would be a
-        # synchronisation in every step (and make the step impossible to capture in a CUDA graph)
-        bad = valid & ((t < 0) | (t >= c))
-        if bool(bad.any()):
-            raise DimensionError(f"{op}: Target {int(t[bad].reshape(-1)[0])} is out of bounds for {c} classes "
-                                 f"(valid: 0..{c - 1}, or ignore_index={ignore_index})")
+    _check_target_range(op, t, valid, c, ignore_index)
     t = xp.where(valid, t, 0)
     classes = xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
     q = (xp.expand_dims(t, 1) == classes) & xp.expand_dims(valid, 1)
@@ -104,7 +108,11 @@ class CrossEntropy(Function):
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
         ctx.fused = None
-        if _fused_cross_entropy(logits, target):     # a GPU array and class indices: one kernel each way
+        if _fused_cross_entropy(logits, target, weight):   # class indices: one kernel each way (GPU), or the CPU
+            # fast path of the primitive (2-D logits without class weights)
+            if type(target.data) is np.ndarray:     # (no device array op here: the GPU step stays one kernel)
+                _check_target_range("cross_entropy", target.data, target.data != ignore_index, logits.shape[1],
+                                    ignore_index)
             w = None if weight is None else weight.data
             loss, lse, denom = B.softmax_cross_entropy_forward(handle_for(logits), logits.data, target.data, w,
                                                                ignore_index, label_smoothing, reduction)
@@ -132,8 +140,10 @@ class CrossEntropy(Function):
         return _cross_entropy_reference_backward(ctx, logits, gy)
 
 
-def _fused_cross_entropy(logits, target):
-    return B.cudnn.fusion and type(logits.data) is not np.ndarray and not _is_floating(target.dtype)
+def _fused_cross_entropy(logits, target, weight):
+    if not B.cudnn.fusion or _is_floating(target.dtype):
+        return False
+    return type(logits.data) is not np.ndarray or (logits.ndim == 2 and weight is None)
 
 
 def _cross_entropy_reference(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
