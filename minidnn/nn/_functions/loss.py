@@ -18,6 +18,7 @@ the same q as cross_entropy's (eps = 0).
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -58,11 +59,19 @@ def _reduce(loss, reduction):
 
 # ---- class-index targets: the weights q of every (element, class) ---------------------------------------
 
-def _check_target_range(op, t, valid, c, ignore_index):
-    """PyTorch's error for a class index out of range, on host arrays only: on a GPU it is a device-side assert in
-    PyTorch, and a host read here would be a synchronisation in every step (no CUDA-graph capture)."""
+def _check_class_targets(op, x, target, ignore_index, valid=None):
+    """PyTorch's errors for class-index targets: dtype, shape, and (host arrays only: on a GPU it is a device-side
+    assert in PyTorch, and a host read here would be a synchronisation in every step) an index out of range."""
+    n, c = x.shape[0], x.shape[1]
+    if target.dtype.kind not in "iu":
+        raise DTypeError(f"{op}: target has dtype {target.dtype}; class indices must be integers (or pass "
+                        f"class probabilities of the input's shape {tuple(x.shape)})")
+    if tuple(target.shape) != (n,) + tuple(x.shape[2:]):
+        raise ArgumentError(f"{op}: input {tuple(x.shape)} expects a target of shape {(n,) + tuple(x.shape[2:])}, got "
+                         f"{tuple(target.shape)}")
+    t = target.data
     if type(t) is np.ndarray:
-        bad = valid & ((t < 0) | (t >= c))
+        bad = (t != ignore_index if valid is None else valid) & ((t < 0) | (t >= c))
         if bool(bad.any()):
             raise DimensionError(f"{op}: Target {int(t[bad].reshape(-1)[0])} is out of bounds for {c} classes "
                                  f"(valid: 0..{c - 1}, or ignore_index={ignore_index})")
@@ -71,17 +80,11 @@ def _check_target_range(op, t, valid, c, ignore_index):
 def _class_targets(op, x, target, weight, ignore_index):
     """For input (N, C, *d) and int target (N, *d): (q, valid, denominator) where q (N, C, *d) is
     w[t] * onehot(t) (zero where ignored) and denominator = sum of w[t] over valid elements."""
-    n, c = x.shape[0], x.shape[1]
-    if target.dtype.kind not in "iu":
-        raise DTypeError(f"{op}: target has dtype {target.dtype}; class indices must be integers (or pass "
-                        f"class probabilities of the input's shape {tuple(x.shape)})")
-    if tuple(target.shape) != (n,) + tuple(x.shape[2:]):
-        raise ArgumentError(f"{op}: input {tuple(x.shape)} expects a target of shape {(n,) + tuple(x.shape[2:])}, got "
-                         f"{tuple(target.shape)}")
+    c = x.shape[1]
     xp = x._xp()
     t = target.data
     valid = t != ignore_index
-    _check_target_range(op, t, valid, c, ignore_index)
+    _check_class_targets(op, x, target, ignore_index, valid)
     t = xp.where(valid, t, 0)
     classes = xp.arange(c).reshape((1, c) + (1,) * (x.ndim - 2))
     q = (xp.expand_dims(t, 1) == classes) & xp.expand_dims(valid, 1)
@@ -110,9 +113,7 @@ class CrossEntropy(Function):
         ctx.fused = None
         if _fused_cross_entropy(logits, target, weight):   # class indices: one kernel each way (GPU), or the CPU
             # fast path of the primitive (2-D logits without class weights)
-            if type(target.data) is np.ndarray:     # (no device array op here: the GPU step stays one kernel)
-                _check_target_range("cross_entropy", target.data, target.data != ignore_index, logits.shape[1],
-                                    ignore_index)
+            _check_class_targets("cross_entropy", logits, target, ignore_index)   # (no device array op on a GPU)
             w = None if weight is None else weight.data
             loss, lse, denom = B.softmax_cross_entropy_forward(handle_for(logits), logits.data, target.data, w,
                                                                ignore_index, label_smoothing, reduction)
@@ -141,9 +142,13 @@ class CrossEntropy(Function):
 
 
 def _fused_cross_entropy(logits, target, weight):
+    """Class indices through the softmax-cross-entropy primitive: on a GPU its kernels; on the CPU its fast path
+    (2-D finite logits without class weights; masked -inf logits keep this module's reference, PyTorch's
+    semantics for them)."""
     if not B.cudnn.fusion or _is_floating(target.dtype):
         return False
-    return type(logits.data) is not np.ndarray or (logits.ndim == 2 and weight is None)
+    x = logits.data
+    return type(x) is not np.ndarray or (x.ndim == 2 and weight is None and math.isfinite(x.sum()))
 
 
 def _cross_entropy_reference(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
