@@ -392,6 +392,7 @@ def test_pointwise_nchw_on_the_gpu(shape, mode):
     K.implicit_backward_filter(p, xg, dyg, tf32, out=out, out_dtype=np.float32)
     want = out.copy()
     out.fill(0)
+    cp.cuda.Device().synchronize()      # the fill ran on the default stream: done before the non-blocking replay
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()

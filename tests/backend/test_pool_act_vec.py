@@ -215,7 +215,8 @@ def test_fake_gpu_path_takes_the_vector_kernels_and_matches_the_reference(vec_bw
             if fk in E.VEC_KERNELS and bk in E.VEC_KERNELS:       # both launches replayed: compare the values
                 assert ok == "ok", (name, ok)
     names, unrolls, vec = out["act"]
-    assert names == ["act_fwd", "act_bwd"] and unrolls == [4] and all(vec)   # 105 elements: the tail path too
+    from minidnn.backend.cuda import act_kernels as AK
+    assert names == ["act_fwd", "act_bwd"] and unrolls == [AK.CONFIG["unroll"]] and all(vec)   # 105: the tail too
 
 
 def test_switches_restore_the_previous_kernels():

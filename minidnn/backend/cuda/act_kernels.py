@@ -262,12 +262,14 @@ _kernel_cache: dict = {}
 # 16-bit data (float16 / bfloat16) has a launch of its own, CONFIG16 (MINIDNN_ACT_LAUNCH16 likewise): the rule is
 # ONE 16-byte vector per thread and tile for 16-bit (8 elements, as many as UNROLL 2 of float32) -- on the H100 sweep
 # (session 6 round 3, (128, 64, 56, 56) bf16) u1 b0 h0 was the fastest row (relu fwd 0.0374 ms, bwd 0.0540; the
-# float32 default u4 gave 0.0377 / 0.0543) -- and UNROLL 4 for 4- and 8-byte data.
+# float32 default u4 gave 0.0377 / 0.0543) -- and for 4- and 8-byte data 128-thread blocks of UNROLL 2 (below).
 V1 = os.environ.get("MINIDNN_ACT_V1", "0") == "1"
 # "threads" (session 9, round 2; an optional 4th field of the variables): the block size -- PyTorch's vectorized
 # elementwise kernel runs 128-thread blocks of 2 float4 a thread (8 elements) where ours run 256 x 4; its ReLU
-# forward was 2-4% faster on the H200 (tools/ktable_ab.py rows relu128 / relu2 time the candidates).
-CONFIG = {"unroll": 1 if V1 else 4, "blocks_per_sm": 8 if V1 else 0, "hint": 0, "threads": THREADS}
+# forward was 2-4% faster on the H200 (tools/ktable_ab.py rows relu128 / relu2 time the candidates).  Adopted for
+# 4- and 8-byte data (session 9 run 9, H200, graph replays of (128, 64, 56, 56) float32: ReLU forward 0.0514 ->
+# 0.0503 ms, 96% -> 98% of copy, level with PyTorch's 0.0503; backward 0.0726 -> 0.0724); 16-bit data measured even.
+CONFIG = {"unroll": 1 if V1 else 2, "blocks_per_sm": 8 if V1 else 0, "hint": 0, "threads": THREADS if V1 else 128}
 CONFIG16 = {"unroll": 1, "blocks_per_sm": 8 if V1 else 0, "hint": 0, "threads": THREADS}
 for _env, _cfg in (("MINIDNN_ACT_LAUNCH", CONFIG), ("MINIDNN_ACT_LAUNCH16", CONFIG16)):
     if os.environ.get(_env) and not V1:

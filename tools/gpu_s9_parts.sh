@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Cuda tests in parallel pytest processes: $PARTS is ";;"-separated groups of test paths / node ids, each group one
+# process under TLIMIT s; logs under $OUT (one file back: parts.log).  Then each ";;"-separated command of $CMDS.
+export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.cupy_cache} PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT /tmp/plogs
+start=$(date +%s)
+i=0
+IFS=$'\n'; for grp in $(echo "$PARTS" | sed 's/;;/\n/g'); do
+  i=$((i+1)); IFS=' ' read -r -a args <<< "$grp"
+  ( timeout ${TLIMIT:-450} python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=30 "${args[@]}" \
+      > /tmp/plogs/p$i.log 2>&1; echo "rc $? after $(( $(date +%s) - start )) s" >> /tmp/plogs/p$i.log ) &
+done
+wait
+for f in /tmp/plogs/p*.log; do echo "$(basename $f): $(grep -E 'passed|failed' $f | tail -1) $(tail -1 $f)"; done
+grep -hE "^(FAILED|ERROR)" /tmp/plogs/p*.log | head -30
+cat /tmp/plogs/p*.log > $OUT/parts.log
+j=0
+IFS=$'\n'; for c in $(echo "$CMDS" | sed 's/;;/\n/g'); do
+  j=$((j+1)); eval "timeout ${CTIME:-150} $c" > $OUT/cmd$j.log 2>&1
+  echo "== cmd$j rc=$? ($(( $(date +%s) - start )) s): $c"; grep -v -i warn $OUT/cmd$j.log | tail -${TAIL:-30}
+done
+echo "total: $(( $(date +%s) - start )) s"
