@@ -323,7 +323,7 @@ def test_sk2_filter_gradient_against_float64(shape, mode, layout, monkeypatch):
     cp = _gpu()
     from minidnn.backend.cuda import conv_pointwise as PW
     from minidnn.backend.cuda import launch as L
-    monkeypatch.setitem(PW.ENABLED, 0, False)      # the kernel is tested here (a 1x1 problem would take the product)
+    monkeypatch.setattr(PW, "ENABLED", [False])    # the kernel is tested here (a 1x1 problem would take the product)
     dt = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16",
           "bf16-dwf32": "bfloat16"}[mode]
     npdt = _npdt(dt)
