@@ -2,7 +2,7 @@
 # Cuda tests in parallel pytest processes: $PARTS is ";;"-separated groups of test paths / node ids, each group one
 # process under TLIMIT s; logs under $OUT (one file back: parts.log).  Then each ";;"-separated command of $CMDS.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.cupy_cache} PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT /tmp/plogs
+OUT=${OUT:-/tmp/out}; rm -rf /tmp/plogs; mkdir -p $OUT /tmp/plogs     # (a warm machine keeps /tmp)
 start=$(date +%s)
 i=0
 IFS=$'\n'; for grp in $(echo "$PARTS" | sed 's/;;/\n/g'); do
