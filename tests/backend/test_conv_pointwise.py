@@ -189,6 +189,17 @@ _SCRIPT = textwrap.dedent("""
             PW.NCHW[0] = False
             case(f"nchw-off-{{tag}}", lambda: K.implicit_forward(p, x, w), y_ref, lambda g: g, 1e30)
             PW.NCHW[0] = True
+    # the filter gradient's partials above PARTIALS_MAX_BYTES (65 x 512 x 512 float32 > 64 MiB): the kernel (2 x 2
+    # images: at 1 x 1 NCHW is NHWC too, and the single product needs no partials)
+    p = make_problem("t", (65, 512, 2, 2), (512, 512, 1, 1), B.ConvolutionDescriptor(0, 1, 1, 1), "float32")
+    x, dy = aligned_empty((65, 512, 2, 2)), aligned_empty((65, 512, 2, 2))
+    x[...], dy[...] = 0.5, 0.25
+    del recs[:]
+    K.implicit_backward_filter(p, x, dy)           # (the fake records the kernel's launches, it does not run them)
+    out["nchw-big-wgrad"] = list(recs)
+    del recs[:]
+    K.implicit_forward(p, x, aligned_empty((512, 512, 1, 1)))
+    out["nchw-big-fwd"] = list(recs)
     # not a plain product: 3x3, stride 2, padding, groups
     for name, ws, desc in (("3x3", (32, 16, 3, 3), (1, 1, 1, 1)), ("stride2", (32, 16, 1, 1), (0, 2, 1, 1)),
                            ("pad1", (32, 16, 1, 1), (1, 1, 1, 1)), ("groups2", (32, 8, 1, 1), (0, 1, 1, 2))):
@@ -269,6 +280,12 @@ def test_nchw_kernel_where_images_are_not_16_byte_aligned_or_switched_off(fake, 
         assert "lt" not in recs and "conv_igemm" in recs, (what, dt, recs)
     for dt in ("f32", "bf16"):
         assert "lt" not in fake[f"nchw-off-{dt}-2x16x4x4"][2]
+
+
+def test_nchw_filter_gradient_with_too_many_partials_runs_the_kernel(fake):
+    recs = fake["nchw-big-wgrad"]
+    assert "lt" not in recs and "conv_igemm" in recs, recs
+    assert fake["nchw-big-fwd"] == ["lt", "counted"]          # (the forward has no partials: still the product)
 
 
 @pytest.mark.parametrize("case", ["3x3", "stride2", "pad1", "groups2"])

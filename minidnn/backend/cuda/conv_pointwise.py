@@ -137,6 +137,9 @@ def _nchw_operands(direction, a, b, out):
 
 
 _ones = {}
+# The filter gradient's per-image partials live in a kept scratch buffer (workspace.scratch_flat: grown to the
+# largest asked): above this size (e.g. N 128 of 1x1 2048 -> 512 convolutions: 512 MiB) the kernel runs instead.
+PARTIALS_MAX_BYTES = 64 << 20
 
 
 def _ones_row(cp, n, dev):
@@ -192,9 +195,9 @@ def _settle_nchw(direction, a, b, out, tf32, alpha, beta, fallback):
         return call
     # the filter gradient: float32 partials (one (K, C) per image), then ones (1, N) @ partials (N, K*C) -> dw, the
     # sum in strict fp32 (TF32 would round the partials), blended into dw by alpha, beta
-    if out.dtype != np.float32:
-        return None
     n, k, c = batch[0], out.shape[0], out.shape[1]
+    if out.dtype != np.float32 or n * k * c * 4 > PARTIALS_MAX_BYTES:
+        return None
     lt = _cublas._lt_prepare(left, right, _Matrix((k, c)), None if left.dtype == np.float32 else np.float32, tf32,
                              None, None, handle, ws, batch, align=ALIGN)
     ones = _ones_row(cp, n, out.data.device_id)
