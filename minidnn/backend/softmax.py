@@ -218,8 +218,8 @@ def softmax_cross_entropy_forward(handle, x, target, weight=None, ignore_index=-
     c = x.shape[1]
     t, valid, wt, w = _ce_targets(xp, x, target, weight, ignore_index, where)
     m = x.max(axis=1, keepdims=True) if x.size else xp.zeros(target.shape, x.dtype)[:, None]
-    m = xp.where(xp.isfinite(m), m, 0)
-    lse = m + xp.log(xp.exp(x - m).sum(axis=1, keepdims=True))
+    m = xp.where(m == -np.inf, 0, m)      # a wholly masked row: no shift (a +inf or NaN maximum stays: NaN rows,
+    lse = m + xp.log(xp.exp(x - m).sum(axis=1, keepdims=True))      # as PyTorch and loss_kernels' shift)
     logp = x - lse
     logp_t = xp.take_along_axis(logp, xp.expand_dims(t, 1), axis=1)[:, 0] if x.size else xp.zeros(target.shape,
                                                                                                  x.dtype)

@@ -107,3 +107,18 @@ def test_nn_cross_entropy_takes_it_on_the_cpu(monkeypatch):
         mdn.backends.cudnn.fusion = True
     np.testing.assert_allclose(loss.item(), loss2.item(), rtol=2e-6)
     np.testing.assert_allclose(x.grad.numpy(), x2.grad.numpy(), rtol=2e-5, atol=1e-7)
+
+
+def test_a_row_with_an_infinite_logit_is_nan_as_pytorch():
+    """A +inf or NaN logit makes the row's loss and gradient NaN (PyTorch; the GPU kernels' shift keeps a +inf
+    maximum too); a wholly masked (-inf) row is NaN; an -inf on other classes only is finite."""
+    x = np.array([[np.inf, 0.0, 1.0], [np.nan, 0.0, 1.0], [-np.inf, -np.inf, -np.inf], [0.5, -np.inf, 1.0]],
+                 np.float32)
+    t = np.array([1, 1, 1, 2])
+    with np.errstate(all="ignore"):
+        loss, lse, denom = B.softmax_cross_entropy_forward(None, x, t, None, -100, 0.0, "none")
+        dx = B.softmax_cross_entropy_backward(None, x, t, np.ones(4, np.float32), lse, denom, None, -100, 0.0, "none")
+    assert np.isnan(loss[:3]).all() and np.isfinite(loss[3])
+    assert np.isnan(dx[:3]).all() and np.isfinite(dx[3]).all()
+    np.testing.assert_allclose(dx[3], [np.exp(0.5) / (np.exp(0.5) + np.e), 0.0,
+                                       np.e / (np.exp(0.5) + np.e) - 1], rtol=1e-5)

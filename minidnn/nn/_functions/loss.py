@@ -18,7 +18,6 @@ the same q as cross_entropy's (eps = 0).
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import numpy as np
@@ -142,13 +141,11 @@ class CrossEntropy(Function):
 
 
 def _fused_cross_entropy(logits, target, weight):
-    """Class indices through the softmax-cross-entropy primitive: on a GPU its kernels; on the CPU its fast path
-    (2-D finite logits without class weights; masked -inf logits keep this module's reference, PyTorch's
-    semantics for them)."""
+    """Class indices through the softmax-cross-entropy primitive: on a GPU its kernels; on the CPU where its fast
+    path applies (2-D logits without class weights; it hands non-finite logits to its reference)."""
     if not B.cudnn.fusion or _is_floating(target.dtype):
         return False
-    x = logits.data
-    return type(x) is not np.ndarray or (x.ndim == 2 and weight is None and math.isfinite(x.sum()))
+    return type(logits.data) is not np.ndarray or (logits.ndim == 2 and weight is None)
 
 
 def _cross_entropy_reference(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
