@@ -109,6 +109,11 @@ _SCRIPT = textwrap.dedent("""
 
     out = {{}}
 
+    def refs(x, w, dy):         # float64 y, dx, dw of the 1x1 convolution
+        X, DY, Wm = f64(x), f64(dy), f64(w)[:, :, 0, 0]
+        return (np.einsum("nchw,kc->nkhw", X, Wm), np.einsum("nkhw,kc->nchw", DY, Wm),
+                np.einsum("nkhw,nchw->kc", DY, X)[:, :, None, None])
+
     def case(name, fn, want, got_of, bound):
         del recs[:]
         got = fn()
@@ -121,10 +126,7 @@ _SCRIPT = textwrap.dedent("""
             x, dy = nhwc((N, C, H, W), dt), nhwc((N, Kc, H, W), dt)
             w = aligned_empty((Kc, C, 1, 1), dt)
             w[...] = rng.standard_normal(w.shape).astype(dt)
-            X, DY, Wm = f64(x), f64(dy), f64(w)[:, :, 0, 0]
-            y_ref = np.einsum("nchw,kc->nkhw", X, Wm)
-            dx_ref = np.einsum("nkhw,kc->nchw", DY, Wm)
-            dw_ref = np.einsum("nkhw,nchw->kc", DY, X)[:, :, None, None]
+            y_ref, dx_ref, dw_ref = refs(x, w, dy)
             tag = f"{{dtn}}-{{C}}"
             scale = lambda r: float(np.abs(r).max()) * u * 2      # noqa
             case(f"fwd-{{tag}}", lambda: K.implicit_forward(p, x, w), y_ref, lambda g: g, scale(y_ref))
@@ -162,10 +164,7 @@ _SCRIPT = textwrap.dedent("""
             w = aligned_empty((Kc, C, 1, 1), dt)
             for t in (x, dy, w):
                 t[...] = rng.standard_normal(t.shape).astype(dt)
-            X, DY, Wm = f64(x), f64(dy), f64(w)[:, :, 0, 0]
-            y_ref = np.einsum("nchw,kc->nkhw", X, Wm)
-            dx_ref = np.einsum("nkhw,kc->nchw", DY, Wm)
-            dw_ref = np.einsum("nkhw,nchw->kc", DY, X)[:, :, None, None]
+            y_ref, dx_ref, dw_ref = refs(x, w, dy)
             tag = f"{{dtn}}-{{N}}x{{C}}x{{H}}x{{W}}"
             scale = lambda r: float(np.abs(r).max()) * u * 2      # noqa
             case(f"nchw-fwd-{{tag}}", lambda: K.implicit_forward(p, x, w), y_ref, lambda g: g, scale(y_ref))
