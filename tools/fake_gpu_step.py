@@ -15,6 +15,7 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
         with `python tools/record_launches.py --compare a.json b.json`
     MODE=amp_ab AMP=bf16 python tools/fake_gpu_step.py TREE resnet20 2   # in-process A/B of the whole-flat-buffer
         weight cast (minidnn._amp_state's flat caster on / off): ms per step, min of 15 alternated rounds of 20 steps
+    FREE_LT=1 (any mode): the fake's cublasLt products do no NumPy matmul (the fake's cost, not ours).
     AMP=bf16|fp16 (any mode): the forward and loss under minidnn.autocast("cuda", dtype=...), as bench/amp_step.py
         (fp16 without the GradScaler); CL=1: model and input channels_last.
     MODE=count also counts the CuPy operations the fake runs in NumPy (each a CuPy kernel launch on a GPU: ufuncs
@@ -44,6 +45,10 @@ _M = type(fakecp.empty((1,)).data)
 _M.copy_from_device_async = lambda self, src, n, stream=None: None
 
 fakecp.cuda.Stream = types.SimpleNamespace
+# FREE_LT: the fake's cublasLt product does no NumPy matmul (~0.4 ms a LeNet b64 step here): our Python only
+if os.environ.get("FREE_LT", "") not in ("", "0"):
+    from minidnn.backend.cuda import cublas as _c
+    _c._LtCall.run = lambda self, a, b, out, vec, stream: None
 import minidnn as mdn
 import minidnn.models as M
 

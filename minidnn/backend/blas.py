@@ -83,8 +83,14 @@ def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=N
     ``lt_product``); None for NumPy arrays or where cublasLt takes no such call (the caller's other path)."""
     if type(a) is np.ndarray:
         return None
-    from .cuda import cublas
-    return cublas.lt_product(a, b, out, out_dtype, tf32, bias, row_sums)
+    lt = _LT_PRODUCT[0]
+    if lt is None:      # imported on the first GPU call (a function-level import costs ~1 us a call: 9 a LeNet step)
+        from .cuda import cublas
+        lt = _LT_PRODUCT[0] = cublas.lt_product
+    return lt(a, b, out, out_dtype, tf32, bias, row_sums)
+
+
+_LT_PRODUCT = [None]
 
 
 def _float32_matmul(a, b, tf32, dt):

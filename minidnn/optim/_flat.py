@@ -80,6 +80,8 @@ class FlatParams:
         self.master_views = [self.view(self.param, j) for j in range(len(params))] if self.master else None
         self.grad_views = [self.view(self.grad, j) for j in range(len(params))]
         self.has_grad = np.zeros(len(params), dtype=bool)
+        self.all_grads = False          # has_grad.all() of the last collect_grads, as a Python bool
+        self.steps_same = True          # every steps_host value equal (kept by advance_steps / set_step)
         self.has_state = np.zeros(len(params), dtype=bool)    # the optimizer published state[p] views for it
         self._device_mask = None       # (pattern bytes, uint8 device array) of the last masked step
         self._vec_param = None
@@ -169,10 +171,12 @@ class FlatParams:
         such copies (0 when backward wrote every gradient in place)."""
         copies = 0
         has = self.has_grad
+        missing = 0
         for j, p in enumerate(self.params):
             g = p.grad
             if g is None:
                 has[j] = False
+                missing += 1
                 continue
             has[j] = True
             gv = self.grad_views[j]
@@ -182,12 +186,12 @@ class FlatParams:
                                        f"{tuple(g.data.shape)}")
                 gv[...] = _dev.to_device(g.data, self.device)
                 copies += 1
+        self.all_grads = not missing
         return copies
 
     def uniform(self):
         """Every parameter has a gradient and all step counts agree: the unmasked update applies."""
-        s = self.steps_host
-        return bool(self.has_grad.all()) and bool((s == s[0]).all())
+        return self.all_grads and self.steps_same      # (two NumPy reductions a step before: ~2.5 us)
 
     def runs(self):
         """Maximal [start, stop) element ranges of consecutive parameters with a gradient and one step count,
@@ -209,7 +213,11 @@ class FlatParams:
     def advance_steps(self, on_device):
         """Count this step for every parameter that had a gradient: in the host mirror, and on the device too
         unless the CUDA kernel already did (``on_device`` False)."""
-        self.steps_host[self.has_grad] += 1
+        if self.all_grads:
+            self.steps_host += 1        # (no boolean index: every parameter had one, the counts stay as equal)
+        else:
+            self.steps_host[self.has_grad] += 1
+            self._steps_changed()
         if on_device:
             self.steps[self.xp.asarray(self.has_grad)] += 1
 
@@ -217,6 +225,11 @@ class FlatParams:
         """Used by load_state_dict: one parameter's step, on the device and in the host mirror."""
         self.steps_host[j] = int(value)
         self.steps[j] = value
+        self._steps_changed()
+
+    def _steps_changed(self):
+        s = self.steps_host
+        self.steps_same = bool((s == s[0]).all())
 
     # -- device-side inputs of the fused kernels --------------------------------------------------------------------
     def device_hyper(self, values):

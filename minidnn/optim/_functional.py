@@ -17,8 +17,14 @@ __all__ = ["_single_tensor_sgd", "_fused_sgd", "_single_tensor_adam", "_fused_ad
 
 
 def _cuda_kernels():
-    from ..backend.cuda import multi_tensor
-    return multi_tensor
+    mt = _MULTI_TENSOR[0]
+    if mt is None:      # imported on first use (not at import: the CPU never needs it); then one list read a call
+        from ..backend.cuda import multi_tensor as mt
+        _MULTI_TENSOR[0] = mt
+    return mt
+
+
+_MULTI_TENSOR = [None]
 
 
 def _uses_kernel(fs):

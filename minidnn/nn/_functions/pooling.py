@@ -18,9 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from ... import backend as B
-from ...autograd import Function
+from ...autograd import Function, is_grad_enabled
+from ...backend._common import SeenCalls
 from ...backend.errors import ArgumentError
 from ...ops import stack
+from ...tensor import Tensor
 from ._util import batched, check_tensor, descriptor, handle_for, ntuple, wrap
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
@@ -39,6 +41,8 @@ class MaxPool(Function):
     @staticmethod
     def backward(ctx, gy):
         x, = ctx.saved_tensors
+        if not is_grad_enabled():       # first order: MaxPoolBackward's forward without its apply (records nothing)
+            return wrap(B.pooling_backward(handle_for(x), ctx.desc, None, gy.data, x.data, argmax=ctx.argmax)), None
         return MaxPoolBackward.apply(gy, x, ctx.desc, ctx.argmax), None
 
 
@@ -89,6 +93,8 @@ class AvgPool(Function):
 
     @staticmethod
     def backward(ctx, gy):
+        if not is_grad_enabled():       # first order: AvgPoolBackward's forward without its apply
+            return AvgPoolBackward.forward(_FIRST_ORDER, gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
         return AvgPoolBackward.apply(gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
 
 
@@ -115,7 +121,53 @@ class AvgPoolBackward(Function):
         return AvgPool.apply(g, ctx.desc), None, None, None
 
 
+class _Unrecorded:
+    """The ctx a first-order backward hands a backward Function's forward when it calls it without ``apply`` (grad
+    is off there, so apply would record nothing): the attributes that forward sets go nowhere."""
+    __slots__ = ()
+
+    def __setattr__(self, name, value):
+        pass
+
+
+_FIRST_ORDER = _Unrecorded()
+
+
+# A pooling call whose settings passed _pool's checks before, for an input of the same shape and dtype, reuses that
+# call's descriptor and goes straight to apply (the checks below read nothing else: x's type, dtype and shape, the
+# settings).  Settings key only as plain ints or tuples of ints (stride also None), ceil_mode only as a bool: 1.0 or
+# a list hash like valid values but the checks treat them differently, so they keep the full path (as conv's seen
+# calls, round 10 of docs/host_overhead.md).  Unbatched inputs are not remembered (the key's shape is the batched one).
+_SEEN_POOL = SeenCalls()
+
+
+def _plain(v):
+    if type(v) is int:
+        return v
+    if type(v) is tuple:
+        for e in v:
+            if type(e) is not int:
+                return False
+        return v
+    return False
+
+
+def _pool_key(op, x, mode, kernel_size, stride, padding, ceil_mode, dilation):
+    if type(x) is not Tensor or type(ceil_mode) is not bool:
+        return None
+    k, p, d = _plain(kernel_size), _plain(padding), _plain(dilation)
+    s = None if stride is None else _plain(stride)
+    if k is False or s is False or p is False or d is False:
+        return None
+    xd = x.data
+    return op, mode, xd.shape, xd.dtype, k, s, p, d, ceil_mode
+
+
 def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
+    key = _pool_key(op, x, mode, kernel_size, stride, padding, ceil_mode, dilation)
+    desc = _SEEN_POOL.get(key) if key is not None else None
+    if desc is not None:
+        return (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
     check_tensor(op, "input", x)
     x, unbatched = batched(op, x, nd)
     kernel = ntuple(kernel_size, nd, op, "kernel_size")
@@ -139,6 +191,8 @@ def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
             raise ArgumentError(f"{op}: Output size is too small: input {tuple(x.shape)}, kernel {kernel}, padding "
                                 f"{padding}, stride {stride}, dilation {dilation}, ceil_mode={ceil_mode}")
     desc = descriptor(B.PoolingDescriptor, mode, kernel, padding, stride, ceil_mode, dilation)
+    if not unbatched and key is not None:
+        _SEEN_POOL.remember(key, desc)
     y = (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
     return y.squeeze(0) if unbatched else y
 
