@@ -23,6 +23,7 @@ import pytest
 
 import minidnn.backend as B
 from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import bn_cluster as BC
 from minidnn.backend.cuda import bn_kernels as K
 from minidnn.backend.cuda import bn_nhwc as M
 
@@ -247,8 +248,9 @@ import numpy as np, record_launches as R
 fakecp, L = R._install({ROOT!r})
 names = []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d, str(fn), p))
-from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K
+from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
 M._smem[0] = {H100_SMEM!r}
+BC.ENABLED = False      # the kernels before the cluster ones (tests/backend/test_bn_cluster.py has those)
 def cl(a):
     perm = (0, *range(2, a.ndim), 1); back = (0, a.ndim - 1, *range(1, a.ndim - 1))
     return fakecp.asarray(np.ascontiguousarray(a.transpose(perm))).transpose(back)
@@ -402,6 +404,7 @@ def cap(monkeypatch):
     def clear():
         M._calls.clear(); K._calls.clear(); K._plans.clear()       # noqa: E702
     clear()
+    monkeypatch.setattr(BC, "ENABLED", False)     # the kernels before the cluster ones (test_bn_cluster.py)
 
     def set_cap(v):
         monkeypatch.setattr(M, "SLOTS_CAP", v)

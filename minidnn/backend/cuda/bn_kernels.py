@@ -34,6 +34,7 @@ import os
 import numpy as np
 
 from .. import devices as _dev
+from . import bn_cluster as _cluster
 from . import bn_nhwc as _nhwc
 from . import launch as _launch
 from . import workspace as _ws
@@ -1205,6 +1206,11 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
 
 def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
                aligned, dev):
+    if aligned and inner != 1 and _cluster.usable(dev):       # a channel on-chip in one cluster (bn_cluster.py)
+        k = _cluster.prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z,
+                                     has_scale, has_bias, dev)
+        if k is not None:
+            return k, 2, 1, acc_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias)
     r = _onepass_launch("bn_fwd1", xc, outer, c, inner, 1, aligned, dev, flags, 12,
                         (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)))
@@ -1212,6 +1218,10 @@ def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu,
 
 
 def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev):
+    if aligned and inner != 1 and _cluster.usable(dev):
+        k = _cluster.prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, dev)
+        if k is not None:
+            return k, 2, 1, param_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
     r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 2 if ONCHIP and (inner != 1 or CL_ROUNDS) else 3, aligned,
                         dev, flags, 13)
@@ -1237,6 +1247,11 @@ def forward_training(xc, scale, bias, factor, running_mean, running_var, eps, z=
 _calls: dict = {}
 
 
+def _switches():
+    """The module switches a settled call depends on (tests and tools flip them at run time)."""
+    return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL
+
+
 def _rows_to_nhwc():
     """Whether (R, C) rows go to bn_nhwc (on, and not CL_ROUNDS with the one-pass kernels and the copy)."""
     return _nhwc.ENABLED and not (CL_ROUNDS and ONEPASS and ONCHIP)
@@ -1258,7 +1273,7 @@ class _TrainingCall:
                  "stats", "apply", "rows")
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _rows_to_nhwc()) \
+        if self.onepass != _switches() or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
@@ -1283,11 +1298,11 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
     dev = xc.data.device_id
     flags = (factor, eps, running_mean is not None, counter is not None, relu, z is not None, scale is not None,
              bias is not None)
-    key = ("train", ONEPASS, ONCHIP, _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch() \
+    key = ("train", _switches(), _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch() \
         + (CL_ROUNDS,)
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _training_call, xc, dev, key[3], *flags)
+        call = _launch.planned(_calls, key, _training_call, xc, dev, key[2], *flags)
     return call
 
 
@@ -1296,10 +1311,10 @@ def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu
     if inner == 1 and _rows_to_nhwc():      # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
         return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
-    t.onepass, t.dev, t.c, t.dtype, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, inner == 1
+    t.onepass, t.dev, t.c, t.dtype, t.rows = _switches(), dev, c, xc.dtype, inner == 1
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
-    one = _planned(("fwd1", ONCHIP, CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,
+    one = _planned(("fwd1", _switches(), CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,
                     has_bias, aligned) + sig,
                    _fwd1_plan, xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale,
                    has_bias, aligned, dev) if ONEPASS else None
@@ -1364,7 +1379,7 @@ class _BackwardCall:
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
         """``dscale``, ``dbias`` (with a scale): (C,) C-contiguous arrays of the parameter dtype the kernels write
         the parameter gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones."""
-        if self.onepass != (ONEPASS, ONCHIP) or (self.rows and _rows_to_nhwc()) \
+        if self.onepass != _switches() or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
         cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
@@ -1398,11 +1413,11 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
     """The settled call of ``backward`` with these arguments (see _BackwardCall), made once per signature."""
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
-    key = ("backward", ONEPASS, ONCHIP, _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
+    key = ("backward", _switches(), _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
         + _nhwc.switch() + (CL_ROUNDS,)
     call = _calls.get(key)
     if call is None:
-        call = _launch.planned(_calls, key, _backward_call, xc, dev, key[3], mean.dtype, *flags)
+        call = _launch.planned(_calls, key, _backward_call, xc, dev, key[2], mean.dtype, *flags)
     return call
 
 
@@ -1411,10 +1426,10 @@ def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     if inner == 1 and _rows_to_nhwc():
         return _nhwc.backward_call(xc, relu, has_scale, want_dz)
     t = _BackwardCall()
-    t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = (ONEPASS, ONCHIP), dev, c, xc.dtype, acc, inner == 1
+    t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = _switches(), dev, c, xc.dtype, acc, inner == 1
     t.mem, t.back = _memory_order(xc)
     t.has_scale, t.want_dz = has_scale, want_dz
-    one = _planned(("bwd1", ONCHIP, CL_ROUNDS, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
+    one = _planned(("bwd1", _switches(), CL_ROUNDS, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
                     aligned), _bwd1_plan, xc, outer, c, inner, relu, has_scale, want_dz, aligned,
                    dev) if ONEPASS else None
     if one is not None:
