@@ -26,6 +26,13 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   relu2       relu fwd: on = 256-thread blocks of 2 vectors a thread (4-byte data)
   logsoftmax64  log-softmax bwd: on = the 64-thread-block tiling softmax's backward uses (MINIDNN_SOFTMAX_BWD_WARP=0,
               no pipe), off = the default (warp rows, piped): off/on > 1 means the block tiling is the better fix
+  cefwd16a    cross-entropy fwd (16384, 1000), session 10: on = loss_kernels.CE_FWD16 "1" (P16: the 16-bit pipe
+              forward on packed words, one row ahead, 64 registers: four blocks an SM), off = "0" (session 9's FASTX
+              pipe, the default); 2-byte logits only (the float32 line times one kernel twice)
+  cefwd16b    cross-entropy fwd: on = CE_FWD16 "2" (P16 two rows ahead, 80 registers: three blocks an SM), off = "0"
+  smxd2       softmax fwd (16384, 1000), session 10: on = softmax_kernels.FWD_PDEPTH 2 (two rows of loads in flight a
+              warp, 2-byte rows only), off = 1 (the default)
+  lsmxd2      log-softmax fwd, the same switch
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
 drift of clocks or temperature cancels), each timing a fresh capture of the bench's `reps` calls replayed `trials`
 times (median).  Flipping a switch forgets the module's settled launches (and the primitive's seen-call caches)
@@ -146,6 +153,29 @@ def _ce_plan(name):
     return plan
 
 
+def _ce16_switch(setting):
+    """loss_kernels.CE_FWD16: ``setting`` on, "0" (the default) off."""
+    def switch(on):
+        from minidnn.backend.cuda import loss_kernels as _lk
+        _lk.CE_FWD16 = setting if on else "0"
+        _forget_softmax()
+    return switch
+
+
+def _ce16_plan(dtype):
+    from minidnn.backend.cuda import loss_kernels as _lk
+    src, k, defines, groups, per_sm, block = _lk.launch_spec("ce_fwd", (16384, 1000), dtype, "int64", False, "mean")
+    d = dict(x.split("=", 1) for x in defines)
+    return (f"{k} FASTX={d['FASTX']} PIPE={d['PIPE']} P16={d.get('P16', 0)} PDEPTH={d.get('PDEPTH', 1)} "
+            f"MINB={d['MINB']} blocks/SM={per_sm}")
+
+
+def _pdepth_switch(on):
+    """softmax_kernels.FWD_PDEPTH: 2 on, 1 off."""
+    _sk_mod().FWD_PDEPTH = 2 if on else 1
+    _forget_softmax()
+
+
 def _gnvcs_switch(on):
     from minidnn.backend.cuda import norm_kernels as NK
     NK.GN_VSUMS = on
@@ -199,7 +229,8 @@ def _smx_fwd_plan(algo):
     def plan(dtype):
         s = _sk_mod().launch_spec(False, (16384, 1000), (1,), algo, dtype)
         d = dict(x.split("=", 1) for x in s.defines)
-        return f"{s.name} PIPE={d['PIPE']} G={d['G']} MINB={d['MINB']} blocks/SM={s.per_sm}"
+        return (f"{s.name} PIPE={d['PIPE']} PDEPTH={d.get('PDEPTH', 1)} G={d['G']} MINB={d['MINB']} "
+                f"blocks/SM={s.per_sm}")
     return plan
 
 
@@ -253,6 +284,10 @@ ROWS = {
     "relu128": ("relu", "relu fwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu128b": ("relu", "relu bwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu2": ("relu", "relu fwd", _act_switch_to((2, 256)), _act_plan, None),
+    "cefwd16a": ("ce", "cross-entropy fwd", _ce16_switch("1"), _ce16_plan, None),
+    "cefwd16b": ("ce", "cross-entropy fwd", _ce16_switch("2"), _ce16_plan, None),
+    "smxd2": ("softmax", "softmax fwd", _pdepth_switch, _smx_fwd_plan("ACCURATE"), None),
+    "lsmxd2": ("softmax", "log-softmax fwd", _pdepth_switch, _smx_fwd_plan("LOG"), None),
 }
 
 
@@ -268,6 +303,13 @@ def _default_restore(key):
         NK._plans.clear()
     elif key.startswith("dropbwd"):
         _dropbwd_switch(None)(False)
+    elif key in ("cefwd16a", "cefwd16b"):
+        from minidnn.backend.cuda import loss_kernels as _lk
+        _lk.CE_FWD16 = os.environ.get("MINIDNN_CE_FWD16", "0")
+        _forget_softmax()
+    elif key in ("smxd2", "lsmxd2"):
+        _sk_mod().FWD_PDEPTH = int(os.environ.get("MINIDNN_SOFTMAX_PDEPTH", "1"))
+        _forget_softmax()
     elif key in ("smxnopipe", "lsmxnopipe"):
         _sk_mod().FWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_PIPE", "1") != "0"
         _forget_softmax()

@@ -694,3 +694,234 @@ def test_ce_fast_rows(cp, monkeypatch, name, rows, c):
             for u, v in zip(a, got[("0",) + key[1:]]):
                 np.testing.assert_allclose(u, v, rtol=1e-5 if name == "float32" else 2e-2, atol=1e-5 * np.nanmax(
                     np.abs(np.where(np.isfinite(v), v, 0))), equal_nan=True, err_msg=str(key))
+
+
+# ---- session 10: the packed 16-bit cross-entropy forward (loss_kernels.CE_FWD16) and the 2-deep softmax forward pipe
+# (softmax_kernels.FWD_PDEPTH) ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting", ["0", "1", "2"])
+def test_ce_fwd16_rule(monkeypatch, setting):
+    """P16 (PDEPTH 1 at 64 registers: MINB 4; PDEPTH 2 at 80: MINB 3) is planned for the FASTX pipe forward of 2-byte
+    logits in whole vectors without label smoothing, only when CE_FWD16 asks, with session 9's tiling otherwise; the
+    grid is the resident blocks (MINB an SM); float32 / float64, RAGGED and multi-chunk rows, smoothing, FASTX off
+    and the backward keep session 9's kernels and their budgets."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    monkeypatch.setattr(_lk, "CE_FWD16", setting)
+    want = {"0": None, "1": (1, 4), "2": (2, 3)}[setting]
+    for name in ("bfloat16", "float16", "float32", "float64"):
+        for c in (2, 10, 250, 1000, 1001, 1024, 40000):
+            for eps, fast in ((0.0, "16"), (0.1, "16"), (0.0, "0")):
+                monkeypatch.setattr(_lk, "CE_FAST", fast)
+                src, k, defines, groups, per_sm, block = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64,
+                                                                         False, "mean", eps)
+                d = _defs(defines)
+                take = (want is not None and name in ("bfloat16", "float16") and not eps and fast == "16"
+                        and d["PIPE"] == 1 and d["RAGGED"] == 0)
+                assert ("P16" in d) == take, (setting, name, c, eps, fast, d)
+                if take:
+                    assert d["PDEPTH"] == want[0] and per_sm == d["MINB"] >= want[1], (name, c, d, per_sm)
+                    assert c not in (1000, 1024) or d["MINB"] == want[1]
+                    monkeypatch.setattr(_lk, "CE_FWD16", "0")
+                    base = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, False, "mean", eps)[2]
+                    monkeypatch.setattr(_lk, "CE_FWD16", setting)
+                    other = {"MINB", "P16", "PDEPTH"}                      # the same tiling, another budget
+                    assert {k: v for k, v in d.items() if k not in other} == \
+                        {k: v for k, v in _defs(base).items() if k != "MINB"}, (defines, base)
+                    assert len(defines) == len(base) + 2
+                _, _, bdef, *_ = _lk.launch_spec("ce_bwd", (16384, c), _dtype(name), np.int64, False, "mean", eps)
+                assert "P16" not in _defs(bdef)
+
+
+def _ring_walk(rows, rpb, grid, depth):
+    """ce_fwd_p16 / fwd_rows_pipe (PDEPTH > 1) emulated: each group's slots (row issued or None), the steps in the
+    kernel's order; -> (row processed, slot, the row that slot's loads belong to) for every step."""
+    stride = grid * rpb
+    out = []
+    for b in range(grid):
+        r0 = b * rpb
+        if r0 >= rows:
+            continue
+        for k in range(rpb):
+            slots = [None] * (depth + 1)
+            slots[0] = r0 + k
+            if depth > 1 and r0 + stride < rows:
+                slots[1] = r0 + stride + k
+            order = [(i, (i + depth) % (depth + 1)) for i in range(depth + 1)]   # (cur, fill) around the ring
+            b0 = r0
+            done = False
+            while not done:
+                for cur, fill in order:
+                    if b0 + depth * stride < rows:
+                        slots[fill] = b0 + depth * stride + k
+                    out.append((b0 + k, cur, slots[cur]))
+                    b0 += stride
+                    if b0 >= rows:
+                        done = True
+                        break
+    return out
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("rows, rpb, grid", [(16384, 8, 528), (16384, 8, 396), (20000, 8, 396), (37, 8, 5),
+                                             (70000, 32, 528), (130, 32, 4), (1, 8, 1), (2113, 8, 264),
+                                             (3 * 8 * 7, 8, 7), (9000, 256, 528)])
+def test_ring_walk_covers_each_row_once(rows, rpb, grid, depth):
+    """The ring walks of session 10 (P16 at PDEPTH 1 and 2, fwd_rows_pipe at PDEPTH 2) emulated step by step: each
+    step reduces the slot that holds the loads of exactly the row it reduces, every row below ``rows`` once (rows
+    past it are dead groups: reduced, not stored), and a slot is refilled only after its row was reduced."""
+    seen = np.zeros(rows, np.int64)
+    for row, slot, held in _ring_walk(rows, rpb, grid, depth):
+        assert held == row, (row, slot, held)
+        if row < rows:
+            seen[row] += 1
+    assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("setting", [1, 2])
+def test_softmax_pdepth_rule(monkeypatch, setting):
+    """FWD_PDEPTH 2 adds PDEPTH=2 to the PIPE forward of 2-byte whole-vector rows of more than 16 elements a thread
+    only (float32's three slots spill), the same tiling and MINB; the backward, the cross-entropy kernels and every
+    other row keep PDEPTH 1 (no define: their code unchanged)."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    monkeypatch.setattr(_sk, "FWD_PDEPTH", setting)
+    for name in ("bfloat16", "float16", "float32", "float64"):
+        for c in (10, 513, 1000, 1001, 1024, 4097):
+            for algo in ("FAST", "ACCURATE", "LOG"):
+                s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
+                d = _defs(s.defines)
+                take = setting == 2 and name in ("bfloat16", "float16") and d["PIPE"] == 1 and d["RAGGED"] == 0 \
+                    and d["NV"] * d["VEC"] > 16
+                assert d.get("PDEPTH", 1) == (2 if take else 1), (name, c, algo, d)
+                assert s.defines[-1].startswith("MINB=")
+                monkeypatch.setattr(_sk, "FWD_PDEPTH", 1)
+                base = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
+                monkeypatch.setattr(_sk, "FWD_PDEPTH", setting)
+                assert tuple(x for x in s.defines if not x.startswith("PDEPTH")) == base.defines
+                assert (s.groups, s.per_sm, s.block) == (base.groups, base.per_sm, base.block)
+                assert "PDEPTH" not in _defs(_sk.launch_spec(True, (16384, c), (1,), algo, _dtype(name)).defines)
+            assert "PDEPTH" not in _defs(_lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, False,
+                                                         "mean")[2])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_session10_candidates_compile_without_spills(tmp_path, monkeypatch):
+    """nvcc sm_90 builds every P16 forward (PDEPTH 1 and 2; bf16 and fp16; weights, every reduction) and the 2-deep
+    softmax forward at the row lengths the rules give them, with no spill in the kernel."""
+    from minidnn.backend.cuda import launch
+    from minidnn.backend.cuda import loss_kernels as _lk
+    jobs = {}
+    for name in ("bfloat16", "float16"):
+        for setting in ("1", "2"):
+            monkeypatch.setattr(_lk, "CE_FWD16", setting)
+            for c, w, red in ((1000, False, "mean"), (1024, True, "none"), (10, False, "sum"), (250, True, "mean"),
+                              (2, False, "mean")):
+                src, k, defines, *_ = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, w, red)
+                assert _defs(defines)["P16"] == 1
+                jobs[(k, defines)] = _lk.SOURCE_ROWS
+        monkeypatch.setattr(_sk, "FWD_PDEPTH", 2)
+        for c in (1000, 1024):
+            for algo in ("FAST", "ACCURATE", "LOG"):
+                s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
+                assert _defs(s.defines)["PDEPTH"] == 2
+                jobs[(s.name, s.defines)] = _sk.SOURCE
+    for i, ((k, defines), text) in enumerate(jobs.items()):
+        src = tmp_path / f"s10_{i}.cu"
+        launch.write_source(str(src), text, defines)
+        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(src) + ".o",
+                            str(src)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[:1500]
+        m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
+        assert m is not None and int(m.group(1)) == 0, (k, defines, r.stderr[-800:])
+
+
+# rows so that each group walks several steps of the ring (P16 grid: 528 / 396 blocks of 8-32 rows on 132 SMs)
+CE_FWD16_ROWS = [("bfloat16", 20000, 1000), ("float16", 13001, 1024), ("bfloat16", 70000, 10),
+                 ("bfloat16", 13000, 250), ("float16", 9000, 2)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", CE_FWD16_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in CE_FWD16_ROWS])
+def test_ce_fwd16_rows(cp, monkeypatch, name, rows, c):
+    """The P16 cross-entropy forward at CE_FWD16 "1" and "2" against the float64 reference (lse, loss rows, 'mean'
+    and 'sum' with the denominator) and against session 9's FASTX forward ("0"), over a row of -inf, a NaN, a half
+    -inf row, ignored targets, a target out of range (its row NaN), class weights; one launch a call."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    dtype = _dtype(name)
+    rng = np.random.default_rng(rows + 5 * c)
+    x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
+    x[1, :] = -np.inf
+    x[2, c // 2] = np.nan
+    x[rows - 1, ::2] = -np.inf
+    x[5, :] += dtype.type(40)                                   # a row far from 0: the shift matters
+    t = rng.integers(0, c, rows)
+    t[rng.random(rows) < 0.1] = -100
+    t[3:5] = [0, c - 1]
+    t[6] = c                                                   # out of range: NaN loss and weight in that row
+    w = (rng.random(c) + 0.1).astype(dtype)
+    x64 = x.astype(np.float64)
+    fin = np.isfinite(x64).all(axis=1) & (t < c)
+    xd, td, wd = cp.asarray(x), cp.asarray(t), cp.asarray(w)
+    xf, tf = cp.asarray(x[fin]), cp.asarray(t[fin])
+    got = {}
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for setting in ("1", "2", "0"):
+            monkeypatch.setattr(_lk, "CE_FWD16", setting)
+            _reset_plans()
+            for weighted in (False, True):
+                wa, w64 = (wd, w.astype(np.float64)) if weighted else (None, None)
+                what = f"CE_FWD16={setting} weighted={weighted}"
+                n0 = _launches()
+                loss, lse, _ = B.softmax_cross_entropy_forward(None, xd, td, wa, -100, 0.0, "none")
+                assert _launches() - n0 == 1
+                loss_ref, lse_ref, _ = B.softmax_cross_entropy_forward(None, x64, np.where(t < c, t, 0), w64, -100,
+                                                                        0.0, "none")
+                lse_ref, loss_ref = np.asarray(lse_ref, np.float64), np.asarray(loss_ref, np.float64).copy()
+                loss_ref[6] = np.nan
+                _close(lse, lse_ref, "float32", "lse " + what, scale=4)
+                _close(loss, loss_ref, name, "loss rows " + what, scale=10)
+                got[setting, weighted] = (_host(lse), _host(loss))
+                for red in ("mean", "sum"):
+                    loss, _, den = B.softmax_cross_entropy_forward(None, xf, tf, wa, -100, 0.0, red)
+                    loss_ref, _, den_ref = B.softmax_cross_entropy_forward(None, x64[fin], t[fin], w64, -100, 0.0, red)
+                    _close(den, np.asarray(den_ref, np.float64), "float32", f"denominator {red} " + what, scale=4)
+                    _close(loss, np.asarray(loss_ref, np.float64), name, f"loss {red} " + what, scale=10)
+                    got[setting, weighted, red] = (_host(loss), _host(den))
+    for key, a in got.items():
+        if key[0] != "0":
+            for u, v in zip(a, got[("0",) + key[1:]]):
+                np.testing.assert_allclose(u, v, rtol=2e-5, atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(v), v,
+                                                                                                   0))),
+                                           equal_nan=True, err_msg=str(key))
+
+
+PDEPTH_ROWS = [("bfloat16", 20000, 1000), ("float16", 13001, 1024)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", PDEPTH_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in PDEPTH_ROWS])
+def test_softmax_pdepth_rows(cp, monkeypatch, name, rows, c):
+    """softmax / log-softmax / fast forward with FWD_PDEPTH 2 against float64 and against PDEPTH 1 (the same row code:
+    equal to within one rounding of the 16-bit output), over a row of -inf, a NaN row and a half -inf row; one
+    launch a call."""
+    dtype = _dtype(name)
+    rng = np.random.default_rng(rows + 11 * c)
+    x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
+    x[1, :] = -np.inf
+    x[2, c // 3] = np.nan
+    x[rows - 1, ::2] = -np.inf
+    x64, xd = x.astype(np.float64), cp.asarray(x)
+    got = {}
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for depth in (2, 1):
+            monkeypatch.setattr(_sk, "FWD_PDEPTH", depth)
+            _reset_plans()
+            assert _defs(_sk.launch_spec(False, x.shape, (1,), "LOG", dtype).defines).get("PDEPTH", 1) == depth
+            for algo in ("accurate", "log", "fast"):
+                n0 = _launches()
+                y = B.softmax_forward(None, algo, None, xd, axis=-1)
+                assert _launches() - n0 == 1
+                if algo != "fast":
+                    _close(y, _ref_fwd(x64, algo), name, f"{algo} PDEPTH={depth}", scale=4 if algo == "log" else 1)
+                got[depth, algo] = _host(y)
+    for algo in ("accurate", "log", "fast"):
+        np.testing.assert_allclose(got[2, algo], got[1, algo], rtol=8e-3, atol=0, equal_nan=True, err_msg=algo)

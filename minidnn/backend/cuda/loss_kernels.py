@@ -387,6 +387,170 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
 }
 #endif
 
+#ifndef P16
+#define P16 0
+#endif
+#if P16
+#if !PIPE || !FASTX || SMOOTH || STORAGE == 0 || VEC < 2 || RAGGED
+#error "P16 is the FASTX pipe forward of 2-byte logits in whole vectors, without label smoothing"
+#endif
+#ifndef PDEPTH
+#define PDEPTH 1
+#endif
+// P16 (session 10; MINIDNN_CE_FWD16): the pipe forward of 16-bit logits on their packed words.  Session 9's FASTX
+// pipe ran 397 instructions a row and lane (bf16 (16384, 1000): 56% of copy), ~100 of them per-element overhead of
+// the decoded floats: a select for the pad slots (FSEL), the max (FMNMX), the decode.  Here:
+// - a row (whole vectors: not RAGGED) stays packed, VEC / 2 32-bit words a vector, two values a word; slots past
+//   the body are loaded as the -inf pair, so no select;
+// - the max is taken on the words (max.bf16x2 / max.f16x2: two values an instruction, NaN skipped as fmax), then
+//   over the two halves of the result;
+// - each value: its decode (bf16: a shift or a mask), one FFMA and one ex2.approx (FASTX's exp), one FADD into one
+//   of two running sums (low and high halves: two dependency chains).
+// SASS (nvcc 13, sm_90, bf16 (16384, 1000)): ~300 instructions a row and lane.  PDEPTH rows are in flight a group
+// (1: the next row, as PIPE; 2: the next two -- a ring of PDEPTH + 1 slots that the walk is unrolled over, nothing
+// copied).  The register budget, so the warps an SM, is the planner's (P16_REGS): a bf16 row is 2 KB a warp, and
+// session 9's 16 warps an SM kept only 32 KB of loads in flight.
+#define P16W (VEC / 2)                              // 32-bit words a vector
+union PW { VR raw; unsigned int w[P16W]; };
+struct Slot16 { VR v[NV]; Geo q; long long t; int r; bool live; };
+__device__ __forceinline__ unsigned int p16_neg_inf2() { return STORAGE == 1 ? 0xFC00FC00u : 0xFF80FF80u; }
+__device__ __forceinline__ unsigned int p16_max2(unsigned int a, unsigned int b)
+{
+    unsigned int d;
+#if STORAGE == 1
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#else
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#endif
+    return d;
+}
+__device__ __forceinline__ float p16_lo(unsigned int w)
+{
+#if STORAGE == 2
+    return __uint_as_float(w << 16);
+#else
+    return LD((T)(w & 0xffffu));
+#endif
+}
+__device__ __forceinline__ float p16_hi(unsigned int w)
+{
+#if STORAGE == 2
+    return __uint_as_float(w & 0xffff0000u);
+#else
+    return LD((T)(w >> 16));
+#endif
+}
+
+// Row r's loads (r >= rows: none; every slot the -inf pair) and its target into slot s.
+__device__ __forceinline__ void p16_issue(const T* __restrict__ x, const I* __restrict__ target, int r, int rows,
+                                          int C, int g, long long ignore_index, Slot16& s)
+{
+    s.r = r;
+    s.live = r < rows;
+    const T* p = x + (size_t)(s.live ? r : 0) * C;
+    s.q = row_geo(p, s.live ? C : 0, true);
+    s.t = s.live ? (long long)target[r] : ignore_index;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = k * G + g;
+        PW u;
+#pragma unroll
+        for (int i = 0; i < P16W; ++i) u.w[i] = p16_neg_inf2();
+        if (v < s.q.nb) u.raw = *reinterpret_cast<const VR*>(p + s.q.h + v * VEC);
+        s.v[k] = u.raw;
+    }
+}
+
+// One row of the walk: issue row r0 + PDEPTH * stride into `fill`, reduce `cur` (row r0 of the block), advance r0.
+// Same formulas as ce_fwd_pipe with FASTX; the sums' order differs (two partial sums a thread).
+__device__ __forceinline__ bool p16_step(Slot16& cur, Slot16& fill, int& r0, const int stride,
+    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
+    A& acc_loss, A& acc_den)
+{
+    const int g = threadIdx.x % G;
+    if (r0 + PDEPTH * stride < rows)                                     // uniform over the block
+        p16_issue(x, target, r0 + PDEPTH * stride + (int)threadIdx.x / G, rows, C, g, ignore_index, fill);
+    const long long t = cur.t;
+    const bool in_range = t >= 0 && t < C;
+    A xt = 0;
+    if (cur.live && in_range) xt = LD(x[(size_t)cur.r * C + t]);       // the row's lines were just read: L1
+    unsigned int mw = p16_neg_inf2();
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        PW u;
+        u.raw = cur.v[k];
+#pragma unroll
+        for (int i = 0; i < P16W; ++i) mw = p16_max2(mw, u.w[i]);
+    }
+    const A m = vmax(p16_lo(mw), p16_hi(mw));
+    const A sh = m == NEG_INF ? (A)0 : m;
+    const A shl = sh * (A)1.4426950408889634;
+    A s0 = 0, s1 = 0;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        PW u;
+        u.raw = cur.v[k];
+#pragma unroll
+        for (int i = 0; i < P16W; ++i) {
+            s0 += CE_EXP(p16_lo(u.w[i]), sh, shl);
+            s1 += CE_EXP(p16_hi(u.w[i]), sh, shl);
+        }
+    }
+    A M = g_max(m, sm);
+    if (M == NEG_INF) M = 0;
+    const A f = m == NEG_INF ? (A)0 : exp(m - M);
+    const A lse = M + log(g_sum((s0 + s1) * f, sm));
+    if (g == 0 && cur.live) {
+        A per = 0, wt = 0;
+        if (t != ignore_index) {
+            if (in_range) {
+                wt = HAS_W ? LD(w[t]) : (A)1;
+                per = -((A)(1.0 - eps) * wt * (xt - lse));
+            } else {
+                per = wt = A_NAN;
+            }
+        }
+        lse_out[cur.r] = lse;
+        if (REDUCTION == 0) loss_rows[cur.r] = ST(per);
+        acc_loss += per; acc_den += wt;
+    }
+    r0 += stride;
+    return r0 < rows;
+}
+
+template <int UNUSED> __device__ __forceinline__ void ce_fwd_p16(
+    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
+    A& acc_loss, A& acc_den)
+{
+    const int g = threadIdx.x % G, stride = gridDim.x * RPB, rr = (int)threadIdx.x / G;
+    int r0 = blockIdx.x * RPB;
+    if (r0 >= rows) return;                                              // uniform over the block
+    Slot16 s0, s1;
+    p16_issue(x, target, r0 + rr, rows, C, g, ignore_index, s0);
+#if PDEPTH == 1
+    for (;;) {
+        if (!p16_step(s0, s1, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+                      acc_den)) break;
+        if (!p16_step(s1, s0, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+                      acc_den)) break;
+    }
+#else
+    Slot16 s2;
+    if (r0 + stride < rows) p16_issue(x, target, r0 + stride + rr, rows, C, g, ignore_index, s1);
+    for (;;) {
+        if (!p16_step(s0, s2, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+                      acc_den)) break;
+        if (!p16_step(s1, s0, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+                      acc_den)) break;
+        if (!p16_step(s2, s1, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+                      acc_den)) break;
+    }
+#endif
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
             A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
@@ -397,6 +561,10 @@ ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __re
     __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     A acc_loss = 0, acc_den = 0;
+#if P16
+    if (aligned(x)) ce_fwd_p16<0>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
+    else
+#endif
 #if PIPE
     if (aligned(x)) ce_fwd_pipe<0>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
                                    acc_den);
@@ -549,6 +717,25 @@ def ce_fast(dtype) -> bool:
     return (CE_FAST == "1" and item <= 4) or (CE_FAST == "16" and item == 2)
 
 
+# Session 10: P16 (SOURCE_ROWS above), the pipe forward of 2-byte logits on packed words, PDEPTH rows in flight a
+# group.  MINIDNN_CE_FWD16=0 (default: session 9's FASTX pipe) | 1 (P16, one row ahead, 64 registers: four 256-thread
+# blocks an SM, 32 warps) | 2 (P16, two rows ahead, 80 registers: three blocks, 24 warps).  nvcc 13, sm_90, bf16
+# (16384, 1000): 64 / 80 registers, no spills; depth 2 at 64 spilled 112 bytes.  A candidate for the GPU A/B
+# (tools/ktable_ab.py rows cefwd16a / cefwd16b); module attribute read at planning time.
+CE_FWD16 = os.environ.get("MINIDNN_CE_FWD16", "0")
+P16_REGS = {1: 64, 2: 80}
+
+
+def p16_depth(defines, dtype, eps) -> int:
+    """Rows in flight a group of the P16 forward (CE_FWD16), or 0 where the forward keeps session 9's kernels: it
+    needs 2-byte logits, FASTX, the PIPE path, whole vectors (not RAGGED: a 1001-class row's edges spilled) and no
+    label smoothing (``defines``: row_defines' strings)."""
+    d = dict(x.split("=", 1) for x in defines)
+    ok = (CE_FWD16 in ("1", "2") and np.dtype(dtype).itemsize == 2 and ce_fast(dtype) and not eps
+          and d.get("PIPE") == "1" and d.get("RAGGED") == "0")
+    return int(CE_FWD16) if ok else 0
+
+
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
@@ -589,6 +776,10 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
         # registers: 64 a thread (four 256-thread blocks an SM), 80 with label smoothing's sums (64 spilled)
         # None: softmax's FWD_REGS (64); the forward's PIPE path (softmax_kernels.uses_pipe): pipe_regs at least
         defines, cfg = row_defines(c, dtype, regs=80 if eps else None, pipe=name == "ce_fwd")
+        depth = p16_depth(defines, dtype, eps) if name == "ce_fwd" else 0
+        if depth:                # P16: its own register budget (MINB, the last define) and rows in flight
+            minb = max(int(defines[-1].split("=")[1]), 65536 // (cfg.block * P16_REGS[depth]))
+            defines = defines[:-1] + (f"MINB={minb}", "P16=1", f"PDEPTH={depth}")
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)

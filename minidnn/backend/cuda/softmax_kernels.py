@@ -440,10 +440,110 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
 }
 
 #if PIPE
+#ifndef PDEPTH
+#define PDEPTH 1
+#endif
 // PIPE (one-chunk rows of a warp or less, vector loads; session 7): a persistent grid (the resident blocks), each
 // group walking rows r, r + gridDim.x * RPB, ...; it issues the NEXT row's loads (raw vectors: pipe_issue) before it
 // reduces and writes the current one, so every warp keeps a row of loads in flight while it computes (fwd_rows
 // waits on each row's loads, then computes while its loads are idle: with all warps in step, DRAM idles too).
+// PDEPTH (session 10, MINIDNN_SOFTMAX_PDEPTH; default 1): rows of loads in flight a group.  2: the next two rows,
+// in a ring of three slots that the walk is unrolled over (nothing copied); 2-byte (N, 1000): 64 KB of reads in
+// flight an SM instead of 32 KB at the same two blocks an SM (float32's slots do not fit: pipe_depth).
+// fwd_pipe_row is PDEPTH 1's loop body (the same sums in the same order, the same stores); PDEPTH 1 keeps its loop
+// as it was (its SASS unchanged).
+#if PDEPTH > 1
+struct PipeSlot { RawRow w; Geo q; int r; bool live; };
+__device__ __forceinline__ void pipe_slot(const T* __restrict__ x, int r, int rows, int C, int g, PipeSlot& s)
+{
+    s.r = r;
+    s.live = r < rows;
+    const T* p = x + (size_t)(s.live ? r : 0) * C;
+    s.q = row_geo(p, s.live ? C : 0, true);
+    pipe_issue(p, s.q, g, s.w);
+}
+
+// The current row of the walk: decode its loads, reduce, write y (a dead group still reduces: the shuffles).
+__device__ __forceinline__ void fwd_pipe_row(const RawRow& w, const Geo& q, int r, bool live, T* __restrict__ y,
+                                             int C, A* sm)
+{
+    const int g = threadIdx.x % G;
+    A a[E], ed[NE1];
+    pipe_decode(w, q, g, NEG_INF, a, ed);
+    A m = ALGO == 0 ? (A)0 : NEG_INF, s = 0;
+#if ALGO != 0
+#pragma unroll
+    for (int e = 0; e < E; ++e) m = vmax(m, a[e]);
+#pragma unroll
+    for (int j = 0; j < NE; ++j) m = vmax(m, ed[j]);
+#endif
+    const A sh = m == NEG_INF ? (A)0 : m;
+#pragma unroll
+    for (int j = 0; j < NE; ++j) s += exp(ed[j] - sh);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const A ex = exp(a[e] - sh);
+        s += ex;
+#if ALGO != 2
+        a[e] = ex;
+#endif
+    }
+#if ALGO != 0
+    A M = g_max(m, sm);
+    if (M == NEG_INF) M = 0;
+    const A f = m == NEG_INF ? (A)0 : exp(m - M);
+#else
+    const A M = 0, f = 1;
+#endif
+    const A S = g_sum(s * f, sm);
+    if (live) {
+        T* yr = y + (size_t)r * C;
+#if ALGO == 2
+        const A ls = log(S);
+#pragma unroll
+        for (int e = 0; e < E; ++e) a[e] = a[e] - M - ls;
+#pragma unroll
+        for (int j = 0; j < NE; ++j) ed[j] = ed[j] - M - ls;
+#else
+        const A inv = (A)1 / S, finv = f * inv;
+#pragma unroll
+        for (int e = 0; e < E; ++e) a[e] = a[e] * finv;
+#pragma unroll
+        for (int j = 0; j < NE; ++j) ed[j] = exp(ed[j] - M) * inv;
+#endif
+        store_chunk<true>(yr, 0, q, g, a);
+        store_edges(yr, q, g, ed);
+    }
+}
+
+// One step of the ring: issue the block's row r0 + PDEPTH * stride into `fill`, reduce and write `cur` (row r0),
+// advance r0; false when the block is done.
+__device__ __forceinline__ bool fwd_pipe_step(PipeSlot& cur, PipeSlot& fill, int& r0, const int stride,
+                                              const T* __restrict__ x, T* __restrict__ y, int rows, int C, A* sm)
+{
+    if (r0 + PDEPTH * stride < rows)                                     // uniform over the block
+        pipe_slot(x, r0 + PDEPTH * stride + (int)threadIdx.x / G, rows, C, threadIdx.x % G, fill);
+    fwd_pipe_row(cur.w, cur.q, cur.r, cur.live, y, C, sm);
+    r0 += stride;
+    return r0 < rows;
+}
+
+template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __restrict__ x, T* __restrict__ y,
+                                                                    int rows, int C, A* sm)
+{
+    const int g = threadIdx.x % G, stride = gridDim.x * RPB, rr = (int)threadIdx.x / G;
+    int r0 = blockIdx.x * RPB;
+    if (r0 >= rows) return;                                              // uniform over the block
+    PipeSlot s0, s1, s2;
+    pipe_slot(x, r0 + rr, rows, C, g, s0);
+    if (r0 + stride < rows) pipe_slot(x, r0 + stride + rr, rows, C, g, s1);
+    for (;;) {                                                           // three steps a trip around the ring
+        if (!fwd_pipe_step(s0, s2, r0, stride, x, y, rows, C, sm)) break;
+        if (!fwd_pipe_step(s1, s0, r0, stride, x, y, rows, C, sm)) break;
+        if (!fwd_pipe_step(s2, s1, r0, stride, x, y, rows, C, sm)) break;
+    }
+}
+#else
 template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __restrict__ x, T* __restrict__ y,
                                                                     int rows, int C, A* sm)
 {
@@ -509,6 +609,7 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
         cur = nxt; q = qn; r = rn; live = liven;
     }
 }
+#endif
 #endif
 
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
@@ -836,6 +937,22 @@ PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_PIPE_REGS", "96"))
 BWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0"
 BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
 
+# Session 10: rows of loads in flight a group of the PIPE forward (softmax / log-softmax; fwd_rows_pipe's PDEPTH).
+# MINIDNN_SOFTMAX_PDEPTH=1 (default: the next row) | 2 (the next two: a ring of three slots) -- taken for 2-byte rows
+# of more than 16 elements a thread in whole vectors (the (N, 1000) rows: 16 registers a slot) at the same register
+# budget (pipe_regs: two 256-thread blocks an SM).  nvcc 13 sm_90 at (N, 1000) / (N, 1024): bf16 124-128 registers,
+# fp16 122-128, no spills.  Not float32 (a 32-register slot: 96-268 bytes spilled at 128 registers, every ALGO) nor
+# RAGGED rows (1001 classes: 32-64 bytes spilled).  A candidate for the GPU A/B (tools/ktable_ab.py rows smxd2 /
+# lsmxd2, bfloat16); module attribute read at planning time.
+FWD_PDEPTH = int(os.environ.get("MINIDNN_SOFTMAX_PDEPTH", "1"))
+
+
+def pipe_depth(cfg, itemsize):
+    """PDEPTH of a PIPE forward of RowConfig ``cfg`` over ``itemsize``-byte data: FWD_PDEPTH for 2-byte rows of more
+    than 16 elements a thread in whole vectors, else 1."""
+    ok = FWD_PDEPTH > 1 and itemsize == 2 and cfg.nv * cfg.vec > 16 and not cfg.ragged
+    return FWD_PDEPTH if ok else 1
+
 
 def pipe_regs(cfg):
     """The register budget of a PIPE thread: FWD_REGS (64) while it holds < 16 elements (16 without RAGGED edges),
@@ -915,11 +1032,13 @@ def uses_bwd_pipe(cfg, acc):
     return BWD_PIPE and not V1 and acc == 4 and cfg.one and cfg.g <= 32 and cfg.vec > 1
 
 
-def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False):
+def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False,
+                depth=False):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
     ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says;
-    ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says."""
+    ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says; ``depth``: the PIPE
+    forward's rows in flight (pipe_depth) as PDEPTH where it is above 1 (softmax_kernels' own forward only)."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
@@ -934,9 +1053,10 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
     elif regs is None:
         regs = FWD_REGS if arrays == 1 else (BWD_PAIR_REGS if cfg.g <= 32 and cfg.nv * cfg.vec > 16 else 80)
     minb = 1 if acc == 8 else max(1, 65536 // (cfg.block * regs))
-    return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
-            f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"PIPE={int(pipe)}",
-            f"MINB={minb}"), cfg
+    pdepth = pipe_depth(cfg, item) if depth and pipe and not bwd_pipe else 1
+    return ((f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
+             f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"PIPE={int(pipe)}")
+            + ((f"PDEPTH={pdepth}",) if pdepth > 1 else ()) + (f"MINB={minb}",)), cfg
 
 
 class Spec(NamedTuple):
@@ -964,7 +1084,7 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
     if inner == 1:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
-                                   pipe=not backward, bwd_pipe=backward and algo_name == "LOG")
+                                   pipe=not backward, bwd_pipe=backward and algo_name == "LOG", depth=not backward)
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
