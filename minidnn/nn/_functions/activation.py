@@ -12,12 +12,20 @@ through the dropout primitive; its backward (multiply by the same mask) is its o
 """
 from __future__ import annotations
 
+import os
+
+import numpy as np
+
 from ... import backend as B
 from ..._amp_state import autocast_op
-from ...autograd import Function
+from ...autograd import Function, FunctionCtx, _state
+from ...backend import activation as _act_primitive
+from ...backend._common import SeenCalls
+from ...backend.devices import array_module, is_floating
 from ...backend.errors import ArgumentError
+from ...backend.handle import configured_default_handle
 from ...creation import _generator
-from ...ops.activation import Activation, ActivationGrad, Softmax, log_softmax, softmax  # noqa: F401  # noqa: F401
+from ...ops.activation import Activation, ActivationGrad, Softmax, _descriptor, log_softmax, softmax  # noqa: F401  # noqa: F401
 from ...ops.activation import activation as _ops_activation
 from ...ops.activation import relu as _ops_relu
 from ...ops.activation import sigmoid as _ops_sigmoid
@@ -40,7 +48,82 @@ def _activation(op, x, mode, coef=None):
 def relu(input, inplace=False):
     """max(x, 0) elementwise (F.relu), the same op as minidnn.relu and Tensor.relu; the gradient is 1 where x > 0, 0
     elsewhere (NaN passes through). ``inplace`` is accepted for compatibility; the result is always a new tensor."""
+    if RELU_FAST[0] and type(input) is Tensor and type(input.data) is not np.ndarray:
+        producer = input.grad_fn
+        if producer is None or not _state.grad_enabled or _fuse_relu_rule(producer) is None:
+            sig = _relu_sig(input.data)
+            entry = _RELU_SEEN.get(sig) if sig is not None else None
+            if entry is None:
+                y = _ops_relu(input)
+                if sig is not None:
+                    _relu_remember(input, sig, y)
+                return y
+            y = _relu_remembered(input, entry)
+            if y is not None:
+                return y
     return _ops_relu(input)
+
+
+# ReLU of a GPU tensor on a seen signature (docs/host_overhead.md round 20).  The full path is ops' relu: a fusion rule
+# of the producer, else Activation.apply -> activation_forward -> its validated-call table (_SEEN) -> the kernels'
+# plan.  After a full-path call that ran the plain Activation on the kernels, the signature -- x's shape, strides,
+# dtype and device -- is remembered with the primitive's key and plan; the same signature again launches the plan and
+# records the node Activation.apply records (the same fields, the same saved tensor and version), skipping apply's
+# passes and the primitive's two keys.  Checked per call, not keyed: the producer's fusion rule (a producer offering
+# one takes the full path, which asks it), anomaly mode (the full path records a trace), and the primitive's table
+# still holding the plan under the key (a cleared table or a changed kernel setting re-validates through the full
+# path).  Switch: RELU_FAST[0] = False, or MINIDNN_RELU_FAST=0 at import.
+RELU_FAST = [os.environ.get("MINIDNN_RELU_FAST", "1") != "0"]
+_RELU_SEEN = SeenCalls()
+_RELU = _descriptor(_Mode.RELU, None)
+_new = object.__new__
+
+
+def _relu_sig(xd):
+    try:
+        return xd.shape, xd.strides, xd.dtype, xd.data.device_id
+    except AttributeError:
+        return None
+
+
+def _fuse_relu_rule(node):
+    """The producer's consumer-fusion rule for a ReLU (ops._core.fusion_rule's lookup), or None."""
+    return getattr(getattr(node, "_fn_cls", None) or type(node), "fuse_relu", None)
+
+
+def _relu_remember(x, sig, y):
+    node = y.grad_fn
+    if (node is not None and getattr(node, "_fn_cls", None) is not Activation) or not is_floating(sig[2]):
+        return      # a fused node recorded it, or the integer path ran
+    xd = x.data
+    key = _act_primitive._gpu_key("fwd", configured_default_handle(xd), _RELU, xd, None, None, 1.0, 0.0, None)
+    plan = _act_primitive._SEEN.get(key) if key is not None else None
+    if plan is not None:
+        _RELU_SEEN.remember(sig, (key, plan, ((xd.shape, xd.dtype),)))
+
+
+def _relu_remembered(x, entry):
+    """relu(x) as the full path computes and records it on a remembered signature (the caller checked the producer's
+    fusion rule), or None (nothing was done)."""
+    key, plan, meta = entry
+    if _state.anomaly or _act_primitive._SEEN.get(key) is not plan:
+        return None
+    xd = x.data
+    y = plan(xd)
+    if not (_state.grad_enabled and x.requires_grad):
+        return Tensor._from_array(y)
+    ctx = _new(FunctionCtx)         # what Activation.apply(x, desc) records
+    ctx._fn_cls = Activation
+    ctx.needs_input_grad = (True, False)
+    ctx.next_edges = (x._edge(), None)
+    ctx._input_meta = meta + (None,)
+    ctx._n_inputs = 2
+    ctx.desc = _RELU
+    ctx.saved = (x,)
+    ctx.versions = (x._version,)
+    ctx._out_meta = ((y.shape, y.dtype, array_module(y)),)
+    ctx.num_outputs = 1
+    return Function.output(ctx, y)
 
 
 def relu6(input, inplace=False):
