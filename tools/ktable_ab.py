@@ -33,6 +33,11 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   smxd2       softmax fwd (16384, 1000), session 10: on = softmax_kernels.FWD_PDEPTH 2 (two rows of loads in flight a
               warp, 2-byte rows only), off = 1 (the default)
   lsmxd2      log-softmax fwd, the same switch
+  smxsp3      softmax fwd (16384, 1000), session 10: on = softmax_kernels.FWD_SPIPE 3 (the rows in flight in a
+              shared-memory ring filled by cp.async, two rows ahead, two blocks an SM), off = 0 (the PIPE default)
+  lsmxsp3     log-softmax fwd, the same switch
+  smxsp2      softmax fwd: on = FWD_SPIPE 2 (one row ahead in the ring, three blocks an SM), off = 0
+  lsmxsp2     log-softmax fwd, the same switch
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
 drift of clocks or temperature cancels), each timing a fresh capture of the bench's `reps` calls replayed `trials`
 times (median).  Flipping a switch forgets the module's settled launches (and the primitive's seen-call caches)
@@ -176,6 +181,14 @@ def _pdepth_switch(on):
     _forget_softmax()
 
 
+def _spipe_switch(slots):
+    """softmax_kernels.FWD_SPIPE: ``slots`` on, 0 off."""
+    def switch(on):
+        _sk_mod().FWD_SPIPE = slots if on else 0
+        _forget_softmax()
+    return switch
+
+
 def _gnvcs_switch(on):
     from minidnn.backend.cuda import norm_kernels as NK
     NK.GN_VSUMS = on
@@ -229,8 +242,8 @@ def _smx_fwd_plan(algo):
     def plan(dtype):
         s = _sk_mod().launch_spec(False, (16384, 1000), (1,), algo, dtype)
         d = dict(x.split("=", 1) for x in s.defines)
-        return (f"{s.name} PIPE={d['PIPE']} PDEPTH={d.get('PDEPTH', 1)} G={d['G']} MINB={d['MINB']} "
-                f"blocks/SM={s.per_sm}")
+        return (f"{s.name} PIPE={d['PIPE']} PDEPTH={d.get('PDEPTH', 1)} SPIPE={d.get('SPIPE', 0)} G={d['G']} "
+                f"MINB={d['MINB']} blocks/SM={s.per_sm} smem={s.smem // 1024} KB")
     return plan
 
 
@@ -288,6 +301,10 @@ ROWS = {
     "cefwd16b": ("ce", "cross-entropy fwd", _ce16_switch("2"), _ce16_plan, None),
     "smxd2": ("softmax", "softmax fwd", _pdepth_switch, _smx_fwd_plan("ACCURATE"), None),
     "lsmxd2": ("softmax", "log-softmax fwd", _pdepth_switch, _smx_fwd_plan("LOG"), None),
+    "smxsp3": ("softmax", "softmax fwd", _spipe_switch(3), _smx_fwd_plan("ACCURATE"), None),
+    "lsmxsp3": ("softmax", "log-softmax fwd", _spipe_switch(3), _smx_fwd_plan("LOG"), None),
+    "smxsp2": ("softmax", "softmax fwd", _spipe_switch(2), _smx_fwd_plan("ACCURATE"), None),
+    "lsmxsp2": ("softmax", "log-softmax fwd", _spipe_switch(2), _smx_fwd_plan("LOG"), None),
 }
 
 
@@ -309,6 +326,9 @@ def _default_restore(key):
         _forget_softmax()
     elif key in ("smxd2", "lsmxd2"):
         _sk_mod().FWD_PDEPTH = int(os.environ.get("MINIDNN_SOFTMAX_PDEPTH", "1"))
+        _forget_softmax()
+    elif "sp" in key and key.startswith(("smx", "lsmx")):
+        _sk_mod().FWD_SPIPE = int(os.environ.get("MINIDNN_SOFTMAX_SPIPE", "0"))
         _forget_softmax()
     elif key in ("smxnopipe", "lsmxnopipe"):
         _sk_mod().FWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_PIPE", "1") != "0"

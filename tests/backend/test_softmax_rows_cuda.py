@@ -805,8 +805,9 @@ def test_softmax_pdepth_rule(monkeypatch, setting):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_session10_candidates_compile_without_spills(tmp_path, monkeypatch):
-    """nvcc sm_90 builds every P16 forward (PDEPTH 1 and 2; bf16 and fp16; weights, every reduction) and the 2-deep
-    softmax forward at the row lengths the rules give them, with no spill in the kernel."""
+    """nvcc sm_90 builds every P16 forward (PDEPTH 1 and 2; bf16 and fp16; weights, every reduction), the 2-deep
+    softmax forward and the shared-memory ring forward (SPIPE 2 and 3; float32 too) at the row lengths the rules give
+    them, with no spill in the kernel."""
     from minidnn.backend.cuda import launch
     from minidnn.backend.cuda import loss_kernels as _lk
     jobs = {}
@@ -824,6 +825,15 @@ def test_session10_candidates_compile_without_spills(tmp_path, monkeypatch):
                 s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
                 assert _defs(s.defines)["PDEPTH"] == 2
                 jobs[(s.name, s.defines)] = _sk.SOURCE
+        monkeypatch.setattr(_sk, "FWD_PDEPTH", 1)
+    for name in ("float32", "bfloat16", "float16"):
+        for slots in (2, 3):
+            monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
+            for c in (1000, 1024):
+                for algo in ("FAST", "ACCURATE", "LOG"):
+                    s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
+                    assert _defs(s.defines)["SPIPE"] == slots
+                    jobs[(s.name, s.defines)] = _sk.SOURCE
     for i, ((k, defines), text) in enumerate(jobs.items()):
         src = tmp_path / f"s10_{i}.cu"
         launch.write_source(str(src), text, defines)
@@ -925,3 +935,120 @@ def test_softmax_pdepth_rows(cp, monkeypatch, name, rows, c):
                 got[depth, algo] = _host(y)
     for algo in ("accurate", "log", "fast"):
         np.testing.assert_allclose(got[2, algo], got[1, algo], rtol=8e-3, atol=0, equal_nan=True, err_msg=algo)
+
+
+@pytest.mark.parametrize("slots", [0, 2, 3])
+def test_softmax_spipe_rule(monkeypatch, slots):
+    """FWD_SPIPE adds SPIPE (and its MINB: 3 blocks an SM for 2 slots, 2 for 3) to the PIPE forward of whole 16-byte
+    vector rows of more than 16 elements a thread with float sums, and asks for its ring as dynamic shared memory
+    (slots x block x NV x 16 bytes; the blocks an SM fit 227 KB); PDEPTH is off under it; the grid stays the
+    resident blocks; the backward, RAGGED / short / float64 rows and the cross-entropy kernels are unchanged."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    monkeypatch.setattr(_sk, "FWD_PDEPTH", 2)
+    for name in ("float32", "bfloat16", "float16", "float64"):
+        dtype = _dtype(name)
+        for c in (10, 513, 1000, 1001, 1024, 4097):
+            for algo in ("FAST", "ACCURATE", "LOG"):
+                monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
+                s = _sk.launch_spec(False, (16384, c), (1,), algo, dtype)
+                d = _defs(s.defines)
+                take = slots > 0 and name != "float64" and d["PIPE"] == 1 and d["RAGGED"] == 0 \
+                    and d["VBYTES"] == 16 and d["NV"] * d["VEC"] > 16
+                assert d.get("SPIPE", 0) == (slots if take else 0), (name, c, algo, d)
+                assert s.defines[-1].startswith("MINB=")
+                if take:
+                    assert "PDEPTH" not in d and d["MINB"] == {2: 3, 3: 2}[slots] == s.per_sm
+                    assert s.smem == slots * s.block * d["NV"] * 16
+                    assert s.per_sm * (s.smem + 1024) <= 227 * 1024
+                    assert s.per_sm * s.block * {2: 80, 3: 128}[slots] <= 65536
+                else:
+                    assert s.smem == 0 or d["SCH"] > 0
+                monkeypatch.setattr(_sk, "FWD_SPIPE", 0)
+                base = _sk.launch_spec(False, (16384, c), (1,), algo, dtype)
+                monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
+                if take:
+                    other = {"SPIPE", "MINB", "PDEPTH"}
+                    assert {k: v for k, v in d.items() if k not in other} == \
+                        {k: v for k, v in _defs(base.defines).items() if k not in other}
+                else:
+                    assert s == base
+                assert "SPIPE" not in _defs(_sk.launch_spec(True, (16384, c), (1,), algo, dtype).defines)
+            assert "SPIPE" not in _defs(_lk.launch_spec("ce_fwd", (16384, c), dtype, np.int64, False, "mean")[2])
+
+
+@pytest.mark.parametrize("slots", [2, 3])
+@pytest.mark.parametrize("rows, rpb, grid", [(16384, 8, 264), (16384, 8, 396), (20000, 8, 264), (37, 8, 5),
+                                             (1, 8, 1), (2113, 8, 264), (5 * 8 * 3, 8, 3)])
+def test_spipe_ring_emulated(rows, rpb, grid, slots):
+    """fwd_rows_spipe's ring emulated for one group: the prologue commits SPIPE - 1 copy groups (rows r0 + j stride
+    into slots j), each step commits one more (row r0 + (SPIPE - 1) stride into the slot before the current one, or
+    an empty group) and waits until at most SPIPE - 1 groups are pending; the slot it then reads holds the row it
+    reduces, copied by a completed group and not overwritten since; every row once."""
+    stride = grid * rpb
+    seen = np.zeros(rows, np.int64)
+    for b in range(grid):
+        r0 = b * rpb
+        if r0 >= rows:
+            continue
+        for k in range(rpb):
+            content = {}                                   # slot -> (row, commit group)
+            groups = 0
+            for j in range(slots - 1):
+                if r0 + j * stride + k < rows:
+                    content[j] = (r0 + j * stride + k, groups)
+                groups += 1
+            slot, b0 = 0, r0
+            while b0 < rows:
+                fill = slots - 1 if slot == 0 else slot - 1
+                assert fill != slot
+                if b0 + (slots - 1) * stride + k < rows:
+                    content[fill] = (b0 + (slots - 1) * stride + k, groups)
+                groups += 1
+                done = groups - (slots - 1)                # groups 0 .. done - 1 have landed
+                r = b0 + k
+                if r < rows:
+                    assert content[slot][0] == r and content[slot][1] < done, (r, slot, content)
+                    seen[r] += 1
+                slot = 0 if slot == slots - 1 else slot + 1
+                b0 += stride
+    assert (seen == 1).all()
+
+
+SPIPE_ROWS = [("float32", 20000, 1000), ("bfloat16", 13001, 1024), ("float32", 3000, 1024)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", SPIPE_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in SPIPE_ROWS])
+def test_softmax_spipe_rows(cp, monkeypatch, name, rows, c):
+    """softmax / log-softmax / fast forward with the shared-memory ring (SPIPE 2 and 3) against float64 and against
+    the default PIPE kernel (the same row code: equal to within a rounding), over a row of -inf, a NaN row and a
+    half -inf row; a misaligned input (the fallback kernel on the ring's grid); one launch a call."""
+    dtype = _dtype(name)
+    rng = np.random.default_rng(rows + 13 * c)
+    flat = (rng.standard_normal(rows * c + 1) * 3).astype(dtype)
+    x = flat[:-1].reshape(rows, c).copy()
+    x[1, :] = -np.inf
+    x[2, c // 3] = np.nan
+    x[rows - 1, ::2] = -np.inf
+    x64, xd = x.astype(np.float64), cp.asarray(x)
+    mis = cp.asarray(flat)[1:].reshape(rows, c)                    # 4 / 2 bytes past a 16-byte boundary
+    got = {}
+    rtol = 2e-6 if name == "float32" else 8e-3
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        for slots in (3, 2, 0):
+            monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
+            _reset_plans()
+            assert _defs(_sk.launch_spec(False, x.shape, (1,), "LOG", dtype).defines).get("SPIPE", 0) == slots
+            for algo in ("accurate", "log", "fast"):
+                n0 = _launches()
+                y = B.softmax_forward(None, algo, None, xd, axis=-1)
+                assert _launches() - n0 == 1
+                if algo != "fast":
+                    _close(y, _ref_fwd(x64, algo), name, f"{algo} SPIPE={slots}", scale=4 if algo == "log" else 1)
+                got[slots, algo] = _host(y)
+            ym = B.softmax_forward(None, "log", None, mis, axis=-1)
+            _close(ym, _ref_fwd(_host(mis), "log"), name, f"misaligned SPIPE={slots}", scale=4)
+    for slots in (3, 2):
+        for algo in ("accurate", "log", "fast"):
+            np.testing.assert_allclose(got[slots, algo], got[0, algo], rtol=rtol, atol=0, equal_nan=True,
+                                       err_msg=f"{slots} {algo}")
