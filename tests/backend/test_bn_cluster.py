@@ -30,8 +30,12 @@ H100_SMEM = (233472, 232448)
 
 # ---- CPU: the plan --------------------------------------------------------------------------------------------
 
-def _dyn(mv, cl, arrays):
+def _buf(mv, cl, arrays):
     return -(-(-(-mv // cl)) // BC.NT) * BC.NT * 16 * arrays
+
+
+PER_BLOCK = min(H100_SMEM[1], H100_SMEM[0] - 1024) - BC._STATIC
+PER_BLOCK2 = H100_SMEM[0] // 2 - 1024 - BC._STATIC
 
 
 @pytest.mark.parametrize("shape, item, backward", [
@@ -39,35 +43,33 @@ def _dyn(mv, cl, arrays):
     ((128, 64, 3136), 2, True), ((256, 16, 1024), 4, False), ((256, 16, 1024), 4, True),
     ((128, 16, 1024), 4, False), ((128, 32, 256), 2, True), ((128, 64, 64), 4, True), ((128, 128, 64), 2, False),
     ((2, 3, 4), 4, False)])
-def test_plan_covers_the_sms_within_shared_memory(shape, item, backward):
+def test_plan_fits_shared_memory_and_covers_the_channel(shape, item, backward):
     outer, c, inner = shape
     p = BC.plan(outer, c, inner, item, backward, 132, H100_SMEM)
     assert p is not None
-    cl, slots, dyn = p
+    cl, slots, nbuf, dyn = p
     mv = outer * inner * item // 16
     arrays = 2 if backward else 1
-    assert cl in BC.SIZES and slots * BC.NT * cl >= mv and dyn == slots * BC.NT * 16 * arrays
-    per_block = min(H100_SMEM[1], H100_SMEM[0] - 1024) - BC._STATIC
-    per_block2 = H100_SMEM[0] // 2 - 1024 - BC._STATIC
-    assert dyn <= per_block
-    fits = [s for s in BC.SIZES if _dyn(mv, s, arrays) <= per_block]
-    # no smaller cluster covers the SMs at two blocks an SM; if ours is at one an SM, no size covers them at two
-    if c * cl >= 132 and dyn <= per_block2:
-        assert not any(s < cl and c * s >= 132 and _dyn(mv, s, arrays) <= per_block2 for s in fits)
-    elif c * cl >= 132:
-        assert not any(c * s >= 132 and _dyn(mv, s, arrays) <= per_block2 for s in fits)
-        assert not any(s < cl and c * s >= 132 for s in fits)
-    else:
-        assert cl == max(fits)
+    assert cl in BC.SIZES and nbuf in (1, 2) and slots * BC.NT * cl >= mv and (slots - 1) * BC.NT < -(-mv // cl)
+    assert dyn == nbuf * slots * BC.NT * 16 * arrays <= PER_BLOCK
+    bps = 2 if _buf(mv, cl, arrays) <= PER_BLOCK2 else 1
+    if nbuf == 1 and c * cl <= 132 * bps:       # one wave: the smallest size giving a block to every other SM
+        assert not any(s < cl and 2 * c * s >= 132 and _buf(mv, s, arrays) <= PER_BLOCK
+                       and c * s <= 132 * (2 if _buf(mv, s, arrays) <= PER_BLOCK2 else 1) for s in BC.SIZES)
+    if nbuf == 2:                               # several waves: the smallest size holding two buffers
+        assert not any(s < cl and 2 * _buf(mv, s, arrays) <= PER_BLOCK for s in BC.SIZES)
 
 
 def test_plan_of_the_large_tensor():
-    # (128, 64, 56, 56): a float32 channel is 1.6 MB -- 16 blocks of 104 KB (two an SM); its backward (x and g,
-    # 3.2 MB) 16 blocks of 208 KB (one an SM); portable sizes only: the forward at 8 x 200 KB, the backward not at all
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM) == (16, 13, 13 * 512 * 16)
-    assert BC.plan(128, 64, 3136, 4, True, 132, H100_SMEM) == (16, 13, 2 * 13 * 512 * 16)
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, non_portable=False) == (8, 25, 25 * 512 * 16)
+    # (128, 64, 56, 56): a float32 channel is 1.6 MB -- 16 blocks of two 104 KB buffers (a persistent grid, the
+    # next channel's reads under this one's meeting); its backward (x and g, 3.2 MB) 16 blocks of 208 KB, one
+    # buffer; portable sizes only: the forward 8 blocks of 200 KB, the backward not at all
+    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM) == (16, 13, 2, 2 * 13 * 512 * 16)
+    assert BC.plan(128, 64, 3136, 4, True, 132, H100_SMEM) == (16, 13, 1, 2 * 13 * 512 * 16)
+    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, non_portable=False) == (8, 25, 1, 25 * 512 * 16)
     assert BC.plan(128, 64, 3136, 4, True, 132, H100_SMEM, non_portable=False) is None
+    # ResNet-20's first stage at batch 128, (128, 16, 32, 32): one wave of 8-block clusters, 64 KB a block
+    assert BC.plan(128, 16, 1024, 4, False, 132, H100_SMEM) == (8, 8, 1, 8 * 512 * 16)
 
 
 def test_plan_declines_what_does_not_fit_or_fill_vectors():
@@ -76,7 +78,9 @@ def test_plan_declines_what_does_not_fit_or_fill_vectors():
     assert BC.plan(4, 16, 81, 8, False, 132, H100_SMEM) is None
     assert BC.plan(4, 16, 82, 8, False, 132, H100_SMEM) is not None         # 82 doubles: 41 vectors a plane
     assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=4) is None            # 400 KB a block
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=8)[0] == 8
+    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=8)[:3] == (8, 25, 1)
+    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=8, force_nbuf=2) is None
+    assert BC.plan(9, 40, 144, 4, False, 132, H100_SMEM, force_nbuf=2)[:3] == (1, 1, 2)
 
 
 @pytest.mark.parametrize("outer, inner, vec, cl", [(3, 28, 4, 1), (5, 36, 4, 2), (7, 20, 2, 4), (33, 48, 8, 8),
@@ -145,7 +149,8 @@ def test_launches_under_the_fake_cupy():
 got = run((16, 64, 56, 56))
 fc = BC.plan(16, 64, 3136, 4, False, 132, M._smem[0])
 bc = BC.plan(16, 64, 3136, 4, True, 132, M._smem[0])
-want = [("bn_fwdc", (64 * fc[0], 1, 1, BC.NT, 1, 1, fc[2])), ("bn_bwdc", (64 * bc[0], 1, 1, BC.NT, 1, 1, bc[2]))]
+assert fc[2] == bc[2] == 1           # one wave: a cluster a channel
+want = [("bn_fwdc", (64 * fc[0], 1, 1, BC.NT, 1, 1, fc[3])), ("bn_bwdc", (64 * bc[0], 1, 1, BC.NT, 1, 1, bc[3]))]
 assert got == want, got
 assert [n for n, _ in run((4, 16, 9, 9))] == ["bn_fwd1", "bn_bwd1"]       # planes of 81 floats: no vectors
 BC.ENABLED = False
@@ -157,21 +162,27 @@ print("OK")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("dtype, cl, bps", [(np.float32, 16, 2), (np.float32, 8, 1), (np.float64, 4, 1),
-                                            (np.float16, 16, 2), ("bfloat16", 2, 2)], ids=str)
-def test_kernels_compile_without_spills(tmp_path, dtype, cl, bps):
+@pytest.mark.parametrize("dtype, cl, nbuf, bps", [(np.float32, 16, 2, 2), (np.float32, 8, 1, 1),
+                                                  (np.float64, 4, 1, 1), (np.float16, 16, 1, 2),
+                                                  ("bfloat16", 16, 2, 1)], ids=str)
+def test_kernels_compile_without_spills(tmp_path, dtype, cl, nbuf, bps):
+    # (the forward at 64 registers -- two blocks of 512 threads an SM -- spills a register or two outside its loops:
+    # at most 16 bytes allowed there)
     from minidnn.backend.cuda import launch
     if dtype == "bfloat16":
         dtype = pytest.importorskip("ml_dtypes").bfloat16
-    opts = BC._options(np.dtype(dtype), cl, True, True, True, True, bps)
-    src = tmp_path / "bnc.cu"
-    launch.write_source(str(src), BC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
-                        str(src)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "bn_fwdc" in r.stderr and "bn_bwdc" in r.stderr
-    spills = [line for line in r.stderr.splitlines() if "spill" in line]
-    assert len(spills) == 2 and all(" 0 bytes spill stores, 0 bytes spill loads" in line for line in spills)
+    for backward, name in ((False, "bn_fwdc"), (True, "bn_bwdc")):
+        opts = BC._options(np.dtype(dtype), cl, nbuf, True, True, True, True, bps, backward)
+        src = tmp_path / "bnc.cu"
+        launch.write_source(str(src), BC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
+        r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
+                            str(src)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        lines = r.stderr.splitlines()
+        at = next(i for i, line in enumerate(lines) if f"entry function '{name}'" in line)
+        spill = next(line for line in lines[at:] if "spill stores" in line)
+        stores = int(spill.split("bytes spill stores")[0].split(",")[-1])
+        assert stores <= (16 if bps == 2 and not backward else 0), spill
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------
@@ -290,6 +301,25 @@ def test_every_cluster_size_against_the_float64_reference(cp, force, monkeypatch
     got, ref = _run(cp, name, shape, "bn_add_activation", cl)
     _check(got, ref, name, shape, "bn_add_activation")
     assert grids == [6 * cl, 6 * cl]        # the cluster kernels ran, one cluster of CL blocks a channel
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cap", [1, 3, 7])
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
+def test_two_buffers_and_several_channels_a_cluster(cp, force, monkeypatch, cap, name, ops):
+    # the persistent grid: 1, 3 or 7 clusters loop over 20 channels (ragged: 20 / 3, 20 / 7), two buffers
+    from minidnn.backend.cuda import launch
+    monkeypatch.setattr(BC, "FORCE_NBUF", 2)
+    monkeypatch.setattr(BC, "CLUSTERS_CAP", cap)
+    force(2)
+    grids = []
+    real = launch._go
+    monkeypatch.setattr(launch, "_go", lambda fn, d, s, p: (grids.append(d[0]), real(fn, d, s, p)))
+    shape = (9, 20, 12, 20)
+    got, ref = _run(cp, name, shape, ops, cap)
+    _check(got, ref, name, shape, ops)
+    assert grids == [2 * cap, 2 * cap]
 
 
 @pytest.mark.cuda

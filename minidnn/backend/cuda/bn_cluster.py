@@ -36,11 +36,13 @@ not used), so bn_kernels' settled calls run either.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 
 import numpy as np
 
 from .. import devices as _dev
+from . import bn_nhwc as _nhwc
 from . import launch as _launch
 from .storage import STORAGE_HEADER, type_info
 
@@ -51,8 +53,11 @@ __all__ = ["SOURCE", "plan", "prepare_forward", "prepare_backward", "ENABLED"]
 _SWITCH = os.environ.get("MINIDNN_BN_CLUSTER", "1")
 ENABLED = _SWITCH != "0"
 FORCE_CL = int(_SWITCH) if _SWITCH.isdigit() and _SWITCH not in ("0", "1") else None
+# MINIDNN_BN_CLUSTER_NBUF=1|2 forces one or two buffers (with a persistent grid for 2) where they fit (A/B)
+FORCE_NBUF = int(os.environ["MINIDNN_BN_CLUSTER_NBUF"]) if os.environ.get("MINIDNN_BN_CLUSTER_NBUF") else None
+CLUSTERS_CAP = None       # at most this many clusters (tests: the channel loop on small tensors)
 NT = int(os.environ.get("MINIDNN_BN_CLUSTER_NT", "512"))        # threads a block
-UNROLL = 4                                                       # vectors in flight per thread and array
+UNROLL = 4            # vectors in flight per thread and array (see _options)
 # cluster sizes tried, smallest first; 16 is non-portable (H100/H200 allow it; the plan asks the driver first)
 SIZES = (1, 2, 4, 8, 16)
 _NON_PORTABLE = 14          # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
@@ -82,18 +87,6 @@ __device__ __forceinline__ void cluster_wait()
 {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// a double in block `rank`'s shared memory at the address of `p` in ours (distributed shared memory)
-__device__ __forceinline__ double ld_cluster(const double* p, unsigned int rank)
-{
-    unsigned long long g;
-    unsigned int local, remote;
-    double v;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(p));
-    local = (unsigned int)g;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
-    return v;
-}
 // streaming (evict-first) loads and stores: nothing here is read again from L2
 __device__ __forceinline__ Pack ldcs(const T* p)
 {
@@ -110,14 +103,14 @@ __device__ __forceinline__ void stcs(T* p, const Pack& v)
 
 extern __shared__ uint4 kept[];
 
-// This block's vector range and the element offset of vector j (see the legend).
+// This block's vector range (the same for every channel) and the element offset of vector j of channel c.
 struct Range {
     unsigned int lo, hi, iv, iv_mul, iv_shr;
-    long long cbase, plane;     // the channel's first element, C * inner
-    __device__ __forceinline__ long long off(unsigned int j) const
+    long long inner, plane;     // inner, C * inner
+    __device__ __forceinline__ long long off(int c, unsigned int j) const
     {
         const unsigned int o = fast_div(j, iv_mul, iv_shr);
-        return (long long)o * plane + cbase + (long long)(j - o * iv) * VEC;
+        return (long long)o * plane + (long long)c * inner + (long long)(j - o * iv) * VEC;
     }
     // vectors thread t visits
     __device__ __forceinline__ int count() const
@@ -125,9 +118,10 @@ struct Range {
         const unsigned int j0 = lo + threadIdx.x;
         return j0 < hi ? (int)((hi - j0 - 1) / NT + 1) : 0;
     }
+    __device__ __forceinline__ unsigned int vec_of(int k) const { return lo + threadIdx.x + (unsigned int)k * NT; }
 };
 
-__device__ __forceinline__ Range range_of(int c, int outer, int C, int inner, int iv, unsigned int iv_mul,
+__device__ __forceinline__ Range range_of(int outer, int C, int inner, int iv, unsigned int iv_mul,
                                           unsigned int iv_shr)
 {
     Range r;
@@ -136,19 +130,26 @@ __device__ __forceinline__ Range range_of(int c, int outer, int C, int inner, in
     r.lo = (unsigned int)(mv * rank / CL);
     r.hi = (unsigned int)(mv * (rank + 1) / CL);
     r.iv = iv; r.iv_mul = iv_mul; r.iv_shr = iv_shr;
-    r.cbase = (long long)c * inner;
+    r.inner = inner;
     r.plane = (long long)C * inner;
     return r;
 }
 
-// The cluster's sums of (a, b): this block's in double (fixed order), published in `part`, then every block adds
-// the CL blocks' partials in rank order.  Ends with the cluster barrier's second phase ARRIVED (every thread must
-// call cluster_wait() before it exits, so the partials outlive the readers).
-__device__ __forceinline__ void cluster_sum(double a, double b, double& t1, double& t2)
+// The channel loop (both kernels): cluster q of the G = gridDim.x / CL clusters takes channels q, q + G, ...
+// Channel i's partials go to part[i & 1] (double-buffered, so one barrier a channel suffices: a block overwrites
+// part[i & 1] at channel i + 2, after the barrier of channel i + 1, which every block reaches only after reading
+// channel i's partials); with NBUF 2 the kept vectors alternate between two buffers and the next channel's DRAM
+// reads run while the cluster meets over this one.
+//   load(c, buf)   pass 1 of channel c into buffer buf: the thread's sums (s1, s2)
+//   publish        the block's sums in double (warp butterflies, the warps in order) into part[i & 1], arrive
+//   (NBUF 2: load the next channel)
+//   wait, gather   every block adds the CL blocks' partials in rank order (the same bits in every block)
+//   store(c, buf)  pass 2 from the kept vectors
+// At the end an arrive + wait keeps every block's partials alive until the others have read them.
+__device__ __forceinline__ void publish(A s1, A s2, double* part)
 {
     __shared__ double warp_sum[NW][2];
-    __shared__ double part[2];
-    __shared__ double tot[2];
+    double a = s1, b = s2;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         a += __shfl_xor_sync(0xffffffffu, a, o);
@@ -158,21 +159,42 @@ __device__ __forceinline__ void cluster_sum(double a, double b, double& t1, doub
     if ((threadIdx.x & 31) == 0) { warp_sum[w][0] = a; warp_sum[w][1] = b; }
     __syncthreads();
     if (threadIdx.x == 0) {
-        double s1 = 0, s2 = 0;
-        for (int i = 0; i < NW; ++i) { s1 += warp_sum[i][0]; s2 += warp_sum[i][1]; }
-        part[0] = s1; part[1] = s2;
+        double t1 = 0, t2 = 0;
+        for (int i = 0; i < NW; ++i) { t1 += warp_sum[i][0]; t2 += warp_sum[i][1]; }
+        part[0] = t1; part[1] = t2;
     }
     cluster_arrive();
-    cluster_wait();             // every block's partials are in place
-    if (threadIdx.x == 0) {
-        double s1 = 0, s2 = 0;
-        for (unsigned int r = 0; r < CL; ++r) { s1 += ld_cluster(&part[0], r); s2 += ld_cluster(&part[1], r); }
-        tot[0] = s1; tot[1] = s2;
+}
+
+// After the wait: the cluster's sums from every block's part -- lane r of warp 0 loads block r's pair (all CL
+// loads in flight at once), then the warp adds them in rank order by shuffles (the same bits in every block) --
+// through shared memory to every thread.
+__device__ __forceinline__ void gather(const double* part, double& t1, double& t2)
+{
+    __shared__ double tot[2];
+    if (threadIdx.x < 32) {
+        double v0 = 0, v1 = 0;
+        if (threadIdx.x < CL) {
+            unsigned long long g;
+            unsigned int remote;
+            asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(part));
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote)
+                         : "r"((unsigned int)g), "r"((unsigned int)threadIdx.x));
+            asm volatile("ld.shared::cluster.v2.f64 {%0, %1}, [%2];" : "=d"(v0), "=d"(v1) : "r"(remote));
+        }
+        double a = 0, b = 0;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            a += __shfl_sync(0xffffffffu, v0, r);
+            b += __shfl_sync(0xffffffffu, v1, r);
+        }
+        if (threadIdx.x == 0) { tot[0] = a; tot[1] = b; }
     }
-    cluster_arrive();           // this block is done reading the others' partials
     __syncthreads();
     t1 = tot[0]; t2 = tot[1];
 }
+
+#define SLOT(buf, k, a, arrays) kept[(((buf) * slots + (k)) * (arrays) + (a)) * NT + threadIdx.x]
 
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, BPS)
 bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, void* unused_partial,
@@ -180,70 +202,86 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter,
         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr, const double factor, const double eps, const int has_running,
-        const int has_counter)
+        const int has_counter, const int slots)
 {
-    const int c = blockIdx.x / CL;
-    const Range rg = range_of(c, outer, C, inner, iv, iv_mul, iv_shr);
+    __shared__ __align__(16) double part[2][2];
+    const int G = gridDim.x / CL;
+    const Range rg = range_of(outer, C, inner, iv, iv_mul, iv_shr);
     const int n = rg.count();
-    const A K = LD(x[rg.cbase]);        // shift: the channel's first value
-    A s1 = 0, s2 = 0;
-    for (int k0 = 0; k0 < n; k0 += UNROLL) {
-        Pack p[UNROLL];
+    const bool lead = threadIdx.x == 0 && cluster_rank() == 0;
+    auto load = [&](int c, int buf, A& K, A& s1, A& s2) {
+        K = LD(x[(long long)c * inner]);        // shift: the channel's first value
+        s1 = 0; s2 = 0;
+        for (int k0 = 0; k0 < n; k0 += UNROLL) {
+            Pack p[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (k0 + u < n) p[u] = ldcs(x + rg.off(rg.lo + threadIdx.x + (unsigned int)(k0 + u) * NT));
+            for (int u = 0; u < UNROLL; ++u)
+                if (k0 + u < n) p[u] = ldcs(x + rg.off(c, rg.vec_of(k0 + u)));
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (k0 + u >= n) continue;
-            kept[(k0 + u) * NT + threadIdx.x] = p[u].raw;
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u >= n) continue;
+                SLOT(buf, k0 + u, 0, 1) = p[u].raw;
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) { const A d = LD(p[u].v[e]) - K; s1 += d; s2 += d * d; }
-        }
-    }
-    double t1, t2;
-    cluster_sum((double)s1, (double)s2, t1, t2);
-    const double m = (double)outer * inner;
-    const double md = t1 / m;
-    const double var = fmax(t2 / m - md * md, 0.0);
-    const double mean = (double)K + md;
-    const A mu = (A)mean, inv = (A)(1.0 / sqrt(var + eps));
-    if (threadIdx.x == 0 && cluster_rank() == 0) {
-        mean_out[c] = mu;
-        inv_std_out[c] = inv;
-        if (has_running) {
-            running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
-            running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
-        }
-        if (has_counter && c == 0) counter[0] += 1;     // BatchNorm's num_batches_tracked, once per call
-    }
-    const A kk = HAS_SCALE ? inv * (A)scale[c] : inv;
-    const A bb = HAS_BIAS ? (A)bias[c] : (A)0;
-    for (int k0 = 0; k0 < n; k0 += UNROLL) {
-        long long off[UNROLL];
-        Pack q[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            off[u] = k0 + u < n ? rg.off(rg.lo + threadIdx.x + (unsigned int)(k0 + u) * NT) : -1;
-            if (HAS_Z && off[u] >= 0) q[u] = ldcs(z + off[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (off[u] < 0) continue;
-            Pack p, o;
-            p.raw = kept[(k0 + u) * NT + threadIdx.x];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                A w = (LD(p.v[e]) - mu) * kk;
-                if (HAS_BIAS) w += bb;
-                if (HAS_Z) w += LD(q[u].v[e]);
-#if RELU
-                w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
-#endif
-                o.v[e] = ST(w);
+                for (int e = 0; e < VEC; ++e) { const A d = LD(p[u].v[e]) - K; s1 += d; s2 += d * d; }
             }
-            stcs(y + off[u], o);
         }
+    };
+    A K, s1, s2;
+    int c = blockIdx.x / CL;
+    load(c, 0, K, s1, s2);
+    for (int i = 0; c < C; ++i, c += G) {
+        const int buf = NBUF == 2 ? (i & 1) : 0;
+        publish(s1, s2, part[i & 1]);
+        A Kn = 0, s1n = 0, s2n = 0;
+        if (NBUF == 2 && c + G < C) load(c + G, buf ^ 1, Kn, s1n, s2n);
+        cluster_wait();
+        double t1, t2;
+        gather(part[i & 1], t1, t2);
+        const double m = (double)outer * inner;
+        const double md = t1 / m;
+        const double var = fmax(t2 / m - md * md, 0.0);
+        const double mean = (double)K + md;
+        const A mu = (A)mean, inv = (A)(1.0 / sqrt(var + eps));
+        if (lead) {
+            mean_out[c] = mu;
+            inv_std_out[c] = inv;
+            if (has_running) {
+                running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
+                running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
+            }
+            if (has_counter && c == 0) counter[0] += 1;     // BatchNorm's num_batches_tracked, once per call
+        }
+        const A kk = HAS_SCALE ? inv * (A)scale[c] : inv;
+        const A bb = HAS_BIAS ? (A)bias[c] : (A)0;
+        for (int k0 = 0; k0 < n; k0 += UNROLL) {
+            Pack q[UNROLL];
+            if (HAS_Z) {
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u)
+                    if (k0 + u < n) q[u] = ldcs(z + rg.off(c, rg.vec_of(k0 + u)));
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u >= n) continue;
+                Pack p, o;
+                p.raw = SLOT(buf, k0 + u, 0, 1);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    A w = (LD(p.v[e]) - mu) * kk;
+                    if (HAS_BIAS) w += bb;
+                    if (HAS_Z) w += LD(q[u].v[e]);
+#if RELU
+                    w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
+#endif
+                    o.v[e] = ST(w);
+                }
+                stcs(y + rg.off(c, rg.vec_of(k0 + u)), o);
+            }
+        }
+        if (NBUF == 1 && c + G < C) load(c + G, 0, Kn, s1n, s2n);
+        K = Kn; s1 = s1n; s2 = s2n;
     }
+    cluster_arrive();
     cluster_wait();
 }
 
@@ -252,66 +290,83 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         const A* __restrict__ inv_std, void* unused_partial, void* unused_sync, A* __restrict__ coef,
         P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
         T* __restrict__ dz, const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
-        const unsigned int iv_shr)
+        const unsigned int iv_shr, const int slots)
 {
-    const int c = blockIdx.x / CL;
-    const Range rg = range_of(c, outer, C, inner, iv, iv_mul, iv_shr);
+    __shared__ __align__(16) double part[2][2];
+    const int G = gridDim.x / CL;
+    const Range rg = range_of(outer, C, inner, iv, iv_mul, iv_shr);
     const int n = rg.count();
-    const A mu = mean[c], is = inv_std[c];
-    A s1 = 0, s2 = 0;
-    for (int k0 = 0; k0 < n; k0 += UNROLL) {
-        Pack p[UNROLL], g[UNROLL], r[UNROLL];
+    const bool lead = threadIdx.x == 0 && cluster_rank() == 0;
+    // pass 1: keeps x and g (dy, masked by y > 0 after a fused ReLU)
+    auto load = [&](int c, int buf, A& s1, A& s2) {
+        const A mu = mean[c], is = inv_std[c];
+        s1 = 0; s2 = 0;
+        for (int k0 = 0; k0 < n; k0 += UNROLL) {
+            Pack p[UNROLL], g[UNROLL], r[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (k0 + u >= n) continue;
-            const long long o = rg.off(rg.lo + threadIdx.x + (unsigned int)(k0 + u) * NT);
-            g[u] = ldcs(dy + o); p[u] = ldcs(x + o);
-            if (RELU) r[u] = ldcs(y + o);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (k0 + u >= n) continue;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                A gv = LD(g[u].v[e]);
-                if (RELU && LD(r[u].v[e]) <= (A)0) { gv = 0; g[u].v[e] = ST((A)0); }
-                s1 += gv;
-                s2 += gv * ((LD(p[u].v[e]) - mu) * is);
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u >= n) continue;
+                const long long o = rg.off(c, rg.vec_of(k0 + u));
+                g[u] = ldcs(dy + o); p[u] = ldcs(x + o);
+                if (RELU) r[u] = ldcs(y + o);
             }
-            kept[(2 * (k0 + u)) * NT + threadIdx.x] = p[u].raw;
-            kept[(2 * (k0 + u) + 1) * NT + threadIdx.x] = g[u].raw;
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u >= n) continue;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    A gv = LD(g[u].v[e]);
+                    if (RELU && LD(r[u].v[e]) <= (A)0) { gv = 0; g[u].v[e] = ST((A)0); }
+                    s1 += gv;
+                    s2 += gv * ((LD(p[u].v[e]) - mu) * is);
+                }
+                SLOT(buf, k0 + u, 0, 2) = p[u].raw;
+                SLOT(buf, k0 + u, 1, 2) = g[u].raw;
+            }
         }
-    }
-    double t1, t2;
-    cluster_sum((double)s1, (double)s2, t1, t2);
-    const double m = (double)outer * inner;
-    const A c0 = (A)(t1 / m), c1 = (A)(t2 / m);
-    if (threadIdx.x == 0 && cluster_rank() == 0) {
-        coef[2 * c] = c0; coef[2 * c + 1] = c1;
+    };
+    A s1, s2;
+    int c = blockIdx.x / CL;
+    load(c, 0, s1, s2);
+    for (int i = 0; c < C; ++i, c += G) {
+        const int buf = NBUF == 2 ? (i & 1) : 0;
+        publish(s1, s2, part[i & 1]);
+        A s1n = 0, s2n = 0;
+        if (NBUF == 2 && c + G < C) load(c + G, buf ^ 1, s1n, s2n);
+        cluster_wait();
+        double t1, t2;
+        gather(part[i & 1], t1, t2);
+        const double m = (double)outer * inner;
+        const A c0 = (A)(t1 / m), c1 = (A)(t2 / m);
+        if (lead) {
+            coef[2 * c] = c0; coef[2 * c + 1] = c1;
 #if HAS_SCALE
-        dbias[c] = (P)t1; dscale[c] = (P)t2;
+            dbias[c] = (P)t1; dscale[c] = (P)t2;
 #endif
-    }
-    const A kk = HAS_SCALE ? is * (A)scale[c] : is;
-    for (int k0 = 0; k0 < n; k0 += UNROLL) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (k0 + u >= n) continue;
-            const long long o = rg.off(rg.lo + threadIdx.x + (unsigned int)(k0 + u) * NT);
-            Pack p, g, d, dzv;
-            p.raw = kept[(2 * (k0 + u)) * NT + threadIdx.x];
-            g.raw = kept[(2 * (k0 + u) + 1) * NT + threadIdx.x];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                const A gv = LD(g.v[e]);
-                const A xhat = (LD(p.v[e]) - mu) * is;
-                d.v[e] = ST(kk * (gv - c0 - xhat * c1));
-                if (HAS_Z) dzv.v[e] = g.v[e];
-            }
-            stcs(dx + o, d);
-            if (HAS_Z) stcs(dz + o, dzv);
         }
+        const A mu = mean[c], is = inv_std[c];
+        const A kk = HAS_SCALE ? is * (A)scale[c] : is;
+        for (int k0 = 0; k0 < n; k0 += UNROLL) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (k0 + u >= n) continue;
+                const long long o = rg.off(c, rg.vec_of(k0 + u));
+                Pack p, g, d;
+                p.raw = SLOT(buf, k0 + u, 0, 2);
+                g.raw = SLOT(buf, k0 + u, 1, 2);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A xhat = (LD(p.v[e]) - mu) * is;
+                    d.v[e] = ST(kk * (LD(g.v[e]) - c0 - xhat * c1));
+                }
+                stcs(dx + o, d);
+                if (HAS_Z) stcs(dz + o, g);
+            }
+        }
+        if (NBUF == 1 && c + G < C) load(c + G, 0, s1n, s2n);
+        s1 = s1n; s2 = s2n;
     }
+    cluster_arrive();
     cluster_wait();
 }
 """
@@ -324,12 +379,22 @@ def _cc(dev):
         return 90
 
 
+def _slots(mv, cl):
+    return -(-(-(-mv // cl)) // NT)
+
+
 def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448), non_portable=True,
-         force=None):
-    """(CL, slots, dynamic shared memory bytes) of a cluster launch, or None where a channel does not fit a
+         force=None, force_nbuf=None):
+    """(CL, slots, NBUF, dynamic shared memory bytes) of a cluster launch, or None where a channel does not fit a
     cluster's shared memory (the caller keeps bn_fwd1 / bn_bwd1).  ``smem``: (per SM, the most a block may opt
-    into).  The choice: the smallest cluster whose C * CL blocks cover the SMs with two blocks an SM fitting the
-    shared memory; else the smallest covering the SMs at one block an SM; else the largest that fits."""
+    into).  A block keeps `slots` vectors a thread of each array (x; x and g backward) in each of NBUF buffers.
+    - Where one cluster a channel fits the GPU at once (C * CL blocks resident, one buffer), the smallest CL giving
+      at least a block for every other SM: small tensors are latency-bound, and each block and cluster member costs
+      a barrier's share (measured on an H100: more, smaller blocks were slower).
+    - Else (several waves): the smallest CL whose blocks hold two buffers (NBUF 2, a persistent grid: the next
+      channel's DRAM reads overlap this one's meeting and writes); where none does, the smallest CL fitting two
+      blocks an SM, else the smallest that fits, one channel a cluster in waves.
+    ``force`` / ``force_nbuf``: that CL / NBUF where it fits (the A/B tools)."""
     vec = 16 // itemsize
     if inner % vec or c < 1 or outer < 1:
         return None
@@ -339,40 +404,59 @@ def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448
     arrays = 2 if backward else 1
     per_block = min(smem[1], smem[0] - 1024) - _STATIC
     per_block2 = (smem[0] // 2 - 1024) - _STATIC
+    per_sm_threads = max(1, 2048 // NT)
 
-    def dyn(cl):
-        slots = -(-(-(-mv // cl)) // NT)
-        return slots * NT * 16 * arrays
+    def buf(cl):
+        return _slots(mv, cl) * NT * 16 * arrays
+
+    def bps(nbytes):
+        return min(per_sm_threads, 2 if nbytes <= per_block2 else 1)
 
     sizes = [s for s in SIZES if s <= 8 or non_portable]
-    if force is not None:
-        return (force, -(-(-(-mv // force)) // NT), dyn(force)) if force in sizes and dyn(force) <= per_block \
-            else None
-    fits = [s for s in sizes if dyn(s) <= per_block]
+    if force is not None or force_nbuf is not None:
+        cands = [force] if force is not None else sizes
+        nb = force_nbuf or 1
+        for cl in cands:
+            if cl in sizes and nb * buf(cl) <= per_block:
+                return cl, _slots(mv, cl), nb, nb * buf(cl)
+        return None
+    fits = [s for s in sizes if buf(s) <= per_block]
     if not fits:
         return None
-    cover = [s for s in fits if c * s >= sm_count]
-    two = [s for s in cover if dyn(s) <= per_block2]
-    cl = min(two) if two else min(cover) if cover else max(fits)
-    return cl, -(-(-(-mv // cl)) // NT), dyn(cl)
+    one_wave = [s for s in fits if c * s <= sm_count * bps(buf(s))]
+    if one_wave:
+        half = [s for s in one_wave if 2 * c * s >= sm_count]
+        cl = min(half) if half else max(one_wave)
+        return cl, _slots(mv, cl), 1, buf(cl)
+    double = [s for s in fits if 2 * buf(s) <= per_block]
+    if double:
+        cl = min(double)
+        return cl, _slots(mv, cl), 2, 2 * buf(cl)
+    two = [s for s in fits if buf(s) <= per_block2]
+    cl = min(two) if two else min(fits)
+    return cl, _slots(mv, cl), 1, buf(cl)
 
 
-def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps):
+def _options(dtype, cl, nbuf, relu, has_z, has_scale, has_bias, bps, backward=False):
+    """NVRTC options.  UNROLL: 4 vectors in flight per thread and array forward at two blocks an SM, twice that at
+    one; the backward half of it (it loads 2-3 arrays; more spills at 64 registers)."""
     scalar, accum, storage, pdt = type_info(dtype)
+    unroll = (UNROLL if bps > 1 else 2 * UNROLL) // (2 if backward else 1)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
-            f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DCL={cl}", f"-DNT={NT}",
-            f"-DUNROLL={UNROLL}", f"-DBPS={bps}", f"-DRELU={int(relu)}", f"-DHAS_Z={int(has_z)}",
+            f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DCL={cl}", f"-DNBUF={nbuf}", f"-DNT={NT}",
+            f"-DUNROLL={unroll}", f"-DBPS={bps}", f"-DRELU={int(relu)}", f"-DHAS_Z={int(has_z)}",
             f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}", "-std=c++17")
 
 
 _kernels: dict = {}
 
 
-def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev):
-    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, dev)
+def _kernel(name, dtype, cl, nbuf, relu, has_z, has_scale, has_bias, bps, dev):
+    key = (name, _dev.dtype_name(dtype), cl, nbuf, relu, has_z, has_scale, has_bias, bps, NT, dev)
     k = _kernels.get(key)
     if k is None:
-        k = _launch.get_kernel(SOURCE, name, _options(dtype, cl, relu, has_z, has_scale, has_bias, bps))
+        k = _launch.get_kernel(SOURCE, name, _options(dtype, cl, nbuf, relu, has_z, has_scale, has_bias, bps,
+                                                      name == "bn_bwdc"))
         if cl > 8:      # (a fake CuPy has no such call)
             setter = getattr(_launch.cupy().cuda.driver, "funcSetAttribute", None)
             if setter is not None:
@@ -381,43 +465,71 @@ def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev):
     return k
 
 
+class _LaunchConfig(ctypes.Structure):      # CUlaunchConfig
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("numAttrs", ctypes.c_uint)]
+
+
+def max_clusters(kernel, cl, dyn, sm_count):
+    """Clusters of ``kernel`` the GPU holds at once with ``dyn`` bytes of shared memory a block (the driver's
+    cuOccupancyMaxActiveClusters, which knows how SMs group; else SMs x blocks an SM / CL)."""
+    est = max(1, sm_count * max(1, min(2048 // NT, 2 if dyn * 2 + 2 * (_STATIC + 1024) <= 233472 else 1)) // cl)
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        cfg = _LaunchConfig(cl, 1, 1, NT, 1, 1, int(dyn), None, None, 0)
+        n = ctypes.c_int(0)
+        if lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(kernel.kernel.ptr),
+                                            ctypes.byref(cfg)) == 0 and n.value > 0:
+            return int(n.value)
+    except Exception:       # noqa: BLE001 -- no driver library (a fake CuPy): the estimate
+        pass
+    return est
+
+
 def usable(dev) -> bool:
     """Whether the cluster kernels may run on GPU ``dev`` (switched on, compute capability 9.0 or newer)."""
     return ENABLED and _cc(dev) >= 90
 
 
-def _prepare(name, xc, outer, c, inner, backward, flags, tail, dev):
-    from . import bn_kernels as _bn
-    from . import bn_nhwc as _nhwc
+def _prepare(name, xc, outer, c, inner, backward, flags, tail, divider, dev):
     item = xc.dtype.itemsize
-    p = plan(outer, c, inner, item, backward, _launch.sm_count(dev), _nhwc.smem_limits(dev), force=FORCE_CL)
+    smem = _nhwc.smem_limits(dev)
+    p = plan(outer, c, inner, item, backward, _launch.sm_count(dev), smem, force=FORCE_CL, force_nbuf=FORCE_NBUF)
     if p is None:
         return None
-    cl, _slots, dyn = p
-    bps = 2 if dyn <= (_nhwc.smem_limits(dev)[0] // 2 - 1024 - _STATIC) else 1
-    k = _kernel(name, xc.dtype, cl, flags.get("relu", False), flags.get("has_z", False),
+    cl, slots, nbuf, dyn = p
+    bps = 2 if dyn <= (smem[0] // 2 - 1024 - _STATIC) else 1
+    k = _kernel(name, xc.dtype, cl, nbuf, flags.get("relu", False), flags.get("has_z", False),
                 flags.get("has_scale", False), flags.get("has_bias", False), bps, dev)
+    clusters = c if nbuf == 1 else min(c, max_clusters(k, cl, dyn, _launch.sm_count(dev)))
+    if CLUSTERS_CAP is not None:        # tests: several channels a cluster on small tensors
+        clusters = max(1, min(clusters, CLUSTERS_CAP))
     iv = inner // (16 // item)
-    geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *_bn._divider(iv)]
+    geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *divider(iv)]
     n_arrays = 13 if backward else 12
-    return _launch.prepare(k, (c * cl,), (NT,), [None] * n_arrays + geo + list(tail), shared_mem=dyn)
+    return _launch.prepare(k, (clusters * cl,), (NT,), [None] * n_arrays + geo + list(tail) + [np.int32(slots)],
+                           shared_mem=dyn)
 
 
 def prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
-                    dev):
-    """A Prepared bn_fwdc launch taking bn_fwd1's arrays, or None where the channel does not fit a cluster."""
+                    divider, dev):
+    """A Prepared bn_fwdc launch taking bn_fwd1's arrays, or None where the channel does not fit a cluster.
+    ``divider(d)``: the kernels' (multiplier, shift) for dividing by d (bn_kernels._divider)."""
     return _prepare("bn_fwdc", xc, outer, c, inner, False,
                     dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias),
-                    (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)), dev)
+                    (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)), divider,
+                    dev)
 
 
-def prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, dev):
+def prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, divider, dev):
     """A Prepared bn_bwdc launch taking bn_bwd1's arrays, or None where x and g of a channel do not fit."""
     return _prepare("bn_bwdc", xc, outer, c, inner, True, dict(relu=relu, has_z=want_dz, has_scale=has_scale), (),
-                    dev)
+                    divider, dev)
 
 
 if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check
     import sys
     _launch.write_source(sys.argv[1] if len(sys.argv) > 1 else "/tmp/bn_cluster.cu", SOURCE,
-                         [d[2:] for d in _options(np.float32, 8, True, True, True, True, 1)[:-1]])
+                         [d[2:] for d in _options(np.float32, 8, 2, True, True, True, True, 1)[:-1]])

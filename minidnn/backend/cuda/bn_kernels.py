@@ -1208,7 +1208,7 @@ def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu,
                aligned, dev):
     if aligned and inner != 1 and _cluster.usable(dev):       # a channel on-chip in one cluster (bn_cluster.py)
         k = _cluster.prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z,
-                                     has_scale, has_bias, dev)
+                                     has_scale, has_bias, _divider, dev)
         if k is not None:
             return k, 2, 1, acc_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias)
@@ -1219,7 +1219,7 @@ def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu,
 
 def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev):
     if aligned and inner != 1 and _cluster.usable(dev):
-        k = _cluster.prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, dev)
+        k = _cluster.prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, _divider, dev)
         if k is not None:
             return k, 2, 1, param_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
@@ -1249,7 +1249,8 @@ _calls: dict = {}
 
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
-    return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL
+    return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.FORCE_NBUF, _cluster.NT, \
+        _cluster.CLUSTERS_CAP
 
 
 def _rows_to_nhwc():
