@@ -55,6 +55,7 @@ ENABLED = _SWITCH != "0"
 FORCE_CL = int(_SWITCH) if _SWITCH.isdigit() and _SWITCH not in ("0", "1") else None
 # MINIDNN_BN_CLUSTER_NBUF=1|2 forces one or two buffers (with a persistent grid for 2) where they fit (A/B)
 FORCE_NBUF = int(os.environ["MINIDNN_BN_CLUSTER_NBUF"]) if os.environ.get("MINIDNN_BN_CLUSTER_NBUF") else None
+BLOCK_BYTES = 64 * 1024   # the most a block keeps on the default route (see plan)
 CLUSTERS_CAP = None       # at most this many clusters (tests: the channel loop on small tensors)
 NT = int(os.environ.get("MINIDNN_BN_CLUSTER_NT", "512"))        # threads a block
 UNROLL = 4            # vectors in flight per thread and array (see _options)
@@ -385,16 +386,17 @@ def _slots(mv, cl):
 
 def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448), non_portable=True,
          force=None, force_nbuf=None):
-    """(CL, slots, NBUF, dynamic shared memory bytes) of a cluster launch, or None where a channel does not fit a
-    cluster's shared memory (the caller keeps bn_fwd1 / bn_bwd1).  ``smem``: (per SM, the most a block may opt
-    into).  A block keeps `slots` vectors a thread of each array (x; x and g backward) in each of NBUF buffers.
-    - Where one cluster a channel fits the GPU at once (C * CL blocks resident, one buffer), the smallest CL giving
-      at least a block for every other SM: small tensors are latency-bound, and each block and cluster member costs
-      a barrier's share (measured on an H100: more, smaller blocks were slower).
-    - Else (several waves): the smallest CL whose blocks hold two buffers (NBUF 2, a persistent grid: the next
-      channel's DRAM reads overlap this one's meeting and writes); where none does, the smallest CL fitting two
-      blocks an SM, else the smallest that fits, one channel a cluster in waves.
-    ``force`` / ``force_nbuf``: that CL / NBUF where it fits (the A/B tools)."""
+    """(CL, slots, NBUF, dynamic shared memory bytes) of a cluster launch, or None where the cluster kernels are
+    not the faster route (the caller keeps bn_fwd1 / bn_bwd1).  ``smem``: (per SM, the most a block may opt into).
+    A block keeps `slots` vectors a thread of each array (x; x and g backward) in each of NBUF buffers.
+    The rule, from the H100 sweep (docs/step_kernels.md, session 10): the clusters are faster where the call is
+    latency-bound -- every cluster resident at once (one wave) and at most BLOCK_BYTES kept a block: ResNet-20's
+    and MobileNet's tensors, 1.2-1.6x the one-pass kernels.  There the smallest CL giving at least a block to every
+    other SM (each cluster member costs its share of the meeting: CL 16 ran 2-4x slower than CL 2 on
+    (128, 64, 8, 8)).  Larger tensors stream better through bn_fwd1 / bn_bwd1 (their round fits L2 plus the grid's
+    shared memory; the clusters' blocks alternate reading and writing, 65-76% of copy).
+    ``force`` / ``force_nbuf``: that CL / NBUF wherever it fits (the A/B tools; two buffers with a persistent grid
+    ran slower than one: 0.098 against 0.091 ms on the large float32 forward)."""
     vec = 16 // itemsize
     if inner % vec or c < 1 or outer < 1:
         return None
@@ -421,19 +423,14 @@ def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448
                 return cl, _slots(mv, cl), nb, nb * buf(cl)
         return None
     fits = [s for s in sizes if buf(s) <= per_block]
-    if not fits:
-        return None
     one_wave = [s for s in fits if c * s <= sm_count * bps(buf(s))]
-    if one_wave:
-        half = [s for s in one_wave if 2 * c * s >= sm_count]
-        cl = min(half) if half else max(one_wave)
-        return cl, _slots(mv, cl), 1, buf(cl)
-    double = [s for s in fits if 2 * buf(s) <= per_block]
-    if double:
-        cl = min(double)
-        return cl, _slots(mv, cl), 2, 2 * buf(cl)
-    two = [s for s in fits if buf(s) <= per_block2]
-    cl = min(two) if two else min(fits)
+    if not one_wave:
+        return None
+    half = [s for s in one_wave if 2 * c * s >= sm_count]
+    # (few channels of few values: the widest cluster that still gives every thread a vector)
+    cl = min(half) if half else max(s for s in one_wave if s == 1 or mv // s >= NT)
+    if buf(cl) > BLOCK_BYTES:
+        return None
     return cl, _slots(mv, cl), 1, buf(cl)
 
 
@@ -477,6 +474,7 @@ def max_clusters(kernel, cl, dyn, sm_count):
     cuOccupancyMaxActiveClusters, which knows how SMs group; else SMs x blocks an SM / CL)."""
     est = max(1, sm_count * max(1, min(2048 // NT, 2 if dyn * 2 + 2 * (_STATIC + 1024) <= 233472 else 1)) // cl)
     try:
+        _launch._opt_in(kernel, dyn)       # the query counts with the shared memory the launch will opt into
         lib = ctypes.CDLL("libcuda.so.1")
         cfg = _LaunchConfig(cl, 1, 1, NT, 1, 1, int(dyn), None, None, 0)
         n = ctypes.c_int(0)
