@@ -699,7 +699,7 @@ def test_ce_fast_rows(cp, monkeypatch, name, rows, c):
 # ---- session 10: the packed 16-bit cross-entropy forward (loss_kernels.CE_FWD16) and the 2-deep softmax forward pipe
 # (softmax_kernels.FWD_PDEPTH) ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("setting", ["0", "1", "2"])
+@pytest.mark.parametrize("setting", ["0", "1", "2", "bf16"])
 def test_ce_fwd16_rule(monkeypatch, setting):
     """P16 (PDEPTH 1 at 64 registers: MINB 4; PDEPTH 2 at 80: MINB 3) is planned for the FASTX pipe forward of 2-byte
     logits in whole vectors without label smoothing, only when CE_FWD16 asks, with session 9's tiling otherwise; the
@@ -707,7 +707,7 @@ def test_ce_fwd16_rule(monkeypatch, setting):
     and the backward keep session 9's kernels and their budgets."""
     from minidnn.backend.cuda import loss_kernels as _lk
     monkeypatch.setattr(_lk, "CE_FWD16", setting)
-    want = {"0": None, "1": (1, 4), "2": (2, 3)}[setting]
+    want = {"0": None, "1": (1, 4), "2": (2, 3), "bf16": (1, 4)}[setting]     # "bf16" (default): bfloat16 only
     for name in ("bfloat16", "float16", "float32", "float64"):
         for c in (2, 10, 250, 1000, 1001, 1024, 40000):
             for eps, fast in ((0.0, "16"), (0.1, "16"), (0.0, "0")):
@@ -715,7 +715,8 @@ def test_ce_fwd16_rule(monkeypatch, setting):
                 src, k, defines, groups, per_sm, block = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64,
                                                                          False, "mean", eps)
                 d = _defs(defines)
-                take = (want is not None and name in ("bfloat16", "float16") and not eps and fast == "16"
+                take = (want is not None and name in (("bfloat16",) if setting == "bf16" else ("bfloat16", "float16"))
+                        and not eps and fast == "16"
                         and d["PIPE"] == 1 and d["RAGGED"] == 0)
                 assert ("P16" in d) == take, (setting, name, c, eps, fast, d)
                 if take:
@@ -784,6 +785,7 @@ def test_softmax_pdepth_rule(monkeypatch, setting):
     other row keep PDEPTH 1 (no define: their code unchanged)."""
     from minidnn.backend.cuda import loss_kernels as _lk
     monkeypatch.setattr(_sk, "FWD_PDEPTH", setting)
+    monkeypatch.setattr(_lk, "CE_FWD16", "0")       # (its own P16 forward sets PDEPTH: test_ce_fwd16_rule)
     for name in ("bfloat16", "float16", "float32", "float64"):
         for c in (10, 513, 1000, 1001, 1024, 4097):
             for algo in ("FAST", "ACCURATE", "LOG"):
