@@ -1,7 +1,6 @@
 """FlatParams.uniform() (the unmasked fused update applies) kept as Python flags by collect_grads / advance_steps /
 set_step (docs/host_overhead.md round 20) instead of two NumPy reductions a step: the flags must equal the
 reductions over any sequence of steps with and without gradients and of loaded step counts."""
-import numpy as np
 
 import minidnn as mdn
 
