@@ -6,7 +6,8 @@
                                                    [--replays 7] [--plans]
 
 Columns, ms per call (GB/s of compulsory traffic, % of copy bandwidth measured in the same run):
-  cluster   the default plan (MINIDNN_BN_CLUSTER=1);  CL=<n>  the cluster size forced (--force);
+  cluster   the default plan (MINIDNN_BN_CLUSTER=1);  CL=<n>  the cluster size forced (--force; "16x2": CL 16
+            with two buffers);
   nbuf=<b>  one or two buffers forced (--nbuf; two: a persistent grid of the clusters the GPU holds);
   onepass   the cluster kernels off (bn_fwd1 / bn_bwd1, as before);
   torch     F.batch_norm (+ ReLU, + z) training; backward = forward + backward captured together less the forward.
@@ -72,7 +73,8 @@ def main(argv=None):
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy bandwidth {bw:.0f} GB/s; "
           f"smem per SM / block {M.smem_limits(dev.id)}; NT {_NT}")
     variants = [("cluster", True, None, None, None)] + \
-        [(f"CL={f}", True, int(f), None, None) for f in args.force.split(",") if f] + \
+        [(f"CL={f}", True, int(f.split("x")[0]), None, int(f.split("x")[1]) if "x" in f else None)
+         for f in args.force.split(",") if f] + \
         [(f"nbuf={b}", True, None, None, int(b)) for b in args.nbuf.split(",") if b]
     if args.nt:
         variants.append((f"NT={args.nt}", True, None, args.nt, None))
