@@ -166,6 +166,9 @@ assert [n for n, _ in run((16, 64, 16, 16))] == ["bn_fwd1", "bn_bwd1"]    # swit
 BC.ENABLED = True
 assert [n for n, _ in run((16, 64, 16, 16))][0] == "bn_fwdc"                # and back on
 assert [n for n, _ in run((256, 16, 32, 32))] == ["bn_fwd1", "bn_bwd1"]     # large: the one-pass kernels
+K._calls.clear(); K._plans.clear()
+BC.driver_max_clusters = lambda k, cl, dyn: 0          # a GPU that cannot schedule the cluster: declined
+assert [n for n, _ in run((16, 64, 16, 16))] == ["bn_fwd1", "bn_bwd1"]
 print("OK")
 """)
 
@@ -329,6 +332,15 @@ def test_two_buffers_and_several_channels_a_cluster(cp, force, monkeypatch, cap,
     got, ref = _run(cp, name, shape, ops, cap)
     _check(got, ref, name, shape, ops)
     assert grids == [2 * cap, 2 * cap]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cl", [1, 8, 16])
+def test_the_driver_schedules_the_clusters(cp, cl):
+    # what the route asks the driver before taking a cluster size: a positive count on this GPU
+    k = BC._kernel("bn_fwdc", np.dtype(np.float32), cl, 1, True, True, True, True, 2, cp.cuda.Device().id)
+    n = BC.driver_max_clusters(k, cl, 64 * 1024)
+    assert n is not None and n > 0
 
 
 @pytest.mark.cuda

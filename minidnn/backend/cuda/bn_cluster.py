@@ -469,21 +469,21 @@ class _LaunchConfig(ctypes.Structure):      # CUlaunchConfig
                 ("numAttrs", ctypes.c_uint)]
 
 
-def max_clusters(kernel, cl, dyn, sm_count):
-    """Clusters of ``kernel`` the GPU holds at once with ``dyn`` bytes of shared memory a block (the driver's
-    cuOccupancyMaxActiveClusters, which knows how SMs group; else SMs x blocks an SM / CL)."""
-    est = max(1, sm_count * max(1, min(2048 // NT, 2 if dyn * 2 + 2 * (_STATIC + 1024) <= 233472 else 1)) // cl)
+def driver_max_clusters(kernel, cl, dyn):
+    """Clusters of ``kernel`` the GPU holds at once with ``dyn`` bytes of shared memory a block, as the driver says
+    (cuOccupancyMaxActiveClusters, which knows how the SMs group: 0 where such a cluster cannot be scheduled at
+    all, e.g. 16 blocks on a GPU partition of fewer SMs a group), or None where it cannot be asked (a fake CuPy)."""
     try:
         _launch._opt_in(kernel, dyn)       # the query counts with the shared memory the launch will opt into
         lib = ctypes.CDLL("libcuda.so.1")
         cfg = _LaunchConfig(cl, 1, 1, NT, 1, 1, int(dyn), None, None, 0)
         n = ctypes.c_int(0)
         if lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(kernel.kernel.ptr),
-                                            ctypes.byref(cfg)) == 0 and n.value > 0:
+                                            ctypes.byref(cfg)) == 0:
             return int(n.value)
-    except Exception:       # noqa: BLE001 -- no driver library (a fake CuPy): the estimate
+    except Exception:       # noqa: BLE001 -- no driver library, or a fake CuPy
         pass
-    return est
+    return None
 
 
 def usable(dev) -> bool:
@@ -501,7 +501,12 @@ def _prepare(name, xc, outer, c, inner, backward, flags, tail, divider, dev):
     bps = 2 if dyn <= (smem[0] // 2 - 1024 - _STATIC) else 1
     k = _kernel(name, xc.dtype, cl, nbuf, flags.get("relu", False), flags.get("has_z", False),
                 flags.get("has_scale", False), flags.get("has_bias", False), bps, dev)
-    clusters = c if nbuf == 1 else min(c, max_clusters(k, cl, dyn, _launch.sm_count(dev)))
+    held = driver_max_clusters(k, cl, dyn)
+    if held == 0:           # not schedulable here: the one-pass kernels
+        return None
+    if held is None:        # (estimate: SMs x blocks an SM / CL)
+        held = max(1, _launch.sm_count(dev) * (2 if bps == 2 else 1) // cl)
+    clusters = c if nbuf == 1 else min(c, held)
     if CLUSTERS_CAP is not None:        # tests: several channels a cluster on small tensors
         clusters = max(1, min(clusters, CLUSTERS_CAP))
     iv = inner // (16 // item)
