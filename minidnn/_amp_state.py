@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .backend.devices import device_of as _device_of
 from .backend.devices import is_floating as _is_floating
 
 __all__ = ["cast_inputs", "autocast_op", "policy_of", "is_active", "enter", "exit_", "get_dtype", "suspended",
@@ -163,12 +164,12 @@ def _cast(t, dtype, s):
     """``t`` in ``dtype``.  Leaf tensors that require grad (weights) are cast once per outermost region: the cache
     entry is (t, t's version when cast, the cast, id of t's flat buffer or None) and a later in-place update
     of t (a new version) casts it again."""
-    if t.dtype == dtype:
+    if t.data.dtype == dtype:
         return t
-    cacheable = s["cache_enabled"] and t.is_leaf and t.requires_grad
+    cacheable = s["cache_enabled"] and t.grad_fn is None and t.requires_grad
     if cacheable:
         hit = s["cache"].get(id(t))
-        if hit is not None and hit[0] is t and hit[1] == t._version and hit[2].dtype == dtype:
+        if hit is not None and hit[0] is t and hit[1] == t._version and hit[2].data.dtype == dtype:
             return hit[2]
         if _flat_caster is not None:
             out = _flat_caster(t, dtype, s)
@@ -180,46 +181,76 @@ def _cast(t, dtype, s):
     return out
 
 
-def _float_tensors(args, kwargs):
-    out = [a for a in args if getattr(a, "_version", None) is not None and _is_floating(a.dtype)]
-    if kwargs:
-        out += [v for v in kwargs.values() if getattr(v, "_version", None) is not None and _is_floating(v.dtype)]
-    return out
+# minidnn's Tensor class (minidnn.amp installs it: this floor may not import it).  Without it a Tensor is anything
+# with a ``_version``, a slower test (getattr's miss on every int/tuple argument of an op raises inside).
+_tensor_type = None
+
+
+def set_tensor_type(cls):
+    global _tensor_type
+    _tensor_type = cls
+
+
+def _is_float_tensor(a):
+    T = _tensor_type
+    if T is not None:
+        return isinstance(a, T) and _is_floating(a.data.dtype)
+    return getattr(a, "_version", None) is not None and _is_floating(a.dtype)
+
+
+def _device_type(x):
+    """"cpu" or "cuda": the device type of array ``x`` (a plain NumPy array is told without a device lookup)."""
+    return "cpu" if type(x) is np.ndarray else _device_of(x).type
 
 
 def cast_inputs(op_name: str, args, kwargs=None, policies=None):
     """(args, kwargs): the floating Tensors among ``args``/``kwargs`` cast as ``op_name``'s policy says for this
-    thread's region.  ``policies``: ``_policies(op_name)``, when the caller has it at hand."""
+    thread's region.  ``policies``: ``_policies(op_name)``, when the caller has it at hand.  One pass finds the
+    floating Tensors' positions (every op call in a region pays it: kept lean), the policy decides on their dtypes,
+    and only those positions are cast."""
     kwargs = {} if kwargs is None else kwargs
     s = _state()
     if s["suspended"]:
         return args, kwargs
-    tensors = _float_tensors(args, kwargs)
-    if not tensors:
+    T = _tensor_type
+    if T is not None:       # the test of _is_float_tensor, written out (every argument of every op in a region)
+        pos = [i for i, a in enumerate(args) if isinstance(a, T) and _is_floating(a.data.dtype)]
+    else:
+        pos = [i for i, a in enumerate(args) if _is_float_tensor(a)]
+    keys = [k for k, v in kwargs.items() if _is_float_tensor(v)] if kwargs else ()
+    if not pos and not keys:
         return args, kwargs
-    device_type = tensors[0].device.type
+    device_type = _device_type((args[pos[0]] if pos else kwargs[keys[0]]).data)
     low = s["dtype"].get(device_type)
     if low is None:
         return args, kwargs
     policy = (_policies(op_name) if policies is None else policies).get(device_type)
     if policy is None:
         return args, kwargs
+    dtypes = [args[i].data.dtype for i in pos] + [kwargs[k].data.dtype for k in keys]
     if policy == "lower":
         target = low
-        if all(t.dtype == low for t in tensors):
+        if all(d == low for d in dtypes):
             return args, kwargs
     elif policy == "promote":
-        target = tensors[0].dtype
-        for t in tensors[1:]:
-            target = np.promote_types(target, t.dtype)
+        target = dtypes[0]
+        for d in dtypes[1:]:
+            target = np.promote_types(target, d)
     else:
-        if not any(t.dtype.itemsize < 4 for t in tensors):
+        if not any(d.itemsize < 4 for d in dtypes):
             return args, kwargs
         target = np.dtype(np.float32)
-
-    def cast(a):
-        return _cast(a, target, s) if getattr(a, "_version", None) is not None and _is_floating(a.dtype) else a
-    return tuple([cast(a) for a in args]), ({k: cast(v) for k, v in kwargs.items()} if kwargs else kwargs)
+    if pos:
+        args = list(args)
+        for i in pos:
+            if args[i].data.dtype != target:
+                args[i] = _cast(args[i], target, s)
+        args = tuple(args)
+    if keys:
+        kwargs = dict(kwargs)
+        for k in keys:
+            kwargs[k] = _cast(kwargs[k], target, s)
+    return args, kwargs
 
 
 def autocast_op(op_name: str):

@@ -15,7 +15,12 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
         with `python tools/record_launches.py --compare a.json b.json`
     MODE=amp_ab AMP=bf16 python tools/fake_gpu_step.py TREE resnet20 2   # in-process A/B of the whole-flat-buffer
         weight cast (minidnn._amp_state's flat caster on / off): ms per step, min of 15 alternated rounds of 20 steps
+    MODE=amp_vs_fp32 AMP=bf16 python tools/fake_gpu_step.py TREE mobilenet 128   # in-process A/B of the same step
+        with autocast enabled / disabled (the fp32 step): ms per step, min of 15 alternated rounds of 20 steps
     FREE_LT=1 (any mode): the fake's cublasLt products do no NumPy matmul (the fake's cost, not ours).
+    FREE_CAST=1 (any mode): the fake's astype allocates the result and converts nothing (a GPU cast is one launch
+        whatever its size; NumPy's bfloat16 conversion of a b128 input costs the fake ~0.1 ms that no GPU host pays).
+    PROF_OUT=file (MODE=prof): also dump the cProfile stats there (pstats), to diff two configurations.
     AMP=bf16|fp16 (any mode): the forward and loss under minidnn.autocast("cuda", dtype=...), as bench/amp_step.py
         (fp16 without the GradScaler); CL=1: model and input channels_last.
     MODE=count also counts the CuPy operations the fake runs in NumPy (each a CuPy kernel launch on a GPU: ufuncs
@@ -49,6 +54,13 @@ fakecp.cuda.Stream = types.SimpleNamespace
 if os.environ.get("FREE_LT", "") not in ("", "0"):
     from minidnn.backend.cuda import cublas as _c
     _c._LtCall.run = lambda self, a, b, out, vec, stream: None
+if os.environ.get("FREE_CAST", "") not in ("", "0"):
+    def _free_astype(self, dtype, *a, **k):
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype and not k.get("copy", True):
+            return self
+        return np.empty_like(self, dtype=dtype)     # the same layout (CuPy's astype keeps it), values not converted
+    fakecp.ndarray.astype = _free_astype
 import minidnn as mdn
 import minidnn.models as M
 
@@ -244,6 +256,25 @@ elif mode == "amp_ab":
     _amp_state.set_flat_caster(caster)
     print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)}: " + ", ".join(f"{k} {v*1e3:.3f}" for k, v in best.items())
           + " ms/step (CPU time, fake CuPy)")
+elif mode == "amp_vs_fp32":
+    import gc
+    best = {"fp32": 1e9, amp or "amp": 1e9}
+    def step_as(on):
+        global amp_dtype
+        saved = amp_dtype
+        amp_dtype = saved if on else None
+        try: step()
+        finally: amp_dtype = saved
+    for _ in range(10): step_as(True); step_as(False)
+    for r in range(15):
+        for name, on in (("fp32", False), (amp or "amp", True)):
+            step_as(on); step_as(on)
+            gc.collect()
+            t0 = time.process_time()
+            for _ in range(20): step_as(on)
+            best[name] = min(best[name], (time.process_time() - t0) / 20)
+    print(f"{model} b{batch} CL={int(cl)}: " + ", ".join(f"{k} {v*1e3:.3f}" for k, v in best.items())
+          + f" ms/step, difference {(best[amp or 'amp'] - best['fp32'])*1e3:.3f} (CPU time, fake CuPy)")
 elif mode == "prof":
     import cProfile
     import pstats
@@ -251,6 +282,7 @@ elif mode == "prof":
     pr = cProfile.Profile(); pr.enable()
     for _ in range(20): step()
     pr.disable()
+    if os.environ.get("PROF_OUT"): pr.dump_stats(os.environ["PROF_OUT"])
     pstats.Stats(pr).sort_stats(os.environ.get("SORT","tottime")).print_stats(int(os.environ.get("N","40")))
 elif mode == "callers":
     import cProfile

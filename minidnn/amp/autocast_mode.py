@@ -23,8 +23,8 @@ from .. import _amp_state
 from ..autograd import _state as _grad_state
 from ..backend.devices import to_device
 from ..backend.ownership import owner_of
-from ..ops.linalg import Transfer
-from ..tensor import _to_dtype
+from ..ops.linalg import Transfer, transfer
+from ..tensor import Tensor, _to_dtype
 
 __all__ = ["autocast", "is_autocast_enabled", "get_autocast_dtype", "is_autocast_available"]
 
@@ -106,20 +106,25 @@ class AutocastCast(Transfer):
     __slots__ = ()
     float32_grad_ok = True
 
-
-def _cast_node(t, data):
-    """``data`` (t cast to another dtype) as the output of t's differentiable cast: the node ``t.to(dtype)``
-    records (marked as autocast's), so the gradient comes back to t in t's dtype."""
-    n = AutocastCast.node(t)
-    n.src_device, n.src_dtype = t.device, t.dtype
-    return n.output(data)
+    @staticmethod
+    def backward(ctx, g):
+        # Transfer's backward, with its pass-through taken first: an autocast cast never changes the device, so a
+        # gradient already in t's dtype (the float32 weight gradients) goes back as it is, with no device lookups.
+        if g.data.dtype == ctx.src_dtype:
+            return (g,)
+        return (transfer(g, device=ctx.src_device, dtype=ctx.src_dtype),)
 
 
 def _cast(t, dtype):
-    """autocast's cast of ``t`` to ``dtype``: ``t.to(dtype=dtype)``, with the marked node where one is recorded."""
+    """autocast's cast of ``t`` to ``dtype``: ``t.to(dtype=dtype)``, with the marked node (its output: ``data``, t
+    cast to another dtype) where one is recorded, so the gradient comes back to t in t's dtype."""
+    device = t.device
+    data = to_device(t.data, device, dtype=dtype)
     if not (_grad_state.grad_enabled and t.requires_grad):
-        return t.to(dtype=dtype)
-    return _cast_node(t, to_device(t.data, t.device, dtype=dtype))
+        return Tensor._from_array(data)         # t.to(dtype=dtype): no node
+    n = AutocastCast.node(t)
+    n.src_device, n.src_dtype = device, t.data.dtype
+    return n.output(data)
 
 
 def _cast_flat_buffer(t, dtype, s):
@@ -135,19 +140,22 @@ def _cast_flat_buffer(t, dtype, s):
         return None
     fs, j = owner
     key = id(fs)
-    cache = s["cache"]
+    recording = _grad_state.grad_enabled
     flat = s["flat_low"].get(key)
-    if flat is None and (_grad_state.grad_enabled and not getattr(fs, "master", False)
+    if flat is None and (recording and not getattr(fs, "master", False)
                          and fs.param.dtype == t.data.dtype and 2 * s["flat_used"].get(key, 0) >= fs.param.size):
         flat = s["flat_low"][key] = (fs, fs.param.astype(dtype), [p._version for p in fs.params])
-    if (flat is not None and flat[0] is fs and flat[1].dtype == dtype and t._version == flat[2][j]
-            and t.data is fs.param_views[j] and _grad_state.grad_enabled):
-        out = _cast_node(t, fs.view(flat[1], j))
+    if (recording and flat is not None and flat[0] is fs and flat[1].dtype == dtype and t._version == flat[2][j]
+            and t.data is fs.param_views[j]):
+        n = AutocastCast.node(t)        # t is on the flat set's device
+        n.src_device, n.src_dtype = fs.device, t.data.dtype
+        out = n.output(fs.view(flat[1], j))
     else:
         out = _cast(t, dtype)
-    cache[id(t)] = (t, t._version, out, key)
+    s["cache"][id(t)] = (t, t._version, out, key)
     return out
 
 
 _amp_state.set_flat_caster(_cast_flat_buffer)
 _amp_state.set_caster(_cast)
+_amp_state.set_tensor_type(Tensor)
