@@ -198,6 +198,9 @@ def _is_float_tensor(a):
     return getattr(a, "_version", None) is not None and _is_floating(a.dtype)
 
 
+_FLOATING: dict = {}     # dtype -> is_floating(dtype), for the argument scan
+
+
 def _device_type(x):
     """"cpu" or "cuda": the device type of array ``x`` (a plain NumPy array is told without a device lookup)."""
     return "cpu" if type(x) is np.ndarray else _device_of(x).type
@@ -213,12 +216,25 @@ def cast_inputs(op_name: str, args, kwargs=None, policies=None):
     if s["suspended"]:
         return args, kwargs
     T = _tensor_type
+    pos, dtypes = [], []
     if T is not None:       # the test of _is_float_tensor, written out (every argument of every op in a region)
-        pos = [i for i, a in enumerate(args) if isinstance(a, T) and _is_floating(a.data.dtype)]
+        floating = _FLOATING
+        for i, a in enumerate(args):
+            if isinstance(a, T):
+                d = a.data.dtype
+                f = floating.get(d)
+                if f is None:
+                    f = floating[d] = _is_floating(d)
+                if f:
+                    pos.append(i)
+                    dtypes.append(d)
     else:
         pos = [i for i, a in enumerate(args) if _is_float_tensor(a)]
+        dtypes = [args[i].data.dtype for i in pos]
     keys = [k for k, v in kwargs.items() if _is_float_tensor(v)] if kwargs else ()
-    if not pos and not keys:
+    if keys:
+        dtypes += [kwargs[k].data.dtype for k in keys]
+    elif not pos:
         return args, kwargs
     device_type = _device_type((args[pos[0]] if pos else kwargs[keys[0]]).data)
     low = s["dtype"].get(device_type)
@@ -227,17 +243,22 @@ def cast_inputs(op_name: str, args, kwargs=None, policies=None):
     policy = (_policies(op_name) if policies is None else policies).get(device_type)
     if policy is None:
         return args, kwargs
-    dtypes = [args[i].data.dtype for i in pos] + [kwargs[k].data.dtype for k in keys]
     if policy == "lower":
         target = low
-        if all(d == low for d in dtypes):
+        for d in dtypes:
+            if d != low:
+                break
+        else:
             return args, kwargs
     elif policy == "promote":
         target = dtypes[0]
         for d in dtypes[1:]:
             target = np.promote_types(target, d)
     else:
-        if not any(d.itemsize < 4 for d in dtypes):
+        for d in dtypes:
+            if d.itemsize < 4:
+                break
+        else:
             return args, kwargs
         target = np.dtype(np.float32)
     if pos:
