@@ -53,19 +53,30 @@ def _same(got, ref, orig):
             assert g is o
         else:
             assert g is not o and g.dtype == r.dtype
-            np.testing.assert_array_equal(g.detach().float().numpy(), r.float().numpy())
+            np.testing.assert_array_equal(_np(g), _np(r))
 
 
-def _cases():
-    f32 = mdn.randn(3, 4)
-    w = mdn.randn(4, 4, requires_grad=True)
-    b16 = mdn.randn(3, 4).to(mdn.bfloat16)
-    f64 = mdn.randn(3, 4).double()
-    ints = mdn.tensor([1, 2, 3])
+def _np(t):
+    return t.detach().float().cpu().numpy()
+
+
+def _low(device, name):
+    if device == "cpu" and name == "float16":
+        pytest.skip("CPU autocast supports bfloat16 only")
+    return getattr(mdn, name)
+
+
+def _cases(device="cpu", low=mdn.bfloat16):
+    f32 = mdn.randn(3, 4, device=device)
+    w = mdn.randn(4, 4, device=device, requires_grad=True)
+    b16 = mdn.randn(3, 4, device=device).to(low)
+    f64 = mdn.randn(3, 4, device=device).double()
+    ints = mdn.tensor([1, 2, 3], device=device)
     return [
         ("linear", (f32, w, None), {}),                       # lower: x and a weight
-        ("linear", (b16, w), {"bias": mdn.randn(4)}),         # lower: a kwarg tensor, one arg already low
-        ("conv2d", (mdn.randn(1, 2, 5, 5), mdn.randn(3, 2, 3, 3, requires_grad=True), None, 1, 0, 1, 1), {}),
+        ("linear", (b16, w), {"bias": mdn.randn(4, device=device)}),  # lower: a kwarg tensor, one arg already low
+        ("conv2d", (mdn.randn(1, 2, 5, 5, device=device), mdn.randn(3, 2, 3, 3, device=device, requires_grad=True),
+                    None, 1, 0, 1, 1), {}),
         ("matmul", (b16, b16.T), {}),                         # lower, all already low: nothing cast
         ("cross_entropy", (b16, ints), {"weight": None}),     # fp32 policy: the narrow input widened, ints kept
         ("cross_entropy", (f32, ints), {}),                   # fp32 policy, nothing narrow: untouched
@@ -78,21 +89,23 @@ def _cases():
     ]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("installed", [True, False])
-def test_cast_inputs_equals_the_plain_policy(installed, monkeypatch):
+def test_cast_inputs_equals_the_plain_policy(device, dtype, installed, monkeypatch):
+    low = _low(device, dtype)
     if not installed:       # the floor without minidnn.amp's Tensor type: anything with a _version is a Tensor
         monkeypatch.setattr(_amp_state, "_tensor_type", None)
-    for op, args, kwargs in _cases():
+    for op, args, kwargs in _cases(device, low):
         for policies in (None, _amp_state._policies(op)):
-            with mdn.autocast("cpu"):
+            with mdn.autocast(device, dtype=low):
                 ref = _reference(op, args, kwargs)
                 got = _amp_state.cast_inputs(op, args, kwargs, policies)
             _same(got[0], ref[0], args)
             _same(got[1], ref[1], kwargs)
             outside = _amp_state.cast_inputs(op, args, kwargs, policies)     # no region: nothing cast
             assert all(a is b for a, b in zip(outside[0], args))
-    with mdn.autocast("cpu"), _amp_state.suspended():           # suspended (the backward pass): nothing cast
-        op, args, kwargs = _cases()[0]
+    with mdn.autocast(device, dtype=low), _amp_state.suspended():    # suspended (the backward pass): nothing cast
+        op, args, kwargs = _cases(device, low)[0]
         got = _amp_state.cast_inputs(op, args, kwargs)
         assert got[0] is args and got[1] == kwargs
 
@@ -112,28 +125,30 @@ def test_cast_of_a_weight_is_cached_and_a_gradient_flows_back():
     np.testing.assert_array_equal(w.grad.numpy(), np.full((4, 4), 2, np.float32))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("grad", [False, True])
-def test_input_cast_is_tensor_to(channels_last, grad):
+def test_input_cast_is_tensor_to(device, dtype, channels_last, grad):
     """The cast of a tensor that is not cached (an input, an activation) equals ``t.to(dtype)``: values, strides,
     requires_grad and the node (a marked cast where recorded, none otherwise)."""
-    x = mdn.randn(2, 3, 4, 5)
+    low = _low(device, dtype)
+    x = mdn.randn(2, 3, 4, 5, device=device)
     if channels_last:
         x = x.to(memory_format=mdn.channels_last)
     x = (x * 1).requires_grad_(grad) if grad else x
     y = x * 2 if grad else x            # a non-leaf where grad: not cached
-    with mdn.autocast("cpu"):
+    with mdn.autocast(device, dtype=low):
         (got,), _ = _amp_state.cast_inputs("mm", (y,))
-    ref = y.to(mdn.bfloat16)
-    assert got.dtype == ref.dtype and got.data.strides == ref.data.strides
+    ref = y.to(low)
+    assert got.dtype == ref.dtype and got.data.strides == ref.data.strides and got.device == x.device
     assert got.requires_grad == ref.requires_grad == grad
-    np.testing.assert_array_equal(got.detach().float().numpy(), ref.detach().float().numpy())
+    np.testing.assert_array_equal(_np(got), _np(ref))
     assert (type(got.grad_fn) is AutocastCast) if grad else got.grad_fn is None
     if grad:
         got.float().sum().backward()
         assert x.grad.dtype == np.float32
-        np.testing.assert_array_equal(x.grad.numpy(), np.full(x.shape, 2, np.float32))
-    with mdn.no_grad(), mdn.autocast("cpu"):
+        np.testing.assert_array_equal(x.grad.cpu().numpy(), np.full(x.shape, 2, np.float32))
+    with mdn.no_grad(), mdn.autocast(device, dtype=low):
         (got,), _ = _amp_state.cast_inputs("mm", (y,))
     assert got.grad_fn is None and not got.requires_grad
 
@@ -159,17 +174,20 @@ def test_cast_node_backward_passes_its_source_dtype_through_and_converts_others(
     np.testing.assert_array_equal(ggx.numpy(), np.full((3, 4), 2, np.float32))
 
 
-def test_flat_buffer_cast_nodes_name_the_parameter_device_and_dtype():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_flat_buffer_cast_nodes_name_the_parameter_device_and_dtype(device, dtype):
+    low = _low(device, dtype)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).to(device)
     opt = mdn.optim.SGD(model.parameters(), lr=0.1, fused=True)
-    x, y = mdn.randn(2, 3, 6, 6), mdn.tensor([0, 1])
+    x, y = mdn.randn(2, 3, 6, 6, device=device), mdn.tensor([0, 1], device=device)
     for region in range(2):             # the second region casts the flat buffer whole
-        with mdn.autocast("cpu"):
+        with mdn.autocast(device, dtype=low):
             loss = F.cross_entropy(model(x), y)
             cache = _amp_state._state()["cache"]
             for p in model.parameters():
                 node = cache[id(p)][2].grad_fn
                 assert type(node) is AutocastCast and node.src_device == p.device and node.src_dtype == p.dtype
+                assert cache[id(p)][2].dtype == low
             bases = {cache[id(p)][2].data.base is not None for p in model.parameters()}
             assert bases == {region == 1}
         opt.zero_grad()
