@@ -33,6 +33,7 @@ from .cuda import conv_igemm as _igemm
 from .cuda import conv_register as _cuda_conv
 from .cuda import launch as _launch
 from .cuda import norm_kernels as _norm_kernels
+from .cuda.conv_igemm import direct_backward_filter as _direct_filter
 from .cuda.conv_igemm import filter_carry as _filter_carry
 from .cuda.conv_igemm import shared_staging as _shared_staging
 from .devices import array_module, device_of, is_cuda_array
@@ -374,7 +375,7 @@ def settled_state():
     kernel modules' switches.  A caller that keeps settled calls keeps this in its key (nn's fast path)."""
     return (_GENERATION[0], _cuda_conv.ENABLED[0], _igemm.VEC_ENABLED[0], _igemm.STAGE_ENABLED[0],
             _igemm.STAGE_MIN_MACS, _igemm.DIRECT_MAX_CG, _igemm.DIRECT_DENSE_MAX_MACS, _igemm.TRANSPOSE_V2[0],
-            _igemm.SPLITK2[0], _igemm._pointwise.ENABLED[0], _igemm._pointwise.NCHW[0])
+            _igemm.SPLITK2[0], _igemm._pointwise.ENABLED[0], _igemm._pointwise.NCHW[0], _igemm.TILE_ENABLED[0])
 
 
 class SettledConvolution:
@@ -386,9 +387,15 @@ class SettledConvolution:
     active, as ``with carry:`` around the primitive (None: whatever is active).  ``into`` (backward data and filter,
     an implicit-GEMM call with a contiguous channels-first result): a C-contiguous array of the result's shape and
     dtype that the kernel's epilogue writes as ``into = result + beta * into`` (beta 0 or 1: a gradient destination,
-    minidnn/_grad_dest.py); the return value is ``into`` where it was used, a fresh result otherwise."""
+    minidnn/_grad_dest.py) -- for the direct kernels' filter gradient (few channels a group) with beta 0 only;
+    the return value is ``into`` where it was used, a fresh result otherwise."""
     __slots__ = ("direction", "algorithm", "fn", "p", "fmt", "tf32", "out_dtype", "dev", "igemm", "cl", "calls",
-                 "cp", "plain")
+                 "cp", "plain", "direct")
+
+    def _fits(self, into, a):
+        """``into`` may take the direct kernels' filter gradient: a C-contiguous array of dw's shape and dtype."""
+        return (into is not None and into.flags.c_contiguous and into.shape == self.p.w_shape
+                and into.dtype == (a.dtype if self.out_dtype is None else self.out_dtype))
 
     def run(self, a1, a2, carry=None, into=None, beta=0.0):
         cp = self.cp
@@ -405,6 +412,11 @@ class SettledConvolution:
             fn = self.fn
             if fn is None:          # half data the algorithm rounds through float32 or casts: _execute's _run
                 result = _run(self.algorithm, p, a, b, self.tf32, self.out_dtype)
+            elif self.direct is not None:      # the direct kernels' route, settled (conv_igemm.settle_direct)
+                return self.direct(a, b, into if d == 2 and not beta and self._fits(into, a) else None)
+            elif into is not None and not beta and fn is _direct_filter and self._fits(into, a):
+                # the direct kernels' filter gradient written into a gradient slot (beta 0; their ``out``)
+                return fn(p, a, b, self.tf32, out=into, out_dtype=self.out_dtype)
             elif self.out_dtype is None:        # ConvAlgorithm.run's choice of run function, made once
                 result = fn(p, a, b, self.tf32)
             else:
@@ -497,20 +509,27 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
     s.calls = [None] * 8     # by (carried, blending into a destination, a channels-last dw destination)
     s.cp = _launch.cupy()
     s.plain = direction == 2 or (fmt is TensorFormat.NCHW and not s.cl)
+    # the direct kernels' register-tiled route settled too (the route choice made once), for a contiguous
+    # channels-first result: what _finish returns as it is
+    s.direct = _igemm.settle_direct(direction, p, a, b, dw_dtype) if fn in _DIRECT_RUNS[direction] and s.plain \
+        and fmt is TensorFormat.NCHW else None
     return s
+
+
+_DIRECT_RUNS = ((_igemm.direct_forward,), (_igemm.direct_backward_data,), (_direct_filter,))
 
 
 def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=None, db_dtype=None):
     """db (K,) = alpha * sum of dy over every axis but the channel axis + beta * db.  ``db_dtype`` (not cuDNN's;
     autocast's bias gradients, docs/amp.md): float32 for float16/bfloat16 dy returns the float32 sums unrounded."""
-    if db is None and alpha == 1 and beta == 0 and type(dy) is not np.ndarray:
+    if alpha == 1 and beta == 0 and type(dy) is not np.ndarray:
         try:        # a GPU call whose signature passed every check before: straight to the kernels
             key = (handle, dy.shape, dy.strides, dy.dtype, dy.data.device_id, format, db_dtype)
             seen = _BIAS_SEEN.get(key)
         except (TypeError, AttributeError):
             key = seen = None
-        if seen is not None:
-            return _norm_kernels.bias_grad(dy.transpose(seen[0]) if seen[0] else dy, seen[1], seen[2])
+        if seen is not None and (db is None or _db_fits(db, dy, seen[2])):
+            return _norm_kernels.bias_grad(dy.transpose(seen[0]) if seen[0] else dy, seen[1], seen[2], db)
     else:
         key = None
     where = "convolution_backward_bias"
@@ -527,8 +546,9 @@ def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=N
     fmt = _format(format)
     dy_cf = to_channels_first(dy, fmt)
     check_out(where, "db", db, (dy_cf.shape[1],), out_dtype, beta)
-    if alpha == 1 and beta == 0 and db is None and (fast := _gpu_bias_grad(dy_cf, out_dtype, key)) is not None:
-        return fast             # backend/cuda/norm_kernels.py: bias_grad (1-2 launches)
+    if alpha == 1 and beta == 0 and (db is None or _db_fits(db, dy_cf, out_dtype)) \
+            and (fast := _gpu_bias_grad(dy_cf, out_dtype, key, db)) is not None:
+        return fast             # backend/cuda/norm_kernels.py: bias_grad (1-2 launches), into db where given
     with handle.activate():
         axes = (0, *range(2, dy.ndim))
         result = dy_cf.sum(axis=axes, dtype=accumulation_dtype(dy.dtype)).astype(out_dtype, copy=False)
@@ -542,9 +562,21 @@ def convolution_backward_bias(handle, dy, alpha=1.0, beta=0.0, db=None, format=N
 _BIAS_SEEN = SeenCalls()
 
 
-def _gpu_bias_grad(dy_cf, out_dtype=None, key=None):
+def _db_fits(db, dy, wide):
+    """Whether the kernels may write db (beta 0) in place: a C-contiguous (C,) array of the output dtype (``wide``,
+    or dy's) of dy's array type on dy's device -- what check_out and begin's device check accept, contiguous."""
+    try:
+        return (type(db) is type(dy) and db.shape == (dy.shape[1],)
+                and db.dtype == (dy.dtype if wide is None else wide) and db.flags.c_contiguous
+                and db.data.device_id == dy.data.device_id)
+    except AttributeError:
+        return False
+
+
+def _gpu_bias_grad(dy_cf, out_dtype=None, key=None, db=None):
     """db by the CUDA column-sum kernels for channels-first dy in NCHW or channels-last memory, else None; ``key``:
-    remember the call (see _BIAS_SEEN) -- the channels-first view and the kernels' memory as transposes of dy."""
+    remember the call (see _BIAS_SEEN) -- the channels-first view and the kernels' memory as transposes of dy.
+    ``db``: written in place (``_db_fits`` held)."""
     if not is_cuda_array(dy_cf):
         return None
     if dy_cf.flags.c_contiguous:
@@ -557,7 +589,7 @@ def _gpu_bias_grad(dy_cf, out_dtype=None, key=None):
     wide = None if out_dtype == dy_cf.dtype else out_dtype
     if key is not None and dy_cf.shape == key[1] and dy_cf.strides == key[2]:      # dy itself (NCHW indexing)
         _BIAS_SEEN.remember(key, (perm, axis, wide))
-    return _norm_kernels.bias_grad(mem, axis, wide)
+    return _norm_kernels.bias_grad(mem, axis, wide, db)
 
 
 # ---- algorithm selection: heuristics, find, workspace, cache ----------------------------------------------

@@ -1185,16 +1185,21 @@ def _tile_forward(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, fli
     """dw_tile_forward (the register-tiled plane kernel) over (N, K) planes, as _plane_forward; False (nothing
     launched) where it does not take the problem.  ``flip``: stride-1 backward data, ``w`` the convolution's own
     contiguous filter, read flipped and channel-swapped by the kernel (FLIP=1) instead of a flipped copy."""
-    if not TILE_ENABLED[0] or y.shape[0] * y.shape[1] >= 2 ** 31:
-        return False
-    key = (tuple(x.shape), tuple(x.strides), tuple(w.shape), tuple(y.shape), tuple(y.strides), x.dtype, in_hw,
-           out_hw, tuple(pad), stride, dil, Kg, float(alpha), float(beta), flip, x.data.device_id)
-    run = _launch.planned(_tile_plans, key, _tile_plan, x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta,
-                          flip, _launch.sm_count())
+    run = _tile_forward_run(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, flip)
     if run is None:
         return False
     run(x, w, y)
     return True
+
+
+def _tile_forward_run(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta, flip=False):
+    """_tile_forward's prepared launch for these arrays' signature, or None where it does not take them."""
+    if not TILE_ENABLED[0] or y.shape[0] * y.shape[1] >= 2 ** 31:
+        return None
+    key = (tuple(x.shape), tuple(x.strides), tuple(w.shape), tuple(y.shape), tuple(y.strides), x.dtype, in_hw,
+           out_hw, tuple(pad), stride, dil, Kg, float(alpha), float(beta), flip, x.data.device_id)
+    return _launch.planned(_tile_plans, key, _tile_plan, x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta,
+                           flip, _launch.sm_count())
 
 
 def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
@@ -1402,20 +1407,26 @@ def _tile_wgrad_plan(p, x, dy, g, alpha, beta, sms, wide=False):
 def _tile_backward_filter(p, x2, dy2, dw, g, alpha, beta) -> bool:
     """dw_tile_backward_filter into the contiguous ``dw`` (one launch); False (nothing launched) where it does
     not take the problem (switched off with the forward's TILE_ENABLED / MINIDNN_DW_TILE=0)."""
-    if not TILE_ENABLED[0] or not _plane_ok(p, x2, dy2, max_taps=49):
-        return False
-    key = (p, x2.strides, dy2.strides, x2.dtype, float(alpha), float(beta), x2.data.device_id)
-    wide = dw.dtype != x2.dtype         # float32 dw from half data (DWF32)
-    if wide:
-        key += (dw.dtype,)
-    plan = _launch.planned(_wgrad_plans, key, _tile_wgrad_plan, p, x2, dy2, g, alpha, beta, _launch.sm_count(),
-                           wide)
+    plan = _tile_wgrad(p, x2, dy2, dw.dtype, g, alpha, beta)
     if plan is None:
         return False
     run, partial_size, tickets = plan
     partial = _launch.cupy().empty(partial_size, dtype=np.float32) if partial_size else None
     run(x2, dy2, partial, tickets, dw)
     return True
+
+
+def _tile_wgrad(p, x2, dy2, dw_dtype, g, alpha, beta):
+    """_tile_backward_filter's plan (prepared launch, partial floats, tickets) for these arrays' signature and a dw
+    of ``dw_dtype``, or None where it does not take them."""
+    if not TILE_ENABLED[0] or not _plane_ok(p, x2, dy2, max_taps=49):
+        return None
+    key = (p, x2.strides, dy2.strides, x2.dtype, float(alpha), float(beta), x2.data.device_id)
+    wide = dw_dtype != x2.dtype         # float32 dw from half data (DWF32)
+    if wide:
+        key += (dw_dtype,)
+    return _launch.planned(_wgrad_plans, key, _tile_wgrad_plan, p, x2, dy2, g, alpha, beta, _launch.sm_count(),
+                           wide)
 
 
 def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, out_dtype=None):
@@ -1472,6 +1483,70 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, 
     if not same:            # a non-contiguous out: blend afterwards
         return _blend_into(out, dw, alpha, beta)
     return dw
+
+
+def settle_direct(direction, p, a, b, out_dtype=None):
+    """A settled form of ``direct_forward(p, a, b)`` (direction 0), ``direct_backward_data(p, a, b)`` (1) or
+    ``direct_backward_filter(p, a, b, out_dtype=out_dtype)`` (2) for arrays of the signature of ``a`` and ``b`` --
+    shapes, strides, dtype, device -- with alpha 1 and beta 0: a function ``(a, b, out=None)`` that makes the same
+    launches as the full function for such arrays and returns its result (``out``: direction 2's contiguous dw to
+    write, beta 0), skipping its route choice; or None where the full function takes another route than the
+    register-tiled plane kernels (nothing is settled then: depthwise problems, whose NHWC route reads pointer
+    alignment, channels-last results, the plane and generic kernels).  Launches nothing.  The caller keeps
+    TILE_ENABLED[0] in its key (backend.convolution.settled_state) and vouches for the signature."""
+    if not TILE_ENABLED[0] or p.nd != 2 or (p.groups == p.C and p.K == p.C):
+        return None
+    cp = _launch.cupy()
+    if direction == 0:
+        x, w = a, b
+        if _channels_last(x) or not w.flags.c_contiguous:
+            return None
+        y = cp.empty(p.y_shape, dtype=x.dtype)         # a stand-in of the result's signature: no launch reads it
+        if not _plane_ok(p, x, y):
+            return None
+        run = _tile_forward_run(x, w, y, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, 1.0,
+                                0.0)
+        if run is None:
+            return None
+        shape, dtype = p.y_shape, x.dtype
+
+        def forward(x, w, out=None):
+            y = cp.empty(shape, dtype=dtype)
+            run(x, w, y)
+            return y
+        return forward
+    if direction == 1:
+        w, dy = a, b
+        flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
+        if _channels_last(dy) or not w.flags.c_contiguous or p.stride[0] != 1 or min(flipped_pad) < 0:
+            return None
+        dx = cp.empty(p.x_shape, dtype=dy.dtype)
+        if not _plane_ok(p, dy, dx):
+            return None
+        run = _tile_forward_run(dy, w, dx, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, 1.0, 0.0,
+                                flip=True)
+        if run is None:
+            return None
+        shape, dtype = p.x_shape, dy.dtype
+
+        def backward_data(w, dy, out=None):
+            dx = cp.empty(shape, dtype=dtype)
+            run(dy, w, dx)
+            return dx
+        return backward_data
+    x, dy = a, b
+    dt = _out_dtype(x, out_dtype)
+    plan = _tile_wgrad(p, x, dy, dt, _geometry(p), 1.0, 0.0)
+    if plan is None:
+        return None
+    run, partial_size, tickets = plan
+    shape = p.w_shape
+
+    def backward_filter(x, dy, out=None):
+        dw = cp.empty(shape, dtype=dt) if out is None else out
+        run(x, dy, cp.empty(partial_size, dtype=np.float32) if partial_size else None, tickets, dw)
+        return dw
+    return backward_filter
 
 
 def _blend_into(out, dw, alpha, beta):

@@ -1999,12 +1999,13 @@ def _bias_grad_plan(dy, channel_axis, aligned, dev, wide=False):
     return sums, _col_sum_plan(outer, c, split, dy.dtype, False, dev), c, outer
 
 
-def bias_grad(dy, channel_axis, out_dtype=None):
+def bias_grad(dy, channel_axis, out_dtype=None, out=None):
     """db (C,) in dy's dtype = sum of dy over every axis but ``channel_axis`` (float32/float64 accumulation):
     channel last (inner = 1): one column-sum launch; else one bias_grad_planes launch (v1: per-(outer, C) plane
     sums, then a column sum).
     ``out_dtype`` float32 for float16/bfloat16 dy: db is the float32 sums unrounded (col_sum's A-typed output;
-    autocast's bias gradients)."""
+    autocast's bias gradients).  ``out``: a contiguous (C,) array of db's dtype on dy's device (the caller checked)
+    that the kernels write instead of a new one (a gradient slot: minidnn/_grad_dest.py); every element written."""
     cp = _launch._cp or _launch.cupy()
     dev = dy.data.device_id
     aligned = not dy.data.ptr & 15
@@ -2016,7 +2017,7 @@ def bias_grad(dy, channel_axis, out_dtype=None):
     sums, (col_go, n_ws, tiles), c, outer = _launch.planned(_plans, key, _bias_grad_plan, dy, channel_axis, aligned,
                                                             dev, wide)
     with _launch.on_device(dev):
-        db = cp.empty((c,), dtype=acc if wide else dy.dtype)
+        db = cp.empty((c,), dtype=acc if wide else dy.dtype) if out is None else out
         m = dy
         if sums == "planes":        # one launch; the unused output pointer: ws (out_a) or dy (out_t)
             ws = cp.empty((n_ws,), dtype=acc)

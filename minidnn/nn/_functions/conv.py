@@ -11,8 +11,9 @@ Chainer way):
     ConvBackwardFilter(x, dy)  = dw    d/dx -> ConvBackwardData(g, dy)     d/ddy -> ConvForward(x, g)
 
 Every backward is written with these Functions, so conv and conv_transpose have gradients of any
-order for free, and conv_transpose *is* ConvBackwardData used forward.  The bias is added by
-BiasAdd (bias.py: a broadcast add whose gradient is convolution_backward_bias's sum; any order).
+order for free, and conv_transpose *is* ConvBackwardData used forward.  A convolution's bias is an optional fourth
+input of ConvForward (one node, as PyTorch's ConvolutionBackward0: db is convolution_backward_bias's sum, under
+create_graph a Tensor sum; docs/host_overhead.md round 21); conv_transpose's is added by BiasAdd (bias.py).
 """
 from __future__ import annotations
 
@@ -242,9 +243,48 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
     return wrap(_first(gx)) if dy_last else _landed(gx, dx), _landed(gw, dw), None
 
 
+def _add_own_bias(ctx, y, b):
+    """y + b along axis 1, y being ConvForward's own new output (held by nothing else): on the GPU in place by the
+    backend's bias kernel (add_tensor's seen-call shortcut), else the broadcast add (BiasAdd's forward, bias.py)."""
+    ctx.b_dtype = b.dtype
+    ctx.db_dtype = float32_grad_of(b) if ctx.needs_input_grad[3] else None    # autocast's float32 bias: db in f32
+    yd = y.data
+    if yd.flags.c_contiguous and B.is_cuda_array(yd):
+        B.add_tensor(handle_for(y), 1.0, b.data, 1.0, yd)
+        return y
+    return y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
+
+
+def _bias_grad(ctx, gy):
+    """db = the sum of gy over every axis but the channels (axis 1): first order by the backend's column sum --
+    on the GPU into the bias's gradient slot where the engine offers it (a gradient destination, beta 0) --, under
+    create_graph the same sum in differentiable Tensor ops."""
+    if is_grad_enabled():
+        gb = gy.sum((0,) + tuple(range(2, gy.ndim)))
+    else:
+        gd = gy.data
+        wide = ctx.db_dtype
+        dest = destination(ctx, 3, (gd.shape[1],), gd.dtype if wide is None else wide) if B.is_cuda_array(gd) \
+            else None
+        if dest is not None and dest[1]:        # a pending gradient (a bias used twice): the engine's add
+            dest = None
+        extra = {} if dest is None else {"db": dest[0]}
+        if wide is not None:
+            extra["db_dtype"] = wide
+        gb = _landed(B.convolution_backward_bias(handle_for(gy), gd, **extra), dest)
+    if gb.dtype != ctx.b_dtype and ctx.db_dtype is None:
+        gb = gb.to(dtype=ctx.b_dtype)
+    return gb
+
+
 class ConvForward(Function):
+    """y = conv(x, w) (+ b, the layer's bias, along the channels: one node, as PyTorch's ConvolutionBackward0 owns
+    the bias; called without b by the other two Functions' backwards)."""
+
     @staticmethod
-    def forward(ctx, x, w, desc):
+    def forward(ctx, x, w, desc, b=None):
+        if b is not None:
+            return _add_own_bias(ctx, ConvForward.forward(ctx, x, w, desc), b)
         seen = None
         if type(desc) is _SeenConv:     # from _conv: a seen signature (the fast path's remembered object)
             seen, desc = desc, desc.desc
@@ -272,6 +312,13 @@ class ConvForward(Function):
 
     @staticmethod
     def backward(ctx, gy):
+        if len(ctx.needs_input_grad) == 4:     # with the bias: db first (the launch order of the separate node)
+            gb = _bias_grad(ctx, gy) if ctx.needs_input_grad[3] else None
+            return (*ConvForward._backward(ctx, gy), gb)
+        return ConvForward._backward(ctx, gy)
+
+    @staticmethod
+    def _backward(ctx, gy):
         x, w = ctx.saved_tensors
         x_shape, w_shape = ctx.shapes
         need = ctx.needs_input_grad
@@ -380,6 +427,19 @@ def _add_bias(y, bias, nd):
     return add_bias(y, bias, fresh=True)        # y: ConvForward's new output, held by nothing else
 
 
+# The bias of a convolution as ConvForward's fourth input (one node; docs/host_overhead.md round 21) instead of a
+# BiasAdd node after it.  Switch: BIAS_NODE[0] = False, or MINIDNN_CONV_BIAS_NODE=0 at import (the A/B and tests).
+BIAS_NODE = [os.environ.get("MINIDNN_CONV_BIAS_NODE", "1") != "0"]
+
+
+def _conv_node(x, weight, desc, bias):
+    if bias is None:
+        return ConvForward.apply(x, weight, desc)
+    if BIAS_NODE[0]:
+        return ConvForward.apply(x, weight, desc, bias)
+    return add_bias(ConvForward.apply(x, weight, desc), bias, fresh=True)
+
+
 def _same_padding(op, x, weight, stride, dilation, nd):
     """padding='same': total d*(k-1) per dim; an odd total puts the extra element on the right, done by
     padding the input first (PyTorch's rule), leaving a symmetric padding for the primitive."""
@@ -434,12 +494,11 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
                 seen = _SeenConv(desc, x, weight)
                 _FAST_CONV.remember(fkey, seen)
         if seen is not None:
-            y = ConvForward.apply(x, weight, seen)
-            return y if bias is None else _add_bias(y, bias, nd)
+            return _conv_node(x, weight, seen, bias)
     key = _seen_conv_key(op, x, weight, bias, stride, padding, dilation, groups)
     desc = _SEEN_CONV.get(key)
     if desc is not None:        # validated before (x batched: an unbatched x's shape keys differently)
-        return _add_bias(ConvForward.apply(x, weight, desc), bias, nd)
+        return _conv_node(x, weight, desc, bias)
     check_tensor(op, "input", x)
     x, unbatched = batched(op, x, nd)
     _check_operands(op, x, weight, bias, nd, groups, transposed=False)
@@ -464,7 +523,7 @@ def _conv(op, nd, x, weight, bias, stride, padding, dilation, groups):
                          f"dilation {dilation})")
     if not unbatched:
         _SEEN_CONV.remember(key, desc)
-    y = _add_bias(ConvForward.apply(x, weight, desc), bias, nd)
+    y = _conv_node(x, weight, desc, bias)
     return y.squeeze(0) if unbatched else y
 
 
