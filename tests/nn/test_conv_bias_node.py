@@ -24,6 +24,7 @@ import minidnn as mdn
 from minidnn.autograd import gradcheck, gradgradcheck
 from minidnn.nn import functional as F
 from minidnn.nn._functions import conv as C
+from tests.nn._fake_script import run_fake_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -239,11 +240,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _fake():
-    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT))], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")][0]
-    return json.loads(line[len("RESULT"):])
+    return run_fake_script(_SCRIPT, ROOT)
 
 
 def test_fake_gpu_same_launches_and_gradients_written_into_the_slots():

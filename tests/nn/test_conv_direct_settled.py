@@ -7,11 +7,10 @@ launches as the primitives' full path; what the settled form does not take -- a 
 reads pointer alignment), channels-last activations, strided backward data (the gather kernel), the tile kernels
 switched off -- settles to None and keeps the full function; TILE_ENABLED is part of ``settled_state``.  Values on a
 GPU: test_conv_bias_node_cuda.py (LeNet-5 / MobileNet-small steps with the fast path on and off)."""
-import json
 import pathlib
-import subprocess
-import sys
 import textwrap
+
+from tests.nn._fake_script import run_fake_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -84,11 +83,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _run():
-    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT))], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")][0]
-    return json.loads(line[len("RESULT"):])
+    return run_fake_script(_SCRIPT, ROOT)
 
 
 def test_settled_direct_route_launches_as_the_full_path():

@@ -6,11 +6,10 @@ Function.apply sets on an Activation ctx, the saved tensor's identity and versio
 the backward's launches must be the same, and with the shortcut on the third call reaches no activation primitive
 where it applies -- and does reach it where it must not apply (a fusing producer, anomaly mode, a cleared primitive
 table, an integer tensor).  The values on a GPU: test_relu_fast_path_cuda.py."""
-import json
 import pathlib
-import subprocess
-import sys
 import textwrap
+
+from tests.nn._fake_script import run_fake_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -118,11 +117,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _run():
-    r = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=str(ROOT))], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")][0]
-    return json.loads(line[len("RESULT"):])
+    return run_fake_script(_SCRIPT, ROOT)
 
 
 def test_remembered_relu_same_launches_nodes_and_backward():
