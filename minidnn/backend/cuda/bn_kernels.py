@@ -25,6 +25,11 @@ the rows -- and finalises.  Deterministic: no float atomics, the same order at e
 are grid-stride loops, 4 independent elements per thread per iteration.
 Traffic: forward reads x twice and writes y (3 passes; the cuDNN/PyTorch floor without a grid barrier), backward
 reads x, dy (y) twice and writes dx (dz).  Nothing is read back to the host: capturable in a CUDA graph.
+Routes of a training call (settled once per signature below): NCHW calls that are latency-bound -- every channel's
+cluster resident at once, <= 64 KB kept a block: the example models' tensors -- take bn_cluster.py's kernels (a
+channel held on-chip by a thread-block cluster, one DRAM read; MINIDNN_BN_CLUSTER=0 switches them off); other aligned
+calls the one-pass kernels bn_fwd1 / bn_bwd1 (ONEPASS_SOURCE: statistics and the elementwise pass in one launch);
+channels-last rows bn_nhwc.py; the rest the two-launch kernels above.
 """
 from __future__ import annotations
 
