@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bn_nhwc_bench import Timer, _dtype, copy_bandwidth  # noqa: E402
+from bn_nhwc_bench import Timer, _dtype, copy_bandwidth, torch_bn_times  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import bn_cluster as BC  # noqa: E402
@@ -95,25 +95,7 @@ def main(argv=None):
             sg, bg = cp.ones(c, np.float32), cp.zeros(c, np.float32)
             rmg, rvg = cp.zeros(c, np.float32), cp.ones(c, np.float32)
             e = xg.nbytes
-            tt = {}
-            if torch is not None:
-                tdt = getattr(torch, name)
-                xt = torch.from_numpy(x.astype(np.float32)).to("cuda", tdt).requires_grad_()
-                zt, dyt = torch.randn_like(xt), torch.randn_like(xt)
-                wt = torch.ones(c, device="cuda", requires_grad=True)
-                bt = torch.zeros(c, device="cuda", requires_grad=True)
-                rmt, rvt = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-
-                def tfwd(kind, xx, w, b):
-                    v = F.batch_norm(xx, rmt, rvt, w, b, True, 0.1, 1e-5)
-                    if kind == "add":
-                        v = v + zt
-                    return F.relu(v) if kind else v
-                for kind in (None, "relu", "add"):
-                    f_ms = timer.torch_op(lambda: tfwd(kind, xt.detach(), wt.detach(), bt.detach()), calls)
-                    both = timer.torch_op(lambda: torch.autograd.grad(tfwd(kind, xt, wt, bt), (xt, wt, bt), dyt),
-                                          calls)
-                    tt[(kind, False)], tt[(kind, True)] = f_ms, both - f_ms
+            tt = torch_bn_times(timer, torch, F, x, name, calls) if torch is not None else {}
             if args.plans:
                 for bwd in (False, True):
                     p = BC.plan(shape[0], c, inner, dt.itemsize, bwd, 132, M.smem_limits(dev.id))

@@ -126,6 +126,33 @@ class Timer:
         return statistics.median(times)
 
 
+def torch_bn_times(timer, torch, F, x, name, calls, channels_last=False, device="cuda"):
+    """PyTorch's training batch norm on ``x`` (NumPy, NCHW values) as bn_onchip_bench / bn_cluster_bench time it:
+    {(kind, backward): ms} for kind None (plain), "relu" and "add" (+ z, then ReLU); backward = the forward and
+    torch.autograd.grad of it captured together, less the forward."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    c = x.shape[1]
+    xt = torch.from_numpy(x.astype(np.float32)).to(device, getattr(torch, name)).contiguous(
+        memory_format=fmt).requires_grad_()
+    zt = torch.randn_like(xt).contiguous(memory_format=fmt)
+    dyt = torch.randn_like(xt).contiguous(memory_format=fmt)
+    wt = torch.ones(c, device=device, requires_grad=True)
+    bt = torch.zeros(c, device=device, requires_grad=True)
+    rmt, rvt = torch.zeros(c, device=device), torch.ones(c, device=device)
+
+    def fwd(kind, xx, w, b):
+        v = F.batch_norm(xx, rmt, rvt, w, b, True, 0.1, 1e-5)
+        if kind == "add":
+            v = v + zt
+        return F.relu(v) if kind else v
+    out = {}
+    for kind in (None, "relu", "add"):
+        f_ms = timer.torch_op(lambda: fwd(kind, xt.detach(), wt.detach(), bt.detach()), calls)
+        both = timer.torch_op(lambda: torch.autograd.grad(fwd(kind, xt, wt, bt), (xt, wt, bt), dyt), calls)
+        out[(kind, False)], out[(kind, True)] = f_ms, both - f_ms
+    return out
+
+
 def copy_bandwidth(cp):
     n = 256 * 2 ** 20
     a, b = cp.ones(n, np.uint8), cp.empty(n, np.uint8)

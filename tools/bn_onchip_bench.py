@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bn_nhwc_bench import Timer, _dtype, copy_bandwidth  # noqa: E402
+from bn_nhwc_bench import Timer, _dtype, copy_bandwidth, torch_bn_times  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import bn_kernels as K  # noqa: E402
@@ -145,28 +145,7 @@ def main(argv=None):
                 sg, bg = cp.ones(c, np.float32), cp.zeros(c, np.float32)
                 rmg, rvg = cp.zeros(c, np.float32), cp.ones(c, np.float32)
                 e = xg.nbytes
-                tt = {}
-                if torch is not None:
-                    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
-                    tdt = getattr(torch, name)
-                    xt = torch.from_numpy(x.astype(np.float32)).to("cuda", tdt).contiguous(
-                        memory_format=fmt).requires_grad_()
-                    zt = torch.randn_like(xt).contiguous(memory_format=fmt)
-                    dyt = torch.randn_like(xt).contiguous(memory_format=fmt)
-                    wt = torch.ones(c, device="cuda", requires_grad=True)
-                    bt = torch.zeros(c, device="cuda", requires_grad=True)
-                    rmt, rvt = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-
-                    def tfwd(kind, xx, w, b):
-                        v = F.batch_norm(xx, rmt, rvt, w, b, True, 0.1, 1e-5)
-                        if kind == "add":
-                            v = v + zt
-                        return F.relu(v) if kind else v
-                    for kind in (None, "relu", "add"):
-                        f_ms = timer.torch_op(lambda: tfwd(kind, xt.detach(), wt.detach(), bt.detach()), calls)
-                        both = timer.torch_op(lambda: torch.autograd.grad(tfwd(kind, xt, wt, bt), (xt, wt, bt), dyt),
-                                              calls)
-                        tt[(kind, False)], tt[(kind, True)] = f_ms, both - f_ms
+                tt = torch_bn_times(timer, torch, F, x, name, calls, layout == "nhwc") if torch is not None else {}
                 for op in args.ops.split(","):
                     kind, passes, backward = OPS[op]
                     z = zg if kind == "add" else None
