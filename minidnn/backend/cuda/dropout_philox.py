@@ -172,6 +172,52 @@ __device__ __forceinline__ void store_group(T* __restrict__ y, const Pack& a, I 
     }
 }
 
+// Group h of a forward walk: its PH Philox blocks decide the V elements (kept <=> (r >> 8) >= thresh), y = x * (kept ?
+// scale : 0) and the V mask bytes stored (dropout_fwd and dropout_fwd_pipe: the same counters and products).
+__device__ __forceinline__ void draw_group(const Pack& in, T* __restrict__ y, unsigned char* __restrict__ keep, I h,
+                                           I full, long long n, unsigned long long base, unsigned int k0,
+                                           unsigned int k1, unsigned int thresh, A scale)
+{
+    Pack out;
+    Mask m;
+#pragma unroll
+    for (int q = 0; q < PH; ++q) {
+        const uint4 r4 = philox(base + (unsigned long long)(h * PH + q), k0, k1);
+        const unsigned int r[4] = {r4.x, r4.y, r4.z, r4.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const bool kept = (r[j] >> 8) >= thresh;
+            m.b[4 * q + j] = kept ? 1 : 0;
+            out.v[4 * q + j] = ST(LD(in.v[4 * q + j]) * (kept ? scale : (A)0));
+        }
+    }
+    store_group(y, out, h, full, n);
+    if (h < full) {
+        STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) if (h * V + j < n) keep[h * V + j] = m.b[j];
+    }
+}
+
+// The last block of a forward launch to finish (threadFenceReduction ticket) advances the counter past this call's
+// numbers -- one Philox block per 4 elements -- and resets the ticket: every block has read state[1] by then.
+__device__ __forceinline__ void advance_counter(unsigned long long* state, unsigned int* ticket,
+                                                unsigned long long base, long long n)
+{
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        state[1] = base + (unsigned long long)((n + 3) / 4);
+        *ticket = 0u;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
             unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
@@ -191,41 +237,10 @@ dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restric
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const I h = h0 + u * stride;
-            if (h < groups) {
-                Pack out;
-                Mask m;
-#pragma unroll
-                for (int q = 0; q < PH; ++q) {
-                    const uint4 r4 = philox(base + (unsigned long long)(h * PH + q), k0, k1);
-                    const unsigned int r[4] = {r4.x, r4.y, r4.z, r4.w};
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const bool kept = (r[j] >> 8) >= thresh;
-                        m.b[4 * q + j] = kept ? 1 : 0;
-                        out.v[4 * q + j] = ST(LD(in[u].v[4 * q + j]) * (kept ? scale : (A)0));
-                    }
-                }
-                store_group(y, out, h, full, n);
-                if (h < full) {
-                    STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < V; ++j) if (h * V + j < n) keep[h * V + j] = m.b[j];
-                }
-            }
+            if (h < groups) draw_group(in[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
         }
     }
-    __shared__ bool last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (last && threadIdx.x == 0) {
-        state[1] = base + (unsigned long long)((n + 3) / 4);    // one Philox block per 4 elements
-        *ticket = 0u;
-    }
+    advance_counter(state, ticket, base, n);
 }
 
 // dropout_fwd_pipe (session 9; PIPE_FWD): dropout_fwd's walk and numbers on a persistent grid of the resident
@@ -266,43 +281,12 @@ dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned char* __re
 #pragma unroll
         for (int u = 0; u < PUNROLL; ++u) {
             const I h = h0 + u * stride;
-            if (h < groups) {
-                Pack out;
-                Mask m;
-#pragma unroll
-                for (int q = 0; q < PH; ++q) {
-                    const uint4 r4 = philox(base + (unsigned long long)(h * PH + q), k0, k1);
-                    const unsigned int r[4] = {r4.x, r4.y, r4.z, r4.w};
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        const bool kept = (r[j] >> 8) >= thresh;
-                        m.b[4 * q + j] = kept ? 1 : 0;
-                        out.v[4 * q + j] = ST(LD(cur[u].v[4 * q + j]) * (kept ? scale : (A)0));
-                    }
-                }
-                store_group(y, out, h, full, n);
-                if (h < full) {
-                    STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < V; ++j) if (h * V + j < n) keep[h * V + j] = m.b[j];
-                }
-            }
+            if (h < groups) draw_group(cur[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
         }
 #pragma unroll
         for (int u = 0; u < PUNROLL; ++u) cur[u] = nxt[u];
     }
-    __shared__ bool last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (last && threadIdx.x == 0) {
-        state[1] = base + (unsigned long long)((n + 3) / 4);    // one Philox block per 4 elements
-        *ticket = 0u;
-    }
+    advance_counter(state, ticket, base, n);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
