@@ -30,8 +30,8 @@ from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
 from ...tensor import Tensor
-from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, wrap
-from .bias import add_bias
+from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, plain_setting, wrap
+from .bias import add_bias, bias_forward, bias_grad
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
            "ConvForward", "ConvBackwardData", "ConvBackwardFilter"]
@@ -142,7 +142,7 @@ def _fast_key(op, x, weight, bias, stride, padding, dilation, groups):
     """The fast path's key of a conv call: what ``_seen_conv_key`` holds and the rest above (None: the full path)."""
     if not (isinstance(x, Tensor) and isinstance(weight, Tensor) and B.is_cuda_array(x.data)):
         return None             # (CPU calls: out at once)
-    stride, padding, dilation = _setting(stride), _setting(padding), _setting(dilation)
+    stride, padding, dilation = plain_setting(stride), plain_setting(padding), plain_setting(dilation)
     xd, wd = x.data, weight.data
     if stride is None or padding is None or dilation is None or type(groups) is not int or type(xd) is not type(wd):
         return None
@@ -243,38 +243,17 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
     return wrap(_first(gx)) if dy_last else _landed(gx, dx), _landed(gw, dw), None
 
 
-def _add_own_bias(ctx, y, b):
-    """y + b along axis 1, y being ConvForward's own new output (held by nothing else): on the GPU in place by the
-    backend's bias kernel (add_tensor's seen-call shortcut), else the broadcast add (BiasAdd's forward, bias.py)."""
-    ctx.b_dtype = b.dtype
-    ctx.db_dtype = float32_grad_of(b) if ctx.needs_input_grad[3] else None    # autocast's float32 bias: db in f32
-    yd = y.data
-    if yd.flags.c_contiguous and B.is_cuda_array(yd):
-        B.add_tensor(handle_for(y), 1.0, b.data, 1.0, yd)
-        return y
-    return y + b.reshape((1, -1) + (1,) * (y.ndim - 2))
-
-
 def _bias_grad(ctx, gy):
-    """db = the sum of gy over every axis but the channels (axis 1): first order by the backend's column sum --
-    on the GPU into the bias's gradient slot where the engine offers it (a gradient destination, beta 0) --, under
-    create_graph the same sum in differentiable Tensor ops."""
-    if is_grad_enabled():
-        gb = gy.sum((0,) + tuple(range(2, gy.ndim)))
-    else:
-        gd = gy.data
+    """db (bias.py's bias_grad); first order on the GPU into the bias's gradient slot where the engine offers one (a
+    leaf's destination, beta 0: a bias used twice keeps the engine's add)."""
+    gd = gy.data
+    dest = None
+    if not is_grad_enabled() and B.is_cuda_array(gd):
         wide = ctx.db_dtype
-        dest = destination(ctx, 3, (gd.shape[1],), gd.dtype if wide is None else wide) if B.is_cuda_array(gd) \
-            else None
-        if dest is not None and dest[1]:        # a pending gradient (a bias used twice): the engine's add
+        dest = destination(ctx, 3, (gd.shape[1],), gd.dtype if wide is None else wide)
+        if dest is not None and dest[1]:
             dest = None
-        extra = {} if dest is None else {"db": dest[0]}
-        if wide is not None:
-            extra["db_dtype"] = wide
-        gb = _landed(B.convolution_backward_bias(handle_for(gy), gd, **extra), dest)
-    if gb.dtype != ctx.b_dtype and ctx.db_dtype is None:
-        gb = gb.to(dtype=ctx.b_dtype)
-    return gb
+    return bias_grad(ctx, gy, None if dest is None else dest[0])
 
 
 class ConvForward(Function):
@@ -284,7 +263,7 @@ class ConvForward(Function):
     @staticmethod
     def forward(ctx, x, w, desc, b=None):
         if b is not None:
-            return _add_own_bias(ctx, ConvForward.forward(ctx, x, w, desc), b)
+            return bias_forward(ctx, ConvForward.forward(ctx, x, w, desc), b, fresh=True)
         seen = None
         if type(desc) is _SeenConv:     # from _conv: a seen signature (the fast path's remembered object)
             seen, desc = desc, desc.desc
@@ -462,21 +441,8 @@ def _same_padding(op, x, weight, stride, dilation, nd):
 _SEEN_CONV = SeenCalls()
 
 
-def _setting(v):
-    """``v`` where it is an int or a tuple of ints (True, 1.0 or a list never key a seen call: they hash like the
-    ints they equal, but the checks treat them differently), else None."""
-    if type(v) is int:
-        return v
-    if type(v) is tuple:
-        for e in v:
-            if type(e) is not int:
-                return None
-        return v
-    return None
-
-
 def _seen_conv_key(op, x, weight, bias, stride, padding, dilation, groups):
-    settings = (_setting(stride), _setting(padding), _setting(dilation))
+    settings = (plain_setting(stride), plain_setting(padding), plain_setting(dilation))
     if (None in settings or type(groups) is not int or not isinstance(x, Tensor) or not isinstance(weight, Tensor)
             or not (bias is None or isinstance(bias, Tensor))):
         return None
