@@ -22,6 +22,19 @@ def handle_for(x: Tensor):
     return B.handle.configured_default_handle(x.data)
 
 
+def plain_setting(v):
+    """``v`` where it is an int or a tuple of ints, else None: the only settings a seen-call key takes (True, 1.0 or
+    a list hash like the ints they equal, but the full checks treat them differently)."""
+    if type(v) is int:
+        return v
+    if type(v) is tuple:
+        for e in v:
+            if type(e) is not int:
+                return None
+        return v
+    return None
+
+
 def wrap(array) -> Tensor:
     return None if array is None else Tensor._from_array(array)
 

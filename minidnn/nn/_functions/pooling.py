@@ -23,7 +23,7 @@ from ...backend._common import SeenCalls
 from ...backend.errors import ArgumentError
 from ...ops import stack
 from ...tensor import Tensor
-from ._util import batched, check_tensor, descriptor, handle_for, ntuple, wrap
+from ._util import batched, check_tensor, descriptor, handle_for, ntuple, plain_setting, wrap
 
 __all__ = ["max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
            "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d"]
@@ -141,23 +141,12 @@ _FIRST_ORDER = _Unrecorded()
 _SEEN_POOL = SeenCalls()
 
 
-def _plain(v):
-    if type(v) is int:
-        return v
-    if type(v) is tuple:
-        for e in v:
-            if type(e) is not int:
-                return False
-        return v
-    return False
-
-
 def _pool_key(op, x, mode, kernel_size, stride, padding, ceil_mode, dilation):
     if type(x) is not Tensor or type(ceil_mode) is not bool:
         return None
-    k, p, d = _plain(kernel_size), _plain(padding), _plain(dilation)
-    s = None if stride is None else _plain(stride)
-    if k is False or s is False or p is False or d is False:
+    k, p, d = plain_setting(kernel_size), plain_setting(padding), plain_setting(dilation)
+    s = None if stride is None else plain_setting(stride)
+    if k is None or p is None or d is None or (s is None and stride is not None):
         return None
     xd = x.data
     return op, mode, xd.shape, xd.dtype, k, s, p, d, ceil_mode
