@@ -6,9 +6,7 @@
                                                    [--replays 7] [--plans]
 
 Columns, ms per call (GB/s of compulsory traffic, % of copy bandwidth measured in the same run):
-  cluster   the default plan (MINIDNN_BN_CLUSTER=1);  CL=<n>  the cluster size forced (--force; "16x2": CL 16
-            with two buffers);
-  nbuf=<b>  one or two buffers forced (--nbuf; two: a persistent grid of the clusters the GPU holds);
+  cluster   the default plan (MINIDNN_BN_CLUSTER=1);  CL=<n>  the cluster size forced (--force);
   onepass   the cluster kernels off (bn_fwd1 / bn_bwd1, as before);
   torch     F.batch_norm (+ ReLU, + z) training; backward = forward + backward captured together less the forward.
 Ops and compulsory traffic as tools/bn_onchip_bench.py (fwd 2e / 2e / 3e, bwd 3e / 4e / 5e; e = x's bytes); timing:
@@ -39,8 +37,8 @@ OPS = {"fwd": (None, 2, False), "bwd": (None, 3, True), "relu fwd": ("relu", 2, 
 _NT = BC.NT
 
 
-def _setting(enabled, force=None, nt=None, nbuf=None):
-    BC.ENABLED, BC.FORCE_CL, BC.FORCE_NBUF = enabled, force, nbuf
+def _setting(enabled, force=None, nt=None):
+    BC.ENABLED, BC.FORCE_CL = enabled, force
     BC.NT = nt or _NT
     BC._kernels.clear()
     K._calls.clear()
@@ -54,7 +52,6 @@ def main(argv=None):
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--force", default="")
     ap.add_argument("--nt", type=int, default=0)
-    ap.add_argument("--nbuf", default="", help="force one / two buffers (two: a persistent grid), e.g. 1,2")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--large-calls", type=int, default=10)
     ap.add_argument("--replays", type=int, default=7)
@@ -72,13 +69,10 @@ def main(argv=None):
     dev = cp.cuda.Device()
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy bandwidth {bw:.0f} GB/s; "
           f"smem per SM / block {M.smem_limits(dev.id)}; NT {_NT}")
-    variants = [("cluster", True, None, None, None)] + \
-        [(f"CL={f}", True, int(f.split("x")[0]), None, int(f.split("x")[1]) if "x" in f else None)
-         for f in args.force.split(",") if f] + \
-        [(f"nbuf={b}", True, None, None, int(b)) for b in args.nbuf.split(",") if b]
+    variants = [("cluster", True, None, None)] + [(f"CL={f}", True, int(f), None) for f in args.force.split(",") if f]
     if args.nt:
-        variants.append((f"NT={args.nt}", True, None, args.nt, None))
-    variants.append(("onepass", False, None, None, None))
+        variants.append((f"NT={args.nt}", True, None, args.nt))
+    variants.append(("onepass", False, None, None))
     head = f"{'shape':>14} {'dtype':>8} {'op':>8} | " + " | ".join(f"{v[0]:>22}" for v in variants) + \
         f" | {'torch':>8} | vs torch | vs onepass"
     print(head)
@@ -99,16 +93,16 @@ def main(argv=None):
             if args.plans:
                 for bwd in (False, True):
                     p = BC.plan(shape[0], c, inner, dt.itemsize, bwd, 132, M.smem_limits(dev.id))
-                    print(f"# plan {shape_s} {name} {'bwd' if bwd else 'fwd'}: (CL, slots, NBUF, smem) {p}")
+                    print(f"# plan {shape_s} {name} {'bwd' if bwd else 'fwd'}: (CL, slots, smem) {p}")
             for op in args.ops.split(","):
                 kind, passes, backward = OPS[op]
                 z = zg if kind == "add" else None
                 relu = kind is not None
                 res = {}
-                for label, enabled, force, nt, nbuf in variants:
-                    _setting(enabled, force, nt, nbuf)
-                    if (force or nbuf) and BC.plan(shape[0], c, inner, dt.itemsize, backward, 132,
-                                                   M.smem_limits(dev.id), force=force, force_nbuf=nbuf) is None:
+                for label, enabled, force, nt in variants:
+                    _setting(enabled, force, nt)
+                    if force and BC.plan(shape[0], c, inner, dt.itemsize, backward, 132, M.smem_limits(dev.id),
+                                         force=force) is None:
                         continue
                     y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                     if backward:

@@ -56,10 +56,10 @@ def test_plan(shape, item, backward, want):
     assert (p if p is None else p[:2]) == want
     if p is None:
         return
-    cl, slots, nbuf, dyn = p
+    cl, slots, dyn = p
     mv = outer * inner * item // 16
     arrays = 2 if backward else 1
-    assert nbuf == 1 and slots * BC.NT * cl >= mv and (slots - 1) * BC.NT < -(-mv // cl)
+    assert slots * BC.NT * cl >= mv and (slots - 1) * BC.NT < -(-mv // cl)
     assert dyn == slots * BC.NT * 16 * arrays <= BC.BLOCK_BYTES
     bps = 2 if dyn <= PER_BLOCK2 else 1
     assert c * cl <= 132 * bps                                      # one wave
@@ -70,12 +70,11 @@ def test_plan(shape, item, backward, want):
 
 
 def test_forced_plans_of_the_large_tensor():
-    # (128, 64, 56, 56), forced: a float32 channel is 1.6 MB -- 16 blocks of 104 KB, or of two such buffers; its
-    # backward (x and g, 3.2 MB) 16 blocks of 208 KB; portable sizes only, the forward 8 blocks of 200 KB
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=16) == (16, 13, 1, 13 * 512 * 16)
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force_nbuf=2) == (16, 13, 2, 2 * 13 * 512 * 16)
-    assert BC.plan(128, 64, 3136, 4, True, 132, H100_SMEM, force=16) == (16, 13, 1, 2 * 13 * 512 * 16)
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, non_portable=False, force=8) == (8, 25, 1, 25 * 512 * 16)
+    # (128, 64, 56, 56), forced: a float32 channel is 1.6 MB -- 16 blocks of 104 KB; its backward (x and g, 3.2 MB)
+    # 16 blocks of 208 KB; portable sizes only, the forward 8 blocks of 200 KB
+    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=16) == (16, 13, 13 * 512 * 16)
+    assert BC.plan(128, 64, 3136, 4, True, 132, H100_SMEM, force=16) == (16, 13, 2 * 13 * 512 * 16)
+    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, non_portable=False, force=8) == (8, 25, 25 * 512 * 16)
     assert BC.plan(128, 64, 3136, 4, True, 132, H100_SMEM, non_portable=False, force=8) is None
 
 
@@ -86,9 +85,7 @@ def test_plan_declines_what_does_not_fit_or_fill_vectors():
     assert BC.plan(4, 16, 82, 8, False, 132, H100_SMEM) is not None         # 82 doubles: 41 vectors a plane
     assert BC.plan(256, 16, 1024, 4, False, 132, H100_SMEM) is None         # 128 KB a block: bn_fwd1 streams better
     assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=4) is None            # 400 KB a block
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=8)[:3] == (8, 25, 1)
-    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=8, force_nbuf=2) is None
-    assert BC.plan(9, 40, 144, 4, False, 132, H100_SMEM, force_nbuf=2)[:3] == (1, 1, 2)
+    assert BC.plan(128, 64, 3136, 4, False, 132, H100_SMEM, force=8)[:2] == (8, 25)
 
 
 @pytest.mark.parametrize("outer, inner, vec, cl", [(3, 28, 4, 1), (5, 36, 4, 2), (7, 20, 2, 4), (33, 48, 8, 8),
@@ -157,8 +154,7 @@ def test_launches_under_the_fake_cupy():
 got = run((16, 64, 16, 16))
 fc = BC.plan(16, 64, 256, 4, False, 132, M._smem[0])
 bc = BC.plan(16, 64, 256, 4, True, 132, M._smem[0])
-assert fc[2] == bc[2] == 1           # one wave: a cluster a channel
-want = [("bn_fwdc", (64 * fc[0], 1, 1, BC.NT, 1, 1, fc[3])), ("bn_bwdc", (64 * bc[0], 1, 1, BC.NT, 1, 1, bc[3]))]
+want = [("bn_fwdc", (64 * fc[0], 1, 1, BC.NT, 1, 1, fc[2])), ("bn_bwdc", (64 * bc[0], 1, 1, BC.NT, 1, 1, bc[2]))]
 assert got == want, got
 assert [n for n, _ in run((4, 16, 9, 9))] == ["bn_fwd1", "bn_bwd1"]       # planes of 81 floats: no vectors
 BC.ENABLED = False
@@ -174,17 +170,16 @@ print("OK")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("dtype, cl, nbuf, bps", [(np.float32, 16, 2, 2), (np.float32, 8, 1, 1),
-                                                  (np.float64, 4, 1, 1), (np.float16, 16, 1, 2),
-                                                  ("bfloat16", 16, 2, 1)], ids=str)
-def test_kernels_compile_without_spills(tmp_path, dtype, cl, nbuf, bps):
+@pytest.mark.parametrize("dtype, cl, bps", [(np.float32, 16, 2), (np.float32, 8, 1), (np.float64, 4, 1),
+                                            (np.float16, 16, 2), ("bfloat16", 16, 1)], ids=str)
+def test_kernels_compile_without_spills(tmp_path, dtype, cl, bps):
     # (the forward at 64 registers -- two blocks of 512 threads an SM -- spills a register or two outside its loops:
     # at most 16 bytes allowed there)
     from minidnn.backend.cuda import launch
     if dtype == "bfloat16":
         dtype = pytest.importorskip("ml_dtypes").bfloat16
     for backward, name in ((False, "bn_fwdc"), (True, "bn_bwdc")):
-        opts = BC._options(np.dtype(dtype), cl, nbuf, True, True, True, True, bps, backward)
+        opts = BC._options(np.dtype(dtype), cl, True, True, True, True, bps, backward)
         src = tmp_path / "bnc.cu"
         launch.write_source(str(src), BC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
         r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"),
@@ -319,10 +314,9 @@ def test_every_cluster_size_against_the_float64_reference(cp, force, monkeypatch
 @pytest.mark.parametrize("cap", [1, 3, 7])
 @pytest.mark.parametrize("name", ["float32", "bfloat16"])
 @pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
-def test_two_buffers_and_several_channels_a_cluster(cp, force, monkeypatch, cap, name, ops):
-    # the persistent grid: 1, 3 or 7 clusters loop over 20 channels (ragged: 20 / 3, 20 / 7), two buffers
+def test_several_channels_a_cluster(cp, force, monkeypatch, cap, name, ops):
+    # the channel loop: 1, 3 or 7 clusters over 20 channels (ragged: 20 / 3, 20 / 7)
     from minidnn.backend.cuda import launch
-    monkeypatch.setattr(BC, "FORCE_NBUF", 2)
     monkeypatch.setattr(BC, "CLUSTERS_CAP", cap)
     force(2)
     grids = []
@@ -338,7 +332,7 @@ def test_two_buffers_and_several_channels_a_cluster(cp, force, monkeypatch, cap,
 @pytest.mark.parametrize("cl", [1, 8, 16])
 def test_the_driver_schedules_the_clusters(cp, cl):
     # what the route asks the driver before taking a cluster size: a positive count on this GPU
-    k = BC._kernel("bn_fwdc", np.dtype(np.float32), cl, 1, True, True, True, True, 2, cp.cuda.Device().id)
+    k = BC._kernel("bn_fwdc", np.dtype(np.float32), cl, True, True, True, True, 2, cp.cuda.Device().id)
     n = BC.driver_max_clusters(k, cl, 64 * 1024)
     assert n is not None and n > 0
 

@@ -53,8 +53,6 @@ __all__ = ["SOURCE", "plan", "prepare_forward", "prepare_backward", "ENABLED"]
 _SWITCH = os.environ.get("MINIDNN_BN_CLUSTER", "1")
 ENABLED = _SWITCH != "0"
 FORCE_CL = int(_SWITCH) if _SWITCH.isdigit() and _SWITCH not in ("0", "1") else None
-# MINIDNN_BN_CLUSTER_NBUF=1|2 forces one or two buffers (with a persistent grid for 2) where they fit (A/B)
-FORCE_NBUF = int(os.environ["MINIDNN_BN_CLUSTER_NBUF"]) if os.environ.get("MINIDNN_BN_CLUSTER_NBUF") else None
 BLOCK_BYTES = 64 * 1024   # the most a block keeps on the default route (see plan)
 CLUSTERS_CAP = None       # at most this many clusters (tests: the channel loop on small tensors)
 NT = int(os.environ.get("MINIDNN_BN_CLUSTER_NT", "512"))        # threads a block
@@ -92,15 +90,10 @@ __device__ __forceinline__ void cluster_wait()
 __device__ __forceinline__ Pack ldcs(const T* p)
 {
     Pack r;
-    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.raw.x), "=r"(r.raw.y), "=r"(r.raw.z),
-                 "=r"(r.raw.w) : "l"(p));
+    r.raw = __ldcs(reinterpret_cast<const uint4*>(p));
     return r;
 }
-__device__ __forceinline__ void stcs(T* p, const Pack& v)
-{
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(v.raw.x), "r"(v.raw.y),
-                 "r"(v.raw.z), "r"(v.raw.w) : "memory");
-}
+__device__ __forceinline__ void stcs(T* p, const Pack& v) { __stcs(reinterpret_cast<uint4*>(p), v.raw); }
 
 extern __shared__ uint4 kept[];
 
@@ -139,13 +132,13 @@ __device__ __forceinline__ Range range_of(int outer, int C, int inner, int iv, u
 // The channel loop (both kernels): cluster q of the G = gridDim.x / CL clusters takes channels q, q + G, ...
 // Channel i's partials go to part[i & 1] (double-buffered, so one barrier a channel suffices: a block overwrites
 // part[i & 1] at channel i + 2, after the barrier of channel i + 1, which every block reaches only after reading
-// channel i's partials); with NBUF 2 the kept vectors alternate between two buffers and the next channel's DRAM
-// reads run while the cluster meets over this one.
-//   load(c, buf)   pass 1 of channel c into buffer buf: the thread's sums (s1, s2)
+// channel i's partials).  The route launches a cluster a channel (G = C, one trip); fewer clusters (CLUSTERS_CAP)
+// loop over several.  (A persistent grid keeping two buffers, the next channel's reads under this one's meeting,
+// ran slower on an H100 -- session 10 -- and was removed.)
+//   load(c)        pass 1 of channel c into the kept slots: the thread's sums (s1, s2)
 //   publish        the block's sums in double (warp butterflies, the warps in order) into part[i & 1], arrive
-//   (NBUF 2: load the next channel)
 //   wait, gather   every block adds the CL blocks' partials in rank order (the same bits in every block)
-//   store(c, buf)  pass 2 from the kept vectors
+//   store(c)       pass 2 from the kept vectors, then load(c + G)
 // At the end an arrive + wait keeps every block's partials alive until the others have read them.
 __device__ __forceinline__ void publish(A s1, A s2, double* part)
 {
@@ -195,7 +188,7 @@ __device__ __forceinline__ void gather(const double* part, double& t1, double& t
     t1 = tot[0]; t2 = tot[1];
 }
 
-#define SLOT(buf, k, a, arrays) kept[(((buf) * slots + (k)) * (arrays) + (a)) * NT + threadIdx.x]
+#define SLOT(k, a, arrays) kept[((k) * (arrays) + (a)) * NT + threadIdx.x]
 
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, BPS)
 bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, void* unused_partial,
@@ -203,14 +196,14 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter,
         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr, const double factor, const double eps, const int has_running,
-        const int has_counter, const int slots)
+        const int has_counter)
 {
     __shared__ __align__(16) double part[2][2];
     const int G = gridDim.x / CL;
     const Range rg = range_of(outer, C, inner, iv, iv_mul, iv_shr);
     const int n = rg.count();
     const bool lead = threadIdx.x == 0 && cluster_rank() == 0;
-    auto load = [&](int c, int buf, A& K, A& s1, A& s2) {
+    auto load = [&](int c, A& K, A& s1, A& s2) {
         K = LD(x[(long long)c * inner]);        // shift: the channel's first value
         s1 = 0; s2 = 0;
         for (int k0 = 0; k0 < n; k0 += UNROLL) {
@@ -221,7 +214,7 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 if (k0 + u >= n) continue;
-                SLOT(buf, k0 + u, 0, 1) = p[u].raw;
+                SLOT(k0 + u, 0, 1) = p[u].raw;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) { const A d = LD(p[u].v[e]) - K; s1 += d; s2 += d * d; }
             }
@@ -229,12 +222,10 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
     };
     A K, s1, s2;
     int c = blockIdx.x / CL;
-    load(c, 0, K, s1, s2);
+    load(c, K, s1, s2);
     for (int i = 0; c < C; ++i, c += G) {
-        const int buf = NBUF == 2 ? (i & 1) : 0;
         publish(s1, s2, part[i & 1]);
         A Kn = 0, s1n = 0, s2n = 0;
-        if (NBUF == 2 && c + G < C) load(c + G, buf ^ 1, Kn, s1n, s2n);
         cluster_wait();
         double t1, t2;
         gather(part[i & 1], t1, t2);
@@ -265,7 +256,7 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
             for (int u = 0; u < UNROLL; ++u) {
                 if (k0 + u >= n) continue;
                 Pack p, o;
-                p.raw = SLOT(buf, k0 + u, 0, 1);
+                p.raw = SLOT(k0 + u, 0, 1);
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     A w = (LD(p.v[e]) - mu) * kk;
@@ -279,7 +270,7 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
                 stcs(y + rg.off(c, rg.vec_of(k0 + u)), o);
             }
         }
-        if (NBUF == 1 && c + G < C) load(c + G, 0, Kn, s1n, s2n);
+        if (c + G < C) load(c + G, Kn, s1n, s2n);
         K = Kn; s1 = s1n; s2 = s2n;
     }
     cluster_arrive();
@@ -291,7 +282,7 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         const A* __restrict__ inv_std, void* unused_partial, void* unused_sync, A* __restrict__ coef,
         P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
         T* __restrict__ dz, const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
-        const unsigned int iv_shr, const int slots)
+        const unsigned int iv_shr)
 {
     __shared__ __align__(16) double part[2][2];
     const int G = gridDim.x / CL;
@@ -299,7 +290,7 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
     const int n = rg.count();
     const bool lead = threadIdx.x == 0 && cluster_rank() == 0;
     // pass 1: keeps x and g (dy, masked by y > 0 after a fused ReLU)
-    auto load = [&](int c, int buf, A& s1, A& s2) {
+    auto load = [&](int c, A& s1, A& s2) {
         const A mu = mean[c], is = inv_std[c];
         s1 = 0; s2 = 0;
         for (int k0 = 0; k0 < n; k0 += UNROLL) {
@@ -321,19 +312,17 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                     s1 += gv;
                     s2 += gv * ((LD(p[u].v[e]) - mu) * is);
                 }
-                SLOT(buf, k0 + u, 0, 2) = p[u].raw;
-                SLOT(buf, k0 + u, 1, 2) = g[u].raw;
+                SLOT(k0 + u, 0, 2) = p[u].raw;
+                SLOT(k0 + u, 1, 2) = g[u].raw;
             }
         }
     };
     A s1, s2;
     int c = blockIdx.x / CL;
-    load(c, 0, s1, s2);
+    load(c, s1, s2);
     for (int i = 0; c < C; ++i, c += G) {
-        const int buf = NBUF == 2 ? (i & 1) : 0;
         publish(s1, s2, part[i & 1]);
         A s1n = 0, s2n = 0;
-        if (NBUF == 2 && c + G < C) load(c + G, buf ^ 1, s1n, s2n);
         cluster_wait();
         double t1, t2;
         gather(part[i & 1], t1, t2);
@@ -353,8 +342,8 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                 if (k0 + u >= n) continue;
                 const long long o = rg.off(c, rg.vec_of(k0 + u));
                 Pack p, g, d;
-                p.raw = SLOT(buf, k0 + u, 0, 2);
-                g.raw = SLOT(buf, k0 + u, 1, 2);
+                p.raw = SLOT(k0 + u, 0, 2);
+                g.raw = SLOT(k0 + u, 1, 2);
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
                     const A xhat = (LD(p.v[e]) - mu) * is;
@@ -364,7 +353,7 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                 if (HAS_Z) stcs(dz + o, g);
             }
         }
-        if (NBUF == 1 && c + G < C) load(c + G, 0, s1n, s2n);
+        if (c + G < C) load(c + G, s1n, s2n);
         s1 = s1n; s2 = s2n;
     }
     cluster_arrive();
@@ -385,18 +374,17 @@ def _slots(mv, cl):
 
 
 def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448), non_portable=True,
-         force=None, force_nbuf=None):
-    """(CL, slots, NBUF, dynamic shared memory bytes) of a cluster launch, or None where the cluster kernels are
-    not the faster route (the caller keeps bn_fwd1 / bn_bwd1).  ``smem``: (per SM, the most a block may opt into).
-    A block keeps `slots` vectors a thread of each array (x; x and g backward) in each of NBUF buffers.
+         force=None):
+    """(CL, slots, dynamic shared memory bytes) of a cluster launch, or None where the cluster kernels are not the
+    faster route (the caller keeps bn_fwd1 / bn_bwd1).  ``smem``: (per SM, the most a block may opt into).  A block
+    keeps `slots` vectors a thread of each array (x; x and g backward).
     The rule, from the H100 sweep (docs/step_kernels.md, session 10): the clusters are faster where the call is
     latency-bound -- every cluster resident at once (one wave) and at most BLOCK_BYTES kept a block: ResNet-20's
     and MobileNet's tensors, 1.2-1.6x the one-pass kernels.  There the smallest CL giving at least a block to every
     other SM (each cluster member costs its share of the meeting: CL 16 ran 2-4x slower than CL 2 on
     (128, 64, 8, 8)).  Larger tensors stream better through bn_fwd1 / bn_bwd1 (their round fits L2 plus the grid's
     shared memory; the clusters' blocks alternate reading and writing, 65-76% of copy).
-    ``force`` / ``force_nbuf``: that CL / NBUF wherever it fits (the A/B tools; two buffers with a persistent grid
-    ran slower than one: 0.098 against 0.091 ms on the large float32 forward)."""
+    ``force``: that CL wherever it fits (the A/B tools)."""
     vec = 16 // itemsize
     if inner % vec or c < 1 or outer < 1:
         return None
@@ -415,13 +403,8 @@ def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448
         return min(per_sm_threads, 2 if nbytes <= per_block2 else 1)
 
     sizes = [s for s in SIZES if s <= 8 or non_portable]
-    if force is not None or force_nbuf is not None:
-        cands = [force] if force is not None else sizes
-        nb = force_nbuf or 1
-        for cl in cands:
-            if cl in sizes and nb * buf(cl) <= per_block:
-                return cl, _slots(mv, cl), nb, nb * buf(cl)
-        return None
+    if force is not None:
+        return (force, _slots(mv, force), buf(force)) if force in sizes and buf(force) <= per_block else None
     fits = [s for s in sizes if buf(s) <= per_block]
     one_wave = [s for s in fits if c * s <= sm_count * bps(buf(s))]
     if not one_wave:
@@ -431,16 +414,16 @@ def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448
     cl = min(half) if half else max(s for s in one_wave if s == 1 or mv // s >= NT)
     if buf(cl) > BLOCK_BYTES:
         return None
-    return cl, _slots(mv, cl), 1, buf(cl)
+    return cl, _slots(mv, cl), buf(cl)
 
 
-def _options(dtype, cl, nbuf, relu, has_z, has_scale, has_bias, bps, backward=False):
+def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps, backward=False):
     """NVRTC options.  UNROLL: 4 vectors in flight per thread and array forward at two blocks an SM, twice that at
     one; the backward half of it (it loads 2-3 arrays; more spills at 64 registers)."""
     scalar, accum, storage, pdt = type_info(dtype)
     unroll = (UNROLL if bps > 1 else 2 * UNROLL) // (2 if backward else 1)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
-            f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DCL={cl}", f"-DNBUF={nbuf}", f"-DNT={NT}",
+            f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DCL={cl}", f"-DNT={NT}",
             f"-DUNROLL={unroll}", f"-DBPS={bps}", f"-DRELU={int(relu)}", f"-DHAS_Z={int(has_z)}",
             f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}", "-std=c++17")
 
@@ -448,11 +431,11 @@ def _options(dtype, cl, nbuf, relu, has_z, has_scale, has_bias, bps, backward=Fa
 _kernels: dict = {}
 
 
-def _kernel(name, dtype, cl, nbuf, relu, has_z, has_scale, has_bias, bps, dev):
-    key = (name, _dev.dtype_name(dtype), cl, nbuf, relu, has_z, has_scale, has_bias, bps, NT, dev)
+def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev):
+    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, NT, dev)
     k = _kernels.get(key)
     if k is None:
-        k = _launch.get_kernel(SOURCE, name, _options(dtype, cl, nbuf, relu, has_z, has_scale, has_bias, bps,
+        k = _launch.get_kernel(SOURCE, name, _options(dtype, cl, relu, has_z, has_scale, has_bias, bps,
                                                       name == "bn_bwdc"))
         if cl > 8:      # (a fake CuPy has no such call)
             setter = getattr(_launch.cupy().cuda.driver, "funcSetAttribute", None)
@@ -494,25 +477,20 @@ def usable(dev) -> bool:
 def _prepare(name, xc, outer, c, inner, backward, flags, tail, divider, dev):
     item = xc.dtype.itemsize
     smem = _nhwc.smem_limits(dev)
-    p = plan(outer, c, inner, item, backward, _launch.sm_count(dev), smem, force=FORCE_CL, force_nbuf=FORCE_NBUF)
+    p = plan(outer, c, inner, item, backward, _launch.sm_count(dev), smem, force=FORCE_CL)
     if p is None:
         return None
-    cl, slots, nbuf, dyn = p
+    cl, _, dyn = p
     bps = 2 if dyn <= (smem[0] // 2 - 1024 - _STATIC) else 1
-    k = _kernel(name, xc.dtype, cl, nbuf, flags.get("relu", False), flags.get("has_z", False),
+    k = _kernel(name, xc.dtype, cl, flags.get("relu", False), flags.get("has_z", False),
                 flags.get("has_scale", False), flags.get("has_bias", False), bps, dev)
-    held = driver_max_clusters(k, cl, dyn)
-    if held == 0:           # not schedulable here: the one-pass kernels
+    if driver_max_clusters(k, cl, dyn) == 0:       # not schedulable here: the one-pass kernels
         return None
-    if held is None:        # (estimate: SMs x blocks an SM / CL)
-        held = max(1, _launch.sm_count(dev) * (2 if bps == 2 else 1) // cl)
-    clusters = c if nbuf == 1 else min(c, held)
-    if CLUSTERS_CAP is not None:        # tests: several channels a cluster on small tensors
-        clusters = max(1, min(clusters, CLUSTERS_CAP))
+    clusters = c if CLUSTERS_CAP is None else max(1, min(c, CLUSTERS_CAP))  # (tests: several channels a cluster)
     iv = inner // (16 // item)
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *divider(iv)]
     n_arrays = 13 if backward else 12
-    return _launch.prepare(k, (clusters * cl,), (NT,), [None] * n_arrays + geo + list(tail) + [np.int32(slots)],
+    return _launch.prepare(k, (clusters * cl,), (NT,), [None] * n_arrays + geo + list(tail),
                            shared_mem=dyn)
 
 
@@ -535,4 +513,4 @@ def prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, divider, dev
 if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check
     import sys
     _launch.write_source(sys.argv[1] if len(sys.argv) > 1 else "/tmp/bn_cluster.cu", SOURCE,
-                         [d[2:] for d in _options(np.float32, 8, 2, True, True, True, True, 1)[:-1]])
+                         [d[2:] for d in _options(np.float32, 8, True, True, True, True, 1)[:-1]])

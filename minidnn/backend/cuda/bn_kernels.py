@@ -1254,8 +1254,7 @@ _calls: dict = {}
 
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
-    return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.FORCE_NBUF, _cluster.NT, \
-        _cluster.CLUSTERS_CAP
+    return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP
 
 
 def _rows_to_nhwc():
