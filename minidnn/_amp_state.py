@@ -15,6 +15,7 @@ outermost region, as PyTorch does, so a weight used twice is cast once.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from contextlib import contextmanager
 
@@ -24,7 +25,7 @@ from .backend.devices import device_of as _device_of
 from .backend.devices import is_floating as _is_floating
 
 __all__ = ["cast_inputs", "autocast_op", "policy_of", "is_active", "enter", "exit_", "get_dtype", "suspended",
-           "float32_grad_of"]
+           "float32_grad_of", "graph_weight", "leaf_grad"]
 
 _local = threading.local()
 _active_regions = 0            # enabled regions in all threads: the cheap test every op makes first
@@ -40,6 +41,13 @@ _FP32 = {
     "cpu": _LOSSES | {"prod", "cdist", "avg_pool3d"},
 }
 _PROMOTE = {"cat", "stack", "addcdiv", "addcmul", "atan2", "where", "index_put", "scatter_add", "tensordot"}
+# The ops whose Functions hand back float32 gradients for a float32 parameter's float16/bfloat16 cast (the filter,
+# linear and bias gradients: float32_grad_of) -- their weight and bias, by position and by keyword: these casts
+# are direct weights (minidnn.amp: no cast node; docs/measurements/amp_host_2026-11-26.md, session 11).
+_DIRECT = {op: ((1, 2), ("weight", "bias")) for op in ("conv1d", "conv2d", "conv3d", "linear")}
+# Switch (tests and A/B runs): DIRECT_WEIGHTS[0] = False, or MINIDNN_AMP_DIRECT_WEIGHTS=0 at import: a cast node
+# per weight, as before.
+DIRECT_WEIGHTS = [os.environ.get("MINIDNN_AMP_DIRECT_WEIGHTS", "1") != "0"]
 
 
 def policy_of(op_name: str, device_type: str):
@@ -128,8 +136,8 @@ def suspended():
 
 
 # The weight cast of a whole flat buffer (minidnn.amp installs it: it builds autograd nodes, which this floor may
-# not import): flat_caster(t, dtype, state) -> t's cast, with the cache filled for the buffer's other parameters,
-# or None where t is not in a flat buffer worth casting whole (the cast then goes one tensor at a time).
+# not import): flat_caster(t, dtype, state, direct) -> t's cast, with the cache filled for the buffer's other
+# parameters, or None where t is not in a flat buffer worth casting whole (the cast then goes one tensor at a time).
 _flat_caster = None
 
 
@@ -138,8 +146,9 @@ def set_flat_caster(fn):
     _flat_caster = fn
 
 
-# Every other cast a region makes: caster(t, dtype) -> t in dtype, differentiably (minidnn.amp installs its marked
-# cast node, whose float32 source tells consumers they may hand back float32 gradients: ``float32_grad_of``).
+# Every other cast a region makes: caster(t, dtype, direct=False, data=None) -> t in dtype, differentiably
+# (minidnn.amp installs its marked cast node, whose float32 source tells consumers they may hand back float32
+# gradients: ``float32_grad_of``; or, ``direct``, a direct weight; ``data``: the cast already made).
 _caster = None
 
 
@@ -150,32 +159,64 @@ def set_caster(fn):
 
 def float32_grad_of(t):
     """float32 where ``t`` is an autocast cast of a float32 tensor to float16/bfloat16 (its cast node's backward would
-    convert t's gradient to float32 anyway, and passes a float32 one through without a launch), else None.  A
-    consumer whose backward computes t's gradient with float32 sums (the filter-gradient kernels) may then return
-    it in float32, unrounded; only first-order backward does (create_graph keeps t's dtype)."""
+    convert t's gradient to float32 anyway, and passes a float32 one through without a launch) or a direct weight
+    (t's grad_fn is its float32 parameter's accumulator, which must receive float32), else None.  A consumer whose
+    backward computes t's gradient with float32 sums (the filter-gradient kernels) may then return it in float32,
+    unrounded; only first-order backward does (create_graph keeps t's dtype: ``leaf_grad`` widens a direct
+    weight's)."""
     n = t.grad_fn
-    if n is not None and getattr(n, "float32_grad_ok", False) and n.src_dtype == np.float32 \
-            and t.data.dtype.itemsize == 2:
+    if n is None or t.data.dtype.itemsize != 2:
+        return None
+    if type(n) is _accumulator_type:
+        return n.variable.data.dtype if n.variable.data.dtype == np.float32 else None
+    if getattr(n, "float32_grad_ok", False) and n.src_dtype == np.float32:
         return n.src_dtype
     return None
 
 
-def _cast(t, dtype, s):
+# Direct weights under create_graph (minidnn.amp installs them with the engine's AccumulateGrad class, which this
+# floor may not import): graph_weight(w) -> the weight a create_graph backward computes with (a direct weight as
+# its cast node's output), leaf_grad(ctx, i, g) -> the gradient it returns for input i (a direct weight's widened
+# to its float32 parameter by the cast node's differentiable transfer).  Identities until installed.
+_accumulator_type = None
+
+
+def graph_weight(w):
+    return _graph_weight(w) if _accumulator_type is not None else w
+
+
+def leaf_grad(ctx, i, g):
+    return _leaf_grad(ctx, i, g) if _accumulator_type is not None else g
+
+
+def set_direct_graph(graph_weight_fn, leaf_grad_fn, accumulator_type):
+    global _graph_weight, _leaf_grad, _accumulator_type
+    _graph_weight, _leaf_grad, _accumulator_type = graph_weight_fn, leaf_grad_fn, accumulator_type
+
+
+def _cast(t, dtype, s, direct=False):
     """``t`` in ``dtype``.  Leaf tensors that require grad (weights) are cast once per outermost region: the cache
     entry is (t, t's version when cast, the cast, id of t's flat buffer or None) and a later in-place update
-    of t (a new version) casts it again."""
+    of t (a new version) casts it again.  ``direct``: t is a conv's or a linear layer's weight or bias, which may get
+    a direct weight (``_DIRECT``); a cached direct weight met by any other use becomes the cast node's output for
+    the same data, and the entry keeps that from then on."""
     if t.data.dtype == dtype:
         return t
     cacheable = s["cache_enabled"] and t.grad_fn is None and t.requires_grad
     if cacheable:
-        hit = s["cache"].get(id(t))
+        cache = s["cache"]
+        hit = cache.get(id(t))
         if hit is not None and hit[0] is t and hit[1] == t._version and hit[2].data.dtype == dtype:
-            return hit[2]
+            out = hit[2]
+            if not direct and type(out.grad_fn) is _accumulator_type:
+                out = _caster(t, dtype, False, out.data)
+                cache[id(t)] = (t, hit[1], out, hit[3])
+            return out
         if _flat_caster is not None:
-            out = _flat_caster(t, dtype, s)
+            out = _flat_caster(t, dtype, s, direct)
             if out is not None:
                 return out
-    out = t.to(dtype=dtype) if _caster is None else _caster(t, dtype)
+    out = t.to(dtype=dtype) if _caster is None else _caster(t, dtype, direct)
     if cacheable:
         s["cache"][id(t)] = (t, t._version, out, None)
     return out
@@ -206,9 +247,10 @@ def _device_type(x):
     return "cpu" if type(x) is np.ndarray else _device_of(x).type
 
 
-def cast_inputs(op_name: str, args, kwargs=None, policies=None):
+def cast_inputs(op_name: str, args, kwargs=None, policies=None, direct=None):
     """(args, kwargs): the floating Tensors among ``args``/``kwargs`` cast as ``op_name``'s policy says for this
-    thread's region.  ``policies``: ``_policies(op_name)``, when the caller has it at hand.  One pass finds the
+    thread's region.  ``policies``: ``_policies(op_name)``, when the caller has it at hand; ``direct``: the
+    positions and keywords of ``_DIRECT[op_name]`` (looked up when None).  One pass finds the
     floating Tensors' positions (every op call in a region pays it: kept lean), the policy decides on their dtypes,
     and only those positions are cast."""
     kwargs = {} if kwargs is None else kwargs
@@ -261,16 +303,19 @@ def cast_inputs(op_name: str, args, kwargs=None, policies=None):
         else:
             return args, kwargs
         target = np.dtype(np.float32)
+    if direct is None:
+        direct = _DIRECT.get(op_name, ((), ()))
     if pos:
         args = list(args)
+        at = direct[0]
         for i in pos:
             if args[i].data.dtype != target:
-                args[i] = _cast(args[i], target, s)
+                args[i] = _cast(args[i], target, s, i in at)
         args = tuple(args)
     if keys:
         kwargs = dict(kwargs)
         for k in keys:
-            kwargs[k] = _cast(kwargs[k], target, s)
+            kwargs[k] = _cast(kwargs[k], target, s, k in direct[1])
     return args, kwargs
 
 
@@ -279,6 +324,7 @@ def autocast_op(op_name: str):
     policy (outside one it costs a single global test).  An op with no policy on any device (batch norm) is
     returned as it is: nothing to look up at its calls."""
     policies = _policies(op_name)
+    direct = _DIRECT.get(op_name, ((), ()))
 
     def decorate(fn):
         if not policies:
@@ -287,7 +333,7 @@ def autocast_op(op_name: str):
         @functools.wraps(fn)
         def op(*args, **kwargs):
             if _active_regions:
-                args, kwargs = cast_inputs(op_name, args, kwargs, policies)
+                args, kwargs = cast_inputs(op_name, args, kwargs, policies, direct)
             return fn(*args, **kwargs)
         return op
     return decorate

@@ -12,6 +12,15 @@ in one flat buffer are cast together: when the previous region's casts used at l
 elements, the first of its parameters the region casts casts the whole buffer in one launch (``_cast_flat_buffer``),
 and every parameter's cast is a view of that copy with its own differentiable cast node, made at its first use --
 the same values, nodes and gradients as one cast per parameter, in one launch instead of one per weight.
+
+Direct weights (session 11, docs/measurements/amp_host_2026-11-26.md): the float32 parameters that a convolution or a
+linear layer takes as its weight or bias get no cast node.  Their cast is a Tensor of the low-precision data whose
+``grad_fn`` is the parameter's own ``AccumulateGrad`` (``_direct``): the layer's node records its edge to the
+parameter itself, and its backward hands back a float32 gradient -- the kernels' float32 sums at first order
+(``_amp_state.float32_grad_of``), and under create_graph the differentiable cast to float32 the cast node's backward
+made (``graph_weight`` / ``leaf_grad``) -- so the gradient reaching the parameter is the one the cast node passed
+through.  Another op meeting a direct cast in the cache gets the cast node made for the same data (``_cast``).
+Switch: ``_amp_state.DIRECT_WEIGHTS[0]``, or MINIDNN_AMP_DIRECT_WEIGHTS=0 in the environment at import.
 """
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ import functools
 import numpy as np
 
 from .. import _amp_state
+from ..autograd import AccumulateGrad
 from ..autograd import _state as _grad_state
 from ..backend.devices import to_device
 from ..backend.ownership import owner_of
@@ -115,19 +125,44 @@ class AutocastCast(Transfer):
         return (transfer(g, device=ctx.src_device, dtype=ctx.src_dtype),)
 
 
-def _cast(t, dtype):
-    """autocast's cast of ``t`` to ``dtype``: ``t.to(dtype=dtype)``, with the marked node (its output: ``data``, t
-    cast to another dtype) where one is recorded, so the gradient comes back to t in t's dtype."""
-    device = t.device
-    data = to_device(t.data, device, dtype=dtype)
-    if not (_grad_state.grad_enabled and t.requires_grad):
-        return Tensor._from_array(data)         # t.to(dtype=dtype): no node
+def _direct_ok(t, dtype):
+    """Whether ``t``'s cast to ``dtype`` may be a direct weight: a float32 leaf cast to float16/bfloat16, while a
+    graph is recorded (the caller checked that t requires grad)."""
+    return DIRECT[0] and t.grad_fn is None and t.data.dtype == np.float32 and dtype.itemsize == 2
+
+
+def _direct(t, data):
+    """``data`` (t's float16/bfloat16 cast) as a direct weight: a Tensor whose gradient edge is t's own accumulator
+    (``Tensor._edge`` reads grad_fn), with no node of its own."""
+    w = Tensor._wrap_like(data)
+    w.grad_fn = t._edge()[0]
+    w.requires_grad = True
+    return w
+
+
+def _node_cast(t, data, device):
+    """``data`` (t cast to another dtype) recorded as autocast's cast of ``t`` (on ``device``): the marked node."""
     n = AutocastCast.node(t)
     n.src_device, n.src_dtype = device, t.data.dtype
     return n.output(data)
 
 
-def _cast_flat_buffer(t, dtype, s):
+def _cast(t, dtype, direct=False, data=None):
+    """autocast's cast of ``t`` to ``dtype``: ``t.to(dtype=dtype)``, with the marked node (its output: ``data``, t
+    cast to another dtype) where one is recorded, so the gradient comes back to t in t's dtype; ``direct`` (a conv's
+    or a linear layer's weight or bias): a direct weight instead of the node, where ``_direct_ok``.  ``data``: the
+    cast already made (a direct weight's, met by another op: the node is made for it)."""
+    device = t.device
+    if data is None:
+        data = to_device(t.data, device, dtype=dtype)
+    if not (_grad_state.grad_enabled and t.requires_grad):
+        return Tensor._from_array(data)         # t.to(dtype=dtype): no node
+    if direct and _direct_ok(t, dtype):
+        return _direct(t, data)
+    return _node_cast(t, data, device)
+
+
+def _cast_flat_buffer(t, dtype, s, direct=False):
     """The autocast cast of parameter ``t`` when a fused optimizer's flat buffer holds it (None otherwise: the
     caller casts it alone).  The first such cast of a region whose previous outermost region's casts used at
     least half of the buffer's elements (batch-norm parameters, which autocast does not cast, are small beside the
@@ -147,15 +182,43 @@ def _cast_flat_buffer(t, dtype, s):
         flat = s["flat_low"][key] = (fs, fs.param.astype(dtype), [p._version for p in fs.params])
     if (recording and flat is not None and flat[0] is fs and flat[1].dtype == dtype and t._version == flat[2][j]
             and t.data is fs.param_views[j]):
-        n = AutocastCast.node(t)        # t is on the flat set's device
-        n.src_device, n.src_dtype = fs.device, t.data.dtype
-        out = n.output(fs.view(flat[1], j))
+        if direct and _direct_ok(t, dtype):
+            out = _direct(t, fs.view(flat[1], j))
+        else:
+            n = AutocastCast.node(t)        # t is on the flat set's device
+            n.src_device, n.src_dtype = fs.device, t.data.dtype
+            out = n.output(fs.view(flat[1], j))
     else:
-        out = _cast(t, dtype)
+        out = _cast(t, dtype, direct)
     s["cache"][id(t)] = (t, t._version, out, key)
     return out
 
 
+def graph_weight(w):
+    """Under create_graph, the weight a layer's backward computes with: a direct weight becomes the cast node's
+    output for the same data (the old path's graph, so gradients of these ops reach the parameter widened to float32
+    by the node, as before); any other ``w`` as it is."""
+    n = w.grad_fn
+    if type(n) is AccumulateGrad and n.variable.data.dtype != w.data.dtype:
+        return _node_cast(n.variable, w.data, n.variable.device)
+    return w
+
+
+def leaf_grad(ctx, i, g):
+    """Under create_graph, the gradient ``g`` a layer's backward returns for its input ``i``: for a direct weight (an
+    edge to a float32 parameter's accumulator) cast to float32 by the differentiable transfer the cast node's
+    backward ran; else ``g``."""
+    edge = ctx.next_edges[i]
+    if g is None or edge is None or type(edge[0]) is not AccumulateGrad:
+        return g
+    v = edge[0].variable
+    if g.data.dtype == v.data.dtype:
+        return g
+    return transfer(g, device=v.device, dtype=v.data.dtype)
+
+
+DIRECT = _amp_state.DIRECT_WEIGHTS
 _amp_state.set_flat_caster(_cast_flat_buffer)
+_amp_state.set_direct_graph(graph_weight, leaf_grad, AccumulateGrad)
 _amp_state.set_caster(_cast)
 _amp_state.set_tensor_type(Tensor)

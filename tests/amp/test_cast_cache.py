@@ -67,7 +67,12 @@ def _step(model, opt, x, y, **kw):
     return loss
 
 
-def test_one_cast_per_parameter_per_region_and_whole_flat_buffer_from_the_second(count_cast_nodes):
+@pytest.mark.parametrize("direct", [False, True], ids=["cast_nodes", "direct_weights"])
+def test_one_cast_per_parameter_per_region_and_whole_flat_buffer_from_the_second(count_cast_nodes,
+                                                                                 set_direct_weights, direct):
+    """(Direct weights, session 11: the same casts and the same cache, with no cast node -- each cached cast's
+    grad_fn is its parameter's accumulator.)"""
+    set_direct_weights(direct)
     model = _model()
     opt = mdn.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     fs = _flat_spy(opt)
@@ -85,7 +90,10 @@ def test_one_cast_per_parameter_per_region_and_whole_flat_buffer_from_the_second
         assert not _amp_state._state()["cache"]                 # cleared on exit
         # one cast node per parameter the region uses (batch norm's parameters are in the flat copy, uncast)
         cast_leaves = [id(t) for t in count_cast_nodes if t.is_leaf and t.requires_grad]
-        assert sorted(cast_leaves) == sorted(map(id, weights))
+        assert sorted(cast_leaves) == ([] if direct else sorted(map(id, weights)))
+        if direct:
+            assert all(type(c.grad_fn) is mdn.autograd.AccumulateGrad and c.grad_fn.variable is p
+                       for p, c in zip(weights, casts.values()))
         # region 0 learns which flat buffers the region uses; later regions cast the buffer once, as views of it
         assert _CountingArray.casts - before == (0 if region == 0 else 1)
         bases = {id(c.data.base) if c.data.base is not None else None for c in casts.values()}

@@ -175,7 +175,9 @@ def test_cast_node_backward_passes_its_source_dtype_through_and_converts_others(
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_flat_buffer_cast_nodes_name_the_parameter_device_and_dtype(device, dtype):
+def test_flat_buffer_cast_nodes_name_the_parameter_device_and_dtype(device, dtype, set_direct_weights):
+    """(With the cast nodes: direct weights off -- tests/amp/test_direct_weights.py has them on.)"""
+    set_direct_weights(False)
     low = _low(device, dtype)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).to(device)
     opt = mdn.optim.SGD(model.parameters(), lr=0.1, fused=True)

@@ -21,7 +21,7 @@ import math
 import os
 
 from ... import backend as B
-from ..._amp_state import autocast_op, float32_grad_of
+from ..._amp_state import autocast_op, float32_grad_of, graph_weight, leaf_grad
 from ..._grad_dest import destination
 from ...autograd import Function, is_grad_enabled
 from ...backend._common import SeenCalls
@@ -81,7 +81,8 @@ def _backward_data_carried(w, dy, desc, x_shape, h, carry):
 
 def _backward_filter(x, dy, desc, w_shape, h=None, dw_dtype=None):
     """dw; ``dw_dtype`` float32 (first order, w autocast's cast of a float32 weight: ``float32_grad_of``): the
-    kernels' float32 sums unrounded, which the cast node passes through (docs/amp.md)."""
+    kernels' float32 sums unrounded, which the cast node passes through, or which reach the parameter directly
+    (autocast's direct weights, whose edge is the parameter's own; docs/amp.md)."""
     h = handle_for(x) if h is None else h
     extra = {} if dw_dtype is None else {"dw_dtype": dw_dtype}
     if _channels_last(x.data) and _channels_last(dy.data):
@@ -293,6 +294,8 @@ class ConvForward(Function):
     def backward(ctx, gy):
         if len(ctx.needs_input_grad) == 4:     # with the bias: db first (the launch order of the separate node)
             gb = _bias_grad(ctx, gy) if ctx.needs_input_grad[3] else None
+            if gb is not None and is_grad_enabled():
+                gb = leaf_grad(ctx, 3, gb)      # autocast's direct bias: its float32 gradient (create_graph)
             return (*ConvForward._backward(ctx, gy), gb)
         return ConvForward._backward(ctx, gy)
 
@@ -319,8 +322,10 @@ class ConvForward(Function):
             with B.convolution_shared_staging(carry):
                 return (_backward_data_carried(w, gy, ctx.desc, x_shape, None, carry) if need[0] else None,
                         _backward_filter(x, gy, ctx.desc, w_shape, None, ctx.dw_dtype) if need[1] else None, None)
-        gx = ConvBackwardData.apply(w, gy, ctx.desc, x_shape) if need[0] else None
-        gw = ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape) if need[1] else None
+        # create_graph: autocast's direct weight computes as its cast node's output and gets its gradient widened
+        # to the float32 parameter as that node did (the old graph: _amp_state.graph_weight / leaf_grad)
+        gx = ConvBackwardData.apply(graph_weight(w), gy, ctx.desc, x_shape) if need[0] else None
+        gw = leaf_grad(ctx, 1, ConvBackwardFilter.apply(x, gy, ctx.desc, w_shape)) if need[1] else None
         return gx, gw, None
 
 
@@ -346,8 +351,8 @@ class ConvBackwardData(Function):
                             _forward(g, w, ctx.desc), None, None)
             return (_backward_filter(g, dy, ctx.desc, ctx.w_shape, None, ctx.dw_dtype) if need[0] else None,
                     _forward(g, w, ctx.desc) if need[1] else None, None, None)
-        gw = ConvBackwardFilter.apply(g, dy, ctx.desc, ctx.w_shape) if need[0] else None
-        gdy = ConvForward.apply(g, w, ctx.desc) if need[1] else None
+        gw = leaf_grad(ctx, 0, ConvBackwardFilter.apply(g, dy, ctx.desc, ctx.w_shape)) if need[0] else None
+        gdy = ConvForward.apply(g, graph_weight(w), ctx.desc) if need[1] else None
         return gw, gdy, None, None
 
 

@@ -16,7 +16,8 @@ whose backward ran differentiable Tensor ops -- a matmul with its checks, transp
 cost a PyTorch user expects of a linear layer (docs/host_overhead.md round 16).  Under autocast, where the weight is
 a float16/bfloat16 cast of a float32 parameter (``_amp_state.float32_grad_of``), dw comes back in float32 straight
 from the GEMM (cuBLAS's float32 output; on the CPU the product of float32 copies), which the cast node passes
-through; the bias's db likewise (docs/amp.md).
+through -- or, for autocast's direct weights (no cast node: the edge goes to the parameter itself), which reaches
+the parameter as it is; the bias's db likewise (docs/amp.md).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import math
 import numpy as np
 
 from ... import backend as B
-from ..._amp_state import float32_grad_of
+from ..._amp_state import float32_grad_of, graph_weight, leaf_grad
 from ..._grad_dest import destination
 from ...autograd import Function, is_grad_enabled
 from ...backend import blas
@@ -67,10 +68,10 @@ class Linear(Function):
         x, w = ctx.saved_tensors
         need = ctx.needs_input_grad
         if is_grad_enabled():       # create_graph: differentiable ops, gradients in the operands' dtypes
-            g2 = g.reshape(ctx.rows, g.shape[-1])
-            return (g @ w if need[0] else None,
-                    g2.T @ x.reshape(ctx.rows, ctx.x_shape[-1]) if need[1] else None,
-                    g2.sum(0) if need[2] else None)
+            g2 = g.reshape(ctx.rows, g.shape[-1])       # (autocast's direct weight and bias: as their cast nodes'
+            return (g @ graph_weight(w) if need[0] else None,     # outputs, float32 gradients; _amp_state)
+                    leaf_grad(ctx, 1, g2.T @ x.reshape(ctx.rows, ctx.x_shape[-1])) if need[1] else None,
+                    leaf_grad(ctx, 2, g2.sum(0)) if need[2] else None)
         gd = g.data
         g2 = gd.reshape(ctx.rows, gd.shape[-1])
         gx = None
