@@ -164,9 +164,12 @@ def _gpu_softmax(x, dy, axes, algo, alpha, beta, out, key=None):
 _CE_REDUCTIONS = ("none", "mean", "sum")
 
 
-def _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, **others):
+def _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, widen=False, **others):
     handle, xp = begin(handle, where, x=x, target=target, weight=weight, **others)
     check_float(where, x=x)
+    if widen and np.dtype(x.dtype).itemsize != 2:
+        raise BadParamError(f"{where}: widen=True reads float16/bfloat16 logits as float32; x has dtype {x.dtype}")
+    wdtype = np.dtype(np.float32) if widen else x.dtype
     if x.ndim < 2:
         raise BadParamError(f"{where}: x must be (N, C, *d), got shape {tuple(x.shape)}")
     if target.dtype.kind not in "iu":
@@ -174,9 +177,9 @@ def _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, *
     if tuple(target.shape) != (x.shape[0],) + tuple(x.shape[2:]):
         raise BadParamError(f"{where}: x {tuple(x.shape)} needs a target of shape "
                             f"{(x.shape[0],) + tuple(x.shape[2:])}, got {tuple(target.shape)}")
-    if weight is not None and (tuple(weight.shape) != (x.shape[1],) or weight.dtype != x.dtype):
+    if weight is not None and (tuple(weight.shape) != (x.shape[1],) or weight.dtype != wdtype):
         raise BadParamError(f"{where}: weight ({tuple(weight.shape)}, {weight.dtype}) must be ({x.shape[1]},) in "
-                            f"x's dtype {x.dtype}")
+                            + ("float32 (widen=True)" if widen else f"x's dtype {wdtype}"))
     if not 0.0 <= label_smoothing <= 1.0:
         raise BadParamError(f"{where}: label_smoothing={label_smoothing} must be in [0, 1]")
     if reduction not in _CE_REDUCTIONS:
@@ -200,19 +203,25 @@ def _ce_targets(xp, x, target, weight, ignore_index, where):
 
 
 def softmax_cross_entropy_forward(handle, x, target, weight=None, ignore_index=-100, label_smoothing=0.0,
-                                  reduction="mean"):
+                                  reduction="mean", widen=False):
     """-> (loss, lse, denom): the cross-entropy of logits x against class indices (PyTorch's F.cross_entropy),
-    the rows' log-sum-exp and the 'mean' denominator, both for softmax_cross_entropy_backward."""
-    key, seen = seen_plan(_CE_SEEN, _ce_key("fwd", handle, x, target, weight, ignore_index, label_smoothing,
-                                            reduction, ()))
+    the rows' log-sum-exp and the 'mean' denominator, both for softmax_cross_entropy_backward.
+    ``widen`` (float16/bfloat16 x, float32 weight): the float32 cross-entropy of x.astype(float32) -- its spec, and
+    on the GPU bitwise what the float32 kernels give on that copy, read from x without making it (autocast's
+    cross_entropy on 16-bit logits; loss, lse, denom float32)."""
+    key, seen = seen_plan(_CE_SEEN, _ce_key("fwdw" if widen else "fwd", handle, x, target, weight, ignore_index,
+                                            label_smoothing, reduction, ()))
     if seen is not None:        # this exact call validated before: straight to the kernel
-        return loss_kernels.forward(x, target, weight, seen[0], seen[1], reduction)
+        return loss_kernels.forward(x, target, weight, seen[0], seen[1], reduction, widen)
     where = "softmax_cross_entropy_forward"
-    xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction)
+    xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, widen)
     eps = float(label_smoothing)
-    if x.size and (fast := _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction)) is not None:
+    if x.size and (fast := _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction, widen)) is not None:
         _CE_SEEN.remember(key, (int(ignore_index), eps))
         return fast
+    if widen:                   # the reference: the cast and the float32 primitive
+        return softmax_cross_entropy_forward(handle, x.astype(np.float32), target, weight, ignore_index,
+                                             label_smoothing, reduction)
     if x.size and (fast := _cpu_ce_forward(x, target, weight, ignore_index, eps, reduction, where)) is not None:
         return fast
     c = x.shape[1]
@@ -238,15 +247,16 @@ def softmax_cross_entropy_forward(handle, x, target, weight=None, ignore_index=-
 
 
 def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=None, ignore_index=-100,
-                                   label_smoothing=0.0, reduction="mean"):
+                                   label_smoothing=0.0, reduction="mean", widen=False):
     """dx = (softmax(x) * sum_c q_c - q_c) * g with g = dloss (/ denom for 'mean'); ignored rows get 0, also when
-    every row is ignored (g is then inf or NaN)."""
-    key, seen = seen_plan(_CE_SEEN, _ce_key("bwd", handle, x, target, weight, ignore_index, label_smoothing,
-                                            reduction, (dloss, lse, denom)))
+    every row is ignored (g is then inf or NaN).  ``widen`` (as forward's; dloss float32): the float32 dx of
+    x.astype(float32) rounded to x's dtype (nearest even), dx in x's dtype."""
+    key, seen = seen_plan(_CE_SEEN, _ce_key("bwdw" if widen else "bwd", handle, x, target, weight, ignore_index,
+                                            label_smoothing, reduction, (dloss, lse, denom)))
     if seen is not None:        # this exact call validated before: straight to the kernel
-        return loss_kernels.backward(x, target, weight, lse, denom, dloss, seen[0], seen[1], reduction)
+        return loss_kernels.backward(x, target, weight, lse, denom, dloss, seen[0], seen[1], reduction, widen)
     where = "softmax_cross_entropy_backward"
-    xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, dloss=dloss, lse=lse,
+    xp = _ce_prologue(where, handle, x, target, weight, label_smoothing, reduction, widen, dloss=dloss, lse=lse,
                       denom=denom)
     if tuple(lse.shape) != tuple(target.shape):
         raise BadParamError(f"{where}: lse must be the forward's (shape {tuple(target.shape)}), got {tuple(lse.shape)}")
@@ -255,9 +265,12 @@ def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=
         raise BadParamError(f"{where}: dloss has shape {tuple(dloss.shape)} but reduction={reduction!r} gives {want}")
     eps = float(label_smoothing)
     if x.size and (fast := _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps,
-                                             reduction)) is not None:
+                                             reduction, widen)) is not None:
         _CE_SEEN.remember(key, (int(ignore_index), eps))
         return fast
+    if widen:                   # the reference: the cast, the float32 primitive, the cast back
+        return softmax_cross_entropy_backward(handle, x.astype(np.float32), target, dloss, lse, denom, weight,
+                                              ignore_index, label_smoothing, reduction).astype(x.dtype)
     if x.size and (fast := _cpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps,
                                              reduction)) is not None:
         return fast
@@ -302,22 +315,22 @@ def _ce_key(kind, handle, x, target, weight, ignore_index, label_smoothing, redu
         return None
 
 
-def _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction):
+def _gpu_ce_forward(x, target, weight, ignore_index, eps, reduction, widen=False):
     if not is_cuda_array(x):
         return None
-    if not loss_kernels.supports(x, target, weight):
+    if not loss_kernels.supports(x, target, weight, widen):
         return None
-    return loss_kernels.forward(x, target, weight, int(ignore_index), eps, reduction)
+    return loss_kernels.forward(x, target, weight, int(ignore_index), eps, reduction, widen)
 
 
-def _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps, reduction):
+def _gpu_ce_backward(x, target, weight, lse, denom, dloss, ignore_index, eps, reduction, widen=False):
     if not is_cuda_array(x):
         return None
     acc = np.float64 if x.dtype == np.float64 else np.float32
-    if not (loss_kernels.supports(x, target, weight) and lse.dtype == acc and lse.flags.c_contiguous
+    if not (loss_kernels.supports(x, target, weight, widen) and lse.dtype == acc and lse.flags.c_contiguous
             and denom.dtype == acc):
         return None
-    return loss_kernels.backward(x, target, weight, lse, denom, dloss, int(ignore_index), eps, reduction)
+    return loss_kernels.backward(x, target, weight, lse, denom, dloss, int(ignore_index), eps, reduction, widen)
 
 
 # The CPU fast path (issue 16): 2-D NumPy logits without class weights, the reference's formula in fewer NumPy

@@ -38,12 +38,162 @@ __all__ = ["supports", "forward", "backward", "SOURCE", "SOURCE_ROWS"]
 THREADS = 256
 _REDUCTION = {"none": 0, "mean": 1, "sum": 2}
 
-SOURCE = STORAGE_HEADER + WARP_REDUCE + r"""
+# ---- the logits' storage X, apart from T (session 11: autocast's cross-entropy on 16-bit logits) ---------------------
+# XSTORAGE undefined: x and dx are T like every other array (the kernels of x's own dtype; X is T, STX is ST: the same
+# instructions as before).  XSTORAGE 1 (float16) / 2 (bfloat16), with T = A = float (the float32 kernels' STORAGE 0):
+# x is read as 16 bits and widened on load (LD, an overload on X: exact), dx is rounded once to 16 bits at its store
+# (STX: cvt.rn, nearest even, as CuPy's astype); loss, lse, denom, the weights and dloss stay float.  Between that
+# load and that store every line is the float32 kernel's own source and the planner gives the float32 tiling (VEC,
+# G, NV, RAGGED, PIPE, FASTX, MINB, grid), so the sums run in the same order on the same values: the results are
+# bitwise those of x.astype(float32) through the float32 kernel, and dx the float32 dx's .astype(x.dtype).
+XIN_HEADER = r"""
+#ifndef XSTORAGE
+#define XSTORAGE (-1)
+#endif
+#if XSTORAGE < 0
+typedef T X;
+#define STX ST
+#else
+static_assert(sizeof(T) == 4 && sizeof(A) == 4, "XSTORAGE: 16-bit logits read into the float32 kernels");
+typedef unsigned short X;
+#if XSTORAGE == 1
+__device__ __forceinline__ float LD(X h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ X STX(float f)
+{ unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
+__device__ __forceinline__ float LD(X h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ X STX(float f)
+{ unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#endif
+#endif
+"""
+
+# The row helpers of ROW_HEADER (softmax_kernels) for x and dx of type X: with XSTORAGE, overloads on X pointers of
+# row_geo / load_chunk / store_chunk / load_edges / store_edges / pipe_issue / pipe_decode -- ROW_HEADER's code with
+# VEC elements of 2 bytes a vector (XVBYTES = 2 VEC: 8-byte loads where float32's are 16) and STX at the stores.  A row
+# r of x starts r * C elements from x, so with x on an XVBYTES boundary each row's head h is the one the float32
+# array (on a VBYTES boundary) has: the same split of the row into head, body vectors and tail.  aligned_x: the
+# vector path only where x (and dx) sit on that boundary (RAGGED too: the float32 equivalent is the aligned array);
+# else the scalar path -- correct, but the float32 kernel's order only for the aligned case, so the host hands a
+# misaligned x to the float32 kernels through a cast instead (forward / backward below).
+XROW_HEADER = r"""
+#if XSTORAGE < 0
+#define aligned_x aligned
+#if PIPE
+typedef RawRow XRow;
+#endif
+#else
+#define XVBYTES (VEC * 2)
+#if VEC == 1
+typedef X XVR;
+#elif VEC == 2
+typedef unsigned int XVR;
+#elif VEC == 4
+typedef uint2 XVR;
+#else
+typedef uint4 XVR;
+#endif
+union XPack { XVR raw; X v[VEC]; };
+__device__ __forceinline__ Geo row_geo(const X* p, int C, bool va)
+{
+    Geo q;
+    q.h = 0;
+#if RAGGED
+    if (va) {
+        q.h = (int)(((XVBYTES - (unsigned)((unsigned long long)p % XVBYTES)) % XVBYTES) / sizeof(X));
+        if (q.h > C) q.h = C;
+    }
+#endif
+    q.nb = (C - q.h) / VEC;
+    q.tl = C - q.h - q.nb * VEC;
+    return q;
+}
+template <bool VA> __device__ __forceinline__ void load_chunk(const X* __restrict__ p, int ch, const Geo& q, int g,
+                                                              A pad, A* a)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = ch * CV + k * G + g;
+        const int c = q.h + v * VEC;
+        XPack u;
+        if (VA) {
+            if (v < q.nb) u.raw = *reinterpret_cast<const XVR*>(p + c);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = p[c + j];
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = v < q.nb ? LD(u.v[j]) : pad;
+    }
+}
+template <bool VA> __device__ __forceinline__ void store_chunk(X* __restrict__ p, int ch, const Geo& q, int g,
+                                                               const A* a)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = ch * CV + k * G + g;
+        if (v >= 0 && v < q.nb) {
+            const int c = q.h + v * VEC;
+            XPack u;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) u.v[j] = STX(a[k * VEC + j]);
+            if (VA) *reinterpret_cast<XVR*>(p + c) = u.raw;
+            else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) p[c + j] = u.v[j];
+            }
+        }
+    }
+}
+__device__ __forceinline__ void load_edges(const X* __restrict__ p, const Geo& q, int g, A pad, A* ed)
+{
+#pragma unroll
+    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(p[edge_o(q, g) + j]) : pad;
+}
+__device__ __forceinline__ void store_edges(X* __restrict__ p, const Geo& q, int g, const A* ed)
+{
+#pragma unroll
+    for (int j = 0; j < NE; ++j) if (j < edge_n(q, g)) p[edge_o(q, g) + j] = STX(ed[j]);
+}
+#if PIPE
+struct XRow { XVR v[NV]; X e[NE1]; };
+__device__ __forceinline__ void pipe_issue(const X* __restrict__ p, const Geo& q, int g, XRow& w)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = k * G + g;
+        w.v[k] = v < q.nb ? *reinterpret_cast<const XVR*>(p + q.h + v * VEC) : XVR();
+    }
+#pragma unroll
+    for (int j = 0; j < NE; ++j) w.e[j] = j < edge_n(q, g) ? p[edge_o(q, g) + j] : X();
+}
+__device__ __forceinline__ void pipe_decode(const XRow& w, const Geo& q, int g, A pad, A* a, A* ed)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        XPack u;
+        u.raw = w.v[k];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = k * G + g < q.nb ? LD(u.v[j]) : pad;
+    }
+#pragma unroll
+    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(w.e[j]) : pad;
+}
+#endif
+__device__ __forceinline__ bool aligned_x(const void* a, const void* b = 0)
+{
+    const unsigned long long x = (unsigned long long)a, y = b ? (unsigned long long)b : x;
+    return VEC > 1 && ((x | y) % XVBYTES) == 0;
+}
+#endif
+"""
+
+SOURCE = STORAGE_HEADER + XIN_HEADER + WARP_REDUCE + r"""
 typedef INDEX I;
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 
 // The row's max, log-sum-exp and, for smoothing, sum_c w_c x_c and sum_c w_c (every lane gets them).
-__device__ __forceinline__ void row_stats(const T* xr, const T* w, int C, int inner, int lane,
+__device__ __forceinline__ void row_stats(const X* xr, const T* w, int C, int inner, int lane,
                                           A& lse, A& swx, A& sw, const bool smooth)
 {
     A m = NEG_INF;
@@ -62,7 +212,7 @@ __device__ __forceinline__ void row_stats(const T* xr, const T* w, int C, int in
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-ce_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+ce_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
        A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
        A* __restrict__ denom_out, const long long rows, const int C, const int inner, const long long ignore_index,
        const double eps)
@@ -75,7 +225,7 @@ ce_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
     for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
          r += ((long long)gridDim.x * blockDim.x) >> 5) {
         const long long o = r / inner, i = r - o * inner;
-        const T* xr = x + o * C * (long long)inner + i;
+        const X* xr = x + o * C * (long long)inner + i;
         A lse, swx, sw;
         row_stats(xr, w, C, inner, lane, lse, swx, sw, smooth);
         const long long t = (long long)target[r];
@@ -118,8 +268,8 @@ ce_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
 }
 
 extern "C" __global__ void __launch_bounds__(256)
-ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
-       const T* __restrict__ g, const A* __restrict__ denom, T* __restrict__ dx, const long long rows, const int C,
+ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
+       const T* __restrict__ g, const A* __restrict__ denom, X* __restrict__ dx, const long long rows, const int C,
        const int inner, const long long ignore_index, const double eps)
 {
     const int lane = threadIdx.x & 31;
@@ -130,7 +280,7 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
         const long long base = o * C * (long long)inner + i;
         const long long t = (long long)target[r];
         if (t == ignore_index) {
-            for (int c = lane; c < C; c += 32) dx[base + (long long)c * inner] = ST((A)0);
+            for (int c = lane; c < C; c += 32) dx[base + (long long)c * inner] = STX((A)0);
             continue;
         }
         A gr = LD(g[REDUCTION == 0 ? r : 0]);
@@ -151,7 +301,7 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
             A q = (c == t) ? (A)(1.0 - eps) * wt : (A)0;
             if (smooth) q += (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1);
             const A qg = q != (A)0 ? q * gr : (A)0;
-            dx[a] = ST(exp(LD(x[a]) - lse) * sumqg - qg);
+            dx[a] = STX(exp(LD(x[a]) - lse) * sumqg - qg);
         }
     }
 }
@@ -166,7 +316,7 @@ ce_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restric
 # sums (warp shuffles, then the warps in order), the last block (ticket) all blocks' partials (each thread a strided
 # share in double, then the same fixed-order tree).  ce_rows_bwd: the per-row scalars, then dx streamed chunk by
 # chunk with the same vector loads and stores; sum_c w_c (smoothing with weights) once per block.
-SOURCE_ROWS = STORAGE_HEADER + WARP_REDUCE + ROW_HEADER + r"""
+SOURCE_ROWS = STORAGE_HEADER + XIN_HEADER + WARP_REDUCE + ROW_HEADER + XROW_HEADER + r"""
 typedef INDEX I;
 #ifndef FASTX
 #define FASTX 0
@@ -189,7 +339,7 @@ __device__ __forceinline__ float ex2_fast(float x)
 #endif
 
 template <bool VA> __device__ __forceinline__ void ce_fwd_body(
-    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
     A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
     A& acc_loss, A& acc_den)
 {
@@ -198,7 +348,7 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
     for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {      // uniform over the block
         const int r = r0 + (int)threadIdx.x / G;
         const bool live = r < rows;
-        const T* xr = x + (size_t)(live ? r : 0) * C;
+        const X* xr = x + (size_t)(live ? r : 0) * C;
         const long long t = live ? (long long)target[r] : ignore_index;     // issued with the row's loads
         const Geo q = row_geo(xr, live ? C : 0, VA);
         const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
@@ -288,7 +438,7 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
 // each group issues its NEXT row's loads and target before it reduces the current row (softmax_kernels'
 // fwd_rows_pipe): a row of loads always in flight per warp.  Same sums, same order, as ce_fwd_body with one chunk.
 template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
-    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
     A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
     A& acc_loss, A& acc_den)
 {
@@ -300,7 +450,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
     bool live = r < rows;
     Geo q = row_geo(x + (size_t)(live ? r : 0) * C, live ? C : 0, true);
     long long t = live ? (long long)target[r] : ignore_index;
-    RawRow cur, nxt;
+    XRow cur, nxt;
     pipe_issue(x + (size_t)(live ? r : 0) * C, q, g, cur);
     for (; r0 < rows; r0 += stride) {                                    // uniform over the block
         const int rn = r + stride;
@@ -391,7 +541,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
 #define P16 0
 #endif
 #if P16
-#if !PIPE || !FASTX || SMOOTH || STORAGE == 0 || VEC < 2 || RAGGED
+#if !PIPE || !FASTX || SMOOTH || STORAGE == 0 || VEC < 2 || RAGGED || XSTORAGE >= 0
 #error "P16 is the FASTX pipe forward of 2-byte logits in whole vectors, without label smoothing"
 #endif
 #ifndef PDEPTH
@@ -552,7 +702,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_p16(
 #endif
 
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
-ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+ce_rows_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
             A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
             A* __restrict__ denom_out, const int rows, const int C, const long long ignore_index, const double eps)
 {
@@ -566,11 +716,11 @@ ce_rows_fwd(const T* __restrict__ x, const I* __restrict__ target, const T* __re
     else
 #endif
 #if PIPE
-    if (aligned(x)) ce_fwd_pipe<0>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+    if (aligned_x(x)) ce_fwd_pipe<0>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
                                    acc_den);
     else
 #endif
-    if (aligned(x)) ce_fwd_body<true>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
+    if (aligned_x(x)) ce_fwd_body<true>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
                                       acc_den);
     else ce_fwd_body<false>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
     acc_loss = warp_sum(acc_loss); acc_den = warp_sum(acc_den);
@@ -616,8 +766,8 @@ __device__ __forceinline__ A ce_dx(A v, int c, long long t, const T* __restrict_
 }
 
 template <bool VA> __device__ __forceinline__ void ce_bwd_body(
-    const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
-    const T* __restrict__ gsrc, const A* __restrict__ denom, T* __restrict__ dx, const int rows, const int C,
+    const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
+    const T* __restrict__ gsrc, const A* __restrict__ denom, X* __restrict__ dx, const int rows, const int C,
     const long long ignore_index, const double eps, const A sw)
 {
     const int g = threadIdx.x % G;
@@ -679,14 +829,14 @@ template <bool VA> __device__ __forceinline__ void ce_bwd_body(
             // lands last), now with -q_t g; a target in the head or tail was done with the edges
             const unsigned tb = (unsigned)((int)t - q.h);
             if (tb < (unsigned)(q.nb * VEC) && (int)((tb / VEC) % G) == g)
-                dx[base + t] = ST(ce_dx(LD(x[base + t]), (int)t, t, w, false, qt, ec, gr, lse, lsel, sumqg));
+                dx[base + t] = STX(ce_dx(LD(x[base + t]), (int)t, t, w, false, qt, ec, gr, lse, lsel, sumqg));
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
-ce_rows_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w,
-            const A* __restrict__ lse_in, const T* __restrict__ gsrc, const A* __restrict__ denom, T* __restrict__ dx,
+ce_rows_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w,
+            const A* __restrict__ lse_in, const T* __restrict__ gsrc, const A* __restrict__ denom, X* __restrict__ dx,
             const int rows, const int C, const long long ignore_index, const double eps)
 {
     A sw = (A)C;
@@ -700,7 +850,7 @@ ce_rows_bwd(const T* __restrict__ x, const I* __restrict__ target, const T* __re
         sw = 0;
         for (int k = 0; k < BLOCK / 32; ++k) sw += part[k];
     }
-    if (aligned(x, dx)) ce_bwd_body<true>(x, target, w, lse_in, gsrc, denom, dx, rows, C, ignore_index, eps, sw);
+    if (aligned_x(x, dx)) ce_bwd_body<true>(x, target, w, lse_in, gsrc, denom, dx, rows, C, ignore_index, eps, sw);
     else ce_bwd_body<false>(x, target, w, lse_in, gsrc, denom, dx, rows, C, ignore_index, eps, sw);
 }
 """
@@ -743,17 +893,21 @@ def p16_depth(defines, dtype, eps) -> int:
 
 
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
+_F32 = np.dtype(np.float32)
 _INT_MAX = 2 ** 31 - 1
 _tickets: dict = {}
 
 
-def supports(x, target, weight) -> bool:
-    """Class-index targets: float32/float64 C-contiguous CuPy logits (N, C, *d), int32/int64 contiguous targets,
-    weight None or (C,) contiguous in x's dtype."""
+def supports(x, target, weight, widen=False) -> bool:
+    """Class-index targets: float32/float64/float16/bfloat16 C-contiguous CuPy logits (N, C, *d), int32/int64
+    contiguous targets, weight None or (C,) contiguous in x's dtype.  ``widen`` (XSTORAGE): 16-bit logits computed
+    in float32, the weight float32."""
+    wdtype = _F32 if widen else x.dtype
     return (_dev.is_cuda_array(x) and type_info(x.dtype) is not None and x.ndim >= 2 and 0 < x.size <= _INT_MAX
+            and (not widen or x.dtype.itemsize == 2)
             and x.flags.c_contiguous and _dev.is_cuda_array(target) and np.dtype(target.dtype) in _INDEX
             and target.flags.c_contiguous and target.size * x.shape[1] == x.size
-            and (weight is None or (_dev.is_cuda_array(weight) and weight.dtype == x.dtype
+            and (weight is None or (_dev.is_cuda_array(weight) and weight.dtype == wdtype
                                     and weight.flags.c_contiguous and weight.size == x.shape[1])))
 
 
@@ -769,15 +923,20 @@ def _kernel(source, name, defines):
     return k
 
 
-def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
+def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, widen=False):
     """(source key, kernel name, NAME=VALUE defines, grid groups, blocks per SM cap, threads a block) of ``name``
-    ("ce_fwd" / "ce_bwd") for logits of ``shape``: the planner's choice, also what the nvcc check compiles."""
+    ("ce_fwd" / "ce_bwd") for logits of ``shape``: the planner's choice, also what the nvcc check compiles.
+    ``widen``: 16-bit ``dtype`` logits through the float32 kernels -- float32's whole plan, plus XSTORAGE."""
     n, c = shape[:2]
     inner = math.prod(shape) // (n * c)
     rows = n * inner
+    xstorage = type_info(dtype)[2] if widen else None
+    if widen:
+        dtype = _F32
     scalar, accum, storage, _ = type_info(dtype)
     base = (f"SCALAR={scalar}", f"ACCUM={accum}", f"STORAGE={storage}", f"INDEX={_INDEX[np.dtype(index_dtype)]}",
-            f"HAS_W={int(weighted)}", f"REDUCTION={_REDUCTION[reduction]}")
+            f"HAS_W={int(weighted)}", f"REDUCTION={_REDUCTION[reduction]}") \
+        + ((f"XSTORAGE={xstorage}",) if widen else ())
     if inner == 1 and not _sk.V1:       # the row kernels
         # registers: 64 a thread (four 256-thread blocks an SM), 80 with label smoothing's sums (64 spilled)
         # None: softmax's FWD_REGS (64); the forward's PIPE path (softmax_kernels.uses_pipe): pipe_regs at least
@@ -791,6 +950,11 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0):
         # (float64: MINB = 1, registers uncapped -- left at 16)
         minb = int(dict(d.split("=") for d in defines)["MINB"])
         per_sm = minb if name == "ce_fwd" and minb > 1 else 16
+        if xstorage == 1 and name == "ce_bwd" and minb > 1:
+            # float16 widened backward: one block fewer an SM (its cvt.f32.f16 loads spilled 88 bytes at 64 registers,
+            # 1000 classes; bfloat16's shifts do not).  No sum crosses rows in the backward: its values do not depend
+            # on the blocks an SM.  (The forward's grid, so its partial sums, follows MINB: float32's, unchanged.)
+            defines = tuple(f"MINB={minb - 1}" if d.startswith("MINB=") else d for d in defines)
         return ("ROWS", name.replace("ce_", "ce_rows_"),
                 base + defines + (f"SMOOTH={int(eps != 0)}", f"FASTX={int(ce_fast(dtype))}"),
                 -(-rows // (cfg.block // cfg.g)), per_sm, cfg.block)
@@ -810,19 +974,24 @@ _plans: dict = {}
 
 
 class _Plan:
-    __slots__ = ("dev", "go", "tshape", "acc", "dtype", "grid", "none", "xshape")
+    __slots__ = ("dev", "go", "tshape", "acc", "dtype", "grid", "none", "xshape", "xdtype", "xalign")
 
 
-def _plan(name, x, target, weight, ignore_index, eps, reduction, dev):
+def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=False):
     n, c = x.shape[:2]
     inner = x.size // (n * c)
     rows = n * inner
     p = _Plan()
-    p.dev, p.tshape, p.xshape, p.dtype, p.none = dev, target.shape, x.shape, x.dtype, reduction == "none"
+    p.dev, p.tshape, p.xshape, p.none = dev, target.shape, x.shape, reduction == "none"
+    p.xdtype = x.dtype                               # x's and dx's dtype
+    p.dtype = _F32 if widen else x.dtype             # the loss's and dloss's (T)
     p.acc = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
     arrays = [None] * (9 if name == "ce_fwd" else 7)
     source, kname, defines, groups, per_sm, block = launch_spec(name, x.shape, x.dtype, target.dtype,
-                                                                weight is not None, reduction, eps)
+                                                                weight is not None, reduction, eps, widen)
+    # widen: the byte boundary x must sit on for the float32 kernel's row split (XVBYTES; 0: none -- scalar loads)
+    vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
+    p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 0
     p.grid = _grid(groups, dev, per_sm)
     if source == "ROWS":
         tail = [np.int32(rows), np.int32(c), np.int64(ignore_index), np.float64(eps)]
@@ -832,15 +1001,18 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev):
     return p
 
 
-def _key(name, x, target, weight, ignore_index, eps, reduction):
+def _key(name, x, target, weight, ignore_index, eps, reduction, widen):
     return (name, x.shape, x.dtype, target.shape, target.dtype, weight is None, ignore_index, eps, reduction,
-            x.data.device_id)
+            x.data.device_id, widen)
 
 
-def forward(x, target, weight, ignore_index, eps, reduction):
-    """-> (loss, lse, denom) as described in the legend."""
-    p = _launch.planned(_plans, _key("ce_fwd", x, target, weight, ignore_index, eps, reduction), _plan,
-                        "ce_fwd", x, target, weight, ignore_index, eps, reduction, x.data.device_id)
+def forward(x, target, weight, ignore_index, eps, reduction, widen=False):
+    """-> (loss, lse, denom) as described in the legend.  ``widen`` (16-bit x): loss, lse and denom those of
+    x.astype(float32) through the float32 kernel, bitwise, without that copy (XSTORAGE)."""
+    p = _launch.planned(_plans, _key("ce_fwd", x, target, weight, ignore_index, eps, reduction, widen), _plan,
+                        "ce_fwd", x, target, weight, ignore_index, eps, reduction, x.data.device_id, widen)
+    if p.xalign and x.data.ptr % p.xalign:      # off the float32 row split's boundary (a view): the cast, as before
+        return forward(x.astype(_F32), target, weight, ignore_index, eps, reduction)
     cp = _launch._cp
     with _launch.on_device(p.dev):
         lse = cp.empty(p.tshape, dtype=p.acc)
@@ -856,13 +1028,16 @@ def forward(x, target, weight, ignore_index, eps, reduction):
     return (loss if loss_rows is None else loss_rows), lse, denom
 
 
-def backward(x, target, weight, lse, denom, g, ignore_index, eps, reduction):
-    """dx for the incoming gradient ``g`` (shape () for 'mean'/'sum', target's shape for 'none')."""
-    p = _launch.planned(_plans, _key("ce_bwd", x, target, weight, ignore_index, eps, reduction), _plan,
-                        "ce_bwd", x, target, weight, ignore_index, eps, reduction, x.data.device_id)
+def backward(x, target, weight, lse, denom, g, ignore_index, eps, reduction, widen=False):
+    """dx for the incoming gradient ``g`` (shape () for 'mean'/'sum', target's shape for 'none').  ``widen``
+    (16-bit x, float32 g): dx in x's dtype, bitwise the float32 kernel's dx of x.astype(float32), then .astype."""
+    p = _launch.planned(_plans, _key("ce_bwd", x, target, weight, ignore_index, eps, reduction, widen), _plan,
+                        "ce_bwd", x, target, weight, ignore_index, eps, reduction, x.data.device_id, widen)
+    if p.xalign and x.data.ptr % p.xalign:      # as forward
+        return backward(x.astype(_F32), target, weight, lse, denom, g, ignore_index, eps, reduction).astype(x.dtype)
     cp = _launch._cp
     with _launch.on_device(p.dev):
-        dx = cp.empty(p.xshape, dtype=p.dtype)
+        dx = cp.empty(p.xshape, dtype=p.xdtype)
         if g.dtype != p.dtype or not g.flags.c_contiguous:
             g = cp.ascontiguousarray(g, dtype=p.dtype)
         p.go(x, target, x if weight is None else weight, lse, g, denom, dx)
@@ -874,13 +1049,13 @@ def _compile_check(out_dir):
     minidnn.backend.cuda.loss_kernels DIR)."""
     import os.path
     files = []
-    for dtype in ("float32", "float64", "bfloat16"):
+    for dtype, widen in (("float32", False), ("float64", False), ("bfloat16", False), ("bfloat16", True)):
         for c in (1, 10, 33, 1000, 1025, 4097, 32768, 50257):
             for name in ("ce_fwd", "ce_bwd"):
                 for hw, red, eps in ((0, "mean", 0.0), (1, "none", 0.0), (1, "sum", 0.1)):
                     source, kname, defines, *_ = launch_spec(name, (8, c), _sk._dtype_of(dtype), np.int64, hw, red,
-                                                             eps)
-                    path = os.path.join(out_dir, f"{kname}_{dtype}_{c}_{hw}{red}{eps}.cu")
+                                                             eps, widen)
+                    path = os.path.join(out_dir, f"{kname}_{dtype}{'w' * widen}_{c}_{hw}{red}{eps}.cu")
                     _launch.write_source(path, SOURCE_ROWS if source == "ROWS" else SOURCE, defines)
                     files.append(path)
     return files

@@ -22,12 +22,14 @@ import warnings
 
 import numpy as np
 
+from ... import _amp_state as _amp
 from ... import backend as B
 from ..._amp_state import autocast_op
 from ...autograd import Function
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DimensionError, DTypeError
 from ...ops import where
+from ...ops.linalg import transfer
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
 
@@ -95,8 +97,8 @@ def _class_targets(op, x, target, weight, ignore_index):
     return q, valid, (w[t] * valid).sum()
 
 
-def _check_weight(op, weight, c, x):
-    check_vector(op, "weight", weight, c, x, what="classes", of="the input")
+def _check_weight(op, weight, c, x, widen=False):
+    check_vector(op, "weight", weight, c, x, what="classes", of="the input", same_dtype=not widen)
 
 
 def _unbatched(x, target, class_indices):
@@ -108,14 +110,15 @@ def _unbatched(x, target, class_indices):
 
 class CrossEntropy(Function):
     @staticmethod
-    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing):
+    def forward(ctx, logits, target, weight, ignore_index, reduction, label_smoothing, widen=False):
         ctx.fused = None
-        if _fused_cross_entropy(logits, target, weight):   # class indices: one kernel each way (GPU), or the CPU
-            # fast path of the primitive (2-D logits without class weights)
+        ctx.widen = widen       # 16-bit GPU logits in autocast: float32 math and loss, dlogits in their dtype
+        if widen or _fused_cross_entropy(logits, target, weight):   # class indices: one kernel each way (GPU), or
+            # the CPU fast path of the primitive (2-D logits without class weights)
             _check_class_targets("cross_entropy", logits, target, ignore_index)   # (no device array op on a GPU)
             w = None if weight is None else weight.data
             loss, lse, denom = B.softmax_cross_entropy_forward(handle_for(logits), logits.data, target.data, w,
-                                                               ignore_index, label_smoothing, reduction)
+                                                               ignore_index, label_smoothing, reduction, widen)
             ctx.fused = (target.data, w, ignore_index, lse, denom)
             ctx.args = (target, weight, ignore_index, reduction, label_smoothing)
             ctx.reduction, ctx.smoothing = reduction, label_smoothing
@@ -129,13 +132,18 @@ class CrossEntropy(Function):
     def backward(ctx, gy):
         logits, = ctx.saved_tensors
         if creating_graph(gy, logits):          # the same formula in differentiable ops: second derivatives
+            if ctx.widen:                       # as autocast's path: the cast to float32, the cast of dx back
+                x32 = transfer(logits, dtype=np.float32)
+                _cross_entropy_reference(ctx, x32, *ctx.args)
+                dx, dt = _cross_entropy_composite_grads(ctx, x32, gy)
+                return None if dx is None else transfer(dx, dtype=logits.dtype), dt, None, None, None, None
             if ctx.fused is not None:           # the terms the composite reads, from the reference's forward
                 _cross_entropy_reference(ctx, logits, *ctx.args)
             return (*_cross_entropy_composite_grads(ctx, logits, gy), None, None, None, None)
         if ctx.fused is not None:
             t, w, ignore_index, lse, denom = ctx.fused
             dx = B.softmax_cross_entropy_backward(handle_for(logits), logits.data, t, gy.data, lse, denom, w,
-                                                  ignore_index, ctx.smoothing, ctx.reduction)
+                                                  ignore_index, ctx.smoothing, ctx.reduction, ctx.widen)
             return wrap(dx), None, None, None, None, None
         return _cross_entropy_reference_backward(ctx, logits, gy)
 
@@ -250,10 +258,42 @@ def _cross_entropy_composite_grads(ctx, logits, gy):
     return dx, dt
 
 
-@autocast_op("cross_entropy")
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
-    """Softmax cross entropy of logits (N, C, *d) against class indices (N, *d) or probabilities (N, C, *d)."""
+    """Softmax cross entropy of logits (N, C, *d) against class indices (N, *d) or probabilities (N, C, *d).
+    In an autocast region (PyTorch's policy: float32 math, a float32 loss, the logits' gradient in their dtype):
+    16-bit GPU logits with class indices go to the kernels as they are, read as float32 (``_widens``); any other
+    call takes autocast's casts."""
+    if _amp._active_regions:
+        if _widens(input, target, weight):
+            return _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction,
+                                  label_smoothing, True)
+        return _autocast_cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction,
+                                       label_smoothing)
+    return _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+
+
+_CE_FP32 = _amp.policy_of("cross_entropy", "cuda") == "fp32"
+
+
+def _widens(x, target, weight):
+    """Whether autocast would cast these logits to float32 (this thread's region for CUDA, not suspended, the fp32
+    policy, 16-bit logits) and nothing else of the call (class-index target, weight None or float32), and the
+    primitive's kernels would take them (a GPU array, fusion on): then CrossEntropy takes the 16-bit logits itself
+    -- the same values and dtypes, bitwise, without the cast, its node and the cast of dlogits back (session 11)."""
+    if not (_CE_FP32 and isinstance(x, Tensor) and isinstance(target, Tensor)):
+        return False
+    d = x.data
+    if type(d) is np.ndarray or d.dtype.itemsize != 2 or not _is_floating(d.dtype) \
+            or target.data.dtype.kind not in "iu" or not B.cudnn.fusion:
+        return False
+    if weight is not None and not (isinstance(weight, Tensor) and weight.data.dtype == np.float32):
+        return False
+    return _amp.get_dtype("cuda") is not None and not _amp._state()["suspended"]
+
+
+def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
+                   widen=False):
     op = "cross_entropy"
     reduction = _reduction(op, size_average, reduce, reduction)
     check_tensor(op, "input", input)
@@ -264,15 +304,18 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     x, target, unbatched = _unbatched(input, target, not probabilities)
     if x.ndim < 2:
         raise ArgumentError(f"{op}: expected input of shape (N, C, *) or (C,), got {tuple(input.shape)}")
-    _check_weight(op, weight, x.shape[1], x)
+    _check_weight(op, weight, x.shape[1], x, widen)     # widen: a float32 weight (_widens checked it)
     if probabilities:
         if tuple(target.shape) != tuple(x.shape):
             raise ArgumentError(f"{op}: class-probability target has shape {tuple(target.shape)} but input has shape "
                              f"{tuple(x.shape)}; they must match (or pass integer class indices)")
         if target.dtype != x.dtype:
             raise DTypeError(f"{op}: target has dtype {target.dtype} but input has dtype {x.dtype}")
-    loss = CrossEntropy.apply(x, target, weight, ignore_index, reduction, float(label_smoothing))
+    loss = CrossEntropy.apply(x, target, weight, ignore_index, reduction, float(label_smoothing), widen=widen)
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+_autocast_cross_entropy = autocast_op("cross_entropy")(_cross_entropy)
 
 
 @autocast_op("nll_loss")
