@@ -161,7 +161,7 @@ _PRELUDE = textwrap.dedent("""
                 out.append(k)
                 continue
             name, opts = k.split("(", 1)
-            out.append(" ".join([name] + re.findall(r"-D(X?STORAGE=\d)", opts)))
+            out.append(" ".join([name] + re.findall(r"-D(X?STORAGE=\\d)", opts)))
         return out
     out = {{}}
 """)
