@@ -18,6 +18,7 @@ the same q as cross_entropy's (eps = 0).
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -274,6 +275,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 
 
 _CE_FP32 = _amp.policy_of("cross_entropy", "cuda") == "fp32"
+WIDEN_ON = [os.environ.get("MINIDNN_CE_WIDEN", "1") != "0"]     # off: autocast's casts, as before session 11 (A/B)
 
 
 def _widens(x, target, weight):
@@ -281,7 +283,7 @@ def _widens(x, target, weight):
     policy, 16-bit logits) and nothing else of the call (class-index target, weight None or float32), and the
     primitive's kernels would take them (a GPU array, fusion on): then CrossEntropy takes the 16-bit logits itself
     -- the same values and dtypes, bitwise, without the cast, its node and the cast of dlogits back (session 11)."""
-    if not (_CE_FP32 and isinstance(x, Tensor) and isinstance(target, Tensor)):
+    if not (_CE_FP32 and WIDEN_ON[0] and isinstance(x, Tensor) and isinstance(target, Tensor)):
         return False
     d = x.data
     if type(d) is np.ndarray or d.dtype.itemsize != 2 or not _is_floating(d.dtype) \
