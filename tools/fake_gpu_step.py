@@ -15,6 +15,13 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
         with `python tools/record_launches.py --compare a.json b.json`
     MODE=amp_ab AMP=bf16 python tools/fake_gpu_step.py TREE resnet20 2   # in-process A/B of the whole-flat-buffer
         weight cast (minidnn._amp_state's flat caster on / off): ms per step, min of 15 alternated rounds of 20 steps
+    MODE=cl_ab [AMP=bf16] python tools/fake_gpu_step.py TREE resnet20 2   # in-process A/B of the same model laid
+        out NCHW and channels_last (same seed, own optimizers): ms per step, min of 15 alternated rounds of 20 steps
+    MODE=layers [AMP=bf16] python tools/fake_gpu_step.py TREE resnet20 2  # the same pair, µs a step per leaf module's
+        forward, per backward node, leaf accumulation, the engine's gradient sums and its own rest, loss and optimizer
+        (the garbage collector off while timed: MODE=gc counts its collections);
+        WRAP=minidnn.backend.cuda.act_kernels:_Plan.__call__,... times those too (module:Class.method or
+        module:function; callers that imported a function by name keep the unwrapped one)
     MODE=amp_vs_fp32 AMP=bf16 python tools/fake_gpu_step.py TREE mobilenet 128   # in-process A/B of the same step
         with autocast enabled / disabled (the fp32 step): ms per step, min of 15 alternated rounds of 20 steps
     FREE_LT=1 (any mode): the fake's cublasLt products do no NumPy matmul (the fake's cost, not ours).
@@ -275,6 +282,89 @@ elif mode == "amp_vs_fp32":
             best[name] = min(best[name], (time.process_time() - t0) / 20)
     print(f"{model} b{batch} CL={int(cl)}: " + ", ".join(f"{k} {v*1e3:.3f}" for k, v in best.items())
           + f" ms/step, difference {(best[amp or 'amp'] - best['fp32'])*1e3:.3f} (CPU time, fake CuPy)")
+elif mode in ("cl_ab", "layers"):
+    # the same model laid out NCHW and channels_last in one process (same seed, own optimizers), stepped alternately:
+    # process-to-process noise cancels.  cl_ab: ms per step of each, min of 15 alternated rounds of 20 steps.
+    # layers: µs a step per leaf module class (forward, the module's own call), per backward node (FunctionCtx
+    # name), leaf accumulation, cross-entropy, zero_grad / step and the engine's own rest; each its min over 7 rounds
+    # of 20
+    import gc
+
+    import minidnn.autograd as A
+    mdn.manual_seed(0)
+    m2 = eval(ctor[0], vars(M)).to("cuda")
+    if not cl:
+        m2.to(memory_format=mdn.channels_last)
+    x2 = x.to(memory_format=mdn.contiguous_format if cl else mdn.channels_last)
+    cfgs = {int(cl): (m, x, opt), int(not cl): (m2, x2, mdn.optim.SGD(m2.parameters(), lr=0.01, momentum=0.9))}
+    names = {0: "NCHW", 1: "channels_last"}
+    def use(c):
+        global m, x, opt
+        m, x, opt = cfgs[c]
+    acc = collections.defaultdict(float); ncalls = collections.Counter()
+    if mode == "layers":
+        pc = time.perf_counter
+        def timed(key, f):
+            def g(*a, **k):
+                t0 = pc()
+                try: return f(*a, **k)
+                finally: acc[key] += pc() - t0; ncalls[key] += 1
+            return g
+        for mod in list(m.modules()) + list(m2.modules()):
+            if not any(True for _ in mod.children()) and "forward" not in mod.__dict__:
+                mod.forward = timed("fwd " + type(mod).__name__, mod.forward)
+        real_bw = A.FunctionCtx.backward
+        def node_bw(self, *g):
+            t0 = pc()
+            try: return real_bw(self, *g)
+            finally: k = "bwd " + self.name(); acc[k] += pc() - t0; ncalls[k] += 1
+        A.FunctionCtx.backward = node_bw
+        A.AccumulateGrad.accumulate = timed("bwd AccumulateGrad", A.AccumulateGrad.accumulate)
+        A._add_grads = timed("bwd engine gradient sums", A._add_grads)
+        A._run_backward = timed("backward (whole)", A._run_backward)
+        F.cross_entropy = timed("fwd cross_entropy", F.cross_entropy)
+        for c in (0, 1):
+            o = cfgs[c][2]
+            o.step = timed("opt.step", o.step); o.zero_grad = timed("opt.zero_grad", o.zero_grad)
+        mdn.Tensor.__add__ = timed("fwd Tensor.__add__", mdn.Tensor.__add__)
+        import importlib
+        for spec in filter(None, os.environ.get("WRAP", "").split(",")):   # more to time: module:Class.attr or
+            mod_name, _, attr = spec.partition(":")                           # module:function (callers that
+            owner = importlib.import_module(mod_name)                         # imported it by name keep theirs)
+            *path, last = attr.split(".")
+            for part in path: owner = getattr(owner, part)
+            setattr(owner, last, timed("  " + spec.rsplit(".", 1)[-1].rsplit(":", 1)[-1], getattr(owner, last)))
+    best = {0: 1e9, 1: 1e9}; per = {0: {}, 1: {}}
+    for c in (0, 1):
+        use(c)
+        for _ in range(10): step()
+    for r in range(15 if mode == "cl_ab" else 7):
+        for c in (0, 1):
+            use(c); step(); step()
+            gc.collect(); acc.clear(); ncalls.clear()
+            if mode == "layers": gc.disable()      # a collection lands in whichever part allocates: not attributed
+            t0 = time.process_time()
+            for _ in range(20): step()
+            t = (time.process_time() - t0) / 20
+            gc.enable()
+            best[c] = min(best[c], t)
+            for k, v in acc.items():        # each part's own minimum over the rounds (a stray ms lands anywhere)
+                if k not in per[c] or v / 20 < per[c][k][0]:
+                    per[c][k] = (v / 20, ncalls[k] / 20)
+    print(f"{model} b{batch} AMP={amp or 'off'}: " + ", ".join(f"{names[c]} {best[c]*1e3:.3f}" for c in (0, 1))
+          + f" ms/step, channels_last - NCHW {(best[1] - best[0])*1e3:+.3f} (CPU time, fake CuPy)")
+    if mode == "layers":
+        inner = sum(v[0] for k, v in per[1].items() if k.startswith("bwd "))
+        for c in (0, 1):
+            b = per[c].get("backward (whole)", (0, 0))[0]
+            # the engine's own time: the whole backward less the nodes' (fused nodes call no nested FunctionCtx)
+            per[c]["bwd engine (rest)"] = (b - sum(v[0] for k, v in per[c].items() if k.startswith("bwd ")
+                                                   and k != "bwd engine gradient sums"), 1)
+        print(f"{'us a step (calls)':44s} {'NCHW':>16s} {'channels_last':>16s} {'diff':>8s}")
+        for k in sorted(set(per[0]) | set(per[1])):
+            a, b = per[0].get(k, (0, 0)), per[1].get(k, (0, 0))
+            print(f"{k:44s} {a[0]*1e6:9.1f} ({a[1]:4.0f}) {b[0]*1e6:9.1f} ({b[1]:4.0f}) {(b[0]-a[0])*1e6:+8.1f}")
+        del inner
 elif mode == "prof":
     import cProfile
     import pstats

@@ -93,8 +93,11 @@ def _fake_cupy():
         dtype = np.dtype(dtype)
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         n = math.prod(shape) * dtype.itemsize
-        raw = np.empty(n + 512, np.uint8)
-        # one view of the raw block (its base owns the memory, as _grad_dest expects of a sole view)
+        # the raw block is a fake array owning its memory, so that views of the result (a transposed channels-last
+        # allocation) have it as their base, as CuPy's views have the allocated array: one view of a block that
+        # nothing else refers to, as _grad_dest expects of a sole view (a NumPy raw block stopped NumPy's collapse
+        # of the base chain at the returned array: base.base was not None for any view of it)
+        raw = np.ndarray.__new__(ndarray, (n + 512,), np.uint8)
         return np.ndarray.__new__(ndarray, shape, dtype, buffer=raw, offset=-raw.ctypes.data % 512)
 
     def zeros(shape, dtype=np.float32):
