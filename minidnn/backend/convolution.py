@@ -383,14 +383,19 @@ class SettledConvolution:
     device -- and one handle state and ``settled_state()``; the caller vouches that later arrays have the same
     signature (nn keys its table on all of it).  ``run(a1, a2, carry=None)`` takes the primitive's two inputs (in its
     format) and returns its result, or None where the current device is not the handle's (the full path switches
-    device there: the caller takes it).  ``carry`` (forward, backward data): the filter_carry the call would see
+    device there: the caller takes it).  ``first(...)`` is the same call on the activations' channels-first views
+    (whatever their memory order: what ``to_channels_first`` makes of run's) returning the channels-first view of
+    run's result -- for a settled NHWC call, the two transposes in and the one out that nn's channels-last
+    tensors would otherwise make around ``run`` (docs/host_overhead.md round 22); for NCHW, ``run`` itself.
+    ``carry`` (forward, backward data): the filter_carry the call would see
     active, as ``with carry:`` around the primitive (None: whatever is active).  ``into`` (backward data and filter,
-    an implicit-GEMM call with a contiguous channels-first result): a C-contiguous array of the result's shape and
-    dtype that the kernel's epilogue writes as ``into = result + beta * into`` (beta 0 or 1: a gradient destination,
+    an implicit-GEMM call with a contiguous channels-first result, or backward data's dense channels-last one): an
+    array of the result's shape, dtype and memory order (in the method's index order) that the kernel's epilogue
+    writes as ``into = result + beta * into`` (beta 0 or 1: a gradient destination,
     minidnn/_grad_dest.py) -- for the direct kernels' filter gradient (few channels a group) with beta 0 only;
     the return value is ``into`` where it was used, a fresh result otherwise."""
     __slots__ = ("direction", "algorithm", "fn", "p", "fmt", "tf32", "out_dtype", "dev", "igemm", "cl", "calls",
-                 "cp", "plain", "direct")
+                 "cp", "plain", "direct", "keep", "cl_shape", "cl_strides")
 
     def _fits(self, into, a):
         """``into`` may take the direct kernels' filter gradient: a C-contiguous array of dw's shape and dtype."""
@@ -398,16 +403,34 @@ class SettledConvolution:
                 and into.dtype == (a.dtype if self.out_dtype is None else self.out_dtype))
 
     def run(self, a1, a2, carry=None, into=None, beta=0.0):
+        fmt = self.fmt
+        if fmt is TensorFormat.NCHW:
+            return self.first(a1, a2, carry, into, beta)
+        d = self.direction
+        a = a1 if d == 1 else to_channels_first(a1, fmt)
+        b = a2 if d == 0 else to_channels_first(a2, fmt)
+        cf = to_channels_first(into, fmt) if into is not None and d == 1 else into
+        r = self.first(a, b, carry, cf, beta)
+        if r is None or d == 2:
+            return r
+        return into if r is cf and into is not None else from_channels_first(r, fmt)
+
+    def _out(self, result):
+        """What ``first`` returns for the kernels' channels-first ``result``: ``_finish``'s result (a contiguous
+        array in the call's format), seen channels-first -- ``result`` itself where it is dense channels-last memory
+        of an NHWC call (``_finish`` returns its NHWC view as it is)."""
+        d, fmt = self.direction, self.fmt
+        if d == 2 or fmt is TensorFormat.NCHW:
+            return _finish(result, 1.0, 0.0, None, TensorFormat.NCHW)
+        if result.strides == self.cl_strides and result.shape == self.cl_shape:
+            return result
+        return to_channels_first(_finish(result, 1.0, 0.0, None, fmt), fmt)
+
+    def first(self, a, b, carry=None, into=None, beta=0.0):
         cp = self.cp
         if cp.cuda.runtime.getDevice() != self.dev:
             return None
-        d, fmt, p = self.direction, self.fmt, self.p
-        if fmt is TensorFormat.NCHW:
-            a, b = a1, a2
-        elif d == 1:
-            a, b = a1, to_channels_first(a2, fmt)
-        else:
-            a, b = to_channels_first(a1, fmt), (a2 if d == 0 else to_channels_first(a2, fmt))
+        d, p = self.direction, self.p
         if self.igemm is None:
             fn = self.fn
             if fn is None:          # half data the algorithm rounds through float32 or casts: _execute's _run
@@ -421,10 +444,14 @@ class SettledConvolution:
                 result = fn(p, a, b, self.tf32)
             else:
                 result = fn(p, a, b, self.tf32, out_dtype=self.out_dtype)
-            return _finish(result, 1.0, 0.0, None, fmt if d != 2 else TensorFormat.NCHW)
+            return self._out(result)
         # implicit_forward / implicit_backward_data / implicit_backward_filter, with the kernel module's settled call
         if into is not None and not (d and self.plain and into.shape == (p.w_shape if d == 2 else p.x_shape)):
-            into = None
+            # backward data into a dense channels-last destination: the layout of its fresh result (the kernel's
+            # plan reads the activations' layout; the output's is the one it allocates)
+            if not (d == 1 and self.keep and into.strides == self.cl_strides and into.shape == self.cl_shape
+                    and into.dtype == b.dtype):
+                into = None
         # backward filter into a channels-last (KRSC memory) gradient slot: the VEC loader writes it so (DWKRSC);
         # where this call runs another loader (its settling raises ValueError: slots 4-7 then hold False), a fresh
         # dw as before
@@ -457,11 +484,11 @@ class SettledConvolution:
                 if not krsc:
                     raise
                 self.calls[4:] = [False] * 4
-                return self.run(a1, a2, carry)
+                return self.first(a, b, carry)
         call(cp, a, b, out, (), carry)
-        if self.plain:              # a contiguous channels-first result: what _finish returns for it
-            return result
-        return _finish(result, 1.0, 0.0, None, fmt if d != 2 else TensorFormat.NCHW)
+        if self.plain or self.keep:     # a contiguous channels-first result, or a dense channels-last one of an
+            return result               # NHWC call: what _out returns for it (the same array, one view fewer)
+        return self._out(result)
 
 
 _SETTLE = (
@@ -509,6 +536,15 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
     s.calls = [None] * 8     # by (carried, blending into a destination, a channels-last dw destination)
     s.cp = _launch.cupy()
     s.plain = direction == 2 or (fmt is TensorFormat.NCHW and not s.cl)
+    # an NHWC call's forward / backward data result in dense channels-last memory (_new_like_layout): _finish
+    # returns its NHWC view as it is, so its channels-first view is the array allocated
+    s.keep = s.igemm is not None and direction != 2 and fmt is TensorFormat.NHWC and s.cl and p.nd == 2
+    # the dense channels-last strides of a 4-D NHWC call's forward / backward data result (its dtype: the input's)
+    s.cl_shape = s.cl_strides = None
+    if direction != 2 and fmt is TensorFormat.NHWC and p.nd == 2:
+        s.cl_shape = n, c, hh, ww = p.x_shape if direction else p.y_shape
+        e = (b if direction else a).dtype.itemsize
+        s.cl_strides = (hh * ww * c * e, e, ww * c * e, c * e)
     # the direct kernels' register-tiled route settled too (the route choice made once), for a contiguous
     # channels-first result: what _finish returns as it is
     s.direct = _igemm.settle_direct(direction, p, a, b, dw_dtype) if fn in _DIRECT_RUNS[direction] and s.plain \

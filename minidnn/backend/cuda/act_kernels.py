@@ -234,12 +234,24 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
 
 
 def _memory_order(a):
-    """'C' for C-contiguous, 'CL' for a channels-first view of channels-last memory, else None."""
+    """'C' for C-contiguous, 'CL' for a channels-first view of channels-last memory, else None.  The channels-last
+    test reads the strides in that order, innermost first (C, W, H, (D), N), by the arrays' own contiguity rule
+    (extent-1 axes skipped) -- what its channels-last view's ``flags.c_contiguous`` says, without making the view
+    (a transpose per call: docs/host_overhead.md round 22)."""
     if a.flags.c_contiguous:
         return "C"
-    if a.ndim >= 3 and a.transpose((0, *range(2, a.ndim), 1)).flags.c_contiguous:
-        return "CL"
-    return None
+    nd = a.ndim
+    if nd < 3:
+        return None
+    shape, strides = a.shape, a.strides
+    want = a.itemsize
+    for i in (1, *range(nd - 1, 1, -1), 0):
+        n = shape[i]
+        if n != 1:
+            if strides[i] != want:
+                return None
+            want *= n
+    return "CL"
 
 
 def supports(mode_name, x, *others) -> bool:
