@@ -25,12 +25,17 @@ Switch: ``_amp_state.DIRECT_WEIGHTS[0]``, or MINIDNN_AMP_DIRECT_WEIGHTS=0 in the
 from __future__ import annotations
 
 import functools
+import os
+import sys
+import weakref
 
 import numpy as np
 
 from .. import _amp_state
 from ..autograd import AccumulateGrad
 from ..autograd import _state as _grad_state
+from ..backend.devices import device_guard as _device_guard
+from ..backend.devices import is_cuda_array as _is_cuda_array
 from ..backend.devices import to_device
 from ..backend.ownership import owner_of
 from ..ops.linalg import Transfer, transfer
@@ -162,6 +167,98 @@ def _cast(t, dtype, direct=False, data=None):
     return _node_cast(t, data, device)
 
 
+class _LowCopy:
+    """A flat set's float16/bfloat16 copy kept across regions (session 11): ``buf`` (the whole flat buffer), each
+    parameter's ``views`` of it, made once, and each parameter's direct weight (``weights``, made at its first use
+    and re-armed per region with the parameter's current accumulator).  Each region that casts the flat buffer whole
+    writes ``buf`` in place -- the same one cast launch the fresh copy took, with the same values -- so the per-weight
+    views and Tensors are not made again every region.  Before a refill, ``busy`` tells whether anything from an
+    earlier region still holds the copy (a graph not yet run backward, or already run with retain_graph: its saved
+    weights; a view someone kept): then a new copy is made instead of writing over one in use."""
+    __slots__ = ("buf", "views", "weights", "buf_refs", "stream", "__weakref__")
+
+    def __init__(self, fs, dtype):
+        with _device_guard(fs.device):
+            self.buf = fs.xp.empty(fs.param.shape, dtype=dtype)
+        self.views = [fs.view(self.buf, j) for j in range(len(fs.params))]
+        self.weights = [None] * len(self.views)
+        self.buf_refs = _getrefcount(self.buf)      # the copy, held by this object and its views alone
+
+    def busy(self):
+        if _getrefcount(self.buf) > self.buf_refs:      # a view made elsewhere (a cast node's output) is alive
+            return True
+        for v, w in zip(self.views, self.weights):      # each held here (a view also by its weight) and by this
+            if w is None:                               # loop alone, when no graph saved it
+                if _getrefcount(v) > _SOLE_REFS:
+                    return True
+            elif _getrefcount(w) > _SOLE_REFS or _getrefcount(v) > _SOLE_REFS + 1:
+                return True
+        return False
+
+    def weight(self, j, t):
+        """Parameter ``t``'s (index j's) direct weight: the one kept, its gradient edge re-armed to t's accumulator
+        (a new one each backward), or a new one."""
+        w = self.weights[j]
+        if w is None:
+            w = self.weights[j] = _direct(t, self.views[j])
+        else:
+            w.grad_fn = t._edge()[0]
+        return w
+
+
+def _sole_refs():
+    """The refcount ``_LowCopy.busy`` sees for a kept view or weight nothing else holds (measured, as the engine
+    does: held by its list and by the loop's variable)."""
+    for v, w in zip([object()], [object()]):
+        return _getrefcount(w)
+
+
+_getrefcount = sys.getrefcount
+_SOLE_REFS = _sole_refs()
+# id(flat set) -> (weak reference to it, its _LowCopy); switch: KEEP_LOW_COPY[0] = False, or
+# MINIDNN_AMP_KEEP_LOW_COPY=0 at import (a fresh cast of the flat buffer each region, as before).
+_LOW_COPIES: dict = {}
+KEEP_LOW_COPY = [os.environ.get("MINIDNN_AMP_KEEP_LOW_COPY", "1") != "0"]
+
+
+def _current_stream(arr):
+    """The current stream's pointer for a GPU array (0 on the CPU), or None while it captures a CUDA graph (the
+    workspace's test; the legacy default stream, pointer 0, cannot capture)."""
+    if not _is_cuda_array(arr):
+        return 0
+    from ..backend.cuda import launch as _launch  # (GPU arrays only)
+    cp = _launch.cupy()
+    stream = cp.cuda.get_current_stream().ptr
+    return None if stream and cp.cuda.runtime.streamIsCapturing(stream) else stream
+
+
+def _low_copy(fs, dtype):
+    """fs's kept copy refilled with the current parameters (one launch), or None (a fresh cast: switched off, or
+    capturing: a region captured into a CUDA graph casts afresh, from the graph's pool, as before).  A copy last
+    filled on another stream is not written over (its readers there may not have run yet): a new one is made."""
+    if not KEEP_LOW_COPY[0]:
+        return None
+    stream = _current_stream(fs.param)
+    if stream is None:
+        return None
+    key = id(fs)
+    entry = _LOW_COPIES.get(key)
+    low = entry[1] if entry is not None and entry[0]() is fs else None
+    if low is None or low.stream != stream or low.buf.dtype != dtype or low.buf.shape != fs.param.shape \
+            or low.busy():
+        low = _LowCopy(fs, dtype)
+        low.stream = stream
+        _LOW_COPIES[key] = (weakref.ref(fs, lambda _, key=key: _LOW_COPIES.pop(key, None)), low)
+    _refill(low, fs)
+    return low
+
+
+def _refill(low, fs):
+    """The cast of the whole flat buffer into the kept copy: one elementwise copy launch, astype's conversion."""
+    with _device_guard(fs.device):
+        low.buf[...] = fs.param
+
+
 def _cast_flat_buffer(t, dtype, s, direct=False):
     """The autocast cast of parameter ``t`` when a fused optimizer's flat buffer holds it (None otherwise: the
     caller casts it alone).  The first such cast of a region whose previous outermost region's casts used at
@@ -179,15 +276,18 @@ def _cast_flat_buffer(t, dtype, s, direct=False):
     flat = s["flat_low"].get(key)
     if flat is None and (recording and not getattr(fs, "master", False)
                          and fs.param.dtype == t.data.dtype and 2 * s["flat_used"].get(key, 0) >= fs.param.size):
-        flat = s["flat_low"][key] = (fs, fs.param.astype(dtype), [p._version for p in fs.params])
+        low = _low_copy(fs, dtype)
+        flat = s["flat_low"][key] = (fs, fs.param.astype(dtype) if low is None else low.buf,
+                                     [p._version for p in fs.params], low)
     if (recording and flat is not None and flat[0] is fs and flat[1].dtype == dtype and t._version == flat[2][j]
             and t.data is fs.param_views[j]):
+        low = flat[3]
         if direct and _direct_ok(t, dtype):
-            out = _direct(t, fs.view(flat[1], j))
+            out = _direct(t, fs.view(flat[1], j)) if low is None else low.weight(j, t)
         else:
             n = AutocastCast.node(t)        # t is on the flat set's device
             n.src_device, n.src_dtype = fs.device, t.data.dtype
-            out = n.output(fs.view(flat[1], j))
+            out = n.output(fs.view(flat[1], j))     # (a view of its own: the kept copy's refcount shows it)
     else:
         out = _cast(t, dtype, direct)
     s["cache"][id(t)] = (t, t._version, out, key)

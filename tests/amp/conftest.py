@@ -2,6 +2,7 @@
 import pytest
 
 from minidnn import _amp_state
+from minidnn.amp import autocast_mode
 
 
 @pytest.fixture
@@ -14,3 +15,15 @@ def set_direct_weights():
         _amp_state.DIRECT_WEIGHTS[0] = bool(on)
     yield set_
     _amp_state.DIRECT_WEIGHTS[0] = old
+
+
+@pytest.fixture
+def set_keep_low_copy():
+    """``set_keep_low_copy(on)``: autocast's kept flat low-precision copy (``autocast_mode.KEEP_LOW_COPY``) on or off
+    for this test; restored after it."""
+    old = autocast_mode.KEEP_LOW_COPY[0]
+
+    def set_(on):
+        autocast_mode.KEEP_LOW_COPY[0] = bool(on)
+    yield set_
+    autocast_mode.KEEP_LOW_COPY[0] = old

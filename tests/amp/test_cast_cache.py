@@ -14,6 +14,7 @@ import minidnn as mdn
 import minidnn.nn as nn
 import minidnn.nn.functional as F
 from minidnn import _amp_state
+from minidnn.amp import autocast_mode
 from minidnn.backend.ownership import owner_of
 from minidnn.ops import linalg
 
@@ -67,15 +68,26 @@ def _step(model, opt, x, y, **kw):
     return loss
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["fresh_copy", "kept_copy"])
 @pytest.mark.parametrize("direct", [False, True], ids=["cast_nodes", "direct_weights"])
-def test_one_cast_per_parameter_per_region_and_whole_flat_buffer_from_the_second(count_cast_nodes,
-                                                                                 set_direct_weights, direct):
-    """(Direct weights, session 11: the same casts and the same cache, with no cast node -- each cached cast's
-    grad_fn is its parameter's accumulator.)"""
+def test_one_cast_per_parameter_per_region_and_whole_flat_buffer_from_the_second(count_cast_nodes, monkeypatch,
+                                                                                 set_direct_weights, set_keep_low_copy,
+                                                                                 direct, keep):
+    """(Session 11: direct weights -- the same casts and the same cache, with no cast node: each cached cast's
+    grad_fn is its parameter's accumulator; the kept copy -- the whole-buffer cast written into a buffer kept across
+    regions by one elementwise copy, counted as the cast.)"""
     set_direct_weights(direct)
+    set_keep_low_copy(keep)
     model = _model()
     opt = mdn.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     fs = _flat_spy(opt)
+    real_refill = autocast_mode._refill
+
+    def refill(low, flat_set):      # the kept copy's cast (an elementwise copy into it), counted as the cast
+        assert flat_set is fs
+        _CountingArray.casts += 1
+        return real_refill(low, flat_set)
+    monkeypatch.setattr(autocast_mode, "_refill", refill)
     x, y = mdn.randn(4, 3, 6, 6), mdn.tensor([0, 1, 2, 3])
     weights = _weights(model)
     for region in range(3):
@@ -184,11 +196,13 @@ def test_fake_gpu_bf16_step_launches(model, bound):
     """The bf16 step's launches beyond the fp32 step's, under the fake CuPy: the input's cast, one cast of the
     flat weight buffer, and one cast per weight gradient (ResNet-20: 23 weights, 201 -> 179 launches when this was
     written; MobileNet-small: 11, 89 -> 79).  Since session 11 the cross-entropy reads the bf16 logits itself: no
-    cast of the logits to float32 nor of their gradient back."""
+    cast of the logits to float32 nor of their gradient back; and the flat buffer's cast is written into autocast's
+    kept copy, by an elementwise copy (the same one launch)."""
     fp32, _ = _fake_step(model, "")
     bf16, ops = _fake_step(model, "bf16")
     assert bf16 - fp32 <= bound, (fp32, bf16, ops)
-    assert "'astype->bfloat16': 2" in ops and "astype->float32" not in ops, ops
+    # the input's cast and the flat buffer's, written into autocast's kept copy (an elementwise copy: __setitem__)
+    assert "'astype->bfloat16': 1" in ops and "'__setitem__': 1" in ops and "astype->float32" not in ops, ops
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -1,11 +1,14 @@
-"""On a GPU: autocast's direct weights (session 11) against the cast node per weight, bit for bit.
+"""On a GPU: autocast's direct weights and its kept flat copy (session 11) against the cast node per weight and the
+fresh copy per region, bit for bit.
 
 For conv2d (NCHW and channels-last, the implicit-GEMM and the direct kernels, stride 2 with groups, depthwise 3x3 at
 stride 1 and 2) and linear (with and without bias, 2-D and 3-D input), in bfloat16 and float16 autocast: y, dx, dw,
 db with ``_amp_state.DIRECT_WEIGHTS`` off and on are the same bits and dtypes (dw and db float32), on the first call
 and on the seen-signature (fast) path; a weight used twice; the gradients landing in a fused optimizer's flat-buffer
 slots; MobileNet-small and ResNet-20 (NCHW and channels-last) three SGD steps with the flat-buffer cast bit-identical
-parameters; create_graph's gradients and second-order gradients.  The graph and the CPU half: test_direct_weights.py.
+parameters (each switch alone and both); a region's graph kept alive across the next region and an optimizer step;
+a captured autocast training step against eager; create_graph's gradients and second-order gradients.  The graph
+and the CPU half: test_direct_weights.py, test_kept_low_copy.py.
 """
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ import cupy as cp  # noqa: E402
 import minidnn as mdn  # noqa: E402
 import minidnn.models as M  # noqa: E402
 from minidnn import _amp_state  # noqa: E402
+from minidnn.amp import autocast_mode  # noqa: E402
 from minidnn.autograd import AccumulateGrad  # noqa: E402
 from minidnn.nn import functional as F  # noqa: E402
 
@@ -30,17 +34,21 @@ DTYPES = {"bf16": mdn.bfloat16, "fp16": mdn.float16}
 
 @pytest.fixture
 def both():
-    """both(fn) -> (fn() with the cast nodes, fn() with direct weights); the switch restored after."""
-    old = _amp_state.DIRECT_WEIGHTS[0]
+    """both(fn, switch="direct") -> (fn() with the switch off, fn() with it on): autocast's direct weights
+    ("direct"), its kept flat copy ("keep"), or both ("all"); the switches restored after."""
+    old = _amp_state.DIRECT_WEIGHTS[0], autocast_mode.KEEP_LOW_COPY[0]
 
-    def run(fn):
+    def run(fn, switch="direct"):
         out = []
         for on in (False, True):
-            _amp_state.DIRECT_WEIGHTS[0] = on
+            if switch in ("direct", "all"):
+                _amp_state.DIRECT_WEIGHTS[0] = on
+            if switch in ("keep", "all"):
+                autocast_mode.KEEP_LOW_COPY[0] = on
             out.append(fn())
         return out
     yield run
-    _amp_state.DIRECT_WEIGHTS[0] = old
+    _amp_state.DIRECT_WEIGHTS[0], autocast_mode.KEEP_LOW_COPY[0] = old
 
 
 def _same(old, new):
@@ -152,11 +160,84 @@ def _model_steps(name, cl, dt, steps=3):
     return out + list(m.parameters())
 
 
+@pytest.mark.parametrize("switch", ["direct", "keep", "all"])
 @pytest.mark.parametrize("name", ["mobilenet", "resnet20"])
 @pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
 @pytest.mark.parametrize("dt", list(DTYPES))
-def test_training_steps_bits(both, name, cl, dt):
-    _same(*both(lambda: _model_steps(name, cl, dt)))
+def test_training_steps_bits(both, name, cl, dt, switch):
+    _same(*both(lambda: _model_steps(name, cl, dt), switch))
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_kept_copy_not_written_over_while_a_graph_holds_it(both, dt):
+    """Region A's graph alive while the optimizer steps and region B runs: A's backward sees A's weights (the kept
+    copy is not refilled under it), on the GPU's copy kernels and streams."""
+    def run():
+        mdn.manual_seed(0)
+        nn = mdn.nn     # no batch norm: it saves float32 parameters, whose new versions would raise after the step
+        m = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(), nn.Conv2d(16, 32, 1), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(32 * 8 * 8, 10)).to("cuda")
+        x = mdn.randn(8, 3, 16, 16).to("cuda")
+        y = mdn.randint(0, 10, (8,)).to("cuda")
+        opt = mdn.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        for _ in range(2):
+            with mdn.autocast("cuda", dtype=DTYPES[dt]):
+                loss = F.cross_entropy(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with mdn.autocast("cuda", dtype=DTYPES[dt]):
+            loss_a = F.cross_entropy(m(x), y)
+        with mdn.autocast("cuda", dtype=DTYPES[dt]):
+            loss_b = F.cross_entropy(m(x * 2), y)
+        opt.zero_grad()
+        loss_b.backward()
+        opt.step()
+        opt.zero_grad()
+        loss_a.backward()
+        return [loss_a, loss_b] + [p.grad.clone() for p in m.parameters()]
+    _same(*both(run, "keep"))
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_captured_autocast_step_equals_eager(dt):
+    """A bf16/fp16 autocast training step captured into a CUDA graph (its regions cast afresh from the graph's
+    pool while capturing) and replayed equals the eager steps, which use the kept copy."""
+    def setup():
+        mdn.manual_seed(0)
+        m = M.resnet20(num_classes=10).to("cuda")
+        opt = mdn.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        x = mdn.randn(8, 3, 32, 32).to("cuda")
+        y = mdn.randint(0, 10, (8,)).to("cuda")
+
+        def step():
+            with mdn.autocast("cuda", dtype=DTYPES[dt]):
+                loss = F.cross_entropy(m(x), y)
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+        return m, step
+    eager_m, eager_step = setup()
+    m, step = setup()
+    s = mdn.cuda.Stream()
+    s.wait_stream(mdn.cuda.current_stream())
+    with mdn.cuda.stream(s):
+        for _ in range(3):
+            step()
+    mdn.cuda.current_stream().wait_stream(s)
+    g = mdn.cuda.CUDAGraph()
+    with mdn.cuda.graph(g):
+        step()
+    for _ in range(3 + 6):
+        eager_step()
+    for _ in range(6):
+        g.replay()
+    for _ in range(2):      # eager again after the replays: the kept copy refilled from the replayed parameters
+        eager_step()
+        step()
+    mdn.cuda.synchronize()
+    _same(list(eager_m.parameters()), list(m.parameters()))
 
 
 @pytest.mark.parametrize("dt", list(DTYPES))
