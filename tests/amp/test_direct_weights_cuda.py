@@ -200,6 +200,36 @@ def test_kept_copy_not_written_over_while_a_graph_holds_it(both, dt):
     _same(*both(run, "keep"))
 
 
+def test_kept_copy_sees_views_made_elsewhere():
+    """Another op's cast of a parameter (a cast node's output: a fresh CuPy view of the kept copy) kept past its
+    region: the next region makes a new copy (busy() sees the view through the copy's refcount: CuPy views hold
+    their base) rather than change the kept Tensor's values."""
+    old = _amp_state.DIRECT_WEIGHTS[0], autocast_mode.KEEP_LOW_COPY[0]
+    _amp_state.DIRECT_WEIGHTS[0] = autocast_mode.KEEP_LOW_COPY[0] = True
+    try:
+        mdn.manual_seed(0)
+        nn = mdn.nn
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 5)).to("cuda")
+        opt = mdn.optim.SGD(m.parameters(), lr=0.1)
+        x, y = mdn.randn(4, 3, 8, 8).to("cuda"), mdn.randint(0, 5, (4,)).to("cuda")
+        kept = before = None
+        for step in range(4):
+            with mdn.autocast("cuda", dtype=mdn.bfloat16):
+                loss = F.cross_entropy(m(x), y)
+                if step == 2:
+                    mdn.matmul(mdn.ones(1, 5).to("cuda"), m[3].weight)
+                    kept = _amp_state._state()["cache"][id(m[3].weight)][2]
+                    assert type(kept.grad_fn) is autocast_mode.AutocastCast
+                    before = cp.asnumpy(kept.data).copy()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert kept.data.base is not None
+        np.testing.assert_array_equal(cp.asnumpy(kept.data).view(np.uint16), before.view(np.uint16))
+    finally:
+        _amp_state.DIRECT_WEIGHTS[0], autocast_mode.KEEP_LOW_COPY[0] = old
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 def test_captured_autocast_step_equals_eager(dt):
     """A bf16/fp16 autocast training step captured into a CUDA graph (its regions cast afresh from the graph's
