@@ -220,28 +220,27 @@ def _fast_backward(ctx, seen, x, w, gy, need, carry):
     if pair is None:
         return None
     data, filt, dy_last = pair
-    gd = gy.data
+    gd = gy.data        # the settled calls take the channels-first views (SettledConvolution.first), any memory order
     dw = destination(ctx, 1, tuple(w_shape), ctx.dw_dtype or gd.dtype, filt.igemm is not None and CL_DW_SLOT[0]) \
         if filt is not None else None
     if dw is not None and dw[1]:        # the filter gradient into a slot only (beta 0): a weight used twice keeps
         dw = None                       # the engine's add (its split-K / atomic variants' blending is not relied on)
     if data is None:                                # the filter gradient alone
-        xa, dya = (_last(x.data), _last(gd)) if dy_last and seen.nhwc else (x.data, gd)
         with B.convolution_shared_staging(carry):   # x's NHWC copy, where the forward kept one
-            gw = filt.run(xa, dya, None, *(dw[:2] if dw else ()))
+            gw = filt.first(x.data, gd, None, *(dw[:2] if dw else ()))
         return None if gw is None else (None, _landed(gw, dw), None)
-    dya = _last(gd) if dy_last else gd
-    dx = None if dy_last else destination(ctx, 0, tuple(x_shape), gd.dtype)
+    # dx into the pending gradient (beta 1), channels-last too: backward data blends into one laid out as its
+    # fresh result (SettledConvolution.first checks; another layout gets a fresh dx and the engine's add)
+    dx = destination(ctx, 0, tuple(x_shape), gd.dtype, dy_last)
     if filt is None:                                # the data gradient alone
-        gx = data.run(w.data, dya, carry, *(dx[:2] if dx else ()))
-        return None if gx is None else (wrap(_first(gx)) if dy_last else _landed(gx, dx), None, None)
+        gx = data.first(w.data, gd, carry, *(dx[:2] if dx else ()))
+        return None if gx is None else (_landed(gx, dx), None, None)
     with B.convolution_shared_staging(carry):       # both read dy: its NHWC copy is made once (x's: kept)
-        gx = data.run(w.data, dya, carry, *(dx[:2] if dx else ()))
+        gx = data.first(w.data, gd, carry, *(dx[:2] if dx else ()))
         if gx is None:
             return None
-        gw = filt.run(_last(x.data), dya, None, *(dw[:2] if dw else ())) if dy_last and seen.nhwc else \
-            filt.run(x.data, gd, None, *(dw[:2] if dw else ()))
-    return wrap(_first(gx)) if dy_last else _landed(gx, dx), _landed(gw, dw), None
+        gw = filt.first(x.data, gd, None, *(dw[:2] if dw else ()))
+    return _landed(gx, dx), _landed(gw, dw), None
 
 
 def _bias_grad(ctx, gy):
@@ -277,10 +276,10 @@ class ConvForward(Function):
         ctx.seen = seen
         if seen is not None and seen.forward is not None:
             carry = _new_carry(need)
-            y = seen.forward.run(_last(x.data) if seen.nhwc else x.data, w.data, carry)
+            y = seen.forward.first(x.data, w.data, carry)      # channels-last x as it is (no NHWC view)
             if y is not None:
                 ctx.carry = _kept(carry)
-                return wrap(_first(y) if seen.nhwc else y)
+                return wrap(y)
         carry = _new_carry(need) if B.is_cuda_array(w.data) else None
         if carry is None:
             ctx.carry = None
