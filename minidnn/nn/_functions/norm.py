@@ -277,8 +277,11 @@ class BatchNormInference(Function):
         a = inv_std if weight is None else inv_std * weight.reshape(shape)
         need = ctx.needs_input_grad
         dx = gy * a if need[0] else None
-        dw = (gy * (x - mean.detach().reshape(shape)) * inv_std).sum(axes) if need[1] else None
-        db = gy.sum(axes) if need[2] else None
+        if dx is not None and dx.dtype != x.dtype:   # a 16-bit x (autocast) with float32 statistics: x's dtype back
+            dx = dx.to(x.dtype)
+        pg = gy if gy.dtype == mean.dtype else gy.to(mean.dtype)    # the parameters' gradients in their dtype
+        dw = (pg * (x - mean.detach().reshape(shape)) * inv_std).sum(axes) if need[1] else None
+        db = pg.sum(axes) if need[2] else None
         return dx, dw, db, None, None, None
 
 
