@@ -50,16 +50,31 @@ def _first_perm(ndim):
     return (0, ndim - 1, *range(1, ndim - 1))
 
 
+# the axes of a channels-last array from the innermost in memory out: C, then W, H, (D), then N
+_INNER_FIRST = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}
+
+
 def is_in(arr, fmt, where="is_contiguous") -> bool:
-    """Whether ``arr``'s strides are those of ``fmt`` (preserve_format: always)."""
-    _check(arr, fmt, where) if fmt in _RANK else None
-    if fmt is preserve_format:
-        return True
+    """Whether ``arr``'s strides are those of ``fmt`` (preserve_format: always).  Channels-last is read from the
+    strides by the arrays' own contiguity rule (what the channels-last view's ``flags.c_contiguous`` says: an empty
+    array is in every format, extent-1 axes' strides do not count) without making that view."""
     if fmt is contiguous_format:
         return bool(arr.flags.c_contiguous)
-    if arr.ndim != _RANK[fmt]:
+    if fmt is preserve_format:
+        return True
+    shape = arr.shape
+    if type(fmt) is not memory_format or _RANK.get(fmt) != len(shape):
+        _check(arr, fmt, where)     # raises: not a format, or not of its rank
         return False
-    return bool(arr.transpose(_last_perm(arr.ndim)).flags.c_contiguous)
+    strides = arr.strides
+    want = arr.itemsize
+    for i in _INNER_FIRST[len(shape)]:
+        n = shape[i]
+        if n != 1:
+            if strides[i] != want:
+                return n == 0 or 0 in shape     # (size 0: contiguous whatever the strides)
+            want *= n
+    return True
 
 
 def relayout(arr, fmt, where="contiguous"):
