@@ -33,9 +33,6 @@ from tests.backend.test_norm_kernels import Counted, _close, _draw, _dtype, _h
     (1024, np.float32, "ln_bwd", (128, 2, 4)),
     (1024, np.float16, "ln_bwd", (64, 2, 8)),
     (1024, np.float64, "ln_bwd", (256, 2, 2)),
-    (1024, np.float16, "ln_bwdw", (32, 4, 8)),        # route ln_bwd16 "v2w": a warp team, 4 vectors a lane
-    (512, np.float16, "ln_bwdw", (32, 2, 8)),
-    (2048, np.float16, "ln_bwdw", (64, 4, 8)),
     (16384, np.float16, "fwd", (512, 4, 8)),         # the longest 16-bit row in registers (v1: 8192)
     (16392, np.float16, "fwd", None),                # longer: v1's looped kernel
     (100, np.float16, "fwd", None),                  # 100 halves do not fill vectors: v1
@@ -84,11 +81,6 @@ _V2_CONFIGS = [  # (dtype, team, vpt, vec, block, minb, kernels built with it) -
     (np.float32, 256, 4, 4, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
     (ml_dtypes.bfloat16, 32, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
     (ml_dtypes.bfloat16, 256, 4, 8, None, 2, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1), ("GN_PREF", 1))),
-    # ln_bwd2 with warp teams of 4 vectors and the scale in shared memory (session 9 round 2, route "v2w")
-    (ml_dtypes.bfloat16, 32, 4, 8, 256, 3, ("ln_bwd2",), (("LN_SSM", 1),)),
-    (np.float16, 32, 4, 8, 256, 3, ("ln_bwd2",), (("LN_SSM", 1),)),
-    (ml_dtypes.bfloat16, 32, 2, 8, 256, 3, ("ln_bwd2",), (("LN_SSM", 1),)),
-    (ml_dtypes.bfloat16, 64, 4, 8, 256, 3, ("ln_bwd2",), (("LN_SSM", 1),)),
 ]
 
 
@@ -380,46 +372,6 @@ def test_gn_bwd2_prefetch(cp, monkeypatch, name, shape, affine):
     for a, b in zip(out["1"], out["0"]):
         if a is not None:
             np.testing.assert_array_equal(_h(a), _h(b))
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name", ["bfloat16", "float16"])
-@pytest.mark.parametrize("shape", [(16384, 1024), (3001, 1024), (2000, 512), (700, 2048), (40, 8)])
-@pytest.mark.parametrize("affine", ["both", "none", "misaligned"])
-def test_ln_bwd2_warp_teams(cp, monkeypatch, name, shape, affine):
-    """Session 9 round 2's route ln_bwd16 "v2w" (warp teams of up to 4 vectors a lane, the scale in shared memory):
-    dx, dscale, dbias against float64 and against the default v2 (a different team size: the sums' order differs,
-    so close, not bitwise); rows enough that every team walks several; two launches."""
-    rng = np.random.default_rng(hash((shape, name, affine, "v2w")) % 2 ** 32)
-    dtype = _dtype(name)
-    x = _draw(rng, shape, dtype, offset=3.0)
-    dy = _draw(rng, shape, dtype)
-    d = shape[-1]
-    scale = bias = None
-    if affine != "none":
-        scale = _params(rng, (d,), name, affine == "misaligned", cp)
-        bias = _params(rng, (d,), name, affine == "misaligned", cp)
-    s64, b64 = _h(scale), _h(bias)
-    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    _, m_r, i_r = B.layer_normalization_forward(None, x64, s64, b64, 1, 1e-5)
-    gx, gdy = cp.asarray(x), cp.asarray(dy)
-    _, m, i = B.layer_normalization_forward(None, gx, scale, bias, 1, 1e-5)
-    dx_r, ds_r, db_r = B.layer_normalization_backward(None, x64, dy64, s64, _h(m), _h(i), 1)
-    out = {}
-    for version in ("v2w", "v2"):
-        NK._plans.clear()
-        monkeypatch.setitem(NK.ROUTE, "ln_bwd16", version)
-        with Counted() as c:
-            out[version] = B.layer_normalization_backward(None, gx, gdy, scale, m, i, 1)
-        assert c.n == 1 + (scale is not None)
-    NK._plans.clear()
-    dx, ds, db = out["v2w"]
-    _close(dx, dx_r, name)
-    _close(dx, _h(out["v2"][0]), name)
-    if scale is not None:
-        _close(ds, ds_r, name, shape[0], what="stat")
-        _close(db, db_r, name, shape[0], what="data-sum")
-        _close(ds, _h(out["v2"][1]), name, shape[0], what="stat")
 
 
 @pytest.mark.cuda

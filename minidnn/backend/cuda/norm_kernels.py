@@ -68,7 +68,6 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
   gn_bwd2 with GN_PREF=1 (session 9; GN_PREFETCH, off by default: measured slower): the next group row's x and dy loaded
     before the current row's sums and stores, on a persistent grid of the resident blocks (half as many an SM).
   gn_bwd2 with GN_VCS=1 (session 9 round 2; GN_VSUMS, on): GN_CHV rows' per-channel sums from per-vector partials.
-  ln_bwd2 with LN_SSM=1 (session 9 round 2; route ln_bwd16 "v2w", a candidate): warp teams, scale in shared memory.
 Which version a case takes: ROUTE / _version (MINIDNN_NORM_ROUTE), see there.
 """
 from __future__ import annotations
@@ -112,9 +111,6 @@ __device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned in
 #endif
 #ifndef GN_PREF
 #define GN_PREF 0
-#endif
-#ifndef LN_SSM
-#define LN_SSM 0
 #endif
 #ifndef GN_VCS
 #define GN_VCS 0
@@ -1212,31 +1208,10 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     const A inv_d = (A)1 / (A)D;
     AV* acc_g = reinterpret_cast<AV*>(ln_smem) + (long long)tib * 2 * nvec;    // (has_scale) this team's row
     AV* acc_b = acc_g + nvec;
-#if LN_SSM
-    // LN_SSM (session 9, round 2: warp teams of 4 vectors a thread): the scale in shared memory after the teams'
-    // rows, one copy per block, read at each use -- 32 registers a thread fewer than holding it
-    AV* ssc = reinterpret_cast<AV*>(ln_smem) + (long long)TPB * 2 * nvec;
-    for (int vi = threadIdx.x; vi < nvec; vi += BLOCK) {
-        AV z;
-        if (has_scale && (flags & F_PVEC)) {
-            const PV s = reinterpret_cast<const PV*>(scale)[vi];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) z.v[e] = LDP(s.v[e]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) z.v[e] = has_scale ? LDP(scale[vi * VEC + e]) : (A)1;
-        }
-        ssc[vi] = z;
-    }
-#define SCL(k, e) ssc[(k) * TEAM + t].v[e]
-#else
     A sc[VPT][VEC];
-#define SCL(k, e) sc[k][e]
-#endif
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int vi = k * TEAM + t;
-#if !LN_SSM
         if (has_scale && vi < nvec && (flags & F_PVEC)) {
             const PV s = reinterpret_cast<const PV*>(scale)[vi];
 #pragma unroll
@@ -1245,7 +1220,6 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 #pragma unroll
             for (int e = 0; e < VEC; ++e) sc[k][e] = (has_scale && vi < nvec) ? LDP(scale[vi * VEC + e]) : (A)1;
         }
-#endif
         if (has_scale && vi < nvec) {
             AV z;
 #pragma unroll
@@ -1253,9 +1227,6 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             acc_g[vi] = z; acc_b[vi] = z;
         }
     }
-#if LN_SSM
-    __syncthreads();                              // the block's scale copy is written
-#endif
     for (long long r = (long long)blockIdx.x * TPB + tib; r < rows; r += (long long)gridDim.x * TPB) {
         const V* xr = reinterpret_cast<const V*>(x + r * D);
         const V* gr = reinterpret_cast<const V*>(dy + r * D);
@@ -1270,7 +1241,7 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         for (int k = 0; k < VPT; ++k)
             if (k * TEAM + t < nvec) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) { cs += LDE(a[k], e) - mu; s1 += LDE(b[k], e) * SCL(k, e); }
+                for (int e = 0; e < VEC; ++e) { cs += LDE(a[k], e) - mu; s1 += LDE(b[k], e) * sc[k][e]; }
             }
         team_sum2b(cs, s1, red);       // re-centred (RECENTRE)
         const A off = cs * inv_d;
@@ -1280,7 +1251,7 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             const int vi = k * TEAM + t;
             if (vi < nvec) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) s2 += LDE(b[k], e) * SCL(k, e) * ((LDE(a[k], e) - mu - off) * is);
+                for (int e = 0; e < VEC; ++e) s2 += LDE(b[k], e) * sc[k][e] * ((LDE(a[k], e) - mu - off) * is);
                 if (has_scale) {
                     AV ag = acc_g[vi], ab = acc_b[vi];
 #pragma unroll
@@ -1302,12 +1273,11 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
                 V o;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    o.v[e] = ST(is * (LDE(b[k], e) * SCL(k, e) - c1 - (LDE(a[k], e) - mu - off) * is * c2));
+                    o.v[e] = ST(is * (LDE(b[k], e) * sc[k][e] - c1 - (LDE(a[k], e) - mu - off) * is * c2));
                 dr[vi] = o;
             }
         }
     }
-#undef SCL
     if (!has_scale) return;
     __syncthreads();
     const A* acc = reinterpret_cast<const A*>(ln_smem);
@@ -1428,7 +1398,7 @@ def _block(team):
 # Version 2 of the row kernels (norm_fwd2, gn_bwd2, ln_bwd2) and of the NCHW bias gradient (bias_grad_planes);
 # MINIDNN_NORM_V1=1 (read at import) keeps the version-1 kernels and configurations for a GPU A/B.
 V1 = os.environ.get("MINIDNN_NORM_V1", "") == "1"
-_PER_THREAD = {"fwd": 4, "gn_bwd": 4, "ln_bwdw": 4}    # the most 16-byte vectors of one array a v2 thread holds
+_PER_THREAD = {"fwd": 4, "gn_bwd": 4}    # the most 16-byte vectors of one array a v2 thread holds
 
 # Per-case routing (resolved when a plan is built: no per-call work).  "ln_fwd16": 16-bit layer norm forward,
 # "v3" = ln_fwd3 where ln_config3 takes the row (<= 4096 values), else v2; "gn_bwd16": 16-bit group norm
@@ -1445,10 +1415,9 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4, "ln_bwdw": 4}    # the most 16-byte vector
 # "v2m4" (the default for gn_bwd16): gn_bwd2 as v2, but 16-bit GN_CHV rows of a 256-thread team (e.g. G=32 of
 # (128, 64, 56, 56): 784 vectors, 4 a thread) launch-bounded to four blocks an SM (64 registers, no spills) instead
 # of three (80 registers): a third more group rows in flight (v2: 67% of copy bandwidth there, float32 88%).
-# "v2w" (session 9, round 2; candidate for "ln_bwd16"): ln_bwd2 with warp teams of up to 4 vectors a thread
-# (a 1024-value 16-bit row: 32 threads x 4 x 8 values, where v2 takes 64 x 2) and the scale in shared memory
-# (LN_SSM): eight teams a block, shuffle sums without the named barriers, twice the rows in flight an SM (bf16
-# (16384, 1024) backward: 60% of copy on the H200, fp32 86%); tools/ktable_ab.py row lnbwd.
+# (Session 9 round 2's "v2w" for ln_bwd16 -- ln_bwd2 with warp teams of 4 vectors and the scale in shared memory --
+# measured slower on both GPUs -- H200 bf16 0.78x, fp32 0.97x; H100 bf16 0.0546 against 0.0448 ms -- and was
+# removed in session 11.)
 ROUTE = {"ln_fwd16": "v3s", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
 # Session 9: gn_bwd2's GN_CHV rows with the next row prefetched (GN_PREF; half the blocks an SM for the registers).
 # GN_PREFETCH "0" (the default): none -- measured slower on the H200 (session 9 run 6, tools/ktable_ab.py, graph
@@ -1773,12 +1742,8 @@ def _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev):
     block, minb = _v2_launch_shape("ln_bwd", team, x.dtype.itemsize)
     tpb = block // team
     has_scale = scale is not None
-    ssm = _version("ln_bwd", x.dtype) == "v2w"          # LN_SSM: the scale in shared memory after the partials
-    # (LN_SSM: the partial rows are allocated also without a scale -- the copy's offset is after them)
-    a_size = _acc(x.dtype).itemsize
-    smem = (tpb * 2 * d * a_size if has_scale or ssm else 0) + (d * a_size if ssm else 0)
-    k = _kernel("ln_bwd2", x.dtype, _p_info(x.dtype, scale), team, vpt, vec, block=block, minb=minb,
-                defs=(("LN_SSM", 1),) if ssm else ())
+    smem = tpb * 2 * d * _acc(x.dtype).itemsize if has_scale else 0
+    k = _kernel("ln_bwd2", x.dtype, _p_info(x.dtype, scale), team, vpt, vec, block=block, minb=minb)
     grid = max(1, min(-(-rows // tpb), _launch.sm_count(dev) * _resident_per_sm(k, block, smem, minb)))
     go = _launch.prepare(k, (grid,), (block,), [None] * 7 + [np.int64(rows), np.int32(d),
                                                               _flags(scale, None, False, pvec=palign)],
@@ -1789,7 +1754,7 @@ def _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev):
 
 def _ln_backward_plan(x, rows, d, scale, aligned, palign, dev):
     ver = _version("ln_bwd", x.dtype)
-    cfg = None if ver == "v1" else row_config2(d, x.dtype, aligned, "ln_bwdw" if ver == "v2w" else "ln_bwd")
+    cfg = None if ver == "v1" else row_config2(d, x.dtype, aligned, "ln_bwd")
     if cfg is not None:
         return _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev)
     pinfo = _p_info(x.dtype, scale)
