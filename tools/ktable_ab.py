@@ -12,8 +12,6 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   cefwd       cross-entropy fwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   cebwd       cross-entropy bwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   gnvcs       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_VSUMS     (MINIDNN_GN_VSUMS; default on)
-  lnbwd       layer norm bwd (16384, 1024)     norm_kernels.ROUTE ln_bwd16 / ln_bwd "v2w" (warp teams of 4 vectors a
-              lane in 16-bit, the scale in shared memory) vs "v2" (MINIDNN_NORM_ROUTE=ln_bwd16=v2w)
   dropbwd8    dropout bwd (128,64,56,56): on = TILE_BWD 8 (8 elements a thread: PyTorch's masked-scale kernel's
               work a thread), off = the default (4, streaming hints)
   dropbwdh0   dropout bwd: on = plain loads and stores (HINT_BWD 0), off = streaming (1)
@@ -27,17 +25,11 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   logsoftmax64  log-softmax bwd: on = the 64-thread-block tiling softmax's backward uses (MINIDNN_SOFTMAX_BWD_WARP=0,
               no pipe), off = the default (warp rows, piped): off/on > 1 means the block tiling is the better fix
   cefwd16a    cross-entropy fwd (16384, 1000), session 10: on = loss_kernels.CE_FWD16 "1" (P16: the 16-bit pipe
-              forward on packed words, one row ahead, 64 registers: four blocks an SM), off = "0" (session 9's FASTX
-              pipe, the default); 2-byte logits only (the float32 line times one kernel twice)
-  cefwd16b    cross-entropy fwd: on = CE_FWD16 "2" (P16 two rows ahead, 80 registers: three blocks an SM), off = "0"
-  smxd2       softmax fwd (16384, 1000), session 10: on = softmax_kernels.FWD_PDEPTH 2 (two rows of loads in flight a
-              warp, 2-byte rows only), off = 1 (the default)
-  lsmxd2      log-softmax fwd, the same switch
-  smxsp3      softmax fwd (16384, 1000), session 10: on = softmax_kernels.FWD_SPIPE 3 (the rows in flight in a
-              shared-memory ring filled by cp.async, two rows ahead, two blocks an SM), off = 0 (the PIPE default)
-  lsmxsp3     log-softmax fwd, the same switch
-  smxsp2      softmax fwd: on = FWD_SPIPE 2 (one row ahead in the ring, three blocks an SM), off = 0
-  lsmxsp2     log-softmax fwd, the same switch
+              forward on packed words, one row ahead, 64 registers: four blocks an SM; the default since session 10),
+              off = "0" (session 9's FASTX pipe); 2-byte logits only (the float32 line times one kernel twice)
+(Session 10's candidates not adopted after the H100 and H200 A/Bs were removed in session 11 with their rows:
+lnbwd (layer norm route "v2w"), cefwd16b (CE_FWD16 "2"), smxd2 / lsmxd2 (FWD_PDEPTH 2), smxsp3 / lsmxsp3 / smxsp2 /
+lsmxsp2 (FWD_SPIPE); docs/step_kernels.md.)
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
 drift of clocks or temperature cancels), each timing a fresh capture of the bench's `reps` calls replayed `trials`
 times (median).  Flipping a switch forgets the module's settled launches (and the primitive's seen-call caches)
@@ -171,43 +163,13 @@ def _ce16_plan(dtype):
     from minidnn.backend.cuda import loss_kernels as _lk
     src, k, defines, groups, per_sm, block = _lk.launch_spec("ce_fwd", (16384, 1000), dtype, "int64", False, "mean")
     d = dict(x.split("=", 1) for x in defines)
-    return (f"{k} FASTX={d['FASTX']} PIPE={d['PIPE']} P16={d.get('P16', 0)} PDEPTH={d.get('PDEPTH', 1)} "
-            f"MINB={d['MINB']} blocks/SM={per_sm}")
-
-
-def _pdepth_switch(on):
-    """softmax_kernels.FWD_PDEPTH: 2 on, 1 off."""
-    _sk_mod().FWD_PDEPTH = 2 if on else 1
-    _forget_softmax()
-
-
-def _spipe_switch(slots):
-    """softmax_kernels.FWD_SPIPE: ``slots`` on, 0 off."""
-    def switch(on):
-        _sk_mod().FWD_SPIPE = slots if on else 0
-        _forget_softmax()
-    return switch
+    return f"{k} FASTX={d['FASTX']} PIPE={d['PIPE']} P16={d.get('P16', 0)} MINB={d['MINB']} blocks/SM={per_sm}"
 
 
 def _gnvcs_switch(on):
     from minidnn.backend.cuda import norm_kernels as NK
     NK.GN_VSUMS = on
     NK._plans.clear()
-
-
-def _ln_switch(on):
-    from minidnn.backend.cuda import norm_kernels as NK
-    NK.ROUTE["ln_bwd16"] = NK.ROUTE["ln_bwd"] = "v2w" if on else "v2"
-    NK._plans.clear()
-
-
-def _ln_plan(dtype):
-    from minidnn.backend.cuda import norm_kernels as NK
-    ver = NK._version("ln_bwd", dtype)
-    team, vpt, vec = NK.row_config2(1024, dtype, True, "ln_bwdw" if ver == "v2w" else "ln_bwd")
-    block, minb = NK._v2_launch_shape("ln_bwd", team, dtype.itemsize)
-    return f"ln_bwd2 route={ver} team={team} VPT={vpt} block={block} minb={minb}" + \
-        (" LN_SSM" if ver == "v2w" else "")
 
 
 def _dropbwd_switch(setting):
@@ -242,8 +204,8 @@ def _smx_fwd_plan(algo):
     def plan(dtype):
         s = _sk_mod().launch_spec(False, (16384, 1000), (1,), algo, dtype)
         d = dict(x.split("=", 1) for x in s.defines)
-        return (f"{s.name} PIPE={d['PIPE']} PDEPTH={d.get('PDEPTH', 1)} SPIPE={d.get('SPIPE', 0)} G={d['G']} "
-                f"MINB={d['MINB']} blocks/SM={s.per_sm} smem={s.smem // 1024} KB")
+        return (f"{s.name} PIPE={d['PIPE']} G={d['G']} MINB={d['MINB']} blocks/SM={s.per_sm} "
+                f"smem={s.smem // 1024} KB")
     return plan
 
 
@@ -289,7 +251,6 @@ ROWS = {
     "cefwd": ("ce", "cross-entropy fwd", _ce_switch, _ce_plan("ce_fwd"), None),
     "cebwd": ("ce", "cross-entropy bwd", _ce_switch, _ce_plan("ce_bwd"), None),
     "gnvcs": ("gn", "group norm G=32 bwd", _gnvcs_switch, _gn_plan, True),
-    "lnbwd": ("ln", "layer norm bwd", _ln_switch, _ln_plan, None),
     "dropbwd8": ("dropout", "dropout bwd", _dropbwd_switch((8, 1)), _dropbwd_plan, None),
     "dropbwdh0": ("dropout", "dropout bwd", _dropbwd_switch((4, 0)), _dropbwd_plan, None),
     "smxnopipe": ("softmax", "softmax fwd", _smx_fwd_switch, _smx_fwd_plan("ACCURATE"), None),
@@ -298,13 +259,6 @@ ROWS = {
     "relu128b": ("relu", "relu bwd", _act_switch_to((2, 128)), _act_plan, None),
     "relu2": ("relu", "relu fwd", _act_switch_to((2, 256)), _act_plan, None),
     "cefwd16a": ("ce", "cross-entropy fwd", _ce16_switch("1"), _ce16_plan, None),
-    "cefwd16b": ("ce", "cross-entropy fwd", _ce16_switch("2"), _ce16_plan, None),
-    "smxd2": ("softmax", "softmax fwd", _pdepth_switch, _smx_fwd_plan("ACCURATE"), None),
-    "lsmxd2": ("softmax", "log-softmax fwd", _pdepth_switch, _smx_fwd_plan("LOG"), None),
-    "smxsp3": ("softmax", "softmax fwd", _spipe_switch(3), _smx_fwd_plan("ACCURATE"), None),
-    "lsmxsp3": ("softmax", "log-softmax fwd", _spipe_switch(3), _smx_fwd_plan("LOG"), None),
-    "smxsp2": ("softmax", "softmax fwd", _spipe_switch(2), _smx_fwd_plan("ACCURATE"), None),
-    "lsmxsp2": ("softmax", "log-softmax fwd", _spipe_switch(2), _smx_fwd_plan("LOG"), None),
 }
 
 
@@ -320,28 +274,15 @@ def _default_restore(key):
         NK._plans.clear()
     elif key.startswith("dropbwd"):
         _dropbwd_switch(None)(False)
-    elif key in ("cefwd16a", "cefwd16b"):
+    elif key == "cefwd16a":
         from minidnn.backend.cuda import loss_kernels as _lk
-        _lk.CE_FWD16 = os.environ.get("MINIDNN_CE_FWD16", "0")
-        _forget_softmax()
-    elif key in ("smxd2", "lsmxd2"):
-        _sk_mod().FWD_PDEPTH = int(os.environ.get("MINIDNN_SOFTMAX_PDEPTH", "1"))
-        _forget_softmax()
-    elif "sp" in key and key.startswith(("smx", "lsmx")):
-        _sk_mod().FWD_SPIPE = int(os.environ.get("MINIDNN_SOFTMAX_SPIPE", "0"))
+        _lk.CE_FWD16 = os.environ.get("MINIDNN_CE_FWD16", "1")          # the module's default since session 10
         _forget_softmax()
     elif key in ("smxnopipe", "lsmxnopipe"):
         _sk_mod().FWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_PIPE", "1") != "0"
         _forget_softmax()
     elif key == "gnvcs":
         _gnvcs_switch(os.environ.get("MINIDNN_GN_VSUMS", "1") != "0")
-    elif key == "lnbwd":
-        from minidnn.backend.cuda import norm_kernels as NK
-        NK.ROUTE.pop("ln_bwd16", None)
-        NK.ROUTE.pop("ln_bwd", None)
-        NK.ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
-                        if "=" in kv and kv.startswith("ln_bwd"))
-        NK._plans.clear()
     elif key.startswith("relu"):
         _act_switch_to(None)(False)
     elif key in ("cefwd", "cebwd"):

@@ -702,18 +702,18 @@ def test_ce_fast_rows(cp, monkeypatch, name, rows, c):
                     np.abs(np.where(np.isfinite(v), v, 0))), equal_nan=True, err_msg=str(key))
 
 
-# ---- session 10: the packed 16-bit cross-entropy forward (loss_kernels.CE_FWD16) and the 2-deep softmax forward pipe
-# (softmax_kernels.FWD_PDEPTH) ------------------------------------------------------------------------------------
+# ---- session 10: the packed 16-bit cross-entropy forward (loss_kernels.CE_FWD16) ------------------------------------
 
 @pytest.mark.parametrize("setting", ["0", "1", "2", "bf16"])
 def test_ce_fwd16_rule(monkeypatch, setting):
-    """P16 (PDEPTH 1 at 64 registers: MINB 4; PDEPTH 2 at 80: MINB 3) is planned for the FASTX pipe forward of 2-byte
-    logits in whole vectors without label smoothing, only when CE_FWD16 asks, with session 9's tiling otherwise; the
-    grid is the resident blocks (MINB an SM); float32 / float64, RAGGED and multi-chunk rows, smoothing, FASTX off
-    and the backward keep session 9's kernels and their budgets."""
+    """P16 (64 registers: MINB 4) is planned for the FASTX pipe forward of 2-byte logits in whole vectors without
+    label smoothing, only when CE_FWD16 asks ("1": both 16-bit dtypes, "bf16": bfloat16 only; "2", session 10's
+    two-rows-ahead candidate, is gone: session 9's kernels), with session 9's tiling otherwise; the grid is the
+    resident blocks (MINB an SM); float32 / float64, RAGGED and multi-chunk rows, smoothing, FASTX off and the
+    backward keep session 9's kernels and their budgets."""
     from minidnn.backend.cuda import loss_kernels as _lk
     monkeypatch.setattr(_lk, "CE_FWD16", setting)
-    want = {"0": None, "1": (1, 4), "2": (2, 3), "bf16": (1, 4)}[setting]     # "bf16" (default): bfloat16 only
+    want = {"0": None, "1": 4, "2": None, "bf16": 4}[setting]
     for name in ("bfloat16", "float16", "float32", "float64"):
         for c in (2, 10, 250, 1000, 1001, 1024, 40000):
             for eps, fast in ((0.0, "16"), (0.1, "16"), (0.0, "0")):
@@ -726,22 +726,22 @@ def test_ce_fwd16_rule(monkeypatch, setting):
                         and d["PIPE"] == 1 and d["RAGGED"] == 0)
                 assert ("P16" in d) == take, (setting, name, c, eps, fast, d)
                 if take:
-                    assert d["PDEPTH"] == want[0] and per_sm == d["MINB"] >= want[1], (name, c, d, per_sm)
-                    assert c not in (1000, 1024) or d["MINB"] == want[1]
+                    assert per_sm == d["MINB"] >= want, (name, c, d, per_sm)
+                    assert c not in (1000, 1024) or d["MINB"] == want
                     monkeypatch.setattr(_lk, "CE_FWD16", "0")
                     base = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, False, "mean", eps)[2]
                     monkeypatch.setattr(_lk, "CE_FWD16", setting)
-                    other = {"MINB", "P16", "PDEPTH"}                      # the same tiling, another budget
+                    other = {"MINB", "P16"}                                # the same tiling, another budget
                     assert {k: v for k, v in d.items() if k not in other} == \
                         {k: v for k, v in _defs(base).items() if k != "MINB"}, (defines, base)
-                    assert len(defines) == len(base) + 2
+                    assert len(defines) == len(base) + 1
                 _, _, bdef, *_ = _lk.launch_spec("ce_bwd", (16384, c), _dtype(name), np.int64, False, "mean", eps)
                 assert "P16" not in _defs(bdef)
 
 
-def _ring_walk(rows, rpb, grid, depth):
-    """ce_fwd_p16 / fwd_rows_pipe (PDEPTH > 1) emulated: each group's slots (row issued or None), the steps in the
-    kernel's order; -> (row processed, slot, the row that slot's loads belong to) for every step."""
+def _ring_walk(rows, rpb, grid):
+    """ce_fwd_p16 emulated: each group's two slots (row issued or None), the steps in the kernel's order; -> (row
+    processed, slot, the row that slot's loads belong to) for every step."""
     stride = grid * rpb
     out = []
     for b in range(grid):
@@ -749,17 +749,13 @@ def _ring_walk(rows, rpb, grid, depth):
         if r0 >= rows:
             continue
         for k in range(rpb):
-            slots = [None] * (depth + 1)
-            slots[0] = r0 + k
-            if depth > 1 and r0 + stride < rows:
-                slots[1] = r0 + stride + k
-            order = [(i, (i + depth) % (depth + 1)) for i in range(depth + 1)]   # (cur, fill) around the ring
+            slots = [r0 + k, None]
             b0 = r0
             done = False
             while not done:
-                for cur, fill in order:
-                    if b0 + depth * stride < rows:
-                        slots[fill] = b0 + depth * stride + k
+                for cur, fill in ((0, 1), (1, 0)):                         # (cur, fill) around the ring
+                    if b0 + stride < rows:
+                        slots[fill] = b0 + stride + k
                     out.append((b0 + k, cur, slots[cur]))
                     b0 += stride
                     if b0 >= rows:
@@ -768,80 +764,35 @@ def _ring_walk(rows, rpb, grid, depth):
     return out
 
 
-@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("rows, rpb, grid", [(16384, 8, 528), (16384, 8, 396), (20000, 8, 396), (37, 8, 5),
                                              (70000, 32, 528), (130, 32, 4), (1, 8, 1), (2113, 8, 264),
                                              (3 * 8 * 7, 8, 7), (9000, 256, 528)])
-def test_ring_walk_covers_each_row_once(rows, rpb, grid, depth):
-    """The ring walks of session 10 (P16 at PDEPTH 1 and 2, fwd_rows_pipe at PDEPTH 2) emulated step by step: each
-    step reduces the slot that holds the loads of exactly the row it reduces, every row below ``rows`` once (rows
-    past it are dead groups: reduced, not stored), and a slot is refilled only after its row was reduced."""
+def test_ring_walk_covers_each_row_once(rows, rpb, grid):
+    """P16's walk (two slots, the loop unrolled over them) emulated step by step: each step reduces the slot that
+    holds the loads of exactly the row it reduces, every row below ``rows`` once (rows past it are dead groups:
+    reduced, not stored), and a slot is refilled only after its row was reduced."""
     seen = np.zeros(rows, np.int64)
-    for row, slot, held in _ring_walk(rows, rpb, grid, depth):
+    for row, slot, held in _ring_walk(rows, rpb, grid):
         assert held == row, (row, slot, held)
         if row < rows:
             seen[row] += 1
     assert (seen == 1).all()
 
 
-@pytest.mark.parametrize("setting", [1, 2])
-def test_softmax_pdepth_rule(monkeypatch, setting):
-    """FWD_PDEPTH 2 adds PDEPTH=2 to the PIPE forward of 2-byte whole-vector rows of more than 16 elements a thread
-    only (float32's three slots spill), the same tiling and MINB; the backward, the cross-entropy kernels and every
-    other row keep PDEPTH 1 (no define: their code unchanged)."""
-    from minidnn.backend.cuda import loss_kernels as _lk
-    monkeypatch.setattr(_sk, "FWD_PDEPTH", setting)
-    monkeypatch.setattr(_lk, "CE_FWD16", "0")       # (its own P16 forward sets PDEPTH: test_ce_fwd16_rule)
-    for name in ("bfloat16", "float16", "float32", "float64"):
-        for c in (10, 513, 1000, 1001, 1024, 4097):
-            for algo in ("FAST", "ACCURATE", "LOG"):
-                s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
-                d = _defs(s.defines)
-                take = setting == 2 and name in ("bfloat16", "float16") and d["PIPE"] == 1 and d["RAGGED"] == 0 \
-                    and d["NV"] * d["VEC"] > 16
-                assert d.get("PDEPTH", 1) == (2 if take else 1), (name, c, algo, d)
-                assert s.defines[-1].startswith("MINB=")
-                monkeypatch.setattr(_sk, "FWD_PDEPTH", 1)
-                base = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
-                monkeypatch.setattr(_sk, "FWD_PDEPTH", setting)
-                assert tuple(x for x in s.defines if not x.startswith("PDEPTH")) == base.defines
-                assert (s.groups, s.per_sm, s.block) == (base.groups, base.per_sm, base.block)
-                assert "PDEPTH" not in _defs(_sk.launch_spec(True, (16384, c), (1,), algo, _dtype(name)).defines)
-            assert "PDEPTH" not in _defs(_lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, False,
-                                                         "mean")[2])
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_session10_candidates_compile_without_spills(tmp_path, monkeypatch):
-    """nvcc sm_90 builds every P16 forward (PDEPTH 1 and 2; bf16 and fp16; weights, every reduction), the 2-deep
-    softmax forward and the shared-memory ring forward (SPIPE 2 and 3; float32 too) at the row lengths the rules give
-    them, with no spill in the kernel."""
+def test_ce_fwd16_compiles_without_spills(tmp_path, monkeypatch):
+    """nvcc sm_90 builds every P16 forward (bf16 and fp16; weights, every reduction) at the row lengths the rule gives
+    it, with no spill in the kernel."""
     from minidnn.backend.cuda import launch
     from minidnn.backend.cuda import loss_kernels as _lk
     jobs = {}
+    monkeypatch.setattr(_lk, "CE_FWD16", "1")
     for name in ("bfloat16", "float16"):
-        for setting in ("1", "2"):
-            monkeypatch.setattr(_lk, "CE_FWD16", setting)
-            for c, w, red in ((1000, False, "mean"), (1024, True, "none"), (10, False, "sum"), (250, True, "mean"),
-                              (2, False, "mean")):
-                src, k, defines, *_ = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, w, red)
-                assert _defs(defines)["P16"] == 1
-                jobs[(k, defines)] = _lk.SOURCE_ROWS
-        monkeypatch.setattr(_sk, "FWD_PDEPTH", 2)
-        for c in (1000, 1024):
-            for algo in ("FAST", "ACCURATE", "LOG"):
-                s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
-                assert _defs(s.defines)["PDEPTH"] == 2
-                jobs[(s.name, s.defines)] = _sk.SOURCE
-        monkeypatch.setattr(_sk, "FWD_PDEPTH", 1)
-    for name in ("float32", "bfloat16", "float16"):
-        for slots in (2, 3):
-            monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
-            for c in (1000, 1024):
-                for algo in ("FAST", "ACCURATE", "LOG"):
-                    s = _sk.launch_spec(False, (16384, c), (1,), algo, _dtype(name))
-                    assert _defs(s.defines)["SPIPE"] == slots
-                    jobs[(s.name, s.defines)] = _sk.SOURCE
+        for c, w, red in ((1000, False, "mean"), (1024, True, "none"), (10, False, "sum"), (250, True, "mean"),
+                          (2, False, "mean")):
+            src, k, defines, *_ = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, w, red)
+            assert _defs(defines)["P16"] == 1
+            jobs[(k, defines)] = _lk.SOURCE_ROWS
     for i, ((k, defines), text) in enumerate(jobs.items()):
         src = tmp_path / f"s10_{i}.cu"
         launch.write_source(str(src), text, defines)
@@ -860,7 +811,7 @@ CE_FWD16_ROWS = [("bfloat16", 20000, 1000), ("float16", 13001, 1024), ("bfloat16
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, rows, c", CE_FWD16_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in CE_FWD16_ROWS])
 def test_ce_fwd16_rows(cp, monkeypatch, name, rows, c):
-    """The P16 cross-entropy forward at CE_FWD16 "1" and "2" against the float64 reference (lse, loss rows, 'mean'
+    """The P16 cross-entropy forward (CE_FWD16 "1") against the float64 reference (lse, loss rows, 'mean'
     and 'sum' with the denominator) and against session 9's FASTX forward ("0"), over a row of -inf, a NaN, a half
     -inf row, ignored targets, a target out of range (its row NaN), class weights; one launch a call."""
     from minidnn.backend.cuda import loss_kernels as _lk
@@ -882,7 +833,7 @@ def test_ce_fwd16_rows(cp, monkeypatch, name, rows, c):
     xf, tf = cp.asarray(x[fin]), cp.asarray(t[fin])
     got = {}
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for setting in ("1", "2", "0"):
+        for setting in ("1", "0"):
             monkeypatch.setattr(_lk, "CE_FWD16", setting)
             _reset_plans()
             for weighted in (False, True):
@@ -913,153 +864,3 @@ def test_ce_fwd16_rows(cp, monkeypatch, name, rows, c):
                 np.testing.assert_allclose(u, v, rtol=2e-5, atol=1e-5 * np.nanmax(np.abs(np.where(np.isfinite(v), v,
                                                                                                    0))),
                                            equal_nan=True, err_msg=str(key))
-
-
-PDEPTH_ROWS = [("bfloat16", 20000, 1000), ("float16", 13001, 1024)]
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name, rows, c", PDEPTH_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in PDEPTH_ROWS])
-def test_softmax_pdepth_rows(cp, monkeypatch, name, rows, c):
-    """softmax / log-softmax / fast forward with FWD_PDEPTH 2 against float64 and against PDEPTH 1 (the same row code:
-    equal to within one rounding of the 16-bit output), over a row of -inf, a NaN row and a half -inf row; one
-    launch a call."""
-    dtype = _dtype(name)
-    rng = np.random.default_rng(rows + 11 * c)
-    x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
-    x[1, :] = -np.inf
-    x[2, c // 3] = np.nan
-    x[rows - 1, ::2] = -np.inf
-    x64, xd = x.astype(np.float64), cp.asarray(x)
-    got = {}
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for depth in (2, 1):
-            monkeypatch.setattr(_sk, "FWD_PDEPTH", depth)
-            _reset_plans()
-            assert _defs(_sk.launch_spec(False, x.shape, (1,), "LOG", dtype).defines).get("PDEPTH", 1) == depth
-            for algo in ("accurate", "log", "fast"):
-                n0 = _launches()
-                y = B.softmax_forward(None, algo, None, xd, axis=-1)
-                assert _launches() - n0 == 1
-                if algo != "fast":
-                    _close(y, _ref_fwd(x64, algo), name, f"{algo} PDEPTH={depth}", scale=4 if algo == "log" else 1)
-                got[depth, algo] = _host(y)
-    for algo in ("accurate", "log", "fast"):
-        np.testing.assert_allclose(got[2, algo], got[1, algo], rtol=8e-3, atol=0, equal_nan=True, err_msg=algo)
-
-
-@pytest.mark.parametrize("slots", [0, 2, 3])
-def test_softmax_spipe_rule(monkeypatch, slots):
-    """FWD_SPIPE adds SPIPE (and its MINB: 3 blocks an SM for 2 slots, 2 for 3) to the PIPE forward of whole 16-byte
-    vector rows of more than 16 elements a thread with float sums, and asks for its ring as dynamic shared memory
-    (slots x block x NV x 16 bytes; the blocks an SM fit 227 KB); PDEPTH is off under it; the grid stays the
-    resident blocks; the backward, RAGGED / short / float64 rows and the cross-entropy kernels are unchanged."""
-    from minidnn.backend.cuda import loss_kernels as _lk
-    monkeypatch.setattr(_sk, "FWD_PDEPTH", 2)
-    for name in ("float32", "bfloat16", "float16", "float64"):
-        dtype = _dtype(name)
-        for c in (10, 513, 1000, 1001, 1024, 4097):
-            for algo in ("FAST", "ACCURATE", "LOG"):
-                monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
-                s = _sk.launch_spec(False, (16384, c), (1,), algo, dtype)
-                d = _defs(s.defines)
-                take = slots > 0 and name != "float64" and d["PIPE"] == 1 and d["RAGGED"] == 0 \
-                    and d["VBYTES"] == 16 and d["NV"] * d["VEC"] > 16
-                assert d.get("SPIPE", 0) == (slots if take else 0), (name, c, algo, d)
-                assert s.defines[-1].startswith("MINB=")
-                if take:
-                    assert "PDEPTH" not in d and d["MINB"] == {2: 3, 3: 2}[slots] == s.per_sm
-                    assert s.smem == slots * s.block * d["NV"] * 16
-                    assert s.per_sm * (s.smem + 1024) <= 227 * 1024
-                    assert s.per_sm * s.block * {2: 80, 3: 128}[slots] <= 65536
-                else:
-                    assert s.smem == 0 or d["SCH"] > 0
-                monkeypatch.setattr(_sk, "FWD_SPIPE", 0)
-                base = _sk.launch_spec(False, (16384, c), (1,), algo, dtype)
-                monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
-                if take:
-                    other = {"SPIPE", "MINB", "PDEPTH"}
-                    assert {k: v for k, v in d.items() if k not in other} == \
-                        {k: v for k, v in _defs(base.defines).items() if k not in other}
-                else:
-                    assert s == base
-                assert "SPIPE" not in _defs(_sk.launch_spec(True, (16384, c), (1,), algo, dtype).defines)
-            assert "SPIPE" not in _defs(_lk.launch_spec("ce_fwd", (16384, c), dtype, np.int64, False, "mean")[2])
-
-
-@pytest.mark.parametrize("slots", [2, 3])
-@pytest.mark.parametrize("rows, rpb, grid", [(16384, 8, 264), (16384, 8, 396), (20000, 8, 264), (37, 8, 5),
-                                             (1, 8, 1), (2113, 8, 264), (5 * 8 * 3, 8, 3)])
-def test_spipe_ring_emulated(rows, rpb, grid, slots):
-    """fwd_rows_spipe's ring emulated for one group: the prologue commits SPIPE - 1 copy groups (rows r0 + j stride
-    into slots j), each step commits one more (row r0 + (SPIPE - 1) stride into the slot before the current one, or
-    an empty group) and waits until at most SPIPE - 1 groups are pending; the slot it then reads holds the row it
-    reduces, copied by a completed group and not overwritten since; every row once."""
-    stride = grid * rpb
-    seen = np.zeros(rows, np.int64)
-    for b in range(grid):
-        r0 = b * rpb
-        if r0 >= rows:
-            continue
-        for k in range(rpb):
-            content = {}                                   # slot -> (row, commit group)
-            groups = 0
-            for j in range(slots - 1):
-                if r0 + j * stride + k < rows:
-                    content[j] = (r0 + j * stride + k, groups)
-                groups += 1
-            slot, b0 = 0, r0
-            while b0 < rows:
-                fill = slots - 1 if slot == 0 else slot - 1
-                assert fill != slot
-                if b0 + (slots - 1) * stride + k < rows:
-                    content[fill] = (b0 + (slots - 1) * stride + k, groups)
-                groups += 1
-                done = groups - (slots - 1)                # groups 0 .. done - 1 have landed
-                r = b0 + k
-                if r < rows:
-                    assert content[slot][0] == r and content[slot][1] < done, (r, slot, content)
-                    seen[r] += 1
-                slot = 0 if slot == slots - 1 else slot + 1
-                b0 += stride
-    assert (seen == 1).all()
-
-
-SPIPE_ROWS = [("float32", 20000, 1000), ("bfloat16", 13001, 1024), ("float32", 3000, 1024)]
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name, rows, c", SPIPE_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in SPIPE_ROWS])
-def test_softmax_spipe_rows(cp, monkeypatch, name, rows, c):
-    """softmax / log-softmax / fast forward with the shared-memory ring (SPIPE 2 and 3) against float64 and against
-    the default PIPE kernel (the same row code: equal to within a rounding), over a row of -inf, a NaN row and a
-    half -inf row; a misaligned input (the fallback kernel on the ring's grid); one launch a call."""
-    dtype = _dtype(name)
-    rng = np.random.default_rng(rows + 13 * c)
-    flat = (rng.standard_normal(rows * c + 1) * 3).astype(dtype)
-    x = flat[:-1].reshape(rows, c).copy()
-    x[1, :] = -np.inf
-    x[2, c // 3] = np.nan
-    x[rows - 1, ::2] = -np.inf
-    x64, xd = x.astype(np.float64), cp.asarray(x)
-    mis = cp.asarray(flat)[1:].reshape(rows, c)                    # 4 / 2 bytes past a 16-byte boundary
-    got = {}
-    rtol = 2e-6 if name == "float32" else 8e-3
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for slots in (3, 2, 0):
-            monkeypatch.setattr(_sk, "FWD_SPIPE", slots)
-            _reset_plans()
-            assert _defs(_sk.launch_spec(False, x.shape, (1,), "LOG", dtype).defines).get("SPIPE", 0) == slots
-            for algo in ("accurate", "log", "fast"):
-                n0 = _launches()
-                y = B.softmax_forward(None, algo, None, xd, axis=-1)
-                assert _launches() - n0 == 1
-                if algo != "fast":
-                    _close(y, _ref_fwd(x64, algo), name, f"{algo} SPIPE={slots}", scale=4 if algo == "log" else 1)
-                got[slots, algo] = _host(y)
-            ym = B.softmax_forward(None, "log", None, mis, axis=-1)
-            _close(ym, _ref_fwd(_host(mis), "log"), name, f"misaligned SPIPE={slots}", scale=4)
-    for slots in (3, 2):
-        for algo in ("accurate", "log", "fast"):
-            np.testing.assert_allclose(got[slots, algo], got[0, algo], rtol=rtol, atol=0, equal_nan=True,
-                                       err_msg=f"{slots} {algo}")

@@ -544,9 +544,6 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
 #if !PIPE || !FASTX || SMOOTH || STORAGE == 0 || VEC < 2 || RAGGED || XSTORAGE >= 0
 #error "P16 is the FASTX pipe forward of 2-byte logits in whole vectors, without label smoothing"
 #endif
-#ifndef PDEPTH
-#define PDEPTH 1
-#endif
 // P16 (session 10; MINIDNN_CE_FWD16): the pipe forward of 16-bit logits on their packed words.  Session 9's FASTX
 // pipe ran 397 instructions a row and lane (bf16 (16384, 1000): 56% of copy), ~100 of them per-element overhead of
 // the decoded floats: a select for the pad slots (FSEL), the max (FMNMX), the decode.  Here:
@@ -556,10 +553,10 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
 //   over the two halves of the result;
 // - each value: its decode (bf16: a shift or a mask), one FFMA and one ex2.approx (FASTX's exp), one FADD into one
 //   of two running sums (low and high halves: two dependency chains).
-// SASS (nvcc 13, sm_90, bf16 (16384, 1000)): ~300 instructions a row and lane.  PDEPTH rows are in flight a group
-// (1: the next row, as PIPE; 2: the next two -- a ring of PDEPTH + 1 slots that the walk is unrolled over, nothing
-// copied).  The register budget, so the warps an SM, is the planner's (P16_REGS): a bf16 row is 2 KB a warp, and
-// session 9's 16 warps an SM kept only 32 KB of loads in flight.
+// SASS (nvcc 13, sm_90, bf16 (16384, 1000)): ~300 instructions a row and lane.  The next row is in flight a group
+// (as PIPE), in two slots that the walk is unrolled over (nothing copied).  The register budget, so the warps an SM,
+// is the planner's (P16_REGS): a bf16 row is 2 KB a warp, and session 9's 16 warps an SM kept only 32 KB of loads in
+// flight.
 #define P16W (VEC / 2)                              // 32-bit words a vector
 union PW { VR raw; unsigned int w[P16W]; };
 struct Slot16 { VR v[NV]; Geo q; long long t; int r; bool live; };
@@ -611,7 +608,7 @@ __device__ __forceinline__ void p16_issue(const T* __restrict__ x, const I* __re
     }
 }
 
-// One row of the walk: issue row r0 + PDEPTH * stride into `fill`, reduce `cur` (row r0 of the block), advance r0.
+// One row of the walk: issue row r0 + stride into `fill`, reduce `cur` (row r0 of the block), advance r0.
 // Same formulas as ce_fwd_pipe with FASTX; the sums' order differs (two partial sums a thread).
 __device__ __forceinline__ bool p16_step(Slot16& cur, Slot16& fill, int& r0, const int stride,
     const T* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
@@ -619,8 +616,8 @@ __device__ __forceinline__ bool p16_step(Slot16& cur, Slot16& fill, int& r0, con
     A& acc_loss, A& acc_den)
 {
     const int g = threadIdx.x % G;
-    if (r0 + PDEPTH * stride < rows)                                     // uniform over the block
-        p16_issue(x, target, r0 + PDEPTH * stride + (int)threadIdx.x / G, rows, C, g, ignore_index, fill);
+    if (r0 + stride < rows)                                              // uniform over the block
+        p16_issue(x, target, r0 + stride + (int)threadIdx.x / G, rows, C, g, ignore_index, fill);
     const long long t = cur.t;
     const bool in_range = t >= 0 && t < C;
     A xt = 0;
@@ -679,25 +676,12 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_p16(
     if (r0 >= rows) return;                                              // uniform over the block
     Slot16 s0, s1;
     p16_issue(x, target, r0 + rr, rows, C, g, ignore_index, s0);
-#if PDEPTH == 1
     for (;;) {
         if (!p16_step(s0, s1, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
                       acc_den)) break;
         if (!p16_step(s1, s0, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
                       acc_den)) break;
     }
-#else
-    Slot16 s2;
-    if (r0 + stride < rows) p16_issue(x, target, r0 + stride + rr, rows, C, g, ignore_index, s1);
-    for (;;) {
-        if (!p16_step(s0, s2, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
-                      acc_den)) break;
-        if (!p16_step(s1, s0, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
-                      acc_den)) break;
-        if (!p16_step(s2, s1, r0, stride, x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
-                      acc_den)) break;
-    }
-#endif
 }
 #endif
 
@@ -867,29 +851,26 @@ def ce_fast(dtype) -> bool:
     return (CE_FAST == "1" and item <= 4) or (CE_FAST == "16" and item == 2)
 
 
-# Session 10: P16 (SOURCE_ROWS above), the pipe forward of 2-byte logits on packed words, PDEPTH rows in flight a
-# group.  MINIDNN_CE_FWD16=0 (session 9's FASTX pipe) | bf16 ("1" for bfloat16 only) | 1 (the default: P16, one
-# row ahead, 64 registers: four 256-thread
-# blocks an SM, 32 warps) | 2 (P16, two rows ahead, 80 registers: three blocks, 24 warps).  nvcc 13, sm_90, bf16
-# (16384, 1000): 64 / 80 registers, no spills; depth 2 at 64 spilled 112 bytes.  A candidate for the GPU A/B
-# (tools/ktable_ab.py rows cefwd16a / cefwd16b); module attribute read at planning time.
+# Session 10: P16 (SOURCE_ROWS above), the pipe forward of 2-byte logits on packed words, the next row in flight a
+# group.  MINIDNN_CE_FWD16=0 (session 9's FASTX pipe) | bf16 ("1" for bfloat16 only) | 1 (the default: P16, 64
+# registers: four 256-thread blocks an SM, 32 warps).  nvcc 13, sm_90, bf16 (16384, 1000): 64 registers, no spills.
+# tools/ktable_ab.py row cefwd16a ("1" against "0"); module attribute read at planning time.  (Session 10's "2", two
+# rows ahead at 80 registers, measured even with "1" on the H200 -- 0.0117 / 0.0118 ms -- was removed in session 11.)
 # Measured (H100, session 10 runs 4-5, graph replays): bf16 (16384, 1000) 0.0141 -> 0.0119 ms (78% -> 93% of copy,
 # off/on 1.18-1.19): the default is "1".  (Run 3's float16 failure was the test's: the 'sum' of 13001 rows is stored in
 # float16, as PyTorch's, and overflows to inf on every setting; its reference is now rounded to float16 too.)
 CE_FWD16 = os.environ.get("MINIDNN_CE_FWD16", "1")
-P16_REGS = {1: 64, 2: 80}
+P16_REGS = 64
 
 
-def p16_depth(defines, dtype, eps) -> int:
-    """Rows in flight a group of the P16 forward (CE_FWD16), or 0 where the forward keeps session 9's kernels: it
-    needs 2-byte logits, FASTX, the PIPE path, whole vectors (not RAGGED: a 1001-class row's edges spilled) and no
-    label smoothing (``defines``: row_defines' strings)."""
+def uses_p16(defines, dtype, eps) -> bool:
+    """Whether the forward takes P16 (CE_FWD16); otherwise it keeps session 9's kernels.  P16 needs 2-byte logits,
+    FASTX, the PIPE path, whole vectors (not RAGGED: a 1001-class row's edges spilled) and no label smoothing
+    (``defines``: row_defines' strings)."""
     d = dict(x.split("=", 1) for x in defines)
-    depth = 1 if CE_FWD16 == "bf16" and _dev.dtype_name(dtype) == "bfloat16" else \
-        int(CE_FWD16) if CE_FWD16 in ("1", "2") else 0
-    ok = (depth and np.dtype(dtype).itemsize == 2 and ce_fast(dtype) and not eps
-          and d.get("PIPE") == "1" and d.get("RAGGED") == "0")
-    return depth if ok else 0
+    on = CE_FWD16 == "1" or (CE_FWD16 == "bf16" and _dev.dtype_name(dtype) == "bfloat16")
+    return bool(on and np.dtype(dtype).itemsize == 2 and ce_fast(dtype) and not eps
+                and d.get("PIPE") == "1" and d.get("RAGGED") == "0")
 
 
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
@@ -941,10 +922,9 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         # registers: 64 a thread (four 256-thread blocks an SM), 80 with label smoothing's sums (64 spilled)
         # None: softmax's FWD_REGS (64); the forward's PIPE path (softmax_kernels.uses_pipe): pipe_regs at least
         defines, cfg = row_defines(c, dtype, regs=80 if eps else None, pipe=name == "ce_fwd")
-        depth = p16_depth(defines, dtype, eps) if name == "ce_fwd" else 0
-        if depth:                # P16: its own register budget (MINB, the last define) and rows in flight
-            minb = max(int(defines[-1].split("=")[1]), 65536 // (cfg.block * P16_REGS[depth]))
-            defines = defines[:-1] + (f"MINB={minb}", "P16=1", f"PDEPTH={depth}")
+        if name == "ce_fwd" and uses_p16(defines, dtype, eps):   # P16: its own register budget (MINB, the last define)
+            minb = max(int(defines[-1].split("=")[1]), 65536 // (cfg.block * P16_REGS))
+            defines = defines[:-1] + (f"MINB={minb}", "P16=1")
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)

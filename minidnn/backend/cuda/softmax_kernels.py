@@ -440,194 +440,10 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
 }
 
 #if PIPE
-#ifndef PDEPTH
-#define PDEPTH 1
-#endif
 // PIPE (one-chunk rows of a warp or less, vector loads; session 7): a persistent grid (the resident blocks), each
 // group walking rows r, r + gridDim.x * RPB, ...; it issues the NEXT row's loads (raw vectors: pipe_issue) before it
 // reduces and writes the current one, so every warp keeps a row of loads in flight while it computes (fwd_rows
 // waits on each row's loads, then computes while its loads are idle: with all warps in step, DRAM idles too).
-// PDEPTH (session 10, MINIDNN_SOFTMAX_PDEPTH; default 1): rows of loads in flight a group.  2: the next two rows,
-// in a ring of three slots that the walk is unrolled over (nothing copied); 2-byte (N, 1000): 64 KB of reads in
-// flight an SM instead of 32 KB at the same two blocks an SM (float32's slots do not fit: pipe_depth).
-// fwd_pipe_row is PDEPTH 1's loop body (the same sums in the same order, the same stores); PDEPTH 1 keeps its loop
-// as it was (its SASS unchanged).
-#ifndef SPIPE
-#define SPIPE 0
-#endif
-#if PDEPTH > 1 || SPIPE
-// The current row of the walk from its decoded elements (a: body slots, ed: edges; pad slots -inf): reduce, write y
-// (a dead group still reduces: the shuffles).  PDEPTH 1's loop body, after its pipe_decode.
-__device__ __forceinline__ void fwd_pipe_row_a(A* a, A* ed, const Geo& q, int r, bool live, T* __restrict__ y,
-                                               int C, A* sm)
-{
-    const int g = threadIdx.x % G;
-    A m = ALGO == 0 ? (A)0 : NEG_INF, s = 0;
-#if ALGO != 0
-#pragma unroll
-    for (int e = 0; e < E; ++e) m = vmax(m, a[e]);
-#pragma unroll
-    for (int j = 0; j < NE; ++j) m = vmax(m, ed[j]);
-#endif
-    const A sh = m == NEG_INF ? (A)0 : m;
-#pragma unroll
-    for (int j = 0; j < NE; ++j) s += exp(ed[j] - sh);
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        const A ex = exp(a[e] - sh);
-        s += ex;
-#if ALGO != 2
-        a[e] = ex;
-#endif
-    }
-#if ALGO != 0
-    A M = g_max(m, sm);
-    if (M == NEG_INF) M = 0;
-    const A f = m == NEG_INF ? (A)0 : exp(m - M);
-#else
-    const A M = 0, f = 1;
-#endif
-    const A S = g_sum(s * f, sm);
-    if (live) {
-        T* yr = y + (size_t)r * C;
-#if ALGO == 2
-        const A ls = log(S);
-#pragma unroll
-        for (int e = 0; e < E; ++e) a[e] = a[e] - M - ls;
-#pragma unroll
-        for (int j = 0; j < NE; ++j) ed[j] = ed[j] - M - ls;
-#else
-        const A inv = (A)1 / S, finv = f * inv;
-#pragma unroll
-        for (int e = 0; e < E; ++e) a[e] = a[e] * finv;
-#pragma unroll
-        for (int j = 0; j < NE; ++j) ed[j] = exp(ed[j] - M) * inv;
-#endif
-        store_chunk<true>(yr, 0, q, g, a);
-        store_edges(yr, q, g, ed);
-    }
-}
-#endif
-
-#if SPIPE
-#if RAGGED || VBYTES != 16 || PDEPTH > 1
-#error "SPIPE takes whole 16-byte vectors, PDEPTH 1"
-#endif
-// SPIPE (session 10, MINIDNN_SOFTMAX_SPIPE): the PIPE walk with its loads in flight held in SHARED memory, not in
-// registers.  Each group owns a ring of SPIPE row slots in dynamic shared memory (thread g's vector k of slot s at
-// VR index ((group * SPIPE + s) * NV + k) * G + g: a warp's 16-byte vectors side by side, no bank conflict); rows are
-// copied there by cp.async.cg (16 bytes, L1 bypassed, one commit group a row), SPIPE - 1 rows ahead of the one being
-// reduced.  Each thread reads back only the vectors it copied itself, so cp.async.wait_group is the only wait (no
-// barrier); a slot is refilled one step after the same thread read it (the row's stores, which need those reads,
-// come first in its program order).  Registers hold only the current row: float32 (N, 1000) with SPIPE 3 keeps
-// 2 x 4 KB of loads in flight a warp at two blocks an SM (96 KB of ring a block), 128 KB an SM -- where
-// register-held slots (PDEPTH 2) spilled.
-__device__ __forceinline__ unsigned int sp_addr(const void* p)
-{
-    unsigned long long a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (unsigned int)a;
-}
-__device__ __forceinline__ void sp_issue(VR* ring, const T* __restrict__ x, int r, int rows, int C, int slot, int g)
-{
-    if (r >= rows) return;                           // a dead group copies nothing (its slot is read as padding)
-    const T* p = x + (size_t)r * C;
-    VR* base = ring + ((size_t)((int)threadIdx.x / G) * SPIPE + slot) * NV * G + g;
-    const int nb = C / VEC;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int v = k * G + g;
-        if (v < nb)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(sp_addr(base + k * G)), "l"(p + v * VEC)
-                         : "memory");
-    }
-}
-__device__ __forceinline__ void sp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void sp_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(SPIPE - 1) : "memory"); }
-
-template <int UNUSED> __device__ __forceinline__ void fwd_rows_spipe(const T* __restrict__ x, T* __restrict__ y,
-                                                                     int rows, int C, A* sm, VR* ring)
-{
-    const int g = threadIdx.x % G, stride = gridDim.x * RPB, rr = (int)threadIdx.x / G;
-    int r0 = blockIdx.x * RPB;
-    if (r0 >= rows) return;                                              // uniform over the block
-#pragma unroll
-    for (int j = 0; j < SPIPE - 1; ++j) {                                // the first SPIPE - 1 rows
-        sp_issue(ring, x, r0 + j * stride + rr, rows, C, j, g);
-        sp_commit();
-    }
-    int slot = 0;
-    for (; r0 < rows; r0 += stride) {                                    // uniform over the block
-        sp_issue(ring, x, r0 + (SPIPE - 1) * stride + rr, rows, C, slot == 0 ? SPIPE - 1 : slot - 1, g);
-        sp_commit();                                                     // (an empty group past the last row)
-        sp_wait();                                                       // this row's group is done
-        const int r = r0 + rr;
-        const bool live = r < rows;
-        const Geo q = row_geo(x, live ? C : 0, true);
-        const VR* base = ring + ((size_t)rr * SPIPE + slot) * NV * G + g;
-        A a[E], ed[NE1];
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-            Pack u;
-            u.raw = base[k * G];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) a[k * VEC + j] = k * G + g < q.nb ? LD(u.v[j]) : NEG_INF;
-        }
-        fwd_pipe_row_a(a, ed, q, r, live, y, C, sm);
-        slot = slot == SPIPE - 1 ? 0 : slot + 1;
-    }
-    asm volatile("cp.async.wait_all;" ::: "memory");                    // nothing left in flight at exit
-}
-#endif
-
-#if PDEPTH > 1
-struct PipeSlot { RawRow w; Geo q; int r; bool live; };
-__device__ __forceinline__ void pipe_slot(const T* __restrict__ x, int r, int rows, int C, int g, PipeSlot& s)
-{
-    s.r = r;
-    s.live = r < rows;
-    const T* p = x + (size_t)(s.live ? r : 0) * C;
-    s.q = row_geo(p, s.live ? C : 0, true);
-    pipe_issue(p, s.q, g, s.w);
-}
-
-// The current row of the ring walk: decode its loads, then fwd_pipe_row_a.
-__device__ __forceinline__ void fwd_pipe_row(const RawRow& w, const Geo& q, int r, bool live, T* __restrict__ y,
-                                             int C, A* sm)
-{
-    A a[E], ed[NE1];
-    pipe_decode(w, q, threadIdx.x % G, NEG_INF, a, ed);
-    fwd_pipe_row_a(a, ed, q, r, live, y, C, sm);
-}
-
-// One step of the ring: issue the block's row r0 + PDEPTH * stride into `fill`, reduce and write `cur` (row r0),
-// advance r0; false when the block is done.
-__device__ __forceinline__ bool fwd_pipe_step(PipeSlot& cur, PipeSlot& fill, int& r0, const int stride,
-                                              const T* __restrict__ x, T* __restrict__ y, int rows, int C, A* sm)
-{
-    if (r0 + PDEPTH * stride < rows)                                     // uniform over the block
-        pipe_slot(x, r0 + PDEPTH * stride + (int)threadIdx.x / G, rows, C, threadIdx.x % G, fill);
-    fwd_pipe_row(cur.w, cur.q, cur.r, cur.live, y, C, sm);
-    r0 += stride;
-    return r0 < rows;
-}
-
-template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __restrict__ x, T* __restrict__ y,
-                                                                    int rows, int C, A* sm)
-{
-    const int g = threadIdx.x % G, stride = gridDim.x * RPB, rr = (int)threadIdx.x / G;
-    int r0 = blockIdx.x * RPB;
-    if (r0 >= rows) return;                                              // uniform over the block
-    PipeSlot s0, s1, s2;
-    pipe_slot(x, r0 + rr, rows, C, g, s0);
-    if (r0 + stride < rows) pipe_slot(x, r0 + stride + rr, rows, C, g, s1);
-    for (;;) {                                                           // three steps a trip around the ring
-        if (!fwd_pipe_step(s0, s2, r0, stride, x, y, rows, C, sm)) break;
-        if (!fwd_pipe_step(s1, s0, r0, stride, x, y, rows, C, sm)) break;
-        if (!fwd_pipe_step(s2, s1, r0, stride, x, y, rows, C, sm)) break;
-    }
-}
-#else
 template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __restrict__ x, T* __restrict__ y,
                                                                     int rows, int C, A* sm)
 {
@@ -694,16 +510,12 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
     }
 }
 #endif
-#endif
 
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, const int C)
 {
     __shared__ A sm[BLOCK / 32];
-#if SPIPE
-    extern __shared__ __align__(16) unsigned char sp_ring[];
-    if (aligned(x, y)) { fwd_rows_spipe<0>(x, y, rows, C, sm, reinterpret_cast<VR*>(sp_ring)); return; }
-#elif PIPE
+#if PIPE
     if (aligned(x, y)) { fwd_rows_pipe<0>(x, y, rows, C, sm); return; }
 #endif
 #if SCH > 0
@@ -1024,40 +836,6 @@ PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_PIPE_REGS", "96"))
 BWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0"
 BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
 
-# Session 10: rows of loads in flight a group of the PIPE forward (softmax / log-softmax; fwd_rows_pipe's PDEPTH).
-# MINIDNN_SOFTMAX_PDEPTH=1 (default: the next row) | 2 (the next two: a ring of three slots) -- taken for 2-byte rows
-# of more than 16 elements a thread in whole vectors (the (N, 1000) rows: 16 registers a slot) at the same register
-# budget (pipe_regs: two 256-thread blocks an SM).  nvcc 13 sm_90 at (N, 1000) / (N, 1024): bf16 124-128 registers,
-# fp16 122-128, no spills.  Not float32 (a 32-register slot: 96-268 bytes spilled at 128 registers, every ALGO) nor
-# RAGGED rows (1001 classes: 32-64 bytes spilled).  A candidate for the GPU A/B (tools/ktable_ab.py rows smxd2 /
-# lsmxd2, bfloat16); module attribute read at planning time.
-FWD_PDEPTH = int(os.environ.get("MINIDNN_SOFTMAX_PDEPTH", "1"))
-
-
-# Session 10: SPIPE -- the PIPE forward with its rows in flight in shared memory (cp.async ring of SPIPE slots a
-# group; fwd_rows_spipe).  MINIDNN_SOFTMAX_SPIPE=0 (default: off) | 3 (two rows ahead, two blocks an SM: 128
-# registers, 96 KB of ring a block for float32 (N, 1000)) | 2 (one row ahead, three blocks: 80 registers, 64 KB).
-# Taken for the softmax / log-softmax forward of whole 16-byte-vector rows (not RAGGED) of more than 16 elements a
-# thread, float accumulation.  A candidate for the GPU A/B (tools/ktable_ab.py rows smxsp3 / lsmxsp3 / smxsp2 /
-# lsmxsp2); module attribute read at planning time.
-FWD_SPIPE = int(os.environ.get("MINIDNN_SOFTMAX_SPIPE", "0"))
-SPIPE_MINB = {2: 3, 3: 2}          # blocks an SM (so the register cap) of each ring depth: the ring fits 227 KB an SM
-
-
-def spipe_slots(cfg, itemsize, acc):
-    """SPIPE slots of a PIPE forward of RowConfig ``cfg`` (``itemsize``-byte data, ``acc``-byte sums), 0 for none."""
-    ok = (FWD_SPIPE in SPIPE_MINB and acc == 4 and cfg.vec * itemsize == 16 and not cfg.ragged
-          and cfg.nv * cfg.vec > 16)
-    return FWD_SPIPE if ok else 0
-
-
-def pipe_depth(cfg, itemsize):
-    """PDEPTH of a PIPE forward of RowConfig ``cfg`` over ``itemsize``-byte data: FWD_PDEPTH for 2-byte rows of more
-    than 16 elements a thread in whole vectors, else 1."""
-    ok = FWD_PDEPTH > 1 and itemsize == 2 and cfg.nv * cfg.vec > 16 and not cfg.ragged
-    return FWD_PDEPTH if ok else 1
-
-
 def pipe_regs(cfg):
     """The register budget of a PIPE thread: FWD_REGS (64) while it holds < 16 elements (16 without RAGGED edges),
     else PIPE_REGS (a RAGGED 513-class row spilled 24-104 bytes at 64)."""
@@ -1136,14 +914,11 @@ def uses_bwd_pipe(cfg, acc):
     return BWD_PIPE and not V1 and acc == 4 and cfg.one and cfg.g <= 32 and cfg.vec > 1
 
 
-def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False,
-                depth=False):
+def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
     ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says;
-    ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says; ``depth``: the PIPE
-    forward's rows in flight (pipe_depth) as PDEPTH where it is above 1, or its shared-memory ring (spipe_slots) as
-    SPIPE with that ring's MINB (softmax_kernels' own forward only)."""
+    ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
@@ -1158,14 +933,9 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
     elif regs is None:
         regs = FWD_REGS if arrays == 1 else (BWD_PAIR_REGS if cfg.g <= 32 and cfg.nv * cfg.vec > 16 else 80)
     minb = 1 if acc == 8 else max(1, 65536 // (cfg.block * regs))
-    spipe = spipe_slots(cfg, item, acc) if depth and pipe and not bwd_pipe else 0
-    pdepth = pipe_depth(cfg, item) if depth and pipe and not bwd_pipe and not spipe else 1
-    if spipe:
-        minb = SPIPE_MINB[spipe]
-    return ((f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
-             f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"PIPE={int(pipe)}")
-            + ((f"PDEPTH={pdepth}",) if pdepth > 1 else ()) + ((f"SPIPE={spipe}",) if spipe else ())
-            + (f"MINB={minb}",)), cfg
+    return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
+            f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"PIPE={int(pipe)}",
+            f"MINB={minb}"), cfg
 
 
 class Spec(NamedTuple):
@@ -1193,15 +963,13 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
     if inner == 1:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
-                                   pipe=not backward, bwd_pipe=backward and algo_name == "LOG", depth=not backward)
+                                   pipe=not backward, bwd_pipe=backward and algo_name == "LOG")
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
-        spipe = int(dict(d.split("=") for d in defines).get("SPIPE", 0))   # its ring: dynamic shared memory
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block,
-                    cfg.sch * cfg.nv * cfg.vec * cfg.block * acc
-                    + spipe * cfg.nv * cfg.vec * cfg.block * np.dtype(dtype).itemsize)
+                    cfg.sch * cfg.nv * cfg.vec * cfg.block * acc)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
                 -(-rows // 256), 32, 256, 0)
 
