@@ -3,7 +3,7 @@ MobileNet-small on "cuda" under tools/record_launches.py's fake CuPy (NumPy arra
 CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU step, measurable without a GPU
 (docs/host_overhead.md round 8).  The fake's allocation and launch cost ~nothing, so this is the framework's Python.
 
-    MODE=count python tools/fake_gpu_step.py TREE resnet20 128   # launches, cupy.empty/zeros/... per step by caller
+    MODE=count python tools/fake_gpu_step.py TREE resnet20 128   # launches, cupy.empty/zeros/.../cuda.alloc per step by caller
     MODE=time  python tools/fake_gpu_step.py TREE resnet20 2     # ms of CPU time per step (fastest of 7 x 20)
     MODE=prof  [SORT=cumulative N=60] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
@@ -178,16 +178,18 @@ if mode == "record":
     print(f"{len(out)} launches recorded ({sum(1 for o in out if o[0].startswith('cupy:'))} of them CuPy operations)")
 elif mode == "count":
     counts = collections.Counter()
-    def wrapname(name):
-        f = getattr(fakecp, name) if name in fakecp.__dict__ else fakecp.__getattr__(name)
+    def wrapname(name, ns=fakecp, label=None):
+        f = getattr(ns, name) if name in ns.__dict__ else ns.__getattr__(name)
         def g(*a, **k):
             fr = sys._getframe(1)
-            key = (name, fr.f_code.co_filename.replace(tree + "/", "") + ":" + str(fr.f_lineno) + " " + fr.f_code.co_name)
+            key = (label or name, fr.f_code.co_filename.replace(tree + "/", "") + ":" + str(fr.f_lineno) + " " + fr.f_code.co_name)
             counts[key] += 1
             return f(*a, **k)
-        setattr(fakecp, name, g)
+        setattr(ns, name, g)
     for n in ("empty", "ascontiguousarray", "zeros", "empty_like", "asarray"):
         wrapname(n)
+    if hasattr(fakecp.cuda, "alloc"):       # a strided array made in one step (round 22b): its pool block
+        wrapname("alloc", fakecp.cuda, "cuda.alloc")
     nl = [0]
     L._go = lambda *a: nl.__setitem__(0, nl[0] + 1)
     step()

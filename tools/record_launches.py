@@ -49,10 +49,27 @@ def _fake_cupy():
         def __init__(self, a, offset):
             self.a, self.offset = a, offset
 
+    _np_base = np.ndarray.base.__get__
+
+    class _Block:       # cupy.cuda.alloc's pointer: a raw block (a fake array owning its memory), 512-byte aligned
+        def __init__(self, nbytes):
+            self.raw = np.ndarray.__new__(ndarray, (nbytes + 512,), np.uint8)
+            self.offset = -self.raw.ctypes.data % 512
+
     class ndarray(np.ndarray):
-        def __new__(cls, shape, dtype=float, memptr=None):     # cupy.ndarray(shape, dtype, memptr=) only
+        def __new__(cls, shape, dtype=float, memptr=None, strides=None):    # cupy.ndarray(shape, dtype, memptr=,
+            if isinstance(memptr, _Block):      # strides=): on cupy.cuda.alloc's block, which the array holds as a
+                a = np.ndarray.__new__(cls, shape, dtype, buffer=memptr.raw, offset=memptr.offset,  # CuPy array holds
+                                       strides=strides)                                             # its memptr:
+                a.__dict__["_own"] = True       # its ``base`` reads None, as CuPy's (autograd's leaf-gradient steal
+                return a                        # and _grad_dest read it; a view of it still has the block as base)
             a, off = (memptr.a(), 0) if isinstance(memptr, _Mem) else (memptr.a, memptr.offset)
-            return np.ndarray.__new__(cls, shape, dtype, buffer=np.asarray(a).reshape(-1).view(np.uint8), offset=off)
+            return np.ndarray.__new__(cls, shape, dtype, buffer=np.asarray(a).reshape(-1).view(np.uint8), offset=off,
+                                      strides=strides)
+
+        @property
+        def base(self):
+            return None if self.__dict__.get("_own") else _np_base(self)
 
         @property
         def data(self):
@@ -109,7 +126,7 @@ def _fake_cupy():
     fake.ascontiguousarray = lambda a, dtype=None: w(np.ascontiguousarray(a, dtype=dtype))
     fake.empty_like = lambda a: w(np.empty_like(np.asarray(a)))
     fake.broadcast_to = lambda a, s: w(np.broadcast_to(a, s))
-    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0), Device=_Dev,
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0), Device=_Dev, alloc=_Block,
                                       get_current_stream=lambda: types.SimpleNamespace(ptr=0),
                                       driver=types.SimpleNamespace(launchKernel=lambda *a: None))
     return fake

@@ -25,6 +25,7 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, type_info
+from .bn_nhwc import empty_strided, strided_spec
 
 __all__ = ["supports", "forward", "backward", "add", "plan", "options", "MODES", "SOURCE"]
 
@@ -330,20 +331,22 @@ def _vec_grid(nv, dev, cfg=CONFIG):
 
 class _Plan:
     """A settled activation call: ``plan(x)`` -> y, ``plan(x, dy)`` -> dx.  The output is allocated in x's memory
-    order (``mem`` shape, viewed back channels-first through ``back``); the prepared launch takes the arrays' pointers
+    order (channels-last: in one step, ``empty_strided`` of ``spec``); the prepared launch takes the arrays' pointers
     directly (no flat views); ``vec`` is the same launch with 16-byte vectors, taken when every input pointer is
     16-byte aligned (a fresh output always is; n filling whole vectors is part of the signature)."""
-    __slots__ = ("dev", "mem", "back", "dtype", "go", "vec")
+    __slots__ = ("dev", "mem", "back", "spec", "dtype", "go", "vec")
 
     def __call__(self, x, dy=None):
         with _launch.on_device(self.dev):
-            out = _launch._cp.empty(self.mem, self.dtype)
+            spec = self.spec
+            out = _launch._cp.empty(self.mem, self.dtype) if spec is None else empty_strided(_launch._cp, spec,
+                                                                                              self.dtype)
             vec = self.vec
             if dy is None:
                 (vec if vec is not None and not x.data.ptr & 15 else self.go)(x, out)
             else:
                 (vec if vec is not None and not (x.data.ptr | dy.data.ptr) & 15 else self.go)(x, dy, out)
-        return out if self.back is None else out.transpose(self.back)
+        return out
 
 
 _plans: dict = {}
@@ -365,6 +368,7 @@ def _plan(mode_name, coef, x, backward, dev):
     else:                                   # channels-last memory of a channels-first view (supports)
         perm = (0, *range(2, x.ndim), 1)
         p.mem, p.back = tuple(x.shape[i] for i in perm), (0, x.ndim - 1, *range(1, x.ndim - 1))
+    p.spec = strided_spec(p.mem, p.back, x.dtype)
     n = x.size
     k = _kernel("act_bwd" if backward else "act_fwd", x.dtype, mode_name)
     head = [None] * (3 if backward else 2) + [np.int64(n), np.float64(coef)]

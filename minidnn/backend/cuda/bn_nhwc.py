@@ -1075,6 +1075,27 @@ def switch():
     return ENABLED, ROUTE, ONCHIP, V2, STAGE
 
 
+def strided_spec(mem, back, dtype):
+    """(shape, strides, nbytes) of the view through ``back`` of a fresh C-ordered ``mem``-shaped array (a
+    channels-first view of channels-last memory), for ``empty_strided``; None where ``back`` is None."""
+    if back is None:
+        return None
+    item = np.dtype(dtype).itemsize
+    c_strides, step = [], item
+    for n in reversed(mem):
+        c_strides.insert(0, step)
+        step *= n
+    return tuple(mem[i] for i in back), tuple(c_strides[i] for i in back), step
+
+
+def empty_strided(cp, spec, dtype):
+    """A fresh array of ``strided_spec``'s shape and strides, made in one step (round 22b): one CuPy object on a
+    pool block, where ``cp.empty(mem).transpose(back)`` made two (its base) and a transpose.  Same memory order,
+    alignment (a pool block) and allocator (the current one, as ``cp.empty``'s, CUDA graph capture included)."""
+    shape, strides, nbytes = spec
+    return cp.ndarray(shape, dtype, cp.cuda.alloc(nbytes), strides)
+
+
 def _memory_order(xc):
     """(shape of the memory, the transpose back to channels-first or None) of an array laid out like ``xc``."""
     if xc.flags.c_contiguous or xc.ndim < 3:
@@ -1084,7 +1105,7 @@ def _memory_order(xc):
 
 
 class _Call:
-    __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "acc", "route", "args", "plans",
+    __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "spec", "acc", "route", "args", "plans",
                  "onchip", "v2", "stage")
 
     def _settle(self, xc, dev, route, args):
@@ -1094,6 +1115,7 @@ class _Call:
         self.item = xc.dtype.itemsize
         self.vmax = vec_width(self.c, self.item)
         self.mem, self.back = _memory_order(xc)
+        self.spec = strided_spec(self.mem, self.back, xc.dtype)
         self.acc = _acc(xc.dtype)
         self.plans = {}
 
@@ -1112,8 +1134,10 @@ class _Call:
             plan = self.plans[v] = self._build(v)
         return plan
 
-    def _out(self, a):
-        return a if a is None or self.back is None else a.transpose(self.back)
+    def _empty(self, cp):
+        """A fresh array laid out like xc, channels-first indexed (channels-last memory: made in one step)."""
+        spec = self.spec
+        return cp.empty(self.mem, dtype=self.dtype) if spec is None else empty_strided(cp, spec, self.dtype)
 
 
 class TrainingCall(_Call):
@@ -1136,14 +1160,14 @@ class TrainingCall(_Call):
         with _launch.on_device(dev):
             mean, inv_std = _ws.pair(cp, (self.c,), acc)
             partial = _ws.scratch_flat(cp, dev, "bn.partial", plan[-2], acc)
-            y = cp.empty(self.mem, dtype=self.dtype)
+            y = self._empty(cp)
             if plan[0] == "one":
                 plan[1](xc, z, y, partial, _ticket(cp, plan[-1], dev), mean, inv_std, scale, bias, running_mean,
                         running_var, counter)
             else:
                 plan[1](xc, partial, _ticket(cp, plan[-1], dev), mean, inv_std, running_mean, running_var, counter)
                 plan[2](xc, z, y, mean, inv_std, scale, bias)
-        return self._out(y), mean, inv_std
+        return y, mean, inv_std
 
 
 class BackwardCall(_Call):
@@ -1170,15 +1194,15 @@ class BackwardCall(_Call):
                 dscale = dbias = None
             elif dscale is None or dbias is None:
                 dscale, dbias = _ws.pair(cp, (c,), _param(self.dtype))
-            dx = cp.empty(self.mem, dtype=self.dtype)
-            dz = cp.empty(self.mem, dtype=self.dtype) if flags["has_z"] else None
+            dx = self._empty(cp)
+            dz = self._empty(cp) if flags["has_z"] else None
             if plan[0] == "one":
                 plan[1](xc, dyc, y, mean, inv_std, partial, _ticket(cp, plan[-1], dev), coef, dscale, dbias, scale,
                         dx, dz)
             else:
                 plan[1](xc, dyc, y, mean, inv_std, partial, _ticket(cp, plan[-1], dev), coef, dscale, dbias)
                 plan[2](xc, dyc, y, mean, inv_std, coef, scale, dx, dz)
-        return self._out(dx), self._out(dz), dscale, dbias
+        return dx, dz, dscale, dbias
 
 
 class InferenceCall(_Call):
@@ -1198,9 +1222,9 @@ class InferenceCall(_Call):
         apply = self._plan(xc, z)
         cp = _launch.cupy()
         with _launch.on_device(self.dev):
-            y = cp.empty(self.mem, dtype=self.dtype)
+            y = self._empty(cp)
             apply(xc, z, y, est_mean, est_var, scale, bias)
-        return self._out(y)
+        return y
 
 
 def _settled(cls, xc, key, args):

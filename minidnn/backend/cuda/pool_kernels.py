@@ -58,6 +58,7 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, _divider, type_info
+from .bn_nhwc import empty_strided, strided_spec
 from .softmax_kernels import WARP_REDUCE
 
 __all__ = ["supports", "forward", "backward", "SOURCE"]
@@ -876,19 +877,20 @@ class _Plan:
     channels-first through ``back``), and makes the prepared launch, ``go`` (``go16``: a kernel with 16-byte
     vectors, taken when the input pointers (x; dy and argmax) are 16-byte aligned, ``go`` the one that needs no
     alignment)."""
-    __slots__ = ("dev", "mem", "back", "dtype", "adt", "go", "go16", "kind")
+    __slots__ = ("dev", "mem", "back", "spec", "dtype", "adt", "go", "go16", "kind")
 
     def __call__(self, a, b=None):
         cp = _launch._cp
         with _launch.on_device(self.dev):
-            out = cp.empty(self.mem, self.dtype)
+            spec = self.spec         # a channels-last global average: the output made in one step (round 22b)
+            out = cp.empty(self.mem, self.dtype) if spec is None else empty_strided(cp, spec, self.dtype)
             kind = self.kind
             if kind == 0:                                      # pooling forward: (x) -> y, argmax or None
                 arg = None if self.adt is None else cp.empty(self.mem, self.adt)
                 go = self.go16
                 (go if go is not None and not a.data.ptr & 15 else self.go)(a, out, out if arg is None else arg)
-                if self.back is not None:
-                    out = out.transpose(self.back)
+                if self.back is not None:                     # (spec is None: the windowed kernels write the
+                    out = out.transpose(self.back)            # NHWC-shaped allocation, tools/emulate_pool_vec.py)
                     if arg is not None:
                         arg = arg.transpose(self.back)
                 return out, arg
@@ -899,7 +901,7 @@ class _Plan:
             else:                                              # global average: (x) -> y, or (dy) -> dx
                 go = self.go16
                 (go if go is not None and not a.data.ptr & 15 else self.go)(a, out)
-        if self.back is not None:
+        if spec is None and self.back is not None:
             out = out.transpose(self.back)
         return (out, None) if kind == 2 else out
 
@@ -919,9 +921,10 @@ def forward_plan(geom, xc):
                            _forward_plan, geom, xc, dev)
 
 
-def _out_layout(plan, shape, cl):
+def _out_layout(plan, shape, cl, global_average=False):
     n, c, h, w = shape
     plan.mem, plan.back = ((n, h, w, c), (0, 3, 1, 2)) if cl else (tuple(shape), None)
+    plan.spec = strided_spec(plan.mem, plan.back, plan.dtype) if global_average else None
 
 
 def _forward_plan(geom, xc, dev):
@@ -931,7 +934,7 @@ def _forward_plan(geom, xc, dev):
     cl = is_channels_last(xc)
     if is_global_average(geom) and (xc.flags.c_contiguous or cl):
         plan.kind, plan.adt = 2, None
-        _out_layout(plan, geom.y_shape, cl)
+        _out_layout(plan, geom.y_shape, cl, True)
         L = h * w
         if xc.flags.c_contiguous:          # NCHW (also C == 1 or H*W == 1, where both orders coincide)
             planes, vec = n * c, _vec(L, xc.dtype)
@@ -998,7 +1001,7 @@ def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
     plan.dev, plan.dtype, plan.adt, plan.go16 = dev, dtype, None, None
     cl = is_channels_last(dyc) if dyc.shape[2] * dyc.shape[3] > 1 else bool(x_channels_last)
     n, c, h, w = x_shape
-    _out_layout(plan, x_shape, cl)
+    _out_layout(plan, x_shape, cl, is_global_average(geom))
     total = n * c * h * w
     if is_global_average(geom):
         plan.kind = 3
