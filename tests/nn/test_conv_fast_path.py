@@ -69,7 +69,8 @@ _SCRIPT = textwrap.dedent("""
         if t is None:
             return None
         d = t.data
-        return [list(d.shape), list(d.strides), str(d.dtype), d.base is None]
+        # (a channels-last result may own its memory or view an NHWC array: conv_igemm makes it in one step)
+        return [list(d.shape), list(d.strides), str(d.dtype), d.base is None or not d.flags.c_contiguous]
 
     # name: (x shape, w shape, stride, padding, groups, bias, channels-last, x grad, w grad, autocast, conv1d)
     cases = {{

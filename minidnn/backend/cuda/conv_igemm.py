@@ -463,10 +463,12 @@ def _channels_last(a):
 
 
 def _new_like_layout(cp, shape, dtype, channels_last):
-    """A fresh (N, C, H, W)-indexed array, NHWC in memory when ``channels_last``."""
+    """A fresh (N, C, H, W)-indexed array, NHWC in memory when ``channels_last`` (made in one step: one CuPy array
+    with channels-last strides on a pool block, not an NHWC array and its transpose; bn_nhwc.empty_strided)."""
     if channels_last:
         n, c, h, w = shape
-        return cp.empty((n, h, w, c), dtype=dtype).transpose(0, 3, 1, 2)
+        e = dtype.itemsize
+        return cp.ndarray(shape, dtype, cp.cuda.alloc(n * h * w * c * e), (h * w * c * e, e, w * c * e, c * e))
     return cp.empty(shape, dtype=dtype)
 
 
