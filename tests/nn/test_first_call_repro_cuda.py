@@ -54,3 +54,20 @@ def test_first_run_equals_later_runs(dtype, cl):
     first, second = _run(dt, cl, batch), _run(dt, cl, batch)
     for i, (a, b) in enumerate(zip(first, second)):
         assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"result {i} differs"
+
+
+@pytest.mark.parametrize("conv", ["conv1d", "conv2d"])
+def test_only_the_bias_wants_a_gradient_on_a_seen_signature(conv):
+    """Frozen weight, input without grad, trainable bias: every call of a seen signature (settled from the first
+    since session 11) gives db = the sum of dy (the settled backward had no x or w to read)."""
+    op = getattr(F, conv)
+    x = mdn.randn(*((3, 4, 6, 5) if conv == "conv2d" else (2, 3, 9)), device="cuda")
+    w = mdn.randn(*((7, 4, 3, 3) if conv == "conv2d" else (5, 3, 2)), device="cuda")
+    b = mdn.randn(w.shape[0], device="cuda", requires_grad=True)
+    axes = (0, 2, 3) if conv == "conv2d" else (0, 2)
+    for _ in range(3):
+        b.grad = None
+        y = op(x, w, b)
+        g = mdn.randn(*y.shape, device="cuda")
+        y.backward(g)
+        np.testing.assert_allclose(cp.asnumpy(b.grad.data), cp.asnumpy(g.data).sum(axis=axes), rtol=1e-5, atol=1e-4)

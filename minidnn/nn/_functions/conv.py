@@ -304,6 +304,8 @@ class ConvForward(Function):
         x_shape, w_shape = ctx.shapes
         need = ctx.needs_input_grad
         carry, ctx.carry = ctx.carry, None      # read once: a retained graph's second backward makes its own copy
+        if not (need[0] or need[1]):            # the bias's gradient alone (frozen weight, input without grad)
+            return None, None, None
         if not is_grad_enabled():       # first order: the primitives directly
             if ctx.seen is not None and FAST_PATH[0]:
                 grads = _fast_backward(ctx, ctx.seen, x, w, gy, need, carry)
