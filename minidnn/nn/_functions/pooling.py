@@ -19,6 +19,7 @@ import numpy as np
 
 from ... import backend as B
 from ...autograd import Function, is_grad_enabled
+from ...backend import devices as _devices
 from ...backend._common import SeenCalls
 from ...backend.errors import ArgumentError
 from ...ops import stack
@@ -98,6 +99,21 @@ class AvgPool(Function):
         return AvgPoolBackward.apply(gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
 
 
+_SHAPE_ONLY: dict = {}
+
+
+def _shape_only(xp, a):
+    """A 0-d array of ``a``'s module, dtype and device, made once: what x's broadcast view stands on where only its
+    shape and dtype are read (its value never is)."""
+    dev = _devices.device_of(a)
+    key = (xp.__name__, a.dtype, dev)
+    z = _SHAPE_ONLY.get(key)
+    if z is None:
+        with _devices.device_guard(dev):        # on a's device, whichever is current
+            z = _SHAPE_ONLY[key] = xp.zeros((), dtype=a.dtype)
+    return z
+
+
 class AvgPoolBackward(Function):
     """dx = (d avgpool / d x)^T dy: linear in dy, so its own derivative is the average pooling forward.
     ``channels_last``: x was channels-last in memory, and so is dx (computed through NHWC-indexed views)."""
@@ -106,14 +122,15 @@ class AvgPoolBackward(Function):
     def forward(ctx, dy, desc, x_shape, channels_last=False):
         ctx.desc = desc
         xp = dy._xp()
-        # The primitive reads x only for its shape and dtype (average pooling ignores the values):
-        # a broadcast zero costs no memory.
+        # The primitive reads x only for its shape and dtype (average pooling ignores the values): a broadcast
+        # scalar costs no memory, and one kept per array type, dtype and device costs no allocation or memset launch
+        # a call (its value is never read).
+        x_like = xp.broadcast_to(_shape_only(xp, dy.data), x_shape)
         if channels_last:
             last = B.channels_last_perm(len(x_shape))
-            x_like = xp.broadcast_to(xp.zeros((), dtype=dy.dtype), tuple(x_shape[i] for i in last))
-            dx = B.pooling_backward(handle_for(dy), desc, None, dy.data.transpose(last), x_like, format="NHWC")
+            dx = B.pooling_backward(handle_for(dy), desc, None, dy.data.transpose(last), x_like.transpose(last),
+                                    format="NHWC")
             return wrap(xp.ascontiguousarray(dx).transpose(B.channels_first_perm(dx.ndim)))
-        x_like = xp.broadcast_to(xp.zeros((), dtype=dy.dtype), x_shape)
         return wrap(B.pooling_backward(handle_for(dy), desc, None, dy.data, x_like))
 
     @staticmethod
