@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from graphs import _capture  # noqa: E402
-from train_step import CONFIGS, paired_medians, torch, torch_models  # noqa: E402
+from train_step import CONFIGS, PIPELINED, paired_medians, torch, torch_models  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
 import minidnn.models  # noqa: E402
@@ -84,7 +84,10 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--models", default="resnet20,mobilenet")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graphed columns")
+    ap.add_argument("--pipelined", type=int, default=0, metavar="K",
+                    help="eager: time turns of K steps with one synchronisation each (default 0: one a step)")
     args = ap.parse_args()
+    PIPELINED[0] = args.pipelined
     if args.device == "cpu":
         print("note: on the CPU only bf16 autocast exists (fp16 is skipped); CPU times are not the target")
     if torch is not None and args.device == "cuda":
@@ -120,7 +123,7 @@ def main():
                 torch_capturable = ns is not None and not mode.startswith("fp16")
                 t_graph = _capture(torch, t_step) if torch_capturable else None
                 runs = [(g, sync) for g, sync in ((m_graph, msync), (t_graph, tsync)) if g is not None]
-                got = iter(paired_medians(runs, args.steps))
+                got = iter(paired_medians(runs, args.steps, pipelined=0))     # (replays: per-step sync as ever)
                 mg = next(got) if m_graph is not None else float("nan")
                 tg = next(got) if t_graph is not None else float("nan")
                 line += f" {mg:>12.2f} {tg:>14.2f} {mg / tg:>6.2f}x"

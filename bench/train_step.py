@@ -78,25 +78,43 @@ def _median_ms(step, sync, steps):
     return statistics.median(times)
 
 
-def paired_medians(runs, steps, rounds=None, warmup=20):
+# --pipelined K (0: off): time each turn's K steps with one synchronisation at its end, the median of those turns' ms
+# per step -- a training loop that never waits for the GPU, whose next step's host work runs under the previous
+# step's device tail -- instead of a synchronisation after every step (the default, and every figure before session
+# 12).  Both frameworks are timed the same way either way.
+PIPELINED = [0]
+
+
+def paired_medians(runs, steps, rounds=None, warmup=20, pipelined=None):
     """Median ms per step of each ``(step, sync)`` in ``runs``, timed in alternation: ``rounds`` rounds, each
     timing ``steps // rounds`` steps of every run in turn (the order rotated each round), so that a slow patch of
     the host -- other processes, clocks -- lands on every run alike.  Timed one after the other, the same code's
     eager medians moved by up to 2x between runs on the shared device host; the ratios are what is compared.
-    ``rounds`` None: steps // 2 (every run takes 2 steps a turn)."""
+    ``rounds`` None: steps // 2 (every run takes 2 steps a turn).  ``pipelined`` K > 0 (None: PIPELINED[0]): turns
+    of K steps, each timed whole with one synchronisation at its end (one sample a turn: its ms per step)."""
+    pipelined = PIPELINED[0] if pipelined is None else pipelined
+    if pipelined:
+        rounds = max(1, steps // pipelined)
     rounds = rounds or max(1, steps // 2)
     for step, sync in runs:
         for _ in range(warmup):     # 5 left the first model's median 45% high on the H200 (GPU clocks, pools)
             step()
         sync()
     times = [[] for _ in runs]
-    per = max(1, steps // rounds)
+    per = pipelined or max(1, steps // rounds)
     for r in range(rounds):
         order = list(range(len(runs)))
         order = order[r % len(order):] + order[:r % len(order)]
         for i in order:
             step, sync = runs[i]
             sync()
+            if pipelined:
+                t0 = time.perf_counter()
+                for _ in range(per):
+                    step()
+                sync()
+                times[i].append((time.perf_counter() - t0) * 1e3 / per)
+                continue
             for _ in range(per):
                 t0 = time.perf_counter()
                 step()
@@ -179,7 +197,10 @@ def main(argv=None):
     ap.add_argument("--tf32", action="store_true", help="TF32 only (same as --math tf32)")
     ap.add_argument("--math", default="fp32,tf32", help="strict fp32 and/or TF32 (fp32,tf32)")
     ap.add_argument("--optimizers", default="sgd,adam")
+    ap.add_argument("--pipelined", type=int, default=0, metavar="K",
+                    help="time turns of K steps with one synchronisation each (default 0: one after every step)")
     args = ap.parse_args(argv)
+    PIPELINED[0] = args.pipelined
     maths = ["tf32"] if args.tf32 else ["fp32"] if args.device == "cpu" else args.math.split(",")
     if args.micro_only:
         set_math(False)
@@ -199,8 +220,11 @@ def main(argv=None):
                 if use_torch:
                     assert t_params == m_params, f"{name}: the twins differ ({m_params} vs {t_params} parameters)"
                 rows.append((name, opt, math_, batch, m_params, m_ms, t_ms, m_counts, t_counts))
+    timing = (f"median of {args.steps} (the two frameworks' steps alternating every 2 steps)" if not args.pipelined
+              else f"{args.steps} steps in turns of {args.pipelined} alternating between the frameworks, one "
+              "synchronisation a turn: the median turn's ms per step")
     print(f"training step (fwd + loss + bwd + optimizer step), {args.device}, the same math on both sides, torch "
-          f"cudnn.benchmark, median of {args.steps} (the two frameworks' steps alternating every 2 steps)")
+          f"cudnn.benchmark, {timing}")
     print(f"{'model':10} {'opt':>4} {'math':>5} {'batch':>5} {'params':>8} {'minidnn ms':>11} {'torch ms':>9} "
           f"{'ratio':>6} {'minidnn s/epoch':>16} {'torch s/epoch':>14}")
     for name, opt, math_, batch, params, m_ms, t_ms, _, _ in rows:
