@@ -15,6 +15,7 @@ from __future__ import annotations
 from .._amp_state import autocast_op
 from ..backend.errors import ArgumentError
 from ._functions import extra as _extra
+from ._functions import linear as _linear
 from ._functions.activation import (  # noqa: F401
     dropout,
     dropout1d,
@@ -79,6 +80,11 @@ __all__ = [
 @autocast_op("linear")
 def linear(input, weight, bias=None):
     """input @ weight.T + bias: input (*, in_features), weight (out_features, in_features), bias (out_features,)."""
+    key = _linear.linear_key(input, weight, bias)       # GPU tensors: a seen signature skips the checks and apply's
+    if key is not None:                                 # passes (docs/host_overhead.md round 24)
+        y = _linear.linear_seen(input, weight, bias, key)
+        if y is not None:
+            return y
     if weight.ndim != 2 or input.shape[-1] != weight.shape[1]:
         raise ArgumentError(f"linear: input {tuple(input.shape)} has {input.shape[-1] if input.ndim else 0} features "
                          f"but weight {tuple(weight.shape)} expects {weight.shape[-1] if weight.ndim else '?'}")
@@ -86,6 +92,8 @@ def linear(input, weight, bias=None):
         raise ArgumentError(f"linear: bias has shape {tuple(bias.shape)} but weight {tuple(weight.shape)} has "
                          f"{weight.shape[0]} outputs")
     if input.dtype == weight.dtype and (bias is None or bias.dtype == input.dtype):
-        return Linear.apply(input, weight, bias)        # one node; autocast's float32 weights get float32 dw
+        y = Linear.apply(input, weight, bias)           # one node; autocast's float32 weights get float32 dw
+        _linear.remember_linear(key, y)
+        return y
     y = input @ weight.T                                # mixed dtypes: PyTorch's promotion, by the Tensor ops
     return add_bias(y, bias, channels_last=True)
