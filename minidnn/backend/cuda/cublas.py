@@ -220,7 +220,8 @@ class _LtCall:
     """One prepared cublasLt product (per thread and device: its descriptor holds the bias pointer of the last
     call).  ``run(a, b, out, vec, stream)``: the row-major operands, c, the bias or row-sum vector (None without an
     epilogue), the stream's pointer."""
-    __slots__ = ("lib", "handle", "desc", "la", "lb", "lc", "algo", "ws", "alpha", "beta", "vec", "keep", "out_dtype")
+    __slots__ = ("lib", "handle", "desc", "la", "lb", "lc", "algo", "ws", "alpha", "beta", "vec", "keep", "out_dtype",
+                 "matmul", "ptrs")
 
     def __init__(self, lib, handle, ws, M, N, K, op_b, ld_b, op_a, ld_a, dt, ct, compute, epilogue, batch=None,
                  align=None):
@@ -263,18 +264,25 @@ class _LtCall:
         self.algo = ctypes.addressof(self.keep) if st == 0 and found.value > 0 else None
         scalar = ctypes.c_double if compute == _COMPUTE_64F else ctypes.c_float
         self.alpha, self.beta = scalar(1.0), scalar(0.0)
+        # what every call passes unchanged, read once: alpha's and beta's addresses (their values may be rewritten
+        # in place: conv_pointwise), the workspace's pointer (the state's array, alive as long as this call)
+        self.matmul = lib.cublasLtMatmul
+        self.ptrs = (ctypes.addressof(self.alpha), ctypes.addressof(self.beta), ws.data.ptr)
 
     def run(self, a, b, out, vec, stream):
-        lib = self.lib
         vec = 0 if vec is None else vec.data.ptr
         if vec != self.vec:
             v = ctypes.c_void_p(vec)
-            _check(lib.cublasLtMatmulDescSetAttribute(self.desc, 8, ctypes.byref(v), 8), "cublasLtMatmulDesc bias")
+            _check(self.lib.cublasLtMatmulDescSetAttribute(self.desc, 8, ctypes.byref(v), 8),
+                   "cublasLtMatmulDesc bias")
             self.vec = vec
         c = out.data.ptr
-        _check(lib.cublasLtMatmul(self.handle, self.desc, ctypes.addressof(self.alpha), b.data.ptr, self.la,
-                                  a.data.ptr, self.lb, ctypes.addressof(self.beta), c, self.lc, c, self.lc, self.algo,
-                                  self.ws.data.ptr, _WORKSPACE_BYTES, stream), "cublasLtMatmul")
+        lc = self.lc
+        pa, pb, ws = self.ptrs
+        st = self.matmul(self.handle, self.desc, pa, b.data.ptr, self.la, a.data.ptr, self.lb, pb, c, lc, c, lc,
+                         self.algo, ws, _WORKSPACE_BYTES, stream)
+        if st:
+            _check(st, "cublasLtMatmul")
 
 
 def _lt_state(cp):
@@ -292,10 +300,6 @@ def _lt_state(cp):
     return st
 
 
-def _vec_key(v):
-    return None if v is None else True if v is True else (v.shape, v.strides, v.dtype)
-
-
 def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=None):
     """a (M, K) @ b (K, N) in one cublasLt call, or None where it cannot (the caller's other path; nothing ran):
     ``bias`` (N,) added to every row of the result (c's dtype); ``row_sums`` True or an (M,) array: also the sums of
@@ -306,12 +310,22 @@ def lt_product(a, b, out=None, out_dtype=None, tf32=False, bias=None, row_sums=N
     if not LT[0]:
         return None
     cp = _launch._cp or _launch.cupy()
-    ptrs = a.data.ptr | b.data.ptr
-    for v in (out, bias, row_sums):
-        if v is not None and v is not True:
-            ptrs |= v.data.ptr
-    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, out_dtype, bool(tf32), _vec_key(out),
-           _vec_key(bias), _vec_key(row_sums), not ptrs & 15)
+    ptrs = a.data.ptr | b.data.ptr      # (each vector's key written out: ~9 calls a LeNet step)
+    ko = kb = kr = None
+    if out is not None:
+        ptrs |= out.data.ptr
+        ko = (out.shape, out.strides, out.dtype)
+    if bias is not None:
+        ptrs |= bias.data.ptr
+        kb = (bias.shape, bias.strides, bias.dtype)
+    if row_sums is not None:
+        if row_sums is True:
+            kr = True
+        else:
+            ptrs |= row_sums.data.ptr
+            kr = (row_sums.shape, row_sums.strides, row_sums.dtype)
+    key = (a.shape, a.strides, a.dtype, b.shape, b.strides, b.dtype, out_dtype, bool(tf32), ko, kb, kr,
+           not ptrs & 15)
     handle, ws, calls = _lt_state(cp)
     call = calls.get(key, False)
     if call is False:
