@@ -178,12 +178,16 @@ def _check_desc(where, desc):
 
 def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1.0, beta=0.0, y=None):
     """y = alpha * f(x) + beta * y."""
-    ckey, seen = seen_plan(_CPU_SEEN, _cpu_key("fwd", handle, activation_desc, x, None, None, alpha, beta, y))
-    if seen is not None:        # a NumPy call validated before: the formula (in_memory_order is fn(x) for NumPy)
-        return blend(_MODES[activation_desc.mode][0](np, x, activation_desc.coef), alpha, beta, None, x.dtype)
-    key, plan = _seen(_gpu_key("fwd", handle, activation_desc, x, None, None, alpha, beta, y))
-    if plan is not None:
-        return plan(x)          # this exact call validated before: straight to the kernel's plan
+    if type(x) is np.ndarray:   # (one key built: see activation_backward)
+        ckey, seen = seen_plan(_CPU_SEEN, _cpu_key("fwd", handle, activation_desc, x, None, None, alpha, beta, y))
+        if seen is not None:    # a NumPy call validated before: the formula (in_memory_order is fn(x) for NumPy)
+            return blend(_MODES[activation_desc.mode][0](np, x, activation_desc.coef), alpha, beta, None, x.dtype)
+        key = None
+    else:
+        ckey = None
+        key, plan = _seen(_gpu_key("fwd", handle, activation_desc, x, None, None, alpha, beta, y))
+        if plan is not None:
+            return plan(x)      # this exact call validated before: straight to the kernel's plan
     where = "activation_forward"
     handle, xp = begin(handle, where, x=x, y=y)
     _check_desc(where, activation_desc)
@@ -200,12 +204,17 @@ def activation_forward(handle, activation_desc: ActivationDescriptor, x, alpha=1
 
 def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x, alpha=1.0, beta=0.0, dx=None):
     """dx = alpha * f'(x) * dy + beta * dx   (cuDNN argument order: desc, y, dy, x; y may be None)."""
-    ckey, seen = seen_plan(_CPU_SEEN, _cpu_key("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx))
-    if seen is not None:        # a NumPy call validated before
-        return blend(_MODES[activation_desc.mode][1](np, x, activation_desc.coef) * dy, alpha, beta, None, x.dtype)
-    key, plan = _seen(_gpu_key("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx))
-    if plan is not None:
-        return plan(x, dy)      # this exact call validated before: straight to the kernel's plan
+    if type(x) is np.ndarray:   # (the GPU key is None for a NumPy x, the NumPy key for any other: one key built)
+        ckey, seen = seen_plan(_CPU_SEEN, _cpu_key("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx))
+        if seen is not None:        # a NumPy call validated before
+            return blend(_MODES[activation_desc.mode][1](np, x, activation_desc.coef) * dy, alpha, beta, None,
+                         x.dtype)
+        key = None
+    else:
+        ckey = None
+        key, plan = _seen(_gpu_key("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx))
+        if plan is not None:
+            return plan(x, dy)      # this exact call validated before: straight to the kernel's plan
     where = "activation_backward"
     handle, xp = begin(handle, where, y=y, dy=dy, x=x, dx=dx)
     _check_desc(where, activation_desc)
