@@ -72,6 +72,14 @@ V2 = os.environ.get("MINIDNN_BN_NHWC_V2", "1") != "0"
 # (every warp of the grid asking L2 for the same few lines at once).  MINIDNN_BN_NHWC_STAGE=0 / STAGE = False: the
 # loads before it (the GPU A/B; callers clear the call caches after changing it).  The same values: the same bits.
 STAGE = os.environ.get("MINIDNN_BN_NHWC_STAGE", "1") != "0"
+# Session 12 (docs/step_kernels.md, "Session 12: channels-last batch norm"): the directions ("fwd", "bwd") whose
+# one-launch kernels with the on-chip copy take MIX -- the elementwise pass reading its uncached vectors one newest
+# (L2) to three oldest (DRAM) instead of newest first, the first far ones prefetched into L2 before the meeting,
+# combine's scratch in block_partial's buffer (one more slot).  MINIDNN_BN_NHWC_MIX = "fwd,bwd" / "bwd" / "1" (both);
+# empty (the default) until the GPU A/B says.  The same bits either way; callers clear the call caches after changing
+# it (tools/bn_nhwc_ab.py does).
+_MIX_ENV = os.environ.get("MINIDNN_BN_NHWC_MIX", "").replace(" ", "")
+MIX = frozenset(("fwd", "bwd") if _MIX_ENV == "1" else (d for d in _MIX_ENV.split(",") if d in ("fwd", "bwd")))
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
@@ -106,6 +114,12 @@ SOURCE = HEADER + r"""
 // partial (1: the reduction pass alone) or after the meeting (2: everything but the elementwise pass).
 #ifndef STOP
 #define STOP 0
+#endif
+// MIX (session 12, MINIDNN_BN_NHWC_MIX; the on-chip copy's one-launch kernels only): the elementwise pass mixes its
+// uncached vectors (see mix_k below), the far ones prefetched into L2 before the meeting, and combine's scratch
+// shares block_partial's buffer (one more on-chip slot).  0: the order before it.
+#ifndef MIX
+#define MIX 0
 #endif
 union Pack { VT raw; T v[VEC]; };
 // first reads: plain loads (they fill L2); last reads: streaming ("last use") loads; outputs: streaming stores
@@ -167,7 +181,11 @@ __device__ __forceinline__ void walk(const Geo& g, const Lane& l, F f)
 // (V1's tree below stored each thread's sums at a 16 * VEC-byte stride -- a 16-way bank conflict on every access
 // for 16-bit data -- through log2(RB) barriers: ~8K shared-memory cycles per block at C = 16 bfloat16.)
 // (red: at file scope, so that stage_pair below reuses it after the meeting.)
+#if MIX
+__shared__ __align__(16) A bp_red[2 * VEC][256];     // (MIX: combine's doubles alias it)
+#else
 __shared__ A bp_red[2 * VEC][256];
+#endif
 __device__ __forceinline__ void block_partial(const Geo& g, const Lane& l, A (&v)[VEC][2], A* __restrict__ partial)
 {
     A (&red)[2 * VEC][256] = bp_red;
@@ -240,7 +258,13 @@ __device__ __forceinline__ bool arrive(unsigned int* ticket)
 template <class Fin>
 __device__ __forceinline__ void combine(const Geo& g, const A* __restrict__ partial, Fin fin)
 {
+#if MIX && V2 && VEC * (ACC_DOUBLE ? 8 : 4) >= 8
+    // (MIX) block_partial's buffer, finished with before the ticket (arrive's barrier follows its last read) and
+    // at least 256 x 2 doubles here: 4 KB less static shared memory, one more slot of the on-chip copy
+    double (&sd)[256][2] = *reinterpret_cast<double (*)[256][2]>(&bp_red[0][0]);
+#else
     __shared__ double sd[256][2];
+#endif
     const int cbeg = blockIdx.y * g.TX * VEC, cend = min(g.C, cbeg + g.TX * VEC);
     int kw = 1;
     while (kw < cend - cbeg && kw < 256) kw <<= 1;
@@ -506,6 +530,62 @@ __device__ __forceinline__ void seq_walk(const Geo& g, const Lane& l, int kb, in
     }
 }
 
+#if CACHE && MIX
+// MIX (MINIDNN_BN_NHWC_MIX): the elementwise pass's order over the thread's m = n - kc uncached vectors (k = kc ..
+// n - 1; kc = min(ks, n) are in shared memory).  Item j = 0 .. m - 1: in each group of UNROLL items one "near"
+// vector from the newest end (j % UNROLL == 0: k = n - 1 - j / UNROLL, read last by the reduction: L2) and
+// UNROLL - 1 "far" ones from the oldest end up (k = kc, kc + 1, ...: DRAM), so that L2 and DRAM serve the pass
+// side by side instead of one after the other: before it, the pass began on L2 alone (DRAM carrying only the
+// outputs' stores) and then waited on DRAM alone.  The near items are the newest ceil(m / UNROLL), the far ones
+// the rest: every k once (tests/backend/test_bn_nhwc_mix.py emulates it).  The first MIX_PF far vectors of each
+// array are prefetched into L2 before the meeting (mix_prefetch), so DRAM works while the grid waits; those lines
+// push out as many of the reduction's tail, which only moves DRAM time into the wait.  Same values, same
+// arithmetic: the same bits as without MIX.
+#ifndef MIX_PF
+#define MIX_PF 6
+#endif
+__device__ __forceinline__ int mix_k(int j, int n, int kc)
+{
+    const int q = j / UNROLL, r = j - q * UNROLL;
+    return r == 0 ? n - 1 - q : kc + (UNROLL - 1) * q + r - 1;
+}
+
+template <class F>
+__device__ __forceinline__ void mix_walk(const Geo& g, const Lane& l, int kc, int n, F f)
+{
+    if (!l.on) return;
+    for (int i = 0; i < n - kc; i += UNROLL) {
+        int off[UNROLL], kk[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool in = i + u < n - kc;
+            kk[u] = in ? mix_k(i + u, n, kc) : -1;
+            off[u] = in ? seq_off(g, l, kk[u]) : -1;
+        }
+        f(off, kk);
+    }
+}
+
+__device__ __forceinline__ void pf_l2(const void* p)
+{
+    asm volatile("{ .reg .u64 a; cvta.to.global.u64 a, %0; prefetch.global.L2 [a]; }" :: "l"(p));
+}
+
+// Prefetch into L2 the first MIX_PF far vectors of a, b (c, where not null) of this thread's walk.
+__device__ __forceinline__ void mix_prefetch(const Geo& g, const Lane& l, const T* a, const T* b, const T* c, int ks)
+{
+    if (!l.on) return;
+    const int n = seq_len(g), kc = min(ks, n), m = n - kc, nf = min(MIX_PF, m - (m + UNROLL - 1) / UNROLL);
+    for (int f = 0; f < nf; ++f) {
+        const int off = seq_off(g, l, kc + f);
+        if (off < 0) continue;
+        pf_l2(a + off);
+        if (b != nullptr) pf_l2(b + off);
+        if (c != nullptr) pf_l2(c + off);
+    }
+}
+#endif
+
 #if CACHE
 // Forward reduction (the order and sums of fwd_sums), keeping the first ks vectors of x.
 __device__ __forceinline__ void fwd_sums_c(const Geo& g, const Lane& l, const T* __restrict__ x, A (&v)[VEC][2],
@@ -563,12 +643,17 @@ __device__ __forceinline__ void fwd_apply_c(const Geo& g, const Lane& l, const T
                                             const A (&kk)[VEC], const A (&bb)[VEC], int ks)
 {
     const int n = seq_len(g), kc = min(ks, n);
-    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
+    auto uncached = [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
         Pack p[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld2(x + off[u]);
         fwd_out(off, p, z, y, mu, kk, bb);
-    });
+    };
+#if MIX
+    mix_walk(g, l, kc, n, uncached);
+#else
+    seq_walk<UNROLL, true>(g, l, kc, n, uncached);
+#endif
     seq_walk<UNROLL, false>(g, l, 0, kc, [&](const int (&off)[UNROLL], const int (&k)[UNROLL]) {
         Pack p[UNROLL];
 #pragma unroll
@@ -642,7 +727,7 @@ __device__ __forceinline__ void bwd_dx_c(const Geo& g, const Lane& l, const T* _
                                          const A (&c0)[VEC], const A (&c1)[VEC], const A (&kk)[VEC], int ks)
 {
     const int n = seq_len(g), kc = min(ks, n);
-    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
+    auto uncached = [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
         Pack p[UNROLL], d[UNROLL], r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -651,7 +736,12 @@ __device__ __forceinline__ void bwd_dx_c(const Geo& g, const Lane& l, const T* _
             if (RELU) r[u] = ld2(y + off[u]);
         }
         bwd_out<true>(off, p, d, r, dx, dz, mu, is, c0, c1, kk);
-    });
+    };
+#if MIX
+    mix_walk(g, l, kc, n, uncached);
+#else
+    seq_walk<UNROLL, true>(g, l, kc, n, uncached);
+#endif
     seq_walk<UNROLL, false>(g, l, 0, kc, [&](const int (&off)[UNROLL], const int (&k)[UNROLL]) {
         Pack p[UNROLL], d[UNROLL];
 #pragma unroll
@@ -788,6 +878,9 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
         A v[VEC][2];
 #if CACHE
         fwd_sums_c(g, l, x, v, ks);
+#if MIX
+        mix_prefetch(g, l, x, HAS_Z ? z : nullptr, nullptr, ks);
+#endif
 #else
         fwd_sums(g, l, x, v);
 #endif
@@ -834,6 +927,9 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
         A v[VEC][2];
 #if CACHE
         bwd_sums_c(g, l, x, dy, y, mu, is, v, ks);
+#if MIX
+        mix_prefetch(g, l, x, dy, RELU ? y : nullptr, ks);
+#endif
 #else
         bwd_sums(g, l, x, dy, y, mu, is, v);
 #endif
@@ -913,6 +1009,8 @@ def _options(dtype, vec, **flags):
             "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
+    if flags.get("mix"):
+        opts.append("-DMIX=1")
     if flags.get("stop"):
         opts.append(f"-DSTOP={int(flags['stop'])}")
     return tuple(opts)
@@ -971,6 +1069,13 @@ def smem_limits(dev):
     return r
 
 
+def static_estimate(vec, acc, mix=False):
+    """The one-launch kernels' static shared memory, a little over what nvcc sm_90 reports (V2): block_partial's
+    buffer (2 * vec * 256 sums of ``acc`` bytes), combine's 256 x 2 doubles -- in that buffer with MIX where it is
+    4 KB or more -- and 64 bytes; the fake CuPy's stand-in for the driver's attribute."""
+    return 2 * vec * THREADS * acc + (0 if mix and vec * acc >= 8 else THREADS * 16) + 64
+
+
 def static_smem(kernel, estimate):
     """The kernel's static shared memory (the driver's attribute), ``estimate`` where it cannot be read."""
     try:
@@ -998,14 +1103,15 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
     resident at once (the two-launch kernels then run).  With ONCHIP: the on-chip copy's slots per thread (`ks`,
     the last argument) and dynamic shared memory, as many as the SM's shared memory holds for BPS blocks and the
     walk needs; none where the driver would then not keep BPS blocks per SM."""
-    k = _kernel(name, dtype, vec, cache=ONCHIP, **flags)
+    mix = ONCHIP and ("fwd" if name == "bnc_fwd1" else "bwd") in MIX
+    k = _kernel(name, dtype, vec, cache=ONCHIP, **(dict(flags, mix=True) if mix else flags))
     geo, chunks, ng = _geo_args(rows, c, vec)
     ks = dyn = 0
     if ONCHIP:
         item = np.dtype(dtype).itemsize
         slot = THREADS * vec * item * (1 if name == "bnc_fwd1" else 2)
         acc = 8 if _acc(dtype) == np.float64 else 4
-        ks_max = cache_slots(*smem_limits(dev), static_smem(k, THREADS * (vec * 2 * acc + 16) + 64), BPS, slot)
+        ks_max = cache_slots(*smem_limits(dev), static_smem(k, static_estimate(vec, acc, mix)), BPS, slot)
         ks_max = ks_max if SLOTS_CAP is None else min(ks_max, SLOTS_CAP)
         g = reduce_grid(ng, chunks, _launch.sm_count(dev) * BPS)
         ks = min(ks_max, -(-ng // g))
@@ -1071,8 +1177,8 @@ _calls: dict = {}
 
 
 def switch():
-    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE)."""
-    return ENABLED, ROUTE, ONCHIP, V2, STAGE
+    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE, MIX)."""
+    return ENABLED, ROUTE, ONCHIP, V2, STAGE, MIX
 
 
 def strided_spec(mem, back, dtype):
@@ -1106,11 +1212,11 @@ def _memory_order(xc):
 
 class _Call:
     __slots__ = ("dev", "c", "rows", "dtype", "item", "vmax", "mem", "back", "spec", "acc", "route", "args", "plans",
-                 "onchip", "v2", "stage")
+                 "onchip", "v2", "stage", "mix")
 
     def _settle(self, xc, dev, route, args):
         self.dev, self.c, self.dtype, self.route, self.args = dev, xc.shape[1], xc.dtype, route, args
-        self.onchip, self.v2, self.stage = ONCHIP, V2, STAGE
+        self.onchip, self.v2, self.stage, self.mix = ONCHIP, V2, STAGE, MIX
         self.rows = xc.size // self.c
         self.item = xc.dtype.itemsize
         self.vmax = vec_width(self.c, self.item)
@@ -1150,7 +1256,8 @@ class TrainingCall(_Call):
                          flags, self.dev)
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
-        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage \
+                or MIX != self.mix:
             return None
         return self.run(xc, z, scale, bias, running_mean, running_var, counter)
 
@@ -1178,7 +1285,8 @@ class BackwardCall(_Call):
         return _bwd_plan(self.dtype, self.rows, self.c, vec, self.route, self.args, self.dev)
 
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
-        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage:
+        if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage \
+                or MIX != self.mix:
             return None
         return self.run(xc, dyc, scale, mean, inv_std, y, dscale, dbias)
 
@@ -1229,7 +1337,7 @@ class InferenceCall(_Call):
 
 def _settled(cls, xc, key, args):
     dev = xc.data.device_id
-    key = (cls.__name__, ROUTE, ONCHIP, V2, STAGE, xc.shape, xc.strides, xc.dtype, dev) + key
+    key = (cls.__name__, ROUTE, ONCHIP, V2, STAGE, MIX, xc.shape, xc.strides, xc.dtype, dev) + key
     call = _calls.get(key)
     if call is None:
         def build():
