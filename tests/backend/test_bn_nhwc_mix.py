@@ -266,10 +266,14 @@ MIX_SHAPES = [(5, 3, 9, 9), (8, 24, 7, 7), (3, 40, 13, 5), (7, 5), (2, 1040, 3, 
               (128, 16, 32, 32), (128, 32, 16, 16), (128, 64, 8, 8), (256, 16, 32, 32)]
 
 
+# float16 differs from bfloat16 in LD / ST only: the fused form on three shapes (fewer NVRTC compiles)
+MIX_CASES = [(name, shape, ops) for name in ("float32", "bfloat16") for shape in MIX_SHAPES
+             for ops in ("bn", "bn_activation", "bn_add_activation")] + \
+    [("float16", shape, "bn_add_activation") for shape in ((5, 3, 9, 9), (8, 24, 7, 7), (33, 8, 12, 12))]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("shape", MIX_SHAPES, ids=str)
-@pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
+@pytest.mark.parametrize("name, shape, ops", MIX_CASES, ids=str)
 def test_mix_gives_the_default_bits_and_the_reference(gpu, name, shape, ops):
     cp, monkeypatch, clear = gpu
     seed = zlib.crc32(repr((name, shape, ops)).encode())
