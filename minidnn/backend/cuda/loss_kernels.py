@@ -321,6 +321,12 @@ typedef INDEX I;
 #ifndef FASTX
 #define FASTX 0
 #endif
+#ifndef TAIL
+#define TAIL 0                                      // CE_TAIL (session 12): the forward's ticket and last-block sums
+#endif
+#ifndef TAIL_LD
+#define TAIL_LD 4                                   // partial pairs a thread of the last block loads at once
+#endif
 #if FASTX
 // FASTX (session 9, round 2; float accumulation only): exp(v - sh) as 2^(v log2e - sh log2e), one FFMA and one
 // MUFU.EX2 (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to 0) instead of expf's ~9 instructions; and the
@@ -558,6 +564,15 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
 // is the planner's (P16_REGS): a bf16 row is 2 KB a warp, and session 9's 16 warps an SM kept only 32 KB of loads in
 // flight.
 #define P16W (VEC / 2)                              // 32-bit words a vector
+#ifndef FULLK
+#define FULLK 0                                     // CE_TAIL "2": slots k < FULLK hold body vectors in every row
+#endif
+__device__ __forceinline__ float lg2_fast(float x)
+{
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 union PW { VR raw; unsigned int w[P16W]; };
 struct Slot16 { VR v[NV]; Geo q; long long t; int r; bool live; };
 __device__ __forceinline__ unsigned int p16_neg_inf2() { return STORAGE == 1 ? 0xFC00FC00u : 0xFF80FF80u; }
@@ -601,9 +616,13 @@ __device__ __forceinline__ void p16_issue(const T* __restrict__ x, const I* __re
     for (int k = 0; k < NV; ++k) {
         const int v = k * G + g;
         PW u;
+        if (k < FULLK) {                    // CE_TAIL "2": a slot every live row fills (a dead row reads row 0)
+            u.raw = *reinterpret_cast<const VR*>(p + v * VEC);
+        } else {
 #pragma unroll
-        for (int i = 0; i < P16W; ++i) u.w[i] = p16_neg_inf2();
-        if (v < s.q.nb) u.raw = *reinterpret_cast<const VR*>(p + s.q.h + v * VEC);
+            for (int i = 0; i < P16W; ++i) u.w[i] = p16_neg_inf2();
+            if (v < s.q.nb) u.raw = *reinterpret_cast<const VR*>(p + s.q.h + v * VEC);
+        }
         s.v[k] = u.raw;
     }
 }
@@ -646,8 +665,15 @@ __device__ __forceinline__ bool p16_step(Slot16& cur, Slot16& fill, int& r0, con
     }
     A M = g_max(m, sm);
     if (M == NEG_INF) M = 0;
+#if TAIL >= 2
+    // CE_TAIL "2": the row's two transcendental calls as ex2 / lg2 approximations (FASTX's exp; lg2.approx: ~2^-22
+    // absolute), ~30 instructions a row fewer than expf / logf
+    const A f = m == NEG_INF ? (A)0 : ex2_fast((m - M) * LOG2E_F);
+    const A lse = M + lg2_fast(g_sum((s0 + s1) * f, sm)) * 0.6931471805599453f;
+#else
     const A f = m == NEG_INF ? (A)0 : exp(m - M);
     const A lse = M + log(g_sum((s0 + s1) * f, sm));
+#endif
     if (g == 0 && cur.live) {
         A per = 0, wt = 0;
         if (t != ignore_index) {
@@ -714,16 +740,43 @@ ce_rows_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __re
         A bl = 0, bd = 0;
         for (int k = 0; k < BLOCK / 32; ++k) { bl += (A)red[0][k]; bd += (A)red[1][k]; }
         partial[2 * blockIdx.x] = bl; partial[2 * blockIdx.x + 1] = bd;
+#if TAIL
+        // CE_TAIL: the ticket as one acquire-release atomic (MEMBAR.ALL.GPU, not __threadfence's MEMBAR.SC.GPU)
+        unsigned int tk;
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(tk) : "l"(ticket) : "memory");
+        last = tk == gridDim.x - 1;
+#else
         __threadfence();
         last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+#endif
     }
     __syncthreads();
     if (last) {                                   // uniform over the block
-        __threadfence();
         double tl = 0, td = 0;
+#if TAIL
+        // ordered after the other blocks' partials by thread 0's acquire and the barrier; the loads L2-only (.cg),
+        // TAIL_LD a thread issued before the first add (one round trip, not one a trip), added in b order as below
+        {
+            A pl[TAIL_LD], pd[TAIL_LD];
+#pragma unroll
+            for (int k = 0; k < TAIL_LD; ++k) {
+                const int b = threadIdx.x + k * BLOCK;
+                pl[k] = b < (int)gridDim.x ? __ldcg(partial + 2 * b) : (A)0;
+                pd[k] = b < (int)gridDim.x ? __ldcg(partial + 2 * b + 1) : (A)0;
+            }
+#pragma unroll
+            for (int k = 0; k < TAIL_LD; ++k)
+                if (threadIdx.x + k * BLOCK < (int)gridDim.x) { tl += (double)pl[k]; td += (double)pd[k]; }
+        }
+        for (int b = threadIdx.x + TAIL_LD * BLOCK; b < (int)gridDim.x; b += BLOCK) {
+            tl += (double)__ldcg(partial + 2 * b); td += (double)__ldcg(partial + 2 * b + 1);
+        }
+#else
+        __threadfence();
         for (int b = threadIdx.x; b < (int)gridDim.x; b += BLOCK) {
             tl += (double)((volatile A*)partial)[2 * b]; td += (double)((volatile A*)partial)[2 * b + 1];
         }
+#endif
         tl = warp_sum(tl); td = warp_sum(td);
         __syncthreads();
         if (lane == 0) { red[0][warp] = tl; red[1][warp] = td; }
@@ -873,6 +926,27 @@ def uses_p16(defines, dtype, eps) -> bool:
                 and d.get("PIPE") == "1" and d.get("RAGGED") == "0")
 
 
+# Session 12 (issue 10: the bf16 (16384, 1000) forward at 67% of copy, 0.0118 ms for 32.9 MB): CE_TAIL, the forward's
+# fixed costs (docs/step_kernels.md, "Session 12: cross-entropy and softmax forward").  MINIDNN_CE_TAIL=0 (default:
+# session 11's kernels) | 1 (the row forward's ticket as one acquire-release atomic instead of __threadfence's
+# sequentially consistent fence, and the last block's partial sums loaded TAIL_LD a thread at once through L2 instead
+# of one volatile system-scope round trip a trip: the same sums in the same order, bitwise "0") | 2 ("1", and P16
+# with its always-whole vector slots loaded without the -inf preset and bound check (FULLK), and the row's exp(m - M)
+# and log as ex2 / lg2 approximations: ~2^-22 in lse, not bitwise).  Module attribute read at planning time
+# (tools/row_ab.py flips it).
+CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "0")
+
+
+def tail_defines(defines) -> tuple:
+    """The CE_TAIL defines added to a row forward's ``defines`` (row_defines' strings, P16=1 if taken)."""
+    if CE_TAIL not in ("1", "2"):
+        return ()
+    d = dict(x.split("=", 1) for x in defines)
+    if CE_TAIL == "2" and d.get("P16") == "1":
+        return ("TAIL=2",)
+    return ("TAIL=1",)
+
+
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
 _F32 = np.dtype(np.float32)
 _INT_MAX = 2 ** 31 - 1
@@ -925,6 +999,11 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         if name == "ce_fwd" and uses_p16(defines, dtype, eps):   # P16: its own register budget (MINB, the last define)
             minb = max(int(defines[-1].split("=")[1]), 65536 // (cfg.block * P16_REGS))
             defines = defines[:-1] + (f"MINB={minb}", "P16=1")
+        if name == "ce_fwd":
+            extra = tail_defines(defines)
+            if extra == ("TAIL=2",):                  # FULLK: slots k with k * G + g < C / VEC for every g
+                extra += (f"FULLK={min(cfg.nv, (c // cfg.vec) // cfg.g)}",)
+            defines = defines + extra
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)

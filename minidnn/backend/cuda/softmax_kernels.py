@@ -439,6 +439,41 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
     }
 }
 
+#ifndef SFX
+#define SFX 0
+#endif
+#if SFX
+// SFX (session 12, FWD_FAST; the PIPE forward of float rows): exp(v - sh) as ex2.approx.ftz((v - sh) log2e) -- an
+// FADD, an FMUL and one MUFU.EX2 instead of expf's ~10 instructions (error: ~2 ulp plus the product's rounding,
+// results below 2^-126 flushed to 0) -- and log-softmax's output as v - (M + log S), one FADD an element.  SFX 2 also
+// stores the row with st.global.cs (evict-first: the output is not read again by this kernel).
+__device__ __forceinline__ float sfx_exp(float d)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d * 1.4426950408889634f));
+    return y;
+}
+#define PEXP(d) sfx_exp(d)
+// st.global.cs under a predicate inside the asm (an `if` around an asm store compiles to a branch a vector)
+__device__ __forceinline__ void stcs_if(uint4* p, uint4 v, bool c)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %5, 0; @q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4}; }"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)c) : "memory");
+}
+__device__ __forceinline__ void stcs_if(uint2* p, uint2 v, bool c)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %3, 0; @q st.global.cs.v2.b32 [%0], {%1, %2}; }"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"((int)c) : "memory");
+}
+__device__ __forceinline__ void stcs_if(unsigned int* p, unsigned int v, bool c)
+{
+    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q st.global.cs.b32 [%0], %1; }"
+                 :: "l"(p), "r"(v), "r"((int)c) : "memory");
+}
+#else
+#define PEXP(d) exp(d)
+#endif
+
 #if PIPE
 // PIPE (one-chunk rows of a warp or less, vector loads; session 7): a persistent grid (the resident blocks), each
 // group walking rows r, r + gridDim.x * RPB, ...; it issues the NEXT row's loads (raw vectors: pipe_issue) before it
@@ -471,10 +506,10 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #endif
         const A sh = m == NEG_INF ? (A)0 : m;
 #pragma unroll
-        for (int j = 0; j < NE; ++j) s += exp(ed[j] - sh);
+        for (int j = 0; j < NE; ++j) s += PEXP(ed[j] - sh);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            const A ex = exp(a[e] - sh);
+            const A ex = PEXP(a[e] - sh);
             s += ex;
 #if ALGO != 2
             a[e] = ex;
@@ -490,7 +525,13 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
         const A S = g_sum(s * f, sm);
         if (live) {
             T* yr = y + (size_t)r * C;
-#if ALGO == 2
+#if ALGO == 2 && SFX
+            const A ml = M + log(S);
+#pragma unroll
+            for (int e = 0; e < E; ++e) a[e] = a[e] - ml;
+#pragma unroll
+            for (int j = 0; j < NE; ++j) ed[j] = ed[j] - ml;
+#elif ALGO == 2
             const A ls = log(S);
 #pragma unroll
             for (int e = 0; e < E; ++e) a[e] = a[e] - M - ls;
@@ -503,7 +544,18 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #pragma unroll
             for (int j = 0; j < NE; ++j) ed[j] = exp(ed[j] - M) * inv;
 #endif
+#if SFX >= 2
+            VR* yv = reinterpret_cast<VR*>(yr + q.h) + g;
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {           // store_chunk's stores, evict-first
+                Pack u;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) u.v[j] = ST(a[k * VEC + j]);
+                stcs_if(yv + k * G, u.raw, k * G + g < q.nb);
+            }
+#else
             store_chunk<true>(yr, 0, q, g, a);
+#endif
             store_edges(yr, q, g, ed);
         }
         cur = nxt; q = qn; r = rn; live = liven;
@@ -836,6 +888,28 @@ PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_PIPE_REGS", "96"))
 BWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0"
 BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
 
+# Session 12 (issue 10: float32 softmax / log-softmax forward (16384, 1000) at 0.99x / 0.96x PyTorch): FWD_FAST, the
+# float32 PIPE forward with the SFX exp (docs/step_kernels.md, "Session 12: cross-entropy and softmax forward").
+# MINIDNN_SOFTMAX_FAST=0 (default: expf) | 1 (SFX 1: ex2.approx exps, log-softmax's one FADD an element) | 2 (SFX 2:
+# "1" with evict-first stores) | 3 ("1" in 128-thread blocks of FAST3_REGS registers: five blocks an SM, 20 warps
+# instead of 16, for whole-vector rows -- a RAGGED 1001-class row spilled 16 bytes there; at 80 registers, three
+# 256-thread blocks, log-softmax spilled 224 bytes).  Not bitwise "0" (the exp
+# differs by ulps).  Module attribute read at planning time (tools/row_ab.py flips it).
+FWD_FAST = os.environ.get("MINIDNN_SOFTMAX_FAST", "0")
+FAST3_REGS = 96
+FAST3_BLOCK = 128
+
+
+def fast_defines(defines, dtype, backward=False) -> tuple:
+    """(SFX define or nothing, (threads a block, register budget) or None) of FWD_FAST for a softmax row kernel with
+    ``defines`` (row_defines' strings)."""
+    d = dict(x.split("=", 1) for x in defines)
+    if backward or FWD_FAST not in ("1", "2", "3") or np.dtype(dtype) != np.float32 or d.get("PIPE") != "1":
+        return (), None
+    small = FWD_FAST == "3" and int(d["BLOCK"]) == 256 and int(d["G"]) <= FAST3_BLOCK and d["RAGGED"] == "0"
+    return (f"SFX={2 if FWD_FAST == '2' else 1}",), ((FAST3_BLOCK, FAST3_REGS) if small else None)
+
+
 def pipe_regs(cfg):
     """The register budget of a PIPE thread: FWD_REGS (64) while it holds < 16 elements (16 without RAGGED edges),
     else PIPE_REGS (a RAGGED 513-class row spilled 24-104 bytes at 64)."""
@@ -965,6 +1039,12 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
                                    pipe=not backward, bwd_pipe=backward and algo_name == "LOG")
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
+        sfx, small = fast_defines(defines, dtype, backward)
+        if small:                                    # FWD_FAST "3": smaller blocks, its register budget (MINB last)
+            cfg = cfg._replace(block=small[0])
+            defines = tuple(f"BLOCK={cfg.block}" if x.startswith("BLOCK=") else x for x in defines[:-1]) \
+                + (f"MINB={max(1, 65536 // (cfg.block * small[1]))}",)
+        defines = defines[:-1] + sfx + defines[-1:]
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
