@@ -1,0 +1,188 @@
+"""A/B of session 12's row-kernel candidates on the GPU (issue 10): the cross-entropy forward under each
+loss_kernels.CE_TAIL setting and the float32 softmax / log-softmax forward under each softmax_kernels.FWD_FAST
+setting, device time only (CUDA-graph replays, as bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one
+process, PyTorch's graphed op beside.
+
+    python tools/row_ab.py [--ops ce,smx,lsmx] [--dtypes float32,bfloat16] [--rounds 4] [--trials 5]
+                           [--shapes 16384x1000,128x10,4096x32000,65536x128]
+
+Settings (docs/step_kernels.md, "Session 12: cross-entropy and softmax forward"):
+  ce    CE_TAIL   "0" (default) | "1" (acquire-release ticket, the last block's partials in one round trip: bitwise
+                  "0") | "2" ("1" + P16's whole slots without the -inf preset, ex2 / lg2 for the row's exp and log)
+  smx   FWD_FAST  "0" (default) | "1" (ex2.approx exps) | "2" ("1" + evict-first stores) | "3" ("1" + 128-thread
+  lsmx            blocks, five an SM) -- float32 PIPE rows only; other dtypes plan "0" (their lines are skipped)
+A setting whose planned kernel (defines, grid) is an earlier setting's is not timed again: its line says "= 0" (or
+"= 1", ...).
+Method: per case (op, dtype, shape) `rounds` rounds; a round times every distinct setting in turn, the order reversed
+every other round (a drift of clocks cancels), each timing a fresh capture of the bench's `reps` calls (the
+primitive with its host work, as bench/kernels_gpu.py: x, target and outputs from the bench's Cases) replayed
+`trials` times (median).  Switching forgets the settled launches first, so the next capture plans anew (the NVRTC
+compile happens in the warm-up call before the capture).  Reported: the median over rounds of each setting (ms a
+call, GB/s of the bench's compulsory bytes, % of the copy bandwidth measured in the same run), the spread
+(max/min - 1), the median of the per-round ratios "0"/setting (> 1: the setting is faster), and PyTorch / setting.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
+import numpy as np  # noqa: E402
+
+from minidnn.backend import devices as _dev  # noqa: E402
+
+SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2", "3"), "lsmx": ("0", "1", "2", "3")}
+NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd"}
+
+
+def _mods():
+    from minidnn.backend.cuda import loss_kernels as lk
+    from minidnn.backend.cuda import softmax_kernels as sk
+    return lk, sk
+
+
+def _forget():
+    """Forget every settled softmax / cross-entropy launch (kernel plans and the primitive's seen-call caches)."""
+    from minidnn.backend import softmax as smx
+    lk, sk = _mods()
+    sk._plans.clear()
+    lk._plans.clear()
+    for k, v in vars(smx).items():
+        if isinstance(v, dict) and "seen" in k.lower():
+            v.clear()
+
+
+def _switch(op, setting):
+    lk, sk = _mods()
+    if op == "ce":
+        lk.CE_TAIL = setting
+    else:
+        sk.FWD_FAST = setting
+    _forget()
+
+
+def _restore():
+    lk, sk = _mods()
+    lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "0")
+    sk.FWD_FAST = os.environ.get("MINIDNN_SOFTMAX_FAST", "0")
+    _forget()
+
+
+def _plan(op, shape, dt):
+    """The planned launch of ``op`` under the current setting: (defines, grid groups, blocks an SM, threads)."""
+    lk, sk = _mods()
+    if op == "ce":
+        s = lk.launch_spec("ce_fwd", shape, dt, np.int64, False, "mean")
+        return s[2], s[3], s[4], s[5]
+    s = sk.launch_spec(False, shape, (1,), "LOG" if op == "lsmx" else "ACCURATE", dt)
+    return s.defines, s.groups, s.per_sm, s.block
+
+
+def _short(plan, base):
+    """The defines that differ from the default's, and the block shape where it differs."""
+    d = [x for x in plan[0] if x not in base[0]]
+    if plan[3] != base[3] or plan[2] != base[2]:
+        d.append(f"block {plan[3]} x {plan[2]}/SM")
+    return " ".join(d) or "-"
+
+
+def run_case(timer, cases, op, shape, dtype_name, bw, rounds):
+    if op == "ce":
+        row = cases.cross_entropy(shape)[0]
+    else:
+        row = cases.softmax(shape, "log" if op == "lsmx" else "accurate")[0]
+    name, _, (fn, tfn, nbytes), _ = row
+    plans, distinct, same = {}, [], {}
+    for s in SETTINGS[op]:
+        _switch(op, s)
+        plans[s] = _plan(op, shape, cases.dt)
+        twin = next((u for u in distinct if plans[u] == plans[s]), None)
+        if twin is None:
+            distinct.append(s)
+        else:
+            same[s] = twin
+    if len(distinct) == 1:
+        print(f"{name:18s} {dtype_name:9s} {str(shape):14s} every setting plans the default kernel: skipped")
+        return
+    got = {s: [] for s in distinct}
+    ratios = {s: [] for s in distinct}
+    reps = None
+    try:
+        for r in range(rounds):
+            order = distinct if r % 2 == 0 else distinct[::-1]
+            this = {}
+            for s in order:
+                _switch(op, s)
+                fn()                                    # plans and compiles outside the capture
+                reps = reps or timer.reps(fn, "minidnn")
+                this[s] = timer.graph(fn, reps, "minidnn")
+                got[s].append(this[s])
+            for s in distinct:
+                ratios[s].append(this["0"] / this[s])
+    finally:
+        _restore()
+    tms = None
+    if tfn is not None:
+        try:
+            tms = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
+        except Exception as exc:        # noqa: BLE001
+            print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
+    for s in SETTINGS[op]:
+        if s not in got:
+            print(f"{name:18s} {dtype_name:9s} {str(shape):14s} {s}  = {same[s]} (the same kernel)")
+            continue
+        ms = statistics.median(got[s])
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        spread = max(got[s]) / min(got[s]) - 1
+        vs = f"  torch/this {tms / ms:5.3f}" if tms else ""
+        print(f"{name:18s} {dtype_name:9s} {str(shape):14s} {s}  {ms:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%  "
+              f"spread {100 * spread:4.1f}%  0/this {statistics.median(ratios[s]):.3f}{vs}   "
+              f"plan: {_short(plans[s], plans['0'])}")
+    if tms:
+        print(f"{'':18s} {dtype_name:9s} {str(shape):14s} torch {tms:.4f} ms")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", default="ce,smx,lsmx")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--shapes", default="16384x1000,128x10,4096x32000,65536x128")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not _dev.cuda_is_available():
+        print("row_ab: no CUDA GPU with CuPy here; nothing to measure")
+        return 0
+    cp = _dev.require_cupy()
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    timer = KG.Timer(cp, torch, args.trials)
+    bw = KG.copy_bandwidth(cp, timer)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
+          f"{args.rounds} rounds (settings alternated), graph replays of {args.trials} trials each")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    with KG.torch_stream(torch):
+        for dtype_name in args.dtypes.split(","):
+            cases = KG.Cases(cp, torch, dtype_name)
+            for op in args.ops.split(","):
+                for shape in shapes:
+                    try:
+                        run_case(timer, cases, op, shape, dtype_name, bw, args.rounds)
+                    except Exception as exc:        # noqa: BLE001 -- one case must not take the others down
+                        print(f"{op} {dtype_name} {shape}: failed: {type(exc).__name__}: {exc}")
+            del cases
+            cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
