@@ -18,56 +18,50 @@ from tests.backend.test_bn_nhwc_cuda import LARGE, Counted, _bits, _check, _cl, 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 U = M.UNROLL
-PF = 6                                  # MIX_PF in the source
 H200_SMEM = (233472, 232448)            # MaxSharedMemoryPerMultiprocessor, MaxSharedMemoryPerBlockOptin (H100 too)
-
-
-def _src_define(name):
-    line = next(ln for ln in M.SOURCE.splitlines() if ln.startswith(f"#define {name} "))
-    return int(line.split()[2])
-
-
-def test_the_source_defines_what_the_emulation_assumes():
-    assert _src_define("MIX_PF") == PF and U == 4
 
 
 # ---- CPU: the order ----------------------------------------------------------------------------------------------
 
-def mix_k(j, n, kc):
-    """The source's mix_k, literally."""
-    q, r = j // U, j % U
-    return n - 1 - q if r == 0 else kc + (U - 1) * q + r - 1
+def mix_k(j, n, kc, p):
+    """The source's mix_k, literally (C division: j, p >= 0)."""
+    q = j // p
+    r = j - q * p
+    return n - 1 - q if r == 0 else kc + (p - 1) * q + r - 1
 
 
-def order(n, kc):
+def order(n, kc, p):
     """Pass 2's k order with MIX: mix_walk over the uncached k (kc <= k < n), then the slots 0 .. kc - 1."""
-    return [mix_k(j, n, kc) for j in range(n - kc)] + list(range(kc))
+    return [mix_k(j, n, kc, p) for j in range(n - kc)] + list(range(kc))
 
 
-def prefetched(n, kc):
-    """mix_prefetch's k: the first min(MIX_PF, far count) far vectors."""
+def prefetched(n, kc, p, pf):
+    """mix_prefetch's k: the first min(pf, far count) far vectors."""
     m = n - kc
-    nf = min(PF, m - (m + U - 1) // U)
+    nf = min(pf, m - (m + p - 1) // p)
     return list(range(kc, kc + max(0, nf)))
 
 
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("n", list(range(0, 41)) + [95, 96, 97])
-def test_mix_order_visits_every_k_once_near_ones_newest_first(n):
+def test_mix_order_visits_every_k_once_near_ones_newest_first(n, p):
     for kc in sorted({0, 1, 2, 3, 5, 12, 13, n // 2, max(0, n - 1), n}):
         if kc > n:
             continue
-        o = order(n, kc)
+        o = order(n, kc, p)
         assert sorted(o) == list(range(n)), (n, kc)
         m = n - kc
-        near = [o[j] for j in range(m) if j % U == 0]
-        far = [o[j] for j in range(m) if j % U != 0]
-        # one near item opens every group of UNROLL: the newest ceil(m / U), newest first; the far ones oldest first
-        assert near == list(range(n - 1, n - 1 - (m + U - 1) // U, -1))
+        near = [o[j] for j in range(m) if j % p == 0]
+        far = [o[j] for j in range(m) if j % p != 0]
+        # a near item opens every period: the newest ceil(m / p), newest first; the far ones oldest first
+        assert near == list(range(n - 1, n - 1 - (m + p - 1) // p, -1))
         assert far == list(range(kc, kc + len(far)))
-        assert not set(near) & set(far)
-        # the prefetched ones are far ones, read in the first groups (before the rest of the far items)
-        pf = prefetched(n, kc)
-        assert set(pf) <= set(far) and pf == far[:len(pf)]
+        if p == 1:          # the order without MIX: newest first, then the slots
+            assert o == list(range(n - 1, kc - 1, -1)) + list(range(kc))
+        # the prefetched ones are far ones, read before the other far items
+        for pf in (0, 1, M.MIX_PF, 1000):
+            got = prefetched(n, kc, p, pf)
+            assert got == far[:len(got)] and len(got) == min(pf, len(far))
 
 
 def _seqs(rows, c, vec, grid):
@@ -89,7 +83,8 @@ def _seqs(rows, c, vec, grid):
 @pytest.mark.parametrize("rows, c, item", [(33 * 31, 24, 4), (5 * 9, 3, 4), (1000, 64, 2), (300, 1040, 4),
                                            (17, 6, 2), (7 * 7 * 3, 64, 4), (128 * 8 * 8, 64, 4)], ids=str)
 @pytest.mark.parametrize("ks", [0, 1, 3, 1000])
-def test_mix_pass_writes_every_element_once_and_the_slots_give_back_their_own(rows, c, item, ks):
+@pytest.mark.parametrize("p", [2, 4])
+def test_mix_pass_writes_every_element_once_and_the_slots_give_back_their_own(rows, c, item, ks, p):
     vec = M.vec_width(c, item)
     cv, chunks, tx, rb, ng = M.geometry(rows, c, vec)
     for grid in sorted({1, 3, M.reduce_grid(ng, chunks, 264)}):
@@ -98,7 +93,7 @@ def test_mix_pass_writes_every_element_once_and_the_slots_give_back_their_own(ro
             n = len(seq)
             kc = min(ks, n)
             slots = {k: seq[k] for k in range(kc)}              # pass 1 keeps k < kc (its order is unchanged)
-            for k in order(n, kc):
+            for k in order(n, kc, p):
                 off = seq[k]
                 if off < 0:
                     continue
@@ -106,8 +101,8 @@ def test_mix_pass_writes_every_element_once_and_the_slots_give_back_their_own(ro
                     assert slots[k] == off
                 for e in range(vec):
                     seen[off + e] += 1
-            for k in prefetched(n, kc):
-                assert 0 <= k < n
+            for k in prefetched(n, kc, p, M.MIX_PF):
+                assert kc <= k < n
         assert np.all(seen == 1), (grid, ks)
 
 
@@ -177,9 +172,14 @@ def test_mix_switch_builds_its_kernels_with_one_more_slot_under_the_fake_cupy():
 import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
 import numpy as np, record_launches as R
 fakecp, L = R._install({ROOT!r})
-names = []
+names, args = [], []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d, str(fn)))
 from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
+_prepare = M._launch.prepare
+def prepare(k, grid, block, a, **kw):
+    args.append((len(a), [int(v) for v in a[-3:] if v is not None]))
+    return _prepare(k, grid, block, a, **kw)
+M._launch.prepare = prepare
 M._smem[0] = {H200_SMEM!r}
 BC.ENABLED = False
 def cl(a):
@@ -190,11 +190,12 @@ def cl(a):
 c = 64
 x = cl(np.zeros((40, c, 56, 56), np.float32))   # 125440 rows: ~30 groups a block at 264 blocks (more than the slots)
 sc, bi = fakecp.asarray(np.ones(c, np.float32)), fakecp.asarray(np.zeros(c, np.float32))
-seen = {}
-for mix in (frozenset(), frozenset({"bwd"}), frozenset({"fwd", "bwd"})):
-    M.MIX = mix
+seen, count = {}, {}
+for mix, p, pf in ((frozenset(), 4, 6), (frozenset({"bwd"}), 4, 6), (frozenset({"fwd", "bwd"}), 4, 6),
+                   (frozenset({"fwd", "bwd"}), 2, 0)):
+    M.MIX, M.MIX_P, M.MIX_PF = mix, p, pf
     for rep in range(2):            # the second call through the settled objects (their switch check)
-        n0 = len(names)
+        n0, a0 = len(names), len(args)
         y, m, i = K.forward_training(x, sc, bi, 0.1, None, None, 1e-5)
         K.backward(x, y, sc, m, i, y=y, want_dz=True)
         got = names[n0:]
@@ -203,6 +204,16 @@ for mix in (frozenset(), frozenset({"bwd"}), frozenset({"fwd", "bwd"})):
             assert ("-DMIX=1" in full) is (d in mix), (mix, name, full)
             assert dims[6] % slot == 0, dims
             seen[(mix, d)] = dims[6] // slot
+        if rep == 0:                # launches prepared once per setting: ks last, then (with MIX) p and pf
+            made = args[a0:]
+            assert len(made) == 2, made
+            for (n, a), d in zip(made, ("fwd", "bwd")):
+                want = [seen[(mix, d)], p, pf] if d in mix else [seen[(mix, d)]]
+                assert a[-len(want):] == want, (mix, d, a)
+                count.setdefault(d, set()).add(n - len(want))      # the arguments before ks: the same
+        else:
+            assert len(args) == a0, "settled: nothing prepared again"
+assert all(len(v) == 1 for v in count.values()), count
 for d in ("fwd", "bwd"):
     off, on = seen[(frozenset(), d)], seen[(frozenset({"fwd", "bwd"}), d)]
     assert on == off + 1, (d, off, on)

@@ -80,6 +80,10 @@ STAGE = os.environ.get("MINIDNN_BN_NHWC_STAGE", "1") != "0"
 # it (tools/bn_nhwc_ab.py does).
 _MIX_ENV = os.environ.get("MINIDNN_BN_NHWC_MIX", "").replace(" ", "")
 MIX = frozenset(("fwd", "bwd") if _MIX_ENV == "1" else (d for d in _MIX_ENV.split(",") if d in ("fwd", "bwd")))
+# MIX's period (one near vector to MIX_P - 1 far ones; 1: the order without MIX, the prefetch and the extra slot kept)
+# and the far vectors per thread and array prefetched before the meeting (0: none): kernel arguments, no recompile.
+MIX_P = max(1, int(os.environ.get("MINIDNN_BN_NHWC_MIX_P", "4")))
+MIX_PF = max(0, int(os.environ.get("MINIDNN_BN_NHWC_MIX_PF", "6")))
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
@@ -120,6 +124,11 @@ SOURCE = HEADER + r"""
 // shares block_partial's buffer (one more on-chip slot).  0: the order before it.
 #ifndef MIX
 #define MIX 0
+#endif
+#if MIX
+#define MIX_PARAM , int mixp
+#else
+#define MIX_PARAM
 #endif
 union Pack { VT raw; T v[VEC]; };
 // first reads: plain loads (they fill L2); last reads: streaming ("last use") loads; outputs: streaming stores
@@ -495,7 +504,13 @@ __device__ __forceinline__ void lane_load(const Lane& l, const S* __restrict__ a
 // memory.  DRAM re-reads only what neither shared memory nor L2 kept (docs/step_kernels.md, "on-chip copy").
 #if CACHE
 extern __shared__ VT cache_sm[];
+#if MIX
+#define CACHE_PARAM , const int ks, const int mixp, const int mixpf
+#define MIX_ARGS , mixp
+#else
 #define CACHE_PARAM , const int ks
+#define MIX_ARGS
+#endif
 #else
 #define CACHE_PARAM
 #endif
@@ -532,26 +547,24 @@ __device__ __forceinline__ void seq_walk(const Geo& g, const Lane& l, int kb, in
 
 #if CACHE && MIX
 // MIX (MINIDNN_BN_NHWC_MIX): the elementwise pass's order over the thread's m = n - kc uncached vectors (k = kc ..
-// n - 1; kc = min(ks, n) are in shared memory).  Item j = 0 .. m - 1: in each group of UNROLL items one "near"
-// vector from the newest end (j % UNROLL == 0: k = n - 1 - j / UNROLL, read last by the reduction: L2) and
-// UNROLL - 1 "far" ones from the oldest end up (k = kc, kc + 1, ...: DRAM), so that L2 and DRAM serve the pass
-// side by side instead of one after the other: before it, the pass began on L2 alone (DRAM carrying only the
-// outputs' stores) and then waited on DRAM alone.  The near items are the newest ceil(m / UNROLL), the far ones
-// the rest: every k once (tests/backend/test_bn_nhwc_mix.py emulates it).  The first MIX_PF far vectors of each
-// array are prefetched into L2 before the meeting (mix_prefetch), so DRAM works while the grid waits; those lines
-// push out as many of the reduction's tail, which only moves DRAM time into the wait.  Same values, same
-// arithmetic: the same bits as without MIX.
-#ifndef MIX_PF
-#define MIX_PF 6
-#endif
-__device__ __forceinline__ int mix_k(int j, int n, int kc)
+// n - 1; kc = min(ks, n) are in shared memory), period P (the argument mixp, MINIDNN_BN_NHWC_MIX_P, default 4):
+// item j = 0 .. m - 1 is a "near" vector from the newest end where j % P == 0 (k = n - 1 - j / P, read last by the
+// reduction: L2) and else a "far" one from the oldest end up (k = kc, kc + 1, ...: DRAM) -- one near to P - 1 far,
+// so that L2 and DRAM serve the pass side by side instead of one after the other: before it, the pass began on L2
+// alone (DRAM carrying only the outputs' stores) and then waited on DRAM alone.  The near items are the newest
+// ceil(m / P), the far ones the rest: every k once (tests/backend/test_bn_nhwc_mix.py emulates it); P = 1 is the
+// order without MIX.  The first `pf` far vectors of each array (the argument mixpf, MINIDNN_BN_NHWC_MIX_PF, default
+// 6) are prefetched into L2 before the meeting (mix_prefetch), so DRAM works while the grid waits; those lines push
+// out as many of the reduction's tail, which only moves DRAM time into the wait.  Same values, same arithmetic: the
+// same bits as without MIX.
+__device__ __forceinline__ int mix_k(int j, int n, int kc, int p)
 {
-    const int q = j / UNROLL, r = j - q * UNROLL;
-    return r == 0 ? n - 1 - q : kc + (UNROLL - 1) * q + r - 1;
+    const int q = j / p, r = j - q * p;
+    return r == 0 ? n - 1 - q : kc + (p - 1) * q + r - 1;
 }
 
 template <class F>
-__device__ __forceinline__ void mix_walk(const Geo& g, const Lane& l, int kc, int n, F f)
+__device__ __forceinline__ void mix_walk(const Geo& g, const Lane& l, int kc, int n, int p, F f)
 {
     if (!l.on) return;
     for (int i = 0; i < n - kc; i += UNROLL) {
@@ -559,7 +572,7 @@ __device__ __forceinline__ void mix_walk(const Geo& g, const Lane& l, int kc, in
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const bool in = i + u < n - kc;
-            kk[u] = in ? mix_k(i + u, n, kc) : -1;
+            kk[u] = in ? mix_k(i + u, n, kc, p) : -1;
             off[u] = in ? seq_off(g, l, kk[u]) : -1;
         }
         f(off, kk);
@@ -571,11 +584,12 @@ __device__ __forceinline__ void pf_l2(const void* p)
     asm volatile("{ .reg .u64 a; cvta.to.global.u64 a, %0; prefetch.global.L2 [a]; }" :: "l"(p));
 }
 
-// Prefetch into L2 the first MIX_PF far vectors of a, b (c, where not null) of this thread's walk.
-__device__ __forceinline__ void mix_prefetch(const Geo& g, const Lane& l, const T* a, const T* b, const T* c, int ks)
+// Prefetch into L2 the first pf far vectors (period p) of a, b (c, where not null) of this thread's walk.
+__device__ __forceinline__ void mix_prefetch(const Geo& g, const Lane& l, const T* a, const T* b, const T* c, int ks,
+                                             int p, int pf)
 {
     if (!l.on) return;
-    const int n = seq_len(g), kc = min(ks, n), m = n - kc, nf = min(MIX_PF, m - (m + UNROLL - 1) / UNROLL);
+    const int n = seq_len(g), kc = min(ks, n), m = n - kc, nf = min(pf, m - (m + p - 1) / p);
     for (int f = 0; f < nf; ++f) {
         const int off = seq_off(g, l, kc + f);
         if (off < 0) continue;
@@ -640,7 +654,7 @@ __device__ __forceinline__ void fwd_out(const int (&off)[UNROLL], const Pack (&p
 // The elementwise pass over the same vectors: uncached ones newest first (L2), then the cached ones.
 __device__ __forceinline__ void fwd_apply_c(const Geo& g, const Lane& l, const T* __restrict__ x,
                                             const T* __restrict__ z, T* __restrict__ y, const A (&mu)[VEC],
-                                            const A (&kk)[VEC], const A (&bb)[VEC], int ks)
+                                            const A (&kk)[VEC], const A (&bb)[VEC], int ks MIX_PARAM)
 {
     const int n = seq_len(g), kc = min(ks, n);
     auto uncached = [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
@@ -650,7 +664,7 @@ __device__ __forceinline__ void fwd_apply_c(const Geo& g, const Lane& l, const T
         fwd_out(off, p, z, y, mu, kk, bb);
     };
 #if MIX
-    mix_walk(g, l, kc, n, uncached);
+    mix_walk(g, l, kc, n, mixp, uncached);
 #else
     seq_walk<UNROLL, true>(g, l, kc, n, uncached);
 #endif
@@ -724,7 +738,8 @@ __device__ __forceinline__ void bwd_out(const int (&off)[UNROLL], const Pack (&p
 __device__ __forceinline__ void bwd_dx_c(const Geo& g, const Lane& l, const T* __restrict__ x,
                                          const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
                                          T* __restrict__ dz, const A (&mu)[VEC], const A (&is)[VEC],
-                                         const A (&c0)[VEC], const A (&c1)[VEC], const A (&kk)[VEC], int ks)
+                                         const A (&c0)[VEC], const A (&c1)[VEC], const A (&kk)[VEC],
+                                         int ks MIX_PARAM)
 {
     const int n = seq_len(g), kc = min(ks, n);
     auto uncached = [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
@@ -738,7 +753,7 @@ __device__ __forceinline__ void bwd_dx_c(const Geo& g, const Lane& l, const T* _
         bwd_out<true>(off, p, d, r, dx, dz, mu, is, c0, c1, kk);
     };
 #if MIX
-    mix_walk(g, l, kc, n, uncached);
+    mix_walk(g, l, kc, n, mixp, uncached);
 #else
     seq_walk<UNROLL, true>(g, l, kc, n, uncached);
 #endif
@@ -879,7 +894,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
 #if CACHE
         fwd_sums_c(g, l, x, v, ks);
 #if MIX
-        mix_prefetch(g, l, x, HAS_Z ? z : nullptr, nullptr, ks);
+        mix_prefetch(g, l, x, HAS_Z ? z : nullptr, nullptr, ks, mixp, mixpf);
 #endif
 #else
         fwd_sums(g, l, x, v);
@@ -906,7 +921,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
     if (STOP == 2) return;
     STOP_AFTER_CONSTANTS(y, mu, kk, bb)
 #if CACHE
-    fwd_apply_c(g, l, x, z, y, mu, kk, bb, ks);
+    fwd_apply_c(g, l, x, z, y, mu, kk, bb, ks MIX_ARGS);
 #else
     fwd_apply(g, l, x, z, y, mu, kk, bb);
 #endif
@@ -928,7 +943,7 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
 #if CACHE
         bwd_sums_c(g, l, x, dy, y, mu, is, v, ks);
 #if MIX
-        mix_prefetch(g, l, x, dy, RELU ? y : nullptr, ks);
+        mix_prefetch(g, l, x, dy, RELU ? y : nullptr, ks, mixp, mixpf);
 #endif
 #else
         bwd_sums(g, l, x, dy, y, mu, is, v);
@@ -962,7 +977,7 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
     if (STOP == 2) return;
     STOP_AFTER_CONSTANTS(dx, mu, is, c0, c1, kk)
 #if CACHE
-    bwd_dx_c(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk, ks);
+    bwd_dx_c(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk, ks MIX_ARGS);
 #else
     bwd_dx(g, l, x, dy, y, dx, dz, mu, is, c0, c1, kk);
 #endif
@@ -1123,7 +1138,8 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
     if resident < chunks:
         return None
     g = reduce_grid(ng, chunks, resident)
-    args = [None] * n_arrays + geo + list(tail) + ([np.int32(ks)] if ONCHIP else [])
+    args = [None] * n_arrays + geo + list(tail) + ([np.int32(ks)] if ONCHIP else []) \
+        + ([np.int32(MIX_P), np.int32(MIX_PF)] if mix else [])
     return _launch.prepare(k, (g, chunks), (THREADS,), args, shared_mem=dyn), g * c * 2, 3 * chunks
 
 
@@ -1177,8 +1193,12 @@ _calls: dict = {}
 
 
 def switch():
-    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE, MIX)."""
-    return ENABLED, ROUTE, ONCHIP, V2, STAGE, MIX
+    """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE, (MIX, MIX_P, MIX_PF))."""
+    return ENABLED, ROUTE, ONCHIP, V2, STAGE, _mix()
+
+
+def _mix():
+    return MIX, MIX_P, MIX_PF
 
 
 def strided_spec(mem, back, dtype):
@@ -1216,7 +1236,7 @@ class _Call:
 
     def _settle(self, xc, dev, route, args):
         self.dev, self.c, self.dtype, self.route, self.args = dev, xc.shape[1], xc.dtype, route, args
-        self.onchip, self.v2, self.stage, self.mix = ONCHIP, V2, STAGE, MIX
+        self.onchip, self.v2, self.stage, self.mix = ONCHIP, V2, STAGE, _mix()
         self.rows = xc.size // self.c
         self.item = xc.dtype.itemsize
         self.vmax = vec_width(self.c, self.item)
@@ -1257,7 +1277,7 @@ class TrainingCall(_Call):
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
         if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage \
-                or MIX != self.mix:
+                or _mix() != self.mix:
             return None
         return self.run(xc, z, scale, bias, running_mean, running_var, counter)
 
@@ -1286,7 +1306,7 @@ class BackwardCall(_Call):
 
     def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
         if not ENABLED or ROUTE != self.route or ONCHIP != self.onchip or V2 != self.v2 or STAGE != self.stage \
-                or MIX != self.mix:
+                or _mix() != self.mix:
             return None
         return self.run(xc, dyc, scale, mean, inv_std, y, dscale, dbias)
 
@@ -1337,7 +1357,7 @@ class InferenceCall(_Call):
 
 def _settled(cls, xc, key, args):
     dev = xc.data.device_id
-    key = (cls.__name__, ROUTE, ONCHIP, V2, STAGE, MIX, xc.shape, xc.strides, xc.dtype, dev) + key
+    key = (cls.__name__, ROUTE, ONCHIP, V2, STAGE, _mix(), xc.shape, xc.strides, xc.dtype, dev) + key
     call = _calls.get(key)
     if call is None:
         def build():
