@@ -1291,6 +1291,241 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 #endif
 }
 
+// Layer norm backward v3 (session 12; route "v3": MINIDNN_NORM_ROUTE=ln_bwd16=v3 / ln_bwd=v3).  Why: ln_bwd2's
+// row loop issued ~33 instructions a value (SASS, bfloat16 (16384, 1024): 529 a row and thread of 16 values; every
+// use of a value converted it again, two team sums a row): the same count per VALUE as float32's, so at 2 bytes a
+// value the SMs' issue time was ~70% of the DRAM time (59% of copy bandwidth, float32 85%).  ln_bwd3 does the same
+// algebra in fewer instructions:
+//   - ONE team sum a row, of the triple cs = sum(d), s1 = sum(g), sgd = sum(g * d) with d = x - mean,
+//     g = dy * scale: off = cs / D (RECENTRE), s2 = sum(g * xhat) = rstd * (sgd - off * s1) (xhat = (d - off) *
+//     rstd), so c1 = s1 / D and c2 = s2 / D come from one sum (ln_bwd2: two, the second after a pass);
+//   - dx = rstd * g - rstd * c1 - xhat * (rstd * c2): two FMAs a value; xhat = d * rstd - off * rstd: one;
+//   - LNB_KEEP=1: d and g kept in A registers from the first pass (x converted once, dy twice); LNB_KEEP=0: both
+//     recomputed from the raw vectors (2 bytes a value in registers: more values a thread, 3 more instructions
+//     a value);
+//   - LNB_FULL=1 (host: D == TEAM * VPT * VEC): every vector exists, no per-vector predicates;
+//   - VPT * VEC > 16: the scale in shared memory (LNB_SSC, one copy per block), else in registers;
+//   - the column partials in the team's shared row as float4 PLANES (plane h of vector vi = values vi * VEC + 4h ..
+//     + 3: consecutive threads touch consecutive 16 bytes; ln_bwd2's 32-byte rows of 8 floats conflicted 2-way);
+//   - LNB_ASYNC=1: the team's NEXT row's x and dy copied global -> shared (cp.async, 16 bytes a copy, each thread its
+//     own vectors, so no barrier) right after the thread has read the current row's copy into registers (the same
+//     thread's earlier shared reads: program order; ptxas keeps them before the copies): a row of loads in flight
+//     during the whole row's work, for no registers (a staging row a team, TPB x 2 x VPT x TEAM x 16 bytes after
+//     the partials and the scale).
+// As ln_bwd2: TPB x 2D values of A in dynamic shared memory (+ D for the scale), the block adds its teams' rows in
+// team order -> ONE partial row per block for col_sum.  Thread t of team tib holds vectors k * TEAM + t (k < VPT).
+// Teams of TEAM >= 64 share a block through named barriers 1 + tib (TPB <= 15).  VEC is 4 or 8 (A float).
+#ifndef LNB_KEEP
+#define LNB_KEEP 1
+#endif
+#ifndef LNB_ASYNC
+#define LNB_ASYNC 0
+#endif
+#ifndef LNB_FULL
+#define LNB_FULL 0
+#endif
+#if LNB_FULL
+#define LNB_IN(vi) true
+#else
+#define LNB_IN(vi) ((vi) < nvec)
+#endif
+#define LNB_SSC (VPT * VEC > 16)
+#define LNB_NP (VEC / 4)                 // float4 planes a vector
+#if LNB_SSC                              // scv[e]: the scale of value e of the thread's vector k
+#define LNB_SCV(k) A scv[VEC]; \
+    _Pragma("unroll") for (int h = 0; h < LNB_NP; ++h) { const float4 s4 = ssc[h * nvec + (k) * TEAM + t]; \
+        scv[4 * h] = s4.x; scv[4 * h + 1] = s4.y; scv[4 * h + 2] = s4.z; scv[4 * h + 3] = s4.w; }
+#else
+#define LNB_SCV(k) const A* scv = sc[k]
+#endif
+
+// team_sum2b for three values.
+__device__ __forceinline__ void team_sum3b(A& a, A& b, A& c, A (*red)[3])
+{
+    a = warp_sum(a); b = warp_sum(b); c = warp_sum(c);
+#if TEAM > 32
+    const int w0 = (int)(threadIdx.x / TEAM) * (TEAM / 32), w = threadIdx.x >> 5;
+    team_bar();                                    // the previous row's readers are done with red
+    if ((threadIdx.x & 31) == 0) { red[w][0] = a; red[w][1] = b; red[w][2] = c; }
+    team_bar();
+    a = 0; b = 0; c = 0;
+#pragma unroll
+    for (int i = 0; i < TEAM / 32; ++i) { a += red[w0 + i][0]; b += red[w0 + i][1]; c += red[w0 + i][2]; }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
+ln_bwd3(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+        const PT* __restrict__ scale, T* __restrict__ dx, A* __restrict__ partial, const long long rows, const int D,
+        const int flags)
+{
+#if VPT > 0 && (VEC == 4 || VEC == 8)
+    extern __shared__ __align__(16) unsigned char ln_smem[];
+    const bool has_scale = flags & F_SCALE;
+    __shared__ A red3[BLOCK / 32][3];
+    const int t = threadIdx.x % TEAM, tib = threadIdx.x / TEAM;
+    const int nvec = D / VEC;
+    const A inv_d = (A)1 / (A)D;
+    // this team's partial row: planes [0, NP) sum(dy * xhat), [NP, 2 NP) sum(dy), nvec float4 each
+    float4* acc = reinterpret_cast<float4*>(ln_smem) + (long long)tib * 2 * D / 4;
+#if LNB_SSC
+    float4* ssc = reinterpret_cast<float4*>(ln_smem) + (long long)TPB * 2 * D / 4;   // LNB_NP planes of the scale
+    for (int j = threadIdx.x; j < D; j += BLOCK)
+        reinterpret_cast<float*>(ssc)[(j % VEC / 4) * nvec * 4 + j / VEC * 4 + j % 4] =
+            has_scale ? (float)LDP(scale[j]) : 1.f;
+#else
+    A sc[VPT][VEC];
+#endif
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = k * TEAM + t;
+#if !LNB_SSC
+        if (has_scale && vi < nvec && (flags & F_PVEC)) {
+            const PV s = reinterpret_cast<const PV*>(scale)[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) sc[k][e] = LDP(s.v[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) sc[k][e] = (has_scale && vi < nvec) ? LDP(scale[vi * VEC + e]) : (A)1;
+        }
+#endif
+        if (has_scale && vi < nvec) {
+#pragma unroll
+            for (int h = 0; h < 2 * LNB_NP; ++h) acc[h * nvec + vi] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+#if LNB_SSC
+    __syncthreads();
+#endif
+    const long long stride = (long long)gridDim.x * TPB;
+    long long r = (long long)blockIdx.x * TPB + tib;
+#if LNB_ASYNC
+    // this team's staging row: x vectors [0, VPT * TEAM), dy vectors after them (thread t: k * TEAM + t)
+    V* stx = reinterpret_cast<V*>(ln_smem + (long long)TPB * 2 * D * 4 + (LNB_SSC ? D * 4 : 0))
+             + tib * 2 * VPT * TEAM;
+    const unsigned int st0 = (unsigned int)__cvta_generic_to_shared(stx);
+    if (r < rows) {
+        const V* xr = reinterpret_cast<const V*>(x + r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + r * D);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (LNB_IN(k * TEAM + t)) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + (k * TEAM + t) * 16),
+                             "l"(xr + k * TEAM + t) : "memory");
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + ((VPT + k) * TEAM + t) * 16),
+                             "l"(gr + k * TEAM + t) : "memory");
+            }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+    for (; r < rows; r += stride) {
+        V a[VPT], b[VPT];
+#if LNB_ASYNC
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (LNB_IN(k * TEAM + t)) { a[k] = stx[k * TEAM + t]; b[k] = stx[(VPT + k) * TEAM + t]; }
+        if (r + stride < rows) {
+            const V* xn = reinterpret_cast<const V*>(x + (r + stride) * D);
+            const V* gn = reinterpret_cast<const V*>(dy + (r + stride) * D);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k)
+                if (LNB_IN(k * TEAM + t)) {
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + (k * TEAM + t) * 16),
+                                 "l"(xn + k * TEAM + t) : "memory");
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + ((VPT + k) * TEAM + t) * 16),
+                                 "l"(gn + k * TEAM + t) : "memory");
+                }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+#else
+        {
+            const V* xr = reinterpret_cast<const V*>(x + r * D);
+            const V* gr = reinterpret_cast<const V*>(dy + r * D);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k)
+                if (LNB_IN(k * TEAM + t)) { a[k] = xr[k * TEAM + t]; b[k] = gr[k * TEAM + t]; }
+        }
+#endif
+        const A mu = mean[r], is = rstd[r];
+#if LNB_KEEP
+        A d[VPT][VEC], g[VPT][VEC];
+#endif
+        A cs = 0, s1 = 0, sgd = 0;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const bool in = LNB_IN(k * TEAM + t);
+            LNB_SCV(k);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A dv = in ? LDE(a[k], e) - mu : (A)0;
+                const A gv = in ? LDE(b[k], e) * scv[e] : (A)0;
+                cs += dv; s1 += gv; sgd += gv * dv;
+#if LNB_KEEP
+                d[k][e] = dv; g[k][e] = gv;
+#endif
+            }
+        }
+        team_sum3b(cs, s1, sgd, red3);
+        const A off = cs * inv_d;
+        const A c1 = s1 * inv_d, c2 = is * (sgd - off * s1) * inv_d;
+        const A k1 = is * c1, k2 = is * c2, offis = off * is;
+        V* dr = reinterpret_cast<V*>(dx + r * D);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int vi = k * TEAM + t;
+            if (LNB_IN(vi)) {
+                V o;
+#if !LNB_KEEP
+                LNB_SCV(k);
+#endif
+                float4 pg[LNB_NP], pb[LNB_NP];
+                if (has_scale) {
+#pragma unroll
+                    for (int h = 0; h < LNB_NP; ++h) {
+                        pg[h] = acc[h * nvec + vi]; pb[h] = acc[(LNB_NP + h) * nvec + vi];
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+#if LNB_KEEP
+                    const A dv = d[k][e], gs = g[k][e];
+#else
+                    const A dv = LDE(a[k], e) - mu, gs = LDE(b[k], e) * scv[e];
+#endif
+                    const A xh = dv * is - offis;
+                    o.v[e] = ST(is * gs - k1 - xh * k2);
+                    const A gv = LDE(b[k], e);
+                    float* fg = reinterpret_cast<float*>(&pg[e / 4]) + e % 4;
+                    float* fb = reinterpret_cast<float*>(&pb[e / 4]) + e % 4;
+                    *fg += gv * xh; *fb += gv;
+                }
+                if (has_scale) {
+#pragma unroll
+                    for (int h = 0; h < LNB_NP; ++h) {
+                        acc[h * nvec + vi] = pg[h]; acc[(LNB_NP + h) * nvec + vi] = pb[h];
+                    }
+                }
+                dr[vi] = o;
+            }
+        }
+    }
+    if (!has_scale) return;
+    __syncthreads();
+    // column j = vi * VEC + 4h + c sits at plane h (or NP + h for sum(dy)), float (vi * 4 + c) of the plane
+    const float* accf = reinterpret_cast<const float*>(ln_smem);
+    A* pgr = partial + (long long)blockIdx.x * 2 * D;
+    for (int j = threadIdx.x; j < 2 * D; j += BLOCK) {
+        const int half = j >= D, jj = j - half * D;
+        const long long at = (long long)((half * LNB_NP + jj % VEC / 4) * nvec) * 4 + jj / VEC * 4 + jj % 4;
+        A v = accf[at];
+#pragma unroll
+        for (int m = 1; m < TPB; ++m) v += accf[(long long)m * 2 * D + at];
+        pgr[j] = v;
+    }
+#endif
+}
+
 // Bias gradient of an (outer, C, inner) dy with inner > 1, in ONE launch (v1: row_sums, then col_sum): grid
 // (C, splits); block (c, s) sums the planes o in [s * chunk, min(R, (s + 1) * chunk)) of channel c -- its
 // (planes x inner/VEC) vectors walked as one flat range, 256 threads, 4 vectors in flight each -- into ws[c][s];
@@ -1752,8 +1987,82 @@ def _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev):
     return go, (grid * 2 * d if has_scale else 1), col, _acc(x.dtype)
 
 
+# Session 12: ln_bwd3 (route "v3", MINIDNN_NORM_ROUTE="ln_bwd16=v3" and/or "ln_bwd=v3"; off by default until a GPU
+# A/B): layer-norm backward with one team sum a row and the per-value work cut (~33 -> ~19 instructions a value at
+# 16 bits, SASS), see the kernel's comment.  LN_BWD3_P: the most 16-byte vectors of x (and of dy) a thread holds
+# (MINIDNN_LN_BWD3_P, read at import; tools/ln_ab.py sets it and clears _plans): 4 = a warp per 1024-value bf16 row,
+# 32 values a thread; 2 = ln_bwd2's teams.
+LN_BWD3_P = int(os.environ.get("MINIDNN_LN_BWD3_P", "4"))
+# LN_BWD3_ASYNC (MINIDNN_LN_BWD3_ASYNC=1): the next row's x and dy staged in shared memory by cp.async while the
+# current row is worked on (a warp per row holds no loads in flight during its ~600-instruction row otherwise).
+LN_BWD3_ASYNC = os.environ.get("MINIDNN_LN_BWD3_ASYNC", "0") == "1"
+LN_BWD3_SMEM_MAX = 160 * 1024       # a block's partial rows (+ the scale) in dynamic shared memory, at most
+
+
+def ln_bwd3_config(d, itemsize, aligned, p=None, stage=None):
+    """(TEAM, VPT, VEC, BLOCK, MINB, KEEP, FULL, ASYNC, SMEM) of ln_bwd3 for rows of ``d`` values of ``itemsize``
+    bytes (2 or 4), or None (ln_bwd2 / v1 then): 16-byte vectors (aligned, d a multiple of VEC), the smallest
+    power-of-two team (32..512) whose threads hold the row in at most ``p`` vectors; blocks of max(256, TEAM);
+    launch bounds from the registers the values a thread holds need (ptxas, sm_90, no spills): up to 8 values of
+    an array 3 blocks of 256 an SM at 16 bits, 4 at 32 where FULL (else 3); more, 2 (512 threads: 1); KEEP (d and
+    g kept as A) up to 8 values; FULL when the team covers the row exactly; ASYNC = ``stage`` (LN_BWD3_ASYNC: the
+    next row staged in shared memory by cp.async); SMEM = TPB x 2D floats of partials, + D floats for the scale when
+    it lives in shared memory (VPT * VEC > 16), + TPB x 2 x VPT x TEAM x 16 bytes of staging (ASYNC)."""
+    p = LN_BWD3_P if p is None else p
+    stage = LN_BWD3_ASYNC if stage is None else stage
+    if itemsize not in (2, 4) or not aligned:
+        return None
+    vec = 16 // itemsize
+    if d % vec:
+        return None
+    nvec = d // vec
+    team = 32
+    while team < MAX_TEAM and team * p < nvec:
+        team *= 2
+    vpt = -(-nvec // team)
+    if vpt > p:
+        return None
+    block = max(256, team)
+    values = vpt * vec
+    full = nvec == team * vpt
+    if block > 256:
+        minb = 1
+    elif values <= 8:
+        minb = 4 if itemsize == 4 and full else 3      # float32 rows not filling the team spilled 24 bytes at 4
+    else:
+        minb = 2
+    smem = (block // team) * 2 * d * 4 + (d * 4 if values > 16 else 0) + (block * 2 * vpt * 16 if stage else 0)
+    if smem > LN_BWD3_SMEM_MAX:
+        return None
+    return team, vpt, vec, block, minb, int(values <= 8), int(full), int(bool(stage)), smem
+
+
+def _ln_backward_plan3(x, rows, d, scale, cfg, palign, dev):
+    """ln_bwd3 on a grid of the resident blocks (each block one partial row), then col_sum."""
+    team, vpt, vec, block, minb, keep, full, stage, smem = cfg
+    has_scale = scale is not None
+    if not has_scale and vpt * vec <= 16 and not stage:
+        smem = 0            # no partial rows, the scale (ones) in registers
+    k = _kernel("ln_bwd3", x.dtype, _p_info(x.dtype, scale), team, vpt, vec, block=block, minb=minb,
+                defs=(("LNB_KEEP", keep), ("LNB_FULL", full)) + ((("LNB_ASYNC", 1),) if stage else ()))
+    if smem >= 48 * 1024:
+        try:
+            _launch._opt_in(k, smem)      # before the occupancy query, which counts the opted-in size
+        except Exception:       # noqa: BLE001 -- a fake CuPy
+            pass
+    grid = max(1, min(-(-rows // (block // team)), _launch.sm_count(dev) * _resident_per_sm(k, block, smem, minb)))
+    go = _launch.prepare(k, (grid,), (block,), [None] * 7 + [np.int64(rows), np.int32(d),
+                                                              _flags(scale, None, False, pvec=palign)],
+                         shared_mem=smem)
+    col = _col_sum_plan(grid, 2 * d, d, x.dtype, False, dev) if has_scale else None
+    return go, (grid * 2 * d if has_scale else 1), col, _acc(x.dtype)
+
+
 def _ln_backward_plan(x, rows, d, scale, aligned, palign, dev):
     ver = _version("ln_bwd", x.dtype)
+    cfg3 = ln_bwd3_config(d, x.dtype.itemsize, aligned) if ver == "v3" else None
+    if cfg3 is not None:
+        return _ln_backward_plan3(x, rows, d, scale, cfg3, palign, dev)
     cfg = None if ver == "v1" else row_config2(d, x.dtype, aligned, "ln_bwd")
     if cfg is not None:
         return _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev)
