@@ -7,7 +7,10 @@ beside.
                                               [--dtypes float32,bfloat16] [--no-phases]
 
 Per call, device time: a CUDA graph of `calls` back-to-back calls replayed `replays` times (CUDA events, median);
-the settings are alternated within each round (off, on, off, on, ...) and the table gives the median over rounds.
+the settings are alternated within each round (their order reversed every other round) and the table gives the
+median over rounds.  Settings: off (the default), on (MIX: period 4, 6 far vectors prefetched); on the large shape
+also p2 (period 2), p1 (period 1: the default order, with the prefetch and the extra slot) and pf0 (period 4, no
+prefetch) -- kernel arguments, no extra compile; small shapes off / on only (their walks fit the on-chip copy).
 Ops: "bn fwd" (training forward with running statistics), "bn bwd", "add+relu bwd" (the fused batch norm + add +
 ReLU backward: y's mask, dz; PyTorch: relu(bn(x) + z)'s backward, its ReLU backward kernel included, timed as
 forward + backward less the forward).  off/on > 1: MIX faster; torch/on > 1: MIX faster than PyTorch.  %copy: the
@@ -40,11 +43,17 @@ LARGE = (128, 64, 56, 56)
 SMALL = [(128, 16, 32, 32), (128, 64, 8, 8)]
 OPS = ("bn fwd", "bn bwd", "add+relu bwd")
 TRAFFIC = {"bn fwd": 2, "bn bwd": 3, "add+relu bwd": 5}
-SETTINGS = {"off": frozenset(), "on": frozenset({"fwd", "bwd"})}
+BOTH = frozenset({"fwd", "bwd"})
+# label -> (bn_nhwc.MIX, MIX_P, MIX_PF): "on" is the candidate (period 4, 6 vectors prefetched); on the large shape
+# also period 2, period 1 (the default order with the prefetch and the extra slot) and no prefetch -- kernel
+# arguments, no more compiles
+SETTINGS = {"off": (frozenset(), 4, 6), "on": (BOTH, 4, 6), "p2": (BOTH, 2, 6), "p1": (BOTH, 1, 6),
+            "pf0": (BOTH, 4, 0)}
+SMALL_SETTINGS = ("off", "on")
 
 
-def set_mix(mix):
-    M.MIX = mix
+def set_mix(setting):
+    M.MIX, M.MIX_P, M.MIX_PF = setting
     M._calls.clear()
     K._calls.clear()
 
@@ -143,8 +152,9 @@ def main(argv=None):
     cases = [Case(cp, torch, shape, name, rng) for name in a.dtypes.split(",") for shape in (LARGE, *SMALL)]
     times = {}          # (case index, op, setting) -> [ms per round]
     for r in range(a.rounds):
-        order = list(SETTINGS) if r % 2 == 0 else list(SETTINGS)[::-1]
         for ci, case in enumerate(cases):
+            labels = list(SETTINGS) if case.shape == LARGE else list(SMALL_SETTINGS)
+            order = labels if r % 2 == 0 else labels[::-1]
             calls = a.calls if case.shape == LARGE else a.small_calls
             for op in OPS:
                 for label in order:
@@ -155,7 +165,7 @@ def main(argv=None):
     for ci, case in enumerate(cases):
         calls = a.calls if case.shape == LARGE else a.small_calls
         tt[ci] = case.torch_times(calls, a.replays)
-    set_mix(frozenset())
+    set_mix(SETTINGS["off"])
     print("# ms per call (median over rounds, settings alternated); off/on > 1: MIX faster; torch/on > 1: MIX faster "
           "than PyTorch")
     print(f"{'shape':>16} {'dtype':>9} {'op':>13} | {'off':>8} {'on':>8} {'off/on':>7} {'on %copy':>8} | "
@@ -169,17 +179,26 @@ def main(argv=None):
             rounds = " ".join(f"{v:.4f}" for v in times[(ci, op, "on")])
             print(f"{'x'.join(map(str, case.shape)):>16} {case.name:>9} {op:>13} | {off:8.4f} {on:8.4f} "
                   f"{off / on:7.3f} {pct:7.0f}% | {t:8.4f} {t / off:9.3f} {t / on:8.3f} | {rounds}")
+    print("# the large shape, every setting: ms (off / setting)")
+    for ci, case in enumerate(cases):
+        if case.shape != LARGE:
+            continue
+        for op in OPS:
+            off = statistics.median(times[(ci, op, "off")])
+            cells = "  ".join(f"{lab} {statistics.median(times[(ci, op, lab)]):.4f} "
+                              f"({off / statistics.median(times[(ci, op, lab)]):.3f})" for lab in SETTINGS)
+            print(f"  {case.name:>9} {op:>13}: {cells}")
     if not a.no_phases and "float32" in a.dtypes.split(","):
         case = next(c for c in cases if c.shape == LARGE and c.name == "float32")
         print("# phases, float32 (128, 64, 56, 56) plain backward (STOP=1: reduction; STOP=2: + meeting): ms")
-        for label in SETTINGS:
+        for label in SMALL_SETTINGS:
             set_mix(SETTINGS[label])
             p1 = graph_time(cp, case.phase_fns(1), a.calls, a.replays)
             p2 = graph_time(cp, case.phase_fns(2), a.calls, a.replays)
             full = graph_time(cp, case.fn("bn bwd"), a.calls, a.replays)
             print(f"  {label:>3}: reduction {p1:.4f} | meeting {p2 - p1:.4f} | elementwise {full - p2:.4f} | "
                   f"whole {full:.4f}")
-        set_mix(frozenset())
+        set_mix(SETTINGS["off"])
     return 0
 
 
