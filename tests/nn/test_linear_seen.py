@@ -123,7 +123,10 @@ _SCRIPT = textwrap.dedent("""
         for _ in range(3):
             F.linear(x, lin.weight, lin.bias)
         got = []
-        for args in ((mdn.randn(5, 7).to("cuda"), lin.weight, lin.bias),
+        sys.modules["minidnn.backend.devices"].cuda_device_count = lambda: 2     # a second fake GPU
+        w1 = lin.weight.detach().clone().requires_grad_()
+        w1.data.data.device_id = 1                      # the fake's pointer object: this weight on GPU 1
+        for args in ((mdn.randn(5, 7).to("cuda"), lin.weight, lin.bias), (x, w1, lin.bias),
                      (x, lin.weight, mdn.randn(5).to("cuda")),
                      (x, mdn.randn(6, 8, 1).to("cuda"), lin.bias)):
             try:

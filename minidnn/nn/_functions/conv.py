@@ -23,9 +23,10 @@ import os
 from ... import backend as B
 from ..._amp_state import autocast_op, float32_grad_of, graph_weight, leaf_grad
 from ..._grad_dest import destination
-from ...autograd import Function, is_grad_enabled
+from ...autograd import Function, FunctionCtx, _state, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.convolution import convolution_filter_carry, settle_convolution, settled_state
+from ...backend.devices import array_module, is_floating
 from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
@@ -418,11 +419,66 @@ BIAS_NODE = [os.environ.get("MINIDNN_CONV_BIAS_NODE", "1") != "0"]
 
 
 def _conv_node(x, weight, desc, bias):
+    if type(desc) is _SeenConv and SEEN_APPLY[0] and not _state.anomaly and (bias is None or BIAS_NODE[0]):
+        y = _apply_seen(x, weight, desc, bias)
+        if y is not None:
+            return y
     if bias is None:
         return ConvForward.apply(x, weight, desc)
     if BIAS_NODE[0]:
         return ConvForward.apply(x, weight, desc, bias)
     return add_bias(ConvForward.apply(x, weight, desc), bias, fresh=True)
+
+
+# ConvForward.apply on a settled signature (docs/host_overhead.md round 24): the fast path's key holds x's array
+# type, shapes, dtypes and device (its handle), the weight's array type and the bias's presence, so apply's passes
+# reduce to the weight's and the bias's devices (checked here: another device, or a bias of another array type, takes
+# apply, which raises) and the node's fields, written out as apply writes them.  Anomaly mode takes apply (it records
+# a trace).  Switch: SEEN_APPLY[0] = False, or MINIDNN_CONV_SEEN_APPLY=0 at import.
+_new = object.__new__
+SEEN_APPLY = [os.environ.get("MINIDNN_CONV_SEEN_APPLY", "1") != "0"]
+
+
+def _apply_seen(x, w, seen, b):
+    """ConvForward.apply(x, w, seen[, b]) as apply computes and records it, or None (nothing was done)."""
+    xd, wd = x.data, w.data
+    dev = xd.data.device_id
+    if wd.data.device_id != dev:
+        return None
+    if b is not None:
+        bd = b.data
+        if type(bd) is not type(xd) or bd.data.device_id != dev:
+            return None
+    record = _state.grad_enabled
+    nx, nw = x.requires_grad, w.requires_grad
+    nb = b is not None and b.requires_grad
+    ctx = _new(FunctionCtx)
+    ctx._fn_cls = ConvForward
+    ctx.needs_input_grad = (nx, nw, False) if b is None else (nx, nw, False, nb)
+    _state.grad_enabled = False
+    try:
+        y = ConvForward.forward(ctx, x, w, seen) if b is None else ConvForward.forward(ctx, x, w, seen, b)
+    finally:
+        _state.grad_enabled = record
+    if not (record and (nx or nw or nb)):
+        return y
+    ex = x._edge() if nx or x.grad_fn is not None else None
+    ew = w._edge() if nw or w.grad_fn is not None else None
+    mx = (xd.shape, xd.dtype) if nx else None
+    mw = (wd.shape, wd.dtype) if nw else None
+    if b is None:
+        ctx.next_edges, ctx._input_meta, ctx._n_inputs = (ex, ew, None), (mx, mw, None), 3
+    else:
+        ctx.next_edges = (ex, ew, None, b._edge() if nb or b.grad_fn is not None else None)
+        ctx._input_meta, ctx._n_inputs = (mx, mw, None, (bd.shape, bd.dtype) if nb else None), 4
+    data = y.data
+    ctx._out_meta = ((data.shape, data.dtype, array_module(data)),)
+    ctx.num_outputs = 1
+    floating = is_floating(data.dtype, True)
+    y.output_nr = 0
+    y.requires_grad = floating
+    y.grad_fn = ctx if floating else None
+    return y
 
 
 def _same_padding(op, x, weight, stride, dilation, nd):
