@@ -867,6 +867,27 @@ norm_fwd2(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __res
 #endif
 }
 
+// Session 12 (route "v3k", MINIDNN_NORM_ROUTE=ln_fwd16=v3k; off by default): ln_fwd3 with LN3_KEEP=1 -- the row's
+// values converted ONCE into A registers (v3s converts each value three times through LDE's asm volatile: the sum,
+// the variance, the output) -- and LN3_FULL=1 (host: D == TEAM * VPT * VEC: no per-vector tests, no divergent
+// branches around the sums): 377 -> 289 instructions a row and thread at bf16 (16384, 1024) (SASS, sm_90).
+#ifndef LN3_KEEP
+#define LN3_KEEP 0
+#endif
+#ifndef LN3_FULL
+#define LN3_FULL 0
+#endif
+#if LN3_FULL
+#define LN3_IN(vi) true
+#else
+#define LN3_IN(vi) ((vi) < nvec)
+#endif
+#if LN3_KEEP
+#define LN3_X(k, e) f[k][e]
+#else
+#define LN3_X(k, e) LDE(a[k], e)
+#endif
+
 // Layer norm forward for 16-bit rows (ln_fwd3): teams of TEAM threads (several per BLOCK, named barriers) keep
 // their columns' scale and bias IN REGISTERS (A, loaded once per team: the column a thread owns is the same in
 // every row), and a team walks rows r, r + teams, ... of a grid of the resident blocks with the NEXT row's
@@ -929,7 +950,7 @@ ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
     if (r < rows) {
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
-            if (k * TEAM + t < nvec) nx[k] = reinterpret_cast<const V*>(x + r * D)[k * TEAM + t];
+            if (LN3_IN(k * TEAM + t)) nx[k] = reinterpret_cast<const V*>(x + r * D)[k * TEAM + t];
     }
     for (; r < rows; r += stride) {
         V a[VPT];
@@ -939,22 +960,29 @@ ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
             const V* xn = reinterpret_cast<const V*>(x + (r + stride) * D);
 #pragma unroll
             for (int k = 0; k < VPT; ++k)
-                if (k * TEAM + t < nvec) nx[k] = xn[k * TEAM + t];
+                if (LN3_IN(k * TEAM + t)) nx[k] = xn[k * TEAM + t];
         }
         A s = 0, q = 0, unused = 0;
+#if LN3_KEEP
+        A f[VPT][VEC];
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
-            if (k * TEAM + t < nvec) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) s += LDE(a[k], e);
+            for (int e = 0; e < VEC; ++e) f[k][e] = LN3_IN(k * TEAM + t) ? LDE(a[k], e) : (A)0;
+#endif
+#pragma unroll
+        for (int k = 0; k < VPT; ++k)
+            if (LN3_IN(k * TEAM + t)) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s += LN3_X(k, e);
             }
         team_sum2b(s, unused, red);
         const A mean = s * inv_d;
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
-            if (k * TEAM + t < nvec) {
+            if (LN3_IN(k * TEAM + t)) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) { const A d = LDE(a[k], e) - mean; q += d * d; }
+                for (int e = 0; e < VEC; ++e) { const A d = LN3_X(k, e) - mean; q += d * d; }
             }
         unused = 0;
         team_sum2b(q, unused, red);
@@ -963,7 +991,7 @@ ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
             const int vi = k * TEAM + t;
-            if (vi < nvec) {
+            if (LN3_IN(vi)) {
                 V w;
 #if LN3_SMEM
                 float sc[VEC], bi[VEC];
@@ -974,10 +1002,10 @@ ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
                     bi[4 * h] = b4.x; bi[4 * h + 1] = b4.y; bi[4 * h + 2] = b4.z; bi[4 * h + 3] = b4.w;
                 }
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(a[k], e) - mean) * rstd * (A)sc[e] + (A)bi[e]);
+                for (int e = 0; e < VEC; ++e) w.v[e] = ST((LN3_X(k, e) - mean) * rstd * (A)sc[e] + (A)bi[e]);
 #else
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(a[k], e) - mean) * rstd * ps[k][e] + pb[k][e]);
+                for (int e = 0; e < VEC; ++e) w.v[e] = ST((LN3_X(k, e) - mean) * rstd * ps[k][e] + pb[k][e]);
 #endif
                 yr[vi] = w;
             }
@@ -1644,6 +1672,8 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}    # the most 16-byte vectors of one array
 # MINIDNN_NORM_ROUTE="ln_fwd16=v1,gn_bwd16=v1" (read at import; or set ROUTE in-process and clear _plans) picks
 # another version per case for a GPU A/B ("<case>16": 16-bit data, "<case>": other dtypes; gn_bwd "v2rt": gn_bwd2
 # with its run-time flags, as before GN_CHV); MINIDNN_NORM_V1=1 still sends everything to v1.
+# "v3k" (session 12, off by default; MINIDNN_NORM_ROUTE=ln_fwd16=v3k): "v3s" with LN3_KEEP and LN3_FULL (see
+# ln_fwd3's comment): the 16-bit forward's loop 377 -> 289 instructions a row and thread at (16384, 1024).
 # "v3s" (the default for ln_fwd16): ln_fwd3 with the parameters in shared memory (LN3_SMEM), one copy per block
 # instead of 32 registers a thread -- 48 registers, five 256-thread blocks an SM instead of three, so 1280 threads'
 # rows in flight (the current and the prefetched one) where v3 had 768; "v3" keeps them in registers (A/B).
@@ -1896,16 +1926,21 @@ def _row_forward(x, rows, d, scale, bias, eps, grouped, g, cpg, s, stat_shape):
     return y, mean, rstd
 
 
-def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev, smem=False):
+def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev, smem=False, keep=False):
     """ln_fwd3: blocks of 256 threads (teams of 32..256 sharing one); a grid of the resident blocks only, each team
     walking its rows.  Registers ("v3": parameters in registers, <= 80 registers, three blocks an SM) or shared
     memory ("v3s", LN3_SMEM: one copy per block, <= 48 registers, five blocks an SM -- eight at one vector a
-    thread -- so 1280..2048 threads' rows in flight, not 768); no spills."""
+    thread -- so 1280..2048 threads' rows in flight, not 768); no spills.  ``keep`` (route "v3k", session 12): "v3s"
+    with LN3_KEEP (values converted once, held as A) and LN3_FULL where the team covers the row exactly (48
+    registers at five blocks, 32 at eight: no spills)."""
     team, vpt, vec = cfg
     block = 256
     minb = (8 if vpt == 1 else 5) if smem else 3
+    defs = (("LN3_SMEM", 1),) if smem else ()
+    if keep:
+        defs += (("LN3_KEEP", 1), ("LN3_FULL", int(d == team * vpt * vec)))
     k = _kernel("ln_fwd3", x.dtype, _p_info(x.dtype, scale if scale is not None else bias), team, vpt, vec,
-                block=block, minb=minb, defs=(("LN3_SMEM", 1),) if smem else ())
+                block=block, minb=minb, defs=defs)
     grid = max(1, min(-(-rows // (block // team)), _launch.sm_count(dev) * _resident_per_sm(k, block, 0, minb)))
     return _launch.prepare(k, (grid,), (block,),
                            [None] * 6 + [np.int64(rows), np.int32(d), np.int32(1), np.int32(1), *divider(1),
@@ -1915,10 +1950,11 @@ def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev, smem=False
 def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, palign, dev):
     pinfo = _p_info(x.dtype, scale if scale is not None else bias)
     version = _version("gn_fwd" if grouped else "ln_fwd", x.dtype)
-    if version in ("v3", "v3s"):
+    if version in ("v3", "v3s", "v3k"):
         cfg3 = ln_config3(d, x.dtype, aligned)
         if cfg3 is not None:
-            return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version == "v3s")
+            return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version != "v3",
+                                     keep=version == "v3k")
     cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
     if cfg is None:
         team, vpt, vec = row_config(d, x.dtype, aligned)
