@@ -1516,14 +1516,14 @@ ln_bwd3(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
                 }
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
+                    const A gv = LDE(b[k], e);        // once: LDE is an asm volatile, never merged
 #if LNB_KEEP
                     const A dv = d[k][e], gs = g[k][e];
 #else
-                    const A dv = LDE(a[k], e) - mu, gs = LDE(b[k], e) * scv[e];
+                    const A dv = LDE(a[k], e) - mu, gs = gv * scv[e];
 #endif
                     const A xh = dv * is - offis;
                     o.v[e] = ST(is * gs - k1 - xh * k2);
-                    const A gv = LDE(b[k], e);
                     float* fg = reinterpret_cast<float*>(&pg[e / 4]) + e % 4;
                     float* fb = reinterpret_cast<float*>(&pb[e / 4]) + e % 4;
                     *fg += gv * xh; *fb += gv;
