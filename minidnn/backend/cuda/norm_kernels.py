@@ -1329,8 +1329,8 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 //     rstd), so c1 = s1 / D and c2 = s2 / D come from one sum (ln_bwd2: two, the second after a pass);
 //   - dx = rstd * g - rstd * c1 - xhat * (rstd * c2): two FMAs a value; xhat = d * rstd - off * rstd: one;
 //   - LNB_KEEP=1: d and g kept in A registers from the first pass (x converted once, dy twice); LNB_KEEP=0: both
-//     recomputed from the raw vectors (2 bytes a value in registers: more values a thread, 3 more instructions
-//     a value);
+//     recomputed from the raw vectors in the source (ptxas still merges the conversions where its register
+//     bound allows: at 32 values a thread and 128 registers it holds x and dy as floats, 2 conversions a value);
 //   - LNB_FULL=1 (host: D == TEAM * VPT * VEC): every vector exists, no per-vector predicates;
 //   - VPT * VEC > 16: the scale in shared memory (LNB_SSC, one copy per block), else in registers;
 //   - the column partials in the team's shared row as float4 PLANES (plane h of vector vi = values vi * VEC + 4h ..
