@@ -15,13 +15,18 @@ end = ceil((i+1)*in/out), one slice per output cell, composed from differentiabl
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ... import backend as B
-from ...autograd import Function, is_grad_enabled
+from ...autograd import Function, FunctionCtx, _state, is_grad_enabled
 from ...backend import devices as _devices
+from ...backend import pooling as _pool_primitive
 from ...backend._common import SeenCalls
+from ...backend.devices import array_module
 from ...backend.errors import ArgumentError
+from ...backend.layout import to_channels_first
 from ...ops import stack
 from ...tensor import Tensor
 from ._util import batched, check_tensor, descriptor, handle_for, ntuple, plain_setting, wrap
@@ -173,7 +178,13 @@ def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
     key = _pool_key(op, x, mode, kernel_size, stride, padding, ceil_mode, dilation)
     desc = _SEEN_POOL.get(key) if key is not None else None
     if desc is not None:
-        return (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
+        if desc.mode.is_max:
+            if MAXPOOL_FAST[0] and type(x.data) is not np.ndarray:
+                y = _max_pool_seen(x, desc)
+                if y is not None:
+                    return y
+            return MaxPool.apply(x, desc)
+        return AvgPool.apply(x, desc)
     check_tensor(op, "input", x)
     x, unbatched = batched(op, x, nd)
     kernel = ntuple(kernel_size, nd, op, "kernel_size")
@@ -201,6 +212,69 @@ def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
         _SEEN_POOL.remember(key, desc)
     y = (MaxPool if desc.mode.is_max else AvgPool).apply(x, desc)
     return y.squeeze(0) if unbatched else y
+
+
+# Max pooling of a GPU tensor on a seen signature (docs/host_overhead.md round 24).  The full path is MaxPool.apply ->
+# pooling_forward -> its validated-call table (_SEEN) -> the kernels' plan.  After a full-path call whose primitive
+# call the table remembers, the signature -- the descriptor, x's shape, dtype, strides and device -- is remembered
+# with the primitive's key and entry; the same signature again runs the plan and records the node MaxPool.apply
+# records (the same fields, saved tensor and version, argmax), skipping apply's passes, the handle and the primitive's
+# key.  Checked per call: anomaly mode (the full path records a trace) and that the primitive's table still holds the
+# entry under the key (a cleared table or changed kernel settings re-validate).  Switch: MAXPOOL_FAST[0] = False, or
+# MINIDNN_MAXPOOL_FAST=0 at import.
+MAXPOOL_FAST = [os.environ.get("MINIDNN_MAXPOOL_FAST", "1") != "0"]
+_MAXPOOL_SEEN = SeenCalls()
+_new = object.__new__
+
+
+def _max_pool_sig(desc, xd):
+    try:
+        return desc, xd.shape, xd.dtype, xd.strides, xd.data.device_id
+    except AttributeError:
+        return None
+
+
+def _max_pool_seen(x, desc):
+    """MaxPool.apply(x, desc) as the full path computes and records it on a remembered signature, or None (nothing
+    was done; the caller runs apply and this learns the signature)."""
+    xd = x.data
+    sig = _max_pool_sig(desc, xd)
+    entry = _MAXPOOL_SEEN.get(sig) if sig is not None else None
+    if entry is None:
+        if sig is not None:
+            return _max_pool_learn(x, desc, sig)
+        return None
+    pkey, seen = entry
+    if _state.anomaly or _pool_primitive._SEEN.get(pkey) is not seen:
+        return None
+    fmt, plan = seen
+    y, argmax = _pool_primitive._gpu_forward_result(plan(to_channels_first(xd, fmt)), fmt, True)
+    if not (_state.grad_enabled and x.requires_grad):
+        return Tensor._from_array(y)
+    ctx = _new(FunctionCtx)         # what MaxPool.apply(x, desc) records
+    ctx._fn_cls = MaxPool
+    ctx.needs_input_grad = (True, False)
+    ctx.desc = desc
+    ctx.argmax = argmax
+    ctx.saved = (x,)
+    ctx.versions = (x._version,)
+    ctx.next_edges = (x._edge(), None)
+    ctx._input_meta = ((xd.shape, xd.dtype), None)
+    ctx._n_inputs = 2
+    ctx._out_meta = ((y.shape, y.dtype, array_module(y)),)
+    ctx.num_outputs = 1
+    return Function.output(ctx, y)
+
+
+def _max_pool_learn(x, desc, sig):
+    """The full path (MaxPool.apply), then the signature remembered where the primitive's table holds its call."""
+    y = MaxPool.apply(x, desc)
+    xd = x.data
+    pkey = _pool_primitive._gpu_key("fwd", handle_for(x), desc, None, 1.0, 0.0, True, None, xd, None, None, None)
+    seen = _pool_primitive._SEEN.get(pkey) if pkey is not None else None
+    if seen is not None:        # the plain primitive call ran on the kernels' plan
+        _MAXPOOL_SEEN.remember(sig, (pkey, seen))
+    return y
 
 
 def _max_pool(op, nd, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
