@@ -26,7 +26,9 @@ import numpy as np
 from ... import _amp_state as _amp
 from ... import backend as B
 from ..._amp_state import autocast_op
-from ...autograd import Function
+from ...autograd import Function, FunctionCtx
+from ...autograd import _state as _ag_state
+from ...backend.devices import array_module as _array_module
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DimensionError, DTypeError
 from ...ops import where
@@ -294,8 +296,79 @@ def _widens(x, target, weight):
     return _amp.get_dtype("cuda") is not None and not _amp._state()["suspended"]
 
 
+# F.cross_entropy of GPU tensors on a seen signature (docs/host_overhead.md round 24).  After a full-path call that
+# passed the checks and CrossEntropy.apply, the signature -- the input's, target's and weight's array types, shapes,
+# dtypes and devices, reduction, ignore_index, label_smoothing (with their types), the widening flag -- is remembered;
+# the same signature again skips the checks (they read only what the key holds) and runs CrossEntropy.forward with
+# the node Function.apply records (the same fields), without apply's passes.  The legacy size_average / reduce flags
+# (a warning a call), unbatched input and anomaly mode take the full path.  Switch: CE_FAST[0] = False, or
+# MINIDNN_CE_FAST=0 at import.
+CE_FAST = [os.environ.get("MINIDNN_CE_FAST", "1") != "0"]
+_CE_SEEN: dict = {}
+_new = object.__new__
+
+
+def _ce_sig(t):
+    d = t.data
+    return type(d), d.shape, d.dtype, d.data.device_id
+
+
+def _ce_key(input, target, weight, size_average, reduce, reduction, ignore_index, label_smoothing, widen):
+    """The seen-call key of a cross_entropy call on GPU tensors, or None (the full path, not remembered)."""
+    if (size_average is not None or reduce is not None or type(ignore_index) is not int
+            or type(reduction) is not str or type(label_smoothing) not in (float, int) or not CE_FAST[0]
+            or not isinstance(input, Tensor) or not isinstance(target, Tensor)
+            or not (weight is None or isinstance(weight, Tensor)) or type(input.data) is np.ndarray):
+        return None
+    try:
+        return (_ce_sig(input), _ce_sig(target), None if weight is None else _ce_sig(weight), reduction,
+                ignore_index, type(label_smoothing), label_smoothing, bool(widen))
+    except AttributeError:
+        return None
+
+
+def _ce_seen(input, target, weight, ignore_index, reduction, label_smoothing, widen, key):
+    """CrossEntropy.apply(...) as apply computes and records it on a remembered key; None: not remembered."""
+    if key not in _CE_SEEN or _ag_state.anomaly:
+        return None
+    record = _ag_state.grad_enabled
+    nx, nt = input.requires_grad, target.requires_grad
+    nw = weight is not None and weight.requires_grad
+    ctx = _new(FunctionCtx)
+    ctx._fn_cls = CrossEntropy
+    ctx.needs_input_grad = (nx, nt, nw, False, False, False)
+    _ag_state.grad_enabled = False
+    try:
+        loss = CrossEntropy.forward(ctx, input, target, weight, ignore_index, reduction, float(label_smoothing),
+                                    widen)
+    finally:
+        _ag_state.grad_enabled = record
+    if not (record and (nx or nt or nw)):
+        return loss
+    ctx.next_edges = (input._edge() if nx or input.grad_fn is not None else None,
+                      target._edge() if nt or target.grad_fn is not None else None,
+                      None if weight is None else weight._edge() if nw or weight.grad_fn is not None else None,
+                      None, None, None)
+    ctx._input_meta = (key[0][1:3] if nx else None, key[1][1:3] if nt else None, key[2][1:3] if nw else None,
+                       None, None, None)
+    ctx._n_inputs = 6
+    data = loss.data
+    ctx._out_meta = ((data.shape, data.dtype, _array_module(data)),)
+    ctx.num_outputs = 1
+    floating = _is_floating(data.dtype, True)
+    loss.output_nr = 0
+    loss.requires_grad = floating
+    loss.grad_fn = ctx if floating else None
+    return loss
+
+
 def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
                    widen=False):
+    key = _ce_key(input, target, weight, size_average, reduce, reduction, ignore_index, label_smoothing, widen)
+    if key is not None:
+        loss = _ce_seen(input, target, weight, ignore_index, reduction, label_smoothing, widen, key)
+        if loss is not None:
+            return loss
     op = "cross_entropy"
     reduction = _reduction(op, size_average, reduce, reduction)
     check_tensor(op, "input", input)
@@ -314,6 +387,10 @@ def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, re
         if target.dtype != x.dtype:
             raise DTypeError(f"{op}: target has dtype {target.dtype} but input has dtype {x.dtype}")
     loss = CrossEntropy.apply(x, target, weight, ignore_index, reduction, float(label_smoothing), widen=widen)
+    if key is not None and not unbatched:       # the checks and apply (its device check too) passed
+        if len(_CE_SEEN) >= 256:
+            _CE_SEEN.clear()
+        _CE_SEEN[key] = True
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
 
