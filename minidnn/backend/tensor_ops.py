@@ -98,8 +98,8 @@ def add_tensor(handle, alpha, b, beta, y, format=None):
             axis = _ADD_SEEN.get(key)
         except (TypeError, AttributeError):
             key = axis = None
-        if axis is not None:
-            norm_kernels.bias_add(y, b.reshape(-1), axis, alpha, beta, out=y)
+        if axis is not None:        # (a 1-D bias as it is: no reshaped view a call)
+            norm_kernels.bias_add(y, b if b.ndim == 1 else b.reshape(-1), axis, alpha, beta, out=y)
             return y
     where = "add_tensor"
     handle, xp = begin(handle, where, b=b, y=y)

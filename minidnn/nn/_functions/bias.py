@@ -40,22 +40,13 @@ def bias_grad(ctx, g, db=None):
     """The bias's gradient: the sum of g over every axis but the channels (set by bias_forward) -- the backend's
     column sum, written into ``db`` (a leaf's gradient slot, _grad_dest.py) where given --, under create_graph the
     same sum in differentiable Tensor ops."""
-    if ctx.channels_last:
-        axes = tuple(range(g.ndim - 1))
-    else:
-        axes = (0,) + tuple(range(2, g.ndim))
     if is_grad_enabled():       # create_graph: the sum in differentiable ops
-        gb = g.sum(axes)
+        gb = g.sum(tuple(range(g.ndim - 1)) if ctx.channels_last else (0,) + tuple(range(2, g.ndim)))
     else:
         dy = g.data
         if ctx.channels_last or dy.ndim < 3:        # (*, C) -> (rows, C, 1): channels on axis 1
             dy = dy.reshape(math.prod(dy.shape[:-1]), dy.shape[-1], 1)    # (no -1: C may be 0)
-        extra = {}
-        if db is not None:
-            extra["db"] = db
-        if ctx.db_dtype is not None:
-            extra["db_dtype"] = ctx.db_dtype
-        gb = wrap(B.convolution_backward_bias(handle_for(g), dy, **extra))
+        gb = wrap(B.convolution_backward_bias(handle_for(g), dy, db=db, db_dtype=ctx.db_dtype))
     if gb.dtype != ctx.b_dtype and ctx.db_dtype is None:
         gb = gb.to(dtype=ctx.b_dtype)
     return gb
