@@ -234,7 +234,7 @@ class FlatParams:
     # -- device-side inputs of the fused kernels --------------------------------------------------------------------
     def device_hyper(self, values):
         """The float64 device array of scalar hyperparameters; uploaded only when the values change."""
-        values = tuple(float(v) for v in values)
+        values = tuple([float(v) for v in values])
         if self._hyper is None or self._hyper[0] != values:
             with _dev.device_guard(self.device):
                 if self._hyper is None or self._hyper[1].size != len(values):

@@ -101,7 +101,8 @@ def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, ma
     launches = 0
     for fs in flat_sets:
         buf = fs.state_buffer("momentum_buffer") if momentum != 0 else None
-        if _uses_kernel(fs):
+        kernel = _uses_kernel(fs)       # (asked once a set: its device and dtype do not change within the step)
+        if kernel:
             mt = _cuda_kernels()
             hyper = fs.device_hyper((lr, momentum, dampening, weight_decay))
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
@@ -117,7 +118,7 @@ def _fused_sgd(flat_sets, *, lr, momentum, dampening, weight_decay, nesterov, ma
                              dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
                 fs.sync_lowp(a, b)
         launches += 1
-        fs.advance_steps(on_device=not _uses_kernel(fs))
+        fs.advance_steps(on_device=not kernel)
     return launches
 
 
@@ -170,7 +171,8 @@ def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maxi
     for fs in flat_sets:
         m, v = fs.state_buffer("exp_avg"), fs.state_buffer("exp_avg_sq")
         vmax = fs.state_buffer("max_exp_avg_sq") if amsgrad else None
-        if _uses_kernel(fs):
+        kernel = _uses_kernel(fs)       # (asked once a set, as _fused_sgd)
+        if kernel:
             mt = _cuda_kernels()
             hyper = fs.device_hyper((lr, beta1, beta2, eps, weight_decay))
             mask = () if fs.uniform() else fs.device_mask(mt.vector_width(fs.dtype))
@@ -187,5 +189,5 @@ def _fused_adam(flat_sets, *, amsgrad, lr, beta1, beta2, eps, weight_decay, maxi
                               decoupled_weight_decay=decoupled_weight_decay)
                 fs.sync_lowp(a, b)
         launches += 1
-        fs.advance_steps(on_device=not _uses_kernel(fs))
+        fs.advance_steps(on_device=not kernel)
     return launches
