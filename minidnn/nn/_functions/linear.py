@@ -22,6 +22,7 @@ the parameter as it is; the bias's db likewise (docs/amp.md).
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -128,7 +129,7 @@ def _gpu_filter_and_bias(ctx, g2, x2, with_bias):
 # with the node Function.apply records (the same fields: needs_input_grad, edges, input and output metadata, the
 # output's autograd fields), without apply's generic passes over the arguments and outputs.  Anomaly mode takes the
 # full path (it records a trace).  Switch: LINEAR_FAST[0] = False, or MINIDNN_LINEAR_FAST=0 at import.
-LINEAR_FAST = [__import__("os").environ.get("MINIDNN_LINEAR_FAST", "1") != "0"]
+LINEAR_FAST = [os.environ.get("MINIDNN_LINEAR_FAST", "1") != "0"]
 _LINEAR_SEEN = SeenCalls()
 _new = object.__new__
 
