@@ -48,7 +48,12 @@ BOTH = frozenset({"fwd", "bwd"})
 # also period 2, period 1 (the default order with the prefetch and the extra slot) and no prefetch -- kernel
 # arguments, no more compiles
 SETTINGS = {"off": (frozenset(), 4, 6), "on": (BOTH, 4, 6), "p2": (BOTH, 2, 6), "p1": (BOTH, 1, 6),
-            "pf0": (BOTH, 4, 0)}
+            "pf0": (BOTH, 4, 0),
+            # diagnostics (--diag): the default order with the extra slot only; and oldest first (one near vector,
+            # then the uncached ones from the oldest up, no prefetch) -- if that is as fast as newest first, the
+            # elementwise pass gets nothing from the reduction's tail in L2
+            "p1pf0": (BOTH, 1, 0), "old1st": (BOTH, 1 << 30, 0)}
+DIAG = ("p1pf0", "old1st")
 SMALL_SETTINGS = ("off", "on")
 
 
@@ -133,6 +138,8 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--no-phases", action="store_true")
+    ap.add_argument("--diag", action="store_true", help="the large shape only, settings off, p1, p1pf0, old1st "
+                    "(and the phases of off and old1st): does the elementwise pass get anything from L2?")
     a = ap.parse_args(argv)
     cp = _dev.require_cupy()
     try:
@@ -149,11 +156,13 @@ def main(argv=None):
         print("# MIX needs ROUTE one and ONCHIP (the defaults): nothing to compare", file=sys.stderr)
         return 1
     rng = np.random.default_rng(0)
-    cases = [Case(cp, torch, shape, name, rng) for name in a.dtypes.split(",") for shape in (LARGE, *SMALL)]
+    shapes = (LARGE,) if a.diag else (LARGE, *SMALL)
+    large_labels = ["off", "p1", *DIAG] if a.diag else [k for k in SETTINGS if k not in DIAG]
+    cases = [Case(cp, torch, shape, name, rng) for name in a.dtypes.split(",") for shape in shapes]
     times = {}          # (case index, op, setting) -> [ms per round]
     for r in range(a.rounds):
         for ci, case in enumerate(cases):
-            labels = list(SETTINGS) if case.shape == LARGE else list(SMALL_SETTINGS)
+            labels = list(large_labels) if case.shape == LARGE else list(SMALL_SETTINGS)
             order = labels if r % 2 == 0 else labels[::-1]
             calls = a.calls if case.shape == LARGE else a.small_calls
             for op in OPS:
@@ -170,13 +179,16 @@ def main(argv=None):
           "than PyTorch")
     print(f"{'shape':>16} {'dtype':>9} {'op':>13} | {'off':>8} {'on':>8} {'off/on':>7} {'on %copy':>8} | "
           f"{'torch':>8} {'torch/off':>9} {'torch/on':>8} | rounds on")
+    on_label = "old1st" if a.diag else "on"
+    if a.diag:
+        print("# --diag: the 'on' columns are old1st (oldest first)")
     for ci, case in enumerate(cases):
         for op in OPS:
             off = statistics.median(times[(ci, op, "off")])
-            on = statistics.median(times[(ci, op, "on")])
+            on = statistics.median(times[(ci, op, on_label)])
             t = tt[ci].get(op, float("nan"))
             pct = TRAFFIC[op] * case.e / (on * 1e-3) / 1e9 / bw * 100
-            rounds = " ".join(f"{v:.4f}" for v in times[(ci, op, "on")])
+            rounds = " ".join(f"{v:.4f}" for v in times[(ci, op, on_label)])
             print(f"{'x'.join(map(str, case.shape)):>16} {case.name:>9} {op:>13} | {off:8.4f} {on:8.4f} "
                   f"{off / on:7.3f} {pct:7.0f}% | {t:8.4f} {t / off:9.3f} {t / on:8.3f} | {rounds}")
     print("# the large shape, every setting: ms (off / setting)")
@@ -186,12 +198,12 @@ def main(argv=None):
         for op in OPS:
             off = statistics.median(times[(ci, op, "off")])
             cells = "  ".join(f"{lab} {statistics.median(times[(ci, op, lab)]):.4f} "
-                              f"({off / statistics.median(times[(ci, op, lab)]):.3f})" for lab in SETTINGS)
+                              f"({off / statistics.median(times[(ci, op, lab)]):.3f})" for lab in large_labels)
             print(f"  {case.name:>9} {op:>13}: {cells}")
     if not a.no_phases and "float32" in a.dtypes.split(","):
         case = next(c for c in cases if c.shape == LARGE and c.name == "float32")
         print("# phases, float32 (128, 64, 56, 56) plain backward (STOP=1: reduction; STOP=2: + meeting): ms")
-        for label in SMALL_SETTINGS:
+        for label in (("off", "old1st") if a.diag else SMALL_SETTINGS):
             set_mix(SETTINGS[label])
             p1 = graph_time(cp, case.phase_fns(1), a.calls, a.replays)
             p2 = graph_time(cp, case.phase_fns(2), a.calls, a.replays)

@@ -42,7 +42,7 @@ def prefetched(n, kc, p, pf):
     return list(range(kc, kc + max(0, nf)))
 
 
-@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8, 1 << 30])
 @pytest.mark.parametrize("n", list(range(0, 41)) + [95, 96, 97])
 def test_mix_order_visits_every_k_once_near_ones_newest_first(n, p):
     for kc in sorted({0, 1, 2, 3, 5, 12, 13, n // 2, max(0, n - 1), n}):
