@@ -3,7 +3,8 @@ round 24), on the CPU: the GPU path under tools/record_launches.py's fake CuPy (
 never run) in a subprocess.  Each scenario runs with the shortcut on and off, three calls each; the third call's
 launches, the node it records (every field MaxPool.apply sets, the saved tensor's identity and version, the argmax
 array's shape and dtype), the output's autograd fields and the backward's launches must be the same; with the
-shortcut on the third call reaches MaxPool.apply only where it must (anomaly mode, a cleared primitive table).  Bad
+shortcut on the third call reaches MaxPool.apply only where it must (anomaly mode, a cleared primitive table -- the
+signature learnt again --, kernels refusing the call: remembered as refused).  Bad
 settings after seen calls raise the full path's errors."""
 import pathlib
 import textwrap
@@ -51,7 +52,11 @@ _SCRIPT = textwrap.dedent("""
                     rg=y.requires_grad, shape=list(y.shape), dtype=str(y.dtype), strides=list(y.data.strides),
                     version=y._version, hooks=y._hooks)
 
+    real_supports = P.pool_kernels.supports
+
     def scenario(name, on):
+        # unsupported: the kernels refuse every call (the primitive's CuPy reference runs): never remembered
+        P.pool_kernels.supports = (lambda *a, **k: False) if name == "unsupported" else real_supports
         PL.MAXPOOL_FAST[0] = on
         PL._MAXPOOL_SEEN.clear(); PL._SEEN_POOL.clear(); P._SEEN.clear()
         mdn.manual_seed(0)
@@ -70,7 +75,8 @@ _SCRIPT = textwrap.dedent("""
                 P._SEEN.clear()
             if i == 2:
                 recs.clear(); applies.clear()
-            kw = dict(kernel_size=3, stride=2, padding=1, ceil_mode=True) if name == "ceil" else dict(kernel_size=2)
+            kw = dict(kernel_size=3, stride=2, padding=1, ceil_mode=True) if name == "ceil" else \
+                dict(kernel_size=3, dilation=2) if name == "dilated" else dict(kernel_size=2)
             if name == "no_grad_mode":
                 with mdn.no_grad():
                     y = F.max_pool2d(x, **kw)
@@ -91,11 +97,14 @@ _SCRIPT = textwrap.dedent("""
                     out["grad"] = [list(leaf.grad.shape), str(leaf.grad.dtype), list(leaf.grad.data.strides)]
         return out
 
-    res = {{}}
-    names = ("plain", "leaf", "nograd", "no_grad_mode", "cl", "bf16", "ceil", "bumped", "switch", "anomaly",
-             "cleared")
+    res, neg = {{}}, {{}}
+    names = ("plain", "leaf", "nograd", "no_grad_mode", "cl", "bf16", "ceil", "dilated", "bumped", "switch",
+             "anomaly", "cleared", "unsupported")
     for name in names:
-        res[name] = [scenario(name, True), scenario(name, False)]
+        on = scenario(name, True)
+        neg[name] = [v is False for v in PL._MAXPOOL_SEEN.values()]     # what the on-run remembered
+        res[name] = [on, scenario(name, False)]
+    P.pool_kernels.supports = real_supports
 
     errs = {{}}
     for on in (True, False):
@@ -112,7 +121,7 @@ _SCRIPT = textwrap.dedent("""
             except Exception as e:
                 got.append([type(e).__name__, str(e)])
         errs[str(on)] = got
-    print("RESULT" + json.dumps(dict(res=res, errs=errs)))
+    print("RESULT" + json.dumps(dict(res=res, errs=errs, neg=neg)))
 """)
 
 
@@ -122,12 +131,14 @@ def test_seen_max_pool_same_launches_nodes_backward_and_errors():
     for name, (on, off) in res.items():
         assert on == {**off, "applies": on["applies"]}, name
         assert off["applies"] == 1, name
-        assert on["fwd_launches"] and on["fwd_launches"] == off["fwd_launches"], name
+        assert on["fwd_launches"] == off["fwd_launches"], name
+        assert on["fwd_launches"] or name == "unsupported", name     # (the reference: CuPy operations only)
     for name in ("plain", "leaf", "nograd", "no_grad_mode", "cl", "bf16", "ceil", "bumped"):
         assert res[name][0]["applies"] == 0, name       # served by the seen call
     assert res["bumped"][0]["node"]["versions"] == [1]
-    for name in ("anomaly", "cleared", "switch"):
+    for name in ("anomaly", "cleared", "switch", "unsupported"):
         assert res[name][0]["applies"] == 1, name       # the full path
+    assert out["neg"]["unsupported"] == [True] and out["neg"]["plain"] == [False]   # refused: remembered as such
     assert res["plain"][0]["node"]["cls"] == "MaxPool" and res["plain"][0]["node"]["saved_is_x"] == [True]
     assert res["plain"][0]["bwd_launches"] and res["cl"][0]["bwd_launches"]
     assert res["nograd"][0]["node"] is None and res["no_grad_mode"][0]["node"] is None

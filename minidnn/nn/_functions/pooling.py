@@ -239,15 +239,14 @@ def _max_pool_seen(x, desc):
     was done; the caller runs apply and this learns the signature)."""
     xd = x.data
     sig = _max_pool_sig(desc, xd)
-    entry = _MAXPOOL_SEEN.get(sig) if sig is not None else None
-    if entry is None:
-        if sig is not None:
-            return _max_pool_learn(x, desc, sig)
+    if sig is None or _state.anomaly:
         return None
-    pkey, seen = entry
-    if _state.anomaly or _pool_primitive._SEEN.get(pkey) is not seen:
+    entry = _MAXPOOL_SEEN.get(sig)
+    if entry is False:          # the primitive's kernels do not take this call (its reference runs): the full path
         return None
-    fmt, plan = seen
+    if entry is None or _pool_primitive._SEEN.get(entry[0]) is not entry[1]:
+        return _max_pool_learn(x, desc, sig)        # (again after a cleared table or changed kernel settings)
+    fmt, plan = entry[1]
     y, argmax = _pool_primitive._gpu_forward_result(plan(to_channels_first(xd, fmt)), fmt, True)
     if not (_state.grad_enabled and x.requires_grad):
         return Tensor._from_array(y)
@@ -267,13 +266,13 @@ def _max_pool_seen(x, desc):
 
 
 def _max_pool_learn(x, desc, sig):
-    """The full path (MaxPool.apply), then the signature remembered where the primitive's table holds its call."""
+    """The full path (MaxPool.apply), then the signature remembered with the primitive's key and entry where its
+    table holds the call (the kernels' plan ran), else as False (the full path from then on)."""
     y = MaxPool.apply(x, desc)
     xd = x.data
     pkey = _pool_primitive._gpu_key("fwd", handle_for(x), desc, None, 1.0, 0.0, True, None, xd, None, None, None)
     seen = _pool_primitive._SEEN.get(pkey) if pkey is not None else None
-    if seen is not None:        # the plain primitive call ran on the kernels' plan
-        _MAXPOOL_SEEN.remember(sig, (pkey, seen))
+    _MAXPOOL_SEEN.remember(sig, False if seen is None else (pkey, seen))
     return y
 
 
