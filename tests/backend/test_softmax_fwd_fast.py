@@ -125,8 +125,8 @@ def test_softmax_fast_rows(cp, monkeypatch, name, rows, c):
                 y = B.softmax_forward(None, algo, None, xd, axis=-1)
                 assert _launches() - n0 == 1
                 ref = _ref_fwd(x64, algo)
-                if algo == "fast":                          # exp(x) overflows in row 4 (+80) / 5: compare the rest
-                    keep = np.isfinite(np.exp(x64).sum(axis=1))
+                if algo == "fast":                          # float exp(x) overflows in rows 4 (+80) and 5 (x 20)
+                    keep = ~(np.where(np.isfinite(x64), x64, 0).max(axis=1) > 60)   # (GPU run 3: float64's did not)
                     _close(_host(y)[keep], ref[keep], name, f"{algo} FWD_FAST={setting}")
                 else:
                     _close(y, ref, name, f"{algo} FWD_FAST={setting}", scale=4 if algo == "log" else 1)
