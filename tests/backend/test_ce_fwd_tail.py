@@ -8,7 +8,11 @@ the same sums in the same order), and nvcc sm_90 builds of every setting without
 GPU (cuda-marked): "1" bitwise "0" (loss rows, lse, 'mean' / 'sum' and the denominator), "2" against the float64
 reference and close to "0"; ignored and out-of-range targets, class weights, label smoothing, rows of -inf / NaN, a
 shifted row, odd widths, row counts that leave the last step of the walk partly empty, a grid past TAIL_LD * BLOCK.
+Since GPU run 3, "2" is the default (P16 takes TAIL=2, every other row forward TAIL=1, bitwise "0"); the float32
+forward at the default against float64 within a bound derived from its order of operations (test_ce_f32_bound).
+The widened path's bitwise equality with the cast path: tests/backend/test_ce_lowp_logits_cuda.py (both plan TAIL=1).
 """
+import math
 import re
 import shutil
 import subprocess
@@ -47,6 +51,25 @@ def test_ce_tail_rule(monkeypatch, setting):
                     assert extra == {"TAIL": 2, "FULLK": full}, (name, shape, extra)
                 else:
                     assert extra == {"TAIL": 1}, (setting, name, shape, extra)
+
+
+def test_ce_tail_default_is_2_and_the_widened_plan_is_float32s(monkeypatch):
+    """The module default is "2" (MINIDNN_CE_TAIL unset); under it the widened forward (16-bit logits as float32)
+    plans float32's kernel plus XSTORAGE only -- TAIL=1, no P16, no TAIL=2 math -- while native 16-bit P16 rows take
+    TAIL=2."""
+    import os
+    assert _lk.CE_TAIL == os.environ.get("MINIDNN_CE_TAIL", "2")
+    monkeypatch.setattr(_lk, "CE_TAIL", "2")
+    for c in (10, 33, 128, 1000, 1001, 4097):
+        for w, red, eps in ((False, "mean", 0.0), (True, "none", 0.0), (True, "sum", 0.1)):
+            f32 = _lk.launch_spec("ce_fwd", (4096, c), np.dtype(np.float32), np.int64, w, red, eps)
+            for name in ("bfloat16", "float16"):
+                wid = _lk.launch_spec("ce_fwd", (4096, c), _dtype(name), np.int64, w, red, eps, True)
+                assert wid[:2] == f32[:2] and wid[3:] == f32[3:]
+                assert [d for d in wid[2] if d not in f32[2]] == [f"XSTORAGE={1 if name == 'float16' else 2}"]
+                assert "TAIL=1" in f32[2] and "TAIL=2" not in wid[2] and "P16=1" not in wid[2]
+                nat = _defs(_lk.launch_spec("ce_fwd", (4096, c), _dtype(name), np.int64, w, red, eps)[2])
+                assert nat["TAIL"] == (2 if nat.get("P16") == 1 else 1), (name, c, nat)
 
 
 @pytest.mark.parametrize("c", [2, 8, 10, 128, 250, 256, 1000, 1016, 1024, 1032, 2048])
@@ -224,3 +247,98 @@ def test_ce_tail_repeats_bitwise(cp, monkeypatch):
             again = [_host(a) for a in B.softmax_cross_entropy_forward(None, xd, td, None, -100, 0.0, "mean")]
             for u, v in zip(again, first):
                 np.testing.assert_array_equal(u, v, err_msg=setting)
+
+
+# ---- the float32 forward at the default (TAIL=1: session 11's order) against float64, with a derived bound ----------
+
+U32 = 2.0 ** -24
+
+
+def _f32_bounds(defines, c, x64, t, w64, steps):
+    """Per-row bounds on |lse - lse64| and |loss - loss64| of the float32 row forward with ``defines``, and the
+    relative bound of its 'sum' / denominator, from its order of operations (u = 2^-24):
+    - thread sums: each thread adds its E = NV * VEC slots (+ NE edge scalars) of expf(v - m_t): expf <= 2 ulp, the
+      rounded difference d adds |d| u relative to a term e^d (<= u / e absolute, as |d| e^d <= 1 / e), each add u
+      of the running sum (>= 1: the thread's max term is 1): (E + NE + 3) u relative;
+    - the group: s_t * expf(m_t - M) (3 u plus |m_t - M| u e^(m_t - M) <= u), log2 G shuffle adds: (log2 G + 4) u;
+    - lse = M + logf(S): logf 1 ulp of log S (<= 2^-23 * 2^ceil(log2 log C)), S's relative error carried as absolute,
+      the add u |lse|.  Loss rows: w_t (lse - x_t) rounded twice: w_t * lse bound + 2 u |loss|.
+    - 'sum': each group adds its ``steps`` rows in float, the warp's 32 lanes (5 levels), the block's warps (8): the
+      sum's error <= (steps + 13) u sum |loss_r| + sum of the rows' bounds; the denominator (steps + 13) u sum w_t."""
+    d = _defs(defines)
+    e, ne, g = d["NV"] * d["VEC"], (d["VEC"] - 1) if d["RAGGED"] else 0, d["G"]
+    rel_s = (e + ne + 3 + math.log2(g) + 4) * U32
+    logs = math.log(max(c, 2))
+    ulp_log = 2.0 ** -23 * 2.0 ** math.ceil(math.log2(max(logs, 1.0)))
+    m = x64.max(axis=1)
+    lse64 = m + np.log(np.exp(x64 - m[:, None]).sum(axis=1))
+    tol_lse = rel_s + ulp_log + U32 * (np.abs(lse64) + 1.0)
+    wt = np.ones(len(t)) if w64 is None else w64[t]
+    loss64 = wt * (lse64 - x64[np.arange(len(t)), t])
+    tol_loss = wt * tol_lse + 2 * U32 * np.abs(loss64)
+    return lse64, tol_lse, loss64, tol_loss, (steps + 13) * U32
+
+
+def _bound_ok(got, ref, tol):
+    return np.abs(np.asarray(got, np.float64) - ref) <= tol
+
+
+def test_f32_bound_fails_on_a_real_error():
+    """The bound is tight enough to see a 1e-5 relative error in one row (a real bug's size) on 1000 classes."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 1000)) * 3
+    t = rng.integers(0, 1000, 64)
+    defs = ("G=32", "NV=8", "VEC=4", "RAGGED=0")
+    lse, tl, loss, tol, _ = _f32_bounds(defs, 1000, x, t, None, 4)
+    assert _bound_ok(lse, lse, tl).all() and _bound_ok(loss, loss, tol).all()
+    bad = lse.copy()
+    bad[7] *= 1 + 1e-5
+    assert not _bound_ok(bad, lse, tl)[7]
+    assert tl.max() < 1e-5 and (tol / np.maximum(loss, 1)).max() < 1e-5
+
+
+F32_ROWS = [(6000, 1000), (3000, 1001), (20000, 10), (9000, 128), (4000, 33), (5000, 1), (2000, 127), (2000, 513),
+            (3000, 100)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows, c", F32_ROWS, ids=[f"{r}x{c}" for r, c in F32_ROWS])
+def test_ce_f32_bound(cp, rows, c):
+    """The float32 cross-entropy forward at the default setting against float64 within _f32_bounds (loss rows, lse,
+    'sum', 'mean' and the denominator; with and without class weights; odd widths, a row shifted by +30)."""
+    from minidnn.backend.cuda import launch
+    rng = np.random.default_rng(rows * 3 + c)
+    x = (rng.standard_normal((rows, c)) * 4).astype(np.float32)
+    x[5, :] += 30
+    t = rng.integers(0, c, rows)
+    t[3:5] = [0, c - 1]
+    w = (rng.random(c) + 0.1).astype(np.float32)
+    x64 = x.astype(np.float64)
+    xd, td = cp.asarray(x), cp.asarray(t)
+    for weighted in (False, True):
+        w64 = w.astype(np.float64) if weighted else None
+        spec = _lk.launch_spec("ce_fwd", (rows, c), np.dtype(np.float32), np.int64, weighted, "none")
+        assert "TAIL=1" in spec[2] and spec[0] == "ROWS"
+        grid = _lk._grid(spec[3], xd.data.device_id, spec[4])
+        steps = -(-rows // (grid * (spec[5] // _defs(spec[2])["G"])))
+        lse64, tl, loss64, tol, rel = _f32_bounds(spec[2], c, x64, t, w64, steps)
+        loss, lse, _ = B.softmax_cross_entropy_forward(None, xd, td, None if w is None or not weighted
+                                                       else cp.asarray(w), -100, 0.0, "none")
+        ok_l, ok_r = _bound_ok(_host(lse), lse64, tl), _bound_ok(_host(loss), loss64, tol)
+        assert ok_l.all(), (weighted, int((~ok_l).sum()), np.abs(_host(lse) - lse64).max(), tl.min())
+        assert ok_r.all(), (weighted, int((~ok_r).sum()), np.abs(_host(loss) - loss64).max(), tol.min())
+        wt = np.ones(rows) if w64 is None else w64[t]
+        for red in ("sum", "mean"):
+            out, _, den = B.softmax_cross_entropy_forward(None, xd, td, None if not weighted else cp.asarray(w),
+                                                          -100, 0.0, red)
+            tot, den64 = loss64.sum(), wt.sum()
+            tol_sum = tol.sum() + rel * np.abs(loss64).sum()
+            tol_den = rel * den64 + U32 * den64
+            assert abs(float(_host(den)) - den64) <= tol_den, (red, weighted)
+            if red == "sum":
+                assert abs(float(_host(out)) - tot) <= tol_sum + U32 * abs(tot), (weighted,)
+            else:
+                mean = tot / den64
+                tol_mean = tol_sum / den64 + abs(mean) * (tol_den / den64) + 2 * U32 * abs(mean)
+                assert abs(float(_host(out)) - mean) <= tol_mean, (weighted, float(_host(out)), mean, tol_mean)
+    assert launch.launch_count() > 0

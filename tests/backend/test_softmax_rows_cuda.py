@@ -713,6 +713,7 @@ def test_ce_fwd16_rule(monkeypatch, setting):
     backward keep session 9's kernels and their budgets."""
     from minidnn.backend.cuda import loss_kernels as _lk
     monkeypatch.setattr(_lk, "CE_FWD16", setting)
+    monkeypatch.setattr(_lk, "CE_TAIL", "0")        # session 12's tail defines apart (test_ce_fwd_tail.py)
     want = {"0": None, "1": 4, "2": None, "bf16": 4}[setting]
     for name in ("bfloat16", "float16", "float32", "float64"):
         for c in (2, 10, 250, 1000, 1001, 1024, 40000):
@@ -815,6 +816,7 @@ def test_ce_fwd16_rows(cp, monkeypatch, name, rows, c):
     and 'sum' with the denominator) and against session 9's FASTX forward ("0"), over a row of -inf, a NaN, a half
     -inf row, ignored targets, a target out of range (its row NaN), class weights; one launch a call."""
     from minidnn.backend.cuda import loss_kernels as _lk
+    monkeypatch.setattr(_lk, "CE_TAIL", "1")        # bitwise "0"; "2"'s P16 lse is test_ce_fwd_tail.py's
     dtype = _dtype(name)
     rng = np.random.default_rng(rows + 5 * c)
     x = (rng.standard_normal((rows, c)) * 3).astype(dtype)
