@@ -867,9 +867,9 @@ norm_fwd2(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __res
 #endif
 }
 
-// Session 12 (route "v3k", MINIDNN_NORM_ROUTE=ln_fwd16=v3k; off by default): ln_fwd3 with LN3_KEEP=1 -- the row's
-// values converted ONCE into A registers (v3s converts each value three times through LDE's asm volatile: the sum,
-// the variance, the output) -- and LN3_FULL=1 (host: D == TEAM * VPT * VEC: no per-vector tests, no divergent
+// Session 12 (route "v3k", the 16-bit default since round 2 for teams <= LN3K_MAX_TEAM): ln_fwd3 with LN3_KEEP=1 --
+// the row's values converted ONCE into A registers (v3s converts each value three times through LDE's asm volatile:
+// the sum, the variance, the output) -- and LN3_FULL=1 (host: D == TEAM * VPT * VEC: no per-vector tests, no divergent
 // branches around the sums): 377 -> 289 instructions a row and thread at bf16 (16384, 1024) (SASS, sm_90).
 #ifndef LN3_KEEP
 #define LN3_KEEP 0
@@ -1319,14 +1319,17 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 #endif
 }
 
-// Layer norm backward v3 (session 12; route "v3": MINIDNN_NORM_ROUTE=ln_bwd16=v3 / ln_bwd=v3).  Why: ln_bwd2's
+// Layer norm backward v3 (session 12; route "v3", the default for 16-bit and float32 rows since round 2: H200
+// 1.10-1.26x ln_bwd2 on 768..4096-value rows; MINIDNN_NORM_ROUTE=ln_bwd16=v2,ln_bwd=v2 for the A/B).  Why: ln_bwd2's
 // row loop issued ~33 instructions a value (SASS, bfloat16 (16384, 1024): 529 a row and thread of 16 values; every
 // use of a value converted it again, two team sums a row): the same count per VALUE as float32's, so at 2 bytes a
 // value the SMs' issue time was ~70% of the DRAM time (59% of copy bandwidth, float32 85%).  ln_bwd3 does the same
 // algebra in fewer instructions:
 //   - ONE team sum a row, of the triple cs = sum(d), s1 = sum(g), sgd = sum(g * d) with d = x - mean,
 //     g = dy * scale: off = cs / D (RECENTRE), s2 = sum(g * xhat) = rstd * (sgd - off * s1) (xhat = (d - off) *
-//     rstd), so c1 = s1 / D and c2 = s2 / D come from one sum (ln_bwd2: two, the second after a pass);
+//     rstd), so c1 = s1 / D and c2 = s2 / D come from one sum (ln_bwd2: two, the second after a pass); NumPy
+//     float32 emulation of rows ~0.01 apart (rstd ~100): the same error as ln_bwd2's in units of
+//     eps * rstd * max|g| (max 3.7 / 4.8, rms 0.64 / 0.62; tests/backend/test_ln_bwd3.py);
 //   - dx = rstd * g - rstd * c1 - xhat * (rstd * c2): two FMAs a value; xhat = d * rstd - off * rstd: one;
 //   - LNB_KEEP=1: d and g kept in A registers from the first pass (x converted once, dy twice); LNB_KEEP=0: both
 //     recomputed from the raw vectors in the source (ptxas still merges the conversions where its register
@@ -1335,19 +1338,11 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 //   - VPT * VEC > 16: the scale in shared memory (LNB_SSC, one copy per block), else in registers;
 //   - the column partials in the team's shared row as float4 PLANES (plane h of vector vi = values vi * VEC + 4h ..
 //     + 3: consecutive threads touch consecutive 16 bytes; ln_bwd2's 32-byte rows of 8 floats conflicted 2-way);
-//   - LNB_ASYNC=1: the team's NEXT row's x and dy copied global -> shared (cp.async, 16 bytes a copy, each thread its
-//     own vectors, so no barrier) right after the thread has read the current row's copy into registers (the same
-//     thread's earlier shared reads: program order; ptxas keeps them before the copies): a row of loads in flight
-//     during the whole row's work, for no registers (a staging row a team, TPB x 2 x VPT x TEAM x 16 bytes after
-//     the partials and the scale).
 // As ln_bwd2: TPB x 2D values of A in dynamic shared memory (+ D for the scale), the block adds its teams' rows in
 // team order -> ONE partial row per block for col_sum.  Thread t of team tib holds vectors k * TEAM + t (k < VPT).
 // Teams of TEAM >= 64 share a block through named barriers 1 + tib (TPB <= 15).  VEC is 4 or 8 (A float).
 #ifndef LNB_KEEP
 #define LNB_KEEP 1
-#endif
-#ifndef LNB_ASYNC
-#define LNB_ASYNC 0
 #endif
 #ifndef LNB_FULL
 #define LNB_FULL 0
@@ -1427,46 +1422,8 @@ ln_bwd3(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 #endif
     const long long stride = (long long)gridDim.x * TPB;
     long long r = (long long)blockIdx.x * TPB + tib;
-#if LNB_ASYNC
-    // this team's staging row: x vectors [0, VPT * TEAM), dy vectors after them (thread t: k * TEAM + t)
-    V* stx = reinterpret_cast<V*>(ln_smem + (long long)TPB * 2 * D * 4 + (LNB_SSC ? D * 4 : 0))
-             + tib * 2 * VPT * TEAM;
-    const unsigned int st0 = (unsigned int)__cvta_generic_to_shared(stx);
-    if (r < rows) {
-        const V* xr = reinterpret_cast<const V*>(x + r * D);
-        const V* gr = reinterpret_cast<const V*>(dy + r * D);
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-            if (LNB_IN(k * TEAM + t)) {
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + (k * TEAM + t) * 16),
-                             "l"(xr + k * TEAM + t) : "memory");
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + ((VPT + k) * TEAM + t) * 16),
-                             "l"(gr + k * TEAM + t) : "memory");
-            }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
     for (; r < rows; r += stride) {
         V a[VPT], b[VPT];
-#if LNB_ASYNC
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-            if (LNB_IN(k * TEAM + t)) { a[k] = stx[k * TEAM + t]; b[k] = stx[(VPT + k) * TEAM + t]; }
-        if (r + stride < rows) {
-            const V* xn = reinterpret_cast<const V*>(x + (r + stride) * D);
-            const V* gn = reinterpret_cast<const V*>(dy + (r + stride) * D);
-#pragma unroll
-            for (int k = 0; k < VPT; ++k)
-                if (LNB_IN(k * TEAM + t)) {
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + (k * TEAM + t) * 16),
-                                 "l"(xn + k * TEAM + t) : "memory");
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(st0 + ((VPT + k) * TEAM + t) * 16),
-                                 "l"(gn + k * TEAM + t) : "memory");
-                }
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-#else
         {
             const V* xr = reinterpret_cast<const V*>(x + r * D);
             const V* gr = reinterpret_cast<const V*>(dy + r * D);
@@ -1474,7 +1431,6 @@ ln_bwd3(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             for (int k = 0; k < VPT; ++k)
                 if (LNB_IN(k * TEAM + t)) { a[k] = xr[k * TEAM + t]; b[k] = gr[k * TEAM + t]; }
         }
-#endif
         const A mu = mean[r], is = rstd[r];
 #if LNB_KEEP
         A d[VPT][VEC], g[VPT][VEC];
@@ -1672,9 +1628,11 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}    # the most 16-byte vectors of one array
 # MINIDNN_NORM_ROUTE="ln_fwd16=v1,gn_bwd16=v1" (read at import; or set ROUTE in-process and clear _plans) picks
 # another version per case for a GPU A/B ("<case>16": 16-bit data, "<case>": other dtypes; gn_bwd "v2rt": gn_bwd2
 # with its run-time flags, as before GN_CHV); MINIDNN_NORM_V1=1 still sends everything to v1.
-# "v3k" (session 12, off by default; MINIDNN_NORM_ROUTE=ln_fwd16=v3k): "v3s" with LN3_KEEP and LN3_FULL (see
-# ln_fwd3's comment): the 16-bit forward's loop 377 -> 289 instructions a row and thread at (16384, 1024).
-# "v3s" (the default for ln_fwd16): ln_fwd3 with the parameters in shared memory (LN3_SMEM), one copy per block
+# "v3k" (session 12; the default for ln_fwd16 since round 2): "v3s" with LN3_KEEP and LN3_FULL (see ln_fwd3's
+# comment): the 16-bit forward's loop 377 -> 289 instructions a row and thread at (16384, 1024); H200 run 3 against
+# v3s: (16384, 1024) bf16 1.070x (75% of copy), fp16 1.091x, (4096, 768) 1.00x, (8, 768) 1.02x, but (2048, 4096)
+# bf16 0.950x -- a 256-thread team a row (one team a block); so "v3k" keeps v3s for teams above LN3K_MAX_TEAM.
+# "v3s": ln_fwd3 with the parameters in shared memory (LN3_SMEM), one copy per block
 # instead of 32 registers a thread -- 48 registers, five 256-thread blocks an SM instead of three, so 1280 threads'
 # rows in flight (the current and the prefetched one) where v3 had 768; "v3" keeps them in registers (A/B).
 # "v2m4" (the default for gn_bwd16): gn_bwd2 as v2, but 16-bit GN_CHV rows of a 256-thread team (e.g. G=32 of
@@ -1683,7 +1641,7 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}    # the most 16-byte vectors of one array
 # (Session 9 round 2's "v2w" for ln_bwd16 -- ln_bwd2 with warp teams of 4 vectors and the scale in shared memory --
 # measured slower on both GPUs -- H200 bf16 0.78x, fp32 0.97x; H100 bf16 0.0546 against 0.0448 ms -- and was
 # removed in session 11.)
-ROUTE = {"ln_fwd16": "v3s", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
+ROUTE = {"ln_fwd16": "v3k", "ln_bwd16": "v3", "ln_bwd": "v3", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
 # Session 9: gn_bwd2's GN_CHV rows with the next row prefetched (GN_PREF; half the blocks an SM for the registers).
 # GN_PREFETCH "0" (the default): none -- measured slower on the H200 (session 9 run 6, tools/ktable_ab.py, graph
 # replays of (128, 64, 56, 56) G=32: bfloat16 0.0636 -> 0.0854 ms, float32 0.0891 -> 0.1255; halving the resident
@@ -1704,6 +1662,12 @@ def gn_prefetch(dtype) -> bool:
     return GN_PREFETCH == "1" or (GN_PREFETCH == "16" and np.dtype(dtype).itemsize == 2)
 ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
              if "=" in kv)
+
+
+# Route "v3k" takes LN3_KEEP / LN3_FULL for rows of teams up to this size (2048 values: 4 warps a row), v3s above:
+# the one measured 256-thread team, (2048, 4096) bf16, lost 5% to v3s (H200 run 3) though its loop issues fewer
+# instructions (SASS 399 -> 306 a row and thread): not issue-bound there (3.1 rows a resident team).
+LN3K_MAX_TEAM = 128
 
 
 def _version(case, dtype):
@@ -1954,7 +1918,7 @@ def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned,
         cfg3 = ln_config3(d, x.dtype, aligned)
         if cfg3 is not None:
             return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version != "v3",
-                                     keep=version == "v3k")
+                                     keep=version == "v3k" and cfg3[0] <= LN3K_MAX_TEAM)
     cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
     if cfg is None:
         team, vpt, vec = row_config(d, x.dtype, aligned)
@@ -2023,29 +1987,26 @@ def _ln_backward_plan2(x, rows, d, scale, cfg, palign, dev):
     return go, (grid * 2 * d if has_scale else 1), col, _acc(x.dtype)
 
 
-# Session 12: ln_bwd3 (route "v3", MINIDNN_NORM_ROUTE="ln_bwd16=v3" and/or "ln_bwd=v3"; off by default until a GPU
-# A/B): layer-norm backward with one team sum a row and the per-value work cut (~33 -> ~19 instructions a value at
-# 16 bits, SASS), see the kernel's comment.  LN_BWD3_P: the most 16-byte vectors of x (and of dy) a thread holds
-# (MINIDNN_LN_BWD3_P, read at import; tools/ln_ab.py sets it and clears _plans): 4 = a warp per 1024-value bf16 row,
-# 32 values a thread; 2 = ln_bwd2's teams.
-LN_BWD3_P = int(os.environ.get("MINIDNN_LN_BWD3_P", "4"))
-# LN_BWD3_ASYNC (MINIDNN_LN_BWD3_ASYNC=1): the next row's x and dy staged in shared memory by cp.async while the
-# current row is worked on (a warp per row holds no loads in flight during its ~600-instruction row otherwise).
-LN_BWD3_ASYNC = os.environ.get("MINIDNN_LN_BWD3_ASYNC", "0") == "1"
+# Session 12: ln_bwd3 (route "v3", the default for 16-bit and float32 rows since round 2; float64 keeps ln_bwd2):
+# layer-norm backward with one team sum a row and the per-value work cut (~33 -> ~19 instructions a value at 16 bits,
+# SASS), see the kernel's comment.  H200 run 3 (graph replays, against ln_bwd2): (16384, 1024) bf16 1.228x (73% of
+# copy), fp16 1.221x, fp32 1.010x; (4096, 768) bf16 1.264x, fp32 1.205x; (2048, 4096) bf16 1.226x, fp32 1.103x --
+# all at P = 4.  LN_BWD3_P: the most 16-byte vectors of x (and of dy) a thread holds (MINIDNN_LN_BWD3_P, read at
+# import; tools/ln_ab.py sets it and clears _plans): 4 = a warp per 1024-value bf16 row, 32 values a thread; 2 =
+# ln_bwd2's teams; 0 (the default) = the rule of ln_bwd3_p.  (Round 1's LNB_ASYNC -- the next row staged by cp.async
+# -- measured slower everywhere, 0.97-0.99x of P = 4, and was removed.)
+LN_BWD3_P = int(os.environ.get("MINIDNN_LN_BWD3_P", "0"))
 LN_BWD3_SMEM_MAX = 160 * 1024       # a block's partial rows (+ the scale) in dynamic shared memory, at most
 
 
-def ln_bwd3_config(d, itemsize, aligned, p=None, stage=None):
-    """(TEAM, VPT, VEC, BLOCK, MINB, KEEP, FULL, ASYNC, SMEM) of ln_bwd3 for rows of ``d`` values of ``itemsize``
-    bytes (2 or 4), or None (ln_bwd2 / v1 then): 16-byte vectors (aligned, d a multiple of VEC), the smallest
-    power-of-two team (32..512) whose threads hold the row in at most ``p`` vectors; blocks of max(256, TEAM);
-    launch bounds from the registers the values a thread holds need (ptxas, sm_90, no spills): up to 8 values of
-    an array 3 blocks of 256 an SM at 16 bits, 4 at 32 where FULL (else 3); more, 2 (512 threads: 1); KEEP (d and
-    g kept as A) up to 8 values; FULL when the team covers the row exactly; ASYNC = ``stage`` (LN_BWD3_ASYNC: the
-    next row staged in shared memory by cp.async); SMEM = TPB x 2D floats of partials, + D floats for the scale when
-    it lives in shared memory (VPT * VEC > 16), + TPB x 2 x VPT x TEAM x 16 bytes of staging (ASYNC)."""
-    p = LN_BWD3_P if p is None else p
-    stage = LN_BWD3_ASYNC if stage is None else stage
+def ln_bwd3_config(d, itemsize, aligned, p=4):
+    """(TEAM, VPT, VEC, BLOCK, MINB, KEEP, FULL, SMEM) of ln_bwd3 for rows of ``d`` values of ``itemsize`` bytes
+    (2 or 4), or None (ln_bwd2 / v1 then): 16-byte vectors (aligned, d a multiple of VEC), the smallest power-of-two
+    team (32..512) whose threads hold the row in at most ``p`` vectors; blocks of max(256, TEAM); launch bounds from
+    the registers the values a thread holds need (ptxas, sm_90, no spills): up to 8 values of an array 3 blocks of
+    256 an SM at 16 bits, 4 at 32 where FULL (else 3); more, 2 (512 threads: 1); KEEP (d and g kept as A) up to 8
+    values; FULL when the team covers the row exactly; SMEM = TPB x 2D floats of partials, + D floats for the scale
+    when it lives in shared memory (VPT * VEC > 16)."""
     if itemsize not in (2, 4) or not aligned:
         return None
     vec = 16 // itemsize
@@ -2067,20 +2028,40 @@ def ln_bwd3_config(d, itemsize, aligned, p=None, stage=None):
         minb = 4 if itemsize == 4 and full else 3      # float32 rows not filling the team spilled 24 bytes at 4
     else:
         minb = 2
-    smem = (block // team) * 2 * d * 4 + (d * 4 if values > 16 else 0) + (block * 2 * vpt * 16 if stage else 0)
+    smem = (block // team) * 2 * d * 4 + (d * 4 if values > 16 else 0)
     if smem > LN_BWD3_SMEM_MAX:
         return None
-    return team, vpt, vec, block, minb, int(values <= 8), int(full), int(bool(stage)), smem
+    return team, vpt, vec, block, minb, int(values <= 8), int(full), smem
+
+
+def ln_bwd3_wave(cfg, sms):
+    """Rows one wave of ``cfg``'s teams holds: SMs x its launch bounds' blocks an SM x teams a block."""
+    team, _, _, block, minb = cfg[:5]
+    return sms * minb * (block // team)
+
+
+def ln_bwd3_p(rows, d, itemsize, aligned, sms):
+    """The P of ln_bwd3 for ``rows`` rows of ``d`` values (LN_BWD3_P where set): 2 when every row fits one wave of
+    P = 2's teams (each team one row: the time is a row's latency, and P = 2 spreads a row over twice the threads
+    -- H200 (8, 768): P = 2 1.042x ln_bwd2 bf16, 1.036x fp32, P = 4 0.925x / 0.986x), else 4 (more rows than P = 2
+    holds at once: throughput, where P = 4's fewer instructions a value win -- (4096, 768) bf16 1.264x against P = 2's
+    1.145x, (2048, 4096) fp32 1.103x against 0.852x); the other P where the chosen one has no configuration."""
+    if LN_BWD3_P:
+        return LN_BWD3_P
+    cfg2 = ln_bwd3_config(d, itemsize, aligned, 2)
+    if cfg2 is None:
+        return 4
+    return 2 if rows <= ln_bwd3_wave(cfg2, sms) else 4
 
 
 def _ln_backward_plan3(x, rows, d, scale, cfg, palign, dev):
     """ln_bwd3 on a grid of the resident blocks (each block one partial row), then col_sum."""
-    team, vpt, vec, block, minb, keep, full, stage, smem = cfg
+    team, vpt, vec, block, minb, keep, full, smem = cfg
     has_scale = scale is not None
-    if not has_scale and vpt * vec <= 16 and not stage:
+    if not has_scale and vpt * vec <= 16:
         smem = 0            # no partial rows, the scale (ones) in registers
     k = _kernel("ln_bwd3", x.dtype, _p_info(x.dtype, scale), team, vpt, vec, block=block, minb=minb,
-                defs=(("LNB_KEEP", keep), ("LNB_FULL", full)) + ((("LNB_ASYNC", 1),) if stage else ()))
+                defs=(("LNB_KEEP", keep), ("LNB_FULL", full)))
     if smem >= 48 * 1024:
         try:
             _launch._opt_in(k, smem)      # before the occupancy query, which counts the opted-in size
@@ -2094,9 +2075,15 @@ def _ln_backward_plan3(x, rows, d, scale, cfg, palign, dev):
     return go, (grid * 2 * d if has_scale else 1), col, _acc(x.dtype)
 
 
+def ln_bwd3_plan_config(rows, d, itemsize, aligned, sms):
+    """The ln_bwd3 configuration route "v3" takes (ln_bwd3_p's P, else the other P), or None (ln_bwd2)."""
+    p = ln_bwd3_p(rows, d, itemsize, aligned, sms)
+    return ln_bwd3_config(d, itemsize, aligned, p) or ln_bwd3_config(d, itemsize, aligned, 6 - p)
+
+
 def _ln_backward_plan(x, rows, d, scale, aligned, palign, dev):
     ver = _version("ln_bwd", x.dtype)
-    cfg3 = ln_bwd3_config(d, x.dtype.itemsize, aligned) if ver == "v3" else None
+    cfg3 = ln_bwd3_plan_config(rows, d, x.dtype.itemsize, aligned, _launch.sm_count(dev)) if ver == "v3" else None
     if cfg3 is not None:
         return _ln_backward_plan3(x, rows, d, scale, cfg3, palign, dev)
     cfg = None if ver == "v1" else row_config2(d, x.dtype, aligned, "ln_bwd")
