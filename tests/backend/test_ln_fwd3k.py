@@ -1,7 +1,8 @@
-"""Session 12: the 16-bit layer-norm forward candidate "v3k" (norm_kernels ln_fwd3 with LN3_KEEP, LN3_FULL; route
-MINIDNN_NORM_ROUTE=ln_fwd16=v3k) against the float64 reference and against the default ("v3s"): the same sums in the
-same order (each value converted once instead of three times; no per-vector tests where the team covers the row),
-so y, mean and rstd are compared BITWISE with v3s.
+"""Session 12: the 16-bit layer-norm forward "v3k" (norm_kernels ln_fwd3 with LN3_KEEP, LN3_FULL; the default route
+since round 2 for teams up to LN3K_MAX_TEAM = 128 threads, i.e. rows up to 2048 values; v3s for longer rows;
+MINIDNN_NORM_ROUTE=ln_fwd16=v3s gives v3s everywhere) against the float64 reference and against "v3s": the same sums
+in the same order (each value converted once instead of three times; no per-vector tests where the team covers the
+row), so y, mean and rstd are compared BITWISE with v3s.
 
 CPU: which widths are FULL, and every configuration the route plans compiles for sm_90 without spills.  GPU (marked
 cuda): row widths that fill the team (256, 1024, 4096: LN3_FULL) and that do not (768, 1000), tiny row counts, with
@@ -29,7 +30,17 @@ def _configs_of(d):
 
 
 def _configs():
-    return sorted({_configs_of(d) for d in WIDTHS})
+    """The configurations route v3k compiles with LN3_KEEP (teams <= LN3K_MAX_TEAM)."""
+    return sorted({_configs_of(d) for d in WIDTHS if _configs_of(d)[0] <= NK.LN3K_MAX_TEAM})
+
+
+def test_v3k_default_route_and_team_rule():
+    """v3k is the 16-bit default; its KEEP / FULL build up to 128-thread teams (2048 values), v3s above (4096: a
+    256-thread team, 0.95x v3s on the H200)."""
+    assert NK._version("ln_fwd", np.dtype(np.float16)) == "v3k"
+    assert NK.LN3K_MAX_TEAM == 128
+    assert {d: _configs_of(d)[0] <= NK.LN3K_MAX_TEAM for d in WIDTHS} == {
+        256: True, 512: True, 768: True, 1000: True, 1024: True, 2048: True, 4096: False}
 
 
 def test_v3k_full_widths():
@@ -66,11 +77,16 @@ def cp():
     return _dev.require_cupy()
 
 
+# (dtype, shape, parameters): FULL rows (1024, 256), rows that do not fill the team (768, 1000), tiny row counts, the
+# 256-thread team (4096: the default plans v3s there), every parameter kind at least once.  ~10 NVRTC compiles.
+FWD_CASES = [("bfloat16", (4096, 1024), "both"), ("bfloat16", (8, 768), "none"),
+             ("bfloat16", (3001, 1000), "misaligned"), ("bfloat16", (600, 4096), "both"),
+             ("bfloat16", (20001, 256), "16-bit"), ("bfloat16", (3, 1024), "none"),
+             ("float16", (4096, 1024), "16-bit"), ("float16", (517, 768), "both")]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["bfloat16", "float16"])
-@pytest.mark.parametrize("shape", [(16384, 1024), (8, 768), (4096, 768), (2048, 4096), (7001, 1000), (3, 1024),
-                                   (20001, 256)])
-@pytest.mark.parametrize("affine", ["both", "none", "misaligned", "16-bit"])
+@pytest.mark.parametrize("name, shape, affine", FWD_CASES, ids=lambda v: str(v))
 def test_ln_fwd3_keep(cp, monkeypatch, name, shape, affine):
     rng = np.random.default_rng(hash((shape, name, affine)) % 2 ** 32)
     dtype = _dtype(name)
@@ -85,6 +101,13 @@ def test_ln_fwd3_keep(cp, monkeypatch, name, shape, affine):
         scale = cp.asarray(rng.standard_normal(d).astype(dtype))
         bias = cp.asarray(rng.standard_normal(d).astype(dtype))
     gx = cp.asarray(x)
+    keeps = []
+    real = NK._ln_forward_plan3
+
+    def spy(*args, **kw):
+        keeps.append(kw.get("keep", False))
+        return real(*args, **kw)
+    monkeypatch.setattr(NK, "_ln_forward_plan3", spy)
     out = {}
     for version in ("v3s", "v3k"):
         NK._plans.clear()
@@ -93,6 +116,7 @@ def test_ln_fwd3_keep(cp, monkeypatch, name, shape, affine):
             out[version] = B.layer_normalization_forward(None, gx, scale, bias, 1, 1e-5)
         assert c.n == 1
     NK._plans.clear()
+    assert keeps == [False, NK.ln_config3(d, dtype, True)[0] <= NK.LN3K_MAX_TEAM]
     y_r, m_r, i_r = B.layer_normalization_forward(None, x.astype(np.float64), _h(scale), _h(bias), 1, 1e-5)
     y, m, i = out["v3k"]
     _close(y, y_r, name)
