@@ -1,32 +1,31 @@
-"""A/B of session 12's layer-norm candidates (norm_kernels: backward ln_bwd3, route "v3"; 16-bit forward ln_fwd3
-with LN3_KEEP, route "v3k") against the defaults, device time only (CUDA-graph replays, as bench/kernels_gpu.py's
-graph columns), PyTorch's F.layer_norm beside, ONE process.
+"""A/B of session 12's layer-norm defaults (norm_kernels, round 2: backward ln_bwd3 -- route "v3", P by
+ln_bwd3_p's rule -- for 16-bit and float32 rows; 16-bit forward ln_fwd3 "v3k" -- LN3_KEEP / LN3_FULL for teams up
+to LN3K_MAX_TEAM, v3s above) against the previous defaults (ln_bwd2 "v2", ln_fwd3 "v3s"), device time only
+(CUDA-graph replays, as bench/kernels_gpu.py's graph columns), PyTorch's F.layer_norm beside, ONE process.
 
     python tools/ln_ab.py [--rows big,bert,long,small] [--dtypes bfloat16,float16,float32] [--rounds 4] [--trials 5]
-                          [--settings v2,v3p4,v3p4a,v3p2] [--fwd-settings v3s,v3k]
+                          [--settings default,v2] [--fwd-settings default,v3s]
 
 Rows (shape; the bench's layer-norm case: x, dy of the dtype, scale = 1 and bias = 0 in float32 for 16-bit data):
   big    (16384, 1024)   the kernel table's row (issue 10's target: >= 75% of copy bandwidth, faster than PyTorch)
   bert   (4096, 768)     BERT-base width, 3 vectors a lane at P=4 (the scale in shared memory)
-  long   (2048, 4096)    long rows: teams of 128 (P=4) / 256 (P=2)
-  small  (8, 768)        latency-bound: one launch + col_sum, fewer rows than one SM's teams
+  long   (2048, 4096)    long rows: teams of 128 (P=4; the forward's 256-thread team: v3s under both settings)
+  small  (8, 768)        latency-bound: P = 2 by the rule, one launch + col_sum
 float16 runs the big row only (the same kernels as bfloat16 but the conversions).
-Forward settings (16-bit rows; float32 rows time the default once): v3s the default (ln_fwd3, parameters in shared
-memory), v3k = v3s with LN3_KEEP / LN3_FULL (values converted once; 377 -> 289 instructions a row-thread).
-Backward settings (each a route of the layer-norm backward, 16-bit and float32 alike; plans forgotten at each
-flip, so the next capture plans and compiles anew -- NVRTC compiles count, ~2 s each, about 20 in all):
-  v2     the default: ln_bwd2 (teams of <= 2 vectors a thread, two team sums a row) + col_sum
-  v3p4   ln_bwd3, LN_BWD3_P = 4 (a warp per 1024-value 16-bit row, 32 values a thread, recomputed from raw registers)
-  v3p4a  v3p4 with LN_BWD3_ASYNC (the next row staged in shared memory by cp.async during the current row's work)
-  v3p2   ln_bwd3, LN_BWD3_P = 2 (ln_bwd2's teams; d and g kept in registers where a thread holds <= 8 values)
+Forward settings (16-bit rows; float32 rows time the default once): default (v3k with its team rule), v3s.
+Backward settings (each a route of the layer-norm backward, 16-bit and float32 alike; plans forgotten at each flip,
+so the next capture plans and compiles anew -- NVRTC compiles count, ~2 s each, about 16 in all):
+  default  ln_bwd3 (route v3) with the P rule: P = 2 where every row fits one wave of P = 2's teams, else P = 4
+  v2       ln_bwd2 (teams of <= 2 vectors a thread, two team sums a row) + col_sum: the previous default
+  v3p4     ln_bwd3 with P = 4 forced (MINIDNN_LN_BWD3_P=4); v3p2 with P = 2 forced (not run unless asked)
 Method: per row and dtype, `rounds` rounds; each round times every setting once, the order rotated a step each
 round (so clock or temperature drift spreads over the settings), each timing a fresh capture of `reps` calls
 replayed `trials` times (median).  Reported per setting: the median over rounds (ms a call), GB/s and % of the copy
 bandwidth (compulsory bytes: x, dy read, dx written; forward x read, y written -- the bench's accounting), the
 median of the per-round ratios to the first setting (> 1: faster than it) and the spread over rounds; PyTorch's
-graphed forward (F.layer_norm) and backward (torch.autograd.grad of it) once per row.  `plan` shows each backward
-setting's kernel configuration.
-Expected device time: ~2 min on an H100/H200 (compiles included).
+graphed forward (F.layer_norm) and backward (torch.autograd.grad of it) once per row.  `plan` shows each setting's
+kernel configuration.
+Expected device time: ~1.5 min on an H100/H200 (compiles included).
 """
 from __future__ import annotations
 
@@ -45,28 +44,23 @@ from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
 
 ROWS = {"big": (16384, 1024), "bert": (4096, 768), "long": (2048, 4096), "small": (8, 768)}
-FWD_SETTINGS = ("v3s", "v3k")
-SETTINGS = {"v2": ("v2", None, False), "v3p4": ("v3", 4, False), "v3p4a": ("v3", 4, True), "v3p2": ("v3", 2, False)}
-_DEFAULT = (dict(NK.ROUTE), NK.LN_BWD3_P, NK.LN_BWD3_ASYNC)
+FWD_SETTINGS = ("default", "v3s", "v3k")
+SETTINGS = {"default": (None, None), "v2": ("v2", None), "v3p4": ("v3", 4), "v3p2": ("v3", 2)}
+_DEFAULT = (dict(NK.ROUTE), NK.LN_BWD3_P)
 
 
 def apply(setting):
     """Route every dtype's layer-norm backward through ``setting`` (None: the import-time default)."""
-    if setting is None:
-        NK.ROUTE.clear()
-        NK.ROUTE.update(_DEFAULT[0])
-        NK.LN_BWD3_P, NK.LN_BWD3_ASYNC = _DEFAULT[1:]
-    else:
-        route, p, stage = SETTINGS[setting]
-        NK.ROUTE["ln_bwd16"] = NK.ROUTE["ln_bwd"] = route
-        NK.LN_BWD3_P = _DEFAULT[1] if p is None else p
-        NK.LN_BWD3_ASYNC = stage
+    route, p = SETTINGS[setting or "default"]
+    NK.ROUTE["ln_bwd16"] = _DEFAULT[0]["ln_bwd16"] if route is None else route
+    NK.ROUTE["ln_bwd"] = _DEFAULT[0]["ln_bwd"] if route is None else route
+    NK.LN_BWD3_P = _DEFAULT[1] if p is None else p
     NK._plans.clear()
 
 
 def apply_fwd(setting):
     """Route the 16-bit layer-norm forward through ``setting`` (None: the import-time default)."""
-    NK.ROUTE["ln_fwd16"] = _DEFAULT[0]["ln_fwd16"] if setting is None else setting
+    NK.ROUTE["ln_fwd16"] = _DEFAULT[0]["ln_fwd16"] if setting in (None, "default") else setting
     NK._plans.clear()
 
 
@@ -100,20 +94,35 @@ def _line(what, dtype_name, shape, s, times, ratios, first, nbytes, bw, torch_ms
           + (f"   plan: {plan}" if plan else ""))
 
 
-def plan_text(setting, d, dtype):
-    route, p, stage = SETTINGS[setting]
-    if route == "v3":
-        cfg = NK.ln_bwd3_config(d, dtype.itemsize, True, p, stage)
-        if cfg is not None:
-            team, vpt, vec, block, minb, keep, full, staged, smem = cfg
-            return (f"ln_bwd3 team={team} VPT={vpt} VEC={vec} block={block} minb={minb} KEEP={keep} FULL={full} "
-                    f"ASYNC={staged} smem={smem // 1024} KB")
+def plan_text(setting, rows, d, dtype, sms):
+    """The backward kernel configuration ``setting`` plans for (rows, d) of ``dtype`` (x and dy aligned)."""
+    apply(setting)
+    try:
+        if NK._version("ln_bwd", dtype) == "v3":
+            cfg = NK.ln_bwd3_plan_config(rows, d, dtype.itemsize, True, sms)
+            if cfg is not None:
+                team, vpt, vec, block, minb, keep, full, smem = cfg
+                p = NK.ln_bwd3_p(rows, d, dtype.itemsize, True, sms)
+                return (f"ln_bwd3 P={p} team={team} VPT={vpt} VEC={vec} block={block} minb={minb} KEEP={keep} "
+                        f"FULL={full} smem={smem // 1024} KB")
+    finally:
+        apply(None)
     cfg = NK.row_config2(d, dtype, True, "ln_bwd")
     if cfg is None:
         return "v1"
     team, vpt, vec = cfg
     block, minb = NK._v2_launch_shape("ln_bwd", team, dtype.itemsize)
     return f"ln_bwd2 team={team} VPT={vpt} VEC={vec} block={block} minb={minb}"
+
+
+def fwd_plan_text(setting, d, dtype):
+    """The 16-bit forward's kernel under ``setting``."""
+    cfg = NK.ln_config3(d, dtype, True)
+    if cfg is None:
+        return "norm_fwd2"
+    version = _DEFAULT[0]["ln_fwd16"] if setting == "default" else setting
+    keep = version == "v3k" and cfg[0] <= NK.LN3K_MAX_TEAM
+    return f"ln_fwd3 team={cfg[0]} VPT={cfg[1]} " + ("KEEP FULL" if keep else "v3s")
 
 
 def run_row(timer, cp, torch, key, dtype_name, bw, rounds, settings, fwd_settings):
@@ -133,14 +142,15 @@ def run_row(timer, cp, torch, key, dtype_name, bw, rounds, settings, fwd_setting
     finally:
         apply_fwd(None)
     for s in fsets:
-        _line("fwd", dtype_name, shape, s, got[s], ratios[s], fsets[0], fbytes, bw, tf, "")
+        _line("fwd", dtype_name, shape, s, got[s], ratios[s], fsets[0], fbytes, bw, tf,
+              fwd_plan_text(s, shape[-1], cases.dt) if cases.dt.itemsize == 2 else "")
     try:
         got, ratios = _rounds(timer, fn, settings, apply, rounds)
     finally:
         apply(None)
     for s in settings:
         _line("bwd", dtype_name, shape, s, got[s], ratios[s], settings[0], nbytes, bw, tb,
-              plan_text(s, shape[-1], cases.dt))
+              plan_text(s, shape[0], shape[-1], cases.dt, NK._launch.sm_count(0)))
     sys.stdout.flush()
     del cases
     cp.get_default_memory_pool().free_all_blocks()
@@ -152,8 +162,8 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="bfloat16,float16,float32")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--settings", default=",".join(SETTINGS))
-    ap.add_argument("--fwd-settings", default=",".join(FWD_SETTINGS))
+    ap.add_argument("--settings", default="default,v2")
+    ap.add_argument("--fwd-settings", default="default,v3s")
     args = ap.parse_args(argv)
     settings = args.settings.split(",")
     fwd_settings = args.fwd_settings.split(",")
