@@ -75,8 +75,9 @@ STAGE = os.environ.get("MINIDNN_BN_NHWC_STAGE", "1") != "0"
 # Session 12, round 2 (docs/step_kernels.md, "Session 12: channels-last batch norm"); both off until the GPU A/B says,
 # the same bits either way (callers clear the call caches after changing them; tools/bn_nhwc_ab.py does):
 # MEET (MINIDNN_BN_NHWC_MEET=1): the one-launch kernels' meeting with fewer round trips -- one fence a block at the
-# ticket and at the flag (thread 0 after the barrier), the combine's loads CB = 32 in flight (float sums; 16 for
-# double) instead of 16 / 8 (the same partials in the same order), the flag polled with acquire loads, no sleep.
+# ticket and at the flag (thread 0 after the barrier), the combine's loads 32 in flight instead of 16 (float sums; the
+# fused backward and double sums keep 16 / 8: registers) -- the same partials in the same order --, the flag polled
+# with acquire loads, no sleep.
 MEET = os.environ.get("MINIDNN_BN_NHWC_MEET", "0") == "1"
 # KEEP: the directions ("fwd", "bwd") whose one-launch kernels with the on-chip copy give L2 eviction policies to
 # their loads (MINIDNN_BN_NHWC_KEEP = "fwd,bwd" / "bwd" / "1": both; empty: none): the reduction pass's last `kl`
@@ -303,14 +304,14 @@ __device__ __forceinline__ bool arrive(unsigned int* ticket)
 // partials, in a fixed order -- thread (q, k) takes partials q, q + QN, ... of channel k (CB loads in flight: 8,
 // 16 with V2 in float: MobileNet's C = 128 at 8 x 8 gives 64 partials a thread, 8 round trips to L2 at 8), then a tree
 // over q -- and fin(c, t1, t2) once per channel.
-// (MEET: CB_MEET = 24 in float -- the round trips to L2 are the meeting's critical path: C = 64 at 264 blocks, 66
-// partials a thread, 5 -> 3 trips; C = 16, 17 a thread, 2 -> 1 -- in the one-launch kernels, but for the fused
-// backward (RELU, HAS_Z), which sits at 128 registers already: nvcc sm_90 spills 4-16 bytes there with 24.  The order
-// of the additions does not depend on CB.)
+// (MEET: CB_MEET = 32 in float -- the round trips to L2 are the meeting's critical path: C = 64 at 264 blocks, 66
+// partials a thread, 5 -> 3 trips; at 128 blocks ((128, 64, 8, 8)) 32 a thread, 2 -> 1; C = 16, 17 a thread, 2 -> 1
+// -- in the one-launch kernels, but for the fused backward (RELU, HAS_Z), which sits at 128 registers already: nvcc
+// sm_90 spills 4-16 bytes there even at 24.  The order of the additions does not depend on CB.)
 #define CB (V2 && !ACC_DOUBLE ? 16 : 8)
 #if MEET && V2 && !ACC_DOUBLE
-#define CB_MEET 24
-#define CB_MEET_BWD (RELU || HAS_Z ? CB : 24)
+#define CB_MEET 32
+#define CB_MEET_BWD (RELU || HAS_Z ? CB : 32)
 #else
 #define CB_MEET CB
 #define CB_MEET_BWD CB
