@@ -1,25 +1,27 @@
-"""A/B of session 12's row-kernel candidates on the GPU (issue 10): the cross-entropy forward under each
-loss_kernels.CE_TAIL setting and the float32 softmax / log-softmax forward under each softmax_kernels.FWD_FAST
-setting, device time only (CUDA-graph replays, as bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one
-process, PyTorch's graphed op beside.
+"""A/B of session 12's row-kernel settings on the GPU (issue 10): the cross-entropy forward under loss_kernels.CE_TAIL
+(the default "2" against session 11's "0") and the softmax / log-softmax forward under softmax_kernels.FWD_NARROW
+(the default "0" against sub-warp groups of 16 / 32 elements a thread), device time only (CUDA-graph replays, as
+bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's graphed op beside.
 
     python tools/row_ab.py [--ops ce,smx,lsmx] [--dtypes float32,bfloat16] [--rounds 4] [--trials 5]
-                           [--shapes 16384x1000,128x10,4096x32000,65536x128]
+                           [--shapes 16384x1000,65536x128,262144x64,32768x256,128x10]
 
 Settings (docs/step_kernels.md, "Session 12: cross-entropy and softmax forward"):
-  ce    CE_TAIL   "0" (default) | "1" (acquire-release ticket, the last block's partials in one round trip: bitwise
-                  "0") | "2" ("1" + P16's whole slots without the -inf preset, ex2 / lg2 for the row's exp and log)
-  smx   FWD_FAST  "0" (default) | "1" (ex2.approx exps) | "2" ("1" + evict-first stores) | "3" ("1" + 128-thread
-  lsmx            blocks, five an SM) -- float32 PIPE rows only; other dtypes plan "0" (their lines are skipped)
-A setting whose planned kernel (defines, grid) is an earlier setting's is not timed again: its line says "= 0" (or
-"= 1", ...).
+  ce    CE_TAIL     "2" (default: P16 with FULLK and ex2 / lg2 for the row's exp and log, every other row forward
+                    "1") | "1" (acquire-release ticket, the last block's partials in one round trip: bitwise "0") |
+                    "0" (session 11's kernels)
+  smx   FWD_NARROW  "0" (default) | "16" | "32" (a PIPE forward row whose threads hold fewer elements: sub-warp
+  lsmx              groups holding that many each, several rows a warp) -- other rows plan "0" (their lines say so)
+The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
+earlier setting's is not timed again: its line says "= 0" (or "= 2", ...).
 Method: per case (op, dtype, shape) `rounds` rounds; a round times every distinct setting in turn, the order reversed
 every other round (a drift of clocks cancels), each timing a fresh capture of the bench's `reps` calls (the
 primitive with its host work, as bench/kernels_gpu.py: x, target and outputs from the bench's Cases) replayed
 `trials` times (median).  Switching forgets the settled launches first, so the next capture plans anew (the NVRTC
 compile happens in the warm-up call before the capture).  Reported: the median over rounds of each setting (ms a
 call, GB/s of the bench's compulsory bytes, % of the copy bandwidth measured in the same run), the spread
-(max/min - 1), the median of the per-round ratios "0"/setting (> 1: the setting is faster), and PyTorch / setting.
+(max/min - 1), the median of the per-round ratios reference/setting (> 1: the setting is faster), and PyTorch /
+setting.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
 
-SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2", "3"), "lsmx": ("0", "1", "2", "3")}
+SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "16", "32"), "lsmx": ("0", "16", "32")}
 NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd"}
 
 
@@ -63,14 +65,14 @@ def _switch(op, setting):
     if op == "ce":
         lk.CE_TAIL = setting
     else:
-        sk.FWD_FAST = setting
+        sk.FWD_NARROW = setting
     _forget()
 
 
 def _restore():
     lk, sk = _mods()
-    lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "0")
-    sk.FWD_FAST = os.environ.get("MINIDNN_SOFTMAX_FAST", "0")
+    lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "2")
+    sk.FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "0")
     _forget()
 
 
@@ -154,7 +156,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default="ce,smx,lsmx")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--shapes", default="16384x1000,128x10,4096x32000,65536x128")
+    ap.add_argument("--shapes", default="16384x1000,65536x128,262144x64,32768x256,128x10")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--trials", type=int, default=5)
     args = ap.parse_args(argv)

@@ -439,41 +439,6 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
     }
 }
 
-#ifndef SFX
-#define SFX 0
-#endif
-#if SFX
-// SFX (session 12, FWD_FAST; the PIPE forward of float rows): exp(v - sh) as ex2.approx.ftz((v - sh) log2e) -- an
-// FADD, an FMUL and one MUFU.EX2 instead of expf's ~10 instructions (error: ~2 ulp plus the product's rounding,
-// results below 2^-126 flushed to 0) -- and log-softmax's output as v - (M + log S), one FADD an element.  SFX 2 also
-// stores the row with st.global.cs (evict-first: the output is not read again by this kernel).
-__device__ __forceinline__ float sfx_exp(float d)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d * 1.4426950408889634f));
-    return y;
-}
-#define PEXP(d) sfx_exp(d)
-// st.global.cs under a predicate inside the asm (an `if` around an asm store compiles to a branch a vector)
-__device__ __forceinline__ void stcs_if(uint4* p, uint4 v, bool c)
-{
-    asm volatile("{ .reg .pred q; setp.ne.b32 q, %5, 0; @q st.global.cs.v4.b32 [%0], {%1, %2, %3, %4}; }"
-                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)c) : "memory");
-}
-__device__ __forceinline__ void stcs_if(uint2* p, uint2 v, bool c)
-{
-    asm volatile("{ .reg .pred q; setp.ne.b32 q, %3, 0; @q st.global.cs.v2.b32 [%0], {%1, %2}; }"
-                 :: "l"(p), "r"(v.x), "r"(v.y), "r"((int)c) : "memory");
-}
-__device__ __forceinline__ void stcs_if(unsigned int* p, unsigned int v, bool c)
-{
-    asm volatile("{ .reg .pred q; setp.ne.b32 q, %2, 0; @q st.global.cs.b32 [%0], %1; }"
-                 :: "l"(p), "r"(v), "r"((int)c) : "memory");
-}
-#else
-#define PEXP(d) exp(d)
-#endif
-
 #if PIPE
 // PIPE (one-chunk rows of a warp or less, vector loads; session 7): a persistent grid (the resident blocks), each
 // group walking rows r, r + gridDim.x * RPB, ...; it issues the NEXT row's loads (raw vectors: pipe_issue) before it
@@ -506,10 +471,10 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #endif
         const A sh = m == NEG_INF ? (A)0 : m;
 #pragma unroll
-        for (int j = 0; j < NE; ++j) s += PEXP(ed[j] - sh);
+        for (int j = 0; j < NE; ++j) s += exp(ed[j] - sh);
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-            const A ex = PEXP(a[e] - sh);
+            const A ex = exp(a[e] - sh);
             s += ex;
 #if ALGO != 2
             a[e] = ex;
@@ -525,13 +490,7 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
         const A S = g_sum(s * f, sm);
         if (live) {
             T* yr = y + (size_t)r * C;
-#if ALGO == 2 && SFX
-            const A ml = M + log(S);
-#pragma unroll
-            for (int e = 0; e < E; ++e) a[e] = a[e] - ml;
-#pragma unroll
-            for (int j = 0; j < NE; ++j) ed[j] = ed[j] - ml;
-#elif ALGO == 2
+#if ALGO == 2
             const A ls = log(S);
 #pragma unroll
             for (int e = 0; e < E; ++e) a[e] = a[e] - M - ls;
@@ -544,18 +503,7 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #pragma unroll
             for (int j = 0; j < NE; ++j) ed[j] = exp(ed[j] - M) * inv;
 #endif
-#if SFX >= 2
-            VR* yv = reinterpret_cast<VR*>(yr + q.h) + g;
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {           // store_chunk's stores, evict-first
-                Pack u;
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) u.v[j] = ST(a[k * VEC + j]);
-                stcs_if(yv + k * G, u.raw, k * G + g < q.nb);
-            }
-#else
             store_chunk<true>(yr, 0, q, g, a);
-#endif
             store_edges(yr, q, g, ed);
         }
         cur = nxt; q = qn; r = rn; live = liven;
@@ -888,26 +836,30 @@ PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_PIPE_REGS", "96"))
 BWD_PIPE = os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE", "1") != "0"
 BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
 
-# Session 12 (issue 10: float32 softmax / log-softmax forward (16384, 1000) at 0.99x / 0.96x PyTorch): FWD_FAST, the
-# float32 PIPE forward with the SFX exp (docs/step_kernels.md, "Session 12: cross-entropy and softmax forward").
-# MINIDNN_SOFTMAX_FAST=0 (default: expf) | 1 (SFX 1: ex2.approx exps, log-softmax's one FADD an element) | 2 (SFX 2:
-# "1" with evict-first stores) | 3 ("1" in 128-thread blocks of FAST3_REGS registers: five blocks an SM, 20 warps
-# instead of 16, for whole-vector rows -- a RAGGED 1001-class row spilled 16 bytes there; at 80 registers, three
-# 256-thread blocks, log-softmax spilled 224 bytes).  Not bitwise "0" (the exp
-# differs by ulps).  Module attribute read at planning time (tools/row_ab.py flips it).
-FWD_FAST = os.environ.get("MINIDNN_SOFTMAX_FAST", "0")
-FAST3_REGS = 96
-FAST3_BLOCK = 128
+# Session 12, round 2 (issue 10: float32 softmax / log-softmax forward (65536, 128) at 0.88x / 0.84x PyTorch, 77% of
+# copy): NARROW, a deeper prefetch for short PIPE rows.  A 128-class float32 row is one 16-byte vector a lane of a
+# warp, so each warp keeps 512 bytes of its next row in flight (32 warps an SM: 16 KB) where Little's law asks for
+# ~24 KB an SM of reads (2.1 TB/s of the 4.2 x ~1.5 us loaded latency / 132 SMs).  MINIDNN_SOFTMAX_NARROW=0
+# (default: row_config's tiling) | 16 | 32: a PIPE forward row whose threads would hold fewer than that many elements
+# gets sub-warp groups of G threads holding NARROW each (NV = NARROW / VEC vectors, G = the power of two covering
+# the row, at least 2): several rows a warp, NV loads a thread issued together, log2 G shuffle levels instead of 5.
+# (65536, 128) float32 at 16: G = 8, NV = 4 -- four rows a warp, 2 KB in flight a warp, 64 KB an SM, at the same
+# 64 registers (four 256-thread blocks an SM); at 32: G = 4, NV = 8, 96 registers (two blocks), 64 KB an SM.  Rows
+# whose threads already hold NARROW (512 and 1000 classes float32) plan the default kernel.  Softmax forwards only
+# (cross-entropy's row forward keeps its tiling).  Module attribute read at planning time (tools/row_ab.py flips it).
+FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "0")
 
 
-def fast_defines(defines, dtype, backward=False) -> tuple:
-    """(SFX define or nothing, (threads a block, register budget) or None) of FWD_FAST for a softmax row kernel with
-    ``defines`` (row_defines' strings)."""
-    d = dict(x.split("=", 1) for x in defines)
-    if backward or FWD_FAST not in ("1", "2", "3") or np.dtype(dtype) != np.float32 or d.get("PIPE") != "1":
-        return (), None
-    small = FWD_FAST == "3" and int(d["BLOCK"]) == 256 and int(d["G"]) <= FAST3_BLOCK and d["RAGGED"] == "0"
-    return (f"SFX={2 if FWD_FAST == '2' else 1}",), ((FAST3_BLOCK, FAST3_REGS) if small else None)
+def narrow_config(cfg, c, target):
+    """RowConfig ``cfg`` of a PIPE forward row of ``c`` elements with NARROW = ``target`` elements a thread: the
+    same VEC, NV = target / VEC vectors a thread (at most the row's), G the power of two that covers the row's body
+    vectors; ``cfg`` itself where its threads already hold ``target`` or G would be 1."""
+    if target <= 0 or cfg.nv * cfg.vec >= target or cfg.g > 32 or not cfg.one or target % cfg.vec:
+        return cfg
+    nvec = c // cfg.vec
+    nv = min(target // cfg.vec, _pow2_at_least(nvec))
+    g = _pow2_at_least(-(-nvec // nv))
+    return cfg._replace(g=g, nv=nv) if 2 <= g <= 32 and nv > cfg.nv else cfg
 
 
 def pipe_regs(cfg):
@@ -988,14 +940,18 @@ def uses_bwd_pipe(cfg, acc):
     return BWD_PIPE and not V1 and acc == 4 and cfg.one and cfg.g <= 32 and cfg.vec > 1
 
 
-def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False):
+def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False,
+                narrow=0):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
     ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says;
-    ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says."""
+    ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says; ``narrow``: NARROW's
+    elements a thread for a PIPE row (narrow_config)."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
+    if narrow and pipe and uses_pipe(cfg, arrays, acc):
+        cfg = narrow_config(cfg, c, narrow)
     bwd_pipe = bwd_pipe and uses_bwd_pipe(cfg, acc)
     pipe = (pipe and uses_pipe(cfg, arrays, acc)) or bwd_pipe
     # registers: <= 64 a thread where the data fits (a 1000-class float32 forward took 88-113 without a cap: two
@@ -1010,6 +966,11 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
     return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
             f"RAGGED={int(cfg.ragged)}", f"ONE={int(cfg.one)}", f"SCH={cfg.sch}", f"PIPE={int(pipe)}",
             f"MINB={minb}"), cfg
+
+
+def _narrow():
+    """NARROW's elements a thread (FWD_NARROW; 0: off, as is any value but 16 and 32)."""
+    return int(FWD_NARROW) if FWD_NARROW in ("16", "32") else 0
 
 
 class Spec(NamedTuple):
@@ -1037,14 +998,9 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
     if inner == 1:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
-                                   pipe=not backward, bwd_pipe=backward and algo_name == "LOG")
+                                   pipe=not backward, bwd_pipe=backward and algo_name == "LOG",
+                                   narrow=0 if backward else _narrow())
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
-        sfx, small = fast_defines(defines, dtype, backward)
-        if small:                                    # FWD_FAST "3": smaller blocks, its register budget (MINB last)
-            cfg = cfg._replace(block=small[0])
-            defines = tuple(f"BLOCK={cfg.block}" if x.startswith("BLOCK=") else x for x in defines[:-1]) \
-                + (f"MINB={max(1, 65536 // (cfg.block * small[1]))}",)
-        defines = defines[:-1] + sfx + defines[-1:]
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
