@@ -906,7 +906,9 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
     const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
 #if CACHE && KEEP
-    const Pol pol = {max(ks, seq_len(g) - kl), policy(klast ? 2 : 1), policy(0)};
+    // (the phase builds keep nothing: they return before the elementwise pass would hand the lines back, and the
+    // next replay's reduction would hit them)
+    const Pol pol = {STOP ? seq_len(g) : max(ks, seq_len(g) - kl), policy(klast ? 2 : 1), policy(0)};
 #elif CACHE
     const Pol pol = {};
 #endif
@@ -954,7 +956,9 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
     const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
 #if CACHE && KEEP
-    const Pol pol = {max(ks, seq_len(g) - kl), policy(klast ? 2 : 1), policy(0)};
+    // (the phase builds keep nothing: they return before the elementwise pass would hand the lines back, and the
+    // next replay's reduction would hit them)
+    const Pol pol = {STOP ? seq_len(g) : max(ks, seq_len(g) - kl), policy(klast ? 2 : 1), policy(0)};
 #elif CACHE
     const Pol pol = {};
 #endif
