@@ -11,7 +11,8 @@ Per call, device time: a CUDA graph of `calls` back-to-back calls replayed `repl
 the settings are alternated within each round (their order reversed every other round) and the table gives the
 median over rounds.  Settings (MEET, KEEP, KEEP_FRAC, KEEP_LAST): off, meet, keep (evict-last tail, 0.65 of L2),
 both; on the large shape also -- kernel arguments of the keep build, no compile -- keepn (the tail evict-normal:
-only the other loads demoted), keep40 / keep90 (0.40 / 0.90 of L2) and, unless --no-carve, keepL2: keep with a
+only the other loads demoted), keep40 / keep90 (0.40 / 0.90 of L2), keep0 (nothing kept, every load evict-first:
+the hints' own cost) and, unless --no-carve, keepL2: keep with a
 persisting-L2 carve-out (cudaLimitPersistingL2CacheSize = the device's maximum, reset to 0 after each use) -- whether
 evict-last needs one.  Ops: "bn fwd" (training forward with running statistics), "bn bwd", "add+relu bwd" (the
 fused batch norm + add + ReLU backward: y's mask, dz; PyTorch: relu(bn(x) + z)'s backward, its ReLU backward kernel
@@ -20,7 +21,8 @@ faster than PyTorch.  %copy: the op's compulsory traffic (fwd 2e, bwd 3e, add+re
 time of "both", against a 256 MiB device copy measured here.
 Phases (float32 large plain backward, every large setting but both): the kernel built with STOP=1 (return after the
 reduction pass) and STOP=2 (after the meeting, the constants and the departure): reduction / meeting / elementwise by
-difference.  MEET should shorten the meeting, KEEP the elementwise pass (the reduction perhaps a little longer).
+difference.  MEET should shorten the meeting, KEEP the elementwise pass.  (KEEP's phase builds keep nothing -- they
+return before the elementwise pass would hand the kept lines back -- so their reduction is keep0's.)
 NVRTC compiles 24 kernels (fwd, bwd, add+relu bwd x off / meet / keep / both x 2 dtypes) + 6 phase builds: about
 60-90 s of the run; the timings about 40 s.  PyTorch is imported here only (the yardstick).
 """
@@ -53,9 +55,10 @@ NONE = frozenset()
 SETTINGS = {"off": (False, NONE, 0.65, 1, False), "meet": (True, NONE, 0.65, 1, False),
             "keep": (False, BOTH, 0.65, 1, False), "both": (True, BOTH, 0.65, 1, False),
             "keepn": (False, BOTH, 0.65, 0, False), "keep40": (False, BOTH, 0.40, 1, False),
-            "keep90": (False, BOTH, 0.90, 1, False), "keepL2": (False, BOTH, 0.65, 1, True)}
+            "keep90": (False, BOTH, 0.90, 1, False), "keep0": (False, BOTH, 0.0, 1, False),
+            "keepL2": (False, BOTH, 0.65, 1, True)}
 MAIN = ("off", "meet", "keep", "both")
-EXTRA = ("keepn", "keep40", "keep90", "keepL2")
+EXTRA = ("keepn", "keep40", "keep90", "keep0", "keepL2")
 PHASES = ("off", "meet", "keep", "keepn", "keepL2")
 _LIMIT_PERSISTING_L2 = 0x06     # cudaLimitPersistingL2CacheSize
 
