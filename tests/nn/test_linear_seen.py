@@ -9,19 +9,11 @@ views): the gradients equal float64 references, 2-D and 3-D inputs."""
 import pathlib
 import textwrap
 
-from tests.nn._fake_script import run_fake_script
+from tests.nn._fake_script import FAKE_PROLOGUE, run_fake_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-_SCRIPT = textwrap.dedent("""
-    import json, sys, collections, warnings
-    sys.path.insert(0, {root!r} + "/tools")
-    import record_launches as R
-    fakecp, L = R._install({root!r})
-    import numpy as np
-    R.numpy_fallback(fakecp)
-    R._zero_pointers(fakecp, L)
-    recs = R.record_packed(L, [], other="cupy")
+_SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     warnings.filterwarnings("ignore")
     import minidnn as mdn
     import minidnn.autograd as AG
