@@ -45,6 +45,9 @@ Paper estimate, (128, 64, 56, 56) float32 on an H100 (2990 GB/s copy, 50 MB L2):
 write y (102.8) + the uncached part L2 no longer holds (~77 MB uncached, ~25-30 MB of it still in L2) ~ 255 MB ->
 ~0.086 ms + the meeting ~ 0.09 ms (~75% of copy; was 0.124, PyTorch 0.114); backward 205.6 + 102.8 + ~155 MB
 re-read ~ 465 MB -> ~0.16 ms (~63%; was 0.189, PyTorch 0.177): shared memory holds only an eighth of x and dy there.
+L2 policies (KEEP, session 12; one-launch kernels with the copy): only where the call's data (its (R, C) arrays read
+and written) exceeds the L2, the reduction's newest steps (0.40 of L2) are loaded evict-last and every other load
+evict-first; smaller calls run the kernel without it (the KEEP comment below).
 """
 from __future__ import annotations
 
@@ -72,24 +75,23 @@ V2 = os.environ.get("MINIDNN_BN_NHWC_V2", "1") != "0"
 # (every warp of the grid asking L2 for the same few lines at once).  MINIDNN_BN_NHWC_STAGE=0 / STAGE = False: the
 # loads before it (the GPU A/B; callers clear the call caches after changing it).  The same values: the same bits.
 STAGE = os.environ.get("MINIDNN_BN_NHWC_STAGE", "1") != "0"
-# Session 12, round 2 (docs/step_kernels.md, "Session 12: channels-last batch norm"); both off until the GPU A/B says,
-# the same bits either way (callers clear the call caches after changing them; tools/bn_nhwc_ab.py does):
-# MEET (MINIDNN_BN_NHWC_MEET=1): the one-launch kernels' meeting with fewer round trips -- one fence a block at the
-# ticket and at the flag (thread 0 after the barrier), the combine's loads 32 in flight instead of 16 (float sums; the
-# fused backward and double sums keep 16 / 8: registers) -- the same partials in the same order --, the flag polled
-# with acquire loads, no sleep.
-MEET = os.environ.get("MINIDNN_BN_NHWC_MEET", "0") == "1"
-# KEEP: the directions ("fwd", "bwd") whose one-launch kernels with the on-chip copy give L2 eviction policies to
-# their loads (MINIDNN_BN_NHWC_KEEP = "fwd,bwd" / "bwd" / "1": both; empty: none): the reduction pass's last `kl`
+# KEEP (session 12; docs/step_kernels.md, "Session 12: channels-last batch norm"): the directions ("fwd", "bwd") whose
+# one-launch kernels with the on-chip copy give L2 eviction policies to their loads -- the reduction pass's last `kl`
 # steps of each re-read array (the newest, which the elementwise pass reads first) with the tail policy, every other
-# load of that pass and every load of the elementwise pass evict-first (a hit demotes a kept line).  kl: KEEP_FRAC of
-# the device's L2 (MINIDNN_BN_NHWC_KEEP_FRAC, default 0.65) over the bytes a step reads; the tail policy evict-last
-# (KEEP_LAST = 1, MINIDNN_BN_NHWC_KEEP_LAST) or evict-normal (0: only the other loads demoted).  Both are kernel
-# arguments (no recompile).  Needs sm_80 (createpolicy, ld.global.L2::cache_hint): off below.
-_KEEP_ENV = os.environ.get("MINIDNN_BN_NHWC_KEEP", "").replace(" ", "")
+# load of that pass and every load of the elementwise pass evict-first (a hit demotes a kept line) -- where the call's
+# data does not fit in L2: the bytes of the (R, C) arrays it reads and writes (forward x, z, y; backward x, dy, y after
+# a fused ReLU, dx, dz), once each, exceed the device's L2 size (KEEP_ABOVE: None; a byte count replaces it -- the
+# tests' 0 takes KEEP at every size).  Every smaller call builds and launches the kernel without KEEP: the default
+# before it, PTX for PTX.  MINIDNN_BN_NHWC_KEEP: unset or "1" both directions, "fwd" / "bwd" / "fwd,bwd" those, "0" or
+# "" none (the A/B).  kl: KEEP_FRAC of the device's L2 (MINIDNN_BN_NHWC_KEEP_FRAC, default 0.40) over the bytes a step
+# reads; the tail policy evict-last (KEEP_LAST = 1, MINIDNN_BN_NHWC_KEEP_LAST) or evict-normal (0).  Both are kernel
+# arguments (no recompile).  Needs sm_80 (createpolicy, ld.global.L2::cache_hint): off below.  The same bits either
+# way; callers clear the call caches after changing these (tools/bn_nhwc_ab.py does).
+_KEEP_ENV = os.environ.get("MINIDNN_BN_NHWC_KEEP", "1").replace(" ", "")
 KEEP = frozenset(("fwd", "bwd") if _KEEP_ENV == "1" else (d for d in _KEEP_ENV.split(",") if d in ("fwd", "bwd")))
-KEEP_FRAC = max(0.0, float(os.environ.get("MINIDNN_BN_NHWC_KEEP_FRAC", "0.65")))
+KEEP_FRAC = max(0.0, float(os.environ.get("MINIDNN_BN_NHWC_KEEP_FRAC", "0.40")))
 KEEP_LAST = int(os.environ.get("MINIDNN_BN_NHWC_KEEP_LAST", "1") != "0")
+KEEP_ABOVE = None
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
@@ -125,11 +127,8 @@ SOURCE = HEADER + r"""
 #ifndef STOP
 #define STOP 0
 #endif
-// MEET (session 12, MINIDNN_BN_NHWC_MEET): the meeting's fewer round trips (arrive, combine, meet below).  KEEP
-// (MINIDNN_BN_NHWC_KEEP; the on-chip copy's one-launch kernels): the loads' L2 eviction policies (ldp below).
-#ifndef MEET
-#define MEET 0
-#endif
+// KEEP (session 12, MINIDNN_BN_NHWC_KEEP; the on-chip copy's one-launch kernels where the call's data exceeds L2):
+// the loads' L2 eviction policies (ldp below).
 #ifndef KEEP
 #define KEEP 0
 #endif
@@ -276,27 +275,14 @@ __device__ __forceinline__ void block_partial(const Geo& g, const Lane& l, A (&v
 #endif
 
 // Every thread fences its own partial stores, then the block takes its arrival ticket; true in the chunk's last block.
-// (MEET: the barrier first, then one fence a block, by the thread taking the ticket -- the fence is cumulative over
-// what the barrier ordered before it -- and, in the last block, one fence before the barrier that releases it.)
 __device__ __forceinline__ bool arrive(unsigned int* ticket)
 {
     __shared__ bool last;
-#if MEET
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const bool t = atomicAdd(ticket, 1u) == gridDim.x - 1;
-        if (t) __threadfence();
-        last = t;
-    }
-    __syncthreads();
-#else
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     __syncthreads();
     if (last) __threadfence();
-#endif
     return last;
 }
 
@@ -304,18 +290,7 @@ __device__ __forceinline__ bool arrive(unsigned int* ticket)
 // partials, in a fixed order -- thread (q, k) takes partials q, q + QN, ... of channel k (CB loads in flight: 8,
 // 16 with V2 in float: MobileNet's C = 128 at 8 x 8 gives 64 partials a thread, 8 round trips to L2 at 8), then a tree
 // over q -- and fin(c, t1, t2) once per channel.
-// (MEET: CB_MEET = 32 in float -- the round trips to L2 are the meeting's critical path: C = 64 at 264 blocks, 66
-// partials a thread, 5 -> 3 trips; at 128 blocks ((128, 64, 8, 8)) 32 a thread, 2 -> 1; C = 16, 17 a thread, 2 -> 1
-// -- in the one-launch kernels, but for the fused backward (RELU, HAS_Z), which sits at 128 registers already: nvcc
-// sm_90 spills 4-16 bytes there even at 24.  The order of the additions does not depend on CB.)
 #define CB (V2 && !ACC_DOUBLE ? 16 : 8)
-#if MEET && V2 && !ACC_DOUBLE
-#define CB_MEET 32
-#define CB_MEET_BWD (RELU || HAS_Z ? CB : 32)
-#else
-#define CB_MEET CB
-#define CB_MEET_BWD CB
-#endif
 template <int NB, class Fin>
 __device__ __forceinline__ void combine_n(const Geo& g, const A* __restrict__ partial, Fin fin)
 {
@@ -860,20 +835,6 @@ template <int NB, class Fin>
 __device__ __forceinline__ void meet(const Geo& g, const A* __restrict__ partial, unsigned int* sync, Fin fin)
 {
     unsigned int* s = sync + 3 * blockIdx.y;
-#if MEET
-    // one fence, by the thread raising the flag after the barrier; the others poll with acquire loads, no sleep
-    if (arrive(s)) {
-        combine_n<NB>(g, partial, fin);
-        __syncthreads();
-        if (threadIdx.x == 0) { __threadfence(); atomicExch(s + 1, 1u); }
-    } else {
-        if (threadIdx.x == 0) {
-            unsigned int f = 0u;
-            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(s + 1) : "memory"); while (f == 0u);
-        }
-        __syncthreads();
-    }
-#else
     if (arrive(s)) {
         combine_n<NB>(g, partial, fin);
         __threadfence();
@@ -886,7 +847,6 @@ __device__ __forceinline__ void meet(const Geo& g, const A* __restrict__ partial
         }
         __syncthreads();
     }
-#endif
 }
 
 // After every thread has read the chunk's results: the last block to leave resets the counters.
@@ -922,7 +882,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
         block_partial(g, l, v, partial);
     }
     if (STOP == 1) return;
-    meet<CB_MEET>(g, partial, sync, [&](int c, double t1, double t2) {
+    meet<CB>(g, partial, sync, [&](int c, double t1, double t2) {
         fwd_fin(g, x, c, t1, t2, mean_out, inv_std_out, running_mean, running_var, counter, factor, eps,
                 has_running, has_counter); });
     A mu[VEC], kk[VEC], bb[VEC];
@@ -975,7 +935,7 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
         block_partial(g, l, v, partial);
     }
     if (STOP == 1) return;
-    meet<CB_MEET_BWD>(g, partial, sync, [&](int c, double t1, double t2) {
+    meet<CB>(g, partial, sync, [&](int c, double t1, double t2) {
         bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
     A c0[VEC], c1[VEC], kk[VEC];
 #if STAGED
@@ -1049,9 +1009,8 @@ def _options(dtype, vec, **flags):
             "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
-    for name in ("MEET", "KEEP"):           # session 12's candidates: absent (the source's 0) unless asked
-        if flags.get(name.lower()):
-            opts.append(f"-D{name}=1")
+    if flags.get("keep"):                   # session 12's KEEP: absent (the source's 0) unless the call takes it
+        opts.append("-DKEEP=1")
     if flags.get("stop"):
         opts.append(f"-DSTOP={int(flags['stop'])}")
     return tuple(opts)
@@ -1157,16 +1116,33 @@ def keep_steps(l2_bytes, frac, step_bytes, n, ks):
     return max(0, min(n - ks, int(frac * l2_bytes) // step_bytes))
 
 
+def footprint(fwd, dtype, rows, c, flags):
+    """Bytes of the (R, C) arrays a one-launch call reads and writes, once each: forward x, z, y; backward x, dy, y
+    (after a fused ReLU), dx, dz."""
+    if fwd:
+        n = 2 + bool(flags.get("has_z"))
+    else:
+        n = 3 + bool(flags.get("relu")) + bool(flags.get("has_z"))
+    return n * rows * c * np.dtype(dtype).itemsize
+
+
+def keep_call(fwd, dtype, rows, c, flags, dev):
+    """Whether a one-launch call takes KEEP: its direction asked (KEEP), the on-chip copy on, the device sm_80+ with a
+    known L2, and the call's data (``footprint``) larger than the L2 (KEEP_ABOVE bytes where set)."""
+    l2, hints = l2_info(dev)
+    if not (ONCHIP and hints and ("fwd" if fwd else "bwd") in KEEP):
+        return False
+    return footprint(fwd, dtype, rows, c, flags) > (l2 if KEEP_ABOVE is None else KEEP_ABOVE)
+
+
 def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
     """(prepared launch, partial elements, sync counters) of a one-launch kernel, or None where its grid cannot be
     resident at once (the two-launch kernels then run).  With ONCHIP: the on-chip copy's slots per thread (`ks`,
     the last argument) and dynamic shared memory, as many as the SM's shared memory holds for BPS blocks and the
-    walk needs; none where the driver would then not keep BPS blocks per SM.  MEET, KEEP: session 12's candidates
-    (KEEP: two more arguments, kl and klast, after ks)."""
+    walk needs; none where the driver would then not keep BPS blocks per SM.  KEEP where ``keep_call`` says (two
+    more arguments then, kl and klast, after ks); otherwise the kernel and arguments without it."""
     fwd = name == "bnc_fwd1"
-    keep = ONCHIP and ("fwd" if fwd else "bwd") in KEEP and l2_info(dev)[1]
-    if MEET:
-        flags = dict(flags, meet=True)
+    keep = keep_call(fwd, dtype, rows, c, flags, dev)
     if keep:
         flags = dict(flags, keep=True)
     k = _kernel(name, dtype, vec, cache=ONCHIP, **flags)
@@ -1250,12 +1226,12 @@ _calls: dict = {}
 
 def switch():
     """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE, session 12's
-    (MEET, KEEP, KEEP_FRAC, KEEP_LAST))."""
+    (KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE))."""
     return ENABLED, ROUTE, ONCHIP, V2, STAGE, _cand()
 
 
 def _cand():
-    return MEET, KEEP, KEEP_FRAC, KEEP_LAST
+    return KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE
 
 
 def strided_spec(mem, back, dtype):
