@@ -1,7 +1,8 @@
 """A/B of session 12's row-kernel settings on the GPU (issue 10): the cross-entropy forward under loss_kernels.CE_TAIL
 (the default "2" against session 11's "0") and the softmax / log-softmax forward under softmax_kernels.FWD_NARROW
-(the default "0" against sub-warp groups of 16 elements a thread), device time only (CUDA-graph replays, as
-bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's graphed op beside.
+(session 11's tiling "0" against the default "16": sub-warp groups of 16 elements a thread), device time only
+(CUDA-graph replays, as bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's
+graphed op beside.
 
     python tools/row_ab.py [--ops smx,lsmx] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
                            [--shapes 65536x128,262144x64,32768x256,16384x1000]
@@ -10,8 +11,9 @@ Settings (docs/step_kernels.md, "Session 12: cross-entropy and softmax forward")
   ce    CE_TAIL     "2" (default: P16 with FULLK and ex2 / lg2 for the row's exp and log, every other row forward
                     "1") | "1" (acquire-release ticket, the last block's partials in one round trip: bitwise "0") |
                     "0" (session 11's kernels)
-  smx   FWD_NARROW  "0" (default) | "16" (a PIPE forward row whose threads hold fewer elements: sub-warp groups
-  lsmx              holding 16 each, several rows a warp) -- other rows plan "0" (their lines say so); "32" lost
+  smx   FWD_NARROW  "0" (session 11's tiling) | "16" (default since round 4, not for FAST: a PIPE forward row whose
+  lsmx              threads hold fewer elements gets sub-warp groups holding 16 each, several rows a warp) -- other
+                    rows plan "0" (their lines say so); "32" lost
                     to "16" in session 12 run 4 (float32 (262144, 64) 0.96-0.98x "0") and is no longer timed
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 2", ...).
@@ -73,7 +75,7 @@ def _switch(op, setting):
 def _restore():
     lk, sk = _mods()
     lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "2")
-    sk.FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "0")
+    sk.FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "16")
     _forget()
 
 

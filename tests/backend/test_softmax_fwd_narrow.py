@@ -32,9 +32,11 @@ def _spec(backward, c, name, algo="ACCURATE", rows=65536):
     return _sk.launch_spec(backward, (rows, c), (1,), algo, _dtype(name))
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("setting", ["0", "16", "32", "x"])
-def test_narrow_rule(monkeypatch, setting):
-    """Which plans NARROW changes, and to what (module docstring)."""
+def test_narrow_rule(monkeypatch, setting, fast):
+    """Which plans NARROW changes, and to what (module docstring); FAST only with NARROW_FAST."""
+    monkeypatch.setattr(_sk, "NARROW_FAST", fast)
     for name in ("float32", "bfloat16", "float16", "float64"):
         for c in WIDTHS:
             for algo in ("FAST", "ACCURATE", "LOG"):
@@ -49,7 +51,7 @@ def test_narrow_rule(monkeypatch, setting):
                     nv = min(target // d0["VEC"], 1 << max(0, nvec - 1).bit_length()) if target else 1
                     g = 1 << max(0, -(-nvec // nv) - 1).bit_length()
                     want = bool(target and not backward and d0.get("PIPE") == 1 and d0["NV"] * d0["VEC"] < target
-                                and g >= 2)
+                                and g >= 2 and (fast or algo != "FAST"))
                     if not want:
                         assert spec == base, (setting, name, c, algo, backward)
                         continue
@@ -59,6 +61,33 @@ def test_narrow_rule(monkeypatch, setting):
                     assert d["G"] * d["NV"] >= c // d["VEC"] > (d["G"] // 2) * d["NV"], (c, d)
                     assert spec.groups == -(-65536 // (spec.block // d["G"])) and spec.per_sm == d["MINB"]
                     assert spec.source == base.source and spec.name == base.name and spec.smem == 0
+
+
+def test_narrow_default_and_env():
+    """Round 4: "16" is the default for ACCURATE and LOG, FAST keeps row_config's tiling; MINIDNN_SOFTMAX_NARROW=0
+    gives every forward its old plan, MINIDNN_SOFTMAX_NARROW_FAST=1 lets FAST take NARROW."""
+    code = ("import numpy as np; from minidnn.backend.cuda import softmax_kernels as s; "
+            "print(s.FWD_NARROW, s.NARROW_FAST, [tuple(s.launch_spec(False, (65536, c), (1,), a, np.dtype(n))) "
+            "for n in ('float32', 'float16') for c in (64, 128, 256, 1000) for a in ('FAST', 'ACCURATE', 'LOG')])")
+    import os
+    import sys
+    out = {}
+    for env in ({}, {"MINIDNN_SOFTMAX_NARROW": "0"}, {"MINIDNN_SOFTMAX_NARROW_FAST": "1"}):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_SOFTMAX_NARROW")}
+        r = subprocess.run([sys.executable, "-c", code], env={**e, **env}, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-800:]
+        out[tuple(env.items())] = r.stdout.split(" ", 2)
+    default, off, fast = out[()], out[(("MINIDNN_SOFTMAX_NARROW", "0"),)], out[(("MINIDNN_SOFTMAX_NARROW_FAST", "1"),)]
+    assert default[:2] == ["16", "False"] and off[:2] == ["0", "False"] and fast[:2] == ["16", "True"]
+    specs = {k: eval(v[2], {}) for k, v in (("default", default), ("off", off), ("fast", fast))}  # tuples of literals
+    n = 0
+    for i, (d, o, f) in enumerate(zip(specs["default"], specs["off"], specs["fast"])):
+        algo = ("FAST", "ACCURATE", "LOG")[i % 3]
+        c = (64, 128, 256, 1000)[(i // 3) % 4]
+        assert (d == o) == (algo == "FAST" or c == 1000), (i, d, o)
+        assert (f == o) == (c == 1000), (i, f, o)
+        n += d != o
+    assert n == 12
 
 
 def test_narrow_leaves_cross_entropy_alone(monkeypatch):
@@ -145,13 +174,20 @@ def test_narrow_compiles_without_spills(tmp_path, monkeypatch):
 
 # ---- CPU: the narrow kernel's arithmetic, emulated ------------------------------------------------------------------
 
-def _emulate_pipe(x, d, algo):
+def _ftz(v):
+    """float32 results below 2^-126 flushed to 0 (CuPy compiles every kernel with -ftz=true)."""
+    return np.where(np.abs(v) < np.finfo(np.float32).tiny, np.float32(0), v).astype(np.float32)
+
+
+def _emulate_pipe(x, d, algo, ftz=True, fixed=True):
     """What fwd_rows_pipe computes for rows of whole vectors (RAGGED = 0) under defines ``d``, in float32 and in the
     kernel's order: thread g of a row's group holds body vectors k * G + g (k < NV; -inf past the body), takes its own
     max m_t (fmax: NaN skipped) and s_t = sum exp(v - m_t) in slot order; the group's M and S = sum s_t exp(m_t - M)
     by the xor butterfly over G lanes (offsets G / 2 .. 1: within the row's G lanes); y = e exp(m_t - M) / S
     (softmax: e * (f * (1 / S))), v - M - log S (log), e / S without the max (fast); stored in x's dtype.  The walk
-    does not change a row's arithmetic (each row is one group's, test_narrow_walk_covers_each_row_once)."""
+    does not change a row's arithmetic (each row is one group's, test_narrow_walk_covers_each_row_once).
+    ``ftz``: the reciprocal 1 / S flushed to 0 below 2^-126, as the GPU build (-ftz=true) does; ``fixed``: FAST's
+    scale for S >= 2^126 (round 4: e 2^-64 (1 / (S 2^-64))), without it such a row is 0 under ftz (run 5)."""
     f32 = np.float32
     rows, c = x.shape
     g_, nv, vec = d["G"], d["NV"], d["VEC"]
@@ -182,10 +218,15 @@ def _emulate_pipe(x, d, algo):
         tot, o = (s * f).astype(f32), g_ // 2
         while o:
             tot, o = tot + tot[:, lanes ^ o], o // 2
+        sc = np.ones_like(tot)
+        if algo == "fast" and fixed:
+            sc = np.where(tot >= f32(2.0 ** 126), f32(2.0 ** -64), f32(1)).astype(f32)
+        inv = (f32(1) / (tot * sc)).astype(f32)
+        inv = _ftz(inv) if ftz else inv
         if algo == "log":
             out = a - big_m[:, :, None] - np.log(tot)[:, :, None]
         else:
-            out = ex * (f * (f32(1) / tot))[:, :, None]
+            out = (ex * sc[:, :, None]) * (f * inv)[:, :, None]
     y = np.empty((rows, c), f32)
     for g in range(g_):
         for k in range(nv):
@@ -259,6 +300,32 @@ def test_narrow_emulated_rows_meet_the_gpu_bounds(monkeypatch, name, rows, c):
                         safe if algo == "fast" else None)
 
 
+@pytest.mark.parametrize("rows, c, worst", [(30000, 64, 0.4711126633235717), (17000, 128, 0.5135630333492817)])
+def test_fast_run5_row_is_the_ftz_reciprocal(monkeypatch, rows, c, worst):
+    """Session 12 run 5: FAST under "16" failed on exactly one row of the GPU test's inputs (float32 30000x64: 64 of
+    1919936 off, worst 0.4711...; 17000x128: 128 of 2175872, worst 0.5135...).  That row is the +80 row (5): its
+    S = sum exp(x) is in [2^126, FLT_MAX], so 1 / S is below 2^-126 and CuPy's -ftz=true build flushes it to 0 -- the
+    whole row 0.  The emulation with ftz and without the round-4 scaling reproduces the failure message exactly,
+    under the default plan too (not NARROW's); with the scaling (fast_scale) both plans meet the bound."""
+    monkeypatch.setattr(_sk, "NARROW_FAST", True)
+    x, safe = _rows_of("float32", rows, c)
+    assert np.exp(x[5].astype(np.float32)).sum(dtype=np.float32) >= np.float32(2.0 ** 126) and safe[5]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        ref = _ref_fwd(x.astype(np.float64), "fast")[safe]
+        for setting in ("0", "16"):
+            monkeypatch.setattr(_sk, "FWD_NARROW", setting)
+            d = _defs(_spec(False, c, "float32", "FAST", rows).defines)
+            y = _emulate_pipe(x, d, "fast", ftz=True, fixed=False)
+            assert (y[5] == 0).all() and np.flatnonzero(np.abs(y - _emulate_pipe(x, d, "fast")).max(axis=1)
+                                                         > 1e-3).tolist() == [5]
+            with pytest.raises(AssertionError, match=rf"{c} of {safe.sum() * c} off, worst {worst}"):
+                _close(y[safe], ref, "float32", "unfixed")
+            _close(_emulate_pipe(x, d, "fast", ftz=True, fixed=True)[safe], ref, "float32", "fixed")
+            _check_rows(_emulate_pipe(x, d, "fast", ftz=False, fixed=True), _emulate_pipe(x, d, "fast", ftz=False,
+                                                                                          fixed=False),
+                        "float32", "the scaling without ftz", 1, safe)
+
+
 def test_emulation_sees_a_mixed_row():
     """The row check catches what a shuffle across rows would do: one row's sum leaking into its warp neighbour."""
     x, safe = _rows_of("float32", 64, 128)
@@ -302,6 +369,7 @@ def test_softmax_narrow_rows(cp, monkeypatch, name, rows, c, settings, algos):
     plan (same order of operations: only expf's ulps apart); a failure names the setting, algorithm and rows."""
     x, safe = _rows_of(name, rows, c)
     xd = cp.asarray(x)
+    monkeypatch.setattr(_sk, "NARROW_FAST", True)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         for setting in settings:
             monkeypatch.setattr(_sk, "FWD_NARROW", setting)
@@ -324,3 +392,21 @@ def test_softmax_narrow_rows(cp, monkeypatch, name, rows, c, settings, algos):
                        name, what + " vs float64", scale=scale)
                 if not d["RAGGED"]:
                     _check_rows(y, _emulate_pipe(x, d, algo), name, what + " vs its emulation", scale, sf)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("narrow, rows, c", [("0", 30000, 64), ("0", 17000, 128), ("16", 30000, 64)])
+def test_fast_big_sum_rows(cp, monkeypatch, narrow, rows, c):
+    """FAST on the inputs of run 5's failure (row 5: S in [2^126, FLT_MAX]) under the default plan and "16": against
+    float64 (the round-4 scaling; before it this row was 0 under both plans, test_fast_run5_row_is_the_ftz_reciprocal)
+    and against the emulation of the -ftz build."""
+    x, safe = _rows_of("float32", rows, c)
+    monkeypatch.setattr(_sk, "FWD_NARROW", narrow)
+    monkeypatch.setattr(_sk, "NARROW_FAST", True)
+    _reset_plans()
+    y = _host(B.softmax_forward(None, "fast", None, cp.asarray(x), axis=-1))
+    d = _defs(_spec(False, c, "float32", "FAST", rows).defines)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        _close(y[safe], _ref_fwd(x.astype(np.float64)[safe], "fast"), "float32", f"fast NARROW={narrow} vs float64")
+        _check_rows(y, _emulate_pipe(x, d, "fast"), "float32", f"fast NARROW={narrow} vs its emulation", 1, safe)
+    _reset_plans()

@@ -330,6 +330,18 @@ SOURCE = STORAGE_HEADER + ROW_HEADER + r"""
 #define SCH 0
 #endif
 // ---- rows (inner = 1) --------------------------------------------------------------------------------------------
+// FAST's S = sum exp(x) (no max) reaches [2^126, FLT_MAX] on rows of large values (a row of +80s); 1 / S is then
+// below 2^-126, and CuPy builds every kernel with -ftz=true: e * (1 / S) was 0 for the whole row (session 12 run 5).
+// Such a row takes (e sc) (1 / (S sc)) with sc = 2^-64 (exact scalings); every other row sc = 1 (ACCURATE's and
+// LOG's S is in [1, C]: sc is 1 there and folds away).
+__device__ __forceinline__ A fast_scale(A S)
+{
+#if ALGO == 0
+    return S >= (A)__int_as_float(0x7e800000) ? (A)__int_as_float(0x1f800000) : (A)1;
+#else
+    return (A)1;
+#endif
+}
 // SCH > 0 (rows of several chunks): the first SCH chunks are also kept in shared memory (stash, thread t's slot e of
 // chunk ch at (ch * E + e) * BLOCK + t: conflict-free), the last stays in registers; only chunks in between (rows
 // longer than (SCH + 1) chunks) are read again.
@@ -392,7 +404,7 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
 #if ALGO == 2
         const A ls = log(S);
 #else
-        const A inv = (A)1 / S;
+        const A sc = fast_scale(S), inv = (A)1 / (S * sc);
 #endif
         if (!live || nch == 0) continue;
 #if ALGO != 2
@@ -403,7 +415,7 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
 #if ALGO == 2
             a[e] = a[e] - M - ls;
 #else
-            a[e] = a[e] * finv;
+            a[e] = a[e] * sc * finv;
 #endif
         }
         store_chunk<VA>(yr, nch - 1, q, g, a);
@@ -421,7 +433,7 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
 #if ALGO == 2
                 a[e] = a[e] - M - ls;
 #else
-                a[e] = exp(a[e] - M) * inv;
+                a[e] = exp(a[e] - M) * sc * inv;
 #endif
             }
             store_chunk<VA>(yr, ch, q, g, a);
@@ -432,7 +444,7 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
 #if ALGO == 2
             ed[j] = ed[j] - M - ls;
 #else
-            ed[j] = exp(ed[j] - M) * inv;
+            ed[j] = exp(ed[j] - M) * sc * inv;
 #endif
         }
         store_edges(yr, q, g, ed);
@@ -497,11 +509,11 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #pragma unroll
             for (int j = 0; j < NE; ++j) ed[j] = ed[j] - M - ls;
 #else
-            const A inv = (A)1 / S, finv = f * inv;
+            const A sc = fast_scale(S), inv = (A)1 / (S * sc), finv = f * inv;
 #pragma unroll
-            for (int e = 0; e < E; ++e) a[e] = a[e] * finv;
+            for (int e = 0; e < E; ++e) a[e] = a[e] * sc * finv;
 #pragma unroll
-            for (int j = 0; j < NE; ++j) ed[j] = exp(ed[j] - M) * inv;
+            for (int j = 0; j < NE; ++j) ed[j] = exp(ed[j] - M) * sc * inv;
 #endif
             store_chunk<true>(yr, 0, q, g, a);
             store_edges(yr, q, g, ed);
@@ -840,14 +852,20 @@ BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
 # copy): NARROW, a deeper prefetch for short PIPE rows.  A 128-class float32 row is one 16-byte vector a lane of a
 # warp, so each warp keeps 512 bytes of its next row in flight (32 warps an SM: 16 KB) where Little's law asks for
 # ~24 KB an SM of reads (2.1 TB/s of the 4.2 x ~1.5 us loaded latency / 132 SMs).  MINIDNN_SOFTMAX_NARROW=0
-# (default: row_config's tiling) | 16 | 32: a PIPE forward row whose threads would hold fewer than that many elements
-# gets sub-warp groups of G threads holding NARROW each (NV = NARROW / VEC vectors, G = the power of two covering
-# the row, at least 2): several rows a warp, NV loads a thread issued together, log2 G shuffle levels instead of 5.
+# (row_config's tiling) | 16 (the default since round 4) | 32: a PIPE forward row whose threads would hold fewer than
+# that many elements gets sub-warp groups of G threads holding NARROW each (NV = NARROW / VEC vectors, G = the power
+# of two covering the row, at least 2): several rows a warp, NV loads a thread issued together, log2 G shuffle levels
+# instead of 5.
 # (65536, 128) float32 at 16: G = 8, NV = 4 -- four rows a warp, 2 KB in flight a warp, 64 KB an SM, at the same
 # 64 registers (four 256-thread blocks an SM); at 32: G = 4, NV = 8, 96 registers (two blocks), 64 KB an SM.  Rows
 # whose threads already hold NARROW (512 and 1000 classes float32) plan the default kernel.  Softmax forwards only
 # (cross-entropy's row forward keeps its tiling).  Module attribute read at planning time (tools/row_ab.py flips it).
-FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "0")
+# GPU run 5 (H200): "16" 1.16x / 1.17x "0" at (65536, 128) float32 softmax / log-softmax, 1.04x (262144, 64), 1.00-1.02x
+# (32768, 256), bfloat16 1.15-1.24x; accurate and log passed against float64 at 64-256 classes.  The fast algorithm
+# (no max) failed one row under "16" (the +80 row: docs/step_kernels.md, session 12 round 4), so FAST takes NARROW
+# only with NARROW_FAST (MINIDNN_SOFTMAX_NARROW_FAST=1; default off: row_config's tiling, as before).
+FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "16")
+NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 
 
 def narrow_config(cfg, c, target):
@@ -968,8 +986,11 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
             f"MINB={minb}"), cfg
 
 
-def _narrow():
-    """NARROW's elements a thread (FWD_NARROW; 0: off, as is any value but 16 and 32)."""
+def _narrow(algo_name):
+    """NARROW's elements a thread for a forward of ``algo_name`` (FWD_NARROW; 0: off, as is any value but 16 and 32,
+    and FAST without NARROW_FAST)."""
+    if algo_name == "FAST" and not NARROW_FAST:
+        return 0
     return int(FWD_NARROW) if FWD_NARROW in ("16", "32") else 0
 
 
@@ -999,7 +1020,7 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
                                    pipe=not backward, bwd_pipe=backward and algo_name == "LOG",
-                                   narrow=0 if backward else _narrow())
+                                   narrow=0 if backward else _narrow(algo_name))
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
