@@ -302,8 +302,8 @@ def _widens(x, target, weight):
 # the same signature again skips the checks (they read only what the key holds) and runs CrossEntropy.forward with
 # the node Function.apply records (the same fields), without apply's passes.  The legacy size_average / reduce flags
 # (a warning a call), unbatched input and anomaly mode take the full path.  Switch: CE_FAST[0] = False, or
-# MINIDNN_CE_FAST=0 at import.
-CE_FAST = [os.environ.get("MINIDNN_CE_FAST", "1") != "0"]
+# MINIDNN_CE_NN_FAST=0 at import (not MINIDNN_CE_FAST: the loss kernels' exp setting, backend/cuda/loss_kernels.py).
+CE_FAST = [os.environ.get("MINIDNN_CE_NN_FAST", "1") != "0"]
 _CE_SEEN: dict = {}
 _new = object.__new__
 
