@@ -104,6 +104,23 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     res = {{}}
     for name in ("leaf", "nograd", "no_grad_mode", "cl", "bf16", "conv", "bn", "int", "anomaly", "cleared"):
         res[name] = [scenario(name, True), scenario(name, False)]
+
+    # after a cleared primitive table and kernel plans (a changed kernel setting: a new plan object), the full-path
+    # call learns the plan again: the next call is served remembered
+    from minidnn.backend.cuda import act_kernels as K
+    A.RELU_FAST[0] = True
+    A._RELU_SEEN.clear()
+    P._SEEN.clear()
+    x = mdn.randn(4, 6, 5, 7).to("cuda").requires_grad_()
+    relearn = []
+    for i in range(5):
+        if i == 2:
+            P._SEEN.clear()
+            K._plans.clear()
+        calls.clear()
+        F.relu(x)
+        relearn.append(calls["fwd"])
+    res["relearn"] = relearn
     print("RESULT" + json.dumps(res))
 """)
 
@@ -114,6 +131,8 @@ def _run():
 
 def test_remembered_relu_same_launches_nodes_and_backward():
     res = _run()
+    # learnt on call 0, served on 1, the cleared table re-validated on 2 (and learnt again), served on 3 and 4
+    assert res.pop("relearn") == [1, 0, 1, 0, 0]
     for name, (on, off) in res.items():
         assert on == {**off, "primitive_calls": on["primitive_calls"]}, name
         assert off["primitive_calls"] == (0 if name == "int" else 1), name

@@ -61,6 +61,10 @@ def relu(input, inplace=False):
             y = _relu_remembered(input, entry)
             if y is not None:
                 return y
+            y = _ops_relu(input)
+            if not _state.anomaly:      # a cleared table or a changed kernel setting: the plan learnt again
+                _relu_remember(input, sig, y)
+            return y
     return _ops_relu(input)
 
 
@@ -72,7 +76,7 @@ def relu(input, inplace=False):
 # passes and the primitive's two keys.  Checked per call, not keyed: the producer's fusion rule (a producer offering
 # one takes the full path, which asks it), anomaly mode (the full path records a trace), and the primitive's table
 # still holding the plan under the key (a cleared table or a changed kernel setting re-validates through the full
-# path).  Switch: RELU_FAST[0] = False, or MINIDNN_RELU_FAST=0 at import.
+# path, which learns the plan again).  Switch: RELU_FAST[0] = False, or MINIDNN_RELU_FAST=0 at import.
 RELU_FAST = [os.environ.get("MINIDNN_RELU_FAST", "1") != "0"]
 _RELU_SEEN = SeenCalls()
 _RELU = _descriptor(_Mode.RELU, None)
@@ -100,6 +104,8 @@ def _relu_remember(x, sig, y):
     plan = _act_primitive._SEEN.get(key) if key is not None else None
     if plan is not None:
         _RELU_SEEN.remember(sig, (key, plan, ((xd.shape, xd.dtype),)))
+    else:
+        _RELU_SEEN.pop(sig, None)       # (a stale entry goes: the kernels no longer take this call)
 
 
 def _relu_remembered(x, entry):
