@@ -6,7 +6,8 @@ import functools
 import operator
 
 from ... import backend as B
-from ...autograd import is_grad_enabled
+from ...autograd import FunctionCtx, _state, is_grad_enabled
+from ...backend.devices import array_module
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DTypeError
 from ...ops._core import first_order_grads  # noqa: F401  (re-exported: the nn families' guard)
@@ -125,3 +126,49 @@ def composite_grads(needs, composite, inputs, gy):
     for i, g in zip(wanted, gs):
         res[i] = g
     return res
+
+
+_new = object.__new__
+
+
+def apply_seen(cls, *args, **kwargs):
+    """``cls.apply(*args, **kwargs)`` of a Function with one Tensor output, for the nn seen-signature paths
+    (docs/host_overhead.md round 24): the same forward and the same node fields, without apply's generic passes --
+    the caller's seen key already proved what apply would check (the tensors' devices; not anomaly mode, which records
+    a trace).  As apply: a Tensor argument that requires grad gets its edge and (shape, dtype), one that does not its
+    grad_fn's edge, anything else None; keyword arguments reach forward only."""
+    record = _state.grad_enabled
+    needs, edges, meta = [], [], []         # one pass, as apply's
+    for a in args:
+        if isinstance(a, Tensor):
+            if a.requires_grad:
+                needs.append(True)
+                edges.append(a._edge())
+                meta.append((a.data.shape, a.data.dtype))
+                continue
+            edges.append(a._edge() if a.grad_fn is not None else None)
+        else:
+            edges.append(None)
+        needs.append(False)
+        meta.append(None)
+    ctx = _new(FunctionCtx)
+    ctx._fn_cls = cls
+    ctx.needs_input_grad = needs = tuple(needs)
+    _state.grad_enabled = False
+    try:
+        y = cls.forward(ctx, *args, **kwargs)
+    finally:
+        _state.grad_enabled = record
+    if not (record and True in needs):
+        return y
+    ctx.next_edges = tuple(edges)
+    ctx._input_meta = tuple(meta)
+    ctx._n_inputs = len(args)
+    data = y.data
+    ctx._out_meta = ((data.shape, data.dtype, array_module(data)),)
+    ctx.num_outputs = 1
+    floating = _is_floating(data.dtype, True)
+    y.output_nr = 0
+    y.requires_grad = floating
+    y.grad_fn = ctx if floating else None
+    return y

@@ -23,15 +23,14 @@ import os
 from ... import backend as B
 from ..._amp_state import autocast_op, float32_grad_of, graph_weight, leaf_grad
 from ..._grad_dest import destination
-from ...autograd import Function, FunctionCtx, _state, is_grad_enabled
+from ...autograd import Function, _state, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.convolution import convolution_filter_carry, settle_convolution, settled_state
-from ...backend.devices import array_module, is_floating
 from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
 from ...tensor import Tensor
-from ._util import batched, check_tensor, check_vector, descriptor, handle_for, ntuple, plain_setting, wrap
+from ._util import apply_seen, batched, check_tensor, check_vector, descriptor, handle_for, ntuple, plain_setting, wrap
 from .bias import add_bias, bias_forward, bias_grad
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
@@ -435,50 +434,20 @@ def _conv_node(x, weight, desc, bias):
 # reduce to the weight's and the bias's devices (checked here: another device, or a bias of another array type, takes
 # apply, which raises) and the node's fields, written out as apply writes them.  Anomaly mode takes apply (it records
 # a trace).  Switch: SEEN_APPLY[0] = False, or MINIDNN_CONV_SEEN_APPLY=0 at import.
-_new = object.__new__
 SEEN_APPLY = [os.environ.get("MINIDNN_CONV_SEEN_APPLY", "1") != "0"]
 
 
 def _apply_seen(x, w, seen, b):
     """ConvForward.apply(x, w, seen[, b]) as apply computes and records it, or None (nothing was done)."""
-    xd, wd = x.data, w.data
-    dev = xd.data.device_id
-    if wd.data.device_id != dev:
+    dev = x.data.data.device_id
+    if w.data.data.device_id != dev:
         return None
-    if b is not None:
-        bd = b.data
-        if type(bd) is not type(xd) or bd.data.device_id != dev:
-            return None
-    record = _state.grad_enabled
-    nx, nw = x.requires_grad, w.requires_grad
-    nb = b is not None and b.requires_grad
-    ctx = _new(FunctionCtx)
-    ctx._fn_cls = ConvForward
-    ctx.needs_input_grad = (nx, nw, False) if b is None else (nx, nw, False, nb)
-    _state.grad_enabled = False
-    try:
-        y = ConvForward.forward(ctx, x, w, seen) if b is None else ConvForward.forward(ctx, x, w, seen, b)
-    finally:
-        _state.grad_enabled = record
-    if not (record and (nx or nw or nb)):
-        return y
-    ex = x._edge() if nx or x.grad_fn is not None else None
-    ew = w._edge() if nw or w.grad_fn is not None else None
-    mx = (xd.shape, xd.dtype) if nx else None
-    mw = (wd.shape, wd.dtype) if nw else None
     if b is None:
-        ctx.next_edges, ctx._input_meta, ctx._n_inputs = (ex, ew, None), (mx, mw, None), 3
-    else:
-        ctx.next_edges = (ex, ew, None, b._edge() if nb or b.grad_fn is not None else None)
-        ctx._input_meta, ctx._n_inputs = (mx, mw, None, (bd.shape, bd.dtype) if nb else None), 4
-    data = y.data
-    ctx._out_meta = ((data.shape, data.dtype, array_module(data)),)
-    ctx.num_outputs = 1
-    floating = is_floating(data.dtype, True)
-    y.output_nr = 0
-    y.requires_grad = floating
-    y.grad_fn = ctx if floating else None
-    return y
+        return apply_seen(ConvForward, x, w, seen)
+    bd = b.data
+    if type(bd) is not type(x.data) or bd.data.device_id != dev:
+        return None
+    return apply_seen(ConvForward, x, w, seen, b)
 
 
 def _same_padding(op, x, weight, stride, dilation, nd):

@@ -29,12 +29,11 @@ import numpy as np
 from ... import backend as B
 from ..._amp_state import float32_grad_of, graph_weight, leaf_grad
 from ..._grad_dest import destination
-from ...autograd import Function, FunctionCtx, _state, is_grad_enabled
+from ...autograd import Function, _state, is_grad_enabled
 from ...backend import blas
 from ...backend._common import SeenCalls
-from ...backend.devices import array_module, is_floating
 from ...tensor import Tensor
-from ._util import handle_for, wrap
+from ._util import apply_seen, handle_for, wrap
 
 __all__ = ["Linear"]
 
@@ -131,7 +130,6 @@ def _gpu_filter_and_bias(ctx, g2, x2, with_bias):
 # full path (it records a trace).  Switch: LINEAR_FAST[0] = False, or MINIDNN_LINEAR_FAST=0 at import.
 LINEAR_FAST = [os.environ.get("MINIDNN_LINEAR_FAST", "1") != "0"]
 _LINEAR_SEEN = SeenCalls()
-_new = object.__new__
 
 
 def linear_key(x, w, b):
@@ -154,42 +152,14 @@ def linear_key(x, w, b):
 
 
 def remember_linear(key, y):
-    """After F.linear's checks passed and Linear.apply returned ``y`` for this key (apply's device check passed too):
-    remembered with whether the output is floating (apply's rule for recording it)."""
+    """After F.linear's checks passed and Linear.apply returned ``y`` for this key (apply's device check passed too)."""
     if key is not None and LINEAR_FAST[0] and isinstance(y, Tensor):
-        _LINEAR_SEEN.remember(key, is_floating(y.data.dtype, True))
+        _LINEAR_SEEN.remember(key, True)
 
 
 def linear_seen(x, w, b, key):
     """Linear.apply(x, w, b) as apply computes and records it, on a remembered key; None: not remembered (nothing
     was done)."""
-    floating = _LINEAR_SEEN.get(key)
-    if floating is None or not LINEAR_FAST[0] or _state.anomaly:
+    if key not in _LINEAR_SEEN or not LINEAR_FAST[0] or _state.anomaly:
         return None
-    record = _state.grad_enabled
-    nx, nw = x.requires_grad, w.requires_grad
-    nb = b is not None and b.requires_grad
-    ctx = _new(FunctionCtx)
-    ctx._fn_cls = Linear
-    ctx.needs_input_grad = (nx, nw, nb)
-    _state.grad_enabled = False
-    try:
-        y = Linear.forward(ctx, x, w, b)
-    finally:
-        _state.grad_enabled = record
-    if not (record and (nx or nw or nb)):
-        return y
-    # what apply records (autograd.Function.apply): an edge per argument (a tensor without grad: its grad_fn's, if
-    # any), the (shape, dtype) of each input that requires grad
-    ctx.next_edges = (x._edge() if nx or x.grad_fn is not None else None,
-                      w._edge() if nw or w.grad_fn is not None else None,
-                      None if b is None else b._edge() if nb or b.grad_fn is not None else None)
-    ctx._input_meta = (key[:2] if nx else None, key[3:5] if nw else None, key[6][:2] if nb else None)
-    ctx._n_inputs = 3
-    data = y.data
-    ctx._out_meta = ((data.shape, data.dtype, array_module(data)),)
-    ctx.num_outputs = 1
-    y.output_nr = 0
-    y.requires_grad = floating
-    y.grad_fn = ctx if floating else None
-    return y
+    return apply_seen(Linear, x, w, b)

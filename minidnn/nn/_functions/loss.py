@@ -26,15 +26,15 @@ import numpy as np
 from ... import _amp_state as _amp
 from ... import backend as B
 from ..._amp_state import autocast_op
-from ...autograd import Function, FunctionCtx
+from ...autograd import Function
 from ...autograd import _state as _ag_state
-from ...backend.devices import array_module as _array_module
+from ...backend._common import SeenCalls
 from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DimensionError, DTypeError
 from ...ops import where
 from ...ops.linalg import transfer
 from ...tensor import Tensor
-from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
+from ._util import apply_seen, check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy",
            "binary_cross_entropy_with_logits", "one_hot"]
@@ -304,8 +304,7 @@ def _widens(x, target, weight):
 # (a warning a call), unbatched input and anomaly mode take the full path.  Switch: CE_FAST[0] = False, or
 # MINIDNN_CE_NN_FAST=0 at import (not MINIDNN_CE_FAST: the loss kernels' exp setting, backend/cuda/loss_kernels.py).
 CE_FAST = [os.environ.get("MINIDNN_CE_NN_FAST", "1") != "0"]
-_CE_SEEN: dict = {}
-_new = object.__new__
+_CE_SEEN = SeenCalls()
 
 
 def _ce_sig(t):
@@ -331,35 +330,8 @@ def _ce_seen(input, target, weight, ignore_index, reduction, label_smoothing, wi
     """CrossEntropy.apply(...) as apply computes and records it on a remembered key; None: not remembered."""
     if key not in _CE_SEEN or _ag_state.anomaly:
         return None
-    record = _ag_state.grad_enabled
-    nx, nt = input.requires_grad, target.requires_grad
-    nw = weight is not None and weight.requires_grad
-    ctx = _new(FunctionCtx)
-    ctx._fn_cls = CrossEntropy
-    ctx.needs_input_grad = (nx, nt, nw, False, False, False)
-    _ag_state.grad_enabled = False
-    try:
-        loss = CrossEntropy.forward(ctx, input, target, weight, ignore_index, reduction, float(label_smoothing),
-                                    widen)
-    finally:
-        _ag_state.grad_enabled = record
-    if not (record and (nx or nt or nw)):
-        return loss
-    ctx.next_edges = (input._edge() if nx or input.grad_fn is not None else None,
-                      target._edge() if nt or target.grad_fn is not None else None,
-                      None if weight is None else weight._edge() if nw or weight.grad_fn is not None else None,
-                      None, None, None)
-    ctx._input_meta = (key[0][1:3] if nx else None, key[1][1:3] if nt else None, key[2][1:3] if nw else None,
-                       None, None, None)
-    ctx._n_inputs = 6
-    data = loss.data
-    ctx._out_meta = ((data.shape, data.dtype, _array_module(data)),)
-    ctx.num_outputs = 1
-    floating = _is_floating(data.dtype, True)
-    loss.output_nr = 0
-    loss.requires_grad = floating
-    loss.grad_fn = ctx if floating else None
-    return loss
+    return apply_seen(CrossEntropy, input, target, weight, ignore_index, reduction, float(label_smoothing),
+                      widen=widen)
 
 
 def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing,
@@ -388,9 +360,7 @@ def _cross_entropy(input, target, weight, size_average, ignore_index, reduce, re
             raise DTypeError(f"{op}: target has dtype {target.dtype} but input has dtype {x.dtype}")
     loss = CrossEntropy.apply(x, target, weight, ignore_index, reduction, float(label_smoothing), widen=widen)
     if key is not None and not unbatched:       # the checks and apply (its device check too) passed
-        if len(_CE_SEEN) >= 256:
-            _CE_SEEN.clear()
-        _CE_SEEN[key] = True
+        _CE_SEEN.remember(key, True)
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
 
