@@ -1,6 +1,7 @@
 """Dropout (cuDNN's cudnnDropoutForward / cudnnDropoutBackward).
 
-# x, y, dy, dx: any shape;  reserve: bool array of x's shape, True where an element is kept
+# x, y, dy, dx: any shape;  reserve: bool array of x's shape, True where an element is kept (the CPU, and the GPU
+# under MINIDNN_DROPOUT_MASK=1), or a PhiloxReserve (the GPU's default: which numbers decided, 16 bytes)
 
 y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator (one per
 device, created on first use: NumPy's ``default_rng(seed)`` on the CPU, minidnn's counter engine on a GPU).  A
@@ -8,8 +9,15 @@ generator with a device-side Philox stream (minidnn's GPU engines) draws the mas
 that stream on the device (backend/cuda/dropout_philox.py, float16/bfloat16/float32/float64, any p), so a training
 step with dropout can be replayed from a CUDA graph; the backward there is one kernel too.  The same seed gives the
 same sequence of masks on the same device (the CPU and GPU streams differ, so CPU and GPU masks differ).  p = 0 is
-the identity, p = 1 gives zeros (both still advance the stream).  The reserve space (cuDNN's name) is the boolean
-mask itself: 1 byte per element, everything backward needs.
+the identity, p = 1 gives zeros (both still advance the stream).  The reserve space (cuDNN's name) is what
+backward needs: on the CPU the boolean mask itself (1 byte per element); on a GPU by default a PhiloxReserve
+(session 13) -- the forward kernel records the generator's key and counter it drew from (16 bytes, written on the
+device: capturable) and stores no mask, and the backward kernel draws the same numbers again, so each direction
+moves only its input and output (a byte an element less each way than a stored mask; bitwise the same results).
+Like cuDNN's reserve space it is opaque: pass it to ``dropout_backward``; ``reserve.mask()`` materialises the bool
+mask.  ``dropout_backward`` still takes a bool mask of dy's shape too (the CPU's, or one of the caller's own).
+MINIDNN_DROPOUT_MASK=1 (``cuda.dropout_philox.STORE_MASK``, flippable at run time) makes the GPU forward store and
+return the mask as before.
 """
 from __future__ import annotations
 
@@ -21,7 +29,10 @@ from .devices import device, device_guard
 from .errors import BadParamError
 from .rng import new_engine
 
-__all__ = ["DropoutDescriptor", "dropout_forward", "dropout_backward", "dropout_get_reserve_space_size"]
+__all__ = ["DropoutDescriptor", "dropout_forward", "dropout_backward", "dropout_get_reserve_space_size",
+           "PhiloxReserve"]
+
+PhiloxReserve = dropout_philox.PhiloxReserve
 
 
 class DropoutDescriptor:
@@ -66,7 +77,10 @@ class DropoutDescriptor:
 
 
 def dropout_get_reserve_space_size(x) -> int:
-    """Bytes of reserve space ``dropout_forward`` returns for x: one bool per element."""
+    """Bytes of reserve space ``dropout_forward`` returns for x: a PhiloxReserve's 16 bytes of device memory for a
+    GPU array the kernels take (unless MINIDNN_DROPOUT_MASK=1 or V1), else one bool per element (the mask)."""
+    if type(x) is not np.ndarray and hasattr(x, "data") and hasattr(x.data, "device_id"):
+        return dropout_philox.reserve_bytes(x)
     return int(np.prod(x.shape))
 
 
@@ -74,14 +88,17 @@ def dropout_get_reserve_space_size(x) -> int:
 # (cleared with its plans): a call of the same handle, descriptor type and p, array types, shapes, strides, dtypes
 # and devices as one that passed every check below goes straight to its settled runner -- a dict lookup, the
 # generator's device state, the allocations and one launch.  The key holds everything the checks and the kernels'
-# support tests read (a descriptor's scale is its class's function of p); the generator is asked every call.
+# support tests read (a descriptor's scale is its class's function of p) and the forward's reserve choice
+# (dropout_philox.STORE_MASK: flipping it reaches the next call); the generator is asked every call.  A backward's
+# key holds a PhiloxReserve's shape, p and device (what its checks read), a mask's shape, strides, dtype, device.
 
 def dropout_forward(handle, dropout_desc: DropoutDescriptor, x):
-    """-> (y, reserve): y = x * mask / (1 - p), reserve = the boolean keep mask."""
+    """-> (y, reserve): y = x * mask / (1 - p); reserve = the boolean keep mask, or on a GPU by default a
+    PhiloxReserve (see the module docstring)."""
     if type(x) is not np.ndarray:
         try:
             key = (handle, type(dropout_desc), dropout_desc._p, type(x), x.shape, x.strides, x.dtype,
-                   x.data.device_id)
+                   x.data.device_id, dropout_philox.STORE_MASK)
             seen = _SEEN.get(key)
         except (AttributeError, TypeError):
             key = seen = None
@@ -120,12 +137,17 @@ def _masked(a, keep, scale):
 
 
 def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
-    """dx = dy * mask / (1 - p) with the mask ``dropout_forward`` returned as reserve."""
+    """dx = dy * mask / (1 - p) with the reserve ``dropout_forward`` returned (a bool mask of dy's shape, or the
+    GPU's PhiloxReserve of dy's shape and the descriptor's p)."""
     if type(dy) is not np.ndarray:
         try:
-            key = (handle, type(dropout_desc), dropout_desc._p, type(dy), dy.shape, dy.strides, dy.dtype,
-                   dy.data.device_id, type(reserve), reserve.shape, reserve.strides, reserve.dtype,
-                   reserve.data.device_id)
+            if type(reserve) is PhiloxReserve:
+                key = (handle, type(dropout_desc), dropout_desc._p, type(dy), dy.shape, dy.strides, dy.dtype,
+                       dy.data.device_id, PhiloxReserve, reserve.shape, reserve.p, reserve.device)
+            else:
+                key = (handle, type(dropout_desc), dropout_desc._p, type(dy), dy.shape, dy.strides, dy.dtype,
+                       dy.data.device_id, type(reserve), reserve.shape, reserve.strides, reserve.dtype,
+                       reserve.data.device_id)
             run = _SEEN.get(key)
         except (AttributeError, TypeError):
             key = run = None
@@ -134,10 +156,23 @@ def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
     else:
         key = None
     where = "dropout_backward"
-    handle, xp = begin(handle, where, dy=dy, reserve=reserve)
+    philox = type(reserve) is PhiloxReserve
+    handle, xp = begin(handle, where, dy=dy, reserve=reserve.record if philox else reserve)
     if not isinstance(dropout_desc, DropoutDescriptor):
         raise BadParamError(f"{where}: dropout_desc must be a DropoutDescriptor, got {type(dropout_desc).__name__}")
     check_float(where, dy=dy)
+    if philox:
+        if reserve.shape != tuple(dy.shape) or reserve.p != dropout_desc.p:
+            raise BadParamError(f"{where}: reserve {reserve!r} does not match dy of shape {shape_str(dy)} with "
+                                f"p={dropout_desc.p}: pass the reserve dropout_forward returned for this dy's "
+                                f"input, with the same descriptor")
+        if not dropout_philox.supports_backward(dy, reserve):
+            raise BadParamError(f"{where}: reserve {reserve!r} is read by the GPU kernels only; dy is "
+                                f"{type(dy).__name__} {shape_str(dy)} of dtype {dy.dtype}")
+        run = dropout_philox.backward_runner(dy, reserve, dropout_desc.scale)
+        if key is not None:
+            _SEEN.remember(key, run)
+        return run(dy, reserve)
     if reserve is None or tuple(reserve.shape) != tuple(dy.shape) or reserve.dtype != np.bool_:
         got = None if reserve is None else (shape_str(reserve), str(reserve.dtype))
         raise BadParamError(f"{where}: reserve must be the bool mask of dy's shape {shape_str(dy)} returned by "

@@ -2,7 +2,7 @@
 
 Shape legend: x, y, dy, dx (n,) any shape walked as flat C-order memory (float32/float64, or float16/bfloat16
 stored in 16 bits and computed in float); keep (n,) bool (1 byte: 1 = kept, PyTorch's mask too);
-state (2,) uint64 = [key, counter]; ticket (1,) uint32.
+state (2,) uint64 = [key, counter]; ticket (1,) uint32; rec (2,) uint64 = [key, counter] of one call (MASK = 0).
 
 The random stream (unchanged since the first kernel): element i of a call is decided by Philox4x32-10 block
 ``counter = state[1] + i // 4`` (key = state[0], the 64-bit counter in words 0-1, words 2-3 zero), word i % 4 = r:
@@ -31,6 +31,16 @@ x * (keep ? scale : 0), as the reference (so a NaN or inf dropped gives NaN, as 
 Traffic: forward reads x, writes y and keep (2 x itemsize + 1 bytes per element); backward reads dy and keep,
 writes dx: the floor of each.
 
+Without a stored mask (session 13, the default; MINIDNN_DROPOUT_MASK=1 / STORE_MASK restores the mask): the keep
+decision of element i is a pure function of (key, counter, i, THRESH), so the forward (the same dropout_fwd /
+dropout_fwd_pipe walk compiled with -DMASK=0) writes no mask but a record rec (2,) uint64 = [key, counter] of the
+numbers it drew (thread 0 of block 0, from the state every block read: on the device, so a graph replay refreshes
+it), returned as a PhiloxReserve; the backward (dropout_bwd_regen / _pipe: the forward's walk and grid over dy,
+without the state's advance) reads rec and draws the same Philox blocks again, dx = dy * (keep ? scale : 0) --
+bitwise the mask path's y and dx.  Traffic: x + y and dy + dx, 2 x itemsize bytes an element each way (8 for
+float32, 4 for 16-bit data: 11% and 20% less than with the mask); the backward's Philox work is the forward's,
+which already ran at 94-97% of copy.  ``reserve_mask`` materialises a PhiloxReserve's mask (tests, inspection).
+
 Host path: a call's launch is settled once per signature (shape, dtype, contiguity, p, scale, device) as a runner
 (the allocations, an alignment test, a prepared launch); backend/dropout.py remembers validated calls in ``seen``.
 
@@ -51,9 +61,15 @@ from .._common import SeenCalls
 from . import launch as _launch
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["supports", "supports_backward", "dropout_forward", "dropout_backward", "threshold", "SOURCE"]
+__all__ = ["supports", "supports_backward", "dropout_forward", "dropout_backward", "threshold", "SOURCE",
+           "PhiloxReserve", "reserve_mask", "reserve_bytes"]
 
 V1 = os.environ.get("MINIDNN_DROPOUT_V1", "0") == "1"
+# Session 13: STORE_MASK False (the default) -- the forward stores no mask: its reserve is a PhiloxReserve (the 16-byte
+# record of the numbers it drew) and the backward draws them again (MASK = 0 kernels).  True
+# (MINIDNN_DROPOUT_MASK=1): the keep mask, as before, for the A/B.  Read per call (the plan and seen keys hold
+# it), so flipping it in one process takes effect at the next forward; a reserve made either way stays valid.
+STORE_MASK = os.environ.get("MINIDNN_DROPOUT_MASK", "0") == "1"
 THREADS = 256
 
 
@@ -106,6 +122,9 @@ typedef unsigned int MaskVec;
 #endif
 #ifndef TILE
 #define TILE 16
+#endif
+#ifndef MASK
+#define MASK 1                              // 1: the reserve is the keep mask; 0: a 2-word record (see below)
 #endif
 // cache hints of the vector loads and stores: 0 none, 1 streaming (evict-first, ld/st.global.cs) loads and
 // stores, 2 plain loads and streaming stores
@@ -174,6 +193,8 @@ __device__ __forceinline__ void store_group(T* __restrict__ y, const Pack& a, I 
 
 // Group h of a forward walk: its PH Philox blocks decide the V elements (kept <=> (r >> 8) >= thresh), y = x * (kept ?
 // scale : 0) and the V mask bytes stored (dropout_fwd and dropout_fwd_pipe: the same counters and products).
+// STORE_MASK false (MASK = 0: the record forward and the regenerating backward): the same numbers, no mask bytes.
+template <bool STORE_MASK>
 __device__ __forceinline__ void draw_group(const Pack& in, T* __restrict__ y, unsigned char* __restrict__ keep, I h,
                                            I full, long long n, unsigned long long base, unsigned int k0,
                                            unsigned int k1, unsigned int thresh, A scale)
@@ -192,6 +213,7 @@ __device__ __forceinline__ void draw_group(const Pack& in, T* __restrict__ y, un
         }
     }
     store_group(y, out, h, full, n);
+    if (!STORE_MASK) return;
     if (h < full) {
         STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
     } else {
@@ -218,13 +240,13 @@ __device__ __forceinline__ void advance_counter(unsigned long long* state, unsig
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
-dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
-            unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
-            const unsigned int thresh, const A scale, const int vec)
+// dropout_fwd's walk of the groups (grid-stride, UNROLL groups in flight a thread), from x to y, under the numbers
+// of (k0, k1, base): the forwards' bodies and the regenerating backward's (x = dy, y = dx, no mask).
+template <bool STORE_MASK>
+__device__ __forceinline__ void walk(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
+                                     const long long n, unsigned long long base, unsigned int k0, unsigned int k1,
+                                     const unsigned int thresh, const A scale, const int vec)
 {
-    const unsigned long long key = state[0], base = state[1];
-    const unsigned int k0 = (unsigned int)key, k1 = (unsigned int)(key >> 32);
     const I groups = (I)((n + V - 1) / V), full = (I)(n / V);
     const I stride = (I)gridDim.x * blockDim.x;
     for (I h0 = (I)blockIdx.x * blockDim.x + threadIdx.x; h0 < groups; h0 += UNROLL * stride) {
@@ -237,10 +259,9 @@ dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restric
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const I h = h0 + u * stride;
-            if (h < groups) draw_group(in[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
+            if (h < groups) draw_group<STORE_MASK>(in[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
         }
     }
-    advance_counter(state, ticket, base, n);
 }
 
 // dropout_fwd_pipe (session 9; PIPE_FWD): dropout_fwd's walk and numbers on a persistent grid of the resident
@@ -255,13 +276,12 @@ dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restric
 #ifndef PUNROLL
 #define PUNROLL ((sizeof(T) == 8 || WIDE) ? 2 : 4)   // groups a thread and iteration (host: pipe_unroll)
 #endif
-extern "C" __global__ void __launch_bounds__(256, PMINB)
-dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
-                 unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
-                 const unsigned int thresh, const A scale, const int vec)
+template <bool STORE_MASK>
+__device__ __forceinline__ void walk_pipe(const T* __restrict__ x, T* __restrict__ y,
+                                          unsigned char* __restrict__ keep, const long long n,
+                                          unsigned long long base, unsigned int k0, unsigned int k1,
+                                          const unsigned int thresh, const A scale, const int vec)
 {
-    const unsigned long long key = state[0], base = state[1];
-    const unsigned int k0 = (unsigned int)key, k1 = (unsigned int)(key >> 32);
     const I groups = (I)((n + V - 1) / V), full = (I)(n / V);
     const I stride = (I)gridDim.x * blockDim.x;
     I h0 = (I)blockIdx.x * blockDim.x + threadIdx.x;
@@ -281,14 +301,81 @@ dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned char* __re
 #pragma unroll
         for (int u = 0; u < PUNROLL; ++u) {
             const I h = h0 + u * stride;
-            if (h < groups) draw_group(cur[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
+            if (h < groups) draw_group<STORE_MASK>(cur[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
         }
 #pragma unroll
         for (int u = 0; u < PUNROLL; ++u) cur[u] = nxt[u];
     }
+}
+
+#if MASK
+extern "C" __global__ void __launch_bounds__(256)
+dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
+            unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
+            const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = state[0], base = state[1];
+    walk<true>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
     advance_counter(state, ticket, base, n);
 }
 
+extern "C" __global__ void __launch_bounds__(256, PMINB)
+dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
+                 unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
+                 const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = state[0], base = state[1];
+    walk_pipe<true>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    advance_counter(state, ticket, base, n);
+}
+#else
+// MASK = 0 (session 13, the default): the reserve is rec = [key, base], the numbers this launch drew, written by
+// thread 0 of block 0 from the state every block read; no mask.  The backward (dropout_bwd_regen, _pipe) reads rec
+// and draws the same numbers again over the same walk: element i kept <=> word i % 4 of Philox block
+// base + i / 4 passes thresh -- bitwise the forward's decisions, whatever V or grid the backward takes.
+// Traffic: forward x + y, backward dy + dx (2 x itemsize bytes an element each; the mask path adds 1 each way).
+extern "C" __global__ void __launch_bounds__(256)
+dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned long long* __restrict__ rec,
+            unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
+            const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = state[0], base = state[1];
+    if (blockIdx.x == 0 && threadIdx.x == 0) { rec[0] = key; rec[1] = base; }
+    walk<false>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    advance_counter(state, ticket, base, n);
+}
+
+extern "C" __global__ void __launch_bounds__(256, PMINB)
+dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned long long* __restrict__ rec,
+                 unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
+                 const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = state[0], base = state[1];
+    if (blockIdx.x == 0 && threadIdx.x == 0) { rec[0] = key; rec[1] = base; }
+    walk_pipe<false>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    advance_counter(state, ticket, base, n);
+}
+
+// dx = dy * (keep ? scale : 0), keep regenerated from rec: dropout_fwd's walk (UNROLL, exact grid) and
+// dropout_fwd_pipe's (PUNROLL, resident grid), x = dy, y = dx; ``vec``: dy 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(256)
+dropout_bwd_regen(const T* __restrict__ dy, T* __restrict__ dx, const unsigned long long* __restrict__ rec,
+                  const long long n, const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = rec[0], base = rec[1];
+    walk<false>(dy, dx, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+}
+
+extern "C" __global__ void __launch_bounds__(256, PMINB)
+dropout_bwd_regen_pipe(const T* __restrict__ dy, T* __restrict__ dx, const unsigned long long* __restrict__ rec,
+                       const long long n, const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = rec[0], base = rec[1];
+    walk_pipe<false>(dy, dx, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+}
+#endif
+
+#if MASK                                    // the mask backwards: a MASK = 0 module has no mask
 extern "C" __global__ void __launch_bounds__(256)
 dropout_bwd(const T* __restrict__ dy, const unsigned char* __restrict__ keep, T* __restrict__ dx, const long long n,
             const A scale, const int vec)
@@ -363,6 +450,7 @@ dropout_bwd_tile(const T* __restrict__ dy, const unsigned char* __restrict__ kee
             if (i0 + j < n) dx[i0 + j] = ST(LD(dy[i0 + j]) * (keep[i0 + j] ? scale : (A)0));
     }
 }
+#endif  // MASK
 """
 
 # The first kernel (per-element loads and stores, a float compare per element), kept for MINIDNN_DROPOUT_V1=1.
@@ -435,16 +523,71 @@ def supports(x, p) -> bool:
 
 
 def supports_backward(dy, keep) -> bool:
-    return (not V1 and _dev.is_cuda_array(dy) and dy.size > 0 and type_info(dy.dtype) is not None
-            and _dev.is_cuda_array(keep) and keep.dtype == np.bool_ and tuple(keep.shape) == tuple(dy.shape))
+    """The backward kernels take dy with a bool mask of its shape (not under V1), or with a PhiloxReserve of its
+    shape (always: only these kernels can read one)."""
+    if not (_dev.is_cuda_array(dy) and dy.size > 0 and type_info(dy.dtype) is not None):
+        return False
+    if type(keep) is PhiloxReserve:
+        return keep.shape == tuple(dy.shape) and keep.device == dy.data.device_id
+    return (not V1 and _dev.is_cuda_array(keep) and keep.dtype == np.bool_
+            and tuple(keep.shape) == tuple(dy.shape))
 
 
-def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None):
-    """NVRTC options; ``pminb``: dropout_fwd_pipe's launch (its UNROLL is PUNROLL = ``unroll``, blocks an SM)."""
+class PhiloxReserve:
+    """The reserve space of a GPU dropout forward that stored no mask: the numbers it drew, not the mask they made.
+
+    ``record`` is a (2,) uint64 device array the forward kernel writes on the device at every launch (so a CUDA graph
+    replay refreshes it, no host read): [Philox key, counter of element 0]; element i (flat C order over ``shape``)
+    was kept iff word i % 4 of Philox4x32-10 block counter + i // 4 passes ``threshold`` (the module docstring).
+    ``p`` is the drop probability it was drawn with (``threshold`` = threshold(p), the same for every dtype).  Opaque
+    to its users, as cuDNN's reserve space: ``dropout_backward`` reads it; ``mask()`` materialises the bool keep
+    mask (one more launch; for tests and anyone who wants to look at it).  16 bytes of device memory (``nbytes``).
+    """
+
+    __slots__ = ("record", "shape", "p", "threshold", "device")
+    nbytes = 16
+
+    def __init__(self, record, shape, p, device):
+        self.record, self.shape, self.p = record, tuple(shape), float(p)
+        self.threshold, self.device = threshold(p), device
+
+    @property
+    def size(self) -> int:
+        """Elements the record decides (those of ``shape``)."""
+        return math.prod(self.shape)
+
+    def __repr__(self):
+        return f"PhiloxReserve(shape={self.shape}, p={self.p}, device=cuda:{self.device})"
+
+    def mask(self):
+        """The bool keep mask of ``shape`` (a new device array): the backward's numbers on ones."""
+        return reserve_mask(self)
+
+
+def reserve_mask(reserve):
+    """The bool keep mask (device array of ``reserve.shape``) that a PhiloxReserve stands for: the regenerating
+    backward on float32 ones with scale 1 (its products are exactly 1 or 0), then != 0."""
+    cp = _launch.cupy()
+    with _launch.on_device(reserve.device):
+        ones = cp.ones(reserve.shape, dtype=np.float32)
+        return regen_runner(ones, reserve, 1.0)(ones, reserve) != 0
+
+
+def reserve_bytes(x) -> int:
+    """Bytes of the reserve the GPU forward returns for x: a PhiloxReserve's 16 where the kernels take x and no
+    mask is stored (STORE_MASK off, not V1), else one bool per element."""
+    if not (STORE_MASK or V1) and supports(x, 0.5):
+        return PhiloxReserve.nbytes
+    return int(math.prod(x.shape))
+
+
+def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None, mask=True):
+    """NVRTC options; ``pminb``: dropout_fwd_pipe's launch (its UNROLL is PUNROLL = ``unroll``, blocks an SM);
+    ``mask`` False: the record kernels (-DMASK=0; the mask modules' options are those before session 13)."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DUNROLL={unroll}",
             f"-DWIDE={int(wide)}", f"-DHINT={hint}", f"-DTILE={tile}", "-std=c++14") + (
-                (f"-DPMINB={pminb}", f"-DPUNROLL={unroll}") if pminb else ())
+                (f"-DPMINB={pminb}", f"-DPUNROLL={unroll}") if pminb else ()) + (() if mask else ("-DMASK=0",))
 
 
 def uses_pipe(dtype) -> bool:
@@ -528,7 +671,7 @@ def _acc(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
-def _plan_fwd(n, dtype, p, scale, dev):
+def _plan_fwd(n, dtype, p, scale, dev, mask=True):
     if V1:
         kernel = _launch.get_kernel(_SOURCE_V1, "dropout_philox", (f"-DSCALAR={_V1_SCALARS[dtype]}", "-std=c++14"))
         grid = max(1, min((n + 3) // 4 // THREADS + 1, _launch.sm_count(dev) * 8))
@@ -537,13 +680,29 @@ def _plan_fwd(n, dtype, p, scale, dev):
     if uses_pipe(dtype):
         wide = n >= 2 ** 31
         kernel = _launch.get_kernel(SOURCE, "dropout_fwd_pipe", _options(dtype, pipe_unroll(dtype.itemsize, wide), wide,
-                                                                          HINT_FWD, pminb=PIPE_MINB))
+                                                                          HINT_FWD, pminb=PIPE_MINB, mask=mask))
         return _Plan(kernel, (pipe_grid(n, dtype.itemsize, _launch.sm_count(dev)),), 5,
                      [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)])
     unroll = forward_unroll(n, dtype.itemsize, dev)
-    kernel = _launch.get_kernel(SOURCE, "dropout_fwd", _options(dtype, unroll, n >= 2 ** 31, HINT_FWD))
+    kernel = _launch.get_kernel(SOURCE, "dropout_fwd", _options(dtype, unroll, n >= 2 ** 31, HINT_FWD, mask=mask))
     return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_FWD), 5,
                  [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)])
+
+
+def _plan_regen(n, dtype, p, scale, dev):
+    """The regenerating backward (MASK = 0): the walk and grid the record forward of this call took
+    (dropout_bwd_regen_pipe where the forward pipes, else dropout_bwd_regen with the forward's UNROLL rule and
+    BPS_BWD), cache hints HINT_BWD."""
+    scalars = [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)]
+    wide = n >= 2 ** 31
+    if uses_pipe(dtype):
+        kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen_pipe",
+                                    _options(dtype, pipe_unroll(dtype.itemsize, wide), wide, HINT_BWD,
+                                             pminb=PIPE_MINB, mask=False))
+        return _Plan(kernel, (pipe_grid(n, dtype.itemsize, _launch.sm_count(dev)),), 3, scalars)
+    unroll = forward_unroll(n, dtype.itemsize, dev)
+    kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen", _options(dtype, unroll, wide, HINT_BWD, mask=False))
+    return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_BWD), 3, scalars)
 
 
 def _plan_bwd(n, dtype, scale, dev):
@@ -557,11 +716,12 @@ def _plan_bwd(n, dtype, scale, dev):
                  7 if dtype.itemsize == 2 else 3)
 
 
-def _forward_runner(shape, dtype, contiguous, p, scale, dev):
+def _forward_runner(shape, dtype, contiguous, p, scale, dev, mask=True):
     """run(x, state, ticket) -> (y, keep) for arrays x of this signature: a call is a device test, the
-    allocations, one alignment test and the plan's prepared launch (only the pointers packed)."""
+    allocations, one alignment test and the plan's prepared launch (only the pointers packed).  ``mask`` False:
+    (y, PhiloxReserve) -- the record (2 uint64) allocated in place of the mask."""
     n = math.prod(shape)
-    plan = _plan_fwd(n, dtype, p, scale, dev)
+    plan = _plan_fwd(n, dtype, p, scale, dev, mask or V1)
     cp = _launch.cupy()
     empty, get_device, device, ascontiguous, bool_ = (cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device,
                                                       cp.ascontiguousarray, np.bool_)
@@ -574,6 +734,19 @@ def _forward_runner(shape, dtype, contiguous, p, scale, dev):
             return y, keep
         return run
     vec, go = plan.vec, plan.go
+    if not mask:
+        uint64, reserve = np.uint64, PhiloxReserve
+
+        def run(x, state, ticket):
+            if get_device() != dev:
+                with device(dev):
+                    return run(x, state, ticket)
+            if not contiguous:
+                x = ascontiguous(x)
+            y, rec = empty(shape, dtype=dtype), empty((2,), dtype=uint64)
+            (go if x.data.ptr & 15 else vec)(x, y, rec, state, ticket)
+            return y, reserve(rec, shape, p, dev)
+        return run
 
     def run(x, state, ticket):
         if get_device() != dev:
@@ -608,28 +781,60 @@ def _backward_runner(shape, dtype, contiguous, keep_contiguous, scale, dev):
     return run
 
 
-def forward_runner(x, p, scale):
+def _regen_runner(shape, dtype, contiguous, p, scale, dev):
+    """run(dy, reserve) -> dx for arrays dy of this signature and a PhiloxReserve of p (see _forward_runner)."""
+    plan = _plan_regen(math.prod(shape), dtype, p, scale, dev)
+    cp = _launch.cupy()
+    empty, get_device, device, ascontiguous = cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device, cp.ascontiguousarray
+    vec, go = plan.vec, plan.go
+
+    def run(dy, reserve):
+        if get_device() != dev:
+            with device(dev):
+                return run(dy, reserve)
+        if not contiguous:
+            dy = ascontiguous(dy)
+        dx = empty(shape, dtype=dtype)
+        (go if dy.data.ptr & 15 else vec)(dy, dx, reserve.record)
+        return dx
+    return run
+
+
+def forward_runner(x, p, scale, mask=None):
     """The settled run(x, state, ticket) for arrays of x's shape, dtype, contiguity and device (once per such
-    signature and (p, scale))."""
-    key = ("f", x.shape, x.dtype, x.flags.c_contiguous, p, scale, x.data.device_id)
+    signature, (p, scale) and mask choice: ``mask`` None = STORE_MASK, True = the keep mask, False = a
+    PhiloxReserve; V1 always stores the mask)."""
+    mask = (STORE_MASK if mask is None else bool(mask)) or V1
+    key = ("f", x.shape, x.dtype, x.flags.c_contiguous, p, scale, x.data.device_id, mask)
     return _launch.planned(_plans, key, _forward_runner, *key[1:])
 
 
+def regen_runner(dy, reserve, scale):
+    """The settled run(dy, reserve) for dy's signature and a PhiloxReserve (see forward_runner)."""
+    key = ("r", dy.shape, dy.dtype, dy.flags.c_contiguous, reserve.p, scale, dy.data.device_id)
+    return _launch.planned(_plans, key, _regen_runner, *key[1:])
+
+
 def backward_runner(dy, keep, scale):
-    """The settled run(dy, keep) for arrays of dy's and keep's signature (see forward_runner)."""
+    """The settled run(dy, keep) for arrays of dy's and keep's signature (see forward_runner); ``keep`` a bool mask
+    or a PhiloxReserve (then the regenerating backward)."""
+    if type(keep) is PhiloxReserve:
+        return regen_runner(dy, keep, scale)
     key = ("b", dy.shape, dy.dtype, dy.flags.c_contiguous, keep.flags.c_contiguous, scale, dy.data.device_id)
     return _launch.planned(_plans, key, _backward_runner, *key[1:])
 
 
-def dropout_forward(x, p, scale, state, ticket):
-    """(y, keep) for a GPU array ``x`` (a non-contiguous one is copied first); ``state``/``ticket`` are the engine's
-    device arrays.  One launch, settled once per (shape, dtype, contiguity, p, scale, device); y and keep come out
+def dropout_forward(x, p, scale, state, ticket, mask=None):
+    """(y, reserve) for a GPU array ``x`` (a non-contiguous one is copied first); ``state``/``ticket`` are the
+    engine's device arrays; reserve: a PhiloxReserve, or the bool keep mask under STORE_MASK (``mask`` overrides).
+    One launch, settled once per (shape, dtype, contiguity, p, scale, device, mask); y and a mask come out
     C-contiguous."""
-    return forward_runner(x, p, scale)(x, state, ticket)
+    return forward_runner(x, p, scale, mask)(x, state, ticket)
 
 
 def dropout_backward(dy, keep, scale):
-    """dx = dy * (keep ? scale : 0) for GPU arrays of one shape (non-contiguous ones are copied first); one launch."""
+    """dx = dy * (keep ? scale : 0) for a GPU array dy and its keep mask (non-contiguous ones are copied first) or
+    PhiloxReserve of its shape (the caller has checked it matches: backend/dropout.py); one launch."""
     return backward_runner(dy, keep, scale)(dy, keep)
 
 
