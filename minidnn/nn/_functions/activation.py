@@ -242,7 +242,9 @@ class Dropout(Function):
 
 
 class DropoutMask(Function):
-    """dy * mask / (1 - p): linear in dy with a fixed mask, so it is its own derivative."""
+    """dy * mask / (1 - p): linear in dy with a fixed mask, so it is its own derivative.  ``mask`` is the primitive's
+    reserve, passed through untouched: a bool array, or on a GPU a PhiloxReserve (the record of the numbers the
+    forward drew; the backward kernel draws them again), which every later backward reads the same way."""
 
     @staticmethod
     def forward(ctx, dy, desc, mask):
