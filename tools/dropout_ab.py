@@ -1,0 +1,138 @@
+"""A/B of session 13's dropout without a stored mask (issue 10): backend/cuda/dropout_philox.py's STORE_MASK
+("mask": the forward stores the 1-byte keep mask, the backward reads it -- the path before this session,
+MINIDNN_DROPOUT_MASK=1) against the default "record" (the forward writes a 16-byte (key, counter) record, the
+backward draws the same Philox numbers again), with PyTorch's torch.ops.aten.native_dropout /
+native_dropout_backward beside, forward and backward, device time only (CUDA-graph replays), in one process.
+
+    python tools/dropout_ab.py [--dtypes float32,bfloat16] [--shapes 128x64x56x56,128x256] [--rounds 4] [--trials 5]
+
+Method (as tools/row_ab.py): per case (direction, dtype, shape) `rounds` rounds; a round times mask, record and
+PyTorch in turn, the order reversed every other round (a drift of clocks cancels), each timing a fresh capture of
+`reps` calls (bench/kernels_gpu.py's Timer.graph: the backend primitive with its host work, p = 0.5) replayed
+`trials` times (median).  The switch is flipped in place (the plans and seen tables key on it: nothing is
+forgotten); the backward of each setting reads a reserve its own forward made before the capture.  Reported per
+side: the median over rounds (ms a call), GB/s of the bytes THAT side moves and % of the copy bandwidth measured in
+the same run -- mask and PyTorch: x + y + mask forward, dy + mask + dx backward (2 x itemsize + 1 bytes an
+element); record: x + y and dy + dx (2 x itemsize; the 16-byte record is left out) -- the spread (max/min - 1),
+and the medians of the per-round ratios mask/this and torch/this (> 1: this side is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
+
+import minidnn.backend as B  # noqa: E402
+from minidnn.backend import devices as _dev  # noqa: E402
+from minidnn.backend.cuda import dropout_philox as DP  # noqa: E402
+
+SIDES = ("mask", "record", "torch")
+
+
+def bytes_moved(side, n, itemsize):
+    """Bytes one call of ``side`` moves (either direction): input and output, plus the 1-byte mask where stored."""
+    return n * (2 * itemsize + (0 if side == "record" else 1))
+
+
+def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
+    from minidnn.nn._functions.activation import _SeededDropoutDescriptor
+    desc = _SeededDropoutDescriptor(0.5)
+    x, dy = cases.x(shape), cases.x(shape)
+    n, item = x.size, x.dtype.itemsize
+    fns, reserves = {}, {}
+    for side in ("mask", "record"):
+        DP.STORE_MASK = side == "mask"
+        _, reserves[side] = B.dropout_forward(None, desc, x)     # plans and compiles outside any capture
+        want = DP.PhiloxReserve if side == "record" else type(dy)
+        if not isinstance(reserves[side], want):
+            raise RuntimeError(f"{side}: dropout_forward returned a {type(reserves[side]).__name__}")
+        if direction == "fwd":
+            fns[side] = lambda: B.dropout_forward(None, desc, x)
+        else:
+            fns[side] = (lambda r: lambda: B.dropout_backward(None, desc, dy, r))(reserves[side])
+        fns[side]()
+    if torch is not None:
+        xt, dyt = cases.t(shape), cases.t(shape)
+        _, mt = torch.ops.aten.native_dropout(xt, 0.5, True)
+        if direction == "fwd":
+            fns["torch"] = lambda: torch.ops.aten.native_dropout(xt, 0.5, True)
+        else:
+            fns["torch"] = lambda: torch.ops.aten.native_dropout_backward(dyt, mt, 2.0)
+    sides = [s for s in SIDES if s in fns]
+    got = {s: [] for s in sides}
+    ratios = {s: {"mask": [], "torch": []} for s in sides}
+    reps = {}
+    try:
+        for r in range(rounds):
+            this = {}
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                if side != "torch":
+                    DP.STORE_MASK = side == "mask"
+                framework = "torch" if side == "torch" else "minidnn"
+                reps[side] = reps.get(side) or timer.reps(fns[side], framework)
+                this[side] = timer.graph(fns[side], reps[side], framework)
+                got[side].append(this[side])
+            for s in sides:
+                for ref in ("mask", "torch"):
+                    if ref in this:
+                        ratios[s][ref].append(this[ref] / this[s])
+    finally:
+        DP.STORE_MASK = os.environ.get("MINIDNN_DROPOUT_MASK", "0") == "1"
+    name = f"dropout {direction}"
+    for s in sides:
+        ms = statistics.median(got[s])
+        gbs = bytes_moved(s, n, item) / (ms * 1e-3) / 1e9
+        spread = max(got[s]) / min(got[s]) - 1
+        vs = "  ".join(f"{ref}/this {statistics.median(ratios[s][ref]):.3f}" for ref in ("mask", "torch")
+                       if ratios[s][ref])
+        mb = bytes_moved(s, n, item) / 1e6
+        print(f"{name:12s} {dtype_name:9s} {str(shape):18s} {s:6s} {ms:8.4f} ms {mb:7.1f} MB "
+              f"{gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  {vs}")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--shapes", default="128x64x56x56,128x256")
+    ap.add_argument("--directions", default="fwd,bwd")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not _dev.cuda_is_available():
+        print("dropout_ab: no CUDA GPU with CuPy here; nothing to measure")
+        return 0
+    cp = _dev.require_cupy()
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    timer = KG.Timer(cp, torch, args.trials)
+    bw = KG.copy_bandwidth(cp, timer)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
+          f"{args.rounds} rounds (sides alternated), graph replays of {args.trials} trials each; p = 0.5; "
+          f"MB: the bytes each side moves (mask, torch: +1 byte an element)")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    with KG.torch_stream(torch):
+        for dtype_name in args.dtypes.split(","):
+            cases = KG.Cases(cp, torch, dtype_name)
+            for shape in shapes:
+                for direction in args.directions.split(","):
+                    try:
+                        run_case(timer, cases, direction, shape, dtype_name, bw, args.rounds, torch)
+                    except Exception as exc:        # noqa: BLE001 -- one case must not take the others down
+                        print(f"dropout {direction} {dtype_name} {shape}: failed: {type(exc).__name__}: {exc}")
+            del cases
+            cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
