@@ -1,22 +1,20 @@
-"""A/B of session 12's row-kernel settings on the GPU (issue 10): the cross-entropy forward under loss_kernels.CE_TAIL
-(the default "2" against session 11's "0") and the softmax / log-softmax forward under softmax_kernels.FWD_NARROW
-(session 11's tiling "0" against the default "16": sub-warp groups of 16 elements a thread), device time only
-(CUDA-graph replays, as bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's
-graphed op beside.
+"""A/B of the row-kernel settings on the GPU (issue 10), device time only (CUDA-graph replays, as
+bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's graphed op beside: session 13's
+softmax_kernels.FWD_WARP (the default "0", PIPE, against "1" and "2") on softmax / log-softmax forward and the
+log-softmax backward, and session 12's loss_kernels.CE_TAIL on the cross-entropy forward.
 
-    python tools/row_ab.py [--ops smx,lsmx] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
-                           [--shapes 65536x128,262144x64,32768x256,16384x1000]
+    python tools/row_ab.py [--ops smx,lsmx,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
+                           [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513]
 
-Settings (docs/step_kernels.md, "Session 12: cross-entropy and softmax forward"):
-  ce    CE_TAIL     "2" (default: P16 with FULLK and ex2 / lg2 for the row's exp and log, every other row forward
-                    "1") | "1" (acquire-release ticket, the last block's partials in one round trip: bitwise "0") |
-                    "0" (session 11's kernels)
-  smx   FWD_NARROW  "0" (session 11's tiling) | "16" (default since round 4, not for FAST: a PIPE forward row whose
-  lsmx              threads hold fewer elements gets sub-warp groups holding 16 each, several rows a warp) -- other
-                    rows plan "0" (their lines say so); "32" lost
-                    to "16" in session 12 run 4 (float32 (262144, 64) 0.96-0.98x "0") and is no longer timed
+Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: cross-entropy and softmax forward"):
+  smx      FWD_WARP  "0" (default: PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
+  lsmx               "1" (a non-persistent grid of 128-thread blocks, a row a warp, every load issued first, 56-64
+  lsmxbwd            registers: 8-9 blocks an SM) | "2" (two consecutive rows a warp, 96-128 registers); rows other
+                     than 513..1024-class whole-warp rows plan "0" (their lines say so); the backward is log-softmax's
+                     ("2" plans "1"'s backward: its line says "= 1")
+  ce       CE_TAIL   "2" (default) | "1" | "0" (session 11's kernels)
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
-earlier setting's is not timed again: its line says "= 0" (or "= 2", ...).
+earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
 Method: per case (op, dtype, shape) `rounds` rounds; a round times every distinct setting in turn, the order reversed
 every other round (a drift of clocks cancels), each timing a fresh capture of the bench's `reps` calls (the
 primitive with its host work, as bench/kernels_gpu.py: x, target and outputs from the bench's Cases) replayed
@@ -42,8 +40,8 @@ import numpy as np  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
 
-SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "16"), "lsmx": ("0", "16")}
-NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd"}
+SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2"), "lsmx": ("0", "1", "2"), "lsmxbwd": ("0", "1", "2")}
+NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd", "lsmxbwd": "log-softmax bwd"}
 
 
 def _mods():
@@ -68,14 +66,14 @@ def _switch(op, setting):
     if op == "ce":
         lk.CE_TAIL = setting
     else:
-        sk.FWD_NARROW = setting
+        sk.FWD_WARP = setting
     _forget()
 
 
 def _restore():
     lk, sk = _mods()
     lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "2")
-    sk.FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "16")
+    sk.FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "0")
     _forget()
 
 
@@ -85,7 +83,7 @@ def _plan(op, shape, dt):
     if op == "ce":
         s = lk.launch_spec("ce_fwd", shape, dt, np.int64, False, "mean")
         return s[2], s[3], s[4], s[5]
-    s = sk.launch_spec(False, shape, (1,), "LOG" if op == "lsmx" else "ACCURATE", dt)
+    s = sk.launch_spec(op == "lsmxbwd", shape, (1,), "ACCURATE" if op == "smx" else "LOG", dt)
     return s.defines, s.groups, s.per_sm, s.block
 
 
@@ -114,7 +112,7 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds):
     if op == "ce":                              # the bench's own case (inputs, call, PyTorch op, bytes)
         row = cases.cross_entropy(shape)[0]
     else:
-        row = cases.softmax(shape, "log" if op == "lsmx" else "accurate")[0]
+        row = cases.softmax(shape, "accurate" if op == "smx" else "log")[1 if op == "lsmxbwd" else 0]
     name, _, (fn, tfn, nbytes), _ = row
     got = {s: [] for s in distinct}
     ratios = {s: [] for s in distinct}
@@ -157,9 +155,9 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", default="smx,lsmx")
+    ap.add_argument("--ops", default="smx,lsmx,lsmxbwd")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--shapes", default="65536x128,262144x64,32768x256,16384x1000")
+    ap.add_argument("--shapes", default="16384x1000,8192x1000,32768x1000,16384x1024,16384x513")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=5)
     args = ap.parse_args(argv)

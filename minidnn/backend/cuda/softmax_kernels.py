@@ -523,12 +523,95 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 }
 #endif
 
+#ifndef WARP
+#define WARP 0
+#endif
+#if WARP
+#if !ONE || G != 32 || PIPE
+#error "WARP needs one-chunk rows of a whole warp (and no PIPE)"
+#endif
+// WARP (session 13; FWD_WARP): a non-persistent grid of small blocks (BLOCK = 128: 4 warps), each warp owning WARP
+// consecutive rows (1 or 2), every load of those rows issued before any math, no prefetch: occupancy (MINB blocks an
+// SM from a tight register bound) keeps the loads in flight instead, and blocks retire and refill warp-group by
+// warp-group (no last-step tail of a persistent walk).  The row's arithmetic is fwd_rows_pipe's, in its order: thread
+// max over the body then the edges, thread sum of the edges' exps then the body's, the warp's butterflies, the same
+// output expressions -- so the result is bitwise the PIPE kernel's.  A grid-stride loop covers a capped grid.
+template <int UNUSED> __device__ __forceinline__ void fwd_rows_warp(const T* __restrict__ x, T* __restrict__ y,
+                                                                    int rows, int C)
+{
+    const int g = threadIdx.x & 31;
+    const int nw = gridDim.x * (BLOCK / 32);
+    for (int r0 = (blockIdx.x * (BLOCK / 32) + (int)(threadIdx.x >> 5)) * WARP; r0 < rows; r0 += nw * WARP) {
+        A a[WARP][E], ed[WARP][NE1];
+        Geo q[WARP];
+#pragma unroll
+        for (int i = 0; i < WARP; ++i) {                 // every load of the warp's rows first
+            const bool live = r0 + i < rows;
+            const T* xr = x + (size_t)(live ? r0 + i : 0) * C;
+            q[i] = row_geo(xr, live ? C : 0, true);
+            load_chunk<true>(xr, 0, q[i], g, NEG_INF, a[i]);
+            load_edges(xr, q[i], g, NEG_INF, ed[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < WARP; ++i) {
+            A m = ALGO == 0 ? (A)0 : NEG_INF, s = 0;
+#if ALGO != 0
+#pragma unroll
+            for (int e = 0; e < E; ++e) m = vmax(m, a[i][e]);
+#pragma unroll
+            for (int j = 0; j < NE; ++j) m = vmax(m, ed[i][j]);
+#endif
+            const A sh = m == NEG_INF ? (A)0 : m;
+#pragma unroll
+            for (int j = 0; j < NE; ++j) s += exp(ed[i][j] - sh);
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const A ex = exp(a[i][e] - sh);
+                s += ex;
+#if ALGO != 2
+                a[i][e] = ex;
+#endif
+            }
+#if ALGO != 0
+            A M = g_max(m, (A*)0);
+            if (M == NEG_INF) M = 0;
+            const A f = m == NEG_INF ? (A)0 : exp(m - M);
+#else
+            const A M = 0, f = 1;
+#endif
+            const A S = g_sum(s * f, (A*)0);
+            if (r0 + i < rows) {
+                T* yr = y + (size_t)(r0 + i) * C;
+#if ALGO == 2
+                const A ls = log(S);
+#pragma unroll
+                for (int e = 0; e < E; ++e) a[i][e] = a[i][e] - M - ls;
+#pragma unroll
+                for (int j = 0; j < NE; ++j) ed[i][j] = ed[i][j] - M - ls;
+#else
+                const A sc = fast_scale(S), inv = (A)1 / (S * sc), finv = f * inv;
+#pragma unroll
+                for (int e = 0; e < E; ++e) a[i][e] = a[i][e] * sc * finv;
+#pragma unroll
+                for (int j = 0; j < NE; ++j) ed[i][j] = exp(ed[i][j] - M) * sc * inv;
+#endif
+                store_chunk<true>(yr, 0, q[i], g, a[i]);
+                store_edges(yr, q[i], g, ed[i]);
+            }
+        }
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, const int C)
 {
     __shared__ A sm[BLOCK / 32];
 #if PIPE
     if (aligned(x, y)) { fwd_rows_pipe<0>(x, y, rows, C, sm); return; }
+#endif
+#if WARP
+    if (aligned(x, y)) { fwd_rows_warp<0>(x, y, rows, C); return; }
 #endif
 #if SCH > 0
     extern __shared__ __align__(16) unsigned char dyn_sm[];
@@ -867,6 +950,47 @@ BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
 FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "16")
 NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 
+# Session 13 (issue 10: float32 softmax / log-softmax forward (16384, 1000) at 0.99x / 0.96x PyTorch, log-softmax
+# backward 0.99x): WARP, PyTorch's launch shape with our loads -- a non-persistent grid of 128-thread blocks, a warp
+# owning WARP rows (every 16-byte load of them issued before any math, no prefetch), the register bound as tight as
+# nvcc allows without spilling so that many warps an SM keep their rows in flight (docs/step_kernels.md, "Session 13:
+# warp-row softmax").  MINIDNN_SOFTMAX_WARP=0 (default: PIPE) | 1 (a row a warp) | 2 (two consecutive rows a warp).
+# Rows of 513..1024+ classes whose PIPE plan is one chunk on a whole warp (G = 32) holding <= 32 elements a thread,
+# float accumulation, vector loads; forwards of every algorithm and the log-softmax backward (bwd_rows on the same
+# grid: a row's dy and y a warp, "2" plans "1"'s backward).  Misaligned views take fwd_rows / bwd_rows<false>.
+# The same sums in the same order as PIPE / bwd_rows_pipe: bitwise the default.  Module attribute read at planning
+# time (tools/row_ab.py flips it).
+FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "0")
+
+# Registers a WARP thread may use (128-thread blocks: 65536 / (128 r) blocks an SM), by (rows a warp, elements a
+# thread E, bytes an element, RAGGED): the tightest budgets nvcc 13 (sm_90, -ftz=true) builds without spilling.
+# fp32 (N, 1000) "1": 56 (nine blocks, 36 warps an SM, 144 KB of loads in flight; 48 spilled 28-36 bytes, 40 spilled
+# 72-104); fp32 RAGGED (1001) and 2-byte whole rows 64 (56 spilled 12-96); 2-byte RAGGED 72 (64 spilled 20-28).  "2":
+# 96 (five blocks, 20 warps of 8 KB: 160 KB), RAGGED 128 (96 spilled 24).  E = 16 (513-515 classes, always RAGGED
+# here) 48 / 56 and "2" 80.  The log-softmax backward (dy and y: 2 E values a thread), WARP_BWD_REGS by (E, RAGGED):
+# 96 (five blocks, 20 warps, 8 KB each), RAGGED 128 (96 spilled 24-112), E = 16 80.
+WARP_REGS = {(1, 32, 4, False): 56, (1, 32, 4, True): 64, (1, 32, 2, False): 64, (1, 32, 2, True): 72,
+             (1, 16, 4, False): 48, (1, 16, 4, True): 48, (1, 16, 2, False): 56, (1, 16, 2, True): 56,
+             (2, 32, 4, False): 96, (2, 32, 4, True): 128, (2, 32, 2, False): 96, (2, 32, 2, True): 128,
+             (2, 16, 4, False): 80, (2, 16, 4, True): 80, (2, 16, 2, False): 80, (2, 16, 2, True): 80}
+WARP_BWD_REGS = {(32, False): 96, (32, True): 128, (16, False): 80, (16, True): 80}
+WARP_BLOCK = 128
+
+
+def warp_rows(backward, algo_name):
+    """Rows a warp under FWD_WARP for this call (0: the default plans), before the row test (uses_warp)."""
+    if FWD_WARP not in ("1", "2") or V1:
+        return 0
+    if backward:
+        return 1 if algo_name == "LOG" else 0
+    return int(FWD_WARP)
+
+
+def uses_warp(cfg, c, acc):
+    """Whether rows of RowConfig ``cfg`` (``c`` classes, ``acc``-byte sums) take WARP's grid: one chunk on a whole
+    warp holding 16..32 elements a thread with vector loads and float sums, 513 classes or more."""
+    return cfg.one and cfg.g == 32 and cfg.vec > 1 and acc == 4 and c >= 513 and 16 <= cfg.nv * cfg.vec <= 32
+
 
 def narrow_config(cfg, c, target):
     """RowConfig ``cfg`` of a PIPE forward row of ``c`` elements with NARROW = ``target`` elements a thread: the
@@ -959,15 +1083,23 @@ def uses_bwd_pipe(cfg, acc):
 
 
 def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False,
-                narrow=0):
+                narrow=0, warp=0):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
     ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says;
     ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says; ``narrow``: NARROW's
-    elements a thread for a PIPE row (narrow_config)."""
+    elements a thread for a PIPE row (narrow_config); ``warp``: WARP's rows a warp (uses_warp decides; then
+    WARP_BLOCK threads a block, no PIPE, the WARP_REGS / WARP_BWD_REGS budget and a WARP=n define before MINB)."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
+    if warp and uses_warp(cfg, c, acc):
+        cfg = cfg._replace(block=WARP_BLOCK)
+        e = cfg.nv * cfg.vec
+        regs = WARP_BWD_REGS[e, cfg.ragged] if arrays == 2 else WARP_REGS[warp, e, item, cfg.ragged]
+        return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
+                f"RAGGED={int(cfg.ragged)}", "ONE=1", "SCH=0", "PIPE=0", f"WARP={warp}",
+                f"MINB={65536 // (cfg.block * regs)}"), cfg
     if narrow and pipe and uses_pipe(cfg, arrays, acc):
         cfg = narrow_config(cfg, c, narrow)
     bwd_pipe = bwd_pipe and uses_bwd_pipe(cfg, acc)
@@ -992,6 +1124,11 @@ def _narrow(algo_name):
     if algo_name == "FAST" and not NARROW_FAST:
         return 0
     return int(FWD_NARROW) if FWD_NARROW in ("16", "32") else 0
+
+
+# WARP's grid cap in blocks an SM (_grid): far above what fits, so the grid holds every row's warp; the kernel's
+# grid-stride loop covers a larger call.
+WARP_PER_SM = 1 << 16
 
 
 class Spec(NamedTuple):
@@ -1020,9 +1157,14 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
         defines, cfg = row_defines(c, dtype, 2 if backward else 1, 0 if backward else STASH_BYTES,
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
                                    pipe=not backward, bwd_pipe=backward and algo_name == "LOG",
-                                   narrow=0 if backward else _narrow(algo_name))
+                                   narrow=0 if backward else _narrow(algo_name),
+                                   warp=warp_rows(backward, algo_name))
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
+        wr = next((int(d[5:]) for d in defines if d.startswith("WARP=")), 0)
+        if wr:                                       # WARP: every row's warp in the grid (not persistent)
+            return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
+                        -(-rows // (cfg.block // 32 * wr)), WARP_PER_SM, cfg.block, 0)
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block,
