@@ -433,21 +433,21 @@ class Cases:
     # ---- dropout -----------------------------------------------------------------------------------------------
     # MB of a row: the bytes minidnn moves on it.  The main rows take the default path (session 13: no stored mask,
     # x + y forward and dy + dx backward, 2 x itemsize bytes an element; MINIDNN_DROPOUT_MASK=1: the mask path, 1
-    # byte more); the "  stored mask" rows time minidnn's mask path (2 x itemsize + 1 bytes an element), which are
-    # PyTorch's bytes too (native_dropout stores a 1-byte mask): its %copy is on that row.
+    # byte more; =bits: 1/8 byte more); the "  stored mask" rows time minidnn's mask path (2 x itemsize + 1 bytes
+    # an element), which are PyTorch's bytes too (native_dropout stores a 1-byte mask): its %copy is on that row.
     def dropout(self, shape):
         torch = self.torch
         from minidnn.backend.cuda import dropout_philox as DP
         from minidnn.nn._functions.activation import _SeededDropoutDescriptor
         desc = _SeededDropoutDescriptor(0.5)
         x, dy = self.x(shape), self.x(shape)
-        store = DP.STORE_MASK
+        store = DP.RESERVE
         y, reserve = B.dropout_forward(None, desc, x)
-        DP.STORE_MASK = True
+        DP.RESERVE = "mask"
         try:
             _, mask = B.dropout_forward(None, desc, x)
         finally:
-            DP.STORE_MASK = store
+            DP.RESERVE = store
 
         def fwd():
             return B.dropout_forward(None, desc, x)
@@ -456,11 +456,11 @@ class Cases:
             return B.dropout_backward(None, desc, dy, reserve)
 
         def fwd_mask():
-            DP.STORE_MASK = True
+            DP.RESERVE = "mask"
             try:
                 return B.dropout_forward(None, desc, x)
             finally:
-                DP.STORE_MASK = store
+                DP.RESERVE = store
 
         def bwd_mask():
             return B.dropout_backward(None, desc, dy, mask)
@@ -475,7 +475,7 @@ class Cases:
             def tb():
                 return torch.ops.aten.native_dropout_backward(dyt, mt, 2.0)
         e = x.size * self.item
-        ours = 2 * e + (x.size if store else 0)
+        ours = 2 * e + {"mask": x.size, "bits": -(-x.size // 32) * 4}.get(store, 0)
         return [("dropout fwd (p=0.5)", shape, (fwd, tf, ours), True),
                 ("  stored mask (torch's bytes)", shape, (fwd_mask, tf, 2 * e + x.size), False),
                 ("dropout bwd", shape, (bwd, tb, ours), True),

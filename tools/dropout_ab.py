@@ -1,19 +1,21 @@
-"""A/B of session 13's dropout without a stored mask (issue 10): backend/cuda/dropout_philox.py's STORE_MASK
-("mask": the forward stores the 1-byte keep mask, the backward reads it -- the path before this session,
-MINIDNN_DROPOUT_MASK=1) against the default "record" (the forward writes a 16-byte (key, counter) record, the
-backward draws the same Philox numbers again), with PyTorch's torch.ops.aten.native_dropout /
-native_dropout_backward beside, forward and backward, device time only (CUDA-graph replays), in one process.
+"""A/B of session 13's dropout without a stored mask (issue 10): backend/cuda/dropout_philox.py's RESERVE
+"mask" (the forward stores the 1-byte keep mask, the backward reads it -- the path before this session,
+MINIDNN_DROPOUT_MASK=1), the default "record" (the forward writes a 16-byte (key, counter) record, the backward
+draws the same Philox numbers again) and "bits" (a 1-bit mask: n / 8 bytes, no Philox work in the backward;
+MINIDNN_DROPOUT_MASK=bits), with PyTorch's torch.ops.aten.native_dropout / native_dropout_backward beside,
+forward and backward, device time only (CUDA-graph replays), in one process.
 
     python tools/dropout_ab.py [--dtypes float32,bfloat16] [--shapes 128x64x56x56,128x256] [--rounds 4] [--trials 5]
 
-Method (as tools/row_ab.py): per case (direction, dtype, shape) `rounds` rounds; a round times mask, record and
-PyTorch in turn, the order reversed every other round (a drift of clocks cancels), each timing a fresh capture of
+Method (as tools/row_ab.py): per case (direction, dtype, shape) `rounds` rounds; a round times mask, record, bits
+and PyTorch in turn, the order reversed every other round (a drift of clocks cancels), each timing a fresh capture of
 `reps` calls (bench/kernels_gpu.py's Timer.graph: the backend primitive with its host work, p = 0.5) replayed
 `trials` times (median).  The switch is flipped in place (the plans and seen tables key on it: nothing is
 forgotten); the backward of each setting reads a reserve its own forward made before the capture.  Reported per
 side: the median over rounds (ms a call), GB/s of the bytes THAT side moves and % of the copy bandwidth measured in
 the same run -- mask and PyTorch: x + y + mask forward, dy + mask + dx backward (2 x itemsize + 1 bytes an
-element); record: x + y and dy + dx (2 x itemsize; the 16-byte record is left out) -- the spread (max/min - 1),
+element); record: x + y and dy + dx (2 x itemsize; the 16-byte record is left out); bits: 2 x itemsize + 1/8
+(the bit mask rounded up to whole words) -- the spread (max/min - 1),
 and the medians of the per-round ratios mask/this and torch/this (> 1: this side is faster).
 """
 from __future__ import annotations
@@ -33,12 +35,14 @@ import minidnn.backend as B  # noqa: E402
 from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import dropout_philox as DP  # noqa: E402
 
-SIDES = ("mask", "record", "torch")
+SIDES = ("mask", "record", "bits", "torch")
+_RESERVE_TYPE = {"record": DP.PhiloxReserve, "bits": DP.BitMaskReserve}
 
 
 def bytes_moved(side, n, itemsize):
-    """Bytes one call of ``side`` moves (either direction): input and output, plus the 1-byte mask where stored."""
-    return n * (2 * itemsize + (0 if side == "record" else 1))
+    """Bytes one call of ``side`` moves (either direction): input and output, plus the mask where stored (1 byte an
+    element for mask and PyTorch, 1 bit for bits)."""
+    return 2 * itemsize * n + {"record": 0, "bits": 4 * (-(-n // 32))}.get(side, n)
 
 
 def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
@@ -47,10 +51,10 @@ def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
     x, dy = cases.x(shape), cases.x(shape)
     n, item = x.size, x.dtype.itemsize
     fns, reserves = {}, {}
-    for side in ("mask", "record"):
-        DP.STORE_MASK = side == "mask"
+    for side in ("mask", "record", "bits"):
+        DP.RESERVE = side
         _, reserves[side] = B.dropout_forward(None, desc, x)     # plans and compiles outside any capture
-        want = DP.PhiloxReserve if side == "record" else type(dy)
+        want = _RESERVE_TYPE.get(side, type(dy))
         if not isinstance(reserves[side], want):
             raise RuntimeError(f"{side}: dropout_forward returned a {type(reserves[side]).__name__}")
         if direction == "fwd":
@@ -74,7 +78,7 @@ def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
             this = {}
             for side in (sides if r % 2 == 0 else sides[::-1]):
                 if side != "torch":
-                    DP.STORE_MASK = side == "mask"
+                    DP.RESERVE = side
                 framework = "torch" if side == "torch" else "minidnn"
                 reps[side] = reps.get(side) or timer.reps(fns[side], framework)
                 this[side] = timer.graph(fns[side], reps[side], framework)
@@ -84,7 +88,7 @@ def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
                     if ref in this:
                         ratios[s][ref].append(this[ref] / this[s])
     finally:
-        DP.STORE_MASK = os.environ.get("MINIDNN_DROPOUT_MASK", "0") == "1"
+        DP.RESERVE = {"1": "mask", "bits": "bits"}.get(os.environ.get("MINIDNN_DROPOUT_MASK", "0"), "record")
     name = f"dropout {direction}"
     for s in sides:
         ms = statistics.median(got[s])
@@ -118,7 +122,7 @@ def main(argv=None):
     bw = KG.copy_bandwidth(cp, timer)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
           f"{args.rounds} rounds (sides alternated), graph replays of {args.trials} trials each; p = 0.5; "
-          f"MB: the bytes each side moves (mask, torch: +1 byte an element)")
+          f"MB: the bytes each side moves (mask, torch: +1 byte an element; bits: +1 bit)")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     with KG.torch_stream(torch):
         for dtype_name in args.dtypes.split(","):

@@ -13,7 +13,7 @@ launch choices; the default is marked with *, each row names what the shape got)
   backward  "t16/h1": dropout_bwd_tile, 16 elements (one 16-byte mask load) a thread, exact grid, hint 1 (the rule
             halves the tile under one wave, shown as "t16=t8"); "loop u1/b0/h0": the grid-stride dropout_bwd.
 "(prev)" marks the launch before session 6's round 3 (forward u1/b8, backward loop u2/b8, no hints).
-The sweep times the stored-mask path (dropout_philox.STORE_MASK on: these are its launch choices); the rows
+The sweep times the stored-mask path (dropout_philox.RESERVE "mask": these are its launch choices); the rows
 "record" time session 13's default without a mask (default launch choices; its %copy counts x + y or dy + dx,
 2 x itemsize bytes an element, the mask rows 2 x itemsize + 1).  tools/dropout_ab.py is the A/B of the two.
 """
@@ -66,8 +66,8 @@ def main(argv=None):
     timer = K.Timer(cp, torch, args.trials)
     bw = K.copy_bandwidth(cp, timer)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s")
-    store = DP.STORE_MASK
-    DP.STORE_MASK = True                # the sweep is of the mask path's launch choices (docstring)
+    store = DP.RESERVE
+    DP.RESERVE = "mask"                 # the sweep is of the mask path's launch choices (docstring)
     default_f = tuple(getattr(DP, n) for n in _F)
     default_b = tuple(getattr(DP, n) for n in _B)
     from minidnn.nn._functions.activation import _SeededDropoutDescriptor
@@ -103,12 +103,12 @@ def main(argv=None):
                 mark = "*" if tuple(values) == default_b else ""
                 rows.append(("bwd", label + mark, timer.cupy(lambda: B.dropout_backward(None, desc, dy, mask)), tb))
             _set(_B, default_b)
-            DP.STORE_MASK = False           # session 13's default: no mask (its own bytes)
+            DP.RESERVE = "record"           # session 13's default: no mask (its own bytes)
             _, rec = B.dropout_forward(None, desc, x)
             rows.append(("fwd", "record", timer.cupy(lambda: B.dropout_forward(None, desc, x)), tf, 2 * x.nbytes))
             rows.append(("bwd", "record", timer.cupy(lambda: B.dropout_backward(None, desc, dy, rec)), tb,
                          2 * x.nbytes))
-            DP.STORE_MASK = True
+            DP.RESERVE = "mask"
             if name == "float32":           # the first kernel, for the A/B
                 DP.V1 = True
                 DP.clear_plans()
@@ -122,7 +122,7 @@ def main(argv=None):
             sys.stdout.flush()
         del cases
         cp.get_default_memory_pool().free_all_blocks()
-    DP.STORE_MASK = store
+    DP.RESERVE = store
     DP.clear_plans()
     return 0
 

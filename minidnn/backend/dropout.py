@@ -1,7 +1,8 @@
 """Dropout (cuDNN's cudnnDropoutForward / cudnnDropoutBackward).
 
 # x, y, dy, dx: any shape;  reserve: bool array of x's shape, True where an element is kept (the CPU, and the GPU
-# under MINIDNN_DROPOUT_MASK=1), or a PhiloxReserve (the GPU's default: which numbers decided, 16 bytes)
+# under MINIDNN_DROPOUT_MASK=1), or a PhiloxReserve (the GPU's default: which numbers decided, 16 bytes), or a
+# BitMaskReserve (MINIDNN_DROPOUT_MASK=bits: the mask at 1 bit an element)
 
 y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator (one per
 device, created on first use: NumPy's ``default_rng(seed)`` on the CPU, minidnn's counter engine on a GPU).  A
@@ -16,8 +17,9 @@ device: capturable) and stores no mask, and the backward kernel draws the same n
 moves only its input and output (a byte an element less each way than a stored mask; bitwise the same results).
 Like cuDNN's reserve space it is opaque: pass it to ``dropout_backward``; ``reserve.mask()`` materialises the bool
 mask.  ``dropout_backward`` still takes a bool mask of dy's shape too (the CPU's, or one of the caller's own).
-MINIDNN_DROPOUT_MASK=1 (``cuda.dropout_philox.STORE_MASK``, flippable at run time) makes the GPU forward store and
-return the mask as before.
+MINIDNN_DROPOUT_MASK=1 (``cuda.dropout_philox.RESERVE = "mask"``, settable at run time) makes the GPU forward store
+and return the mask as before; MINIDNN_DROPOUT_MASK=bits (RESERVE "bits") a 1-bit mask in a BitMaskReserve (the
+backward reads n / 8 bytes instead of drawing the numbers again).
 """
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ from .errors import BadParamError
 from .rng import new_engine
 
 __all__ = ["DropoutDescriptor", "dropout_forward", "dropout_backward", "dropout_get_reserve_space_size",
-           "PhiloxReserve"]
+           "PhiloxReserve", "BitMaskReserve"]
 
-PhiloxReserve = dropout_philox.PhiloxReserve
+PhiloxReserve, BitMaskReserve = dropout_philox.PhiloxReserve, dropout_philox.BitMaskReserve
+_OPAQUE = dropout_philox.OPAQUE
 
 
 class DropoutDescriptor:
@@ -77,8 +80,9 @@ class DropoutDescriptor:
 
 
 def dropout_get_reserve_space_size(x) -> int:
-    """Bytes of reserve space ``dropout_forward`` returns for x: a PhiloxReserve's 16 bytes of device memory for a
-    GPU array the kernels take (unless MINIDNN_DROPOUT_MASK=1 or V1), else one bool per element (the mask)."""
+    """Bytes of reserve space ``dropout_forward`` returns for x: for a GPU array the kernels take, a PhiloxReserve's
+    16 bytes of device memory (the default), a BitMaskReserve's 4 * ceil(n / 32) (RESERVE "bits") or the bool mask's
+    n (RESERVE "mask", V1); on the CPU one bool per element (the mask)."""
     if type(x) is not np.ndarray and hasattr(x, "data") and hasattr(x.data, "device_id"):
         return dropout_philox.reserve_bytes(x)
     return int(np.prod(x.shape))
@@ -89,7 +93,7 @@ def dropout_get_reserve_space_size(x) -> int:
 # and devices as one that passed every check below goes straight to its settled runner -- a dict lookup, the
 # generator's device state, the allocations and one launch.  The key holds everything the checks and the kernels'
 # support tests read (a descriptor's scale is its class's function of p) and the forward's reserve choice
-# (dropout_philox.STORE_MASK: flipping it reaches the next call); the generator is asked every call.  A backward's
+# (dropout_philox.RESERVE: setting it reaches the next call); the generator is asked every call.  A backward's
 # key holds a PhiloxReserve's shape, p and device (what its checks read), a mask's shape, strides, dtype, device.
 
 def dropout_forward(handle, dropout_desc: DropoutDescriptor, x):
@@ -98,7 +102,7 @@ def dropout_forward(handle, dropout_desc: DropoutDescriptor, x):
     if type(x) is not np.ndarray:
         try:
             key = (handle, type(dropout_desc), dropout_desc._p, type(x), x.shape, x.strides, x.dtype,
-                   x.data.device_id, dropout_philox.STORE_MASK)
+                   x.data.device_id, dropout_philox.RESERVE)
             seen = _SEEN.get(key)
         except (AttributeError, TypeError):
             key = seen = None
@@ -138,12 +142,12 @@ def _masked(a, keep, scale):
 
 def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
     """dx = dy * mask / (1 - p) with the reserve ``dropout_forward`` returned (a bool mask of dy's shape, or the
-    GPU's PhiloxReserve of dy's shape and the descriptor's p)."""
+    GPU's PhiloxReserve / BitMaskReserve of dy's shape and the descriptor's p)."""
     if type(dy) is not np.ndarray:
         try:
-            if type(reserve) is PhiloxReserve:
+            if type(reserve) in _OPAQUE:
                 key = (handle, type(dropout_desc), dropout_desc._p, type(dy), dy.shape, dy.strides, dy.dtype,
-                       dy.data.device_id, PhiloxReserve, reserve.shape, reserve.p, reserve.device)
+                       dy.data.device_id, type(reserve), reserve.shape, reserve.p, reserve.device)
             else:
                 key = (handle, type(dropout_desc), dropout_desc._p, type(dy), dy.shape, dy.strides, dy.dtype,
                        dy.data.device_id, type(reserve), reserve.shape, reserve.strides, reserve.dtype,
@@ -156,12 +160,13 @@ def dropout_backward(handle, dropout_desc: DropoutDescriptor, dy, reserve):
     else:
         key = None
     where = "dropout_backward"
-    philox = type(reserve) is PhiloxReserve
-    handle, xp = begin(handle, where, dy=dy, reserve=reserve.record if philox else reserve)
+    opaque = type(reserve) in _OPAQUE
+    handle, xp = begin(handle, where, dy=dy, reserve=(reserve.record if type(reserve) is PhiloxReserve else
+                                                      reserve.bits) if opaque else reserve)
     if not isinstance(dropout_desc, DropoutDescriptor):
         raise BadParamError(f"{where}: dropout_desc must be a DropoutDescriptor, got {type(dropout_desc).__name__}")
     check_float(where, dy=dy)
-    if philox:
+    if opaque:
         if reserve.shape != tuple(dy.shape) or reserve.p != dropout_desc.p:
             raise BadParamError(f"{where}: reserve {reserve!r} does not match dy of shape {shape_str(dy)} with "
                                 f"p={dropout_desc.p}: pass the reserve dropout_forward returned for this dy's "

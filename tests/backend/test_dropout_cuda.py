@@ -115,7 +115,7 @@ _FAKE_SCRIPT = textwrap.dedent("""
     R._zero_pointers(fakecp, L)
     recs = R.record_packed(L, [], other="cupy")
     from minidnn.backend.cuda import dropout_philox as DP
-    DP.STORE_MASK = True        # the stored-mask path (session 13's record path: tests/backend/test_dropout_record.py)
+    DP.RESERVE = "mask"     # the stored-mask path (the other reserves: tests/backend/test_dropout_record.py)
     out = []
     st, tk = fakecp.zeros((2,), np.uint64), fakecp.zeros((1,), np.uint32)
     for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
@@ -233,8 +233,8 @@ def _engine(seed):
 
 
 def _host(cp, a):
-    """A device array on the host; a PhiloxReserve as the bool mask it stands for."""
-    return cp.asnumpy(a.mask() if isinstance(a, DP.PhiloxReserve) else a)
+    """A device array on the host; a PhiloxReserve or BitMaskReserve as the bool mask it stands for."""
+    return cp.asnumpy(a.mask() if isinstance(a, DP.OPAQUE) else a)
 
 
 def _draw(cp, dtype, shape, rng):
@@ -254,9 +254,9 @@ SIZES = [1, 3, 4, 5, 7, 8, 9, 15, 17, 1000, 4099, 65537, 1_000_003, (128, 10), (
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("shape", SIZES, ids=str)
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-@pytest.mark.parametrize("store", [False, True], ids=["record", "mask"])
-def test_forward_and_backward_exact(cp, dtype, shape, p, store, monkeypatch):
-    monkeypatch.setattr(DP, "STORE_MASK", store)
+@pytest.mark.parametrize("reserve", DP.RESERVES)
+def test_forward_and_backward_exact(cp, dtype, shape, p, reserve, monkeypatch):
+    monkeypatch.setattr(DP, "RESERVE", reserve)
     rng = np.random.default_rng(7)
     shape = shape if isinstance(shape, tuple) else (shape,)
     x_h = _draw(cp, dtype, shape, rng)
@@ -274,7 +274,7 @@ def test_forward_and_backward_exact(cp, dtype, shape, p, store, monkeypatch):
     assert eng.device_counter() == c0 + (n + 3) // 4
     want = reference_keep(key, c0, n, p).reshape(shape)
     np.testing.assert_array_equal(_host(cp, keep), want)
-    assert (keep.dtype == np.bool_) if store else isinstance(keep, DP.PhiloxReserve)
+    assert type(keep) is {"record": DP.PhiloxReserve, "bits": DP.BitMaskReserve}.get(reserve, cp.ndarray)
     assert y.dtype == dtype and y.shape == shape
     np.testing.assert_array_equal(_host(cp, y).view(np.uint8), reference_apply(x_h, want, desc.scale).view(np.uint8))
     before = _launches()
@@ -293,12 +293,12 @@ SETTINGS = [(4, 0, 0, 16, 1, 0, 1), (2, 0, 1, 16, 1, 0, 0), (1, 0, 2, 16, 1, 0, 
 @pytest.mark.parametrize("dtype, setting", [(d, s) for d in DTYPES for s in SETTINGS
                                             if d.itemsize == 4 or d == BF16 or s in (SETTINGS[0], SETTINGS[5])],
                          ids=lambda v: v.name if isinstance(v, np.dtype) else "f{}-{}-{}_b{}-{}-{}-{}".format(*v))
-@pytest.mark.parametrize("store", [False, True], ids=["record", "mask"])
-def test_every_launch_setting_exact(cp, dtype, setting, store, monkeypatch):
+@pytest.mark.parametrize("reserve", DP.RESERVES)
+def test_every_launch_setting_exact(cp, dtype, setting, reserve, monkeypatch):
     """Each setting's kernels against the reference over ragged sizes (tails of every tile and group) and an
     unaligned view, forward and backward (the record path's backward takes the forward's UNROLL, BPS_BWD and
     HINT_BWD)."""
-    monkeypatch.setattr(DP, "STORE_MASK", store)
+    monkeypatch.setattr(DP, "RESERVE", reserve)
     names = ("UNROLL_FWD", "BPS_FWD", "HINT_FWD", "TILE_BWD", "UNROLL_BWD", "BPS_BWD", "HINT_BWD")
     for name, v in zip(names, setting):
         monkeypatch.setattr(DP, name, v)
@@ -387,7 +387,7 @@ def test_unaligned_and_non_contiguous_views(cp, dtype, offset):
     np.testing.assert_array_equal(_host(cp, dx).view(np.uint8),
                                   reference_apply(base_h[offset:], want, desc.scale).view(np.uint8))
     mask_base = cp.zeros(n + offset, dtype=np.bool_)
-    mask_base[offset:] = keep.mask() if isinstance(keep, DP.PhiloxReserve) else keep
+    mask_base[offset:] = keep.mask() if isinstance(keep, DP.OPAQUE) else keep
     dx = B.dropout_backward(None, desc, base[:n], mask_base[offset:])   # unaligned mask
     np.testing.assert_array_equal(_host(cp, dx).view(np.uint8),
                                   reference_apply(base_h[:n], want, desc.scale).view(np.uint8))

@@ -1,14 +1,16 @@
-"""GPU dropout without a stored mask (session 13): the forward records (key, counter) in a 16-byte PhiloxReserve and
-the backward draws the same numbers again (backend/cuda/dropout_philox.py, MASK = 0 kernels).
+"""GPU dropout without a byte mask (session 13, backend/cuda/dropout_philox.py's RESERVE): "record" (the default)
+-- the forward records (key, counter) in a 16-byte PhiloxReserve and the backward draws the same numbers again
+(MASK = 0 kernels) -- and "bits" -- a 1-bit mask in a BitMaskReserve (MASK = 2).
 
-On the CPU: an emulation of both kernels' walks (threads, grid, UNROLL / the pipe's PUNROLL with its loads one
+On the CPU: an emulation of the kernels' walks (threads, grid, UNROLL / the pipe's PUNROLL with its loads one
 iteration ahead, whole groups and tails) under the host's plans, against the Philox reference of
-test_dropout_cuda.py, for ragged sizes; the reserve type's errors; the launches under the fake CuPy (the forward
-allocates and writes no mask, the backward reads none: the record's address is the one pointer they share); the
-switch flipped in one process; every MASK = 0 configuration compiles for sm_90 without spills and with no byte
-loads or stores of a mask.  On a GPU (cuda-marked): the record path bitwise the mask path (y and dx) over shapes
-with tails, every dtype, unaligned and non-contiguous views, p from 0 to 1; CUDA-graph replays; nn.Dropout with a
-double backward; the keep rate.
+test_dropout_cuda.py, for ragged sizes, and of the bit packing (shuffled words = the plain bit layout, each word
+written once, read back by the bits backward); the reserve types' errors; the launches under the fake CuPy (the
+forward allocates and writes no byte mask, the backward reads none: the record's or the bit words' address is the
+one pointer they share); the switch set in one process; every MASK = 0 and MASK = 2 configuration compiles for
+sm_90 without spills and with no byte loads or stores.  On a GPU (cuda-marked): both paths bitwise the mask path (y
+and dx) over shapes with tails, every dtype, unaligned and non-contiguous views, p from 0 to 1; CUDA-graph replays;
+nn.Dropout with a double backward; the channel dropouts; the keep rate.
 """
 import json
 import math
@@ -64,7 +66,7 @@ def _emulate(n, V, grid, unroll, pipe, key, base, thresh):
     """The keep decisions a launch of ``grid`` blocks of 256 threads makes over n elements: dropout_fwd's walk
     (h0 = thread, UNROLL groups h0 + u * stride an iteration) or dropout_fwd_pipe's (``pipe``: PUNROLL = unroll
     groups loaded one iteration ahead -- the group drawn must be the group loaded).  The regenerating backward runs
-    the same code (walk / walk_pipe with STORE_MASK false).  Returns (decisions, writes per element)."""
+    the same code (walk / walk_pipe, MODE 1).  Returns (decisions, writes per element)."""
     dec, hits = np.zeros(n, np.bool_), np.zeros(n, np.int64)
     stride, groups = grid * 256, -(-n // V)
     h0 = np.arange(stride, dtype=np.int64)
@@ -137,6 +139,55 @@ def test_emulation_catches_a_wrong_counter():
     np.testing.assert_array_equal(dec, reference_keep(key, 0, n, p))
 
 
+def _emulate_bits(n, V, grid, unroll, keep):
+    """RESERVE "bits": the words pack_bits stores over dropout_fwd's walk (pipe or not: the same groups each step,
+    MODE 2 running a warp while its first group is live) from the keep decisions ``keep`` (bool (n,)), and how often
+    each word is written.  A lane's V bits shift to V * (lane % (32 / V)); 32 / V lanes OR together; the first of
+    them (if its group is live) stores word h * V / 32."""
+    words, writes = np.zeros(-(-n // 32), np.uint32), np.zeros(-(-n // 32), np.int64)
+    stride, groups, per = grid * 256, -(-n // V), 32 // V
+    padded = np.zeros(groups * V + 32 * V, np.uint32)
+    padded[:n] = keep
+    kb_of = (padded.reshape(-1, V) << np.arange(V, dtype=np.uint32)).sum(1).astype(np.uint32)   # group -> V bits
+    h0 = np.arange(stride, dtype=np.int64)
+    while ((h0 & ~31) < groups).any():
+        for u in range(unroll):
+            h = h0 + u * stride
+            warps = h.reshape(-1, 32)
+            warps = warps[(warps[:, 0] & ~31) < groups]             # live warps (all 32 lanes reach the shuffle)
+            if not warps.size:
+                continue
+            lane = warps & 31
+            kb = np.where(warps < groups, kb_of[np.minimum(warps, groups - 1)], 0).astype(np.uint32)
+            w = (kb << (V * (lane % per)).astype(np.uint32)).reshape(warps.shape[0], 32 // per, per)
+            word = np.bitwise_or.reduce(w, axis=2)
+            first = warps.reshape(warps.shape[0], 32 // per, per)[:, :, 0]
+            store = first < groups
+            idx = (first[store] * V) >> 5
+            words[idx] = word[store]
+            np.add.at(writes, idx, 1)
+        h0 = h0 + unroll * stride
+    return words, writes
+
+
+@pytest.mark.parametrize("V", [4, 8])
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 100, 4099, 65537, 300_001])
+@pytest.mark.parametrize("grid, unroll", [(1, 1), (2, 4), (1000, 1), (3, 2)])
+def test_bit_mask_emulated_is_the_plain_bit_layout(V, n, grid, unroll):
+    """pack_bits over any walk writes every word of the plain little-endian bit mask (element i: bit i % 32 of word
+    i // 32) exactly once; dropout_bwd_bits' read of group h (word h * V / 32 shifted by h * V % 32) gives back
+    each element's decision."""
+    keep = reference_keep(7, 3, n, 0.5)
+    words, writes = _emulate_bits(n, V, grid, unroll, keep)
+    assert (writes == 1).all()
+    want = np.packbits(np.concatenate([keep, np.zeros(-n % 32, np.bool_)]), bitorder="little").view("<u4")
+    np.testing.assert_array_equal(words, want)
+    h = np.arange(-(-n // V))
+    kb = words[(h * V) >> 5] >> ((h * V) & 31).astype(np.uint32)
+    back = ((kb[:, None] >> np.arange(V, dtype=np.uint32)) & 1).astype(np.bool_).reshape(-1)[:n]
+    np.testing.assert_array_equal(back, keep)
+
+
 # ---- CPU: the reserve type ---------------------------------------------------------------------------------------
 
 def test_reserve_type_errors_on_the_cpu():
@@ -154,8 +205,15 @@ def test_reserve_type_errors_on_the_cpu():
         B.dropout_backward(None, B.DropoutDescriptor(0.25), np.ones((4, 5)), r)
     with pytest.raises(B.BadParamError, match=r"is read by the GPU kernels only; dy is ndarray \(4, 5\)"):
         B.dropout_backward(None, desc, np.ones((4, 5)), r)
-    assert B.PhiloxReserve is DP.PhiloxReserve
+    assert B.PhiloxReserve is DP.PhiloxReserve and B.BitMaskReserve is DP.BitMaskReserve
     assert B.dropout_get_reserve_space_size(np.ones((4, 5))) == 20      # the CPU's reserve is its mask
+    bits = DP.BitMaskReserve(np.zeros(1, np.uint32), (4, 5), 0.5, 0)
+    assert bits.nbytes == 4 and bits.size == 20
+    with pytest.raises(B.BadParamError, match=r"reserve BitMaskReserve\(shape=\(4, 5\), p=0.5, device=cuda:0\) "
+                                              r"does not match dy of shape \(20,\) with p=0.5"):
+        B.dropout_backward(None, desc, np.ones(20), bits)
+    with pytest.raises(B.BadParamError, match=r"is read by the GPU kernels only; dy is ndarray \(4, 5\)"):
+        B.dropout_backward(None, desc, np.ones((4, 5), np.float32), bits)
 
 
 # ---- CPU: the launches under the fake CuPy -----------------------------------------------------------------------
@@ -178,112 +236,135 @@ _FAKE = textwrap.dedent("""
     fakecp.empty = logged
     import minidnn.backend as B
     from minidnn.backend.cuda import dropout_philox as DP
-    assert DP.STORE_MASK is False
+    assert DP.RESERVE == "record"
     out = []
     st, tk = fakecp.zeros((2,), np.uint64), fakecp.zeros((1,), np.uint32)
-    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-        for n, offset in ((1, 0), (37, 0), (4096, 0), (1_000_003, 0), (4096, 1)):
-            base = fakecp.asarray(np.zeros(n + offset, dt))
-            x = base[offset:] if offset else base
-            for p in (0.0, 0.3, 1.0):
-                scale = 0.0 if p == 1 else 1 / (1 - p)
-                a0, r0 = len(allocs), len(recs)
-                y, res = DP.dropout_forward(x, p, scale, st, tk)
-                fa, fwd = allocs[a0:], recs[r0:]
-                a0, r0 = len(allocs), len(recs)
-                dx = DP.dropout_backward(x, res, 2.0)
-                ba, bwd = allocs[a0:], recs[r0:]
-                out.append(dict(dtype=np.dtype(dt).name, n=n, offset=offset, p=p, fwd=fwd, bwd=bwd, fa=fa, ba=ba,
-                                kind=type(res).__name__, shape=list(res.shape), rp=res.p,
-                                rec=[res.record.data.ptr, list(res.record.shape), str(res.record.dtype)],
-                                ptrs=[x.data.ptr, y.data.ptr, st.data.ptr, tk.data.ptr, dx.data.ptr]))
+    for kind in ("record", "bits"):
+        DP.RESERVE = kind
+        for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+            for n, offset in ((1, 0), (37, 0), (4096, 0), (1_000_003, 0), (4096, 1)):
+                base = fakecp.asarray(np.zeros(n + offset, dt))
+                x = base[offset:] if offset else base
+                for p in (0.0, 0.3, 1.0):
+                    scale = 0.0 if p == 1 else 1 / (1 - p)
+                    a0, r0 = len(allocs), len(recs)
+                    y, res = DP.dropout_forward(x, p, scale, st, tk)
+                    fa, fwd = allocs[a0:], recs[r0:]
+                    a0, r0 = len(allocs), len(recs)
+                    dx = DP.dropout_backward(x, res, 2.0)
+                    ba, bwd = allocs[a0:], recs[r0:]
+                    rec = res.record if kind == "record" else res.bits
+                    out.append(dict(dtype=np.dtype(dt).name, n=n, offset=offset, p=p, fwd=fwd, bwd=bwd, fa=fa,
+                                    ba=ba, kind=type(res).__name__, shape=list(res.shape), rp=res.p, nbytes=res.nbytes,
+                                    rec=[rec.data.ptr, list(rec.shape), str(rec.dtype)],
+                                    ptrs=[x.data.ptr, y.data.ptr, st.data.ptr, tk.data.ptr, dx.data.ptr]))
+    DP.RESERVE = "record"
     # the backend: forward / backward through the seen tables, the switch flipped in one process, a mask passed in
     desc = B.DropoutDescriptor(0.3, seed=1)
     x = fakecp.asarray(np.ones((4, 1001), np.float32))
     flips = []
-    for store in (False, False, True, True, False):
-        DP.STORE_MASK = store
+    made = dict()
+    for kind in ("record", "record", "mask", "mask", "bits", "bits", "record"):
+        DP.RESERVE = kind
         r0 = len(recs)
         y, res = B.dropout_forward(None, desc, x)
         dx = B.dropout_backward(None, desc, x, res)
         flips.append([type(res).__name__, [r[0].split("(")[0] for r in recs[r0:]],
                       B.dropout_get_reserve_space_size(x)])
-        if store:
-            mask = res
-        else:
-            rec = res
-    DP.STORE_MASK = False
+        made[kind] = res
+    DP.RESERVE = "record"
     r0 = len(recs)
-    B.dropout_backward(None, desc, x, mask)                  # a plain mask under the record default
-    B.dropout_backward(None, desc, x, rec)                   # a record while the forward stores masks
+    for kind in ("mask", "record", "bits"):                  # each reserve whatever the setting
+        B.dropout_backward(None, desc, x, made[kind])
     passed = [r[0].split("(")[0] for r in recs[r0:]]
     errors = []
     r0 = len(recs)
-    for bad_desc, bad_dy in ((B.DropoutDescriptor(0.5, seed=1), x), (desc, x[:2]), (desc, x.reshape(1001, 4))):
-        try:
-            B.dropout_backward(None, bad_desc, bad_dy, rec)
-        except B.BadParamError as e:
-            errors.append(str(e))
+    for kind in ("record", "bits"):
+        for bad_desc, bad_dy in ((B.DropoutDescriptor(0.5, seed=1), x), (desc, x[:2]), (desc, x.reshape(1001, 4))):
+            try:
+                B.dropout_backward(None, bad_desc, bad_dy, made[kind])
+            except B.BadParamError as e:
+                errors.append(str(e))
     after = len(recs) - r0
-    r0 = len(recs)
-    m = rec.mask()
-    materialise = [[r[0].split("(")[0], r[2][48:]] for r in recs[r0:]]
+    materialise, mshape = [], []
+    for kind in ("record", "bits"):
+        r0 = len(recs)
+        m = made[kind].mask()
+        materialise.append([r[0].split("(")[0] for r in recs[r0:]])
+        mshape.append([list(m.shape), str(m.dtype)])
     print(json.dumps(dict(rows=out, flips=flips, passed=passed, errors=errors, after=after,
-                          materialise=materialise, mshape=[list(m.shape), str(m.dtype)])))
+                          materialise=materialise, mshape=mshape)))
 """)
 
 
 def test_launches_under_the_fake_cupy_store_no_mask():
+    """RESERVE "record": the forward allocates y and a 2-word record (no mask) and passes x, y, the record, state,
+    ticket; the backward allocates dx and passes dy, dx, the record (no mask), on the forward's grid.  "bits": the
+    forward allocates ceil(n / 32) words beside y and passes them where the mask was; dropout_bwd_bits reads them."""
     import struct
     r = subprocess.run([sys.executable, "-c", _FAKE.format(root=str(ROOT))], capture_output=True, text=True,
                        timeout=300, cwd=str(ROOT))
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(got["rows"]) == 4 * 5 * 3
+    assert len(got["rows"]) == 2 * 4 * 5 * 3
     for row in got["rows"]:
         n, p, dtype = row["n"], row["p"], np.dtype(BF16 if row["dtype"] == "bfloat16" else row["dtype"])
         item, acc = dtype.itemsize, "d" if dtype.itemsize == 8 else "f"
         scale = 0.0 if p == 1 else 1 / (1 - p)
-        assert row["kind"] == "PhiloxReserve" and row["shape"] == [n] and row["rp"] == p
+        bits = row["kind"] == "BitMaskReserve"
+        words = -(-n // 32)
+        assert row["kind"] in ("PhiloxReserve", "BitMaskReserve") and row["shape"] == [n] and row["rp"] == p
         rec_ptr, rec_shape, rec_dtype = row["rec"]
-        assert (rec_shape, rec_dtype) == ([2], "uint64")
-        # the forward allocates y and the 2-word record, no mask; the backward dx only
-        assert row["fa"] == [[[n], row["dtype"]], [[2], "uint64"]] and row["ba"] == [[[n], row["dtype"]]], row
+        assert (rec_shape, rec_dtype) == (([words], "uint32") if bits else ([2], "uint64"))
+        assert row["nbytes"] == (4 * words if bits else 16)
+        # the forward allocates y and the record or the bit words, no byte mask; the backward dx only
+        assert row["fa"] == [[[n], row["dtype"]], [rec_shape, rec_dtype]] and row["ba"] == [[[n], row["dtype"]]], row
         assert len(row["fwd"]) == 1 and len(row["bwd"]) == 1
         x_ptr, y_ptr, st_ptr, tk_ptr, dx_ptr = row["ptrs"]
         name, dims, packed = row["fwd"][0]
         pipe = item == 2 and DP.PIPE_FWD == "16"
-        assert name.startswith("dropout_fwd_pipe(" if pipe else "dropout_fwd(") and "-DMASK=0" in name, name
+        assert name.startswith("dropout_fwd_pipe(" if pipe else "dropout_fwd("), name
+        assert f"-DMASK={2 if bits else 0}" in name
         fmt = "@5QqI" + acc + "i"
         vals = struct.unpack(fmt, bytes.fromhex(packed)[:struct.calcsize(fmt)])
-        # x, y, the record, the state, the ticket -- and nothing else the size of a mask
+        # x, y, the record (or bit words), the state, the ticket -- and nothing else the size of a byte mask
         assert vals[:5] == (x_ptr, y_ptr, rec_ptr, st_ptr, tk_ptr), row
         assert vals[5] == n and vals[6] == DP.threshold(p)
         assert vals[7] == (scale if acc == "d" else float(np.float32(scale)))
         aligned = row["offset"] * item % 16 == 0
         assert vals[8] == int(aligned)
         name_b, dims_b, packed = row["bwd"][0]
+        if bits:
+            assert name_b.startswith("dropout_bwd_bits(") and "-DMASK=2" in name_b, name_b
+            groups = -(-n // (8 if item == 2 else 4))
+            assert dims_b == [-(-groups // 256), 1, 1, 256, 1, 1, 0]
+            fmt = "@3Qq" + acc + "i"
+            vals = struct.unpack(fmt, bytes.fromhex(packed)[:struct.calcsize(fmt)])
+            assert vals[:3] == (x_ptr, rec_ptr, dx_ptr), row            # dy, the bit words, dx
+            assert vals[3] == n and vals[4] == 2.0 and vals[5] == int(aligned)
+            continue
         assert name_b.startswith("dropout_bwd_regen_pipe(" if pipe else "dropout_bwd_regen(") and "-DMASK=0" in name_b
         assert dims_b == dims, (dims_b, dims)                  # the forward's walk and grid
         fmt = "@3QqI" + acc + "i"
         vals = struct.unpack(fmt, bytes.fromhex(packed)[:struct.calcsize(fmt)])
         assert vals[:3] == (x_ptr, dx_ptr, rec_ptr), row        # dy, dx, the record: no mask read
         assert vals[3] == n and vals[4] == DP.threshold(p) and vals[5] == 2.0 and vals[6] == int(aligned)
-    # the switch flipped in one process: each call takes the path it names; the seen tables keyed on it
+    # the switch set in one process: each call takes the path it names; the seen tables keyed on it
     fl = got["flips"]
-    rec_calls = ["dropout_fwd", "dropout_bwd_regen"]
-    mask_calls = ["dropout_fwd", "dropout_bwd_tile"]
-    assert fl == [["PhiloxReserve", rec_calls, 16], ["PhiloxReserve", rec_calls, 16],
-                  ["ndarray", mask_calls, 4004], ["ndarray", mask_calls, 4004], ["PhiloxReserve", rec_calls, 16]], fl
-    assert got["passed"] == ["dropout_bwd_tile", "dropout_bwd_regen"]
+    rec = ["PhiloxReserve", ["dropout_fwd", "dropout_bwd_regen"], 16]
+    mask = ["ndarray", ["dropout_fwd", "dropout_bwd_tile"], 4004]
+    bits = ["BitMaskReserve", ["dropout_fwd", "dropout_bwd_bits"], 4 * 126]
+    assert fl == [rec, rec, mask, mask, bits, bits, rec], fl
+    assert got["passed"] == ["dropout_bwd_tile", "dropout_bwd_regen", "dropout_bwd_bits"]
     # mismatched reserves raise before any work (p, then shape, then a reshaped dy: same size, other shape)
-    assert got["after"] == 0 and len(got["errors"]) == 3, got["errors"]
-    assert "does not match dy of shape (4, 1001) with p=0.5" in got["errors"][0]
-    assert "PhiloxReserve(shape=(4, 1001), p=0.3" in got["errors"][1] and "dy of shape (2, 1001)" in got["errors"][1]
-    assert "dy of shape (1001, 4)" in got["errors"][2]
-    # reserve.mask(): one regenerating launch on ones (scale 1), then CuPy's != (not a launch of ours)
-    assert [m[0] for m in got["materialise"]] == ["dropout_bwd_regen"]
-    assert got["mshape"] == [[4, 1001], "bool"]
+    assert got["after"] == 0 and len(got["errors"]) == 6, got["errors"]
+    for errors, kind in ((got["errors"][:3], "PhiloxReserve"), (got["errors"][3:], "BitMaskReserve")):
+        assert f"reserve {kind}(shape=(4, 1001), p=0.3, device=cuda:0) does not match dy of shape (4, 1001) with " \
+               "p=0.5" in errors[0]
+        assert "dy of shape (2, 1001) with p=0.3" in errors[1] and "dy of shape (1001, 4)" in errors[2]
+    # reserve.mask(): one launch of the reserve's backward on ones (scale 1), then CuPy's != (not a launch of ours)
+    assert got["materialise"] == [["dropout_bwd_regen"], ["dropout_bwd_bits"]]
+    assert got["mshape"] == [[[4, 1001], "bool"]] * 2
 
 
 # ---- CPU: nvcc -----------------------------------------------------------------------------------------------------
@@ -308,20 +389,25 @@ def _entries(ptx):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("unroll, wide, hint, pipe", [(4, 0, 1, True), (1, 0, 0, False), (2, 1, 2, True),
                                                       (2, 0, 1, False)])
-def test_record_kernels_compile_without_spills_and_touch_no_mask(tmp_path, dtype, unroll, wide, hint, pipe):
-    """Every MASK = 0 module (the forward UNROLL rule's 1-4, the pipe's PUNROLL with PMINB, 64-bit indices, each
-    hint) compiles for sm_90 with no spills; its four kernels have no byte-wide global loads or stores (a mask's),
-    which the MASK = 1 module's forward and backward do have."""
+@pytest.mark.parametrize("mask", [0, 2])
+def test_record_kernels_compile_without_spills_and_touch_no_mask(tmp_path, dtype, unroll, wide, hint, pipe, mask):
+    """Every MASK = 0 (record) and MASK = 2 (bit mask) module (the forward UNROLL rule's 1-4, the pipe's PUNROLL
+    with PMINB, 64-bit indices, each hint) compiles for sm_90 with no spills; its kernels have no byte-wide global
+    loads or stores (a byte mask's), which the MASK = 1 module's forward and backward do have."""
     if pipe:
         unroll = DP.pipe_unroll(dtype.itemsize, bool(wide))
-    opts = DP._options(dtype, unroll, wide, hint, pminb=DP.PIPE_MINB if pipe else None, mask=False)
+    opts = DP._options(dtype, unroll, wide, hint, pminb=DP.PIPE_MINB if pipe else None, mask=mask)
     r = _compile(tmp_path, opts)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "warning" not in out, out[-2000:]
+    kernels = ({"dropout_fwd", "dropout_fwd_pipe", "dropout_bwd_regen", "dropout_bwd_regen_pipe"} if mask == 0 else
+               {"dropout_fwd", "dropout_fwd_pipe", "dropout_bwd_bits"})
     spills = [line for line in out.splitlines() if "spill stores" in line]
-    assert len(spills) == 4 and all(" 0 bytes spill stores" in line for line in spills), out
+    assert len(spills) == len(kernels) and all(" 0 bytes spill stores" in line for line in spills), out
     ptx = _entries(_compile(tmp_path, opts, ptx=True).stdout)
-    assert set(ptx) == {"dropout_fwd", "dropout_fwd_pipe", "dropout_bwd_regen", "dropout_bwd_regen_pipe"}
+    assert set(ptx) == kernels
+    if mask == 2:                                        # the forwards pack bits with shuffles
+        assert all("shfl.sync.bfly" in ptx[k] for k in ("dropout_fwd", "dropout_fwd_pipe"))
     for name, body in ptx.items():
         for op in ("st.global", "ld.global"):
             assert not [ln for ln in body.splitlines() if op in ln and (".u8" in ln or ".b8" in ln or ".s8" in ln)], \
@@ -343,19 +429,22 @@ def cp():
 
 @pytest.fixture
 def switch(monkeypatch):
-    """set(store): the forward's reserve choice (plans and seen tables keyed on it, nothing cleared)."""
-    monkeypatch.setattr(DP, "STORE_MASK", False)
+    """set(kind): the forward's reserve choice (plans and seen tables keyed on it, nothing cleared)."""
+    monkeypatch.setattr(DP, "RESERVE", "record")
 
-    def set_(store):
-        DP.STORE_MASK = store
+    def set_(kind):
+        DP.RESERVE = kind
     return set_
 
 
-def _pair(cp, switch, desc_of, x, dy, p, seed=77, counter=2 ** 32 - 3):
-    """(y, dx, reserve) of the record path and of the mask path, from the same engine state."""
+_TYPES = {"record": DP.PhiloxReserve, "bits": DP.BitMaskReserve}
+
+
+def _pair(cp, switch, desc_of, x, dy, p, kind="record", seed=77, counter=2 ** 32 - 3):
+    """(y, dx, reserve, engine) of the ``kind`` path and of the mask path, from the same engine state."""
     got = []
-    for store in (False, True):
-        switch(store)
+    for k in (kind, "mask"):
+        switch(k)
         eng = _engine(seed)
         eng.set_device_counter(counter)
         desc = desc_of(p, eng)
@@ -363,9 +452,9 @@ def _pair(cp, switch, desc_of, x, dy, p, seed=77, counter=2 ** 32 - 3):
         y, res = B.dropout_forward(None, desc, x)
         dx = B.dropout_backward(None, desc, dy, res)
         assert _launches() - n0 == 2
-        assert isinstance(res, DP.PhiloxReserve) != store
+        assert type(res) is _TYPES.get(k, cp.ndarray)
         got.append((_host(cp, y), _host(cp, dx), res, eng))
-    switch(False)
+    switch("record")
     return got
 
 
@@ -375,20 +464,25 @@ SHAPES = [1, 3, 5, 7, 9, 15, 17, 1000, 4099, 65537, 1_000_003, (128, 10), (3, 5,
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
-def test_record_path_is_the_mask_path_bitwise(cp, switch, dtype, p):
+@pytest.mark.parametrize("kind", ["record", "bits"])
+def test_record_path_is_the_mask_path_bitwise(cp, switch, dtype, p, kind):
     rng = np.random.default_rng(3)
     for shape in SHAPES:
         shape = shape if isinstance(shape, tuple) else (shape,)
         x_h, dy_h = _draw(cp, dtype, shape, rng), _draw(cp, dtype, shape, rng)
         (yr, dxr, rec, er), (ym, dxm, mask, em) = _pair(cp, switch, _EngineDescriptor, cp.asarray(x_h),
-                                                        cp.asarray(dy_h), p)
+                                                        cp.asarray(dy_h), p, kind)
         np.testing.assert_array_equal(yr.view(np.uint8), ym.view(np.uint8), err_msg=str(shape))
         np.testing.assert_array_equal(dxr.view(np.uint8), dxm.view(np.uint8), err_msg=str(shape))
         np.testing.assert_array_equal(_host(cp, rec.mask()), _host(cp, mask))
         assert er.device_counter() == em.device_counter()
-        # and both the reference (its key and the counter the record holds)
-        key, c0 = (int(v) for v in _host(cp, rec.record))
-        assert key == er._device_key() and c0 == 2 ** 32 - 3
+        key, c0 = er._device_key(), 2 ** 32 - 3
+        if kind == "record":                             # the record holds the key and the call's first counter
+            assert [int(v) for v in _host(cp, rec.record)] == [key, c0]
+        else:                                            # the plain bit layout, tail bits zero
+            packed = np.packbits(np.concatenate([_host(cp, mask).reshape(-1), np.zeros(-x_h.size % 32, np.bool_)]),
+                                 bitorder="little").view("<u4")
+            np.testing.assert_array_equal(_host(cp, rec.bits), packed)
         want = reference_keep(key, c0, x_h.size, p).reshape(shape)
         np.testing.assert_array_equal(dxr.view(np.uint8), reference_apply(dy_h, want, 0.0 if p == 1 else 1 / (1 - p))
                                       .view(np.uint8))
@@ -397,7 +491,8 @@ def test_record_path_is_the_mask_path_bitwise(cp, switch, dtype, p):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("offset", [1, 3, 5])
-def test_record_path_unaligned_and_non_contiguous(cp, switch, dtype, offset):
+@pytest.mark.parametrize("kind", ["record", "bits"])
+def test_record_path_unaligned_and_non_contiguous(cp, switch, dtype, offset, kind):
     """A view off a 16-byte boundary (x and dy: the element loads) and a transposed one (copied): bitwise the mask
     path; dy's alignment need not be x's."""
     rng = np.random.default_rng(offset)
@@ -406,21 +501,23 @@ def test_record_path_unaligned_and_non_contiguous(cp, switch, dtype, offset):
     dyb = cp.asarray(_draw(cp, dtype, (n + 8,), rng))
     cases = ((base[offset:], dyb[:n]), (base[:n], dyb[offset:offset + n]), (base[offset:], dyb[offset:offset + n]))
     for x, dy in cases:
-        (yr, dxr, *_), (ym, dxm, *_) = _pair(cp, switch, _EngineDescriptor, x, dy, 0.3)
+        (yr, dxr, *_), (ym, dxm, *_) = _pair(cp, switch, _EngineDescriptor, x, dy, 0.3, kind)
         np.testing.assert_array_equal(yr.view(np.uint8), ym.view(np.uint8))
         np.testing.assert_array_equal(dxr.view(np.uint8), dxm.view(np.uint8))
     x2 = cp.asarray(_draw(cp, dtype, (6, 35), rng)).T
     dy2 = cp.asarray(_draw(cp, dtype, (6, 35), rng)).T
-    (yr, dxr, *_), (ym, dxm, *_) = _pair(cp, switch, _EngineDescriptor, x2, dy2, 0.3)
+    (yr, dxr, *_), (ym, dxm, *_) = _pair(cp, switch, _EngineDescriptor, x2, dy2, 0.3, kind)
     np.testing.assert_array_equal(yr.view(np.uint8), ym.view(np.uint8))
     np.testing.assert_array_equal(dxr.view(np.uint8), dxm.view(np.uint8))
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16, np.dtype(np.float64)], ids=lambda d: d.name)
-def test_record_path_in_a_cuda_graph(cp, switch, dtype):
-    """Forward and backward captured once, replayed three times: each replay draws fresh numbers (the record is
-    rewritten on the device) and its backward is that replay's forward's, bitwise as the reference."""
+@pytest.mark.parametrize("kind", ["record", "bits"])
+def test_record_path_in_a_cuda_graph(cp, switch, dtype, kind):
+    """Forward and backward captured once, replayed three times: each replay draws fresh numbers (the record or the
+    bits are rewritten on the device) and its backward is that replay's forward's, bitwise as the reference."""
+    switch(kind)
     n = 100_003
     rng = np.random.default_rng(1)
     x_h, dy_h = _draw(cp, dtype, (n,), rng), _draw(cp, dtype, (n,), rng)
@@ -435,13 +532,14 @@ def test_record_path_in_a_cuda_graph(cp, switch, dtype):
         y, rec = B.dropout_forward(None, desc, x)
         dx = B.dropout_backward(None, desc, dy, rec)
         g = s.end_capture()
-    assert isinstance(rec, DP.PhiloxReserve)
+    assert type(rec) is _TYPES[kind]
     step, seen = (n + 3) // 4, []
     for i in range(3):
         g.launch(s)
         s.synchronize()
         want = reference_keep(key, c0 + i * step, n, 0.4)
-        assert [int(v) for v in _host(cp, rec.record)] == [key, c0 + i * step]
+        if kind == "record":
+            assert [int(v) for v in _host(cp, rec.record)] == [key, c0 + i * step]
         np.testing.assert_array_equal(_host(cp, y).view(np.uint8), reference_apply(x_h, want, 1 / 0.6).view(np.uint8))
         np.testing.assert_array_equal(_host(cp, dx).view(np.uint8),
                                       reference_apply(dy_h, want, 1 / 0.6).view(np.uint8))
@@ -450,13 +548,14 @@ def test_record_path_in_a_cuda_graph(cp, switch, dtype):
 
 
 @pytest.mark.cuda
-def test_nn_dropout_step_and_double_backward_match_the_mask_path(cp, switch):
+@pytest.mark.parametrize("kind", ["record", "bits"])
+def test_nn_dropout_step_and_double_backward_match_the_mask_path(cp, switch, kind):
     """nn.Dropout in a small step (Linear -> Dropout -> Linear), then a double backward (create_graph: DropoutMask
     is its own derivative, reading the same reserve): every gradient bitwise equal between the two paths."""
     import minidnn as mdn
     got = []
-    for store in (False, True):
-        switch(store)
+    for k in (kind, "mask"):
+        switch(k)
         mdn.manual_seed(5)
         lin1, lin2, drop = mdn.nn.Linear(33, 64).to("cuda"), mdn.nn.Linear(64, 10).to("cuda"), mdn.nn.Dropout(0.3)
         x = mdn.tensor(np.random.default_rng(0).standard_normal((16, 33)).astype(np.float32), device="cuda",
@@ -466,7 +565,7 @@ def test_nn_dropout_step_and_double_backward_match_the_mask_path(cp, switch):
         (gx,) = mdn.autograd.grad((out * out).sum(), [x], create_graph=True)
         (ggx,) = mdn.autograd.grad((gx * gx).sum(), [x])
         got.append([t.detach().cpu().numpy() for t in (h, out, gx, ggx)])
-    switch(False)
+    switch("record")
     for a, b in zip(*got):
         np.testing.assert_array_equal(a, b)
     assert (got[0][0] == 0).any() and (got[0][0] != 0).any()
@@ -474,15 +573,16 @@ def test_nn_dropout_step_and_double_backward_match_the_mask_path(cp, switch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_functional_dropout_double_backward(cp, switch, dtype):
+@pytest.mark.parametrize("kind", ["record", "bits"])
+def test_functional_dropout_double_backward(cp, switch, dtype, kind):
     """F.dropout's gradient of sum(y^2) is 2 m^2 s^2 x, and its gradient again through DropoutMask's backward: both
     bitwise between the paths, and the first against the kept positions."""
     import minidnn as mdn
     import minidnn.nn.functional as F
     dt = mdn.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     got = []
-    for store in (False, True):
-        switch(store)
+    for k in (kind, "mask"):
+        switch(k)
         mdn.manual_seed(8)
         x = mdn.tensor(np.random.default_rng(2).standard_normal((64, 33)).astype(np.float32).astype(dt),
                        device="cuda", requires_grad=True)
@@ -490,7 +590,7 @@ def test_functional_dropout_double_backward(cp, switch, dtype):
         (gx,) = mdn.autograd.grad((y * y).sum(), [x], create_graph=True)
         (ggx,) = mdn.autograd.grad(gx.sum(), [x])
         got.append([t.detach().cpu().numpy().astype(np.float32) for t in (y, gx, ggx)])
-    switch(False)
+    switch("record")
     for a, b in zip(*got):
         np.testing.assert_array_equal(a, b)
     kept = got[0][0] != 0
@@ -506,26 +606,29 @@ def test_channel_dropout_unchanged(cp, switch, fn):
     import minidnn.nn.functional as F
     shape = {"dropout1d": (4, 8, 11), "dropout2d": (4, 8, 5, 6), "dropout3d": (2, 8, 3, 4, 5)}[fn]
     got = []
-    for store in (False, True):
-        switch(store)
+    for k in ("record", "bits", "mask"):
+        switch(k)
         mdn.manual_seed(9)
         x = mdn.tensor(np.random.default_rng(1).standard_normal(shape).astype(np.float32), device="cuda",
                        requires_grad=True)
         y = getattr(F, fn)(x, 0.5)
         y.backward(mdn.ones(shape, device="cuda"))
         got.append((y.detach().cpu().numpy(), x.grad.cpu().numpy()))
-    switch(False)
-    for a, b in zip(*got):
-        np.testing.assert_array_equal(a, b)
+    switch("record")
+    for other in got[1:]:
+        for a, b in zip(got[0], other):
+            np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [np.dtype(np.float32), BF16], ids=lambda d: d.name)
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8])
-def test_record_keep_rate_within_binomial_bounds(cp, switch, dtype, p):
+@pytest.mark.parametrize("kind", ["record", "bits"])
+def test_record_keep_rate_within_binomial_bounds(cp, switch, dtype, p, kind):
     """The regenerated masks (reserve.mask()) keep 1 - p within 6 sigma, per Philox word and per 16-bit group lane
     too; consecutive calls agree on (1-p)^2 + p^2 (independent)."""
     n = 1 << 22
+    switch(kind)
     desc = _EngineDescriptor(p, _engine(2027))
     x = cp.ones(n, dtype=dtype)
     ra, rb = B.dropout_forward(None, desc, x)[1], B.dropout_forward(None, desc, x)[1]

@@ -31,7 +31,7 @@ x * (keep ? scale : 0), as the reference (so a NaN or inf dropped gives NaN, as 
 Traffic: forward reads x, writes y and keep (2 x itemsize + 1 bytes per element); backward reads dy and keep,
 writes dx: the floor of each.
 
-Without a stored mask (session 13, the default; MINIDNN_DROPOUT_MASK=1 / STORE_MASK restores the mask): the keep
+Without a stored mask (session 13, the default RESERVE "record"; MINIDNN_DROPOUT_MASK=1 restores the mask): the keep
 decision of element i is a pure function of (key, counter, i, THRESH), so the forward (the same dropout_fwd /
 dropout_fwd_pipe walk compiled with -DMASK=0) writes no mask but a record rec (2,) uint64 = [key, counter] of the
 numbers it drew (thread 0 of block 0, from the state every block read: on the device, so a graph replay refreshes
@@ -39,7 +39,12 @@ it), returned as a PhiloxReserve; the backward (dropout_bwd_regen / _pipe: the f
 without the state's advance) reads rec and draws the same Philox blocks again, dx = dy * (keep ? scale : 0) --
 bitwise the mask path's y and dx.  Traffic: x + y and dy + dx, 2 x itemsize bytes an element each way (8 for
 float32, 4 for 16-bit data: 11% and 20% less than with the mask); the backward's Philox work is the forward's,
-which already ran at 94-97% of copy.  ``reserve_mask`` materialises a PhiloxReserve's mask (tests, inspection).
+which ran at 71% (16-bit data: Philox-bound) to 86% (float32) of copy on an H200 (session 11).  A 1-bit mask
+(RESERVE "bits", MINIDNN_DROPOUT_MASK=bits: -DMASK=2, a BitMaskReserve) is the other way to fewer bytes: the
+forward's walk ORs each warp's keep bits together with shuffles (pack_bits: element i is bit i % 32 of word i / 32)
+and stores n / 8 bytes, dropout_bwd_bits reads them back with dy -- 2 x itemsize + 1/8 bytes an element each way
+and no Philox work in the backward (the regeneration's cost where the Philox math does not hide).  ``reserve_mask``
+materialises either reserve's mask (tests, inspection).
 
 Host path: a call's launch is settled once per signature (shape, dtype, contiguity, p, scale, device) as a runner
 (the allocations, an alignment test, a prepared launch); backend/dropout.py remembers validated calls in ``seen``.
@@ -62,14 +67,20 @@ from . import launch as _launch
 from .storage import STORAGE_HEADER, type_info
 
 __all__ = ["supports", "supports_backward", "dropout_forward", "dropout_backward", "threshold", "SOURCE",
-           "PhiloxReserve", "reserve_mask", "reserve_bytes"]
+           "PhiloxReserve", "BitMaskReserve", "reserve_mask", "reserve_bytes"]
 
 V1 = os.environ.get("MINIDNN_DROPOUT_V1", "0") == "1"
-# Session 13: STORE_MASK False (the default) -- the forward stores no mask: its reserve is a PhiloxReserve (the 16-byte
-# record of the numbers it drew) and the backward draws them again (MASK = 0 kernels).  True
-# (MINIDNN_DROPOUT_MASK=1): the keep mask, as before, for the A/B.  Read per call (the plan and seen keys hold
-# it), so flipping it in one process takes effect at the next forward; a reserve made either way stays valid.
-STORE_MASK = os.environ.get("MINIDNN_DROPOUT_MASK", "0") == "1"
+# Session 13: RESERVE, what the GPU forward keeps for the backward (MINIDNN_DROPOUT_MASK: "0" record, "1" mask,
+# "bits" bits) --
+#   "record" (the default): no mask; a PhiloxReserve (the 16-byte record of the numbers it drew) that the backward
+#            draws again from (MASK = 0 kernels);
+#   "mask":  the 1-byte keep mask, as before (MASK = 1);
+#   "bits":  a 1-bit keep mask, a BitMaskReserve (MASK = 2): n / 8 bytes each way, no Philox work in the backward.
+# Read per call (the plan and seen keys hold it), so setting it in one process takes effect at the next forward; a
+# reserve made under any setting stays valid for the backward.
+RESERVES = ("record", "mask", "bits")
+RESERVE = {"1": "mask", "bits": "bits"}.get(os.environ.get("MINIDNN_DROPOUT_MASK", "0"), "record")
+_MASK_DEFINE = {"record": 0, "mask": 1, "bits": 2}
 THREADS = 256
 
 
@@ -124,7 +135,7 @@ typedef unsigned int MaskVec;
 #define TILE 16
 #endif
 #ifndef MASK
-#define MASK 1                              // 1: the reserve is the keep mask; 0: a 2-word record (see below)
+#define MASK 1                              // 1: the reserve is the keep mask; 0: a 2-word record; 2: a bit mask
 #endif
 // cache hints of the vector loads and stores: 0 none, 1 streaming (evict-first, ld/st.global.cs) loads and
 // stores, 2 plain loads and streaming stores
@@ -193,14 +204,16 @@ __device__ __forceinline__ void store_group(T* __restrict__ y, const Pack& a, I 
 
 // Group h of a forward walk: its PH Philox blocks decide the V elements (kept <=> (r >> 8) >= thresh), y = x * (kept ?
 // scale : 0) and the V mask bytes stored (dropout_fwd and dropout_fwd_pipe: the same counters and products).
-// STORE_MASK false (MASK = 0: the record forward and the regenerating backward): the same numbers, no mask bytes.
-template <bool STORE_MASK>
-__device__ __forceinline__ void draw_group(const Pack& in, T* __restrict__ y, unsigned char* __restrict__ keep, I h,
-                                           I full, long long n, unsigned long long base, unsigned int k0,
-                                           unsigned int k1, unsigned int thresh, A scale)
+// MODE 0: the V keep bytes stored (MASK = 1); 1: none (MASK = 0: the record forward, the regenerating backward);
+// 2: none stored here (MASK = 2: pack_bits stores them).  Returns the group's V keep bits (bit j: element h*V + j).
+template <int MODE>
+__device__ __forceinline__ unsigned int draw_group(const Pack& in, T* __restrict__ y, unsigned char* __restrict__ keep,
+                                                   I h, I full, long long n, unsigned long long base, unsigned int k0,
+                                                   unsigned int k1, unsigned int thresh, A scale)
 {
     Pack out;
     Mask m;
+    unsigned int kb = 0u;
 #pragma unroll
     for (int q = 0; q < PH; ++q) {
         const uint4 r4 = philox(base + (unsigned long long)(h * PH + q), k0, k1);
@@ -209,17 +222,34 @@ __device__ __forceinline__ void draw_group(const Pack& in, T* __restrict__ y, un
         for (int j = 0; j < 4; ++j) {
             const bool kept = (r[j] >> 8) >= thresh;
             m.b[4 * q + j] = kept ? 1 : 0;
+            kb |= (kept ? 1u : 0u) << (4 * q + j);
             out.v[4 * q + j] = ST(LD(in.v[4 * q + j]) * (kept ? scale : (A)0));
         }
     }
     store_group(y, out, h, full, n);
-    if (!STORE_MASK) return;
+    if (MODE != 0) return kb;
     if (h < full) {
         STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
     } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) if (h * V + j < n) keep[h * V + j] = m.b[j];
     }
+    return kb;
+}
+
+// MODE 2 (MASK = 2, a 1-bit mask: element e is bit e % 32 of word e / 32): the V keep bits of each lane's group h
+// into their word.  A warp's lanes hold 32 consecutive groups (h = thread index + u * stride, stride a multiple of
+// 32), so 32 / V lanes fill one word: OR-shuffled together, stored by the first of them (a warp stores V
+// contiguous words).  The walks bring every lane of a warp with a live group here (warp-uniform loop and test),
+// lanes past the end contributing 0 and storing nothing.
+__device__ __forceinline__ void pack_bits(unsigned int kb, I h, I groups, unsigned int* __restrict__ bits)
+{
+    if ((h & ~(I)31) >= groups) return;             // the whole warp is past the end (uniform)
+    const int lane = (int)(h & 31), per = 32 / V;
+    unsigned int w = kb << (V * (lane % per));
+#pragma unroll
+    for (int o = 1; o < 32 / V; o <<= 1) w |= __shfl_xor_sync(0xffffffffu, w, o);
+    if (lane % per == 0 && h < groups) STS(bits + ((h * V) >> 5), w);
 }
 
 // The last block of a forward launch to finish (threadFenceReduction ticket) advances the counter past this call's
@@ -242,14 +272,17 @@ __device__ __forceinline__ void advance_counter(unsigned long long* state, unsig
 
 // dropout_fwd's walk of the groups (grid-stride, UNROLL groups in flight a thread), from x to y, under the numbers
 // of (k0, k1, base): the forwards' bodies and the regenerating backward's (x = dy, y = dx, no mask).
-template <bool STORE_MASK>
+// MODE 2 keeps a warp together (its loop runs while the warp's first group is live; ``bits``: the 1-bit mask).
+template <int MODE>
 __device__ __forceinline__ void walk(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
                                      const long long n, unsigned long long base, unsigned int k0, unsigned int k1,
-                                     const unsigned int thresh, const A scale, const int vec)
+                                     const unsigned int thresh, const A scale, const int vec,
+                                     unsigned int* __restrict__ bits = nullptr)
 {
     const I groups = (I)((n + V - 1) / V), full = (I)(n / V);
     const I stride = (I)gridDim.x * blockDim.x;
-    for (I h0 = (I)blockIdx.x * blockDim.x + threadIdx.x; h0 < groups; h0 += UNROLL * stride) {
+    for (I h0 = (I)blockIdx.x * blockDim.x + threadIdx.x; (MODE == 2 ? (h0 & ~(I)31) : h0) < groups;
+         h0 += UNROLL * stride) {
         Pack in[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -259,7 +292,9 @@ __device__ __forceinline__ void walk(const T* __restrict__ x, T* __restrict__ y,
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const I h = h0 + u * stride;
-            if (h < groups) draw_group<STORE_MASK>(in[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
+            unsigned int kb = 0u;
+            if (h < groups) kb = draw_group<MODE>(in[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
+            if (MODE == 2) pack_bits(kb, h, groups, bits);
         }
     }
 }
@@ -276,11 +311,12 @@ __device__ __forceinline__ void walk(const T* __restrict__ x, T* __restrict__ y,
 #ifndef PUNROLL
 #define PUNROLL ((sizeof(T) == 8 || WIDE) ? 2 : 4)   // groups a thread and iteration (host: pipe_unroll)
 #endif
-template <bool STORE_MASK>
+template <int MODE>
 __device__ __forceinline__ void walk_pipe(const T* __restrict__ x, T* __restrict__ y,
                                           unsigned char* __restrict__ keep, const long long n,
                                           unsigned long long base, unsigned int k0, unsigned int k1,
-                                          const unsigned int thresh, const A scale, const int vec)
+                                          const unsigned int thresh, const A scale, const int vec,
+                                          unsigned int* __restrict__ bits = nullptr)
 {
     const I groups = (I)((n + V - 1) / V), full = (I)(n / V);
     const I stride = (I)gridDim.x * blockDim.x;
@@ -291,7 +327,7 @@ __device__ __forceinline__ void walk_pipe(const T* __restrict__ x, T* __restrict
         const I h = h0 + u * stride;
         if (h < groups) cur[u] = load_group(x, h, full, n, vec);
     }
-    for (; h0 < groups; h0 += PUNROLL * stride) {
+    for (; (MODE == 2 ? (h0 & ~(I)31) : h0) < groups; h0 += PUNROLL * stride) {
         Pack nxt[PUNROLL];
 #pragma unroll
         for (int u = 0; u < PUNROLL; ++u) {                 // the next iteration's loads, issued before the math
@@ -301,21 +337,23 @@ __device__ __forceinline__ void walk_pipe(const T* __restrict__ x, T* __restrict
 #pragma unroll
         for (int u = 0; u < PUNROLL; ++u) {
             const I h = h0 + u * stride;
-            if (h < groups) draw_group<STORE_MASK>(cur[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
+            unsigned int kb = 0u;
+            if (h < groups) kb = draw_group<MODE>(cur[u], y, keep, h, full, n, base, k0, k1, thresh, scale);
+            if (MODE == 2) pack_bits(kb, h, groups, bits);
         }
 #pragma unroll
         for (int u = 0; u < PUNROLL; ++u) cur[u] = nxt[u];
     }
 }
 
-#if MASK
+#if MASK == 1
 extern "C" __global__ void __launch_bounds__(256)
 dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
             unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
             const unsigned int thresh, const A scale, const int vec)
 {
     const unsigned long long key = state[0], base = state[1];
-    walk<true>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    walk<0>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
     advance_counter(state, ticket, base, n);
 }
 
@@ -325,8 +363,48 @@ dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned char* __re
                  const unsigned int thresh, const A scale, const int vec)
 {
     const unsigned long long key = state[0], base = state[1];
-    walk_pipe<true>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    walk_pipe<0>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
     advance_counter(state, ticket, base, n);
+}
+#elif MASK == 2
+// MASK = 2 (session 13, RESERVE "bits"): the forward stores a 1-bit keep mask (element e: bit e % 32 of bits[e / 32],
+// pack_bits), n / 8 bytes; dropout_bwd_bits reads it (no Philox work): forward x + y + n/8, backward dy + n/8 + dx.
+extern "C" __global__ void __launch_bounds__(256)
+dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned int* __restrict__ bits,
+            unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
+            const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = state[0], base = state[1];
+    walk<2>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec, bits);
+    advance_counter(state, ticket, base, n);
+}
+
+extern "C" __global__ void __launch_bounds__(256, PMINB)
+dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned int* __restrict__ bits,
+                 unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
+                 const unsigned int thresh, const A scale, const int vec)
+{
+    const unsigned long long key = state[0], base = state[1];
+    walk_pipe<2>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec, bits);
+    advance_counter(state, ticket, base, n);
+}
+
+// Thread h owns group h (V elements: one 16-byte vector of dy, two of float64), the group's V bits from one word
+// (V divides 32: a group never straddles two); an exact grid, no loop; the tail group and an unaligned dy (vec = 0)
+// take element loads.  A warp reads V words of bits (16 or 32 bytes) beside its 512 bytes of dy.
+extern "C" __global__ void __launch_bounds__(256)
+dropout_bwd_bits(const T* __restrict__ dy, const unsigned int* __restrict__ bits, T* __restrict__ dx,
+                 const long long n, const A scale, const int vec)
+{
+    const I groups = (I)((n + V - 1) / V), full = (I)(n / V);
+    const I h = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= groups) return;
+    const Pack g = load_group(dy, h, full, n, vec);
+    const unsigned int kb = bits[(h * V) >> 5] >> ((unsigned int)(h * V) & 31u);
+    Pack out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = ST(LD(g.v[j]) * (((kb >> j) & 1u) ? scale : (A)0));
+    store_group(dx, out, h, full, n);
 }
 #else
 // MASK = 0 (session 13, the default): the reserve is rec = [key, base], the numbers this launch drew, written by
@@ -341,7 +419,7 @@ dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned long long* __re
 {
     const unsigned long long key = state[0], base = state[1];
     if (blockIdx.x == 0 && threadIdx.x == 0) { rec[0] = key; rec[1] = base; }
-    walk<false>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    walk<1>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
     advance_counter(state, ticket, base, n);
 }
 
@@ -352,7 +430,7 @@ dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned long long*
 {
     const unsigned long long key = state[0], base = state[1];
     if (blockIdx.x == 0 && threadIdx.x == 0) { rec[0] = key; rec[1] = base; }
-    walk_pipe<false>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    walk_pipe<1>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
     advance_counter(state, ticket, base, n);
 }
 
@@ -363,7 +441,7 @@ dropout_bwd_regen(const T* __restrict__ dy, T* __restrict__ dx, const unsigned l
                   const long long n, const unsigned int thresh, const A scale, const int vec)
 {
     const unsigned long long key = rec[0], base = rec[1];
-    walk<false>(dy, dx, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    walk<1>(dy, dx, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
 }
 
 extern "C" __global__ void __launch_bounds__(256, PMINB)
@@ -371,11 +449,11 @@ dropout_bwd_regen_pipe(const T* __restrict__ dy, T* __restrict__ dx, const unsig
                        const long long n, const unsigned int thresh, const A scale, const int vec)
 {
     const unsigned long long key = rec[0], base = rec[1];
-    walk_pipe<false>(dy, dx, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
+    walk_pipe<1>(dy, dx, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
 }
 #endif
 
-#if MASK                                    // the mask backwards: a MASK = 0 module has no mask
+#if MASK == 1                               // the mask backwards: a MASK = 0 module has no mask
 extern "C" __global__ void __launch_bounds__(256)
 dropout_bwd(const T* __restrict__ dy, const unsigned char* __restrict__ keep, T* __restrict__ dx, const long long n,
             const A scale, const int vec)
@@ -527,7 +605,7 @@ def supports_backward(dy, keep) -> bool:
     shape (always: only these kernels can read one)."""
     if not (_dev.is_cuda_array(dy) and dy.size > 0 and type_info(dy.dtype) is not None):
         return False
-    if type(keep) is PhiloxReserve:
+    if type(keep) in OPAQUE:
         return keep.shape == tuple(dy.shape) and keep.device == dy.data.device_id
     return (not V1 and _dev.is_cuda_array(keep) and keep.dtype == np.bool_
             and tuple(keep.shape) == tuple(dy.shape))
@@ -564,30 +642,59 @@ class PhiloxReserve:
         return reserve_mask(self)
 
 
+class BitMaskReserve:
+    """The GPU dropout reserve under RESERVE "bits": the keep mask at 1 bit an element (``bits``: uint32 device
+    array of ceil(n / 32) words, element i of the flat C order over ``shape`` is bit i % 32 of word i // 32),
+    written by the forward kernel.  ``p``: the drop probability (checked against the backward's descriptor).
+    Opaque like PhiloxReserve: ``dropout_backward`` reads it; ``mask()`` gives the bool mask."""
+
+    __slots__ = ("bits", "shape", "p", "device")
+
+    def __init__(self, bits, shape, p, device):
+        self.bits, self.shape, self.p, self.device = bits, tuple(shape), float(p), device
+
+    size = PhiloxReserve.size
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * (-(-self.size // 32))
+
+    def __repr__(self):
+        return f"BitMaskReserve(shape={self.shape}, p={self.p}, device=cuda:{self.device})"
+
+    def mask(self):
+        return reserve_mask(self)
+
+
+OPAQUE = (PhiloxReserve, BitMaskReserve)        # the GPU reserves that are not a bool mask
+
+
 def reserve_mask(reserve):
-    """The bool keep mask (device array of ``reserve.shape``) that a PhiloxReserve stands for: the regenerating
-    backward on float32 ones with scale 1 (its products are exactly 1 or 0), then != 0."""
+    """The bool keep mask (device array of ``reserve.shape``) that a PhiloxReserve or BitMaskReserve stands for: its
+    backward on float32 ones with scale 1 (the products are exactly 1 or 0), then != 0."""
     cp = _launch.cupy()
     with _launch.on_device(reserve.device):
         ones = cp.ones(reserve.shape, dtype=np.float32)
-        return regen_runner(ones, reserve, 1.0)(ones, reserve) != 0
+        return backward_runner(ones, reserve, 1.0)(ones, reserve) != 0
 
 
 def reserve_bytes(x) -> int:
-    """Bytes of the reserve the GPU forward returns for x: a PhiloxReserve's 16 where the kernels take x and no
-    mask is stored (STORE_MASK off, not V1), else one bool per element."""
-    if not (STORE_MASK or V1) and supports(x, 0.5):
-        return PhiloxReserve.nbytes
-    return int(math.prod(x.shape))
+    """Bytes of the reserve the GPU forward returns for x under RESERVE where the kernels take x (not V1): a
+    PhiloxReserve's 16, a BitMaskReserve's 4 * ceil(n / 32); else one bool per element."""
+    n = int(math.prod(x.shape))
+    if V1 or not supports(x, 0.5) or RESERVE == "mask":
+        return n
+    return PhiloxReserve.nbytes if RESERVE == "record" else 4 * (-(-n // 32))
 
 
-def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None, mask=True):
+def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None, mask=1):
     """NVRTC options; ``pminb``: dropout_fwd_pipe's launch (its UNROLL is PUNROLL = ``unroll``, blocks an SM);
-    ``mask`` False: the record kernels (-DMASK=0; the mask modules' options are those before session 13)."""
+    ``mask``: the kernels' reserve, MASK 1 the byte mask (the options before session 13), 0 the record, 2 bits."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DUNROLL={unroll}",
             f"-DWIDE={int(wide)}", f"-DHINT={hint}", f"-DTILE={tile}", "-std=c++14") + (
-                (f"-DPMINB={pminb}", f"-DPUNROLL={unroll}") if pminb else ()) + (() if mask else ("-DMASK=0",))
+                (f"-DPMINB={pminb}", f"-DPUNROLL={unroll}") if pminb else ()) + (
+                    () if mask == 1 else (f"-DMASK={mask}",))
 
 
 def uses_pipe(dtype) -> bool:
@@ -671,7 +778,7 @@ def _acc(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
-def _plan_fwd(n, dtype, p, scale, dev, mask=True):
+def _plan_fwd(n, dtype, p, scale, dev, mask=1):
     if V1:
         kernel = _launch.get_kernel(_SOURCE_V1, "dropout_philox", (f"-DSCALAR={_V1_SCALARS[dtype]}", "-std=c++14"))
         grid = max(1, min((n + 3) // 4 // THREADS + 1, _launch.sm_count(dev) * 8))
@@ -689,6 +796,13 @@ def _plan_fwd(n, dtype, p, scale, dev, mask=True):
                  [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)])
 
 
+def _plan_bits_bwd(n, dtype, scale, dev):
+    """The 1-bit mask's backward: dropout_bwd_bits, one group (16 bytes of dy, 32 of float64) a thread, exact grid."""
+    kernel = _launch.get_kernel(SOURCE, "dropout_bwd_bits", _options(dtype, 1, n >= 2 ** 31, HINT_BWD, mask=2))
+    groups = -(-n // (8 if dtype.itemsize == 2 else 4))
+    return _Plan(kernel, (max(1, -(-groups // THREADS)),), 3, [np.int64(n), _acc(dtype)(scale)])
+
+
 def _plan_regen(n, dtype, p, scale, dev):
     """The regenerating backward (MASK = 0): the walk and grid the record forward of this call took
     (dropout_bwd_regen_pipe where the forward pipes, else dropout_bwd_regen with the forward's UNROLL rule and
@@ -698,10 +812,10 @@ def _plan_regen(n, dtype, p, scale, dev):
     if uses_pipe(dtype):
         kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen_pipe",
                                     _options(dtype, pipe_unroll(dtype.itemsize, wide), wide, HINT_BWD,
-                                             pminb=PIPE_MINB, mask=False))
+                                             pminb=PIPE_MINB, mask=0))
         return _Plan(kernel, (pipe_grid(n, dtype.itemsize, _launch.sm_count(dev)),), 3, scalars)
     unroll = forward_unroll(n, dtype.itemsize, dev)
-    kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen", _options(dtype, unroll, wide, HINT_BWD, mask=False))
+    kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen", _options(dtype, unroll, wide, HINT_BWD, mask=0))
     return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_BWD), 3, scalars)
 
 
@@ -716,12 +830,13 @@ def _plan_bwd(n, dtype, scale, dev):
                  7 if dtype.itemsize == 2 else 3)
 
 
-def _forward_runner(shape, dtype, contiguous, p, scale, dev, mask=True):
+def _forward_runner(shape, dtype, contiguous, p, scale, dev, reserve_kind="mask"):
     """run(x, state, ticket) -> (y, keep) for arrays x of this signature: a call is a device test, the
-    allocations, one alignment test and the plan's prepared launch (only the pointers packed).  ``mask`` False:
-    (y, PhiloxReserve) -- the record (2 uint64) allocated in place of the mask."""
+    allocations, one alignment test and the plan's prepared launch (only the pointers packed).  ``reserve_kind``
+    "record": (y, PhiloxReserve) -- the record (2 uint64) allocated in place of the mask; "bits": (y,
+    BitMaskReserve) -- ceil(n / 32) words."""
     n = math.prod(shape)
-    plan = _plan_fwd(n, dtype, p, scale, dev, mask or V1)
+    plan = _plan_fwd(n, dtype, p, scale, dev, _MASK_DEFINE[reserve_kind])
     cp = _launch.cupy()
     empty, get_device, device, ascontiguous, bool_ = (cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device,
                                                       cp.ascontiguousarray, np.bool_)
@@ -734,8 +849,9 @@ def _forward_runner(shape, dtype, contiguous, p, scale, dev, mask=True):
             return y, keep
         return run
     vec, go = plan.vec, plan.go
-    if not mask:
-        uint64, reserve = np.uint64, PhiloxReserve
+    if reserve_kind != "mask":
+        words, wdtype, reserve = ((2,), np.uint64, PhiloxReserve) if reserve_kind == "record" else (
+            (-(-n // 32),), np.uint32, BitMaskReserve)
 
         def run(x, state, ticket):
             if get_device() != dev:
@@ -743,7 +859,7 @@ def _forward_runner(shape, dtype, contiguous, p, scale, dev, mask=True):
                     return run(x, state, ticket)
             if not contiguous:
                 x = ascontiguous(x)
-            y, rec = empty(shape, dtype=dtype), empty((2,), dtype=uint64)
+            y, rec = empty(shape, dtype=dtype), empty(words, dtype=wdtype)
             (go if x.data.ptr & 15 else vec)(x, y, rec, state, ticket)
             return y, reserve(rec, shape, p, dev)
         return run
@@ -781,9 +897,11 @@ def _backward_runner(shape, dtype, contiguous, keep_contiguous, scale, dev):
     return run
 
 
-def _regen_runner(shape, dtype, contiguous, p, scale, dev):
-    """run(dy, reserve) -> dx for arrays dy of this signature and a PhiloxReserve of p (see _forward_runner)."""
-    plan = _plan_regen(math.prod(shape), dtype, p, scale, dev)
+def _regen_runner(shape, dtype, contiguous, p, scale, dev, bits=False):
+    """run(dy, reserve) -> dx for arrays dy of this signature and a PhiloxReserve of p (``bits``: a BitMaskReserve;
+    see _forward_runner)."""
+    n = math.prod(shape)
+    plan = _plan_bits_bwd(n, dtype, scale, dev) if bits else _plan_regen(n, dtype, p, scale, dev)
     cp = _launch.cupy()
     empty, get_device, device, ascontiguous = cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device, cp.ascontiguousarray
     vec, go = plan.vec, plan.go
@@ -797,44 +915,59 @@ def _regen_runner(shape, dtype, contiguous, p, scale, dev):
         dx = empty(shape, dtype=dtype)
         (go if dy.data.ptr & 15 else vec)(dy, dx, reserve.record)
         return dx
-    return run
+
+    def run_bits(dy, reserve):
+        if get_device() != dev:
+            with device(dev):
+                return run_bits(dy, reserve)
+        if not contiguous:
+            dy = ascontiguous(dy)
+        dx = empty(shape, dtype=dtype)
+        (go if dy.data.ptr & 15 else vec)(dy, reserve.bits, dx)
+        return dx
+    return run_bits if bits else run
 
 
-def forward_runner(x, p, scale, mask=None):
+def forward_runner(x, p, scale, reserve=None):
     """The settled run(x, state, ticket) for arrays of x's shape, dtype, contiguity and device (once per such
-    signature, (p, scale) and mask choice: ``mask`` None = STORE_MASK, True = the keep mask, False = a
-    PhiloxReserve; V1 always stores the mask)."""
-    mask = (STORE_MASK if mask is None else bool(mask)) or V1
-    key = ("f", x.shape, x.dtype, x.flags.c_contiguous, p, scale, x.data.device_id, mask)
+    signature, (p, scale) and reserve kind: ``reserve`` None = RESERVE, else one of RESERVES; V1 always stores the
+    byte mask)."""
+    kind = "mask" if V1 else (RESERVE if reserve is None else reserve)
+    if kind not in RESERVES:
+        raise ValueError(f"dropout reserve {kind!r} must be one of {RESERVES}")
+    key = ("f", x.shape, x.dtype, x.flags.c_contiguous, p, scale, x.data.device_id, kind)
     return _launch.planned(_plans, key, _forward_runner, *key[1:])
 
 
 def regen_runner(dy, reserve, scale):
-    """The settled run(dy, reserve) for dy's signature and a PhiloxReserve (see forward_runner)."""
-    key = ("r", dy.shape, dy.dtype, dy.flags.c_contiguous, reserve.p, scale, dy.data.device_id)
+    """The settled run(dy, reserve) for dy's signature and a PhiloxReserve or BitMaskReserve (see forward_runner)."""
+    bits = type(reserve) is BitMaskReserve
+    key = ("r", dy.shape, dy.dtype, dy.flags.c_contiguous, None if bits else reserve.p, scale, dy.data.device_id,
+           bits)
     return _launch.planned(_plans, key, _regen_runner, *key[1:])
 
 
 def backward_runner(dy, keep, scale):
-    """The settled run(dy, keep) for arrays of dy's and keep's signature (see forward_runner); ``keep`` a bool mask
-    or a PhiloxReserve (then the regenerating backward)."""
-    if type(keep) is PhiloxReserve:
+    """The settled run(dy, keep) for arrays of dy's and keep's signature (see forward_runner); ``keep`` a bool mask,
+    a PhiloxReserve (then the regenerating backward) or a BitMaskReserve."""
+    if type(keep) in OPAQUE:
         return regen_runner(dy, keep, scale)
     key = ("b", dy.shape, dy.dtype, dy.flags.c_contiguous, keep.flags.c_contiguous, scale, dy.data.device_id)
     return _launch.planned(_plans, key, _backward_runner, *key[1:])
 
 
-def dropout_forward(x, p, scale, state, ticket, mask=None):
+def dropout_forward(x, p, scale, state, ticket, reserve=None):
     """(y, reserve) for a GPU array ``x`` (a non-contiguous one is copied first); ``state``/``ticket`` are the
-    engine's device arrays; reserve: a PhiloxReserve, or the bool keep mask under STORE_MASK (``mask`` overrides).
-    One launch, settled once per (shape, dtype, contiguity, p, scale, device, mask); y and a mask come out
-    C-contiguous."""
-    return forward_runner(x, p, scale, mask)(x, state, ticket)
+    engine's device arrays; reserve: a PhiloxReserve, the bool keep mask or a BitMaskReserve as RESERVE (or
+    ``reserve``) says.  One launch, settled once per (shape, dtype, contiguity, p, scale, device, reserve kind); y
+    and a mask come out C-contiguous."""
+    return forward_runner(x, p, scale, reserve)(x, state, ticket)
 
 
 def dropout_backward(dy, keep, scale):
     """dx = dy * (keep ? scale : 0) for a GPU array dy and its keep mask (non-contiguous ones are copied first) or
-    PhiloxReserve of its shape (the caller has checked it matches: backend/dropout.py); one launch."""
+    PhiloxReserve / BitMaskReserve of its shape (the caller has checked it matches: backend/dropout.py); one
+    launch."""
     return backward_runner(dy, keep, scale)(dy, keep)
 
 
