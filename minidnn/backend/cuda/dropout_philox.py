@@ -622,12 +622,15 @@ class PhiloxReserve:
     mask (one more launch; for tests and anyone who wants to look at it).  16 bytes of device memory (``nbytes``).
     """
 
-    __slots__ = ("record", "shape", "p", "threshold", "device")
+    __slots__ = ("record", "shape", "p", "device")
     nbytes = 16
 
     def __init__(self, record, shape, p, device):
-        self.record, self.shape, self.p = record, tuple(shape), float(p)
-        self.threshold, self.device = threshold(p), device
+        self.record, self.shape, self.p, self.device = record, tuple(shape), float(p), device
+
+    @property
+    def threshold(self) -> int:
+        return threshold(self.p)
 
     @property
     def size(self) -> int:
