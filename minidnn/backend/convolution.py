@@ -375,7 +375,8 @@ def settled_state():
     kernel modules' switches.  A caller that keeps settled calls keeps this in its key (nn's fast path)."""
     return (_GENERATION[0], _cuda_conv.ENABLED[0], _igemm.VEC_ENABLED[0], _igemm.STAGE_ENABLED[0],
             _igemm.STAGE_MIN_MACS, _igemm.DIRECT_MAX_CG, _igemm.DIRECT_DENSE_MAX_MACS, _igemm.TRANSPOSE_V2[0],
-            _igemm.SPLITK2[0], _igemm._pointwise.ENABLED[0], _igemm._pointwise.NCHW[0], _igemm.TILE_ENABLED[0])
+            _igemm.SPLITK2[0], _igemm._pointwise.ENABLED[0], _igemm._pointwise.NCHW[0], _igemm.TILE_ENABLED[0],
+            _igemm.DW_SETTLE[0])
 
 
 class SettledConvolution:

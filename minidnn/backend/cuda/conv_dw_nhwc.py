@@ -590,14 +590,15 @@ def window_ok(R, S, stride, dil, vq):
 
 # ---- eligibility -----------------------------------------------------------------------------------------------
 
-def _vec_ok(a, cv):
-    """a (N, C, H, W)-indexed view: channel stride 1, other element strides multiples of CV, base CV-aligned."""
+def _vec_ok(a, cv, base=True):
+    """a (N, C, H, W)-indexed view: channel stride 1, other element strides multiples of CV, base CV-aligned
+    (``base`` False: the layout only, whatever the base address)."""
     item = a.itemsize
     if a.ndim != 4 or a.strides[1] != item or a.size >= 2 ** 31:
         return False
     if any((s // item) % cv or s % item for s in (a.strides[0], a.strides[2], a.strides[3])):
         return False
-    return a.data.ptr % (cv * item) == 0
+    return not base or a.data.ptr % (cv * item) == 0
 
 
 def supports(direction, p, *acts) -> str | None:
@@ -605,6 +606,18 @@ def supports(direction, p, *acts) -> str | None:
     with these activations (channels-first views), else why not."""
     if not ENABLED[0]:
         return "switched off (MINIDNN_DW_TILE=0 / ENABLED)"
+    return _why_not(p, acts, True)
+
+
+def declines_layout(p, *acts) -> bool:
+    """True where ``supports`` declines every call of this problem whose activations have these arrays' shapes,
+    strides and dtype, whatever their base addresses and the switches (ENABLED, V2) say: the direct kernels' route
+    after this module's decline can then be settled once per signature (conv_igemm.settle_direct).  False where a
+    call of that signature may be taken (an aligned base, the module switched on)."""
+    return _why_not(p, acts, False) is not None
+
+
+def _why_not(p, acts, base):
     if p.nd != 2 or p.groups != p.C or p.K != p.C:
         return "depthwise (groups == C == K) 2-D only"
     (R, S), st, dil = p.kernel, p.stride[0], p.dilation[0]
@@ -617,7 +630,7 @@ def supports(direction, p, *acts) -> str | None:
         return f"channels not whole {cv}-channel vectors"
     if not window_ok(R, S, st, dil, 4):
         return "window over 24 columns"
-    if not all(_vec_ok(a, cv) for a in acts):
+    if not all(_vec_ok(a, cv, base) for a in acts):
         return "activations not channels-last with vector-aligned strides and base"
     return None
 

@@ -1341,14 +1341,19 @@ def _tile_backward_data(p, w, dy2, dx2, alpha, beta) -> bool:
     """dw_tile_backward_data (gather form by residue class, any stride <= 4) for NCHW rows, one launch; False
     (nothing launched) where it declines (TILE_ENABLED off / MINIDNN_DW_TILE=0, dgrad_config's limits).  ``w`` is
     the convolution's contiguous (K, Cg, R, S) filter."""
-    if not TILE_ENABLED[0] or dx2.shape[0] * dx2.shape[1] >= 2 ** 31:
-        return False
-    key = (p, tuple(dy2.strides), tuple(dx2.strides), dy2.dtype, float(alpha), float(beta), dy2.data.device_id)
-    run = _launch.planned(_dgrad_plans, key, _tile_dgrad_plan, p, w, dy2, dx2, alpha, beta, _launch.sm_count())
+    run = _tile_dgrad_run(p, w, dy2, dx2, alpha, beta)
     if run is None:
         return False
     run(w, dy2, dx2)
     return True
+
+
+def _tile_dgrad_run(p, w, dy2, dx2, alpha, beta):
+    """_tile_backward_data's prepared launch for these arrays' signature, or None where it declines them."""
+    if not TILE_ENABLED[0] or dx2.shape[0] * dx2.shape[1] >= 2 ** 31:
+        return None
+    key = (p, tuple(dy2.strides), tuple(dx2.strides), dy2.dtype, float(alpha), float(beta), dy2.data.device_id)
+    return _launch.planned(_dgrad_plans, key, _tile_dgrad_plan, p, w, dy2, dx2, alpha, beta, _launch.sm_count())
 
 
 WGRAD_TARGET_BLOCKS_PER_SM = 16     # dw_tile_backward_filter: blocks per SM the splits aim at (~4 resident: waves)
@@ -1487,16 +1492,29 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, 
     return dw
 
 
+# The direct kernels' settled route for depthwise problems and strided backward data (session 13, host round 25):
+# on with DW_SETTLE[0] = True or MINIDNN_CONV_DW_SETTLE=1 at import; off (the default until the lead's GPU run and
+# tests/nn/test_conv_direct_settled.py, which pins round 21's "depthwise is not settled", are updated), depthwise
+# problems and strided backward data keep the full direct_* functions per call.
+DW_SETTLE = [os.environ.get("MINIDNN_CONV_DW_SETTLE", "0") == "1"]
+
+
 def settle_direct(direction, p, a, b, out_dtype=None):
     """A settled form of ``direct_forward(p, a, b)`` (direction 0), ``direct_backward_data(p, a, b)`` (1) or
     ``direct_backward_filter(p, a, b, out_dtype=out_dtype)`` (2) for arrays of the signature of ``a`` and ``b`` --
     shapes, strides, dtype, device -- with alpha 1 and beta 0: a function ``(a, b, out=None)`` that makes the same
     launches as the full function for such arrays and returns its result (``out``: direction 2's contiguous dw to
     write, beta 0), skipping its route choice; or None where the full function takes another route than the
-    register-tiled plane kernels (nothing is settled then: depthwise problems, whose NHWC route reads pointer
-    alignment, channels-last results, the plane and generic kernels).  Launches nothing.  The caller keeps
-    TILE_ENABLED[0] in its key (backend.convolution.settled_state) and vouches for the signature."""
-    if not TILE_ENABLED[0] or p.nd != 2 or (p.groups == p.C and p.K == p.C):
+    register-tiled plane kernels (nothing is settled then: depthwise problems that conv_dw_nhwc's NHWC route may
+    take -- it reads pointer alignment --, channels-last results, the plane and generic kernels).  Depthwise
+    problems whose activations' layout that route declines whatever their addresses (NCHW activations:
+    ``conv_dw_nhwc.declines_layout``) settle as the dense ones (session 13: MobileNet's depthwise layers).  Launches
+    nothing.  The caller keeps TILE_ENABLED[0] in its key (backend.convolution.settled_state) and vouches for the
+    signature."""
+    if not TILE_ENABLED[0] or p.nd != 2:
+        return None
+    depthwise = p.groups == p.C and p.K == p.C
+    if depthwise and not DW_SETTLE[0]:
         return None
     cp = _launch.cupy()
     if direction == 0:
@@ -1504,6 +1522,8 @@ def settle_direct(direction, p, a, b, out_dtype=None):
         if _channels_last(x) or not w.flags.c_contiguous:
             return None
         y = cp.empty(p.y_shape, dtype=x.dtype)         # a stand-in of the result's signature: no launch reads it
+        if depthwise and not _dw_nhwc.declines_layout(p, x, y):
+            return None
         if not _plane_ok(p, x, y):
             return None
         run = _tile_forward_run(x, w, y, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, 1.0,
@@ -1520,16 +1540,27 @@ def settle_direct(direction, p, a, b, out_dtype=None):
     if direction == 1:
         w, dy = a, b
         flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
-        if _channels_last(dy) or not w.flags.c_contiguous or p.stride[0] != 1 or min(flipped_pad) < 0:
+        if _channels_last(dy) or not w.flags.c_contiguous:
             return None
         dx = cp.empty(p.x_shape, dtype=dy.dtype)
-        if not _plane_ok(p, dy, dx):
+        if (depthwise and not _dw_nhwc.declines_layout(p, dy, dx)) or not _plane_ok(p, dy, dx):
             return None
+        shape, dtype = p.x_shape, dy.dtype
+        if p.stride[0] != 1 or min(flipped_pad) < 0:
+            # direct_backward_data's gather-form tile kernel (strided; stride 1 with pad > dil * (R - 1))
+            gather = _tile_dgrad_run(p, w, dy, dx, 1.0, 0.0) if DW_SETTLE[0] else None
+            if gather is None:
+                return None
+
+            def backward_data_gather(w, dy, out=None):
+                dx = cp.empty(shape, dtype=dtype)
+                gather(w, dy, dx)
+                return dx
+            return backward_data_gather
         run = _tile_forward_run(dy, w, dx, p.out_size, p.in_size, flipped_pad, 1, p.dilation[0], p.Cg, 1.0, 0.0,
                                 flip=True)
         if run is None:
             return None
-        shape, dtype = p.x_shape, dy.dtype
 
         def backward_data(w, dy, out=None):
             dx = cp.empty(shape, dtype=dtype)
@@ -1537,6 +1568,8 @@ def settle_direct(direction, p, a, b, out_dtype=None):
             return dx
         return backward_data
     x, dy = a, b
+    if depthwise and not _dw_nhwc.declines_layout(p, x, dy):
+        return None
     dt = _out_dtype(x, out_dtype)
     plan = _tile_wgrad(p, x, dy, dt, _geometry(p), 1.0, 0.0)
     if plan is None:
