@@ -14,7 +14,7 @@ import numpy as np
 from ...backend.errors import ArgumentError
 from ...creation import ones, tensor, zeros
 from .. import functional as F
-from ..module import Module
+from ..module import Module, registered
 from ..parameter import Parameter
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
@@ -61,6 +61,9 @@ class _NormBase(Module):
                 f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
 
+_STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+
+
 class _BatchNorm(_NormBase):
     _dims = (4,)
 
@@ -68,6 +71,22 @@ class _BatchNorm(_NormBase):
         if input.ndim not in self._dims:
             raise ArgumentError(f"{type(self).__name__}: expected {' or '.join(f'{d}D' for d in self._dims)} input "
                              f"(got {input.ndim}D input of shape {tuple(input.shape)})")
+        r = registered(self, _STATE)    # the five registered tensors in one read (module.registered)
+        if r is None:
+            return self._forward_reading(input)
+        weight, bias, running_mean, running_var, counter = r
+        factor = 0.0 if self.momentum is None else self.momentum
+        tracking = self.training and self.track_running_stats and counter is not None
+        if tracking and self.momentum is None:      # cumulative moving average over the batches so far
+            factor = 1.0 / float(counter.item() + 1)
+        use_batch_stats = self.training or (running_mean is None and running_var is None)
+        update = not self.training or self.track_running_stats
+        return F.batch_norm(input, running_mean if update else None, running_var if update else None,
+                            weight, bias, use_batch_stats, factor, self.eps,
+                            _counter=counter if tracking else None)
+
+    def _forward_reading(self, input):
+        """forward reading the module's attributes one by one (a type or instance ``registered`` does not serve)."""
         factor = 0.0 if self.momentum is None else self.momentum
         counter = self.num_batches_tracked
         tracking = self.training and self.track_running_stats and counter is not None
