@@ -22,6 +22,9 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
         (the garbage collector off while timed: MODE=gc counts its collections);
         WRAP=minidnn.backend.cuda.act_kernels:_Plan.__call__,... times those too (module:Class.method or
         module:function; callers that imported a function by name keep the unwrapped one)
+    MODE=sw_ab SW=minidnn.backend.cuda.conv_igemm:DW_SETTLE[,module:NAME...] python tools/fake_gpu_step.py TREE mobilenet 128
+        # in-process A/B of one-element-list switches (all False / all True): ms per step, min of ROUNDS (15)
+        alternated rounds of 20 steps
     MODE=amp_vs_fp32 AMP=bf16 python tools/fake_gpu_step.py TREE mobilenet 128   # in-process A/B of the same step
         with autocast enabled / disabled (the fp32 step): ms per step, min of 15 alternated rounds of 20 steps
     FREE_LT=1 (any mode): the fake's cublasLt products do no NumPy matmul (the fake's cost, not ours).
@@ -265,6 +268,33 @@ elif mode == "amp_ab":
     _amp_state.set_flat_caster(caster)
     print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)}: " + ", ".join(f"{k} {v*1e3:.3f}" for k, v in best.items())
           + " ms/step (CPU time, fake CuPy)")
+elif mode == "sw_ab":
+    # switches off vs on in one process (SW=module:NAME,... : each a one-element list flipped to False / True),
+    # alternated rounds of 20 steps, min of ROUNDS (default 15): the load of the shared cores cancels
+    import gc
+    import importlib
+    sws = []
+    for item in os.environ["SW"].split(","):
+        mod, name = item.split(":")
+        sws.append(getattr(importlib.import_module(mod), name))
+    saved = [s_[0] for s_ in sws]
+    best = {"off": 1e9, "on": 1e9}
+    for _ in range(5):
+        for on in (False, True):
+            for s_ in sws: s_[0] = on
+            step()
+    for r in range(int(os.environ.get("ROUNDS", "15"))):
+        for name, on in (("off", False), ("on", True)):
+            for s_ in sws: s_[0] = on
+            step(); step()
+            gc.collect()
+            t0 = time.process_time()
+            for _ in range(20): step()
+            best[name] = min(best[name], (time.process_time() - t0) / 20)
+    for s_, v in zip(sws, saved): s_[0] = v
+    print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)} SW={os.environ['SW']}: off {best['off']*1e3:.3f}, on "
+          f"{best['on']*1e3:.3f} ms/step, on - off {(best['on'] - best['off'])*1e3:+.3f} ({(best['on'] / best['off'] - 1)*100:+.1f}%)"
+          " (CPU time, fake CuPy)")
 elif mode == "amp_vs_fp32":
     import gc
     best = {"fp32": 1e9, amp or "amp": 1e9}
