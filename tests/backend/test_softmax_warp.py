@@ -70,18 +70,21 @@ def test_warp_rule(monkeypatch, setting):
                     wr = 1 if backward else int(setting)
                     e = d["NV"] * d["VEC"]
                     regs = (_sk.WARP_BWD_REGS[e, bool(d["RAGGED"])] if backward
-                            else _sk.WARP_REGS[wr, e, item, bool(d["RAGGED"])])
+                            else _sk.warp_regs(wr, e, item, bool(d["RAGGED"]), algo == "LOG"))
                     assert d["WARP"] == wr and d["PIPE"] == 0 and d["BLOCK"] == spec.block == 128
                     assert d["MINB"] == 65536 // (128 * regs) and spec.defines[-1].startswith("MINB=")
-                    assert {k: v for k, v in d.items() if k not in ("WARP", "PIPE", "BLOCK", "MINB")} == \
+                    assert {k: v for k, v in d.items() if k not in ("WARP", "PIPE", "BLOCK", "MINB", "FULLK")} == \
                         {k: v for k, v in d0.items() if k not in ("PIPE", "BLOCK", "MINB")}
+                    nb_min = (c - (d["VEC"] - 1 if d["RAGGED"] else 0)) // d["VEC"]
+                    assert d.get("FULLK") == (None if backward else min(d["NV"], nb_min // 32)), (c, d)
                     assert spec.groups == -(-16384 // (4 * wr)) and spec.per_sm == _sk.WARP_PER_SM
                     assert spec.smem == 0 and spec.name == base.name and spec.source == base.source
 
 
 def test_warp_headline_plans():
-    """(16384, 1000) float32 under "1": 4096 blocks of 4 warps, 56 registers (nine blocks, 36 warps an SM); "2": 2048
-    blocks, 96 registers (five blocks); the log-softmax backward 4096 blocks at 96 (five); "0": PIPE as before."""
+    """(16384, 1000) float32 under "1": 4096 blocks of 4 warps, 56 registers (nine blocks, 36 warps an SM), log-softmax
+    48 (ten); "2": 2048 blocks, 96 / 80 registers (five / six blocks); the log-softmax backward 4096 blocks at 96
+    (five); "0": PIPE as before."""
     old = _sk.FWD_WARP
     try:
         got = {}
@@ -93,8 +96,8 @@ def test_warp_headline_plans():
     finally:
         _sk.FWD_WARP = old
     assert got["0"] == [(0, 2048, 2, 256)] * 3
-    assert got["1"] == [(1, 4096, 9, 128), (1, 4096, 9, 128), (1, 4096, 5, 128)]
-    assert got["2"] == [(2, 2048, 5, 128), (2, 2048, 5, 128), (1, 4096, 5, 128)]
+    assert got["1"] == [(1, 4096, 9, 128), (1, 4096, 10, 128), (1, 4096, 5, 128)]
+    assert got["2"] == [(2, 2048, 5, 128), (2, 2048, 6, 128), (1, 4096, 5, 128)]
 
 
 def test_warp_env():
@@ -112,44 +115,48 @@ def test_warp_env():
 
 
 def _warp_walk(rows, wr, grid, block=128):
-    """fwd_rows_warp's loop: warp w = blockIdx * (BLOCK / 32) + warp index takes rows r0 .. r0 + WARP - 1 for
-    r0 = w * WARP, w * WARP + nw * WARP, ... (nw: the grid's warps); a row past the end is loaded as a 0-class row
+    """fwd_rows_warp's indexing: warp w = blockIdx * (BLOCK / 32) + warp index owns rows w * WARP .. w * WARP + WARP
+    - 1 and returns at once when the first is past the end; a second row past the end is loaded as a 0-class row
     and not stored.  Returns the count of stores each row got."""
     seen = np.zeros(rows, np.int64)
-    nw = grid * (block // 32)
-    for w in range(nw):
+    for w in range(grid * (block // 32)):
         r0 = w * wr
-        while r0 < rows:
-            for i in range(wr):
-                if r0 + i < rows:
-                    seen[r0 + i] += 1
-            r0 += nw * wr
+        if r0 >= rows:
+            continue
+        for i in range(wr):
+            if r0 + i < rows:
+                seen[r0 + i] += 1
     return seen
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 7, 8, 9, 37, 1000, 6001, 16384])
 @pytest.mark.parametrize("wr", [1, 2])
 def test_warp_walk_covers_each_row_once(rows, wr):
-    """Every row stored once by one warp, on the planned grid (every row's warp) and on capped grids (the kernel's
-    grid-stride loop: a call larger than WARP_PER_SM blocks an SM allows)."""
-    planned = -(-rows // (4 * wr))
-    for grid in {planned, max(1, planned // 3), 1, 7}:
-        assert (_warp_walk(rows, wr, grid) == 1).all(), (rows, wr, grid)
+    """Every row stored once by one warp on the planned grid (ceil(rows / (4 WARP)) blocks: the kernel has no loop,
+    so the plan must never cap it -- checked for the largest call supports() admits on a one-SM device)."""
+    grid = -(-rows // (4 * wr))
+    assert (_warp_walk(rows, wr, grid) == 1).all(), (rows, wr, grid)
+    assert (_warp_walk(rows, wr, grid - 1) == 1).sum() < rows                    # one block short: rows missed
+    biggest = -(-(2 ** 31 - 1) // 513 // 4)
+    assert min(biggest, 1 * _sk.WARP_PER_SM) == biggest
 
 
 @pytest.mark.parametrize("item", [4, 2])
 def test_warp_rows_hold_each_element_once(item):
-    """The element map the WARP kernel loads (load_chunk / load_edges on G = 32 rows, the default's tiling) covers
-    every element of a row once, at every head a RAGGED row can have."""
+    """The element map the WARP kernel loads (warp_load / load_edges on G = 32 rows, the default's tiling) covers
+    every element of a row once, at every head a RAGGED row can have; the FULLK slots loaded without a bound test
+    lie inside the body at every head (and at head 0, the misaligned fallback's)."""
     for c in range(513, 1029 if item == 4 else 2049, 1 if item == 4 else 7):
         cfg = _sk.row_config(c, item, 4)
         if not _sk.uses_warp(cfg, c, 4):
             continue
         g, nv, vec = cfg.g, cfg.nv, cfg.vec
+        fullk = _sk.warp_fullk(cfg, c)
         for h in (range(vec) if cfg.ragged else [0]):
             h = min(h, c)
             nb = (c - h) // vec
-            assert nb <= g * nv, (c, h)
+            assert nb <= g * nv and fullk * g <= nb, (c, h, fullk)          # FULLK's slots: in every body
+            assert fullk * g <= c // vec                                        # and the misaligned fallback's
             seen = np.zeros(c, np.int64)
             k, t, j = np.meshgrid(np.arange(nv), np.arange(g), np.arange(vec), indexing="ij")
             v = k * g + t

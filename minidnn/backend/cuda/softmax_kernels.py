@@ -535,21 +535,47 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 // SM from a tight register bound) keeps the loads in flight instead, and blocks retire and refill warp-group by
 // warp-group (no last-step tail of a persistent walk).  The row's arithmetic is fwd_rows_pipe's, in its order: thread
 // max over the body then the edges, thread sum of the edges' exps then the body's, the warp's butterflies, the same
-// output expressions -- so the result is bitwise the PIPE kernel's.  A grid-stride loop covers a capped grid.
-template <int UNUSED> __device__ __forceinline__ void fwd_rows_warp(const T* __restrict__ x, T* __restrict__ y,
-                                                                    int rows, int C)
+// output expressions -- so the result is bitwise the PIPE kernel's.  The grid holds every row's warp (launch_spec:
+// WARP_PER_SM never caps it); a warp past the end returns at once (no block barrier: G = 32).
+// FULLK (planned from C: min(NV, the smallest body a row of C can have / 32)) of a lane's NV vectors lie inside every
+// row's body: loaded and decoded without load_chunk's bound test and -inf pad (a row past the end reads row 0's and is
+// never stored); fewer live predicates, so a tighter register budget builds without spilling.  VA: 16-byte loads,
+// else element by element (the misaligned fallback: the same registers, so it does not set the kernel's budget).
+#ifndef FULLK
+#define FULLK 0
+#endif
+template <bool VA> __device__ __forceinline__ void warp_load(const T* __restrict__ p, const Geo& q, int g, A* a)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = k * 32 + g;
+        const bool in = k < FULLK || v < q.nb;
+        Pack u;
+        if (VA) {
+            if (in) u.raw = *reinterpret_cast<const VR*>(p + q.h + v * VEC);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) if (in) u.v[j] = p[q.h + v * VEC + j];
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = in ? LD(u.v[j]) : NEG_INF;
+    }
+}
+template <bool VA> __device__ __forceinline__ void fwd_rows_warp(const T* __restrict__ x, T* __restrict__ y,
+                                                                 int rows, int C)
 {
     const int g = threadIdx.x & 31;
-    const int nw = gridDim.x * (BLOCK / 32);
-    for (int r0 = (blockIdx.x * (BLOCK / 32) + (int)(threadIdx.x >> 5)) * WARP; r0 < rows; r0 += nw * WARP) {
+    const int r0 = (blockIdx.x * (BLOCK / 32) + (int)(threadIdx.x >> 5)) * WARP;
+    if (r0 >= rows) return;                              // a warp past the end (the last block)
+    {
         A a[WARP][E], ed[WARP][NE1];
         Geo q[WARP];
 #pragma unroll
         for (int i = 0; i < WARP; ++i) {                 // every load of the warp's rows first
             const bool live = r0 + i < rows;
             const T* xr = x + (size_t)(live ? r0 + i : 0) * C;
-            q[i] = row_geo(xr, live ? C : 0, true);
-            load_chunk<true>(xr, 0, q[i], g, NEG_INF, a[i]);
+            q[i] = row_geo(xr, live ? C : 0, VA);
+            warp_load<VA>(xr, q[i], g, a[i]);
             load_edges(xr, q[i], g, NEG_INF, ed[i]);
         }
 #pragma unroll
@@ -595,7 +621,7 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_warp(const T* __r
 #pragma unroll
                 for (int j = 0; j < NE; ++j) ed[i][j] = exp(ed[i][j] - M) * sc * inv;
 #endif
-                store_chunk<true>(yr, 0, q[i], g, a[i]);
+                store_chunk<VA>(yr, 0, q[i], g, a[i]);
                 store_edges(yr, q[i], g, ed[i]);
             }
         }
@@ -611,7 +637,9 @@ softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, con
     if (aligned(x, y)) { fwd_rows_pipe<0>(x, y, rows, C, sm); return; }
 #endif
 #if WARP
-    if (aligned(x, y)) { fwd_rows_warp<0>(x, y, rows, C); return; }
+    if (aligned(x, y)) fwd_rows_warp<true>(x, y, rows, C);
+    else fwd_rows_warp<false>(x, y, rows, C);
+    return;
 #endif
 #if SCH > 0
     extern __shared__ __align__(16) unsigned char dyn_sm[];
@@ -963,17 +991,28 @@ NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "0")
 
 # Registers a WARP thread may use (128-thread blocks: 65536 / (128 r) blocks an SM), by (rows a warp, elements a
-# thread E, bytes an element, RAGGED): the tightest budgets nvcc 13 (sm_90, -ftz=true) builds without spilling.
-# fp32 (N, 1000) "1": 56 (nine blocks, 36 warps an SM, 144 KB of loads in flight; 48 spilled 28-36 bytes, 40 spilled
-# 72-104); fp32 RAGGED (1001) and 2-byte whole rows 64 (56 spilled 12-96); 2-byte RAGGED 72 (64 spilled 20-28).  "2":
-# 96 (five blocks, 20 warps of 8 KB: 160 KB), RAGGED 128 (96 spilled 24).  E = 16 (513-515 classes, always RAGGED
-# here) 48 / 56 and "2" 80.  The log-softmax backward (dy and y: 2 E values a thread), WARP_BWD_REGS by (E, RAGGED):
-# 96 (five blocks, 20 warps, 8 KB each), RAGGED 128 (96 spilled 24-112), E = 16 80.
-WARP_REGS = {(1, 32, 4, False): 56, (1, 32, 4, True): 64, (1, 32, 2, False): 64, (1, 32, 2, True): 72,
-             (1, 16, 4, False): 48, (1, 16, 4, True): 48, (1, 16, 2, False): 56, (1, 16, 2, True): 56,
-             (2, 32, 4, False): 96, (2, 32, 4, True): 128, (2, 32, 2, False): 96, (2, 32, 2, True): 128,
+# thread E, bytes an element, RAGGED), LOG's own where it differs: the tightest budgets nvcc 13 (sm_90, -ftz=true)
+# builds without spilling, the misaligned fallback included (warp_load<false>: the same registers).  fp32 (N, 1000)
+# "1": 56 (nine blocks, 36 warps an SM, 144 KB of loads in flight; 48 spilled 8-12 bytes), log-softmax 48 (ten
+# blocks, 40 warps, 160 KB; 40 spilled 44-60); "2": 96 (five blocks, 20 warps of 8 KB: 160 KB), log-softmax 80 (six,
+# 192 KB).  RAGGED fp32 (1001) 64 / LOG 56; 2-byte 1000: 48; 2-byte RAGGED (1027) 64 (56 spilled 4-8), "2" 128 (96
+# spilled 4-36); 513-515 classes (E = 16) 40 (twelve blocks, 48 warps), "2" 80.  The log-softmax backward (dy and y:
+# 2 E values a thread, bwd_rows), WARP_BWD_REGS by (E, RAGGED): 96 (five blocks, 20 warps of 8 KB), RAGGED 128 (96
+# spilled 24-112), E = 16 80.
+WARP_REGS = {(1, 32, 4, False): 56, (1, 32, 4, True): 64, (1, 32, 2, False): 48, (1, 32, 2, True): 64,
+             (1, 16, 4, False): 40, (1, 16, 4, True): 40, (1, 16, 2, False): 40, (1, 16, 2, True): 40,
+             (2, 32, 4, False): 96, (2, 32, 4, True): 96, (2, 32, 2, False): 96, (2, 32, 2, True): 128,
              (2, 16, 4, False): 80, (2, 16, 4, True): 80, (2, 16, 2, False): 80, (2, 16, 2, True): 80}
+WARP_REGS_LOG = {(1, 32, 4, False): 48, (1, 32, 4, True): 56, (2, 32, 4, False): 80}
 WARP_BWD_REGS = {(32, False): 96, (32, True): 128, (16, False): 80, (16, True): 80}
+
+
+def warp_regs(wr, e, item, ragged, log):
+    """A WARP forward thread's register budget (WARP_REGS, WARP_REGS_LOG for log-softmax where listed)."""
+    key = (wr, e, item, ragged)
+    return WARP_REGS_LOG.get(key, WARP_REGS[key]) if log else WARP_REGS[key]
+
+
 WARP_BLOCK = 128
 
 
@@ -984,6 +1023,14 @@ def warp_rows(backward, algo_name):
     if backward:
         return 1 if algo_name == "LOG" else 0
     return int(FWD_WARP)
+
+
+def warp_fullk(cfg, c):
+    """FULLK of a WARP row of ``c`` classes (RowConfig ``cfg``, G = 32): how many of a lane's NV vectors lie inside
+    every row's body -- the body of the largest head a RAGGED row can have (VEC - 1 elements), or of the misaligned
+    fallback (head 0), whichever is smaller."""
+    nb = (c - (cfg.vec - 1 if cfg.ragged else 0)) // cfg.vec
+    return min(cfg.nv, nb // 32)
 
 
 def uses_warp(cfg, c, acc):
@@ -1083,22 +1130,25 @@ def uses_bwd_pipe(cfg, acc):
 
 
 def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False,
-                narrow=0, warp=0):
+                narrow=0, warp=0, log=False):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
     ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says;
     ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says; ``narrow``: NARROW's
     elements a thread for a PIPE row (narrow_config); ``warp``: WARP's rows a warp (uses_warp decides; then
-    WARP_BLOCK threads a block, no PIPE, the WARP_REGS / WARP_BWD_REGS budget and a WARP=n define before MINB)."""
+    WARP_BLOCK threads a block, no PIPE, the warp_regs / WARP_BWD_REGS budget -- ``log``: log-softmax's -- and the
+    WARP=n, FULLK=k defines before MINB)."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
     if warp and uses_warp(cfg, c, acc):
         cfg = cfg._replace(block=WARP_BLOCK)
         e = cfg.nv * cfg.vec
-        regs = WARP_BWD_REGS[e, cfg.ragged] if arrays == 2 else WARP_REGS[warp, e, item, cfg.ragged]
+        regs = (WARP_BWD_REGS[e, cfg.ragged] if arrays == 2
+                else warp_regs(warp, e, item, cfg.ragged, log))
         return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
                 f"RAGGED={int(cfg.ragged)}", "ONE=1", "SCH=0", "PIPE=0", f"WARP={warp}",
+                *((f"FULLK={warp_fullk(cfg, c)}",) if arrays == 1 else ()),
                 f"MINB={65536 // (cfg.block * regs)}"), cfg
     if narrow and pipe and uses_pipe(cfg, arrays, acc):
         cfg = narrow_config(cfg, c, narrow)
@@ -1126,9 +1176,9 @@ def _narrow(algo_name):
     return int(FWD_NARROW) if FWD_NARROW in ("16", "32") else 0
 
 
-# WARP's grid cap in blocks an SM (_grid): far above what fits, so the grid holds every row's warp; the kernel's
-# grid-stride loop covers a larger call.
-WARP_PER_SM = 1 << 16
+# WARP's grid cap in blocks an SM (_grid): above any call's blocks even on one SM (supports() keeps x.size < 2^31,
+# so at most 2^31 / 513 / 4 ~ 1.05 M blocks): the grid holds every row's warp, which fwd_rows_warp relies on.
+WARP_PER_SM = 1 << 24
 
 
 class Spec(NamedTuple):
@@ -1158,7 +1208,7 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
                                    pipe=not backward, bwd_pipe=backward and algo_name == "LOG",
                                    narrow=0 if backward else _narrow(algo_name),
-                                   warp=warp_rows(backward, algo_name))
+                                   warp=warp_rows(backward, algo_name), log=algo_name == "LOG")
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         wr = next((int(d[5:]) for d in defines if d.startswith("WARP=")), 0)
