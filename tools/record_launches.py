@@ -304,9 +304,12 @@ def record(tree, path):
             xd = arr(*shape, dt=dt)
             st = fakecp.zeros((2,), np.uint64)
             tk = fakecp.zeros((1,), np.uint32)
-            for rep in range(2):
-                yd, kd = DP.dropout_forward(xd, 0.3, 1 / 0.7, st, tk)
-                assert kd.dtype == np.bool_ and kd.shape == xd.shape and yd.shape == xd.shape
+            for reserve in DP.RESERVES:     # every reserve kind's forward and backward
+                for rep in range(2):
+                    yd, kd = DP.dropout_forward(xd, 0.3, 1 / 0.7, st, tk, reserve)
+                    assert kd.shape == xd.shape and yd.shape == xd.shape
+                    assert (getattr(kd, "dtype", None) == np.bool_) == (reserve == "mask")
+                    DP.dropout_backward(yd, kd, 1 / 0.7)
     json.dump(out, open(path, "w"))
     print(f"{len(out)} launches recorded")
 
