@@ -789,7 +789,9 @@ def backward_filter(p, x, dy, dw, alpha=1.0, beta=0.0) -> bool:
     if plan is None:
         return False
     run, partial_size, tickets = plan
-    partial = _launch.cupy().empty(partial_size, dtype=np.float32) if partial_size else None
+    # split sums written and read within this launch (each split before its ticket): a scratch buffer (workspace.py)
+    partial = _ws.scratch_flat(_launch.cupy(), x.data.device_id, "conv.splitk", partial_size, np.float32) \
+        if partial_size else None
     run(x, dy, partial, tickets, dw)
     return True
 

@@ -1418,7 +1418,10 @@ def _tile_backward_filter(p, x2, dy2, dw, g, alpha, beta) -> bool:
     if plan is None:
         return False
     run, partial_size, tickets = plan
-    partial = _launch.cupy().empty(partial_size, dtype=np.float32) if partial_size else None
+    # the split sums: written by each split's block before its ticket and read by the last one, within this launch
+    # (a scratch buffer, as the implicit GEMM's split-K partials: workspace.py)
+    partial = _ws.scratch_flat(_launch.cupy(), x2.data.device_id, "conv.splitk", partial_size, np.float32) \
+        if partial_size else None
     run(x2, dy2, partial, tickets, dw)
     return True
 
@@ -1575,11 +1578,12 @@ def settle_direct(direction, p, a, b, out_dtype=None):
     if plan is None:
         return None
     run, partial_size, tickets = plan
-    shape = p.w_shape
+    shape, dev = p.w_shape, x.data.device_id
 
     def backward_filter(x, dy, out=None):
         dw = cp.empty(shape, dtype=dt) if out is None else out
-        run(x, dy, cp.empty(partial_size, dtype=np.float32) if partial_size else None, tickets, dw)
+        run(x, dy, _ws.scratch_flat(cp, dev, "conv.splitk", partial_size, np.float32) if partial_size else None,
+            tickets, dw)
         return dw
     return backward_filter
 
