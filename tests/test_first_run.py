@@ -40,7 +40,7 @@ def test_core_dependencies_are_light_and_the_oracle_is_in_the_dev_extra():
     assert {"numpy", "tqdm", "matplotlib", "threadpoolctl"} <= core
     assert not core & {"torch", "scikit-learn", "scipy", "jupyter", "notebook", "ipykernel", "nbclient"}
     dev = project["optional-dependencies"]["dev"]
-    assert {"pytest", "hypothesis", "nbclient", "nbformat", "ipykernel", "torch"} <= _names(dev)
+    assert {"pytest", "pytest-xdist", "hypothesis", "nbclient", "nbformat", "ipykernel", "torch"} <= _names(dev)
     assert "torch==2.13.0" in dev
     assert "scikit-learn" not in _names(dev)
     package_data = _pyproject()["tool"]["setuptools"]["package-data"]["minidnn.data"]
@@ -56,7 +56,8 @@ def test_readme_first_commands_and_ci_agree():
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.startswith("#")]
     test_block = [line.split("#")[0].strip() for line in blocks[1].strip().splitlines()]
-    assert test_block == ['pip install -e ".[dev]"', "python -m pytest -q"]
+    # -n auto (pytest-xdist, in the dev extra): one worker per core keeps CI's 2-core run well under 10 minutes
+    assert test_block == ['pip install -e ".[dev]"', "python -m pytest -q -n auto"]
     for command in test_block:             # CI runs README's test commands, in order
         assert command in ci
     assert ci.index(test_block[0]) < ci.index(test_block[1])
