@@ -1,8 +1,8 @@
 """A/B of session 13's dropout without a stored mask (issue 10): backend/cuda/dropout_philox.py's RESERVE
 "mask" (the forward stores the 1-byte keep mask, the backward reads it -- the path before this session,
-MINIDNN_DROPOUT_MASK=1), the default "record" (the forward writes a 16-byte (key, counter) record, the backward
-draws the same Philox numbers again) and "bits" (a 1-bit mask: n / 8 bytes, no Philox work in the backward;
-MINIDNN_DROPOUT_MASK=bits), with PyTorch's torch.ops.aten.native_dropout / native_dropout_backward beside,
+MINIDNN_DROPOUT_MASK=1), "record" (MINIDNN_DROPOUT_MASK=0: the forward writes a 16-byte (key, counter) record,
+the backward draws the same Philox numbers again) and "bits" (the default since session 13's run 3: a 1-bit mask, n / 8
+bytes, no Philox work in the backward), with PyTorch's torch.ops.aten.native_dropout / native_dropout_backward beside,
 forward and backward, device time only (CUDA-graph replays), in one process.
 
     python tools/dropout_ab.py [--dtypes float32,bfloat16] [--shapes 128x64x56x56,128x256] [--rounds 4] [--trials 5]
@@ -97,7 +97,8 @@ def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
                     if ref in this:
                         ratios[s][ref].append(this[ref] / this[s])
     finally:
-        DP.RESERVE = {"1": "mask", "bits": "bits"}.get(os.environ.get("MINIDNN_DROPOUT_MASK", "0"), "record")
+        DP.RESERVE = {"1": "mask", "mask": "mask", "0": "record", "record": "record"}.get(
+            os.environ.get("MINIDNN_DROPOUT_MASK", "bits"), "bits")
     name = f"dropout {direction}"
     for s in [s for s in sides if s in got]:
         ms = statistics.median(got[s])

@@ -1,8 +1,8 @@
 """Dropout (cuDNN's cudnnDropoutForward / cudnnDropoutBackward).
 
 # x, y, dy, dx: any shape;  reserve: bool array of x's shape, True where an element is kept (the CPU, and the GPU
-# under MINIDNN_DROPOUT_MASK=1), or a PhiloxReserve (the GPU's default: which numbers decided, 16 bytes), or a
-# BitMaskReserve (MINIDNN_DROPOUT_MASK=bits: the mask at 1 bit an element)
+# under MINIDNN_DROPOUT_MASK=1), or a BitMaskReserve (the GPU's default: the mask at 1 bit an element), or a
+# PhiloxReserve (MINIDNN_DROPOUT_MASK=0: which numbers decided, 16 bytes)
 
 y = x * mask / (1 - p) with mask ~ Bernoulli(1 - p), drawn from the descriptor's seeded generator (one per
 device, created on first use: NumPy's ``default_rng(seed)`` on the CPU, minidnn's counter engine on a GPU).  A
@@ -11,15 +11,15 @@ that stream on the device (backend/cuda/dropout_philox.py, float16/bfloat16/floa
 step with dropout can be replayed from a CUDA graph; the backward there is one kernel too.  The same seed gives the
 same sequence of masks on the same device (the CPU and GPU streams differ, so CPU and GPU masks differ).  p = 0 is
 the identity, p = 1 gives zeros (both still advance the stream).  The reserve space (cuDNN's name) is what
-backward needs: on the CPU the boolean mask itself (1 byte per element); on a GPU by default a PhiloxReserve
-(session 13) -- the forward kernel records the generator's key and counter it drew from (16 bytes, written on the
-device: capturable) and stores no mask, and the backward kernel draws the same numbers again, so each direction
-moves only its input and output (a byte an element less each way than a stored mask; bitwise the same results).
-Like cuDNN's reserve space it is opaque: pass it to ``dropout_backward``; ``reserve.mask()`` materialises the bool
-mask.  ``dropout_backward`` still takes a bool mask of dy's shape too (the CPU's, or one of the caller's own).
-MINIDNN_DROPOUT_MASK=1 (``cuda.dropout_philox.RESERVE = "mask"``, settable at run time) makes the GPU forward store
-and return the mask as before; MINIDNN_DROPOUT_MASK=bits (RESERVE "bits") a 1-bit mask in a BitMaskReserve (the
-backward reads n / 8 bytes instead of drawing the numbers again).
+backward needs: on the CPU the boolean mask itself (1 byte per element); on a GPU by default a BitMaskReserve
+(session 13): the keep mask at 1 bit an element (n / 8 bytes), so each direction moves its input and output and an
+eighth of a byte an element (PyTorch moves a byte); bitwise the same results as a byte mask.  Like cuDNN's reserve
+space it is opaque: pass it to ``dropout_backward``; ``reserve.mask()`` materialises the bool mask.
+``dropout_backward`` still takes a bool mask of dy's shape too (the CPU's, or one of the caller's own).
+``cuda.dropout_philox.RESERVE`` (MINIDNN_DROPOUT_MASK, settable at run time) picks the GPU reserve: "bits" (the
+default), "record" / 0 (a PhiloxReserve: the forward records the key and counter it drew from, 16 bytes written on
+the device, and the backward draws the same numbers again -- no mask at all, but the Philox math is then paid
+twice, which lost in bfloat16 on the H200), "mask" / 1 (the byte mask, as before).
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class DropoutDescriptor:
 
 def dropout_get_reserve_space_size(x) -> int:
     """Bytes of reserve space ``dropout_forward`` returns for x: for a GPU array the kernels take, a PhiloxReserve's
-    16 bytes of device memory (the default), a BitMaskReserve's 4 * ceil(n / 32) (RESERVE "bits") or the bool mask's
+    16 bytes of device memory (RESERVE "record"), a BitMaskReserve's 4 * ceil(n / 32) (the default) or the bool mask's
     n (RESERVE "mask", V1); on the CPU one bool per element (the mask)."""
     if type(x) is not np.ndarray and hasattr(x, "data") and hasattr(x.data, "device_id"):
         return dropout_philox.reserve_bytes(x)

@@ -31,7 +31,10 @@ x * (keep ? scale : 0), as the reference (so a NaN or inf dropped gives NaN, as 
 Traffic: forward reads x, writes y and keep (2 x itemsize + 1 bytes per element); backward reads dy and keep,
 writes dx: the floor of each.
 
-Without a stored mask (session 13, the default RESERVE "record"; MINIDNN_DROPOUT_MASK=1 restores the mask): the keep
+Fewer bytes than a stored mask (session 13).  RESERVE (MINIDNN_DROPOUT_MASK) picks what the forward keeps; the
+default is "bits" (below), chosen on the H200 (session 13 run 3, tools/dropout_ab.py, (128, 64, 56, 56), ms against
+PyTorch's byte mask: float32 forward 0.0599 vs 0.0735, backward 0.0514 vs 0.0558; bfloat16 0.0419 vs 0.0454 and
+0.0271 vs 0.0315; the byte mask here 0.0647 / 0.0572 / 0.0431 / 0.0332).  "record" stores no mask: the keep
 decision of element i is a pure function of (key, counter, i, THRESH), so the forward (the same dropout_fwd /
 dropout_fwd_pipe walk compiled with -DMASK=0) writes no mask but a record rec (2,) uint64 = [key, counter] of the
 numbers it drew (thread 0 of block 0, from the state every block read: on the device, so a graph replay refreshes
@@ -70,16 +73,20 @@ __all__ = ["supports", "supports_backward", "dropout_forward", "dropout_backward
            "PhiloxReserve", "BitMaskReserve", "reserve_mask", "reserve_bytes"]
 
 V1 = os.environ.get("MINIDNN_DROPOUT_V1", "0") == "1"
-# Session 13: RESERVE, what the GPU forward keeps for the backward (MINIDNN_DROPOUT_MASK: "0" record, "1" mask,
-# "bits" bits) --
-#   "record" (the default): no mask; a PhiloxReserve (the 16-byte record of the numbers it drew) that the backward
+# Session 13: RESERVE, what the GPU forward keeps for the backward (MINIDNN_DROPOUT_MASK: "bits" (default),
+# "0" / "record", "1" / "mask") --
+#   "record": no mask; a PhiloxReserve (the 16-byte record of the numbers it drew) that the backward
 #            draws again from (MASK = 0 kernels);
 #   "mask":  the 1-byte keep mask, as before (MASK = 1);
-#   "bits":  a 1-bit keep mask, a BitMaskReserve (MASK = 2): n / 8 bytes each way, no Philox work in the backward.
+#   "bits" (the default):  a 1-bit keep mask, a BitMaskReserve (MASK = 2): n / 8 bytes each way, no Philox work in
+#            the backward.  H200 run 3: record's backward lost to the byte mask in bfloat16 (0.0365 vs 0.0332 ms,
+#            the Philox math does not hide under 2-byte traffic) and on small calls (128 x 256: 3.0 vs 1.3 us); bits
+#            won every backward and was within 5-10% of record's forward.
 # Read per call (the plan and seen keys hold it), so setting it in one process takes effect at the next forward; a
 # reserve made under any setting stays valid for the backward.
 RESERVES = ("record", "mask", "bits")
-RESERVE = {"1": "mask", "bits": "bits"}.get(os.environ.get("MINIDNN_DROPOUT_MASK", "0"), "record")
+RESERVE = {"1": "mask", "mask": "mask", "0": "record", "record": "record"}.get(
+    os.environ.get("MINIDNN_DROPOUT_MASK", "bits"), "bits")
 _MASK_DEFINE = {"record": 0, "mask": 1, "bits": 2}
 THREADS = 256
 
@@ -227,6 +234,10 @@ __device__ __forceinline__ unsigned int draw_group(const Pack& in, T* __restrict
         }
     }
     store_group(y, out, h, full, n);
+    if (MODE == 2 && h >= full) {       // the tail group: no bit for an element past n (the word is the reserve)
+        const long long r = n - (long long)h * V;
+        kb &= r > 0 ? (1u << (unsigned int)r) - 1u : 0u;
+    }
     if (MODE != 0) return kb;
     if (h < full) {
         STS(reinterpret_cast<MaskVec*>(keep) + h, m.raw);
