@@ -111,7 +111,7 @@ def _dropout_switch(on):
 def _dropout_plan(dtype):
     from minidnn.backend.cuda import dropout_philox as DP
     n = 128 * 64 * 56 * 56
-    if DP.uses_pipe(dtype):
+    if DP.uses_pipe(dtype, n):
         return (f"dropout_fwd_pipe PUNROLL={DP.pipe_unroll(dtype.itemsize)} blocks="
                 f"{DP.pipe_grid(n, dtype.itemsize, _launch_sms())}")
     return f"dropout_fwd UNROLL={DP.forward_unroll(n, dtype.itemsize, 0)}"

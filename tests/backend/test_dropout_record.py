@@ -93,7 +93,7 @@ def _emulate(n, V, grid, unroll, pipe, key, base, thresh):
 def _launch_of(kind, n, dtype, sms):
     """(grid, unroll, pipe) the host plans for ``kind`` ("fwd" the record forward, "regen" its backward)."""
     dtype = np.dtype(dtype)
-    if DP.uses_pipe(dtype):
+    if DP.uses_pipe(dtype, n):
         return DP.pipe_grid(n, dtype.itemsize, sms), DP.pipe_unroll(dtype.itemsize, n >= 2 ** 31), True
     groups = -(-n // (8 if dtype.itemsize == 2 else 4))
     unroll = DP.forward_unroll(n, dtype.itemsize, 0)
@@ -242,7 +242,7 @@ _FAKE = textwrap.dedent("""
     for kind in ("record", "bits"):
         DP.RESERVE = kind
         for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
-            for n, offset in ((1, 0), (37, 0), (4096, 0), (1_000_003, 0), (4096, 1)):
+            for n, offset in ((1, 0), (37, 0), (4096, 0), (1_100_003, 0), (4096, 1)):
                 base = fakecp.asarray(np.zeros(n + offset, dt))
                 x = base[offset:] if offset else base
                 for p in (0.0, 0.3, 1.0):
@@ -322,7 +322,7 @@ def test_launches_under_the_fake_cupy_store_no_mask():
         assert len(row["fwd"]) == 1 and len(row["bwd"]) == 1
         x_ptr, y_ptr, st_ptr, tk_ptr, dx_ptr = row["ptrs"]
         name, dims, packed = row["fwd"][0]
-        pipe = item == 2 and DP.PIPE_FWD == "16"
+        pipe = DP.uses_pipe(dtype, n)        # 2-byte data of PIPE_MIN_N elements or more
         assert name.startswith("dropout_fwd_pipe(" if pipe else "dropout_fwd("), name
         assert f"-DMASK={2 if bits else 0}" in name
         fmt = "@5QqI" + acc + "i"

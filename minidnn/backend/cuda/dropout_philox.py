@@ -123,6 +123,10 @@ TILE_BWD = int(os.environ.get("MINIDNN_DROPOUT_TILE", "4"))
 PIPE_FWD = os.environ.get("MINIDNN_DROPOUT_PIPE", "16")
 PIPE_UNROLL = int(os.environ.get("MINIDNN_DROPOUT_PIPE_UNROLL", "4"))
 PIPE_MINB = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MINB", "4"))
+# Session 13: under "16" a call of fewer than PIPE_MIN_N elements takes dropout_fwd (the exact grid spread over the
+# SMs): the pipe's grid gives each thread PIPE_UNROLL groups, so (128, 256) bfloat16 ran on 4 blocks at 4.0 us
+# against PyTorch's 2.4 (H200 run 3) while float32's dropout_fwd took 2.2.  "1" pipes every size (the tests).
+PIPE_MIN_N = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MIN_N", str(1 << 20)))
 if TILE_BWD not in (0, 4, 8, 16) or not {HINT_FWD, HINT_BWD} <= {0, 1, 2}:
     raise ValueError(f"MINIDNN_DROPOUT_TILE={TILE_BWD} must be 0, 4, 8 or 16 and MINIDNN_DROPOUT_HINT="
                      f"{HINT_FWD},{HINT_BWD} values 0, 1 or 2")
@@ -711,9 +715,10 @@ def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None, mask=1):
                     () if mask == 1 else (f"-DMASK={mask}",))
 
 
-def uses_pipe(dtype) -> bool:
-    """Whether the forward of ``dtype`` data takes dropout_fwd_pipe (PIPE_FWD, see there)."""
-    return not V1 and (PIPE_FWD == "1" or (PIPE_FWD == "16" and np.dtype(dtype).itemsize == 2))
+def uses_pipe(dtype, n=None) -> bool:
+    """Whether the forward of ``n`` elements of ``dtype`` data takes dropout_fwd_pipe (PIPE_FWD, PIPE_MIN_N)."""
+    return not V1 and (PIPE_FWD == "1" or (PIPE_FWD == "16" and np.dtype(dtype).itemsize == 2
+                                           and (n is None or n >= PIPE_MIN_N)))
 
 
 def pipe_unroll(itemsize, wide=False):
@@ -798,7 +803,7 @@ def _plan_fwd(n, dtype, p, scale, dev, mask=1):
         grid = max(1, min((n + 3) // 4 // THREADS + 1, _launch.sm_count(dev) * 8))
         return _launch.prepare(kernel, (grid,), (THREADS,), [None] * 5 + [np.int64(n), np.float32(p),
                                                                            dtype.type(scale)])
-    if uses_pipe(dtype):
+    if uses_pipe(dtype, n):
         wide = n >= 2 ** 31
         kernel = _launch.get_kernel(SOURCE, "dropout_fwd_pipe", _options(dtype, pipe_unroll(dtype.itemsize, wide), wide,
                                                                           HINT_FWD, pminb=PIPE_MINB, mask=mask))
@@ -823,7 +828,7 @@ def _plan_regen(n, dtype, p, scale, dev):
     BPS_BWD), cache hints HINT_BWD."""
     scalars = [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)]
     wide = n >= 2 ** 31
-    if uses_pipe(dtype):
+    if uses_pipe(dtype, n):
         kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen_pipe",
                                     _options(dtype, pipe_unroll(dtype.itemsize, wide), wide, HINT_BWD,
                                              pminb=PIPE_MINB, mask=0))
