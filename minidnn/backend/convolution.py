@@ -396,11 +396,11 @@ class SettledConvolution:
     minidnn/_grad_dest.py) -- for the direct kernels' filter gradient (few channels a group) with beta 0 only;
     the return value is ``into`` where it was used, a fresh result otherwise."""
     __slots__ = ("direction", "algorithm", "fn", "p", "fmt", "tf32", "out_dtype", "dev", "igemm", "cl", "calls",
-                 "cp", "plain", "direct", "keep", "cl_shape", "cl_strides")
+                 "cp", "plain", "direct", "keep", "cl_shape", "cl_strides", "out_shape", "nd2")
 
     def _fits(self, into, a):
         """``into`` may take the direct kernels' filter gradient: a C-contiguous array of dw's shape and dtype."""
-        return (into is not None and into.flags.c_contiguous and into.shape == self.p.w_shape
+        return (into is not None and into.flags.c_contiguous and into.shape == self.out_shape
                 and into.dtype == (a.dtype if self.out_dtype is None else self.out_dtype))
 
     def run(self, a1, a2, carry=None, into=None, beta=0.0):
@@ -447,7 +447,7 @@ class SettledConvolution:
                 result = fn(p, a, b, self.tf32, out_dtype=self.out_dtype)
             return self._out(result)
         # implicit_forward / implicit_backward_data / implicit_backward_filter, with the kernel module's settled call
-        if into is not None and not (d and self.plain and into.shape == (p.w_shape if d == 2 else p.x_shape)):
+        if into is not None and not (d and self.plain and into.shape == self.out_shape):
             # backward data into a dense channels-last destination: the layout of its fresh result (the kernel's
             # plan reads the activations' layout; the output's is the one it allocates)
             if not (d == 1 and self.keep and into.strides == self.cl_strides and into.shape == self.cl_shape
@@ -460,13 +460,13 @@ class SettledConvolution:
         if krsc and self.calls[4] is False:
             into, krsc = None, False
         if d == 2:
-            result = out = cp.empty(p.w_shape, dtype=a.dtype if self.out_dtype is None else self.out_dtype) \
+            result = out = cp.empty(self.out_shape, dtype=a.dtype if self.out_dtype is None else self.out_dtype) \
                 if into is None else into
             carry = None
         else:
-            result = _igemm._new_like_layout(cp, p.x_shape if d else p.y_shape, b.dtype if d else a.dtype, self.cl) \
+            result = _igemm._new_like_layout(cp, self.out_shape, b.dtype if d else a.dtype, self.cl) \
                 if into is None else into
-            out = result if p.nd == 2 else result[:, :, None, :]
+            out = result if self.nd2 else result[:, :, None, :]
             if carry is None:
                 carry = _igemm._scope.carry
             if d == 1 and carry is not None:
@@ -534,6 +534,8 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
         direction, algorithm, fn, p, fmt, tf32, dw_dtype, dev
     s.igemm = None if spec is None or spec[0] != direction else spec[1:]
     s.cl = _igemm._channels_last(b if direction == 1 else a)
+    # the result's channels-first shape (the problem's properties build it per read) and whether the problem is 2-D
+    s.out_shape, s.nd2 = (p.y_shape, p.x_shape, p.w_shape)[direction], p.nd == 2
     s.calls = [None] * 8     # by (carried, blending into a destination, a channels-last dw destination)
     s.cp = _launch.cupy()
     s.plain = direction == 2 or (fmt is TensorFormat.NCHW and not s.cl)
