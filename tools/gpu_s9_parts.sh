@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Cuda tests in parallel pytest processes: $PARTS is ";;"-separated groups of test paths / node ids, each group one
 # process under TLIMIT s (SIGINT then, so pytest still prints its failures; KILL 20 s later); logs under $OUT (one
-# file back: parts.log).  Then each ";;"-separated command of $CMDS.
+# file back: parts.log).  A group may open with VAR=value words: that process's environment.  Then each
+# ";;"-separated command of $CMDS.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.cupy_cache} PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; rm -rf /tmp/plogs; mkdir -p $OUT /tmp/plogs     # (a warm machine keeps /tmp)
 start=$(date +%s)
 i=0
 IFS=$'\n'; for grp in $(echo "$PARTS" | sed 's/;;/\n/g'); do
   i=$((i+1)); IFS=' ' read -r -a args <<< "$grp"
-  ( timeout -s INT -k 20 ${TLIMIT:-450} python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=30 "${args[@]}" \
+  envs=(); while [[ ${#args[@]} -gt 0 && ${args[0]} == [A-Z]*=* ]]; do envs+=("${args[0]}"); args=("${args[@]:1}"); done
+  ( timeout -s INT -k 20 ${TLIMIT:-450} env "${envs[@]}" python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=30 "${args[@]}" \
       > /tmp/plogs/p$i.log 2>&1; echo "rc $? after $(( $(date +%s) - start )) s" >> /tmp/plogs/p$i.log ) &
 done
 wait
