@@ -69,22 +69,22 @@ def test_warp_rule(monkeypatch, setting):
                     assert d0["PIPE"] == 1, (name, c, algo, backward)          # every such row is PIPE's today
                     wr = 1 if backward else int(setting)
                     e = d["NV"] * d["VEC"]
-                    regs = (_sk.WARP_BWD_REGS[e, bool(d["RAGGED"])] if backward
+                    regs = (_sk.WARP_BWD_REGS[e, item, bool(d["RAGGED"])] if backward
                             else _sk.warp_regs(wr, e, item, bool(d["RAGGED"]), algo == "LOG"))
                     assert d["WARP"] == wr and d["PIPE"] == 0 and d["BLOCK"] == spec.block == 128
                     assert d["MINB"] == 65536 // (128 * regs) and spec.defines[-1].startswith("MINB=")
                     assert {k: v for k, v in d.items() if k not in ("WARP", "PIPE", "BLOCK", "MINB", "FULLK")} == \
                         {k: v for k, v in d0.items() if k not in ("PIPE", "BLOCK", "MINB")}
                     nb_min = (c - (d["VEC"] - 1 if d["RAGGED"] else 0)) // d["VEC"]
-                    assert d.get("FULLK") == (None if backward else min(d["NV"], nb_min // 32)), (c, d)
+                    assert d["FULLK"] == min(d["NV"], nb_min // 32), (c, d)
                     assert spec.groups == -(-16384 // (4 * wr)) and spec.per_sm == _sk.WARP_PER_SM
                     assert spec.smem == 0 and spec.name == base.name and spec.source == base.source
 
 
 def test_warp_headline_plans():
     """(16384, 1000) float32 under "1": 4096 blocks of 4 warps, 56 registers (nine blocks, 36 warps an SM), log-softmax
-    48 (ten); "2": 2048 blocks, 96 / 80 registers (five / six blocks); the log-softmax backward 4096 blocks at 96
-    (five); "0": PIPE as before."""
+    48 (ten); "2": 2048 blocks, 96 / 80 registers (five / six blocks); the log-softmax backward 4096 blocks at 64
+    (eight); "0": PIPE as before."""
     old = _sk.FWD_WARP
     try:
         got = {}
@@ -96,8 +96,8 @@ def test_warp_headline_plans():
     finally:
         _sk.FWD_WARP = old
     assert got["0"] == [(0, 2048, 2, 256)] * 3
-    assert got["1"] == [(1, 4096, 9, 128), (1, 4096, 10, 128), (1, 4096, 5, 128)]
-    assert got["2"] == [(2, 2048, 5, 128), (2, 2048, 6, 128), (1, 4096, 5, 128)]
+    assert got["1"] == [(1, 4096, 9, 128), (1, 4096, 10, 128), (1, 4096, 8, 128)]
+    assert got["2"] == [(2, 2048, 5, 128), (2, 2048, 6, 128), (1, 4096, 8, 128)]
 
 
 def test_warp_env():
@@ -261,8 +261,9 @@ def cp():
     return _dev.require_cupy()
 
 
-WARP_ROWS = [("float32", 6001, 1000), ("float32", 3003, 1001), ("float32", 5001, 513), ("float32", 2113, 1024),
-             ("float32", 4099, 600), ("float32", 16384, 1000), ("bfloat16", 3001, 1000), ("float16", 1501, 1027)]
+# Row counts that leave the last block part-filled (and "2"'s last warp with one row); ~8-11 NVRTC compiles a case
+WARP_ROWS = [("float32", 6001, 1000), ("float32", 2113, 1024), ("float32", 3003, 1001), ("float32", 5001, 513),
+             ("bfloat16", 3001, 1000), ("float16", 1501, 1027)]
 
 
 def _inputs(name, rows, c, seed):
@@ -307,7 +308,7 @@ def test_warp_rows(cp, monkeypatch, name, rows, c):
         for setting in ("0", "1", "2"):
             monkeypatch.setattr(_sk, "FWD_WARP", setting)
             _reset_plans()
-            for algo in ("accurate", "log") + (("fast",) if name == "float32" else ()):
+            for algo in ("accurate", "log") + (("fast",) if name == "float32" and c != 1024 else ()):
                 spec = _sk.launch_spec(False, (rows, c), (1,), algo.upper(), dtype)
                 assert _defs(spec.defines).get("WARP", 0) == (0 if setting == "0" else int(setting))
                 n0 = _launches()

@@ -544,7 +544,8 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #ifndef FULLK
 #define FULLK 0
 #endif
-template <bool VA> __device__ __forceinline__ void warp_load(const T* __restrict__ p, const Geo& q, int g, A* a)
+template <bool VA> __device__ __forceinline__ void warp_load(const T* __restrict__ p, const Geo& q, int g, A pad,
+                                                             A* a)
 {
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -558,7 +559,7 @@ template <bool VA> __device__ __forceinline__ void warp_load(const T* __restrict
             for (int j = 0; j < VEC; ++j) if (in) u.v[j] = p[q.h + v * VEC + j];
         }
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = in ? LD(u.v[j]) : NEG_INF;
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = in ? LD(u.v[j]) : pad;
     }
 }
 template <bool VA> __device__ __forceinline__ void fwd_rows_warp(const T* __restrict__ x, T* __restrict__ y,
@@ -575,7 +576,7 @@ template <bool VA> __device__ __forceinline__ void fwd_rows_warp(const T* __rest
             const bool live = r0 + i < rows;
             const T* xr = x + (size_t)(live ? r0 + i : 0) * C;
             q[i] = row_geo(xr, live ? C : 0, VA);
-            warp_load<VA>(xr, q[i], g, a[i]);
+            warp_load<VA>(xr, q[i], g, NEG_INF, a[i]);
             load_edges(xr, q[i], g, NEG_INF, ed[i]);
         }
 #pragma unroll
@@ -764,12 +765,50 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_pipe(const T* __r
 }
 #endif
 
+#if WARP && ALGO == 2
+// Log-softmax backward under WARP (session 13): the forward's grid (a warp a row, 128-thread blocks, every row's warp,
+// no persistence); the row's dy and y (2 E values a lane) all loaded before the sum -- FULLK vectors without a bound
+// test -- then bwd_rows_pipe's arithmetic in its order (sum of dy over the body then the edges, the butterflies,
+// dx = dy - exp(y) s): bitwise the default.
+template <bool VA> __device__ __forceinline__ void bwd_rows_warp(const T* __restrict__ y, const T* __restrict__ dy,
+                                                                 T* __restrict__ dx, int rows, int C)
+{
+    const int g = threadIdx.x & 31;
+    const int r = blockIdx.x * (BLOCK / 32) + (int)(threadIdx.x >> 5);
+    if (r >= rows) return;                               // a warp past the end (the last block)
+    const size_t base = (size_t)r * C;
+    const Geo q = row_geo(dy + base, C, VA);
+    A a[E], b[E], ea[NE1], eb[NE1];
+    warp_load<VA>(dy + base, q, g, (A)0, b);
+    load_edges(dy + base, q, g, (A)0, eb);
+    warp_load<VA>(y + base, q, g, (A)0, a);
+    load_edges(y + base, q, g, (A)0, ea);
+    A s = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) s += b[e];
+#pragma unroll
+    for (int j = 0; j < NE; ++j) s += eb[j];
+    s = g_sum(s, (A*)0);
+#pragma unroll
+    for (int e = 0; e < E; ++e) a[e] = b[e] - exp(a[e]) * s;
+#pragma unroll
+    for (int j = 0; j < NE; ++j) ea[j] = eb[j] - exp(ea[j]) * s;
+    store_chunk<VA>(dx + base, 0, q, g, a);
+    store_edges(dx + base, q, g, ea);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 softmax_rows_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int rows, const int C)
 {
     __shared__ A sm[BLOCK / 32];
 #if PIPE && ALGO == 2
     if (aligned(y, dy, dx)) { bwd_rows_pipe<0>(y, dy, dx, rows, C, sm); return; }
+#endif
+#if WARP && ALGO == 2
+    if (aligned(y, dy, dx)) bwd_rows_warp<true>(y, dy, dx, rows, C);
+    else bwd_rows_warp<false>(y, dy, dx, rows, C);
+    return;
 #endif
     if (aligned(y, dy, dx)) bwd_rows<true>(y, dy, dx, rows, C, sm);
     else bwd_rows<false>(y, dy, dx, rows, C, sm);
@@ -984,8 +1023,9 @@ NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 # nvcc allows without spilling so that many warps an SM keep their rows in flight (docs/step_kernels.md, "Session 13:
 # warp-row softmax").  MINIDNN_SOFTMAX_WARP=0 (default: PIPE) | 1 (a row a warp) | 2 (two consecutive rows a warp).
 # Rows of 513..1024+ classes whose PIPE plan is one chunk on a whole warp (G = 32) holding <= 32 elements a thread,
-# float accumulation, vector loads; forwards of every algorithm and the log-softmax backward (bwd_rows on the same
-# grid: a row's dy and y a warp, "2" plans "1"'s backward).  Misaligned views take fwd_rows / bwd_rows<false>.
+# float accumulation, vector loads; forwards of every algorithm and the log-softmax backward (bwd_rows_warp on the
+# same grid: a row's dy and y a warp; "2" plans "1"'s backward).  Misaligned views take the same code with element
+# loads (fwd_rows_warp / bwd_rows_warp<false>).
 # The same sums in the same order as PIPE / bwd_rows_pipe: bitwise the default.  Module attribute read at planning
 # time (tools/row_ab.py flips it).
 FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "0")
@@ -996,15 +1036,17 @@ FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "0")
 # "1": 56 (nine blocks, 36 warps an SM, 144 KB of loads in flight; 48 spilled 8-12 bytes), log-softmax 48 (ten
 # blocks, 40 warps, 160 KB; 40 spilled 44-60); "2": 96 (five blocks, 20 warps of 8 KB: 160 KB), log-softmax 80 (six,
 # 192 KB).  RAGGED fp32 (1001) 64 / LOG 56; 2-byte 1000: 48; 2-byte RAGGED (1027) 64 (56 spilled 4-8), "2" 128 (96
-# spilled 4-36); 513-515 classes (E = 16) 40 (twelve blocks, 48 warps), "2" 80.  The log-softmax backward (dy and y:
-# 2 E values a thread, bwd_rows), WARP_BWD_REGS by (E, RAGGED): 96 (five blocks, 20 warps of 8 KB), RAGGED 128 (96
-# spilled 24-112), E = 16 80.
+# spilled 4-36); 513-515 classes (E = 16) 40 (twelve blocks, 48 warps), "2" 80.  The log-softmax backward
+# (bwd_rows_warp: dy and y, 2 E values a lane), WARP_BWD_REGS by (E, bytes, RAGGED): fp32 1000 64 (eight blocks,
+# 32 warps of 8 KB: 256 KB an SM; 48 spilled 40), 2-byte 1000 72 (64: float16 spilled 4), fp32 RAGGED 72 (64
+# spilled 12), 2-byte RAGGED 96 (80 spilled 72-76), E = 16 64 (48 spilled 16-168).
 WARP_REGS = {(1, 32, 4, False): 56, (1, 32, 4, True): 64, (1, 32, 2, False): 48, (1, 32, 2, True): 64,
              (1, 16, 4, False): 40, (1, 16, 4, True): 40, (1, 16, 2, False): 40, (1, 16, 2, True): 40,
              (2, 32, 4, False): 96, (2, 32, 4, True): 96, (2, 32, 2, False): 96, (2, 32, 2, True): 128,
              (2, 16, 4, False): 80, (2, 16, 4, True): 80, (2, 16, 2, False): 80, (2, 16, 2, True): 80}
 WARP_REGS_LOG = {(1, 32, 4, False): 48, (1, 32, 4, True): 56, (2, 32, 4, False): 80}
-WARP_BWD_REGS = {(32, False): 96, (32, True): 128, (16, False): 80, (16, True): 80}
+WARP_BWD_REGS = {(32, 4, False): 64, (32, 4, True): 72, (32, 2, False): 72, (32, 2, True): 96,
+                 (16, 4, False): 64, (16, 4, True): 64, (16, 2, False): 64, (16, 2, True): 64}
 
 
 def warp_regs(wr, e, item, ragged, log):
@@ -1144,12 +1186,11 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
     if warp and uses_warp(cfg, c, acc):
         cfg = cfg._replace(block=WARP_BLOCK)
         e = cfg.nv * cfg.vec
-        regs = (WARP_BWD_REGS[e, cfg.ragged] if arrays == 2
+        regs = (WARP_BWD_REGS[e, item, cfg.ragged] if arrays == 2
                 else warp_regs(warp, e, item, cfg.ragged, log))
         return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
                 f"RAGGED={int(cfg.ragged)}", "ONE=1", "SCH=0", "PIPE=0", f"WARP={warp}",
-                *((f"FULLK={warp_fullk(cfg, c)}",) if arrays == 1 else ()),
-                f"MINB={65536 // (cfg.block * regs)}"), cfg
+                f"FULLK={warp_fullk(cfg, c)}", f"MINB={65536 // (cfg.block * regs)}"), cfg
     if narrow and pipe and uses_pipe(cfg, arrays, acc):
         cfg = narrow_config(cfg, c, narrow)
     bwd_pipe = bwd_pipe and uses_bwd_pipe(cfg, acc)
