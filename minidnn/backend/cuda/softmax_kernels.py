@@ -538,8 +538,9 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 // output expressions -- so the result is bitwise the PIPE kernel's.  The grid holds every row's warp (launch_spec:
 // WARP_PER_SM never caps it); a warp past the end returns at once (no block barrier: G = 32).
 // FULLK (planned from C: min(NV, the smallest body a row of C can have / 32)) of a lane's NV vectors lie inside every
-// row's body: loaded and decoded without load_chunk's bound test and -inf pad (a row past the end reads row 0's and is
-// never stored); fewer live predicates, so a tighter register budget builds without spilling.  VA: 16-byte loads,
+// row's body: loaded and decoded without load_chunk's bound test and -inf pad (a row past the end -- "2"'s second, in
+// the last warp -- reads row 0's, at head 0: the kernel takes VA only with x on a 16-byte boundary, and is never
+// stored); fewer live predicates, so a tighter register budget builds without spilling.  VA: 16-byte loads,
 // else element by element (the misaligned fallback: the same registers, so it does not set the kernel's budget).
 #ifndef FULLK
 #define FULLK 0
@@ -638,7 +639,9 @@ softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, con
     if (aligned(x, y)) { fwd_rows_pipe<0>(x, y, rows, C, sm); return; }
 #endif
 #if WARP
-    if (aligned(x, y)) fwd_rows_warp<true>(x, y, rows, C);
+    // x itself on a 16-byte boundary too (RAGGED: aligned() asks only x = y mod 16): "2"'s row past the end reads row
+    // 0's FULLK vectors at head 0
+    if (aligned(x, y) && (unsigned long long)x % VBYTES == 0) fwd_rows_warp<true>(x, y, rows, C);
     else fwd_rows_warp<false>(x, y, rows, C);
     return;
 #endif
