@@ -4,14 +4,16 @@ softmax_kernels.FWD_WARP (the default "0", PIPE, against "1" and "2") on softmax
 log-softmax backward, and session 12's loss_kernels.CE_TAIL on the cross-entropy forward.
 
     python tools/row_ab.py [--ops smx,lsmx,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
-                           [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513]
+                           [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513] [--settings 0,1,2]
 
 Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: cross-entropy and softmax forward"):
   smx      FWD_WARP  "0" (default: PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
   lsmx               "1" (a non-persistent grid of 128-thread blocks, a row a warp, every load issued first, 56-64
   lsmxbwd            registers: 8-9 blocks an SM) | "2" (two consecutive rows a warp, 96-128 registers); rows other
                      than 513..1024-class whole-warp rows plan "0" (their lines say so); the backward is log-softmax's
-                     ("2" plans "1"'s backward: its line says "= 1")
+                     ("2" plans "1"'s backward: its line says "= 1"); --settings 0,1,1@48,1@40 adds the
+                     occupancy probe "N@R" (WARP N at a forward budget of R registers: 48 -> ten blocks an SM, 40 ->
+                     twelve; they may spill)
   ce       CE_TAIL   "2" (default) | "1" | "0" (session 11's kernels)
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
@@ -95,9 +97,10 @@ def _short(plan, base):
     return " ".join(d) or "-"
 
 
-def run_case(timer, cases, op, shape, dtype_name, bw, rounds):
+def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
+    settings = settings if settings and op != "ce" else SETTINGS[op]
     plans, distinct, same = {}, [], {}
-    for s in SETTINGS[op]:
+    for s in settings:
         _switch(op, s)
         plans[s] = _plan(op, shape, cases.dt)
         twin = next((u for u in distinct if plans[u] == plans[s]), None)
@@ -128,7 +131,7 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds):
                 this[s] = timer.graph(fn, reps, "minidnn")
                 got[s].append(this[s])
             for s in distinct:
-                ratios[s].append(this["0"] / this[s])
+                ratios[s].append(this[distinct[0]] / this[s])
     finally:
         _restore()
     tms = None
@@ -137,7 +140,7 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds):
             tms = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
         except Exception as exc:        # noqa: BLE001
             print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
-    for s in SETTINGS[op]:
+    for s in settings:
         if s not in got:
             print(f"{name:18s} {dtype_name:9s} {str(shape):14s} {s}  = {same[s]} (the same kernel)")
             continue
@@ -145,9 +148,10 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds):
         gbs = nbytes / (ms * 1e-3) / 1e9
         spread = max(got[s]) / min(got[s]) - 1
         vs = f"  torch/this {tms / ms:5.3f}" if tms else ""
-        print(f"{name:18s} {dtype_name:9s} {str(shape):14s} {s}  {ms:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%  "
-              f"spread {100 * spread:4.1f}%  0/this {statistics.median(ratios[s]):.3f}{vs}   "
-              f"plan: {_short(plans[s], plans['0'])}")
+        print(f"{name:18s} {dtype_name:9s} {str(shape):14s} {s:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
+              f"{100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  "
+              f"{distinct[0]}/this {statistics.median(ratios[s]):.3f}{vs}   "
+              f"plan: {_short(plans[s], plans[distinct[0]])}")
     if tms:
         print(f"{'':18s} {dtype_name:9s} {str(shape):14s} torch {tms:.4f} ms")
     sys.stdout.flush()
@@ -160,6 +164,9 @@ def main(argv=None):
     ap.add_argument("--shapes", default="16384x1000,8192x1000,32768x1000,16384x1024,16384x513")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--settings", default="",
+                    help="FWD_WARP settings for smx / lsmx / lsmxbwd, the first the reference (default 0,1,2); "
+                         "'1@48' etc.: WARP 1 at a forward budget of 48 registers (an occupancy probe; may spill)")
     args = ap.parse_args(argv)
     if not _dev.cuda_is_available():
         print("row_ab: no CUDA GPU with CuPy here; nothing to measure")
@@ -180,7 +187,8 @@ def main(argv=None):
             for op in args.ops.split(","):
                 for shape in shapes:
                     try:
-                        run_case(timer, cases, op, shape, dtype_name, bw, args.rounds)
+                        run_case(timer, cases, op, shape, dtype_name, bw, args.rounds,
+                                 [x for x in args.settings.split(",") if x])
                     except Exception as exc:        # noqa: BLE001 -- one case must not take the others down
                         print(f"{op} {dtype_name} {shape}: failed: {type(exc).__name__}: {exc}")
             del cases

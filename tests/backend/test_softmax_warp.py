@@ -44,7 +44,7 @@ def _spec(backward, c, name, algo, rows=16384):
     return _sk.launch_spec(backward, (rows, c), (1,), algo, _dtype(name))
 
 
-@pytest.mark.parametrize("setting", ["0", "1", "2", "x"])
+@pytest.mark.parametrize("setting", ["0", "1", "2", "x", "1@40", "2@128", "1@8", "3@64"])
 def test_warp_rule(monkeypatch, setting):
     """WARP changes exactly the one-chunk whole-warp rows (G = 32) of >= 513 classes holding 16..32 elements a thread
     with vector loads and float sums: forwards of every algorithm, the log-softmax backward ("2": "1"'s backward);
@@ -62,14 +62,16 @@ def test_warp_rule(monkeypatch, setting):
                     # the default's row test: a PIPE (or bwd PIPE) plan of a whole warp holding 16..32 elements
                     eligible = (item <= 4 and d0["G"] == 32 and d0["ONE"] == 1 and d0["VEC"] > 1 and c >= 513
                                 and 16 <= d0["NV"] * d0["VEC"] <= 32 and (not backward or algo == "LOG"))
-                    want = setting in ("1", "2") and eligible
+                    probe = setting in ("1@40", "2@128")            # "N@R": R registers for the forwards
+                    want = (setting in ("1", "2") or probe) and eligible
                     if not want:
                         assert spec == base, (setting, name, c, algo, backward)
                         continue
                     assert d0["PIPE"] == 1, (name, c, algo, backward)          # every such row is PIPE's today
-                    wr = 1 if backward else int(setting)
+                    wr = 1 if backward else int(setting[0])
                     e = d["NV"] * d["VEC"]
                     regs = (_sk.WARP_BWD_REGS[e, item, bool(d["RAGGED"])] if backward
+                            else int(setting[2:]) if probe
                             else _sk.warp_regs(wr, e, item, bool(d["RAGGED"]), algo == "LOG"))
                     assert d["WARP"] == wr and d["PIPE"] == 0 and d["BLOCK"] == spec.block == 128
                     assert d["MINB"] == 65536 // (128 * regs) and spec.defines[-1].startswith("MINB=")

@@ -1024,7 +1024,8 @@ NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 # backward 0.99x): WARP, PyTorch's launch shape with our loads -- a non-persistent grid of 128-thread blocks, a warp
 # owning WARP rows (every 16-byte load of them issued before any math, no prefetch), the register bound as tight as
 # nvcc allows without spilling so that many warps an SM keep their rows in flight (docs/step_kernels.md, "Session 13:
-# warp-row softmax").  MINIDNN_SOFTMAX_WARP=0 (default: PIPE) | 1 (a row a warp) | 2 (two consecutive rows a warp).
+# warp-row softmax").  MINIDNN_SOFTMAX_WARP=0 (default: PIPE) | 1 (a row a warp) | 2 (two consecutive rows a warp);
+# "1@R" / "2@R": the same with a forward register budget of R (an occupancy probe for the A/B; may spill).
 # Rows of 513..1024+ classes whose PIPE plan is one chunk on a whole warp (G = 32) holding <= 32 elements a thread,
 # float accumulation, vector loads; forwards of every algorithm and the log-softmax backward (bwd_rows_warp on the
 # same grid: a row's dy and y a warp; "2" plans "1"'s backward).  Misaligned views take the same code with element
@@ -1061,13 +1062,24 @@ def warp_regs(wr, e, item, ragged, log):
 WARP_BLOCK = 128
 
 
+def warp_setting():
+    """FWD_WARP as (rows a warp, forward register budget or 0 for the table): "1" / "2", or the A/B probe "1@R" /
+    "2@R" (R: a forward budget of 32..255 registers in place of warp_regs' no-spill one -- it may spill; an occupancy
+    sweep for tools/row_ab.py, never a default); anything else (0, 0)."""
+    n, _, r = FWD_WARP.partition("@")
+    if n not in ("1", "2") or (r and not (r.isdigit() and 32 <= int(r) <= 255)):
+        return 0, 0
+    return int(n), int(r or 0)
+
+
 def warp_rows(backward, algo_name):
     """Rows a warp under FWD_WARP for this call (0: the default plans), before the row test (uses_warp)."""
-    if FWD_WARP not in ("1", "2") or V1:
+    wr = warp_setting()[0]
+    if not wr or V1:
         return 0
     if backward:
         return 1 if algo_name == "LOG" else 0
-    return int(FWD_WARP)
+    return wr
 
 
 def warp_fullk(cfg, c):
@@ -1190,7 +1202,7 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
         cfg = cfg._replace(block=WARP_BLOCK)
         e = cfg.nv * cfg.vec
         regs = (WARP_BWD_REGS[e, item, cfg.ragged] if arrays == 2
-                else warp_regs(warp, e, item, cfg.ragged, log))
+                else warp_setting()[1] or warp_regs(warp, e, item, cfg.ragged, log))
         return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
                 f"RAGGED={int(cfg.ragged)}", "ONE=1", "SCH=0", "PIPE=0", f"WARP={warp}",
                 f"FULLK={warp_fullk(cfg, c)}", f"MINB={65536 // (cfg.block * regs)}"), cfg
