@@ -5,9 +5,9 @@ LeNet-like problems (dense, few channels: the register-tiled plane kernels) the 
 backward filter (float32, bfloat16, a float32 dw of bfloat16 data, dw written into a given array) make the same
 launches as the primitives' full path; what the settled form does not take -- channels-last activations, the tile
 kernels switched off -- settles to None and keeps the full function; TILE_ENABLED is part of ``settled_state``.
-Since round 25 (the default since session 13 run 4) a depthwise problem with NCHW activations (which the NHWC route declines by layout) and strided
-backward data (the gather kernel) settle too, with the full function's launches (test_host25_dw_settle.py covers
-the switch, DW_SETTLE, both ways).  Values on a
+Since round 25 (the default since session 13 run 4) a depthwise problem with NCHW activations (which the NHWC
+route declines by layout) and strided backward data (the gather kernel) settle too, with the full function's
+launches (test_host25_dw_settle.py covers the switch, DW_SETTLE, both ways).  Values on a
 GPU: test_conv_bias_node_cuda.py (LeNet-5 / MobileNet-small steps with the fast path on and off)."""
 import pathlib
 import textwrap
