@@ -50,21 +50,27 @@ def relu(input, inplace=False):
     elsewhere (NaN passes through). ``inplace`` is accepted for compatibility; the result is always a new tensor."""
     if RELU_FAST[0] and type(input) is Tensor and type(input.data) is not np.ndarray:
         producer = input.grad_fn
-        if producer is None or not _state.grad_enabled or _fuse_relu_rule(producer) is None:
-            sig = _relu_sig(input.data)
-            entry = _RELU_SEEN.get(sig) if sig is not None else None
-            if entry is None:
-                y = _ops_relu(input)
-                if sig is not None:
-                    _relu_remember(input, sig, y)
-                return y
-            y = _relu_remembered(input, entry)
-            if y is not None:
-                return y
+        if producer is not None and _state.grad_enabled and (rule := _fuse_relu_rule(producer)) is not None:
+            # ops' relu written out with its lookups done once (round 25b): a floating x asks the producer's rule
+            # (an integer x: ops' relu, its integer path); where the rule declines, the plain ReLU -- ops' steps
+            if not FUSED_DIRECT[0] or input.data.dtype.kind in "iu":
+                return _ops_relu(input)
+            fused = rule(producer, input)
+            return fused if fused is not None else _ops_activation("relu", input, _Mode.RELU)
+        sig = _relu_sig(input.data)
+        entry = _RELU_SEEN.get(sig) if sig is not None else None
+        if entry is None:
             y = _ops_relu(input)
-            if not _state.anomaly:      # a cleared table or a changed kernel setting: the plan learnt again
+            if sig is not None:
                 _relu_remember(input, sig, y)
             return y
+        y = _relu_remembered(input, entry)
+        if y is not None:
+            return y
+        y = _ops_relu(input)
+        if not _state.anomaly:      # a cleared table or a changed kernel setting: the plan learnt again
+            _relu_remember(input, sig, y)
+        return y
     return _ops_relu(input)
 
 
@@ -78,6 +84,7 @@ def relu(input, inplace=False):
 # still holding the plan under the key (a cleared table or a changed kernel setting re-validates through the full
 # path, which learns the plan again).  Switch: RELU_FAST[0] = False, or MINIDNN_RELU_FAST=0 at import.
 RELU_FAST = [os.environ.get("MINIDNN_RELU_FAST", "1") != "0"]
+FUSED_DIRECT = [os.environ.get("MINIDNN_RELU_FUSED_DIRECT", "1") != "0"]     # round 25b: the rule asked directly
 _RELU_SEEN = SeenCalls()
 _RELU = _descriptor(_Mode.RELU, None)
 _new = object.__new__

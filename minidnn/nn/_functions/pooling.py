@@ -100,6 +100,8 @@ class AvgPool(Function):
     @staticmethod
     def backward(ctx, gy):
         if not is_grad_enabled():       # first order: AvgPoolBackward's forward without its apply
+            if AVGPOOL_FAST[0] and not ctx.channels_last and type(gd := gy.data) is not np.ndarray:
+                return _avg_backward_seen(gy, gd, ctx.desc, ctx.x_shape), None
             return AvgPoolBackward.forward(_FIRST_ORDER, gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
         return AvgPoolBackward.apply(gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
 
@@ -174,17 +176,22 @@ def _pool_key(op, x, mode, kernel_size, stride, padding, ceil_mode, dilation):
     return op, mode, xd.shape, xd.dtype, k, s, p, d, ceil_mode
 
 
+def _pool_call(x, desc):
+    """(MaxPool or AvgPool).apply(x, desc) of checked settings, on the seen paths where they apply."""
+    if desc.mode.is_max:
+        if MAXPOOL_FAST[0] and type(x.data) is not np.ndarray:
+            y = _max_pool_seen(x, desc)
+            if y is not None:
+                return y
+        return MaxPool.apply(x, desc)
+    return _avg_pool_call(x, desc)
+
+
 def _pool(op, nd, x, mode, kernel_size, stride, padding, ceil_mode, dilation=1):
     key = _pool_key(op, x, mode, kernel_size, stride, padding, ceil_mode, dilation)
     desc = _SEEN_POOL.get(key) if key is not None else None
     if desc is not None:
-        if desc.mode.is_max:
-            if MAXPOOL_FAST[0] and type(x.data) is not np.ndarray:
-                y = _max_pool_seen(x, desc)
-                if y is not None:
-                    return y
-            return MaxPool.apply(x, desc)
-        return AvgPool.apply(x, desc)
+        return _pool_call(x, desc)
     check_tensor(op, "input", x)
     x, unbatched = batched(op, x, nd)
     kernel = ntuple(kernel_size, nd, op, "kernel_size")
@@ -276,6 +283,92 @@ def _max_pool_learn(x, desc, sig):
     return y
 
 
+# Average pooling of a GPU tensor on a seen signature, forward and first-order backward (docs/host_overhead.md round
+# 25b), as max pooling's above.  Forward: after a full-path AvgPool.apply whose primitive call the table remembers,
+# the signature (descriptor, x's shape, dtype, strides, device) is remembered with the primitive's key and entry and
+# what AvgPool.forward keeps (x's shape, dtype, channels-last flag: all read from the signature's fields); the same
+# signature again runs the plan and records AvgPool.apply's node.  Backward (AvgPoolBackward.forward's first-order
+# call, NCHW x only): the primitive's key reads the handle's device (dy's: handle_for), the descriptor, dy's shape,
+# dtype, strides and device, and x's stand-in -- a broadcast scalar of dy's dtype and device, of x's shape, so its
+# strides are zeros --; the signature holds the descriptor (by identity: the entry keeps it), x's shape and dy's
+# fields.  Checked per call: anomaly mode (forward) and that the primitive's table still holds the entry under the
+# key; else the full path, which learns again.  Adaptive average / max pooling with uniform bins: its checks read the
+# op, x's shape and dtype and output_size (int or tuple of ints only), so a seen (op, shape, dtype, output_size) reuses
+# the descriptor and goes to the calls above (unbatched inputs keep the full path).
+# Switch: AVGPOOL_FAST[0] = False, or MINIDNN_AVGPOOL_FAST=0 at import (all three).
+AVGPOOL_FAST = [os.environ.get("MINIDNN_AVGPOOL_FAST", "1") != "0"]
+_AVGPOOL_SEEN = SeenCalls()
+_AVGPOOL_BWD_SEEN = SeenCalls()
+_SEEN_ADAPTIVE = SeenCalls()
+
+
+def _avg_pool_call(x, desc):
+    """AvgPool.apply(x, desc), on the seen path where it applies."""
+    if AVGPOOL_FAST[0] and type(x.data) is not np.ndarray:
+        y = _avg_pool_seen(x, desc)
+        if y is not None:
+            return y
+    return AvgPool.apply(x, desc)
+
+
+def _avg_pool_seen(x, desc):
+    """AvgPool.apply(x, desc) as the full path computes and records it on a remembered signature, or None (nothing
+    was done; the caller runs apply) -- learning the signature through apply where it is not yet remembered."""
+    xd = x.data
+    sig = _max_pool_sig(desc, xd)
+    if sig is None or _state.anomaly:
+        return None
+    entry = _AVGPOOL_SEEN.get(sig)
+    if entry is False:
+        return None
+    if entry is None or _pool_primitive._SEEN.get(entry[0]) is not entry[1]:
+        y = AvgPool.apply(x, desc)
+        pkey = _pool_primitive._gpu_key("fwd", handle_for(x), desc, None, 1.0, 0.0, False, None, xd, None, None, None)
+        seen = _pool_primitive._SEEN.get(pkey) if pkey is not None else None
+        _AVGPOOL_SEEN.remember(sig, False if seen is None else (
+            pkey, seen, tuple(xd.shape), xd.ndim >= 3 and B.memory_format(xd) is B.TensorFormat.NHWC))
+        return y
+    pkey, (fmt, plan), x_shape, channels_last = entry
+    y = _pool_primitive._gpu_forward_result(plan(to_channels_first(xd, fmt)), fmt, False)
+    if not (_state.grad_enabled and x.requires_grad):
+        return Tensor._from_array(y)
+    ctx = _new(FunctionCtx)         # what AvgPool.apply(x, desc) records
+    ctx._fn_cls = AvgPool
+    ctx.needs_input_grad = (True, False)
+    ctx.desc = desc
+    ctx.x_shape, ctx.dtype, ctx.channels_last = x_shape, xd.dtype, channels_last
+    ctx.next_edges = (x._edge(), None)
+    ctx._input_meta = ((xd.shape, xd.dtype), None)
+    ctx._n_inputs = 2
+    ctx._out_meta = ((y.shape, y.dtype, array_module(y)),)
+    ctx.num_outputs = 1
+    return Function.output(ctx, y)
+
+
+def _avg_backward_seen(gy, gd, desc, x_shape):
+    """AvgPoolBackward.forward's first-order dx of an NCHW x (see above)."""
+    try:
+        sig = (id(desc), x_shape, gd.shape, gd.strides, gd.dtype, gd.data.device_id)
+    except AttributeError:
+        sig = None
+    entry = _AVGPOOL_BWD_SEEN.get(sig) if sig is not None else None
+    if entry is not None and entry[0] is desc and _pool_primitive._SEEN.get(entry[1]) is entry[2]:
+        fmt, plan = entry[2]
+        return wrap(_pool_primitive.from_channels_first(plan(to_channels_first(gd, fmt), None), fmt))
+    dx = AvgPoolBackward.forward(_FIRST_ORDER, gy, desc, x_shape, False)
+    if sig is not None:
+        xp = gy._xp()
+        x_like = xp.broadcast_to(_shape_only(xp, gd), x_shape)      # the stand-in AvgPoolBackward passed
+        pkey = _pool_primitive._gpu_key("bwd", handle_for(gy), desc, None, 1.0, 0.0, None, None, x_like, None, gd,
+                                        None)
+        seen = _pool_primitive._SEEN.get(pkey) if pkey is not None else None
+        if seen is not None:
+            _AVGPOOL_BWD_SEEN.remember(sig, (desc, pkey, seen))
+        else:
+            _AVGPOOL_BWD_SEEN.pop(sig, None)
+    return dx
+
+
 def _max_pool(op, nd, x, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
     if return_indices:
         raise NotImplementedError(f"{op}: return_indices=True is not supported (max_unpool is not implemented)")
@@ -338,6 +431,13 @@ def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
 # ---- adaptive pooling ------------------------------------------------------------------------------------
 
 def _adaptive(op, nd, x, output_size, is_max):
+    key = None
+    if AVGPOOL_FAST[0] and type(x) is Tensor and (o := plain_setting(output_size)) is not None:
+        xd = x.data
+        key = (op, xd.shape, xd.dtype, o)
+        desc = _SEEN_ADAPTIVE.get(key)
+        if desc is not None:        # uniform bins, checked before for this input shape and dtype
+            return _pool_call(x, desc)
     check_tensor(op, "input", x)
     x, unbatched = batched(op, x, nd)
     in_sizes = tuple(x.shape[2:])
@@ -349,7 +449,10 @@ def _adaptive(op, nd, x, output_size, is_max):
     if all(n % o == 0 for n, o in zip(in_sizes, out)):
         k = tuple(n // o for n, o in zip(in_sizes, out))
         mode = B.PoolingMode.MAX if is_max else B.PoolingMode.AVERAGE_COUNT_INCLUDE_PADDING
-        y = (MaxPool if is_max else AvgPool).apply(x, descriptor(B.PoolingDescriptor, mode, k, 0, k))
+        desc = descriptor(B.PoolingDescriptor, mode, k, 0, k)
+        if key is not None and not unbatched:
+            _SEEN_ADAPTIVE.remember(key, desc)
+        y = (MaxPool if is_max else AvgPool).apply(x, desc)
     else:
         y = _adaptive_bins(x, in_sizes, out, is_max)
     return y.squeeze(0) if unbatched else y
