@@ -74,3 +74,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and "device" not in getattr(item, "fixturenames", ()):
             item.add_marker(skip)
+
+
+# ---- the fuzz suite's example count under pytest-xdist (-n) ------------------------------------------------------
+# tests/fuzz/conftest.py prints "fuzz: N examples ..." from the process that ran the tests; under xdist that is each
+# worker, whose summary nobody sees, and the controller never loads tests/fuzz/conftest.py.  The workers hand their
+# counts over here and the controller prints the per-op sums.
+_FUZZ_FROM_WORKERS = {}
+
+
+def pytest_sessionfinish(session):
+    out = getattr(session.config, "workeroutput", None)     # set in an xdist worker only
+    if out is not None:
+        import sys
+        module = sys.modules.get("test_fuzz_vs_torch") or sys.modules.get("tests.fuzz.test_fuzz_vs_torch")
+        out["fuzz_examples"] = dict(getattr(module, "EXAMPLES_RUN", None) or {})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    for op, n in getattr(node, "workeroutput", {}).get("fuzz_examples", {}).items():
+        _FUZZ_FROM_WORKERS[op] = _FUZZ_FROM_WORKERS.get(op, 0) + n
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    counts = _FUZZ_FROM_WORKERS
+    if counts:
+        terminalreporter.write_line(f"fuzz: {sum(counts.values())} examples completed over {len(counts)} ops "
+                                    f"(min {min(counts.values())} per op, summed over the xdist workers)")
