@@ -5,7 +5,7 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
 
     MODE=count python tools/fake_gpu_step.py TREE resnet20 128   # launches, cupy.empty/zeros/.../cuda.alloc per step by caller
     MODE=time  python tools/fake_gpu_step.py TREE resnet20 2     # ms of CPU time per step (fastest of 7 x 20)
-    MODE=prof  [SORT=cumulative N=60] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
+    MODE=prof  [SORT=cumulative N=60 NOGC=1] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
     MODE=gc python tools/fake_gpu_step.py TREE lenet5 64   # the cyclic garbage collector's collections and time a step
     MODE=calls python tools/fake_gpu_step.py TREE     # µs per call of round 8's device check, handle, enum keys
@@ -399,8 +399,10 @@ elif mode in ("cl_ab", "layers"):
         del inner
 elif mode == "prof":
     import cProfile
+    import gc
     import pstats
     for _ in range(5): step()
+    if os.environ.get("NOGC", "") not in ("", "0"): gc.disable()   # NOGC=1: collections not charged to whoever allocates
     pr = cProfile.Profile(); pr.enable()
     for _ in range(20): step()
     pr.disable()
