@@ -29,7 +29,7 @@ _SWITCHES = (PL.AVGPOOL_FAST, OA.BWD_SEEN, NA.FUSED_DIRECT)
 
 
 def _bits(a):
-    return cp.asnumpy(a).view(np.uint8).copy()
+    return np.ascontiguousarray(cp.asnumpy(a)).view(np.uint8).copy()     # (channels-last arrays too)
 
 
 def _set(on):
