@@ -75,7 +75,7 @@ def _switch(op, setting):
 def _restore():
     lk, sk = _mods()
     lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "2")
-    sk.FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "0")
+    sk.FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "auto")
     _forget()
 
 

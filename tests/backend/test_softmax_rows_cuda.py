@@ -120,6 +120,7 @@ def test_pipe_rule_and_grid(monkeypatch, pipe):
     monkeypatch.setattr(_sk, "FWD_PIPE", pipe)
     monkeypatch.setattr(_sk, "PIPE_REGS", 96)
     monkeypatch.setattr(_sk, "BWD_PIPE", False)         # the log-softmax backward's own rule: the next test
+    monkeypatch.setattr(_sk, "FWD_WARP", "0")           # PIPE's rule (WARP's own: test_softmax_warp.py)
     for dtype, c, minb in (("float32", 1000, 2), ("bfloat16", 1000, 2), ("float32", 10, 4), ("bfloat16", 1001, 2),
                            ("float32", 512, 4), ("float32", 513, 2)):
         for algo in ("FAST", "ACCURATE", "LOG"):
@@ -145,6 +146,7 @@ def test_bwd_pipe_rule_and_grid(monkeypatch, bwd_pipe):
     monkeypatch.setattr(_sk, "BWD_PIPE", bwd_pipe)
     monkeypatch.setattr(_sk, "_BWD_WARP_ENV", "")
     monkeypatch.setattr(_sk, "BWD_PIPE_REGS", 128)
+    monkeypatch.setattr(_sk, "FWD_WARP", "0")           # bwd_rows_pipe's rule (WARP's own: test_softmax_warp.py)
     for dtype, c, minb in (("float32", 1000, 2), ("bfloat16", 1000, 2), ("float16", 1001, 2), ("float32", 10, 3),
                            ("float32", 513, 3), ("bfloat16", 1024, 2)):
         s = _sk.launch_spec(True, (16384, c), (1,), "LOG", _dtype(dtype))

@@ -103,13 +103,14 @@ def test_warp_headline_plans():
 
 
 def test_warp_env():
-    """MINIDNN_SOFTMAX_WARP sets the module default in a fresh interpreter: unset and "0" plan PIPE, "1" / "2"
-    WARP."""
+    """MINIDNN_SOFTMAX_WARP sets the module default in a fresh interpreter: unset ("auto") plans PIPE for 64 rows and
+    WARP "1" from WARP_MIN_ROWS (12288) rows on, "0" PIPE for both, "1" / "2" WARP for both."""
     code = ("import numpy as np; from minidnn.backend.cuda import softmax_kernels as s; "
-            "print(s.FWD_WARP, dict(x.split('=') for x in s.launch_spec(False, (64, 1000), (1,), 'LOG', "
-            "np.dtype('float32')).defines).get('WARP', '-'))")
-    env = {k: v for k, v in os.environ.items() if k != "MINIDNN_SOFTMAX_WARP"}
-    for val, want in ((None, "0 -"), ("0", "0 -"), ("1", "1 1"), ("2", "2 2")):
+            "w = lambda r: dict(x.split('=') for x in s.launch_spec(False, (r, 1000), (1,), 'LOG', "
+            "np.dtype('float32')).defines).get('WARP', '-'); print(s.FWD_WARP, w(64), w(12287), w(12288))")
+    env = {k: v for k, v in os.environ.items() if k not in ("MINIDNN_SOFTMAX_WARP", "MINIDNN_SOFTMAX_WARP_MIN_ROWS")}
+    for val, want in ((None, "auto - - 1"), ("auto", "auto - - 1"), ("0", "0 - - -"), ("1", "1 1 1 1"),
+                      ("2", "2 2 2 2")):
         e = dict(env, **({} if val is None else {"MINIDNN_SOFTMAX_WARP": val}))
         r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 0, r.stderr[-800:]
@@ -358,6 +359,7 @@ def test_warp_rows_in_a_graph(cp, monkeypatch, setting):
         graph = s.end_capture()
     for scale in (1.0, 0.5):
         x *= scale
+        cp.cuda.Device().synchronize()      # the scaling runs on the current stream; s does not wait for it
         graph.launch(s)
         s.synchronize()
         _same_bits(ya, B.softmax_forward(None, "accurate", None, x, axis=-1), f"graph softmax x{scale}")

@@ -1024,7 +1024,7 @@ NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 # backward 0.99x): WARP, PyTorch's launch shape with our loads -- a non-persistent grid of 128-thread blocks, a warp
 # owning WARP rows (every 16-byte load of them issued before any math, no prefetch), the register bound as tight as
 # nvcc allows without spilling so that many warps an SM keep their rows in flight (docs/step_kernels.md, "Session 13:
-# warp-row softmax").  MINIDNN_SOFTMAX_WARP=0 (default: PIPE) | 1 (a row a warp) | 2 (two consecutive rows a warp);
+# warp-row softmax").  MINIDNN_SOFTMAX_WARP=auto (default, below) | 0 (PIPE) | 1 (a row a warp) | 2 (two rows a warp);
 # "1@R" / "2@R": the same with a forward register budget of R (an occupancy probe for the A/B; may spill).
 # Rows of 513..1024+ classes whose PIPE plan is one chunk on a whole warp (G = 32) holding <= 32 elements a thread,
 # float accumulation, vector loads; forwards of every algorithm and the log-softmax backward (bwd_rows_warp on the
@@ -1032,7 +1032,13 @@ NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 # loads (fwd_rows_warp / bwd_rows_warp<false>).
 # The same sums in the same order as PIPE / bwd_rows_pipe: bitwise the default.  Module attribute read at planning
 # time (tools/row_ab.py flips it).
-FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "0")
+# The default "auto" (session 13, H200 run 5, tools/row_ab.py, graph replays): "1" where the call has at least
+# WARP_MIN_ROWS rows, else PIPE.  "1" against PIPE, float32: (16384, 1000) softmax 1.037x, log-softmax 1.020x, its
+# backward 1.026x; (32768, 1000) 1.057-1.068x; (16384, 1024) 1.043-1.089x; (16384, 513) 1.029-1.061x; bfloat16
+# 1.03-1.65x -- but (8192, 1000) 0.955-0.988x: 8192 warps are 1.6 waves of its ~5000 resident ones (the last wave
+# half full), where PIPE's persistent grid keeps every SM busy to the end.  "2" never beat "1".
+FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "auto")
+WARP_MIN_ROWS = int(os.environ.get("MINIDNN_SOFTMAX_WARP_MIN_ROWS", "12288"))
 
 # Registers a WARP thread may use (128-thread blocks: 65536 / (128 r) blocks an SM), by (rows a warp, elements a
 # thread E, bytes an element, RAGGED), LOG's own where it differs: the tightest budgets nvcc 13 (sm_90, -ftz=true)
@@ -1067,15 +1073,18 @@ def warp_setting():
     "2@R" (R: a forward budget of 32..255 registers in place of warp_regs' no-spill one -- it may spill; an occupancy
     sweep for tools/row_ab.py, never a default); anything else (0, 0)."""
     n, _, r = FWD_WARP.partition("@")
+    if n == "auto" and not r:
+        return 1, 0
     if n not in ("1", "2") or (r and not (r.isdigit() and 32 <= int(r) <= 255)):
         return 0, 0
     return int(n), int(r or 0)
 
 
-def warp_rows(backward, algo_name):
-    """Rows a warp under FWD_WARP for this call (0: the default plans), before the row test (uses_warp)."""
+def warp_rows(backward, algo_name, rows=None):
+    """Rows a warp under FWD_WARP for a call of ``rows`` rows (0: the default plans; "auto": "1" from WARP_MIN_ROWS
+    rows on), before the row test (uses_warp)."""
     wr = warp_setting()[0]
-    if not wr or V1:
+    if not wr or V1 or (FWD_WARP == "auto" and rows is not None and rows < WARP_MIN_ROWS):
         return 0
     if backward:
         return 1 if algo_name == "LOG" else 0
@@ -1264,7 +1273,7 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
                                    pipe=not backward, bwd_pipe=backward and algo_name == "LOG",
                                    narrow=0 if backward else _narrow(algo_name),
-                                   warp=warp_rows(backward, algo_name), log=algo_name == "LOG")
+                                   warp=warp_rows(backward, algo_name, rows), log=algo_name == "LOG")
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         wr = next((int(d[5:]) for d in defines if d.startswith("WARP=")), 0)
