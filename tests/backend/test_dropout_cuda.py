@@ -183,8 +183,9 @@ def test_python_path_under_the_fake_cupy():
         else:
             assert (unroll, tile) == (1, max(4, 16 // itemsize)), row
         name, dims, _ = row["fwd"][0]
-        if itemsize == 2 and DP.PIPE_FWD == "16":     # session 9: 16-bit data through dropout_fwd_pipe, 4 groups a
-            punroll = DP.PIPE_UNROLL                   # thread and iteration on (at most) the resident blocks
+        if DP.uses_pipe(np.float16 if itemsize == 2 else np.float32, n):    # session 9: 16-bit data of PIPE_MIN_N
+            punroll = DP.PIPE_UNROLL     # elements or more through dropout_fwd_pipe, 4 groups a thread and iteration
+            #                              on (at most) the resident blocks
             assert name.startswith("dropout_fwd_pipe(") and f"-DPUNROLL={punroll}" in name, name
             assert f"-DPMINB={DP.PIPE_MINB}" in name and f"-DWIDE={wide}" in name
             assert dims == [max(1, min(-(-groups // (256 * punroll)), 132 * DP.PIPE_MINB)), 1, 1, 256, 1, 1, 0]
