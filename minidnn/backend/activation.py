@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import numpy as np
 
@@ -214,6 +215,8 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
         ckey = None
         key, plan = _seen(_gpu_key("bwd", handle, activation_desc, x, dy, y, alpha, beta, dx))
         if plan is not None:
+            if y is None and dx is None and alpha == 1 and beta == 0:
+                _learn_backward(activation_desc, x, dy, key, plan)
             return plan(x, dy)      # this exact call validated before: straight to the kernel's plan
     where = "activation_backward"
     handle, xp = begin(handle, where, y=y, dy=dy, x=x, dx=dx)
@@ -223,6 +226,8 @@ def activation_backward(handle, activation_desc: ActivationDescriptor, y, dy, x,
     check_out(where, "dx", dx, x.shape, x.dtype, beta)
     gpu = _gpu_activation(activation_desc, x, dy, alpha, beta, dx, key)
     if gpu is not None:         # the CUDA kernel (see the GPU fast path block at the end of this file)
+        if y is None and dx is None and alpha == 1 and beta == 0:
+            _learn_backward(activation_desc, x, dy, key, _SEEN.get(key))
         return gpu
     _CPU_SEEN.remember(ckey, True)
     _, fprime = _MODES[activation_desc.mode]
@@ -267,6 +272,48 @@ def _gpu_key(kind, handle, desc, x, dy, y, alpha, beta, out):
 
 def _seen(key):
     return seen_plan(_SEEN, key)
+
+
+# The first-order backward of a GPU x on a seen signature (ops.activation's Activation.backward; docs/host_overhead.md
+# round 25b).  Its full path is the default handle for x's device -> activation_backward -> the key above -> the
+# kernels' plan.  That key reads the handle's device (x's), the descriptor, alpha 1 / beta 0 and no dx or y
+# (constants on this path), x's and dy's shapes, dtypes, strides and devices; so does this signature (the
+# descriptor by identity: the entry holds it).  activation_backward, when the kernels run such a call, remembers the
+# signature with the key and plan (_learn_backward); backward_seen launches that plan after checking _SEEN still
+# holds it under the key (a cleared table or changed kernel settings: None, the full path, which learns again).
+# BWD_SEEN[0] = False or MINIDNN_ACT_BWD_SEEN=0: off.
+BWD_SEEN = [os.environ.get("MINIDNN_ACT_BWD_SEEN", "1") != "0"]
+_BWD_SIGS = SeenCalls()
+
+
+def _bwd_sig(desc, x, dy):
+    try:
+        return (id(desc), x.shape, x.strides, x.dtype, x.data.device_id, dy.shape, dy.strides, dy.dtype,
+                dy.data.device_id)
+    except AttributeError:
+        return None
+
+
+def backward_seen(desc, x, dy):
+    """dx of a first-order activation backward whose signature learn_backward remembered and whose plan the
+    kernels' table still holds; None (nothing ran) otherwise."""
+    if not BWD_SEEN[0] or not is_cuda_array(x):
+        return None
+    entry = _BWD_SIGS.get(_bwd_sig(desc, x, dy))
+    if entry is None or entry[0] is not desc:
+        return None
+    if _SEEN.get(entry[1]) is not entry[2]:         # the table was cleared or re-planned: the full path learns again
+        _BWD_SIGS.pop(_bwd_sig(desc, x, dy), None)
+        return None
+    return entry[2](x, dy)
+
+
+def _learn_backward(desc, x, dy, key, plan):
+    """activation_backward ran (x, dy) on the kernels' ``plan`` with no y, no dx, alpha 1, beta 0 -- the call
+    Activation.backward makes: remember its signature for backward_seen."""
+    sig = _bwd_sig(desc, x, dy)
+    if sig is not None and key is not None:
+        _BWD_SIGS.remember(sig, (desc, key, plan))
 
 
 def _gpu_activation(desc, x, dy, alpha, beta, out, key=None):

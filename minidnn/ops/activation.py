@@ -25,16 +25,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
-
-import numpy as np
 
 from .. import backend as B
 from .._amp_state import autocast_op
 from ..autograd import Function, _state, is_grad_enabled
-from ..backend import activation as _primitive
-from ..backend._common import SeenCalls
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import DimensionError, DTypeError
 from ..backend.handle import configured_default_handle
@@ -91,43 +86,9 @@ class Activation(Function):
     @staticmethod
     def backward(ctx, gy):
         x, = ctx.saved_tensors
-        if BWD_SEEN[0] and not _state.grad_enabled and type(xd := x.data) is not np.ndarray:
-            return _seen_grad(gy, x, xd, ctx.desc), None
+        if not _state.grad_enabled and (dx := B.activation.backward_seen(ctx.desc, x.data, gy.data)) is not None:
+            return _wrap(dx), None      # a GPU signature the primitive ran before (host round 25b)
         return activation_grad(gy, x, ctx.desc), None
-
-
-# The first-order backward of a GPU x on a seen signature (docs/host_overhead.md round 25b).  The full path is
-# activation_grad -> _activation_grad -> the default handle for x's device -> activation_backward -> its validated-call
-# key -> the kernels' plan.  That key reads the handle's device (x's: the default handle is chosen by it), the
-# descriptor, alpha 1 / beta 0 and no dx (constants here), x's and dy's shapes, dtypes, strides and devices, no y;
-# so does this signature (the descriptor by identity: the entry holds it).  After a full-path call the signature is
-# remembered with the primitive's key and plan where its table holds one (the kernels ran); the same signature again
-# launches that plan after checking the table still holds it under the key (a cleared table or changed kernel
-# settings: the full path, which learns again).  No handle flag, cudnn setting or autocast state is read by the plan.
-# Grad mode on (create_graph: ActivationGrad is recorded) and NumPy arrays keep the full path.
-# Switch: BWD_SEEN[0] = False, or MINIDNN_ACT_BWD_SEEN=0 at import.
-BWD_SEEN = [os.environ.get("MINIDNN_ACT_BWD_SEEN", "1") != "0"]
-_BWD_SEEN = SeenCalls()
-
-
-def _seen_grad(gy, x, xd, desc):
-    gd = gy.data
-    try:
-        sig = (id(desc), xd.shape, xd.strides, xd.dtype, xd.data.device_id, gd.shape, gd.strides, gd.dtype,
-               gd.data.device_id)
-    except AttributeError:
-        return _activation_grad(gy, x, desc)
-    entry = _BWD_SEEN.get(sig)
-    if entry is not None and entry[0] is desc and _primitive._SEEN.get(entry[1]) is entry[2]:
-        return _wrap(entry[2](xd, gd))
-    dx = _activation_grad(gy, x, desc)
-    key = _primitive._gpu_key("bwd", configured_default_handle(xd), desc, xd, gd, None, 1.0, 0.0, None)
-    plan = _primitive._SEEN.get(key) if key is not None else None
-    if plan is not None:
-        _BWD_SEEN.remember(sig, (desc, key, plan))
-    else:
-        _BWD_SEEN.pop(sig, None)        # the kernels no longer take this call (or never did): the full path
-    return dx
 
 
 def activation_grad(dy, x, desc):

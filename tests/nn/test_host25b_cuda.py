@@ -1,6 +1,6 @@
 """On a GPU: round 25b's host paths (docs/host_overhead.md) give the full path's bits.  Average and uniform adaptive
 pooling on a seen signature (``pooling.AVGPOOL_FAST``: forward and first-order backward), the activations'
-first-order backward on the remembered plan (``ops.activation.BWD_SEEN``) and F.relu asking batch norm's fusion
+first-order backward on the remembered plan (``backend.activation.BWD_SEEN``) and F.relu asking batch norm's fusion
 rule directly (``nn._functions.activation.FUSED_DIRECT``): y and dx of three calls each bit-identical with the
 switch on and off and equal to a float64 reference within float32 / bfloat16 rounding; MobileNet-small and LeNet-5
 train three SGD steps from one start (fp32 and bf16 autocast) with every parameter bit-identical and the same
@@ -23,9 +23,9 @@ from minidnn.backend.cuda import launch as L  # noqa: E402
 from minidnn.nn import functional as F  # noqa: E402
 from minidnn.nn._functions import activation as NA  # noqa: E402
 from minidnn.nn._functions import pooling as PL  # noqa: E402
-from minidnn.ops import activation as OA  # noqa: E402
+from minidnn.backend import activation as PA  # noqa: E402
 
-_SWITCHES = (PL.AVGPOOL_FAST, OA.BWD_SEEN, NA.FUSED_DIRECT)
+_SWITCHES = (PL.AVGPOOL_FAST, PA.BWD_SEEN, NA.FUSED_DIRECT)
 
 
 def _bits(a):

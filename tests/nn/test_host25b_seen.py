@@ -8,7 +8,7 @@ same, and with the switch on the third call reaches the full path only where it 
   AvgPoolBackward.forward skipped on a remembered signature; anomaly mode, a cleared primitive table, channels-last
   backward, create_graph, unbatched input and non-uniform bins keep the full path; bad settings after seen calls
   raise the full path's errors;
-- the activations' first-order backward (``ops.activation.BWD_SEEN``): activation_backward's key and the handle
+- the activations' first-order backward (``backend.activation.BWD_SEEN``): activation_backward's key and the handle
   skipped; create_graph (ActivationGrad recorded) and a cleared primitive table keep the full path;
 - relu after batch norm (``nn._functions.activation.FUSED_DIRECT``): the producer's fusion rule asked directly; the
   fused node's fields, the declined (hooked) case's plain node, an integer input's integer path."""
@@ -188,8 +188,8 @@ _ACT = _COMMON + textwrap.dedent("""
     NA._ops_relu = OA.relu
 
     def bwd_scenario(name, on):
-        OA.BWD_SEEN[0] = on
-        OA._BWD_SEEN.clear(); PA._SEEN.clear()
+        PA.BWD_SEEN[0] = on
+        PA._BWD_SIGS.clear(); PA._SEEN.clear()
         mdn.manual_seed(0)
         out = {{}}
         for i in range(3):
