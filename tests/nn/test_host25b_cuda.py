@@ -19,11 +19,11 @@ if not _dev.cuda_is_available():
 import cupy as cp  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
+from minidnn.backend import activation as PA  # noqa: E402
 from minidnn.backend.cuda import launch as L  # noqa: E402
 from minidnn.nn import functional as F  # noqa: E402
 from minidnn.nn._functions import activation as NA  # noqa: E402
 from minidnn.nn._functions import pooling as PL  # noqa: E402
-from minidnn.backend import activation as PA  # noqa: E402
 
 _SWITCHES = (PL.AVGPOOL_FAST, PA.BWD_SEEN, NA.FUSED_DIRECT)
 
