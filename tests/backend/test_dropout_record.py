@@ -643,3 +643,20 @@ def test_record_keep_rate_within_binomial_bounds(cp, switch, dtype, p, kind):
     assert within((a == b).mean(), n, (1 - p) ** 2 + p ** 2)
     dx = _host(cp, B.dropout_backward(None, desc, x, ra)).astype(np.float32)
     np.testing.assert_array_equal(dx != 0, a)
+
+
+def test_cache_hint_by_call_size(monkeypatch):
+    """HINT_BY_SIZE (session 13 run 7): the streaming hints only where the call's two arrays exceed the device's L2
+    (62.9 MB on an H200); a device that does not say its L2 (0) and HINT_BY_SIZE off keep the configured hint."""
+    from minidnn.backend.cuda import bn_nhwc
+    monkeypatch.setitem(bn_nhwc._l2, 7, (62914560, True))
+    monkeypatch.setitem(bn_nhwc._l2, 8, (0, False))
+    assert DP.call_hint(1, 128 * 64 * 56 * 56, 4, 7) == 1       # float32 x + y: 205.5 MB
+    assert DP.call_hint(1, 128 * 64 * 56 * 56, 2, 7) == 1       # bfloat16: 102.8 MB
+    assert DP.call_hint(2, 128 * 16 * 32 * 32, 4, 7) == 0       # 16.8 MB: plain loads and stores
+    assert DP.call_hint(1, 62914560 // 8, 4, 7) == 0            # exactly L2
+    assert DP.call_hint(1, 62914560 // 8 + 1, 4, 7) == 1
+    assert DP.call_hint(1, 1000, 4, 8) == 1                     # L2 unknown
+    assert DP.call_hint(0, 10 ** 9, 4, 7) == 0
+    monkeypatch.setattr(DP, "HINT_BY_SIZE", False)
+    assert DP.call_hint(1, 1000, 4, 7) == 1
