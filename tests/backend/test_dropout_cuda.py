@@ -285,7 +285,7 @@ def test_forward_and_backward_exact(cp, dtype, shape, p, reserve, monkeypatch):
 
 
 # every launch choice tools/dropout_bench.py sweeps: (UNROLL_FWD, BPS_FWD, HINT_FWD, TILE_BWD, UNROLL_BWD, BPS_BWD,
-# HINT_BWD); the one-wave rule switched off (every call takes the setting as given, small ones too)
+# HINT_BWD); the one-wave rule and HINT_BY_SIZE switched off (every call takes the setting as given, small ones too)
 SETTINGS = [(4, 0, 0, 16, 1, 0, 1), (2, 0, 1, 16, 1, 0, 0), (1, 0, 2, 16, 1, 0, 2), (1, 8, 0, 8, 1, 0, 1),
             (2, 8, 0, 4, 1, 0, 1), (4, 0, 1, 0, 1, 0, 1), (1, 8, 0, 0, 2, 8, 0)]
 
@@ -311,6 +311,7 @@ def test_every_launch_setting_exact(cp, dtype, setting, reserve, monkeypatch):
     for name, v in zip(names, setting):
         monkeypatch.setattr(DP, name, v)
     monkeypatch.setattr(DP, "_wave", lambda dev: 0)
+    monkeypatch.setattr(DP, "HINT_BY_SIZE", False)      # the hints as given at every size (these calls fit L2)
     DP.clear_plans()
     try:
         rng = np.random.default_rng(11)
