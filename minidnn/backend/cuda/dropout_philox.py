@@ -369,49 +369,59 @@ __device__ __forceinline__ void walk_pipe(const T* __restrict__ x, T* __restrict
     }
 }
 
+// The forwards under every MASK: the reserve argument res is the byte mask (MASK = 1), the bit words (MASK = 2:
+// pack_bits, element e is bit e % 32 of res[e / 32]; n / 8 bytes, read back by dropout_bwd_bits with no Philox
+// work: forward x + y + n/8, backward dy + n/8 + dx), or the record res = [key, base] (MASK = 0: the numbers this
+// launch drew, written by thread 0 of block 0 from the state every block read; no mask; the backward,
+// dropout_bwd_regen / _pipe, reads it and draws the same numbers again over the same walk: element i kept <=> word
+// i % 4 of Philox block base + i / 4 passes thresh -- bitwise the forward's decisions, whatever V or grid it takes;
+// forward x + y, backward dy + dx).
 #if MASK == 1
-extern "C" __global__ void __launch_bounds__(256)
-dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
-            unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
-            const unsigned int thresh, const A scale, const int vec)
-{
-    const unsigned long long key = state[0], base = state[1];
-    walk<0>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
-    advance_counter(state, ticket, base, n);
-}
-
-extern "C" __global__ void __launch_bounds__(256, PMINB)
-dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ keep,
-                 unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
-                 const unsigned int thresh, const A scale, const int vec)
-{
-    const unsigned long long key = state[0], base = state[1];
-    walk_pipe<0>(x, y, keep, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
-    advance_counter(state, ticket, base, n);
-}
+typedef unsigned char Reserve;
+#define WALK_MODE 0
+#define WALK_KEEP(res) res
+#define WALK_BITS(res)
 #elif MASK == 2
-// MASK = 2 (session 13, RESERVE "bits"): the forward stores a 1-bit keep mask (element e: bit e % 32 of bits[e / 32],
-// pack_bits), n / 8 bytes; dropout_bwd_bits reads it (no Philox work): forward x + y + n/8, backward dy + n/8 + dx.
+typedef unsigned int Reserve;
+#define WALK_MODE 2
+#define WALK_KEEP(res) nullptr
+#define WALK_BITS(res) , res
+#else
+typedef unsigned long long Reserve;
+#define WALK_MODE 1
+#define WALK_KEEP(res) nullptr
+#define WALK_BITS(res)
+#endif
+
 extern "C" __global__ void __launch_bounds__(256)
-dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned int* __restrict__ bits,
+dropout_fwd(const T* __restrict__ x, T* __restrict__ y, Reserve* __restrict__ res,
             unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
             const unsigned int thresh, const A scale, const int vec)
 {
     const unsigned long long key = state[0], base = state[1];
-    walk<2>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec, bits);
+#if MASK == 0
+    if (blockIdx.x == 0 && threadIdx.x == 0) { res[0] = key; res[1] = base; }
+#endif
+    walk<WALK_MODE>(x, y, WALK_KEEP(res), n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec
+                    WALK_BITS(res));
     advance_counter(state, ticket, base, n);
 }
 
 extern "C" __global__ void __launch_bounds__(256, PMINB)
-dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned int* __restrict__ bits,
+dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, Reserve* __restrict__ res,
                  unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
                  const unsigned int thresh, const A scale, const int vec)
 {
     const unsigned long long key = state[0], base = state[1];
-    walk_pipe<2>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec, bits);
+#if MASK == 0
+    if (blockIdx.x == 0 && threadIdx.x == 0) { res[0] = key; res[1] = base; }
+#endif
+    walk_pipe<WALK_MODE>(x, y, WALK_KEEP(res), n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale,
+                         vec WALK_BITS(res));
     advance_counter(state, ticket, base, n);
 }
 
+#if MASK == 2
 // Thread h owns group h (V elements: one 16-byte vector of dy, two of float64), the group's V bits from one word
 // (V divides 32: a group never straddles two); an exact grid, no loop; the tail group and an unaligned dy (vec = 0)
 // take element loads.  A warp reads V words of bits (16 or 32 bytes) beside its 512 bytes of dy.
@@ -429,34 +439,7 @@ dropout_bwd_bits(const T* __restrict__ dy, const unsigned int* __restrict__ bits
     for (int j = 0; j < V; ++j) out.v[j] = ST(LD(g.v[j]) * (((kb >> j) & 1u) ? scale : (A)0));
     store_group(dx, out, h, full, n);
 }
-#else
-// MASK = 0 (session 13, the default): the reserve is rec = [key, base], the numbers this launch drew, written by
-// thread 0 of block 0 from the state every block read; no mask.  The backward (dropout_bwd_regen, _pipe) reads rec
-// and draws the same numbers again over the same walk: element i kept <=> word i % 4 of Philox block
-// base + i / 4 passes thresh -- bitwise the forward's decisions, whatever V or grid the backward takes.
-// Traffic: forward x + y, backward dy + dx (2 x itemsize bytes an element each; the mask path adds 1 each way).
-extern "C" __global__ void __launch_bounds__(256)
-dropout_fwd(const T* __restrict__ x, T* __restrict__ y, unsigned long long* __restrict__ rec,
-            unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
-            const unsigned int thresh, const A scale, const int vec)
-{
-    const unsigned long long key = state[0], base = state[1];
-    if (blockIdx.x == 0 && threadIdx.x == 0) { rec[0] = key; rec[1] = base; }
-    walk<1>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
-    advance_counter(state, ticket, base, n);
-}
-
-extern "C" __global__ void __launch_bounds__(256, PMINB)
-dropout_fwd_pipe(const T* __restrict__ x, T* __restrict__ y, unsigned long long* __restrict__ rec,
-                 unsigned long long* __restrict__ state, unsigned int* __restrict__ ticket, const long long n,
-                 const unsigned int thresh, const A scale, const int vec)
-{
-    const unsigned long long key = state[0], base = state[1];
-    if (blockIdx.x == 0 && threadIdx.x == 0) { rec[0] = key; rec[1] = base; }
-    walk_pipe<1>(x, y, nullptr, n, base, (unsigned int)key, (unsigned int)(key >> 32), thresh, scale, vec);
-    advance_counter(state, ticket, base, n);
-}
-
+#elif MASK == 0
 // dx = dy * (keep ? scale : 0), keep regenerated from rec: dropout_fwd's walk (UNROLL, exact grid) and
 // dropout_fwd_pipe's (PUNROLL, resident grid), x = dy, y = dx; ``vec``: dy 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(256)
