@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import weakref
 from contextlib import contextmanager
 
 import numpy as np
@@ -117,8 +118,9 @@ def _end_of_outermost_region(s):
     if cache:
         used = {}
         for entry in cache.values():
-            if entry[3] is not None:
-                used[entry[3]] = used.get(entry[3], 0) + entry[2].data.size
+            if entry[3] is not None:        # (weak reference to the flat set, elements used): an id alone could
+                ref, n = used.get(id(entry[3]), (None, 0))      # match a later flat set made where a freed one was
+                used[id(entry[3])] = (ref or weakref.ref(entry[3]), n + entry[2].data.size)
         s["flat_used"] = used
         cache.clear()
     s["flat_low"].clear()

@@ -275,7 +275,7 @@ def _cast_flat_buffer(t, dtype, s, direct=False):
     recording = _grad_state.grad_enabled
     flat = s["flat_low"].get(key)
     if flat is None and (recording and not getattr(fs, "master", False)
-                         and fs.param.dtype == t.data.dtype and 2 * s["flat_used"].get(key, 0) >= fs.param.size):
+                         and fs.param.dtype == t.data.dtype and 2 * _used(s, key, fs) >= fs.param.size):
         low = _low_copy(fs, dtype)
         flat = s["flat_low"][key] = (fs, fs.param.astype(dtype) if low is None else low.buf,
                                      [p._version for p in fs.params], low)
@@ -290,8 +290,15 @@ def _cast_flat_buffer(t, dtype, s, direct=False):
             out = n.output(fs.view(flat[1], j))     # (a view of its own: the kept copy's refcount shows it)
     else:
         out = _cast(t, dtype, direct)
-    s["cache"][id(t)] = (t, t._version, out, key)
+    s["cache"][id(t)] = (t, t._version, out, fs)
     return out
+
+
+def _used(s, key, fs):
+    """Elements of flat set ``fs`` (id ``key``) the previous outermost region's casts used (0 if none, or if the entry
+    was another flat set's, freed since)."""
+    u = s["flat_used"].get(key)
+    return u[1] if u is not None and u[0]() is fs else 0
 
 
 def graph_weight(w):

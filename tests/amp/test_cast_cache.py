@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -244,3 +245,16 @@ def test_flat_cast_on_the_device_equals_the_uncached_path(device, dtype, channel
     assert got[0] == ref[0]
     for g, r in zip(got[1], ref[1]):
         np.testing.assert_array_equal(g, r)
+
+
+def test_flat_used_belongs_to_its_flat_set():
+    """The previous region's count of a flat set's used elements is read only for that same flat set: an entry under
+    the same id whose weak reference names another (freed) flat set counts 0 (ids are reused after a free)."""
+    class _FS:      # stands in for optim's FlatParams (weak-referenceable)
+        pass
+    old, new = _FS(), _FS()
+    s = {"flat_used": {id(new): (weakref.ref(old), 1000)}}
+    assert autocast_mode._used(s, id(new), new) == 0
+    s = {"flat_used": {id(new): (weakref.ref(new), 1000)}}
+    assert autocast_mode._used(s, id(new), new) == 1000
+    assert autocast_mode._used({"flat_used": {}}, id(new), new) == 0
