@@ -194,6 +194,12 @@ ROW_SHAPES = [(3, 1), (128, 10), (4, 33), (8, 1000), (8, 1025), (8, 4097), (8, 3
 COL_SHAPES = [(4, 21, 9, 7), (3, 1000, 2)]           # CREG = 32, the three-pass loop
 
 
+def _dtype(name):
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
 def _planned_sources(full=False):
     """(file name, source, defines, kernel) of the softmax / cross-entropy launches the planners choose: float32 and
     bfloat16 over ROW_SHAPES and COL_SHAPES, float64 on three (``full``: every shape and algorithm)."""
@@ -219,38 +225,51 @@ def _planned_sources(full=False):
     return [(f"k{i}.cu", text, key[2], kname) for i, (key, (text, kname)) in enumerate(out.items())]
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_planned_configurations_compile(tmp_path):
-    """Each (source, defines) the planners can request compiles as NVRTC will get it (the column kernels once
-    failed: their source needed the row tiling's defines); the headline shapes' kernels do not spill."""
-    from concurrent.futures import ThreadPoolExecutor
+def _planned_compiles(full=False):
+    """[(source, defines, kernels read)]: one compile per (source, defines), since a forward and its backward (or
+    cross-entropy's two) often share one and cicc / ptxas build the whole module either way."""
+    groups = {}
+    for _, text, defines, kname in _planned_sources(full):
+        groups.setdefault((text, defines), []).append(kname)
+    return [(text, defines, tuple(knames)) for (text, defines), knames in groups.items()]
 
-    from minidnn.backend.cuda import launch
+
+# Collected at import so that xdist spreads the compiles (one test held them all: ~160 s on one worker).  The
+# planners are pure host code; ml_dtypes (bfloat16) is a test dependency.
+PLANNED = _planned_compiles(os.environ.get("MINIDNN_NVCC_FULL") == "1")
+
+
+def test_planned_configurations_are_many():
+    """The planners still produce the spread of configurations the compile check below is meant to cover, and the
+    grouping by (source, defines) dropped no kernel."""
     jobs = _planned_sources(os.environ.get("MINIDNN_NVCC_FULL") == "1")
     assert len(jobs) > 50
+    assert sorted((d, k) for _, _, d, k in jobs) == sorted((d, k) for _, d, ks in PLANNED for k in ks)
+    assert len({(t, d) for t, d, _ in PLANNED}) == len(PLANNED)
 
-    def build(job):
-        fname, text, defines, kname = job
-        src = tmp_path / fname
-        launch.write_source(str(src), text, defines)
-        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
-                            str(src) + ".cubin", str(src)], capture_output=True, text=True)
-        spill = None
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("text, defines, knames", PLANNED,
+                         ids=[f"{i:03d}-{'+'.join(k)}" for i, (_, _, k) in enumerate(PLANNED)])
+def test_planned_configurations_compile(tmp_path, text, defines, knames):
+    """Each (source, defines) the planners can request compiles as NVRTC will get it (the column kernels once
+    failed: their source needed the row tiling's defines); the headline shapes' kernels do not spill.  ptxas builds
+    only the kernels read (--entry: registers and spills are per entry, the same as in the whole module's build; an
+    entry missing from the module fails the build)."""
+    from minidnn.backend.cuda import launch
+    src = tmp_path / "k.cu"
+    launch.write_source(str(src), text, defines)
+    entries = ",".join(f"--entry={k}" for k in knames)
+    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", f"-v,{entries}", "-o",
+                        str(src) + ".cubin", str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, (defines, r.stderr[:1500])
+    d = dict(x.split("=", 1) for x in defines)
+    headline = d.get("ACCUM") == "float" and d.get("RAGGED", "0") == "0" and d.get("ONE") == "1" \
+        and d.get("SMOOTH", "0") == "0"
+    for kname in knames:
         m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % kname, r.stderr, re.S)
-        if m:
-            spill = int(m.group(1))
-        return job, r.returncode, r.stderr, spill
-
-    with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
-        results = list(ex.map(build, jobs))
-    failed = [(j[2], err[:1500]) for j, rc, err, _ in results if rc != 0]
-    assert not failed, failed[:2]
-    for (_, _, defines, kname), _, _, spill in results:
-        d = dict(x.split("=", 1) for x in defines)
-        headline = d.get("ACCUM") == "float" and d.get("RAGGED", "0") == "0" and d.get("ONE") == "1" \
-            and d.get("SMOOTH", "0") == "0"
-        assert spill is not None, (kname, defines)
-        assert spill <= (0 if headline else 256), (kname, defines, spill)
+        assert m is not None, (kname, defines, r.stderr[-800:])
+        assert int(m.group(1)) <= (0 if headline else 256), (kname, defines, int(m.group(1)))
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------
@@ -260,12 +279,6 @@ def cp():
     if not _dev.cuda_is_available():
         pytest.skip("no CUDA GPU with CuPy on this machine")
     return _dev.require_cupy()
-
-
-def _dtype(name):
-    if name == "bfloat16":
-        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
-    return np.dtype(name)
 
 
 RTOL = {"float64": 1e-10, "float32": 3e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -602,31 +615,45 @@ def test_ce_fast_rule(monkeypatch):
         assert _lk.launch_spec("ce_fwd", (4, 1000, 3), _dtype("bfloat16"), np.int64, False, "mean")[0] == "WARPS"
 
 
+def _ce_fast_builds():
+    """[(kernel, defines, classes)]: FASTX ("1") in every dtype it may take, the headline (16384, 1000) rows and a
+    ragged / smoothing / long-row variant."""
+    from minidnn.backend.cuda import loss_kernels as _lk
+    old, _lk.CE_FAST = _lk.CE_FAST, "1"
+    jobs = {}
+    try:
+        for name in ("float32", "bfloat16", "float16"):
+            for c, w, red, eps in ((1000, False, "mean", 0.0), (1001, True, "none", 0.1), (10, False, "sum", 0.0),
+                                   (40000, True, "mean", 0.0)):
+                for kname in ("ce_fwd", "ce_bwd"):
+                    src, k, defines, *_ = _lk.launch_spec(kname, (16384, c), _dtype(name), np.int64, w, red, eps)
+                    jobs[(k, defines)] = (c, src)
+    finally:
+        _lk.CE_FAST = old
+    return [(k, defines, c, src) for (k, defines), (c, src) in jobs.items()]
+
+
+CE_FAST_BUILDS = _ce_fast_builds()      # at import, so that xdist spreads the 24 compiles
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_ce_fast_compiles_without_spills(tmp_path, monkeypatch):
-    """FASTX in every dtype it may take ("1"), the headline (16384, 1000) rows and a ragged / smoothing / long-row
-    variant: nvcc sm_90 builds them, and the one-chunk rows do not spill."""
+@pytest.mark.parametrize("k, defines, c, source", CE_FAST_BUILDS,
+                         ids=[f"{i:02d}-{k}-{c}" for i, (k, _, c, _) in enumerate(CE_FAST_BUILDS)])
+def test_ce_fast_compiles_without_spills(tmp_path, k, defines, c, source):
+    """nvcc sm_90 builds each FASTX row kernel, and the one-chunk rows do not spill (ptxas builds only that
+    kernel: --entry, whose registers and spills are those of the whole module's build)."""
     from minidnn.backend.cuda import launch
     from minidnn.backend.cuda import loss_kernels as _lk
-    monkeypatch.setattr(_lk, "CE_FAST", "1")
-    jobs = {}
-    for name in ("float32", "bfloat16", "float16"):
-        for c, w, red, eps in ((1000, False, "mean", 0.0), (1001, True, "none", 0.1), (10, False, "sum", 0.0),
-                               (40000, True, "mean", 0.0)):
-            for kname in ("ce_fwd", "ce_bwd"):
-                src, k, defines, *_ = _lk.launch_spec(kname, (16384, c), _dtype(name), np.int64, w, red, eps)
-                assert _defs(defines)["FASTX"] == 1
-                jobs[(k, defines)] = c
-    for i, ((k, defines), c) in enumerate(jobs.items()):
-        src = tmp_path / f"k{i}.cu"
-        launch.write_source(str(src), _lk.SOURCE_ROWS, defines)
-        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(src) + ".o",
-                            str(src)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[:1500]
-        m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
-        assert m is not None, r.stderr[:1500]
-        if c != 40000 and "SMOOTH=0" in defines and "RAGGED=0" in defines:
-            assert int(m.group(1)) == 0, (k, defines)
+    assert source == "ROWS" and _defs(defines)["FASTX"] == 1, (k, defines)
+    src = tmp_path / "k.cu"
+    launch.write_source(str(src), _lk.SOURCE_ROWS, defines)
+    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", f"-v,--entry={k}", "-o",
+                        str(src) + ".o", str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:1500]
+    m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
+    assert m is not None, r.stderr[:1500]
+    if c != 40000 and "SMOOTH=0" in defines and "RAGGED=0" in defines:
+        assert int(m.group(1)) == 0, (k, defines)
 
 
 # rows so that each warp of the forward's persistent grid walks several; ragged rows (1001: heads and tails, targets
@@ -799,8 +826,8 @@ def test_ce_fwd16_compiles_without_spills(tmp_path, monkeypatch):
     for i, ((k, defines), text) in enumerate(jobs.items()):
         src = tmp_path / f"s10_{i}.cu"
         launch.write_source(str(src), text, defines)
-        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(src) + ".o",
-                            str(src)], capture_output=True, text=True)
+        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", f"-v,--entry={k}", "-o",
+                            str(src) + ".o", str(src)], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[:1500]
         m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
         assert m is not None and int(m.group(1)) == 0, (k, defines, r.stderr[-800:])
