@@ -147,29 +147,47 @@ def test_narrow_walk_covers_each_row_once(monkeypatch, rows, c):
     assert (seen == 1).all()
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_narrow_compiles_without_spills(tmp_path, monkeypatch):
-    from minidnn.backend.cuda import launch
+def _narrow_plans():
+    """[(defines, (kernel, setting, dtype, classes, algo))]: each narrow forward build that differs from the default
+    plan's."""
+    old = _sk.FWD_NARROW
     jobs = {}
-    for setting in ("16", "32"):
-        monkeypatch.setattr(_sk, "FWD_NARROW", setting)
-        for name in ("float32", "bfloat16"):
-            for c in (64, 128, 129, 256):
-                for algo in ("ACCURATE", "LOG"):
-                    s = _spec(False, c, name, algo)
-                    monkeypatch.setattr(_sk, "FWD_NARROW", "0")
-                    if s != _spec(False, c, name, algo):
-                        jobs[s.defines] = (setting, name, c, algo)
-                    monkeypatch.setattr(_sk, "FWD_NARROW", setting)
-    assert len(jobs) >= 20
-    for i, (defines, what) in enumerate(jobs.items()):
-        src = tmp_path / f"narrow_{i}.cu"
-        launch.write_source(str(src), _sk.SOURCE, defines)
-        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(src) + ".o",
-                            str(src)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[:1500]
-        m = re.search(r"Compiling entry function 'softmax_rows_fwd'.*?(\d+) bytes spill stores", r.stderr, re.S)
-        assert m is not None and int(m.group(1)) == 0, (what, r.stderr[-800:])
+    try:
+        for setting in ("16", "32"):
+            for name in ("float32", "bfloat16"):
+                for c in (64, 128, 129, 256):
+                    for algo in ("ACCURATE", "LOG"):
+                        _sk.FWD_NARROW = setting
+                        s = _spec(False, c, name, algo)
+                        _sk.FWD_NARROW = "0"
+                        if s != _spec(False, c, name, algo):
+                            jobs[s.defines] = (s.name, setting, name, c, algo)
+    finally:
+        _sk.FWD_NARROW = old
+    return list(jobs.items())
+
+
+# Collected at import so that xdist spreads the compiles (~40 s in one test before); the planner is host code.
+NARROW_PLANS = _narrow_plans()
+
+
+def test_narrow_plans_are_many():
+    assert len(NARROW_PLANS) >= 20
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("defines, what", NARROW_PLANS, ids=["-".join(map(str, w[1:])) for _, w in NARROW_PLANS])
+def test_narrow_compiles_without_spills(tmp_path, defines, what):
+    """ptxas builds only the forward (--entry: its registers and spills are those of the whole module's build)."""
+    from minidnn.backend.cuda import launch
+    assert what[0] == "softmax_rows_fwd", what
+    src = tmp_path / "narrow.cu"
+    launch.write_source(str(src), _sk.SOURCE, defines)
+    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v,--entry=softmax_rows_fwd", "-o",
+                        str(src) + ".o", str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:1500]
+    m = re.search(r"Compiling entry function 'softmax_rows_fwd'.*?(\d+) bytes spill stores", r.stderr, re.S)
+    assert m is not None and int(m.group(1)) == 0, (what, r.stderr[-800:])
 
 
 # ---- CPU: the narrow kernel's arithmetic, emulated ------------------------------------------------------------------
