@@ -872,20 +872,10 @@ def _forward_runner(shape, dtype, contiguous, p, scale, dev, reserve_kind="mask"
             return y, keep
         return run
     vec, go = plan.vec, plan.go
-    if reserve_kind != "mask":
-        words, wdtype, reserve = ((2,), np.uint64, PhiloxReserve) if reserve_kind == "record" else (
-            (-(-n // 32),), np.uint32, BitMaskReserve)
-
-        def run(x, state, ticket):
-            if get_device() != dev:
-                with device(dev):
-                    return run(x, state, ticket)
-            if not contiguous:
-                x = ascontiguous(x)
-            y, rec = empty(shape, dtype=dtype), empty(words, dtype=wdtype)
-            (go if x.data.ptr & 15 else vec)(x, y, rec, state, ticket)
-            return y, reserve(rec, shape, p, dev)
-        return run
+    # the array the kernel writes beside y, and the reserve made of it: the byte mask itself, a PhiloxReserve of the
+    # 2-word record, a BitMaskReserve of ceil(n / 32) words
+    words, wdtype, reserve = {"mask": (shape, bool_, None), "record": ((2,), np.uint64, PhiloxReserve),
+                              "bits": ((-(-n // 32),), np.uint32, BitMaskReserve)}[reserve_kind]
 
     def run(x, state, ticket):
         if get_device() != dev:
@@ -893,9 +883,9 @@ def _forward_runner(shape, dtype, contiguous, p, scale, dev, reserve_kind="mask"
                 return run(x, state, ticket)
         if not contiguous:
             x = ascontiguous(x)
-        y, keep = empty(shape, dtype=dtype), empty(shape, dtype=bool_)
-        (go if x.data.ptr & 15 else vec)(x, y, keep, state, ticket)
-        return y, keep
+        y, res = empty(shape, dtype=dtype), empty(words, dtype=wdtype)
+        (go if x.data.ptr & 15 else vec)(x, y, res, state, ticket)
+        return y, (res if reserve is None else reserve(res, shape, p, dev))
     return run
 
 
@@ -936,19 +926,13 @@ def _regen_runner(shape, dtype, contiguous, p, scale, dev, bits=False):
         if not contiguous:
             dy = ascontiguous(dy)
         dx = empty(shape, dtype=dtype)
-        (go if dy.data.ptr & 15 else vec)(dy, dx, reserve.record)
+        launch = go if dy.data.ptr & 15 else vec
+        if bits:
+            launch(dy, reserve.bits, dx)            # dropout_bwd_bits(dy, bits, dx)
+        else:
+            launch(dy, dx, reserve.record)          # dropout_bwd_regen(dy, dx, rec)
         return dx
-
-    def run_bits(dy, reserve):
-        if get_device() != dev:
-            with device(dev):
-                return run_bits(dy, reserve)
-        if not contiguous:
-            dy = ascontiguous(dy)
-        dx = empty(shape, dtype=dtype)
-        (go if dy.data.ptr & 15 else vec)(dy, reserve.bits, dx)
-        return dx
-    return run_bits if bits else run
+    return run
 
 
 def forward_runner(x, p, scale, reserve=None):
