@@ -257,19 +257,27 @@ def _max_pool_seen(x, desc):
     y, argmax = _pool_primitive._gpu_forward_result(plan(to_channels_first(xd, fmt)), fmt, True)
     if not (_state.grad_enabled and x.requires_grad):
         return Tensor._from_array(y)
-    ctx = _new(FunctionCtx)         # what MaxPool.apply(x, desc) records
-    ctx._fn_cls = MaxPool
-    ctx.needs_input_grad = (True, False)
-    ctx.desc = desc
+    ctx = _pool_node(MaxPool, x, desc, y)     # what MaxPool.apply(x, desc) records
     ctx.argmax = argmax
     ctx.saved = (x,)
     ctx.versions = (x._version,)
+    return Function.output(ctx, y)
+
+
+def _pool_node(cls, x, desc, y):
+    """The node ``cls.apply(x, desc)`` records for a pooling output y of x (requiring grad), but for the fields its
+    forward keeps (the seen paths set those)."""
+    xd = x.data
+    ctx = _new(FunctionCtx)
+    ctx._fn_cls = cls
+    ctx.needs_input_grad = (True, False)
+    ctx.desc = desc
     ctx.next_edges = (x._edge(), None)
     ctx._input_meta = ((xd.shape, xd.dtype), None)
     ctx._n_inputs = 2
     ctx._out_meta = ((y.shape, y.dtype, array_module(y)),)
     ctx.num_outputs = 1
-    return Function.output(ctx, y)
+    return ctx
 
 
 def _max_pool_learn(x, desc, sig):
@@ -332,16 +340,8 @@ def _avg_pool_seen(x, desc):
     y = _pool_primitive._gpu_forward_result(plan(to_channels_first(xd, fmt)), fmt, False)
     if not (_state.grad_enabled and x.requires_grad):
         return Tensor._from_array(y)
-    ctx = _new(FunctionCtx)         # what AvgPool.apply(x, desc) records
-    ctx._fn_cls = AvgPool
-    ctx.needs_input_grad = (True, False)
-    ctx.desc = desc
+    ctx = _pool_node(AvgPool, x, desc, y)     # what AvgPool.apply(x, desc) records
     ctx.x_shape, ctx.dtype, ctx.channels_last = x_shape, xd.dtype, channels_last
-    ctx.next_edges = (x._edge(), None)
-    ctx._input_meta = ((xd.shape, xd.dtype), None)
-    ctx._n_inputs = 2
-    ctx._out_meta = ((y.shape, y.dtype, array_module(y)),)
-    ctx.num_outputs = 1
     return Function.output(ctx, y)
 
 
