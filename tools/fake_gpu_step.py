@@ -8,6 +8,7 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=prof  [SORT=cumulative N=60 NOGC=1] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
     MODE=gc python tools/fake_gpu_step.py TREE lenet5 64   # the cyclic garbage collector's collections and time a step
+    MODE=cycles python tools/fake_gpu_step.py TREE resnet20 8   # objects a step leaves in reference cycles, by type
     MODE=calls python tools/fake_gpu_step.py TREE     # µs per call of round 8's device check, handle, enum keys
     MODE=copies python tools/fake_gpu_step.py TREE resnet20 8    # the engine's leaf-gradient copies and gradient sums
     MODE=record OUT=a.json python tools/fake_gpu_step.py TREE resnet20 128   # one step's launches (kernel, grid,
@@ -250,6 +251,15 @@ elif mode == "gc":
     print(f"{model} b{batch}: per step over {steps} steps: " + ", ".join(
           f"gen{g} {n_gc[g] / steps:.3f} collections, {t_gc[g] / steps * 1e6:.1f} us" for g in range(3)),
           f"; gc.get_count() {gc.get_count()}, live objects {len(gc.get_objects())}")
+elif mode == "cycles":
+    # what the step leaves to the cyclic collector: objects found unreachable after 10 steps with it off, by type
+    import gc
+    for _ in range(10): step()
+    gc.collect(); gc.disable(); gc.set_debug(gc.DEBUG_SAVEALL)
+    for _ in range(10): step()
+    n = gc.collect(); kinds = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+    gc.set_debug(0); gc.garbage.clear(); gc.enable()
+    print(f"{model} b{batch}: {n / 10:.0f} unreachable objects a step;", ", ".join(f"{k} {v / 10:g}" for k, v in kinds.most_common(25)))
 elif mode == "amp_ab":
     import gc
 
