@@ -9,6 +9,23 @@ The random stream (unchanged since the first kernel): element i of a call is dec
 kept  <=>  (r >> 8) * 2^-24 >= p (p as float32)  <=>  (r >> 8) >= THRESH = ceil(float32(p) * 2^24).
 A call advances state[1] by ceil(n / 4): one Philox block per 4 elements, all four words used.
 
+The 16-bit stream (session 14, DRAW16 / MINIDNN_DROPOUT_DRAW16=1; default off until the GPU A/B): a forward of
+float16 / bfloat16 data decides element i from half-word i % 8 = h of block counter + i // 8 (half-word 2w the low
+16 bits of word w, 2w + 1 the high), kept <=> h * 2^-16 >= float32(p) <=> h >= ceil(float32(p) * 2^16) (threshold16).
+Why: the 24-bit stream costs a 16-byte vector of 8 half-precision elements two Philox calls, twice float32's per
+byte, and the 16-bit forward was Philox-bound (59% of copy on the H200 against float32's 82%); 16-bit draws make it
+one call a vector, float32's ratio (the PTX: 20 -> 10 multiplies by 0xD2511F53 a group).  Resolution: the
+drop probability drawn is p rounded up to a multiple of 2^-16 (at most 1.53e-5 more).  The stream is used only
+where that keeps p's statistics (draw16_holds): the drop probability p and the keep probability 1 - p each move by
+at most DRAW16_RTOL = 2^-10 of themselves (so does E[y] / x = (1 - p16) / (1 - p)); that is every p in [0.0153,
+0.9847] and the exact ones (0, 1, multiples of 2^-16): p = 0.5 exact, 0.1 -> 0.1000061 (16 bits); 1e-3 (16 bits
+would give 0.00100708, +0.7%), 1e-5 (1.53e-5, +53%) and 0.999 keep the 24-bit stream, as float32 / float64 data
+always do (their 16-byte vectors already cost one call).  A call still advances state[1] by ceil(n / 4) (the
+blocks past ceil(n / 8) are skipped), so every later call's numbers are those of the 24-bit stream's counters and
+switching DRAW16 changes only the 16-bit calls' own masks.  A PhiloxReserve records which stream drew it
+(``draw16``) and its regenerating backward draws that stream again for any dtype of dy (V = 4: block h / 2, half of
+its words); the byte and bit masks hold the decisions themselves, so all three reserves give the same y and dx.
+
 Tiling (dropout_fwd): a grid-stride loop over groups of V elements (V = 4 for 4- and 8-byte data, 8 for 16-bit
 data): per group a thread makes V / 4 Philox4x32-10 calls, loads x with 16-byte vectors, writes y with 16-byte
 vectors and the V mask bytes with one 4- or 8-byte store (a warp writes 128 or 256 contiguous mask bytes).  UNROLL
@@ -135,6 +152,19 @@ PIPE_MINB = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MINB", "4"))
 # SMs): the pipe's grid gives each thread PIPE_UNROLL groups, so (128, 256) bfloat16 ran on 4 blocks at 4.0 us
 # against PyTorch's 2.4 (H200 run 3) while float32's dropout_fwd took 2.2.  "1" pipes every size (the tests).
 PIPE_MIN_N = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MIN_N", str(1 << 20)))
+# Session 14: DRAW16 (MINIDNN_DROPOUT_DRAW16=0/1, default off until the GPU A/B) -- the forward of float16 / bfloat16
+# data draws the 16-bit stream (the module docstring): one Philox block per 8 elements, as float32's one per 4 16-byte
+# vector, where 16-bit thresholds hold p (``draw16_holds``: the drop and keep probabilities each within DRAW16_RTOL,
+# relative, of float32(p)'s; MINIDNN_DROPOUT_DRAW16_RTOL).  float32 / float64 keep the 24-bit stream (their vectors
+# already cost one Philox block).  Read per call (the plan key holds it, and a runner remembered under the other
+# setting hands the call on), so setting it in one process reaches the next forward; a PhiloxReserve says which
+# stream it drew (``draw16``) and its backward draws that one again.
+_DRAW16_ENV = os.environ.get("MINIDNN_DROPOUT_DRAW16", "0")
+DRAW16 = _DRAW16_ENV == "1"
+DRAW16_RTOL = float(os.environ.get("MINIDNN_DROPOUT_DRAW16_RTOL", str(2.0 ** -10)))
+if _DRAW16_ENV not in ("0", "1") or not 0.0 <= DRAW16_RTOL < 1.0:
+    raise ValueError(f"MINIDNN_DROPOUT_DRAW16={_DRAW16_ENV!r} must be 0 or 1 and MINIDNN_DROPOUT_DRAW16_RTOL="
+                     f"{DRAW16_RTOL} in [0, 1)")
 if TILE_BWD not in (0, 4, 8, 16) or not {HINT_FWD, HINT_BWD} <= {0, 1, 2}:
     raise ValueError(f"MINIDNN_DROPOUT_TILE={TILE_BWD} must be 0, 4, 8 or 16 and MINIDNN_DROPOUT_HINT="
                      f"{HINT_FWD},{HINT_BWD} values 0, 1 or 2")
@@ -155,6 +185,9 @@ typedef unsigned int MaskVec;
 #endif
 #ifndef MASK
 #define MASK 1                              // 1: the reserve is the keep mask; 0: a 2-word record; 2: a bit mask
+#endif
+#ifndef DRAW16
+#define DRAW16 0                            // 1: the 16-bit stream (one Philox block per 8 elements; DRAW16 above)
 #endif
 // cache hints of the vector loads and stores: 0 none, 1 streaming (evict-first, ld/st.global.cs) loads and
 // stores, 2 plain loads and streaming stores
@@ -221,8 +254,9 @@ __device__ __forceinline__ void store_group(T* __restrict__ y, const Pack& a, I 
     }
 }
 
-// Group h of a forward walk: its PH Philox blocks decide the V elements (kept <=> (r >> 8) >= thresh), y = x * (kept ?
-// scale : 0) and the V mask bytes stored (dropout_fwd and dropout_fwd_pipe: the same counters and products).
+// Group h of a forward walk: its PH Philox blocks decide the V elements (kept <=> (r >> 8) >= thresh; DRAW16: one
+// block's half-words, kept <=> h >= thresh), y = x * (kept ? scale : 0) and the V mask bytes stored (dropout_fwd and
+// dropout_fwd_pipe: the same counters and products).
 // MODE 0: the V keep bytes stored (MASK = 1); 1: none (MASK = 0: the record forward, the regenerating backward);
 // 2: none stored here (MASK = 2: pack_bits stores them).  Returns the group's V keep bits (bit j: element h*V + j).
 template <int MODE>
@@ -233,6 +267,21 @@ __device__ __forceinline__ unsigned int draw_group(const Pack& in, T* __restrict
     Pack out;
     Mask m;
     unsigned int kb = 0u;
+#if DRAW16
+    // the 16-bit stream: element e = h*V + j takes half-word e % 8 of Philox block base + e / 8 (half-word 2w + 1 the
+    // high 16 bits of word w), kept <=> half-word >= thresh = ceil(p * 2^16).  V = 8: one block, all eight halves;
+    // V = 4 (a float32 / float64 dy regenerating a 16-bit forward's record): block h / 2, words 2 (h & 1) and + 1.
+    const uint4 r4 = philox(base + (unsigned long long)(V == 8 ? h : h >> 1), k0, k1);
+    const bool odd = V == 4 && (h & 1);
+    const unsigned int r[4] = {odd ? r4.z : r4.x, odd ? r4.w : r4.y, r4.z, r4.w};
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+        const bool kept = ((j & 1) ? r[j >> 1] >> 16 : r[j >> 1] & 0xFFFFu) >= thresh;
+        m.b[j] = kept ? 1 : 0;
+        kb |= (kept ? 1u : 0u) << j;
+        out.v[j] = ST(LD(in.v[j]) * (kept ? scale : (A)0));
+    }
+#else
 #pragma unroll
     for (int q = 0; q < PH; ++q) {
         const uint4 r4 = philox(base + (unsigned long long)(h * PH + q), k0, k1);
@@ -245,6 +294,7 @@ __device__ __forceinline__ unsigned int draw_group(const Pack& in, T* __restrict
             out.v[4 * q + j] = ST(LD(in.v[4 * q + j]) * (kept ? scale : (A)0));
         }
     }
+#endif
     store_group(y, out, h, full, n);
     if (MODE == 2 && h >= full) {       // the tail group: no bit for an element past n (the word is the reserve)
         const long long r = n - (long long)h * V;
@@ -599,6 +649,31 @@ def threshold(p: float) -> int:
     return int(math.ceil(float(np.float32(p)) * 16777216.0))
 
 
+def threshold16(p: float) -> int:
+    """The 16-bit stream's THRESH: the least half-word h that keeps an element, ceil(float32(p) * 2^16) --
+    h * 2^-16 >= float32(p) exactly as ``threshold`` for 24 bits.  The drop probability drawn is threshold16(p) / 2^16
+    (p rounded up to a multiple of 2^-16); p = 0 keeps everything (0), a p that rounds to 1 nothing (2^16)."""
+    return int(math.ceil(float(np.float32(p)) * 65536.0))
+
+
+def draw16_holds(p: float, rtol=None) -> bool:
+    """Whether 16-bit draws keep p's statistics: threshold16(p) / 2^16 moves neither the drop probability float32(p)
+    nor the keep probability 1 - float32(p) by more than ``rtol`` (DRAW16_RTOL, 2^-10) of itself.  The same bound
+    holds the mean of y: E[y] / x = (1 - p16) / (1 - p) is within rtol of 1.  p = 0, p = 1 and multiples of 2^-16
+    are exact; 0.5 exact, 0.1 -> 0.10000610 (+6.1e-5 relative): 16 bits; 1e-3 -> 0.00100708 (+0.71%), 1e-5 ->
+    1.526e-5 (+53%), 0.999 (keep 0.001 -> 0.000992, -0.8%): the 24-bit stream.  Every p in [0.0153, 0.9847] holds
+    at 2^-10 (2^-16 / 2^-10 = 0.0153)."""
+    q = float(np.float32(p))
+    err = threshold16(p) / 65536.0 - q
+    return abs(err) <= (DRAW16_RTOL if rtol is None else rtol) * min(q, 1.0 - q)
+
+
+def uses_draw16(dtype, p) -> bool:
+    """Whether the forward of ``dtype`` data with drop probability p draws the 16-bit stream (DRAW16, 2-byte data,
+    ``draw16_holds(p)``; never under V1)."""
+    return bool(DRAW16) and not V1 and np.dtype(dtype).itemsize == 2 and draw16_holds(p)
+
+
 def supports(x, p) -> bool:
     """The forward kernel takes x (any p in [0, 1]: p = 0 and p = 1 draw too, so every call advances the stream)."""
     if V1:
@@ -622,21 +697,25 @@ class PhiloxReserve:
 
     ``record`` is a (2,) uint64 device array the forward kernel writes on the device at every launch (so a CUDA graph
     replay refreshes it, no host read): [Philox key, counter of element 0]; element i (flat C order over ``shape``)
-    was kept iff word i % 4 of Philox4x32-10 block counter + i // 4 passes ``threshold`` (the module docstring).
-    ``p`` is the drop probability it was drawn with (``threshold`` = threshold(p), the same for every dtype).  Opaque
-    to its users, as cuDNN's reserve space: ``dropout_backward`` reads it; ``mask()`` materialises the bool keep
-    mask (one more launch; for tests and anyone who wants to look at it).  16 bytes of device memory (``nbytes``).
+    was kept iff word i % 4 of Philox4x32-10 block counter + i // 4 passes ``threshold`` (the module docstring), or,
+    where ``draw16`` (a 16-bit forward under DRAW16), half-word i % 8 of block counter + i // 8 passes
+    threshold16(p).  ``p`` is the drop probability it was drawn with.  Opaque to its users, as cuDNN's reserve
+    space: ``dropout_backward`` reads it (drawing the stream ``draw16`` names, whatever dy's dtype); ``mask()``
+    materialises the bool keep mask (one more launch; for tests and anyone who wants to look at it).  16 bytes of
+    device memory (``nbytes``).
     """
 
-    __slots__ = ("record", "shape", "p", "device")
+    __slots__ = ("record", "shape", "p", "device", "draw16")
     nbytes = 16
 
-    def __init__(self, record, shape, p, device):
+    def __init__(self, record, shape, p, device, draw16=False):
         self.record, self.shape, self.p, self.device = record, tuple(shape), float(p), device
+        self.draw16 = bool(draw16)
 
     @property
     def threshold(self) -> int:
-        return threshold(self.p)
+        """The THRESH its kernels compare against: threshold16(p) for the 16-bit stream, else threshold(p)."""
+        return threshold16(self.p) if self.draw16 else threshold(self.p)
 
     @property
     def size(self) -> int:
@@ -644,7 +723,8 @@ class PhiloxReserve:
         return math.prod(self.shape)
 
     def __repr__(self):
-        return f"PhiloxReserve(shape={self.shape}, p={self.p}, device=cuda:{self.device})"
+        return (f"PhiloxReserve(shape={self.shape}, p={self.p}, device=cuda:{self.device}"
+                f"{', draw16=True' if self.draw16 else ''})")
 
     def mask(self):
         """The bool keep mask of ``shape`` (a new device array): the backward's numbers on ones."""
@@ -696,14 +776,15 @@ def reserve_bytes(x) -> int:
     return PhiloxReserve.nbytes if RESERVE == "record" else 4 * (-(-n // 32))
 
 
-def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None, mask=1):
+def _options(dtype, unroll, wide, hint=0, tile=16, pminb=None, mask=1, draw16=False):
     """NVRTC options; ``pminb``: dropout_fwd_pipe's launch (its UNROLL is PUNROLL = ``unroll``, blocks an SM);
-    ``mask``: the kernels' reserve, MASK 1 the byte mask (the options before session 13), 0 the record, 2 bits."""
+    ``mask``: the kernels' reserve, MASK 1 the byte mask (the options before session 13), 0 the record, 2 bits;
+    ``draw16``: the 16-bit stream (-DDRAW16=1; the 24-bit stream's options are those before session 14)."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DUNROLL={unroll}",
             f"-DWIDE={int(wide)}", f"-DHINT={hint}", f"-DTILE={tile}", "-std=c++14") + (
                 (f"-DPMINB={pminb}", f"-DPUNROLL={unroll}") if pminb else ()) + (
-                    () if mask == 1 else (f"-DMASK={mask}",))
+                    () if mask == 1 else (f"-DMASK={mask}",)) + (("-DDRAW16=1",) if draw16 else ())
 
 
 def uses_pipe(dtype, n=None) -> bool:
@@ -797,23 +878,24 @@ def _acc(dtype):
     return np.float64 if dtype == np.float64 else np.float32
 
 
-def _plan_fwd(n, dtype, p, scale, dev, mask=1):
+def _plan_fwd(n, dtype, p, scale, dev, mask=1, draw16=False):
     if V1:
         kernel = _launch.get_kernel(_SOURCE_V1, "dropout_philox", (f"-DSCALAR={_V1_SCALARS[dtype]}", "-std=c++14"))
         grid = max(1, min((n + 3) // 4 // THREADS + 1, _launch.sm_count(dev) * 8))
         return _launch.prepare(kernel, (grid,), (THREADS,), [None] * 5 + [np.int64(n), np.float32(p),
                                                                            dtype.type(scale)])
     hint = call_hint(HINT_FWD, n, dtype.itemsize, dev)
+    scalars = [np.int64(n), np.uint32(threshold16(p) if draw16 else threshold(p)), _acc(dtype)(scale)]
     if uses_pipe(dtype, n):
         wide = n >= 2 ** 31
         kernel = _launch.get_kernel(SOURCE, "dropout_fwd_pipe", _options(dtype, pipe_unroll(dtype.itemsize, wide), wide,
-                                                                          hint, pminb=PIPE_MINB, mask=mask))
-        return _Plan(kernel, (pipe_grid(n, dtype.itemsize, _launch.sm_count(dev)),), 5,
-                     [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)])
+                                                                          hint, pminb=PIPE_MINB, mask=mask,
+                                                                          draw16=draw16))
+        return _Plan(kernel, (pipe_grid(n, dtype.itemsize, _launch.sm_count(dev)),), 5, scalars)
     unroll = forward_unroll(n, dtype.itemsize, dev)
-    kernel = _launch.get_kernel(SOURCE, "dropout_fwd", _options(dtype, unroll, n >= 2 ** 31, hint, mask=mask))
-    return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_FWD), 5,
-                 [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)])
+    kernel = _launch.get_kernel(SOURCE, "dropout_fwd", _options(dtype, unroll, n >= 2 ** 31, hint, mask=mask,
+                                                                 draw16=draw16))
+    return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_FWD), 5, scalars)
 
 
 def _plan_bits_bwd(n, dtype, scale, dev):
@@ -824,20 +906,21 @@ def _plan_bits_bwd(n, dtype, scale, dev):
     return _Plan(kernel, (max(1, -(-groups // THREADS)),), 3, [np.int64(n), _acc(dtype)(scale)])
 
 
-def _plan_regen(n, dtype, p, scale, dev):
+def _plan_regen(n, dtype, p, scale, dev, draw16=False):
     """The regenerating backward (MASK = 0): the walk and grid the record forward of this call took
     (dropout_bwd_regen_pipe where the forward pipes, else dropout_bwd_regen with the forward's UNROLL rule and
-    BPS_BWD), cache hints HINT_BWD."""
-    scalars = [np.int64(n), np.uint32(threshold(p)), _acc(dtype)(scale)]
+    BPS_BWD), cache hints HINT_BWD; ``draw16``: the record's stream is the 16-bit one (any dtype of dy)."""
+    scalars = [np.int64(n), np.uint32(threshold16(p) if draw16 else threshold(p)), _acc(dtype)(scale)]
     wide = n >= 2 ** 31
     hint = call_hint(HINT_BWD, n, dtype.itemsize, dev)
     if uses_pipe(dtype, n):
         kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen_pipe",
                                     _options(dtype, pipe_unroll(dtype.itemsize, wide), wide, hint,
-                                             pminb=PIPE_MINB, mask=0))
+                                             pminb=PIPE_MINB, mask=0, draw16=draw16))
         return _Plan(kernel, (pipe_grid(n, dtype.itemsize, _launch.sm_count(dev)),), 3, scalars)
     unroll = forward_unroll(n, dtype.itemsize, dev)
-    kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen", _options(dtype, unroll, wide, hint, mask=0))
+    kernel = _launch.get_kernel(SOURCE, "dropout_bwd_regen", _options(dtype, unroll, wide, hint, mask=0,
+                                                                       draw16=draw16))
     return _Plan(kernel, _grid(kernel, n, dtype, dev, unroll, BPS_BWD), 3, scalars)
 
 
@@ -853,13 +936,15 @@ def _plan_bwd(n, dtype, scale, dev):
                  7 if dtype.itemsize == 2 else 3)
 
 
-def _forward_runner(shape, dtype, contiguous, p, scale, dev, reserve_kind="mask"):
+def _forward_runner(shape, dtype, contiguous, p, scale, dev, reserve_kind="mask", draw16=False):
     """run(x, state, ticket) -> (y, keep) for arrays x of this signature: a call is a device test, the
     allocations, one alignment test and the plan's prepared launch (only the pointers packed).  ``reserve_kind``
     "record": (y, PhiloxReserve) -- the record (2 uint64) allocated in place of the mask; "bits": (y,
-    BitMaskReserve) -- ceil(n / 32) words."""
+    BitMaskReserve) -- ceil(n / 32) words.  ``draw16``: the 16-bit stream (uses_draw16 when settled); a call made
+    after DRAW16 changed goes to the runner of the new setting (backend/dropout.py remembers this one)."""
     n = math.prod(shape)
-    plan = _plan_fwd(n, dtype, p, scale, dev, _MASK_DEFINE[reserve_kind])
+    plan = _plan_fwd(n, dtype, p, scale, dev, _MASK_DEFINE[reserve_kind], draw16)
+    watch = not V1 and dtype.itemsize == 2 and draw16_holds(p)      # DRAW16 decides this call's stream
     cp = _launch.cupy()
     empty, get_device, device, ascontiguous, bool_ = (cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device,
                                                       cp.ascontiguousarray, np.bool_)
@@ -874,10 +959,13 @@ def _forward_runner(shape, dtype, contiguous, p, scale, dev, reserve_kind="mask"
     vec, go = plan.vec, plan.go
     # the array the kernel writes beside y, and the reserve made of it: the byte mask itself, a PhiloxReserve of the
     # 2-word record, a BitMaskReserve of ceil(n / 32) words
-    words, wdtype, reserve = {"mask": (shape, bool_, None), "record": ((2,), np.uint64, PhiloxReserve),
+    words, wdtype, reserve = {"mask": (shape, bool_, None),
+                              "record": ((2,), np.uint64, lambda *a: PhiloxReserve(*a, draw16)),
                               "bits": ((-(-n // 32),), np.uint32, BitMaskReserve)}[reserve_kind]
 
     def run(x, state, ticket):
+        if watch and DRAW16 != draw16:
+            return forward_runner(x, p, scale, reserve_kind)(x, state, ticket)
         if get_device() != dev:
             with device(dev):
                 return run(x, state, ticket)
@@ -910,16 +998,19 @@ def _backward_runner(shape, dtype, contiguous, keep_contiguous, scale, dev):
     return run
 
 
-def _regen_runner(shape, dtype, contiguous, p, scale, dev, bits=False):
-    """run(dy, reserve) -> dx for arrays dy of this signature and a PhiloxReserve of p (``bits``: a BitMaskReserve;
-    see _forward_runner)."""
+def _regen_runner(shape, dtype, contiguous, p, scale, dev, bits=False, draw16=False):
+    """run(dy, reserve) -> dx for arrays dy of this signature and a PhiloxReserve of p and stream ``draw16`` (a
+    reserve of the other stream goes to its own runner: backend/dropout.py's remembered calls do not key on it);
+    ``bits``: a BitMaskReserve; see _forward_runner."""
     n = math.prod(shape)
-    plan = _plan_bits_bwd(n, dtype, scale, dev) if bits else _plan_regen(n, dtype, p, scale, dev)
+    plan = _plan_bits_bwd(n, dtype, scale, dev) if bits else _plan_regen(n, dtype, p, scale, dev, draw16)
     cp = _launch.cupy()
     empty, get_device, device, ascontiguous = cp.empty, cp.cuda.runtime.getDevice, cp.cuda.Device, cp.ascontiguousarray
     vec, go = plan.vec, plan.go
 
     def run(dy, reserve):
+        if not bits and reserve.draw16 != draw16:
+            return regen_runner(dy, reserve, scale)(dy, reserve)
         if get_device() != dev:
             with device(dev):
                 return run(dy, reserve)
@@ -942,7 +1033,7 @@ def forward_runner(x, p, scale, reserve=None):
     kind = "mask" if V1 else (RESERVE if reserve is None else reserve)
     if kind not in RESERVES:
         raise ValueError(f"dropout reserve {kind!r} must be one of {RESERVES}")
-    key = ("f", x.shape, x.dtype, x.flags.c_contiguous, p, scale, x.data.device_id, kind)
+    key = ("f", x.shape, x.dtype, x.flags.c_contiguous, p, scale, x.data.device_id, kind, uses_draw16(x.dtype, p))
     return _launch.planned(_plans, key, _forward_runner, *key[1:])
 
 
@@ -950,7 +1041,7 @@ def regen_runner(dy, reserve, scale):
     """The settled run(dy, reserve) for dy's signature and a PhiloxReserve or BitMaskReserve (see forward_runner)."""
     bits = type(reserve) is BitMaskReserve
     key = ("r", dy.shape, dy.dtype, dy.flags.c_contiguous, None if bits else reserve.p, scale, dy.data.device_id,
-           bits)
+           bits, not bits and reserve.draw16)
     return _launch.planned(_plans, key, _regen_runner, *key[1:])
 
 
