@@ -43,14 +43,19 @@ def philox4x32_10(counters, key):
     return np.stack(c, -1).astype(np.uint32)
 
 
-def reference_keep(key, counter, n, p):
-    """The keep mask of a call of n elements starting at ``counter`` (flat, bool)."""
-    blocks = (n + 3) // 4
+def reference_keep(key, counter, n, p, draw16=False):
+    """The keep mask of a call of n elements starting at ``counter`` (flat, bool).  ``draw16``: the 16-bit stream
+    (session 14, DP.DRAW16): element i is half-word i % 8 of block counter + i // 8 (half-word 2w the low 16 bits of
+    word w), kept iff h * 2^-16 >= float32(p) (a float64 comparison: exact)."""
+    blocks = (n + 7) // 8 if draw16 else (n + 3) // 4
     ctr = np.arange(blocks, dtype=np.uint64) + np.uint64(counter)
     words = np.zeros((blocks, 4), np.uint64)
     words[:, 0], words[:, 1] = ctr & _M32, ctr >> np.uint64(32)
-    r = philox4x32_10(words, (int(key) & 0xFFFFFFFF, int(key) >> 32)).reshape(-1)[:n]
-    u = (r >> 8).astype(np.float32) * np.float32(2.0 ** -24)
+    r = philox4x32_10(words, (int(key) & 0xFFFFFFFF, int(key) >> 32)).reshape(-1)
+    if draw16:
+        halves = np.stack([r & np.uint32(0xFFFF), r >> np.uint32(16)], -1).reshape(-1)[:n]
+        return halves.astype(np.float64) * 2.0 ** -16 >= float(np.float32(p))
+    u = (r[:n] >> 8).astype(np.float32) * np.float32(2.0 ** -24)
     return u >= np.float32(p)
 
 
@@ -199,7 +204,9 @@ def test_python_path_under_the_fake_cupy():
         fmt = "@5QqI" + acc + "i"
         vals = struct.unpack(fmt, bytes.fromhex(row["fwd"][0][2])[:struct.calcsize(fmt)])
         scale = 0.0 if p == 1 else 1 / (1 - p)
-        assert vals[:5] == (0,) * 5 and vals[5] == n and vals[6] == DP.threshold(p)
+        d16 = DP.uses_draw16(np.float16 if itemsize == 2 else np.float32, p)    # DRAW16 (default off): 16-bit data
+        assert vals[:5] == (0,) * 5 and vals[5] == n and vals[6] == (DP.threshold16 if d16 else DP.threshold)(p)
+        assert ("-DDRAW16=1" in row["fwd"][0][0]) == d16 and "-DDRAW16" not in name
         assert vals[7] == (scale if acc == "d" else float(np.float32(scale)))
         aligned = row["offset"] * itemsize % 16 == 0
         assert vals[8] == int(aligned), row
@@ -273,7 +280,7 @@ def test_forward_and_backward_exact(cp, dtype, shape, p, reserve, monkeypatch):
     assert _launches() - before == 1
     n = x_h.size
     assert eng.device_counter() == c0 + (n + 3) // 4
-    want = reference_keep(key, c0, n, p).reshape(shape)
+    want = reference_keep(key, c0, n, p, DP.uses_draw16(dtype, p)).reshape(shape)
     np.testing.assert_array_equal(_host(cp, keep), want)
     assert type(keep) is {"record": DP.PhiloxReserve, "bits": DP.BitMaskReserve}.get(reserve, cp.ndarray)
     assert y.dtype == dtype and y.shape == shape
@@ -327,7 +334,7 @@ def test_every_launch_setting_exact(cp, dtype, setting, reserve, monkeypatch):
             c0 = eng.device_counter()
             y, keep = B.dropout_forward(None, desc, base[offset:])
             assert eng.device_counter() == c0 + (n + 3) // 4
-            want = reference_keep(key, c0, n, 0.4)
+            want = reference_keep(key, c0, n, 0.4, DP.uses_draw16(dtype, 0.4))
             np.testing.assert_array_equal(_host(cp, keep), want, err_msg=str((n, offset)))
             np.testing.assert_array_equal(_host(cp, y).view(np.uint8),
                                           reference_apply(x_h, want, desc.scale).view(np.uint8))
@@ -366,7 +373,7 @@ def test_pipe_forward_exact(cp, dtype, pipe, monkeypatch):
             y, keep = B.dropout_forward(None, desc, cp.asarray(base_h)[offset:])
             assert _launches() - n0 == 1
             assert eng.device_counter() == c0 + (n + 3) // 4
-            want = reference_keep(key, c0, n, 0.3)
+            want = reference_keep(key, c0, n, 0.3, DP.uses_draw16(dtype, 0.3))
             np.testing.assert_array_equal(_host(cp, keep), want, err_msg=str((n, offset, pipe)))
             np.testing.assert_array_equal(_host(cp, y).view(np.uint8),
                                           reference_apply(x_h, want, desc.scale).view(np.uint8))
@@ -388,7 +395,7 @@ def test_unaligned_and_non_contiguous_views(cp, dtype, offset):
     base = cp.asarray(base_h)
     c0 = eng.device_counter()
     y, keep = B.dropout_forward(None, desc, base[offset:])
-    want = reference_keep(key, c0, n, 0.3)
+    want = reference_keep(key, c0, n, 0.3, DP.uses_draw16(dtype, 0.3))
     np.testing.assert_array_equal(_host(cp, keep), want)
     np.testing.assert_array_equal(_host(cp, y).view(np.uint8),
                                   reference_apply(base_h[offset:], want, desc.scale).view(np.uint8))
@@ -403,7 +410,7 @@ def test_unaligned_and_non_contiguous_views(cp, dtype, offset):
     x2_h = _draw(cp, dtype, (6, 35), rng)
     c0 = eng.device_counter()
     y2, keep2 = B.dropout_forward(None, desc, cp.asarray(x2_h).T)     # non-contiguous: the C-order copy's mask
-    want2 = reference_keep(key, c0, x2_h.size, 0.3).reshape(35, 6)
+    want2 = reference_keep(key, c0, x2_h.size, 0.3, DP.uses_draw16(dtype, 0.3)).reshape(35, 6)
     np.testing.assert_array_equal(_host(cp, keep2), want2)
     np.testing.assert_array_equal(_host(cp, y2).view(np.uint8),
                                   reference_apply(np.ascontiguousarray(x2_h.T), want2, desc.scale).view(np.uint8))
@@ -473,8 +480,9 @@ def test_same_seed_same_masks_and_plain_descriptors_use_the_kernel(cp, dtype):
         np.testing.assert_array_equal(u, v)
     assert not np.array_equal(ma[0], ma[1])
     eng = _engine(77)                                 # the plain descriptor's stream is the engine's of its seed
-    np.testing.assert_array_equal(ma[0], reference_keep(eng._device_key(), 0, x.size, 0.4).reshape(x.shape))
-    np.testing.assert_array_equal(ma[1], reference_keep(eng._device_key(), (x.size + 3) // 4, x.size, 0.4)
+    d16 = DP.uses_draw16(dtype, 0.4)
+    np.testing.assert_array_equal(ma[0], reference_keep(eng._device_key(), 0, x.size, 0.4, d16).reshape(x.shape))
+    np.testing.assert_array_equal(ma[1], reference_keep(eng._device_key(), (x.size + 3) // 4, x.size, 0.4, d16)
                                   .reshape(x.shape))
     a.reset()
     np.testing.assert_array_equal(_host(cp, B.dropout_forward(None, a, x)[1]), ma[0])
@@ -503,7 +511,7 @@ def test_captured_forward_replays_draw_fresh_masks(cp, dtype):
         got.append((_host(cp, keep).copy(), _host(cp, dx).astype(np.float32)))
     step = (n + 3) // 4
     for i, (k, d) in enumerate(got):
-        want = reference_keep(key, c0 + i * step, n, 0.5)
+        want = reference_keep(key, c0 + i * step, n, 0.5, DP.uses_draw16(dtype, 0.5))
         np.testing.assert_array_equal(k, want)
         np.testing.assert_array_equal(d, np.where(want, 2.0, 0.0).astype(np.float32))
     assert eng.device_counter() == c0 + 2 * step

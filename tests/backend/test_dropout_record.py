@@ -329,7 +329,9 @@ def test_launches_under_the_fake_cupy_store_no_mask():
         vals = struct.unpack(fmt, bytes.fromhex(packed)[:struct.calcsize(fmt)])
         # x, y, the record (or bit words), the state, the ticket -- and nothing else the size of a byte mask
         assert vals[:5] == (x_ptr, y_ptr, rec_ptr, st_ptr, tk_ptr), row
-        assert vals[5] == n and vals[6] == DP.threshold(p)
+        d16 = DP.uses_draw16(dtype, p)                       # DRAW16 (session 14, default off): 16-bit data
+        assert vals[5] == n and vals[6] == (DP.threshold16 if d16 else DP.threshold)(p)
+        assert ("-DDRAW16=1" in name) == d16
         assert vals[7] == (scale if acc == "d" else float(np.float32(scale)))
         aligned = row["offset"] * item % 16 == 0
         assert vals[8] == int(aligned)
@@ -348,7 +350,8 @@ def test_launches_under_the_fake_cupy_store_no_mask():
         fmt = "@3QqI" + acc + "i"
         vals = struct.unpack(fmt, bytes.fromhex(packed)[:struct.calcsize(fmt)])
         assert vals[:3] == (x_ptr, dx_ptr, rec_ptr), row        # dy, dx, the record: no mask read
-        assert vals[3] == n and vals[4] == DP.threshold(p) and vals[5] == 2.0 and vals[6] == int(aligned)
+        assert vals[3] == n and vals[4] == (DP.threshold16 if d16 else DP.threshold)(p) and vals[5] == 2.0
+        assert vals[6] == int(aligned) and ("-DDRAW16=1" in name_b) == d16
     # the switch set in one process: each call takes the path it names; the seen tables keyed on it
     fl = got["flips"]
     rec = ["PhiloxReserve", ["dropout_fwd", "dropout_bwd_regen"], 16]
@@ -508,7 +511,7 @@ def test_record_path_is_the_mask_path_bitwise(cp, switch, dtype, p, kind):
             packed = np.packbits(np.concatenate([_host(cp, mask).reshape(-1), np.zeros(-x_h.size % 32, np.bool_)]),
                                  bitorder="little").view("<u4")
             np.testing.assert_array_equal(_host(cp, rec.bits), packed)
-        want = reference_keep(key, c0, x_h.size, p).reshape(shape)
+        want = reference_keep(key, c0, x_h.size, p, DP.uses_draw16(dtype, p)).reshape(shape)
         np.testing.assert_array_equal(dxr.view(np.uint8), reference_apply(dy_h, want, 0.0 if p == 1 else 1 / (1 - p))
                                       .view(np.uint8))
 
@@ -562,7 +565,7 @@ def test_record_path_in_a_cuda_graph(cp, switch, dtype, kind):
     for i in range(3):
         g.launch(s)
         s.synchronize()
-        want = reference_keep(key, c0 + i * step, n, 0.4)
+        want = reference_keep(key, c0 + i * step, n, 0.4, DP.uses_draw16(dtype, 0.4))
         if kind == "record":
             assert [int(v) for v in _host(cp, rec.record)] == [key, c0 + i * step]
         np.testing.assert_array_equal(_host(cp, y).view(np.uint8), reference_apply(x_h, want, 1 / 0.6).view(np.uint8))
