@@ -17,6 +17,7 @@ regenerated under another dy dtype, graph replays, the switch flipped in one pro
 """
 import json
 import math
+import os
 import pathlib
 import shutil
 import subprocess
@@ -253,7 +254,7 @@ def test_launches_under_the_fake_cupy():
                        timeout=300, cwd=str(ROOT))
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["default"] is False                     # shipped off until the GPU A/B
+    assert got["default"] is (DP._DRAW16_ENV == "1")     # as imported (shipped "0", off, until the GPU A/B)
     assert len(got["rows"]) == 3 * 3 * 3 * 4
     for row in got["rows"]:
         item = 2 if row["dtype"] in ("float16", "bfloat16") else 4
@@ -286,10 +287,10 @@ def test_launches_under_the_fake_cupy():
 
 
 def test_environment_switch():
-    """MINIDNN_DROPOUT_DRAW16=1 turns it on at import, 0 / unset leave it off, anything else raises."""
+    """MINIDNN_DROPOUT_DRAW16=1 turns it on at import, 0 off, unset the default; anything else raises."""
     code = "from minidnn.backend.cuda import dropout_philox as DP; print(DP.DRAW16, DP.DRAW16_RTOL)"
-    for env, want in (("1", "True 0.0009765625"), ("0", "False 0.0009765625"), (None, "False 0.0009765625")):
-        import os
+    default = DP._DRAW16_DEFAULT == "1"
+    for env, want in (("1", "True 0.0009765625"), ("0", "False 0.0009765625"), (None, f"{default} 0.0009765625")):
         e = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_DROPOUT_DRAW16")}
         if env is not None:
             e["MINIDNN_DROPOUT_DRAW16"] = env

@@ -9,22 +9,22 @@ The random stream (unchanged since the first kernel): element i of a call is dec
 kept  <=>  (r >> 8) * 2^-24 >= p (p as float32)  <=>  (r >> 8) >= THRESH = ceil(float32(p) * 2^24).
 A call advances state[1] by ceil(n / 4): one Philox block per 4 elements, all four words used.
 
-The 16-bit stream (session 14, DRAW16 / MINIDNN_DROPOUT_DRAW16=1; default off until the GPU A/B): a forward of
-float16 / bfloat16 data decides element i from half-word i % 8 = h of block counter + i // 8 (half-word 2w the low
-16 bits of word w, 2w + 1 the high), kept <=> h * 2^-16 >= float32(p) <=> h >= ceil(float32(p) * 2^16) (threshold16).
-Why: the 24-bit stream costs a 16-byte vector of 8 half-precision elements two Philox calls, twice float32's per
-byte, and the 16-bit forward was Philox-bound (59% of copy on the H200 against float32's 82%); 16-bit draws make it
-one call a vector, float32's ratio (the PTX: 20 -> 10 multiplies by 0xD2511F53 a group).  Resolution: the
-drop probability drawn is p rounded up to a multiple of 2^-16 (at most 1.53e-5 more).  The stream is used only
-where that keeps p's statistics (draw16_holds): the drop probability p and the keep probability 1 - p each move by
-at most DRAW16_RTOL = 2^-10 of themselves (so does E[y] / x = (1 - p16) / (1 - p)); that is every p in [0.0153,
-0.9847] and the exact ones (0, 1, multiples of 2^-16): p = 0.5 exact, 0.1 -> 0.1000061 (16 bits); 1e-3 (16 bits
-would give 0.00100708, +0.7%), 1e-5 (1.53e-5, +53%) and 0.999 keep the 24-bit stream, as float32 / float64 data
-always do (their 16-byte vectors already cost one call).  A call still advances state[1] by ceil(n / 4) (the
-blocks past ceil(n / 8) are skipped), so every later call's numbers are those of the 24-bit stream's counters and
-switching DRAW16 changes only the 16-bit calls' own masks.  A PhiloxReserve records which stream drew it
-(``draw16``) and its regenerating backward draws that stream again for any dtype of dy (V = 4: block h / 2, half of
-its words); the byte and bit masks hold the decisions themselves, so all three reserves give the same y and dx.
+The 16-bit stream (session 14, DRAW16 / MINIDNN_DROPOUT_DRAW16=1; default off until the GPU A/B): a forward of float16 /
+bfloat16 data decides element i from half-word i % 8 = h of block counter + i // 8 (half-word 2w the low 16 bits of word
+w, 2w + 1 the high), kept <=> h * 2^-16 >= float32(p) <=> h >= ceil(float32(p) * 2^16) (threshold16). Why: the 24-bit
+stream costs a 16-byte vector of 8 half-precision elements two Philox calls, twice float32's per byte, and the 16-bit
+forward was Philox-bound (59% of copy on the H200 against float32's 82%); 16-bit draws make it one call a vector,
+float32's ratio (the PTX: 20 -> 10 multiplies by 0xD2511F53 a group). Resolution: the drop probability drawn is p
+rounded up to a multiple of 2^-16 (at most 1.53e-5 more). The stream is used only where that keeps p's statistics
+(draw16_holds): the drop probability p and the keep probability 1 - p each move by at most DRAW16_RTOL = 2^-10 of
+themselves (so does E[y] / x = (1 - p16) / (1 - p)); that is every p in [2^-6, 1 - 2^-6] = [0.0156, 0.9844], the exact
+ones (0, 1, multiples of 2^-16) and some near them: p = 0.5 exact, 0.1 -> 0.1000061 (16 bits); 1e-3 (16 bits would give
+0.00100708, +0.7%), 1e-5 (1.53e-5, +53%) and 0.999 keep the 24-bit stream, as float32 / float64 data always do (their
+16-byte vectors already cost one call). A call still advances state[1] by ceil(n / 4) (the blocks past ceil(n / 8) are
+skipped), so every later call's numbers are those of the 24-bit stream's counters and switching DRAW16 changes only the
+16-bit calls' own masks. A PhiloxReserve records which stream drew it (``draw16``) and its regenerating backward draws
+that stream again for any dtype of dy (V = 4: block h / 2, half of its words); the byte and bit masks hold the decisions
+themselves, so all three reserves give the same y and dx.
 
 Tiling (dropout_fwd): a grid-stride loop over groups of V elements (V = 4 for 4- and 8-byte data, 8 for 16-bit
 data): per group a thread makes V / 4 Philox4x32-10 calls, loads x with 16-byte vectors, writes y with 16-byte
@@ -159,7 +159,8 @@ PIPE_MIN_N = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MIN_N", str(1 << 20)))
 # already cost one Philox block).  Read per call (the plan key holds it, and a runner remembered under the other
 # setting hands the call on), so setting it in one process reaches the next forward; a PhiloxReserve says which
 # stream it drew (``draw16``) and its backward draws that one again.
-_DRAW16_ENV = os.environ.get("MINIDNN_DROPOUT_DRAW16", "0")
+_DRAW16_DEFAULT = "0"           # the lead's flip after the A/B: "1"
+_DRAW16_ENV = os.environ.get("MINIDNN_DROPOUT_DRAW16", _DRAW16_DEFAULT)
 DRAW16 = _DRAW16_ENV == "1"
 DRAW16_RTOL = float(os.environ.get("MINIDNN_DROPOUT_DRAW16_RTOL", str(2.0 ** -10)))
 if _DRAW16_ENV not in ("0", "1") or not 0.0 <= DRAW16_RTOL < 1.0:
@@ -661,8 +662,8 @@ def draw16_holds(p: float, rtol=None) -> bool:
     nor the keep probability 1 - float32(p) by more than ``rtol`` (DRAW16_RTOL, 2^-10) of itself.  The same bound
     holds the mean of y: E[y] / x = (1 - p16) / (1 - p) is within rtol of 1.  p = 0, p = 1 and multiples of 2^-16
     are exact; 0.5 exact, 0.1 -> 0.10000610 (+6.1e-5 relative): 16 bits; 1e-3 -> 0.00100708 (+0.71%), 1e-5 ->
-    1.526e-5 (+53%), 0.999 (keep 0.001 -> 0.000992, -0.8%): the 24-bit stream.  Every p in [0.0153, 0.9847] holds
-    at 2^-10 (2^-16 / 2^-10 = 0.0153)."""
+    1.526e-5 (+53%), 0.999 (keep 0.001 -> 0.000992, -0.8%): the 24-bit stream.  Every p in [2^-6, 1 - 2^-6] holds at
+    2^-10 (the rounding is under 2^-16 = 2^-10 * 2^-6)."""
     q = float(np.float32(p))
     err = threshold16(p) / 65536.0 - q
     return abs(err) <= (DRAW16_RTOL if rtol is None else rtol) * min(q, 1.0 - q)
