@@ -571,3 +571,65 @@ def test_draw16_keep_statistics(cp, draw16, dtype, p):
     assert within((a == b).mean(), n, same)
     dx = _host(cp, B.dropout_backward(None, desc, x, ra)).astype(np.float32)
     np.testing.assert_array_equal(dx != 0, a)
+
+
+# ---- UNROLL_FIT (the small float32 forward's launch; off by default) -------------------------------------------------
+
+@pytest.mark.parametrize("n, itemsize, old, fit", [
+    (128 * 16 * 32 * 32, 4, 1, 2),          # the small-CNN row: 2048 blocks (1.94 waves) -> 1024 (one)
+    (128 * 64 * 56 * 56, 4, 4, 4),          # a call of many waves: unchanged
+    (5_000_011, 4, 4, 4), (1_000_003, 4, 1, 1), (32768, 2, 1, 1), (2 ** 20 - 1, 2, 1, 1),
+    (1056 * 256 * 4 * 4 * 2, 4, 4, 4),      # exactly two waves at UNROLL 4
+    (1000 * 256 * 4 * 2, 4, 1, 2),          # 1000 blocks at UNROLL 2: one wave, not 2000 blocks
+    (1056 * 256 * 4 * 2, 4, 2, 2),          # exactly a wave at UNROLL 2: both rules stop there
+    (1056 * 256 * 4 * 2 + 4, 4, 2, 4),      # one block over: 529 blocks of 4 groups, not 1057 of 2
+    (1056 * 256 * 8 * 3, 2, 2, 4),          # 16-bit groups of 8 (a dropout_fwd plan only under PIPE_FWD "0")
+])
+def test_unroll_fit_rule(n, itemsize, old, fit, monkeypatch):
+    """UNROLL_FIT halves the forward's UNROLL only while the halved grid still fits one wave (1056 blocks: an H200's
+    132 SMs x 8); the default rule halves while the grid is under one wave."""
+    monkeypatch.setattr(DP, "_wave", lambda dev: 132 * 8)
+    assert DP.forward_unroll(n, itemsize, 0) == old
+    monkeypatch.setattr(DP, "UNROLL_FIT", True)
+    assert DP.forward_unroll(n, itemsize, 0) == fit
+    v = 8 if itemsize == 2 else 4
+    blocks = -(-(-(-n // v)) // (256 * fit))
+    assert blocks <= 1056 or fit == 64 // (v * itemsize)          # one wave, or already the full unroll
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("reserve", DP.RESERVES)
+def test_unroll_fit_exact(cp, reserve, monkeypatch):
+    """UNROLL_FIT's plans (the record's regenerating backward takes the same rule) are exact against the reference
+    for float32 and bfloat16 (dropout_fwd: PIPE_FWD "0") at sizes around one wave of this device."""
+    monkeypatch.setattr(DP, "UNROLL_FIT", True)
+    monkeypatch.setattr(DP, "RESERVE", reserve)
+    monkeypatch.setattr(DP, "PIPE_FWD", "0")
+    DP.clear_plans()
+    try:
+        wave = DP._wave(0)
+        rng = np.random.default_rng(4)
+        eng = _engine(12)
+        desc = _EngineDescriptor(0.5, eng)
+        key = eng._device_key()
+        changed = 0
+        for dtype in (np.dtype(np.float32), BF16):
+            v = 8 if dtype.itemsize == 2 else 4
+            for n in (128 * 16 * 32 * 32, wave * 256 * v * 2 - 5, wave * 256 * v + 3):
+                monkeypatch.setattr(DP, "UNROLL_FIT", False)
+                old = DP.forward_unroll(n, dtype.itemsize, 0)
+                monkeypatch.setattr(DP, "UNROLL_FIT", True)
+                changed += DP.forward_unroll(n, dtype.itemsize, 0) != old
+                x_h, dy_h = _draw(cp, dtype, (n,), rng), _draw(cp, dtype, (n,), rng)
+                c0 = eng.device_counter()
+                y, res = B.dropout_forward(None, desc, cp.asarray(x_h))
+                want = reference_keep(key, c0, n, 0.5, DP.uses_draw16(dtype, 0.5))
+                np.testing.assert_array_equal(_host(cp, res), want, err_msg=str((dtype, n)))
+                np.testing.assert_array_equal(_host(cp, y).view(np.uint8),
+                                              reference_apply(x_h, want, 2.0).view(np.uint8))
+                dx = B.dropout_backward(None, desc, cp.asarray(dy_h), res)
+                np.testing.assert_array_equal(_host(cp, dx).view(np.uint8),
+                                              reference_apply(dy_h, want, 2.0).view(np.uint8))
+        assert changed >= 2                      # the rule changed some of these plans on this device
+    finally:
+        DP.clear_plans()

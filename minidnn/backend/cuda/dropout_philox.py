@@ -166,6 +166,15 @@ DRAW16_RTOL = float(os.environ.get("MINIDNN_DROPOUT_DRAW16_RTOL", str(2.0 ** -10
 if _DRAW16_ENV not in ("0", "1") or not 0.0 <= DRAW16_RTOL < 1.0:
     raise ValueError(f"MINIDNN_DROPOUT_DRAW16={_DRAW16_ENV!r} must be 0 or 1 and MINIDNN_DROPOUT_DRAW16_RTOL="
                      f"{DRAW16_RTOL} in [0, 1)")
+# Session 14: UNROLL_FIT (MINIDNN_DROPOUT_UNROLL_FIT=1; off: a proposal for the GPU A/B) -- the rule above halves
+# UNROLL while the grid is under one wave, so a call whose grid at UNROLL u is between half a wave and one (the
+# small-CNN row (128, 16, 32, 32) float32: 2 M elements, 1024 blocks of 2 groups on the H200's 1056-block wave) is
+# halved into ~1.94 waves (2048 blocks of one group): the second wave starts behind the first one's tail (each block
+# ends in a fence and the ticket's atomic) and every thread has one 16-byte load in flight.  PyTorch's kernel for the
+# same call is one wave (1056 blocks looping ~2 times).  UNROLL_FIT halves only while the halved grid still fits one
+# wave: that call runs 1024 blocks of 2 groups (both loads in flight, half the tickets); a call under half a wave
+# spreads as before; calls of a wave or more are unchanged.  Read at planning time (clear_plans() after a change).
+UNROLL_FIT = os.environ.get("MINIDNN_DROPOUT_UNROLL_FIT", "0") == "1"
 if TILE_BWD not in (0, 4, 8, 16) or not {HINT_FWD, HINT_BWD} <= {0, 1, 2}:
     raise ValueError(f"MINIDNN_DROPOUT_TILE={TILE_BWD} must be 0, 4, 8 or 16 and MINIDNN_DROPOUT_HINT="
                      f"{HINT_FWD},{HINT_BWD} values 0, 1 or 2")
@@ -821,12 +830,13 @@ def _wave(dev):
 
 
 def forward_unroll(n, itemsize, dev):
-    """UNROLL of the forward for n elements (see UNROLL_FWD)."""
+    """UNROLL of the forward for n elements (see UNROLL_FWD; UNROLL_FIT: halved only while the halved grid still
+    fits one wave)."""
     if UNROLL_FWD:
         return UNROLL_FWD
     v = 8 if itemsize == 2 else 4
-    u, groups = max(1, 64 // (v * itemsize)), -(-n // v)
-    while u > 1 and -(-groups // (THREADS * u)) < _wave(dev):
+    u, groups, wave = max(1, 64 // (v * itemsize)), -(-n // v), _wave(dev)
+    while u > 1 and (2 * -(-groups // (THREADS * u)) <= wave if UNROLL_FIT else -(-groups // (THREADS * u)) < wave):
         u //= 2
     return u
 
