@@ -45,6 +45,13 @@ def _fake_cupy():
         def __add__(self, offset):      # CuPy's MemoryPointer arithmetic: (the array, a byte offset)
             return _Off(self.a(), offset)
 
+        @property
+        def mem(self):      # CuPy's pool memory object: the raw block at the root of every array's base chain
+            a = self.a()    # (each array and view on it holds it, directly or through the arrays it views)
+            while (b := _np_base(a)) is not None:
+                a = b
+            return a
+
     class _Off:
         def __init__(self, a, offset):
             self.a, self.offset = a, offset
@@ -83,6 +90,11 @@ def _fake_cupy():
 
     def w(a):
         return a.view(ndarray)
+
+    def memory_pointer(mem, offset):    # cupy.cuda.MemoryPointer(mem, offset) on a raw block (``_Mem.mem``)
+        b = _Block.__new__(_Block)
+        b.raw, b.offset = mem, -mem.ctypes.data % 512 + offset
+        return b
 
     class _Dev(contextlib.nullcontext):
         attributes = {"MultiProcessorCount": 132}
@@ -127,6 +139,7 @@ def _fake_cupy():
     fake.empty_like = lambda a: w(np.empty_like(np.asarray(a)))
     fake.broadcast_to = lambda a, s: w(np.broadcast_to(a, s))
     fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0), Device=_Dev, alloc=_Block,
+                                      MemoryPointer=memory_pointer,
                                       get_current_stream=lambda: types.SimpleNamespace(ptr=0),
                                       driver=types.SimpleNamespace(launchKernel=lambda *a: None))
     return fake

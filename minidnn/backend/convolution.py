@@ -464,8 +464,8 @@ class SettledConvolution:
                 if into is None else into
             carry = None
         else:
-            result = _igemm._new_like_layout(cp, self.out_shape, b.dtype if d else a.dtype, self.cl) \
-                if into is None else into
+            result = _igemm._new_like_layout(cp, self.out_shape, b.dtype if d else a.dtype, self.cl,
+                                             a.data.device_id) if into is None else into
             out = result if self.nd2 else result[:, :, None, :]
             if carry is None:
                 carry = _igemm._scope.carry

@@ -1,5 +1,6 @@
 """``minidnn.cuda``: is a GPU usable, how many, synchronize; streams and CUDA graphs with PyTorch's API
-(Stream, stream, current_stream, CUDAGraph, graph, make_graphed_callables: see minidnn/cuda/graphs.py)."""
+(Stream, stream, current_stream, CUDAGraph, graph, make_graphed_callables: see minidnn/cuda/graphs.py); the memory
+counters and empty_cache."""
 from ..backend import devices as _dev
 from .graphs import (
     CUDAGraph,
@@ -15,7 +16,7 @@ from .graphs import (
 __all__ = ["is_available", "device_count", "synchronize", "current_device", "set_device", "manual_seed",
            "manual_seed_all", "get_rng_state", "set_rng_state", "initial_seed", "seed", "Stream", "stream",
            "current_stream", "CUDAGraph", "graph", "graph_pool_handle", "make_graphed_callables",
-           "is_current_stream_capturing"]
+           "is_current_stream_capturing", "empty_cache", "memory_allocated", "memory_reserved"]
 
 
 def is_available() -> bool:
@@ -49,6 +50,40 @@ def synchronize(device=None) -> None:
     dev = _dev.device(device if device is not None else "cuda")
     with dev.xp.cuda.Device(dev.index):
         dev.xp.cuda.Device(dev.index).synchronize()
+
+
+def _pool(device):
+    dev = _dev.device(device if device is not None else "cuda")
+    if dev.type != "cuda":
+        raise ValueError(f"expected a CUDA device, got {device!r}")
+    return dev.index, dev.xp.get_default_memory_pool()
+
+
+def empty_cache() -> None:
+    """Hand the GPU memory no tensor uses back to the driver (torch.cuda.empty_cache): the scratch buffers and the
+    reusable output memory this thread's kernels keep (backend/cuda/workspace.py), then every unused block of
+    CuPy's memory pool.  Tensors are untouched; the next steps allocate afresh."""
+    if not is_available():
+        return
+    from ..backend.cuda import workspace
+    workspace.clear()
+    _dev.require_cupy().get_default_memory_pool().free_all_blocks()
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of GPU memory held by arrays in use on ``device`` (torch.cuda.memory_allocated): the memory pool's
+    used bytes less the reusable output memory no array holds now (workspace.fresh keeps it for the next step)."""
+    from ..backend.cuda import workspace
+    index, pool = _pool(device)
+    with _dev.require_cupy().cuda.Device(index):
+        return pool.used_bytes() - workspace.idle_bytes(index)
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes of GPU memory the memory pool holds on ``device``, in use or cached (torch.cuda.memory_reserved)."""
+    index, pool = _pool(device)
+    with _dev.require_cupy().cuda.Device(index):
+        return pool.total_bytes()
 
 
 def manual_seed(seed, device="cuda") -> None:

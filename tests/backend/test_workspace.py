@@ -31,7 +31,12 @@ class _FakeCp:
         self.stream, self.capturing, self.allocs = 0, set(), 0
         self.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=self.stream),
                                           runtime=types.SimpleNamespace(
-                                              streamIsCapturing=lambda p: p in self.capturing))
+                                              streamIsCapturing=lambda p: p in self.capturing),
+                                          MemoryPointer=self.fake.cuda.MemoryPointer, alloc=self._alloc)
+
+    def _alloc(self, nbytes):
+        self.allocs += 1
+        return self.fake.cuda.alloc(nbytes)
 
     def empty(self, shape, dtype=np.float32):
         self.allocs += 1

@@ -18,10 +18,11 @@ import cupy as cp  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
 import minidnn.models as M  # noqa: E402
-from minidnn.backend.cuda import act_kernels, bn_nhwc, pool_kernels  # noqa: E402
+from minidnn.backend.cuda import bn_nhwc, workspace  # noqa: E402
 from minidnn.backend.cuda import launch as L  # noqa: E402
 
-_ONE = bn_nhwc.empty_strided
+_ONE = workspace.empty_strided
+_RECYCLE = workspace.RECYCLE[0]
 
 
 def _two_step(cp_, spec, dtype):
@@ -31,8 +32,8 @@ def _two_step(cp_, spec, dtype):
 
 
 def _use(fn):
-    for mod in (act_kernels, bn_nhwc, pool_kernels):
-        mod.empty_strided = fn
+    workspace.empty_strided = fn
+    workspace.RECYCLE[0] = fn is _ONE and _RECYCLE     # the two-step arrays really made, not kept ones reused
 
 
 @pytest.fixture(autouse=True)

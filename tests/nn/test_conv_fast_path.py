@@ -37,6 +37,8 @@ _SCRIPT = textwrap.dedent("""
     import minidnn.backend as B
     from minidnn.backend import convolution as CV
     from minidnn.backend.cuda import conv_register as CR
+    from minidnn.backend.cuda import workspace as WS
+    WS.RECYCLE[0] = False       # the allocations compared are the paths' own (not kept memory reused or not)
     from minidnn.nn import functional as F
     from minidnn.nn._functions import conv as C
     from minidnn.tensor import Tensor

@@ -24,8 +24,9 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, type_info
-from .bn_nhwc import empty_strided, strided_spec
+from .bn_nhwc import strided_spec
 
 __all__ = ["supports", "forward", "backward", "add", "plan", "options", "MODES", "SOURCE"]
 
@@ -331,16 +332,16 @@ def _vec_grid(nv, dev, cfg=CONFIG):
 
 class _Plan:
     """A settled activation call: ``plan(x)`` -> y, ``plan(x, dy)`` -> dx.  The output is allocated in x's memory
-    order (channels-last: in one step, ``empty_strided`` of ``spec``); the prepared launch takes the arrays' pointers
-    directly (no flat views); ``vec`` is the same launch with 16-byte vectors, taken when every input pointer is
-    16-byte aligned (a fresh output always is; n filling whole vectors is part of the signature)."""
+    order (channels-last: in one step, ``workspace.empty_strided`` of ``spec``; ``workspace.fresh``); the prepared
+    launch takes the arrays' pointers directly (no flat views); ``vec`` is the same launch with 16-byte vectors, taken
+    when every input pointer is 16-byte aligned (a fresh output always is; n filling whole vectors is part of the
+    signature)."""
     __slots__ = ("dev", "mem", "back", "spec", "dtype", "go", "vec")
 
     def __call__(self, x, dy=None):
         with _launch.on_device(self.dev):
             spec = self.spec
-            out = _launch._cp.empty(self.mem, self.dtype) if spec is None else empty_strided(_launch._cp, spec,
-                                                                                              self.dtype)
+            out = _ws.fresh(_launch._cp, self.dev, "act", self.mem, self.dtype, spec)
             vec = self.vec
             if dy is None:
                 (vec if vec is not None and not x.data.ptr & 15 else self.go)(x, out)

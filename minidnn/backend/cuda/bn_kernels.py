@@ -1283,17 +1283,17 @@ class _TrainingCall:
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
         with _launch.on_device(dev):
-            mean, inv_std = _ws.pair(cp, (self.c,), acc)
+            mean, inv_std = _ws.fresh_pair(cp, dev, "bn.stats", (self.c,), acc)
             partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
             if self.launch1 is not None:
-                y = cp.empty(self.mem, dtype=self.dtype)
+                y = _ws.fresh(cp, dev, "bn.y", self.mem, self.dtype)
                 self.launch1(xc, z, y, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, scale, bias,
                              running_mean, running_var, counter)
             else:
                 # dummies for absent running statistics (never touched), float32/64
                 self.stats(xc, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, _p(running_mean, inv_std),
                            _p(running_var, inv_std), _p(counter, inv_std))
-                y = cp.empty(self.mem, dtype=self.dtype)
+                y = _ws.fresh(cp, dev, "bn.y", self.mem, self.dtype)
                 self.apply(xc, xc if z is None else z, y, mean, inv_std, _p(scale, xc), _p(bias, xc))
         return (y if self.back is None else y.transpose(self.back)), mean, inv_std
 
@@ -1394,18 +1394,18 @@ class _BackwardCall:
             if not self.has_scale:
                 dscale = dbias = None
             elif dscale is None or dbias is None:
-                dscale, dbias = _ws.pair(cp, (c,), self.pdt)
+                dscale, dbias = _ws.fresh_pair(cp, dev, "bn.dparams", (c,), self.pdt)
             if self.launch1 is not None:
-                dx = cp.empty(self.mem, dtype=self.dtype)
-                dz = cp.empty(self.mem, dtype=self.dtype) if self.want_dz else None
+                dx = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype)
+                dz = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype) if self.want_dz else None
                 self.launch1(xc, dyc, y, mean, inv_std, partial, _ticket(cp, self.n_sync, dev), coef, dscale,
                              dbias, scale, dx, dz)
             else:
                 ym = xc if y is None else y
                 self.grad(xc, dyc, ym, mean, inv_std, partial, _ticket(cp, self.n_sync, dev), coef,
                           _p(dscale, coef), _p(dbias, coef))
-                dx = cp.empty(self.mem, dtype=self.dtype)
-                dz = cp.empty(self.mem, dtype=self.dtype) if self.want_dz else None
+                dx = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype)
+                dz = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype) if self.want_dz else None
                 self.dx(xc, dyc, ym, mean, inv_std, coef, _p(scale, xc), dx, xc if dz is None else dz)
         back = self.back
         if back is not None:

@@ -1236,7 +1236,7 @@ def _cand():
 
 def strided_spec(mem, back, dtype):
     """(shape, strides, nbytes) of the view through ``back`` of a fresh C-ordered ``mem``-shaped array (a
-    channels-first view of channels-last memory), for ``empty_strided``; None where ``back`` is None."""
+    channels-first view of channels-last memory), for ``workspace.empty_strided``; None where ``back`` is None."""
     if back is None:
         return None
     item = np.dtype(dtype).itemsize
@@ -1245,14 +1245,6 @@ def strided_spec(mem, back, dtype):
         c_strides.insert(0, step)
         step *= n
     return tuple(mem[i] for i in back), tuple(c_strides[i] for i in back), step
-
-
-def empty_strided(cp, spec, dtype):
-    """A fresh array of ``strided_spec``'s shape and strides, made in one step (round 22b): one CuPy object on a
-    pool block, where ``cp.empty(mem).transpose(back)`` made two (its base) and a transpose.  Same memory order,
-    alignment (a pool block) and allocator (the current one, as ``cp.empty``'s, CUDA graph capture included)."""
-    shape, strides, nbytes = spec
-    return cp.ndarray(shape, dtype, cp.cuda.alloc(nbytes), strides)
 
 
 def _memory_order(xc):
@@ -1294,9 +1286,9 @@ class _Call:
         return plan
 
     def _empty(self, cp):
-        """A fresh array laid out like xc, channels-first indexed (channels-last memory: made in one step)."""
-        spec = self.spec
-        return cp.empty(self.mem, dtype=self.dtype) if spec is None else empty_strided(cp, spec, self.dtype)
+        """A fresh array laid out like xc, channels-first indexed (channels-last memory: made in one step), reused
+        where nothing holds it (workspace.fresh)."""
+        return _ws.fresh(cp, self.dev, "bn.y", self.mem, self.dtype, self.spec)
 
 
 class TrainingCall(_Call):
@@ -1318,7 +1310,7 @@ class TrainingCall(_Call):
         plan = self._plan(xc, z)
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
         with _launch.on_device(dev):
-            mean, inv_std = _ws.pair(cp, (self.c,), acc)
+            mean, inv_std = _ws.fresh_pair(cp, dev, "bn.stats", (self.c,), acc)
             partial = _ws.scratch_flat(cp, dev, "bn.partial", plan[-2], acc)
             y = self._empty(cp)
             if plan[0] == "one":
@@ -1354,7 +1346,7 @@ class BackwardCall(_Call):
             if not flags["has_scale"]:
                 dscale = dbias = None
             elif dscale is None or dbias is None:
-                dscale, dbias = _ws.pair(cp, (c,), _param(self.dtype))
+                dscale, dbias = _ws.fresh_pair(cp, dev, "bn.dparams", (c,), _param(self.dtype))
             dx = self._empty(cp)
             dz = self._empty(cp) if flags["has_z"] else None
             if plan[0] == "one":

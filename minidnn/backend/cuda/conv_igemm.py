@@ -398,7 +398,7 @@ def _stage(cp, a, run, slot=None):
 
 def _copy_nhwc(cp, a, run, tag=None):
     n, c, h, w = a.shape
-    t = cp.empty((n, h, w, c), dtype=a.dtype) if tag is None else \
+    t = _ws.fresh(cp, a.data.device_id, "conv.stage", (n, h, w, c), a.dtype) if tag is None else \
         _ws.scratch(cp, a.data.device_id, tag, (n, h, w, c), a.dtype)
     if run is not None:
         run(a, t)
@@ -433,7 +433,7 @@ def _filter_copy(cp, p, w, form):
         wg = w.reshape(p.groups, p.Kg, p.Cg, *w.shape[2:])
         return cp.ascontiguousarray(wg.transpose(0, 2, *range(3, 3 + nd), 1))
     shape = (p.K, *w.shape[2:], p.Cg) if form == "krsc" else (p.groups, p.Cg, *w.shape[2:], p.Kg)
-    t = cp.empty(shape, dtype=w.dtype)
+    t = _ws.fresh(cp, w.data.device_id, "conv.filter", shape, w.dtype)
     run(w, t)
     return t
 
@@ -462,14 +462,16 @@ def _channels_last(a):
     return a.ndim == 4 and a.shape[1] > 1 and a.strides[1] == a.itemsize
 
 
-def _new_like_layout(cp, shape, dtype, channels_last):
-    """A fresh (N, C, H, W)-indexed array, NHWC in memory when ``channels_last`` (made in one step: one CuPy array
-    with channels-last strides on a pool block, not an NHWC array and its transpose; bn_nhwc.empty_strided)."""
+def _new_like_layout(cp, shape, dtype, channels_last, dev):
+    """A fresh (N, C, H, W)-indexed array on GPU ``dev``, NHWC in memory when ``channels_last`` (made in one step:
+    one CuPy array with channels-last strides on a pool block, not an NHWC array and its transpose;
+    workspace.empty_strided), reused where nothing holds it (workspace.fresh)."""
     if channels_last:
         n, c, h, w = shape
         e = dtype.itemsize
-        return cp.ndarray(shape, dtype, cp.cuda.alloc(n * h * w * c * e), (h * w * c * e, e, w * c * e, c * e))
-    return cp.empty(shape, dtype=dtype)
+        return _ws.fresh(cp, dev, "conv.out", shape, dtype,
+                         (shape, (h * w * c * e, e, w * c * e, c * e), n * h * w * c * e))
+    return _ws.fresh(cp, dev, "conv.out", shape, dtype)
 
 
 def _args(p, g, sx, sy):
@@ -730,7 +732,7 @@ class _Call:
             run, shape = self.wcopy
             # scratch: read by this call's kernel only; kept for backward data: fresh memory
             t = _ws.scratch(cp, w.data.device_id, "conv.filter", shape, w.dtype) if carry is None else \
-                cp.empty(shape, dtype=w.dtype)
+                _ws.fresh(cp, w.data.device_id, "conv.filter", shape, w.dtype)
             run(w, t)
         if carry is not None and mode == "krsc":
             carry.krsc, carry.key = t, _filter_key(w)
@@ -991,7 +993,7 @@ def _accumulator(cp, n, dev):
 def implicit_forward(p, x, w, tf32=False, precomp=False, alpha=1.0, beta=0.0, out=None, tile=None):
     """y = alpha * conv(x, w) + beta * out (the kernel's epilogue); a new array when ``out`` is None."""
     cp = _launch.cupy()
-    y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, _channels_last(x))
+    y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, _channels_last(x), x.data.device_id)
     if out is not None:
         _check_out(out, p.y_shape, x.dtype)
     elif beta != 0:
@@ -1016,7 +1018,7 @@ def implicit_backward_data(p, w, dy, tf32=False, precomp=False, alpha=1.0, beta=
     """dx = alpha * (d conv / d x)^T dy + beta * out; inside a ``filter_carry`` block holding the forward's KRSC
     copy of this ``w``, the VEC loader reads that copy (WKRSC=1) instead of making its CRSK one."""
     cp = _launch.cupy()
-    dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, _channels_last(dy))
+    dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, _channels_last(dy), dy.data.device_id)
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
     elif beta != 0:
@@ -1207,7 +1209,7 @@ def _tile_forward_run(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta,
 def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     cp = _launch.cupy()
     cl = _channels_last(x) if p.nd == 2 else False
-    y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, cl)
+    y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, cl, x.data.device_id)
     if out is not None:
         _check_out(out, p.y_shape, x.dtype)
     x2, y2, w = _as_2d(x, p.nd), _as_2d(y, p.nd), cp.ascontiguousarray(w)
@@ -1231,7 +1233,7 @@ def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
 def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
     cp = _launch.cupy()
     cl = _channels_last(dy) if p.nd == 2 else False
-    dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, cl)
+    dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, cl, dy.data.device_id)
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
     dy2, dx2 = _as_2d(dy, p.nd), _as_2d(dx, p.nd)

@@ -57,8 +57,9 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, _divider, type_info
-from .bn_nhwc import empty_strided, strided_spec
+from .bn_nhwc import strided_spec
 from .softmax_kernels import WARP_REDUCE
 
 __all__ = ["supports", "forward", "backward", "SOURCE"]
@@ -883,10 +884,10 @@ class _Plan:
         cp = _launch._cp
         with _launch.on_device(self.dev):
             spec = self.spec         # a channels-last global average: the output made in one step (round 22b)
-            out = cp.empty(self.mem, self.dtype) if spec is None else empty_strided(cp, spec, self.dtype)
+            out = _ws.fresh(cp, self.dev, "pool", self.mem, self.dtype, spec)
             kind = self.kind
             if kind == 0:                                      # pooling forward: (x) -> y, argmax or None
-                arg = None if self.adt is None else cp.empty(self.mem, self.adt)
+                arg = None if self.adt is None else _ws.fresh(cp, self.dev, "pool.arg", self.mem, self.adt)
                 go = self.go16
                 (go if go is not None and not a.data.ptr & 15 else self.go)(a, out, out if arg is None else arg)
                 if self.back is not None:                     # (spec is None: the windowed kernels write the
