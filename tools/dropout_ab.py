@@ -6,6 +6,18 @@ bytes, no Philox work in the backward), with PyTorch's torch.ops.aten.native_dro
 forward and backward, device time only (CUDA-graph replays), in one process.
 
     python tools/dropout_ab.py [--dtypes float32,bfloat16] [--shapes 128x64x56x56,128x256] [--rounds 4] [--trials 5]
+                               [--sides mask,record,bits,torch] [--directions fwd,bwd]
+
+Session 14: a side is a reserve with optional settings, ``RESERVE[+d16][+fit]``, or ``torch``: ``+d16`` turns
+DRAW16 on (16-bit data draws one Philox block per 8 elements; flipped in place: the runners follow it), ``+fit``
+UNROLL_FIT (the forward's UNROLL halved only while the halved grid fits one wave; planning-time, so the plans are
+cleared where it changes -- the capture's warm-up re-plans outside the capture).  The DRAW16 A/B:
+
+    python tools/dropout_ab.py --dtypes bfloat16,float16 --shapes 128x64x56x56,128x256 \
+        --sides bits,bits+d16,record,record+d16,torch
+
+and the small float32 forward: --dtypes float32 --shapes 128x16x32x32 --sides bits,bits+fit,torch --directions fwd.
+The ratios are against the FIRST side (base/this) and PyTorch (torch/this).
 
 Method (as tools/row_ab.py): per case (direction, dtype, shape) `rounds` rounds; a round times mask, record, bits
 and PyTorch in turn, the order reversed every other round (a drift of clocks cancels), each timing a fresh capture of
@@ -37,48 +49,83 @@ from minidnn.backend.cuda import dropout_philox as DP  # noqa: E402
 
 SIDES = ("mask", "record", "bits", "torch")
 _RESERVE_TYPE = {"record": DP.PhiloxReserve, "bits": DP.BitMaskReserve}
+_MODS = ("d16", "fit")
+_IMPORTED = dict(DRAW16=DP.DRAW16, UNROLL_FIT=DP.UNROLL_FIT)
+
+
+def parse_side(side):
+    """"bits+d16" -> ("bits", {"d16"}); "torch" -> ("torch", set()).  Unknown names raise before any work."""
+    base, *mods = side.split("+")
+    if base not in SIDES or (base == "torch" and mods) or not set(mods) <= set(_MODS):
+        raise SystemExit(f"dropout_ab: side {side!r} must be torch or one of {SIDES[:3]} with +{' +'.join(_MODS)}")
+    return base, set(mods)
+
+
+def apply_side(side):
+    """Set the module's switches for ``side`` (a minidnn side): RESERVE, DRAW16 (read per call), UNROLL_FIT (read
+    when planning: the plans are cleared where it changes)."""
+    base, mods = parse_side(side)
+    DP.RESERVE = base
+    DP.DRAW16 = "d16" in mods
+    if DP.UNROLL_FIT != ("fit" in mods):
+        DP.UNROLL_FIT = "fit" in mods
+        DP.clear_plans()
+
+
+def restore():
+    DP.RESERVE = {"1": "mask", "mask": "mask", "0": "record", "record": "record"}.get(
+        os.environ.get("MINIDNN_DROPOUT_MASK", "bits"), "bits")
+    DP.DRAW16 = _IMPORTED["DRAW16"]
+    if DP.UNROLL_FIT != _IMPORTED["UNROLL_FIT"]:
+        DP.UNROLL_FIT = _IMPORTED["UNROLL_FIT"]
+        DP.clear_plans()
 
 
 def bytes_moved(side, n, itemsize):
     """Bytes one call of ``side`` moves (either direction): input and output, plus the mask where stored (1 byte an
     element for mask and PyTorch, 1 bit for bits)."""
-    return 2 * itemsize * n + {"record": 0, "bits": 4 * (-(-n // 32))}.get(side, n)
+    return 2 * itemsize * n + {"record": 0, "bits": 4 * (-(-n // 32))}.get(parse_side(side)[0], n)
 
 
-def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
+def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch, sides=SIDES):
     from minidnn.nn._functions.activation import _SeededDropoutDescriptor
     desc = _SeededDropoutDescriptor(0.5)
     x, dy = cases.x(shape), cases.x(shape)
     n, item = x.size, x.dtype.itemsize
     fns, reserves = {}, {}
-    for side in ("mask", "record", "bits"):
-        DP.RESERVE = side
+    for side in sides:
+        if side == "torch":
+            continue
+        apply_side(side)
         _, reserves[side] = B.dropout_forward(None, desc, x)     # plans and compiles outside any capture
-        want = _RESERVE_TYPE.get(side, type(dy))
+        want = _RESERVE_TYPE.get(parse_side(side)[0], type(dy))
         if not isinstance(reserves[side], want):
             raise RuntimeError(f"{side}: dropout_forward returned a {type(reserves[side]).__name__}")
+        if isinstance(reserves[side], DP.PhiloxReserve) and reserves[side].draw16 != DP.uses_draw16(x.dtype, 0.5):
+            raise RuntimeError(f"{side}: the record's stream is not the setting's")
         if direction == "fwd":
             fns[side] = lambda: B.dropout_forward(None, desc, x)
         else:
             fns[side] = (lambda r: lambda: B.dropout_backward(None, desc, dy, r))(reserves[side])
         fns[side]()
-    if torch is not None:
+    if torch is not None and "torch" in sides:
         xt, dyt = cases.t(shape), cases.t(shape)
         _, mt = torch.ops.aten.native_dropout(xt, 0.5, True)
         if direction == "fwd":
             fns["torch"] = lambda: torch.ops.aten.native_dropout(xt, 0.5, True)
         else:
             fns["torch"] = lambda: torch.ops.aten.native_dropout_backward(dyt, mt, 2.0)
-    sides = [s for s in SIDES if s in fns]
+    sides = [s for s in sides if s in fns]
+    first = sides[0]
     got = {s: [] for s in sides}
-    ratios = {s: {"mask": [], "torch": []} for s in sides}
+    ratios = {s: {first: [], "torch": []} for s in sides}
     reps = {}
     try:
         for r in range(rounds):
             this = {}
             for side in (sides if r % 2 == 0 else sides[::-1]):
                 if side != "torch":
-                    DP.RESERVE = side
+                    apply_side(side)
                 if side not in got:             # PyTorch's capture failed in an earlier round
                     continue
                 framework = "torch" if side == "torch" else "minidnn"
@@ -93,21 +140,20 @@ def run_case(timer, cases, direction, shape, dtype_name, bw, rounds, torch):
                     continue
                 got[side].append(this[side])
             for s in this:
-                for ref in ("mask", "torch"):
+                for ref in (first, "torch"):
                     if ref in this:
                         ratios[s][ref].append(this[ref] / this[s])
     finally:
-        DP.RESERVE = {"1": "mask", "mask": "mask", "0": "record", "record": "record"}.get(
-            os.environ.get("MINIDNN_DROPOUT_MASK", "bits"), "bits")
+        restore()
     name = f"dropout {direction}"
     for s in [s for s in sides if s in got]:
         ms = statistics.median(got[s])
         gbs = bytes_moved(s, n, item) / (ms * 1e-3) / 1e9
         spread = max(got[s]) / min(got[s]) - 1
-        vs = "  ".join(f"{ref}/this {statistics.median(ratios[s][ref]):.3f}" for ref in ("mask", "torch")
+        vs = "  ".join(f"{ref}/this {statistics.median(ratios[s][ref]):.3f}" for ref in dict.fromkeys((first, "torch"))
                        if ratios[s][ref])
         mb = bytes_moved(s, n, item) / 1e6
-        print(f"{name:12s} {dtype_name:9s} {str(shape):18s} {s:6s} {ms:8.4f} ms {mb:7.1f} MB "
+        print(f"{name:12s} {dtype_name:9s} {str(shape):18s} {s:11s} {ms:8.4f} ms {mb:7.1f} MB "
               f"{gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  {vs}")
     sys.stdout.flush()
 
@@ -119,7 +165,12 @@ def main(argv=None):
     ap.add_argument("--directions", default="fwd,bwd")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--sides", default=",".join(SIDES),
+                    help="RESERVE[+d16][+fit] or torch, comma-separated; the first is the ratios' base")
     args = ap.parse_args(argv)
+    sides = args.sides.split(",")
+    for side in sides:
+        parse_side(side)
     if not _dev.cuda_is_available():
         print("dropout_ab: no CUDA GPU with CuPy here; nothing to measure")
         return 0
@@ -132,7 +183,8 @@ def main(argv=None):
     bw = KG.copy_bandwidth(cp, timer)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
           f"{args.rounds} rounds (sides alternated), graph replays of {args.trials} trials each; p = 0.5; "
-          f"MB: the bytes each side moves (mask, torch: +1 byte an element; bits: +1 bit)")
+          f"MB: the bytes each side moves (mask, torch: +1 byte an element; bits: +1 bit); sides {sides} "
+          f"(+d16: DRAW16 on, 16-bit data only; +fit: UNROLL_FIT on); DRAW16 as imported {_IMPORTED['DRAW16']}")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     with KG.torch_stream(torch):
         for dtype_name in args.dtypes.split(","):
@@ -140,7 +192,7 @@ def main(argv=None):
             for shape in shapes:
                 for direction in args.directions.split(","):
                     try:
-                        run_case(timer, cases, direction, shape, dtype_name, bw, args.rounds, torch)
+                        run_case(timer, cases, direction, shape, dtype_name, bw, args.rounds, torch, sides)
                     except Exception as exc:        # noqa: BLE001 -- one case must not take the others down
                         print(f"dropout {direction} {dtype_name} {shape}: failed: {type(exc).__name__}: {exc}")
             del cases
