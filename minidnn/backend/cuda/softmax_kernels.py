@@ -545,6 +545,34 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #ifndef FULLK
 #define FULLK 0
 #endif
+// LSM (session 14; FWD_LSM, log-softmax forward only): PyTorch's epilogue.  The warp's max M first (the butterfly
+// before any exp), then d = x - M in place of x (one FADD an element, reused: the exp's argument and the output's
+// minuend), S = the warp's sum of exp(d) (no per-lane rescale exp(m_t - M)), y = d - log S: one FADD an element
+// where LSM 0 computes x - sh for the exp and x - M - log S again at the output (three).  y has LSM 0's expression
+// (x - M) - log S; only S is summed differently (LSM_PS partial sums a lane, slot j into j % LSM_PS, added pairwise:
+// a shorter dependent chain than one running sum).  LSM 1: exp is expf (as LSM 0); LSM 2: exp(d) =
+// ex2.approx.ftz(d log2e) -- FMUL + MUFU.EX2 for expf's ~9 instructions; 2 ulp relative (PTX's exp2 bound) plus the
+// product's rounding (|d| 2^-24 relative), results below 2^-126 flushed to 0 (CuPy builds with -ftz=true): S within
+// ~2^-21 relative of expf's S, so log S within ~5e-7 absolute (docs/step_kernels.md, "Session 14").
+#ifndef LSM
+#define LSM 0
+#endif
+#define LSM_PS 4
+#if LSM
+#if ALGO != 2
+#error "LSM is the log-softmax forward's epilogue"
+#endif
+__device__ __forceinline__ A lsm_exp(A d)
+{
+#if LSM == 2
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((float)d * 1.4426950408889634f));
+    return (A)r;
+#else
+    return exp(d);
+#endif
+}
+#endif
 template <bool VA> __device__ __forceinline__ void warp_load(const T* __restrict__ p, const Geo& q, int g, A pad,
                                                              A* a)
 {
@@ -582,6 +610,41 @@ template <bool VA> __device__ __forceinline__ void fwd_rows_warp(const T* __rest
         }
 #pragma unroll
         for (int i = 0; i < WARP; ++i) {
+#if LSM
+            A pm[LSM_PS];                // fmax is exact and associative (NaN skipped in any order): LSM_PS chains
+#pragma unroll
+            for (int j = 0; j < LSM_PS; ++j) pm[j] = NEG_INF;
+#pragma unroll
+            for (int e = 0; e < E; ++e) pm[e % LSM_PS] = vmax(pm[e % LSM_PS], a[i][e]);
+#pragma unroll
+            for (int j = 0; j < NE; ++j) pm[j % LSM_PS] = vmax(pm[j % LSM_PS], ed[i][j]);
+            A M = g_max(vmax(vmax(pm[0], pm[1]), vmax(pm[2], pm[3])), (A*)0);
+            if (M == NEG_INF) M = 0;     // an all -inf row: d = -inf, S = 0, y = -inf - log 0 = NaN as the reference
+            A ps[LSM_PS];
+#pragma unroll
+            for (int j = 0; j < LSM_PS; ++j) ps[j] = 0;
+#pragma unroll
+            for (int j = 0; j < NE; ++j) {
+                ed[i][j] = ed[i][j] - M;
+                ps[j % LSM_PS] += lsm_exp(ed[i][j]);
+            }
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                a[i][e] = a[i][e] - M;
+                ps[e % LSM_PS] += lsm_exp(a[i][e]);
+            }
+            const A S = g_sum((ps[0] + ps[1]) + (ps[2] + ps[3]), (A*)0);
+            if (r0 + i < rows) {
+                T* yr = y + (size_t)(r0 + i) * C;
+                const A ls = log(S);
+#pragma unroll
+                for (int e = 0; e < E; ++e) a[i][e] = a[i][e] - ls;
+#pragma unroll
+                for (int j = 0; j < NE; ++j) ed[i][j] = ed[i][j] - ls;
+                store_chunk<VA>(yr, 0, q[i], g, a[i]);
+                store_edges(yr, q[i], g, ed[i]);
+            }
+#else
             A m = ALGO == 0 ? (A)0 : NEG_INF, s = 0;
 #if ALGO != 0
 #pragma unroll
@@ -626,6 +689,7 @@ template <bool VA> __device__ __forceinline__ void fwd_rows_warp(const T* __rest
                 store_chunk<VA>(yr, 0, q[i], g, a[i]);
                 store_edges(yr, q[i], g, ed[i]);
             }
+#endif
         }
     }
 }
@@ -1059,13 +1123,37 @@ WARP_BWD_REGS = {(32, 4, False): 64, (32, 4, True): 72, (32, 2, False): 72, (32,
                  (16, 4, False): 64, (16, 4, True): 64, (16, 2, False): 64, (16, 2, True): 64}
 
 
-def warp_regs(wr, e, item, ragged, log):
-    """A WARP forward thread's register budget (WARP_REGS, WARP_REGS_LOG for log-softmax where listed)."""
+# LSM's own budgets where LOG's spills (nvcc 13): "2" rows a warp of 32 float32 elements a lane (516 classes under
+# LSM 2 spilled 4 bytes at 80; 96: five blocks an SM instead of six).
+WARP_REGS_LSM = {(2, 32, 4, False): 96}
+
+
+def warp_regs(wr, e, item, ragged, log, lsm=0):
+    """A WARP forward thread's register budget (WARP_REGS, WARP_REGS_LOG for log-softmax where listed,
+    WARP_REGS_LSM for its LSM epilogue where listed)."""
     key = (wr, e, item, ragged)
+    if log and lsm and key in WARP_REGS_LSM:
+        return WARP_REGS_LSM[key]
     return WARP_REGS_LOG.get(key, WARP_REGS[key]) if log else WARP_REGS[key]
 
 
 WARP_BLOCK = 128
+
+# Session 14 (issue 10: the WARP log-softmax forward at (16384, 1000) float32 0.0346 ms against softmax's 0.0343 and
+# PyTorch's 0.0337): LSM, PyTorch's epilogue for the WARP log-softmax forward -- the warp's max first, d = x - M kept
+# in place of x, S = sum exp(d), y = d - log S (fwd_rows_warp's LSM branch; docs/step_kernels.md, "Session 14:
+# log-softmax forward").  MINIDNN_SOFTMAX_LSM=0 (default: the session-13 kernel, bitwise PIPE) | 1 (expf as now:
+# SASS 548 -> 502 instructions a row and lane at fp32 1000, softmax's is 551) | 2 (ex2.approx.ftz(d log2e): 307).
+# Only log-softmax forwards that plan WARP (FWD_WARP; "auto": >= WARP_MIN_ROWS rows) take it, within LOG's register
+# budget (nvcc 13: no spill at WARP_REGS_LOG / WARP_REGS).  Not bitwise "0" (S is summed in another order, "2" with
+# another exp): the cuda tests hold it to float64 at the existing tolerance.  Module attribute read at planning time
+# (tools/row_ab.py flips it).
+FWD_LSM = os.environ.get("MINIDNN_SOFTMAX_LSM", "0")
+
+
+def lsm_setting():
+    """FWD_LSM as the LSM define (1 or 2; anything else 0: the session-13 kernel)."""
+    return int(FWD_LSM) if FWD_LSM in ("1", "2") else 0
 
 
 def warp_setting():
@@ -1196,14 +1284,14 @@ def uses_bwd_pipe(cfg, acc):
 
 
 def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, pipe=False, bwd_pipe=False,
-                narrow=0, warp=0, log=False):
+                narrow=0, warp=0, log=False, lsm=0):
     """The row kernels' compile-time tiling for rows of ``c`` elements of ``dtype`` (see row_config), as
     NAME=VALUE strings (MINB last), and the RowConfig; ``regs``: the registers a thread may use (MINB blocks an SM);
     ``pipe``: the kernel has a PIPE path (softmax and cross-entropy forward), taken where uses_pipe says;
     ``bwd_pipe``: the log-softmax backward's pipelined path, taken where uses_bwd_pipe says; ``narrow``: NARROW's
     elements a thread for a PIPE row (narrow_config); ``warp``: WARP's rows a warp (uses_warp decides; then
     WARP_BLOCK threads a block, no PIPE, the warp_regs / WARP_BWD_REGS budget -- ``log``: log-softmax's -- and the
-    WARP=n, FULLK=k defines before MINB)."""
+    WARP=n, FULLK=k defines before MINB; ``lsm``: a log-softmax forward WARP row's LSM define, before MINB)."""
     item = np.dtype(dtype).itemsize
     acc = 8 if item == 8 else 4
     cfg = row_config(c, item, acc, arrays, stash_bytes, warp_pair, FWD_CAP if arrays == 1 and acc == 4 else None)
@@ -1211,10 +1299,11 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
         cfg = cfg._replace(block=WARP_BLOCK)
         e = cfg.nv * cfg.vec
         regs = (WARP_BWD_REGS[e, item, cfg.ragged] if arrays == 2
-                else warp_setting()[1] or warp_regs(warp, e, item, cfg.ragged, log))
+                else warp_setting()[1] or warp_regs(warp, e, item, cfg.ragged, log, lsm))
+        lsm_d = (f"LSM={lsm}",) if lsm and log and arrays == 1 else ()
         return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
                 f"RAGGED={int(cfg.ragged)}", "ONE=1", "SCH=0", "PIPE=0", f"WARP={warp}",
-                f"FULLK={warp_fullk(cfg, c)}", f"MINB={65536 // (cfg.block * regs)}"), cfg
+                f"FULLK={warp_fullk(cfg, c)}", *lsm_d, f"MINB={65536 // (cfg.block * regs)}"), cfg
     if narrow and pipe and uses_pipe(cfg, arrays, acc):
         cfg = narrow_config(cfg, c, narrow)
     bwd_pipe = bwd_pipe and uses_bwd_pipe(cfg, acc)
@@ -1273,7 +1362,8 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
                                    warp_pair=backward and bwd_warp(algo_name, np.dtype(dtype).itemsize),
                                    pipe=not backward, bwd_pipe=backward and algo_name == "LOG",
                                    narrow=0 if backward else _narrow(algo_name),
-                                   warp=warp_rows(backward, algo_name, rows), log=algo_name == "LOG")
+                                   warp=warp_rows(backward, algo_name, rows), log=algo_name == "LOG",
+                                   lsm=0 if backward else lsm_setting())
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         wr = next((int(d[5:]) for d in defines if d.startswith("WARP=")), 0)
