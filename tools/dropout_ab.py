@@ -8,10 +8,12 @@ forward and backward, device time only (CUDA-graph replays), in one process.
     python tools/dropout_ab.py [--dtypes float32,bfloat16] [--shapes 128x64x56x56,128x256] [--rounds 4] [--trials 5]
                                [--sides mask,record,bits,torch] [--directions fwd,bwd]
 
-Session 14: a side is a reserve with optional settings, ``RESERVE[+d16][+fit]``, or ``torch``: ``+d16`` turns
-DRAW16 on (16-bit data draws one Philox block per 8 elements; flipped in place: the runners follow it), ``+fit``
-UNROLL_FIT (the forward's UNROLL halved only while the halved grid fits one wave; planning-time, so the plans are
-cleared where it changes -- the capture's warm-up re-plans outside the capture).  The DRAW16 A/B:
+Session 14: a side is a reserve with optional settings, ``RESERVE[+d16][+fit][+nopipe]``, or ``torch``: ``+d16``
+turns DRAW16 on (16-bit data draws one Philox block per 8 elements; flipped in place: the runners follow it),
+``+fit`` UNROLL_FIT (the forward's UNROLL halved only while the halved grid fits one wave), ``+nopipe`` PIPE_FWD "0"
+(16-bit data through dropout_fwd's exact grid, as float32: whether the persistent pipe still pays once the Philox
+work is halved); the last two are read when planning, so the plans are cleared where they change (the capture's
+warm-up re-plans outside the capture).  The DRAW16 A/B:
 
     python tools/dropout_ab.py --dtypes bfloat16,float16 --shapes 128x64x56x56,128x256 \
         --sides bits,bits+d16,record,record+d16,torch
@@ -49,8 +51,8 @@ from minidnn.backend.cuda import dropout_philox as DP  # noqa: E402
 
 SIDES = ("mask", "record", "bits", "torch")
 _RESERVE_TYPE = {"record": DP.PhiloxReserve, "bits": DP.BitMaskReserve}
-_MODS = ("d16", "fit")
-_IMPORTED = dict(DRAW16=DP.DRAW16, UNROLL_FIT=DP.UNROLL_FIT)
+_MODS = ("d16", "fit", "nopipe")
+_IMPORTED = dict(DRAW16=DP.DRAW16, UNROLL_FIT=DP.UNROLL_FIT, PIPE_FWD=DP.PIPE_FWD)
 
 
 def parse_side(side):
@@ -62,13 +64,21 @@ def parse_side(side):
 
 
 def apply_side(side):
-    """Set the module's switches for ``side`` (a minidnn side): RESERVE, DRAW16 (read per call), UNROLL_FIT (read
-    when planning: the plans are cleared where it changes)."""
+    """Set the module's switches for ``side`` (a minidnn side): RESERVE, DRAW16 (read per call), UNROLL_FIT and
+    PIPE_FWD (read when planning: the plans are cleared where one changes)."""
     base, mods = parse_side(side)
     DP.RESERVE = base
     DP.DRAW16 = "d16" in mods
-    if DP.UNROLL_FIT != ("fit" in mods):
-        DP.UNROLL_FIT = "fit" in mods
+    _planning(UNROLL_FIT="fit" in mods, PIPE_FWD="0" if "nopipe" in mods else _IMPORTED["PIPE_FWD"])
+
+
+def _planning(**values):
+    changed = False
+    for name, v in values.items():
+        if getattr(DP, name) != v:
+            setattr(DP, name, v)
+            changed = True
+    if changed:
         DP.clear_plans()
 
 
@@ -76,9 +86,7 @@ def restore():
     DP.RESERVE = {"1": "mask", "mask": "mask", "0": "record", "record": "record"}.get(
         os.environ.get("MINIDNN_DROPOUT_MASK", "bits"), "bits")
     DP.DRAW16 = _IMPORTED["DRAW16"]
-    if DP.UNROLL_FIT != _IMPORTED["UNROLL_FIT"]:
-        DP.UNROLL_FIT = _IMPORTED["UNROLL_FIT"]
-        DP.clear_plans()
+    _planning(UNROLL_FIT=_IMPORTED["UNROLL_FIT"], PIPE_FWD=_IMPORTED["PIPE_FWD"])
 
 
 def bytes_moved(side, n, itemsize):
@@ -166,7 +174,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--sides", default=",".join(SIDES),
-                    help="RESERVE[+d16][+fit] or torch, comma-separated; the first is the ratios' base")
+                    help="RESERVE[+d16][+fit][+nopipe] or torch, comma-separated; the first is the ratios' base")
     args = ap.parse_args(argv)
     sides = args.sides.split(",")
     for side in sides:
@@ -184,7 +192,7 @@ def main(argv=None):
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
           f"{args.rounds} rounds (sides alternated), graph replays of {args.trials} trials each; p = 0.5; "
           f"MB: the bytes each side moves (mask, torch: +1 byte an element; bits: +1 bit); sides {sides} "
-          f"(+d16: DRAW16 on, 16-bit data only; +fit: UNROLL_FIT on); DRAW16 as imported {_IMPORTED['DRAW16']}")
+          f"(+d16: DRAW16 on, 16-bit data only; +fit: UNROLL_FIT on; +nopipe: PIPE_FWD 0); as imported {_IMPORTED}")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     with KG.torch_stream(torch):
         for dtype_name in args.dtypes.split(","):
