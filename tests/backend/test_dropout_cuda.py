@@ -1,13 +1,14 @@
 """The GPU dropout kernels (backend/cuda/dropout_philox.py) against a NumPy Philox4x32-10 reference.
 
-The reference decides element i of a call exactly as the kernel's docstring promises: Philox4x32-10 block
-counter = c0 + i // 4 under the engine's key, word i % 4 = r, kept iff (r >> 8) * 2^-24 >= float32(p); the state's
-counter then moves by ceil(n / 4).  On the CPU: the reference against Random123's known-answer vectors, the threshold
-against the float comparison over every 24-bit draw, the kernels compile for sm_90 without spills, and the Python
-path (one launch per call, its grid and packed arguments, the aligned / element-load choice) under the fake CuPy of
-tools/record_launches.py.  On a GPU (cuda-marked): exact masks and outputs for float32/float64/float16/bfloat16 over
-ragged sizes, unaligned and non-contiguous views, p = 0 and p = 1, the backward, keep-rate statistics, seeds,
-graph capture and the nn Function.
+The reference decides element i of a call exactly as the kernel's docstring promises: Philox4x32-10 block counter = c0 +
+i // 4 under the engine's key, word i % 4 = r, kept iff (r >> 8) * 2^-24 >= float32(p); the state's counter then moves
+by ceil(n / 4). ``draw16``: session 14's 16-bit stream (half-word i % 8 of block c0 + i // 8; DP.DRAW16,
+tests/backend/test_dropout16_draw.py) -- the GPU tests here take it where DP.uses_draw16 says. On the CPU: the reference
+against Random123's known-answer vectors, the threshold against the float comparison over every 24-bit draw, the kernels
+compile for sm_90 without spills, and the Python path (one launch per call, its grid and packed arguments, the aligned /
+element-load choice) under the fake CuPy of tools/record_launches.py. On a GPU (cuda-marked): exact masks and outputs
+for float32/float64/float16/bfloat16 over ragged sizes, unaligned and non-contiguous views, p = 0 and p = 1, the
+backward, keep-rate statistics, seeds, graph capture and the nn Function.
 """
 import json
 import math
