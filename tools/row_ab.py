@@ -1,10 +1,12 @@
 """A/B of the row-kernel settings on the GPU (issue 10), device time only (CUDA-graph replays, as
 bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's graphed op beside: session 13's
 softmax_kernels.FWD_WARP (the default "0", PIPE, against "1" and "2") on softmax / log-softmax forward and the
-log-softmax backward, and session 12's loss_kernels.CE_TAIL on the cross-entropy forward.
+log-softmax backward, session 14's softmax_kernels.FWD_LSM on the log-softmax forward (op "lsm", softmax's forward
+timed in the same rounds), and session 12's loss_kernels.CE_TAIL on the cross-entropy forward.
 
     python tools/row_ab.py [--ops smx,lsmx,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
                            [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513] [--settings 0,1,2]
+                           [--lsm 0,1,2,smx]
 
 Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: cross-entropy and softmax forward"):
   smx      FWD_WARP  "0" (default: PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
@@ -14,6 +16,14 @@ Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: 
                      ("2" plans "1"'s backward: its line says "= 1"); --settings 0,1,1@48,1@40 adds the
                      occupancy probe "N@R" (WARP N at a forward budget of R registers: 48 -> ten blocks an SM, 40 ->
                      twelve; they may spill)
+  lsm      FWD_LSM   "0" (default: the session-13 WARP log-softmax forward) | "1" (PyTorch's epilogue: the warp's max
+                     first, d = x - M kept, y = d - log S; expf) | "2" ("1", ex2 / lg2.approx.ftz) | "smx": the SOFTMAX
+                     forward at the default, timed in the same alternated rounds (its column smx/this > 1: the
+                     log-softmax setting is faster than softmax); FWD_WARP stays at its default ("auto": WARP from
+                     12288 rows), so rows that plan PIPE print "= 0"; PyTorch's log_softmax and softmax beside
+                     (docs/step_kernels.md, "Session 14: log-softmax forward"); "L@R" (e.g. 0@56, 2@56,
+                     smx@48): the same at WARP 1 with a forward budget of R registers (FWD_WARP's "1@R" probe:
+                     56 is softmax's nine blocks an SM, LOG's own is 48: ten)
   ce       CE_TAIL   "2" (default) | "1" | "0" (session 11's kernels)
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
@@ -42,8 +52,10 @@ import numpy as np  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
 
-SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2"), "lsmx": ("0", "1", "2"), "lsmxbwd": ("0", "1", "2")}
-NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd", "lsmxbwd": "log-softmax bwd"}
+SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2"), "lsmx": ("0", "1", "2"), "lsmxbwd": ("0", "1", "2"),
+            "lsm": ("0", "1", "2", "smx")}
+NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd", "lsmxbwd": "log-softmax bwd",
+         "lsm": "log-softmax fwd"}
 
 
 def _mods():
@@ -67,6 +79,10 @@ def _switch(op, setting):
     lk, sk = _mods()
     if op == "ce":
         lk.CE_TAIL = setting
+    elif op == "lsm":                           # "L" or "L@R" (WARP 1 at a forward budget of R registers)
+        lsm, _, regs = setting.partition("@")
+        sk.FWD_LSM = os.environ.get("MINIDNN_SOFTMAX_LSM", "0") if lsm == "smx" else lsm
+        sk.FWD_WARP = f"1@{regs}" if regs else os.environ.get("MINIDNN_SOFTMAX_WARP", "auto")
     else:
         sk.FWD_WARP = setting
     _forget()
@@ -76,16 +92,18 @@ def _restore():
     lk, sk = _mods()
     lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "2")
     sk.FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "auto")
+    sk.FWD_LSM = os.environ.get("MINIDNN_SOFTMAX_LSM", "0")
     _forget()
 
 
-def _plan(op, shape, dt):
+def _plan(op, shape, dt, setting=None):
     """The planned launch of ``op`` under the current setting: (defines, grid groups, blocks an SM, threads)."""
     lk, sk = _mods()
     if op == "ce":
         s = lk.launch_spec("ce_fwd", shape, dt, np.int64, False, "mean")
         return s[2], s[3], s[4], s[5]
-    s = sk.launch_spec(op == "lsmxbwd", shape, (1,), "ACCURATE" if op == "smx" else "LOG", dt)
+    soft = op == "smx" or (op == "lsm" and setting.partition("@")[0] == "smx")
+    s = sk.launch_spec(op == "lsmxbwd", shape, (1,), "ACCURATE" if soft else "LOG", dt)
     return s.defines, s.groups, s.per_sm, s.block
 
 
@@ -102,7 +120,7 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
     plans, distinct, same = {}, [], {}
     for s in settings:
         _switch(op, s)
-        plans[s] = _plan(op, shape, cases.dt)
+        plans[s] = _plan(op, shape, cases.dt, s)
         twin = next((u for u in distinct if plans[u] == plans[s]), None)
         if twin is None:
             distinct.append(s)
@@ -117,8 +135,14 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
     else:
         row = cases.softmax(shape, "accurate" if op == "smx" else "log")[1 if op == "lsmxbwd" else 0]
     name, _, (fn, tfn, nbytes), _ = row
+    fns, tfns = {s: fn for s in distinct}, {"": tfn}
+    if op == "lsm":                             # softmax's forward in the same rounds, PyTorch's softmax beside
+        _, _, (sfn, stfn, _), _ = cases.softmax(shape, "accurate")[0]
+        fns.update({s: sfn for s in distinct if s.partition("@")[0] == "smx"})
+        tfns["smx"] = stfn
     got = {s: [] for s in distinct}
     ratios = {s: [] for s in distinct}
+    vs_smx = {s: [] for s in distinct}
     reps = None
     try:
         for r in range(rounds):
@@ -126,18 +150,22 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
             this = {}
             for s in order:
                 _switch(op, s)
-                fn()                                    # plans and compiles outside the capture
-                reps = reps or timer.reps(fn, "minidnn")
-                this[s] = timer.graph(fn, reps, "minidnn")
+                fns[s]()                                # plans and compiles outside the capture
+                reps = reps or timer.reps(fns[s], "minidnn")
+                this[s] = timer.graph(fns[s], reps, "minidnn")
                 got[s].append(this[s])
             for s in distinct:
                 ratios[s].append(this[distinct[0]] / this[s])
+                if "smx" in this:
+                    vs_smx[s].append(this["smx"] / this[s])
     finally:
         _restore()
-    tms = None
-    if tfn is not None:
+    tms = {}
+    for k, f in tfns.items():
+        if f is None:
+            continue
         try:
-            tms = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
+            tms[k] = timer.graph(f, timer.reps(f, "torch"), "torch")
         except Exception as exc:        # noqa: BLE001
             print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
     for s in settings:
@@ -147,13 +175,16 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
         ms = statistics.median(got[s])
         gbs = nbytes / (ms * 1e-3) / 1e9
         spread = max(got[s]) / min(got[s]) - 1
-        vs = f"  torch/this {tms / ms:5.3f}" if tms else ""
-        print(f"{name:18s} {dtype_name:9s} {str(shape):14s} {s:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
-              f"{100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  "
+        tk = "smx" if s.partition("@")[0] == "smx" else ""
+        vs = f"  torch/this {tms[tk] / ms:5.3f}" if tk in tms else ""
+        if vs_smx[s] and not tk:
+            vs += f"  smx/this {statistics.median(vs_smx[s]):5.3f}"
+        print(f"{'softmax fwd' if tk else name:18s} {dtype_name:9s} {str(shape):14s} {s:6s} {ms:8.4f} ms "
+              f"{gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  "
               f"{distinct[0]}/this {statistics.median(ratios[s]):.3f}{vs}   "
               f"plan: {_short(plans[s], plans[distinct[0]])}")
-    if tms:
-        print(f"{'':18s} {dtype_name:9s} {str(shape):14s} torch {tms:.4f} ms")
+    for k, t in tms.items():
+        print(f"{'':18s} {dtype_name:9s} {str(shape):14s} torch {'softmax' if k else name.split()[0]} {t:.4f} ms")
     sys.stdout.flush()
 
 
@@ -167,6 +198,9 @@ def main(argv=None):
     ap.add_argument("--settings", default="",
                     help="FWD_WARP settings for smx / lsmx / lsmxbwd, the first the reference (default 0,1,2); "
                          "'1@48' etc.: WARP 1 at a forward budget of 48 registers (an occupancy probe; may spill)")
+    ap.add_argument("--lsm", default="0,1,2,smx",
+                    help="FWD_LSM settings for the op lsm, the first the reference; 'smx': softmax's forward in the "
+                         "same rounds")
     args = ap.parse_args(argv)
     if not _dev.cuda_is_available():
         print("row_ab: no CUDA GPU with CuPy here; nothing to measure")
@@ -188,7 +222,7 @@ def main(argv=None):
                 for shape in shapes:
                     try:
                         run_case(timer, cases, op, shape, dtype_name, bw, args.rounds,
-                                 [x for x in args.settings.split(",") if x])
+                                 [x for x in (args.lsm if op == "lsm" else args.settings).split(",") if x])
                     except Exception as exc:        # noqa: BLE001 -- one case must not take the others down
                         print(f"{op} {dtype_name} {shape}: failed: {type(exc).__name__}: {exc}")
             del cases

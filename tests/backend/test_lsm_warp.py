@@ -101,7 +101,8 @@ def _lsm2_model(x, rel, sign, seed=0):
     """The LSM 2 kernel's float32 arithmetic on rows of C % 4 == 0 classes (G = 32, 16-byte vectors: lane t holds
     vectors k * 32 + t, slot k * 4 + j into partial sum (k * 4 + j) % 4): M = the row's max (NaN skipped; -inf -> 0),
     d = x - M, e = 2^(d log2e) (1 + delta) with |delta| = rel (sign +1 / -1: every term one way; 0: random within
-    rel) and e < 2^-126 flushed to 0, the partials added (p0 + p1) + (p2 + p3), the warp's butterfly, y = d - log S."""
+    rel) and e < 2^-126 flushed to 0, the partials added (p0 + p1) + (p2 + p3), the warp's butterfly, log S =
+    (log2 S + rel max(1, |log2 S|)) ln 2 (lg2.approx: absolute near 1, relative beyond), y = d - log S."""
     rows, c = x.shape
     nvec = c // 4
     nv = 1 << (-(-nvec // 32) - 1).bit_length()
@@ -125,7 +126,9 @@ def _lsm2_model(x, rel, sign, seed=0):
         v = ((ps[:, :, 0] + ps[:, :, 1]).astype(F32) + (ps[:, :, 2] + ps[:, :, 3]).astype(F32)).astype(F32)
         for o in (16, 8, 4, 2, 1):
             v = (v + v[:, np.arange(32) ^ o]).astype(F32)
-        ls = np.log(v[:, :1].astype(np.float64)).astype(F32)
+        lg = np.log2(v[:, :1].astype(np.float64))
+        lg = (lg + (sign or 1) * rel * np.maximum(1.0, np.abs(lg))).astype(F32)      # lg2.approx, as rel
+        ls = (lg * F32(0.6931471805599453)).astype(F32)
         return (d - ls).astype(F32)
 
 
@@ -154,9 +157,9 @@ def _adversarial(c):
 @pytest.mark.parametrize("c", [516, 1000, 1024])
 def test_lsm2_error_model_within_the_cuda_tolerance(c):
     """ex2.approx.ftz's documented error (2 ulp: CUDA's exp2f bound; the kernel's exp is that instruction on the
-    product d log2e, rounded) on every term, every sign pattern, passes the cuda tests' float64 check of log-softmax
-    (RTOL float32 x 4) on adversarial rows with a margin (the worst element under 1/20 of its bound at 8 ulp), and
-    an exp 2^-12 off fails it: the check sees an exp of that quality."""
+    product d log2e, rounded) on every term, every sign pattern, and lg2.approx's on log S, passes the cuda tests'
+    float64 check of log-softmax (RTOL float32 x 4) on adversarial rows with a margin (the worst element under 1/33
+    of its bound at 2 ulp, 1/10 at 8 ulp), and an exp 2^-12 off fails it: the check sees an exp of that quality."""
     x = _adversarial(c)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         ref = _ref_fwd(x.astype(np.float64), "log")
@@ -168,7 +171,7 @@ def test_lsm2_error_model_within_the_cuda_tolerance(c):
             _close(y, ref, "float32", f"LSM 2 model, {ulps} ulp x {sign}", scale=4)
             err = np.abs(y.astype(np.float64) - ref)
             ok = np.isfinite(err) & np.isfinite(ref)
-            assert (err[ok] / bound[ok]).max() < (0.02 if ulps == 2 else 0.05), (ulps, sign)
+            assert (err[ok] / bound[ok]).max() < (0.03 if ulps == 2 else 0.1), (ulps, sign)
         with pytest.raises(AssertionError):
             _close(_lsm2_model(x, 2.0 ** -12, 1), ref, "float32", "an exp 2^-12 off", scale=4)
 

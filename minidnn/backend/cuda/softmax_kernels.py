@@ -550,15 +550,19 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 // minuend), S = the warp's sum of exp(d) (no per-lane rescale exp(m_t - M)), y = d - log S: one FADD an element
 // where LSM 0 computes x - sh for the exp and x - M - log S again at the output (three).  y has LSM 0's expression
 // (x - M) - log S; only S is summed differently (LSM_PS partial sums a lane, slot j into j % LSM_PS, added pairwise:
-// a shorter dependent chain than one running sum).  LSM 1: exp is expf (as LSM 0); LSM 2: exp(d) =
-// ex2.approx.ftz(d log2e) -- FMUL + MUFU.EX2 for expf's ~9 instructions; 2 ulp relative (PTX's exp2 bound) plus the
-// product's rounding (|d| 2^-24 relative), results below 2^-126 flushed to 0 (CuPy builds with -ftz=true): S within
-// ~2^-21 relative of expf's S, so log S within ~5e-7 absolute (docs/step_kernels.md, "Session 14").
+// a shorter dependent chain than one running sum).  LSM 1: exp and log are expf and logf (as LSM 0); LSM 2: exp(d) =
+// ex2.approx.ftz(d log2e) -- FMUL + MUFU.EX2 for expf's ~9 instructions; 2 ulp relative (CUDA's exp2f bound) plus
+// the product's rounding (|d| 2^-24 relative), results below 2^-126 flushed to 0 (CuPy builds with -ftz=true): S
+// within ~2^-21 relative of expf's S, so log S within ~5e-7 absolute; and lsm_log below (docs/step_kernels.md,
+// "Session 14: log-softmax forward").
 #ifndef LSM
 #define LSM 0
 #endif
 #define LSM_PS 4
 #if LSM
+#if E < LSM_PS
+#error "LSM needs at least LSM_PS slots a lane"
+#endif
 #if ALGO != 2
 #error "LSM is the log-softmax forward's epilogue"
 #endif
@@ -570,6 +574,19 @@ __device__ __forceinline__ A lsm_exp(A d)
     return (A)r;
 #else
     return exp(d);
+#endif
+}
+// log S, once a row (S >= 1 but for an all -inf row, 0, or NaN): LSM 2 lg2.approx.ftz (MUFU.LG2, 2^-22 absolute for
+// S in [0.5, 2], ~2^-22 relative beyond) times ln 2 -- logf's ~17 dependent instructions sit between the warp's sum
+// and the first store
+__device__ __forceinline__ A lsm_log(A s)
+{
+#if LSM == 2
+    float r;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((float)s));
+    return (A)(r * 0.6931471805599453f);
+#else
+    return log(s);
 #endif
 }
 #endif
@@ -611,32 +628,30 @@ template <bool VA> __device__ __forceinline__ void fwd_rows_warp(const T* __rest
 #pragma unroll
         for (int i = 0; i < WARP; ++i) {
 #if LSM
-            A pm[LSM_PS];                // fmax is exact and associative (NaN skipped in any order): LSM_PS chains
+            // LSM_PS chains of max and of sum (E >= 16 slots: the first LSM_PS start them; body, then edges):
+            // fmax is exact and associative (NaN skipped in any order), the sum's order is this one
+            A pm[LSM_PS], ps[LSM_PS];
 #pragma unroll
-            for (int j = 0; j < LSM_PS; ++j) pm[j] = NEG_INF;
-#pragma unroll
-            for (int e = 0; e < E; ++e) pm[e % LSM_PS] = vmax(pm[e % LSM_PS], a[i][e]);
+            for (int e = 0; e < E; ++e) pm[e % LSM_PS] = e < LSM_PS ? a[i][e] : vmax(pm[e % LSM_PS], a[i][e]);
 #pragma unroll
             for (int j = 0; j < NE; ++j) pm[j % LSM_PS] = vmax(pm[j % LSM_PS], ed[i][j]);
             A M = g_max(vmax(vmax(pm[0], pm[1]), vmax(pm[2], pm[3])), (A*)0);
             if (M == NEG_INF) M = 0;     // an all -inf row: d = -inf, S = 0, y = -inf - log 0 = NaN as the reference
-            A ps[LSM_PS];
 #pragma unroll
-            for (int j = 0; j < LSM_PS; ++j) ps[j] = 0;
+            for (int e = 0; e < E; ++e) {
+                a[i][e] = a[i][e] - M;
+                const A ex = lsm_exp(a[i][e]);
+                ps[e % LSM_PS] = e < LSM_PS ? ex : ps[e % LSM_PS] + ex;
+            }
 #pragma unroll
             for (int j = 0; j < NE; ++j) {
                 ed[i][j] = ed[i][j] - M;
                 ps[j % LSM_PS] += lsm_exp(ed[i][j]);
             }
-#pragma unroll
-            for (int e = 0; e < E; ++e) {
-                a[i][e] = a[i][e] - M;
-                ps[e % LSM_PS] += lsm_exp(a[i][e]);
-            }
             const A S = g_sum((ps[0] + ps[1]) + (ps[2] + ps[3]), (A*)0);
             if (r0 + i < rows) {
                 T* yr = y + (size_t)(r0 + i) * C;
-                const A ls = log(S);
+                const A ls = lsm_log(S);
 #pragma unroll
                 for (int e = 0; e < E; ++e) a[i][e] = a[i][e] - ls;
 #pragma unroll
@@ -1142,8 +1157,9 @@ WARP_BLOCK = 128
 # Session 14 (issue 10: the WARP log-softmax forward at (16384, 1000) float32 0.0346 ms against softmax's 0.0343 and
 # PyTorch's 0.0337): LSM, PyTorch's epilogue for the WARP log-softmax forward -- the warp's max first, d = x - M kept
 # in place of x, S = sum exp(d), y = d - log S (fwd_rows_warp's LSM branch; docs/step_kernels.md, "Session 14:
-# log-softmax forward").  MINIDNN_SOFTMAX_LSM=0 (default: the session-13 kernel, bitwise PIPE) | 1 (expf as now:
-# SASS 548 -> 502 instructions a row and lane at fp32 1000, softmax's is 551) | 2 (ex2.approx.ftz(d log2e): 307).
+# log-softmax forward").  MINIDNN_SOFTMAX_LSM=0 (default: the session-13 kernel, bitwise PIPE) | 1 (expf and logf as
+# now: SASS 548 -> 498 instructions a row and lane at fp32 1000, softmax's is 551) | 2 (exp = ex2.approx.ftz(d log2e),
+# log = lg2.approx.ftz(S) ln 2: 274).
 # Only log-softmax forwards that plan WARP (FWD_WARP; "auto": >= WARP_MIN_ROWS rows) take it, within LOG's register
 # budget (nvcc 13: no spill at WARP_REGS_LOG / WARP_REGS).  Not bitwise "0" (S is summed in another order, "2" with
 # another exp): the cuda tests hold it to float64 at the existing tolerance.  Module attribute read at planning time
