@@ -573,7 +573,7 @@ def test_draw16_keep_statistics(cp, draw16, dtype, p):
     np.testing.assert_array_equal(dx != 0, a)
 
 
-# ---- UNROLL_FIT (the small float32 forward's launch; off by default) -------------------------------------------------
+# ---- UNROLL_FIT (the small float32 forward's launch; on by default after H200 run 5) --------------------------------
 
 @pytest.mark.parametrize("n, itemsize, old, fit", [
     (128 * 16 * 32 * 32, 4, 1, 2),          # the small-CNN row: 2048 blocks (1.94 waves) -> 1024 (one)
@@ -589,6 +589,7 @@ def test_unroll_fit_rule(n, itemsize, old, fit, monkeypatch):
     """UNROLL_FIT halves the forward's UNROLL only while the halved grid still fits one wave (1056 blocks: an H200's
     132 SMs x 8); the default rule halves while the grid is under one wave."""
     monkeypatch.setattr(DP, "_wave", lambda dev: 132 * 8)
+    monkeypatch.setattr(DP, "UNROLL_FIT", False)
     assert DP.forward_unroll(n, itemsize, 0) == old
     monkeypatch.setattr(DP, "UNROLL_FIT", True)
     assert DP.forward_unroll(n, itemsize, 0) == fit

@@ -9,22 +9,22 @@ The random stream (unchanged since the first kernel): element i of a call is dec
 kept  <=>  (r >> 8) * 2^-24 >= p (p as float32)  <=>  (r >> 8) >= THRESH = ceil(float32(p) * 2^24).
 A call advances state[1] by ceil(n / 4): one Philox block per 4 elements, all four words used.
 
-The 16-bit stream (session 14, DRAW16 / MINIDNN_DROPOUT_DRAW16=1; default off until the GPU A/B): a forward of float16 /
-bfloat16 data decides element i from half-word i % 8 = h of block counter + i // 8 (half-word 2w the low 16 bits of word
-w, 2w + 1 the high), kept <=> h * 2^-16 >= float32(p) <=> h >= ceil(float32(p) * 2^16) (threshold16). Why: the 24-bit
-stream costs a 16-byte vector of 8 half-precision elements two Philox calls, twice float32's per byte, and the 16-bit
-forward was Philox-bound (59% of copy on the H200 against float32's 82%); 16-bit draws make it one call a vector,
-float32's ratio (the PTX: 20 -> 10 multiplies by 0xD2511F53 a group). Resolution: the drop probability drawn is p
-rounded up to a multiple of 2^-16 (at most 1.53e-5 more). The stream is used only where that keeps p's statistics
-(draw16_holds): the drop probability p and the keep probability 1 - p each move by at most DRAW16_RTOL = 2^-10 of
-themselves (so does E[y] / x = (1 - p16) / (1 - p)); that is every p in [2^-6, 1 - 2^-6] = [0.0156, 0.9844], the exact
-ones (0, 1, multiples of 2^-16) and some near them: p = 0.5 exact, 0.1 -> 0.1000061 (16 bits); 1e-3 (16 bits would give
-0.00100708, +0.7%), 1e-5 (1.53e-5, +53%) and 0.999 keep the 24-bit stream, as float32 / float64 data always do (their
-16-byte vectors already cost one call). A call still advances state[1] by ceil(n / 4) (the blocks past ceil(n / 8) are
-skipped), so every later call's numbers are those of the 24-bit stream's counters and switching DRAW16 changes only the
-16-bit calls' own masks. A PhiloxReserve records which stream drew it (``draw16``) and its regenerating backward draws
-that stream again for any dtype of dy (V = 4: block h / 2, half of its words); the byte and bit masks hold the decisions
-themselves, so all three reserves give the same y and dx.
+The 16-bit stream (session 14, DRAW16, on by default after H200 run 5; MINIDNN_DROPOUT_DRAW16=0 restores 24 bits): a
+forward of float16 / bfloat16 data decides element i from half-word i % 8 = h of block counter + i // 8 (half-word 2w
+the low 16 bits of word w, 2w + 1 the high), kept <=> h * 2^-16 >= float32(p) <=> h >= ceil(float32(p) * 2^16)
+(threshold16). Why: the 24-bit stream costs a 16-byte vector of 8 half-precision elements two Philox calls, twice
+float32's per byte, and the 16-bit forward was Philox-bound (59% of copy on the H200 against float32's 82%); 16-bit
+draws make it one call a vector, float32's ratio (the PTX: 20 -> 10 multiplies by 0xD2511F53 a group). Resolution: the
+drop probability drawn is p rounded up to a multiple of 2^-16 (at most 1.53e-5 more). The stream is used only where that
+keeps p's statistics (draw16_holds): the drop probability p and the keep probability 1 - p each move by at most
+DRAW16_RTOL = 2^-10 of themselves (so does E[y] / x = (1 - p16) / (1 - p)); that is every p in [2^-6, 1 - 2^-6] =
+[0.0156, 0.9844], the exact ones (0, 1, multiples of 2^-16) and some near them: p = 0.5 exact, 0.1 -> 0.1000061 (16
+bits); 1e-3 (16 bits would give 0.00100708, +0.7%), 1e-5 (1.53e-5, +53%) and 0.999 keep the 24-bit stream, as float32 /
+float64 data always do (their 16-byte vectors already cost one call). A call still advances state[1] by ceil(n / 4) (the
+blocks past ceil(n / 8) are skipped), so every later call's numbers are those of the 24-bit stream's counters and
+switching DRAW16 changes only the 16-bit calls' own masks. A PhiloxReserve records which stream drew it (``draw16``) and
+its regenerating backward draws that stream again for any dtype of dy (V = 4: block h / 2, half of its words); the byte
+and bit masks hold the decisions themselves, so all three reserves give the same y and dx.
 
 Tiling (dropout_fwd): a grid-stride loop over groups of V elements (V = 4 for 4- and 8-byte data, 8 for 16-bit
 data): per group a thread makes V / 4 Philox4x32-10 calls, loads x with 16-byte vectors, writes y with 16-byte
@@ -152,21 +152,23 @@ PIPE_MINB = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MINB", "4"))
 # SMs): the pipe's grid gives each thread PIPE_UNROLL groups, so (128, 256) bfloat16 ran on 4 blocks at 4.0 us
 # against PyTorch's 2.4 (H200 run 3) while float32's dropout_fwd took 2.2.  "1" pipes every size (the tests).
 PIPE_MIN_N = int(os.environ.get("MINIDNN_DROPOUT_PIPE_MIN_N", str(1 << 20)))
-# Session 14: DRAW16 (MINIDNN_DROPOUT_DRAW16=0/1, default off until the GPU A/B) -- the forward of float16 / bfloat16
-# data draws the 16-bit stream (the module docstring): one Philox block per 8 elements, as float32's one per 4 16-byte
-# vector, where 16-bit thresholds hold p (``draw16_holds``: the drop and keep probabilities each within DRAW16_RTOL,
-# relative, of float32(p)'s; MINIDNN_DROPOUT_DRAW16_RTOL).  float32 / float64 keep the 24-bit stream (their vectors
-# already cost one Philox block).  Read per call (the plan key holds it, and a runner remembered under the other
-# setting hands the call on), so setting it in one process reaches the next forward; a PhiloxReserve says which
-# stream it drew (``draw16``) and its backward draws that one again.
-_DRAW16_DEFAULT = "0"           # the lead's flip after the A/B: "1"
+# Session 14: DRAW16 (MINIDNN_DROPOUT_DRAW16=0/1, on by default after H200 run 5: bfloat16 (128, 64, 56, 56) forward
+# 0.0427 -> 0.0331 ms, 60% -> 77% of copy, PyTorch 0.0455; float16 alike; backward unchanged) -- the forward of float16
+# / bfloat16 data draws the 16-bit stream (the module docstring): one Philox block per 8 elements, as float32's one per
+# 4 16-byte vector, where 16-bit thresholds hold p (``draw16_holds``: the drop and keep probabilities each within
+# DRAW16_RTOL, relative, of float32(p)'s; MINIDNN_DROPOUT_DRAW16_RTOL).  float32 / float64 keep the 24-bit stream (their
+# vectors already cost one Philox block).  Read per call (the plan key holds it, and a runner remembered under the other
+# setting hands the call on), so setting it in one process reaches the next forward; a PhiloxReserve says which stream
+# it drew (``draw16``) and its backward draws that one again.
+_DRAW16_DEFAULT = "1"
 _DRAW16_ENV = os.environ.get("MINIDNN_DROPOUT_DRAW16", _DRAW16_DEFAULT)
 DRAW16 = _DRAW16_ENV == "1"
 DRAW16_RTOL = float(os.environ.get("MINIDNN_DROPOUT_DRAW16_RTOL", str(2.0 ** -10)))
 if _DRAW16_ENV not in ("0", "1") or not 0.0 <= DRAW16_RTOL < 1.0:
     raise ValueError(f"MINIDNN_DROPOUT_DRAW16={_DRAW16_ENV!r} must be 0 or 1 and MINIDNN_DROPOUT_DRAW16_RTOL="
                      f"{DRAW16_RTOL} in [0, 1)")
-# Session 14: UNROLL_FIT (MINIDNN_DROPOUT_UNROLL_FIT=1; off: a proposal for the GPU A/B) -- the rule above halves
+# Session 14: UNROLL_FIT (MINIDNN_DROPOUT_UNROLL_FIT=0/1, on after H200 run 5: (128, 16, 32, 32) float32 forward
+# 0.0071 -> 0.0066 ms, PyTorch 0.0060; the large call unchanged) -- the rule above halves
 # UNROLL while the grid is under one wave, so a call whose grid at UNROLL u is between half a wave and one (the
 # small-CNN row (128, 16, 32, 32) float32: 2 M elements, 1024 blocks of 2 groups on the H200's 1056-block wave) is
 # halved into ~1.94 waves (2048 blocks of one group): the second wave starts behind the first one's tail (each block
@@ -174,7 +176,7 @@ if _DRAW16_ENV not in ("0", "1") or not 0.0 <= DRAW16_RTOL < 1.0:
 # same call is one wave (1056 blocks looping ~2 times).  UNROLL_FIT halves only while the halved grid still fits one
 # wave: that call runs 1024 blocks of 2 groups (both loads in flight, half the tickets); a call under half a wave
 # spreads as before; calls of a wave or more are unchanged.  Read at planning time (clear_plans() after a change).
-UNROLL_FIT = os.environ.get("MINIDNN_DROPOUT_UNROLL_FIT", "0") == "1"
+UNROLL_FIT = os.environ.get("MINIDNN_DROPOUT_UNROLL_FIT", "1") == "1"
 if TILE_BWD not in (0, 4, 8, 16) or not {HINT_FWD, HINT_BWD} <= {0, 1, 2}:
     raise ValueError(f"MINIDNN_DROPOUT_TILE={TILE_BWD} must be 0, 4, 8 or 16 and MINIDNN_DROPOUT_HINT="
                      f"{HINT_FWD},{HINT_BWD} values 0, 1 or 2")
