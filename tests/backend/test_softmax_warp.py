@@ -48,7 +48,9 @@ def _spec(backward, c, name, algo, rows=16384):
 def test_warp_rule(monkeypatch, setting):
     """WARP changes exactly the one-chunk whole-warp rows (G = 32) of >= 513 classes holding 16..32 elements a thread
     with vector loads and float sums: forwards of every algorithm, the log-softmax backward ("2": "1"'s backward);
-    then 128-thread blocks, PIPE off, WARP=n, MINB from the WARP_REGS budget, a grid of every row's warp."""
+    then 128-thread blocks, PIPE off, WARP=n, MINB from the WARP_REGS budget, a grid of every row's warp.  (Under
+    the session-13 log-softmax epilogue, LSM "0": LSM's own rule is test_lsm_warp.py's.)"""
+    monkeypatch.setattr(_sk, "FWD_LSM", "0")
     for name in NAMES:
         for c in WIDTHS:
             for algo in ("FAST", "ACCURATE", "LOG"):
@@ -86,8 +88,9 @@ def test_warp_rule(monkeypatch, setting):
 def test_warp_headline_plans():
     """(16384, 1000) float32 under "1": 4096 blocks of 4 warps, 56 registers (nine blocks, 36 warps an SM), log-softmax
     48 (ten); "2": 2048 blocks, 96 / 80 registers (five / six blocks); the log-softmax backward 4096 blocks at 64
-    (eight); "0": PIPE as before."""
-    old = _sk.FWD_WARP
+    (eight); "0": PIPE as before.  (LSM "0": the session-13 log-softmax epilogue.)"""
+    old, old_lsm = _sk.FWD_WARP, _sk.FWD_LSM
+    _sk.FWD_LSM = "0"
     try:
         got = {}
         for s in ("0", "1", "2"):
@@ -96,7 +99,7 @@ def test_warp_headline_plans():
                       for x in (_spec(False, 1000, "float32", "ACCURATE"), _spec(False, 1000, "float32", "LOG"),
                                 _spec(True, 1000, "float32", "LOG"))]
     finally:
-        _sk.FWD_WARP = old
+        _sk.FWD_WARP, _sk.FWD_LSM = old, old_lsm
     assert got["0"] == [(0, 2048, 2, 256)] * 3
     assert got["1"] == [(1, 4096, 9, 128), (1, 4096, 10, 128), (1, 4096, 8, 128)]
     assert got["2"] == [(2, 2048, 5, 128), (2, 2048, 6, 128), (1, 4096, 8, 128)]
@@ -295,6 +298,7 @@ def test_warp_rows(cp, monkeypatch, name, rows, c):
     fast: float32 only) and log-softmax backward; one launch a call; a misaligned view (the kernel's fallback)
     against float64."""
     dtype = _dtype(name)
+    monkeypatch.setattr(_sk, "FWD_LSM", "0")      # WARP's own log-softmax epilogue, bitwise PIPE's (LSM: test_lsm_warp)
     x = _inputs(name, rows, c, rows + c)
     safe = np.ones(rows, bool)
     safe[6] = False                                   # fast takes no max: exp(90) overflows float (its contract)
