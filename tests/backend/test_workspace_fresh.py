@@ -107,17 +107,50 @@ def test_nothing_kept_while_capturing_or_switched_off(cp, monkeypatch):
 
 
 def test_limit_clear_and_idle_bytes(cp, monkeypatch):
-    monkeypatch.setattr(W, "RECYCLE_LIMIT_BYTES", [100])
-    a = W.fresh(cp, 0, "t", (16,), np.float32)                 # 64 bytes: kept
-    b = W.fresh(cp, 0, "t", (16,), np.float32)                 # 128 > 100: not kept
-    assert W._local.kept_nbytes == 64 and W.idle_bytes() == 0
+    probe = cp.empty((16,), np.float32)
+    block = probe.data.mem.size                                 # the pool block of a 64-byte array
+    monkeypatch.setattr(W, "RECYCLE_LIMIT_BYTES", [block + block // 2])
+    a = W.fresh(cp, 0, "t", (16,), np.float32)                 # kept
+    b = W.fresh(cp, 0, "t", (16,), np.float32)                 # over the limit: not kept
+    assert W._local.kept_nbytes == block and W.idle_bytes() == 0
     pa = _ptr(a)
     del a, b
-    assert W.idle_bytes() >= 64 and W.idle_bytes(1) == 0
+    assert W.idle_bytes() == block and W.idle_bytes(1) == 0
     c = W.fresh(cp, 0, "t", (16,), np.float32)
     assert _ptr(c) == pa and W.idle_bytes() == 0
     del c
     W.clear()
-    assert W._local.kept == {} and W.idle_bytes() == 0
+    assert W._local.kept == {} and W.idle_bytes() == 0 and W._local.kept_nbytes == 0
     d = W.fresh(cp, 0, "t", (16,), np.float32)                 # nothing kept: the pool again
-    assert cp.allocs == 3 and d.shape == (16,)
+    assert cp.allocs == 4 and d.shape == (16,)
+
+
+class OutOfMemoryError(Exception):        # (named as CuPy's: fresh matches the name)
+    pass
+
+
+def test_out_of_memory_drops_the_idle_memory_and_tries_again(cp, monkeypatch):
+    held = W.fresh(cp, 0, "t", (8,), np.float32)
+    idle = W.fresh(cp, 0, "t", (8,), np.float32)
+    other = W.fresh(cp, 0, "u", (4,), np.float64)
+    before = W._local.kept_nbytes
+    del idle, other
+    real, calls = cp.empty, []
+
+    def tight(shape, dtype=np.float32):         # out of memory until the idle memory went back
+        calls.append(W.idle_bytes())
+        if W.idle_bytes():
+            raise OutOfMemoryError("out of memory to allocate")
+        return real(shape, dtype)
+    cp.empty = tight
+    big = W.fresh(cp, 0, "v", (32,), np.float32)
+    assert big.shape == (32,) and len(calls) == 2 and calls[1] == 0
+    assert W._local.kept_nbytes < before and W.idle_bytes() == 0
+    assert W._unheld(W._local.kept[(0, 0, "t", (8,), np.float32, None)], W._FREE) is None    # held's stays
+    cp.empty = lambda shape, dtype=np.float32: (_ for _ in ()).throw(OutOfMemoryError("still"))
+    with pytest.raises(OutOfMemoryError):
+        W.fresh(cp, 0, "w", (64,), np.float32)           # nothing idle: the error stands
+    cp.empty = lambda shape, dtype=np.float32: (_ for _ in ()).throw(ValueError("other"))
+    with pytest.raises(ValueError):
+        W.fresh(cp, 0, "w", (64,), np.float32)           # other errors are not retried
+    assert held.shape == (8,)

@@ -159,11 +159,12 @@ def _count_in_loop(slot):
 _FREE = _count_in_loop([object()])
 
 
-def _keep(loc, key, slot, item, nbytes):
+def _keep(loc, key, slot, mem):
     if slot is None:
         slot = loc.kept[key] = []
+    nbytes = mem.size
     if len(slot) < RECYCLE_SLOTS and loc.kept_nbytes + nbytes <= RECYCLE_LIMIT_BYTES[0]:
-        slot.append(item)
+        slot.append(mem)
         loc.kept_nbytes += nbytes
 
 
@@ -177,6 +178,11 @@ def empty_strided(cp, spec, dtype):
 
 
 def _new(cp, shape, dtype, spec):
+    try:
+        return cp.empty(shape, dtype=dtype) if spec is None else empty_strided(cp, spec, dtype)
+    except Exception as e:      # the pool is out of memory: what fresh keeps idle goes back to it, and once more
+        if type(e).__name__ != "OutOfMemoryError" or not drop_idle():
+            raise
     return cp.empty(shape, dtype=dtype) if spec is None else empty_strided(cp, spec, dtype)
 
 
@@ -207,7 +213,7 @@ def fresh(cp, dev, tag, shape, dtype, spec=None):
                 return _on(cp, mem, 0, shape, dtype, spec)
     a = _new(cp, shape, dtype, spec)
     if not capturing:
-        _keep(loc, key, slot, a.data.mem, a.nbytes if spec is None else spec[2])
+        _keep(loc, key, slot, a.data.mem)
     return a
 
 
@@ -229,7 +235,7 @@ def fresh_pair(cp, dev, tag, shape, dtype):
                         _on(cp, mem, _pair_offset(shape, dtype), shape, dtype, None))
     a, b = pair(cp, shape, dtype)
     if not capturing and a.nbytes:      # (an empty pair is two allocations: not kept)
-        _keep(loc, key, slot, a.data.mem, 2 * _pair_offset(shape, dtype))
+        _keep(loc, key, slot, a.data.mem)
     return a, b
 
 
@@ -244,6 +250,27 @@ def clear():
 
 def cached_bytes():
     return _local.nbytes
+
+
+def drop_idle():
+    """Let go of this thread's kept memory that nothing holds (the pool then frees it); the bytes dropped."""
+    loc, n = _local, 0
+    for slot in loc.kept.values():
+        i = 0
+        while i < len(slot):
+            if _refs(slot[i]) == _FREE_AT:
+                n += slot.pop(i).size
+            else:
+                i += 1
+    loc.kept_nbytes -= n
+    return n
+
+
+def _count_at(slot):
+    return _refs(slot[0])
+
+
+_FREE_AT = _count_at([object()])
 
 
 def idle_bytes(dev=None):
