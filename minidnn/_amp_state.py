@@ -49,6 +49,11 @@ _DIRECT = {op: ((1, 2), ("weight", "bias")) for op in ("conv1d", "conv2d", "conv
 # Switch (tests and A/B runs): DIRECT_WEIGHTS[0] = False, or MINIDNN_AMP_DIRECT_WEIGHTS=0 at import: a cast node
 # per weight, as before.
 DIRECT_WEIGHTS = [os.environ.get("MINIDNN_AMP_DIRECT_WEIGHTS", "1") != "0"]
+# A lowered call whose input is already in the region's dtype and whose float32 weight / bias are kept flat-copy
+# direct weights (every conv and linear call of a steady bf16/fp16 step) skips cast_inputs' generic scan and cast
+# chain (``_lower_direct``; host round 26b): the same casts, cache entries and results.  Switch: LOWER_DIRECT_FAST[0]
+# = False, or MINIDNN_AMP_LOWER_DIRECT_FAST=0 at import.
+LOWER_DIRECT_FAST = [os.environ.get("MINIDNN_AMP_LOWER_DIRECT_FAST", "1") != "0"]
 
 
 def policy_of(op_name: str, device_type: str):
@@ -244,9 +249,17 @@ def _is_float_tensor(a):
 _FLOATING: dict = {}     # dtype -> is_floating(dtype), for the argument scan
 
 
+_CUDA_ARRAY_TYPES: set = set()     # array types seen to be on a "cuda" device (a CuPy ndarray type stays one)
+
+
 def _device_type(x):
     """"cpu" or "cuda": the device type of array ``x`` (a plain NumPy array is told without a device lookup)."""
-    return "cpu" if type(x) is np.ndarray else _device_of(x).type
+    if type(x) is np.ndarray:
+        return "cpu"
+    t = _device_of(x).type
+    if t == "cuda":
+        _CUDA_ARRAY_TYPES.add(type(x))
+    return t
 
 
 def cast_inputs(op_name: str, args, kwargs=None, policies=None, direct=None):
@@ -321,6 +334,52 @@ def cast_inputs(op_name: str, args, kwargs=None, policies=None, direct=None):
     return args, kwargs
 
 
+# The kept-copy direct weight of a float32 parameter for this region (minidnn.amp installs it: it knows the kept
+# flat copies): direct_caster(t, dtype, state) -> t's direct weight, its cache entry made, or None where anything
+# but that hot case holds (nothing done: ``_cast`` then decides).
+_direct_caster = None
+_FLOAT32 = np.dtype(np.float32)
+
+
+def set_direct_caster(fn):
+    global _direct_caster
+    _direct_caster = fn
+
+
+def _lower_direct(args):
+    """``cast_inputs(op, args)`` of a lowered op with direct weights (conv, linear: x, weight, bias, then settings)
+    where its outcome is plain: a CUDA x already in the region's dtype, a weight / bias in it or in float32 (cast as
+    direct weights: the kept copy's, else ``_cast``'s), no other Tensor argument -- the args cast_inputs returns,
+    in its order of casts; None (nothing done) for anything else."""
+    s = getattr(_local, "state", None)
+    if s is None or s["suspended"] or len(args) < 2:
+        return None
+    T = _tensor_type
+    x, w = args[0], args[1]
+    if T is None or not isinstance(x, T) or not isinstance(w, T) or type(x.data) not in _CUDA_ARRAY_TYPES:
+        return None
+    low = s["dtype"].get("cuda")
+    if low is None or x.data.dtype != low:
+        return None
+    b = args[2] if len(args) > 2 else None
+    if b is not None and not (isinstance(b, T) and (b.data.dtype == low or b.data.dtype == _FLOAT32)):
+        return None
+    wd = w.data.dtype
+    if wd != low and wd != _FLOAT32:
+        return None
+    for a in args[3:]:
+        if isinstance(a, T):
+            return None
+    dc = _direct_caster
+    if wd != low:
+        out = None if dc is None else dc(w, low, s)
+        w = _cast(w, low, s, True) if out is None else out
+    if b is not None and b.data.dtype != low:
+        out = None if dc is None else dc(b, low, s)
+        b = _cast(b, low, s, True) if out is None else out
+    return (x, w) if len(args) == 2 else (x, w, b) + args[3:]
+
+
 def autocast_op(op_name: str):
     """Decorator for an op's public function: inside an autocast region its inputs are cast by ``op_name``'s
     policy (outside one it costs a single global test).  An op with no policy on any device (batch norm) is
@@ -331,6 +390,17 @@ def autocast_op(op_name: str):
     def decorate(fn):
         if not policies:
             return fn
+        if op_name in _DIRECT and policies.get("cuda") == "lower":
+            @functools.wraps(fn)
+            def lowered(*args, **kwargs):
+                if _active_regions:
+                    if LOWER_DIRECT_FAST[0] and not kwargs:
+                        fast = _lower_direct(args)
+                        if fast is not None:
+                            return fn(*fast)
+                    args, kwargs = cast_inputs(op_name, args, kwargs, policies, direct)
+                return fn(*args, **kwargs)
+            return lowered
 
         @functools.wraps(fn)
         def op(*args, **kwargs):

@@ -18,7 +18,8 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
         weight cast (minidnn._amp_state's flat caster on / off): ms per step, min of 15 alternated rounds of 20 steps
     MODE=cl_ab [AMP=bf16] python tools/fake_gpu_step.py TREE resnet20 2   # in-process A/B of the same model laid
         out NCHW and channels_last (same seed, own optimizers): ms per step, min of 15 alternated rounds of 20 steps
-    MODE=layers [AMP=bf16] python tools/fake_gpu_step.py TREE resnet20 2  # the same pair, µs a step per leaf module's
+    MODE=layers [AMP=bf16] [PAIR=amp] python tools/fake_gpu_step.py TREE resnet20 2  # the same pair (PAIR=amp: the
+        step without / with autocast instead, CL as set), µs a step per leaf module's
         forward, per backward node, leaf accumulation, the engine's gradient sums and its own rest, loss and optimizer
         (the garbage collector off while timed: MODE=gc counts its collections);
         WRAP=minidnn.backend.cuda.act_kernels:_Plan.__call__,... times those too (module:Class.method or
@@ -340,9 +341,17 @@ elif mode in ("cl_ab", "layers"):
     x2 = x.to(memory_format=mdn.contiguous_format if cl else mdn.channels_last)
     cfgs = {int(cl): (m, x, opt), int(not cl): (m2, x2, mdn.optim.SGD(m2.parameters(), lr=0.01, momentum=0.9))}
     names = {0: "NCHW", 1: "channels_last"}
+    pair_amp = os.environ.get("PAIR", "") == "amp"      # PAIR=amp AMP=bf16: the pair is the step without / with
+    if pair_amp:                                        # autocast (one model, one optimizer, CL as set)
+        if amp_dtype is None:
+            sys.exit("PAIR=amp needs AMP=bf16 or fp16")
+        cfgs = {0: (m, x, opt, None), 1: (m, x, opt, amp_dtype)}
+        names = {0: "fp32", 1: amp}
     def use(c):
-        global m, x, opt
-        m, x, opt = cfgs[c]
+        global m, x, opt, amp_dtype
+        m, x, opt = cfgs[c][:3]
+        if pair_amp:
+            amp_dtype = cfgs[c][3]
     acc = collections.defaultdict(float); ncalls = collections.Counter()
     if mode == "layers":
         pc = time.perf_counter
@@ -352,7 +361,7 @@ elif mode in ("cl_ab", "layers"):
                 try: return f(*a, **k)
                 finally: acc[key] += pc() - t0; ncalls[key] += 1
             return g
-        for mod in list(m.modules()) + list(m2.modules()):
+        for mod in (list(m.modules()) + ([] if pair_amp else list(m2.modules()))):
             if not any(True for _ in mod.children()) and "forward" not in mod.__dict__:
                 mod.forward = timed("fwd " + type(mod).__name__, mod.forward)
         real_bw = A.FunctionCtx.backward
@@ -365,7 +374,7 @@ elif mode in ("cl_ab", "layers"):
         A._add_grads = timed("bwd engine gradient sums", A._add_grads)
         A._run_backward = timed("backward (whole)", A._run_backward)
         F.cross_entropy = timed("fwd cross_entropy", F.cross_entropy)
-        for c in (0, 1):
+        for c in ((0,) if pair_amp else (0, 1)):
             o = cfgs[c][2]
             o.step = timed("opt.step", o.step); o.zero_grad = timed("opt.zero_grad", o.zero_grad)
         mdn.Tensor.__add__ = timed("fwd Tensor.__add__", mdn.Tensor.__add__)
@@ -394,7 +403,7 @@ elif mode in ("cl_ab", "layers"):
                 if k not in per[c] or v / 20 < per[c][k][0]:
                     per[c][k] = (v / 20, ncalls[k] / 20)
     print(f"{model} b{batch} AMP={amp or 'off'}: " + ", ".join(f"{names[c]} {best[c]*1e3:.3f}" for c in (0, 1))
-          + f" ms/step, channels_last - NCHW {(best[1] - best[0])*1e3:+.3f} (CPU time, fake CuPy)")
+          + f" ms/step, {names[1]} - {names[0]} {(best[1] - best[0])*1e3:+.3f} (CPU time, fake CuPy)")
     if mode == "layers":
         inner = sum(v[0] for k, v in per[1].items() if k.startswith("bwd "))
         for c in (0, 1):
@@ -402,7 +411,7 @@ elif mode in ("cl_ab", "layers"):
             # the engine's own time: the whole backward less the nodes' (fused nodes call no nested FunctionCtx)
             per[c]["bwd engine (rest)"] = (b - sum(v[0] for k, v in per[c].items() if k.startswith("bwd ")
                                                    and k != "bwd engine gradient sums"), 1)
-        print(f"{'us a step (calls)':44s} {'NCHW':>16s} {'channels_last':>16s} {'diff':>8s}")
+        print(f"{'us a step (calls)':44s} {names[0]:>16s} {names[1]:>16s} {'diff':>8s}")
         for k in sorted(set(per[0]) | set(per[1])):
             a, b = per[0].get(k, (0, 0)), per[1].get(k, (0, 0))
             print(f"{k:44s} {a[0]*1e6:9.1f} ({a[1]:4.0f}) {b[0]*1e6:9.1f} ({b[1]:4.0f}) {(b[0]-a[0])*1e6:+8.1f}")

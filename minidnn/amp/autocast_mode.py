@@ -294,6 +294,29 @@ def _cast_flat_buffer(t, dtype, s, direct=False):
     return out
 
 
+def _flat_direct(t, dtype, s):
+    """The hot case of ``_amp_state._cast`` -> ``_cast_flat_buffer`` for a conv's or linear layer's float32 weight or
+    bias, written out (host round 26b: most of a bf16 step's autocast time): once this region's first flat cast has
+    refilled the kept copy, t's kept direct weight re-armed, and its cache entry.  None, with nothing done, wherever
+    any other branch of theirs would be taken (the caller then runs ``_cast``)."""
+    if not (s["cache_enabled"] and t.grad_fn is None and t.requires_grad and DIRECT[0]) or id(t) in s["cache"]:
+        return None
+    owner = owner_of(t)
+    if owner is None:
+        return None
+    fs, j = owner
+    flat = s["flat_low"].get(id(fs))
+    if flat is None or flat[0] is not fs or flat[3] is None or not _grad_state.grad_enabled:
+        return None
+    w = flat[3].weights[j]
+    if (w is None or flat[1].dtype != dtype or t._version != flat[2][j] or t.data is not fs.param_views[j]
+            or t.data.dtype != np.float32 or dtype.itemsize != 2):
+        return None
+    w.grad_fn = t._edge()[0]
+    s["cache"][id(t)] = (t, t._version, w, fs)
+    return w
+
+
 def _used(s, key, fs):
     """Elements of flat set ``fs`` (id ``key``) the previous outermost region's casts used (0 if none, or if the entry
     was another flat set's, freed since)."""
@@ -326,6 +349,7 @@ def leaf_grad(ctx, i, g):
 
 DIRECT = _amp_state.DIRECT_WEIGHTS
 _amp_state.set_flat_caster(_cast_flat_buffer)
+_amp_state.set_direct_caster(_flat_direct)
 _amp_state.set_direct_graph(graph_weight, leaf_grad, AccumulateGrad)
 _amp_state.set_caster(_cast)
 _amp_state.set_tensor_type(Tensor)

@@ -1,0 +1,77 @@
+"""On a GPU: host round 26b's autocast shortcut (docs/host_overhead.md; ``_amp_state.LOWER_DIRECT_FAST``: a lowered
+conv / linear call whose input is in the region's dtype takes its float32 weight / bias as the kept flat copy's
+direct weights without cast_inputs) gives the full path's bits.  ResNet-20 and MobileNet-small, NCHW and
+channels-last, bfloat16 and float16 autocast, four SGD steps from one start (the kept copy serves from the third):
+every parameter bit-identical and the same launches a step with the switch on and off.  Which objects each call
+receives, the cast cache and which calls take the shortcut are checked on the CPU under the fake CuPy
+(test_host26b_amp_direct.py)."""
+import numpy as np
+import pytest
+
+from minidnn.backend import devices as _dev
+
+pytestmark = pytest.mark.cuda
+
+if not _dev.cuda_is_available():
+    pytest.skip("no CUDA GPU with CuPy on this machine", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+import minidnn as mdn  # noqa: E402
+from minidnn import _amp_state as S  # noqa: E402
+from minidnn.backend.cuda import launch as L  # noqa: E402
+from minidnn.nn import functional as F  # noqa: E402
+
+
+def _bits(a):
+    return np.ascontiguousarray(cp.asnumpy(a)).view(np.uint8).copy()     # (channels-last arrays too)
+
+
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("model", ["resnet20", "mobilenet"])
+def test_model_steps_bit_identical_on_and_off(model, dtype, cl):
+    mdn.backends.cudnn.deterministic = True         # (tests/conftest.py restores it)
+    params, launches, taken = {}, {}, {}
+    real = S._lower_direct
+    n = [0]
+
+    def counted(args):
+        r = real(args)
+        n[0] += r is not None
+        return r
+    S._lower_direct = counted
+    try:
+        for on in (True, False):
+            S.LOWER_DIRECT_FAST[0] = on
+            n[0] = 0
+            mdn.manual_seed(0)
+            if model == "mobilenet":
+                m = mdn.models.MobileNetSmall(num_classes=10, in_channels=3).to("cuda")
+            else:
+                m = mdn.models.resnet20(num_classes=10).to("cuda")
+            x = mdn.randn(32, 3, 32, 32).to("cuda")
+            if cl:
+                m.to(memory_format=mdn.channels_last)
+                x = x.to(memory_format=mdn.channels_last)
+            opt = mdn.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+            y = mdn.randint(0, 10, (x.shape[0],)).to("cuda")
+            seen, counts = [], []
+            for _ in range(4):
+                n0 = L.launch_count()
+                with mdn.autocast("cuda", dtype=getattr(mdn, dtype)):
+                    loss = F.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                counts.append(L.launch_count() - n0)
+                seen.append([_bits(p.data) for p in m.parameters()] + [_bits(loss.data)])
+            params[on], launches[on], taken[on] = seen, counts, n[0]
+    finally:
+        S.LOWER_DIRECT_FAST[0] = True
+        S._lower_direct = real
+    assert taken[False] == 0 and taken[True] > 0
+    assert launches[True] == launches[False]
+    for a, b in zip(params[True], params[False]):
+        for pa, pb in zip(a, b):
+            assert np.array_equal(pa, pb)
