@@ -20,7 +20,7 @@ from .tensor import Tensor
 
 __all__ = ["numpy", "__array__", "item", "tolist", "__float__", "__int__", "__bool__", "__index__", "__dlpack__",
            "__dlpack_device__", "__iter__", "__repr__", "__reduce_ex__", "contiguous", "is_contiguous", "stride",
-           "copy_"]
+           "copy_", "data_ptr"]
 
 
 # -- to NumPy, Python numbers and lists, DLPack ---------------------------------------------------------------------
@@ -129,6 +129,15 @@ def stride(self, dim=None):
         raise IndexError(f"stride(): dimension {dim} out of range for a {len(strides)}-D tensor of shape "
                          f"{tuple(self.data.shape)}")
     return strides[dim]
+
+
+def data_ptr(self):
+    """The address of the tensor's first element (an int; 0 for an empty tensor), as PyTorch's ``Tensor.data_ptr``:
+    views share their base's memory at an offset, and two tensors with equal pointers and layouts alias."""
+    a = self.data
+    if a.size == 0:
+        return 0
+    return int(a.data.ptr) if _dev.is_cuda_array(a) else int(a.__array_interface__["data"][0])
 
 
 def copy_(self, src):

@@ -421,3 +421,36 @@ def test_backward_gradient_on_wrong_device(device, monkeypatch):
     y = g * 2.0
     with pytest.raises(RuntimeError, match="cpu.*cuda|cuda.*cpu"):
         y.backward(c)
+
+
+def test_data_ptr_is_the_first_elements_address_as_in_pytorch():
+    torch = pytest.importorskip("torch")
+    a = mdn.arange(24.0, dtype=mdn.float32).reshape(2, 3, 4)
+    b = torch.arange(24.0).reshape(2, 3, 4)
+    base = a.data_ptr()
+    assert base == a.data.__array_interface__["data"][0] and base != 0
+    for idx in [(1,), (slice(None), 2), (slice(None), slice(1, None), slice(None, None, 2)), (0, 1, 3)]:
+        va, vb = a[idx], b[idx]
+        assert va.data_ptr() - base == vb.data_ptr() - b.data_ptr(), idx
+    assert a.transpose(0, 2).data_ptr() == base == b.transpose(0, 2).data_ptr() - b.data_ptr() + base
+    assert a.clone().data_ptr() != base and a.detach().data_ptr() == base
+    assert mdn.zeros(0).data_ptr() == 0 == torch.zeros(0).data_ptr()
+    if _dev.cuda_is_available():
+        g = a.to("cuda")
+        assert g.data_ptr() == g.data.data.ptr and g[1].data_ptr() - g.data_ptr() == 12 * 4
+
+
+def test_an_element_is_a_zero_d_view_as_in_pytorch():
+    torch = pytest.importorskip("torch")
+    a, b = mdn.arange(24.0).reshape(2, 3, 4), torch.arange(24.0).reshape(2, 3, 4)
+    for idx in [(0, 1, 3), (1, -1, 0), (Ellipsis, 2, 1), (1, Ellipsis, 3, None)]:
+        va, vb = a[idx], b[idx]
+        assert tuple(va.shape) == tuple(vb.shape) and va.data_ptr() - a.data_ptr() == vb.data_ptr() - b.data_ptr()
+        va.add_(100.0)
+        vb.add_(100.0)
+    c = mdn.arange(5.0)
+    c[3].mul_(-1.0)
+    assert np.array_equal(a.numpy(), b.numpy()) and c.tolist() == [0.0, 1.0, 2.0, -3.0, 4.0]
+    g = mdn.arange(6.0, requires_grad=True)
+    (g[2] * 3.0).backward()                         # the view keeps its gradient path
+    assert g.grad.tolist() == [0.0, 0.0, 3.0, 0.0, 0.0, 0.0]

@@ -121,9 +121,7 @@ def setitem_array(x, key, value):
 
 def _normalize_key(key, like=None):
     """Tensors become their arrays, lists become arrays (NumPy semantics)."""
-    if isinstance(key, tuple):
-        return tuple(_normalize_one(k, like) for k in key)
-    return _normalize_one(key, like)
+    return tuple(_normalize_one(k, like) for k in key) if isinstance(key, tuple) else _normalize_one(key, like)
 
 
 def _normalize_one(k, like):
@@ -171,8 +169,9 @@ def getitem(x, key, normalized=False):
             return _to_torch_order(getitem(x, k, normalized=True), move)
     else:
         k = key
-    try:
+    try:       # (NumPy gives an element as a scalar copy: made a 0-d view, as PyTorch's and CuPy's)
         out = x.data[k]
+        out = x.data[(*k, None) if type(k) is tuple else (k, None)].reshape(()) if isinstance(out, np.generic) else out
     except IndexError as e:
         raise IndexError(f"index {key!r} is invalid for a tensor of shape {tuple(x.shape)}: {e}") from None
     if _state.grad_enabled and x.requires_grad:
