@@ -4,7 +4,10 @@ direct weights without cast_inputs) gives the full path's bits.  ResNet-20 and M
 channels-last, bfloat16 and float16 autocast, four SGD steps from one start (the kept copy serves from the third):
 every parameter bit-identical and the same launches a step with the switch on and off.  Which objects each call
 receives, the cast cache and which calls take the shortcut are checked on the CPU under the fake CuPy
-(test_host26b_amp_direct.py)."""
+(test_host26b_amp_direct.py).  Average pooling's channels-last backward on a seen signature
+(``pooling.AVGPOOL_CL_BWD``, off by default until round 25b's fake test is moved): dx of three calls bit-identical
+with the switch on and off, channels-last, and equal to the float64 gradient within the dtype's rounding; the
+channels-last models' steps with it on against off."""
 import numpy as np
 import pytest
 
@@ -21,6 +24,7 @@ import minidnn as mdn  # noqa: E402
 from minidnn import _amp_state as S  # noqa: E402
 from minidnn.backend.cuda import launch as L  # noqa: E402
 from minidnn.nn import functional as F  # noqa: E402
+from minidnn.nn._functions import pooling as PL  # noqa: E402
 
 
 def _bits(a):
@@ -73,5 +77,70 @@ def test_model_steps_bit_identical_on_and_off(model, dtype, cl):
     assert taken[False] == 0 and taken[True] > 0
     assert launches[True] == launches[False]
     for a, b in zip(params[True], params[False]):
+        for pa, pb in zip(a, b):
+            assert np.array_equal(pa, pb)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("pool", ["adaptive1", "adaptive2", "avg2"])
+def test_channels_last_avgpool_backward_bits_on_and_off(pool, dtype):
+    f = {"adaptive1": lambda t: F.adaptive_avg_pool2d(t, 1), "adaptive2": lambda t: F.adaptive_avg_pool2d(t, 2),
+         "avg2": lambda t: F.avg_pool2d(t, 2)}[pool]
+    mdn.manual_seed(0)
+    x0 = mdn.randn(8, 16, 4, 4)
+    g0 = mdn.randn(*f(x0).shape)
+
+    def grad():
+        x = x0.to("cuda").to(getattr(mdn, dtype)).to(memory_format=mdn.channels_last).requires_grad_()
+        f(x).backward(g0.to("cuda").to(x.dtype))
+        assert x.grad.is_contiguous(memory_format=mdn.channels_last)
+        return x.grad
+    got = {}
+    saved = PL.AVGPOOL_CL_BWD[0]
+    try:
+        for on in (True, False):
+            PL.AVGPOOL_CL_BWD[0] = on
+            got[on] = [_bits(grad().data) for _ in range(3)]
+        PL.AVGPOOL_CL_BWD[0] = True
+        g = grad()
+    finally:
+        PL.AVGPOOL_CL_BWD[0] = saved
+    for a, b in zip(got[True], got[False]):
+        assert np.array_equal(a, b)
+    xr = x0.double().requires_grad_()          # float64 reference: the same pooling's gradient on the CPU
+    f(xr).backward(g0.double())
+    tol = 1e-6 if dtype == "float32" else 1e-2
+    np.testing.assert_allclose(g.float().cpu().numpy(), xr.grad.numpy(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("model", ["resnet20", "mobilenet"])
+def test_channels_last_steps_with_avgpool_switch(model):
+    mdn.backends.cudnn.deterministic = True
+    got, launches = {}, {}
+    saved = PL.AVGPOOL_CL_BWD[0]
+    try:
+        for on in (True, False):
+            PL.AVGPOOL_CL_BWD[0] = on
+            mdn.manual_seed(0)
+            m = (mdn.models.MobileNetSmall(num_classes=10, in_channels=3) if model == "mobilenet"
+                 else mdn.models.resnet20(num_classes=10)).to("cuda").to(memory_format=mdn.channels_last)
+            x = mdn.randn(32, 3, 32, 32).to("cuda").to(memory_format=mdn.channels_last)
+            y = mdn.randint(0, 10, (32,)).to("cuda")
+            opt = mdn.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+            seen, counts = [], []
+            for _ in range(3):
+                n0 = L.launch_count()
+                with mdn.autocast("cuda", dtype=mdn.bfloat16):
+                    loss = F.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                counts.append(L.launch_count() - n0)
+                seen.append([_bits(p.data) for p in m.parameters()])
+            got[on], launches[on] = seen, counts
+    finally:
+        PL.AVGPOOL_CL_BWD[0] = saved
+    assert launches[True] == launches[False]
+    for a, b in zip(got[True], got[False]):
         for pa, pb in zip(a, b):
             assert np.array_equal(pa, pb)

@@ -100,8 +100,11 @@ class AvgPool(Function):
     @staticmethod
     def backward(ctx, gy):
         if not is_grad_enabled():       # first order: AvgPoolBackward's forward without its apply
-            if AVGPOOL_FAST[0] and not ctx.channels_last and type(gd := gy.data) is not np.ndarray:
-                return _avg_backward_seen(gy, gd, ctx.desc, ctx.x_shape), None
+            if AVGPOOL_FAST[0] and type(gd := gy.data) is not np.ndarray:
+                if not ctx.channels_last:
+                    return _avg_backward_seen(gy, gd, ctx.desc, ctx.x_shape), None
+                if AVGPOOL_CL_BWD[0]:
+                    return _avg_backward_seen_cl(gy, gd, ctx.desc, ctx.x_shape), None
             return AvgPoolBackward.forward(_FIRST_ORDER, gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
         return AvgPoolBackward.apply(gy, ctx.desc, ctx.x_shape, ctx.channels_last), None
 
@@ -305,6 +308,10 @@ def _max_pool_learn(x, desc, sig):
 # the descriptor and goes to the calls above (unbatched inputs keep the full path).
 # Switch: AVGPOOL_FAST[0] = False, or MINIDNN_AVGPOOL_FAST=0 at import (all three).
 AVGPOOL_FAST = [os.environ.get("MINIDNN_AVGPOOL_FAST", "1") != "0"]
+# The backward of a channels-last x on a seen signature too (host round 26b: the full path's NHWC views of dy and
+# of x's stand-in, the primitive's key and handle): AVGPOOL_CL_BWD[0] = True, or MINIDNN_AVGPOOL_CL_BWD=1 at import
+# (off by default until tests/nn/test_host25b_seen.py expects the channels-last backward off the full path).
+AVGPOOL_CL_BWD = [os.environ.get("MINIDNN_AVGPOOL_CL_BWD", "0") != "0"]
 _AVGPOOL_SEEN = SeenCalls()
 _AVGPOOL_BWD_SEEN = SeenCalls()
 _SEEN_ADAPTIVE = SeenCalls()
@@ -364,6 +371,34 @@ def _avg_backward_seen(gy, gd, desc, x_shape):
         seen = _pool_primitive._SEEN.get(pkey) if pkey is not None else None
         if seen is not None:
             _AVGPOOL_BWD_SEEN.remember(sig, (desc, pkey, seen))
+        else:
+            _AVGPOOL_BWD_SEEN.pop(sig, None)
+    return dx
+
+
+def _avg_backward_seen_cl(gy, gd, desc, x_shape):
+    """AvgPoolBackward.forward's first-order dx of a channels-last x: the same primitive plan on dy's NHWC view, the
+    result made contiguous and seen channels-first as that forward does.  The signature is _avg_backward_seen's with
+    "NHWC" after it (the primitive's key reads dy's and x's stand-in's NHWC views: determined by the same fields)."""
+    try:
+        sig = (id(desc), x_shape, gd.shape, gd.strides, gd.dtype, gd.data.device_id, "NHWC")
+    except AttributeError:
+        sig = None
+    entry = _AVGPOOL_BWD_SEEN.get(sig) if sig is not None else None
+    if entry is not None and entry[0] is desc and _pool_primitive._SEEN.get(entry[1]) is entry[2]:
+        fmt, plan = entry[2]
+        dx = _pool_primitive.from_channels_first(plan(to_channels_first(gd.transpose(entry[3]), fmt), None), fmt)
+        return wrap(gy._xp().ascontiguousarray(dx).transpose(entry[4]))
+    dx = AvgPoolBackward.forward(_FIRST_ORDER, gy, desc, x_shape, True)
+    if sig is not None:
+        xp = gy._xp()
+        last = B.channels_last_perm(len(x_shape))
+        x_like = xp.broadcast_to(_shape_only(xp, gd), x_shape)      # the stand-in AvgPoolBackward passed
+        pkey = _pool_primitive._gpu_key("bwd", handle_for(gy), desc, "NHWC", 1.0, 0.0, None, None,
+                                        x_like.transpose(last), None, gd.transpose(last), None)
+        seen = _pool_primitive._SEEN.get(pkey) if pkey is not None else None
+        if seen is not None:
+            _AVGPOOL_BWD_SEEN.remember(sig, (desc, pkey, seen, last, B.channels_first_perm(len(x_shape))))
         else:
             _AVGPOOL_BWD_SEEN.pop(sig, None)
     return dx
