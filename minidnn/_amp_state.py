@@ -352,32 +352,41 @@ def _lower_direct(args):
     direct weights: the kept copy's, else ``_cast``'s), no other Tensor argument -- the args cast_inputs returns,
     in its order of casts; None (nothing done) for anything else."""
     s = getattr(_local, "state", None)
-    if s is None or s["suspended"] or len(args) < 2:
+    n = len(args)
+    if s is None or s["suspended"] or n < 2:
         return None
     T = _tensor_type
     x, w = args[0], args[1]
-    if T is None or not isinstance(x, T) or not isinstance(w, T) or type(x.data) not in _CUDA_ARRAY_TYPES:
+    if T is None or not isinstance(x, T) or not isinstance(w, T):
         return None
+    xd = x.data
     low = s["dtype"].get("cuda")
-    if low is None or x.data.dtype != low:
-        return None
-    b = args[2] if len(args) > 2 else None
-    if b is not None and not (isinstance(b, T) and (b.data.dtype == low or b.data.dtype == _FLOAT32)):
+    if low is None or type(xd) not in _CUDA_ARRAY_TYPES or xd.dtype != low:
         return None
     wd = w.data.dtype
     if wd != low and wd != _FLOAT32:
         return None
-    for a in args[3:]:
-        if isinstance(a, T):
+    b = args[2] if n > 2 else None
+    if b is not None:
+        if not isinstance(b, T):
             return None
+        bd = b.data.dtype
+        if bd != low and bd != _FLOAT32:
+            return None
+    if n > 3:
+        for a in args[3:]:
+            if isinstance(a, T):
+                return None
     dc = _direct_caster
     if wd != low:
         out = None if dc is None else dc(w, low, s)
         w = _cast(w, low, s, True) if out is None else out
-    if b is not None and b.data.dtype != low:
+    if b is not None and bd != low:
         out = None if dc is None else dc(b, low, s)
         b = _cast(b, low, s, True) if out is None else out
-    return (x, w) if len(args) == 2 else (x, w, b) + args[3:]
+    if n == 2:
+        return x, w
+    return (x, w, b) + args[3:] if n > 3 else (x, w, b)
 
 
 def autocast_op(op_name: str):

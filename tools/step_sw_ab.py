@@ -7,7 +7,7 @@ between alternated turns of the same minidnn step, PyTorch's twin step timed in 
 Each turn: ``--turn`` steps, one synchronisation at its end (bench/train_step.py --pipelined); the order of the
 three runs (switch off, switch on, PyTorch) rotates every round; the median ms a step of each, and the ratios.
 ``--amp bf16``: the forward under autocast on both sides (bench/amp_step.py's steps are not used: the same
-train_step models and SGD/Adam as train_step.py).
+train_step models and SGD/Adam as train_step.py); ``--cl``: models and inputs channels_last on both sides.
 """
 from __future__ import annotations
 
@@ -37,6 +37,18 @@ def _amp_step(lib, step_parts, dtype):
     return step
 
 
+def _plain_step(lib, step_parts):
+    model, opt, x, y = step_parts
+    ce = lib.nn.functional.cross_entropy
+
+    def step():
+        loss = ce(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet20,mobilenet,lenet5")
@@ -44,6 +56,7 @@ def main():
     ap.add_argument("--turn", type=int, default=10)
     ap.add_argument("--opt", default="sgd")
     ap.add_argument("--amp", default=None, help="bf16: the forward under autocast(bfloat16) on both sides")
+    ap.add_argument("--cl", action="store_true", help="model and input channels_last on both sides")
     a = ap.parse_args()
     sws = []
     for item in os.environ["SW"].split(","):
@@ -56,18 +69,23 @@ def main():
     def setting(on):
         for s in sws:
             s[0] = on
-    print(f"SW={os.environ['SW']} amp={a.amp} opt={a.opt}; ms a step (median of {a.rounds} turns of {a.turn})")
+    print(f"SW={os.environ['SW']} amp={a.amp} cl={a.cl} opt={a.opt}; ms a step (median of {a.rounds} turns of "
+          f"{a.turn})")
     print(f"{'model':10} {'off':>8} {'on':>8} {'torch':>8}  on/off  off/torch  on/torch")
     for name in a.models.split(","):
         ctor, shape, batch = ts.CONFIGS[name]
         runs = {}
         for key, lib, models in [("mdn", mdn, vars(mdn.models))] + ([("torch", torch, twins)] if twins else []):
             step, model, opt = ts.make_step(lib, models, ctor, shape, batch, "cuda", a.opt)
-            if a.amp:
+            if a.amp or a.cl:
                 lib.manual_seed(0)
                 x = lib.randn(batch, *shape, device="cuda")
                 y = lib.randint(0, 10, (batch,), device="cuda")
-                step = _amp_step(lib, (model, opt, x, y), lib.bfloat16)
+                if a.cl:
+                    model.to(memory_format=lib.channels_last)
+                    x = x.to(memory_format=lib.channels_last)
+                parts = (model, opt, x, y)
+                step = _amp_step(lib, parts, lib.bfloat16) if a.amp else _plain_step(lib, parts)
             runs[key] = (step, lib.cuda.synchronize)
         order = [("off", runs["mdn"], False), ("on", runs["mdn"], True)]
         if "torch" in runs:

@@ -299,7 +299,8 @@ def _flat_direct(t, dtype, s):
     bias, written out (host round 26b: most of a bf16 step's autocast time): once this region's first flat cast has
     refilled the kept copy, t's kept direct weight re-armed, and its cache entry.  None, with nothing done, wherever
     any other branch of theirs would be taken (the caller then runs ``_cast``)."""
-    if not (s["cache_enabled"] and t.grad_fn is None and t.requires_grad and DIRECT[0]) or id(t) in s["cache"]:
+    cache = s["cache"]
+    if not (s["cache_enabled"] and t.grad_fn is None and t.requires_grad and DIRECT[0]) or id(t) in cache:
         return None
     owner = owner_of(t)
     if owner is None:
@@ -309,12 +310,18 @@ def _flat_direct(t, dtype, s):
     if flat is None or flat[0] is not fs or flat[3] is None or not _grad_state.grad_enabled:
         return None
     w = flat[3].weights[j]
-    if (w is None or flat[1].dtype != dtype or t._version != flat[2][j] or t.data is not fs.param_views[j]
-            or t.data.dtype != np.float32 or dtype.itemsize != 2):
+    data = t.data
+    if (w is None or flat[1].dtype != dtype or t._version != flat[2][j] or data is not fs.param_views[j]
+            or data.dtype != _FLOAT32 or dtype.itemsize != 2):
         return None
-    w.grad_fn = t._edge()[0]
-    s["cache"][id(t)] = (t, t._version, w, fs)
+    acc = t._accumulator        # t._edge()'s accumulator: the live one, else made
+    node = None if acc is None else acc()
+    w.grad_fn = t._edge()[0] if node is None else node
+    cache[id(t)] = (t, t._version, w, fs)
     return w
+
+
+_FLOAT32 = np.dtype(np.float32)
 
 
 def _used(s, key, fs):
