@@ -376,7 +376,7 @@ def settled_state():
     return (_GENERATION[0], _cuda_conv.ENABLED[0], _igemm.VEC_ENABLED[0], _igemm.STAGE_ENABLED[0],
             _igemm.STAGE_MIN_MACS, _igemm.DIRECT_MAX_CG, _igemm.DIRECT_DENSE_MAX_MACS, _igemm.TRANSPOSE_V2[0],
             _igemm.SPLITK2[0], _igemm._pointwise.ENABLED[0], _igemm._pointwise.NCHW[0], _igemm.TILE_ENABLED[0],
-            _igemm.DW_SETTLE[0])
+            _igemm.DW_SETTLE[0], _igemm.DW_CL_SETTLE[0])
 
 
 class SettledConvolution:
@@ -552,6 +552,10 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
     # channels-first result: what _finish returns as it is
     s.direct = _igemm.settle_direct(direction, p, a, b, dw_dtype) if fn in _DIRECT_RUNS[direction] and s.plain \
         and fmt is TensorFormat.NCHW else None
+    if s.direct is None and fmt is TensorFormat.NHWC and fn in _DIRECT_RUNS[direction]:
+        # a channels-last depthwise call on conv_dw_nhwc's route, settled (host round 26b); its results are what
+        # _out returns as they are (dense channels-last forward / backward data, a contiguous filter gradient)
+        s.direct = _igemm.settle_direct_cl(direction, p, a, b, dw_dtype)
     return s
 
 

@@ -144,3 +144,80 @@ def test_channels_last_steps_with_avgpool_switch(model):
     for a, b in zip(got[True], got[False]):
         for pa, pb in zip(a, b):
             assert np.array_equal(pa, pb)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layer", ["s1", "s2", "k5", "w_view"])
+def test_channels_last_depthwise_settled_bits_on_and_off(layer, dtype):
+    """conv_igemm.DW_CL_SETTLE: y, dx and dw of three calls of a channels-last depthwise layer (autocast for bf16:
+    dw in float32) bit-identical with the switch on and off; the settled calls taken on (conv_dw_nhwc.supports not
+    asked from the second call)."""
+    from minidnn.backend.cuda import conv_dw_nhwc as DWN
+    from minidnn.backend.cuda import conv_igemm as CI
+    k, stride = (5, 1) if layer == "k5" else (3, 2 if layer == "s2" else 1)
+    asked = [0]
+    real = DWN.supports
+
+    def counted(*a, **kw):
+        asked[0] += 1
+        return real(*a, **kw)
+    got = {}
+    DWN.supports = counted
+    try:
+        for on in (True, False):
+            CI.DW_CL_SETTLE[0] = on
+            mdn.manual_seed(0)
+            conv = mdn.nn.Conv2d(32, 32, k, stride=stride, padding=k // 2, groups=32, bias=False).to("cuda")
+            conv = conv.to(memory_format=mdn.channels_last)
+            if layer == "w_view":       # a weight that is not contiguous: the route's copy of it
+                conv.weight.data = mdn.randn(32, 1, 4, 3).to("cuda").data[:, :, :3]
+            x0 = mdn.randn(16, 32, 16, 16).to("cuda").to(memory_format=mdn.channels_last)
+            out = []
+            for i in range(3):
+                asked[0] = 0 if i == 2 else asked[0]
+                x = x0.detach().requires_grad_()
+                with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=dtype == "bfloat16"):
+                    y = conv(x)
+                y.backward(mdn.ones_like(y) * 0.5 + y.detach() * 0.25)
+                out.append([_bits(y.data), _bits(x.grad.data), _bits(conv.weight.grad.data)])
+                conv.weight.grad = None
+            got[on] = (out, asked[0])
+    finally:
+        DWN.supports = real
+        CI.DW_CL_SETTLE[0] = True
+    assert got[True][1] == 0 and got[False][1] > 0
+    for a, b in zip(got[True][0], got[False][0]):
+        for pa, pb in zip(a, b):
+            assert np.array_equal(pa, pb)
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_mobilenet_channels_last_steps_dw_cl_settle(amp):
+    from minidnn.backend.cuda import conv_igemm as CI
+    got, launches = {}, {}
+    try:
+        for on in (True, False):
+            CI.DW_CL_SETTLE[0] = on
+            mdn.manual_seed(0)
+            m = mdn.models.MobileNetSmall(num_classes=10, in_channels=3).to("cuda").to(
+                memory_format=mdn.channels_last)
+            x = mdn.randn(32, 3, 32, 32).to("cuda").to(memory_format=mdn.channels_last)
+            y = mdn.randint(0, 10, (32,)).to("cuda")
+            opt = mdn.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+            seen, counts = [], []
+            for _ in range(3):
+                n0 = L.launch_count()
+                with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
+                    loss = F.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                counts.append(L.launch_count() - n0)
+                seen.append([_bits(p.data) for p in m.parameters()])
+            got[on], launches[on] = seen, counts
+    finally:
+        CI.DW_CL_SETTLE[0] = True
+    assert launches[True] == launches[False]
+    for a, b in zip(got[True], got[False]):
+        for pa, pb in zip(a, b):
+            assert np.array_equal(pa, pb)

@@ -1206,14 +1206,16 @@ def _tile_forward_run(x, w, y, in_hw, out_hw, pad, stride, dil, Kg, alpha, beta,
                            flip, _launch.sm_count())
 
 
-def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
+def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None, nhwc=True):
+    """y of the direct kernels; ``nhwc`` False: conv_dw_nhwc's route not tried (the settled channels-last route's
+    rest, after its own try declined)."""
     cp = _launch.cupy()
     cl = _channels_last(x) if p.nd == 2 else False
     y = out if out is not None else _new_like_layout(cp, p.y_shape, x.dtype, cl, x.data.device_id)
     if out is not None:
         _check_out(out, p.y_shape, x.dtype)
     x2, y2, w = _as_2d(x, p.nd), _as_2d(y, p.nd), cp.ascontiguousarray(w)
-    if TILE_ENABLED[0] and _dw_nhwc.forward(p, x2, w, y2, alpha, beta):    # NHWC depthwise (conv_dw_nhwc)
+    if TILE_ENABLED[0] and nhwc and _dw_nhwc.forward(p, x2, w, y2, alpha, beta):    # NHWC depthwise
         return y
     if _plane_ok(p, x2, y2):
         if not _tile_forward(x2, w, y2, p.in_size, p.out_size, p.padding, p.stride[0], p.dilation[0], p.Kg, alpha,
@@ -1230,14 +1232,14 @@ def direct_forward(p, x, w, tf32=False, alpha=1.0, beta=0.0, out=None):
     return y
 
 
-def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None):
+def direct_backward_data(p, w, dy, tf32=False, alpha=1.0, beta=0.0, out=None, nhwc=True):
     cp = _launch.cupy()
     cl = _channels_last(dy) if p.nd == 2 else False
     dx = out if out is not None else _new_like_layout(cp, p.x_shape, dy.dtype, cl, dy.data.device_id)
     if out is not None:
         _check_out(out, p.x_shape, dy.dtype)
     dy2, dx2 = _as_2d(dy, p.nd), _as_2d(dx, p.nd)
-    if TILE_ENABLED[0] and _dw_nhwc.backward_data(p, w, dy2, dx2, alpha, beta):   # NHWC depthwise
+    if TILE_ENABLED[0] and nhwc and _dw_nhwc.backward_data(p, w, dy2, dx2, alpha, beta):   # NHWC depthwise
         return dx
     flipped_pad = tuple(d * (r - 1) - q for d, r, q in zip(p.dilation, p.kernel, p.padding))
     if _plane_ok(p, dy2, dx2) and p.stride[0] == 1 and min(flipped_pad) >= 0:
@@ -1441,7 +1443,7 @@ def _tile_wgrad(p, x2, dy2, dw_dtype, g, alpha, beta):
                            wide)
 
 
-def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, out_dtype=None):
+def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, out_dtype=None, nhwc=True):
     """dw of the direct kernels (NHWC depthwise, register-tiled planes, planes, generic), split sums added in order;
     ``out_dtype`` float32 with half data: dw in float32, the sums unrounded (DWF32=1; autocast's weights)."""
     cp = _launch.cupy()
@@ -1453,8 +1455,8 @@ def direct_backward_filter(p, x, dy, tf32=False, alpha=1.0, beta=0.0, out=None, 
     x2, dy2 = _as_2d(x, p.nd), _as_2d(dy, p.nd)
     g = _geometry(p)
     same = dw is out or out is None
-    if TILE_ENABLED[0] and _dw_nhwc.backward_filter(p, x2, dy2, dw, alpha if same else 1.0,     # NHWC depthwise
-                                                    beta if same else 0.0) \
+    if TILE_ENABLED[0] and nhwc and _dw_nhwc.backward_filter(p, x2, dy2, dw, alpha if same else 1.0,  # NHWC dw
+                                                             beta if same else 0.0) \
             or _tile_backward_filter(p, x2, dy2, dw, g, alpha if same else 1.0, beta if same else 0.0):
         if not same:        # a non-contiguous out: blend afterwards
             return _blend_into(out, dw, alpha, beta)
@@ -1582,6 +1584,121 @@ def settle_direct(direction, p, a, b, out_dtype=None):
 
     def backward_filter(x, dy, out=None):
         dw = cp.empty(shape, dtype=dt) if out is None else out
+        run(x, dy, _ws.scratch_flat(cp, dev, "conv.splitk", partial_size, np.float32) if partial_size else None,
+            tickets, dw)
+        return dw
+    return backward_filter
+
+
+# conv_dw_nhwc's channels-last depthwise route settled too (host round 26b: MobileNet-small's channels-last step ran
+# the full direct_* functions and conv_dw_nhwc's eligibility tests on every depthwise call): off (DW_CL_SETTLE[0] =
+# False, or MINIDNN_CONV_DW_CL_SETTLE=0 at import), they keep the full functions per call.
+DW_CL_SETTLE = [os.environ.get("MINIDNN_CONV_DW_CL_SETTLE", "1") != "0"]
+
+
+class _DenseCL:
+    """What conv_dw_nhwc's layout test reads of a result _new_like_layout would make ((N, C, H, W)-indexed, dense
+    channels-last): a stand-in that allocates nothing (a settle may come inside a counted or captured step)."""
+    __slots__ = ("ndim", "shape", "strides", "itemsize", "size")
+
+    def __init__(self, shape, dtype):
+        n, c, h, w = shape
+        e = dtype.itemsize
+        self.ndim, self.shape, self.itemsize, self.size = 4, tuple(shape), e, n * c * h * w
+        self.strides = (h * w * c * e, e, w * c * e, c * e)
+
+
+def settle_direct_cl(direction, p, a, b, out_dtype=None):
+    """The settled form of ``direct_forward(p, a, b)`` (direction 0), ``direct_backward_data(p, a, b)`` (1) or
+    ``direct_backward_filter(p, a, b, out_dtype=out_dtype)`` (2), alpha 1 and beta 0, for a depthwise problem whose
+    channels-last activations (channels-first views; the results' dense channels-last or contiguous layouts)
+    conv_dw_nhwc takes by layout -- or None.  What its eligibility reads besides the signature is read per call:
+    its switches (ENABLED, V2), the activations' base alignment to its vector and the filter's (the V2 kernels'
+    vector taps); a call it then declines, or whose plan it declines, runs the full function's rest on the arrays
+    already made (the launches the full function makes).  Same interface as ``settle_direct``'s functions."""
+    if not (DW_CL_SETTLE[0] and TILE_ENABLED[0] and DW_SETTLE[0]) or p.nd != 2 \
+            or not (p.groups == p.C and p.K == p.C):
+        return None
+    cp = _launch.cupy()
+    R, S = p.kernel
+    dvec = _dw_nhwc
+    if direction == 0:
+        x = a
+        if not _channels_last(x):
+            return None
+        stand = _DenseCL(p.y_shape, x.dtype)
+        acts = (x, stand)
+    elif direction == 1:
+        dy = b
+        if not _channels_last(dy):
+            return None
+        stand = _DenseCL(p.x_shape, dy.dtype)
+        acts = (dy, stand)
+    else:
+        x, dy = a, b
+        if not (_channels_last(x) and _channels_last(dy)):
+            return None
+        acts = (x, dy)
+    if dvec._why_not(p, acts, False) is not None:
+        return None
+    item = acts[0].itemsize
+    cv = dvec.vector(item, R * S)
+    align = cv * item
+    dev = acts[0].data.device_id
+    s0, s1 = acts[0].strides, acts[1].strides
+    sms = _launch.sm_count()
+    if direction == 0:
+        shape, dtype = p.y_shape, a.dtype
+
+        def forward(x, w, out=None):
+            y = _new_like_layout(cp, shape, dtype, True, dev)
+            w = cp.ascontiguousarray(w)         # (direct_forward's, before conv_dw_nhwc's try)
+            if not dvec.ENABLED[0] or x.data.ptr % align or y.data.ptr % align:
+                return direct_forward(p, x, w, out=y, nhwc=False)
+            v2 = dvec.V2[0]
+            wvec = v2 and dvec._w_vec_ok(w, cv)
+            run = _launch.planned(dvec._fwd_plans, (p, s0, s1, 1.0, 0.0, dev, v2, wvec), dvec._gather_plan,
+                                  "dwn_forward", p, x, y, p.in_size, p.out_size, p.padding, p.stride[0], False, 1.0,
+                                  0.0, v2, wvec, sms)
+            if run is None:
+                return direct_forward(p, x, w, out=y, nhwc=False)
+            run(x, w, y)
+            return y
+        return forward
+    if direction == 1:
+        shape, dtype = p.x_shape, b.dtype
+
+        def backward_data(w, dy, out=None):
+            dx = _new_like_layout(cp, shape, dtype, True, dev)
+            if not dvec.ENABLED[0] or dy.data.ptr % align or dx.data.ptr % align:
+                return direct_backward_data(p, w, dy, out=dx, nhwc=False)
+            wc = cp.ascontiguousarray(w)        # (conv_dw_nhwc.backward_data's, after its eligibility)
+            v2 = dvec.V2[0]
+            wvec = v2 and dvec._w_vec_ok(wc, cv)
+            run = _launch.planned(dvec._dgrad_plans, (p, s0, s1, 1.0, 0.0, dev, v2, wvec), dvec._dgrad_plan, p, dy,
+                                  dx, 1.0, 0.0, v2, wvec, sms)
+            if run is None:
+                return direct_backward_data(p, w, dy, out=dx, nhwc=False)
+            if run.gather:
+                run(wc, dy, dx)
+            else:
+                run(dy, wc, dx)
+            return dx
+        return backward_data
+    dt = _out_dtype(a, out_dtype)
+    wide = dt != a.dtype
+    shape = p.w_shape
+
+    def backward_filter(x, dy, out=None):
+        dw = cp.empty(shape, dtype=dt) if out is None else out
+        if not dvec.ENABLED[0] or x.data.ptr % align or dy.data.ptr % align:
+            return direct_backward_filter(p, x, dy, out=dw, out_dtype=out_dtype, nhwc=False)
+        v2 = dvec.V2[0]
+        key = (p, s0, s1, 1.0, 0.0, dev, v2) + ((dt,) if wide else ())
+        plan = _launch.planned(dvec._wgrad_plans, key, dvec._wgrad_plan, p, x, dy, 1.0, 0.0, sms, wide, v2)
+        if plan is None:
+            return direct_backward_filter(p, x, dy, out=dw, out_dtype=out_dtype, nhwc=False)
+        run, partial_size, tickets = plan
         run(x, dy, _ws.scratch_flat(cp, dev, "conv.splitk", partial_size, np.float32) if partial_size else None,
             tickets, dw)
         return dw
