@@ -30,6 +30,8 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=amp_vs_fp32 AMP=bf16 python tools/fake_gpu_step.py TREE mobilenet 128   # in-process A/B of the same step
         with autocast enabled / disabled (the fp32 step): ms per step, min of 15 alternated rounds of 20 steps
     FREE_LT=1 (any mode): the fake's cublasLt products do no NumPy matmul (the fake's cost, not ours).
+    FREE_REFILL=1 (not with MODE=record / count): autocast's kept-copy refill skipped (NumPy's conversion of the flat
+        buffer is the fake's cost; on a GPU it is one copy launch).
     FREE_CAST=1 (any mode): the fake's astype allocates the result and converts nothing (a GPU cast is one launch
         whatever its size; NumPy's bfloat16 conversion of a b128 input costs the fake ~0.1 ms that no GPU host pays).
     PROF_OUT=file (MODE=prof): also dump the cProfile stats there (pstats), to diff two configurations.
@@ -75,6 +77,13 @@ if os.environ.get("FREE_CAST", "") not in ("", "0"):
     fakecp.ndarray.astype = _free_astype
 import minidnn as mdn
 import minidnn.models as M
+
+# FREE_REFILL=1: autocast's kept-copy refill (one elementwise copy launch on a GPU) converts nothing: NumPy's
+# float32 -> bfloat16 of the flat buffer is the fake's cost (~0.2 ms a ResNet-20 step), not ours; the launch goes
+# unrecorded
+if os.environ.get("FREE_REFILL", "") not in ("", "0"):
+    import minidnn.amp.autocast_mode as _am
+    _am._refill = lambda low, fs: None
 
 ctor = {"resnet20": ("resnet20(num_classes=10)", (3, 32, 32), 128), "lenet5": ("LeNet5(num_classes=10, in_channels=1, input_size=32)", (1, 32, 32), 64),
         "mobilenet": ("MobileNetSmall(num_classes=10, in_channels=3)", (3, 32, 32), 128)}[model]
