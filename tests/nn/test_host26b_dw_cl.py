@@ -44,9 +44,10 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     def fields(r):
         return [list(r.shape), str(r.dtype), list(r.strides)]
 
-    def case(x_shape, k, pad=1, stride=1, dtype=np.float32, dw_dtype=None, into=False, tweak=None, w_view=False):
+    def case(x_shape, k, pad=1, stride=1, dtype=np.float32, dw_dtype=None, into=False, tweak=None, w_view=False,
+             dil=1):
         c = x_shape[1]
-        desc = B.ConvolutionDescriptor((pad, pad), (stride, stride), (1, 1), groups=c)
+        desc = B.ConvolutionDescriptor((pad, pad), (stride, stride), (dil, dil), groups=c)
         w = fakecp.asarray(np.random.default_rng(1).standard_normal((c, 1, k + 1, k)).astype(np.float32).astype(dtype))
         w = w[:, :, :k] if w_view else fakecp.ascontiguousarray(w[:, :, :k])   # w_view: not contiguous (copies)
         x = nhwc(x_shape, dtype)
@@ -96,6 +97,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     res["s2"] = case((8, 32, 16, 16), 3, stride=2)
     res["s2_odd"] = case((4, 16, 15, 15), 3, stride=2)
     res["k5"] = case((4, 16, 12, 12), 5, pad=2)
+    res["dil2"] = case((4, 16, 12, 12), 3, pad=2, dil=2)
     res["bf16"] = case((8, 32, 16, 16), 3, dtype=mdn.bfloat16)
     res["bf16_s2"] = case((8, 32, 16, 16), 3, stride=2, dtype=mdn.bfloat16)
     res["bf16_wide"] = case((8, 32, 16, 16), 3, dtype=mdn.bfloat16, dw_dtype=np.float32)
@@ -154,7 +156,7 @@ _STEPS = FAKE_PROLOGUE + textwrap.dedent("""
     print("RESULT" + json.dumps(res))
 """)
 
-CASES = ["s1", "s2", "s2_odd", "k5", "bf16", "bf16_s2", "bf16_wide", "into", "disabled", "v2_flip", "no_plan",
+CASES = ["s1", "s2", "s2_odd", "k5", "dil2", "bf16", "bf16_s2", "bf16_wide", "into", "disabled", "v2_flip", "no_plan",
          "w_view", "w_view_no_plan"]
 
 
