@@ -1,13 +1,15 @@
-"""On a GPU: host round 26b's autocast shortcut (docs/host_overhead.md; ``_amp_state.LOWER_DIRECT_FAST``: a lowered
-conv / linear call whose input is in the region's dtype takes its float32 weight / bias as the kept flat copy's
-direct weights without cast_inputs) gives the full path's bits.  ResNet-20 and MobileNet-small, NCHW and
-channels-last, bfloat16 and float16 autocast, four SGD steps from one start (the kept copy serves from the third):
-every parameter bit-identical and the same launches a step with the switch on and off.  Which objects each call
-receives, the cast cache and which calls take the shortcut are checked on the CPU under the fake CuPy
-(test_host26b_amp_direct.py).  Average pooling's channels-last backward on a seen signature
-(``pooling.AVGPOOL_CL_BWD``, off by default until round 25b's fake test is moved): dx of three calls bit-identical
-with the switch on and off, channels-last, and equal to the float64 gradient within the dtype's rounding; the
-channels-last models' steps with it on against off."""
+"""On a GPU: host round 26b's switches (docs/host_overhead.md) give the full path's bits.
+
+- ``_amp_state.LOWER_DIRECT_FAST`` (a lowered conv / linear call whose input is in the region's dtype takes its
+  float32 weight / bias as the kept flat copy's direct weights without cast_inputs): ResNet-20 and MobileNet-small,
+  NCHW and channels-last, bfloat16 autocast (MobileNet float16 too), four SGD steps from one start (the kept copy
+  serves from the third): every parameter bit-identical and the same launches a step, on and off.  Which objects
+  each call receives, the cast cache and which calls take the shortcut: test_host26b_amp_direct.py (fake CuPy).
+- ``pooling.AVGPOOL_CL_BWD`` (average pooling's channels-last backward on a seen signature; off by default until
+  round 25b's fake test is moved): dx of three calls bit-identical on and off, channels-last, equal to the float64
+  gradient within the dtype's rounding; the channels-last models' steps on = off.
+- ``conv_igemm.DW_CL_SETTLE`` (the channels-last depthwise route settled): y, dx, dw of depthwise layers and
+  MobileNet-small's channels-last steps on = off."""
 import numpy as np
 import pytest
 
@@ -32,8 +34,8 @@ def _bits(a):
 
 
 @pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("model", ["resnet20", "mobilenet"])
+@pytest.mark.parametrize("model, dtype", [("resnet20", "bfloat16"), ("mobilenet", "bfloat16"),
+                                          ("mobilenet", "float16")])    # (fp16 once: its kernels compile anew)
 def test_model_steps_bit_identical_on_and_off(model, dtype, cl):
     mdn.backends.cudnn.deterministic = True         # (tests/conftest.py restores it)
     params, launches, taken = {}, {}, {}
