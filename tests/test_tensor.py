@@ -454,3 +454,23 @@ def test_an_element_is_a_zero_d_view_as_in_pytorch():
     g = mdn.arange(6.0, requires_grad=True)
     (g[2] * 3.0).backward()                         # the view keeps its gradient path
     assert g.grad.tolist() == [0.0, 0.0, 3.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_python_float_keeps_a_16_bit_tensors_dtype_as_in_pytorch(dtype):
+    """NumPy widens a bfloat16 array by a Python float to float32; PyTorch keeps bfloat16 (a wrapped number does not
+    promote a floating tensor); the values within an ulp of PyTorch's."""
+    torch = pytest.importorskip("torch")
+    a = mdn.arange(1, 13, dtype=mdn.float32).reshape(3, 4).to(getattr(mdn, dtype)) * 0.37
+    b = torch.arange(1, 13, dtype=torch.float32).reshape(3, 4).to(getattr(torch, dtype)) * 0.37
+    ops = [lambda t: t * 0.1, lambda t: t + 0.3, lambda t: t - 0.7, lambda t: t / 0.3, lambda t: 0.5 - t,
+           lambda t: 0.25 * t, lambda t: 2.0 / t, lambda t: t ** 0.5, lambda t: t ** 2, lambda t: 1.5 ** t,
+           lambda t: t % 0.4, lambda t: t.fmod(0.4), lambda t: t.remainder(0.4), lambda t: t * 3]
+    for i, f in enumerate(ops):
+        x, y = f(a), f(b)
+        assert str(x.dtype).split(".")[-1] == str(y.dtype).split(".")[-1] == dtype, (i, x.dtype, y.dtype)
+        # (PyTorch rounds some scalars to the dtype first: an ulp of the result, operand or scalar apart)
+        ulp = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -10
+        tol = ulp * (np.abs(y.float().numpy()) + np.abs(b.float().numpy()) + 2)
+        assert np.all(np.abs(x.float().numpy() - y.float().numpy()) <= tol), i
+    assert (a > 0.5).dtype == mdn.bool and ((a > 0.5).numpy() == (b > 0.5).numpy()).all()

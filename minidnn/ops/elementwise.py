@@ -16,7 +16,7 @@ from ..backend.errors import ArgumentError, DTypeError
 from ..backend.layout import in_memory_order
 from ..backend.tensor_ops import device_binary
 from ..tensor import Tensor, _wrap, get_default_dtype
-from ._core import as_operand, broadcast_error, check_pair, fit, fusion_rule, promoted_operands, to_tensor
+from ._core import as_operand, broadcast_error, cast_array, check_pair, fit, fusion_rule, promoted_operands, to_tensor
 
 __all__ = ["add", "sub", "mul", "div", "true_divide", "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos",
            "maximum", "minimum", "clip", "clamp", "where", "sign", "square", "log1p",
@@ -73,8 +73,8 @@ def _binary(cls, name=None, true_div=False):
         b = as_operand(b, a)
         if isinstance(b, Tensor):
             return op(a, b)
-        ad, bs, _ = promoted_operands(a, b, true_div=true_div)
-        out = forward(ad, bs)
+        ad, bs, dt = promoted_operands(a, b, true_div=true_div)
+        out = cast_array(forward(ad, bs), dt)       # (NumPy widens bfloat16 by a Python float; PyTorch keeps it)
         if _state.grad_enabled and a.requires_grad:
             ctx = new_node(a, None)
             ctx.a_meta, ctx.b_meta = (a.data.shape, a.data.dtype), None
@@ -254,8 +254,8 @@ def _scalar_pow(a, p):
     if isinstance(p, int) and p < 0 and a.dtype.kind in "iu":
         raise ArgumentError(f"pow: Integers to negative integer powers are not allowed (an {a.dtype} tensor to the "
                             f"power {p}; use a floating tensor)")
-    ad, ps, _ = promoted_operands(a, p)
-    out = ad ** ps
+    ad, ps, dt = promoted_operands(a, p)
+    out = cast_array(ad ** ps, dt)
     if _state.grad_enabled and a.requires_grad:
         ctx = ScalarPow.node(a)
         ctx.p = p
@@ -543,9 +543,9 @@ def _nondiff(name, fn, doc):
             check_pair(name, a, b)
         else:
             b = as_operand(b, a)
-        ad, bd, _ = promoted_operands(a, b)      # compared/divided in PyTorch's result dtype
+        ad, bd, dt = promoted_operands(a, b)      # compared/divided in PyTorch's result dtype (bool: compared)
         try:
-            return _wrap(fn(ad, bd))
+            return _wrap(out if (out := fn(ad, bd)).dtype == bool else cast_array(out, dt))
         except ValueError:
             raise broadcast_error(name, a, b) from None
     op.__name__ = name

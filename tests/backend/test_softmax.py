@@ -114,3 +114,38 @@ def test_softmax_over_an_empty_dim_is_empty():
         assert y.shape == (2, 0)
         assert softmax_backward(None, algo, MODE.CHANNEL, y, y).shape == (2, 0)
 
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_reference_rounds_once(dtype):
+    """The CPU reference computes 16-bit data in float32 and rounds once (step by step in bfloat16 it was off by up
+    to ~8 ulps): forward within an ulp of the float64 value of its rounded input (softmax bitwise PyTorch's CPU
+    result; PyTorch's 16-bit CPU log-softmax is itself 8-13 ulps off), backward within an ulp of its terms."""
+    torch = pytest.importorskip("torch")
+    import minidnn as mdn
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((64, 50)) * 3).astype(np.float32)
+    g = rng.standard_normal((64, 50)).astype(np.float32)
+    eps = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11          # half an ulp, relative
+    tiny = 1e-30 if dtype == "bfloat16" else 2.0 ** -24                 # float16's subnormal spacing
+    for name in ("softmax", "log_softmax"):
+        xm = mdn.tensor(x).to(getattr(mdn, dtype)).requires_grad_()
+        ym = getattr(mdn.nn.functional, name)(xm, 1)
+        ym.backward(mdn.tensor(g).to(getattr(mdn, dtype)))
+        xq = xm.detach().float().numpy().astype(np.float64)
+        z = xq - xq.max(1, keepdims=True)
+        ls = np.log(np.exp(z).sum(1, keepdims=True))
+        exact = z - ls if name == "log_softmax" else np.exp(z - ls)
+        y = ym.detach().float().numpy()
+        assert ym.dtype == getattr(mdn, dtype) and np.all(np.abs(y - exact) <= 2 * eps * np.abs(exact) + tiny), name
+        if name == "softmax":
+            assert np.array_equal(y, torch.softmax(torch.tensor(x).to(getattr(torch, dtype)), 1).float().numpy())
+        yq, gq = y.astype(np.float64), mdn.tensor(g).to(getattr(mdn, dtype)).float().numpy().astype(np.float64)
+        if name == "log_softmax":
+            terms = (gq, np.exp(yq) * gq.sum(1, keepdims=True))
+            dx = terms[0] - terms[1]
+        else:
+            terms = (yq * gq, yq * (yq * gq).sum(1, keepdims=True))
+            dx = terms[0] - terms[1]
+        got = xm.grad.float().numpy()
+        assert np.all(np.abs(got - dx) <= 2 * eps * (np.abs(terms[0]) + np.abs(terms[1])) + tiny), name
