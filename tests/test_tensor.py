@@ -474,3 +474,29 @@ def test_a_python_float_keeps_a_16_bit_tensors_dtype_as_in_pytorch(dtype):
         tol = ulp * (np.abs(y.float().numpy()) + np.abs(b.float().numpy()) + 2)
         assert np.all(np.abs(x.float().numpy() - y.float().numpy()) <= tol), i
     assert (a > 0.5).dtype == mdn.bool and ((a > 0.5).numpy() == (b > 0.5).numpy()).all()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_reductions_accumulate_in_float32_as_pytorch(dtype):
+    """NumPy summed ml_dtypes' bfloat16 in bfloat16 (10,000 ones gave 256, their mean 0.0256); PyTorch accumulates
+    16-bit floats in float32 and rounds the result once."""
+    torch = pytest.importorskip("torch")
+    md, td = getattr(mdn, dtype), getattr(torch, dtype)
+    a, t = mdn.ones(10000, dtype=md), torch.ones(10000, dtype=td)
+    assert a.sum().item() == t.sum().item() and a.sum().dtype == md
+    assert a.mean().item() == t.mean().item() == 1.0
+    assert a.cumsum(0)[-1].item() == t.cumsum(0)[-1].item()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 300)).astype(np.float32)
+    xm = mdn.tensor(x).to(md)
+    pm = xm * 0.01 + 1.0                                    # factors near 1 for the products
+    for v, f in [(xm, lambda v: v.sum(1)), (xm, lambda v: v.mean(0)), (xm, lambda v: v.cumsum(1)),
+                 (xm, lambda v: v.var(1)), (xm, lambda v: v.std(0)), (xm, lambda v: v.norm()),
+                 (pm, lambda v: v.prod(1)), (pm, lambda v: v.cumprod(1))]:
+        vt = torch.tensor(v.float().numpy())
+        got, want = f(v), f(vt.to(td))
+        assert got.dtype == md
+        ref = f(vt.double()).numpy()                        # the float64 value of the same 16-bit input
+        err, err_torch = np.abs(got.float().numpy() - ref), np.abs(want.float().numpy() - ref)
+        ulp = np.abs(ref) * (2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11)      # half an ulp
+        assert np.all(err <= np.maximum(ulp, err_torch) + 1e-6)        # correctly rounded, or as close as PyTorch

@@ -273,6 +273,12 @@ def result_type(*operands):
     return _combine(dim, _combine(zero, wrapped))
 
 
+def wide_reduce(fn, a, dtype=None, **kw):
+    """fn(a, dtype=dtype, **kw), 16-bit floats accumulated in float32 (PyTorch's rule; NumPy summed bfloat16 in it)."""
+    wide = (dtype is None or dtype == a.dtype) and a.dtype.itemsize == 2 and _is_floating(a.dtype)
+    return fn(a, dtype=np.float32, **kw).astype(a.dtype) if wide else fn(a, dtype=dtype, **kw)
+
+
 def cast_array(arr, dtype):
     return arr if arr.dtype == dtype else arr.astype(dtype)
 

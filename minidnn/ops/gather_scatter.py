@@ -16,7 +16,7 @@ from ..autograd import Function
 from ..backend.array_ops import index_add
 from ..backend.errors import ArgumentError, DTypeError
 from ..tensor import Tensor, _wrap
-from ._core import canonical_dim, check_pair, first_order_grads
+from ._core import canonical_dim, check_pair, first_order_grads, wide_reduce
 
 __all__ = ["gather", "scatter", "scatter_add", "masked_fill", "tril", "triu", "diag", "cumsum", "cumprod",
            "take_along_dim"]
@@ -313,7 +313,7 @@ class Cumsum(Function):
         xd = x.data
         if xd.ndim == 0:
             return _wrap(xd.astype(dtype))
-        return _wrap(x._xp().cumsum(xd, axis=dim, dtype=dtype))
+        return _wrap(wide_reduce(x._xp().cumsum, xd, dtype, axis=dim))
 
     @staticmethod
     def backward(ctx, g):
@@ -338,7 +338,7 @@ class Cumprod(Function):
     def forward(ctx, x, dim, dtype):
         ctx.dim = dim
         xd = x.data
-        y = xd.astype(dtype) if xd.ndim == 0 else x._xp().cumprod(xd, axis=dim, dtype=dtype)
+        y = xd.astype(dtype) if xd.ndim == 0 else wide_reduce(x._xp().cumprod, xd, dtype, axis=dim)
         ctx.save_for_backward(x)
         return _wrap(y)
 

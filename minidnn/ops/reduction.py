@@ -16,7 +16,7 @@ from ..autograd import Function, _state
 from ..backend.devices import is_floating as _is_floating
 from ..backend.errors import ArgumentError, DTypeError
 from ..tensor import Tensor, _wrap
-from ._core import broadcast_to, canonical_dim, first_order_grads
+from ._core import broadcast_to, canonical_dim, first_order_grads, wide_reduce
 
 __all__ = ["sum", "mean", "var", "std", "max", "min", "amax", "amin", "logsumexp", "prod", "argmax", "argmin",
            "all", "any", "norm"]
@@ -47,17 +47,11 @@ def _keep(keepdims, keepdim):
 
 def _kept_shape(shape, axes):
     """The shape of the result with keepdims=True (reduced axes become 1)."""
-    if axes is None:
-        return (1,) * len(shape)
-    return tuple(1 if i in axes else s for i, s in enumerate(shape))
+    return tuple(1 if axes is None or i in axes else s for i, s in enumerate(shape))
 
 
 def _count(shape, axes):
-    n = 1
-    for i, s in enumerate(shape):
-        if axes is None or i in axes:
-            n *= s
-    return n
+    return int(np.prod([s for i, s in enumerate(shape) if axes is None or i in axes], dtype=np.int64))
 
 
 class Sum(Function):
@@ -76,7 +70,7 @@ def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
     the reduced dims."""
     axes = _axes(x, axis, dim, "sum")
     kd = _keep(keepdims, keepdim)
-    out = x.data.sum(axis=axes, keepdims=kd, dtype=dtype)
+    out = wide_reduce(x._xp().sum, x.data, dtype, axis=axes, keepdims=kd)
     if _state.grad_enabled and x.requires_grad:
         n = Sum.node(x)
         n.in_shape, n.kept = x.data.shape, _kept_shape(x.data.shape, axes)
@@ -133,7 +127,7 @@ def _var(x, axis, keepdims, dim, keepdim, correction, unbiased, ddof, name):
     xp = x._xp()
     # Accumulated in float64 as PyTorch's Welford kernel does; a constant slice has exactly its value as mean
     # (Welford's running mean never moves off it), so its variance is exactly 0 and std's gradient there is 0.
-    acc = xd.astype(np.float64, copy=False) if xd.dtype.kind == "f" and xd.dtype.itemsize < 8 else xd
+    acc = xd.astype(np.float64, copy=False) if _is_floating(xd.dtype) and xd.dtype.itemsize < 8 else xd
     denom = n - corr
     with np.errstate(invalid="ignore", over="ignore"):      # inf/nan inputs give nan silently, as in PyTorch
         m = acc.sum(axis=axes, keepdims=True) * (1.0 / n if n else float("nan"))
@@ -296,7 +290,7 @@ def prod(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     cumulative products), so a single zero still gets its gradient."""
     axes = _axes(x, axis, dim, "prod")
     kd = _keep(keepdims, keepdim)
-    out = x.data.prod(axis=axes, keepdims=kd)
+    out = wide_reduce(x._xp().prod, x.data, None, axis=axes, keepdims=kd)
     if _state.grad_enabled and x.requires_grad:
         n = Prod.node(x)
         n.in_shape, n.kept, n.axes = x.data.shape, _kept_shape(x.data.shape, axes), axes
