@@ -274,8 +274,8 @@ def result_type(*operands):
 
 
 def wide_reduce(fn, a, dtype=None, **kw):
-    """fn(a, dtype=dtype, **kw), 16-bit floats accumulated in float32 (PyTorch's rule; NumPy summed bfloat16 in it)."""
-    wide = (dtype is None or dtype == a.dtype) and a.dtype.itemsize == 2 and _is_floating(a.dtype)
+    """fn(a, dtype=dtype, **kw); 16-bit NumPy floats accumulate in float32 as in PyTorch (CuPy keeps its own rule)."""
+    wide = type(a) is np.ndarray and a.dtype.itemsize == 2 and dtype in (None, a.dtype) and _is_floating(a.dtype)
     return fn(a, dtype=np.float32, **kw).astype(a.dtype) if wide else fn(a, dtype=dtype, **kw)
 
 
