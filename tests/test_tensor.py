@@ -500,3 +500,20 @@ def test_16_bit_reductions_accumulate_in_float32_as_pytorch(dtype):
         err, err_torch = np.abs(got.float().numpy() - ref), np.abs(want.float().numpy() - ref)
         ulp = np.abs(ref) * (2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11)      # half an ulp
         assert np.all(err <= np.maximum(ulp, err_torch) + 1e-6)        # correctly rounded, or as close as PyTorch
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_gpu_reductions_accumulate_in_float32(dtype):
+    """The GPU side of the rule above: CuPy's own reductions of 16-bit arrays (ops._core.wide_reduce leaves them to
+    CuPy) give PyTorch's float32-accumulated results."""
+    torch = pytest.importorskip("torch")
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    md, td = getattr(mdn, dtype), getattr(torch, dtype)
+    a, t = mdn.ones(10000, dtype=md, device="cuda"), torch.ones(10000, dtype=td)
+    assert a.sum().item() == t.sum().item() and a.mean().item() == 1.0 and a.sum().dtype == md
+    assert a.cumsum(0)[-1].item() == t.cumsum(0)[-1].item()
+    x = mdn.tensor(np.random.default_rng(0).standard_normal((64, 300)).astype(np.float32)).to(md)
+    for f in (lambda v: v.sum(1), lambda v: v.mean(0), lambda v: v.var(1)):
+        assert np.array_equal(f(x.to("cuda")).float().cpu().numpy(), f(x).float().numpy())
