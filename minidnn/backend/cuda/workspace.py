@@ -194,6 +194,18 @@ def _on(cp, mem, offset, shape, dtype, spec):
     return cp.ndarray(spec[0], dtype, cp.cuda.MemoryPointer(mem, offset), spec[1])
 
 
+def _kept(cp, dev, tag, shape, dtype, spec):
+    """(this site's kept memory that nothing holds, or None; where new memory is kept: (thread's tables, key, list
+    or None), or None while the stream captures) -- fresh's and fresh_pair's one lookup."""
+    stream = cp.cuda.get_current_stream().ptr
+    if stream and cp.cuda.runtime.streamIsCapturing(stream):
+        return None, None
+    loc = _local
+    key = (dev, stream, tag, shape, dtype, spec)
+    slot = loc.kept.get(key)
+    return (None if slot is None else _unheld(slot, _FREE)), (loc, key, slot)
+
+
 def fresh(cp, dev, tag, shape, dtype, spec=None):
     """An uninitialised C-contiguous array of ``shape`` / ``dtype`` (or, with ``spec``, a ``bn_nhwc.strided_spec``
     (shape, strides, bytes): as ``empty_strided``) on GPU ``dev`` (the current device) that the caller may
@@ -201,19 +213,12 @@ def fresh(cp, dev, tag, shape, dtype, spec=None):
     that memory any more, else a new pool array (see the module docstring)."""
     if not RECYCLE[0]:
         return _new(cp, shape, dtype, spec)
-    stream = cp.cuda.get_current_stream().ptr
-    capturing = stream and cp.cuda.runtime.streamIsCapturing(stream)
-    if not capturing:
-        loc = _local
-        key = (dev, stream, tag, shape, dtype, spec)
-        slot = loc.kept.get(key)
-        if slot is not None:
-            mem = _unheld(slot, _FREE)
-            if mem is not None:
-                return _on(cp, mem, 0, shape, dtype, spec)
+    mem, place = _kept(cp, dev, tag, shape, dtype, spec)
+    if mem is not None:
+        return _on(cp, mem, 0, shape, dtype, spec)
     a = _new(cp, shape, dtype, spec)
-    if not capturing:
-        _keep(loc, key, slot, a.data.mem)
+    if place is not None:
+        _keep(*place, a.data.mem)
     return a
 
 
@@ -222,20 +227,12 @@ def fresh_pair(cp, dev, tag, shape, dtype):
     nothing refers to it any more (``fresh``)."""
     if not RECYCLE[0]:
         return pair(cp, shape, dtype)
-    stream = cp.cuda.get_current_stream().ptr
-    capturing = stream and cp.cuda.runtime.streamIsCapturing(stream)
-    if not capturing:
-        loc = _local
-        key = (dev, stream, tag, shape, dtype, "pair")
-        slot = loc.kept.get(key)
-        if slot is not None:
-            mem = _unheld(slot, _FREE)
-            if mem is not None:
-                return (_on(cp, mem, 0, shape, dtype, None),
-                        _on(cp, mem, _pair_offset(shape, dtype), shape, dtype, None))
+    mem, place = _kept(cp, dev, tag, shape, dtype, "pair")
+    if mem is not None:
+        return _on(cp, mem, 0, shape, dtype, None), _on(cp, mem, _pair_offset(shape, dtype), shape, dtype, None)
     a, b = pair(cp, shape, dtype)
-    if not capturing and a.nbytes:      # (an empty pair is two allocations: not kept)
-        _keep(loc, key, slot, a.data.mem)
+    if place is not None and a.nbytes:      # (an empty pair is two allocations: not kept)
+        _keep(*place, a.data.mem)
     return a, b
 
 
@@ -256,21 +253,11 @@ def drop_idle():
     """Let go of this thread's kept memory that nothing holds (the pool then frees it); the bytes dropped."""
     loc, n = _local, 0
     for slot in loc.kept.values():
-        i = 0
-        while i < len(slot):
-            if _refs(slot[i]) == _FREE_AT:
-                n += slot.pop(i).size
-            else:
-                i += 1
+        while (mem := _unheld(slot, _FREE)) is not None:
+            slot[:] = [m for m in slot if m is not mem]       # (by identity: memory objects, not values)
+            n += mem.size
     loc.kept_nbytes -= n
     return n
-
-
-def _count_at(slot):
-    return _refs(slot[0])
-
-
-_FREE_AT = _count_at([object()])
 
 
 def idle_bytes(dev=None):
