@@ -115,14 +115,15 @@ def test_channels_last_avgpool_backward_bits_on_and_off(pool, dtype):
     np.testing.assert_allclose(g.float().cpu().numpy(), xr.grad.numpy(), rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("model", ["resnet20", "mobilenet"])
-def test_channels_last_steps_with_avgpool_switch(model):
+def _channels_last_steps_on_and_off(switch, model, amp):
+    """Three SGD steps of ``model`` channels-last (bf16 autocast when ``amp``) with the one-element-list ``switch``
+    on and off: every step's launches and parameter bits equal."""
     mdn.backends.cudnn.deterministic = True
     got, launches = {}, {}
-    saved = PL.AVGPOOL_CL_BWD[0]
+    saved = switch[0]
     try:
         for on in (True, False):
-            PL.AVGPOOL_CL_BWD[0] = on
+            switch[0] = on
             mdn.manual_seed(0)
             m = (mdn.models.MobileNetSmall(num_classes=10, in_channels=3) if model == "mobilenet"
                  else mdn.models.resnet20(num_classes=10)).to("cuda").to(memory_format=mdn.channels_last)
@@ -132,7 +133,7 @@ def test_channels_last_steps_with_avgpool_switch(model):
             seen, counts = [], []
             for _ in range(3):
                 n0 = L.launch_count()
-                with mdn.autocast("cuda", dtype=mdn.bfloat16):
+                with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
                     loss = F.cross_entropy(m(x), y)
                 opt.zero_grad()
                 loss.backward()
@@ -141,11 +142,16 @@ def test_channels_last_steps_with_avgpool_switch(model):
                 seen.append([_bits(p.data) for p in m.parameters()])
             got[on], launches[on] = seen, counts
     finally:
-        PL.AVGPOOL_CL_BWD[0] = saved
+        switch[0] = saved
     assert launches[True] == launches[False]
     for a, b in zip(got[True], got[False]):
         for pa, pb in zip(a, b):
             assert np.array_equal(pa, pb)
+
+
+@pytest.mark.parametrize("model", ["resnet20", "mobilenet"])
+def test_channels_last_steps_with_avgpool_switch(model):
+    _channels_last_steps_on_and_off(PL.AVGPOOL_CL_BWD, model, True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -198,30 +204,4 @@ def test_channels_last_depthwise_settled_bits_on_and_off(layer, dtype):
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
 def test_mobilenet_channels_last_steps_dw_cl_settle(amp):
     from minidnn.backend.cuda import conv_igemm as CI
-    got, launches = {}, {}
-    try:
-        for on in (True, False):
-            CI.DW_CL_SETTLE[0] = on
-            mdn.manual_seed(0)
-            m = mdn.models.MobileNetSmall(num_classes=10, in_channels=3).to("cuda").to(
-                memory_format=mdn.channels_last)
-            x = mdn.randn(32, 3, 32, 32).to("cuda").to(memory_format=mdn.channels_last)
-            y = mdn.randint(0, 10, (32,)).to("cuda")
-            opt = mdn.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-            seen, counts = [], []
-            for _ in range(3):
-                n0 = L.launch_count()
-                with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
-                    loss = F.cross_entropy(m(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                counts.append(L.launch_count() - n0)
-                seen.append([_bits(p.data) for p in m.parameters()])
-            got[on], launches[on] = seen, counts
-    finally:
-        CI.DW_CL_SETTLE[0] = True
-    assert launches[True] == launches[False]
-    for a, b in zip(got[True], got[False]):
-        for pa, pb in zip(a, b):
-            assert np.array_equal(pa, pb)
+    _channels_last_steps_on_and_off(CI.DW_CL_SETTLE, "mobilenet", amp)
