@@ -274,8 +274,9 @@ def result_type(*operands):
 
 
 def wide_reduce(fn, a, dtype=None, **kw):
-    """fn(a, dtype=dtype, **kw); 16-bit NumPy floats accumulate in float32 as in PyTorch (CuPy keeps its own rule)."""
-    wide = type(a) is np.ndarray and a.dtype.itemsize == 2 and dtype in (None, a.dtype) and _is_floating(a.dtype)
+    """fn(a, dtype=dtype, **kw); 16-bit floats accumulate in float32 and round once, as in PyTorch (NumPy summed
+    bfloat16 in bfloat16; CuPy's float16 sums came back an ulp off and its bfloat16 cumsum does not compile)."""
+    wide = a.dtype.itemsize == 2 and a.size > 1 and dtype in (None, a.dtype) and _is_floating(a.dtype)
     return fn(a, dtype=np.float32, **kw).astype(a.dtype) if wide else fn(a, dtype=dtype, **kw)
 
 
