@@ -660,15 +660,20 @@ def _kernels_take_backward(geom, dyc, yc, scale, saved_mean, saved_inv, param_sh
 # function decides with the primitive's own predicate (_kernels_take_*), for the primitive's defaults as nn calls it:
 # mode SPATIAL, format None (channels-first indexing), no blending, no output arrays.
 
-def settled_training(x, scale, bias, factor, running_mean, running_var, epsilon, counter=None):
+def settled_training(x, scale, bias, factor, running_mean, running_var, epsilon, counter=None, twin=False):
     """The kernels' settled call of batch_normalization_forward_training(handle, SPATIAL, x, scale, bias, factor,
-    running_mean, running_var, epsilon, counter=counter), a call the caller has just made successfully; or None."""
+    running_mean, running_var, epsilon, counter=counter), a call the caller has just made successfully; or None.
+    ``twin``: the call that also returns relu(y), the bits the ReLU kernel would write from y (bn_kernels.twin_call:
+    (y, mean, inv_std, relu(y))); None where the kernels have none for this call."""
     if not (_is_cuda(x) and x.size):
         return None
     geom = _BatchNormGeometry("settled_training", BatchNormMode.SPATIAL, x, None)
     if geom.count <= 1 or geom.param_shape != tuple(x.shape[1:2]) \
             or not _kernels_take_training(geom, x, scale, bias, running_mean, running_var, None, counter):
         return None
+    if twin:
+        return _gpu_kernels()[1].twin_call(x, scale, bias, factor, running_mean, running_var, epsilon, counter) \
+            or None
     return _gpu_kernels()[1].training_call(x, scale, bias, factor, running_mean, running_var, epsilon, None, False,
                                            counter)
 

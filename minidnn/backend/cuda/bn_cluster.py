@@ -62,7 +62,7 @@ SIZES = (1, 2, 4, 8, 16)
 _NON_PORTABLE = 14          # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _STATIC = 1024              # bytes of static shared memory a block (an upper bound: the partials and the warps' sums)
 
-SOURCE = STORAGE_HEADER + r"""
+SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + r"""
 typedef PARAM P;
 #define VEC (16 / (int)sizeof(T))
 #define NW (NT / 32)
@@ -193,7 +193,7 @@ __device__ __forceinline__ void gather(const double* part, double& t1, double& t
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, BPS)
 bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, void* unused_partial,
         void* unused_sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
-        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter,
+        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM,
         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr, const double factor, const double eps, const int has_running,
         const int has_counter)
@@ -268,6 +268,12 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
                     o.v[e] = ST(w);
                 }
                 stcs(y + rg.off(c, rg.vec_of(k0 + u)), o);
+#if TWIN
+                Pack r;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) r.v[e] = relu_of_stored(o.v[e]);
+                stcs(twin + rg.off(c, rg.vec_of(k0 + u)), r);
+#endif
             }
         }
         if (c + G < C) load(c + G, Kn, s1n, s2n);
@@ -417,26 +423,28 @@ def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448
     return cl, _slots(mv, cl), buf(cl)
 
 
-def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps, backward=False):
+def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps, backward=False, twin=False):
     """NVRTC options.  UNROLL: 4 vectors in flight per thread and array forward at two blocks an SM, twice that at
-    one; the backward half of it (it loads 2-3 arrays; more spills at 64 registers)."""
+    one; the backward half of it (it loads 2-3 arrays; more spills at 64 registers).  ``twin``: bn_fwdc also
+    writes relu(y) (bn_nhwc.TWIN_HEADER; the option absent otherwise)."""
     scalar, accum, storage, pdt = type_info(dtype)
     unroll = (UNROLL if bps > 1 else 2 * UNROLL) // (2 if backward else 1)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DCL={cl}", f"-DNT={NT}",
             f"-DUNROLL={unroll}", f"-DBPS={bps}", f"-DRELU={int(relu)}", f"-DHAS_Z={int(has_z)}",
-            f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}", "-std=c++17")
+            f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}") + (("-DTWIN=1",) if twin else ()) \
+        + ("-std=c++17",)
 
 
 _kernels: dict = {}
 
 
-def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev):
-    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, NT, dev)
+def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev, twin=False):
+    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, NT, dev, twin)
     k = _kernels.get(key)
     if k is None:
         k = _launch.get_kernel(SOURCE, name, _options(dtype, cl, relu, has_z, has_scale, has_bias, bps,
-                                                      name == "bn_bwdc"))
+                                                      name == "bn_bwdc", twin))
         if cl > 8:      # (a fake CuPy has no such call)
             setter = getattr(_launch.cupy().cuda.driver, "funcSetAttribute", None)
             if setter is not None:
@@ -482,24 +490,26 @@ def _prepare(name, xc, outer, c, inner, backward, flags, tail, divider, dev):
         return None
     cl, _, dyn = p
     bps = 2 if dyn <= (smem[0] // 2 - 1024 - _STATIC) else 1
+    twin = flags.get("twin", False)
     k = _kernel(name, xc.dtype, cl, flags.get("relu", False), flags.get("has_z", False),
-                flags.get("has_scale", False), flags.get("has_bias", False), bps, dev)
+                flags.get("has_scale", False), flags.get("has_bias", False), bps, dev, twin)
     if driver_max_clusters(k, cl, dyn) == 0:       # not schedulable here: the one-pass kernels
         return None
     clusters = c if CLUSTERS_CAP is None else max(1, min(c, CLUSTERS_CAP))  # (tests: several channels a cluster)
     iv = inner // (16 // item)
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *divider(iv)]
-    n_arrays = 13 if backward else 12
+    n_arrays = 13 if backward or twin else 12
     return _launch.prepare(k, (clusters * cl,), (NT,), [None] * n_arrays + geo + list(tail),
                            shared_mem=dyn)
 
 
 def prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
-                    divider, dev):
+                    divider, dev, twin=False):
     """A Prepared bn_fwdc launch taking bn_fwd1's arrays, or None where the channel does not fit a cluster.
-    ``divider(d)``: the kernels' (multiplier, shift) for dividing by d (bn_kernels._divider)."""
+    ``divider(d)``: the kernels' (multiplier, shift) for dividing by d (bn_kernels._divider).  ``twin``: the TWIN
+    kernel, taking relu(y)'s array last."""
     return _prepare("bn_fwdc", xc, outer, c, inner, False,
-                    dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias),
+                    dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias, twin=twin),
                     (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)), divider,
                     dev)
 

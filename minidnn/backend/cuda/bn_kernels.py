@@ -338,7 +338,7 @@ bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y
 # shared memory plus _ROUND_SHARE_ONCHIP (0.5) of L2.  (128, 64, 56, 56) float32 on an H100: forward 2 rounds of 32
 # channels, backward 4 rounds of 16; measured 0.094 ms (74% of copy) and 0.147 ms (71%); with 0.3 of L2 (3 and 5
 # rounds) 0.101 / 0.155, without the copy 0.112 / 0.175.)
-ONEPASS_SOURCE = STORAGE_HEADER + r"""
+ONEPASS_SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + r"""
 typedef PARAM P;
 __device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
 {
@@ -567,7 +567,7 @@ __device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
         unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
-        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter,
+        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM,
         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr, const int tiles, const int per, const double factor, const double eps,
         const int has_running, const int has_counter CACHE_PARAM)
@@ -659,6 +659,12 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
                     o.v[e] = ST(w);
                 }
                 st2(y + off[u], o);
+#if TWIN
+                Pack r;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) r.v[e] = relu_of_stored(o.v[e]);
+                st2(twin + off[u], r);
+#endif
             }
         };
 #if CACHE
@@ -837,6 +843,8 @@ def _options(dtype, inner1, **flags):
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DINNER1={int(inner1)}", "-std=c++17"]
     for name in ("RELU", "HAS_Z", "HAS_SCALE", "HAS_BIAS", "FROM_VAR", "CACHE"):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
+    if flags.get("twin"):           # bn_nhwc.TWIN_HEADER: absent unless the call asks for relu(y) too
+        opts.append("-DTWIN=1")
     return tuple(opts)
 
 
@@ -1210,14 +1218,19 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
 
 
 def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
-               aligned, dev):
+               aligned, dev, twin=False):
+    """(prepared launch, partial elements, sync counters, A) of the one-launch forward (bn_fwdc or bn_fwd1), or None.
+    ``twin``: the same route's TWIN kernel (one more array: relu(y)), None where that is not the plain plan's launch
+    with one more store (bn_nhwc.same_launch)."""
     if aligned and inner != 1 and _cluster.usable(dev):       # a channel on-chip in one cluster (bn_cluster.py)
         k = _cluster.prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z,
-                                     has_scale, has_bias, _divider, dev)
+                                     has_scale, has_bias, _divider, dev, twin)
         if k is not None:
             return k, 2, 1, acc_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias)
-    r = _onepass_launch("bn_fwd1", xc, outer, c, inner, 1, aligned, dev, flags, 12,
+    if twin:
+        flags["twin"] = True
+    r = _onepass_launch("bn_fwd1", xc, outer, c, inner, 1, aligned, dev, flags, 13 if twin else 12,
                         (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)))
     return None if r is None else (*r, acc_dtype(xc.dtype))
 
@@ -1275,7 +1288,7 @@ class _TrainingCall:
     inv_std), or None where ONEPASS or the inputs' alignment is not what it was settled for, or where bn_nhwc has
     been switched on since (``rows``: an (R, C)-row call, which bn_nhwc takes when on)."""
     __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "n_partial", "n_sync", "launch1",
-                 "stats", "apply", "rows")
+                 "stats", "apply", "rows", "twin")
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
         if self.onepass != _switches() or (self.rows and _rows_to_nhwc()) \
@@ -1287,6 +1300,13 @@ class _TrainingCall:
             partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
             if self.launch1 is not None:
                 y = _ws.fresh(cp, dev, "bn.y", self.mem, self.dtype)
+                if self.twin:       # (twin_call's: relu(y) too, the last array)
+                    twin = _ws.fresh(cp, dev, "bn.twin", self.mem, self.dtype)
+                    self.launch1(xc, z, y, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, scale, bias,
+                                 running_mean, running_var, counter, twin)
+                    back = self.back
+                    return (y, mean, inv_std, twin) if back is None else \
+                        (y.transpose(back), mean, inv_std, twin.transpose(back))
                 self.launch1(xc, z, y, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, scale, bias,
                              running_mean, running_var, counter)
             else:
@@ -1311,12 +1331,48 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
     return call
 
 
+def twin_call(xc, scale, bias, factor, running_mean, running_var, eps, counter=None):
+    """training_call's twin (no z, no fused ReLU): called as it, it returns (y, mean, inv_std, relu(y)), relu(y) laid
+    out as y, with the bits the ReLU kernel would write from y (TWIN_HEADER) -- or None, nothing launched, where the
+    plain call would (the same protocol).  False where this signature's route has no twin: the plain call's own
+    one-launch kernel (bn_fwdc, bn_fwd1, bn_nhwc's bnc_fwd1) with one more store, the same grid and arguments, so
+    y, the statistics and the running statistics are the plain call's bits."""
+    dev = xc.data.device_id
+    flags = (factor, eps, running_mean is not None, counter is not None, False, False, scale is not None,
+             bias is not None)
+    key = ("twin", _switches(), _aligned(xc, None), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch() \
+        + (CL_ROUNDS,)
+    call = _calls.get(key)
+    if call is None:
+        call = _launch.planned(_calls, key, _twin_call, xc, dev, key[2], flags,
+                               training_call(xc, scale, bias, factor, running_mean, running_var, eps, None, False,
+                                             counter))
+    return call
+
+
+def _twin_call(xc, dev, aligned, flags, plain):
+    if isinstance(plain, _nhwc.TrainingCall):       # (R, C) rows: bn_nhwc's call with the twin, per alignment
+        return _nhwc.training_call(xc, *flags[:4], False, False, *flags[6:], twin=True)
+    if plain.launch1 is None:                       # the two-launch route: no twin
+        return False
+    outer, c, inner, _ = layout_of(xc)
+    one = _fwd1_plan(xc, outer, c, inner, *flags, aligned, dev, twin=True)
+    if one is None or not _nhwc.same_launch(plain.launch1, one[0]) or one[1:] != (plain.n_partial, plain.n_sync,
+                                                                                   plain.acc):
+        return False
+    t = _TrainingCall()
+    for name in _TrainingCall.__slots__:
+        setattr(t, name, getattr(plain, name))
+    t.launch1, t.twin = one[0], True
+    return t
+
+
 def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias):
     outer, c, inner, xm = layout_of(xc)
     if inner == 1 and _rows_to_nhwc():      # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
         return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
-    t.onepass, t.dev, t.c, t.dtype, t.rows = _switches(), dev, c, xc.dtype, inner == 1
+    t.onepass, t.dev, t.c, t.dtype, t.rows, t.twin = _switches(), dev, c, xc.dtype, inner == 1, False
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
     one = _planned(("fwd1", _switches(), CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,

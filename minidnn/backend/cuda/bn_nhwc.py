@@ -106,6 +106,30 @@ TWO_BLOCKS_PER_SM = 4  # the two-launch reduction's blocks per SM (need not be r
 APPLY_BLOCKS_PER_SM = 8
 _INT_MAX = 2 ** 31 - 1
 
+# TWIN (the training forward's speculative second output, docs/fusion.md "Batch norm writes relu(y) too"): the
+# one-launch forward kernels of this family (bnc_fwd1 here, bn_fwd1, bn_cluster's bn_fwdc) also store relu(y) to an
+# array `twin`, the last of their array arguments (TWIN_PARAM).  relu_of_stored takes the value as stored in y and
+# computes relu exactly as act_kernels' act_fwd does from y (LD, the same select, ST), so the twin holds the bits the
+# ReLU kernel would write from y, NaN included.  Absent (TWIN 0), the kernels' text after preprocessing is unchanged.
+TWIN_HEADER = r"""
+#ifndef TWIN
+#define TWIN 0
+#endif
+#if TWIN
+#if RELU
+#error "TWIN: y is batch norm's own output (no fused ReLU)"
+#endif
+#define TWIN_PARAM , T* __restrict__ twin
+__device__ __forceinline__ T relu_of_stored(T h)
+{
+    const A v = LD(h);
+    return ST(v > (A)0 ? v : (v != v ? v : (A)0));
+}
+#else
+#define TWIN_PARAM
+#endif
+"""
+
 # Storage of the data: storage.STORAGE_HEADER (T the stored type, LD / ST convert to and from A; 16-bit data as raw
 # bits converted with PTX), then P, the parameters' type, and VT: a vector of VBYTES bytes (VEC values).
 HEADER = STORAGE_HEADER + r"""
@@ -119,7 +143,7 @@ typedef unsigned int VT;
 #else
 typedef unsigned short VT;
 #endif
-"""
+""" + TWIN_HEADER
 
 SOURCE = HEADER + r"""
 // STOP (tools/bn_nhwc_s7.py's phase timing only; 0 otherwise): the one-launch kernels return after the block's
@@ -612,7 +636,8 @@ __device__ __forceinline__ void fwd_sums_c(const Geo& g, const Lane& l, const T*
 
 // y = act((x - mu) * kk + bb [+ z]) for U vectors of x already loaded.
 __device__ __forceinline__ void fwd_out(const int (&off)[UNROLL], const Pack (&p)[UNROLL], const T* __restrict__ z,
-                                        T* __restrict__ y, const A (&mu)[VEC], const A (&kk)[VEC], const A (&bb)[VEC])
+                                        T* __restrict__ y, const A (&mu)[VEC], const A (&kk)[VEC], const A (&bb)[VEC]
+                                        TWIN_PARAM)
 {
     Pack q[UNROLL];
     if (HAS_Z) {
@@ -634,26 +659,39 @@ __device__ __forceinline__ void fwd_out(const int (&off)[UNROLL], const Pack (&p
             o.v[e] = ST(w);
         }
         st2(y + off[u], o);
+#if TWIN
+        Pack r;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) r.v[e] = relu_of_stored(o.v[e]);
+        st2(twin + off[u], r);
+#endif
     }
 }
+
+#if TWIN
+#define TWIN_ARG , twin
+#else
+#define TWIN_ARG
+#endif
 
 // The elementwise pass over the same vectors: uncached ones newest first (L2), then the cached ones.
 __device__ __forceinline__ void fwd_apply_c(const Geo& g, const Lane& l, const T* __restrict__ x,
                                             const T* __restrict__ z, T* __restrict__ y, const A (&mu)[VEC],
-                                            const A (&kk)[VEC], const A (&bb)[VEC], int ks, const Pol& pol)
+                                            const A (&kk)[VEC], const A (&bb)[VEC], int ks, const Pol& pol
+                                            TWIN_PARAM)
 {
     const int n = seq_len(g), kc = min(ks, n);
     seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
         Pack p[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = LD_P2(x + off[u]);
-        fwd_out(off, p, z, y, mu, kk, bb);
+        fwd_out(off, p, z, y, mu, kk, bb TWIN_ARG);
     });
     seq_walk<UNROLL, false>(g, l, 0, kc, [&](const int (&off)[UNROLL], const int (&k)[UNROLL]) {
         Pack p[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u].raw = cache_sm[k[u] * 256 + threadIdx.x];
-        fwd_out(off, p, z, y, mu, kk, bb);
+        fwd_out(off, p, z, y, mu, kk, bb TWIN_ARG);
     });
 }
 
@@ -860,9 +898,12 @@ __device__ __forceinline__ void depart(unsigned int* sync)
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
          unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
-         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter, GEO_PARAMS,
+         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM, GEO_PARAMS,
          const double factor, const double eps, const int has_running, const int has_counter CACHE_PARAM)
 {
+#if TWIN && !CACHE
+#error "TWIN: written by the on-chip copy's elementwise pass (fwd_apply_c)"
+#endif
     const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
 #if CACHE && KEEP
@@ -901,7 +942,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
     if (STOP == 2) return;
     STOP_AFTER_CONSTANTS(y, mu, kk, bb)
 #if CACHE
-    fwd_apply_c(g, l, x, z, y, mu, kk, bb, ks, pol);
+    fwd_apply_c(g, l, x, z, y, mu, kk, bb, ks, pol TWIN_ARG);
 #else
     fwd_apply(g, l, x, z, y, mu, kk, bb);
 #endif
@@ -1011,6 +1052,8 @@ def _options(dtype, vec, **flags):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     if flags.get("keep"):                   # session 12's KEEP: absent (the source's 0) unless the call takes it
         opts.append("-DKEEP=1")
+    if flags.get("twin"):                   # TWIN_HEADER: absent unless the call asks for relu(y) too
+        opts.append("-DTWIN=1")
     if flags.get("stop"):
         opts.append(f"-DSTOP={int(flags['stop'])}")
     return tuple(opts)
@@ -1175,12 +1218,27 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
     return _launch.prepare(k, (g, chunks), (THREADS,), args, shared_mem=dyn), g * c * 2, 3 * chunks
 
 
+def same_launch(a, b):
+    """Whether two prepared launches differ only in their array arguments (the twin's one more): the same grid,
+    block, shared memory and packed scalars -- so a TWIN kernel's partial sums meet in the order of the plain one's
+    and its y has the plain one's bits."""
+    na, nb = len(a.slots), len(b.slots)
+    return a.dims == b.dims and a.shared_mem == b.shared_mem and a.buf.data.raw[8 * na:] == b.buf.data.raw[8 * nb:]
+
+
 def _apply_grid(ng, chunks, dev):
     return max(1, min(_launch.sm_count(dev) * APPLY_BLOCKS_PER_SM // chunks, -(-ng // UNROLL)))
 
 
 def _fwd_plan(dtype, rows, c, vec, route, factor, eps, has_running, has_counter, flags, dev):
     tail = (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter))
+    if flags.get("twin"):       # relu(y) too: only as the plain call's own launch with one more store, else False
+        plain = _fwd_plan(dtype, rows, c, vec, route, factor, eps, has_running, has_counter,
+                          dict(flags, twin=False), dev)
+        if plain[0] != "one" or not ONCHIP:
+            return False
+        one = _one_launch("bnc_fwd1", dtype, vec, rows, c, flags, 13, tail, dev)
+        return ("one", *one) if one is not None and same_launch(plain[1], one[0]) and plain[2:] == one[1:] else False
     if route == "one":
         one = _one_launch("bnc_fwd1", dtype, vec, rows, c, flags, 12, tail, dev)
         if one is not None:
@@ -1292,7 +1350,9 @@ class _Call:
 
 
 class TrainingCall(_Call):
-    """``call(xc, z, scale, bias, running_mean, running_var, counter)`` -> (y, mean, inv_std), y in xc's layout."""
+    """``call(xc, z, scale, bias, running_mean, running_var, counter)`` -> (y, mean, inv_std), y in xc's layout;
+    settled with ``twin``: (y, mean, inv_std, relu(y)), or None (nothing launched) where the plan of x's alignment
+    cannot write the twin."""
     __slots__ = ()
 
     def _build(self, vec):
@@ -1308,11 +1368,18 @@ class TrainingCall(_Call):
 
     def run(self, xc, z, scale, bias, running_mean, running_var, counter):
         plan = self._plan(xc, z)
+        if not plan:            # (twin only: this alignment's plan cannot write it)
+            return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
         with _launch.on_device(dev):
             mean, inv_std = _ws.fresh_pair(cp, dev, "bn.stats", (self.c,), acc)
             partial = _ws.scratch_flat(cp, dev, "bn.partial", plan[-2], acc)
             y = self._empty(cp)
+            if self.args[-1].get("twin"):
+                twin = _ws.fresh(cp, dev, "bn.twin", self.mem, self.dtype, self.spec)
+                plan[1](xc, z, y, partial, _ticket(cp, plan[-1], dev), mean, inv_std, scale, bias, running_mean,
+                        running_var, counter, twin)
+                return y, mean, inv_std, twin
             if plan[0] == "one":
                 plan[1](xc, z, y, partial, _ticket(cp, plan[-1], dev), mean, inv_std, scale, bias, running_mean,
                         running_var, counter)
@@ -1393,9 +1460,12 @@ def _settled(cls, xc, key, args):
     return call
 
 
-def training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias):
-    """The settled forward of a channels-last (or (N, C), or (N, C, 1, ...)) x: see TrainingCall."""
+def training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias, twin=False):
+    """The settled forward of a channels-last (or (N, C), or (N, C, 1, ...)) x: see TrainingCall.  ``twin`` (not
+    with ``relu``): the call that also writes relu(y) (TWIN_HEADER)."""
     flags = dict(relu=bool(relu), has_z=bool(has_z), has_scale=bool(has_scale), has_bias=bool(has_bias))
+    if twin:
+        flags["twin"] = True
     return _settled(TrainingCall, xc, (factor, eps, has_running, has_counter, *flags.values()),
                     (factor, eps, has_running, has_counter, flags))
 

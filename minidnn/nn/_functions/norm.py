@@ -113,6 +113,8 @@ class BatchNormTraining(Function):
         fused = BatchNormReLU.apply(*bn.saved, y, (bn.stats, bn.eps, (bn,), seen))
         if seen is not None and FAST[0] and seen.relu is None:
             seen.relu = seen.settle_relu(y)
+            if seen.relu and TWIN[0]:
+                seen.settle_twin(bn.saved[0])
         return fused
 
     @staticmethod
@@ -371,6 +373,14 @@ def _seen_bn_key(input, running_mean, running_var, weight, bias, training):
 # kernels take no handle setting; batch_norm has no autocast policy; the fusion switch is read by the rules at every
 # call).  FAST[0] = False (or MINIDNN_BN_FAST=0 at import) switches all of it off: every call takes the full path.
 FAST = [os.environ.get("MINIDNN_BN_FAST", "1") != "0"]
+# The twin (docs/fusion.md, "Batch norm's forward writes relu(y) too"): a remembered call whose output a fused ReLU
+# took before (the entry's ``relu`` plan) launches the kernels' twin call, which also writes relu(y), and leaves
+# (relu(y), y) on the node; relu_node hands relu(y) out instead of launching the ReLU where y is unchanged (the same
+# array, version 0).  An entry that launched TWIN_MISSES twins in a row that no ReLU took stops speculating.
+# TWIN[0] = True (or MINIDNN_BN_TWIN=1 at import) switches it on; off (the default until the GPU A/B adopts it), no
+# twin is written and the ReLU kernel runs, the launches of the full path (tests/nn/test_bn_fast_path.py).
+TWIN = [os.environ.get("MINIDNN_BN_TWIN", "0") == "1"]
+TWIN_MISSES = 3
 _REMEMBERED = SeenCalls()
 _new = object.__new__
 
@@ -400,7 +410,8 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
     if call is None:
         return
     r = _Remembered()
-    r.call, r.sig, r.eps = call, _sig(xd), eps
+    r.call, r.sig, r.eps, r.factor = call, _sig(xd), eps, momentum
+    r.twin_call, r.misses = None, 0
     r.dev = r.sig[3]
     r.wd, r.bd, r.rmd, r.rvd, r.cd = (_data(t) for t in tensors)
     r.xmeta = (xd.shape, xd.dtype)
@@ -425,8 +436,8 @@ def _edge(t):
 
 class _Remembered:
     """One remembered training signature (see above)."""
-    __slots__ = ("call", "sig", "eps", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
-                 "out_meta", "relu", "add_relu", "backward_calls")
+    __slots__ = ("call", "sig", "eps", "factor", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
+                 "out_meta", "relu", "add_relu", "backward_calls", "twin_call", "misses")
 
     def forward(self, x, weight, bias, running_mean, running_var, counter):
         """batch_norm(x, ...) as the full path computes and records it, or None (then nothing was done)."""
@@ -446,20 +457,27 @@ class _Remembered:
             return None
         if counter is not None and (cd := counter.data) is not self.cd:
             return None
-        out = self.call(xd, None, wd, bd, rmd, rvd, cd)
-        if out is None:         # the one-pass switch or x's alignment changed: nothing launched
-            return None
-        y, mean, inv_std = out
+        xr = x.requires_grad
+        wr = weight is not None and weight.requires_grad
+        br = bias is not None and bias.requires_grad
+        record = _state.grad_enabled and (xr or wr or br)
+        out = twin = None
+        if record and self.relu and TWIN[0] and self.misses < TWIN_MISSES and B.cudnn.fusion:
+            out = self._twin(xd, wd, bd, rmd, rvd, cd)
+        if out is None:
+            out = self.call(xd, None, wd, bd, rmd, rvd, cd)
+            if out is None:     # the one-pass switch or x's alignment changed: nothing launched
+                return None
+            y, mean, inv_std = out
+        else:
+            y, mean, inv_std, twin = out
         if running_mean is not None:
             running_mean._version += 1
         if running_var is not None:
             running_var._version += 1
         if counter is not None:
             counter._version += 1
-        xr = x.requires_grad
-        wr = weight is not None and weight.requires_grad
-        br = bias is not None and bias.requires_grad
-        if not (_state.grad_enabled and (xr or wr or br)):
+        if not record:
             return wrap(y)
         ctx = _new(FunctionCtx)
         ctx._fn_cls = BatchNormTraining
@@ -474,7 +492,29 @@ class _Remembered:
         ctx.versions = (x._version, 0 if weight is None else weight._version, 0 if bias is None else bias._version)
         ctx._out_meta = self.out_meta
         ctx.num_outputs = 1
+        if twin is not None:
+            ctx.twin = (twin, y)
         return Function.output(ctx, y)
+
+    def settle_twin(self, x):
+        """The kernels' twin call of this signature (False where there is none), settled with x (laid out as the
+        signature: a node's x) when a fused ReLU first takes y -- so the alignment it expects is a passing call's."""
+        self.twin_call = settled_training(x.data, self.wd, self.bd, self.factor, self.rmd, self.rvd, self.eps,
+                                          self.cd, twin=True) or False
+
+    def _twin(self, xd, wd, bd, rmd, rvd, cd):
+        """(y, mean, inv_std, relu(y)) from the kernels' twin call, or None: no twin for this signature, or the call
+        declined (nothing launched; the plain call then runs)."""
+        call = self.twin_call
+        if call is None:        # (TWIN switched on after the ReLU was settled)
+            call = self.twin_call = settled_training(xd, wd, bd, self.factor, rmd, rvd, self.eps, cd, twin=True) \
+                or False
+        if not call:
+            return None
+        out = call(xd, None, wd, bd, rmd, rvd, cd)
+        if out is not None:
+            self.misses += 1        # until a ReLU takes it (relu_node)
+        return out
 
     def settle_relu(self, a):
         """The activation kernels' plan for relu(a), where ``a`` (this signature's y, or y + z) is laid out as x; else
@@ -493,7 +533,13 @@ class _Remembered:
         if _sig(yd) != self.sig:
             return None
         x, weight, bias = bn.saved
-        return self._fused(BatchNormReLU, plan(yd), bn, (bn,), x, weight, bias, None, y)
+        twin = vars(bn).pop("twin", None)       # taken at most once: two ReLUs of y get two arrays
+        if twin is not None and twin[1] is yd and y._version == 0 and _sig(twin[0]) == self.sig:
+            self.misses = 0
+            r = twin[0]     # the forward's relu(y): y is still what the kernel read (the same array, no in-place op)
+        else:
+            r = plan(yd)
+        return self._fused(BatchNormReLU, r, bn, (bn,), x, weight, bias, None, y)
 
     def add_relu_node(self, bn, a, z_edge):
         """BatchNormAddReLU.apply(*bn.saved, stand-in of z, a, src) as Function.apply records it, or None."""
