@@ -205,15 +205,8 @@ class AccumulateGrad(Node):
         self.trace = None
 
     def accumulate(self, g, create_graph: bool, fresh: bool):
-        """``fresh``: the engine guarantees nobody else holds ``g``'s array, so it may be kept as is."""
-        self._accumulate(g, create_graph, fresh)
-        if _post_accumulate_hooks:
-            entry = _post_accumulate_hooks.get(id(self.variable))
-            if entry is not None and entry[0]() is self.variable:
-                for hook in list(entry[1]):
-                    hook(self.variable)
-
-    def _accumulate(self, g, create_graph, fresh):
+        """``fresh``: the engine guarantees nobody else holds ``g``'s array, so it may be kept as is.  (One frame:
+        every leaf of every backward comes here.)"""
         var = self.variable
         if var._hooks:
             fresh = False       # a hook may keep a reference to g
@@ -227,8 +220,7 @@ class AccumulateGrad(Node):
         old = var.grad
         if create_graph:
             var.grad = g if old is None else old + g
-            return
-        if old is None:
+        elif old is None:
             storage = var._grad_storage
             data = g.data
             if storage is not None:             # the optimizer's flat gradient buffer: land it there in place
@@ -247,6 +239,11 @@ class AccumulateGrad(Node):
                 old._version += 1
             except ValueError:           # read-only or broadcast-incompatible array: out of place
                 var.grad = var._wrap_like(old.data + g.data)
+        if _post_accumulate_hooks:
+            entry = _post_accumulate_hooks.get(id(var))
+            if entry is not None and entry[0]() is var:
+                for hook in list(entry[1]):
+                    hook(var)
 
 
 class FunctionCtx(Node):
@@ -286,6 +283,11 @@ class FunctionCtx(Node):
             else:
                 raise RuntimeError(f"{self._fn_cls.__name__}.backward returned {len(result)} gradients but forward "
                                    f"took {self._n_inputs} arguments: return one per argument (None for non-tensors)")
+        for r, meta in zip(result, self._input_meta):   # the common case, checked in one pass: result as it is
+            if r is not None and (meta is None or type(r) is not Tensor or r.data.shape != meta[0]):
+                break
+        else:
+            return result
         out = []
         for i, (r, meta) in enumerate(zip(result, self._input_meta)):
             if r is None or meta is None:
@@ -604,9 +606,7 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
                 outs = None
                 if run and not retain_graph and node.saved:     # reached with no gradient: freed like a run node
                     node.release()
-            i = -1
-            for edge in node.next_edges:
-                i += 1
+            for i, edge in enumerate(node.next_edges):
                 if edge is None:
                     continue
                 child, nr = edge
