@@ -274,8 +274,7 @@ def result_type(*operands):
 
 
 def wide_reduce(fn, a, dtype=None, **kw):
-    """fn(a, dtype=dtype, **kw); 16-bit floats accumulate in float32 and round once, as in PyTorch (NumPy summed
-    bfloat16 in bfloat16; CuPy's float16 sums came back an ulp off and its bfloat16 cumsum does not compile)."""
+    """fn(a, dtype=dtype, **kw); 16-bit floats summed in float32, rounded once (PyTorch; NumPy and CuPy did not)."""
     wide = a.dtype.itemsize == 2 and a.size > 1 and dtype in (None, a.dtype) and _is_floating(a.dtype)
     return fn(a, dtype=np.float32, **kw).astype(a.dtype) if wide else fn(a, dtype=dtype, **kw)
 

@@ -85,8 +85,9 @@ def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     axes = _axes(x, axis, dim, "mean")
     if not _is_floating(x.dtype, complex_ok=True):
         raise DTypeError(f"mean: input dtype should be floating point, got {x.dtype} (use .float() first)")
-    n = _count(x.shape, axes)
-    return sum(x, axes, _keep(keepdims, keepdim)) * (1.0 / n if n else float("nan"))
+    n, half = _count(x.shape, axes), x.data.dtype.itemsize == 2 < x.data.size    # 16-bit: float32 sum, one rounding
+    m = sum(x, axes, _keep(keepdims, keepdim), dtype=np.float32 if half else None) * (1.0 / n if n else float("nan"))
+    return m.to(x.dtype) if half else m
 
 
 class Var(Function):
