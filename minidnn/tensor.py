@@ -58,13 +58,6 @@ class Tensor:
         if requires_grad:
             self.requires_grad_(True)
 
-    # -- fast construction used by every op -------------------------------------------------
-    @staticmethod
-    def _from_array(data, requires_grad=False):
-        t = _wrap(data)
-        t.requires_grad = requires_grad
-        return t
-
     def _xp(self):
         return _dev.array_module(self.data)
 
@@ -215,7 +208,7 @@ _ag.Tensor = Tensor        # autograd needs the class; it cannot import this mod
 _new = object.__new__
 
 
-def _wrap(data):
+def _wrap(data, requires_grad=False):
     """A tensor without history around an array (the hot path of every op)."""
     t = _new(Tensor)
     if isinstance(data, np.generic):
@@ -223,7 +216,7 @@ def _wrap(data):
     t.data = data
     t.grad = None
     t.grad_fn = None
-    t.requires_grad = False
+    t.requires_grad = requires_grad
     t.output_nr = 0
     t._version = 0
     t._hooks = None
@@ -234,6 +227,7 @@ def _wrap(data):
 
 
 Tensor._wrap_like = staticmethod(_wrap)     # x._wrap_like(array): a plain Tensor around array (one call)
+Tensor._from_array = staticmethod(_wrap)    # Tensor._from_array(array, requires_grad=False): the same, one frame
 
 
 def _check_inplace_cast(op, result, target):
