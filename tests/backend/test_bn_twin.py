@@ -212,8 +212,8 @@ def test_the_twin_is_the_relu_kernels_output_and_the_rest_the_plain_calls_bits(c
     sc = cp.asarray(rng.uniform(-1.5, 1.5, c).astype(pd))
     sc[1] = -1.0
     bi = cp.asarray(rng.standard_normal(c).astype(pd)) if bias else None
-    stats = [[cp.asarray(rng.standard_normal(c).astype(pd)), cp.asarray(rng.uniform(0.5, 2, c).astype(pd)),
-              cp.zeros(1, np.int64)] for _ in range(2)]
+    start = (rng.standard_normal(c).astype(pd), rng.uniform(0.5, 2, c).astype(pd))    # both calls from the same
+    stats = [[cp.asarray(start[0]), cp.asarray(start[1]), cp.zeros(1, np.int64)] for _ in range(2)]   # statistics
     plain = K.training_call(x, sc, bi, 0.1, *stats[0][:2], 1e-5, None, False, stats[0][2])
     twin = K.twin_call(x, sc, bi, 0.1, *stats[1][:2], 1e-5, stats[1][2])
     assert twin, "every aligned route of these shapes has a twin"
