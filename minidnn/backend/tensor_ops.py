@@ -23,7 +23,7 @@ from .errors import BadParamError, IdentityEnum
 from .layout import TensorFormat, from_channels_first, in_memory_order, resolve_format, to_channels_first
 
 __all__ = ["OpTensorOp", "ReduceTensorOp", "add_tensor", "op_tensor", "scale_tensor", "set_tensor",
-           "transform_tensor", "reduce_tensor", "add_arrays", "device_binary"]
+           "transform_tensor", "reduce_tensor", "add_arrays", "settled_add_relu", "device_binary"]
 
 
 def add_arrays(a, b):
@@ -37,6 +37,16 @@ def add_arrays(a, b):
     if type(a) is type(b) and act_kernels.supports("ADD", a, b):       # (one shape, dtype and strides)
         return act_kernels.add(a, b)
     return in_memory_order(operator.add, a, b)
+
+
+def settled_add_relu(a, b):
+    """The one-launch (a + b, relu(a + b)) of two CuPy arrays of one shape, dtype and memory order, settled for a's
+    signature (act_kernels.add_twin_plan: call it as ``plan(a, b)``; the sum has ``add_arrays``' bits, the ReLU the
+    activation kernel's from that sum), for nn's speculative residual add (docs/fusion.md); None where add_arrays
+    would not take act_kernels' ADD (NumPy arrays, other shapes, dtypes or strides)."""
+    if type(a) is np.ndarray or type(a) is not type(b) or not act_kernels.supports("ADD", a, b):
+        return None
+    return act_kernels.add_twin_plan(a)
 
 
 def device_binary(fn):

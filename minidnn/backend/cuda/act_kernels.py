@@ -14,7 +14,11 @@ reference's conventions at the kinks (relu'(0) = 0, a NaN input passes the gradi
 MODE ADD (not an activation: ``add``) runs the backward kernel as out = x + dy, summed in float and rounded once --
 the bits of CuPy's ``x + dy`` -- for the engine's same-shape adds (a residual block's forward add, the gradient sums
 of a tensor used twice), which CuPy's elementwise kernel runs at ~1/3 of this kernel's rate on 16-bit data.
-Traffic: forward reads x, writes y; backward reads x and dy, writes dx -- the memory floor of each.
+TWIN (MODE ADD only; ``add_twin_plan``): the add also stores relu(out) to a fourth array ``twin`` laid out as out,
+computed from out as stored (bn_nhwc.TWIN_HEADER's relu_of_stored: act_fwd's RELU expression), so it holds the bits
+the ReLU kernel would write from out -- nn's speculative residual add + ReLU (docs/fusion.md).  Without TWIN the
+kernels' text after preprocessing is unchanged.
+Traffic: forward reads x, writes y; backward reads x and dy, writes dx (TWIN: and the twin) -- the floor of each.
 """
 from __future__ import annotations
 
@@ -26,16 +30,19 @@ from .. import devices as _dev
 from . import launch as _launch
 from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, type_info
-from .bn_nhwc import strided_spec
+from .bn_nhwc import TWIN_HEADER, strided_spec
 
-__all__ = ["supports", "forward", "backward", "add", "plan", "options", "MODES", "SOURCE"]
+__all__ = ["supports", "forward", "backward", "add", "plan", "add_twin_plan", "options", "MODES", "SOURCE"]
 
 THREADS = 256
 MODES = ("IDENTITY", "RELU", "SIGMOID", "TANH", "CLIPPED_RELU", "ELU", "LEAKY_RELU", "GELU", "GELU_TANH", "SWISH",
          "SOFTPLUS", "HARDTANH", "RELU6")
 _ALL_MODES = MODES + ("ADD",)      # ADD: out = x + dy through act_bwd (``add``), not an activation
 
-SOURCE = STORAGE_HEADER + "".join(f"#define M_{m} {i}\n" for i, m in enumerate(_ALL_MODES)) + r"""
+SOURCE = STORAGE_HEADER + "".join(f"#define M_{m} {i}\n" for i, m in enumerate(_ALL_MODES)) + TWIN_HEADER + r"""
+#if TWIN && MODE != M_ADD
+#error "TWIN: only the add (MODE ADD) stores relu of its output"
+#endif
 
 __device__ __forceinline__ A sigm(A v) { return (A)0.5 * ((A)1 + tanh((A)0.5 * v)); }   // never overflows
 __device__ __forceinline__ bool between(A v, A lo, A hi) { return !(v <= lo || v >= hi); }
@@ -196,8 +203,8 @@ act_fwd(const T* __restrict__ x, T* __restrict__ y, const long long n, const dou
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, const long long n, const double coef,
-        const int vec)
+act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx TWIN_PARAM, const long long n,
+        const double coef, const int vec)
 {
     const A c = (A)coef;
     if (vec) {
@@ -215,11 +222,19 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
 #pragma unroll
                     for (int e = 0; e < VW; ++e) b.v[e] = ST(act_combine(LD(a[u].v[e]), LD(g[u].v[e]), c));
                     stv(dx, k0 + u * THREADS, b);
+#if TWIN
+#pragma unroll
+                    for (int e = 0; e < VW; ++e) b.v[e] = relu_of_stored(b.v[e]);
+                    stv(twin, k0 + u * THREADS, b);
+#endif
                 }
             }
         }
         const long long i = nv * VW + threadIdx.x;
         if (blockIdx.x == 0 && i < n) dx[i] = ST(act_combine(LD(x[i]), LD(dy[i]), c));
+#if TWIN
+        if (blockIdx.x == 0 && i < n) twin[i] = relu_of_stored(dx[i]);     // (this thread's own store, read back)
+#endif
         return;
     }
     const long long stride = (long long)gridDim.x * THREADS;
@@ -230,6 +245,11 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx, c
 #pragma unroll
         for (int u = 0; u < 4; ++u)
             if (i0 + u * stride < n) dx[i0 + u * stride] = ST(act_combine(LD(v[u]), LD(g[u]), c));
+#if TWIN
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (i0 + u * stride < n) twin[i0 + u * stride] = relu_of_stored(dx[i0 + u * stride]);
+#endif
     }
 }
 """
@@ -295,25 +315,25 @@ def config(dtype):
     return CONFIG16 if np.dtype(dtype).itemsize == 2 else CONFIG
 
 
-def _kernel(name, dtype, mode_name):
+def _kernel(name, dtype, mode_name, twin=False):
     cfg = config(dtype)
-    key = (name, dtype, mode_name, cfg["unroll"], cfg["hint"], cfg.get("threads", THREADS))
+    key = (name, dtype, mode_name, cfg["unroll"], cfg["hint"], cfg.get("threads", THREADS), twin)
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _kernel_compiled(name, dtype, mode_name, *key[3:])
     return k
 
 
-def options(dtype, mode_name, unroll=4, hint=0, threads=THREADS):
+def options(dtype, mode_name, unroll=4, hint=0, threads=THREADS, twin=False):
     """NVRTC options of one configuration (nvcc takes the same -D options: the tests compile each kernel)."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DMODE=M_{mode_name}",
             f"-DUNROLL={int(unroll)}", f"-DHINT={int(hint)}", "-std=c++14") + \
-        ((f"-DTHREADS={int(threads)}",) if threads != THREADS else ())
+        ((f"-DTHREADS={int(threads)}",) if threads != THREADS else ()) + (("-DTWIN=1",) if twin else ())
 
 
-def _kernel_compiled(name, dtype, mode_name, unroll, hint, threads=THREADS):
-    return _launch.get_kernel(SOURCE, name, options(dtype, mode_name, unroll, hint, threads))
+def _kernel_compiled(name, dtype, mode_name, unroll, hint, threads=THREADS, twin=False):
+    return _launch.get_kernel(SOURCE, name, options(dtype, mode_name, unroll, hint, threads, twin))
 
 
 def _grid(n, dev, threads=THREADS):
@@ -350,6 +370,20 @@ class _Plan:
         return out
 
 
+class _TwinPlan(_Plan):
+    """``add_twin_plan``'s: ``plan(a, b)`` -> (a + b, relu(a + b)), both fresh arrays laid out as a (one launch)."""
+    __slots__ = ()
+
+    def __call__(self, x, dy):
+        with _launch.on_device(self.dev):
+            spec, cp = self.spec, _launch._cp
+            out = _ws.fresh(cp, self.dev, "act", self.mem, self.dtype, spec)
+            twin = _ws.fresh(cp, self.dev, "act.twin", self.mem, self.dtype, spec)
+            vec = self.vec
+            (vec if vec is not None and not (x.data.ptr | dy.data.ptr) & 15 else self.go)(x, dy, out, twin)
+        return out, twin
+
+
 _plans: dict = {}
 
 
@@ -361,8 +395,16 @@ def plan(mode_name, coef, x, backward=False):
                            mode_name, coef, x, backward, dev)
 
 
-def _plan(mode_name, coef, x, backward, dev):
-    p = _Plan()
+def add_twin_plan(a):
+    """The plan of ``add(a, b)`` that also returns relu(a + b) (the TWIN kernel: ``plan(a, b)`` -> (sum, twin)), for
+    a and b of a's signature (``supports("ADD", a, b)``), built once per signature; the sum has ``add``'s bits."""
+    dev = a.data.device_id
+    return _launch.planned(_plans, ("twin", a.shape, a.strides, a.dtype, dev), _plan, "ADD", 0.0, a, True, dev,
+                           True)
+
+
+def _plan(mode_name, coef, x, backward, dev, twin=False):
+    p = _TwinPlan() if twin else _Plan()
     p.dev, p.dtype = dev, x.dtype
     if x.flags.c_contiguous:
         p.mem, p.back = x.shape, None
@@ -371,8 +413,8 @@ def _plan(mode_name, coef, x, backward, dev):
         p.mem, p.back = tuple(x.shape[i] for i in perm), (0, x.ndim - 1, *range(1, x.ndim - 1))
     p.spec = strided_spec(p.mem, p.back, x.dtype)
     n = x.size
-    k = _kernel("act_bwd" if backward else "act_fwd", x.dtype, mode_name)
-    head = [None] * (3 if backward else 2) + [np.int64(n), np.float64(coef)]
+    k = _kernel("act_bwd" if backward else "act_fwd", x.dtype, mode_name, twin)
+    head = [None] * ((4 if twin else 3) if backward else 2) + [np.int64(n), np.float64(coef)]
     threads = config(x.dtype).get("threads", THREADS)
     p.go = _launch.prepare(k, _grid(n, dev, threads), (threads,), head + [np.int32(0)])
     vw = 16 // x.itemsize           # the vector path takes any n (the tail is block 0's); V1 only whole vectors
