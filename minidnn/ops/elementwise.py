@@ -45,7 +45,7 @@ def _binary(cls, name=None, true_div=False):
     """The Tensor function of ``cls``: a (Tensor) op b (Tensor or scalar), both cast to PyTorch's result dtype
     (``true_div``: integers give the default float dtype), recorded by a ``cls`` node when a gradient is needed."""
     forward, new_node, output, gpu_forward = cls.forward, cls.node, Function.output, device_binary(cls.forward)
-    name = name or cls.op_name
+    name, speculate = name or cls.op_name, getattr(cls, "speculate", None)
 
     def op(a, b):
         if not isinstance(a, Tensor):      # scalar op tensor: handled by the reflected operators
@@ -57,12 +57,15 @@ def _binary(cls, name=None, true_div=False):
             promoted = ad.dtype != bd.dtype or true_div
             if promoted:
                 ad, bd, _ = promoted_operands(a, b, true_div=true_div)
+            twin = None if speculate is None or type(ad) is np.ndarray else speculate(a, b, ad, bd)
             try:       # (NumPy keeps its inputs' memory order by itself; CuPy arrays: tensor_ops.device_binary)
-                out = forward(ad, bd) if type(ad) is np.ndarray else gpu_forward(ad, bd)
+                out = forward(ad, bd) if type(ad) is np.ndarray else gpu_forward(ad, bd) if twin is None else twin[1]
             except ValueError:
                 raise broadcast_error(name, a, b) from None
             if _state.grad_enabled and (a.requires_grad or b.requires_grad):
                 ctx = new_node(a, b)
+                if twin is not None:
+                    ctx.twin = twin
                 if promoted or ad.shape != bd.shape:
                     ctx.a_meta = (ad.shape, a.data.dtype)
                     ctx.b_meta = (bd.shape, b.data.dtype)
@@ -88,8 +91,17 @@ def _binary(cls, name=None, true_div=False):
 
 class Add(Binary):
     """a + b elementwise with broadcasting; d/da = d/db = g."""
-    __slots__ = ()
+    __slots__ = ("twin",)       # speculate's (relu(a + b), a + b, ...) for the consumer fusion below
     forward, op_name = staticmethod(operator.add), "add"
+
+    @staticmethod
+    def speculate(a, b, ad, bd):
+        """Before the GPU launch: (relu(a + b), a + b, ...) from one launch where the first operand whose producer
+        offers ``add_relu_twin`` (training batch norm: its ReLU of the sum seen before) says so (docs/fusion.md)."""
+        for t in (a, b):
+            if (n := t.grad_fn) is not None and (rule := fusion_rule(n, "add_relu_twin")) is not None:
+                return rule(n, t, ad, bd)
+        return None
 
     @staticmethod
     def backward(ctx, g):
@@ -553,24 +565,14 @@ def _nondiff(name, fn, doc):
     return op
 
 
-eq = _nondiff("eq", lambda x, y: x == y,
-              "a == b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
-              "Tensor or scalar); a bool tensor (torch.eq); NaN equals nothing.")
-ne = _nondiff("ne", lambda x, y: x != y,
-              "a != b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
-              "Tensor or scalar); a bool tensor (torch.ne); NaN differs from everything.")
-lt = _nondiff("lt", lambda x, y: x < y,
-              "a < b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
-              "Tensor or scalar); a bool tensor (torch.lt); False wherever a NaN is involved.")
-le = _nondiff("le", lambda x, y: x <= y,
-              "a <= b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
-              "Tensor or scalar); a bool tensor (torch.le); False wherever a NaN is involved.")
-gt = _nondiff("gt", lambda x, y: x > y,
-              "a > b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
-              "Tensor or scalar); a bool tensor (torch.gt); False wherever a NaN is involved.")
-ge = _nondiff("ge", lambda x, y: x >= y,
-              "a >= b elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a "
-              "Tensor or scalar); a bool tensor (torch.ge); False wherever a NaN is involved.")
+_CMP = (" elementwise with broadcasting, compared in PyTorch's promoted dtype of a and b (a Tensor, b a Tensor or "
+        "scalar); a bool tensor (torch.{}); ")
+eq = _nondiff("eq", lambda x, y: x == y, "a == b" + _CMP.format("eq") + "NaN equals nothing.")
+ne = _nondiff("ne", lambda x, y: x != y, "a != b" + _CMP.format("ne") + "NaN differs from everything.")
+lt = _nondiff("lt", lambda x, y: x < y, "a < b" + _CMP.format("lt") + "False wherever a NaN is involved.")
+le = _nondiff("le", lambda x, y: x <= y, "a <= b" + _CMP.format("le") + "False wherever a NaN is involved.")
+gt = _nondiff("gt", lambda x, y: x > y, "a > b" + _CMP.format("gt") + "False wherever a NaN is involved.")
+ge = _nondiff("ge", lambda x, y: x >= y, "a >= b" + _CMP.format("ge") + "False wherever a NaN is involved.")
 floordiv = floor_divide = _nondiff("floordiv", lambda x, y: x // y,
                                    "floor(a / b) elementwise with broadcasting (torch.floor_divide, Python's //), in "
                                    "PyTorch's promoted dtype; integer division by zero follows NumPy (0, with a "
@@ -610,10 +612,7 @@ def fmod(a, b):
 
 def bitwise_not(x):
     """``~x``: bitwise not of an integer tensor, logical not of a bool tensor (PyTorch's rule)."""
-    k = x.dtype.kind
-    if k == "b":
-        return _wrap(~x.data)
-    if k in "iu":
+    if x.dtype.kind in "biu":
         return _wrap(~x.data)
     raise DTypeError(f"bitwise_not: only integer and bool tensors are supported, got {x.dtype}")
 sign = _nondiff("sign", lambda x: (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype),

@@ -127,6 +127,7 @@ _SCRIPT = textwrap.dedent("""
             first=None):
         N.FAST[0] = fast
         N.TWIN[0] = False       # launch for launch against the full path: the twin drops the ReLU's by design
+        N.ADD_TWIN[0] = False   # (and the residual add's twin its ReLU's: test_add_twin*.py)
         N._REMEMBERED.clear()
         if first is not None:
             first()

@@ -240,7 +240,8 @@ def test_a_layer_whose_twins_go_unused_stops_speculating(out):
 
 def _record(model, amp, cl, twin, tmp_path):
     path = tmp_path / f"{model}_{amp}_{cl}_{twin}.json"
-    env = dict(os.environ, MODE="record", OUT=str(path), AMP=amp, CL=cl, MINIDNN_BN_TWIN=twin)
+    env = dict(os.environ, MODE="record", OUT=str(path), AMP=amp, CL=cl, MINIDNN_BN_TWIN=twin,
+               MINIDNN_ADD_TWIN="0")      # (the residual add's twin, its own -DTWIN=1 launches: test_add_twin.py)
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "fake_gpu_step.py"), str(ROOT), model, "128"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -26,6 +26,7 @@ from ...backend.array_ops import copy_like
 from ...backend.devices import array_module
 from ...backend.errors import ArgumentError
 from ...backend.normalization import settled_activation, settled_backward, settled_training
+from ...backend.tensor_ops import settled_add_relu
 from ...ops.activation import activation_grad
 from ...tensor import Tensor
 from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
@@ -134,6 +135,15 @@ class BatchNormTraining(Function):
         if seen is not None and FAST[0] and seen.add_relu is None:
             seen.add_relu = seen.settle_relu(a)
         return fused
+
+    @staticmethod
+    def add_relu_twin(bn, y, ad, bd):
+        """The rule the add asks an operand's producer for before it launches (ops/elementwise.py, Add.speculate):
+        (relu(a), a, entry) for a = ad + bd from one launch, where y is this batch norm's output and its remembered
+        entry saw a fused ReLU take the sum (the residual add's twin, docs/fusion.md; ``ADD_TWIN``); else None, and
+        the add launches as before."""
+        seen = bn.seen
+        return None if seen is None or y.output_nr != 0 else seen.add_twin(bn, ad, bd)
 
 
 def _fusable(bn):
@@ -382,6 +392,13 @@ FAST = [os.environ.get("MINIDNN_BN_FAST", "1") != "0"]
 # of the full path (tests/nn/test_bn_fast_path.py compares those).
 TWIN = [os.environ.get("MINIDNN_BN_TWIN", "1") != "0"]
 TWIN_MISSES = 3
+# The residual add's twin (docs/fusion.md, "The residual add writes relu(a) too"): an add of y (a remembered training
+# batch norm's output) and a shortcut of y's layout, whose sum a fused ReLU took before (the entry's ``add_relu``
+# plan), launches act_kernels' ADD with TWIN -- a and relu(a) from one launch -- and leaves (relu(a), a, entry) on the
+# add's node; add_relu_node hands relu(a) out instead of launching the ReLU where a is unchanged (the same array,
+# version 0).  TWIN_MISSES unused twins in a row stop the entry speculating.  ADD_TWIN[0] = False (or
+# MINIDNN_ADD_TWIN=0 at import): no twin, the ReLU kernel runs (the launches of the full path).
+ADD_TWIN = [os.environ.get("MINIDNN_ADD_TWIN", "1") != "0"]
 _REMEMBERED = SeenCalls()
 _new = object.__new__
 
@@ -412,7 +429,7 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
         return
     r = _Remembered()
     r.call, r.sig, r.eps, r.factor = call, _sig(xd), eps, momentum
-    r.twin_call, r.misses = None, 0
+    r.twin_call, r.misses, r.add_twin_plan, r.add_misses = None, 0, None, 0
     r.dev = r.sig[3]
     r.wd, r.bd, r.rmd, r.rvd, r.cd = (_data(t) for t in tensors)
     r.xmeta = (xd.shape, xd.dtype)
@@ -438,7 +455,8 @@ def _edge(t):
 class _Remembered:
     """One remembered training signature (see above)."""
     __slots__ = ("call", "sig", "eps", "factor", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
-                 "out_meta", "relu", "add_relu", "backward_calls", "twin_call", "misses")
+                 "out_meta", "relu", "add_relu", "backward_calls", "twin_call", "misses", "add_twin_plan",
+                 "add_misses")
 
     def forward(self, x, weight, bias, running_mean, running_var, counter):
         """batch_norm(x, ...) as the full path computes and records it, or None (then nothing was done)."""
@@ -517,6 +535,26 @@ class _Remembered:
             self.misses += 1        # until a ReLU takes it (relu_node)
         return out
 
+    def add_twin(self, bn, ad, bd):
+        """(relu(a), a, self) for a = ad + bd from act_kernels' ADD with TWIN (a: add_arrays' bits; relu(a): the ReLU
+        kernel's from a), where this entry's sum went to a fused ReLU before and may again: ADD_TWIN on, fewer than
+        TWIN_MISSES unused twins in a row, a graph recorded, fusion on, no anomaly mode, batch norm's node ``bn``
+        fusable, ad and bd laid out as this signature (so a is, as add_relu_node wants); else None."""
+        if not (self.add_relu and ADD_TWIN[0] and self.add_misses < TWIN_MISSES and _state.grad_enabled
+                and B.cudnn.fusion) or _state.anomaly or not FAST[0]:
+            return None
+        sig = self.sig
+        if _sig(ad) != sig or _sig(bd) != sig or not _fusable(bn):
+            return None
+        plan = self.add_twin_plan
+        if plan is None:
+            plan = self.add_twin_plan = settled_add_relu(ad, bd) or False
+        if not plan:
+            return None
+        out, twin = plan(ad, bd)
+        self.add_misses += 1        # until a ReLU takes it (add_relu_node)
+        return twin, out, self
+
     def settle_relu(self, a):
         """The activation kernels' plan for relu(a), where ``a`` (this signature's y, or y + z) is laid out as x; else
         False (the fused nodes then keep the full path)."""
@@ -551,7 +589,16 @@ class _Remembered:
         if _sig(ad) != self.sig:
             return None
         x, weight, bias = bn.saved
-        return self._fused(BatchNormAddReLU, plan(ad), bn, (a.grad_fn, bn), x, weight, bias, z_edge, a)
+        add = a.grad_fn
+        twin = getattr(add, "twin", None)       # the add's speculated (relu(a), a, entry): add_twin
+        if twin is not None:
+            add.twin = None                     # taken at most once: a second ReLU of a gets its own array
+        if twin is not None and twin[1] is ad and a._version == 0:
+            twin[2].add_misses = 0
+            r = twin[0]     # relu(a) from the add's launch: a is still what the kernel wrote (no in-place change)
+        else:
+            r = plan(ad)
+        return self._fused(BatchNormAddReLU, r, bn, (add, bn), x, weight, bias, z_edge, a)
 
     def _fused(self, cls, r, bn, bypassed, x, weight, bias, z_edge, y):
         """The fused node over y (or the sum a) and its output r.  Inputs as apply sees them: x, weight, bias, (the
