@@ -518,6 +518,31 @@ def test_16_bit_mean_rounds_once_as_pytorch(dtype):
     assert a.grad.dtype == a.dtype and np.array_equal(a.grad.float().numpy(), t.grad.float().numpy())
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_mean_and_wide_sum_send_the_inputs_dtype_back(dtype):
+    """The 16-bit mean sums in float32 and casts once; its backward must still hand x's dtype to the graph above
+    (a float32 gradient reached a 16-bit convolution's backward, which refused it), as must sum(dtype=float32).
+    Two elements take the float32 sum too: 40000 + 40000 overflows float16 before the halving."""
+    torch = pytest.importorskip("torch")
+    md = getattr(mdn, dtype)
+    F = mdn.nn.functional
+    mdn.manual_seed(0)
+    conv = mdn.nn.Conv2d(3, 4, 3, padding=1).to(md)
+    x = mdn.randn(2, 3, 8, 8).to(md)
+    seen = []
+    y = conv(x)
+    y.register_hook(lambda g: seen.append(g.dtype))
+    F.mse_loss(y, mdn.zeros(2, 4, 8, 8).to(md)).backward()
+    assert seen == [md] and conv.weight.grad.dtype == md
+    a = mdn.randn(5, 7).to(md).requires_grad_()
+    b = (a * 2.0)
+    b.register_hook(lambda g: seen.append(g.dtype))
+    b.sum(dtype=np.float32).backward()
+    assert seen[-1] == md and a.grad.dtype == md and np.all(a.grad.float().numpy() == 2.0)
+    pair, tpair = mdn.tensor([40000.0, 40000.0]).to(md), torch.tensor([40000.0, 40000.0]).to(getattr(torch, dtype))
+    assert pair.mean().item() == tpair.mean().item() == tpair[0].item()     # (bfloat16 rounds 40000 to 39936)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16_bit_gpu_reductions_accumulate_in_float32(dtype):

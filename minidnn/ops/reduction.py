@@ -55,25 +55,26 @@ def _count(shape, axes):
 
 
 class Sum(Function):
-    __slots__ = ("in_shape", "kept")
+    __slots__ = ("in_shape", "kept", "in_dtype")
 
     @staticmethod
     def backward(ctx, g):
-        return (broadcast_to(g.reshape(ctx.kept), ctx.in_shape),)
+        g = g.reshape(ctx.kept)         # a sum in another dtype (dtype=, a 16-bit mean) sends x's dtype back
+        return (broadcast_to(g if ctx.in_dtype is None else g.to(ctx.in_dtype), ctx.in_shape),)
 
 
 @autocast_op("sum")
 def sum(x, axis=None, keepdims=False, *, dim=None, keepdim=None, dtype=None):
     """The sum over ``dim``/``axis`` (an int, a tuple, or None for all elements), keeping reduced dims as size 1 with
-    ``keepdim``/``keepdims`` (torch.sum; both NumPy and PyTorch spellings accepted, not both at once). Integer and bool
-    inputs sum to int64 as in PyTorch; ``dtype`` sets the accumulation/result dtype. The gradient broadcasts g back over
-    the reduced dims."""
+    ``keepdim``/``keepdims`` (torch.sum; either spelling, not both at once). Integer and bool inputs sum to int64 as
+    in PyTorch; ``dtype`` sets the accumulation/result dtype. The gradient is g broadcast back, in x's dtype."""
     axes = _axes(x, axis, dim, "sum")
     kd = _keep(keepdims, keepdim)
     out = wide_reduce(x._xp().sum, x.data, dtype, axis=axes, keepdims=kd)
     if _state.grad_enabled and x.requires_grad:
         n = Sum.node(x)
         n.in_shape, n.kept = x.data.shape, _kept_shape(x.data.shape, axes)
+        n.in_dtype = None if out.dtype == x.data.dtype else x.dtype
         return n.output(out)
     return _wrap(out)
 
@@ -85,7 +86,7 @@ def mean(x, axis=None, keepdims=False, *, dim=None, keepdim=None):
     axes = _axes(x, axis, dim, "mean")
     if not _is_floating(x.dtype, complex_ok=True):
         raise DTypeError(f"mean: input dtype should be floating point, got {x.dtype} (use .float() first)")
-    n, half = _count(x.shape, axes), x.data.dtype.itemsize == 2 < x.data.size    # 16-bit: float32 sum, one rounding
+    n, half = _count(x.shape, axes), x.data.dtype.itemsize == 2 and x.data.size > 1   # 16-bit: float32 sum, 1 rounding
     m = sum(x, axes, _keep(keepdims, keepdim), dtype=np.float32 if half else None) * (1.0 / n if n else float("nan"))
     return m.to(x.dtype) if half else m
 
