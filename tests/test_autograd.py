@@ -831,3 +831,37 @@ def test_roots_that_lie_on_each_others_paths(order):
     autograd.backward(roots, [g if g is not None else mdn.ones_like(z) for g in grads])
     expected = 3.0 * np.array([1.0, 2.0, 4.0]) + 18.0 * np.array([1.0, -2.0, 0.5])   # dy/dx g + dz/dx
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad_shape", [(5, 7), (3, 2), (2, 3, 2)])
+def test_a_function_returning_a_gradient_of_the_wrong_shape_is_an_error(bad_shape):
+    """A gradient that does not broadcast onto its input (not a summable broadcast of it) raises, naming the Function
+    and the shapes: sum_to used to hand a (5, 7) gradient for a (2, 3) input through unchanged."""
+    class Bad(mdn.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return mdn.ones(*bad_shape)
+
+    x = mdn.randn(2, 3, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"Bad\.backward returned a gradient of shape .* whose shape is \(2, 3\)"):
+        Bad.apply(x).sum().backward()
+    assert x.grad is None
+
+
+def test_a_function_returning_a_broadcast_gradient_is_summed_down():
+    class Wide(mdn.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return mdn.ones(4, 2, 3)
+
+    x = mdn.randn(2, 3, requires_grad=True)
+    Wide.apply(x).sum().backward()
+    assert np.array_equal(x.grad.numpy(), np.full((2, 3), 4.0, np.float32))

@@ -84,8 +84,7 @@ _F64 = np.dtype(np.float64)
 
 
 def weak_scalar_result(out, a, b):
-    """``out = a.data (op) b`` for a Python scalar ``b``: NumPy makes float64 from an integer/bool
-    array and a Python float (or true division); PyTorch, whose rule we follow, the default float dtype."""
+    """``out = a.data (op) b``, Python scalar ``b``: integer/bool arrays give the default float (PyTorch), not f64."""
     if out.dtype is _F64 and a.data.dtype.kind in "biu" and type(b) in (int, float):
         return out.astype(get_default_dtype())
     return out
@@ -121,6 +120,8 @@ class BroadcastTo(Function):
 
 def _sum_to_array(x, shape):
     lead = x.ndim - len(shape)
+    if lead < 0 or any(s not in (1, d) for s, d in zip(shape, x.shape[lead:])):
+        raise ArgumentError(f"sum_to: a tensor of shape {tuple(x.shape)} does not broadcast from {tuple(shape)}")
     axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and x.shape[i + lead] != 1)
     y = x.sum(axis=axes, keepdims=True) if axes else x
     if lead:
@@ -305,8 +306,7 @@ def scalar_as(v, dtype, xp=np):
 
 
 def promoted_operands(a, b, *, true_div=False):
-    """(a_array, b_operand, dtype) with both cast to PyTorch's result dtype (``true_div``: integer results become
-    the default float dtype, as ``/`` does)."""
+    """(a_array, b_operand, dtype), both cast to PyTorch's result dtype (``true_div``: integers give default floats)."""
     bt = isinstance(b, Tensor)
     if bt and a.data.dtype == b.data.dtype:
         dt = a.data.dtype
