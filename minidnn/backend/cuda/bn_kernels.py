@@ -1300,15 +1300,13 @@ class _TrainingCall:
             partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
             if self.launch1 is not None:
                 y = _ws.fresh(cp, dev, "bn.y", self.mem, self.dtype)
-                if self.twin:       # (twin_call's: relu(y) too, the last array)
-                    twin = _ws.fresh(cp, dev, "bn.twin", self.mem, self.dtype)
-                    self.launch1(xc, z, y, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, scale, bias,
-                                 running_mean, running_var, counter, twin)
-                    back = self.back
-                    return (y, mean, inv_std, twin) if back is None else \
-                        (y.transpose(back), mean, inv_std, twin.transpose(back))
+                twin = (_ws.fresh(cp, dev, "bn.twin", self.mem, self.dtype),) if self.twin else ()   # twin_call's
                 self.launch1(xc, z, y, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, scale, bias,
-                             running_mean, running_var, counter)
+                             running_mean, running_var, counter, *twin)
+                if twin:            # relu(y) too, laid out as y
+                    back = self.back
+                    return (y, mean, inv_std, twin[0]) if back is None else \
+                        (y.transpose(back), mean, inv_std, twin[0].transpose(back))
             else:
                 # dummies for absent running statistics (never touched), float32/64
                 self.stats(xc, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, _p(running_mean, inv_std),

@@ -1375,14 +1375,13 @@ class TrainingCall(_Call):
             mean, inv_std = _ws.fresh_pair(cp, dev, "bn.stats", (self.c,), acc)
             partial = _ws.scratch_flat(cp, dev, "bn.partial", plan[-2], acc)
             y = self._empty(cp)
-            if self.args[-1].get("twin"):
-                twin = _ws.fresh(cp, dev, "bn.twin", self.mem, self.dtype, self.spec)
-                plan[1](xc, z, y, partial, _ticket(cp, plan[-1], dev), mean, inv_std, scale, bias, running_mean,
-                        running_var, counter, twin)
-                return y, mean, inv_std, twin
+            twin = (_ws.fresh(cp, dev, "bn.twin", self.mem, self.dtype, self.spec),) if self.args[-1].get("twin") \
+                else ()     # (a twin plan is always "one": _fwd_plan)
             if plan[0] == "one":
                 plan[1](xc, z, y, partial, _ticket(cp, plan[-1], dev), mean, inv_std, scale, bias, running_mean,
-                        running_var, counter)
+                        running_var, counter, *twin)
+                if twin:
+                    return y, mean, inv_std, twin[0]
             else:
                 plan[1](xc, partial, _ticket(cp, plan[-1], dev), mean, inv_std, running_mean, running_var, counter)
                 plan[2](xc, z, y, mean, inv_std, scale, bias)

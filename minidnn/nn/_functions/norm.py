@@ -114,8 +114,6 @@ class BatchNormTraining(Function):
         fused = BatchNormReLU.apply(*bn.saved, y, (bn.stats, bn.eps, (bn,), seen))
         if seen is not None and FAST[0] and seen.relu is None:
             seen.relu = seen.settle_relu(y)
-            if seen.relu and TWIN[0]:
-                seen.settle_twin(bn.saved[0])
         return fused
 
     @staticmethod
@@ -452,6 +450,13 @@ def _edge(t):
     return t._edge() if t.requires_grad or t.grad_fn is not None else None
 
 
+def _twin_of(twin, arr, t):
+    """The relu a speculative launch wrote, ``twin`` = (relu, the array the launch read (batch norm's y) or wrote
+    (the add's sum), ...), where tensor ``t`` still holds that array unchanged -- the same array at version 0 -- so
+    relu is the ReLU kernel's bits from t; else None (the ReLU then launches)."""
+    return twin[0] if twin is not None and twin[1] is arr and t._version == 0 else None
+
+
 class _Remembered:
     """One remembered training signature (see above)."""
     __slots__ = ("call", "sig", "eps", "factor", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
@@ -515,17 +520,12 @@ class _Remembered:
             ctx.twin = (twin, y)
         return Function.output(ctx, y)
 
-    def settle_twin(self, x):
-        """The kernels' twin call of this signature (False where there is none), settled with x (laid out as the
-        signature: a node's x) when a fused ReLU first takes y -- so the alignment it expects is a passing call's."""
-        self.twin_call = settled_training(x.data, self.wd, self.bd, self.factor, self.rmd, self.rvd, self.eps,
-                                          self.cd, twin=True) or False
-
     def _twin(self, xd, wd, bd, rmd, rvd, cd):
         """(y, mean, inv_std, relu(y)) from the kernels' twin call, or None: no twin for this signature, or the call
-        declined (nothing launched; the plain call then runs)."""
+        declined (nothing launched; the plain call then runs).  The call is settled at its first use, with this
+        passing call's x (False where the kernels have none)."""
         call = self.twin_call
-        if call is None:        # (TWIN switched on after the ReLU was settled)
+        if call is None:
             call = self.twin_call = settled_training(xd, wd, bd, self.factor, rmd, rvd, self.eps, cd, twin=True) \
                 or False
         if not call:
@@ -572,12 +572,11 @@ class _Remembered:
         if _sig(yd) != self.sig:
             return None
         x, weight, bias = bn.saved
-        twin = vars(bn).pop("twin", None)       # taken at most once: two ReLUs of y get two arrays
-        if twin is not None and twin[1] is yd and y._version == 0 and _sig(twin[0]) == self.sig:
-            self.misses = 0
-            r = twin[0]     # the forward's relu(y): y is still what the kernel read (the same array, no in-place op)
-        else:
+        r = _twin_of(vars(bn).pop("twin", None), yd, y)      # taken at most once: two ReLUs of y get two arrays
+        if r is None:
             r = plan(yd)
+        else:
+            self.misses = 0
         return self._fused(BatchNormReLU, r, bn, (bn,), x, weight, bias, None, y)
 
     def add_relu_node(self, bn, a, z_edge):
@@ -591,13 +590,12 @@ class _Remembered:
         x, weight, bias = bn.saved
         add = a.grad_fn
         twin = getattr(add, "twin", None)       # the add's speculated (relu(a), a, entry): add_twin
-        if twin is not None:
-            add.twin = None                     # taken at most once: a second ReLU of a gets its own array
-        if twin is not None and twin[1] is ad and a._version == 0:
-            twin[2].add_misses = 0
-            r = twin[0]     # relu(a) from the add's launch: a is still what the kernel wrote (no in-place change)
-        else:
+        add.twin = None                         # taken at most once: a second ReLU of a gets its own array
+        r = _twin_of(twin, ad, a)
+        if r is None:
             r = plan(ad)
+        else:
+            twin[2].add_misses = 0
         return self._fused(BatchNormAddReLU, r, bn, (add, bn), x, weight, bias, z_edge, a)
 
     def _fused(self, cls, r, bn, bypassed, x, weight, bias, z_edge, y):
