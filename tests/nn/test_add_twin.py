@@ -9,7 +9,7 @@ array replaced, a hook or retain_grad on it, a hook on batch norm's output, fusi
 another memory order) the plain ReLU runs as with the switch off.  A layer whose twins go unused stops after
 TWIN_MISSES launches.  Whole model steps (tools/fake_gpu_step.py MODE=record): ResNet-20 launches one kernel fewer per
 residual block (9), fp32 and bf16, NCHW and channels-last, and is otherwise the same launches.  The bits on a GPU:
-test_add_twin_cuda.py; the kernel: tests/backend/test_add_twin.py."""
+test_twins_cuda.py; the kernel: tests/backend/test_add_twin.py."""
 import json
 import os
 import pathlib

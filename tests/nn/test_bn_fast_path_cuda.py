@@ -98,8 +98,8 @@ class _Count:
 def test_remembered_calls_give_the_full_paths_bits(cl, amp, fusion, onepass, shape, monkeypatch):
     monkeypatch.setattr(K, "ONEPASS", onepass)
     monkeypatch.setattr(B.cudnn, "fusion", fusion)
-    monkeypatch.setattr(N, "TWIN", [False])  # launch for launch: the twin drops the ReLU's (test_bn_twin_cuda.py)
-    monkeypatch.setattr(N, "ADD_TWIN", [False])  # (the residual add's twin likewise: test_add_twin_cuda.py)
+    monkeypatch.setattr(N, "TWIN", [False])  # launch for launch: the twin drops the ReLU's (test_twins_cuda.py)
+    monkeypatch.setattr(N, "ADD_TWIN", [False])  # (the residual add's twin likewise)
     count = _Count(monkeypatch)
     fast, fast_launches, fast_calls = _run(True, cl, amp, shape, count.calls)
     full, full_launches, full_calls = _run(False, cl, amp, shape, count.calls)

@@ -7,7 +7,7 @@ launch; relu's output is the very array the kernel wrote as the twin.  Where it 
 of y, y's array replaced, a hook or retain_grad on y, a second ReLU of y, fusion off, no_grad, eval) the plain ReLU
 runs as with the switch off.  A layer whose twins go unused stops after TWIN_MISSES launches.  Whole model steps
 (tools/fake_gpu_step.py MODE=record): ResNet-20 and MobileNet-small launch one kernel fewer per BN -> ReLU pair and
-are otherwise the same launches.  The bits on a GPU: test_bn_twin_cuda.py; the kernels' text: tests/backend/
+are otherwise the same launches.  The bits on a GPU: test_twins_cuda.py; the kernels' text: tests/backend/
 test_bn_twin.py."""
 import json
 import os
