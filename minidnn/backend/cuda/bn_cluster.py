@@ -269,10 +269,7 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
                 }
                 stcs(y + rg.off(c, rg.vec_of(k0 + u)), o);
 #if TWIN
-                Pack r;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) r.v[e] = relu_of_stored(o.v[e]);
-                stcs(twin + rg.off(c, rg.vec_of(k0 + u)), r);
+                STORE_TWIN(stcs, twin + rg.off(c, rg.vec_of(k0 + u)), o);
 #endif
             }
         }

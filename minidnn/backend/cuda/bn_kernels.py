@@ -660,10 +660,7 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
                 }
                 st2(y + off[u], o);
 #if TWIN
-                Pack r;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) r.v[e] = relu_of_stored(o.v[e]);
-                st2(twin + off[u], r);
+                STORE_TWIN(st2, twin + off[u], o);
 #endif
             }
         };

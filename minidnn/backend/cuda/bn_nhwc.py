@@ -125,6 +125,9 @@ __device__ __forceinline__ T relu_of_stored(T h)
     const A v = LD(h);
     return ST(v > (A)0 ? v : (v != v ? v : (A)0));
 }
+// relu of the VEC values of y's vector o, as stored, to the twin at `at` with the kernel's own vector store
+#define STORE_TWIN(store, at, o) do { Pack r_; _Pragma("unroll") for (int e_ = 0; e_ < VEC; ++e_) \
+    r_.v[e_] = relu_of_stored((o).v[e_]); store(at, r_); } while (0)
 #else
 #define TWIN_PARAM
 #endif
@@ -660,10 +663,7 @@ __device__ __forceinline__ void fwd_out(const int (&off)[UNROLL], const Pack (&p
         }
         st2(y + off[u], o);
 #if TWIN
-        Pack r;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) r.v[e] = relu_of_stored(o.v[e]);
-        st2(twin + off[u], r);
+        STORE_TWIN(st2, twin + off[u], o);
 #endif
     }
 }
