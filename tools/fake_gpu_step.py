@@ -175,6 +175,7 @@ if os.environ.get("MODE", "count") in ("count", "record"):    # the hooks cost h
     for _name in ("astype", "copy", "fill", "__setitem__"):
         _counted(_name)
 step(); step()
+for _ in range(int(os.environ.get("EXTRA_WARM", "0"))): step()
 print("stepped")
 mode = os.environ.get("MODE", "count")
 if mode == "record":

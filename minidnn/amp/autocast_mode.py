@@ -254,9 +254,13 @@ def _low_copy(fs, dtype):
 
 
 def _refill(low, fs):
-    """The cast of the whole flat buffer into the kept copy: one elementwise copy launch, astype's conversion."""
+    """The cast of the whole flat buffer into the kept copy: one elementwise copy launch, astype's conversion.  The
+    kept weights' values change in place, so their versions move (what the backend's kept filter copies check)."""
     with _device_guard(fs.device):
         low.buf[...] = fs.param
+    for w in low.weights:
+        if w is not None:
+            w._version += 1
 
 
 def _cast_flat_buffer(t, dtype, s, direct=False):

@@ -353,9 +353,11 @@ def convolution_shared_staging(carry=None):
 # scratch buffer; ``with carry:`` around ``convolution_backward_data`` of the SAME filter array (unchanged since: the
 # caller's promise) reads that copy instead of making the (G, Cg, *kernel, Kg) one -- one launch less, the same
 # bits.  ``want_x=True``: the forward's NHWC staging copy of x is kept too, for the backward filter inside
-# ``convolution_shared_staging(carry)``.  Calls without it, CPU calls and other algorithms are unchanged; the copies
-# live as long as ``carry``.  (The
-# class itself: nn makes one per carried forward, and a wrapper was one more frame.)
+# ``convolution_shared_staging(carry)``.  ``keep=(owner, state_of)``: the forward's KRSC copy is the one kept
+# across calls for ``owner`` (the Tensor holding w; ``state_of(owner)`` -> (its array, its version)), all kept copies
+# refreshed together in one launch (cuda/conv_filter_keep.py).  Calls without it, CPU calls and other algorithms are
+# unchanged; the copies live as long as ``carry``.  (The
+# class itself: nn makes one per GPU forward, and a wrapper was one more frame.)
 convolution_filter_carry = _filter_carry
 
 

@@ -61,12 +61,14 @@ def _pool(device):
 
 def empty_cache() -> None:
     """Hand the GPU memory no tensor uses back to the driver (torch.cuda.empty_cache): the scratch buffers and the
-    reusable output memory this thread's kernels keep (backend/cuda/workspace.py), then every unused block of
+    reusable output memory this thread's kernels keep (backend/cuda/workspace.py), the convolution filters' kept
+    copies (backend/cuda/conv_filter_keep.py), then every unused block of
     CuPy's memory pool.  Tensors are untouched; the next steps allocate afresh."""
     if not is_available():
         return
-    from ..backend.cuda import workspace
+    from ..backend.cuda import conv_filter_keep, workspace
     workspace.clear()
+    conv_filter_keep.clear()
     _dev.require_cupy().get_default_memory_pool().free_all_blocks()
 
 

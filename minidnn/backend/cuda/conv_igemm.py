@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import conv_dw_nhwc as _dw_nhwc  # NHWC depthwise kernels (issue 9 item 2 / 12): hooks in direct_*
+from . import conv_filter_keep as _keep  # filters' KRSC copies kept and refreshed in one launch (session 16)
 from . import conv_pointwise as _pointwise  # 1x1 NHWC convolutions as cublasLt products (session 7): settled_call
 from . import launch as _launch
 from . import workspace as _ws
@@ -349,12 +350,15 @@ class filter_carry:
     than a scratch buffer, and ``shared_staging(carry)`` around the backward hands it to the filter gradient, which
     stages that same x: one transposing launch less per layer and step, the same bits (the same NHWC data), one
     activation copy of memory held from forward to backward (nn: ``CARRY_X``).  ``want_filter`` False: the filter
-    copy stays in scratch memory (no backward data will read it)."""
-    __slots__ = ("krsc", "key", "outer", "xs", "xkey", "want_x", "want_filter")
+    copy stays in scratch memory (no backward data will read it).
 
-    def __init__(self, want_x=False, want_filter=True):
+    ``keep`` (session 16): (owner, state_of) -- the forward's KRSC copy is the one conv_filter_keep keeps for
+    ``owner`` (refreshed with the other kept copies in one launch) where that module keeps one."""
+    __slots__ = ("krsc", "key", "outer", "xs", "xkey", "want_x", "want_filter", "keep")
+
+    def __init__(self, want_x=False, want_filter=True, keep=None):
         self.krsc = self.key = self.outer = self.xs = self.xkey = None
-        self.want_x, self.want_filter = want_x, want_filter
+        self.want_x, self.want_filter, self.keep = want_x, want_filter, keep
 
     def __enter__(self):
         self.outer = _scope.carry
@@ -724,6 +728,12 @@ class _Call:
             return w
         if mode == "contiguous":
             return cp.ascontiguousarray(w)
+        if carry is not None and carry.keep is not None and mode == "krsc" and self.wcopy is not None:
+            t = _keep.krsc(cp, w, *carry.keep, *self.wcopy)      # the copy kept for this filter's owner
+            if t is not None:
+                if carry.want_filter:
+                    carry.krsc, carry.key = t, _filter_key(w)
+                return t
         if carry is not None and not carry.want_filter:
             carry = None
         if self.wcopy is None:

@@ -111,10 +111,16 @@ CARRY_X = [os.environ.get("MINIDNN_CONV_CARRY_X", "1") != "0"]
 CL_DW_SLOT = [os.environ.get("MINIDNN_CONV_CL_DW_SLOT", "1") != "0"]
 
 
-def _new_carry(need):
-    """The filter_carry for a forward whose gradients ``need`` asks for, or None where nothing is carried."""
-    want_filter, want_x = need[0] and CARRY_FILTER[0], need[1] and CARRY_X[0]
-    return convolution_filter_carry(want_x, want_filter) if want_filter or want_x else None
+def _keep_state(w):
+    """What the backend's kept filter copies are stamped with (backend/cuda/conv_filter_keep.py): the weight
+    Tensor's array and version."""
+    return w.data, w._version
+
+
+def _new_carry(need, w):
+    """The filter_carry for a GPU forward of weight ``w`` whose gradients ``need`` asks for: it also asks the
+    backend for the copy of w's filter kept across steps (one refresh launch a forward for all of them)."""
+    return convolution_filter_carry(need[1] and CARRY_X[0], need[0] and CARRY_FILTER[0], (w, _keep_state))
 
 
 def _kept(carry):
@@ -275,12 +281,12 @@ class ConvForward(Function):
         ctx.dw_dtype = float32_grad_of(w) if need[1] else None
         ctx.seen = seen
         if seen is not None and seen.forward is not None:
-            carry = _new_carry(need)
+            carry = _new_carry(need, w)
             y = seen.forward.first(x.data, w.data, carry)      # channels-last x as it is (no NHWC view)
             if y is not None:
                 ctx.carry = _kept(carry)
                 return wrap(y)
-        carry = _new_carry(need) if B.is_cuda_array(w.data) else None
+        carry = _new_carry(need, w) if B.is_cuda_array(w.data) else None
         if carry is None:
             ctx.carry = None
             return _forward(x, w, desc)

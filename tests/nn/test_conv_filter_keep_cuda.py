@@ -1,0 +1,162 @@
+"""On a GPU: the convolution filters' kept KRSC copies (backend/cuda/conv_filter_keep.py) change no bit.
+- ``krsc_many`` (one launch refreshing every kept copy) writes each copy bitwise as CuPy's transposing copy, for
+  float32 / float16 / bfloat16 / float64 filters of several shapes in one table (grouped, 1x1, 5x5, odd sizes).
+- ResNet-20 trains five SGD steps bit-identically with keeping on and off (float32 and bfloat16 autocast), with
+  fewer launches a step once the copies are kept.
+- A weight changed in place between two forwards (no optimizer) is seen: the second forward's output is the one
+  without keeping.
+- A step captured in a CUDA graph with keeping on replays the eager (keeping off) step's bits: nothing kept is
+  handed out while capturing.
+The keeping rule's launches on the CPU: tests/backend/test_conv_filter_keep.py."""
+import numpy as np
+import pytest
+
+from minidnn.backend import devices as _dev
+
+pytestmark = pytest.mark.cuda
+
+if not _dev.cuda_is_available():
+    pytest.skip("no CUDA GPU with CuPy on this machine", allow_module_level=True)
+
+import cupy as cp  # noqa: E402
+
+import minidnn as mdn  # noqa: E402
+import minidnn.models as MODELS  # noqa: E402
+from minidnn.backend.cuda import conv_filter_keep as K  # noqa: E402
+from minidnn.backend.cuda import conv_igemm as IG  # noqa: E402
+from minidnn.backend.cuda import launch as L  # noqa: E402
+from minidnn.nn import functional as F  # noqa: E402
+from minidnn.nn._functions import conv as C  # noqa: E402
+from minidnn.tensor import Tensor  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setattr(K, "KEEP", [True])
+    K.clear()
+    yield
+    K.clear()
+
+
+def _bits(a):
+    return cp.asnumpy(cp.ascontiguousarray(a)).reshape(-1).view(np.uint8).copy()
+
+
+def _dtype(name):
+    return np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+@pytest.mark.parametrize("dtname", ["float32", "float16", "bfloat16", "float64"])
+def test_krsc_many_is_the_transposing_copy(dtname):
+    dt = _dtype(dtname)
+    rng = np.random.default_rng(1)
+    shapes = [(16, 16, 3, 3), (32, 8, 3, 3), (64, 32, 1, 1), (24, 12, 5, 5), (7, 5, 3, 2), (128, 64, 3, 3)]
+    owners, calls = [], []
+    for s in shapes:
+        t = Tensor._from_array(cp.asarray(rng.standard_normal(s).astype(np.float32).astype(dt)))
+        k, c = s[:2]
+        run = IG._transposer(t.data.reshape(k, c, 1, t.data.size // (k * c))) or \
+            (lambda w, d: d.__setitem__(Ellipsis, cp.moveaxis(w, 1, -1)))     # (no prepared transpose)
+        owners.append(t)
+        calls.append((run, (k, *s[2:], c)))
+    for t, (run, shape) in zip(owners, calls):          # registered: each copied by its own transpose
+        d = K.krsc(cp, t.data, t, C._keep_state, run, shape)
+        np.testing.assert_array_equal(_bits(d), _bits(cp.moveaxis(t.data, 1, -1)))
+    for t in owners:                                    # new values, in place, seen through the versions
+        t.data[...] = cp.asarray(rng.standard_normal(t.shape).astype(np.float32).astype(dt))
+        t._version += 1
+    n0 = L.launch_count()
+    for t, (run, shape) in zip(owners, calls):
+        d = K.krsc(cp, t.data, t, C._keep_state, run, shape)
+        np.testing.assert_array_equal(_bits(d), _bits(cp.moveaxis(t.data, 1, -1)))
+    assert L.launch_count() - n0 == 1                   # one krsc_many for all six
+
+
+def _train(amp, keep, steps=5):
+    K.KEEP[0] = keep
+    K.clear()
+    mdn.manual_seed(0)
+    model = MODELS.resnet20().to("cuda")
+    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = mdn.randn(16, 3, 32, 32).to("cuda")
+    labels = mdn.tensor(np.arange(16) % 10).to("cuda")
+    out, launches = [], []
+    for _ in range(steps):
+        n0 = L.launch_count()
+        with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
+            loss = F.cross_entropy(model(x), labels)
+        opt.zero_grad()
+        loss.backward()
+        out += [_bits(loss.data)] + [_bits(p.grad.data) for p in model.parameters()]
+        opt.step()
+        launches.append(L.launch_count() - n0)
+    out += [_bits(p.data) for p in model.parameters()] + [_bits(b.data) for b in model.buffers()]
+    return out, launches
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_resnet20_trains_bitwise_the_same_with_kept_filters(amp):
+    off, off_launches = _train(amp, False)
+    on, on_launches = _train(amp, True)
+    assert len(on) == len(off)
+    for i, (a, b) in enumerate(zip(on, off)):
+        assert np.array_equal(a, b), f"array {i} differs"
+    # from the third step (bf16: the kept low-precision weights exist from the second), the forward's 16 staged
+    # 3x3 filters (b16) are one refresh launch
+    saved = [a - b for a, b in zip(off_launches[2:], on_launches[2:])]
+    assert saved == [saved[0]] * 3 and saved[0] >= 10, (off_launches, on_launches)
+
+
+def test_an_in_place_change_between_forwards_is_seen():
+    def run(keep):
+        K.KEEP[0] = keep
+        K.clear()
+        mdn.manual_seed(0)
+        net = mdn.nn.Sequential(mdn.nn.Conv2d(16, 32, 3, padding=1, bias=False), mdn.nn.ReLU(),
+                                mdn.nn.Conv2d(32, 32, 3, padding=1, bias=False)).to("cuda")
+        x = mdn.randn(64, 16, 32, 32).to("cuda")
+        outs = []
+        for i in range(4):
+            outs.append(_bits(net(x).data))
+            with mdn.no_grad():
+                net[2].weight.mul_(0.5 + i)          # the second conv's weight, between forwards
+        return outs
+    for a, b in zip(run(True), run(False)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_captured_step_replays_the_eager_bits():
+    def block(keep):
+        K.KEEP[0] = keep
+        K.clear()
+        mdn.manual_seed(0)
+        nn = mdn.nn
+        net = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                            nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)).to("cuda")
+        opt = mdn.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        x = mdn.randn(32, 16, 32, 32, device="cuda")
+
+        def step():
+            loss = F.relu(net(x) + x).square().mean()
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+        return net, step
+    eager, eager_step = block(False)
+    for _ in range(3 + 5):
+        eager_step()
+    net, step = block(True)
+    s = mdn.cuda.Stream()
+    s.wait_stream(mdn.cuda.current_stream())
+    with mdn.cuda.stream(s):
+        for _ in range(3):
+            step()
+    mdn.cuda.current_stream().wait_stream(s)
+    g = mdn.cuda.CUDAGraph()
+    with mdn.cuda.graph(g):
+        step()
+    for _ in range(4):
+        g.replay()
+    mdn.cuda.synchronize()
+    for p, q in zip(net.parameters(), eager.parameters()):
+        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
