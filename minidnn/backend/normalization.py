@@ -250,7 +250,9 @@ def batch_normalization_backward(handle, mode, x, dy, scale, saved_mean, saved_i
 
     saved_mean / saved_inv_variance come from the training forward; pass both as None to recompute
     them from x and epsilon (as cuDNN allows).  dscale and dbias take scale's shape and are None when
-    scale is None.
+    scale is None.  ``dx`` may be laid out in any memory order (the caller's layout, as cuDNN's dxDesc:
+    e.g. channels-last memory for an NCHW x, which a convolution's NHWC loader then reads as it is); on
+    the GPU, with beta_data 0, the kernels write it there themselves where they can (bn_kernels.backward).
     """
     key = _gpu_call_key(x, None if dx is None and dscale is None and dbias is None else x, "backward", handle,
                         mode, format,
@@ -625,14 +627,20 @@ def _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv, param_shape, ble
     # norm) is copied into x's order, once: the kernels take it, and dx comes back in x's order, as x.grad must
     dyc = in_layout_of(to_channels_first(dy, geom.fmt), geom.xc)
     yc = None if y is None else to_channels_first(y, geom.fmt)
-    if not checked and not (blending == (1.0, 0.0, 1.0, 0.0) and all(o is None for o in outs)
+    # a dx destination (alpha 1, beta 0: its old contents unread) in any memory order -- the caller's layout, as
+    # cuDNN's dxDesc: the kernels write into it (an NCHW x's dx in channels-last memory too: DX_NHWC) or copy
+    dest = outs[0]
+    if not checked and not (blending == (1.0, 0.0, 1.0, 0.0) and outs[1] is None and outs[2] is None
+                            and (dest is None or is_cuda(dest))
                             and _kernels_take_backward(geom, dyc, yc, scale, saved_mean, saved_inv, param_shape)):
         return None
-    _gpu_remember(key, geom, param_shape)
+    if dest is None:
+        _gpu_remember(key, geom, param_shape)
     if saved_mean.ndim != 1:
         saved_mean, saved_inv = saved_mean.reshape(-1), saved_inv.reshape(-1)
-    dx, dz, dscale, dbias = k.backward(geom.xc, dyc, scale, saved_mean, saved_inv, yc, want_dz)
-    dx = from_channels_first(dx, geom.fmt)
+    dx, dz, dscale, dbias = k.backward(geom.xc, dyc, scale, saved_mean, saved_inv, yc, want_dz,
+                                       None if dest is None else to_channels_first(dest, geom.fmt))
+    dx = from_channels_first(dx, geom.fmt) if dest is None else dest
     dz = None if dz is None else from_channels_first(dz, geom.fmt)
     if scale is None:
         return (dx, dz, None, None) if want_dz else (dx, None, None)
@@ -678,11 +686,13 @@ def settled_training(x, scale, bias, factor, running_mean, running_var, epsilon,
                                            counter)
 
 
-def settled_backward(x, dy, scale, saved_mean, saved_inv_variance, y=None, want_dz=False):
+def settled_backward(x, dy, scale, saved_mean, saved_inv_variance, y=None, want_dz=False, dx_channels_last=False):
     """The kernels' settled call of batch_normalization_backward(handle, SPATIAL, x, dy, scale, saved_mean,
     saved_inv_variance, epsilon) (``y`` None) or of batch_normalization_backward_ex with BN_ACTIVATION (``y``, not
     ``want_dz``) or BN_ADD_ACTIVATION (``want_dz``), a call the caller has just made successfully; or None.  None
-    also where dy is not laid out as x is (the primitive copies it first)."""
+    also where dy is not laid out as x is (the primitive copies it first).  ``dx_channels_last`` (an NCHW x): the
+    call that writes dx in channels-last memory itself (the primitives given such a ``dx``:
+    bn_kernels.dx_nhwc_call), or None where the kernels do not write it so for this call."""
     if not (_is_cuda(x) and x.size and dy.strides == x.strides and dy.dtype == x.dtype and dy.shape == x.shape):
         return None
     geom = _BatchNormGeometry("settled_backward", BatchNormMode.SPATIAL, x, None)
@@ -690,6 +700,8 @@ def settled_backward(x, dy, scale, saved_mean, saved_inv_variance, y=None, want_
     if param_shape != tuple(x.shape[1:2]) or saved_mean is None or saved_mean.ndim != 1 \
             or not _kernels_take_backward(geom, dy, y, scale, saved_mean, saved_inv_variance, param_shape):
         return None
+    if dx_channels_last:
+        return _gpu_kernels()[1].dx_nhwc_call(x, dy, scale, saved_mean, y, want_dz) or None
     return _gpu_kernels()[1].backward_call(x, dy, scale, saved_mean, y, want_dz)
 
 
@@ -768,10 +780,12 @@ def batch_normalization_forward_inference_ex(handle, mode, bn_ops, x, z, scale, 
 
 
 def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved_mean, saved_inv_variance, epsilon,
-                                    format=None):
+                                    format=None, dx=None):
     """cuDNN's cudnnBatchNormalizationBackwardEx -> (dx, dz, dscale, dbias): ``y`` is the fused forward's output
-    (its ReLU mask), dz the residual's gradient (None unless BN_ADD_ACTIVATION).  dscale, dbias None without scale."""
-    key = _gpu_call_key(x, None, "backward_ex", handle, mode, format, epsilon, bn_ops, y, dy, scale, saved_mean,
+    (its ReLU mask), dz the residual's gradient (None unless BN_ADD_ACTIVATION).  dscale, dbias None without scale.
+    ``dx``: an array of x's shape and dtype, any memory order (e.g. channels-last memory for an NCHW x), that
+    receives dx (written, not blended: batch_normalization_backward's beta_data 0) and is returned."""
+    key = _gpu_call_key(x, dx, "backward_ex", handle, mode, format, epsilon, bn_ops, y, dy, scale, saved_mean,
                         saved_inv_variance)
     if key is not None and (seen := _SEEN.get(key)) is not None:     # validated before: straight to the kernels
         want_dz = seen.want_dz
@@ -781,7 +795,8 @@ def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved
     where = "batch_normalization_backward_ex"
     bn_ops = parse_enum(where, BatchNormOps, bn_ops, "bn_ops")
     handle, xp = begin(handle, where, x=x, y=y, dy=dy, scale=scale, saved_mean=saved_mean,
-                       saved_inv_variance=saved_inv_variance)
+                       saved_inv_variance=saved_inv_variance, dx=dx)
+    check_out(where, "dx", dx, x.shape, x.dtype, 0.0)
     want_dz = bn_ops is BatchNormOps.BN_ADD_ACTIVATION
     if bn_ops is not BatchNormOps.BN:
         if y is None or tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype:
@@ -795,7 +810,7 @@ def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved
                                    dict(dy=dy))
             param_shape = tuple(scale.shape) if scale is not None else geom.param_shape
             fast = _gpu_bn_backward(geom, x, dy, scale, saved_mean, saved_inv_variance, param_shape,
-                                    (1.0, 0.0, 1.0, 0.0), (None, None, None), y, want_dz=want_dz, key=key)
+                                    (1.0, 0.0, 1.0, 0.0), (dx, None, None), y, want_dz=want_dz, key=key)
             if fast is not None:
                 if key is not None:
                     _SEEN[key].want_dz = want_dz
@@ -804,7 +819,7 @@ def batch_normalization_backward_ex(handle, mode, bn_ops, x, y, dy, scale, saved
     else:
         g = dy
     dx, dscale, dbias = batch_normalization_backward(handle, mode, x, g, scale, saved_mean, saved_inv_variance,
-                                                     epsilon, format=format)
+                                                     epsilon, format=format, dx=dx)
     return dx, (g if want_dz else None), dscale, dbias
 
 

@@ -564,6 +564,26 @@ __device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
 // channel of lane e of the thread's vector (channels-last: consecutive channels; NCHW: the tile's one channel)
 #define LANE_CH(e) (INNER1 ? (e) : 0)
 
+#if DX_NHWC
+// bn_bwd1's dx in channels-last MEMORY (the same (N, C, H, W) values, strides (H*W*C, 1, W*C, C)), for a
+// convolution backward whose 16-byte NHWC loader then reads dx as it is instead of staging a copy (docs/fusion.md,
+// "dx in channels-last memory").  NCHW only (INNER1 0): the vector at NCHW offset `off` of channel c is
+// off / VEC = (n * C + c) * iv + k, its VEC positions hw = k * VEC ... at n * inner * C + hw * C + c (32-bit: the
+// tensor has < 2^31 elements).  Its lanes become VEC scalar stores C apart: a warp writes 32 * VEC 2-4-byte
+// pieces of different 32-byte sectors, which L2 merges into whole sectors only while every channel of a line is
+// written before the line leaves -- i.e. when one round holds every channel (the launch's data fits the L2 share),
+// the only plan this variant is built for (_onepass_launch).  Plain stores, not .cs: an evict-first partial line
+// would go to DRAM half written.
+__device__ __forceinline__ long long dx_nhwc_of(long long off, int c, int C, int inner, int iv, unsigned int iv_mul,
+                                                unsigned int iv_shr)
+{
+    const unsigned int q = (unsigned int)off / VEC;
+    const unsigned int r = fast_div(q, iv_mul, iv_shr);                 // n * C + c
+    const unsigned int hw = (q - r * (unsigned int)iv) * VEC;
+    return (long long)(r - (unsigned int)c) * inner + (long long)hw * C + c;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
         unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
@@ -789,7 +809,13 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                     o.v[e] = ST(kk[ch] * (gv - c0[ch] - xhat * c1[ch]));
                     if (HAS_Z) oz.v[e] = ST(gv);
                 }
+#if DX_NHWC
+                const long long d = dx_nhwc_of(off[u], t, C, inner, iv, iv_mul, iv_shr);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) dx[d + (long long)e * C] = o.v[e];
+#else
                 st2(dx + off[u], o);
+#endif
                 if (HAS_Z) st2(dz + off[u], oz);
             }
         };
@@ -842,6 +868,8 @@ def _options(dtype, inner1, **flags):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     if flags.get("twin"):           # bn_nhwc.TWIN_HEADER: absent unless the call asks for relu(y) too
         opts.append("-DTWIN=1")
+    if flags.get("dx_nhwc"):        # bn_bwd1 writing dx in channels-last memory (absent: the plain kernel's PTX)
+        opts.append("-DDX_NHWC=1")
     return tuple(opts)
 
 
@@ -1207,6 +1235,8 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
         k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
     if not onepass_routes(inner, tiles, per, grid, onchip and dyn > 0):
         return None
+    if flags.get("dx_nhwc") and (inner1 or grid // per < tiles):
+        return None         # dx's channels-last stores merge in L2 only when one round writes every channel
     iv = inner // vec if not inner1 else 1
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *_divider(iv), np.int32(tiles),
            np.int32(per)]
@@ -1232,12 +1262,17 @@ def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu,
     return None if r is None else (*r, acc_dtype(xc.dtype))
 
 
-def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev):
-    if aligned and inner != 1 and _cluster.usable(dev):
+def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev, dx_nhwc=False):
+    """(prepared launch, partial elements, sync counters, P) of the one-launch backward (bn_bwdc or bn_bwd1), or
+    None.  ``dx_nhwc``: bn_bwd1 built with DX_NHWC (dx in channels-last memory), None where it would not run in
+    one round (the caller also checks it is the plain plan's launch: backward_call)."""
+    if aligned and inner != 1 and _cluster.usable(dev) and not dx_nhwc:
         k = _cluster.prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, _divider, dev)
         if k is not None:
             return k, 2, 1, param_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
+    if dx_nhwc:
+        flags["dx_nhwc"] = True
     r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 2 if ONCHIP and (inner != 1 or CL_ROUNDS) else 3, aligned,
                         dev, flags, 13)
     return None if r is None else (*r, param_dtype(xc.dtype))
@@ -1420,21 +1455,47 @@ def _backward_plan(xc, outer, c, inner, relu, has_scale, want_dz, dev):
     return grad, dx, c * splits * 2, tiles, param_dtype(xc.dtype)
 
 
-def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False):
+def backward(xc, dyc, scale, mean, inv_std, y=None, want_dz=False, dx=None):
     """(dx, dz or None, dscale or None, dbias or None); ``y`` (the fused forward's output) masks dy when the forward
-    applied a ReLU; ``want_dz`` also returns g, the gradient of the residual added before the ReLU."""
-    return backward_call(xc, dyc, scale, mean, y, want_dz)(xc, dyc, scale, mean, inv_std, y)
+    applied a ReLU; ``want_dz`` also returns g, the gradient of the residual added before the ReLU.  ``dx``: a
+    channels-first CuPy array of xc's shape and dtype, any memory order, that receives dx (the caller's layout, as
+    cuDNN's dxDesc): written by the kernels where it is laid out as xc or, for an NCHW xc, as channels-last memory
+    (dx_nhwc_call); else dx is copied into it (one more launch)."""
+    if dx is None:
+        return backward_call(xc, dyc, scale, mean, y, want_dz)(xc, dyc, scale, mean, inv_std, y)
+    out = None
+    if dx.ndim >= 3 and xc.flags.c_contiguous and not dx.flags.c_contiguous and _mem(dx).flags.c_contiguous:
+        call = dx_nhwc_call(xc, dyc, scale, mean, y, want_dz)
+        out = call(xc, dyc, scale, mean, inv_std, y, dx=dx) if call else None
+    if out is None:
+        call = backward_call(xc, dyc, scale, mean, y, want_dz)
+        out = call(xc, dyc, scale, mean, inv_std, y, dx=dx) if writes_into(call, dx) else \
+            call(xc, dyc, scale, mean, inv_std, y)
+    if out[0] is not dx:
+        dx[...] = out[0]
+    return (dx, *out[1:])
+
+
+def writes_into(call, dx):
+    """Whether settled backward call ``call`` can write its dx into the channels-first array ``dx`` (laid out as it
+    writes dx: a _BackwardCall's dx memory, C-contiguous, 16-byte aligned where the kernels use vectors)."""
+    if type(call) is not _BackwardCall or dx.data.ptr & 15:
+        return False
+    return (dx if call.dx_back is None else _mem(dx)).flags.c_contiguous and \
+        tuple(dx.shape) == tuple(call.dx_mem[i] for i in (call.dx_back or range(dx.ndim)))
 
 
 class _BackwardCall:
     """backward settled (see _TrainingCall): ``call(xc, dyc, scale, mean, inv_std, y)`` -> (dx, dz, dscale, dbias), or
     None where ONEPASS or the inputs' alignment is not what it was settled for, or bn_nhwc was switched on since."""
     __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "pdt", "n_partial", "n_sync",
-                 "has_scale", "want_dz", "launch1", "grad", "dx", "rows")
+                 "has_scale", "want_dz", "launch1", "grad", "dx", "rows", "dx_mem", "dx_back")
 
-    def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None):
+    def __call__(self, xc, dyc, scale, mean, inv_std, y, dscale=None, dbias=None, dx=None):
         """``dscale``, ``dbias`` (with a scale): (C,) C-contiguous arrays of the parameter dtype the kernels write
-        the parameter gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones."""
+        the parameter gradients into (gradient destinations, minidnn/_grad_dest.py), instead of new ones.  ``dx``:
+        the channels-first view of an array laid out as this call writes dx (``writes_into``), written instead of a
+        new one and returned."""
         if self.onepass != _switches() or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
@@ -1446,8 +1507,10 @@ class _BackwardCall:
                 dscale = dbias = None
             elif dscale is None or dbias is None:
                 dscale, dbias = _ws.fresh_pair(cp, dev, "bn.dparams", (c,), self.pdt)
+            given = dx is not None
             if self.launch1 is not None:
-                dx = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype)
+                if not given:
+                    dx = _ws.fresh(cp, dev, "bn.dx", self.dx_mem, self.dtype)      # (dx_nhwc_call: NHWC memory)
                 dz = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype) if self.want_dz else None
                 self.launch1(xc, dyc, y, mean, inv_std, partial, _ticket(cp, self.n_sync, dev), coef, dscale,
                              dbias, scale, dx, dz)
@@ -1455,13 +1518,15 @@ class _BackwardCall:
                 ym = xc if y is None else y
                 self.grad(xc, dyc, ym, mean, inv_std, partial, _ticket(cp, self.n_sync, dev), coef,
                           _p(dscale, coef), _p(dbias, coef))
-                dx = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype)
+                if not given:
+                    dx = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype)
                 dz = _ws.fresh(cp, dev, "bn.dx", self.mem, self.dtype) if self.want_dz else None
                 self.dx(xc, dyc, ym, mean, inv_std, coef, _p(scale, xc), dx, xc if dz is None else dz)
         back = self.back
-        if back is not None:
-            dx = dx.transpose(back)
-            dz = None if dz is None else dz.transpose(back)
+        if self.dx_back is not None and not given:
+            dx = dx.transpose(self.dx_back)
+        if back is not None and dz is not None:
+            dz = dz.transpose(back)
         return dx, dz, dscale, dbias
 
 
@@ -1477,6 +1542,47 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
     return call
 
 
+def dx_nhwc_call(xc, dyc, scale, mean, y=None, want_dz=False):
+    """backward_call's variant for an NCHW xc that returns dx in channels-last MEMORY (the same (N, C, *S) values,
+    strides (S*C, 1, ..., C): the layout a convolution's 16-byte NHWC loader reads as it is; docs/fusion.md), the
+    dx values bitwise the plain call's; dz, dscale, dbias unchanged.  Called as backward_call's object (the same
+    protocol: None, nothing launched, where the plain call would).  False where this signature has no such call:
+    only bn_bwd1 in ONE round writes it (DX_NHWC) -- a warp's dx stores become stride-C scalars, which L2 merges into
+    whole sectors only while every channel's lines are resident -- and only where that launch is the plain call's
+    own (the same grid, shared memory and scalars, so the same sums: bn_nhwc.same_launch).  The cluster kernels, the
+    multi-round and two-launch routes and channels-last inputs keep writing dx as x."""
+    dev = xc.data.device_id
+    flags = (y is not None, scale is not None, want_dz)
+    key = ("dx_nhwc", _switches(), _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
+        + _nhwc.switch() + (CL_ROUNDS,)
+    call = _calls.get(key)
+    if call is None:
+        call = _launch.planned(_calls, key, _dx_nhwc_call, xc, dev, key[2], flags,
+                               backward_call(xc, dyc, scale, mean, y, want_dz))
+    return call
+
+
+def _dx_nhwc_call(xc, dev, aligned, flags, plain):
+    if not isinstance(plain, _BackwardCall) or plain.launch1 is None or plain.back is not None or xc.ndim < 3 \
+            or not xc.flags.c_contiguous:
+        return False
+    outer, c, inner, _ = layout_of(xc)
+    if inner == 1:
+        return False
+    one = _bwd1_plan(xc, outer, c, inner, *flags, aligned, dev, dx_nhwc=True)
+    if one is None or not _nhwc.same_launch(plain.launch1, one[0]) or one[1:] != (plain.n_partial, plain.n_sync,
+                                                                                   plain.pdt):
+        return False
+    t = _BackwardCall()
+    for name in _BackwardCall.__slots__:
+        setattr(t, name, getattr(plain, name))
+    t.launch1 = one[0]
+    nd = xc.ndim
+    t.dx_mem = tuple(xc.shape[i] for i in (0, *range(2, nd), 1))
+    t.dx_back = (0, nd - 1, *range(1, nd - 1))
+    return t
+
+
 def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     outer, c, inner, xm = layout_of(xc)
     if inner == 1 and _rows_to_nhwc():
@@ -1484,6 +1590,7 @@ def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     t = _BackwardCall()
     t.onepass, t.dev, t.c, t.dtype, t.acc, t.rows = _switches(), dev, c, xc.dtype, acc, inner == 1
     t.mem, t.back = _memory_order(xc)
+    t.dx_mem, t.dx_back = t.mem, t.back
     t.has_scale, t.want_dz = has_scale, want_dz
     one = _planned(("bwd1", _switches(), CL_ROUNDS, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
                     aligned), _bwd1_plan, xc, outer, c, inner, relu, has_scale, want_dz, aligned,
