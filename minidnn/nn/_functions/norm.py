@@ -29,6 +29,7 @@ from ...backend.normalization import settled_activation, settled_backward, settl
 from ...backend.tensor_ops import settled_add_relu
 from ...ops.activation import activation_grad
 from ...tensor import Tensor
+from . import conv as _conv
 from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
 
 __all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
@@ -397,6 +398,14 @@ TWIN_MISSES = 3
 # version 0).  TWIN_MISSES unused twins in a row stop the entry speculating.  ADD_TWIN[0] = False (or
 # MINIDNN_ADD_TWIN=0 at import): no twin, the ReLU kernel runs (the launches of the full path).
 ADD_TWIN = [os.environ.get("MINIDNN_ADD_TWIN", "1") != "0"]
+# dx in channels-last memory (docs/fusion.md, "Batch norm's dx in channels-last memory"): a remembered backward whose
+# dx goes to an NCHW convolution's backward that would stage it (an NHWC copy for its 16-byte loader, a launch a
+# layer) has the kernels write dx in that memory order instead (bn_kernels.dx_nhwc_call: the same values), where
+# they can (bn_bwd1 in one round) and nobody else sees dx: x has no hook, no retain_grad, autograd.grad does not
+# capture it.  Decided per entry and convolution signature once (_stages_dy).  Off by default (MINIDNN_BN_DX_NHWC=1
+# at import, or DX_NHWC[0] = True, turns it on) until the convolution backward returns an NCHW x's dx as NCHW from a
+# channels-last dy: today it returns it channels-last, and the batch norm before it copies it back (docs/fusion.md).
+DX_NHWC = [os.environ.get("MINIDNN_BN_DX_NHWC", "0") != "0"]
 _REMEMBERED = SeenCalls()
 _new = object.__new__
 
@@ -436,6 +445,7 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
     r.out_meta = ((xd.shape, xd.dtype, array_module(xd)),)
     r.relu = r.add_relu = None
     r.backward_calls = [None, None, None]
+    r.dx_calls, r.dx_conv = [None, None, None], (None, False)
     _REMEMBERED.remember(key, r)
     # The key holds the tensors' ids, the entry only their arrays: it goes when the first of them goes (a model
     # dropped in a notebook or a sweep takes its entries, and the arrays they hold, with it), so an id is never
@@ -461,7 +471,7 @@ class _Remembered:
     """One remembered training signature (see above)."""
     __slots__ = ("call", "sig", "eps", "factor", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
                  "out_meta", "relu", "add_relu", "backward_calls", "twin_call", "misses", "add_twin_plan",
-                 "add_misses")
+                 "add_misses", "dx_calls", "dx_conv")
 
     def forward(self, x, weight, bias, running_mean, running_var, counter):
         """batch_norm(x, ...) as the full path computes and records it, or None (then nothing was done)."""
@@ -659,7 +669,26 @@ class _Remembered:
         wd = None
         if weight is not None and (wd := weight.data) is not self.wd:
             return None
+        node = x.grad_fn
+        if node is not None and DX_NHWC[0] and self._dx_to_conv(node):
+            cl = self.dx_calls[form]
+            if cl is None:
+                cl = self.dx_calls[form] = settled_backward(xd, gd, wd, stats[0], stats[1], yd, form == 2, True) \
+                    or False
+            out = cl(xd, gd, wd, stats[0], stats[1], yd, *dests) if cl else None
+            if out is not None:
+                return out
         return call(xd, gd, wd, stats[0], stats[1], yd, *dests)
+
+    def _dx_to_conv(self, node):
+        """Whether dx (the gradient of x, output of ``node``) goes, unseen, to a convolution backward that would
+        stage it: DX_NHWC's rule (above), its convolution part decided once per convolution signature."""
+        if node._fn_cls is not _conv.ConvForward or gradient_wanted(node):
+            return False
+        key = (node.seen, node.needs_input_grad)
+        if self.dx_conv[0] != key:
+            self.dx_conv = (key, _stages_dy(node.seen, node.needs_input_grad))
+        return self.dx_conv[1]
 
     def settle_backward(self, form, x, weight, y, g, stats):
         """After a full-path backward of form ``form`` through these arrays: remember the kernels' call (False where
@@ -672,6 +701,22 @@ class _Remembered:
             return
         self.backward_calls[form] = settled_backward(xd, gd, _data(weight), stats[0], stats[1],
                                                      None if y is None else y.data, form == 2) or False
+
+
+def _stages_dy(seen, need):
+    """Whether the remembered NCHW convolution ``seen`` (conv.py's _SeenConv: its fast path, the implicit-GEMM
+    kernels) stages an NCHW dy for its 16-byte NHWC loader in the backward directions ``need`` asks for (backward
+    data, backward filter): conv_igemm's own staging rule on the problem.  Not the 1x1 convolutions the GEMM route
+    takes (conv_pointwise: NCHW operands as they are, nothing staged; a channels-last dy would send them to the
+    implicit-GEMM kernels instead)."""
+    fwd = None if seen is None or seen.nhwc or not _conv.FAST_PATH[0] else seen.forward
+    if fwd is None or fwd.igemm is None or fwd.p.nd != 2:
+        return False
+    from ...backend.cuda import conv_igemm, conv_pointwise
+    p = fwd.p
+    if conv_pointwise.ENABLED[0] and conv_pointwise.supports(p) is None:
+        return False
+    return bool((need[0] and conv_igemm._stageable(1, p)) or (need[1] and conv_igemm._stageable(2, p)))
 
 
 def _bn_apply(input, running_mean, running_var, weight, bias, training, momentum, eps, counter):
