@@ -669,9 +669,8 @@ class _Remembered:
         wd = None
         if weight is not None and (wd := weight.data) is not self.wd:
             return None
-        node = x.grad_fn
-        if node is not None and DX_NHWC[0] and self._dx_to_conv(node):
-            cl = self.dx_calls[form]
+        cl, node = self.dx_calls[form], x.grad_fn
+        if cl is not False and node is not None and DX_NHWC[0] and self._dx_to_conv(node):
             if cl is None:
                 cl = self.dx_calls[form] = settled_backward(xd, gd, wd, stats[0], stats[1], yd, form == 2, True) \
                     or False
