@@ -286,8 +286,8 @@ def _transposer(a):
     """The prepared launch of ``nchw_to_nhwc`` for the C-contiguous (N, C, H, W) array ``a``, or None where the
     launch grid cannot hold it (CuPy's strided copy then)."""
     n, c = a.shape[:2]
-    if not (a.flags.c_contiguous and n <= 65535 and -(-c // 32) <= 65535):
-        return None
+    if not (a.flags.c_contiguous and n <= 65535 and -(-c // 32) <= 65535 and a.itemsize in (2, 4)):
+        return None     # (the kernels move 2- and 4-byte words)
     key = (a.shape, a.itemsize, a.data.device_id, a.data.ptr % 4 == 0, TRANSPOSE_V2[0])
     run = _transposes.get(key)
     return run if run is not None else _launch.planned(_transposes, key, _transpose_plan, a.shape, a.itemsize,
