@@ -167,6 +167,21 @@ _SCRIPT = textwrap.dedent("""
     case("two_launch", (8, 16, 8, 8), "relu", onepass=False)
     case("channels_last", (8, 16, 8, 8), "relu", cl=True)
     case("rows", (64, 16), "plain")
+
+    # the primitives given a channels-last dx (the settled calls are not the only way in)
+    import minidnn.backend as B
+    recs = R.record_packed(L, [], other="cupy")
+    for name, cl_route in (("primitive", False), ("primitive_cluster", True)):
+        K._calls.clear(); K._plans.clear(); M._smem.clear(); K.ONEPASS = True
+        if cl_route:
+            M._smem[0] = (233472, 232448)
+        x, dy, scale, mean, inv = arrays((16, 32, 8, 8))
+        dest = fakecp.empty((16, 8, 8, 32), np.float32).transpose(0, 3, 1, 2)
+        del recs[:]
+        got = B.batch_normalization_backward_ex(None, "spatial", "bn_activation", x, x, dy, scale, mean, inv, 1e-5,
+                                                dx=dest)
+        out[name] = dict(same=got[0] is dest, launches=[r[0].split("(")[0] + (" DX_NHWC" if "DX_NHWC" in r[0]
+                                                                           else "") for r in recs])
     print("RESULT" + json.dumps(out))
 """)
 
@@ -190,6 +205,13 @@ def test_the_dx_nhwc_call_is_the_plain_launch_and_returns_channels_last_dx(fake,
     assert r["strides"] == [h * w * c * 4, 4, w * c * 4, c * 4]
     if name == "nchw_add_relu":
         assert r["dz"] == [c * h * w * 4, h * w * 4, w * 4, 4]      # dz stays as x
+
+
+def test_the_primitive_writes_a_channels_last_dx_itself_or_copies_it_in(fake):
+    """One launch where the route writes dx channels-last; the cluster route's dx is copied into it (CuPy's copy,
+    not recorded here; its bits: the GPU test below)."""
+    assert fake["primitive"] == {"same": True, "launches": ["bn_bwd1 DX_NHWC"]}
+    assert fake["primitive_cluster"] == {"same": True, "launches": ["bn_bwdc"]}
 
 
 @pytest.mark.parametrize("name", ["rounds", "cluster", "two_launch", "channels_last", "rows"])
@@ -231,4 +253,11 @@ def test_the_dx_nhwc_kernel_writes_the_plain_kernels_bits(form, dtype, shape, mo
     dest = _cl_empty(cp, shape, dt)
     prim = _backward(form, x, dy, a, scale, mean, inv, dest)
     assert prim[0] is dest
+    assert cp.array_equal(cp.ascontiguousarray(dest).view(cp.uint8), cp.ascontiguousarray(ref[0]).view(cp.uint8))
+    # on the cluster route (no DX_NHWC) the primitive copies the kernels' dx into it: their bits
+    monkeypatch.setattr(bn_cluster, "ENABLED", True)
+    K._calls.clear()
+    ref = K.backward(x, dy, scale, mean, inv, y, want_dz)
+    dest = _cl_empty(cp, shape, dt)
+    assert _backward(form, x, dy, a, scale, mean, inv, dest)[0] is dest
     assert cp.array_equal(cp.ascontiguousarray(dest).view(cp.uint8), cp.ascontiguousarray(ref[0]).view(cp.uint8))
