@@ -81,6 +81,25 @@ def test_a_dx_of_the_wrong_shape_or_dtype_is_refused():
                 _backward(form, x, dy, a, scale, mean, inv, bad)
 
 
+@pytest.mark.parametrize("shape, vec", [((3, 16, 32, 32), 4), ((2, 64, 8, 8), 8), ((5, 24, 7, 7), 1),
+                                        ((128, 64, 8, 8), 2), ((1, 3, 1, 5), 1)])
+def test_dx_nhwc_of_maps_every_vector_to_its_channels_last_offset(shape, vec):
+    """The kernel's dx_nhwc_of emulated in 32-bit unsigned arithmetic (fast_div by bn_kernels' divider of iv): the
+    NCHW offset of each vector bn_bwd1 visits -> the channels-last offset of its first value."""
+    n, c, h, w = shape
+    inner = h * w
+    iv = inner // vec
+    mul, shr = (int(v) for v in K._make_divider(iv))
+    m32 = 0xFFFFFFFF
+    nn, cc, kk = np.meshgrid(np.arange(n), np.arange(c), np.arange(iv), indexing="ij")
+    off = ((nn * c + cc) * inner + kk * vec).astype(np.int64).ravel()
+    q = (off // vec) & m32
+    r = ((((q * mul) >> 32) + q) & m32) >> shr
+    hw = ((q - r * iv) & m32) * vec
+    d = (r - cc.ravel()) * inner + hw * c + cc.ravel()
+    assert np.array_equal(d, ((nn * inner + kk * vec) * c + cc).ravel())
+
+
 # ---- CPU: nvcc ---------------------------------------------------------------------------------------------------
 
 def _nvcc(tmp_path, opts, ptx):
