@@ -535,7 +535,9 @@ def settle_convolution(direction, handle, a1, a2, conv_desc, other_shape=None, f
     s.direction, s.algorithm, s.fn, s.p, s.fmt, s.tf32, s.out_dtype, s.dev = \
         direction, algorithm, fn, p, fmt, tf32, dw_dtype, dev
     s.igemm = None if spec is None or spec[0] != direction else spec[1:]
-    s.cl = _igemm._channels_last(b if direction == 1 else a)
+    # the result's memory order: an NHWC call's follows its input's; an NCHW call's is channels-first (its backward
+    # data too where dy is channels-last in memory: the 16-byte loader reads that dy as it is, dx is x's layout)
+    s.cl = _igemm._channels_last(b if direction == 1 else a) and not (direction == 1 and fmt is TensorFormat.NCHW)
     # the result's channels-first shape (the problem's properties build it per read) and whether the problem is 2-D
     s.out_shape, s.nd2 = (p.y_shape, p.x_shape, p.w_shape)[direction], p.nd == 2
     s.calls = [None] * 8     # by (carried, blending into a destination, a channels-last dw destination)

@@ -193,7 +193,9 @@ class _SeenConv:
         return pair
 
     def _settle_pair(self, x, w, gy, need, h, dw_dtype, x_shape, w_shape):
-        dy_last = _channels_last(gy.data)
+        # an NHWC call only where x is channels-last too: an NCHW layer's channels-last dy (batch norm's DX_NHWC,
+        # written so for the 16-byte loader) runs NCHW calls on dy's channels-first view, dx channels-first as x
+        dy_last = _channels_last(gy.data) and self.nhwc
         data = filt = None
         if need[0]:
             dya, shape = (_last(gy.data), _last_shape(x_shape)) if dy_last else (gy.data, tuple(x_shape))
@@ -201,9 +203,9 @@ class _SeenConv:
             if data is None:
                 return None
         if need[1]:
-            both = dy_last and self.nhwc
-            filt = settle_convolution(2, h, _last(x.data) if both else x.data, _last(gy.data) if both else gy.data,
-                                      self.desc, tuple(w_shape), "NHWC" if both else None, dw_dtype)
+            filt = settle_convolution(2, h, _last(x.data) if dy_last else x.data,
+                                      _last(gy.data) if dy_last else gy.data, self.desc, tuple(w_shape),
+                                      "NHWC" if dy_last else None, dw_dtype)
             if filt is None:
                 return None
         return data, filt, dy_last

@@ -402,10 +402,10 @@ ADD_TWIN = [os.environ.get("MINIDNN_ADD_TWIN", "1") != "0"]
 # dx goes to an NCHW convolution's backward that would stage it (an NHWC copy for its 16-byte loader, a launch a
 # layer) has the kernels write dx in that memory order instead (bn_kernels.dx_nhwc_call: the same values), where
 # they can (bn_bwd1 in one round) and nobody else sees dx: x has no hook, no retain_grad, autograd.grad does not
-# capture it.  Decided per entry and convolution signature once (_stages_dy).  Off by default (MINIDNN_BN_DX_NHWC=1
-# at import, or DX_NHWC[0] = True, turns it on) until the convolution backward returns an NCHW x's dx as NCHW from a
-# channels-last dy: today it returns it channels-last, and the batch norm before it copies it back (docs/fusion.md).
-DX_NHWC = [os.environ.get("MINIDNN_BN_DX_NHWC", "0") != "0"]
+# capture it.  Decided per entry and convolution signature once (_stages_dy).  The convolution runs its NCHW
+# backward calls on that dy's channels-first view (nn/_functions/conv.py _settle_pair), its dx NCHW as x.  Switch:
+# DX_NHWC[0] = False, or MINIDNN_BN_DX_NHWC=0 at import.
+DX_NHWC = [os.environ.get("MINIDNN_BN_DX_NHWC", "1") != "0"]
 _REMEMBERED = SeenCalls()
 _new = object.__new__
 
