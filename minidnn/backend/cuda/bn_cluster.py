@@ -28,7 +28,9 @@ of each array in flight.
            y = act((x - mean) * inv_std * scale + bias [+ z]) from the kept vectors.
   bn_bwdc  pass 1: load x, dy (and y after a fused ReLU: g = dy where y > 0), keep x and g, accumulate sum(g),
            sum(g * xhat); the same exchange; block 0 writes dbias, dscale, coef; pass 2 writes
-           dx = scale * inv_std * (g - mean(g) - xhat * mean(g * xhat)) (and dz = g) from the kept vectors.
+           dx = scale * inv_std * (g - mean(g) - xhat * mean(g * xhat)) (and dz = g) from the kept vectors;
+           built with DX_NHWC, dx's values go to their channels-last memory offsets instead (DX_NHWC_HEADER), the
+           rest of the kernel as it is, so dx has the plain kernel's bits.
 A second cluster barrier (arrive after the exchange, wait at the end) keeps every block's partials alive until the
 other blocks have read them.  Deterministic; nothing is read back to the host (capturable in a CUDA graph).
 The launch takes the same arrays, in the same order, as bn_fwd1 / bn_bwd1 (the partial and ticket buffers are
@@ -46,7 +48,7 @@ from . import bn_nhwc as _nhwc
 from . import launch as _launch
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["SOURCE", "plan", "prepare_forward", "prepare_backward", "ENABLED"]
+__all__ = ["SOURCE", "DX_NHWC_HEADER", "plan", "prepare_forward", "prepare_backward", "ENABLED", "DX_NHWC"]
 
 # MINIDNN_BN_CLUSTER: "1" (default) takes the cluster kernels where a channel fits; "0" leaves bn_fwd1 / bn_bwd1;
 # a number 1/2/4/8/16 forces that cluster size where it fits (for the A/B tools).
@@ -56,11 +58,38 @@ FORCE_CL = int(_SWITCH) if _SWITCH.isdigit() and _SWITCH not in ("0", "1") else 
 BLOCK_BYTES = 64 * 1024   # the most a block keeps on the default route (see plan)
 CLUSTERS_CAP = None       # at most this many clusters (tests: the channel loop on small tensors)
 NT = int(os.environ.get("MINIDNN_BN_CLUSTER_NT", "512"))        # threads a block
+# MINIDNN_BN_CLUSTER_DX_NHWC: "0" gives bn_bwdc no channels-last dx variant (bn_kernels.dx_nhwc_call then has no
+# call where the cluster kernels take the backward: dx written as x and staged by the convolution, as before)
+DX_NHWC = os.environ.get("MINIDNN_BN_CLUSTER_DX_NHWC", "1") != "0"
 UNROLL = 4            # vectors in flight per thread and array (see _options)
 # cluster sizes tried, smallest first; 16 is non-portable (H100/H200 allow it; the plan asks the driver first)
 SIZES = (1, 2, 4, 8, 16)
 _NON_PORTABLE = 14          # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _STATIC = 1024              # bytes of static shared memory a block (an upper bound: the partials and the warps' sums)
+
+# A backward dx in channels-last MEMORY for an NCHW x, shared by bn_kernels' bn_bwd1 and bn_bwdc built with
+# -DDX_NHWC=1 (absent otherwise: the plain kernels' text and PTX).  Needs VEC and fast_div defined before it.
+DX_NHWC_HEADER = r"""#if DX_NHWC
+// dx in channels-last MEMORY (the same (N, C, H, W) values, strides (H*W*C, 1, W*C, C)), for a convolution
+// backward whose 16-byte NHWC loader then reads dx as it is instead of staging a copy (docs/fusion.md, "dx in
+// channels-last memory").  NCHW only (bn_bwd1: INNER1 0): the vector at NCHW offset `off` of channel c is
+// off / VEC = (n * C + c) * iv + k, its VEC positions hw = k * VEC ... at n * inner * C + hw * C + c (32-bit: the
+// tensor has < 2^31 elements).  Its lanes become VEC scalar stores C apart: a warp writes 32 * VEC 2-4-byte
+// pieces of different 32-byte sectors, which L2 merges into whole sectors only while every channel of a line is
+// written before the line leaves -- i.e. when every channel is written at once: bn_bwd1 in one round (the
+// launch's data fits the L2 share, _onepass_launch), bn_bwdc with every channel's cluster resident (plan's one
+// wave), the only plans these variants are built for.  Plain stores, not .cs: an evict-first partial line would
+// go to DRAM half written.
+__device__ __forceinline__ long long dx_nhwc_of(long long off, int c, int C, int inner, int iv, unsigned int iv_mul,
+                                                unsigned int iv_shr)
+{
+    const unsigned int q = (unsigned int)off / VEC;
+    const unsigned int r = fast_div(q, iv_mul, iv_shr);                 // n * C + c
+    const unsigned int hw = (q - r * (unsigned int)iv) * VEC;
+    return (long long)(r - (unsigned int)c) * inner + (long long)hw * C + c;
+}
+#endif
+"""
 
 SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + r"""
 typedef PARAM P;
@@ -72,6 +101,7 @@ __device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mu
 {
     return (__umulhi(n, mul) + n) >> shr;
 }
+""" + DX_NHWC_HEADER + r"""
 __device__ __forceinline__ unsigned int cluster_rank()
 {
     unsigned int r;
@@ -352,7 +382,15 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                     const A xhat = (LD(p.v[e]) - mu) * is;
                     d.v[e] = ST(kk * (LD(g.v[e]) - c0 - xhat * c1));
                 }
+#if DX_NHWC
+                // the same values at their channels-last offsets, plain stores: the stride-C scalars of a line
+                // merge into whole sectors in L2 while every channel's cluster is resident and writing (one wave)
+                const long long dn = dx_nhwc_of(o, c, C, inner, iv, iv_mul, iv_shr);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) dx[dn + (long long)e * C] = d.v[e];
+#else
                 stcs(dx + o, d);
+#endif
                 if (HAS_Z) stcs(dz + o, g);
             }
         }
@@ -420,28 +458,29 @@ def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448
     return cl, _slots(mv, cl), buf(cl)
 
 
-def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps, backward=False, twin=False):
+def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps, backward=False, twin=False, dx_nhwc=False):
     """NVRTC options.  UNROLL: 4 vectors in flight per thread and array forward at two blocks an SM, twice that at
     one; the backward half of it (it loads 2-3 arrays; more spills at 64 registers).  ``twin``: bn_fwdc also
-    writes relu(y) (bn_nhwc.TWIN_HEADER; the option absent otherwise)."""
+    writes relu(y) (bn_nhwc.TWIN_HEADER; the option absent otherwise); ``dx_nhwc``: bn_bwdc writes dx in
+    channels-last memory (DX_NHWC_HEADER; absent otherwise)."""
     scalar, accum, storage, pdt = type_info(dtype)
     unroll = (UNROLL if bps > 1 else 2 * UNROLL) // (2 if backward else 1)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DCL={cl}", f"-DNT={NT}",
             f"-DUNROLL={unroll}", f"-DBPS={bps}", f"-DRELU={int(relu)}", f"-DHAS_Z={int(has_z)}",
             f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}") + (("-DTWIN=1",) if twin else ()) \
-        + ("-std=c++17",)
+        + (("-DDX_NHWC=1",) if dx_nhwc else ()) + ("-std=c++17",)
 
 
 _kernels: dict = {}
 
 
-def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev, twin=False):
-    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, NT, dev, twin)
+def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev, twin=False, dx_nhwc=False):
+    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, NT, dev, twin, dx_nhwc)
     k = _kernels.get(key)
     if k is None:
         k = _launch.get_kernel(SOURCE, name, _options(dtype, cl, relu, has_z, has_scale, has_bias, bps,
-                                                      name == "bn_bwdc", twin))
+                                                      name == "bn_bwdc", twin, dx_nhwc))
         if cl > 8:      # (a fake CuPy has no such call)
             setter = getattr(_launch.cupy().cuda.driver, "funcSetAttribute", None)
             if setter is not None:
@@ -489,7 +528,8 @@ def _prepare(name, xc, outer, c, inner, backward, flags, tail, divider, dev):
     bps = 2 if dyn <= (smem[0] // 2 - 1024 - _STATIC) else 1
     twin = flags.get("twin", False)
     k = _kernel(name, xc.dtype, cl, flags.get("relu", False), flags.get("has_z", False),
-                flags.get("has_scale", False), flags.get("has_bias", False), bps, dev, twin)
+                flags.get("has_scale", False), flags.get("has_bias", False), bps, dev, twin,
+                flags.get("dx_nhwc", False))
     if driver_max_clusters(k, cl, dyn) == 0:       # not schedulable here: the one-pass kernels
         return None
     clusters = c if CLUSTERS_CAP is None else max(1, min(c, CLUSTERS_CAP))  # (tests: several channels a cluster)
@@ -511,10 +551,16 @@ def prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, 
                     dev)
 
 
-def prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, divider, dev):
-    """A Prepared bn_bwdc launch taking bn_bwd1's arrays, or None where x and g of a channel do not fit."""
-    return _prepare("bn_bwdc", xc, outer, c, inner, True, dict(relu=relu, has_z=want_dz, has_scale=has_scale), (),
-                    divider, dev)
+def prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, divider, dev, dx_nhwc=False):
+    """A Prepared bn_bwdc launch taking bn_bwd1's arrays, or None where x and g of a channel do not fit.
+    ``dx_nhwc``: the DX_NHWC kernel (dx's array in channels-last memory; the same grid, shared memory and scalars
+    as the plain launch), None where DX_NHWC is switched off or dx_nhwc_of's 32-bit offsets would not reach."""
+    if dx_nhwc and (not DX_NHWC or xc.size >= 2 ** 31):
+        return None
+    flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
+    if dx_nhwc:
+        flags["dx_nhwc"] = True
+    return _prepare("bn_bwdc", xc, outer, c, inner, True, flags, (), divider, dev)
 
 
 if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check

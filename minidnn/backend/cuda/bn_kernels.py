@@ -564,25 +564,7 @@ __device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
 // channel of lane e of the thread's vector (channels-last: consecutive channels; NCHW: the tile's one channel)
 #define LANE_CH(e) (INNER1 ? (e) : 0)
 
-#if DX_NHWC
-// bn_bwd1's dx in channels-last MEMORY (the same (N, C, H, W) values, strides (H*W*C, 1, W*C, C)), for a
-// convolution backward whose 16-byte NHWC loader then reads dx as it is instead of staging a copy (docs/fusion.md,
-// "dx in channels-last memory").  NCHW only (INNER1 0): the vector at NCHW offset `off` of channel c is
-// off / VEC = (n * C + c) * iv + k, its VEC positions hw = k * VEC ... at n * inner * C + hw * C + c (32-bit: the
-// tensor has < 2^31 elements).  Its lanes become VEC scalar stores C apart: a warp writes 32 * VEC 2-4-byte
-// pieces of different 32-byte sectors, which L2 merges into whole sectors only while every channel of a line is
-// written before the line leaves -- i.e. when one round holds every channel (the launch's data fits the L2 share),
-// the only plan this variant is built for (_onepass_launch).  Plain stores, not .cs: an evict-first partial line
-// would go to DRAM half written.
-__device__ __forceinline__ long long dx_nhwc_of(long long off, int c, int C, int inner, int iv, unsigned int iv_mul,
-                                                unsigned int iv_shr)
-{
-    const unsigned int q = (unsigned int)off / VEC;
-    const unsigned int r = fast_div(q, iv_mul, iv_shr);                 // n * C + c
-    const unsigned int hw = (q - r * (unsigned int)iv) * VEC;
-    return (long long)(r - (unsigned int)c) * inner + (long long)hw * C + c;
-}
-#endif
+""" + _cluster.DX_NHWC_HEADER + r"""
 
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
@@ -1264,10 +1246,14 @@ def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu,
 
 def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev, dx_nhwc=False):
     """(prepared launch, partial elements, sync counters, P) of the one-launch backward (bn_bwdc or bn_bwd1), or
-    None.  ``dx_nhwc``: bn_bwd1 built with DX_NHWC (dx in channels-last memory), None where it would not run in
-    one round (the caller also checks it is the plain plan's launch: backward_call)."""
-    if aligned and inner != 1 and _cluster.usable(dev) and not dx_nhwc:
+    None.  ``dx_nhwc``: the route's kernel built with DX_NHWC (dx in channels-last memory) -- bn_bwdc where the
+    clusters take the plain call, else bn_bwd1 -- None where there is none (the cluster variant switched off,
+    bn_bwd1 in more than one round; the caller also checks it is the plain plan's launch: _dx_nhwc_call)."""
+    if aligned and inner != 1 and _cluster.usable(dev):
         k = _cluster.prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, _divider, dev)
+        if k is not None and dx_nhwc:       # (the plain kernel is compiled already: the plain call settled first)
+            k = _cluster.prepare_backward(xc, outer, c, inner, relu, has_scale, want_dz, _divider, dev, dx_nhwc=True)
+            return None if k is None else (k, 2, 1, param_dtype(xc.dtype))
         if k is not None:
             return k, 2, 1, param_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
@@ -1547,14 +1533,15 @@ def dx_nhwc_call(xc, dyc, scale, mean, y=None, want_dz=False):
     strides (S*C, 1, ..., C): the layout a convolution's 16-byte NHWC loader reads as it is; docs/fusion.md), the
     dx values bitwise the plain call's; dz, dscale, dbias unchanged.  Called as backward_call's object (the same
     protocol: None, nothing launched, where the plain call would).  False where this signature has no such call:
-    only bn_bwd1 in ONE round writes it (DX_NHWC) -- a warp's dx stores become stride-C scalars, which L2 merges into
-    whole sectors only while every channel's lines are resident -- and only where that launch is the plain call's
-    own (the same grid, shared memory and scalars, so the same sums: bn_nhwc.same_launch).  The cluster kernels, the
-    multi-round and two-launch routes and channels-last inputs keep writing dx as x."""
+    only bn_bwd1 in ONE round and bn_bwdc (every channel's cluster resident: one wave) write it (DX_NHWC) -- a
+    warp's dx stores become stride-C scalars, which L2 merges into whole sectors only while every channel's lines
+    are resident -- and only where that launch is the plain call's own (the same grid, shared memory and scalars,
+    so the same sums: bn_nhwc.same_launch).  The multi-round and two-launch routes, channels-last inputs and, with
+    bn_cluster.DX_NHWC off, the cluster kernels keep writing dx as x."""
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
     key = ("dx_nhwc", _switches(), _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
-        + _nhwc.switch() + (CL_ROUNDS,)
+        + _nhwc.switch() + (CL_ROUNDS, _cluster.DX_NHWC)
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _dx_nhwc_call, xc, dev, key[2], flags,
