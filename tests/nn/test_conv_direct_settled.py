@@ -60,6 +60,7 @@ _SCRIPT = textwrap.dedent("""
             r_set = s.run(a1, a2, None, slot)
             l_set = [list(r) for r in recs]
             out[d] = dict(settled=s.direct is not None, same=l_full == l_set and len(l_full) > 0,
+                          same_kernels=[r[:2] for r in l_full] == [r[:2] for r in l_set] and len(l_full) > 0,
                           shape=[list(r_full.shape), list(r_set.shape)], dtype=[str(r_full.dtype), str(r_set.dtype)],
                           contiguous=bool(r_set.flags.c_contiguous), into=slot is not None and r_set is slot,
                           n=len(l_set))
@@ -108,8 +109,16 @@ def test_what_the_settled_route_does_not_take_keeps_the_full_function():
     for name in ("cl", "tile_off"):
         for d in ("0", "1", "2"):
             r = res[name][d]
-            if r is not None:           # settled calls of other kernels (or none): the full function, same launches
-                assert not r["settled"] and r["same"], (name, d, r)
+            if r is None:
+                continue
+            if (name, d) == ("cl", "1"):
+                # an NCHW call's backward data from a channels-last dy: the settled call writes dx channels-first
+                # itself (the kernel's output strides differ), where the full function writes it as dy and
+                # _finish copies it to the call's format: the same kernels and grids, no copy
+                assert not r["settled"] and r["same_kernels"] and r["contiguous"], (name, d, r)
+                continue
+            # settled calls of other kernels (or none): the full function, same launches
+            assert not r["settled"] and r["same"], (name, d, r)
     for name in ("depthwise", "strided"):  # NCHW depthwise and strided backward data: settled (round 25)
         for d in ("0", "1", "2"):
             r = res[name][d]
