@@ -124,7 +124,10 @@ def _new_carry(need, w):
 
 
 def _kept(carry):
-    return carry if carry is not None and (carry.krsc is not None or carry.xs is not None) else None
+    if carry is None:
+        return None
+    carry.keep = None       # (the weight is the backend's business only during the forward call)
+    return carry if carry.krsc is not None or carry.xs is not None else None
 
 
 # ---- the fast path of a seen GPU convolution (docs/host_overhead.md round 13) -----------------------------------
