@@ -100,6 +100,7 @@ def test_remembered_calls_give_the_full_paths_bits(cl, amp, fusion, onepass, sha
     monkeypatch.setattr(B.cudnn, "fusion", fusion)
     monkeypatch.setattr(N, "TWIN", [False])  # launch for launch: the twin drops the ReLU's (test_twins_cuda.py)
     monkeypatch.setattr(N, "ADD_TWIN", [False])  # (the residual add's twin likewise)
+    monkeypatch.setattr(N, "DX_NHWC", [False])  # (and the remembered backward's dx for the conv: test_bn_dx_nhwc*)
     count = _Count(monkeypatch)
     fast, fast_launches, fast_calls = _run(True, cl, amp, shape, count.calls)
     full, full_launches, full_calls = _run(False, cl, amp, shape, count.calls)
