@@ -22,6 +22,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     warnings.filterwarnings("ignore")
     sys.path.insert(0, {root!r})
     import minidnn as mdn
+    import types
     import minidnn.autograd as AG
     import minidnn.models as MODELS
     from minidnn.backend.cuda import bn_nhwc as M
@@ -97,6 +98,14 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
         for name in ("mobilenet", "lenet5"):
             res[f"{{name}}_{{amp}}_off"] = model_step(name, False, amp)
             res[f"{{name}}_{{amp}}_on"] = model_step(name, True, amp)
+    # while a stream captures (faked: a non-default stream that says so), the plain call: launch for launch
+    real_stream = fakecp.cuda.get_current_stream
+    fakecp.cuda.get_current_stream = lambda *a: types.SimpleNamespace(ptr=1)
+    fakecp.cuda.runtime.streamIsCapturing = lambda s: True
+    res["capture_off"] = model_step("resnet20", False)
+    res["capture_on"] = model_step("resnet20", True)
+    fakecp.cuda.get_current_stream = real_stream
+    fakecp.cuda.runtime.streamIsCapturing = lambda s: False
     res["cl_off"] = model_step("resnet20", False, cl=True)
     res["cl_on"] = model_step("resnet20", True, cl=True)
     for case in ("none", "hook", "retain", "grad"):
@@ -138,7 +147,7 @@ def test_on_an_h100_the_cluster_route_writes_dx_channels_last_too(out, amp, save
     assert sum("-DDX_NHWC=1" in n for n in _names(on["recs"])) == saved
 
 
-@pytest.mark.parametrize("name", ["mobilenet_False", "mobilenet_True", "lenet5_False", "lenet5_True", "cl"])
+@pytest.mark.parametrize("name", ["mobilenet_False", "mobilenet_True", "lenet5_False", "lenet5_True", "cl", "capture"])
 def test_other_models_launch_the_same(out, name):
     assert out[name + "_on"] == out[name + "_off"]
 
