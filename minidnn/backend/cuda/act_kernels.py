@@ -18,6 +18,11 @@ TWIN (MODE ADD only; ``add_twin_plan``): the add also stores relu(out) to a four
 computed from out as stored (bn_nhwc.TWIN_HEADER's relu_of_stored: act_fwd's RELU expression), so it holds the bits
 the ReLU kernel would write from out -- nn's speculative residual add + ReLU (docs/fusion.md).  Without TWIN the
 kernels' text after preprocessing is unchanged.
+TWIN_NHWC (with TWIN, a C-contiguous (N, C, H, W) out; SH_C = C and SH_HW = H*W compiled in, H*W a multiple of the
+vector; ``add_twin_plan(a, shadow=True)``): the twin's values also go to a fifth array ``shadow`` in channels-last
+memory, element (n, c, hw) at (n * HW + hw) * C + c -- the twin's NHWC shadow a convolution's 16-byte loader reads
+as it is (docs/fusion.md, "The twin's NHWC shadow").  A vector's VW values share a channel: VW plain scalar stores
+SH_C apart (they merge into whole sectors in L2).  Without TWIN_NHWC the text is unchanged.
 Traffic: forward reads x, writes y; backward reads x and dy, writes dx (TWIN: and the twin) -- the floor of each.
 """
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from . import workspace as _ws
+from .bn_cluster import SHADOW_HEADER
 from .bn_kernels import STORAGE_HEADER, type_info
 from .bn_nhwc import TWIN_HEADER, strided_spec
 
@@ -254,6 +260,47 @@ act_bwd(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx TW
 }
 """
 
+# TWIN_NHWC's source: SOURCE with the shadow's parameter, index map and stores spliced in at fixed places (SOURCE
+# itself, the plain and TWIN kernels' text, stays as it is: their PTX cannot change).
+def _spliced(source, edits):
+    for at, text in edits:
+        assert source.count(at) == 1, at
+        source = source.replace(at, at + text)
+    return source
+
+
+SHADOW_SOURCE = _spliced(SOURCE, [
+    ('#error "TWIN: only the add (MODE ADD) stores relu of its output"\n#endif\n', SHADOW_HEADER + r"""
+#if TWIN_NHWC
+// the channels-last offset of NCHW element i (32-bit: n < 2^31; SH_C, SH_HW compile-time, so the divisions multiply)
+__device__ __forceinline__ long long shadow_of(long long i)
+{
+    const unsigned int q = (unsigned int)i / SH_HW, hw = (unsigned int)i - q * SH_HW;
+    const unsigned int b = q / SH_C, c = q - b * SH_C;
+    return ((long long)b * SH_HW + hw) * SH_C + c;
+}
+#endif
+"""),
+    ("T* __restrict__ dx TWIN_PARAM", " SHADOW_PARAM"),
+    ("                    stv(twin, k0 + u * THREADS, b);\n", r"""#if TWIN_NHWC
+                    const long long d = shadow_of((k0 + u * THREADS) * VW);
+#pragma unroll
+                    for (int e = 0; e < VW; ++e) shadow[d + (long long)e * SH_C] = b.v[e];
+#endif
+"""),
+    ("        if (blockIdx.x == 0 && i < n) twin[i] = relu_of_stored(dx[i]);"
+     "     // (this thread's own store, read back)\n", r"""#if TWIN_NHWC
+        if (blockIdx.x == 0 && i < n) shadow[shadow_of(i)] = twin[i];
+#endif
+"""),
+    ("            if (i0 + u * stride < n) twin[i0 + u * stride] = relu_of_stored(dx[i0 + u * stride]);\n",
+     r"""#if TWIN_NHWC
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+            if (i0 + u * stride < n) shadow[shadow_of(i0 + u * stride)] = twin[i0 + u * stride];
+#endif
+""")])
+
 
 def _memory_order(a):
     """'C' for C-contiguous, 'CL' for a channels-first view of channels-last memory, else None.  The channels-last
@@ -316,6 +363,7 @@ def config(dtype):
 
 
 def _kernel(name, dtype, mode_name, twin=False):
+    """``twin``: False, True (TWIN) or (C, H*W): TWIN with TWIN_NHWC's shadow of a (N, C, H, W) output."""
     cfg = config(dtype)
     key = (name, dtype, mode_name, cfg["unroll"], cfg["hint"], cfg.get("threads", THREADS), twin)
     k = _kernel_cache.get(key)
@@ -329,11 +377,13 @@ def options(dtype, mode_name, unroll=4, hint=0, threads=THREADS, twin=False):
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DMODE=M_{mode_name}",
             f"-DUNROLL={int(unroll)}", f"-DHINT={int(hint)}", "-std=c++14") + \
-        ((f"-DTHREADS={int(threads)}",) if threads != THREADS else ()) + (("-DTWIN=1",) if twin else ())
+        ((f"-DTHREADS={int(threads)}",) if threads != THREADS else ()) + (("-DTWIN=1",) if twin else ()) + \
+        (("-DTWIN_NHWC=1", f"-DSH_C={int(twin[0])}", f"-DSH_HW={int(twin[1])}") if type(twin) is tuple else ())
 
 
 def _kernel_compiled(name, dtype, mode_name, unroll, hint, threads=THREADS, twin=False):
-    return _launch.get_kernel(SOURCE, name, options(dtype, mode_name, unroll, hint, threads, twin))
+    return _launch.get_kernel(SHADOW_SOURCE if type(twin) is tuple else SOURCE, name,
+                              options(dtype, mode_name, unroll, hint, threads, twin))
 
 
 def _grid(n, dev, threads=THREADS):
@@ -384,6 +434,26 @@ class _TwinPlan(_Plan):
         return out, twin
 
 
+class _ShadowPlan(_Plan):
+    """``add_twin_plan(a, shadow=True)``'s: ``plan(a, b)`` -> (a + b, relu(a + b), relu(a + b)'s channels-last
+    shadow as its channels-first view), one launch; None (nothing launched) while the stream captures a CUDA graph:
+    the scattered stores cost device time (the caller then runs the plain twin plan)."""
+    __slots__ = ("sh",)
+
+    def __call__(self, x, dy):
+        cp = _launch._cp
+        stream = cp.cuda.get_current_stream().ptr
+        if stream and cp.cuda.runtime.streamIsCapturing(stream):
+            return None
+        with _launch.on_device(self.dev):
+            out = _ws.fresh(cp, self.dev, "act", self.mem, self.dtype, self.spec)
+            twin = _ws.fresh(cp, self.dev, "act.twin", self.mem, self.dtype, self.spec)
+            shadow = _ws.fresh(cp, self.dev, "act.shadow", self.sh, self.dtype)
+            vec = self.vec
+            (vec if vec is not None and not (x.data.ptr | dy.data.ptr) & 15 else self.go)(x, dy, out, twin, shadow)
+        return out, twin, shadow.transpose(0, 3, 1, 2)
+
+
 _plans: dict = {}
 
 
@@ -395,16 +465,24 @@ def plan(mode_name, coef, x, backward=False):
                            mode_name, coef, x, backward, dev)
 
 
-def add_twin_plan(a):
+def add_twin_plan(a, shadow=False):
     """The plan of ``add(a, b)`` that also returns relu(a + b) (the TWIN kernel: ``plan(a, b)`` -> (sum, twin)), for
-    a and b of a's signature (``supports("ADD", a, b)``), built once per signature; the sum has ``add``'s bits."""
+    a and b of a's signature (``supports("ADD", a, b)``), built once per signature; the sum has ``add``'s bits.
+    ``shadow``: the TWIN_NHWC kernel (``plan(a, b)`` -> (sum, twin, the twin's channels-last shadow), the same grid
+    and scalars), for a C-contiguous (N, C, H, W) ``a`` with H*W a multiple of the vector and fewer than 2^31
+    elements; else False."""
     dev = a.data.device_id
-    return _launch.planned(_plans, ("twin", a.shape, a.strides, a.dtype, dev), _plan, "ADD", 0.0, a, True, dev,
-                           True)
+    if not shadow:
+        return _launch.planned(_plans, ("twin", a.shape, a.strides, a.dtype, dev), _plan, "ADD", 0.0, a, True, dev,
+                               True)
+    if a.ndim != 4 or not a.flags.c_contiguous or a.size >= 2 ** 31 or (a.shape[2] * a.shape[3]) % (16 // a.itemsize):
+        return False
+    return _launch.planned(_plans, ("twin_nhwc", a.shape, a.strides, a.dtype, dev), _plan, "ADD", 0.0, a, True,
+                           dev, (a.shape[1], a.shape[2] * a.shape[3]))
 
 
 def _plan(mode_name, coef, x, backward, dev, twin=False):
-    p = _TwinPlan() if twin else _Plan()
+    p = (_ShadowPlan() if type(twin) is tuple else _TwinPlan()) if twin else _Plan()
     p.dev, p.dtype = dev, x.dtype
     if x.flags.c_contiguous:
         p.mem, p.back = x.shape, None
@@ -414,12 +492,15 @@ def _plan(mode_name, coef, x, backward, dev, twin=False):
     p.spec = strided_spec(p.mem, p.back, x.dtype)
     n = x.size
     k = _kernel("act_bwd" if backward else "act_fwd", x.dtype, mode_name, twin)
-    head = [None] * ((4 if twin else 3) if backward else 2) + [np.int64(n), np.float64(coef)]
+    head = [None] * ((3 + bool(twin) + (type(twin) is tuple)) if backward else 2) + [np.int64(n), np.float64(coef)]
     threads = config(x.dtype).get("threads", THREADS)
     p.go = _launch.prepare(k, _grid(n, dev, threads), (threads,), head + [np.int32(0)])
     vw = 16 // x.itemsize           # the vector path takes any n (the tail is block 0's); V1 only whole vectors
     p.vec = _launch.prepare(k, _vec_grid(n // vw, dev, config(x.dtype)), (threads,), head + [np.int32(1)]) \
         if not (V1 and n % vw) else None
+    if type(twin) is tuple:
+        n_, c_, h_, w_ = x.shape
+        p.sh = (n_, h_, w_, c_)
     return p
 
 

@@ -48,7 +48,8 @@ from . import bn_nhwc as _nhwc
 from . import launch as _launch
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["SOURCE", "DX_NHWC_HEADER", "plan", "prepare_forward", "prepare_backward", "ENABLED", "DX_NHWC"]
+__all__ = ["SOURCE", "DX_NHWC_HEADER", "SHADOW_HEADER", "plan", "prepare_forward", "prepare_backward", "ENABLED",
+           "DX_NHWC"]
 
 # MINIDNN_BN_CLUSTER: "1" (default) takes the cluster kernels where a channel fits; "0" leaves bn_fwd1 / bn_bwd1;
 # a number 1/2/4/8/16 forces that cluster size where it fits (for the A/B tools).
@@ -69,7 +70,7 @@ _STATIC = 1024              # bytes of static shared memory a block (an upper bo
 
 # A backward dx in channels-last MEMORY for an NCHW x, shared by bn_kernels' bn_bwd1 and bn_bwdc built with
 # -DDX_NHWC=1 (absent otherwise: the plain kernels' text and PTX).  Needs VEC and fast_div defined before it.
-DX_NHWC_HEADER = r"""#if DX_NHWC
+DX_NHWC_HEADER = r"""#if DX_NHWC || TWIN_NHWC
 // dx in channels-last MEMORY (the same (N, C, H, W) values, strides (H*W*C, 1, W*C, C)), for a convolution
 // backward whose 16-byte NHWC loader then reads dx as it is instead of staging a copy (docs/fusion.md, "dx in
 // channels-last memory").  NCHW only (bn_bwd1: INNER1 0): the vector at NCHW offset `off` of channel c is
@@ -91,7 +92,26 @@ __device__ __forceinline__ long long dx_nhwc_of(long long off, int c, int C, int
 #endif
 """
 
-SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + r"""
+# The twin's channels-last shadow (docs/fusion.md, "The twin's NHWC shadow"): the TWIN forward kernels (bn_fwd1,
+# bn_fwdc) built with -DTWIN_NHWC=1 also store relu(y) of an NCHW x to one more array `shadow`, the last of their
+# array arguments (SHADOW_PARAM), at dx_nhwc_of's channels-last offsets: the same (N, C, H, W) values in the memory
+# a convolution's 16-byte NHWC loader reads as it is (the forward then stages nothing).  Absent (TWIN_NHWC 0), the
+# kernels' text after preprocessing is unchanged.
+SHADOW_HEADER = r"""
+#ifndef TWIN_NHWC
+#define TWIN_NHWC 0
+#endif
+#if TWIN_NHWC
+#if !TWIN
+#error "TWIN_NHWC: the shadow is the twin's (TWIN)"
+#endif
+#define SHADOW_PARAM , T* __restrict__ shadow
+#else
+#define SHADOW_PARAM
+#endif
+"""
+
+SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + SHADOW_HEADER + r"""
 typedef PARAM P;
 #define VEC (16 / (int)sizeof(T))
 #define NW (NT / 32)
@@ -223,7 +243,7 @@ __device__ __forceinline__ void gather(const double* part, double& t1, double& t
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, BPS)
 bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, void* unused_partial,
         void* unused_sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
-        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM,
+        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM SHADOW_PARAM,
         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr, const double factor, const double eps, const int has_running,
         const int has_counter)
@@ -298,7 +318,19 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
                     o.v[e] = ST(w);
                 }
                 stcs(y + rg.off(c, rg.vec_of(k0 + u)), o);
-#if TWIN
+#if TWIN_NHWC
+                {   // the twin, and its values again at their channels-last offsets: plain stores, which merge into
+                    // whole sectors in L2 while every channel's cluster is resident and writing (one wave)
+                    const long long o_ = rg.off(c, rg.vec_of(k0 + u)), d_ = dx_nhwc_of(o_, c, C, inner, iv, iv_mul,
+                                                                                         iv_shr);
+                    Pack r_;
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) r_.v[e] = relu_of_stored(o.v[e]);
+                    stcs(twin + o_, r_);
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) shadow[d_ + (long long)e * C] = r_.v[e];
+                }
+#elif TWIN
                 STORE_TWIN(stcs, twin + rg.off(c, rg.vec_of(k0 + u)), o);
 #endif
             }
@@ -458,29 +490,33 @@ def plan(outer, c, inner, itemsize, backward, sm_count=132, smem=(233472, 232448
     return cl, _slots(mv, cl), buf(cl)
 
 
-def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps, backward=False, twin=False, dx_nhwc=False):
+def _options(dtype, cl, relu, has_z, has_scale, has_bias, bps, backward=False, twin=False, dx_nhwc=False,
+             twin_nhwc=False):
     """NVRTC options.  UNROLL: 4 vectors in flight per thread and array forward at two blocks an SM, twice that at
     one; the backward half of it (it loads 2-3 arrays; more spills at 64 registers).  ``twin``: bn_fwdc also
     writes relu(y) (bn_nhwc.TWIN_HEADER; the option absent otherwise); ``dx_nhwc``: bn_bwdc writes dx in
-    channels-last memory (DX_NHWC_HEADER; absent otherwise)."""
+    channels-last memory (DX_NHWC_HEADER; absent otherwise); ``twin_nhwc`` (with ``twin``): bn_fwdc also writes the
+    twin's channels-last shadow (SHADOW_HEADER; absent otherwise)."""
     scalar, accum, storage, pdt = type_info(dtype)
     unroll = (UNROLL if bps > 1 else 2 * UNROLL) // (2 if backward else 1)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}",
             f"-DPARAM={'double' if pdt == np.float64 else 'float'}", f"-DCL={cl}", f"-DNT={NT}",
             f"-DUNROLL={unroll}", f"-DBPS={bps}", f"-DRELU={int(relu)}", f"-DHAS_Z={int(has_z)}",
             f"-DHAS_SCALE={int(has_scale)}", f"-DHAS_BIAS={int(has_bias)}") + (("-DTWIN=1",) if twin else ()) \
-        + (("-DDX_NHWC=1",) if dx_nhwc else ()) + ("-std=c++17",)
+        + (("-DDX_NHWC=1",) if dx_nhwc else ()) + (("-DTWIN_NHWC=1",) if twin_nhwc else ()) + ("-std=c++17",)
 
 
 _kernels: dict = {}
 
 
-def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev, twin=False, dx_nhwc=False):
-    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, NT, dev, twin, dx_nhwc)
+def _kernel(name, dtype, cl, relu, has_z, has_scale, has_bias, bps, dev, twin=False, dx_nhwc=False,
+            twin_nhwc=False):
+    key = (name, _dev.dtype_name(dtype), cl, relu, has_z, has_scale, has_bias, bps, NT, dev, twin, dx_nhwc) \
+        + ((True,) if twin_nhwc else ())
     k = _kernels.get(key)
     if k is None:
         k = _launch.get_kernel(SOURCE, name, _options(dtype, cl, relu, has_z, has_scale, has_bias, bps,
-                                                      name == "bn_bwdc", twin, dx_nhwc))
+                                                      name == "bn_bwdc", twin, dx_nhwc, twin_nhwc))
         if cl > 8:      # (a fake CuPy has no such call)
             setter = getattr(_launch.cupy().cuda.driver, "funcSetAttribute", None)
             if setter is not None:
@@ -529,24 +565,28 @@ def _prepare(name, xc, outer, c, inner, backward, flags, tail, divider, dev):
     twin = flags.get("twin", False)
     k = _kernel(name, xc.dtype, cl, flags.get("relu", False), flags.get("has_z", False),
                 flags.get("has_scale", False), flags.get("has_bias", False), bps, dev, twin,
-                flags.get("dx_nhwc", False))
+                flags.get("dx_nhwc", False), flags.get("twin_nhwc", False))
     if driver_max_clusters(k, cl, dyn) == 0:       # not schedulable here: the one-pass kernels
         return None
     clusters = c if CLUSTERS_CAP is None else max(1, min(c, CLUSTERS_CAP))  # (tests: several channels a cluster)
     iv = inner // (16 // item)
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *divider(iv)]
-    n_arrays = 13 if backward or twin else 12
+    n_arrays = (13 if backward or twin else 12) + bool(flags.get("twin_nhwc"))
     return _launch.prepare(k, (clusters * cl,), (NT,), [None] * n_arrays + geo + list(tail),
                            shared_mem=dyn)
 
 
 def prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
-                    divider, dev, twin=False):
+                    divider, dev, twin=False, twin_nhwc=False):
     """A Prepared bn_fwdc launch taking bn_fwd1's arrays, or None where the channel does not fit a cluster.
     ``divider(d)``: the kernels' (multiplier, shift) for dividing by d (bn_kernels._divider).  ``twin``: the TWIN
-    kernel, taking relu(y)'s array last."""
+    kernel, taking relu(y)'s array last; ``twin_nhwc`` (with twin): also the twin's channels-last shadow, the last
+    array (None where dx_nhwc_of's 32-bit offsets would not reach)."""
+    if twin_nhwc and (not twin or xc.size >= 2 ** 31):
+        return None
     return _prepare("bn_fwdc", xc, outer, c, inner, False,
-                    dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias, twin=twin),
+                    dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias, twin=twin,
+                         twin_nhwc=twin_nhwc),
                     (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)), divider,
                     dev)
 

@@ -338,7 +338,7 @@ bn_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y
 # shared memory plus _ROUND_SHARE_ONCHIP (0.5) of L2.  (128, 64, 56, 56) float32 on an H100: forward 2 rounds of 32
 # channels, backward 4 rounds of 16; measured 0.094 ms (74% of copy) and 0.147 ms (71%); with 0.3 of L2 (3 and 5
 # rounds) 0.101 / 0.155, without the copy 0.112 / 0.175.)
-ONEPASS_SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + r"""
+ONEPASS_SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + _cluster.SHADOW_HEADER + r"""
 typedef PARAM P;
 __device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
 {
@@ -569,7 +569,7 @@ __device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
         unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
-        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM,
+        const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM SHADOW_PARAM,
         const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr, const int tiles, const int per, const double factor, const double eps,
         const int has_running, const int has_counter CACHE_PARAM)
@@ -661,7 +661,18 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
                     o.v[e] = ST(w);
                 }
                 st2(y + off[u], o);
-#if TWIN
+#if TWIN_NHWC
+                {   // the twin, and its values again at their channels-last offsets (NCHW, one round: plain stores
+                    // that merge into whole sectors in L2, as DX_NHWC's)
+                    Pack r_;
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) r_.v[e] = relu_of_stored(o.v[e]);
+                    st2(twin + off[u], r_);
+                    const long long d_ = dx_nhwc_of(off[u], t, C, inner, iv, iv_mul, iv_shr);
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) shadow[d_ + (long long)e * C] = r_.v[e];
+                }
+#elif TWIN
                 STORE_TWIN(st2, twin + off[u], o);
 #endif
             }
@@ -852,6 +863,8 @@ def _options(dtype, inner1, **flags):
         opts.append("-DTWIN=1")
     if flags.get("dx_nhwc"):        # bn_bwd1 writing dx in channels-last memory (absent: the plain kernel's PTX)
         opts.append("-DDX_NHWC=1")
+    if flags.get("twin_nhwc"):      # bn_fwd1's twin's channels-last shadow (bn_cluster.SHADOW_HEADER; absent: TWIN's)
+        opts.append("-DTWIN_NHWC=1")
     return tuple(opts)
 
 
@@ -1217,7 +1230,7 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
         k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
     if not onepass_routes(inner, tiles, per, grid, onchip and dyn > 0):
         return None
-    if flags.get("dx_nhwc") and (inner1 or grid // per < tiles):
+    if (flags.get("dx_nhwc") or flags.get("twin_nhwc")) and (inner1 or grid // per < tiles or xc.size >= 2 ** 31):
         return None         # dx's channels-last stores merge in L2 only when one round writes every channel
     iv = inner // vec if not inner1 else 1
     geo = [np.int32(outer), np.int32(c), np.int32(inner), np.int32(iv), *_divider(iv), np.int32(tiles),
@@ -1227,19 +1240,26 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
 
 
 def _fwd1_plan(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias,
-               aligned, dev, twin=False):
+               aligned, dev, twin=False, twin_nhwc=False):
     """(prepared launch, partial elements, sync counters, A) of the one-launch forward (bn_fwdc or bn_fwd1), or None.
     ``twin``: the same route's TWIN kernel (one more array: relu(y)), None where that is not the plain plan's launch
-    with one more store (bn_nhwc.same_launch)."""
+    with one more store (bn_nhwc.same_launch); ``twin_nhwc`` (with twin): that kernel built with TWIN_NHWC (the
+    twin's channels-last shadow too, the last array), None where it would not run in one round (NCHW only)."""
     if aligned and inner != 1 and _cluster.usable(dev):       # a channel on-chip in one cluster (bn_cluster.py)
         k = _cluster.prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z,
                                      has_scale, has_bias, _divider, dev, twin)
+        if k is not None and twin_nhwc:     # (the TWIN kernel is compiled already: the twin call settled first)
+            k = _cluster.prepare_forward(xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z,
+                                         has_scale, has_bias, _divider, dev, twin, True)
+            return None if k is None else (k, 2, 1, acc_dtype(xc.dtype))
         if k is not None:
             return k, 2, 1, acc_dtype(xc.dtype)
     flags = dict(relu=relu, has_z=has_z, has_scale=has_scale, has_bias=has_bias)
     if twin:
         flags["twin"] = True
-    r = _onepass_launch("bn_fwd1", xc, outer, c, inner, 1, aligned, dev, flags, 13 if twin else 12,
+    if twin_nhwc:
+        flags["twin_nhwc"] = True
+    r = _onepass_launch("bn_fwd1", xc, outer, c, inner, 1, aligned, dev, flags, (13 if twin else 12) + twin_nhwc,
                         (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter)))
     return None if r is None else (*r, acc_dtype(xc.dtype))
 
@@ -1306,21 +1326,29 @@ class _TrainingCall:
     inv_std), or None where ONEPASS or the inputs' alignment is not what it was settled for, or where bn_nhwc has
     been switched on since (``rows``: an (R, C)-row call, which bn_nhwc takes when on)."""
     __slots__ = ("onepass", "aligned", "dev", "c", "dtype", "mem", "back", "acc", "n_partial", "n_sync", "launch1",
-                 "stats", "apply", "rows", "twin")
+                 "stats", "apply", "rows", "twin", "shadow")
 
     def __call__(self, xc, z, scale, bias, running_mean, running_var, counter):
         if self.onepass != _switches() or (self.rows and _rows_to_nhwc()) \
                 or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
+        if self.shadow is not None:     # twin_nhwc_call's: not while the stream captures a CUDA graph
+            stream = cp.cuda.get_current_stream().ptr
+            if stream and cp.cuda.runtime.streamIsCapturing(stream):
+                return None
         with _launch.on_device(dev):
             mean, inv_std = _ws.fresh_pair(cp, dev, "bn.stats", (self.c,), acc)
             partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
             if self.launch1 is not None:
                 y = _ws.fresh(cp, dev, "bn.y", self.mem, self.dtype)
                 twin = (_ws.fresh(cp, dev, "bn.twin", self.mem, self.dtype),) if self.twin else ()   # twin_call's
+                if self.shadow is not None:     # twin_nhwc_call's: the twin's channels-last shadow too
+                    twin += (_ws.fresh(cp, dev, "bn.shadow", self.shadow[0], self.dtype),)
                 self.launch1(xc, z, y, partial, _ticket(cp, self.n_sync, dev), mean, inv_std, scale, bias,
                              running_mean, running_var, counter, *twin)
+                if len(twin) == 2:  # (the shadow: only for an NCHW x, whose y and twin are channels-first)
+                    return y, mean, inv_std, twin[0], twin[1].transpose(self.shadow[1])
                 if twin:            # relu(y) too, laid out as y
                     back = self.back
                     return (y, mean, inv_std, twin[0]) if back is None else \
@@ -1383,12 +1411,52 @@ def _twin_call(xc, dev, aligned, flags, plain):
     return t
 
 
+def twin_nhwc_call(xc, scale, bias, factor, running_mean, running_var, eps, counter=None):
+    """twin_call's variant for an NCHW 4-D xc that also returns the twin's channels-last shadow: (y, mean, inv_std,
+    relu(y), shadow), shadow the channels-first view of an NHWC-memory array holding relu(y)'s values (what a
+    convolution's 16-byte NHWC loader reads as it is, docs/fusion.md "The twin's NHWC shadow"); y, the statistics
+    and relu(y) bitwise the twin call's.  Called as it (None, nothing launched, where the twin call would -- and
+    while the stream captures a CUDA graph: the scattered stores cost device time, as DX_NHWC's).  False where
+    this signature has none: only the twin call's own one-launch kernel (bn_fwd1 in one round, bn_fwdc) built with
+    TWIN_NHWC, the same grid, shared memory and scalars (bn_nhwc.same_launch)."""
+    dev = xc.data.device_id
+    flags = (factor, eps, running_mean is not None, counter is not None, False, False, scale is not None,
+             bias is not None)
+    key = ("twin_nhwc", _switches(), _aligned(xc, None), xc.shape, xc.strides, xc.dtype, dev) + flags \
+        + _nhwc.switch() + (CL_ROUNDS,)
+    call = _calls.get(key)
+    if call is None:
+        call = _launch.planned(_calls, key, _twin_nhwc_call, xc, dev, key[2], flags,
+                               twin_call(xc, scale, bias, factor, running_mean, running_var, eps, counter))
+    return call
+
+
+def _twin_nhwc_call(xc, dev, aligned, flags, twin):
+    if type(twin) is not _TrainingCall or twin.launch1 is None or twin.back is not None or xc.ndim != 4 \
+            or not xc.flags.c_contiguous:
+        return False
+    outer, c, inner, _ = layout_of(xc)
+    if inner == 1:
+        return False
+    one = _fwd1_plan(xc, outer, c, inner, *flags, aligned, dev, twin=True, twin_nhwc=True)
+    if one is None or not _nhwc.same_launch(twin.launch1, one[0]) or one[1:] != (twin.n_partial, twin.n_sync,
+                                                                                  twin.acc):
+        return False
+    t = _TrainingCall()
+    for name in _TrainingCall.__slots__:
+        setattr(t, name, getattr(twin, name))
+    t.launch1 = one[0]
+    n, ch, h, w = xc.shape
+    t.shadow = ((n, h, w, ch), (0, 3, 1, 2))
+    return t
+
+
 def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias):
     outer, c, inner, xm = layout_of(xc)
     if inner == 1 and _rows_to_nhwc():      # (R, C) rows (channels-last, 2-D): bn_nhwc's whole-row kernels
         return _nhwc.training_call(xc, factor, eps, has_running, has_counter, relu, has_z, has_scale, has_bias)
     t = _TrainingCall()
-    t.onepass, t.dev, t.c, t.dtype, t.rows, t.twin = _switches(), dev, c, xc.dtype, inner == 1, False
+    t.onepass, t.dev, t.c, t.dtype, t.rows, t.twin, t.shadow = _switches(), dev, c, xc.dtype, inner == 1, False, None
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
     one = _planned(("fwd1", _switches(), CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,

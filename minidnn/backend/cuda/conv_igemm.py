@@ -353,11 +353,16 @@ class filter_carry:
     copy stays in scratch memory (no backward data will read it).
 
     ``keep`` (session 16): (owner, state_of) -- the forward's KRSC copy is the one conv_filter_keep keeps for
-    ``owner`` (refreshed with the other kept copies in one launch) where that module keeps one."""
-    __slots__ = ("krsc", "key", "outer", "xs", "xkey", "want_x", "want_filter", "keep")
+    ``owner`` (refreshed with the other kept copies in one launch) where that module keeps one.
+
+    ``xshadow`` (session 16): (an NHWC-memory array holding x's values as its channels-first view, x's key) -- a
+    batch-norm or add twin's channels-last shadow (docs/fusion.md, "The twin's NHWC shadow"), set by the caller,
+    who vouches that it holds x's values.  A forward that would stage an x of that key takes it as its NHWC copy
+    instead (nothing staged), keeps it as ``xs`` like its own copy, and sets ``xshadow`` back to None (taken)."""
+    __slots__ = ("krsc", "key", "outer", "xs", "xkey", "want_x", "want_filter", "keep", "xshadow")
 
     def __init__(self, want_x=False, want_filter=True, keep=None):
-        self.krsc = self.key = self.outer = self.xs = self.xkey = None
+        self.krsc = self.key = self.outer = self.xs = self.xkey = self.xshadow = None
         self.want_x, self.want_filter, self.keep = want_x, want_filter, keep
 
     def __enter__(self):
@@ -689,7 +694,11 @@ class _Call:
                 x = x[:, :, None, :]
             st = self.stage[0]
             if st:
-                if carry is not None and carry.want_x and _scope.memo is None:
+                sh = None if carry is None else carry.xshadow
+                if sh is not None and sh[1] == (x.data.ptr, x.shape, x.strides, x.dtype):
+                    x = carry.xs = sh[0]        # the twin's shadow: x's values in NHWC memory already
+                    carry.xkey, carry.xshadow = sh[1], None
+                elif carry is not None and carry.want_x and _scope.memo is None:
                     xkey = (x.data.ptr, x.shape, x.strides, x.dtype)
                     x = carry.xs = _stage(cp, x, st[0], None)       # fresh memory, kept for the filter gradient
                     carry.xkey = xkey

@@ -109,6 +109,13 @@ CARRY_X = [os.environ.get("MINIDNN_CONV_CARRY_X", "1") != "0"]
 # to the implicit-GEMM filter gradient, whose NHWC loader writes dw in KRSC memory (DWKRSC): no copy into the slot.
 # Switch: CL_DW_SLOT[0] = False, or MINIDNN_CONV_CL_DW_SLOT=0 at import (the engine then copies dw into the slot).
 CL_DW_SLOT = [os.environ.get("MINIDNN_CONV_CL_DW_SLOT", "1") != "0"]
+# The twin's NHWC shadow (docs/fusion.md; norm.TWIN_NHWC): an x made by a fused batch-norm (+ add) + ReLU node from
+# a twin is found in the slot ``sh_out[k]`` of the node's remembered entry (its ``seen``; k 0 batch norm's twin, 1
+# the add's) = (the twin's array -- x's own, by identity --, its channels-last shadow or None, the entry that
+# speculates it).  The forward offers the shadow to the kernels (filter_carry.xshadow: taken where they would stage
+# x) while x is at version 0, and tells the entry what happened, emptying the slot: taken (its unused count reset),
+# or x staged (the entry then asks for the shadow).  SHADOWS[0]: set by norm once a twin was handed out so.
+SHADOWS = [False]
 
 
 def _keep_state(w):
@@ -121,6 +128,35 @@ def _new_carry(need, w):
     """The filter_carry for a GPU forward of weight ``w`` whose gradients ``need`` asks for: it also asks the
     backend for the copy of w's filter kept across steps (one refresh launch a forward for all of them)."""
     return convolution_filter_carry(need[1] and CARRY_X[0], need[0] and CARRY_FILTER[0], (w, _keep_state))
+
+
+def _offer_shadow(x, carry):
+    """(the slots, k) where x is a twin handed out (None: it is not), its shadow offered to the forward where x is
+    at version 0."""
+    outs = getattr(getattr(x.grad_fn, "seen", None), "sh_out", None)
+    if outs is None:
+        return None
+    xd = x.data
+    for k in (0, 1):
+        o = outs[k]
+        if o is not None and o[0] is xd:
+            if o[1] is not None and x._version == 0:
+                carry.xshadow = (o[1], (xd.data.ptr, xd.shape, xd.strides, xd.dtype))
+            return outs, k
+    return None
+
+
+def _shadow_outcome(found, carry):
+    outs, k = found
+    o = outs[k]
+    if carry.xshadow is not None:               # offered, not taken: this convolution stages nothing
+        carry.xshadow = None
+    elif o[1] is not None and carry.xs is o[1]:
+        o[2].sh_misses[k] = 0
+        outs[k] = None
+    elif carry.xs is not None:                  # x staged (the forward's copy, kept for the filter gradient)
+        o[2].sh_want[k] = True
+        outs[k] = None
 
 
 def _kept(carry):
@@ -287,8 +323,11 @@ class ConvForward(Function):
         ctx.seen = seen
         if seen is not None and seen.forward is not None:
             carry = _new_carry(need, w)
+            found = _offer_shadow(x, carry) if SHADOWS[0] and x.grad_fn is not None else None
             y = seen.forward.first(x.data, w.data, carry)      # channels-last x as it is (no NHWC view)
             if y is not None:
+                if found is not None:
+                    _shadow_outcome(found, carry)
                 ctx.carry = _kept(carry)
                 return wrap(y)
         carry = _new_carry(need, w) if B.is_cuda_array(w.data) else None

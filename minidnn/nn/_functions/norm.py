@@ -406,6 +406,15 @@ ADD_TWIN = [os.environ.get("MINIDNN_ADD_TWIN", "1") != "0"]
 # backward calls on that dy's channels-first view (nn/_functions/conv.py _settle_pair), its dx NCHW as x.  Switch:
 # DX_NHWC[0] = False, or MINIDNN_BN_DX_NHWC=0 at import.
 DX_NHWC = [os.environ.get("MINIDNN_BN_DX_NHWC", "1") != "0"]
+# The twin's NHWC shadow (docs/fusion.md, "The twin's NHWC shadow"): where a twin's ReLU output went into a
+# convolution that staged it (an NHWC copy for its 16-byte loader; conv.py tells the entry, sh_want), the twin's
+# kernel also writes relu's values in channels-last memory (bn_kernels.twin_nhwc_call, act_kernels' add_twin_plan
+# shadow).  The entry of the fused node (its ``seen``) keeps the twin it handed out last, per form, in ``sh_out``:
+# (the twin's array, its shadow or None, the entry that speculates it), for the convolution that takes x to find
+# (conv.py _offer_shadow, which empties the slot): it reads the shadow instead of staging x while x still holds
+# that array at version 0.  TWIN_MISSES unused shadows in a row stop it; none while the stream captures a CUDA
+# graph.  TWIN_NHWC[0] = False, or MINIDNN_TWIN_NHWC=0 at import.
+TWIN_NHWC = [os.environ.get("MINIDNN_TWIN_NHWC", "1") != "0"]
 _REMEMBERED = SeenCalls()
 _new = object.__new__
 
@@ -437,6 +446,8 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
     r = _Remembered()
     r.call, r.sig, r.eps, r.factor = call, _sig(xd), eps, momentum
     r.twin_call, r.misses, r.add_twin_plan, r.add_misses = None, 0, None, 0
+    r.shadow_call, r.add_shadow_plan, r.sh_want, r.sh_misses, r.sh_out = None, None, [False, False], [0, 0], \
+        [None, None]
     r.dev = r.sig[3]
     r.wd, r.bd, r.rmd, r.rvd, r.cd = (_data(t) for t in tensors)
     r.xmeta = (xd.shape, xd.dtype)
@@ -471,7 +482,8 @@ class _Remembered:
     """One remembered training signature (see above)."""
     __slots__ = ("call", "sig", "eps", "factor", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
                  "out_meta", "relu", "add_relu", "backward_calls", "twin_call", "misses", "add_twin_plan",
-                 "add_misses", "dx_calls", "dx_conv")
+                 "add_misses", "dx_calls", "dx_conv", "shadow_call", "add_shadow_plan", "sh_want", "sh_misses",
+                 "sh_out")
 
     def forward(self, x, weight, bias, running_mean, running_var, counter):
         """batch_norm(x, ...) as the full path computes and records it, or None (then nothing was done)."""
@@ -504,7 +516,7 @@ class _Remembered:
                 return None
             y, mean, inv_std = out
         else:
-            y, mean, inv_std, twin = out
+            y, mean, inv_std, twin = out[:4]
         if running_mean is not None:
             running_mean._version += 1
         if running_var is not None:
@@ -527,7 +539,7 @@ class _Remembered:
         ctx._out_meta = self.out_meta
         ctx.num_outputs = 1
         if twin is not None:
-            ctx.twin = (twin, y)
+            ctx.twin = (twin, y) if len(out) == 4 else (twin, y, out[4])
         return Function.output(ctx, y)
 
     def _twin(self, xd, wd, bd, rmd, rvd, cd):
@@ -540,6 +552,17 @@ class _Remembered:
                 or False
         if not call:
             return None
+        if self.sh_want[0] and TWIN_NHWC[0] and self.sh_misses[0] < TWIN_MISSES:
+            sh = self.shadow_call
+            if sh is None:
+                from ...backend.cuda import bn_kernels
+                sh = self.shadow_call = bn_kernels.twin_nhwc_call(xd, wd, bd, self.factor, rmd, rvd, self.eps, cd) \
+                    or False
+            out = sh(xd, None, wd, bd, rmd, rvd, cd) if sh else None     # (None while capturing: the twin alone)
+            if out is not None:
+                self.misses += 1
+                self.sh_misses[0] += 1      # until a convolution takes it (conv.py)
+                return out
         out = call(xd, None, wd, bd, rmd, rvd, cd)
         if out is not None:
             self.misses += 1        # until a ReLU takes it (relu_node)
@@ -561,6 +584,16 @@ class _Remembered:
             plan = self.add_twin_plan = settled_add_relu(ad, bd) or False
         if not plan:
             return None
+        if self.sh_want[1] and TWIN_NHWC[0] and self.sh_misses[1] < TWIN_MISSES:
+            sh = self.add_shadow_plan
+            if sh is None:
+                from ...backend.cuda import act_kernels
+                sh = self.add_shadow_plan = act_kernels.add_twin_plan(ad, shadow=True) or False
+            r = sh(ad, bd) if sh else None      # (None while capturing: the twin alone)
+            if r is not None:
+                self.add_misses += 1
+                self.sh_misses[1] += 1      # until a convolution takes it (conv.py)
+                return r[1], r[0], self, r[2]
         out, twin = plan(ad, bd)
         self.add_misses += 1        # until a ReLU takes it (add_relu_node)
         return twin, out, self
@@ -582,11 +615,15 @@ class _Remembered:
         if _sig(yd) != self.sig:
             return None
         x, weight, bias = bn.saved
-        r = _twin_of(vars(bn).pop("twin", None), yd, y)      # taken at most once: two ReLUs of y get two arrays
+        twin = vars(bn).pop("twin", None)       # taken at most once: two ReLUs of y get two arrays
+        r = _twin_of(twin, yd, y)
         if r is None:
             r = plan(yd)
         else:
             self.misses = 0
+            if TWIN_NHWC[0]:
+                self.sh_out[0] = (r, twin[2] if len(twin) > 2 else None, self)
+                _conv.SHADOWS[0] = True
         return self._fused(BatchNormReLU, r, bn, (bn,), x, weight, bias, None, y)
 
     def add_relu_node(self, bn, a, z_edge):
@@ -606,6 +643,9 @@ class _Remembered:
             r = plan(ad)
         else:
             twin[2].add_misses = 0
+            if TWIN_NHWC[0]:
+                self.sh_out[1] = (r, twin[3] if len(twin) > 3 else None, twin[2])
+                _conv.SHADOWS[0] = True
         return self._fused(BatchNormAddReLU, r, bn, (add, bn), x, weight, bias, z_edge, a)
 
     def _fused(self, cls, r, bn, bypassed, x, weight, bias, z_edge, y):
