@@ -20,6 +20,7 @@ def counter(monkeypatch, kind):
     """Counts the twins of ``kind`` written and the ones handed out; both switches are this test's own lists."""
     monkeypatch.setattr(N, "TWIN", [N.TWIN[0]])
     monkeypatch.setattr(N, "ADD_TWIN", [N.ADD_TWIN[0]])
+    monkeypatch.setattr(N, "TWIN_NHWC", [False])     # (its shadows save launches of their own: test_twin_nhwc*)
     _, write, at, take = KINDS[kind]
     n = {"written": 0, "taken": 0}
     real_write, real_take = getattr(N._Remembered, write), getattr(N._Remembered, take)
