@@ -19,6 +19,51 @@ FAKE_PROLOGUE = textwrap.dedent("""
 """)
 
 
+# After FAKE_PROLOGUE: minidnn with nn's GPU model step under the fake.  ``train_steps(name, ...)`` builds LeNet-5,
+# ResNet-20 or MobileNet-small (SGD momentum, cross-entropy; autocast bfloat16 with ``amp``; channels-last with
+# ``cl``; ``smem``: bn_nhwc's shared-memory limits faked, e.g. ``H100``) and yields after each step the number of
+# records its forward made (``recs`` then holds the whole step's).
+MODEL_STEPS = textwrap.dedent("""
+    warnings.filterwarnings("ignore")
+    sys.path.insert(0, {root!r})
+    import types
+    import minidnn as mdn
+    import minidnn.autograd as AG
+    import minidnn.models as MODELS
+    from minidnn.backend.cuda import bn_nhwc as M
+    from minidnn.nn import functional as F
+    from minidnn.nn._functions import norm as N
+    AG._check_anomaly = lambda *a, **k: None
+    # (as tools/fake_gpu_step.py: the engine's copy into a gradient slot, a device copy on a GPU, not recorded)
+    type(fakecp.empty((1,)).data).copy_from_device_async = lambda self, src, n, stream=None: None
+    H100 = (233472, 232448)
+
+    def train_steps(name, amp=False, cl=False, batch=16, smem=None, steps=3):
+        N._REMEMBERED.clear()
+        M._smem.clear()
+        if smem:
+            M._smem[0] = smem
+        mdn.manual_seed(0)
+        model = {{"resnet20": lambda: MODELS.resnet20(), "mobilenet": lambda: MODELS.MobileNetSmall(),
+                  "lenet5": lambda: MODELS.LeNet5(num_classes=10, in_channels=1, input_size=32)}}[name]().to("cuda")
+        opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x = mdn.randn(batch, 1 if name == "lenet5" else 3, 32, 32).to("cuda")
+        labels = mdn.tensor(np.arange(batch) % 10).to("cuda")
+        if cl:
+            model.to(memory_format=mdn.channels_last)
+            x = x.to(memory_format=mdn.channels_last)
+        for i in range(steps):
+            del recs[:]
+            with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
+                loss = F.cross_entropy(model(x), labels)
+            n_fwd = len(recs)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            yield n_fwd
+""")
+
+
 def run_fake_script(script: str, root) -> dict:
     r = subprocess.run([sys.executable, "-c", script.format(root=str(root))], capture_output=True, text=True,
                        timeout=300)

@@ -18,12 +18,10 @@ if not _dev.cuda_is_available():
 
 import cupy as cp  # noqa: E402
 
-import minidnn as mdn  # noqa: E402
-import minidnn.models as MODELS  # noqa: E402
 from minidnn.backend.cuda import bn_cluster  # noqa: E402
-from minidnn.backend.cuda import launch as L  # noqa: E402
-from minidnn.nn import functional as F  # noqa: E402
 from minidnn.nn._functions import norm as N  # noqa: E402
+from tests.nn import _gpu_steps as G  # noqa: E402
+from tests.nn import _twin_steps as S  # noqa: E402
 
 
 def _bits(t):
@@ -35,26 +33,10 @@ def _nhwc_calls():
     return sum(bool(c) for e in N._REMEMBERED.values() for c in e.dx_calls)
 
 
-def _train(on, amp, steps=5):
+def _train(on, amp):
     N.DX_NHWC[0] = on
     N._REMEMBERED.clear()
-    mdn.manual_seed(0)
-    model = MODELS.resnet20().to("cuda")
-    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = mdn.randn(32, 3, 32, 32).to("cuda")
-    labels = mdn.tensor(np.arange(32) % 10).to("cuda")
-    out, launches = [], []
-    for _ in range(steps):
-        n0 = L.launch_count()
-        with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
-            loss = F.cross_entropy(model(x), labels)
-        opt.zero_grad()
-        loss.backward()
-        out.append(_bits(loss))
-        out += [_bits(p.grad) for p in model.parameters()]
-        opt.step()
-        launches.append(L.launch_count() - n0)
-    out += [_bits(p) for p in model.parameters()] + [_bits(b) for b in model.buffers()]
+    out, launches, _ = G.train_resnet20(_bits, amp, batch=32)
     return out, launches, _nhwc_calls()
 
 
@@ -72,45 +54,12 @@ def test_training_is_bitwise_the_same_with_dx_channels_last(amp, clusters, monke
     assert [a - b for a, b in zip(off_launches[2:], on_launches[2:])] == [saved] * 3
 
 
-def _block(on):
-    N.DX_NHWC[0] = on
-    N._REMEMBERED.clear()
-    mdn.manual_seed(0)
-    nn = mdn.nn
-    block = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-                          nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)).to("cuda")
-    opt = mdn.optim.SGD(block.parameters(), lr=0.05, momentum=0.9)
-    x = mdn.randn(32, 16, 32, 32, device="cuda")
-
-    def step():
-        loss = F.relu(block(x) + x).square().mean()
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        opt.step()
-    return block, step
-
-
 def test_a_captured_step_with_dx_channels_last_replays_the_eager_bits(monkeypatch):
     monkeypatch.setattr(N, "DX_NHWC", [False])
     monkeypatch.setattr(bn_cluster, "ENABLED", False)
-    eager, eager_step = _block(False)
-    for _ in range(3 + 5):
-        eager_step()
-    block, step = _block(True)
-    s = mdn.cuda.Stream()
-    s.wait_stream(mdn.cuda.current_stream())
-    with mdn.cuda.stream(s):
-        for _ in range(3):
-            step()
-    mdn.cuda.current_stream().wait_stream(s)
-    assert _nhwc_calls() == 2       # both batch norms feed a convolution that stages dy
-    g = mdn.cuda.CUDAGraph()
-    with mdn.cuda.graph(g):
-        step()
-    for _ in range(5):
-        g.replay()
-    mdn.cuda.synchronize()
-    for p, q in zip(block.parameters(), eager.parameters()):
-        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
-    for p, q in zip(block.buffers(), eager.buffers()):
-        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+    monkeypatch.setattr(N, "TWIN", [N.TWIN[0]])         # (residual_block sets it)
+
+    def block(on):
+        N.DX_NHWC[0] = on
+        return S.residual_block("bn", False, False)
+    G.assert_replays_like_eager(block, warm=3)

@@ -21,13 +21,13 @@ if not _dev.cuda_is_available():
 import cupy as cp  # noqa: E402
 
 import minidnn as mdn  # noqa: E402
-import minidnn.models as MODELS  # noqa: E402
 from minidnn.backend.cuda import conv_filter_keep as K  # noqa: E402
 from minidnn.backend.cuda import conv_igemm as IG  # noqa: E402
 from minidnn.backend.cuda import launch as L  # noqa: E402
 from minidnn.nn import functional as F  # noqa: E402
 from minidnn.nn._functions import conv as C  # noqa: E402
 from minidnn.tensor import Tensor  # noqa: E402
+from tests.nn import _gpu_steps as G  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -75,25 +75,10 @@ def test_krsc_many_is_the_transposing_copy(dtname):
     assert L.launch_count() - n0 == 1                   # one krsc_many for all six
 
 
-def _train(amp, keep, steps=5):
+def _train(amp, keep):
     K.KEEP[0] = keep
     K.clear()
-    mdn.manual_seed(0)
-    model = MODELS.resnet20().to("cuda")
-    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = mdn.randn(16, 3, 32, 32).to("cuda")
-    labels = mdn.tensor(np.arange(16) % 10).to("cuda")
-    out, launches = [], []
-    for _ in range(steps):
-        n0 = L.launch_count()
-        with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
-            loss = F.cross_entropy(model(x), labels)
-        opt.zero_grad()
-        loss.backward()
-        out += [_bits(loss.data)] + [_bits(p.grad.data) for p in model.parameters()]
-        opt.step()
-        launches.append(L.launch_count() - n0)
-    out += [_bits(p.data) for p in model.parameters()] + [_bits(b.data) for b in model.buffers()]
+    out, launches, _ = G.train_resnet20(lambda t: _bits(t.data), amp)
     return out, launches
 
 
@@ -148,21 +133,4 @@ def test_a_captured_step_replays_the_eager_bits():
             loss.backward()
             opt.step()
         return net, step
-    eager, eager_step = block(False)
-    for _ in range(3 + 5):
-        eager_step()
-    net, step = block(True)
-    s = mdn.cuda.Stream()
-    s.wait_stream(mdn.cuda.current_stream())
-    with mdn.cuda.stream(s):
-        for _ in range(3):
-            step()
-    mdn.cuda.current_stream().wait_stream(s)
-    g = mdn.cuda.CUDAGraph()
-    with mdn.cuda.graph(g):
-        step()
-    for _ in range(5):                                  # (the capture itself ran nothing)
-        g.replay()
-    mdn.cuda.synchronize()
-    for p, q in zip(net.parameters(), eager.parameters()):
-        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+    G.assert_replays_like_eager(block, warm=3)

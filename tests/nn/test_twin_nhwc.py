@@ -14,52 +14,18 @@ import textwrap
 
 import pytest
 
-from tests.nn._fake_script import FAKE_PROLOGUE, run_fake_script
+from tests.nn._fake_script import FAKE_PROLOGUE, MODEL_STEPS, run_fake_script
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
-_SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
-    warnings.filterwarnings("ignore")
-    sys.path.insert(0, {root!r})
-    import minidnn as mdn
-    import types
-    import minidnn.autograd as AG
-    import minidnn.models as MODELS
-    from minidnn.backend.cuda import bn_nhwc as M
-    from minidnn.nn import functional as F
-    from minidnn.nn._functions import norm as N
-    AG._check_anomaly = lambda *a, **k: None
-    # (as tools/fake_gpu_step.py: the engine's copy into a gradient slot, a device copy on a GPU, not recorded)
-    type(fakecp.empty((1,)).data).copy_from_device_async = lambda self, src, n, stream=None: None
-    H100 = (233472, 232448)
-
+_SCRIPT = FAKE_PROLOGUE + MODEL_STEPS + textwrap.dedent("""
     def staged(names):
         return sum(n.startswith("nchw_to_nhwc") for n in names)
 
     def model_step(name, on, amp=False, cl=False, batch=16, smem=None, steps=5):
         N.TWIN_NHWC[0] = on
-        N._REMEMBERED.clear()
-        M._smem.clear()
-        if smem:
-            M._smem[0] = smem
-        mdn.manual_seed(0)
-        model = {{"resnet20": lambda: MODELS.resnet20(), "mobilenet": lambda: MODELS.MobileNetSmall(),
-                  "lenet5": lambda: MODELS.LeNet5(num_classes=10, in_channels=1, input_size=32)}}[name]().to("cuda")
-        opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        x = mdn.randn(batch, 1 if name == "lenet5" else 3, 32, 32).to("cuda")
-        labels = mdn.tensor(np.arange(batch) % 10).to("cuda")
-        if cl:
-            model.to(memory_format=mdn.channels_last)
-            x = x.to(memory_format=mdn.channels_last)
         per_step = []
-        for i in range(steps):
-            del recs[:]
-            with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
-                loss = F.cross_entropy(model(x), labels)
-            n_fwd = len(recs)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        for n_fwd in train_steps(name, amp, cl, batch, smem, steps):
             names = [r[0] for r in recs]
             per_step.append([staged(names[:n_fwd]), sum("-DTWIN_NHWC=1" in n for n in names)])
         return dict(recs=[list(r) for r in recs], fwd=n_fwd, per_step=per_step)

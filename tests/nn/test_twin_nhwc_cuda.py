@@ -17,12 +17,9 @@ if not _dev.cuda_is_available():
 
 import cupy as cp  # noqa: E402
 
-import minidnn as mdn  # noqa: E402
-import minidnn.models as MODELS  # noqa: E402
-from minidnn.backend.cuda import launch as L  # noqa: E402
-from minidnn.nn import functional as F  # noqa: E402
 from minidnn.nn._functions import conv as C  # noqa: E402
 from minidnn.nn._functions import norm as N  # noqa: E402
+from tests.nn import _gpu_steps as G  # noqa: E402
 from tests.nn import _twin_steps as S  # noqa: E402
 
 
@@ -44,28 +41,15 @@ def _taken(monkeypatch):
     return n
 
 
-def _train(on, amp, taken, steps=5):
+def _train(on, amp, taken):
     N.TWIN_NHWC[0] = on
     N._REMEMBERED.clear()
-    mdn.manual_seed(0)
-    model = MODELS.resnet20().to("cuda")
-    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = mdn.randn(16, 3, 32, 32).to("cuda")
-    labels = mdn.tensor(np.arange(16) % 10).to("cuda")
-    out, launches, counts = [], [], []
-    for _ in range(steps):
-        n0, t0 = L.launch_count(), taken[0]
-        with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
-            loss = F.cross_entropy(model(x), labels)
-        opt.zero_grad()
-        loss.backward()
-        out.append(_bits(loss))
-        out += [_bits(p.grad) for p in model.parameters()]
-        opt.step()
-        launches.append(L.launch_count() - n0)
-        counts.append(taken[0] - t0)
-    out += [_bits(p) for p in model.parameters()]
-    out += [_bits(b) for b in model.buffers()]
+    counts, last = [], [taken[0]]
+
+    def after_step():       # shadows taken in the step
+        counts.append(taken[0] - last[0])
+        last[0] = taken[0]
+    out, launches, _ = G.train_resnet20(_bits, amp, after_step=after_step)
     return out, launches, counts
 
 
@@ -84,27 +68,15 @@ def test_training_is_bitwise_the_same_with_the_shadow(amp, monkeypatch):
 
 def test_a_captured_step_with_the_shadow_replays_the_eager_bits(monkeypatch):
     taken = _taken(monkeypatch)
-    N.TWIN_NHWC[0] = False
-    eager, eager_step = S.residual_block("bn", True, False)
-    for _ in range(4 + 5):
-        eager_step()
-    N.TWIN_NHWC[0] = True
-    block, step = S.residual_block("bn", True, False)
-    s = mdn.cuda.Stream()
-    s.wait_stream(mdn.cuda.current_stream())
-    with mdn.cuda.stream(s):
-        for _ in range(4):
-            step()
-    mdn.cuda.current_stream().wait_stream(s)
-    assert taken[0] == 1, "the fourth warm-up step took the shadow"
-    g = mdn.cuda.CUDAGraph()
-    with mdn.cuda.graph(g):
-        step()
-    assert taken[0] == 1, "no shadow while capturing"
-    for _ in range(5):
-        g.replay()
-    mdn.cuda.synchronize()
-    for p, q in zip(block.parameters(), eager.parameters()):
-        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
-    for p, q in zip(block.buffers(), eager.buffers()):
-        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+    monkeypatch.setattr(N, "TWIN", [N.TWIN[0]])         # (residual_block sets it)
+
+    def block(on):
+        N.TWIN_NHWC[0] = on
+        return S.residual_block("bn", True, False)
+
+    def warmed():
+        assert taken[0] == 1, "the fourth warm-up step took the shadow"
+
+    def captured():
+        assert taken[0] == 1, "no shadow while capturing"
+    G.assert_replays_like_eager(block, warm=4, before_capture=warmed, after_capture=captured)
