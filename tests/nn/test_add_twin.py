@@ -54,7 +54,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
         d.update(cls=cls.__name__, edges=[edge(e) for e in n.next_edges])
         if cls is not type(n):
             d.update(needs=list(n.needs_input_grad), meta=repr(n._input_meta), out=repr(n._out_meta),
-                     versions=list(n.versions), fields=sorted(k for k in n.__dict__ if k != "seen"),
+                     versions=list(n.versions), fields=sorted(k for k in n.__dict__ if k not in ("seen", "sh")),
                      bypassed=[getattr(b, "_fn_cls", type(b)).__name__ for b in getattr(n, "bypassed", ())])
         return d
 
@@ -252,7 +252,8 @@ def test_a_layer_whose_twins_go_unused_stops_speculating(out):
 
 def _record(amp, cl, twin, tmp_path):
     path = tmp_path / f"resnet20_{amp}_{cl}_{twin}.json"
-    env = dict(os.environ, MODE="record", OUT=str(path), AMP=amp, CL=cl, MINIDNN_ADD_TWIN=twin)
+    env = dict(os.environ, MODE="record", OUT=str(path), AMP=amp, CL=cl, MINIDNN_ADD_TWIN=twin,
+               MINIDNN_TWIN_NHWC="0")      # (the shadows' own launches: test_twin_nhwc.py)
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "fake_gpu_step.py"), str(ROOT), "resnet20", "128"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

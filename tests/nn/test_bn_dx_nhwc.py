@@ -131,3 +131,28 @@ def test_dx_stays_as_x_where_someone_sees_it_or_the_switch_is_off(out, case):
     r = out["layer_" + case]
     assert r["dx_nhwc"] == 0 and r["staged"] == 1
     assert r["gx"] == [32 * 16 * 16 * 4, 16 * 16 * 4, 16 * 4, 4]
+
+
+_CAPTURE_CL = FAKE_PROLOGUE + MODEL_STEPS + textwrap.dedent("""
+    # a channels-last batch norm's plain backward call (bn_nhwc off: bn_kernels' _BackwardCall, whose dx is laid out
+    # back to channels-last) while the stream captures: DX_NHWC's capture rule must not refuse it (the review's crash)
+    M.ENABLED = False
+    res = {{}}
+    mdn.manual_seed(0)
+    bn = mdn.nn.BatchNorm2d(32).to("cuda")
+    x = mdn.randn(8, 32, 16, 16).to("cuda").to(memory_format=mdn.channels_last).requires_grad_()
+    for step in range(3):
+        if step == 2:
+            fakecp.cuda.get_current_stream = lambda *a: types.SimpleNamespace(ptr=1)
+            fakecp.cuda.runtime.streamIsCapturing = lambda s: True
+        del recs[:]
+        bn(x).sum().backward()
+        res[str(step)] = sum(r[0].startswith("bn_") for r in recs)
+        x.grad = None
+    print("RESULT" + json.dumps(res))
+""")
+
+
+def test_a_channels_last_plain_backward_runs_while_capturing():
+    res = run_fake_script(_CAPTURE_CL, ROOT)
+    assert res["2"] == res["1"] > 0

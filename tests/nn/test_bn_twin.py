@@ -52,7 +52,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
             return d
         d.update(cls=n._fn_cls.__name__, needs=list(n.needs_input_grad), edges=[edge(e) for e in n.next_edges],
                  meta=repr(n._input_meta), out=repr(n._out_meta), versions=list(n.versions),
-                 fields=sorted(k for k in n.__dict__ if k != "seen"),
+                 fields=sorted(k for k in n.__dict__ if k not in ("seen", "sh")),
                  bypassed=[getattr(b, "_fn_cls", type(b)).__name__ for b in getattr(n, "bypassed", ())])
         return d
 
@@ -113,7 +113,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
                 out["node"] = node(r)
                 out["is_twin"] = bool(twins) and r.data is twins[-1]
                 out["twins"] = len(twins)
-                out["bn_fields"] = None if yn is None else sorted(k for k in yn.__dict__ if k != "seen")
+                out["bn_fields"] = None if yn is None else sorted(k for k in yn.__dict__ if k not in ("seen", "sh"))
                 if r2 is not None:
                     out["r2"] = [node(r2), r2.data is r.data, any(r2.data is t for t in twins)]
                 del recs[:]
@@ -241,7 +241,8 @@ def test_a_layer_whose_twins_go_unused_stops_speculating(out):
 def _record(model, amp, cl, twin, tmp_path):
     path = tmp_path / f"{model}_{amp}_{cl}_{twin}.json"
     env = dict(os.environ, MODE="record", OUT=str(path), AMP=amp, CL=cl, MINIDNN_BN_TWIN=twin,
-               MINIDNN_ADD_TWIN="0")      # (the residual add's twin, its own -DTWIN=1 launches: test_add_twin.py)
+               MINIDNN_ADD_TWIN="0",      # (the residual add's twin, its own -DTWIN=1 launches: test_add_twin.py)
+               MINIDNN_TWIN_NHWC="0")
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "fake_gpu_step.py"), str(ROOT), model, "128"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -136,3 +136,47 @@ def test_a_layer_takes_the_shadow_from_the_fourth_step(out):
 def test_an_in_place_change_of_the_relu_output_stages_again_and_stops_the_shadow(out):
     # shadows written on steps 4-6, none taken (x changed in place); TWIN_MISSES (3) unused: no more shadows
     assert [s[:2] for s in out["layer_inplace"]] == [[2, 0], [2, 0], [1, 0], [1, 1], [1, 1], [1, 1], [1, 0]]
+
+
+_CAPTURED_CONV = FAKE_PROLOGUE + MODEL_STEPS + textwrap.dedent("""
+    # conv1 captured on its own (a partial capture) after eager steps whose shadows it took: its input, an eager
+    # twin, has a shadow written outside the capture, which a replay would read as it is -- it must stage instead
+    from minidnn.nn._functions import conv as C
+    N.TWIN_NHWC[0] = True
+    taken = []
+    real_outcome = C._shadow_outcome
+
+    def outcome(node, carry):
+        o = node.sh
+        taken.append(o[1] is not None and carry.xs is o[1])
+        return real_outcome(node, carry)
+    C._shadow_outcome = outcome
+    mdn.manual_seed(0)
+    nn = mdn.nn
+    conv0, bn = nn.Conv2d(32, 32, 3, padding=1, bias=False).to("cuda"), nn.BatchNorm2d(32).to("cuda")
+    conv1 = nn.Conv2d(32, 32, 3, padding=1, bias=False).to("cuda")
+    x = mdn.randn(32, 32, 16, 16).to("cuda").requires_grad_()
+    out = []
+    real_stream = fakecp.cuda.get_current_stream
+    for i in range(6):
+        h = F.relu(bn(conv0(x)))
+        if i == 5:
+            fakecp.cuda.get_current_stream = lambda *a: types.SimpleNamespace(ptr=1)
+            fakecp.cuda.runtime.streamIsCapturing = lambda s: True
+        n0 = len(taken)
+        del recs[:]
+        y = conv1(h)
+        out.append([sum(r[0].startswith("nchw_to_nhwc") for r in recs), any(taken[n0:])])
+        fakecp.cuda.get_current_stream = real_stream
+        fakecp.cuda.runtime.streamIsCapturing = lambda s: False
+        y.backward(mdn.ones(*y.shape).to("cuda"))
+        for p in (x, *conv0.parameters(), *bn.parameters(), *conv1.parameters()):
+            p.grad = None
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_a_captured_convolution_stages_its_input_instead_of_an_eager_shadow():
+    out = run_fake_script(_CAPTURED_CONV, ROOT)
+    assert out[4] == [0, True]          # eager: the shadow taken (from the fourth step), nothing staged
+    assert out[5] == [2, False]         # captured: x staged (and the filter: nothing kept while capturing)

@@ -32,10 +32,10 @@ def _taken(monkeypatch):
     n = [0]
     real = C._shadow_outcome
 
-    def outcome(found, carry):
-        o = found[0][found[1]]
+    def outcome(node, carry):
+        o = node.sh
         n[0] += carry.xshadow is None and o[1] is not None and carry.xs is o[1]
-        return real(found, carry)
+        return real(node, carry)
     monkeypatch.setattr(C, "_shadow_outcome", outcome)
     monkeypatch.setattr(N, "TWIN_NHWC", [True])
     return n

@@ -1554,7 +1554,7 @@ class _BackwardCall:
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
         cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
-        if self.dx_back is not None:    # dx_nhwc_call's: not while the stream captures a CUDA graph
+        if self.dx_back is not None and self.back is None:      # dx_nhwc_call's: not while the stream captures
             stream = cp.cuda.get_current_stream().ptr
             if stream and cp.cuda.runtime.streamIsCapturing(stream):
                 return None

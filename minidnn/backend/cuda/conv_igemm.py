@@ -358,7 +358,9 @@ class filter_carry:
     ``xshadow`` (session 16): (an NHWC-memory array holding x's values as its channels-first view, x's key) -- a
     batch-norm or add twin's channels-last shadow (docs/fusion.md, "The twin's NHWC shadow"), set by the caller,
     who vouches that it holds x's values.  A forward that would stage an x of that key takes it as its NHWC copy
-    instead (nothing staged), keeps it as ``xs`` like its own copy, and sets ``xshadow`` back to None (taken)."""
+    instead (nothing staged), keeps it as ``xs`` like its own copy, and sets ``xshadow`` back to None (taken) --
+    except while the stream captures a CUDA graph: a shadow written outside the capture would be read by every
+    replay as it is (and its memory reused once released)."""
     __slots__ = ("krsc", "key", "outer", "xs", "xkey", "want_x", "want_filter", "keep", "xshadow")
 
     def __init__(self, want_x=False, want_filter=True, keep=None):
@@ -373,6 +375,12 @@ class filter_carry:
     def __exit__(self, *exc):
         _scope.carry, self.outer = self.outer, None
         return False
+
+
+def _capturing(cp):
+    """Whether the current stream captures a CUDA graph (the legacy default stream, pointer 0, cannot)."""
+    stream = cp.cuda.get_current_stream().ptr
+    return bool(stream) and bool(cp.cuda.runtime.streamIsCapturing(stream))
 
 
 def _filter_key(w):
@@ -695,7 +703,7 @@ class _Call:
             st = self.stage[0]
             if st:
                 sh = None if carry is None else carry.xshadow
-                if sh is not None and sh[1] == (x.data.ptr, x.shape, x.strides, x.dtype):
+                if sh is not None and sh[1] == (x.data.ptr, x.shape, x.strides, x.dtype) and not _capturing(cp):
                     x = carry.xs = sh[0]        # the twin's shadow: x's values in NHWC memory already
                     carry.xkey, carry.xshadow = sh[1], None
                 elif carry is not None and carry.want_x and _scope.memo is None:

@@ -110,11 +110,11 @@ CARRY_X = [os.environ.get("MINIDNN_CONV_CARRY_X", "1") != "0"]
 # Switch: CL_DW_SLOT[0] = False, or MINIDNN_CONV_CL_DW_SLOT=0 at import (the engine then copies dw into the slot).
 CL_DW_SLOT = [os.environ.get("MINIDNN_CONV_CL_DW_SLOT", "1") != "0"]
 # The twin's NHWC shadow (docs/fusion.md; norm.TWIN_NHWC): an x made by a fused batch-norm (+ add) + ReLU node from
-# a twin is found in the slot ``sh_out[k]`` of the node's remembered entry (its ``seen``; k 0 batch norm's twin, 1
-# the add's) = (the twin's array -- x's own, by identity --, its channels-last shadow or None, the entry that
-# speculates it).  The forward offers the shadow to the kernels (filter_carry.xshadow: taken where they would stage
-# x) while x is at version 0, and tells the entry what happened, emptying the slot: taken (its unused count reset),
-# or x staged (the entry then asks for the shadow).  SHADOWS[0]: set by norm once a twin was handed out so.
+# a twin finds it on that node, ``x.grad_fn.sh`` = (the twin's array -- x's own, by identity --, its channels-last
+# shadow or None, the entry that speculates it, the form: 0 batch norm's twin, 1 the add's).  The forward offers
+# the shadow to the kernels (filter_carry.xshadow: taken where they would stage x, never while the stream captures)
+# while x is at version 0, and tells the entry what happened, emptying the slot: taken (its unused count reset), or
+# x staged (the entry then asks for the shadow).  SHADOWS[0]: set by norm once a node kept a twin so.
 SHADOWS = [False]
 
 
@@ -131,32 +131,28 @@ def _new_carry(need, w):
 
 
 def _offer_shadow(x, carry):
-    """(the slots, k) where x is a twin handed out (None: it is not), its shadow offered to the forward where x is
-    at version 0."""
-    outs = getattr(getattr(x.grad_fn, "seen", None), "sh_out", None)
-    if outs is None:
+    """x's node, where x is a twin handed out with its slot still on the node (None: it is not), its shadow offered
+    to the forward where x is at version 0."""
+    node = x.grad_fn
+    o = getattr(node, "sh", None)
+    if o is None or o[0] is not x.data:
         return None
-    xd = x.data
-    for k in (0, 1):
-        o = outs[k]
-        if o is not None and o[0] is xd:
-            if o[1] is not None and x._version == 0:
-                carry.xshadow = (o[1], (xd.data.ptr, xd.shape, xd.strides, xd.dtype))
-            return outs, k
-    return None
+    if o[1] is not None and x._version == 0:
+        xd = x.data
+        carry.xshadow = (o[1], (xd.data.ptr, xd.shape, xd.strides, xd.dtype))
+    return node
 
 
-def _shadow_outcome(found, carry):
-    outs, k = found
-    o = outs[k]
-    if carry.xshadow is not None:               # offered, not taken: this convolution stages nothing
-        carry.xshadow = None
+def _shadow_outcome(node, carry):
+    o = node.sh
+    if carry.xshadow is not None:               # offered, not taken (this convolution stages nothing, or the
+        carry.xshadow = None                    # stream captures): the slot stays for another convolution of x
     elif o[1] is not None and carry.xs is o[1]:
-        o[2].sh_misses[k] = 0
-        outs[k] = None
+        node.sh = None
+        o[2].sh_misses[o[3]] = 0
     elif carry.xs is not None:                  # x staged (the forward's copy, kept for the filter gradient)
-        o[2].sh_want[k] = True
-        outs[k] = None
+        node.sh = None
+        o[2].sh_want[o[3]] = True
 
 
 def _kept(carry):

@@ -409,12 +409,12 @@ DX_NHWC = [os.environ.get("MINIDNN_BN_DX_NHWC", "1") != "0"]
 # The twin's NHWC shadow (docs/fusion.md, "The twin's NHWC shadow"): where a twin's ReLU output went into a
 # convolution that staged it (an NHWC copy for its 16-byte loader; conv.py tells the entry, sh_want), the twin's
 # kernel also writes relu's values in channels-last memory (bn_kernels.twin_nhwc_call, act_kernels' add_twin_plan
-# shadow).  The entry of the fused node (its ``seen``) keeps the twin it handed out last, per form, in ``sh_out``:
-# (the twin's array, its shadow or None, the entry that speculates it), for the convolution that takes x to find
-# (conv.py _offer_shadow, which empties the slot): it reads the shadow instead of staging x while x still holds
-# that array at version 0.  TWIN_MISSES unused shadows in a row stop it; none while the stream captures a CUDA
-# graph.  TWIN_NHWC[0] = False, or MINIDNN_TWIN_NHWC=0 at import (session 16 run 6 on the H200: ResNet-20's eager
-# step fp32 0.986-0.994x, bf16 0.952x of the switch-off step; the cuda tests bitwise on / off).
+# shadow).  The fused node that hands a twin out keeps it (``sh``: the twin's array, its shadow or None, the entry
+# that speculates it, the form) for the convolution that takes x to find (conv.py _offer_shadow, which empties the
+# slot; it goes with the graph): it reads the shadow instead of staging x while x still holds that array at
+# version 0 and the stream does not capture.  TWIN_MISSES unused shadows in a row stop it; none is written while
+# the stream captures a CUDA graph.  TWIN_NHWC[0] = False, or MINIDNN_TWIN_NHWC=0 at import (session 16 run 6,
+# H200: ResNet-20's eager step fp32 0.986-0.994x, bf16 0.952x of the switch-off step; bitwise on / off).
 TWIN_NHWC = [os.environ.get("MINIDNN_TWIN_NHWC", "1") != "0"]
 _REMEMBERED = SeenCalls()
 _new = object.__new__
@@ -447,8 +447,7 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
     r = _Remembered()
     r.call, r.sig, r.eps, r.factor = call, _sig(xd), eps, momentum
     r.twin_call, r.misses, r.add_twin_plan, r.add_misses = None, 0, None, 0
-    r.shadow_call, r.add_shadow_plan, r.sh_want, r.sh_misses, r.sh_out = None, None, [False, False], [0, 0], \
-        [None, None]
+    r.shadow_call, r.add_shadow_plan, r.sh_want, r.sh_misses = None, None, [False, False], [0, 0]
     r.dev = r.sig[3]
     r.wd, r.bd, r.rmd, r.rvd, r.cd = (_data(t) for t in tensors)
     r.xmeta = (xd.shape, xd.dtype)
@@ -457,7 +456,9 @@ def _remember(input, running_mean, running_var, weight, bias, momentum, eps, cou
     r.out_meta = ((xd.shape, xd.dtype, array_module(xd)),)
     r.relu = r.add_relu = None
     r.backward_calls = [None, None, None]
-    r.dx_calls, r.dx_conv = [None, None, None], (None, False)
+    # (no channels-last dx for channels-last or 2-D x: nothing to look up at their backwards)
+    r.dx_calls = [None, None, None] if xd.ndim >= 3 and xd.flags.c_contiguous else [False, False, False]
+    r.dx_conv = (None, False)
     _REMEMBERED.remember(key, r)
     # The key holds the tensors' ids, the entry only their arrays: it goes when the first of them goes (a model
     # dropped in a notebook or a sweep takes its entries, and the arrays they hold, with it), so an id is never
@@ -483,8 +484,7 @@ class _Remembered:
     """One remembered training signature (see above)."""
     __slots__ = ("call", "sig", "eps", "factor", "dev", "wd", "bd", "rmd", "rvd", "cd", "xmeta", "wmeta", "bmeta",
                  "out_meta", "relu", "add_relu", "backward_calls", "twin_call", "misses", "add_twin_plan",
-                 "add_misses", "dx_calls", "dx_conv", "shadow_call", "add_shadow_plan", "sh_want", "sh_misses",
-                 "sh_out")
+                 "add_misses", "dx_calls", "dx_conv", "shadow_call", "add_shadow_plan", "sh_want", "sh_misses")
 
     def forward(self, x, weight, bias, running_mean, running_var, counter):
         """batch_norm(x, ...) as the full path computes and records it, or None (then nothing was done)."""
@@ -622,9 +622,9 @@ class _Remembered:
             r = plan(yd)
         else:
             self.misses = 0
-            if TWIN_NHWC[0]:
-                self.sh_out[0] = (r, twin[2] if len(twin) > 2 else None, self)
-                _conv.SHADOWS[0] = True
+            if TWIN_NHWC[0] and r.ndim == 4 and r.flags.c_contiguous:
+                return self._fused(BatchNormReLU, r, bn, (bn,), x, weight, bias, None, y,
+                                   (r, twin[2] if len(twin) > 2 else None, self, 0))
         return self._fused(BatchNormReLU, r, bn, (bn,), x, weight, bias, None, y)
 
     def add_relu_node(self, bn, a, z_edge):
@@ -644,15 +644,17 @@ class _Remembered:
             r = plan(ad)
         else:
             twin[2].add_misses = 0
-            if TWIN_NHWC[0]:
-                self.sh_out[1] = (r, twin[3] if len(twin) > 3 else None, twin[2])
-                _conv.SHADOWS[0] = True
+            if TWIN_NHWC[0] and r.ndim == 4 and r.flags.c_contiguous:
+                return self._fused(BatchNormAddReLU, r, bn, (add, bn), x, weight, bias, z_edge, a,
+                                   (r, twin[3] if len(twin) > 3 else None, twin[2], 1))
         return self._fused(BatchNormAddReLU, r, bn, (add, bn), x, weight, bias, z_edge, a)
 
-    def _fused(self, cls, r, bn, bypassed, x, weight, bias, z_edge, y):
+    def _fused(self, cls, r, bn, bypassed, x, weight, bias, z_edge, y, sh=None):
         """The fused node over y (or the sum a) and its output r.  Inputs as apply sees them: x, weight, bias, (the
         stand-in of z,) y, src; the stand-in requires grad exactly when z_edge is not None, with z_edge as its edge
-        and a's shape and dtype.  r has y's shape and dtype (checked by the caller: y is laid out as x)."""
+        and a's shape and dtype.  r has y's shape and dtype (checked by the caller: y is laid out as x).  ``sh``: a
+        twin handed out, (r, its NHWC shadow or None, the entry that speculates it, form), kept on the node for
+        the convolution that takes r (conv.py _offer_shadow): it goes with the graph."""
         xr = x.requires_grad
         xd = x.data
         xe = x._edge() if xr or x.grad_fn is not None else None
@@ -692,6 +694,9 @@ class _Remembered:
         ctx.versions = (x._version, 0 if weight is None else weight._version, y._version)
         ctx._out_meta = self.out_meta
         ctx.num_outputs = 1
+        if sh is not None:
+            ctx.sh = sh
+            _conv.SHADOWS[0] = True
         return Function.output(ctx, r)
 
     def backward(self, form, x, weight, y, g, stats, dests=()):
