@@ -227,9 +227,8 @@ def _current_stream(arr):
     if not _is_cuda_array(arr):
         return 0
     from ..backend.cuda import launch as _launch  # (GPU arrays only)
-    cp = _launch.cupy()
-    stream = cp.cuda.get_current_stream().ptr
-    return None if stream and cp.cuda.runtime.streamIsCapturing(stream) else stream
+    from ..backend.cuda import workspace as _ws
+    return _ws.eager_stream(_launch.cupy())
 
 
 def _low_copy(fs, dtype):

@@ -442,8 +442,7 @@ class _ShadowPlan(_Plan):
 
     def __call__(self, x, dy):
         cp = _launch._cp
-        stream = cp.cuda.get_current_stream().ptr
-        if stream and cp.cuda.runtime.streamIsCapturing(stream):
+        if _ws.eager_stream(cp) is None:
             return None
         with _launch.on_device(self.dev):
             out = _ws.fresh(cp, self.dev, "act", self.mem, self.dtype, self.spec)

@@ -1333,10 +1333,8 @@ class _TrainingCall:
                 or (self.aligned is not None and _aligned(xc, z) is not self.aligned):
             return None
         cp, dev, acc = _launch.cupy(), self.dev, self.acc
-        if self.shadow is not None:     # twin_nhwc_call's: not while the stream captures a CUDA graph
-            stream = cp.cuda.get_current_stream().ptr
-            if stream and cp.cuda.runtime.streamIsCapturing(stream):
-                return None
+        if self.shadow is not None and _ws.eager_stream(cp) is None:      # twin_nhwc_call's: not while capturing
+            return None
         with _launch.on_device(dev):
             mean, inv_std = _ws.fresh_pair(cp, dev, "bn.stats", (self.c,), acc)
             partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
@@ -1400,14 +1398,24 @@ def _twin_call(xc, dev, aligned, flags, plain):
     if plain.launch1 is None:                       # the two-launch route: no twin
         return False
     outer, c, inner, _ = layout_of(xc)
-    one = _fwd1_plan(xc, outer, c, inner, *flags, aligned, dev, twin=True)
-    if one is None or not _nhwc.same_launch(plain.launch1, one[0]) or one[1:] != (plain.n_partial, plain.n_sync,
-                                                                                   plain.acc):
+    t = _variant(plain, _fwd1_plan(xc, outer, c, inner, *flags, aligned, dev, twin=True))
+    if t:
+        t.twin = True
+    return t
+
+
+def _variant(base, one):
+    """A copy of the settled call ``base`` (a _TrainingCall or _BackwardCall) that makes ``one``'s launch instead
+    (the twin, the shadow, the channels-last dx), or False where ``one`` (a plan: launch, partial elements, sync
+    counters, accumulator dtype) is not base's own launch with one more option: the same grid, shared memory,
+    scalars and scratch sizes (bn_nhwc.same_launch), so the same sums and bits."""
+    acc = base.acc if type(base) is _TrainingCall else base.pdt
+    if one is None or not _nhwc.same_launch(base.launch1, one[0]) or one[1:] != (base.n_partial, base.n_sync, acc):
         return False
-    t = _TrainingCall()
-    for name in _TrainingCall.__slots__:
-        setattr(t, name, getattr(plain, name))
-    t.launch1, t.twin = one[0], True
+    t = type(base)()
+    for name in type(base).__slots__:
+        setattr(t, name, getattr(base, name))
+    t.launch1 = one[0]
     return t
 
 
@@ -1438,16 +1446,10 @@ def _twin_nhwc_call(xc, dev, aligned, flags, twin):
     outer, c, inner, _ = layout_of(xc)
     if inner == 1:
         return False
-    one = _fwd1_plan(xc, outer, c, inner, *flags, aligned, dev, twin=True, twin_nhwc=True)
-    if one is None or not _nhwc.same_launch(twin.launch1, one[0]) or one[1:] != (twin.n_partial, twin.n_sync,
-                                                                                  twin.acc):
-        return False
-    t = _TrainingCall()
-    for name in _TrainingCall.__slots__:
-        setattr(t, name, getattr(twin, name))
-    t.launch1 = one[0]
-    n, ch, h, w = xc.shape
-    t.shadow = ((n, h, w, ch), (0, 3, 1, 2))
+    t = _variant(twin, _fwd1_plan(xc, outer, c, inner, *flags, aligned, dev, twin=True, twin_nhwc=True))
+    if t:
+        n, ch, h, w = xc.shape
+        t.shadow = ((n, h, w, ch), (0, 3, 1, 2))
     return t
 
 
@@ -1554,10 +1556,8 @@ class _BackwardCall:
                 or (self.aligned is not None and _aligned(xc, dyc, y) is not self.aligned):
             return None
         cp, dev, acc, c = _launch.cupy(), self.dev, self.acc, self.c
-        if self.dx_back is not None and self.back is None:      # dx_nhwc_call's: not while the stream captures
-            stream = cp.cuda.get_current_stream().ptr
-            if stream and cp.cuda.runtime.streamIsCapturing(stream):
-                return None
+        if self.dx_back is not None and self.back is None and _ws.eager_stream(cp) is None:
+            return None                 # dx_nhwc_call's: not while the stream captures a CUDA graph
         with _launch.on_device(dev):
             partial = _ws.scratch_flat(cp, dev, "bn.partial", self.n_partial, acc)
             coef = _ws.scratch_flat(cp, dev, "bn.coef", c * 2, acc)
@@ -1631,17 +1631,11 @@ def _dx_nhwc_call(xc, dev, aligned, flags, plain):
     outer, c, inner, _ = layout_of(xc)
     if inner == 1:
         return False
-    one = _bwd1_plan(xc, outer, c, inner, *flags, aligned, dev, dx_nhwc=True)
-    if one is None or not _nhwc.same_launch(plain.launch1, one[0]) or one[1:] != (plain.n_partial, plain.n_sync,
-                                                                                   plain.pdt):
-        return False
-    t = _BackwardCall()
-    for name in _BackwardCall.__slots__:
-        setattr(t, name, getattr(plain, name))
-    t.launch1 = one[0]
-    nd = xc.ndim
-    t.dx_mem = tuple(xc.shape[i] for i in (0, *range(2, nd), 1))
-    t.dx_back = (0, nd - 1, *range(1, nd - 1))
+    t = _variant(plain, _bwd1_plan(xc, outer, c, inner, *flags, aligned, dev, dx_nhwc=True))
+    if t:
+        nd = xc.ndim
+        t.dx_mem = tuple(xc.shape[i] for i in (0, *range(2, nd), 1))
+        t.dx_back = (0, nd - 1, *range(1, nd - 1))
     return t
 
 

@@ -47,6 +47,7 @@ import weakref
 import numpy as np
 
 from . import launch as _launch
+from . import workspace as _ws
 
 KEEP = [os.environ.get("MINIDNN_CONV_KEEP_FILTERS", "1") != "0"]
 IDLE_LIMIT = 4
@@ -171,9 +172,10 @@ def krsc(cp, w, owner, state_of, run, shape):
     ``state_of(owner)`` -> (array, version)); ``run(w, dst)``: the prepared transpose that makes one copy.  None where
     nothing is kept (switched off, capturing, w not owner's array, an owner met for the first time, a re-use back
     to back): the caller copies as before."""
-    stream = cp.cuda.get_current_stream().ptr
-    if not KEEP[0] or (stream and cp.cuda.runtime.streamIsCapturing(stream)) or w.itemsize not in _WORD \
-            or w.size >= 2 ** 31:
+    if not KEEP[0] or w.itemsize not in _WORD or w.size >= 2 ** 31:
+        return None
+    stream = _ws.eager_stream(cp)
+    if stream is None:
         return None
     arr, version = state_of(owner)
     if arr is not w:

@@ -377,12 +377,6 @@ class filter_carry:
         return False
 
 
-def _capturing(cp):
-    """Whether the current stream captures a CUDA graph (the legacy default stream, pointer 0, cannot)."""
-    stream = cp.cuda.get_current_stream().ptr
-    return bool(stream) and bool(cp.cuda.runtime.streamIsCapturing(stream))
-
-
 def _filter_key(w):
     return (w.data.ptr, w.shape, w.strides, w.dtype, w.data.device_id)
 
@@ -703,7 +697,8 @@ class _Call:
             st = self.stage[0]
             if st:
                 sh = None if carry is None else carry.xshadow
-                if sh is not None and sh[1] == (x.data.ptr, x.shape, x.strides, x.dtype) and not _capturing(cp):
+                if sh is not None and sh[1] == (x.data.ptr, x.shape, x.strides, x.dtype) \
+                        and _ws.eager_stream(cp) is not None:
                     x = carry.xs = sh[0]        # the twin's shadow: x's values in NHWC memory already
                     carry.xkey, carry.xshadow = sh[1], None
                 elif carry is not None and carry.want_x and _scope.memo is None:

@@ -71,6 +71,13 @@ class _Tables(threading.local):
 _local = _Tables()
 
 
+def eager_stream(cp):
+    """The current stream's pointer, or None while it captures a CUDA graph (the legacy default stream, pointer 0,
+    cannot): the test of every eager-only path (the kept filter copies, the channels-last dx, the twins' shadows)."""
+    stream = cp.cuda.get_current_stream().ptr
+    return None if stream and cp.cuda.runtime.streamIsCapturing(stream) else stream
+
+
 def scratch(cp, dev, tag, shape, dtype):
     """An uninitialised array of ``shape`` / ``dtype`` for the kernels of one call on the current stream of GPU
     ``dev`` (the caller's current device): the one the previous call with the same ``tag`` got on this stream and
