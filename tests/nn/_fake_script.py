@@ -64,6 +64,29 @@ MODEL_STEPS = textwrap.dedent("""
 """)
 
 
+# After FAKE_PROLOGUE: ``node(t)``, what a graph node records about tensor ``t`` (its array's layout, and its node's
+# class, edges and -- for a Function's node -- needs, input and output metadata, saved versions, fields, bypassed
+# nodes), to compare the node a fused or twin path records with the one the plain path records.
+NODE_VIEW = textwrap.dedent("""
+    def edge(e):
+        return None if e is None else [getattr(e[0], "_fn_cls", type(e[0])).__name__, e[1]]
+
+    def node(t):
+        n = t.grad_fn
+        d = dict(shape=list(t.data.shape), strides=list(t.data.strides), dtype=str(t.data.dtype),
+                 rg=t.requires_grad, version=t._version)
+        if n is None:
+            return d
+        cls = getattr(n, "_fn_cls", type(n))
+        d.update(cls=cls.__name__, edges=[edge(e) for e in n.next_edges])
+        if cls is not type(n):
+            d.update(needs=list(n.needs_input_grad), meta=repr(n._input_meta), out=repr(n._out_meta),
+                     versions=list(n.versions), fields=sorted(k for k in n.__dict__ if k not in ("seen", "sh")),
+                     bypassed=[getattr(b, "_fn_cls", type(b)).__name__ for b in getattr(n, "bypassed", ())])
+        return d
+""")
+
+
 def run_fake_script(script: str, root) -> dict:
     r = subprocess.run([sys.executable, "-c", script.format(root=str(root))], capture_output=True, text=True,
                        timeout=300)

@@ -1,7 +1,7 @@
-"""The training runs behind the GPU tests of session 16's layout changes (tests/nn/test_conv_filter_keep_cuda.py,
-test_bn_dx_nhwc_cuda.py, test_twin_nhwc_cuda.py): ResNet-20 trained a few SGD steps with every loss, gradient,
-parameter and buffer kept as bits, and a step captured in a CUDA graph against the same step run eagerly.  No GPU
-check here: the module only imports minidnn (the callers skip without a GPU)."""
+"""The training runs behind the GPU tests of the twins (through _twin_steps.py) and of session 16's layout changes
+(test_conv_filter_keep_cuda.py, test_bn_dx_nhwc_cuda.py, test_twin_nhwc_cuda.py): a model trained a few SGD steps
+with every loss, gradient, parameter and buffer kept as bits, and a step captured in a CUDA graph against the same
+step run eagerly.  No GPU check here: the module only imports minidnn (the callers skip without a GPU)."""
 import numpy as np
 
 import minidnn as mdn
@@ -10,15 +10,19 @@ from minidnn.backend.cuda import launch as L
 from minidnn.nn import functional as F
 
 
-def train_resnet20(bits, amp, batch=16, steps=5, after_step=None):
-    """``steps`` SGD steps of ResNet-20 (b``batch``, 32x32, seed 0; the forward under bfloat16 autocast with ``amp``):
-    (every loss, gradient, parameter and buffer as ``bits(tensor)`` gives them, the launches of each step, what
-    ``after_step()`` returned after each step)."""
+def train(bits, amp, name="resnet20", cl=False, batch=16, steps=5, after_step=None):
+    """``steps`` SGD steps of ResNet-20 or MobileNet-small (``name``; b``batch``, 32x32, seed 0; the forward under
+    bfloat16 autocast with ``amp``; model and input channels-last with ``cl``): (every loss, gradient, parameter and
+    buffer as ``bits(tensor)`` gives them, the launches of each step, what ``after_step()`` returned after each
+    step)."""
     mdn.manual_seed(0)
-    model = MODELS.resnet20().to("cuda")
+    model = (MODELS.resnet20() if name == "resnet20" else MODELS.MobileNetSmall()).to("cuda")
     opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x = mdn.randn(batch, 3, 32, 32).to("cuda")
     labels = mdn.tensor(np.arange(batch) % 10).to("cuda")
+    if cl:
+        model.to(memory_format=mdn.channels_last)
+        x = x.to(memory_format=mdn.channels_last)
     out, launches, after = [], [], []
     for _ in range(steps):
         n0 = L.launch_count()

@@ -1,13 +1,10 @@
 """The runs behind tests/nn/test_twins_cuda.py, shared by its two twins (docs/fusion.md): batch norm's forward that
 also writes relu(y) (nn/_functions/norm.py ``TWIN``) and the residual add that also writes relu(a) (``ADD_TWIN``).
 No GPU check here: the module only imports minidnn, so a fake-CuPy script can run the same steps."""
-import numpy as np
-
 import minidnn as mdn
-import minidnn.models as MODELS
-from minidnn.backend.cuda import launch as L
 from minidnn.nn import functional as F
 from minidnn.nn._functions import norm as N
+from tests.nn import _gpu_steps as G
 
 # kind -> (its switch, the entry method that writes a twin, where relu sits in what that returns, the node method
 # that takes it)
@@ -46,29 +43,13 @@ def train(kind, name, twin, amp, cl, taken, bits, steps=5):
     buffer as ``bits`` gives them, the launches of each step, (twins written, taken) each step)."""
     getattr(N, KINDS[kind][0])[0] = twin
     N._REMEMBERED.clear()
-    mdn.manual_seed(0)
-    model = (MODELS.resnet20() if name == "resnet20" else MODELS.MobileNetSmall()).to("cuda")
-    opt = mdn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x = mdn.randn(16, 3, 32, 32).to("cuda")
-    labels = mdn.tensor(np.arange(16) % 10).to("cuda")
-    if cl:
-        model.to(memory_format=mdn.channels_last)
-        x = x.to(memory_format=mdn.channels_last)
-    out, launches, counts = [], [], []
-    for _ in range(steps):
-        n0, t0 = L.launch_count(), dict(taken)
-        with mdn.autocast("cuda", dtype=mdn.bfloat16, enabled=amp):
-            loss = F.cross_entropy(model(x), labels)
-        opt.zero_grad()
-        loss.backward()
-        out.append(bits(loss))
-        out += [bits(p.grad) for p in model.parameters()]
-        opt.step()
-        launches.append(L.launch_count() - n0)
-        counts.append((taken["written"] - t0["written"], taken["taken"] - t0["taken"]))
-    out += [bits(p) for p in model.parameters()]
-    out += [bits(b) for b in model.buffers()]
-    return out, launches, counts
+    last = [dict(taken)]
+
+    def counts():
+        c = (taken["written"] - last[0]["written"], taken["taken"] - last[0]["taken"])
+        last[0] = dict(taken)
+        return c
+    return G.train(bits, amp, name, cl, steps=steps, after_step=counts)
 
 
 def residual_block(kind, twin, cl):

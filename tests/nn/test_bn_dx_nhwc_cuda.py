@@ -36,7 +36,7 @@ def _nhwc_calls():
 def _train(on, amp):
     N.DX_NHWC[0] = on
     N._REMEMBERED.clear()
-    out, launches, calls = G.train_resnet20(_bits, amp, batch=32, after_step=_nhwc_calls)   # (while the model
+    out, launches, calls = G.train(_bits, amp, batch=32, after_step=_nhwc_calls)   # (while the model
     return out, launches, calls[-1]                                                         # and its entries live)
 
 

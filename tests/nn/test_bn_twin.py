@@ -18,11 +18,11 @@ import textwrap
 
 import pytest
 
-from tests.nn._fake_script import FAKE_PROLOGUE, run_fake_script
+from tests.nn._fake_script import FAKE_PROLOGUE, NODE_VIEW, run_fake_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-_SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
+_SCRIPT = FAKE_PROLOGUE + NODE_VIEW + textwrap.dedent("""
     warnings.filterwarnings("ignore")
     import minidnn as mdn
     import minidnn.autograd as AG
@@ -40,21 +40,6 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
             twins.append(out[3])
         return out
     N._Remembered._twin = spy
-
-    def edge(e):
-        return None if e is None else [getattr(e[0], "_fn_cls", type(e[0])).__name__, e[1]]
-
-    def node(t):
-        n = t.grad_fn
-        d = dict(shape=list(t.data.shape), strides=list(t.data.strides), dtype=str(t.data.dtype),
-                 rg=t.requires_grad, version=t._version)
-        if n is None:
-            return d
-        d.update(cls=n._fn_cls.__name__, needs=list(n.needs_input_grad), edges=[edge(e) for e in n.next_edges],
-                 meta=repr(n._input_meta), out=repr(n._out_meta), versions=list(n.versions),
-                 fields=sorted(k for k in n.__dict__ if k not in ("seen", "sh")),
-                 bypassed=[getattr(b, "_fn_cls", type(b)).__name__ for b in getattr(n, "bypassed", ())])
-        return d
 
     def layout(t):
         return None if t is None else [list(t.data.shape), list(t.data.strides), str(t.data.dtype)]

@@ -78,7 +78,7 @@ def test_krsc_many_is_the_transposing_copy(dtname):
 def _train(amp, keep):
     K.KEEP[0] = keep
     K.clear()
-    out, launches, _ = G.train_resnet20(lambda t: _bits(t.data), amp)
+    out, launches, _ = G.train(lambda t: _bits(t.data), amp)
     return out, launches
 
 

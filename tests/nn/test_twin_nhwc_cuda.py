@@ -49,7 +49,7 @@ def _train(on, amp, taken):
     def after_step():       # shadows taken in the step
         counts.append(taken[0] - last[0])
         last[0] = taken[0]
-    out, launches, _ = G.train_resnet20(_bits, amp, after_step=after_step)
+    out, launches, _ = G.train(_bits, amp, after_step=after_step)
     return out, launches, counts
 
 

@@ -18,7 +18,7 @@ if not _dev.cuda_is_available():
 
 import cupy as cp  # noqa: E402
 
-import minidnn as mdn  # noqa: E402
+from tests.nn import _gpu_steps as G  # noqa: E402
 from tests.nn import _twin_steps as S  # noqa: E402
 
 
@@ -54,25 +54,12 @@ def test_a_captured_step_with_the_twin_replays_the_eager_bits(kind, cl, monkeypa
     """The residual block trained with SGD: eager with the twin off, and captured (warm-up on a side stream, then
     mdn.cuda.graph) with it on; 5 steps each, the same parameters."""
     taken = S.counter(monkeypatch, kind)
-    eager, eager_step = S.residual_block(kind, False, cl)
-    for _ in range(3 + 5):
-        eager_step()
-    block, step = S.residual_block(kind, True, cl)
-    s = mdn.cuda.Stream()
-    s.wait_stream(mdn.cuda.current_stream())
-    with mdn.cuda.stream(s):
-        for _ in range(3):
-            step()
-    mdn.cuda.current_stream().wait_stream(s)
-    before = dict(taken)
-    g = mdn.cuda.CUDAGraph()
-    with mdn.cuda.graph(g):
-        step()
-    assert taken["written"] - before["written"] == 1 and taken["taken"] - before["taken"] == 1
-    for _ in range(5):
-        g.replay()
-    mdn.cuda.synchronize()
-    for p, q in zip(block.parameters(), eager.parameters()):
-        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
-    for p, q in zip(block.buffers(), eager.buffers()):
-        np.testing.assert_array_equal(p.cpu().numpy(), q.cpu().numpy())
+    before = {}
+
+    def warmed():
+        before.update(taken)
+
+    def captured():
+        assert taken["written"] - before["written"] == 1 and taken["taken"] - before["taken"] == 1
+    G.assert_replays_like_eager(lambda on: S.residual_block(kind, on, cl), warm=3, before_capture=warmed,
+                                after_capture=captured)
