@@ -29,6 +29,7 @@ from minidnn.backend.cuda import conv_filter_keep  # noqa: E402
 from minidnn.backend.cuda import conv_igemm as K  # noqa: E402
 from minidnn.backend.cuda import launch as L  # noqa: E402
 from minidnn.nn._functions import conv as C  # noqa: E402
+from minidnn.nn._functions import norm as N  # noqa: E402
 
 # (N, C, H, W, K, R, S, pad, stride, groups): every one >= 2^25 multiply-adds, so staged (NCHW -> VEC loader)
 SHAPES = [(32, 16, 32, 32, 16, 3, 3, 1, 1, 1),       # ResNet-20 stage 1
@@ -41,9 +42,10 @@ SHAPES = [(32, 16, 32, 32, 16, 3, 3, 1, 1, 1),       # ResNet-20 stage 1
 @pytest.fixture(autouse=True)
 def _no_kept_filters(monkeypatch):
     """The carry's launches counted alone: the kept filter copies (conv_filter_keep, session 16) take the forward's
-    filter copy away from the second call on, which these counts do not expect (their own tests:
-    tests/backend/test_conv_filter_keep.py, tests/nn/test_conv_filter_keep_cuda.py)."""
+    filter copy away from the second call on, and the twins' shadows an x staging, which these counts do not expect
+    (their own tests: tests/backend/test_conv_filter_keep.py, tests/nn/test_twin_nhwc.py and their cuda twins)."""
     monkeypatch.setattr(conv_filter_keep, "KEEP", [False])
+    monkeypatch.setattr(N, "TWIN_NHWC", [False])    # (a shadow taken is one x staging fewer: test_twin_nhwc*)
 
 
 def _bits(a):
