@@ -15,6 +15,7 @@ outermost region, as PyTorch does, so a weight used twice is cast once.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import threading
 import weakref
@@ -54,6 +55,17 @@ DIRECT_WEIGHTS = [os.environ.get("MINIDNN_AMP_DIRECT_WEIGHTS", "1") != "0"]
 # chain (``_lower_direct``; host round 26b): the same casts, cache entries and results.  Switch: LOWER_DIRECT_FAST[0]
 # = False, or MINIDNN_AMP_LOWER_DIRECT_FAST=0 at import.
 LOWER_DIRECT_FAST = [os.environ.get("MINIDNN_AMP_LOWER_DIRECT_FAST", "1") != "0"]
+# The same calls in one frame (host round 29): ``_lower_ready`` (minidnn.amp installs it) does what
+# ``_lower_direct`` with ``_flat_direct`` as its direct caster does, the kept copy's hot case written out, and takes
+# a float32 x too (the stem's cast, as cast_inputs makes it).  Used while ``_lower_direct`` and the direct caster are
+# the ones it stands for (a replaced one -- a test's counter -- runs as it is).  Switch: LOWER_READY[0] = False, or
+# MINIDNN_AMP_LOWER_READY=0 at import.
+LOWER_READY = [os.environ.get("MINIDNN_AMP_LOWER_READY", "1") != "0"]
+# A region's own bookkeeping in fewer Python steps (host round 29): the region end's count of the flat buffer's
+# elements the casts used, the kept copy's busy test (its armed weights and views only) and the versions list of
+# the region's first flat cast in C-level maps; the same values.  Switch: REGION_LEAN[0] = False, or
+# MINIDNN_AMP_REGION_LEAN=0 at import.
+REGION_LEAN = [os.environ.get("MINIDNN_AMP_REGION_LEAN", "1") != "0"]
 
 
 def policy_of(op_name: str, device_type: str):
@@ -77,8 +89,14 @@ def _state():
     s = getattr(_local, "state", None)
     if s is None:
         s = _local.state = {"dtype": {}, "depth": 0, "cache": {}, "suspended": 0, "cache_enabled": True,
-                            "flat_used": {}, "flat_low": {}}
+                            "flat_used": {}, "flat_low": {}, "ready": None}
     return s
+
+
+def _set_ready(s):
+    """``s["ready"]``: the region's CUDA dtype where ``_lower_ready`` may serve calls (not suspended, the cache on),
+    else None -- kept by enter / exit_ / suspended, so that a call reads one entry for the three."""
+    s["ready"] = None if s["suspended"] or not s["cache_enabled"] else s["dtype"].get("cuda")
 
 
 def is_active() -> bool:
@@ -100,6 +118,7 @@ def enter(device_type: str, dtype, enabled: bool, cache_enabled: bool):
     s["depth"] += 1
     if enabled:
         _active_regions += 1
+    _set_ready(s)
     return token
 
 
@@ -112,6 +131,7 @@ def exit_(token):
     s["depth"] -= 1
     if enabled:
         _active_regions -= 1
+    _set_ready(s)
     if s["depth"] == 0:
         _end_of_outermost_region(s)
 
@@ -120,6 +140,15 @@ def _end_of_outermost_region(s):
     """Clear the cast cache (PyTorch's rule: a region's casts do not outlive it), remembering, per flat buffer, how
     many of its elements the region's casts used: the next region casts a well-used flat buffer in one launch."""
     cache = s["cache"]
+    if cache and REGION_LEAN[0]:
+        entries = cache.values()
+        owners = list(map(_ENTRY_FLAT, entries))
+        fs = owners[0]
+        if fs is not None and owners.count(fs) == len(owners):    # every cast from one flat set (the step's)
+            s["flat_used"] = {id(fs): (weakref.ref(fs), sum(map(_DATA_SIZE, map(_ENTRY_CAST, entries))))}
+            cache.clear()
+            s["flat_low"].clear()
+            return
     if cache:
         used = {}
         for entry in cache.values():
@@ -131,15 +160,22 @@ def _end_of_outermost_region(s):
     s["flat_low"].clear()
 
 
+_ENTRY_FLAT = operator.itemgetter(3)       # a cache entry's flat set (or None)
+_ENTRY_CAST = operator.itemgetter(2)       # a cache entry's cast
+_DATA_SIZE = operator.attrgetter("data.size")
+
+
 @contextmanager
 def suspended():
     """No casting inside (the backward pass runs gradients in the dtypes the forward pass chose)."""
     s = _state()
     s["suspended"] += 1
+    _set_ready(s)
     try:
         yield
     finally:
         s["suspended"] -= 1
+        _set_ready(s)
 
 
 # The weight cast of a whole flat buffer (minidnn.amp installs it: it builds autograd nodes, which this floor may
@@ -175,7 +211,8 @@ def float32_grad_of(t):
     if n is None or t.data.dtype.itemsize != 2:
         return None
     if type(n) is _accumulator_type:
-        return n.variable.data.dtype if n.variable.data.dtype == np.float32 else None
+        d = n.variable.data.dtype
+        return d if d == _FLOAT32 else None     # (against a dtype: against the np.float32 type converts it first)
     if getattr(n, "float32_grad_ok", False) and n.src_dtype == np.float32:
         return n.src_dtype
     return None
@@ -342,8 +379,21 @@ _FLOAT32 = np.dtype(np.float32)
 
 
 def set_direct_caster(fn):
-    global _direct_caster
+    global _direct_caster, _ready
     _direct_caster = fn
+    _ready = _lower_ready if fn is _ready_for else None
+
+
+# ``_lower_ready`` and the direct caster it stands for (minidnn.amp installs both: set_lower_ready); ``_ready``:
+# _lower_ready while that caster is the one installed, else None (another caster -- a test's counter -- is called
+# by _lower_direct as it is).
+_lower_ready = _ready_for = _ready = None
+
+
+def set_lower_ready(fn, direct_caster):
+    global _lower_ready, _ready_for
+    _lower_ready, _ready_for = fn, direct_caster
+    set_direct_caster(_direct_caster)
 
 
 def _lower_direct(args):
@@ -389,6 +439,9 @@ def _lower_direct(args):
     return (x, w, b) + args[3:] if n > 3 else (x, w, b)
 
 
+_own_lower_direct = _lower_direct
+
+
 def autocast_op(op_name: str):
     """Decorator for an op's public function: inside an autocast region its inputs are cast by ``op_name``'s
     policy (outside one it costs a single global test).  An op with no policy on any device (batch norm) is
@@ -404,6 +457,11 @@ def autocast_op(op_name: str):
             def lowered(*args, **kwargs):
                 if _active_regions:
                     if LOWER_DIRECT_FAST[0] and not kwargs:
+                        ready = _ready
+                        if ready is not None and LOWER_READY[0] and _lower_direct is _own_lower_direct:
+                            fast = ready(args)
+                            if fast is not None:
+                                return fn(*fast)
                         fast = _lower_direct(args)
                         if fast is not None:
                             return fn(*fast)

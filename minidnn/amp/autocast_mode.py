@@ -25,9 +25,11 @@ Switch: ``_amp_state.DIRECT_WEIGHTS[0]``, or MINIDNN_AMP_DIRECT_WEIGHTS=0 in the
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import sys
 import weakref
+from itertools import compress
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from ..autograd import _state as _grad_state
 from ..backend.devices import device_guard as _device_guard
 from ..backend.devices import is_cuda_array as _is_cuda_array
 from ..backend.devices import to_device
-from ..backend.ownership import owner_of
+from ..backend.ownership import _owners, owner_of
 from ..ops.linalg import Transfer, transfer
 from ..tensor import Tensor, _to_dtype
 
@@ -175,7 +177,7 @@ class _LowCopy:
     views and Tensors are not made again every region.  Before a refill, ``busy`` tells whether anything from an
     earlier region still holds the copy (a graph not yet run backward, or already run with retain_graph: its saved
     weights; a view someone kept): then a new copy is made instead of writing over one in use."""
-    __slots__ = ("buf", "views", "weights", "buf_refs", "stream", "__weakref__")
+    __slots__ = ("buf", "views", "weights", "buf_refs", "stream", "ready_keys", "armed", "__weakref__")
 
     def __init__(self, fs, dtype):
         with _device_guard(fs.device):
@@ -183,10 +185,18 @@ class _LowCopy:
         self.views = [fs.view(self.buf, j) for j in range(len(fs.params))]
         self.weights = [None] * len(self.views)
         self.buf_refs = _getrefcount(self.buf)      # the copy, held by this object and its views alone
+        self.ready_keys = set()     # the parameters whose records (_READY) name this copy
+        self.armed = [False] * len(self.views)     # which direct weights are made (REGION_LEAN's busy)
 
     def busy(self):
         if _getrefcount(self.buf) > self.buf_refs:      # a view made elsewhere (a cast node's output) is alive
             return True
+        if _amp_state.REGION_LEAN[0]:
+            # the views never armed are held by ``views`` alone (a kept view is handed out only in its direct
+            # weight; other casts view the buffer afresh, which buf's count shows): only the armed are counted
+            armed = self.armed
+            return (max(map(_getrefcount, compress(self.weights, armed)), default=0) > _MAP_REFS_W
+                    or max(map(_getrefcount, compress(self.views, armed)), default=0) > _MAP_REFS_V)
         for v, w in zip(self.views, self.weights):      # each held here (a view also by its weight) and by this
             if w is None:                               # loop alone, when no graph saved it
                 if _getrefcount(v) > _SOLE_REFS:
@@ -201,6 +211,7 @@ class _LowCopy:
         w = self.weights[j]
         if w is None:
             w = self.weights[j] = _direct(t, self.views[j])
+            self.armed[j] = True
         else:
             w.grad_fn = t._edge()[0]
         return w
@@ -213,8 +224,20 @@ def _sole_refs():
         return _getrefcount(w)
 
 
+def _map_refs(holders):
+    """The refcount ``max(map(getrefcount, compress(a, armed)))`` reports for an object held by ``holders`` lists,
+    ``a`` among them (busy's REGION_LEAN test: a kept weight is held by ``weights``, a kept view by ``views`` and
+    its weight), measured as ``_sole_refs`` is."""
+    first = [object()]
+    others = [[first[0]] for _ in range(holders - 1)]      # (no local name holds it)
+    n = max(map(_getrefcount, compress(first, [True])))
+    del others
+    return n
+
+
 _getrefcount = sys.getrefcount
 _SOLE_REFS = _sole_refs()
+_MAP_REFS_W, _MAP_REFS_V = _map_refs(1), _map_refs(2)
 # id(flat set) -> (weak reference to it, its _LowCopy); switch: KEEP_LOW_COPY[0] = False, or
 # MINIDNN_AMP_KEEP_LOW_COPY=0 at import (a fresh cast of the flat buffer each region, as before).
 _LOW_COPIES: dict = {}
@@ -226,9 +249,15 @@ def _current_stream(arr):
     workspace's test; the legacy default stream, pointer 0, cannot capture)."""
     if not _is_cuda_array(arr):
         return 0
+    if _CUDA_MODULES and _amp_state.REGION_LEAN[0]:
+        return _CUDA_MODULES[1].eager_stream(_CUDA_MODULES[0].cupy())
     from ..backend.cuda import launch as _launch  # (GPU arrays only)
     from ..backend.cuda import workspace as _ws
+    _CUDA_MODULES[:] = (_launch, _ws)
     return _ws.eager_stream(_launch.cupy())
+
+
+_CUDA_MODULES: list = []      # (backend.cuda.launch, backend.cuda.workspace), imported at the first GPU array
 
 
 def _low_copy(fs, dtype):
@@ -245,11 +274,20 @@ def _low_copy(fs, dtype):
     low = entry[1] if entry is not None and entry[0]() is fs else None
     if low is None or low.stream != stream or low.buf.dtype != dtype or low.buf.shape != fs.param.shape \
             or low.busy():
+        if entry is not None:
+            _drop_ready(entry[1])
         low = _LowCopy(fs, dtype)
         low.stream = stream
-        _LOW_COPIES[key] = (weakref.ref(fs, lambda _, key=key: _LOW_COPIES.pop(key, None)), low)
+        _LOW_COPIES[key] = (weakref.ref(fs, lambda _, key=key: _forget_low_copy(key)), low)
     _refill(low, fs)
     return low
+
+
+def _forget_low_copy(key):
+    """A flat set is gone: its kept copy and the records naming it go too."""
+    entry = _LOW_COPIES.pop(key, None)
+    if entry is not None:
+        _drop_ready(entry[1])
 
 
 def _refill(low, fs):
@@ -281,7 +319,8 @@ def _cast_flat_buffer(t, dtype, s, direct=False):
                          and fs.param.dtype == t.data.dtype and 2 * _used(s, key, fs) >= fs.param.size):
         low = _low_copy(fs, dtype)
         flat = s["flat_low"][key] = (fs, fs.param.astype(dtype) if low is None else low.buf,
-                                     [p._version for p in fs.params], low)
+                                     list(map(_VERSION, fs.params)) if _amp_state.REGION_LEAN[0]
+                                     else [p._version for p in fs.params], low)
     if (recording and flat is not None and flat[0] is fs and flat[1].dtype == dtype and t._version == flat[2][j]
             and t.data is fs.param_views[j]):
         low = flat[3]
@@ -325,6 +364,125 @@ def _flat_direct(t, dtype, s):
 
 
 _FLOAT32 = np.dtype(np.float32)
+_VERSION = operator.attrgetter("_version")
+
+
+# Host round 29: per float32 parameter whose kept direct weight ``_flat_direct`` has handed out, what that took to
+# find -- id(param) -> (param, id(its flat set), its index j there, the kept copy, the float32 view it is bound to,
+# the kept copy's dtype) -- so that ``_lower_ready`` asks each later region only what can change between calls.  A
+# record holds the parameter and the kept copy (whose direct weight holds the parameter already), not the flat set;
+# it goes when its kept copy is replaced or its flat set dies.
+_READY: dict = {}
+
+
+def _ready_weight(t, s, low):
+    """``_flat_direct(t, low, s)`` by t's record, for a region whose cache, direct weights and grad mode are on: t's
+    kept direct weight re-armed, its cache entry made; None (nothing done) wherever the record cannot tell -- no
+    record, or any test of _flat_direct's that could fail now fails (the caller then runs _flat_direct / _cast).
+    Test by test: the region's flat record for t's flat set holds the recorded kept copy (so it is that flat set's
+    -- a kept copy is made for one flat set and handed out only for it -- made this region and refilled, and its
+    j-th direct weight is set: kept weights are never unset) and the kept copy's dtype is the region's; t is still
+    bound to the recorded float32 view (an array's dtype does not change) -- which keeps owner_of(t) (fs, j) and
+    the view fs's j-th: a flat set re-lays out or takes over a parameter only by binding it to a view of its own
+    (FlatParams._bind); t's version is the one refilled; t is a leaf that requires grad, not cast yet this region."""
+    key = id(t)
+    r = _READY.get(key)
+    if r is None:           # (a record holds its parameter: the id is t's)
+        return None
+    _, fskey, j, kept, view, dtype = r
+    flat = s["flat_low"].get(fskey)
+    cache = s["cache"]
+    if (flat is None or flat[3] is not kept or t._version != flat[2][j] or t.data is not view or low is not dtype
+            or key in cache or t.grad_fn is not None or not t.requires_grad):
+        return None
+    w = kept.weights[j]
+    acc = t._accumulator        # t._edge()'s accumulator: the live one (the kept weight holds it), else made
+    node = None if acc is None else acc()
+    w.grad_fn = t._edge()[0] if node is None else node
+    cache[key] = (t, t._version, w, flat[0])
+    return w
+
+
+def _direct_recorded(t, low, s):
+    """``_flat_direct(t, low, s)``, and where it hands out t's kept direct weight, t's record made (``_READY``)."""
+    w = _flat_direct(t, low, s)
+    if w is not None:
+        entry = _owners[id(t)]
+        fs = entry[1]()
+        kept = s["flat_low"][id(fs)][3]
+        _READY[id(t)] = (t, id(fs), entry[2], kept, t.data, kept.buf.dtype)
+        kept.ready_keys.add(id(t))
+    return w
+
+
+def _drop_ready(kept):
+    """Forget the records of kept copy ``kept`` (replaced or dropped: the records must not keep it alive)."""
+    for key in kept.ready_keys:
+        r = _READY.get(key)
+        if r is not None and r[3] is kept:
+            del _READY[key]
+    kept.ready_keys.clear()
+
+
+_PLAIN_SETTINGS = frozenset((int, tuple, str, float, bool, list, type(None)))
+
+
+def _lower_ready(args):
+    """``_amp_state._lower_direct(args)`` with ``_flat_direct`` as its direct caster, in one frame and by the
+    parameters' records (host round 29; switch ``_amp_state.LOWER_READY``), for a call (x, weight, bias or None,
+    settings...) whose settings are plain (ints, tuples, strings, ...: no Tensor) in a region not suspended whose
+    cache is on: a CUDA x in the region's dtype or in float32 (cast by ``_amp_state._cast``, as cast_inputs casts
+    it: the stem's call) and a weight / bias in that dtype or in float32 (each its kept direct weight where its
+    record tells, else where ``_flat_direct`` hands it out, else ``_amp_state._cast``'s cast): the args cast_inputs
+    returns, cast in its order.  None, with nothing done, for anything else (the caller's other paths give the
+    same result)."""
+    try:
+        s = _amp_local.state
+        x, w, b = args[:3]
+    except (AttributeError, ValueError):
+        return None
+    low = s["ready"]
+    if low is None or type(x) is not Tensor:
+        return None
+    xd = x.data
+    if type(xd) not in _CUDA_ARRAY_TYPES:
+        return None
+    rest = args[3:]
+    if rest and not _PLAIN_SETTINGS.issuperset(map(type, rest)):
+        return None
+    xt = xd.dtype
+    if xt is not low and xt != low:
+        if xt != _FLOAT32:
+            return None
+        xt = None                   # (cast below, once the others are known plain)
+    if not isinstance(w, Tensor):
+        return None
+    wd = w.data.dtype
+    if wd is not low and wd != low and wd != _FLOAT32:
+        return None
+    bd = None                       # the bias's dtype where it is to be cast
+    if b is not None:
+        if not isinstance(b, Tensor):
+            return None
+        bd = b.data.dtype
+        if bd is low or bd == low:
+            bd = None
+        elif bd != _FLOAT32:
+            return None
+    if xt is None:
+        x = _amp_state._cast(x, low, s, False)
+    hot = DIRECT[0] and _grad_state.grad_enabled
+    if wd is not low and wd != low:
+        out = _ready_weight(w, s, low) if hot else None
+        if out is None:
+            out = _direct_recorded(w, low, s)
+        w = _amp_state._cast(w, low, s, True) if out is None else out
+    if bd is not None:
+        out = _ready_weight(b, s, low) if hot else None
+        if out is None:
+            out = _direct_recorded(b, low, s)
+        b = _amp_state._cast(b, low, s, True) if out is None else out
+    return (x, w, b) + rest
 
 
 def _used(s, key, fs):
@@ -360,6 +518,9 @@ def leaf_grad(ctx, i, g):
 DIRECT = _amp_state.DIRECT_WEIGHTS
 _amp_state.set_flat_caster(_cast_flat_buffer)
 _amp_state.set_direct_caster(_flat_direct)
+_amp_state.set_lower_ready(_lower_ready, _flat_direct)
+_amp_local = _amp_state._local
+_CUDA_ARRAY_TYPES = _amp_state._CUDA_ARRAY_TYPES
 _amp_state.set_direct_graph(graph_weight, leaf_grad, AccumulateGrad)
 _amp_state.set_caster(_cast)
 _amp_state.set_tensor_type(Tensor)
