@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from minidnn.backend.cuda import bn_nhwc as M
+from tests._nvcc import pick
 from tests.backend.test_bn_nhwc_cuda import LARGE, Counted, _bits, _check, _cl, _data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -187,7 +188,7 @@ COMPILE = [("float32", 4, _ALL), ("float32", 4, dict(has_scale=1)), ("float32", 
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name, vec, flags", COMPILE, ids=str)
+@pytest.mark.parametrize("name, vec, flags", pick(COMPILE, 4), ids=str)
 def test_keep_compiles_without_spills_and_with_the_same_static_memory(tmp_path, name, vec, flags):
     off = _compile(tmp_path, name, vec, dict(cache=1, **flags), "off")
     for tag, extra in (("keep", dict(keep=1)),):

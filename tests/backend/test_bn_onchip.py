@@ -26,6 +26,7 @@ from minidnn.backend import devices as _dev
 from minidnn.backend.cuda import bn_cluster as BC
 from minidnn.backend.cuda import bn_kernels as K
 from minidnn.backend.cuda import bn_nhwc as M
+from tests._nvcc import pick
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H100_SMEM = (233472, 232448)       # MaxSharedMemoryPerMultiprocessor, MaxSharedMemoryPerBlockOptin
@@ -380,7 +381,7 @@ def _nvcc(tmp_path, src):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name, vec", _COMPILE, ids=str)
+@pytest.mark.parametrize("name, vec", pick(_COMPILE, 3), ids=str)
 def test_copy_kernels_compile_without_spills(tmp_path, name, vec):
     full = dict(relu=1, has_z=1, has_scale=1, has_bias=1, cache=1)
     opts = K._onepass_options(_dt(name), False, vec, 1, **full)

@@ -20,6 +20,7 @@ from minidnn.backend import devices as _dev
 from minidnn.backend.cuda import bn_cluster as BC
 from minidnn.backend.cuda import bn_kernels as K
 from minidnn.backend.cuda import bn_nhwc as M
+from tests._nvcc import pick
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H100_SMEM = (233472, 232448)
@@ -67,11 +68,11 @@ def _entry(ptx, name):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", pick(_DTYPES, 1, always=["bfloat16"]), ids=str)
 def test_the_twin_kernels_compile_without_spills_and_store_the_twin(tmp_path, dtype):
     if dtype == "bfloat16":
         dtype = _bf16()
-    for name, source, twin, plain, allowed in _forms(dtype):
+    for name, source, twin, plain, allowed in pick(_forms(dtype), 3):     # a spread of them (tests/_nvcc.py)
         assert "-DTWIN=1" in twin and not any("TWIN" in o for o in plain)     # absent without the option
         r, _ = _nvcc(tmp_path, name, source, twin)
         assert r.returncode == 0, r.stderr
