@@ -15,7 +15,6 @@ outermost region, as PyTorch does, so a weight used twice is cast once.
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import threading
 import weakref
@@ -62,9 +61,9 @@ LOWER_DIRECT_FAST = [os.environ.get("MINIDNN_AMP_LOWER_DIRECT_FAST", "1") != "0"
 # MINIDNN_AMP_LOWER_READY=0 at import.
 LOWER_READY = [os.environ.get("MINIDNN_AMP_LOWER_READY", "1") != "0"]
 # A region's own bookkeeping in fewer Python steps (host round 29): the region end's count of the flat buffer's
-# elements the casts used, the kept copy's busy test (its armed weights and views only) and the versions list of
-# the region's first flat cast in C-level maps; the same values.  Switch: REGION_LEAN[0] = False, or
-# MINIDNN_AMP_REGION_LEAN=0 at import.
+# elements the casts used in one pass where they all come from one flat set, the kept copy's busy test over its
+# armed weights and views only, the CUDA modules its stream test asks imported once; the same values.  Switch:
+# REGION_LEAN[0] = False, or MINIDNN_AMP_REGION_LEAN=0 at import.
 REGION_LEAN = [os.environ.get("MINIDNN_AMP_REGION_LEAN", "1") != "0"]
 
 
@@ -141,14 +140,18 @@ def _end_of_outermost_region(s):
     many of its elements the region's casts used: the next region casts a well-used flat buffer in one launch."""
     cache = s["cache"]
     if cache and REGION_LEAN[0]:
-        entries = cache.values()
-        owners = list(map(_ENTRY_FLAT, entries))
-        fs = owners[0]
-        if fs is not None and owners.count(fs) == len(owners):    # every cast from one flat set (the step's)
-            s["flat_used"] = {id(fs): (weakref.ref(fs), sum(map(_DATA_SIZE, map(_ENTRY_CAST, entries))))}
-            cache.clear()
-            s["flat_low"].clear()
-            return
+        fs = next(iter(cache.values()))[3]
+        n = 0
+        if fs is not None:
+            for entry in cache.values():        # every cast from one flat set (the step's): its count alone
+                if entry[3] is not fs:
+                    break
+                n += entry[2].data.size
+            else:
+                s["flat_used"] = {id(fs): (weakref.ref(fs), n)}
+                cache.clear()
+                s["flat_low"].clear()
+                return
     if cache:
         used = {}
         for entry in cache.values():
@@ -158,11 +161,6 @@ def _end_of_outermost_region(s):
         s["flat_used"] = used
         cache.clear()
     s["flat_low"].clear()
-
-
-_ENTRY_FLAT = operator.itemgetter(3)       # a cache entry's flat set (or None)
-_ENTRY_CAST = operator.itemgetter(2)       # a cache entry's cast
-_DATA_SIZE = operator.attrgetter("data.size")
 
 
 @contextmanager

@@ -25,11 +25,9 @@ Switch: ``_amp_state.DIRECT_WEIGHTS[0]``, or MINIDNN_AMP_DIRECT_WEIGHTS=0 in the
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import sys
 import weakref
-from itertools import compress
 
 import numpy as np
 
@@ -186,7 +184,7 @@ class _LowCopy:
         self.weights = [None] * len(self.views)
         self.buf_refs = _getrefcount(self.buf)      # the copy, held by this object and its views alone
         self.ready_keys = set()     # the parameters whose records (_READY) name this copy
-        self.armed = [False] * len(self.views)     # which direct weights are made (REGION_LEAN's busy)
+        self.armed = []             # the indices whose direct weights are made, in order (REGION_LEAN's busy)
 
     def busy(self):
         if _getrefcount(self.buf) > self.buf_refs:      # a view made elsewhere (a cast node's output) is alive
@@ -194,9 +192,11 @@ class _LowCopy:
         if _amp_state.REGION_LEAN[0]:
             # the views never armed are held by ``views`` alone (a kept view is handed out only in its direct
             # weight; other casts view the buffer afresh, which buf's count shows): only the armed are counted
-            armed = self.armed
-            return (max(map(_getrefcount, compress(self.weights, armed)), default=0) > _MAP_REFS_W
-                    or max(map(_getrefcount, compress(self.views, armed)), default=0) > _MAP_REFS_V)
+            views, weights = self.views, self.weights
+            for j in self.armed:
+                if _getrefcount(weights[j]) > _ITEM_REFS or _getrefcount(views[j]) > _ITEM_REFS + 1:
+                    return True
+            return False
         for v, w in zip(self.views, self.weights):      # each held here (a view also by its weight) and by this
             if w is None:                               # loop alone, when no graph saved it
                 if _getrefcount(v) > _SOLE_REFS:
@@ -211,7 +211,7 @@ class _LowCopy:
         w = self.weights[j]
         if w is None:
             w = self.weights[j] = _direct(t, self.views[j])
-            self.armed[j] = True
+            self.armed.append(j)
         else:
             w.grad_fn = t._edge()[0]
         return w
@@ -224,20 +224,17 @@ def _sole_refs():
         return _getrefcount(w)
 
 
-def _map_refs(holders):
-    """The refcount ``max(map(getrefcount, compress(a, armed)))`` reports for an object held by ``holders`` lists,
-    ``a`` among them (busy's REGION_LEAN test: a kept weight is held by ``weights``, a kept view by ``views`` and
-    its weight), measured as ``_sole_refs`` is."""
-    first = [object()]
-    others = [[first[0]] for _ in range(holders - 1)]      # (no local name holds it)
-    n = max(map(_getrefcount, compress(first, [True])))
-    del others
-    return n
+def _item_refs():
+    """The refcount REGION_LEAN's ``busy`` sees for a kept weight nothing else holds, read as ``a[j]`` from its list
+    (measured, as ``_sole_refs``)."""
+    a = [object()]
+    for j in (0,):
+        return _getrefcount(a[j])
 
 
 _getrefcount = sys.getrefcount
 _SOLE_REFS = _sole_refs()
-_MAP_REFS_W, _MAP_REFS_V = _map_refs(1), _map_refs(2)
+_ITEM_REFS = _item_refs()
 # id(flat set) -> (weak reference to it, its _LowCopy); switch: KEEP_LOW_COPY[0] = False, or
 # MINIDNN_AMP_KEEP_LOW_COPY=0 at import (a fresh cast of the flat buffer each region, as before).
 _LOW_COPIES: dict = {}
@@ -319,8 +316,7 @@ def _cast_flat_buffer(t, dtype, s, direct=False):
                          and fs.param.dtype == t.data.dtype and 2 * _used(s, key, fs) >= fs.param.size):
         low = _low_copy(fs, dtype)
         flat = s["flat_low"][key] = (fs, fs.param.astype(dtype) if low is None else low.buf,
-                                     list(map(_VERSION, fs.params)) if _amp_state.REGION_LEAN[0]
-                                     else [p._version for p in fs.params], low)
+                                     [p._version for p in fs.params], low)
     if (recording and flat is not None and flat[0] is fs and flat[1].dtype == dtype and t._version == flat[2][j]
             and t.data is fs.param_views[j]):
         low = flat[3]
@@ -364,7 +360,6 @@ def _flat_direct(t, dtype, s):
 
 
 _FLOAT32 = np.dtype(np.float32)
-_VERSION = operator.attrgetter("_version")
 
 
 # Host round 29: per float32 parameter whose kept direct weight ``_flat_direct`` has handed out, what that took to
@@ -424,22 +419,18 @@ def _drop_ready(kept):
     kept.ready_keys.clear()
 
 
-_PLAIN_SETTINGS = frozenset((int, tuple, str, float, bool, list, type(None)))
-
-
 def _lower_ready(args):
     """``_amp_state._lower_direct(args)`` with ``_flat_direct`` as its direct caster, in one frame and by the
     parameters' records (host round 29; switch ``_amp_state.LOWER_READY``), for a call (x, weight, bias or None,
-    settings...) whose settings are plain (ints, tuples, strings, ...: no Tensor) in a region not suspended whose
-    cache is on: a CUDA x in the region's dtype or in float32 (cast by ``_amp_state._cast``, as cast_inputs casts
-    it: the stem's call) and a weight / bias in that dtype or in float32 (each its kept direct weight where its
-    record tells, else where ``_flat_direct`` hands it out, else ``_amp_state._cast``'s cast): the args cast_inputs
-    returns, cast in its order.  None, with nothing done, for anything else (the caller's other paths give the
-    same result)."""
+    settings...) with no Tensor among the settings, in a region not suspended whose cache is on: a CUDA x in the
+    region's dtype or in float32 (cast by ``_amp_state._cast``, as cast_inputs casts it: the stem's call) and a
+    weight / bias in that dtype or in float32 (each its kept direct weight where its record tells, else where
+    ``_flat_direct`` hands it out, else ``_amp_state._cast``'s cast): the args cast_inputs returns, cast in its
+    order.  None, with nothing done, for anything else (the caller's other paths give the same result)."""
     try:
         s = _amp_local.state
-        x, w, b = args[:3]
-    except (AttributeError, ValueError):
+        x, w, b = args[0], args[1], args[2]
+    except (AttributeError, IndexError):
         return None
     low = s["ready"]
     if low is None or type(x) is not Tensor:
@@ -448,8 +439,9 @@ def _lower_ready(args):
     if type(xd) not in _CUDA_ARRAY_TYPES:
         return None
     rest = args[3:]
-    if rest and not _PLAIN_SETTINGS.issuperset(map(type, rest)):
-        return None
+    for a in rest:
+        if isinstance(a, Tensor):
+            return None
     xt = xd.dtype
     if xt is not low and xt != low:
         if xt != _FLOAT32:

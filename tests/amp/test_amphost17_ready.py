@@ -318,13 +318,12 @@ MUTATIONS = [
     ("_ready_weight", "cache[key] = (t, t._version, w, flat[0])", "pass", ["edge:twice"]),
     ("_lower_ready", "hot = DIRECT[0] and _grad_state.grad_enabled", "hot = True",
      ["edge:no_grad_call", "edge:direct_off"]),
-    ("_lower_ready", "if rest and not _PLAIN_SETTINGS.issuperset(map(type, rest)):", "if False:",
-     ["edge:tensor_setting"]),
+    ("_lower_ready", "if isinstance(a, Tensor):", "if False:", ["edge:tensor_setting"]),
     ("_lower_ready", "if xt != _FLOAT32:", "if False:", ["edge:int_input"]),
     ("_lower_ready", "wd is not low and wd != low and wd != _FLOAT32", "False", ["edge:int_weight"]),
     ("_lower_ready", "x = _amp_state._cast(x, low, s, False)", "pass", ["edge:fp32_input"]),
-    ("busy", "> _MAP_REFS_W", "> _MAP_REFS_W + 1", ["edge:graph_held"]),
-    ("_end_of_outermost_region", "owners.count(fs) == len(owners)", "True", ["edge:two_optimizers"]),
+    ("busy", "> _ITEM_REFS or", "> _ITEM_REFS + 1 or", ["edge:graph_held"]),
+    ("_end_of_outermost_region", "if entry[3] is not fs:", "if False:", ["edge:two_optimizers"]),
 ]
 
 
