@@ -92,6 +92,17 @@ KEEP = frozenset(("fwd", "bwd") if _KEEP_ENV == "1" else (d for d in _KEEP_ENV.s
 KEEP_FRAC = max(0.0, float(os.environ.get("MINIDNN_BN_NHWC_KEEP_FRAC", "0.40")))
 KEEP_LAST = int(os.environ.get("MINIDNN_BN_NHWC_KEEP_LAST", "1") != "0")
 KEEP_ABOVE = None
+# SPLIT (session 17; docs/step_kernels.md, "Session 17: channels-last batch norm at wide C"): the one-launch kernels'
+# meeting with the combine spread over the grid (the source's meet_split: every block waits for all partials, combines
+# a few channels, every block waits for all channels) instead of the last block combining every channel alone -- at
+# C = 256 with 264 blocks that block made 17 dependent trips to L2 (combine_trips), ~11 us of every call.  The same sums
+# in the same order: the same bits.  MINIDNN_BN_NHWC_SPLIT: "0" (the default until the GPU A/B) off; "1" where the
+# single combiner's trips (combine_trips) reach SPLIT_TRIPS (MINIDNN_BN_NHWC_SPLIT_TRIPS, default 9: the models' shapes
+# make 1-8, (128, 64, 56, 56) 5, C = 256 at 264 blocks 17); "all" at every size (the tests).  Never where the staging
+# buffer cannot hold a channel's G partials (G > VEC * 256).  Callers clear the call caches after changing these.
+_SPLIT_ENV = os.environ.get("MINIDNN_BN_NHWC_SPLIT", "0").strip()
+SPLIT = 2 if _SPLIT_ENV == "all" else 1 if _SPLIT_ENV == "1" else 0
+SPLIT_TRIPS = int(os.environ.get("MINIDNN_BN_NHWC_SPLIT_TRIPS", "9"))
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
@@ -158,6 +169,10 @@ SOURCE = HEADER + r"""
 // the loads' L2 eviction policies (ldp below).
 #ifndef KEEP
 #define KEEP 0
+#endif
+// SPLIT (session 17, MINIDNN_BN_NHWC_SPLIT; the one-launch kernels where split_call says): meet_split below.
+#ifndef SPLIT
+#define SPLIT 0
 #endif
 union Pack { VT raw; T v[VEC]; };
 // first reads: plain loads (they fill L2); last reads: streaming ("last use") loads; outputs: streaming stores
@@ -895,6 +910,93 @@ __device__ __forceinline__ void depart(unsigned int* sync)
     if (threadIdx.x == 0 && atomicAdd(s + 2, 1u) == gridDim.x - 1) { s[0] = 0u; s[1] = 0u; s[2] = 0u; }
 }
 
+#if SPLIT
+#if !V2
+#error "SPLIT: stages the partials in V2's block_partial buffer"
+#endif
+// SPLIT (session 17, MINIDNN_BN_NHWC_SPLIT; docs/step_kernels.md, "Session 17: channels-last batch norm at wide C"):
+// the meeting with the combine spread over the chunk's G blocks instead of the last one to arrive.  meet's one
+// combiner takes G / qn partials a thread in batches of CB loads: at C = 256 (kw = 256, qn = 1) and G = 264 that is
+// 264 loads in 17 dependent round trips to L2 (~11 us, the whole gap to C = 32 in session 17's table).  Here:
+//   barrier 1 (sync[3y]: arrivals; every block waits for all G -- the grid is resident, as meet already needs);
+//   combine_split: block b takes channels base = b * P ... (P a block at once, rounds of G * P), stages their G
+//     partials from L2 into bp_red (free again: block_partial is done) -- all 256 threads, a few loads each, one
+//     round trip -- then group i of qn threads (channel base + i) adds them exactly as combine_n does: lane j the
+//     partials j, j + qn, ... in order in double, then the same tree over j; lane 0 finalises the channel;
+//   barrier 2 (sync[3y + 1]: blocks done combining; every block waits for all G), then the constants as before.
+// The same sums in the same order as combine_n: the same bits.  depart (sync[3y + 2]) resets the three counters.
+// Buffer: bp_red's 2 * VEC * 256 values hold VEC * 256 pairs, x values in the first half, y values in the second;
+// the host plans SPLIT only where G <= VEC * 256 (split_call), so P >= 1.
+template <class Fin>
+__device__ __forceinline__ void combine_split(const Geo& g, const A* __restrict__ partial, Fin fin)
+{
+    __shared__ double sd[256][2];
+    A* st1 = &bp_red[0][0];
+    A* st2 = st1 + VEC * 256;
+    const int cbeg = blockIdx.y * g.TX * VEC, nch = min(g.C, cbeg + g.TX * VEC) - cbeg;
+    int kw = 1;
+    while (kw < nch && kw < 256) kw <<= 1;
+    const int qn = 256 / kw, G = gridDim.x;
+    const int P = min(min(kw, VEC * 256 / G), (nch + G - 1) / G);
+    if (P < 1) __trap();                                // (split_call's promise: G <= VEC * 256)
+    const int i = threadIdx.x / qn, j = threadIdx.x - i * qn;
+    const A2* pp = reinterpret_cast<const A2*>(partial);
+    for (int base = blockIdx.x * P; base < nch; base += G * P) {
+        const int np = min(P, nch - base), n = G * np;
+        for (int t0 = 0; t0 < n; t0 += 4 * 256) {       // 4 loads in flight a thread: 1-2 trips at G * np <= 2048
+            A2 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int t = t0 + u * 256 + (int)threadIdx.x, b = t / np;
+                if (t < n) v[u] = __ldcg(pp + (long long)b * g.C + cbeg + base + (t - b * np));
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int t = t0 + u * 256 + (int)threadIdx.x, b = t / np, k = t - b * np;
+                if (t < n) { st1[k * G + b] = v[u].x; st2[k * G + b] = v[u].y; }
+            }
+        }
+        __syncthreads();
+        double a1 = 0, a2 = 0;
+        if (i < np)
+            for (int b = j; b < G; b += qn) { a1 += (double)st1[i * G + b]; a2 += (double)st2[i * G + b]; }
+        sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
+        __syncthreads();
+        for (int h = qn >> 1; h > 0; h >>= 1) {
+            if (j < h) { sd[threadIdx.x][0] += sd[threadIdx.x + h][0]; sd[threadIdx.x][1] += sd[threadIdx.x + h][1]; }
+            __syncthreads();
+        }
+        if (j == 0 && i < np) fin(cbeg + base + i, sd[threadIdx.x][0], sd[threadIdx.x][1]);
+        __syncthreads();
+    }
+}
+
+// Every block: its partial stores fenced, then wait at counter `at` for the chunk's G blocks.
+__device__ __forceinline__ void grid_wait(unsigned int* at)
+{
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(at, 1u);
+        while (*(volatile unsigned int*)at < gridDim.x) __nanosleep(64);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+template <class Fin>
+__device__ __forceinline__ void meet_split(const Geo& g, const A* __restrict__ partial, unsigned int* sync, Fin fin)
+{
+    unsigned int* s = sync + 3 * blockIdx.y;
+    grid_wait(s);
+    combine_split(g, partial, fin);
+    grid_wait(s + 1);
+}
+#define MEET(...) meet_split(__VA_ARGS__)
+#else
+#define MEET(...) meet<CB>(__VA_ARGS__)
+#endif
+
 extern "C" __global__ void __launch_bounds__(256, BPS)
 bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
          unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
@@ -923,7 +1025,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
         block_partial(g, l, v, partial);
     }
     if (STOP == 1) return;
-    meet<CB>(g, partial, sync, [&](int c, double t1, double t2) {
+    MEET(g, partial, sync, [&](int c, double t1, double t2) {
         fwd_fin(g, x, c, t1, t2, mean_out, inv_std_out, running_mean, running_var, counter, factor, eps,
                 has_running, has_counter); });
     A mu[VEC], kk[VEC], bb[VEC];
@@ -976,7 +1078,7 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
         block_partial(g, l, v, partial);
     }
     if (STOP == 1) return;
-    meet<CB>(g, partial, sync, [&](int c, double t1, double t2) {
+    MEET(g, partial, sync, [&](int c, double t1, double t2) {
         bwd_fin(g, c, t1, t2, coef, dscale, dbias); });
     A c0[VEC], c1[VEC], kk[VEC];
 #if STAGED
@@ -1052,6 +1154,8 @@ def _options(dtype, vec, **flags):
         opts.append(f"-D{name}={int(bool(flags.get(name.lower(), False)))}")
     if flags.get("keep"):                   # session 12's KEEP: absent (the source's 0) unless the call takes it
         opts.append("-DKEEP=1")
+    if flags.get("split"):                  # session 17's SPLIT: absent (the source's 0) unless the call takes it
+        opts.append("-DSPLIT=1")
     if flags.get("twin"):                   # TWIN_HEADER: absent unless the call asks for relu(y) too
         opts.append("-DTWIN=1")
     if flags.get("stop"):
@@ -1178,18 +1282,48 @@ def keep_call(fwd, dtype, rows, c, flags, dev):
     return footprint(fwd, dtype, rows, c, flags) > (l2 if KEEP_ABOVE is None else KEEP_ABOVE)
 
 
-def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
+def combine_trips(c, vec, g, acc_double):
+    """Dependent L2 trips of a thread of meet's single combiner (combine_n) in the chunk with the most channels: a
+    thread takes partials q, q + qn, ... (qn = 256 / kw, kw the channels a pass takes) of one channel, CB loads at a
+    time, over ceil(channels / kw) passes."""
+    cv, chunks, tx, rb, ng = geometry(1, c, vec)
+    nch = min(c, tx * vec)
+    kw = 1
+    while kw < nch and kw < THREADS:
+        kw *= 2
+    qn = THREADS // kw
+    cb = 8 if acc_double or not V2 else 16
+    per_thread = -(-g // qn)
+    return -(-nch // kw) * -(-per_thread // cb)
+
+
+def split_call(c, vec, g, dtype):
+    """Whether a one-launch call with ``g`` blocks a chunk takes SPLIT (meet_split): the switch on (SPLIT 2: every
+    call; 1: where the single combiner makes SPLIT_TRIPS or more trips), V2's buffer, which holds VEC * 256 partial
+    pairs, at least one channel's g."""
+    if not SPLIT or not V2 or g > vec * THREADS:
+        return False
+    return SPLIT == 2 or combine_trips(c, vec, g, _acc(dtype) == np.float64) >= SPLIT_TRIPS
+
+
+def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev, split=None):
     """(prepared launch, partial elements, sync counters) of a one-launch kernel, or None where its grid cannot be
     resident at once (the two-launch kernels then run).  With ONCHIP: the on-chip copy's slots per thread (`ks`,
     the last argument) and dynamic shared memory, as many as the SM's shared memory holds for BPS blocks and the
     walk needs; none where the driver would then not keep BPS blocks per SM.  KEEP where ``keep_call`` says (two
-    more arguments then, kl and klast, after ks); otherwise the kernel and arguments without it."""
+    more arguments then, kl and klast, after ks); otherwise the kernel and arguments without it.  SPLIT where
+    ``split_call`` says at the grid the SMs hold (the same arguments; the compile flag only), checked again at the
+    grid the occupancy gives."""
     fwd = name == "bnc_fwd1"
     keep = keep_call(fwd, dtype, rows, c, flags, dev)
     if keep:
         flags = dict(flags, keep=True)
-    k = _kernel(name, dtype, vec, cache=ONCHIP, **flags)
     geo, chunks, ng = _geo_args(rows, c, vec)
+    if split is None:
+        split = split_call(c, vec, reduce_grid(ng, chunks, _launch.sm_count(dev) * BPS), dtype)
+    if split:
+        flags = dict(flags, split=True)
+    k = _kernel(name, dtype, vec, cache=ONCHIP, **flags)
     ks = dyn = 0
     if ONCHIP:
         item = np.dtype(dtype).itemsize
@@ -1207,6 +1341,9 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev):
     if resident < chunks:
         return None
     g = reduce_grid(ng, chunks, resident)
+    if split and not split_call(c, vec, g, dtype):     # fewer blocks resident than the SMs promised
+        return _one_launch(name, dtype, vec, rows, c, {k_: v for k_, v in flags.items() if k_ not in ("keep", "split")},
+                           n_arrays, tail, dev, split=False)
     args = [None] * n_arrays + geo + list(tail) + ([np.int32(ks)] if ONCHIP else [])
     if keep:
         # the arrays the reduction reads and the elementwise pass reads again: x (forward); x, dy (and y, fused)
@@ -1284,12 +1421,12 @@ _calls: dict = {}
 
 def switch():
     """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE, session 12's
-    (KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE))."""
+    (KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE) and session 17's (SPLIT, SPLIT_TRIPS))."""
     return ENABLED, ROUTE, ONCHIP, V2, STAGE, _cand()
 
 
 def _cand():
-    return KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE
+    return KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE, SPLIT, SPLIT_TRIPS
 
 
 def strided_spec(mem, back, dtype):
