@@ -79,6 +79,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import norm_gncl as _gncl
 from . import workspace as _ws
 from .softmax_kernels import WARP_REDUCE
 from .storage import STORAGE_HEADER, param_dtype, type_info
@@ -1920,6 +1921,11 @@ def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned,
             return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version != "v3",
                                      keep=version == "v3k" and cfg3[0] <= LN3K_MAX_TEAM)
     cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
+    if cfg is None and grouped and version != "v1" and aligned and _gncl.usable(dev):
+        # session 17: a group row no team holds in registers, held by a thread-block cluster (norm_gncl)
+        go = _gncl.prepare_forward(x, g, scale, bias, eps, (scale is not None) | (bias is not None) << 1)
+        if go is not None:
+            return go, _acc(x.dtype)
     if cfg is None:
         team, vpt, vec = row_config(d, x.dtype, aligned)
         k, block, flags = _kernel("norm_fwd", x.dtype, pinfo, team, vpt, vec), _block(team), _flags(scale, bias,
@@ -2161,6 +2167,11 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
                                             np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
         return one, None, col, c
+    if version != "v1" and aligned and _gncl.usable(dev):
+        # session 17: x and dy of a long group row held by a thread-block cluster, one launch + col_sum (norm_gncl)
+        one = _gncl.prepare_backward(x, num_groups, scale)
+        if one is not None:
+            return one, None, col, c
     team, vpt, vec = row_config(d, x.dtype, aligned)
     if vpt and cpg <= 32:        # the group row fits in registers: gn_bwd (one read of x and dy) + col_sum
         one = _launch.prepare(_kernel("gn_bwd", x.dtype, pinfo, team, vpt, vec), (_grid(rows, team, dev),),

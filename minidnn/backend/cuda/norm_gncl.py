@@ -1,0 +1,484 @@
+"""Group norm of large groups with each group held on chip by a thread-block cluster (Hopper, sm_90+): forward in
+one launch and backward in one launch (+ col_sum for dscale / dbias), reading x (and dy) from DRAM exactly once.
+
+Shape legend: x, y, dy, dx (N, C, *S) C-contiguous, seen as rows = N * G group rows of D = cpg * S values (cpg =
+C / G channels of S values, contiguous); a row is nvec = D / VEC 16-byte vectors (VEC = 4 floats, 8 halves), a
+channel plane iv = S / VEC of them (S % VEC == 0: a vector lies in one channel).  scale, bias (C,) in x's dtype or
+float32 (PSTORAGE); mean, rstd (N, G) in A = float; sums (N, 2C) in A: e = sum(dy * xhat) at c, s = sum(dy) at C + c,
+which norm_kernels' col_sum turns into dscale (A) and dbias (x's dtype).
+
+Why: norm_kernels' paths hold a row in the registers of ONE team of <= 512 threads (<= 8192 floats, 16384 halves).
+A longer group row (GroupNorm(32, 256) on 56 x 56: 25088 values, 100 KB in float32) took the looped kernels: the
+forward reads x twice (sums, then y: 66% of copy on an H200 in float32, 59% in bfloat16, when counted against one
+read), the backward is row_sums + col_sum + gn_dx reading x and dy twice (49% / 41%).  Here a cluster of CL blocks
+shares one group row: block `rank` keeps vectors [nvec * rank / CL, nvec * (rank + 1) / CL) raw in registers
+(VPT <= 4 16-byte vectors of each array a thread), so the compulsory bytes are the only DRAM traffic, and small
+blocks (NT = 256 threads, <= 40 / 64 registers) keep several group rows in flight on every SM.
+
+Tiling: grid rows * CL blocks of NT threads, cluster = CL consecutive blocks (__cluster_dims__), group row
+blockIdx.x / CL; thread t of block `rank` holds vectors lo + t + k * NT, k < VPT (consecutive threads, consecutive
+16-byte addresses), where < hi.
+  gn_fwdc  the block's sum b and, about the block's own mean b / n_b, its exact second moment m2 (two block sums
+           over the registers); the pair is published in shared memory; cluster barrier; every block reads the CL
+           pairs through distributed shared memory (lane r of warp 0 loads block r's) and combines them in rank order
+           (Chan's parallel variance: mean = sum b / D, M2 = sum m2 + n_b (b / n_b - mean)^2) -- the same bits in
+           every block; rank 0 writes mean, rstd; y = (x - mean) * rstd * scale[c] + bias[c] from the registers.
+  gn_bwdc  per value d = x - mean, g = dy * scale[c]: the block sums (sum d, sum g, sum g d) and, per channel the
+           block touches (MAXCH at most, a plane split over two blocks is touched by both), sum dy d and sum dy --
+           from per-vector partials; one exchange of the triple through distributed shared memory (rank order);
+           off = sum d / D re-centres x - mean on the row's own mean of the differences (the saved mean is rounded to
+           A, norm_kernels' RECENTRE), sum g xhat = rstd (sum g d - off sum g), and
+           dx = rstd (g - mean(g) - xhat mean(g xhat)), xhat = (d - off) rstd, from the registers; rank 0 adds each
+           channel's partials over the blocks in rank order: e = rstd (sum dy d - off sum dy), s = sum dy.
+A closing cluster arrive (after the last remote read) + wait (at the end) keeps every block's shared partials
+alive until the cluster has read them.  Deterministic; nothing read back to the host (capturable in a graph).
+
+Switch: GN_CLUSTER (MINIDNN_GN_CLUSTER, read at import; norm_kernels reads the attribute at planning time, so set
+it and clear norm_kernels._plans for an in-process A/B): "1" routes group-norm rows that no register path of
+norm_kernels takes (row_config2 None: float32 D > 8192, 16-bit D > 16384) to these kernels where `plan` fits them;
+"0" (the default until the GPU A/B) keeps the looped kernels.  Never planned for rows norm_kernels holds in
+registers: (128, 64, 56, 56) G=32 and every smaller shape keep their kernels.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import devices as _dev
+from . import launch as _launch
+from .softmax_kernels import WARP_REDUCE
+from .storage import STORAGE_HEADER, type_info
+
+__all__ = ["SOURCE", "GN_CLUSTER", "plan", "prepare_forward", "prepare_backward", "usable", "options"]
+
+GN_CLUSTER = os.environ.get("MINIDNN_GN_CLUSTER", "0") == "1"
+NT = 256            # threads a block
+# 16-byte vectors of one array a thread holds, by itemsize: 16 floats; 16 halves (at 4 vectors the 16-bit kernels
+# spilled 44 / 236 bytes forward / backward at these launch bounds: the raw words and their conversions)
+VPT_MAX = {4: 4, 2: 2}
+CL_MAX = 8          # portable cluster sizes only
+MAXCH_MAX = 4       # channels one block's vectors may touch (the backward's per-channel partials, registers)
+MINB_FWD = 6        # launch bounds: <= 40 registers, six 256-thread blocks an SM
+MINB_BWD = 4        # <= 64 registers (two arrays held), four an SM
+
+_PSTORAGE = {"float32": ("float", 0), "float16": ("float", 1), "bfloat16": ("float", 2)}
+
+SOURCE = STORAGE_HEADER + WARP_REDUCE + r"""
+#if PSTORAGE == 0
+typedef PARAM PT;
+__device__ __forceinline__ A LDP(PT v) { return (A)v; }
+#else
+typedef unsigned short PT;
+#if PSTORAGE == 1
+__device__ __forceinline__ A LDP(PT h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+#else
+__device__ __forceinline__ A LDP(PT h) { return __uint_as_float(((unsigned int)h) << 16); }
+#endif
+#endif
+#define VEC (16 / (int)sizeof(T))
+#define NW (NT / 32)
+#define F_SCALE 1
+#define F_BIAS 2
+struct alignas(16) V { T v[VEC]; };
+
+// Value e of raw vector v, converted where it is used.  16-bit data: an asm volatile on the vector's 32-bit word, so
+// the compiler keeps the row raw (2 bytes a value) instead of hoisting VPT * VEC floats into registers.
+__device__ __forceinline__ A LDE(const V& v, int e)
+{
+#if STORAGE == 0
+    return LD(v.v[e]);
+#else
+    const int e0 = e & ~1;
+    const unsigned int w = ((unsigned int)v.v[e0 + 1] << 16) | v.v[e0];
+    float f;
+#if STORAGE == 2
+    if (e & 1) asm volatile("and.b32 %0, %1, 0xffff0000;" : "=f"(f) : "r"(w));
+    else asm volatile("shl.b32 %0, %1, 16;" : "=f"(f) : "r"(w));
+#else
+    if (e & 1) asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi;}" : "=f"(f) : "r"(w));
+    else asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w));
+#endif
+    return f;
+#endif
+}
+
+__device__ __forceinline__ unsigned int divu(unsigned int n, unsigned int mul, unsigned int shr)
+{
+    return (__umulhi(n, mul) + n) >> shr;
+}
+__device__ __forceinline__ unsigned int cluster_rank()
+{
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_arrive()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait()
+{
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The A at `local` (this block's shared memory) in the block of cluster rank `rank`.
+__device__ __forceinline__ A remote_ld(const A* local, unsigned int rank)
+{
+    unsigned long long g;
+    unsigned int addr;
+    A v;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+    return v;
+}
+
+// K sums over the block: warp butterflies, then the warps added in order by thread j < K into out[j]; every thread
+// may read out[] after it returns.  (wred is reused by the next call only after this call's last barrier.)
+template <int K> __device__ __forceinline__ void block_sums(A (&v)[K], A* out)
+{
+    __shared__ A wred[NW][K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) v[j] = warp_sum(v[j]);
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) wred[threadIdx.x >> 5][j] = v[j];
+    }
+    __syncthreads();
+    if (threadIdx.x < K) {
+        A t = 0;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) t += wred[w][threadIdx.x];
+        out[threadIdx.x] = t;
+    }
+    __syncthreads();
+}
+
+// This block's vector range [lo, hi) of its group row.
+__device__ __forceinline__ void block_range(int nvec, unsigned int rank, int& lo, int& hi)
+{
+    lo = (int)((long long)nvec * rank / CL);
+    hi = (int)((long long)nvec * (rank + 1) / CL);
+}
+
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
+gn_fwdc(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
+        A* __restrict__ mean_out, A* __restrict__ rstd_out, const int D, const int G, const int cpg,
+        const unsigned int iv_mul, const unsigned int iv_shr, const double eps, const int flags)
+{
+    __shared__ A part[2];          // this block's (sum, second moment about its own mean): read by the cluster
+    __shared__ A tot[2];
+    const unsigned int rank = cluster_rank();
+    const long long r = blockIdx.x / CL;
+    const int nvec = D / VEC;
+    int lo, hi;
+    block_range(nvec, rank, lo, hi);
+    const V* xr = reinterpret_cast<const V*>(x + r * D);
+    V a[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) a[k] = xr[vi];
+    }
+    A s[1] = {0};
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+        if (lo + k * NT + (int)threadIdx.x < hi) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s[0] += LDE(a[k], e);
+        }
+    block_sums<1>(s, tot);
+    const A nb = (A)((hi - lo) * VEC);
+    const A bmean = tot[0] / nb;
+    A q[1] = {0};
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+        if (lo + k * NT + (int)threadIdx.x < hi) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { const A d = LDE(a[k], e) - bmean; q[0] += d * d; }
+        }
+    block_sums<1>(q, tot + 1);
+    if (threadIdx.x == 0) { part[0] = tot[0]; part[1] = tot[1]; }
+    cluster_arrive();
+    cluster_wait();
+    // Chan's combination in rank order, by warp 0 (lane j holds block j's pair): the same bits in every block
+    __shared__ A stat[2];
+    if (threadIdx.x < 32) {
+        A b = 0, m2 = 0, n = 0;
+        if (threadIdx.x < CL) {
+            int l, h;
+            block_range(nvec, threadIdx.x, l, h);
+            n = (A)((h - l) * VEC);
+            b = remote_ld(part, threadIdx.x);
+            m2 = remote_ld(part + 1, threadIdx.x);
+        }
+        A sum = 0;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) sum += __shfl_sync(0xffffffffu, b, j);
+        const A mean = sum / (A)D;
+        const A dm = n > (A)0 ? b / n - mean : (A)0;
+        const A c = m2 + n * dm * dm;
+        A M2 = 0;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) M2 += __shfl_sync(0xffffffffu, c, j);
+        if (threadIdx.x == 0) { stat[0] = mean; stat[1] = (A)1 / sqrt(M2 / (A)D + (A)eps); }
+    }
+    cluster_arrive();               // this block is done reading the others' partials
+    __syncthreads();
+    const A mean = stat[0], rstd = stat[1];
+    if (threadIdx.x == 0 && rank == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
+    const int g0 = (int)((unsigned long long)r % (unsigned int)G) * cpg;
+    V* yr = reinterpret_cast<V*>(y + r * D);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) {
+            A sc = rstd, bi = 0;
+            if (flags & (F_SCALE | F_BIAS)) {
+                const int p = g0 + (int)divu((unsigned int)vi, iv_mul, iv_shr);
+                if (flags & F_SCALE) sc *= LDP(scale[p]);
+                if (flags & F_BIAS) bi = LDP(bias[p]);
+            }
+            V w;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(a[k], e) - mean) * sc + bi);
+            yr[vi] = w;
+        }
+    }
+    cluster_wait();
+}
+
+// Backward.  sums: (N, 2C); MAXCH: the most channels one block's range touches (host: plan).
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
+gn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+        const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const int D, const int C, const int G,
+        const int cpg, const int iv, const unsigned int iv_mul, const unsigned int iv_shr, const int flags)
+{
+    // part: sum d, sum g, sum g d, then per touched channel j (block-local, from this block's first channel):
+    // sum dy d at 3 + 2j, sum dy at 4 + 2j
+    __shared__ A part[3 + 2 * MAXCH];
+    __shared__ A tot[3];
+    const unsigned int rank = cluster_rank();
+    const long long r = blockIdx.x / CL;
+    const unsigned int n_ = (unsigned int)((unsigned long long)r / (unsigned int)G);
+    const int g0 = (int)((unsigned int)r - n_ * (unsigned int)G) * cpg;
+    const int nvec = D / VEC;
+    int lo, hi;
+    block_range(nvec, rank, lo, hi);
+    const int clo = (int)divu((unsigned int)lo, iv_mul, iv_shr);
+    const V* xr = reinterpret_cast<const V*>(x + r * D);
+    const V* gr = reinterpret_cast<const V*>(dy + r * D);
+    V a[VPT], b[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) { a[k] = xr[vi]; b[k] = gr[vi]; }
+    }
+    const A mu = mean[r], is = rstd[r];
+    A v[3 + 2 * MAXCH];
+#pragma unroll
+    for (int j = 0; j < 3 + 2 * MAXCH; ++j) v[j] = 0;
+    A sc[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        sc[k] = 1;
+        if (vi < hi) {
+            const int c = (int)divu((unsigned int)vi, iv_mul, iv_shr);
+            if (flags & F_SCALE) sc[k] = LDP(scale[g0 + c]);
+            A pe = 0, ps = 0;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A d = LDE(a[k], e) - mu, gy = LDE(b[k], e), g = gy * sc[k];
+                v[0] += d; v[1] += g; v[2] += g * d;
+                pe += gy * d; ps += gy;
+            }
+            const int lc = c - clo;
+#pragma unroll
+            for (int j = 0; j < MAXCH; ++j)
+                if (lc == j) { v[3 + 2 * j] += pe; v[4 + 2 * j] += ps; }
+        }
+    }
+    block_sums<3 + 2 * MAXCH>(v, part);
+    cluster_arrive();
+    cluster_wait();
+    if (threadIdx.x < 32) {         // the triple over the cluster, rank order (the same bits in every block)
+        A t0 = 0, t1 = 0, t2 = 0;
+        if (threadIdx.x < CL) {
+            t0 = remote_ld(part, threadIdx.x);
+            t1 = remote_ld(part + 1, threadIdx.x);
+            t2 = remote_ld(part + 2, threadIdx.x);
+        }
+        A s0 = 0, s1 = 0, s2 = 0;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) {
+            s0 += __shfl_sync(0xffffffffu, t0, j);
+            s1 += __shfl_sync(0xffffffffu, t1, j);
+            s2 += __shfl_sync(0xffffffffu, t2, j);
+        }
+        if (threadIdx.x == 0) { tot[0] = s0; tot[1] = s1; tot[2] = s2; }
+    }
+    __syncthreads();
+    const A inv_d = (A)1 / (A)D;
+    const A off = tot[0] * inv_d;
+    const A c1 = tot[1] * inv_d, c2 = is * (tot[2] - off * tot[1]) * inv_d;
+    if (rank == 0 && (flags & F_SCALE) && (int)threadIdx.x < cpg) {
+        // channel t of the group: every block whose range touches it, in rank order
+        const int c = threadIdx.x;
+        A se = 0, ss = 0;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) {
+            int l, h;
+            block_range(nvec, j, l, h);
+            if (h <= l) continue;
+            const int cl0 = (int)divu((unsigned int)l, iv_mul, iv_shr);
+            const int cl1 = (int)divu((unsigned int)(h - 1), iv_mul, iv_shr);
+            if (c < cl0 || c > cl1) continue;
+            se += remote_ld(part + 3 + 2 * (c - cl0), j);
+            ss += remote_ld(part + 4 + 2 * (c - cl0), j);
+        }
+        A* out = sums + (long long)n_ * 2 * C + g0 + c;
+        out[0] = is * (se - off * ss);
+        out[C] = ss;
+    }
+    cluster_arrive();               // this block is done reading the others' partials
+    V* dr = reinterpret_cast<V*>(dx + r * D);
+    const A ioff = off * is;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) {
+            V w;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A xhat = (LDE(a[k], e) - mu) * is - ioff;
+                w.v[e] = ST(is * (LDE(b[k], e) * sc[k] - c1 - xhat * c2));
+            }
+            dr[vi] = w;
+        }
+    }
+    cluster_wait();
+}
+"""
+
+
+def _divider(d):
+    """(mul, shr) with n // d == (umulhi(n, mul) + n) >> shr for 0 <= n < 2**31 (norm_kernels.divider's form)."""
+    shr = max(0, (int(d) - 1).bit_length())
+    mul = ((1 << 32) * ((1 << shr) - int(d))) // int(d) + 1
+    return np.uint32(mul & 0xFFFFFFFF), np.uint32(shr)
+
+
+def ranges(nvec, cl):
+    """[(lo, hi)] of the cluster's blocks (the kernels' block_range)."""
+    return [(nvec * k // cl, nvec * (k + 1) // cl) for k in range(cl)]
+
+
+def max_channels(nvec, cl, iv):
+    """The most channel planes (of iv vectors) one block's range touches."""
+    return max(((h - 1) // iv - lo // iv + 1) if h > lo else 0 for lo, h in ranges(nvec, cl))
+
+
+def plan(d, s, itemsize, backward, cpg=1, force_cl=None):
+    """(CL, VPT, MAXCH) of a cluster launch for group rows of ``d`` values in planes of ``s``, or None where the
+    kernels do not take them: 16-bit or float32 data (16-byte vectors) with s a multiple of the vector, the
+    smallest cluster (<= CL_MAX blocks) whose blocks hold their share in at most VPT_MAX[itemsize] vectors a
+    thread; the backward also needs every block to touch at most MAXCH_MAX channels.  ``force_cl``: that size
+    where it fits (A/B, tests)."""
+    if itemsize not in (2, 4):
+        return None
+    vec = 16 // itemsize
+    if s % vec or d % s or d < vec:
+        return None
+    nvec, iv = d // vec, s // vec
+    sizes = [force_cl] if force_cl else range(1, CL_MAX + 1)
+    for cl in sizes:
+        if not 1 <= cl <= CL_MAX:
+            return None
+        vpt = -(-(-(-nvec // cl)) // NT)
+        if vpt <= VPT_MAX[itemsize]:
+            maxch = max(1, max_channels(nvec, cl, iv))
+            if backward and (maxch > MAXCH_MAX or cpg > NT):
+                return None
+            return cl, vpt, maxch if backward else 1
+    return None
+
+
+def _cc(dev):
+    try:
+        return int(_launch.cupy().cuda.Device(dev).compute_capability)
+    except Exception:       # noqa: BLE001 -- a fake CuPy: assume a Hopper
+        return 90
+
+
+def usable(dev) -> bool:
+    """Switched on (GN_CLUSTER) and the GPU has clusters (compute capability 9.0 or newer)."""
+    return GN_CLUSTER and _cc(dev) >= 90
+
+
+def options(dtype, pinfo, cl, vpt, backward, maxch=1):
+    """NVRTC options of one configuration (scale / bias presence is a run-time flag)."""
+    scalar, accum, storage, _ = type_info(dtype)
+    param, pstorage = pinfo
+    return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
+            f"-DPSTORAGE={pstorage}", f"-DCL={cl}", f"-DNT={NT}", f"-DVPT={vpt}",
+            f"-DMINB={MINB_BWD if backward else MINB_FWD}", f"-DMAXCH={maxch}", "-std=c++17")
+
+
+_kernels: dict = {}
+
+
+def _kernel(name, dtype, pinfo, cl, vpt, maxch):
+    key = (name, _dev.dtype_name(dtype), pinfo, cl, vpt, maxch)
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = _launch.get_kernel(SOURCE, name, options(dtype, pinfo, cl, vpt, name == "gn_bwdc",
+                                                                     maxch))
+    return k
+
+
+def pinfo_of(x_dtype, p):
+    """(PARAM, PSTORAGE) for parameter array ``p`` (None: x's own kind, never read)."""
+    return _PSTORAGE[_dev.dtype_name(x_dtype if p is None else p.dtype)]
+
+
+def prepare_forward(x, num_groups, scale, bias, eps, flags, force_cl=None):
+    """A Prepared gn_fwdc launch called as go(x, scale, bias, y, mean, rstd) (norm_kernels' forward arrays), or None
+    where `plan` does not take the rows.  ``flags``: bit 0 scale, bit 1 bias."""
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    cpg = c // num_groups
+    d = cpg * s
+    p = plan(d, s, x.dtype.itemsize, False, cpg, force_cl)
+    if p is None or n * num_groups * p[0] >= 2 ** 31:
+        return None
+    cl, vpt, _ = p
+    k = _kernel("gn_fwdc", x.dtype, pinfo_of(x.dtype, scale if scale is not None else bias), cl, vpt, 1)
+    iv = s // (16 // x.dtype.itemsize)
+    return _launch.prepare(k, (n * num_groups * cl,), (NT,),
+                           [None] * 6 + [np.int32(d), np.int32(num_groups), np.int32(cpg), *_divider(iv),
+                                         np.float64(eps), np.int32(flags & 3)])
+
+
+def prepare_backward(x, num_groups, scale, force_cl=None):
+    """A Prepared gn_bwdc launch called as go(x, dy, mean, rstd, scale, sums, dx) (norm_kernels' gn_bwd2 arrays),
+    or None where `plan` does not take the rows."""
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    cpg = c // num_groups
+    d = cpg * s
+    p = plan(d, s, x.dtype.itemsize, True, cpg, force_cl)
+    if p is None or n * num_groups * p[0] >= 2 ** 31:
+        return None
+    cl, vpt, maxch = p
+    k = _kernel("gn_bwdc", x.dtype, pinfo_of(x.dtype, scale), cl, vpt, maxch)
+    iv = s // (16 // x.dtype.itemsize)
+    return _launch.prepare(k, (n * num_groups * cl,), (NT,),
+                           [None] * 7 + [np.int32(d), np.int32(c), np.int32(num_groups), np.int32(cpg),
+                                         np.int32(iv), *_divider(iv), np.int32(scale is not None)])
+
+
+if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check
+    import sys
+    opts = options(np.float32, ("float", 0), 7, 4, True, 2)[:-1]
+    _launch.write_source(sys.argv[1] if len(sys.argv) > 1 else "/tmp/norm_gncl.cu", SOURCE, [o[2:] for o in opts])

@@ -1,0 +1,491 @@
+"""Session 17: group norm of large groups held by thread-block clusters (backend/cuda/norm_gncl.py: gn_fwdc, gn_bwdc;
+norm_kernels routes to them under GN_CLUSTER / MINIDNN_GN_CLUSTER=1, rows no register path takes).
+
+CPU cases: the plan (cluster size, vectors a thread, channels a block touches) for the kernel table's shapes and
+None where the kernels do not apply; the kernels' walk and algebra emulated in NumPy -- every vector of a row held by
+exactly one (rank, thread, slot), the block-local channel index within MAXCH, Chan's combination of the blocks'
+moments, the backward's one exchange (sum d, sum g, sum g d) with the re-centring and rank 0's per-channel sums --
+in float64 against the reference primitives, over ragged splits and planes split between blocks; the routing under
+tools/record_launches.py's fake CuPy (the switch on: one gn_fwdc launch of rows * CL blocks, gn_bwdc + col_sum;
+off, and on the shapes the register kernels hold: the launches before); nvcc (no spills, a spread of configurations).
+GPU cases (marked cuda): forward (y, mean, rstd) and backward (dx, dscale, dbias) against float64 on the kernel
+table's shapes and ragged ones, float32 / bfloat16 / float16, with and without affine parameters, 16-bit
+parameters; every cluster size forced on one shape; bitwise repeatable; against the looped kernels on the same
+inputs.
+"""
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minidnn.backend as B
+from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import norm_gncl as GC
+from minidnn.backend.cuda import norm_kernels as NK
+from tests._nvcc import pick
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---- CPU: the plan ----------------------------------------------------------------------------------------------
+
+# (d, s, itemsize, backward, cpg) -> (CL, VPT, MAXCH) or None
+PLANS = [
+    ((25088, 3136, 4, False, 8), (7, 4, 1)),     # (32, 256, 56, 56) G=32 float32: 6272 vectors, 896 a block
+    ((25088, 3136, 4, True, 8), (7, 4, 2)),      # blocks straddle a plane: two channels each
+    ((25088, 3136, 2, False, 8), (7, 2, 1)),     # 16-bit: two vectors a thread (four spilled)
+    ((25088, 3136, 2, True, 8), (7, 2, 2)),
+    ((12544, 3136, 4, True, 4), (4, 4, 1)),      # (N, 128, 56, 56) G=32: a plane a block
+    ((32768, 1024, 4, False, 32), (8, 4, 1)),    # 8192 vectors: the largest float32 row
+    ((32772, 1092, 4, False, 30), None),         # 8193 vectors: more than CL_MAX blocks of 4 x 256
+    ((16384, 16384, 2, True, 1), (4, 2, 1)),     # 2048 vectors: norm_kernels' 512 x 4 holds it, not routed here
+    ((25088, 3136, 8, False, 8), None),          # float64: not taken
+    ((2500, 100, 2, False, 25), None),           # planes of 100 halves do not fill 16-byte vectors
+    ((16384, 256, 4, True, 64), None),           # backward: a block would touch 16 channels (> MAXCH_MAX)
+    ((16384, 256, 4, False, 64), (4, 4, 1)),     # the forward has no channel limit
+]
+
+
+@pytest.mark.parametrize("args, want", PLANS, ids=str)
+def test_plan(args, want):
+    d, s, item, backward, cpg = args
+    p = GC.plan(d, s, item, backward, cpg)
+    assert p == want
+    if p is None:
+        return
+    cl, vpt, maxch = p
+    nvec, iv = d // (16 // item), s // (16 // item)
+    share = -(-nvec // cl)
+    assert vpt * GC.NT >= share and vpt <= GC.VPT_MAX[item]
+    assert cl == 1 or -(-nvec // (cl - 1)) > GC.VPT_MAX[item] * GC.NT        # the smallest such cluster
+    if backward:
+        assert maxch == GC.max_channels(nvec, cl, iv) <= GC.MAXCH_MAX
+
+
+def test_forced_cluster_sizes():
+    assert GC.plan(25088, 3136, 4, False, 8, force_cl=8) == (8, 4, 1)
+    assert GC.plan(25088, 3136, 4, True, 8, force_cl=8) == (8, 4, 1)        # a plane a block
+    assert GC.plan(25088, 3136, 4, False, 8, force_cl=6) is None            # 1046 vectors a block: > 4 x 256
+    assert GC.plan(25088, 3136, 2, True, 8, force_cl=8) == (8, 2, 1)
+    assert GC.plan(25088, 3136, 2, True, 8, force_cl=9) is None             # not portable
+
+
+def test_register_rows_keep_their_plans():
+    """Rows a norm_kernels team holds in registers never reach the cluster route: the table's (128, 64, 56, 56)
+    G=32 (6272 values) and every smaller group; the cluster rows are exactly those row_config2 refuses."""
+    for item, dt in ((4, np.float32), (2, np.float16)):
+        assert NK.row_config2(6272, np.dtype(dt), True, "fwd") is not None
+        assert NK.row_config2(6272, np.dtype(dt), True, "gn_bwd") is not None
+        assert NK.row_config2(25088, np.dtype(dt), True, "fwd") is None
+        assert NK.row_config2(25088, np.dtype(dt), True, "gn_bwd") is None
+
+
+# ---- CPU: the kernels emulated (index maths and algebra, float64) -----------------------------------------------
+
+def _divu(n, d):
+    mul, shr = (int(v) for v in GC._divider(d))
+    return (((n * mul) >> 32) + n) >> shr
+
+
+def _slots(nvec, cl, vpt):
+    """{vector: (rank, thread, slot)} as the kernels assign them; every vector once."""
+    seen = {}
+    for rank, (lo, hi) in enumerate(GC.ranges(nvec, cl)):
+        for k in range(vpt):
+            for t in range(GC.NT):
+                vi = lo + k * GC.NT + t
+                if vi < hi:
+                    assert vi not in seen
+                    seen[vi] = (rank, t, k)
+    assert sorted(seen) == list(range(nvec))
+    return seen
+
+
+def _emulate_forward(x, groups, scale, bias, eps, cl, vpt, vec):
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    cpg, iv = c // groups, s // vec
+    d = cpg * s
+    nvec = d // vec
+    _slots(nvec, cl, vpt)
+    rows = x.reshape(n * groups, nvec, vec)
+    y = np.empty_like(rows)
+    mean, rstd = np.empty(n * groups), np.empty(n * groups)
+    for r in range(n * groups):
+        parts = []
+        for lo, hi in GC.ranges(nvec, cl):
+            v = rows[r, lo:hi]
+            b = v.sum()
+            nb = (hi - lo) * vec
+            m2 = ((v - b / nb) ** 2).sum() if nb else 0.0
+            parts.append((b, m2, nb))
+        mu = sum(p[0] for p in parts) / d
+        m2 = sum(p[1] + p[2] * ((p[0] / p[2] - mu) if p[2] else 0.0) ** 2 for p in parts)
+        rs = 1 / math.sqrt(m2 / d + eps)
+        mean[r], rstd[r] = mu, rs
+        g0 = r % groups * cpg
+        ch = g0 + np.array([_divu(vi, iv) for vi in range(nvec)])
+        sc = rs * (scale[ch] if scale is not None else 1.0)
+        bi = bias[ch] if bias is not None else 0.0
+        y[r] = (rows[r] - mu) * sc[:, None] + np.asarray(bi).reshape(-1, 1) * np.ones((1, vec))
+    return y.reshape(x.shape), mean.reshape(n, groups), rstd.reshape(n, groups)
+
+
+def _emulate_backward(x, dy, groups, scale, mean, rstd, cl, vpt, maxch, vec):
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    cpg, iv = c // groups, s // vec
+    d = cpg * s
+    nvec = d // vec
+    _slots(nvec, cl, vpt)
+    xr, gr = x.reshape(n * groups, nvec, vec), dy.reshape(n * groups, nvec, vec)
+    dx = np.empty_like(xr)
+    sums = np.zeros((n, 2 * c))
+    for r in range(n * groups):
+        nn, g0 = divmod(r, groups)
+        g0 *= cpg
+        mu, is_ = mean.reshape(-1)[r], rstd.reshape(-1)[r]
+        parts = []
+        for lo, hi in GC.ranges(nvec, cl):
+            clo = _divu(lo, iv)
+            p = np.zeros(3 + 2 * maxch)
+            for vi in range(lo, hi):
+                ch = _divu(vi, iv)
+                sc = scale[g0 + ch] if scale is not None else 1.0
+                dv, gy = xr[r, vi] - mu, gr[r, vi]
+                g = gy * sc
+                p[:3] += (dv.sum(), g.sum(), (g * dv).sum())
+                lc = ch - clo
+                assert 0 <= lc < maxch
+                p[3 + 2 * lc:5 + 2 * lc] += ((gy * dv).sum(), gy.sum())
+            parts.append((lo, hi, p))
+        tot = sum(p for _, _, p in parts)[:3]
+        off = tot[0] / d
+        c1, c2 = tot[1] / d, is_ * (tot[2] - off * tot[1]) / d
+        for ch in range(cpg):
+            se = ss = 0.0
+            for lo, hi, p in parts:
+                if hi <= lo:
+                    continue
+                cl0, cl1 = _divu(lo, iv), _divu(hi - 1, iv)
+                if cl0 <= ch <= cl1:
+                    se, ss = se + p[3 + 2 * (ch - cl0)], ss + p[4 + 2 * (ch - cl0)]
+            sums[nn, g0 + ch] = is_ * (se - off * ss)
+            sums[nn, c + g0 + ch] = ss
+        chs = g0 + np.array([_divu(vi, iv) for vi in range(nvec)])
+        sc = (scale[chs] if scale is not None else np.ones(nvec))[:, None]
+        xhat = (xr[r] - mu) * is_ - off * is_
+        dx[r] = is_ * (gr[r] * sc - c1 - xhat * c2)
+    return dx.reshape(x.shape), sums[:, :c].sum(0), sums[:, c:].sum(0)
+
+
+# (shape, groups, itemsize, forced CL or None): ragged splits, planes split over blocks, a block of several planes
+EMU = [((2, 8, 16, 16), 2, 4, 3), ((1, 6, 8, 12), 3, 2, 5), ((2, 4, 32, 8), 1, 4, 7), ((1, 16, 4, 8), 4, 4, 2),
+       ((3, 6, 40), 2, 2, 4), ((1, 2, 64), 1, 4, 8)]
+
+
+@pytest.mark.parametrize("shape, groups, item, cl", EMU, ids=str)
+def test_kernels_emulated_against_float64(shape, groups, item, cl):
+    rng = np.random.default_rng(hash((shape, cl)) % 2 ** 32)
+    x = rng.standard_normal(shape) * 1.5 - 2.0
+    dy = rng.standard_normal(shape)
+    c = shape[1]
+    scale, bias = rng.standard_normal(c), rng.standard_normal(c)
+    s = x.size // (shape[0] * c)
+    d = c // groups * s
+    fwd = GC.plan(d, s, item, False, c // groups, force_cl=cl)
+    bwd = GC.plan(d, s, item, True, c // groups, force_cl=cl)
+    assert fwd is not None and bwd is not None
+    vec = 16 // item
+    y, m, i = _emulate_forward(x, groups, scale, bias, 1e-5, fwd[0], fwd[1], vec)
+    y_r, m_r, i_r = B.group_normalization_forward(None, x, groups, scale, bias, 1e-5)
+    np.testing.assert_allclose(y, y_r, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(m, m_r, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(i, i_r, rtol=1e-10)
+    # the statistics the kernel gets are the forward's rounded to float32: the re-centring takes the offset out
+    m32, i32 = m_r.astype(np.float32).astype(np.float64), i_r.astype(np.float32).astype(np.float64)
+    dx, ds, db = _emulate_backward(x, dy, groups, scale, m32, i32, bwd[0], bwd[1], bwd[2], vec)
+    dx_r, ds_r, db_r = B.group_normalization_backward(None, x, dy, groups, scale, m_r, i_r)
+    np.testing.assert_allclose(dx, dx_r, rtol=2e-6, atol=2e-6)          # float32 rstd: ~1e-7 relative
+    np.testing.assert_allclose(ds, ds_r, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(db, db_r, rtol=1e-12, atol=1e-12)
+
+
+def test_divider_for_the_planes():
+    for iv in (1, 7, 392, 784, 1567):
+        j = np.arange(0, 8193 * 4, dtype=np.int64)
+        mul, shr = (int(v) for v in GC._divider(iv))
+        assert ((((j * mul) >> 32) + j) >> shr == j // iv).all()
+
+
+# ---- CPU: the routing under the fake CuPy -------------------------------------------------------------------------
+
+def _fake(code):
+    head = f"""
+import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
+import numpy as np, record_launches as R
+fakecp, L = R._install({ROOT!r})
+names = []
+L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d))
+import minidnn.backend as B
+from minidnn.backend.cuda import norm_kernels as NK, norm_gncl as GC
+def run(shape, groups, dtype=np.float32, affine=True):
+    NK._plans.clear()
+    rng = np.random.default_rng(0)
+    c = shape[1]
+    x = fakecp.asarray(rng.standard_normal(shape).astype(dtype))
+    sc = fakecp.asarray(np.ones(c, np.float32)) if affine else None
+    bi = fakecp.asarray(np.zeros(c, np.float32)) if affine else None
+    n0 = len(names)
+    y, m, i = B.group_normalization_forward(None, x, groups, sc, bi, 1e-5)
+    B.group_normalization_backward(None, x, x, groups, sc, m, i)
+    return names[n0:]
+"""
+    r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_routing_under_the_fake_cupy():
+    _fake("""
+GC.GN_CLUSTER = True
+got = run((32, 256, 56, 56), 32)
+assert got == [("gn_fwdc", (1024 * 7, 1, 1, 256, 1, 1, 0)), ("gn_bwdc", (1024 * 7, 1, 1, 256, 1, 1, 0)),
+               ("col_sum", got[2][1])], got
+assert [n for n, _ in run((32, 256, 56, 56), 32, affine=False)] == ["gn_fwdc", "gn_bwdc"]
+import ml_dtypes
+assert [n for n, _ in run((4, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["gn_fwdc", "gn_bwdc", "col_sum"]
+# the register kernels' rows keep them: the table's (128, 64, 56, 56) G=32, a small CNN's group norm
+assert [n for n, _ in run((8, 64, 56, 56), 32)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
+assert [n for n, _ in run((8, 32, 8, 8), 8)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
+# planes that do not fill vectors (55 x 55 floats): the looped kernels
+assert [n for n, _ in run((2, 256, 55, 55), 32)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
+GC.GN_CLUSTER = False
+assert [n for n, _ in run((32, 256, 56, 56), 32)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
+print("OK")
+""")
+
+
+def test_switch_from_the_environment():
+    env = dict(os.environ, MINIDNN_GN_CLUSTER="1")
+    code = f"import sys; sys.path.insert(0, {ROOT!r}); from minidnn.backend.cuda import norm_gncl as G; " \
+           "print(G.GN_CLUSTER)"
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    env["MINIDNN_GN_CLUSTER"] = "0"
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert on.stdout.strip() == "True" and off.stdout.strip() == "False", on.stderr + off.stderr
+
+
+# ---- CPU: nvcc ------------------------------------------------------------------------------------------------
+
+def _configs():
+    """(dtype name, backward, CL, VPT, MAXCH): every plan of the GPU cases below, and the ends of each axis."""
+    out = set()
+    for name in ("float32", "bfloat16", "float16"):
+        item = 4 if name == "float32" else 2
+        for backward in (False, True):
+            for d, s, cpg in ((25088, 3136, 8), (12544, 3136, 4), (32768, 1024, 32), (18000, 1800, 10),
+                              (25088 * 2, 3136, 16)):
+                for cl in (None, 8):
+                    p = GC.plan(d, s, item, backward, cpg, force_cl=cl)
+                    if p:
+                        out.add((name, backward, *p))
+            if backward:
+                out.add((name, True, 8, GC.VPT_MAX[item], GC.MAXCH_MAX))
+    return sorted(out)
+
+
+DEFAULTS = {("float32", False, 7, 4, 1), ("float32", True, 7, 4, 2), ("bfloat16", False, 7, 2, 1),
+            ("bfloat16", True, 7, 2, 2)}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("cfg", pick(_configs(), 4, DEFAULTS), ids=str)
+def test_kernels_compile_without_spills(tmp_path, cfg):
+    from minidnn.backend.cuda import launch
+    name, backward, cl, vpt, maxch = cfg
+    dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16" else np.dtype(name)
+    entry = "gn_bwdc" if backward else "gn_fwdc"
+    for pinfo in {("float", 0), GC._PSTORAGE[name]}:
+        opts = GC.options(dt, pinfo, cl, vpt, backward, maxch)
+        src = tmp_path / "gncl.cu"
+        launch.write_source(str(src), GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
+        r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-ftz=true", "-std=c++17", "-Xptxas",
+                            f"-v,--entry={entry}", "-o", str(tmp_path / "k.cubin"), str(src)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        lines = r.stderr.splitlines()
+        at = next(i for i, line in enumerate(lines) if f"entry function '{entry}'" in line)
+        spill = next(line for line in lines[at:] if "spill stores" in line)
+        assert int(spill.split("bytes spill stores")[0].split(",")[-1]) == 0, (cfg, pinfo, spill)
+        regs = int(next(line for line in lines[at:] if "registers" in line).split("Used ")[1].split()[0])
+        assert regs <= 65536 // (GC.NT * (GC.MINB_BWD if backward else GC.MINB_FWD)), (cfg, regs)
+
+
+# ---- GPU ----------------------------------------------------------------------------------------------------------
+
+TOL = {"float32": dict(rtol=1e-4, atol=2e-5), "float16": dict(rtol=4e-3, atol=4e-3),
+       "bfloat16": dict(rtol=2e-2, atol=2e-2)}
+
+
+@pytest.fixture
+def cp():
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    cp = _dev.require_cupy()
+    if int(cp.cuda.Device().compute_capability) < 90:
+        pytest.skip("thread-block clusters need sm_90")
+    return cp
+
+
+@pytest.fixture
+def on(monkeypatch):
+    """The cluster route on, plans forgotten before and after; yields the launched kernels' names."""
+    from minidnn.backend.cuda import launch
+    monkeypatch.setattr(GC, "GN_CLUSTER", True)
+    NK._plans.clear()
+    got = []
+    real = launch.Prepared.__call__
+
+    def spy(self, *arrays, stream=None):
+        got.append(self.kernel.name if hasattr(self.kernel, "name") else str(self.kernel))
+        return real(self, *arrays, stream=stream)
+    monkeypatch.setattr(launch.Prepared, "__call__", spy)
+    yield got
+    NK._plans.clear()
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
+def _h(a):
+    return None if a is None else a.get().astype(np.float64)
+
+
+def _run(cp, name, shape, groups, affine, rng, pdtype=np.float32):
+    dtype = _dtype(name)
+    c = shape[1]
+    x = (rng.standard_normal(shape) * 1.5 - 2.0).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    scale = rng.standard_normal(c).astype(pdtype) if affine else None
+    bias = rng.standard_normal(c).astype(pdtype) if affine else None
+    g = [None if a is None else cp.asarray(a) for a in (x, dy, scale, bias)]
+    y, m, i = B.group_normalization_forward(None, g[0], groups, g[2], g[3], 1e-5)
+    dx, ds, db = B.group_normalization_backward(None, g[0], g[1], groups, g[2], m, i)
+    return (x, dy, scale, bias), (y, m, i, dx, ds, db)
+
+
+def _check(name, shape, groups, inputs, got):
+    x, dy, scale, bias = (None if a is None else a.astype(np.float64) for a in inputs)
+    y_r, m_r, i_r = B.group_normalization_forward(None, x, groups, scale, bias, 1e-5)
+    # the reference backward from the kernel's own (float32) statistics: dx's test is then of the backward alone
+    m, i = _h(got[1]), _h(got[2])
+    dx_r, ds_r, db_r = B.group_normalization_backward(None, x, dy, groups, scale, m, i)
+    tol = TOL[name]
+    np.testing.assert_allclose(_h(got[0]), y_r, **tol)
+    np.testing.assert_allclose(m, m_r, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(i, i_r, rtol=1e-4)
+    np.testing.assert_allclose(_h(got[3]), dx_r, **tol)
+    if scale is None:
+        assert got[4] is None and got[5] is None
+        return
+    count = x.size // shape[1]
+    atol = 1e-4 * math.sqrt(count) * 4
+    np.testing.assert_allclose(_h(got[4]), ds_r, rtol=1e-4, atol=atol)
+    np.testing.assert_allclose(_h(got[5]), db_r, rtol=tol["rtol"], atol=atol + (tol["atol"] if name != "float32"
+                                                                                 else 0))
+
+
+# the kernel table's shape (the batch cut to keep the float64 reference quick) and ragged ones, all routed to the
+# clusters in every dtype: CL 5..8, planes split between blocks (three channels a block at (3, 22, 48, 40))
+GPU_CASES = [((4, 256, 56, 56), 32), ((2, 64, 64, 64), 8), ((3, 30, 40, 44), 3), ((3, 22, 48, 40), 2)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape, groups", GPU_CASES, ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+def test_cluster_kernels_against_float64(cp, on, name, shape, groups, affine):
+    rng = np.random.default_rng(hash((shape, groups, name, affine)) % 2 ** 32)
+    inputs, got = _run(cp, name, shape, groups, affine, rng)
+    assert on[:2] == ["gn_fwdc", "gn_bwdc"] and len(on) == 2 + affine, on
+    _check(name, shape, groups, inputs, got)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_cluster_kernels_16_bit_parameters_and_repeat(cp, on, name):
+    """Parameters in x's 16-bit dtype (or float32 for float32 data); a second call gives the same bits."""
+    rng = np.random.default_rng(17)
+    shape, groups = (2, 128, 56, 56), 16
+    inputs, got = _run(cp, name, shape, groups, True, rng, pdtype=_dtype(name))
+    _check(name, shape, groups, inputs, got)
+    g = [None if a is None else cp.asarray(a) for a in inputs]
+    y, m, i = B.group_normalization_forward(None, g[0], groups, g[2], g[3], 1e-5)
+    dx, ds, db = B.group_normalization_backward(None, g[0], g[1], groups, g[2], m, i)
+    for a, b in zip(got, (y, m, i, dx, ds, db)):
+        assert cp.array_equal(a, b)
+
+
+def _direct(cp, inputs, groups, cl):
+    """The two kernels launched directly (prepare_* at cluster size ``cl``), dscale / dbias summed from their
+    (N, 2C) sums on the host."""
+    x, dy, scale, bias = (None if a is None else cp.asarray(a) for a in inputs)
+    n, c = x.shape[:2]
+    fwd = GC.prepare_forward(x, groups, scale, bias, 1e-5, (scale is not None) | (bias is not None) << 1,
+                             force_cl=cl)
+    bwd = GC.prepare_backward(x, groups, scale, force_cl=cl)
+    assert fwd is not None and bwd is not None
+    y = cp.empty_like(x)
+    m, i = cp.empty((n, groups), cp.float32), cp.empty((n, groups), cp.float32)
+    fwd(x, x if scale is None else scale, x if bias is None else bias, y, m, i)
+    sums, dx = cp.zeros((n, 2 * c), cp.float32), cp.empty_like(x)
+    bwd(x, dy, m, i, x if scale is None else scale, sums, dx)
+    ds = db = None
+    if scale is not None:
+        ds, db = sums[:, :c].sum(0), sums[:, c:].sum(0)
+    return y, m, i, dx, ds, db
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cl", [1, 2, 3, 5, 7, 8])
+def test_every_cluster_size(cp, name, cl):
+    """Both kernels at every cluster size on one small ragged shape (3, 40, 20, 20) G=10 -- 4 planes of 100
+    float32 vectors (50 bfloat16) a row: blocks of one to four planes, planes split between blocks."""
+    shape, groups = (3, 40, 20, 20), 10
+    item = _dtype(name).itemsize
+    assert GC.plan(1600, 400, item, True, 4, force_cl=cl) is not None
+    rng = np.random.default_rng(cl)
+    dtype = _dtype(name)
+    inputs = ((rng.standard_normal(shape) * 1.5 - 2.0).astype(dtype), rng.standard_normal(shape).astype(dtype),
+              rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32))
+    _check(name, shape, groups, inputs, _direct(cp, inputs, groups, cl))
+    no_affine = inputs[:2] + (None, None)
+    _check(name, shape, groups, no_affine, _direct(cp, no_affine, groups, cl))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_close_to_the_looped_kernels(cp, on, monkeypatch, name):
+    """The same inputs through the route off (norm_fwd looped, row_sums + col_sum + gn_dx) and on."""
+    rng = np.random.default_rng(3)
+    shape, groups = (4, 256, 56, 56), 32
+    inputs, got = _run(cp, name, shape, groups, True, rng)
+    monkeypatch.setattr(GC, "GN_CLUSTER", False)
+    NK._plans.clear()
+    g = [None if a is None else cp.asarray(a) for a in inputs]
+    y, m, i = B.group_normalization_forward(None, g[0], groups, g[2], g[3], 1e-5)
+    dx, ds, db = B.group_normalization_backward(None, g[0], g[1], groups, g[2], m, i)
+    assert "norm_fwd" in on and "gn_dx" in on
+    tol = TOL[name]
+    for a, b in zip(got[:4], (y, m, i, dx)):
+        np.testing.assert_allclose(_h(a), _h(b), **tol)
+    np.testing.assert_allclose(_h(got[4]), _h(ds), rtol=1e-3, atol=1e-2)

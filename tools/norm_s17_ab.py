@@ -1,0 +1,151 @@
+"""A/B of session 17's group norm on thread-block clusters (norm_gncl: gn_fwdc, gn_bwdc + col_sum; switch
+norm_gncl.GN_CLUSTER / MINIDNN_GN_CLUSTER) against the kernels before it (the looped norm_fwd; row_sums + col_sum +
+gn_dx), device time only (CUDA-graph replays, as bench/kernels_gpu.py's graph columns), PyTorch's F.group_norm
+beside, ONE process.
+
+    python tools/norm_s17_ab.py [--rows big,ragged,mid,tuned] [--dtypes float32,bfloat16,float16] [--rounds 3]
+                                [--trials 5]
+
+Rows (the bench's group-norm case: x, dy of the dtype, scale = 1 and bias = 0 in float32 for 16-bit data):
+  big     (32, 256, 56, 56) G=32   the kernel table's large2 row: 1024 groups of 25088 values (CL 7)
+  ragged  (64, 96, 48, 48) G=8     12 channels a group, 27648 values: blocks straddle planes (CL 7)
+  mid     (16, 512, 28, 28) G=32   16 channels of 784: 12544 values (float32 CL 4; 16-bit: the register kernels)
+  tuned   (128, 64, 56, 56) G=32   control: the register kernels under both settings (the same plan, ratio ~1)
+float16 runs the big row only.
+Settings: "old" (GN_CLUSTER off: the kernels before) and "new" (on).  Plans are forgotten at each flip, so the
+next call plans anew (compiled outside the capture).
+Method: per row, dtype and direction, `rounds` rounds; each round times both settings, the order swapped each
+round (clock or temperature drift spreads over both), each timing a fresh capture of `reps` calls replayed
+`trials` times (median).  Reported per setting: the median over rounds (ms a call), GB/s and % of the copy
+bandwidth (compulsory bytes: forward x read + y written, backward x, dy read + dx written -- the bench's
+accounting), the median of the per-round ratios old / new (> 1: new faster), the spread over rounds, PyTorch's
+graphed forward / backward once per row, and the kernels each setting launches.
+Expected device time: ~1.5 min on an H100/H200 (compiles included).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
+
+from minidnn.backend import devices as _dev  # noqa: E402
+from minidnn.backend.cuda import launch as _launch  # noqa: E402
+from minidnn.backend.cuda import norm_gncl as GC  # noqa: E402
+from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
+
+ROWS = {"big": ((32, 256, 56, 56), 32), "ragged": ((64, 96, 48, 48), 8), "mid": ((16, 512, 28, 28), 32),
+        "tuned": ((128, 64, 56, 56), 32)}
+SETTINGS = ("old", "new")
+_DEFAULT = GC.GN_CLUSTER
+
+
+def apply(setting):
+    """GN_CLUSTER for ``setting`` (None: the import-time default), plans forgotten."""
+    GC.GN_CLUSTER = _DEFAULT if setting is None else setting == "new"
+    NK._plans.clear()
+
+
+def kernels_of(fn):
+    """The kernels one call of ``fn`` launches (names, in order)."""
+    got = []
+    real = _launch.Prepared.__call__
+
+    def spy(self, *arrays, stream=None):
+        got.append(getattr(self.kernel, "name", "?"))
+        return real(self, *arrays, stream=stream)
+    _launch.Prepared.__call__ = spy
+    try:
+        fn()
+    finally:
+        _launch.Prepared.__call__ = real
+    return "+".join(got)
+
+
+def _rounds(timer, fn, rounds):
+    got = {s: [] for s in SETTINGS}
+    ratios = []
+    plans = {}
+    reps = None
+    for r in range(rounds):
+        this = {}
+        for s in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
+            apply(s)
+            fn()                                    # plans and compiles outside the capture
+            plans[s] = kernels_of(fn)
+            reps = reps or timer.reps(fn, "minidnn")
+            this[s] = timer.graph(fn, reps, "minidnn")
+            got[s].append(this[s])
+        ratios.append(this["old"] / this["new"])
+    return got, ratios, plans
+
+
+def run_row(timer, cp, torch, key, dtype_name, bw, rounds):
+    shape, groups = ROWS[key]
+    cases = KG.Cases(cp, torch, dtype_name)
+    for name, _, (fn, tfn, nbytes), _ in cases.norm(shape, groups=groups):
+        tms = None
+        if tfn is not None:
+            try:
+                tms = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
+            except Exception as exc:        # noqa: BLE001
+                print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
+        try:
+            got, ratios, plans = _rounds(timer, fn, rounds)
+        finally:
+            apply(None)
+        for s in SETTINGS:
+            ms = statistics.median(got[s])
+            gbs = nbytes / (ms * 1e-3) / 1e9
+            spread = max(got[s]) / min(got[s]) - 1
+            vs = f"  torch {tms:.4f} ms ({tms / ms:4.2f}x)" if tms else ""
+            ratio = f"old/new {statistics.median(ratios):5.3f}" if s == "new" else " " * 13
+            print(f"{name:22s} {dtype_name:9s} {str(shape):18s} {s:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
+                  f"{100 * gbs / bw:4.0f}%  {ratio}  spread {100 * spread:4.1f}%{vs}  [{plans[s]}]")
+        sys.stdout.flush()
+    del cases
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--dtypes", default="float32,bfloat16,float16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
+    args = ap.parse_args(argv)
+    if any(k not in ROWS for k in args.rows.split(",")):
+        ap.error(f"--rows: each of {', '.join(ROWS)}")
+    if not _dev.cuda_is_available():
+        print("norm_s17_ab: no CUDA GPU with CuPy here; nothing to measure")
+        return 0
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    timer = KG.Timer(cp, torch, args.trials)
+    bw = KG.copy_bandwidth(cp, timer)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
+          f"{args.rounds} rounds (order swapped each round), graph replays of {args.trials} trials each")
+    with KG.torch_stream(torch):           # PyTorch's ops on one stream, so its backwards can be captured
+        for dtype_name in args.dtypes.split(","):
+            for key in args.rows.split(","):
+                if dtype_name == "float16" and key != "big":
+                    continue
+                try:
+                    run_row(timer, cp, torch, key, dtype_name, bw, args.rounds)
+                except Exception as exc:        # noqa: BLE001 -- one row must not take the others down
+                    print(f"{key} {dtype_name}: failed: {type(exc).__name__}: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
