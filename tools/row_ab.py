@@ -2,11 +2,12 @@
 bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's graphed op beside: session 13's
 softmax_kernels.FWD_WARP (the default "0", PIPE, against "1" and "2") on softmax / log-softmax forward and the
 log-softmax backward, session 14's softmax_kernels.FWD_LSM on the log-softmax forward (op "lsm", softmax's forward
-timed in the same rounds), and session 12's loss_kernels.CE_TAIL on the cross-entropy forward.
+timed in the same rounds), session 12's loss_kernels.CE_TAIL on the cross-entropy forward, and session 17's cache
+hints softmax_kernels.HINT_FWD / HINT_BWD (--hint) on the softmax / log-softmax forwards and backwards.
 
     python tools/row_ab.py [--ops smx,lsmx,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
                            [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513] [--settings 0,1,2]
-                           [--lsm 0,1,2,smx]
+                           [--lsm 0,1,2,smx] [--hint 0,1,2 [--hint-all]]
 
 Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: cross-entropy and softmax forward"):
   smx      FWD_WARP  "0" (default: PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
@@ -25,6 +26,13 @@ Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: 
                      smx@48): the same at WARP 1 with a forward budget of R registers (FWD_WARP's "1@R" probe:
                      56 is softmax's nine blocks an SM, LOG's own is 48: ten)
   ce       CE_TAIL   "2" (default) | "1" | "0" (session 11's kernels)
+  --hint   HINT_FWD (smx, lsmx) / HINT_BWD (lsmxbwd, smxbwd: softmax's backward) in place of --settings: "0" (none,
+           the default) | "1" (ld.global.cs + st.global.cs; forwards only: the backward's streaming loads spill)
+           | "2" (st.global.cs, the loads of "0"); FWD_WARP and FWD_LSM stay at their defaults; lines "h0", "h1",
+           "h2" (a backward op skips "h1").  A call takes the hint only where
+           its arrays exceed L2 (HINT_BY_SIZE): a smaller shape plans "h0" for every setting (skipped) unless
+           --hint-all (HINT_BY_SIZE off: is the size rule right?)  (docs/step_kernels.md, "Session 17: cache hints
+           of the row kernels")
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
 Method: per case (op, dtype, shape) `rounds` rounds; a round times every distinct setting in turn, the order reversed
@@ -42,6 +50,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
@@ -53,14 +62,20 @@ import numpy as np  # noqa: E402
 from minidnn.backend import devices as _dev  # noqa: E402
 
 SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2"), "lsmx": ("0", "1", "2"), "lsmxbwd": ("0", "1", "2"),
-            "lsm": ("0", "1", "2", "smx")}
+            "smxbwd": ("0", "1", "2"), "lsm": ("0", "1", "2", "smx")}
 NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd", "lsmxbwd": "log-softmax bwd",
-         "lsm": "log-softmax fwd"}
+         "smxbwd": "softmax bwd", "lsm": "log-softmax fwd"}
+BACKWARD = ("lsmxbwd", "smxbwd")
+
+
+_START = {}
 
 
 def _mods():
     from minidnn.backend.cuda import loss_kernels as lk
     from minidnn.backend.cuda import softmax_kernels as sk
+    if not _START:                              # the settings this process started with: what _restore puts back
+        _START.update(ce=lk.CE_TAIL, warp=sk.FWD_WARP, lsm=sk.FWD_LSM, hint=(sk.HINT_FWD, sk.HINT_BWD))
     return lk, sk
 
 
@@ -77,22 +92,28 @@ def _forget():
 
 def _switch(op, setting):
     lk, sk = _mods()
-    if op == "ce":
+    if setting.startswith("h"):                 # --hint: the cache hint of the op's direction, the rest default
+        if op in BACKWARD:
+            sk.HINT_BWD = int(setting[1:])
+        else:
+            sk.HINT_FWD = int(setting[1:])
+    elif op == "ce":
         lk.CE_TAIL = setting
     elif op == "lsm":                           # "L" or "L@R" (WARP 1 at a forward budget of R registers)
         lsm, _, regs = setting.partition("@")
-        sk.FWD_LSM = os.environ.get("MINIDNN_SOFTMAX_LSM", "0") if lsm == "smx" else lsm
-        sk.FWD_WARP = f"1@{regs}" if regs else os.environ.get("MINIDNN_SOFTMAX_WARP", "auto")
+        sk.FWD_LSM = _START["lsm"] if lsm == "smx" else lsm
+        sk.FWD_WARP = f"1@{regs}" if regs else _START["warp"]
     else:
         sk.FWD_WARP = setting
     _forget()
 
 
 def _restore():
+    """The settings the process started with (before: the environment's, with FWD_LSM "0" where it was unset --
+    the session-13 kernel, not the module's default "2", for every case after the first)."""
     lk, sk = _mods()
-    lk.CE_TAIL = os.environ.get("MINIDNN_CE_TAIL", "2")
-    sk.FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "auto")
-    sk.FWD_LSM = os.environ.get("MINIDNN_SOFTMAX_LSM", "0")
+    lk.CE_TAIL, sk.FWD_WARP, sk.FWD_LSM = _START["ce"], _START["warp"], _START["lsm"]
+    sk.HINT_FWD, sk.HINT_BWD = _START["hint"]
     _forget()
 
 
@@ -102,9 +123,42 @@ def _plan(op, shape, dt, setting=None):
     if op == "ce":
         s = lk.launch_spec("ce_fwd", shape, dt, np.int64, False, "mean")
         return s[2], s[3], s[4], s[5]
-    soft = op == "smx" or (op == "lsm" and setting.partition("@")[0] == "smx")
-    s = sk.launch_spec(op == "lsmxbwd", shape, (1,), "ACCURATE" if soft else "LOG", dt)
+    s = _spec(op, shape, dt, setting)
     return s.defines, s.groups, s.per_sm, s.block
+
+
+def _spec(op, shape, dt, setting):
+    """softmax_kernels.launch_spec of a softmax op under the current setting (the call's hint included)."""
+    _, sk = _mods()
+    soft = op in ("smx", "smxbwd") or (op == "lsm" and setting.partition("@")[0] == "smx")
+    bwd = op in BACKWARD
+    hint = sk.call_hint(bwd, int(np.prod(shape)) * np.dtype(dt).itemsize * (3 if bwd else 2), 0)
+    return sk.launch_spec(bwd, shape, (1,), "ACCURATE" if soft else "LOG", dt, hint)
+
+
+def _for_op(op, settings):
+    """``settings`` without those ``op`` cannot take (HINT_BWD is 0 or 2: a backward op skips "h1")."""
+    return [s for s in settings if not (op in BACKWARD and s == "h1")]
+
+
+def precompile(ops, dtype_names, shapes, pick):
+    """Every softmax kernel the cases will plan, compiled into CuPy's disk cache by a process a core
+    (softmax_kernels.precompile); ``pick(op)``: the op's settings."""
+    _, sk = _mods()
+    specs = []
+    try:
+        for name in dtype_names:
+            dt = sk._dtype_of(name)
+            for op in ops:
+                if op == "ce":
+                    continue
+                for shape in shapes:
+                    for st in _for_op(op, pick(op)):
+                        _switch(op, st)
+                        specs.append(_spec(op, shape, dt, st))
+    finally:
+        _restore()
+    return sk.precompile(specs)
 
 
 def _short(plan, base):
@@ -116,7 +170,7 @@ def _short(plan, base):
 
 
 def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
-    settings = settings if settings and op != "ce" else SETTINGS[op]
+    settings = _for_op(op, settings if settings and op != "ce" else SETTINGS[op])
     plans, distinct, same = {}, [], {}
     for s in settings:
         _switch(op, s)
@@ -133,7 +187,7 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
     if op == "ce":                              # the bench's own case (inputs, call, PyTorch op, bytes)
         row = cases.cross_entropy(shape)[0]
     else:
-        row = cases.softmax(shape, "accurate" if op == "smx" else "log")[1 if op == "lsmxbwd" else 0]
+        row = cases.softmax(shape, "accurate" if op in ("smx", "smxbwd") else "log")[1 if op in BACKWARD else 0]
     name, _, (fn, tfn, nbytes), _ = row
     fns, tfns = {s: fn for s in distinct}, {"": tfn}
     if op == "lsm":                             # softmax's forward in the same rounds, PyTorch's softmax beside
@@ -198,6 +252,13 @@ def main(argv=None):
     ap.add_argument("--settings", default="",
                     help="FWD_WARP settings for smx / lsmx / lsmxbwd, the first the reference (default 0,1,2); "
                          "'1@48' etc.: WARP 1 at a forward budget of 48 registers (an occupancy probe; may spill)")
+    ap.add_argument("--hint", default="",
+                    help="cache-hint settings (HINT_FWD for smx / lsmx, HINT_BWD for lsmxbwd / smxbwd) in place of "
+                         "--settings, the first the reference, e.g. 0,1,2")
+    ap.add_argument("--hint-all", action="store_true",
+                    help="with --hint: the hints at every size (HINT_BY_SIZE off), not only where the arrays exceed L2")
+    ap.add_argument("--no-precompile", action="store_true",
+                    help="compile each kernel when its case first runs (default: all of them first, a process a core)")
     ap.add_argument("--lsm", default="0,1,2,smx",
                     help="FWD_LSM settings for the op lsm, the first the reference; 'smx': softmax's forward in the "
                          "same rounds")
@@ -215,14 +276,27 @@ def main(argv=None):
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
           f"{args.rounds} rounds (settings alternated), graph replays of {args.trials} trials each")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    hints = [f"h{v}" for v in args.hint.split(",") if v]
+    if any(h not in ("h0", "h1", "h2") for h in hints):
+        ap.error(f"--hint {args.hint!r}: values 0, 1 or 2")
+    if args.hint_all:
+        _mods()[1].HINT_BY_SIZE = False
+
+    def pick(op):
+        if hints and op not in ("ce", "lsm"):
+            return hints
+        return [x for x in (args.lsm if op == "lsm" else args.settings).split(",") if x] or SETTINGS[op]
+    if not args.no_precompile:
+        t0 = time.perf_counter()
+        n = precompile(args.ops.split(","), args.dtypes.split(","), shapes, pick)
+        print(f"precompiled {n} softmax kernels in {time.perf_counter() - t0:.1f} s")
     with KG.torch_stream(torch):
         for dtype_name in args.dtypes.split(","):
             cases = KG.Cases(cp, torch, dtype_name)
             for op in args.ops.split(","):
                 for shape in shapes:
                     try:
-                        run_case(timer, cases, op, shape, dtype_name, bw, args.rounds,
-                                 [x for x in (args.lsm if op == "lsm" else args.settings).split(",") if x])
+                        run_case(timer, cases, op, shape, dtype_name, bw, args.rounds, pick(op))
                     except Exception as exc:        # noqa: BLE001 -- one case must not take the others down
                         print(f"{op} {dtype_name} {shape}: failed: {type(exc).__name__}: {exc}")
             del cases

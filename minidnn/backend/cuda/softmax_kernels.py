@@ -33,6 +33,8 @@ cross-entropy forward up to 1024 classes): a persistent grid of the resident blo
 r + gridDim.x * RPB, ... and issues its NEXT row's loads (raw vectors held in registers: RawRow) before it reduces and
 writes the current one -- a row of loads in flight per warp while it computes.  MINIDNN_SOFTMAX_PIPE=0 gives the
 session-6 forward (a grid of one row a group, loads then compute).
+HINT (session 17; off by default): cache hints of the one-chunk row kernels' loads and stores (evict-first), only for
+calls whose arrays exceed L2 (call_hint; MINIDNN_SOFTMAX_HINT="fwd,bwd", ROW_HEADER's HINT define).
 MINIDNN_SOFTMAX_V1=1 launches the previous kernels instead (one warp per row, scalar loads, three passes over the
 row: SOURCE_V1) -- kept for a GPU A/B.
 """
@@ -157,6 +159,113 @@ typedef uint2 VR;
 typedef unsigned int VR;
 #endif
 union Pack { VR raw; T v[VEC]; };
+// Cache hints of the row kernels' global loads (x, y, dy) and stores (y, dx): HINT_FWD / HINT_BWD, planned only for
+// one-chunk rows (each element read once) of calls whose arrays exceed L2 -- there nothing this kernel touches is
+// read again before it has left L2, and evict-first lines make room for the stream without pushing out others.
+// 0: none (the code in the #else branches of `#if HINT`: the kernels before the hints; loads ld.global.nc);
+// 1: streaming loads and stores (ld.global.cs / st.global.cs: evict-first in L1 and L2; forwards only);
+// 2: streaming stores, the loads of 0 (dropout's HINT 2) as 0 compiles them (the backward's HINT_BWD 2);
+// 3: 2 with the loads as asm ld.global.nc (the forward's HINT_FWD 2: the same LDG.E.128.CONSTANT as 0 -- compiled
+//    as 2, the output pointer in an asm store cost nvcc its read-only proof of x, the loads lost .CONSTANT and the
+//    40-register bfloat16 513-class WARP row spilled 24 bytes; the backward's two-array rows spill with asm loads).
+// Loads with .L1::no_allocate or .lu were not kept: the qualifier needs the same asm as .cs (so the same
+// registers), and ld.lu of global memory is ld.cs.
+// ldh / sth: the 16-byte path's vector (and the edges') accesses as plain asm, the bound test a predicate INSIDE the
+// asm (session 12 saw the same: an `if` around an asm store compiled to a branch a vector) and the address a base
+// pointer plus a constant (k * G vectors).  With CUDA's __ldcs / __stcs (volatile asm, branches around it) nvcc
+// recomputed each store's 64-bit address in its own registers early, and the 48-register WARP log-softmax forward
+// spilled 48 bytes.  The misaligned fallback's element loads take __ldg under HINT 1 / 3 (HLD): once the row pointers
+// reach an asm, nvcc no longer proves them read-only, and its plain loads lost .nc (and spilled).  The values are
+// the same in every setting.
+#ifndef HINT
+#define HINT 0
+#endif
+#define HLD(p) __ldg(p)
+#if HINT
+#if HINT < 1 || HINT > 3
+#error "HINT is 0, 1, 2 or 3"
+#endif
+#if HINT == 1
+#define HINT_LD "ld.global.cs"
+#else
+#define HINT_LD "ld.global.nc"
+#endif
+// ldh(c, p): the load where c, else zeros (written first: a load that only predicates its registers would leave them
+// live from before -- ptxas kept the whole row's registers of the log-softmax backward alive, 112 bytes spilled);
+// ldh(p): an unconditional load (warp_load's FULLK vectors).  Operands: the outputs first, then c, then p.
+#define HINT_Q(n) "{ .reg .pred q; setp.ne.b32 q, %" #n ", 0; "
+__device__ __forceinline__ uint4 ldh(bool c, const uint4* p)
+{
+    uint4 r;
+    asm(HINT_Q(4) "mov.b32 %0, 0; mov.b32 %1, 0; mov.b32 %2, 0; mov.b32 %3, 0; "
+        "@q " HINT_LD ".v4.u32 {%0, %1, %2, %3}, [%5]; }"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"((int)c), "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint4 ldh(const uint4* p)
+{
+    uint4 r;
+    asm(HINT_LD ".v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint2 ldh(bool c, const uint2* p)
+{
+    uint2 r;
+    asm(HINT_Q(2) "mov.b32 %0, 0; mov.b32 %1, 0; @q " HINT_LD ".v2.u32 {%0, %1}, [%3]; }"
+        : "=r"(r.x), "=r"(r.y) : "r"((int)c), "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint2 ldh(const uint2* p)
+{ uint2 r; asm(HINT_LD ".v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p)); return r; }
+__device__ __forceinline__ unsigned int ldh(bool c, const unsigned int* p)
+{
+    unsigned int r;
+    asm(HINT_Q(1) "mov.b32 %0, 0; @q " HINT_LD ".u32 %0, [%2]; }" : "=r"(r) : "r"((int)c), "l"(p));
+    return r;
+}
+__device__ __forceinline__ unsigned int ldh(const unsigned int* p)
+{ unsigned int r; asm(HINT_LD ".u32 %0, [%1];" : "=r"(r) : "l"(p)); return r; }
+__device__ __forceinline__ unsigned short ldh(bool c, const unsigned short* p)
+{
+    unsigned short r;
+    asm(HINT_Q(1) "mov.u16 %0, 0; @q " HINT_LD ".u16 %0, [%2]; }" : "=h"(r) : "r"((int)c), "l"(p));
+    return r;
+}
+__device__ __forceinline__ unsigned short ldh(const unsigned short* p)
+{ unsigned short r; asm(HINT_LD ".u16 %0, [%1];" : "=h"(r) : "l"(p)); return r; }
+__device__ __forceinline__ float ldh(bool c, const float* p)
+{
+    float r;
+    asm(HINT_Q(1) "mov.f32 %0, 0f00000000; @q " HINT_LD ".f32 %0, [%2]; }" : "=f"(r) : "r"((int)c), "l"(p));
+    return r;
+}
+__device__ __forceinline__ float ldh(const float* p)
+{ float r; asm(HINT_LD ".f32 %0, [%1];" : "=f"(r) : "l"(p)); return r; }
+__device__ __forceinline__ double ldh(bool c, const double* p)
+{
+    double r;
+    asm(HINT_Q(1) "mov.f64 %0, 0d0000000000000000; @q " HINT_LD ".f64 %0, [%2]; }" : "=d"(r) : "r"((int)c), "l"(p));
+    return r;
+}
+__device__ __forceinline__ double ldh(const double* p)
+{ double r; asm(HINT_LD ".f64 %0, [%1];" : "=d"(r) : "l"(p)); return r; }
+// sth(c, p, v): the streaming store where c (operands c, p, then the value)
+__device__ __forceinline__ void sth(bool c, uint4* p, uint4 v)
+{
+    asm(HINT_Q(0) "@q st.global.cs.v4.u32 [%1], {%2, %3, %4, %5}; }"
+        : : "r"((int)c), "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+__device__ __forceinline__ void sth(bool c, uint2* p, uint2 v)
+{ asm(HINT_Q(0) "@q st.global.cs.v2.u32 [%1], {%2, %3}; }" : : "r"((int)c), "l"(p), "r"(v.x), "r"(v.y)); }
+__device__ __forceinline__ void sth(bool c, unsigned int* p, unsigned int v)
+{ asm(HINT_Q(0) "@q st.global.cs.u32 [%1], %2; }" : : "r"((int)c), "l"(p), "r"(v)); }
+__device__ __forceinline__ void sth(bool c, unsigned short* p, unsigned short v)
+{ asm(HINT_Q(0) "@q st.global.cs.u16 [%1], %2; }" : : "r"((int)c), "l"(p), "h"(v)); }
+__device__ __forceinline__ void sth(bool c, float* p, float v)
+{ asm(HINT_Q(0) "@q st.global.cs.f32 [%1], %2; }" : : "r"((int)c), "l"(p), "f"(v)); }
+__device__ __forceinline__ void sth(bool c, double* p, double v)
+{ asm(HINT_Q(0) "@q st.global.cs.f64 [%1], %2; }" : : "r"((int)c), "l"(p), "d"(v)); }
+#endif
 #define E (NV * VEC)                       // elements a thread holds per chunk
 #define CV (G * NV)                        // body vectors a group covers per chunk
 #define RPB (BLOCK / G)                    // rows per block (1 when G == BLOCK)
@@ -232,10 +341,18 @@ template <bool VA> __device__ __forceinline__ void load_chunk(const T* __restric
         const int c = q.h + v * VEC;
         Pack u;
         if (VA) {
+#if HINT == 1 || HINT == 3
+            u.raw = ldh(v < q.nb, reinterpret_cast<const VR*>(p + q.h + (ch * CV + g) * VEC) + k * G);
+#else
             if (v < q.nb) u.raw = *reinterpret_cast<const VR*>(p + c);
+#endif
         } else {
 #pragma unroll
+#if HINT == 1 || HINT == 3
+            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = HLD(p + (c + j));
+#else
             for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = p[c + j];
+#endif
         }
 #pragma unroll
         for (int j = 0; j < VEC; ++j) a[k * VEC + j] = v < q.nb ? LD(u.v[j]) : pad;
@@ -248,6 +365,15 @@ template <bool VA> __device__ __forceinline__ void store_chunk(T* __restrict__ p
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
         const int v = ch * CV + k * G + g;
+#if HINT
+        if (VA) {
+            Pack u;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) u.v[j] = ST(a[k * VEC + j]);
+            sth(v >= 0 && v < q.nb, reinterpret_cast<VR*>(p + q.h + (ch * CV + g) * VEC) + k * G, u.raw);
+            continue;
+        }
+#endif
         if (v >= 0 && v < q.nb) {
             const int c = q.h + v * VEC;
             Pack u;
@@ -268,12 +394,25 @@ __device__ __forceinline__ int edge_o(const Geo& q, int g) { return g == 0 ? 0 :
 __device__ __forceinline__ void load_edges(const T* __restrict__ p, const Geo& q, int g, A pad, A* ed)
 {
 #pragma unroll
-    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(p[edge_o(q, g) + j]) : pad;
+    for (int j = 0; j < NE; ++j) {
+#if HINT == 1 || HINT == 3
+        const T t = ldh(j < edge_n(q, g), p + (edge_o(q, g) + j));
+        ed[j] = j < edge_n(q, g) ? LD(t) : pad;
+#else
+        ed[j] = j < edge_n(q, g) ? LD(p[edge_o(q, g) + j]) : pad;
+#endif
+    }
 }
 __device__ __forceinline__ void store_edges(T* __restrict__ p, const Geo& q, int g, const A* ed)
 {
 #pragma unroll
-    for (int j = 0; j < NE; ++j) if (j < edge_n(q, g)) p[edge_o(q, g) + j] = ST(ed[j]);
+    for (int j = 0; j < NE; ++j) {
+#if HINT
+        sth(j < edge_n(q, g), p + (edge_o(q, g) + j), ST(ed[j]));
+#else
+        if (j < edge_n(q, g)) p[edge_o(q, g) + j] = ST(ed[j]);
+#endif
+    }
 }
 
 #ifndef PIPE
@@ -291,10 +430,20 @@ __device__ __forceinline__ void pipe_issue(const T* __restrict__ p, const Geo& q
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
         const int v = k * G + g;
+#if HINT == 1 || HINT == 3
+        w.v[k] = ldh(v < q.nb, reinterpret_cast<const VR*>(p + q.h + g * VEC) + k * G);   // pipe_decode pads
+#else
         w.v[k] = v < q.nb ? *reinterpret_cast<const VR*>(p + q.h + v * VEC) : VR();
+#endif
     }
 #pragma unroll
-    for (int j = 0; j < NE; ++j) w.e[j] = j < edge_n(q, g) ? p[edge_o(q, g) + j] : T();
+    for (int j = 0; j < NE; ++j) {
+#if HINT == 1 || HINT == 3
+        w.e[j] = ldh(j < edge_n(q, g), p + (edge_o(q, g) + j));
+#else
+        w.e[j] = j < edge_n(q, g) ? p[edge_o(q, g) + j] : T();
+#endif
+    }
 }
 // Slots past the body (and edges past the row's) get `pad`, as load_chunk / load_edges.
 __device__ __forceinline__ void pipe_decode(const RawRow& w, const Geo& q, int g, A pad, A* a, A* ed)
@@ -599,10 +748,19 @@ template <bool VA> __device__ __forceinline__ void warp_load(const T* __restrict
         const bool in = k < FULLK || v < q.nb;
         Pack u;
         if (VA) {
+#if HINT == 1 || HINT == 3
+            const VR* b = reinterpret_cast<const VR*>(p + q.h + g * VEC) + k * 32;
+            u.raw = k < FULLK ? ldh(b) : ldh(in, b);
+#else
             if (in) u.raw = *reinterpret_cast<const VR*>(p + q.h + v * VEC);
+#endif
         } else {
 #pragma unroll
+#if HINT == 1 || HINT == 3
+            for (int j = 0; j < VEC; ++j) if (in) u.v[j] = HLD(p + (q.h + v * VEC + j));
+#else
             for (int j = 0; j < VEC; ++j) if (in) u.v[j] = p[q.h + v * VEC + j];
+#endif
         }
 #pragma unroll
         for (int j = 0; j < VEC; ++j) a[k * VEC + j] = in ? LD(u.v[j]) : pad;
@@ -1168,6 +1326,62 @@ WARP_BLOCK = 128
 FWD_LSM = os.environ.get("MINIDNN_SOFTMAX_LSM", "2")
 
 
+# Session 17 (issue 10: the float32 (16384, 1000) log-softmax / softmax forward at 1.00x / 1.03x PyTorch, 91-92% of
+# copy; the backwards at 95-98%): HINT, cache hints of the row kernels' loads and stores (the HINT define of
+# ROW_HEADER: 0 none, 1 streaming loads and stores (ld.global.cs + st.global.cs), 2 streaming stores;
+# docs/step_kernels.md, "Session 17: cache hints of the row kernels").  MINIDNN_SOFTMAX_HINT="fwd,bwd" (module
+# attributes HINT_FWD, HINT_BWD; default "0,0" until a GPU A/B decides): the forward 0, 1 or 2, the backward 0 or 2 --
+# the backward's streaming loads spilled at its two-array register budgets (nvcc 13, sm_90: the log-softmax WARP
+# backward 8-204 bytes at 64-72 registers, the PIPE 513-class one 12; 1024 classes still 16 at 96), and a budget
+# raised to fit them would change its occupancy as well as its caching.  Taken by one-chunk row plans (inner = 1,
+# each element read once)
+# only where the call's arrays (forward x and y, backward y, dy and dx) exceed the device's L2: an array that fits L2
+# is read again soon by the next kernel, and evict-first would throw it out (dropout's HINT_BY_SIZE, session 13).
+# MINIDNN_SOFTMAX_HINT_BY_SIZE=0 (HINT_BY_SIZE = False): the hints at every size (the cuda tests).  Read at planning
+# time; the chosen hint is part of plan()'s key (tools/row_ab.py --hint flips HINT_FWD / HINT_BWD).  The values are
+# bitwise the same in every setting.
+def _hint_pair(text):
+    vals = text.split(",")
+    if len(vals) != 2 or vals[0] not in ("0", "1", "2") or vals[1] not in ("0", "2"):
+        raise ValueError(f"MINIDNN_SOFTMAX_HINT={text!r} must be 'fwd,bwd' with fwd 0, 1 or 2 and bwd 0 or 2 "
+                         "(e.g. '1,2')")
+    return int(vals[0]), int(vals[1])
+
+
+HINT_FWD, HINT_BWD = _hint_pair(os.environ.get("MINIDNN_SOFTMAX_HINT", "0,0"))
+HINT_BY_SIZE = os.environ.get("MINIDNN_SOFTMAX_HINT_BY_SIZE", "1") != "0"
+
+
+def _l2_bytes(dev):
+    """The L2 bytes of GPU ``dev`` (0 where the device does not say)."""
+    from .bn_nhwc import l2_info
+    return l2_info(dev)[0]
+
+
+def call_hint(backward, nbytes, dev):
+    """The HINT a call takes whose arrays (x and y; y, dy and dx) hold ``nbytes``: HINT_BWD / HINT_FWD where they exceed
+    the L2 of GPU ``dev`` or the device does not say its L2 size, else 0; the setting at every size without
+    HINT_BY_SIZE."""
+    hint = HINT_BWD if backward else HINT_FWD
+    if hint not in ((0, 2) if backward else (0, 1, 2)):
+        raise ValueError(f"softmax_kernels.HINT_{'BWD' if backward else 'FWD'} = {hint!r}: the forward takes 0, 1 "
+                         "or 2, the backward 0 or 2")
+    if not hint or not HINT_BY_SIZE:
+        return hint
+    l2 = _l2_bytes(dev)
+    return hint if l2 == 0 or nbytes > l2 else 0
+
+
+def hint_fits(backward, cfg, storage, defines):
+    """Whether a row plan (RowConfig ``cfg``, STORAGE ``storage``, its row defines) takes a call's hint: rows of one
+    chunk (a longer row reads chunks again, from L2 or its stash), not float16 (its forward spilled 4-72 bytes under
+    the asm loads, nvcc 13: its conversions are asm as well), not the pipelined backward holding <= 16 elements a
+    thread (513 classes RAGGED spilled 16 bytes at its 80 registers)."""
+    if not cfg.one or storage == 1:
+        return False
+    return not (backward and "PIPE=1" in defines and cfg.nv * cfg.vec <= 16)
+
+
 def lsm_setting():
     """FWD_LSM as the LSM define (1 or 2; anything else 0: the session-13 kernel)."""
     return int(FWD_LSM) if FWD_LSM in ("1", "2") else 0
@@ -1364,8 +1578,10 @@ class Spec(NamedTuple):
     smem: int
 
 
-def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
-    """The kernel, compile-time defines and launch shape of softmax over ``axes`` of a C-contiguous ``shape``."""
+def launch_spec(backward, shape, axes, algo_name, dtype, hint=0) -> Spec:
+    """The kernel, compile-time defines and launch shape of softmax over ``axes`` of a C-contiguous ``shape``;
+    ``hint``: the call's cache hint (call_hint), a HINT define after ALGO on one-chunk row plans (0: no define; the
+    forward's 2 is the define 3: ROW_HEADER)."""
     outer, c, inner = collapse(shape, axes)
     rows = outer * inner
     if backward and algo_name == "FAST":
@@ -1382,6 +1598,8 @@ def launch_spec(backward, shape, axes, algo_name, dtype) -> Spec:
                                    warp=warp_rows(backward, algo_name, rows), log=algo_name == "LOG",
                                    lsm=0 if backward else lsm_setting())
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
+        if hint and hint_fits(backward, cfg, storage, defines):
+            base += (f"HINT={3 if hint == 2 and not backward else hint}",)    # the forward's 2: asm .nc loads
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
         wr = next((int(d[5:]) for d in defines if d.startswith("WARP=")), 0)
         if wr:                                       # WARP: every row's warp in the grid (not persistent)
@@ -1424,10 +1642,10 @@ class _Plan:
         return out
 
 
-def _plan(backward, x, axes, algo_name, dev):
+def _plan(backward, x, axes, algo_name, dev, hint=0):
     outer, c, inner = collapse(x.shape, axes)
     rows = outer * inner
-    s = launch_spec(backward, x.shape, axes, algo_name, x.dtype)
+    s = launch_spec(backward, x.shape, axes, algo_name, x.dtype, hint)
     arrays = [None] * (3 if backward else 2)
     tail = {"V1": [np.int64(rows), np.int32(c), np.int32(inner)], "ROWS": [np.int32(rows), np.int32(c)],
             "COLS": [np.int32(rows), np.int32(c), np.int32(inner)]}[s.source]
@@ -1442,8 +1660,9 @@ def plan(x, axes, algo_name, backward=False):
     """The settled launch of softmax over ``axes`` of arrays shaped like x: ``plan(x)`` -> y, ``plan(y, dy)`` -> dx
     (``backward``)."""
     dev = x.data.device_id
-    return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev), _plan, backward, x,
-                           axes, algo_name, dev)
+    hint = call_hint(backward, x.nbytes * (3 if backward else 2), dev)
+    return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint), _plan, backward,
+                           x, axes, algo_name, dev, hint)
 
 
 def forward(x, axes, algo_name):
@@ -1452,6 +1671,30 @@ def forward(x, axes, algo_name):
 
 def backward(y, dy, axes, algo_name):
     return plan(y, axes, algo_name, True)(y, dy)
+
+
+def _compile_spec(spec):
+    """Compile ``spec``'s kernel with NVRTC into CuPy's on-disk cache (a worker of precompile; the options are
+    _kernel's, so the later launch loads the cubin)."""
+    cp = _launch.cupy()
+    cp.RawModule(code=_SOURCES[spec.source], options=tuple(f"-D{d}" for d in spec.defines) + ("-std=c++14",)
+                 ).get_function(spec.name)
+    return spec
+
+
+def precompile(specs, procs=None):
+    """Compile the distinct kernels of ``specs`` (launch_spec results) into CuPy's on-disk cache (CUPY_CACHE_DIR) with
+    a process each core (spawned, up to 16): a test or A/B that launches many hinted variants then loads cubins
+    instead of running NVRTC one after another (as tools/precompile_conv.py for the convolutions)."""
+    import multiprocessing as mp
+    todo = list({(s.source, s.name, s.defines): s for s in specs}.values())
+    if not todo:
+        return 0
+    procs = procs or max(1, min(16, os.cpu_count() or 1, len(todo)))
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for _ in pool.imap_unordered(_compile_spec, todo):
+            pass
+    return len(todo)
 
 
 def write_spec(path, spec):
