@@ -225,6 +225,7 @@ def test_divider_for_the_planes():
 # ---- CPU: the routing under the fake CuPy -------------------------------------------------------------------------
 
 def _fake(code):
+    # MINIDNN_GN_CLUSTER=1 in the child's environment: the switch read at import (asserted first)
     head = f"""
 import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
 import numpy as np, record_launches as R
@@ -245,39 +246,30 @@ def run(shape, groups, dtype=np.float32, affine=True):
     B.group_normalization_backward(None, x, x, groups, sc, m, i)
     return names[n0:]
 """
-    r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180)
+    r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, MINIDNN_GN_CLUSTER="1"))
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
     return r.stdout
 
 
 def test_routing_under_the_fake_cupy():
     _fake("""
-GC.GN_CLUSTER = True
-got = run((32, 256, 56, 56), 32)
-assert got == [("gn_fwdc", (1024 * 7, 1, 1, 256, 1, 1, 0)), ("gn_bwdc", (1024 * 7, 1, 1, 256, 1, 1, 0)),
+assert GC.GN_CLUSTER is True
+got = run((4, 256, 56, 56), 32)        # the table's (32, 256, 56, 56) G=32 at batch 4: 128 rows of 7 blocks
+assert got == [("gn_fwdc", (128 * 7, 1, 1, 256, 1, 1, 0)), ("gn_bwdc", (128 * 7, 1, 1, 256, 1, 1, 0)),
                ("col_sum", got[2][1])], got
-assert [n for n, _ in run((32, 256, 56, 56), 32, affine=False)] == ["gn_fwdc", "gn_bwdc"]
+assert [n for n, _ in run((4, 256, 56, 56), 32, affine=False)] == ["gn_fwdc", "gn_bwdc"]
 import ml_dtypes
-assert [n for n, _ in run((4, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["gn_fwdc", "gn_bwdc", "col_sum"]
+assert [n for n, _ in run((2, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["gn_fwdc", "gn_bwdc", "col_sum"]
 # the register kernels' rows keep them: the table's (128, 64, 56, 56) G=32, a small CNN's group norm
-assert [n for n, _ in run((8, 64, 56, 56), 32)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
+assert [n for n, _ in run((2, 64, 56, 56), 32)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
 assert [n for n, _ in run((8, 32, 8, 8), 8)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
 # planes that do not fill vectors (55 x 55 floats): the looped kernels
 assert [n for n, _ in run((2, 256, 55, 55), 32)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
 GC.GN_CLUSTER = False
-assert [n for n, _ in run((32, 256, 56, 56), 32)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
+assert [n for n, _ in run((4, 256, 56, 56), 32)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
 print("OK")
 """)
-
-
-def test_switch_from_the_environment():
-    env = dict(os.environ, MINIDNN_GN_CLUSTER="1")
-    code = f"import sys; sys.path.insert(0, {ROOT!r}); from minidnn.backend.cuda import norm_gncl as G; " \
-           "print(G.GN_CLUSTER)"
-    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    env["MINIDNN_GN_CLUSTER"] = "0"
-    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert on.stdout.strip() == "True" and off.stdout.strip() == "False", on.stderr + off.stderr
 
 
 # ---- CPU: nvcc ------------------------------------------------------------------------------------------------
@@ -304,13 +296,13 @@ DEFAULTS = {("float32", False, 7, 4, 1), ("float32", True, 7, 4, 2), ("bfloat16"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("cfg", pick(_configs(), 4, DEFAULTS), ids=str)
+@pytest.mark.parametrize("cfg", pick(_configs(), 2, DEFAULTS), ids=str)
 def test_kernels_compile_without_spills(tmp_path, cfg):
     from minidnn.backend.cuda import launch
     name, backward, cl, vpt, maxch = cfg
     dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16" else np.dtype(name)
     entry = "gn_bwdc" if backward else "gn_fwdc"
-    for pinfo in {("float", 0), GC._PSTORAGE[name]}:
+    for pinfo in [GC._PSTORAGE[name]] if (name, backward, cl, vpt, maxch) in DEFAULTS else [("float", 0)]:
         opts = GC.options(dt, pinfo, cl, vpt, backward, maxch)
         src = tmp_path / "gncl.cu"
         launch.write_source(str(src), GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
