@@ -287,10 +287,13 @@ HINT_CASES = [(n, c) for n in ("float32", "bfloat16") for c in HINT_CLASSES]
 _OPS = ((False, "accurate", (0, 1, 2)), (False, "log", (0, 1, 2)), (True, "accurate", (0, 2)), (True, "log", (0, 2)))
 
 
-def _settings_specs():
-    """Every launch_spec the cuda test plans (hints at every size), for one parallel precompile."""
+def _settings_specs(dtype_name=None):
+    """Every launch_spec the cuda test plans (hints at every size) for data of ``dtype_name`` (None: all), for one
+    parallel precompile."""
     specs = []
     for name, c in HINT_CASES:
+        if dtype_name not in (None, name):
+            continue
         for rows in HINT_ROWS:
             for backward, algo, hints in _OPS:
                 for h in hints:
@@ -298,15 +301,17 @@ def _settings_specs():
     return specs
 
 
-@pytest.fixture(scope="module")
-def warm():
-    """Compile the ~170 kernels the test launches with a process a core first (CuPy's disk cache), not one by one;
-    where that fails, each compiles when first launched."""
-    from minidnn.backend import devices as _dev
-    if not _dev.cuda_is_available():
-        pytest.skip("no CUDA GPU with CuPy on this machine")
+_WARM = set()
+
+
+def _warm(name):
+    """Compile the kernels the test launches for ``name`` data (~60 a dtype) with a process a core first (CuPy's disk
+    cache), not one by one as the cases reach them; where that fails, each compiles when first launched."""
+    if name in _WARM:
+        return
+    _WARM.add(name)
     try:
-        _sk.precompile(_settings_specs())
+        _sk.precompile(_settings_specs(name))
     except Exception as exc:        # noqa: BLE001 -- only a cache: the test compiles what it launches anyway
         print(f"precompile failed ({type(exc).__name__}: {exc}); compiling one by one")
 
@@ -333,11 +338,12 @@ def _bits(a, b, what):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, c", HINT_CASES, ids=[f"{n}-{c}" for n, c in HINT_CASES])
-def test_hint_rows(cp, warm, monkeypatch, name, c):
+def test_hint_rows(cp, monkeypatch, name, c):
     """HINT 1 and 2 bitwise HINT 0 (forward), HINT 2 bitwise 0 (backward), over rows 1, 7, 12289, 16384 (PIPE and
     WARP plans; special rows: -inf, NaN, half -inf, +80, x1e-30, x30), a misaligned view (the element-load fallback)
     too; every setting against float64 on the first and last 48 rows (the bits cover the rest); the plan carrying
     the define; one launch a call."""
+    _warm(name)
     monkeypatch.setattr(_sk, "HINT_BY_SIZE", False)          # the hints at every size: small calls too
     dtype = _dtype(name)
     for rows in HINT_ROWS:
