@@ -17,7 +17,7 @@ import pytest
 
 from minidnn.backend.cuda import bn_nhwc as M
 from tests._nvcc import pick
-from tests.backend.test_bn_nhwc_cuda import _bits, _check
+from tests.backend.test_bn_nhwc_cuda import _bits, _check, _cl, _data
 from tests.backend.test_bn_nhwc_l2 import _both, _compile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -374,6 +374,34 @@ def test_rule_leaves_the_models_and_the_tuned_shape_alone(gpu, shape):
     for a, b in zip(runs[0][0], runs[1][0]):
         assert a[0] is b[0] and a[1:] == b[1:], (a[1:], b[1:])
     for k, (a, b) in enumerate(zip(runs[0][1], runs[1][1])):
+        np.testing.assert_array_equal(_bits(b), _bits(a), err_msg=f"output {k}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape, mode", [(WIDE, 1), ((8, 24, 7, 7), 2)], ids=str)
+def test_twin_forward_under_split_gives_the_bits_without_it(gpu, shape, mode):
+    # the forward that also writes relu(y) (TWIN_HEADER): its own build, SPLIT taken as by the plain one
+    cp, monkeypatch, clear = gpu
+    asked = []
+    kernel = M._kernel
+
+    def ask(kname, dtype, vec, **flags):
+        asked.append(bool(flags.get("split")))
+        return kernel(kname, dtype, vec, **flags)
+    monkeypatch.setattr(M, "_kernel", ask)
+    x, dy, z, scale, bias, rm, rv = _data("float32", shape, "bn", 11)
+    xg, sg, bg = _cl(cp, x), cp.asarray(scale), cp.asarray(bias)
+    outs = {}
+    for m in (0, mode):
+        _split(monkeypatch, m, clear)
+        asked.clear()
+        rmg, rvg, cnt = cp.asarray(rm), cp.asarray(rv), cp.zeros((1,), np.int64)
+        got = M.training_call(xg, 0.1, 1e-5, True, True, False, False, True, True, twin=True).run(
+            xg, None, sg, bg, rmg, rvg, cnt)
+        assert got is not None and len(got) == 4
+        assert asked and all(a == bool(m) for a in asked), (m, asked)
+        outs[m] = [a.copy() for a in got] + [rmg, rvg, cnt]
+    for k, (a, b) in enumerate(zip(outs[0], outs[mode])):
         np.testing.assert_array_equal(_bits(b), _bits(a), err_msg=f"output {k}")
 
 
