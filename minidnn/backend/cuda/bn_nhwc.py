@@ -957,9 +957,20 @@ __device__ __forceinline__ void combine_split(const Geo& g, const A* __restrict_
             }
         }
         __syncthreads();
+        // (8 shared loads ahead of the adds: the chain of double adds, in combine_n's order, is the critical path;
+        // a load's latency would otherwise sit in every link)
         double a1 = 0, a2 = 0;
         if (i < np)
-            for (int b = j; b < G; b += qn) { a1 += (double)st1[i * G + b]; a2 += (double)st2[i * G + b]; }
+            for (int b0 = j; b0 < G; b0 += 8 * qn) {
+                A v1[8], v2[8];
+#pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    const int b = b0 + u * qn;
+                    v1[u] = b < G ? st1[i * G + b] : (A)0; v2[u] = b < G ? st2[i * G + b] : (A)0;
+                }
+#pragma unroll
+                for (int u = 0; u < 8; ++u) if (b0 + u * qn < G) { a1 += (double)v1[u]; a2 += (double)v2[u]; }
+            }
         sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
         __syncthreads();
         for (int h = qn >> 1; h > 0; h >>= 1) {
