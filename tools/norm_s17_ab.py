@@ -1,10 +1,12 @@
-"""A/B of session 17's group norm on thread-block clusters (norm_gncl: gn_fwdc, gn_bwdc + col_sum; switch
-norm_gncl.GN_CLUSTER / MINIDNN_GN_CLUSTER) against the kernels before it (the looped norm_fwd; row_sums + col_sum +
-gn_dx), device time only (CUDA-graph replays, as bench/kernels_gpu.py's graph columns), PyTorch's F.group_norm
-beside, ONE process.
+"""A/B of session 17's norm changes, device time only (CUDA-graph replays, as bench/kernels_gpu.py's graph
+columns), PyTorch beside, ONE process:
+  - group norm on thread-block clusters (norm_gncl: gn_fwdc, gn_bwdc + col_sum; switch norm_gncl.GN_CLUSTER /
+    MINIDNN_GN_CLUSTER) against the kernels before it (the looped norm_fwd; row_sums + col_sum + gn_dx);
+  - the 16-bit layer-norm forward route "v3kw" (norm_kernels.ROUTE["ln_fwd16"]; MINIDNN_NORM_ROUTE=ln_fwd16=v3kw)
+    against the default "v3k".
 
     python tools/norm_s17_ab.py [--rows big,ragged,mid,tuned] [--dtypes float32,bfloat16,float16] [--rounds 3]
-                                [--trials 5]
+                                [--trials 5] [--ln ln768,ln1536,ln1024] [--ln-dtypes bfloat16,float16]
 
 Rows (the bench's group-norm case: x, dy of the dtype, scale = 1 and bias = 0 in float32 for 16-bit data):
   big     (32, 256, 56, 56) G=32   the kernel table's large2 row: 1024 groups of 25088 values (CL 7)
@@ -12,8 +14,11 @@ Rows (the bench's group-norm case: x, dy of the dtype, scale = 1 and bias = 0 in
   mid     (16, 512, 28, 28) G=32   16 channels of 784: 12544 values (float32 CL 4; 16-bit: the register kernels)
   tuned   (128, 64, 56, 56) G=32   control: the register kernels under both settings (the same plan, ratio ~1)
 float16 runs the big row only.
-Settings: "old" (GN_CLUSTER off: the kernels before) and "new" (on).  Plans are forgotten at each flip, so the
-next call plans anew (compiled outside the capture).
+Layer-norm rows (forward only; float16 runs ln768 only): ln768 (32768, 768) -- the kernel table's large3 row, 67% of
+copy: a warp of 3 vectors a row under v3kw --, ln1536 (16384, 1536) a team of 64 x 3, ln1024 (16384, 1024) control
+(the same plan under both).
+Settings: "old" (GN_CLUSTER off: the kernels before) and "new" (on); layer norm "v3k" (old) and "v3kw" (new).
+Plans are forgotten at each flip, so the next call plans anew (compiled outside the capture).
 Method: per row, dtype and direction, `rounds` rounds; each round times both settings, the order swapped each
 round (clock or temperature drift spreads over both), each timing a fresh capture of `reps` calls replayed
 `trials` times (median).  Reported per setting: the median over rounds (ms a call), GB/s and % of the copy
@@ -42,13 +47,21 @@ from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
 
 ROWS = {"big": ((32, 256, 56, 56), 32), "ragged": ((64, 96, 48, 48), 8), "mid": ((16, 512, 28, 28), 32),
         "tuned": ((128, 64, 56, 56), 32)}
+LN_ROWS = {"ln768": (32768, 768), "ln1536": (16384, 1536), "ln1024": (16384, 1024)}
 SETTINGS = ("old", "new")
 _DEFAULT = GC.GN_CLUSTER
+_LN_DEFAULT = NK.ROUTE["ln_fwd16"]
 
 
 def apply(setting):
     """GN_CLUSTER for ``setting`` (None: the import-time default), plans forgotten."""
     GC.GN_CLUSTER = _DEFAULT if setting is None else setting == "new"
+    NK._plans.clear()
+
+
+def apply_ln(setting):
+    """The 16-bit layer-norm forward route: "old" v3k, "new" v3kw (None: the import-time default)."""
+    NK.ROUTE["ln_fwd16"] = _LN_DEFAULT if setting is None else {"old": "v3k", "new": "v3kw"}[setting]
     NK._plans.clear()
 
 
@@ -68,7 +81,18 @@ def kernels_of(fn):
     return "+".join(got)
 
 
-def _rounds(timer, fn, rounds):
+_detail = []        # the layer-norm row being timed: (d, dtype), so the plan column shows ln_fwd3's team
+
+
+def plan_detail():
+    if not _detail:
+        return ""
+    d, dt = _detail[0]
+    cfg = (NK.ln_config3w if NK.ROUTE["ln_fwd16"] == "v3kw" else NK.ln_config3)(d, dt, True)
+    return "" if cfg is None else f" team={cfg[0]} VPT={cfg[1]}"
+
+
+def _rounds(timer, fn, rounds, apply_one=apply):
     got = {s: [] for s in SETTINGS}
     ratios = []
     plans = {}
@@ -76,9 +100,9 @@ def _rounds(timer, fn, rounds):
     for r in range(rounds):
         this = {}
         for s in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
-            apply(s)
+            apply_one(s)
             fn()                                    # plans and compiles outside the capture
-            plans[s] = kernels_of(fn)
+            plans[s] = kernels_of(fn) + plan_detail()
             reps = reps or timer.reps(fn, "minidnn")
             this[s] = timer.graph(fn, reps, "minidnn")
             got[s].append(this[s])
@@ -87,9 +111,12 @@ def _rounds(timer, fn, rounds):
 
 
 def run_row(timer, cp, torch, key, dtype_name, bw, rounds):
-    shape, groups = ROWS[key]
+    ln = key in LN_ROWS
+    shape, groups = (LN_ROWS[key], None) if ln else ROWS[key]
+    apply_one = apply_ln if ln else apply
     cases = KG.Cases(cp, torch, dtype_name)
-    for name, _, (fn, tfn, nbytes), _ in cases.norm(shape, groups=groups):
+    _detail[:] = [(shape[-1], cases.dt)] if ln else []
+    for name, _, (fn, tfn, nbytes), _ in cases.norm(shape, groups=groups)[:1 if ln else 2]:
         tms = None
         if tfn is not None:
             try:
@@ -97,16 +124,17 @@ def run_row(timer, cp, torch, key, dtype_name, bw, rounds):
             except Exception as exc:        # noqa: BLE001
                 print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
         try:
-            got, ratios, plans = _rounds(timer, fn, rounds)
+            got, ratios, plans = _rounds(timer, fn, rounds, apply_one)
         finally:
-            apply(None)
+            apply_one(None)
         for s in SETTINGS:
             ms = statistics.median(got[s])
             gbs = nbytes / (ms * 1e-3) / 1e9
             spread = max(got[s]) / min(got[s]) - 1
             vs = f"  torch {tms:.4f} ms ({tms / ms:4.2f}x)" if tms else ""
             ratio = f"old/new {statistics.median(ratios):5.3f}" if s == "new" else " " * 13
-            print(f"{name:22s} {dtype_name:9s} {str(shape):18s} {s:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
+            s_ = {"old": "v3k", "new": "v3kw"}[s] if ln else s
+            print(f"{name:22s} {dtype_name:9s} {str(shape):18s} {s_:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
                   f"{100 * gbs / bw:4.0f}%  {ratio}  spread {100 * spread:4.1f}%{vs}  [{plans[s]}]")
         sys.stdout.flush()
     del cases
@@ -119,9 +147,13 @@ def main(argv=None):
     ap.add_argument("--dtypes", default="float32,bfloat16,float16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--ln", default=",".join(LN_ROWS), help="layer-norm rows ('' for none)")
+    ap.add_argument("--ln-dtypes", default="bfloat16,float16")
     args = ap.parse_args(argv)
-    if any(k not in ROWS for k in args.rows.split(",")):
-        ap.error(f"--rows: each of {', '.join(ROWS)}")
+    rows = [k for k in args.rows.split(",") if k]
+    ln_rows = [k for k in args.ln.split(",") if k]
+    if any(k not in ROWS for k in rows) or any(k not in LN_ROWS for k in ln_rows):
+        ap.error(f"--rows: each of {', '.join(ROWS)}; --ln: of {', '.join(LN_ROWS)}")
     if not _dev.cuda_is_available():
         print("norm_s17_ab: no CUDA GPU with CuPy here; nothing to measure")
         return 0
@@ -136,14 +168,13 @@ def main(argv=None):
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
           f"{args.rounds} rounds (order swapped each round), graph replays of {args.trials} trials each")
     with KG.torch_stream(torch):           # PyTorch's ops on one stream, so its backwards can be captured
-        for dtype_name in args.dtypes.split(","):
-            for key in args.rows.split(","):
-                if dtype_name == "float16" and key != "big":
-                    continue
-                try:
-                    run_row(timer, cp, torch, key, dtype_name, bw, args.rounds)
-                except Exception as exc:        # noqa: BLE001 -- one row must not take the others down
-                    print(f"{key} {dtype_name}: failed: {type(exc).__name__}: {exc}")
+        todo = [(k, d) for d in args.dtypes.split(",") for k in rows if d != "float16" or k == "big"]
+        todo += [(k, d) for d in args.ln_dtypes.split(",") for k in ln_rows if d != "float16" or k == "ln768"]
+        for key, dtype_name in todo:
+            try:
+                run_row(timer, cp, torch, key, dtype_name, bw, args.rounds)
+            except Exception as exc:        # noqa: BLE001 -- one row must not take the others down
+                print(f"{key} {dtype_name}: failed: {type(exc).__name__}: {exc}")
     return 0
 
 

@@ -1692,6 +1692,26 @@ def ln_config3(d, dtype, aligned):
     return (team, vpt, 8) if vpt <= 2 else None
 
 
+# Session 17 (route "v3kw", off by default: MINIDNN_NORM_ROUTE=ln_fwd16=v3kw): "v3k" with a FULL team of 3 vectors a
+# thread where ln_config3's team would leave slots empty -- (32768, 768) bf16 (67% of copy on the H200) takes a team of
+# 64 with 2 vectors a thread for 96 vectors: warp 1 holds one vector a row, warp 0 two, per-vector tests and 4 named
+# barriers a row; "v3kw" gives the row ONE warp of 3 vectors (FULL, shuffle sums only).  Launch bounds from nvcc
+# (sm_90, KEEP + FULL + SMEM, no spills): a warp team of 3 vectors 80 registers (three blocks an SM; at 64 it
+# spilled 4 bytes), teams of 64 / 128 at 64 registers (four; at 48 they spilled 84 bytes).
+LN3W_VPT = 3
+
+
+def ln_config3w(d, dtype, aligned):
+    """ln_config3's (TEAM, VPT, VEC), or (TEAM, 3, 8) where that covers the row exactly with a team of 32..128
+    threads and ln_config3's does not (d = 768, 1536, 3072 values)."""
+    cfg = ln_config3(d, dtype, aligned)
+    if cfg is None or d == cfg[0] * cfg[1] * cfg[2]:
+        return cfg
+    nvec = d // 8
+    team = nvec // LN3W_VPT
+    return (team, LN3W_VPT, 8) if nvec % LN3W_VPT == 0 and team in (32, 64, 128) else cfg
+
+
 def row_config2(d, dtype, aligned, kind):
     """(TEAM, VPT, VEC) of a v2 row kernel (``kind`` "fwd", "gn_bwd" or "ln_bwd"), or None where it does not apply
     (rows that do not fill 16-byte vectors or are too long for registers: the v1 kernels).  The team is the
@@ -1901,6 +1921,8 @@ def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev, smem=False
     team, vpt, vec = cfg
     block = 256
     minb = (8 if vpt == 1 else 5) if smem else 3
+    if vpt == LN3W_VPT and smem:        # route "v3kw"'s teams (ln_config3w)
+        minb = 3 if team == 32 else 4
     defs = (("LN3_SMEM", 1),) if smem else ()
     if keep:
         defs += (("LN3_KEEP", 1), ("LN3_FULL", int(d == team * vpt * vec)))
@@ -1915,11 +1937,11 @@ def _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg, palign, dev, smem=False
 def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned, palign, dev):
     pinfo = _p_info(x.dtype, scale if scale is not None else bias)
     version = _version("gn_fwd" if grouped else "ln_fwd", x.dtype)
-    if version in ("v3", "v3s", "v3k"):
-        cfg3 = ln_config3(d, x.dtype, aligned)
+    if version in ("v3", "v3s", "v3k", "v3kw"):
+        cfg3 = (ln_config3w if version == "v3kw" else ln_config3)(d, x.dtype, aligned)
         if cfg3 is not None:
             return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version != "v3",
-                                     keep=version == "v3k" and cfg3[0] <= LN3K_MAX_TEAM)
+                                     keep=version in ("v3k", "v3kw") and cfg3[0] <= LN3K_MAX_TEAM)
     cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
     if cfg is None and grouped and version != "v1" and aligned and _gncl.usable(dev):
         # session 17: a group row no team holds in registers, held by a thread-block cluster (norm_gncl)
