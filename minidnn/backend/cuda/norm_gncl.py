@@ -438,8 +438,9 @@ def _kernel(name, dtype, pinfo, cl, vpt, maxch):
 
 
 def pinfo_of(x_dtype, p):
-    """(PARAM, PSTORAGE) for parameter array ``p`` (None: x's own kind, never read)."""
-    return _PSTORAGE[_dev.dtype_name(x_dtype if p is None else p.dtype)]
+    """(PARAM, PSTORAGE) for parameter array ``p`` (None: float32's, never read -- the build of float32 parameters
+    serves calls without them, one compilation fewer)."""
+    return _PSTORAGE["float32" if p is None else _dev.dtype_name(p.dtype)]
 
 
 def prepare_forward(x, num_groups, scale, bias, eps, flags, force_cl=None):
