@@ -387,8 +387,8 @@ def _ready_weight(t, s, low):
     _, fskey, j, kept, view, dtype = r
     flat = s["flat_low"].get(fskey)
     cache = s["cache"]
-    if (flat is None or flat[3] is not kept or t._version != flat[2][j] or t.data is not view or low is not dtype
-            or key in cache or t.grad_fn is not None or not t.requires_grad):
+    if (flat is None or flat[3] is not kept or t._version != flat[2][j] or t.data is not view
+            or (low is not dtype and low != dtype) or key in cache or t.grad_fn is not None or not t.requires_grad):
         return None
     w = kept.weights[j]
     acc = t._accumulator        # t._edge()'s accumulator: the live one (the kept weight holds it), else made
