@@ -17,15 +17,16 @@ float16 runs the big row only.
 Layer-norm rows (forward only; float16 runs ln768 only): ln768 (32768, 768) -- the kernel table's large3 row, 67% of
 copy: a warp of 3 vectors a row under v3kw --, ln1536 (16384, 1536) a team of 64 x 3, ln1024 (16384, 1024) control
 (the same plan under both).
-Settings: "old" (GN_CLUSTER off: the kernels before) and "new" (on); layer norm "v3k" (old) and "v3kw" (new).
-Plans are forgotten at each flip, so the next call plans anew (compiled outside the capture).
-Method: per row, dtype and direction, `rounds` rounds; each round times both settings, the order swapped each
-round (clock or temperature drift spreads over both), each timing a fresh capture of `reps` calls replayed
+Settings: "old" (GN_CLUSTER off: the kernels before), "new" (on, 256-thread blocks), "new512" (on, NT = 512:
+MINIDNN_GN_CLUSTER_NT); layer norm "v3k" (old) and "v3kw" (new).  Plans are forgotten at each flip, so the next
+call plans anew (compiled outside the capture).
+Method: per row, dtype and direction, `rounds` rounds; each round times every setting, the order rotated a step
+each round (clock or temperature drift spreads over all), each timing a fresh capture of `reps` calls replayed
 `trials` times (median).  Reported per setting: the median over rounds (ms a call), GB/s and % of the copy
 bandwidth (compulsory bytes: forward x read + y written, backward x, dy read + dx written -- the bench's
-accounting), the median of the per-round ratios old / new (> 1: new faster), the spread over rounds, PyTorch's
-graphed forward / backward once per row, and the kernels each setting launches.
-Expected device time: ~1.5 min on an H100/H200 (compiles included).
+accounting), the median of the per-round ratios old / this (> 1: faster than old), the spread over rounds,
+PyTorch's graphed forward / backward once per row, and the kernels each setting launches.
+Expected device time: ~1.5-2 min on an H100/H200 (compiles included).
 """
 from __future__ import annotations
 
@@ -48,14 +49,15 @@ from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
 ROWS = {"big": ((32, 256, 56, 56), 32), "ragged": ((64, 96, 48, 48), 8), "mid": ((16, 512, 28, 28), 32),
         "tuned": ((128, 64, 56, 56), 32)}
 LN_ROWS = {"ln768": (32768, 768), "ln1536": (16384, 1536), "ln1024": (16384, 1024)}
-SETTINGS = ("old", "new")
-_DEFAULT = GC.GN_CLUSTER
+SETTINGS = ("old", "new", "new512")
+LN_SETTINGS = ("old", "new")
+_DEFAULT = (GC.GN_CLUSTER, GC.NT)
 _LN_DEFAULT = NK.ROUTE["ln_fwd16"]
 
 
 def apply(setting):
-    """GN_CLUSTER for ``setting`` (None: the import-time default), plans forgotten."""
-    GC.GN_CLUSTER = _DEFAULT if setting is None else setting == "new"
+    """GN_CLUSTER and norm_gncl.NT for ``setting`` (None: the import-time defaults), plans forgotten."""
+    GC.GN_CLUSTER, GC.NT = _DEFAULT if setting is None else (setting != "old", 512 if setting == "new512" else 256)
     NK._plans.clear()
 
 
@@ -71,7 +73,8 @@ def kernels_of(fn):
     real = _launch.Prepared.__call__
 
     def spy(self, *arrays, stream=None):
-        got.append(getattr(self.kernel, "name", "?"))
+        name = getattr(self.kernel, "name", None)       # (CuPy's RawKernel; the fake CuPy's: its handle's text)
+        got.append(name or str(self.kernel.kernel.ptr).split("(")[0])
         return real(self, *arrays, stream=stream)
     _launch.Prepared.__call__ = spy
     try:
@@ -92,21 +95,25 @@ def plan_detail():
     return "" if cfg is None else f" team={cfg[0]} VPT={cfg[1]}"
 
 
-def _rounds(timer, fn, rounds, apply_one=apply):
-    got = {s: [] for s in SETTINGS}
-    ratios = []
+def _rounds(timer, fn, rounds, settings, apply_one):
+    """{setting: [ms, one a round]}, {setting: [old / setting, one a round]}, {setting: kernels}: the settings'
+    order rotated a step each round, a fresh capture each timing."""
+    got = {s: [] for s in settings}
+    ratios = {s: [] for s in settings}
     plans = {}
     reps = None
     for r in range(rounds):
         this = {}
-        for s in (SETTINGS if r % 2 == 0 else SETTINGS[::-1]):
+        k = r % len(settings)
+        for s in settings[k:] + settings[:k]:
             apply_one(s)
             fn()                                    # plans and compiles outside the capture
             plans[s] = kernels_of(fn) + plan_detail()
             reps = reps or timer.reps(fn, "minidnn")
             this[s] = timer.graph(fn, reps, "minidnn")
             got[s].append(this[s])
-        ratios.append(this["old"] / this["new"])
+        for s in settings:
+            ratios[s].append(this["old"] / this[s])
     return got, ratios, plans
 
 
@@ -124,17 +131,18 @@ def run_row(timer, cp, torch, key, dtype_name, bw, rounds):
             except Exception as exc:        # noqa: BLE001
                 print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
         try:
-            got, ratios, plans = _rounds(timer, fn, rounds, apply_one)
+            settings = LN_SETTINGS if ln else SETTINGS
+            got, ratios, plans = _rounds(timer, fn, rounds, settings, apply_one)
         finally:
             apply_one(None)
-        for s in SETTINGS:
+        for s in settings:
             ms = statistics.median(got[s])
             gbs = nbytes / (ms * 1e-3) / 1e9
             spread = max(got[s]) / min(got[s]) - 1
             vs = f"  torch {tms:.4f} ms ({tms / ms:4.2f}x)" if tms else ""
-            ratio = f"old/new {statistics.median(ratios):5.3f}" if s == "new" else " " * 13
+            ratio = f"old/this {statistics.median(ratios[s]):5.3f}" if s != "old" else " " * 14
             s_ = {"old": "v3k", "new": "v3kw"}[s] if ln else s
-            print(f"{name:22s} {dtype_name:9s} {str(shape):18s} {s_:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
+            print(f"{name:22s} {dtype_name:9s} {str(shape):18s} {s_:6s} {ms:8.4f} ms {gbs:6.0f} GB/s "
                   f"{100 * gbs / bw:4.0f}%  {ratio}  spread {100 * spread:4.1f}%{vs}  [{plans[s]}]")
         sys.stdout.flush()
     del cases

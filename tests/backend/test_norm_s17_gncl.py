@@ -74,6 +74,16 @@ def test_forced_cluster_sizes():
     assert GC.plan(25088, 3136, 2, True, 8, force_cl=9) is None             # not portable
 
 
+def test_512_thread_blocks(monkeypatch):
+    """NT = 512 (MINIDNN_GN_CLUSTER_NT; tools/norm_s17_ab.py's "new512"): half the cluster, the launch bounds'
+    blocks an SM halved (the same registers a thread)."""
+    monkeypatch.setattr(GC, "NT", 512)
+    assert GC.plan(25088, 3136, 4, False, 8) == (4, 4, 1)
+    assert GC.plan(25088, 3136, 2, True, 8) == (4, 2, 2)
+    assert (GC.minb(False), GC.minb(True)) == (GC.MINB_FWD // 2, GC.MINB_BWD // 2)
+    assert "-DNT=512" in GC.options(np.dtype(np.float32), ("float", 0), 4, 4, True, 2)
+
+
 def test_register_rows_keep_their_plans():
     """Rows a norm_kernels team holds in registers never reach the cluster route: the table's (128, 64, 56, 56)
     G=32 (6272 values) and every smaller group; the cluster rows are exactly those row_config2 refuses."""
@@ -228,7 +238,7 @@ def _fake(code):
     # MINIDNN_GN_CLUSTER=1 in the child's environment: the switch read at import (asserted first)
     head = f"""
 import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
-import numpy as np, record_launches as R
+import numpy as np, ml_dtypes, record_launches as R
 fakecp, L = R._install({ROOT!r})
 names = []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d))
@@ -259,7 +269,6 @@ got = run((4, 256, 56, 56), 32)        # the table's (32, 256, 56, 56) G=32 at b
 assert got == [("gn_fwdc", (128 * 7, 1, 1, 256, 1, 1, 0)), ("gn_bwdc", (128 * 7, 1, 1, 256, 1, 1, 0)),
                ("col_sum", got[2][1])], got
 assert [n for n, _ in run((4, 256, 56, 56), 32, affine=False)] == ["gn_fwdc", "gn_bwdc"]
-import ml_dtypes
 assert [n for n, _ in run((2, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["gn_fwdc", "gn_bwdc", "col_sum"]
 # the register kernels' rows keep them: the table's (128, 64, 56, 56) G=32, a small CNN's group norm
 assert [n for n, _ in run((2, 64, 56, 56), 32)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
@@ -268,6 +277,35 @@ assert [n for n, _ in run((8, 32, 8, 8), 8)] == ["norm_fwd2", "gn_bwd2", "col_su
 assert [n for n, _ in run((2, 256, 55, 55), 32)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
 GC.GN_CLUSTER = False
 assert [n for n, _ in run((4, 256, 56, 56), 32)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
+# tools/norm_s17_ab.py's settings: the kernels each launches, and the defaults restored
+import norm_s17_ab as T
+x = fakecp.asarray(np.ones((2, 256, 56, 56), np.float32))
+fwd = lambda: B.group_normalization_forward(None, x, 32, None, None, 1e-5)
+got = {}
+for s in T.SETTINGS:
+    T.apply(s)
+    got[s] = (T.kernels_of(fwd), GC.NT)
+assert got == {"old": ("norm_fwd", 256), "new": ("gn_fwdc", 256), "new512": ("gn_fwdc", 512)}, got
+T.apply(None)
+assert (GC.GN_CLUSTER, GC.NT) == (False, 256)          # as they were when the tool was imported
+xl = fakecp.asarray(np.ones((64, 768), ml_dtypes.bfloat16))
+T._detail[:] = [(768, xl.dtype)]
+ln = lambda: B.layer_normalization_forward(None, xl, None, None, 1, 1e-5)
+got = []
+for s in T.LN_SETTINGS:
+    T.apply_ln(s)
+    got.append(T.kernels_of(ln) + T.plan_detail())
+assert got == ["ln_fwd3 team=64 VPT=2", "ln_fwd3 team=32 VPT=3"], got
+T.apply_ln(None)
+assert NK.ROUTE["ln_fwd16"] == "v3k"
+# the block size from the environment, refused unless 256 or 512
+import importlib, os
+os.environ["MINIDNN_GN_CLUSTER_NT"] = "300"
+try:
+    importlib.reload(GC)
+    raise SystemExit("no error")
+except ValueError as exc:
+    assert "256 or 512" in str(exc)
 print("OK")
 """)
 
@@ -316,6 +354,21 @@ def test_kernels_compile_without_spills(tmp_path, cfg):
         assert int(spill.split("bytes spill stores")[0].split(",")[-1]) == 0, (cfg, pinfo, spill)
         regs = int(next(line for line in lines[at:] if "registers" in line).split("Used ")[1].split()[0])
         assert regs <= 65536 // (GC.NT * (GC.MINB_BWD if backward else GC.MINB_FWD)), (cfg, regs)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_512_thread_build_without_spills(tmp_path, monkeypatch):
+    """The fullest NT = 512 build (float32 backward, 4 vectors of x and dy a thread) within 64 registers."""
+    from minidnn.backend.cuda import launch
+    monkeypatch.setattr(GC, "NT", 512)
+    opts = GC.options(np.dtype(np.float32), ("float", 0), 4, 4, True, 2)
+    src = tmp_path / "gncl.cu"
+    launch.write_source(str(src), GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
+    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-ftz=true", "-std=c++17", "-Xptxas", "-v,--entry=gn_bwdc",
+                        "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "0 bytes spill stores" in r.stderr, r.stderr[-800:]
+    assert int(r.stderr.split("Used ")[1].split()[0]) <= 64
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------
@@ -414,6 +467,19 @@ def test_cluster_kernels_against_float64(cp, on, name, shape, groups, affine):
     inputs, got = _run(cp, name, shape, groups, affine, rng)
     assert on[:2] == ["gn_fwdc", "gn_bwdc"] and len(on) == 2 + affine, on
     _check(name, shape, groups, inputs, got)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_512_thread_blocks_against_float64(cp, on, monkeypatch, name):
+    """NT = 512 (tools/norm_s17_ab.py's "new512"): CL 4 on the table's shape, blocks straddling planes (ragged)."""
+    monkeypatch.setattr(GC, "NT", 512)
+    for shape, groups in (GPU_CASES[0], GPU_CASES[3]):
+        NK._plans.clear()
+        rng = np.random.default_rng(512)
+        inputs, got = _run(cp, name, shape, groups, True, rng)
+        _check(name, shape, groups, inputs, got)
+    assert on.count("gn_fwdc") == 2 and on.count("gn_bwdc") == 2, on
 
 
 @pytest.mark.cuda

@@ -53,14 +53,24 @@ from .storage import STORAGE_HEADER, type_info
 __all__ = ["SOURCE", "GN_CLUSTER", "plan", "prepare_forward", "prepare_backward", "usable", "options"]
 
 GN_CLUSTER = os.environ.get("MINIDNN_GN_CLUSTER", "0") == "1"
-NT = 256            # threads a block
+# threads a block (MINIDNN_GN_CLUSTER_NT, read at import; tools/norm_s17_ab.py's "new512" sets the attribute): 256,
+# or 512 -- half the blocks a cluster (CL 4 for the table's float32 rows) and a cheaper meeting, half the blocks an
+# SM; the register budgets are the same (the launch bounds' blocks an SM scale with 256 / NT)
+NT = int(os.environ.get("MINIDNN_GN_CLUSTER_NT", "256"))
+if NT not in (256, 512):
+    raise ValueError(f"MINIDNN_GN_CLUSTER_NT: 256 or 512 threads a block, not {NT}")
 # 16-byte vectors of one array a thread holds, by itemsize: 16 floats; 16 halves (at 4 vectors the 16-bit kernels
 # spilled 44 / 236 bytes forward / backward at these launch bounds: the raw words and their conversions)
 VPT_MAX = {4: 4, 2: 2}
 CL_MAX = 8          # portable cluster sizes only
 MAXCH_MAX = 4       # channels one block's vectors may touch (the backward's per-channel partials, registers)
-MINB_FWD = 6        # launch bounds: <= 40 registers, six 256-thread blocks an SM
+MINB_FWD = 6        # launch bounds at 256 threads: <= 40 registers, six blocks an SM
 MINB_BWD = 4        # <= 64 registers (two arrays held), four an SM
+
+
+def minb(backward):
+    """The launch bounds' blocks an SM at NT threads (the same registers a thread as at 256)."""
+    return (MINB_BWD if backward else MINB_FWD) * 256 // NT
 
 _PSTORAGE = {"float32": ("float", 0), "float16": ("float", 1), "bfloat16": ("float", 2)}
 
@@ -422,14 +432,14 @@ def options(dtype, pinfo, cl, vpt, backward, maxch=1):
     param, pstorage = pinfo
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
             f"-DPSTORAGE={pstorage}", f"-DCL={cl}", f"-DNT={NT}", f"-DVPT={vpt}",
-            f"-DMINB={MINB_BWD if backward else MINB_FWD}", f"-DMAXCH={maxch}", "-std=c++17")
+            f"-DMINB={minb(backward)}", f"-DMAXCH={maxch}", "-std=c++17")
 
 
 _kernels: dict = {}
 
 
 def _kernel(name, dtype, pinfo, cl, vpt, maxch):
-    key = (name, _dev.dtype_name(dtype), pinfo, cl, vpt, maxch)
+    key = (name, _dev.dtype_name(dtype), pinfo, cl, vpt, maxch, NT)
     k = _kernels.get(key)
     if k is None:
         k = _kernels[key] = _launch.get_kernel(SOURCE, name, options(dtype, pinfo, cl, vpt, name == "gn_bwdc",
