@@ -10,7 +10,9 @@ Per row (n, i): q_c = (1 - eps) * w[t] * [c == t] + eps / C * w_c (0 when t == i
     dx_c = (softmax_c * sum_c q_c - q_c) * g      (g = dloss, / denom for 'mean'; ignored rows get 0)
 Logits (N, C) (inner = 1): SOURCE_ROWS below (ce_rows_fwd / ce_rows_bwd), the row read once into registers with
 16-byte loads; up to 1024 classes the forward takes softmax_kernels' PIPE walk (persistent grid, the next row's
-loads and target issued before the current row's reduction; MINIDNN_SOFTMAX_PIPE=0: without).  inner > 1 (and
+loads and target issued before the current row's reduction; MINIDNN_SOFTMAX_PIPE=0: without); rows of more than one
+chunk (> 16K float32 classes) stream through a shared-memory stage, the next chunk copied in while the current one is
+reduced (LONG; MINIDNN_CE_LONG=0: without).  inner > 1 (and
 MINIDNN_SOFTMAX_V1=1), SOURCE (ce_fwd / ce_bwd), the tiling that follows.
 Tiling: one warp per row (8 rows per 256-thread block, grid-stride over the rows); lane l takes classes l, l + 32, ...;
 shuffle reductions for the max, sum exp(x - max) and the smoothing sums.  'mean'/'sum': each warp keeps its rows'
@@ -543,6 +545,190 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
 }
 #endif
 
+#ifndef LONG
+#define LONG 0
+#endif
+#if LONG
+#if ONE || PIPE || G != BLOCK || VEC < 2
+#error "LONG streams multi-chunk rows of one block (G == BLOCK) with vector loads"
+#endif
+static_assert(sizeof(A) == 4, "LONG: float accumulation (float64 keeps ce_fwd_body)");
+// LONG (session 17, issue 10; MINIDNN_CE_LONG): the forward of rows longer than one chunk (ONE=0: > 16K float32
+// classes; G = BLOCK = 512 threads a row, NV vectors of VEC a thread a chunk, two blocks an SM), streamed.
+// ce_fwd_body issues a chunk's NV loads, waits, reduces the chunk and only then issues the next chunk's: at (4096,
+// 32000) float32 a block had nothing in flight while it reduced a chunk, met for the row's lse (six barriers) or
+// retired -- 55% of copy (64 registers, 248 bytes of spills: nvcc 13, sm_90).  Here a thread's next chunk -- this
+// row's next, or after the last the block's next row's first (stride gridDim.x, as ce_fwd_body) -- is copied
+// global -> shared by cp.async into the thread's own slots k * BLOCK + g of one stage (BLOCK * NV vectors: 64 KB
+// float32, 32 KB 16-bit or widened; two blocks an SM take 128 / 64 of the 228 KB) as soon as the current chunk is
+// in registers and its max taken: a chunk is in flight while the previous one is reduced and while the block meets.
+// The next row's target and RAGGED edges (threads 0 and G - 1) are loaded before the meeting.  A thread reads back
+// only the slots it copied (cp.async.wait_all: its own copies have landed; no barrier) and refills them only after
+// its chunk's max consumed every value read from them.  The values in a[], the statements after the load and the
+// grid (so each block's rows, and thread 0's running sums) are ce_fwd_body's: lse, the loss rows, the partial sums
+// and 'mean' / 'sum' bitwise CE_LONG "0" (tests/backend/test_ce_long_cuda.py).
+#if XSTORAGE < 0
+typedef VR LVR;
+typedef Pack LPack;
+#else
+typedef XVR LVR;
+typedef XPack LPack;
+#endif
+static_assert(sizeof(LVR) == 16 || sizeof(LVR) == 8, "LONG: 16-byte vectors (8 for widened 16-bit logits)");
+
+// Chunk ch of the row at p (geometry q) into this thread's stage slots k * BLOCK + g, as one commit group; slots
+// past the body are not copied (long_take pads them).
+__device__ __forceinline__ void long_issue(LVR* st, const X* __restrict__ p, int ch, const Geo& q, int g)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = ch * CV + k * G + g;
+        if (v < q.nb) {
+            const unsigned d = (unsigned)__cvta_generic_to_shared(st + k * BLOCK + g);
+            const X* s = p + q.h + v * VEC;
+            if (sizeof(LVR) == 16)                  // L2 only (.cg); an 8-byte copy must take .ca
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(d), "l"(s) : "memory");
+            else
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" : : "r"(d), "l"(s) : "memory");
+        }
+    }
+    asm volatile("cp.async.commit_group;" : : : "memory");
+}
+
+// This thread's copies of chunk ch landed; its slots into a[] as load_chunk<true> fills them (pad past the body).
+__device__ __forceinline__ void long_take(const LVR* st, int ch, const Geo& q, int g, A* a)
+{
+    asm volatile("cp.async.wait_all;" : : : "memory");
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = ch * CV + k * G + g;
+        LPack u;
+        u.raw = st[k * BLOCK + g];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = v < q.nb ? LD(u.v[j]) : NEG_INF;
+    }
+}
+
+template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
+    const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
+    A& acc_loss, A& acc_den)
+{
+    extern __shared__ __align__(16) unsigned char ce_stage[];
+    __shared__ A acc[2];                         // thread 0's row sums (the only nonzero ones, as ce_fwd_body's):
+    LVR* st = reinterpret_cast<LVR*>(ce_stage);  // the same adds, two registers fewer live through the chunks
+    const int g = threadIdx.x;                   // G == BLOCK: one row a block
+    const bool smooth = SMOOTH;
+    int r = blockIdx.x;
+    if (r >= rows) return;                       // uniform over the block
+    if (g == 0) { acc[0] = acc_loss; acc[1] = acc_den; }
+    Geo q = row_geo(x + (size_t)r * C, C, true);
+    long long t = (long long)target[r];
+    A ed[NE1];
+    load_edges(x + (size_t)r * C, q, g, NEG_INF, ed);
+    long_issue(st, x + (size_t)r * C, 0, q, g);
+    for (;;) {
+        const X* xr = x + (size_t)r * C;
+        const int nch = (q.nb + CV - 1) / CV;
+        const int rn = r + (int)gridDim.x;
+        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+        int tch = -1, ts = -1;                   // x[t]'s chunk and slot in this thread's body, as ce_fwd_body
+        {
+            const unsigned tb = (unsigned)((t >= 0 && t < C ? (int)t : -1) - q.h);
+            if (tb < (unsigned)(q.nb * VEC)) {
+                const unsigned tv = tb / VEC;
+                if ((int)(tv % G) == g) { tch = (int)(tv / CV); ts = (int)((tv % CV) / G) * VEC + (int)(tb % VEC); }
+            }
+        }
+        for (int ch = 0; ch < nch; ++ch) {
+            A a[E];
+            long_take(st, ch, q, g, a);
+            A cm = NEG_INF;
+#pragma unroll
+            for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
+            if (ch == 0) {
+#pragma unroll
+                for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
+            }
+            // the stage's values are all in a[] and consumed: it takes the next chunk now
+            if (ch + 1 < nch) {
+                long_issue(st, xr, ch + 1, q, g);
+            } else if (rn < rows) {                  // uniform over the block
+                const X* xn = x + (size_t)rn * C;
+                long_issue(st, xn, 0, row_geo(xn, C, true), g);
+            }
+            // from here to the row's end: ce_fwd_body's statements (the same sums in the same order)
+            const A nm = vmax(m, cm);
+            if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
+            m = nm;
+            const A sh = m == NEG_INF ? (A)0 : m;
+            if (ch == 0) {
+#pragma unroll
+                for (int j = 0; j < NE; ++j) {
+                    s += exp(ed[j] - sh);
+                    if (j < edge_n(q, g)) {
+                        const int c = edge_o(q, g) + j;
+                        if (c == t) xt = ed[j];
+                        if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * ed[j]; sw += wc; }
+                    }
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < E; ++e) s += exp(a[e] - sh);
+            if (ch == tch) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) xt = e == ts ? a[e] : xt;
+            }
+            if (smooth) {
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const int v = ch * CV + k * G + g;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        const int c = q.h + v * VEC + j;
+                        if (v < q.nb) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
+                    }
+                }
+            }
+        }
+        // the next row's target and RAGGED edges (threads 0 and G - 1), in flight while the block meets (ed is dead
+        // here; its geometry again: fewer registers live through the last chunk than keeping it)
+        Geo qn = q;
+        long long tn = ignore_index;
+        if (rn < rows) {
+            qn = row_geo(x + (size_t)rn * C, C, true);
+            tn = (long long)target[rn];
+            load_edges(x + (size_t)rn * C, qn, g, NEG_INF, ed);
+        }
+        A M = g_max(m, sm);
+        if (M == NEG_INF) M = 0;
+        const A f = m == NEG_INF ? (A)0 : exp(m - M);
+        const A lse = M + log(g_sum(s * f, sm));
+        xt = g_sum(xt, sm);
+        if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
+        if (g == 0) {
+            const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
+            A per = 0, wt = 0;
+            if (valid) {
+                if (in_range) {
+                    wt = HAS_W ? LD(w[t]) : (A)1;
+                    per = -((A)(1.0 - eps) * wt * (xt - lse));
+                    if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
+                } else {
+                    per = wt = A_NAN;
+                }
+            }
+            lse_out[r] = lse;
+            if (REDUCTION == 0) loss_rows[r] = ST(per);
+            acc[0] += per; acc[1] += wt;
+        }
+        if (rn >= rows) break;                   // uniform over the block
+        r = rn; q = qn; t = tn;
+    }
+    if (g == 0) { acc_loss = acc[0]; acc_den = acc[1]; }
+}
+#endif
+
 #ifndef P16
 #define P16 0
 #endif
@@ -721,6 +907,11 @@ ce_rows_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __re
     __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     A acc_loss = 0, acc_den = 0;
+#if LONG
+    // the host hands LONG only x on the vector boundary (forward: a copy otherwise): cp.async needs it, and without
+    // ce_fwd_body's scalar fallback beside it the 16-bit LONG kernels do not spill
+    ce_fwd_long<0>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
+#else
 #if P16
     if (aligned(x)) ce_fwd_p16<0>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
     else
@@ -733,6 +924,7 @@ ce_rows_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __re
     if (aligned_x(x)) ce_fwd_body<true>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss,
                                       acc_den);
     else ce_fwd_body<false>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
+#endif
     acc_loss = warp_sum(acc_loss); acc_den = warp_sum(acc_den);
     if (lane == 0) { red[0][warp] = acc_loss; red[1][warp] = acc_den; }
     __syncthreads();
@@ -952,6 +1144,31 @@ def tail_defines(defines) -> tuple:
     return ("TAIL=1",)
 
 
+# Session 17 (issue 10: the (4096, 32000) forward at 55% of copy float32, 52% bfloat16, against 78-93% for one-chunk
+# rows): LONG (SOURCE_ROWS above), the multi-chunk row forward streamed through a shared-memory stage with cp.async,
+# for rows of more than one chunk (ONE=0) with vector loads and float accumulation; the tiling, MINB and grid stay the
+# plan's, so every output is bitwise "0"'s.  MINIDNN_CE_LONG=1 (on) | 0 (ce_fwd_body, for an A/B).  Module attribute
+# read at planning time (tools/ce_long_ab.py flips it).
+CE_LONG = os.environ.get("MINIDNN_CE_LONG", "1")
+
+
+def long_defines(defines) -> tuple:
+    """("LONG=1",) where a row forward of ``defines`` (row_defines' strings) takes LONG, else ()."""
+    d = dict(x.split("=", 1) for x in defines)
+    on = (CE_LONG == "1" and d.get("ONE") == "0" and d.get("PIPE") == "0" and d.get("G") == d.get("BLOCK")
+          and int(d.get("VEC", 1)) > 1 and d.get("ACCUM") == "float" and "WARP" not in d)
+    return ("LONG=1",) if on else ()
+
+
+def long_stage_bytes(defines) -> int:
+    """The dynamic shared memory of a LONG forward: BLOCK * NV vectors of VBYTES (widened 16-bit: 2 VEC bytes)."""
+    d = dict(x.split("=", 1) for x in defines)
+    if d.get("LONG") != "1":
+        return 0
+    vbytes = 2 * int(d["VEC"]) if "XSTORAGE" in d else int(d["VBYTES"])
+    return int(d["BLOCK"]) * int(d["NV"]) * vbytes
+
+
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
 _F32 = np.dtype(np.float32)
 _INT_MAX = 2 ** 31 - 1
@@ -1009,6 +1226,7 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
             if extra == ("TAIL=2",):                  # FULLK: slots k with k * G + g < C / VEC for every g
                 extra += (f"FULLK={min(cfg.nv, (c // cfg.vec) // cfg.g)}",)
             defines = defines + extra
+            defines = defines + long_defines(base + defines)
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)
@@ -1038,7 +1256,7 @@ _plans: dict = {}
 
 
 class _Plan:
-    __slots__ = ("dev", "go", "tshape", "acc", "dtype", "grid", "none", "xshape", "xdtype", "xalign")
+    __slots__ = ("dev", "go", "tshape", "acc", "dtype", "grid", "none", "xshape", "xdtype", "xalign", "xlong")
 
 
 def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=False):
@@ -1056,12 +1274,16 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
     # widen: the byte boundary x must sit on for the float32 kernel's row split (XVBYTES; 0: none -- scalar loads)
     vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
     p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 0
+    # LONG (not widened): the boundary its copies need -- VBYTES unless RAGGED (each row's own head then); 0: none
+    d = dict(x.split("=", 1) for x in defines)
+    p.xlong = int(d["VBYTES"]) if d.get("LONG") == "1" and not widen and d.get("RAGGED") == "0" else 0
     p.grid = _grid(groups, dev, per_sm)
     if source == "ROWS":
         tail = [np.int32(rows), np.int32(c), np.int64(ignore_index), np.float64(eps)]
     else:
         tail = [np.int64(rows), np.int32(c), np.int32(inner), np.int64(ignore_index), np.float64(eps)]
-    p.go = _launch.prepare(_kernel(source, kname, defines), (p.grid,), (block,), arrays + tail)
+    p.go = _launch.prepare(_kernel(source, kname, defines), (p.grid,), (block,), arrays + tail,
+                           shared_mem=long_stage_bytes(defines))
     return p
 
 
@@ -1077,6 +1299,8 @@ def forward(x, target, weight, ignore_index, eps, reduction, widen=False):
                         "ce_fwd", x, target, weight, ignore_index, eps, reduction, x.data.device_id, widen)
     if p.xalign and x.data.ptr % p.xalign:      # off the float32 row split's boundary (a view): the cast, as before
         return forward(x.astype(_F32), target, weight, ignore_index, eps, reduction)
+    if p.xlong and x.data.ptr % p.xlong:        # a LONG plan's x off the vector boundary (a view): an aligned copy
+        return forward(x.copy(), target, weight, ignore_index, eps, reduction)
     cp = _launch._cp
     with _launch.on_device(p.dev):
         lse = cp.empty(p.tshape, dtype=p.acc)
