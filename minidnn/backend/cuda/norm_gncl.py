@@ -127,6 +127,13 @@ __device__ __forceinline__ void cluster_arrive()
 {
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
+// The closing arrive: this block only says it is done READING the others' shared memory (the loaded values were all
+// consumed before it), so no release fence -- ptxas puts a MEMBAR.ALL.GPU before a releasing arrive, which would
+// wait for the rank-0 block's sums stores.
+__device__ __forceinline__ void cluster_arrive_relaxed()
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait()
 {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -233,7 +240,7 @@ gn_fwdc(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
         for (int j = 0; j < CL; ++j) M2 += __shfl_sync(0xffffffffu, c, j);
         if (threadIdx.x == 0) { stat[0] = mean; stat[1] = (A)1 / sqrt(M2 / (A)D + (A)eps); }
     }
-    cluster_arrive();               // this block is done reading the others' partials
+    cluster_arrive_relaxed();       // this block is done reading the others' partials
     __syncthreads();
     const A mean = stat[0], rstd = stat[1];
     if (threadIdx.x == 0 && rank == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
@@ -351,7 +358,7 @@ gn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         out[0] = is * (se - off * ss);
         out[C] = ss;
     }
-    cluster_arrive();               // this block is done reading the others' partials
+    cluster_arrive_relaxed();       // this block is done reading the others' partials
     V* dr = reinterpret_cast<V*>(dx + r * D);
     const A ioff = off * is;
 #pragma unroll
