@@ -894,9 +894,28 @@ softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, con
 
 // dx = y (dy - sum(dy y)) or dy - exp(y) sum(dy): y and dy of a chunk both loaded before the sum (ONE: every load of
 // the row issued at once); a longer row keeps its last chunk in registers and reads the others again.
+#ifndef BSCH
+#define BSCH 0
+#endif
+// BSCH > 0 (session 17; several-chunk backward rows, BWD_STASH): the first BSCH chunks' values the second pass needs
+// are also kept in shared memory as the first pass reads them -- dy alone for log-softmax (its y is read once, in the
+// second pass), dy and y for softmax -- so no chunk is read twice from L2 / DRAM (a 32000-class float32 row: 3 of 4
+// chunks, 96 / 192 KB a 512-thread block).  Thread t's slot e of chunk ch at (ch * BSE + e) * BLOCK + t (dy in
+// e < E, y in E <= e < 2 E): each thread reads back only what it wrote, so no barrier; conflict-free.  The values
+// and the order of every sum are those of BSCH 0: bitwise the same dx.
+#if BSCH
+#if ONE
+#error "BSCH is for rows of several chunks"
+#endif
+#define BSE (ALGO == 2 ? E : 2 * E)
+#endif
 template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ dy,
                                                             T* __restrict__ dx, int rows, int C, A* sm)
 {
+#if BSCH
+    extern __shared__ __align__(16) unsigned char dyn_sm[];
+    A* const bst = reinterpret_cast<A*>(dyn_sm) + threadIdx.x;
+#endif
     const int g = threadIdx.x % G;
     for (int r0 = blockIdx.x * RPB; r0 < rows; r0 += gridDim.x * RPB) {
         const int r = r0 + (int)threadIdx.x / G;
@@ -919,6 +938,16 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
 #pragma unroll
             for (int e = 0; e < E; ++e) s += b[e] * a[e];
 #endif
+#if BSCH
+            if (ch < BSCH && ch < nch - 1) {         // the last chunk stays in registers
+#pragma unroll
+                for (int e = 0; e < E; ++e) bst[(ch * BSE + e) * BLOCK] = b[e];
+#if ALGO != 2
+#pragma unroll
+                for (int e = 0; e < E; ++e) bst[(ch * BSE + E + e) * BLOCK] = a[e];
+#endif
+            }
+#endif
         }
 #pragma unroll
         for (int j = 0; j < NE; ++j) {
@@ -932,8 +961,23 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
         if (!live || nch == 0) continue;
         for (int ch = nch - 1; ch >= 0; --ch) {      // the last chunk from registers first
             if (!ONE && ch < nch - 1) {
+#if BSCH
+                if (ch < BSCH) {
+#pragma unroll
+                    for (int e = 0; e < E; ++e) b[e] = bst[(ch * BSE + e) * BLOCK];
+#if ALGO == 2
+                    load_chunk<VA>(y + base, ch, q, g, (A)0, a);
+#else
+#pragma unroll
+                    for (int e = 0; e < E; ++e) a[e] = bst[(ch * BSE + E + e) * BLOCK];
+#endif
+                } else {
+#endif
                 load_chunk<VA>(dy + base, ch, q, g, (A)0, b);
                 load_chunk<VA>(y + base, ch, q, g, (A)0, a);
+#if BSCH
+                }
+#endif
             }
 #pragma unroll
             for (int e = 0; e < E; ++e) {
@@ -1210,6 +1254,32 @@ def bwd_warp(algo_name, itemsize):
 STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long row's chunks in (two 512-thread blocks
                                # an SM: 128 of 228 KB)
 
+# Session 17 (issue 10: the (4096, 32000) float32 log-softmax backward at 57% of copy, 0.82x PyTorch, softmax's at
+# 63%; bfloat16 log-softmax 65%, 0.89x): BWD_STASH, the backward's shared-memory stash (BSCH of SOURCE's bwd_rows).
+# Such a row is 4 chunks of a 512-thread block (16 + 16 elements a thread a chunk; one block an SM); the first pass
+# reads every chunk's dy (and softmax's y) for the sum, the second read chunks 0..2 again -- from L2 when they are
+# still there, else DRAM (132 blocks x 256 KB of rows in flight: most of a 50-60 MB L2 shared with the writes).  With
+# the stash those chunks' dy (log-softmax: 32 KB a chunk, 96 KB a row) or dy and y (softmax: 64 KB, 192 KB) wait in
+# shared memory: each element read once, as a one-chunk row.  The block already has an SM to itself (80 registers x
+# 512 threads), so the stash costs no occupancy.  Up to BWD_STASH_BYTES a block (200 KB, within sm_90's 227 KB opt-in;
+# plan() lowers it to what the device allows); chunks beyond it are read again as before.  MINIDNN_SOFTMAX_BWD_STASH=0
+# (default until the GPU A/B) | 1.  Bitwise the same dx.  Module attribute read at planning time (tools/row_ab.py
+# --bwd-stash flips it).
+BWD_STASH = os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "0") == "1"
+BWD_STASH_BYTES = 200 * 1024
+
+
+def bwd_stash_chunks(cfg, c, algo_name, acc, budget):
+    """(BSCH, shared-memory bytes) of a backward row plan (RowConfig ``cfg``, ``c`` classes, ``acc``-byte floats)
+    with ``budget`` bytes a block: the chunks before the last whose dy (log-softmax) or dy and y (softmax) fit; (0, 0)
+    for one-chunk rows."""
+    if cfg.one or budget <= 0:
+        return 0, 0
+    nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
+    per = cfg.nv * cfg.vec * cfg.block * acc * (1 if algo_name == "LOG" else 2)
+    n = max(0, min(nch - 1, budget // per))
+    return n, n * per
+
 
 # One-array rows (softmax forward, cross-entropy forward), for a GPU sweep of the (16384, 1000) float32 forward
 # (84% of copy, 0.92x PyTorch): MINIDNN_SOFTMAX_FWD_CAP = the elements a warp-path thread may hold (default 32: a
@@ -1330,7 +1400,10 @@ FWD_LSM = os.environ.get("MINIDNN_SOFTMAX_LSM", "2")
 # copy; the backwards at 95-98%): HINT, cache hints of the row kernels' loads and stores (the HINT define of
 # ROW_HEADER: 0 none, 1 streaming loads and stores (ld.global.cs + st.global.cs), 2 streaming stores;
 # docs/step_kernels.md, "Session 17: cache hints of the row kernels").  MINIDNN_SOFTMAX_HINT="fwd,bwd" (module
-# attributes HINT_FWD, HINT_BWD; default "0,0" until a GPU A/B decides): the forward 0, 1 or 2, the backward 0 or 2 --
+# attributes HINT_FWD, HINT_BWD; default "2,0" since session 17's run 2 (H200, graph replays, hint 0 / hint 2: float32
+# (16384, 1000) softmax / log-softmax forward 1.027 / 1.019, (32768, 1000) 1.013 / 1.008 -- log-softmax now 1.009x
+# PyTorch --, bfloat16 1.04; hint 1 gained as much or more on bf16 but spread 3-6%; the backward's hint 2 0.998-1.001,
+# so off)): the forward 0, 1 or 2, the backward 0 or 2 --
 # the backward's streaming loads spilled at its two-array register budgets (nvcc 13, sm_90: the log-softmax WARP
 # backward 8-204 bytes at 64-72 registers, the PIPE 513-class one 12; 1024 classes still 16 at 96), and a budget
 # raised to fit them would change its occupancy as well as its caching.  Taken by one-chunk row plans (inner = 1,
@@ -1348,7 +1421,7 @@ def _hint_pair(text):
     return int(vals[0]), int(vals[1])
 
 
-HINT_FWD, HINT_BWD = _hint_pair(os.environ.get("MINIDNN_SOFTMAX_HINT", "0,0"))
+HINT_FWD, HINT_BWD = _hint_pair(os.environ.get("MINIDNN_SOFTMAX_HINT", "2,0"))
 HINT_BY_SIZE = os.environ.get("MINIDNN_SOFTMAX_HINT_BY_SIZE", "1") != "0"
 
 
@@ -1418,10 +1491,27 @@ def warp_fullk(cfg, c):
     return min(cfg.nv, nb // 32)
 
 
+# Session 17 (issue 10: the (65536, 512) float32 softmax / log-softmax forward at 0.95x / 0.93x PyTorch, the
+# log-softmax backward 0.94x; 90-96% of copy): WARP_FROM, the fewest classes a row takes WARP's grid with (uses_warp).
+# 513 (the default, session 13's range) | 257: rows of 257..512 classes whose PIPE plan is already a whole warp holding
+# 16 elements a lane (float32 260..512, 2-byte 264..512: 4 vectors of 4 / 2 of 8) take it too -- PyTorch's launch
+# shape for them (its persistent warp softmax: 128-thread blocks, a row a warp, 16 elements a lane) with WARP_REGS'
+# 16-element budgets (40 registers: twelve blocks, 48 warps an SM; the log-softmax backward 64: eight) where PIPE
+# keeps four (backward three) 256-thread blocks.  Session 13 measured the same 16-element plan at (16384, 513): WARP
+# 1.03-1.06x PIPE.  The same sums in the same order (bitwise PIPE) except the log-softmax forward, which takes LSM
+# there as at 513+ (against float64 in the cuda tests).  MINIDNN_SOFTMAX_WARP_FROM; module attribute read at
+# planning time (tools/row_ab.py --warp-from flips it; docs/step_kernels.md, "Session 17: softmax rows of 512 and of
+# 32000 classes").  Off until the GPU A/B.
+WARP_FROM = int(os.environ.get("MINIDNN_SOFTMAX_WARP_FROM", "513"))
+
+
 def uses_warp(cfg, c, acc):
     """Whether rows of RowConfig ``cfg`` (``c`` classes, ``acc``-byte sums) take WARP's grid: one chunk on a whole
-    warp holding 16..32 elements a thread with vector loads and float sums, 513 classes or more."""
-    return cfg.one and cfg.g == 32 and cfg.vec > 1 and acc == 4 and c >= 513 and 16 <= cfg.nv * cfg.vec <= 32
+    warp holding 16..32 elements a thread with vector loads and float sums, WARP_FROM (513 or 257) classes or more."""
+    if WARP_FROM not in (257, 513):
+        raise ValueError(f"softmax_kernels.WARP_FROM = {WARP_FROM!r} (MINIDNN_SOFTMAX_WARP_FROM): 513 (session 13's "
+                         "range) or 257")
+    return cfg.one and cfg.g == 32 and cfg.vec > 1 and acc == 4 and c >= WARP_FROM and 16 <= cfg.nv * cfg.vec <= 32
 
 
 def narrow_config(cfg, c, target):
@@ -1578,10 +1668,11 @@ class Spec(NamedTuple):
     smem: int
 
 
-def launch_spec(backward, shape, axes, algo_name, dtype, hint=0) -> Spec:
+def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> Spec:
     """The kernel, compile-time defines and launch shape of softmax over ``axes`` of a C-contiguous ``shape``;
     ``hint``: the call's cache hint (call_hint), a HINT define after ALGO on one-chunk row plans (0: no define; the
-    forward's 2 is the define 3: ROW_HEADER)."""
+    forward's 2 is the define 3: ROW_HEADER); ``stash``: the bytes a backward block of several-chunk rows may stash
+    in (None: BWD_STASH_BYTES under BWD_STASH, else 0), a BSCH define before MINB where a chunk fits."""
     outer, c, inner = collapse(shape, axes)
     rows = outer * inner
     if backward and algo_name == "FAST":
@@ -1606,9 +1697,15 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0) -> Spec:
             return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                         -(-rows // (cfg.block // 32 * wr)), WARP_PER_SM, cfg.block, 0)
         pipe = "PIPE=1" in defines                   # PIPE: exactly the resident blocks (a persistent grid)
+        smem = cfg.sch * cfg.nv * cfg.vec * cfg.block * acc
+        if backward:
+            if stash is None:
+                stash = BWD_STASH_BYTES if BWD_STASH else 0
+            bsch, smem = bwd_stash_chunks(cfg, c, algo_name, acc, stash)
+            if bsch:
+                defines = defines[:-1] + (f"BSCH={bsch}",) + defines[-1:]
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
-                    -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block,
-                    cfg.sch * cfg.nv * cfg.vec * cfg.block * acc)
+                    -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block, smem)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
                 -(-rows // 256), 32, 256, 0)
 
@@ -1642,10 +1739,20 @@ class _Plan:
         return out
 
 
-def _plan(backward, x, axes, algo_name, dev, hint=0):
+def call_stash(backward, dev):
+    """The stash bytes a backward call's block may use (launch_spec's ``stash``): BWD_STASH_BYTES under BWD_STASH,
+    within what one block of GPU ``dev`` may opt into (less 1 KB: the kernel's static shared memory); 0 otherwise."""
+    if not backward or not BWD_STASH:
+        return 0
+    from .bn_nhwc import smem_limits
+    optin = smem_limits(dev)[1]
+    return min(BWD_STASH_BYTES, optin - 1024) if optin else BWD_STASH_BYTES
+
+
+def _plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
     outer, c, inner = collapse(x.shape, axes)
     rows = outer * inner
-    s = launch_spec(backward, x.shape, axes, algo_name, x.dtype, hint)
+    s = launch_spec(backward, x.shape, axes, algo_name, x.dtype, hint, stash)
     arrays = [None] * (3 if backward else 2)
     tail = {"V1": [np.int64(rows), np.int32(c), np.int32(inner)], "ROWS": [np.int32(rows), np.int32(c)],
             "COLS": [np.int32(rows), np.int32(c), np.int32(inner)]}[s.source]
@@ -1661,8 +1768,9 @@ def plan(x, axes, algo_name, backward=False):
     (``backward``)."""
     dev = x.data.device_id
     hint = call_hint(backward, x.nbytes * (3 if backward else 2), dev)
-    return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint), _plan, backward,
-                           x, axes, algo_name, dev, hint)
+    stash = call_stash(backward, dev)
+    return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint, stash), _plan,
+                           backward, x, axes, algo_name, dev, hint, stash)
 
 
 def forward(x, axes, algo_name):
