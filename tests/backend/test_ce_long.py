@@ -30,10 +30,11 @@ def _spec(shape, name, widen, w, red, eps, kname="ce_fwd"):
     return _lk.launch_spec(kname, shape, _dtype(name), np.int64, w, red, eps, widen)
 
 
-@pytest.mark.parametrize("setting", ["1", "0", "x"])
+@pytest.mark.parametrize("setting", ["1", "2", "0", "x"])
 def test_ce_long_rule(monkeypatch, setting):
     """"1" adds LONG=1 -- and only it -- to the forward of rows of several chunks (ONE=0, a block a row, vector
-    loads, float accumulation); "0" (and an unknown value) plan the kernels before it; the backward never changes."""
+    loads, float accumulation); "2" adds LONG=2 there instead where the plan has FASTX (16-bit logits, not widened),
+    else LONG=1; "0" (and an unknown value) plan the kernels before it; the backward never changes."""
     seen = 0
     for shape in SHAPES:
         for name, widen in NAMES:
@@ -48,12 +49,17 @@ def test_ce_long_rule(monkeypatch, setting):
                 assert {k: v for k, v in d.items() if k != "LONG"} == d0 and "LONG" not in d0
                 long_row = (base[0] == "ROWS" and d0["ONE"] == 0 and d0["G"] == d0["BLOCK"] and d0["VEC"] > 1
                             and name != "float64")
-                assert d.get("LONG") == (1 if setting == "1" and long_row else None), (shape, name, widen, d)
+                want = None
+                if setting in ("1", "2") and long_row:
+                    want = 2 if setting == "2" and d0["FASTX"] == 1 else 1
+                assert d.get("LONG") == want, (shape, name, widen, d)
+                if base[0] == "ROWS":
+                    assert d0["FASTX"] == (name in ("bfloat16", "float16") and not widen)
                 assert _lk.long_stage_bytes(spec[2]) == (0 if "LONG" not in d else
                                                          d["BLOCK"] * d["NV"] * (2 * d["VEC"] if widen
                                                                                  else d["VBYTES"]))
                 seen += "LONG" in d
-    assert seen > 0 if setting == "1" else seen == 0
+    assert seen > 0 if setting in ("1", "2") else seen == 0
 
 
 def test_ce_long_shapes_of_the_brief(monkeypatch):
@@ -102,8 +108,10 @@ def test_ce_long_compiles_without_spills(tmp_path, monkeypatch):
              for name, widen in NAMES if name != "float64" for v in VARIANTS]
     default = ((4096, 32000), "float32", False, False, "mean", 0.0)
     for i, (shape, name, widen, w, red, eps) in enumerate(pick(cases, 2, always=[default])):
+        # 16-bit logits: CE_LONG "2" (FASTX's exp; "1" differs from it in the exp only)
+        monkeypatch.setattr(_lk, "CE_LONG", "2" if name != "float32" and not widen else "1")
         defines = _spec(shape, name, widen, w, red, eps)[2]
-        assert "LONG=1" in defines
+        assert "LONG=1" in defines or "LONG=2" in defines
         err = _nvcc(tmp_path, i, defines)
         m = re.search(r"Compiling entry function 'ce_rows_fwd'.*?(\d+) bytes spill stores", err, re.S)
         assert m is not None and int(m.group(1)) == 0, (shape, name, widen, w, red, eps, err[-600:])

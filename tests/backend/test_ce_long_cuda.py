@@ -1,14 +1,15 @@
 """Session 17: loss_kernels.CE_LONG on the GPU -- the cross-entropy forward of multi-chunk rows streamed through a
 cp.async stage (docs/step_kernels.md, "Session 17: the cross-entropy forward on long rows").
 
-LONG keeps the plan's tiling, MINB and grid and reads the same values into the same registers before the same
-statements, so every output -- lse, the loss rows, 'mean' / 'sum' and the denominator -- must be bitwise CE_LONG "0"'s
+LONG keeps the plan's tiling, MINB and grid and reads the same values into the same registers before the same sums,
+so every output -- lse, the loss rows, 'mean' / 'sum' and the denominator -- must be bitwise CE_LONG "0"'s
 (tests/backend/test_ce_long.py checks the plans).  Here, on (4096, 32000), (300, 50257), (17, 32769) -- and (1000,
-16385), one RAGGED chunk that keeps its kernel -- in float32, bfloat16, and 16-bit logits widened to float32: bitwise
-"1" against "0", and both against a float64 reference (lse, loss rows, the reductions, the denominator); class
-weights, ignored rows (ignore_index -100 and a real class), label smoothing, every reduction; rows of -inf, a NaN, a
-row shifted by +40, an out-of-range target (a NaN row), targets in the first and last chunk and the RAGGED edges;
-views of x off the vector boundary (a LONG plan copies them first; RAGGED rows need not); repeated calls.
+16385), one RAGGED chunk that keeps its kernel -- in float32, bfloat16, and 16-bit logits widened to float32: "1"
+bitwise "0", and every setting (CE_LONG "2", FASTX's exp, on native 16-bit logits too) against a float64 reference
+(lse, loss rows, the reductions, the denominator); class weights, ignored rows (ignore_index -100 and a real class),
+label smoothing, every reduction; rows of -inf, a NaN, a row shifted by +40, an out-of-range target (a NaN row),
+targets on both sides of the first chunk's end and in the RAGGED edges; views of x off the vector boundary (a LONG
+plan copies them first; RAGGED rows need not); repeated calls.
 """
 import numpy as np
 import pytest
@@ -80,7 +81,8 @@ CASES = [("float32", False, (4096, 32000), -100, [(False, 0.0, ("none", "mean"))
 @pytest.mark.parametrize("name, widen, shape, ignore, variants", CASES,
                          ids=[f"{n}{'w' if wd else ''}-{s[0]}x{s[1]}" for n, wd, s, *_ in CASES])
 def test_ce_long_bitwise_and_float64(cp, monkeypatch, name, widen, shape, ignore, variants):
-    """CE_LONG "1" bitwise "0" (every output, one launch a call), both against float64."""
+    """CE_LONG "1" bitwise "0" (every output, one launch a call), both against float64; "2" (16-bit logits: FASTX's
+    exp) against float64."""
     rows, c = shape
     x, t, w = _problem(name, rows, c, ignore)
     dtype = _dtype(name)
@@ -96,11 +98,12 @@ def test_ce_long_bitwise_and_float64(cp, monkeypatch, name, widen, shape, ignore
         w64 = None if not weighted else _host(wdev)
         lse64, per64, wt64 = _ref(x64[fin], t[fin], w64, eps, ignore)
         got = {}
-        for setting in ("0", "1"):
+        fastx = name != "float32" and not widen               # CE_LONG "2" plans LONG=2 (FASTX's exp) here only
+        for setting in ("0", "1", "2") if fastx else ("0", "1"):
             monkeypatch.setattr(_lk, "CE_LONG", setting)
             _reset_plans()
             spec = _lk.launch_spec("ce_fwd", shape, dtype, np.int64, weighted, reds[0], eps, widen)
-            assert ("LONG=1" in spec[2]) == (setting == "1" and c > 16385), spec
+            assert (f"LONG={setting}" in spec[2]) == (setting != "0" and c > 16385), spec
             with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
                 for red in reds:
                     what = f"CE_LONG={setting} {name}{'w' * widen} {shape} w={weighted} eps={eps} {red}"

@@ -564,9 +564,13 @@ static_assert(sizeof(A) == 4, "LONG: float accumulation (float64 keeps ce_fwd_bo
 // in registers and its max taken: a chunk is in flight while the previous one is reduced and while the block meets.
 // The next row's target and RAGGED edges (threads 0 and G - 1) are loaded before the meeting.  A thread reads back
 // only the slots it copied (cp.async.wait_all: its own copies have landed; no barrier) and refills them only after
-// its chunk's max consumed every value read from them.  The values in a[], the statements after the load and the
-// grid (so each block's rows, and thread 0's running sums) are ce_fwd_body's: lse, the loss rows, the partial sums
-// and 'mean' / 'sum' bitwise CE_LONG "0" (tests/backend/test_ce_long_cuda.py).
+// its chunk's max consumed every value read from them.  x[t] is one load of thread 0, which uses it (ce_fwd_body: a
+// select an element, then a block sum of x[t] and zeros -- the same value, two barriers a row).  The values in a[],
+// the sums after the load and the grid (so each block's rows, and thread 0's running sums) are ce_fwd_body's: lse,
+// the loss rows, the partial sums and 'mean' / 'sum' bitwise CE_LONG "0" (tests/backend/test_ce_long_cuda.py).
+// LONG 2 (CE_LONG "2", planned only with FASTX: 16-bit logits): the elements' exp as FASTX's (ex2.approx.ftz and one
+// FFMA for expf's ~9 instructions: a bfloat16 row is half the bytes of a float32 one for the same arithmetic, so
+// issue, not memory, may bound it), against float64.
 #if XSTORAGE < 0
 typedef VR LVR;
 typedef Pack LPack;
@@ -575,6 +579,11 @@ typedef XVR LVR;
 typedef XPack LPack;
 #endif
 static_assert(sizeof(LVR) == 16 || sizeof(LVR) == 8, "LONG: 16-byte vectors (8 for widened 16-bit logits)");
+#if LONG >= 2
+#define LONG_EXP CE_EXP                             // FASTX (planned only where FASTX=1): ex2.approx, one FFMA
+#else
+#define LONG_EXP(v, sh, shl) ((void)(shl), exp((v) - (sh)))
+#endif
 
 // Chunk ch of the row at p (geometry q) into this thread's stage slots k * BLOCK + g, as one commit group; slots
 // past the body are not copied (long_take pads them).
@@ -632,14 +641,9 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
         const int nch = (q.nb + CV - 1) / CV;
         const int rn = r + (int)gridDim.x;
         A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
-        int tch = -1, ts = -1;                   // x[t]'s chunk and slot in this thread's body, as ce_fwd_body
-        {
-            const unsigned tb = (unsigned)((t >= 0 && t < C ? (int)t : -1) - q.h);
-            if (tb < (unsigned)(q.nb * VEC)) {
-                const unsigned tv = tb / VEC;
-                if ((int)(tv % G) == g) { tch = (int)(tv / CV); ts = (int)((tv % CV) / G) * VEC + (int)(tb % VEC); }
-            }
-        }
+        // x[t] by one load of thread 0 (the thread that uses it), waited on only at the row's end: ce_fwd_body's
+        // per-element select and its block sum of one x[t] and zeros (exact: the same value) are gone
+        if (g == 0 && t >= 0 && t < C) xt = LD(xr[t]);
         for (int ch = 0; ch < nch; ++ch) {
             A a[E];
             long_take(st, ch, q, g, a);
@@ -657,28 +661,25 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
                 const X* xn = x + (size_t)rn * C;
                 long_issue(st, xn, 0, row_geo(xn, C, true), g);
             }
-            // from here to the row's end: ce_fwd_body's statements (the same sums in the same order)
+            // from here to the row's end: ce_fwd_body's sums in the same order (LONG 2: FASTX's exp)
             const A nm = vmax(m, cm);
             if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
             m = nm;
             const A sh = m == NEG_INF ? (A)0 : m;
+            const A shl = LONG >= 2 ? sh * (A)1.4426950408889634 : (A)0;
             if (ch == 0) {
 #pragma unroll
                 for (int j = 0; j < NE; ++j) {
-                    s += exp(ed[j] - sh);
-                    if (j < edge_n(q, g)) {
+                    s += LONG_EXP(ed[j], sh, shl);
+                    if (smooth && j < edge_n(q, g)) {
                         const int c = edge_o(q, g) + j;
-                        if (c == t) xt = ed[j];
-                        if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * ed[j]; sw += wc; }
+                        const A wc = HAS_W ? LD(w[c]) : (A)1;
+                        swx += wc * ed[j]; sw += wc;
                     }
                 }
             }
 #pragma unroll
-            for (int e = 0; e < E; ++e) s += exp(a[e] - sh);
-            if (ch == tch) {
-#pragma unroll
-                for (int e = 0; e < E; ++e) xt = e == ts ? a[e] : xt;
-            }
+            for (int e = 0; e < E; ++e) s += LONG_EXP(a[e], sh, shl);
             if (smooth) {
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
@@ -704,7 +705,6 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
         if (M == NEG_INF) M = 0;
         const A f = m == NEG_INF ? (A)0 : exp(m - M);
         const A lse = M + log(g_sum(s * f, sm));
-        xt = g_sum(xt, sm);
         if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
         if (g == 0) {
             const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
@@ -1147,23 +1147,26 @@ def tail_defines(defines) -> tuple:
 # Session 17 (issue 10: the (4096, 32000) forward at 55% of copy float32, 52% bfloat16, against 78-93% for one-chunk
 # rows): LONG (SOURCE_ROWS above), the multi-chunk row forward streamed through a shared-memory stage with cp.async,
 # for rows of more than one chunk (ONE=0) with vector loads and float accumulation; the tiling, MINB and grid stay the
-# plan's, so every output is bitwise "0"'s.  MINIDNN_CE_LONG=1 (on) | 0 (ce_fwd_body, for an A/B).  Module attribute
-# read at planning time (tools/ce_long_ab.py flips it).
+# plan's, and x[t] is one load of the thread that uses it (not a select an element and a block sum): every output is
+# bitwise "0"'s.  MINIDNN_CE_LONG=1 (the default) | 2 ("1" with FASTX's exp -- ex2.approx, one FFMA -- where the plan
+# has FASTX, i.e. native 16-bit logits: not bitwise, against float64; elsewhere "1") | 0 (ce_fwd_body, for an A/B).
+# Module attribute read at planning time (tools/ce_long_ab.py flips it).
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "1")
 
 
-def long_defines(defines) -> tuple:
-    """("LONG=1",) where a row forward of ``defines`` (row_defines' strings) takes LONG, else ()."""
+def long_defines(defines, fast) -> tuple:
+    """("LONG=1",) or ("LONG=2",) where a row forward of ``defines`` (row_defines' strings; ``fast``: its FASTX)
+    takes LONG, else ()."""
     d = dict(x.split("=", 1) for x in defines)
-    on = (CE_LONG == "1" and d.get("ONE") == "0" and d.get("PIPE") == "0" and d.get("G") == d.get("BLOCK")
+    on = (CE_LONG in ("1", "2") and d.get("ONE") == "0" and d.get("PIPE") == "0" and d.get("G") == d.get("BLOCK")
           and int(d.get("VEC", 1)) > 1 and d.get("ACCUM") == "float" and "WARP" not in d)
-    return ("LONG=1",) if on else ()
+    return (f"LONG={2 if CE_LONG == '2' and fast else 1}",) if on else ()
 
 
 def long_stage_bytes(defines) -> int:
     """The dynamic shared memory of a LONG forward: BLOCK * NV vectors of VBYTES (widened 16-bit: 2 VEC bytes)."""
     d = dict(x.split("=", 1) for x in defines)
-    if d.get("LONG") != "1":
+    if d.get("LONG") not in ("1", "2"):
         return 0
     vbytes = 2 * int(d["VEC"]) if "XSTORAGE" in d else int(d["VBYTES"])
     return int(d["BLOCK"]) * int(d["NV"]) * vbytes
@@ -1226,7 +1229,7 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
             if extra == ("TAIL=2",):                  # FULLK: slots k with k * G + g < C / VEC for every g
                 extra += (f"FULLK={min(cfg.nv, (c // cfg.vec) // cfg.g)}",)
             defines = defines + extra
-            defines = defines + long_defines(base + defines)
+            defines = defines + long_defines(base + defines, ce_fast(dtype))
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)
@@ -1276,7 +1279,7 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
     p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 0
     # LONG (not widened): the boundary its copies need -- VBYTES unless RAGGED (each row's own head then); 0: none
     d = dict(x.split("=", 1) for x in defines)
-    p.xlong = int(d["VBYTES"]) if d.get("LONG") == "1" and not widen and d.get("RAGGED") == "0" else 0
+    p.xlong = int(d["VBYTES"]) if d.get("LONG") in ("1", "2") and not widen and d.get("RAGGED") == "0" else 0
     p.grid = _grid(groups, dev, per_sm)
     if source == "ROWS":
         tail = [np.int32(rows), np.int32(c), np.int64(ignore_index), np.float64(eps)]
