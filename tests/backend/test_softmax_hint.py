@@ -120,7 +120,7 @@ def test_call_hint_by_size(monkeypatch):
 
 
 def test_hint_env():
-    """MINIDNN_SOFTMAX_HINT / _HINT_BY_SIZE set the module defaults at import ("0,0" and on when unset); a backward 1
+    """MINIDNN_SOFTMAX_HINT / _HINT_BY_SIZE set the module defaults at import ("2,0" and on when unset); a backward 1
     or a malformed value fails at import with a message naming the variable (one fresh interpreter, the module
     imported again under each setting)."""
     code = """
@@ -139,7 +139,7 @@ print(repr(out))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-800:]
-    assert eval(r.stdout.strip().splitlines()[-1]) == [(0, 0, True), (1, 2, True), (2, 0, False),
+    assert eval(r.stdout.strip().splitlines()[-1]) == [(2, 0, True), (1, 2, True), (2, 0, False),
                                                        "MINIDNN_SOFTMAX_HINT='1,1'", "MINIDNN_SOFTMAX_HINT='1' m"]
 
 

@@ -96,13 +96,16 @@ KEEP_ABOVE = None
 # meeting with the combine spread over the grid (the source's meet_split: every block waits for all partials, combines
 # a few channels, every block waits for all channels) instead of the last block combining every channel alone -- at
 # C = 256 with 264 blocks that block made 17 dependent trips to L2 (combine_trips), ~11 us of every call.  The same sums
-# in the same order: the same bits.  MINIDNN_BN_NHWC_SPLIT: "0" (the default until the GPU A/B) off; "1" where the
-# single combiner's trips (combine_trips) reach SPLIT_TRIPS (MINIDNN_BN_NHWC_SPLIT_TRIPS, default 9: the models' shapes
-# make 1-8, (128, 64, 56, 56) 5, C = 256 at 264 blocks 17); "all" at every size (the tests).  Never where the staging
+# in the same order: the same bits.  MINIDNN_BN_NHWC_SPLIT: "0" off; "1" (the default since session 17's run 2) where
+# the single combiner's trips (combine_trips) reach SPLIT_TRIPS (MINIDNN_BN_NHWC_SPLIT_TRIPS, default 4: the models'
+# shapes make 1-8, (128, 64, 56, 56) 5, C = 256 at 264 blocks 17); "all" at every size (the tests).  Run 2 (H200,
+# graph replays, off / split): C = 256 fp32 fwd 1.069, bwd 1.038, add+relu bwd 1.044 (0.98x -> 1.04x PyTorch), bf16
+# 1.08-1.13; (128, 128, 8, 8) (8 / 4 trips) 1.06-1.33; (128, 64, 56, 56) (5) 1.00-1.03; (256, 32, 56, 56) (3)
+# 0.99-1.02; (128, 16, 32, 32) (1-2) 0.94-0.96 -- hence 4.  Never where the staging
 # buffer cannot hold a channel's G partials (G > VEC * 256).  Callers clear the call caches after changing these.
-_SPLIT_ENV = os.environ.get("MINIDNN_BN_NHWC_SPLIT", "0").strip()
+_SPLIT_ENV = os.environ.get("MINIDNN_BN_NHWC_SPLIT", "1").strip()
 SPLIT = 2 if _SPLIT_ENV == "all" else 1 if _SPLIT_ENV == "1" else 0
-SPLIT_TRIPS = int(os.environ.get("MINIDNN_BN_NHWC_SPLIT_TRIPS", "9"))
+SPLIT_TRIPS = int(os.environ.get("MINIDNN_BN_NHWC_SPLIT_TRIPS", "4"))
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
