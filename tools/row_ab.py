@@ -2,12 +2,14 @@
 bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's graphed op beside: session 13's
 softmax_kernels.FWD_WARP (the default "0", PIPE, against "1" and "2") on softmax / log-softmax forward and the
 log-softmax backward, session 14's softmax_kernels.FWD_LSM on the log-softmax forward (op "lsm", softmax's forward
-timed in the same rounds), session 12's loss_kernels.CE_TAIL on the cross-entropy forward, and session 17's cache
-hints softmax_kernels.HINT_FWD / HINT_BWD (--hint) on the softmax / log-softmax forwards and backwards.
+timed in the same rounds), session 12's loss_kernels.CE_TAIL on the cross-entropy forward, session 17's cache
+hints softmax_kernels.HINT_FWD / HINT_BWD (--hint) on the softmax / log-softmax forwards and backwards, and session
+17's softmax_kernels.WARP_FROM (--warp-from: WARP's grid from 257 classes) and BWD_STASH (--bwd-stash: the long
+backward rows' shared-memory stash).
 
     python tools/row_ab.py [--ops smx,lsmx,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
                            [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513] [--settings 0,1,2]
-                           [--lsm 0,1,2,smx] [--hint 0,1,2 [--hint-all]]
+                           [--lsm 0,1,2,smx] [--hint 0,1,2 [--hint-all]] [--warp-from 513,257] [--bwd-stash 0,1,2]
 
 Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: cross-entropy and softmax forward"):
   smx      FWD_WARP  "0" (default: PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
@@ -33,6 +35,12 @@ Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: 
            its arrays exceed L2 (HINT_BY_SIZE): a smaller shape plans "h0" for every setting (skipped) unless
            --hint-all (HINT_BY_SIZE off: is the size rule right?)  (docs/step_kernels.md, "Session 17: cache hints
            of the row kernels")
+  --warp-from  WARP_FROM (smx, lsmx, lsmxbwd) in place of --settings: "513" (the default: WARP's grid from 513
+           classes) | "257" (also 257..512-class rows holding 16 elements a lane, e.g. 512); lines "wf513", "wf257"
+  --bwd-stash  BWD_STASH (lsmxbwd, smxbwd) in place of --settings: "0" (off, the default) | "1" (several-chunk rows
+           keep their first chunks' dy -- softmax's y too -- in shared memory) | "2" (log-softmax's y too); lines
+           "bs0", "bs1", "bs2"; one-chunk rows plan the same kernel for all (skipped)
+           (docs/step_kernels.md, "Session 17: softmax rows of 512 and of 32000 classes")
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
 Method: per case (op, dtype, shape) `rounds` rounds; a round times every distinct setting in turn, the order reversed
@@ -75,7 +83,8 @@ def _mods():
     from minidnn.backend.cuda import loss_kernels as lk
     from minidnn.backend.cuda import softmax_kernels as sk
     if not _START:                              # the settings this process started with: what _restore puts back
-        _START.update(ce=lk.CE_TAIL, warp=sk.FWD_WARP, lsm=sk.FWD_LSM, hint=(sk.HINT_FWD, sk.HINT_BWD))
+        _START.update(ce=lk.CE_TAIL, warp=sk.FWD_WARP, lsm=sk.FWD_LSM, hint=(sk.HINT_FWD, sk.HINT_BWD),
+                      warp_from=sk.WARP_FROM, stash=sk.BWD_STASH)
     return lk, sk
 
 
@@ -92,7 +101,11 @@ def _forget():
 
 def _switch(op, setting):
     lk, sk = _mods()
-    if setting.startswith("h"):                 # --hint: the cache hint of the op's direction, the rest default
+    if setting.startswith("wf"):                # --warp-from: WARP_FROM, the rest default
+        sk.WARP_FROM = int(setting[2:])
+    elif setting.startswith("bs"):              # --bwd-stash: BWD_STASH, the rest default
+        sk.BWD_STASH = int(setting[2:])
+    elif setting.startswith("h"):               # --hint: the cache hint of the op's direction, the rest default
         if op in BACKWARD:
             sk.HINT_BWD = int(setting[1:])
         else:
@@ -114,6 +127,7 @@ def _restore():
     lk, sk = _mods()
     lk.CE_TAIL, sk.FWD_WARP, sk.FWD_LSM = _START["ce"], _START["warp"], _START["lsm"]
     sk.HINT_FWD, sk.HINT_BWD = _START["hint"]
+    sk.WARP_FROM, sk.BWD_STASH = _START["warp_from"], _START["stash"]
     _forget()
 
 
@@ -257,6 +271,12 @@ def main(argv=None):
                          "--settings, the first the reference, e.g. 0,1,2")
     ap.add_argument("--hint-all", action="store_true",
                     help="with --hint: the hints at every size (HINT_BY_SIZE off), not only where the arrays exceed L2")
+    ap.add_argument("--warp-from", default="",
+                    help="WARP_FROM settings (smx / lsmx / lsmxbwd) in place of --settings, the first the reference, "
+                         "e.g. 513,257")
+    ap.add_argument("--bwd-stash", default="",
+                    help="BWD_STASH settings (lsmxbwd / smxbwd) in place of --settings, the first the reference, "
+                         "e.g. 0,1,2")
     ap.add_argument("--no-precompile", action="store_true",
                     help="compile each kernel when its case first runs (default: all of them first, a process a core)")
     ap.add_argument("--lsm", default="0,1,2,smx",
@@ -281,10 +301,20 @@ def main(argv=None):
         ap.error(f"--hint {args.hint!r}: values 0, 1 or 2")
     if args.hint_all:
         _mods()[1].HINT_BY_SIZE = False
+    wfs = [f"wf{v}" for v in args.warp_from.split(",") if v]
+    if any(w not in ("wf513", "wf257") for w in wfs):
+        ap.error(f"--warp-from {args.warp_from!r}: values 513 or 257")
+    stashes = [f"bs{v}" for v in args.bwd_stash.split(",") if v]
+    if any(b not in ("bs0", "bs1", "bs2") for b in stashes):
+        ap.error(f"--bwd-stash {args.bwd_stash!r}: values 0, 1 or 2")
 
     def pick(op):
         if hints and op not in ("ce", "lsm"):
             return hints
+        if wfs and op not in ("ce", "lsm"):
+            return wfs
+        if stashes and op not in ("ce", "lsm"):
+            return stashes
         return [x for x in (args.lsm if op == "lsm" else args.settings).split(",") if x] or SETTINGS[op]
     if not args.no_precompile:
         t0 = time.perf_counter()

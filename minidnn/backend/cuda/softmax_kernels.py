@@ -898,16 +898,20 @@ softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, con
 #define BSCH 0
 #endif
 // BSCH > 0 (session 17; several-chunk backward rows, BWD_STASH): the first BSCH chunks' values the second pass needs
-// are also kept in shared memory as the first pass reads them -- dy alone for log-softmax (its y is read once, in the
-// second pass), dy and y for softmax -- so no chunk is read twice from L2 / DRAM (a 32000-class float32 row: 3 of 4
-// chunks, 96 / 192 KB a 512-thread block).  Thread t's slot e of chunk ch at (ch * BSE + e) * BLOCK + t (dy in
-// e < E, y in E <= e < 2 E): each thread reads back only what it wrote, so no barrier; conflict-free.  The values
-// and the order of every sum are those of BSCH 0: bitwise the same dx.
+// are also kept in shared memory as the first pass reads them -- dy and y for softmax; for log-softmax dy alone (BSY
+// 0: its y is read once, in the second pass, a chunk's loads at a time) or, BSY 1, y too (loaded in the first pass
+// with dy, twice the loads in flight, and the second pass reads nothing) -- so no chunk is read twice from L2 / DRAM
+// (a 32000-class float32 row: 3 of 4 chunks, 96 / 192 KB a 512-thread block).  Thread t's slot e of chunk ch at
+// (ch * BSE + e) * BLOCK + t (dy in e < E, y in E <= e < 2 E): each thread reads back only what it wrote, so no
+// barrier; conflict-free.  The values and the order of every sum are those of BSCH 0: bitwise the same dx.
+#ifndef BSY
+#define BSY 0
+#endif
 #if BSCH
 #if ONE
 #error "BSCH is for rows of several chunks"
 #endif
-#define BSE (ALGO == 2 ? E : 2 * E)
+#define BSE (ALGO == 2 && !BSY ? E : 2 * E)
 #endif
 template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ dy,
                                                             T* __restrict__ dx, int rows, int C, A* sm)
@@ -930,7 +934,11 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
         for (int ch = 0; ch < nch; ++ch) {
             load_chunk<VA>(dy + base, ch, q, g, (A)0, b);
 #if ALGO == 2
+#if BSCH && BSY
+            if (ch == nch - 1 || ch < BSCH) load_chunk<VA>(y + base, ch, q, g, (A)0, a);
+#else
             if (ONE || ch == nch - 1) load_chunk<VA>(y + base, ch, q, g, (A)0, a);
+#endif
 #pragma unroll
             for (int e = 0; e < E; ++e) s += b[e];
 #else
@@ -942,7 +950,7 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
             if (ch < BSCH && ch < nch - 1) {         // the last chunk stays in registers
 #pragma unroll
                 for (int e = 0; e < E; ++e) bst[(ch * BSE + e) * BLOCK] = b[e];
-#if ALGO != 2
+#if ALGO != 2 || BSY
 #pragma unroll
                 for (int e = 0; e < E; ++e) bst[(ch * BSE + E + e) * BLOCK] = a[e];
 #endif
@@ -965,7 +973,7 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
                 if (ch < BSCH) {
 #pragma unroll
                     for (int e = 0; e < E; ++e) b[e] = bst[(ch * BSE + e) * BLOCK];
-#if ALGO == 2
+#if ALGO == 2 && !BSY
                     load_chunk<VA>(y + base, ch, q, g, (A)0, a);
 #else
 #pragma unroll
@@ -1263,20 +1271,21 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # shared memory: each element read once, as a one-chunk row.  The block already has an SM to itself (80 registers x
 # 512 threads), so the stash costs no occupancy.  Up to BWD_STASH_BYTES a block (200 KB, within sm_90's 227 KB opt-in;
 # plan() lowers it to what the device allows); chunks beyond it are read again as before.  MINIDNN_SOFTMAX_BWD_STASH=0
-# (default until the GPU A/B) | 1.  Bitwise the same dx.  Module attribute read at planning time (tools/row_ab.py
-# --bwd-stash flips it).
-BWD_STASH = os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "0") == "1"
+# (default until the GPU A/B) | 1 (log-softmax stashes dy; its second pass loads y a chunk at a time) | 2 (log-softmax
+# stashes y as well, loaded with dy in the first pass: the BSY define; softmax's backward is the same under 1 and 2).
+# Bitwise the same dx.  Module attribute read at planning time (tools/row_ab.py --bwd-stash flips it).
+BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "0"))
 BWD_STASH_BYTES = 200 * 1024
 
 
-def bwd_stash_chunks(cfg, c, algo_name, acc, budget):
+def bwd_stash_chunks(cfg, c, algo_name, acc, budget, both=False):
     """(BSCH, shared-memory bytes) of a backward row plan (RowConfig ``cfg``, ``c`` classes, ``acc``-byte floats)
-    with ``budget`` bytes a block: the chunks before the last whose dy (log-softmax) or dy and y (softmax) fit; (0, 0)
-    for one-chunk rows."""
+    with ``budget`` bytes a block: the chunks before the last whose dy (log-softmax; with ``both``, dy and y) or dy
+    and y (softmax) fit; (0, 0) for one-chunk rows."""
     if cfg.one or budget <= 0:
         return 0, 0
     nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
-    per = cfg.nv * cfg.vec * cfg.block * acc * (1 if algo_name == "LOG" else 2)
+    per = cfg.nv * cfg.vec * cfg.block * acc * (1 if algo_name == "LOG" and not both else 2)
     n = max(0, min(nch - 1, budget // per))
     return n, n * per
 
@@ -1672,7 +1681,8 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
     """The kernel, compile-time defines and launch shape of softmax over ``axes`` of a C-contiguous ``shape``;
     ``hint``: the call's cache hint (call_hint), a HINT define after ALGO on one-chunk row plans (0: no define; the
     forward's 2 is the define 3: ROW_HEADER); ``stash``: the bytes a backward block of several-chunk rows may stash
-    in (None: BWD_STASH_BYTES under BWD_STASH, else 0), a BSCH define before MINB where a chunk fits."""
+    in (None: BWD_STASH_BYTES under BWD_STASH, else 0), a BSCH define (and, log-softmax under BWD_STASH 2, BSY=1)
+    before MINB where a chunk fits."""
     outer, c, inner = collapse(shape, axes)
     rows = outer * inner
     if backward and algo_name == "FAST":
@@ -1701,9 +1711,10 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
         if backward:
             if stash is None:
                 stash = BWD_STASH_BYTES if BWD_STASH else 0
-            bsch, smem = bwd_stash_chunks(cfg, c, algo_name, acc, stash)
+            both = algo_name == "LOG" and BWD_STASH == 2
+            bsch, smem = bwd_stash_chunks(cfg, c, algo_name, acc, stash, both)
             if bsch:
-                defines = defines[:-1] + (f"BSCH={bsch}",) + defines[-1:]
+                defines = defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ()) + defines[-1:]
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block, smem)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
@@ -1744,6 +1755,8 @@ def call_stash(backward, dev):
     within what one block of GPU ``dev`` may opt into (less 1 KB: the kernel's static shared memory); 0 otherwise."""
     if not backward or not BWD_STASH:
         return 0
+    if BWD_STASH not in (1, 2):
+        raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1 or 2")
     from .bn_nhwc import smem_limits
     optin = smem_limits(dev)[1]
     return min(BWD_STASH_BYTES, optin - 1024) if optin else BWD_STASH_BYTES
@@ -1769,7 +1782,8 @@ def plan(x, axes, algo_name, backward=False):
     dev = x.data.device_id
     hint = call_hint(backward, x.nbytes * (3 if backward else 2), dev)
     stash = call_stash(backward, dev)
-    return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint, stash), _plan,
+    return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint, stash,
+                                    BWD_STASH if stash else 0), _plan,
                            backward, x, axes, algo_name, dev, hint, stash)
 
 
