@@ -593,7 +593,8 @@ __device__ __forceinline__ void long_issue(LVR* st, const X* __restrict__ p, int
     for (int k = 0; k < NV; ++k) {
         const int v = ch * CV + k * G + g;
         if (v < q.nb) {
-            const unsigned d = (unsigned)__cvta_generic_to_shared(st + k * BLOCK + g);
+            unsigned d;                             // the slot's shared-window address (conv_igemm's asm)
+            asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(st + k * BLOCK + g));
             const X* s = p + q.h + v * VEC;
             if (sizeof(LVR) == 16)                  // L2 only (.cg); an 8-byte copy must take .ca
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(d), "l"(s) : "memory");
