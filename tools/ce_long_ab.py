@@ -2,12 +2,14 @@
 > 16K float32 classes), device time only, in one process, PyTorch's graphed F.cross_entropy beside.
 
     python tools/ce_long_ab.py [--dtypes float32,bfloat16,bfloat16w] [--shapes 4096x32000,2048x50257,1024x128256]
-                               [--settings 0,1,2] [--rounds 5] [--trials 5]
+                               [--settings 0,1,2,1s3,2s3] [--rounds 5] [--trials 5]
 
 Settings (docs/step_kernels.md, "Session 17: the cross-entropy forward on long rows"): "0" (ce_fwd_body: a chunk's
 loads, then its reduction) | "1" (the default: the next chunk copied into a shared-memory stage by cp.async while
 the current one is reduced; bitwise "0") | "2" ("1" with FASTX's exp where the plan has FASTX: native 16-bit logits;
-elsewhere it plans "1" and its line says "= 1").  dtype "bfloat16w" / "float16w": 16-bit logits widened to float32
+elsewhere it plans "1" and its line says "= 1"); "1s3" / "2s3": with CE_LONG_SLOTS "3" (three stage slots, two
+chunks in flight a block, where the rows are whole and the slots fit: 16-bit and widened logits; float32's line says
+"= 1").  dtype "bfloat16w" / "float16w": 16-bit logits widened to float32
 (widen=True, autocast's call; the float32 kernels' plan).  The first setting is the reference of the ratio column.
 Method (tools/row_ab.py's): per case (dtype, shape) `rounds` rounds; a round times each distinct setting in turn,
 the order reversed every other round, each a fresh CUDA-graph capture of `reps` calls of the primitive (with its host
@@ -46,8 +48,10 @@ def _forget():
 
 
 def _switch(setting):
+    """CE_LONG = the setting's first character; "NsK": CE_LONG_SLOTS K (else "1")."""
     from minidnn.backend.cuda import loss_kernels as lk
-    lk.CE_LONG = setting
+    lk.CE_LONG, _, slots = setting.partition("s")
+    lk.CE_LONG_SLOTS = slots or "1"
     _forget()
 
 
@@ -59,7 +63,7 @@ def _plan(shape, dt, widen):
 
 def run_case(timer, cp, torch, dtype_name, shape, bw, rounds, settings):
     from minidnn.backend.cuda import loss_kernels as lk
-    start = lk.CE_LONG
+    start = lk.CE_LONG + ("s" + lk.CE_LONG_SLOTS if lk.CE_LONG_SLOTS != "1" else "")
     widen = dtype_name.endswith("w")
     cases = KG.Cases(cp, torch, dtype_name.rstrip("w"))
     n, c = shape
@@ -121,7 +125,7 @@ def run_case(timer, cp, torch, dtype_name, shape, bw, rounds, settings):
         vs = f"  torch/this {tms / ms:5.3f}" if tms else ""
         fin = np.isfinite(ref)
         dl = float(np.max(np.abs(lse[s][fin] - ref[fin]), initial=0.0))
-        defs = " ".join(d for d in plans[s][0] if d.startswith(("LONG", "FASTX", "MINB", "NV=", "G=")))
+        defs = " ".join(d for d in plans[s][0] if d.startswith(("LONG", "LSLOTS", "FASTX", "MINB", "NV=", "G=")))
         print(f"ce fwd {dtype_name:10s} {str(shape):14s} {s:3s} {ms:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%  "
               f"spread {100 * spread:4.1f}%  {distinct[0]}/this {statistics.median(ratios[s]):.3f}{vs}  "
               f"max|dlse| {dl:.1e}  grid {lk._grid(plans[s][1], 0, plans[s][2])}  {defs}")
@@ -134,7 +138,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="float32,bfloat16,bfloat16w")
     ap.add_argument("--shapes", default="4096x32000,2048x50257,1024x128256")
-    ap.add_argument("--settings", default="0,1,2")
+    ap.add_argument("--settings", default="0,1,2,1s3,2s3")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=5)
     args = ap.parse_args(argv)

@@ -4,8 +4,9 @@
 CPU: the rule (LONG=1 added to the row forward of ONE=0 rows with vector loads and float accumulation only; the
 tiling, MINB, the grid, the block and every other define are CE_LONG "0"'s, so each block walks the same rows and
 thread 0 keeps the same running sums -- the ground of the GPU test's bitwise claim), the stage's size and that two
-blocks an SM fit it, and nvcc sm_90 builds of LONG plans: no spills at their 64 / 128 registers, the copies as
-cp.async (16-byte .cg; 8-byte .ca for widened 16-bit logits) and the wait before the reads.
+blocks an SM fit it, CE_LONG_SLOTS's rule (three slots where the rows are whole and they fit), and nvcc sm_90 builds
+of LONG plans: no spills at their 64 / 128 registers, the copies as cp.async (16-byte .cg; 8-byte .ca for widened
+16-bit logits) and the wait before the reads.
 GPU: tests/backend/test_ce_long_cuda.py.
 """
 import re
@@ -82,9 +83,32 @@ def test_ce_long_shapes_of_the_brief(monkeypatch):
     assert "LONG" not in _defs(_spec((4096, 32000), "float64", False, False, "mean", 0.0)[2])
 
 
+@pytest.mark.parametrize("slots", ["3", "1"])
+def test_ce_long_slots_rule(monkeypatch, slots):
+    """CE_LONG_SLOTS "3" adds LSLOTS=3 to LONG plans of whole rows (not RAGGED) whose three slots fit the blocks an SM
+    (MINB) -- 16-bit and widened at two blocks, float32 only with smoothing's one -- and nothing else; "1" never."""
+    for shape in SHAPES:
+        for name, widen in NAMES:
+            for w, red, eps in VARIANTS:
+                monkeypatch.setattr(_lk, "CE_LONG_SLOTS", "1")
+                base = _spec(shape, name, widen, w, red, eps)
+                monkeypatch.setattr(_lk, "CE_LONG_SLOTS", slots)
+                spec = _spec(shape, name, widen, w, red, eps)
+                d, d0 = _defs(spec[2]), _defs(base[2])
+                assert spec[:2] == base[:2] and spec[3:] == base[3:]
+                assert {k: v for k, v in d.items() if k != "LSLOTS"} == d0
+                slot = _lk.long_stage_bytes(base[2])
+                fits = "LONG" in d0 and d0["RAGGED"] == 0 and d0["MINB"] * (3 * slot + 2048) <= 228 * 1024
+                assert d.get("LSLOTS") == (3 if slots == "3" and fits else None), (shape, name, widen, eps, d)
+                assert _lk.long_stage_bytes(spec[2]) == slot * d.get("LSLOTS", 1)
+                if fits and slots == "3":
+                    assert (name != "float32") or d0["MINB"] == 1, (shape, name, widen, eps)
+
+
 def test_ce_long_default_is_on():
     import os
     assert _lk.CE_LONG == os.environ.get("MINIDNN_CE_LONG", "1")
+    assert _lk.CE_LONG_SLOTS == os.environ.get("MINIDNN_CE_LONG_SLOTS", "1")
 
 
 def _nvcc(tmp_path, i, defines, entry="ce_rows_fwd", ptx=False):
@@ -107,9 +131,11 @@ def test_ce_long_compiles_without_spills(tmp_path, monkeypatch):
     cases = [(shape, name, widen, *v) for shape in ((4096, 32000), (300, 50257), (17, 32769))
              for name, widen in NAMES if name != "float64" for v in VARIANTS]
     default = ((4096, 32000), "float32", False, False, "mean", 0.0)
-    for i, (shape, name, widen, w, red, eps) in enumerate(pick(cases, 2, always=[default])):
-        # 16-bit logits: CE_LONG "2" (FASTX's exp; "1" differs from it in the exp only)
+    slots3 = ((4096, 32000), "bfloat16", False, False, "mean", 0.0)
+    for i, (shape, name, widen, w, red, eps) in enumerate(pick(cases, 2, always=[default, slots3])):
+        # 16-bit logits: CE_LONG "2" (FASTX's exp; "1" differs from it in the exp only); whole rows: three slots
         monkeypatch.setattr(_lk, "CE_LONG", "2" if name != "float32" and not widen else "1")
+        monkeypatch.setattr(_lk, "CE_LONG_SLOTS", "3")
         defines = _spec(shape, name, widen, w, red, eps)[2]
         assert "LONG=1" in defines or "LONG=2" in defines
         err = _nvcc(tmp_path, i, defines)

@@ -579,6 +579,13 @@ typedef XVR LVR;
 typedef XPack LPack;
 #endif
 static_assert(sizeof(LVR) == 16 || sizeof(LVR) == 8, "LONG: 16-byte vectors (8 for widened 16-bit logits)");
+#ifndef LSLOTS
+#define LSLOTS 1                                    // stage slots: 1 (a chunk ahead) | 3 (two ahead; whole rows)
+#endif
+#if LSLOTS != 1 && (LSLOTS != 3 || RAGGED)
+#error "LSLOTS is 1, or 3 for whole rows (every row the same number of chunks, at least two)"
+#endif
+#define LSTAGE (BLOCK * NV)                         // vectors a slot
 #if LONG >= 2
 #define LONG_EXP CE_EXP                             // FASTX (planned only where FASTX=1): ex2.approx, one FFMA
 #else
@@ -605,10 +612,15 @@ __device__ __forceinline__ void long_issue(LVR* st, const X* __restrict__ p, int
     asm volatile("cp.async.commit_group;" : : : "memory");
 }
 
-// This thread's copies of chunk ch landed; its slots into a[] as load_chunk<true> fills them (pad past the body).
+// This thread's copies of chunk ch landed (LSLOTS 3: all groups but the newest, the next chunk's); its slots into
+// a[] as load_chunk<true> fills them (pad past the body).
 __device__ __forceinline__ void long_take(const LVR* st, int ch, const Geo& q, int g, A* a)
 {
+#if LSLOTS == 3
+    asm volatile("cp.async.wait_group 1;" : : : "memory");
+#else
     asm volatile("cp.async.wait_all;" : : : "memory");
+#endif
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
         const int v = ch * CV + k * G + g;
@@ -637,6 +649,13 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
     A ed[NE1];
     load_edges(x + (size_t)r * C, q, g, NEG_INF, ed);
     long_issue(st, x + (size_t)r * C, 0, q, g);
+#if LSLOTS == 3
+    // LSLOTS 3 (CE_LONG_SLOTS): two chunks in flight, slot (i mod 3) for the block's i-th chunk; whole rows have
+    // the same geometry and at least two chunks, so chunk i + 2 is this row's or the next row's (of chunk i + 2 -
+    // nch).  The slot refilled is the one read a chunk ago.
+    long_issue(st + LSTAGE, x + (size_t)r * C, 1, q, g);
+    int cs = 0;                                  // the slot of the chunk being read
+#endif
     for (;;) {
         const X* xr = x + (size_t)r * C;
         const int nch = (q.nb + CV - 1) / CV;
@@ -647,7 +666,11 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
         if (g == 0 && t >= 0 && t < C) xt = LD(xr[t]);
         for (int ch = 0; ch < nch; ++ch) {
             A a[E];
+#if LSLOTS == 3
+            long_take(st + cs * LSTAGE, ch, q, g, a);
+#else
             long_take(st, ch, q, g, a);
+#endif
             A cm = NEG_INF;
 #pragma unroll
             for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
@@ -655,6 +678,15 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
 #pragma unroll
                 for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
             }
+#if LSLOTS == 3
+            {
+                LVR* fill = st + (cs == 0 ? 2 : cs - 1) * LSTAGE;
+                if (ch + 2 < nch) long_issue(fill, xr, ch + 2, q, g);
+                else if (rn < rows) long_issue(fill, x + (size_t)rn * C, ch + 2 - nch, q, g);   // uniform
+                else asm volatile("cp.async.commit_group;" : : : "memory");   // empty: wait_group 1 still counts
+                cs = cs == 2 ? 0 : cs + 1;
+            }
+#else
             // the stage's values are all in a[] and consumed: it takes the next chunk now
             if (ch + 1 < nch) {
                 long_issue(st, xr, ch + 1, q, g);
@@ -662,6 +694,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
                 const X* xn = x + (size_t)rn * C;
                 long_issue(st, xn, 0, row_geo(xn, C, true), g);
             }
+#endif
             // from here to the row's end: ce_fwd_body's sums in the same order (LONG 2: FASTX's exp)
             const A nm = vmax(m, cm);
             if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
@@ -1153,24 +1186,42 @@ def tail_defines(defines) -> tuple:
 # has FASTX, i.e. native 16-bit logits: not bitwise, against float64; elsewhere "1") | 0 (ce_fwd_body, for an A/B).
 # Module attribute read at planning time (tools/ce_long_ab.py flips it).
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "1")
+# MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
+# where the rows are whole -- not RAGGED -- and MINB blocks of three slots fit an SM: 16-bit and widened logits'
+# 32 KB slots at two blocks an SM, float32's 64 KB with smoothing's one; an occupancy / latency probe, unmeasured).
+# The slots change no value: bitwise the one-slot kernel.
+CE_LONG_SLOTS = os.environ.get("MINIDNN_CE_LONG_SLOTS", "1")
+SM_SHARED = 228 * 1024          # an H100 / H200 SM's shared memory; 1 KB of it reserved a block
+
+
+def _slot_bytes(d) -> int:
+    vbytes = 2 * int(d["VEC"]) if "XSTORAGE" in d else int(d["VBYTES"])
+    return int(d["BLOCK"]) * int(d["NV"]) * vbytes
 
 
 def long_defines(defines, fast) -> tuple:
-    """("LONG=1",) or ("LONG=2",) where a row forward of ``defines`` (row_defines' strings; ``fast``: its FASTX)
-    takes LONG, else ()."""
+    """("LONG=n",) -- n = 2 under CE_LONG "2" where the plan has FASTX (``fast``), else 1 -- plus ("LSLOTS=3",)
+    under CE_LONG_SLOTS "3" where it fits, for a row forward of ``defines`` (row_defines' strings) that takes LONG;
+    else ()."""
     d = dict(x.split("=", 1) for x in defines)
     on = (CE_LONG in ("1", "2") and d.get("ONE") == "0" and d.get("PIPE") == "0" and d.get("G") == d.get("BLOCK")
           and int(d.get("VEC", 1)) > 1 and d.get("ACCUM") == "float" and "WARP" not in d)
-    return (f"LONG={2 if CE_LONG == '2' and fast else 1}",) if on else ()
+    if not on:
+        return ()
+    out = (f"LONG={2 if CE_LONG == '2' and fast else 1}",)
+    minb = int(d["MINB"])
+    if CE_LONG_SLOTS == "3" and d.get("RAGGED") == "0" and minb * (3 * _slot_bytes(d) + 2048) <= SM_SHARED:
+        out += ("LSLOTS=3",)
+    return out
 
 
 def long_stage_bytes(defines) -> int:
-    """The dynamic shared memory of a LONG forward: BLOCK * NV vectors of VBYTES (widened 16-bit: 2 VEC bytes)."""
+    """The dynamic shared memory of a LONG forward: LSLOTS slots of BLOCK * NV vectors of VBYTES (widened 16-bit:
+    2 VEC bytes)."""
     d = dict(x.split("=", 1) for x in defines)
     if d.get("LONG") not in ("1", "2"):
         return 0
-    vbytes = 2 * int(d["VEC"]) if "XSTORAGE" in d else int(d["VBYTES"])
-    return int(d["BLOCK"]) * int(d["NV"]) * vbytes
+    return int(d.get("LSLOTS", 1)) * _slot_bytes(d)
 
 
 _INDEX = {np.dtype(np.int64): "long long", np.dtype(np.int32): "int"}
