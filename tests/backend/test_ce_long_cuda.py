@@ -78,8 +78,11 @@ CASES = [("float32", False, (4096, 32000), -100, [(False, 0.0, ("none", "mean"))
          ("bfloat16", False, (17, 32769), -100, [(False, 0.1, ("mean",))])]
 
 
+# ids "big-..." ((4096, 32000): ~25 kernels, 131 M-element references) and "small-..." (~32 kernels with the
+# misaligned views): `-k big` / `-k small` split the file into two device processes of < 150 s each
 @pytest.mark.parametrize("name, widen, shape, ignore, variants", CASES,
-                         ids=[f"{n}{'w' if wd else ''}-{s[0]}x{s[1]}" for n, wd, s, *_ in CASES])
+                         ids=[f"{'big' if s[0] == 4096 else 'small'}-{n}{'w' if wd else ''}-{s[0]}x{s[1]}"
+                              for n, wd, s, *_ in CASES])
 def test_ce_long_bitwise_and_float64(cp, monkeypatch, name, widen, shape, ignore, variants):
     """CE_LONG "1" bitwise "0" (every output, one launch a call), both against float64; "2" (16-bit logits: FASTX's
     exp) against float64."""
@@ -139,7 +142,7 @@ def test_ce_long_bitwise_and_float64(cp, monkeypatch, name, widen, shape, ignore
 
 
 @pytest.mark.parametrize("name, c", [("float32", 32000), ("bfloat16", 32000), ("float32", 50257)])
-def test_ce_long_misaligned_view(cp, monkeypatch, name, c):
+def test_ce_long_small_misaligned_view(cp, monkeypatch, name, c):
     """x a view one element off the vector boundary: the LONG plan (whole rows) computes on an aligned copy, RAGGED
     rows (each row its own head) in place -- bitwise CE_LONG "0" on the same view and an aligned copy."""
     dtype = _dtype(name)
@@ -162,7 +165,7 @@ def test_ce_long_misaligned_view(cp, monkeypatch, name, c):
             np.testing.assert_array_equal(u, v, err_msg=f"{name} {c} {red} CE_LONG={s}")
 
 
-def test_ce_long_repeats_bitwise(cp, monkeypatch):
+def test_ce_long_big_repeats_bitwise(cp, monkeypatch):
     """Ten calls give the same bits (the stage's slots refilled while still being read, or a stale ticket, would
     not): (4096, 32000) float32 'mean' and the rows' lse."""
     monkeypatch.setattr(_lk, "CE_LONG", "1")
