@@ -9,7 +9,7 @@ backward rows' shared-memory stash).
 
     python tools/row_ab.py [--ops smx,lsmx,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
                            [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513] [--settings 0,1,2]
-                           [--lsm 0,1,2,smx] [--hint 0,1,2 [--hint-all]] [--warp-from 513,257] [--bwd-stash 0,1,2]
+                           [--lsm 0,1,2,smx] [--hint 0,1,2 [--hint-all]] [--warp-from 513,257] [--bwd-stash 0,1,2,3]
 
 Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: cross-entropy and softmax forward"):
   smx      FWD_WARP  "0" (default: PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
@@ -38,8 +38,9 @@ Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: 
   --warp-from  WARP_FROM (smx, lsmx, lsmxbwd) in place of --settings: "513" (the default: WARP's grid from 513
            classes) | "257" (also 257..512-class rows holding 16 elements a lane, e.g. 512); lines "wf513", "wf257"
   --bwd-stash  BWD_STASH (lsmxbwd, smxbwd) in place of --settings: "0" (off, the default) | "1" (several-chunk rows
-           keep their first chunks' dy -- softmax's y too -- in shared memory) | "2" (log-softmax's y too); lines
-           "bs0", "bs1", "bs2"; one-chunk rows plan the same kernel for all (skipped)
+           keep their first chunks' dy -- softmax's y too -- in shared memory) | "2" (log-softmax's y too) | "3" ("2"
+           filled by cp.async: the row's loads in flight together); lines "bs0" ... "bs3"; one-chunk rows plan the
+           same kernel for all (skipped)
            (docs/step_kernels.md, "Session 17: softmax rows of 512 and of 32000 classes")
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
@@ -276,7 +277,7 @@ def main(argv=None):
                          "e.g. 513,257")
     ap.add_argument("--bwd-stash", default="",
                     help="BWD_STASH settings (lsmxbwd / smxbwd) in place of --settings, the first the reference, "
-                         "e.g. 0,1,2")
+                         "e.g. 0,1,2,3")
     ap.add_argument("--no-precompile", action="store_true",
                     help="compile each kernel when its case first runs (default: all of them first, a process a core)")
     ap.add_argument("--lsm", default="0,1,2,smx",
@@ -305,8 +306,8 @@ def main(argv=None):
     if any(w not in ("wf513", "wf257") for w in wfs):
         ap.error(f"--warp-from {args.warp_from!r}: values 513 or 257")
     stashes = [f"bs{v}" for v in args.bwd_stash.split(",") if v]
-    if any(b not in ("bs0", "bs1", "bs2") for b in stashes):
-        ap.error(f"--bwd-stash {args.bwd_stash!r}: values 0, 1 or 2")
+    if any(b not in ("bs0", "bs1", "bs2", "bs3") for b in stashes):
+        ap.error(f"--bwd-stash {args.bwd_stash!r}: values 0, 1, 2 or 3")
 
     def pick(op):
         if hints and op not in ("ce", "lsm"):

@@ -1,16 +1,17 @@
 """Session 17 (issue 10): softmax rows of 512 classes and of 32000 classes -- softmax_kernels.WARP_FROM
 (MINIDNN_SOFTMAX_WARP_FROM=513|257: WARP's grid for 257..512-class rows holding 16 elements a lane) and
-softmax_kernels.BWD_STASH (MINIDNN_SOFTMAX_BWD_STASH=0|1|2: several-chunk backward rows keep their first chunks in
-shared memory, BSCH / BSY of SOURCE's bwd_rows); docs/step_kernels.md, "Session 17: softmax rows of 512 and of 32000
-classes".
+softmax_kernels.BWD_STASH (MINIDNN_SOFTMAX_BWD_STASH=0|1|2|3: several-chunk backward rows keep their first chunks in
+shared memory, BSCH / BSY of SOURCE's bwd_rows; 3: filled by cp.async, bwd_rows_async, BSA); docs/step_kernels.md,
+"Session 17: softmax rows of 512 and of 32000 classes".
 
 CPU: the rules (which plans change, to what; every other plan equal to the switch off), the budget (chunks that fit,
 the device's opt-in limit), the environment in a fresh interpreter, the launches under tools/record_launches.py's
 fake CuPy (the BSCH define and the dynamic shared memory), nvcc sm_90 builds without spills within the budget, and
 the PTX of plans with both switches off byte-identical to the source before the change (git).
 GPU (cuda-marked): WARP_FROM 257 bitwise 513 (softmax / fast forward, log-softmax backward: the same sums in the same
-order) and against float64 (log-softmax forward: LSM there), special rows, a misaligned view; BWD_STASH 1 / 2 bitwise
-0 and against float64 over 16385..50257-class rows in float32, bfloat16, float64, a misaligned view, a graph replay.
+order) and against float64 (log-softmax forward: LSM there), special rows, a misaligned view; BWD_STASH 1 / 2 / 3
+bitwise 0 and against float64 over 16385..50257-class rows in float32, bfloat16, float64, float16, a misaligned
+view, graph replays.
 """
 import os
 import re
@@ -96,13 +97,15 @@ def test_warp_from_rule(monkeypatch):
 # ---- BWD_STASH -----------------------------------------------------------------------------------------------------
 
 def test_bwd_stash_rule(monkeypatch):
-    """BWD_STASH 1 / 2: backward plans of several-chunk rows (512-thread blocks) get BSCH = the chunks before the last
-    whose stash (dy: log-softmax under 1; dy and y: softmax, log-softmax under 2 with BSY=1) fits BWD_STASH_BYTES, as
-    a define before MINB and the dynamic shared memory of the launch; nothing else of the plan changes, and every
-    forward and one-chunk backward plans as with 0 (the module default)."""
+    """BWD_STASH 1 / 2 / 3: backward plans of several-chunk rows (512-thread blocks) get BSCH = the chunks before the
+    last whose stash (dy: log-softmax under 1; dy and y: softmax, log-softmax under 2 / 3 with BSY=1) fits
+    BWD_STASH_BYTES, as a define before MINB and the dynamic shared memory of the launch -- under 3 also BSA=1 where
+    that is every chunk but the last; nothing else of the plan changes, and every forward and one-chunk backward
+    plans as with 0 (the module default)."""
     assert _sk.BWD_STASH == 0
     off = _specs(SHAPES)
-    for mode in (1, 2):
+    asy = 0
+    for mode in (1, 2, 3):
         monkeypatch.setattr(_sk, "BWD_STASH", mode)
         on = _specs(SHAPES)
         n = 0
@@ -112,17 +115,20 @@ def test_bwd_stash_rule(monkeypatch):
             if not backward or d0.get("ONE", 1) == 1:          # COLS plans: no ONE
                 assert s == off[k], k
                 continue
-            both = algo != "LOG" or mode == 2
+            both = algo != "LOG" or mode >= 2
             acc = 8 if name == "float64" else 4
             per = d0["NV"] * d0["VEC"] * d0["BLOCK"] * acc * (2 if both else 1)
             nch = -(-(shape[-1] // d0["VEC"]) // (d0["G"] * d0["NV"]))
             bsch = min(nch - 1, _sk.BWD_STASH_BYTES // per)
             assert nch >= 2 and bsch >= 1 and d0["BLOCK"] == 512, k
-            extra = (f"BSCH={bsch}",) + (("BSY=1",) if algo == "LOG" and mode == 2 else ())
+            extra = ((f"BSCH={bsch}",) + (("BSY=1",) if algo == "LOG" and mode >= 2 else ())
+                     + (("BSA=1",) if mode == 3 and bsch == nch - 1 else ()))
+            asy += "BSA=1" in extra
             assert s.defines == off[k].defines[:-1] + extra + off[k].defines[-1:], (k, s.defines)
             assert s._replace(defines=off[k].defines, smem=0) == off[k] and s.smem == bsch * per <= 200 * 1024, k
             n += 1
         assert n >= 4 * 5 * 3, n
+    assert asy >= 30, asy                  # 50257 classes (7 chunks, 3 fit) keep 2's plan under 3
     monkeypatch.setattr(_sk, "BWD_STASH", 1)
     # the issue's rows: 3 of 4 chunks; log-softmax 96 KB (dy), softmax 192 KB (dy and y)
     for algo, smem in (("LOG", 96), ("ACCURATE", 192)):
@@ -136,6 +142,12 @@ def test_bwd_stash_rule(monkeypatch):
     s = _sk.launch_spec(True, (4096, 32000), (1,), "LOG", np.float32, stash=70 * 1024)   # a smaller device budget
     assert _defs(s.defines)["BSCH"] == 1 and s.smem == 64 * 1024
     assert "BSCH" not in _defs(_sk.launch_spec(True, (4096, 32000), (1,), "LOG", np.float32, stash=0).defines)
+    monkeypatch.setattr(_sk, "BWD_STASH", 3)
+    for algo in ("LOG", "ACCURATE"):
+        d = _defs(_sk.launch_spec(True, (4096, 32000), (1,), algo, np.float32).defines)
+        assert d["BSCH"] == 3 and d["BSA"] == 1 and d.get("BSY", 0) == (algo == "LOG"), d
+    assert "BSA" not in _defs(_sk.launch_spec(True, (4096, 50257), (1,), "LOG", np.float32).defines)
+    assert "BSA" not in _defs(_sk.launch_spec(True, (4096, 32000), (1,), "LOG", np.float32, stash=70 * 1024).defines)
 
 
 def test_call_stash_device_limit(monkeypatch):
@@ -153,8 +165,8 @@ def test_call_stash_device_limit(monkeypatch):
     assert _defs(s.defines)["BSCH"] == 1 and s.smem == 64 * 1024
     monkeypatch.setattr(bn_nhwc, "smem_limits", lambda dev: (0, 0))
     assert _sk.call_stash(True, 0) == 200 * 1024
-    monkeypatch.setattr(_sk, "BWD_STASH", 3)
-    with pytest.raises(ValueError, match="0, 1 or 2"):
+    monkeypatch.setattr(_sk, "BWD_STASH", 4)
+    with pytest.raises(ValueError, match="0, 1, 2 or 3"):
         _sk.call_stash(True, 0)
 
 
@@ -247,24 +259,25 @@ def _new_plans():
     for name in ("float32", "bfloat16", "float16", "float64"):
         for c in (32000, 32001, 50257, 16385):
             for algo in ("ACCURATE", "LOG"):
-                for mode in ((1, 2) if algo == "LOG" else (1,)):
+                for mode in ((1, 2, 3) if algo == "LOG" else (1, 3)):
                     out.append((f"stash{mode}_{name}_{c}_{algo}", True, (4096, c), algo, name, 513, mode))
     for name in ("float32", "bfloat16", "float16"):
-        for c in (512, 511, 384, 260):
+        for c in (512, 511, 384, 260 if name == "float32" else 264):      # 16-bit 260: RAGGED, 8 a lane (PIPE)
             for backward, algo in ((False, "ACCURATE"), (False, "LOG"), (False, "FAST"), (True, "LOG")):
                 out.append((f"warp_{name}_{c}_{algo}_{int(backward)}", backward, (16384, c), algo, name, 257, 0))
     return out
 
 
-ALWAYS = ("stash1_float32_32000_ACCURATE", "stash2_float32_32000_LOG", "warp_float32_512_ACCURATE_0")
+ALWAYS = ("stash1_float32_32000_ACCURATE", "stash3_float32_32000_LOG", "stash3_bfloat16_32001_ACCURATE",
+          "warp_float32_512_ACCURATE_0")
 BUILDS = pick(_new_plans(), 1, lambda b: b[0] in ALWAYS)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("ptxas") is None, reason="nvcc is not installed")
 def test_new_plans_build(tmp_path, monkeypatch):
-    """nvcc 13 sm_90: the plans WARP_FROM 257 and BWD_STASH 1 / 2 make build without spills within the plan's budget
-    (MINB blocks of BLOCK threads an SM), the stash's shared loads and stores in the backward's PTX
-    (MINIDNN_NVCC_ALL=1: all 104 of them)."""
+    """nvcc 13 sm_90: the plans WARP_FROM 257 and BWD_STASH 1 / 2 / 3 make build without spills within the plan's
+    budget (MINB blocks of BLOCK threads an SM), the stash's shared loads and stores in the backward's PTX (under
+    BSA the cp.async copies, 2 NV a chunk, and a wait; MINIDNN_NVCC_ALL=1: all 128 plans)."""
     specs = []
     for tag, backward, shape, algo, name, wf, mode in BUILDS:
         monkeypatch.setattr(_sk, "WARP_FROM", wf)
@@ -279,6 +292,9 @@ def test_new_plans_build(tmp_path, monkeypatch):
         if tag.startswith("stash"):
             assert d["BSCH"] >= 1 and re.search(r"st\.shared\.f(32|64)", ptx) and re.search(r"ld\.shared\.f(32|64)",
                                                                                          ptx), tag
+            n = len(re.findall(r"cp\.async\.cg\.shared\.global", ptx))     # 2 NV a chunk (nvcc may unroll chunks)
+            assert (n > 0 and n % (2 * d["NV"]) == 0) if d.get("BSA") else n == 0, (tag, n)
+            assert ("cp.async.wait_all" in ptx) == bool(d.get("BSA")), tag
         else:
             assert d["WARP"] == 1, tag
 
@@ -358,7 +374,7 @@ def _cuda_specs():
         _sk.WARP_FROM, _sk.FWD_WARP = saved[0], saved[2]
         for name, rows, c in STASH_CASES + [("float32", 300, 32000)]:
             specs += [_sk.launch_spec(False, (rows, c), (1,), a, _dtype(name)) for a in ("ACCURATE", "LOG")]
-            for mode in (0, 1, 2):
+            for mode in (0, 1, 2, 3):
                 _sk.BWD_STASH = mode
                 specs += [_sk.launch_spec(True, (rows, c), (1,), a, _dtype(name)) for a in ("ACCURATE", "LOG")]
     finally:
@@ -441,8 +457,9 @@ STASH_CASES = [("float32", 67, 32000), ("float32", 33, 32001), ("float32", 9, 50
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, rows, c", STASH_CASES, ids=[f"{n}-{r}x{c}" for n, r, c in STASH_CASES])
 def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
-    """BWD_STASH 1 and 2 bitwise 0 (softmax and log-softmax backward; the same sums in the same order), against
-    float64; a misaligned view (the element-load fallback) bitwise too; the plan carrying BSCH; one launch a call."""
+    """BWD_STASH 1, 2 and 3 bitwise 0 (softmax and log-softmax backward; the same sums in the same order), against
+    float64; a misaligned view (the element-load fallback: 3's is 2's float stash) bitwise too; the plan carrying
+    BSCH; one launch a call."""
     _warm()
     dtype = _dtype(name)
     x = _inputs(name, rows, c, rows + c)
@@ -452,7 +469,7 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
     got = {}
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         ys = {algo: B.softmax_forward(None, algo, None, xd, axis=-1) for algo in ("accurate", "log")}
-        for mode in (0, 1, 2):
+        for mode in (0, 1, 2, 3):
             monkeypatch.setattr(_sk, "BWD_STASH", mode)
             _reset_plans()
             for algo in ("accurate", "log"):
@@ -468,17 +485,18 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
                 got[mode, algo] = dx
                 got[mode, algo, "m"] = B.softmax_backward(None, algo, None, _misaligned(cp, y), _misaligned(cp, dyd),
                                                           axis=-1)
-    for mode in (1, 2):
+    for mode in (1, 2, 3):
         for key in [k for k in got if k[0] == 0]:
             _bits(got[(mode,) + key[1:]], got[key], f"{name} {rows}x{c} {key[1:]} BWD_STASH={mode}")
 
 
 @pytest.mark.cuda
-def test_bwd_stash_in_a_graph(cp, monkeypatch):
-    """A captured 300-row 32000-class log-softmax backward under BWD_STASH 2 replays to the eager bits, twice,
+@pytest.mark.parametrize("mode", [2, 3])
+def test_bwd_stash_in_a_graph(cp, monkeypatch, mode):
+    """A captured 300-row 32000-class log-softmax backward under BWD_STASH 2 / 3 replays to the eager bits, twice,
     dy changed in place between the replays."""
     _warm()
-    monkeypatch.setattr(_sk, "BWD_STASH", 2)
+    monkeypatch.setattr(_sk, "BWD_STASH", mode)
     _reset_plans()
     rows, c = 300, 32000
     y = B.softmax_forward(None, "log", None, cp.asarray(_inputs("float32", rows, c, 5)), axis=-1)
@@ -494,3 +512,27 @@ def test_bwd_stash_in_a_graph(cp, monkeypatch):
         g.launch(s)
         s.synchronize()
         _bits(dx, B.softmax_backward(None, "log", None, y, dy, axis=-1), f"replay {k}")
+
+
+def test_row_ab_plans(monkeypatch):
+    """tools/row_ab.py --bwd-stash 0,1,2,3 and --warp-from 513,257 plan (before any timing) the kernel of each
+    setting -- BSCH / BSY / BSA on the 32000-class backward, WARP on the 512-class rows -- and put the settings the
+    process started with back."""
+    monkeypatch.setattr(_sk, "_l2_bytes", lambda dev: 50 * 2 ** 20)        # no GPU asked (the hints stay 0)
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import row_ab
+    got = []
+    real = _sk.precompile
+    try:
+        _sk.precompile = lambda specs, procs=None: got.extend(specs) or len(specs)
+        row_ab.precompile(["smxbwd", "lsmxbwd"], ["float32"], [(4096, 32000)], lambda op: ["bs0", "bs1", "bs2", "bs3"])
+        stash = [tuple(d for d in s.defines if d[:3] in ("BSC", "BSY", "BSA")) for s in got]
+        del got[:]
+        row_ab.precompile(["smx", "lsmx", "lsmxbwd"], ["float32"], [(65536, 512)], lambda op: ["wf513", "wf257"])
+    finally:
+        _sk.precompile = real
+    assert stash == [(), ("BSCH=3",), ("BSCH=3",), ("BSCH=3", "BSA=1"),
+                     (), ("BSCH=3",), ("BSCH=3", "BSY=1"), ("BSCH=3", "BSY=1", "BSA=1")], stash
+    assert [_defs(s.defines).get("WARP", 0) for s in got] == [0, 1] * 3
+    assert (_sk.BWD_STASH, _sk.WARP_FROM) == (0, 513)

@@ -1057,6 +1057,133 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_pipe(const T* __r
 }
 #endif
 
+#ifndef BSA
+#define BSA 0
+#endif
+#if BSA
+// BSA (session 17; BWD_STASH 3): the stash of BSCH = every chunk but the last, filled by cp.async straight from
+// global memory -- the row's loads all in flight at once (a 32000-class float32 row: 192 KB of dy and y an SM) where
+// BSCH's register path waits on one chunk after another.  Raw VBYTES vectors (2-byte data: half the bytes of the
+// float stash, within the same budget); thread t's vector k of array w (0 dy, 1 y) of chunk ch at
+// ((ch * 2 + w) * NV + k) * BLOCK + t (a warp's 32 consecutive 16-byte words: conflict-free), written and read by t
+// alone (cp.async.wait_all, no barrier).  Slots past the body zero-filled (src-size 0; the address the body's first
+// vector's: cp.async wants it VBYTES-aligned, which a RAGGED row's start is not), decoded to load_chunk's (A)0 pad.
+// The last chunk's loads go to registers, issued before the wait.  The sum takes chunk 0, 1, ... then the last and
+// the edges, slot by slot as bwd_rows: bitwise the same dx.  Aligned calls (16-byte vectors) only; the misaligned
+// fallback is bwd_rows<false> with the BSCH / BSY float stash.
+#if !BSCH || (ALGO == 2 && !BSY) || G != BLOCK || VEC == 1 || ONE
+#error "BSA: both arrays stashed, a block a row, vector loads, several chunks"
+#endif
+__device__ __forceinline__ void cp_async16(VR* sdst, const T* gsrc, bool in)
+{
+    unsigned sa;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(sa) : "l"(sdst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" : : "r"(sa), "l"(gsrc), "r"(in ? 16 : 0) : "memory");
+}
+template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __restrict__ y,
+                                                                     const T* __restrict__ dy, T* __restrict__ dx,
+                                                                     int rows, int C, A* sm)
+{
+    extern __shared__ __align__(16) unsigned char dyn_sm[];
+    VR* const rst = reinterpret_cast<VR*>(dyn_sm) + threadIdx.x;
+    const int g = threadIdx.x;
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const size_t base = (size_t)r * C;
+        const Geo q = row_geo(y + base, C, true);
+        const int nch = (q.nb + CV - 1) / CV;        // <= BSCH + 1 (planned so)
+        for (int ch = 0; ch < nch - 1; ++ch) {
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const int v = ch * CV + k * G + g;
+                const bool in = v < q.nb;
+                const int c = q.h + (in ? v : 0) * VEC;   // out of the body: vector 0's (aligned) address
+                cp_async16(rst + (ch * 2 * NV + k) * BLOCK, dy + base + c, in);
+                cp_async16(rst + ((ch * 2 + 1) * NV + k) * BLOCK, y + base + c, in);
+            }
+        }
+        asm volatile("cp.async.commit_group;" : : : "memory");
+        A a[E], b[E], ea[NE1], eb[NE1];
+        load_edges(dy + base, q, g, (A)0, eb);
+        load_edges(y + base, q, g, (A)0, ea);
+        load_chunk<true>(dy + base, nch - 1, q, g, (A)0, b);
+        load_chunk<true>(y + base, nch - 1, q, g, (A)0, a);
+        asm volatile("cp.async.wait_all;" : : : "memory");
+        A s = 0;
+        for (int ch = 0; ch < nch - 1; ++ch) {
+#pragma unroll
+            for (int k = 0; k < NV; ++k) {
+                const bool in = ch * CV + k * G + g < q.nb;
+                Pack u;
+                u.raw = rst[(ch * 2 * NV + k) * BLOCK];
+#if ALGO != 2
+                Pack w;
+                w.raw = rst[((ch * 2 + 1) * NV + k) * BLOCK];
+#endif
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+#if ALGO == 2
+                    s += in ? LD(u.v[j]) : (A)0;
+#else
+                    s += (in ? LD(u.v[j]) : (A)0) * (in ? LD(w.v[j]) : (A)0);
+#endif
+                }
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+#if ALGO == 2
+            s += b[e];
+#else
+            s += b[e] * a[e];
+#endif
+        }
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+#if ALGO == 2
+            s += eb[j];
+#else
+            s += eb[j] * ea[j];
+#endif
+        }
+        s = g_sum(s, sm);
+        for (int ch = nch - 1; ch >= 0; --ch) {      // the last chunk from registers first
+            if (ch < nch - 1) {
+#pragma unroll
+                for (int k = 0; k < NV; ++k) {
+                    const bool in = ch * CV + k * G + g < q.nb;
+                    Pack u, w;
+                    u.raw = rst[(ch * 2 * NV + k) * BLOCK];
+                    w.raw = rst[((ch * 2 + 1) * NV + k) * BLOCK];
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        b[k * VEC + j] = in ? LD(u.v[j]) : (A)0;
+                        a[k * VEC + j] = in ? LD(w.v[j]) : (A)0;
+                    }
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+#if ALGO == 2
+                a[e] = b[e] - exp(a[e]) * s;
+#else
+                a[e] = a[e] * (b[e] - s);
+#endif
+            }
+            store_chunk<true>(dx + base, ch, q, g, a);
+        }
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+#if ALGO == 2
+            ea[j] = eb[j] - exp(ea[j]) * s;
+#else
+            ea[j] = ea[j] * (eb[j] - s);
+#endif
+        }
+        store_edges(dx + base, q, g, ea);
+    }
+}
+#endif
+
 #if WARP && ALGO == 2
 // Log-softmax backward under WARP (session 13): the forward's grid (a warp a row, 128-thread blocks, every row's warp,
 // no persistence); the row's dy and y (2 E values a lane) all loaded before the sum -- FULLK vectors without a bound
@@ -1101,6 +1228,9 @@ softmax_rows_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
     if (aligned(y, dy, dx)) bwd_rows_warp<true>(y, dy, dx, rows, C);
     else bwd_rows_warp<false>(y, dy, dx, rows, C);
     return;
+#endif
+#if BSA
+    if (aligned(y, dy, dx)) { bwd_rows_async<0>(y, dy, dx, rows, C, sm); return; }
 #endif
     if (aligned(y, dy, dx)) bwd_rows<true>(y, dy, dx, rows, C, sm);
     else bwd_rows<false>(y, dy, dx, rows, C, sm);
@@ -1272,8 +1402,10 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # 512 threads), so the stash costs no occupancy.  Up to BWD_STASH_BYTES a block (200 KB, within sm_90's 227 KB opt-in;
 # plan() lowers it to what the device allows); chunks beyond it are read again as before.  MINIDNN_SOFTMAX_BWD_STASH=0
 # (default until the GPU A/B) | 1 (log-softmax stashes dy; its second pass loads y a chunk at a time) | 2 (log-softmax
-# stashes y as well, loaded with dy in the first pass: the BSY define; softmax's backward is the same under 1 and 2).
-# Bitwise the same dx.  Module attribute read at planning time (tools/row_ab.py --bwd-stash flips it).
+# stashes y as well, loaded with dy in the first pass: the BSY define; softmax's backward is the same under 1 and 2)
+# | 3 (2, with the stash filled by cp.async -- the whole row's loads in flight at once, not a chunk at a time: the
+# BSA define, bwd_rows_async; where every chunk but the last fits the budget, else 2's plan).  Bitwise the same dx.
+# Module attribute read at planning time (tools/row_ab.py --bwd-stash flips it).
 BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "0"))
 BWD_STASH_BYTES = 200 * 1024
 
@@ -1681,8 +1813,8 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
     """The kernel, compile-time defines and launch shape of softmax over ``axes`` of a C-contiguous ``shape``;
     ``hint``: the call's cache hint (call_hint), a HINT define after ALGO on one-chunk row plans (0: no define; the
     forward's 2 is the define 3: ROW_HEADER); ``stash``: the bytes a backward block of several-chunk rows may stash
-    in (None: BWD_STASH_BYTES under BWD_STASH, else 0), a BSCH define (and, log-softmax under BWD_STASH 2, BSY=1)
-    before MINB where a chunk fits."""
+    in (None: BWD_STASH_BYTES under BWD_STASH, else 0), a BSCH define (and, log-softmax under BWD_STASH 2 / 3, BSY=1;
+    under 3, BSA=1 where every chunk but the last fits) before MINB where a chunk fits."""
     outer, c, inner = collapse(shape, axes)
     rows = outer * inner
     if backward and algo_name == "FAST":
@@ -1711,10 +1843,13 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
         if backward:
             if stash is None:
                 stash = BWD_STASH_BYTES if BWD_STASH else 0
-            both = algo_name == "LOG" and BWD_STASH == 2
+            both = algo_name == "LOG" and BWD_STASH >= 2
             bsch, smem = bwd_stash_chunks(cfg, c, algo_name, acc, stash, both)
             if bsch:
-                defines = defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ()) + defines[-1:]
+                nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
+                asy = BWD_STASH == 3 and bsch == nch - 1 and cfg.vec > 1     # BSA: the whole row but its last chunk
+                defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ()) + (("BSA=1",) if asy
+                                                                                              else ()) + defines[-1:])
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block, smem)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
@@ -1755,8 +1890,8 @@ def call_stash(backward, dev):
     within what one block of GPU ``dev`` may opt into (less 1 KB: the kernel's static shared memory); 0 otherwise."""
     if not backward or not BWD_STASH:
         return 0
-    if BWD_STASH not in (1, 2):
-        raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1 or 2")
+    if BWD_STASH not in (1, 2, 3):
+        raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1, 2 or 3")
     from .bn_nhwc import smem_limits
     optin = smem_limits(dev)[1]
     return min(BWD_STASH_BYTES, optin - 1024) if optin else BWD_STASH_BYTES
