@@ -220,12 +220,16 @@ GN_CASES = [((2, 6, 5, 5), 3), ((4, 32, 16, 16), 8), ((2, 64, 28, 28), 32), ((2,
 
 
 def _gn_backward_launches(shape, groups, dtype, affine):
-    """gn_bwd2 / gn_bwd (+ col_sum) where the group row fits in registers and C/G <= 32, else row_sums, gn_dx
+    """gn_bwd2 / gn_bwd (+ col_sum) where the group row fits in registers and C/G <= 32, else norm_gncl's cluster
+    kernel gn_bwdc (+ col_sum) where its plan takes the row (session 17, on by default), else row_sums, gn_dx
     (+ col_sum)."""
+    from minidnn.backend.cuda import norm_gncl as GC
     cpg = shape[1] // groups
-    d = cpg * math.prod(shape[2:])
+    s = math.prod(shape[2:])
+    d = cpg * s
     one = cpg <= 32 and ((not NK.V1 and NK.row_config2(d, dtype, True, "gn_bwd") is not None)
                          or NK.row_config(d, dtype)[1] > 0)
+    one = one or (not NK.V1 and GC.GN_CLUSTER and GC.plan(d, s, np.dtype(dtype).itemsize, True, cpg) is not None)
     return (1 if one else 2) + affine
 
 

@@ -1642,7 +1642,7 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}    # the most 16-byte vectors of one array
 # (Session 9 round 2's "v2w" for ln_bwd16 -- ln_bwd2 with warp teams of 4 vectors and the scale in shared memory --
 # measured slower on both GPUs -- H200 bf16 0.78x, fp32 0.97x; H100 bf16 0.0546 against 0.0448 ms -- and was
 # removed in session 11.)
-ROUTE = {"ln_fwd16": "v3k", "ln_bwd16": "v3", "ln_bwd": "v3", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
+ROUTE = {"ln_fwd16": "v3kw", "ln_bwd16": "v3", "ln_bwd": "v3", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
 # Session 9: gn_bwd2's GN_CHV rows with the next row prefetched (GN_PREF; half the blocks an SM for the registers).
 # GN_PREFETCH "0" (the default): none -- measured slower on the H200 (session 9 run 6, tools/ktable_ab.py, graph
 # replays of (128, 64, 56, 56) G=32: bfloat16 0.0636 -> 0.0854 ms, float32 0.0891 -> 0.1255; halving the resident
@@ -1692,7 +1692,9 @@ def ln_config3(d, dtype, aligned):
     return (team, vpt, 8) if vpt <= 2 else None
 
 
-# Session 17 (route "v3kw", off by default: MINIDNN_NORM_ROUTE=ln_fwd16=v3kw): "v3k" with a FULL team of 3 vectors a
+# Session 17 (route "v3kw", the default since session 17's run 3 -- H100, graph replays, v3k / v3kw: bf16 (32768,
+# 768) 1.060x (79% -> 84% of copy), (16384, 1536) 1.067x, (16384, 1024) 0.999x (the same plan), fp16 (32768, 768)
+# 1.059x; MINIDNN_NORM_ROUTE=ln_fwd16=v3k goes back): "v3k" with a FULL team of 3 vectors a
 # thread where ln_config3's team would leave slots empty -- (32768, 768) bf16 (67% of copy on the H200) takes a team of
 # 64 with 2 vectors a thread for 96 vectors: warp 1 holds one vector a row, warp 0 two, per-vector tests and 4 named
 # barriers a row; "v3kw" gives the row ONE warp of 3 vectors (FULL, shuffle sums only).  Launch bounds from nvcc
@@ -1943,7 +1945,8 @@ def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned,
             return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version != "v3",
                                      keep=version in ("v3k", "v3kw") and cfg3[0] <= LN3K_MAX_TEAM)
     cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
-    if cfg is None and grouped and version != "v1" and aligned and _gncl.usable(dev):
+    if (cfg is None and grouped and version != "v1" and aligned and _gncl.usable(dev)
+            and (x.dtype.itemsize == 4 or _gncl.FWD16)):
         # session 17: a group row no team holds in registers, held by a thread-block cluster (norm_gncl)
         go = _gncl.prepare_forward(x, g, scale, bias, eps, (scale is not None) | (bias is not None) << 1)
         if go is not None:
