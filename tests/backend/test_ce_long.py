@@ -107,7 +107,7 @@ def test_ce_long_slots_rule(monkeypatch, slots):
 
 def test_ce_long_default_is_on():
     import os
-    assert _lk.CE_LONG == os.environ.get("MINIDNN_CE_LONG", "1")
+    assert _lk.CE_LONG == os.environ.get("MINIDNN_CE_LONG", "2")
     assert _lk.CE_LONG_SLOTS == os.environ.get("MINIDNN_CE_LONG_SLOTS", "1")
 
 

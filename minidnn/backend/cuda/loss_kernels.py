@@ -1182,10 +1182,13 @@ def tail_defines(defines) -> tuple:
 # rows): LONG (SOURCE_ROWS above), the multi-chunk row forward streamed through a shared-memory stage with cp.async,
 # for rows of more than one chunk (ONE=0) with vector loads and float accumulation; the tiling, MINB and grid stay the
 # plan's, and x[t] is one load of the thread that uses it (not a select an element and a block sum): every output is
-# bitwise "0"'s.  MINIDNN_CE_LONG=1 (the default) | 2 ("1" with FASTX's exp -- ex2.approx, one FFMA -- where the plan
-# has FASTX, i.e. native 16-bit logits: not bitwise, against float64; elsewhere "1") | 0 (ce_fwd_body, for an A/B).
-# Module attribute read at planning time (tools/ce_long_ab.py flips it).
-CE_LONG = os.environ.get("MINIDNN_CE_LONG", "1")
+# bitwise "0"'s.  MINIDNN_CE_LONG=1 | 2 (the default since session 17's run 3: "1" with FASTX's exp -- ex2.approx,
+# one FFMA -- where the plan has FASTX, i.e. native 16-bit logits, as their one-chunk rows already compute: not
+# bitwise, against float64; elsewhere "1") | 0 (ce_fwd_body, for an A/B).  Run 3 (H100, graph replays, "0" / this):
+# float32 (4096, 32000) "1" 1.35x (64% -> 87% of copy), (2048, 50257) 1.19x, (1024, 128256) 1.21x; bfloat16 "1"
+# 1.10 / 1.10 / 0.98x, "2" 1.18 / 1.47 / 1.01x (85% / 80% / 85%); widened bf16 1.08 / 1.00 / 1.02x.  Module attribute
+# read at planning time (tools/ce_long_ab.py flips it).
+CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
 # where the rows are whole -- not RAGGED -- and MINB blocks of three slots fit an SM: 16-bit and widened logits'
 # 32 KB slots at two blocks an SM, float32's 64 KB with smoothing's one; an occupancy / latency probe, unmeasured).
