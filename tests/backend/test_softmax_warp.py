@@ -49,8 +49,10 @@ def test_warp_rule(monkeypatch, setting):
     """WARP changes exactly the one-chunk whole-warp rows (G = 32) of >= 513 classes holding 16..32 elements a thread
     with vector loads and float sums: forwards of every algorithm, the log-softmax backward ("2": "1"'s backward);
     then 128-thread blocks, PIPE off, WARP=n, MINB from the WARP_REGS budget, a grid of every row's warp.  (Under
-    the session-13 log-softmax epilogue, LSM "0": LSM's own rule is test_lsm_warp.py's.)"""
+    the session-13 log-softmax epilogue, LSM "0": LSM's own rule is test_lsm_warp.py's; WARP_FROM 513, session 13's
+    range: 257's is test_softmax_s17_rows.py's.)"""
     monkeypatch.setattr(_sk, "FWD_LSM", "0")
+    monkeypatch.setattr(_sk, "WARP_FROM", 513)
     for name in NAMES:
         for c in WIDTHS:
             for algo in ("FAST", "ACCURATE", "LOG"):

@@ -1406,7 +1406,12 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # | 3 (2, with the stash filled by cp.async -- the whole row's loads in flight at once, not a chunk at a time: the
 # BSA define, bwd_rows_async; where every chunk but the last fits the budget, else 2's plan).  Bitwise the same dx.
 # Module attribute read at planning time (tools/row_ab.py --bwd-stash flips it).
-BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "0"))
+# Default 3 since session 17's run 4 (H200, graph replays, 0 / 3): float32 (4096, 32000) softmax backward 1.51x (62% ->
+# 94% of copy), log-softmax 1.69x (56% -> 95%; 0.82x -> 1.38x PyTorch), bfloat16 1.09x / 1.23x; where the cp.async
+# stash (BSA) does not fit (ragged rows, 50257 classes) 3 keeps the kernel without a stash.  Log-softmax's BSA is
+# bitwise 0; softmax's is not (run 4: ~1 ulp in a tenth of the rows, against float64 as close as 0) -- the same inputs
+# give the same bits on every call.
+BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "3"))
 BWD_STASH_BYTES = 200 * 1024
 
 
@@ -1632,18 +1637,21 @@ def warp_fullk(cfg, c):
     return min(cfg.nv, nb // 32)
 
 
-# Session 17 (issue 10: the (65536, 512) float32 softmax / log-softmax forward at 0.95x / 0.93x PyTorch, the
-# log-softmax backward 0.94x; 90-96% of copy): WARP_FROM, the fewest classes a row takes WARP's grid with (uses_warp).
-# 513 (the default, session 13's range) | 257: rows of 257..512 classes whose PIPE plan is already a whole warp holding
-# 16 elements a lane (float32 260..512, 2-byte 264..512: 4 vectors of 4 / 2 of 8) take it too -- PyTorch's launch
-# shape for them (its persistent warp softmax: 128-thread blocks, a row a warp, 16 elements a lane) with WARP_REGS'
-# 16-element budgets (40 registers: twelve blocks, 48 warps an SM; the log-softmax backward 64: eight) where PIPE
-# keeps four (backward three) 256-thread blocks.  Session 13 measured the same 16-element plan at (16384, 513): WARP
-# 1.03-1.06x PIPE.  The same sums in the same order (bitwise PIPE) except the log-softmax forward, which takes LSM
-# there as at 513+ (against float64 in the cuda tests).  MINIDNN_SOFTMAX_WARP_FROM; module attribute read at
-# planning time (tools/row_ab.py --warp-from flips it; docs/step_kernels.md, "Session 17: softmax rows of 512 and of
-# 32000 classes").  Off until the GPU A/B.
-WARP_FROM = int(os.environ.get("MINIDNN_SOFTMAX_WARP_FROM", "513"))
+# Session 17 (issue 10: the (65536, 512) float32 softmax / log-softmax forward at 0.95x / 0.93x PyTorch, the log-softmax
+# backward 0.94x; 90-96% of copy): WARP_FROM, the fewest classes a row takes WARP's grid with (uses_warp). 513 (session
+# 13's range) | 257 (the default since run 4, below): rows of 257..512 classes whose PIPE plan is already a whole warp
+# holding 16 elements a lane (float32 260..512, 2-byte 264..512: 4 vectors of 4 / 2 of 8) take it too -- PyTorch's
+# launch shape for them (its persistent warp softmax: 128-thread blocks, a row a warp, 16 elements a lane) with
+# WARP_REGS' 16-element budgets (40 registers: twelve blocks, 48 warps an SM; the log-softmax backward 64: eight) where
+# PIPE keeps four (backward three) 256-thread blocks.  Session 13 measured the same 16-element plan at (16384, 513):
+# WARP 1.03-1.06x PIPE.  The same sums in the same order (bitwise PIPE) except the log-softmax forward, which takes LSM
+# there as at 513+ (against float64 in the cuda tests).  MINIDNN_SOFTMAX_WARP_FROM; module attribute read at planning
+# time (tools/row_ab.py --warp-from flips it; docs/step_kernels.md, "Session 17: softmax rows of 512 and of 32000
+# classes").
+# Default 257 since session 17's run 4 (H200, graph replays, 513 / 257): float32 (65536, 512) softmax / log-softmax
+# forward 1.063x / 1.064x (91% -> 97% of copy; now 1.024x / 1.003x PyTorch), log-softmax backward 1.073x (1.007x
+# PyTorch); (16384, 512) 0.985-1.028x; bfloat16 1.04-1.53x.
+WARP_FROM = int(os.environ.get("MINIDNN_SOFTMAX_WARP_FROM", "257"))
 
 
 def uses_warp(cfg, c, acc):
@@ -1844,12 +1852,16 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
             if stash is None:
                 stash = BWD_STASH_BYTES if BWD_STASH else 0
             both = algo_name == "LOG" and BWD_STASH >= 2
-            bsch, smem = bwd_stash_chunks(cfg, c, algo_name, acc, stash, both)
+            bsch, smem_s = bwd_stash_chunks(cfg, c, algo_name, acc, stash, both)
             if bsch:
                 nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
                 asy = BWD_STASH == 3 and bsch == nch - 1 and cfg.vec > 1     # BSA: the whole row but its last chunk
-                defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ()) + (("BSA=1",) if asy
-                                                                                              else ()) + defines[-1:])
+                # 3 (the default) stashes only where BSA fits: run 4 found the synchronous stashes 0.97-0.99x on
+                # bfloat16 (4096, 50257) and (4096, 32000) softmax (docs/step_kernels.md, ROWSM's section)
+                if asy or BWD_STASH != 3:
+                    smem = smem_s
+                    defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ())
+                               + (("BSA=1",) if asy else ()) + defines[-1:])
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block, smem)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
