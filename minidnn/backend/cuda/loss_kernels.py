@@ -1258,10 +1258,11 @@ def _kernel(source, name, defines):
     return k
 
 
-def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, widen=False):
+def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, widen=False, sm80=True):
     """(source key, kernel name, NAME=VALUE defines, grid groups, blocks per SM cap, threads a block) of ``name``
     ("ce_fwd" / "ce_bwd") for logits of ``shape``: the planner's choice, also what the nvcc check compiles.
-    ``widen``: 16-bit ``dtype`` logits through the float32 kernels -- float32's whole plan, plus XSTORAGE."""
+    ``widen``: 16-bit ``dtype`` logits through the float32 kernels -- float32's whole plan, plus XSTORAGE.
+    ``sm80``: the device runs cp.async (compute capability 8.0+); below it no LONG (its stage is filled by cp.async)."""
     n, c = shape[:2]
     inner = math.prod(shape) // (n * c)
     rows = n * inner
@@ -1284,7 +1285,8 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
             if extra == ("TAIL=2",):                  # FULLK: slots k with k * G + g < C / VEC for every g
                 extra += (f"FULLK={min(cfg.nv, (c // cfg.vec) // cfg.g)}",)
             defines = defines + extra
-            defines = defines + long_defines(base + defines, ce_fast(dtype))
+            if sm80:
+                defines = defines + long_defines(base + defines, ce_fast(dtype))
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)
@@ -1327,8 +1329,10 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
     p.dtype = _F32 if widen else x.dtype             # the loss's and dloss's (T)
     p.acc = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
     arrays = [None] * (9 if name == "ce_fwd" else 7)
+    from .bn_nhwc import l2_info  # (whether the device is sm_80+: cp.async)
     source, kname, defines, groups, per_sm, block = launch_spec(name, x.shape, x.dtype, target.dtype,
-                                                                weight is not None, reduction, eps, widen)
+                                                                weight is not None, reduction, eps, widen,
+                                                                sm80=l2_info(dev)[1])
     # widen: the byte boundary x must sit on for the float32 kernel's row split (XVBYTES; 0: none -- scalar loads)
     vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
     p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 0
