@@ -175,12 +175,13 @@ class _LowCopy:
     views and Tensors are not made again every region.  Before a refill, ``busy`` tells whether anything from an
     earlier region still holds the copy (a graph not yet run backward, or already run with retain_graph: its saved
     weights; a view someone kept): then a new copy is made instead of writing over one in use."""
-    __slots__ = ("buf", "views", "weights", "buf_refs", "stream", "ready_keys", "armed", "__weakref__")
+    __slots__ = ("buf", "views", "weights", "buf_refs", "stream", "ready_keys", "armed", "perms", "__weakref__")
 
     def __init__(self, fs, dtype):
         with _device_guard(fs.device):
             self.buf = fs.xp.empty(fs.param.shape, dtype=dtype)
         self.views = [fs.view(self.buf, j) for j in range(len(fs.params))]
+        self.perms = list(fs.perms)     # the memory orders the views were made for (a relayout makes a new copy)
         self.weights = [None] * len(self.views)
         self.buf_refs = _getrefcount(self.buf)      # the copy, held by this object and its views alone
         self.ready_keys = set()     # the parameters whose records (_READY) name this copy
@@ -269,8 +270,10 @@ def _low_copy(fs, dtype):
     key = id(fs)
     entry = _LOW_COPIES.get(key)
     low = entry[1] if entry is not None and entry[0]() is fs else None
+    # (perms: model.to(memory_format=...) after the optimizer was built re-lays a parameter's flat slot out; the
+    # copy's views of the old order would hand out the weight's values permuted -- review of session 17)
     if low is None or low.stream != stream or low.buf.dtype != dtype or low.buf.shape != fs.param.shape \
-            or low.busy():
+            or low.perms != fs.perms or low.busy():
         if entry is not None:
             _drop_ready(entry[1])
         low = _LowCopy(fs, dtype)
