@@ -156,8 +156,11 @@ def _name(rec):
 
 def _twin_of(on_rec, off_rec):
     """on_rec is off_rec's batch-norm launch with the TWIN option and one more (null) array pointer (12 -> 13)."""
-    assert on_rec[0] == off_rec[0].replace("'-DCACHE=1'", "'-DCACHE=1', '-DTWIN=1'") \
-        or on_rec[0] == off_rec[0].replace("'-std=c++17')", "'-DTWIN=1', '-std=c++17')"), (on_rec[0], off_rec[0])
+    def opts(rec):      # (kernel, its build options in any order: a SPLIT build (session 17) puts TWIN after SPLIT)
+        name, _, rest = rec.partition("(")
+        return name, sorted(rest.rstrip(")").split(", "))
+    (n1, o1), (n0, o0) = opts(on_rec[0]), opts(off_rec[0])
+    assert n1 == n0 and o1 == sorted(o0 + ["'-DTWIN=1'"]), (on_rec[0], off_rec[0])
     assert on_rec[1] == off_rec[1]                                  # grid, block, shared memory
     head = 2 * 8 * 12
     assert on_rec[2][:head + 16] == "0" * (head + 16) and on_rec[2][head + 16:] == off_rec[2][head:]
