@@ -229,7 +229,9 @@ def _gn_backward_launches(shape, groups, dtype, affine):
     d = cpg * s
     one = cpg <= 32 and ((not NK.V1 and NK.row_config2(d, dtype, True, "gn_bwd") is not None)
                          or NK.row_config(d, dtype)[1] > 0)
-    one = one or (not NK.V1 and GC.GN_CLUSTER and GC.plan(d, s, np.dtype(dtype).itemsize, True, cpg) is not None)
+    item = np.dtype(dtype).itemsize
+    one = one or (not NK.V1 and GC.GN_CLUSTER and (item == 4 or GC.BWD16)
+                  and GC.plan(d, s, item, True, cpg) is not None)
     return (1 if one else 2) + affine
 
 

@@ -269,11 +269,14 @@ got = run((4, 256, 56, 56), 32)        # the table's (32, 256, 56, 56) G=32 at b
 assert got == [("gn_fwdc", (128 * 7, 1, 1, 256, 1, 1, 0)), ("gn_bwdc", (128 * 7, 1, 1, 256, 1, 1, 0)),
                ("col_sum", got[2][1])], got
 assert [n for n, _ in run((4, 256, 56, 56), 32, affine=False)] == ["gn_fwdc", "gn_bwdc"]
-# 16-bit: the backward on clusters, the forward only with FWD16 (run 3: the looped forward 1.05x faster)
-assert [n for n, _ in run((2, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["norm_fwd", "gn_bwdc", "col_sum"]
+# 16-bit: the looped kernels unless FWD16 / BWD16 (run 3 and the H200 A/B: the looped 16-bit forward 1.05x faster,
+# the backward 1.06x on the table's shape)
+assert [n for n, _ in run((2, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
 GC.FWD16 = True
+assert [n for n, _ in run((2, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["gn_fwdc", "row_sums", "col_sum", "gn_dx"]
+GC.BWD16 = True
 assert [n for n, _ in run((2, 256, 56, 56), 32, ml_dtypes.bfloat16)] == ["gn_fwdc", "gn_bwdc", "col_sum"]
-GC.FWD16 = False
+GC.FWD16 = GC.BWD16 = False
 # the register kernels' rows keep them: the table's (128, 64, 56, 56) G=32, a small CNN's group norm
 assert [n for n, _ in run((2, 64, 56, 56), 32)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
 assert [n for n, _ in run((8, 32, 8, 8), 8)] == ["norm_fwd2", "gn_bwd2", "col_sum"]
@@ -393,11 +396,12 @@ def cp():
 
 @pytest.fixture
 def on(monkeypatch):
-    """The cluster route on (the 16-bit forward too: FWD16), plans forgotten before and after; yields the launched
+    """The cluster route on (16-bit data too: FWD16, BWD16), plans forgotten before and after; yields the launched
     kernels' names."""
     from minidnn.backend.cuda import launch
     monkeypatch.setattr(GC, "GN_CLUSTER", True)
     monkeypatch.setattr(GC, "FWD16", True)
+    monkeypatch.setattr(GC, "BWD16", True)
     NK._plans.clear()
     got = []
     real = launch.Prepared.__call__

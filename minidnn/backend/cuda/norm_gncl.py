@@ -36,7 +36,7 @@ alive until the cluster has read them.  Deterministic; nothing read back to the 
 Switch: GN_CLUSTER (MINIDNN_GN_CLUSTER, read at import; norm_kernels reads the attribute at planning time, so set
 it and clear norm_kernels._plans for an in-process A/B): "1" routes group-norm rows that no register path of
 norm_kernels takes (row_config2 None: float32 D > 8192, 16-bit D > 16384) to these kernels where `plan` fits them;
-"0" keeps the looped kernels; "1" is the default since session 17's run 3 (16-bit forwards only with FWD16).  Never
+"0" keeps the looped kernels; "1" is the default since session 17's run 3 (16-bit data only with FWD16 / BWD16).  Never
 planned for rows norm_kernels holds in registers: (128, 64, 56, 56) G=32 and every smaller shape keep their kernels.
 """
 from __future__ import annotations
@@ -56,9 +56,12 @@ GN_CLUSTER = os.environ.get("MINIDNN_GN_CLUSTER", "1") == "1"
 # Session 17's run 3 (H100, graph replays, looped kernels / clusters): float32 (32, 256, 56, 56) G=32 forward 1.37x
 # (67% -> 91% of copy), backward 1.60x (53% -> 85%), (64, 96, 48, 48) G=8 1.46x / 1.63x, (16, 512, 28, 28) 1.04x /
 # 1.49x; 16-bit backward 1.05-1.09x, but the 16-bit forward 0.94-0.95x (two vectors a thread: the blocks alternate
-# loads and stores with too little in flight).  So on by default, the 16-bit forward only with FWD16
-# (MINIDNN_GN_CLUSTER_FWD16=1).
+# loads and stores with too little in flight).  The H200 (session 17's last A/B): float32 forward 1.18-1.30x, backward
+# 1.45-1.58x (70-77% of copy), but the 16-bit backward 0.94x at (32, 256, 56, 56) (1.04x at (64, 96, 48, 48)).  So
+# on by default for float32; 16-bit forwards only with FWD16 (MINIDNN_GN_CLUSTER_FWD16=1), 16-bit backwards only with
+# BWD16 (MINIDNN_GN_CLUSTER_BWD16=1).
 FWD16 = os.environ.get("MINIDNN_GN_CLUSTER_FWD16", "0") == "1"
+BWD16 = os.environ.get("MINIDNN_GN_CLUSTER_BWD16", "0") == "1"
 # threads a block (MINIDNN_GN_CLUSTER_NT, read at import; tools/norm_s17_ab.py's "new512" sets the attribute): 256,
 # or 512 -- half the blocks a cluster (CL 4 for the table's float32 rows) and a cheaper meeting, half the blocks an
 # SM; the register budgets are the same (the launch bounds' blocks an SM scale with 256 / NT)

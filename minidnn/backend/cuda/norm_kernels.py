@@ -2192,7 +2192,7 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
                                             np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
         return one, None, col, c
-    if version != "v1" and aligned and _gncl.usable(dev):
+    if version != "v1" and aligned and _gncl.usable(dev) and (x.dtype.itemsize == 4 or _gncl.BWD16):
         # session 17: x and dy of a long group row held by a thread-block cluster, one launch + col_sum (norm_gncl)
         one = _gncl.prepare_backward(x, num_groups, scale)
         if one is not None:
