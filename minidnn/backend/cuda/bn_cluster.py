@@ -111,17 +111,9 @@ SHADOW_HEADER = r"""
 #endif
 """
 
-SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + SHADOW_HEADER + r"""
-typedef PARAM P;
-#define VEC (16 / (int)sizeof(T))
-#define NW (NT / 32)
-union Pack { uint4 raw; T v[VEC]; };
-
-__device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
-{
-    return (__umulhi(n, mul) + n) >> shr;
-}
-""" + DX_NHWC_HEADER + r"""
+# The cluster primitives every thread-block-cluster kernel uses (this file's, norm_gncl's): the block's rank in
+# its cluster, the releasing arrive and the acquiring wait of the cluster barrier.
+CLUSTER_HEADER = r"""
 __device__ __forceinline__ unsigned int cluster_rank()
 {
     unsigned int r;
@@ -136,7 +128,20 @@ __device__ __forceinline__ void cluster_wait()
 {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// streaming (evict-first) loads and stores: nothing here is read again from L2
+"""
+
+SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + SHADOW_HEADER + r"""
+typedef PARAM P;
+#define VEC (16 / (int)sizeof(T))
+#define NW (NT / 32)
+union Pack { uint4 raw; T v[VEC]; };
+
+__device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mul, unsigned int shr)
+{
+    return (__umulhi(n, mul) + n) >> shr;
+}
+""" + DX_NHWC_HEADER + r"""
+""" + CLUSTER_HEADER + r"""// streaming (evict-first) loads and stores: nothing here is read again from L2
 __device__ __forceinline__ Pack ldcs(const T* p)
 {
     Pack r;

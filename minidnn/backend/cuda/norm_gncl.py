@@ -47,6 +47,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from .bn_cluster import CLUSTER_HEADER
 from .softmax_kernels import WARP_REDUCE
 from .storage import STORAGE_HEADER, type_info
 
@@ -126,26 +127,13 @@ __device__ __forceinline__ unsigned int divu(unsigned int n, unsigned int mul, u
 {
     return (__umulhi(n, mul) + n) >> shr;
 }
-__device__ __forceinline__ unsigned int cluster_rank()
-{
-    unsigned int r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_arrive()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-}
+""" + CLUSTER_HEADER + r"""
 // The closing arrive: this block only says it is done READING the others' shared memory (the loaded values were all
 // consumed before it), so no release fence -- ptxas puts a MEMBAR.ALL.GPU before a releasing arrive, which would
 // wait for the rank-0 block's sums stores.
 __device__ __forceinline__ void cluster_arrive_relaxed()
 {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait()
-{
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // The A at `local` (this block's shared memory) in the block of cluster rank `rank`.
 __device__ __forceinline__ A remote_ld(const A* local, unsigned int rank)
