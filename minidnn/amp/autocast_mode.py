@@ -408,8 +408,12 @@ def _direct_recorded(t, low, s):
         entry = _owners[id(t)]
         fs = entry[1]()
         kept = s["flat_low"][id(fs)][3]
-        _READY[id(t)] = (t, id(fs), entry[2], kept, t.data, kept.buf.dtype)
-        kept.ready_keys.add(id(t))
+        cur = _LOW_COPIES.get(id(fs))
+        if cur is not None and cur[1] is kept:
+            # (only a copy still kept: another thread's region may have replaced this one, whose records were
+            # dropped then -- a record made now would keep the replaced copy alive; session 17's review)
+            _READY[id(t)] = (t, id(fs), entry[2], kept, t.data, kept.buf.dtype)
+            kept.ready_keys.add(id(t))
     return w
 
 
