@@ -157,17 +157,16 @@ def test_bwd_stash_rule(monkeypatch):
 def test_call_stash_device_limit(monkeypatch):
     """call_stash: 0 for forwards and with BWD_STASH 0; BWD_STASH_BYTES within the device's opt-in limit (less 1 KB
     for the static shared memory; the whole budget where the device does not say); a bad setting is an error."""
-    from minidnn.backend.cuda import bn_nhwc
-    monkeypatch.setattr(bn_nhwc, "smem_limits", lambda dev: (233472, 232448))           # H100 / H200
+    monkeypatch.setattr(_sk, "smem_limits", lambda dev: (233472, 232448))           # H100 / H200
     monkeypatch.setattr(_sk, "BWD_STASH", 0)
     assert _sk.call_stash(True, 0) == 0
     monkeypatch.setattr(_sk, "BWD_STASH", 1)
     assert (_sk.call_stash(False, 0), _sk.call_stash(True, 0)) == (0, 200 * 1024)
-    monkeypatch.setattr(bn_nhwc, "smem_limits", lambda dev: (102400, 101376))           # a 99 KB-a-block GPU
+    monkeypatch.setattr(_sk, "smem_limits", lambda dev: (102400, 101376))           # a 99 KB-a-block GPU
     assert _sk.call_stash(True, 0) == 101376 - 1024
     s = _sk.launch_spec(True, (4096, 32000), (1,), "ACCURATE", np.float32, stash=_sk.call_stash(True, 0))
     assert _defs(s.defines)["BSCH"] == 1 and s.smem == 64 * 1024
-    monkeypatch.setattr(bn_nhwc, "smem_limits", lambda dev: (0, 0))
+    monkeypatch.setattr(_sk, "smem_limits", lambda dev: (0, 0))
     assert _sk.call_stash(True, 0) == 200 * 1024
     monkeypatch.setattr(_sk, "BWD_STASH", 4)
     with pytest.raises(ValueError, match="0, 1, 2 or 3"):

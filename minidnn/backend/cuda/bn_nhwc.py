@@ -1269,6 +1269,13 @@ def l2_info(dev):
     return r
 
 
+def sm80(dev) -> bool:
+    """Whether GPU ``dev`` is sm_80 or newer (l2_info's flag): the cache-hint PTX KEEP uses, and cp.async, which the
+    cross-entropy LONG stage and the softmax backward's stash 3 fill shared memory with.  False where it does not
+    say."""
+    return l2_info(dev)[1]
+
+
 def keep_steps(l2_bytes, frac, step_bytes, n, ks):
     """KEEP's kl: the reduction's newest steps of the re-read arrays (``step_bytes`` a step over the grid) that fill
     ``frac`` of L2, at most the n - ks a thread does not keep in shared memory."""

@@ -33,6 +33,7 @@ from . import launch as _launch
 from . import softmax_kernels as _sk
 from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, type_info
+from .bn_nhwc import sm80 as _sm80
 from .softmax_kernels import ROW_HEADER, WARP_REDUCE, row_defines
 
 __all__ = ["supports", "forward", "backward", "SOURCE", "SOURCE_ROWS"]
@@ -1329,10 +1330,9 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
     p.dtype = _F32 if widen else x.dtype             # the loss's and dloss's (T)
     p.acc = np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
     arrays = [None] * (9 if name == "ce_fwd" else 7)
-    from .bn_nhwc import l2_info  # (whether the device is sm_80+: cp.async)
     source, kname, defines, groups, per_sm, block = launch_spec(name, x.shape, x.dtype, target.dtype,
                                                                 weight is not None, reduction, eps, widen,
-                                                                sm80=l2_info(dev)[1])
+                                                                sm80=_sm80(dev))
     # widen: the byte boundary x must sit on for the float32 kernel's row split (XVBYTES; 0: none -- scalar loads)
     vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
     p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 0

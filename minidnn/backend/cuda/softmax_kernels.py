@@ -49,6 +49,7 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, type_info
+from .bn_nhwc import l2_info, sm80, smem_limits
 
 __all__ = ["supports", "collapse", "forward", "backward", "row_config", "SOURCE", "SOURCE_V1", "ROW_HEADER",
            "WARP_REDUCE", "SOURCE_COLS", "launch_spec", "Spec", "RowConfig"]
@@ -1573,7 +1574,6 @@ HINT_BY_SIZE = os.environ.get("MINIDNN_SOFTMAX_HINT_BY_SIZE", "1") != "0"
 
 def _l2_bytes(dev):
     """The L2 bytes of GPU ``dev`` (0 where the device does not say)."""
-    from .bn_nhwc import l2_info
     return l2_info(dev)[0]
 
 
@@ -1904,8 +1904,7 @@ def call_stash(backward, dev):
         return 0
     if BWD_STASH not in (1, 2, 3):
         raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1, 2 or 3")
-    from .bn_nhwc import l2_info, smem_limits
-    if BWD_STASH == 3 and not l2_info(dev)[1]:      # 3's stash is filled by cp.async: sm_80+; else no stash
+    if BWD_STASH == 3 and not sm80(dev):        # 3's stash is filled by cp.async: sm_80+; else no stash
         return 0
     optin = smem_limits(dev)[1]
     return min(BWD_STASH_BYTES, optin - 1024) if optin else BWD_STASH_BYTES
