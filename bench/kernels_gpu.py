@@ -183,6 +183,27 @@ def copy_bandwidth(cp, timer):
     return 2 * src.nbytes / (ms * 1e-3) / 1e9
 
 
+def ab_start(tool, trials, rounds, how="settings alternated", benchmark=False):
+    """The tools' A/B runs' common start (tools/row_ab.py, ce_long_ab.py, norm_s17_ab.py, ktable_ab.py, ln_ab.py):
+    None, with a line saying so, where there is no CUDA GPU with CuPy; else (cp, torch or None, a Timer of ``trials``
+    replays, the copy bandwidth in GB/s), the device line printed.  ``benchmark``: torch.backends.cudnn.benchmark on."""
+    if not _dev.cuda_is_available():
+        print(f"{tool}: no CUDA GPU with CuPy here; nothing to measure")
+        return None
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        if benchmark:
+            torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    timer = Timer(cp, torch, trials)
+    bw = copy_bandwidth(cp, timer)
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
+          f"{rounds} rounds ({how}), graph replays of {trials} trials each")
+    return cp, torch, timer, bw
+
+
 def _np_dtype(name):
     if name == "bfloat16":
         import ml_dtypes

@@ -34,7 +34,6 @@ import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the copy bandwidt
 import numpy as np  # noqa: E402
 
 import minidnn.backend as B  # noqa: E402
-from minidnn.backend import devices as _dev  # noqa: E402
 
 
 def _forget():
@@ -142,18 +141,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=5)
     args = ap.parse_args(argv)
-    if not _dev.cuda_is_available():
-        print("ce_long_ab: no CUDA GPU with CuPy here; nothing to measure")
+    start = KG.ab_start("ce_long_ab", args.trials, args.rounds, "settings alternated")
+    if start is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    timer = KG.Timer(cp, torch, args.trials)
-    bw = KG.copy_bandwidth(cp, timer)
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
-          f"{args.rounds} rounds (settings alternated), graph replays of {args.trials} trials each")
+    cp, torch, timer, bw = start
     settings = [s for s in args.settings.split(",") if s]
     with KG.torch_stream(torch):
         for dtype_name in args.dtypes.split(","):

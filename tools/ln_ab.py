@@ -40,7 +40,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 
-from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
 
 ROWS = {"big": (16384, 1024), "bert": (4096, 768), "long": (2048, 4096), "small": (8, 768)}
@@ -169,19 +168,10 @@ def main(argv=None):
     fwd_settings = args.fwd_settings.split(",")
     if any(s not in SETTINGS for s in settings) or any(s not in FWD_SETTINGS for s in fwd_settings):
         ap.error(f"--settings: each of {', '.join(SETTINGS)}; --fwd-settings: of {', '.join(FWD_SETTINGS)}")
-    if not _dev.cuda_is_available():
-        print("ln_ab: no CUDA GPU with CuPy here; nothing to measure")
+    start = KG.ab_start("ln_ab", args.trials, args.rounds, "settings rotated", benchmark=True)
+    if start is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        torch.backends.cudnn.benchmark = True
-    except ImportError:
-        torch = None
-    timer = KG.Timer(cp, torch, args.trials)
-    bw = KG.copy_bandwidth(cp, timer)
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
-          f"{args.rounds} rounds (settings rotated), graph replays of {args.trials} trials each")
+    cp, torch, timer, bw = start
     with KG.torch_stream(torch):           # PyTorch's ops on one stream, so its backwards can be captured
         for dtype_name in args.dtypes.split(","):
             for key in args.rows.split(","):

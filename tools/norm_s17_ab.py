@@ -41,7 +41,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 
-from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import launch as _launch  # noqa: E402
 from minidnn.backend.cuda import norm_gncl as GC  # noqa: E402
 from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
@@ -162,19 +161,10 @@ def main(argv=None):
     ln_rows = [k for k in args.ln.split(",") if k]
     if any(k not in ROWS for k in rows) or any(k not in LN_ROWS for k in ln_rows):
         ap.error(f"--rows: each of {', '.join(ROWS)}; --ln: of {', '.join(LN_ROWS)}")
-    if not _dev.cuda_is_available():
-        print("norm_s17_ab: no CUDA GPU with CuPy here; nothing to measure")
+    start = KG.ab_start("norm_s17_ab", args.trials, args.rounds, "order swapped each round", benchmark=True)
+    if start is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        torch.backends.cudnn.benchmark = True
-    except ImportError:
-        torch = None
-    timer = KG.Timer(cp, torch, args.trials)
-    bw = KG.copy_bandwidth(cp, timer)
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
-          f"{args.rounds} rounds (order swapped each round), graph replays of {args.trials} trials each")
+    cp, torch, timer, bw = start
     with KG.torch_stream(torch):           # PyTorch's ops on one stream, so its backwards can be captured
         todo = [(k, d) for d in args.dtypes.split(",") for k in rows if d != "float16" or k == "big"]
         todo += [(k, d) for d in args.ln_dtypes.split(",") for k in ln_rows if d != "float16" or k == "ln768"]

@@ -68,8 +68,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 import numpy as np  # noqa: E402
 
-from minidnn.backend import devices as _dev  # noqa: E402
-
 SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2"), "lsmx": ("0", "1", "2"), "lsmxbwd": ("0", "1", "2"),
             "smxbwd": ("0", "1", "2"), "lsm": ("0", "1", "2", "smx")}
 NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd", "lsmxbwd": "log-softmax bwd",
@@ -284,18 +282,10 @@ def main(argv=None):
                     help="FWD_LSM settings for the op lsm, the first the reference; 'smx': softmax's forward in the "
                          "same rounds")
     args = ap.parse_args(argv)
-    if not _dev.cuda_is_available():
-        print("row_ab: no CUDA GPU with CuPy here; nothing to measure")
+    start = KG.ab_start("row_ab", args.trials, args.rounds, "settings alternated")
+    if start is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    timer = KG.Timer(cp, torch, args.trials)
-    bw = KG.copy_bandwidth(cp, timer)
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
-          f"{args.rounds} rounds (settings alternated), graph replays of {args.trials} trials each")
+    cp, torch, timer, bw = start
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     hints = [f"h{v}" for v in args.hint.split(",") if v]
     if any(h not in ("h0", "h1", "h2") for h in hints):
