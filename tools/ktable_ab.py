@@ -51,8 +51,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 
-from minidnn.backend import devices as _dev  # noqa: E402
-
 
 def _forget_softmax():
     from minidnn.backend import softmax as _smx
@@ -347,19 +345,10 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--trials", type=int, default=5)
     args = ap.parse_args(argv)
-    if not _dev.cuda_is_available():
-        print("ktable_ab: no CUDA GPU with CuPy here; nothing to measure")
+    start = KG.ab_start("ktable_ab", args.trials, args.rounds, "on / off, alternating order", benchmark=True)
+    if start is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        torch.backends.cudnn.benchmark = True
-    except ImportError:
-        torch = None
-    timer = KG.Timer(cp, torch, args.trials)
-    bw = KG.copy_bandwidth(cp, timer)
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
-          f"{args.rounds} rounds of on/off (alternating order), graph replays of {args.trials} trials each")
+    cp, torch, timer, bw = start
     with KG.torch_stream(torch):           # PyTorch's ops on one stream, so its backwards can be captured
         for dtype_name in args.dtypes.split(","):
             cases = KG.Cases(cp, torch, dtype_name)
