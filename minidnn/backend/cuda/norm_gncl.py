@@ -84,7 +84,9 @@ def minb(backward):
 
 _PSTORAGE = {"float32": ("float", 0), "float16": ("float", 1), "bfloat16": ("float", 2)}
 
-SOURCE = STORAGE_HEADER + WARP_REDUCE + r"""
+# The data conventions of the group-norm kernels here and in norm_gn16 (parameters PT / LDP, the raw 16-byte
+# vector V and its value e, the divider), written once.
+GN_DATA_HEADER = r"""
 #if PSTORAGE == 0
 typedef PARAM PT;
 __device__ __forceinline__ A LDP(PT v) { return (A)v; }
@@ -127,26 +129,10 @@ __device__ __forceinline__ unsigned int divu(unsigned int n, unsigned int mul, u
 {
     return (__umulhi(n, mul) + n) >> shr;
 }
-""" + CLUSTER_HEADER + r"""
-// The closing arrive: this block only says it is done READING the others' shared memory (the loaded values were all
-// consumed before it), so no release fence -- ptxas puts a MEMBAR.ALL.GPU before a releasing arrive, which would
-// wait for the rank-0 block's sums stores.
-__device__ __forceinline__ void cluster_arrive_relaxed()
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-// The A at `local` (this block's shared memory) in the block of cluster rank `rank`.
-__device__ __forceinline__ A remote_ld(const A* local, unsigned int rank)
-{
-    unsigned long long g;
-    unsigned int addr;
-    A v;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-    return v;
-}
+"""
 
+# K block sums in warp order (deterministic), shared with norm_gn16.
+GN_BLOCK_SUMS = r"""
 // K sums over the block: warp butterflies, then the warps added in order by thread j < K into out[j]; every thread
 // may read out[] after it returns.  (wred is reused by the next call only after this call's last barrier.)
 template <int K> __device__ __forceinline__ void block_sums(A (&v)[K], A* out)
@@ -167,7 +153,28 @@ template <int K> __device__ __forceinline__ void block_sums(A (&v)[K], A* out)
     }
     __syncthreads();
 }
+"""
 
+SOURCE = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + CLUSTER_HEADER + r"""
+// The closing arrive: this block only says it is done READING the others' shared memory (the loaded values were all
+// consumed before it), so no release fence -- ptxas puts a MEMBAR.ALL.GPU before a releasing arrive, which would
+// wait for the rank-0 block's sums stores.
+__device__ __forceinline__ void cluster_arrive_relaxed()
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+// The A at `local` (this block's shared memory) in the block of cluster rank `rank`.
+__device__ __forceinline__ A remote_ld(const A* local, unsigned int rank)
+{
+    unsigned long long g;
+    unsigned int addr;
+    A v;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+    return v;
+}
+""" + GN_BLOCK_SUMS + r"""
 // This block's vector range [lo, hi) of its group row.
 __device__ __forceinline__ void block_range(int nvec, unsigned int rank, int& lo, int& hi)
 {
