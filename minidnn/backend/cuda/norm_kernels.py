@@ -79,6 +79,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import norm_gn16 as _gn16
 from . import norm_gncl as _gncl
 from . import workspace as _ws
 from .softmax_kernels import WARP_REDUCE
@@ -1945,6 +1946,11 @@ def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned,
             return _ln_forward_plan3(x, rows, d, scale, bias, eps, cfg3, palign, dev, smem=version != "v3",
                                      keep=version in ("v3k", "v3kw") and cfg3[0] <= LN3K_MAX_TEAM)
     cfg = None if version == "v1" else row_config2(d, x.dtype, aligned, "fwd")
+    if cfg is None and grouped and version != "v1" and aligned and x.dtype.itemsize == 2 and _gn16.usable(dev):
+        # session 18: a 16-bit group row no team holds in registers, stashed in one block's shared memory (norm_gn16)
+        go = _gn16.prepare_forward(x, g, scale, bias, eps, (scale is not None) | (bias is not None) << 1, dev)
+        if go is not None:
+            return go, _acc(x.dtype)
     if (cfg is None and grouped and version != "v1" and aligned and _gncl.usable(dev)
             and (x.dtype.itemsize == 4 or _gncl.FWD16)):
         # session 17: a group row no team holds in registers, held by a thread-block cluster (norm_gncl)
@@ -2192,6 +2198,11 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
                                             np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
         return one, None, col, c
+    if version != "v1" and aligned and x.dtype.itemsize == 2 and _gn16.usable(dev):
+        # session 18: x and dy of a long 16-bit group row stashed in one block's shared memory (norm_gn16)
+        one = _gn16.prepare_backward(x, num_groups, scale, dev)
+        if one is not None:
+            return one, None, col, c
     if version != "v1" and aligned and _gncl.usable(dev) and (x.dtype.itemsize == 4 or _gncl.BWD16):
         # session 17: x and dy of a long group row held by a thread-block cluster, one launch + col_sum (norm_gncl)
         one = _gncl.prepare_backward(x, num_groups, scale)

@@ -1,0 +1,321 @@
+"""Group norm of large 16-bit groups with the group row stashed in one block's shared memory (sm_80+, cp.async):
+forward and backward in one launch each (+ col_sum for dscale / dbias), x (and dy) read from DRAM exactly once.
+
+Shape legend: x, y, dy, dx (N, C, *S) C-contiguous, 16-bit (float16 / bfloat16), seen as rows = N * G group rows of
+D = cpg * S values (cpg = C / G channels of S values); a row is nvec = D / 8 16-byte vectors, a channel plane
+iv = S / 8 of them (S % 8 == 0: a vector lies in one channel).  scale, bias (C,) in x's dtype or float32; mean, rstd
+(N, G) float; sums (N, 2C) float: e = sum(dy * xhat) at c, s = sum(dy) at C + c (norm_kernels' col_sum makes
+dscale / dbias of them).
+
+Why: a 16-bit group row beyond 16384 values (GroupNorm(32, 256) on 56 x 56: 25088 values, 49 KB) is past every
+register path of norm_kernels.  The looped kernels read it twice forward (59% of copy on an H200) and x, dy twice
+backward in three launches (38%); session 17's cluster kernels hold it in registers, but at two 16-byte vectors a
+thread too few bytes were in flight and 16-bit lost 5-6% on the H200.  Shared memory holds the row instead: 49 KB
+(forward) / 98 KB (backward, x and dy) a block, so four / two blocks an SM.
+
+Bytes in flight (Little's law): ~3.5 TB/s at ~600-800 ns of DRAM latency is 2.1-2.8 MB over 132 SMs, 16-21 KB an
+SM.  Every block issues its whole row as cp.async copies before it waits on any (49 KB forward, 98 KB backward: 2.5-6
+times an SM's need from one block), so while one block of an SM reduces or stores, another still has its loads out.
+
+Tiling: grid = rows blocks of NT = 512 threads (one group row a block; dynamic shared memory = the row).
+  gn_fwds  thread t copies vectors t + k NT (commit group k); it adds vector k's values to its sum as soon as group
+           k has landed (cp.async.wait_group), so the sum streams with the loads; block sum -> mean; the exact second
+           moment about the mean from shared memory (a second block sum) -> rstd; y = (x - mean) rstd scale[c] +
+           bias[c] from shared memory.  Each thread reads back only the vectors it copied: no barrier for the data.
+  gn_bwds  channel by channel (commit group c = plane c of x and of dy; thread t copies vectors c iv + t + k NT):
+           per channel, as it lands, sum d, sum dy, sum dy d (d = x - mean) -> warp sums -> wpart[warp][c]; the warps
+           added in order -> chs[c]; the row's sums from the channels' (sum g = sum_c scale[c] sum dy, sum g d =
+           sum_c scale[c] sum dy d), the re-centring offset off = sum d / D (norm_kernels' RECENTRE), e = rstd (sum
+           dy d - off sum dy), s = sum dy per channel into sums, then dx = rstd (g - mean(g) - xhat mean(g xhat)),
+           xhat = (d - off) rstd, from shared memory.
+Every sum is in a fixed order: deterministic, bitwise repeatable; nothing read back to the host (graph-capturable).
+
+Switch: GN_STASH16 (MINIDNN_GN_STASH16, read at import; norm_kernels reads the attribute at planning time, so set it
+and clear norm_kernels._plans for an in-process A/B): "1" routes 16-bit group-norm rows no register path takes
+(row_config2 None) to these kernels where `plan` fits them (ahead of the cluster kernels' FWD16 / BWD16), on sm_80+;
+"0" (the default until the GPU A/B) keeps the kernels before.  float32 keeps the cluster kernels.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import devices as _dev
+from . import launch as _launch
+from .bn_nhwc import sm80, smem_limits
+from .norm_gncl import _PSTORAGE, GN_BLOCK_SUMS, GN_DATA_HEADER, _divider
+from .softmax_kernels import WARP_REDUCE
+from .storage import STORAGE_HEADER, type_info
+
+__all__ = ["SOURCE", "GN_STASH16", "plan", "prepare_forward", "prepare_backward", "usable", "options"]
+
+GN_STASH16 = os.environ.get("MINIDNN_GN_STASH16", "0") == "1"
+NT = 512            # threads a block (the kernels' launch bounds)
+MINB_FWD = 4        # launch bounds: <= 32 registers, four blocks an SM (a 49 KB row each: four fit 228 KB)
+MINB_BWD = 2        # <= 64 registers, two an SM (98 KB each)
+MIN_BLOCKS = 2      # the blocks an SM the stash must leave room for: one loading while another reduces / stores
+BWD_MIN_IV = 128    # backward: vectors a plane at least (a channel's pass uses min(iv, NT) threads)
+CPG_MAX = 64        # backward: channels a group at most (the warps' channel sums live in shared memory)
+STATIC_SMEM = 256   # the kernels' static shared memory, an upper bound (block_sums' per-warp slots, the totals)
+
+SOURCE = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + GN_BLOCK_SUMS + r"""
+#if STORAGE == 0
+#error "gn_fwds / gn_bwds: 16-bit data only"
+#endif
+// 16 bytes from global straight to shared memory (no registers, L1 bypassed)
+__device__ __forceinline__ void cp16(V* sdst, const V* gsrc)
+{
+    unsigned int sa;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(sa) : "l"(sdst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(sa), "l"(gsrc) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" : : : "memory"); }
+// Wait until at most n of this thread's commit groups are still in flight.  PTX wants n as an immediate, hence the
+// switch; n beyond 15 waits as for 15 (earlier than needed, never later).
+#define GN16_WAIT(k) case k: asm volatile("cp.async.wait_group " #k ";" : : : "memory"); break;
+__device__ __forceinline__ void cp_wait(int n)
+{
+    switch (n < 15 ? n : 15) {
+        GN16_WAIT(0) GN16_WAIT(1) GN16_WAIT(2) GN16_WAIT(3) GN16_WAIT(4) GN16_WAIT(5) GN16_WAIT(6) GN16_WAIT(7)
+        GN16_WAIT(8) GN16_WAIT(9) GN16_WAIT(10) GN16_WAIT(11) GN16_WAIT(12) GN16_WAIT(13) GN16_WAIT(14)
+        default: asm volatile("cp.async.wait_group 15;" : : : "memory");
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT, MINB)
+gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
+        A* __restrict__ mean_out, A* __restrict__ rstd_out, const int D, const int G, const int cpg,
+        const unsigned int iv_mul, const unsigned int iv_shr, const double eps, const int flags)
+{
+    extern __shared__ __align__(16) unsigned char dyn_sm[];
+    V* const row = reinterpret_cast<V*>(dyn_sm);
+    __shared__ A tot[2];
+    const long long r = blockIdx.x;
+    const int t = threadIdx.x, nvec = D / VEC, nst = (nvec + NT - 1) / NT;
+    const V* xr = reinterpret_cast<const V*>(x + r * D);
+    for (int k = 0; k < nst; ++k) {         // the whole row in flight: group k = every thread's k-th vector
+        const int vi = t + k * NT;
+        if (vi < nvec) cp16(row + vi, xr + vi);
+        cp_commit();
+    }
+    A s[1] = {0};
+    for (int k = 0; k < nst; ++k) {         // the sum as the groups land
+        cp_wait(nst - 1 - k);
+        const int vi = t + k * NT;
+        if (vi < nvec) {
+            const V v = row[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s[0] += LDE(v, e);
+        }
+    }
+    block_sums<1>(s, tot);
+    const A mean = tot[0] / (A)D;
+    A q[1] = {0};
+    for (int vi = t; vi < nvec; vi += NT) {
+        const V v = row[vi];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) { const A d = LDE(v, e) - mean; q[0] += d * d; }
+    }
+    block_sums<1>(q, tot + 1);
+    const A rstd = (A)1 / sqrt(tot[1] / (A)D + (A)eps);
+    if (t == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
+    const int g0 = (int)((unsigned long long)r % (unsigned int)G) * cpg;
+    V* yr = reinterpret_cast<V*>(y + r * D);
+    for (int vi = t; vi < nvec; vi += NT) {
+        A sc = rstd, bi = 0;
+        if (flags & (F_SCALE | F_BIAS)) {
+            const int p = g0 + (int)divu((unsigned int)vi, iv_mul, iv_shr);
+            if (flags & F_SCALE) sc *= LDP(scale[p]);
+            if (flags & F_BIAS) bi = LDP(bias[p]);
+        }
+        const V v = row[vi];
+        V w;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(v, e) - mean) * sc + bi);
+        yr[vi] = w;
+    }
+}
+
+// Backward.  Dynamic shared memory: x's row, dy's row (nvec vectors each), wpart [NW][cpg][3], chs [cpg][3].
+extern "C" __global__ void __launch_bounds__(NT, MINB)
+gn_bwds(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+        const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const int D, const int C, const int G,
+        const int cpg, const int iv, const int flags)
+{
+    extern __shared__ __align__(16) unsigned char dyn_sm[];
+    const int t = threadIdx.x, nvec = D / VEC;
+    V* const xs = reinterpret_cast<V*>(dyn_sm);
+    V* const gs = xs + nvec;
+    A* const wpart = reinterpret_cast<A*>(gs + nvec);
+    A* const chs = wpart + NW * cpg * 3;
+    __shared__ A tot[3];
+    const long long r = blockIdx.x;
+    const unsigned int n_ = (unsigned int)((unsigned long long)r / (unsigned int)G);
+    const int g0 = (int)((unsigned int)r - n_ * (unsigned int)G) * cpg;
+    const V* xr = reinterpret_cast<const V*>(x + r * D);
+    const V* gr = reinterpret_cast<const V*>(dy + r * D);
+    for (int c = 0; c < cpg; ++c) {         // the whole row in flight: group c = plane c of x and dy
+        for (int vi = c * iv + t; vi < (c + 1) * iv; vi += NT) { cp16(xs + vi, xr + vi); cp16(gs + vi, gr + vi); }
+        cp_commit();
+    }
+    const A mu = mean[r], is = rstd[r];
+    for (int c = 0; c < cpg; ++c) {         // each channel's sums as its plane lands
+        cp_wait(cpg - 1 - c);
+        A p0 = 0, p1 = 0, p2 = 0;
+        for (int vi = c * iv + t; vi < (c + 1) * iv; vi += NT) {
+            const V a = xs[vi], b = gs[vi];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A d = LDE(a, e) - mu, gy = LDE(b, e);
+                p0 += d; p1 += gy; p2 += gy * d;
+            }
+        }
+        p0 = warp_sum(p0); p1 = warp_sum(p1); p2 = warp_sum(p2);
+        if ((t & 31) == 0) {
+            A* o = wpart + ((t >> 5) * cpg + c) * 3;
+            o[0] = p0; o[1] = p1; o[2] = p2;
+        }
+    }
+    __syncthreads();
+    for (int q = t; q < 3 * cpg; q += NT) {     // channel sums: the warps in order
+        A v = 0;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) v += wpart[w * cpg * 3 + q];
+        chs[q] = v;
+    }
+    __syncthreads();
+    if (t < 32) {                               // the row's sums from the channels' (lane order, then butterflies)
+        A s0 = 0, s1 = 0, s2 = 0;
+        for (int c = t; c < cpg; c += 32) {
+            const A sc = (flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1;
+            s0 += chs[3 * c]; s1 += sc * chs[3 * c + 1]; s2 += sc * chs[3 * c + 2];
+        }
+        s0 = warp_sum(s0); s1 = warp_sum(s1); s2 = warp_sum(s2);
+        if (t == 0) { tot[0] = s0; tot[1] = s1; tot[2] = s2; }
+    }
+    __syncthreads();
+    const A inv_d = (A)1 / (A)D;
+    const A off = tot[0] * inv_d;
+    const A c1 = tot[1] * inv_d, c2 = is * (tot[2] - off * tot[1]) * inv_d;
+    if (flags & F_SCALE) {
+        for (int c = t; c < cpg; c += NT) {
+            A* out = sums + (long long)n_ * 2 * C + g0 + c;
+            out[0] = is * (chs[3 * c + 2] - off * chs[3 * c + 1]);
+            out[C] = chs[3 * c + 1];
+        }
+    }
+    const A ioff = off * is;
+    V* dr = reinterpret_cast<V*>(dx + r * D);
+    for (int c = 0; c < cpg; ++c) {
+        const A sc = (flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1;
+        for (int vi = c * iv + t; vi < (c + 1) * iv; vi += NT) {
+            const V a = xs[vi], b = gs[vi];
+            V w;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A xhat = (LDE(a, e) - mu) * is - ioff;
+                w.v[e] = ST(is * (LDE(b, e) * sc - c1 - xhat * c2));
+            }
+            dr[vi] = w;
+        }
+    }
+}
+"""
+
+
+def smem_bytes(d, backward, cpg=1):
+    """Dynamic shared memory of one block: the row (x; backward x and dy) and the backward's channel sums."""
+    nvec = d // 8
+    if backward:
+        return 2 * nvec * 16 + (NT // 32 + 1) * cpg * 3 * 4
+    return nvec * 16
+
+
+def plan(d, s, itemsize, backward, cpg, smem):
+    """(dynamic shared memory bytes, blocks an SM) of a launch for group rows of ``d`` 16-bit values in planes of
+    ``s``, or None where the kernels do not take them: 16-bit data whose planes fill 16-byte vectors, a stash that
+    leaves MIN_BLOCKS blocks an SM and fits one block's opt-in limit; the backward also planes of >= BWD_MIN_IV
+    vectors and <= CPG_MAX channels.  ``smem``: (shared memory an SM, a block's opt-in limit) -- bn_nhwc.smem_limits."""
+    if itemsize != 2 or d < 8 or s % 8 or d % s:
+        return None
+    per_sm, optin = smem
+    if backward and (s // 8 < BWD_MIN_IV or cpg > CPG_MAX):
+        return None
+    nbytes = smem_bytes(d, backward, cpg)
+    if nbytes + STATIC_SMEM > optin:
+        return None
+    bps = min(per_sm // (nbytes + STATIC_SMEM + 1024), 2048 // NT, MINB_BWD if backward else MINB_FWD)
+    return (nbytes, bps) if bps >= MIN_BLOCKS else None
+
+
+def usable(dev) -> bool:
+    """Switched on (GN_STASH16) and the GPU takes cp.async (sm_80+)."""
+    return GN_STASH16 and sm80(dev)
+
+
+def options(dtype, pinfo, backward):
+    """NVRTC options of one configuration (scale / bias presence and the row's size are run-time arguments)."""
+    scalar, accum, storage, _ = type_info(dtype)
+    param, pstorage = pinfo
+    return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
+            f"-DPSTORAGE={pstorage}", f"-DNT={NT}", f"-DMINB={MINB_BWD if backward else MINB_FWD}", "-std=c++17")
+
+
+_kernels: dict = {}
+
+
+def _kernel(name, dtype, pinfo):
+    key = (name, _dev.dtype_name(dtype), pinfo, NT)
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = _launch.get_kernel(SOURCE, name, options(dtype, pinfo, name == "gn_bwds"))
+    return k
+
+
+def _pinfo(p):
+    """(PARAM, PSTORAGE) of parameter array ``p`` (None: float32's, never read), None for a dtype not taken."""
+    return _PSTORAGE.get("float32" if p is None else _dev.dtype_name(p.dtype))
+
+
+def _geometry(x, num_groups):
+    n, c = x.shape[:2]
+    s = x.size // (n * c)
+    cpg = c // num_groups
+    return n, c, s, cpg, cpg * s
+
+
+def prepare_forward(x, num_groups, scale, bias, eps, flags, dev):
+    """A Prepared gn_fwds launch called as go(x, scale, bias, y, mean, rstd) (norm_kernels' forward arrays), or None
+    where `plan` does not take the rows.  ``flags``: bit 0 scale, bit 1 bias."""
+    n, _, s, cpg, d = _geometry(x, num_groups)
+    p = plan(d, s, x.dtype.itemsize, False, cpg, smem_limits(dev))
+    pinfo = _pinfo(scale if scale is not None else bias)
+    if p is None or pinfo is None or n * num_groups >= 2 ** 31:
+        return None
+    k = _kernel("gn_fwds", x.dtype, pinfo)
+    return _launch.prepare(k, (n * num_groups,), (NT,),
+                           [None] * 6 + [np.int32(d), np.int32(num_groups), np.int32(cpg), *_divider(s // 8),
+                                         np.float64(eps), np.int32(flags & 3)], shared_mem=p[0])
+
+
+def prepare_backward(x, num_groups, scale, dev):
+    """A Prepared gn_bwds launch called as go(x, dy, mean, rstd, scale, sums, dx) (norm_kernels' gn_bwd2 arrays),
+    or None where `plan` does not take the rows."""
+    n, c, s, cpg, d = _geometry(x, num_groups)
+    p = plan(d, s, x.dtype.itemsize, True, cpg, smem_limits(dev))
+    pinfo = _pinfo(scale)
+    if p is None or pinfo is None or n * num_groups >= 2 ** 31:
+        return None
+    k = _kernel("gn_bwds", x.dtype, pinfo)
+    return _launch.prepare(k, (n * num_groups,), (NT,),
+                           [None] * 7 + [np.int32(d), np.int32(c), np.int32(num_groups), np.int32(cpg),
+                                         np.int32(s // 8), np.int32(scale is not None)], shared_mem=p[0])
+
+
+if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check
+    import sys
+
+    import ml_dtypes
+    opts = options(np.dtype(ml_dtypes.bfloat16), ("float", 0), True)[:-1]
+    _launch.write_source(sys.argv[1] if len(sys.argv) > 1 else "/tmp/norm_gn16.cu", SOURCE, [o[2:] for o in opts])
