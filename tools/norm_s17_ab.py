@@ -1,9 +1,11 @@
-"""A/B of session 17's norm changes, device time only (CUDA-graph replays, as bench/kernels_gpu.py's graph
-columns), PyTorch beside, ONE process:
+"""A/B of session 17's (and 18's) norm changes, device time only (CUDA-graph replays, as bench/kernels_gpu.py's
+graph columns), PyTorch beside, ONE process:
   - group norm on thread-block clusters (norm_gncl: gn_fwdc, gn_bwdc + col_sum; switch norm_gncl.GN_CLUSTER /
     MINIDNN_GN_CLUSTER) against the kernels before it (the looped norm_fwd; row_sums + col_sum + gn_dx);
   - the 16-bit layer-norm forward route "v3kw" (norm_kernels.ROUTE["ln_fwd16"]; MINIDNN_NORM_ROUTE=ln_fwd16=v3kw)
-    against the default "v3k".
+    against the default "v3k";
+  - session 18: 16-bit group rows stashed in one block's shared memory (norm_gn16: gn_fwds, gn_bwds + col_sum;
+    switch norm_gn16.GN_STASH16 / MINIDNN_GN_STASH16), 16-bit rows only ("stash").
 
     python tools/norm_s17_ab.py [--rows big,ragged,mid,tuned] [--dtypes float32,bfloat16,float16] [--rounds 3]
                                 [--trials 5] [--ln ln768,ln1536,ln1024] [--ln-dtypes bfloat16,float16]
@@ -17,9 +19,10 @@ float16 runs the big row only.
 Layer-norm rows (forward only; float16 runs ln768 only): ln768 (32768, 768) -- the kernel table's large3 row, 67% of
 copy: a warp of 3 vectors a row under v3kw --, ln1536 (16384, 1536) a team of 64 x 3, ln1024 (16384, 1024) control
 (the same plan under both).
-Settings: "old" (GN_CLUSTER off: the kernels before), "new" (on, 256-thread blocks), "new512" (on, NT = 512:
-MINIDNN_GN_CLUSTER_NT); layer norm "v3k" (old) and "v3kw" (new).  Plans are forgotten at each flip, so the next
-call plans anew (compiled outside the capture).
+Settings: "old" (GN_CLUSTER and GN_STASH16 off: the kernels before), "new" (the clusters on, 16-bit data too:
+FWD16 / BWD16; 256-thread blocks), "new512" (the same, NT = 512: MINIDNN_GN_CLUSTER_NT), and for 16-bit rows
+"stash" (GN_STASH16 on: norm_gn16); layer norm "v3k" (old) and "v3kw" (new).  Plans are forgotten at each flip,
+so the next call plans anew (compiled outside the capture).
 Method: per row, dtype and direction, `rounds` rounds; each round times every setting, the order rotated a step
 each round (clock or temperature drift spreads over all), each timing a fresh capture of `reps` calls replayed
 `trials` times (median).  Reported per setting: the median over rounds (ms a call), GB/s and % of the copy
@@ -42,6 +45,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 
 from minidnn.backend.cuda import launch as _launch  # noqa: E402
+from minidnn.backend.cuda import norm_gn16 as GS  # noqa: E402
 from minidnn.backend.cuda import norm_gncl as GC  # noqa: E402
 from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
 
@@ -49,14 +53,19 @@ ROWS = {"big": ((32, 256, 56, 56), 32), "ragged": ((64, 96, 48, 48), 8), "mid": 
         "tuned": ((128, 64, 56, 56), 32)}
 LN_ROWS = {"ln768": (32768, 768), "ln1536": (16384, 1536), "ln1024": (16384, 1024)}
 SETTINGS = ("old", "new", "new512")
+SETTINGS16 = SETTINGS + ("stash",)     # 16-bit rows: session 18's stash too
 LN_SETTINGS = ("old", "new")
 _DEFAULT = (GC.GN_CLUSTER, GC.NT)
+_DEFAULT16 = (GC.FWD16, GC.BWD16, GS.GN_STASH16)
 _LN_DEFAULT = NK.ROUTE["ln_fwd16"]
 
 
 def apply(setting):
-    """GN_CLUSTER and norm_gncl.NT for ``setting`` (None: the import-time defaults), plans forgotten."""
-    GC.GN_CLUSTER, GC.NT = _DEFAULT if setting is None else (setting != "old", 512 if setting == "new512" else 256)
+    """GN_CLUSTER (with FWD16 / BWD16), norm_gncl.NT and GN_STASH16 for ``setting`` (None: the import-time
+    defaults), plans forgotten."""
+    cluster = setting in ("new", "new512")
+    GC.GN_CLUSTER, GC.NT = _DEFAULT if setting is None else (cluster, 512 if setting == "new512" else 256)
+    GC.FWD16, GC.BWD16, GS.GN_STASH16 = _DEFAULT16 if setting is None else (cluster, cluster, setting == "stash")
     NK._plans.clear()
 
 
@@ -130,7 +139,7 @@ def run_row(timer, cp, torch, key, dtype_name, bw, rounds):
             except Exception as exc:        # noqa: BLE001
                 print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
         try:
-            settings = LN_SETTINGS if ln else SETTINGS
+            settings = LN_SETTINGS if ln else SETTINGS if dtype_name == "float32" else SETTINGS16
             got, ratios, plans = _rounds(timer, fn, rounds, settings, apply_one)
         finally:
             apply_one(None)
