@@ -49,17 +49,16 @@ _DIRECT = {op: ((1, 2), ("weight", "bias")) for op in ("conv1d", "conv2d", "conv
 # Switch (tests and A/B runs): DIRECT_WEIGHTS[0] = False, or MINIDNN_AMP_DIRECT_WEIGHTS=0 at import: a cast node
 # per weight, as before.
 DIRECT_WEIGHTS = [os.environ.get("MINIDNN_AMP_DIRECT_WEIGHTS", "1") != "0"]
-# A lowered call whose input is already in the region's dtype and whose float32 weight / bias are kept flat-copy
-# direct weights (every conv and linear call of a steady bf16/fp16 step) skips cast_inputs' generic scan and cast
-# chain (``_lower_direct``; host round 26b): the same casts, cache entries and results.  Switch: LOWER_DIRECT_FAST[0]
-# = False, or MINIDNN_AMP_LOWER_DIRECT_FAST=0 at import.
-LOWER_DIRECT_FAST = [os.environ.get("MINIDNN_AMP_LOWER_DIRECT_FAST", "1") != "0"]
-# The same calls in one frame (host round 29): ``_lower_ready`` (minidnn.amp installs it) does what
-# ``_lower_direct`` with ``_flat_direct`` as its direct caster does, the kept copy's hot case written out, and takes
-# a float32 x too (the stem's cast, as cast_inputs makes it).  Used while ``_lower_direct`` and the direct caster are
-# the ones it stands for (a replaced one -- a test's counter -- runs as it is).  Switch: LOWER_READY[0] = False, or
-# MINIDNN_AMP_LOWER_READY=0 at import.
-LOWER_READY = [os.environ.get("MINIDNN_AMP_LOWER_READY", "1") != "0"]
+# A lowered call (x, weight, bias, settings) whose outcome is plain -- a CUDA x in the region's dtype or float32, a
+# weight / bias in it or float32, no Tensor among the settings -- skips cast_inputs' generic scan: ``_lower_ready``
+# (minidnn.amp installs it) makes the same casts, cache entries and results in one frame, each float32 weight / bias
+# its kept direct weight by the parameter's record (host rounds 26b, 29; round 30 made it the only shortcut: round
+# 26b's ``_lower_direct`` covered nothing it does not).  Switch: LOWER_READY[0] = False (cast_inputs for every
+# call), or MINIDNN_AMP_LOWER_READY=0 (or round 26b's MINIDNN_AMP_LOWER_DIRECT_FAST=0) at import; LOWER_DIRECT_FAST
+# is the same list under round 26b's name.
+LOWER_READY = [os.environ.get("MINIDNN_AMP_LOWER_READY", "1") != "0"
+               and os.environ.get("MINIDNN_AMP_LOWER_DIRECT_FAST", "1") != "0"]
+LOWER_DIRECT_FAST = LOWER_READY
 # A region's own bookkeeping in fewer Python steps (host round 29): the region end's count of the flat buffer's
 # elements the casts used in one pass where they all come from one flat set, the kept copy's busy test over its
 # armed weights and views only, the CUDA modules its stream test asks imported once; the same values.  Switch:
@@ -369,75 +368,15 @@ def cast_inputs(op_name: str, args, kwargs=None, policies=None, direct=None):
     return args, kwargs
 
 
-# The kept-copy direct weight of a float32 parameter for this region (minidnn.amp installs it: it knows the kept
-# flat copies): direct_caster(t, dtype, state) -> t's direct weight, its cache entry made, or None where anything
-# but that hot case holds (nothing done: ``_cast`` then decides).
-_direct_caster = None
 _FLOAT32 = np.dtype(np.float32)
+# ``ready(args)``: minidnn.amp's ``_lower_ready`` (set_lower_ready installs it; a test may install a counting
+# wrapper): a lowered call's cast args, or None with nothing done (cast_inputs then casts them).
+_ready = None
 
 
-def set_direct_caster(fn):
-    global _direct_caster, _ready
-    _direct_caster = fn
-    _ready = _lower_ready if fn is _ready_for else None
-
-
-# ``_lower_ready`` and the direct caster it stands for (minidnn.amp installs both: set_lower_ready); ``_ready``:
-# _lower_ready while that caster is the one installed, else None (another caster -- a test's counter -- is called
-# by _lower_direct as it is).
-_lower_ready = _ready_for = _ready = None
-
-
-def set_lower_ready(fn, direct_caster):
-    global _lower_ready, _ready_for
-    _lower_ready, _ready_for = fn, direct_caster
-    set_direct_caster(_direct_caster)
-
-
-def _lower_direct(args):
-    """``cast_inputs(op, args)`` of a lowered op with direct weights (conv, linear: x, weight, bias, then settings)
-    where its outcome is plain: a CUDA x already in the region's dtype, a weight / bias in it or in float32 (cast as
-    direct weights: the kept copy's, else ``_cast``'s), no other Tensor argument -- the args cast_inputs returns,
-    in its order of casts; None (nothing done) for anything else."""
-    s = getattr(_local, "state", None)
-    n = len(args)
-    if s is None or s["suspended"] or n < 2:
-        return None
-    T = _tensor_type
-    x, w = args[0], args[1]
-    if T is None or not isinstance(x, T) or not isinstance(w, T):
-        return None
-    xd = x.data
-    low = s["dtype"].get("cuda")
-    if low is None or type(xd) not in _CUDA_ARRAY_TYPES or xd.dtype != low:
-        return None
-    wd = w.data.dtype
-    if wd != low and wd != _FLOAT32:
-        return None
-    b = args[2] if n > 2 else None
-    if b is not None:
-        if not isinstance(b, T):
-            return None
-        bd = b.data.dtype
-        if bd != low and bd != _FLOAT32:
-            return None
-    if n > 3:
-        for a in args[3:]:
-            if isinstance(a, T):
-                return None
-    dc = _direct_caster
-    if wd != low:
-        out = None if dc is None else dc(w, low, s)
-        w = _cast(w, low, s, True) if out is None else out
-    if b is not None and bd != low:
-        out = None if dc is None else dc(b, low, s)
-        b = _cast(b, low, s, True) if out is None else out
-    if n == 2:
-        return x, w
-    return (x, w, b) + args[3:] if n > 3 else (x, w, b)
-
-
-_own_lower_direct = _lower_direct
+def set_lower_ready(fn):
+    global _ready
+    _ready = fn
 
 
 def autocast_op(op_name: str):
@@ -454,13 +393,9 @@ def autocast_op(op_name: str):
             @functools.wraps(fn)
             def lowered(*args, **kwargs):
                 if _active_regions:
-                    if LOWER_DIRECT_FAST[0] and not kwargs:
-                        ready = _ready
-                        if ready is not None and LOWER_READY[0] and _lower_direct is _own_lower_direct:
-                            fast = ready(args)
-                            if fast is not None:
-                                return fn(*fast)
-                        fast = _lower_direct(args)
+                    ready = _ready
+                    if ready is not None and not kwargs and LOWER_READY[0]:
+                        fast = ready(args)
                         if fast is not None:
                             return fn(*fast)
                     args, kwargs = cast_inputs(op_name, args, kwargs, policies, direct)

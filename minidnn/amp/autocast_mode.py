@@ -427,18 +427,20 @@ def _drop_ready(kept):
 
 
 def _lower_ready(args):
-    """``_amp_state._lower_direct(args)`` with ``_flat_direct`` as its direct caster, in one frame and by the
-    parameters' records (host round 29; switch ``_amp_state.LOWER_READY``), for a call (x, weight, bias or None,
-    settings...) with no Tensor among the settings, in a region not suspended whose cache is on: a CUDA x in the
+    """``cast_inputs`` of a lowered op with direct weights (conv, linear) where its outcome is plain, in one frame
+    and by the parameters' records (host rounds 26b, 29, 30; switch ``_amp_state.LOWER_READY``), for a call (x,
+    weight[, bias or None, settings...]) with no Tensor among the settings, in a region not suspended whose cache is
+    on (a cache-off region's casts are cast_inputs' own: no kept weight to hand out there): a CUDA x in the
     region's dtype or in float32 (cast by ``_amp_state._cast``, as cast_inputs casts it: the stem's call) and a
     weight / bias in that dtype or in float32 (each its kept direct weight where its record tells, else where
     ``_flat_direct`` hands it out, else ``_amp_state._cast``'s cast): the args cast_inputs returns, cast in its
     order.  None, with nothing done, for anything else (the caller's other paths give the same result)."""
     try:
         s = _amp_local.state
-        x, w, b = args[0], args[1], args[2]
+        x, w = args[0], args[1]
     except (AttributeError, IndexError):
         return None
+    b = args[2] if len(args) > 2 else None      # (x, w): cast_inputs hands back two args, as here
     low = s["ready"]
     if low is None or type(x) is not Tensor:
         return None
@@ -481,7 +483,7 @@ def _lower_ready(args):
         if out is None:
             out = _direct_recorded(b, low, s)
         b = _amp_state._cast(b, low, s, True) if out is None else out
-    return (x, w, b) + rest
+    return (x, w, b) + rest if len(args) > 2 else (x, w)
 
 
 def _used(s, key, fs):
@@ -516,8 +518,7 @@ def leaf_grad(ctx, i, g):
 
 DIRECT = _amp_state.DIRECT_WEIGHTS
 _amp_state.set_flat_caster(_cast_flat_buffer)
-_amp_state.set_direct_caster(_flat_direct)
-_amp_state.set_lower_ready(_lower_ready, _flat_direct)
+_amp_state.set_lower_ready(_lower_ready)
 _amp_local = _amp_state._local
 _CUDA_ARRAY_TYPES = _amp_state._CUDA_ARRAY_TYPES
 _amp_state.set_direct_graph(graph_weight, leaf_grad, AccumulateGrad)

@@ -4,13 +4,13 @@ region's bookkeeping in C-level maps (switch ``_amp_state.REGION_LEAN``: the reg
 copy's busy test, the versions list).
 
 On the CPU, the GPU path under tools/record_launches.py's fake CuPy in a subprocess.  Each scenario runs from the
-same seed in four configurations -- cast_inputs alone (LOWER_DIRECT_FAST off), round 26b's ``_lower_direct`` (both
-new switches off), REGION_LEAN alone, and both on (the default) -- and what each lowered call hands its function
+same seed in three configurations -- cast_inputs alone (both switches off), REGION_LEAN alone, and both on (the
+default; round 30 removed round 26b's ``_lower_direct``, the fourth) -- and what each lowered call hands its function
 (every argument: which object it is -- the parameter, the kept copy's direct weight, a cast node's output, a fresh
 one -- its dtype, strides, data, grad_fn and the variable it accumulates into), the cast cache after each call and
 region, the flat-buffer counts a region leaves (``flat_used``), the kept copies made, each step's launches, the
 gradients' dtypes / layouts / grad_fn and any error must be the same.  With both on, the records must serve every
-call of a settled step.  Then each of 15 mutations of the new code (a test dropped, a threshold moved, a cast
+call of a settled step.  Then each of 16 mutations of the new code (a test dropped, a threshold moved, a cast
 skipped) must change what some scenario gives."""
 import json
 import pathlib
@@ -43,7 +43,7 @@ _BODY = textwrap.dedent("""
             r = real_ready(args)
             counts["ready" if r is not None else "ready declined"] += 1
             return r
-        S.set_lower_ready(ready, AM._flat_direct)
+        S.set_lower_ready(ready)
         real_weight = AM._ready_weight
         def weight(t, s, low):
             r = real_weight(t, s, low)
@@ -107,11 +107,10 @@ _BODY = textwrap.dedent("""
         return [None if p.grad is None else [str(p.grad.dtype), list(p.grad.data.strides),
                                                type(p.grad.grad_fn).__name__] for p in params]
 
-    CONFIGS = {"cast_inputs": (False, False, False), "direct": (True, False, False), "lean": (True, False, True),
-               "ready": (True, True, True)}
+    CONFIGS = {"cast_inputs": (False, False), "lean": (False, True), "ready": (True, True)}
 
     def configure(name):
-        S.LOWER_DIRECT_FAST[0], S.LOWER_READY[0], S.REGION_LEAN[0] = CONFIGS[name]
+        S.LOWER_READY[0], S.REGION_LEAN[0] = CONFIGS[name]
 
     def model_steps(name, dtype, cl):
         ctor, shape = {"resnet20": ("resnet20(num_classes=10)", (3, 8, 8)),
@@ -208,6 +207,8 @@ _BODY = textwrap.dedent("""
                         elif name == "suspended":
                             with S.suspended():
                                 h = conv2(h)
+                        elif name == "two_args":        # (x, weight) alone: cast_inputs hands back two args
+                            h = F.conv2d(h, conv2.weight)
                         else:
                             h = conv2(h)
                         if name == "inplace_after":
@@ -220,7 +221,7 @@ _BODY = textwrap.dedent("""
                         feat = mdn.ones(2, 6).to("cuda").to(dtype=bf)
                     if name == "matmul_first":          # a cast node for the weight in the cache before the linear
                         mdn.matmul(mdn.ones(2, 3).to("cuda").to(dtype=bf), lin.weight)
-                    o = lin(feat)
+                    o = F.linear(feat, lin.weight) if name == "two_args" else lin(feat)
                     loss = o.float().sum()
                     out.append(["region", cache_fp()])
             except Exception as e:
@@ -284,13 +285,13 @@ _BODY = textwrap.dedent("""
                 base = run(key, "cast_inputs")
                 setattr(owner, fname, ns[fname])
                 if fname == "_lower_ready":
-                    S.set_lower_ready(ns[fname], AM._flat_direct)
+                    S.set_lower_ready(ns[fname])
                 try:
                     mutant = run(key, "ready")
                 except Exception as e:
                     mutant = dict(error=type(e).__name__)
                 setattr(owner, fname, originals[fname])
-                S.set_lower_ready(originals["_lower_ready"], AM._flat_direct)
+                S.set_lower_ready(originals["_lower_ready"])
                 same = all(mutant.get(k) == base[k] for k in ("log", "made")) and \
                     [o for o in mutant.get("out", []) if o[0] != "counts"] == \
                     [o for o in base["out"] if o[0] != "counts"]
@@ -305,7 +306,7 @@ EDGES = ["plain", "fp32_input", "int_input", "kwargs", "bias_low", "int_weight",
          "inplace_after", "twice", "no_grad_call", "nested_same", "nested_fp16", "nested_cache_off",
          "nested_disabled", "suspended", "cache_off", "requires_grad_off", "rebound", "new_optimizer",
          "optimizer_deleted", "graph_held", "sparse_regions", "two_optimizers", "direct_off", "keep_off",
-         "matmul_first", "create_graph"]
+         "matmul_first", "create_graph", "two_args"]
 # (function, the text replaced, its replacement, the scenarios of which at least one must change)
 MUTATIONS = [
     ("_ready_weight", "flat is None or ", "", ["edge:sparse_regions"]),
@@ -322,6 +323,7 @@ MUTATIONS = [
     ("_lower_ready", "if xt != _FLOAT32:", "if False:", ["edge:int_input"]),
     ("_lower_ready", "wd is not low and wd != low and wd != _FLOAT32", "False", ["edge:int_weight"]),
     ("_lower_ready", "x = _amp_state._cast(x, low, s, False)", "pass", ["edge:fp32_input"]),
+    ("_lower_ready", "rest if len(args) > 2 else (x, w)", "rest", ["edge:two_args"]),
     ("busy", "> _ITEM_REFS or", "> _ITEM_REFS + 1 or", ["edge:graph_held"]),
     ("_end_of_outermost_region", "if entry[3] is not fs:", "if False:", ["edge:two_optimizers"]),
 ]
@@ -348,7 +350,7 @@ def edges():
 
 def _same_everywhere(per):
     ref = per["cast_inputs"]
-    for config in ("direct", "lean", "ready"):
+    for config in ("lean", "ready"):
         got = per[config]
         for k in ("out", "log", "made"):
             if k == "out":      # (the counts of the new paths: only with them on)
@@ -372,7 +374,7 @@ def test_model_steps_same_in_every_configuration(models, case):
     steps = [o[1] for o in per["ready"]["out"] if o[0] == "counts"]      # (cumulative)
     assert steps[2].get("record", 0) == 0, steps
     assert steps[3]["record"] >= calls - 1 and steps[3]["no record"] - steps[2]["no record"] == 1, steps
-    assert per["direct"]["counts"] == {} and per["cast_inputs"]["counts"] == {}
+    assert per["lean"]["counts"] == {} and per["cast_inputs"]["counts"] == {}
 
 
 @pytest.mark.parametrize("case", EDGES)
@@ -388,6 +390,9 @@ def test_edge_cases_reach_the_new_paths(edges):
     per = edges["edge:optimizer_deleted"]["ready"]      # a dead flat set's kept copy and records are gone
     assert [o for o in per["out"] if o[0] == "kept copies left"] == [["kept copies left", 0]], per["out"]
     assert per["counts"]["records left"] == 0 and c["record"] > 0
+    # two-argument calls (no bias) are served too: the conv's weight and the linear's by their records
+    c = edges["edge:two_args"]["ready"]["counts"]
+    assert c["ready"] == 12 and "ready declined" not in c and c["record"] == 3, c
 
 
 def test_every_mutation_changes_a_scenario():

@@ -1,16 +1,18 @@
 """Host round 26b (docs/host_overhead.md): a lowered conv / linear call in an autocast region whose input is already
 in the region's dtype and whose float32 weight / bias are kept flat-copy direct weights skips ``cast_inputs``
-(``_amp_state._lower_direct`` with ``autocast_mode._flat_direct``; switch ``_amp_state.LOWER_DIRECT_FAST``).
+(round 26b's ``_amp_state._lower_direct``; since round 30 the one shortcut, ``autocast_mode._lower_ready``, with
+``_flat_direct`` and the parameters' records; switch ``_amp_state.LOWER_READY``, also named LOWER_DIRECT_FAST).
 
 On the CPU, the GPU path under tools/record_launches.py's fake CuPy in a subprocess: every scenario runs from the
 same seed with the switch off and on, and what each lowered call hands its function (every argument: which object
 it is -- the parameter, the kept copy's direct weight, a cast node's output, a fresh one -- its dtype, shape,
 strides, data, grad_fn and the variable it accumulates into), the cast cache after each call and region, the kept
 copies made, the launches of each step and the gradients' layouts must be the same; with the switch on the fast
-path must serve the plain calls and decline (nothing done) the others: an fp32 input (the stem), keyword
-arguments, a weight used twice in a region, changed in place inside it, a float16 / float64 / integer weight, a
-tensor among the settings, no optimizer (no flat set), the kept copy or direct weights switched off, no_grad, a
-disabled inner region, cache_enabled=False and CPU tensors."""
+path must serve the plain calls (the stem's fp32 input and a call without a bias among them) and decline (nothing
+done) the others: keyword arguments, a float16 / float64 / integer weight, a tensor among the settings, a disabled
+inner region, cache_enabled=False and CPU tensors; a weight used twice in a region, changed in place inside it, with
+no optimizer (no flat set), the kept copy or direct weights switched off or under no_grad is cast as cast_inputs
+casts it."""
 import pathlib
 import textwrap
 
@@ -34,17 +36,22 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     import minidnn.nn._functions.linear as LN
 
     fast_calls = collections.Counter()
-    real_fast = S._lower_direct
+    real_fast = AM._lower_ready
     def counted_fast(args):
         r = real_fast(args)
         fast_calls["taken" if r is not None else "declined"] += 1
         return r
-    S._lower_direct = counted_fast
-    def counted_direct(t, dtype, s):
-        r = AM._flat_direct(t, dtype, s)
+    S.set_lower_ready(counted_fast)
+    real_direct, real_record = AM._flat_direct, AM._ready_weight
+    def counted_direct(t, dtype, s):        # a kept direct weight handed out first (its record made)
+        r = real_direct(t, dtype, s)
         fast_calls["kept" if r is not None else "not kept"] += 1
         return r
-    S.set_direct_caster(counted_direct)
+    def counted_record(t, s, low):          # ... and by its record after
+        r = real_record(t, s, low)
+        fast_calls["kept" if r is not None else "no record"] += 1
+        return r
+    AM._flat_direct, AM._ready_weight = counted_direct, counted_record
 
     import weakref
     keep = []
@@ -91,7 +98,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     AM._LowCopy.__init__ = counting
 
     def fresh():
-        for t in (AM._LOW_COPIES,):
+        for t in (AM._LOW_COPIES, AM._READY):
             t.clear()
         S._state()["flat_used"] = {{}}
         labels.clear(); n_labels[0] = 0; log.clear(); made.clear(); del recs[:]
@@ -123,7 +130,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
             loss.backward()
             opt.step()
             out.append(["launches", [r[0] for r in recs], grads(m), cache_fp()])
-            out.append(["fast so far", dict(fast_calls)] if S.LOWER_DIRECT_FAST[0] else ["off"])
+            out.append(["fast so far", dict(fast_calls)] if S.LOWER_READY[0] else ["off"])
         return out
 
     def edge(case):
@@ -206,7 +213,7 @@ _SCRIPT = FAKE_PROLOGUE + textwrap.dedent("""
     for key in {cases!r}:
         per = []
         for on in (None, False, True):      # (a warm-up first: algorithm caches settled by the first calls)
-            S.LOWER_DIRECT_FAST[0] = bool(on)
+            S.LOWER_READY[0] = bool(on)
             fresh(); fast_calls.clear()
             if key.startswith("edge:"):
                 o = edge(key[5:])
@@ -250,11 +257,12 @@ def test_model_steps_same_on_and_off(models, case):
     assert on["log"] == off["log"]             # every lowered call's arguments, in order, and the cache then
     assert on["made"] == off["made"]           # the kept copies made
     n = len(on["log"]) // 4         # conv and linear calls a step
-    # every call but the stem's (an fp32 input) takes the fast path; from the third step on, every weight but the
-    # region's first (which refills the kept copy) is the kept direct weight
+    # every call takes the fast path (the stem's fp32 input cast there too); from the third step on, every weight
+    # but the region's first (which refills the kept copy) is the kept direct weight: handed out by _flat_direct in
+    # the third step, by its record in the fourth
     f = on["fast"]
-    assert f["taken"] == 4 * (n - 1) and f["declined"] == 4, f
-    assert f["kept"] == f["not kept"] > 0, f     # the first two steps' weights and biases not, the last two's all
+    assert f["taken"] == 4 * n and "declined" not in f, f
+    assert f["kept"] >= 2 * (n - 1) and f["no record"] > 0, f
 
 
 @pytest.mark.parametrize("case", EDGES)

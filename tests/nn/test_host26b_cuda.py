@@ -1,7 +1,8 @@
 """On a GPU: host round 26b's switches (docs/host_overhead.md) give the full path's bits.
 
 - ``_amp_state.LOWER_DIRECT_FAST`` (a lowered conv / linear call whose input is in the region's dtype takes its
-  float32 weight / bias as the kept flat copy's direct weights without cast_inputs): ResNet-20 and MobileNet-small,
+  float32 weight / bias as the kept flat copy's direct weights without cast_inputs; since round 30 the same list
+  as LOWER_READY, whose ``_lower_ready`` is the one shortcut): ResNet-20 and MobileNet-small,
   NCHW and channels-last, bfloat16 autocast (MobileNet float16 too), four SGD steps from one start (the kept copy
   serves from the third): every parameter bit-identical and the same launches a step, on and off.  Which objects
   each call receives, the cast cache and which calls take the shortcut: test_host26b_amp_direct.py (fake CuPy).
@@ -39,14 +40,14 @@ def _bits(a):
 def test_model_steps_bit_identical_on_and_off(model, dtype, cl):
     mdn.backends.cudnn.deterministic = True         # (tests/conftest.py restores it)
     params, launches, taken = {}, {}, {}
-    real = S._lower_direct
+    real = S._ready
     n = [0]
 
     def counted(args):
         r = real(args)
         n[0] += r is not None
         return r
-    S._lower_direct = counted
+    S.set_lower_ready(counted)
     try:
         for on in (True, False):
             S.LOWER_DIRECT_FAST[0] = on
@@ -75,7 +76,7 @@ def test_model_steps_bit_identical_on_and_off(model, dtype, cl):
             params[on], launches[on], taken[on] = seen, counts, n[0]
     finally:
         S.LOWER_DIRECT_FAST[0] = True
-        S._lower_direct = real
+        S.set_lower_ready(real)
     assert taken[False] == 0 and taken[True] > 0
     assert launches[True] == launches[False]
     for a, b in zip(params[True], params[False]):
