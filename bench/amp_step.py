@@ -3,11 +3,12 @@
 Models: ResNet-20 and MobileNet-small at batch 128 on CIFAR-sized input, both frameworks built from the same
 source (minidnn/models.py; see bench/train_step.py's torch_models).  One step = forward under autocast,
 cross-entropy, backward, SGD(momentum 0.9) step; float16 adds GradScaler (scale, step, update).
-Rows: fp32, bf16 (autocast), fp16 (autocast + GradScaler), bf16+cl (bf16 with model and input channels_last);
-median ms per step eager, and minidnn's time as a fraction of its own fp32 step (issue target for bf16: <= 0.75);
-on a GPU also the step captured and replayed from a CUDA graph on both sides.
+Rows: fp32, bf16 (autocast), fp16 (autocast + GradScaler), and fp32+cl / bf16+cl (model and input channels_last);
+median ms per step eager, and minidnn's time as a fraction of its own fp32 step in the same layout (issue target for
+bf16: <= 0.75; a +cl row is divided by fp32+cl); on a GPU also the step captured and replayed from a CUDA graph on
+both sides, with the graphed step's fraction of its own graphed fp32 step.
 
-    python bench/amp_step.py [--device cuda] [--steps 30] [--models resnet20,mobilenet]
+    python bench/amp_step.py [--device cuda] [--steps 30] [--models resnet20,mobilenet] [--modes fp32,bf16]
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import minidnn as mdn  # noqa: E402
 import minidnn.models  # noqa: E402
 import minidnn.nn.functional as F  # noqa: E402
 
-MODES = ("fp32", "bf16", "fp16", "bf16+cl")     # +cl: model and input in channels_last
+MODES = ("fp32", "bf16", "fp16", "fp32+cl", "bf16+cl")     # +cl: model and input in channels_last
 
 
 def minidnn_step(name, mode, device):
@@ -83,10 +84,19 @@ def main():
     ap.add_argument("--device", default="cuda" if mdn.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--models", default="resnet20,mobilenet")
+    ap.add_argument("--modes", default=",".join(MODES), help="rows, from " + ",".join(MODES)
+                    + " (a row's fp32 of the same layout is timed with it)")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graphed columns")
     ap.add_argument("--pipelined", type=int, default=0, metavar="K",
                     help="eager: time turns of K steps with one synchronisation each (default 0: one a step)")
     args = ap.parse_args()
+    asked = args.modes.split(",")
+    bad = [m for m in asked if m not in MODES]
+    if bad:
+        ap.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    # each row is judged against the fp32 step of its own layout, so that one is timed too
+    cl = any(a.endswith("+cl") for a in asked)
+    asked = [m for m in MODES if m in asked or m == "fp32" or (m == "fp32+cl" and cl)]
     PIPELINED[0] = args.pipelined
     if args.device == "cpu":
         print("note: on the CPU only bf16 autocast exists (fp16 is skipped); CPU times are not the target")
@@ -98,9 +108,9 @@ def main():
     tsync = (torch.cuda.synchronize if args.device == "cuda" else (lambda: None)) if torch is not None else None
     graphed = args.device == "cuda" and not args.no_graphs
     print(f"{'model':<10} {'mode':<8} {'minidnn ms':>11} {'PyTorch ms':>11} {'ratio':>7} {'vs own fp32':>12}"
-          + (f" {'mdn graphed':>12} {'torch graphed':>14} {'ratio':>7}" if graphed else ""))
+          + (f" {'mdn graphed':>12} {'torch graphed':>14} {'ratio':>7} {'vs own fp32':>12}" if graphed else ""))
     for name in args.models.split(","):
-        modes = [m for m in MODES if not (m.startswith("fp16") and args.device == "cpu")]
+        modes = [m for m in asked if not (m.startswith("fp16") and args.device == "cpu")]
         # every eager step of the model, both frameworks, timed in alternation (train_step.paired_medians): the
         # "vs own fp32" and "ratio" columns compare steps that saw the same host
         m_steps = [minidnn_step(name, mode, args.device) for mode in modes]
@@ -109,10 +119,12 @@ def main():
         runs = [(s, msync) for s in m_steps] + [(s, tsync) for s in t_steps]
         medians = paired_medians(runs, args.steps)
         m_all, t_all = medians[:len(modes)], medians[len(modes):] or [float("nan")] * len(modes)
-        own_fp32 = m_all[modes.index("fp32")]
+        own = {m: ms for m, ms in zip(modes, m_all) if m.startswith("fp32")}
+        own_graphed = {}
         for mode, m_step, m_ms, t_ms, t_step in zip(modes, m_steps, m_all, t_all, t_steps or [None] * len(modes)):
+            fp32_of = "fp32+cl" if mode.endswith("+cl") else "fp32"
             line = (f"{name:<10} {mode:<8} {m_ms:>11.2f} {t_ms:>11.2f} {m_ms / t_ms:>6.2f}x "
-                    f"{m_ms / own_fp32:>11.2f}x")
+                    f"{m_ms / own[fp32_of]:>11.2f}x")
             if graphed:
                 try:
                     m_graph = _capture(mdn, m_step)
@@ -126,7 +138,10 @@ def main():
                 got = iter(paired_medians(runs, args.steps, pipelined=0))     # (replays: per-step sync as ever)
                 mg = next(got) if m_graph is not None else float("nan")
                 tg = next(got) if t_graph is not None else float("nan")
-                line += f" {mg:>12.2f} {tg:>14.2f} {mg / tg:>6.2f}x"
+                if mode == fp32_of:
+                    own_graphed[mode] = mg
+                line += (f" {mg:>12.2f} {tg:>14.2f} {mg / tg:>6.2f}x"
+                         f" {mg / own_graphed.get(fp32_of, float('nan')):>11.2f}x")
             print(line, flush=True)
 
 
