@@ -252,6 +252,12 @@ M._smem[0] = {H200!r}
 GS.GN_STASH16 = False
 assert kinds((2, 256, 56, 56), 32) == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
 GS.GN_STASH16 = True
+# one direction only (MINIDNN_GN_STASH16_DIRS)
+GS.DIRECTIONS = frozenset({"fwd"})
+assert kinds((2, 256, 56, 56), 32) == ["gn_fwds", "row_sums", "col_sum", "gn_dx"]
+GS.DIRECTIONS = frozenset({"bwd"})
+assert kinds((2, 256, 56, 56), 32) == ["norm_fwd", "gn_bwds", "col_sum"]
+GS.DIRECTIONS = frozenset({"fwd", "bwd"})
 # tools/norm_s17_ab.py's 16-bit settings: the kernels each launches, and the defaults restored
 import norm_s17_ab as T
 x = fakecp.asarray(np.ones((2, 256, 56, 56), bf16))
@@ -271,11 +277,18 @@ print("OK")
 """.replace("{H200!r}", repr(H200)), {"MINIDNN_GN_STASH16": "1"})
 
 
-def test_off_by_default():
-    env = {k: v for k, v in os.environ.items() if k != "MINIDNN_GN_STASH16"}
-    r = subprocess.run([sys.executable, "-c", "import minidnn.backend.cuda.norm_gn16 as S; print(S.GN_STASH16)"],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
-    assert r.stdout.strip() == "False", r.stdout + r.stderr
+def test_environment():
+    """Off by default, both directions; MINIDNN_GN_STASH16_DIRS limits them; a bad direction is an error at import."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_GN_STASH16")}
+    show = "import minidnn.backend.cuda.norm_gn16 as S; print(S.GN_STASH16, sorted(S.DIRECTIONS))"
+    for extra, want in (({}, "False ['bwd', 'fwd']"), ({"MINIDNN_GN_STASH16": "1", "MINIDNN_GN_STASH16_DIRS": "fwd"},
+                                                        "True ['fwd']")):
+        r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120,
+                           env=dict(env, **extra), cwd=ROOT)
+        assert r.stdout.strip() == want, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120,
+                       env=dict(env, MINIDNN_GN_STASH16_DIRS="fwd,sideways"), cwd=ROOT)
+    assert r.returncode != 0 and "fwd and / or bwd" in r.stderr, r.stdout + r.stderr
 
 
 # ---- CPU: nvcc ------------------------------------------------------------------------------------------------
@@ -385,6 +398,23 @@ def test_16_bit_parameters_and_repeat(cp, on, name):
         for a, b in zip(got, (y, m, i, dx, ds, db)):
             assert cp.array_equal(a, b)
     assert set(on) == {"gn_fwds", "gn_bwds", "col_sum"}, on
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_blocks_an_sm_as_planned(cp, name):
+    """The driver's occupancy of both kernels at the table's row (25088 values) is the plan's: four forward blocks
+    an SM, two backward -- the overlap of one block's loads with another's stores the design counts on."""
+    from minidnn.backend.cuda import launch
+    dev = cp.cuda.Device().id
+    smem = (int(cp.cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"]),
+            int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]))
+    for backward, entry in ((False, "gn_fwds"), (True, "gn_bwds")):
+        nbytes, bps = GS.plan(25088, 3136, 2, backward, 8, smem)
+        k = GS._kernel(entry, _dtype(name), ("float", 0))
+        launch._opt_in(k, nbytes)           # as a launch does (never lowers a limit set before)
+        got = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, GS.NT, nbytes)
+        assert got == bps == (2 if backward else 4), (entry, got, bps, smem, dev)
 
 
 @pytest.mark.cuda

@@ -33,7 +33,8 @@ Every sum is in a fixed order: deterministic, bitwise repeatable; nothing read b
 Switch: GN_STASH16 (MINIDNN_GN_STASH16, read at import; norm_kernels reads the attribute at planning time, so set it
 and clear norm_kernels._plans for an in-process A/B): "1" routes 16-bit group-norm rows no register path takes
 (row_config2 None) to these kernels where `plan` fits them (ahead of the cluster kernels' FWD16 / BWD16), on sm_80+;
-"0" (the default until the GPU A/B) keeps the kernels before.  float32 keeps the cluster kernels.
+"0" (the default until the GPU A/B) keeps the kernels before; MINIDNN_GN_STASH16_DIRS ("fwd,bwd" | "fwd" | "bwd";
+the attribute DIRECTIONS) limits it to one direction.  float32 keeps the cluster kernels.
 """
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ from .storage import STORAGE_HEADER, type_info
 __all__ = ["SOURCE", "GN_STASH16", "plan", "prepare_forward", "prepare_backward", "usable", "options"]
 
 GN_STASH16 = os.environ.get("MINIDNN_GN_STASH16", "0") == "1"
+# the directions GN_STASH16 routes (MINIDNN_GN_STASH16_DIRS, read at import): "fwd,bwd", or one of them where the A/B
+# adopts one direction only
+DIRECTIONS = frozenset(d for d in os.environ.get("MINIDNN_GN_STASH16_DIRS", "fwd,bwd").split(",") if d)
+if not DIRECTIONS <= {"fwd", "bwd"}:
+    raise ValueError(f"MINIDNN_GN_STASH16_DIRS: fwd and / or bwd, comma-separated, not {sorted(DIRECTIONS)}")
 NT = 512            # threads a block (the kernels' launch bounds)
 MINB_FWD = 4        # launch bounds: <= 32 registers, four blocks an SM (a 49 KB row each: four fit 228 KB)
 MINB_BWD = 2        # <= 64 registers, two an SM (98 KB each)
@@ -249,9 +255,9 @@ def plan(d, s, itemsize, backward, cpg, smem):
     return (nbytes, bps) if bps >= MIN_BLOCKS else None
 
 
-def usable(dev) -> bool:
-    """Switched on (GN_STASH16) and the GPU takes cp.async (sm_80+)."""
-    return GN_STASH16 and sm80(dev)
+def usable(dev, backward=False) -> bool:
+    """Switched on (GN_STASH16, for this direction: DIRECTIONS) and the GPU takes cp.async (sm_80+)."""
+    return GN_STASH16 and ("bwd" if backward else "fwd") in DIRECTIONS and sm80(dev)
 
 
 def options(dtype, pinfo, backward):

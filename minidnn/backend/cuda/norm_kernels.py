@@ -2198,7 +2198,7 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
                                             np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
         return one, None, col, c
-    if version != "v1" and aligned and x.dtype.itemsize == 2 and _gn16.usable(dev):
+    if version != "v1" and aligned and x.dtype.itemsize == 2 and _gn16.usable(dev, True):
         # session 18: x and dy of a long 16-bit group row stashed in one block's shared memory (norm_gn16)
         one = _gn16.prepare_backward(x, num_groups, scale, dev)
         if one is not None:
