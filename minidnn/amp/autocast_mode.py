@@ -437,10 +437,12 @@ def _lower_ready(args):
     order.  None, with nothing done, for anything else (the caller's other paths give the same result)."""
     try:
         s = _amp_local.state
-        x, w = args[0], args[1]
+        x, w, b = args[0], args[1], args[2]
     except (AttributeError, IndexError):
-        return None
-    b = args[2] if len(args) > 2 else None      # (x, w): cast_inputs hands back two args, as here
+        if len(args) != 2:
+            return None
+        r = _lower_ready(args + (None,))       # (x, weight): as (x, weight, None), cast_inputs' two args back
+        return None if r is None else r[:2]
     low = s["ready"]
     if low is None or type(x) is not Tensor:
         return None
@@ -483,7 +485,7 @@ def _lower_ready(args):
         if out is None:
             out = _direct_recorded(b, low, s)
         b = _amp_state._cast(b, low, s, True) if out is None else out
-    return (x, w, b) + rest if len(args) > 2 else (x, w)
+    return (x, w, b) + rest
 
 
 def _used(s, key, fs):

@@ -323,7 +323,7 @@ MUTATIONS = [
     ("_lower_ready", "if xt != _FLOAT32:", "if False:", ["edge:int_input"]),
     ("_lower_ready", "wd is not low and wd != low and wd != _FLOAT32", "False", ["edge:int_weight"]),
     ("_lower_ready", "x = _amp_state._cast(x, low, s, False)", "pass", ["edge:fp32_input"]),
-    ("_lower_ready", "rest if len(args) > 2 else (x, w)", "rest", ["edge:two_args"]),
+    ("_lower_ready", "return None if r is None else r[:2]", "return r", ["edge:two_args"]),
     ("busy", "> _ITEM_REFS or", "> _ITEM_REFS + 1 or", ["edge:graph_held"]),
     ("_end_of_outermost_region", "if entry[3] is not fs:", "if False:", ["edge:two_optimizers"]),
 ]
