@@ -131,8 +131,8 @@ fakecp, L = R._install({ROOT!r})
 names = []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d))
 import minidnn.backend as B
-from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
-M._smem[0] = {H100_SMEM!r}
+from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC, device_facts as F
+F._smem[0] = {H100_SMEM!r}
 def run(shape, ops="bn_add_activation"):
     rng = np.random.default_rng(0)
     c = shape[1]
@@ -152,8 +152,8 @@ def run(shape, ops="bn_add_activation"):
 def test_launches_under_the_fake_cupy():
     _fake("""
 got = run((16, 64, 16, 16))
-fc = BC.plan(16, 64, 256, 4, False, 132, M._smem[0])
-bc = BC.plan(16, 64, 256, 4, True, 132, M._smem[0])
+fc = BC.plan(16, 64, 256, 4, False, 132, F._smem[0])
+bc = BC.plan(16, 64, 256, 4, True, 132, F._smem[0])
 want = [("bn_fwdc", (64 * fc[0], 1, 1, BC.NT, 1, 1, fc[2])), ("bn_bwdc", (64 * bc[0], 1, 1, BC.NT, 1, 1, bc[2]))]
 assert got == want, got
 assert [n for n, _ in run((4, 16, 9, 9))] == ["bn_fwd1", "bn_bwd1"]       # planes of 81 floats: no vectors

@@ -167,8 +167,8 @@ fakecp, L = R._install({ROOT!r})
 names = []
 L._go = lambda fn, d, stream, p: names.append(str(fn).split("(")[0])
 import minidnn.backend as B
-from minidnn.backend.cuda import bn_kernels as K, bn_nhwc
-K._l2[0] = 4096
+from minidnn.backend.cuda import bn_kernels as K, bn_nhwc, device_facts
+device_facts._l2[0] = (4096, False)
 bn_nhwc.ENABLED = False      # bn_kernels' own channels-last routing
 def cl(a):
     return fakecp.asarray(np.ascontiguousarray(np.asarray(a).transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)

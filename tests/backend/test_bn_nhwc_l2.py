@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from minidnn.backend.cuda import bn_nhwc as M
+from minidnn.backend.cuda import device_facts as F
 from tests._nvcc import pick
 from tests.backend.test_bn_nhwc_cuda import LARGE, Counted, _bits, _check, _cl, _data
 
@@ -105,7 +106,7 @@ def test_keep_rule_is_the_calls_data_against_l2(monkeypatch):
     assert M.footprint(False, f32, e // 64, 64, fused) == 5 * 4 * e             # x, dy, y, dx, dz
     h100, h200 = 50 * 2 ** 20, 60 * 2 ** 20
     for l2 in (h100, h200):
-        M._l2[99] = (l2, True)
+        monkeypatch.setitem(F._l2, 99, (l2, True))
         for dt in (f32, bf16):
             for fwd in (True, False):
                 for flags in (bn, fused):
@@ -121,7 +122,7 @@ def test_keep_rule_is_the_calls_data_against_l2(monkeypatch):
         assert M.keep_call(True, f32, rows + 1, 64, bn, 99)
         # the same rows, the fused forward (z as well): over
         assert M.keep_call(True, f32, rows, 64, fused, 99)
-    M._l2[99] = (h100, True)
+    monkeypatch.setitem(F._l2, 99, (h100, True))
     monkeypatch.setattr(M, "KEEP_ABOVE", 0)                     # the tests' switch: KEEP at every size
     assert M.keep_call(True, f32, 7, 5, bn, 99)
     monkeypatch.setattr(M, "KEEP_ABOVE", None)
@@ -131,14 +132,13 @@ def test_keep_rule_is_the_calls_data_against_l2(monkeypatch):
     monkeypatch.setattr(M, "KEEP", frozenset())                 # MINIDNN_BN_NHWC_KEEP=0: nowhere
     assert not M.keep_call(False, f32, 128 * 56 * 56, 64, bn, 99)
     monkeypatch.setattr(M, "KEEP", frozenset({"fwd", "bwd"}))
-    M._l2[99] = (h100, False)                                   # below sm_80: no hints
+    monkeypatch.setitem(F._l2, 99, (h100, False))       # below sm_80: no hints
     assert not M.keep_call(False, f32, 128 * 56 * 56, 64, bn, 99)
-    M._l2[99] = (0, False)                                      # a device that does not say
+    monkeypatch.setitem(F._l2, 99, (0, False))          # a device that does not say
     assert not M.keep_call(False, f32, 128 * 56 * 56, 64, bn, 99)
-    M._l2[99] = (h100, True)
+    monkeypatch.setitem(F._l2, 99, (h100, True))
     monkeypatch.setattr(M, "ONCHIP", False)                     # the kernels without the copy
     assert not M.keep_call(False, f32, 128 * 56 * 56, 64, bn, 99)
-    del M._l2[99]
 
 
 # ---- nvcc --------------------------------------------------------------------------------------------------------
@@ -219,14 +219,14 @@ import numpy as np, record_launches as R
 fakecp, L = R._install({ROOT!r})
 names, args = [], []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d, str(fn)))
-from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
+from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC, device_facts as F
 _prepare = M._launch.prepare
 def prepare(k, grid, block, a, **kw):
     args.append((tuple(grid), [float(v) for v in a if v is not None], kw.get("shared_mem")))
     return _prepare(k, grid, block, a, **kw)
 M._launch.prepare = prepare
-M._smem[0] = {H200_SMEM!r}
-M._l2[0] = ({L2}, True)
+F._smem[0] = {H200_SMEM!r}
+F._l2[0] = ({L2}, True)
 BC.ENABLED = False
 def cl(a):
     perm = (0, *range(2, a.ndim), 1); back = (0, a.ndim - 1, *range(1, a.ndim - 1))
@@ -433,7 +433,7 @@ def test_default_under_l2_launches_the_kernel_without_keep(gpu, shape):
     # the example models' shapes (KEEP lost 2-8% there in run 5): the adopted default compiles and launches exactly
     # the kernels and arguments of MINIDNN_BN_NHWC_KEEP=0, on the device's own L2 size
     cp, monkeypatch, clear = gpu
-    l2, hints = M.l2_info(cp.cuda.Device().id)
+    l2, hints = F.l2_info(cp.cuda.Device().id)
     asked = _recording_kernels(monkeypatch)
     made = []
     prepare = M._launch.prepare

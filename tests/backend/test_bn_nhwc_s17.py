@@ -179,14 +179,14 @@ import numpy as np, ml_dtypes, record_launches as R
 fakecp, L = R._install({ROOT!r})
 names, args = [], []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d, str(fn)))
-from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
+from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC, device_facts as F
 _prepare = M._launch.prepare
 def prepare(k, grid, block, a, **kw):
     args.append((tuple(grid), [float(v) for v in a if v is not None], kw.get("shared_mem")))
     return _prepare(k, grid, block, a, **kw)
 M._launch.prepare = prepare
-M._smem[0] = {H200_SMEM!r}
-M._l2[0] = ({L2}, True)
+F._smem[0] = {H200_SMEM!r}
+F._l2[0] = ({L2}, True)
 BC.ENABLED = False
 def cl(shape, dt):       # channels-last memory, channels-first view (zeros: no page touched)
     n, c = shape[0], shape[1]

@@ -164,14 +164,14 @@ def test_ce_long_ptx_copies_and_waits(tmp_path, monkeypatch):
 def test_no_long_plan_below_sm80(monkeypatch):
     """LONG's stage is filled by cp.async (sm_80+): a device below it plans the kernel before LONG (an sm_75 GPU's
     NVRTC refuses cp.async); the softmax backward's cp.async stash (BWD_STASH 3) likewise plans none there."""
-    from minidnn.backend.cuda import bn_nhwc, softmax_kernels
+    from minidnn.backend.cuda import device_facts, softmax_kernels
     on = _lk.launch_spec("ce_fwd", (4096, 32000), np.float32, np.int64, False, "mean")
     off = _lk.launch_spec("ce_fwd", (4096, 32000), np.float32, np.int64, False, "mean", sm80=False)
     assert any(d.startswith("LONG=") for d in on[2]) and not any(d.startswith("LONG=") for d in off[2])
     assert [d for d in on[2] if not d.startswith("LONG=")] == list(off[2])
     monkeypatch.setattr(softmax_kernels, "BWD_STASH", 3)
     for sm80, want in ((False, 0), (True, None)):
-        monkeypatch.setitem(bn_nhwc._l2, 7, (50 << 20, sm80))
-        monkeypatch.setitem(bn_nhwc._smem, 7, (228 << 10, 227 << 10))
+        monkeypatch.setitem(device_facts._l2, 7, (50 << 20, sm80))
+        monkeypatch.setitem(device_facts._smem, 7, (228 << 10, 227 << 10))
         got = softmax_kernels.call_stash(True, 7)
         assert (got == 0) if want == 0 else got > 0, (sm80, got)

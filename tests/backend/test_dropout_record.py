@@ -677,9 +677,9 @@ def test_record_keep_rate_within_binomial_bounds(cp, switch, dtype, p, kind):
 def test_cache_hint_by_call_size(monkeypatch):
     """HINT_BY_SIZE (session 13 run 7): the streaming hints only where the call's two arrays exceed the device's L2
     (62.9 MB on an H200); a device that does not say its L2 (0) and HINT_BY_SIZE off keep the configured hint."""
-    from minidnn.backend.cuda import bn_nhwc
-    monkeypatch.setitem(bn_nhwc._l2, 7, (62914560, True))
-    monkeypatch.setitem(bn_nhwc._l2, 8, (0, False))
+    from minidnn.backend.cuda import device_facts
+    monkeypatch.setitem(device_facts._l2, 7, (62914560, True))
+    monkeypatch.setitem(device_facts._l2, 8, (0, False))
     assert DP.call_hint(1, 128 * 64 * 56 * 56, 4, 7) == 1       # float32 x + y: 205.5 MB
     assert DP.call_hint(1, 128 * 64 * 56 * 56, 2, 7) == 1       # bfloat16: 102.8 MB
     assert DP.call_hint(2, 128 * 16 * 32 * 32, 4, 7) == 0       # 16.8 MB: plain loads and stores

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import minidnn.backend as B
+from minidnn.backend.cuda import device_facts
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests.backend.test_softmax_rows_cuda import (
     _close,
@@ -44,8 +45,8 @@ NAMES = ("float32", "bfloat16", "float16", "float64")
 
 @pytest.fixture
 def fake_l2(monkeypatch):
-    """softmax_kernels sees an L2 of ``L2`` bytes (no GPU asked)."""
-    monkeypatch.setattr(_sk, "_l2_bytes", lambda dev: L2)
+    """Device 0 has an L2 of ``L2`` bytes (device_facts' cache: no GPU asked)."""
+    monkeypatch.setitem(device_facts._l2, 0, (L2, True))
     monkeypatch.setattr(_sk, "HINT_BY_SIZE", True)
 
 
@@ -99,16 +100,16 @@ def test_call_hint_by_size(monkeypatch):
     """The size rule: forward x + y, backward y + dy + dx against L2 (the backward's third array tips (8192, 1000)
     float32 over an 80 MB L2, the forward stays under); an L2 the device does not report (0) hints; HINT_BY_SIZE off
     hints at every size; a setting of 0 never; a backward 1 or an unknown value is an error."""
-    monkeypatch.setattr(_sk, "_l2_bytes", lambda dev: 80 * 2 ** 20)
+    monkeypatch.setitem(device_facts._l2, 0, (80 * 2 ** 20, True))
     monkeypatch.setattr(_sk, "HINT_BY_SIZE", True)
     monkeypatch.setattr(_sk, "HINT_FWD", 1)
     monkeypatch.setattr(_sk, "HINT_BWD", 2)
     fwd, bwd = _nbytes((8192, 1000), "float32", False), _nbytes((8192, 1000), "float32", True)
     assert (_sk.call_hint(False, fwd, 0), _sk.call_hint(True, bwd, 0)) == (0, 2)
     assert (_sk.call_hint(False, 2 * fwd, 0), _sk.call_hint(True, bwd // 2, 0)) == (1, 0)
-    monkeypatch.setattr(_sk, "_l2_bytes", lambda dev: 0)
+    monkeypatch.setitem(device_facts._l2, 0, (0, False))
     assert (_sk.call_hint(False, 80, 0), _sk.call_hint(True, 120, 0)) == (1, 2)
-    monkeypatch.setattr(_sk, "_l2_bytes", lambda dev: 80 * 2 ** 20)
+    monkeypatch.setitem(device_facts._l2, 0, (80 * 2 ** 20, True))
     monkeypatch.setattr(_sk, "HINT_BY_SIZE", False)
     assert (_sk.call_hint(False, 80, 0), _sk.call_hint(True, 120, 0)) == (1, 2)
     monkeypatch.setattr(_sk, "HINT_FWD", 0)
@@ -156,7 +157,7 @@ recs = []
 R.record_to(L, recs)
 import minidnn.backend as B
 from minidnn.backend import softmax as smx
-from minidnn.backend.cuda import softmax_kernels as S, bn_nhwc
+from minidnn.backend.cuda import softmax_kernels as S, device_facts
 x = fakecp.asarray(np.zeros((16384, 1000), np.float32))
 out = []
 for fwd, bwd, l2 in ((0, 0, None), (1, 2, None), (2, 0, None), (1, 2, 1 << 40)):
@@ -164,7 +165,7 @@ for fwd, bwd, l2 in ((0, 0, None), (1, 2, None), (2, 0, None), (1, 2, 1 << 40)):
     if l2:
         fakecp.cuda.Device.attributes["L2CacheSize"] = l2
         fakecp.cuda.Device.compute_capability = "90"
-        bn_nhwc._l2.clear()
+        device_facts._l2.clear()
     for k, v in vars(smx).items():
         if isinstance(v, dict) and "seen" in k.lower():
             v.clear()

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import minidnn.backend as B
+from minidnn.backend.cuda import device_facts
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests._nvcc import pick
 from tests.backend.test_softmax_rows_cuda import (
@@ -533,7 +534,7 @@ def test_row_ab_plans(monkeypatch):
     """tools/row_ab.py --bwd-stash 0,1,2,3 and --warp-from 513,257 plan (before any timing) the kernel of each
     setting -- BSCH / BSY / BSA on the 32000-class backward, WARP on the 512-class rows -- and put the settings the
     process started with back."""
-    monkeypatch.setattr(_sk, "_l2_bytes", lambda dev: 50 * 2 ** 20)        # no GPU asked (the hints stay 0)
+    monkeypatch.setitem(device_facts._l2, 0, (50 * 2 ** 20, True))        # no GPU asked (the hints stay 0)
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import row_ab

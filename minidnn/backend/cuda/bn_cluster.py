@@ -46,6 +46,7 @@ import numpy as np
 from .. import devices as _dev
 from . import bn_nhwc as _nhwc
 from . import launch as _launch
+from .device_facts import smem_limits
 from .storage import STORAGE_HEADER, type_info
 
 __all__ = ["SOURCE", "DX_NHWC_HEADER", "SHADOW_HEADER", "plan", "prepare_forward", "prepare_backward", "ENABLED",
@@ -561,7 +562,7 @@ def usable(dev) -> bool:
 
 def _prepare(name, xc, outer, c, inner, backward, flags, tail, divider, dev):
     item = xc.dtype.itemsize
-    smem = _nhwc.smem_limits(dev)
+    smem = smem_limits(dev)
     p = plan(outer, c, inner, item, backward, _launch.sm_count(dev), smem, force=FORCE_CL)
     if p is None:
         return None

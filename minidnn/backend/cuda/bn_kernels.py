@@ -41,6 +41,7 @@ import numpy as np
 from .. import devices as _dev
 from . import bn_cluster as _cluster
 from . import bn_nhwc as _nhwc
+from . import device_facts as _facts
 from . import launch as _launch
 from . import workspace as _ws
 from .storage import STORAGE_HEADER, acc_dtype, param_dtype, type_info
@@ -1068,18 +1069,12 @@ _ROUND_SHARE_ONCHIP_BWD = float(os.environ["MINIDNN_BN_L2_SHARE_BWD"]) if os.env
 # their second read missed L2 -- onepass_routes.)
 CL_ROUNDS = os.environ.get("MINIDNN_BN_CL_ROUNDS", "0") == "1"
 _L2_DEFAULT = 50 * 2 ** 20
-_l2: dict = {}
 
 
 def _l2_bytes(dev):
-    n = _l2.get(dev)
-    if n is None:
-        try:
-            n = int(_launch.cupy().cuda.Device(dev).attributes["L2CacheSize"])
-        except (KeyError, AttributeError, TypeError):
-            n = _L2_DEFAULT
-        n = _l2[dev] = n or _L2_DEFAULT
-    return n
+    """GPU ``dev``'s L2 bytes (device_facts' cache); an H100's where the device does not say, so the rounds still
+    split as they would there."""
+    return _facts.l2_info(dev)[0] or _L2_DEFAULT
 
 
 def _aligned(*arrays):
@@ -1187,7 +1182,7 @@ def onepass_plan(outer, c, inner, itemsize, backward, dev=None, sm_count=132, l2
     dict(vec, tiles, per, grid, rounds, ks, dyn).  ``dev``: that GPU's SMs, L2 and shared memory (else an H100's);
     for the tools and tests (the launch itself also asks the driver for occupancy and the kernel's static memory)."""
     if dev is not None:
-        sm_count, l2_bytes, smem_limits = _launch.sm_count(dev), _l2_bytes(dev), _nhwc.smem_limits(dev)
+        sm_count, l2_bytes, smem_limits = _launch.sm_count(dev), _l2_bytes(dev), _facts.smem_limits(dev)
     name = "bn_bwd1" if backward else "bn_fwd1"
     arrays = (2 if ONCHIP else 3) if backward else 1
     vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, itemsize, arrays, True, sm_count, l2_bytes)
@@ -1212,7 +1207,7 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
     k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
     ks = dyn = 0
     if onchip:
-        slot, ks_max = _onchip_slot_max(name, vec, item, _nhwc.smem_limits(dev), _nhwc.static_smem(k, 8192 + 16))
+        slot, ks_max = _onchip_slot_max(name, vec, item, _facts.smem_limits(dev), _nhwc.static_smem(k, 8192 + 16))
         if ks_max and _resident_per_sm(k, ks_max * slot) >= ONEPASS_BPS:
             vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2,
                                                           cache_block_bytes=ks_max * slot,

@@ -57,6 +57,7 @@ import numpy as np
 
 from . import launch as _launch
 from . import workspace as _ws
+from .device_facts import _l2, _smem, l2_info, sm80, smem_limits  # noqa: F401 -- also for importers of bn_nhwc
 from .storage import STORAGE_HEADER, acc_dtype, param_dtype, type_info
 
 __all__ = ["ENABLED", "ROUTE", "SOURCE", "takes", "rows_layout", "switch", "geometry", "training_call",
@@ -1213,23 +1214,6 @@ def _resident_per_sm(kernel, shared_mem=0):
         return BPS
 
 
-_smem: dict = {}
-
-
-def smem_limits(dev):
-    """(shared memory per SM, the most one block may opt into) in bytes on GPU ``dev``; (0, 0) where the device
-    does not say (no on-chip copy then)."""
-    r = _smem.get(dev)
-    if r is None:
-        try:
-            a = _launch.cupy().cuda.Device(dev).attributes
-            r = (int(a["MaxSharedMemoryPerMultiprocessor"]), int(a["MaxSharedMemoryPerBlockOptin"]))
-        except (KeyError, AttributeError, TypeError):
-            r = (0, 0)
-        _smem[dev] = r
-    return r
-
-
 def static_smem(kernel, estimate):
     """The kernel's static shared memory (the driver's attribute), ``estimate`` where it cannot be read."""
     try:
@@ -1250,30 +1234,6 @@ def cache_slots(per_sm, per_block, static, bps, slot_bytes):
 def _geo_args(rows, c, vec):
     cv, chunks, tx, rb, ng = geometry(rows, c, vec)
     return [np.int32(rows), np.int32(c), np.int32(cv), np.int32(tx), np.int32(rb), np.int32(ng)], chunks, ng
-
-
-_l2: dict = {}
-
-
-def l2_info(dev):
-    """(L2 bytes, whether the device takes createpolicy / ld.global.L2::cache_hint: sm_80+) of GPU ``dev``; (0,
-    False) where the device does not say (KEEP off then)."""
-    r = _l2.get(dev)
-    if r is None:
-        try:
-            d = _launch.cupy().cuda.Device(dev)
-            r = (int(d.attributes["L2CacheSize"]), int(str(d.compute_capability)) >= 80)
-        except (KeyError, AttributeError, TypeError, ValueError):
-            r = (0, False)
-        _l2[dev] = r
-    return r
-
-
-def sm80(dev) -> bool:
-    """Whether GPU ``dev`` is sm_80 or newer (l2_info's flag): the cache-hint PTX KEEP uses, and cp.async, which the
-    cross-entropy LONG stage and the softmax backward's stash 3 fill shared memory with.  False where it does not
-    say."""
-    return l2_info(dev)[1]
 
 
 def keep_steps(l2_bytes, frac, step_bytes, n, ks):

@@ -84,7 +84,7 @@ import numpy as np
 from .. import devices as _dev
 from .._common import SeenCalls
 from . import launch as _launch
-from .bn_nhwc import l2_info
+from .device_facts import beyond_l2
 from .storage import STORAGE_HEADER, type_info
 
 __all__ = ["supports", "supports_backward", "dropout_forward", "dropout_backward", "threshold", "SOURCE",
@@ -822,8 +822,7 @@ def call_hint(hint, n, itemsize, dev):
     device's L2 or the device does not say its L2 size, else 0 (HINT_BY_SIZE)."""
     if not hint or not HINT_BY_SIZE:
         return hint
-    l2 = l2_info(dev)[0]
-    return hint if l2 == 0 or 2 * n * itemsize > l2 else 0
+    return hint if beyond_l2(2 * n * itemsize, dev) else 0
 
 
 def _wave(dev):

@@ -33,7 +33,7 @@ from . import launch as _launch
 from . import softmax_kernels as _sk
 from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, type_info
-from .bn_nhwc import sm80 as _sm80
+from .device_facts import sm80 as _sm80
 from .softmax_kernels import ROW_HEADER, WARP_REDUCE, row_defines
 
 __all__ = ["supports", "forward", "backward", "SOURCE", "SOURCE_ROWS"]

@@ -49,7 +49,7 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from .bn_kernels import STORAGE_HEADER, type_info
-from .bn_nhwc import l2_info, sm80, smem_limits
+from .device_facts import beyond_l2, sm80, smem_limits
 
 __all__ = ["supports", "collapse", "forward", "backward", "row_config", "SOURCE", "SOURCE_V1", "ROW_HEADER",
            "WARP_REDUCE", "SOURCE_COLS", "launch_spec", "Spec", "RowConfig"]
@@ -1572,11 +1572,6 @@ HINT_FWD, HINT_BWD = _hint_pair(os.environ.get("MINIDNN_SOFTMAX_HINT", "2,0"))
 HINT_BY_SIZE = os.environ.get("MINIDNN_SOFTMAX_HINT_BY_SIZE", "1") != "0"
 
 
-def _l2_bytes(dev):
-    """The L2 bytes of GPU ``dev`` (0 where the device does not say)."""
-    return l2_info(dev)[0]
-
-
 def call_hint(backward, nbytes, dev):
     """The HINT a call takes whose arrays (x and y; y, dy and dx) hold ``nbytes``: HINT_BWD / HINT_FWD where they exceed
     the L2 of GPU ``dev`` or the device does not say its L2 size, else 0; the setting at every size without
@@ -1587,8 +1582,7 @@ def call_hint(backward, nbytes, dev):
                          "or 2, the backward 0 or 2")
     if not hint or not HINT_BY_SIZE:
         return hint
-    l2 = _l2_bytes(dev)
-    return hint if l2 == 0 or nbytes > l2 else 0
+    return hint if beyond_l2(nbytes, dev) else 0
 
 
 def hint_fits(backward, cfg, storage, defines):
