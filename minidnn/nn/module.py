@@ -585,7 +585,13 @@ class Module:
 # not hold the name (checked per call) -- and every name is a parameter or a buffer (None values included).
 # Anything else returns None and the layer reads its attributes as before (the same values and errors, in its order).
 # Switch: REGISTERED_READS[0] = False (or MINIDNN_MODULE_REGISTERED_READS=0 at import): always None.
+# Host round 30: a name neither a parameter nor a buffer is looked up among the submodules too (__getattr__'s third
+# registry), and convolution / linear layers and the model zoo's blocks read their weight and bias or submodules so
+# (~0.6 µs a name on this CPU through __getattr__, a failed normal lookup first: ~115 reads a ResNet-20 step).
+# Switch for those call sites: REGISTERED_LAYERS[0] = False (or MINIDNN_MODULE_REGISTERED_LAYERS=0 at import): they
+# read their attributes one by one, as before.
 REGISTERED_READS = [os.environ.get("MINIDNN_MODULE_REGISTERED_READS", "1") != "0"]
+REGISTERED_LAYERS = [os.environ.get("MINIDNN_MODULE_REGISTERED_LAYERS", "1") != "0"]
 _PLAIN_TYPES: dict = {}
 _MISSING = object()
 
@@ -601,8 +607,8 @@ def _plain_type(cls, names) -> bool:
 
 
 def registered(module, names: tuple):
-    """``[getattr(module, n) for n in names]`` where each ``n`` is a parameter or buffer reached through
-    Module.__getattr__, else None (see above)."""
+    """``[getattr(module, n) for n in names]`` where each ``n`` is a parameter, buffer or submodule reached through
+    Module.__getattr__ (its order: parameters, buffers, submodules), else None (see above)."""
     d = module.__dict__
     if not (REGISTERED_READS[0] and _plain_type(type(module), names) and d.keys().isdisjoint(names)):
         return None
@@ -615,6 +621,8 @@ def registered(module, names: tuple):
         if v is _MISSING:
             v = buffers.get(n, _MISSING)
             if v is _MISSING:
-                return None
+                mods = d.get("_modules")
+                if mods is None or (v := mods.get(n, _MISSING)) is _MISSING:
+                    return None
         out.append(v)
     return out

@@ -13,7 +13,7 @@ from ...creation import empty
 from .. import functional as F
 from .. import init
 from .._functions._util import ntuple
-from ..module import Module
+from ..module import REGISTERED_LAYERS, Module, registered
 from ..parameter import Parameter
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
@@ -87,6 +87,9 @@ class _ConvNd(Module):
         return output.numel() * (self.in_channels // self.groups) * taps
 
 
+_WEIGHT_BIAS = ("weight", "bias")
+
+
 class _Conv(_ConvNd):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros", device=None, dtype=None):
@@ -94,7 +97,11 @@ class _Conv(_ConvNd):
                          padding_mode, device=device, dtype=dtype)
 
     def forward(self, input):
-        return self._function(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        r = registered(self, _WEIGHT_BIAS) if REGISTERED_LAYERS[0] else None     # (module.registered: one read)
+        if r is None:
+            return self._function(input, self.weight, self.bias, self.stride, self.padding, self.dilation,
+                                  self.groups)
+        return self._function(input, r[0], r[1], self.stride, self.padding, self.dilation, self.groups)
 
 
 class _ConvTranspose(_ConvNd):

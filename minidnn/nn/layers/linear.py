@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...creation import empty
 from .. import init
 from ..functional import linear
-from ..module import Module
+from ..module import REGISTERED_LAYERS, Module, registered
 from ..parameter import Parameter
 
 __all__ = ["Identity", "Linear"]
@@ -18,6 +18,9 @@ class Identity(Module):
 
     def forward(self, x):
         return x
+
+
+_WEIGHT_BIAS = ("weight", "bias")
 
 
 class Linear(Module):
@@ -41,7 +44,10 @@ class Linear(Module):
         if x.shape[-1:] != (self.in_features,):
             raise RuntimeError(f"Linear: input has shape {tuple(x.shape)} but the layer expects a last dimension of "
                                f"{self.in_features} (weight {tuple(self.weight.shape)})")
-        return linear(x, self.weight, self.bias)
+        r = registered(self, _WEIGHT_BIAS) if REGISTERED_LAYERS[0] else None     # (module.registered: one read)
+        if r is None:
+            return linear(x, self.weight, self.bias)
+        return linear(x, r[0], r[1])
 
     def _macs(self, input, output):
         # One multiply-add per weight entry per output row (the bias add is not a MAC).
