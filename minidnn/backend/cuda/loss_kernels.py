@@ -347,6 +347,110 @@ __device__ __forceinline__ float ex2_fast(float x)
 #define CE_EXP(v, sh, shl) ((void)(shl), exp((v) - (sh)))
 #endif
 
+// The pieces of a row's forward that ce_fwd_body (chunks loaded and reduced in turn), ce_fwd_long (chunks staged
+// ahead by cp.async) and ce_fwd_pipe (one chunk, the next row in flight) share, written once so that their sums
+// stay the same adds in the same order: a thread keeps a running max m and a sum s of exp(x - m) over its chunks
+// (s rescaled when m grows), with SMOOTH the weighted sums swx = sum(w[c] x[c]) and sw = sum(w[c]); the group then
+// meets for the row's lse and its thread 0 writes the row's loss.
+// FX: the exponentials as FASTX's (ex2.approx and one FFMA; LONG 2), else exp(v - sh).
+template <bool FX> __device__ __forceinline__ A ce_exp(A v, A sh, A shl)
+{
+    return FX ? CE_EXP(v, sh, shl) : exp(v - sh);
+}
+
+// A chunk's max: its values a[] and, in the row's first chunk, the edges ed[].
+__device__ __forceinline__ A ce_chunk_max(const A* a, const A* ed, int ch)
+{
+    A cm = NEG_INF;
+#pragma unroll
+    for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
+    if (ch == 0) {
+#pragma unroll
+        for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
+    }
+    return cm;
+}
+
+// SMOOTH's sums over chunk ch's body values a[] (slots past the body add nothing).
+__device__ __forceinline__ void ce_smooth_chunk(const A* a, int ch, const Geo& q, int g, const T* __restrict__ w,
+                                                A& swx, A& sw)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = ch * CV + k * G + g;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const int c = q.h + v * VEC + j;
+            if (v < q.nb) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
+        }
+    }
+}
+
+// Chunk ch (max cm: ce_chunk_max) into the running sums: m grows to cm (s rescaled), then exp(x - m) of the edges
+// (chunk 0) and of a[] in element order, then SMOOTH's sums.  XT: x[t] is picked on the way -- from an edge whose
+// class is t, or from a[ts] in chunk tch (ce_fwd_body's select: two instructions an element); LONG loads it instead.
+template <bool XT, bool FX> __device__ __forceinline__ void ce_chunk_sums(
+    const A* a, const A* ed, const A cm, const int ch, const Geo& q, const int g, const long long t, const int tch,
+    const int ts, const T* __restrict__ w, A& m, A& s, A& swx, A& sw, A& xt)
+{
+    const bool smooth = SMOOTH;
+    const A nm = vmax(m, cm);
+    if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
+    m = nm;
+    const A sh = m == NEG_INF ? (A)0 : m;
+    const A shl = FX ? sh * (A)1.4426950408889634 : (A)0;
+    if (ch == 0) {
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+            s += ce_exp<FX>(ed[j], sh, shl);
+            if ((XT || smooth) && j < edge_n(q, g)) {
+                const int c = edge_o(q, g) + j;
+                if (XT && c == t) xt = ed[j];
+                if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * ed[j]; sw += wc; }
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) s += ce_exp<FX>(a[e], sh, shl);
+    if (XT && ch == tch) {                       // x[t] from the registers of the thread that holds it
+#pragma unroll
+        for (int e = 0; e < E; ++e) xt = e == ts ? a[e] : xt;
+    }
+    if (smooth) ce_smooth_chunk(a, ch, q, g, w, swx, sw);
+}
+
+// The row's lse from each thread's m and s: the group's max M, then the group's sum of s rescaled to M.
+__device__ __forceinline__ A ce_row_lse(const A m, const A s, A* sm)
+{
+    A M = g_max(m, sm);
+    if (M == NEG_INF) M = 0;
+    const A f = m == NEG_INF ? (A)0 : exp(m - M);
+    return M + log(g_sum(s * f, sm));
+}
+
+// Row r's outputs, by the one thread that writes them: lse, the 'none' loss row, and the loss term and weight into
+// the running sums -- -(1 - eps) w[t] (x[t] - lse) [- eps / C (swx - lse sw)]; 0 and 0 for ignore_index; NaN for a
+// class index out of range.
+__device__ __forceinline__ void ce_row_out(const int r, const long long t, const A xt, const A lse, const A swx,
+    const A sw, const T* __restrict__ w, T* __restrict__ loss_rows, A* __restrict__ lse_out, const int C,
+    const long long ignore_index, const double eps, A& acc_loss, A& acc_den)
+{
+    const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
+    A per = 0, wt = 0;
+    if (valid) {
+        if (in_range) {
+            wt = HAS_W ? LD(w[t]) : (A)1;
+            per = -((A)(1.0 - eps) * wt * (xt - lse));
+            if (SMOOTH) per -= (A)(eps / C) * (swx - lse * sw);
+        } else {
+            per = wt = A_NAN;                       // a bad class index
+        }
+    }
+    lse_out[r] = lse;
+    if (REDUCTION == 0) loss_rows[r] = ST(per);
+    acc_loss += per; acc_den += wt;
+}
+
 template <bool VA> __device__ __forceinline__ void ce_fwd_body(
     const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
     A* __restrict__ lse_out, const int rows, const int C, const long long ignore_index, const double eps, A* sm,
@@ -377,68 +481,13 @@ template <bool VA> __device__ __forceinline__ void ce_fwd_body(
         load_edges(xr, q, g, NEG_INF, ed);
         for (int ch = 0; ch < nch; ++ch) {
             load_chunk<VA>(xr, ch, q, g, NEG_INF, a);
-            A cm = NEG_INF;
-#pragma unroll
-            for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
-            if (ch == 0) {
-#pragma unroll
-                for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
-            }
-            const A nm = vmax(m, cm);
-            if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
-            m = nm;
-            const A sh = m == NEG_INF ? (A)0 : m;
-            if (ch == 0) {                           // the edges: exp, x[t] if it is one, the smoothing sums
-#pragma unroll
-                for (int j = 0; j < NE; ++j) {
-                    s += exp(ed[j] - sh);
-                    if (j < edge_n(q, g)) {
-                        const int c = edge_o(q, g) + j;
-                        if (c == t) xt = ed[j];
-                        if (smooth) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * ed[j]; sw += wc; }
-                    }
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < E; ++e) s += exp(a[e] - sh);
-            if (ch == tch) {                         // x[t] from the registers of the thread that holds it
-#pragma unroll
-                for (int e = 0; e < E; ++e) xt = e == ts ? a[e] : xt;
-            }
-            if (smooth) {
-#pragma unroll
-                for (int k = 0; k < NV; ++k) {
-                    const int v = ch * CV + k * G + g;
-#pragma unroll
-                    for (int j = 0; j < VEC; ++j) {
-                        const int c = q.h + v * VEC + j;
-                        if (v < q.nb) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
-                    }
-                }
-            }
+            ce_chunk_sums<true, false>(a, ed, ce_chunk_max(a, ed, ch), ch, q, g, t, tch, ts, w, m, s, swx, sw, xt);
         }
-        A M = g_max(m, sm);
-        if (M == NEG_INF) M = 0;
-        const A f = m == NEG_INF ? (A)0 : exp(m - M);
-        const A lse = M + log(g_sum(s * f, sm));
+        const A lse = ce_row_lse(m, s, sm);
         xt = g_sum(xt, sm);                          // one thread holds it, the others add 0: exact
         if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
-        if (g == 0 && live) {
-            const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
-            A per = 0, wt = 0;
-            if (valid) {
-                if (in_range) {
-                    wt = HAS_W ? LD(w[t]) : (A)1;
-                    per = -((A)(1.0 - eps) * wt * (xt - lse));
-                    if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
-                } else {
-                    per = wt = A_NAN;                   // a bad class index
-                }
-            }
-            lse_out[r] = lse;
-            if (REDUCTION == 0) loss_rows[r] = ST(per);
-            acc_loss += per; acc_den += wt;
-        }
+        if (g == 0 && live)
+            ce_row_out(r, t, xt, lse, swx, sw, w, loss_rows, lse_out, C, ignore_index, eps, acc_loss, acc_den);
     }
 }
 
@@ -488,10 +537,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
             }
         }
 #endif
-#pragma unroll
-        for (int e = 0; e < E; ++e) m = vmax(m, a[e]);
-#pragma unroll
-        for (int j = 0; j < NE; ++j) m = vmax(m, ed[j]);
+        m = ce_chunk_max(a, ed, 0);
         const A sh = m == NEG_INF ? (A)0 : m;
         const A shl = FASTX ? sh * (A)1.4426950408889634 : (A)0;
 #pragma unroll
@@ -508,39 +554,12 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_pipe(
             s += CE_EXP(a[e], sh, shl);
             if (!FASTX) xt = e == ts ? a[e] : xt;
         }
-        if (smooth) {
-#pragma unroll
-            for (int k = 0; k < NV; ++k) {
-                const int v = k * G + g;
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    const int c = q.h + v * VEC + j;
-                    if (v < q.nb) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
-                }
-            }
-        }
-        A M = g_max(m, sm);
-        if (M == NEG_INF) M = 0;
-        const A f = m == NEG_INF ? (A)0 : exp(m - M);
-        const A lse = M + log(g_sum(s * f, sm));
+        if (smooth) ce_smooth_chunk(a, 0, q, g, w, swx, sw);
+        const A lse = ce_row_lse(m, s, sm);
         if (!FASTX) xt = g_sum(xt, sm);             // FASTX: every thread loaded it
         if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
-        if (g == 0 && live) {
-            const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
-            A per = 0, wt = 0;
-            if (valid) {
-                if (in_range) {
-                    wt = HAS_W ? LD(w[t]) : (A)1;
-                    per = -((A)(1.0 - eps) * wt * (xt - lse));
-                    if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
-                } else {
-                    per = wt = A_NAN;
-                }
-            }
-            lse_out[r] = lse;
-            if (REDUCTION == 0) loss_rows[r] = ST(per);
-            acc_loss += per; acc_den += wt;
-        }
+        if (g == 0 && live)
+            ce_row_out(r, t, xt, lse, swx, sw, w, loss_rows, lse_out, C, ignore_index, eps, acc_loss, acc_den);
         cur = nxt; q = qn; r = rn; live = liven; t = tn;
     }
 }
@@ -587,11 +606,6 @@ static_assert(sizeof(LVR) == 16 || sizeof(LVR) == 8, "LONG: 16-byte vectors (8 f
 #error "LSLOTS is 1, or 3 for whole rows (every row the same number of chunks, at least two)"
 #endif
 #define LSTAGE (BLOCK * NV)                         // vectors a slot
-#if LONG >= 2
-#define LONG_EXP CE_EXP                             // FASTX (planned only where FASTX=1): ex2.approx, one FFMA
-#else
-#define LONG_EXP(v, sh, shl) ((void)(shl), exp((v) - (sh)))
-#endif
 
 // Chunk ch of the row at p (geometry q) into this thread's stage slots k * BLOCK + g, as one commit group; slots
 // past the body are not copied (long_take pads them).
@@ -672,13 +686,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
 #else
             long_take(st, ch, q, g, a);
 #endif
-            A cm = NEG_INF;
-#pragma unroll
-            for (int e = 0; e < E; ++e) cm = vmax(cm, a[e]);
-            if (ch == 0) {
-#pragma unroll
-                for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
-            }
+            const A cm = ce_chunk_max(a, ed, ch);
 #if LSLOTS == 3
             {
                 LVR* fill = st + (cs == 0 ? 2 : cs - 1) * LSTAGE;
@@ -696,36 +704,8 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
                 long_issue(st, xn, 0, row_geo(xn, C, true), g);
             }
 #endif
-            // from here to the row's end: ce_fwd_body's sums in the same order (LONG 2: FASTX's exp)
-            const A nm = vmax(m, cm);
-            if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
-            m = nm;
-            const A sh = m == NEG_INF ? (A)0 : m;
-            const A shl = LONG >= 2 ? sh * (A)1.4426950408889634 : (A)0;
-            if (ch == 0) {
-#pragma unroll
-                for (int j = 0; j < NE; ++j) {
-                    s += LONG_EXP(ed[j], sh, shl);
-                    if (smooth && j < edge_n(q, g)) {
-                        const int c = edge_o(q, g) + j;
-                        const A wc = HAS_W ? LD(w[c]) : (A)1;
-                        swx += wc * ed[j]; sw += wc;
-                    }
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < E; ++e) s += LONG_EXP(a[e], sh, shl);
-            if (smooth) {
-#pragma unroll
-                for (int k = 0; k < NV; ++k) {
-                    const int v = ch * CV + k * G + g;
-#pragma unroll
-                    for (int j = 0; j < VEC; ++j) {
-                        const int c = q.h + v * VEC + j;
-                        if (v < q.nb) { const A wc = HAS_W ? LD(w[c]) : (A)1; swx += wc * a[k * VEC + j]; sw += wc; }
-                    }
-                }
-            }
+            // ce_fwd_body's sums, the same text (LONG 2: FASTX's exp); x[t] is thread 0's load above
+            ce_chunk_sums<false, LONG >= 2>(a, ed, cm, ch, q, g, t, -1, -1, w, m, s, swx, sw, xt);
         }
         // the next row's target and RAGGED edges (threads 0 and G - 1), in flight while the block meets (ed is dead
         // here; its geometry again: fewer registers live through the last chunk than keeping it)
@@ -736,27 +716,9 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
             tn = (long long)target[rn];
             load_edges(x + (size_t)rn * C, qn, g, NEG_INF, ed);
         }
-        A M = g_max(m, sm);
-        if (M == NEG_INF) M = 0;
-        const A f = m == NEG_INF ? (A)0 : exp(m - M);
-        const A lse = M + log(g_sum(s * f, sm));
+        const A lse = ce_row_lse(m, s, sm);
         if (smooth) { swx = g_sum(swx, sm); sw = g_sum(sw, sm); }
-        if (g == 0) {
-            const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
-            A per = 0, wt = 0;
-            if (valid) {
-                if (in_range) {
-                    wt = HAS_W ? LD(w[t]) : (A)1;
-                    per = -((A)(1.0 - eps) * wt * (xt - lse));
-                    if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
-                } else {
-                    per = wt = A_NAN;
-                }
-            }
-            lse_out[r] = lse;
-            if (REDUCTION == 0) loss_rows[r] = ST(per);
-            acc[0] += per; acc[1] += wt;
-        }
+        if (g == 0) ce_row_out(r, t, xt, lse, swx, sw, w, loss_rows, lse_out, C, ignore_index, eps, acc[0], acc[1]);
         if (rn >= rows) break;                   // uniform over the block
         r = rn; q = qn; t = tn;
     }
@@ -895,20 +857,8 @@ __device__ __forceinline__ bool p16_step(Slot16& cur, Slot16& fill, int& r0, con
     const A f = m == NEG_INF ? (A)0 : exp(m - M);
     const A lse = M + log(g_sum((s0 + s1) * f, sm));
 #endif
-    if (g == 0 && cur.live) {
-        A per = 0, wt = 0;
-        if (t != ignore_index) {
-            if (in_range) {
-                wt = HAS_W ? LD(w[t]) : (A)1;
-                per = -((A)(1.0 - eps) * wt * (xt - lse));
-            } else {
-                per = wt = A_NAN;
-            }
-        }
-        lse_out[cur.r] = lse;
-        if (REDUCTION == 0) loss_rows[cur.r] = ST(per);
-        acc_loss += per; acc_den += wt;
-    }
+    if (g == 0 && cur.live)                     // P16 has no SMOOTH: no smoothing sums
+        ce_row_out(cur.r, t, xt, lse, (A)0, (A)0, w, loss_rows, lse_out, C, ignore_index, eps, acc_loss, acc_den);
     r0 += stride;
     return r0 < rows;
 }
