@@ -12,6 +12,7 @@ A layer whose checkpoint format needs care overrides ``_load_from_state_dict`` (
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 from collections import OrderedDict
 from typing import NamedTuple
@@ -596,33 +597,58 @@ _PLAIN_TYPES: dict = {}
 _MISSING = object()
 
 
-def _plain_type(cls, names) -> bool:
+def _plan(cls, names):
+    """False where the normal lookup of some name of ``names`` need not fail for type ``cls`` (see above), else the
+    type's read plan: [which registry the last full read found every name in (1 parameters, 2 submodules, 0 mixed),
+    ``operator.itemgetter(*names)``] (the guess only picks which one-call read to try: each is exact on its own)."""
     key = (cls, names)
-    plain = _PLAIN_TYPES.get(key)
-    if plain is None:
-        plain = _PLAIN_TYPES[key] = (cls.__getattr__ is Module.__getattr__
-                                     and cls.__getattribute__ is object.__getattribute__
-                                     and not any(n in vars(k) for k in cls.__mro__ for n in names))
-    return plain
+    plan = _PLAIN_TYPES.get(key)
+    if plan is None:
+        plan = _PLAIN_TYPES[key] = (cls.__getattr__ is Module.__getattr__
+                                    and cls.__getattribute__ is object.__getattribute__
+                                    and not any(n in vars(k) for k in cls.__mro__ for n in names)
+                                    and [0, operator.itemgetter(*names) if len(names) > 1 else None])
+    return plan
 
 
 def registered(module, names: tuple):
     """``[getattr(module, n) for n in names]`` where each ``n`` is a parameter, buffer or submodule reached through
     Module.__getattr__ (its order: parameters, buffers, submodules), else None (see above)."""
     d = module.__dict__
-    if not (REGISTERED_READS[0] and _plain_type(type(module), names) and d.keys().isdisjoint(names)):
+    if not (REGISTERED_READS[0] and (plan := _plan(type(module), names)) and d.keys().isdisjoint(names)):
         return None
     params, buffers = d.get("_parameters"), d.get("_buffers")
     if params is None or buffers is None:
         return None
+    kind = plan[0]
+    if kind == 1:           # every name a parameter (a layer's weight and bias): the first registry's values
+        try:
+            return list(plan[1](params))
+        except KeyError:
+            pass
+    elif kind == 2:         # every name a submodule and none a parameter or buffer (a block's layers)
+        mods = d.get("_modules")
+        if mods is not None and params.keys().isdisjoint(names) and buffers.keys().isdisjoint(names):
+            try:
+                return list(plan[1](mods))
+            except KeyError:
+                pass
     out = []
+    found = 0               # 1: parameters only so far, 2: submodules only, 3: mixed
     for n in names:
         v = params.get(n, _MISSING)
-        if v is _MISSING:
+        if v is not _MISSING:
+            found |= 1
+        else:
             v = buffers.get(n, _MISSING)
-            if v is _MISSING:
+            if v is not _MISSING:
+                found = 3
+            else:
                 mods = d.get("_modules")
                 if mods is None or (v := mods.get(n, _MISSING)) is _MISSING:
                     return None
+                found |= 2
         out.append(v)
+    if plan[1] is not None:
+        plan[0] = found if found != 3 else 0
     return out

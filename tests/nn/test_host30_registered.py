@@ -132,3 +132,27 @@ def test_forwards_read_through_registered_when_on(monkeypatch):
             assert calls.count("BasicBlock") == 9 and calls.count("Conv2d") == 21, calls
         else:
             assert calls == []
+
+
+def test_one_call_reads_stay_exact_when_registries_change():
+    # a type's reads learn which registry held every name (parameters for a layer, submodules for a block) and try
+    # that one first; whatever changes afterwards, the values are getattr's, or None where a name is in none
+    conv = mdn.nn.Conv2d(2, 3, 1)
+    for _ in range(2):
+        assert M.registered(conv, ("weight", "bias")) == [conv.weight, conv.bias]
+    other = mdn.nn.Conv2d(2, 3, 1)
+    del other._parameters["bias"]
+    assert M.registered(other, ("weight", "bias")) is None
+    other._modules["bias"] = mdn.nn.ReLU()              # now a submodule of that name
+    assert M.registered(other, ("weight", "bias")) == [other.weight, other.bias]
+    block = models.BasicBlock(3, 3)
+    for _ in range(2):
+        assert M.registered(block, BLOCK) == [getattr(block, n) for n in BLOCK]
+    p = mdn.nn.Parameter(mdn.tensor(np.ones(1, np.float32)))
+    block._parameters["relu"] = p                       # a parameter comes before the submodule of its name
+    block._buffers["bn1"] = mdn.tensor(np.zeros(1, np.float32))     # ... and a buffer too
+    r = M.registered(block, BLOCK)
+    assert r[4] is p is block.relu and r[1] is block._buffers["bn1"] is block.bn1
+    assert r == [getattr(block, n) for n in BLOCK]
+    del block._modules["shortcut"]
+    assert M.registered(block, BLOCK) is None
