@@ -46,7 +46,6 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 
 import minidnn.backend as B  # noqa: E402
-from minidnn.backend import devices as _dev  # noqa: E402
 from minidnn.backend.cuda import dropout_philox as DP  # noqa: E402
 
 SIDES = ("mask", "record", "bits", "torch")
@@ -179,19 +178,11 @@ def main(argv=None):
     sides = args.sides.split(",")
     for side in sides:
         parse_side(side)
-    if not _dev.cuda_is_available():
-        print("dropout_ab: no CUDA GPU with CuPy here; nothing to measure")
+    start = KG.ab_start("dropout_ab", args.trials, args.rounds, "sides alternated")
+    if start is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    timer = KG.Timer(cp, torch, args.trials)
-    bw = KG.copy_bandwidth(cp, timer)
-    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s; "
-          f"{args.rounds} rounds (sides alternated), graph replays of {args.trials} trials each; p = 0.5; "
-          f"MB: the bytes each side moves (mask, torch: +1 byte an element; bits: +1 bit); sides {sides} "
+    cp, torch, timer, bw = start
+    print(f"p = 0.5; MB: the bytes each side moves (mask, torch: +1 byte an element; bits: +1 bit); sides {sides} "
           f"(+d16: DRAW16 on, 16-bit data only; +fit: UNROLL_FIT on; +nopipe: PIPE_FWD 0); as imported {_IMPORTED}")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     with KG.torch_stream(torch):
