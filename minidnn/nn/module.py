@@ -589,8 +589,10 @@ class Module:
 # Host round 30: a name neither a parameter nor a buffer is looked up among the submodules too (__getattr__'s third
 # registry), and convolution / linear layers and the model zoo's blocks read their weight and bias or submodules so
 # (~0.6 µs a name on this CPU through __getattr__, a failed normal lookup first: ~115 reads a ResNet-20 step).
-# Switch for those call sites: REGISTERED_LAYERS[0] = False (or MINIDNN_MODULE_REGISTERED_LAYERS=0 at import): they
-# read their attributes one by one, as before.
+# Each type's read learns where its names were (all parameters, all submodules, or batch norm's parameters then
+# buffers) and reads them next time with one itemgetter call a registry, checking only what keeps that exact (the
+# loop otherwise).  Switch: REGISTERED_LAYERS[0] = False (or MINIDNN_MODULE_REGISTERED_LAYERS=0 at import): those
+# call sites read their attributes one by one and registered reads name by name, as before.
 REGISTERED_READS = [os.environ.get("MINIDNN_MODULE_REGISTERED_READS", "1") != "0"]
 REGISTERED_LAYERS = [os.environ.get("MINIDNN_MODULE_REGISTERED_LAYERS", "1") != "0"]
 _PLAIN_TYPES: dict = {}
@@ -599,15 +601,17 @@ _MISSING = object()
 
 def _plan(cls, names):
     """False where the normal lookup of some name of ``names`` need not fail for type ``cls`` (see above), else the
-    type's read plan: [which registry the last full read found every name in (1 parameters, 2 submodules, 0 mixed),
-    ``operator.itemgetter(*names)``] (the guess only picks which one-call read to try: each is exact on its own)."""
+    type's read plan: [how the last full read found the names (1 all parameters, 2 all submodules, k + 3 the first
+    k parameters and the rest buffers -- batch norm's weight, bias and statistics --, 0 otherwise),
+    ``operator.itemgetter(*names)``, {k: (itemgetter of the first k, of the rest, the rest)}] -- the guess only
+    picks which one-call read to try first: each is exact on its own, and a failed one falls to the loop."""
     key = (cls, names)
     plan = _PLAIN_TYPES.get(key)
     if plan is None:
         plan = _PLAIN_TYPES[key] = (cls.__getattr__ is Module.__getattr__
                                     and cls.__getattribute__ is object.__getattribute__
                                     and not any(n in vars(k) for k in cls.__mro__ for n in names)
-                                    and [0, operator.itemgetter(*names) if len(names) > 1 else None])
+                                    and [0, operator.itemgetter(*names) if len(names) > 1 else None, {}])
     return plan
 
 
@@ -620,6 +624,18 @@ def registered(module, names: tuple):
     params, buffers = d.get("_parameters"), d.get("_buffers")
     if params is None or buffers is None:
         return None
+    if not REGISTERED_LAYERS[0]:      # round 25's reads, name by name (and a submodule's name found too)
+        out = []
+        for n in names:
+            v = params.get(n, _MISSING)
+            if v is _MISSING:
+                v = buffers.get(n, _MISSING)
+                if v is _MISSING:
+                    mods = d.get("_modules")
+                    if mods is None or (v := mods.get(n, _MISSING)) is _MISSING:
+                        return None
+            out.append(v)
+        return out
     kind = plan[0]
     if kind == 1:           # every name a parameter (a layer's weight and bias): the first registry's values
         try:
@@ -633,22 +649,43 @@ def registered(module, names: tuple):
                 return list(plan[1](mods))
             except KeyError:
                 pass
+    elif kind:              # parameters, then buffers none of which is a parameter
+        head, tail, rest = plan[2][kind - 3]
+        if params.keys().isdisjoint(rest):
+            try:
+                out = list(head(params))
+                out += tail(buffers)
+                return out
+            except KeyError:
+                pass
     out = []
-    found = 0               # 1: parameters only so far, 2: submodules only, 3: mixed
+    where = []              # per name: 1 a parameter, 2 a submodule, 3 a buffer
     for n in names:
         v = params.get(n, _MISSING)
         if v is not _MISSING:
-            found |= 1
+            where.append(1)
         else:
             v = buffers.get(n, _MISSING)
             if v is not _MISSING:
-                found = 3
+                where.append(3)
             else:
                 mods = d.get("_modules")
                 if mods is None or (v := mods.get(n, _MISSING)) is _MISSING:
                     return None
-                found |= 2
+                where.append(2)
         out.append(v)
     if plan[1] is not None:
-        plan[0] = found if found != 3 else 0
+        plan[0] = _learn(plan, names, where)
     return out
+
+
+def _learn(plan, names, where):
+    """The plan kind of a full read that found ``names`` in registries ``where`` (see _plan)."""
+    if where.count(where[0]) == len(where) and where[0] != 3:
+        return where[0]
+    k = where.count(1)
+    if 2 <= k <= len(names) - 2 and where == [1] * k + [3] * (len(names) - k):
+        if k not in plan[2]:
+            plan[2][k] = (operator.itemgetter(*names[:k]), operator.itemgetter(*names[k:]), names[k:])
+        return k + 3
+    return 0

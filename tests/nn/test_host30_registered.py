@@ -156,3 +156,21 @@ def test_one_call_reads_stay_exact_when_registries_change():
     assert r == [getattr(block, n) for n in BLOCK]
     del block._modules["shortcut"]
     assert M.registered(block, BLOCK) is None
+
+
+def test_batch_norm_reads_parameters_then_buffers_exactly():
+    names = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+    bn = mdn.nn.BatchNorm2d(3)
+    for _ in range(2):
+        assert M.registered(bn, names) == [getattr(bn, n) for n in names]
+    p = mdn.nn.Parameter(mdn.tensor(np.ones(3, np.float32)))
+    bn._parameters["running_mean"] = p                  # a parameter of a buffer's name comes first
+    r = M.registered(bn, names)
+    assert r[2] is p is bn.running_mean and r == [getattr(bn, n) for n in names]
+    bn = mdn.nn.BatchNorm2d(3)
+    M.registered(bn, names)
+    del bn._buffers["running_var"]
+    assert M.registered(bn, names) is None
+    M.REGISTERED_LAYERS[0] = False                      # round 25's name-by-name reads: the same values
+    bn = mdn.nn.BatchNorm2d(3)
+    assert M.registered(bn, names) == [getattr(bn, n) for n in names]
