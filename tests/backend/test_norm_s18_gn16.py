@@ -278,11 +278,12 @@ print("OK")
 
 
 def test_environment():
-    """Off by default, both directions; MINIDNN_GN_STASH16_DIRS limits them; a bad direction is an error at import."""
+    """On by default (session 18 run 2), both directions; MINIDNN_GN_STASH16=0 turns it off,
+    MINIDNN_GN_STASH16_DIRS limits it; a bad direction is an error at import."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_GN_STASH16")}
     show = "import minidnn.backend.cuda.norm_gn16 as S; print(S.GN_STASH16, sorted(S.DIRECTIONS))"
-    for extra, want in (({}, "False ['bwd', 'fwd']"), ({"MINIDNN_GN_STASH16": "1", "MINIDNN_GN_STASH16_DIRS": "fwd"},
-                                                        "True ['fwd']")):
+    for extra, want in (({}, "True ['bwd', 'fwd']"), ({"MINIDNN_GN_STASH16": "0"}, "False ['bwd', 'fwd']"),
+                        ({"MINIDNN_GN_STASH16_DIRS": "fwd"}, "True ['fwd']")):
         r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120,
                            env=dict(env, **extra), cwd=ROOT)
         assert r.stdout.strip() == want, r.stdout + r.stderr
