@@ -73,12 +73,17 @@ _M.copy_from_device_async = lambda self, src, n, stream=None: None
 # read then); `cupy.cuda.get_current_stream()` one object, as CuPy's, not a new namespace a call.  Same values:
 # launch records agree.
 if os.environ.get("LEAN_FAKE", "") not in ("", "0"):
+    import ctypes
     import operator
-    def _first_data(self, name):
+    def _first_data(self, name, _at=ctypes.addressof, _buf=ctypes.c_char.from_buffer):
         if name != "_m":
             raise AttributeError(f"'ndarray' object has no attribute {name!r}")
         m = _M(self)
-        m.__dict__["ptr"] = self.__array_interface__["data"][0]
+        try:        # the address of a writable C-contiguous buffer, ~2x faster than __array_interface__, whose
+            ptr = _at(_buf(self))       # typestr / descr build strings and import a module (~10% of the step)
+        except (TypeError, ValueError):     # (strided, read-only or empty: the interface)
+            ptr = self.__array_interface__["data"][0]
+        m.__dict__["ptr"] = ptr
         self.__dict__["_m"] = m
         return m
     fakecp.ndarray.__getattr__ = _first_data
