@@ -154,6 +154,22 @@ __device__ __forceinline__ void partials_total(const A* __restrict__ partial, in
     t1 = sd[0][tx][0]; t2 = sd[0][tx][1];
 }
 
+// The two-launch reductions' meeting (bn_stats, bn_grad): the block's rows' sums (s1, s2) of channel c go to its
+// partial pair; the last block of the channel tile to arrive gets the totals over every block (partials_total) and
+// true, every other block false (it is done).  Every thread of the block calls it.
+__device__ __forceinline__ bool channel_totals(A (*sm)[CT][2], A* __restrict__ partial, unsigned int* ticket, int c,
+                                               int C, int ty, int tx, A s1, A s2, double& t1, double& t2)
+{
+    rows_sum(sm, ty, tx, s1, s2);
+    if (ty == 0 && c < C) {
+        A* p = partial + ((long long)c * gridDim.x + blockIdx.x) * 2;
+        p[0] = sm[0][tx][0]; p[1] = sm[0][tx][1];
+    }
+    if (!last_block(ticket)) return false;
+    partials_total(partial, c, C, ty, tx, t1, t2);
+    return true;
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
          A* __restrict__ mean_out, A* __restrict__ inv_std_out, P* running_mean, P* running_var, long long* counter,
@@ -169,14 +185,8 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
         for_channel(x, outer, C, inner, in_mul, in_shr, c, ty, [&](unsigned int, T v) {
             const A d = LD(v) - k; s1 += d; s2 += d * d; });
     }
-    rows_sum(sm, ty, tx, s1, s2);
-    if (ty == 0 && c < C) {
-        A* p = partial + ((long long)c * gridDim.x + blockIdx.x) * 2;
-        p[0] = sm[0][tx][0]; p[1] = sm[0][tx][1];
-    }
-    if (!last_block(ticket)) return;
     double t1, t2;
-    partials_total(partial, c, C, ty, tx, t1, t2);
+    if (!channel_totals(sm, partial, ticket, c, C, ty, tx, s1, s2, t1, t2)) return;
     if (ty == 0 && c < C) {
         const double m = (double)outer * inner;
         const double md = t1 / m;
@@ -221,14 +231,8 @@ bn_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
             s1 += g; s2 += g * ((LD(x[a]) - mu) * is);
         });
     }
-    rows_sum(sm, ty, tx, s1, s2);
-    if (ty == 0 && c < C) {
-        A* p = partial + ((long long)c * gridDim.x + blockIdx.x) * 2;
-        p[0] = sm[0][tx][0]; p[1] = sm[0][tx][1];
-    }
-    if (!last_block(ticket)) return;
     double t1, t2;
-    partials_total(partial, c, C, ty, tx, t1, t2);
+    if (!channel_totals(sm, partial, ticket, c, C, ty, tx, s1, s2, t1, t2)) return;
     if (ty == 0 && c < C) {
         const double m = (double)outer * inner;
         coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
