@@ -50,7 +50,8 @@ from .norm_gncl import _PSTORAGE, GN_BLOCK_SUMS, GN_DATA_HEADER, _divider
 from .softmax_kernels import WARP_REDUCE
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["SOURCE", "GN_STASH16", "plan", "prepare_forward", "prepare_backward", "usable", "options"]
+__all__ = ["SOURCE", "SOURCE_PIPE", "GN_STASH16", "BWD_VARIANT", "plan", "plan_pipe", "pipe_teams", "prepare_forward",
+           "prepare_backward", "usable", "options"]
 
 GN_STASH16 = os.environ.get("MINIDNN_GN_STASH16", "1") == "1"
 # the directions GN_STASH16 routes (MINIDNN_GN_STASH16_DIRS, read at import): "fwd,bwd", or one of them where the A/B
@@ -58,7 +59,14 @@ GN_STASH16 = os.environ.get("MINIDNN_GN_STASH16", "1") == "1"
 DIRECTIONS = frozenset(d for d in os.environ.get("MINIDNN_GN_STASH16_DIRS", "fwd,bwd").split(",") if d)
 if not DIRECTIONS <= {"fwd", "bwd"}:
     raise ValueError(f"MINIDNN_GN_STASH16_DIRS: fwd and / or bwd, comma-separated, not {sorted(DIRECTIONS)}")
+# the backward kernel (MINIDNN_GN_STASH16_BWD, read at import; the attribute at planning time): 1 gn_bwds (a row a
+# block, two blocks an SM), 2 gn_bwdp (a persistent block an SM, two row buffers: the next row loads while this one
+# reduces and stores; rows whose two buffers do not fit one block keep gn_bwds)
+BWD_VARIANT = int(os.environ.get("MINIDNN_GN_STASH16_BWD", "1"))
+if BWD_VARIANT not in (1, 2):
+    raise ValueError(f"MINIDNN_GN_STASH16_BWD: 1 (gn_bwds) or 2 (gn_bwdp), not {BWD_VARIANT}")
 NT = 512            # threads a block (the kernels' launch bounds)
+NT_PIPE = 1024      # gn_bwdp's threads (launch bounds 1024 x 1: <= 64 registers; one block an SM)
 MINB_FWD = 4        # launch bounds: <= 32 registers, four blocks an SM (a 49 KB row each: four fit 228 KB)
 MINB_BWD = 2        # <= 64 registers, two an SM (98 KB each)
 MIN_BLOCKS = 2      # the blocks an SM the stash must leave room for: one loading while another reduces / stores
@@ -66,7 +74,7 @@ BWD_MIN_IV = 128    # backward: vectors a plane at least (a channel's pass uses 
 CPG_MAX = 64        # backward: channels a group at most (the warps' channel sums live in shared memory)
 STATIC_SMEM = 256   # the kernels' static shared memory, an upper bound (block_sums' per-warp slots, the totals)
 
-SOURCE = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + GN_BLOCK_SUMS + r"""
+_COMMON = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + GN_BLOCK_SUMS + r"""
 #if STORAGE == 0
 #error "gn_fwds / gn_bwds: 16-bit data only"
 #endif
@@ -90,7 +98,9 @@ __device__ __forceinline__ void cp_wait(int n)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NT, MINB)
+"""
+
+SOURCE = _COMMON + r"""extern "C" __global__ void __launch_bounds__(NT, MINB)
 gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
         A* __restrict__ mean_out, A* __restrict__ rstd_out, const int D, const int G, const int cpg,
         const unsigned int iv_mul, const unsigned int iv_shr, const double eps, const int flags)
@@ -231,6 +241,125 @@ gn_bwds(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 """
 
 
+# Backward variant 2 (BWD_VARIANT, MINIDNN_GN_STASH16_BWD=2): gn_bwds' algebra in a persistent grid of one block of
+# NT_PIPE threads an SM, each block walking rows blockIdx.x, + gridDim.x, ... through two row buffers (x and dy each).
+SOURCE_PIPE = _COMMON + r"""
+// Why: gn_bwds keeps one row a block, two blocks an SM.  Blocks that start together (every wave's first) load
+// together, then both reduce and store with none of the SM's loads in flight; the H200 measured 63% of copy.  Here
+// row i + 1 is issued (cp.async into the other buffer) before row i is reduced, so an SM always has a row of loads
+// out (98 KB on the (32, 256, 56, 56) G=32 row: ~5x Little's law's 16-21 KB an SM) while it reduces and stores.
+// Teams: warps [p WPT, (p + 1) WPT) are team p < P; team p copies, sums and writes channels c = p, p + P, ... of
+// every row, its thread tt the vectors c iv + tt + k TT (TT = 32 WPT): every thread reads back only what it copied
+// (no barrier for the data, and a buffer is refilled by the threads that read it).  The host picks P, WPT so that
+// few threads idle on planes of iv < NT vectors (norm_gn16.pipe_teams); warps beyond P WPT only join the barriers.
+// Per row: each channel's sums as its plane lands (commit group = one channel of one row; the next row's groups are
+// committed after this row's, so this row's channel j waits for <= 2 cpt - 1 - j groups outstanding) -> warp sums ->
+// wpart[c][warp of team][3]; barrier; warp 0 adds each channel's warps in order (chs) and the row's sums of the
+// channels' in lane order + butterflies (tot); barrier; e, s per channel into sums; dx from the buffer.
+extern "C" __global__ void __launch_bounds__(NT, 1)
+gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
+        const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const int rows, const int D,
+        const int C, const int G, const int cpg, const int iv, const int P, const int WPT, const int flags)
+{
+    extern __shared__ __align__(16) unsigned char dyn_sm[];
+    const int t = threadIdx.x, nvec = D / VEC;
+    V* const buf = reinterpret_cast<V*>(dyn_sm);                 // [2 buffers][x row, dy row]
+    A* const wpart = reinterpret_cast<A*>(buf + 4 * nvec);       // [cpg][WPT][3]
+    A* const chs = wpart + cpg * WPT * 3;                       // [cpg][3]
+    __shared__ A tot[3];
+    const int w = t >> 5, p = w / WPT, wi = w - p * WPT, TT = WPT * 32, tt = t - p * TT;
+    const int cpt = p < P ? (cpg - 1 - p) / P + 1 : 0;          // this thread's channels a row
+    const int stride = gridDim.x;
+    auto issue = [&](int r, int b) {                            // row r (none past the end) -> buffer b
+        V* const xs = buf + 2 * b * nvec;
+        V* const gs = xs + nvec;
+        const V* xr = reinterpret_cast<const V*>(x + (long long)r * D);
+        const V* gr = reinterpret_cast<const V*>(dy + (long long)r * D);
+        for (int j = 0; j < cpt; ++j) {
+            const int c = p + j * P;
+            if (r < rows)
+                for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
+                    cp16(xs + vi, xr + vi);
+                    cp16(gs + vi, gr + vi);
+                }
+            cp_commit();                                        // (empty past the end: the counts stay uniform)
+        }
+    };
+    int r = blockIdx.x, b = 0;
+    issue(r, 0);
+    A mu = 0, is = 0;
+    if (r < rows) { mu = mean[r]; is = rstd[r]; }
+    for (; r < rows; r += stride, b ^= 1) {
+        issue(r + stride, b ^ 1);       // the buffer this thread read last row: its reads were issued before
+        A mu_n = 0, is_n = 0;
+        if (r + stride < rows) { mu_n = mean[r + stride]; is_n = rstd[r + stride]; }
+        const V* const xs = buf + 2 * b * nvec;
+        const V* const gs = xs + nvec;
+        for (int j = 0; j < cpt; ++j) {             // each channel's sums as its plane lands
+            const int c = p + j * P;
+            cp_wait(2 * cpt - 1 - j);
+            A p0 = 0, p1 = 0, p2 = 0;
+            for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
+                const V a = xs[vi], g = gs[vi];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A d = LDE(a, e) - mu, gy = LDE(g, e);
+                    p0 += d; p1 += gy; p2 += gy * d;
+                }
+            }
+            p0 = warp_sum(p0); p1 = warp_sum(p1); p2 = warp_sum(p2);
+            if ((t & 31) == 0) {
+                A* o = wpart + (c * WPT + wi) * 3;
+                o[0] = p0; o[1] = p1; o[2] = p2;
+            }
+        }
+        __syncthreads();
+        const unsigned int n_ = (unsigned int)r / (unsigned int)G;
+        const int g0 = (int)((unsigned int)r - n_ * (unsigned int)G) * cpg;
+        if (t < 32) {                               // channel sums (the team's warps in order), then the row's
+            A s0 = 0, s1 = 0, s2 = 0;
+            for (int c = t; c < cpg; c += 32) {
+                const A* q = wpart + c * WPT * 3;
+                A v0 = 0, v1 = 0, v2 = 0;
+                for (int k = 0; k < WPT; ++k) { v0 += q[3 * k]; v1 += q[3 * k + 1]; v2 += q[3 * k + 2]; }
+                chs[3 * c] = v0; chs[3 * c + 1] = v1; chs[3 * c + 2] = v2;
+                const A sc = (flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1;
+                s0 += v0; s1 += sc * v1; s2 += sc * v2;
+            }
+            s0 = warp_sum(s0); s1 = warp_sum(s1); s2 = warp_sum(s2);
+            if (t == 0) { tot[0] = s0; tot[1] = s1; tot[2] = s2; }
+        }
+        __syncthreads();
+        const A inv_d = (A)1 / (A)D;
+        const A off = tot[0] * inv_d;
+        const A c1 = tot[1] * inv_d, c2 = is * (tot[2] - off * tot[1]) * inv_d;
+        if ((flags & F_SCALE) && t < cpg) {
+            A* out = sums + (long long)n_ * 2 * C + g0 + t;
+            out[0] = is * (chs[3 * t + 2] - off * chs[3 * t + 1]);
+            out[C] = chs[3 * t + 1];
+        }
+        const A ioff = off * is;
+        V* dr = reinterpret_cast<V*>(dx + (long long)r * D);
+        for (int j = 0; j < cpt; ++j) {
+            const int c = p + j * P;
+            const A sc = (flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1;
+            for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
+                const V a = xs[vi], g = gs[vi];
+                V o;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A xhat = (LDE(a, e) - mu) * is - ioff;
+                    o.v[e] = ST(is * (LDE(g, e) * sc - c1 - xhat * c2));
+                }
+                dr[vi] = o;
+            }
+        }
+        mu = mu_n; is = is_n;
+    }
+}
+"""
+
+
 def smem_bytes(d, backward, cpg=1):
     """Dynamic shared memory of one block: the row (x; backward x and dy) and the backward's channel sums."""
     nvec = d // 8
@@ -256,27 +385,56 @@ def plan(d, s, itemsize, backward, cpg, smem):
     return (nbytes, bps) if bps >= MIN_BLOCKS else None
 
 
+def pipe_teams(cpg, iv, nt=NT_PIPE):
+    """(P, WPT) of gn_bwdp: P teams of WPT warps, team p taking channels p, p + P, ... of a row.  The fewest
+    vector steps a thread (channels a thread x passes over a plane), a channel's warp sums counted as half a step;
+    ties to more teams (fewer warp sums a row).  (32, 256, 56, 56) G=32 (8 planes of 392): 8 teams of 4 warps."""
+    nw = nt // 32
+    best = None
+    for p in range(1, min(cpg, nw) + 1):
+        wpt = nw // p
+        cost = -(-cpg // p) * (-(-iv // (32 * wpt)) + 0.5)
+        if best is None or cost <= best[0]:
+            best = (cost, p, wpt)
+    return best[1], best[2]
+
+
+def plan_pipe(d, s, itemsize, cpg, smem):
+    """(dynamic shared memory bytes, P, WPT) of a gn_bwdp launch for group rows of ``d`` 16-bit values in planes of
+    ``s`` (``cpg`` of them), or None: 16-bit data whose planes fill 16-byte vectors, <= CPG_MAX channels, and two
+    rows of x and dy plus the channel partials within one block's opt-in limit (``smem``: bn_nhwc.smem_limits)."""
+    if itemsize != 2 or d < 8 or s % 8 or d % s or cpg > CPG_MAX or d != cpg * s:
+        return None
+    teams, wpt = pipe_teams(cpg, s // 8)
+    nbytes = 4 * (d // 8) * 16 + (cpg * wpt + cpg) * 3 * 4
+    return (nbytes, teams, wpt) if nbytes + STATIC_SMEM <= smem[1] else None
+
+
 def usable(dev, backward=False) -> bool:
     """Switched on (GN_STASH16, for this direction: DIRECTIONS) and the GPU takes cp.async (sm_80+)."""
     return GN_STASH16 and ("bwd" if backward else "fwd") in DIRECTIONS and sm80(dev)
 
 
-def options(dtype, pinfo, backward):
-    """NVRTC options of one configuration (scale / bias presence and the row's size are run-time arguments)."""
+def options(dtype, pinfo, backward, pipe=False):
+    """NVRTC options of one configuration (scale / bias presence and the row's size are run-time arguments);
+    ``pipe``: gn_bwdp's (NT_PIPE threads, one block an SM)."""
     scalar, accum, storage, _ = type_info(dtype)
     param, pstorage = pinfo
+    nt, minb = (NT_PIPE, 1) if pipe else (NT, MINB_BWD if backward else MINB_FWD)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
-            f"-DPSTORAGE={pstorage}", f"-DNT={NT}", f"-DMINB={MINB_BWD if backward else MINB_FWD}", "-std=c++17")
+            f"-DPSTORAGE={pstorage}", f"-DNT={nt}", f"-DMINB={minb}", "-std=c++17")
 
 
 _kernels: dict = {}
 
 
 def _kernel(name, dtype, pinfo):
-    key = (name, _dev.dtype_name(dtype), pinfo, NT)
+    pipe = name == "gn_bwdp"
+    key = (name, _dev.dtype_name(dtype), pinfo, NT_PIPE if pipe else NT)
     k = _kernels.get(key)
     if k is None:
-        k = _kernels[key] = _launch.get_kernel(SOURCE, name, options(dtype, pinfo, name == "gn_bwds"))
+        k = _kernels[key] = _launch.get_kernel(SOURCE_PIPE if pipe else SOURCE, name,
+                                               options(dtype, pinfo, name != "gn_fwds", pipe))
     return k
 
 
@@ -306,13 +464,30 @@ def prepare_forward(x, num_groups, scale, bias, eps, flags, dev):
                                          np.float64(eps), np.int32(flags & 3)], shared_mem=p[0])
 
 
+def _pipe_grid(rows, dev):
+    """gn_bwdp's grid: one block an SM (its shared memory and registers allow no second), each walking rows b, b +
+    grid, ... (the tests cut it to make a few blocks walk many rows)."""
+    return min(rows, _launch.sm_count(dev))
+
+
 def prepare_backward(x, num_groups, scale, dev):
     """A Prepared gn_bwds launch called as go(x, dy, mean, rstd, scale, sums, dx) (norm_kernels' gn_bwd2 arrays),
     or None where `plan` does not take the rows."""
     n, c, s, cpg, d = _geometry(x, num_groups)
-    p = plan(d, s, x.dtype.itemsize, True, cpg, smem_limits(dev))
     pinfo = _pinfo(scale)
-    if p is None or pinfo is None or n * num_groups >= 2 ** 31:
+    rows = n * num_groups
+    if pinfo is None or rows >= 2 ** 31 - 4096:
+        return None
+    if BWD_VARIANT == 2:
+        q = plan_pipe(d, s, x.dtype.itemsize, cpg, smem_limits(dev))
+        if q is not None:
+            k = _kernel("gn_bwdp", x.dtype, pinfo)
+            return _launch.prepare(k, (_pipe_grid(rows, dev),), (NT_PIPE,),
+                                   [None] * 7 + [np.int32(rows), np.int32(d), np.int32(c), np.int32(num_groups),
+                                                 np.int32(cpg), np.int32(s // 8), np.int32(q[1]), np.int32(q[2]),
+                                                 np.int32(scale is not None)], shared_mem=q[0])
+    p = plan(d, s, x.dtype.itemsize, True, cpg, smem_limits(dev))
+    if p is None:
         return None
     k = _kernel("gn_bwds", x.dtype, pinfo)
     return _launch.prepare(k, (n * num_groups,), (NT,),
