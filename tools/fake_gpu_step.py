@@ -81,8 +81,11 @@ if os.environ.get("LEAN_FAKE", "") not in ("", "0"):
         m = _M(self)
         try:        # the address of a writable C-contiguous buffer, ~2x faster than __array_interface__, whose
             ptr = _at(_buf(self))       # typestr / descr build strings and import a module (~10% of the step)
-        except (TypeError, ValueError):     # (strided, read-only or empty: the interface)
-            ptr = self.__array_interface__["data"][0]
+        except (TypeError, ValueError):
+            try:    # (a bfloat16 array, which numpy cannot export: its bytes' view; +10% of a bf16 step's
+                ptr = _at(_buf(self.view(np.uint8)))    # instructions through the interface)
+            except (TypeError, ValueError):     # (strided, read-only or empty: the interface)
+                ptr = self.__array_interface__["data"][0]
         m.__dict__["ptr"] = ptr
         self.__dict__["_m"] = m
         return m
