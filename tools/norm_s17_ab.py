@@ -11,6 +11,7 @@ graph columns), PyTorch beside, ONE process:
 
     python tools/norm_s17_ab.py [--rows big,ragged,mid,tuned] [--dtypes float32,bfloat16,float16] [--rounds 3]
                                 [--trials 5] [--ln ln768,ln1536,ln1024] [--ln-dtypes bfloat16,float16]
+                                [--settings stash,stash2]
 
 Rows (the bench's group-norm case: x, dy of the dtype, scale = 1 and bias = 0 in float32 for 16-bit data):
   big     (32, 256, 56, 56) G=32   the kernel table's large2 row: 1024 groups of 25088 values (CL 7)
@@ -129,7 +130,7 @@ def _rounds(timer, fn, rounds, settings, apply_one):
     return got, ratios, plans
 
 
-def run_row(timer, cp, torch, key, dtype_name, bw, rounds):
+def run_row(timer, cp, torch, key, dtype_name, bw, rounds, only=None):
     ln = key in LN_ROWS
     shape, groups = (LN_ROWS[key], None) if ln else ROWS[key]
     apply_one = apply_ln if ln else apply
@@ -144,6 +145,8 @@ def run_row(timer, cp, torch, key, dtype_name, bw, rounds):
                 print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
         try:
             settings = LN_SETTINGS if ln else SETTINGS if dtype_name == "float32" else SETTINGS16
+            if only and not ln:         # --settings: "old" always (the ratios' base)
+                settings = tuple(x for x in settings if x == "old" or x in only)
             got, ratios, plans = _rounds(timer, fn, rounds, settings, apply_one)
         finally:
             apply_one(None)
@@ -169,7 +172,12 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--ln", default=",".join(LN_ROWS), help="layer-norm rows ('' for none)")
     ap.add_argument("--ln-dtypes", default="bfloat16,float16")
+    ap.add_argument("--settings", default="", help="group-norm settings to time beside old ('' for all: "
+                    + ",".join(SETTINGS16) + ")")
     args = ap.parse_args(argv)
+    only = frozenset(x for x in args.settings.split(",") if x)
+    if not only <= set(SETTINGS16):
+        ap.error(f"--settings: each of {', '.join(SETTINGS16)}")
     rows = [k for k in args.rows.split(",") if k]
     ln_rows = [k for k in args.ln.split(",") if k]
     if any(k not in ROWS for k in rows) or any(k not in LN_ROWS for k in ln_rows):
@@ -183,7 +191,7 @@ def main(argv=None):
         todo += [(k, d) for d in args.ln_dtypes.split(",") for k in ln_rows if d != "float16" or k == "ln768"]
         for key, dtype_name in todo:
             try:
-                run_row(timer, cp, torch, key, dtype_name, bw, args.rounds)
+                run_row(timer, cp, torch, key, dtype_name, bw, args.rounds, only)
             except Exception as exc:        # noqa: BLE001 -- one row must not take the others down
                 print(f"{key} {dtype_name}: failed: {type(exc).__name__}: {exc}")
     return 0

@@ -228,10 +228,9 @@ def _emulate_pipe(x, dy, groups, scale, mean, rstd, grid):
             c1, c2 = tot[1] / d, is_ * (tot[2] - off * tot[1]) / d
             sums[nn, g0:g0 + cpg] = is_ * (chs[:, 2] - off * chs[:, 1])
             sums[nn, c + g0:c + g0 + cpg] = chs[:, 1]
+            bx, k0 = -is_ * is_ * c2, is_ * (c2 * (mu * is_ + off * is_) - c1)     # the kernel's affine dx
             for vi in walk:
-                ch = vi // iv
-                xhat = (xb[vi] - mu) * is_ - off * is_
-                dx[r, vi] = is_ * (gb[vi] * sc[ch] - c1 - xhat * c2)
+                dx[r, vi] = is_ * sc[vi // iv] * gb[vi] + (bx * xb[vi] + k0)
     assert sorted(done) == list(range(rows))        # every row once
     return dx.reshape(x.shape), sums[:, :c].sum(0), sums[:, c:].sum(0)
 
@@ -404,7 +403,7 @@ CASES = [(n, *c, True) for n in ("bfloat16", "float16") for c in GPU_CASES] + [
 def test_pipe_against_float64(cp, pipe, monkeypatch, name, shape, groups, grid, affine):  # noqa: F811
     if grid is not None:
         monkeypatch.setattr(GS, "_pipe_grid", lambda rows, dev: min(rows, grid))
-    rng = np.random.default_rng(hash((shape, groups, name, affine, grid)) % 2 ** 32)
+    rng = np.random.default_rng(sum(shape) * 7 + groups + 3 * len(name) + 11 * affine + (grid or 0))
     inputs, got = _run(cp, name, shape, groups, affine, rng)
     assert pipe == ["gn_fwdp", "gn_bwdp"] + ["col_sum"] * affine, pipe
     _check(name, shape, groups, inputs, got)
