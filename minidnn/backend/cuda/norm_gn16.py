@@ -36,6 +36,10 @@ and clear norm_kernels._plans for an in-process A/B): "1" routes 16-bit group-no
 "0" keeps the kernels before (the default is "1" since session 18's run 2: H200, (32, 256, 56, 56) G=32 bf16 forward
 59% -> 72% of copy, backward 41% -> 63%); MINIDNN_GN_STASH16_DIRS ("fwd,bwd" | "fwd" | "bwd";
 the attribute DIRECTIONS) limits it to one direction.  float32 keeps the cluster kernels.
+Variants 2 (FWD_VARIANT / BWD_VARIANT, MINIDNN_GN_STASH16_FWD / _BWD = "2"; "1", gn_fwds / gn_bwds, the default):
+gn_fwdp / gn_bwdp, the same algebra in a persistent grid of one 1024-thread block an SM walking rows through a ring
+of row buffers (forward up to four, backward two of x and dy), so the next rows' loads are in flight while one row
+reduces and stores (SOURCE_FPIPE / SOURCE_PIPE say why and how).
 """
 from __future__ import annotations
 
