@@ -438,3 +438,19 @@ def test_pipe_16_bit_parameters_repeat_and_close_to_variant_1(cp, pipe, monkeypa
     np.testing.assert_allclose(_h(got[3]), _h(dx), **TOL[name])
     np.testing.assert_allclose(_h(got[4]), _h(ds), rtol=1e-3, atol=1e-2)
     np.testing.assert_allclose(_h(got[5]), _h(db), rtol=1e-3, atol=1e-2 * math.sqrt(shape[0]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_pipe_one_block_an_sm(cp, name):  # noqa: F811
+    """The driver fits exactly one block of each pipelined kernel an SM at the table's row (their shared memory and,
+    backward, registers): the grid of the SMs' count is then one wave, every block resident from the start."""
+    from minidnn.backend.cuda import launch
+    smem = (int(cp.cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"]),
+            int(cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]))
+    for entry, nbytes in (("gn_fwdp", GS.plan_fpipe(25088, 3136, 2, smem)[0]),
+                          ("gn_bwdp", GS.plan_pipe(25088, 3136, 2, 8, smem)[0])):
+        k = GS._kernel(entry, _dtype(name), ("float", 0))
+        launch._opt_in(k, nbytes)
+        got = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, GS.NT_PIPE, nbytes)
+        assert got == 1, (entry, got, nbytes, smem)
