@@ -228,9 +228,9 @@ def _emulate_pipe(x, dy, groups, scale, mean, rstd, grid):
             c1, c2 = tot[1] / d, is_ * (tot[2] - off * tot[1]) / d
             sums[nn, g0:g0 + cpg] = is_ * (chs[:, 2] - off * chs[:, 1])
             sums[nn, c + g0:c + g0 + cpg] = chs[:, 1]
-            bx, k0 = -is_ * is_ * c2, is_ * (c2 * (mu * is_ + off * is_) - c1)     # the kernel's affine dx
+            bx, k0 = -is_ * is_ * c2, is_ * (c2 * off * is_ - c1)       # the kernel's dx: affine in (dy, x - mu)
             for vi in walk:
-                dx[r, vi] = is_ * sc[vi // iv] * gb[vi] + (bx * xb[vi] + k0)
+                dx[r, vi] = is_ * sc[vi // iv] * gb[vi] + (bx * (xb[vi] - mu) + k0)
     assert sorted(done) == list(range(rows))        # every row once
     return dx.reshape(x.shape), sums[:, :c].sum(0), sums[:, c:].sum(0)
 
@@ -260,6 +260,35 @@ def test_pipe_emulated_against_float64(shape, groups, grid):
         if sc is not None:
             np.testing.assert_allclose(ds, ds_r, rtol=2e-6, atol=2e-6)
             np.testing.assert_allclose(db, db_r, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("offset, sigma", [(-2.0, 1.5), (100.0, 1.0), (1000.0, 0.5), (0.0, 1e-2)], ids=str)
+def test_affine_dx_in_float32_as_accurate_as_variant_1(offset, sigma):
+    """gn_bwdp's dx = (rstd scale) dy + (b (x - mu) + k) in float32 arithmetic: within 2x + 1e-7 of gn_bwds' form's
+    error (the float32 sums'), |mean| / sigma up to 2000.  (Folding mu into k, b x + k', cancels it: 1.6e-6 of the
+    largest |dx| at |mean| / sigma = 100, 12x gn_bwds' -- checked here to fail, so the check has teeth.)"""
+    rng = np.random.default_rng(int(offset) + 7)
+    f, d = np.float32, 25088
+    x = (rng.standard_normal(d) * sigma + offset).astype(np.float16).astype(np.float64)
+    g = (rng.standard_normal(d) + 0.3 * (x - x.mean()) / x.std()).astype(np.float16).astype(np.float64)
+    mu, is_ = x.mean(), 1 / np.sqrt(x.var() + 1e-5)
+    xhat = (x - mu) * is_
+    ref = is_ * (g - g.mean() - xhat * (g * xhat).mean())
+    mu32, is32 = f(mu), f(is_)
+    dv = x.astype(f) - mu32
+    tot0, tot1, tot2 = dv.sum(dtype=f), g.astype(f).sum(dtype=f), (g.astype(f) * dv).sum(dtype=f)
+    off, c1 = tot0 / f(d), tot1 / f(d)
+    c2 = is32 * (tot2 - off * tot1) / f(d)
+    bx = -is32 * is32 * c2
+    got = is32 * g.astype(f) + (bx * dv + is32 * (c2 * off * is32 - c1))
+    folded = is32 * g.astype(f) + (bx * x.astype(f) + is32 * (c2 * (mu32 * is32 + off * is32) - c1))
+    was = is32 * (g.astype(f) - c1 - (dv * is32 - off * is32) * c2)      # gn_bwds' form
+    assert got.dtype == was.dtype == folded.dtype == f
+    err, err_was = (np.abs(a - ref).max() for a in (got, was))
+    top = np.abs(ref).max()
+    assert err <= 2 * err_was + 1e-7 * top, (err, err_was)
+    if offset == 100.0:
+        assert np.abs(folded - ref).max() > 2 * err_was + 1e-7 * top
 
 
 # ---- CPU: the routing under the fake CuPy and the environment ------------------------------------------------------
