@@ -560,6 +560,22 @@ pool_bwd_rows(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __res
 // each tap one 16-byte load (and a VW-entry argmax load): the same bits as the generic kernels.
 #define GEO_ARGS const int N, const int C, const int H, const int W, const int OH, const int OW, const int KH, \
                  const int KW, const int PH, const int PW, const int SH, const int SW, const int DH, const int DW
+
+// Thread index i = ((n * R + y) * X + x) * G + g (forward: an output position, R, X = OH, OW; backward: an input
+// position, R, X = H, W) taken apart by the fast dividers of G, X and R.
+__device__ __forceinline__ void clv_position(unsigned int i, int G, int X, int R, unsigned int gm, unsigned int gs,
+                                             unsigned int xm, unsigned int xs, unsigned int rm, unsigned int rs,
+                                             int& n, int& y, int& x, int& g)
+{
+    unsigned int p = fast_div(i, gm, gs);
+    g = (int)(i - p * G);
+    unsigned int q = fast_div(p, xm, xs);
+    x = (int)(p - q * X);
+    p = fast_div(q, rm, rs);
+    y = (int)(q - p * R);
+    n = (int)p;
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 pool_fwd_clv(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, GEO_ARGS,
              const unsigned int total, const unsigned int gm, const unsigned int gs, const unsigned int owm,
@@ -567,12 +583,8 @@ pool_fwd_clv(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argma
 {
     const int G = C / VW;
     for (unsigned int i = blockIdx.x * 256 + threadIdx.x; i < total; i += gridDim.x * 256) {
-        unsigned int p = fast_div(i, gm, gs);
-        const int g = (int)(i - p * G);
-        unsigned int q = fast_div(p, owm, ows);
-        const int ow = (int)(p - q * OW);
-        p = fast_div(q, ohm, ohs);
-        const int oh = (int)(q - p * OH), n = (int)p;
+        int n, oh, ow, g;
+        clv_position(i, G, OW, OH, gm, gs, owm, ows, ohm, ohs, n, oh, ow, g);
         const int h0 = oh * SH - PH, w0 = ow * SW - PW;
         const T* xb = x + (long long)n * H * W * C + g * VW;
 #if IS_MAX
@@ -629,12 +641,8 @@ pool_bwd_clv(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __rest
 {
     const int G = C / VW;
     for (unsigned int i = blockIdx.x * 256 + threadIdx.x; i < total; i += gridDim.x * 256) {
-        unsigned int p = fast_div(i, gm, gs);
-        const int g = (int)(i - p * G);
-        unsigned int q = fast_div(p, wm, ws);
-        const int w = (int)(p - q * W);
-        p = fast_div(q, hm, hs);
-        const int h = (int)(q - p * H), n = (int)p;
+        int n, h, w, g;
+        clv_position(i, G, W, H, gm, gs, wm, ws, hm, hs, n, h, w, g);
         const long long base = (long long)n * OH * OW * C + g * VW;
         A s[VW];
 #pragma unroll
