@@ -705,7 +705,7 @@ template <int UNUSED> __device__ __forceinline__ void ce_fwd_long(
             }
 #endif
             // ce_fwd_body's sums, the same text (LONG 2: FASTX's exp); x[t] is thread 0's load above
-            ce_chunk_sums<false, LONG >= 2>(a, ed, cm, ch, q, g, t, -1, -1, w, m, s, swx, sw, xt);
+            ce_chunk_sums<false, (LONG >= 2)>(a, ed, cm, ch, q, g, t, -1, -1, w, m, s, swx, sw, xt);
         }
         // the next row's target and RAGGED edges (threads 0 and G - 1), in flight while the block meets (ed is dead
         // here; its geometry again: fewer registers live through the last chunk than keeping it)
