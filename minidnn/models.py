@@ -18,14 +18,6 @@ from .nn import (
     Sequential,
     init,
 )
-from .nn.module import REGISTERED_LAYERS, registered
-
-# forwards read their submodules in one ``registered`` call (the same modules as self.<name>, without a failed
-# attribute lookup and Module.__getattr__ per name: docs/host_overhead.md round 30; switch REGISTERED_LAYERS)
-_BLOCK = ("conv1", "bn1", "conv2", "bn2", "relu", "shortcut")
-_RESNET = ("conv1", "bn1", "relu", "layer1", "layer2", "layer3", "pool", "flatten", "fc")
-_DWSEP = ("depthwise", "bn1", "pointwise", "bn2", "relu")
-_MOBILENET = ("stem", "blocks", "pool", "flatten", "fc")
 
 __all__ = ["LeNet5", "BasicBlock", "ResNetCIFAR", "resnet20", "MobileNetSmall", "DepthwiseSeparable"]
 
@@ -79,11 +71,9 @@ class BasicBlock(Module):
             self.shortcut = Identity()
 
     def forward(self, x):
-        conv1, bn1, conv2, bn2, relu, shortcut = (REGISTERED_LAYERS[0] and registered(self, _BLOCK)) or (
-            self.conv1, self.bn1, self.conv2, self.bn2, self.relu, self.shortcut)
-        out = relu(bn1(conv1(x)))
-        out = bn2(conv2(out))
-        return relu(out + shortcut(x))
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
 
 
 class ResNetCIFAR(Module):
@@ -113,12 +103,9 @@ class ResNetCIFAR(Module):
                 init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x):
-        conv1, bn1, relu, layer1, layer2, layer3, pool, flatten, fc = (
-            REGISTERED_LAYERS[0] and registered(self, _RESNET)) or (
-            self.conv1, self.bn1, self.relu, self.layer1, self.layer2, self.layer3, self.pool, self.flatten, self.fc)
-        x = relu(bn1(conv1(x)))
-        x = layer3(layer2(layer1(x)))
-        return fc(flatten(pool(x)))
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(self.flatten(self.pool(x)))
 
 
 def resnet20(num_classes=10, in_channels=3):
@@ -139,10 +126,8 @@ class DepthwiseSeparable(Module):
         self.relu = ReLU()
 
     def forward(self, x):
-        depthwise, bn1, pointwise, bn2, relu = (REGISTERED_LAYERS[0] and registered(self, _DWSEP)) or (
-            self.depthwise, self.bn1, self.pointwise, self.bn2, self.relu)
-        x = relu(bn1(depthwise(x)))
-        return relu(bn2(pointwise(x)))
+        x = self.relu(self.bn1(self.depthwise(x)))
+        return self.relu(self.bn2(self.pointwise(x)))
 
 
 class MobileNetSmall(Module):
@@ -160,6 +145,4 @@ class MobileNetSmall(Module):
         self.fc = Linear(8 * w, num_classes)
 
     def forward(self, x):
-        stem, blocks, pool, flatten, fc = (REGISTERED_LAYERS[0] and registered(self, _MOBILENET)) or (
-            self.stem, self.blocks, self.pool, self.flatten, self.fc)
-        return fc(flatten(pool(blocks(stem(x)))))
+        return self.fc(self.flatten(self.pool(self.blocks(self.stem(x)))))

@@ -1,6 +1,7 @@
 """Host round 30 (docs/host_overhead.md): ``module.registered`` also finds submodules (Module.__getattr__'s third
-registry, after parameters and buffers), and convolution / linear layers and the model zoo's forwards read their
-weight and bias or their submodules through it (switch ``module.REGISTERED_LAYERS``).  The reads must give what
+registry, after parameters and buffers), and convolution / linear layers read their weight and bias through it
+(switch ``module.REGISTERED_LAYERS``; the model zoo's forwards stay written the PyTorch way: they are the examples
+users copy, and bench/train_step.py runs the same source as its PyTorch twins).  The reads must give what
 ``getattr`` gives in every case -- a replaced or surgically swapped submodule, a name registered twice, an instance
 or class attribute shadowing a registry, a type with its own ``__getattr__`` -- and the models' forward and backward
 the same bits with the switch on and off."""
@@ -119,7 +120,7 @@ def test_forwards_read_through_registered_when_on(monkeypatch):
     def counted(module, names):
         calls.append(type(module).__name__)
         return M.registered(module, names)
-    for mod in (models, conv_layers, linear_layers):
+    for mod in (conv_layers, linear_layers):
         monkeypatch.setattr(mod, "registered", counted)
     m = models.resnet20(num_classes=10)
     x = _x((1, 3, 8, 8))
@@ -127,9 +128,9 @@ def test_forwards_read_through_registered_when_on(monkeypatch):
         M.REGISTERED_LAYERS[0] = on
         calls.clear()
         m(x)
-        if on:      # the model, its 9 blocks, 21 convolutions (shortcuts' included), the linear layer
-            assert sorted(set(calls)) == ["BasicBlock", "Conv2d", "Linear", "ResNetCIFAR"], calls
-            assert calls.count("BasicBlock") == 9 and calls.count("Conv2d") == 21, calls
+        if on:      # 21 convolutions (shortcuts' included), the linear layer
+            assert sorted(set(calls)) == ["Conv2d", "Linear"], calls
+            assert calls.count("Conv2d") == 21 and calls.count("Linear") == 1, calls
         else:
             assert calls == []
 
