@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cuda tests in parallel pytest processes: $PARTS is ";;"-separated groups of test paths / node ids, each group one
 # process under TLIMIT s (SIGINT then, so pytest still prints its failures; KILL 20 s later); logs under $OUT (one
-# file back: parts.log).  A group may open with VAR=value words: that process's environment.  Then each
+# file back: parts.log).  A group may open with VAR=value words: that process's environment.  A "~" in a word is a
+# space (a -k expression: "-k a~or~b").  Then each
 # ";;"-separated command of $CMDS.
 export CUPY_CACHE_DIR=${CUPY_CACHE_DIR:-$PWD/.cupy_cache} PYTHONUNBUFFERED=1 PYTHONPATH=. NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/out}; rm -rf /tmp/plogs; mkdir -p $OUT /tmp/plogs     # (a warm machine keeps /tmp)
@@ -9,6 +10,7 @@ start=$(date +%s)
 i=0
 IFS=$'\n'; for grp in $(echo "$PARTS" | sed 's/;;/\n/g'); do
   i=$((i+1)); IFS=' ' read -r -a args <<< "$grp"
+  args=("${args[@]//\~/ }")
   envs=(); while [[ ${#args[@]} -gt 0 && ${args[0]} == [A-Z]*=* ]]; do envs+=("${args[0]}"); args=("${args[@]:1}"); done
   ( timeout -s INT -k 20 ${TLIMIT:-450} env "${envs[@]}" python3 -m pytest -q -m cuda -p no:cacheprovider -rf --maxfail=30 "${args[@]}" \
       > /tmp/plogs/p$i.log 2>&1; echo "rc $? after $(( $(date +%s) - start )) s" >> /tmp/plogs/p$i.log ) &
