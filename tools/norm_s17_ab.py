@@ -5,9 +5,11 @@ graph columns), PyTorch beside, ONE process:
   - the 16-bit layer-norm forward route "v3kw" (norm_kernels.ROUTE["ln_fwd16"]; MINIDNN_NORM_ROUTE=ln_fwd16=v3kw)
     against the default "v3k";
   - session 18: 16-bit group rows stashed in one block's shared memory (norm_gn16: gn_fwds, gn_bwds + col_sum;
-    switch norm_gn16.GN_STASH16 / MINIDNN_GN_STASH16), 16-bit rows only ("stash"); its variants 2 ("stash2":
-    gn_fwdp, gn_bwdp -- a persistent block an SM walking rows through a ring of row buffers, the next rows' loads in
-    flight while one reduces and stores; norm_gn16.FWD_VARIANT / BWD_VARIANT, MINIDNN_GN_STASH16_FWD / _BWD).
+    switch norm_gn16.GN_STASH16 / MINIDNN_GN_STASH16), 16-bit rows only ("stash": the backward's variant 1,
+    gn_bwds); the backward's variant 2 ("stash2": gn_bwdp -- a persistent block an SM walking rows through two row
+    buffers, the next row's loads in flight while one reduces and stores; norm_gn16.BWD_VARIANT /
+    MINIDNN_GN_STASH16_BWD, the default since session 18's run 3).  Both stash settings run gn_fwds forward, so the
+    forward rows leave "stash2" out (the forward's variant 2, gn_fwdp, lost in run 3 and was removed).
 
     python tools/norm_s17_ab.py [--rows big,ragged,mid,tuned] [--dtypes float32,bfloat16,float16] [--rounds 3]
                                 [--trials 5] [--ln ln768,ln1536,ln1024] [--ln-dtypes bfloat16,float16]
@@ -24,7 +26,7 @@ copy: a warp of 3 vectors a row under v3kw --, ln1536 (16384, 1536) a team of 64
 (the same plan under both).
 Settings: "old" (GN_CLUSTER and GN_STASH16 off: the kernels before), "new" (the clusters on, 16-bit data too:
 FWD16 / BWD16; 256-thread blocks), "new512" (the same, NT = 512: MINIDNN_GN_CLUSTER_NT), and for 16-bit rows
-"stash" (GN_STASH16 on: norm_gn16), "stash2" (the same, variants 2: gn_fwdp, gn_bwdp); layer norm "v3k" (old)
+"stash" (GN_STASH16 on: norm_gn16, gn_bwds), "stash2" (the same, gn_bwdp: backward only); layer norm "v3k" (old)
 and "v3kw" (new).  Plans are forgotten at each flip, so the next call plans anew (compiled outside the capture).
 Method: per row, dtype and direction, `rounds` rounds; each round times every setting, the order rotated a step
 each round (clock or temperature drift spreads over all), each timing a fresh capture of `reps` calls replayed
@@ -59,18 +61,17 @@ SETTINGS = ("old", "new", "new512")
 SETTINGS16 = SETTINGS + ("stash", "stash2")     # 16-bit rows: session 18's stash too (backward variants 1, 2)
 LN_SETTINGS = ("old", "new")
 _DEFAULT = (GC.GN_CLUSTER, GC.NT)
-_DEFAULT16 = (GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.FWD_VARIANT, GS.BWD_VARIANT)
+_DEFAULT16 = (GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT)
 _LN_DEFAULT = NK.ROUTE["ln_fwd16"]
 
 
 def apply(setting):
-    """GN_CLUSTER (with FWD16 / BWD16), norm_gncl.NT, GN_STASH16 and its FWD_VARIANT / BWD_VARIANT for ``setting``
+    """GN_CLUSTER (with FWD16 / BWD16), norm_gncl.NT, GN_STASH16 and its BWD_VARIANT for ``setting``
     (None: the import-time defaults), plans forgotten."""
     cluster = setting in ("new", "new512")
     GC.GN_CLUSTER, GC.NT = _DEFAULT if setting is None else (cluster, 512 if setting == "new512" else 256)
-    v = 2 if setting == "stash2" else 1
-    GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.FWD_VARIANT, GS.BWD_VARIANT = _DEFAULT16 if setting is None else (
-        cluster, cluster, setting in ("stash", "stash2"), v, v)
+    GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT = _DEFAULT16 if setting is None else (
+        cluster, cluster, setting in ("stash", "stash2"), 2 if setting == "stash2" else 1)
     NK._plans.clear()
 
 
@@ -136,7 +137,7 @@ def run_row(timer, cp, torch, key, dtype_name, bw, rounds, only=None):
     apply_one = apply_ln if ln else apply
     cases = KG.Cases(cp, torch, dtype_name)
     _detail[:] = [(shape[-1], cases.dt)] if ln else []
-    for name, _, (fn, tfn, nbytes), _ in cases.norm(shape, groups=groups)[:1 if ln else 2]:
+    for i, (name, _, (fn, tfn, nbytes), _) in enumerate(cases.norm(shape, groups=groups)[:1 if ln else 2]):
         tms = None
         if tfn is not None:
             try:
@@ -147,6 +148,8 @@ def run_row(timer, cp, torch, key, dtype_name, bw, rounds, only=None):
             settings = LN_SETTINGS if ln else SETTINGS if dtype_name == "float32" else SETTINGS16
             if only and not ln:         # --settings: "old" always (the ratios' base)
                 settings = tuple(x for x in settings if x == "old" or x in only)
+            if not ln and i == 0:       # the forward: "stash2" launches what "stash" does (gn_fwds)
+                settings = tuple(x for x in settings if x != "stash2")
             got, ratios, plans = _rounds(timer, fn, rounds, settings, apply_one)
         finally:
             apply_one(None)

@@ -224,6 +224,7 @@ def kinds(*a, **k):
 def test_routing_under_the_fake_cupy():
     _fake("""
 assert GS.GN_STASH16 is True            # MINIDNN_GN_STASH16=1, read at import
+assert GS.BWD_VARIANT == 1              # MINIDNN_GN_STASH16_BWD=1: gn_bwds (gn_bwdp, the default: test_norm_s18_gn16b)
 got = run((4, 256, 56, 56), 32)         # the table's (32, 256, 56, 56) G=32 at batch 4: 128 rows, a block each
 assert got == [("gn_fwds", (128, 1, 1, 512, 1, 1, 50176)), ("gn_bwds", (128, 1, 1, 512, 1, 1, 100352 + 17 * 96)),
                ("col_sum", got[2][1])], got
@@ -270,11 +271,11 @@ for s in T.SETTINGS16:
     T.apply(s)
     got[s] = T.kernels_of(both)
 assert got == {"old": "norm_fwd+row_sums+gn_dx", "new": "gn_fwdc+gn_bwdc", "new512": "gn_fwdc+gn_bwdc",
-               "stash": "gn_fwds+gn_bwds", "stash2": "gn_fwdp+gn_bwdp"}, got
+               "stash": "gn_fwds+gn_bwds", "stash2": "gn_fwds+gn_bwdp"}, got
 T.apply(None)
 assert (GS.GN_STASH16, GC.FWD16, GC.BWD16, GC.GN_CLUSTER) == (True, False, False, True)
 print("OK")
-""".replace("{H200!r}", repr(H200)), {"MINIDNN_GN_STASH16": "1"})
+""".replace("{H200!r}", repr(H200)), {"MINIDNN_GN_STASH16": "1", "MINIDNN_GN_STASH16_BWD": "1"})
 
 
 def test_environment():
@@ -353,9 +354,11 @@ def cp():
 
 @pytest.fixture
 def on(monkeypatch):
-    """The stash route on, plans forgotten before and after; yields the launched kernels' names."""
+    """The stash route on with the backward's variant 1 (gn_bwds; gn_bwdp is test_norm_s18_gn16b's), plans forgotten
+    before and after; yields the launched kernels' names."""
     from minidnn.backend.cuda import launch
     monkeypatch.setattr(GS, "GN_STASH16", True)
+    monkeypatch.setattr(GS, "BWD_VARIANT", 1)
     NK._plans.clear()
     got = []
     real = launch.Prepared.__call__

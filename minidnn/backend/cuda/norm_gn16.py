@@ -36,10 +36,13 @@ and clear norm_kernels._plans for an in-process A/B): "1" routes 16-bit group-no
 "0" keeps the kernels before (the default is "1" since session 18's run 2: H200, (32, 256, 56, 56) G=32 bf16 forward
 59% -> 72% of copy, backward 41% -> 63%); MINIDNN_GN_STASH16_DIRS ("fwd,bwd" | "fwd" | "bwd";
 the attribute DIRECTIONS) limits it to one direction.  float32 keeps the cluster kernels.
-Variants 2 (FWD_VARIANT / BWD_VARIANT, MINIDNN_GN_STASH16_FWD / _BWD = "2"; "1", gn_fwds / gn_bwds, the default):
-gn_fwdp / gn_bwdp, the same algebra in a persistent grid of one 1024-thread block an SM walking rows through a ring
-of row buffers (forward up to four, backward two of x and dy), so the next rows' loads are in flight while one row
-reduces and stores (SOURCE_FPIPE / SOURCE_PIPE say why and how).
+The backward's variant 2 (BWD_VARIANT, MINIDNN_GN_STASH16_BWD; "2", the default since the H200's run 3; "1" keeps
+gn_bwds for the A/B): gn_bwdp, the same algebra in a persistent grid of one 1024-thread block an SM walking rows
+through two row buffers of x and dy, so the next row's loads are in flight while one row reduces and stores
+(SOURCE_PIPE says why and how).  Run 3: level with gn_bwds on (32, 256, 56, 56) G=32 (bf16 0.0572 vs 0.0580 ms),
+1.10x on the ragged (64, 96, 48, 48) G=8 bf16 row, and it takes planes of < BWD_MIN_IV vectors, which gn_bwds
+refuses.  The forward's persistent twin (gn_fwdp, a ring of up to four row buffers) lost to gn_fwds on the same
+GPU (0.0448 vs 0.0338 ms, 0.0266 vs 0.0213 ms) and was removed; the git history keeps it.
 """
 from __future__ import annotations
 
@@ -49,13 +52,13 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
-from .bn_nhwc import sm80, smem_limits
+from .device_facts import sm80, smem_limits
 from .norm_gncl import _PSTORAGE, GN_BLOCK_SUMS, GN_DATA_HEADER, _divider
 from .softmax_kernels import WARP_REDUCE
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["SOURCE", "SOURCE_PIPE", "SOURCE_FPIPE", "GN_STASH16", "FWD_VARIANT", "BWD_VARIANT", "plan", "plan_pipe",
-           "plan_fpipe", "pipe_teams", "prepare_forward", "prepare_backward", "usable", "options"]
+__all__ = ["SOURCE", "SOURCE_PIPE", "GN_STASH16", "BWD_VARIANT", "plan", "plan_pipe", "pipe_teams",
+           "prepare_forward", "prepare_backward", "usable", "options"]
 
 GN_STASH16 = os.environ.get("MINIDNN_GN_STASH16", "1") == "1"
 # the directions GN_STASH16 routes (MINIDNN_GN_STASH16_DIRS, read at import): "fwd,bwd", or one of them where the A/B
@@ -65,16 +68,11 @@ if not DIRECTIONS <= {"fwd", "bwd"}:
     raise ValueError(f"MINIDNN_GN_STASH16_DIRS: fwd and / or bwd, comma-separated, not {sorted(DIRECTIONS)}")
 # the backward kernel (MINIDNN_GN_STASH16_BWD, read at import; the attribute at planning time): 1 gn_bwds (a row a
 # block, two blocks an SM), 2 gn_bwdp (a persistent block an SM, two row buffers: the next row loads while this one
-# reduces and stores; rows whose two buffers do not fit one block keep gn_bwds)
-BWD_VARIANT = int(os.environ.get("MINIDNN_GN_STASH16_BWD", "1"))
+# reduces and stores; rows whose two buffers do not fit one block keep gn_bwds).  2 by default since the H200's
+# run 3 (equal on the big row, 1.10x on the ragged one, and planes of < BWD_MIN_IV vectors taken)
+BWD_VARIANT = int(os.environ.get("MINIDNN_GN_STASH16_BWD", "2"))
 if BWD_VARIANT not in (1, 2):
     raise ValueError(f"MINIDNN_GN_STASH16_BWD: 1 (gn_bwds) or 2 (gn_bwdp), not {BWD_VARIANT}")
-# the forward kernel (MINIDNN_GN_STASH16_FWD): 1 gn_fwds (a row a block, four blocks an SM), 2 gn_fwdp (a persistent
-# block an SM, a ring of up to FPIPE_RING row buffers; rows of which two do not fit keep gn_fwds)
-FWD_VARIANT = int(os.environ.get("MINIDNN_GN_STASH16_FWD", "1"))
-if FWD_VARIANT not in (1, 2):
-    raise ValueError(f"MINIDNN_GN_STASH16_FWD: 1 (gn_fwds) or 2 (gn_fwdp), not {FWD_VARIANT}")
-FPIPE_RING = 4      # gn_fwdp's row buffers at most (the (32, 256, 56, 56) G=32 row: 4 x 49 KB, waits <= 15 groups)
 NT = 512            # threads a block (the kernels' launch bounds)
 NT_PIPE = 1024      # gn_bwdp's threads (launch bounds 1024 x 1: <= 64 registers; one block an SM)
 MINB_FWD = 4        # launch bounds: <= 32 registers, four blocks an SM (a 49 KB row each: four fit 228 KB)
@@ -371,79 +369,6 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 """
 
 
-# Forward variant 2 (FWD_VARIANT, MINIDNN_GN_STASH16_FWD=2): gn_fwds' algebra in a persistent grid of one block of
-# NT_PIPE threads an SM walking rows blockIdx.x, + gridDim.x, ... through a ring of R row buffers.
-SOURCE_FPIPE = _COMMON + r"""
-// Why: gn_fwds' four blocks an SM start a wave together (the (64, 96, 48, 48) G=8 row's 512 blocks are ONE wave of
-// 528): all load, then all reduce, then all store (64% of copy there, 72% on the (32, 256, 56, 56) row).  Here the
-// rows r + gridDim.x .. r + (R - 1) gridDim.x are in flight while row r is reduced and stored.
-// Thread t copies vectors t + k NT of a row (commit group k of that row) and reads back only those: no barrier for
-// the data, and a buffer is refilled (R - 1 rows later) by the threads that read it.  The rows' groups are committed
-// in row order, so row i's group k waits for <= nst - 1 - k + (R - 1) nst groups outstanding.
-extern "C" __global__ void __launch_bounds__(NT, 1)
-gn_fwdp(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
-        A* __restrict__ mean_out, A* __restrict__ rstd_out, const int rows, const int D, const int G, const int cpg,
-        const unsigned int iv_mul, const unsigned int iv_shr, const double eps, const int R, const int flags)
-{
-    extern __shared__ __align__(16) unsigned char dyn_sm[];
-    V* const buf = reinterpret_cast<V*>(dyn_sm);                 // [R][nvec]
-    __shared__ A tot[2];
-    const int t = threadIdx.x, nvec = D / VEC, nst = (nvec + NT - 1) / NT, stride = gridDim.x;
-    auto issue = [&](int r, int b) {                            // row r (none past the end) -> buffer b
-        V* const row = buf + b * nvec;
-        const V* xr = reinterpret_cast<const V*>(x + (long long)r * D);
-        for (int k = 0; k < nst; ++k) {
-            const int vi = t + k * NT;
-            if (r < rows && vi < nvec) cp16(row + vi, xr + vi);
-            cp_commit();                                        // (empty past the end: the counts stay uniform)
-        }
-    };
-    int r = blockIdx.x, b = 0;
-    for (int j = 0; j < R - 1; ++j) issue(r + j * stride, j);
-    for (; r < rows; r += stride, b = (b + 1 == R) ? 0 : b + 1) {
-        issue(r + (R - 1) * stride, b == 0 ? R - 1 : b - 1);   // the buffer this thread read last row
-        const V* const row = buf + b * nvec;
-        A s[1] = {0};
-        for (int k = 0; k < nst; ++k) {                         // the sum as the groups land
-            cp_wait(nst - 1 - k + (R - 1) * nst);
-            const int vi = t + k * NT;
-            if (vi < nvec) {
-                const V v = row[vi];
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) s[0] += LDE(v, e);
-            }
-        }
-        block_sums<1>(s, tot);
-        const A mean = tot[0] / (A)D;
-        A q[1] = {0};
-        for (int vi = t; vi < nvec; vi += NT) {
-            const V v = row[vi];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) { const A d = LDE(v, e) - mean; q[0] += d * d; }
-        }
-        block_sums<1>(q, tot + 1);
-        const A rstd = (A)1 / sqrt(tot[1] / (A)D + (A)eps);
-        if (t == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
-        const int g0 = (int)((unsigned int)r % (unsigned int)G) * cpg;
-        V* yr = reinterpret_cast<V*>(y + (long long)r * D);
-        for (int vi = t; vi < nvec; vi += NT) {
-            A sc = rstd, bi = 0;
-            if (flags & (F_SCALE | F_BIAS)) {
-                const int p = g0 + (int)divu((unsigned int)vi, iv_mul, iv_shr);
-                if (flags & F_SCALE) sc *= LDP(scale[p]);
-                if (flags & F_BIAS) bi = LDP(bias[p]);
-            }
-            const V v = row[vi];
-            V w;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(v, e) - mean) * sc + bi);
-            yr[vi] = w;
-        }
-    }
-}
-"""
-
-
 def smem_bytes(d, backward, cpg=1):
     """Dynamic shared memory of one block: the row (x; backward x and dy) and the backward's channel sums."""
     nvec = d // 8
@@ -456,7 +381,8 @@ def plan(d, s, itemsize, backward, cpg, smem):
     """(dynamic shared memory bytes, blocks an SM) of a launch for group rows of ``d`` 16-bit values in planes of
     ``s``, or None where the kernels do not take them: 16-bit data whose planes fill 16-byte vectors, a stash that
     leaves MIN_BLOCKS blocks an SM and fits one block's opt-in limit; the backward also planes of >= BWD_MIN_IV
-    vectors and <= CPG_MAX channels.  ``smem``: (shared memory an SM, a block's opt-in limit) -- bn_nhwc.smem_limits."""
+    vectors and <= CPG_MAX channels.  ``smem``: (shared memory an SM, a block's opt-in limit), as
+    device_facts.smem_limits gives."""
     if itemsize != 2 or d < 8 or s % 8 or d % s:
         return None
     per_sm, optin = smem
@@ -486,22 +412,12 @@ def pipe_teams(cpg, iv, nt=NT_PIPE):
 def plan_pipe(d, s, itemsize, cpg, smem):
     """(dynamic shared memory bytes, P, WPT) of a gn_bwdp launch for group rows of ``d`` 16-bit values in planes of
     ``s`` (``cpg`` of them), or None: 16-bit data whose planes fill 16-byte vectors, <= CPG_MAX channels, and two
-    rows of x and dy plus the channel partials within one block's opt-in limit (``smem``: bn_nhwc.smem_limits)."""
+    rows of x and dy plus the channel partials within one block's opt-in limit (``smem``: device_facts.smem_limits)."""
     if itemsize != 2 or d < 8 or s % 8 or d % s or cpg > CPG_MAX or d != cpg * s:
         return None
     teams, wpt = pipe_teams(cpg, s // 8)
     nbytes = 4 * (d // 8) * 16 + (cpg * wpt + cpg) * 3 * 4
     return (nbytes, teams, wpt) if nbytes + STATIC_SMEM <= smem[1] else None
-
-
-def plan_fpipe(d, s, itemsize, smem):
-    """(dynamic shared memory bytes, ring buffers R) of a gn_fwdp launch for group rows of ``d`` 16-bit values in
-    planes of ``s``, or None: 16-bit data whose planes fill 16-byte vectors and at least two rows within one
-    block's opt-in limit; R = as many rows as fit, at most FPIPE_RING."""
-    if itemsize != 2 or d < 8 or s % 8 or d % s:
-        return None
-    ring = min(FPIPE_RING, (smem[1] - STATIC_SMEM) // (d * 2))
-    return (ring * d * 2, ring) if ring >= 2 else None
 
 
 def usable(dev, backward=False) -> bool:
@@ -523,11 +439,11 @@ _kernels: dict = {}
 
 
 def _kernel(name, dtype, pinfo):
-    pipe = name in ("gn_fwdp", "gn_bwdp")
+    pipe = name == "gn_bwdp"
     key = (name, _dev.dtype_name(dtype), pinfo, NT_PIPE if pipe else NT)
     k = _kernels.get(key)
     if k is None:
-        src = {"gn_fwdp": SOURCE_FPIPE, "gn_bwdp": SOURCE_PIPE}.get(name, SOURCE)
+        src = SOURCE_PIPE if pipe else SOURCE
         k = _kernels[key] = _launch.get_kernel(src, name, options(dtype, pinfo, name == "gn_bwds", pipe))
     return k
 
@@ -552,14 +468,6 @@ def prepare_forward(x, num_groups, scale, bias, eps, flags, dev):
     rows = n * num_groups
     if pinfo is None or rows >= 2 ** 31 - 4096:
         return None
-    if FWD_VARIANT == 2:
-        q = plan_fpipe(d, s, x.dtype.itemsize, smem_limits(dev))
-        if q is not None:
-            k = _kernel("gn_fwdp", x.dtype, pinfo)
-            return _launch.prepare(k, (_pipe_grid(rows, dev),), (NT_PIPE,),
-                                   [None] * 6 + [np.int32(rows), np.int32(d), np.int32(num_groups), np.int32(cpg),
-                                                 *_divider(s // 8), np.float64(eps), np.int32(q[1]),
-                                                 np.int32(flags & 3)], shared_mem=q[0])
     p = plan(d, s, x.dtype.itemsize, False, cpg, smem_limits(dev))
     if p is None:
         return None
@@ -570,7 +478,7 @@ def prepare_forward(x, num_groups, scale, bias, eps, flags, dev):
 
 
 def _pipe_grid(rows, dev):
-    """gn_fwdp's and gn_bwdp's grid: one block an SM (their shared memory allows no second), each walking rows b,
+    """gn_bwdp's grid: one block an SM (their shared memory allows no second), each walking rows b,
     b + grid, ... (the tests cut it to make a few blocks walk many rows)."""
     return min(rows, _launch.sm_count(dev))
 
