@@ -14,8 +14,8 @@ rng = np.random.default_rng(0)
 shape = (32, 256, 56, 56)
 if what == "gn":
     x = mdn.tensor(rng.standard_normal(shape).astype(np.float32), device="cuda").to(mdn.bfloat16).requires_grad_()
-    w = mdn.ones(256, device="cuda", requires_grad=True)
-    b = mdn.zeros(256, device="cuda", requires_grad=True)
+    w = mdn.ones(256, device="cuda", dtype=mdn.bfloat16, requires_grad=True)
+    b = mdn.zeros(256, device="cuda", dtype=mdn.bfloat16, requires_grad=True)
     dy = mdn.tensor(rng.standard_normal(shape).astype(np.float32), device="cuda").to(mdn.bfloat16)
     step = lambda: F.group_norm(x, 32, w, b).backward(dy)       # noqa: E731
 else:
