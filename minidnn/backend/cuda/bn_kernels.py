@@ -49,8 +49,31 @@ from .storage import STORAGE_HEADER, acc_dtype, param_dtype, type_info
 __all__ = ["supports", "layout_of", "forward_training", "forward_inference", "backward", "SOURCE"]
 
 THREADS = 256
-ONEPASS_UNROLL = 4        # vectors in flight per thread and array in the one-pass kernels
-ONEPASS_BPS = 2           # their blocks per SM: the grid is at most this many per SM, all resident at once
+
+
+def _env_int(name, default, lo, hi):
+    """An integer switch from the environment, checked at import so a typo fails before any launch."""
+    raw = os.environ.get(name, str(default))
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer in [{lo}, {hi}]") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}={v}: expected an integer in [{lo}, {hi}]")
+    return v
+
+
+# Session 18 (issue 10, the H200): both are switches (MINIDNN_BN_UNROLL, MINIDNN_BN_BPS; set_onepass flips them in
+# one process) to test whether the streaming phases are latency-bound on the H200 (4.2 TB/s copy wants ~32-48 KB in
+# flight an SM; UNROLL 4 at 2 blocks keeps ~32 KB).  nvcc sm_90, registers (spills) float32 / bfloat16 with the copy:
+# UNROLL 6 at 2 blocks: fwd 91 / 82, bwd 111 / 126, bn+relu bwd 128 / 128, no spill; UNROLL 8 at 2 blocks: the
+# bn+relu backward spills (104 / 132 bytes), bfloat16 bwd 16 bytes; 3 blocks (80 registers): UNROLL 4 fits without
+# a spill, UNROLL 6 spills in the bn+relu backward (288 / 328 bytes).  A thread's sums run in its vectors' order
+# whatever UNROLL is, and the split below does not depend on it: the bits are UNROLL 4's.
+ONEPASS_UNROLL = _env_int("MINIDNN_BN_UNROLL", 4, 1, 16)    # vectors in flight per thread and array (one-pass)
+ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)           # their blocks per SM: the grid is at most this many per
+                                                            # SM, all resident at once (3: a smaller on-chip share)
+_SPLIT_UNROLL = 4         # the unroll the split's minimum slice is counted in (fixed: the split is UNROLL-free)
 
 SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
@@ -910,7 +933,7 @@ def _kernel(name, dtype, inner1, **flags):
 
 
 def _kernel1(name, dtype, inner1, vec, tpr, **flags):
-    key = (name, dtype, inner1, vec, tpr, tuple(sorted(flags.items())))
+    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, tuple(sorted(flags.items())))
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
@@ -1127,11 +1150,11 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
         tiles = -(-c // tw)
         values = outer * tw
         vectors = outer                 # rows: one vector per thread and row
-        min_per_block = THREADS // tpr * ONEPASS_UNROLL * 2
+        min_per_block = THREADS // tpr * _SPLIT_UNROLL * 2
     else:
         tpr, tiles, values = 1, c, outer * inner
         vectors = values // vec
-        min_per_block = THREADS * ONEPASS_UNROLL * 2
+        min_per_block = THREADS * _SPLIT_UNROLL * 2
     rounds_of = max(1, min(tiles, resident, int(budget // max(1, values * itemsize * arrays))))
     if onchip:
         rounds_of = -(-tiles // -(-tiles // rounds_of))
@@ -1304,7 +1327,23 @@ _calls: dict = {}
 
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
-    return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP
+    return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
+        ONEPASS_UNROLL, ONEPASS_BPS
+
+
+def set_onepass(unroll=None, bps=None):
+    """Set the one-pass kernels' UNROLL and blocks per SM (None: keep) for an in-process A/B.  Settled calls made
+    under other values see the change through _switches() and settle again; the plans are dropped too."""
+    global ONEPASS_UNROLL, ONEPASS_BPS
+    for name, v, hi in (("unroll", unroll, 16), ("bps", bps, 4)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= hi):
+            raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [1, {hi}]")
+    if unroll is not None:
+        ONEPASS_UNROLL = int(unroll)
+    if bps is not None:
+        ONEPASS_BPS = int(bps)
+    _calls.clear()
+    _plans.clear()
 
 
 def _rows_to_nhwc():

@@ -1,0 +1,285 @@
+"""Session 18 (issue 10): the one-pass batch-norm kernels' bytes in flight as switches -- bn_kernels.ONEPASS_UNROLL
+(MINIDNN_BN_UNROLL: vectors in flight per thread and array) and ONEPASS_BPS (MINIDNN_BN_BPS: blocks per SM, which
+also sizes the on-chip copy's share of shared memory), flipped in one process by bn_kernels.set_onepass.
+
+CPU cases: the split (vec, tiles, per, grid) does not move with UNROLL (it used to: the minimum slice was counted in
+UNROLL's vectors, so (128, 16, 32, 32) went from 16 blocks a channel to 8 at UNROLL 8); the kernels' walk() and
+seq_walk() emulated literally visit a thread's vectors in the same order at every UNROLL (the order of its sums:
+the bits); bad values fail before any launch; the launches under the fake CuPy carry -DUNROLL / -DBPS, the same
+grid and shared memory at every UNROLL, settle again after a flip and back, the environment switches at import,
+BPS 3's copy sized for three blocks; nvcc: the settings the A/B times compile without spills.
+GPU cases (marked cuda): every form bitwise equal to UNROLL 4's at UNROLL 6 and 8 (and at 3 blocks an SM, UNROLL 6
+against 4), the 3-blocks split against the float64 reference, one launch per direction.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import bn_cluster as BC
+from minidnn.backend.cuda import bn_kernels as K
+from minidnn.backend.cuda import bn_nhwc as M
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+H100_SMEM = (233472, 232448)
+
+
+# ---- CPU: the split and the order of the sums --------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, item, arrays", [((128, 16, 1024), 4, 1), ((128, 16, 1024), 4, 2),
+                                                 ((32, 256, 3136), 4, 1), ((256, 32, 3136), 2, 2),
+                                                 ((3, 40, 13 * 21), 4, 1), ((7, 5, 33), 4, 2),
+                                                 ((401408, 64, 1), 4, 1), ((1000, 24, 1), 2, 2)], ids=str)
+@pytest.mark.parametrize("cache", [0, 106496])
+def test_the_split_does_not_move_with_unroll(monkeypatch, shape, item, arrays, cache):
+    outer, c, inner = shape
+    monkeypatch.setattr(K, "ONEPASS_UNROLL", 4)
+    want = K.onepass_geometry(outer, c, inner, item, arrays, True, 132, 50 * 2 ** 20, cache_block_bytes=cache)
+    for u in (1, 2, 6, 8, 16):
+        monkeypatch.setattr(K, "ONEPASS_UNROLL", u)
+        got = K.onepass_geometry(outer, c, inner, item, arrays, True, 132, 50 * 2 ** 20, cache_block_bytes=cache)
+        assert got == want, (u, got, want)
+
+
+def test_the_control_keeps_sixteen_blocks_a_channel_at_unroll_8(monkeypatch):
+    # ResNet-20's (128, 16, 32, 32) float32: 32768 vectors a channel, a minimum slice of 256 x 4 x 2 vectors -> 16
+    # blocks; counted in UNROLL 8's vectors it would be 8 (another split, other bits)
+    monkeypatch.setattr(K, "ONEPASS_UNROLL", 8)
+    assert K.onepass_plan(128, 16, 1024, 4, False)["per"] == 16
+    assert K.onepass_plan(128, 16, 1024, 4, True)["per"] == 16
+
+
+def _walk_order(lo, first, hi, rw, unroll):
+    """walk()'s vectors j in visit order (the CUDA loop, literally)."""
+    out = []
+    j = lo + first
+    while j < hi:
+        for u in range(unroll):
+            jj = j + u * rw
+            if jj < hi:
+                out.append(jj)
+        j += rw * unroll
+    return out
+
+
+def _seq_order(kb, ke, rev, unroll):
+    """seq_walk<REV>'s k in visit order (the CUDA loop, literally; -1 lanes skipped as the kernels skip them)."""
+    out = []
+    i = 0
+    while i < ke - kb:
+        for u in range(unroll):
+            if i + u < ke - kb:
+                out.append(ke - 1 - (i + u) if rev else kb + i + u)
+        i += unroll
+    return out
+
+
+@pytest.mark.parametrize("unroll", [1, 2, 3, 6, 8, 16])
+def test_a_threads_vectors_are_summed_in_the_same_order_at_every_unroll(unroll):
+    for lo, hi, first in ((0, 25088, 0), (0, 25088, 255), (12544, 25088, 7), (5, 9, 3), (0, 1, 0), (10, 10, 0)):
+        assert _walk_order(lo, first, hi, 256, unroll) == _walk_order(lo, first, hi, 256, 4)
+    for kb, ke in ((0, 49), (26, 49), (0, 26), (3, 4), (0, 0), (0, 13)):
+        assert _seq_order(kb, ke, False, unroll) == list(range(kb, ke))
+        assert _seq_order(kb, ke, True, unroll) == list(range(ke - 1, kb - 1, -1))
+
+
+@pytest.mark.parametrize("kwargs", [dict(unroll=0), dict(unroll=17), dict(bps=0), dict(bps=5), dict(unroll=4.0),
+                                    dict(unroll=True), dict(bps="3")], ids=str)
+def test_set_onepass_rejects_bad_values_and_keeps_the_settings(kwargs):
+    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS)
+    with pytest.raises(ValueError, match="set_onepass"):
+        K.set_onepass(**kwargs)
+    assert (K.ONEPASS_UNROLL, K.ONEPASS_BPS) == before
+
+
+@pytest.mark.parametrize("env, value", [("MINIDNN_BN_UNROLL", "six"), ("MINIDNN_BN_UNROLL", "0"),
+                                        ("MINIDNN_BN_BPS", "9")])
+def test_bad_environment_switches_fail_at_import_naming_the_variable(env, value):
+    r = subprocess.run([sys.executable, "-c", "import minidnn.backend.cuda.bn_kernels"], cwd=ROOT,
+                       env={**os.environ, env: value, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0 and f"{env}=" in r.stderr, r.stderr[-2000:]
+
+
+# ---- CPU: the launches under the fake CuPy ----------------------------------------------------------------------
+
+def _fake(code, **env):
+    head = f"""
+import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
+import numpy as np, record_launches as R
+fakecp, L = R._install({ROOT!r})
+names = []
+L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d, str(fn), p))
+from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
+M._smem[0] = H100_SMEM = {H100_SMEM!r}
+BC.ENABLED = False      # the kernels before the cluster ones
+def run(shape, relu=False, seed=0):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    x = fakecp.asarray(rng.standard_normal(shape).astype(np.float32))
+    sc, bi = fakecp.asarray(np.ones(c, np.float32)), fakecp.asarray(np.zeros(c, np.float32))
+    n0 = len(names)
+    y, m, i = K.forward_training(x, sc, bi, 0.1, None, None, 1e-5, relu=relu)
+    K.backward(x, y, sc, m, i, y=y if relu else None)
+    got = names[n0:]
+    assert [g[0] for g in got] == ["bn_fwd1", "bn_bwd1"], got
+    return [(dims[0], dims[6], full) for name, dims, full, p in got]
+"""
+    r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180,
+                       env={**os.environ, **env})
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_launches_carry_the_settings_and_a_flip_settles_again_under_the_fake_cupy():
+    _fake("""
+for shape in ((128, 16, 32, 32), (4, 64, 56, 56), (3, 40, 13, 21)):
+    base = run(shape, relu=True)
+    assert all("-DUNROLL=4" in f and "-DBPS=2" in f for _, _, f in base), base
+    for u in (6, 8, 4):
+        K.set_onepass(unroll=u)
+        got = run(shape, relu=True)
+        assert all(f"-DUNROLL={u}" in f and "-DBPS=2" in f for _, _, f in got), got
+        assert [g[:2] for g in got] == [b[:2] for b in base], (shape, u, got, base)    # the same grid and smem
+    # 3 blocks an SM: the copy's slots split the SM's shared memory three ways, the grid at most 3 blocks an SM
+    K.set_onepass(bps=3)
+    got = run(shape, relu=True)
+    for (grid, dyn, full), bwd in zip(got, (False, True)):
+        assert "-DBPS=3" in full and "-DUNROLL=4" in full, full
+        want = K.onepass_plan(shape[0], shape[1], shape[2] * shape[3], 4, bwd, 0)
+        assert (grid, dyn) == (want["grid"], want["dyn"]), (shape, grid, dyn, want)
+        slot = 256 * 16 * (2 if bwd else 1)
+        assert dyn % slot == 0 and dyn <= (H100_SMEM[0] // 3 - 1024)
+    K.set_onepass(bps=2)
+    assert [g[:2] for g in run(shape, relu=True)] == [b[:2] for b in base]
+# the large forward at 3 blocks: more blocks a round (the grid grows past 2 an SM) and fewer slots a block
+K.set_onepass(bps=3)
+p3 = K.onepass_plan(32, 256, 3136, 4, False, 0)
+K.set_onepass(bps=2)
+p2 = K.onepass_plan(32, 256, 3136, 4, False, 0)
+assert p3["ks"] < p2["ks"] and p3["dyn"] * 3 <= H100_SMEM[0], (p2, p3)
+print("OK")
+""")
+
+
+def test_the_environment_switches_are_read_at_import_under_the_fake_cupy():
+    _fake("""
+assert (K.ONEPASS_UNROLL, K.ONEPASS_BPS) == (6, 3)
+got = run((4, 64, 56, 56))
+assert all("-DUNROLL=6" in f and "-DBPS=3" in f for _, _, f in got), got
+print("OK")
+""", MINIDNN_BN_UNROLL="6", MINIDNN_BN_BPS="3")
+
+
+# ---- nvcc --------------------------------------------------------------------------------------------------------
+
+def _dt(name):
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("name, unroll, bps", [("float32", 6, 2), ("bfloat16", 6, 2), ("float32", 4, 3),
+                                               ("bfloat16", 4, 3)], ids=str)
+def test_the_timed_settings_compile_without_spills(tmp_path, monkeypatch, name, unroll, bps):
+    # (UNROLL 8 at 2 blocks spills in the fused backward, 104 / 132 bytes; UNROLL 6 at 3 blocks 288 / 328: the
+    # A/B times UNROLL 8 anyway, its streaming phases are what is asked)
+    monkeypatch.setattr(K, "ONEPASS_UNROLL", unroll)
+    monkeypatch.setattr(K, "ONEPASS_BPS", bps)
+    dt = _dt(name)
+    for flags in (dict(has_scale=1, has_bias=1, cache=1), dict(relu=1, has_z=1, has_scale=1, has_bias=1, cache=1)):
+        opts = K._onepass_options(dt, False, 16 // dt.itemsize, 1, **flags)
+        defines = "".join(f"#define {o[2:].split('=')[0]} {o.split('=', 1)[1]}\n" for o in opts if o.startswith("-D"))
+        f = tmp_path / "k.cu"
+        f.write_text(defines + K.ONEPASS_SOURCE)
+        r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                            str(tmp_path / "k"), str(f)], capture_output=True, text=True, timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-2000:]
+        spills = [line for line in out.splitlines() if "spill stores" in line]
+        assert spills and all(" 0 bytes spill stores" in line for line in spills), out
+        regs = [int(w.split()[1]) for line in out.splitlines() if "Used" in line
+                for w in [line[line.index("Used"):]]]
+        assert regs and max(regs) <= 65536 // (256 * bps), regs
+
+
+# ---- GPU -----------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cp(monkeypatch):
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    monkeypatch.setattr(BC, "ENABLED", False)       # bn_fwd1 / bn_bwd1, not the cluster kernels
+    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS)
+    M._calls.clear()
+    yield _dev.require_cupy()
+    K.set_onepass(*before)
+
+
+def _gpu_outputs(cp, name, shape, ops, seed):
+    """Every output of a training forward and backward (y, mean, inv_std, running stats, dx, dz, dscale, dbias) on
+    the host, one launch per direction (no float64 reference: the bitwise cases compare settings)."""
+    import minidnn.backend as B
+    from minidnn.backend.cuda import launch
+    dt = _dt(name)
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    x = cp.asarray((rng.standard_normal(shape) * 1.5 + 3.0).astype(dt))
+    dy = cp.asarray(rng.standard_normal(shape).astype(dt))
+    z = cp.asarray(rng.standard_normal(shape).astype(dt)) if ops == "bn_add_activation" else None
+    sg = cp.asarray(rng.uniform(0.5, 1.5, c).astype(np.float32))
+    bg = cp.asarray(rng.standard_normal(c).astype(np.float32))
+    rm = cp.asarray(rng.standard_normal(c).astype(np.float32))
+    rv = cp.asarray(rng.uniform(0.5, 2, c).astype(np.float32))
+    n0 = launch.launch_count()
+    y, m, i = B.batch_normalization_forward_training_ex(None, "spatial", ops, x, z, sg, bg, 0.1, rm, rv, 1e-5)
+    back = B.batch_normalization_backward_ex(None, "spatial", ops, x, y, dy, sg, m, i, 1e-5)
+    cp.cuda.Device().synchronize()
+    assert launch.launch_count() - n0 == 2, "one launch per direction"
+    return [a.get() for a in (y, m, i, rm, rv, *[b for b in back if b is not None])]
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint8)
+
+
+SHAPES = [(5, 3, 17, 19), (3, 40, 13, 21), (2, 64, 31, 31), (32, 256, 56, 56)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
+def test_every_unroll_is_bitwise_unroll_4(cp, name, shape, ops):
+    for bps, unrolls in ((2, (4, 6, 8)), (3, (4, 6))):
+        outs = []
+        for u in unrolls:
+            K.set_onepass(u, bps)
+            outs.append(_gpu_outputs(cp, name, shape, ops, 7))
+        for u, o in zip(unrolls[1:], outs[1:]):
+            assert len(o) == len(outs[0])
+            for k, (a, b) in enumerate(zip(outs[0], o)):
+                assert np.array_equal(_bits(a), _bits(b)), (bps, u, k)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(3, 40, 13, 21), (32, 256, 56, 56), (128, 16, 32, 32)], ids=str)
+@pytest.mark.parametrize("ops", ["bn", "bn_activation"])
+def test_three_blocks_an_sm_against_the_float64_reference(cp, name, shape, ops):
+    from tests.backend.test_bn_onchip import _close, _run
+    K.set_onepass(4, 3)
+    plan = K.onepass_plan(shape[0], shape[1], shape[2] * shape[3], _dt(name).itemsize, True, cp.cuda.Device().id)
+    assert plan["grid"] <= 3 * cp.cuda.Device().attributes["MultiProcessorCount"]
+    got, ref = _run(cp, name, shape, "nchw", ops, 11)
+    _close(got[0], ref[0], name, 4)
+    n = np.prod(shape) / shape[1]
+    gb, rb = got[5], ref[5]
+    _close(gb[0], rb[0], name, 4 * (float(np.abs(rb[0]).max()) + 1))
+    np.testing.assert_allclose(gb[2].get(), rb[2], rtol=1e-3 if name == "float32" else 3e-2, atol=1e-3 * n)
+    np.testing.assert_allclose(gb[3].get(), rb[3], rtol=1e-3 if name == "float32" else 3e-2, atol=1e-3 * n)
