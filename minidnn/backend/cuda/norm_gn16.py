@@ -57,7 +57,7 @@ from .norm_gncl import _PSTORAGE, GN_BLOCK_SUMS, GN_DATA_HEADER, _divider
 from .softmax_kernels import WARP_REDUCE
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["SOURCE", "SOURCE_PIPE", "GN_STASH16", "BWD_VARIANT", "plan", "plan_pipe", "pipe_teams",
+__all__ = ["SOURCE", "SOURCE_PIPE", "GN_STASH16", "BWD_VARIANT", "LEAN", "plan", "plan_pipe", "pipe_teams",
            "prepare_forward", "prepare_backward", "usable", "options"]
 
 GN_STASH16 = os.environ.get("MINIDNN_GN_STASH16", "1") == "1"
@@ -73,6 +73,13 @@ if not DIRECTIONS <= {"fwd", "bwd"}:
 BWD_VARIANT = int(os.environ.get("MINIDNN_GN_STASH16_BWD", "2"))
 if BWD_VARIANT not in (1, 2):
     raise ValueError(f"MINIDNN_GN_STASH16_BWD: 1 (gn_bwds) or 2 (gn_bwdp), not {BWD_VARIANT}")
+# the lean kernel text of gn_fwds and gn_bwdp (MINIDNN_GN_STASH16_LEAN, read at import; the attribute at each launch's
+# preparation -- clear norm_kernels._plans after flipping it): "1" compiles them with -DLEAN=1 -- the same sums in
+# the same order (bitwise equal), fewer instructions a value (the SASS counts: docs/step_kernels.md, session 18's
+# group-norm section); "0" (the default until the GPU A/B) the text before
+LEAN = os.environ.get("MINIDNN_GN_STASH16_LEAN", "0") == "1"
+if os.environ.get("MINIDNN_GN_STASH16_LEAN", "0") not in ("0", "1"):
+    raise ValueError(f"MINIDNN_GN_STASH16_LEAN: 0 or 1, not {os.environ['MINIDNN_GN_STASH16_LEAN']!r}")
 NT = 512            # threads a block (the kernels' launch bounds)
 NT_PIPE = 1024      # gn_bwdp's threads (launch bounds 1024 x 1: <= 64 registers; one block an SM)
 MINB_FWD = 4        # launch bounds: <= 32 registers, four blocks an SM (a 49 KB row each: four fit 228 KB)
@@ -105,6 +112,42 @@ __device__ __forceinline__ void cp_wait(int n)
         default: asm volatile("cp.async.wait_group 15;" : : : "memory");
     }
 }
+#ifndef LEAN
+#define LEAN 0
+#endif
+#if LEAN
+// The lean forms (norm_gn16.LEAN / MINIDNN_GN_STASH16_LEAN): the same sums in the same order as the text beside
+// them (bitwise equal results), fewer instructions a value.  cp16 converts its generic pointer to a shared address
+// at every copy (ptxas rebuilds it from SR_CgaCtaId / SR_SWINHI: ~10 instructions a 16-byte copy); here the row's
+// shared address is taken once and a copy is an add and an LDGSTS.
+__device__ __forceinline__ unsigned int smem_addr(const void* p)
+{
+    unsigned int sa;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(sa) : "l"(p));
+    return sa;
+}
+__device__ __forceinline__ void cp16s(unsigned int sa, const V* gsrc)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(sa), "l"(gsrc) : "memory");
+}
+// LDE without `volatile`: the vectors come from shared memory right before use (no register row to keep raw), so
+// ptxas may schedule the unpacks with the arithmetic (still one SHF / LOP3 (bf16) or HADD2.F32 (fp16) a value).
+__device__ __forceinline__ A LDL(const V& v, int e)
+{
+    const unsigned int w = reinterpret_cast<const unsigned int*>(v.v)[e >> 1];   // the vector's 32-bit word
+#if STORAGE == 2
+    return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+#else
+    float f;
+    if (e & 1) asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi;}" : "=f"(f) : "r"(w));
+    else asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w));
+    return f;
+#endif
+}
+#define LDX LDL
+#else
+#define LDX LDE
+#endif
 
 """
 
@@ -119,6 +162,40 @@ gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
     const long long r = blockIdx.x;
     const int t = threadIdx.x, nvec = D / VEC, nst = (nvec + NT - 1) / NT;
     const V* xr = reinterpret_cast<const V*>(x + r * D);
+#if LEAN
+    {
+        unsigned int sa = smem_addr(row + t);
+        const V* g = xr + t;
+        for (int vi = t; vi < t + nst * NT; vi += NT, sa += 16u * NT, g += NT) {
+            if (vi < nvec) cp16s(sa, g);    // the whole row in flight: group k = every thread's k-th vector
+            cp_commit();
+        }
+    }
+    A s[1] = {0};
+    {
+        // The sum as the groups land, group k waited for with an immediate: groups beyond the last 16 wait as for
+        // 15 (as cp_wait does), then a jump into a fall-through run of 16 waits (15 .. 0) replaces cp_wait's
+        // switch (~12 instructions a group) by one DEPBAR a group.
+        int k = 0;
+        auto add = [&](int kk) {
+            const int vi = t + kk * NT;
+            if (vi < nvec) {
+                const V v = row[vi];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s[0] += LDX(v, e);
+            }
+        };
+        for (; k < nst - 16; ++k) { asm volatile("cp.async.wait_group 15;" : : : "memory"); add(k); }
+#define GN16_STEP(m, j) case m: asm volatile("cp.async.wait_group " #j ";" : : : "memory"); add(k++);
+        switch (nst - k) {
+            GN16_STEP(16, 15) GN16_STEP(15, 14) GN16_STEP(14, 13) GN16_STEP(13, 12) GN16_STEP(12, 11)
+            GN16_STEP(11, 10) GN16_STEP(10, 9) GN16_STEP(9, 8) GN16_STEP(8, 7) GN16_STEP(7, 6) GN16_STEP(6, 5)
+            GN16_STEP(5, 4) GN16_STEP(4, 3) GN16_STEP(3, 2) GN16_STEP(2, 1) GN16_STEP(1, 0)
+            default: break;
+        }
+#undef GN16_STEP
+    }
+#else
     for (int k = 0; k < nst; ++k) {         // the whole row in flight: group k = every thread's k-th vector
         const int vi = t + k * NT;
         if (vi < nvec) cp16(row + vi, xr + vi);
@@ -134,20 +211,24 @@ gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
             for (int e = 0; e < VEC; ++e) s[0] += LDE(v, e);
         }
     }
+#endif
     block_sums<1>(s, tot);
     const A mean = tot[0] / (A)D;
     A q[1] = {0};
     for (int vi = t; vi < nvec; vi += NT) {
         const V v = row[vi];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) { const A d = LDE(v, e) - mean; q[0] += d * d; }
+        for (int e = 0; e < VEC; ++e) { const A d = LDX(v, e) - mean; q[0] += d * d; }
     }
     block_sums<1>(q, tot + 1);
     const A rstd = (A)1 / sqrt(tot[1] / (A)D + (A)eps);
     if (t == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
     const int g0 = (int)((unsigned long long)r % (unsigned int)G) * cpg;
     V* yr = reinterpret_cast<V*>(y + r * D);
-    for (int vi = t; vi < nvec; vi += NT) {
+#if LEAN
+#pragma unroll 1
+#endif
+    for (int vi = t; vi < nvec; vi += NT) {         // (lean: ptxas unrolls it twice and spills at 32 registers)
         A sc = rstd, bi = 0;
         if (flags & (F_SCALE | F_BIAS)) {
             const int p = g0 + (int)divu((unsigned int)vi, iv_mul, iv_shr);
@@ -157,7 +238,7 @@ gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
         const V v = row[vi];
         V w;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDE(v, e) - mean) * sc + bi);
+        for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDX(v, e) - mean) * sc + bi);
         yr[vi] = w;
     }
 }
@@ -278,6 +359,34 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     const int w = t >> 5, p = w / WPT, wi = w - p * WPT, TT = WPT * 32, tt = t - p * TT;
     const int cpt = p < P ? (cpg - 1 - p) / P + 1 : 0;          // this thread's channels a row
     const int stride = gridDim.x;
+#if LEAN
+    // Shared addresses as 32-bit offsets taken once (cp16s), each copy one add from the last; the row's
+    // (n, g) stepped by the grid's stride instead of a division by G a row; 1 / D once.
+    const unsigned int sbuf = smem_addr(buf), xbytes = 16u * (unsigned int)nvec;
+    auto issue = [&](int r, int b) {                            // row r (none past the end) -> buffer b
+        if (r < rows) {
+            const V* xr = reinterpret_cast<const V*>(x + (long long)r * D);
+            const V* gr = reinterpret_cast<const V*>(dy + (long long)r * D);
+            const unsigned int sb = sbuf + 2u * (unsigned int)b * xbytes;
+            for (int j = 0; j < cpt; ++j) {
+                const int c = p + j * P, v0 = c * iv + tt, v1 = (c + 1) * iv;
+                unsigned int sa = sb + 16u * (unsigned int)v0;
+                for (int vi = v0; vi < v1; vi += TT, sa += 16u * TT) {
+                    cp16s(sa, xr + vi);
+                    cp16s(sa + xbytes, gr + vi);
+                }
+                cp_commit();
+            }
+        } else {
+            for (int j = 0; j < cpt; ++j) cp_commit();          // (empty past the end: the counts stay uniform)
+        }
+    };
+    const unsigned int gstep_n = (unsigned int)stride / (unsigned int)G;
+    const unsigned int gstep_g = (unsigned int)stride - gstep_n * (unsigned int)G;
+    unsigned int n_ = (unsigned int)blockIdx.x / (unsigned int)G;
+    unsigned int gq = (unsigned int)blockIdx.x - n_ * (unsigned int)G;
+    const A inv_d = (A)1 / (A)D;
+#else
     auto issue = [&](int r, int b) {                            // row r (none past the end) -> buffer b
         V* const xs = buf + 2 * b * nvec;
         V* const gs = xs + nvec;
@@ -293,6 +402,7 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             cp_commit();                                        // (empty past the end: the counts stay uniform)
         }
     };
+#endif
     int r = blockIdx.x, b = 0;
     issue(r, 0);
     A mu = 0, is = 0;
@@ -311,7 +421,7 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
                 const V a = xs[vi], g = gs[vi];
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const A d = LDE(a, e) - mu, gy = LDE(g, e);
+                    const A d = LDX(a, e) - mu, gy = LDX(g, e);
                     p0 += d; p1 += gy; p2 += gy * d;
                 }
             }
@@ -322,8 +432,12 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             }
         }
         __syncthreads();
+#if LEAN
+        const int g0 = (int)gq * cpg;
+#else
         const unsigned int n_ = (unsigned int)r / (unsigned int)G;
         const int g0 = (int)((unsigned int)r - n_ * (unsigned int)G) * cpg;
+#endif
         if (t < 32) {                               // channel sums (the team's warps in order), then the row's
             A s0 = 0, s1 = 0, s2 = 0;
             for (int c = t; c < cpg; c += 32) {
@@ -338,7 +452,9 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             if (t == 0) { tot[0] = s0; tot[1] = s1; tot[2] = s2; }
         }
         __syncthreads();
+#if !LEAN
         const A inv_d = (A)1 / (A)D;
+#endif
         const A off = tot[0] * inv_d;
         const A c1 = tot[1] * inv_d, c2 = is * (tot[2] - off * tot[1]) * inv_d;
         if ((flags & F_SCALE) && t < cpg) {
@@ -359,11 +475,15 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
                 const V a = xs[vi], g = gs[vi];
                 V o;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) o.v[e] = ST(fmaf(ag, LDE(g, e), fmaf(bx, LDE(a, e) - mu, k0)));
+                for (int e = 0; e < VEC; ++e) o.v[e] = ST(fmaf(ag, LDX(g, e), fmaf(bx, LDX(a, e) - mu, k0)));
                 dr[vi] = o;
             }
         }
         mu = mu_n; is = is_n;
+#if LEAN
+        n_ += gstep_n; gq += gstep_g;
+        if (gq >= (unsigned int)G) { gq -= (unsigned int)G; ++n_; }
+#endif
     }
 }
 """
@@ -425,14 +545,14 @@ def usable(dev, backward=False) -> bool:
     return GN_STASH16 and ("bwd" if backward else "fwd") in DIRECTIONS and sm80(dev)
 
 
-def options(dtype, pinfo, backward, pipe=False):
+def options(dtype, pinfo, backward, pipe=False, lean=False):
     """NVRTC options of one configuration (scale / bias presence and the row's size are run-time arguments);
-    ``pipe``: gn_bwdp's (NT_PIPE threads, one block an SM)."""
+    ``pipe``: gn_bwdp's (NT_PIPE threads, one block an SM); ``lean``: the LEAN text of gn_fwds / gn_bwdp."""
     scalar, accum, storage, _ = type_info(dtype)
     param, pstorage = pinfo
     nt, minb = (NT_PIPE, 1) if pipe else (NT, MINB_BWD if backward else MINB_FWD)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
-            f"-DPSTORAGE={pstorage}", f"-DNT={nt}", f"-DMINB={minb}", "-std=c++17")
+            f"-DPSTORAGE={pstorage}", f"-DNT={nt}", f"-DMINB={minb}", f"-DLEAN={int(bool(lean))}", "-std=c++17")
 
 
 _kernels: dict = {}
@@ -440,11 +560,12 @@ _kernels: dict = {}
 
 def _kernel(name, dtype, pinfo):
     pipe = name == "gn_bwdp"
-    key = (name, _dev.dtype_name(dtype), pinfo, NT_PIPE if pipe else NT)
+    lean = LEAN and name != "gn_bwds"       # gn_bwds has no lean text
+    key = (name, _dev.dtype_name(dtype), pinfo, NT_PIPE if pipe else NT, lean)
     k = _kernels.get(key)
     if k is None:
         src = SOURCE_PIPE if pipe else SOURCE
-        k = _kernels[key] = _launch.get_kernel(src, name, options(dtype, pinfo, name == "gn_bwds", pipe))
+        k = _kernels[key] = _launch.get_kernel(src, name, options(dtype, pinfo, name == "gn_bwds", pipe, lean))
     return k
 
 
