@@ -1,6 +1,7 @@
 """Session 18 (issue 10): the one-pass batch-norm kernels' bytes in flight as switches -- bn_kernels.ONEPASS_UNROLL
-(MINIDNN_BN_UNROLL: vectors in flight per thread and array) and ONEPASS_BPS (MINIDNN_BN_BPS: blocks per SM, which
-also sizes the on-chip copy's share of shared memory), flipped in one process by bn_kernels.set_onepass.
+(MINIDNN_BN_UNROLL: vectors in flight per thread and array), ONEPASS_BPS (MINIDNN_BN_BPS: blocks per SM, which
+also sizes the on-chip copy's share of shared memory) and ONEPASS_PREFETCH (MINIDNN_BN_PREFETCH: L2 prefetches
+ahead of the first pass and of the next tile before a meeting), flipped in one process by bn_kernels.set_onepass.
 
 CPU cases: the split (vec, tiles, per, grid) does not move with UNROLL (it used to: the minimum slice was counted in
 UNROLL's vectors, so (128, 16, 32, 32) went from 16 blocks a channel to 8 at UNROLL 8); the kernels' walk() and
@@ -8,8 +9,9 @@ seq_walk() emulated literally visit a thread's vectors in the same order at ever
 the bits); bad values fail before any launch; the launches under the fake CuPy carry -DUNROLL / -DBPS, the same
 grid and shared memory at every UNROLL, settle again after a flip and back, the environment switches at import,
 BPS 3's copy sized for three blocks; nvcc: the settings the A/B times compile without spills.
-GPU cases (marked cuda): every form bitwise equal to UNROLL 4's at UNROLL 6 and 8 (and at 3 blocks an SM, UNROLL 6
-against 4), the 3-blocks split against the float64 reference, one launch per direction.
+GPU cases (marked cuda): forward and backward (plain, + ReLU, + add + ReLU) bitwise equal to UNROLL 4's at UNROLL 8
+and with the L2 prefetch (ONEPASS_PREFETCH 2; at 3 blocks an SM, UNROLL 6 against UNROLL 4 there), the 3-blocks
+split against the float64 reference, one launch per direction.
 """
 import os
 import shutil
@@ -88,16 +90,16 @@ def test_a_threads_vectors_are_summed_in_the_same_order_at_every_unroll(unroll):
 
 
 @pytest.mark.parametrize("kwargs", [dict(unroll=0), dict(unroll=17), dict(bps=0), dict(bps=5), dict(unroll=4.0),
-                                    dict(unroll=True), dict(bps="3")], ids=str)
+                                    dict(unroll=True), dict(bps="3"), dict(prefetch=-1), dict(prefetch=9)], ids=str)
 def test_set_onepass_rejects_bad_values_and_keeps_the_settings(kwargs):
-    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS)
+    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
     with pytest.raises(ValueError, match="set_onepass"):
         K.set_onepass(**kwargs)
-    assert (K.ONEPASS_UNROLL, K.ONEPASS_BPS) == before
+    assert (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH) == before
 
 
 @pytest.mark.parametrize("env, value", [("MINIDNN_BN_UNROLL", "six"), ("MINIDNN_BN_UNROLL", "0"),
-                                        ("MINIDNN_BN_BPS", "9")])
+                                        ("MINIDNN_BN_BPS", "9"), ("MINIDNN_BN_PREFETCH", "9")])
 def test_bad_environment_switches_fail_at_import_naming_the_variable(env, value):
     r = subprocess.run([sys.executable, "-c", "import minidnn.backend.cuda.bn_kernels"], cwd=ROOT,
                        env={**os.environ, env: value, "PYTHONPATH": ROOT}, capture_output=True, text=True,
@@ -156,6 +158,14 @@ for shape in ((128, 16, 32, 32), (4, 64, 56, 56), (3, 40, 13, 21)):
         assert dyn % slot == 0 and dyn <= (H100_SMEM[0] // 3 - 1024)
     K.set_onepass(bps=2)
     assert [g[:2] for g in run(shape, relu=True)] == [b[:2] for b in base]
+    # the L2 prefetch: a define only when on (off: the kernels' options, and PTX, as before), the same launch
+    assert not any("PREFETCH" in f for _, _, f in base)
+    for pf in (1, 2):
+        K.set_onepass(prefetch=pf)
+        got = run(shape, relu=True)
+        assert all(f"-DPREFETCH={pf}" in f for _, _, f in got) and [g[:2] for g in got] == [b[:2] for b in base]
+    K.set_onepass(prefetch=0)
+    assert run(shape, relu=True) == base
 # the large forward at 3 blocks: more blocks a round (the grid grows past 2 an SM) and fewer slots a block
 K.set_onepass(bps=3)
 p3 = K.onepass_plan(32, 256, 3136, 4, False, 0)
@@ -184,13 +194,15 @@ def _dt(name):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name, unroll, bps", [("float32", 6, 2), ("bfloat16", 6, 2), ("float32", 4, 3),
-                                               ("bfloat16", 4, 3)], ids=str)
-def test_the_timed_settings_compile_without_spills(tmp_path, monkeypatch, name, unroll, bps):
+@pytest.mark.parametrize("name, unroll, bps, pf", [("float32", 6, 2, 0), ("bfloat16", 6, 2, 0), ("float32", 4, 3, 0),
+                                                   ("bfloat16", 4, 3, 0), ("float32", 4, 2, 2),
+                                                   ("bfloat16", 4, 2, 1)], ids=str)
+def test_the_timed_settings_compile_without_spills(tmp_path, monkeypatch, name, unroll, bps, pf):
     # (UNROLL 8 at 2 blocks spills in the fused backward, 104 / 132 bytes; UNROLL 6 at 3 blocks 288 / 328: the
     # A/B times UNROLL 8 anyway, its streaming phases are what is asked)
     monkeypatch.setattr(K, "ONEPASS_UNROLL", unroll)
     monkeypatch.setattr(K, "ONEPASS_BPS", bps)
+    monkeypatch.setattr(K, "ONEPASS_PREFETCH", pf)
     dt = _dt(name)
     for flags in (dict(has_scale=1, has_bias=1, cache=1), dict(relu=1, has_z=1, has_scale=1, has_bias=1, cache=1)):
         opts = K._onepass_options(dt, False, 16 // dt.itemsize, 1, **flags)
@@ -206,6 +218,10 @@ def test_the_timed_settings_compile_without_spills(tmp_path, monkeypatch, name, 
         regs = [int(w.split()[1]) for line in out.splitlines() if "Used" in line
                 for w in [line[line.index("Used"):]]]
         assert regs and max(regs) <= 65536 // (256 * bps), regs
+        if pf:      # the prefetches are there (bn_fwd1's first pass and before its meeting; bn_bwd1's likewise)
+            r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", "-o", str(tmp_path / "k.ptx"), str(f)],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0 and (tmp_path / "k.ptx").read_text().count("prefetch.global.L2") >= 4
 
 
 # ---- GPU -----------------------------------------------------------------------------------------------------------
@@ -215,7 +231,7 @@ def cp(monkeypatch):
     if not _dev.cuda_is_available():
         pytest.skip("no CUDA GPU with CuPy on this machine")
     monkeypatch.setattr(BC, "ENABLED", False)       # bn_fwd1 / bn_bwd1, not the cluster kernels
-    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS)
+    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
     M._calls.clear()
     yield _dev.require_cupy()
     K.set_onepass(*before)
@@ -248,29 +264,31 @@ def _bits(a):
     return np.ascontiguousarray(a).view(np.uint8)
 
 
-SHAPES = [(5, 3, 17, 19), (3, 40, 13, 21), (2, 64, 31, 31), (32, 256, 56, 56)]
+# (the large tensor at vec 4 in 2 rounds, a small one at vec 1 -- odd planes -- in several; each case compiles two
+# kernels a setting: kept few so the file's cuda cases stay within ~100 s of NVRTC)
+BITWISE = [("float32", (32, 256, 56, 56), "bn"), ("float32", (32, 256, 56, 56), "bn_activation"),
+           ("bfloat16", (32, 256, 56, 56), "bn_add_activation"), ("float32", (3, 40, 13, 21), "bn_add_activation")]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["float32", "bfloat16"])
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
-def test_every_unroll_is_bitwise_unroll_4(cp, name, shape, ops):
-    for bps, unrolls in ((2, (4, 6, 8)), (3, (4, 6))):
+@pytest.mark.parametrize("name, shape, ops", BITWISE, ids=str)
+def test_every_unroll_and_prefetch_is_bitwise_unroll_4(cp, name, shape, ops):
+    for bps, settings in ((2, ((4, 0), (8, 0), (4, 2))), (3, ((4, 0), (6, 0)))):
         outs = []
-        for u in unrolls:
-            K.set_onepass(u, bps)
+        for u, pf in settings:
+            K.set_onepass(u, bps, pf)
             outs.append(_gpu_outputs(cp, name, shape, ops, 7))
-        for u, o in zip(unrolls[1:], outs[1:]):
+        for u, o in zip(settings[1:], outs[1:]):
             assert len(o) == len(outs[0])
             for k, (a, b) in enumerate(zip(outs[0], o)):
                 assert np.array_equal(_bits(a), _bits(b)), (bps, u, k)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["float32", "bfloat16"])
-@pytest.mark.parametrize("shape", [(3, 40, 13, 21), (32, 256, 56, 56), (128, 16, 32, 32)], ids=str)
-@pytest.mark.parametrize("ops", ["bn", "bn_activation"])
+@pytest.mark.parametrize("name, shape, ops", [("float32", (3, 40, 13, 21), "bn_activation"),
+                                              ("float32", (32, 256, 56, 56), "bn_activation"),
+                                              ("bfloat16", (32, 256, 56, 56), "bn"),
+                                              ("float32", (128, 16, 32, 32), "bn_activation")], ids=str)
 def test_three_blocks_an_sm_against_the_float64_reference(cp, name, shape, ops):
     from tests.backend.test_bn_onchip import _close, _run
     K.set_onepass(4, 3)

@@ -73,6 +73,10 @@ def _env_int(name, default, lo, hi):
 ONEPASS_UNROLL = _env_int("MINIDNN_BN_UNROLL", 4, 1, 16)    # vectors in flight per thread and array (one-pass)
 ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)           # their blocks per SM: the grid is at most this many per
                                                             # SM, all resident at once (3: a smaller on-chip share)
+# L2 prefetches PREFETCH iterations ahead in the first pass of the copy's kernels, and of the next tile's first
+# vectors before a meeting (MINIDNN_BN_PREFETCH; 0: off, the kernels' PTX as before): bytes in flight that take no
+# register.  Session 18's candidate beside UNROLL / BPS; same bits.
+ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 0, 0, 8)
 _SPLIT_UNROLL = 4         # the unroll the split's minimum slice is counted in (fixed: the split is UNROLL-free)
 
 SOURCE = STORAGE_HEADER + r"""
@@ -502,6 +506,47 @@ __device__ __forceinline__ void seq_walk(const Slice& sl, int C, int inner, int 
     }
 }
 
+// PREFETCH (session 18, MINIDNN_BN_PREFETCH; 0 = off, the define absent): more bytes in flight without registers.
+// The first pass asks L2 (prefetch.global.L2: no register, no value) for the vectors PREFETCH iterations
+// (PREFETCH * UNROLL vectors) ahead of the ones it loads, and a block about to meet asks for the first
+// PREFETCH * UNROLL vectors of its next tile, so DRAM keeps streaming through the meeting.  The values, and the
+// order of every sum, are the plain kernel's: the bits too.
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+// vector k of the thread's slice (the order walk() and seq_walk() visit) as an element offset; -1 past the slice
+__device__ __forceinline__ long long vec_off(const Slice& sl, int C, int inner, int iv, unsigned int iv_mul,
+                                             unsigned int iv_shr, unsigned int k)
+{
+    const unsigned long long jl = (unsigned long long)sl.lo + sl.first + (unsigned long long)k * RW;
+    if (jl >= sl.hi) return -1;
+    const unsigned int jj = (unsigned int)jl;
+#if INNER1
+    return (long long)jj * C + sl.base;
+#else
+    const unsigned int o = fast_div(jj, iv_mul, iv_shr);
+    return ((long long)o * C) * inner + sl.base + (long long)(jj - o * iv) * VEC;
+#endif
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+
+// L2 prefetches of vectors kb .. kb + cnt - 1 of each of the first NA arrays of `ptrs` (NA: 1 forward, 2 or 3
+// backward) where they are in the slice
+template <int NA>
+__device__ __forceinline__ void prefetch_range(const Slice& sl, int C, int inner, int iv, unsigned int iv_mul,
+                                               unsigned int iv_shr, bool valid, int kb, int cnt,
+                                               const T* p0, const T* p1, const T* p2)
+{
+    if (!valid) return;
+    for (int k = kb; k < kb + cnt; ++k) {
+        const long long po = vec_off(sl, C, inner, iv, iv_mul, iv_shr, (unsigned int)k);
+        if (po < 0) break;
+        prefetch_l2(p0 + po);
+        if (NA > 1) prefetch_l2(p1 + po);
+        if (NA > 2) prefetch_l2(p2 + po);
+    }
+}
+
 // The block's sums of v[NCH][2] over its RW rows of threads (fixed-order tree); thread row 0 holds the result.
 __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 {
@@ -631,6 +676,10 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
             Pack p[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
+#if PREFETCH
+            if (k[0] >= 0)
+                prefetch_range<1>(sl, C, inner, iv, iv_mul, iv_shr, true, k[0] + PREFETCH * UNROLL, UNROLL, x, x, x);
+#endif
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u)
                 if (off[u] >= 0 && k[u] < kc) cache_sm[k[u] * 256 + threadIdx.x] = p[u].raw;
@@ -643,6 +692,13 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
             for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld1(x + off[u]);
             sums(off, p);
         });
+#endif
+#if PREFETCH
+        if (t + rounds_step < tiles) {
+            const Slice sn = slice_of(t + rounds_step, s, per, outer, C, inner, iv);
+            prefetch_range<1>(sn, C, inner, iv, iv_mul, iv_shr, !INNER1 || sn.base < C, 0, PREFETCH * UNROLL,
+                              x, x, x);
+        }
 #endif
         meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
             const double m = INNER1 ? (double)outer : (double)outer * inner;
@@ -782,6 +838,11 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                         [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
             Pack p[UNROLL], g[UNROLL], r[UNROLL];
             load1(off, p, g, r);
+#if PREFETCH
+            if (k[0] >= 0)
+                prefetch_range<RELU ? 3 : 2>(sl, C, inner, iv, iv_mul, iv_shr, true, k[0] + PREFETCH * UNROLL,
+                                             UNROLL, dy, x, y);
+#endif
             sums(off, p, g, r);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -796,6 +857,13 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
             load1(off, p, g, r);
             sums(off, p, g, r);
         });
+#endif
+#if PREFETCH
+        if (t + rounds_step < tiles) {
+            const Slice sn = slice_of(t + rounds_step, s, per, outer, C, inner, iv);
+            prefetch_range<RELU ? 3 : 2>(sn, C, inner, iv, iv_mul, iv_shr, !INNER1 || sn.base < C, 0,
+                                         PREFETCH * UNROLL, dy, x, y);
+        }
 #endif
         meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
             const double m = INNER1 ? (double)outer : (double)outer * inner;
@@ -899,8 +967,9 @@ def _options(dtype, inner1, **flags):
 def _onepass_options(dtype, inner1, vec, tpr, **flags):
     """NVRTC options of the one-pass kernels: the data/flag defines of ``_options`` plus the vector width, the
     threads per channels-last row, the unroll (vectors in flight per thread and array) and the blocks per SM."""
+    pf = (f"-DPREFETCH={ONEPASS_PREFETCH}",) if ONEPASS_PREFETCH else ()    # absent when off: the PTX as before
     return _options(dtype, inner1, **flags) + (f"-DVEC={vec}", f"-DTPR={tpr}", f"-DUNROLL={ONEPASS_UNROLL}",
-                                               f"-DBPS={ONEPASS_BPS}")
+                                               f"-DBPS={ONEPASS_BPS}") + pf
 
 
 _dividers: dict = {}
@@ -933,7 +1002,8 @@ def _kernel(name, dtype, inner1, **flags):
 
 
 def _kernel1(name, dtype, inner1, vec, tpr, **flags):
-    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, tuple(sorted(flags.items())))
+    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH,
+           tuple(sorted(flags.items())))
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
@@ -1328,20 +1398,23 @@ _calls: dict = {}
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
     return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
-        ONEPASS_UNROLL, ONEPASS_BPS
+        ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
 
 
-def set_onepass(unroll=None, bps=None):
-    """Set the one-pass kernels' UNROLL and blocks per SM (None: keep) for an in-process A/B.  Settled calls made
-    under other values see the change through _switches() and settle again; the plans are dropped too."""
-    global ONEPASS_UNROLL, ONEPASS_BPS
-    for name, v, hi in (("unroll", unroll, 16), ("bps", bps, 4)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= hi):
-            raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [1, {hi}]")
+def set_onepass(unroll=None, bps=None, prefetch=None):
+    """Set the one-pass kernels' UNROLL, blocks per SM and L2 prefetch distance (None: keep) for an in-process A/B.
+    Settled calls made under other values see the change through _switches() and settle again; the plans are
+    dropped too."""
+    global ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
+    for name, v, lo, hi in (("unroll", unroll, 1, 16), ("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
+            raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
     if unroll is not None:
         ONEPASS_UNROLL = int(unroll)
     if bps is not None:
         ONEPASS_BPS = int(bps)
+    if prefetch is not None:
+        ONEPASS_PREFETCH = int(prefetch)
     _calls.clear()
     _plans.clear()
 
