@@ -145,6 +145,15 @@ __device__ __forceinline__ A LDL(const V& v, int e)
 #endif
 }
 #define LDX LDL
+// cp_wait for gn_bwdp's channel waits: 2 cpt - 1 - j groups is 1 (one channel a thread: the table's row) or a few
+// (cpt <= CPG_MAX / P), tested first in a short chain before cp_wait's jump table (~12 instructions)
+__device__ __forceinline__ void cp_wait_few(int n)
+{
+    if (n == 1) asm volatile("cp.async.wait_group 1;" : : : "memory");
+    else if (n == 2) asm volatile("cp.async.wait_group 2;" : : : "memory");
+    else if (n == 3) asm volatile("cp.async.wait_group 3;" : : : "memory");
+    else cp_wait(n);
+}
 #else
 #define LDX LDE
 #endif
@@ -415,7 +424,11 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         const V* const gs = xs + nvec;
         for (int j = 0; j < cpt; ++j) {             // each channel's sums as its plane lands
             const int c = p + j * P;
+#if LEAN
+            cp_wait_few(2 * cpt - 1 - j);
+#else
             cp_wait(2 * cpt - 1 - j);
+#endif
             A p0 = 0, p1 = 0, p2 = 0;
             for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
                 const V a = xs[vi], g = gs[vi];
