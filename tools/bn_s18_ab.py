@@ -1,6 +1,6 @@
 """Session 18 (issue 10): NCHW batch norm's one-pass kernels at several bytes-in-flight settings, in one process.
 
-    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings u4,u6,u8,b3u4,u4p1,u4p2] [--shapes 32x256x56x56,...]
+    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings u4,u6,u8,b3u4,u4p1,u4p2,u6p1,b3u4p1] [--shapes 32x256x56x56,...]
                                             [--dtypes float32,bfloat16] [--ops fwd,bwd,relu_bwd] [--rounds 15]
                                             [--calls 10] [--small-calls 50] [--no-torch]
 
@@ -20,7 +20,7 @@ once per (shape, dtype) by bn_nhwc_bench's Timer.  % = compulsory traffic (fwd 2
 bytes) over the copy bandwidth measured in the same run.  ResNet-20's (128, 16, 32, 32) is the control: it may take
 bn_cluster's kernels (then every setting is the same launch: the "routes" line under each row says so: the
 one-pass launch's grid, dynamic shared memory and the driver's blocks per SM) and must not lose.
-Expected run time on an H200: ~50-80 s a dtype with the six default settings (NVRTC ~1-3 s per kernel and setting:
+Expected run time on an H200: ~50-80 s a dtype with the eight default settings (NVRTC ~1-3 s per kernel and setting:
 3 kernels a setting and dtype); run float32 and bfloat16 as two commands.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def capture(cp, fn, calls, keep):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--settings", default="u4,u6,u8,b3u4,u4p1,u4p2")
+    ap.add_argument("--settings", default="u4,u6,u8,b3u4,u4p1,u4p2,u6p1,b3u4p1")
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--ops", default=",".join(OPS))

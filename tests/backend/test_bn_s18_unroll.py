@@ -237,11 +237,7 @@ def cp(monkeypatch):
     K.set_onepass(*before)
 
 
-def _gpu_outputs(cp, name, shape, ops, seed):
-    """Every output of a training forward and backward (y, mean, inv_std, running stats, dx, dz, dscale, dbias) on
-    the host, one launch per direction (no float64 reference: the bitwise cases compare settings)."""
-    import minidnn.backend as B
-    from minidnn.backend.cuda import launch
+def _gpu_inputs(cp, name, shape, ops, seed):
     dt = _dt(name)
     rng = np.random.default_rng(seed)
     c = shape[1]
@@ -252,6 +248,16 @@ def _gpu_outputs(cp, name, shape, ops, seed):
     bg = cp.asarray(rng.standard_normal(c).astype(np.float32))
     rm = cp.asarray(rng.standard_normal(c).astype(np.float32))
     rv = cp.asarray(rng.uniform(0.5, 2, c).astype(np.float32))
+    return x, dy, z, sg, bg, rm, rv
+
+
+def _gpu_outputs(cp, ops, inputs):
+    """Every output of a training forward and backward (y, mean, inv_std, running stats, dx, dz, dscale, dbias) on
+    the host, one launch per direction (no float64 reference: the bitwise cases compare settings)."""
+    import minidnn.backend as B
+    from minidnn.backend.cuda import launch
+    x, dy, z, sg, bg, rm0, rv0 = inputs
+    rm, rv = rm0.copy(), rv0.copy()
     n0 = launch.launch_count()
     y, m, i = B.batch_normalization_forward_training_ex(None, "spatial", ops, x, z, sg, bg, 0.1, rm, rv, 1e-5)
     back = B.batch_normalization_backward_ex(None, "spatial", ops, x, y, dy, sg, m, i, 1e-5)
@@ -273,11 +279,12 @@ BITWISE = [("float32", (32, 256, 56, 56), "bn_activation"), ("bfloat16", (32, 25
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, shape, ops", BITWISE, ids=str)
 def test_every_unroll_and_prefetch_is_bitwise_unroll_4(cp, name, shape, ops):
+    inputs = _gpu_inputs(cp, name, shape, ops, 7)
     for bps, settings in ((2, ((4, 0), (8, 0), (4, 2))), (3, ((4, 0), (6, 0)))):
         outs = []
         for u, pf in settings:
             K.set_onepass(u, bps, pf)
-            outs.append(_gpu_outputs(cp, name, shape, ops, 7))
+            outs.append(_gpu_outputs(cp, ops, inputs))
         for u, o in zip(settings[1:], outs[1:]):
             assert len(o) == len(outs[0])
             for k, (a, b) in enumerate(zip(outs[0], o)):
