@@ -1,7 +1,7 @@
 """Session 18 (helper GN16C): the lean kernel text of the 16-bit group-norm stash (backend/cuda/norm_gn16.py: LEAN /
 MINIDNN_GN_STASH16_LEAN, "0" by default until the GPU A/B) -- gn_fwds and gn_bwdp with fewer instructions a value
-(the shared row's address taken once, immediate cp.async waits, no division by G a row) and the same sums in the
-same order, so the results are bitwise those of the text before.
+(the shared row's address taken once, immediate cp.async waits, no division by G a row, the scales of a row's serial
+steps loaded ahead) and the same sums in the same order, so the results are bitwise those of the text before.
 
 CPU cases: the switch (options, the kernels it compiles, the environment); the forward's wait ladder and the
 backward's stepped (n, g) emulated from the kernel text against what they replace; nvcc (no spills within the launch
@@ -186,9 +186,11 @@ def route(monkeypatch):
 
 
 # (shape, groups, gn_bwdp's grid: None = the SMs' count): the table's row, ragged rows (5..7 forward stages, teams
-# not dividing the channels, one group a sample), grids cut below and above G so the stepped (n, g) carries
+# not dividing the channels -- two channels a thread --, one group a sample, 48 channels a group: warp 0's lanes take
+# a second channel past the preloaded scale), grids cut below and above G so the stepped (n, g) carries
 GPU_CASES = [((4, 256, 56, 56), 32, None), ((4, 256, 56, 56), 32, 5), ((6, 96, 48, 48), 8, 7),
-             ((3, 30, 40, 44), 3, 2), ((4, 48, 16, 32), 1, 3), ((3, 22, 48, 40), 2, None), ((8, 96, 48, 48), 8, 37)]
+             ((3, 30, 40, 44), 3, 2), ((4, 48, 16, 32), 1, 3), ((3, 22, 48, 40), 2, None), ((8, 96, 48, 48), 8, 37),
+             ((2, 96, 16, 32), 2, 3)]
 CASES = [(n, *c, True) for n in ("bfloat16", "float16") for c in GPU_CASES] + [
     ("bfloat16", (4, 256, 56, 56), 32, 5, False), ("float16", (3, 30, 40, 44), 3, 2, False)]
 

@@ -422,6 +422,16 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         if (r + stride < rows) { mu_n = mean[r + stride]; is_n = rstd[r + stride]; }
         const V* const xs = buf + 2 * b * nvec;
         const V* const gs = xs + nvec;
+#if LEAN
+        // The scales the row's serial steps read, loaded now (their latency under the channel sums): warp 0's lane
+        // channel (its channel sums, between the two barriers) and this thread's first channel (dx).
+        const int g0 = (int)gq * cpg;
+        A sc_lane = 1, sc_own = 1;
+        if (flags & F_SCALE) {
+            if (t < cpg && t < 32) sc_lane = LDP(scale[g0 + t]);
+            if (p < P) sc_own = LDP(scale[g0 + p]);
+        }
+#endif
         for (int j = 0; j < cpt; ++j) {             // each channel's sums as its plane lands
             const int c = p + j * P;
 #if LEAN
@@ -445,9 +455,7 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             }
         }
         __syncthreads();
-#if LEAN
-        const int g0 = (int)gq * cpg;
-#else
+#if !LEAN
         const unsigned int n_ = (unsigned int)r / (unsigned int)G;
         const int g0 = (int)((unsigned int)r - n_ * (unsigned int)G) * cpg;
 #endif
@@ -458,7 +466,11 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
                 A v0 = 0, v1 = 0, v2 = 0;
                 for (int k = 0; k < WPT; ++k) { v0 += q[3 * k]; v1 += q[3 * k + 1]; v2 += q[3 * k + 2]; }
                 chs[3 * c] = v0; chs[3 * c + 1] = v1; chs[3 * c + 2] = v2;
+#if LEAN
+                const A sc = (flags & F_SCALE) ? (c == t ? sc_lane : LDP(scale[g0 + c])) : (A)1;
+#else
                 const A sc = (flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1;
+#endif
                 s0 += v0; s1 += sc * v1; s2 += sc * v2;
             }
             s0 = warp_sum(s0); s1 = warp_sum(s1); s2 = warp_sum(s2);
@@ -483,7 +495,11 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         V* dr = reinterpret_cast<V*>(dx + (long long)r * D);
         for (int j = 0; j < cpt; ++j) {
             const int c = p + j * P;
+#if LEAN
+            const A ag = is * ((flags & F_SCALE) ? (j == 0 ? sc_own : LDP(scale[g0 + c])) : (A)1);
+#else
             const A ag = is * ((flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1);
+#endif
             for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
                 const V a = xs[vi], g = gs[vi];
                 V o;
