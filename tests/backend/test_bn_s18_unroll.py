@@ -182,7 +182,7 @@ K.set_onepass(bps=2)
 p2 = K.onepass_plan(32, 256, 3136, 4, False, 0)
 assert p3["ks"] < p2["ks"] and p3["dyn"] * 3 <= H100_SMEM[0], (p2, p3)
 print("OK")
-""")
+""", MINIDNN_BN_PREFETCH="0")     # base: the prefetch off (default 1 since run 7), then 1, 2, off
 
 
 def test_the_environment_switches_are_read_at_import_under_the_fake_cupy():

@@ -75,8 +75,10 @@ ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)           # their blocks per S
                                                             # SM, all resident at once (3: a smaller on-chip share)
 # L2 prefetches PREFETCH iterations ahead in the first pass of the copy's kernels, and of the next tile's first
 # vectors before a meeting (MINIDNN_BN_PREFETCH; 0: off, the kernels' PTX as before): bytes in flight that take no
-# register.  Session 18's candidate beside UNROLL / BPS; same bits.
-ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 0, 0, 8)
+# register; same bits.  Default 1 since session 18's run 7 (H200, graph replays, tools/bn_s18_ab.py): forward 1.06-1.09x
+# (fp32 (32, 256, 56, 56) 67% -> 72% of copy), backward 1.01-1.07x, bn + relu backward 0.99-1.04x, ResNet-20's
+# (128, 16, 32, 32) level or faster; UNROLL 6 / 8 and 3 blocks an SM lost on most rows.
+ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
 _SPLIT_UNROLL = 4         # the unroll the split's minimum slice is counted in (fixed: the split is UNROLL-free)
 
 SOURCE = STORAGE_HEADER + r"""
