@@ -9,13 +9,13 @@ graph columns), PyTorch beside, ONE process:
     gn_bwds); the backward's variant 2 ("stash2": gn_bwdp -- a persistent block an SM walking rows through two row
     buffers, the next row's loads in flight while one reduces and stores; norm_gn16.BWD_VARIANT /
     MINIDNN_GN_STASH16_BWD, the default since session 18's run 3).  Both stash settings run gn_fwds forward, so the
-    forward rows leave "stash2" out (the forward's variant 2, gn_fwdp, lost in run 3 and was removed);
-  - "lean" (session 18, GN16C): "stash2" with the lean kernel text of gn_fwds and gn_bwdp (norm_gn16.LEAN /
-    MINIDNN_GN_STASH16_LEAN): bitwise the same results, fewer instructions a value.
+    forward rows leave "stash2" out (the forward's variant 2, gn_fwdp, lost in run 3 and was removed).  The
+    setting "lean" went with norm_gn16.LEAN (session 18, GNLEAN): the lean text is gn_fwds' and gn_bwdp's only one,
+    so "stash" / "stash2" run it.
 
     python tools/norm_s17_ab.py [--rows big,ragged,mid,tuned] [--dtypes float32,bfloat16,float16] [--rounds 3]
                                 [--trials 5] [--ln ln768,ln1536,ln1024] [--ln-dtypes bfloat16,float16]
-                                [--settings stash,stash2,lean]
+                                [--settings stash,stash2]
 
 Rows (the bench's group-norm case: x, dy of the dtype, scale = 1 and bias = 0 in float32 for 16-bit data):
   big     (32, 256, 56, 56) G=32   the kernel table's large2 row: 1024 groups of 25088 values (CL 7)
@@ -28,9 +28,8 @@ copy: a warp of 3 vectors a row under v3kw --, ln1536 (16384, 1536) a team of 64
 (the same plan under both).
 Settings: "old" (GN_CLUSTER and GN_STASH16 off: the kernels before), "new" (the clusters on, 16-bit data too:
 FWD16 / BWD16; 256-thread blocks), "new512" (the same, NT = 512: MINIDNN_GN_CLUSTER_NT), and for 16-bit rows
-"stash" (GN_STASH16 on: norm_gn16, gn_bwds), "stash2" (the same, gn_bwdp: backward only), "lean" (stash2 with
-norm_gn16.LEAN: gn_fwds and gn_bwdp's lean text); layer norm "v3k" (old)
-and "v3kw" (new).  Plans are forgotten at each flip, so the next call plans anew (compiled outside the capture).
+"stash" (GN_STASH16 on: norm_gn16, gn_bwds), "stash2" (the same, gn_bwdp: backward only); layer norm "v3k" (old) and
+"v3kw" (new).  Plans are forgotten at each flip, so the next call plans anew (compiled outside the capture).
 Method: per row, dtype and direction, `rounds` rounds; each round times every setting, the order rotated a step
 each round (clock or temperature drift spreads over all), each timing a fresh capture of `reps` calls replayed
 `trials` times (median).  Reported per setting: the median over rounds (ms a call), GB/s and % of the copy
@@ -61,22 +60,20 @@ ROWS = {"big": ((32, 256, 56, 56), 32), "ragged": ((64, 96, 48, 48), 8), "mid": 
         "tuned": ((128, 64, 56, 56), 32)}
 LN_ROWS = {"ln768": (32768, 768), "ln1536": (16384, 1536), "ln1024": (16384, 1024)}
 SETTINGS = ("old", "new", "new512")
-SETTINGS16 = SETTINGS + ("stash", "stash2", "lean")  # 16-bit rows: session 18's stash (backward variants 1, 2;
-#                                                      "lean": variant 2 and the lean kernel text)
+SETTINGS16 = SETTINGS + ("stash", "stash2")  # 16-bit rows: session 18's stash (backward variants 1, 2)
 LN_SETTINGS = ("old", "new")
 _DEFAULT = (GC.GN_CLUSTER, GC.NT)
-_DEFAULT16 = (GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT, GS.LEAN)
+_DEFAULT16 = (GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT)
 _LN_DEFAULT = NK.ROUTE["ln_fwd16"]
 
 
 def apply(setting):
-    """GN_CLUSTER (with FWD16 / BWD16), norm_gncl.NT, GN_STASH16 with its BWD_VARIANT and LEAN for ``setting``
-    (None: the import-time defaults), plans forgotten."""
+    """GN_CLUSTER (with FWD16 / BWD16), norm_gncl.NT, GN_STASH16 with its BWD_VARIANT for ``setting`` (None: the
+    import-time defaults), plans forgotten."""
     cluster = setting in ("new", "new512")
     GC.GN_CLUSTER, GC.NT = _DEFAULT if setting is None else (cluster, 512 if setting == "new512" else 256)
-    GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT, GS.LEAN = _DEFAULT16 if setting is None else (
-        cluster, cluster, setting in ("stash", "stash2", "lean"), 2 if setting in ("stash2", "lean") else 1,
-        setting == "lean")
+    GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT = _DEFAULT16 if setting is None else (
+        cluster, cluster, setting in ("stash", "stash2"), 2 if setting == "stash2" else 1)
     NK._plans.clear()
 
 

@@ -271,7 +271,7 @@ for s in T.SETTINGS16:
     T.apply(s)
     got[s] = T.kernels_of(both)
 assert got == {"old": "norm_fwd+row_sums+gn_dx", "new": "gn_fwdc+gn_bwdc", "new512": "gn_fwdc+gn_bwdc",
-               "stash": "gn_fwds+gn_bwds", "stash2": "gn_fwds+gn_bwdp", "lean": "gn_fwds+gn_bwdp"}, got
+               "stash": "gn_fwds+gn_bwds", "stash2": "gn_fwds+gn_bwdp"}, got
 T.apply(None)
 assert (GS.GN_STASH16, GC.FWD16, GC.BWD16, GC.GN_CLUSTER) == (True, False, False, True)
 print("OK")

@@ -57,7 +57,7 @@ from .norm_gncl import _PSTORAGE, GN_BLOCK_SUMS, GN_DATA_HEADER, _divider
 from .softmax_kernels import WARP_REDUCE
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["SOURCE", "SOURCE_PIPE", "GN_STASH16", "BWD_VARIANT", "LEAN", "plan", "plan_pipe", "pipe_teams",
+__all__ = ["SOURCE", "SOURCE_PIPE", "GN_STASH16", "BWD_VARIANT", "plan", "plan_pipe", "pipe_teams",
            "prepare_forward", "prepare_backward", "usable", "options"]
 
 GN_STASH16 = os.environ.get("MINIDNN_GN_STASH16", "1") == "1"
@@ -73,14 +73,6 @@ if not DIRECTIONS <= {"fwd", "bwd"}:
 BWD_VARIANT = int(os.environ.get("MINIDNN_GN_STASH16_BWD", "2"))
 if BWD_VARIANT not in (1, 2):
     raise ValueError(f"MINIDNN_GN_STASH16_BWD: 1 (gn_bwds) or 2 (gn_bwdp), not {BWD_VARIANT}")
-# the lean kernel text of gn_fwds and gn_bwdp (MINIDNN_GN_STASH16_LEAN, read at import; the attribute at each launch's
-# preparation -- clear norm_kernels._plans after flipping it): "1" compiles them with -DLEAN=1 -- the same sums in
-# the same order (bitwise equal), fewer instructions a value (the SASS counts: docs/step_kernels.md, session 18's
-# group-norm section); "0" the text before.  "1" by default since the H200's run 8 (bitwise equal there; (32, 256, 56,
-# 56) bf16 backward 0.0574 -> 0.0516 ms, 64% -> 71% of copy, forward 73% -> 74%)
-LEAN = os.environ.get("MINIDNN_GN_STASH16_LEAN", "1") == "1"
-if os.environ.get("MINIDNN_GN_STASH16_LEAN", "1") not in ("0", "1"):
-    raise ValueError(f"MINIDNN_GN_STASH16_LEAN: 0 or 1, not {os.environ['MINIDNN_GN_STASH16_LEAN']!r}")
 NT = 512            # threads a block (the kernels' launch bounds)
 NT_PIPE = 1024      # gn_bwdp's threads (launch bounds 1024 x 1: <= 64 registers; one block an SM)
 MINB_FWD = 4        # launch bounds: <= 32 registers, four blocks an SM (a 49 KB row each: four fit 228 KB)
@@ -113,14 +105,10 @@ __device__ __forceinline__ void cp_wait(int n)
         default: asm volatile("cp.async.wait_group 15;" : : : "memory");
     }
 }
-#ifndef LEAN
-#define LEAN 0
-#endif
-#if LEAN
-// The lean forms (norm_gn16.LEAN / MINIDNN_GN_STASH16_LEAN): the same sums in the same order as the text beside
-// them (bitwise equal results), fewer instructions a value.  cp16 converts its generic pointer to a shared address
-// at every copy (ptxas rebuilds it from SR_CgaCtaId / SR_SWINHI: ~10 instructions a 16-byte copy); here the row's
-// shared address is taken once and a copy is an add and an LDGSTS.
+// gn_fwds' and gn_bwdp's forms (session 18's lean text, bitwise equal to the text before it: docs/step_kernels.md):
+// fewer instructions a value.  cp16 converts its generic pointer to a shared address at every copy (ptxas rebuilds
+// it from SR_CgaCtaId / SR_SWINHI: ~10 instructions a 16-byte copy; gn_bwds keeps it); with smem_addr the row's
+// shared address is taken once and a copy (cp16s) is an add and an LDGSTS.
 __device__ __forceinline__ unsigned int smem_addr(const void* p)
 {
     unsigned int sa;
@@ -145,7 +133,6 @@ __device__ __forceinline__ A LDL(const V& v, int e)
     return f;
 #endif
 }
-#define LDX LDL
 // cp_wait for gn_bwdp's channel waits: 2 cpt - 1 - j groups is 1 (one channel a thread: the table's row) or a few
 // (cpt <= CPG_MAX / P), tested first in a short chain before cp_wait's jump table (~12 instructions)
 __device__ __forceinline__ void cp_wait_few(int n)
@@ -155,9 +142,6 @@ __device__ __forceinline__ void cp_wait_few(int n)
     else if (n == 3) asm volatile("cp.async.wait_group 3;" : : : "memory");
     else cp_wait(n);
 }
-#else
-#define LDX LDE
-#endif
 
 """
 
@@ -172,7 +156,6 @@ gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
     const long long r = blockIdx.x;
     const int t = threadIdx.x, nvec = D / VEC, nst = (nvec + NT - 1) / NT;
     const V* xr = reinterpret_cast<const V*>(x + r * D);
-#if LEAN
     {
         unsigned int sa = smem_addr(row + t);
         const V* g = xr + t;
@@ -192,7 +175,7 @@ gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
             if (vi < nvec) {
                 const V v = row[vi];
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) s[0] += LDX(v, e);
+                for (int e = 0; e < VEC; ++e) s[0] += LDL(v, e);
             }
         };
         for (; k < nst - 16; ++k) { asm volatile("cp.async.wait_group 15;" : : : "memory"); add(k); }
@@ -205,40 +188,21 @@ gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
         }
 #undef GN16_STEP
     }
-#else
-    for (int k = 0; k < nst; ++k) {         // the whole row in flight: group k = every thread's k-th vector
-        const int vi = t + k * NT;
-        if (vi < nvec) cp16(row + vi, xr + vi);
-        cp_commit();
-    }
-    A s[1] = {0};
-    for (int k = 0; k < nst; ++k) {         // the sum as the groups land
-        cp_wait(nst - 1 - k);
-        const int vi = t + k * NT;
-        if (vi < nvec) {
-            const V v = row[vi];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) s[0] += LDE(v, e);
-        }
-    }
-#endif
     block_sums<1>(s, tot);
     const A mean = tot[0] / (A)D;
     A q[1] = {0};
     for (int vi = t; vi < nvec; vi += NT) {
         const V v = row[vi];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) { const A d = LDX(v, e) - mean; q[0] += d * d; }
+        for (int e = 0; e < VEC; ++e) { const A d = LDL(v, e) - mean; q[0] += d * d; }
     }
     block_sums<1>(q, tot + 1);
     const A rstd = (A)1 / sqrt(tot[1] / (A)D + (A)eps);
     if (t == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
     const int g0 = (int)((unsigned long long)r % (unsigned int)G) * cpg;
     V* yr = reinterpret_cast<V*>(y + r * D);
-#if LEAN
 #pragma unroll 1
-#endif
-    for (int vi = t; vi < nvec; vi += NT) {         // (lean: ptxas unrolls it twice and spills at 32 registers)
+    for (int vi = t; vi < nvec; vi += NT) {         // (unrolled twice, ptxas spills at 32 registers)
         A sc = rstd, bi = 0;
         if (flags & (F_SCALE | F_BIAS)) {
             const int p = g0 + (int)divu((unsigned int)vi, iv_mul, iv_shr);
@@ -248,7 +212,7 @@ gn_fwds(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
         const V v = row[vi];
         V w;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDX(v, e) - mean) * sc + bi);
+        for (int e = 0; e < VEC; ++e) w.v[e] = ST((LDL(v, e) - mean) * sc + bi);
         yr[vi] = w;
     }
 }
@@ -369,7 +333,6 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     const int w = t >> 5, p = w / WPT, wi = w - p * WPT, TT = WPT * 32, tt = t - p * TT;
     const int cpt = p < P ? (cpg - 1 - p) / P + 1 : 0;          // this thread's channels a row
     const int stride = gridDim.x;
-#if LEAN
     // Shared addresses as 32-bit offsets taken once (cp16s), each copy one add from the last; the row's
     // (n, g) stepped by the grid's stride instead of a division by G a row; 1 / D once.
     const unsigned int sbuf = smem_addr(buf), xbytes = 16u * (unsigned int)nvec;
@@ -396,23 +359,6 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     unsigned int n_ = (unsigned int)blockIdx.x / (unsigned int)G;
     unsigned int gq = (unsigned int)blockIdx.x - n_ * (unsigned int)G;
     const A inv_d = (A)1 / (A)D;
-#else
-    auto issue = [&](int r, int b) {                            // row r (none past the end) -> buffer b
-        V* const xs = buf + 2 * b * nvec;
-        V* const gs = xs + nvec;
-        const V* xr = reinterpret_cast<const V*>(x + (long long)r * D);
-        const V* gr = reinterpret_cast<const V*>(dy + (long long)r * D);
-        for (int j = 0; j < cpt; ++j) {
-            const int c = p + j * P;
-            if (r < rows)
-                for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
-                    cp16(xs + vi, xr + vi);
-                    cp16(gs + vi, gr + vi);
-                }
-            cp_commit();                                        // (empty past the end: the counts stay uniform)
-        }
-    };
-#endif
     int r = blockIdx.x, b = 0;
     issue(r, 0);
     A mu = 0, is = 0;
@@ -423,7 +369,6 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         if (r + stride < rows) { mu_n = mean[r + stride]; is_n = rstd[r + stride]; }
         const V* const xs = buf + 2 * b * nvec;
         const V* const gs = xs + nvec;
-#if LEAN
         // The scales the row's serial steps read, loaded now (their latency under the channel sums): warp 0's lane
         // channel (its channel sums, between the two barriers) and this thread's first channel (dx).
         const int g0 = (int)gq * cpg;
@@ -432,20 +377,15 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             if (t < cpg && t < 32) sc_lane = LDP(scale[g0 + t]);
             if (p < P) sc_own = LDP(scale[g0 + p]);
         }
-#endif
         for (int j = 0; j < cpt; ++j) {             // each channel's sums as its plane lands
             const int c = p + j * P;
-#if LEAN
             cp_wait_few(2 * cpt - 1 - j);
-#else
-            cp_wait(2 * cpt - 1 - j);
-#endif
             A p0 = 0, p1 = 0, p2 = 0;
             for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
                 const V a = xs[vi], g = gs[vi];
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const A d = LDX(a, e) - mu, gy = LDX(g, e);
+                    const A d = LDL(a, e) - mu, gy = LDL(g, e);
                     p0 += d; p1 += gy; p2 += gy * d;
                 }
             }
@@ -456,10 +396,6 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             }
         }
         __syncthreads();
-#if !LEAN
-        const unsigned int n_ = (unsigned int)r / (unsigned int)G;
-        const int g0 = (int)((unsigned int)r - n_ * (unsigned int)G) * cpg;
-#endif
         if (t < 32) {                               // channel sums (the team's warps in order), then the row's
             A s0 = 0, s1 = 0, s2 = 0;
             for (int c = t; c < cpg; c += 32) {
@@ -467,20 +403,13 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
                 A v0 = 0, v1 = 0, v2 = 0;
                 for (int k = 0; k < WPT; ++k) { v0 += q[3 * k]; v1 += q[3 * k + 1]; v2 += q[3 * k + 2]; }
                 chs[3 * c] = v0; chs[3 * c + 1] = v1; chs[3 * c + 2] = v2;
-#if LEAN
                 const A sc = (flags & F_SCALE) ? (c == t ? sc_lane : LDP(scale[g0 + c])) : (A)1;
-#else
-                const A sc = (flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1;
-#endif
                 s0 += v0; s1 += sc * v1; s2 += sc * v2;
             }
             s0 = warp_sum(s0); s1 = warp_sum(s1); s2 = warp_sum(s2);
             if (t == 0) { tot[0] = s0; tot[1] = s1; tot[2] = s2; }
         }
         __syncthreads();
-#if !LEAN
-        const A inv_d = (A)1 / (A)D;
-#endif
         const A off = tot[0] * inv_d;
         const A c1 = tot[1] * inv_d, c2 = is * (tot[2] - off * tot[1]) * inv_d;
         if ((flags & F_SCALE) && t < cpg) {
@@ -496,24 +425,18 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         V* dr = reinterpret_cast<V*>(dx + (long long)r * D);
         for (int j = 0; j < cpt; ++j) {
             const int c = p + j * P;
-#if LEAN
             const A ag = is * ((flags & F_SCALE) ? (j == 0 ? sc_own : LDP(scale[g0 + c])) : (A)1);
-#else
-            const A ag = is * ((flags & F_SCALE) ? LDP(scale[g0 + c]) : (A)1);
-#endif
             for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
                 const V a = xs[vi], g = gs[vi];
                 V o;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) o.v[e] = ST(fmaf(ag, LDX(g, e), fmaf(bx, LDX(a, e) - mu, k0)));
+                for (int e = 0; e < VEC; ++e) o.v[e] = ST(fmaf(ag, LDL(g, e), fmaf(bx, LDL(a, e) - mu, k0)));
                 dr[vi] = o;
             }
         }
         mu = mu_n; is = is_n;
-#if LEAN
         n_ += gstep_n; gq += gstep_g;
         if (gq >= (unsigned int)G) { gq -= (unsigned int)G; ++n_; }
-#endif
     }
 }
 """
@@ -575,14 +498,14 @@ def usable(dev, backward=False) -> bool:
     return GN_STASH16 and ("bwd" if backward else "fwd") in DIRECTIONS and sm80(dev)
 
 
-def options(dtype, pinfo, backward, pipe=False, lean=False):
+def options(dtype, pinfo, backward, pipe=False):
     """NVRTC options of one configuration (scale / bias presence and the row's size are run-time arguments);
-    ``pipe``: gn_bwdp's (NT_PIPE threads, one block an SM); ``lean``: the LEAN text of gn_fwds / gn_bwdp."""
+    ``pipe``: gn_bwdp's (NT_PIPE threads, one block an SM)."""
     scalar, accum, storage, _ = type_info(dtype)
     param, pstorage = pinfo
     nt, minb = (NT_PIPE, 1) if pipe else (NT, MINB_BWD if backward else MINB_FWD)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DPARAM={param}",
-            f"-DPSTORAGE={pstorage}", f"-DNT={nt}", f"-DMINB={minb}", f"-DLEAN={int(bool(lean))}", "-std=c++17")
+            f"-DPSTORAGE={pstorage}", f"-DNT={nt}", f"-DMINB={minb}", "-std=c++17")
 
 
 _kernels: dict = {}
@@ -590,12 +513,11 @@ _kernels: dict = {}
 
 def _kernel(name, dtype, pinfo):
     pipe = name == "gn_bwdp"
-    lean = LEAN and name != "gn_bwds"       # gn_bwds has no lean text
-    key = (name, _dev.dtype_name(dtype), pinfo, NT_PIPE if pipe else NT, lean)
+    key = (name, _dev.dtype_name(dtype), pinfo, NT_PIPE if pipe else NT)
     k = _kernels.get(key)
     if k is None:
         src = SOURCE_PIPE if pipe else SOURCE
-        k = _kernels[key] = _launch.get_kernel(src, name, options(dtype, pinfo, name == "gn_bwds", pipe, lean))
+        k = _kernels[key] = _launch.get_kernel(src, name, options(dtype, pinfo, name == "gn_bwds", pipe))
     return k
 
 
