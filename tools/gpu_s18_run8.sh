@@ -3,6 +3,7 @@
 # batch norm with the L2 prefetch on by default (its cuda tests, the kernel table's batch-norm rows on the three
 # large size sets, PyTorch beside).
 #   From a clean archive of HEAD:  OUT=$OUT bash tools/gpu_s18_run8.sh
+# (ran at 762cb10; the "lean" setting became the only text afterwards -- bee2f0f -- so drop it to re-run)
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-120} CTIME=${CTIME:-150} TAIL=${TAIL:-80}
 export PARTS="tests/backend/test_norm_s18_gn16c.py;;tests/backend/test_bn_kernels.py;;tests/backend/test_bn_s18_unroll.py"
