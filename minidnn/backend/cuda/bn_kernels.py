@@ -79,6 +79,12 @@ ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)           # their blocks per S
 # (fp32 (32, 256, 56, 56) 67% -> 72% of copy), backward 1.01-1.07x, bn + relu backward 0.99-1.04x, ResNet-20's
 # (128, 16, 32, 32) level or faster; UNROLL 6 / 8 and 3 blocks an SM lost on most rows.
 ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
+# session 18 (BNH200B): the backward's own prefetch distance (MINIDNN_BN_PREFETCH_BWD; -1: PREFETCH's), and TAIL --
+# L2 prefetches of the next tile's vectors while the second pass reads the on-chip copy, the phase in which DRAM
+# reads nothing (MINIDNN_BN_TAIL; 0: off, the define absent): each of that phase's UNROLL-vector steps asks for
+# TAIL x UNROLL vectors of every first-pass array of the next tile, after the PREFETCH x UNROLL asked at the meeting
+ONEPASS_PREFETCH_BWD = _env_int("MINIDNN_BN_PREFETCH_BWD", -1, -1, 8)
+ONEPASS_TAIL = _env_int("MINIDNN_BN_TAIL", 0, 0, 8)
 _SPLIT_UNROLL = 4         # the unroll the split's minimum slice is counted in (fixed: the split is UNROLL-free)
 
 SOURCE = STORAGE_HEADER + r"""
@@ -516,6 +522,18 @@ __device__ __forceinline__ void seq_walk(const Slice& sl, int C, int inner, int 
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
+// TAIL (MINIDNN_BN_TAIL; 0 = off, the define absent): while the second pass reads the on-chip copy -- DRAM reads
+// nothing for this block then, it only takes the outputs -- each step of UNROLL vectors asks L2 for TAIL * UNROLL
+// vectors of the next tile's slice (every first-pass array), after the PREFETCH * UNROLL asked before the meeting,
+// so the next tile's first pass starts on lines already in L2.  Prefetches only: the same values and bits.
+#ifndef TAIL
+#define TAIL 0
+#endif
+// the block's slice of its next tile (TAIL's prefetches); valid false when there is none
+#define NEXT_SLICE(sn, snv) \
+    const bool has_next_ = t + rounds_step < tiles; \
+    const Slice sn = slice_of(has_next_ ? t + rounds_step : t, s, per, outer, C, inner, iv); \
+    const bool snv = has_next_ && (!INNER1 || sn.base < C)
 // vector k of the thread's slice (the order walk() and seq_walk() visit) as an element offset; -1 past the slice
 __device__ __forceinline__ long long vec_off(const Slice& sl, int C, int inner, int iv, unsigned int iv_mul,
                                              unsigned int iv_shr, unsigned int k)
@@ -771,11 +789,18 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
             for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld2(x + off[u]);
             out(off, p);
         });
+#if TAIL
+        NEXT_SLICE(sn, snv);
+#endif
         seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, kc,
                         [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
             Pack p[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u].raw = cache_sm[k[u] * 256 + threadIdx.x];
+#if TAIL
+            prefetch_range<1>(sn, C, inner, iv, iv_mul, iv_shr, snv, PREFETCH * UNROLL + k[0] * TAIL, TAIL * UNROLL,
+                              x, x, x);
+#endif
             out(off, p);
         });
 #else
@@ -925,6 +950,9 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
             load2(off, p, g, r);
             out(off, p, g, r, true);
         });
+#if TAIL
+        NEXT_SLICE(sn, snv);
+#endif
         seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, kc,
                         [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
             Pack p[UNROLL], g[UNROLL];
@@ -934,6 +962,10 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                 p[u].raw = cache_sm[(2 * k[u]) * 256 + threadIdx.x];
                 g[u].raw = cache_sm[(2 * k[u] + 1) * 256 + threadIdx.x];
             }
+#if TAIL
+            prefetch_range<RELU ? 3 : 2>(sn, C, inner, iv, iv_mul, iv_shr, snv, PREFETCH * UNROLL + k[0] * TAIL,
+                                         TAIL * UNROLL, dy, x, y);
+#endif
             out(off, p, g, g, false);
         });
 #else
@@ -966,12 +998,19 @@ def _options(dtype, inner1, **flags):
     return tuple(opts)
 
 
-def _onepass_options(dtype, inner1, vec, tpr, **flags):
+def _prefetch_of(backward):
+    """The L2 prefetch distance of the forward (backward False) or backward one-pass kernel."""
+    return ONEPASS_PREFETCH_BWD if backward and ONEPASS_PREFETCH_BWD >= 0 else ONEPASS_PREFETCH
+
+
+def _onepass_options(dtype, inner1, vec, tpr, backward=False, **flags):
     """NVRTC options of the one-pass kernels: the data/flag defines of ``_options`` plus the vector width, the
-    threads per channels-last row, the unroll (vectors in flight per thread and array) and the blocks per SM."""
-    pf = (f"-DPREFETCH={ONEPASS_PREFETCH}",) if ONEPASS_PREFETCH else ()    # absent when off: the PTX as before
+    threads per channels-last row, the unroll (vectors in flight per thread and array), the blocks per SM and the
+    prefetches (``backward``: bn_bwd1's distance, PREFETCH_BWD where set)."""
+    pf = _prefetch_of(backward)
+    extra = ((f"-DPREFETCH={pf}",) if pf else ()) + ((f"-DTAIL={ONEPASS_TAIL}",) if ONEPASS_TAIL else ())
     return _options(dtype, inner1, **flags) + (f"-DVEC={vec}", f"-DTPR={tpr}", f"-DUNROLL={ONEPASS_UNROLL}",
-                                               f"-DBPS={ONEPASS_BPS}") + pf
+                                               f"-DBPS={ONEPASS_BPS}") + extra     # absent when off: PTX as before
 
 
 _dividers: dict = {}
@@ -1004,12 +1043,12 @@ def _kernel(name, dtype, inner1, **flags):
 
 
 def _kernel1(name, dtype, inner1, vec, tpr, **flags):
-    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH,
-           tuple(sorted(flags.items())))
+    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_PREFETCH_BWD,
+           ONEPASS_TAIL, tuple(sorted(flags.items())))
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
-                                                    _onepass_options(dtype, inner1, vec, tpr, **flags))
+        k = _kernel_cache[key] = _launch.get_kernel(
+            ONEPASS_SOURCE, name, _onepass_options(dtype, inner1, vec, tpr, backward=name == "bn_bwd1", **flags))
     return k
 
 
@@ -1400,15 +1439,16 @@ _calls: dict = {}
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
     return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
-        ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
+        ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_PREFETCH_BWD, ONEPASS_TAIL
 
 
-def set_onepass(unroll=None, bps=None, prefetch=None):
-    """Set the one-pass kernels' UNROLL, blocks per SM and L2 prefetch distance (None: keep) for an in-process A/B.
-    Settled calls made under other values see the change through _switches() and settle again; the plans are
-    dropped too."""
-    global ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
-    for name, v, lo, hi in (("unroll", unroll, 1, 16), ("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8)):
+def set_onepass(unroll=None, bps=None, prefetch=None, prefetch_bwd=None, tail=None):
+    """Set the one-pass kernels' UNROLL, blocks per SM, L2 prefetch distance (forward, and the backward's unless
+    prefetch_bwd >= 0 sets its own; -1: follow prefetch) and TAIL (None: keep) for an in-process A/B.  Settled calls
+    made under other values see the change through _switches() and settle again; the plans are dropped too."""
+    global ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_PREFETCH_BWD, ONEPASS_TAIL
+    for name, v, lo, hi in (("unroll", unroll, 1, 16), ("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8),
+                            ("prefetch_bwd", prefetch_bwd, -1, 8), ("tail", tail, 0, 8)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
             raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
     if unroll is not None:
@@ -1417,6 +1457,10 @@ def set_onepass(unroll=None, bps=None, prefetch=None):
         ONEPASS_BPS = int(bps)
     if prefetch is not None:
         ONEPASS_PREFETCH = int(prefetch)
+    if prefetch_bwd is not None:
+        ONEPASS_PREFETCH_BWD = int(prefetch_bwd)
+    if tail is not None:
+        ONEPASS_TAIL = int(tail)
     _calls.clear()
     _plans.clear()
 
