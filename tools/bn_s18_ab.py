@@ -1,7 +1,6 @@
 """Session 18 (issue 10): NCHW batch norm's one-pass kernels at several bytes-in-flight settings, in one process.
 
-    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings u4p1,u4p1t1,u4p1t2,u4p1q0t1,u4p1s1,u4p1t1s1]
-                                            [--shapes 32x256x56x56,...]
+    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings u4p1,u4,u6,u8,b3u4,u4p2,u6p1,b3u4p1] [--shapes 32x256x56x56,...]
                                             [--dtypes float32,bfloat16] [--ops fwd,bwd,relu_bwd] [--rounds 15]
                                             [--calls 10] [--small-calls 50] [--no-torch]
 
@@ -10,15 +9,10 @@ phases latency-bound -- too few bytes in flight an SM?  A setting is uU (bn_kern
 flight per thread and array, MINIDNN_BN_UNROLL) with an optional bB prefix (ONEPASS_BPS = B blocks per SM,
 MINIDNN_BN_BPS: 3 gives each block a smaller share of shared memory for the on-chip copy, more warps an SM) and an
 optional pP suffix (ONEPASS_PREFETCH = P, MINIDNN_BN_PREFETCH: the first pass asks L2 for the vectors P iterations
-ahead, and a block about to meet for its next tile's first ones -- bytes in flight without registers), then an
-optional qQ (ONEPASS_PREFETCH_BWD = Q, MINIDNN_BN_PREFETCH_BWD: the backward's own distance; absent: P's) and tT
-(ONEPASS_TAIL = T, MINIDNN_BN_TAIL: T x UNROLL vectors of the next tile prefetched at each step of the second pass's
-on-chip phase, while DRAM would read nothing; forward and backward) and sS (ONEPASS_STAGE = S, MINIDNN_BN_STAGE:
-cp.async of the next tile's first-pass vectors into the on-chip slots the second pass frees; the tail then starts
-after them).
-"u4p1" is the default (the A, the first setting by default); every setting is flipped in this process through
-bn_kernels.set_onepass, which makes the settled calls settle again.  UNROLL and the prefetches (P, Q, T) do not
-move the split (the bits are u4's); BPS does (a bigger grid).
+ahead, and a block about to meet for its next tile's first ones -- bytes in flight without registers).
+"u4p1" is the default (run 7 adopted PREFETCH 1) and the A (the first setting); every setting is flipped in this
+process through bn_kernels.set_onepass, which makes the settled calls settle again.  UNROLL and
+PREFETCH do not move the split (the bits are u4's); BPS does (a bigger grid).
 
 Timing: per (shape, dtype, op) one CUDA graph of `calls` back-to-back calls per setting, all captured first and kept
 alive, then `rounds` rounds that replay each setting's graph once, the order rotated every round; median ms per call.
@@ -27,7 +21,7 @@ once per (shape, dtype) by bn_nhwc_bench's Timer.  % = compulsory traffic (fwd 2
 bytes) over the copy bandwidth measured in the same run.  ResNet-20's (128, 16, 32, 32) is the control: it may take
 bn_cluster's kernels (then every setting is the same launch: the "routes" line under each row says so: the
 one-pass launch's grid, dynamic shared memory and the driver's blocks per SM) and must not lose.
-Expected run time on an H200: ~50-80 s a dtype with the six default settings (NVRTC ~1-3 s per kernel and setting:
+Expected run time on an H200: ~50-80 s a dtype with the eight default settings (NVRTC ~1-3 s per kernel and setting:
 3 kernels a setting and dtype); run float32 and bfloat16 as two commands.
 """
 from __future__ import annotations
@@ -53,13 +47,11 @@ OPS = {"fwd": (False, False, 2), "bwd": (False, True, 3), "relu_bwd": (True, Tru
 
 
 def parse_setting(s):
-    """'u6' -> (6, 2, 0, -1, 0, 0); 'b3u4' -> (4, 3, 0, -1, 0, 0); 'u4p1q2t1s1' -> (4, 2, 1, 2, 1, 1): set_onepass's
-    (UNROLL, blocks per SM, L2 prefetch distance, the backward's distance (-1: P's), TAIL, STAGE)."""
-    m = re.fullmatch(r"(?:b(\d+))?u(\d+)(?:p(\d+))?(?:q(\d+))?(?:t(\d+))?(?:s(\d+))?", s)
+    """'u6' -> (6, 2, 0); 'b3u4' -> (4, 3, 0); 'u4p1' -> (4, 2, 1): (UNROLL, blocks per SM, L2 prefetch distance)."""
+    m = re.fullmatch(r"(?:b(\d+))?u(\d+)(?:p(\d+))?", s)
     if m is None:
-        raise SystemExit(f"bad setting {s!r}: expected [bB]uU[pP][qQ][tT][sS] (e.g. u6, b3u4, u4p1, u4p1q2t1s1)")
-    return (int(m.group(2)), int(m.group(1) or 2), int(m.group(3) or 0), int(m.group(4) or -1),
-            int(m.group(5) or 0), int(m.group(6) or 0))
+        raise SystemExit(f"bad setting {s!r}: expected [bB]uU[pP] (e.g. u6, b3u4, u4p1)")
+    return int(m.group(2)), int(m.group(1) or 2), int(m.group(3) or 0)
 
 
 def _route(call):
@@ -84,7 +76,7 @@ def capture(cp, fn, calls, keep):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--settings", default="u4p1,u4p1t1,u4p1t2,u4p1q0t1,u4p1s1,u4p1t1s1")
+    ap.add_argument("--settings", default="u4p1,u4,u6,u8,b3u4,u4p2,u6p1,b3u4p1")
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--ops", default=",".join(OPS))
@@ -110,11 +102,9 @@ def main(argv=None):
     timer = Timer(cp, torch, 7, False)
     bw = copy_bandwidth(cp)
     dev = cp.cuda.Device()
-    default = (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_PREFETCH_BWD, K.ONEPASS_TAIL,
-               K.ONEPASS_STAGE)
+    default = (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy {bw:.0f} GB/s; "
-          f"defaults UNROLL {default[0]} BPS {default[1]} PREFETCH {default[2]} PREFETCH_BWD {default[3]} "
-          f"TAIL {default[4]} STAGE {default[5]}; {args.rounds} rounds, order rotated")
+          f"defaults UNROLL {default[0]} BPS {default[1]} PREFETCH {default[2]}; {args.rounds} rounds, order rotated")
     print("# ms per call (% of copy); ratio = first setting / this (> 1: faster than it); torch beside")
     head = f"{'shape':>14} {'dtype':>8} {'op':>8} | " + " | ".join(f"{s[0]:>16}" for s in settings) + \
         f" | {'torch':>8} | best"
@@ -140,8 +130,8 @@ def main(argv=None):
                 K.set_onepass(*default)
                 y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, relu=relu)
                 keep.append((y, m, i))
-                for label, *setting in settings:
-                    K.set_onepass(*setting)
+                for label, unroll, bps, pf in settings:
+                    K.set_onepass(unroll, bps, pf)
                     if backward:
                         def fn(y=y, m=m, i=i):
                             return K.backward(xg, dyg, sg, m, i, y=y if relu else None)

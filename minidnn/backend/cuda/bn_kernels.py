@@ -79,15 +79,6 @@ ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)           # their blocks per S
 # (fp32 (32, 256, 56, 56) 67% -> 72% of copy), backward 1.01-1.07x, bn + relu backward 0.99-1.04x, ResNet-20's
 # (128, 16, 32, 32) level or faster; UNROLL 6 / 8 and 3 blocks an SM lost on most rows.
 ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
-# session 18 (BNH200B): the backward's own prefetch distance (MINIDNN_BN_PREFETCH_BWD; -1: PREFETCH's), and TAIL --
-# L2 prefetches of the next tile's vectors while the second pass reads the on-chip copy, the phase in which DRAM
-# reads nothing (MINIDNN_BN_TAIL; 0: off, the define absent): each of that phase's UNROLL-vector steps asks for
-# TAIL x UNROLL vectors of every first-pass array of the next tile, after the PREFETCH x UNROLL asked at the meeting
-ONEPASS_PREFETCH_BWD = _env_int("MINIDNN_BN_PREFETCH_BWD", -1, -1, 8)
-ONEPASS_TAIL = _env_int("MINIDNN_BN_TAIL", 0, 0, 8)
-# STAGE (MINIDNN_BN_STAGE 0 / 1, default 0): cp.async of the next tile's first-pass vectors into the on-chip copy's
-# slots as the second pass frees them (16-byte vectors; the kernel text says how the bits stay the same)
-ONEPASS_STAGE = _env_int("MINIDNN_BN_STAGE", 0, 0, 1)
 _SPLIT_UNROLL = 4         # the unroll the split's minimum slice is counted in (fixed: the split is UNROLL-free)
 
 SOURCE = STORAGE_HEADER + r"""
@@ -525,42 +516,6 @@ __device__ __forceinline__ void seq_walk(const Slice& sl, int C, int inner, int 
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
-// TAIL (MINIDNN_BN_TAIL; 0 = off, the define absent): while the second pass reads the on-chip copy -- DRAM reads
-// nothing for this block then, it only takes the outputs -- each step of UNROLL vectors asks L2 for TAIL * UNROLL
-// vectors of the next tile's slice (every first-pass array), after the PREFETCH * UNROLL asked before the meeting,
-// so the next tile's first pass starts on lines already in L2.  Prefetches only: the same values and bits.
-#ifndef TAIL
-#define TAIL 0
-#endif
-// STAGE (MINIDNN_BN_STAGE; 0 = off, the define absent; 16-byte vectors only): while the second pass reads slot k
-// of the on-chip copy, the thread copies its next tile's vector k of every cached array into that slot with
-// cp.async (no register, no L2 round trip on the next tile's critical path); the next tile's first pass waits for
-// its copies once and reads its first kc vectors from the slots instead of global memory.  A thread's slots hold
-// only its own vectors and its slices are the same length in every tile (the split depends on s, not on t), so
-// slot k is tile t + 1's vector k exactly; the values, and the order of every sum, are the plain kernel's.
-#ifndef STAGE
-#define STAGE 0
-#endif
-#if STAGE && VEC == 1
-#undef STAGE
-#define STAGE 0
-#endif
-#if STAGE && CACHE
-__device__ __forceinline__ void stage16(VT* dst, const T* src)
-{
-    const unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void stage_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-#endif
-// where TAIL's prefetches of the next slice start: after the meeting's, or with STAGE after the staged slots
-// (vectors 0 .. kc - 1 come by cp.async; the tail then asks for the uncached part, kc on)
-#define TAIL_FROM (STAGE ? kc : PREFETCH * UNROLL)
-// the block's slice of its next tile (TAIL's prefetches, STAGE's copies); valid false when there is none
-#define NEXT_SLICE(sn, snv) \
-    const bool has_next_ = t + rounds_step < tiles; \
-    const Slice sn = slice_of(has_next_ ? t + rounds_step : t, s, per, outer, C, inner, iv); \
-    const bool snv = has_next_ && (!INNER1 || sn.base < C)
 // vector k of the thread's slice (the order walk() and seq_walk() visit) as an element offset; -1 past the slice
 __device__ __forceinline__ long long vec_off(const Slice& sl, int C, int inner, int iv, unsigned int iv_mul,
                                              unsigned int iv_shr, unsigned int k)
@@ -696,9 +651,6 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
 {
     __shared__ A sm[RW][TW][2];
     const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
-#if STAGE && CACHE
-    bool staged = false;        // this tile's first kc slots hold its x (cp.async'd during the last tile)
-#endif
     for (int t = blockIdx.x / per; t < tiles; t += rounds_step) {
         const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
         const bool valid = !INNER1 || sl.base < C;
@@ -721,18 +673,12 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
         };
 #if CACHE
         const int n = slice_len(sl), kc = min(ks, n);
-#if STAGE
-        if (staged) stage_wait();
-#endif
         seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, n,
                         [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
             Pack p[UNROLL];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < UNROLL; ++u) {     // (this form, not a one-line if: the PTX run 9 timed)
                 if (off[u] < 0) continue;
-#if STAGE
-                if (staged && k[u] < kc) { p[u].raw = cache_sm[k[u] * 256 + threadIdx.x]; continue; }
-#endif
                 p[u] = ld1(x + off[u]);
             }
 #if PREFETCH
@@ -828,32 +774,13 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
             for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = ld2(x + off[u]);
             out(off, p);
         });
-#if TAIL || STAGE
-        NEXT_SLICE(sn, snv);
-#endif
         seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, kc,
                         [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
             Pack p[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u].raw = cache_sm[k[u] * 256 + threadIdx.x];
-#if TAIL
-            prefetch_range<1>(sn, C, inner, iv, iv_mul, iv_shr, snv, TAIL_FROM + k[0] * TAIL, TAIL * UNROLL, x, x, x);
-#endif
-            out(off, p);        // uses p: the slots' reads are done before the copies below overwrite them
-#if STAGE
-            if (snv) {
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    stage16(&cache_sm[k[u] * 256 + threadIdx.x],
-                            x + vec_off(sn, C, inner, iv, iv_mul, iv_shr, (unsigned int)k[u]));
-                }
-            }
-#endif
+            out(off, p);
         });
-#if STAGE
-        staged = valid && snv;
-#endif
 #else
         walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
             Pack p[UNROLL];
@@ -876,9 +803,6 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
 {
     __shared__ A sm[RW][TW][2];
     const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
-#if STAGE && CACHE
-    bool staged = false;        // this tile's first kc slot pairs hold its x and raw dy (cp.async'd last tile)
-#endif
     for (int t = blockIdx.x / per; t < tiles; t += rounds_step) {
         const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
         const bool valid = !INNER1 || sl.base < C;
@@ -915,27 +839,9 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         };
 #if CACHE
         const int n = slice_len(sl), kc = min(ks, n);
-#if STAGE
-        if (staged) stage_wait();
-#endif
         seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, n,
                         [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
             Pack p[UNROLL], g[UNROLL], r[UNROLL];
-#if STAGE
-            if (staged) {
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    if (k[u] < kc) {
-                        p[u].raw = cache_sm[(2 * k[u]) * 256 + threadIdx.x];
-                        g[u].raw = cache_sm[(2 * k[u] + 1) * 256 + threadIdx.x];
-                    } else {
-                        g[u] = ld1(dy + off[u]); p[u] = ld1(x + off[u]);
-                    }
-                    if (RELU) r[u] = ld1(y + off[u]);
-                }
-            } else
-#endif
             load1(off, p, g, r);
 #if PREFETCH
             if (k[0] >= 0)
@@ -1022,9 +928,6 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
             load2(off, p, g, r);
             out(off, p, g, r, true);
         });
-#if TAIL || STAGE
-        NEXT_SLICE(sn, snv);
-#endif
         seq_walk<false>(sl, C, inner, iv, iv_mul, iv_shr, valid, 0, kc,
                         [&](const long long (&off)[UNROLL], const int (&k)[UNROLL]) {
             Pack p[UNROLL], g[UNROLL];
@@ -1034,26 +937,8 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
                 p[u].raw = cache_sm[(2 * k[u]) * 256 + threadIdx.x];
                 g[u].raw = cache_sm[(2 * k[u] + 1) * 256 + threadIdx.x];
             }
-#if TAIL
-            prefetch_range<RELU ? 3 : 2>(sn, C, inner, iv, iv_mul, iv_shr, snv, TAIL_FROM + k[0] * TAIL,
-                                         TAIL * UNROLL, dy, x, y);
-#endif
-            out(off, p, g, g, false);   // uses p and g: the slots' reads are done before the copies overwrite them
-#if STAGE
-            if (snv) {
-#pragma unroll
-                for (int u = 0; u < UNROLL; ++u) {
-                    if (off[u] < 0) continue;
-                    const long long po = vec_off(sn, C, inner, iv, iv_mul, iv_shr, (unsigned int)k[u]);
-                    stage16(&cache_sm[(2 * k[u]) * 256 + threadIdx.x], x + po);
-                    stage16(&cache_sm[(2 * k[u] + 1) * 256 + threadIdx.x], dy + po);
-                }
-            }
-#endif
+            out(off, p, g, g, false);
         });
-#if STAGE
-        staged = valid && snv;
-#endif
 #else
         walk(sl, C, inner, iv, iv_mul, iv_shr, valid, [&](const long long (&off)[UNROLL]) {
             Pack p[UNROLL], g[UNROLL], r[UNROLL];
@@ -1084,20 +969,12 @@ def _options(dtype, inner1, **flags):
     return tuple(opts)
 
 
-def _prefetch_of(backward):
-    """The L2 prefetch distance of the forward (backward False) or backward one-pass kernel."""
-    return ONEPASS_PREFETCH_BWD if backward and ONEPASS_PREFETCH_BWD >= 0 else ONEPASS_PREFETCH
-
-
-def _onepass_options(dtype, inner1, vec, tpr, backward=False, **flags):
+def _onepass_options(dtype, inner1, vec, tpr, **flags):
     """NVRTC options of the one-pass kernels: the data/flag defines of ``_options`` plus the vector width, the
-    threads per channels-last row, the unroll (vectors in flight per thread and array), the blocks per SM and the
-    prefetches (``backward``: bn_bwd1's distance, PREFETCH_BWD where set)."""
-    pf = _prefetch_of(backward)
-    extra = ((f"-DPREFETCH={pf}",) if pf else ()) + ((f"-DTAIL={ONEPASS_TAIL}",) if ONEPASS_TAIL else ()) + \
-        (("-DSTAGE=1",) if ONEPASS_STAGE else ())
+    threads per channels-last row, the unroll (vectors in flight per thread and array) and the blocks per SM."""
+    pf = (f"-DPREFETCH={ONEPASS_PREFETCH}",) if ONEPASS_PREFETCH else ()    # absent when off: the PTX as before
     return _options(dtype, inner1, **flags) + (f"-DVEC={vec}", f"-DTPR={tpr}", f"-DUNROLL={ONEPASS_UNROLL}",
-                                               f"-DBPS={ONEPASS_BPS}") + extra     # absent when off: PTX as before
+                                               f"-DBPS={ONEPASS_BPS}") + pf
 
 
 _dividers: dict = {}
@@ -1130,12 +1007,12 @@ def _kernel(name, dtype, inner1, **flags):
 
 
 def _kernel1(name, dtype, inner1, vec, tpr, **flags):
-    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_PREFETCH_BWD,
-           ONEPASS_TAIL, ONEPASS_STAGE, tuple(sorted(flags.items())))
+    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH,
+           tuple(sorted(flags.items())))
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _launch.get_kernel(
-            ONEPASS_SOURCE, name, _onepass_options(dtype, inner1, vec, tpr, backward=name == "bn_bwd1", **flags))
+        k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
+                                                    _onepass_options(dtype, inner1, vec, tpr, **flags))
     return k
 
 
@@ -1526,17 +1403,15 @@ _calls: dict = {}
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
     return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
-        ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_PREFETCH_BWD, ONEPASS_TAIL, ONEPASS_STAGE
+        ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
 
 
-def set_onepass(unroll=None, bps=None, prefetch=None, prefetch_bwd=None, tail=None, stage=None):
-    """Set the one-pass kernels' UNROLL, blocks per SM, L2 prefetch distance (forward, and the backward's unless
-    prefetch_bwd >= 0 sets its own; -1: follow prefetch), TAIL and STAGE (None: keep) for an in-process A/B.
+def set_onepass(unroll=None, bps=None, prefetch=None):
+    """Set the one-pass kernels' UNROLL, blocks per SM and L2 prefetch distance (None: keep) for an in-process A/B.
     Settled calls made under other values see the change through _switches() and settle again; the plans are
     dropped too."""
-    global ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_PREFETCH_BWD, ONEPASS_TAIL, ONEPASS_STAGE
-    for name, v, lo, hi in (("unroll", unroll, 1, 16), ("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8),
-                            ("prefetch_bwd", prefetch_bwd, -1, 8), ("tail", tail, 0, 8), ("stage", stage, 0, 1)):
+    global ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
+    for name, v, lo, hi in (("unroll", unroll, 1, 16), ("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
             raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
     if unroll is not None:
@@ -1545,12 +1420,6 @@ def set_onepass(unroll=None, bps=None, prefetch=None, prefetch_bwd=None, tail=No
         ONEPASS_BPS = int(bps)
     if prefetch is not None:
         ONEPASS_PREFETCH = int(prefetch)
-    if prefetch_bwd is not None:
-        ONEPASS_PREFETCH_BWD = int(prefetch_bwd)
-    if tail is not None:
-        ONEPASS_TAIL = int(tail)
-    if stage is not None:
-        ONEPASS_STAGE = int(stage)
     _calls.clear()
     _plans.clear()
 

@@ -107,28 +107,6 @@ KEEP_ABOVE = None
 _SPLIT_ENV = os.environ.get("MINIDNN_BN_NHWC_SPLIT", "1").strip()
 SPLIT = 2 if _SPLIT_ENV == "all" else 1 if _SPLIT_ENV == "1" else 0
 SPLIT_TRIPS = int(os.environ.get("MINIDNN_BN_NHWC_SPLIT_TRIPS", "4"))
-# PREFETCH (session 18; docs/step_kernels.md, "Session 18: channels-last batch norm prefetch"): the one-launch kernels
-# with the on-chip copy ask L2 (prefetch.global.L2) for the vectors PREFETCH loop trips ahead of their loads in the
-# reduction pass's walk (x forward; dy, x and y after a fused ReLU backward) and, with PREFETCH_APPLY, in the
-# elementwise pass's memory walks (x and z; dy, x, y): bytes in flight without registers, as bn_kernels'
-# ONEPASS_PREFETCH did for NCHW.  MINIDNN_BN_NHWC_PREFETCH: 0 (the default: the define absent, the PTX as before) ..
-# 8; MINIDNN_BN_NHWC_PREFETCH_APPLY "1" (default) / "0".  The same loads in the same order: the same bits.  Flip both
-# in one process with set_prefetch (it drops the settled calls here and in bn_kernels).
-
-
-def _env_int(name, default, lo, hi):
-    raw = os.environ.get(name, str(default)).strip()
-    try:
-        v = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: an integer {lo}..{hi} expected") from None
-    if not lo <= v <= hi:
-        raise ValueError(f"{name}={v}: outside {lo}..{hi}")
-    return v
-
-
-PREFETCH = _env_int("MINIDNN_BN_NHWC_PREFETCH", 0, 0, 8)
-PREFETCH_APPLY = os.environ.get("MINIDNN_BN_NHWC_PREFETCH_APPLY", "1").strip() != "0"
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
@@ -199,15 +177,6 @@ SOURCE = HEADER + r"""
 // SPLIT (session 17, MINIDNN_BN_NHWC_SPLIT; the one-launch kernels where split_call says): meet_split below.
 #ifndef SPLIT
 #define SPLIT 0
-#endif
-// PREFETCH (session 18, MINIDNN_BN_NHWC_PREFETCH; the on-chip copy's one-launch kernels; 0 = off, the define absent):
-// the distance, in loop trips, of the L2 prefetches in the streaming walks (pf_ahead below); PREFETCH_APPLY: the
-// elementwise pass's walks prefetch too (the define absent: the reduction pass only).
-#ifndef PREFETCH
-#define PREFETCH 0
-#endif
-#ifndef PREFETCH_APPLY
-#define PREFETCH_APPLY 0
 #endif
 union Pack { VT raw; T v[VEC]; };
 // first reads: plain loads (they fill L2); last reads: streaming ("last use") loads; outputs: streaming stores
@@ -663,40 +632,6 @@ __device__ __forceinline__ void seq_walk(const Geo& g, const Lane& l, int kb, in
     }
 }
 
-#if CACHE && PREFETCH
-// Bytes in flight that take no register: a loop trip of U vectors asks L2 (prefetch.global.L2: no destination, no
-// value) for the vectors PREFETCH trips further along the same walk -- k + PREFETCH * U going up, k - PREFETCH * U
-// going down (REV) -- of up to three arrays, where that vector lies inside [lo, hi) and its row exists.  The
-// loads, their order and the sums are untouched: the same bits.  A line already in L2 (the second pass's newest
-// vectors) costs an L2 lookup and nothing else.
-__device__ __forceinline__ void pf_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
-
-template <int U, bool REV>
-__device__ __forceinline__ void pf_ahead(const Geo& g, const Lane& l, const int (&kk)[U], int lo, int hi,
-                                         const T* a0, const T* a1, const T* a2)
-{
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        if (kk[u] < 0) continue;
-        const int k = REV ? kk[u] - PREFETCH * U : kk[u] + PREFETCH * U;
-        if (k < lo || k >= hi) continue;
-        const int o = seq_off(g, l, k);
-        if (o < 0) continue;
-        if (a0) pf_l2(a0 + o);
-        if (a1) pf_l2(a1 + o);
-        if (a2) pf_l2(a2 + o);
-    }
-}
-#define PF_AHEAD(U, REV, kk, lo, hi, a0, a1, a2) pf_ahead<U, REV>(g, l, kk, lo, hi, a0, a1, a2)
-#else
-#define PF_AHEAD(U, REV, kk, lo, hi, a0, a1, a2) ((void)0)
-#endif
-#if CACHE && PREFETCH && PREFETCH_APPLY
-#define PF_APPLY(U, REV, kk, lo, hi, a0, a1, a2) pf_ahead<U, REV>(g, l, kk, lo, hi, a0, a1, a2)
-#else
-#define PF_APPLY(U, REV, kk, lo, hi, a0, a1, a2) ((void)0)
-#endif
-
 #if CACHE
 // Forward reduction (the order and sums of fwd_sums), keeping the first ks vectors of x.
 __device__ __forceinline__ void fwd_sums_c(const Geo& g, const Lane& l, const T* __restrict__ x, A (&v)[VEC][2],
@@ -707,12 +642,10 @@ __device__ __forceinline__ void fwd_sums_c(const Geo& g, const Lane& l, const T*
     if (l.on) k0 = ld1(x + l.c0);
 #pragma unroll
     for (int e = 0; e < VEC; ++e) { k[e] = l.on ? LD(k0.v[e]) : (A)0; v[e][0] = 0; v[e][1] = 0; }
-    const int n = seq_len(g);
-    seq_walk<UNROLL_F, false>(g, l, 0, n, [&](const int (&off)[UNROLL_F], const int (&kk)[UNROLL_F]) {
+    seq_walk<UNROLL_F, false>(g, l, 0, seq_len(g), [&](const int (&off)[UNROLL_F], const int (&kk)[UNROLL_F]) {
         Pack p[UNROLL_F];
 #pragma unroll
         for (int u = 0; u < UNROLL_F; ++u) if (off[u] >= 0) p[u] = LD_P1(x + off[u], kk[u]);
-        PF_AHEAD(UNROLL_F, false, kk, 0, n, x, nullptr, nullptr);
 #pragma unroll
         for (int u = 0; u < UNROLL_F; ++u) {
             if (off[u] < 0) continue;
@@ -767,18 +700,16 @@ __device__ __forceinline__ void fwd_apply_c(const Geo& g, const Lane& l, const T
                                             TWIN_PARAM)
 {
     const int n = seq_len(g), kc = min(ks, n);
-    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&kq)[UNROLL]) {
+    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
         Pack p[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u] = LD_P2(x + off[u]);
-        PF_APPLY(UNROLL, true, kq, kc, n, x, HAS_Z ? z : nullptr, nullptr);
         fwd_out(off, p, z, y, mu, kk, bb TWIN_ARG);
     });
     seq_walk<UNROLL, false>(g, l, 0, kc, [&](const int (&off)[UNROLL], const int (&k)[UNROLL]) {
         Pack p[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) if (off[u] >= 0) p[u].raw = cache_sm[k[u] * 256 + threadIdx.x];
-        if (HAS_Z) PF_APPLY(UNROLL, false, k, 0, kc, z, nullptr, nullptr);
         fwd_out(off, p, z, y, mu, kk, bb TWIN_ARG);
     });
 }
@@ -791,8 +722,7 @@ __device__ __forceinline__ void bwd_sums_c(const Geo& g, const Lane& l, const T*
 {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) { v[e][0] = 0; v[e][1] = 0; }
-    const int n = seq_len(g);
-    seq_walk<UNROLL, false>(g, l, 0, n, [&](const int (&off)[UNROLL], const int (&kk)[UNROLL]) {
+    seq_walk<UNROLL, false>(g, l, 0, seq_len(g), [&](const int (&off)[UNROLL], const int (&kk)[UNROLL]) {
         Pack p[UNROLL], d[UNROLL], r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -800,7 +730,6 @@ __device__ __forceinline__ void bwd_sums_c(const Geo& g, const Lane& l, const T*
             d[u] = LD_P1(dy + off[u], kk[u]); p[u] = LD_P1(x + off[u], kk[u]);
             if (RELU) r[u] = LD_P1(y + off[u], kk[u]);
         }
-        PF_AHEAD(UNROLL, false, kk, 0, n, dy, x, RELU ? y : nullptr);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (off[u] < 0) continue;
@@ -851,7 +780,7 @@ __device__ __forceinline__ void bwd_dx_c(const Geo& g, const Lane& l, const T* _
                                          const Pol& pol)
 {
     const int n = seq_len(g), kc = min(ks, n);
-    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&kq)[UNROLL]) {
+    seq_walk<UNROLL, true>(g, l, kc, n, [&](const int (&off)[UNROLL], const int (&)[UNROLL]) {
         Pack p[UNROLL], d[UNROLL], r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -859,7 +788,6 @@ __device__ __forceinline__ void bwd_dx_c(const Geo& g, const Lane& l, const T* _
             d[u] = LD_P2(dy + off[u]); p[u] = LD_P2(x + off[u]);
             if (RELU) r[u] = LD_P2(y + off[u]);
         }
-        PF_APPLY(UNROLL, true, kq, kc, n, dy, x, RELU ? y : nullptr);
         bwd_out<true>(off, p, d, r, dx, dz, mu, is, c0, c1, kk);
     });
     seq_walk<UNROLL, false>(g, l, 0, kc, [&](const int (&off)[UNROLL], const int (&k)[UNROLL]) {
@@ -1243,10 +1171,6 @@ def _options(dtype, vec, **flags):
         opts.append("-DKEEP=1")
     if flags.get("split"):                  # session 17's SPLIT: absent (the source's 0) unless the call takes it
         opts.append("-DSPLIT=1")
-    if flags.get("prefetch"):               # session 18's PREFETCH: absent (the source's 0) unless the call takes it
-        opts.append(f"-DPREFETCH={int(flags['prefetch'])}")
-        if flags.get("pf_apply"):
-            opts.append("-DPREFETCH_APPLY=1")
     if flags.get("twin"):                   # TWIN_HEADER: absent unless the call asks for relu(y) too
         opts.append("-DTWIN=1")
     if flags.get("stop"):
@@ -1380,8 +1304,6 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev, split=Non
         split = split_call(c, vec, reduce_grid(ng, chunks, _launch.sm_count(dev) * BPS), dtype)
     if split:
         flags = dict(flags, split=True)
-    if ONCHIP and PREFETCH:
-        flags = dict(flags, prefetch=PREFETCH, pf_apply=PREFETCH_APPLY)
     k = _kernel(name, dtype, vec, cache=ONCHIP, **flags)
     ks = dyn = 0
     if ONCHIP:
@@ -1401,8 +1323,7 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev, split=Non
         return None
     g = reduce_grid(ng, chunks, resident)
     if split and not split_call(c, vec, g, dtype):     # fewer blocks resident than the SMs promised
-        return _one_launch(name, dtype, vec, rows, c,
-                           {k_: v for k_, v in flags.items() if k_ not in ("keep", "split", "prefetch", "pf_apply")},
+        return _one_launch(name, dtype, vec, rows, c, {k_: v for k_, v in flags.items() if k_ not in ("keep", "split")},
                            n_arrays, tail, dev, split=False)
     args = [None] * n_arrays + geo + list(tail) + ([np.int32(ks)] if ONCHIP else [])
     if keep:
@@ -1481,30 +1402,12 @@ _calls: dict = {}
 
 def switch():
     """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE, session 12's
-    (KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE), session 17's (SPLIT, SPLIT_TRIPS) and session 18's (PREFETCH,
-    PREFETCH_APPLY))."""
+    (KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE) and session 17's (SPLIT, SPLIT_TRIPS))."""
     return ENABLED, ROUTE, ONCHIP, V2, STAGE, _cand()
 
 
 def _cand():
-    return KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE, SPLIT, SPLIT_TRIPS, PREFETCH, PREFETCH_APPLY
-
-
-def set_prefetch(distance=None, apply=None):
-    """Set PREFETCH (0 off .. 8 loop trips ahead) and PREFETCH_APPLY (None: keep) for an in-process A/B, and drop
-    the settled calls here and in bn_kernels (their keys carry both through switch() anyway).  Bad values raise
-    before anything changes."""
-    global PREFETCH, PREFETCH_APPLY
-    if distance is not None and (isinstance(distance, bool) or not isinstance(distance, (int, np.integer))
-                                 or not 0 <= distance <= 8):
-        raise ValueError(f"set_prefetch: distance {distance!r} is not an integer 0..8")
-    if distance is not None:
-        PREFETCH = int(distance)
-    if apply is not None:
-        PREFETCH_APPLY = bool(apply)
-    _calls.clear()
-    from . import bn_kernels
-    bn_kernels._calls.clear()
+    return KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE, SPLIT, SPLIT_TRIPS
 
 
 def strided_spec(mem, back, dtype):
