@@ -3,6 +3,7 @@
 # channels-last PREFETCH) -- cuda tests (bitwise against the switches off), then the A/Bs (graph replays, settings
 # rotated, PyTorch beside); and the group-norm stash's cuda tests after its one-text refactor (GNLEAN).
 #   From a clean archive of HEAD:  OUT=$OUT bash tools/gpu_s18_run9.sh
+# (a record of run 9: its switches, tests and the channels-last A/B tool were removed after it -- 2a5e753)
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-110} CTIME=${CTIME:-110} TAIL=${TAIL:-60}
 B=tests/backend
