@@ -587,8 +587,9 @@ class Module:
 # Anything else returns None and the layer reads its attributes as before (the same values and errors, in its order).
 # Switch: REGISTERED_READS[0] = False (or MINIDNN_MODULE_REGISTERED_READS=0 at import): always None.
 # Host round 30: a name neither a parameter nor a buffer is looked up among the submodules too (__getattr__'s third
-# registry), and convolution / linear layers and the model zoo's blocks read their weight and bias or submodules so
-# (~0.6 µs a name on this CPU through __getattr__, a failed normal lookup first: ~115 reads a ResNet-20 step).
+# registry), and convolution / linear layers read their weight and bias so (~0.6 µs a name on this CPU through
+# __getattr__, a failed normal lookup first).  (The model zoo's forwards stay written the PyTorch way -- they are the
+# examples users copy -- so no library caller reads submodules through this yet.)
 # Each type's read learns where its names were (all parameters, all submodules, or batch norm's parameters then
 # buffers) and reads them next time with one itemgetter call a registry, checking only what keeps that exact (the
 # loop otherwise).  Switch: REGISTERED_LAYERS[0] = False (or MINIDNN_MODULE_REGISTERED_LAYERS=0 at import): those
