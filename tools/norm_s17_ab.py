@@ -26,10 +26,11 @@ float16 runs the big row only.
 Layer-norm rows (forward only; float16 runs ln768 only): ln768 (32768, 768) -- the kernel table's large3 row, 67% of
 copy: a warp of 3 vectors a row under v3kw --, ln1536 (16384, 1536) a team of 64 x 3, ln1024 (16384, 1024) control
 (the same plan under both).
-Settings: "old" (GN_CLUSTER and GN_STASH16 off: the kernels before), "new" (the clusters on, 16-bit data too:
-FWD16 / BWD16; 256-thread blocks), "new512" (the same, NT = 512: MINIDNN_GN_CLUSTER_NT), and for 16-bit rows
-"stash" (GN_STASH16 on: norm_gn16, gn_bwds), "stash2" (the same, gn_bwdp: backward only); layer norm "v3k" (old) and
-"v3kw" (new).  Plans are forgotten at each flip, so the next call plans anew (compiled outside the capture).
+Settings: "old" (GN_CLUSTER and GN_STASH16 off: the kernels before); for float32 rows "new" (the clusters on;
+256-thread blocks) and "new512" (the same, NT = 512: MINIDNN_GN_CLUSTER_NT); for 16-bit rows "stash" (GN_STASH16 on:
+norm_gn16, gn_bwds) and "stash2" (the same, gn_bwdp: backward only) -- the clusters take float32 only since session
+18 (MINIDNN_GN_CLUSTER_FWD16 / _BWD16 went: they lost to the looped kernels on 16-bit rows); layer norm "v3k" (old)
+and "v3kw" (new).  Plans are forgotten at each flip, so the next call plans anew (compiled outside the capture).
 Method: per row, dtype and direction, `rounds` rounds; each round times every setting, the order rotated a step
 each round (clock or temperature drift spreads over all), each timing a fresh capture of `reps` calls replayed
 `trials` times (median).  Reported per setting: the median over rounds (ms a call), GB/s and % of the copy
@@ -59,21 +60,21 @@ from minidnn.backend.cuda import norm_kernels as NK  # noqa: E402
 ROWS = {"big": ((32, 256, 56, 56), 32), "ragged": ((64, 96, 48, 48), 8), "mid": ((16, 512, 28, 28), 32),
         "tuned": ((128, 64, 56, 56), 32)}
 LN_ROWS = {"ln768": (32768, 768), "ln1536": (16384, 1536), "ln1024": (16384, 1024)}
-SETTINGS = ("old", "new", "new512")
-SETTINGS16 = SETTINGS + ("stash", "stash2")  # 16-bit rows: session 18's stash (backward variants 1, 2)
+SETTINGS = ("old", "new", "new512")  # float32 rows: the clusters at 256- / 512-thread blocks
+SETTINGS16 = ("old", "stash", "stash2")  # 16-bit rows: session 18's stash (backward variants 1, 2)
 LN_SETTINGS = ("old", "new")
 _DEFAULT = (GC.GN_CLUSTER, GC.NT)
-_DEFAULT16 = (GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT)
+_DEFAULT16 = (GS.GN_STASH16, GS.BWD_VARIANT)
 _LN_DEFAULT = NK.ROUTE["ln_fwd16"]
 
 
 def apply(setting):
-    """GN_CLUSTER (with FWD16 / BWD16), norm_gncl.NT, GN_STASH16 with its BWD_VARIANT for ``setting`` (None: the
-    import-time defaults), plans forgotten."""
+    """GN_CLUSTER, norm_gncl.NT, GN_STASH16 with its BWD_VARIANT for ``setting`` (None: the import-time defaults),
+    plans forgotten."""
     cluster = setting in ("new", "new512")
     GC.GN_CLUSTER, GC.NT = _DEFAULT if setting is None else (cluster, 512 if setting == "new512" else 256)
-    GC.FWD16, GC.BWD16, GS.GN_STASH16, GS.BWD_VARIANT = _DEFAULT16 if setting is None else (
-        cluster, cluster, setting in ("stash", "stash2"), 2 if setting == "stash2" else 1)
+    GS.GN_STASH16, GS.BWD_VARIANT = _DEFAULT16 if setting is None else (
+        setting in ("stash", "stash2"), 2 if setting == "stash2" else 1)
     NK._plans.clear()
 
 
@@ -177,12 +178,12 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--ln", default=",".join(LN_ROWS), help="layer-norm rows ('' for none)")
     ap.add_argument("--ln-dtypes", default="bfloat16,float16")
-    ap.add_argument("--settings", default="", help="group-norm settings to time beside old ('' for all: "
-                    + ",".join(SETTINGS16) + ")")
+    ap.add_argument("--settings", default="", help="group-norm settings to time beside old ('' for all: float32 "
+                    + ",".join(SETTINGS[1:]) + "; 16-bit " + ",".join(SETTINGS16[1:]) + ")")
     args = ap.parse_args(argv)
     only = frozenset(x for x in args.settings.split(",") if x)
-    if not only <= set(SETTINGS16):
-        ap.error(f"--settings: each of {', '.join(SETTINGS16)}")
+    if not only <= set(SETTINGS + SETTINGS16):
+        ap.error(f"--settings: each of {', '.join(dict.fromkeys(SETTINGS + SETTINGS16))}")
     rows = [k for k in args.rows.split(",") if k]
     ln_rows = [k for k in args.ln.split(",") if k]
     if any(k not in ROWS for k in rows) or any(k not in LN_ROWS for k in ln_rows):

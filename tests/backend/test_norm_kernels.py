@@ -221,8 +221,8 @@ GN_CASES = [((2, 6, 5, 5), 3), ((4, 32, 16, 16), 8), ((2, 64, 28, 28), 32), ((2,
 
 def _gn_backward_launches(shape, groups, dtype, affine):
     """gn_bwd2 / gn_bwd (+ col_sum) where the group row fits in registers and C/G <= 32, else norm_gncl's cluster
-    kernel gn_bwdc (+ col_sum) where its plan takes the row (session 17, on by default), else row_sums, gn_dx
-    (+ col_sum)."""
+    kernel gn_bwdc (+ col_sum) where its plan takes the float32 row (session 17, on by default), else row_sums,
+    gn_dx (+ col_sum)."""
     from minidnn.backend.cuda import norm_gncl as GC
     cpg = shape[1] // groups
     s = math.prod(shape[2:])
@@ -230,8 +230,7 @@ def _gn_backward_launches(shape, groups, dtype, affine):
     one = cpg <= 32 and ((not NK.V1 and NK.row_config2(d, dtype, True, "gn_bwd") is not None)
                          or NK.row_config(d, dtype)[1] > 0)
     item = np.dtype(dtype).itemsize
-    one = one or (not NK.V1 and GC.GN_CLUSTER and (item == 4 or GC.BWD16)
-                  and GC.plan(d, s, item, True, cpg) is not None)
+    one = one or (not NK.V1 and GC.GN_CLUSTER and item == 4 and GC.plan(d, s, item, True, cpg) is not None)
     return (1 if one else 2) + affine
 
 

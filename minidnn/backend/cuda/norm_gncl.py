@@ -1,11 +1,11 @@
 """Group norm of large groups with each group held on chip by a thread-block cluster (Hopper, sm_90+): forward in
 one launch and backward in one launch (+ col_sum for dscale / dbias), reading x (and dy) from DRAM exactly once.
 
-Shape legend: x, y, dy, dx (N, C, *S) C-contiguous, seen as rows = N * G group rows of D = cpg * S values (cpg =
-C / G channels of S values, contiguous); a row is nvec = D / VEC 16-byte vectors (VEC = 4 floats, 8 halves), a
-channel plane iv = S / VEC of them (S % VEC == 0: a vector lies in one channel).  scale, bias (C,) in x's dtype or
-float32 (PSTORAGE); mean, rstd (N, G) in A = float; sums (N, 2C) in A: e = sum(dy * xhat) at c, s = sum(dy) at C + c,
-which norm_kernels' col_sum turns into dscale (A) and dbias (x's dtype).
+Shape legend: x, y, dy, dx (N, C, *S) C-contiguous float32 (`plan` refuses 16-bit data: norm_gn16 takes it), seen
+as rows = N * G group rows of D = cpg * S values (cpg = C / G channels of S values, contiguous); a row is
+nvec = D / VEC 16-byte vectors (VEC = 4 floats), a channel plane iv = S / VEC of them (S % VEC == 0: a vector lies in
+one channel).  scale, bias (C,) float32 (PSTORAGE 0); mean, rstd (N, G) in A = float; sums (N, 2C) in A:
+e = sum(dy * xhat) at c, s = sum(dy) at C + c, which norm_kernels' col_sum turns into dscale and dbias.
 
 Why: norm_kernels' paths hold a row in the registers of ONE team of <= 512 threads (<= 8192 floats, 16384 halves).
 A longer group row (GroupNorm(32, 256) on 56 x 56: 25088 values, 100 KB in float32) took the looped kernels: the
@@ -34,10 +34,11 @@ A closing cluster arrive (after the last remote read) + wait (at the end) keeps 
 alive until the cluster has read them.  Deterministic; nothing read back to the host (capturable in a graph).
 
 Switch: GN_CLUSTER (MINIDNN_GN_CLUSTER, read at import; norm_kernels reads the attribute at planning time, so set
-it and clear norm_kernels._plans for an in-process A/B): "1" routes group-norm rows that no register path of
-norm_kernels takes (row_config2 None: float32 D > 8192, 16-bit D > 16384) to these kernels where `plan` fits them;
-"0" keeps the looped kernels; "1" is the default since session 17's run 3 (16-bit data only with FWD16 / BWD16).  Never
-planned for rows norm_kernels holds in registers: (128, 64, 56, 56) G=32 and every smaller shape keep their kernels.
+it and clear norm_kernels._plans for an in-process A/B): "1" routes float32 group-norm rows that no register path of
+norm_kernels takes (row_config2 None: D > 8192) to these kernels where `plan` fits them; "0" keeps the looped kernels;
+"1" is the default since session 17's run 3.  Never planned for rows norm_kernels holds in registers:
+(128, 64, 56, 56) G=32 and every smaller shape keep their kernels.  16-bit rows never come here (session 18 removed
+the switches MINIDNN_GN_CLUSTER_FWD16 / _BWD16; `plan` says why).
 """
 from __future__ import annotations
 
@@ -59,19 +60,15 @@ GN_CLUSTER = os.environ.get("MINIDNN_GN_CLUSTER", "1") == "1"
 # 1.49x; 16-bit backward 1.05-1.09x, but the 16-bit forward 0.94-0.95x (two vectors a thread: the blocks alternate
 # loads and stores with too little in flight).  The H200 (session 17's last A/B): float32 forward 1.18-1.30x, backward
 # 1.45-1.58x (70-77% of copy), but the 16-bit backward 0.94x at (32, 256, 56, 56) (1.04x at (64, 96, 48, 48)).  So
-# on by default for float32; 16-bit forwards only with FWD16 (MINIDNN_GN_CLUSTER_FWD16=1), 16-bit backwards only with
-# BWD16 (MINIDNN_GN_CLUSTER_BWD16=1).
-FWD16 = os.environ.get("MINIDNN_GN_CLUSTER_FWD16", "0") == "1"
-BWD16 = os.environ.get("MINIDNN_GN_CLUSTER_BWD16", "0") == "1"
+# on by default, for float32 only (16-bit: `plan`).
 # threads a block (MINIDNN_GN_CLUSTER_NT, read at import; tools/norm_s17_ab.py's "new512" sets the attribute): 256,
 # or 512 -- half the blocks a cluster (CL 4 for the table's float32 rows) and a cheaper meeting, half the blocks an
 # SM; the register budgets are the same (the launch bounds' blocks an SM scale with 256 / NT)
 NT = int(os.environ.get("MINIDNN_GN_CLUSTER_NT", "256"))
 if NT not in (256, 512):
     raise ValueError(f"MINIDNN_GN_CLUSTER_NT: 256 or 512 threads a block, not {NT}")
-# 16-byte vectors of one array a thread holds, by itemsize: 16 floats; 16 halves (at 4 vectors the 16-bit kernels
-# spilled 44 / 236 bytes forward / backward at these launch bounds: the raw words and their conversions)
-VPT_MAX = {4: 4, 2: 2}
+# 16-byte vectors of one array a thread holds, by itemsize: 16 floats (float32 only: `plan`)
+VPT_MAX = {4: 4}
 CL_MAX = 8          # portable cluster sizes only
 MAXCH_MAX = 4       # channels one block's vectors may touch (the backward's per-channel partials, registers)
 MINB_FWD = 6        # launch bounds at 256 threads: <= 40 registers, six blocks an SM
@@ -402,11 +399,16 @@ def max_channels(nvec, cl, iv):
 
 def plan(d, s, itemsize, backward, cpg=1, force_cl=None):
     """(CL, VPT, MAXCH) of a cluster launch for group rows of ``d`` values in planes of ``s``, or None where the
-    kernels do not take them: 16-bit or float32 data (16-byte vectors) with s a multiple of the vector, the
-    smallest cluster (<= CL_MAX blocks) whose blocks hold their share in at most VPT_MAX[itemsize] vectors a
-    thread; the backward also needs every block to touch at most MAXCH_MAX channels.  ``force_cl``: that size
-    where it fits (A/B, tests)."""
-    if itemsize not in (2, 4):
+    kernels do not take them: float32 data (16-byte vectors) with s a multiple of the vector, the smallest cluster
+    (<= CL_MAX blocks) whose blocks hold their share in at most VPT_MAX[itemsize] vectors a thread; the backward
+    also needs every block to touch at most MAXCH_MAX channels.  ``force_cl``: that size where it fits (A/B,
+    tests)."""
+    # 16-bit data is refused.  At the launch bounds' registers a thread holds two vectors of it (four spilled 44 /
+    # 236 bytes forward / backward), too few bytes in flight: the clusters lost to the looped kernels on the H200
+    # (session 17 run 6: 0.94x; session 18 run 2: forward 0.79-0.89x, backward 0.93-0.95x), and norm_gn16's
+    # shared-memory stash beat both (forward 59% -> 72% of copy, backward 41% -> 63%).  The kernels' source stays
+    # generic over T (its 16-bit loads are norm_gn16's too); git history has the 16-bit plans and switches.
+    if itemsize != 4:
         return None
     vec = 16 // itemsize
     if s % vec or d % s or d < vec:

@@ -1951,8 +1951,7 @@ def _row_forward_plan(x, rows, d, scale, bias, eps, grouped, g, cpg, s, aligned,
         go = _gn16.prepare_forward(x, g, scale, bias, eps, (scale is not None) | (bias is not None) << 1, dev)
         if go is not None:
             return go, _acc(x.dtype)
-    if (cfg is None and grouped and version != "v1" and aligned and _gncl.usable(dev)
-            and (x.dtype.itemsize == 4 or _gncl.FWD16)):
+    if cfg is None and grouped and version != "v1" and aligned and x.dtype.itemsize == 4 and _gncl.usable(dev):
         # session 17: a group row no team holds in registers, held by a thread-block cluster (norm_gncl)
         go = _gncl.prepare_forward(x, g, scale, bias, eps, (scale is not None) | (bias is not None) << 1)
         if go is not None:
@@ -2203,7 +2202,7 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
         one = _gn16.prepare_backward(x, num_groups, scale, dev)
         if one is not None:
             return one, None, col, c
-    if version != "v1" and aligned and _gncl.usable(dev) and (x.dtype.itemsize == 4 or _gncl.BWD16):
+    if version != "v1" and aligned and x.dtype.itemsize == 4 and _gncl.usable(dev):
         # session 17: x and dy of a long group row held by a thread-block cluster, one launch + col_sum (norm_gncl)
         one = _gncl.prepare_backward(x, num_groups, scale)
         if one is not None:
