@@ -405,9 +405,10 @@ def plan(d, s, itemsize, backward, cpg=1, force_cl=None):
     tests)."""
     # 16-bit data is refused.  At the launch bounds' registers a thread holds two vectors of it (four spilled 44 /
     # 236 bytes forward / backward), too few bytes in flight: the clusters lost to the looped kernels on the H200
-    # (session 17 run 6: 0.94x; session 18 run 2: forward 0.79-0.89x, backward 0.93-0.95x), and norm_gn16's
-    # shared-memory stash beat both (forward 59% -> 72% of copy, backward 41% -> 63%).  The kernels' source stays
-    # generic over T (its 16-bit loads are norm_gn16's too); git history has the 16-bit plans and switches.
+    # (session 17 run 6: 0.94x; session 18 run 2: forward 0.78-0.89x, backward 0.93-0.95x on (32, 256, 56, 56)
+    # G=32 -- 1.03-1.07x only on (64, 96, 48, 48) G=8, where the stash ran 1.37x faster still), and norm_gn16's
+    # shared-memory stash beat both (big row: forward 59% -> 72% of copy, backward 41% -> 63%).  The kernels' source
+    # stays generic over T (its 16-bit loads are norm_gn16's too); git history has the 16-bit plans and switches.
     if itemsize != 4:
         return None
     vec = 16 // itemsize
