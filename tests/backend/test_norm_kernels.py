@@ -219,10 +219,13 @@ GN_CASES = [((2, 6, 5, 5), 3), ((4, 32, 16, 16), 8), ((2, 64, 28, 28), 32), ((2,
             ((2, 64, 3, 3), 1)]     # the last two: 32 channels per group (gn_bwd's limit), 64 (the 3-kernel path)
 
 
-def _gn_backward_launches(shape, groups, dtype, affine):
-    """gn_bwd2 / gn_bwd (+ col_sum) where the group row fits in registers and C/G <= 32, else norm_gncl's cluster
-    kernel gn_bwdc (+ col_sum) where its plan takes the float32 row (session 17, on by default), else row_sums,
+def _gn_backward_launches(shape, groups, dtype, affine, dev=0):
+    """gn_bwd2 / gn_bwd (+ col_sum) where the group row fits in registers and C/G <= 32, else (16-bit) norm_gn16's
+    stash kernel gn_bwdp / gn_bwds (+ col_sum) where its plan takes the row (session 18, on by default), else
+    norm_gncl's cluster kernel gn_bwdc (+ col_sum) where its plan takes the float32 row (session 17), else row_sums,
     gn_dx (+ col_sum)."""
+    from minidnn.backend.cuda import device_facts as DF
+    from minidnn.backend.cuda import norm_gn16 as GS
     from minidnn.backend.cuda import norm_gncl as GC
     cpg = shape[1] // groups
     s = math.prod(shape[2:])
@@ -230,6 +233,10 @@ def _gn_backward_launches(shape, groups, dtype, affine):
     one = cpg <= 32 and ((not NK.V1 and NK.row_config2(d, dtype, True, "gn_bwd") is not None)
                          or NK.row_config(d, dtype)[1] > 0)
     item = np.dtype(dtype).itemsize
+    if not one and not NK.V1 and item == 2 and GS.usable(dev, True):
+        sm = DF.smem_limits(dev)
+        one = ((GS.BWD_VARIANT == 2 and GS.plan_pipe(d, s, item, cpg, sm) is not None)
+               or GS.plan(d, s, item, True, cpg, sm) is not None)
     one = one or (not NK.V1 and GC.GN_CLUSTER and item == 4 and GC.plan(d, s, item, True, cpg) is not None)
     return (1 if one else 2) + affine
 
@@ -256,7 +263,7 @@ def test_group_norm(cp, name, shape, groups, affine):
     with Counted() as cnt:
         y, m, i = B.group_normalization_forward(None, g[0], groups, g[2], g[3], 1e-5)
         dx, ds, db = B.group_normalization_backward(None, g[0], g[1], groups, g[2], m, i)
-    assert cnt.n == 1 + _gn_backward_launches(shape, groups, dtype, affine)
+    assert cnt.n == 1 + _gn_backward_launches(shape, groups, dtype, affine, g[0].data.device_id)
     assert y.dtype == dtype and dx.dtype == dtype and m.shape == (shape[0], groups)
     _close(y, y_r, name)
     _close(m, m_r, name, what="stat")

@@ -32,7 +32,7 @@ Every sum is in a fixed order: deterministic, bitwise repeatable; nothing read b
 
 Switch: GN_STASH16 (MINIDNN_GN_STASH16, read at import; norm_kernels reads the attribute at planning time, so set it
 and clear norm_kernels._plans for an in-process A/B): "1" routes 16-bit group-norm rows no register path takes
-(row_config2 None) to these kernels where `plan` fits them (ahead of the cluster kernels' FWD16 / BWD16), on sm_80+;
+(row_config2 None) to these kernels where `plan` fits them, on sm_80+ (the cluster kernels take float32 only);
 "0" keeps the kernels before (the default is "1" since session 18's run 2: H200, (32, 256, 56, 56) G=32 bf16 forward
 59% -> 72% of copy, backward 41% -> 63%); MINIDNN_GN_STASH16_DIRS ("fwd,bwd" | "fwd" | "bwd";
 the attribute DIRECTIONS) limits it to one direction.  float32 keeps the cluster kernels.
