@@ -50,7 +50,7 @@ from .. import devices as _dev
 from . import launch as _launch
 from .bn_cluster import CLUSTER_HEADER
 from .softmax_kernels import WARP_REDUCE
-from .storage import STORAGE_HEADER, type_info
+from .storage import LDE_HEADER, STORAGE_HEADER, type_info
 
 __all__ = ["SOURCE", "GN_CLUSTER", "plan", "prepare_forward", "prepare_backward", "usable", "options"]
 
@@ -100,29 +100,8 @@ __device__ __forceinline__ A LDP(PT h) { return __uint_as_float(((unsigned int)h
 #define F_SCALE 1
 #define F_BIAS 2
 struct alignas(16) V { T v[VEC]; };
-
-// Value e of raw vector v, converted where it is used.  16-bit data: an asm volatile on the vector's 32-bit word, so
-// the compiler keeps the row raw (2 bytes a value) instead of hoisting VPT * VEC floats into registers.
-__device__ __forceinline__ A LDE(const V& v, int e)
-{
-#if STORAGE == 0
-    return LD(v.v[e]);
-#else
-    const int e0 = e & ~1;
-    const unsigned int w = ((unsigned int)v.v[e0 + 1] << 16) | v.v[e0];
-    float f;
-#if STORAGE == 2
-    if (e & 1) asm volatile("and.b32 %0, %1, 0xffff0000;" : "=f"(f) : "r"(w));
-    else asm volatile("shl.b32 %0, %1, 16;" : "=f"(f) : "r"(w));
-#else
-    if (e & 1) asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi;}" : "=f"(f) : "r"(w));
-    else asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w));
-#endif
-    return f;
-#endif
-}
-
-__device__ __forceinline__ unsigned int divu(unsigned int n, unsigned int mul, unsigned int shr)
+#define LDE_SCALAR (STORAGE == 0)
+""" + LDE_HEADER + r"""__device__ __forceinline__ unsigned int divu(unsigned int n, unsigned int mul, unsigned int shr)
 {
     return (__umulhi(n, mul) + n) >> shr;
 }

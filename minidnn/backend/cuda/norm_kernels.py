@@ -83,7 +83,7 @@ from . import norm_gn16 as _gn16
 from . import norm_gncl as _gncl
 from . import workspace as _ws
 from .softmax_kernels import WARP_REDUCE
-from .storage import STORAGE_HEADER, param_dtype, type_info
+from .storage import LDE_HEADER, STORAGE_HEADER, param_dtype, type_info
 
 __all__ = ["supports_layer_norm", "supports_group_norm", "supports_stats", "supports_bias",
            "supports_bias_grad", "layer_norm_forward",
@@ -737,29 +737,8 @@ bias_add(const T* x, const PT* __restrict__ b, T* y,      // x may be y: no __re
 #define F_CHV 16
 struct alignas(VEC > 1 ? 16 : alignof(PT)) PV { PT v[VEC]; };
 
-// Value e of raw vector v, converted where it is used: for 16-bit data an asm volatile on the vector's 32-bit word
-// (a shift / mask for bfloat16, a cvt for float16), which the compiler may not hoist into one float register per
-// value -- so the row stays in registers at 2 bytes a value.  32/64-bit data: the value itself.
-__device__ __forceinline__ A LDE(const V& v, int e)
-{
-#if STORAGE == 0 || VEC == 1
-    return LD(v.v[e]);
-#else
-    const int e0 = e & ~1;           // the vector's 32-bit word holding value e: values e0 (low half), e0 + 1
-    const unsigned int w = ((unsigned int)v.v[e0 + 1] << 16) | v.v[e0];
-    float f;
-#if STORAGE == 2
-    if (e & 1) asm volatile("and.b32 %0, %1, 0xffff0000;" : "=f"(f) : "r"(w));
-    else asm volatile("shl.b32 %0, %1, 16;" : "=f"(f) : "r"(w));
-#else
-    if (e & 1) asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi;}" : "=f"(f) : "r"(w));
-    else asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w));
-#endif
-    return f;
-#endif
-}
-
-__device__ __forceinline__ void team_bar()
+#define LDE_SCALAR (STORAGE == 0 || VEC == 1)
+""" + LDE_HEADER + r"""__device__ __forceinline__ void team_bar()
 {
 #if TEAM > 32
 #if TEAM == BLOCK
