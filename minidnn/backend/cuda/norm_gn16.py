@@ -53,7 +53,7 @@ import numpy as np
 from .. import devices as _dev
 from . import launch as _launch
 from .device_facts import sm80, smem_limits
-from .norm_gncl import _PSTORAGE, GN_BLOCK_SUMS, GN_DATA_HEADER, _divider
+from .norm_gncl import _PSTORAGE, GN_BLOCK_SUMS, GN_DATA_HEADER, _divider, geometry
 from .softmax_kernels import WARP_REDUCE
 from .storage import STORAGE_HEADER, type_info
 
@@ -526,17 +526,10 @@ def _pinfo(p):
     return _PSTORAGE.get("float32" if p is None else _dev.dtype_name(p.dtype))
 
 
-def _geometry(x, num_groups):
-    n, c = x.shape[:2]
-    s = x.size // (n * c)
-    cpg = c // num_groups
-    return n, c, s, cpg, cpg * s
-
-
 def prepare_forward(x, num_groups, scale, bias, eps, flags, dev):
     """A Prepared gn_fwds launch called as go(x, scale, bias, y, mean, rstd) (norm_kernels' forward arrays), or None
     where `plan` does not take the rows.  ``flags``: bit 0 scale, bit 1 bias."""
-    n, _, s, cpg, d = _geometry(x, num_groups)
+    n, _, s, cpg, d = geometry(x, num_groups)
     pinfo = _pinfo(scale if scale is not None else bias)
     rows = n * num_groups
     if pinfo is None or rows >= 2 ** 31 - 4096:
@@ -559,7 +552,7 @@ def _pipe_grid(rows, dev):
 def prepare_backward(x, num_groups, scale, dev):
     """A Prepared gn_bwds launch called as go(x, dy, mean, rstd, scale, sums, dx) (norm_kernels' gn_bwd2 arrays),
     or None where `plan` does not take the rows."""
-    n, c, s, cpg, d = _geometry(x, num_groups)
+    n, c, s, cpg, d = geometry(x, num_groups)
     pinfo = _pinfo(scale)
     rows = n * num_groups
     if pinfo is None or rows >= 2 ** 31 - 4096:

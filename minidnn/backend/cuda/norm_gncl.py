@@ -446,13 +446,19 @@ def pinfo_of(x_dtype, p):
     return _PSTORAGE["float32" if p is None else _dev.dtype_name(p.dtype)]
 
 
-def prepare_forward(x, num_groups, scale, bias, eps, flags, force_cl=None):
-    """A Prepared gn_fwdc launch called as go(x, scale, bias, y, mean, rstd) (norm_kernels' forward arrays), or None
-    where `plan` does not take the rows.  ``flags``: bit 0 scale, bit 1 bias."""
+def geometry(x, num_groups):
+    """(n, c, plane size s, channels a group cpg, group row length d) of an (N, C, *) input in ``num_groups`` groups
+    (norm_gn16's launches too)."""
     n, c = x.shape[:2]
     s = x.size // (n * c)
     cpg = c // num_groups
-    d = cpg * s
+    return n, c, s, cpg, cpg * s
+
+
+def prepare_forward(x, num_groups, scale, bias, eps, flags, force_cl=None):
+    """A Prepared gn_fwdc launch called as go(x, scale, bias, y, mean, rstd) (norm_kernels' forward arrays), or None
+    where `plan` does not take the rows.  ``flags``: bit 0 scale, bit 1 bias."""
+    n, c, s, cpg, d = geometry(x, num_groups)
     p = plan(d, s, x.dtype.itemsize, False, cpg, force_cl)
     if p is None or n * num_groups * p[0] >= 2 ** 31:
         return None
@@ -467,10 +473,7 @@ def prepare_forward(x, num_groups, scale, bias, eps, flags, force_cl=None):
 def prepare_backward(x, num_groups, scale, force_cl=None):
     """A Prepared gn_bwdc launch called as go(x, dy, mean, rstd, scale, sums, dx) (norm_kernels' gn_bwd2 arrays),
     or None where `plan` does not take the rows."""
-    n, c = x.shape[:2]
-    s = x.size // (n * c)
-    cpg = c // num_groups
-    d = cpg * s
+    n, c, s, cpg, d = geometry(x, num_groups)
     p = plan(d, s, x.dtype.itemsize, True, cpg, force_cl)
     if p is None or n * num_groups * p[0] >= 2 ** 31:
         return None
