@@ -238,7 +238,7 @@ _SCRIPT = textwrap.dedent("""
     fakecp, L = R._install({root!r})
     import numpy as np
     R.numpy_fallback(fakecp)
-    from minidnn.backend.cuda import bn_kernels as K, bn_nhwc as M, bn_cluster as BC
+    from minidnn.backend.cuda import bn_kernels as K, bn_nhwc as M, bn_cluster as BC, device_facts as DF
     out = {{}}
     H100 = (233472, 232448)
 
@@ -250,10 +250,10 @@ _SCRIPT = textwrap.dedent("""
             fakecp.zeros((c,), np.float32), fakecp.ones((c,), np.float32)
 
     def case(name, shape, form="relu", cl=False, smem=None, onepass=True, cluster_dx=True):
-        K._calls.clear(); K._plans.clear(); M._smem.clear(); K.ONEPASS = onepass
+        K._calls.clear(); K._plans.clear(); DF._smem.clear(); K.ONEPASS = onepass
         BC.DX_NHWC = cluster_dx
         if smem:
-            M._smem[0] = smem
+            DF._smem[0] = smem
         x, dy, scale, mean, inv = arrays(shape, cl)
         y = x if form != "plain" else None
         plain = K.backward_call(x, dy, scale, mean, y, form == "add_relu")
@@ -286,9 +286,9 @@ _SCRIPT = textwrap.dedent("""
     import minidnn.backend as B
     recs = R.record_packed(L, [], other="cupy")
     for name, cl_route in (("primitive", False), ("primitive_cluster", True)):
-        K._calls.clear(); K._plans.clear(); M._smem.clear(); K.ONEPASS = True
+        K._calls.clear(); K._plans.clear(); DF._smem.clear(); K.ONEPASS = True
         if cl_route:
-            M._smem[0] = (233472, 232448)
+            DF._smem[0] = (233472, 232448)
         x, dy, scale, mean, inv = arrays((16, 32, 8, 8))
         dest = fakecp.empty((16, 8, 8, 32), np.float32).transpose(0, 3, 1, 2)
         del recs[:]

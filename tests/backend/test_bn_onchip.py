@@ -249,8 +249,8 @@ import numpy as np, record_launches as R
 fakecp, L = R._install({ROOT!r})
 names = []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d, str(fn), p))
-from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
-M._smem[0] = {H100_SMEM!r}
+from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC, device_facts as DF
+DF._smem[0] = {H100_SMEM!r}
 BC.ENABLED = False      # the kernels before the cluster ones (tests/backend/test_bn_cluster.py has those)
 def cl(a):
     perm = (0, *range(2, a.ndim), 1); back = (0, a.ndim - 1, *range(1, a.ndim - 1))

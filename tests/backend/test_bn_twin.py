@@ -107,7 +107,7 @@ import numpy as np, record_launches as R
 fakecp, L = R._install({ROOT!r})
 R._zero_pointers(fakecp, L)
 recs = R.record_packed(L, [])
-from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC
+from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, bn_cluster as BC, device_facts as DF
 def arrays(shape, cl=False):
     c = shape[1]
     x = fakecp.zeros(shape, np.float32)
@@ -148,7 +148,7 @@ def test_the_twin_call_is_the_plain_launch_plus_one_array_on_each_route():
 assert both((4, 16, 6, 6)) == "bn_fwd1"
 assert both((8, 16)) == "bnc_fwd1"                         # (N, C) rows
 assert both((4, 16, 6, 6), cl=True) == "bnc_fwd1"          # channels-last
-M._smem[0] = (233472, 232448)
+DF._smem[0] = (233472, 232448)
 assert both((16, 64, 16, 16)) == "bn_fwdc"                 # an H100's shared memory: the cluster route
 print("OK")
 """)

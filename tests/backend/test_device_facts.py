@@ -82,12 +82,14 @@ def test_softmax_and_dropout_hints_follow_the_one_rule(monkeypatch, fake_devices
 
 
 def test_batch_norm_reads_the_same_cache(fake_devices):
-    """bn_kernels' rounds take device_facts' L2 (an H100's 50 MB where the device does not say); bn_nhwc's names
-    are device_facts' own objects (norm_gncl / norm_kernels and earlier tests import them from there)."""
+    """bn_kernels' rounds take device_facts' L2 (an H100's 50 MB where the device does not say); bn_nhwc asks
+    device_facts' own functions and keeps no cache of its own (session 19: the caches are set in device_facts only,
+    so a test that wrote bn_nhwc._smem fails loudly instead of planning for a device it did not mean)."""
     assert bn_kernels._l2_bytes(3) == H200["L2CacheSize"] and bn_kernels._l2_bytes(4) == 4 << 20
     assert bn_kernels._l2_bytes(5) == 50 * 2 ** 20
     assert bn_nhwc.l2_info is device_facts.l2_info and bn_nhwc.smem_limits is device_facts.smem_limits
-    assert bn_nhwc.sm80 is device_facts.sm80
-    assert bn_nhwc._l2 is device_facts._l2 and bn_nhwc._smem is device_facts._smem
-    bn_nhwc._smem[6] = (1, 2)                   # how earlier tests set a device's shared memory still works
-    assert device_facts.smem_limits(6) == (1, 2) and 6 not in fake_devices
+    for name in ("_l2", "_smem", "sm80"):
+        assert not hasattr(bn_nhwc, name), name
+    device_facts._smem[6] = (1, 2)              # a write to the cache reaches bn_nhwc's planner, no device asked
+    device_facts._l2[6] = (3, True)
+    assert bn_nhwc.smem_limits(6) == (1, 2) and bn_nhwc.l2_info(6) == (3, True) and 6 not in fake_devices

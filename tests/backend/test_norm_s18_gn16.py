@@ -197,9 +197,9 @@ fakecp, L = R._install({ROOT!r})
 names = []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d))
 import minidnn.backend as B
-from minidnn.backend.cuda import norm_kernels as NK, norm_gn16 as GS, norm_gncl as GC, bn_nhwc as M
-M._smem[0] = {H200!r}
-M._l2[0] = (50 * 2 ** 20, True)
+from minidnn.backend.cuda import norm_kernels as NK, norm_gn16 as GS, norm_gncl as GC, device_facts as DF
+DF._smem[0] = {H200!r}
+DF._l2[0] = (50 * 2 ** 20, True)
 bf16 = ml_dtypes.bfloat16
 def run(shape, groups, dtype=bf16, affine=True):
     NK._plans.clear()
@@ -245,12 +245,12 @@ assert kinds((8, 32, 8, 8), 8) == ["norm_fwd2", "gn_bwd2", "col_sum"]
 assert kinds((2, 256, 55, 55), 32) == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
 # a GPU before sm_80 (no cp.async), a device that does not say its shared memory, the switch off: the looped
 # kernels, never the clusters
-M._l2[0] = (50 * 2 ** 20, False)
+DF._l2[0] = (50 * 2 ** 20, False)
 assert kinds((2, 256, 56, 56), 32) == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
-M._l2[0] = (50 * 2 ** 20, True)
-M._smem[0] = (0, 0)
+DF._l2[0] = (50 * 2 ** 20, True)
+DF._smem[0] = (0, 0)
 assert kinds((2, 256, 56, 56), 32) == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
-M._smem[0] = {H200!r}
+DF._smem[0] = {H200!r}
 GS.GN_STASH16 = False
 assert kinds((2, 256, 56, 56), 32) == ["norm_fwd", "row_sums", "col_sum", "gn_dx"]
 GS.GN_STASH16 = True

@@ -138,7 +138,7 @@ import numpy as np, record_launches as R
 fakecp, L = R._install({ROOT!r})
 R._zero_pointers(fakecp, L)
 recs = R.record_packed(L, [])
-from minidnn.backend.cuda import bn_nhwc as M, bn_kernels as K, act_kernels as AK
+from minidnn.backend.cuda import bn_kernels as K, act_kernels as AK, device_facts as DF
 H100 = (233472, 232448)
 def arrays(shape, cl=False):
     c = shape[1]
@@ -194,10 +194,10 @@ def test_the_shadow_call_is_the_twin_launch_plus_one_array():
     _fake("""
 assert bn((8, 16, 8, 8)) == "bn_fwd1"
 assert bn((8, 24, 7, 7)) == "bn_fwd1"                      # a spatial tail
-M._smem[0] = H100
+DF._smem[0] = H100
 assert bn((16, 64, 16, 16)) == "bn_fwdc"                   # an H100's shared memory: the cluster route
 assert bn((128, 32, 16, 16)) == "bn_fwdc"
-del M._smem[0]
+del DF._smem[0]
 assert add((8, 16, 8, 8)) == add((4, 64, 4, 2)) == "act_bwd"
 print("OK")
 """)

@@ -30,7 +30,7 @@ MODEL_STEPS = textwrap.dedent("""
     import minidnn as mdn
     import minidnn.autograd as AG
     import minidnn.models as MODELS
-    from minidnn.backend.cuda import bn_nhwc as M
+    from minidnn.backend.cuda import bn_nhwc as M, device_facts as DF
     from minidnn.nn import functional as F
     from minidnn.nn._functions import norm as N
     AG._check_anomaly = lambda *a, **k: None
@@ -40,9 +40,9 @@ MODEL_STEPS = textwrap.dedent("""
 
     def train_steps(name, amp=False, cl=False, batch=16, smem=None, steps=3):
         N._REMEMBERED.clear()
-        M._smem.clear()
+        DF._smem.clear()
         if smem:
-            M._smem[0] = smem
+            DF._smem[0] = smem
         mdn.manual_seed(0)
         model = {{"resnet20": lambda: MODELS.resnet20(), "mobilenet": lambda: MODELS.MobileNetSmall(),
                   "lenet5": lambda: MODELS.LeNet5(num_classes=10, in_channels=1, input_size=32)}}[name]().to("cuda")

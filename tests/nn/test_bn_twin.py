@@ -27,7 +27,7 @@ _SCRIPT = FAKE_PROLOGUE + NODE_VIEW + textwrap.dedent("""
     import minidnn as mdn
     import minidnn.autograd as AG
     import minidnn.backend as B
-    from minidnn.backend.cuda import bn_nhwc as M
+    from minidnn.backend.cuda import device_facts as DF
     from minidnn.nn import functional as F
     from minidnn.nn._functions import norm as N
     AG._check_anomaly = lambda *a, **k: None
@@ -50,9 +50,9 @@ _SCRIPT = FAKE_PROLOGUE + NODE_VIEW + textwrap.dedent("""
     def scenario(name, on, steps=4):
         N.TWIN[0] = on
         N._REMEMBERED.clear()
-        M._smem.clear()
+        DF._smem.clear()
         if name == "fwdc":               # an H100's shared memory: the NCHW call takes bn_cluster's bn_fwdc
-            M._smem[0] = (233472, 232448)
+            DF._smem[0] = (233472, 232448)
         shape = SHAPES.get(name, SHAPES["nchw"])
         mdn.manual_seed(0)
         bn = (mdn.nn.BatchNorm1d if len(shape) == 2 else mdn.nn.BatchNorm2d)(shape[1]).to("cuda")
@@ -116,7 +116,7 @@ _SCRIPT = FAKE_PROLOGUE + NODE_VIEW + textwrap.dedent("""
         # two steps with a ReLU (the entry learns it), then batch norm alone: the twin is launched TWIN_MISSES times
         N.TWIN[0] = on
         N._REMEMBERED.clear()
-        M._smem.clear()
+        DF._smem.clear()
         mdn.manual_seed(0)
         bn = mdn.nn.BatchNorm2d(16).to("cuda")
         x = mdn.randn(4, 16, 6, 6).to("cuda").requires_grad_()

@@ -33,7 +33,7 @@ _SCRIPT = FAKE_PROLOGUE + MODEL_STEPS + textwrap.dedent("""
     def layer(inplace=False, on=True, steps=7):
         N.TWIN_NHWC[0] = on
         N._REMEMBERED.clear()
-        M._smem.clear()
+        DF._smem.clear()
         mdn.manual_seed(0)
         nn = mdn.nn
         conv0, bn = nn.Conv2d(32, 32, 3, padding=1, bias=False).to("cuda"), nn.BatchNorm2d(32).to("cuda")

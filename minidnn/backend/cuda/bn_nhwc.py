@@ -57,7 +57,7 @@ import numpy as np
 
 from . import launch as _launch
 from . import workspace as _ws
-from .device_facts import _l2, _smem, l2_info, sm80, smem_limits  # noqa: F401 -- also for importers of bn_nhwc
+from .device_facts import l2_info, smem_limits
 from .storage import STORAGE_HEADER, acc_dtype, param_dtype, type_info
 
 __all__ = ["ENABLED", "ROUTE", "SOURCE", "takes", "rows_layout", "switch", "geometry", "training_call",
