@@ -6,6 +6,11 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=count python tools/fake_gpu_step.py TREE resnet20 128   # launches, cupy.empty/zeros/.../cuda.alloc per step by caller
     MODE=time  python tools/fake_gpu_step.py TREE resnet20 2     # ms of CPU time per step (fastest of 7 x 20)
     MODE=prof  [SORT=cumulative N=60 NOGC=1] python tools/fake_gpu_step.py TREE resnet20 2   # cProfile of 20 steps
+    MODE=trace [CCALLS=1] [TRACE_OUT=file] python tools/fake_gpu_step.py TREE resnet20 2   # one step's calls as a tree
+    MODE=opcodes [N=50] python tools/fake_gpu_step.py TREE resnet20 2   # Python opcodes a step by function
+    MODE=instr [SW=module:NAME,..] python tools/fake_gpu_step.py TREE resnet20 2   # instructions a step (callgrind,
+        switches off / on alternated twice, 3 steps each): the measure that the shared cores' load does not move;
+        PAIR=amp AMP=bf16: "off" is the step without autocast, "on" with it (the bf16 extra)
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
     MODE=gc python tools/fake_gpu_step.py TREE lenet5 64   # the cyclic garbage collector's collections and time a step
     MODE=cycles python tools/fake_gpu_step.py TREE resnet20 8   # objects a step leaves in reference cycles, by type
@@ -471,6 +476,89 @@ elif mode == "prof":
     pr.disable()
     if os.environ.get("PROF_OUT"): pr.dump_stats(os.environ["PROF_OUT"])
     pstats.Stats(pr).sort_stats(os.environ.get("SORT","tottime")).print_stats(int(os.environ.get("N","40")))
+elif mode == "trace":
+    # one step's Python calls as an indented tree (C calls too with CCALLS=1), minidnn's frames and what they call:
+    # the frames each op walks (host round 31); TRACE_OUT=file writes it there
+    for _ in range(5): step()
+    lines = []; depth = [0]; cc = os.environ.get("CCALLS", "") not in ("", "0")
+    def _tr(frame, event, arg):
+        if event == "call":
+            co = frame.f_code
+            lines.append("  " * depth[0] + f"{co.co_name}  {co.co_filename.replace(tree + '/', '')}:{frame.f_lineno}")
+            depth[0] += 1
+        elif event == "return":
+            depth[0] -= 1
+        elif cc and event == "c_call":
+            lines.append("  " * depth[0] + f"[C] {getattr(arg, '__qualname__', arg)}")
+    sys.setprofile(_tr); step(); sys.setprofile(None)
+    text = "\n".join(lines)
+    if os.environ.get("TRACE_OUT"): open(os.environ["TRACE_OUT"], "w").write(text + "\n")
+    else: print(text)
+    print(f"{sum(1 for ln in lines if not ln.lstrip().startswith('[C]'))} Python calls in one step")
+elif mode == "opcodes":
+    # Python opcodes a step by function (self; sys.settrace opcode events, one step after five): where the
+    # interpreter's work goes, C calls not included (host round 31); N rows
+    for _ in range(5): step()
+    ops = collections.Counter(); calls = collections.Counter()
+    def _op(frame, event, arg):
+        co = frame.f_code
+        key = f"{co.co_filename.replace(tree + '/', '')}:{co.co_firstlineno} {co.co_name}"
+        if event == "call":
+            frame.f_trace_opcodes = True; calls[key] += 1
+        elif event == "opcode":
+            ops[key] += 1
+        return _op
+    sys.settrace(_op); step(); sys.settrace(None)
+    print(f"{sum(ops.values())} opcodes, {sum(calls.values())} Python calls in one step")
+    for k, v in ops.most_common(int(os.environ.get("N", "50"))): print(f"{v:7d} {calls[k]:5d}  {k}")
+elif mode == "instr":
+    # instructions a step, switches off / on (SW=module:NAME,...; none: the same setting twice), under callgrind:
+    # this process runs itself again under valgrind (MODE=instr_child), which after warm-up steps takes, twice,
+    # [flip, one unmeasured step, os.getpid() (a dump), 3 steps, os.getpid()]; each even dump is 3 steps of one
+    # setting.  Reads the dumps' totals (host rounds 30-31: CPU time on the shared cores moved 2-3 ms between runs)
+    import glob
+    import subprocess
+    import tempfile
+    d = tempfile.mkdtemp(prefix="fake_instr_")
+    env = dict(os.environ, MODE="instr_child")
+    subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=getpid", "--dump-instr=no",
+                    f"--callgrind-out-file={d}/cg.%p", sys.executable] + sys.argv, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def _ir(f):
+        for ln in open(f):
+            if ln.startswith("summary:") or ln.startswith("totals:"):
+                return int(ln.split()[1])
+    dumps = sorted(glob.glob(f"{d}/cg.*.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+    irs = [_ir(f) for f in dumps]
+    import shutil
+    shutil.rmtree(d, ignore_errors=True)
+    meas = irs[1::2][:4]          # dumps 2, 4, 6, 8 (1-based): the measured stretches
+    off = [v / 3 for v in meas[0::2]]; on = [v / 3 for v in meas[1::2]]
+    print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)} SW={os.environ.get('SW', '')}: instructions a step off "
+          + ", ".join(f"{v/1e6:.3f} M" for v in off) + "; on " + ", ".join(f"{v/1e6:.3f} M" for v in on)
+          + f"; on / off {sum(on) / sum(off):.4f}")
+elif mode == "instr_child":
+    import importlib
+    sws = []
+    for item in filter(None, os.environ.get("SW", "").split(",")):
+        mod, name = item.split(":")
+        sws.append(getattr(importlib.import_module(mod), name))
+    if os.environ.get("PAIR", "") == "amp":     # PAIR=amp AMP=bf16: "off" the step without autocast, "on" with it
+        class _AmpSwitch(list):
+            def __setitem__(self, i, on):
+                global amp_dtype
+                amp_dtype = _amp_low if on else None
+        _amp_low = amp_dtype
+        sws.append(_AmpSwitch([True]))
+    for on in (False, True):
+        for s_ in sws: s_[0] = on
+        step(); step()
+    for _ in range(2):
+        for on in (False, True):
+            for s_ in sws: s_[0] = on
+            step(); os.getpid()
+            for _ in range(3): step()
+            os.getpid()
 elif mode == "callers":
     import cProfile
     import pstats
