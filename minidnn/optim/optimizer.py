@@ -9,6 +9,7 @@ subclass's ``_fused_update`` / ``_single_update``.
 from __future__ import annotations
 
 import copy
+import os
 from collections import defaultdict
 
 import numpy as np
@@ -21,6 +22,16 @@ from ..tensor import Tensor
 from ._flat import FlatParams
 
 __all__ = ["Optimizer"]
+
+# Host round 31: an optimizer keeps its parameters' AccumulateGrad nodes alive (``_held``, made at its first step).
+# A leaf refers to its node weakly (Tensor._edge: a strong reference both ways would be a cycle, so a dropped model's
+# memory would wait for the cyclic collector) and the graph is the node's only owner, so every step's forward made
+# every parameter's node anew (65 a ResNet-20 step: a Python __init__, a weak reference and the object).  The
+# optimizer already holds the parameters and outlives the steps; the node holds only its parameter (no saved
+# tensors, no hooks: a leaf's hooks live on the tensor, ``_hooks``), so a node kept from one step to the next is
+# the node the next step would have made, without the cycle.  Switch: HOLD_ACCUMULATORS[0] = False (or
+# MINIDNN_OPTIM_HOLD_ACCUMULATORS=0 at import): the next step drops the list.
+HOLD_ACCUMULATORS = [os.environ.get("MINIDNN_OPTIM_HOLD_ACCUMULATORS", "1") != "0"]
 
 
 def _cuda_kernels_support(dtype):
@@ -38,6 +49,8 @@ required = _RequiredParameter()
 
 class Optimizer:
     """Base class.  ``params``: an iterable of Tensors, or of dicts (param groups) with per-group options."""
+
+    _held = None        # the parameters' AccumulateGrad nodes, kept alive between steps (HOLD_ACCUMULATORS)
 
     def __init__(self, params, defaults):
         self.defaults = dict(defaults)
@@ -102,6 +115,7 @@ class Optimizer:
         group["fused"] = self._resolve_fused(group) and self._has_fused_update()
         self.param_groups.append(group)
         self._flat_sets.append(self._build_flat(group) if group["fused"] else [])
+        self._held = None       # (the next step holds the new group's nodes too)
 
     def _validate(self, group):
         """Subclasses raise ValueError naming the offending hyperparameter."""
@@ -199,6 +213,11 @@ class Optimizer:
                 for p in group["params"]:
                     if p.grad is not None:
                         p._version += 1
+        if not HOLD_ACCUMULATORS[0]:
+            self._held = None
+        elif self._held is None:
+            self._held = [e[0] for g in self.param_groups for p in g["params"]
+                          if p.requires_grad and (e := p._edge()) is not None]
         self._launches_per_step = launches
         self._grad_copies_per_step = copies
         return loss
