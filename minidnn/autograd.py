@@ -283,6 +283,8 @@ class FunctionCtx(Node):
             else:
                 raise RuntimeError(f"{self._fn_cls.__name__}.backward returned {len(result)} gradients but forward "
                                    f"took {self._n_inputs} arguments: return one per argument (None for non-tensors)")
+        if type(result) is ExactGrads:      # (its length checked above)
+            return result
         for r, meta in zip(result, self._input_meta):   # the common case, checked in one pass: result as it is
             if r is not None and (meta is None or type(r) is not Tensor or r.data.shape != meta[0]):
                 break
@@ -303,6 +305,10 @@ class FunctionCtx(Node):
                                        f"{tuple(r.shape)} for argument {i}, whose shape is {meta[0]}") from None
             out.append(r)
         return tuple(out)
+
+
+class ExactGrads(tuple):    # a backward's results known to fit its inputs (each None, or a Tensor of its input's
+    __slots__ = ()          # shape where it has an edge): FunctionCtx.backward returns them unchecked (host round 31)
 
 
 def _zeros_like_meta(meta):

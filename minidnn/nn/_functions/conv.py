@@ -23,14 +23,28 @@ import os
 from ... import backend as B
 from ..._amp_state import autocast_op, float32_grad_of, graph_weight, leaf_grad
 from ..._grad_dest import destination
-from ...autograd import Function, _state, is_grad_enabled
+from ...autograd import Function, FunctionCtx, _state, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.convolution import convolution_filter_carry, settle_convolution, settled_state
+from ...backend.devices import array_module
+from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
 from ...tensor import Tensor
-from ._util import apply_seen, batched, check_tensor, check_vector, descriptor, handle_for, ntuple, plain_setting, wrap
+from ._util import (
+    apply_seen,
+    batched,
+    check_tensor,
+    check_vector,
+    descriptor,
+    exact,
+    handle_for,
+    ntuple,
+    plain_setting,
+    plain_settings,
+    wrap,
+)
 from .bias import add_bias, bias_forward, bias_grad
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
@@ -178,15 +192,27 @@ def _kept(carry):
 # environment's MINIDNN_CONV_FAST=0 at import.
 FAST_PATH = [os.environ.get("MINIDNN_CONV_FAST", "1") != "0"]
 _FAST_CONV = SeenCalls()
+# Host round 31: the fast key's three settings tested together, a layer's own tuples by identity (_util's
+# plain_settings: the key holds the same values), and a bias-free convolution's node written out for its three
+# arguments (_apply_seen_conv) instead of apply_seen's loop over them.  Switch: LEAN_CONV[0] = False (or
+# MINIDNN_CONV_LEAN=0 at import): plain_setting thrice, apply_seen.
+LEAN_CONV = [os.environ.get("MINIDNN_CONV_LEAN", "1") != "0"]
+_new = object.__new__
 
 
 def _fast_key(op, x, weight, bias, stride, padding, dilation, groups):
     """The fast path's key of a conv call: what ``_seen_conv_key`` holds and the rest above (None: the full path)."""
     if not (isinstance(x, Tensor) and isinstance(weight, Tensor) and B.is_cuda_array(x.data)):
         return None             # (CPU calls: out at once)
-    stride, padding, dilation = plain_setting(stride), plain_setting(padding), plain_setting(dilation)
+    if LEAN_CONV[0]:
+        if not plain_settings(stride, padding, dilation):
+            return None
+    else:
+        stride, padding, dilation = plain_setting(stride), plain_setting(padding), plain_setting(dilation)
+        if stride is None or padding is None or dilation is None:
+            return None
     xd, wd = x.data, weight.data
-    if stride is None or padding is None or dilation is None or type(groups) is not int or type(xd) is not type(wd):
+    if type(groups) is not int or type(xd) is not type(wd):
         return None
     if bias is None:
         b = None
@@ -356,7 +382,7 @@ class ConvForward(Function):
             if ctx.seen is not None and FAST_PATH[0]:
                 grads = _fast_backward(ctx, ctx.seen, x, w, gy, need, carry)
                 if grads is not None:
-                    return grads
+                    return exact(grads)
             if need[0] and need[1]:     # both read gy: the GPU kernels' NHWC copy of it is made once
                 # independent: on the CPU at >= 2 threads, one per thread (threads.parallel_pair, docs/threads.md)
                 work = 0 if B.is_cuda_array(gy.data) else gy.data.size * math.prod(w_shape[1:])    # each half's
@@ -489,11 +515,41 @@ def _apply_seen(x, w, seen, b):
     if w.data.data.device_id != dev:
         return None
     if b is None:
-        return apply_seen(ConvForward, x, w, seen)
+        return _apply_seen_conv(x, w, seen) if LEAN_CONV[0] else apply_seen(ConvForward, x, w, seen)
     bd = b.data
     if type(bd) is not type(x.data) or bd.data.device_id != dev:
         return None
     return apply_seen(ConvForward, x, w, seen, b)
+
+
+def _apply_seen_conv(x, w, seen):
+    """apply_seen(ConvForward, x, w, seen) for Tensors x and w (the fast key's) and the _SeenConv ``seen``: the same
+    forward call and node fields, the edges taken after the forward (nothing there reads or makes them)."""
+    record = _state.grad_enabled
+    xr, wr = x.requires_grad, w.requires_grad
+    ctx = _new(FunctionCtx)
+    ctx._fn_cls = ConvForward
+    ctx.needs_input_grad = (xr, wr, False)
+    _state.grad_enabled = False
+    try:
+        y = ConvForward.forward(ctx, x, w, seen)
+    finally:
+        _state.grad_enabled = record
+    if not (record and (xr or wr)):
+        return y
+    ctx.next_edges = (x._edge() if xr or x.grad_fn is not None else None,
+                      w._edge() if wr or w.grad_fn is not None else None, None)
+    ctx._input_meta = ((x.data.shape, x.data.dtype) if xr else None, (w.data.shape, w.data.dtype) if wr else None,
+                       None)
+    ctx._n_inputs = 3
+    data = y.data
+    ctx._out_meta = ((data.shape, data.dtype, array_module(data)),)
+    ctx.num_outputs = 1
+    floating = _is_floating(data.dtype, True)
+    y.output_nr = 0
+    y.requires_grad = floating
+    y.grad_fn = ctx if floating else None
+    return y
 
 
 def _same_padding(op, x, weight, stride, dilation, nd):

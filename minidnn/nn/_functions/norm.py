@@ -30,7 +30,7 @@ from ...backend.tensor_ops import settled_add_relu
 from ...ops.activation import activation_grad
 from ...tensor import Tensor
 from . import conv as _conv
-from ._util import check_tensor, check_vector, composite_grads, creating_graph, handle_for, wrap
+from ._util import check_tensor, check_vector, composite_grads, creating_graph, exact, handle_for, wrap
 
 __all__ = ["batch_norm", "layer_norm", "group_norm", "local_response_norm"]
 
@@ -91,7 +91,7 @@ class BatchNormTraining(Function):
         if seen is not None and FAST[0]:
             out = seen.backward(0, x, weight, None, gy, ctx.stats, _param_destinations(ctx, x))
             if out is not None:
-                return wrap(out[0]), wrap(out[2]), wrap(out[3]), None, None, None, None, None
+                return exact((wrap(out[0]), wrap(out[2]), wrap(out[3]), None, None, None, None, None))
         dx, dw, db = B.batch_normalization_backward(handle_for(x), _SPATIAL, x.data, _as_layout_of(gy.data, x.data),
                                                     _data(weight), *ctx.stats, ctx.eps)
         if seen is not None and FAST[0]:
@@ -193,7 +193,7 @@ class BatchNormReLU(Function):
         if seen is not None and FAST[0]:
             out = seen.backward(1, x, weight, y, g, ctx.stats, _param_destinations(ctx, x))
             if out is not None:
-                return wrap(out[0]), wrap(out[2]), wrap(out[3]), None, None
+                return exact((wrap(out[0]), wrap(out[2]), wrap(out[3]), None, None))
         dx, _, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_RELU, x.data, y.data,
                                                           _as_layout_of(g.data, x.data), _data(weight), *ctx.stats,
                                                           ctx.eps)
@@ -223,7 +223,7 @@ class BatchNormAddReLU(Function):
             out = seen.backward(2, x, weight, a, g, ctx.stats, _param_destinations(ctx, x))
             if out is not None:
                 dz = out[1] if ctx.needs_input_grad[3] else None
-                return wrap(out[0]), wrap(out[2]), wrap(out[3]), (None if dz is None else wrap(dz)), None, None
+                return exact((wrap(out[0]), wrap(out[2]), wrap(out[3]), (None if dz is None else wrap(dz)), None, None))
         dx, dz, dw, db = B.batch_normalization_backward_ex(handle_for(x), _SPATIAL, _BN_ADD_RELU, x.data, a.data,
                                                           _as_layout_of(g.data, x.data), _data(weight), *ctx.stats,
                                                           ctx.eps)
