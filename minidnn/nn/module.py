@@ -586,14 +586,14 @@ class Module:
 # not hold the name (checked per call) -- and every name is a parameter or a buffer (None values included).
 # Anything else returns None and the layer reads its attributes as before (the same values and errors, in its order).
 # Switch: REGISTERED_READS[0] = False (or MINIDNN_MODULE_REGISTERED_READS=0 at import): always None.
-# Host round 30: a name neither a parameter nor a buffer is looked up among the submodules too (__getattr__'s third
-# registry), and convolution / linear layers read their weight and bias so (~0.6 µs a name on this CPU through
-# __getattr__, a failed normal lookup first).  (The model zoo's forwards stay written the PyTorch way -- they are the
-# examples users copy -- so no library caller reads submodules through this yet.)
-# Each type's read learns where its names were (all parameters, all submodules, or batch norm's parameters then
-# buffers) and reads them next time with one itemgetter call a registry, checking only what keeps that exact (the
-# loop otherwise).  Switch: REGISTERED_LAYERS[0] = False (or MINIDNN_MODULE_REGISTERED_LAYERS=0 at import): those
-# call sites read their attributes one by one and registered reads name by name, as before.
+# Host round 30: convolution / linear layers read their weight and bias so too (~0.6 µs a name on this CPU through
+# __getattr__, a failed normal lookup first).  Each type's read learns where its names were (all parameters, or batch
+# norm's parameters then buffers) and reads them next time with one itemgetter call a registry, checking only what
+# keeps that exact (the loop otherwise).  Switch: REGISTERED_LAYERS[0] = False (or MINIDNN_MODULE_REGISTERED_LAYERS=0
+# at import): those call sites read their attributes one by one and registered reads name by name, as before.
+# (Round 30 also found submodules, for the model zoo's blocks; round 31 removed that: the zoo's forwards went back to
+# the PyTorch way, so no caller was left, and a general one for users' blocks would have to stay exact under
+# ``_modules`` surgery and copies of a module's __dict__.)
 REGISTERED_READS = [os.environ.get("MINIDNN_MODULE_REGISTERED_READS", "1") != "0"]
 REGISTERED_LAYERS = [os.environ.get("MINIDNN_MODULE_REGISTERED_LAYERS", "1") != "0"]
 _PLAIN_TYPES: dict = {}
@@ -602,8 +602,8 @@ _MISSING = object()
 
 def _plan(cls, names):
     """False where the normal lookup of some name of ``names`` need not fail for type ``cls`` (see above), else the
-    type's read plan: [how the last full read found the names (1 all parameters, 2 all submodules, k + 3 the first
-    k parameters and the rest buffers -- batch norm's weight, bias and statistics --, 0 otherwise),
+    type's read plan: [how the last full read found the names (1 all parameters, k + 3 the first k parameters and
+    the rest buffers -- batch norm's weight, bias and statistics --, 0 otherwise),
     ``operator.itemgetter(*names)``, {k: (itemgetter of the first k, of the rest, the rest)}] -- the guess only
     picks which one-call read to try first: each is exact on its own, and a failed one falls to the loop."""
     key = (cls, names)
@@ -617,24 +617,22 @@ def _plan(cls, names):
 
 
 def registered(module, names: tuple):
-    """``[getattr(module, n) for n in names]`` where each ``n`` is a parameter, buffer or submodule reached through
-    Module.__getattr__ (its order: parameters, buffers, submodules), else None (see above)."""
+    """``[getattr(module, n) for n in names]`` where each ``n`` is a parameter or buffer reached through
+    Module.__getattr__ (its order: parameters, then buffers), else None (see above)."""
     d = module.__dict__
     if not (REGISTERED_READS[0] and (plan := _plan(type(module), names)) and d.keys().isdisjoint(names)):
         return None
     params, buffers = d.get("_parameters"), d.get("_buffers")
     if params is None or buffers is None:
         return None
-    if not REGISTERED_LAYERS[0]:      # round 25's reads, name by name (and a submodule's name found too)
+    if not REGISTERED_LAYERS[0]:      # round 25's reads, name by name
         out = []
         for n in names:
             v = params.get(n, _MISSING)
             if v is _MISSING:
                 v = buffers.get(n, _MISSING)
                 if v is _MISSING:
-                    mods = d.get("_modules")
-                    if mods is None or (v := mods.get(n, _MISSING)) is _MISSING:
-                        return None
+                    return None
             out.append(v)
         return out
     kind = plan[0]
@@ -643,13 +641,6 @@ def registered(module, names: tuple):
             return list(plan[1](params))
         except KeyError:
             pass
-    elif kind == 2:         # every name a submodule and none a parameter or buffer (a block's layers)
-        mods = d.get("_modules")
-        if mods is not None and params.keys().isdisjoint(names) and buffers.keys().isdisjoint(names):
-            try:
-                return list(plan[1](mods))
-            except KeyError:
-                pass
     elif kind:              # parameters, then buffers none of which is a parameter
         head, tail, rest = plan[2][kind - 3]
         if params.keys().isdisjoint(rest):
@@ -660,20 +651,16 @@ def registered(module, names: tuple):
             except KeyError:
                 pass
     out = []
-    where = []              # per name: 1 a parameter, 2 a submodule, 3 a buffer
+    where = []              # per name: 1 a parameter, 3 a buffer
     for n in names:
         v = params.get(n, _MISSING)
         if v is not _MISSING:
             where.append(1)
         else:
             v = buffers.get(n, _MISSING)
-            if v is not _MISSING:
-                where.append(3)
-            else:
-                mods = d.get("_modules")
-                if mods is None or (v := mods.get(n, _MISSING)) is _MISSING:
-                    return None
-                where.append(2)
+            if v is _MISSING:
+                return None
+            where.append(3)
         out.append(v)
     if plan[1] is not None:
         plan[0] = _learn(plan, names, where)

@@ -1,10 +1,9 @@
-"""Host round 30 (docs/host_overhead.md): ``module.registered`` also finds submodules (Module.__getattr__'s third
-registry, after parameters and buffers), and convolution / linear layers read their weight and bias through it
-(switch ``module.REGISTERED_LAYERS``; the model zoo's forwards stay written the PyTorch way: they are the examples
-users copy, and bench/train_step.py runs the same source as its PyTorch twins).  The reads must give what
-``getattr`` gives in every case -- a replaced or surgically swapped submodule, a name registered twice, an instance
-or class attribute shadowing a registry, a type with its own ``__getattr__`` -- and the models' forward and backward
-the same bits with the switch on and off."""
+"""Host round 30 (docs/host_overhead.md): convolution / linear layers read their weight and bias through
+``module.registered`` (switch ``module.REGISTERED_LAYERS``; round 31 removed its submodule reads, which no caller
+used once the model zoo's forwards went back to the PyTorch way).  The reads must give what ``getattr`` gives in
+every case -- a name that is a submodule (declined: the caller reads it), a name registered twice, an instance or
+class attribute shadowing a registry, a type with its own ``__getattr__``, registries changed under a learnt read --
+and the models' forward and backward the same bits with the switch on and off."""
 import numpy as np
 import pytest
 
@@ -22,27 +21,29 @@ def _restore():
     M.REGISTERED_READS[0] = True
 
 
-def test_registered_finds_submodules_in_getattr_order():
+def test_registered_declines_submodules_and_takes_parameters_first():
     mdn.manual_seed(0)
     block = models.BasicBlock(4, 8, stride=2)
-    r = M.registered(block, BLOCK)
-    assert r is not None and all(v is getattr(block, n) for v, n in zip(r, BLOCK))
-    conv = mdn.nn.Conv2d(2, 3, 1)
-    conv._modules["weight"] = mdn.nn.ReLU()        # a submodule of a parameter's name: the parameter comes first
-    assert M.registered(conv, ("weight",))[0] is conv.weight is conv._parameters["weight"]
-    assert M.registered(block, ("conv1", "nothing")) is None        # in no registry: the reads raise
+    for on in (True, False):
+        M.REGISTERED_LAYERS[0] = on
+        assert M.registered(block, BLOCK) is None                   # submodules: the caller reads them itself
+        assert M.registered(block, ("conv1",)) is None
+        conv = mdn.nn.Conv2d(2, 3, 1)
+        conv._modules["weight"] = mdn.nn.ReLU()    # a submodule of a parameter's name: the parameter comes first
+        assert M.registered(conv, ("weight",))[0] is conv.weight is conv._parameters["weight"]
+        assert M.registered(conv, ("weight", "nothing")) is None    # in no registry: the reads raise
 
 
 def test_registered_declines_shadowed_names():
-    block = models.BasicBlock(4, 4)
-    object.__setattr__(block, "relu", mdn.nn.Identity())       # an instance attribute: the normal lookup finds it
-    assert M.registered(block, BLOCK) is None
+    conv = mdn.nn.Conv2d(2, 3, 1)
+    object.__setattr__(conv, "bias", None)      # an instance attribute: the normal lookup finds it
+    assert M.registered(conv, ("weight", "bias")) is None
 
-    class OwnGetattr(models.BasicBlock):
+    class OwnGetattr(mdn.nn.Conv2d):
         def __getattr__(self, name):
             return super().__getattr__(name)
 
-    assert M.registered(OwnGetattr(4, 4), BLOCK) is None
+    assert M.registered(OwnGetattr(2, 3, 1), ("weight", "bias")) is None
 
     class WithProperty(mdn.nn.Conv2d):
         pass
@@ -136,27 +137,21 @@ def test_forwards_read_through_registered_when_on(monkeypatch):
 
 
 def test_one_call_reads_stay_exact_when_registries_change():
-    # a type's reads learn which registry held every name (parameters for a layer, submodules for a block) and try
-    # that one first; whatever changes afterwards, the values are getattr's, or None where a name is in none
+    # a type's reads learn which registry held every name (parameters for a layer) and try that one first; whatever
+    # changes afterwards, the values are getattr's, or None where a name is in neither registry
     conv = mdn.nn.Conv2d(2, 3, 1)
     for _ in range(2):
         assert M.registered(conv, ("weight", "bias")) == [conv.weight, conv.bias]
     other = mdn.nn.Conv2d(2, 3, 1)
     del other._parameters["bias"]
     assert M.registered(other, ("weight", "bias")) is None
-    other._modules["bias"] = mdn.nn.ReLU()              # now a submodule of that name
-    assert M.registered(other, ("weight", "bias")) == [other.weight, other.bias]
-    block = models.BasicBlock(3, 3)
-    for _ in range(2):
-        assert M.registered(block, BLOCK) == [getattr(block, n) for n in BLOCK]
-    p = mdn.nn.Parameter(mdn.tensor(np.ones(1, np.float32)))
-    block._parameters["relu"] = p                       # a parameter comes before the submodule of its name
-    block._buffers["bn1"] = mdn.tensor(np.zeros(1, np.float32))     # ... and a buffer too
-    r = M.registered(block, BLOCK)
-    assert r[4] is p is block.relu and r[1] is block._buffers["bn1"] is block.bn1
-    assert r == [getattr(block, n) for n in BLOCK]
-    del block._modules["shortcut"]
-    assert M.registered(block, BLOCK) is None
+    other._modules["bias"] = mdn.nn.ReLU()              # now a submodule of that name: declined, getattr finds it
+    assert M.registered(other, ("weight", "bias")) is None and isinstance(other.bias, mdn.nn.ReLU)
+    other._buffers["bias"] = mdn.tensor(np.zeros(3, np.float32))    # a buffer comes before the submodule
+    r = M.registered(other, ("weight", "bias"))
+    assert r == [other.weight, other.bias] and r[1] is other._buffers["bias"]
+    other._parameters["bias"] = b = mdn.nn.Parameter(mdn.tensor(np.ones(3, np.float32)))    # ... a parameter first
+    assert M.registered(other, ("weight", "bias")) == [other.weight, b] and other.bias is b
 
 
 def test_batch_norm_reads_parameters_then_buffers_exactly():
