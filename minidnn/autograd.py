@@ -16,6 +16,7 @@ with ``create_graph=True`` the backward pass itself records a graph (higher-orde
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import traceback
@@ -189,6 +190,8 @@ class Node:
 # written the leaf's .grad (data-parallel all-reduce launches from them).  Kept outside Tensor's slots: rarely used.
 # Tensor.register_post_accumulate_grad_hook (_tensor_hooks.py) fills it.
 _post_accumulate_hooks: dict = {}
+# Host round 31: a gradient only the engine holds, on the leaf's flat slot, becomes .grad itself (not wrapped anew)
+SLOT_GRAD_AS_IS = [os.environ.get("MINIDNN_SLOT_GRAD_AS_IS", "1") != "0"]
 
 
 class AccumulateGrad(Node):
@@ -204,12 +207,12 @@ class AccumulateGrad(Node):
         self.pre_hooks = None
         self.trace = None
 
-    def accumulate(self, g, create_graph: bool, fresh: bool):
-        """``fresh``: the engine guarantees nobody else holds ``g``'s array, so it may be kept as is.  (One frame:
-        every leaf of every backward comes here.)"""
+    def accumulate(self, g, create_graph: bool, fresh: bool, sole: bool = False):
+        """``fresh``: the engine guarantees nobody else holds ``g``'s array, so it may be kept as is; ``sole``: nor
+        ``g`` (SLOT_GRAD_AS_IS).  (One frame: every leaf of every backward comes here.)"""
         var = self.variable
         if var._hooks:
-            fresh = False       # a hook may keep a reference to g
+            fresh = sole = False        # a hook may keep a reference to g
             for hook in var._hooks:
                 r = hook(g)
                 if r is not None:
@@ -225,7 +228,8 @@ class AccumulateGrad(Node):
             data = g.data
             if storage is not None:             # the optimizer's flat gradient buffer: land it there in place
                 data is storage or _copy_into(storage, data)    # (or the producer wrote it there: _grad_dest)
-                var.grad = var._wrap_like(storage)
+                var.grad = g if (sole and data is storage and type(g) is Tensor and SLOT_GRAD_AS_IS[0]
+                                 and type(var)._wrap_like is Tensor._wrap_like) else var._wrap_like(storage)
             elif (fresh and data.strides == var.data.strides and data.base is None
                   and getattr(data.flags, "writeable", True)):
                 var.grad = var._wrap_like(data)
@@ -595,8 +599,8 @@ def _run_backward(roots, root_grads, retain_graph, create_graph, targets, allow_
                     # Keep g's array as .grad without a copy only where nothing else holds g or its
                     # array (PyTorch's use_count rule): not a user's gradient, not a tensor passed
                     # through to several leaves, not one a hook or retain_grad kept.
-                    fresh = _getrefcount(g) <= _SOLE_TENSOR_REFS and _getrefcount(g.data) <= _SOLE_ARRAY_REFS
-                    node.accumulate(g, create_graph, fresh)
+                    sole = _getrefcount(g) <= _SOLE_TENSOR_REFS
+                    node.accumulate(g, create_graph, sole and _getrefcount(g.data) <= _SOLE_ARRAY_REFS, sole)
                 g = None
                 continue
             # (a single-output node, the common case, skips the generator of any())

@@ -20,8 +20,8 @@ class Parameter(Tensor):
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
 
-    def _wrap_like(self, data):
-        return Tensor._from_array(data)
+    _wrap_like = Tensor.__dict__["_wrap_like"]      # Tensor's staticmethod: a plain Tensor around the array, in one
+    #                                                 frame (AccumulateGrad keeps a slot's gradient as is for it)
 
 
 class Buffer(Tensor):

@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(autouse=True)
 def _switches_restored():
-    saved = [(s, s[0]) for s in (O.HOLD_ACCUMULATORS, U.EXACT_GRADS)]
+    saved = [(s, s[0]) for s in (O.HOLD_ACCUMULATORS, U.EXACT_GRADS, AG.SLOT_GRAD_AS_IS)]
     yield
     for s, v in saved:
         s[0] = v
@@ -80,25 +80,25 @@ def test_held_accumulators_make_no_cycle_and_follow_new_groups_and_frozen_parame
     second.weight.requires_grad_(False)
     opt = mdn.optim.SGD(first.parameters(), lr=0.1)
 
-    def step():
+    def step(m, opt):
         loss = mdn.nn.functional.cross_entropy(m(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    step()
+    step(m, opt)
     assert [n.variable for n in opt._held] == list(first.parameters())
     opt.add_param_group({"params": [second.bias]})
     assert opt._held is None
-    step()
+    step(m, opt)
     assert [n.variable for n in opt._held] == [*first.parameters(), second.bias]
     second.weight.requires_grad_(True)     # a parameter unfrozen later: its node made each step, as before
-    step()
+    step(m, opt)
     assert second.weight.grad is not None
     refs = [weakref.ref(p) for p in m.parameters()]
     gc.collect()
     gc.disable()
     try:                                    # no reference cycle: the parameters go with the model and optimizer
-        del m, opt, first, second, step
+        del m, opt, first, second
         assert all(r() is None for r in refs)
     finally:
         gc.enable()
@@ -162,6 +162,66 @@ def test_exact_switch_marks_only_when_on():
     assert U.exact(t) is t
 
 
+# ---- a slot's gradient kept as .grad ----------------------------------------------------------------------------
+class _IntoSlot(AG.Function):
+    """y = 2 x; backward writes dx into x's flat-buffer slot (a gradient destination, as the GPU kernels do)."""
+    keep = None
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        from minidnn._grad_dest import destination
+        d = destination(ctx, 0)
+        if d is None:
+            return g * 2.0
+        d[0][...] = g.data * 2.0
+        out = mdn.Tensor._from_array(d[0])
+        if _IntoSlot.keep is not None:
+            _IntoSlot.keep.append(out)
+        return out
+
+
+@pytest.mark.parametrize("case", ["plain", "hooked", "kept", "parameter_subclass"])
+def test_a_slot_gradient_only_the_engine_holds_becomes_grad(case):
+    got = {}
+    for on in (True, False):
+        AG.SLOT_GRAD_AS_IS[0] = on
+        mdn.manual_seed(0)
+        if case == "parameter_subclass":
+            class OwnWrap(mdn.nn.Parameter):
+                def _wrap_like(self, data):
+                    return mdn.Tensor._from_array(data)
+            p = OwnWrap(mdn.randn(3))
+        else:
+            p = mdn.nn.Parameter(mdn.randn(3))
+        opt = mdn.optim.SGD([p], lr=0.1)         # fused: p's gradient slot in the flat buffer
+        seen = []
+        if case == "hooked":
+            p.register_hook(lambda g: seen.append(g))
+        _IntoSlot.keep = [] if case == "kept" else None
+        returned = []
+        real = _IntoSlot.backward
+
+        def spy(ctx, g):
+            r = real(ctx, g)
+            returned.append(weakref.ref(r))     # (a weak reference: the engine stays its sole holder)
+            return r
+        _IntoSlot.backward = staticmethod(spy)
+        try:
+            _IntoSlot.apply(p).sum().backward()
+        finally:
+            _IntoSlot.backward = staticmethod(real)
+            _IntoSlot.keep = None
+        assert p.grad.data is p._grad_storage
+        got[on] = (p.grad is returned[0](), p.grad.data.copy(), type(p.grad))
+        opt.step()
+    assert got[True][0] is (case == "plain") and got[False][0] is False
+    assert np.array_equal(got[True][1], got[False][1]) and got[True][2] is got[False][2] is mdn.Tensor
+
+
 # ---- plain_settings --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("vals", [(1, 1, 1), ((1, 2), (0, 0), (1, 1)), ((1,), 2, (3, 3, 3)), ((), 1, 1),
                                   ((True, 1), 1, 1), (1, (1.0, 1), 1), (1, 1, [1, 1]), (True, 1, 1), (1, None, 1),
@@ -195,7 +255,8 @@ def test_lean_conv_node_launches_backward_and_errors_as_apply_seen():
 _STEPS = FAKE_PROLOGUE + MODEL_STEPS + textwrap.dedent("""
     from minidnn.nn._functions import _util as U, conv as C
     from minidnn.optim import optimizer as O
-    SW = {{"hold": O.HOLD_ACCUMULATORS, "exact": U.EXACT_GRADS, "lean_conv": C.LEAN_CONV}}
+    SW = {{"hold": O.HOLD_ACCUMULATORS, "exact": U.EXACT_GRADS, "lean_conv": C.LEAN_CONV,
+          "slot": AG.SLOT_GRAD_AS_IS}}
     checked = collections.Counter()
     bad = []
     real_bw = AG.FunctionCtx.backward
