@@ -6,6 +6,7 @@ primitive uses the calling thread's default handle for the device its arrays liv
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 import numpy as np
@@ -115,6 +116,13 @@ class Handle:
 class _Handles(threading.local):
     def __init__(self):
         self.by_device = {}         # Device -> this thread's default Handle
+        self.by_gpu = {}            # GPU number -> the same Handles as by_device's cuda devices (BY_GPU)
+
+
+# Host round 31: configured_default_handle finds a CuPy array's handle by the GPU number its memory pointer holds
+# (``by_gpu``, filled with by_device), not through device_of's Device object and its Python __hash__ (nn's handle_for:
+# ~44 calls a ResNet-20 step, two frames each).  Switch: BY_GPU[0] = False (or MINIDNN_HANDLE_BY_GPU=0 at import).
+BY_GPU = [os.environ.get("MINIDNN_HANDLE_BY_GPU", "1") != "0"]
 
 
 _local = _Handles()
@@ -126,6 +134,8 @@ def get_default_handle(device=None) -> Handle:
     h = _local.by_device.get(dev)
     if h is None:
         h = _local.by_device[dev] = Handle(dev)
+        if dev.type == "cuda" and dev.index is not None:
+            _local.by_gpu[dev.index] = h
     return h
 
 
@@ -180,7 +190,11 @@ def configured_default_handle(*arrays) -> Handle:
     settings for every flag left at None."""
     handle = None
     if len(arrays) == 1 and hasattr(arrays[0], "shape"):     # the common call (nn's handle_for): one array
-        handle = _local.by_device.get(_dev.device_of(arrays[0]))
+        a, cp = arrays[0], _dev._cupy
+        if cp is not None and type(a) is cp.ndarray and BY_GPU[0]:
+            handle = _local.by_gpu.get(a.data.device_id)
+        else:
+            handle = _local.by_device.get(_dev.device_of(a))
     if handle is None:
         handle = resolve_handle(None, *arrays)
     if cudnn.benchmark is not None:

@@ -255,8 +255,9 @@ def test_lean_conv_node_launches_backward_and_errors_as_apply_seen():
 _STEPS = FAKE_PROLOGUE + MODEL_STEPS + textwrap.dedent("""
     from minidnn.nn._functions import _util as U, conv as C
     from minidnn.optim import optimizer as O
+    from minidnn.backend import handle as HD
     SW = {{"hold": O.HOLD_ACCUMULATORS, "exact": U.EXACT_GRADS, "lean_conv": C.LEAN_CONV,
-          "slot": AG.SLOT_GRAD_AS_IS}}
+          "slot": AG.SLOT_GRAD_AS_IS, "by_gpu": HD.BY_GPU}}
     checked = collections.Counter()
     bad = []
     real_bw = AG.FunctionCtx.backward
@@ -296,3 +297,36 @@ def test_model_steps_record_the_same_launches_and_unchecked_results_fit():
     checked = got["checked"]
     assert checked.get("ConvForwardBackward", 0) > 50 and checked.get("BatchNormReLUBackward", 0) > 20, checked
     assert checked.get("BatchNormAddReLUBackward", 0) > 10, checked
+
+
+_HANDLES = FAKE_PROLOGUE + textwrap.dedent("""
+    import threading
+    import minidnn as mdn
+    from minidnn.backend import devices as D, handle as H
+    D.cuda_device_count = lambda: 2
+    a0 = mdn.randn(3).to("cuda").data
+    a1 = mdn.randn(3).to("cuda").data
+    a1.data.device_id = 1                   # the fake's pointer object: this array on GPU 1
+    out = {{}}
+    for on in (True, False):
+        H.BY_GPU[0] = on
+        mine = [H.configured_default_handle(a) for a in (a0, a1, np.zeros(2))]
+        want = [H.get_default_handle(D.device_of(a)) for a in (a0, a1, np.zeros(2))]
+        other = []
+        t = threading.Thread(target=lambda: other.append(H.configured_default_handle(a0)))
+        t.start(); t.join()
+        mdn.backends.cudnn.deterministic = True     # the flags reach the handle either way
+        flag = H.configured_default_handle(a1).deterministic
+        mdn.backends.cudnn.deterministic = None
+        out[str(on)] = [[m is w for m, w in zip(mine, want)], [str(h.device) for h in mine],
+                        other[0] is not mine[0] and str(other[0].device), flag, [id(h) for h in mine]]
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def test_handles_by_gpu_number_are_the_default_handles():
+    out = run_fake_script(_HANDLES, ROOT)
+    on, off = out["True"], out["False"]
+    assert on[0] == off[0] == [True, True, True]
+    assert on[1] == off[1] == ["cuda:0", "cuda:1", "cpu"]
+    assert on[2] == off[2] == "cuda:0" and on[3] is off[3] is True and on[4] == off[4]
