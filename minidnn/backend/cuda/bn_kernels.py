@@ -83,6 +83,7 @@ _SPLIT_UNROLL = 4         # the unroll the split's minimum slice is counted in (
 
 SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
+""" + _nhwc.BN_FINALISE + r"""
 #define CT (INNER1 ? 32 : 1)
 #define RY (256 / CT)
 
@@ -217,16 +218,7 @@ bn_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket,
     double t1, t2;
     if (!channel_totals(sm, partial, ticket, c, C, ty, tx, s1, s2, t1, t2)) return;
     if (ty == 0 && c < C) {
-        const double m = (double)outer * inner;
-        const double md = t1 / m;
-        const double var = fmax(t2 / m - md * md, 0.0);
-        const double mean = (double)LD(x[INNER1 ? c : (long long)c * inner]) + md;
-        mean_out[c] = (A)mean;
-        inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
-        if (has_running) {
-            running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
-            running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
-        }
+        BN_FINALISE(c, (double)outer * inner, x[INNER1 ? c : (long long)c * inner])
     }
     if (threadIdx.x == 0) {
         ticket[blockIdx.y] = 0u;
@@ -389,6 +381,7 @@ typedef T VT;
 typedef uint4 VT;                       // 16 bytes: 2 doubles, 4 floats or 8 halves
 #endif
 union Pack { VT raw; T v[VEC]; };
+""" + _nhwc.BN_FINALISE + _nhwc.BN_OUT + r"""
 
 // first pass: plain loads (they fill L2); second pass: the same addresses again, streaming ("last use") loads that
 // hit L2, and streaming stores so the outputs do not push the first pass's lines out
@@ -706,16 +699,7 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
         }
 #endif
         meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
-            const double m = INNER1 ? (double)outer : (double)outer * inner;
-            const double md = t1 / m;
-            const double var = fmax(t2 / m - md * md, 0.0);
-            const double mean = (double)LD(x[INNER1 ? c : (long long)c * inner]) + md;
-            mean_out[c] = (A)mean;
-            inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
-            if (has_running) {
-                running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
-                running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
-            }
+            BN_FINALISE(c, INNER1 ? (double)outer : (double)outer * inner, x[INNER1 ? c : (long long)c * inner])
             if (has_counter && c == 0) counter[0] += 1;     // BatchNorm's num_batches_tracked, once per call
         });
         A mu[NCH], kk[NCH], bb[NCH];
@@ -740,15 +724,8 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
                 if (off[u] < 0) continue;
                 Pack o;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    A w = (LD(p[u].v[e]) - mu[LANE_CH(e)]) * kk[LANE_CH(e)];
-                    if (HAS_BIAS) w += bb[LANE_CH(e)];
-                    if (HAS_Z) w += LD(q[u].v[e]);
-#if RELU
-                    w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
-#endif
-                    o.v[e] = ST(w);
-                }
+                for (int e = 0; e < VEC; ++e)
+                    BN_OUT(o.v[e], p[u].v[e], q[u].v[e], mu[LANE_CH(e)], kk[LANE_CH(e)], bb[LANE_CH(e)])
                 st2(y + off[u], o);
 #if TWIN_NHWC
                 {   // the twin, and its values again at their channels-last offsets (NCHW, one round: plain stores

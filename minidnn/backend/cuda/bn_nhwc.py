@@ -148,6 +148,47 @@ __device__ __forceinline__ T relu_of_stored(T h)
 #endif
 """
 
+# The forward's arithmetic, written once for the channels-last kernels here and bn_kernels' channels-first ones (a fix
+# in one copy and not the other was the risk of two texts): a channel's statistics from its shifted totals, and one
+# value of the elementwise pass.  Macros, not functions: inlined device functions compiled the same arithmetic with
+# the FMA's factors swapped and address arithmetic moved (another PTX); as macros, each kernel's text after
+# preprocessing is the one it carried before, so its PTX is the same.  Each source includes them after its own
+# T / A / P / LD / ST.
+BN_FINALISE = r"""
+// Channel c's statistics from its totals over M values shifted by its first value X0 (read after the totals):
+// t1 = sum(x - X0), t2 = sum((x - X0)^2) -- mean and 1 / sqrt(var + eps) with the biased variance, and under
+// has_running the running statistics moved by `factor` toward the mean and the unbiased variance, as PyTorch's.
+// Statements (declaring m, md, var, mean) over the caller's t1, t2, mean_out, inv_std_out, running_mean, running_var,
+// factor, eps and has_running.
+#define BN_FINALISE(c, M, X0)                                                                                   \
+    const double m = M;                                                                                        \
+    const double md = t1 / m;                                                                                  \
+    const double var = fmax(t2 / m - md * md, 0.0);                                                            \
+    const double mean = (double)LD(X0) + md;                                                                   \
+    mean_out[c] = (A)mean;                                                                                     \
+    inv_std_out[c] = (A)(1.0 / sqrt(var + eps));                                                               \
+    if (has_running) {                                                                                         \
+        running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);                       \
+        running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));          \
+    }
+"""
+BN_OUT = r"""
+// OUT = act((X - MU) * KK + BB [+ Z]) of one value (KK = scale / std): BB only under HAS_BIAS, Z read only under
+// HAS_Z, the ReLU keeping NaN as numpy's maximum.
+#if RELU
+#define BN_RELU(w) w = w > (A)0 ? w : (w != w ? w : (A)0);
+#else
+#define BN_RELU(w)
+#endif
+#define BN_OUT(OUT, X, Z, MU, KK, BB) {                                                                        \
+    A w = (LD(X) - MU) * KK;                                                                                   \
+    if (HAS_BIAS) w += BB;                                                                                     \
+    if (HAS_Z) w += LD(Z);                                                                                     \
+    BN_RELU(w)                                                                                                 \
+    OUT = ST(w);                                                                                               \
+}
+"""
+
 # Storage of the data: storage.STORAGE_HEADER (T the stored type, LD / ST convert to and from A; 16-bit data as raw
 # bits converted with PTX), then P, the parameters' type, and VT: a vector of VBYTES bytes (VEC values).
 HEADER = STORAGE_HEADER + r"""
@@ -179,6 +220,7 @@ SOURCE = HEADER + r"""
 #define SPLIT 0
 #endif
 union Pack { VT raw; T v[VEC]; };
+""" + BN_FINALISE + BN_OUT + r"""
 // first reads: plain loads (they fill L2); last reads: streaming ("last use") loads; outputs: streaming stores
 __device__ __forceinline__ Pack ld1(const T* p) { Pack r; r.raw = *reinterpret_cast<const VT*>(p); return r; }
 __device__ __forceinline__ Pack ld2(const T* p) { Pack r; r.raw = __ldcs(reinterpret_cast<const VT*>(p)); return r; }
@@ -446,16 +488,7 @@ __device__ __forceinline__ void fwd_fin(const Geo& g, const T* __restrict__ x, i
                                         P* running_var, long long* counter, double factor, double eps,
                                         int has_running, int has_counter)
 {
-    const double m = (double)g.R;
-    const double md = t1 / m;
-    const double var = fmax(t2 / m - md * md, 0.0);
-    const double mean = (double)LD(x[c]) + md;
-    mean_out[c] = (A)mean;
-    inv_std_out[c] = (A)(1.0 / sqrt(var + eps));
-    if (has_running) {
-        running_mean[c] = (P)((1.0 - factor) * (double)running_mean[c] + factor * mean);
-        running_var[c] = (P)((1.0 - factor) * (double)running_var[c] + factor * var * m / (m - 1.0));
-    }
+    BN_FINALISE(c, (double)g.R, x[c])
     if (has_counter && c == 0) counter[0] += 1;      // BatchNorm's num_batches_tracked, once per call
 }
 
@@ -474,15 +507,7 @@ __device__ __forceinline__ void fwd_apply(const Geo& g, const Lane& l, const T* 
             if (off[u] < 0) continue;
             Pack o;
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                A w = (LD(p[u].v[e]) - mu[e]) * kk[e];
-                if (HAS_BIAS) w += bb[e];
-                if (HAS_Z) w += LD(q[u].v[e]);
-#if RELU
-                w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
-#endif
-                o.v[e] = ST(w);
-            }
+            for (int e = 0; e < VEC; ++e) BN_OUT(o.v[e], p[u].v[e], q[u].v[e], mu[e], kk[e], bb[e])
             st2(y + off[u], o);
         }
     });
@@ -671,15 +696,7 @@ __device__ __forceinline__ void fwd_out(const int (&off)[UNROLL], const Pack (&p
         if (off[u] < 0) continue;
         Pack o;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            A w = (LD(p[u].v[e]) - mu[e]) * kk[e];
-            if (HAS_BIAS) w += bb[e];
-            if (HAS_Z) w += LD(q[u].v[e]);
-#if RELU
-            w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
-#endif
-            o.v[e] = ST(w);
-        }
+        for (int e = 0; e < VEC; ++e) BN_OUT(o.v[e], p[u].v[e], q[u].v[e], mu[e], kk[e], bb[e])
         st2(y + off[u], o);
 #if TWIN
         STORE_TWIN(st2, twin + off[u], o);
