@@ -1203,6 +1203,20 @@ gn_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 // so col_sum adds (blocks x 2D) values instead of v1's (teams x 2D).
 struct alignas(16) AV { A v[VEC]; };       // VEC values of A: 16 or 32 bytes when VEC > 1
 
+// The scale of the thread's vector vi in registers SC[VEC] (ln_bwd2, and ln_bwd3 where it keeps the scale in
+// registers): one PV load where the parameters are vector-aligned (F_PVEC), else value by value; 1 without a scale or
+// past the row.  Over the caller's scale, nvec, has_scale and flags.  A macro, so each kernel's text after
+// preprocessing is the one it carried before (the same PTX; an inlined function may order the same code otherwise).
+#define LN_SCALE_REGS(SC, vi)                                                                                  \
+    if (has_scale && vi < nvec && (flags & F_PVEC)) {                                                          \
+        const PV s = reinterpret_cast<const PV*>(scale)[vi];                                                   \
+        _Pragma("unroll")                                                                                      \
+        for (int e = 0; e < VEC; ++e) SC[e] = LDP(s.v[e]);                                                     \
+    } else {                                                                                                   \
+        _Pragma("unroll")                                                                                      \
+        for (int e = 0; e < VEC; ++e) SC[e] = (has_scale && vi < nvec) ? LDP(scale[vi * VEC + e]) : (A)1;     \
+    }
+
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
 ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__ mean, const A* __restrict__ rstd,
         const PT* __restrict__ scale, T* __restrict__ dx, A* __restrict__ partial, const long long rows, const int D,
@@ -1221,14 +1235,7 @@ ln_bwd2(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int vi = k * TEAM + t;
-        if (has_scale && vi < nvec && (flags & F_PVEC)) {
-            const PV s = reinterpret_cast<const PV*>(scale)[vi];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) sc[k][e] = LDP(s.v[e]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) sc[k][e] = (has_scale && vi < nvec) ? LDP(scale[vi * VEC + e]) : (A)1;
-        }
+        LN_SCALE_REGS(sc[k], vi)
         if (has_scale && vi < nvec) {
             AV z;
 #pragma unroll
@@ -1384,14 +1391,7 @@ ln_bwd3(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     for (int k = 0; k < VPT; ++k) {
         const int vi = k * TEAM + t;
 #if !LNB_SSC
-        if (has_scale && vi < nvec && (flags & F_PVEC)) {
-            const PV s = reinterpret_cast<const PV*>(scale)[vi];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) sc[k][e] = LDP(s.v[e]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) sc[k][e] = (has_scale && vi < nvec) ? LDP(scale[vi * VEC + e]) : (A)1;
-        }
+        LN_SCALE_REGS(sc[k], vi)
 #endif
         if (has_scale && vi < nvec) {
 #pragma unroll
