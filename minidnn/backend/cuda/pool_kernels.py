@@ -162,10 +162,14 @@ pool_fwd(const T* __restrict__ x, T* __restrict__ y, ARG* __restrict__ argmax, G
     }
 }
 
+// The backward kernels' arguments (pool_bwd, pool_bwd_disjoint: the host launches either with the same list): dy,
+// argmax (max pooling; unread for average), dx, the geometry, dy's and argmax's element strides, the dividers.
+#define BWD_ARGS const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, GEO_ARGS, \
+                 const long long dsn, const long long dsc, const long long dsh, const long long dsw, \
+                 const long long asn, const long long asc, const long long ash, const long long asw, DIV_ARGS
+
 extern "C" __global__ void __launch_bounds__(256)
-pool_bwd(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, GEO_ARGS,
-         const long long dsn, const long long dsc, const long long dsh, const long long dsw,
-         const long long asn, const long long asc, const long long ash, const long long asw, DIV_ARGS)
+pool_bwd(BWD_ARGS)
 {
     MAKE_GEO
     const unsigned int total = (unsigned int)g.N * g.C * g.H * g.W;
@@ -202,9 +206,7 @@ pool_bwd(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict
 // one window).  s = 0 + v keeps the gather's bits (a -0 gradient lands as +0, as there).
 struct alignas(2 * sizeof(T)) Pair { T a, b; };
 extern "C" __global__ void __launch_bounds__(256)
-pool_bwd_disjoint(const T* __restrict__ dy, const ARG* __restrict__ argmax, T* __restrict__ dx, GEO_ARGS,
-                  const long long dsn, const long long dsc, const long long dsh, const long long dsw,
-                  const long long asn, const long long asc, const long long ash, const long long asw, DIV_ARGS)
+pool_bwd_disjoint(BWD_ARGS)
 {
     MAKE_GEO
     const unsigned int total = (unsigned int)g.N * g.C * g.OH * g.OW;
