@@ -9,7 +9,7 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
     MODE=trace [CCALLS=1] [TRACE_OUT=file] python tools/fake_gpu_step.py TREE resnet20 2   # one step's calls as a tree
     MODE=opcodes [N=50] python tools/fake_gpu_step.py TREE resnet20 2   # Python opcodes a step by function
     MODE=instr [SW=module:NAME,..] python tools/fake_gpu_step.py TREE resnet20 2   # instructions a step (callgrind,
-        switches off / on alternated twice, 3 steps each): the measure that the shared cores' load does not move;
+        switches off / on alternated three times, 3 steps each; the ratio from the last two): the measure that the shared cores' load does not move;
         PAIR=amp AMP=bf16: "off" is the step without autocast, "on" with it (the bf16 extra)
     MODE=callers PAT=device_of,resolve_handle python tools/fake_gpu_step.py TREE      # who calls them
     MODE=gc python tools/fake_gpu_step.py TREE lenet5 64   # the cyclic garbage collector's collections and time a step
@@ -39,7 +39,9 @@ CuPy functions the fake lacks fall back to NumPy): the host Python of the GPU st
         buffer is the fake's cost; on a GPU it is one copy launch).
     LEAN_FAKE=1 (any mode): the fake's `a.data` and `a.data.ptr` read at C speed, as CuPy's, and its current
         stream one object (the fake's Python property, cached pointer and a new stream namespace a call were ~24%
-        of the fake step: host round 30); the same pointers and launch records.
+        of the fake step: host round 30); the same pointers and launch records.  LEAN_FAKE=2: besides, every
+        address read from the array object's data field (a bfloat16 array's as cheap as a float32 one's, as in
+        CuPy; round 31: under LEAN_FAKE=1 part of the bf16 step's extra was the fake's).
     FREE_CAST=1 (any mode): the fake's astype allocates the result and converts nothing (a GPU cast is one launch
         whatever its size; NumPy's bfloat16 conversion of a b128 input costs the fake ~0.1 ms that no GPU host pays).
     PROF_OUT=file (MODE=prof): also dump the cProfile stats there (pstats), to diff two configurations.
@@ -97,6 +99,30 @@ if os.environ.get("LEAN_FAKE", "") not in ("", "0"):
         m.__dict__["ptr"] = ptr
         self.__dict__["_m"] = m
         return m
+    if os.environ["LEAN_FAKE"] == "2":
+        # LEAN_FAKE=2 (host round 31): every address read from the array object's own data pointer field
+        # (PyArrayObject's first after the object header) -- no buffer export, no bytes' view for a bfloat16 array,
+        # no numpy ``ctypes`` object in cupy.cuda.MemoryPointer -- so that an array's pointer costs the same whatever
+        # its dtype, as CuPy's does (under LEAN_FAKE=1 a bf16 array's first pointer made a view: part of the
+        # measured "bf16 extra" was the fake's); the same addresses (checked against __array_interface__ here)
+        _head = object.__basicsize__
+        def _addr(a, _at=ctypes.c_void_p.from_address):
+            return _at(id(a) + _head).value or 0
+        _probe = np.arange(8, dtype=np.float32)[3:]
+        assert _addr(_probe) == _probe.__array_interface__["data"][0]
+        def _first_data(self, name, _at=ctypes.c_void_p.from_address):
+            if name != "_m":
+                raise AttributeError(f"'ndarray' object has no attribute {name!r}")
+            m = _M(self)
+            m.__dict__["ptr"] = _at(id(self) + _head).value or 0
+            self.__dict__["_m"] = m
+            return m
+        _Block = type(fakecp.cuda.MemoryPointer(np.zeros(8, np.uint8), 0))
+        def _memory_pointer(mem, offset, _B=_Block, _new=object.__new__):
+            b = _new(_B)
+            b.raw, b.offset = mem, -_addr(mem) % 512 + offset
+            return b
+        fakecp.cuda.MemoryPointer = _memory_pointer
     fakecp.ndarray.__getattr__ = _first_data
     fakecp.ndarray.data = property(operator.attrgetter("_m"))
     _null_stream = types.SimpleNamespace(ptr=0)     # (CuPy hands back its one Stream object, not a new one a call)
@@ -513,7 +539,7 @@ elif mode == "opcodes":
     for k, v in ops.most_common(int(os.environ.get("N", "50"))): print(f"{v:7d} {calls[k]:5d}  {k}")
 elif mode == "instr":
     # instructions a step, switches off / on (SW=module:NAME,...; none: the same setting twice), under callgrind:
-    # this process runs itself again under valgrind (MODE=instr_child), which after warm-up steps takes, twice,
+    # this process runs itself again under valgrind (MODE=instr_child), which after warm-up steps takes, three times,
     # [flip, one unmeasured step, os.getpid() (a dump), 3 steps, os.getpid()]; each even dump is 3 steps of one
     # setting.  Reads the dumps' totals (host rounds 30-31: CPU time on the shared cores moved 2-3 ms between runs)
     import glob
@@ -532,11 +558,12 @@ elif mode == "instr":
     irs = [_ir(f) for f in dumps]
     import shutil
     shutil.rmtree(d, ignore_errors=True)
-    meas = irs[1::2][:4]          # dumps 2, 4, 6, 8 (1-based): the measured stretches
+    meas = irs[1::2][:6]          # dumps 2, 4, ... 12 (1-based): the measured stretches
     off = [v / 3 for v in meas[0::2]]; on = [v / 3 for v in meas[1::2]]
+    # (the first stretch measured runs ~0.6% more instructions whatever its setting: the ratio leaves it out)
     print(f"{model} b{batch} AMP={amp or 'off'} CL={int(cl)} SW={os.environ.get('SW', '')}: instructions a step off "
           + ", ".join(f"{v/1e6:.3f} M" for v in off) + "; on " + ", ".join(f"{v/1e6:.3f} M" for v in on)
-          + f"; on / off {sum(on) / sum(off):.4f}")
+          + f"; on / off {sum(on[1:]) / sum(off[1:]):.4f} (the first pair left out)")
 elif mode == "instr_child":
     import importlib
     sws = []
@@ -553,7 +580,7 @@ elif mode == "instr_child":
     for on in (False, True):
         for s_ in sws: s_[0] = on
         step(); step()
-    for _ in range(2):
+    for _ in range(3):
         for on in (False, True):
             for s_ in sws: s_[0] = on
             step(); os.getpid()
