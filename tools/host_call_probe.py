@@ -72,6 +72,21 @@ def main():
             t_mm = per_call(lambda: cp.matmul(A, B, out=out), n)
             print(f"{np.dtype(dt).name:8s} {M}x{K}x{N}: lt_product {t_lt:7.2f} us, _LtCall.run {t_run:7.2f} us, "
                   f"cupy.matmul {t_mm:7.2f} us")
+    # conv_pointwise's NCHW form: y[n] (K, HW) = w (K, C) @ x[n] (C, HW), batched over the N images
+    for dt in (cp.float32, cp.float16):
+        for (Nb, C, K, HW) in ((128, 64, 128, 256), (128, 128, 256, 64), (128, 256, 256, 16)):
+            w = cp.random.rand(K, C).astype(dt)
+            x = cp.random.rand(Nb, C, HW).astype(dt)
+            y = cp.empty((Nb, K, HW), dt)
+            handle, ws, _ = cublas._lt_state(cp)
+            call = cublas._lt_prepare(w, x[0], y[0], None, False, None, None, handle, ws,
+                                      batch=(Nb, 0, C * HW, K * HW), align=16)
+            if call is None:
+                print(f"batched {Nb}x({K}x{C} @ {C}x{HW}) {np.dtype(dt).name}: not taken")
+                continue
+            s = cp.cuda.get_current_stream().ptr
+            t_run = per_call(lambda: call.run(w, x, y, None, s), n)
+            print(f"{np.dtype(dt).name:8s} batched {Nb} x ({K}x{C} @ {C}x{HW}): _LtCall.run {t_run:7.2f} us")
     # does cublasLtMatmul wait for the GPU?  queue a ~2 ms spin, then time one product's host call
     spin = cp.RawKernel(SPIN, "spin")
     A = cp.random.rand(2048, 256).astype(cp.float32)
