@@ -914,6 +914,17 @@ softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, con
 #endif
 #define BSE (ALGO == 2 && !BSY ? E : 2 * E)
 #endif
+// One value's share of the backward, written once for every backward path below: its term of the row's sum
+// (log-softmax: dy; softmax: dy y) and its dx from that sum s (log-softmax: dy - exp(y) s; softmax: y (dy - s)).
+// Macros, not functions: inlined functions compiled the same sums with the FMA's factors swapped (another PTX).
+#if ALGO == 2
+#define BWD_TERM(y, g) (g)
+#define BWD_DX(y, g, s) ((g) - exp(y) * (s))
+#else
+#define BWD_TERM(y, g) ((g) * (y))
+#define BWD_DX(y, g, s) ((y) * ((g) - (s)))
+#endif
+
 template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ dy,
                                                             T* __restrict__ dx, int rows, int C, A* sm)
 {
@@ -959,13 +970,7 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
 #endif
         }
 #pragma unroll
-        for (int j = 0; j < NE; ++j) {
-#if ALGO == 2
-            s += eb[j];
-#else
-            s += eb[j] * ea[j];
-#endif
-        }
+        for (int j = 0; j < NE; ++j) s += BWD_TERM(ea[j], eb[j]);
         s = g_sum(s, sm);
         if (!live || nch == 0) continue;
         for (int ch = nch - 1; ch >= 0; --ch) {      // the last chunk from registers first
@@ -989,23 +994,11 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
 #endif
             }
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-#if ALGO == 2
-                a[e] = b[e] - exp(a[e]) * s;
-#else
-                a[e] = a[e] * (b[e] - s);
-#endif
-            }
+            for (int e = 0; e < E; ++e) a[e] = BWD_DX(a[e], b[e], s);
             store_chunk<VA>(dx + base, ch, q, g, a);
         }
 #pragma unroll
-        for (int j = 0; j < NE; ++j) {
-#if ALGO == 2
-            ea[j] = eb[j] - exp(ea[j]) * s;
-#else
-            ea[j] = ea[j] * (eb[j] - s);
-#endif
-        }
+        for (int j = 0; j < NE; ++j) ea[j] = BWD_DX(ea[j], eb[j], s);
         store_edges(dx + base, q, g, ea);
     }
 }
@@ -1047,9 +1040,9 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_pipe(const T* __r
             A a[E], ea[NE1];
             pipe_decode(yw, q, g, (A)0, a, ea);
 #pragma unroll
-            for (int e = 0; e < E; ++e) a[e] = b[e] - exp(a[e]) * s;
+            for (int e = 0; e < E; ++e) a[e] = BWD_DX(a[e], b[e], s);
 #pragma unroll
-            for (int j = 0; j < NE; ++j) ea[j] = eb[j] - exp(ea[j]) * s;
+            for (int j = 0; j < NE; ++j) ea[j] = BWD_DX(ea[j], eb[j], s);
             store_chunk<true>(dx + base, 0, q, g, a);
             store_edges(dx + base, q, g, ea);
         }
@@ -1131,21 +1124,9 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __
             }
         }
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-#if ALGO == 2
-            s += b[e];
-#else
-            s += b[e] * a[e];
-#endif
-        }
+        for (int e = 0; e < E; ++e) s += BWD_TERM(a[e], b[e]);
 #pragma unroll
-        for (int j = 0; j < NE; ++j) {
-#if ALGO == 2
-            s += eb[j];
-#else
-            s += eb[j] * ea[j];
-#endif
-        }
+        for (int j = 0; j < NE; ++j) s += BWD_TERM(ea[j], eb[j]);
         s = g_sum(s, sm);
         for (int ch = nch - 1; ch >= 0; --ch) {      // the last chunk from registers first
             if (ch < nch - 1) {
@@ -1163,23 +1144,11 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __
                 }
             }
 #pragma unroll
-            for (int e = 0; e < E; ++e) {
-#if ALGO == 2
-                a[e] = b[e] - exp(a[e]) * s;
-#else
-                a[e] = a[e] * (b[e] - s);
-#endif
-            }
+            for (int e = 0; e < E; ++e) a[e] = BWD_DX(a[e], b[e], s);
             store_chunk<true>(dx + base, ch, q, g, a);
         }
 #pragma unroll
-        for (int j = 0; j < NE; ++j) {
-#if ALGO == 2
-            ea[j] = eb[j] - exp(ea[j]) * s;
-#else
-            ea[j] = ea[j] * (eb[j] - s);
-#endif
-        }
+        for (int j = 0; j < NE; ++j) ea[j] = BWD_DX(ea[j], eb[j], s);
         store_edges(dx + base, q, g, ea);
     }
 }
@@ -1210,9 +1179,9 @@ template <bool VA> __device__ __forceinline__ void bwd_rows_warp(const T* __rest
     for (int j = 0; j < NE; ++j) s += eb[j];
     s = g_sum(s, (A*)0);
 #pragma unroll
-    for (int e = 0; e < E; ++e) a[e] = b[e] - exp(a[e]) * s;
+    for (int e = 0; e < E; ++e) a[e] = BWD_DX(a[e], b[e], s);
 #pragma unroll
-    for (int j = 0; j < NE; ++j) ea[j] = eb[j] - exp(ea[j]) * s;
+    for (int j = 0; j < NE; ++j) ea[j] = BWD_DX(ea[j], eb[j], s);
     store_chunk<VA>(dx + base, 0, q, g, a);
     store_edges(dx + base, q, g, ea);
 }
