@@ -34,7 +34,7 @@ from . import softmax_kernels as _sk
 from . import workspace as _ws
 from .bn_kernels import STORAGE_HEADER, type_info
 from .device_facts import sm80 as _sm80
-from .softmax_kernels import ROW_HEADER, WARP_REDUCE, row_defines
+from .softmax_kernels import ROW_HEADER, WARP_REDUCE, row_defines, row_io
 
 __all__ = ["supports", "forward", "backward", "SOURCE", "SOURCE_ROWS"]
 
@@ -72,13 +72,15 @@ __device__ __forceinline__ X STX(float f)
 """
 
 # The row helpers of ROW_HEADER (softmax_kernels) for x and dx of type X: with XSTORAGE, overloads on X pointers of
-# row_geo / load_chunk / store_chunk / load_edges / store_edges / pipe_issue / pipe_decode -- ROW_HEADER's code with
-# VEC elements of 2 bytes a vector (XVBYTES = 2 VEC: 8-byte loads where float32's are 16) and STX at the stores.  A row
-# r of x starts r * C elements from x, so with x on an XVBYTES boundary each row's head h is the one the float32
-# array (on a VBYTES boundary) has: the same split of the row into head, body vectors and tail.  aligned_x: the
+# row_geo / load_chunk / store_chunk / load_edges / store_edges / pipe_issue / pipe_decode -- ROW_HEADER's own text
+# (softmax_kernels.row_io("X"): one text for both element types) with VEC elements of 2 bytes a vector (XVBYTES =
+# 2 VEC: 8-byte loads where float32's are 16) and STX at the stores.  A row r of x starts r * C elements from x, so
+# with x on an XVBYTES boundary each row's head h is the one the float32 array (on a VBYTES boundary) has: the same
+# split of the row into head, body vectors and tail.  aligned_x: the
 # vector path only where x (and dx) sit on that boundary (RAGGED too: the float32 equivalent is the aligned array);
 # else the scalar path -- correct, but the float32 kernel's order only for the aligned case, so the host hands a
 # misaligned x to the float32 kernels through a cast instead (forward / backward below).
+_ROW_X = row_io("X")
 XROW_HEADER = r"""
 #if XSTORAGE < 0
 #define aligned_x aligned
@@ -97,92 +99,10 @@ typedef uint2 XVR;
 typedef uint4 XVR;
 #endif
 union XPack { XVR raw; X v[VEC]; };
-__device__ __forceinline__ Geo row_geo(const X* p, int C, bool va)
-{
-    Geo q;
-    q.h = 0;
-#if RAGGED
-    if (va) {
-        q.h = (int)(((XVBYTES - (unsigned)((unsigned long long)p % XVBYTES)) % XVBYTES) / sizeof(X));
-        if (q.h > C) q.h = C;
-    }
-#endif
-    q.nb = (C - q.h) / VEC;
-    q.tl = C - q.h - q.nb * VEC;
-    return q;
-}
-template <bool VA> __device__ __forceinline__ void load_chunk(const X* __restrict__ p, int ch, const Geo& q, int g,
-                                                              A pad, A* a)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int v = ch * CV + k * G + g;
-        const int c = q.h + v * VEC;
-        XPack u;
-        if (VA) {
-            if (v < q.nb) u.raw = *reinterpret_cast<const XVR*>(p + c);
-        } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = p[c + j];
-        }
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = v < q.nb ? LD(u.v[j]) : pad;
-    }
-}
-template <bool VA> __device__ __forceinline__ void store_chunk(X* __restrict__ p, int ch, const Geo& q, int g,
-                                                               const A* a)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int v = ch * CV + k * G + g;
-        if (v >= 0 && v < q.nb) {
-            const int c = q.h + v * VEC;
-            XPack u;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) u.v[j] = STX(a[k * VEC + j]);
-            if (VA) *reinterpret_cast<XVR*>(p + c) = u.raw;
-            else {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) p[c + j] = u.v[j];
-            }
-        }
-    }
-}
-__device__ __forceinline__ void load_edges(const X* __restrict__ p, const Geo& q, int g, A pad, A* ed)
-{
-#pragma unroll
-    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(p[edge_o(q, g) + j]) : pad;
-}
-__device__ __forceinline__ void store_edges(X* __restrict__ p, const Geo& q, int g, const A* ed)
-{
-#pragma unroll
-    for (int j = 0; j < NE; ++j) if (j < edge_n(q, g)) p[edge_o(q, g) + j] = STX(ed[j]);
-}
+""" + _ROW_X[0] + r"""
+""" + _ROW_X[1] + r"""
 #if PIPE
-struct XRow { XVR v[NV]; X e[NE1]; };
-__device__ __forceinline__ void pipe_issue(const X* __restrict__ p, const Geo& q, int g, XRow& w)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int v = k * G + g;
-        w.v[k] = v < q.nb ? *reinterpret_cast<const XVR*>(p + q.h + v * VEC) : XVR();
-    }
-#pragma unroll
-    for (int j = 0; j < NE; ++j) w.e[j] = j < edge_n(q, g) ? p[edge_o(q, g) + j] : X();
-}
-__device__ __forceinline__ void pipe_decode(const XRow& w, const Geo& q, int g, A pad, A* a, A* ed)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        XPack u;
-        u.raw = w.v[k];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = k * G + g < q.nb ? LD(u.v[j]) : pad;
-    }
-#pragma unroll
-    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(w.e[j]) : pad;
-}
-#endif
+""" + _ROW_X[2] + r"""#endif
 __device__ __forceinline__ bool aligned_x(const void* a, const void* b = 0)
 {
     const unsigned long long x = (unsigned long long)a, y = b ? (unsigned long long)b : x;

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -140,6 +141,164 @@ softmax_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ d
 # VBYTES = VEC * sizeof(T); RAGGED: rows whose length is not a multiple of VEC (each row's own head to the next
 # VBYTES boundary and its tail as scalars, the body as vectors); ONE: the row is one chunk (straight-line code).
 # Every index is 32-bit: supports() keeps x.size <= 2^31 - 1.
+# The row helpers on one element type, written once: row_geo, load_chunk, store_chunk (_ROW_IO_A), load_edges,
+# store_edges (_ROW_IO_B) and PIPE's raw row, pipe_issue and pipe_decode (_ROW_IO_PIPE) -- ROW_HEADER's for the
+# arrays' T, and loss_kernels' XROW_HEADER's for its 16-bit logits X (row_io("X")).  ELEM is the element type, ELEM_PACK
+# / ELEM_VR its vector union and raw word, ELEM_VBYTES the vector's bytes, ELEM_ST the store conversion, ELEM_ROW the
+# raw row.  loss_kernels defines no HINT (the source's 0): its X helpers compile the #else branches.
+_ROW_IO_A = r"""__device__ __forceinline__ Geo row_geo(const ELEM* p, int C, bool va)
+{
+    Geo q;
+    q.h = 0;
+#if RAGGED
+    if (va) {
+        q.h = (int)(((ELEM_VBYTES - (unsigned)((unsigned long long)p % ELEM_VBYTES)) % ELEM_VBYTES) / sizeof(ELEM));
+        if (q.h > C) q.h = C;
+    }
+#endif
+    q.nb = (C - q.h) / VEC;
+    q.tl = C - q.h - q.nb * VEC;
+    return q;
+}
+
+// Body vector v = ch * CV + k * G + g (elements h + v * VEC + j) into slots a[k * VEC + j]; slots past the body get
+// `pad`.  VA: ELEM_VBYTES vector loads (the caller checked the alignment), else element by element.
+template <bool VA> __device__ __forceinline__ void load_chunk(const ELEM* __restrict__ p, int ch, const Geo& q, int g,
+                                                              A pad, A* a)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = ch * CV + k * G + g;
+        const int c = q.h + v * VEC;
+        ELEM_PACK u;
+        if (VA) {
+#if HINT == 1 || HINT == 3
+            u.raw = ldh(v < q.nb, reinterpret_cast<const ELEM_VR*>(p + q.h + (ch * CV + g) * VEC) + k * G);
+#else
+            if (v < q.nb) u.raw = *reinterpret_cast<const ELEM_VR*>(p + c);
+#endif
+        } else {
+#pragma unroll
+#if HINT == 1 || HINT == 3
+            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = HLD(p + (c + j));
+#else
+            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = p[c + j];
+#endif
+        }
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = v < q.nb ? LD(u.v[j]) : pad;
+    }
+}
+
+template <bool VA> __device__ __forceinline__ void store_chunk(ELEM* __restrict__ p, int ch, const Geo& q, int g,
+                                                               const A* a)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = ch * CV + k * G + g;
+#if HINT
+        if (VA) {
+            ELEM_PACK u;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) u.v[j] = ELEM_ST(a[k * VEC + j]);
+            sth(v >= 0 && v < q.nb, reinterpret_cast<ELEM_VR*>(p + q.h + (ch * CV + g) * VEC) + k * G, u.raw);
+            continue;
+        }
+#endif
+        if (v >= 0 && v < q.nb) {
+            const int c = q.h + v * VEC;
+            ELEM_PACK u;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) u.v[j] = ELEM_ST(a[k * VEC + j]);
+            if (VA) *reinterpret_cast<ELEM_VR*>(p + c) = u.raw;
+            else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) p[c + j] = u.v[j];
+            }
+        }
+    }
+}
+"""
+_ROW_IO_B = r"""__device__ __forceinline__ void load_edges(const ELEM* __restrict__ p, const Geo& q, int g, A pad,
+                                           A* ed)
+{
+#pragma unroll
+    for (int j = 0; j < NE; ++j) {
+#if HINT == 1 || HINT == 3
+        const ELEM t = ldh(j < edge_n(q, g), p + (edge_o(q, g) + j));
+        ed[j] = j < edge_n(q, g) ? LD(t) : pad;
+#else
+        ed[j] = j < edge_n(q, g) ? LD(p[edge_o(q, g) + j]) : pad;
+#endif
+    }
+}
+__device__ __forceinline__ void store_edges(ELEM* __restrict__ p, const Geo& q, int g, const A* ed)
+{
+#pragma unroll
+    for (int j = 0; j < NE; ++j) {
+#if HINT
+        sth(j < edge_n(q, g), p + (edge_o(q, g) + j), ELEM_ST(ed[j]));
+#else
+        if (j < edge_n(q, g)) p[edge_o(q, g) + j] = ELEM_ST(ed[j]);
+#endif
+    }
+}
+"""
+_ROW_IO_PIPE = r"""// A row's loads, not yet decoded (PIPE): its body vectors as raw ELEM_VBYTES words (4-byte data:
+// E registers; 2-byte: E / 2) and, RAGGED, its edges -- the next row's registers while the current one is reduced.
+struct ELEM_ROW { ELEM_VR v[NV]; ELEM e[NE1]; };
+__device__ __forceinline__ void pipe_issue(const ELEM* __restrict__ p, const Geo& q, int g, ELEM_ROW& w)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int v = k * G + g;
+#if HINT == 1 || HINT == 3
+        w.v[k] = ldh(v < q.nb, reinterpret_cast<const ELEM_VR*>(p + q.h + g * VEC) + k * G);   // pipe_decode pads
+#else
+        w.v[k] = v < q.nb ? *reinterpret_cast<const ELEM_VR*>(p + q.h + v * VEC) : ELEM_VR();
+#endif
+    }
+#pragma unroll
+    for (int j = 0; j < NE; ++j) {
+#if HINT == 1 || HINT == 3
+        w.e[j] = ldh(j < edge_n(q, g), p + (edge_o(q, g) + j));
+#else
+        w.e[j] = j < edge_n(q, g) ? p[edge_o(q, g) + j] : ELEM();
+#endif
+    }
+}
+// Slots past the body (and edges past the row's) get `pad`, as load_chunk / load_edges.
+__device__ __forceinline__ void pipe_decode(const ELEM_ROW& w, const Geo& q, int g, A pad, A* a, A* ed)
+{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        ELEM_PACK u;
+        u.raw = w.v[k];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = k * G + g < q.nb ? LD(u.v[j]) : pad;
+    }
+#pragma unroll
+    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(w.e[j]) : pad;
+}
+"""
+_ROW_IO_NAMES = {"T": ("T", "Pack", "VR", "VBYTES", "ST", "RawRow"),
+                 "X": ("X", "XPack", "XVR", "XVBYTES", "STX", "XRow")}
+
+
+def row_io(elem):
+    """(A, B, PIPE) texts of the row helpers (the _ROW_IO_ strings) on element type ``elem``: "T" or "X"."""
+    t, pack, vr, vbytes, st, row = _ROW_IO_NAMES[elem]
+    subs = (("ELEM_ROW", row), ("ELEM_PACK", pack), ("ELEM_VR", vr), ("ELEM_VBYTES", vbytes), ("ELEM_ST", st),
+            ("ELEM", t))
+
+    def one(text):
+        for a, b in subs:
+            text = re.sub(r"\b%s\b" % a, b, text)
+        return text
+    return one(_ROW_IO_A), one(_ROW_IO_B), one(_ROW_IO_PIPE)
+
+
+_ROW_T = row_io("T")
 ROW_HEADER = r"""
 #ifndef RAGGED
 #define RAGGED 0
@@ -316,106 +475,11 @@ template <class V> __device__ __forceinline__ V g_max(V v, V* sm)
 // A row of C elements at p: h head elements, nb body vectors of VEC, tl tail elements (tl < VEC).  h = 0 unless
 // RAGGED with vector loads (then the row's own distance to the next VBYTES boundary: rows start at r * C).
 struct Geo { int h, nb, tl; };
-__device__ __forceinline__ Geo row_geo(const T* p, int C, bool va)
-{
-    Geo q;
-    q.h = 0;
-#if RAGGED
-    if (va) {
-        q.h = (int)(((VBYTES - (unsigned)((unsigned long long)p % VBYTES)) % VBYTES) / sizeof(T));
-        if (q.h > C) q.h = C;
-    }
-#endif
-    q.nb = (C - q.h) / VEC;
-    q.tl = C - q.h - q.nb * VEC;
-    return q;
-}
-
-// Body vector v = ch * CV + k * G + g (elements h + v * VEC + j) into slots a[k * VEC + j]; slots past the body get
-// `pad`.  VA: VBYTES vector loads (the caller checked the alignment), else element by element.
-template <bool VA> __device__ __forceinline__ void load_chunk(const T* __restrict__ p, int ch, const Geo& q, int g,
-                                                              A pad, A* a)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int v = ch * CV + k * G + g;
-        const int c = q.h + v * VEC;
-        Pack u;
-        if (VA) {
-#if HINT == 1 || HINT == 3
-            u.raw = ldh(v < q.nb, reinterpret_cast<const VR*>(p + q.h + (ch * CV + g) * VEC) + k * G);
-#else
-            if (v < q.nb) u.raw = *reinterpret_cast<const VR*>(p + c);
-#endif
-        } else {
-#pragma unroll
-#if HINT == 1 || HINT == 3
-            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = HLD(p + (c + j));
-#else
-            for (int j = 0; j < VEC; ++j) if (v < q.nb) u.v[j] = p[c + j];
-#endif
-        }
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = v < q.nb ? LD(u.v[j]) : pad;
-    }
-}
-
-template <bool VA> __device__ __forceinline__ void store_chunk(T* __restrict__ p, int ch, const Geo& q, int g,
-                                                               const A* a)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int v = ch * CV + k * G + g;
-#if HINT
-        if (VA) {
-            Pack u;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) u.v[j] = ST(a[k * VEC + j]);
-            sth(v >= 0 && v < q.nb, reinterpret_cast<VR*>(p + q.h + (ch * CV + g) * VEC) + k * G, u.raw);
-            continue;
-        }
-#endif
-        if (v >= 0 && v < q.nb) {
-            const int c = q.h + v * VEC;
-            Pack u;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) u.v[j] = ST(a[k * VEC + j]);
-            if (VA) *reinterpret_cast<VR*>(p + c) = u.raw;
-            else {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) p[c + j] = u.v[j];
-            }
-        }
-    }
-}
-
+""" + _ROW_T[0] + r"""
 // The row's edges (RAGGED): thread 0 holds the head [0, h), thread G - 1 the tail [h + nb * VEC, C), as scalars.
 __device__ __forceinline__ int edge_n(const Geo& q, int g) { return g == 0 ? q.h : (g == G - 1 ? q.tl : 0); }
 __device__ __forceinline__ int edge_o(const Geo& q, int g) { return g == 0 ? 0 : q.h + q.nb * VEC; }
-__device__ __forceinline__ void load_edges(const T* __restrict__ p, const Geo& q, int g, A pad, A* ed)
-{
-#pragma unroll
-    for (int j = 0; j < NE; ++j) {
-#if HINT == 1 || HINT == 3
-        const T t = ldh(j < edge_n(q, g), p + (edge_o(q, g) + j));
-        ed[j] = j < edge_n(q, g) ? LD(t) : pad;
-#else
-        ed[j] = j < edge_n(q, g) ? LD(p[edge_o(q, g) + j]) : pad;
-#endif
-    }
-}
-__device__ __forceinline__ void store_edges(T* __restrict__ p, const Geo& q, int g, const A* ed)
-{
-#pragma unroll
-    for (int j = 0; j < NE; ++j) {
-#if HINT
-        sth(j < edge_n(q, g), p + (edge_o(q, g) + j), ST(ed[j]));
-#else
-        if (j < edge_n(q, g)) p[edge_o(q, g) + j] = ST(ed[j]);
-#endif
-    }
-}
-
+""" + _ROW_T[1] + r"""
 #ifndef PIPE
 #define PIPE 0
 #endif
@@ -423,43 +487,7 @@ __device__ __forceinline__ void store_edges(T* __restrict__ p, const Geo& q, int
 #if !ONE || G > 32
 #error "PIPE needs one-chunk rows of a warp or less"
 #endif
-// A row's loads, not yet decoded (PIPE): its body vectors as raw VBYTES words (4-byte data: E registers; 2-byte:
-// E / 2) and, RAGGED, its edges -- the next row's registers while the current one is reduced.
-struct RawRow { VR v[NV]; T e[NE1]; };
-__device__ __forceinline__ void pipe_issue(const T* __restrict__ p, const Geo& q, int g, RawRow& w)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int v = k * G + g;
-#if HINT == 1 || HINT == 3
-        w.v[k] = ldh(v < q.nb, reinterpret_cast<const VR*>(p + q.h + g * VEC) + k * G);   // pipe_decode pads
-#else
-        w.v[k] = v < q.nb ? *reinterpret_cast<const VR*>(p + q.h + v * VEC) : VR();
-#endif
-    }
-#pragma unroll
-    for (int j = 0; j < NE; ++j) {
-#if HINT == 1 || HINT == 3
-        w.e[j] = ldh(j < edge_n(q, g), p + (edge_o(q, g) + j));
-#else
-        w.e[j] = j < edge_n(q, g) ? p[edge_o(q, g) + j] : T();
-#endif
-    }
-}
-// Slots past the body (and edges past the row's) get `pad`, as load_chunk / load_edges.
-__device__ __forceinline__ void pipe_decode(const RawRow& w, const Geo& q, int g, A pad, A* a, A* ed)
-{
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        Pack u;
-        u.raw = w.v[k];
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) a[k * VEC + j] = k * G + g < q.nb ? LD(u.v[j]) : pad;
-    }
-#pragma unroll
-    for (int j = 0; j < NE; ++j) ed[j] = j < edge_n(q, g) ? LD(w.e[j]) : pad;
-}
-#endif
+""" + _ROW_T[2] + r"""#endif
 
 // Whether the vector loads may be used: every pointer on a VBYTES boundary (rows are too: C % VEC == 0), or, for
 // RAGGED rows, every array at the same distance from one (each row then has the same head in all of them).
