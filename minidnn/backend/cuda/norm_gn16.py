@@ -133,6 +133,25 @@ __device__ __forceinline__ A LDL(const V& v, int e)
     return f;
 #endif
 }
+// A channel plane's three backward sums, for gn_bwds and gn_bwdp alike: sum(d), sum(dy), sum(dy d) with d = x - mu
+// over the thread's vectors vi = V0, V0 + STEP, ... < V1 of the plane's x and dy rows in shared memory (xs, gs),
+// each value read with LOAD (gn_bwds: LDE; gn_bwdp: the lean LDL), then summed over the warp and written by lane 0 to
+// SLOT[0..2].  Statements over the caller's xs, gs, mu and t (a macro, not a function: the kernels' PTX as before).
+#define GN16_PLANE_SUMS(LOAD, V0, V1, STEP, SLOT)                                                              \
+    A p0 = 0, p1 = 0, p2 = 0;                                                                                  \
+    for (int vi = V0; vi < V1; vi += STEP) {                                                                   \
+        const V a = xs[vi], b = gs[vi];                                                                        \
+        _Pragma("unroll")                                                                                      \
+        for (int e = 0; e < VEC; ++e) {                                                                        \
+            const A d = LOAD(a, e) - mu, gy = LOAD(b, e);                                                      \
+            p0 += d; p1 += gy; p2 += gy * d;                                                                   \
+        }                                                                                                      \
+    }                                                                                                          \
+    p0 = warp_sum(p0); p1 = warp_sum(p1); p2 = warp_sum(p2);                                                   \
+    if ((t & 31) == 0) {                                                                                       \
+        A* o = SLOT;                                                                                           \
+        o[0] = p0; o[1] = p1; o[2] = p2;                                                                       \
+    }
 // cp_wait for gn_bwdp's channel waits: 2 cpt - 1 - j groups is 1 (one channel a thread: the table's row) or a few
 // (cpt <= CPG_MAX / P), tested first in a short chain before cp_wait's jump table (~12 instructions)
 __device__ __forceinline__ void cp_wait_few(int n)
@@ -242,20 +261,7 @@ gn_bwds(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     const A mu = mean[r], is = rstd[r];
     for (int c = 0; c < cpg; ++c) {         // each channel's sums as its plane lands
         cp_wait(cpg - 1 - c);
-        A p0 = 0, p1 = 0, p2 = 0;
-        for (int vi = c * iv + t; vi < (c + 1) * iv; vi += NT) {
-            const V a = xs[vi], b = gs[vi];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                const A d = LDE(a, e) - mu, gy = LDE(b, e);
-                p0 += d; p1 += gy; p2 += gy * d;
-            }
-        }
-        p0 = warp_sum(p0); p1 = warp_sum(p1); p2 = warp_sum(p2);
-        if ((t & 31) == 0) {
-            A* o = wpart + ((t >> 5) * cpg + c) * 3;
-            o[0] = p0; o[1] = p1; o[2] = p2;
-        }
+        GN16_PLANE_SUMS(LDE, c * iv + t, (c + 1) * iv, NT, wpart + ((t >> 5) * cpg + c) * 3)
     }
     __syncthreads();
     for (int q = t; q < 3 * cpg; q += NT) {     // channel sums: the warps in order
@@ -380,20 +386,7 @@ gn_bwdp(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         for (int j = 0; j < cpt; ++j) {             // each channel's sums as its plane lands
             const int c = p + j * P;
             cp_wait_few(2 * cpt - 1 - j);
-            A p0 = 0, p1 = 0, p2 = 0;
-            for (int vi = c * iv + tt; vi < (c + 1) * iv; vi += TT) {
-                const V a = xs[vi], g = gs[vi];
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const A d = LDL(a, e) - mu, gy = LDL(g, e);
-                    p0 += d; p1 += gy; p2 += gy * d;
-                }
-            }
-            p0 = warp_sum(p0); p1 = warp_sum(p1); p2 = warp_sum(p2);
-            if ((t & 31) == 0) {
-                A* o = wpart + (c * WPT + wi) * 3;
-                o[0] = p0; o[1] = p1; o[2] = p2;
-            }
+            GN16_PLANE_SUMS(LDL, c * iv + tt, (c + 1) * iv, TT, wpart + (c * WPT + wi) * 3)
         }
         __syncthreads();
         if (t < 32) {                               // channel sums (the team's warps in order), then the row's
