@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 import minidnn.backend as B
-from minidnn.backend import devices as _dev
 from minidnn.backend.cuda import norm_gncl as GC
 from minidnn.backend.cuda import norm_kernels as NK
 from tests._nvcc import pick
+from tests.backend._gn_helpers import FAKE_RUN, build, gpu, launched
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -248,18 +248,8 @@ names = []
 L._go = lambda fn, d, stream, p: names.append((str(fn).split("(")[0], d))
 import minidnn.backend as B
 from minidnn.backend.cuda import norm_kernels as NK, norm_gncl as GC
-def run(shape, groups, dtype=np.float32, affine=True):
-    NK._plans.clear()
-    rng = np.random.default_rng(0)
-    c = shape[1]
-    x = fakecp.asarray(rng.standard_normal(shape).astype(dtype))
-    sc = fakecp.asarray(np.ones(c, np.float32)) if affine else None
-    bi = fakecp.asarray(np.zeros(c, np.float32)) if affine else None
-    n0 = len(names)
-    y, m, i = B.group_normalization_forward(None, x, groups, sc, bi, 1e-5)
-    B.group_normalization_backward(None, x, x, groups, sc, m, i)
-    return names[n0:]
-"""
+DTYPE = np.float32
+""" + FAKE_RUN
     # the removed 16-bit switches set: nothing reads them any more
     r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180,
                        env=dict(os.environ, MINIDNN_GN_CLUSTER="1", MINIDNN_GN_CLUSTER_FWD16="1",
@@ -348,17 +338,11 @@ DEFAULTS = {(False, 7, 4, 1), (True, 7, 4, 2)}
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("cfg", pick(_configs(), 2, DEFAULTS), ids=str)
 def test_kernels_compile_without_spills(tmp_path, cfg):
-    from minidnn.backend.cuda import launch
     backward, cl, vpt, maxch = cfg
     entry = "gn_bwdc" if backward else "gn_fwdc"
     opts = GC.options(np.dtype(np.float32), GC._PSTORAGE["float32"], cl, vpt, backward, maxch)
-    src = tmp_path / "gncl.cu"
-    launch.write_source(str(src), GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-ftz=true", "-std=c++17", "-Xptxas",
-                        f"-v,--entry={entry}", "-o", str(tmp_path / "k.cubin"), str(src)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    lines = r.stderr.splitlines()
+    log, _ = build(tmp_path, GC.SOURCE, opts, entry, ptx=False)
+    lines = log.splitlines()
     at = next(i for i, line in enumerate(lines) if f"entry function '{entry}'" in line)
     spill = next(line for line in lines[at:] if "spill stores" in line)
     assert int(spill.split("bytes spill stores")[0].split(",")[-1]) == 0, (cfg, spill)
@@ -369,16 +353,11 @@ def test_kernels_compile_without_spills(tmp_path, cfg):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_512_thread_build_without_spills(tmp_path, monkeypatch):
     """The fullest NT = 512 build (float32 backward, 4 vectors of x and dy a thread) within 64 registers."""
-    from minidnn.backend.cuda import launch
     monkeypatch.setattr(GC, "NT", 512)
     opts = GC.options(np.dtype(np.float32), ("float", 0), 4, 4, True, 2)
-    src = tmp_path / "gncl.cu"
-    launch.write_source(str(src), GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-ftz=true", "-std=c++17", "-Xptxas", "-v,--entry=gn_bwdc",
-                        "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "0 bytes spill stores" in r.stderr, r.stderr[-800:]
-    assert int(r.stderr.split("Used ")[1].split()[0]) <= 64
+    log, _ = build(tmp_path, GC.SOURCE, opts, "gn_bwdc", ptx=False)
+    assert "0 bytes spill stores" in log, log[-800:]
+    assert int(log.split("Used ")[1].split()[0]) <= 64
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------
@@ -389,29 +368,15 @@ TOL = {"float32": dict(rtol=1e-4, atol=2e-5), "float16": dict(rtol=4e-3, atol=4e
 
 @pytest.fixture
 def cp():
-    if not _dev.cuda_is_available():
-        pytest.skip("no CUDA GPU with CuPy on this machine")
-    cp = _dev.require_cupy()
-    if int(cp.cuda.Device().compute_capability) < 90:
-        pytest.skip("thread-block clusters need sm_90")
-    return cp
+    return gpu(90, "thread-block clusters need sm_90")
 
 
 @pytest.fixture
 def on(monkeypatch):
     """The cluster route on, plans forgotten before and after; yields the launched kernels' names."""
-    from minidnn.backend.cuda import launch
     monkeypatch.setattr(GC, "GN_CLUSTER", True)
-    NK._plans.clear()
-    got = []
-    real = launch.Prepared.__call__
-
-    def spy(self, *arrays, stream=None):
-        got.append(self.kernel.name if hasattr(self.kernel, "name") else str(self.kernel))
-        return real(self, *arrays, stream=stream)
-    monkeypatch.setattr(launch.Prepared, "__call__", spy)
-    yield got
-    NK._plans.clear()
+    with launched(monkeypatch) as got:
+        yield got
 
 
 def _dtype(name):

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import minidnn.backend as B
-from minidnn.backend import devices as _dev
 from minidnn.backend.cuda import norm_gn16 as GS
 from minidnn.backend.cuda import norm_kernels as NK
+from tests.backend._gn_helpers import FAKE_RUN, build, entry_body, gpu, launched
 from tests.backend.test_norm_s17_gncl import TOL, _check, _divu, _dtype, _h, _run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -201,18 +201,8 @@ from minidnn.backend.cuda import norm_kernels as NK, norm_gn16 as GS, norm_gncl 
 DF._smem[0] = {H200!r}
 DF._l2[0] = (50 * 2 ** 20, True)
 bf16 = ml_dtypes.bfloat16
-def run(shape, groups, dtype=bf16, affine=True):
-    NK._plans.clear()
-    rng = np.random.default_rng(0)
-    c = shape[1]
-    x = fakecp.asarray(rng.standard_normal(shape).astype(dtype))
-    sc = fakecp.asarray(np.ones(c, np.float32)) if affine else None
-    bi = fakecp.asarray(np.zeros(c, np.float32)) if affine else None
-    n0 = len(names)
-    y, m, i = B.group_normalization_forward(None, x, groups, sc, bi, 1e-5)
-    B.group_normalization_backward(None, x, x, groups, sc, m, i)
-    return names[n0:]
-def kinds(*a, **k):
+DTYPE = bf16
+""" + FAKE_RUN + """def kinds(*a, **k):
     return [n for n, _ in run(*a, **k)]
 """
     r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180,
@@ -307,25 +297,15 @@ BUILDS = [("bfloat16", False, 0), ("bfloat16", True, 2), ("float16", False, 1), 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name, backward, pstorage", BUILDS, ids=str)
 def test_kernels_compile_without_spills(tmp_path, name, backward, pstorage):
-    from minidnn.backend.cuda import launch
     entry = "gn_bwds" if backward else "gn_fwds"
     opts = GS.options(_dtype(name), ("float", pstorage), backward)
-    src = tmp_path / "gn16.cu"
-    launch.write_source(str(src), GS.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-ftz=true", "-std=c++17", "-Xptxas", f"-v,--entry={entry}",
-                        "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "0 bytes spill stores" in r.stderr and "0 bytes stack frame" in r.stderr, r.stderr[-800:]
-    regs = int(r.stderr.split("Used ")[1].split()[0])
+    log, ptx = build(tmp_path, GS.SOURCE, opts, entry)
+    assert "0 bytes spill stores" in log and "0 bytes stack frame" in log, log[-800:]
+    regs = int(log.split("Used ")[1].split()[0])
     assert regs <= 65536 // (GS.NT * (GS.MINB_BWD if backward else GS.MINB_FWD)), regs
     # static shared memory within the plan's allowance (the dynamic part is the row)
-    assert int(r.stderr.split("registers, used 1 barriers, ")[1].split(" bytes smem")[0]) <= GS.STATIC_SMEM
-    r = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-ftz=true", "-std=c++17", "-o", str(tmp_path / "k.ptx"),
-                        str(src)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ptx = (tmp_path / "k.ptx").read_text()
-    body = ptx[ptx.index(f".entry {entry}"):]
-    body = body[:body.index("\n}\n")]
+    assert int(log.split("registers, used 1 barriers, ")[1].split(" bytes smem")[0]) <= GS.STATIC_SMEM
+    body = entry_body(ptx, entry)
     copies = [line for line in body.splitlines() if "cp.async.cg.shared.global" in line]
     assert len(copies) >= (2 if backward else 1) and all(line.rstrip().endswith(", 16;") for line in copies), copies
     assert "cp.async.commit_group" in body and "cp.async.wait_group 0" in body and "cp.async.wait_group 15" in body
@@ -349,31 +329,17 @@ def test_the_16bit_source_refuses_float32(tmp_path):
 
 @pytest.fixture
 def cp():
-    if not _dev.cuda_is_available():
-        pytest.skip("no CUDA GPU with CuPy on this machine")
-    cp = _dev.require_cupy()
-    if int(cp.cuda.Device().compute_capability) < 80:
-        pytest.skip("cp.async needs sm_80")
-    return cp
+    return gpu(80, "cp.async needs sm_80")
 
 
 @pytest.fixture
 def on(monkeypatch):
     """The stash route on with the backward's variant 1 (gn_bwds; gn_bwdp is test_norm_s18_gn16b's), plans forgotten
     before and after; yields the launched kernels' names."""
-    from minidnn.backend.cuda import launch
     monkeypatch.setattr(GS, "GN_STASH16", True)
     monkeypatch.setattr(GS, "BWD_VARIANT", 1)
-    NK._plans.clear()
-    got = []
-    real = launch.Prepared.__call__
-
-    def spy(self, *arrays, stream=None):
-        got.append(self.kernel.name if hasattr(self.kernel, "name") else str(self.kernel))
-        return real(self, *arrays, stream=stream)
-    monkeypatch.setattr(launch.Prepared, "__call__", spy)
-    yield got
-    NK._plans.clear()
+    with launched(monkeypatch) as got:
+        yield got
 
 
 # the kernel table's shape (the batch cut to keep the float64 reference quick) and ragged ones: 8..12 planes of

@@ -24,6 +24,7 @@ import pytest
 import minidnn.backend as B
 from minidnn.backend.cuda import norm_gn16 as GS
 from minidnn.backend.cuda import norm_kernels as NK
+from tests.backend._gn_helpers import build, entry_body, launched
 from tests.backend.test_norm_s17_gncl import TOL, _check, _dtype, _h, _run
 from tests.backend.test_norm_s18_gn16 import H200, _fake, cp  # noqa: F401 -- cp: the GPU fixture
 
@@ -277,25 +278,15 @@ def test_environment():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name, pstorage", [("bfloat16", 0), ("float16", 1), ("bfloat16", 2)], ids=str)
 def test_pipe_compiles_without_spills(tmp_path, name, pstorage):
-    from minidnn.backend.cuda import launch
     entry = "gn_bwdp"
     opts = GS.options(_dtype(name), ("float", pstorage), True, pipe=True)
     assert "-DNT=1024" in opts and "-DMINB=1" in opts
-    src = tmp_path / "gn16p.cu"
-    launch.write_source(str(src), GS.SOURCE_PIPE, [o[2:] for o in opts if o.startswith("-D")])
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-ftz=true", "-std=c++17", "-Xptxas", f"-v,--entry={entry}",
-                        "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "0 bytes spill stores" in r.stderr and "0 bytes stack frame" in r.stderr, r.stderr[-800:]
-    regs = int(r.stderr.split("Used ")[1].split()[0])
+    log, ptx = build(tmp_path, GS.SOURCE_PIPE, opts, entry)
+    assert "0 bytes spill stores" in log and "0 bytes stack frame" in log, log[-800:]
+    regs = int(log.split("Used ")[1].split()[0])
     assert regs <= 65536 // GS.NT_PIPE, regs
-    assert int(r.stderr.split("registers, used 1 barriers, ")[1].split(" bytes smem")[0]) <= GS.STATIC_SMEM
-    r = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-ftz=true", "-std=c++17", "-o", str(tmp_path / "k.ptx"),
-                        str(src)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ptx = (tmp_path / "k.ptx").read_text()
-    body = ptx[ptx.index(f".entry {entry}"):]
-    body = body[:body.index("\n}\n")]
+    assert int(log.split("registers, used 1 barriers, ")[1].split(" bytes smem")[0]) <= GS.STATIC_SMEM
+    body = entry_body(ptx, entry)
     copies = [line for line in body.splitlines() if "cp.async.cg.shared.global" in line]
     assert len(copies) >= 2, copies
     assert all(line.rstrip().endswith(", 16;") for line in copies), copies
@@ -310,19 +301,10 @@ def test_pipe_compiles_without_spills(tmp_path, name, pstorage):
 def pipe(monkeypatch):
     """The stash on with the backward's variant 2, plans forgotten before and after; yields the launched kernels'
     names."""
-    from minidnn.backend.cuda import launch
     monkeypatch.setattr(GS, "GN_STASH16", True)
     monkeypatch.setattr(GS, "BWD_VARIANT", 2)
-    NK._plans.clear()
-    got = []
-    real = launch.Prepared.__call__
-
-    def spy(self, *arrays, stream=None):
-        got.append(self.kernel.name if hasattr(self.kernel, "name") else str(self.kernel))
-        return real(self, *arrays, stream=stream)
-    monkeypatch.setattr(launch.Prepared, "__call__", spy)
-    yield got
-    NK._plans.clear()
+    with launched(monkeypatch) as got:
+        yield got
 
 
 # (shape, groups, grid: None = the SMs' count): the table's row, ragged ones (teams not dividing the channels, planes

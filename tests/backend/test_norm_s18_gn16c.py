@@ -25,6 +25,7 @@ import pytest
 import minidnn.backend as B
 from minidnn.backend.cuda import norm_gn16 as GS
 from minidnn.backend.cuda import norm_kernels as NK
+from tests.backend._gn_helpers import build, entry_body, launched
 from tests.backend.test_norm_s17_gncl import TOL, _check, _dtype, _h, _run
 from tests.backend.test_norm_s18_gn16 import cp  # noqa: F401 -- cp: the GPU fixture
 
@@ -107,24 +108,10 @@ def test_backward_steps_row_coordinates_as_division():
 # ---- CPU: nvcc ------------------------------------------------------------------------------------------------
 
 def _build(tmp_path, name, entry, pstorage):
-    from minidnn.backend.cuda import launch
     pipe = entry == "gn_bwdp"
     opts = GS.options(_dtype(name), ("float", pstorage), pipe, pipe)
-    src = tmp_path / f"gn16_{entry}.cu"
-    launch.write_source(str(src), GS.SOURCE_PIPE if pipe else GS.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
-    r = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-ftz=true", "-std=c++17", "-Xptxas", f"-v,--entry={entry}",
-                        "-o", str(tmp_path / "k.cubin"), str(src)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ptx = tmp_path / f"{entry}.ptx"
-    q = subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-ftz=true", "-std=c++17", "-o", str(ptx), str(src)],
-                       capture_output=True, text=True, timeout=300)
-    assert q.returncode == 0, q.stderr[-2000:]
-    return r.stderr, _entry(ptx.read_text(), entry), ptx.read_text()
-
-
-def _entry(ptx, entry):
-    body = ptx[ptx.index(f".entry {entry}"):]
-    return body[:body.index("\n}\n")]
+    log, ptx = build(tmp_path, GS.SOURCE_PIPE if pipe else GS.SOURCE, opts, entry, stem=f"gn16_{entry}")
+    return log, entry_body(ptx, entry), ptx
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -141,7 +128,7 @@ def test_kernels_compile_and_convert_the_address_once(tmp_path, name, entry, pst
     # once a launch here; cp16 (gn_bwds, in gn_fwds' module) converts a generic address at each copy
     assert body.count("cvta.to.shared") == 1, body.count("cvta.to.shared")
     if entry == "gn_fwds":
-        bwds = _entry(module, "gn_bwds")
+        bwds = entry_body(module, "gn_bwds")
         assert bwds.count("cvta.to.shared") >= bwds.count("cp.async.cg.shared.global") > 0
     if entry == "gn_fwds":      # the ladder: every immediate from 15 down to 0
         for j in range(16):
@@ -159,19 +146,10 @@ def _calls(g, groups):
 @pytest.fixture
 def route(monkeypatch):
     """The stash on (gn_fwds, gn_bwdp), plans forgotten before and after; yields the launched kernels' names."""
-    from minidnn.backend.cuda import launch
     monkeypatch.setattr(GS, "GN_STASH16", True)
     monkeypatch.setattr(GS, "BWD_VARIANT", 2)
-    NK._plans.clear()
-    got = []
-    real = launch.Prepared.__call__
-
-    def spy(self, *arrays, stream=None):
-        got.append(self.kernel.name if hasattr(self.kernel, "name") else str(self.kernel))
-        return real(self, *arrays, stream=stream)
-    monkeypatch.setattr(launch.Prepared, "__call__", spy)
-    yield got
-    NK._plans.clear()
+    with launched(monkeypatch) as got:
+        yield got
 
 
 # (shape, groups, gn_bwdp's grid: None = the SMs' count): the table's row, ragged rows (5..7 forward stages, teams
