@@ -115,6 +115,7 @@ class Module:
         self._buffers.pop(name, None)
         self._modules.pop(name, None)
         self._parameters[name] = param
+        _expose(type(self), name)
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
         """A tensor that is module state but not learnable (running statistics).  Persistent buffers
@@ -128,6 +129,7 @@ class Module:
                             "(minidnn Tensor or None required)")
         self._modules.pop(name, None)
         self._buffers[name] = tensor
+        _expose(type(self), name)
         if persistent:
             self._non_persistent_buffers_set.discard(name)
         else:
@@ -141,6 +143,7 @@ class Module:
         self._parameters.pop(name, None)
         self._buffers.pop(name, None)
         self._modules[name] = module
+        _expose(type(self), name)
 
     register_module = add_module
 
@@ -199,7 +202,8 @@ class Module:
         object.__delattr__(self, name)
 
     def __dir__(self):
-        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
+        names = set(super().__dir__()) - _exposed_names(type(self))     # (the class's registry readers, below)
+        return sorted(names | set(self._parameters) | set(self._buffers) | set(self._modules))
 
     # ------------------------------------------------------------------------------------------
     # Traversal (all in registration order; ``remove_duplicate`` yields shared objects once)
@@ -611,7 +615,8 @@ def _plan(cls, names):
     if plan is None:
         plan = _PLAIN_TYPES[key] = (cls.__getattr__ is Module.__getattr__
                                     and cls.__getattribute__ is object.__getattribute__
-                                    and not any(n in vars(k) for k in cls.__mro__ for n in names)
+                                    and not any(n in vars(k) and type(vars(k)[n]) is not _RegistryReader
+                                                for k in cls.__mro__ for n in names)
                                     and [0, operator.itemgetter(*names) if len(names) > 1 else None, {}])
     return plan
 
@@ -677,3 +682,63 @@ def _learn(plan, names, where):
             plan[2][k] = (operator.itemgetter(*names[:k]), operator.itemgetter(*names[k:]), names[k:])
         return k + 3
     return 0
+
+
+# ---- registered names found by the normal lookup (host round 31) ------------------------------------------------
+# ``block.conv1`` -- a name in a registry, not in the instance __dict__ -- was a failed normal lookup (the type's MRO,
+# the instance __dict__, an AttributeError formatted and caught) and then Module.__getattr__: ~2 µs a read on this
+# CPU, 72 a ResNet-20 step (each block's layers, the model's stages) and as many in any user's block.  Where a module
+# registers a name (a parameter, buffer or submodule), its exact type gets a class attribute of that name, a
+# non-data descriptor (``_RegistryReader``) whose __get__ returns what Module.__getattr__ returns -- the normal
+# lookup then ends there.  What stays as it was: the instance __dict__ comes first (a non-data descriptor yields to
+# it); the descriptor is made only where no class of the type's MRO has the name (a method, property or class
+# attribute of that name keeps winning; a base class's reader does not count) and the type keeps Module's
+# __getattr__ and object's __getattribute__;
+# it serves only instances of exactly that type (a subclass's instance -- which may define __getattr__ -- and a name
+# in no registry of the instance get an AttributeError from __get__, and Python then calls __getattr__ as
+# before); the registries are read at every access (``_modules`` surgery, a replaced parameter, a deleted buffer
+# are seen); reading the class attribute itself raises AttributeError; ``dir()`` lists registered names only where
+# the instance has them.  One difference of form: a base class given an attribute of a registered name after the
+# reader was made (a monkeypatch of Module itself) does not shadow the reader.  Switch: REGISTERED_ATTRS[0] = False
+# (or MINIDNN_MODULE_REGISTERED_ATTRS=0 at import): no reader is made, and those made serve nothing (__getattr__).
+REGISTERED_ATTRS = [os.environ.get("MINIDNN_MODULE_REGISTERED_ATTRS", "1") != "0"]
+_EXPOSED: dict = {}         # (type, name) -> whether the type got a reader for the name (asked once)
+
+
+class _RegistryReader:
+    """The class attribute of a registered name (see above): Module.__getattr__'s answer without its failed lookup."""
+    __slots__ = ("owner", "name")
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __get__(self, obj, cls=None):
+        if obj is not None and type(obj) is self.owner and REGISTERED_ATTRS[0]:
+            d = obj.__dict__
+            name = self.name
+            reg = d.get("_parameters")
+            if reg is not None and name in reg:
+                return reg[name]
+            reg = d.get("_buffers")
+            if reg is not None and name in reg:
+                return reg[name]
+            reg = d.get("_modules")
+            if reg is not None and name in reg:
+                return reg[name]
+        raise AttributeError(self.name)         # (the normal lookup failed: Python asks __getattr__, as before)
+
+
+def _expose(cls, name):
+    """Give type ``cls`` a reader of registered ``name`` where it is exact to (see above)."""
+    if not REGISTERED_ATTRS[0] or _EXPOSED.get((cls, name)) is not None:
+        return
+    ok = (cls.__getattr__ is Module.__getattr__ and cls.__getattribute__ is object.__getattribute__
+          and type(name) is str and name.isidentifier() and name not in vars(cls)
+          and not any(name in vars(k) and type(vars(k)[name]) is not _RegistryReader for k in cls.__mro__))
+    if ok:
+        setattr(cls, name, _RegistryReader(cls, name))
+    _EXPOSED[(cls, name)] = ok
+
+
+def _exposed_names(cls):
+    return {n for k in cls.__mro__ for n, v in vars(k).items() if type(v) is _RegistryReader}

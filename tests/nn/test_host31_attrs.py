@@ -1,0 +1,164 @@
+"""Registered names found by the normal lookup (nn/module.py ``_RegistryReader``, host round 31): a module type that
+registers a parameter, buffer or submodule gets a class-level reader of that name, so ``block.conv1`` no longer fails
+the normal lookup before Module.__getattr__.  Every read must give what it gave before -- the instance __dict__
+first, a class attribute of the name kept, a subclass's own __getattr__ asked, registries changed under the reader
+seen, the same errors -- and the models the same bits with the switch on and off."""
+import numpy as np
+import pytest
+
+import minidnn as mdn
+from minidnn import models
+from minidnn.nn import module as M
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    M.REGISTERED_ATTRS[0] = True
+
+
+class Block(mdn.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = mdn.nn.Linear(3, 3)
+        self.act = mdn.nn.ReLU()
+        self.register_buffer("scale", mdn.tensor(np.full(3, 2.0, np.float32)))
+        self.gain = mdn.nn.Parameter(mdn.tensor(np.ones(3, np.float32)))
+
+    def forward(self, x):
+        return self.act(self.lin(x)) * self.scale * self.gain
+
+
+def _getattr_calls(monkeypatch):
+    calls = []
+    real = M.Module.__getattr__
+
+    def counted(self, name):
+        calls.append(name)
+        return real(self, name)
+    monkeypatch.setattr(M.Module, "__getattr__", counted)
+    return calls
+
+
+def test_readers_serve_a_users_block_and_the_zoo_without_getattr(monkeypatch):
+    b = Block()
+    blk = models.BasicBlock(4, 8, stride=2)
+    for name in ("lin", "act", "scale", "gain"):
+        assert type(vars(Block)[name]) is M._RegistryReader
+    calls = _getattr_calls(monkeypatch)     # (patched once the types have their readers: a failed lookup counts)
+    b(mdn.tensor(np.ones((2, 3), np.float32)))
+    blk(mdn.tensor(np.ones((1, 4, 6, 6), np.float32)))
+    assert calls == []
+    M.REGISTERED_ATTRS[0] = False
+    b(mdn.tensor(np.ones((2, 3), np.float32)))
+    assert sorted(set(calls)) == ["act", "gain", "lin", "scale"]
+
+
+def test_reads_equal_getattr_in_every_case():
+    b = Block()
+    assert b.lin is b._modules["lin"] and b.scale is b._buffers["scale"] and b.gain is b._parameters["gain"]
+    other = Block()
+    other._modules["lin"] = mdn.nn.Identity()           # surgery on the registry: seen
+    assert isinstance(other.lin, mdn.nn.Identity) and isinstance(b.lin, mdn.nn.Linear)
+    del other._modules["act"]
+    with pytest.raises(AttributeError, match="'Block' object has no attribute 'act'"):
+        other.act
+    assert not hasattr(other, "act") and hasattr(b, "act")
+    other._parameters["lin"] = p = mdn.nn.Parameter(mdn.tensor(np.zeros(1, np.float32)))    # a parameter first
+    assert other.lin is p
+    object.__setattr__(other, "scale", 7)               # the instance __dict__ comes first
+    assert other.scale == 7 and b.scale is b._buffers["scale"]
+    with pytest.raises(AttributeError):                 # the class attribute itself reads as absent
+        Block.lin
+    assert not hasattr(Block, "gain")
+    assert "act" not in dir(other) and "act" in dir(b) and "lin" in dir(other)
+    fresh = mdn.nn.Module()
+    with pytest.raises(AttributeError, match="'Module' object has no attribute 'lin'"):
+        fresh.lin
+    del b.act                                           # Module.__delattr__: from the registry
+    with pytest.raises(AttributeError, match="'Block' object has no attribute 'act'"):
+        del b.act
+
+
+def test_class_attributes_subclasses_and_own_getattr_keep_their_lookup():
+    class WithMethod(mdn.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self._modules["forward_hook_like"] = mdn.nn.ReLU()
+
+        def helper(self):
+            return "method"
+
+    w = WithMethod()
+    w._modules["helper"] = mdn.nn.ReLU()                # a method of that name: it keeps winning
+    assert w.helper() == "method" and type(vars(WithMethod)["helper"]) is not M._RegistryReader
+    M._expose(WithMethod, "helper")                     # asked directly: a class attribute of the name, no reader
+    assert w.helper() == "method" and type(vars(WithMethod)["helper"]) is not M._RegistryReader
+
+    class Sub(Block):
+        pass
+
+    s = Sub()
+    assert s.lin is s._modules["lin"]                   # its own readers
+    assert type(vars(Sub)["lin"]) is M._RegistryReader
+
+    asked = []
+
+    class OwnGetattr(Block):
+        def __getattr__(self, name):
+            asked.append(name)
+            return super().__getattr__(name)
+
+    o = OwnGetattr()
+    asked.clear()
+    assert "lin" not in vars(OwnGetattr)                # a type with its own __getattr__ gets no reader ...
+    assert o.lin is o._modules["lin"] and o.act is o._modules["act"]
+    assert asked == ["lin", "act"]                      # ... and Block's readers defer to it
+
+    class Prop(mdn.nn.Module):
+        @property
+        def thing(self):
+            return "property"
+
+    pr = Prop()
+    pr._modules["thing"] = mdn.nn.ReLU()
+    M._expose(Prop, "thing")
+    assert pr.thing == "property"
+
+    class Child(Prop):
+        pass
+    M._expose(Child, "thing")                           # a base class's property: no reader on the subclass either
+    assert Child().thing == "property" and "thing" not in vars(Child)
+
+
+@pytest.mark.parametrize("name", ["resnet20", "mobilenet", "lenet5"])
+def test_models_same_bits_on_and_off(name):
+    make, shape = {"resnet20": (lambda: models.resnet20(num_classes=10), (2, 3, 8, 8)),
+                   "mobilenet": (lambda: models.MobileNetSmall(num_classes=10, in_channels=3), (2, 3, 8, 8)),
+                   "lenet5": (lambda: models.LeNet5(num_classes=10, in_channels=1, input_size=32),
+                              (2, 1, 32, 32))}[name]
+    x = mdn.tensor(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+    res = {}
+    for on in (True, False):
+        M.REGISTERED_ATTRS[0] = on
+        mdn.manual_seed(0)
+        m = make()
+        out = m(x)
+        out.sum().backward()
+        res[on] = [out.data.copy()] + [p.grad.data.copy() for p in m.parameters()]
+    for a, b in zip(res[True], res[False]):
+        assert np.array_equal(a, b)
+
+
+def test_switch_off_makes_no_reader_and_serves_none():
+    M.REGISTERED_ATTRS[0] = False
+
+    class Late(mdn.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = mdn.nn.ReLU()
+
+    late = Late()
+    assert "a" not in vars(Late) and isinstance(late.a, mdn.nn.ReLU)
+    b = Block()
+    assert b.lin is b._modules["lin"]                   # Block's readers serve nothing: __getattr__ answers
