@@ -700,8 +700,24 @@ def _learn(plan, names, where):
 # are seen); reading the class attribute itself raises AttributeError; ``dir()`` lists registered names only where
 # the instance has them.  One difference of form: a base class given an attribute of a registered name after the
 # reader was made (a monkeypatch of Module itself) does not shadow the reader.  Switch: REGISTERED_ATTRS[0] = False
-# (or MINIDNN_MODULE_REGISTERED_ATTRS=0 at import): no reader is made, and those made serve nothing (__getattr__).
-REGISTERED_ATTRS = [os.environ.get("MINIDNN_MODULE_REGISTERED_ATTRS", "1") != "0"]
+# takes every reader made off its type again (True puts them back: an in-process A/B compares the plain lookup
+# itself); MINIDNN_MODULE_REGISTERED_ATTRS=0 at import: none is made.
+class _ReadersSwitch(list):
+    """REGISTERED_ATTRS: setting its element also takes the readers off their types (False) or puts them back."""
+
+    def __setitem__(self, i, on):
+        list.__setitem__(self, i, on)
+        for (cls, name), made in _EXPOSED.items():
+            if not made:
+                continue
+            here = type(vars(cls).get(name)) is _RegistryReader
+            if on and name not in vars(cls):
+                setattr(cls, name, _RegistryReader(cls, name))
+            elif not on and here:
+                delattr(cls, name)
+
+
+REGISTERED_ATTRS = _ReadersSwitch([os.environ.get("MINIDNN_MODULE_REGISTERED_ATTRS", "1") != "0"])
 _EXPOSED: dict = {}         # (type, name) -> whether the type got a reader for the name (asked once)
 
 
@@ -713,7 +729,7 @@ class _RegistryReader:
         self.owner, self.name = owner, name
 
     def __get__(self, obj, cls=None):
-        if obj is not None and type(obj) is self.owner and REGISTERED_ATTRS[0]:
+        if obj is not None and type(obj) is self.owner:
             d = obj.__dict__
             name = self.name
             reg = d.get("_parameters")

@@ -150,7 +150,7 @@ def test_models_same_bits_on_and_off(name):
         assert np.array_equal(a, b)
 
 
-def test_switch_off_makes_no_reader_and_serves_none():
+def test_switch_takes_readers_off_and_back():
     M.REGISTERED_ATTRS[0] = False
 
     class Late(mdn.nn.Module):
@@ -161,4 +161,8 @@ def test_switch_off_makes_no_reader_and_serves_none():
     late = Late()
     assert "a" not in vars(Late) and isinstance(late.a, mdn.nn.ReLU)
     b = Block()
-    assert b.lin is b._modules["lin"]                   # Block's readers serve nothing: __getattr__ answers
+    assert "lin" not in vars(Block)                     # Block's readers taken off: __getattr__ answers
+    assert b.lin is b._modules["lin"]
+    M.REGISTERED_ATTRS[0] = True                        # ... and put back
+    assert type(vars(Block)["lin"]) is M._RegistryReader and b.lin is b._modules["lin"]
+    assert "a" not in vars(Late)                        # (made while off: no reader to put back)
