@@ -28,3 +28,70 @@ def test_everything_under_the_environment_switch(monkeypatch):
         monkeypatch.delenv("MINIDNN_NVCC_ALL")
         importlib.reload(_nvcc)
     assert not _nvcc.FULL or __import__("os").environ.get("MINIDNN_NVCC_ALL") == "1"
+
+
+# ---- _nvcc.build: several units in one nvcc run -----------------------------------------------------------------
+
+def _ptxas_lines(log):
+    return [line for line in log.splitlines() if "Compile time" not in line]
+
+
+_UNIT = r'''
+#ifndef SCALE
+#define SCALE 2
+#endif
+#define TWICE(v) ((v) * SCALE)
+__device__ __noinline__ float helper(float v) { return TWICE(v) + 1.0f; }
+extern "C" __global__ void __launch_bounds__(BLOCK) k_one(float* __restrict__ y, const float* __restrict__ x, int n)
+{
+    __shared__ float s[BLOCK];
+    int i = blockIdx.x * BLOCK + threadIdx.x;
+    s[threadIdx.x] = i < n ? helper(x[i]) : 0.0f;
+    __syncthreads();
+    if (i < n) y[i] = s[(threadIdx.x + 1) % BLOCK] * (float)VEC;
+}
+extern "C" __global__ void k_two(double* y, int n)
+{
+    double acc = 0.0;
+    for (int j = 0; j < n; ++j) acc += sqrt((double)j + VEC);
+    y[threadIdx.x] = acc;
+}
+'''
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc is not installed")
+def test_a_batch_gives_each_unit_its_own_builds_lines_and_ptx():
+    """Units with the same macro, kernel and helper names but other defines: each one's ptxas -v lines (registers,
+    spills, stack, shared memory) and each kernel's PTX are those of its own nvcc run; --entry keeps to the
+    entries named per unit; a unit that does not compile fails alone with its own error, its neighbours pass."""
+    units = [(_UNIT, ("BLOCK=128", "VEC=1")), (_UNIT, ("BLOCK=256", "VEC=4", "SCALE=3")),
+             (_UNIT, ("BLOCK=64", "VEC=2"))]
+    assert _nvcc.kernels(_UNIT) == ["k_one", "k_two"]
+    together = _nvcc.build(units, ptx=True)
+    alone = [_nvcc.build([u], ptx=True)[0] for u in units]
+    for t, a in zip(together, alone):
+        assert t.returncode == a.returncode == 0 and set(t.ptx) == {"k_one", "k_two"}
+        assert {k: _nvcc.norm_ptx(v) for k, v in t.ptx.items()} == {k: _nvcc.norm_ptx(v) for k, v in a.ptx.items()}
+    assert together[0].ptx["k_one"] != together[1].ptx["k_one"]        # the defines reached each unit
+    entries = [("k_one",), ("k_one", "k_two"), ("k_two",)]
+    together = _nvcc.build(units, entries=entries)
+    for u, e, t in zip(units, entries, together):
+        a = _nvcc.build([u], entries=[e])[0]
+        assert t.returncode == 0 and _ptxas_lines(t.stderr) == _ptxas_lines(a.stderr), (e, t.stderr, a.stderr)
+        assert sorted(__import__("re").findall(r"Compiling entry function '(\w+)'", t.stderr)) == sorted(e)
+    broken = [units[0], (_UNIT + "\n#if VEC == 3\n#error three\n#endif\n", ("BLOCK=32", "VEC=3")), units[2]]
+    got = _nvcc.build(broken, entries=entries)
+    assert [g.returncode != 0 for g in got] == [False, True, False] and "three" in got[1].stderr
+    assert _ptxas_lines(got[2].stderr) == _ptxas_lines(together[2].stderr)
+
+
+def test_every_kernel_source_names_its_kernels():
+    """build() renames the kernels it finds: every extern "C" __global__ of the kernel sources is found (one it
+    missed would clash between units and send the batch back to one run a unit)."""
+    import re
+
+    from minidnn.backend.cuda import launch  # noqa: F401  (the sources' package)
+    root = __import__("pathlib").Path(__file__).resolve().parents[1] / "minidnn" / "backend" / "cuda"
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        assert len(_nvcc.KERNEL_RE.findall(text)) == len(re.findall(r'extern\s+"C"\s+__global__', text)), path.name

@@ -10,7 +10,6 @@ error is its own.  Lengths 1..31 (sub-warp groups), 32/33 (a warp, a ragged tail
 import os
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import minidnn.backend as B
 from minidnn.backend import devices as _dev
 from minidnn.backend._testing import to_numpy
 from minidnn.backend.cuda import softmax_kernels as _sk
+from tests import _nvcc
 
 LENGTHS = [1, 7, 31, 32, 33, 1000, 1025, 4097, 32768, 40000]
 
@@ -248,28 +248,29 @@ def test_planned_configurations_are_many():
     assert len({(t, d) for t, d, _ in PLANNED}) == len(PLANNED)
 
 
+# Eight (source, defines) a test and an nvcc run: the fixed cost of a run (cuda_runtime.h, preprocessed and parsed)
+# is most of a softmax compile, and tests/_nvcc.build gives each unit the ptxas lines of its own build.
+PLANNED_BATCHES = [PLANNED[i:i + 8] for i in range(0, len(PLANNED), 8)]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("text, defines, knames", PLANNED,
-                         ids=[f"{i:03d}-{'+'.join(k)}" for i, (_, _, k) in enumerate(PLANNED)])
-def test_planned_configurations_compile(tmp_path, text, defines, knames):
+@pytest.mark.parametrize("batch", PLANNED_BATCHES,
+                         ids=[f"{8 * i:03d}-{8 * i + len(b) - 1:03d}" for i, b in enumerate(PLANNED_BATCHES)])
+def test_planned_configurations_compile(batch):
     """Each (source, defines) the planners can request compiles as NVRTC will get it (the column kernels once
     failed: their source needed the row tiling's defines); the headline shapes' kernels do not spill.  ptxas builds
     only the kernels read (--entry: registers and spills are per entry, the same as in the whole module's build; an
     entry missing from the module fails the build)."""
-    from minidnn.backend.cuda import launch
-    src = tmp_path / "k.cu"
-    launch.write_source(str(src), text, defines)
-    entries = ",".join(f"--entry={k}" for k in knames)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", f"-v,{entries}", "-o",
-                        str(src) + ".cubin", str(src)], capture_output=True, text=True)
-    assert r.returncode == 0, (defines, r.stderr[:1500])
-    d = dict(x.split("=", 1) for x in defines)
-    headline = d.get("ACCUM") == "float" and d.get("RAGGED", "0") == "0" and d.get("ONE") == "1" \
-        and d.get("SMOOTH", "0") == "0"
-    for kname in knames:
-        m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % kname, r.stderr, re.S)
-        assert m is not None, (kname, defines, r.stderr[-800:])
-        assert int(m.group(1)) <= (0 if headline else 256), (kname, defines, int(m.group(1)))
+    built = _nvcc.build([(text, defines) for text, defines, _ in batch], entries=[k for _, _, k in batch])
+    for (text, defines, knames), r in zip(batch, built):
+        assert r.returncode == 0, (defines, r.stderr[:1500])
+        d = dict(x.split("=", 1) for x in defines)
+        headline = d.get("ACCUM") == "float" and d.get("RAGGED", "0") == "0" and d.get("ONE") == "1" \
+            and d.get("SMOOTH", "0") == "0"
+        for kname in knames:
+            m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % kname, r.stderr, re.S)
+            assert m is not None, (kname, defines, r.stderr[-800:])
+            assert int(m.group(1)) <= (0 if headline else 256), (kname, defines, int(m.group(1)))
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------
@@ -636,24 +637,25 @@ def _ce_fast_builds():
 CE_FAST_BUILDS = _ce_fast_builds()      # at import, so that xdist spreads the 24 compiles
 
 
+CE_FAST_BATCHES = [CE_FAST_BUILDS[i:i + 8] for i in range(0, len(CE_FAST_BUILDS), 8)]    # one nvcc run each
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("k, defines, c, source", CE_FAST_BUILDS,
-                         ids=[f"{i:02d}-{k}-{c}" for i, (k, _, c, _) in enumerate(CE_FAST_BUILDS)])
-def test_ce_fast_compiles_without_spills(tmp_path, k, defines, c, source):
+@pytest.mark.parametrize("batch", CE_FAST_BATCHES,
+                         ids=[f"{8 * i:02d}-{8 * i + len(b) - 1:02d}" for i, b in enumerate(CE_FAST_BATCHES)])
+def test_ce_fast_compiles_without_spills(batch):
     """nvcc sm_90 builds each FASTX row kernel, and the one-chunk rows do not spill (ptxas builds only that
     kernel: --entry, whose registers and spills are those of the whole module's build)."""
-    from minidnn.backend.cuda import launch
     from minidnn.backend.cuda import loss_kernels as _lk
-    assert source == "ROWS" and _defs(defines)["FASTX"] == 1, (k, defines)
-    src = tmp_path / "k.cu"
-    launch.write_source(str(src), _lk.SOURCE_ROWS, defines)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", f"-v,--entry={k}", "-o",
-                        str(src) + ".o", str(src)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:1500]
-    m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
-    assert m is not None, r.stderr[:1500]
-    if c != 40000 and "SMOOTH=0" in defines and "RAGGED=0" in defines:
-        assert int(m.group(1)) == 0, (k, defines)
+    for k, defines, c, source in batch:
+        assert source == "ROWS" and _defs(defines)["FASTX"] == 1, (k, defines)
+    built = _nvcc.build([(_lk.SOURCE_ROWS, defines) for _, defines, _, _ in batch], entries=[(k,) for k, *_ in batch])
+    for (k, defines, c, _), r in zip(batch, built):
+        assert r.returncode == 0, r.stderr[:1500]
+        m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
+        assert m is not None, r.stderr[:1500]
+        if c != 40000 and "SMOOTH=0" in defines and "RAGGED=0" in defines:
+            assert int(m.group(1)) == 0, (k, defines)
 
 
 # rows so that each warp of the forward's persistent grid walks several; ragged rows (1001: heads and tails, targets
@@ -810,10 +812,9 @@ def test_ring_walk_covers_each_row_once(rows, rpb, grid):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_ce_fwd16_compiles_without_spills(tmp_path, monkeypatch):
+def test_ce_fwd16_compiles_without_spills(monkeypatch):
     """nvcc sm_90 builds every P16 forward (bf16 and fp16; weights, every reduction) at the row lengths the rule gives
     it, with no spill in the kernel."""
-    from minidnn.backend.cuda import launch
     from minidnn.backend.cuda import loss_kernels as _lk
     jobs = {}
     monkeypatch.setattr(_lk, "CE_FWD16", "1")
@@ -823,11 +824,8 @@ def test_ce_fwd16_compiles_without_spills(tmp_path, monkeypatch):
             src, k, defines, *_ = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, w, red)
             assert _defs(defines)["P16"] == 1
             jobs[(k, defines)] = _lk.SOURCE_ROWS
-    for i, ((k, defines), text) in enumerate(jobs.items()):
-        src = tmp_path / f"s10_{i}.cu"
-        launch.write_source(str(src), text, defines)
-        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", f"-v,--entry={k}", "-o",
-                            str(src) + ".o", str(src)], capture_output=True, text=True)
+    built = _nvcc.build([(text, defines) for (_, defines), text in jobs.items()], entries=[(k,) for k, _ in jobs])
+    for (k, defines), r in zip(jobs, built):
         assert r.returncode == 0, r.stderr[:1500]
         m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
         assert m is not None and int(m.group(1)) == 0, (k, defines, r.stderr[-800:])
