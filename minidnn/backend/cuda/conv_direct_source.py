@@ -402,6 +402,21 @@ __device__ __forceinline__ void stage_tile(const T* __restrict__ xp, float* tile
     }
 }
 
+// The epilogue of a thread's NH x NW tile acc, for dw_tile_forward (y) and dw_tile_backward_data (dx) alike: its row i
+// at row ROW0 + i of the plane PLANE (row stride SH) from column COL, rows past LIMH and a column start past LIMW
+// skipped, alpha * acc blended with beta * the old value by store_outputs.  Over the caller's acc, alpha and beta.
+#define STORE_TILE(PLANE, SH, ROW0, LIMH, COL, LIMW, NH, NW)                                                    \
+    _Pragma("unroll")                                                                                          \
+    for (int i = 0; i < NH; ++i) {                                                                             \
+        const int row = ROW0 + i;                                                                              \
+        if (row >= LIMH || COL >= LIMW) continue;                                                              \
+        T* dst = PLANE + row * SH + COL;                                                                       \
+        float o[NW];                                                                                           \
+        _Pragma("unroll")                                                                                      \
+        for (int j = 0; j < NW; ++j) o[j] = alpha * acc[i][j];                                                 \
+        store_outputs<NW>(dst, o, LIMW - COL, beta);                                                           \
+    }
+
 // The taps a thread's window meets, for dw_tile_forward and dw_tile_backward_filter alike: each of its IRH input rows
 // (from `base`, its window's first column in the staged tile) read once as WIN4 float4s into xs[], then the caller's
 // statements (the macro's last arguments) for every output row i < VH that input row ir reaches through filter row r
@@ -478,16 +493,7 @@ dw_tile_forward(const T* __restrict__ x, const T* __restrict__ w, T* __restrict_
     if (!live) return;
     T* yp = y + n * syn + k * syc;
     const int q = q0 + threadIdx.x * VW;
-    #pragma unroll
-    for (int i = 0; i < VH; ++i) {
-        const int p = p0 + threadIdx.y * VH + i;
-        if (p >= P || q >= Q) continue;
-        T* dst = yp + p * syh + q;
-        float o[VW];
-        #pragma unroll
-        for (int j = 0; j < VW; ++j) o[j] = alpha * acc[i][j];
-        store_outputs<VW>(dst, o, Q - q, beta);
-    }
+    STORE_TILE(yp, syh, p0 + threadIdx.y * VH, P, q, Q, VH, VW)
 }
 
 // ---- register-tiled depthwise/grouped backward filter, NCHW rows (unit stride along width) ------------------
@@ -718,16 +724,7 @@ dw_tile_backward_data(const T* __restrict__ w, const T* __restrict__ dy, T* __re
     if (!live) return;
     T* xp = dx + n * sxn + c * sxc;
     const int wq = w0 + threadIdx.x * DVW;
-    #pragma unroll
-    for (int i = 0; i < DVH; ++i) {
-        const int h = h0 + threadIdx.y * DVH + i;
-        if (h >= H || wq >= W) continue;
-        T* dst = xp + h * sxh + wq;
-        float o[DVW];
-        #pragma unroll
-        for (int j = 0; j < DVW; ++j) o[j] = alpha * acc[i][j];
-        store_outputs<DVW>(dst, o, W - wq, beta);
-    }
+    STORE_TILE(xp, sxh, h0 + threadIdx.y * DVH, H, wq, W, DVH, DVW)
 }
 """
 
