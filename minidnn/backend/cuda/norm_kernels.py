@@ -159,10 +159,16 @@ __device__ __forceinline__ A affine(A v, int p, const PT* __restrict__ scale, co
     return v;
 }
 
+// The forward kernels' arguments (norm_fwd, norm_fwd2, ln_fwd3: the host launches any of them with the same list): x,
+// the affine parameters, y, the saved statistics, the rows of D values, group norm's mapping (G groups of cpg
+// channels, the channel of a value by s_mul / s_shr), eps and the F_ flags.
+#define FWD_ARGS const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias,             \
+                 T* __restrict__ y, A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows,         \
+                 const int D, const int G, const int cpg, const unsigned int s_mul, const unsigned int s_shr,          \
+                 const double eps, const int flags
+
 extern "C" __global__ void __launch_bounds__(BLOCK)
-norm_fwd(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
-         A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows, const int D, const int G,
-         const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps, const int flags)
+norm_fwd(FWD_ARGS)
 {
     __shared__ A red[BLOCK / 32][2];
     const int t = threadIdx.x % TEAM;
@@ -794,9 +800,7 @@ __device__ __forceinline__ void affine_vec(A (&o)[VEC], int vi, int g0, unsigned
 
 // Forward, row held in registers (VPT > 0): the v1 norm_fwd's cached path on raw vectors.
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
-norm_fwd2(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
-          A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows, const int D, const int G,
-          const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps, const int flags)
+norm_fwd2(FWD_ARGS)
 {
 #if VPT > 0
     __shared__ A red[BLOCK / 32][2];
@@ -876,9 +880,7 @@ norm_fwd2(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __res
 // store).  Thread t holds vectors k * TEAM + t (k < VPT <= 2) of the row.  norm_fwd2 re-read 2 x 4 bytes of
 // parameters per 2-byte value from L1/L2 and had one row per warp: per-row costs dominated a 2 KB row.
 extern "C" __global__ void __launch_bounds__(BLOCK, MINB)
-ln_fwd3(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restrict__ bias, T* __restrict__ y,
-        A* __restrict__ mean_out, A* __restrict__ rstd_out, const long long rows, const int D, const int G,
-        const int cpg, const unsigned int s_mul, const unsigned int s_shr, const double eps, const int flags)
+ln_fwd3(FWD_ARGS)
 {
 #if VPT > 0
     __shared__ A red[BLOCK / 32][2];
