@@ -24,6 +24,7 @@ import pytest
 
 import minidnn.backend as B
 from minidnn.backend.cuda import softmax_kernels as _sk
+from tests import _nvcc
 from tests.backend.test_softmax_rows_cuda import RTOL, _close, _defs, _dtype, _host, _launches, _ref_fwd, _reset_plans
 from tests.backend.test_softmax_warp import _inputs, _same_bits
 
@@ -207,22 +208,25 @@ def test_lsm_plans_are_many():
     assert len(LSM_PLANS) >= 40
 
 
+LSM_BATCHES = [LSM_PLANS[i:i + 8] for i in range(0, len(LSM_PLANS), 8)]    # one nvcc run each (tests/_nvcc.py)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("defines, kname", LSM_PLANS, ids=[f"{i:02d}-{k}" for i, (_, k) in enumerate(LSM_PLANS)])
-def test_lsm_compiles_without_spills(tmp_path, defines, kname):
+@pytest.mark.parametrize("batch", LSM_BATCHES,
+                         ids=[f"{8 * i:02d}-{8 * i + len(b) - 1:02d}" for i, b in enumerate(LSM_BATCHES)])
+def test_lsm_compiles_without_spills(batch):
     """nvcc 13 sm_90 with CuPy's -ftz=true: every LSM plan builds with no spill in the kernel it launches (the
     misaligned fallback is the same kernel), registers within the session-13 LOG budget MINB was computed from."""
-    from minidnn.backend.cuda import launch
-    src = tmp_path / "l.cu"
-    launch.write_source(str(src), _sk.SOURCE, defines)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-ftz=true", "-Xptxas", f"-v,--entry={kname}",
-                        "-o", str(src) + ".cubin", str(src)], capture_output=True, text=True)
-    m = re.search(r"entry function '%s'.*?(\d+) bytes spill stores.*?Used (\d+) registers" % kname, r.stderr, re.S)
-    assert r.returncode == 0 and m, (defines, r.stderr[-1500:])
-    d = _defs(defines)
-    spill, regs = int(m.group(1)), int(m.group(2))
-    assert spill == 0, (kname, defines, spill)
-    assert regs * 128 * d["MINB"] <= 65536, (kname, defines, regs)
+    built = _nvcc.build([(_sk.SOURCE, defines) for defines, _ in batch], ("-std=c++14", "-ftz=true"),
+                        entries=[(kname,) for _, kname in batch])
+    for (defines, kname), r in zip(batch, built):
+        m = re.search(r"entry function '%s'.*?(\d+) bytes spill stores.*?Used (\d+) registers" % kname, r.stderr,
+                      re.S)
+        assert r.returncode == 0 and m, (defines, r.stderr[-1500:])
+        d = _defs(defines)
+        spill, regs = int(m.group(1)), int(m.group(2))
+        assert spill == 0, (kname, defines, spill)
+        assert regs * 128 * d["MINB"] <= 65536, (kname, defines, regs)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------

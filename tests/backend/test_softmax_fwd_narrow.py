@@ -23,6 +23,7 @@ import pytest
 import minidnn.backend as B
 from minidnn.backend.cuda import loss_kernels as _lk
 from minidnn.backend.cuda import softmax_kernels as _sk
+from tests import _nvcc
 from tests.backend.test_softmax_rows_cuda import _close, _defs, _dtype, _host, _launches, _ref_fwd, _reset_plans
 
 WIDTHS = [1, 2, 7, 10, 16, 32, 33, 64, 100, 127, 128, 129, 200, 256, 500, 512, 513, 1000, 1001, 4097]
@@ -175,19 +176,20 @@ def test_narrow_plans_are_many():
     assert len(NARROW_PLANS) >= 20
 
 
+NARROW_BATCHES = [NARROW_PLANS[i:i + 8] for i in range(0, len(NARROW_PLANS), 8)]    # one nvcc run each (_nvcc.py)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("defines, what", NARROW_PLANS, ids=["-".join(map(str, w[1:])) for _, w in NARROW_PLANS])
-def test_narrow_compiles_without_spills(tmp_path, defines, what):
+@pytest.mark.parametrize("batch", NARROW_BATCHES,
+                         ids=[f"{8 * i:02d}-{8 * i + len(b) - 1:02d}" for i, b in enumerate(NARROW_BATCHES)])
+def test_narrow_compiles_without_spills(batch):
     """ptxas builds only the forward (--entry: its registers and spills are those of the whole module's build)."""
-    from minidnn.backend.cuda import launch
-    assert what[0] == "softmax_rows_fwd", what
-    src = tmp_path / "narrow.cu"
-    launch.write_source(str(src), _sk.SOURCE, defines)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v,--entry=softmax_rows_fwd", "-o",
-                        str(src) + ".o", str(src)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:1500]
-    m = re.search(r"Compiling entry function 'softmax_rows_fwd'.*?(\d+) bytes spill stores", r.stderr, re.S)
-    assert m is not None and int(m.group(1)) == 0, (what, r.stderr[-800:])
+    assert all(what[0] == "softmax_rows_fwd" for _, what in batch), batch
+    built = _nvcc.build([(_sk.SOURCE, defines) for defines, _ in batch], entries=[("softmax_rows_fwd",)] * len(batch))
+    for (defines, what), r in zip(batch, built):
+        assert r.returncode == 0, r.stderr[:1500]
+        m = re.search(r"Compiling entry function 'softmax_rows_fwd'.*?(\d+) bytes spill stores", r.stderr, re.S)
+        assert m is not None and int(m.group(1)) == 0, (what, r.stderr[-800:])
 
 
 # ---- CPU: the narrow kernel's arithmetic, emulated ------------------------------------------------------------------

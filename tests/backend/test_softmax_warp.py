@@ -22,6 +22,7 @@ import pytest
 
 import minidnn.backend as B
 from minidnn.backend.cuda import softmax_kernels as _sk
+from tests import _nvcc
 from tests.backend.test_softmax_rows_cuda import (
     _close,
     _defs,
@@ -238,24 +239,26 @@ def test_warp_plans_are_many():
     assert len(WARP_PLANS) >= 30
 
 
+WARP_BATCHES = [WARP_PLANS[i:i + 8] for i in range(0, len(WARP_PLANS), 8)]    # one nvcc run each (tests/_nvcc.py)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("defines, kname", WARP_PLANS,
-                         ids=[f"{i:02d}-{k}" for i, (_, k) in enumerate(WARP_PLANS)])
-def test_warp_compiles_without_spills(tmp_path, defines, kname):
+@pytest.mark.parametrize("batch", WARP_BATCHES,
+                         ids=[f"{8 * i:02d}-{8 * i + len(b) - 1:02d}" for i, b in enumerate(WARP_BATCHES)])
+def test_warp_compiles_without_spills(batch):
     """nvcc 13 sm_90 with CuPy's -ftz=true: every WARP plan builds, no spill in the kernel it launches (misaligned
     fallback included: the same kernel), registers within the budget MINB was computed from.  ptxas builds only that
     kernel (--entry: registers and spills are per entry, as in the whole module's build; a missing entry fails)."""
-    from minidnn.backend.cuda import launch
-    src = tmp_path / "w.cu"
-    launch.write_source(str(src), _sk.SOURCE, defines)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-ftz=true", "-Xptxas", f"-v,--entry={kname}",
-                        "-o", str(src) + ".cubin", str(src)], capture_output=True, text=True)
-    m = re.search(r"entry function '%s'.*?(\d+) bytes spill stores.*?Used (\d+) registers" % kname, r.stderr, re.S)
-    assert r.returncode == 0 and m, (defines, r.stderr[-1500:])
-    d = _defs(defines)
-    spill, regs = int(m.group(1)), int(m.group(2))
-    assert spill == 0, (kname, defines, spill)
-    assert regs * 128 * d["MINB"] <= 65536, (kname, defines, regs)
+    built = _nvcc.build([(_sk.SOURCE, defines) for defines, _ in batch], ("-std=c++14", "-ftz=true"),
+                        entries=[(kname,) for _, kname in batch])
+    for (defines, kname), r in zip(batch, built):
+        m = re.search(r"entry function '%s'.*?(\d+) bytes spill stores.*?Used (\d+) registers" % kname, r.stderr,
+                      re.S)
+        assert r.returncode == 0 and m, (defines, r.stderr[-1500:])
+        d = _defs(defines)
+        spill, regs = int(m.group(1)), int(m.group(2))
+        assert spill == 0, (kname, defines, spill)
+        assert regs * 128 * d["MINB"] <= 65536, (kname, defines, regs)
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------
