@@ -67,8 +67,8 @@ def record(tree, path):
 
     import minidnn.backend as B
     from minidnn.backend.cuda import bn_kernels as BK
-    from minidnn.backend.cuda import bn_nhwc
-    bn_nhwc._smem[0] = (233472, 232448)     # an H100's shared memory: the batch-norm plans as on the GPU
+    from minidnn.backend.cuda import device_facts
+    device_facts._smem[0] = (233472, 232448)     # an H100's shared memory: the batch-norm plans as on the GPU
     from minidnn.backend.cuda import dropout_philox as DP
     from minidnn.backend.cuda import loss_kernels as LK
     from minidnn.backend.cuda import norm_kernels as NK
