@@ -142,7 +142,8 @@ __device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mu
     return (__umulhi(n, mul) + n) >> shr;
 }
 """ + DX_NHWC_HEADER + r"""
-""" + CLUSTER_HEADER + r"""// streaming (evict-first) loads and stores: nothing here is read again from L2
+""" + CLUSTER_HEADER + _nhwc.BN_OUT + r"""
+// streaming (evict-first) loads and stores: nothing here is read again from L2
 __device__ __forceinline__ Pack ldcs(const T* p)
 {
     Pack r;
@@ -314,15 +315,7 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
                 Pack p, o;
                 p.raw = SLOT(k0 + u, 0, 1);
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    A w = (LD(p.v[e]) - mu) * kk;
-                    if (HAS_BIAS) w += bb;
-                    if (HAS_Z) w += LD(q[u].v[e]);
-#if RELU
-                    w = w > (A)0 ? w : (w != w ? w : (A)0);      // max(w, 0) keeping NaN, as numpy's maximum
-#endif
-                    o.v[e] = ST(w);
-                }
+                for (int e = 0; e < VEC; ++e) BN_OUT(o.v[e], p.v[e], q[u].v[e], mu, kk, bb)
                 stcs(y + rg.off(c, rg.vec_of(k0 + u)), o);
 #if TWIN_NHWC
                 {   // the twin, and its values again at their channels-last offsets: plain stores, which merge into
