@@ -15,13 +15,13 @@ The widened path's bitwise equality with the cast path: tests/backend/test_ce_lo
 import math
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
 import minidnn.backend as B
 from minidnn.backend.cuda import loss_kernels as _lk
+from tests import _nvcc
 from tests._nvcc import pick
 from tests.backend.test_softmax_rows_cuda import _close, _defs, _dtype, _host, _launches, _reset_plans
 
@@ -103,16 +103,12 @@ def test_tail_last_block_sums_in_the_default_order(grid):
         assert first + rest == default, (grid, t)
 
 
-def _nvcc_spills(tmp_path, jobs):
-    from minidnn.backend.cuda import launch
+def _nvcc_spills(jobs):
+    """{(kernel, defines): spill stores}: one nvcc run for all (tests/_nvcc.build); ptxas builds only the entry read
+    (--entry: its spills are its own, as in the whole module; the backward kernel beside it was 40% of the time)."""
+    built = _nvcc.build([(_lk.SOURCE_ROWS, defines) for _, defines in jobs], entries=[(k,) for k, _ in jobs])
     out = {}
-    for i, (k, defines) in enumerate(jobs):
-        src = tmp_path / f"ce_tail_{i}.cu"
-        launch.write_source(str(src), _lk.SOURCE_ROWS, defines)
-        # ptxas builds only the entry read (--entry: its spills are its own, as in the whole module; the backward
-        # kernel beside it was 40% of the time)
-        r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", f"-v,--entry={k}", "-o",
-                            str(src) + ".o", str(src)], capture_output=True, text=True)
+    for (k, defines), r in zip(jobs, built):
         assert r.returncode == 0, r.stderr[:1500]
         m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % k, r.stderr, re.S)
         assert m is not None, r.stderr[-800:]
@@ -121,7 +117,7 @@ def _nvcc_spills(tmp_path, jobs):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_ce_tail_compiles_without_spills(tmp_path, monkeypatch):
+def test_ce_tail_compiles_without_spills(monkeypatch):
     """nvcc sm_90 builds the row forward under every CE_TAIL setting (16-bit P16 and float32 / float64 rows,
     weights, every reduction, smoothing, widened 16-bit logits): no spill where "0" has none."""
     cases = []
@@ -137,7 +133,7 @@ def test_ce_tail_compiles_without_spills(tmp_path, monkeypatch):
         for name, widen, c, w, red, eps in cases:
             _, k, defines, *_ = _lk.launch_spec("ce_fwd", (16384, c), _dtype(name), np.int64, w, red, eps, widen)
             jobs.setdefault((k, defines), []).append((setting, name, widen, c, w, red, eps))
-    spills = _nvcc_spills(tmp_path, list(jobs))
+    spills = _nvcc_spills(list(jobs))
     base = {}
     for key, users in jobs.items():
         for setting, *case in users:
