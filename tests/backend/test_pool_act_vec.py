@@ -22,6 +22,7 @@ import pytest
 
 import minidnn.backend as B
 from minidnn.backend import devices as _dev
+from tests import _nvcc
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -231,16 +232,17 @@ def test_switches_restore_the_previous_kernels():
 
 # ---- CPU: every new kernel compiles for sm_90 without spills ------------------------------------------------------
 
-def _compile(tmp_path, defines, source):
-    src = tmp_path / "k.cu"
-    src.write_text("".join(f"#define {k} {v}\n" for k, v in defines) + source)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k"),
-                        str(src)], capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0 and "warning" not in out, out[-2000:]
-    spills = [line for line in out.splitlines() if "spill stores" in line]
-    assert spills and all(" 0 bytes spill stores" in line for line in spills), out
-    return len(spills)
+def _compile(units):
+    """[(defines, source)] built for sm_90 in one nvcc run (tests/_nvcc.build: each unit's ptxas lines are those of
+    its own build): no warning, no spill in any kernel; the number of kernels each unit built."""
+    counts = []
+    for (defines, _), r in zip(units, _nvcc.build([(src, [f"{k}={v}" for k, v in d]) for d, src in units], batch=24)):
+        out = r.stderr
+        assert r.returncode == 0 and "warning" not in out, (defines, out[-2000:])
+        spills = [line for line in out.splitlines() if "spill stores" in line]
+        assert spills and all(" 0 bytes spill stores" in line for line in spills), (defines, out)
+        counts.append(len(spills))
+    return counts
 
 
 def _defines(opts):
@@ -258,26 +260,35 @@ _VEC_CONFIGS = [  # (dtype, argmax dtype, is_max, include, rows, kh, kw, sv, vin
 ]                                                              # pool_bwd_clv's disjoint form (DISJ)
 
 
+_ACT_CONFIGS = [("float32", "RELU", 4, 0), ("bfloat16", "GELU", 4, 1), ("float64", "SOFTPLUS", 2, 0),
+                ("float16", "SWISH", 8, 0), ("float32", "ELU", 1, 0), ("bfloat16", "RELU", 1, 2),
+                ("bfloat16", "RELU", 2, 3), ("float32", "RELU", 2, 128)]
+# (dtype, mode, unroll, hint); hint 128: hint 0 in 128-thread blocks
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("cfg", _VEC_CONFIGS, ids=lambda c: "-".join(map(str, (c[0],) + c[2:])))
-def test_vector_pool_kernels_compile_without_spills(tmp_path, cfg):
+def test_vector_pool_kernels_compile_without_spills():
+    """Every configuration in _VEC_CONFIGS, one nvcc run: each builds its pair of kernels (the rows pair or the
+    channels-last pair) without a spill."""
     from minidnn.backend.cuda import pool_kernels as PK
-    dt = E._dtype(cfg[0]) if cfg[0] == "bfloat16" and pytest.importorskip("ml_dtypes") else np.dtype(cfg[0])
-    opts = PK.vec_options(dt, np.dtype(cfg[1]), *cfg[2:])
-    assert _compile(tmp_path, _defines(opts), PK.VEC_SOURCE) == 2          # the rows pair or the channels-last pair
+    pytest.importorskip("ml_dtypes")
+    units = [(_defines(PK.vec_options(E._dtype(c[0]) if c[0] == "bfloat16" else np.dtype(c[0]), np.dtype(c[1]),
+                                      *c[2:])), PK.VEC_SOURCE) for c in _VEC_CONFIGS]
+    assert _compile(units) == [2] * len(units)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("dtname, mode, unroll, hint", [("float32", "RELU", 4, 0), ("bfloat16", "GELU", 4, 1),
-                                                        ("float64", "SOFTPLUS", 2, 0), ("float16", "SWISH", 8, 0),
-                                                        ("float32", "ELU", 1, 0), ("bfloat16", "RELU", 1, 2),
-                                                        ("bfloat16", "RELU", 2, 3), ("float32", "RELU", 2, 128)])
-def test_activation_kernels_compile_without_spills(tmp_path, dtname, mode, unroll, hint):
-    """hint 128: hint 0 in 128-thread blocks (session 9 round 2's candidate launch shape)."""
+def test_activation_kernels_compile_without_spills():
+    """Every configuration in _ACT_CONFIGS (session 9 round 2's 128-thread candidate included), one nvcc run: two
+    kernels each, no spill."""
     from minidnn.backend.cuda import act_kernels as AK
-    dt = E._dtype(dtname) if dtname != "bfloat16" or pytest.importorskip("ml_dtypes") else None
-    opts = AK.options(dt, mode, unroll, 0, 128) if hint == 128 else AK.options(dt, mode, unroll, hint)
-    assert _compile(tmp_path, _defines(opts), AK.SOURCE) == 2
+    pytest.importorskip("ml_dtypes")
+    units = []
+    for dtname, mode, unroll, hint in _ACT_CONFIGS:
+        dt = E._dtype(dtname) if dtname == "bfloat16" else np.dtype(dtname)
+        opts = AK.options(dt, mode, unroll, 0, 128) if hint == 128 else AK.options(dt, mode, unroll, hint)
+        units.append((_defines(opts), AK.SOURCE))
+    assert _compile(units) == [2] * len(units)
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------------------
