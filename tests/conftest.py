@@ -102,3 +102,53 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if counts:
         terminalreporter.write_line(f"fuzz: {sum(counts.values())} examples completed over {len(counts)} ops "
                                     f"(min {min(counts.values())} per op, summed over the xdist workers)")
+
+
+# ---- import-time environment switches, several settings in one interpreter ---------------------------------------
+# A fresh interpreter that imports minidnn costs ~1 s of CPU; a test of a MINIDNN_* switch read at import used to
+# start one per setting.  env_runs starts one for all the settings: the first setting's import is a true first import
+# (the wiring from the environment at start-up), each later one re-executes the module that reads the variables
+# (importlib.reload runs the same module-level code with the new environment).
+
+_ENV_RUNNER = r"""
+import contextlib, importlib, io, json, os, sys, traceback
+module, code, drop, cases = json.loads(sys.stdin.read())
+out = []
+for i, env in enumerate(cases):
+    for k in [k for k in os.environ if k.startswith(tuple(drop))]:
+        del os.environ[k]
+    os.environ.update(env)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            if i and module in sys.modules:
+                importlib.reload(sys.modules[module])
+            exec(code, {"__name__": "__env_case__"})
+        out.append([0, buf.getvalue(), ""])
+    except BaseException:
+        out.append([1, buf.getvalue(), traceback.format_exc()])
+sys.stdout.write("\n@@ENV_RUNS@@" + json.dumps(out))
+"""
+
+
+@pytest.fixture
+def env_runs():
+    """``env_runs(module, code, cases, drop=())`` -> [(returncode, stdout, error text)] of ``code`` under each
+    environment in ``cases`` (dicts added to this process's environment less the variables starting with a ``drop``
+    prefix), in one fresh interpreter at the repository root; ``module`` (dotted name) reads the variables at
+    import and is reloaded before every case after the first.  A case whose import raises gives returncode 1."""
+    import json
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(module, code, cases, drop=()):
+        cases = [dict(c) for c in cases]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(tuple(drop))}
+        r = subprocess.run([sys.executable, "-c", _ENV_RUNNER], input=json.dumps([module, code, list(drop), cases]),
+                           capture_output=True, text=True, cwd=root, env=env, timeout=300)
+        assert r.returncode == 0 and "@@ENV_RUNS@@" in r.stdout, r.stderr[-2000:]
+        return [tuple(x) for x in json.loads(r.stdout.split("@@ENV_RUNS@@", 1)[1])]
+
+    return run

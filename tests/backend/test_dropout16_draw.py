@@ -17,7 +17,6 @@ regenerated under another dy dtype, graph replays, the switch flipped in one pro
 """
 import json
 import math
-import os
 import pathlib
 import shutil
 import subprocess
@@ -287,21 +286,21 @@ def test_launches_under_the_fake_cupy():
         assert "-DSTORAGE=0" in calls[1] and "-DSTORAGE=0" in calls[2]         # float32 dy and mask(): V = 4
 
 
-def test_environment_switch():
-    """MINIDNN_DROPOUT_DRAW16=1 turns it on at import, 0 off, unset the default; anything else raises."""
+def test_environment_switch(env_runs):
+    """MINIDNN_DROPOUT_DRAW16=1 turns it on at import, 0 off, unset the default; anything else raises.  One
+    interpreter: the first setting a fresh import, the others the module re-executed (tests/conftest.py env_runs)."""
     code = "from minidnn.backend.cuda import dropout_philox as DP; print(DP.DRAW16, DP.DRAW16_RTOL)"
     default = DP._DRAW16_DEFAULT == "1"
-    for env, want in (("1", "True 0.0009765625"), ("0", "False 0.0009765625"), (None, f"{default} 0.0009765625")):
-        e = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_DROPOUT_DRAW16")}
-        if env is not None:
-            e["MINIDNN_DROPOUT_DRAW16"] = env
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), env=e,
-                           timeout=120)
-        assert r.stdout.strip() == want, (env, r.stderr[-2000:])
-    e = dict(os.environ, MINIDNN_DROPOUT_DRAW16="yes")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(ROOT), env=e,
-                       timeout=120)
-    assert r.returncode != 0 and "MINIDNN_DROPOUT_DRAW16='yes' must be 0 or 1" in r.stderr
+    cases = (("1", "True 0.0009765625"), ("0", "False 0.0009765625"), (None, f"{default} 0.0009765625"),
+             ("yes", None), ("0", "False 0.0009765625"))
+    got = env_runs("minidnn.backend.cuda.dropout_philox", code,
+                   [{} if env is None else {"MINIDNN_DROPOUT_DRAW16": env} for env, _ in cases],
+                   drop=("MINIDNN_DROPOUT_DRAW16",))
+    for (env, want), (rc, out, err) in zip(cases, got):
+        if want is None:
+            assert rc != 0 and "MINIDNN_DROPOUT_DRAW16='yes' must be 0 or 1" in err, (env, out, err[-2000:])
+        else:
+            assert rc == 0 and out.strip() == want, (env, out, err[-2000:])
 
 
 # ---- CPU: nvcc -------------------------------------------------------------------------------------------------------

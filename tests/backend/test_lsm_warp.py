@@ -16,8 +16,6 @@ bitwise the eager call.
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -80,17 +78,19 @@ def test_lsm_headline_plans(monkeypatch):
         assert "LSM" not in _defs(_spec(False, 1000, name, "LOG", rows=8192).defines)
 
 
-def test_lsm_env():
-    """MINIDNN_SOFTMAX_LSM sets the module default in a fresh interpreter (unset: "2", since H200 run 6)."""
+def test_lsm_env(env_runs):
+    """MINIDNN_SOFTMAX_LSM sets the module default at import (unset: "2", since H200 run 6); one interpreter, the
+    first setting a fresh import, the others the module re-executed (tests/conftest.py env_runs)."""
     code = ("import numpy as np; from minidnn.backend.cuda import softmax_kernels as s; "
             "print(s.FWD_LSM, dict(x.split('=') for x in s.launch_spec(False, (16384, 1000), (1,), 'LOG', "
             "np.dtype('float32')).defines).get('LSM', '-'))")
-    env = {k: v for k, v in os.environ.items() if k not in ("MINIDNN_SOFTMAX_LSM", "MINIDNN_SOFTMAX_WARP")}
-    for val, want in ((None, "2 2"), ("0", "0 -"), ("1", "1 1"), ("2", "2 2"), ("7", "7 -")):
-        e = dict(env, **({} if val is None else {"MINIDNN_SOFTMAX_LSM": val}))
-        r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, cwd=ROOT)
-        assert r.returncode == 0, r.stderr[-800:]
-        assert r.stdout.strip() == want, (val, r.stdout)
+    cases = ((None, "2 2"), ("0", "0 -"), ("1", "1 1"), ("2", "2 2"), ("7", "7 -"), (None, "2 2"))
+    got = env_runs("minidnn.backend.cuda.softmax_kernels", code,
+                   [{} if val is None else {"MINIDNN_SOFTMAX_LSM": val} for val, _ in cases],
+                   drop=("MINIDNN_SOFTMAX_LSM", "MINIDNN_SOFTMAX_WARP"))
+    for (val, want), (rc, out, err) in zip(cases, got):
+        assert rc == 0, err[-800:]
+        assert out.strip() == want, (val, out)
 
 
 # ---- "2"'s arithmetic, modelled in float32 ----------------------------------------------------------------------

@@ -15,7 +15,6 @@ float64 and against the CPU emulation of the same plan, the failure naming the r
 """
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -64,20 +63,18 @@ def test_narrow_rule(monkeypatch, setting, fast):
                     assert spec.source == base.source and spec.name == base.name and spec.smem == 0
 
 
-def test_narrow_default_and_env():
+def test_narrow_default_and_env(env_runs):
     """Round 4: "16" is the default for ACCURATE and LOG, FAST keeps row_config's tiling; MINIDNN_SOFTMAX_NARROW=0
     gives every forward its old plan, MINIDNN_SOFTMAX_NARROW_FAST=1 lets FAST take NARROW."""
     code = ("import numpy as np; from minidnn.backend.cuda import softmax_kernels as s; "
             "print(s.FWD_NARROW, s.NARROW_FAST, [tuple(s.launch_spec(False, (65536, c), (1,), a, np.dtype(n))) "
             "for n in ('float32', 'float16') for c in (64, 128, 256, 1000) for a in ('FAST', 'ACCURATE', 'LOG')])")
-    import os
-    import sys
     out = {}
-    for env in ({}, {"MINIDNN_SOFTMAX_NARROW": "0"}, {"MINIDNN_SOFTMAX_NARROW_FAST": "1"}):
-        e = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_SOFTMAX_NARROW")}
-        r = subprocess.run([sys.executable, "-c", code], env={**e, **env}, capture_output=True, text=True)
-        assert r.returncode == 0, r.stderr[-800:]
-        out[tuple(env.items())] = r.stdout.split(" ", 2)
+    envs = ({}, {"MINIDNN_SOFTMAX_NARROW": "0"}, {"MINIDNN_SOFTMAX_NARROW_FAST": "1"})      # one interpreter
+    for env, (rc, stdout, err) in zip(envs, env_runs("minidnn.backend.cuda.softmax_kernels", code, envs,
+                                                     drop=("MINIDNN_SOFTMAX_NARROW",))):
+        assert rc == 0, err[-800:]
+        out[tuple(env.items())] = stdout.split(" ", 2)
     default, off, fast = out[()], out[(("MINIDNN_SOFTMAX_NARROW", "0"),)], out[(("MINIDNN_SOFTMAX_NARROW_FAST", "1"),)]
     assert default[:2] == ["16", "False"] and off[:2] == ["0", "False"] and fast[:2] == ["16", "True"]
     specs = {k: eval(v[2], {}) for k, v in (("default", default), ("off", off), ("fast", fast))}  # tuples of literals

@@ -108,19 +108,21 @@ def test_warp_headline_plans():
     assert got["2"] == [(2, 2048, 5, 128), (2, 2048, 6, 128), (1, 4096, 8, 128)]
 
 
-def test_warp_env():
-    """MINIDNN_SOFTMAX_WARP sets the module default in a fresh interpreter: unset ("auto") plans PIPE for 64 rows and
-    WARP "1" from WARP_MIN_ROWS (12288) rows on, "0" PIPE for both, "1" / "2" WARP for both."""
+def test_warp_env(env_runs):
+    """MINIDNN_SOFTMAX_WARP sets the module default at import (one interpreter: the first setting a fresh import,
+    the others the module re-executed, tests/conftest.py env_runs): unset ("auto") plans PIPE for 64 rows and WARP
+    "1" from WARP_MIN_ROWS (12288) rows on, "0" PIPE for both, "1" / "2" WARP for both."""
     code = ("import numpy as np; from minidnn.backend.cuda import softmax_kernels as s; "
             "w = lambda r: dict(x.split('=') for x in s.launch_spec(False, (r, 1000), (1,), 'LOG', "
             "np.dtype('float32')).defines).get('WARP', '-'); print(s.FWD_WARP, w(64), w(12287), w(12288))")
-    env = {k: v for k, v in os.environ.items() if k not in ("MINIDNN_SOFTMAX_WARP", "MINIDNN_SOFTMAX_WARP_MIN_ROWS")}
-    for val, want in ((None, "auto - - 1"), ("auto", "auto - - 1"), ("0", "0 - - -"), ("1", "1 1 1 1"),
-                      ("2", "2 2 2 2")):
-        e = dict(env, **({} if val is None else {"MINIDNN_SOFTMAX_WARP": val}))
-        r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, cwd=ROOT)
-        assert r.returncode == 0, r.stderr[-800:]
-        assert r.stdout.strip() == want, (val, r.stdout)
+    cases = ((None, "auto - - 1"), ("2", "2 2 2 2"), ("auto", "auto - - 1"), ("0", "0 - - -"), ("1", "1 1 1 1"),
+             (None, "auto - - 1"))
+    got = env_runs("minidnn.backend.cuda.softmax_kernels", code,
+                   [{} if val is None else {"MINIDNN_SOFTMAX_WARP": val} for val, _ in cases],
+                   drop=("MINIDNN_SOFTMAX_WARP",))
+    for (val, want), (rc, out, err) in zip(cases, got):
+        assert rc == 0, err[-800:]
+        assert out.strip() == want, (val, out)
 
 
 def _warp_walk(rows, wr, grid, block=128):
