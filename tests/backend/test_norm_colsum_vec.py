@@ -22,7 +22,8 @@ from tests.backend.test_norm_kernels import Counted, _close, _draw, _dtype, _h
 
 def _emulate(r, nc, itemsize, sms, cx=NK.COLSUM_CX, per_sm=NK.COLSUM_BLOCKS_PER_SM):
     """How many times col_sum_v's threads read each element of an (r, nc) matrix, and how many times its last
-    blocks' final pass writes each column -- the kernel's loops transcribed (thread t: tx = t % CX, ty = t / CX)."""
+    blocks' final pass writes each column -- the kernel's loops transcribed (thread t: tx = t % CX, ty = t / CX),
+    the CX threads of a thread row at once (they differ only in their columns)."""
     vec, tiles, splits, chunk = NK.col_sum_v_geometry(r, nc, itemsize, sms, cx, per_sm)
     ry, cols = 256 // cx, cx * vec
     parts = 256 // cols
@@ -33,18 +34,21 @@ def _emulate(r, nc, itemsize, sms, cx=NK.COLSUM_CX, per_sm=NK.COLSUM_BLOCKS_PER_
             r0 = by * chunk
             r1 = min(r0 + chunk, r)
             assert r0 < r1, "an empty split"
-            for t in range(256):
-                tx, ty = t % cx, t // cx
-                vc = bx * cx + tx
-                if vc * vec >= nc:
-                    continue
+            # the cx threads of thread row ty (t = ty * cx + tx) walk the same rows, each its own vector of columns
+            # vc = bx * cx + tx (none past the last vector): their reads together cover columns [c0, c1)
+            live = [tx for tx in range(cx) if (bx * cx + tx) * vec < nc]
+            if not live:
+                continue
+            assert live == list(range(len(live)))
+            c0, c1 = bx * cx * vec, (bx * cx + len(live)) * vec
+            for ty in range(256 // cx):
                 rr = r0 + ty
                 while rr + 3 * ry < r1:                 # the batches of four
                     for k in range(4):
-                        reads[rr + k * ry, vc * vec:(vc + 1) * vec] += 1
+                        reads[rr + k * ry, c0:c1] += 1
                     rr += 4 * ry
                 while rr < r1:
-                    reads[rr, vc * vec:(vc + 1) * vec] += 1
+                    reads[rr, c0:c1] += 1
                     rr += ry
         for t in range(256):                            # the last block's final pass: thread t < CS_COLS, column col
             col = bx * cols + t
