@@ -730,17 +730,7 @@ class _RegistryReader:
 
     def __get__(self, obj, cls=None):
         if obj is not None and type(obj) is self.owner:
-            d = obj.__dict__
-            name = self.name
-            reg = d.get("_parameters")
-            if reg is not None and name in reg:
-                return reg[name]
-            reg = d.get("_buffers")
-            if reg is not None and name in reg:
-                return reg[name]
-            reg = d.get("_modules")
-            if reg is not None and name in reg:
-                return reg[name]
+            return Module.__getattr__(obj, self.name)   # (a name in no registry: its AttributeError, as before)
         raise AttributeError(self.name)         # (the normal lookup failed: Python asks __getattr__, as before)
 
 

@@ -26,8 +26,6 @@ from ..._grad_dest import destination
 from ...autograd import Function, FunctionCtx, _state, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.convolution import convolution_filter_carry, settle_convolution, settled_state
-from ...backend.devices import array_module
-from ...backend.devices import is_floating as _is_floating
 from ...backend.errors import ArgumentError, DTypeError
 from ...backend.threads import parallel_pair
 from ...ops import pad as _pad
@@ -43,6 +41,7 @@ from ._util import (
     ntuple,
     plain_setting,
     plain_settings,
+    seen_output,
     wrap,
 )
 from .bias import add_bias, bias_forward, bias_grad
@@ -542,14 +541,7 @@ def _apply_seen_conv(x, w, seen):
     ctx._input_meta = ((x.data.shape, x.data.dtype) if xr else None, (w.data.shape, w.data.dtype) if wr else None,
                        None)
     ctx._n_inputs = 3
-    data = y.data
-    ctx._out_meta = ((data.shape, data.dtype, array_module(data)),)
-    ctx.num_outputs = 1
-    floating = _is_floating(data.dtype, True)
-    y.output_nr = 0
-    y.requires_grad = floating
-    y.grad_fn = ctx if floating else None
-    return y
+    return seen_output(ctx, y)
 
 
 def _same_padding(op, x, weight, stride, dilation, nd):
