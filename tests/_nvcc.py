@@ -31,6 +31,31 @@ def pick(items, n, always=()):
     return [items[i] for i in sorted(set(fixed) | chosen)]
 
 
+
+def cover(items, features, always=()):
+    """``items`` (order kept) when ``MINIDNN_NVCC_ALL=1``; else the items ``always`` names (a predicate or a
+    collection) and then, greedily, the item adding the most features not yet covered (the first such in order)
+    until every feature of every item is covered.  ``features(item)`` gives a set of hashables, for a kernel build
+    e.g. {(kernel, define, value)}: every value every define takes for each kernel is then compiled at least once."""
+    items = list(items)
+    if FULL:
+        return items
+    keep = always if callable(always) else (lambda it, s=list(always): it in s)
+    feats = [set(features(it)) for it in items]
+    chosen = {i for i, it in enumerate(items) if keep(it)}
+    seen = set().union(*(feats[i] for i in chosen)) if chosen else set()
+    need = set().union(*feats) if feats else set()
+    while seen != need:
+        i = max((i for i in range(len(items)) if i not in chosen), key=lambda i: len(feats[i] - seen))
+        chosen.add(i)
+        seen |= feats[i]
+    return [items[i] for i in sorted(chosen)]
+
+
+def define_features(kernels, defines):
+    """{(kernel, name, value)} of "NAME=VALUE" defines: cover()'s features of a build that reads ``kernels``."""
+    return {(k, *d.split("=", 1)) for k in kernels for d in defines}
+
 # ---- several configurations in one nvcc run ------------------------------------------------------------------------
 # Most of a small kernel's nvcc run is fixed cost: gcc preprocesses cuda_runtime.h (nvcc force-includes it, about 1 MB
 # of text) and cicc parses all of it again, about two thirds of a 0.3 s softmax compile.  build() pays that once for

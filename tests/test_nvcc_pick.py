@@ -95,3 +95,16 @@ def test_every_kernel_source_names_its_kernels():
     for path in root.glob("*.py"):
         text = path.read_text()
         assert len(_nvcc.KERNEL_RE.findall(text)) == len(re.findall(r'extern\s+"C"\s+__global__', text)), path.name
+
+
+def test_cover_keeps_the_fixed_items_and_every_value_of_every_define():
+    if _nvcc.FULL:
+        pytest.skip("MINIDNN_NVCC_ALL=1: every configuration is compiled")
+    items = [("k", ("A=0", "B=0")), ("k", ("A=1", "B=0")), ("k", ("A=0", "B=1")), ("k", ("A=1", "B=1")),
+             ("j", ("A=0", "B=0")), ("k", ("A=2", "B=1"))]
+    got = _nvcc.cover(items, lambda it: _nvcc.define_features([it[0]], it[1]),
+                      always=lambda it: it[1] == ("A=1", "B=1"))
+    assert got == [items[0], items[3], items[4], items[5]]          # order kept; A=0 / B=0 for k, j's one build
+    feats = set().union(*(_nvcc.define_features([k], d) for k, d in items))
+    assert set().union(*(_nvcc.define_features([k], d) for k, d in got)) == feats
+    assert _nvcc.cover([], lambda it: {it}) == [] and _nvcc.cover([1, 1, 2], lambda it: {it}) == [1, 2]

@@ -211,8 +211,12 @@ def test_lsm_plans_are_many():
 
 # The plans that are also WARP plans (same source, defines and kernel) are built and held to this same check (no
 # spill, MINB's register budget, -ftz=true) by test_softmax_warp::test_warp_compiles_without_spills.
+# Of the others, by default (tests/_nvcc.cover; all under MINIDNN_NVCC_ALL=1) the LSM "2" plans under WARP "1" (the
+# defaults) and then plans until every value of every define is built; eight a test and an nvcc run.
 LSM_OWN = [p for p in LSM_PLANS if p not in set(WARP_PLANS)]
-LSM_BATCHES = [LSM_OWN[i:i + 8] for i in range(0, len(LSM_OWN), 8)]    # one nvcc run each (tests/_nvcc.py)
+LSM_BUILT = _nvcc.cover(LSM_OWN, lambda p: _nvcc.define_features([p[1]], p[0]),
+                        lambda p: "LSM=2" in p[0] and "WARP=1" in p[0])
+LSM_BATCHES = [LSM_BUILT[i:i + 8] for i in range(0, len(LSM_BUILT), 8)]    # one nvcc run each (tests/_nvcc.py)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

@@ -173,7 +173,11 @@ def test_narrow_plans_are_many():
     assert len(NARROW_PLANS) >= 20
 
 
-NARROW_BATCHES = [NARROW_PLANS[i:i + 8] for i in range(0, len(NARROW_PLANS), 8)]    # one nvcc run each (_nvcc.py)
+# Built by default (tests/_nvcc.cover; all under MINIDNN_NVCC_ALL=1): every plan of "16" (the default) and "32" plans
+# until every value of every define is built; eight a test and an nvcc run (tests/_nvcc.build)
+NARROW_BUILT = _nvcc.cover(NARROW_PLANS, lambda p: _nvcc.define_features(["softmax_rows_fwd"], p[0]),
+                           lambda p: p[1][1] == "16")
+NARROW_BATCHES = [NARROW_BUILT[i:i + 8] for i in range(0, len(NARROW_BUILT), 8)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

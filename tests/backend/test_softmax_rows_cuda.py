@@ -248,9 +248,19 @@ def test_planned_configurations_are_many():
     assert len({(t, d) for t, d, _ in PLANNED}) == len(PLANNED)
 
 
-# Eight (source, defines) a test and an nvcc run: the fixed cost of a run (cuda_runtime.h, preprocessed and parsed)
-# is most of a softmax compile, and tests/_nvcc.build gives each unit the ptxas lines of its own build.
-PLANNED_BATCHES = [PLANNED[i:i + 8] for i in range(0, len(PLANNED), 8)]
+def _headline(defines):
+    d = dict(x.split("=", 1) for x in defines)
+    return d.get("ACCUM") == "float" and d.get("RAGGED", "0") == "0" and d.get("ONE") == "1" \
+        and d.get("SMOOTH", "0") == "0"
+
+
+# Built by default (tests/_nvcc.cover; all 153 under MINIDNN_NVCC_ALL=1): every headline build (float32 / bfloat16
+# storage, float accumulation, one chunk a row, no ragged rows or smoothing: the strict no-spill ones) and then
+# builds until every value each define takes for each kernel is built at least once -- 61 of the 153.  Eight a test
+# and an nvcc run: the fixed cost of a run (cuda_runtime.h, preprocessed and parsed) is most of a softmax compile,
+# and tests/_nvcc.build gives each unit the ptxas lines of its own build.
+PLANNED_BUILT = _nvcc.cover(PLANNED, lambda p: _nvcc.define_features(p[2], p[1]), lambda p: _headline(p[1]))
+PLANNED_BATCHES = [PLANNED_BUILT[i:i + 8] for i in range(0, len(PLANNED_BUILT), 8)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -264,9 +274,7 @@ def test_planned_configurations_compile(batch):
     built = _nvcc.build([(text, defines) for text, defines, _ in batch], entries=[k for _, _, k in batch])
     for (text, defines, knames), r in zip(batch, built):
         assert r.returncode == 0, (defines, r.stderr[:1500])
-        d = dict(x.split("=", 1) for x in defines)
-        headline = d.get("ACCUM") == "float" and d.get("RAGGED", "0") == "0" and d.get("ONE") == "1" \
-            and d.get("SMOOTH", "0") == "0"
+        headline = _headline(defines)
         for kname in knames:
             m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % kname, r.stderr, re.S)
             assert m is not None, (kname, defines, r.stderr[-800:])
@@ -637,7 +645,11 @@ def _ce_fast_builds():
 CE_FAST_BUILDS = _ce_fast_builds()      # at import, so that xdist spreads the 24 compiles
 
 
-CE_FAST_BATCHES = [CE_FAST_BUILDS[i:i + 8] for i in range(0, len(CE_FAST_BUILDS), 8)]    # one nvcc run each
+# The 16-bit builds (FASTX's default, MINIDNN_CE_FAST=16) and float32's until every define value is built (_nvcc.cover;
+# all under MINIDNN_NVCC_ALL=1), eight a test and an nvcc run
+CE_FAST_BUILT = _nvcc.cover(CE_FAST_BUILDS, lambda b: _nvcc.define_features([b[0]], b[1]),
+                            lambda b: "STORAGE=0" not in b[1])
+CE_FAST_BATCHES = [CE_FAST_BUILT[i:i + 8] for i in range(0, len(CE_FAST_BUILT), 8)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

@@ -241,7 +241,11 @@ def test_warp_plans_are_many():
     assert len(WARP_PLANS) >= 30
 
 
-WARP_BATCHES = [WARP_PLANS[i:i + 8] for i in range(0, len(WARP_PLANS), 8)]    # one nvcc run each (tests/_nvcc.py)
+# Built by default (tests/_nvcc.cover; all under MINIDNN_NVCC_ALL=1): every WARP "1" plan (what "auto", the default,
+# runs from WARP_MIN_ROWS rows on) and "2" plans until every value of every define is built; eight a test and an nvcc
+# run (tests/_nvcc.build)
+WARP_BUILT = _nvcc.cover(WARP_PLANS, lambda p: _nvcc.define_features([p[1]], p[0]), lambda p: "WARP=1" in p[0])
+WARP_BATCHES = [WARP_BUILT[i:i + 8] for i in range(0, len(WARP_BUILT), 8)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
