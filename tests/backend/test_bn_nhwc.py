@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from minidnn.backend.cuda import bn_nhwc as M
+from tests import _nvcc
 from tests._nvcc import pick
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -269,29 +270,23 @@ def _configs():
     return out + [("bfloat16", 8, dict(v2=0, **_ALL)), ("float32", 4, dict(v2=0, **_ALL)), ("float64", 2, dict(v2=0))]
 
 
-def _compile(args):
-    src, out = args
-    r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", out, src],
-                       capture_output=True, text=True, timeout=600)
-    return r.returncode, r.stdout + r.stderr
+# the one-launch kernels as they run by default always, a spread of the rest (tests/_nvcc.py); three configurations a
+# test and an nvcc run (tests/_nvcc.build: each one's ptxas lines are those of its own build)
+_COMPILED = pick(_configs(), 9, always=lambda c: c[2].get("cache") == 1 and c[2].get("stage") == 1
+                 and c[2].get("relu") == 1)
+_COMPILE_BATCHES = [_COMPILED[i:i + 3] for i in range(0, len(_COMPILED), 3)]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_every_configuration_compiles_without_spills(tmp_path):
+@pytest.mark.parametrize("cfgs", _COMPILE_BATCHES, ids=lambda b: "+".join(f"{n}-v{v}" for n, v, _ in b))
+def test_every_configuration_compiles_without_spills(cfgs):
     # every dtype x every vector width (16 bytes down to scalars) x flag sets; all six kernels of each, within the
     # 128 registers of BPS = 2 blocks of 256 threads per SM
-    from concurrent.futures import ThreadPoolExecutor
-    # the one-launch kernels as they run by default always, a spread of the rest (tests/_nvcc.py)
-    jobs, cfgs = [], pick(_configs(), 9, always=lambda c: c[2].get("cache") == 1 and c[2].get("stage") == 1
-                          and c[2].get("relu") == 1)
-    for k, (name, vec, flags) in enumerate(cfgs):
-        src = tmp_path / f"k{k}.cu"
-        src.write_text(M.source_for_nvcc(_dt(name), vec, **flags))
-        jobs.append((str(src), str(tmp_path / f"k{k}.cubin")))
-    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as ex:
-        results = list(ex.map(_compile, jobs))
-    for cfg, (rc, out) in zip(cfgs, results):
-        assert rc == 0, (cfg, out[-3000:])
+    built = _nvcc.build([(M.source_for_nvcc(_dt(name), vec, **flags), ()) for name, vec, flags in cfgs],
+                        ("-std=c++17",))
+    for cfg, r in zip(cfgs, built):
+        out = r.stderr
+        assert r.returncode == 0, (cfg, out[-3000:])
         spills = [line for line in out.splitlines() if "spill stores" in line]
         assert len(spills) == 6 and all(" 0 bytes spill stores" in line for line in spills), (cfg, out)
         regs, name_ = {}, None
