@@ -26,6 +26,7 @@ import minidnn.backend as B
 from minidnn.backend import devices as _dev
 from minidnn.backend import rng as _rng
 from minidnn.backend.cuda import dropout_philox as DP
+from tests import _nvcc
 from tests._nvcc import pick
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -88,28 +89,34 @@ def test_threshold_is_the_float_comparison(p):
     np.testing.assert_array_equal(r24 >= DP.threshold(p), by_float)
 
 
+_DTYPES = pick(["float32", "float64", "float16", "bfloat16"], 1, always=["bfloat16"])
+_BUILDS = pick([(1, 0, 0, 16), (2, 0, 1, 8), (4, 0, 2, 16), (1, 1, 1, 16), (2, 1, 0, 4), (4, 0, 1, 4)], 3)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("dtype", pick(["float32", "float64", "float16", "bfloat16"], 1, always=["bfloat16"]))
-@pytest.mark.parametrize("unroll, wide, hint, tile", pick([(1, 0, 0, 16), (2, 0, 1, 8), (4, 0, 2, 16), (1, 1, 1, 16),
-                                                           (2, 1, 0, 4), (4, 0, 1, 4)], 3))
-def test_kernels_compile_without_spills(tmp_path, dtype, unroll, wide, hint, tile):
-    dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
-    tile = max(tile, 16 // dt.itemsize)          # (backward_tile never goes below one 16-byte vector of dy)
-    opts = DP._options(dt, unroll, wide, hint, tile)
-    defines = "".join(f"#define {o[2:].split('=')[0]} {o.split('=', 1)[1]}\n" for o in opts if o.startswith("-D"))
-    src = tmp_path / "k.cu"
-    src.write_text(defines + DP.SOURCE)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "k"),
-                        str(src)], capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0 and "warning" not in out, out[-2000:]
-    spills = [line for line in out.splitlines() if "spill stores" in line]
-    assert len(spills) == 4 and all(" 0 bytes spill stores" in line for line in spills), out  # 4 kernels
-    if hint:                                     # the streaming hints reach the vector loads and stores
-        ptx = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "--ptx", "-o", "-", str(src)], capture_output=True,
-                             text=True, timeout=300).stdout
-        tile_ptx = ptx[ptx.index(".entry dropout_bwd_tile"):]
-        assert "st.global.cs.v4" in tile_ptx and ("ld.global.cs.v4" in tile_ptx) == (hint == 1)
+def test_kernels_compile_without_spills():
+    """Each dtype x (unroll, wide, hint, tile) build (a spread: tests/_nvcc.py): its four kernels without a spill or a
+    warning, and where a hint is asked for, the streaming hints in the tile backward's vector loads and stores.  All
+    builds in one nvcc run, the hinted ones' PTX in a second (tests/_nvcc.build: each unit's lines and PTX are those
+    of its own build)."""
+    cases, units = [], []
+    for dtype in _DTYPES:
+        dt = BF16 if dtype == "bfloat16" else np.dtype(dtype)
+        for unroll, wide, hint, tile in _BUILDS:
+            tile = max(tile, 16 // dt.itemsize)          # (backward_tile never goes below one 16-byte vector of dy)
+            opts = DP._options(dt, unroll, wide, hint, tile)
+            cases.append((dtype, unroll, wide, hint, tile))
+            units.append((DP.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
+    for case, r in zip(cases, _nvcc.build(units)):
+        out = r.stderr
+        assert r.returncode == 0 and "warning" not in out, (case, out[-2000:])
+        spills = [line for line in out.splitlines() if "spill stores" in line]
+        assert len(spills) == 4 and all(" 0 bytes spill stores" in line for line in spills), (case, out)  # 4 kernels
+    hinted = [i for i, c in enumerate(cases) if c[3]]
+    for i, r in zip(hinted, _nvcc.build([units[i] for i in hinted], ptx=True)):
+        hint = cases[i][3]                                # the streaming hints reach the vector loads and stores
+        tile_ptx = r.ptx["dropout_bwd_tile"]
+        assert "st.global.cs.v4" in tile_ptx and ("ld.global.cs.v4" in tile_ptx) == (hint == 1), cases[i]
 
 
 _FAKE_SCRIPT = textwrap.dedent("""
