@@ -9,7 +9,6 @@
   and gives PyTorch's dtypes, while a float64 weight, autocast off and no region keep their paths;
 - the reference of ``widen`` (host arrays) is the cast path.
 The values on the GPU, bitwise against the cast path: tests/backend/test_ce_lowp_logits_cuda.py."""
-import os
 import pathlib
 import re
 import shutil
@@ -22,6 +21,7 @@ import pytest
 
 import minidnn.backend as B
 from minidnn.backend.cuda import loss_kernels as _lk
+from tests import _nvcc
 from tests._nvcc import pick
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -89,27 +89,13 @@ def test_the_reference_is_the_cast_path(dtype, red, weighted, eps, ignore):
 NVCC_SHAPES = [(8, 1), (8, 10), (8, 33), (8, 1000), (8, 1001), (8, 4097), (8, 32768), (4, 10, 3)]
 
 
-def _build(unit, entries, tmp):
-    """nvcc's report for one (source, defines): ptxas builds and reports only ``entries`` (--entry: each entry's
-    registers and spills are its own, the same as in the whole module)."""
-    from minidnn.backend.cuda import launch
-    src, defines = unit
-    fn = os.path.join(tmp, f"k{abs(hash(unit))}.cu")
-    launch.write_source(fn, _lk.SOURCE_ROWS if src == "ROWS" else _lk.SOURCE, defines)
-    r = subprocess.run(["nvcc", "-std=c++14", "-arch=sm_90", "-cubin", "-Xptxas",
-                        ",".join(["-v", *(f"--entry={e}" for e in sorted(entries))]), "-o", fn + ".cubin", fn],
-                       capture_output=True, text=True)
-    return r.returncode, r.stderr
-
-
 def _spill(report, kname):
     m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores" % kname, report, re.S)
     return None if m is None else int(m.group(1))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_widened_configurations_compile_without_spills(tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
+def test_widened_configurations_compile_without_spills():
     pairs = {}
     for shape in NVCC_SHAPES:
         for dtype in (BF16, F16):
@@ -124,12 +110,13 @@ def test_widened_configurations_compile_without_spills(tmp_path):
     # One compile per (source, defines), ptxas building only the entries read from it; float32's twin only for a
     # widened entry that spills -- the one case whose bound reads it.  That left a third of the compiles and half of
     # ptxas's work out (the test was 70 s of the suite).
-    def build_all(jobs):
+    def build_all(jobs):      # in batched nvcc runs (tests/_nvcc.build: each unit's report is its own build's)
         units = {}
         for src, kname, defines in jobs:
             units.setdefault((src, defines), set()).add(kname)
-        with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as ex:
-            return dict(zip(units, ex.map(lambda u: _build(u, units[u], str(tmp_path)), units)))
+        built = _nvcc.build([(_lk.SOURCE_ROWS if src == "ROWS" else _lk.SOURCE, defines) for src, defines in units],
+                            entries=[sorted(k) for k in units.values()])
+        return {u: (b.returncode, b.stderr) for u, b in zip(units, built)}
 
     def unit(job):
         return job[0], job[2]
