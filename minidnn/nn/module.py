@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import operator
 import os
+import weakref
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -202,7 +203,8 @@ class Module:
         object.__delattr__(self, name)
 
     def __dir__(self):
-        names = set(super().__dir__()) - _exposed_names(type(self))     # (the class's registry readers, below)
+        # (the class's registry readers, below, are not attributes: a name in the instance __dict__ stays listed)
+        names = set(super().__dir__()) - (_exposed_names(type(self)) - self.__dict__.keys())
         return sorted(names | set(self._parameters) | set(self._buffers) | set(self._modules))
 
     # ------------------------------------------------------------------------------------------
@@ -689,7 +691,7 @@ def _learn(plan, names, where):
 # the instance __dict__, an AttributeError formatted and caught) and then Module.__getattr__: ~2 µs a read on this
 # CPU, 72 a ResNet-20 step (each block's layers, the model's stages) and as many in any user's block.  Where a module
 # registers a name (a parameter, buffer or submodule), its exact type gets a class attribute of that name, a
-# non-data descriptor (``_RegistryReader``) whose __get__ returns what Module.__getattr__ returns -- the normal
+# non-data descriptor (``_RegistryReader``) whose __get__ returns what the type's __getattr__ returns -- the normal
 # lookup then ends there.  What stays as it was: the instance __dict__ comes first (a non-data descriptor yields to
 # it); the descriptor is made only where no class of the type's MRO has the name (a method, property or class
 # attribute of that name keeps winning; a base class's reader does not count) and the type keeps Module's
@@ -697,28 +699,34 @@ def _learn(plan, names, where):
 # it serves only instances of exactly that type (a subclass's instance -- which may define __getattr__ -- and a name
 # in no registry of the instance get an AttributeError from __get__, and Python then calls __getattr__ as
 # before); the registries are read at every access (``_modules`` surgery, a replaced parameter, a deleted buffer
-# are seen); reading the class attribute itself raises AttributeError; ``dir()`` lists registered names only where
-# the instance has them.  One difference of form: a base class given an attribute of a registered name after the
-# reader was made (a monkeypatch of Module itself) does not shadow the reader.  Switch: REGISTERED_ATTRS[0] = False
-# takes every reader made off its type again (True puts them back: an in-process A/B compares the plain lookup
+# are seen); reading the class attribute itself raises AttributeError; ``dir()`` of an instance lists registered names
+# only where the instance has them (or holds the name in its __dict__); the type's __getattr__ is looked up at each
+# read (one set on the type later answers); a type made at run time is freed as before (_EXPOSED is weak).
+# Differences of form: a base class given an attribute of a registered name after the reader was made (a monkeypatch
+# of Module itself) does not shadow the reader; the type's own namespace holds the readers (``vars(cls)``,
+# ``dir(cls)`` and ``inspect.getmembers(cls)`` show them).  Switch: REGISTERED_ATTRS[0] = False takes every reader
+# made off its type again (True puts them back: an in-process A/B compares the plain lookup
 # itself); MINIDNN_MODULE_REGISTERED_ATTRS=0 at import: none is made.
 class _ReadersSwitch(list):
     """REGISTERED_ATTRS: setting its element also takes the readers off their types (False) or puts them back."""
 
     def __setitem__(self, i, on):
         list.__setitem__(self, i, on)
-        for (cls, name), made in _EXPOSED.items():
-            if not made:
-                continue
-            here = type(vars(cls).get(name)) is _RegistryReader
-            if on and name not in vars(cls):
-                setattr(cls, name, _RegistryReader(cls, name))
-            elif not on and here:
-                delattr(cls, name)
+        for cls, names in list(_EXPOSED.items()):
+            for name, made in names.items():
+                if not made:
+                    continue
+                here = type(vars(cls).get(name)) is _RegistryReader
+                if on and name not in vars(cls):
+                    setattr(cls, name, _RegistryReader(cls, name))
+                elif not on and here:
+                    delattr(cls, name)
 
 
 REGISTERED_ATTRS = _ReadersSwitch([os.environ.get("MINIDNN_MODULE_REGISTERED_ATTRS", "1") != "0"])
-_EXPOSED: dict = {}         # (type, name) -> whether the type got a reader for the name (asked once)
+# type -> {name: whether the type got a reader for the name} (asked once); weak: a type made at run time (a class
+# statement in a function, type(...)) is freed with its last instance, as without the readers
+_EXPOSED = weakref.WeakKeyDictionary()
 
 
 class _RegistryReader:
@@ -730,21 +738,34 @@ class _RegistryReader:
 
     def __get__(self, obj, cls=None):
         if obj is not None and type(obj) is self.owner:
-            return Module.__getattr__(obj, self.name)   # (a name in no registry: its AttributeError, as before)
+            # the type's __getattr__ as Python would call it (Module's, or one set on the type or on Module later);
+            # a name in no registry: its AttributeError, as before
+            return self.owner.__getattr__(obj, self.name)
         raise AttributeError(self.name)         # (the normal lookup failed: Python asks __getattr__, as before)
 
 
 def _expose(cls, name):
     """Give type ``cls`` a reader of registered ``name`` where it is exact to (see above)."""
-    if not REGISTERED_ATTRS[0] or _EXPOSED.get((cls, name)) is not None:
+    if not REGISTERED_ATTRS[0]:
+        return
+    names = _EXPOSED.get(cls)
+    if names is None:
+        names = _EXPOSED[cls] = {}
+    elif name in names:
         return
     ok = (cls.__getattr__ is Module.__getattr__ and cls.__getattribute__ is object.__getattribute__
           and type(name) is str and name.isidentifier() and name not in vars(cls)
           and not any(name in vars(k) and type(vars(k)[name]) is not _RegistryReader for k in cls.__mro__))
     if ok:
         setattr(cls, name, _RegistryReader(cls, name))
-    _EXPOSED[(cls, name)] = ok
+    names[name] = ok
 
 
 def _exposed_names(cls):
-    return {n for k in cls.__mro__ for n, v in vars(k).items() if type(v) is _RegistryReader}
+    """The names the normal lookup on ``cls`` resolves to a registry reader (the first class of its MRO that has
+    the name holds one: a subclass's own attribute of the name is an attribute)."""
+    first: dict = {}
+    for k in cls.__mro__:
+        for n, v in vars(k).items():
+            first.setdefault(n, v)
+    return {n for n, v in first.items() if type(v) is _RegistryReader}

@@ -157,3 +157,57 @@ def test_switch_takes_readers_off_and_back():
     M.REGISTERED_ATTRS[0] = True                        # ... and put back
     assert type(vars(Block)["lin"]) is M._RegistryReader and b.lin is b._modules["lin"]
     assert "a" not in vars(Late)                        # (made while off: no reader to put back)
+
+
+def test_dir_keeps_a_plain_attribute_of_a_name_its_type_registers_elsewhere():
+    class Maybe(mdn.nn.Module):
+        def __init__(self, as_layer):
+            super().__init__()
+            if as_layer:
+                self.head = mdn.nn.ReLU()
+            else:
+                self.head = 3                           # a plain attribute: the instance __dict__
+
+    class Default(Maybe):
+        head = None                                     # a subclass's class attribute of the name
+
+    with_layer, plain = Maybe(True), Maybe(False)
+    assert type(vars(Maybe)["head"]) is M._RegistryReader
+    assert plain.head == 3 and "head" in dir(plain) and "head" in dir(with_layer)
+    assert "head" in dir(Default(False))
+    M.REGISTERED_ATTRS[0] = False
+    assert "head" in dir(plain) and "head" in dir(Default(False))
+
+
+def test_types_made_at_run_time_are_freed_with_their_instances():
+    import gc
+    import weakref
+    refs = []
+    for i in range(3):
+        made = type(f"Made{i}", (mdn.nn.Module,), {})
+        m = made()
+        m.lin = mdn.nn.Linear(1, 1)
+        assert type(vars(made)["lin"]) is M._RegistryReader
+        refs.append(weakref.ref(made))
+        del made, m
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+
+
+def test_a_getattr_set_on_the_type_later_answers_as_without_readers():
+    b = Block()
+    asked = []
+    real = M.Module.__getattr__
+
+    def own(self, name):
+        asked.append(name)
+        return real(self, name)
+
+    class Later(Block):
+        pass
+
+    later = Later()
+    assert type(vars(Later)["lin"]) is M._RegistryReader
+    Later.__getattr__ = own                             # set after the reader was made: Python would ask it
+    assert later.lin is later._modules["lin"] and asked == ["lin"]
+    assert b.lin is b._modules["lin"] and asked == ["lin"]      # (Block's own lookup untouched)
