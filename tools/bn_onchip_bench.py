@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 tools/bn_onchip_bench.py [--shapes 128x64x56x56,128x16x32x32,32x256x14x14]
                                                   [--dtypes float32,bfloat16] [--layouts nchw,nhwc]
                                                   [--shares 0.3,1.5] [--calls 50] [--large-calls 10] [--replays 7]
-                                                  [--bwd-shares 0.85] [--cl-rounds] [--nhwc-sweep] [--plans]
+                                                  [--bwd-shares 0.85] [--nhwc-sweep] [--plans]
                                                   [--eager]
 
 Per (shape, dtype, layout, op) one row, ms per call (GB/s of compulsory traffic, % of copy):
@@ -12,8 +12,6 @@ Per (shape, dtype, layout, op) one row, ms per call (GB/s of compulsory traffic,
   L2=<s>       NCHW only: the same with _ROUND_SHARE_ONCHIP = s (MINIDNN_BN_L2_SHARE), to choose the default;
   bL2=<s>      NCHW backward only: the backward's own share (_ROUND_SHARE_ONCHIP_BWD, MINIDNN_BN_L2_SHARE_BWD; 0.85
                gives the large float32 backward 3 rounds over the whole grid instead of 4 over 256 of 264 blocks);
-  clr          --cl-rounds, channels-last only: bn_kernels.CL_ROUNDS (MINIDNN_BN_CL_ROUNDS=1): rows in rounds of
-               channel tiles through bn_fwd1 / bn_bwd1 with the on-chip copy instead of bn_nhwc's one round;
   off          MINIDNN_BN_ONCHIP=0: the kernels before the copy (the A/B);
   --nhwc-sweep channels-last only, beside the default (one launch, 2 blocks per SM, UNROLL 4, the copy): "two" (the
                two-launch route), "bps1" (1 block per SM: twice the slots a block, 255 registers), "u2" (UNROLL 2 row
@@ -58,13 +56,12 @@ NHWC_SWEEP = [("two", {"ROUTE": "two"}), ("bps1", {"BPS": 1}), ("u2", {"UNROLL":
 _NHWC_DEFAULTS = {k: getattr(M, k) for k in ("ROUTE", "BPS", "UNROLL")}
 
 
-def _setting(onchip, share, nhwc=None, bwd_share=None, cl_rounds=False):
+def _setting(onchip, share, nhwc=None, bwd_share=None):
     """Switch the copy on/off, the NCHW round share and bn_nhwc's settings (``nhwc``: a dict over its defaults), and
     drop every settled call and bn_nhwc kernel made under other settings."""
     K.ONCHIP = M.ONCHIP = onchip
     K._ROUND_SHARE_ONCHIP = share
     K._ROUND_SHARE_ONCHIP_BWD = bwd_share
-    K.CL_ROUNDS = cl_rounds
     for k, v in {**_NHWC_DEFAULTS, **(nhwc or {})}.items():
         setattr(M, k, v)
     K._calls.clear()
@@ -97,7 +94,6 @@ def main(argv=None):
     ap.add_argument("--large-calls", type=int, default=10)
     ap.add_argument("--replays", type=int, default=7)
     ap.add_argument("--nhwc-sweep", action="store_true")
-    ap.add_argument("--cl-rounds", action="store_true")
     ap.add_argument("--plans", action="store_true")
     ap.add_argument("--eager", action="store_true")
     args = ap.parse_args(argv)
@@ -111,8 +107,6 @@ def main(argv=None):
     timer = Timer(cp, torch, args.replays, args.eager)
     bw = copy_bandwidth(cp)
     default_share, default_bwd = K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD
-    if K.CL_ROUNDS:
-        sys.exit("run without MINIDNN_BN_CL_ROUNDS (--cl-rounds times it beside the default)")
     shares = [float(s) for s in args.shares.split(",") if s]
     dev = cp.cuda.Device()
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy bandwidth {bw:.0f} GB/s; "
@@ -120,7 +114,6 @@ def main(argv=None):
     print("# ms per call (GB/s of compulsory traffic, % of copy); vs torch = torch / onchip (> 1: ours faster)")
     variants = [("onchip", True, default_share, None)] + [(f"L2={s}", True, s, None) for s in shares] + \
         [(f"bL2={s}", True, default_share, None) for s in args.bwd_shares.split(",") if s] + \
-        ([("clr", True, default_share, None)] if args.cl_rounds else []) + \
         [("off", False, default_share, None)]
     if args.nhwc_sweep:
         variants += [(label, True, default_share, over) for label, over in NHWC_SWEEP]
@@ -154,9 +147,9 @@ def main(argv=None):
                     for label, onchip, share, over in variants:
                         bwd_only = label.startswith("bL2=")
                         if (label.startswith(("L2=", "bL2=")) and layout != "nchw") \
-                                or ((over or label == "clr") and layout != "nhwc") or (bwd_only and not backward):
+                                or (over and layout != "nhwc") or (bwd_only and not backward):
                             continue
-                        _setting(onchip, share, over, float(label[4:]) if bwd_only else default_bwd, label == "clr")
+                        _setting(onchip, share, over, float(label[4:]) if bwd_only else default_bwd)
                         y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z=z, relu=relu)
                         if backward:
                             def fn():
@@ -170,10 +163,6 @@ def main(argv=None):
                                 else K.training_call(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z, relu)
                             geo = K.onepass_plan(shape[0], c, int(np.prod(shape[2:])), dt.itemsize, backward, dev.id)
                             print(f"# plan {shape_s} {name} {op} {label}: {geo}; launch {_plan_text(call, dev.id)}")
-                        if args.plans and label == "clr":
-                            call = K.backward_call(xg, dyg, sg, m, y if relu else None, kind == "add") if backward \
-                                else K.training_call(xg, sg, bg, 0.1, rmg, rvg, 1e-5, z, relu)
-                            print(f"# plan {shape_s} {name} {op} clr: launch {_plan_text(call, dev.id)}")
                     _setting(True, default_share, bwd_share=default_bwd)
                     nbytes = passes * e
 

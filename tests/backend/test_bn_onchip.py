@@ -204,28 +204,6 @@ def test_the_backward_share_moves_only_the_backward(monkeypatch):
     assert K.onepass_plan(128, 64, 3136, 4, True) == b0
 
 
-@pytest.mark.parametrize("rows, c, item, arrays", [(401408, 64, 4, 1), (401408, 64, 4, 2), (401408, 64, 2, 2),
-                                                  (200704, 64, 4, 2), (4096, 256, 4, 2), (77, 24, 4, 2)], ids=str)
-def test_channels_last_rounds_take_shared_memory_plus_the_l2_share(rows, c, item, arrays):
-    # CL_ROUNDS: the widest power-of-two tile (at least a 32-byte sector of each row) whose round fits the grid's
-    # shared memory plus the L2 share; the slots cover a thread's rows where they fit
-    sms, l2 = 132, 50 * 2 ** 20
-    slot = 256 * 16 * arrays
-    ks_max = M.cache_slots(*H100_SMEM, 12304, 2, slot)
-    budget = l2 * K._ROUND_SHARE_ONCHIP + sms * K.ONEPASS_BPS * ks_max * slot
-    vec, tpr, tiles, per, grid = K.onepass_geometry(rows, c, 1, item, arrays, True, sms, l2,
-                                                    cache_block_bytes=ks_max * slot)
-    tw = tpr * vec
-    assert tiles == -(-c // tw) and grid <= sms * K.ONEPASS_BPS and grid % per == 0
-    assert tw * item >= 32 or tw >= c
-    assert tiles == 1 or rows * tw * item * arrays <= budget          # a tile fits ...
-    assert tw >= c or tpr == 32 or rows * 2 * tw * item * arrays > budget     # ... and twice as wide would not
-    ks = K.onchip_slots(rows, 1, vec, per, ks_max, tpr)
-    rows_per_thread = -(-(-(-rows // per)) // (256 // tpr))
-    assert ks == min(ks_max, rows_per_thread)
-    assert K.onepass_routes(1, tiles, per, grid, True)
-
-
 def test_the_small_cnn_bfloat16_plan_is_the_float32_one_of_the_same_bytes():
     # bench/kernels_gpu.py's (256, 16, 32, 32) bfloat16 rows ran 3-10x their float32 ones once on an H100 (torch's
     # forward row beside them 8x too); the planner gives them the launch (128, 16, 32, 32) float32 runs at 0.012 ms
@@ -311,30 +289,6 @@ K.backward(x, x, sc, m, i)
 (name, dims, full, p), = names[n0:]
 want = K.onepass_plan(128, 64, 3136, 4, True, 0)
 assert want["rounds"] == 3 and (dims[0], dims[6]) == (want["grid"], want["dyn"]) == (264, 13 * 8192), (dims, want)
-print("OK")
-""")
-
-
-def test_channels_last_rounds_switch_routes_rows_to_the_copy_kernels_under_the_fake_cupy():
-    # MINIDNN_BN_CL_ROUNDS=1: (R, C) rows take bn_fwd1 / bn_bwd1 with the copy and rounds of channel tiles (the
-    # large float32 backward: 4 tiles of 16 channels, TPR 4, the whole grid a tile); off: bn_nhwc's kernels
-    _fake("""
-for on, want in ((True, ["bn_fwd1", "bn_bwd1"]), (False, ["bnc_fwd1", "bnc_bwd1"])):
-    K.CL_ROUNDS = on
-    x = cl(np.ones((128, 64, 56, 56), np.float32))
-    sc, bi = fakecp.asarray(np.ones(64, np.float32)), fakecp.asarray(np.zeros(64, np.float32))
-    n0 = len(names)
-    y, m, i = K.forward_training(x, sc, bi, 0.1, None, None, 1e-5, relu=True)
-    dx, dz, ds, db = K.backward(x, x, sc, m, i, y=y)
-    got = names[n0:]
-    assert [g[0] for g in got] == want, got
-    assert dx.shape == x.shape and dx.strides == x.strides
-    if on:
-        (_, fd, ff, _), (_, bd, bf, _) = got
-        assert "-DCACHE=1" in ff and "-DCACHE=1" in bf and "-DINNER1=1" in bf, bf
-        assert "-DTPR=4" in bf and "-DTPR=8" in ff, (ff, bf)
-        assert bd[0] == 264 and bd[6] % (2 * 256 * 16) == 0 and bd[6] > 0, bd
-        assert fd[0] == 264 and fd[6] % (256 * 16) == 0 and fd[6] > 0, fd
 print("OK")
 """)
 
@@ -523,41 +477,6 @@ def test_channels_last_copy_kernels_compile_without_spills(tmp_path, name, vec, 
     opts = K._onepass_options(_dt(name), True, vec, tpr, **full)
     defines = "".join(f"#define {o[2:].split('=')[0]} {o.split('=', 1)[1]}\n" for o in opts if o.startswith("-D"))
     _nvcc(tmp_path, defines + K.ONEPASS_SOURCE)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name", ["float32", "bfloat16"])
-@pytest.mark.parametrize("shape, slots", [((5, 3, 17, 19), 2), ((33, 24, 12, 12), 2), ((33, 24, 12, 12), None),
-                                          ((64, 64, 56, 56), None)], ids=str)
-@pytest.mark.parametrize("ops", ["bn", "bn_activation", "bn_add_activation"])
-def test_channels_last_rounds_against_the_float64_reference(cp, cap, monkeypatch, name, shape, ops, slots):
-    # CL_ROUNDS: (64, 64, 56, 56) float32 backward in 2 rounds of 32 channels (an H100), the copy holding part of
-    # each thread's rows; small shapes one round; slots 2: the copy holding part of every walk
-    monkeypatch.setattr(K, "CL_ROUNDS", True)
-    cap(slots)
-    got, ref = _run(cp, name, shape, "nhwc", ops, zlib.crc32(repr(("clr", name, shape, ops)).encode()))
-    y, m, i, rmg, rvg, gb = got
-    y_ref, m_ref, i_ref, rm64, rv64, rb = ref
-    _close(y, y_ref, name, 4)
-    np.testing.assert_allclose(m.get(), m_ref, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(rvg.get(), rv64, rtol=1e-4, atol=1e-4)
-    _close(gb[0], rb[0], name, 4 * (float(np.abs(rb[0]).max()) + 1))
-    if ops == "bn_add_activation":
-        _close(gb[1], rb[1], name, 4)
-    np.testing.assert_allclose(gb[2].get(), rb[2], rtol=1e-3, atol=1e-3 * np.prod(shape) / shape[1])
-    np.testing.assert_allclose(gb[3].get(), rb[3], rtol=1e-3, atol=1e-3 * np.prod(shape) / shape[1])
-
-
-@pytest.mark.cuda
-def test_channels_last_rounds_large_float32_against_the_float64_reference(cp, cap, monkeypatch):
-    # the bench's shape: forward 2 rounds of 32 channels, backward 4 of 16 over the whole grid (an H100)
-    monkeypatch.setattr(K, "CL_ROUNDS", True)
-    cap(None)
-    shape = (128, 64, 56, 56)
-    got, ref = _run(cp, "float32", shape, "nhwc", "bn_activation", 17)
-    _close(got[0], ref[0], "float32", 4)
-    _close(got[5][0], ref[5][0], "float32", 4 * (float(np.abs(ref[5][0]).max()) + 1))
-    np.testing.assert_allclose(got[5][2].get(), ref[5][2], rtol=1e-3, atol=1e-3 * np.prod(shape) / shape[1])
 
 
 @pytest.mark.cuda

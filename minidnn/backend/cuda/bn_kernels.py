@@ -1138,15 +1138,6 @@ _ROUND_SHARE_ONCHIP = float(os.environ.get("MINIDNN_BN_L2_SHARE", "0.5"))
 # (measured 0.161 ms against 0.147 at 0.5).  tools/bn_onchip_bench.py --bwd-shares times others.
 _ROUND_SHARE_ONCHIP_BWD = float(os.environ["MINIDNN_BN_L2_SHARE_BWD"]) if os.environ.get("MINIDNN_BN_L2_SHARE_BWD") \
     else None
-# Channels-last in rounds of channel tiles with the on-chip copy (CL_ROUNDS, MINIDNN_BN_CL_ROUNDS=1; off by default,
-# a candidate for the GPU A/B): (R, C) rows go to bn_fwd1 / bn_bwd1 here instead of bn_nhwc's whole-row kernels; a
-# tile of TW = TPR * VEC channels is as wide as a round's data fits shared memory plus the L2 share (the widest
-# power of two), so each round reads a TW-channel piece of every row (float32 (128, 64, 56, 56): forward 2 rounds of
-# 32 channels -- 128 bytes of each 256-byte row --, backward 4 rounds of 16 -- 64 bytes --, like NCHW's rounds) and
-# the second pass reads about half of it from shared memory and the rest from L2, where bn_nhwc's one round re-reads
-# ~155 MB of the backward's 205 from DRAM.  (Without the copy, such rounds measured 1.25-2.9x slower on an H200:
-# their second read missed L2 -- onepass_routes.)
-CL_ROUNDS = os.environ.get("MINIDNN_BN_CL_ROUNDS", "0") == "1"
 _L2_DEFAULT = 50 * 2 ** 20
 
 
@@ -1214,24 +1205,22 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
     return vec, tpr, tiles, per, rounds_of * per
 
 
-def onchip_slots(outer, inner, vec, per, ks_max, tpr=1):
-    """Slots per thread of the on-chip copy: the vectors a thread visits in its slice (NCHW: the longest slice's
-    vectors over 256 threads; channels-last: its rows over 256 / tpr rows of threads), at most ``ks_max``."""
-    if inner == 1:
-        return max(0, min(ks_max, -(-(-(-outer // per)) // (THREADS // tpr))))
+def onchip_slots(outer, inner, vec, per, ks_max):
+    """Slots per thread of the on-chip copy (NCHW): the vectors a thread visits in its slice (the longest slice's
+    vectors over 256 threads), at most ``ks_max``."""
     longest = -(-outer * (inner // vec) // per)        # vectors of the longest slice
     return max(0, min(ks_max, -(-longest // THREADS)))
 
 
-def onepass_routes(inner, tiles, per, grid, onchip=False):
+def onepass_routes(inner, tiles, per, grid):
     """Whether a call of this one-pass geometry takes the one-pass kernels (else the two-launch ones run).
     Channels-last only where one round holds every tile: a round then reads whole rows, contiguous memory.  Where
     the L2 share splits the channels over rounds, each round reads a 32-64-byte piece of every row (e.g. 16 of 64
     float channels: 64 bytes of each 256-byte row, 4 rounds) and the backward's round outgrows the share (its
     second read misses L2); measured on an H200 (docs/step_kernels.md) that ran 1.25x (forward) to 2.9x (backward)
-    slower than the two-launch kernels, which read whole rows.  NCHW tiles are contiguous channels: always; and
-    channels-last rounds with the on-chip copy (``onchip``: CL_ROUNDS), which size them by shared memory too."""
-    return inner != 1 or onchip or grid // per >= tiles
+    slower than the two-launch kernels, which read whole rows.  NCHW tiles are contiguous channels: always.
+    (Channels-last rounds with the on-chip copy lost too: 0.43-0.75x of bn_nhwc's one round, session 6, H100.)"""
+    return inner != 1 or grid // per >= tiles
 
 
 def _resident_per_sm(kernel, shared_mem=0):
@@ -1280,7 +1269,7 @@ def onepass_plan(outer, c, inner, itemsize, backward, dev=None, sm_count=132, l2
 def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_arrays, tail=()):
     item = xc.dtype.itemsize
     inner1 = inner == 1
-    onchip = ONCHIP and (not inner1 or CL_ROUNDS)
+    onchip = ONCHIP and not inner1
     sms, l2 = _launch.sm_count(dev), _l2_bytes(dev)
     vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2)
     k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
@@ -1291,10 +1280,8 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
             vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2,
                                                           cache_block_bytes=ks_max * slot,
                                                           share=_onchip_share(name == "bn_bwd1"))
-            ks = onchip_slots(outer, inner, vec, per, ks_max, tpr)
+            ks = onchip_slots(outer, inner, vec, per, ks_max)
             dyn = ks * slot
-            if inner1:          # the tile's width (TPR) may have grown with the budget
-                k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
     bps = _resident_per_sm(k, dyn)
     if bps < 1:
         return None
@@ -1302,7 +1289,7 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
         ks = dyn = 0
         vec, tpr, tiles, per, grid = onepass_geometry(outer, c, inner, item, arrays, aligned, sms, l2, bps)
         k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
-    if not onepass_routes(inner, tiles, per, grid, onchip and dyn > 0):
+    if not onepass_routes(inner, tiles, per, grid):
         return None
     if (flags.get("dx_nhwc") or flags.get("twin_nhwc")) and (inner1 or grid // per < tiles or xc.size >= 2 ** 31):
         return None         # dx's channels-last stores merge in L2 only when one round writes every channel
@@ -1353,7 +1340,7 @@ def _bwd1_plan(xc, outer, c, inner, relu, has_scale, want_dz, aligned, dev, dx_n
     flags = dict(relu=relu, has_z=want_dz, has_scale=has_scale)
     if dx_nhwc:
         flags["dx_nhwc"] = True
-    r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 2 if ONCHIP and (inner != 1 or CL_ROUNDS) else 3, aligned,
+    r = _onepass_launch("bn_bwd1", xc, outer, c, inner, 2 if ONCHIP and inner != 1 else 3, aligned,
                         dev, flags, 13)
     return None if r is None else (*r, param_dtype(xc.dtype))
 
@@ -1402,8 +1389,8 @@ def set_onepass(unroll=None, bps=None, prefetch=None):
 
 
 def _rows_to_nhwc():
-    """Whether (R, C) rows go to bn_nhwc (on, and not CL_ROUNDS with the one-pass kernels and the copy)."""
-    return _nhwc.ENABLED and not (CL_ROUNDS and ONEPASS and ONCHIP)
+    """Whether (R, C) rows go to bn_nhwc (MINIDNN_BN_NHWC)."""
+    return _nhwc.ENABLED
 
 
 def _memory_order(xc):
@@ -1458,8 +1445,7 @@ def training_call(xc, scale, bias, factor, running_mean, running_var, eps, z=Non
     dev = xc.data.device_id
     flags = (factor, eps, running_mean is not None, counter is not None, relu, z is not None, scale is not None,
              bias is not None)
-    key = ("train", _switches(), _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch() \
-        + (CL_ROUNDS,)
+    key = ("train", _switches(), _aligned(xc, z), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _training_call, xc, dev, key[2], *flags)
@@ -1475,8 +1461,7 @@ def twin_call(xc, scale, bias, factor, running_mean, running_var, eps, counter=N
     dev = xc.data.device_id
     flags = (factor, eps, running_mean is not None, counter is not None, False, False, scale is not None,
              bias is not None)
-    key = ("twin", _switches(), _aligned(xc, None), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch() \
-        + (CL_ROUNDS,)
+    key = ("twin", _switches(), _aligned(xc, None), xc.shape, xc.strides, xc.dtype, dev) + flags + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _twin_call, xc, dev, key[2], flags,
@@ -1524,7 +1509,7 @@ def twin_nhwc_call(xc, scale, bias, factor, running_mean, running_var, eps, coun
     flags = (factor, eps, running_mean is not None, counter is not None, False, False, scale is not None,
              bias is not None)
     key = ("twin_nhwc", _switches(), _aligned(xc, None), xc.shape, xc.strides, xc.dtype, dev) + flags \
-        + _nhwc.switch() + (CL_ROUNDS,)
+        + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _twin_nhwc_call, xc, dev, key[2], flags,
@@ -1554,7 +1539,7 @@ def _training_call(xc, dev, aligned, factor, eps, has_running, has_counter, relu
     t.onepass, t.dev, t.c, t.dtype, t.rows, t.twin, t.shadow = _switches(), dev, c, xc.dtype, inner == 1, False, None
     t.mem, t.back = _memory_order(xc)
     sig = (xc.shape, xc.strides, xc.dtype, dev)
-    one = _planned(("fwd1", _switches(), CL_ROUNDS, factor, eps, has_running, has_counter, relu, has_z, has_scale,
+    one = _planned(("fwd1", _switches(), factor, eps, has_running, has_counter, relu, has_z, has_scale,
                     has_bias, aligned) + sig,
                    _fwd1_plan, xc, outer, c, inner, factor, eps, has_running, has_counter, relu, has_z, has_scale,
                    has_bias, aligned, dev) if ONEPASS else None
@@ -1686,7 +1671,7 @@ def backward_call(xc, dyc, scale, mean, y=None, want_dz=False):
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
     key = ("backward", _switches(), _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
-        + _nhwc.switch() + (CL_ROUNDS,)
+        + _nhwc.switch()
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _backward_call, xc, dev, key[2], mean.dtype, *flags)
@@ -1709,7 +1694,7 @@ def dx_nhwc_call(xc, dyc, scale, mean, y=None, want_dz=False):
     dev = xc.data.device_id
     flags = (y is not None, scale is not None, want_dz)
     key = ("dx_nhwc", _switches(), _aligned(xc, dyc, y), xc.shape, xc.strides, xc.dtype, dev, mean.dtype) + flags \
-        + _nhwc.switch() + (CL_ROUNDS, _cluster.DX_NHWC)
+        + _nhwc.switch() + (_cluster.DX_NHWC,)
     call = _calls.get(key)
     if call is None:
         call = _launch.planned(_calls, key, _dx_nhwc_call, xc, dev, key[2], flags,
@@ -1741,7 +1726,7 @@ def _backward_call(xc, dev, aligned, acc, relu, has_scale, want_dz):
     t.mem, t.back = _memory_order(xc)
     t.dx_mem, t.dx_back = t.mem, t.back
     t.has_scale, t.want_dz = has_scale, want_dz
-    one = _planned(("bwd1", _switches(), CL_ROUNDS, xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
+    one = _planned(("bwd1", _switches(), xc.shape, xc.strides, xc.dtype, dev, relu, has_scale, want_dz,
                     aligned), _bwd1_plan, xc, outer, c, inner, relu, has_scale, want_dz, aligned,
                    dev) if ONEPASS else None
     if one is not None:
