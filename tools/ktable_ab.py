@@ -8,7 +8,6 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
   logsoftmax  log-softmax bwd (16384, 1000)     softmax_kernels.BWD_PIPE    (MINIDNN_SOFTMAX_BWD_PIPE)
   biasgrad    bias grad (linear) (16384, 1024)  norm_kernels.COLSUM_VEC     (MINIDNN_COLSUM_VEC)
   dropout     dropout fwd (p=0.5) (128,64,56,56) dropout_philox.PIPE_FWD    (MINIDNN_DROPOUT_PIPE: "1" vs "0")
-  gnbwd       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_PREFETCH  (MINIDNN_GN_PREFETCH: "1" vs "0")
   cefwd       cross-entropy fwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   cebwd       cross-entropy bwd (16384, 1000)   loss_kernels.CE_FAST        (MINIDNN_CE_FAST: "1" vs "0")
   gnvcs       group norm G=32 bwd (128,64,56,56) norm_kernels.GN_VSUMS     (MINIDNN_GN_VSUMS; default on)
@@ -29,7 +28,8 @@ Rows (the bench's own cases, shapes and compulsory bytes; --sizes large):
               off = "0" (session 9's FASTX pipe); 2-byte logits only (the float32 line times one kernel twice)
 (Session 10's candidates not adopted after the H100 and H200 A/Bs were removed in session 11 with their rows:
 lnbwd (layer norm route "v2w"), cefwd16b (CE_FWD16 "2"), smxd2 / lsmxd2 (FWD_PDEPTH 2), smxsp3 / lsmxsp3 / smxsp2 /
-lsmxsp2 (FWD_SPIPE); docs/step_kernels.md.)
+lsmxsp2 (FWD_SPIPE); docs/step_kernels.md.  Session 9's gnbwd (norm_kernels.GN_PREFETCH, measured slower in run 6)
+went with its switch in session 19.)
 Method: per row, `rounds` rounds; a round times the switch ON then OFF, the next OFF then ON (both orders, so a
 drift of clocks or temperature cancels), each timing a fresh capture of the bench's `reps` calls replayed `trials`
 times (median).  Flipping a switch forgets the module's settled launches (and the primitive's seen-call caches)
@@ -115,22 +115,13 @@ def _dropout_plan(dtype):
     return f"dropout_fwd UNROLL={DP.forward_unroll(n, dtype.itemsize, 0)}"
 
 
-def _gn_switch(on):
-    from minidnn.backend.cuda import norm_kernels as NK
-    NK.GN_PREFETCH = "1" if on else "0"
-    NK._plans.clear()
-
-
 def _gn_plan(dtype):
     from minidnn.backend.cuda import norm_kernels as NK
     team, vpt, vec = NK.row_config2(2 * 56 * 56, dtype, True, "gn_bwd")
     block, minb = NK._v2_launch_shape("gn_bwd", team, dtype.itemsize)
     if NK._version("gn_bwd", dtype) == "v2m4" and block == 256 and dtype.itemsize == 2:
         minb = 4
-    pref = NK.gn_prefetch(dtype)
-    return (f"gn_bwd2 team={team} VPT={vpt} GN_PREF={int(pref)} GN_VCS={int(NK.GN_VSUMS)} "
-            f"minb={max(1, minb // 2) if pref else minb}"
-            + (" (persistent grid)" if pref else ""))
+    return f"gn_bwd2 team={team} VPT={vpt} GN_VCS={int(NK.GN_VSUMS)} minb={minb}"
 
 
 def _ce_switch(on):
@@ -245,7 +236,6 @@ ROWS = {
     "logsoftmax64": ("softmax", "log-softmax bwd", _softmax64_switch, _softmax_plan, None),
     "biasgrad": ("bias", "bias grad (linear)", _bias_switch, _bias_plan, True),
     "dropout": ("dropout", "dropout fwd (p=0.5)", _dropout_switch, _dropout_plan, None),
-    "gnbwd": ("gn", "group norm G=32 bwd", _gn_switch, _gn_plan, None),
     "cefwd": ("ce", "cross-entropy fwd", _ce_switch, _ce_plan("ce_fwd"), None),
     "cebwd": ("ce", "cross-entropy bwd", _ce_switch, _ce_plan("ce_bwd"), None),
     "gnvcs": ("gn", "group norm G=32 bwd", _gnvcs_switch, _gn_plan, True),
@@ -266,10 +256,6 @@ def _default_restore(key):
         from minidnn.backend.cuda import dropout_philox as DP
         DP.PIPE_FWD = os.environ.get("MINIDNN_DROPOUT_PIPE", "16")
         DP.clear_plans()
-    elif key == "gnbwd":
-        from minidnn.backend.cuda import norm_kernels as NK
-        NK.GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "0")     # the module's default since run 6
-        NK._plans.clear()
     elif key.startswith("dropbwd"):
         _dropbwd_switch(None)(False)
     elif key == "cefwd16a":

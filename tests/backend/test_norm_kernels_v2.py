@@ -68,20 +68,12 @@ _V2_CONFIGS = [  # (dtype, team, vpt, vec, block, minb, kernels built with it) -
     (np.float16, 256, 4, 8, None, 4, ("gn_bwd2",), (("GN_CHV", 1),)),     # route gn_bwd16 "v2m4"
     (np.float32, 512, 4, 4, None, 2, ("gn_bwd2",), (("GN_CHV", 1),)),
     (np.float32, 256, 4, 4, None, 3, ("gn_bwd2",), (("GN_CHV", 1),)),
-    # ... with the next row prefetched (session 9, GN_PREF: half the blocks an SM, as _gn_backward_plan halves minb)
-    (np.float16, 256, 4, 8, None, 2, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
-    (ml_dtypes.bfloat16, 256, 4, 8, None, 2, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
-    (ml_dtypes.bfloat16, 64, 4, 8, None, 6, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
-    (ml_dtypes.bfloat16, 32, 4, 8, None, 1, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
-    (np.float32, 512, 4, 4, None, 1, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
-    (np.float32, 256, 4, 4, None, 1, ("gn_bwd2",), (("GN_CHV", 1), ("GN_PREF", 1))),
     # gn_bwd2's channel sums from per-vector partials (session 9 round 2, GN_VCS: on by default)
     (ml_dtypes.bfloat16, 256, 4, 8, None, 4, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
     (np.float16, 256, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
     (np.float32, 512, 4, 4, None, 2, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
     (np.float32, 256, 4, 4, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
     (ml_dtypes.bfloat16, 32, 4, 8, None, 3, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1))),
-    (ml_dtypes.bfloat16, 256, 4, 8, None, 2, ("gn_bwd2",), (("GN_CHV", 1), ("GN_VCS", 1), ("GN_PREF", 1))),
 ]
 
 
@@ -335,48 +327,6 @@ def test_ln_fwd3(cp, monkeypatch, name, shape, affine):
     for version in ("v3", "v2", "v1"):
         _close(y, _h(out[version][0]), name)
         _close(m, _h(out[version][1]), name, what="stat")
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name", ["float16", "bfloat16", "float32"])
-@pytest.mark.parametrize("shape", [(16, 64, 56, 56), (40, 64, 28, 28), (300, 64, 7, 8)])
-@pytest.mark.parametrize("affine", [True, False])
-def test_gn_bwd2_prefetch(cp, monkeypatch, name, shape, affine):
-    """Session 9's GN_PREF (the next group row loaded before this one's sums; a persistent grid of the resident
-    blocks, so each block walks several rows): on ("1") against float64 and bit-identical to off ("0") -- the same
-    arithmetic, only the loads move; the default "16" prefetches 16-bit data only."""
-    rng = np.random.default_rng(hash((name, shape, affine)) % 2 ** 32)
-    dtype = _dtype(name)
-    groups = 32
-    x, dy = _draw(rng, shape, dtype, offset=1.0), _draw(rng, shape, dtype)
-    scale = _params(rng, (shape[1],), name, False, cp) if affine else None
-    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    _, m_r, i_r = B.group_normalization_forward(None, x64, groups, _h(scale), None, 1e-5)
-    dx_r, ds_r, db_r = B.group_normalization_backward(None, x64, dy64, groups, _h(scale), m_r, i_r)
-    gx, gdy = cp.asarray(x), cp.asarray(dy)
-    _, m, i = B.group_normalization_forward(None, gx, groups, scale, None, 1e-5)
-    out = {}
-    for setting in ("1", "0"):
-        NK._plans.clear()
-        monkeypatch.setattr(NK, "GN_PREFETCH", setting)
-        with Counted() as cnt:
-            out[setting] = B.group_normalization_backward(None, gx, gdy, groups, scale, m, i)
-        assert cnt.n == (2 if affine else 1)
-        assert any(k[0] == "gn_bwd2" and k[1] == dtype and (("GN_PREF", 1) in k[-1]) == (setting == "1")
-                   for k in NK._kernel_cache), setting           # the prefetching kernel ran (or did not)
-    NK._plans.clear()
-    monkeypatch.setattr(NK, "GN_PREFETCH", "16")
-    assert NK.gn_prefetch(dtype) == (dtype.itemsize == 2)
-    monkeypatch.setattr(NK, "GN_PREFETCH", "0")
-    assert not NK.gn_prefetch(dtype)
-    dx, ds, db = out["1"]
-    _close(dx, dx_r, name)
-    if affine:
-        _close(ds, ds_r, name, x.size // shape[1], what="stat")
-        _close(db, db_r, name, x.size // shape[1], what="data-sum")
-    for a, b in zip(out["1"], out["0"]):
-        if a is not None:
-            np.testing.assert_array_equal(_h(a), _h(b))
 
 
 @pytest.mark.cuda

@@ -65,8 +65,6 @@ vectors and fit registers (row_config2): norm_fwd2, gn_bwd2, ln_bwd2 -- the same
     row's vectors loaded before the current row's sums.  LN3_SMEM=1 (route "v3s", the default): scale and bias in
     shared memory, one copy per block (fewer registers, more resident teams).
   gn_bwd2 with GN_CHV=1 (vectors in one channel): the scale / channel flags fixed at compile time.
-  gn_bwd2 with GN_PREF=1 (session 9; GN_PREFETCH, off by default: measured slower): the next group row's x and dy loaded
-    before the current row's sums and stores, on a persistent grid of the resident blocks (half as many an SM).
   gn_bwd2 with GN_VCS=1 (session 9 round 2; GN_VSUMS, on): GN_CHV rows' per-channel sums from per-vector partials.
 Which version a case takes: ROUTE / _version (MINIDNN_NORM_ROUTE), see there.
 """
@@ -110,9 +108,6 @@ __device__ __forceinline__ A LDP(PT h) { return (A)__uint_as_float(((unsigned in
 #endif
 #ifndef LN3_SMEM
 #define LN3_SMEM 0
-#endif
-#ifndef GN_PREF
-#define GN_PREF 0
 #endif
 #ifndef GN_VCS
 #define GN_VCS 0
@@ -1023,42 +1018,16 @@ __device__ __forceinline__ void gn_bwd2_rows(const T* __restrict__ x, const T* _
     const A inv_d = (A)1 / (A)D;
     const long long stride = (long long)gridDim.x * TPB;
     long long r = (long long)blockIdx.x * TPB + threadIdx.x / TEAM;
-#if GN_PREF
-    // GN_PREF (session 9): the next row's x and dy loaded before this row's team sums, barriers and stores -- a row
-    // of loads in flight a team through the compute (without it every team of an SM loads, then all reduce, with
-    // DRAM idle: 16-bit rows, half the bytes of float32's for the same barriers, ran at 54% of copy on the H200).
-    V na[VPT], nb[VPT];
-    if (r < rows) {
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-            if (k * TEAM + t < nvec) {
-                na[k] = reinterpret_cast<const V*>(x + r * D)[k * TEAM + t];
-                nb[k] = reinterpret_cast<const V*>(dy + r * D)[k * TEAM + t];
-            }
-    }
-#endif
     for (; r < rows; r += stride) {
         const unsigned int n = (unsigned int)r / (unsigned int)G;          // r < 2^31
         const int g0 = (int)((unsigned int)r - n * (unsigned int)G) * cpg;
         V* dr = reinterpret_cast<V*>(dx + r * D);
         V a[VPT], b[VPT];
-#if GN_PREF
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) { a[k] = na[k]; b[k] = nb[k]; }
-        if (r + stride < rows) {
-            const V* xn = reinterpret_cast<const V*>(x + (r + stride) * D);
-            const V* gn = reinterpret_cast<const V*>(dy + (r + stride) * D);
-#pragma unroll
-            for (int k = 0; k < VPT; ++k)
-                if (k * TEAM + t < nvec) { na[k] = xn[k * TEAM + t]; nb[k] = gn[k * TEAM + t]; }
-        }
-#else
         const V* xr = reinterpret_cast<const V*>(x + r * D);
         const V* gr = reinterpret_cast<const V*>(dy + r * D);
 #pragma unroll
         for (int k = 0; k < VPT; ++k)
             if (k * TEAM + t < nvec) { a[k] = xr[k * TEAM + t]; b[k] = gr[k * TEAM + t]; }
-#endif
         const A mu = mean[r], is = rstd[r];
 // the channel (within the group) of value e of vector k
 #define GN_CH(k, e) (chv ? (int)divu((unsigned int)(((k) * TEAM + t) * VEC), s_mul, s_shr) \
@@ -1625,12 +1594,10 @@ _PER_THREAD = {"fwd": 4, "gn_bwd": 4}    # the most 16-byte vectors of one array
 # measured slower on both GPUs -- H200 bf16 0.78x, fp32 0.97x; H100 bf16 0.0546 against 0.0448 ms -- and was
 # removed in session 11.)
 ROUTE = {"ln_fwd16": "v3kw", "ln_bwd16": "v3", "ln_bwd": "v3", "gn_bwd16": "v2m4", "gn_bwd": "v2"}
-# Session 9: gn_bwd2's GN_CHV rows with the next row prefetched (GN_PREF; half the blocks an SM for the registers).
-# GN_PREFETCH "0" (the default): none -- measured slower on the H200 (session 9 run 6, tools/ktable_ab.py, graph
-# replays of (128, 64, 56, 56) G=32: bfloat16 0.0636 -> 0.0854 ms, float32 0.0891 -> 0.1255; halving the resident
-# blocks cost more than the prefetch hid); "16" 16-bit data only; "1" every dtype.  Read at planning time
-# (MINIDNN_GN_PREFETCH; clear _plans).
-GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "0")
+# (Session 9's GN_PREF -- gn_bwd2's next group row loaded before this row's sums, on a persistent grid of half the
+# resident blocks -- measured slower on the H200 (session 9 run 6, (128, 64, 56, 56) G=32: bfloat16 0.0636 -> 0.0854
+# ms, float32 0.0891 -> 0.1255: halving the resident blocks cost more than the prefetch hid) and was removed in
+# session 19 with its switch MINIDNN_GN_PREFETCH, now ignored.)
 
 
 # Session 9, round 2: gn_bwd2's GN_CHV rows take their per-channel sums from per-vector partials (GN_VCS) instead of
@@ -1639,10 +1606,6 @@ GN_PREFETCH = os.environ.get("MINIDNN_GN_PREFETCH", "0")
 # MINIDNN_GN_VSUMS=0 gives the per-value loop back.  Read at planning time (clear _plans; tools/ktable_ab.py gnvcs).
 GN_VSUMS = os.environ.get("MINIDNN_GN_VSUMS", "1") != "0"
 
-
-def gn_prefetch(dtype) -> bool:
-    """Whether gn_bwd2 of ``dtype`` data prefetches the next group row (GN_PREFETCH)."""
-    return GN_PREFETCH == "1" or (GN_PREFETCH == "16" and np.dtype(dtype).itemsize == 2)
 ROUTE.update(kv.split("=", 1) for kv in os.environ.get("MINIDNN_NORM_ROUTE", "").replace(" ", "").split(",")
              if "=" in kv)
 
@@ -2167,14 +2130,8 @@ def _gn_backward_plan(x, num_groups, scale, aligned, dev):
             minb = 4        # 16-bit GN_CHV rows of 256 threads fit 64 registers unspilled: four blocks an SM, not 3
         if defs and GN_VSUMS:
             defs += (("GN_VCS", 1),)
-        if defs and gn_prefetch(x.dtype):
-            defs += (("GN_PREF", 1),)
-            minb = max(1, minb // 2)    # two rows' registers a thread: half the blocks (bf16 G=32: 123, unspilled)
         kernel = _kernel("gn_bwd2", x.dtype, pinfo, team, vpt, vec, minb=minb, defs=defs)
-        grid = _grid(rows, team, dev)
-        if ("GN_PREF", 1) in defs:     # a persistent grid of the resident blocks: each walks many rows, prefetching
-            grid = max(1, min(grid, _launch.sm_count(dev) * _resident_per_sm(kernel, block, 0, minb)))
-        one = _launch.prepare(kernel, (grid,), (block,),
+        one = _launch.prepare(kernel, (_grid(rows, team, dev),), (block,),
                               [None] * 7 + [np.int64(rows), np.int32(d), np.int32(c), np.int32(num_groups),
                                             np.int32(cpg), *divider(s), _flags(scale, None, True, chv=s % vec == 0)])
         return one, None, col, c
