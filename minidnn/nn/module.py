@@ -757,7 +757,10 @@ def _expose(cls, name):
           and type(name) is str and name.isidentifier() and name not in vars(cls)
           and not any(name in vars(k) and type(vars(k)[name]) is not _RegistryReader for k in cls.__mro__))
     if ok:
-        setattr(cls, name, _RegistryReader(cls, name))
+        try:
+            setattr(cls, name, _RegistryReader(cls, name))
+        except (AttributeError, TypeError):     # a metaclass that refuses class attributes: the plain lookup
+            ok = False
     names[name] = ok
 
 

@@ -211,3 +211,17 @@ def test_a_getattr_set_on_the_type_later_answers_as_without_readers():
     Later.__getattr__ = own                             # set after the reader was made: Python would ask it
     assert later.lin is later._modules["lin"] and asked == ["lin"]
     assert b.lin is b._modules["lin"] and asked == ["lin"]      # (Block's own lookup untouched)
+
+
+def test_a_type_whose_metaclass_refuses_class_attributes_still_registers():
+    class Frozen(type):
+        def __setattr__(cls, name, value):
+            raise AttributeError(f"{cls.__name__} is frozen")
+
+    class Locked(mdn.nn.Module, metaclass=Frozen):
+        def __init__(self):
+            super().__init__()
+            self.lin = mdn.nn.Linear(2, 2)
+
+    m = Locked()
+    assert "lin" not in vars(Locked) and m.lin is m._modules["lin"] and "lin" in dir(m)
