@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import operator
 import os
-import weakref
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -116,7 +115,6 @@ class Module:
         self._buffers.pop(name, None)
         self._modules.pop(name, None)
         self._parameters[name] = param
-        _expose(type(self), name)
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
         """A tensor that is module state but not learnable (running statistics).  Persistent buffers
@@ -130,7 +128,6 @@ class Module:
                             "(minidnn Tensor or None required)")
         self._modules.pop(name, None)
         self._buffers[name] = tensor
-        _expose(type(self), name)
         if persistent:
             self._non_persistent_buffers_set.discard(name)
         else:
@@ -144,7 +141,6 @@ class Module:
         self._parameters.pop(name, None)
         self._buffers.pop(name, None)
         self._modules[name] = module
-        _expose(type(self), name)
 
     register_module = add_module
 
@@ -203,9 +199,7 @@ class Module:
         object.__delattr__(self, name)
 
     def __dir__(self):
-        # (the class's registry readers, below, are not attributes: a name in the instance __dict__ stays listed)
-        names = set(super().__dir__()) - (_exposed_names(type(self)) - self.__dict__.keys())
-        return sorted(names | set(self._parameters) | set(self._buffers) | set(self._modules))
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
 
     # ------------------------------------------------------------------------------------------
     # Traversal (all in registration order; ``remove_duplicate`` yields shared objects once)
@@ -617,8 +611,7 @@ def _plan(cls, names):
     if plan is None:
         plan = _PLAIN_TYPES[key] = (cls.__getattr__ is Module.__getattr__
                                     and cls.__getattribute__ is object.__getattribute__
-                                    and not any(n in vars(k) and type(vars(k)[n]) is not _RegistryReader
-                                                for k in cls.__mro__ for n in names)
+                                    and not any(n in vars(k) for k in cls.__mro__ for n in names)
                                     and [0, operator.itemgetter(*names) if len(names) > 1 else None, {}])
     return plan
 
@@ -684,91 +677,3 @@ def _learn(plan, names, where):
             plan[2][k] = (operator.itemgetter(*names[:k]), operator.itemgetter(*names[k:]), names[k:])
         return k + 3
     return 0
-
-
-# ---- registered names found by the normal lookup (host round 31) ------------------------------------------------
-# ``block.conv1`` -- a name in a registry, not in the instance __dict__ -- was a failed normal lookup (the type's MRO,
-# the instance __dict__, an AttributeError formatted and caught) and then Module.__getattr__: ~2 µs a read on this
-# CPU, 72 a ResNet-20 step (each block's layers, the model's stages) and as many in any user's block.  Where a module
-# registers a name (a parameter, buffer or submodule), its exact type gets a class attribute of that name, a
-# non-data descriptor (``_RegistryReader``) whose __get__ returns what the type's __getattr__ returns -- the normal
-# lookup then ends there.  What stays as it was: the instance __dict__ comes first (a non-data descriptor yields to
-# it); the descriptor is made only where no class of the type's MRO has the name (a method, property or class
-# attribute of that name keeps winning; a base class's reader does not count) and the type keeps Module's
-# __getattr__ and object's __getattribute__;
-# it serves only instances of exactly that type (a subclass's instance -- which may define __getattr__ -- and a name
-# in no registry of the instance get an AttributeError from __get__, and Python then calls __getattr__ as
-# before); the registries are read at every access (``_modules`` surgery, a replaced parameter, a deleted buffer
-# are seen); reading the class attribute itself raises AttributeError; ``dir()`` of an instance lists registered names
-# only where the instance has them (or holds the name in its __dict__); the type's __getattr__ is looked up at each
-# read (one set on the type later answers); a type made at run time is freed as before (_EXPOSED is weak).
-# Differences of form: a base class given an attribute of a registered name after the reader was made (a monkeypatch
-# of Module itself) does not shadow the reader; the type's own namespace holds the readers (``vars(cls)``,
-# ``dir(cls)`` and ``inspect.getmembers(cls)`` show them).  Switch: REGISTERED_ATTRS[0] = False takes every reader
-# made off its type again (True puts them back: an in-process A/B compares the plain lookup
-# itself); MINIDNN_MODULE_REGISTERED_ATTRS=0 at import: none is made.
-class _ReadersSwitch(list):
-    """REGISTERED_ATTRS: setting its element also takes the readers off their types (False) or puts them back."""
-
-    def __setitem__(self, i, on):
-        list.__setitem__(self, i, on)
-        for cls, names in list(_EXPOSED.items()):
-            for name, made in names.items():
-                if not made:
-                    continue
-                here = type(vars(cls).get(name)) is _RegistryReader
-                if on and name not in vars(cls):
-                    setattr(cls, name, _RegistryReader(cls, name))
-                elif not on and here:
-                    delattr(cls, name)
-
-
-REGISTERED_ATTRS = _ReadersSwitch([os.environ.get("MINIDNN_MODULE_REGISTERED_ATTRS", "1") != "0"])
-# type -> {name: whether the type got a reader for the name} (asked once); weak: a type made at run time (a class
-# statement in a function, type(...)) is freed with its last instance, as without the readers
-_EXPOSED = weakref.WeakKeyDictionary()
-
-
-class _RegistryReader:
-    """The class attribute of a registered name (see above): Module.__getattr__'s answer without its failed lookup."""
-    __slots__ = ("owner", "name")
-
-    def __init__(self, owner, name):
-        self.owner, self.name = owner, name
-
-    def __get__(self, obj, cls=None):
-        if obj is not None and type(obj) is self.owner:
-            # the type's __getattr__ as Python would call it (Module's, or one set on the type or on Module later);
-            # a name in no registry: its AttributeError, as before
-            return self.owner.__getattr__(obj, self.name)
-        raise AttributeError(self.name)         # (the normal lookup failed: Python asks __getattr__, as before)
-
-
-def _expose(cls, name):
-    """Give type ``cls`` a reader of registered ``name`` where it is exact to (see above)."""
-    if not REGISTERED_ATTRS[0]:
-        return
-    names = _EXPOSED.get(cls)
-    if names is None:
-        names = _EXPOSED[cls] = {}
-    elif name in names:
-        return
-    ok = (cls.__getattr__ is Module.__getattr__ and cls.__getattribute__ is object.__getattribute__
-          and type(name) is str and name.isidentifier() and name not in vars(cls)
-          and not any(name in vars(k) and type(vars(k)[name]) is not _RegistryReader for k in cls.__mro__))
-    if ok:
-        try:
-            setattr(cls, name, _RegistryReader(cls, name))
-        except (AttributeError, TypeError):     # a metaclass that refuses class attributes: the plain lookup
-            ok = False
-    names[name] = ok
-
-
-def _exposed_names(cls):
-    """The names the normal lookup on ``cls`` resolves to a registry reader (the first class of its MRO that has
-    the name holds one: a subclass's own attribute of the name is an attribute)."""
-    first: dict = {}
-    for k in cls.__mro__:
-        for n, v in vars(k).items():
-            first.setdefault(n, v)
-    return {n for n, v in first.items() if type(v) is _RegistryReader}
