@@ -1,18 +1,18 @@
 """Session 18 (issue 10): NCHW batch norm's one-pass kernels at several bytes-in-flight settings, in one process.
 
-    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings u4p1,u4,u6,u8,b3u4,u4p2,u6p1,b3u4p1] [--shapes 32x256x56x56,...]
+    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings p1,p0,p2,b3p0,b3p1] [--shapes 32x256x56x56,...]
                                             [--dtypes float32,bfloat16] [--ops fwd,bwd,relu_bwd] [--rounds 15]
                                             [--calls 10] [--small-calls 50] [--no-torch]
 
 The question (docs/step_kernels.md, "Session 18"): on the H200 (4.2 TB/s copy) are bn_fwd1 / bn_bwd1's streaming
-phases latency-bound -- too few bytes in flight an SM?  A setting is uU (bn_kernels.ONEPASS_UNROLL = U vectors in
-flight per thread and array, MINIDNN_BN_UNROLL) with an optional bB prefix (ONEPASS_BPS = B blocks per SM,
-MINIDNN_BN_BPS: 3 gives each block a smaller share of shared memory for the on-chip copy, more warps an SM) and an
-optional pP suffix (ONEPASS_PREFETCH = P, MINIDNN_BN_PREFETCH: the first pass asks L2 for the vectors P iterations
-ahead, and a block about to meet for its next tile's first ones -- bytes in flight without registers).
-"u4p1" is the default (run 7 adopted PREFETCH 1) and the A (the first setting); every setting is flipped in this
-process through bn_kernels.set_onepass, which makes the settled calls settle again.  UNROLL and
-PREFETCH do not move the split (the bits are u4's); BPS does (a bigger grid).
+phases latency-bound -- too few bytes in flight an SM?  A setting is pP (ONEPASS_PREFETCH = P, MINIDNN_BN_PREFETCH:
+the first pass asks L2 for the vectors P iterations ahead, and a block about to meet for its next tile's first ones --
+bytes in flight without registers) with an optional bB prefix (ONEPASS_BPS = B blocks per SM, MINIDNN_BN_BPS: 3 gives
+each block a smaller share of shared memory for the on-chip copy, more warps an SM).
+"p1" is the default (run 7 adopted PREFETCH 1) and the A (the first setting); every setting is flipped in this
+process through bn_kernels.set_onepass, which makes the settled calls settle again.  PREFETCH does not move the split
+(the same bits); BPS does (a bigger grid).  Run 7 also timed UNROLL 6 and 8 (its settings were uU[pP]: "u4p1" is
+"p1" here); they lost and UNROLL is fixed at 4 since session 19.
 
 Timing: per (shape, dtype, op) one CUDA graph of `calls` back-to-back calls per setting, all captured first and kept
 alive, then `rounds` rounds that replay each setting's graph once, the order rotated every round; median ms per call.
@@ -21,7 +21,7 @@ once per (shape, dtype) by bn_nhwc_bench's Timer.  % = compulsory traffic (fwd 2
 bytes) over the copy bandwidth measured in the same run.  ResNet-20's (128, 16, 32, 32) is the control: it may take
 bn_cluster's kernels (then every setting is the same launch: the "routes" line under each row says so: the
 one-pass launch's grid, dynamic shared memory and the driver's blocks per SM) and must not lose.
-Expected run time on an H200: ~50-80 s a dtype with the eight default settings (NVRTC ~1-3 s per kernel and setting:
+Expected run time on an H200: ~35-50 s a dtype with the five default settings (NVRTC ~1-3 s per kernel and setting:
 3 kernels a setting and dtype); run float32 and bfloat16 as two commands.
 """
 from __future__ import annotations
@@ -47,11 +47,11 @@ OPS = {"fwd": (False, False, 2), "bwd": (False, True, 3), "relu_bwd": (True, Tru
 
 
 def parse_setting(s):
-    """'u6' -> (6, 2, 0); 'b3u4' -> (4, 3, 0); 'u4p1' -> (4, 2, 1): (UNROLL, blocks per SM, L2 prefetch distance)."""
-    m = re.fullmatch(r"(?:b(\d+))?u(\d+)(?:p(\d+))?", s)
+    """'p1' -> (2, 1); 'b3p0' -> (3, 0): (blocks per SM, L2 prefetch distance)."""
+    m = re.fullmatch(r"(?:b(\d+))?p(\d+)", s)
     if m is None:
-        raise SystemExit(f"bad setting {s!r}: expected [bB]uU[pP] (e.g. u6, b3u4, u4p1)")
-    return int(m.group(2)), int(m.group(1) or 2), int(m.group(3) or 0)
+        raise SystemExit(f"bad setting {s!r}: expected [bB]pP (e.g. p1, b3p0)")
+    return int(m.group(1) or 2), int(m.group(2))
 
 
 def _route(call):
@@ -76,7 +76,7 @@ def capture(cp, fn, calls, keep):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--settings", default="u4p1,u4,u6,u8,b3u4,u4p2,u6p1,b3u4p1")
+    ap.add_argument("--settings", default="p1,p0,p2,b3p0,b3p1")
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--ops", default=",".join(OPS))
@@ -102,9 +102,10 @@ def main(argv=None):
     timer = Timer(cp, torch, 7, False)
     bw = copy_bandwidth(cp)
     dev = cp.cuda.Device()
-    default = (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
+    default = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy {bw:.0f} GB/s; "
-          f"defaults UNROLL {default[0]} BPS {default[1]} PREFETCH {default[2]}; {args.rounds} rounds, order rotated")
+          f"UNROLL {K.ONEPASS_UNROLL}, defaults BPS {default[0]} PREFETCH {default[1]}; {args.rounds} rounds, "
+          "order rotated")
     print("# ms per call (% of copy); ratio = first setting / this (> 1: faster than it); torch beside")
     head = f"{'shape':>14} {'dtype':>8} {'op':>8} | " + " | ".join(f"{s[0]:>16}" for s in settings) + \
         f" | {'torch':>8} | best"
@@ -130,8 +131,8 @@ def main(argv=None):
                 K.set_onepass(*default)
                 y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, relu=relu)
                 keep.append((y, m, i))
-                for label, unroll, bps, pf in settings:
-                    K.set_onepass(unroll, bps, pf)
+                for label, bps, pf in settings:
+                    K.set_onepass(bps, pf)
                     if backward:
                         def fn(y=y, m=m, i=i):
                             return K.backward(xg, dyg, sg, m, i, y=y if relu else None)

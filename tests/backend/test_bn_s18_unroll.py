@@ -1,17 +1,15 @@
-"""Session 18 (issue 10): the one-pass batch-norm kernels' bytes in flight as switches -- bn_kernels.ONEPASS_UNROLL
-(MINIDNN_BN_UNROLL: vectors in flight per thread and array), ONEPASS_BPS (MINIDNN_BN_BPS: blocks per SM, which
-also sizes the on-chip copy's share of shared memory) and ONEPASS_PREFETCH (MINIDNN_BN_PREFETCH: L2 prefetches
-ahead of the first pass and of the next tile before a meeting), flipped in one process by bn_kernels.set_onepass.
+"""Session 18 (issue 10): the one-pass batch-norm kernels' bytes in flight -- bn_kernels.ONEPASS_BPS (MINIDNN_BN_BPS:
+blocks per SM, which also sizes the on-chip copy's share of shared memory) and ONEPASS_PREFETCH (MINIDNN_BN_PREFETCH:
+L2 prefetches ahead of the first pass and of the next tile before a meeting), flipped in one process by
+bn_kernels.set_onepass.  (The third switch, UNROLL, lost on the H200 and is fixed at 4 since session 19:
+MINIDNN_BN_UNROLL is ignored.)
 
-CPU cases: the split (vec, tiles, per, grid) does not move with UNROLL (it used to: the minimum slice was counted in
-UNROLL's vectors, so (128, 16, 32, 32) went from 16 blocks a channel to 8 at UNROLL 8); the kernels' walk() and
-seq_walk() emulated literally visit a thread's vectors in the same order at every UNROLL (the order of its sums:
-the bits); bad values fail before any launch; the launches under the fake CuPy carry -DUNROLL / -DBPS, the same
-grid and shared memory at every UNROLL, settle again after a flip and back, the environment switches at import,
-BPS 3's copy sized for three blocks; nvcc: the settings the A/B times compile without spills.
-GPU cases (marked cuda): forward and backward (plain, + ReLU, + add + ReLU) bitwise equal to UNROLL 4's at UNROLL 8
-and with the L2 prefetch (ONEPASS_PREFETCH 2; at 3 blocks an SM, UNROLL 6 against UNROLL 4 there), the 3-blocks
-split against the float64 reference, one launch per direction.
+CPU cases: ResNet-20's split (16 blocks a channel); bad values fail before any launch; the launches under the fake
+CuPy carry -DUNROLL=4 / -DBPS, settle again after a flip and back, the environment switches at import (the old
+unroll variable ignored), BPS 3's copy sized for three blocks; nvcc: the settings the A/B times compile without
+spills.
+GPU cases (marked cuda): forward and backward (plain, + ReLU, + add + ReLU) bitwise equal with the L2 prefetch off,
+at 1 (the default) and at 2; the 3-blocks split against the float64 reference, one launch per direction.
 """
 import os
 import shutil
@@ -32,74 +30,24 @@ H100_SMEM = (233472, 232448)
 
 # ---- CPU: the split and the order of the sums --------------------------------------------------------------------
 
-@pytest.mark.parametrize("shape, item, arrays", [((128, 16, 1024), 4, 1), ((128, 16, 1024), 4, 2),
-                                                 ((32, 256, 3136), 4, 1), ((256, 32, 3136), 2, 2),
-                                                 ((3, 40, 13 * 21), 4, 1), ((7, 5, 33), 4, 2),
-                                                 ((401408, 64, 1), 4, 1), ((1000, 24, 1), 2, 2)], ids=str)
-@pytest.mark.parametrize("cache", [0, 106496])
-def test_the_split_does_not_move_with_unroll(monkeypatch, shape, item, arrays, cache):
-    outer, c, inner = shape
-    monkeypatch.setattr(K, "ONEPASS_UNROLL", 4)
-    want = K.onepass_geometry(outer, c, inner, item, arrays, True, 132, 50 * 2 ** 20, cache_block_bytes=cache)
-    for u in (1, 2, 6, 8, 16):
-        monkeypatch.setattr(K, "ONEPASS_UNROLL", u)
-        got = K.onepass_geometry(outer, c, inner, item, arrays, True, 132, 50 * 2 ** 20, cache_block_bytes=cache)
-        assert got == want, (u, got, want)
-
-
-def test_the_control_keeps_sixteen_blocks_a_channel_at_unroll_8(monkeypatch):
+def test_the_control_keeps_sixteen_blocks_a_channel():
     # ResNet-20's (128, 16, 32, 32) float32: 32768 vectors a channel, a minimum slice of 256 x 4 x 2 vectors -> 16
-    # blocks; counted in UNROLL 8's vectors it would be 8 (another split, other bits)
-    monkeypatch.setattr(K, "ONEPASS_UNROLL", 8)
+    # blocks (the split every session measured; another split would give other bits)
     assert K.onepass_plan(128, 16, 1024, 4, False)["per"] == 16
     assert K.onepass_plan(128, 16, 1024, 4, True)["per"] == 16
 
 
-def _walk_order(lo, first, hi, rw, unroll):
-    """walk()'s vectors j in visit order (the CUDA loop, literally)."""
-    out = []
-    j = lo + first
-    while j < hi:
-        for u in range(unroll):
-            jj = j + u * rw
-            if jj < hi:
-                out.append(jj)
-        j += rw * unroll
-    return out
-
-
-def _seq_order(kb, ke, rev, unroll):
-    """seq_walk<REV>'s k in visit order (the CUDA loop, literally; -1 lanes skipped as the kernels skip them)."""
-    out = []
-    i = 0
-    while i < ke - kb:
-        for u in range(unroll):
-            if i + u < ke - kb:
-                out.append(ke - 1 - (i + u) if rev else kb + i + u)
-        i += unroll
-    return out
-
-
-@pytest.mark.parametrize("unroll", [1, 2, 3, 6, 8, 16])
-def test_a_threads_vectors_are_summed_in_the_same_order_at_every_unroll(unroll):
-    for lo, hi, first in ((0, 25088, 0), (0, 25088, 255), (12544, 25088, 7), (5, 9, 3), (0, 1, 0), (10, 10, 0)):
-        assert _walk_order(lo, first, hi, 256, unroll) == _walk_order(lo, first, hi, 256, 4)
-    for kb, ke in ((0, 49), (26, 49), (0, 26), (3, 4), (0, 0), (0, 13)):
-        assert _seq_order(kb, ke, False, unroll) == list(range(kb, ke))
-        assert _seq_order(kb, ke, True, unroll) == list(range(ke - 1, kb - 1, -1))
-
-
-@pytest.mark.parametrize("kwargs", [dict(unroll=0), dict(unroll=17), dict(bps=0), dict(bps=5), dict(unroll=4.0),
-                                    dict(unroll=True), dict(bps="3"), dict(prefetch=-1), dict(prefetch=9)], ids=str)
+@pytest.mark.parametrize("kwargs", [dict(bps=0), dict(bps=5), dict(bps=3.0), dict(bps=True), dict(bps="3"),
+                                    dict(prefetch=-1), dict(prefetch=9), dict(bps=3, prefetch=1.5)], ids=str)
 def test_set_onepass_rejects_bad_values_and_keeps_the_settings(kwargs):
-    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
+    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
     with pytest.raises(ValueError, match="set_onepass"):
         K.set_onepass(**kwargs)
-    assert (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH) == before
+    assert (K.ONEPASS_BPS, K.ONEPASS_PREFETCH) == before
 
 
-@pytest.mark.parametrize("env, value", [("MINIDNN_BN_UNROLL", "six"), ("MINIDNN_BN_UNROLL", "0"),
-                                        ("MINIDNN_BN_BPS", "9"), ("MINIDNN_BN_PREFETCH", "9")])
+@pytest.mark.parametrize("env, value", [("MINIDNN_BN_BPS", "three"), ("MINIDNN_BN_BPS", "9"),
+                                        ("MINIDNN_BN_PREFETCH", "9")])
 def test_bad_environment_switches_fail_at_import_naming_the_variable(env, value):
     r = subprocess.run([sys.executable, "-c", "import minidnn.backend.cuda.bn_kernels"], cwd=ROOT,
                        env={**os.environ, env: value, "PYTHONPATH": ROOT}, capture_output=True, text=True,
@@ -142,11 +90,6 @@ def test_launches_carry_the_settings_and_a_flip_settles_again_under_the_fake_cup
 for shape in ((128, 16, 32, 32), (4, 64, 56, 56), (3, 40, 13, 21)):
     base = run(shape, relu=True)
     assert all("-DUNROLL=4" in f and "-DBPS=2" in f for _, _, f in base), base
-    for u in (6, 8, 4):
-        K.set_onepass(unroll=u)
-        got = run(shape, relu=True)
-        assert all(f"-DUNROLL={u}" in f and "-DBPS=2" in f for _, _, f in got), got
-        assert [g[:2] for g in got] == [b[:2] for b in base], (shape, u, got, base)    # the same grid and smem
     # 3 blocks an SM: the copy's slots split the SM's shared memory three ways, the grid at most 3 blocks an SM
     K.set_onepass(bps=3)
     got = run(shape, relu=True)
@@ -172,9 +115,9 @@ sc, bi = fakecp.asarray(np.ones(64, np.float32)), fakecp.asarray(np.zeros(64, np
 call = K.training_call(x, sc, bi, 0.1, None, None, 1e-5)
 n0 = len(names)
 assert call(x, None, sc, bi, None, None, None) is not None and len(names) == n0 + 1
-K.set_onepass(unroll=6)
+K.set_onepass(prefetch=2)
 assert call(x, None, sc, bi, None, None, None) is None and len(names) == n0 + 1
-K.set_onepass(unroll=4)
+K.set_onepass(prefetch=0)
 # the large forward at 3 blocks: more blocks a round (the grid grows past 2 an SM) and fewer slots a block
 K.set_onepass(bps=3)
 p3 = K.onepass_plan(32, 256, 3136, 4, False, 0)
@@ -187,11 +130,11 @@ print("OK")
 
 def test_the_environment_switches_are_read_at_import_under_the_fake_cupy():
     _fake("""
-assert (K.ONEPASS_UNROLL, K.ONEPASS_BPS) == (6, 3)
+assert (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH) == (4, 3, 2)
 got = run((4, 64, 56, 56))
-assert all("-DUNROLL=6" in f and "-DBPS=3" in f for _, _, f in got), got
+assert all("-DUNROLL=4" in f and "-DBPS=3" in f and "-DPREFETCH=2" in f for _, _, f in got), got
 print("OK")
-""", MINIDNN_BN_UNROLL="6", MINIDNN_BN_BPS="3")
+""", MINIDNN_BN_UNROLL="6", MINIDNN_BN_BPS="3", MINIDNN_BN_PREFETCH="2")     # the unroll's old variable: ignored
 
 
 # ---- nvcc --------------------------------------------------------------------------------------------------------
@@ -203,13 +146,9 @@ def _dt(name):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("name, unroll, bps, pf", [("float32", 6, 2, 0), ("bfloat16", 6, 2, 0), ("float32", 4, 3, 0),
-                                                   ("bfloat16", 4, 3, 0), ("float32", 4, 2, 2),
-                                                   ("bfloat16", 4, 2, 1)], ids=str)
-def test_the_timed_settings_compile_without_spills(tmp_path, monkeypatch, name, unroll, bps, pf):
-    # (UNROLL 8 at 2 blocks spills in the fused backward, 104 / 132 bytes; UNROLL 6 at 3 blocks 288 / 328: the
-    # A/B times UNROLL 8 anyway, its streaming phases are what is asked)
-    monkeypatch.setattr(K, "ONEPASS_UNROLL", unroll)
+@pytest.mark.parametrize("name, bps, pf", [("float32", 3, 0), ("bfloat16", 3, 0), ("float32", 2, 2),
+                                           ("bfloat16", 2, 1)], ids=str)
+def test_the_timed_settings_compile_without_spills(tmp_path, monkeypatch, name, bps, pf):
     monkeypatch.setattr(K, "ONEPASS_BPS", bps)
     monkeypatch.setattr(K, "ONEPASS_PREFETCH", pf)
     dt = _dt(name)
@@ -240,7 +179,7 @@ def cp(monkeypatch):
     if not _dev.cuda_is_available():
         pytest.skip("no CUDA GPU with CuPy on this machine")
     monkeypatch.setattr(BC, "ENABLED", False)       # bn_fwd1 / bn_bwd1, not the cluster kernels
-    before = (K.ONEPASS_UNROLL, K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
+    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
     M._calls.clear()
     yield _dev.require_cupy()
     K.set_onepass(*before)
@@ -287,17 +226,16 @@ BITWISE = [("float32", (32, 256, 56, 56), "bn_activation"), ("bfloat16", (32, 25
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, shape, ops", BITWISE, ids=str)
-def test_every_unroll_and_prefetch_is_bitwise_unroll_4(cp, name, shape, ops):
+def test_every_prefetch_distance_is_bitwise_no_prefetch(cp, name, shape, ops):
     inputs = _gpu_inputs(cp, name, shape, ops, 7)
-    for bps, settings in ((2, ((4, 0), (8, 0), (4, 2))), (3, ((4, 0), (6, 0)))):
-        outs = []
-        for u, pf in settings:
-            K.set_onepass(u, bps, pf)
-            outs.append(_gpu_outputs(cp, ops, inputs))
-        for u, o in zip(settings[1:], outs[1:]):
-            assert len(o) == len(outs[0])
-            for k, (a, b) in enumerate(zip(outs[0], o)):
-                assert np.array_equal(_bits(a), _bits(b)), (bps, u, k)
+    outs = []
+    for pf in (0, 1, 2):
+        K.set_onepass(2, pf)
+        outs.append(_gpu_outputs(cp, ops, inputs))
+    for pf, o in zip((1, 2), outs[1:]):
+        assert len(o) == len(outs[0])
+        for k, (a, b) in enumerate(zip(outs[0], o)):
+            assert np.array_equal(_bits(a), _bits(b)), (pf, k)
 
 
 @pytest.mark.cuda
@@ -307,7 +245,7 @@ def test_every_unroll_and_prefetch_is_bitwise_unroll_4(cp, name, shape, ops):
                                               ("float32", (128, 16, 32, 32), "bn_activation")], ids=str)
 def test_three_blocks_an_sm_against_the_float64_reference(cp, name, shape, ops):
     from tests.backend.test_bn_onchip import _close, _run
-    K.set_onepass(4, 3)
+    K.set_onepass(bps=3)
     plan = K.onepass_plan(shape[0], shape[1], shape[2] * shape[3], _dt(name).itemsize, True, cp.cuda.Device().id)
     assert plan["grid"] <= 3 * cp.cuda.Device().attributes["MultiProcessorCount"]
     got, ref = _run(cp, name, shape, "nchw", ops, 11)

@@ -63,23 +63,25 @@ def _env_int(name, default, lo, hi):
     return v
 
 
-# Session 18 (issue 10, the H200): both are switches (MINIDNN_BN_UNROLL, MINIDNN_BN_BPS; set_onepass flips them in
-# one process) to test whether the streaming phases are latency-bound on the H200 (4.2 TB/s copy wants ~32-48 KB in
-# flight an SM; UNROLL 4 at 2 blocks keeps ~32 KB).  nvcc sm_90, registers (spills) float32 / bfloat16 with the copy:
-# UNROLL 6 at 2 blocks: fwd 91 / 82, bwd 111 / 126, bn+relu bwd 128 / 128, no spill; UNROLL 8 at 2 blocks: the
-# bn+relu backward spills (104 / 132 bytes), bfloat16 bwd 16 bytes; 3 blocks (80 registers): UNROLL 4 fits without
-# a spill, UNROLL 6 spills in the bn+relu backward (288 / 328 bytes).  A thread's sums run in its vectors' order
-# whatever UNROLL is, and the split below does not depend on it: the bits are UNROLL 4's.
-ONEPASS_UNROLL = _env_int("MINIDNN_BN_UNROLL", 4, 1, 16)    # vectors in flight per thread and array (one-pass)
-ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)           # their blocks per SM: the grid is at most this many per
-                                                            # SM, all resident at once (3: a smaller on-chip share)
+# The one-pass kernels keep UNROLL = 4 vectors in flight per thread and array (~32 KB an SM at 2 blocks).  Session 18
+# (issue 10) timed 6 and 8 on the H200 (run 7, tools/bn_s18_ab.py, graph replays): u8 0.83-1.00x of u4 (and it
+# spills in the bn + ReLU backward), u6 0.90-1.01x (no row gained beyond 1.3%) and, with the prefetch adopted in the
+# same run, u6p1 0.93-1.00x of u4p1 on every row; so the unroll stopped being a switch in session 19
+# (MINIDNN_BN_UNROLL is now ignored).  It is also the unit the split's minimum slice is counted in
+# (onepass_geometry), so the split -- and the bits -- are the ones every earlier session measured.
+ONEPASS_UNROLL = 4
+# Blocks an SM (MINIDNN_BN_BPS, set_onepass(bps=)): the launch bounds, the grid (all resident at once) and the on-chip
+# copy's share of shared memory (3: a third each, fewer slots).  Kept as a switch though 3 lost on most rows of run 7
+# (3-11%: the other float32 rows and every bfloat16 one): it is the one setting that won a large row, (256, 32, 56,
+# 56) float32 -- backward 1.144x and bn + ReLU backward 1.120x u4, at PREFETCH 1 still 1.016x / 1.009x the default
+# (0.1161 / 0.1587 ms against 0.1180 / 0.1602); choosing it by shape would need more rows measured.
+ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)
 # L2 prefetches PREFETCH iterations ahead in the first pass of the copy's kernels, and of the next tile's first
 # vectors before a meeting (MINIDNN_BN_PREFETCH; 0: off, the kernels' PTX as before): bytes in flight that take no
 # register; same bits.  Default 1 since session 18's run 7 (H200, graph replays, tools/bn_s18_ab.py): forward 1.06-1.09x
 # (fp32 (32, 256, 56, 56) 67% -> 72% of copy), backward 1.01-1.07x, bn + relu backward 0.99-1.04x, ResNet-20's
-# (128, 16, 32, 32) level or faster; UNROLL 6 / 8 and 3 blocks an SM lost on most rows.
+# (128, 16, 32, 32) level or faster.
 ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
-_SPLIT_UNROLL = 4         # the unroll the split's minimum slice is counted in (fixed: the split is UNROLL-free)
 
 SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
@@ -984,8 +986,7 @@ def _kernel(name, dtype, inner1, **flags):
 
 
 def _kernel1(name, dtype, inner1, vec, tpr, **flags):
-    key = (name, dtype, inner1, vec, tpr, ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH,
-           tuple(sorted(flags.items())))
+    key = (name, dtype, inner1, vec, tpr, ONEPASS_BPS, ONEPASS_PREFETCH, tuple(sorted(flags.items())))
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
@@ -1193,11 +1194,11 @@ def onepass_geometry(outer, c, inner, itemsize, arrays, aligned, sm_count, l2_by
         tiles = -(-c // tw)
         values = outer * tw
         vectors = outer                 # rows: one vector per thread and row
-        min_per_block = THREADS // tpr * _SPLIT_UNROLL * 2
+        min_per_block = THREADS // tpr * ONEPASS_UNROLL * 2
     else:
         tpr, tiles, values = 1, c, outer * inner
         vectors = values // vec
-        min_per_block = THREADS * _SPLIT_UNROLL * 2
+        min_per_block = THREADS * ONEPASS_UNROLL * 2
     rounds_of = max(1, min(tiles, resident, int(budget // max(1, values * itemsize * arrays))))
     if onchip:
         rounds_of = -(-tiles // -(-tiles // rounds_of))
@@ -1367,19 +1368,17 @@ _calls: dict = {}
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
     return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
-        ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
+        ONEPASS_BPS, ONEPASS_PREFETCH
 
 
-def set_onepass(unroll=None, bps=None, prefetch=None):
-    """Set the one-pass kernels' UNROLL, blocks per SM and L2 prefetch distance (None: keep) for an in-process A/B.
+def set_onepass(bps=None, prefetch=None):
+    """Set the one-pass kernels' blocks per SM and L2 prefetch distance (None: keep) for an in-process A/B.
     Settled calls made under other values see the change through _switches() and settle again; the plans are
     dropped too."""
-    global ONEPASS_UNROLL, ONEPASS_BPS, ONEPASS_PREFETCH
-    for name, v, lo, hi in (("unroll", unroll, 1, 16), ("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8)):
+    global ONEPASS_BPS, ONEPASS_PREFETCH
+    for name, v, lo, hi in (("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
             raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
-    if unroll is not None:
-        ONEPASS_UNROLL = int(unroll)
     if bps is not None:
         ONEPASS_BPS = int(bps)
     if prefetch is not None:
