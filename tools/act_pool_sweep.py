@@ -9,7 +9,7 @@ sweep   act_kernels.CONFIG / CONFIG16 (16-bit data) (vectors per thread UNROLL, 
 shapes  ReLU, max and average pooling 2x2/2 (and max 3x3/2 pad 1), forward and backward, NCHW and channels-last, on
         CNN activation shapes (odd sizes included), minidnn beside PyTorch (channels_last memory for NHWC rows).
 ab      the vector pooling kernels against the previous ones (pool_kernels.V1 flipped in-process) on the large shape,
-        and the backward alone under pool_kernels.VEC_BWD = 1 (one dx vector a row per thread) and 2 (the first form).
+        and the backward alone under pool_kernels.VEC_BWD on (one dx vector a row per thread) and off.
 Times: CUDA events around back-to-back calls, median of trials (bench/kernels_gpu.py's Timer); GB/s and %copy from
 the op's compulsory traffic (bench/kernels_gpu.py's accounting: every input read once, every output written once,
 the argmax at 1 byte per output) against the device copy bandwidth measured in the same run.
@@ -186,8 +186,8 @@ def part_ab(ctx, dtypes):
     from minidnn.backend.cuda import pool_kernels as PK
     saved = PK.VEC_BWD
     for dtname in dtypes:
-        for v1, vec_bwd in ((True, 0), (False, 0), (False, 1), (False, 2)):
-            PK.V1, PK.VEC_BWD = v1, vec_bwd
+        for v1, vec_bwd in ((True, 0), (False, 0), (False, 1)):
+            PK.V1, PK.VEC_BWD = v1, bool(vec_bwd)
             _fresh()
             print(f"pool_kernels.V1 = {v1}, VEC_BWD = {vec_bwd} ({'previous kernels' if v1 else 'vector kernels'})")
             for cl in (False, True):

@@ -823,12 +823,13 @@ def _vec(n, dtype):
 # only 2 doubles, and it is the reference-precision path, not a bandwidth target).  MINIDNN_POOL_V1=1 switches them
 # off: every 2-D call then takes the generic / disjoint kernels, as before (a GPU A/B).
 V1 = os.environ.get("MINIDNN_POOL_V1", "0") == "1"
-# The vector BACKWARD kernels (pool_bwd_rows / pool_bwd_clv): the first form (MINIDNN_POOL_VEC_BWD=2, OV = VW
-# outputs a thread, KW vectors a dx row) was slower than the disjoint / gather kernels on the H100 (session 6, run 8:
-# max 2x2 float32 0.107 ms vs 0.055); the second (1: one full 16-byte vector of each dx row a thread, disjoint
-# windows read once) is faster than both (run 12, (128, 64, 56, 56) max / avg 2x2: float32 0.051 / 0.048 ms, 89-90%
-# of copy, NHWC 88-89%; bfloat16 0.030 / 0.029, 75-79%, NHWC 68-82%): the default.  0: the previous kernels.
-VEC_BWD = int(os.environ.get("MINIDNN_POOL_VEC_BWD", "1") or 0)
+# The vector BACKWARD kernels (pool_bwd_rows / pool_bwd_clv): one full 16-byte vector of each dx row a thread where
+# KW divides VW, disjoint windows read once -- faster than the disjoint / gather kernels (session 6 run 12, H100,
+# (128, 64, 56, 56) max / avg 2x2: float32 0.051 / 0.048 ms, 89-90% of copy, NHWC 88-89%; bfloat16 0.030 / 0.029,
+# 75-79%, NHWC 68-82%): the default.  MINIDNN_POOL_VEC_BWD=0 (VEC_BWD = False): the previous kernels.  (The first
+# form, OV = VW outputs a thread at every window and the gather for disjoint channels-last windows, was slower than
+# the previous kernels -- run 8: max 2x2 float32 0.107 ms against 0.055 -- and its setting "2" went in session 19.)
+VEC_BWD = os.environ.get("MINIDNN_POOL_VEC_BWD", "1") not in ("0", "")
 ROWS_MAX_WINDOW = 4         # rows kernels: KH, KW <= 4 (each thread holds KH * KW vectors in registers)
 
 
@@ -869,9 +870,9 @@ def clv_applies(geom, c, dtype, positions):
 
 def bwd_outputs_per_thread(geom, vw):
     """pool_bwd_rows' OV: VW / KW where KW divides VW (one 16-byte vector of each dx row a thread, contiguous across
-    a warp), else VW (KW vectors a row); VW under MINIDNN_POOL_VEC_BWD=2 (the first vector backward, for an A/B)."""
+    a warp), else VW (KW vectors a row)."""
     kw = geom.window[1]
-    return vw // kw if VEC_BWD == 1 and vw % kw == 0 else vw
+    return vw // kw if vw % kw == 0 else vw
 
 
 def _rows_args(geom, n, c, h, w, vw):
@@ -1045,7 +1046,7 @@ def _backward_plan(geom, dyc, argmax_c, x_shape, dtype, x_channels_last, dev):
     oh, ow = geom.out_sizes
     if cl and vw and _cl_contiguous(dyc) and _cl_contiguous(arg) and clv_applies(geom, c, dtype, n * h * w):
         total = n * h * w * (c // vw)
-        disj = int(VEC_BWD == 1 and is_disjoint(geom))
+        disj = int(is_disjoint(geom))
         plan.go16 = _launch.prepare(_vec_kernel("pool_bwd_clv", dtype, adt, is_max, include, False, disj=disj),
                                     _full_grid(total), (THREADS,), [None, None, None] + _geo(geom, n, c) +
                                     [np.uint32(total), *_divider(c // vw), *_divider(w), *_divider(h)])
