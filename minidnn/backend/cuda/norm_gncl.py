@@ -63,7 +63,10 @@ GN_CLUSTER = os.environ.get("MINIDNN_GN_CLUSTER", "1") == "1"
 # on by default, for float32 only (16-bit: `plan`).
 # threads a block (MINIDNN_GN_CLUSTER_NT, read at import; tools/norm_s17_ab.py's "new512" sets the attribute): 256,
 # or 512 -- half the blocks a cluster (CL 4 for the table's float32 rows) and a cheaper meeting, half the blocks an
-# SM; the register budgets are the same (the launch bounds' blocks an SM scale with 256 / NT)
+# SM; the register budgets are the same (the launch bounds' blocks an SM scale with 256 / NT).  Kept as a switch: 512
+# won the backward (session 17: H100 run 3 1.07x on (32, 256, 56, 56), 1.04x on (64, 96, 48, 48); H200 run 6 1.09x)
+# but lost the forward (0.95-0.96x) and sent (16, 512, 28, 28)'s backward back to the looped kernels (0.67x); one NT
+# serves both directions, so 256 stays the default until a per-direction choice is built and measured.
 NT = int(os.environ.get("MINIDNN_GN_CLUSTER_NT", "256"))
 if NT not in (256, 512):
     raise ValueError(f"MINIDNN_GN_CLUSTER_NT: 256 or 512 threads a block, not {NT}")
