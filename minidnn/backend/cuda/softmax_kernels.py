@@ -728,11 +728,11 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 // minuend), S = the warp's sum of exp(d) (no per-lane rescale exp(m_t - M)), y = d - log S: one FADD an element
 // where LSM 0 computes x - sh for the exp and x - M - log S again at the output (three).  y has LSM 0's expression
 // (x - M) - log S; only S is summed differently (LSM_PS partial sums a lane, slot j into j % LSM_PS, added pairwise:
-// a shorter dependent chain than one running sum).  LSM 1: exp and log are expf and logf (as LSM 0); LSM 2: exp(d) =
-// ex2.approx.ftz(d log2e) -- FMUL + MUFU.EX2 for expf's ~9 instructions; 2 ulp relative (CUDA's exp2f bound) plus
-// the product's rounding (|d| 2^-24 relative), results below 2^-126 flushed to 0 (CuPy builds with -ftz=true): S
-// within ~2^-21 relative of expf's S, so log S within ~5e-7 absolute; and lsm_log below (docs/step_kernels.md,
-// "Session 14: log-softmax forward").
+// a shorter dependent chain than one running sum).  LSM (= 2, the one value since session 19: 1, expf and logf, lost
+// to it on every row) takes exp(d) = ex2.approx.ftz(d log2e) -- FMUL + MUFU.EX2 for expf's ~9 instructions; 2 ulp
+// relative (CUDA's exp2f bound) plus the product's rounding (|d| 2^-24 relative), results below 2^-126 flushed to 0
+// (CuPy builds with -ftz=true): S within ~2^-21 relative of expf's S, so log S within ~5e-7 absolute; and lsm_log
+// below (docs/step_kernels.md, "Session 14: log-softmax forward").
 #ifndef LSM
 #define LSM 0
 #endif
@@ -746,26 +746,18 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #endif
 __device__ __forceinline__ A lsm_exp(A d)
 {
-#if LSM == 2
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((float)d * 1.4426950408889634f));
     return (A)r;
-#else
-    return exp(d);
-#endif
 }
-// log S, once a row (S >= 1 but for an all -inf row, 0, or NaN): LSM 2 lg2.approx.ftz (MUFU.LG2, 2^-22 absolute for
+// log S, once a row (S >= 1 but for an all -inf row, 0, or NaN): lg2.approx.ftz (MUFU.LG2, 2^-22 absolute for
 // S in [0.5, 2], ~2^-22 relative beyond) times ln 2 -- logf's ~17 dependent instructions sit between the warp's sum
 // and the first store; the output d - lg2(S) ln 2 then compiles to one FFMA an element (no rounding of log S)
 __device__ __forceinline__ A lsm_log(A s)
 {
-#if LSM == 2
     float r;
     asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"((float)s));
     return (A)(r * 0.6931471805599453f);
-#else
-    return log(s);
-#endif
 }
 #endif
 template <bool VA> __device__ __forceinline__ void warp_load(const T* __restrict__ p, const Geo& q, int g, A pad,
@@ -1529,10 +1521,12 @@ WARP_BLOCK = 128
 # Session 14 (issue 10: the WARP log-softmax forward at (16384, 1000) float32 0.0346 ms against softmax's 0.0343 and
 # PyTorch's 0.0337): LSM, PyTorch's epilogue for the WARP log-softmax forward -- the warp's max first, d = x - M kept
 # in place of x, S = sum exp(d), y = d - log S (fwd_rows_warp's LSM branch; docs/step_kernels.md, "Session 14:
-# log-softmax forward").  MINIDNN_SOFTMAX_LSM=0 (the session-13 kernel, bitwise PIPE) | 1 (expf and logf as now: SASS
-# 548 -> 498 instructions a row and lane at fp32 1000, softmax's is 551) | 2 (the default after H200 run 6: exp =
-# ex2.approx.ftz(d log2e), log = lg2.approx.ftz(S) ln 2: 274; float32 (16384, 1000) 0.0346 -> 0.0338 ms, PyTorch
-# 0.0337; bfloat16 0.0188 -> 0.0174, (16384, 513) bfloat16 0.0127 -> 0.0084).
+# log-softmax forward").  MINIDNN_SOFTMAX_LSM=0 (the session-13 kernel, bitwise PIPE) | 2 (the default after H200 run 6:
+# exp = ex2.approx.ftz(d log2e), log = lg2.approx.ftz(S) ln 2: SASS 548 -> 274 instructions a row and lane at fp32
+# 1000; float32 (16384, 1000) 0.0346 -> 0.0338 ms, PyTorch 0.0337; bfloat16 0.0188 -> 0.0174, (16384, 513) bfloat16
+# 0.0127 -> 0.0084).  (LSM 1, the same epilogue with expf and logf -- 498 instructions --, lost to 2 on every row of
+# run 6: float32 1000 classes 0.0345 / 0.0659 ms against 0.0338 / 0.0656, bfloat16 0.0180 against 0.0174, 513
+# classes 0.0116 against 0.0084; removed in session 19: "1" now plans as "0".)
 # Only log-softmax forwards that plan WARP (FWD_WARP; "auto": >= WARP_MIN_ROWS rows) take it, within LOG's register
 # budget (nvcc 13: no spill at WARP_REGS_LOG / WARP_REGS).  Not bitwise "0" (S is summed in another order, "2" with
 # another exp): the cuda tests hold it to float64 at the existing tolerance.  Module attribute read at planning time
@@ -1593,8 +1587,8 @@ def hint_fits(backward, cfg, storage, defines):
 
 
 def lsm_setting():
-    """FWD_LSM as the LSM define (1 or 2; anything else 0: the session-13 kernel)."""
-    return int(FWD_LSM) if FWD_LSM in ("1", "2") else 0
+    """FWD_LSM as the LSM define (2; anything else 0: the session-13 kernel)."""
+    return 2 if FWD_LSM == "2" else 0
 
 
 def warp_setting():
