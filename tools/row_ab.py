@@ -1,6 +1,6 @@
 """A/B of the row-kernel settings on the GPU (issue 10), device time only (CUDA-graph replays, as
 bench/kernels_gpu.py's graph columns and tools/ktable_ab.py), in one process, PyTorch's graphed op beside: session 13's
-softmax_kernels.FWD_WARP (the default "0", PIPE, against "1" and "2") on softmax / log-softmax forward and the
+softmax_kernels.FWD_WARP ("0", PIPE, against "1") on softmax / log-softmax forward and the
 log-softmax backward, session 14's softmax_kernels.FWD_LSM on the log-softmax forward (op "lsm", softmax's forward
 timed in the same rounds), session 12's loss_kernels.CE_TAIL on the cross-entropy forward, session 17's cache
 hints softmax_kernels.HINT_FWD / HINT_BWD (--hint) on the softmax / log-softmax forwards and backwards, and session
@@ -8,16 +8,16 @@ hints softmax_kernels.HINT_FWD / HINT_BWD (--hint) on the softmax / log-softmax 
 backward rows' shared-memory stash).
 
     python tools/row_ab.py [--ops smx,lsmx,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
-                           [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513] [--settings 0,1,2]
-                           [--lsm 0,1,2,smx] [--hint 0,1,2 [--hint-all]] [--warp-from 513,257] [--bwd-stash 0,1,2,3]
+                           [--shapes 16384x1000,8192x1000,32768x1000,16384x1024,16384x513] [--settings 0,1]
+                           [--lsm 0,2,smx] [--hint 0,1,2 [--hint-all]] [--warp-from 513,257] [--bwd-stash 0,1,2,3]
 
 Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: cross-entropy and softmax forward"):
-  smx      FWD_WARP  "0" (default: PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
+  smx      FWD_WARP  "0" (PIPE, a persistent grid of 2 blocks an SM, the next row's loads in registers) |
   lsmx               "1" (a non-persistent grid of 128-thread blocks, a row a warp, every load issued first, 56-64
-  lsmxbwd            registers: 8-9 blocks an SM) | "2" (two consecutive rows a warp, 96-128 registers); rows other
-                     than 513..1024-class whole-warp rows plan "0" (their lines say so); the backward is log-softmax's
-                     ("2" plans "1"'s backward: its line says "= 1"); --settings 0,1,1@48,1@40 adds the
-                     occupancy probe "N@R" (WARP N at a forward budget of R registers: 48 -> ten blocks an SM, 40 ->
+  lsmxbwd            registers: 8-9 blocks an SM; "2", two rows a warp, never beat it and went in session 19); rows
+                     other than 513..1024-class whole-warp rows plan "0" (their lines say so); the backward is
+                     log-softmax's; --settings 0,1,1@48,1@40 adds the
+                     occupancy probe "1@R" (WARP 1 at a forward budget of R registers: 48 -> ten blocks an SM, 40 ->
                      twelve; they may spill)
   lsm      FWD_LSM   "0" (the session-13 WARP log-softmax forward) | "2" (the default: PyTorch's epilogue, the warp's
                      max first, d = x - M kept, y = d - log S, ex2 / lg2.approx.ftz; "1", the same with expf, lost
@@ -69,8 +69,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 import numpy as np  # noqa: E402
 
-SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1", "2"), "lsmx": ("0", "1", "2"), "lsmxbwd": ("0", "1", "2"),
-            "smxbwd": ("0", "1", "2"), "lsm": ("0", "2", "smx")}
+SETTINGS = {"ce": ("0", "1", "2"), "smx": ("0", "1"), "lsmx": ("0", "1"), "lsmxbwd": ("0", "1"),
+            "smxbwd": ("0", "1"), "lsm": ("0", "2", "smx")}
 NAMES = {"ce": "cross-entropy fwd", "smx": "softmax fwd", "lsmx": "log-softmax fwd", "lsmxbwd": "log-softmax bwd",
          "smxbwd": "softmax bwd", "lsm": "log-softmax fwd"}
 BACKWARD = ("lsmxbwd", "smxbwd")
@@ -264,7 +264,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--settings", default="",
-                    help="FWD_WARP settings for smx / lsmx / lsmxbwd, the first the reference (default 0,1,2); "
+                    help="FWD_WARP settings for smx / lsmx / lsmxbwd, the first the reference (default 0,1); "
                          "'1@48' etc.: WARP 1 at a forward budget of 48 registers (an occupancy probe; may spill)")
     ap.add_argument("--hint", default="",
                     help="cache-hint settings (HINT_FWD for smx / lsmx, HINT_BWD for lsmxbwd / smxbwd) in place of "

@@ -1,12 +1,13 @@
-"""Session 13: softmax_kernels.FWD_WARP (MINIDNN_SOFTMAX_WARP=0|1|2), PyTorch's launch shape with 16-byte loads for
-float32 / 16-bit rows of 513-1024 classes (docs/step_kernels.md, "Session 13: warp-row softmax").
+"""Session 13: softmax_kernels.FWD_WARP (MINIDNN_SOFTMAX_WARP=auto|0|1), PyTorch's launch shape with 16-byte loads
+for float32 / 16-bit rows of 513-1024 classes (docs/step_kernels.md, "Session 13: warp-row softmax"; "2", two rows a
+warp, never beat "1" and went in session 19: it plans PIPE as any unknown value).
 
 CPU: the rule (which calls change, to what; "0" and unknown values plan the default), the environment variable in a
 fresh interpreter, the non-persistent walk of fwd_rows_warp emulated over grids (capped too) and row counts (every
 row by one warp once), each element of a row held by one lane at every head a RAGGED row can have, the planned
 launches under tools/record_launches.py's fake CuPy (grid = every row's warp, 128 threads), nvcc sm_90 builds of
 every WARP plan without spills and within the register budget.
-GPU (cuda-marked): "1" and "2" against float64 and BITWISE against the default (the same sums in the same order:
+GPU (cuda-marked): "1" against float64 and BITWISE against the default (the same sums in the same order:
 PIPE forward, bwd_rows_pipe backward) over 513-1024-class rows with tails (row counts not multiples of a block's
 rows), -inf rows, NaN, half -inf rows, +80 / huge / tiny values (CuPy compiles with -ftz=true), a misaligned view
 (the fallback, against float64), and replayed in a CUDA graph.
@@ -45,11 +46,12 @@ def _spec(backward, c, name, algo, rows=16384):
     return _sk.launch_spec(backward, (rows, c), (1,), algo, _dtype(name))
 
 
-@pytest.mark.parametrize("setting", ["0", "1", "2", "x", "1@40", "2@128", "1@8", "3@64"])
+@pytest.mark.parametrize("setting", ["0", "1", "2", "x", "1@40", "1@128", "2@128", "1@8", "3@64"])
 def test_warp_rule(monkeypatch, setting):
     """WARP changes exactly the one-chunk whole-warp rows (G = 32) of >= 513 classes holding 16..32 elements a thread
-    with vector loads and float sums: forwards of every algorithm, the log-softmax backward ("2": "1"'s backward);
-    then 128-thread blocks, PIPE off, WARP=n, MINB from the WARP_REGS budget, a grid of every row's warp.  (Under
+    with vector loads and float sums: forwards of every algorithm, the log-softmax backward; then 128-thread blocks,
+    PIPE off, WARP=1, MINB from the WARP_REGS budget, a grid of every row's warp ("2" and "2@R", removed, plan as
+    "0").  (Under
     the session-13 log-softmax epilogue, LSM "0": LSM's own rule is test_lsm_warp.py's; WARP_FROM 513, session 13's
     range: 257's is test_softmax_s17_rows.py's.)"""
     monkeypatch.setattr(_sk, "FWD_LSM", "0")
@@ -67,17 +69,17 @@ def test_warp_rule(monkeypatch, setting):
                     # the default's row test: a PIPE (or bwd PIPE) plan of a whole warp holding 16..32 elements
                     eligible = (item <= 4 and d0["G"] == 32 and d0["ONE"] == 1 and d0["VEC"] > 1 and c >= 513
                                 and 16 <= d0["NV"] * d0["VEC"] <= 32 and (not backward or algo == "LOG"))
-                    probe = setting in ("1@40", "2@128")            # "N@R": R registers for the forwards
-                    want = (setting in ("1", "2") or probe) and eligible
+                    probe = setting in ("1@40", "1@128")            # "1@R": R registers for the forwards
+                    want = (setting == "1" or probe) and eligible
                     if not want:
                         assert spec == base, (setting, name, c, algo, backward)
                         continue
                     assert d0["PIPE"] == 1, (name, c, algo, backward)          # every such row is PIPE's today
-                    wr = 1 if backward else int(setting[0])
+                    wr = 1
                     e = d["NV"] * d["VEC"]
                     regs = (_sk.WARP_BWD_REGS[e, item, bool(d["RAGGED"])] if backward
                             else int(setting[2:]) if probe
-                            else _sk.warp_regs(wr, e, item, bool(d["RAGGED"]), algo == "LOG"))
+                            else _sk.warp_regs(e, item, bool(d["RAGGED"]), algo == "LOG"))
                     assert d["WARP"] == wr and d["PIPE"] == 0 and d["BLOCK"] == spec.block == 128
                     assert d["MINB"] == 65536 // (128 * regs) and spec.defines[-1].startswith("MINB=")
                     assert {k: v for k, v in d.items() if k not in ("WARP", "PIPE", "BLOCK", "MINB", "FULLK")} == \
@@ -90,8 +92,8 @@ def test_warp_rule(monkeypatch, setting):
 
 def test_warp_headline_plans():
     """(16384, 1000) float32 under "1": 4096 blocks of 4 warps, 56 registers (nine blocks, 36 warps an SM), log-softmax
-    48 (ten); "2": 2048 blocks, 96 / 80 registers (five / six blocks); the log-softmax backward 4096 blocks at 64
-    (eight); "0": PIPE as before.  (LSM "0": the session-13 log-softmax epilogue.)"""
+    48 (ten); the log-softmax backward 4096 blocks at 64 (eight); "0" (and the removed "2"): PIPE as before.  (LSM
+    "0": the session-13 log-softmax epilogue.)"""
     old, old_lsm = _sk.FWD_WARP, _sk.FWD_LSM
     _sk.FWD_LSM = "0"
     try:
@@ -105,17 +107,17 @@ def test_warp_headline_plans():
         _sk.FWD_WARP, _sk.FWD_LSM = old, old_lsm
     assert got["0"] == [(0, 2048, 2, 256)] * 3
     assert got["1"] == [(1, 4096, 9, 128), (1, 4096, 10, 128), (1, 4096, 8, 128)]
-    assert got["2"] == [(2, 2048, 5, 128), (2, 2048, 6, 128), (1, 4096, 8, 128)]
+    assert got["2"] == got["0"]
 
 
 def test_warp_env(env_runs):
     """MINIDNN_SOFTMAX_WARP sets the module default at import (one interpreter: the first setting a fresh import,
     the others the module re-executed, tests/conftest.py env_runs): unset ("auto") plans PIPE for 64 rows and WARP
-    "1" from WARP_MIN_ROWS (12288) rows on, "0" PIPE for both, "1" / "2" WARP for both."""
+    "1" from WARP_MIN_ROWS (12288) rows on, "0" (and the removed "2") PIPE for both, "1" WARP for both."""
     code = ("import numpy as np; from minidnn.backend.cuda import softmax_kernels as s; "
             "w = lambda r: dict(x.split('=') for x in s.launch_spec(False, (r, 1000), (1,), 'LOG', "
             "np.dtype('float32')).defines).get('WARP', '-'); print(s.FWD_WARP, w(64), w(12287), w(12288))")
-    cases = ((None, "auto - - 1"), ("2", "2 2 2 2"), ("auto", "auto - - 1"), ("0", "0 - - -"), ("1", "1 1 1 1"),
+    cases = ((None, "auto - - 1"), ("2", "2 - - -"), ("auto", "auto - - 1"), ("0", "0 - - -"), ("1", "1 1 1 1"),
              (None, "auto - - 1"))
     got = env_runs("minidnn.backend.cuda.softmax_kernels", code,
                    [{} if val is None else {"MINIDNN_SOFTMAX_WARP": val} for val, _ in cases],
@@ -144,7 +146,8 @@ def _warp_walk(rows, wr, grid, block=128):
 @pytest.mark.parametrize("wr", [1, 2])
 def test_warp_walk_covers_each_row_once(rows, wr):
     """Every row stored once by one warp on the planned grid (ceil(rows / (4 WARP)) blocks: the kernel has no loop,
-    so the plan must never cap it -- checked for the largest call supports() admits on a one-SM device)."""
+    so the plan must never cap it -- checked for the largest call supports() admits on a one-SM device).  The host
+    plans WARP 1; the kernel's loops over a warp's WARP rows stay general, so 2 is emulated too."""
     grid = -(-rows // (4 * wr))
     assert (_warp_walk(rows, wr, grid) == 1).all(), (rows, wr, grid)
     assert (_warp_walk(rows, wr, grid - 1) == 1).sum() < rows                    # one block short: rows missed
@@ -179,8 +182,8 @@ def test_warp_rows_hold_each_element_once(item):
 
 def test_warp_launches_under_the_fake_cupy():
     """Under tools/record_launches.py's fake CuPy: one softmax_rows_fwd launch a call, (16384, 1000) float32 on a grid
-    of 4096 blocks of 128 threads ("1"), 2048 ("2"), 2048 x 256 under "0" (PIPE: 2 blocks an SM of the fake's SMs
-    would cap it; the fake's SM count decides), and the log-softmax backward 4096 x 128 under "1" and "2"."""
+    of 4096 blocks of 128 threads ("1"), 2048 x 256 under "0" and the removed "2" (PIPE: 2 blocks an SM of the fake's
+    SMs would cap it; the fake's SM count decides), and the log-softmax backward 4096 x 128 under "1"."""
     code = f"""
 import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
 import numpy as np, record_launches as R
@@ -208,8 +211,7 @@ print(repr(out))
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     out = eval(r.stdout.strip().splitlines()[-1])
     assert len(out["1"]) == len(out["2"]) == len(out["0"]) == 2, out
-    assert out["1"][0][1][:4] == [4096, 1, 1, 128] and out["2"][0][1][:4] == [2048, 1, 1, 128], out
-    assert out["1"][1][1][:4] == out["2"][1][1][:4] == [4096, 1, 1, 128], out
+    assert out["1"][0][1][:4] == out["1"][1][1][:4] == [4096, 1, 1, 128] and out["2"] == out["0"], out
     assert out["0"][0][1][3] == 256 and out["0"][1][1][3] == 256, out
 
 
@@ -218,14 +220,14 @@ def _warp_plans():
     old = _sk.FWD_WARP
     out = {}
     try:
-        for s in ("1", "2"):
+        for s in ("1",):
             _sk.FWD_WARP = s
             for name in ("float32", "bfloat16", "float16"):
                 for c in (513, 516, 1000, 1001, 1024, 1027):
                     for algo in ("FAST", "ACCURATE", "LOG"):
                         for backward in (False, True):
                             spec = _spec(backward, c, name, algo)
-                            if "WARP=1" in spec.defines or "WARP=2" in spec.defines:
+                            if "WARP=1" in spec.defines:
                                 out[spec.defines] = spec.name
     finally:
         _sk.FWD_WARP = old
@@ -242,8 +244,7 @@ def test_warp_plans_are_many():
 
 
 # Built by default (tests/_nvcc.cover; all under MINIDNN_NVCC_ALL=1): every WARP "1" plan (what "auto", the default,
-# runs from WARP_MIN_ROWS rows on) and "2" plans until every value of every define is built; eight a test and an nvcc
-# run (tests/_nvcc.build)
+# runs from WARP_MIN_ROWS rows on); eight a test and an nvcc run (tests/_nvcc.build)
 WARP_BUILT = _nvcc.cover(WARP_PLANS, lambda p: _nvcc.define_features([p[1]], p[0]), lambda p: "WARP=1" in p[0])
 WARP_BATCHES = [WARP_BUILT[i:i + 8] for i in range(0, len(WARP_BUILT), 8)]
 
@@ -277,7 +278,7 @@ def cp():
     return _dev.require_cupy()
 
 
-# Row counts that leave the last block part-filled (and "2"'s last warp with one row); ~8-11 NVRTC compiles a case
+# Row counts that leave the last block part-filled; ~6-8 NVRTC compiles a case
 WARP_ROWS = [("float32", 6001, 1000), ("float32", 2113, 1024), ("float32", 3003, 1001), ("float32", 5001, 513),
              ("bfloat16", 3001, 1000), ("float16", 1501, 1027)]
 
@@ -305,7 +306,7 @@ def _same_bits(a, b, what):
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, rows, c", WARP_ROWS, ids=[f"{n}-{r}x{c}" for n, r, c in WARP_ROWS])
 def test_warp_rows(cp, monkeypatch, name, rows, c):
-    """"1" and "2" against float64 and bitwise against "0" (PIPE / bwd_rows_pipe), forward (softmax, log-softmax,
+    """"1" against float64 and bitwise against "0" (PIPE / bwd_rows_pipe), forward (softmax, log-softmax,
     fast: float32 only) and log-softmax backward; one launch a call; a misaligned view (the kernel's fallback)
     against float64."""
     dtype = _dtype(name)
@@ -322,7 +323,7 @@ def test_warp_rows(cp, monkeypatch, name, rows, c):
     x64 = x.astype(np.float64)
     got = {}
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        for setting in ("0", "1", "2"):
+        for setting in ("0", "1"):
             monkeypatch.setattr(_sk, "FWD_WARP", setting)
             _reset_plans()
             for algo in ("accurate", "log") + (("fast",) if name == "float32" and c != 1024 else ()):
@@ -346,13 +347,12 @@ def test_warp_rows(cp, monkeypatch, name, rows, c):
             _close(dx, _ref_bwd(yh, dyh, "log"), name, f"log-softmax backward WARP={setting}", scale=8,
                    mag=_mag_bwd(yh, dyh, "log"))
             got[setting, "bwd"] = dx
-    for setting in ("1", "2"):
-        for key in [k for k in got if k[0] == "0"]:
-            _same_bits(got[setting, key[1]], got[key], f"{key[1]} WARP={setting} vs 0")
+    for key in [k for k in got if k[0] == "0"]:
+        _same_bits(got["1", key[1]], got[key], f"{key[1]} WARP=1 vs 0")
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("setting", ["1", "2"])
+@pytest.mark.parametrize("setting", ["1"])
 def test_warp_rows_in_a_graph(cp, monkeypatch, setting):
     """A captured forward + backward under WARP replays to the eager bits (two replays, inputs changed in place
     between them: the graph reads the arrays, not a copy)."""

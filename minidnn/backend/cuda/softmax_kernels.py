@@ -709,15 +709,16 @@ template <int UNUSED> __device__ __forceinline__ void fwd_rows_pipe(const T* __r
 #error "WARP needs one-chunk rows of a whole warp (and no PIPE)"
 #endif
 // WARP (session 13; FWD_WARP): a non-persistent grid of small blocks (BLOCK = 128: 4 warps), each warp owning WARP
-// consecutive rows (1 or 2), every load of those rows issued before any math, no prefetch: occupancy (MINB blocks an
-// SM from a tight register bound) keeps the loads in flight instead, and blocks retire and refill warp-group by
-// warp-group (no last-step tail of a persistent walk).  The row's arithmetic is fwd_rows_pipe's, in its order: thread
-// max over the body then the edges, thread sum of the edges' exps then the body's, the warp's butterflies, the same
-// output expressions -- so the result is bitwise the PIPE kernel's.  The grid holds every row's warp (launch_spec:
-// WARP_PER_SM never caps it); a warp past the end returns at once (no block barrier: G = 32).
+// consecutive rows (the host plans 1; session 13's 2 never beat it), every load of those rows issued before any
+// math, no prefetch: occupancy (MINB blocks an SM from a tight register bound) keeps the loads in flight instead,
+// and blocks retire and refill warp-group by warp-group (no last-step tail of a persistent walk).  The row's
+// arithmetic is fwd_rows_pipe's, in its order: thread max over the body then the edges, thread sum of the edges' exps
+// then the body's, the warp's butterflies, the same output expressions -- so the result is bitwise the PIPE kernel's.
+// The grid holds every row's warp (launch_spec: WARP_PER_SM never caps it); a warp past the end returns at once (no
+// block barrier: G = 32).
 // FULLK (planned from C: min(NV, the smallest body a row of C can have / 32)) of a lane's NV vectors lie inside every
-// row's body: loaded and decoded without load_chunk's bound test and -inf pad (a row past the end -- "2"'s second, in
-// the last warp -- reads row 0's, at head 0: the kernel takes VA only with x on a 16-byte boundary, and is never
+// row's body: loaded and decoded without load_chunk's bound test and -inf pad (a row past the end -- with WARP 2, the
+// last warp's second -- reads row 0's, at head 0: the kernel takes VA only with x on a 16-byte boundary, and is never
 // stored); fewer live predicates, so a tighter register budget builds without spilling.  VA: 16-byte loads,
 // else element by element (the misaligned fallback: the same registers, so it does not set the kernel's budget).
 #ifndef FULLK
@@ -897,8 +898,8 @@ softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, con
     if (aligned(x, y)) { fwd_rows_pipe<0>(x, y, rows, C, sm); return; }
 #endif
 #if WARP
-    // x itself on a 16-byte boundary too (RAGGED: aligned() asks only x = y mod 16): "2"'s row past the end reads row
-    // 0's FULLK vectors at head 0
+    // x itself on a 16-byte boundary too (RAGGED: aligned() asks only x = y mod 16): a row past the end (WARP 2)
+    // reads row 0's FULLK vectors at head 0
     if (aligned(x, y) && (unsigned long long)x % VBYTES == 0) fwd_rows_warp<true>(x, y, rows, C);
     else fwd_rows_warp<false>(x, y, rows, C);
     return;
@@ -1467,11 +1468,11 @@ NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 # backward 0.99x): WARP, PyTorch's launch shape with our loads -- a non-persistent grid of 128-thread blocks, a warp
 # owning WARP rows (every 16-byte load of them issued before any math, no prefetch), the register bound as tight as
 # nvcc allows without spilling so that many warps an SM keep their rows in flight (docs/step_kernels.md, "Session 13:
-# warp-row softmax").  MINIDNN_SOFTMAX_WARP=auto (default, below) | 0 (PIPE) | 1 (a row a warp) | 2 (two rows a warp);
-# "1@R" / "2@R": the same with a forward register budget of R (an occupancy probe for the A/B; may spill).
+# warp-row softmax").  MINIDNN_SOFTMAX_WARP=auto (default, below) | 0 (PIPE) | 1 (a row a warp); "1@R": "1" with a
+# forward register budget of R (an occupancy probe for the A/B; may spill).
 # Rows of 513..1024+ classes whose PIPE plan is one chunk on a whole warp (G = 32) holding <= 32 elements a thread,
 # float accumulation, vector loads; forwards of every algorithm and the log-softmax backward (bwd_rows_warp on the
-# same grid: a row's dy and y a warp; "2" plans "1"'s backward).  Misaligned views take the same code with element
+# same grid: a row's dy and y a warp).  Misaligned views take the same code with element
 # loads (fwd_rows_warp / bwd_rows_warp<false>).
 # The same sums in the same order as PIPE / bwd_rows_pipe: bitwise the default.  Module attribute read at planning
 # time (tools/row_ab.py flips it).
@@ -1479,40 +1480,34 @@ NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 # WARP_MIN_ROWS rows, else PIPE.  "1" against PIPE, float32: (16384, 1000) softmax 1.037x, log-softmax 1.020x, its
 # backward 1.026x; (32768, 1000) 1.057-1.068x; (16384, 1024) 1.043-1.089x; (16384, 513) 1.029-1.061x; bfloat16
 # 1.03-1.65x -- but (8192, 1000) 0.955-0.988x: 8192 warps are 1.6 waves of its ~5000 resident ones (the last wave
-# half full), where PIPE's persistent grid keeps every SM busy to the end.  "2" never beat "1".
+# half full), where PIPE's persistent grid keeps every SM busy to the end.  "2" (two rows a warp, 80-128 registers:
+# five or six blocks an SM) never beat "1" in run 5: float32 0.95-1.00x (its one lead, (32768, 1000) softmax, 0.0658
+# against 0.0659 ms), bfloat16 0.79-0.96x; it went in session 19 with its register budgets ("2" now plans PIPE, as any
+# other unknown value; the kernel's loops over a warp's WARP rows stay general).
 FWD_WARP = os.environ.get("MINIDNN_SOFTMAX_WARP", "auto")
 WARP_MIN_ROWS = int(os.environ.get("MINIDNN_SOFTMAX_WARP_MIN_ROWS", "12288"))
 
-# Registers a WARP thread may use (128-thread blocks: 65536 / (128 r) blocks an SM), by (rows a warp, elements a
-# thread E, bytes an element, RAGGED), LOG's own where it differs: the tightest budgets nvcc 13 (sm_90, -ftz=true)
-# builds without spilling, the misaligned fallback included (warp_load<false>: the same registers).  fp32 (N, 1000)
-# "1": 56 (nine blocks, 36 warps an SM, 144 KB of loads in flight; 48 spilled 8-12 bytes), log-softmax 48 (ten
-# blocks, 40 warps, 160 KB; 40 spilled 44-60); "2": 96 (five blocks, 20 warps of 8 KB: 160 KB), log-softmax 80 (six,
-# 192 KB).  RAGGED fp32 (1001) 64 / LOG 56; 2-byte 1000: 48; 2-byte RAGGED (1027) 64 (56 spilled 4-8), "2" 128 (96
-# spilled 4-36); 513-515 classes (E = 16) 40 (twelve blocks, 48 warps), "2" 80.  The log-softmax backward
+# Registers a WARP thread may use (128-thread blocks: 65536 / (128 r) blocks an SM), by (elements a thread E, bytes
+# an element, RAGGED), LOG's own where it differs: the tightest budgets nvcc 13 (sm_90, -ftz=true) builds without
+# spilling, the misaligned fallback included (warp_load<false>: the same registers).  fp32 (N, 1000): 56 (nine
+# blocks, 36 warps an SM, 144 KB of loads in flight; 48 spilled 8-12 bytes), log-softmax 48 (ten blocks, 40 warps,
+# 160 KB; 40 spilled 44-60).  RAGGED fp32 (1001) 64 / LOG 56; 2-byte 1000: 48; 2-byte RAGGED (1027) 64 (56 spilled
+# 4-8); 513-515 classes (E = 16) 40 (twelve blocks, 48 warps).  The log-softmax backward
 # (bwd_rows_warp: dy and y, 2 E values a lane), WARP_BWD_REGS by (E, bytes, RAGGED): fp32 1000 64 (eight blocks,
 # 32 warps of 8 KB: 256 KB an SM; 48 spilled 40), 2-byte 1000 72 (64: float16 spilled 4), fp32 RAGGED 72 (64
 # spilled 12), 2-byte RAGGED 96 (80 spilled 72-76), E = 16 64 (48 spilled 16-168).
-WARP_REGS = {(1, 32, 4, False): 56, (1, 32, 4, True): 64, (1, 32, 2, False): 48, (1, 32, 2, True): 64,
-             (1, 16, 4, False): 40, (1, 16, 4, True): 40, (1, 16, 2, False): 40, (1, 16, 2, True): 40,
-             (2, 32, 4, False): 96, (2, 32, 4, True): 96, (2, 32, 2, False): 96, (2, 32, 2, True): 128,
-             (2, 16, 4, False): 80, (2, 16, 4, True): 80, (2, 16, 2, False): 80, (2, 16, 2, True): 80}
-WARP_REGS_LOG = {(1, 32, 4, False): 48, (1, 32, 4, True): 56, (2, 32, 4, False): 80}
+WARP_REGS = {(32, 4, False): 56, (32, 4, True): 64, (32, 2, False): 48, (32, 2, True): 64,
+             (16, 4, False): 40, (16, 4, True): 40, (16, 2, False): 40, (16, 2, True): 40}
+WARP_REGS_LOG = {(32, 4, False): 48, (32, 4, True): 56}
 WARP_BWD_REGS = {(32, 4, False): 64, (32, 4, True): 72, (32, 2, False): 72, (32, 2, True): 96,
                  (16, 4, False): 64, (16, 4, True): 64, (16, 2, False): 64, (16, 2, True): 64}
 
 
-# LSM's own budgets where LOG's spills (nvcc 13): "2" rows a warp of 32 float32 elements a lane (516 classes under
-# LSM 2 spilled 4 bytes at 80; 96: five blocks an SM instead of six).
-WARP_REGS_LSM = {(2, 32, 4, False): 96}
 
-
-def warp_regs(wr, e, item, ragged, log, lsm=0):
-    """A WARP forward thread's register budget (WARP_REGS, WARP_REGS_LOG for log-softmax where listed,
-    WARP_REGS_LSM for its LSM epilogue where listed)."""
-    key = (wr, e, item, ragged)
-    if log and lsm and key in WARP_REGS_LSM:
-        return WARP_REGS_LSM[key]
+def warp_regs(e, item, ragged, log):
+    """A WARP forward thread's register budget (WARP_REGS, WARP_REGS_LOG for log-softmax where listed; LSM's
+    epilogue builds within LOG's)."""
+    key = (e, item, ragged)
     return WARP_REGS_LOG.get(key, WARP_REGS[key]) if log else WARP_REGS[key]
 
 
@@ -1592,15 +1587,15 @@ def lsm_setting():
 
 
 def warp_setting():
-    """FWD_WARP as (rows a warp, forward register budget or 0 for the table): "1" / "2", or the A/B probe "1@R" /
-    "2@R" (R: a forward budget of 32..255 registers in place of warp_regs' no-spill one -- it may spill; an occupancy
+    """FWD_WARP as (rows a warp, forward register budget or 0 for the table): "1" (and "auto"), or the A/B probe
+    "1@R" (R: a forward budget of 32..255 registers in place of warp_regs' no-spill one -- it may spill; an occupancy
     sweep for tools/row_ab.py, never a default); anything else (0, 0)."""
     n, _, r = FWD_WARP.partition("@")
     if n == "auto" and not r:
         return 1, 0
-    if n not in ("1", "2") or (r and not (r.isdigit() and 32 <= int(r) <= 255)):
+    if n != "1" or (r and not (r.isdigit() and 32 <= int(r) <= 255)):
         return 0, 0
-    return int(n), int(r or 0)
+    return 1, int(r or 0)
 
 
 def warp_rows(backward, algo_name, rows=None):
@@ -1754,7 +1749,7 @@ def row_defines(c, dtype, arrays=1, stash_bytes=0, regs=None, warp_pair=False, p
         cfg = cfg._replace(block=WARP_BLOCK)
         e = cfg.nv * cfg.vec
         regs = (WARP_BWD_REGS[e, item, cfg.ragged] if arrays == 2
-                else warp_setting()[1] or warp_regs(warp, e, item, cfg.ragged, log, lsm))
+                else warp_setting()[1] or warp_regs(e, item, cfg.ragged, log))
         lsm_d = (f"LSM={lsm}",) if lsm and log and arrays == 1 else ()
         return (f"G={cfg.g}", f"NV={cfg.nv}", f"VEC={cfg.vec}", f"VBYTES={cfg.vec * item}", f"BLOCK={cfg.block}",
                 f"RAGGED={int(cfg.ragged)}", "ONE=1", "SCH=0", "PIPE=0", f"WARP={warp}",
