@@ -1458,9 +1458,12 @@ BWD_PIPE_REGS = int(os.environ.get("MINIDNN_SOFTMAX_BWD_PIPE_REGS", "128"))
 # whose threads already hold NARROW (512 and 1000 classes float32) plan the default kernel.  Softmax forwards only
 # (cross-entropy's row forward keeps its tiling).  Module attribute read at planning time (tools/row_ab.py flips it).
 # GPU run 5 (H200): "16" 1.16x / 1.17x "0" at (65536, 128) float32 softmax / log-softmax, 1.04x (262144, 64), 1.00-1.02x
-# (32768, 256), bfloat16 1.15-1.24x; accurate and log passed against float64 at 64-256 classes.  The fast algorithm
-# (no max) failed one row under "16" (the +80 row: docs/step_kernels.md, session 12 round 4), so FAST takes NARROW
-# only with NARROW_FAST (MINIDNN_SOFTMAX_NARROW_FAST=1; default off: row_config's tiling, as before).
+# (32768, 256), bfloat16 1.15-1.24x; accurate and log passed against float64 at 64-256 classes.  "32" stays selectable:
+# in run 4 it beat "16" on bfloat16 (65536, 128) and (32768, 256) (0.0087-0.0088 ms against 0.0092-0.0093, 1.05-1.06x)
+# but lost every float32 row (0.92-1.00x) and bfloat16 (262144, 64) (0.94-0.95x); a by-dtype-and-width rule is
+# unbuilt.  The fast algorithm (no max) failed one row under "16" (the +80 row: docs/step_kernels.md, session 12 round
+# 4), so FAST takes NARROW only with NARROW_FAST (MINIDNN_SOFTMAX_NARROW_FAST=1; default off: row_config's tiling, as
+# before).
 FWD_NARROW = os.environ.get("MINIDNN_SOFTMAX_NARROW", "16")
 NARROW_FAST = os.environ.get("MINIDNN_SOFTMAX_NARROW_FAST", "0") == "1"
 
