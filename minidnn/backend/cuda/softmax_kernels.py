@@ -33,8 +33,9 @@ cross-entropy forward up to 1024 classes): a persistent grid of the resident blo
 r + gridDim.x * RPB, ... and issues its NEXT row's loads (raw vectors held in registers: RawRow) before it reduces and
 writes the current one -- a row of loads in flight per warp while it computes.  MINIDNN_SOFTMAX_PIPE=0 gives the
 session-6 forward (a grid of one row a group, loads then compute).
-HINT (session 17; off by default): cache hints of the one-chunk row kernels' loads and stores (evict-first), only for
-calls whose arrays exceed L2 (call_hint; MINIDNN_SOFTMAX_HINT="fwd,bwd", ROW_HEADER's HINT define).
+HINT (session 17): cache hints of the one-chunk row kernels' loads and stores (evict-first), only for calls whose
+arrays exceed L2 (call_hint; MINIDNN_SOFTMAX_HINT="fwd,bwd", ROW_HEADER's HINT define): by default the forward's
+streaming stores ("2,0"), the backward none (its hint measured level).
 MINIDNN_SOFTMAX_V1=1 launches the previous kernels instead (one warp per row, scalar loads, three passes over the
 row: SOURCE_V1) -- kept for a GPU A/B.
 """
