@@ -1402,7 +1402,11 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # 94% of copy), log-softmax 1.69x (56% -> 95%; 0.82x -> 1.38x PyTorch), bfloat16 1.09x / 1.23x; where the cp.async
 # stash (BSA) does not fit (ragged rows, 50257 classes) 3 keeps the kernel without a stash.  Log-softmax's BSA is
 # bitwise 0; softmax's is not (run 4: ~1 ulp in a tenth of the rows, against float64 as close as 0) -- the same inputs
-# give the same bits on every call.
+# give the same bits on every call.  1 and 2 stay selectable because the synchronous stash won where 3 now plans none
+# (run 4, against 0, the kernel 3 keeps there): float32 (4096, 50257) softmax backward 0.9271 ms against 1.1224
+# (1.21x), log-softmax 1.0720 against 1.1162 (1.04x; 2 1.006x), bfloat16 softmax 0.4317 against 0.4417 (1.02x); it
+# lost bfloat16 (4096, 32000) softmax (0.96x) and (4096, 50257) log-softmax (0.99x / 0.97x).  3's no-stash rule came
+# from the bfloat16 rows alone; a float32 rule (1's stash where BSA does not fit) is for the next GPU A/B to decide.
 BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "3"))
 BWD_STASH_BYTES = 200 * 1024
 
@@ -1840,8 +1844,9 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
             if bsch:
                 nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
                 asy = BWD_STASH == 3 and bsch == nch - 1 and cfg.vec > 1     # BSA: the whole row but its last chunk
-                # 3 (the default) stashes only where BSA fits: run 4 found the synchronous stashes 0.97-0.99x on
-                # bfloat16 (4096, 50257) and (4096, 32000) softmax (docs/step_kernels.md, ROWSM's section)
+                # 3 (the default) stashes only where BSA fits: run 4 found the synchronous stashes 0.96-0.99x on
+                # bfloat16 (4096, 32000) softmax and (4096, 50257) log-softmax -- but 1.04-1.21x on float32
+                # (4096, 50257) (BWD_STASH's comment): not yet a rule here
                 if asy or BWD_STASH != 3:
                     smem = smem_s
                     defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ())
