@@ -1400,13 +1400,13 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # Module attribute read at planning time (tools/row_ab.py --bwd-stash flips it).
 # Default 3 since session 17's run 4 (H200, graph replays, 0 / 3): float32 (4096, 32000) softmax backward 1.51x (62% ->
 # 94% of copy), log-softmax 1.69x (56% -> 95%; 0.82x -> 1.38x PyTorch), bfloat16 1.09x / 1.23x; where the cp.async
-# stash (BSA) does not fit (ragged rows, 50257 classes) 3 keeps the kernel without a stash.  Log-softmax's BSA is
+# stash (BSA) does not fit (50257 classes) 3 kept the kernel without a stash until session 19.  Log-softmax's BSA is
 # bitwise 0; softmax's is not (run 4: ~1 ulp in a tenth of the rows, against float64 as close as 0) -- the same inputs
-# give the same bits on every call.  1 and 2 stay selectable because the synchronous stash won where 3 now plans none
-# (run 4, against 0, the kernel 3 keeps there): float32 (4096, 50257) softmax backward 0.9271 ms against 1.1224
-# (1.21x), log-softmax 1.0720 against 1.1162 (1.04x; 2 1.006x), bfloat16 softmax 0.4317 against 0.4417 (1.02x); it
-# lost bfloat16 (4096, 32000) softmax (0.96x) and (4096, 50257) log-softmax (0.99x / 0.97x).  3's no-stash rule came
-# from the bfloat16 rows alone; a float32 rule (1's stash where BSA does not fit) is for the next GPU A/B to decide.
+# give the same bits on every call.  Where BSA does not fit (aligned rows whose chunks but the last exceed the budget:
+# 50257 or 65536 classes), 3 takes 1's synchronous stash since session 19 (run 5, H200, graph replays, 1 against 3's
+# former no-stash plan): softmax backward float32 (4096, 50257) 0.9236 / 1.1188 ms (1.21x, 53% -> 64% of copy),
+# (2048, 65536) 1.17x, bfloat16 1.02x / 1.10x; log-softmax float32 1.04x / 1.07x, bfloat16 0.99x / 1.02x.
+# 1 and 2 stay selectable for such A/Bs.
 BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "3"))
 BWD_STASH_BYTES = 200 * 1024
 
@@ -1844,13 +1844,13 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
             if bsch:
                 nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
                 asy = BWD_STASH == 3 and bsch == nch - 1 and cfg.vec > 1     # BSA: the whole row but its last chunk
-                # 3 (the default) stashes only where BSA fits: run 4 found the synchronous stashes 0.96-0.99x on
-                # bfloat16 (4096, 32000) softmax and (4096, 50257) log-softmax -- but 1.04-1.21x on float32
-                # (4096, 50257) (BWD_STASH's comment): not yet a rule here
-                if asy or BWD_STASH != 3:
-                    smem = smem_s
-                    defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ())
-                               + (("BSA=1",) if asy else ()) + defines[-1:])
+                if BWD_STASH == 3 and not asy:
+                    # 3 where BSA does not fit (rows past ~40000 classes): 1's synchronous stash (BWD_STASH's comment)
+                    both = False
+                    bsch, smem_s = bwd_stash_chunks(cfg, c, algo_name, acc, stash, False)
+                smem = smem_s
+                defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ())
+                           + (("BSA=1",) if asy else ()) + defines[-1:])
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block, smem)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
