@@ -285,26 +285,22 @@ print("OK", kls)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
 
 
-def test_environment_values():
-    code = ("import os, sys; sys.path.insert(0, %r)\n"
-            "from minidnn.backend.cuda import bn_nhwc as M\n"
-            "print(sorted(M.KEEP), M.KEEP_FRAC, M.KEEP_LAST, M.KEEP_ABOVE, hasattr(M, 'MEET'))") % ROOT
-    got = []
+def test_environment_values(env_runs):
+    # one interpreter (tests/conftest.py env_runs): the first setting a fresh import, the others the module re-executed
+    code = ("from minidnn.backend.cuda import bn_nhwc as M\n"
+            "print(sorted(M.KEEP), M.KEEP_FRAC, M.KEEP_LAST, M.KEEP_ABOVE, hasattr(M, 'MEET'))")
     # None: the variable unset; "": set to the empty string
     cases = ((None, None, None), ("0", None, None), ("", None, None), ("1", "0.65", "0"), ("bwd", None, "1"),
              (" fwd , bwd ", None, None), ("nonsense", None, None))
-    for keep, frac, last in cases:
-        env = dict(os.environ)
-        for k, v in (("KEEP", keep), ("KEEP_FRAC", frac), ("KEEP_LAST", last), ("MEET", None)):
-            env.pop(f"MINIDNN_BN_NHWC_{k}", None)
-            if v is not None:
-                env[f"MINIDNN_BN_NHWC_{k}"] = v
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-        assert r.returncode == 0, r.stderr
-        got.append(r.stdout.strip())
-    assert got == ["['bwd', 'fwd'] 0.4 1 None False", "[] 0.4 1 None False", "[] 0.4 1 None False",
-                   "['bwd', 'fwd'] 0.65 0 None False", "['bwd'] 0.4 1 None False", "['bwd', 'fwd'] 0.4 1 None False",
-                   "[] 0.4 1 None False"]
+    envs = [{f"MINIDNN_BN_NHWC_{k}": v for k, v in (("KEEP", keep), ("KEEP_FRAC", frac), ("KEEP_LAST", last))
+             if v is not None} for keep, frac, last in cases]
+    runs = env_runs("minidnn.backend.cuda.bn_nhwc", code, envs, drop=("MINIDNN_BN_NHWC_KEEP", "MINIDNN_BN_NHWC_MEET"))
+    for rc, _, err in runs:
+        assert rc == 0, err[-800:]
+    assert [out.strip() for _, out, _ in runs] == [
+        "['bwd', 'fwd'] 0.4 1 None False", "[] 0.4 1 None False", "[] 0.4 1 None False",
+        "['bwd', 'fwd'] 0.65 0 None False", "['bwd'] 0.4 1 None False", "['bwd', 'fwd'] 0.4 1 None False",
+        "[] 0.4 1 None False"]
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------------------

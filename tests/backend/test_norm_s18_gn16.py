@@ -273,19 +273,19 @@ print("OK")
                                         "MINIDNN_GN_CLUSTER_FWD16": "1", "MINIDNN_GN_CLUSTER_BWD16": "1"})
 
 
-def test_environment():
+def test_environment(env_runs):
     """On by default (session 18 run 2), both directions; MINIDNN_GN_STASH16=0 turns it off,
-    MINIDNN_GN_STASH16_DIRS limits it; a bad direction is an error at import."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_GN_STASH16")}
+    MINIDNN_GN_STASH16_DIRS limits it; a bad direction is an error at import.  (One interpreter, tests/conftest.py
+    env_runs: the first setting a fresh import, the others the module re-executed.)"""
     show = "import minidnn.backend.cuda.norm_gn16 as S; print(S.GN_STASH16, sorted(S.DIRECTIONS))"
-    for extra, want in (({}, "True ['bwd', 'fwd']"), ({"MINIDNN_GN_STASH16": "0"}, "False ['bwd', 'fwd']"),
-                        ({"MINIDNN_GN_STASH16_DIRS": "fwd"}, "True ['fwd']")):
-        r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120,
-                           env=dict(env, **extra), cwd=ROOT)
-        assert r.stdout.strip() == want, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120,
-                       env=dict(env, MINIDNN_GN_STASH16_DIRS="fwd,sideways"), cwd=ROOT)
-    assert r.returncode != 0 and "fwd and / or bwd" in r.stderr, r.stdout + r.stderr
+    cases = (({}, "True ['bwd', 'fwd']"), ({"MINIDNN_GN_STASH16": "0"}, "False ['bwd', 'fwd']"),
+             ({"MINIDNN_GN_STASH16_DIRS": "fwd"}, "True ['fwd']"), ({"MINIDNN_GN_STASH16_DIRS": "fwd,sideways"}, None))
+    runs = env_runs("minidnn.backend.cuda.norm_gn16", show, [extra for extra, _ in cases], drop=("MINIDNN_GN_STASH16",))
+    for (extra, want), (rc, out, err) in zip(cases, runs):
+        if want is None:
+            assert rc != 0 and "fwd and / or bwd" in err, (extra, out, err[-800:])
+        else:
+            assert rc == 0 and out.strip() == want, (extra, out, err[-800:])
 
 
 # ---- CPU: nvcc ------------------------------------------------------------------------------------------------

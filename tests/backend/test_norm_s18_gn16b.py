@@ -13,10 +13,7 @@ GPU cases (marked cuda): y, dx, dscale, dbias against float64 with the grid cut 
 both buffers) and at the SMs' count, bf16 and fp16, with and without parameters; bitwise repeatable; close to gn_bwds.
 """
 import math
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -27,9 +24,6 @@ from minidnn.backend.cuda import norm_kernels as NK
 from tests.backend._gn_helpers import build, entry_body, launched
 from tests.backend.test_norm_s17_gncl import TOL, _check, _dtype, _h, _run
 from tests.backend.test_norm_s18_gn16 import H200, _fake, cp  # noqa: F401 -- cp: the GPU fixture
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 # ---- CPU: the plan and the teams ---------------------------------------------------------------------------------
 
@@ -258,19 +252,20 @@ print("OK")
 """, {"MINIDNN_GN_STASH16": "1", "MINIDNN_GN_STASH16_BWD": "2"})
 
 
-def test_environment():
+def test_environment(env_runs):
     """gn_bwdp by default (run 3); MINIDNN_GN_STASH16_BWD=1 keeps gn_bwds; anything else is an error at import.
-    The forward's variable is gone: setting it changes nothing."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MINIDNN_GN_STASH16")}
+    The forward's variable is gone: setting it changes nothing.  (One interpreter, tests/conftest.py env_runs: the
+    first setting a fresh import, the others the module re-executed.)"""
     show = "import minidnn.backend.cuda.norm_gn16 as S; print(S.BWD_VARIANT, hasattr(S, 'FWD_VARIANT'))"
-    for extra, want in (({}, "2 False"), ({"MINIDNN_GN_STASH16_BWD": "1"}, "1 False"),
-                        ({"MINIDNN_GN_STASH16_BWD": "2"}, "2 False"), ({"MINIDNN_GN_STASH16_FWD": "2"}, "2 False")):
-        r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120,
-                           env=dict(env, **extra), cwd=ROOT)
-        assert r.stdout.strip() == want, r.stdout + r.stderr
-    r = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, timeout=120,
-                       env=dict(env, MINIDNN_GN_STASH16_BWD="3"), cwd=ROOT)
-    assert r.returncode != 0 and "1 (gn_bwds) or 2 (gn_bwdp)" in r.stderr, r.stdout + r.stderr
+    bwd = "MINIDNN_GN_STASH16_BWD"
+    cases = (({}, "2 False"), ({bwd: "1"}, "1 False"), ({bwd: "2"}, "2 False"),
+             ({"MINIDNN_GN_STASH16_FWD": "2"}, "2 False"), ({bwd: "3"}, None))
+    runs = env_runs("minidnn.backend.cuda.norm_gn16", show, [extra for extra, _ in cases], drop=("MINIDNN_GN_STASH16",))
+    for (extra, want), (rc, out, err) in zip(cases, runs):
+        if want is None:
+            assert rc != 0 and "1 (gn_bwds) or 2 (gn_bwdp)" in err, (extra, out, err[-800:])
+        else:
+            assert rc == 0 and out.strip() == want, (extra, out, err[-800:])
 
 
 # ---- CPU: nvcc ------------------------------------------------------------------------------------------------
