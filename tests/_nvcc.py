@@ -36,7 +36,8 @@ def cover(items, features, always=()):
     """``items`` (order kept) when ``MINIDNN_NVCC_ALL=1``; else the items ``always`` names (a predicate or a
     collection) and then, greedily, the item adding the most features not yet covered (the first such in order)
     until every feature of every item is covered.  ``features(item)`` gives a set of hashables, for a kernel build
-    e.g. {(kernel, define, value)}: every value every define takes for each kernel is then compiled at least once."""
+    e.g. define_features: every value every define takes for each kernel, and every pair of them that occurs, is
+    then compiled at least once."""
     items = list(items)
     if FULL:
         return items
@@ -53,8 +54,13 @@ def cover(items, features, always=()):
 
 
 def define_features(kernels, defines):
-    """{(kernel, name, value)} of "NAME=VALUE" defines: cover()'s features of a build that reads ``kernels``."""
-    return {(k, *d.split("=", 1)) for k in kernels for d in defines}
+    """cover()'s features of a build that reads ``kernels`` with "NAME=VALUE" ``defines``: each (kernel, name, value)
+    and each (kernel, define, define) pair -- so every value of every define, and every pair of values two defines
+    take together somewhere, is compiled at least once (session 19: pairs cost ~25 more of the softmax and
+    cross-entropy builds, batched a few seconds of CPU, and catch two settings that only spill together)."""
+    ds = sorted(set(defines))
+    return ({(k, *d.split("=", 1)) for k in kernels for d in ds}
+            | {(k, a, b) for k in kernels for i, a in enumerate(ds) for b in ds[i + 1:]})
 
 # ---- several configurations in one nvcc run ------------------------------------------------------------------------
 # Most of a small kernel's nvcc run is fixed cost: gcc preprocesses cuda_runtime.h (nvcc force-includes it, about 1 MB

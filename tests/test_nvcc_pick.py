@@ -97,14 +97,20 @@ def test_every_kernel_source_names_its_kernels():
         assert len(_nvcc.KERNEL_RE.findall(text)) == len(re.findall(r'extern\s+"C"\s+__global__', text)), path.name
 
 
-def test_cover_keeps_the_fixed_items_and_every_value_of_every_define():
+def test_cover_keeps_the_fixed_items_and_every_value_and_pair_of_values():
     if _nvcc.FULL:
         pytest.skip("MINIDNN_NVCC_ALL=1: every configuration is compiled")
-    items = [("k", ("A=0", "B=0")), ("k", ("A=1", "B=0")), ("k", ("A=0", "B=1")), ("k", ("A=1", "B=1")),
-             ("j", ("A=0", "B=0")), ("k", ("A=2", "B=1"))]
+    items = [("k", ("A=0", "B=0")), ("k", ("A=1", "B=1")), ("k", ("A=0", "B=1")), ("k", ("A=1", "B=0")),
+             ("j", ("A=0", "B=0")), ("k", ("B=0", "A=0"))]
     got = _nvcc.cover(items, lambda it: _nvcc.define_features([it[0]], it[1]),
                       always=lambda it: it[1] == ("A=1", "B=1"))
-    assert got == [items[0], items[3], items[4], items[5]]          # order kept; A=0 / B=0 for k, j's one build
+    # order kept; the fixed item; k's four pairs of values each built once, j's one build; the last item (k's first
+    # build with its defines in another order) adds nothing and is left out
+    assert got == items[:5]
     feats = set().union(*(_nvcc.define_features([k], d) for k, d in items))
     assert set().union(*(_nvcc.define_features([k], d) for k, d in got)) == feats
+    # with single values only, A=0 / B=0 for k and j's build would do: the pairs are what add items 2 and 3
+    singles = _nvcc.cover(items, lambda it: {(it[0], *d.split("=")) for d in it[1]},
+                          always=lambda it: it[1] == ("A=1", "B=1"))
+    assert singles == [items[0], items[1], items[4]]
     assert _nvcc.cover([], lambda it: {it}) == [] and _nvcc.cover([1, 1, 2], lambda it: {it}) == [1, 2]

@@ -201,7 +201,7 @@ def test_lsm_plans_are_compiled_by_the_warp_check():
     """Every LSM plan (3 dtypes x plain / RAGGED / 16-element rows) is also a WARP plan -- the same
     source, defines and kernel, LSM 2 being the default -- so test_softmax_warp::test_warp_compiles_without_spills
     holds it to the no-spill, MINB-budget, -ftz=true check (WARP "1" plans always, the rest under MINIDNN_NVCC_ALL=1
-    or until every define's value is built).  (Before session 19 LSM 1's plans were built here.)"""
+    or until every define's value and pair of values is built).  (Before session 19 LSM 1's plans were built here.)"""
     assert len(LSM_PLANS) >= 10 and len(set(LSM_PLANS)) == len(LSM_PLANS)
     assert set(LSM_PLANS) <= set(WARP_PLANS)
     assert all("LSM=2" in defines for defines, _ in LSM_PLANS)

@@ -174,7 +174,8 @@ def test_narrow_plans_are_many():
 
 
 # Built by default (tests/_nvcc.cover; all under MINIDNN_NVCC_ALL=1): every plan of "16" (the default) and "32" plans
-# until every value of every define is built; eight a test and an nvcc run (tests/_nvcc.build)
+# until every value of every define, and every pair of values that occurs, is built; eight a test and an nvcc run
+# (tests/_nvcc.build)
 NARROW_BUILT = _nvcc.cover(NARROW_PLANS, lambda p: _nvcc.define_features(["softmax_rows_fwd"], p[0]),
                            lambda p: p[1][1] == "16")
 NARROW_BATCHES = [NARROW_BUILT[i:i + 8] for i in range(0, len(NARROW_BUILT), 8)]

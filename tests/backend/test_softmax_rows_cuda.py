@@ -256,7 +256,8 @@ def _headline(defines):
 
 # Built by default (tests/_nvcc.cover; all 153 under MINIDNN_NVCC_ALL=1): every headline build (float32 / bfloat16
 # storage, float accumulation, one chunk a row, no ragged rows or smoothing: the strict no-spill ones) and then
-# builds until every value each define takes for each kernel is built at least once -- 61 of the 153.  Eight a test
+# builds until every value each define takes for each kernel, and every pair of values two defines take together, is
+# built at least once -- 101 of the 153 (61 for single values before session 19's pairs).  Eight a test
 # and an nvcc run: the fixed cost of a run (cuda_runtime.h, preprocessed and parsed) is most of a softmax compile,
 # and tests/_nvcc.build gives each unit the ptxas lines of its own build.
 PLANNED_BUILT = _nvcc.cover(PLANNED, lambda p: _nvcc.define_features(p[2], p[1]), lambda p: _headline(p[1]))
@@ -645,8 +646,8 @@ def _ce_fast_builds():
 CE_FAST_BUILDS = _ce_fast_builds()      # at import, so that xdist spreads the 24 compiles
 
 
-# The 16-bit builds (FASTX's default, MINIDNN_CE_FAST=16) and float32's until every define value is built (_nvcc.cover;
-# all under MINIDNN_NVCC_ALL=1), eight a test and an nvcc run
+# The 16-bit builds (FASTX's default, MINIDNN_CE_FAST=16) and float32's until every define value and pair of values is
+# built (_nvcc.cover; all under MINIDNN_NVCC_ALL=1), eight a test and an nvcc run
 CE_FAST_BUILT = _nvcc.cover(CE_FAST_BUILDS, lambda b: _nvcc.define_features([b[0]], b[1]),
                             lambda b: "STORAGE=0" not in b[1])
 CE_FAST_BATCHES = [CE_FAST_BUILT[i:i + 8] for i in range(0, len(CE_FAST_BUILT), 8)]
