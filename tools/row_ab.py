@@ -40,8 +40,9 @@ Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: 
            classes) | "257" (also 257..512-class rows holding 16 elements a lane, e.g. 512); lines "wf513", "wf257"
   --bwd-stash  BWD_STASH (lsmxbwd, smxbwd) in place of --settings: "0" (off, the default) | "1" (several-chunk rows
            keep their first chunks' dy -- softmax's y too -- in shared memory) | "2" (log-softmax's y too) | "3" ("2"
-           filled by cp.async: the row's loads in flight together); lines "bs0" ... "bs3"; one-chunk rows plan the
-           same kernel for all (skipped)
+           filled by cp.async: the row's loads in flight together; the default, with "1" where that does not fit) |
+           "4" ("3", and log-softmax's dy alone by cp.async where its chunks but the last fit: 50257 classes);
+           lines "bs0" ... "bs4"; one-chunk rows plan the same kernel for all (skipped)
            (docs/step_kernels.md, "Session 17: softmax rows of 512 and of 32000 classes")
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
@@ -297,8 +298,8 @@ def main(argv=None):
     if any(w not in ("wf513", "wf257") for w in wfs):
         ap.error(f"--warp-from {args.warp_from!r}: values 513 or 257")
     stashes = [f"bs{v}" for v in args.bwd_stash.split(",") if v]
-    if any(b not in ("bs0", "bs1", "bs2", "bs3") for b in stashes):
-        ap.error(f"--bwd-stash {args.bwd_stash!r}: values 0, 1, 2 or 3")
+    if any(b not in ("bs0", "bs1", "bs2", "bs3", "bs4") for b in stashes):
+        ap.error(f"--bwd-stash {args.bwd_stash!r}: values 0, 1, 2, 3 or 4")
 
     def pick(op):
         if hints and op not in ("ce", "lsm"):

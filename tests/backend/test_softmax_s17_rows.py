@@ -159,6 +159,31 @@ def test_bwd_stash_rule(monkeypatch):
     assert "BSA" not in _defs(_sk.launch_spec(True, (4096, 32000), (1,), "LOG", np.float32, stash=70 * 1024).defines)
 
 
+def test_bwd_stash_4_rule(monkeypatch):
+    """BWD_STASH 4 (session 19, off by default): every plan as under 3, except log-softmax rows where 3 falls back to
+    1's synchronous stash and dy's chunks but the last fit (50257 classes: 6 of 7): there BSA=1 without BSY -- the
+    cp.async stash of dy alone, BSCH and shared memory 1's."""
+    monkeypatch.setattr(_sk, "BWD_STASH", 3)
+    three = _specs(SHAPES)
+    monkeypatch.setattr(_sk, "BWD_STASH", 4)
+    four = _specs(SHAPES)
+    changed = 0
+    for k, s in four.items():
+        name, shape, algo, backward = k
+        d3, d4 = _defs(three[k].defines), _defs(s.defines)
+        if s == three[k]:
+            assert not (backward and algo == "LOG" and d3.get("BSCH") and not d3.get("BSA") and d3.get("VEC", 1) > 1
+                        and d3["BSCH"] == -(-(shape[-1] // d3["VEC"]) // (d3["G"] * d3["NV"])) - 1), k
+            continue
+        assert backward and algo == "LOG" and not d3.get("BSA") and d4.get("BSA") == 1 and not d4.get("BSY"), k
+        assert s.defines == three[k].defines[:-1] + ("BSA=1",) + three[k].defines[-1:] and s.smem == three[k].smem, k
+        changed += 1
+    assert changed >= 3, changed
+    d = _defs(_sk.launch_spec(True, (4096, 50257), (1,), "LOG", np.float32).defines)
+    assert d["BSCH"] == 6 and d["BSA"] == 1 and "BSY" not in d, d
+    assert "BSA" not in _defs(_sk.launch_spec(True, (2048, 65536), (1,), "LOG", np.float32).defines)   # 6 of 8
+
+
 def test_call_stash_device_limit(monkeypatch):
     """call_stash: 0 for forwards and with BWD_STASH 0; BWD_STASH_BYTES within the device's opt-in limit (less 1 KB
     for the static shared memory; the whole budget where the device does not say); a bad setting is an error."""
@@ -174,7 +199,11 @@ def test_call_stash_device_limit(monkeypatch):
     monkeypatch.setattr(_sk, "smem_limits", lambda dev: (0, 0))
     assert _sk.call_stash(True, 0) == 200 * 1024
     monkeypatch.setattr(_sk, "BWD_STASH", 4)
-    with pytest.raises(ValueError, match="0, 1, 2 or 3"):
+    for is_sm80, want in ((True, 200 * 1024), (False, 0)):      # 3's and 4's cp.async stash: sm_80+ only
+        monkeypatch.setattr(_sk, "sm80", lambda dev, v=is_sm80: v)
+        assert _sk.call_stash(True, 0) == want
+    monkeypatch.setattr(_sk, "BWD_STASH", 5)
+    with pytest.raises(ValueError, match="0, 1, 2, 3 or 4"):
         _sk.call_stash(True, 0)
 
 
@@ -267,7 +296,7 @@ def _new_plans():
     for name in ("float32", "bfloat16", "float16", "float64"):
         for c in (32000, 32001, 50257, 16385):
             for algo in ("ACCURATE", "LOG"):
-                for mode in ((1, 2, 3) if algo == "LOG" else (1, 3)):
+                for mode in ((1, 2, 3, 4) if algo == "LOG" else (1, 3)):
                     out.append((f"stash{mode}_{name}_{c}_{algo}", True, (4096, c), algo, name, 513, mode))
     for name in ("float32", "bfloat16", "float16"):
         for c in (512, 511, 384, 260 if name == "float32" else 264):      # 16-bit 260: RAGGED, 8 a lane (PIPE)
@@ -277,15 +306,16 @@ def _new_plans():
 
 
 ALWAYS = ("stash1_float32_32000_ACCURATE", "stash3_float32_32000_LOG", "stash3_bfloat16_32001_ACCURATE",
-          "warp_float32_512_ACCURATE_0")
+          "stash4_float32_50257_LOG", "stash4_bfloat16_50257_LOG", "warp_float32_512_ACCURATE_0")
 BUILDS = pick(_new_plans(), 1, lambda b: b[0] in ALWAYS)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("ptxas") is None, reason="nvcc is not installed")
 def test_new_plans_build(tmp_path, monkeypatch):
-    """nvcc 13 sm_90: the plans WARP_FROM 257 and BWD_STASH 1 / 2 / 3 make build without spills within the plan's
+    """nvcc 13 sm_90: the plans WARP_FROM 257 and BWD_STASH 1 / 2 / 3 / 4 make build without spills within the plan's
     budget (MINB blocks of BLOCK threads an SM), the stash's shared loads and stores in the backward's PTX (under
-    BSA the cp.async copies, 2 NV a chunk, and a wait; MINIDNN_NVCC_ALL=1: all 128 plans)."""
+    BSA the cp.async copies, 2 NV a chunk -- NV under 4's dy-only stash -- and a wait; MINIDNN_NVCC_ALL=1: all
+    144 plans)."""
     specs = []
     for tag, backward, shape, algo, name, wf, mode in BUILDS:
         monkeypatch.setattr(_sk, "WARP_FROM", wf)
@@ -300,8 +330,9 @@ def test_new_plans_build(tmp_path, monkeypatch):
         if tag.startswith("stash"):
             assert d["BSCH"] >= 1 and re.search(r"st\.shared\.f(32|64)", ptx) and re.search(r"ld\.shared\.f(32|64)",
                                                                                          ptx), tag
-            n = len(re.findall(r"cp\.async\.cg\.shared\.global", ptx))     # 2 NV a chunk (nvcc may unroll chunks)
-            assert (n > 0 and n % (2 * d["NV"]) == 0) if d.get("BSA") else n == 0, (tag, n)
+            n = len(re.findall(r"cp\.async\.cg\.shared\.global", ptx))     # 2 NV a chunk (nvcc may unroll chunks);
+            per = d["NV"] * (1 if d["ALGO"] == 2 and not d.get("BSY") else 2)     # NV: 4's dy-only BSA
+            assert (n > 0 and n % per == 0) if d.get("BSA") else n == 0, (tag, n)
             assert ("cp.async.wait_all" in ptx) == bool(d.get("BSA")), tag
         else:
             assert d["WARP"] == 1, tag
@@ -384,7 +415,7 @@ def _cuda_specs():
         _sk.WARP_FROM, _sk.FWD_WARP = saved[0], saved[2]
         for name, rows, c in STASH_CASES + [("float32", 300, 32000)]:
             specs += [_sk.launch_spec(False, (rows, c), (1,), a, _dtype(name)) for a in ("ACCURATE", "LOG")]
-            for mode in (0, 1, 2, 3):
+            for mode in (0, 1, 2, 3, 4):
                 _sk.BWD_STASH = mode
                 specs += [_sk.launch_spec(True, (rows, c), (1,), a, _dtype(name)) for a in ("ACCURATE", "LOG")]
     finally:
@@ -481,7 +512,7 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
     got = {}
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         ys = {algo: B.softmax_forward(None, algo, None, xd, axis=-1) for algo in ("accurate", "log")}
-        for mode in (0, 1, 2, 3):
+        for mode in (0, 1, 2, 3, 4):
             monkeypatch.setattr(_sk, "BWD_STASH", mode)
             _reset_plans()
             for algo in ("accurate", "log"):
@@ -500,9 +531,9 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
                 got[mode, algo, "bsa"] = d.get("BSA", 0) == 1
                 got[mode, algo, "m"] = B.softmax_backward(None, algo, None, _misaligned(cp, y), _misaligned(cp, dyd),
                                                           axis=-1)
-    for mode in (1, 2, 3):
+    for mode in (1, 2, 3, 4):
         for key in [k for k in got if k[0] == 0 and k[-1] != "bsa"]:
-            if mode == 3 and key[1:] == ("accurate",) and got[3, "accurate", "bsa"]:
+            if mode >= 3 and key[1:] == ("accurate",) and got[mode, "accurate", "bsa"]:
                 continue        # softmax's BSA: not bitwise 0 (run 4), against float64 above and repeated below
             _bits(got[(mode,) + key[1:]], got[key], f"{name} {rows}x{c} {key[1:]} BWD_STASH={mode}")
     monkeypatch.setattr(_sk, "BWD_STASH", 3)

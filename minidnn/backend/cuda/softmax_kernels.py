@@ -1086,9 +1086,16 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_pipe(const T* __r
 // vector's: cp.async wants it VBYTES-aligned, which a RAGGED row's start is not), decoded to load_chunk's (A)0 pad.
 // The last chunk's loads go to registers, issued before the wait.  The sum takes chunk 0, 1, ... then the last and
 // the edges, slot by slot as bwd_rows: bitwise the same dx.  Aligned calls (16-byte vectors) only; the misaligned
-// fallback is bwd_rows<false> with the BSCH / BSY float stash.
-#if !BSCH || (ALGO == 2 && !BSY) || G != BLOCK || VEC == 1 || ONE
-#error "BSA: both arrays stashed, a block a row, vector loads, several chunks"
+// fallback is bwd_rows<false> with the BSCH / BSY float stash.  Log-softmax without BSY (BSA_DY, session 19; off
+// by default until the GPU A/B): only dy is stashed (BSW = 1 array a chunk), y read in the second pass a chunk at a
+// time as bwd_rows does -- the same values, so the same dx; twice the chunks fit (50257 classes: 6 of 7).
+#if !BSCH || G != BLOCK || VEC == 1 || ONE
+#error "BSA: a block a row, vector loads, several chunks"
+#endif
+#if ALGO == 2 && !BSY
+#define BSW 1
+#else
+#define BSW 2
 #endif
 __device__ __forceinline__ void cp_async16(VR* sdst, const T* gsrc, bool in)
 {
@@ -1113,8 +1120,10 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __
                 const int v = ch * CV + k * G + g;
                 const bool in = v < q.nb;
                 const int c = q.h + (in ? v : 0) * VEC;   // out of the body: vector 0's (aligned) address
-                cp_async16(rst + (ch * 2 * NV + k) * BLOCK, dy + base + c, in);
-                cp_async16(rst + ((ch * 2 + 1) * NV + k) * BLOCK, y + base + c, in);
+                cp_async16(rst + (ch * BSW * NV + k) * BLOCK, dy + base + c, in);
+#if BSW == 2
+                cp_async16(rst + ((ch * BSW + 1) * NV + k) * BLOCK, y + base + c, in);
+#endif
             }
         }
         asm volatile("cp.async.commit_group;" : : : "memory");
@@ -1130,10 +1139,10 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __
             for (int k = 0; k < NV; ++k) {
                 const bool in = ch * CV + k * G + g < q.nb;
                 Pack u;
-                u.raw = rst[(ch * 2 * NV + k) * BLOCK];
+                u.raw = rst[(ch * BSW * NV + k) * BLOCK];
 #if ALGO != 2
                 Pack w;
-                w.raw = rst[((ch * 2 + 1) * NV + k) * BLOCK];
+                w.raw = rst[((ch * BSW + 1) * NV + k) * BLOCK];
 #endif
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) {
@@ -1152,17 +1161,27 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __
         s = g_sum(s, sm);
         for (int ch = nch - 1; ch >= 0; --ch) {      // the last chunk from registers first
             if (ch < nch - 1) {
+#if BSW == 1
+                load_chunk<true>(y + base, ch, q, g, (A)0, a);
+#endif
 #pragma unroll
                 for (int k = 0; k < NV; ++k) {
                     const bool in = ch * CV + k * G + g < q.nb;
+#if BSW == 1
+                    Pack u;
+                    u.raw = rst[(ch * BSW * NV + k) * BLOCK];
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) b[k * VEC + j] = in ? LD(u.v[j]) : (A)0;
+#else
                     Pack u, w;
-                    u.raw = rst[(ch * 2 * NV + k) * BLOCK];
-                    w.raw = rst[((ch * 2 + 1) * NV + k) * BLOCK];
+                    u.raw = rst[(ch * BSW * NV + k) * BLOCK];
+                    w.raw = rst[((ch * BSW + 1) * NV + k) * BLOCK];
 #pragma unroll
                     for (int j = 0; j < VEC; ++j) {
                         b[k * VEC + j] = in ? LD(u.v[j]) : (A)0;
                         a[k * VEC + j] = in ? LD(w.v[j]) : (A)0;
                     }
+#endif
                 }
             }
 #pragma unroll
@@ -1406,7 +1425,10 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # 50257 or 65536 classes), 3 takes 1's synchronous stash since session 19 (run 5, H200, graph replays, 1 against 3's
 # former no-stash plan): softmax backward float32 (4096, 50257) 0.9236 / 1.1188 ms (1.21x, 53% -> 64% of copy),
 # (2048, 65536) 1.17x, bfloat16 1.02x / 1.10x; log-softmax float32 1.04x / 1.07x, bfloat16 0.99x / 1.02x.
-# 1 and 2 stay selectable for such A/Bs.
+# 1 and 2 stay selectable for such A/Bs.  4 (session 19, not yet measured: off by default): 3, and where log-softmax's
+# both-array BSA does not fit, its dy alone filled by cp.async (BSA without BSY: bwd_rows_async's BSW 1) where dy's
+# chunks but the last fit -- 50257 classes, whose synchronous stash Nsight Compute found at 63% of DRAM throughput
+# against BSA's 85-89% (run 8: a chunk's loads at a time, 16 warps an SM).  Bitwise 0 as 3 is.
 BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "3"))
 BWD_STASH_BYTES = 200 * 1024
 
@@ -1843,11 +1865,13 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
             bsch, smem_s = bwd_stash_chunks(cfg, c, algo_name, acc, stash, both)
             if bsch:
                 nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
-                asy = BWD_STASH == 3 and bsch == nch - 1 and cfg.vec > 1     # BSA: the whole row but its last chunk
-                if BWD_STASH == 3 and not asy:
-                    # 3 where BSA does not fit (rows past ~40000 classes): 1's synchronous stash (BWD_STASH's comment)
+                asy = BWD_STASH >= 3 and bsch == nch - 1 and cfg.vec > 1     # BSA: the whole row but its last chunk
+                if BWD_STASH >= 3 and not asy:
+                    # 3 where BSA does not fit (rows past ~40000 classes): 1's synchronous stash (BWD_STASH's comment);
+                    # 4: log-softmax's dy alone by cp.async where its chunks but the last fit (BSA without BSY)
                     both = False
                     bsch, smem_s = bwd_stash_chunks(cfg, c, algo_name, acc, stash, False)
+                    asy = BWD_STASH == 4 and algo_name == "LOG" and bsch == nch - 1 and cfg.vec > 1
                 smem = smem_s
                 defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ())
                            + (("BSA=1",) if asy else ()) + defines[-1:])
@@ -1891,9 +1915,9 @@ def call_stash(backward, dev):
     within what one block of GPU ``dev`` may opt into (less 1 KB: the kernel's static shared memory); 0 otherwise."""
     if not backward or not BWD_STASH:
         return 0
-    if BWD_STASH not in (1, 2, 3):
-        raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1, 2 or 3")
-    if BWD_STASH == 3 and not sm80(dev):        # 3's stash is filled by cp.async: sm_80+; else no stash
+    if BWD_STASH not in (1, 2, 3, 4):
+        raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1, 2, 3 or 4")
+    if BWD_STASH >= 3 and not sm80(dev):        # 3's / 4's stash is filled by cp.async: sm_80+; else no stash
         return 0
     optin = smem_limits(dev)[1]
     return min(BWD_STASH_BYTES, optin - 1024) if optin else BWD_STASH_BYTES
