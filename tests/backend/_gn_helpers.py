@@ -79,3 +79,14 @@ def launched(monkeypatch):
         yield got
     finally:
         NK._plans.clear()
+
+
+def check_env_cases(env_runs, show, cases, import_error):
+    """norm_gn16's import-time switches in one interpreter (tests/conftest.py env_runs): ``cases`` is ((environment,
+    the line ``show`` prints or None), ...); None means the import fails with ``import_error`` in its traceback."""
+    runs = env_runs("minidnn.backend.cuda.norm_gn16", show, [extra for extra, _ in cases], drop=("MINIDNN_GN_STASH16",))
+    for (extra, want), (rc, out, err) in zip(cases, runs):
+        if want is None:
+            assert rc != 0 and import_error in err, (extra, out, err[-800:])
+        else:
+            assert rc == 0 and out.strip() == want, (extra, out, err[-800:])

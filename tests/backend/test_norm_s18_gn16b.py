@@ -21,7 +21,7 @@ import pytest
 import minidnn.backend as B
 from minidnn.backend.cuda import norm_gn16 as GS
 from minidnn.backend.cuda import norm_kernels as NK
-from tests.backend._gn_helpers import build, entry_body, launched
+from tests.backend._gn_helpers import build, check_env_cases, entry_body, launched
 from tests.backend.test_norm_s17_gncl import TOL, _check, _dtype, _h, _run
 from tests.backend.test_norm_s18_gn16 import H200, _fake, cp  # noqa: F401 -- cp: the GPU fixture
 
@@ -260,12 +260,7 @@ def test_environment(env_runs):
     bwd = "MINIDNN_GN_STASH16_BWD"
     cases = (({}, "2 False"), ({bwd: "1"}, "1 False"), ({bwd: "2"}, "2 False"),
              ({"MINIDNN_GN_STASH16_FWD": "2"}, "2 False"), ({bwd: "3"}, None))
-    runs = env_runs("minidnn.backend.cuda.norm_gn16", show, [extra for extra, _ in cases], drop=("MINIDNN_GN_STASH16",))
-    for (extra, want), (rc, out, err) in zip(cases, runs):
-        if want is None:
-            assert rc != 0 and "1 (gn_bwds) or 2 (gn_bwdp)" in err, (extra, out, err[-800:])
-        else:
-            assert rc == 0 and out.strip() == want, (extra, out, err[-800:])
+    check_env_cases(env_runs, show, cases, "1 (gn_bwds) or 2 (gn_bwdp)")
 
 
 # ---- CPU: nvcc ------------------------------------------------------------------------------------------------
