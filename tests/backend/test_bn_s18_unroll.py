@@ -23,6 +23,7 @@ from minidnn.backend import devices as _dev
 from minidnn.backend.cuda import bn_cluster as BC
 from minidnn.backend.cuda import bn_kernels as K
 from minidnn.backend.cuda import bn_nhwc as M
+from tests import _nvcc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H100_SMEM = (233472, 232448)
@@ -148,28 +149,25 @@ def _dt(name):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name, bps, pf", [("float32", 3, 0), ("bfloat16", 3, 0), ("float32", 2, 2),
                                            ("bfloat16", 2, 1)], ids=str)
-def test_the_timed_settings_compile_without_spills(tmp_path, monkeypatch, name, bps, pf):
+def test_the_timed_settings_compile_without_spills(monkeypatch, name, bps, pf):
     monkeypatch.setattr(K, "ONEPASS_BPS", bps)
     monkeypatch.setattr(K, "ONEPASS_PREFETCH", pf)
     dt = _dt(name)
+    units = []
     for flags in (dict(has_scale=1, has_bias=1, cache=1), dict(relu=1, has_z=1, has_scale=1, has_bias=1, cache=1)):
         opts = K._onepass_options(dt, False, 16 // dt.itemsize, 1, **flags)
-        defines = "".join(f"#define {o[2:].split('=')[0]} {o.split('=', 1)[1]}\n" for o in opts if o.startswith("-D"))
-        f = tmp_path / "k.cu"
-        f.write_text(defines + K.ONEPASS_SOURCE)
-        r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
-                            str(tmp_path / "k"), str(f)], capture_output=True, text=True, timeout=300)
-        out = r.stdout + r.stderr
+        units.append((K.ONEPASS_SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
+    for r in _nvcc.build(units, ("-std=c++17",)):          # (tests/_nvcc.build: each unit's own ptxas lines)
+        out = r.stderr
         assert r.returncode == 0, out[-2000:]
         spills = [line for line in out.splitlines() if "spill stores" in line]
         assert spills and all(" 0 bytes spill stores" in line for line in spills), out
         regs = [int(w.split()[1]) for line in out.splitlines() if "Used" in line
                 for w in [line[line.index("Used"):]]]
         assert regs and max(regs) <= 65536 // (256 * bps), regs
-        if pf:      # the prefetches are there (bn_fwd1's first pass and before its meeting; bn_bwd1's likewise)
-            r = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-ptx", "-o", str(tmp_path / "k.ptx"), str(f)],
-                               capture_output=True, text=True, timeout=300)
-            assert r.returncode == 0 and (tmp_path / "k.ptx").read_text().count("prefetch.global.L2") >= 4
+    if pf:      # the prefetches are there (bn_fwd1's first pass and before its meeting; bn_bwd1's likewise)
+        for r in _nvcc.build(units, ("-std=c++17",), ptx=True):
+            assert r.returncode == 0 and sum(t.count("prefetch.global.L2") for t in r.ptx.values()) >= 4, r.stderr
 
 
 # ---- GPU -----------------------------------------------------------------------------------------------------------
