@@ -198,12 +198,6 @@ def apply_seen(cls, *args, **kwargs):
     ctx.next_edges = tuple(edges)
     ctx._input_meta = tuple(meta)
     ctx._n_inputs = len(args)
-    return seen_output(ctx, y)
-
-
-def seen_output(ctx, y):
-    """``y``, the one Tensor output of a seen path's forward, recorded as ``ctx``'s (its output metadata and y's
-    autograd fields, as Function.apply sets them); the caller has set the ctx's inputs' fields."""
     data = y.data
     ctx._out_meta = ((data.shape, data.dtype, array_module(data)),)
     ctx.num_outputs = 1

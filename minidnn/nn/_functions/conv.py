@@ -23,7 +23,7 @@ import os
 from ... import backend as B
 from ..._amp_state import autocast_op, float32_grad_of, graph_weight, leaf_grad
 from ..._grad_dest import destination
-from ...autograd import Function, FunctionCtx, _state, is_grad_enabled
+from ...autograd import Function, _state, is_grad_enabled
 from ...backend._common import SeenCalls
 from ...backend.convolution import convolution_filter_carry, settle_convolution, settled_state
 from ...backend.errors import ArgumentError, DTypeError
@@ -41,7 +41,6 @@ from ._util import (
     ntuple,
     plain_setting,
     plain_settings,
-    seen_output,
     wrap,
 )
 from .bias import add_bias, bias_forward, bias_grad
@@ -192,11 +191,10 @@ def _kept(carry):
 FAST_PATH = [os.environ.get("MINIDNN_CONV_FAST", "1") != "0"]
 _FAST_CONV = SeenCalls()
 # Host round 31: the fast key's three settings tested together, a layer's own tuples by identity (_util's
-# plain_settings: the key holds the same values), and a bias-free convolution's node written out for its three
-# arguments (_apply_seen_conv) instead of apply_seen's loop over them.  Switch: LEAN_CONV[0] = False (or
-# MINIDNN_CONV_LEAN=0 at import): plain_setting thrice, apply_seen.
+# plain_settings: the key holds the same values).  Switch: LEAN_CONV[0] = False (or MINIDNN_CONV_LEAN=0 at import):
+# plain_setting thrice.  (The round also wrote a bias-free convolution's node out beside apply_seen; the final review
+# took that copy of the shared mechanism out again.)
 LEAN_CONV = [os.environ.get("MINIDNN_CONV_LEAN", "1") != "0"]
-_new = object.__new__
 
 
 def _fast_key(op, x, weight, bias, stride, padding, dilation, groups):
@@ -514,34 +512,11 @@ def _apply_seen(x, w, seen, b):
     if w.data.data.device_id != dev:
         return None
     if b is None:
-        return _apply_seen_conv(x, w, seen) if LEAN_CONV[0] else apply_seen(ConvForward, x, w, seen)
+        return apply_seen(ConvForward, x, w, seen)
     bd = b.data
     if type(bd) is not type(x.data) or bd.data.device_id != dev:
         return None
     return apply_seen(ConvForward, x, w, seen, b)
-
-
-def _apply_seen_conv(x, w, seen):
-    """apply_seen(ConvForward, x, w, seen) for Tensors x and w (the fast key's) and the _SeenConv ``seen``: the same
-    forward call and node fields, the edges taken after the forward (nothing there reads or makes them)."""
-    record = _state.grad_enabled
-    xr, wr = x.requires_grad, w.requires_grad
-    ctx = _new(FunctionCtx)
-    ctx._fn_cls = ConvForward
-    ctx.needs_input_grad = (xr, wr, False)
-    _state.grad_enabled = False
-    try:
-        y = ConvForward.forward(ctx, x, w, seen)
-    finally:
-        _state.grad_enabled = record
-    if not (record and (xr or wr)):
-        return y
-    ctx.next_edges = (x._edge() if xr or x.grad_fn is not None else None,
-                      w._edge() if wr or w.grad_fn is not None else None, None)
-    ctx._input_meta = ((x.data.shape, x.data.dtype) if xr else None, (w.data.shape, w.data.dtype) if wr else None,
-                       None)
-    ctx._n_inputs = 3
-    return seen_output(ctx, y)
 
 
 def _same_padding(op, x, weight, stride, dilation, nd):
