@@ -102,9 +102,9 @@ def test_bwd_stash_rule(monkeypatch):
     last whose stash (dy: log-softmax under 1; dy and y: softmax, log-softmax under 2 / 3 with BSY=1) fits
     BWD_STASH_BYTES, as a define before MINB and the dynamic shared memory of the launch -- under 3 also BSA=1 where
     that is every chunk but the last; nothing else of the plan changes, and every forward and one-chunk backward
-    plans as with 0 (3 the module default since run 4; where BSA does not fit, 3 plans exactly as 1 since session
-    19's run 5)."""
-    assert _sk.BWD_STASH == 3
+    plans as with 0 (3 the module default from run 4 to session 20, 4 since; where BSA does not fit, 3 plans exactly as
+    1 since session 19's run 5)."""
+    assert _sk.BWD_STASH == 4
     monkeypatch.setattr(_sk, "BWD_STASH", 0)
     off = _specs(SHAPES)
     asy = 0
@@ -160,7 +160,7 @@ def test_bwd_stash_rule(monkeypatch):
 
 
 def test_bwd_stash_4_rule(monkeypatch):
-    """BWD_STASH 4 (session 19, off by default): every plan as under 3, except log-softmax rows where 3 falls back to
+    """BWD_STASH 4 (session 19; the default since session 20's run 1): every plan as under 3, except log-softmax rows where 3 falls back to
     1's synchronous stash and dy's chunks but the last fit (50257 classes: 6 of 7): there BSA=1 without BSY -- the
     cp.async stash of dy alone, BSCH and shared memory 1's."""
     monkeypatch.setattr(_sk, "BWD_STASH", 3)
@@ -208,7 +208,7 @@ def test_call_stash_device_limit(monkeypatch):
 
 
 def test_env():
-    """MINIDNN_SOFTMAX_WARP_FROM / _BWD_STASH set the module defaults at import (257 and 3 when unset)."""
+    """MINIDNN_SOFTMAX_WARP_FROM / _BWD_STASH set the module defaults at import (257 and 4 when unset)."""
     code = """
 import importlib, os
 for k in ("MINIDNN_SOFTMAX_WARP_FROM", "MINIDNN_SOFTMAX_BWD_STASH"):
@@ -222,7 +222,7 @@ print(repr(out))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-800:]
-    assert eval(r.stdout.strip().splitlines()[-1]) == [(257, 3), (257, 2)]
+    assert eval(r.stdout.strip().splitlines()[-1]) == [(257, 4), (257, 2)]
 
 
 def test_launches_under_the_fake_cupy():
@@ -536,23 +536,23 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
             if mode >= 3 and key[1:] == ("accurate",) and got[mode, "accurate", "bsa"]:
                 continue        # softmax's BSA: not bitwise 0 (run 4), against float64 above and repeated below
             _bits(got[(mode,) + key[1:]], got[key], f"{name} {rows}x{c} {key[1:]} BWD_STASH={mode}")
-    monkeypatch.setattr(_sk, "BWD_STASH", 3)
+    monkeypatch.setattr(_sk, "BWD_STASH", 4)
     _reset_plans()
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         for algo in ("accurate", "log"):
             again = B.softmax_backward(None, algo, None, ys[algo], dyd, axis=-1)
-            _bits(again, got[3, algo], f"{name} {rows}x{c} {algo} BWD_STASH=3 repeated")
+            _bits(again, got[4, algo], f"{name} {rows}x{c} {algo} BWD_STASH=4 repeated")
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("mode", [2, 3])
-def test_bwd_stash_in_a_graph(cp, monkeypatch, mode):
-    """A captured 300-row 32000-class log-softmax backward under BWD_STASH 2 / 3 replays to the eager bits, twice,
-    dy changed in place between the replays."""
+@pytest.mark.parametrize("mode, c", [(2, 32000), (3, 32000), (4, 50257)])
+def test_bwd_stash_in_a_graph(cp, monkeypatch, mode, c):
+    """A captured 300-row log-softmax backward under BWD_STASH 2 / 3 (32000 classes) and 4 (50257: dy's cp.async
+    stash alone) replays to the eager bits, twice, dy changed in place between the replays."""
     _warm()
     monkeypatch.setattr(_sk, "BWD_STASH", mode)
     _reset_plans()
-    rows, c = 300, 32000
+    rows = 300
     y = B.softmax_forward(None, "log", None, cp.asarray(_inputs("float32", rows, c, 5)), axis=-1)
     dy = cp.asarray(np.random.default_rng(2).standard_normal((rows, c)).astype(np.float32))
     B.softmax_backward(None, "log", None, y, dy, axis=-1)             # plans and compiles outside the capture
@@ -562,8 +562,9 @@ def test_bwd_stash_in_a_graph(cp, monkeypatch, mode):
         dx = B.softmax_backward(None, "log", None, y, dy, axis=-1)
         g = s.end_capture()
     for k in range(2):
-        dy *= 1.5
-        g.launch(s)
+        with s:                 # on the graph's stream: a non-blocking stream does not wait for the default one
+            dy *= 1.5
+            g.launch(s)
         s.synchronize()
         _bits(dx, B.softmax_backward(None, "log", None, y, dy, axis=-1), f"replay {k}")
 
@@ -589,4 +590,4 @@ def test_row_ab_plans(monkeypatch):
     assert stash == [(), ("BSCH=3",), ("BSCH=3",), ("BSCH=3", "BSA=1"),
                      (), ("BSCH=3",), ("BSCH=3", "BSY=1"), ("BSCH=3", "BSY=1", "BSA=1")], stash
     assert [_defs(s.defines).get("WARP", 0) for s in got] == [0, 1] * 3
-    assert (_sk.BWD_STASH, _sk.WARP_FROM) == (3, 257)
+    assert (_sk.BWD_STASH, _sk.WARP_FROM) == (4, 257)

@@ -1425,11 +1425,14 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # 50257 or 65536 classes), 3 takes 1's synchronous stash since session 19 (run 5, H200, graph replays, 1 against 3's
 # former no-stash plan): softmax backward float32 (4096, 50257) 0.9236 / 1.1188 ms (1.21x, 53% -> 64% of copy),
 # (2048, 65536) 1.17x, bfloat16 1.02x / 1.10x; log-softmax float32 1.04x / 1.07x, bfloat16 0.99x / 1.02x.
-# 1 and 2 stay selectable for such A/Bs.  4 (session 19, not yet measured: off by default): 3, and where log-softmax's
-# both-array BSA does not fit, its dy alone filled by cp.async (BSA without BSY: bwd_rows_async's BSW 1) where dy's
-# chunks but the last fit -- 50257 classes, whose synchronous stash Nsight Compute found at 63% of DRAM throughput
-# against BSA's 85-89% (run 8: a chunk's loads at a time, 16 warps an SM).  Bitwise 0 as 3 is.
-BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "3"))
+# 1 and 2 stay selectable for such A/Bs.  4 (session 19; the default since session 20's run 1): 3, and where
+# log-softmax's both-array BSA does not fit, its dy alone filled by cp.async (BSA without BSY: bwd_rows_async's BSW 1)
+# where dy's chunks but the last fit -- 50257 classes, whose synchronous stash Nsight Compute found at 63% of DRAM
+# throughput against BSA's 85-89% (run 8: a chunk's loads at a time, 16 warps an SM).  Bitwise 0 as 3 is.  Session 20
+# run 1 (H200, graph replays, 3 -> 4, log-softmax backward): float32 (4096, 50257) 1.0710 -> 0.7846 ms (1.37x; 55% ->
+# 76% of copy; PyTorch 0.8851), (300, 50257) 1.34x, (2048, 49999) 1.34x; bfloat16 1.24x / 1.17x / 1.17x (0.4196 ms
+# against PyTorch's 0.3906 at (4096, 50257)); float16 1.40x / 1.30x / 1.35x.
+BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "4"))
 BWD_STASH_BYTES = 200 * 1024
 
 
