@@ -1,6 +1,6 @@
 """Session 18 (issue 10): NCHW batch norm's one-pass kernels at several bytes-in-flight settings, in one process.
 
-    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings p1,p0,p2,b3p0,b3p1] [--shapes 32x256x56x56,...]
+    PYTHONPATH=. python3 tools/bn_s18_ab.py [--settings p1,p0,p2,b3p0,b3p1,p1s1] [--shapes 32x256x56x56,...]
                                             [--dtypes float32,bfloat16] [--ops fwd,bwd,relu_bwd] [--rounds 15]
                                             [--calls 10] [--small-calls 50] [--no-torch]
 
@@ -8,7 +8,9 @@ The question (docs/step_kernels.md, "Session 18"): on the H200 (4.2 TB/s copy) a
 phases latency-bound -- too few bytes in flight an SM?  A setting is pP (ONEPASS_PREFETCH = P, MINIDNN_BN_PREFETCH:
 the first pass asks L2 for the vectors P iterations ahead, and a block about to meet for its next tile's first ones --
 bytes in flight without registers) with an optional bB prefix (ONEPASS_BPS = B blocks per SM, MINIDNN_BN_BPS: 3 gives
-each block a smaller share of shared memory for the on-chip copy, more warps an SM).
+each block a smaller share of shared memory for the on-chip copy, more warps an SM) and an optional sS suffix
+(ONEPASS_SYMM = S, MINIDNN_BN_SYMM, session 20: the symmetric meeting -- every block adds its tile's partials itself;
+the same bits).
 "p1" is the default (run 7 adopted PREFETCH 1) and the A (the first setting); every setting is flipped in this
 process through bn_kernels.set_onepass, which makes the settled calls settle again.  PREFETCH does not move the split
 (the same bits); BPS does (a bigger grid).  Run 7 also timed UNROLL 6 and 8 (its settings were uU[pP]: "u4p1" is
@@ -47,11 +49,12 @@ OPS = {"fwd": (False, False, 2), "bwd": (False, True, 3), "relu_bwd": (True, Tru
 
 
 def parse_setting(s):
-    """'p1' -> (2, 1); 'b3p0' -> (3, 0): (blocks per SM, L2 prefetch distance)."""
-    m = re.fullmatch(r"(?:b(\d+))?p(\d+)", s)
+    """'p1' -> (2, 1, 0); 'b3p0' -> (3, 0, 0); 'p1s1' -> (2, 1, 1): (blocks per SM, L2 prefetch distance,
+    symmetric meeting)."""
+    m = re.fullmatch(r"(?:b(\d+))?p(\d+)(?:s(\d+))?", s)
     if m is None:
-        raise SystemExit(f"bad setting {s!r}: expected [bB]pP (e.g. p1, b3p0)")
-    return int(m.group(1) or 2), int(m.group(2))
+        raise SystemExit(f"bad setting {s!r}: expected [bB]pP[sS] (e.g. p1, b3p0, p1s1)")
+    return int(m.group(1) or 2), int(m.group(2)), int(m.group(3) or 0)
 
 
 def _route(call):
@@ -102,10 +105,10 @@ def main(argv=None):
     timer = Timer(cp, torch, 7, False)
     bw = copy_bandwidth(cp)
     dev = cp.cuda.Device()
-    default = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH)
+    default = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM)
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy {bw:.0f} GB/s; "
-          f"UNROLL {K.ONEPASS_UNROLL}, defaults BPS {default[0]} PREFETCH {default[1]}; {args.rounds} rounds, "
-          "order rotated")
+          f"UNROLL {K.ONEPASS_UNROLL}, defaults BPS {default[0]} PREFETCH {default[1]} SYMM {default[2]}; "
+          f"{args.rounds} rounds, order rotated")
     print("# ms per call (% of copy); ratio = first setting / this (> 1: faster than it); torch beside")
     head = f"{'shape':>14} {'dtype':>8} {'op':>8} | " + " | ".join(f"{s[0]:>16}" for s in settings) + \
         f" | {'torch':>8} | best"
@@ -131,8 +134,8 @@ def main(argv=None):
                 K.set_onepass(*default)
                 y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, relu=relu)
                 keep.append((y, m, i))
-                for label, bps, pf in settings:
-                    K.set_onepass(bps, pf)
+                for label, bps, pf, sy in settings:
+                    K.set_onepass(bps, pf, sy)
                     if backward:
                         def fn(y=y, m=m, i=i):
                             return K.backward(xg, dyg, sg, m, i, y=y if relu else None)

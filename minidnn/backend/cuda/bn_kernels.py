@@ -82,6 +82,11 @@ ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)
 # (fp32 (32, 256, 56, 56) 67% -> 72% of copy), backward 1.01-1.07x, bn + relu backward 0.99-1.04x, ResNet-20's
 # (128, 16, 32, 32) level or faster.
 ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
+# The symmetric meeting (MINIDNN_BN_SYMM, set_onepass(symm=); 0: off, the define absent, the kernels' PTX as before;
+# session 20, off until the GPU A/B): every block of a tile adds the partials itself once all have arrived, instead
+# of the last arriver finalising and raising a flag the others poll and then reading the statistics back from L2
+# (the SYMM comment in ONEPASS_SOURCE).  The same sums in the same order: the same bits.
+ONEPASS_SYMM = _env_int("MINIDNN_BN_SYMM", 0, 0, 1)
 
 SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
@@ -565,6 +570,29 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
     for (int k = 0; k < NCH; ++k) { v[k][0] = sm[0][tx * NCH + k][0]; v[k][1] = sm[0][tx * NCH + k][1]; }
 }
 
+// SYMM (session 20, MINIDNN_BN_SYMM; 0 = off, the define absent: the kernels' text as before): a symmetric meeting.
+// Every block of the tile waits for the arrival count to reach `per`, then adds the partials itself -- the same
+// loads in the same order as the last arriver's, so every block gets the statistics bit for bit -- and keeps its
+// finalised values in shared memory (SYMM_KEEP; read back by STAT_LD).  That drops from the chain every block waits
+// on: the last block's fence, its fin stores, a fence, the flag's atomic, the waiters' flag poll and fence, and the
+// statistics' load from L2 -- ~4 of the ~7 dependent L2 round trips of a meeting (docs/step_kernels.md, "Session 7":
+// 6.6 us a round).  Only block s == 0 updates the running statistics and the step counter; every block stores the
+// same mean / inv_std (coef, dscale, dbias) values, which nobody reads inside the launch.
+#ifndef SYMM
+#define SYMM 0
+#endif
+#if SYMM
+#define SYMM_DECL __shared__ A sym[TW][2];
+#define SYMM_KEEP(c, a0, a1) { sym[(c) - t * TW][0] = (a0); sym[(c) - t * TW][1] = (a1); }
+#define STAT_LD(p, off, c, j) sym[(c) - t * TW][j]
+#define SYMM_ONCE && s == 0
+#else
+#define SYMM_DECL
+#define SYMM_KEEP(c, a0, a1)
+#define STAT_LD(p, off, c, j) __ldcg(p + off)
+#define SYMM_ONCE
+#endif
+
 // Publish this block's partials of tile t, then meet the tile's other blocks.  The last to arrive adds every
 // block's partials in double (thread (q, k): channel k of the tile, partials q, q + 256 / TW, ... in order, then a
 // fixed-order tree over q: the same order whichever block is last, so the result is bitwise repeatable), calls
@@ -588,7 +616,15 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
     }
     __threadfence();
     __syncthreads();
+#if SYMM
+    if (threadIdx.x == 0) {
+        atomicAdd(sync + 3 * t, 1u);
+        while (*(volatile unsigned int*)(sync + 3 * t) < (unsigned int)per) __nanosleep(32);
+    }
+    last = true;        // every block combines (the same loads and order: the same bits in each)
+#else
     if (threadIdx.x == 0) last = atomicAdd(sync + 3 * t, 1u) == (unsigned int)per - 1;
+#endif
     __syncthreads();
     if (last) {
         __threadfence();
@@ -609,9 +645,13 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
             __syncthreads();
         }
         if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
+#if SYMM
+        __syncthreads();    // fin's SYMM_KEEP (the block's own statistics in shared memory) before they are read
+#else
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicExch(sync + 3 * t + 1, 1u);
+#endif
     } else {
         if (threadIdx.x == 0) {
             while (*(volatile unsigned int*)(sync + 3 * t + 1) == 0u) __nanosleep(64);
@@ -645,6 +685,7 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
         const int has_running, const int has_counter CACHE_PARAM)
 {
     __shared__ A sm[RW][TW][2];
+    SYMM_DECL
     const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
     for (int t = blockIdx.x / per; t < tiles; t += rounds_step) {
         const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
@@ -701,16 +742,21 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
         }
 #endif
         meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
+#if SYMM
+            const int hr_ = has_running;
+            const int has_running = hr_ && s == 0;          // the running statistics: one block of the tile
+#endif
             BN_FINALISE(c, INNER1 ? (double)outer : (double)outer * inner, x[INNER1 ? c : (long long)c * inner])
-            if (has_counter && c == 0) counter[0] += 1;     // BatchNorm's num_batches_tracked, once per call
+            SYMM_KEEP(c, (A)mean, (A)(1.0 / sqrt(var + eps)))
+            if (has_counter && c == 0 SYMM_ONCE) counter[0] += 1;     // num_batches_tracked, once per call
         });
         A mu[NCH], kk[NCH], bb[NCH];
 #pragma unroll
         for (int e = 0; e < NCH; ++e) {
             const int c = INNER1 ? (int)sl.base + e : t;
             const bool ok = valid && c < C;
-            mu[e] = ok ? __ldcg(mean_out + c) : (A)0;
-            const A inv = ok ? __ldcg(inv_std_out + c) : (A)0;
+            mu[e] = ok ? STAT_LD(mean_out, c, c, 0) : (A)0;
+            const A inv = ok ? STAT_LD(inv_std_out, c, c, 1) : (A)0;
             kk[e] = HAS_SCALE && ok ? inv * (A)scale[c] : inv;
             bb[e] = HAS_BIAS && ok ? (A)bias[c] : (A)0;
         }
@@ -781,6 +827,7 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         const unsigned int iv_shr, const int tiles, const int per CACHE_PARAM)
 {
     __shared__ A sm[RW][TW][2];
+    SYMM_DECL
     const int rounds_step = gridDim.x / per, s = blockIdx.x % per;
     for (int t = blockIdx.x / per; t < tiles; t += rounds_step) {
         const Slice sl = slice_of(t, s, per, outer, C, inner, iv);
@@ -852,6 +899,7 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         meet(v, partial, sync, t, s, per, C, sm, [&](int c, double t1, double t2) {
             const double m = INNER1 ? (double)outer : (double)outer * inner;
             coef[2 * c] = (A)(t1 / m); coef[2 * c + 1] = (A)(t2 / m);
+            SYMM_KEEP(c, (A)(t1 / m), (A)(t2 / m))
 #if HAS_SCALE
             dbias[c] = (P)t1; dscale[c] = (P)t2;
 #endif
@@ -861,8 +909,8 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         for (int e = 0; e < NCH; ++e) {
             const int c = INNER1 ? (int)sl.base + e : t;
             const bool ok = valid && c < C;
-            c0[e] = ok ? __ldcg(coef + 2 * c) : (A)0;
-            c1[e] = ok ? __ldcg(coef + 2 * c + 1) : (A)0;
+            c0[e] = ok ? STAT_LD(coef, 2 * c, c, 0) : (A)0;
+            c1[e] = ok ? STAT_LD(coef, 2 * c + 1, c, 1) : (A)0;
             kk[e] = HAS_SCALE && ok ? is[e] * (A)scale[c] : is[e];
         }
         depart(sync, t, per);
@@ -952,8 +1000,9 @@ def _onepass_options(dtype, inner1, vec, tpr, **flags):
     """NVRTC options of the one-pass kernels: the data/flag defines of ``_options`` plus the vector width, the
     threads per channels-last row, the unroll (vectors in flight per thread and array) and the blocks per SM."""
     pf = (f"-DPREFETCH={ONEPASS_PREFETCH}",) if ONEPASS_PREFETCH else ()    # absent when off: the PTX as before
+    sy = ("-DSYMM=1",) if ONEPASS_SYMM else ()
     return _options(dtype, inner1, **flags) + (f"-DVEC={vec}", f"-DTPR={tpr}", f"-DUNROLL={ONEPASS_UNROLL}",
-                                               f"-DBPS={ONEPASS_BPS}") + pf
+                                               f"-DBPS={ONEPASS_BPS}") + pf + sy
 
 
 _dividers: dict = {}
@@ -986,7 +1035,7 @@ def _kernel(name, dtype, inner1, **flags):
 
 
 def _kernel1(name, dtype, inner1, vec, tpr, **flags):
-    key = (name, dtype, inner1, vec, tpr, ONEPASS_BPS, ONEPASS_PREFETCH, tuple(sorted(flags.items())))
+    key = (name, dtype, inner1, vec, tpr, ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM, tuple(sorted(flags.items())))
     k = _kernel_cache.get(key)
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
@@ -1368,21 +1417,23 @@ _calls: dict = {}
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
     return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
-        ONEPASS_BPS, ONEPASS_PREFETCH
+        ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM
 
 
-def set_onepass(bps=None, prefetch=None):
-    """Set the one-pass kernels' blocks per SM and L2 prefetch distance (None: keep) for an in-process A/B.
-    Settled calls made under other values see the change through _switches() and settle again; the plans are
-    dropped too."""
-    global ONEPASS_BPS, ONEPASS_PREFETCH
-    for name, v, lo, hi in (("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8)):
+def set_onepass(bps=None, prefetch=None, symm=None):
+    """Set the one-pass kernels' blocks per SM, L2 prefetch distance and symmetric meeting (None: keep) for an
+    in-process A/B.  Settled calls made under other values see the change through _switches() and settle again; the
+    plans are dropped too."""
+    global ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM
+    for name, v, lo, hi in (("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8), ("symm", symm, 0, 1)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
             raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
     if bps is not None:
         ONEPASS_BPS = int(bps)
     if prefetch is not None:
         ONEPASS_PREFETCH = int(prefetch)
+    if symm is not None:
+        ONEPASS_SYMM = int(symm)
     _calls.clear()
     _plans.clear()
 

@@ -1,0 +1,157 @@
+"""Session 20 (issue 10): the one-pass batch-norm kernels' symmetric meeting -- bn_kernels.ONEPASS_SYMM
+(MINIDNN_BN_SYMM, set_onepass(symm=)): every block of a channel tile adds the tile's partials itself once the arrival
+count is full, keeps the statistics in shared memory, and only block 0 of the tile updates the running statistics
+and the step counter -- where before the last arriver finalised, raised a flag, and the others read the statistics
+back from L2.  The same loads in the same order, so the same bits.
+
+CPU cases: bad values fail before any launch (set_onepass, the environment at import); under the fake CuPy the
+launches carry -DSYMM=1 only when on, with the same grid and shared memory, and a settled call settles again after
+a flip; nvcc: the SYMM builds compile without spills within two blocks an SM.
+GPU cases (marked cuda): forward and backward (plain, + ReLU, + add + ReLU; float32 / bfloat16; one and several
+rounds, vec 4 / 8 and odd planes at vec 1) bitwise equal to the switch off, every output -- y, the saved mean /
+inv_std, the running statistics (updated once: block 0 alone), dx, dz, dscale, dbias -- over three calls in a row
+(each launch leaves the tile counters at zero for the next); the step counter once per call.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import bn_cluster as BC
+from minidnn.backend.cuda import bn_kernels as K
+from minidnn.backend.cuda import bn_nhwc as M
+from tests import _nvcc
+from tests.backend.test_bn_s18_unroll import _bits, _dt, _fake, _gpu_inputs, _gpu_outputs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("kwargs", [dict(symm=2), dict(symm=-1), dict(symm=True), dict(symm=1.0),
+                                    dict(symm="1"), dict(prefetch=1, symm=3)], ids=str)
+def test_set_onepass_rejects_bad_symm_values_and_keeps_the_settings(kwargs):
+    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM)
+    with pytest.raises(ValueError, match="set_onepass"):
+        K.set_onepass(**kwargs)
+    assert (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM) == before
+
+
+@pytest.mark.parametrize("value", ["2", "on"])
+def test_a_bad_environment_value_fails_at_import_naming_the_variable(value):
+    r = subprocess.run([sys.executable, "-c", "import minidnn.backend.cuda.bn_kernels"], cwd=ROOT,
+                       env={**os.environ, "MINIDNN_BN_SYMM": value, "PYTHONPATH": ROOT}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "MINIDNN_BN_SYMM=" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_define_only_when_on_and_the_same_launches_under_the_fake_cupy():
+    _fake("""
+assert K.ONEPASS_SYMM == 0
+for shape in ((128, 16, 32, 32), (32, 256, 56, 56), (3, 40, 13, 21)):
+    base = run(shape, relu=True)
+    assert not any("SYMM" in f for _, _, f in base), base          # off: the options (and PTX) as before
+    K.set_onepass(symm=1)
+    got = run(shape, relu=True)
+    assert all("-DSYMM=1" in f for _, _, f in got), got
+    assert [g[:2] for g in got] == [b[:2] for b in base]             # the same grid and shared memory
+    K.set_onepass(symm=0)
+    assert run(shape, relu=True) == base
+# a call settled before a flip declines after it (nn's remembered calls settle again), nothing launched
+x = fakecp.asarray(np.ones((4, 64, 56, 56), np.float32))
+sc, bi = fakecp.asarray(np.ones(64, np.float32)), fakecp.asarray(np.zeros(64, np.float32))
+call = K.training_call(x, sc, bi, 0.1, None, None, 1e-5)
+n0 = len(names)
+assert call(x, None, sc, bi, None, None, None) is not None and len(names) == n0 + 1
+K.set_onepass(symm=1)
+assert call(x, None, sc, bi, None, None, None) is None and len(names) == n0 + 1
+print("OK")
+""")
+    _fake("""
+assert K.ONEPASS_SYMM == 1
+assert all("-DSYMM=1" in f for _, _, f in run((4, 64, 56, 56)))
+print("OK")
+""", MINIDNN_BN_SYMM="1")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_symmetric_builds_compile_without_spills(monkeypatch):
+    monkeypatch.setattr(K, "ONEPASS_SYMM", 1)
+    units = []
+    for name in ("float32", "bfloat16"):
+        dt = _dt(name)
+        for inner1, flags in ((False, dict(has_scale=1, has_bias=1, cache=1)),
+                              (False, dict(relu=1, has_z=1, has_scale=1, has_bias=1, cache=1)),
+                              (True, dict(relu=1, has_scale=1, has_bias=1))):
+            opts = K._onepass_options(dt, inner1, 16 // dt.itemsize, 8 if inner1 else 1, **flags)
+            assert "-DSYMM=1" in opts
+            units.append((K.ONEPASS_SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
+    for r in _nvcc.build(units, ("-std=c++17",)):
+        out = r.stderr
+        assert r.returncode == 0, out[-2000:]
+        spills = [line for line in out.splitlines() if "spill stores" in line]
+        assert len(spills) == 2 and all(" 0 bytes spill stores" in line for line in spills), out
+        regs = [int(w.split()[1]) for line in out.splitlines() if "Used" in line
+                for w in [line[line.index("Used"):]]]
+        assert regs and max(regs) <= 65536 // (256 * K.ONEPASS_BPS), regs
+
+
+# ---- GPU -----------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cp():
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM)
+    enabled = BC.ENABLED
+    BC.ENABLED = False          # bn_fwd1 / bn_bwd1, not the cluster kernels
+    M._calls.clear()
+    yield _dev.require_cupy()
+    BC.ENABLED = enabled
+    K.set_onepass(*before)
+
+
+# the large tensor in 2 (float32 forward) / 4 (backward) rounds and 1 / 2 in bfloat16, ResNet-20's 16 blocks a
+# channel, and odd planes at vec 1 over several rounds
+CASES = [("float32", (32, 256, 56, 56), "bn_activation"), ("bfloat16", (32, 256, 56, 56), "bn_add_activation"),
+         ("float32", (128, 16, 32, 32), "bn"), ("float32", (3, 40, 13, 21), "bn_add_activation"),
+         ("bfloat16", (5, 24, 9, 11), "bn_activation")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, shape, ops", CASES, ids=str)
+def test_symmetric_meeting_is_bitwise_the_last_arrivers(cp, name, shape, ops):
+    inputs = _gpu_inputs(cp, name, shape, ops, 5)
+    K.set_onepass(symm=0)
+    ref = _gpu_outputs(cp, ops, inputs)
+    K.set_onepass(symm=1)
+    for k in range(3):          # three calls in a row: each launch must leave the tile counters at zero
+        got = _gpu_outputs(cp, ops, inputs)
+        assert len(got) == len(ref)
+        for j, (a, b) in enumerate(zip(ref, got)):
+            assert np.array_equal(_bits(a), _bits(b)), (k, j)
+
+
+@pytest.mark.cuda
+def test_the_step_counter_and_running_statistics_move_once_a_call(cp):
+    x = cp.asarray(np.random.default_rng(3).standard_normal((32, 256, 56, 56)).astype(np.float32))
+    c = x.shape[1]
+    outs = []
+    for symm in (0, 1):
+        K.set_onepass(symm=symm)
+        rm, rv = cp.zeros(c, np.float32), cp.ones(c, np.float32)
+        counter = cp.zeros(1, np.int64)
+        for _ in range(3):
+            K.forward_training(x, None, None, 0.1, rm, rv, 1e-5, counter=counter)
+        cp.cuda.Device().synchronize()
+        outs.append((int(counter.get()[0]), rm.get(), rv.get()))
+    assert outs[0][0] == outs[1][0] == 3
+    xh = x.get().astype(np.float64)
+    mean, var = xh.mean(axis=(0, 2, 3)), xh.var(axis=(0, 2, 3), ddof=1)
+    want = 1 - 0.9 ** 3          # three updates of factor 0.1 from 0 (mean) and from 1 (variance)
+    np.testing.assert_allclose(outs[1][1], want * mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(outs[1][2], 0.9 ** 3 + want * var, rtol=1e-4)
+    assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
+    assert np.array_equal(outs[0][2].view(np.uint32), outs[1][2].view(np.uint32))
