@@ -41,8 +41,11 @@ Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: 
   --bwd-stash  BWD_STASH (lsmxbwd, smxbwd) in place of --settings: "0" (off, the default) | "1" (several-chunk rows
            keep their first chunks' dy -- softmax's y too -- in shared memory) | "2" (log-softmax's y too) | "3" ("2"
            filled by cp.async: the row's loads in flight together; the default, with "1" where that does not fit) |
-           "4" ("3", and log-softmax's dy alone by cp.async where its chunks but the last fit: 50257 classes);
-           lines "bs0" ... "bs4"; one-chunk rows plan the same kernel for all (skipped)
+           "4" ("3", and log-softmax's dy alone by cp.async where its chunks but the last fit: 50257 classes;
+           the default since session 20) | "5" ("4" with a 16-bit log-softmax cp.async stash counted in raw
+           bytes: both arrays at 50257 classes, half the shared memory elsewhere) | "6" ("5", and such rows whose
+           raw stash fits two blocks an SM at 64 registers, MINB 2: docs/step_kernels.md, "Session 20: the 16-bit
+           log-softmax backward rows"); lines "bs0" ... "bs6"; one-chunk rows plan the same kernel for all (skipped)
            (docs/step_kernels.md, "Session 17: softmax rows of 512 and of 32000 classes")
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).
@@ -277,7 +280,7 @@ def main(argv=None):
                          "e.g. 513,257")
     ap.add_argument("--bwd-stash", default="",
                     help="BWD_STASH settings (lsmxbwd / smxbwd) in place of --settings, the first the reference, "
-                         "e.g. 0,1,2,3")
+                         "e.g. 4,5,6")
     ap.add_argument("--no-precompile", action="store_true",
                     help="compile each kernel when its case first runs (default: all of them first, a process a core)")
     ap.add_argument("--lsm", default="0,2,smx",
@@ -298,8 +301,8 @@ def main(argv=None):
     if any(w not in ("wf513", "wf257") for w in wfs):
         ap.error(f"--warp-from {args.warp_from!r}: values 513 or 257")
     stashes = [f"bs{v}" for v in args.bwd_stash.split(",") if v]
-    if any(b not in ("bs0", "bs1", "bs2", "bs3", "bs4") for b in stashes):
-        ap.error(f"--bwd-stash {args.bwd_stash!r}: values 0, 1, 2, 3 or 4")
+    if any(b not in [f"bs{v}" for v in _mods()[1].BWD_STASH_MODES] for b in stashes):
+        ap.error(f"--bwd-stash {args.bwd_stash!r}: values 0, 1, 2, 3, 4, 5 or 6")
 
     def pick(op):
         if hints and op not in ("ce", "lsm"):

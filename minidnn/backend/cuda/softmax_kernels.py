@@ -947,10 +947,16 @@ softmax_rows_fwd(const T* __restrict__ x, T* __restrict__ y, const int rows, con
 #define BWD_DX(y, g, s) ((y) * ((g) - (s)))
 #endif
 
+// BSF (session 20; BWD_STASH 5 / 6): the chunks bwd_rows itself stashes (floats) -- BSCH unless the plan says: a plan
+// whose BSA stash is counted in raw 16-bit bytes launches half the float stash's bytes, so its misaligned fallback
+// (this function, element loads) keeps only the float chunks those bytes hold and reads the rest again.
+#ifndef BSF
+#define BSF BSCH
+#endif
 template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict__ y, const T* __restrict__ dy,
                                                             T* __restrict__ dx, int rows, int C, A* sm)
 {
-#if BSCH
+#if BSF
     extern __shared__ __align__(16) unsigned char dyn_sm[];
     A* const bst = reinterpret_cast<A*>(dyn_sm) + threadIdx.x;
 #endif
@@ -968,8 +974,8 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
         for (int ch = 0; ch < nch; ++ch) {
             load_chunk<VA>(dy + base, ch, q, g, (A)0, b);
 #if ALGO == 2
-#if BSCH && BSY
-            if (ch == nch - 1 || ch < BSCH) load_chunk<VA>(y + base, ch, q, g, (A)0, a);
+#if BSF && BSY
+            if (ch == nch - 1 || ch < BSF) load_chunk<VA>(y + base, ch, q, g, (A)0, a);
 #else
             if (ONE || ch == nch - 1) load_chunk<VA>(y + base, ch, q, g, (A)0, a);
 #endif
@@ -980,8 +986,8 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
 #pragma unroll
             for (int e = 0; e < E; ++e) s += b[e] * a[e];
 #endif
-#if BSCH
-            if (ch < BSCH && ch < nch - 1) {         // the last chunk stays in registers
+#if BSF
+            if (ch < BSF && ch < nch - 1) {         // the last chunk stays in registers
 #pragma unroll
                 for (int e = 0; e < E; ++e) bst[(ch * BSE + e) * BLOCK] = b[e];
 #if ALGO != 2 || BSY
@@ -997,8 +1003,8 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
         if (!live || nch == 0) continue;
         for (int ch = nch - 1; ch >= 0; --ch) {      // the last chunk from registers first
             if (!ONE && ch < nch - 1) {
-#if BSCH
-                if (ch < BSCH) {
+#if BSF
+                if (ch < BSF) {
 #pragma unroll
                     for (int e = 0; e < E; ++e) b[e] = bst[(ch * BSE + e) * BLOCK];
 #if ALGO == 2 && !BSY
@@ -1011,7 +1017,7 @@ template <bool VA> __device__ __forceinline__ void bwd_rows(const T* __restrict_
 #endif
                 load_chunk<VA>(dy + base, ch, q, g, (A)0, b);
                 load_chunk<VA>(y + base, ch, q, g, (A)0, a);
-#if BSCH
+#if BSF
                 }
 #endif
             }
@@ -1089,6 +1095,16 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_pipe(const T* __r
 // fallback is bwd_rows<false> with the BSCH / BSY float stash.  Log-softmax without BSY (BSA_DY, session 19; off
 // by default until the GPU A/B): only dy is stashed (BSW = 1 array a chunk), y read in the second pass a chunk at a
 // time as bwd_rows does -- the same values, so the same dx; twice the chunks fit (50257 classes: 6 of 7).
+// BSR (session 20; BWD_STASH 6, 16-bit log-softmax rows whose raw stash fits two blocks an SM): the same kernel at
+// 64 registers (MINB 2: 32 warps an SM, a second block's loads in flight while one sums or stores).  nvcc 13 put it
+// there without spilling only with (a) the last chunk held as raw VBYTES words through the wait (NV x 4 registers an
+// array, not E floats; decoded after it to load_chunk's values) and (b) no misaligned fallback in the kernel:
+// bwd_rows<false>'s element loads took 88-480 bytes of spill at 64 registers (as a __noinline__ callee its call
+// still cost the entry 40-48), so a BSR kernel runs aligned calls only and the host sends the others to the BSR-less
+// build of the same plan (launch_spec's bwd_fallback; _TwinPlan).  The same loads, values and sums: bitwise BSR 0.
+#ifndef BSR
+#define BSR 0
+#endif
 #if !BSCH || G != BLOCK || VEC == 1 || ONE
 #error "BSA: a block a row, vector loads, several chunks"
 #endif
@@ -1130,8 +1146,18 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __
         A a[E], b[E], ea[NE1], eb[NE1];
         load_edges(dy + base, q, g, (A)0, eb);
         load_edges(y + base, q, g, (A)0, ea);
+#if BSR
+        VR rb[NV], ra[NV];                           // the last chunk raw through the wait: decoded after it
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+            const int v = (nch - 1) * CV + k * G + g;
+            rb[k] = v < q.nb ? *reinterpret_cast<const VR*>(dy + base + q.h + v * VEC) : VR();
+            ra[k] = v < q.nb ? *reinterpret_cast<const VR*>(y + base + q.h + v * VEC) : VR();
+        }
+#else
         load_chunk<true>(dy + base, nch - 1, q, g, (A)0, b);
         load_chunk<true>(y + base, nch - 1, q, g, (A)0, a);
+#endif
         asm volatile("cp.async.wait_all;" : : : "memory");
         A s = 0;
         for (int ch = 0; ch < nch - 1; ++ch) {
@@ -1154,6 +1180,20 @@ template <int UNUSED> __device__ __forceinline__ void bwd_rows_async(const T* __
                 }
             }
         }
+#if BSR
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {               // load_chunk's values: the body's, (A)0 past it
+            const bool in = (nch - 1) * CV + k * G + g < q.nb;
+            Pack u, w;
+            u.raw = rb[k];
+            w.raw = ra[k];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                b[k * VEC + j] = in ? LD(u.v[j]) : (A)0;
+                a[k * VEC + j] = in ? LD(w.v[j]) : (A)0;
+            }
+        }
+#endif
 #pragma unroll
         for (int e = 0; e < E; ++e) s += BWD_TERM(a[e], b[e]);
 #pragma unroll
@@ -1240,11 +1280,18 @@ softmax_rows_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
     else bwd_rows_warp<false>(y, dy, dx, rows, C);
     return;
 #endif
+#if BSA && BSR
+    // BSR: aligned calls only (launch_spec's bwd_fallback: plan() sends the others to the BSR-less build); a
+    // misaligned one here is a planner bug -- trap rather than write a wrong dx
+    if (!aligned(y, dy, dx)) __trap();
+    bwd_rows_async<0>(y, dy, dx, rows, C, sm);
+#else
 #if BSA
     if (aligned(y, dy, dx)) { bwd_rows_async<0>(y, dy, dx, rows, C, sm); return; }
 #endif
     if (aligned(y, dy, dx)) bwd_rows<true>(y, dy, dx, rows, C, sm);
     else bwd_rows<false>(y, dy, dx, rows, C, sm);
+#endif
 }
 """
 
@@ -1432,8 +1479,20 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # run 1 (H200, graph replays, 3 -> 4, log-softmax backward): float32 (4096, 50257) 1.0710 -> 0.7846 ms (1.37x; 55% ->
 # 76% of copy; PyTorch 0.8851), (300, 50257) 1.34x, (2048, 49999) 1.34x; bfloat16 1.24x / 1.17x / 1.17x (0.4196 ms
 # against PyTorch's 0.3906 at (4096, 50257)); float16 1.40x / 1.30x / 1.35x.
+# 5 (session 20, helper LSM16; off until the GPU A/B): 4, with a 16-bit log-softmax BSA stash counted in the bytes it
+# holds -- raw 16-bit vectors (bwd_raw_stash), where 3 / 4 count every stash in floats (the misaligned fallback's
+# float stash, bwd_rows<false>, shares the launch's bytes).  Counted so, the both-array BSA (BSY) fits where 4 took dy
+# alone (50257 classes: 6 chunks x 2 arrays x 16 KB = 192 KB, counted 384 before) and the other BSA rows reserve half
+# (32000 classes: 96 KB, not 192); the fallback keeps the float chunks those bytes hold (BSF).  6: 5, and such a row
+# whose raw stash fits two blocks an SM (BWD_TWIN_BYTES: both arrays, else dy alone) takes it at 64 registers,
+# MINB 2 (BSR: the raw last chunk, aligned calls only; misaligned ones launch the same plan without BSR at MINB 1 --
+# bwd_fallback, _TwinPlan).  Both bitwise 4 (the same values summed in the same order).
 BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "4"))
 BWD_STASH_BYTES = 200 * 1024
+BWD_STASH_MODES = (0, 1, 2, 3, 4, 5, 6)
+# Two blocks an SM of 6's: 2 x (112 KB + 64 B static + 1 KB the driver reserves a block) within sm_90's 228 KB an SM
+# (a GPU with less shared memory an SM runs one such block at a time: the same results).
+BWD_TWIN_BYTES = 112 * 1024
 
 
 def bwd_stash_chunks(cfg, c, algo_name, acc, budget, both=False):
@@ -1446,6 +1505,33 @@ def bwd_stash_chunks(cfg, c, algo_name, acc, budget, both=False):
     per = cfg.nv * cfg.vec * cfg.block * acc * (1 if algo_name == "LOG" and not both else 2)
     n = max(0, min(nch - 1, budget // per))
     return n, n * per
+
+
+def bwd_raw_stash(cfg, c, algo_name, item, budget, twin=False):
+    """BWD_STASH 5 / 6's plan of a several-chunk backward row (RowConfig ``cfg``, ``c`` classes of ``item``-byte
+    data) with ``budget`` bytes a block: (arrays stashed, raw bytes, two blocks an SM) -- the BSA stash of every chunk
+    but the last counted in raw bytes; both arrays (BSY) where they fit, else dy alone; with ``twin`` first whichever
+    fits BWD_TWIN_BYTES (two blocks an SM) -- or None: 4's plan (not 16-bit log-softmax, no vector loads, or not even
+    dy's chunks fit)."""
+    if item != 2 or algo_name != "LOG" or cfg.one or cfg.vec == 1 or cfg.g != cfg.block or budget <= 0:
+        return None
+    nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
+    raw = (nch - 1) * cfg.nv * cfg.vec * cfg.block * item          # one array's chunks but the last
+    for cap, two in (((min(budget, BWD_TWIN_BYTES), True),) if twin else ()) + ((budget, False),):
+        for arrays in (2, 1):
+            if arrays * raw <= cap:
+                return arrays, arrays * raw, two
+    return None
+
+
+def bwd_fallback(spec):
+    """The launch a BSR plan's misaligned calls take (BSR kernels run aligned calls only): the same plan without BSR
+    at MINB 1 -- the same grid and shared memory, bwd_rows<false> with its BSF float stash inside; None for a plan
+    without BSR."""
+    if "BSR=1" not in spec.defines:
+        return None
+    defines = tuple(d for d in spec.defines if d != "BSR=1")
+    return spec._replace(defines=defines[:-1] + ("MINB=1",))
 
 
 # One-array rows (softmax forward, cross-entropy forward), for a GPU sweep of the (16384, 1000) float32 forward
@@ -1835,7 +1921,8 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
     ``hint``: the call's cache hint (call_hint), a HINT define after ALGO on one-chunk row plans (0: no define; the
     forward's 2 is the define 3: ROW_HEADER); ``stash``: the bytes a backward block of several-chunk rows may stash
     in (None: BWD_STASH_BYTES under BWD_STASH, else 0), a BSCH define (and, log-softmax under BWD_STASH 2 / 3, BSY=1;
-    under 3, BSA=1 where every chunk but the last fits) before MINB where a chunk fits."""
+    under 3, BSA=1 where every chunk but the last fits; under 5 / 6 a 16-bit log-softmax BSA counted raw:
+    bwd_raw_stash, with BSF and, 6's two blocks an SM, BSR=1 and MINB=2) before MINB where a chunk fits."""
     outer, c, inner = collapse(shape, axes)
     rows = outer * inner
     if backward and algo_name == "FAST":
@@ -1866,7 +1953,16 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
                 stash = BWD_STASH_BYTES if BWD_STASH else 0
             both = algo_name == "LOG" and BWD_STASH >= 2
             bsch, smem_s = bwd_stash_chunks(cfg, c, algo_name, acc, stash, both)
-            if bsch:
+            raw = (bwd_raw_stash(cfg, c, algo_name, np.dtype(dtype).itemsize, stash, BWD_STASH == 6)
+                   if BWD_STASH >= 5 else None)
+            if raw:                                  # 5 / 6: the raw-counted BSA (BWD_STASH's comment)
+                arrays, smem, two = raw
+                nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
+                bsf = min(nch - 1, smem // (cfg.nv * cfg.vec * cfg.block * acc * arrays))   # the fallback's floats
+                defines = (defines[:-1] + (f"BSCH={nch - 1}",) + (("BSY=1",) if arrays == 2 else ())
+                           + ("BSA=1", f"BSF={bsf}") + (("BSR=1", "MINB=2") if two else defines[-1:]))
+                minb = 2 if two else minb
+            elif bsch:
                 nch = -(-(c // cfg.vec) // (cfg.g * cfg.nv))
                 asy = BWD_STASH >= 3 and bsch == nch - 1 and cfg.vec > 1     # BSA: the whole row but its last chunk
                 if BWD_STASH >= 3 and not asy:
@@ -1874,7 +1970,7 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
                     # 4: log-softmax's dy alone by cp.async where its chunks but the last fit (BSA without BSY)
                     both = False
                     bsch, smem_s = bwd_stash_chunks(cfg, c, algo_name, acc, stash, False)
-                    asy = BWD_STASH == 4 and algo_name == "LOG" and bsch == nch - 1 and cfg.vec > 1
+                    asy = BWD_STASH >= 4 and algo_name == "LOG" and bsch == nch - 1 and cfg.vec > 1
                 smem = smem_s
                 defines = (defines[:-1] + (f"BSCH={bsch}",) + (("BSY=1",) if both else ())
                            + (("BSA=1",) if asy else ()) + defines[-1:])
@@ -1918,12 +2014,27 @@ def call_stash(backward, dev):
     within what one block of GPU ``dev`` may opt into (less 1 KB: the kernel's static shared memory); 0 otherwise."""
     if not backward or not BWD_STASH:
         return 0
-    if BWD_STASH not in (1, 2, 3, 4):
-        raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1, 2, 3 or 4")
-    if BWD_STASH >= 3 and not sm80(dev):        # 3's / 4's stash is filled by cp.async: sm_80+; else no stash
+    if BWD_STASH not in BWD_STASH_MODES:
+        raise ValueError(f"softmax_kernels.BWD_STASH = {BWD_STASH!r} (MINIDNN_SOFTMAX_BWD_STASH): 0, 1, 2, 3, 4, 5 "
+                         "or 6")
+    if BWD_STASH >= 3 and not sm80(dev):        # 3-6's stash is filled by cp.async: sm_80+; else no stash
         return 0
     optin = smem_limits(dev)[1]
     return min(BWD_STASH_BYTES, optin - 1024) if optin else BWD_STASH_BYTES
+
+
+class _TwinPlan(_Plan):
+    """A BSR backward plan (BWD_STASH 6): aligned calls -- y and dy on 16-byte boundaries, dx a fresh allocation --
+    launch the BSR kernel, the others its BSR-less fallback (bwd_fallback): the kernel's aligned() asked here."""
+    __slots__ = ("slow",)
+
+    def __call__(self, a, b=None):
+        if (a.data.ptr | b.data.ptr) % 16 == 0:
+            return _Plan.__call__(self, a, b)
+        with _launch.on_device(self.dev):
+            out = _launch._cp.empty(a.shape, a.dtype)
+            self.slow(a, b, out)
+        return out
 
 
 def _plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
@@ -1933,10 +2044,14 @@ def _plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
     arrays = [None] * (3 if backward else 2)
     tail = {"V1": [np.int64(rows), np.int32(c), np.int32(inner)], "ROWS": [np.int32(rows), np.int32(c)],
             "COLS": [np.int32(rows), np.int32(c), np.int32(inner)]}[s.source]
-    p = _Plan()
+    slow = bwd_fallback(s) if backward else None
+    p = _TwinPlan() if slow else _Plan()
     p.dev = dev
     p.go = _launch.prepare(_kernel(s.source, s.name, s.defines), _grid(s.groups, dev, s.per_sm), (s.block,),
                            arrays + tail, s.smem)
+    if slow:
+        p.slow = _launch.prepare(_kernel(slow.source, slow.name, slow.defines), _grid(slow.groups, dev, slow.per_sm),
+                                 (slow.block,), arrays + tail, slow.smem)
     return p
 
 
@@ -1973,6 +2088,8 @@ def precompile(specs, procs=None):
     a process each core (spawned, up to 16): a test or A/B that launches many hinted variants then loads cubins
     instead of running NVRTC one after another (as tools/precompile_conv.py for the convolutions)."""
     import multiprocessing as mp
+    specs = list(specs)
+    specs += [f for f in map(bwd_fallback, specs) if f]        # a BSR plan prepares its fallback too (_plan)
     todo = list({(s.source, s.name, s.defines): s for s in specs}.values())
     if not todo:
         return 0
