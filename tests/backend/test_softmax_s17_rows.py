@@ -1,7 +1,8 @@
 """Session 17 (issue 10): softmax rows of 512 classes and of 32000 classes -- softmax_kernels.WARP_FROM
 (MINIDNN_SOFTMAX_WARP_FROM=513|257: WARP's grid for 257..512-class rows holding 16 elements a lane) and
 softmax_kernels.BWD_STASH (MINIDNN_SOFTMAX_BWD_STASH=0|1|2|3: several-chunk backward rows keep their first chunks in
-shared memory, BSCH / BSY of SOURCE's bwd_rows; 3: filled by cp.async, bwd_rows_async, BSA); docs/step_kernels.md,
+shared memory, BSCH / BSY of SOURCE's bwd_rows; 3: filled by cp.async, bwd_rows_async, BSA; 4-6: sessions 19-20, the
+cuda tests here, the rules of 5 / 6 in test_lsm16_stash.py); docs/step_kernels.md,
 "Session 17: softmax rows of 512 and of 32000 classes".
 
 CPU: the rules (which plans change, to what; every other plan equal to the switch off), the budget (chunks that fit,
@@ -160,9 +161,9 @@ def test_bwd_stash_rule(monkeypatch):
 
 
 def test_bwd_stash_4_rule(monkeypatch):
-    """BWD_STASH 4 (session 19; the default since session 20's run 1): every plan as under 3, except log-softmax rows where 3 falls back to
-    1's synchronous stash and dy's chunks but the last fit (50257 classes: 6 of 7): there BSA=1 without BSY -- the
-    cp.async stash of dy alone, BSCH and shared memory 1's."""
+    """BWD_STASH 4 (session 19; the default since session 20's run 1): every plan as under 3, except log-softmax
+    rows where 3 falls back to 1's synchronous stash and dy's chunks but the last fit (50257 classes: 6 of 7): there
+    BSA=1 without BSY -- the cp.async stash of dy alone, BSCH and shared memory 1's (5 and 6: test_lsm16_stash)."""
     monkeypatch.setattr(_sk, "BWD_STASH", 3)
     three = _specs(SHAPES)
     monkeypatch.setattr(_sk, "BWD_STASH", 4)
@@ -202,8 +203,8 @@ def test_call_stash_device_limit(monkeypatch):
     for is_sm80, want in ((True, 200 * 1024), (False, 0)):      # 3's and 4's cp.async stash: sm_80+ only
         monkeypatch.setattr(_sk, "sm80", lambda dev, v=is_sm80: v)
         assert _sk.call_stash(True, 0) == want
-    monkeypatch.setattr(_sk, "BWD_STASH", 5)
-    with pytest.raises(ValueError, match="0, 1, 2, 3 or 4"):
+    monkeypatch.setattr(_sk, "BWD_STASH", 7)                   # (5 and 6 since session 20: test_lsm16_stash)
+    with pytest.raises(ValueError, match="0, 1, 2, 3, 4, 5 or 6"):
         _sk.call_stash(True, 0)
 
 
@@ -415,7 +416,7 @@ def _cuda_specs():
         _sk.WARP_FROM, _sk.FWD_WARP = saved[0], saved[2]
         for name, rows, c in STASH_CASES + [("float32", 300, 32000)]:
             specs += [_sk.launch_spec(False, (rows, c), (1,), a, _dtype(name)) for a in ("ACCURATE", "LOG")]
-            for mode in (0, 1, 2, 3, 4):
+            for mode in _sk.BWD_STASH_MODES:            # (precompile adds a BSR plan's fallback)
                 _sk.BWD_STASH = mode
                 specs += [_sk.launch_spec(True, (rows, c), (1,), a, _dtype(name)) for a in ("ACCURATE", "LOG")]
     finally:
@@ -492,17 +493,19 @@ def test_warp_from_rows(cp, monkeypatch, name, rows, c):
 
 
 STASH_CASES = [("float32", 67, 32000), ("float32", 33, 32001), ("float32", 9, 50257), ("float32", 131, 16385),
-               ("bfloat16", 67, 32000), ("bfloat16", 9, 50257), ("float64", 17, 32001), ("float16", 9, 20000)]
+               ("bfloat16", 67, 32000), ("bfloat16", 9, 50257), ("float64", 17, 32001), ("float16", 9, 20000),
+               ("bfloat16", 7, 65536), ("float16", 9, 50257), ("float16", 5, 65536), ("bfloat16", 11, 49999)]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, rows, c", STASH_CASES, ids=[f"{n}-{r}x{c}" for n, r, c in STASH_CASES])
 def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
-    """BWD_STASH 1, 2 and 3 bitwise 0 (softmax and log-softmax backward; the same sums in the same order; softmax's
+    """BWD_STASH 1-6 bitwise 0 (softmax and log-softmax backward; the same sums in the same order; softmax's
     cp.async stash -- 3 where BSA fits; elsewhere 3 plans 1's stash (session 19) -- not: ~1 ulp in a tenth of the
     rows on the H200 in run 4, so it is held to float64 and to its own bits on a second call), against float64; a
-    misaligned view (the element-load fallback: 3's is 2's float stash under BSA) bitwise too; the plan carrying
-    BSCH; one launch a call."""
+    misaligned view (the element-load fallback: 3's is 2's float stash under BSA; 5's / 6's the BSF float stash, 6's
+    through the BSR-less launch) bitwise too; the plan carrying BSCH, and under 6 BSR for the 16-bit log-softmax
+    rows (session 20: every 16-bit case here fits two blocks an SM); one launch a call."""
     _warm()
     dtype = _dtype(name)
     x = _inputs(name, rows, c, rows + c)
@@ -512,7 +515,7 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
     got = {}
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         ys = {algo: B.softmax_forward(None, algo, None, xd, axis=-1) for algo in ("accurate", "log")}
-        for mode in (0, 1, 2, 3, 4):
+        for mode in _sk.BWD_STASH_MODES:
             monkeypatch.setattr(_sk, "BWD_STASH", mode)
             _reset_plans()
             for algo in ("accurate", "log"):
@@ -520,6 +523,7 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
                 d = _defs(spec.defines)     # 3: its cp.async stash (BSA) where it fits, else 1's (session 19)
                 assert (d.get("BSCH", 0) > 0) == (mode > 0), spec.defines
                 assert mode < 3 or d.get("BSA", 0) == 1 or d.get("BSY", 0) == 0, spec.defines
+                assert d.get("BSR", 0) == (mode == 6 and algo == "log" and dtype.itemsize == 2), spec.defines
                 y = ys[algo]
                 n0 = _launches()
                 dx = B.softmax_backward(None, algo, None, y, dyd, axis=-1)
@@ -531,7 +535,7 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
                 got[mode, algo, "bsa"] = d.get("BSA", 0) == 1
                 got[mode, algo, "m"] = B.softmax_backward(None, algo, None, _misaligned(cp, y), _misaligned(cp, dyd),
                                                           axis=-1)
-    for mode in (1, 2, 3, 4):
+    for mode in _sk.BWD_STASH_MODES[1:]:
         for key in [k for k in got if k[0] == 0 and k[-1] != "bsa"]:
             if mode >= 3 and key[1:] == ("accurate",) and got[mode, "accurate", "bsa"]:
                 continue        # softmax's BSA: not bitwise 0 (run 4), against float64 above and repeated below
@@ -544,26 +548,35 @@ def test_bwd_stash_rows(cp, monkeypatch, name, rows, c):
             _bits(again, got[4, algo], f"{name} {rows}x{c} {algo} BWD_STASH=4 repeated")
 
 
+GRAPH_CASES = [(2, 32000, "float32"), (3, 32000, "float32"), (4, 50257, "float32"), (5, 50257, "bfloat16"),
+               (6, 50257, "bfloat16"), (6, 32000, "float16")]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("mode, c", [(2, 32000), (3, 32000), (4, 50257)])
-def test_bwd_stash_in_a_graph(cp, monkeypatch, mode, c):
-    """A captured 300-row log-softmax backward under BWD_STASH 2 / 3 (32000 classes) and 4 (50257: dy's cp.async
-    stash alone) replays to the eager bits, twice, dy changed in place between the replays."""
+@pytest.mark.parametrize("mode, c, name", GRAPH_CASES, ids=[f"{m}-{c}-{n}" for m, c, n in GRAPH_CASES])
+def test_bwd_stash_in_a_graph(cp, monkeypatch, mode, c, name):
+    """A captured 300-row log-softmax backward under BWD_STASH 2 / 3 (32000 classes), 4 (50257: dy's cp.async
+    stash alone), 5 (bfloat16 50257: both arrays counted raw) and 6 (two blocks an SM: BSR) replays to the eager
+    bits, twice, dy changed in place between the replays."""
     _warm()
     monkeypatch.setattr(_sk, "BWD_STASH", mode)
     _reset_plans()
     rows = 300
-    y = B.softmax_forward(None, "log", None, cp.asarray(_inputs("float32", rows, c, 5)), axis=-1)
-    dy = cp.asarray(np.random.default_rng(2).standard_normal((rows, c)).astype(np.float32))
+    dtype = _dtype(name)
+    assert ("BSR=1" in _sk.launch_spec(True, (rows, c), (1,), "LOG", dtype).defines) == (mode == 6)
+    y = B.softmax_forward(None, "log", None, cp.asarray(_inputs(name, rows, c, 5)), axis=-1)
+    dy = cp.asarray(np.random.default_rng(2).standard_normal((rows, c)).astype(dtype))
     B.softmax_backward(None, "log", None, y, dy, axis=-1)             # plans and compiles outside the capture
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         s.begin_capture()
         dx = B.softmax_backward(None, "log", None, y, dy, axis=-1)
         g = s.end_capture()
+    w = {2: "uint16", 4: "uint32"}[dtype.itemsize]       # (an in-place copy of the raw words: any dtype)
+    nxt = [cp.asarray((np.random.default_rng(3 + k).standard_normal((rows, c)) * 1.5).astype(dtype)) for k in range(2)]
     for k in range(2):
         with s:                 # on the graph's stream: a non-blocking stream does not wait for the default one
-            dy *= 1.5
+            dy.view(w)[...] = nxt[k].view(w)
             g.launch(s)
         s.synchronize()
         _bits(dx, B.softmax_backward(None, "log", None, y, dy, axis=-1), f"replay {k}")
