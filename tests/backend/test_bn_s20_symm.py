@@ -1,12 +1,12 @@
 """Session 20 (issue 10): the one-pass batch-norm kernels' symmetric meeting -- bn_kernels.ONEPASS_SYMM
-(MINIDNN_BN_SYMM, set_onepass(symm=)): every block of a channel tile adds the tile's partials itself once the arrival
-count is full, keeps the statistics in shared memory, and only block 0 of the tile updates the running statistics
-and the step counter -- where before the last arriver finalised, raised a flag, and the others read the statistics
-back from L2.  The same loads in the same order, so the same bits.
+(MINIDNN_BN_SYMM, set_onepass(symm=); the default since session 20's run 2).  Every block of a channel tile adds the
+tile's partials itself once the arrival count is full and keeps the statistics in shared memory; block 0 of the tile
+alone updates the running statistics and the step counter.  Before, the last arriver finalised and raised a flag, and
+the others read the statistics back from L2.  The same loads in the same order, so the same bits.
 
 CPU cases: bad values fail before any launch (set_onepass, the environment at import); under the fake CuPy the
-launches carry -DSYMM=1 only when on, with the same grid and shared memory, and a settled call settles again after
-a flip; nvcc: the SYMM builds compile without spills within two blocks an SM.
+launches carry -DSYMM=1 only when on, with the same grid and shared memory, and a settled call settles again after a
+flip; nvcc: the SYMM builds compile without spills within two blocks an SM.
 GPU cases (marked cuda): forward and backward (plain, + ReLU, + add + ReLU; float32 / bfloat16; one and several
 rounds, vec 4 / 8 and odd planes at vec 1) bitwise equal to the switch off, every output -- y, the saved mean /
 inv_std, the running statistics (updated once: block 0 alone), dx, dz, dscale, dbias -- over three calls in a row
@@ -49,7 +49,7 @@ def test_a_bad_environment_value_fails_at_import_naming_the_variable(value):
 
 def test_the_define_only_when_on_and_the_same_launches_under_the_fake_cupy():
     _fake("""
-assert K.ONEPASS_SYMM == 0
+assert K.ONEPASS_SYMM == 0          # (the environment below: the switch off)
 for shape in ((128, 16, 32, 32), (32, 256, 56, 56), (3, 40, 13, 21)):
     base = run(shape, relu=True)
     assert not any("SYMM" in f for _, _, f in base), base          # off: the options (and PTX) as before
@@ -68,12 +68,12 @@ assert call(x, None, sc, bi, None, None, None) is not None and len(names) == n0 
 K.set_onepass(symm=1)
 assert call(x, None, sc, bi, None, None, None) is None and len(names) == n0 + 1
 print("OK")
-""")
+""", MINIDNN_BN_SYMM="0")
     _fake("""
-assert K.ONEPASS_SYMM == 1
+assert K.ONEPASS_SYMM == 1          # the default since session 20's run 2
 assert all("-DSYMM=1" in f for _, _, f in run((4, 64, 56, 56)))
 print("OK")
-""", MINIDNN_BN_SYMM="1")
+""")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")

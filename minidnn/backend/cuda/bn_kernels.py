@@ -82,11 +82,15 @@ ONEPASS_BPS = _env_int("MINIDNN_BN_BPS", 2, 1, 4)
 # (fp32 (32, 256, 56, 56) 67% -> 72% of copy), backward 1.01-1.07x, bn + relu backward 0.99-1.04x, ResNet-20's
 # (128, 16, 32, 32) level or faster.
 ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
-# The symmetric meeting (MINIDNN_BN_SYMM, set_onepass(symm=); 0: off, the define absent, the kernels' PTX as before;
-# session 20, off until the GPU A/B): every block of a tile adds the partials itself once all have arrived, instead
-# of the last arriver finalising and raising a flag the others poll and then reading the statistics back from L2
-# (the SYMM comment in ONEPASS_SOURCE).  The same sums in the same order: the same bits.
-ONEPASS_SYMM = _env_int("MINIDNN_BN_SYMM", 0, 0, 1)
+# The symmetric meeting (MINIDNN_BN_SYMM, set_onepass(symm=); 0: off, the define absent, the last-arriver meeting of
+# sessions 6-19): every block of a tile adds the partials itself once all have arrived, instead of the last arriver
+# finalising and raising a flag the others poll and then reading the statistics back from L2 (the SYMM comment in
+# ONEPASS_SOURCE).  The same sums in the same order: the same bits.  Default 1 since session 20's run 2 (H200, graph
+# replays, tools/bn_s18_ab.py p1 / p1s1, 11 rounds): every large NCHW row faster -- float32 forward 1.04x ((32, 256,
+# 56, 56) 0.0708 -> 0.0679 ms, 70% -> 73% of copy; the other two shapes 68-69% -> 71%), backward 1.03-1.06x, bn + ReLU
+# backward 1.02-1.03x; bfloat16 1.01-1.03x forward, 1.04-1.05x backward; ResNet-20's (128, 16, 32, 32) float32
+# backward 1.12x (0.0116 -> 0.0103 ms), its forward (bn_cluster's route) level.
+ONEPASS_SYMM = _env_int("MINIDNN_BN_SYMM", 1, 0, 1)
 
 SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
@@ -570,7 +574,7 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
     for (int k = 0; k < NCH; ++k) { v[k][0] = sm[0][tx * NCH + k][0]; v[k][1] = sm[0][tx * NCH + k][1]; }
 }
 
-// SYMM (session 20, MINIDNN_BN_SYMM; 0 = off, the define absent: the kernels' text as before): a symmetric meeting.
+// SYMM (session 20, MINIDNN_BN_SYMM, the default; 0 = off, the define absent: the last-arriver meeting below).
 // Every block of the tile waits for the arrival count to reach `per`, then adds the partials itself -- the same
 // loads in the same order as the last arriver's, so every block gets the statistics bit for bit -- and keeps its
 // finalised values in shared memory (SYMM_KEEP; read back by STAT_LD).  That drops from the chain every block waits
