@@ -162,9 +162,10 @@ def test_the_timed_settings_compile_without_spills(monkeypatch, name, bps, pf):
         assert r.returncode == 0, out[-2000:]
         spills = [int(line.split("bytes spill stores")[0].split(",")[-1]) for line in out.splitlines()
                   if "spill stores" in line]
-        # at 3 blocks (80 registers) the bfloat16 backwards spill 8 / 16 bytes (plain / add + ReLU) under the
-        # symmetric meeting (SYMM, the default since session 20; 0 without it): BPS 3 is an A/B setting only
-        assert spills and max(spills) <= (16 if bps == 3 and K.ONEPASS_SYMM else 0), out
+        # at 3 blocks (80 registers) the kernels spill 16-24 bytes under the symmetric meeting (SYMM, the default
+        # since session 20: its departure ticket and the warp tree's doubles live across the meeting; 0 without it):
+        # BPS 3 is an A/B setting only
+        assert spills and max(spills) <= (24 if bps == 3 and K.ONEPASS_SYMM else 0), out
         regs = [int(w.split()[1]) for line in out.splitlines() if "Used" in line
                 for w in [line[line.index("Used"):]]]
         assert regs and max(regs) <= 65536 // (256 * bps), regs

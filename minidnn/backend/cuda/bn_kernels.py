@@ -597,6 +597,78 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 #define SYMM_ONCE
 #endif
 
+#if SYMM
+// The symmetric meeting: thread 0 adds the block's arrival, waits for the count to reach `per`, and takes its
+// departure ticket at once (its value is used only at the end: the atomic's round trip runs under the partials'
+// loads); then every block adds the partials as the last arriver would -- thread (q, k): channel k, partials q,
+// q + 256 / TW, ... in order, then the fixed tree over q -- and calls fin(k) on row q == 0, which keeps the values in
+// shared memory (SYMM_KEEP).  Exact shortcuts, the same additions: a one-block tile (per == 1) takes its block sums
+// directly (0 + p in double is p); NCHW tiles (TW == 1) of at most 32 blocks have every partial in warp 0, where the
+// tree's levels 128 .. 32 add zeros and 16 .. 1 are the shuffles' additions, lane q < h taking q + h as sd[q] did.
+// The last block to depart resets the counters (every block has passed its wait by then).
+template <class Fin>
+__device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
+                                     int per, int C, A (*sm)[TW][2], Fin fin)
+{
+    __shared__ double sd[256][2];
+    block_sum(sm, v);
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
+    const int k = threadIdx.x % TW, q = threadIdx.x / TW, rq = 256 / TW;
+    const int c = t * TW + k;
+    if (per == 1) {
+        if (q == 0 && c < C) fin(c, (double)sm[0][k][0], (double)sm[0][k][1]);
+        __syncthreads();
+        return;
+    }
+    if (ty == 0) {
+#pragma unroll
+        for (int j = 0; j < NCH; ++j) {
+            const int cj = t * TW + tx * NCH + j;
+            if (cj < C) { A* p = partial + ((long long)cj * per + s) * 2; p[0] = v[j][0]; p[1] = v[j][1]; }
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    unsigned int dep = 0;
+    if (threadIdx.x == 0) {
+        atomicAdd(sync + 3 * t, 1u);
+        while (*(volatile unsigned int*)(sync + 3 * t) < (unsigned int)per) __nanosleep(32);
+        dep = atomicAdd(sync + 3 * t + 2, 1u);
+    }
+    __syncthreads();
+    __threadfence();
+    double a1 = 0, a2 = 0;
+    if (c < C) {
+        const A* p = partial + (long long)c * per * 2;
+        for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
+    }
+    if (TW == 1 && per <= 32) {
+        if (threadIdx.x < 32) {
+#pragma unroll
+            for (int h = 16; h > 0; h >>= 1) {
+                a1 += __shfl_down_sync(0xffffffffu, a1, h);
+                a2 += __shfl_down_sync(0xffffffffu, a2, h);
+            }
+            if (threadIdx.x == 0 && c < C) fin(c, a1, a2);
+        }
+    } else {
+        sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
+        __syncthreads();
+        for (int h = rq / 2; h > 0; h >>= 1) {
+            if (q < h) {
+                sd[threadIdx.x][0] += sd[threadIdx.x + h * TW][0];
+                sd[threadIdx.x][1] += sd[threadIdx.x + h * TW][1];
+            }
+            __syncthreads();
+        }
+        if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
+    }
+    if (threadIdx.x == 0 && dep == (unsigned int)per - 1) { sync[3 * t] = 0u; sync[3 * t + 2] = 0u; }
+    __syncthreads();        // fin's SYMM_KEEP before the statistics are read
+}
+
+__device__ __forceinline__ void depart(unsigned int*, int, int) {}
+#else
 // Publish this block's partials of tile t, then meet the tile's other blocks.  The last to arrive adds every
 // block's partials in double (thread (q, k): channel k of the tile, partials q, q + 256 / TW, ... in order, then a
 // fixed-order tree over q: the same order whichever block is last, so the result is bitwise repeatable), calls
@@ -620,15 +692,7 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
     }
     __threadfence();
     __syncthreads();
-#if SYMM
-    if (threadIdx.x == 0) {
-        atomicAdd(sync + 3 * t, 1u);
-        while (*(volatile unsigned int*)(sync + 3 * t) < (unsigned int)per) __nanosleep(32);
-    }
-    last = true;        // every block combines (the same loads and order: the same bits in each)
-#else
     if (threadIdx.x == 0) last = atomicAdd(sync + 3 * t, 1u) == (unsigned int)per - 1;
-#endif
     __syncthreads();
     if (last) {
         __threadfence();
@@ -649,13 +713,9 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
             __syncthreads();
         }
         if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
-#if SYMM
-        __syncthreads();    // fin's SYMM_KEEP (the block's own statistics in shared memory) before they are read
-#else
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicExch(sync + 3 * t + 1, 1u);
-#endif
     } else {
         if (threadIdx.x == 0) {
             while (*(volatile unsigned int*)(sync + 3 * t + 1) == 0u) __nanosleep(64);
@@ -674,6 +734,7 @@ __device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
         sync[3 * t] = 0u; sync[3 * t + 1] = 0u; sync[3 * t + 2] = 0u;
     }
 }
+#endif
 
 // channel of lane e of the thread's vector (channels-last: consecutive channels; NCHW: the tile's one channel)
 #define LANE_CH(e) (INNER1 ? (e) : 0)
