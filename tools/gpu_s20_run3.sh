@@ -5,9 +5,9 @@
 # and the A/B against 4, PyTorch beside.
 #   From a clean archive of HEAD:  OUT=$OUT bash tools/gpu_s20_run3.sh
 cd "$(dirname "$0")/.."
-export TLIMIT=${TLIMIT:-170} CTIME=${CTIME:-170} TAIL=${TAIL:-60}
+export TLIMIT=${TLIMIT:-170} CTIME=${CTIME:-260} TAIL=${TAIL:-60}
 export PARTS="tests/backend/test_bn_s20_symm.py tests/backend/test_bn_s18_unroll.py;;\
 tests/backend/test_softmax_s17_rows.py -k stash -x;;tests/backend/test_lsm16_stash.py"
 export CMDS="python3 tools/bn_s18_ab.py --settings p1,p1s1 --dtypes float32,bfloat16 --rounds 9 --no-torch;;\
-python3 tools/row_ab.py --ops lsmxbwd --dtypes bfloat16,float16 --shapes 4096x50257,300x50257,2048x49999,2048x65536,8192x16385,4096x32001,4096x32000 --bwd-stash 4,5,6 --rounds 5"
+python3 tools/row_ab.py --ops lsmxbwd --dtypes bfloat16,float16 --shapes 4096x50257,300x50257,2048x49999,2048x65536,8192x16385,4096x32001,4096x32000 --bwd-stash 4,5,6 --rounds 4"
 exec bash tools/gpu_s9_parts.sh
