@@ -310,4 +310,4 @@ def test_row_ab_plans(monkeypatch):
     assert stash == [("BSCH=6", "BSA=1", "MINB=1"), ("BSCH=6", "BSY=1", "BSA=1", "BSF=3", "MINB=1"),
                      ("BSCH=6", "BSA=1", "BSF=3", "BSR=1", "MINB=2")], stash
     assert [s.smem // KB for s in got] == [192, 192, 96]
-    assert _sk.BWD_STASH == 4
+    assert _sk.BWD_STASH == 6

@@ -1479,15 +1479,20 @@ STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long r
 # run 1 (H200, graph replays, 3 -> 4, log-softmax backward): float32 (4096, 50257) 1.0710 -> 0.7846 ms (1.37x; 55% ->
 # 76% of copy; PyTorch 0.8851), (300, 50257) 1.34x, (2048, 49999) 1.34x; bfloat16 1.24x / 1.17x / 1.17x (0.4196 ms
 # against PyTorch's 0.3906 at (4096, 50257)); float16 1.40x / 1.30x / 1.35x.
-# 5 (session 20, helper LSM16; off until the GPU A/B): 4, with a 16-bit log-softmax BSA stash counted in the bytes it
+# 5 (session 20, helper LSM16): 4, with a 16-bit log-softmax BSA stash counted in the bytes it
 # holds -- raw 16-bit vectors (bwd_raw_stash), where 3 / 4 count every stash in floats (the misaligned fallback's
 # float stash, bwd_rows<false>, shares the launch's bytes).  Counted so, the both-array BSA (BSY) fits where 4 took dy
 # alone (50257 classes: 6 chunks x 2 arrays x 16 KB = 192 KB, counted 384 before) and the other BSA rows reserve half
 # (32000 classes: 96 KB, not 192); the fallback keeps the float chunks those bytes hold (BSF).  6: 5, and such a row
 # whose raw stash fits two blocks an SM (BWD_TWIN_BYTES: both arrays, else dy alone) takes it at 64 registers,
 # MINB 2 (BSR: the raw last chunk, aligned calls only; misaligned ones launch the same plan without BSR at MINB 1 --
-# bwd_fallback, _TwinPlan).  Both bitwise 4 (the same values summed in the same order).
-BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "4"))
+# bwd_fallback, _TwinPlan).  Both bitwise 4 (the same values summed in the same order).  6 is the default since
+# session 20's run 3 (H200, graph replays, 4 / 5 / 6, log-softmax backward): bfloat16 (4096, 50257) 0.4202 / 0.4083 /
+# 0.3233 ms (71% -> 92% of copy; PyTorch 0.3916: 0.93x -> 1.21x), (2048, 49999) 1.34x, (2048, 65536) 1.38x,
+# (8192, 16385) 1.39x, (4096, 32001) 1.38x, (4096, 32000) 1.22x (97% of copy), (300, 50257) 1.16x (still 0.89x
+# PyTorch: 300 rows are 1.1 waves of 264 blocks); float16 1.32-1.72x over 4 (1.07-1.37x PyTorch) except (300, 50257)
+# 1.15x where 5 gave 1.25x (0.80x / 0.87x PyTorch) -- and (4096, 50257) 5 = 6 within 0.5%.
+BWD_STASH = int(os.environ.get("MINIDNN_SOFTMAX_BWD_STASH", "6"))
 BWD_STASH_BYTES = 200 * 1024
 BWD_STASH_MODES = (0, 1, 2, 3, 4, 5, 6)
 # Two blocks an SM of 6's: 2 x (112 KB + 64 B static + 1 KB the driver reserves a block) within sm_90's 228 KB an SM
