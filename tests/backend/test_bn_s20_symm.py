@@ -113,11 +113,14 @@ def cp():
     K.set_onepass(*before)
 
 
-# the large tensor in 2 (float32 forward) / 4 (backward) rounds and 1 / 2 in bfloat16, ResNet-20's 16 blocks a
-# channel, and odd planes at vec 1 over several rounds
+# the large tensor in 2 (float32 forward) / 4 (backward) rounds and 1 / 2 in bfloat16 (2 / 4 blocks a channel; a
+# one-block tile in the bfloat16 forward), ResNet-20's 16 blocks a channel, tiles of 33 (float32 backward of
+# (256, 32, 56, 56)), 64 and 88 blocks (3 channels: the tree's shared-memory levels before the shuffles), and odd
+# planes at vec 1 over several rounds
 CASES = [("float32", (32, 256, 56, 56), "bn_activation"), ("bfloat16", (32, 256, 56, 56), "bn_add_activation"),
-         ("float32", (128, 16, 32, 32), "bn"), ("float32", (3, 40, 13, 21), "bn_add_activation"),
-         ("bfloat16", (5, 24, 9, 11), "bn_activation")]
+         ("float32", (128, 16, 32, 32), "bn"), ("float32", (256, 32, 56, 56), "bn"),
+         ("float32", (128, 3, 64, 64), "bn_activation"), ("float32", (256, 3, 64, 64), "bn"),
+         ("float32", (3, 40, 13, 21), "bn_add_activation"), ("bfloat16", (5, 24, 9, 11), "bn_activation")]
 
 
 @pytest.mark.cuda

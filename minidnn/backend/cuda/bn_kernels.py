@@ -603,8 +603,9 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 // loads); then every block adds the partials as the last arriver would -- thread (q, k): channel k, partials q,
 // q + 256 / TW, ... in order, then the fixed tree over q -- and calls fin(k) on row q == 0, which keeps the values in
 // shared memory (SYMM_KEEP).  Exact shortcuts, the same additions: a one-block tile (per == 1) takes its block sums
-// directly (0 + p in double is p); NCHW tiles (TW == 1) of at most 32 blocks have every partial in warp 0, where the
-// tree's levels 128 .. 32 add zeros and 16 .. 1 are the shuffles' additions, lane q < h taking q + h as sd[q] did.
+// directly (0 + p in double is p); in NCHW tiles (TW == 1) the tree's levels h >= per add zeros (x + 0 is x: no sum
+// here is -0) and are skipped, and its levels 16 .. 1 are warp 0's shuffles, lane q < h taking q + h as sd[q] did --
+// a tile of at most 32 blocks meets with no barrier in its tree, one of 33-64 with one.
 // The last block to depart resets the counters (every block has passed its wait by then).
 template <class Fin>
 __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
@@ -642,7 +643,23 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         const A* p = partial + (long long)c * per * 2;
         for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
     }
-    if (TW == 1 && per <= 32) {
+    if (TW == 1) {
+        // levels h >= per add zeros (skipped); the levels from 128 down to 32 that do add go through shared memory
+        // (partials past 32 blocks), then warp 0 takes 16 .. 1 by shuffles
+        int hp = 1;
+        while (hp < per) hp <<= 1;
+        if (hp > 32) {
+            sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
+            __syncthreads();
+            for (int h = hp / 2; h >= 32; h >>= 1) {
+                if (q < h) {
+                    sd[threadIdx.x][0] += sd[threadIdx.x + h][0];
+                    sd[threadIdx.x][1] += sd[threadIdx.x + h][1];
+                }
+                __syncthreads();
+            }
+            a1 = sd[threadIdx.x][0]; a2 = sd[threadIdx.x][1];
+        }
         if (threadIdx.x < 32) {
 #pragma unroll
             for (int h = 16; h > 0; h >>= 1) {
