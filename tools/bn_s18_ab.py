@@ -11,7 +11,7 @@ bytes in flight without registers) with an optional bB prefix (ONEPASS_BPS = B b
 each block a smaller share of shared memory for the on-chip copy, more warps an SM) and an optional sS suffix
 (ONEPASS_SYMM = S, MINIDNN_BN_SYMM, session 20: the symmetric meeting -- every block adds its tile's partials itself;
 the same bits; the default since run 2) and cC (ONEPASS_CLM = C, MINIDNN_BN_CLM: that meeting in a thread-block
-cluster's shared memory).  A setting without sS / cC has them 0.
+cluster's shared memory; c2: whatever the driver's cluster occupancy).  A setting without sS / cC has them 0.
 "p1" is the default (run 7 adopted PREFETCH 1) and the A (the first setting); every setting is flipped in this
 process through bn_kernels.set_onepass, which makes the settled calls settle again.  PREFETCH does not move the split
 (the same bits); BPS does (a bigger grid).  Run 7 also timed UNROLL 6 and 8 (its settings were uU[pP]: "u4p1" is
@@ -64,7 +64,7 @@ def _route(call):
         return "2-launch"
     cl = next((dict(key[-1]).get("clm") for key, k in K._kernel_cache.items() if k is p.kernel), None)
     return f"grid {p.dims[0]} smem {p.dims[6]} occ {K._resident_per_sm(p.kernel, p.dims[6])}" + \
-        (f" cluster {cl}" if cl else "")
+        (f" cluster {cl} (driver: {K._cluster.driver_max_clusters(p.kernel, cl, p.dims[6])} at once)" if cl else "")
 
 
 def capture(cp, fn, calls, keep):

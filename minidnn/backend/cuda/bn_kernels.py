@@ -94,8 +94,9 @@ ONEPASS_SYMM = _env_int("MINIDNN_BN_SYMM", 1, 0, 1)
 # The symmetric meeting on chip (MINIDNN_BN_CLM, set_onepass(clm=); 0: off, the define absent; session 20, off until
 # the GPU A/B): NCHW tiles of 2-16 blocks launched as thread-block clusters, the partials read through distributed
 # shared memory after one cluster barrier (the CLM comment in ONEPASS_SOURCE); only where the driver holds every
-# cluster of the grid at once (cuOccupancyMaxActiveClusters), else the global-memory meeting.  The same bits.
-ONEPASS_CLM = _env_int("MINIDNN_BN_CLM", 0, 0, 1)
+# cluster of the grid at once (cuOccupancyMaxActiveClusters), else the global-memory meeting; 2: whatever the
+# driver says (an A/B probe: clusters then may run in waves).  The same bits.
+ONEPASS_CLM = _env_int("MINIDNN_BN_CLM", 0, 0, 2)
 
 SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
@@ -1495,8 +1496,8 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
     if ONEPASS_CLM and ONEPASS_SYMM and not inner1 and 2 <= per <= 16:
         kc = _cluster_kernel(name, xc.dtype, vec, tpr, onchip, per, flags)
         n = _cluster.driver_max_clusters(kc, per, dyn)
-        if n is None or n * per >= grid:        # every tile's cluster resident at once (None: a fake CuPy)
-            k = kc
+        if ONEPASS_CLM == 2 or n is None or n * per >= grid:    # every tile's cluster resident at once (None: a
+            k = kc                                              # fake CuPy)
     if (flags.get("dx_nhwc") or flags.get("twin_nhwc")) and (inner1 or grid // per < tiles or xc.size >= 2 ** 31):
         return None         # dx's channels-last stores merge in L2 only when one round writes every channel
     iv = inner // vec if not inner1 else 1
@@ -1582,7 +1583,7 @@ def set_onepass(bps=None, prefetch=None, symm=None, clm=None):
     settle again; the plans are dropped too."""
     global ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM, ONEPASS_CLM
     for name, v, lo, hi in (("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8), ("symm", symm, 0, 1),
-                            ("clm", clm, 0, 1)):
+                            ("clm", clm, 0, 2)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
             raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
     if bps is not None:
