@@ -10,8 +10,7 @@ the first pass asks L2 for the vectors P iterations ahead, and a block about to 
 bytes in flight without registers) with an optional bB prefix (ONEPASS_BPS = B blocks per SM, MINIDNN_BN_BPS: 3 gives
 each block a smaller share of shared memory for the on-chip copy, more warps an SM) and an optional sS suffix
 (ONEPASS_SYMM = S, MINIDNN_BN_SYMM, session 20: the symmetric meeting -- every block adds its tile's partials itself;
-the same bits; the default since run 2) and cC (ONEPASS_CLM = C, MINIDNN_BN_CLM: that meeting in a thread-block
-cluster's shared memory; c2: whatever the driver's cluster occupancy).  A setting without sS / cC has them 0.
+the same bits).
 "p1" is the default (run 7 adopted PREFETCH 1) and the A (the first setting); every setting is flipped in this
 process through bn_kernels.set_onepass, which makes the settled calls settle again.  PREFETCH does not move the split
 (the same bits); BPS does (a bigger grid).  Run 7 also timed UNROLL 6 and 8 (its settings were uU[pP]: "u4p1" is
@@ -50,21 +49,19 @@ OPS = {"fwd": (False, False, 2), "bwd": (False, True, 3), "relu_bwd": (True, Tru
 
 
 def parse_setting(s):
-    """'p1' -> (2, 1, 0, 0); 'b3p0' -> (3, 0, 0, 0); 'p1s1c1' -> (2, 1, 1, 1): (blocks per SM, L2 prefetch
-    distance, symmetric meeting, its cluster form)."""
-    m = re.fullmatch(r"(?:b(\d+))?p(\d+)(?:s(\d+))?(?:c(\d+))?", s)
+    """'p1' -> (2, 1, 0); 'b3p0' -> (3, 0, 0); 'p1s1' -> (2, 1, 1): (blocks per SM, L2 prefetch distance,
+    symmetric meeting)."""
+    m = re.fullmatch(r"(?:b(\d+))?p(\d+)(?:s(\d+))?", s)
     if m is None:
-        raise SystemExit(f"bad setting {s!r}: expected [bB]pP[sS][cC] (e.g. p1, b3p0, p1s1, p1s1c1)")
-    return int(m.group(1) or 2), int(m.group(2)), int(m.group(3) or 0), int(m.group(4) or 0)
+        raise SystemExit(f"bad setting {s!r}: expected [bB]pP[sS] (e.g. p1, b3p0, p1s1)")
+    return int(m.group(1) or 2), int(m.group(2)), int(m.group(3) or 0)
 
 
 def _route(call):
     p = getattr(call, "launch1", None)
     if p is None:
         return "2-launch"
-    cl = next((dict(key[-1]).get("clm") for key, k in K._kernel_cache.items() if k is p.kernel), None)
-    return f"grid {p.dims[0]} smem {p.dims[6]} occ {K._resident_per_sm(p.kernel, p.dims[6])}" + \
-        (f" cluster {cl} (driver: {K._cluster.driver_max_clusters(p.kernel, cl, p.dims[6])} at once)" if cl else "")
+    return f"grid {p.dims[0]} smem {p.dims[6]} occ {K._resident_per_sm(p.kernel, p.dims[6])}"
 
 
 def capture(cp, fn, calls, keep):
@@ -108,10 +105,10 @@ def main(argv=None):
     timer = Timer(cp, torch, 7, False)
     bw = copy_bandwidth(cp)
     dev = cp.cuda.Device()
-    default = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM, K.ONEPASS_CLM)
+    default = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM)
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy {bw:.0f} GB/s; "
-          f"UNROLL {K.ONEPASS_UNROLL}, defaults BPS {default[0]} PREFETCH {default[1]} SYMM {default[2]} "
-          f"CLM {default[3]}; {args.rounds} rounds, order rotated")
+          f"UNROLL {K.ONEPASS_UNROLL}, defaults BPS {default[0]} PREFETCH {default[1]} SYMM {default[2]}; "
+          f"{args.rounds} rounds, order rotated")
     print("# ms per call (% of copy); ratio = first setting / this (> 1: faster than it); torch beside")
     head = f"{'shape':>14} {'dtype':>8} {'op':>8} | " + " | ".join(f"{s[0]:>16}" for s in settings) + \
         f" | {'torch':>8} | best"
@@ -137,8 +134,8 @@ def main(argv=None):
                 K.set_onepass(*default)
                 y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, relu=relu)
                 keep.append((y, m, i))
-                for label, bps, pf, sy, cl in settings:
-                    K.set_onepass(bps, pf, sy, cl)
+                for label, bps, pf, sy in settings:
+                    K.set_onepass(bps, pf, sy)
                     if backward:
                         def fn(y=y, m=m, i=i):
                             return K.backward(xg, dyg, sg, m, i, y=y if relu else None)

@@ -31,13 +31,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.parametrize("kwargs", [dict(symm=2), dict(symm=-1), dict(symm=True), dict(symm=1.0),
-                                    dict(symm="1"), dict(prefetch=1, symm=3), dict(clm=3), dict(clm=None, symm=-2)],
-                         ids=str)
+                                    dict(symm="1"), dict(prefetch=1, symm=3)], ids=str)
 def test_set_onepass_rejects_bad_symm_values_and_keeps_the_settings(kwargs):
-    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM, K.ONEPASS_CLM)
+    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM)
     with pytest.raises(ValueError, match="set_onepass"):
         K.set_onepass(**kwargs)
-    assert (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM, K.ONEPASS_CLM) == before
+    assert (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM) == before
 
 
 @pytest.mark.parametrize("value", ["2", "on"])
@@ -77,48 +76,6 @@ print("OK")
 """)
 
 
-def test_cluster_meeting_launches_under_the_fake_cupy():
-    # CLM: NCHW tiles of 2-16 blocks take the cluster build (-DCLM=per), the same grid and shared memory; one-block
-    # tiles, wider ones and the switch off do not
-    _fake("""
-for shape in ((32, 256, 56, 56), (128, 16, 32, 32), (256, 32, 56, 56), (3, 40, 13, 21)):
-    base = run(shape)
-    assert not any("CLM" in f for _, _, f in base), base
-    K.set_onepass(clm=1)
-    got = run(shape)
-    assert [g[:2] for g in got] == [b[:2] for b in base]
-    for (grid, dyn, full), bwd in zip(got, (False, True)):
-        per = K.onepass_plan(shape[0], shape[1], shape[2] * shape[3], 4, bwd, 0)["per"]
-        assert ("-DCLM=%d" % per in full) == (2 <= per <= 16) and full.count("-DCLM=") <= 1, (shape, per, full)
-    K.set_onepass(symm=0)                       # CLM is a form of the symmetric meeting: off with it
-    assert not any("CLM" in f for _, _, f in run(shape))
-    K.set_onepass(symm=1, clm=0)
-    assert run(shape) == base
-print("OK")
-""")
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_the_cluster_builds_compile_without_spills():
-    units = []
-    for name in ("float32", "bfloat16"):
-        dt = _dt(name)
-        for per, flags in ((2, dict(has_scale=1, has_bias=1, cache=1)),
-                           (16, dict(relu=1, has_z=1, has_scale=1, has_bias=1, cache=1))):
-            opts = K._onepass_options(dt, False, 16 // dt.itemsize, 1, clm=per, **flags)
-            assert f"-DCLM={per}" in opts
-            units.append((K.ONEPASS_SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
-    for r in _nvcc.build(units, ("-std=c++17",)):
-        out = r.stderr
-        assert r.returncode == 0, out[-2000:]
-        spills = [line for line in out.splitlines() if "spill stores" in line]
-        assert len(spills) == 2 and all(" 0 bytes spill stores" in line for line in spills), out
-    for r in _nvcc.build(units[:1], ("-std=c++17",), ptx=True):
-        ptx = "".join(r.ptx.values())
-        assert r.returncode == 0 and "mapa.shared::cluster" in ptx and "ld.shared::cluster.v2.f32" in ptx
-        assert ptx.count("barrier.cluster.arrive.release") == 4      # a meeting and the exit, in each kernel
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_the_symmetric_builds_compile_without_spills(monkeypatch):
     monkeypatch.setattr(K, "ONEPASS_SYMM", 1)
@@ -147,7 +104,7 @@ def test_the_symmetric_builds_compile_without_spills(monkeypatch):
 def cp():
     if not _dev.cuda_is_available():
         pytest.skip("no CUDA GPU with CuPy on this machine")
-    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM, K.ONEPASS_CLM)
+    before = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM)
     enabled = BC.ENABLED
     BC.ENABLED = False          # bn_fwd1 / bn_bwd1, not the cluster kernels
     M._calls.clear()
@@ -178,31 +135,6 @@ def test_symmetric_meeting_is_bitwise_the_last_arrivers(cp, name, shape, ops):
         assert len(got) == len(ref)
         for j, (a, b) in enumerate(zip(ref, got)):
             assert np.array_equal(_bits(a), _bits(b)), (k, j)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name, shape, ops", CASES, ids=str)
-def test_cluster_meeting_is_bitwise_the_global_one(cp, monkeypatch, name, shape, ops):
-    """CLM (the meeting in distributed shared memory) against the symmetric meeting through global memory: every
-    output bitwise, three calls in a row; where a tile has 2-16 blocks the cluster build must have run."""
-    inputs = _gpu_inputs(cp, name, shape, ops, 9)
-    K.set_onepass(symm=1, clm=0)
-    ref = _gpu_outputs(cp, ops, inputs)
-    K.set_onepass(clm=2)            # the cluster form wherever a tile has 2-16 blocks, whatever the occupancy
-    used = []
-    real = K._launch.prepare
-    monkeypatch.setattr(K._launch, "prepare", lambda k, *a, **kw: used.append(k) or real(k, *a, **kw))
-    for k in range(3):
-        got = _gpu_outputs(cp, ops, inputs)
-        for j, (a, b) in enumerate(zip(ref, got)):
-            assert np.array_equal(_bits(a), _bits(b)), (k, j)
-    item = _dt(name).itemsize
-    pers = [K.onepass_plan(shape[0], shape[1], shape[2] * shape[3], item, bwd, cp.cuda.Device().id)["per"]
-            for bwd in (False, True)]
-    ran = {dict(key[-1]).get("clm") for key, kern in K._kernel_cache.items() if any(kern is u for u in used)}
-    for per in pers:       # (odd planes run at vec 1: another split than the aligned plan's)
-        if 2 <= per <= 16 and shape[2] * shape[3] % (16 // item) == 0:
-            assert per in ran, (pers, ran)
 
 
 @pytest.mark.cuda

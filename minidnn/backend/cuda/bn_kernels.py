@@ -91,12 +91,6 @@ ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
 # backward 1.02-1.03x; bfloat16 1.01-1.03x forward, 1.04-1.05x backward; ResNet-20's (128, 16, 32, 32) float32
 # backward 1.12x (0.0116 -> 0.0103 ms), its forward (bn_cluster's route) level.
 ONEPASS_SYMM = _env_int("MINIDNN_BN_SYMM", 1, 0, 1)
-# The symmetric meeting on chip (MINIDNN_BN_CLM, set_onepass(clm=); 0: off, the define absent; session 20, off until
-# the GPU A/B): NCHW tiles of 2-16 blocks launched as thread-block clusters, the partials read through distributed
-# shared memory after one cluster barrier (the CLM comment in ONEPASS_SOURCE); only where the driver holds every
-# cluster of the grid at once (cuOccupancyMaxActiveClusters), else the global-memory meeting; 2: whatever the
-# driver says (an A/B probe: clusters then may run in waves).  The same bits.
-ONEPASS_CLM = _env_int("MINIDNN_BN_CLM", 0, 0, 2)
 
 SOURCE = STORAGE_HEADER + r"""
 typedef PARAM P;      // scale, bias, running statistics, dscale, dbias: x's dtype, or float32 for 16-bit data
@@ -591,36 +585,6 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 #ifndef SYMM
 #define SYMM 0
 #endif
-// CLM (session 20, MINIDNN_BN_CLM; 0 = off, the define absent): under SYMM, an NCHW tile's `per` blocks launched as
-// one thread-block cluster (CLM = per, 2..16: consecutive blocks are a tile's, s = the cluster rank).  The meeting
-// then runs on chip: each block leaves its partials in its own shared memory (clp, by the parity of its iteration:
-// a slot is written again two meetings later, after a cluster barrier every reader of it has passed), one cluster
-// barrier (release / acquire) replaces the fence, the ticket atomic and the poll, and thread q < per reads block
-// q's partials through distributed shared memory -- the same values in the same order as partial[], so the same
-// bits.  No counters, no departure; a last cluster barrier at the end of the kernel keeps every block's shared
-// memory alive until its neighbours have read it.
-#ifndef CLM
-#define CLM 0
-#endif
-#if CLM
-#if !SYMM || INNER1
-#error "CLM: the symmetric meeting of NCHW tiles"
-#endif
-#define CL_DIMS __cluster_dims__(CLM, 1, 1)
-#define CL_EXIT { cluster_arrive(); cluster_wait(); }
-__device__ __forceinline__ void dsmem_ld2(float& a, float& b, unsigned int r)
-{
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(a), "=f"(b) : "r"(r));
-}
-__device__ __forceinline__ void dsmem_ld2(double& a, double& b, unsigned int r)
-{
-    asm volatile("ld.shared::cluster.v2.f64 {%0, %1}, [%2];" : "=d"(a), "=d"(b) : "r"(r));
-}
-""" + _cluster.CLUSTER_HEADER + r"""
-#else
-#define CL_DIMS
-#define CL_EXIT
-#endif
 #if SYMM
 #define SYMM_DECL __shared__ A sym[TW][2];
 #define SYMM_KEEP(c, a0, a1) { sym[(c) - t * TW][0] = (a0); sym[(c) - t * TW][1] = (a1); }
@@ -657,23 +621,6 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         __syncthreads();
         return;
     }
-#if CLM
-    __shared__ __align__(16) A clp[2][2];
-    const int par = (t / (int)(gridDim.x / per)) & 1;       // this block's iteration (t = t0 + i * rounds_step)
-    if (threadIdx.x == 0) { clp[par][0] = v[0][0]; clp[par][1] = v[0][1]; }
-    cluster_arrive();
-    cluster_wait();
-    double a1 = 0, a2 = 0;
-    if (threadIdx.x < CLM && c < C) {
-        unsigned long long g;
-        unsigned int remote;
-        A r0, r1;
-        asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(&clp[par][0]));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned int)g), "r"(threadIdx.x));
-        dsmem_ld2(r0, r1, remote);
-        a1 += (double)r0; a2 += (double)r1;
-    }
-#else
     if (ty == 0) {
 #pragma unroll
         for (int j = 0; j < NCH; ++j) {
@@ -696,7 +643,6 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         const A* p = partial + (long long)c * per * 2;
         for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
     }
-#endif
     if (TW == 1) {
         // levels h >= per add zeros (skipped); the levels from 128 down to 32 that do add go through shared memory
         // (partials past 32 blocks), then warp 0 takes 16 .. 1 by shuffles
@@ -734,9 +680,7 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         }
         if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
     }
-#if !CLM
     if (threadIdx.x == 0 && dep == (unsigned int)per - 1) { sync[3 * t] = 0u; sync[3 * t + 2] = 0u; }
-#endif
     __syncthreads();        // fin's SYMM_KEEP before the statistics are read
 }
 
@@ -814,7 +758,7 @@ __device__ __forceinline__ void depart(unsigned int* sync, int t, int per)
 
 """ + _cluster.DX_NHWC_HEADER + r"""
 
-extern "C" __global__ void CL_DIMS __launch_bounds__(256, BPS)
+extern "C" __global__ void __launch_bounds__(256, BPS)
 bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* __restrict__ partial,
         unsigned int* sync, A* __restrict__ mean_out, A* __restrict__ inv_std_out, const P* __restrict__ scale,
         const P* __restrict__ bias, P* running_mean, P* running_var, long long* counter TWIN_PARAM SHADOW_PARAM,
@@ -953,12 +897,11 @@ bn_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A* 
         });
 #endif
     }
-    CL_EXIT
 }
 
 // Backward in one launch: per channel sum(g), sum(g * xhat) (g = dy, masked by y > 0 after a fused ReLU), then
 // dx = scale * inv_std * (g - mean(g) - xhat * mean(g * xhat)) and dz = g from the same slice read again.
-extern "C" __global__ void CL_DIMS __launch_bounds__(256, BPS)
+extern "C" __global__ void __launch_bounds__(256, BPS)
 bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ y, const A* __restrict__ mean,
         const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* sync, A* __restrict__ coef,
         P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
@@ -1113,7 +1056,6 @@ bn_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         });
 #endif
     }
-    CL_EXIT
 }
 """
 
@@ -1141,9 +1083,8 @@ def _onepass_options(dtype, inner1, vec, tpr, **flags):
     threads per channels-last row, the unroll (vectors in flight per thread and array) and the blocks per SM."""
     pf = (f"-DPREFETCH={ONEPASS_PREFETCH}",) if ONEPASS_PREFETCH else ()    # absent when off: the PTX as before
     sy = ("-DSYMM=1",) if ONEPASS_SYMM else ()
-    cl = (f"-DCLM={flags['clm']}",) if flags.get("clm") else ()
     return _options(dtype, inner1, **flags) + (f"-DVEC={vec}", f"-DTPR={tpr}", f"-DUNROLL={ONEPASS_UNROLL}",
-                                               f"-DBPS={ONEPASS_BPS}") + pf + sy + cl
+                                               f"-DBPS={ONEPASS_BPS}") + pf + sy
 
 
 _dividers: dict = {}
@@ -1181,17 +1122,6 @@ def _kernel1(name, dtype, inner1, vec, tpr, **flags):
     if k is None:
         k = _kernel_cache[key] = _launch.get_kernel(ONEPASS_SOURCE, name,
                                                     _onepass_options(dtype, inner1, vec, tpr, **flags))
-    return k
-
-
-def _cluster_kernel(name, dtype, vec, tpr, onchip, per, flags):
-    """The CLM form of an NCHW one-pass kernel: clusters of ``per`` blocks (past 8 with the non-portable size
-    allowed, as bn_cluster's)."""
-    k = _kernel1(name, dtype, False, vec, tpr, cache=onchip, clm=per, **flags)
-    if per > 8:
-        setter = getattr(_launch.cupy().cuda.driver, "funcSetAttribute", None)   # (a fake CuPy has no such call)
-        if setter is not None:
-            setter(k.kernel.ptr, _cluster._NON_PORTABLE, 1)
     return k
 
 
@@ -1493,11 +1423,6 @@ def _onepass_launch(name, xc, outer, c, inner, arrays, aligned, dev, flags, n_ar
         k = _kernel1(name, xc.dtype, inner1, vec, tpr, cache=onchip, **flags)
     if not onepass_routes(inner, tiles, per, grid):
         return None
-    if ONEPASS_CLM and ONEPASS_SYMM and not inner1 and 2 <= per <= 16:
-        kc = _cluster_kernel(name, xc.dtype, vec, tpr, onchip, per, flags)
-        n = _cluster.driver_max_clusters(kc, per, dyn)
-        if ONEPASS_CLM == 2 or n is None or n * per >= grid:    # every tile's cluster resident at once (None: a
-            k = kc                                              # fake CuPy)
     if (flags.get("dx_nhwc") or flags.get("twin_nhwc")) and (inner1 or grid // per < tiles or xc.size >= 2 ** 31):
         return None         # dx's channels-last stores merge in L2 only when one round writes every channel
     iv = inner // vec if not inner1 else 1
@@ -1574,16 +1499,15 @@ _calls: dict = {}
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
     return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
-        ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM, ONEPASS_CLM
+        ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM
 
 
-def set_onepass(bps=None, prefetch=None, symm=None, clm=None):
-    """Set the one-pass kernels' blocks per SM, L2 prefetch distance, symmetric meeting and its cluster form (None:
-    keep) for an in-process A/B.  Settled calls made under other values see the change through _switches() and
-    settle again; the plans are dropped too."""
-    global ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM, ONEPASS_CLM
-    for name, v, lo, hi in (("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8), ("symm", symm, 0, 1),
-                            ("clm", clm, 0, 2)):
+def set_onepass(bps=None, prefetch=None, symm=None):
+    """Set the one-pass kernels' blocks per SM, L2 prefetch distance and symmetric meeting (None: keep) for an
+    in-process A/B.  Settled calls made under other values see the change through _switches() and settle again; the
+    plans are dropped too."""
+    global ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM
+    for name, v, lo, hi in (("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8), ("symm", symm, 0, 1)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
             raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
     if bps is not None:
@@ -1592,8 +1516,6 @@ def set_onepass(bps=None, prefetch=None, symm=None, clm=None):
         ONEPASS_PREFETCH = int(prefetch)
     if symm is not None:
         ONEPASS_SYMM = int(symm)
-    if clm is not None:
-        ONEPASS_CLM = int(clm)
     _calls.clear()
     _plans.clear()
 
