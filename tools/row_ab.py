@@ -38,14 +38,15 @@ Settings (docs/step_kernels.md, "Session 13: warp-row softmax" and "Session 12: 
            of the row kernels")
   --warp-from  WARP_FROM (smx, lsmx, lsmxbwd) in place of --settings: "513" (the default: WARP's grid from 513
            classes) | "257" (also 257..512-class rows holding 16 elements a lane, e.g. 512); lines "wf513", "wf257"
-  --bwd-stash  BWD_STASH (lsmxbwd, smxbwd) in place of --settings: "0" (off, the default) | "1" (several-chunk rows
+  --bwd-stash  BWD_STASH (lsmxbwd, smxbwd) in place of --settings: "0" (off) | "1" (several-chunk rows
            keep their first chunks' dy -- softmax's y too -- in shared memory) | "2" (log-softmax's y too) | "3" ("2"
-           filled by cp.async: the row's loads in flight together; the default, with "1" where that does not fit) |
+           filled by cp.async: the row's loads in flight together, with "1" where that does not fit) |
            "4" ("3", and log-softmax's dy alone by cp.async where its chunks but the last fit: 50257 classes;
-           the default since session 20) | "5" ("4" with a 16-bit log-softmax cp.async stash counted in raw
+           session 20's runs 1-3) | "5" ("4" with a 16-bit log-softmax cp.async stash counted in raw
            bytes: both arrays at 50257 classes, half the shared memory elsewhere) | "6" ("5", and such rows whose
-           raw stash fits two blocks an SM at 64 registers, MINB 2: docs/step_kernels.md, "Session 20: the 16-bit
-           log-softmax backward rows"); lines "bs0" ... "bs6"; one-chunk rows plan the same kernel for all (skipped)
+           raw stash fits two blocks an SM at 64 registers, MINB 2; the default since session 20's run 3:
+           docs/step_kernels.md, "Session 20: the 16-bit log-softmax backward rows"); lines "bs0" ... "bs6";
+           one-chunk rows plan the same kernel for all (skipped)
            (docs/step_kernels.md, "Session 17: softmax rows of 512 and of 32000 classes")
 The first setting listed is the reference of the ratio column.  A setting whose planned kernel (defines, grid) is an
 earlier setting's is not timed again: its line says "= 0" (or "= 1", ...).

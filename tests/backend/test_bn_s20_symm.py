@@ -115,31 +115,38 @@ def cp():
 
 # the large tensor in 2 (float32 forward) / 4 (backward) rounds and 1 / 2 in bfloat16 (2 / 4 blocks a channel; a
 # one-block tile in the bfloat16 forward), ResNet-20's 16 blocks a channel, tiles of 33 (float32 backward of
-# (256, 32, 56, 56)), 64 and 88 blocks (3 channels: the tree's shared-memory levels before the shuffles), and odd
-# planes at vec 1 over several rounds
+# (256, 32, 56, 56)), 64 and 88 blocks (3 channels: the tree's shared-memory levels before the shuffles), 264 (one
+# channel: threads holding two partials each -- REVIEW20 found the first tree reading past its 256 rows there), and
+# odd planes at vec 1 over several rounds
 CASES = [("float32", (32, 256, 56, 56), "bn_activation"), ("bfloat16", (32, 256, 56, 56), "bn_add_activation"),
          ("float32", (128, 16, 32, 32), "bn"), ("float32", (256, 32, 56, 56), "bn"),
          ("float32", (128, 3, 64, 64), "bn_activation"), ("float32", (256, 3, 64, 64), "bn"),
+         ("float32", (8, 1, 1024, 1024), "bn"),
          ("float32", (3, 40, 13, 21), "bn_add_activation"), ("bfloat16", (5, 24, 9, 11), "bn_activation")]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, shape, ops", CASES, ids=str)
 def test_symmetric_meeting_is_bitwise_the_last_arrivers(cp, name, shape, ops):
-    inputs = _gpu_inputs(cp, name, shape, ops, 5)
-    K.set_onepass(symm=0)
-    ref = _gpu_outputs(cp, ops, inputs)
-    K.set_onepass(symm=1)
-    for k in range(3):          # three calls in a row: each launch must leave the tile counters at zero
+    dev = cp.cuda.Device().id
+    for k in range(3):          # three inputs in a row: each launch must leave the tile counters at zero
+        inputs = _gpu_inputs(cp, name, shape, ops, 5 + k)
+        K.set_onepass(symm=0)
+        ref = _gpu_outputs(cp, ops, inputs)
+        K.set_onepass(symm=1)
         got = _gpu_outputs(cp, ops, inputs)
+        assert not K._tickets[dev].any(), "the counters were not reset"
         assert len(got) == len(ref)
         for j, (a, b) in enumerate(zip(ref, got)):
             assert np.array_equal(_bits(a), _bits(b)), (k, j)
 
 
 @pytest.mark.cuda
-def test_the_step_counter_and_running_statistics_move_once_a_call(cp):
-    x = cp.asarray(np.random.default_rng(3).standard_normal((32, 256, 56, 56)).astype(np.float32))
+@pytest.mark.parametrize("shape", [(32, 256, 56, 56), (8, 1, 1024, 1024)], ids=str)
+def test_the_step_counter_and_running_statistics_move_once_a_call(cp, shape):
+    # (the updates are plain read-modify-writes: a second block updating them would race the first -- over 264
+    # blocks of one tile (the second shape) hardly ever to the same single step)
+    x = cp.asarray(np.random.default_rng(3).standard_normal(shape).astype(np.float32))
     c = x.shape[1]
     outs = []
     for symm in (0, 1):

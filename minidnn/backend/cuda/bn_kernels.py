@@ -598,14 +598,14 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 #endif
 
 #if SYMM
-// The symmetric meeting: thread 0 adds the block's arrival, waits for the count to reach `per`, and takes its
-// departure ticket at once (its value is used only at the end: the atomic's round trip runs under the partials'
-// loads); then every block adds the partials as the last arriver would -- thread (q, k): channel k, partials q,
-// q + 256 / TW, ... in order, then the fixed tree over q -- and calls fin(k) on row q == 0, which keeps the values in
-// shared memory (SYMM_KEEP).  Exact shortcuts, the same additions: a one-block tile (per == 1) takes its block sums
-// directly (0 + p in double is p); in NCHW tiles (TW == 1) the tree's levels h >= per add zeros (x + 0 is x: no sum
-// here is -0) and are skipped, and its levels 16 .. 1 are warp 0's shuffles, lane q < h taking q + h as sd[q] did --
-// a tile of at most 32 blocks meets with no barrier in its tree, one of 33-64 with one.
+// The symmetric meeting: thread 0 adds the block's arrival, waits (an acquiring poll) for the count to reach `per`,
+// and takes its departure ticket (its value is used only at the end); then every block adds the partials as the
+// last arriver would -- thread (q, k): channel k, partials q, q + 256 / TW, ... in order, then the fixed tree over q
+// -- and calls fin(k) on row q == 0, which keeps the values in shared memory (SYMM_KEEP).  Exact shortcuts, the same
+// additions: a one-block tile (per == 1) takes its block sums directly (0 + p in double is p); in NCHW tiles
+// (TW == 1) of at most 256 blocks the tree's levels h >= per add zeros (x + 0 is x: no sum here is -0) and are
+// skipped, and its levels 16 .. 1 are warp 0's shuffles, lane q < h taking q + h as sd[q] did -- a tile of at most
+// 32 blocks meets with no barrier in its tree, one of 33-64 with one (past 256 blocks every level runs).
 // The last block to depart resets the counters (every block has passed its wait by then).
 template <class Fin>
 __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, unsigned int* sync, int t, int s,
@@ -633,11 +633,15 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
     unsigned int dep = 0;
     if (threadIdx.x == 0) {
         atomicAdd(sync + 3 * t, 1u);
-        while (*(volatile unsigned int*)(sync + 3 * t) < (unsigned int)per) __nanosleep(32);
-        dep = atomicAdd(sync + 3 * t + 2, 1u);
+        for (;;) {  // acquire: the partials published before each arrival are visible after the barrier below
+            unsigned int n;
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(sync + 3 * t) : "memory");
+            if (n >= (unsigned int)per) break;
+            __nanosleep(32);
+        }
+        dep = atomicAdd(sync + 3 * t + 2, 1u);      // the departure (after the wait): its value is used at the end
     }
     __syncthreads();
-    __threadfence();
     double a1 = 0, a2 = 0;
     if (c < C) {
         const A* p = partial + (long long)c * per * 2;
@@ -647,7 +651,7 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         // levels h >= per add zeros (skipped); the levels from 128 down to 32 that do add go through shared memory
         // (partials past 32 blocks), then warp 0 takes 16 .. 1 by shuffles
         int hp = 1;
-        while (hp < per) hp <<= 1;
+        while (hp < per && hp < 256) hp <<= 1;      // (past 256 blocks a thread holds several partials: all levels)
         if (hp > 32) {
             sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
             __syncthreads();
