@@ -597,6 +597,35 @@ __device__ __forceinline__ void block_sum(A (*sm)[TW][2], A (&v)[NCH][2])
 #define SYMM_ONCE
 #endif
 
+// The block's sums of tile t (thread row 0's v, after block_sum) to its slots of `partial`, then a fence and a
+// barrier: what every form of the meeting publishes before its arrival.
+__device__ __forceinline__ void publish(const A (&v)[NCH][2], A* __restrict__ partial, int t, int s, int per, int C)
+{
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
+    if (ty == 0) {
+#pragma unroll
+        for (int k = 0; k < NCH; ++k) {
+            const int c = t * TW + tx * NCH + k;
+            if (c < C) { A* p = partial + ((long long)c * per + s) * 2; p[0] = v[k][0]; p[1] = v[k][1]; }
+        }
+    }
+    __threadfence();
+    __syncthreads();
+}
+
+// Thread (q, k)'s share of channel c's partials (blocks q, q + rq, ... in order, in double): the first step of every
+// combine, whichever block runs it.
+__device__ __forceinline__ void gather(const A* __restrict__ partial, int c, int C, int per, int q, int rq,
+                                       double& a1, double& a2)
+{
+    double x1 = 0, x2 = 0;
+    if (c < C) {
+        const A* p = partial + (long long)c * per * 2;
+        for (int b = q; b < per; b += rq) { x1 += (double)__ldcg(p + 2 * b); x2 += (double)__ldcg(p + 2 * b + 1); }
+    }
+    a1 = x1; a2 = x2;
+}
+
 #if SYMM
 // The symmetric meeting: thread 0 adds the block's arrival, waits (an acquiring poll) for the count to reach `per`,
 // and takes its departure ticket (its value is used only at the end); then every block adds the partials as the
@@ -613,7 +642,6 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
 {
     __shared__ double sd[256][2];
     block_sum(sm, v);
-    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
     const int k = threadIdx.x % TW, q = threadIdx.x / TW, rq = 256 / TW;
     const int c = t * TW + k;
     if (per == 1) {
@@ -621,15 +649,7 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         __syncthreads();
         return;
     }
-    if (ty == 0) {
-#pragma unroll
-        for (int j = 0; j < NCH; ++j) {
-            const int cj = t * TW + tx * NCH + j;
-            if (cj < C) { A* p = partial + ((long long)cj * per + s) * 2; p[0] = v[j][0]; p[1] = v[j][1]; }
-        }
-    }
-    __threadfence();
-    __syncthreads();
+    publish(v, partial, t, s, per, C);
     unsigned int dep = 0;
     if (threadIdx.x == 0) {
         atomicAdd(sync + 3 * t, 1u);
@@ -642,11 +662,8 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         dep = atomicAdd(sync + 3 * t + 2, 1u);      // the departure (after the wait): its value is used at the end
     }
     __syncthreads();
-    double a1 = 0, a2 = 0;
-    if (c < C) {
-        const A* p = partial + (long long)c * per * 2;
-        for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
-    }
+    double a1, a2;
+    gather(partial, c, C, per, q, rq, a1, a2);
     if (TW == 1) {
         // levels h >= per add zeros (skipped); the levels from 128 down to 32 that do add go through shared memory
         // (partials past 32 blocks), then warp 0 takes 16 .. 1 by shuffles
@@ -703,27 +720,15 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
     __shared__ double sd[256][2];
     __shared__ bool last;
     block_sum(sm, v);
-    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
-    if (ty == 0) {
-#pragma unroll
-        for (int k = 0; k < NCH; ++k) {
-            const int c = t * TW + tx * NCH + k;
-            if (c < C) { A* p = partial + ((long long)c * per + s) * 2; p[0] = v[k][0]; p[1] = v[k][1]; }
-        }
-    }
-    __threadfence();
-    __syncthreads();
+    publish(v, partial, t, s, per, C);
     if (threadIdx.x == 0) last = atomicAdd(sync + 3 * t, 1u) == (unsigned int)per - 1;
     __syncthreads();
     if (last) {
         __threadfence();
         const int k = threadIdx.x % TW, q = threadIdx.x / TW, rq = 256 / TW;
         const int c = t * TW + k;
-        double a1 = 0, a2 = 0;
-        if (c < C) {
-            const A* p = partial + (long long)c * per * 2;
-            for (int b = q; b < per; b += rq) { a1 += (double)__ldcg(p + 2 * b); a2 += (double)__ldcg(p + 2 * b + 1); }
-        }
+        double a1, a2;
+        gather(partial, c, C, per, q, rq, a1, a2);
         sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
         __syncthreads();
         for (int h = rq / 2; h > 0; h >>= 1) {
