@@ -72,7 +72,7 @@ def test_unrolled_forward_is_bitwise_the_two_vector_one(cp, monkeypatch, name, s
     dt = np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16" else np.dtype(name)
     xh = np.random.default_rng(sum(shape)).standard_normal(shape).astype(dt)
     x = cp.asarray(xh)
-    desc = B.PoolingDescriptor("average", shape[2:], 0, shape[2:])
+    desc = B.PoolingDescriptor("average_count_include_padding", shape[2:], 0, shape[2:])
     got = []
     for gu in (1, 2):
         monkeypatch.setattr(P, "GAP_UNROLL", gu)
