@@ -248,11 +248,6 @@ pool_bwd_disjoint(BWD_ARGS)
 }
 
 // ---- global average pooling ----
-// GU 2 (session 20, MINIDNN_GAP_UNROLL; 1 = the define absent): four vectors in flight a thread, not two -- the
-// same two chains adding the same values in the same order as two steps of the two-vector loop, so the same bits.
-#ifndef GU
-#define GU 1
-#endif
 #define GBLOCK (TEAM == 32 ? 256 : TEAM)      // a team of more than a warp is the whole block (uniform barriers)
 #define GTPB (GBLOCK / TEAM)
 struct alignas(sizeof(T) * VEC) GV { T v[VEC]; };
@@ -269,15 +264,6 @@ gap_fwd(const T* __restrict__ x, T* __restrict__ y, const int planes, const int 
         const GV* xp = reinterpret_cast<const GV*>(x + (long long)p * L);
         A s0 = 0, s1 = 0;
         int vi = t;
-#if GU == 2
-        for (; vi + 3 * TEAM < nvec; vi += 4 * TEAM) {
-            const GV a = xp[vi], b = xp[vi + TEAM], c = xp[vi + 2 * TEAM], d = xp[vi + 3 * TEAM];
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) { s0 += LD(a.v[e]); s1 += LD(b.v[e]); }
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) { s0 += LD(c.v[e]); s1 += LD(d.v[e]); }
-        }
-#endif
         for (; vi + TEAM < nvec; vi += 2 * TEAM) {
             const GV a = xp[vi], b = xp[vi + TEAM];
 #pragma unroll
@@ -727,11 +713,10 @@ _kernel_cache: dict = {}
 
 
 def _kernel(name, dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32, vec=1):
-    gu = GAP_UNROLL if name == "gap_fwd" else 1
-    key = (name, dtype, arg_dtype, cl, is_max, include_pad, pair, team, vec, gu)
+    key = (name, dtype, arg_dtype, cl, is_max, include_pad, pair, team, vec)
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:-1], gu=gu))
+        k = _kernel_cache[key] = _launch.get_kernel(SOURCE, name, options(*key[1:]))
     return k
 
 
@@ -761,13 +746,12 @@ def vec_options(dtype, arg_dtype, is_max, include_pad, rows, kh=0, kw=0, sv=1, v
     return head + ("-std=c++14",)
 
 
-def options(dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32, vec=1, gu=1):
+def options(dtype, arg_dtype, cl, is_max, include_pad, pair=False, team=32, vec=1):
     """NVRTC options of one configuration (also what nvcc needs as -D options: tests compile every kernel)."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DARGT={_ARG[np.dtype(arg_dtype)]}",
             f"-DCL={int(cl)}", f"-DIS_MAX={int(is_max)}", f"-DINCLUDE_PAD={int(include_pad)}",
-            f"-DPAIR={int(pair)}", f"-DTEAM={int(team)}", f"-DVEC={int(vec)}") + \
-        ((f"-DGU={int(gu)}",) if gu != 1 else ()) + ("-std=c++14",)
+            f"-DPAIR={int(pair)}", f"-DTEAM={int(team)}", f"-DVEC={int(vec)}", "-std=c++14")
 
 
 def is_channels_last(a) -> bool:
@@ -846,12 +830,6 @@ V1 = os.environ.get("MINIDNN_POOL_V1", "0") == "1"
 # form, OV = VW outputs a thread at every window and the gather for disjoint channels-last windows, was slower than
 # the previous kernels -- run 8: max 2x2 float32 0.107 ms against 0.055 -- and its setting "2" went in session 19.)
 VEC_BWD = os.environ.get("MINIDNN_POOL_VEC_BWD", "1") not in ("0", "")
-# The NCHW global average pooling's loads in flight (MINIDNN_GAP_UNROLL: 1 two 16-byte vectors a thread, 2 four; the
-# same bits).  Session 20: its bfloat16 forward of (32, 256, 56, 56) ran at 97% of copy, 0.95x PyTorch's 0.0121 ms
-# (run 9), a read-only kernel PyTorch takes past the copy rate.  Read at planning time (the plans key on it).
-GAP_UNROLL = int(os.environ.get("MINIDNN_GAP_UNROLL", "1"))
-if GAP_UNROLL not in (1, 2):
-    raise ValueError(f"MINIDNN_GAP_UNROLL={GAP_UNROLL}: expected 1 or 2")
 ROWS_MAX_WINDOW = 4         # rows kernels: KH, KW <= 4 (each thread holds KH * KW vectors in registers)
 
 
@@ -951,7 +929,7 @@ def forward_plan(geom, xc):
     """The plan of ``pool(xc)``: calling it with xc gives (y, argmax or None) as channels-first views in x's memory
     order (channels-last stays channels-last)."""
     dev = xc.data.device_id
-    return _launch.planned(_plans, ("fwd", xc.shape, xc.strides, xc.dtype, dev, GAP_UNROLL) + _geom_key(geom),
+    return _launch.planned(_plans, ("fwd", xc.shape, xc.strides, xc.dtype, dev) + _geom_key(geom),
                            _forward_plan, geom, xc, dev)
 
 
