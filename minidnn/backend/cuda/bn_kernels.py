@@ -85,11 +85,12 @@ ONEPASS_PREFETCH = _env_int("MINIDNN_BN_PREFETCH", 1, 0, 8)
 # The symmetric meeting (MINIDNN_BN_SYMM, set_onepass(symm=); 0: off, the define absent, the last-arriver meeting of
 # sessions 6-19): every block of a tile adds the partials itself once all have arrived, instead of the last arriver
 # finalising and raising a flag the others poll and then reading the statistics back from L2 (the SYMM comment in
-# ONEPASS_SOURCE).  The same sums in the same order: the same bits.  Default 1 since session 20's run 2 (H200, graph
-# replays, tools/bn_s18_ab.py p1 / p1s1, 11 rounds): every large NCHW row faster -- float32 forward 1.04x ((32, 256,
-# 56, 56) 0.0708 -> 0.0679 ms, 70% -> 73% of copy; the other two shapes 68-69% -> 71%), backward 1.03-1.06x, bn + ReLU
-# backward 1.02-1.03x; bfloat16 1.01-1.03x forward, 1.04-1.05x backward; ResNet-20's (128, 16, 32, 32) float32
-# backward 1.12x (0.0116 -> 0.0103 ms), its forward (bn_cluster's route) level.
+# ONEPASS_SOURCE).  The same sums in the same order: the same bits.  Default 1 since session 20's run 2; in its final
+# form (run 6, H200, graph replays, tools/bn_s18_ab.py p1s1 / p1, 9 rounds) every large NCHW row faster -- float32
+# forward 1.06x ((32, 256, 56, 56) 0.0706 -> 0.0668 ms, 70% -> 74% of copy), backward 1.05-1.09x (0.1124 -> 0.1034,
+# 66% -> 72%), bn + ReLU backward 1.04-1.05x; bfloat16 1.04-1.07x forward, 1.05-1.06x backward; ResNet-20's
+# (128, 16, 32, 32) float32 backward 1.17x (0.0117 -> 0.0100 ms), its forward (bn_cluster's route) level; on an H100
+# (run 8) 1.03-1.07x on every large row (forwards 75-80% of copy, backwards 70-77%).
 ONEPASS_SYMM = _env_int("MINIDNN_BN_SYMM", 1, 0, 1)
 
 SOURCE = STORAGE_HEADER + r"""
