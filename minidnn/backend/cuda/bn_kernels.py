@@ -627,6 +627,24 @@ __device__ __forceinline__ void gather(const A* __restrict__ partial, int c, int
     a1 = x1; a2 = x2;
 }
 
+// The fixed-order tree over q of the threads' shares (a1, a2) in `sd`, then fin(c, t1, t2) on row q == 0: the
+// combine's second step, whichever block runs it.
+template <class Fin>
+__device__ __forceinline__ void tree_fin(double (*sd)[2], double a1, double a2, int q, int k, int rq, int c, int C,
+                                         Fin fin)
+{
+    sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
+    __syncthreads();
+    for (int h = rq / 2; h > 0; h >>= 1) {
+        if (q < h) {
+            sd[threadIdx.x][0] += sd[threadIdx.x + h * TW][0];
+            sd[threadIdx.x][1] += sd[threadIdx.x + h * TW][1];
+        }
+        __syncthreads();
+    }
+    if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
+}
+
 #if SYMM
 // The symmetric meeting: thread 0 adds the block's arrival, waits (an acquiring poll) for the count to reach `per`,
 // and takes its departure ticket (its value is used only at the end); then every block adds the partials as the
@@ -691,16 +709,7 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
             if (threadIdx.x == 0 && c < C) fin(c, a1, a2);
         }
     } else {
-        sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
-        __syncthreads();
-        for (int h = rq / 2; h > 0; h >>= 1) {
-            if (q < h) {
-                sd[threadIdx.x][0] += sd[threadIdx.x + h * TW][0];
-                sd[threadIdx.x][1] += sd[threadIdx.x + h * TW][1];
-            }
-            __syncthreads();
-        }
-        if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
+        tree_fin(sd, a1, a2, q, k, rq, c, C, fin);
     }
     if (threadIdx.x == 0 && dep == (unsigned int)per - 1) { sync[3 * t] = 0u; sync[3 * t + 2] = 0u; }
     __syncthreads();        // fin's SYMM_KEEP before the statistics are read
@@ -730,16 +739,7 @@ __device__ __forceinline__ void meet(A (&v)[NCH][2], A* __restrict__ partial, un
         const int c = t * TW + k;
         double a1, a2;
         gather(partial, c, C, per, q, rq, a1, a2);
-        sd[threadIdx.x][0] = a1; sd[threadIdx.x][1] = a2;
-        __syncthreads();
-        for (int h = rq / 2; h > 0; h >>= 1) {
-            if (q < h) {
-                sd[threadIdx.x][0] += sd[threadIdx.x + h * TW][0];
-                sd[threadIdx.x][1] += sd[threadIdx.x + h * TW][1];
-            }
-            __syncthreads();
-        }
-        if (q == 0 && c < C) fin(c, sd[k][0], sd[k][1]);
+        tree_fin(sd, a1, a2, q, k, rq, c, C, fin);
         __threadfence();
         __syncthreads();
         if (threadIdx.x == 0) atomicExch(sync + 3 * t + 1, 1u);
