@@ -79,6 +79,16 @@ def run(shape, relu=False, seed=0):
     got = names[n0:]
     assert [g[0] for g in got] == ["bn_fwd1", "bn_bwd1"], got
     return [(dims[0], dims[6], full) for name, dims, full, p in got]
+def settled_declines(flip, back=lambda: None):
+    # a call settled before a flip (nn's remembered calls hold one) declines after it, nothing launched
+    x = fakecp.asarray(np.ones((4, 64, 56, 56), np.float32))
+    sc, bi = fakecp.asarray(np.ones(64, np.float32)), fakecp.asarray(np.zeros(64, np.float32))
+    call = K.training_call(x, sc, bi, 0.1, None, None, 1e-5)
+    n0 = len(names)
+    assert call(x, None, sc, bi, None, None, None) is not None and len(names) == n0 + 1
+    flip()
+    assert call(x, None, sc, bi, None, None, None) is None and len(names) == n0 + 1
+    back()
 """
     r = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=180,
                        env={**os.environ, **env})
@@ -110,15 +120,7 @@ for shape in ((128, 16, 32, 32), (4, 64, 56, 56), (3, 40, 13, 21)):
         assert all(f"-DPREFETCH={pf}" in f for _, _, f in got) and [g[:2] for g in got] == [b[:2] for b in base]
     K.set_onepass(prefetch=0)
     assert run(shape, relu=True) == base
-# a call settled before a flip (nn's remembered calls hold one) declines after it, nothing launched
-x = fakecp.asarray(np.ones((4, 64, 56, 56), np.float32))
-sc, bi = fakecp.asarray(np.ones(64, np.float32)), fakecp.asarray(np.zeros(64, np.float32))
-call = K.training_call(x, sc, bi, 0.1, None, None, 1e-5)
-n0 = len(names)
-assert call(x, None, sc, bi, None, None, None) is not None and len(names) == n0 + 1
-K.set_onepass(prefetch=2)
-assert call(x, None, sc, bi, None, None, None) is None and len(names) == n0 + 1
-K.set_onepass(prefetch=0)
+settled_declines(lambda: K.set_onepass(prefetch=2), lambda: K.set_onepass(prefetch=0))
 # the large forward at 3 blocks: more blocks a round (the grid grows past 2 an SM) and fewer slots a block
 K.set_onepass(bps=3)
 p3 = K.onepass_plan(32, 256, 3136, 4, False, 0)
