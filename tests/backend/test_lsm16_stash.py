@@ -23,6 +23,7 @@ import pytest
 from minidnn.backend.cuda import device_facts
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests import _nvcc
+from tests.backend._row_ab_plans import row_ab_specs
 from tests.backend.test_softmax_rows_cuda import _defs, _dtype
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -296,16 +297,7 @@ def test_row_ab_plans(monkeypatch):
     """tools/row_ab.py --bwd-stash 4,5,6 plans (before any timing) each setting's kernel of a bfloat16 (4096, 50257)
     log-softmax backward -- dy's BSA, both arrays counted raw, two blocks -- and puts the settings back."""
     monkeypatch.setitem(device_facts._l2, 0, (50 * 2 ** 20, True))        # no GPU asked (the hints stay 0)
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import row_ab
-    got = []
-    real = _sk.precompile
-    try:
-        _sk.precompile = lambda specs, procs=None: got.extend(specs) or len(specs)
-        row_ab.precompile(["lsmxbwd"], ["bfloat16"], [(4096, 50257)], lambda op: ["bs4", "bs5", "bs6"])
-    finally:
-        _sk.precompile = real
+    got, = row_ab_specs((["lsmxbwd"], ["bfloat16"], [(4096, 50257)], lambda op: ["bs4", "bs5", "bs6"]))
     stash = [tuple(d for d in s.defines if d[:2] in ("BS", "MI")) for s in got]
     assert stash == [("BSCH=6", "BSA=1", "MINB=1"), ("BSCH=6", "BSY=1", "BSA=1", "BSF=3", "MINB=1"),
                      ("BSCH=6", "BSA=1", "BSF=3", "BSR=1", "MINB=2")], stash

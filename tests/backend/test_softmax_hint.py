@@ -25,6 +25,7 @@ import pytest
 import minidnn.backend as B
 from minidnn.backend.cuda import device_facts
 from minidnn.backend.cuda import softmax_kernels as _sk
+from tests.backend._row_ab_plans import row_ab_specs
 from tests.backend.test_softmax_rows_cuda import (
     _close,
     _defs,
@@ -251,17 +252,8 @@ def test_hint_builds(tmp_path):
 def test_row_ab_hint_plans(fake_l2):
     """tools/row_ab.py --hint 0,1,2 plans (before any timing) a kernel a setting where the call exceeds L2 -- the
     backward skips 1 -- and one kernel for a shape under L2; its precompile collects them all."""
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import row_ab
-    got = []
-    real = _sk.precompile
-    try:
-        _sk.precompile = lambda specs, procs=None: got.extend(specs) or len(specs)
-        row_ab.precompile(["smx", "lsmx", "lsmxbwd"], ["float32", "bfloat16"], [(16384, 1000), (16384, 513)],
-                          lambda op: ["h0", "h1", "h2"] if op != "lsmxbwd" else ["h0", "h2"])
-    finally:
-        _sk.precompile = real
+    got, = row_ab_specs((["smx", "lsmx", "lsmxbwd"], ["float32", "bfloat16"], [(16384, 1000), (16384, 513)],
+                         lambda op: ["h0", "h1", "h2"] if op != "lsmxbwd" else ["h0", "h2"]))
     hints = {}
     for s in got:
         hints.setdefault((s.name, _defs(s.defines)["STORAGE"]), set()).add(_defs(s.defines).get("HINT", 0))

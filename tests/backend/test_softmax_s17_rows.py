@@ -28,6 +28,7 @@ import minidnn.backend as B
 from minidnn.backend.cuda import device_facts
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests._nvcc import pick
+from tests.backend._row_ab_plans import row_ab_specs
 from tests.backend.test_softmax_rows_cuda import (
     _close,
     _defs,
@@ -587,19 +588,10 @@ def test_row_ab_plans(monkeypatch):
     setting -- BSCH / BSY / BSA on the 32000-class backward, WARP on the 512-class rows -- and put the settings the
     process started with back."""
     monkeypatch.setitem(device_facts._l2, 0, (50 * 2 ** 20, True))        # no GPU asked (the hints stay 0)
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import row_ab
-    got = []
-    real = _sk.precompile
-    try:
-        _sk.precompile = lambda specs, procs=None: got.extend(specs) or len(specs)
-        row_ab.precompile(["smxbwd", "lsmxbwd"], ["float32"], [(4096, 32000)], lambda op: ["bs0", "bs1", "bs2", "bs3"])
-        stash = [tuple(d for d in s.defines if d[:3] in ("BSC", "BSY", "BSA")) for s in got]
-        del got[:]
-        row_ab.precompile(["smx", "lsmx", "lsmxbwd"], ["float32"], [(65536, 512)], lambda op: ["wf513", "wf257"])
-    finally:
-        _sk.precompile = real
+    first, got = row_ab_specs(
+        (["smxbwd", "lsmxbwd"], ["float32"], [(4096, 32000)], lambda op: ["bs0", "bs1", "bs2", "bs3"]),
+        (["smx", "lsmx", "lsmxbwd"], ["float32"], [(65536, 512)], lambda op: ["wf513", "wf257"]))
+    stash = [tuple(d for d in s.defines if d[:3] in ("BSC", "BSY", "BSA")) for s in first]
     assert stash == [(), ("BSCH=3",), ("BSCH=3",), ("BSCH=3", "BSA=1"),
                      (), ("BSCH=3",), ("BSCH=3", "BSY=1"), ("BSCH=3", "BSY=1", "BSA=1")], stash
     assert [_defs(s.defines).get("WARP", 0) for s in got] == [0, 1] * 3
