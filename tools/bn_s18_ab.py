@@ -10,11 +10,16 @@ the first pass asks L2 for the vectors P iterations ahead, and a block about to 
 bytes in flight without registers) with an optional bB prefix (ONEPASS_BPS = B blocks per SM, MINIDNN_BN_BPS: 3 gives
 each block a smaller share of shared memory for the on-chip copy, more warps an SM) and an optional sS suffix
 (ONEPASS_SYMM = S, MINIDNN_BN_SYMM, session 20: the symmetric meeting -- every block adds its tile's partials itself;
-the same bits).
-"p1" is the default (run 7 adopted PREFETCH 1) and the A (the first setting); every setting is flipped in this
-process through bn_kernels.set_onepass, which makes the settled calls settle again.  PREFETCH does not move the split
-(the same bits); BPS does (a bigger grid).  Run 7 also timed UNROLL 6 and 8 (its settings were uU[pP]: "u4p1" is
-"p1" here); they lost and UNROLL is fixed at 4 since session 19.
+the same bits; the default since session 20; a setting without sS has it 0) and an optional lF[_B] suffix: the
+rounds' share of L2 in hundredths, forward F and backward B (`_ROUND_SHARE_ONCHIP` / `_ROUND_SHARE_ONCHIP_BWD`,
+MINIDNN_BN_L2_SHARE / _BWD: 0.5 both by default; B defaults to F) -- tuned on an H100 under the last-arriver meeting
+(docs/step_kernels.md, session 6); with the symmetric meeting's cheaper rounds the best split into rounds may differ
+(another split: other bits).
+"p1" was the default from session 18 (run 7 adopted PREFETCH 1) to 19; the first setting is the A; every setting is
+flipped in this process through bn_kernels.set_onepass (and the shares by set_shares), which makes the settled calls
+settle again.  PREFETCH does not move the split (the same bits); BPS and the shares do (another grid or rounds).  Run 7
+also timed UNROLL 6 and 8 (its settings were uU[pP]: "u4p1" is "p1" here); they lost and UNROLL is fixed at 4 since
+session 19.
 
 Timing: per (shape, dtype, op) one CUDA graph of `calls` back-to-back calls per setting, all captured first and kept
 alive, then `rounds` rounds that replay each setting's graph once, the order rotated every round; median ms per call.
@@ -49,12 +54,25 @@ OPS = {"fwd": (False, False, 2), "bwd": (False, True, 3), "relu_bwd": (True, Tru
 
 
 def parse_setting(s):
-    """'p1' -> (2, 1, 0); 'b3p0' -> (3, 0, 0); 'p1s1' -> (2, 1, 1): (blocks per SM, L2 prefetch distance,
-    symmetric meeting)."""
-    m = re.fullmatch(r"(?:b(\d+))?p(\d+)(?:s(\d+))?", s)
+    """'p1' -> (2, 1, 0, None); 'b3p0' -> (3, 0, 0, None); 'p1s1' -> (2, 1, 1, None); 'p1s1l50_85' -> (2, 1, 1,
+    (0.5, 0.85)): (blocks per SM, L2 prefetch distance, symmetric meeting, the rounds' L2 shares forward / backward or
+    None for the module's)."""
+    m = re.fullmatch(r"(?:b(\d+))?p(\d+)(?:s(\d+))?(?:l(\d+)(?:_(\d+))?)?", s)
     if m is None:
-        raise SystemExit(f"bad setting {s!r}: expected [bB]pP[sS] (e.g. p1, b3p0, p1s1)")
-    return int(m.group(1) or 2), int(m.group(2)), int(m.group(3) or 0)
+        raise SystemExit(f"bad setting {s!r}: expected [bB]pP[sS][lF[_B]] (e.g. p1, b3p0, p1s1, p1s1l50_85)")
+    shares = None
+    if m.group(4):
+        f = int(m.group(4)) / 100
+        shares = (f, int(m.group(5)) / 100 if m.group(5) else f)
+    return int(m.group(1) or 2), int(m.group(2)), int(m.group(3) or 0), shares
+
+
+def set_shares(shares):
+    """The rounds' L2 shares (forward, backward; backward None: the forward's); the settled calls and plans are
+    dropped as set_onepass drops them (the shares are not among its switches)."""
+    K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD = shares
+    K._calls.clear()
+    K._plans.clear()
 
 
 def _route(call):
@@ -106,6 +124,7 @@ def main(argv=None):
     bw = copy_bandwidth(cp)
     dev = cp.cuda.Device()
     default = (K.ONEPASS_BPS, K.ONEPASS_PREFETCH, K.ONEPASS_SYMM)
+    shares0 = (K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD)
     print(f"# device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()}, copy {bw:.0f} GB/s; "
           f"UNROLL {K.ONEPASS_UNROLL}, defaults BPS {default[0]} PREFETCH {default[1]} SYMM {default[2]}; "
           f"{args.rounds} rounds, order rotated")
@@ -132,10 +151,12 @@ def main(argv=None):
                 graphs, keep, routes = [], [], []
                 # the backward's inputs from the default forward (one compile, not one a setting)
                 K.set_onepass(*default)
+                set_shares(shares0)
                 y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, relu=relu)
                 keep.append((y, m, i))
-                for label, bps, pf, sy in settings:
+                for label, bps, pf, sy, shares in settings:
                     K.set_onepass(bps, pf, sy)
+                    set_shares(shares0 if shares is None else shares)
                     if backward:
                         def fn(y=y, m=m, i=i):
                             return K.backward(xg, dyg, sg, m, i, y=y if relu else None)
@@ -147,6 +168,7 @@ def main(argv=None):
                     routes.append(_route(call))
                     graphs.append(capture(cp, fn, calls, keep))
                 K.set_onepass(*default)
+                set_shares(shares0)
                 times = [[] for _ in settings]
                 for r in range(args.rounds):
                     for j in range(len(settings)):
@@ -171,6 +193,7 @@ def main(argv=None):
                 print("#   routes: " + "; ".join(f"{s[0]}: {r_}" for s, r_ in zip(settings, routes)))
                 del graphs, keep
     K.set_onepass(*default)
+    set_shares(shares0)
 
 
 if __name__ == "__main__":

@@ -158,3 +158,30 @@ def test_the_step_counter_and_running_statistics_move_once_a_call(cp, shape):
     np.testing.assert_allclose(outs[1][2], 0.9 ** 3 + want * var, rtol=1e-4)
     assert np.array_equal(outs[0][1].view(np.uint32), outs[1][1].view(np.uint32))
     assert np.array_equal(outs[0][2].view(np.uint32), outs[1][2].view(np.uint32))
+
+
+def test_the_ab_tool_parses_settings_and_sets_the_rounds_shares():
+    """tools/bn_s18_ab.py: [bB]pP[sS][lF[_B]] -- the L2 shares in hundredths move the rounds of the planner (float32
+    (32, 256, 56, 56) on a 60 MB L2: backward 4 rounds at 0.5, 3 at 0.85), and the module's shares come back."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import bn_s18_ab as A
+    assert A.parse_setting("p1") == (2, 1, 0, None)
+    assert A.parse_setting("b3p0s1") == (3, 0, 1, None)
+    assert A.parse_setting("p1s1l50_85") == (2, 1, 1, (0.5, 0.85))
+    assert A.parse_setting("p1s1l30") == (2, 1, 1, (0.3, 0.3))
+    with pytest.raises(SystemExit, match="bad setting"):
+        A.parse_setting("p1l")
+    before = (K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD)
+
+    def rounds(backward):
+        return K.onepass_plan(32, 256, 3136, 4, backward, sm_count=132, l2_bytes=60 * 2 ** 20)["rounds"]
+    try:
+        A.set_shares((0.5, 0.85))
+        assert (rounds(False), rounds(True)) == (2, 3)
+        A.set_shares((0.5, None))
+        assert (rounds(False), rounds(True)) == (2, 4)
+        A.set_shares((0.3, 0.3))
+        assert (rounds(False), rounds(True)) == (3, 5)
+    finally:
+        A.set_shares(before)
+    assert (K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD) == before
