@@ -16,7 +16,7 @@ MINIDNN_BN_L2_SHARE / _BWD: 0.5 both by default; B defaults to F) -- tuned on an
 (docs/step_kernels.md, session 6); with the symmetric meeting's cheaper rounds the best split into rounds may differ
 (another split: other bits).
 "p1" was the default from session 18 (run 7 adopted PREFETCH 1) to 19; the first setting is the A; every setting is
-flipped in this process through bn_kernels.set_onepass (and the shares by set_shares), which makes the settled calls
+flipped in this process through bn_kernels.set_onepass, which makes the settled calls
 settle again.  PREFETCH does not move the split (the same bits); BPS and the shares do (another grid or rounds).  Run 7
 also timed UNROLL 6 and 8 (its settings were uU[pP]: "u4p1" is "p1" here); they lost and UNROLL is fixed at 4 since
 session 19.
@@ -66,13 +66,6 @@ def parse_setting(s):
         shares = (f, int(m.group(5)) / 100 if m.group(5) else f)
     return int(m.group(1) or 2), int(m.group(2)), int(m.group(3) or 0), shares
 
-
-def set_shares(shares):
-    """The rounds' L2 shares (forward, backward; backward None: the forward's); the settled calls and plans are
-    dropped as set_onepass drops them (the shares are not among its switches)."""
-    K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD = shares
-    K._calls.clear()
-    K._plans.clear()
 
 
 def _route(call):
@@ -150,13 +143,11 @@ def main(argv=None):
                 relu, backward, passes = OPS[op]
                 graphs, keep, routes = [], [], []
                 # the backward's inputs from the default forward (one compile, not one a setting)
-                K.set_onepass(*default)
-                set_shares(shares0)
+                K.set_onepass(*default, shares=shares0)
                 y, m, i = K.forward_training(xg, sg, bg, 0.1, rmg, rvg, 1e-5, relu=relu)
                 keep.append((y, m, i))
                 for label, bps, pf, sy, shares in settings:
-                    K.set_onepass(bps, pf, sy)
-                    set_shares(shares0 if shares is None else shares)
+                    K.set_onepass(bps, pf, sy, shares0 if shares is None else shares)
                     if backward:
                         def fn(y=y, m=m, i=i):
                             return K.backward(xg, dyg, sg, m, i, y=y if relu else None)
@@ -167,8 +158,7 @@ def main(argv=None):
                         call = K.training_call(xg, sg, bg, 0.1, rmg, rvg, 1e-5, None, relu)
                     routes.append(_route(call))
                     graphs.append(capture(cp, fn, calls, keep))
-                K.set_onepass(*default)
-                set_shares(shares0)
+                K.set_onepass(*default, shares=shares0)
                 times = [[] for _ in settings]
                 for r in range(args.rounds):
                     for j in range(len(settings)):
@@ -192,8 +182,7 @@ def main(argv=None):
                       f"{med[0] / med[best]:.3f}x", flush=True)
                 print("#   routes: " + "; ".join(f"{s[0]}: {r_}" for s, r_ in zip(settings, routes)))
                 del graphs, keep
-    K.set_onepass(*default)
-    set_shares(shares0)
+    K.set_onepass(*default, shares=shares0)
 
 
 if __name__ == "__main__":

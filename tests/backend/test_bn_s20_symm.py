@@ -161,8 +161,9 @@ def test_the_step_counter_and_running_statistics_move_once_a_call(cp, shape):
 
 
 def test_the_ab_tool_parses_settings_and_sets_the_rounds_shares():
-    """tools/bn_s18_ab.py: [bB]pP[sS][lF[_B]] -- the L2 shares in hundredths move the rounds of the planner (float32
-    (32, 256, 56, 56) on a 60 MB L2: backward 4 rounds at 0.5, 3 at 0.85), and the module's shares come back."""
+    """tools/bn_s18_ab.py: [bB]pP[sS][lF[_B]] -- the L2 shares in hundredths, set by set_onepass(shares=), move the
+    rounds of the planner (float32 (32, 256, 56, 56) on a 60 MB L2: backward 4 rounds at 0.5, 3 at 0.85) and the
+    switches settled calls compare; bad shares are refused; the module's shares come back."""
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     import bn_s18_ab as A
     assert A.parse_setting("p1") == (2, 1, 0, None)
@@ -176,12 +177,16 @@ def test_the_ab_tool_parses_settings_and_sets_the_rounds_shares():
     def rounds(backward):
         return K.onepass_plan(32, 256, 3136, 4, backward, sm_count=132, l2_bytes=60 * 2 ** 20)["rounds"]
     try:
-        A.set_shares((0.5, 0.85))
+        K.set_onepass(shares=(0.5, 0.85))
         assert (rounds(False), rounds(True)) == (2, 3)
-        A.set_shares((0.5, None))
+        K.set_onepass(shares=(0.5, None))
         assert (rounds(False), rounds(True)) == (2, 4)
-        A.set_shares((0.3, 0.3))
-        assert (rounds(False), rounds(True)) == (3, 5)
+        switches = K._switches()
+        K.set_onepass(shares=(0.3, 0.3))        # a settled call sees the shares among the switches
+        assert (rounds(False), rounds(True)) == (3, 5) and K._switches() != switches
+        for bad in ((0.5,), (0, None), (0.5, -1.0), [0.5, 0.5], (True, None)):
+            with pytest.raises(ValueError, match="shares"):
+                K.set_onepass(shares=bad)
     finally:
-        A.set_shares(before)
+        K.set_onepass(shares=before)
     assert (K._ROUND_SHARE_ONCHIP, K._ROUND_SHARE_ONCHIP_BWD) == before

@@ -1509,23 +1509,32 @@ _calls: dict = {}
 def _switches():
     """The module switches a settled call depends on (tests and tools flip them at run time)."""
     return ONEPASS, ONCHIP, _cluster.ENABLED, _cluster.FORCE_CL, _cluster.NT, _cluster.CLUSTERS_CAP, \
-        ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM
+        ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM, _ROUND_SHARE_ONCHIP, _ROUND_SHARE_ONCHIP_BWD
 
 
-def set_onepass(bps=None, prefetch=None, symm=None):
-    """Set the one-pass kernels' blocks per SM, L2 prefetch distance and symmetric meeting (None: keep) for an
+def set_onepass(bps=None, prefetch=None, symm=None, shares=None):
+    """Set the one-pass kernels' blocks per SM, L2 prefetch distance, symmetric meeting and the rounds' L2 shares
+    (``shares``: (forward, backward or None for the forward's), MINIDNN_BN_L2_SHARE / _BWD) (None: keep) for an
     in-process A/B.  Settled calls made under other values see the change through _switches() and settle again; the
     plans are dropped too."""
-    global ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM
+    global ONEPASS_BPS, ONEPASS_PREFETCH, ONEPASS_SYMM, _ROUND_SHARE_ONCHIP, _ROUND_SHARE_ONCHIP_BWD
     for name, v, lo, hi in (("bps", bps, 1, 4), ("prefetch", prefetch, 0, 8), ("symm", symm, 0, 1)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi):
             raise ValueError(f"set_onepass: {name}={v!r}, expected an integer in [{lo}, {hi}]")
+    if shares is not None and not (
+            isinstance(shares, tuple) and len(shares) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                    for v in (shares[0],) + ((shares[1],) if shares[1] is not None else ()))):
+        raise ValueError(f"set_onepass: shares={shares!r}, expected (forward, backward or None), each > 0")
     if bps is not None:
         ONEPASS_BPS = int(bps)
     if prefetch is not None:
         ONEPASS_PREFETCH = int(prefetch)
     if symm is not None:
         ONEPASS_SYMM = int(symm)
+    if shares is not None:
+        _ROUND_SHARE_ONCHIP = float(shares[0])
+        _ROUND_SHARE_ONCHIP_BWD = None if shares[1] is None else float(shares[1])
     _calls.clear()
     _plans.clear()
 
