@@ -1,0 +1,487 @@
+"""Softmax / log-softmax rows held by a thread-block cluster (Hopper, sm_90+): forward and backward in one launch each,
+reading x (y and dy) from DRAM exactly once, for rows longer than one block of softmax_kernels holds in registers.
+
+Shape legend: x, y, dy, dx (rows, C) C-contiguous (inner == 1), float32 / float16 / bfloat16 (STORAGE_HEADER's
+LD / ST; every exp and sum in float); row r starts at element r * C, so its first 16-byte boundary lies h < VEC
+elements in (VEC = 16 / itemsize values a vector; h = 0 for every row where VEC divides C): a row is h head scalars,
+nb body vectors and tl < VEC tail scalars.  Every array of a launch starts on a 16-byte boundary (the host sends
+other calls to softmax_kernels' plan), so a row's head is the same in x and y (y, dy and dx).
+
+Why: softmax_kernels holds a row in ONE block's registers up to 16384 elements (the backward, two arrays, 8192).  A
+longer row (32000, 50257, 65536, 128000 classes) runs chunk by chunk on one block: an online (max, sum), the first
+chunks kept in shared memory (forward: <= 64 KB a block), the middle ones read again from L2, the last in registers;
+and few rows are few blocks (64 rows of 50257 classes: 64 of 132 SMs busy).  The H200 forward of such rows ran at
+0.68-0.97x PyTorch (18-52% of copy; session 21's sweep).  Here a cluster of CL blocks shares one row: more blocks for
+few rows, and each value read once into registers however long the row (up to CL * NT * VPT vectors).
+
+Tiling: grid rows * CL blocks of NT threads, cluster = CL consecutive blocks (__cluster_dims__), row blockIdx.x / CL;
+block `rank` owns body vectors [nb * rank / CL, nb * (rank + 1) / CL); its thread t holds vectors lo + t + k * NT,
+k < VPT (consecutive threads, consecutive 16-byte addresses) RAW in registers (V: 16 bytes each; 16-bit data stays
+2 bytes a value, converted where used: LDE).  The head's h scalars are held by threads t < h of rank 0, the tail's tl
+by threads NT - 1 - j of the last rank (one scalar a thread at most, even with CL = 1).
+  smx_fwdc  each thread its max m_t (fmax: a NaN is skipped, its exp makes the sum NaN -- softmax_kernels' rows) and
+            s_t = sum exp(v - m_t) (m_t = -inf: 0); the block's m_b (fmax over threads, warp order) and
+            s_b = sum s_t exp(m_t - m_b) (warp order), published in shared memory; cluster barrier; warp 0 reads the
+            CL pairs through distributed shared memory (lane j: block j's) and combines them in rank order:
+            M = max m_b (an all -inf row: 0), S = sum s_b exp(m_b - M) -- the same bits in every block; then
+            softmax y = exp(v - M) / S (float32: the kept exp(v - m_t) times exp(m_t - M) / S) or log-softmax
+            y = v - M - log S, from the registers.  An all -inf row gives NaN (0 / 0; -inf + inf), a NaN or +inf
+            entry a NaN row: as the reference and softmax_kernels.
+  smx_bwdc  y and dy held; each thread s_t = sum dy y (softmax) or sum dy (log-softmax); the block's sum (warp order)
+            published; cluster barrier; S = the CL sums in rank order; dx = y (dy - S) or dy - exp(y) S from the
+            registers (softmax_kernels' BWD_TERM / BWD_DX).
+A closing cluster arrive (after the last remote read) + wait (at the end) keeps every block's shared partials alive
+until the cluster has read them (norm_gncl's pattern).  Deterministic; nothing read back to the host (capturable).
+
+Registers (launch bounds at 256 threads, the same a thread at 512): forward <= 40 (MINB_FWD 6 blocks an SM), backward
+<= 64 (MINB_BWD 4); test_softmax_cluster's nvcc test builds every planned configuration without spills.
+
+Switch: CLUSTER (MINIDNN_SOFTMAX_CLUSTER, read at import; softmax_kernels.plan reads the attribute at planning time
+and keys its plans on it -- tools set it and clear softmax_kernels._plans): "0" off (the default until the GPU A/B),
+"1" the rule (`plan`: rows softmax_kernels' one-chunk block path does not hold; the backward only where rows are
+few), "all" every row the kernels can hold (the tests, the A/B).
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from . import launch as _launch
+from .bn_cluster import CLUSTER_HEADER
+from .storage import STORAGE_HEADER, type_info
+
+__all__ = ["SOURCE", "CLUSTER", "plan", "Launch", "prepare", "options", "usable"]
+
+CLUSTER = os.environ.get("MINIDNN_SOFTMAX_CLUSTER", "0")
+SETTINGS = ("0", "1", "all")
+CL_MAX = 8              # portable cluster sizes only
+VPT_MAX = 4             # 16-byte vectors of one array a thread
+NTS = (256, 512)        # threads a block
+MINB_FWD = 6            # launch bounds at 256 threads: <= 40 registers (one array held)
+MINB_BWD = 4            # <= 64 registers (y and dy held)
+# "1": the backward takes clusters only for calls of at most this many rows per SM -- softmax_kernels' stashed
+# backward (BWD_STASH 6) reaches 80-92% of copy at thousands of rows; few rows quantise into its waves of one block
+# a row (300 rows on 264 slots: two waves)
+BWD_ROWS_PER_SM = 4
+
+SOURCE = STORAGE_HEADER + r"""
+#define VEC (16 / (int)sizeof(T))
+#define NW (NT / 32)
+#define NEG_INF (-(A)__int_as_float(0x7f800000))
+// A 16-byte vector held raw: four 32-bit words (16-bit data: two values a word, converted where used -- the row
+// stays in registers at its own bytes a value)
+typedef uint4 V;
+__device__ __forceinline__ unsigned int word(const V& u, int i)
+{
+    return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+__device__ __forceinline__ void set_word(V& u, int i, unsigned int w)
+{
+    if (i == 0) u.x = w; else if (i == 1) u.y = w; else if (i == 2) u.z = w; else u.w = w;
+}
+// value e of raw vector u (e a compile-time constant after unrolling)
+__device__ __forceinline__ A LDE(const V& u, int e)
+{
+#if STORAGE == 0
+    return __uint_as_float(word(u, e));
+#elif STORAGE == 2
+    const unsigned int w = word(u, e >> 1);
+    return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+#else
+    const unsigned int w = word(u, e >> 1);
+    float f;
+    if (e & 1) asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi;}" : "=f"(f) : "r"(w));
+    else asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w));
+    return f;
+#endif
+}
+// values e and e + 1 (e even; 4-byte data: e alone) rounded into word e / (VEC / 4) of u
+__device__ __forceinline__ void STE(V& u, int e, A lo, A hi)
+{
+#if STORAGE == 0
+    set_word(u, e, __float_as_uint(lo));
+#else
+    unsigned int w;
+#if STORAGE == 2
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+#endif
+    set_word(u, e >> 1, w);
+#endif
+}
+#define STEP (STORAGE == 0 ? 1 : 2)     // values STE rounds at once
+""" + CLUSTER_HEADER + r"""
+// float32 softmax forward keeps exp(v - m_t) in place of v (the same registers); 16-bit data computes it again
+#define KEEP (ALGO == 1 && STORAGE == 0)
+static_assert(sizeof(A) == 4, "float sums only (the partials travel as f32 through DSMEM)");
+#if ALGO != 1 && ALGO != 2
+#error "ALGO: 1 (softmax, accurate) or 2 (log-softmax)"
+#endif
+// The closing arrive: this block is done READING the others' shared memory -- no release fence needed
+__device__ __forceinline__ void cluster_arrive_relaxed()
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+// The float at `local` (this block's shared memory) in the block of cluster rank `rank`.
+__device__ __forceinline__ float remote_ld(const float* local, unsigned int rank)
+{
+    unsigned long long g;
+    unsigned int addr;
+    float v;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+    return v;
+}
+// Block sum / max (fmax: NaN skipped, as softmax_kernels' vmax): butterflies, then the warps in order by every
+// thread; red[] reused only after the call's last barrier.
+__device__ __forceinline__ A block_sum(A v, A* red)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    A t = red[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) t += red[w];
+    return t;
+}
+__device__ __forceinline__ A block_max(A v, A* red)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    A t = red[0];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) t = fmax(t, red[w]);
+    return t;
+}
+// Row r's geometry: head h (elements to the first 16-byte boundary: the base is on one), body nb vectors, tail tl.
+struct Geo { int h, nb, tl; };
+__device__ __forceinline__ Geo row_geo(long long r, int C)
+{
+    Geo q;
+    q.h = (int)((VEC - (int)((unsigned long long)(r * C) % VEC)) % VEC);
+    q.nb = (C - q.h) / VEC;
+    q.tl = C - q.h - q.nb * VEC;
+    return q;
+}
+// This thread's edge element (head: threads t < h of rank 0; tail: threads NT - 1 - j of the last rank), or -1.
+__device__ __forceinline__ int edge_of(const Geo& q, int C, unsigned int rank)
+{
+    const int t = threadIdx.x;
+    if (rank == 0 && t < q.h) return t;
+    if (rank == CL - 1 && NT - 1 - t < q.tl) return C - q.tl + (NT - 1 - t);
+    return -1;
+}
+
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
+smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
+{
+    __shared__ A red[NW];
+    __shared__ float part[2];       // this block's (m_b, s_b): read by the cluster
+    __shared__ A stat[2];
+    const unsigned int rank = cluster_rank();
+    const long long r = blockIdx.x / CL;
+    const Geo q = row_geo(r, C);
+    const int lo = (int)((long long)q.nb * rank / CL), hi = (int)((long long)q.nb * (rank + 1) / CL);
+    const T* xr = x + r * C;
+    const V* xv = reinterpret_cast<const V*>(xr + q.h);
+    V a[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) a[k] = xv[vi];
+    }
+    const int ei = edge_of(q, C, rank);
+    const A ev = ei >= 0 ? LD(xr[ei]) : NEG_INF;
+    A m = ev;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+        if (lo + k * NT + (int)threadIdx.x < hi) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) m = fmax(m, LDE(a[k], e));
+        }
+    const A sh = m == NEG_INF ? (A)0 : m;
+    A s = ei >= 0 ? exp(ev - sh) : (A)0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+        if (lo + k * NT + (int)threadIdx.x < hi) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A ex = exp(LDE(a[k], e) - sh);
+                s += ex;
+#if KEEP
+                set_word(a[k], e, __float_as_uint(ex));
+#endif
+            }
+        }
+    const A mb = block_max(m, red);
+    const A sb = block_sum(m == NEG_INF ? (A)0 : s * exp(m - mb), red);
+    if (threadIdx.x == 0) { part[0] = mb; part[1] = sb; }
+    cluster_arrive();
+    cluster_wait();
+    if (threadIdx.x < 32) {         // the CL pairs in rank order, by warp 0: the same bits in every block
+        A pm = NEG_INF, ps = 0;
+        if (threadIdx.x < CL) { pm = remote_ld(part, threadIdx.x); ps = remote_ld(part + 1, threadIdx.x); }
+        A M = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) M = fmax(M, __shfl_sync(0xffffffffu, pm, j));
+        if (M == NEG_INF) M = 0;    // an all -inf row: exp(-inf - 0) = 0, S = 0, y NaN as the reference
+        const A c = pm == NEG_INF ? (A)0 : ps * exp(pm - M);
+        A S = 0;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, c, j);
+        if (threadIdx.x == 0) { stat[0] = M; stat[1] = S; }
+    }
+    cluster_arrive_relaxed();       // this block is done reading the others' partials
+    __syncthreads();
+    const A M = stat[0], S = stat[1];
+#if ALGO == 2
+    const A ls = log(S);
+#else
+    const A inv = (A)1 / S;
+#if KEEP
+    const A finv = (m == NEG_INF ? (A)0 : exp(m - M)) * inv;
+#endif
+#endif
+    T* yr = y + r * C;
+    V* yv = reinterpret_cast<V*>(yr + q.h);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) {
+            V w;
+#pragma unroll
+            for (int e = 0; e < VEC; e += STEP) {
+                A o[2];
+#pragma unroll
+                for (int j = 0; j < STEP; ++j) {
+#if ALGO == 2
+                    o[j] = LDE(a[k], e + j) - M - ls;
+#elif KEEP
+                    o[j] = LDE(a[k], e + j) * finv;
+#else
+                    o[j] = exp(LDE(a[k], e + j) - M) * inv;
+#endif
+                }
+                STE(w, e, o[0], o[STEP - 1]);
+            }
+            yv[vi] = w;
+        }
+    }
+    if (ei >= 0) {
+#if ALGO == 2
+        yr[ei] = ST(ev - M - ls);
+#else
+        yr[ei] = ST(exp(ev - M) * inv);
+#endif
+    }
+    cluster_wait();
+}
+
+#if ALGO == 2
+#define BWD_TERM(y, g) (g)
+#define BWD_DX(y, g, s) ((g) - exp(y) * (s))
+#else
+#define BWD_TERM(y, g) ((g) * (y))
+#define BWD_DX(y, g, s) ((y) * ((g) - (s)))
+#endif
+
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
+smx_bwdc(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int C)
+{
+    __shared__ A red[NW];
+    __shared__ float part[1];       // this block's sum: read by the cluster
+    __shared__ A stat[1];
+    const unsigned int rank = cluster_rank();
+    const long long r = blockIdx.x / CL;
+    const Geo q = row_geo(r, C);
+    const int lo = (int)((long long)q.nb * rank / CL), hi = (int)((long long)q.nb * (rank + 1) / CL);
+    const long long base = r * C;
+    const V* yv = reinterpret_cast<const V*>(y + base + q.h);
+    const V* gv = reinterpret_cast<const V*>(dy + base + q.h);
+    V a[VPT], b[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) { b[k] = gv[vi]; a[k] = yv[vi]; }
+    }
+    const int ei = edge_of(q, C, rank);
+    A ey = 0, eg = 0;
+    if (ei >= 0) { ey = LD(y[base + ei]); eg = LD(dy[base + ei]); }
+    A s = 0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+        if (lo + k * NT + (int)threadIdx.x < hi) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s += BWD_TERM(LDE(a[k], e), LDE(b[k], e));
+        }
+    if (ei >= 0) s += BWD_TERM(ey, eg);
+    const A sb = block_sum(s, red);
+    if (threadIdx.x == 0) part[0] = sb;
+    cluster_arrive();
+    cluster_wait();
+    if (threadIdx.x < 32) {         // the CL sums in rank order, by warp 0
+        const A p = threadIdx.x < CL ? remote_ld(part, threadIdx.x) : (A)0;
+        A S = 0;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, p, j);
+        if (threadIdx.x == 0) stat[0] = S;
+    }
+    cluster_arrive_relaxed();       // this block is done reading the others' partials
+    __syncthreads();
+    const A S = stat[0];
+    V* dv = reinterpret_cast<V*>(dx + base + q.h);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) {
+            V w;
+#pragma unroll
+            for (int e = 0; e < VEC; e += STEP) {
+                A o[2];
+#pragma unroll
+                for (int j = 0; j < STEP; ++j) o[j] = BWD_DX(LDE(a[k], e + j), LDE(b[k], e + j), S);
+                STE(w, e, o[0], o[STEP - 1]);
+            }
+            dv[vi] = w;
+        }
+    }
+    if (ei >= 0) dx[base + ei] = ST(BWD_DX(ey, eg, S));
+    cluster_wait();
+}
+"""
+
+
+class Launch(NamedTuple):
+    """One planned cluster launch: blocks a cluster, threads a block, vectors of an array a thread, the launch
+    bounds' blocks an SM, and the grid (rows * cl blocks)."""
+    cl: int
+    nt: int
+    vpt: int
+    minb: int
+    grid: int
+
+
+def minb(backward, nt):
+    """The launch bounds' blocks an SM at ``nt`` threads (the same registers a thread as at 256)."""
+    return (MINB_BWD if backward else MINB_FWD) * 256 // nt
+
+
+def body_vectors(c, itemsize):
+    """The most 16-byte body vectors a row of ``c`` elements has (head 0)."""
+    return c // (16 // itemsize)
+
+
+def one_chunk_holds(c, itemsize, backward):
+    """Whether softmax_kernels' row path holds rows of ``c`` elements in one chunk (row_config: 16384 elements of a
+    one-array row, 8192 of the backward's two)."""
+    from .softmax_kernels import row_config
+    return row_config(c, itemsize, 4, 2 if backward else 1).one
+
+
+def _cc(dev):
+    try:
+        return int(_launch.cupy().cuda.Device(dev).compute_capability)
+    except Exception:       # noqa: BLE001 -- a fake CuPy: assume a Hopper
+        return 90
+
+
+def _sms(dev):
+    try:
+        return _launch.sm_count(dev)
+    except Exception:       # noqa: BLE001 -- no device to ask: an H100 / H200's
+        return 132
+
+
+def choose(rows, nvec, backward, sms):
+    """(CL, NT, VPT) holding ``nvec`` body vectors a row, or None: the smallest NT, then the smallest CL, whose
+    blocks hold their share in at most VPT_MAX vectors a thread (the most bytes in flight a thread; the most rows
+    resident at once when the call has more rows than block slots); then, while rows * CL leaves SMs without a
+    block, a larger CL (smaller shares: every SM reads) where CL_MAX allows."""
+    for nt in NTS:
+        for cl in range(1, CL_MAX + 1):
+            vpt = -(-nvec // (cl * nt))
+            if vpt <= VPT_MAX:
+                while rows * cl < sms and cl < CL_MAX and nvec >= (cl + 1) * 32:
+                    cl += 1
+                return cl, nt, -(-nvec // (cl * nt))
+    return None
+
+
+def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None):
+    """The cluster launch (Launch) of ``rows`` softmax rows of ``c`` elements of ``dtype`` under ``setting``
+    (CLUSTER when None), or None: the kernels take float32 / float16 / bfloat16 rows of ACCURATE (softmax) or LOG,
+    on compute capability 9.0+, whose body fits CL_MAX * 512 * VPT_MAX vectors (float32 <= 65539 elements, 16-bit
+    <= 131078) -- FAST (no max) is refused: its overflow guard (softmax_kernels' fast_scale) has no cluster
+    version.  "1" takes only rows softmax_kernels' one-chunk block path does not hold and the backward only calls
+    of at most BWD_ROWS_PER_SM rows an SM; "all" every row of at least 32 vectors.  ``force``: (CL, NT) where the
+    row fits them (tests)."""
+    setting = CLUSTER if setting is None else setting
+    if setting not in SETTINGS:
+        raise ValueError(f"softmax_cluster.CLUSTER = {setting!r} (MINIDNN_SOFTMAX_CLUSTER): '0', '1' or 'all'")
+    item = np.dtype(dtype).itemsize
+    if setting == "0" or algo_name not in ("ACCURATE", "LOG") or item not in (2, 4) or type_info(dtype) is None:
+        return None
+    if _cc(dev) < 90:
+        return None
+    nvec = body_vectors(c, item)
+    if nvec < 32 or rows < 1:
+        return None
+    sms = _sms(dev)
+    if setting == "1":
+        if one_chunk_holds(c, item, backward):
+            return None
+        if backward and rows > BWD_ROWS_PER_SM * sms:
+            return None
+    if force:
+        cl, nt = force
+        vpt = -(-nvec // (cl * nt))
+        if not (1 <= cl <= CL_MAX and nt in NTS and vpt <= VPT_MAX):
+            return None
+        got = (cl, nt, vpt)
+    else:
+        got = choose(rows, nvec, backward, sms)
+    if got is None or rows * got[0] >= 2 ** 31:
+        return None
+    cl, nt, vpt = got
+    return Launch(cl, nt, vpt, minb(backward, nt), rows * cl)
+
+
+def usable(dev) -> bool:
+    """The GPU has clusters (compute capability 9.0 or newer)."""
+    return _cc(dev) >= 90
+
+
+_ALGO = {"ACCURATE": 1, "LOG": 2}
+
+
+def options(dtype, algo_name, launch):
+    """NVRTC options of one configuration."""
+    scalar, accum, storage, _ = type_info(dtype)
+    return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DALGO={_ALGO[algo_name]}",
+            f"-DCL={launch.cl}", f"-DNT={launch.nt}", f"-DVPT={launch.vpt}", f"-DMINB={launch.minb}", "-std=c++17")
+
+
+def kernel_name(backward):
+    return "smx_bwdc" if backward else "smx_fwdc"
+
+
+def prepare(rows, c, dtype, algo_name, backward, launch):
+    """A Prepared launch called as go(x, y) or go(y, dy, dx)."""
+    k = _launch.get_kernel(SOURCE, kernel_name(backward), options(dtype, algo_name, launch))
+    return _launch.prepare(k, (launch.grid,), (launch.nt,), [None] * (3 if backward else 2) + [np.int32(c)])
+
+
+if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check
+    import sys
+    opts = options(np.dtype(np.float32), "ACCURATE", Launch(8, 512, 4, minb(False, 512), 8))[:-1]
+    _launch.write_source(sys.argv[1] if len(sys.argv) > 1 else "/tmp/softmax_cluster.cu", SOURCE,
+                         [o[2:] for o in opts])
