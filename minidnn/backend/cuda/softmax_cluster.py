@@ -33,8 +33,8 @@ by threads NT - 1 - j of the last rank (one scalar a thread at most, even with C
 A closing cluster arrive (after the last remote read) + wait (at the end) keeps every block's shared partials alive
 until the cluster has read them (norm_gncl's pattern).  Deterministic; nothing read back to the host (capturable).
 
-Registers (launch bounds at 256 threads, the same a thread at 512): forward <= 40 (MINB_FWD 6 blocks an SM), backward
-<= 64 (MINB_BWD 4); test_softmax_cluster's nvcc test builds every planned configuration without spills.
+Registers (launch bounds at 256 threads, the same a thread at 512): forward <= 32 (MINB_FWD 8 blocks an SM), backward
+<= 51 (MINB_BWD 5); test_softmax_cluster's nvcc test builds every planned configuration without spills.
 
 Switch: CLUSTER (MINIDNN_SOFTMAX_CLUSTER, read at import; softmax_kernels.plan reads the attribute at planning time
 and keys its plans on it -- tools set it and clear softmax_kernels._plans): "0" off (the default until the GPU A/B),
@@ -56,11 +56,17 @@ __all__ = ["SOURCE", "CLUSTER", "plan", "Launch", "prepare", "options", "usable"
 
 CLUSTER = os.environ.get("MINIDNN_SOFTMAX_CLUSTER", "0")
 SETTINGS = ("0", "1", "all")
+if CLUSTER not in SETTINGS:
+    raise ValueError(f"MINIDNN_SOFTMAX_CLUSTER={CLUSTER!r}: '0' (off), '1' (the rule) or 'all'")
 CL_MAX = 8              # portable cluster sizes only
 VPT_MAX = 4             # 16-byte vectors of one array a thread
 NTS = (256, 512)        # threads a block
-MINB_FWD = 6            # launch bounds at 256 threads: <= 40 registers (one array held)
-MINB_BWD = 4            # <= 64 registers (y and dy held)
+# launch bounds at 256 threads (nvcc 13, sm_90, every planned configuration without spills: the nvcc test): the
+# forward <= 32 registers (one array held raw: 16 of them at VPT 4), eight blocks an SM -- a whole SM's threads, so a
+# wave holds 75 float32 rows of 50257 classes (CL 7 x 512 threads), not 56 at 40 registers; the backward <= 51 (y
+# and dy held: 32), five blocks (48 used)
+MINB_FWD = 8
+MINB_BWD = 5
 # "1": the backward takes clusters only for calls of at most this many rows per SM -- softmax_kernels' stashed
 # backward (BWD_STASH 6) reaches 80-92% of copy at thousands of rows; few rows quantise into its waves of one block
 # a row (300 rows on 264 slots: two waves)
@@ -478,6 +484,31 @@ def prepare(rows, c, dtype, algo_name, backward, launch):
     """A Prepared launch called as go(x, y) or go(y, dy, dx)."""
     k = _launch.get_kernel(SOURCE, kernel_name(backward), options(dtype, algo_name, launch))
     return _launch.prepare(k, (launch.grid,), (launch.nt,), [None] * (3 if backward else 2) + [np.int32(c)])
+
+
+def _compile_one(job):
+    """Compile one configuration with NVRTC into CuPy's on-disk cache (a worker of precompile: _launch.get_kernel's
+    options, so the later launch loads the cubin)."""
+    dtype_name, algo_name, backward, launch = job
+    from .softmax_kernels import _dtype_of
+    _launch.cupy().RawModule(code=SOURCE, options=options(_dtype_of(dtype_name), algo_name, Launch(*launch))
+                             ).get_function(kernel_name(backward))
+    return job
+
+
+def precompile(jobs, procs=None):
+    """Compile the distinct (dtype name, algo, backward, Launch) configurations into CuPy's disk cache
+    (CUPY_CACHE_DIR) with a process a core (spawned, up to 16), as softmax_kernels.precompile; the grid is not part of
+    a build.  Returns how many were compiled."""
+    import multiprocessing as mp
+    todo = list({(d, a, bool(b), tuple(launch._replace(grid=1))) for d, a, b, launch in jobs})
+    if not todo:
+        return 0
+    procs = procs or max(1, min(16, os.cpu_count() or 1, len(todo)))
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for _ in pool.imap_unordered(_compile_one, todo):
+            pass
+    return len(todo)
 
 
 if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check

@@ -36,6 +36,11 @@ session-6 forward (a grid of one row a group, loads then compute).
 HINT (session 17): cache hints of the one-chunk row kernels' loads and stores (evict-first), only for calls whose
 arrays exceed L2 (call_hint; MINIDNN_SOFTMAX_HINT="fwd,bwd", ROW_HEADER's HINT define): by default the forward's
 streaming stores ("2,0"), the backward none (its hint measured level).
+CLUSTER (session 21, softmax_cluster.py): a row longer than one block's registers held by a thread-block cluster
+(sm_90+; CL <= 8 blocks, each its slice of the row raw in registers, one meeting through distributed shared memory),
+so each value is read once however long the row, and few rows still fill the SMs.  MINIDNN_SOFTMAX_CLUSTER="0" (the
+default until the GPU A/B) | "1" (its rule: rows the one-chunk block path does not hold) | "all" (every row it holds);
+_plan routes calls on 16-byte boundaries there, the others to the row plan; the setting is part of plan()'s key.
 MINIDNN_SOFTMAX_V1=1 launches the previous kernels instead (one warp per row, scalar loads, three passes over the
 row: SOURCE_V1) -- kept for a GPU A/B.
 """
@@ -50,6 +55,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
+from . import softmax_cluster as _smc
 from .bn_kernels import STORAGE_HEADER, type_info
 from .device_facts import beyond_l2, sm80, smem_limits
 
@@ -2042,7 +2048,34 @@ class _TwinPlan(_Plan):
         return out
 
 
+class _ClusterPlan(_Plan):
+    """A softmax_cluster launch (CLUSTER): calls whose arrays all start on 16-byte boundaries (the output a fresh
+    allocation) launch the cluster kernel; the others the row plan _row_plan makes -- built on the first such call
+    (most callers never make one: no second compilation)."""
+    __slots__ = ("old", "_args")
+
+    def __call__(self, a, b=None):
+        if (a.data.ptr | (0 if b is None else b.data.ptr)) % 16 == 0:
+            return _Plan.__call__(self, a, b)
+        if self.old is None:
+            self.old = _row_plan(*self._args)
+        return self.old(a, b)
+
+
 def _plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
+    outer, c, inner = collapse(x.shape, axes)
+    if inner == 1 and not V1:
+        algo = "ACCURATE" if backward and algo_name == "FAST" else algo_name      # the same backward
+        cl = _smc.plan(outer, c, x.dtype, algo, backward, dev)
+        if cl is not None:
+            p = _ClusterPlan()
+            p.dev, p.old, p._args = dev, None, (backward, x, axes, algo_name, dev, hint, stash)
+            p.go = _smc.prepare(outer, c, x.dtype, algo, backward, cl)
+            return p
+    return _row_plan(backward, x, axes, algo_name, dev, hint, stash)
+
+
+def _row_plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
     outer, c, inner = collapse(x.shape, axes)
     rows = outer * inner
     s = launch_spec(backward, x.shape, axes, algo_name, x.dtype, hint, stash)
@@ -2067,7 +2100,7 @@ def plan(x, axes, algo_name, backward=False):
     hint = call_hint(backward, x.nbytes * (3 if backward else 2), dev)
     stash = call_stash(backward, dev)
     return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint, stash,
-                                    BWD_STASH if stash else 0), _plan,
+                                    BWD_STASH if stash else 0, _smc.CLUSTER), _plan,
                            backward, x, axes, algo_name, dev, hint, stash)
 
 

@@ -1,0 +1,536 @@
+"""Session 21 (issue 10): softmax / log-softmax rows held by thread-block clusters (backend/cuda/softmax_cluster.py:
+smx_fwdc, smx_bwdc; softmax_kernels routes to them under MINIDNN_SOFTMAX_CLUSTER="1" / "all").
+
+CPU: the plan over a table of (rows, C, dtype, algo, direction, setting); the kernels' walk emulated in NumPy --
+every element of a row held by exactly one (rank, thread, slot) or edge thread, at most VPT vectors a thread, one
+edge a thread -- and their algebra in float64 (the per-thread (max, sum), the block's, the cluster's in rank order)
+against the reference, special rows included (NaN, +-inf, an all -inf row); nvcc sm_90 builds of every configuration
+the plan makes for C in {16385, 32000, 32001, 50257, 65536, 100003, 131072} without spills, within the launch bounds'
+registers; the routing under tools/record_launches.py's fake CuPy ("0": the row kernels; "1" / "all": the cluster
+kernel with the planned grid; a misaligned call: the row kernels; the setting part of the plan key); the
+environment read at import.
+GPU (marked cuda; sm_90+): forward and backward of both algorithms against float64 (computed on the device) for
+float32 / bfloat16 / float16, rows {1, 3, 64, 300} x C {16385, 32001, 50257, 65536, 131072}; special values where
+the row kernels have them; misaligned views correct (through the row kernels); a CUDA graph's replays = eager;
+two calls bitwise equal.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minidnn.backend as B
+from minidnn.backend.cuda import softmax_cluster as SC
+from minidnn.backend.cuda import softmax_kernels as _sk
+from tests._nvcc import build as nvcc_build
+from tests._nvcc import pick
+from tests.backend.test_softmax_rows_cuda import RTOL, SUBNORMAL, _dtype, _launches, _reset_plans
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NAMES = ("float32", "bfloat16", "float16")
+
+
+# ---- CPU: the plan ----------------------------------------------------------------------------------------------
+
+# (rows, C, dtype, algo, backward, setting) -> (CL, NT, VPT) or None; MINB and the grid follow (checked below)
+PLANS = [
+    ((64, 50257, "float32", "ACCURATE", False, "1"), (7, 512, 4)),     # 12564 vectors: 512 threads, 7 blocks
+    ((64, 50257, "float32", "LOG", True, "1"), (7, 512, 4)),           # few rows: the backward too
+    ((4096, 32000, "float32", "ACCURATE", False, "1"), (8, 256, 4)),   # 8000 vectors: 8 x 256 x 4
+    ((4096, 32000, "float32", "LOG", True, "1"), None),                # many rows: the stashed row backward
+    ((4096, 32000, "float32", "LOG", True, "all"), (8, 256, 4)),
+    ((300, 32000, "float32", "LOG", True, "1"), (8, 256, 4)),
+    ((1, 50257, "bfloat16", "ACCURATE", False, "1"), (8, 256, 4)),     # 6282 vectors: CL 7, one row: CL 8
+    ((300, 50257, "bfloat16", "LOG", False, "1"), (7, 256, 4)),
+    ((64, 8192, "float32", "ACCURATE", False, "1"), None),             # one chunk of a block: the row kernels
+    ((64, 8192, "float32", "ACCURATE", False, "all"), (3, 256, 3)),    # 128 blocks < 132 SMs: CL 3
+    ((64, 16384, "bfloat16", "LOG", False, "1"), None),
+    ((64, 16385, "float32", "ACCURATE", False, "1"), None),            # 4096 body vectors + edges: one chunk
+    ((64, 16389, "float32", "ACCURATE", False, "1"), (5, 256, 4)),
+    ((64, 8200, "float32", "LOG", True, "1"), (3, 256, 3)),            # the backward's one chunk is 8192
+    ((64, 8192, "float32", "LOG", True, "1"), None),
+    ((64, 50257, "float32", "FAST", False, "all"), None),              # no max: refused
+    ((64, 50257, "float64", "LOG", False, "all"), None),
+    ((128, 128000, "float32", "LOG", False, "all"), None),             # 32000 vectors: more than 8 x 512 x 4
+    ((128, 128000, "bfloat16", "LOG", False, "1"), (8, 512, 4)),
+    ((2048, 65536, "float32", "ACCURATE", False, "1"), (8, 512, 4)),   # 16384 vectors: the largest float32 row
+    ((2048, 65537, "float32", "ACCURATE", False, "1"), (8, 512, 4)),   # (a ragged row's body: 16384 at most)
+    ((2048, 65540, "float32", "ACCURATE", False, "1"), None),
+    ((64, 50257, "float32", "ACCURATE", False, "0"), None),
+    ((3, 100, "float32", "ACCURATE", False, "all"), None),             # < 32 vectors
+]
+
+
+@pytest.mark.parametrize("args, want", PLANS, ids=str)
+def test_plan(args, want):
+    rows, c, name, algo, backward, setting = args
+    p = SC.plan(rows, c, _dtype(name), algo, backward, 0, setting)
+    assert (p and (p.cl, p.nt, p.vpt)) == want if want else p is None, p
+    if p is None:
+        return
+    nvec = c // (16 // _dtype(name).itemsize)
+    assert p.grid == rows * p.cl and p.minb == SC.minb(backward, p.nt)
+    assert p.cl * p.nt * p.vpt >= nvec and p.vpt <= SC.VPT_MAX and p.cl <= SC.CL_MAX
+    assert p.vpt == -(-nvec // (p.cl * p.nt))            # the fewest vectors a thread for that cluster
+
+
+def test_plan_refuses_a_bad_setting():
+    with pytest.raises(ValueError, match="'0', '1' or 'all'"):
+        SC.plan(64, 50257, np.float32, "LOG", False, 0, "2")
+
+
+def test_the_rule_takes_exactly_the_rows_the_one_chunk_path_does_not_hold():
+    """Under "1" a forward takes clusters exactly where row_config's plan has several chunks (and the row fits)."""
+    for name in NAMES:
+        item = _dtype(name).itemsize
+        for c in (4096, 8192, 8193, 16384, 16385, 20000, 32000, 50257, 65536, 131072, 131079, 262144):
+            several = not _sk.row_config(c, item, 4, 1).one
+            fits = c // (16 // item) <= SC.CL_MAX * 512 * SC.VPT_MAX
+            p = SC.plan(64, c, _dtype(name), "LOG", False, 0, "1")
+            assert (p is not None) == (several and fits), (name, c, p)
+
+
+# ---- CPU: the kernels emulated ----------------------------------------------------------------------------------
+
+def _slots(r, c, vec, cl, nt, vpt):
+    """The element indices each (rank, thread) holds, as the kernels assign them: ([cl] arrays (nt, vpt * vec) of
+    indices, -1 where none), and [cl] arrays (nt,) of the thread's edge element or -1.  Asserts every element of the
+    row is held exactly once."""
+    h = (vec - (r * c) % vec) % vec
+    nb = (c - h) // vec
+    tl = c - h - nb * vec
+    seen = np.zeros(c, np.int64)
+    body, edges = [], []
+    t = np.arange(nt)
+    for rank in range(cl):
+        lo, hi = nb * rank // cl, nb * (rank + 1) // cl
+        assert hi - lo <= nt * vpt
+        vi = lo + t[:, None] + np.arange(vpt)[None, :] * nt                 # (nt, vpt)
+        el = h + vi[:, :, None] * vec + np.arange(vec)[None, None, :]        # (nt, vpt, vec)
+        el = np.where((vi < hi)[:, :, None], el, -1).reshape(nt, vpt * vec)
+        ed = np.full(nt, -1)
+        if rank == 0:
+            ed[:h] = np.arange(h)
+        if rank == cl - 1:
+            tail = nt - 1 - t < tl
+            assert not (tail & (ed >= 0)).any()                             # one edge a thread
+            ed[tail] = c - tl + (nt - 1 - t[tail])
+        np.add.at(seen, el[el >= 0], 1)
+        np.add.at(seen, ed[ed >= 0], 1)
+        body.append(el)
+        edges.append(ed)
+    assert (seen == 1).all(), np.nonzero(seen != 1)[0][:10]
+    return body, edges
+
+
+def _emulate_row(v, r, vec, cl, nt, vpt, algo):
+    """The forward of row r (float64 values v) as smx_fwdc computes it: (y, M, S)."""
+    body, edges = _slots(r, v.size, vec, cl, nt, vpt)
+    parts = []
+    with np.errstate(invalid="ignore", over="ignore"):
+        for el, ed in zip(body, edges):
+            vals = np.concatenate([np.where(ed >= 0, v[np.maximum(ed, 0)], -np.inf)[:, None],
+                                   np.where(el >= 0, v[np.maximum(el, 0)], -np.inf)], axis=1)
+            held = np.concatenate([(ed >= 0)[:, None], el >= 0], axis=1)
+            m = np.fmax.reduce(vals, axis=1)                                 # fmax: a NaN is skipped
+            sh = np.where(m == -np.inf, 0.0, m)
+            s = np.where(held, np.exp(vals - sh[:, None]), 0.0).sum(axis=1)
+            mb = np.fmax.reduce(m)
+            sb = np.where(m == -np.inf, 0.0, s * np.exp(m - mb)).sum()
+            parts.append((mb, sb))
+        mbs = np.array([p[0] for p in parts])
+        M = np.fmax.reduce(mbs)
+        M = 0.0 if M == -np.inf else M
+        S = sum(0.0 if mb == -np.inf else sb * np.exp(mb - M) for mb, sb in parts)
+        with np.errstate(divide="ignore"):
+            y = v - M - np.log(S) if algo == "LOG" else np.exp(v - M) / S
+    return y
+
+
+def _ref_fwd(x, algo):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        m = x.max(axis=1, keepdims=True)
+        e = np.exp(x - m)
+        s = e.sum(axis=1, keepdims=True)
+        return x - m - np.log(s) if algo == "LOG" else e / s
+
+
+def _special_rows(rows, c, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, c)) * 3
+    x[1, :] = -np.inf                                # all -inf: NaN as the reference
+    x[2, c // 3] = np.nan                            # a NaN: the row NaN
+    x[3, ::2] = -np.inf                              # half -inf
+    x[4, c - 1] = np.inf                             # +inf: the row NaN
+    x[5, :] = 80.0 + rng.standard_normal(c)          # large values
+    x[6, :] = rng.standard_normal(c) * 30            # a wide spread
+    return x
+
+
+# (C, itemsize, CL, NT, VPT): ragged rows (heads 0..VEC-1 over the rows), empty tails, one block, full clusters
+EMU = [(16385, 4, 4, 256, 4), (16387, 2, 2, 512, 2), (8193, 2, 8, 256, 1), (1001, 4, 1, 256, 1),
+       (50257, 4, 7, 512, 4), (4100, 2, 3, 256, 1), (515, 4, 8, 256, 1)]
+
+
+@pytest.mark.parametrize("c, item, cl, nt, vpt", EMU, ids=str)
+def test_kernels_emulated_against_float64(c, item, cl, nt, vpt):
+    vec = 16 // item
+    rows = 8
+    x = _special_rows(rows, c, c)
+    dy = np.random.default_rng(c + 1).standard_normal((rows, c))
+    for algo in ("ACCURATE", "LOG"):
+        ref = _ref_fwd(x, algo)
+        for r in range(rows):
+            y = _emulate_row(x[r], r, vec, cl, nt, vpt, algo)
+            assert (np.isnan(y) == np.isnan(ref[r])).all(), (algo, r)
+            ok = ~np.isnan(ref[r])
+            np.testing.assert_allclose(y[ok], ref[r][ok], rtol=1e-12, atol=1e-300)
+    # the backward's one sum over the same slots (rank order): dx against the reference
+    y = _ref_fwd(np.random.default_rng(3).standard_normal((rows, c)), "LOG")
+    for algo in ("ACCURATE", "LOG"):
+        yy = y if algo == "LOG" else np.exp(y)
+        for r in range(rows):
+            body, edges = _slots(r, c, vec, cl, nt, vpt)
+            terms = dy[r] if algo == "LOG" else dy[r] * yy[r]
+            s = sum(terms[el[el >= 0]].sum() + terms[ed[ed >= 0]].sum() for el, ed in zip(body, edges))
+            dx = dy[r] - np.exp(yy[r]) * s if algo == "LOG" else yy[r] * (dy[r] - s)
+            ref = (dy[r] - np.exp(yy[r]) * dy[r].sum() if algo == "LOG"
+                   else yy[r] * (dy[r] - (dy[r] * yy[r]).sum()))
+            np.testing.assert_allclose(dx, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_emulation_fails_on_a_wrong_split():
+    """The walk check is not vacuous: one vector a thread too few does not cover the row."""
+    with pytest.raises(AssertionError):
+        _slots(0, 50257, 4, 7, 512, 3)
+    with pytest.raises(AssertionError):
+        _slots(1, 16387, 8, 2, 512, 1)
+
+
+# ---- CPU: nvcc ------------------------------------------------------------------------------------------------
+
+NVCC_CS = (16385, 32000, 32001, 50257, 65536, 100003, 131072)
+NVCC_ROWS = (1, 3, 64, 132, 300, 1000, 4096)
+
+
+def _configs():
+    """Every (dtype, algo, backward, CL, NT, VPT, MINB) the plan makes for NVCC_CS x NVCC_ROWS under "1" and
+    "all"."""
+    out = set()
+    for name in NAMES:
+        for c in NVCC_CS:
+            for rows in NVCC_ROWS:
+                for backward in (False, True):
+                    for algo in ("ACCURATE", "LOG"):
+                        for setting in ("1", "all"):
+                            p = SC.plan(rows, c, _dtype(name), algo, backward, 0, setting)
+                            if p:
+                                out.add((name, algo, backward, p.cl, p.nt, p.vpt, p.minb))
+    return sorted(out)
+
+
+def test_configurations_are_many():
+    cfgs = _configs()
+    assert len(cfgs) >= 40, len(cfgs)
+    assert {c[4] for c in cfgs} == {256, 512} and {c[5] for c in cfgs} >= {2, 3, 4}
+
+
+DEFAULTS = {("float32", "ACCURATE", False, 7, 512, 4, 4), ("bfloat16", "LOG", True, 7, 256, 4, 5),
+            ("bfloat16", "LOG", False, 7, 256, 4, 8), ("float16", "ACCURATE", True, 8, 512, 4, 2)}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_kernels_compile_without_spills(tmp_path):
+    cfgs = pick(_configs(), 6, DEFAULTS)
+    units, entries = [], []
+    for name, algo, backward, cl, nt, vpt, minb in cfgs:
+        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1))
+        units.append((SC.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
+        entries.append((SC.kernel_name(backward),))
+    res = nvcc_build(units, options=("-std=c++17", "-ftz=true"), entries=entries, tmp=tmp_path)
+    for cfg, r in zip(cfgs, res):
+        assert r.returncode == 0, (cfg, r.stderr[-2000:])
+        log = r.stderr
+        spill = int(log.split("bytes spill stores")[0].split(",")[-1])
+        regs = int(log.split("Used ")[1].split()[0])
+        assert spill == 0, (cfg, log)
+        assert regs <= 65536 // (cfg[4] * cfg[6]), (cfg, regs)
+
+
+# ---- CPU: the routing under the fake CuPy -------------------------------------------------------------------------
+
+def test_routing_under_the_fake_cupy():
+    code = f"""
+import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tools')!r})
+import re, numpy as np, ml_dtypes, record_launches as R
+fakecp, L = R._install({ROOT!r})
+recs = []
+R.record_to(L, recs)
+import minidnn.backend as B
+from minidnn.backend import softmax as smx
+from minidnn.backend.cuda import softmax_kernels as S, softmax_cluster as SC
+assert SC.CLUSTER == "0"
+def forget():
+    for k, v in vars(smx).items():
+        if isinstance(v, dict) and "seen" in k.lower():
+            v.clear()
+def run(shape, dtype=np.float32, off=0):
+    flat = fakecp.asarray(np.zeros(int(np.prod(shape)) + off, dtype))
+    x = flat[off:].reshape(shape)
+    n0 = len(recs)
+    y = B.softmax_forward(None, "log", None, x, axis=-1)
+    B.softmax_backward(None, "accurate", None, x, x, axis=-1)
+    return [(r[0].split("(")[0], re.findall(r"-D(?:CL|NT|VPT)=\\d+", r[0]), r[1][0], r[1][3]) for r in recs[n0:]]
+out = {{}}
+for setting in ("0", "1", "all", "0"):
+    SC.CLUSTER = setting            # no clearing of S._plans: the setting is part of its key
+    forget()
+    for shape in ((64, 50257), (4096, 32000), (64, 8000)):
+        out[setting, shape] = run(shape)
+    out[setting, "bf16"] = run((3, 50257), ml_dtypes.bfloat16)
+    out[setting, "misaligned"] = run((64, 50257), off=1)
+print(repr(out))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env={k: v for k, v in os.environ.items() if k != "MINIDNN_SOFTMAX_CLUSTER"})
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    out = eval(r.stdout.strip().splitlines()[-1])
+    rows = ("softmax_rows_fwd", "softmax_rows_bwd")
+    for shape in ((64, 50257), (4096, 32000), (64, 8000), "bf16", "misaligned"):
+        assert [n for n, *_ in out["0", shape]] == list(rows), (shape, out["0", shape])
+        assert [n for n, *_ in out["all", "misaligned"]] == list(rows)      # not on a 16-byte boundary
+    assert out["1", (64, 50257)] == [("smx_fwdc", ["-DCL=7", "-DNT=512", "-DVPT=4"], 448, 512),
+                                     ("smx_bwdc", ["-DCL=7", "-DNT=512", "-DVPT=4"], 448, 512)], out
+    # many rows: the backward keeps the stashed row kernel under "1", not under "all"
+    assert out["1", (4096, 32000)] == [("smx_fwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256),
+                                       (rows[1], [], out["0", (4096, 32000)][1][2], 512)], out
+    assert out["all", (4096, 32000)][1] == ("smx_bwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256), out
+    # 8000 classes: one chunk of a block (forward and backward: 2000 vectors, 8000 <= 8192) -- "all" only
+    assert [n for n, *_ in out["1", (64, 8000)]] == list(rows)
+    assert out["all", (64, 8000)] == [("smx_fwdc", ["-DCL=3", "-DNT=256", "-DVPT=3"], 192, 256),
+                                      ("smx_bwdc", ["-DCL=3", "-DNT=256", "-DVPT=3"], 192, 256)], out
+    assert out["1", "bf16"] == [("smx_fwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 24, 256),
+                                ("smx_bwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 24, 256)], out
+    assert out["1", "misaligned"] == out["0", "misaligned"]
+
+
+def test_environment_read_at_import():
+    code = "from minidnn.backend.cuda import softmax_cluster as SC; print(SC.CLUSTER)"
+    for val, ok in (("all", True), ("1", True), ("0", True), ("yes", False)):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                           env=dict(os.environ, MINIDNN_SOFTMAX_CLUSTER=val))
+        if ok:
+            assert r.returncode == 0 and r.stdout.strip() == val, r.stderr[-800:]
+        else:
+            assert r.returncode != 0 and "MINIDNN_SOFTMAX_CLUSTER" in r.stderr
+
+
+# ---- GPU ----------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cp():
+    from minidnn.backend import devices as _dev
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    cp = _dev.require_cupy()
+    if int(cp.cuda.Device().compute_capability) < 90:
+        pytest.skip("thread-block clusters need sm_90")
+    return cp
+
+
+GPU_ROWS = (1, 3, 64, 300)
+GPU_CS = (16385, 32001, 50257, 65536, 131072)
+GPU_CASES = [(n, c) for n in NAMES for c in GPU_CS]
+
+
+def _gpu_jobs():
+    jobs = []
+    for name, c in GPU_CASES:
+        for rows in GPU_ROWS + (8,):
+            for backward in (False, True):
+                for algo in ("ACCURATE", "LOG"):
+                    p = SC.plan(rows, c, _dtype(name), algo, backward, 0, "all")
+                    if p:
+                        jobs.append((name, algo, backward, p))
+    return jobs
+
+
+_WARM = []
+
+
+def _warm():
+    """The cluster kernels the cases launch, compiled first with a process a core (CuPy's disk cache)."""
+    if _WARM:
+        return
+    _WARM.append(True)
+    try:
+        SC.precompile(_gpu_jobs())
+    except Exception as exc:        # noqa: BLE001 -- only a cache: each compiles when first launched
+        print(f"precompile failed ({type(exc).__name__}: {exc}); compiling one by one")
+
+
+@pytest.fixture
+def cluster_all(monkeypatch):
+    monkeypatch.setattr(SC, "CLUSTER", "all")
+    _reset_plans()
+    yield
+    _reset_plans()
+
+
+def _check(cp, got, ref, name, what, scale=1.0, mag=None):
+    """As test_softmax_rows_cuda._close, on the device: |got - ref| <= tol (|ref| + 1e-2 row max + mag), NaN
+    exactly where the reference is NaN, infinities equal."""
+    got = got.astype(cp.float64)
+    tol = RTOL[name] * scale
+    err = cp.abs(got - ref)
+    fin = cp.where(cp.isfinite(ref), cp.abs(ref), 0.0)
+    row = fin.max(axis=-1, keepdims=True)
+    bound = tol * (cp.abs(ref) + 1e-2 * row + (0.0 if mag is None else mag) + 1e-30) + SUBNORMAL[name]
+    same = (cp.isnan(got) & cp.isnan(ref)) | (got == ref)
+    bad = ~(err <= bound) & ~same
+    n = int(bad.sum())
+    assert n == 0, f"{what}: {n} of {bad.size} off, worst {float(cp.where(bad, err, 0).max())}"
+
+
+def _dev_ref_fwd(cp, x64, algo):
+    m = x64.max(axis=1, keepdims=True)
+    e = cp.exp(x64 - m)
+    s = e.sum(axis=1, keepdims=True)
+    return x64 - m - cp.log(s) if algo == "log" else e / s
+
+
+def _dev_ref_bwd(cp, y64, dy64, algo):
+    if algo == "log":
+        ref = dy64 - cp.exp(y64) * dy64.sum(axis=1, keepdims=True)
+        mag = cp.abs(dy64) + cp.exp(y64) * cp.abs(dy64).sum(axis=1, keepdims=True)
+    else:
+        ref = y64 * (dy64 - (dy64 * y64).sum(axis=1, keepdims=True))
+        mag = cp.abs(y64) * (cp.abs(dy64) + cp.abs(y64 * dy64).sum(axis=1, keepdims=True))
+    return ref, mag
+
+
+def _bits(cp, a, b, what):
+    w = {2: "uint16", 4: "uint32"}[a.dtype.itemsize]
+    bad = int((a.view(w) != b.view(w)).sum())
+    assert bad == 0, f"{what}: {bad} of {a.size} elements differ"
+
+
+def _misaligned(cp, xd):
+    flat = cp.zeros(xd.size + 1, xd.dtype)
+    flat[1:] = xd.ravel()
+    return flat[1:].reshape(xd.shape)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, c", GPU_CASES, ids=[f"{n}-{c}" for n, c in GPU_CASES])
+def test_cluster_rows_against_float64(cp, cluster_all, name, c):
+    """Every row count routed to the cluster kernels ("all") where they hold the row (float32 131072: the row
+    kernels, checked the same), forward and backward of softmax and log-softmax against float64; a second call
+    bitwise the first; one launch a call."""
+    _warm()
+    dtype = _dtype(name)
+    for rows in GPU_ROWS:
+        rng = np.random.default_rng(rows * 7 + c)
+        xd = cp.asarray((rng.standard_normal((rows, c)) * 3).astype(dtype))
+        dyd = cp.asarray(rng.standard_normal((rows, c)).astype(dtype))
+        x64 = xd.astype(cp.float64)
+        for algo in ("accurate", "log"):
+            held = SC.plan(rows, c, dtype, algo.upper(), False, 0) is not None
+            assert held == (name != "float32" or c <= 65536)
+            n0 = _launches()
+            y = B.softmax_forward(None, algo, None, xd, axis=-1)
+            assert _launches() - n0 == 1
+            plan = _sk.plan(xd, (1,), algo.upper())
+            assert isinstance(plan, _sk._ClusterPlan) == held and (not held or plan.old is None)
+            what = f"{name} ({rows}, {c}) {algo}"
+            _check(cp, y, _dev_ref_fwd(cp, x64, algo), name, what + " forward", scale=4 if algo == "log" else 1)
+            y64 = y.astype(cp.float64)
+            ref, mag = _dev_ref_bwd(cp, y64, dyd.astype(cp.float64), algo)
+            dx = B.softmax_backward(None, algo, None, y, dyd, axis=-1)
+            _check(cp, dx, ref, name, what + " backward", scale=8, mag=mag)
+            if rows == 300:
+                _bits(cp, B.softmax_forward(None, algo, None, xd, axis=-1), y, what + " forward again")
+                _bits(cp, B.softmax_backward(None, algo, None, y, dyd, axis=-1), dx, what + " backward again")
+
+
+SPECIAL = [("float32", 50257), ("bfloat16", 50257), ("float16", 32001), ("float32", 16385), ("bfloat16", 65536)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, c", SPECIAL, ids=[f"{n}-{c}" for n, c in SPECIAL])
+def test_special_values_as_the_row_kernels(cp, monkeypatch, name, c):
+    """Rows of NaN, +-inf, all -inf, large values, a wide spread: NaN and infinity where the row kernels ("0") put
+    them, finite values against float64; a misaligned view of the same values (the row kernels: the plan's fallback
+    built) against float64."""
+    _warm()
+    dtype = _dtype(name)
+    rows = 64
+    x = _special_rows(rows, c, c).astype(dtype)
+    xd = cp.asarray(x)
+    dy = cp.asarray(np.random.default_rng(c).standard_normal((rows, c)).astype(dtype))
+    x64 = xd.astype(cp.float64)
+    got = {}
+    for setting in ("0", "all"):
+        monkeypatch.setattr(SC, "CLUSTER", setting)
+        _reset_plans()
+        for algo in ("accurate", "log"):
+            y = B.softmax_forward(None, algo, None, xd, axis=-1)
+            got[setting, algo] = y
+            got[setting, algo, "bwd"] = B.softmax_backward(None, algo, None, got["0", algo], dy, axis=-1)
+    for algo in ("accurate", "log"):
+        for key in ((algo,), (algo, "bwd")):
+            a, b = got[("all",) + key].astype(cp.float64), got[("0",) + key].astype(cp.float64)
+            assert bool((cp.isnan(a) == cp.isnan(b)).all()), f"{key}: NaN positions differ from the row kernels"
+            assert bool((cp.isinf(a) == cp.isinf(b)).all()) and bool((a[cp.isinf(a)] == b[cp.isinf(b)]).all())
+        _check(cp, got["all", algo], _dev_ref_fwd(cp, x64, algo), name, f"{algo} special rows",
+               scale=4 if algo == "log" else 1)
+        ym = B.softmax_forward(None, algo, None, _misaligned(cp, xd), axis=-1)
+        assert _sk.plan(xd, (1,), algo.upper()).old is not None          # the fallback launched
+        _check(cp, ym, _dev_ref_fwd(cp, x64, algo), name, f"{algo} misaligned", scale=4 if algo == "log" else 1)
+        y = got["0", algo]
+        ref, mag = _dev_ref_bwd(cp, y.astype(cp.float64), dy.astype(cp.float64), algo)
+        dxm = B.softmax_backward(None, algo, None, _misaligned(cp, y), _misaligned(cp, dy), axis=-1)
+        ok = ~cp.isnan(ref)
+        _check(cp, dxm[ok], ref[ok], name, f"{algo} backward misaligned", scale=8, mag=mag[ok])
+
+
+GRAPH = [("float32", 64, 50257), ("bfloat16", 300, 50257), ("float16", 3, 131072)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", GRAPH, ids=[f"{n}-{r}x{c}" for n, r, c in GRAPH])
+def test_cluster_rows_in_a_graph(cp, cluster_all, name, rows, c):
+    """Forward then backward of both algorithms captured in one CUDA graph; replays after x and dy change in
+    place give the eager bits."""
+    _warm()
+    dtype = _dtype(name)
+    rng = np.random.default_rng(c)
+    xd = cp.asarray((rng.standard_normal((rows, c)) * 3).astype(dtype))
+    dy = cp.asarray(rng.standard_normal((rows, c)).astype(dtype))
+
+    def step():
+        out = []
+        for algo in ("accurate", "log"):
+            y = B.softmax_forward(None, algo, None, xd, axis=-1)
+            out += [y, B.softmax_backward(None, algo, None, y, dy, axis=-1)]
+        return out
+    step()                                          # plans and compiles outside the capture
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        outs = step()
+        g = s.end_capture()
+    w = {2: "uint16", 4: "uint32"}[dtype.itemsize]
+    for k in range(2):
+        nx = cp.asarray((np.random.default_rng(10 + k).standard_normal((rows, c)) * 2).astype(dtype))
+        nd = cp.asarray(np.random.default_rng(20 + k).standard_normal((rows, c)).astype(dtype))
+        with s:
+            xd.view(w)[...] = nx.view(w)
+            dy.view(w)[...] = nd.view(w)
+            g.launch(s)
+        s.synchronize()
+        for a, b in zip(outs, step()):
+            _bits(cp, a, b, f"replay {k}")
