@@ -534,3 +534,26 @@ def test_cluster_rows_in_a_graph(cp, cluster_all, name, rows, c):
         s.synchronize()
         for a, b in zip(outs, step()):
             _bits(cp, a, b, f"replay {k}")
+
+
+def test_ab_tool_plans(monkeypatch):
+    """tools/softmax_cluster_ab.py plans, per setting, the kernels the A/B means to time (no GPU asked: the device
+    facts given) and puts the process's setting back."""
+    from minidnn.backend.cuda import device_facts
+    monkeypatch.setitem(device_facts._l2, 0, (50 * 2 ** 20, True))
+    monkeypatch.setitem(device_facts._smem, 0, (233472, 232448))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
+    import softmax_cluster_ab as T
+    f32 = np.dtype(np.float32)
+    got = {(op, s): T.plan_of(op, (4096, 32000), f32, s)[0] for op in T.OPS for s in ("0", "all", "1")}
+    want = {(op, s): "rows" if s == "0" or (s == "1" and op.endswith("bwd")) else "cluster"
+            for op in T.OPS for s in ("0", "all", "1")}
+    assert got == want, got
+    assert T.plan_of("lsmxbwd", (300, 50257), f32, "1") == ("cluster", SC.Launch(7, 512, 4, 2, 2100))
+    assert T.plan_of("smx", (128, 128000), f32, "all")[0] == "rows"
+    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 512, 4, 4, 1024)
+    start = SC.CLUSTER
+    T.switch("all")
+    assert SC.CLUSTER == "all" and not _sk._plans
+    T.restore()
+    assert SC.CLUSTER == start

@@ -1,0 +1,230 @@
+"""A/B of session 21's cluster softmax rows (softmax_cluster.CLUSTER, MINIDNN_SOFTMAX_CLUSTER; issue 10) on the GPU,
+device time only (CUDA-graph replays), in one process, PyTorch beside.
+
+    python tools/softmax_cluster_ab.py [--ops smx,lsmx,smxbwd,lsmxbwd] [--dtypes float32,bfloat16] [--rounds 3]
+                                       [--trials 5] [--shapes 64x50257,...] [--settings 0,all,1] [--no-torch]
+
+Ops: smx / lsmx the softmax / log-softmax forward, smxbwd / lsmxbwd their backwards (y of the same algorithm).
+Settings: "0" the row kernels (softmax_kernels' plan: the reference of the ratio column), "all" the cluster kernels
+wherever they hold the row, "1" the rule (`softmax_cluster.plan`: rows the one-chunk block path does not hold; the
+backward only up to BWD_ROWS_PER_SM rows an SM).  A setting that plans the same launch as an earlier one is not timed
+again (its line says "= all", ...); a case where every setting plans the row kernels is skipped (float32 128000
+classes: more than 8 x 512 x 4 vectors).
+PyTorch: torch.softmax / torch.log_softmax forward; torch._softmax_backward_data / _log_softmax_backward_data
+backward (the kernels autograd calls, without autograd's host work), timed in the same alternated rounds.
+Method: per case `rounds` rounds; a round times every distinct setting and PyTorch in turn (the order reversed every
+other round), each a fresh capture of `reps` back-to-back calls (~10 ms) replayed `trials` times (median); switching
+forgets the settled launches (softmax_kernels._plans and the primitive's seen-call caches), and the warm-up call
+before the capture plans and compiles.  Every kernel is compiled first, a process a core.  Reported: the median over
+rounds (ms a call, GB/s of the compulsory bytes -- forward x + y, backward y + dy + dx --, % of the copy bandwidth
+measured in the same run), the spread (max/min - 1), the median per-round ratio "0"/setting (> 1: faster than the row
+kernels), PyTorch/setting, and the plan (CL x NT x VPT, grid).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the timer, copy bandwidth, inputs)
+import numpy as np  # noqa: E402
+
+OPS = {"smx": ("softmax fwd", "accurate", False), "lsmx": ("log-softmax fwd", "log", False),
+       "smxbwd": ("softmax bwd", "accurate", True), "lsmxbwd": ("log-softmax bwd", "log", True)}
+SHAPES = "64x50257,132x50257,300x50257,1000x50257,4096x50257,300x32000,4096x32000,2048x65536,128x128000"
+_START = []
+
+
+def _mods():
+    from minidnn.backend.cuda import softmax_cluster as sc
+    from minidnn.backend.cuda import softmax_kernels as sk
+    if not _START:
+        _START.append(sc.CLUSTER)
+    return sc, sk
+
+
+def forget():
+    """Forget every settled softmax launch (kernel plans and the primitive's seen-call caches)."""
+    from minidnn.backend import softmax as smx
+    _, sk = _mods()
+    sk._plans.clear()
+    for k, v in vars(smx).items():
+        if isinstance(v, dict) and "seen" in k.lower():
+            v.clear()
+
+
+def switch(setting):
+    sc, _ = _mods()
+    sc.CLUSTER = setting
+    forget()
+
+
+def restore():
+    sc, _ = _mods()
+    sc.CLUSTER = _START[0]
+    forget()
+
+
+def plan_of(op, shape, dt, setting, dev=0):
+    """What ``op`` launches under ``setting``: ("cluster", Launch) or ("rows", the row kernels' Spec)."""
+    sc, sk = _mods()
+    _, algo, bwd = OPS[op]
+    rows, c = shape
+    p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, setting)
+    if p is not None:
+        return ("cluster", p)
+    hint = sk.call_hint(bwd, rows * c * np.dtype(dt).itemsize * (3 if bwd else 2), dev)
+    return ("rows", sk.launch_spec(bwd, shape, (1,), algo.upper(), dt, hint, sk.call_stash(bwd, dev)))
+
+
+def describe(p):
+    kind, x = p
+    if kind == "cluster":
+        return f"cluster CL {x.cl} x NT {x.nt} x VPT {x.vpt}, {x.grid} blocks"
+    return f"rows {x.name} block {x.block}"
+
+
+def precompile(ops, dtype_names, shapes, settings):
+    """Every kernel the cases plan, into CuPy's disk cache (a process a core)."""
+    sc, sk = _mods()
+    specs, jobs = [], []
+    for name in dtype_names:
+        dt = sk._dtype_of(name)
+        for op in ops:
+            for shape in shapes:
+                for s in settings:
+                    kind, x = plan_of(op, shape, dt, s)
+                    if kind == "cluster":
+                        jobs.append((name, OPS[op][1].upper(), OPS[op][2], x))
+                    else:
+                        specs.append(x)
+    return sk.precompile(specs) + sc.precompile(jobs)
+
+
+def torch_fn(torch, cases, op, shape):
+    """PyTorch's op on fresh inputs of ``shape`` (None without PyTorch)."""
+    if torch is None:
+        return None
+    _, algo, bwd = OPS[op]
+    x = cases.t(shape)
+    f = torch.log_softmax if algo == "log" else torch.softmax
+    if not bwd:
+        return lambda: f(x, -1)
+    y = f(x, -1)
+    dy = cases.t(shape)
+    g = torch._log_softmax_backward_data if algo == "log" else torch._softmax_backward_data
+    return lambda: g(dy, y, -1, x.dtype)
+
+
+def run_case(timer, torch, cases, op, shape, dtype_name, bw, rounds, settings):
+    name, algo, bwd = OPS[op]
+    plans, distinct, same = {}, [], {}
+    for s in settings:
+        plans[s] = plan_of(op, shape, cases.dt, s)
+        twin = next((u for u in distinct if plans[u] == plans[s]), None)
+        if twin is None:
+            distinct.append(s)
+        else:
+            same[s] = twin
+    if all(plans[s][0] == "rows" for s in settings):
+        print(f"{name:16s} {dtype_name:9s} {str(shape):14s} every setting plans the row kernels: skipped")
+        return
+    row = cases.softmax(shape, algo)[1 if bwd else 0]
+    _, _, (fn, _, nbytes), _ = row
+    tfn = torch_fn(torch, cases, op, shape)
+    got = {s: [] for s in distinct}
+    ratios = {s: [] for s in distinct}
+    tms = []
+    treps = None
+    reps = None
+    who = distinct + (["torch"] if tfn is not None else [])
+    try:
+        for r in range(rounds):
+            this = {}
+            for s in (who if r % 2 == 0 else who[::-1]):
+                if s == "torch":
+                    try:
+                        treps = treps or timer.reps(tfn, "torch")
+                        tms.append(timer.graph(tfn, treps, "torch"))
+                    except Exception as exc:        # noqa: BLE001
+                        print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
+                        who.remove("torch")
+                    continue
+                switch(s)
+                fn()                                # plans and compiles outside the capture
+                reps = reps or timer.reps(fn, "minidnn")
+                this[s] = timer.graph(fn, reps, "minidnn")
+                got[s].append(this[s])
+            for s in distinct:
+                ratios[s].append(this[distinct[0]] / this[s])
+    finally:
+        restore()
+    tm = statistics.median(tms) if tms else None
+    for s in settings:
+        if s not in got:
+            print(f"{name:16s} {dtype_name:9s} {str(shape):14s} {s:4s}  = {same[s]} (the same launch)")
+            continue
+        ms = statistics.median(got[s])
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        spread = max(got[s]) / min(got[s]) - 1
+        vs = f"  torch/this {tm / ms:5.3f}" if tm else ""
+        print(f"{name:16s} {dtype_name:9s} {str(shape):14s} {s:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
+              f"{100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  {distinct[0]}/this "
+              f"{statistics.median(ratios[s]):.3f}{vs}   {describe(plans[s])}")
+    if tm:
+        gbs = nbytes / (tm * 1e-3) / 1e9
+        print(f"{name:16s} {dtype_name:9s} {str(shape):14s} torch {tm:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", default="smx,lsmx,smxbwd,lsmxbwd")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--settings", default="0,all,1")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-precompile", action="store_true")
+    args = ap.parse_args(argv)
+    sc, _ = _mods()
+    settings = [s for s in args.settings.split(",") if s]
+    if any(s not in sc.SETTINGS for s in settings):
+        ap.error(f"--settings {args.settings!r}: values among {sc.SETTINGS}")
+    ops = [o for o in args.ops.split(",") if o]
+    if any(o not in OPS for o in ops):
+        ap.error(f"--ops {args.ops!r}: values among {tuple(OPS)}")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    start = KG.ab_start("softmax_cluster_ab", args.trials, args.rounds, "settings and PyTorch alternated")
+    if start is None:
+        return 0
+    cp, torch, timer, bw = start
+    if args.no_torch:
+        torch = None
+    if not args.no_precompile:
+        t0 = time.perf_counter()
+        n = precompile(ops, args.dtypes.split(","), shapes, settings)
+        print(f"precompiled {n} kernels in {time.perf_counter() - t0:.1f} s")
+    with KG.torch_stream(torch):
+        for dtype_name in args.dtypes.split(","):
+            cases = KG.Cases(cp, torch, dtype_name)
+            for op in ops:
+                for shape in shapes:
+                    try:
+                        run_case(timer, torch, cases, op, shape, dtype_name, bw, args.rounds, settings)
+                    except Exception as exc:        # noqa: BLE001 -- one case must not take the others down
+                        print(f"{op} {dtype_name} {shape}: failed: {type(exc).__name__}: {exc}")
+                    cp.get_default_memory_pool().free_all_blocks()
+            del cases
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
