@@ -358,16 +358,30 @@ def _gpu_jobs():
     return jobs
 
 
+def _row_specs():
+    """The row kernels the cases launch: float32 131072 classes (not held), the special rows' "0" and every
+    misaligned view (the plan a _ClusterPlan falls back to; softmax_kernels.precompile adds a BSR plan's own)."""
+    specs = []
+    for name, c, rows in ([("float32", 131072, r) for r in GPU_ROWS] + [(n, c, 64) for n, c in SPECIAL]):
+        dtype = _dtype(name)
+        for bwd in (False, True):
+            hint = _sk.call_hint(bwd, rows * c * dtype.itemsize * (3 if bwd else 2), 0)
+            specs += [_sk.launch_spec(bwd, (rows, c), (1,), a, dtype, hint, _sk.call_stash(bwd, 0))
+                      for a in ("ACCURATE", "LOG")]
+    return specs
+
+
 _WARM = []
 
 
 def _warm():
-    """The cluster kernels the cases launch, compiled first with a process a core (CuPy's disk cache)."""
+    """The kernels the cases launch, compiled first with a process a core (CuPy's disk cache)."""
     if _WARM:
         return
     _WARM.append(True)
     try:
         SC.precompile(_gpu_jobs())
+        _sk.precompile(_row_specs())
     except Exception as exc:        # noqa: BLE001 -- only a cache: each compiles when first launched
         print(f"precompile failed ({type(exc).__name__}: {exc}); compiling one by one")
 
