@@ -114,7 +114,7 @@ def test_widened_configurations_compile_without_spills():
         units = {}
         for src, kname, defines in jobs:
             units.setdefault((src, defines), set()).add(kname)
-        built = _nvcc.build([(_lk.SOURCE_ROWS if src == "ROWS" else _lk.SOURCE, defines) for src, defines in units],
+        built = _nvcc.build([(_lk._SOURCES[src], defines) for src, defines in units],
                             entries=[sorted(k) for k in units.values()])
         return {u: (b.returncode, b.stderr) for u, b in zip(units, built)}
 
@@ -227,7 +227,7 @@ def test_fake_gpu_widened_primitive(dtype):
     assert [n for n in launches if not n.startswith("cupy:")] == ["ce_rows_fwd STORAGE=0", "ce_rows_bwd STORAGE=0"]
     assert sum(n.startswith("cupy:astype") for n in launches) == 3, launches    # x twice (forward, backward), dx
     assert (loss_dt, dx_dt) == ("float32", dtype)
-    assert out["nd"] == [[f"ce_fwd STORAGE=0 {xs}"], "float32"]
+    assert out["nd"] == [[f"ce_sp_fwd STORAGE=0 {xs}"], "float32"]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

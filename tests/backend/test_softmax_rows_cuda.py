@@ -221,7 +221,7 @@ def _planned_sources(full=False):
                 for kname in ("ce_fwd", "ce_bwd"):
                     for w, red, eps in ((False, "mean", 0.0), (True, "none", 0.1)):
                         src, k, defines, *_ = _lk.launch_spec(kname, shape, dtype, np.int64, w, red, eps)
-                        out[(src, k, defines)] = (_lk.SOURCE_ROWS if src == "ROWS" else _lk.SOURCE, k)
+                        out[(src, k, defines)] = (_lk._SOURCES[src], k)
     return [(f"k{i}.cu", text, key[2], kname) for i, (key, (text, kname)) in enumerate(out.items())]
 
 

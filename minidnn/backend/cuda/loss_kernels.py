@@ -12,8 +12,10 @@ Logits (N, C) (inner = 1): SOURCE_ROWS below (ce_rows_fwd / ce_rows_bwd), the ro
 16-byte loads; up to 1024 classes the forward takes softmax_kernels' PIPE walk (persistent grid, the next row's
 loads and target issued before the current row's reduction; MINIDNN_SOFTMAX_PIPE=0: without); rows of more than one
 chunk (> 16K float32 classes) stream through a shared-memory stage, the next chunk copied in while the current one is
-reduced (LONG; MINIDNN_CE_LONG=0: without).  inner > 1 (and
-MINIDNN_SOFTMAX_V1=1), SOURCE (ce_fwd / ce_bwd), the tiling that follows.
+reduced (LONG; MINIDNN_CE_LONG=0: without).  inner > 1 (spatial targets, e.g. segmentation logits (N, C, H, W)):
+SOURCE_SPATIAL (ce_sp_fwd / ce_sp_bwd), a thread a position, coalesced across positions, one online pass over the
+classes (its comment below; session 21).  MINIDNN_CE_SPATIAL=0 and MINIDNN_SOFTMAX_V1=1: SOURCE (ce_fwd / ce_bwd),
+the tiling that follows, which reads a position's classes a warp at a time -- 32 lines for 32 values where inner > 1.
 Tiling: one warp per row (8 rows per 256-thread block, grid-stride over the rows); lane l takes classes l, l + 32, ...;
 shuffle reductions for the max, sum exp(x - max) and the smoothing sums.  'mean'/'sum': each warp keeps its rows'
 loss and weight sums, the block adds its 8 warps in order and writes one partial; the LAST block (threadfence +
@@ -229,6 +231,147 @@ ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restric
     }
 }
 """
+# ---- spatial targets (inner > 1, e.g. segmentation logits (N, C, H, W)): one thread a position ---------------------
+# Shape legend as above; position r = o * inner + i (o < N, i < inner), its classes at x[(o * C + c) * inner + i].
+# Tiling: a 256-thread block's threads take consecutive positions (grid-stride over the N * inner positions), so at
+# each class c a warp reads 32 consecutive elements of plane (o, c): coalesced, where SOURCE's warp a row reads 32
+# classes of ONE position, 32 lines for 32 values (2-4% of copy at (32, 21, 128, 128), 0.3x PyTorch: session 21).
+# A thread walks its position's C classes U at a time (U loads issued before their use).
+#   ce_sp_fwd: per position, ONE pass over the classes -- the online (max, sum): a larger value rescales the sum
+#              (s exp(m - v) + 1), an -inf row keeps shift 0 as row_stats does, NaN propagates through the max;
+#              x[t] picked on the way; the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd; 'mean' /
+#              'sum': each thread's sums, the warp's (shuffles), the block's 8 warps in order, one partial a block,
+#              the LAST block adds the partials in block order (double) -- deterministic for a grid.
+#   ce_sp_bwd: per position, dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's expression
+#              (the same bits wherever the smoothing sum of the weights is not needed: it is summed in class order
+#              here, in lane order there).
+SOURCE_SPATIAL = STORAGE_HEADER + XIN_HEADER + WARP_REDUCE + r"""
+typedef INDEX I;
+#define NEG_INF (-(A)__int_as_float(0x7f800000))
+#define U 8
+#ifndef SP_MINB
+#define SP_MINB 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, SP_MINB)
+ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+          A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
+          A* __restrict__ denom_out, const long long rows, const int C, const int inner, const long long ignore_index,
+          const double eps)
+{
+    __shared__ A warp_loss[8], warp_den[8];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool smooth = eps != 0.0;
+    A acc_loss = 0, acc_den = 0;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += step) {
+        const long long o = r / inner, i = r - o * inner;
+        const X* xr = x + o * C * (long long)inner + i;
+        const long long t = (long long)target[r];
+        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+        for (int c0 = 0; c0 < C; c0 += U) {
+            A v[U];
+#pragma unroll
+            for (int k = 0; k < U; ++k) v[k] = c0 + k < C ? LD(xr[(long long)(c0 + k) * inner]) : (A)0;
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                if (c0 + k >= C) break;
+                const A u = v[k];
+                if (u > m || u != u) {          // a new max (or NaN): the sum so far rescaled to it
+                    s = s * exp(m - u) + (A)1;
+                    m = u;
+                } else {
+                    s += exp(u - (m == NEG_INF ? (A)0 : m));
+                }
+                if (c0 + k == t) xt = u;
+                if (smooth) { const A wc = HAS_W ? LD(w[c0 + k]) : (A)1; swx += wc * u; sw += wc; }
+            }
+        }
+        const A lse = (m == NEG_INF ? (A)0 : m) + log(s);
+        const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
+        A per = 0, wt = 0;
+        if (valid) {
+            if (in_range) {
+                wt = HAS_W ? LD(w[t]) : (A)1;
+                per = -((A)(1.0 - eps) * wt * (xt - lse));
+                if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
+            } else {
+                per = wt = __int_as_float(0x7fffffff);      // NaN: a bad class index
+            }
+        }
+        lse_out[r] = lse;
+        if (REDUCTION == 0) loss_rows[r] = ST(per);
+        acc_loss += per; acc_den += wt;
+    }
+    acc_loss = warp_sum(acc_loss); acc_den = warp_sum(acc_den);
+    if (lane == 0) { warp_loss[warp] = acc_loss; warp_den[warp] = acc_den; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        A bl = 0, bd = 0;
+        for (int k = 0; k < 8; ++k) { bl += warp_loss[k]; bd += warp_den[k]; }
+        partial[2 * blockIdx.x] = bl; partial[2 * blockIdx.x + 1] = bd;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        __threadfence();
+        double tl = 0, td = 0;
+        for (int b = 0; b < gridDim.x; ++b) { tl += (double)partial[2 * b]; td += (double)partial[2 * b + 1]; }
+        denom_out[0] = (A)td;
+        if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
+        if (REDUCTION == 2) loss_out[0] = ST((A)tl);
+        *ticket = 0u;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, SP_MINB)
+ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
+          const T* __restrict__ g, const A* __restrict__ denom, X* __restrict__ dx, const long long rows, const int C,
+          const int inner, const long long ignore_index, const double eps)
+{
+    const bool smooth = eps != 0.0;
+    A sw = (A)C;
+    if (smooth && HAS_W) {
+        sw = 0;
+        for (int c = 0; c < C; ++c) sw += LD(w[c]);      // the same address across the block: a broadcast
+    }
+    A gm = LD(g[0]);
+    if (REDUCTION == 1) gm /= denom[0];
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += step) {
+        const long long o = r / inner, i = r - o * inner;
+        const long long base = o * C * (long long)inner + i;
+        const long long t = (long long)target[r];
+        if (t == ignore_index) {
+            for (int c = 0; c < C; ++c) dx[base + (long long)c * inner] = STX((A)0);
+            continue;
+        }
+        const A gr = REDUCTION == 0 ? LD(g[r]) : gm;
+        const bool in_range = t >= 0 && t < C;
+        const A wt = in_range ? (HAS_W ? LD(w[t]) : (A)1) : (A)__int_as_float(0x7fffffff);
+        const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
+        const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
+        const A lse = lse_in[r];
+        for (int c0 = 0; c0 < C; c0 += U) {
+            A v[U];
+#pragma unroll
+            for (int k = 0; k < U; ++k) v[k] = c0 + k < C ? LD(x[base + (long long)(c0 + k) * inner]) : (A)0;
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                const int c = c0 + k;
+                if (c >= C) break;
+                A q = (c == t) ? (A)(1.0 - eps) * wt : (A)0;
+                if (smooth) q += (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1);
+                const A qg = q != (A)0 ? q * gr : (A)0;
+                dx[base + (long long)c * inner] = STX(exp(v[k] - lse) * sumqg - qg);
+            }
+        }
+    }
+}
+"""
+
 
 # ---- rows (inner = 1): softmax_kernels' ROW_HEADER tiling, the row read once (ce_rows_fwd) ---------------------------
 # ce_rows_fwd: G threads per row hold it in registers (NV vectors of VEC elements each, chunk by chunk past 16K
@@ -1059,6 +1202,10 @@ def tail_defines(defines) -> tuple:
 # float32 (4096, 32000) "1" 1.35x (64% -> 87% of copy), (2048, 50257) 1.19x, (1024, 128256) 1.21x; bfloat16 "1"
 # 1.10 / 1.10 / 0.98x, "2" 1.18 / 1.47 / 1.01x (85% / 80% / 85%); widened bf16 1.08 / 1.00 / 1.02x.  Module attribute
 # read at planning time (tools/ce_long_ab.py flips it).
+# Spatial targets (inner > 1): SOURCE_SPATIAL's thread a position (True, the default since session 21) or SOURCE's
+# warp a position (False: MINIDNN_CE_SPATIAL=0; read at import -- tools set the attribute and clear _plans).
+CE_SPATIAL = os.environ.get("MINIDNN_CE_SPATIAL", "1") != "0"
+
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
 # where the rows are whole -- not RAGGED -- and MINB blocks of three slots fit an SM: 16-bit and widened logits'
@@ -1118,13 +1265,14 @@ def supports(x, target, weight, widen=False) -> bool:
 
 
 _kernel_cache: dict = {}
+_SOURCES = {"ROWS": SOURCE_ROWS, "WARPS": SOURCE, "SPATIAL": SOURCE_SPATIAL}
 
 
 def _kernel(source, name, defines):
     key = (source, name, defines)
     k = _kernel_cache.get(key)
     if k is None:
-        k = _kernel_cache[key] = _launch.get_kernel(SOURCE_ROWS if source == "ROWS" else SOURCE, name,
+        k = _kernel_cache[key] = _launch.get_kernel(_SOURCES[source], name,
                                                     tuple(f"-D{d}" for d in defines) + ("-std=c++14",))
     return k
 
@@ -1171,6 +1319,11 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         return ("ROWS", name.replace("ce_", "ce_rows_"),
                 base + defines + (f"SMOOTH={int(eps != 0)}", f"FASTX={int(ce_fast(dtype))}"),
                 -(-rows // (cfg.block // cfg.g)), per_sm, cfg.block)
+    if CE_SPATIAL and not _sk.V1:       # inner > 1: a thread a position (SOURCE_SPATIAL); the forward's grid at most
+        # the resident blocks (8 an SM: each block ends with a partial and the ticket)
+        minb = 2 if accum == "double" else 4         # <= 64 registers (float, 16-bit): four blocks an SM, no spill
+        return ("SPATIAL", name.replace("ce_", "ce_sp_"), base + (f"SP_MINB={minb}",), -(-rows // THREADS),
+                minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
 
@@ -1276,7 +1429,7 @@ def _compile_check(out_dir):
                     source, kname, defines, *_ = launch_spec(name, (8, c), _sk._dtype_of(dtype), np.int64, hw, red,
                                                              eps, widen)
                     path = os.path.join(out_dir, f"{kname}_{dtype}{'w' * widen}_{c}_{hw}{red}{eps}.cu")
-                    _launch.write_source(path, SOURCE_ROWS if source == "ROWS" else SOURCE, defines)
+                    _launch.write_source(path, _SOURCES[source], defines)
                     files.append(path)
     return files
 

@@ -1,0 +1,228 @@
+"""Cross-entropy with spatial targets (logits (N, C, *d), targets (N, *d)) on the GPU: loss_kernels.SOURCE_SPATIAL,
+a thread a position (session 21).  CPU: the planner's route and the nvcc builds; cuda: loss, lse, denom and dx
+against the float64 reference, the special values against the previous warp-a-position kernels, a bad class index,
+16-bit and widened logits, repeat calls, and F.cross_entropy's autograd on a 4-D GPU tensor against the CPU."""
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import minidnn.backend as B
+from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import loss_kernels as _lk
+from minidnn.backend.cuda import softmax_kernels as _sk
+from tests import _nvcc
+from tests.backend.test_softmax_rows_cuda import _dtype
+
+
+def _defs(defines):
+    return dict(d.split("=", 1) for d in defines)
+
+
+# ---- CPU: the route ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["float32", "float64", "bfloat16", "float16"])
+def test_spatial_route(monkeypatch, name):
+    """inner > 1 takes the thread-a-position kernels (four 256-thread blocks an SM, two in float64; the forward's grid
+    capped at those); inner == 1 keeps the row kernels; MINIDNN_CE_SPATIAL=0 (or the V1 kernels) the warp kernels."""
+    dt = _dtype(name)
+    for shape in ((4, 21, 128, 128), (2, 5, 3), (8, 1000, 2)):
+        rows = shape[0] * int(np.prod(shape[2:]))
+        for kname in ("ce_fwd", "ce_bwd"):
+            src, k, defines, groups, per_sm, block = _lk.launch_spec(kname, shape, dt, np.int64, True, "mean", 0.1)
+            assert (src, k, block) == ("SPATIAL", kname.replace("ce_", "ce_sp_"), 256)
+            minb = 2 if name == "float64" else 4
+            assert _defs(defines)["SP_MINB"] == str(minb)
+            assert groups == -(-rows // 256)
+            assert per_sm == (minb if kname == "ce_fwd" else 16)
+    assert _lk.launch_spec("ce_fwd", (64, 1000), dt, np.int64, False, "mean")[0] == "ROWS"
+    monkeypatch.setattr(_lk, "CE_SPATIAL", False)
+    assert _lk.launch_spec("ce_fwd", (4, 21, 8, 8), dt, np.int64, False, "mean")[0] == "WARPS"
+    monkeypatch.setattr(_lk, "CE_SPATIAL", True)
+    monkeypatch.setattr(_sk, "V1", True)
+    assert _lk.launch_spec("ce_bwd", (4, 21, 8, 8), dt, np.int64, False, "mean")[0] == "WARPS"
+
+
+def _spatial_builds():
+    jobs = []
+    for name, widen in (("float32", False), ("float64", False), ("bfloat16", False), ("float16", False),
+                        ("bfloat16", True), ("float16", True)):
+        for kname in ("ce_fwd", "ce_bwd"):
+            for w, red, eps, index in ((False, "mean", 0.0, np.int64), (True, "none", 0.1, np.int32),
+                                       (True, "sum", 0.1, np.int64), (False, "none", 0.0, np.int64)):
+                src, k, defines, *_ = _lk.launch_spec(kname, (8, 21, 16, 16), _dtype(name), index, w, red, eps, widen)
+                jobs.append((k, defines, name))
+    return jobs
+
+
+SPATIAL_BUILDS = _nvcc.cover(_spatial_builds(), lambda b: _nvcc.define_features([b[0]], b[1]),
+                             lambda b: "HAS_W=0" in b[1] and "REDUCTION=1" in b[1])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_spatial_compiles_without_spills():
+    """nvcc sm_90: every planned configuration builds, none spills, and the launch bounds hold (<= 64 registers at
+    four blocks an SM, 128 at two)."""
+    built = _nvcc.build([(_lk.SOURCE_SPATIAL, d) for _, d, _ in SPATIAL_BUILDS],
+                        entries=[(k,) for k, _, _ in SPATIAL_BUILDS])
+    for (k, defines, name), r in zip(SPATIAL_BUILDS, built):
+        assert r.returncode == 0, r.stderr[:1500]
+        m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores.*?Used (\d+) registers" % k,
+                      r.stderr, re.S)
+        assert m is not None, r.stderr[:1500]
+        spills, regs = int(m.group(1)), int(m.group(2))
+        assert spills == 0, (k, name, defines)
+        assert regs <= 65536 // (256 * int(_defs(defines)["SP_MINB"])), (k, name, regs)
+
+
+# ---- cuda ----------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cp():
+    if not _dev.cuda_is_available():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    return _dev.require_cupy()
+
+
+def _host(a):
+    return None if a is None else (a.get() if hasattr(a, "get") else np.asarray(a))
+
+
+def _inputs(rng, shape, name, weighted, ignore, index=np.int64, scale=3.0):
+    c = shape[1]
+    x = (rng.standard_normal(shape) * scale).astype(np.float32).astype(_dtype(name))
+    t = rng.integers(0, c, (shape[0],) + tuple(shape[2:])).astype(index)
+    t[rng.random(t.shape) < ignore] = -100
+    w = (rng.random(c) + 0.1).astype(np.float32) if weighted else None
+    return x, t, w
+
+
+def _reference(x, t, w, eps, reduction, g):
+    """float64 loss, lse and dx of the backend's CPU reference."""
+    x64 = x.astype(np.float64)
+    w64 = None if w is None else w.astype(np.float64)
+    loss, lse, den = B.softmax_cross_entropy_forward(None, x64, t, w64, -100, eps, reduction)
+    dx = B.softmax_cross_entropy_backward(None, x64, t, g, lse, den, w64, -100, eps, reduction)
+    return np.asarray(loss), np.asarray(lse), np.asarray(den), np.asarray(dx)
+
+
+TOLS = {"float32": (3e-6, 2e-6), "float64": (1e-12, 1e-13), "bfloat16": (1e-2, 2e-3), "float16": (2e-3, 3e-4)}
+
+SHAPES = [((2, 5, 3, 7), False, 0.0, 0.0), ((4, 21, 33, 17), True, 0.1, 0.2), ((3, 150, 8, 8), False, 0.05, 0.0),
+          ((2, 8, 5), True, 0.0, 0.5), ((1, 9, 1, 300), False, 0.0, 0.0), ((5, 2, 64, 3), True, 0.2, 1.0)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "float64", "bfloat16", "float16"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("case", SHAPES, ids=[str(s[0]) for s in SHAPES])
+def test_spatial_against_float64(cp, name, reduction, case):
+    """loss, lse, the 'mean' denominator and dx against the float64 reference, the weights in x's dtype (16-bit data:
+    float32 parameters are not this primitive's contract, so the weights are rounded to x's dtype first)."""
+    shape, weighted, eps, ignore = case
+    rng = np.random.default_rng(abs(hash((shape, name, reduction))) % 2 ** 32)
+    dt = _dtype(name)
+    x, t, w = _inputs(rng, shape, name, weighted, ignore)
+    w = None if w is None else w.astype(dt)
+    g_shape = () if reduction != "none" else t.shape
+    g = rng.standard_normal(g_shape).astype(np.float32).astype(dt)
+    loss_r, lse_r, den_r, dx_r = _reference(x, t, w, eps, reduction, np.asarray(g, np.float64))
+    assert _lk.launch_spec("ce_fwd", shape, dt, np.int64, weighted, reduction, eps)[0] == "SPATIAL"
+    xd, td, wd = cp.asarray(x), cp.asarray(t), None if w is None else cp.asarray(w)
+    loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, eps, reduction)
+    dx = B.softmax_cross_entropy_backward(None, xd, td, cp.asarray(g), lse, den, wd, -100, eps, reduction)
+    rtol, atol = TOLS[name]
+    mag = np.abs(x.astype(np.float64)).max() + 1
+    np.testing.assert_allclose(_host(lse), lse_r.reshape(t.shape), rtol=max(rtol, 3e-7), atol=atol * mag)
+    np.testing.assert_allclose(_host(den), den_r, rtol=max(rtol, 1e-6))
+    scale = 1.0 if reduction != "sum" else float(np.prod(t.shape))
+    np.testing.assert_allclose(_host(loss).astype(np.float64), loss_r, rtol=rtol * 4, atol=atol * mag * scale * 4,
+                               equal_nan=True)
+    np.testing.assert_allclose(_host(dx).astype(np.float64), dx_r, rtol=rtol * 4, atol=atol * 4 * np.abs(
+        np.asarray(g, np.float64)).max())
+    if ignore == 1.0:
+        assert not _host(dx).astype(np.float64).any()
+    # deterministic: the same call again, the same bits
+    loss2, lse2, _ = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, eps, reduction)
+    assert np.array_equal(_host(loss2), _host(loss), equal_nan=True) and np.array_equal(_host(lse2), _host(lse))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+def test_spatial_widened(cp, name):
+    """16-bit logits read as float32 (autocast's cross-entropy, widen): the float32 kernel's loss and lse on
+    x.astype(float32), bitwise, and dx that dx .astype(x's dtype)."""
+    rng = np.random.default_rng(5)
+    x, t, w = _inputs(rng, (4, 19, 17, 9), name, True, 0.1)
+    xd, td, wd = cp.asarray(x), cp.asarray(t), cp.asarray(w)
+    x32 = xd.astype(np.float32)
+    for reduction in ("mean", "none"):
+        loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, 0.1, reduction, True)
+        loss32, lse32, den32 = B.softmax_cross_entropy_forward(None, x32, td, wd, -100, 0.1, reduction)
+        assert np.array_equal(_host(loss), _host(loss32)) and np.array_equal(_host(lse), _host(lse32))
+        g = cp.ones(loss.shape, np.float32)
+        dx = B.softmax_cross_entropy_backward(None, xd, td, g, lse, den, wd, -100, 0.1, reduction, True)
+        dx32 = B.softmax_cross_entropy_backward(None, x32, td, g, lse32, den32, wd, -100, 0.1, reduction)
+        assert dx.dtype == xd.dtype and np.array_equal(_host(dx), _host(dx32.astype(xd.dtype)))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_spatial_special_values_as_warp_kernels(cp, monkeypatch, name):
+    """NaN, +-inf and all -inf positions, and a class index out of range, give the previous warp kernels' NaN / inf
+    pattern: the per-position loss, lse and dx agree in where they are not finite and in value elsewhere."""
+    rng = np.random.default_rng(11)
+    dt = _dtype(name)
+    x, t, _ = _inputs(rng, (2, 6, 4, 5), name, False, 0.0)
+    x[0, 2, 0, 0] = np.nan
+    x[0, :, 0, 1] = -np.inf                       # a wholly masked position
+    x[0, 3, 0, 2] = np.inf                        # one +inf
+    x[0, 1, 0, 3] = x[0, 4, 0, 3] = np.inf        # two: NaN
+    x[1, :, 1, 1] = -np.inf
+    x[1, 0, 1, 1] = 0                             # all -inf but one
+    x[1, 5, 2, 2] = -np.inf                       # -inf at the target
+    t[1, 2, 2] = 5
+    t[1, 3, 3] = 6                                # out of range: NaN
+    t[1, 3, 4] = -100                             # ignored
+    xd, td = cp.asarray(x.astype(dt)), cp.asarray(t)
+    out = {}
+    for spatial in (True, False):
+        monkeypatch.setattr(_lk, "CE_SPATIAL", spatial)
+        _lk._plans.clear()
+        loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, None, -100, 0.0, "none")
+        dx = B.softmax_cross_entropy_backward(None, xd, td, cp.ones(loss.shape, loss.dtype), lse, den, None, -100,
+                                              0.0, "none")
+        out[spatial] = [_host(a).astype(np.float64) for a in (loss, lse, dx)]
+    _lk._plans.clear()
+    rtol = 1e-6 if name == "float32" else 1e-2
+    for a, b in zip(out[True], out[False]):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        np.testing.assert_array_equal(np.isposinf(a), np.isposinf(b))
+        np.testing.assert_array_equal(np.isneginf(a), np.isneginf(b))
+        f = np.isfinite(a)
+        np.testing.assert_allclose(a[f], b[f], rtol=rtol, atol=rtol)
+    assert np.isnan(out[True][0][1, 3, 3]) and out[True][0][1, 3, 4] == 0
+    assert np.isnan(out[True][0][0, 0, 3]) and np.isneginf(out[True][1][0, 0, 1])
+
+
+@pytest.mark.cuda
+def test_cross_entropy_4d_autograd_matches_cpu(cp):
+    """F.cross_entropy on a (N, C, H, W) GPU tensor (a segmentation loss) -- one launch forward, one backward -- and
+    its gradient, against the same call on the CPU (float64 math there)."""
+    import minidnn as mdn
+    from minidnn.backend.cuda import launch
+    rng = np.random.default_rng(3)
+    x, t, w = _inputs(rng, (3, 7, 20, 12), "float32", True, 0.1)
+    grads = {}
+    for device in ("cpu", "cuda"):
+        xt = mdn.tensor(x.astype(np.float64) if device == "cpu" else x, device=device, requires_grad=True)
+        wt = mdn.tensor(w.astype(np.float64) if device == "cpu" else w, device=device)
+        n0 = launch.launch_count()
+        loss = mdn.nn.functional.cross_entropy(xt, mdn.tensor(t, device=device), weight=wt, label_smoothing=0.1)
+        loss.backward()
+        if device == "cuda":
+            assert launch.launch_count() - n0 <= 4      # forward, backward (+ the seed's fill and its reduction)
+        grads[device] = (float(loss.item()), _host(xt.grad.data))
+    assert abs(grads["cuda"][0] - grads["cpu"][0]) <= 1e-5 * abs(grads["cpu"][0])
+    np.testing.assert_allclose(grads["cuda"][1], grads["cpu"][1], rtol=1e-4, atol=1e-7)
