@@ -77,6 +77,19 @@ def test_plan(args, want):
     assert p.vpt == -(-nvec // (p.cl * p.nt))            # the fewest vectors a thread for that cluster
 
 
+def test_row_caps_of_the_rule(monkeypatch):
+    """BWD_ROWS_PER_SM (4) caps the backward under "1" at 528 rows on 132 SMs; FWD_ROWS_PER_SM (0: none) the
+    forward; "all" takes no cap."""
+    f32 = np.dtype(np.float32)
+    assert SC.plan(528, 50257, f32, "LOG", True, 0, "1") is not None
+    assert SC.plan(529, 50257, f32, "LOG", True, 0, "1") is None
+    assert SC.plan(529, 50257, f32, "LOG", True, 0, "all") is not None
+    assert SC.plan(100000, 50257, f32, "LOG", False, 0, "1") is not None
+    monkeypatch.setattr(SC, "FWD_ROWS_PER_SM", 8)
+    assert SC.plan(1056, 50257, f32, "LOG", False, 0, "1") is not None
+    assert SC.plan(1057, 50257, f32, "LOG", False, 0, "1") is None
+
+
 def test_plan_refuses_a_bad_setting():
     with pytest.raises(ValueError, match="'0', '1' or 'all'"):
         SC.plan(64, 50257, np.float32, "LOG", False, 0, "2")

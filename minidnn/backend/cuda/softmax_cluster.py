@@ -71,6 +71,9 @@ MINB_BWD = 5
 # backward (BWD_STASH 6) reaches 80-92% of copy at thousands of rows; few rows quantise into its waves of one block
 # a row (300 rows on 264 slots: two waves)
 BWD_ROWS_PER_SM = 4
+# "1": the forward's cap likewise (0: none -- the forward row kernels lost to PyTorch at every 50257-class row count
+# measured); a module attribute for the A/B's verdict, should the clusters lose where many rows stream already
+FWD_ROWS_PER_SM = 0
 
 SOURCE = STORAGE_HEADER + r"""
 #define VEC (16 / (int)sizeof(T))
@@ -428,7 +431,8 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None):
     on compute capability 9.0+, whose body fits CL_MAX * 512 * VPT_MAX vectors (float32 <= 65539 elements, 16-bit
     <= 131078) -- FAST (no max) is refused: its overflow guard (softmax_kernels' fast_scale) has no cluster
     version.  "1" takes only rows softmax_kernels' one-chunk block path does not hold and the backward only calls
-    of at most BWD_ROWS_PER_SM rows an SM; "all" every row of at least 32 vectors.  ``force``: (CL, NT) where the
+    of at most BWD_ROWS_PER_SM rows an SM (the forward: FWD_ROWS_PER_SM, 0 none); "all" every row of at least 32
+    vectors.  ``force``: (CL, NT) where the
     row fits them (tests)."""
     setting = CLUSTER if setting is None else setting
     if setting not in SETTINGS:
@@ -445,7 +449,8 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None):
     if setting == "1":
         if one_chunk_holds(c, item, backward):
             return None
-        if backward and rows > BWD_ROWS_PER_SM * sms:
+        cap = BWD_ROWS_PER_SM if backward else FWD_ROWS_PER_SM
+        if cap and rows > cap * sms:
             return None
     if force:
         cl, nt = force
