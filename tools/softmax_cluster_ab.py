@@ -7,9 +7,11 @@ device time only (CUDA-graph replays), in one process, PyTorch beside.
 Ops: smx / lsmx the softmax / log-softmax forward, smxbwd / lsmxbwd their backwards (y of the same algorithm).
 Settings: "0" the row kernels (softmax_kernels' plan: the reference of the ratio column), "all" the cluster kernels
 wherever they hold the row, "1" the rule (`softmax_cluster.plan`: rows the one-chunk block path does not hold; the
-backward only up to BWD_ROWS_PER_SM rows an SM).  A setting that plans the same launch as an earlier one is not timed
-again (its line says "= all", ...); a case where every setting plans the row kernels is skipped (float32 128000
-classes: more than 8 x 512 x 4 vectors).
+backward only up to BWD_ROWS_PER_SM rows an SM); a setting may force the launch's shape where the row fits it:
+"all:cl8" (8 blocks a cluster), "all:nt512" (512 threads a block), "all:cl4:nt512" (FORCE_CL / FORCE_NT), e.g.
+--settings 0,all,all:nt512,all:cl8 to test the rule's choice of NT and CL.  A setting that plans the same launch as
+an earlier one is not timed again (its line says "= all", ...); a case where every setting plans the row kernels is
+skipped (float32 128000 classes: more than 8 x 512 x 4 vectors).
 PyTorch: torch.softmax / torch.log_softmax forward; torch._softmax_backward_data / _log_softmax_backward_data
 backward (the kernels autograd calls, without autograd's host work), timed in the same alternated rounds.
 Method: per case `rounds` rounds; a round times every distinct setting and PyTorch in turn (the order reversed every
@@ -45,7 +47,7 @@ def _mods():
     from minidnn.backend.cuda import softmax_cluster as sc
     from minidnn.backend.cuda import softmax_kernels as sk
     if not _START:
-        _START.append(sc.CLUSTER)
+        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT))
     return sc, sk
 
 
@@ -59,15 +61,33 @@ def forget():
             v.clear()
 
 
+def parse(setting):
+    """"S[:clN][:ntN]" -> (S, CL, NT): the setting S with the launch shape forced (FORCE_CL / FORCE_NT; 0: the
+    rule's)."""
+    sc, _ = _mods()
+    base, *mods = setting.split(":")
+    cl = nt = 0
+    for m in mods:
+        if m.startswith("cl") and m[2:].isdigit():
+            cl = int(m[2:])
+        elif m.startswith("nt") and m[2:].isdigit():
+            nt = int(m[2:])
+        else:
+            raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}) or ntN ({sc.NTS})")
+    if base not in sc.SETTINGS or not 0 <= cl <= sc.CL_MAX or nt not in (0,) + sc.NTS:
+        raise ValueError(f"setting {setting!r}: one of {sc.SETTINGS}, then :clN (1..{sc.CL_MAX}) :ntN ({sc.NTS})")
+    return base, cl, nt
+
+
 def switch(setting):
     sc, _ = _mods()
-    sc.CLUSTER = setting
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT = parse(setting)
     forget()
 
 
 def restore():
     sc, _ = _mods()
-    sc.CLUSTER = _START[0]
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT = _START[0]
     forget()
 
 
@@ -76,7 +96,8 @@ def plan_of(op, shape, dt, setting, dev=0):
     sc, sk = _mods()
     _, algo, bwd = OPS[op]
     rows, c = shape
-    p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, setting)
+    base, cl, nt = parse(setting)
+    p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, base, (cl, nt))
     if p is not None:
         return ("cluster", p)
     hint = sk.call_hint(bwd, rows * c * np.dtype(dt).itemsize * (3 if bwd else 2), dev)
@@ -196,8 +217,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sc, _ = _mods()
     settings = [s for s in args.settings.split(",") if s]
-    if any(s not in sc.SETTINGS for s in settings):
-        ap.error(f"--settings {args.settings!r}: values among {sc.SETTINGS}")
+    try:
+        [parse(s) for s in settings]
+    except ValueError as exc:
+        ap.error(f"--settings: {exc}")
     ops = [o for o in args.ops.split(",") if o]
     if any(o not in OPS for o in ops):
         ap.error(f"--ops {args.ops!r}: values among {tuple(OPS)}")

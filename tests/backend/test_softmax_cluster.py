@@ -579,8 +579,16 @@ def test_ab_tool_plans(monkeypatch):
     assert T.plan_of("lsmxbwd", (300, 50257), f32, "1") == ("cluster", SC.Launch(7, 512, 4, 2, 2100))
     assert T.plan_of("smx", (128, 128000), f32, "all")[0] == "rows"
     assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 512, 4, 4, 1024)
-    start = SC.CLUSTER
-    T.switch("all")
-    assert SC.CLUSTER == "all" and not _sk._plans
+    bf = _dtype("bfloat16")
+    assert T.plan_of("smx", (300, 50257), bf, "all")[1] == SC.Launch(7, 256, 4, 8, 2100)
+    assert T.plan_of("smx", (300, 50257), bf, "all:nt512")[1] == SC.Launch(4, 512, 4, 4, 1200)
+    assert T.plan_of("smx", (300, 50257), bf, "all:cl8:nt512")[1] == SC.Launch(8, 512, 2, 4, 2400)
+    assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[0] == "rows"         # 12564 vectors: > 8 x 256 x 4
+    with pytest.raises(ValueError):
+        T.parse("all:cl9")
+    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT)
+    T.switch("all:cl8:nt512")
+    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT) == ("all", 8, 512) and not _sk._plans
+    assert SC.plan(300, 50257, bf, "LOG", True, 0) == SC.Launch(8, 512, 2, 2, 2400)
     T.restore()
-    assert SC.CLUSTER == start
+    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT) == start

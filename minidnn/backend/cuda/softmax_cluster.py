@@ -74,6 +74,11 @@ BWD_ROWS_PER_SM = 4
 # "1": the forward's cap likewise (0: none -- the forward row kernels lost to PyTorch at every 50257-class row count
 # measured); a module attribute for the A/B's verdict, should the clusters lose where many rows stream already
 FWD_ROWS_PER_SM = 0
+# The shape of a launch for the A/B (module attributes read at planning time -- set them and forget the plans, as
+# tools/softmax_cluster_ab.py's "all:cl8:nt512" settings do): a cluster size / block size the plan must take where the
+# row fits it (0: the rule's choice)
+FORCE_CL = 0
+FORCE_NT = 0
 
 SOURCE = STORAGE_HEADER + r"""
 #define VEC (16 / (int)sizeof(T))
@@ -410,18 +415,19 @@ def _sms(dev):
         return 132
 
 
-def choose(rows, nvec, backward, sms):
+def choose(rows, nvec, backward, sms, cl=0, nt=0):
     """(CL, NT, VPT) holding ``nvec`` body vectors a row, or None: the smallest NT, then the smallest CL, whose
     blocks hold their share in at most VPT_MAX vectors a thread (the most bytes in flight a thread; the most rows
     resident at once when the call has more rows than block slots); then, while rows * CL leaves SMs without a
-    block, a larger CL (smaller shares: every SM reads) where CL_MAX allows."""
-    for nt in NTS:
-        for cl in range(1, CL_MAX + 1):
-            vpt = -(-nvec // (cl * nt))
-            if vpt <= VPT_MAX:
-                while rows * cl < sms and cl < CL_MAX and nvec >= (cl + 1) * 32:
-                    cl += 1
-                return cl, nt, -(-nvec // (cl * nt))
+    block, a larger CL (smaller shares: every SM reads) where CL_MAX allows.  ``cl`` / ``nt`` (non-zero): that
+    cluster size / block size only (FORCE_CL / FORCE_NT: the A/B of the rule's shape; no growing of CL then)."""
+    for t in ((nt,) if nt else NTS):
+        for c in ((cl,) if cl else range(1, CL_MAX + 1)):
+            vpt = -(-nvec // (c * t))
+            if vpt <= VPT_MAX and t in NTS and 1 <= c <= CL_MAX:
+                while not cl and rows * c < sms and c < CL_MAX and nvec >= (c + 1) * 32:
+                    c += 1
+                return c, t, -(-nvec // (c * t))
     return None
 
 
@@ -432,8 +438,7 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None):
     <= 131078) -- FAST (no max) is refused: its overflow guard (softmax_kernels' fast_scale) has no cluster
     version.  "1" takes only rows softmax_kernels' one-chunk block path does not hold and the backward only calls
     of at most BWD_ROWS_PER_SM rows an SM (the forward: FWD_ROWS_PER_SM, 0 none); "all" every row of at least 32
-    vectors.  ``force``: (CL, NT) where the
-    row fits them (tests)."""
+    vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL, FORCE_NT)."""
     setting = CLUSTER if setting is None else setting
     if setting not in SETTINGS:
         raise ValueError(f"softmax_cluster.CLUSTER = {setting!r} (MINIDNN_SOFTMAX_CLUSTER): '0', '1' or 'all'")
@@ -452,14 +457,7 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None):
         cap = BWD_ROWS_PER_SM if backward else FWD_ROWS_PER_SM
         if cap and rows > cap * sms:
             return None
-    if force:
-        cl, nt = force
-        vpt = -(-nvec // (cl * nt))
-        if not (1 <= cl <= CL_MAX and nt in NTS and vpt <= VPT_MAX):
-            return None
-        got = (cl, nt, vpt)
-    else:
-        got = choose(rows, nvec, backward, sms)
+    got = choose(rows, nvec, backward, sms, *(force or (FORCE_CL, FORCE_NT)))
     if got is None or rows * got[0] >= 2 ** 31:
         return None
     cl, nt, vpt = got
