@@ -92,7 +92,8 @@ def restore():
 
 
 def plan_of(op, shape, dt, setting, dev=0):
-    """What ``op`` launches under ``setting``: ("cluster", Launch) or ("rows", the row kernels' Spec)."""
+    """What ``op`` launches under ``setting``: ("cluster", Launch) or ("rows", the row kernels' Spec, with the call's
+    cache hint and stash as plan() takes them)."""
     sc, sk = _mods()
     _, algo, bwd = OPS[op]
     rows, c = shape
@@ -120,11 +121,11 @@ def precompile(ops, dtype_names, shapes, settings):
         for op in ops:
             for shape in shapes:
                 for s in settings:
-                    kind, x = plan_of(op, shape, dt, s)
-                    if kind == "cluster":
-                        jobs.append((name, OPS[op][1].upper(), OPS[op][2], x))
+                    p = plan_of(op, shape, dt, s)
+                    if p[0] == "cluster":
+                        jobs.append((name, OPS[op][1].upper(), OPS[op][2], p[1]))
                     else:
-                        specs.append(x)
+                        specs.append(p[1])
     return sk.precompile(specs) + sc.precompile(jobs)
 
 

@@ -484,7 +484,8 @@ def kernel_name(backward):
 
 
 def prepare(rows, c, dtype, algo_name, backward, launch):
-    """A Prepared launch called as go(x, y) or go(y, dy, dx)."""
+    """A Prepared launch called as go(x, y) or go(y, dy, dx).  (No cache hint: the forward's streaming stores,
+    st.global.cs as the row kernels' HINT_FWD, spilled 4-12 bytes at the 32-register bound -- nvcc 13, sm_90.)"""
     k = _launch.get_kernel(SOURCE, kernel_name(backward), options(dtype, algo_name, launch))
     return _launch.prepare(k, (launch.grid,), (launch.nt,), [None] * (3 if backward else 2) + [np.int32(c)])
 
