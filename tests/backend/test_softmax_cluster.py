@@ -407,10 +407,17 @@ def cluster_all(monkeypatch):
     _reset_plans()
 
 
+def _f64(cp, a):
+    """float64 on the device (bfloat16 through its bits: the float32 with the same top half)."""
+    if a.dtype.itemsize == 2 and a.dtype.kind == "V":
+        return (a.view(cp.uint16).astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
+    return a.astype(cp.float64)
+
+
 def _check(cp, got, ref, name, what, scale=1.0, mag=None):
     """As test_softmax_rows_cuda._close, on the device: |got - ref| <= tol (|ref| + 1e-2 row max + mag), NaN
     exactly where the reference is NaN, infinities equal."""
-    got = got.astype(cp.float64)
+    got = _f64(cp, got)
     tol = RTOL[name] * scale
     err = cp.abs(got - ref)
     fin = cp.where(cp.isfinite(ref), cp.abs(ref), 0.0)
@@ -463,7 +470,7 @@ def test_cluster_rows_against_float64(cp, cluster_all, name, c):
         rng = np.random.default_rng(rows * 7 + c)
         xd = cp.asarray((rng.standard_normal((rows, c)) * 3).astype(dtype))
         dyd = cp.asarray(rng.standard_normal((rows, c)).astype(dtype))
-        x64 = xd.astype(cp.float64)
+        x64 = _f64(cp, xd)
         for algo in ("accurate", "log"):
             held = SC.plan(rows, c, dtype, algo.upper(), False, 0) is not None
             assert held == (name != "float32" or c <= 65536)
@@ -474,8 +481,7 @@ def test_cluster_rows_against_float64(cp, cluster_all, name, c):
             assert isinstance(plan, _sk._ClusterPlan) == held and (not held or plan.old is None)
             what = f"{name} ({rows}, {c}) {algo}"
             _check(cp, y, _dev_ref_fwd(cp, x64, algo), name, what + " forward", scale=4 if algo == "log" else 1)
-            y64 = y.astype(cp.float64)
-            ref, mag = _dev_ref_bwd(cp, y64, dyd.astype(cp.float64), algo)
+            ref, mag = _dev_ref_bwd(cp, _f64(cp, y), _f64(cp, dyd), algo)
             dx = B.softmax_backward(None, algo, None, y, dyd, axis=-1)
             _check(cp, dx, ref, name, what + " backward", scale=8, mag=mag)
             if rows == 300:
@@ -498,7 +504,7 @@ def test_special_values_as_the_row_kernels(cp, monkeypatch, name, c):
     x = _special_rows(rows, c, c).astype(dtype)
     xd = cp.asarray(x)
     dy = cp.asarray(np.random.default_rng(c).standard_normal((rows, c)).astype(dtype))
-    x64 = xd.astype(cp.float64)
+    x64 = _f64(cp, xd)
     got = {}
     for setting in ("0", "all"):
         monkeypatch.setattr(SC, "CLUSTER", setting)
@@ -509,7 +515,7 @@ def test_special_values_as_the_row_kernels(cp, monkeypatch, name, c):
             got[setting, algo, "bwd"] = B.softmax_backward(None, algo, None, got["0", algo], dy, axis=-1)
     for algo in ("accurate", "log"):
         for key in ((algo,), (algo, "bwd")):
-            a, b = got[("all",) + key].astype(cp.float64), got[("0",) + key].astype(cp.float64)
+            a, b = _f64(cp, got[("all",) + key]), _f64(cp, got[("0",) + key])
             assert bool((cp.isnan(a) == cp.isnan(b)).all()), f"{key}: NaN positions differ from the row kernels"
             assert bool((cp.isinf(a) == cp.isinf(b)).all()) and bool((a[cp.isinf(a)] == b[cp.isinf(b)]).all())
         _check(cp, got["all", algo], _dev_ref_fwd(cp, x64, algo), name, f"{algo} special rows",
@@ -518,7 +524,7 @@ def test_special_values_as_the_row_kernels(cp, monkeypatch, name, c):
         assert _sk.plan(xd, (1,), algo.upper()).old is not None          # the fallback launched
         _check(cp, ym, _dev_ref_fwd(cp, x64, algo), name, f"{algo} misaligned", scale=4 if algo == "log" else 1)
         y = got["0", algo]
-        ref, mag = _dev_ref_bwd(cp, y.astype(cp.float64), dy.astype(cp.float64), algo)
+        ref, mag = _dev_ref_bwd(cp, _f64(cp, y), _f64(cp, dy), algo)
         dxm = B.softmax_backward(None, algo, None, _misaligned(cp, y), _misaligned(cp, dy), axis=-1)
         ok = ~cp.isnan(ref)
         _check(cp, dxm[ok], ref[ok], name, f"{algo} backward misaligned", scale=8, mag=mag[ok])
