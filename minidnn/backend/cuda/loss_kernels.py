@@ -236,19 +236,24 @@ ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restric
 # Tiling: a 256-thread block's threads take consecutive positions (grid-stride over the N * inner positions), so at
 # each class c a warp reads 32 consecutive elements of plane (o, c): coalesced, where SOURCE's warp a row reads 32
 # classes of ONE position, 32 lines for 32 values (2-4% of copy at (32, 21, 128, 128), 0.3x PyTorch: session 21).
-# A thread walks its position's C classes U at a time (U loads issued before their use).
+# A thread walks its position's C classes U at a time (U loads issued before their use: the planner's U, 16 forward,
+# 8 backward -- bytes in flight where few positions leave few threads, e.g. (8, 150, 64, 64): 128 blocks).
 #   ce_sp_fwd: per position, ONE pass over the classes -- the online (max, sum): a larger value rescales the sum
 #              (s exp(m - v) + 1), an -inf row keeps shift 0 as row_stats does, NaN propagates through the max;
 #              x[t] picked on the way; the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd; 'mean' /
 #              'sum': each thread's sums, the warp's (shuffles), the block's 8 warps in order, one partial a block,
-#              the LAST block adds the partials in block order (double) -- deterministic for a grid.
+#              the LAST block's 256 threads add the partials (double; strided, then the warp trees and the warps in
+#              order: ~2 loads a thread where one thread's loop over 528 partials was a chain at the kernel's end)
+#              -- deterministic for a grid.
 #   ce_sp_bwd: per position, dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's expression
 #              (the same bits wherever the smoothing sum of the weights is not needed: it is summed in class order
 #              here, in lane order there).
 SOURCE_SPATIAL = STORAGE_HEADER + XIN_HEADER + WARP_REDUCE + r"""
 typedef INDEX I;
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
-#define U 8
+#ifndef U
+#define U 16
+#endif
 #ifndef SP_MINB
 #define SP_MINB 1
 #endif
@@ -264,22 +269,22 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool smooth = eps != 0.0;
     A acc_loss = 0, acc_den = 0;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += step) {
-        const long long o = r / inner, i = r - o * inner;
-        const X* xr = x + o * C * (long long)inner + i;
+    const int n = (int)rows, step = gridDim.x * blockDim.x;      // x.size < 2^31 (the planner): int offsets
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
+        const int o = r / inner, i = r - o * inner;
+        const X* q = x + (o * C * inner + i);       // class c0 + k of the batch: a running pointer, one add a load
         const long long t = (long long)target[r];
         A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
         for (int c0 = 0; c0 < C; c0 += U) {
             A v[U];
 #pragma unroll
-            for (int k = 0; k < U; ++k) v[k] = c0 + k < C ? LD(xr[(long long)(c0 + k) * inner]) : (A)0;
+            for (int k = 0; k < U; ++k) { v[k] = c0 + k < C ? LD(*q) : (A)0; q += inner; }
 #pragma unroll
             for (int k = 0; k < U; ++k) {
                 if (c0 + k >= C) break;
                 const A u = v[k];
-                if (u > m || u != u) {          // a new max (or NaN): the sum so far rescaled to it
-                    s = s * exp(m - u) + (A)1;
+                if (u > m || u != u) {          // a new max (or NaN): the sum so far rescaled to it, plus
+                    s = s * exp(m - u) + exp(u - u);    // exp(0) = 1 -- NaN for u = +inf, as row_stats' shift gives
                     m = u;
                 } else {
                     s += exp(u - (m == NEG_INF ? (A)0 : m));
@@ -315,14 +320,24 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
         last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (last && threadIdx.x == 0) {
-        __threadfence();
+    if (last) {             // the last block: all its threads add the partials (thread t: blocks t, t + 256, ...),
+        __threadfence();    // then the warps' shuffle trees and warps 0..7 in order -- a fixed order for a grid
+        __shared__ double red_l[8], red_d[8];
         double tl = 0, td = 0;
-        for (int b = 0; b < gridDim.x; ++b) { tl += (double)partial[2 * b]; td += (double)partial[2 * b + 1]; }
-        denom_out[0] = (A)td;
-        if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
-        if (REDUCTION == 2) loss_out[0] = ST((A)tl);
-        *ticket = 0u;
+        for (int b = threadIdx.x; b < gridDim.x; b += 256) {
+            tl += (double)__ldcg(partial + 2 * b); td += (double)__ldcg(partial + 2 * b + 1);
+        }
+        tl = warp_sum(tl); td = warp_sum(td);
+        if (lane == 0) { red_l[warp] = tl; red_d[warp] = td; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            tl = 0; td = 0;
+            for (int k = 0; k < 8; ++k) { tl += red_l[k]; td += red_d[k]; }
+            denom_out[0] = (A)td;
+            if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
+            if (REDUCTION == 2) loss_out[0] = ST((A)tl);
+            *ticket = 0u;
+        }
     }
 }
 
@@ -339,13 +354,13 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     }
     A gm = LD(g[0]);
     if (REDUCTION == 1) gm /= denom[0];
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += step) {
-        const long long o = r / inner, i = r - o * inner;
-        const long long base = o * C * (long long)inner + i;
+    const int n = (int)rows, step = gridDim.x * blockDim.x;      // x.size < 2^31 (the planner): int offsets
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
+        const int o = r / inner, i = r - o * inner;
+        const int base = o * C * inner + i;
         const long long t = (long long)target[r];
         if (t == ignore_index) {
-            for (int c = 0; c < C; ++c) dx[base + (long long)c * inner] = STX((A)0);
+            for (int c = 0; c < C; ++c) dx[base + c * inner] = STX((A)0);
             continue;
         }
         const A gr = REDUCTION == 0 ? LD(g[r]) : gm;
@@ -354,10 +369,12 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
         const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
         const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
         const A lse = lse_in[r];
+        const X* p = x + base;
+        X* d = dx + base;
         for (int c0 = 0; c0 < C; c0 += U) {
             A v[U];
 #pragma unroll
-            for (int k = 0; k < U; ++k) v[k] = c0 + k < C ? LD(x[base + (long long)(c0 + k) * inner]) : (A)0;
+            for (int k = 0; k < U; ++k) { v[k] = c0 + k < C ? LD(*p) : (A)0; p += inner; }
 #pragma unroll
             for (int k = 0; k < U; ++k) {
                 const int c = c0 + k;
@@ -365,7 +382,8 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
                 A q = (c == t) ? (A)(1.0 - eps) * wt : (A)0;
                 if (smooth) q += (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1);
                 const A qg = q != (A)0 ? q * gr : (A)0;
-                dx[base + (long long)c * inner] = STX(exp(v[k] - lse) * sumqg - qg);
+                *d = STX(exp(v[k] - lse) * sumqg - qg);
+                d += inner;
             }
         }
     }
@@ -1322,7 +1340,10 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
     if CE_SPATIAL and not _sk.V1:       # inner > 1: a thread a position (SOURCE_SPATIAL); the forward's grid at most
         # the resident blocks (8 an SM: each block ends with a partial and the ticket)
         minb = 2 if accum == "double" else 4         # <= 64 registers (float, 16-bit): four blocks an SM, no spill
-        return ("SPATIAL", name.replace("ce_", "ce_sp_"), base + (f"SP_MINB={minb}",), -(-rows // THREADS),
+        # U: a position's loads issued together -- the forward 16 (8 in float64), the backward 8 (its stores and
+        # exps beside: 16 spilled at 64 registers); more registers lost blocks an SM or spilled (nvcc, session 21)
+        u = 16 if name == "ce_fwd" and accum != "double" else 8
+        return ("SPATIAL", name.replace("ce_", "ce_sp_"), base + (f"SP_MINB={minb}", f"U={u}"), -(-rows // THREADS),
                 minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
