@@ -75,6 +75,8 @@ def test_plan(args, want):
     assert p.grid == rows * p.cl and p.minb == SC.minb(backward, p.nt)
     assert p.cl * p.nt * p.vpt >= nvec and p.vpt <= SC.VPT_MAX and p.cl <= SC.CL_MAX
     assert p.vpt == -(-nvec // (p.cl * p.nt))            # the fewest vectors a thread for that cluster
+    assert p.fexp == (not backward and (algo == "LOG" or name != "float32"))     # FAST_EXP: not float32 softmax
+    assert SC.plan(rows, c, _dtype(name), algo, backward, 0, setting, fast_exp=False).fexp == 0
 
 
 def test_row_caps_of_the_rule(monkeypatch):
@@ -241,7 +243,9 @@ def _configs():
                         for setting in ("1", "all"):
                             p = SC.plan(rows, c, _dtype(name), algo, backward, 0, setting)
                             if p:
-                                out.add((name, algo, backward, p.cl, p.nt, p.vpt, p.minb))
+                                out.add((name, algo, backward, p.cl, p.nt, p.vpt, p.minb, p.fexp))
+                                if p.fexp:      # FAST_EXP off (MINIDNN_SOFTMAX_CLUSTER_FASTEXP=0)
+                                    out.add((name, algo, backward, p.cl, p.nt, p.vpt, p.minb, 0))
     return sorted(out)
 
 
@@ -251,16 +255,17 @@ def test_configurations_are_many():
     assert {c[4] for c in cfgs} == {256, 512} and {c[5] for c in cfgs} >= {2, 3, 4}
 
 
-DEFAULTS = {("float32", "ACCURATE", False, 7, 512, 4, 4), ("bfloat16", "LOG", True, 7, 256, 4, 5),
-            ("bfloat16", "LOG", False, 7, 256, 4, 8), ("float16", "ACCURATE", True, 8, 512, 4, 2)}
+DEFAULTS = {("float32", "ACCURATE", False, 7, 512, 4, 4, 0), ("bfloat16", "LOG", True, 7, 256, 4, 5, 0),
+            ("bfloat16", "LOG", False, 7, 256, 4, 8, 1), ("float16", "ACCURATE", True, 8, 512, 4, 2, 0),
+            ("bfloat16", "ACCURATE", False, 7, 256, 4, 8, 1), ("float32", "LOG", False, 7, 512, 4, 4, 1)}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_kernels_compile_without_spills(tmp_path):
     cfgs = pick(_configs(), 6, DEFAULTS)
     units, entries = [], []
-    for name, algo, backward, cl, nt, vpt, minb in cfgs:
-        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1))
+    for name, algo, backward, cl, nt, vpt, minb, fexp in cfgs:
+        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1, fexp))
         units.append((SC.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
         entries.append((SC.kernel_name(backward),))
     res = nvcc_build(units, options=("-std=c++17", "-ftz=true"), entries=entries, tmp=tmp_path)
@@ -368,6 +373,9 @@ def _gpu_jobs():
                     p = SC.plan(rows, c, _dtype(name), algo, backward, 0, "all")
                     if p:
                         jobs.append((name, algo, backward, p))
+    for name in NAMES:                  # test_fast_exp_off
+        for algo in ("ACCURATE", "LOG"):
+            jobs.append((name, algo, False, SC.plan(64, 50257, _dtype(name), algo, False, 0, "all", fast_exp=False)))
     return jobs
 
 
@@ -489,6 +497,30 @@ def test_cluster_rows_against_float64(cp, cluster_all, name, c):
                 _bits(cp, B.softmax_backward(None, algo, None, y, dyd, axis=-1), dx, what + " backward again")
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", NAMES)
+def test_fast_exp_off(cp, cluster_all, monkeypatch, name):
+    """FAST_EXP off (MINIDNN_SOFTMAX_CLUSTER_FASTEXP=0: expf where the default takes ex2.approx -- log-softmax and
+    16-bit softmax forwards) against float64 too, and within the tolerance of the default's result."""
+    _warm()
+    dtype = _dtype(name)
+    rows, c = 64, 50257
+    xd = cp.asarray((np.random.default_rng(5).standard_normal((rows, c)) * 3).astype(dtype))
+    x64 = _f64(cp, xd)
+    for algo in ("accurate", "log"):
+        y1 = B.softmax_forward(None, algo, None, xd, axis=-1)
+        assert isinstance(_sk.plan(xd, (1,), algo.upper()), _sk._ClusterPlan)
+        monkeypatch.setattr(SC, "FAST_EXP", False)
+        _reset_plans()
+        y0 = B.softmax_forward(None, algo, None, xd, axis=-1)
+        monkeypatch.setattr(SC, "FAST_EXP", True)
+        _reset_plans()
+        ref = _dev_ref_fwd(cp, x64, algo)
+        for y, what in ((y0, "expf"), (y1, "ex2.approx")):
+            _check(cp, y, ref, name, f"{name} {algo} {what}", scale=4 if algo == "log" else 1)
+        _check(cp, y1, _f64(cp, y0), name, f"{name} {algo} ex2.approx against expf", scale=4 if algo == "log" else 1)
+
+
 SPECIAL = [("float32", 50257), ("bfloat16", 50257), ("float16", 32001), ("float32", 16385), ("bfloat16", 65536)]
 
 
@@ -584,17 +616,21 @@ def test_ab_tool_plans(monkeypatch):
     assert got == want, got
     assert T.plan_of("lsmxbwd", (300, 50257), f32, "1") == ("cluster", SC.Launch(7, 512, 4, 2, 2100))
     assert T.plan_of("smx", (128, 128000), f32, "all")[0] == "rows"
-    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 512, 4, 4, 1024)
+    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 512, 4, 4, 1024, 1)
     bf = _dtype("bfloat16")
-    assert T.plan_of("smx", (300, 50257), bf, "all")[1] == SC.Launch(7, 256, 4, 8, 2100)
-    assert T.plan_of("smx", (300, 50257), bf, "all:nt512")[1] == SC.Launch(4, 512, 4, 4, 1200)
-    assert T.plan_of("smx", (300, 50257), bf, "all:cl8:nt512")[1] == SC.Launch(8, 512, 2, 4, 2400)
+    assert T.plan_of("smx", (300, 50257), bf, "all")[1] == SC.Launch(7, 256, 4, 8, 2100, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all:nt512")[1] == SC.Launch(4, 512, 4, 4, 1200, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all:cl8:nt512")[1] == SC.Launch(8, 512, 2, 4, 2400, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all:exact")[1] == SC.Launch(7, 256, 4, 8, 2100, 0)
+    assert T.plan_of("smx", (300, 50257), f32, "all")[1].fexp == 0            # float32 softmax: expf
+    assert T.plan_of("smxbwd", (300, 50257), bf, "all")[1].fexp == 0
     assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[0] == "rows"         # 12564 vectors: > 8 x 256 x 4
     with pytest.raises(ValueError):
         T.parse("all:cl9")
-    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT)
-    T.switch("all:cl8:nt512")
-    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT) == ("all", 8, 512) and not _sk._plans
+    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP)
+    T.switch("all:cl8:nt512:exact")
+    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP) == ("all", 8, 512, False) and not _sk._plans
     assert SC.plan(300, 50257, bf, "LOG", True, 0) == SC.Launch(8, 512, 2, 2, 2400)
+    assert SC.plan(300, 50257, bf, "LOG", False, 0).fexp == 0
     T.restore()
-    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT) == start
+    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP) == start

@@ -79,6 +79,12 @@ FWD_ROWS_PER_SM = 0
 # row fits it (0: the rule's choice)
 FORCE_CL = 0
 FORCE_NT = 0
+# The per-element exp of the log-softmax forward and of the 16-bit softmax forward: ex2.approx.ftz (the FEXP define;
+# expf's ~9 instructions an element are two: a 16-bit softmax forward takes two exps an element -- its exps are not
+# kept, that would double its registers --, and at ~25 instructions an element it would issue nearly as long as
+# its bytes take to stream).  The float32 softmax forward keeps expf (its output carries the exp's error).
+# MINIDNN_SOFTMAX_CLUSTER_FASTEXP=0: expf everywhere (the A/B's "all:exact"); read at planning time.
+FAST_EXP = os.environ.get("MINIDNN_SOFTMAX_CLUSTER_FASTEXP", "1") != "0"
 
 SOURCE = STORAGE_HEADER + r"""
 #define VEC (16 / (int)sizeof(T))
@@ -130,6 +136,23 @@ __device__ __forceinline__ void STE(V& u, int e, A lo, A hi)
 """ + CLUSTER_HEADER + r"""
 // float32 softmax forward keeps exp(v - m_t) in place of v (the same registers); 16-bit data computes it again
 #define KEEP (ALGO == 1 && STORAGE == 0)
+#ifndef FEXP
+#define FEXP 0
+#endif
+// The per-element exp of the forward: FEXP (plan: FAST_EXP, for the log-softmax forward and the 16-bit softmax
+// forward) ex2.approx.ftz(d log2e) -- FMUL + MUFU.EX2 for expf's ~9 instructions (the row kernels' LSM epilogue):
+// 2 ulp plus the product's rounding (|d| 2^-24 relative), far below a 16-bit output's rounding, and in log-softmax
+// only inside S (log S within ~5e-7 absolute); else expf.  The per-block and per-cluster exps stay expf.
+__device__ __forceinline__ A vexp(A d)
+{
+#if FEXP
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d * 1.4426950408889634f));
+    return r;
+#else
+    return exp(d);
+#endif
+}
 static_assert(sizeof(A) == 4, "float sums only (the partials travel as f32 through DSMEM)");
 #if ALGO != 1 && ALGO != 2
 #error "ALGO: 1 (softmax, accurate) or 2 (log-softmax)"
@@ -223,13 +246,13 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
             for (int e = 0; e < VEC; ++e) m = fmax(m, LDE(a[k], e));
         }
     const A sh = m == NEG_INF ? (A)0 : m;
-    A s = ei >= 0 ? exp(ev - sh) : (A)0;
+    A s = ei >= 0 ? vexp(ev - sh) : (A)0;
 #pragma unroll
     for (int k = 0; k < VPT; ++k)
         if (lo + k * NT + (int)threadIdx.x < hi) {
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-                const A ex = exp(LDE(a[k], e) - sh);
+                const A ex = vexp(LDE(a[k], e) - sh);
                 s += ex;
 #if KEEP
                 set_word(a[k], e, __float_as_uint(ex));
@@ -282,7 +305,7 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 #elif KEEP
                     o[j] = LDE(a[k], e + j) * finv;
 #else
-                    o[j] = exp(LDE(a[k], e + j) - M) * inv;
+                    o[j] = vexp(LDE(a[k], e + j) - M) * inv;
 #endif
                 }
                 STE(w, e, o[0], o[STEP - 1]);
@@ -294,7 +317,7 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 #if ALGO == 2
         yr[ei] = ST(ev - M - ls);
 #else
-        yr[ei] = ST(exp(ev - M) * inv);
+        yr[ei] = ST(vexp(ev - M) * inv);
 #endif
     }
     cluster_wait();
@@ -382,6 +405,7 @@ class Launch(NamedTuple):
     vpt: int
     minb: int
     grid: int
+    fexp: int = 0       # the forward's per-element exp ex2.approx (FAST_EXP)
 
 
 def minb(backward, nt):
@@ -431,14 +455,15 @@ def choose(rows, nvec, backward, sms, cl=0, nt=0):
     return None
 
 
-def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None):
+def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fast_exp=None):
     """The cluster launch (Launch) of ``rows`` softmax rows of ``c`` elements of ``dtype`` under ``setting``
     (CLUSTER when None), or None: the kernels take float32 / float16 / bfloat16 rows of ACCURATE (softmax) or LOG,
     on compute capability 9.0+, whose body fits CL_MAX * 512 * VPT_MAX vectors (float32 <= 65539 elements, 16-bit
     <= 131078) -- FAST (no max) is refused: its overflow guard (softmax_kernels' fast_scale) has no cluster
     version.  "1" takes only rows softmax_kernels' one-chunk block path does not hold and the backward only calls
     of at most BWD_ROWS_PER_SM rows an SM (the forward: FWD_ROWS_PER_SM, 0 none); "all" every row of at least 32
-    vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL, FORCE_NT)."""
+    vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL, FORCE_NT);
+    ``fast_exp``: FAST_EXP when None."""
     setting = CLUSTER if setting is None else setting
     if setting not in SETTINGS:
         raise ValueError(f"softmax_cluster.CLUSTER = {setting!r} (MINIDNN_SOFTMAX_CLUSTER): '0', '1' or 'all'")
@@ -461,7 +486,8 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None):
     if got is None or rows * got[0] >= 2 ** 31:
         return None
     cl, nt, vpt = got
-    return Launch(cl, nt, vpt, minb(backward, nt), rows * cl)
+    fexp = (FAST_EXP if fast_exp is None else fast_exp) and not backward and (algo_name == "LOG" or item == 2)
+    return Launch(cl, nt, vpt, minb(backward, nt), rows * cl, int(fexp))
 
 
 def usable(dev) -> bool:
@@ -476,7 +502,8 @@ def options(dtype, algo_name, launch):
     """NVRTC options of one configuration."""
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DALGO={_ALGO[algo_name]}",
-            f"-DCL={launch.cl}", f"-DNT={launch.nt}", f"-DVPT={launch.vpt}", f"-DMINB={launch.minb}", "-std=c++17")
+            f"-DCL={launch.cl}", f"-DNT={launch.nt}", f"-DVPT={launch.vpt}", f"-DMINB={launch.minb}",
+            *(("-DFEXP=1",) if launch.fexp else ()), "-std=c++17")
 
 
 def kernel_name(backward):
