@@ -617,7 +617,8 @@ def test_bwd_pipe_log_softmax_rows(cp, monkeypatch, name, rows, c):
 
 def test_ce_fast_rule(monkeypatch):
     """FASTX (one FFMA + ex2.approx for exp, x[t] by one load) is compiled into the row kernels of 2-byte logits
-    by default ("16"), of float32 too with "1", of none with "0"; never float64 nor the column (inner > 1) kernels."""
+    by default ("16"), of float32 too with "1", of none with "0"; never float64; the spatial (inner > 1) kernels
+    by the same rule (session 21), the previous warp kernels (MINIDNN_CE_SPATIAL=0) never."""
     from minidnn.backend.cuda import loss_kernels as _lk
     for setting, on in (("16", {"bfloat16", "float16"}), ("1", {"bfloat16", "float16", "float32"}), ("0", set())):
         monkeypatch.setattr(_lk, "CE_FAST", setting)
@@ -626,7 +627,13 @@ def test_ce_fast_rule(monkeypatch):
                 for c in (10, 1000, 1001, 40000):
                     d = _defs(_lk.launch_spec(kname, (64, c), _dtype(name), np.int64, False, "mean")[2])
                     assert d["FASTX"] == int(name in on), (setting, name, kname, c)
-        assert _lk.launch_spec("ce_fwd", (4, 1000, 3), _dtype("bfloat16"), np.int64, False, "mean")[0] == "WARPS"
+        for name in ("float32", "bfloat16", "float64"):
+            src, _, defines, *_ = _lk.launch_spec("ce_fwd", (4, 1000, 3), _dtype(name), np.int64, False, "mean")
+            assert src == "SPATIAL" and _defs(defines)["FASTX"] == int(name in on), (setting, name)
+        monkeypatch.setattr(_lk, "CE_SPATIAL", False)
+        spec = _lk.launch_spec("ce_fwd", (4, 1000, 3), _dtype("bfloat16"), np.int64, False, "mean")
+        assert spec[0] == "WARPS" and "FASTX" not in _defs(spec[2])
+        monkeypatch.setattr(_lk, "CE_SPATIAL", True)
 
 
 def _ce_fast_builds():

@@ -231,6 +231,24 @@ ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restric
     }
 }
 """
+FASTX_HEADER = r"""#if FASTX
+// FASTX (session 9, round 2; float accumulation only): exp(v - sh) as 2^(v log2e - sh log2e), one FFMA and one
+// MUFU.EX2 (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to 0) instead of expf's ~9 instructions; and the
+// forward reads x[t] with one load instead of a compare and select an element.  The pipe forward and the backward
+// of 16-bit logits were issue-bound: ~21 instructions an element, 16 warps an SM (docs/step_kernels.md).
+#define LOG2E_F 1.4426950408889634f
+__device__ __forceinline__ float ex2_fast(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+#define CE_EXP(v, sh, shl) ex2_fast(fmaf((v), LOG2E_F, -(shl)))
+#else
+#define CE_EXP(v, sh, shl) ((void)(shl), exp((v) - (sh)))
+#endif
+"""
+
 # ---- spatial targets (inner > 1, e.g. segmentation logits (N, C, H, W)): one thread a position ---------------------
 # Shape legend as above; position r = o * inner + i (o < N, i < inner), its classes at x[(o * C + c) * inner + i].
 # Tiling: a 256-thread block's threads take consecutive positions (grid-stride over the N * inner positions), so at
@@ -250,6 +268,10 @@ ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restric
 #              here, in lane order there).
 SOURCE_SPATIAL = STORAGE_HEADER + XIN_HEADER + WARP_REDUCE + r"""
 typedef INDEX I;
+#ifndef FASTX
+#define FASTX 0
+#endif
+""" + FASTX_HEADER + r"""
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 #ifndef U
 #define U 16
@@ -278,17 +300,19 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
         for (int c0 = 0; c0 < C; c0 += U) {
             A v[U];
 #pragma unroll
-            for (int k = 0; k < U; ++k) { v[k] = c0 + k < C ? LD(*q) : (A)0; q += inner; }
+            for (int k = 0; k < U; ++k) { v[k] = c0 + k < C ? LD(*q) : NEG_INF; q += inner; }
+            A bm = m;                           // the max so far and the batch's (NaN-propagating, as row_stats)
 #pragma unroll
-            for (int k = 0; k < U; ++k) {
-                if (c0 + k >= C) break;
+            for (int k = 0; k < U; ++k) bm = (v[k] > bm || v[k] != v[k]) ? v[k] : bm;
+            const A sh = bm == NEG_INF ? (A)0 : bm;      // an all -inf row so far: no shift (exp(-inf) = 0)
+            if (bm != m) s *= exp(m - sh);      // the sum so far rescaled to the new max (0 while m was -inf)
+            m = bm;
+            const A shl = sh * (A)1.4426950408889634;
+#pragma unroll
+            for (int k = 0; k < U; ++k) {       // one exp an element, no branch: a +inf max gives exp(inf - inf)
+                if (c0 + k >= C) break;         // = NaN, as row_stats' shift does
                 const A u = v[k];
-                if (u > m || u != u) {          // a new max (or NaN): the sum so far rescaled to it, plus
-                    s = s * exp(m - u) + exp(u - u);    // exp(0) = 1 -- NaN for u = +inf, as row_stats' shift gives
-                    m = u;
-                } else {
-                    s += exp(u - (m == NEG_INF ? (A)0 : m));
-                }
+                s += CE_EXP(u, sh, shl);
                 if (c0 + k == t) xt = u;
                 if (smooth) { const A wc = HAS_W ? LD(w[c0 + k]) : (A)1; swx += wc * u; sw += wc; }
             }
@@ -368,7 +392,7 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
         const A wt = in_range ? (HAS_W ? LD(w[t]) : (A)1) : (A)__int_as_float(0x7fffffff);
         const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
         const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
-        const A lse = lse_in[r];
+        const A lse = lse_in[r], lsel = lse * (A)1.4426950408889634;
         const X* p = x + base;
         X* d = dx + base;
         for (int c0 = 0; c0 < C; c0 += U) {
@@ -382,7 +406,7 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
                 A q = (c == t) ? (A)(1.0 - eps) * wt : (A)0;
                 if (smooth) q += (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1);
                 const A qg = q != (A)0 ? q * gr : (A)0;
-                *d = STX(exp(v[k] - lse) * sumqg - qg);
+                *d = STX(CE_EXP(v[k], lse, lsel) * sumqg - qg);
                 d += inner;
             }
         }
@@ -411,23 +435,7 @@ typedef INDEX I;
 #ifndef TAIL_LD
 #define TAIL_LD 4                                   // partial pairs a thread of the last block loads at once
 #endif
-#if FASTX
-// FASTX (session 9, round 2; float accumulation only): exp(v - sh) as 2^(v log2e - sh log2e), one FFMA and one
-// MUFU.EX2 (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to 0) instead of expf's ~9 instructions; and the
-// forward reads x[t] with one load instead of a compare and select an element.  The pipe forward and the backward
-// of 16-bit logits were issue-bound: ~21 instructions an element, 16 warps an SM (docs/step_kernels.md).
-#define LOG2E_F 1.4426950408889634f
-__device__ __forceinline__ float ex2_fast(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-#define CE_EXP(v, sh, shl) ex2_fast(fmaf((v), LOG2E_F, -(shl)))
-#else
-#define CE_EXP(v, sh, shl) ((void)(shl), exp((v) - (sh)))
-#endif
-
+""" + FASTX_HEADER + r"""
 // The pieces of a row's forward that ce_fwd_body (chunks loaded and reduced in turn), ce_fwd_long (chunks staged
 // ahead by cp.async) and ce_fwd_pipe (one chunk, the next row in flight) share, written once so that their sums
 // stay the same adds in the same order: a thread keeps a running max m and a sum s of exp(x - m) over its chunks
@@ -1343,7 +1351,8 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         # U: a position's loads issued together -- the forward 16 (8 in float64), the backward 8 (its stores and
         # exps beside: 16 spilled at 64 registers); more registers lost blocks an SM or spilled (nvcc, session 21)
         u = 16 if name == "ce_fwd" and accum != "double" else 8
-        return ("SPATIAL", name.replace("ce_", "ce_sp_"), base + (f"SP_MINB={minb}", f"U={u}"), -(-rows // THREADS),
+        return ("SPATIAL", name.replace("ce_", "ce_sp_"),
+                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}"), -(-rows // THREADS),
                 minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
