@@ -616,12 +616,12 @@ def test_ab_tool_plans(monkeypatch):
     assert got == want, got
     assert T.plan_of("lsmxbwd", (300, 50257), f32, "1") == ("cluster", SC.Launch(7, 512, 4, 2, 2100))
     assert T.plan_of("smx", (128, 128000), f32, "all")[0] == "rows"
-    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 512, 4, 4, 1024, 1)
+    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 512, 4, 2, 1024, 1)
     bf = _dtype("bfloat16")
-    assert T.plan_of("smx", (300, 50257), bf, "all")[1] == SC.Launch(7, 256, 4, 8, 2100, 1)
-    assert T.plan_of("smx", (300, 50257), bf, "all:nt512")[1] == SC.Launch(4, 512, 4, 4, 1200, 1)
-    assert T.plan_of("smx", (300, 50257), bf, "all:cl8:nt512")[1] == SC.Launch(8, 512, 2, 4, 2400, 1)
-    assert T.plan_of("smx", (300, 50257), bf, "all:exact")[1] == SC.Launch(7, 256, 4, 8, 2100, 0)
+    assert T.plan_of("smx", (300, 50257), bf, "all")[1] == SC.Launch(7, 256, 4, 4, 2100, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all:nt512")[1] == SC.Launch(4, 512, 4, 2, 1200, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all:cl8:nt512")[1] == SC.Launch(8, 512, 2, 2, 2400, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all:exact")[1] == SC.Launch(7, 256, 4, 4, 2100, 0)
     assert T.plan_of("smx", (300, 50257), f32, "all")[1].fexp == 0            # float32 softmax: expf
     assert T.plan_of("smxbwd", (300, 50257), bf, "all")[1].fexp == 0
     assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[0] == "rows"         # 12564 vectors: > 8 x 256 x 4

@@ -33,8 +33,9 @@ by threads NT - 1 - j of the last rank (one scalar a thread at most, even with C
 A closing cluster arrive (after the last remote read) + wait (at the end) keeps every block's shared partials alive
 until the cluster has read them (norm_gncl's pattern).  Deterministic; nothing read back to the host (capturable).
 
-Registers (launch bounds at 256 threads, the same a thread at 512): forward <= 32 (MINB_FWD 8 blocks an SM), backward
-<= 51 (MINB_BWD 5); test_softmax_cluster's nvcc test builds every planned configuration without spills.
+Registers (launch bounds at 256 threads, the same a thread at 512): <= 64 both ways (MINB_FWD, MINB_BWD 4 blocks an
+SM; a 32-register forward faulted on the GPU, see MINB_FWD); the nvcc test builds every planned configuration
+without spills.
 
 Switch: CLUSTER (MINIDNN_SOFTMAX_CLUSTER, read at import; softmax_kernels.plan reads the attribute at planning time
 and keys its plans on it -- tools set it and clear softmax_kernels._plans): "0" off (the default until the GPU A/B),
@@ -61,12 +62,16 @@ if CLUSTER not in SETTINGS:
 CL_MAX = 8              # portable cluster sizes only
 VPT_MAX = 4             # 16-byte vectors of one array a thread
 NTS = (256, 512)        # threads a block
-# launch bounds at 256 threads (nvcc 13, sm_90, every planned configuration without spills: the nvcc test): the
-# forward <= 32 registers (one array held raw: 16 of them at VPT 4), eight blocks an SM -- a whole SM's threads, so a
-# wave holds 75 float32 rows of 50257 classes (CL 7 x 512 threads), not 56 at 40 registers; the backward <= 51 (y
-# and dy held: 32), five blocks (48 used)
-MINB_FWD = 8
-MINB_BWD = 5
+# launch bounds at 256 threads (nvcc 13, sm_90, every planned configuration without spills: the nvcc test).  The
+# helper's first choice was 32 registers forward (eight blocks an SM: a wave of 75 float32 rows of 50257 classes
+# instead of 56) and 51 backward (five blocks)
+MINB_FWD = 4
+MINB_BWD = 4
+# Session 21 run 9 (H200): at MINB_FWD 8 (32 registers) the forward faulted -- compute-sanitizer: a misaligned
+# remote shared read (the DSMEM exchange's ld.shared::cluster) -- or hung, in about half the launches of 132-1000
+# rows; at MINB 4 and 2 the same calls ran clean 3 of 3 times each.  norm_gncl's cluster kernels (40 and 64
+# registers) never showed it.  So both directions take 64 registers (the tested regime) until a 32-register build is
+# understood.
 # "1": the backward takes clusters only for calls of at most this many rows per SM -- softmax_kernels' stashed
 # backward (BWD_STASH 6) reaches 80-92% of copy at thousands of rows; few rows quantise into its waves of one block
 # a row (300 rows on 264 slots: two waves)

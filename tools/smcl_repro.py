@@ -1,0 +1,47 @@
+"""One cluster softmax call at a time (softmax_cluster, "all"), synchronised after each: for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck python3 tools/smcl_repro.py [float32:64x50257:fwd:ACCURATE[:CL,NT] ...]
+"""
+import sys
+
+import numpy as np
+
+import minidnn.backend as B
+from minidnn.backend import devices as _dev
+from minidnn.backend.cuda import softmax_cluster as SC
+from minidnn.backend.cuda import softmax_kernels as SK
+
+CASES = ["float32:64x50257:fwd:ACCURATE", "float32:300x16385:fwd:ACCURATE", "float32:300x16385:fwd:ACCURATE",
+         "float32:300x16385:bwd:ACCURATE", "bfloat16:300x50257:fwd:LOG", "bfloat16:300x50257:bwd:LOG"]
+
+
+def main(cases):
+    import os
+    cp = _dev.require_cupy()
+    if os.environ.get("SMCL_RELEASE") == "1":      # the closing arrive with release semantics
+        SC.SOURCE = SC.SOURCE.replace("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.arrive.release.aligned")
+    if os.environ.get("SMCL_MINB"):
+        SC.MINB_FWD = int(os.environ["SMCL_MINB"])
+    SC.CLUSTER = "all"
+    SK._plans.clear()
+    for case in cases:
+        name, shape, way, algo, *force = case.split(":")
+        SC.FORCE_CL, SC.FORCE_NT = (int(v) for v in (force[0].split(",") if force else (0, 0)))
+        SK._plans.clear()
+        rows, c = (int(v) for v in shape.split("x"))
+        dt = SK._dtype_of(name)
+        x = cp.asarray(np.random.default_rng(0).standard_normal((rows, c)).astype(np.float32)).astype(dt)
+        lp = SC.plan(rows, c, dt, algo, way == "bwd", 0)
+        print(case, "plan", lp, "ptr", x.data.ptr % 256, flush=True)
+        a = "log" if algo == "LOG" else "accurate"
+        y = B.softmax_forward(None, a, None, x, axis=-1)
+        cp.cuda.Device().synchronize()
+        if way == "bwd":
+            dx = B.softmax_backward(None, a, None, y, x, axis=-1)
+            cp.cuda.Device().synchronize()
+            print("  dx finite", bool(cp.isfinite(dx.astype(np.float32)).all()), flush=True)
+        print("  ok, y finite", bool(cp.isfinite(y.astype(np.float32)).all()), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or CASES)
