@@ -26,6 +26,15 @@ from tests import _nvcc
 from tests.backend._row_ab_plans import row_ab_specs
 from tests.backend.test_softmax_rows_cuda import _defs, _dtype
 
+
+@pytest.fixture(autouse=True)
+def _row_kernels_only(monkeypatch):
+    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
+    21) off, so long rows still reach them (plans are keyed on the setting)."""
+    from minidnn.backend.cuda import softmax_cluster
+    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BEFORE = "82af97c"          # the commit before this change of softmax_kernels.py (token identity of modes 0-4)
 NAMES = ("float32", "bfloat16", "float16", "float64")
@@ -193,7 +202,8 @@ for mode in (6, 5):
 print(repr([int(y.data.ptr % 16), int(off.data.ptr % 16)]))
 print(repr(out))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env=dict(os.environ, MINIDNN_SOFTMAX_CLUSTER="0"))      # the row kernels (see _row_kernels_only)
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert eval(lines[-2]) == [0, 2], lines[-2]

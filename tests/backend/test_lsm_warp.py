@@ -24,6 +24,15 @@ from minidnn.backend.cuda import softmax_kernels as _sk
 from tests.backend.test_softmax_rows_cuda import RTOL, _close, _defs, _dtype, _host, _launches, _ref_fwd, _reset_plans
 from tests.backend.test_softmax_warp import WARP_PLANS, _inputs, _same_bits
 
+
+@pytest.fixture(autouse=True)
+def _row_kernels_only(monkeypatch):
+    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
+    21) off, so long rows still reach them (plans are keyed on the setting)."""
+    from minidnn.backend.cuda import softmax_cluster
+    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WIDTHS = [128, 512, 513, 516, 1000, 1001, 1024, 1027, 2000]
 NAMES = ("float32", "bfloat16", "float16", "float64")

@@ -40,7 +40,9 @@ PLANS = [
     ((64, 50257, "float32", "ACCURATE", False, "1"), (7, 512, 4)),     # 12564 vectors: 512 threads, 7 blocks
     ((64, 50257, "float32", "LOG", True, "1"), (7, 512, 4)),           # few rows: the backward too
     ((4096, 32000, "float32", "ACCURATE", False, "1"), (8, 256, 4)),   # 8000 vectors: 8 x 256 x 4
-    ((4096, 32000, "float32", "LOG", True, "1"), None),                # many rows: the stashed row backward
+    ((4096, 32000, "float32", "LOG", True, "1"), (8, 256, 4)),         # many rows too (BWD_ROWS_PER_SM 0)
+    ((4096, 32000, "bfloat16", "LOG", False, "1"), None),              # 16-bit, held by the row path: its kernels
+    ((4096, 32000, "bfloat16", "LOG", True, "1"), (4, 256, 4)),        # (the backward: clusters)
     ((4096, 32000, "float32", "LOG", True, "all"), (8, 256, 4)),
     ((300, 32000, "float32", "LOG", True, "1"), (8, 256, 4)),
     ((1, 50257, "bfloat16", "ACCURATE", False, "1"), (8, 256, 4)),     # 6282 vectors: CL 7, one row: CL 8
@@ -80,9 +82,12 @@ def test_plan(args, want):
 
 
 def test_row_caps_of_the_rule(monkeypatch):
-    """BWD_ROWS_PER_SM (4) caps the backward under "1" at 528 rows on 132 SMs; FWD_ROWS_PER_SM (0: none) the
-    forward; "all" takes no cap."""
+    """BWD_ROWS_PER_SM / FWD_ROWS_PER_SM (0 both: no cap, run 10) cap "1" at that many rows an SM (4: 528 rows on
+    132 SMs); "all" takes no cap."""
     f32 = np.dtype(np.float32)
+    assert SC.BWD_ROWS_PER_SM == 0 and SC.FWD_ROWS_PER_SM == 0
+    assert SC.plan(100000, 50257, f32, "LOG", True, 0, "1") is not None
+    monkeypatch.setattr(SC, "BWD_ROWS_PER_SM", 4)
     assert SC.plan(528, 50257, f32, "LOG", True, 0, "1") is not None
     assert SC.plan(529, 50257, f32, "LOG", True, 0, "1") is None
     assert SC.plan(529, 50257, f32, "LOG", True, 0, "all") is not None
@@ -98,14 +103,21 @@ def test_plan_refuses_a_bad_setting():
 
 
 def test_the_rule_takes_exactly_the_rows_the_one_chunk_path_does_not_hold():
-    """Under "1" a forward takes clusters exactly where row_config's plan has several chunks (and the row fits)."""
+    """Under "1" a forward takes clusters exactly where row_config's plan has several chunks (and the row fits) --
+    16-bit rows only where those chunks do not all stay on chip (rows_path_holds: 32000 classes stay, 50257 do
+    not); the backward wherever its one chunk does not hold the row."""
     for name in NAMES:
         item = _dtype(name).itemsize
         for c in (4096, 8192, 8193, 16384, 16385, 20000, 32000, 50257, 65536, 131072, 131079, 262144):
             several = not _sk.row_config(c, item, 4, 1).one
             fits = c // (16 // item) <= SC.CL_MAX * 512 * SC.VPT_MAX
+            onchip = item == 2 and SC.rows_path_holds(c, item)
             p = SC.plan(64, c, _dtype(name), "LOG", False, 0, "1")
-            assert (p is not None) == (several and fits), (name, c, p)
+            assert (p is not None) == (several and fits and not onchip), (name, c, p)
+            b = SC.plan(64, c, _dtype(name), "LOG", True, 0, "1")
+            assert (b is not None) == (not _sk.row_config(c, item, 4, 2).one and fits), (name, c, b)
+    assert SC.rows_path_holds(32000, 2) and SC.rows_path_holds(20000, 2) and not SC.rows_path_holds(50257, 2)
+    assert not SC.rows_path_holds(65536, 2) and not SC.rows_path_holds(50257, 4)
 
 
 # ---- CPU: the kernels emulated ----------------------------------------------------------------------------------
@@ -290,7 +302,7 @@ R.record_to(L, recs)
 import minidnn.backend as B
 from minidnn.backend import softmax as smx
 from minidnn.backend.cuda import softmax_kernels as S, softmax_cluster as SC
-assert SC.CLUSTER == "0"
+assert SC.CLUSTER == "1"
 def forget():
     for k, v in vars(smx).items():
         if isinstance(v, dict) and "seen" in k.lower():
@@ -322,9 +334,9 @@ print(repr(out))
         assert [n for n, *_ in out["all", "misaligned"]] == list(rows)      # not on a 16-byte boundary
     assert out["1", (64, 50257)] == [("smx_fwdc", ["-DCL=7", "-DNT=512", "-DVPT=4"], 448, 512),
                                      ("smx_bwdc", ["-DCL=7", "-DNT=512", "-DVPT=4"], 448, 512)], out
-    # many rows: the backward keeps the stashed row kernel under "1", not under "all"
+    # many rows: clusters both ways (BWD_ROWS_PER_SM 0)
     assert out["1", (4096, 32000)] == [("smx_fwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256),
-                                       (rows[1], [], out["0", (4096, 32000)][1][2], 512)], out
+                                       ("smx_bwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256)], out
     assert out["all", (4096, 32000)][1] == ("smx_bwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256), out
     # 8000 classes: one chunk of a block (forward and backward: 2000 vectors, 8000 <= 8192) -- "all" only
     assert [n for n, *_ in out["1", (64, 8000)]] == list(rows)
@@ -611,8 +623,7 @@ def test_ab_tool_plans(monkeypatch):
     import softmax_cluster_ab as T
     f32 = np.dtype(np.float32)
     got = {(op, s): T.plan_of(op, (4096, 32000), f32, s)[0] for op in T.OPS for s in ("0", "all", "1")}
-    want = {(op, s): "rows" if s == "0" or (s == "1" and op.endswith("bwd")) else "cluster"
-            for op in T.OPS for s in ("0", "all", "1")}
+    want = {(op, s): "rows" if s == "0" else "cluster" for op in T.OPS for s in ("0", "all", "1")}
     assert got == want, got
     assert T.plan_of("lsmxbwd", (300, 50257), f32, "1") == ("cluster", SC.Launch(7, 512, 4, 2, 2100))
     assert T.plan_of("smx", (128, 128000), f32, "all")[0] == "rows"

@@ -39,6 +39,15 @@ from tests.backend.test_softmax_rows_cuda import (
 )
 from tests.backend.test_softmax_warp import _inputs
 
+
+@pytest.fixture(autouse=True)
+def _row_kernels_only(monkeypatch):
+    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
+    21) off, so long rows still reach them (plans are keyed on the setting)."""
+    from minidnn.backend.cuda import softmax_cluster
+    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 L2 = 50 * 2 ** 20                       # an H100 / H200's L2
 NAMES = ("float32", "bfloat16", "float16", "float64")

@@ -20,6 +20,15 @@ from minidnn.backend._testing import to_numpy
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests import _nvcc
 
+
+@pytest.fixture(autouse=True)
+def _row_kernels_only(monkeypatch):
+    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
+    21) off, so long rows still reach them (plans are keyed on the setting)."""
+    from minidnn.backend.cuda import softmax_cluster
+    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
+
+
 LENGTHS = [1, 7, 31, 32, 33, 1000, 1025, 4097, 32768, 40000]
 
 

@@ -42,6 +42,15 @@ from tests.backend.test_softmax_rows_cuda import (
 )
 from tests.backend.test_softmax_warp import _inputs
 
+
+@pytest.fixture(autouse=True)
+def _row_kernels_only(monkeypatch):
+    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
+    21) off, so long rows still reach them (plans are keyed on the setting)."""
+    from minidnn.backend.cuda import softmax_cluster
+    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = ("float32", "bfloat16", "float16", "float64")
 ALGOS = ("FAST", "ACCURATE", "LOG")
@@ -264,7 +273,8 @@ for wf in (513, 257):
     out.append([(re.findall(r"-DWARP=\\d", r[0]), r[1][3]) for r in recs[n0:]])
 print(repr(out))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env=dict(os.environ, MINIDNN_SOFTMAX_CLUSTER="0"))      # the row kernels (see _row_kernels_only)
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     out = eval(r.stdout.strip().splitlines()[-1])
     assert out[:6] == [[([], 0, 512)], [([], 0, 512)], [(["-DBSCH=3"], 96 * 1024, 512)],

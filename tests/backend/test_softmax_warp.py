@@ -36,6 +36,15 @@ from tests.backend.test_softmax_rows_cuda import (
     _reset_plans,
 )
 
+
+@pytest.fixture(autouse=True)
+def _row_kernels_only(monkeypatch):
+    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
+    21) off, so long rows still reach them (plans are keyed on the setting)."""
+    from minidnn.backend.cuda import softmax_cluster
+    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WIDTHS = [10, 128, 256, 257, 500, 512, 513, 514, 515, 516, 600, 999, 1000, 1001, 1023, 1024, 1025, 1027, 1028,
           2000, 4097]

@@ -38,9 +38,10 @@ SM; a 32-register forward faulted on the GPU, see MINB_FWD); the nvcc test build
 without spills.
 
 Switch: CLUSTER (MINIDNN_SOFTMAX_CLUSTER, read at import; softmax_kernels.plan reads the attribute at planning time
-and keys its plans on it -- tools set it and clear softmax_kernels._plans): "0" off (the default until the GPU A/B),
-"1" the rule (`plan`: rows softmax_kernels' one-chunk block path does not hold; the backward only where rows are
-few), "all" every row the kernels can hold (the tests, the A/B).
+and keys its plans on it -- tools set it and clear softmax_kernels._plans): "0" off, "1" the rule (the default since
+session 21's run 10: `plan` -- rows softmax_kernels' one-chunk block path does not hold, 16-bit forwards only where
+its chunked path reads part of a row again), "all" every row the kernels can hold (the tests, the A/B).  Measured
+(run 10, H200, graph replays; docs/step_kernels.md): the rule's rows 1.02-2.8x the row kernels, 0.97-3.2x PyTorch.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ from .storage import STORAGE_HEADER, type_info
 
 __all__ = ["SOURCE", "CLUSTER", "plan", "Launch", "prepare", "options", "usable"]
 
-CLUSTER = os.environ.get("MINIDNN_SOFTMAX_CLUSTER", "0")
+CLUSTER = os.environ.get("MINIDNN_SOFTMAX_CLUSTER", "1")
 SETTINGS = ("0", "1", "all")
 if CLUSTER not in SETTINGS:
     raise ValueError(f"MINIDNN_SOFTMAX_CLUSTER={CLUSTER!r}: '0' (off), '1' (the rule) or 'all'")
@@ -72,10 +73,11 @@ MINB_BWD = 4
 # rows; at MINB 4 and 2 the same calls ran clean 3 of 3 times each.  norm_gncl's cluster kernels (40 and 64
 # registers) never showed it.  So both directions take 64 registers (the tested regime) until a 32-register build is
 # understood.
-# "1": the backward takes clusters only for calls of at most this many rows per SM -- softmax_kernels' stashed
-# backward (BWD_STASH 6) reaches 80-92% of copy at thousands of rows; few rows quantise into its waves of one block
-# a row (300 rows on 264 slots: two waves)
-BWD_ROWS_PER_SM = 4
+# "1": the backward takes clusters only for calls of at most this many rows per SM (0: no cap).  The helper's guess
+# was 4 (softmax_kernels' stashed backward reaches 80-92% of copy at thousands of rows); run 10 (H200, graph replays)
+# had the clusters ahead at every row count: float32 softmax backward (4096, 50257) 0.9085 -> 0.5979 ms (99% of
+# copy), log-softmax 1.19x, bfloat16 log-softmax (4096, 50257) 1.01x, (4096, 32000) 1.03x -- so no cap
+BWD_ROWS_PER_SM = 0
 # "1": the forward's cap likewise (0: none -- the forward row kernels lost to PyTorch at every 50257-class row count
 # measured); a module attribute for the A/B's verdict, should the clusters lose where many rows stream already
 FWD_ROWS_PER_SM = 0
@@ -423,6 +425,16 @@ def body_vectors(c, itemsize):
     return c // (16 // itemsize)
 
 
+def rows_path_holds(c, itemsize):
+    """Whether softmax_kernels' forward holds a row of ``c`` elements on chip without reading part of it again from
+    L2: its chunks but the last fit the block's stash (STASH_BYTES), the last its registers.  Run 10 (H200): for
+    16-bit rows it does (32000 classes: 84% of copy) the clusters lost 0-7% ((4096, 32000) log-softmax 0.1491 ->
+    0.1602 ms); past it they won 2-181% (50257 and 65536 classes); float32 rows gained 4-107% everywhere."""
+    from .softmax_kernels import STASH_BYTES, row_config
+    cfg = row_config(c, itemsize, 4, 1, STASH_BYTES)
+    return -(-(c // cfg.vec) // (cfg.g * cfg.nv)) <= cfg.sch + 1
+
+
 def one_chunk_holds(c, itemsize, backward):
     """Whether softmax_kernels' row path holds rows of ``c`` elements in one chunk (row_config: 16384 elements of a
     one-array row, 8192 of the backward's two)."""
@@ -465,9 +477,10 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
     (CLUSTER when None), or None: the kernels take float32 / float16 / bfloat16 rows of ACCURATE (softmax) or LOG,
     on compute capability 9.0+, whose body fits CL_MAX * 512 * VPT_MAX vectors (float32 <= 65539 elements, 16-bit
     <= 131078) -- FAST (no max) is refused: its overflow guard (softmax_kernels' fast_scale) has no cluster
-    version.  "1" takes only rows softmax_kernels' one-chunk block path does not hold and the backward only calls
-    of at most BWD_ROWS_PER_SM rows an SM (the forward: FWD_ROWS_PER_SM, 0 none); "all" every row of at least 32
-    vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL, FORCE_NT);
+    version.  "1" (the default since session 21's run 10) takes only rows softmax_kernels' one-chunk block path
+    does not hold, 16-bit forwards only where its chunked path would read part of a row again (rows_path_holds),
+    and calls of at most BWD_ROWS_PER_SM / FWD_ROWS_PER_SM rows an SM (0: no cap, the defaults); "all" every row of
+    at least 32 vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL, FORCE_NT);
     ``fast_exp``: FAST_EXP when None."""
     setting = CLUSTER if setting is None else setting
     if setting not in SETTINGS:
@@ -482,7 +495,7 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
         return None
     sms = _sms(dev)
     if setting == "1":
-        if one_chunk_holds(c, item, backward):
+        if one_chunk_holds(c, item, backward) or (not backward and item == 2 and rows_path_holds(c, item)):
             return None
         cap = BWD_ROWS_PER_SM if backward else FWD_ROWS_PER_SM
         if cap and rows > cap * sms:
