@@ -38,9 +38,10 @@ arrays exceed L2 (call_hint; MINIDNN_SOFTMAX_HINT="fwd,bwd", ROW_HEADER's HINT d
 streaming stores ("2,0"), the backward none (its hint measured level).
 CLUSTER (session 21, softmax_cluster.py): a row longer than one block's registers held by a thread-block cluster
 (sm_90+; CL <= 8 blocks, each its slice of the row raw in registers, one meeting through distributed shared memory),
-so each value is read once however long the row, and few rows still fill the SMs.  MINIDNN_SOFTMAX_CLUSTER="0" (the
-default until the GPU A/B) | "1" (its rule: rows the one-chunk block path does not hold) | "all" (every row it holds);
-_plan routes calls on 16-byte boundaries there, the others to the row plan; the setting is part of plan()'s key.
+so each value is read once however long the row, and few rows still fill the SMs.  MINIDNN_SOFTMAX_CLUSTER="1" (the
+default since session 21's run 10: rows the one-chunk block path does not hold, 16-bit forwards only where the
+chunked path reads part of a row again) | "0" (off) | "all" (every row it holds); _plan routes calls on 16-byte
+boundaries there, the others to the row plan; the setting is part of plan()'s key.
 MINIDNN_SOFTMAX_V1=1 launches the previous kernels instead (one warp per row, scalar loads, three passes over the
 row: SOURCE_V1) -- kept for a GPU A/B.
 """
