@@ -19,7 +19,8 @@ def main(cases):
     import os
     cp = _dev.require_cupy()
     if os.environ.get("SMCL_RELEASE") == "1":      # the closing arrive with release semantics
-        SC.SOURCE = SC.SOURCE.replace("barrier.cluster.arrive.relaxed.aligned", "barrier.cluster.arrive.release.aligned")
+        SC.SOURCE = SC.SOURCE.replace("barrier.cluster.arrive.relaxed.aligned",
+                                      "barrier.cluster.arrive.release.aligned")
     if os.environ.get("SMCL_MINB"):
         SC.MINB_FWD = int(os.environ["SMCL_MINB"])
     SC.CLUSTER = "all"

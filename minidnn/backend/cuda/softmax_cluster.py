@@ -52,6 +52,7 @@ import numpy as np
 
 from . import launch as _launch
 from .bn_cluster import CLUSTER_HEADER
+from .softmax_geometry import STASH_BYTES, dtype_of, row_config
 from .storage import STORAGE_HEADER, type_info
 
 __all__ = ["SOURCE", "CLUSTER", "plan", "Launch", "prepare", "options", "usable"]
@@ -430,7 +431,6 @@ def rows_path_holds(c, itemsize):
     L2: its chunks but the last fit the block's stash (STASH_BYTES), the last its registers.  Run 10 (H200): for
     16-bit rows it does (32000 classes: 84% of copy) the clusters lost 0-7% ((4096, 32000) log-softmax 0.1491 ->
     0.1602 ms); past it they won 2-181% (50257 and 65536 classes); float32 rows gained 4-107% everywhere."""
-    from .softmax_kernels import STASH_BYTES, row_config
     cfg = row_config(c, itemsize, 4, 1, STASH_BYTES)
     return -(-(c // cfg.vec) // (cfg.g * cfg.nv)) <= cfg.sch + 1
 
@@ -438,7 +438,6 @@ def rows_path_holds(c, itemsize):
 def one_chunk_holds(c, itemsize, backward):
     """Whether softmax_kernels' row path holds rows of ``c`` elements in one chunk (row_config: 16384 elements of a
     one-array row, 8192 of the backward's two)."""
-    from .softmax_kernels import row_config
     return row_config(c, itemsize, 4, 2 if backward else 1).one
 
 
@@ -480,8 +479,8 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
     version.  "1" (the default since session 21's run 10) takes only rows softmax_kernels' one-chunk block path
     does not hold, 16-bit forwards only where its chunked path would read part of a row again (rows_path_holds),
     and calls of at most BWD_ROWS_PER_SM / FWD_ROWS_PER_SM rows an SM (0: no cap, the defaults); "all" every row of
-    at least 32 vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL, FORCE_NT);
-    ``fast_exp``: FAST_EXP when None."""
+    at least 32 vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL,
+    FORCE_NT); ``fast_exp``: FAST_EXP when None."""
     setting = CLUSTER if setting is None else setting
     if setting not in SETTINGS:
         raise ValueError(f"softmax_cluster.CLUSTER = {setting!r} (MINIDNN_SOFTMAX_CLUSTER): '0', '1' or 'all'")
@@ -539,8 +538,7 @@ def _compile_one(job):
     """Compile one configuration with NVRTC into CuPy's on-disk cache (a worker of precompile: _launch.get_kernel's
     options, so the later launch loads the cubin)."""
     dtype_name, algo_name, backward, launch = job
-    from .softmax_kernels import _dtype_of
-    _launch.cupy().RawModule(code=SOURCE, options=options(_dtype_of(dtype_name), algo_name, Launch(*launch))
+    _launch.cupy().RawModule(code=SOURCE, options=options(dtype_of(dtype_name), algo_name, Launch(*launch))
                              ).get_function(kernel_name(backward))
     return job
 

@@ -59,6 +59,8 @@ from . import launch as _launch
 from . import softmax_cluster as _smc
 from .bn_kernels import STORAGE_HEADER, type_info
 from .device_facts import beyond_l2, sm80, smem_limits
+from .softmax_geometry import STASH_BYTES, RowConfig, _pow2_at_least, row_config
+from .softmax_geometry import dtype_of as _dtype_of
 
 __all__ = ["supports", "collapse", "forward", "backward", "row_config", "SOURCE", "SOURCE_V1", "ROW_HEADER",
            "WARP_REDUCE", "SOURCE_COLS", "launch_spec", "Spec", "RowConfig"]
@@ -1418,18 +1420,8 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 _SOURCES = {"V1": SOURCE_V1, "ROWS": SOURCE, "COLS": SOURCE_COLS}
 
 
-def _pow2_at_least(n):
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
-class RowConfig(NamedTuple):
-    g: int          # threads a row (a power of two <= 32 in 256-thread blocks, or the whole block)
-    nv: int         # vectors a thread holds per chunk
-    vec: int        # elements a vector
-    block: int      # threads a block
-    ragged: bool    # C % vec != 0: each row's head and tail as scalars, the body as vectors
-    one: bool       # the row is one chunk
-    sch: int        # chunks also kept in shared memory (several-chunk rows)
 
 
 # The backward's warp path: 32 + 32 elements a thread (one row a warp, no block barrier: a 1000-class row in one warp)
@@ -1454,8 +1446,7 @@ def bwd_warp(algo_name, itemsize):
     return algo_name == "LOG" or itemsize <= 2
 
 
-STASH_BYTES = 64 * 1024        # shared memory a forward block may keep a long row's chunks in (two 512-thread blocks
-                               # an SM: 128 of 228 KB)
+
 
 # Session 17 (issue 10: the (4096, 32000) float32 log-softmax backward at 57% of copy, 0.82x PyTorch, softmax's at
 # 63%; bfloat16 log-softmax 65%, 0.89x): BWD_STASH, the backward's shared-memory stash (BSCH of SOURCE's bwd_rows).
@@ -1793,34 +1784,6 @@ def pipe_regs(cfg):
     return FWD_REGS if e < 16 or (e == 16 and not cfg.ragged) else PIPE_REGS
 
 
-def row_config(c, itemsize, acc_itemsize, arrays=1, stash_bytes=0, warp_pair=False, warp_cap=None):
-    """The row kernels' tiling (RowConfig) for rows of ``c`` elements of ``itemsize`` bytes computed in
-    ``acc_itemsize``-byte floats, ``arrays`` rows held at once (2: softmax backward's y and dy).  VEC: the widest
-    vector (<= 16 bytes) that divides the row; a row of at least 32 such vectors that no wide vector divides is
-    RAGGED (wide vectors for its body, scalars for each row's head and tail).  A warp-or-less group while a thread
-    holds <= 32 (float64: 16) elements, else a block of up to 512 threads holding <= 32 (16) elements; both halved
-    for two arrays unless ``warp_pair`` (the warp path keeps 32 + 32: bwd_warp); a longer row
-    runs in chunks of G * NV vectors, up to ``stash_bytes`` of them kept in shared memory.  NV is a power of two
-    (fewer distinct compilations)."""
-    maxvec = max(1, 16 // itemsize)
-    vec = maxvec
-    while c % vec:
-        vec //= 2
-    ragged = vec < maxvec and c >= 32 * maxvec
-    if ragged:
-        vec = maxvec
-    nvec = c // vec                                  # body vectors at most (ragged: fewer when the head is not 0)
-    cap = warp_cap or (32 if acc_itemsize <= 4 else 16) // (arrays if arrays > 1 and not warp_pair else 1)
-    g = min(32, _pow2_at_least(nvec))
-    nv = _pow2_at_least(-(-nvec // g))
-    block = 256
-    if nv * vec > cap:
-        cap = (32 if acc_itemsize <= 4 else 16) // arrays    # a block-path thread (512 threads: <= 64 registers)
-        block = g = min(512, max(64, _pow2_at_least(-(-c // cap))))
-        nv = max(1, min(_pow2_at_least(-(-nvec // block)), cap // vec))
-    nch = -(-nvec // (g * nv))
-    sch = 0 if nch <= 1 else min(nch - 1, stash_bytes // (nv * vec * block * acc_itemsize))
-    return RowConfig(g, nv, vec, block, ragged, nch <= 1, sch)
 
 
 def col_reg(c):
@@ -2160,11 +2123,6 @@ def _compile_check(out_dir):
     return files
 
 
-def _dtype_of(name):
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 if __name__ == "__main__":
