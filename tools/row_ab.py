@@ -86,7 +86,11 @@ _START = {}
 
 def _mods():
     from minidnn.backend.cuda import loss_kernels as lk
+    from minidnn.backend.cuda import softmax_cluster as sc
     from minidnn.backend.cuda import softmax_kernels as sk
+    # the row kernels' settings are what this tool times (session 21: long rows would take softmax_cluster under
+    # its default "1"; tools/softmax_cluster_ab.py times that route)
+    sc.CLUSTER = "0"
     if not _START:                              # the settings this process started with: what _restore puts back
         _START.update(ce=lk.CE_TAIL, warp=sk.FWD_WARP, lsm=sk.FWD_LSM, hint=(sk.HINT_FWD, sk.HINT_BWD),
                       warp_from=sk.WARP_FROM, stash=sk.BWD_STASH)

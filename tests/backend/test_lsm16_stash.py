@@ -30,9 +30,14 @@ from tests.backend.test_softmax_rows_cuda import _defs, _dtype
 @pytest.fixture(autouse=True)
 def _row_kernels_only(monkeypatch):
     """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
-    21) off, so long rows still reach them (plans are keyed on the setting)."""
+    21) off, so long rows still reach them (softmax_kernels' plans are keyed on the setting; the primitive's seen
+    calls are not: emptied before and after)."""
+    from minidnn.backend import softmax as primitive
     from minidnn.backend.cuda import softmax_cluster
     monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
+    primitive._SEEN.clear()
+    yield
+    primitive._SEEN.clear()
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

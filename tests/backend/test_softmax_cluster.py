@@ -166,12 +166,12 @@ def _emulate_row(v, r, vec, cl, nt, vpt, algo):
             sh = np.where(m == -np.inf, 0.0, m)
             s = np.where(held, np.exp(vals - sh[:, None]), 0.0).sum(axis=1)
             mb = np.fmax.reduce(m)
-            sb = np.where(m == -np.inf, 0.0, s * np.exp(m - mb)).sum()
+            sb = (s * np.where(m == -np.inf, 0.0, np.exp(m - mb))).sum()       # NaN sums kept (x 0: NaN)
             parts.append((mb, sb))
         mbs = np.array([p[0] for p in parts])
         M = np.fmax.reduce(mbs)
         M = 0.0 if M == -np.inf else M
-        S = sum(0.0 if mb == -np.inf else sb * np.exp(mb - M) for mb, sb in parts)
+        S = sum(sb * (0.0 if mb == -np.inf else np.exp(mb - M)) for mb, sb in parts)
         with np.errstate(divide="ignore"):
             y = v - M - np.log(S) if algo == "LOG" else np.exp(v - M) / S
     return y
@@ -194,12 +194,14 @@ def _special_rows(rows, c, seed):
     x[4, c - 1] = np.inf                             # +inf: the row NaN
     x[5, :] = 80.0 + rng.standard_normal(c)          # large values
     x[6, :] = rng.standard_normal(c) * 30            # a wide spread
-    return x
+    x[7, :c // 2] = np.nan                           # NaN over whole slices (rank 0's and its threads' at CL >= 2):
+    return x                                         # fmax skips them all, the NaN must come through the sums
 
 
 # (C, itemsize, CL, NT, VPT): ragged rows (heads 0..VEC-1 over the rows), empty tails, one block, full clusters
 EMU = [(16385, 4, 4, 256, 4), (16387, 2, 2, 512, 2), (8193, 2, 8, 256, 1), (1001, 4, 1, 256, 1),
-       (50257, 4, 7, 512, 4), (4100, 2, 3, 256, 1), (515, 4, 8, 256, 1)]
+       (50257, 4, 7, 512, 4), (4100, 2, 3, 256, 1), (515, 4, 8, 256, 1),
+       (65536, 4, 8, 512, 4)]     # aligned slices: row 7's NaN half is ranks 0-3 whole, no thread mixes NaN and numbers
 
 
 @pytest.mark.parametrize("c, item, cl, nt, vpt", EMU, ids=str)
@@ -322,6 +324,10 @@ for setting in ("0", "1", "all", "0"):
         out[setting, shape] = run(shape)
     out[setting, "bf16"] = run((3, 50257), ml_dtypes.bfloat16)
     out[setting, "misaligned"] = run((64, 50257), off=1)
+SC.CLUSTER = "1"
+x = fakecp.asarray(np.zeros((64, 50257), np.float32))
+p = S.plan(x, (1,), "LOG")
+out["holds x"] = type(p).__name__, any(a is x for a in p._args)      # a plan must not keep its first input alive
 print(repr(out))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=ROOT,
@@ -345,6 +351,7 @@ print(repr(out))
     assert out["1", "bf16"] == [("smx_fwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 24, 256),
                                 ("smx_bwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 24, 256)], out
     assert out["1", "misaligned"] == out["0", "misaligned"]
+    assert out["holds x"] == ("_ClusterPlan", False)
 
 
 def test_environment_read_at_import():

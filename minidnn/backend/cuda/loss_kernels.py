@@ -291,9 +291,10 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool smooth = eps != 0.0;
     A acc_loss = 0, acc_den = 0;
-    const int n = (int)rows, step = gridDim.x * blockDim.x;      // x.size < 2^31 (the planner): int offsets
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int o = r / inner, i = r - o * inner;
+    // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
+    const unsigned int n = (unsigned int)rows, step = gridDim.x * blockDim.x;
+    for (unsigned int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
+        const int o = (int)r / inner, i = (int)r - o * inner;
         const X* q = x + (o * C * inner + i);       // class c0 + k of the batch: a running pointer, one add a load
         const long long t = (long long)target[r];
         A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
@@ -378,9 +379,10 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     }
     A gm = LD(g[0]);
     if (REDUCTION == 1) gm /= denom[0];
-    const int n = (int)rows, step = gridDim.x * blockDim.x;      // x.size < 2^31 (the planner): int offsets
-    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int o = r / inner, i = r - o * inner;
+    // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
+    const unsigned int n = (unsigned int)rows, step = gridDim.x * blockDim.x;
+    for (unsigned int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
+        const int o = (int)r / inner, i = (int)r - o * inner;
         const int base = o * C * inner + i;
         const long long t = (long long)target[r];
         if (t == ignore_index) {
@@ -1346,7 +1348,7 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
                 base + defines + (f"SMOOTH={int(eps != 0)}", f"FASTX={int(ce_fast(dtype))}"),
                 -(-rows // (cfg.block // cfg.g)), per_sm, cfg.block)
     if CE_SPATIAL and not _sk.V1:       # inner > 1: a thread a position (SOURCE_SPATIAL); the forward's grid at most
-        # the resident blocks (8 an SM: each block ends with a partial and the ticket)
+        # the resident blocks (SP_MINB an SM: each block ends with a partial and the ticket)
         minb = 2 if accum == "double" else 4         # <= 64 registers (float, 16-bit): four blocks an SM, no spill
         # U: a position's loads issued together -- the forward 16 (8 in float64), the backward 8 (its stores and
         # exps beside: 16 spilled at 64 registers); more registers lost blocks an SM or spilled (nvcc, session 21)

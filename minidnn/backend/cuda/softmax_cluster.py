@@ -41,7 +41,7 @@ Switch: CLUSTER (MINIDNN_SOFTMAX_CLUSTER, read at import; softmax_kernels.plan r
 and keys its plans on it -- tools set it and clear softmax_kernels._plans): "0" off, "1" the rule (the default since
 session 21's run 10: `plan` -- rows softmax_kernels' one-chunk block path does not hold, 16-bit forwards only where
 its chunked path reads part of a row again), "all" every row the kernels can hold (the tests, the A/B).  Measured
-(run 10, H200, graph replays; docs/step_kernels.md): the rule's rows 1.02-2.8x the row kernels, 0.97-3.2x PyTorch.
+(run 10, H200, graph replays; docs/step_kernels.md): the rule's rows 0.96-2.8x the row kernels, 0.97-3.2x PyTorch.
 """
 from __future__ import annotations
 
@@ -268,7 +268,8 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
             }
         }
     const A mb = block_max(m, red);
-    const A sb = block_sum(m == NEG_INF ? (A)0 : s * exp(m - mb), red);
+    // s * 0 where m_t is -inf, not 0: a thread whose values are all NaN (fmax skipped them) keeps its NaN sum
+    const A sb = block_sum(s * (m == NEG_INF ? (A)0 : exp(m - mb)), red);
     if (threadIdx.x == 0) { part[0] = mb; part[1] = sb; }
     cluster_arrive();
     cluster_wait();
@@ -279,7 +280,7 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 #pragma unroll
         for (int j = 0; j < CL; ++j) M = fmax(M, __shfl_sync(0xffffffffu, pm, j));
         if (M == NEG_INF) M = 0;    // an all -inf row: exp(-inf - 0) = 0, S = 0, y NaN as the reference
-        const A c = pm == NEG_INF ? (A)0 : ps * exp(pm - M);
+        const A c = ps * (pm == NEG_INF ? (A)0 : exp(pm - M));     // (a block of all NaN: its NaN sum stays)
         A S = 0;
 #pragma unroll
         for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, c, j);

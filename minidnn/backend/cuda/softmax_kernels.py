@@ -2012,6 +2012,12 @@ class _TwinPlan(_Plan):
         return out
 
 
+class _Like(NamedTuple):
+    """An array's shape and dtype: what a plan is built from."""
+    shape: tuple
+    dtype: np.dtype
+
+
 class _ClusterPlan(_Plan):
     """A softmax_cluster launch (CLUSTER): calls whose arrays all start on 16-byte boundaries (the output a fresh
     allocation) launch the cluster kernel; the others the row plan _row_plan makes -- built on the first such call
@@ -2033,7 +2039,8 @@ def _plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
         cl = _smc.plan(outer, c, x.dtype, algo, backward, dev)
         if cl is not None:
             p = _ClusterPlan()
-            p.dev, p.old, p._args = dev, None, (backward, x, axes, algo_name, dev, hint, stash)
+            # the fallback's plan needs x's shape and dtype only: the array itself would stay alive with the plan
+            p.dev, p.old, p._args = dev, None, (backward, _Like(x.shape, x.dtype), axes, algo_name, dev, hint, stash)
             p.go = _smc.prepare(outer, c, x.dtype, algo, backward, cl)
             return p
     return _row_plan(backward, x, axes, algo_name, dev, hint, stash)
