@@ -256,9 +256,10 @@ __device__ __forceinline__ float ex2_fast(float x)
 # classes of ONE position, 32 lines for 32 values (2-4% of copy at (32, 21, 128, 128), 0.3x PyTorch: session 21).
 # A thread walks its position's C classes U at a time (U loads issued before their use: the planner's U, 16 forward,
 # 8 backward -- bytes in flight where few positions leave few threads, e.g. (8, 150, 64, 64): 128 blocks).
-#   ce_sp_fwd: per position, ONE pass over the classes -- the online (max, sum): a larger value rescales the sum
-#              (s exp(m - v) + 1), an -inf row keeps shift 0 as row_stats does, NaN propagates through the max;
-#              x[t] picked on the way; the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd; 'mean' /
+#   ce_sp_fwd: per position, ONE pass over the classes, U at a time: the batch's max first (NaN-propagating, as
+#              row_stats), the running sum rescaled once when the max grows, then one exp an element with no branch
+#              (FASTX's ex2.approx where the row kernels take it); an -inf row keeps shift 0 as row_stats does; x[t]
+#              picked on the way; the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd; 'mean' /
 #              'sum': each thread's sums, the warp's (shuffles), the block's 8 warps in order, one partial a block,
 #              the LAST block's 256 threads add the partials (double; strided, then the warp trees and the warps in
 #              order: ~2 loads a thread where one thread's loop over 528 partials was a chain at the kernel's end)
