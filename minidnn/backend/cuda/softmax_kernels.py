@@ -1420,10 +1420,6 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 _SOURCES = {"V1": SOURCE_V1, "ROWS": SOURCE, "COLS": SOURCE_COLS}
 
 
-
-
-
-
 # The backward's warp path: 32 + 32 elements a thread (one row a warp, no block barrier: a 1000-class row in one warp)
 # or 16 + 16 (a 1000-class row: a 64-thread block).  Measured on an H100 at (16384, 1000): the warp tiling wins for
 # log-softmax (float32 0.0813 ms against 0.0926; its dx needs exp(y), and the 64-thread block's barriers serialise
@@ -1444,8 +1440,6 @@ def bwd_warp(algo_name, itemsize):
     if _BWD_WARP_ENV in ("0", "1"):
         return _BWD_WARP_ENV == "1"
     return algo_name == "LOG" or itemsize <= 2
-
-
 
 
 # Session 17 (issue 10: the (4096, 32000) float32 log-softmax backward at 57% of copy, 0.82x PyTorch, softmax's at
@@ -1625,7 +1619,6 @@ WARP_BWD_REGS = {(32, 4, False): 64, (32, 4, True): 72, (32, 2, False): 72, (32,
                  (16, 4, False): 64, (16, 4, True): 64, (16, 2, False): 64, (16, 2, True): 64}
 
 
-
 def warp_regs(e, item, ragged, log):
     """A WARP forward thread's register budget (WARP_REGS, WARP_REGS_LOG for log-softmax where listed; LSM's
     epilogue builds within LOG's)."""
@@ -1782,8 +1775,6 @@ def pipe_regs(cfg):
     else PIPE_REGS (a RAGGED 513-class row spilled 24-104 bytes at 64)."""
     e = cfg.nv * cfg.vec
     return FWD_REGS if e < 16 or (e == 16 and not cfg.ragged) else PIPE_REGS
-
-
 
 
 def col_reg(c):
@@ -2128,8 +2119,6 @@ def _compile_check(out_dir):
                     write_spec(path, s)
                     files.append(path)
     return files
-
-
 
 
 if __name__ == "__main__":
