@@ -24,21 +24,8 @@ from minidnn.backend.cuda import device_facts
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests import _nvcc
 from tests.backend._row_ab_plans import row_ab_specs
+from tests.backend._row_kernels import _row_kernels_only  # noqa: F401  (autouse: the row kernels, not clusters)
 from tests.backend.test_softmax_rows_cuda import _defs, _dtype
-
-
-@pytest.fixture(autouse=True)
-def _row_kernels_only(monkeypatch):
-    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
-    21) off, so long rows still reach them (softmax_kernels' plans are keyed on the setting; the primitive's seen
-    calls are not: emptied before and after)."""
-    from minidnn.backend import softmax as primitive
-    from minidnn.backend.cuda import softmax_cluster
-    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
-    primitive._SEEN.clear()
-    yield
-    primitive._SEEN.clear()
-
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BEFORE = "82af97c"          # the commit before this change of softmax_kernels.py (token identity of modes 0-4)

@@ -23,21 +23,8 @@ import minidnn.backend as B
 from minidnn.backend.cuda import loss_kernels as _lk
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests import _nvcc
+from tests.backend._row_kernels import _row_kernels_only  # noqa: F401  (autouse: the row kernels, not clusters)
 from tests.backend.test_softmax_rows_cuda import _close, _defs, _dtype, _host, _launches, _ref_fwd, _reset_plans
-
-
-@pytest.fixture(autouse=True)
-def _row_kernels_only(monkeypatch):
-    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
-    21) off, so long rows still reach them (softmax_kernels' plans are keyed on the setting; the primitive's seen
-    calls are not: emptied before and after)."""
-    from minidnn.backend import softmax as primitive
-    from minidnn.backend.cuda import softmax_cluster
-    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
-    primitive._SEEN.clear()
-    yield
-    primitive._SEEN.clear()
-
 
 WIDTHS = [1, 2, 7, 10, 16, 32, 33, 64, 100, 127, 128, 129, 200, 256, 500, 512, 513, 1000, 1001, 4097]
 

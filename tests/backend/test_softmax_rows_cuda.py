@@ -19,20 +19,7 @@ from minidnn.backend import devices as _dev
 from minidnn.backend._testing import to_numpy
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests import _nvcc
-
-
-@pytest.fixture(autouse=True)
-def _row_kernels_only(monkeypatch):
-    """These cases test softmax_kernels' row kernels: the cluster route (softmax_cluster, on by default since session
-    21) off, so long rows still reach them (softmax_kernels' plans are keyed on the setting; the primitive's seen
-    calls are not: emptied before and after)."""
-    from minidnn.backend import softmax as primitive
-    from minidnn.backend.cuda import softmax_cluster
-    monkeypatch.setattr(softmax_cluster, "CLUSTER", "0")
-    primitive._SEEN.clear()
-    yield
-    primitive._SEEN.clear()
-
+from tests.backend._row_kernels import _row_kernels_only  # noqa: F401  (autouse: the row kernels, not clusters)
 
 LENGTHS = [1, 7, 31, 32, 33, 1000, 1025, 4097, 32768, 40000]
 
