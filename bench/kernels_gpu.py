@@ -55,6 +55,11 @@ SIZES = {   # name: (NCHW activation, (rows, classes) logits, (rows, D) layer no
     "large2": ((32, 256, 56, 56), (4096, 32000), (32768, 768), (32768, 768)),
     "large3": ((256, 32, 56, 56), (65536, 512), (8192, 4096), (8192, 4096)),
 }
+# session 21's kinds: long-row softmax (language-model vocabularies; softmax_cluster) and segmentation losses
+# (cross-entropy over (N, C, H, W) against (N, H, W) targets, softmax over dim 1; loss_kernels' SOURCE_SPATIAL)
+LONG_ROWS = {"large": (4096, 50257), "large2": (300, 50257), "large3": (2048, 65536), "small": (64, 32000)}
+SEGMENT = {"large": (16, 19, 256, 256), "large2": (32, 21, 128, 128), "large3": (8, 150, 64, 64),
+           "small": (4, 21, 32, 32)}
 
 
 class Timer:
@@ -415,6 +420,47 @@ class Cases:
         return [("cross-entropy fwd", shape, (fwd, tf, e + n * 8), True),
                 ("cross-entropy bwd", shape, (bwd, tb, 2 * e + n * 12), True)]
 
+    def spatial(self, shape):
+        """Segmentation: cross-entropy of (N, C, H, W) logits against (N, H, W) targets, and softmax / log-softmax
+        over dim 1 (as tools/spatial_ce_gpu.py)."""
+        cp, torch = self.cp, self.torch
+        n, c = shape[:2]
+        x, dy = self.x(shape), self.x(shape)
+        tshape = (n,) + tuple(shape[2:])
+        t = cp.asarray(np.random.default_rng(0).integers(0, c, tshape))
+        loss, lse, den = B.softmax_cross_entropy_forward(None, x, t)
+        dloss = self.full((), 1.0)
+        ys = {a: B.softmax_forward(None, a, "channel", x) for a in ("accurate", "log")}
+        tf = tb = None
+        tfs, tbs = {}, {}
+        if torch is not None:
+            xt, dyt = self.t(shape, True), self.t(shape)
+            tt = torch.randint(0, c, tshape, device=self.tdev)
+
+            def tf():
+                return torch.nn.functional.cross_entropy(xt, tt)
+            lt = tf()
+
+            def tb():
+                return torch.autograd.grad(lt, xt, retain_graph=True)
+            for a, op in (("accurate", torch.softmax), ("log", torch.log_softmax)):
+                yt = op(xt, 1)
+                tfs[a] = lambda op=op: op(xt, 1)
+                tbs[a] = lambda yt=yt: torch.autograd.grad(yt, xt, dyt, retain_graph=True)
+        e = x.size * self.item
+        rows = x.size // c
+        out = [("spatial ce fwd", shape, (lambda: B.softmax_cross_entropy_forward(None, x, t), tf, e + rows * 8),
+                True),
+               ("spatial ce bwd", shape, (lambda: B.softmax_cross_entropy_backward(None, x, t, dloss, lse, den), tb,
+                                          2 * e + rows * 12), True)]
+        for a in ("accurate", "log"):
+            name = "channel log-softmax" if a == "log" else "channel softmax"
+            out += [(name + " fwd", shape, (lambda a=a: B.softmax_forward(None, a, "channel", x), tfs.get(a), 2 * e),
+                     True),
+                    (name + " bwd", shape, (lambda a=a: B.softmax_backward(None, a, "channel", ys[a], dy), tbs.get(a),
+                                            3 * e), True)]
+        return out
+
     # ---- bias add and its gradient -----------------------------------------------------------------------------
     def bias(self, shape):
         torch = self.torch
@@ -569,7 +615,8 @@ class Cases:
 
 
 BN_EXTRA = {"large": (256, 16, 32, 32)}
-KINDS = ("bn", "bn_cl", "bn2", "pool", "softmax", "ce", "bias", "dropout", "ln", "gn", "relu")
+KINDS = ("bn", "bn_cl", "bn2", "pool", "softmax", "ce", "bias", "dropout", "ln", "gn", "relu", "softmax_long",
+         "spatial")
 
 
 def build(cases, kind, size):
@@ -590,6 +637,10 @@ def build(cases, kind, size):
         return cases.softmax(logits, "accurate") + cases.softmax(logits, "log")
     if kind == "ce":
         return cases.cross_entropy(logits)
+    if kind == "softmax_long":
+        return cases.softmax(LONG_ROWS[size], "accurate") + cases.softmax(LONG_ROWS[size], "log")
+    if kind == "spatial":
+        return cases.spatial(SEGMENT[size])
     if kind == "bias":
         return cases.bias(act) + cases.bias(lin)
     if kind == "dropout":
