@@ -5,12 +5,14 @@
 # tests, and the same under MINIDNN_NAN_RESCALE=1 for the row-kernel modules' long-row cases.  Adopting it: its
 # default "1" in softmax_kernels.py (then test_row_kernels_keep_nan_slices's xfail lifts itself: strict, conditioned
 # on the switch), after test_ce_lowp_logits' widened-spill test passes with it on (nvcc: +4 bytes in some float16
-# widened ce_rows builds).  ~3 min on a fresh H200.
+# widened ce_rows builds).  Then session 21's kernel-table kinds (softmax_long, spatial) in graph timing.  ~4 min on
+# a fresh H200.
 #   From a clean archive of HEAD:  OUT=$OUT bash tools/gpu_s22_first.sh
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-200} CTIME=${CTIME:-200} TAIL=${TAIL:-40}
 export PARTS="tests/backend/test_nan_rescale.py;;tests/backend/test_softmax_cluster.py -k special~or~nan;;\
 MINIDNN_NAN_RESCALE=1 tests/backend/test_lsm16_stash.py tests/backend/test_ce_long_cuda.py;;\
 MINIDNN_NAN_RESCALE=1 tests/backend/test_softmax_cluster.py -k nan_slices"
-export CMDS="env MINIDNN_NAN_RESCALE=1 python3 -m pytest -q -p no:cacheprovider tests/backend/test_ce_lowp_logits.py -k spills"
+export CMDS="env MINIDNN_NAN_RESCALE=1 python3 -m pytest -q -p no:cacheprovider tests/backend/test_ce_lowp_logits.py -k spills;;\
+python3 bench/kernels_gpu.py --sizes large,large2,large3 --dtypes float32,bfloat16 --timing graph --only softmax_long,spatial"
 exec bash tools/gpu_s9_parts.sh
