@@ -13,64 +13,14 @@ import argparse
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import kernels_gpu as K  # noqa: E402
 
-import minidnn.backend as B  # noqa: E402
 from minidnn.backend import devices as _dev  # noqa: E402
 
 SHAPES = [(32, 21, 128, 128), (16, 19, 256, 256), (8, 150, 64, 64), (64, 10, 64, 64)]
-
-
-def ce_cases(cases, shape):
-    cp, torch = cases.cp, cases.torch
-    n, c = shape[:2]
-    x = cases.x(shape)
-    tshape = (n,) + tuple(shape[2:])
-    t = cp.asarray(np.random.default_rng(0).integers(0, c, tshape))
-    loss, lse, den = B.softmax_cross_entropy_forward(None, x, t)
-    dloss = cases.full((), 1.0)
-    tf = tb = None
-    if torch is not None:
-        xt = cases.t(shape, True)
-        tt = torch.randint(0, c, tshape, device=cases.tdev)
-
-        def tf():
-            return torch.nn.functional.cross_entropy(xt, tt)
-        lt = tf()
-
-        def tb():
-            return torch.autograd.grad(lt, xt, retain_graph=True)
-    e = x.size * cases.item
-    rows = x.size // c
-    return [("spatial ce fwd", shape, (lambda: B.softmax_cross_entropy_forward(None, x, t), tf, e + rows * 8)),
-            ("spatial ce bwd", shape, (lambda: B.softmax_cross_entropy_backward(None, x, t, dloss, lse, den), tb,
-                                       2 * e + rows * 12))]
-
-
-def channel_cases(cases, shape, algo):
-    torch = cases.torch
-    x, dy = cases.x(shape), cases.x(shape)
-    y = B.softmax_forward(None, algo, "channel", x)
-    tf = tb = None
-    if torch is not None:
-        xt, dyt = cases.t(shape, True), cases.t(shape)
-        op = torch.log_softmax if algo == "log" else torch.softmax
-
-        def tf():
-            return op(xt, 1)
-        yt = tf()
-
-        def tb():
-            return torch.autograd.grad(yt, xt, dyt, retain_graph=True)
-    e = x.size * cases.item
-    name = "channel log-softmax" if algo == "log" else "channel softmax"
-    return [(name + " fwd", shape, (lambda: B.softmax_forward(None, algo, "channel", x), tf, 2 * e)),
-            (name + " bwd", shape, (lambda: B.softmax_backward(None, algo, "channel", y, dy), tb, 3 * e))]
 
 
 def main(argv=None):
@@ -100,9 +50,7 @@ def main(argv=None):
     for dtype_name in args.dtypes.split(","):
         cases = K.Cases(cp, torch, dtype_name)
         for shape in shapes:
-            todo = ce_cases(cases, shape) + channel_cases(cases, shape, "accurate") + channel_cases(cases, shape,
-                                                                                                   "log")
-            for name, shp, (fn, tfn, nbytes) in todo:
+            for name, shp, (fn, tfn, nbytes), _ in cases.spatial(shape):      # bench/kernels_gpu.py's cases
                 ms = timer.cupy(fn)
                 tms = timer.torch_(tfn) if tfn is not None else float("nan")
                 pct = nbytes / (ms * 1e-3) / 1e9 / bw * 100
