@@ -6,8 +6,9 @@ device time only (CUDA-graph replays), in one process, PyTorch beside.
 
 Ops: smx / lsmx the softmax / log-softmax forward, smxbwd / lsmxbwd their backwards (y of the same algorithm).
 Settings: "0" the row kernels (softmax_kernels' plan: the reference of the ratio column), "all" the cluster kernels
-wherever they hold the row, "1" the rule (`softmax_cluster.plan`: rows the one-chunk block path does not hold; the
-backward only up to BWD_ROWS_PER_SM rows an SM); a setting may force the launch's shape where the row fits it:
+wherever they hold the row, "1" the rule (`softmax_cluster.plan`, the default since session 21's run 10: rows the
+one-chunk block path does not hold, 16-bit forwards only where the chunked path reads a row again); a setting may
+force the launch's shape where the row fits it:
 "all:cl8" (8 blocks a cluster), "all:nt512" (512 threads a block), "all:cl4:nt512" (FORCE_CL / FORCE_NT), e.g.
 --settings 0,all,all:nt512,all:cl8 to test the rule's choice of NT and CL; "all:exact": expf for every exp where
 the default takes ex2.approx in the log-softmax and 16-bit softmax forwards (FAST_EXP).  A setting that plans the
