@@ -180,6 +180,26 @@ def torch_stream(torch):
     return torch.cuda.stream(torch.cuda.Stream())
 
 
+def open_gpu(trials, who):
+    """(cp, torch or None, Timer, copy bandwidth GB/s) for a measuring script, or None (said) without a CUDA GPU.
+    PyTorch as the oracle where it has the GPU: cudnn.benchmark on, TF32 off (strict fp32 on both sides)."""
+    if not _dev.cuda_is_available():
+        print(f"{who}: no CUDA GPU with CuPy here; nothing to measure")
+        return None
+    cp = _dev.require_cupy()
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cuda.matmul.allow_tf32 = False
+        else:
+            torch = None
+    except ImportError:
+        torch = None
+    timer = Timer(cp, torch, trials)
+    return cp, torch, timer, copy_bandwidth(cp, timer)
+
+
 def copy_bandwidth(cp, timer):
     n = 64 * 1024 * 1024                    # 256 MiB of float32
     src = cp.ones(n, dtype=np.float32)
@@ -717,18 +737,10 @@ def main(argv=None):
     ap.add_argument("--timing", default="both", choices=("eager", "graph", "both"),
                     help="eager calls (host + device), CUDA-graph replays (device), or both column groups")
     args = ap.parse_args(argv)
-    if not _dev.cuda_is_available():
-        print("kernels_gpu: no CUDA GPU with CuPy here; nothing to measure")
+    gpu = open_gpu(args.trials, "kernels_gpu")
+    if gpu is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cuda.matmul.allow_tf32 = False
-    except ImportError:
-        torch = None
-    timer = Timer(cp, torch, args.trials)
-    bw = copy_bandwidth(cp, timer)
+    cp, torch, timer, bw = gpu
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; copy bandwidth {bw:.0f} GB/s "
           f"(cudaMemcpyAsync, 256 MiB); PyTorch {torch.__version__ if torch else 'absent'}")
     groups = {"eager": ["eager"], "graph": ["graph"], "both": ["eager", "graph"]}[args.timing]

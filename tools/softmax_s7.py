@@ -103,18 +103,10 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     args = ap.parse_args(argv)
-    if not _dev.cuda_is_available():
-        print("softmax_s7: no CUDA GPU with CuPy here; nothing to measure")
+    gpu = K.open_gpu(args.trials, "softmax_s7")
+    if gpu is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            torch = None
-    except ImportError:
-        torch = None
-    timer = K.Timer(cp, torch, args.trials)
-    bw = K.copy_bandwidth(cp, timer)
+    cp, torch, timer, bw = gpu
     print(f"device {cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())['name'].decode()}; "
           f"copy bandwidth {bw:.0f} GB/s; graph of {args.calls} launches, median of {args.trials}")
     head = (f"{'op':16s} {'dtype':9s} {'shape':14s} {'variant':8s} {'kern ms':>8s} {'%copy':>6s} {'call ms':>8s} "

@@ -22,7 +22,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kernels_gpu as K  # noqa: E402
 
 import minidnn.backend as B  # noqa: E402
-from minidnn.backend import devices as _dev  # noqa: E402
 
 ROWS = [(128, 10), (65536, 128), (16384, 1000), (8192, 1025), (4096, 4097), (2048, 32768), (512, 50257)]
 QUICK = [(128, 10), (16384, 1000), (4096, 4097), (2048, 32768)]
@@ -56,18 +55,10 @@ def main(argv=None):
     ap.add_argument("--rows", default="", help="row shapes NxC,NxC (no channel softmax)")
     args = ap.parse_args(argv)
     rows = [tuple(int(v) for v in r.split("x")) for r in args.rows.split(",") if r]
-    if not _dev.cuda_is_available():
-        print("softmax_shapes_gpu: no CUDA GPU with CuPy here; nothing to measure")
+    gpu = K.open_gpu(args.trials, "softmax_shapes_gpu")
+    if gpu is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            torch = None
-    except ImportError:
-        torch = None
-    timer = K.Timer(cp, torch, args.trials)
-    bw = K.copy_bandwidth(cp, timer)
+    cp, torch, timer, bw = gpu
     v1 = os.environ.get("MINIDNN_SOFTMAX_V1", "0") == "1"
     bwd = "".join(f" {k[15:]}={os.environ[k]}" for k in ("MINIDNN_SOFTMAX_BWD_WARP", "MINIDNN_SOFTMAX_BWD_REGS",
                                                          "MINIDNN_SOFTMAX_FWD_CAP", "MINIDNN_SOFTMAX_FWD_REGS")

@@ -18,8 +18,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import kernels_gpu as K  # noqa: E402
 
-from minidnn.backend import devices as _dev  # noqa: E402
-
 SHAPES = [(32, 21, 128, 128), (16, 19, 256, 256), (8, 150, 64, 64), (64, 10, 64, 64)]
 
 
@@ -30,18 +28,10 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="NxCxHxW,... (default: the segmentation shapes above)")
     args = ap.parse_args(argv)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
-    if not _dev.cuda_is_available():
-        print("spatial_ce_gpu: no CUDA GPU with CuPy here; nothing to measure")
+    gpu = K.open_gpu(args.trials, "spatial_ce_gpu")
+    if gpu is None:
         return 0
-    cp = _dev.require_cupy()
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            torch = None
-    except ImportError:
-        torch = None
-    timer = K.Timer(cp, torch, args.trials)
-    bw = K.copy_bandwidth(cp, timer)
+    cp, torch, timer, bw = gpu
     print(f"copy bandwidth {bw:.0f} GB/s")
     head = (f"{'kernel':26s} {'dtype':9s} {'shape':20s} {'MB':>7s} {'ms':>8s} {'%copy':>6s} {'torch ms':>9s} "
             f"{'vs torch':>8s}")
