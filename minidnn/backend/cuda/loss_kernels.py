@@ -231,6 +231,84 @@ ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restric
     }
 }
 """
+CE_GRID_SUM = r"""
+// A forward's sums over the grid (ce_rows_fwd, ce_sp_fwd): each thread's loss and weight sums -> the warp's
+// (shuffles) -> the block's (warps in order, thread 0) -> one partial a block; the LAST block (the ticket: with TAIL
+// an acquire-release atomic, else __threadfence and atomicAdd) adds every block's partial -- thread t blocks t,
+// t + NT, ... in double, then the warps' shuffle trees and the warps in order -- into the 'mean' denominator and the
+// loss, and resets the ticket.  A fixed order for a grid: deterministic.  NT: threads a block.
+#ifndef TAIL
+#define TAIL 0                                      // CE_TAIL (session 12): the forward's ticket and last-block sums
+#endif
+#ifndef TAIL_LD
+#define TAIL_LD 4                                   // partial pairs a thread of the last block loads at once
+#endif
+template <int NT> __device__ __forceinline__ void ce_grid_sum(A acc_loss, A acc_den, A* __restrict__ partial,
+                                                            unsigned int* ticket, T* __restrict__ loss_out,
+                                                            A* __restrict__ denom_out, const int lane, const int warp)
+{
+    __shared__ double red[2][NT / 32];
+    __shared__ bool last;
+    acc_loss = warp_sum(acc_loss); acc_den = warp_sum(acc_den);
+    if (lane == 0) { red[0][warp] = acc_loss; red[1][warp] = acc_den; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        A bl = 0, bd = 0;
+        for (int k = 0; k < NT / 32; ++k) { bl += (A)red[0][k]; bd += (A)red[1][k]; }
+        partial[2 * blockIdx.x] = bl; partial[2 * blockIdx.x + 1] = bd;
+#if TAIL
+        // CE_TAIL: the ticket as one acquire-release atomic (MEMBAR.ALL.GPU, not __threadfence's MEMBAR.SC.GPU)
+        unsigned int tk;
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(tk) : "l"(ticket) : "memory");
+        last = tk == gridDim.x - 1;
+#else
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+#endif
+    }
+    __syncthreads();
+    if (last) {                                   // uniform over the block
+        double tl = 0, td = 0;
+#if TAIL
+        // ordered after the other blocks' partials by thread 0's acquire and the barrier; the loads L2-only (.cg),
+        // TAIL_LD a thread issued before the first add (one round trip, not one a trip), added in b order as below
+        {
+            A pl[TAIL_LD], pd[TAIL_LD];
+#pragma unroll
+            for (int k = 0; k < TAIL_LD; ++k) {
+                const int b = threadIdx.x + k * NT;
+                pl[k] = b < (int)gridDim.x ? __ldcg(partial + 2 * b) : (A)0;
+                pd[k] = b < (int)gridDim.x ? __ldcg(partial + 2 * b + 1) : (A)0;
+            }
+#pragma unroll
+            for (int k = 0; k < TAIL_LD; ++k)
+                if (threadIdx.x + k * NT < (int)gridDim.x) { tl += (double)pl[k]; td += (double)pd[k]; }
+        }
+        for (int b = threadIdx.x + TAIL_LD * NT; b < (int)gridDim.x; b += NT) {
+            tl += (double)__ldcg(partial + 2 * b); td += (double)__ldcg(partial + 2 * b + 1);
+        }
+#else
+        __threadfence();
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += NT) {
+            tl += (double)((volatile A*)partial)[2 * b]; td += (double)((volatile A*)partial)[2 * b + 1];
+        }
+#endif
+        tl = warp_sum(tl); td = warp_sum(td);
+        __syncthreads();
+        if (lane == 0) { red[0][warp] = tl; red[1][warp] = td; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            tl = 0; td = 0;
+            for (int k = 0; k < NT / 32; ++k) { tl += red[0][k]; td += red[1][k]; }
+            denom_out[0] = (A)td;
+            if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
+            if (REDUCTION == 2) loss_out[0] = ST((A)tl);
+            *ticket = 0u;
+        }
+    }
+}
+"""
+
 FASTX_HEADER = r"""#if FASTX
 // FASTX (session 9, round 2; float accumulation only): exp(v - sh) as 2^(v log2e - sh log2e), one FFMA and one
 // MUFU.EX2 (ex2.approx.ftz: ~2 ulp, results below 2^-126 flushed to 0) instead of expf's ~9 instructions; and the
@@ -260,10 +338,8 @@ __device__ __forceinline__ float ex2_fast(float x)
 #              row_stats), the running sum rescaled once when the max grows, then one exp an element with no branch
 #              (FASTX's ex2.approx where the row kernels take it); an -inf row keeps shift 0 as row_stats does; x[t]
 #              picked on the way; the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd; 'mean' /
-#              'sum': each thread's sums, the warp's (shuffles), the block's 8 warps in order, one partial a block,
-#              the LAST block's 256 threads add the partials (double; strided, then the warp trees and the warps in
-#              order: ~2 loads a thread where one thread's loop over 528 partials was a chain at the kernel's end)
-#              -- deterministic for a grid.
+#              'sum': ce_grid_sum, the row forward's grid sum (the LAST block's 256 threads add the partials: ~2
+#              loads a thread where one thread's loop over 528 partials was a chain at the kernel's end).
 #   ce_sp_bwd: per position, dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's expression
 #              (the same bits wherever the smoothing sum of the weights is not needed: it is summed in class order
 #              here, in lane order there).
@@ -272,7 +348,7 @@ typedef INDEX I;
 #ifndef FASTX
 #define FASTX 0
 #endif
-""" + FASTX_HEADER + r"""
+""" + CE_GRID_SUM + FASTX_HEADER + r"""
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 #ifndef U
 #define U 16
@@ -287,8 +363,6 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
           A* __restrict__ denom_out, const long long rows, const int C, const int inner, const long long ignore_index,
           const double eps)
 {
-    __shared__ A warp_loss[8], warp_den[8];
-    __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool smooth = eps != 0.0;
     A acc_loss = 0, acc_den = 0;
@@ -335,36 +409,7 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
         if (REDUCTION == 0) loss_rows[r] = ST(per);
         acc_loss += per; acc_den += wt;
     }
-    acc_loss = warp_sum(acc_loss); acc_den = warp_sum(acc_den);
-    if (lane == 0) { warp_loss[warp] = acc_loss; warp_den[warp] = acc_den; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        A bl = 0, bd = 0;
-        for (int k = 0; k < 8; ++k) { bl += warp_loss[k]; bd += warp_den[k]; }
-        partial[2 * blockIdx.x] = bl; partial[2 * blockIdx.x + 1] = bd;
-        __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (last) {             // the last block: all its threads add the partials (thread t: blocks t, t + 256, ...),
-        __threadfence();    // then the warps' shuffle trees and warps 0..7 in order -- a fixed order for a grid
-        __shared__ double red_l[8], red_d[8];
-        double tl = 0, td = 0;
-        for (int b = threadIdx.x; b < gridDim.x; b += 256) {
-            tl += (double)__ldcg(partial + 2 * b); td += (double)__ldcg(partial + 2 * b + 1);
-        }
-        tl = warp_sum(tl); td = warp_sum(td);
-        if (lane == 0) { red_l[warp] = tl; red_d[warp] = td; }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            tl = 0; td = 0;
-            for (int k = 0; k < 8; ++k) { tl += red_l[k]; td += red_d[k]; }
-            denom_out[0] = (A)td;
-            if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
-            if (REDUCTION == 2) loss_out[0] = ST((A)tl);
-            *ticket = 0u;
-        }
-    }
+    ce_grid_sum<256>(acc_loss, acc_den, partial, ticket, loss_out, denom_out, lane, warp);
 }
 
 extern "C" __global__ void __launch_bounds__(256, SP_MINB)
@@ -435,13 +480,7 @@ typedef INDEX I;
 #ifndef NAN_RESCALE
 #define NAN_RESCALE 0
 #endif
-#ifndef TAIL
-#define TAIL 0                                      // CE_TAIL (session 12): the forward's ticket and last-block sums
-#endif
-#ifndef TAIL_LD
-#define TAIL_LD 4                                   // partial pairs a thread of the last block loads at once
-#endif
-""" + FASTX_HEADER + r"""
+""" + CE_GRID_SUM + FASTX_HEADER + r"""
 // The pieces of a row's forward that ce_fwd_body (chunks loaded and reduced in turn), ce_fwd_long (chunks staged
 // ahead by cp.async) and ce_fwd_pipe (one chunk, the next row in flight) share, written once so that their sums
 // stay the same adds in the same order: a thread keeps a running max m and a sum s of exp(x - m) over its chunks
@@ -987,8 +1026,6 @@ ce_rows_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __re
             A* __restrict__ denom_out, const int rows, const int C, const long long ignore_index, const double eps)
 {
     __shared__ A sm[BLOCK / 32];
-    __shared__ double red[2][BLOCK / 32];
-    __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     A acc_loss = 0, acc_den = 0;
 #if LONG
@@ -1009,63 +1046,7 @@ ce_rows_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __re
                                       acc_den);
     else ce_fwd_body<false>(x, target, w, loss_rows, lse_out, rows, C, ignore_index, eps, sm, acc_loss, acc_den);
 #endif
-    acc_loss = warp_sum(acc_loss); acc_den = warp_sum(acc_den);
-    if (lane == 0) { red[0][warp] = acc_loss; red[1][warp] = acc_den; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        A bl = 0, bd = 0;
-        for (int k = 0; k < BLOCK / 32; ++k) { bl += (A)red[0][k]; bd += (A)red[1][k]; }
-        partial[2 * blockIdx.x] = bl; partial[2 * blockIdx.x + 1] = bd;
-#if TAIL
-        // CE_TAIL: the ticket as one acquire-release atomic (MEMBAR.ALL.GPU, not __threadfence's MEMBAR.SC.GPU)
-        unsigned int tk;
-        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(tk) : "l"(ticket) : "memory");
-        last = tk == gridDim.x - 1;
-#else
-        __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-#endif
-    }
-    __syncthreads();
-    if (last) {                                   // uniform over the block
-        double tl = 0, td = 0;
-#if TAIL
-        // ordered after the other blocks' partials by thread 0's acquire and the barrier; the loads L2-only (.cg),
-        // TAIL_LD a thread issued before the first add (one round trip, not one a trip), added in b order as below
-        {
-            A pl[TAIL_LD], pd[TAIL_LD];
-#pragma unroll
-            for (int k = 0; k < TAIL_LD; ++k) {
-                const int b = threadIdx.x + k * BLOCK;
-                pl[k] = b < (int)gridDim.x ? __ldcg(partial + 2 * b) : (A)0;
-                pd[k] = b < (int)gridDim.x ? __ldcg(partial + 2 * b + 1) : (A)0;
-            }
-#pragma unroll
-            for (int k = 0; k < TAIL_LD; ++k)
-                if (threadIdx.x + k * BLOCK < (int)gridDim.x) { tl += (double)pl[k]; td += (double)pd[k]; }
-        }
-        for (int b = threadIdx.x + TAIL_LD * BLOCK; b < (int)gridDim.x; b += BLOCK) {
-            tl += (double)__ldcg(partial + 2 * b); td += (double)__ldcg(partial + 2 * b + 1);
-        }
-#else
-        __threadfence();
-        for (int b = threadIdx.x; b < (int)gridDim.x; b += BLOCK) {
-            tl += (double)((volatile A*)partial)[2 * b]; td += (double)((volatile A*)partial)[2 * b + 1];
-        }
-#endif
-        tl = warp_sum(tl); td = warp_sum(td);
-        __syncthreads();
-        if (lane == 0) { red[0][warp] = tl; red[1][warp] = td; }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            tl = 0; td = 0;
-            for (int k = 0; k < BLOCK / 32; ++k) { tl += red[0][k]; td += red[1][k]; }
-            denom_out[0] = (A)td;
-            if (REDUCTION == 1) loss_out[0] = ST((A)(tl / td));
-            if (REDUCTION == 2) loss_out[0] = ST((A)tl);
-            *ticket = 0u;
-        }
-    }
+    ce_grid_sum<BLOCK>(acc_loss, acc_den, partial, ticket, loss_out, denom_out, lane, warp);
 }
 
 // dx_c = exp(x_c - lse) * sum_q * g - q_c * g      (lsel = lse log2e: FASTX's exp)
@@ -1363,8 +1344,9 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         # U: a position's loads issued together -- the forward 16 (8 in float64), the backward 8 (its stores and
         # exps beside: 16 spilled at 64 registers); more registers lost blocks an SM or spilled (nvcc, session 21)
         u = 16 if name == "ce_fwd" and accum != "double" else 8
+        tail = ("TAIL=1",) if name == "ce_fwd" and CE_TAIL in ("1", "2") else ()     # ce_grid_sum's, as the rows'
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
-                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}"), -(-rows // THREADS),
+                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail, -(-rows // THREADS),
                 minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
