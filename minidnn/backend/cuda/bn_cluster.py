@@ -131,6 +131,29 @@ __device__ __forceinline__ void cluster_wait()
 }
 """
 
+# The float exchange of the cluster kernels that meet once over 4-byte partials (norm_gncl, softmax_cluster): a load
+# of another block's shared memory, and the closing arrive.
+DSMEM_F32_HEADER = r"""
+// The closing arrive: this block only says it is done READING the others' shared memory (the loaded values were all
+// consumed before it), so no release fence -- ptxas puts a MEMBAR.ALL.GPU before a releasing arrive, which would
+// wait for the block's own global stores.
+__device__ __forceinline__ void cluster_arrive_relaxed()
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+// The float at `local` (this block's shared memory) in the block of cluster rank `rank`.
+__device__ __forceinline__ float remote_ld(const float* local, unsigned int rank)
+{
+    unsigned long long g;
+    unsigned int addr;
+    float v;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+    return v;
+}
+"""
+
 SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + SHADOW_HEADER + r"""
 typedef PARAM P;
 #define VEC (16 / (int)sizeof(T))

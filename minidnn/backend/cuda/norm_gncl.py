@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import devices as _dev
 from . import launch as _launch
-from .bn_cluster import CLUSTER_HEADER
+from .bn_cluster import CLUSTER_HEADER, DSMEM_F32_HEADER
 from .softmax_kernels import WARP_REDUCE
 from .storage import LDE_HEADER, STORAGE_HEADER, type_info
 
@@ -134,25 +134,8 @@ template <int K> __device__ __forceinline__ void block_sums(A (&v)[K], A* out)
 }
 """
 
-SOURCE = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + CLUSTER_HEADER + r"""
-// The closing arrive: this block only says it is done READING the others' shared memory (the loaded values were all
-// consumed before it), so no release fence -- ptxas puts a MEMBAR.ALL.GPU before a releasing arrive, which would
-// wait for the rank-0 block's sums stores.
-__device__ __forceinline__ void cluster_arrive_relaxed()
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-// The A at `local` (this block's shared memory) in the block of cluster rank `rank`.
-__device__ __forceinline__ A remote_ld(const A* local, unsigned int rank)
-{
-    unsigned long long g;
-    unsigned int addr;
-    A v;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-    return v;
-}
+SOURCE = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + CLUSTER_HEADER + DSMEM_F32_HEADER + r"""
+static_assert(sizeof(A) == 4, "float partials: bn_cluster's DSMEM_F32_HEADER");
 """ + GN_BLOCK_SUMS + r"""
 // This block's vector range [lo, hi) of its group row.
 __device__ __forceinline__ void block_range(int nvec, unsigned int rank, int& lo, int& hi)

@@ -51,7 +51,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import launch as _launch
-from .bn_cluster import CLUSTER_HEADER
+from .bn_cluster import CLUSTER_HEADER, DSMEM_F32_HEADER
 from .softmax_geometry import STASH_BYTES, dtype_of, row_config
 from .storage import STORAGE_HEADER, type_info
 
@@ -165,22 +165,7 @@ static_assert(sizeof(A) == 4, "float sums only (the partials travel as f32 throu
 #if ALGO != 1 && ALGO != 2
 #error "ALGO: 1 (softmax, accurate) or 2 (log-softmax)"
 #endif
-// The closing arrive: this block is done READING the others' shared memory -- no release fence needed
-__device__ __forceinline__ void cluster_arrive_relaxed()
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-// The float at `local` (this block's shared memory) in the block of cluster rank `rank`.
-__device__ __forceinline__ float remote_ld(const float* local, unsigned int rank)
-{
-    unsigned long long g;
-    unsigned int addr;
-    float v;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-    return v;
-}
+""" + DSMEM_F32_HEADER + r"""
 // Block sum / max (fmax: NaN skipped, as softmax_kernels' vmax): butterflies, then the warps in order by every
 // thread; red[] reused only after the call's last barrier.
 __device__ __forceinline__ A block_sum(A v, A* red)
