@@ -86,6 +86,22 @@ class _Buffer:
         self.lock = threading.Lock()
 
 
+def compile_in_parallel(compile_one, jobs, procs=None) -> int:
+    """Run ``compile_one`` (a module-level function: it crosses a process) on each of ``jobs`` in spawned worker
+    processes, one a core up to 16: NVRTC builds into CuPy's on-disk cache (CUPY_CACHE_DIR), so that a test or an A/B
+    that launches many kernel variants loads cubins instead of compiling one after another.  Returns len(jobs)."""
+    import multiprocessing as mp
+    import os
+    jobs = list(jobs)
+    if not jobs:
+        return 0
+    procs = procs or max(1, min(16, os.cpu_count() or 1, len(jobs)))
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for _ in pool.imap_unordered(compile_one, jobs):
+            pass
+    return len(jobs)
+
+
 def _layout(types):
     """(struct, parameter offsets) for a sequence of argument types (a CuPy array -> its pointer), or None when a
     type has no struct code."""

@@ -533,15 +533,8 @@ def precompile(jobs, procs=None):
     """Compile the distinct (dtype name, algo, backward, Launch) configurations into CuPy's disk cache
     (CUPY_CACHE_DIR) with a process a core (spawned, up to 16), as softmax_kernels.precompile; the grid is not part of
     a build.  Returns how many were compiled."""
-    import multiprocessing as mp
-    todo = list({(d, a, bool(b), tuple(launch._replace(grid=1))) for d, a, b, launch in jobs})
-    if not todo:
-        return 0
-    procs = procs or max(1, min(16, os.cpu_count() or 1, len(todo)))
-    with mp.get_context("spawn").Pool(procs) as pool:
-        for _ in pool.imap_unordered(_compile_one, todo):
-            pass
-    return len(todo)
+    return _launch.compile_in_parallel(
+        _compile_one, {(d, a, bool(b), tuple(launch._replace(grid=1))) for d, a, b, launch in jobs}, procs)
 
 
 if __name__ == "__main__":      # write the source with one configuration's defines, for an nvcc check

@@ -2106,17 +2106,10 @@ def precompile(specs, procs=None):
     """Compile the distinct kernels of ``specs`` (launch_spec results) into CuPy's on-disk cache (CUPY_CACHE_DIR) with
     a process each core (spawned, up to 16): a test or A/B that launches many hinted variants then loads cubins
     instead of running NVRTC one after another (as tools/precompile_conv.py for the convolutions)."""
-    import multiprocessing as mp
     specs = list(specs)
     specs += [f for f in map(bwd_fallback, specs) if f]        # a BSR plan prepares its fallback too (_plan)
-    todo = list({(s.source, s.name, s.defines): s for s in specs}.values())
-    if not todo:
-        return 0
-    procs = procs or max(1, min(16, os.cpu_count() or 1, len(todo)))
-    with mp.get_context("spawn").Pool(procs) as pool:
-        for _ in pool.imap_unordered(_compile_spec, todo):
-            pass
-    return len(todo)
+    return _launch.compile_in_parallel(_compile_spec, {(s.source, s.name, s.defines): s for s in specs}.values(),
+                                       procs)
 
 
 def write_spec(path, spec):
