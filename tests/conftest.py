@@ -46,6 +46,15 @@ def _cuda_ok():
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
+@pytest.fixture
+def cp():
+    """CuPy for a cuda-marked test, which skips where CuPy or a GPU is missing (a module may define its own, e.g.
+    with a compute-capability check)."""
+    if not _cuda_ok():
+        pytest.skip("no CUDA GPU with CuPy on this machine")
+    return _dev.require_cupy()
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     if request.param == "cuda" and not _cuda_ok():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import minidnn.backend as B
-from minidnn.backend import devices as _dev
+from minidnn.backend._testing import to_numpy
 from minidnn.backend.cuda import loss_kernels as _lk
 from minidnn.backend.cuda import softmax_kernels as _sk
 from tests import _nvcc
@@ -79,15 +79,6 @@ def test_spatial_compiles_without_spills():
 
 # ---- cuda ----------------------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def cp():
-    if not _dev.cuda_is_available():
-        pytest.skip("no CUDA GPU with CuPy on this machine")
-    return _dev.require_cupy()
-
-
-def _host(a):
-    return None if a is None else (a.get() if hasattr(a, "get") else np.asarray(a))
 
 
 def _inputs(rng, shape, name, weighted, ignore, index=np.int64, scale=3.0):
@@ -136,22 +127,23 @@ def test_spatial_against_float64(cp, name, reduction, case):
     dx = B.softmax_cross_entropy_backward(None, xd, td, cp.asarray(g), lse, den, wd, -100, eps, reduction)
     rtol, atol = TOLS[name]
     mag = np.abs(x.astype(np.float64)).max() + 1
-    np.testing.assert_allclose(_host(lse), lse_r.reshape(t.shape), rtol=max(rtol, 3e-7), atol=atol * mag)
-    np.testing.assert_allclose(_host(den), den_r, rtol=max(rtol, 1e-6))
+    np.testing.assert_allclose(to_numpy(lse), lse_r.reshape(t.shape), rtol=max(rtol, 3e-7), atol=atol * mag)
+    np.testing.assert_allclose(to_numpy(den), den_r, rtol=max(rtol, 1e-6))
     scale = 1.0 if reduction != "sum" else float(np.prod(t.shape))
     # the loss is stored in x's dtype: against the reference rounded to it (a float16 'sum' of 160000 positions
     # overflows to inf there, as it does in PyTorch's float16 loss)
     with np.errstate(over="ignore"):
         want = np.asarray(loss_r).astype(dt).astype(np.float64)
-    np.testing.assert_allclose(_host(loss).astype(np.float64), want, rtol=rtol * 4, atol=atol * mag * scale * 4,
+    np.testing.assert_allclose(to_numpy(loss).astype(np.float64), want, rtol=rtol * 4, atol=atol * mag * scale * 4,
                                equal_nan=True)
-    np.testing.assert_allclose(_host(dx).astype(np.float64), dx_r, rtol=rtol * 4, atol=atol * 4 * np.abs(
+    np.testing.assert_allclose(to_numpy(dx).astype(np.float64), dx_r, rtol=rtol * 4, atol=atol * 4 * np.abs(
         np.asarray(g, np.float64)).max())
     if ignore == 1.0:
-        assert not _host(dx).astype(np.float64).any()
+        assert not to_numpy(dx).astype(np.float64).any()
     # deterministic: the same call again, the same bits
     loss2, lse2, _ = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, eps, reduction)
-    assert np.array_equal(_host(loss2), _host(loss), equal_nan=True) and np.array_equal(_host(lse2), _host(lse))
+    assert np.array_equal(to_numpy(loss2), to_numpy(loss), equal_nan=True)
+    assert np.array_equal(to_numpy(lse2), to_numpy(lse))
 
 
 @pytest.mark.cuda
@@ -166,11 +158,11 @@ def test_spatial_widened(cp, name):
     for reduction in ("mean", "none"):
         loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, 0.1, reduction, True)
         loss32, lse32, den32 = B.softmax_cross_entropy_forward(None, x32, td, wd, -100, 0.1, reduction)
-        assert np.array_equal(_host(loss), _host(loss32)) and np.array_equal(_host(lse), _host(lse32))
+        assert np.array_equal(to_numpy(loss), to_numpy(loss32)) and np.array_equal(to_numpy(lse), to_numpy(lse32))
         g = cp.ones(loss.shape, np.float32)
         dx = B.softmax_cross_entropy_backward(None, xd, td, g, lse, den, wd, -100, 0.1, reduction, True)
         dx32 = B.softmax_cross_entropy_backward(None, x32, td, g, lse32, den32, wd, -100, 0.1, reduction)
-        assert dx.dtype == xd.dtype and np.array_equal(_host(dx), _host(dx32.astype(xd.dtype)))
+        assert dx.dtype == xd.dtype and np.array_equal(to_numpy(dx), to_numpy(dx32.astype(xd.dtype)))
 
 
 @pytest.mark.cuda
@@ -200,7 +192,7 @@ def test_spatial_special_values_as_warp_kernels(cp, monkeypatch, name):
         loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, None, -100, 0.0, "none")
         dx = B.softmax_cross_entropy_backward(None, xd, td, cp.ones(loss.shape, loss.dtype), lse, den, None, -100,
                                               0.0, "none")
-        out[spatial] = [_host(a).astype(np.float64) for a in (loss, lse, dx)]
+        out[spatial] = [to_numpy(a).astype(np.float64) for a in (loss, lse, dx)]
     _lk._plans.clear()
     rtol = 1e-6 if name == "float32" else 1e-2
     for a, b in zip(out[True], out[False]):
@@ -230,6 +222,6 @@ def test_cross_entropy_4d_autograd_matches_cpu(cp):
         loss.backward()
         if device == "cuda":
             assert launch.launch_count() - n0 <= 4      # forward, backward (+ the seed's fill and its reduction)
-        grads[device] = (float(loss.item()), _host(xt.grad.data))
+        grads[device] = (float(loss.item()), to_numpy(xt.grad.data))
     assert abs(grads["cuda"][0] - grads["cpu"][0]) <= 1e-5 * abs(grads["cpu"][0])
     np.testing.assert_allclose(grads["cuda"][1], grads["cpu"][1], rtol=1e-4, atol=1e-7)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import minidnn.backend as B
-from minidnn.backend import devices as _dev
 from minidnn.backend.cuda import loss_kernels as _lk
 from minidnn.backend.cuda import softmax_cluster as _sc
 from minidnn.backend.cuda import softmax_kernels as _sk
@@ -75,11 +74,6 @@ def test_builds_with_the_define():
             assert v <= spills[(False,) + n[1:]] + 8, (n, v)
 
 
-@pytest.fixture
-def cp():
-    if not _dev.cuda_is_available():
-        pytest.skip("no CUDA GPU with CuPy on this machine")
-    return _dev.require_cupy()
 
 
 def _half_nan_rows(rows, c, seed):
