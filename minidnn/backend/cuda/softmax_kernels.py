@@ -2008,30 +2008,10 @@ def call_stash(backward, dev):
     return min(BWD_STASH_BYTES, optin - 1024) if optin else BWD_STASH_BYTES
 
 
-class _TwinPlan(_Plan):
-    """A BSR backward plan (BWD_STASH 6): aligned calls -- y and dy on 16-byte boundaries, dx a fresh allocation --
-    launch the BSR kernel, the others its BSR-less fallback (bwd_fallback): the kernel's aligned() asked here."""
-    __slots__ = ("slow",)
-
-    def __call__(self, a, b=None):
-        if (a.data.ptr | b.data.ptr) % 16 == 0:
-            return _Plan.__call__(self, a, b)
-        with _launch.on_device(self.dev):
-            out = _launch._cp.empty(a.shape, a.dtype)
-            self.slow(a, b, out)
-        return out
-
-
-class _Like(NamedTuple):
-    """An array's shape and dtype: what a plan is built from."""
-    shape: tuple
-    dtype: np.dtype
-
-
-class _ClusterPlan(_Plan):
-    """A softmax_cluster launch (CLUSTER): calls whose arrays all start on 16-byte boundaries (the output a fresh
-    allocation) launch the cluster kernel; the others the row plan _row_plan makes -- built on the first such call
-    (most callers never make one: no second compilation)."""
+class _AlignedPlan(_Plan):
+    """A plan whose kernel takes its arrays on 16-byte boundaries: aligned calls (the output a fresh allocation)
+    launch it, the others a fallback plan -- ``old``, given, or built from ``_args`` by _row_plan on the first such
+    call (most callers never make one: no second compilation)."""
     __slots__ = ("old", "_args")
 
     def __call__(self, a, b=None):
@@ -2040,6 +2020,23 @@ class _ClusterPlan(_Plan):
         if self.old is None:
             self.old = _row_plan(*self._args)
         return self.old(a, b)
+
+
+class _TwinPlan(_AlignedPlan):
+    """A BSR backward plan (BWD_STASH 6): the BSR kernel for aligned y and dy, its BSR-less twin (bwd_fallback,
+    prepared with it) for the others -- the kernel's aligned() asked here."""
+    __slots__ = ()
+
+
+class _Like(NamedTuple):
+    """An array's shape and dtype: what a plan is built from."""
+    shape: tuple
+    dtype: np.dtype
+
+
+class _ClusterPlan(_AlignedPlan):
+    """A softmax_cluster launch (CLUSTER); the row plan for calls off 16-byte boundaries, built when one comes."""
+    __slots__ = ()
 
 
 def _plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
@@ -2063,14 +2060,18 @@ def _row_plan(backward, x, axes, algo_name, dev, hint=0, stash=0):
     arrays = [None] * (3 if backward else 2)
     tail = {"V1": [np.int64(rows), np.int32(c), np.int32(inner)], "ROWS": [np.int32(rows), np.int32(c)],
             "COLS": [np.int32(rows), np.int32(c), np.int32(inner)]}[s.source]
+    def prepared(spec):
+        q = _Plan()
+        q.dev = dev
+        q.go = _launch.prepare(_kernel(spec.source, spec.name, spec.defines), _grid(spec.groups, dev, spec.per_sm),
+                               (spec.block,), arrays + tail, spec.smem)
+        return q
+    p = prepared(s)
     slow = bwd_fallback(s) if backward else None
-    p = _TwinPlan() if slow else _Plan()
-    p.dev = dev
-    p.go = _launch.prepare(_kernel(s.source, s.name, s.defines), _grid(s.groups, dev, s.per_sm), (s.block,),
-                           arrays + tail, s.smem)
-    if slow:
-        p.slow = _launch.prepare(_kernel(slow.source, slow.name, slow.defines), _grid(slow.groups, dev, slow.per_sm),
-                                 (slow.block,), arrays + tail, slow.smem)
+    if slow:                                      # BSR: the twin for misaligned calls
+        twin = _TwinPlan()
+        twin.dev, twin.go, twin.old, twin._args = dev, p.go, prepared(slow), None
+        return twin
     return p
 
 
