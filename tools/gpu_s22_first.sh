@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For session 22's first device call: the spatial cross-entropy forward's grid sum, now loss_kernels.ce_grid_sum
-# (session 21's final read: not GPU-run; test_ce_spatial.py and its timings), and softmax_kernels.NAN_RESCALE (session 21, off by default), the row kernels'
-# chunked-forward fix for NaN-only first chunks (docs/step_kernels.md, session 21 "On the GPU", run 11): its cuda
+# (session 21's final read: not GPU-run; test_ce_spatial.py and its timings), and softmax_kernels.NAN_RESCALE
+# (session 21, off by default), the row kernels' chunked-forward fix for NaN-only first chunks (docs/step_kernels.md, session 21 "On the GPU", run 11): its cuda
 # tests with the switch on (half-NaN rows all NaN; other rows bitwise the default's), the cluster special-values
 # tests, and the same under MINIDNN_NAN_RESCALE=1 for the row-kernel modules' long-row cases.  Adopting it: its
 # default "1" in softmax_kernels.py (then test_row_kernels_keep_nan_slices's xfail lifts itself: strict, conditioned
