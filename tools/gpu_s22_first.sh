@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# For session 22's first device call: the spatial cross-entropy forward's grid sum, now loss_kernels.ce_grid_sum
-# (session 21's final read: not GPU-run; test_ce_spatial.py and its timings), and softmax_kernels.NAN_RESCALE
-# (session 21, off by default), the row kernels' chunked-forward fix for NaN-only first chunks (docs/step_kernels.md, session 21 "On the GPU", run 11): its cuda
-# tests with the switch on (half-NaN rows all NaN; other rows bitwise the default's), the cluster special-values
-# tests, and the same under MINIDNN_NAN_RESCALE=1 for the row-kernel modules' long-row cases.  Adopting it: its
-# default "1" in softmax_kernels.py (then test_row_kernels_keep_nan_slices's xfail lifts itself: strict, conditioned
-# on the switch), after test_ce_lowp_logits' widened-spill test passes with it on (nvcc: +4 bytes in some float16
-# widened ce_rows builds).  Then session 21's kernel-table kinds (softmax_long, spatial) in graph timing.  ~4 min on
-# a fresh H200.
+# For session 22's first device call (~4 min on a fresh H200):
+# - the spatial cross-entropy forward's grid sum, now loss_kernels.ce_grid_sum (session 21's final read, not
+#   GPU-run): tests/backend/test_ce_spatial.py and tools/spatial_ce_gpu.py;
+# - softmax_kernels.NAN_RESCALE (off by default), the row kernels' chunked-forward fix for NaN-only first chunks
+#   (docs/step_kernels.md, session 21 "On the GPU", run 11): its cuda tests with the switch on (half-NaN rows all
+#   NaN, other rows bitwise the default's), the cluster special-values tests, and the long-row cuda modules under
+#   MINIDNN_NAN_RESCALE=1.  Adopting it: its default "1" in softmax_kernels.py (test_row_kernels_keep_nan_slices's
+#   strict xfail then lifts itself), after test_ce_lowp_logits' widened-spill test passes with it on (nvcc: +4
+#   bytes in some float16 widened ce_rows builds);
+# - session 21's kernel-table kinds (softmax_long, spatial) in graph timing.
 #   From a clean archive of HEAD:  OUT=$OUT bash tools/gpu_s22_first.sh
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-200} CTIME=${CTIME:-200} TAIL=${TAIL:-40}
