@@ -586,14 +586,9 @@ def test_special_values_as_the_row_kernels(cp, monkeypatch, name, c):
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(not _sk.NAN_RESCALE, strict=True,
-                   reason="softmax_kernels' chunked forward (and loss_kernels' ce rows) reset a running sum to 0 where "
-                          "the running max was -inf: a thread whose first chunks held only NaN loses the NaN (found "
-                          "session 21, run 12); the fix is softmax_kernels.NAN_RESCALE, off until a GPU run "
-                          "(tests/backend/test_nan_rescale.py)")
 def test_row_kernels_keep_nan_slices(cp, monkeypatch):
     """A bfloat16 (64, 65536) row whose first half is NaN through the row kernels ("0"): all NaN, as the reference
-    (run 11: 32768 of 65536)."""
+    (run 11: 32768 of 65536, before the chunked rescale kept a NaN sum)."""
     x = cp.asarray(_special_rows(64, 65536, 65536).astype(_dtype("bfloat16")))
     monkeypatch.setattr(SC, "CLUSTER", "0")
     _reset_plans()

@@ -477,9 +477,6 @@ typedef INDEX I;
 #ifndef FASTX
 #define FASTX 0
 #endif
-#ifndef NAN_RESCALE
-#define NAN_RESCALE 0
-#endif
 """ + CE_GRID_SUM + FASTX_HEADER + r"""
 // The pieces of a row's forward that ce_fwd_body (chunks loaded and reduced in turn), ce_fwd_long (chunks staged
 // ahead by cp.async) and ce_fwd_pipe (one chunk, the next row in flight) share, written once so that their sums
@@ -529,11 +526,7 @@ template <bool XT, bool FX> __device__ __forceinline__ void ce_chunk_sums(
 {
     const bool smooth = SMOOTH;
     const A nm = vmax(m, cm);
-#if NAN_RESCALE
-    s *= (nm != m && m != NEG_INF) ? exp(m - nm) : (A)1;     // a NaN sum kept (softmax_kernels.NAN_RESCALE)
-#else
-    if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);
-#endif
+    if (nm != m) s = m == NEG_INF ? s * (A)0 : s * exp(m - nm);   // s * 0 keeps a NaN sum (softmax_kernels' rows)
     m = nm;
     const A sh = m == NEG_INF ? (A)0 : m;
     const A shl = FX ? sh * (A)1.4426950408889634 : (A)0;
@@ -1323,8 +1316,6 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
             defines = defines + extra
             if sm80:
                 defines = defines + long_defines(base + defines, ce_fast(dtype))
-            if _sk.NAN_RESCALE and not cfg.one:       # the chunks' rescale keeps a NaN sum (softmax_kernels'
-                base += ("NAN_RESCALE=1",)            # NAN_RESCALE: off until a GPU run)
         # forward: no more blocks than fit the device at once (MINB an SM), each looping over its rows -- every
         # block ends with a partial, a threadfence and the ticket (one of 2-4 per SM at (16384, 1000), not ~16)
         # (float64: MINB = 1, registers uncapped -- left at 16)

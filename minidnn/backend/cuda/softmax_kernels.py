@@ -517,9 +517,6 @@ SOURCE = STORAGE_HEADER + ROW_HEADER + r"""
 #ifndef SCH
 #define SCH 0
 #endif
-#ifndef NAN_RESCALE
-#define NAN_RESCALE 0
-#endif
 // ---- rows (inner = 1) --------------------------------------------------------------------------------------------
 // FAST's S = sum exp(x) (no max) reaches [2^126, FLT_MAX] on rows of large values (a row of +80s); 1 / S is then
 // below 2^-126, and CuPy builds every kernel with -ftz=true: e * (1 / S) was 0 for the whole row (session 12 run 5).
@@ -567,13 +564,9 @@ template <bool VA> __device__ __forceinline__ void fwd_rows(const T* __restrict_
                 for (int j = 0; j < NE; ++j) cm = vmax(cm, ed[j]);
             }
             const A nm = vmax(m, cm);
-#if NAN_RESCALE
-            // online: rescale the running sum; while m is -inf the sum is 0 or NaN (chunks of only -inf / NaN:
-            // vmax skips NaN) and stays as it is -- the NaN kept (NAN_RESCALE's comment in the module)
-            s *= (nm != m && m != NEG_INF) ? exp(m - nm) : (A)1;   // (a select, not a branch: fewer spills)
-#else
-            if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);        // online: rescale the running sum
-#endif
+            // online: rescale the running sum.  While m is -inf the sum is 0 or NaN (chunks of only -inf or NaN:
+            // vmax skips NaN): s * 0 keeps a NaN sum, where a plain 0 lost it (session 21, run 12)
+            if (nm != m) s = m == NEG_INF ? s * (A)0 : s * exp(m - nm);
             m = nm;
 #endif
             const A sh = m == NEG_INF ? (A)0 : m;
@@ -1544,13 +1537,6 @@ def bwd_fallback(spec):
 # (84% of copy, 0.92x PyTorch): MINIDNN_SOFTMAX_FWD_CAP = the elements a warp-path thread may hold (default 32: a
 # 1000-class row one warp; 16: a 64-thread block of 16 each), MINIDNN_SOFTMAX_FWD_REGS = its register budget
 # (default 64: four 256-thread blocks an SM; 48 / 40: five / six).
-# NAN_RESCALE (session 21; MINIDNN_NAN_RESCALE=1, read at import, also loss_kernels' ce rows): the chunked forward's
-# online rescale keeps a NaN sum.  Its default `s = m == -inf ? 0 : s * exp(m - nm)` resets to 0 the sum of a thread
-# whose first chunks held only NaN (vmax skips NaN, so m stayed -inf): a bfloat16 (64, 65536) row whose first half is
-# NaN came out 32768 of 65536 NaN (H200, session 21 run 12; the clusters and the reference: all NaN).  On, the sum is
-# left as it is while m is -inf -- 0 stays 0 (bitwise the default on data without NaN), NaN stays NaN.  Off by default
-# until a GPU run (tests/backend/test_softmax_cluster.py -k nan_rescale): then its default, and the define goes.
-NAN_RESCALE = os.environ.get("MINIDNN_NAN_RESCALE", "0") == "1"
 
 FWD_CAP = int(os.environ.get("MINIDNN_SOFTMAX_FWD_CAP", "0")) or None
 FWD_REGS = int(os.environ.get("MINIDNN_SOFTMAX_FWD_REGS", "64"))
@@ -1922,8 +1908,6 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
                                    warp=warp_rows(backward, algo_name, rows), log=algo_name == "LOG",
                                    lsm=0 if backward else lsm_setting())
         acc = 8 if np.dtype(dtype).itemsize == 8 else 4
-        if NAN_RESCALE and not backward and not cfg.one:
-            base += ("NAN_RESCALE=1",)                   # the chunked forward's rescale (NAN_RESCALE's comment)
         if hint and hint_fits(backward, cfg, storage, defines):
             base += (f"HINT={3 if hint == 2 and not backward else hint}",)    # the forward's 2: asm .nc loads
         minb = int(defines[-1].split("=")[1])        # blocks an SM the registers allow: launch at least those
@@ -2082,7 +2066,7 @@ def plan(x, axes, algo_name, backward=False):
     hint = call_hint(backward, x.nbytes * (3 if backward else 2), dev)
     stash = call_stash(backward, dev)
     return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint, stash,
-                                    BWD_STASH if stash else 0, _smc.CLUSTER, NAN_RESCALE), _plan,
+                                    BWD_STASH if stash else 0, _smc.CLUSTER), _plan,
                            backward, x, axes, algo_name, dev, hint, stash)
 
 
