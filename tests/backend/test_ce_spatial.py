@@ -37,6 +37,15 @@ def test_spatial_route(monkeypatch, name):
             assert _defs(defines)["SP_MINB"] == str(minb)
             assert groups == -(-rows // 256)
             assert per_sm == (minb if kname == "ce_fwd" else 16)
+            # the class count compiled in up to SP_CC's bounds (forward 32, backward 24), never in float64
+            bound = 0 if name == "float64" else 32 if kname == "ce_fwd" else 24
+            assert _defs(defines).get("CC") == (str(shape[1]) if shape[1] <= bound else None), (shape, kname)
+    for kname, c, cc in (("ce_fwd", 32, "32"), ("ce_fwd", 33, None), ("ce_bwd", 24, "24"), ("ce_bwd", 25, None)):
+        defines = _lk.launch_spec(kname, (2, c, 4, 4), dt, np.int64, False, "mean")[2]
+        assert _defs(defines).get("CC") == (None if name == "float64" else cc), (kname, c)
+    monkeypatch.setattr(_lk, "SP_CC", (0, 0))
+    assert "CC" not in _defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2])
+    monkeypatch.undo()
     assert _lk.launch_spec("ce_fwd", (64, 1000), dt, np.int64, False, "mean")[0] == "ROWS"
     monkeypatch.setattr(_lk, "CE_SPATIAL", False)
     assert _lk.launch_spec("ce_fwd", (4, 21, 8, 8), dt, np.int64, False, "mean")[0] == "WARPS"
@@ -52,8 +61,10 @@ def _spatial_builds():
         for kname in ("ce_fwd", "ce_bwd"):
             for w, red, eps, index in ((False, "mean", 0.0, np.int64), (True, "none", 0.1, np.int32),
                                        (True, "sum", 0.1, np.int64), (False, "none", 0.0, np.int64)):
-                src, k, defines, *_ = _lk.launch_spec(kname, (8, 21, 16, 16), _dtype(name), index, w, red, eps, widen)
-                jobs.append((k, defines, name))
+                for c in (21, 24, 32, 40):       # CC (the class count compiled in) up to SP_CC's bounds, then C read
+                    src, k, defines, *_ = _lk.launch_spec(kname, (8, c, 16, 16), _dtype(name), index, w, red, eps,
+                                                          widen)
+                    jobs.append((k, defines, name))
     return jobs
 
 
@@ -103,7 +114,10 @@ TOLS = {"float32": (3e-6, 2e-6), "float64": (1e-12, 1e-13), "bfloat16": (1e-2, 2
 
 SHAPES = [((2, 5, 3, 7), False, 0.0, 0.0), ((4, 21, 33, 17), True, 0.1, 0.2), ((3, 150, 8, 8), False, 0.05, 0.0),
           ((2, 8, 5), True, 0.0, 0.5), ((1, 9, 1, 300), False, 0.0, 0.0), ((5, 2, 64, 3), True, 0.2, 1.0),
-          ((4, 3, 200, 200), True, 0.1, 0.1)]     # 160000 positions: past the forward's grid (132 SMs x 4 x 256)
+          ((4, 3, 200, 200), True, 0.1, 0.1),     # 160000 positions: past the forward's grid (132 SMs x 4 x 256)
+          ((3, 32, 9, 7), True, 0.1, 0.1), ((2, 1, 5, 5), False, 0.0, 0.0), ((2, 25, 6, 6), True, 0.0, 0.1)]
+# (C <= 32: the class count compiled in, CC -- the backward's up to 24; 25 and 32: a compiled forward, a read
+# backward; 150: both read)
 
 
 @pytest.mark.cuda
@@ -166,11 +180,14 @@ def test_spatial_widened(cp, name):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("cc", [False, True], ids=["C-read", "C-compiled"])
 @pytest.mark.parametrize("name", ["float32", "bfloat16"])
-def test_spatial_special_values_as_warp_kernels(cp, monkeypatch, name):
+def test_spatial_special_values_as_warp_kernels(cp, monkeypatch, name, cc):
     """NaN, +-inf and all -inf positions, and a class index out of range, give the previous warp kernels' NaN / inf
     pattern: the per-position loss, lse and dx agree in where they are not finite and in value elsewhere.  40 classes:
-    the specials sit in the forward's second and third batches of 16 (after a finite running max and sum)."""
+    C read at run time, the specials sit in the forward's second and third batches of 16 (after a finite running max
+    and sum); C compiled in (SP_CC raised past 40), one batch of all 40."""
+    monkeypatch.setattr(_lk, "SP_CC", (64, 64) if cc else (0, 0))
     rng = np.random.default_rng(11)
     dt = _dtype(name)
     x, t, _ = _inputs(rng, (2, 40, 4, 5), name, False, 0.0)

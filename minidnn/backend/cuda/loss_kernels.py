@@ -356,6 +356,28 @@ typedef INDEX I;
 #ifndef SP_MINB
 #define SP_MINB 1
 #endif
+#ifndef CC
+#define CC 0          // the class count at compile time (the planner's SP_CC: C <= CC_MAX), 0: C read at run time
+#endif
+// A batch of classes: every class at once where CC (no masks, no dead slots), else U.
+#define UB (CC ? CC : U)
+#define CN (CC ? CC : C)
+
+// Position r's (o, i) kept beside r: the grid stride advances them without a division a position (r = o * inner + i;
+// step = ostep * inner + istep).
+struct SpPos {
+    unsigned int r;
+    int o, i;
+    const int ostep, istep;
+    __device__ __forceinline__ SpPos(unsigned int r0, unsigned int step, int inner)
+        : r(r0), o((int)(r0 / (unsigned int)inner)), i((int)(r0 % (unsigned int)inner)),
+          ostep((int)(step / (unsigned int)inner)), istep((int)(step % (unsigned int)inner)) {}
+    __device__ __forceinline__ void next(unsigned int step, int inner)
+    {
+        r += step; o += ostep; i += istep;
+        if (i >= inner) { i -= inner; ++o; }
+    }
+};
 
 extern "C" __global__ void __launch_bounds__(256, SP_MINB)
 ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
@@ -368,45 +390,48 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     A acc_loss = 0, acc_den = 0;
     // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
     const unsigned int n = (unsigned int)rows, step = gridDim.x * blockDim.x;
-    for (unsigned int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int o = (int)r / inner, i = (int)r - o * inner;
-        const X* q = x + (o * C * inner + i);       // class c0 + k of the batch: a running pointer, one add a load
-        const long long t = (long long)target[r];
+    for (SpPos p(blockIdx.x * blockDim.x + threadIdx.x, step, inner); p.r < n; p.next(step, inner)) {
+        const X* q = x + (p.o * CN * inner + p.i);
+        const long long t = (long long)target[p.r];
+        const int tc = (t >= 0 && t < C) ? (int)t : -1;   // x[t]'s class, an int compare an element (-1: none)
         A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
-        for (int c0 = 0; c0 < C; c0 += U) {
-            A v[U];
+        for (int c0 = 0; c0 < CN; c0 += UB) {
+            A v[UB];
 #pragma unroll
-            for (int k = 0; k < U; ++k) { v[k] = c0 + k < C ? LD(*q) : NEG_INF; q += inner; }
-            A bm = m;                           // the max so far and the batch's (NaN-propagating, as row_stats)
+            for (int k = 0; k < UB; ++k) v[k] = (CC || c0 + k < C) ? LD(q[k * inner]) : NEG_INF;
+            q += UB * inner;
+            // the max skips NaN (fmax, one instruction): a NaN element still makes its exp, so s and lse, NaN; an
+            // all -inf position so far keeps shift 0 (exp(-inf) = 0); a +inf max gives exp(inf - inf) = NaN
+            A bm = m;
 #pragma unroll
-            for (int k = 0; k < U; ++k) bm = (v[k] > bm || v[k] != v[k]) ? v[k] : bm;
-            const A sh = bm == NEG_INF ? (A)0 : bm;      // an all -inf row so far: no shift (exp(-inf) = 0)
-            if (bm != m) s *= exp(m - sh);      // the sum so far rescaled to the new max (0 while m was -inf)
+            for (int k = 0; k < UB; ++k) bm = fmax(bm, v[k]);
+            const A sh = bm == NEG_INF ? (A)0 : bm;
+            if (bm != m) s *= exp(m - sh);      // the sum so far rescaled to the new max (s * 0 while m was -inf)
             m = bm;
             const A shl = sh * (A)1.4426950408889634;
 #pragma unroll
-            for (int k = 0; k < U; ++k) {       // one exp an element, no branch: a +inf max gives exp(inf - inf)
-                if (c0 + k >= C) break;         // = NaN, as row_stats' shift does
+            for (int k = 0; k < UB; ++k) {      // one exp an element, no branch
+                if (!CC && c0 + k >= C) break;
                 const A u = v[k];
                 s += CE_EXP(u, sh, shl);
-                if (c0 + k == t) xt = u;
+                if (c0 + k == tc) xt = u;
                 if (smooth) { const A wc = HAS_W ? LD(w[c0 + k]) : (A)1; swx += wc * u; sw += wc; }
             }
         }
         const A lse = (m == NEG_INF ? (A)0 : m) + log(s);
-        const bool valid = t != ignore_index, in_range = t >= 0 && t < C;
+        const bool valid = t != ignore_index;
         A per = 0, wt = 0;
         if (valid) {
-            if (in_range) {
-                wt = HAS_W ? LD(w[t]) : (A)1;
+            if (tc >= 0) {
+                wt = HAS_W ? LD(w[tc]) : (A)1;
                 per = -((A)(1.0 - eps) * wt * (xt - lse));
                 if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
             } else {
                 per = wt = __int_as_float(0x7fffffff);      // NaN: a bad class index
             }
         }
-        lse_out[r] = lse;
-        if (REDUCTION == 0) loss_rows[r] = ST(per);
+        lse_out[p.r] = lse;
+        if (REDUCTION == 0) loss_rows[p.r] = ST(per);
         acc_loss += per; acc_den += wt;
     }
     ce_grid_sum<256>(acc_loss, acc_den, partial, ticket, loss_out, denom_out, lane, warp);
@@ -427,36 +452,37 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     if (REDUCTION == 1) gm /= denom[0];
     // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
     const unsigned int n = (unsigned int)rows, step = gridDim.x * blockDim.x;
-    for (unsigned int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int o = (int)r / inner, i = (int)r - o * inner;
-        const int base = o * C * inner + i;
-        const long long t = (long long)target[r];
+    for (SpPos p(blockIdx.x * blockDim.x + threadIdx.x, step, inner); p.r < n; p.next(step, inner)) {
+        const int base = p.o * CN * inner + p.i;
+        const long long t = (long long)target[p.r];
         if (t == ignore_index) {
-            for (int c = 0; c < C; ++c) dx[base + c * inner] = STX((A)0);
+            for (int c = 0; c < CN; ++c) dx[base + c * inner] = STX((A)0);
             continue;
         }
-        const A gr = REDUCTION == 0 ? LD(g[r]) : gm;
-        const bool in_range = t >= 0 && t < C;
-        const A wt = in_range ? (HAS_W ? LD(w[t]) : (A)1) : (A)__int_as_float(0x7fffffff);
+        const A gr = REDUCTION == 0 ? LD(g[p.r]) : gm;
+        const int tc = (t >= 0 && t < C) ? (int)t : -1;
+        const A wt = tc >= 0 ? (HAS_W ? LD(w[tc]) : (A)1) : (A)__int_as_float(0x7fffffff);
         const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
         const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
-        const A lse = lse_in[r], lsel = lse * (A)1.4426950408889634;
-        const X* p = x + base;
+        const A lse = lse_in[p.r], lsel = lse * (A)1.4426950408889634;
+        const A qt = (A)(1.0 - eps) * wt;
+        const X* px = x + base;
         X* d = dx + base;
-        for (int c0 = 0; c0 < C; c0 += U) {
-            A v[U];
+        for (int c0 = 0; c0 < CN; c0 += UB) {
+            A v[UB];
 #pragma unroll
-            for (int k = 0; k < U; ++k) { v[k] = c0 + k < C ? LD(*p) : (A)0; p += inner; }
+            for (int k = 0; k < UB; ++k) v[k] = (CC || c0 + k < C) ? LD(px[k * inner]) : (A)0;
+            px += UB * inner;
 #pragma unroll
-            for (int k = 0; k < U; ++k) {
+            for (int k = 0; k < UB; ++k) {
                 const int c = c0 + k;
-                if (c >= C) break;
-                A q = (c == t) ? (A)(1.0 - eps) * wt : (A)0;
+                if (!CC && c >= C) break;
+                A q = (c == tc) ? qt : (A)0;
                 if (smooth) q += (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1);
                 const A qg = q != (A)0 ? q * gr : (A)0;
-                *d = STX(CE_EXP(v[k], lse, lsel) * sumqg - qg);
-                d += inner;
+                d[k * inner] = STX(CE_EXP(v[k], lse, lsel) * sumqg - qg);
             }
+            d += UB * inner;
         }
     }
 }
@@ -1215,6 +1241,12 @@ def tail_defines(defines) -> tuple:
 # Spatial targets (inner > 1): SOURCE_SPATIAL's thread a position (True, the default since session 21) or SOURCE's
 # warp a position (False: MINIDNN_CE_SPATIAL=0; read at import -- tools set the attribute and clear _plans).
 CE_SPATIAL = os.environ.get("MINIDNN_CE_SPATIAL", "1") != "0"
+# SP_CC (session 22): the spatial kernels' class count at compile time (CC) up to these C, forward / backward: a
+# position's classes all loaded at once, the loops unrolled without masks or dead slots (C = 19 was a batch of 16 and
+# one of 3 in 16 masked slots: ~46 instructions an element, ncu).  The bounds: nvcc 13 at 64 registers, no spill in
+# any configuration (the backward with weights and smoothing spilled 4 bytes from 30 classes).  MINIDNN_CE_SP_CC=
+# "fwd,bwd" ("0,0": C at run time, U at a time).
+SP_CC = tuple(int(v) for v in os.environ.get("MINIDNN_CE_SP_CC", "32,24").split(","))
 
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
@@ -1336,8 +1368,9 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         # exps beside: 16 spilled at 64 registers); more registers lost blocks an SM or spilled (nvcc, session 21)
         u = 16 if name == "ce_fwd" and accum != "double" else 8
         tail = ("TAIL=1",) if name == "ce_fwd" and CE_TAIL in ("1", "2") else ()     # ce_grid_sum's, as the rows'
+        cc = (f"CC={c}",) if c <= SP_CC[name == "ce_bwd"] and accum != "double" else ()    # SP_CC's comment
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
-                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail, -(-rows // THREADS),
+                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc, -(-rows // THREADS),
                 minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
