@@ -1417,6 +1417,293 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 #endif
     }
 }
+
+// ---- COLS_V2 (session 22): softmax_cols2_fwd / softmax_cols2_bwd ------------------------------------------------
+// Shape legend as above: column (o, i) of x viewed (outer, C, inner), element c at (o * C + c) * inner + i.
+// Tiling: 256-thread blocks, a thread a column (PAIR: two adjacent columns i, i + 1 through one 32-bit word of two
+// 16-bit values -- inner even, every pointer on 4 bytes, asked at run time; a call off 4 bytes takes the one-column
+// body), consecutive threads on consecutive words (coalesced at every class); the grid-stride loop advances the
+// word offset without a division (x.size < 2^31: 32-bit offsets).  CC > 0: the class count at compile time -- every
+// load of the column issued at once, no masks, no dead slots; the column kept in registers (forward: CC words, the
+// backward y and dy: 2 CC).  CC = 0: the forward reads the column twice -- an online (max, sum) over chunks of U
+// classes (the U loads of a chunk issued together, the sum rescaled once a chunk), then the write pass, U at a time;
+// the backward sums dy (* y) in chunks of U, then writes dx in chunks of U.
+// The max skips NaN (fmax: one instruction, where a NaN-propagating max took three): a NaN element still gives
+// exp(NaN - m) = NaN, so s and every output of its column are NaN, as the reference; a +inf gives exp(inf - inf) =
+// NaN the same way; an all -inf column keeps the shift 0 (its outputs 0 * inf = NaN, -inf - log 0 = NaN: as before).
+#ifndef CC
+#define CC 0
+#endif
+#ifndef U
+#define U 16
+#endif
+#ifndef PAIR
+#define PAIR 0
+#endif
+#ifndef CMINB
+#define CMINB 1
+#endif
+#if PAIR && STORAGE == 0
+#error "PAIR: 16-bit data only"
+#endif
+
+// A word of NP columns: T itself (NP = 1) or two 16-bit values (NP = 2: the low half the even column).
+template <int NP> struct Word { typedef T W; };
+__device__ __forceinline__ A wval(T w, int) { return LD(w); }
+__device__ __forceinline__ T wpack(const A (&v)[1]) { return ST(v[0]); }
+#if STORAGE != 0
+template <> struct Word<2> { typedef unsigned int W; };
+// Decoded where used, through asm volatile (as storage.LDE_HEADER): the compiler may not hoist the decodes into two
+// float registers a word, so a column held raw costs one register a word (the backward's y and dy at CC = 16: 92
+// bytes of spills with plain shifts, at 64 registers).
+__device__ __forceinline__ A wval(unsigned int w, int p)
+{
+    float f;
+#if STORAGE == 2
+    if (p) asm volatile("and.b32 %0, %1, 0xffff0000;" : "=f"(f) : "r"(w));
+    else asm volatile("shl.b32 %0, %1, 16;" : "=f"(f) : "r"(w));
+#else
+    if (p) asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi;}" : "=f"(f) : "r"(w));
+    else asm volatile("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo;}" : "=f"(f) : "r"(w));
+#endif
+    return f;
+}
+__device__ __forceinline__ unsigned int wpack(const A (&v)[2])
+{ return (unsigned int)ST(v[0]) | ((unsigned int)ST(v[1]) << 16); }
+#endif
+
+// The grid-stride walk over ``n`` words of columns: ``off`` the offset of word column (o, i)'s class 0, i kept to
+// know when o moves on (one compare a step, no division).
+struct ColWalk {
+    unsigned int k, i, off;
+    unsigned int istep, ostep_off;
+    __device__ __forceinline__ ColWalk(unsigned int k0, unsigned int step, unsigned int inner, unsigned int ci)
+    {
+        const unsigned int o = k0 / inner, os = step / inner;
+        k = k0; i = k0 - o * inner; off = o * ci + i;
+        istep = step - os * inner; ostep_off = os * ci + istep;
+    }
+    // unsigned arithmetic: the step past the last column may wrap, harmlessly (the loop ends on k)
+    __device__ __forceinline__ void next(unsigned int step, unsigned int inner, unsigned int ci)
+    {
+        k += step; i += istep; off += ostep_off;
+        if (i >= inner) { i -= inner; off += ci - inner; }
+    }
+};
+
+template <int NP>
+__device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict__ x,
+                                          typename Word<NP>::W* __restrict__ y, const unsigned int n, const int C,
+                                          const unsigned int inner)
+{
+    typedef typename Word<NP>::W W;
+    const unsigned int step = gridDim.x * 256, ci = (CC ? CC : C) * inner;
+    for (ColWalk w(blockIdx.x * 256 + threadIdx.x, step, inner, ci); w.k < n; w.next(step, inner, ci)) {
+        const W* __restrict__ xc = x + w.off;
+        W* __restrict__ yc = y + w.off;
+#if CC
+        A a[CC][NP];
+#pragma unroll
+        for (int c = 0; c < CC; ++c) {
+            const W v = xc[c * inner];
+#pragma unroll
+            for (int p = 0; p < NP; ++p) a[c][p] = wval(v, p);
+        }
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            A m = 0;
+#if ALGO != 0
+            m = a[0][p];
+#pragma unroll
+            for (int c = 1; c < CC; ++c) m = fmax(m, a[c][p]);
+            if (m == NEG_INF) m = 0;
+#endif
+            A s = 0;
+#pragma unroll
+            for (int c = 0; c < CC; ++c) {
+                const A ex = exp(a[c][p] - m);
+                s += ex;
+#if ALGO == 2
+                a[c][p] -= m;
+#else
+                a[c][p] = ex;
+#endif
+            }
+#if ALGO == 2
+            const A ls = log(s);
+#pragma unroll
+            for (int c = 0; c < CC; ++c) a[c][p] -= ls;
+#else
+            const A inv = (A)1 / s;
+#pragma unroll
+            for (int c = 0; c < CC; ++c) a[c][p] *= inv;
+#endif
+        }
+#pragma unroll
+        for (int c = 0; c < CC; ++c) yc[c * inner] = wpack(a[c]);
+#else
+        A m[NP], r[NP], s[NP];
+#pragma unroll
+        for (int p = 0; p < NP; ++p) { m[p] = ALGO == 0 ? (A)0 : NEG_INF; r[p] = 0; s[p] = 0; }
+        for (int c0 = 0; c0 < C; c0 += U) {
+            A v[U][NP];
+            const W* __restrict__ q = xc + c0 * inner;
+            if (c0 + U <= C) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const W t = q[u * inner];
+#pragma unroll
+                    for (int p = 0; p < NP; ++p) v[u][p] = wval(t, p);
+                }
+            } else {                                // the last, partial chunk: masked loads
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    W t;
+                    if (c0 + u < C) t = q[u * inner];
+#pragma unroll
+                    for (int p = 0; p < NP; ++p) v[u][p] = c0 + u < C ? wval(t, p) : NEG_INF;
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < NP; ++p) {
+#if ALGO != 0
+                A bm = m[p];
+#pragma unroll
+                for (int u = 0; u < U; ++u) bm = fmax(bm, v[u][p]);
+                const A sh = bm == NEG_INF ? (A)0 : bm;
+                // the sum so far rescaled to the new max; while the max was -inf it was 0 or NaN: * exp(-inf) keeps it
+                if (bm != m[p]) s[p] *= exp(m[p] - sh);
+                m[p] = bm; r[p] = sh;
+#endif
+#pragma unroll
+                for (int u = 0; u < U; ++u) s[p] += exp(v[u][p] - r[p]);
+            }
+        }
+        A f[NP];
+#pragma unroll
+        for (int p = 0; p < NP; ++p) f[p] = ALGO == 2 ? log(s[p]) : (A)1 / s[p];
+        for (int c0 = 0; c0 < C; c0 += U) {
+            const W* __restrict__ q = xc + c0 * inner;
+            W* __restrict__ z = yc + c0 * inner;
+            W t[U];
+            const int nu = C - c0 < U ? C - c0 : U;
+#pragma unroll
+            for (int u = 0; u < U; ++u) if (u < nu) t[u] = q[u * inner];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (u < nu) {
+                    A o[NP];
+#pragma unroll
+                    for (int p = 0; p < NP; ++p)
+                        o[p] = ALGO == 2 ? wval(t[u], p) - r[p] - f[p] : exp(wval(t[u], p) - r[p]) * f[p];
+                    z[u * inner] = wpack(o);
+                }
+            }
+        }
+#endif
+    }
+}
+
+template <int NP>
+__device__ __forceinline__ void cols2_bwd(const typename Word<NP>::W* __restrict__ y,
+                                          const typename Word<NP>::W* __restrict__ dy,
+                                          typename Word<NP>::W* __restrict__ dx, const unsigned int n, const int C,
+                                          const unsigned int inner)
+{
+    typedef typename Word<NP>::W W;
+    const unsigned int step = gridDim.x * 256, ci = (CC ? CC : C) * inner;
+    for (ColWalk w(blockIdx.x * 256 + threadIdx.x, step, inner, ci); w.k < n; w.next(step, inner, ci)) {
+#if CC
+        W a[CC], b[CC];
+#pragma unroll
+        for (int c = 0; c < CC; ++c) { a[c] = y[w.off + c * inner]; b[c] = dy[w.off + c * inner]; }
+        A s[NP];
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+            s[p] = 0;
+#pragma unroll
+            for (int c = 0; c < CC; ++c) s[p] += ALGO == 2 ? wval(b[c], p) : wval(b[c], p) * wval(a[c], p);
+        }
+        W* __restrict__ z = dx + w.off;     // a running pointer: the loads' offsets are not kept for the stores
+#pragma unroll
+        for (int c = 0; c < CC; ++c) {
+            A o[NP];
+#pragma unroll
+            for (int p = 0; p < NP; ++p)
+                o[p] = ALGO == 2 ? wval(b[c], p) - exp(wval(a[c], p)) * s[p] : wval(a[c], p) * (wval(b[c], p) - s[p]);
+            *z = wpack(o);
+            z += inner;
+        }
+#else
+        A s[NP];
+#pragma unroll
+        for (int p = 0; p < NP; ++p) s[p] = 0;
+        for (int c0 = 0; c0 < C; c0 += U) {
+            const int nu = C - c0 < U ? C - c0 : U;
+            const unsigned int q = w.off + c0 * inner;
+            W a[U], b[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (u < nu) { b[u] = dy[q + u * inner]; if (ALGO != 2) a[u] = y[q + u * inner]; }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (u < nu) {
+#pragma unroll
+                    for (int p = 0; p < NP; ++p) s[p] += ALGO == 2 ? wval(b[u], p) : wval(b[u], p) * wval(a[u], p);
+                }
+        }
+        for (int c0 = 0; c0 < C; c0 += U) {
+            const int nu = C - c0 < U ? C - c0 : U;
+            const unsigned int q = w.off + c0 * inner;
+            W a[U], b[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) if (u < nu) { a[u] = y[q + u * inner]; b[u] = dy[q + u * inner]; }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (u < nu) {
+                    A o[NP];
+#pragma unroll
+                    for (int p = 0; p < NP; ++p)
+                        o[p] = ALGO == 2 ? wval(b[u], p) - exp(wval(a[u], p)) * s[p]
+                                         : wval(a[u], p) * (wval(b[u], p) - s[p]);
+                    dx[q + u * inner] = wpack(o);
+                }
+        }
+#endif
+    }
+}
+
+__device__ __forceinline__ bool on4(const void* a, const void* b, const void* c = 0)
+{
+    return (((size_t)a | (size_t)b | (size_t)c) & 3) == 0;
+}
+
+// cols = outer * inner columns; PAIR (inner even, 16-bit data): cols / 2 words of two columns where on 4 bytes
+extern "C" __global__ void __launch_bounds__(256, CMINB)
+softmax_cols2_fwd(const T* __restrict__ x, T* __restrict__ y, const int cols, const int C, const int inner)
+{
+#if PAIR
+    if (on4(x, y)) {
+        cols2_fwd<2>((const unsigned int*)x, (unsigned int*)y, (unsigned int)cols >> 1, C, (unsigned int)inner >> 1);
+        return;
+    }
+#endif
+    cols2_fwd<1>(x, y, (unsigned int)cols, C, (unsigned int)inner);
+}
+
+extern "C" __global__ void __launch_bounds__(256, CMINB)
+softmax_cols2_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int cols, const int C,
+                  const int inner)
+{
+#if PAIR
+    if (on4(y, dy, dx)) {
+        cols2_bwd<2>((const unsigned int*)y, (const unsigned int*)dy, (unsigned int*)dx, (unsigned int)cols >> 1, C,
+                     (unsigned int)inner >> 1);
+        return;
+    }
+#endif
+    cols2_bwd<1>(y, dy, dx, (unsigned int)cols, C, (unsigned int)inner);
+}
 """
 
 _SOURCES = {"V1": SOURCE_V1, "ROWS": SOURCE, "COLS": SOURCE_COLS}
@@ -1781,8 +2068,39 @@ def pipe_regs(cfg):
 
 
 def col_reg(c):
-    """CREG of the column kernels: the register array's length (8, 16, 32), 0 for the three-pass loop."""
+    """CREG of the session-7 column kernels (COLS_V2 "0"): the register array's length (8, 16, 32), 0 for the
+    three-pass loop."""
     return next((k for k in (8, 16, 32) if c <= k), 0)
+
+
+# COLS_V2 (session 22; MINIDNN_SOFTMAX_COLS_V2, "0": the kernels above, softmax_cols_fwd / _bwd, for a GPU A/B):
+# softmax_cols2_fwd / _bwd (SOURCE_COLS' second half) -- the class count compiled in (CC) where a column fits the
+# registers, else chunks of COLS_U classes; 32-bit offsets, a NaN-skipping max, two columns a thread for 16-bit data
+# (PAIR, where inner is even; COLS_PAIR / MINIDNN_SOFTMAX_COLS_PAIR=0: one column a thread).  COLS_CC_MAX: the
+# largest CC with no spills at COLS_MINB blocks an SM (64 registers; float64 two blocks, 128), nvcc 13.0 sm_90 --
+# every C up to it builds without spills (tests/backend/test_softmax_cols_s22.py); one class more spilled: forward
+# float32 / 16-bit 33 (untried: 32 is the old CREG's top), a PAIR forward 21 (softmax 96 bytes), float64 32 (8);
+# backward float32 20 (32 bytes), 16-bit 24 (float16 log-softmax 8), a PAIR backward 16 (68), float64 24 (untried).
+# A PAIR backward above 12 (two words a class: y and dy) takes one column a thread up to 21 instead.
+# COLS_MINB_SET (MINIDNN_SOFTMAX_COLS_MINB, "": the table) overrides the blocks an SM for an occupancy A/B.
+COLS_V2 = os.environ.get("MINIDNN_SOFTMAX_COLS_V2", "1") != "0"
+COLS_PAIR = os.environ.get("MINIDNN_SOFTMAX_COLS_PAIR", "1") != "0"
+COLS_MINB_SET = int(os.environ.get("MINIDNN_SOFTMAX_COLS_MINB", "0") or 0)
+COLS_U = 8                  # a chunk's loads in flight (16 spilled 8-160 bytes in float32 at 64 registers)
+COLS_CC_MAX = {(False, 4, False): 32, (False, 2, False): 32, (False, 2, True): 19, (False, 8, False): 16,
+               (True, 4, False): 19, (True, 2, False): 21, (True, 2, True): 12, (True, 8, False): 16}
+
+
+def cols_v2_defines(backward, c, inner, dtype):
+    """The COLS_V2 kernels' compile-time choices for columns of ``c`` classes, ``inner`` apart, of ``dtype``:
+    (CC=, U=, PAIR=, CMINB= defines, words of columns a thread)."""
+    item = np.dtype(dtype).itemsize
+    pair = COLS_PAIR and item == 2 and inner % 2 == 0
+    if pair and COLS_CC_MAX[backward, 2, True] < c <= COLS_CC_MAX[backward, 2, False]:
+        pair = False                        # a compiled-in column of one a thread over a chunked PAIR
+    cc = c if c <= COLS_CC_MAX[backward, item, pair] else 0
+    minb = COLS_MINB_SET or (2 if item == 8 else 4)
+    return (f"CC={cc}", f"U={COLS_U}", f"PAIR={int(pair)}", f"CMINB={minb}"), 2 if pair else 1
 
 
 _ALGO = {"FAST": 0, "ACCURATE": 1, "LOG": 2}
@@ -1945,6 +2263,10 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
                            + (("BSA=1",) if asy else ()) + defines[-1:])
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block, smem)
+    if COLS_V2:
+        defines, per = cols_v2_defines(backward, c, inner, dtype)
+        return Spec("COLS", "softmax_cols2_bwd" if backward else "softmax_cols2_fwd", base + defines,
+                    -(-rows // (256 * per)), 32, 256, 0)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
                 -(-rows // 256), 32, 256, 0)
 
