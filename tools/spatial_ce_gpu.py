@@ -8,7 +8,8 @@ PyTorch-style model -- and `softmax` / `log_softmax(x, dim=1)`: the loss kernels
 paths (backend/cuda/loss_kernels.py, softmax_kernels.py SOURCE_COLS).  Timing, traffic and % of copy as
 bench/kernels_gpu.py (its Timer and copy measurement): every input read once, every output written once.
 --sp-cc: an A/B of loss_kernels.SP_CC (the class count compiled in up to these C, forward,backward; "0,0": read at
-run time), each setting's cross-entropy rows in turn, the channel softmax rows once.
+run time) and, as an optional third field, SP_PAIR (1 / 0: two positions a thread or one): each setting's
+cross-entropy rows in turn, the channel softmax rows once.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from minidnn.backend.cuda import loss_kernels as lk
     settings = [tuple(int(v) for v in s.split(",")) for s in args.sp_cc.split(";") if s] or [lk.SP_CC]
+    settings = [s if len(s) == 3 else s + (int(lk.SP_PAIR),) for s in settings]
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] or SHAPES
     gpu = K.open_gpu(args.trials, "spatial_ce_gpu")
     if gpu is None:
@@ -47,7 +49,7 @@ def main(argv=None):
         cases = K.Cases(cp, torch, dtype_name)
         for shape in shapes:
             for k, setting in enumerate(settings):
-                lk.SP_CC = setting
+                lk.SP_CC, lk.SP_PAIR = setting[:2], bool(setting[2])
                 lk._plans.clear()
                 for name, shp, (fn, tfn, nbytes), _ in cases.spatial(shape):      # bench/kernels_gpu.py's cases
                     if k and not name.startswith("spatial ce"):
@@ -55,7 +57,7 @@ def main(argv=None):
                     ms = timer.cupy(fn)
                     tms = timer.torch_(tfn) if tfn is not None else float("nan")
                     pct = nbytes / (ms * 1e-3) / 1e9 / bw * 100
-                    label = name + (f" {setting[0]},{setting[1]}" if len(settings) > 1 and "ce" in name else "")
+                    label = name + (" " + ",".join(map(str, setting)) if len(settings) > 1 and "ce" in name else "")
                     print(f"{label:26s} {dtype_name:9s} {str(shp):20s} {nbytes / 1e6:7.1f} {ms:8.4f} {pct:5.0f}% "
                           f"{tms:9.4f} {tms / ms:7.2f}x")
                     sys.stdout.flush()

@@ -35,7 +35,10 @@ def test_spatial_route(monkeypatch, name):
             assert (src, k, block) == ("SPATIAL", kname.replace("ce_", "ce_sp_"), 256)
             minb = 2 if name == "float64" else 4
             assert _defs(defines)["SP_MINB"] == str(minb)
-            assert groups == -(-rows // 256)
+            inner = rows // shape[0]
+            pair = name != "float64" and inner % 2 == 0 and shape[1] <= (32 if kname == "ce_fwd" else 24)
+            assert ("PAIR" in _defs(defines)) == pair, (shape, kname)     # two positions a thread: SP_PAIR's rule
+            assert groups == -(-rows // (512 if pair else 256))
             assert per_sm == (minb if kname == "ce_fwd" else 16)
             # the class count compiled in up to SP_CC's bounds (forward 32, backward 24), never in float64
             bound = 0 if name == "float64" else 32 if kname == "ce_fwd" else 24
@@ -44,7 +47,10 @@ def test_spatial_route(monkeypatch, name):
         defines = _lk.launch_spec(kname, (2, c, 4, 4), dt, np.int64, False, "mean")[2]
         assert _defs(defines).get("CC") == (None if name == "float64" else cc), (kname, c)
     monkeypatch.setattr(_lk, "SP_CC", (0, 0))
-    assert "CC" not in _defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2])
+    assert not {"CC", "PAIR"} & set(_defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2]))
+    monkeypatch.setattr(_lk, "SP_CC", (32, 24))
+    monkeypatch.setattr(_lk, "SP_PAIR", False)
+    assert "PAIR" not in _defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2])
     monkeypatch.undo()
     assert _lk.launch_spec("ce_fwd", (64, 1000), dt, np.int64, False, "mean")[0] == "ROWS"
     monkeypatch.setattr(_lk, "CE_SPATIAL", False)
@@ -161,6 +167,40 @@ def test_spatial_against_float64(cp, name, reduction, case):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+def test_spatial_pairs_and_views(cp, monkeypatch, name):
+    """Two positions a thread (SP_PAIR; inner 36 even, 19 classes: batches of 12 and 7) against one a thread (one
+    batch of 19): the loss, lse and dx within rounding; an x one element off the 2-element boundary (a view) takes
+    one position a thread inside the pair build: bitwise the one-a-thread build's."""
+    rng = np.random.default_rng(5)
+    dt = _dtype(name)
+    shape = (3, 19, 6, 6)
+    x, t, w = _inputs(rng, shape, name, True, 0.2)
+    big = cp.asarray(np.concatenate([x.reshape(-1), x.reshape(-1)[:1]]).astype(dt))
+    views = {"aligned": cp.asarray(x.astype(dt)), "view": big[1:].reshape(shape)}
+    views["view"][...] = views["aligned"]
+    td, wd = cp.asarray(t), cp.asarray(w)
+    assert views["view"].data.ptr % (2 * dt.itemsize) != 0
+    out = {}
+    for pair in (False, True):
+        monkeypatch.setattr(_lk, "SP_PAIR", pair)
+        _lk._plans.clear()
+        for k, xd in views.items():
+            loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, 0.1, "none")
+            dx = B.softmax_cross_entropy_backward(None, xd, td, cp.ones(loss.shape, loss.dtype), lse, den, wd,
+                                                  -100, 0.1, "none")
+            out[pair, k] = [to_numpy(a) for a in (loss, lse, dx)]
+    _lk._plans.clear()
+    assert "PAIR=1" in _lk.launch_spec("ce_fwd", shape, dt, np.int64, True, "none", 0.1)[2]
+    for key in ((False, "view"), (True, "view")):
+        for a, b in zip(out[key], out[False, "aligned"]):
+            assert np.array_equal(a, b, equal_nan=True), key
+    rtol = 2e-6 if name == "float32" else 1e-2
+    for a, b in zip(out[True, "aligned"], out[False, "aligned"]):
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=rtol)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
 def test_spatial_widened(cp, name):
     """16-bit logits read as float32 (autocast's cross-entropy, widen): the float32 kernel's loss and lse on
@@ -180,14 +220,16 @@ def test_spatial_widened(cp, name):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("cc", [False, True], ids=["C-read", "C-compiled"])
+@pytest.mark.parametrize("mode", ["C-read", "C-compiled", "pairs"])
 @pytest.mark.parametrize("name", ["float32", "bfloat16"])
-def test_spatial_special_values_as_warp_kernels(cp, monkeypatch, name, cc):
+def test_spatial_special_values_as_warp_kernels(cp, monkeypatch, name, mode):
     """NaN, +-inf and all -inf positions, and a class index out of range, give the previous warp kernels' NaN / inf
     pattern: the per-position loss, lse and dx agree in where they are not finite and in value elsewhere.  40 classes:
     C read at run time, the specials sit in the forward's second and third batches of 16 (after a finite running max
-    and sum); C compiled in (SP_CC raised past 40), one batch of all 40."""
-    monkeypatch.setattr(_lk, "SP_CC", (64, 64) if cc else (0, 0))
+    and sum); C compiled in (SP_CC raised past 40), one batch of all 40; pairs: two positions a thread (inner 20),
+    batches of 12 classes."""
+    monkeypatch.setattr(_lk, "SP_CC", (0, 0) if mode == "C-read" else (64, 64))
+    monkeypatch.setattr(_lk, "SP_PAIR", mode == "pairs")
     rng = np.random.default_rng(11)
     dt = _dtype(name)
     x, t, _ = _inputs(rng, (2, 40, 4, 5), name, False, 0.0)

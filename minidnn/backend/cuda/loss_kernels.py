@@ -359,9 +359,16 @@ typedef INDEX I;
 #ifndef CC
 #define CC 0          // the class count at compile time (the planner's SP_CC: C <= CC_MAX), 0: C read at run time
 #endif
-// A batch of classes: every class at once where CC (no masks, no dead slots), else U.
+#ifndef PAIR
+#define PAIR 0        // two adjacent positions a thread, one 2-element load a class (the planner: inner even)
+#endif
+// A batch of classes: every class at once where CC (no masks, no dead slots), else U; PAIR's batches hold two
+// positions' values, so at most UP classes (with CC its batches unroll too: their bounds are compile-time).
 #define UB (CC ? CC : U)
 #define CN (CC ? CC : C)
+#ifndef UP
+#define UP 16
+#endif
 
 // Position r's (o, i) kept beside r: the grid stride advances them without a division a position (r = o * inner + i;
 // step = ostep * inner + istep).
@@ -379,6 +386,134 @@ struct SpPos {
     }
 };
 
+// P consecutive values of x at q (P = 2: q on a 2-element boundary, one 4- or 8-byte load) / of dx.
+template <int P> __device__ __forceinline__ void sp_ld(const X* q, A* v)
+{
+    if (P == 1) {
+        v[0] = LD(q[0]);
+    } else if (sizeof(X) == 2) {
+        const unsigned int u = *(const unsigned int*)q;
+        v[0] = LD((X)(u & 0xffffu));
+        v[1] = LD((X)(u >> 16));
+    } else if (sizeof(X) == 4) {
+        const float2 u = *(const float2*)q;
+        v[0] = (A)u.x; v[1] = (A)u.y;
+    } else {
+        const double2 u = *(const double2*)q;
+        v[0] = (A)u.x; v[1] = (A)u.y;
+    }
+}
+template <int P> __device__ __forceinline__ void sp_st(X* d, const A* v)
+{
+    if (P == 1) {
+        d[0] = STX(v[0]);
+    } else if (sizeof(X) == 2) {
+        *(unsigned int*)d = (unsigned int)STX(v[0]) | ((unsigned int)STX(v[1]) << 16);
+    } else if (sizeof(X) == 4) {
+        *(float2*)d = make_float2((float)v[0], (float)v[1]);
+    } else {
+        *(double2*)d = make_double2((double)v[0], (double)v[1]);
+    }
+}
+
+// The forward of P positions at q (their class c at q[c * inner + j]): each position's running max m and sum s of
+// exp(x - m) over the classes, B at a time -- the batch's max first (fmax: NaN skipped, yet a NaN element makes its
+// exp, so s and lse, NaN; an all -inf position so far keeps shift 0; a +inf max gives exp(inf - inf) = NaN), the sum
+// rescaled once when the max grows (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch;
+// x[t] picked on the way (tc[j]: the class, -1 for none), the smoothing sums beside.
+template <int P, int B> __device__ __forceinline__ void sp_fwd_sums(
+    const X* q, const int C, const int inner, const int* tc, const T* __restrict__ w, const bool smooth,
+    A* m, A* s, A* swx, A& sw, A* xt)
+{
+#pragma unroll
+    for (int c0 = 0; c0 < CN; c0 += B) {
+        A v[B][P];
+#pragma unroll
+        for (int k = 0; k < B; ++k) {
+            if (c0 + k < CN) sp_ld<P>(q + (c0 + k) * inner, v[k]);
+            else {
+#pragma unroll
+                for (int j = 0; j < P; ++j) v[k][j] = NEG_INF;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            A bm = m[j];
+#pragma unroll
+            for (int k = 0; k < B; ++k) bm = fmax(bm, v[k][j]);
+            const A sh = bm == NEG_INF ? (A)0 : bm;
+            if (bm != m[j]) s[j] *= exp(m[j] - sh);
+            m[j] = bm;
+            const A shl = sh * (A)1.4426950408889634;
+#pragma unroll
+            for (int k = 0; k < B; ++k) {
+                if (c0 + k >= CN) break;
+                const A u = v[k][j];
+                s[j] += CE_EXP(u, sh, shl);
+                if (c0 + k == tc[j]) xt[j] = u;
+                if (smooth) {
+                    const A wc = HAS_W ? LD(w[c0 + k]) : (A)1;
+                    swx[j] += wc * u;
+                    if (j == 0) sw += wc;
+                }
+            }
+        }
+    }
+}
+
+// A position's lse and loss from its sums (SOURCE's ce_fwd); wt: its weight (the denominator's share).
+__device__ __forceinline__ A sp_loss(const long long t, const int tc, const long long ignore_index, const double eps,
+                                     const int C, const T* __restrict__ w, const bool smooth, const A m, const A s,
+                                     const A swx, const A sw, const A xt, A& lse, A& wt)
+{
+    lse = (m == NEG_INF ? (A)0 : m) + log(s);
+    A per = 0;
+    wt = 0;
+    if (t != ignore_index) {
+        if (tc >= 0) {
+            wt = HAS_W ? LD(w[tc]) : (A)1;
+            per = -((A)(1.0 - eps) * wt * (xt - lse));
+            if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
+        } else {
+            per = wt = __int_as_float(0x7fffffff);      // NaN: a bad class index
+        }
+    }
+    return per;
+}
+
+// P positions a thread from r0, the grid stride P x the threads: every position's lse (and 'none' loss); the
+// thread's sums of the loss and of the weights into acc_loss / acc_den.
+template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
+    const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    A* __restrict__ lse_out, const unsigned int n, const int C, const int inner, const long long ignore_index,
+    const double eps, A& acc_loss, A& acc_den)
+{
+    const bool smooth = eps != 0.0;
+    // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
+    const unsigned int step = P * gridDim.x * blockDim.x;
+    for (SpPos p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner); p.r < n; p.next(step, inner)) {
+        long long t[P];
+        int tc[P];
+        A m[P], s[P], swx[P], xt[P], sw = 0;
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            t[j] = (long long)target[p.r + j];
+            tc[j] = (t[j] >= 0 && t[j] < C) ? (int)t[j] : -1;   // x[t]'s class, an int compare an element
+            m[j] = NEG_INF; s[j] = 0; swx[j] = 0; xt[j] = 0;
+        }
+        sp_fwd_sums<P, B>(x + (p.o * CN * inner + p.i), C, inner, tc, w, smooth, m, s, swx, sw, xt);
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            A lse, wt;
+            const A per = sp_loss(t[j], tc[j], ignore_index, eps, C, w, smooth, m[j], s[j], swx[j], sw, xt[j], lse,
+                                  wt);
+            lse_out[p.r + j] = lse;
+            if (REDUCTION == 0) loss_rows[p.r + j] = ST(per);
+            acc_loss += per; acc_den += wt;
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256, SP_MINB)
 ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
           A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
@@ -386,55 +521,74 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
           const double eps)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const bool smooth = eps != 0.0;
     A acc_loss = 0, acc_den = 0;
-    // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
-    const unsigned int n = (unsigned int)rows, step = gridDim.x * blockDim.x;
-    for (SpPos p(blockIdx.x * blockDim.x + threadIdx.x, step, inner); p.r < n; p.next(step, inner)) {
-        const X* q = x + (p.o * CN * inner + p.i);
-        const long long t = (long long)target[p.r];
-        const int tc = (t >= 0 && t < C) ? (int)t : -1;   // x[t]'s class, an int compare an element (-1: none)
-        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
-        for (int c0 = 0; c0 < CN; c0 += UB) {
-            A v[UB];
-#pragma unroll
-            for (int k = 0; k < UB; ++k) v[k] = (CC || c0 + k < C) ? LD(q[k * inner]) : NEG_INF;
-            q += UB * inner;
-            // the max skips NaN (fmax, one instruction): a NaN element still makes its exp, so s and lse, NaN; an
-            // all -inf position so far keeps shift 0 (exp(-inf) = 0); a +inf max gives exp(inf - inf) = NaN
-            A bm = m;
-#pragma unroll
-            for (int k = 0; k < UB; ++k) bm = fmax(bm, v[k]);
-            const A sh = bm == NEG_INF ? (A)0 : bm;
-            if (bm != m) s *= exp(m - sh);      // the sum so far rescaled to the new max (s * 0 while m was -inf)
-            m = bm;
-            const A shl = sh * (A)1.4426950408889634;
-#pragma unroll
-            for (int k = 0; k < UB; ++k) {      // one exp an element, no branch
-                if (!CC && c0 + k >= C) break;
-                const A u = v[k];
-                s += CE_EXP(u, sh, shl);
-                if (c0 + k == tc) xt = u;
-                if (smooth) { const A wc = HAS_W ? LD(w[c0 + k]) : (A)1; swx += wc * u; sw += wc; }
-            }
-        }
-        const A lse = (m == NEG_INF ? (A)0 : m) + log(s);
-        const bool valid = t != ignore_index;
-        A per = 0, wt = 0;
-        if (valid) {
-            if (tc >= 0) {
-                wt = HAS_W ? LD(w[tc]) : (A)1;
-                per = -((A)(1.0 - eps) * wt * (xt - lse));
-                if (smooth) per -= (A)(eps / C) * (swx - lse * sw);
-            } else {
-                per = wt = __int_as_float(0x7fffffff);      // NaN: a bad class index
-            }
-        }
-        lse_out[p.r] = lse;
-        if (REDUCTION == 0) loss_rows[p.r] = ST(per);
-        acc_loss += per; acc_den += wt;
-    }
+    const unsigned int n = (unsigned int)rows;
+#if PAIR
+    // PAIR: inner even, so a pair never straddles two images; x on a 2-element boundary (else one a thread: a view)
+    if (((size_t)x & (2 * sizeof(X) - 1)) == 0)
+        sp_fwd_loop<2, (CC && CC < UP ? CC : UP)>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps,
+                                            acc_loss, acc_den);
+    else
+#endif
+        sp_fwd_loop<1, UB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
     ce_grid_sum<256>(acc_loss, acc_den, partial, ticket, loss_out, denom_out, lane, warp);
+}
+
+// The backward of P positions a thread: dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's
+// expression; an ignored position's dx 0.
+template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
+    const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
+    const T* __restrict__ g, X* __restrict__ dx, const unsigned int n, const int C, const int inner,
+    const long long ignore_index, const double eps, const A sw, const A gm)
+{
+    const bool smooth = eps != 0.0;
+    const unsigned int step = P * gridDim.x * blockDim.x;
+    for (SpPos p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner); p.r < n; p.next(step, inner)) {
+        const int base = p.o * CN * inner + p.i;
+        int tc[P];
+        bool keep[P];
+        A sumqg[P], qt[P], gr[P], lse[P], lsel[P];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            const long long t = (long long)target[p.r + j];
+            keep[j] = t != ignore_index;
+            gr[j] = REDUCTION == 0 ? LD(g[p.r + j]) : gm;
+            tc[j] = (t >= 0 && t < C) ? (int)t : -1;
+            const A wt = tc[j] >= 0 ? (HAS_W ? LD(w[tc[j]]) : (A)1) : (A)__int_as_float(0x7fffffff);
+            const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
+            sumqg[j] = sumq != (A)0 ? sumq * gr[j] : (A)0;
+            qt[j] = (A)(1.0 - eps) * wt;
+            lse[j] = lse_in[p.r + j];
+            lsel[j] = lse[j] * (A)1.4426950408889634;
+        }
+        if (P == 1 && !keep[0]) {
+            for (int c = 0; c < CN; ++c) dx[base + c * inner] = STX((A)0);
+            continue;
+        }
+#pragma unroll
+        for (int c0 = 0; c0 < CN; c0 += B) {
+            A v[B][P];
+#pragma unroll
+            for (int k = 0; k < B; ++k) {
+                if (c0 + k < CN) sp_ld<P>(x + base + (c0 + k) * inner, v[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < B; ++k) {
+                const int c = c0 + k;
+                if (c >= CN) break;
+                const A sm = smooth ? (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1) : (A)0;
+                A o[P];
+#pragma unroll
+                for (int j = 0; j < P; ++j) {
+                    const A q = (c == tc[j] ? qt[j] : (A)0) + sm;
+                    const A qg = q != (A)0 ? q * gr[j] : (A)0;
+                    o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - qg;
+                    if (P > 1 && !keep[j]) o[j] = 0;
+                }
+                sp_st<P>(dx + base + c * inner, o);
+            }
+        }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256, SP_MINB)
@@ -450,41 +604,13 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     }
     A gm = LD(g[0]);
     if (REDUCTION == 1) gm /= denom[0];
-    // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
-    const unsigned int n = (unsigned int)rows, step = gridDim.x * blockDim.x;
-    for (SpPos p(blockIdx.x * blockDim.x + threadIdx.x, step, inner); p.r < n; p.next(step, inner)) {
-        const int base = p.o * CN * inner + p.i;
-        const long long t = (long long)target[p.r];
-        if (t == ignore_index) {
-            for (int c = 0; c < CN; ++c) dx[base + c * inner] = STX((A)0);
-            continue;
-        }
-        const A gr = REDUCTION == 0 ? LD(g[p.r]) : gm;
-        const int tc = (t >= 0 && t < C) ? (int)t : -1;
-        const A wt = tc >= 0 ? (HAS_W ? LD(w[tc]) : (A)1) : (A)__int_as_float(0x7fffffff);
-        const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
-        const A sumqg = sumq != (A)0 ? sumq * gr : (A)0;
-        const A lse = lse_in[p.r], lsel = lse * (A)1.4426950408889634;
-        const A qt = (A)(1.0 - eps) * wt;
-        const X* px = x + base;
-        X* d = dx + base;
-        for (int c0 = 0; c0 < CN; c0 += UB) {
-            A v[UB];
-#pragma unroll
-            for (int k = 0; k < UB; ++k) v[k] = (CC || c0 + k < C) ? LD(px[k * inner]) : (A)0;
-            px += UB * inner;
-#pragma unroll
-            for (int k = 0; k < UB; ++k) {
-                const int c = c0 + k;
-                if (!CC && c >= C) break;
-                A q = (c == tc) ? qt : (A)0;
-                if (smooth) q += (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1);
-                const A qg = q != (A)0 ? q * gr : (A)0;
-                d[k * inner] = STX(CE_EXP(v[k], lse, lsel) * sumqg - qg);
-            }
-            d += UB * inner;
-        }
-    }
+    const unsigned int n = (unsigned int)rows;
+#if PAIR
+    if ((((size_t)x | (size_t)dx) & (2 * sizeof(X) - 1)) == 0)
+        sp_bwd_loop<2, (CC && CC < UP ? CC : UP)>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
+    else
+#endif
+        sp_bwd_loop<1, UB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
 }
 """
 
@@ -1247,6 +1373,13 @@ CE_SPATIAL = os.environ.get("MINIDNN_CE_SPATIAL", "1") != "0"
 # any configuration (the backward with weights and smoothing spilled 4 bytes from 30 classes).  MINIDNN_CE_SP_CC=
 # "fwd,bwd" ("0,0": C at run time, U at a time).
 SP_CC = tuple(int(v) for v in os.environ.get("MINIDNN_CE_SP_CC", "32,24").split(","))
+# SP_PAIR (session 22): two adjacent positions a thread where inner is even, one 4-byte (16-bit) or 8-byte (float32)
+# load a class -- half the load instructions and requests for the same bytes (run 3: the bfloat16 forward took as
+# long as float32's for half the bytes, 23-42% of copy).  Its batches hold UP classes of both positions (SP_UP,
+# forward / backward: registers).  A call whose x (or dx) is off a 2-element boundary takes one position a thread.
+# MINIDNN_CE_SP_PAIR=0 | 1.
+SP_PAIR = os.environ.get("MINIDNN_CE_SP_PAIR", "1") == "1"
+SP_UP = (12, 6)           # nvcc 13, 64 registers: no spill in any planned build (the backward at 8-12 spilled 4-20 bytes)
 
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
@@ -1369,8 +1502,10 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         u = 16 if name == "ce_fwd" and accum != "double" else 8
         tail = ("TAIL=1",) if name == "ce_fwd" and CE_TAIL in ("1", "2") else ()     # ce_grid_sum's, as the rows'
         cc = (f"CC={c}",) if c <= SP_CC[name == "ce_bwd"] and accum != "double" else ()    # SP_CC's comment
+        pair = SP_PAIR and inner % 2 == 0 and bool(cc)                                    # SP_PAIR's comment
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
-                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc, -(-rows // THREADS),
+                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc
+                + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ()), -(-rows // (THREADS * (1 + pair))),
                 minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
