@@ -1379,7 +1379,7 @@ SP_CC = tuple(int(v) for v in os.environ.get("MINIDNN_CE_SP_CC", "32,24").split(
 # forward / backward: registers).  A call whose x (or dx) is off a 2-element boundary takes one position a thread.
 # MINIDNN_CE_SP_PAIR=0 | 1.
 SP_PAIR = os.environ.get("MINIDNN_CE_SP_PAIR", "1") == "1"
-SP_UP = (12, 6)           # nvcc 13, 64 registers: no spill in any planned build (the backward at 8-12 spilled 4-20 bytes)
+SP_UP = (12, 6)     # nvcc 13, 64 registers: no spill in any planned build (the backward at 8-12 spilled)
 
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
