@@ -176,6 +176,7 @@ def test_spatial_pairs_and_views(cp, monkeypatch, name):
     dt = _dtype(name)
     shape = (3, 19, 6, 6)
     x, t, w = _inputs(rng, shape, name, True, 0.2)
+    w = w.astype(dt)                                # the weights in x's dtype (the primitive's contract)
     big = cp.asarray(np.concatenate([x.reshape(-1), x.reshape(-1)[:1]]).astype(dt))
     views = {"aligned": cp.asarray(x.astype(dt)), "view": big[1:].reshape(shape)}
     views["view"][...] = views["aligned"]

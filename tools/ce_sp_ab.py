@@ -1,0 +1,103 @@
+"""A/B of the spatial cross-entropy kernels (logits (N, C, H, W), targets (N, H, W): loss_kernels.SOURCE_SPATIAL) on
+the GPU, PyTorch's F.cross_entropy forward and backward beside, device time only (CUDA-graph replays in alternated
+rounds, as tools/cols_ab.py), in one process.
+
+    python tools/ce_sp_ab.py [--ops fwd,bwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
+                             [--shapes 32x21x128x128,16x19x256x256] [--settings read,cc,pair]
+
+Settings (loss_kernels.SP_CC / SP_PAIR), the first the reference of the ratio column:
+  read   SP_CC (0, 0): the class count read at run time, U classes at a time, one position a thread
+  cc     SP_CC (32, 24): the class count compiled in, one position a thread
+  pair   SP_CC (32, 24) and SP_PAIR: two adjacent positions a thread where inner is even (the default)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
+
+SETTINGS = {"read": ((0, 0), False), "cc": ((32, 24), False), "pair": ((32, 24), True)}
+OPS = {"fwd": "spatial ce fwd", "bwd": "spatial ce bwd"}
+
+
+def _switch(setting):
+    from minidnn.backend.cuda import loss_kernels as lk
+    lk.SP_CC, lk.SP_PAIR = SETTINGS[setting]
+    lk._plans.clear()
+
+
+def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
+    label = OPS[op]
+    _, _, (fn, tfn, nbytes), _ = next(r for r in cases.spatial(shape) if r[0] == label)
+    got = {s: [] for s in settings}
+    ratios = {s: [] for s in settings}
+    vs_torch = {s: [] for s in settings}
+    tgot = []
+    for r in range(rounds):
+        order = list(settings) + (["torch"] if tfn is not None else [])
+        order = order if r % 2 == 0 else order[::-1]
+        this = {}
+        for s in order:
+            if s == "torch":
+                this[s] = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
+                tgot.append(this[s])
+                continue
+            _switch(s)
+            fn()                                    # plans and compiles outside the capture
+            this[s] = timer.graph(fn, timer.reps(fn, "minidnn"), "minidnn")
+            got[s].append(this[s])
+        for s in settings:
+            ratios[s].append(this[settings[0]] / this[s])
+            if "torch" in this:
+                vs_torch[s].append(this["torch"] / this[s])
+    _switch("pair")
+    for s in settings:
+        ms = statistics.median(got[s])
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        vt = f"  torch/this {statistics.median(vs_torch[s]):5.2f}" if vs_torch[s] else ""
+        print(f"{label:15s} {dtype_name:9s} {str(shape):18s} {s:5s} {ms:8.4f} ms {100 * gbs / bw:4.0f}% of copy  "
+              f"spread {100 * (max(got[s]) / min(got[s]) - 1):4.1f}%  {settings[0]}/this "
+              f"{statistics.median(ratios[s]):5.3f}{vt}")
+    if tgot:
+        tms = statistics.median(tgot)
+        print(f"{label:15s} {dtype_name:9s} {str(shape):18s} torch {tms:8.4f} ms "
+              f"{nbytes / (tms * 1e-3) / 1e9 / bw * 100:4.0f}% of copy")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", default="fwd,bwd")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--shapes", default="32x21x128x128,16x19x256x256")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--settings", default="read,cc,pair")
+    args = ap.parse_args(argv)
+    settings = [s for s in args.settings.split(",") if s]
+    ops = [o for o in args.ops.split(",") if o]
+    if any(s not in SETTINGS for s in settings) or any(o not in OPS for o in ops):
+        ap.error(f"--settings of {', '.join(SETTINGS)}; --ops of {', '.join(OPS)}")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    start = KG.ab_start("ce_sp_ab", args.trials, args.rounds, "settings and PyTorch alternated")
+    if start is None:
+        return 0
+    cp, torch, timer, bw = start
+    with KG.torch_stream(torch):
+        for dtype_name in args.dtypes.split(","):
+            cases = KG.Cases(cp, torch, dtype_name)
+            for shape in shapes:
+                for op in ops:
+                    run_case(timer, cases, op, shape, dtype_name, bw, args.rounds, settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
