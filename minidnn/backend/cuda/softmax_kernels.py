@@ -1440,11 +1440,34 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 #ifndef PAIR
 #define PAIR 0
 #endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
 #ifndef CMINB
 #define CMINB 1
 #endif
+#ifndef CFX
+#define CFX 0
+#endif
 #if PAIR && STORAGE == 0
 #error "PAIR: 16-bit data only"
+#endif
+
+// The forward's exp(v - sh), sh the column's shift and shl = sh log2(e): CFX (COLS_FASTX, 16-bit data, float) as
+// 2^(v log2e - shl), one FFMA and one MUFU.EX2 (ex2.approx.ftz: ~2 ulp of float, results below 2^-126 flushed to
+// 0 -- far below a 16-bit value's rounding) where expf takes ~9 instructions: a 16-bit element moves 4 bytes, so the
+// copy's rate leaves ~32 instructions an element, and the PAIR forward took ~21 with expf.
+#if CFX
+__device__ __forceinline__ float cexp(float v, float sh, float shl)
+{
+    float e;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(v, 1.4426950408889634f, -shl)));
+    return e;
+}
+#define CSHL(sh) ((sh) * (A)1.4426950408889634)
+#else
+__device__ __forceinline__ A cexp(A v, A sh, A) { return exp(v - sh); }
+#define CSHL(sh) ((A)0)
 #endif
 
 // A word of NP columns: T itself (NP = 1) or two 16-bit values (NP = 2: the low half the even column).
@@ -1519,9 +1542,10 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
             if (m == NEG_INF) m = 0;
 #endif
             A s = 0;
+            const A ml = CSHL(m);
 #pragma unroll
             for (int c = 0; c < CC; ++c) {
-                const A ex = exp(a[c][p] - m);
+                const A ex = cexp(a[c][p], m, ml);
                 s += ex;
 #if ALGO == 2
                 a[c][p] -= m;
@@ -1575,13 +1599,14 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
                 if (bm != m[p]) s[p] *= exp(m[p] - sh);
                 m[p] = bm; r[p] = sh;
 #endif
+                const A rl = CSHL(r[p]);
 #pragma unroll
-                for (int u = 0; u < U; ++u) s[p] += exp(v[u][p] - r[p]);
+                for (int u = 0; u < U; ++u) s[p] += cexp(v[u][p], r[p], rl);
             }
         }
-        A f[NP];
+        A f[NP], rl[NP];
 #pragma unroll
-        for (int p = 0; p < NP; ++p) f[p] = ALGO == 2 ? log(s[p]) : (A)1 / s[p];
+        for (int p = 0; p < NP; ++p) { f[p] = ALGO == 2 ? log(s[p]) : (A)1 / s[p]; rl[p] = CSHL(r[p]); }
         for (int c0 = 0; c0 < C; c0 += U) {
             const W* __restrict__ q = xc + c0 * inner;
             W* __restrict__ z = yc + c0 * inner;
@@ -1595,7 +1620,7 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
                     A o[NP];
 #pragma unroll
                     for (int p = 0; p < NP; ++p)
-                        o[p] = ALGO == 2 ? wval(t[u], p) - r[p] - f[p] : exp(wval(t[u], p) - r[p]) * f[p];
+                        o[p] = ALGO == 2 ? wval(t[u], p) - r[p] - f[p] : cexp(wval(t[u], p), r[p], rl[p]) * f[p];
                     z[u * inner] = wpack(o);
                 }
             }
@@ -1673,6 +1698,102 @@ __device__ __forceinline__ void cols2_bwd(const typename Word<NP>::W* __restrict
     }
 }
 
+#if SPLIT
+// SPLIT (columns too few to fill the GPU, or too tall for one thread's registers): a column's classes in SPLIT slices
+// of SK (compile time) held by SPLIT threads -- thread t: column tx = t % CB of the block's CB = 256 / SPLIT (a warp:
+// 32 consecutive columns of one slice, coalesced), slice ty = t / CB, classes ty * SK .. ty * SK + SK - 1 (< C).  The
+// slices' (max, sum) meet in shared memory, added in slice order by every thread of the column (the same M and S for
+// all of them); the values stay in registers: one read, one write.  The grid strides by blocks (the barriers: every
+// thread of a block runs the same iterations; threads past the last column load nothing).
+#define CB (256 / SPLIT)
+// Loads / stores of a thread's slice: the whole slice unmasked where it is (every slice but a column's last: a warp
+// is one slice, so the branch is uniform but at the grid's last columns), else masked by class.
+#define SLICE_LOOP(BODY)                                                                        \
+    if (live && nk >= SK) {                                                                     \
+        _Pragma("unroll") for (int k = 0; k < SK; ++k) { const bool in = true; BODY; }          \
+    } else {                                                                                    \
+        _Pragma("unroll") for (int k = 0; k < SK; ++k) { const bool in = live && k < nk; BODY; } \
+    }
+
+__device__ __forceinline__ void split_fwd(const T* __restrict__ x, T* __restrict__ y, const unsigned int n, const int C,
+                                          const unsigned int inner)
+{
+    __shared__ A sm_m[SPLIT][CB], sm_s[SPLIT][CB];
+    const unsigned int tx = threadIdx.x % CB, ty = threadIdx.x / CB, step = gridDim.x * CB, ci = C * inner;
+    const int nk = C - (int)ty * SK;                    // the slice's classes (>= SK: a full slice; <= 0: none)
+    const unsigned int so = ty * SK * inner;            // its first class's offset (not read where nk <= 0)
+    for (ColWalk w(blockIdx.x * CB + tx, step, inner, ci); w.k - tx < n; w.next(step, inner, ci)) {
+        const bool live = w.k < n;
+        const T* __restrict__ p = x + (w.off + so);
+        A v[SK];
+        SLICE_LOOP(v[k] = in ? LD(p[k * inner]) : NEG_INF)
+        A m = 0;
+#if ALGO != 0
+        m = v[0];
+#pragma unroll
+        for (int k = 1; k < SK; ++k) m = fmax(m, v[k]);
+#endif
+        const A sh = m == NEG_INF ? (A)0 : m;
+        A s = 0;
+#pragma unroll
+        for (int k = 0; k < SK; ++k) s += cexp(v[k], sh, CSHL(sh));
+        sm_m[ty][tx] = m;
+        sm_s[ty][tx] = s;
+        __syncthreads();
+        A M = 0;
+#if ALGO != 0
+        M = sm_m[0][tx];
+#pragma unroll
+        for (int j = 1; j < SPLIT; ++j) M = fmax(M, sm_m[j][tx]);
+        if (M == NEG_INF) M = 0;
+#endif
+        // each slice's sum rescaled to the column's shift, in slice order: exp(-inf) = 0 for a slice of -inf only
+        // (its s 0, or NaN: kept); a slice's NaN makes its s, so S, NaN
+        A S = 0;
+#pragma unroll
+        for (int j = 0; j < SPLIT; ++j) S += ALGO == 0 ? sm_s[j][tx] : sm_s[j][tx] * exp(sm_m[j][tx] - M);
+        __syncthreads();                                // the slots are written again by the next iteration
+#if ALGO == 2
+        const A f = log(S);
+#else
+        const A f = (A)1 / S;
+#endif
+        T* __restrict__ q = y + (w.off + so);
+#if ALGO == 2
+        SLICE_LOOP(if (in) q[k * inner] = ST(v[k] - M - f))
+#else
+        const A ml = CSHL(M);
+        SLICE_LOOP(if (in) q[k * inner] = ST(cexp(v[k], M, ml) * f))
+#endif
+    }
+}
+
+__device__ __forceinline__ void split_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                                          const unsigned int n, const int C, const unsigned int inner)
+{
+    __shared__ A sm_s[SPLIT][CB];
+    const unsigned int tx = threadIdx.x % CB, ty = threadIdx.x / CB, step = gridDim.x * CB, ci = C * inner;
+    const int nk = C - (int)ty * SK;
+    const unsigned int so = ty * SK * inner;
+    for (ColWalk w(blockIdx.x * CB + tx, step, inner, ci); w.k - tx < n; w.next(step, inner, ci)) {
+        const bool live = w.k < n;
+        const unsigned int o = w.off + so;
+        A a[SK], b[SK];
+        SLICE_LOOP(a[k] = in ? LD(y[o + k * inner]) : (A)0; b[k] = in ? LD(dy[o + k * inner]) : (A)0)
+        A s = 0;
+#pragma unroll
+        for (int k = 0; k < SK; ++k) s += ALGO == 2 ? b[k] : b[k] * a[k];
+        sm_s[ty][tx] = s;
+        __syncthreads();
+        A S = 0;
+#pragma unroll
+        for (int j = 0; j < SPLIT; ++j) S += sm_s[j][tx];
+        __syncthreads();
+        SLICE_LOOP(if (in) dx[o + k * inner] = ST(ALGO == 2 ? b[k] - exp(a[k]) * S : a[k] * (b[k] - S)))
+    }
+}
+#endif
+
 __device__ __forceinline__ bool on4(const void* a, const void* b, const void* c = 0)
 {
     return (((size_t)a | (size_t)b | (size_t)c) & 3) == 0;
@@ -1682,6 +1803,10 @@ __device__ __forceinline__ bool on4(const void* a, const void* b, const void* c 
 extern "C" __global__ void __launch_bounds__(256, CMINB)
 softmax_cols2_fwd(const T* __restrict__ x, T* __restrict__ y, const int cols, const int C, const int inner)
 {
+#if SPLIT
+    split_fwd(x, y, (unsigned int)cols, C, (unsigned int)inner);
+    return;
+#endif
 #if PAIR
     if (on4(x, y)) {
         cols2_fwd<2>((const unsigned int*)x, (unsigned int*)y, (unsigned int)cols >> 1, C, (unsigned int)inner >> 1);
@@ -1695,6 +1820,10 @@ extern "C" __global__ void __launch_bounds__(256, CMINB)
 softmax_cols2_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int cols, const int C,
                   const int inner)
 {
+#if SPLIT
+    split_bwd(y, dy, dx, (unsigned int)cols, C, (unsigned int)inner);
+    return;
+#endif
 #if PAIR
     if (on4(y, dy, dx)) {
         cols2_bwd<2>((const unsigned int*)y, (const unsigned int*)dy, (unsigned int*)dx, (unsigned int)cols >> 1, C,
@@ -2082,25 +2211,62 @@ def col_reg(c):
 # float32 / 16-bit 33 (untried: 32 is the old CREG's top), a PAIR forward 21 (softmax 96 bytes), float64 32 (8);
 # backward float32 20 (32 bytes), 16-bit 24 (float16 log-softmax 8), a PAIR backward 16 (68), float64 24 (untried).
 # A PAIR backward above 12 (two words a class: y and dy) takes one column a thread up to 21 instead.
+# SPLIT (columns past COLS_CC_MAX up to 8 x COLS_SPLIT_K classes): a column's classes in S = 2, 4 or 8 slices of
+# SK <= COLS_SPLIT_K, each held in a thread's registers, the slices meeting in shared memory -- one read (the chunked
+# path reads a column twice), and S threads a column where columns are few ((8, 150, 64, 64): 32768 columns, 128
+# blocks of one column a thread for 132 SMs).  S: the fewest slices that fit, then doubled (up to 8, no slice left
+# empty) while the columns times S stay under COLS_FILL threads (132 SMs x 1024).  COLS_SPLIT_K: no spills at 64 /
+# 128 registers for any SK up to it (forward 21 spilled 4 bytes in log-softmax, 24 16; backward as COLS_CC_MAX;
+# float64 forward 11: 4 to 68, its backward 16: 8).  COLS_SPLIT / MINIDNN_SOFTMAX_COLS_SPLIT: "1" (the default) as
+# said | "0" (the chunked path past COLS_CC_MAX) | "fill" (also columns within COLS_CC_MAX split where fewer than
+# COLS_FILL / 2).
+# COLS_FASTX (MINIDNN_SOFTMAX_COLS_FASTX, default "1"): 16-bit forwards take the exps as 2^(x log2e - m log2e)
+# through ex2.approx (the CFX define; SOURCE_COLS' cexp), as the cross-entropy kernels' FASTX -- the PAIR forward's
+# SASS at 19 classes from 816 to 544 instructions (21.5 to 14.3 an element; the copy's rate allows ~32), the
+# log-softmax's from 720 to 528; "0": expf, the old kernels' values to the bit.
 # COLS_MINB_SET (MINIDNN_SOFTMAX_COLS_MINB, "": the table) overrides the blocks an SM for an occupancy A/B.
 COLS_V2 = os.environ.get("MINIDNN_SOFTMAX_COLS_V2", "1") != "0"
 COLS_PAIR = os.environ.get("MINIDNN_SOFTMAX_COLS_PAIR", "1") != "0"
+COLS_SPLIT = os.environ.get("MINIDNN_SOFTMAX_COLS_SPLIT", "1")
+COLS_FASTX = os.environ.get("MINIDNN_SOFTMAX_COLS_FASTX", "1") != "0"
 COLS_MINB_SET = int(os.environ.get("MINIDNN_SOFTMAX_COLS_MINB", "0") or 0)
 COLS_U = 8                  # a chunk's loads in flight (16 spilled 8-160 bytes in float32 at 64 registers)
 COLS_CC_MAX = {(False, 4, False): 32, (False, 2, False): 32, (False, 2, True): 19, (False, 8, False): 16,
                (True, 4, False): 19, (True, 2, False): 21, (True, 2, True): 12, (True, 8, False): 16}
+COLS_SPLIT_K = {(False, 4): 20, (False, 2): 20, (False, 8): 10, (True, 4): 19, (True, 2): 19, (True, 8): 12}
+COLS_FILL = 132 * 1024
 
 
-def cols_v2_defines(backward, c, inner, dtype):
-    """The COLS_V2 kernels' compile-time choices for columns of ``c`` classes, ``inner`` apart, of ``dtype``:
-    (CC=, U=, PAIR=, CMINB= defines, words of columns a thread)."""
+def cols_split(backward, c, item, cols):
+    """SPLIT's slices of a column (2, 4, 8) and classes a slice, or (0, 0) for no split (COLS_SPLIT's rule)."""
+    if COLS_SPLIT not in ("0", "1", "fill"):
+        raise ValueError(f"softmax_kernels.COLS_SPLIT = {COLS_SPLIT!r} (MINIDNN_SOFTMAX_COLS_SPLIT): 0, 1 or fill")
+    kmax = COLS_SPLIT_K[backward, item]
+    if COLS_SPLIT == "0" or c > 8 * kmax:
+        return 0, 0
+    if c <= COLS_CC_MAX[backward, item, False] and not (COLS_SPLIT == "fill" and 2 * cols < COLS_FILL and c > 1):
+        return 0, 0
+    s = next(k for k in (2, 4, 8) if -(-c // k) <= kmax)
+    while s < 8 and cols * s < COLS_FILL and (2 * s - 1) * -(-c // (2 * s)) < c:     # no slice left empty
+        s *= 2
+    return s, -(-c // s)
+
+
+def cols_v2_defines(backward, c, inner, dtype, cols):
+    """The COLS_V2 kernels' compile-time choices for ``cols`` columns of ``c`` classes, ``inner`` apart, of ``dtype``:
+    (CC=, U=, PAIR=, SPLIT=, SK=, CFX=, CMINB= defines, columns a 256-thread block holds at once)."""
     item = np.dtype(dtype).itemsize
+    minb = COLS_MINB_SET or (2 if item == 8 else 4)
+    cfx = f"CFX={int(COLS_FASTX and item == 2 and not backward)}"
+    split, sk = cols_split(backward, c, item, cols)
+    if split:
+        return ("CC=0", f"U={COLS_U}", "PAIR=0", f"SPLIT={split}", f"SK={sk}", cfx, f"CMINB={minb}"), 256 // split
     pair = COLS_PAIR and item == 2 and inner % 2 == 0
     if pair and COLS_CC_MAX[backward, 2, True] < c <= COLS_CC_MAX[backward, 2, False]:
         pair = False                        # a compiled-in column of one a thread over a chunked PAIR
     cc = c if c <= COLS_CC_MAX[backward, item, pair] else 0
-    minb = COLS_MINB_SET or (2 if item == 8 else 4)
-    return (f"CC={cc}", f"U={COLS_U}", f"PAIR={int(pair)}", f"CMINB={minb}"), 2 if pair else 1
+    defines = (f"CC={cc}", f"U={COLS_U}", f"PAIR={int(pair)}", "SPLIT=0", "SK=0", cfx, f"CMINB={minb}")
+    return defines, 512 if pair else 256
 
 
 _ALGO = {"FAST": 0, "ACCURATE": 1, "LOG": 2}
@@ -2264,9 +2430,9 @@ def launch_spec(backward, shape, axes, algo_name, dtype, hint=0, stash=None) -> 
         return Spec("ROWS", "softmax_rows_bwd" if backward else "softmax_rows_fwd", base + defines,
                     -(-rows // (cfg.block // cfg.g)), minb if pipe else max(16, minb), cfg.block, smem)
     if COLS_V2:
-        defines, per = cols_v2_defines(backward, c, inner, dtype)
+        defines, per_block = cols_v2_defines(backward, c, inner, dtype, rows)
         return Spec("COLS", "softmax_cols2_bwd" if backward else "softmax_cols2_fwd", base + defines,
-                    -(-rows // (256 * per)), 32, 256, 0)
+                    -(-rows // per_block), 32, 256, 0)
     return Spec("COLS", "softmax_cols_bwd" if backward else "softmax_cols_fwd", base + (f"CREG={col_reg(c)}",),
                 -(-rows // 256), 32, 256, 0)
 
