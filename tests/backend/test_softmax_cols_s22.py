@@ -191,13 +191,70 @@ def _run(cp, monkeypatch, v2, x, algo, dy=None):
     return y, dx
 
 
+def _specs_of(settings, name, shapes, algos, backward=(False, True)):
+    """launch_spec of each shape / algo / direction under each {attribute: value} of ``settings``."""
+    out = []
+    saved = {k: getattr(_sk, k) for st in settings for k in st}
+    try:
+        for st in settings:
+            for k, v in st.items():
+                setattr(_sk, k, v)
+            for shape in shapes:
+                for algo in algos:
+                    for bwd in backward:
+                        if not (bwd and algo == "FAST"):
+                            out.append(_sk.launch_spec(bwd, shape, (1,), algo, _dtype(name)))
+    finally:
+        for k, v in saved.items():
+            setattr(_sk, k, v)
+    return out
+
+
+def _cuda_specs():
+    """Every kernel the cuda tests below launch (settings as each test sets them)."""
+    new, old = {"COLS_V2": True, "COLS_SPLIT": "1", "COLS_FASTX": True}, {"COLS_V2": False}
+    specs = []
+    for name, c, inner in CUDA_CASES:
+        specs += _specs_of([new, old, dict(new, COLS_FASTX=False)], name, [(3, c, inner)], ALGOS)
+    for name, c, fill in SPLIT_CASES:
+        specs += _specs_of([dict(new, COLS_FILL=fill or _sk.COLS_FILL), dict(new, COLS_SPLIT="0")], name,
+                           [(3, c, 37)], ALGOS)
+    for name in NAMES:
+        for c in (2, 19, 33, 150):
+            specs += _specs_of([new, old], name, [(3, c, 36)], ("ACCURATE", "LOG"), (False,))
+    for name in ("float32", "bfloat16"):
+        for c in (3, 19, 40):
+            specs += _specs_of([new], name, [(5, c, 999), (4, c, 1000), (7, c, 3)] + [(2, 3, 1300000)] * (c == 3),
+                               ("ACCURATE", "LOG"))
+    for name in ("bfloat16", "float16"):
+        for c in (7, 19, 40):
+            specs += _specs_of([new], name, [(3, c, 36)], ("ACCURATE", "LOG"))
+    return specs
+
+
+_WARM = []
+
+
+@pytest.fixture
+def warm(cp):
+    """The kernels of the cuda tests compiled first, a process a core (CuPy's disk cache): ~600 NVRTC builds one
+    after another would take minutes."""
+    if not _WARM:
+        _WARM.append(True)
+        try:
+            _sk.precompile(_cuda_specs())
+        except Exception as exc:        # noqa: BLE001 -- only a cache: each compiles when first launched
+            print(f"precompile failed ({type(exc).__name__}: {exc}); compiling one by one")
+    return cp
+
+
 CUDA_CASES = [(n, c, inner) for n in NAMES for c in (1, 2, 7, 19, 21, 32, 33, 150, 1000) for inner in (35, 36)
               if n in ("float32", "bfloat16") or c in (7, 19, 33, 150)]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, c, inner", CUDA_CASES, ids=[f"{n}-{c}-{i}" for n, c, i in CUDA_CASES])
-def test_cols_v2_against_float64_and_old(cp, monkeypatch, name, c, inner):
+def test_cols_v2_against_float64_and_old(cp, warm, monkeypatch, name, c, inner):
     """Forward (fast / accurate / log) and backward against the float64 reference, and against the session-7 kernels
     within rounding (the compiled-in columns add the same terms in the same order: equal to the bit with expf, i.e.
     COLS_FASTX off for 16-bit data)."""
@@ -236,7 +293,7 @@ SPLIT_CASES = [(n, c, fill) for n in ("float32", "bfloat16", "float64") for c in
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, c, fill", SPLIT_CASES, ids=[f"{n}-{c}-{f}" for n, c, f in SPLIT_CASES])
-def test_cols_v2_split_slices(cp, monkeypatch, name, c, fill):
+def test_cols_v2_split_slices(cp, warm, monkeypatch, name, c, fill):
     """SPLIT at 2, 4 and 8 slices (COLS_FILL lowered: the fewest slices; 200: some doubling; the default: 8 for these
     few columns), forward and backward, against the float64 reference and the chunked path (COLS_SPLIT "0")."""
     dt = _dtype(name)
@@ -261,7 +318,7 @@ def test_cols_v2_split_slices(cp, monkeypatch, name, c, fill):
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "float16", "float64"])
 @pytest.mark.parametrize("c", [2, 19, 33, 150])
-def test_cols_v2_special_values(cp, monkeypatch, name, c):
+def test_cols_v2_special_values(cp, warm, monkeypatch, name, c):
     """A NaN anywhere in a column: the whole column NaN; all -inf: NaN (0 / 0, -inf + inf); a +inf: NaN; -inf in part
     of a column: exp 0 there -- as the float64 reference and the session-7 kernels (NaN in the same places)."""
     dt = _dtype(name)
@@ -286,14 +343,14 @@ def test_cols_v2_special_values(cp, monkeypatch, name, c):
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["float32", "bfloat16"])
 @pytest.mark.parametrize("c", [3, 19, 40])
-def test_cols_v2_grid_stride(cp, monkeypatch, name, c):
+def test_cols_v2_grid_stride(cp, warm, monkeypatch, name, c):
     """More columns than the grid: a grid of 3 blocks (monkeypatched) walks every column, inner not a multiple of
     the stride (o advances with i's wrap), odd and even inner; and one natural launch past 1.1 M columns."""
     dt = _dtype(name)
     rng = np.random.default_rng(c)
     real_grid = _sk._grid
     monkeypatch.setattr(_sk, "_grid", lambda groups, dev, per_sm=16: (min(groups, 3),))
-    for shape in ((5, c, 999), (4, c, 1000), (2, c, 1)):
+    for shape in ((5, c, 999), (4, c, 1000), (7, c, 3)):
         x = (rng.standard_normal(shape) * 3).astype(dt)
         dy = rng.standard_normal(shape).astype(dt)
         for algo in ("accurate", "log"):
@@ -313,7 +370,7 @@ def test_cols_v2_grid_stride(cp, monkeypatch, name, c):
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
 @pytest.mark.parametrize("c", [7, 19, 40])
-def test_cols_v2_pair_off_4_bytes(cp, monkeypatch, name, c):
+def test_cols_v2_pair_off_4_bytes(cp, warm, monkeypatch, name, c):
     """16-bit views 2 bytes past a 4-byte boundary (x; y or dy) take the one-column body: the same values, to the
     bit, as the aligned call (PAIR's two lanes do each column's arithmetic as one column a thread does)."""
     dt = _dtype(name)
