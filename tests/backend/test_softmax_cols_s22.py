@@ -156,9 +156,20 @@ def test_cols_v2_compile_without_spills():
         assert int(m.group(2)) <= 65536 // (256 * int(d["CMINB"])), (k, defines, m.group(2))
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_cols_v2_pair_refused_for_wide_data():
-    """PAIR is a 16-bit layout: a build asking it for float32 fails to compile (an #error), never runs wrong."""
-    assert "#error" in _sk.SOURCE_COLS and "PAIR && STORAGE == 0" in _sk.SOURCE_COLS
+    """PAIR (a 16-bit layout) and CFX (float exps) asked for float32 / float64 data fail to build (an #error), never
+    run wrong; the same defines with 16-bit storage build."""
+    base = ("ALGO=1", "CC=7", "U=8", "SPLIT=0", "SK=0", "CMINB=4")
+    units = [(_sk.SOURCE_COLS, (f"SCALAR={sc}", f"ACCUM={sc}", f"STORAGE={st}") + base + extra)
+             for sc, st in (("float", 0), ("double", 0), ("float", 2))
+             for extra in (("PAIR=1", "CFX=0"), ("PAIR=0", "CFX=1"))]
+    built = _nvcc.build(units, entries=[("softmax_cols2_fwd",)] * len(units), batch=1)
+    for (_, defines), r in zip(units, built):
+        if "STORAGE=2" in defines:
+            assert r.returncode == 0, r.stderr[:1500]
+        else:
+            assert r.returncode != 0 and "16-bit data only" in r.stderr, defines
 
 
 # ---- cuda ----------------------------------------------------------------------------------------------------------

@@ -1449,8 +1449,8 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 #ifndef CFX
 #define CFX 0
 #endif
-#if PAIR && STORAGE == 0
-#error "PAIR: 16-bit data only"
+#if (PAIR || CFX) && STORAGE == 0
+#error "PAIR and CFX: 16-bit data only"
 #endif
 
 // The forward's exp(v - sh), sh the column's shift and shl = sh log2(e): CFX (COLS_FASTX, 16-bit data, float) as
