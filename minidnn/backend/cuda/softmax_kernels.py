@@ -1427,7 +1427,8 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 // load of the column issued at once, no masks, no dead slots; the column kept in registers (forward: CC words, the
 // backward y and dy: 2 CC).  CC = 0: the forward reads the column twice -- an online (max, sum) over chunks of U
 // classes (the U loads of a chunk issued together, the sum rescaled once a chunk), then the write pass, U at a time;
-// the backward sums dy (* y) in chunks of U, then writes dx in chunks of U.
+// the backward sums dy (* y) in chunks of U, then writes dx in chunks of U.  SPLIT > 0 (columns past the registers'
+// CC): a column's classes over SPLIT threads, below.  CFX: the 16-bit forwards' exps through ex2.approx, below.
 // The max skips NaN (fmax: one instruction, where a NaN-propagating max took three): a NaN element still gives
 // exp(NaN - m) = NaN, so s and every output of its column are NaN, as the reference; a +inf gives exp(inf - inf) =
 // NaN the same way; an all -inf column keeps the shift 0 (its outputs 0 * inf = NaN, -inf - log 0 = NaN: as before).
@@ -1435,7 +1436,7 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 #define CC 0
 #endif
 #ifndef U
-#define U 16
+#define U 8
 #endif
 #ifndef PAIR
 #define PAIR 0
@@ -1476,9 +1477,9 @@ __device__ __forceinline__ A wval(T w, int) { return LD(w); }
 __device__ __forceinline__ T wpack(const A (&v)[1]) { return ST(v[0]); }
 #if STORAGE != 0
 template <> struct Word<2> { typedef unsigned int W; };
-// Decoded where used, through asm volatile (as storage.LDE_HEADER): the compiler may not hoist the decodes into two
-// float registers a word, so a column held raw costs one register a word (the backward's y and dy at CC = 16: 92
-// bytes of spills with plain shifts, at 64 registers).
+// Decoded where used, through asm volatile (as storage.LDE_HEADER), so that fewer decodes are hoisted into two float
+// registers a word: the PAIR backward (y and dy held) at CC = 16 spilled 68 bytes at 64 registers against 92 with
+// plain shifts -- ptxas still merges some, so that backward stops at 12 classes (COLS_CC_MAX).
 __device__ __forceinline__ A wval(unsigned int w, int p)
 {
     float f;
@@ -2206,7 +2207,7 @@ def col_reg(c):
 # softmax_cols2_fwd / _bwd (SOURCE_COLS' second half) -- the class count compiled in (CC) where a column fits the
 # registers, else chunks of COLS_U classes; 32-bit offsets, a NaN-skipping max, two columns a thread for 16-bit data
 # (PAIR, where inner is even; COLS_PAIR / MINIDNN_SOFTMAX_COLS_PAIR=0: one column a thread).  COLS_CC_MAX: the
-# largest CC with no spills at COLS_MINB blocks an SM (64 registers; float64 two blocks, 128), nvcc 13.0 sm_90 --
+# largest CC with no spills at four 256-thread blocks an SM (64 registers; float64 two, 128), nvcc 13.0 sm_90 --
 # every C up to it builds without spills (tests/backend/test_softmax_cols_s22.py); one class more spilled: forward
 # float32 / 16-bit 33 (untried: 32 is the old CREG's top), a PAIR forward 21 (softmax 96 bytes), float64 32 (8);
 # backward float32 20 (32 bytes), 16-bit 24 (float16 log-softmax 8), a PAIR backward 16 (68), float64 24 (untried).
