@@ -16,7 +16,8 @@ Settings (docs/step_kernels.md, "Session 22: channel softmax columns"), the firs
   1np      "1" with COLS_PAIR off (one 16-bit column a thread)
   1ns      "1" with COLS_SPLIT "0" (columns past COLS_CC_MAX in chunks of 8, read twice, one thread a column)
   1fill    "1" with COLS_SPLIT "fill" (also register-held columns split where few: (8, 21, 64, 64))
-           flags combine, then @B: "1np@5", "1nsnp"
+  1nx      "1" with COLS_FASTX off (16-bit forwards' exps by expf, not ex2.approx)
+           flags combine, then @B: "1np@5", "1nsnp", "1npnx"
 Method: per case (op, dtype, shape) `rounds` rounds; a round times every distinct setting and PyTorch in turn, the
 order reversed every other round, each timing a fresh capture of `reps` calls of the backend primitive
 (B.softmax_forward / softmax_backward, mode "channel", as bench/kernels_gpu.py's spatial cases) replayed `trials` times
@@ -63,28 +64,31 @@ def _forget():
 
 
 def parse(setting):
-    """(COLS_V2, COLS_PAIR, COLS_SPLIT, COLS_MINB_SET) of a setting string ("0", "1", "1@5", "1np", "1ns@6", ...)."""
-    m = re.fullmatch(r"1((?:np|ns|fill)*)(?:@([1-8]))?", setting)
+    """(COLS_V2, COLS_PAIR, COLS_SPLIT, COLS_FASTX, COLS_MINB_SET) of a setting string ("0", "1", "1@5", "1np",
+    "1nsnx@6", ...)."""
+    m = re.fullmatch(r"1((?:np|ns|nx|fill)*)(?:@([1-8]))?", setting)
     if setting == "0":
-        return False, True, "1", 0
+        return False, True, "1", True, 0
     if m is None or ("ns" in m.group(1) and "fill" in m.group(1)):
-        raise ValueError(f"cols_ab: setting {setting!r}: 0, or 1 with np / ns / fill and @B (B blocks an SM, 1-8)")
+        raise ValueError(f"cols_ab: setting {setting!r}: 0, or 1 with np / ns / nx / fill and @B (B blocks an SM, "
+                         "1-8)")
     flags = m.group(1)
-    return True, "np" not in flags, "0" if "ns" in flags else "fill" if "fill" in flags else "1", int(m.group(2) or 0)
+    split = "0" if "ns" in flags else "fill" if "fill" in flags else "1"
+    return True, "np" not in flags, split, "nx" not in flags, int(m.group(2) or 0)
 
 
 def _switch(setting):
     sk = _sk()
     if not _START:
-        _START.update(v=(sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_MINB_SET))
-    sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_MINB_SET = parse(setting)
+        _START.update(v=(sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_FASTX, sk.COLS_MINB_SET))
+    sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_FASTX, sk.COLS_MINB_SET = parse(setting)
     _forget()
 
 
 def _restore():
     sk = _sk()
     if _START:
-        sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_MINB_SET = _START["v"]
+        sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_FASTX, sk.COLS_MINB_SET = _START["v"]
     _forget()
 
 
@@ -163,7 +167,7 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
         spread = max(got[s]) / min(got[s]) - 1
         vt = f"  torch/this {statistics.median(vs_torch[s]):5.2f}" if vs_torch[s] else ""
         d = dict(x.split("=", 1) for x in plans[s][1])
-        kern = " ".join(f"{k}={d[k]}" for k in ("CREG", "CC", "PAIR", "SPLIT", "SK", "CMINB") if k in d)
+        kern = " ".join(f"{k}={d[k]}" for k in ("CREG", "CC", "PAIR", "SPLIT", "SK", "CFX", "CMINB") if k in d)
         print(f"{label:24s} {dtype_name:9s} {str(shape):18s} {s:7s} {ms:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%"
               f"  spread {100 * spread:4.1f}%  {distinct[0]}/this {statistics.median(ratios[s]):5.3f}{vt}  [{kern}]")
     if tgot:
@@ -180,7 +184,8 @@ def main(argv=None):
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--settings", default="0,1", help="the first the reference: 0, 1, 1@B, 1np, 1ns, 1fill, 1np@B ...")
+    ap.add_argument("--settings", default="0,1",
+                    help="the first the reference: 0, 1, 1@B, 1np, 1ns, 1nx, 1fill, 1np@B ...")
     ap.add_argument("--no-precompile", action="store_true")
     args = ap.parse_args(argv)
     settings = [s for s in args.settings.split(",") if s]
