@@ -120,7 +120,7 @@ TOLS = {"float32": (3e-6, 2e-6), "float64": (1e-12, 1e-13), "bfloat16": (1e-2, 2
 
 SHAPES = [((2, 5, 3, 7), False, 0.0, 0.0), ((4, 21, 33, 17), True, 0.1, 0.2), ((3, 150, 8, 8), False, 0.05, 0.0),
           ((2, 8, 5), True, 0.0, 0.5), ((1, 9, 1, 300), False, 0.0, 0.0), ((5, 2, 64, 3), True, 0.2, 1.0),
-          ((4, 3, 200, 200), True, 0.1, 0.1),     # 160000 positions: past the forward's grid (132 SMs x 4 x 256)
+          ((4, 3, 200, 200), True, 0.1, 0.1),     # 160000 positions (one pass of pairs; the walk: grid_stride)
           ((3, 32, 9, 7), True, 0.1, 0.1), ((2, 1, 5, 5), False, 0.0, 0.0), ((2, 25, 6, 6), True, 0.0, 0.1)]
 # (C <= 32: the class count compiled in, CC -- the backward's up to 24; 25 and 32: a compiled forward, a read
 # backward; 150: both read)
@@ -171,7 +171,8 @@ def test_spatial_against_float64(cp, name, reduction, case):
 def test_spatial_pairs_and_views(cp, monkeypatch, name):
     """Two positions a thread (SP_PAIR; inner 36 even, 19 classes: batches of 12 and 7) against one a thread (one
     batch of 19): the loss, lse and dx within rounding; an x one element off the 2-element boundary (a view) takes
-    one position a thread inside the pair build: bitwise the one-a-thread build's."""
+    one position a thread inside the pair build: bitwise the one-a-thread build's ('none': per position; the 'mean'
+    sums would follow each build's grid)."""
     rng = np.random.default_rng(5)
     dt = _dtype(name)
     shape = (3, 19, 6, 6)
@@ -202,14 +203,53 @@ def test_spatial_pairs_and_views(cp, monkeypatch, name):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(4, 19, 16, 10), (3, 21, 7, 9), (2, 40, 12, 10), (3, 27, 14, 12)],
+                         ids=["pairs", "odd-inner", "C-read", "fwd-pairs-bwd-single"])
+def test_spatial_grid_stride(cp, monkeypatch, shape):
+    """A grid of 3 blocks, so every thread walks several positions (SpPos.next: (o, i) advanced by the stride,
+    crossing images), forward and backward, against float64: pairs, odd inner, C read at run time, and a backward
+    past SP_CC's 24 (one position a thread) beside a paired forward."""
+    monkeypatch.setattr(_lk, "_grid", lambda groups, dev, per_sm: min(groups, 3))
+    _lk._plans.clear()
+    rng = np.random.default_rng(23)
+    x, t, w = _inputs(rng, shape, "float32", True, 0.1)
+    g = rng.standard_normal(t.shape).astype(np.float32)
+    try:
+        for reduction in ("none", "mean"):
+            gg = g if reduction == "none" else np.float32(1.5)
+            loss_r, lse_r, den_r, dx_r = _reference(x, t, w, 0.1, reduction, np.asarray(gg, np.float64))
+            xd, td, wd = cp.asarray(x), cp.asarray(t), cp.asarray(w)
+            loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, 0.1, reduction)
+            dx = B.softmax_cross_entropy_backward(None, xd, td, cp.asarray(gg), lse, den, wd, -100, 0.1, reduction)
+            np.testing.assert_allclose(to_numpy(lse), lse_r.reshape(t.shape), rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(to_numpy(loss), loss_r, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(to_numpy(dx), dx_r, rtol=1e-5, atol=1e-6)
+    finally:
+        _lk._plans.clear()
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["bfloat16", "float16"])
-def test_spatial_widened(cp, name):
+@pytest.mark.parametrize("shape", [(4, 19, 17, 9), (4, 19, 16, 9), (4, 19, 16, 9, 0)],
+                         ids=["odd-inner", "pairs", "pairs-view"])
+def test_spatial_widened(cp, name, shape):
     """16-bit logits read as float32 (autocast's cross-entropy, widen): the float32 kernel's loss and lse on
-    x.astype(float32), bitwise, and dx that dx .astype(x's dtype)."""
+    x.astype(float32), bitwise, and dx that dx .astype(x's dtype) -- one position a thread (inner odd), pairs (inner
+    even), and pairs on an x one element off the 4-byte boundary (a view: the host's cast, so that the float32
+    kernel's pairs, batches and grid -- the 'mean' sums' order -- are the ones the reference takes; REVIEW22)."""
     rng = np.random.default_rng(5)
-    x, t, w = _inputs(rng, (4, 19, 17, 9), name, True, 0.1)
+    view = len(shape) == 5
+    shape = shape[:4]
+    x, t, w = _inputs(rng, shape, name, True, 0.1)
     xd, td, wd = cp.asarray(x), cp.asarray(t), cp.asarray(w)
+    if view:
+        big = cp.empty(x.size + 1, xd.dtype)
+        xd = big[1:].reshape(shape)
+        xd[...] = cp.asarray(x)
+        assert xd.data.ptr % 4 != 0
     x32 = xd.astype(np.float32)
+    assert ("PAIR=1" in _lk.launch_spec("ce_fwd", shape, _dtype(name), np.int64, True, "mean", 0.1, True)[2]) == (
+        shape[3] == 9 and shape[2] == 16)
     for reduction in ("mean", "none"):
         loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, 0.1, reduction, True)
         loss32, lse32, den32 = B.softmax_cross_entropy_forward(None, x32, td, wd, -100, 0.1, reduction)
@@ -241,6 +281,8 @@ def test_spatial_special_values_as_warp_kernels(cp, monkeypatch, name, mode):
     x[1, :, 1, 1] = -np.inf
     x[1, 30, 1, 1] = 0                            # all -inf but one, second batch
     x[1, 39, 2, 2] = -np.inf                      # -inf at the target
+    x[1, :12, 0, 0] = np.nan                      # NaN-only first batch (of pairs) before finite classes:
+    x[1, 0, 0, 1] = np.nan                        # the running max -inf, then s * 0 keeps the NaN sum
     t[1, 2, 2] = 39
     t[1, 3, 3] = 40                               # out of range: NaN
     t[1, 3, 4] = -100                             # ignored

@@ -15,9 +15,10 @@ from tests.backend.test_softmax_rows_cuda import _dtype, _reset_plans
 TOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 2e-3}
 
 
-def _half_nan_rows(rows, c, seed):
+def _half_nan_rows(rows, c, seed, nan_to=None):
+    """Row 1 NaN up to ``nan_to`` (default: half the row), row 2 one NaN, row 3 all -inf, the others finite."""
     x = np.random.default_rng(seed).standard_normal((rows, c)) * 3
-    x[1, : c // 2] = np.nan             # the first chunks of every thread only NaN
+    x[1, : c // 2 if nan_to is None else nan_to] = np.nan
     x[2, c // 3] = np.nan               # a single NaN
     x[3, :] = -np.inf
     return x
@@ -33,14 +34,18 @@ def _ref(x, algo):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name, c", [("bfloat16", 65536), ("float16", 32000), ("float32", 50257),
-                                     ("bfloat16", 20000)])
+@pytest.mark.parametrize("name, c", [("bfloat16", 65536), ("float16", 32768), ("float32", 65536),
+                                     ("bfloat16", 49152)])
 def test_row_kernels_keep_nan_rows(cp, monkeypatch, name, c):
-    """The row kernels ("0": the clusters off), chunked rows: a half-NaN row and a one-NaN row all NaN, a row of -inf
-    as the reference (NaN), the others within the dtype's rounding of the float64 reference."""
+    """The row kernels ("0": the clusters off), chunked rows: row 1's chunks all NaN but the last, which is whole
+    (every thread's running max -inf and sum NaN until then, then finite values: the case the old `0` reset -- a
+    thread whose chunks mix NaN and finite values keeps its NaN either way, REVIEW22), and a one-NaN row, all NaN; a
+    row of -inf as the reference (NaN); the others within the dtype's rounding of the float64 reference."""
     monkeypatch.setattr(_sc, "CLUSTER", "0")
-    assert not _sk.row_config(c, _dtype(name).itemsize, 4, 1).one      # the chunked path is the one under test
-    x = _half_nan_rows(8, c, c).astype(_dtype(name))
+    cfg = _sk.row_config(c, _dtype(name).itemsize, 4, 1)
+    chunk = cfg.g * cfg.nv * cfg.vec
+    assert not cfg.one and not cfg.ragged and c % chunk == 0 and c // chunk >= 2   # whole chunks, the last finite
+    x = _half_nan_rows(8, c, c, nan_to=c - chunk).astype(_dtype(name))
     xd = cp.asarray(x)
     _reset_plans()
     try:

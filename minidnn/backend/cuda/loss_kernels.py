@@ -13,9 +13,10 @@ Logits (N, C) (inner = 1): SOURCE_ROWS below (ce_rows_fwd / ce_rows_bwd), the ro
 loads and target issued before the current row's reduction; MINIDNN_SOFTMAX_PIPE=0: without); rows of more than one
 chunk (> 16K float32 classes) stream through a shared-memory stage, the next chunk copied in while the current one is
 reduced (LONG; MINIDNN_CE_LONG=0: without).  inner > 1 (spatial targets, e.g. segmentation logits (N, C, H, W)):
-SOURCE_SPATIAL (ce_sp_fwd / ce_sp_bwd), a thread a position, coalesced across positions, one online pass over the
-classes (its comment below; session 21).  MINIDNN_CE_SPATIAL=0 and MINIDNN_SOFTMAX_V1=1: SOURCE (ce_fwd / ce_bwd),
-the tiling that follows, which reads a position's classes a warp at a time -- 32 lines for 32 values where inner > 1.
+SOURCE_SPATIAL (ce_sp_fwd / ce_sp_bwd), a thread a position (two where inner is even), coalesced across positions,
+one online pass over the classes (its comment below; sessions 21-22).  MINIDNN_CE_SPATIAL=0 and
+MINIDNN_SOFTMAX_V1=1: SOURCE (ce_fwd / ce_bwd), the tiling that follows, which reads a position's classes a warp at
+a time -- 32 lines for 32 values where inner > 1.
 Tiling: one warp per row (8 rows per 256-thread block, grid-stride over the rows); lane l takes classes l, l + 32, ...;
 shuffle reductions for the max, sum exp(x - max) and the smoothing sums.  'mean'/'sum': each warp keeps its rows'
 loss and weight sums, the block adds its 8 warps in order and writes one partial; the LAST block (threadfence +
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 
@@ -327,22 +329,26 @@ __device__ __forceinline__ float ex2_fast(float x)
 #endif
 """
 
-# ---- spatial targets (inner > 1, e.g. segmentation logits (N, C, H, W)): one thread a position ---------------------
+# ---- spatial targets (inner > 1, e.g. segmentation logits (N, C, H, W)): one or two positions a thread ----------
 # Shape legend as above; position r = o * inner + i (o < N, i < inner), its classes at x[(o * C + c) * inner + i].
 # Tiling: a 256-thread block's threads take consecutive positions (grid-stride over the N * inner positions), so at
-# each class c a warp reads 32 consecutive elements of plane (o, c): coalesced, where SOURCE's warp a row reads 32
+# each class c a warp reads consecutive elements of plane (o, c): coalesced, where SOURCE's warp a row reads 32
 # classes of ONE position, 32 lines for 32 values (2-4% of copy at (32, 21, 128, 128), 0.3x PyTorch: session 21).
-# A thread walks its position's C classes U at a time (U loads issued before their use: the planner's U, 16 forward,
-# 8 backward -- bytes in flight where few positions leave few threads, e.g. (8, 150, 64, 64): 128 blocks).
-#   ce_sp_fwd: per position, ONE pass over the classes, U at a time: the batch's max first (NaN-propagating, as
-#              row_stats), the running sum rescaled once when the max grows, then one exp an element with no branch
+# The class count is compiled in (CC, the planner's SP_CC: up to 32 forward, 24 backward): a position's classes all
+# loaded at once, the loops unrolled without masks; past it C is read at run time and walked U at a time (16 forward,
+# 8 backward).  PAIR (SP_PAIR, where inner is even and CC): a thread takes positions r, r + 1 (never two images: inner
+# even) with one 4- or 8-byte load a class, in batches of UP classes (registers); an x (or dx) off the 2-element
+# boundary takes one position a thread inside the same build.  (o, i) advance with the grid stride, no division.
+#   ce_sp_fwd: per position, ONE pass over the classes, a batch at a time: the batch's max first (fmax: NaN skipped,
+#              yet a NaN element makes its exp, so s and lse, NaN -- row_stats' NaN), the running sum rescaled once
+#              when the max grows (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch
 #              (FASTX's ex2.approx where the row kernels take it); an -inf row keeps shift 0 as row_stats does; x[t]
-#              picked on the way; the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd; 'mean' /
-#              'sum': ce_grid_sum, the row forward's grid sum (the LAST block's 256 threads add the partials: ~2
-#              loads a thread where one thread's loop over 528 partials was a chain at the kernel's end).
+#              picked on the way (an int compare); the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd;
+#              'mean' / 'sum': ce_grid_sum, the row forward's grid sum (the LAST block's 256 threads add the
+#              partials: ~2 loads a thread where one thread's loop over 528 partials was a chain at the kernel's end).
 #   ce_sp_bwd: per position, dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's expression
 #              (the same bits wherever the smoothing sum of the weights is not needed: it is summed in class order
-#              here, in lane order there).
+#              here, in lane order there); an ignored position's dx 0.
 SOURCE_SPATIAL = STORAGE_HEADER + XIN_HEADER + WARP_REDUCE + r"""
 typedef INDEX I;
 #ifndef FASTX
@@ -371,35 +377,38 @@ typedef INDEX I;
 #endif
 
 // Position r's (o, i) kept beside r: the grid stride advances them without a division a position (r = o * inner + i;
-// step = ostep * inner + istep).
+// step = ostep * inner + istep; i unsigned: i + istep < 2 inner fits where inner is near 2^31).
 struct SpPos {
-    unsigned int r;
-    int o, i;
-    const int ostep, istep;
+    unsigned int r, i;
+    int o;
+    const unsigned int istep;
+    const int ostep;
     __device__ __forceinline__ SpPos(unsigned int r0, unsigned int step, int inner)
-        : r(r0), o((int)(r0 / (unsigned int)inner)), i((int)(r0 % (unsigned int)inner)),
-          ostep((int)(step / (unsigned int)inner)), istep((int)(step % (unsigned int)inner)) {}
+        : r(r0), i(r0 % (unsigned int)inner), o((int)(r0 / (unsigned int)inner)),
+          istep(step % (unsigned int)inner), ostep((int)(step / (unsigned int)inner)) {}
     __device__ __forceinline__ void next(unsigned int step, int inner)
     {
         r += step; o += ostep; i += istep;
-        if (i >= inner) { i -= inner; ++o; }
+        if (i >= (unsigned int)inner) { i -= (unsigned int)inner; ++o; }
     }
 };
 
 // P consecutive values of x at q (P = 2: q on a 2-element boundary, one 4- or 8-byte load) / of dx.
+// x is read-only for the kernel's life: the loads through the non-coherent path (__ldg), as the kernels' own
+// `const X* __restrict__` loads compiled before these helpers took a plain pointer (REVIEW22).
 template <int P> __device__ __forceinline__ void sp_ld(const X* q, A* v)
 {
     if (P == 1) {
-        v[0] = LD(q[0]);
+        v[0] = LD(__ldg(q));
     } else if (sizeof(X) == 2) {
-        const unsigned int u = *(const unsigned int*)q;
+        const unsigned int u = __ldg((const unsigned int*)q);
         v[0] = LD((X)(u & 0xffffu));
         v[1] = LD((X)(u >> 16));
     } else if (sizeof(X) == 4) {
-        const float2 u = *(const float2*)q;
+        const float2 u = __ldg((const float2*)q);
         v[0] = (A)u.x; v[1] = (A)u.y;
     } else {
-        const double2 u = *(const double2*)q;
+        const double2 u = __ldg((const double2*)q);
         v[0] = (A)u.x; v[1] = (A)u.y;
     }
 }
@@ -501,7 +510,7 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
             tc[j] = (t[j] >= 0 && t[j] < C) ? (int)t[j] : -1;   // x[t]'s class, an int compare an element
             m[j] = NEG_INF; s[j] = 0; swx[j] = 0; xt[j] = 0;
         }
-        sp_fwd_sums<P, B>(x + (p.o * CN * inner + p.i), C, inner, tc, w, smooth, m, s, swx, sw, xt);
+        sp_fwd_sums<P, B>(x + (p.o * CN * inner + (int)p.i), C, inner, tc, w, smooth, m, s, swx, sw, xt);
 #pragma unroll
         for (int j = 0; j < P; ++j) {
             A lse, wt;
@@ -544,7 +553,7 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
     const bool smooth = eps != 0.0;
     const unsigned int step = P * gridDim.x * blockDim.x;
     for (SpPos p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner); p.r < n; p.next(step, inner)) {
-        const int base = p.o * CN * inner + p.i;
+        const int base = p.o * CN * inner + (int)p.i;
         int tc[P];
         bool keep[P];
         A sumqg[P], qt[P], gr[P], lse[P], lsel[P];
@@ -1372,7 +1381,14 @@ CE_SPATIAL = os.environ.get("MINIDNN_CE_SPATIAL", "1") != "0"
 # one of 3 in 16 masked slots: ~46 instructions an element, ncu).  The bounds: nvcc 13 at 64 registers, no spill in
 # any configuration (the backward with weights and smoothing spilled 4 bytes from 30 classes).  MINIDNN_CE_SP_CC=
 # "fwd,bwd" ("0,0": C at run time, U at a time).
-SP_CC = tuple(int(v) for v in os.environ.get("MINIDNN_CE_SP_CC", "32,24").split(","))
+def _sp_cc(text):
+    m = re.fullmatch(r"\s*(\d+)\s*,\s*(\d+)\s*", text)
+    if m is None:
+        raise ValueError(f"MINIDNN_CE_SP_CC={text!r}: two class counts 'forward,backward' (e.g. '32,24'; '0,0': none)")
+    return int(m.group(1)), int(m.group(2))
+
+
+SP_CC = _sp_cc(os.environ.get("MINIDNN_CE_SP_CC", "32,24"))
 # SP_PAIR (session 22): two adjacent positions a thread where inner is even, one 4-byte (16-bit) or 8-byte (float32)
 # load a class -- half the load instructions and requests for the same bytes (run 3: the bfloat16 forward took as
 # long as float32's for half the bytes, 23-42% of copy).  Its batches hold UP classes of both positions (SP_UP,
@@ -1541,7 +1557,9 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
                                                                 sm80=_sm80(dev))
     # widen: the byte boundary x must sit on for the float32 kernel's row split (XVBYTES; 0: none -- scalar loads)
     vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
-    p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 0
+    # (the spatial PAIR build: 4 bytes, where its pairs are -- off it the kernel takes one position a thread, whose
+    # batches and grid are not the aligned float32 copy's, so the cast keeps widen bitwise the float32 kernels')
+    p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 4 if widen and "PAIR=1" in defines else 0
     # LONG (not widened): the boundary its copies need -- VBYTES unless RAGGED (each row's own head then); 0: none
     d = dict(x.split("=", 1) for x in defines)
     p.xlong = int(d["VBYTES"]) if d.get("LONG") in ("1", "2") and not widen and d.get("RAGGED") == "0" else 0
