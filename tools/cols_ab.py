@@ -10,9 +10,11 @@ Settings (docs/step_kernels.md, "Session 22: channel softmax columns"), the firs
   0        COLS_V2 off: the session-7 kernels (CREG 8/16/32 slots a thread, three passes past 32 classes)
   1        COLS_V2 on (the default): the class count compiled in up to COLS_CC_MAX, chunks of 8 beyond, two 16-bit
            columns a thread (PAIR) where inner is even
-  1@B      "1" at B blocks an SM (COLS_MINB_SET: 65536 / (256 B) registers a thread; 5 -> 48, 6 -> 40) -- every
-           plan: at 5 the float32 and one-column 16-bit CC forwards up to 24 classes and the float32 SPLIT softmax
-           forward build without spills, PAIR forwards, backwards and the SPLIT log-softmax spill 40-96 bytes (nvcc)
+  1@B      "1" at B blocks an SM for every plan (COLS_MINB_SET: 65536 / (256 B) registers a thread; 4 -> 64,
+           5 -> 48, 6 -> 40).  The default: 5 for one-column forwards of up to 24 compiled-in classes (float32,
+           16-bit one column a thread), 4 elsewhere (float64 2) -- "1@4" the occupancy probe for those; at 5 the
+           float32 SPLIT softmax forward builds without spills too, PAIR forwards, backwards and the SPLIT
+           log-softmax spill 40-96 bytes (nvcc)
   1np      "1" with COLS_PAIR off (one 16-bit column a thread)
   1ns      "1" with COLS_SPLIT "0" (columns past COLS_CC_MAX in chunks of 8, read twice, one thread a column)
   1fill    "1" with COLS_SPLIT "fill" (also register-held columns split where few: (8, 21, 64, 64))

@@ -46,7 +46,9 @@ def test_cols_v2_defines(monkeypatch, name):
                     d = {k: (int(v) if v.isdigit() else v) for k, v in _defs(s).items()}
                     assert s.source == "COLS" and s.name == ("softmax_cols2_bwd" if backward else "softmax_cols2_fwd")
                     assert d["ALGO"] == {"FAST": 0 if not backward else 1, "ACCURATE": 1, "LOG": 2}[algo]
-                    assert d["U"] == _sk.COLS_U and d["CMINB"] == (2 if item == 8 else 4) and s.block == 256
+                    assert d["U"] == _sk.COLS_U and s.block == 256
+                    five = not backward and item != 8 and d["PAIR"] == 0 and 0 < d["CC"] <= _sk.COLS_MINB5_CC
+                    assert d["CMINB"] == (2 if item == 8 else 5 if five else 4), (c, inner, backward)
                     assert d["CFX"] == int(item == 2 and not backward)
                     cols, kmax = 3 * inner, _sk.COLS_SPLIT_K[backward, item]
                     if c > _sk.COLS_CC_MAX[backward, item, False] and c <= 8 * kmax:
@@ -92,10 +94,15 @@ def test_cols_v2_defines(monkeypatch, name):
 
 
 def test_cols_v2_minb_override(monkeypatch):
-    """COLS_MINB_SET (MINIDNN_SOFTMAX_COLS_MINB) replaces the blocks an SM of every COLS_V2 plan (an occupancy A/B)."""
+    """COLS_MINB_SET (MINIDNN_SOFTMAX_COLS_MINB) replaces the blocks an SM of every COLS_V2 plan (an occupancy A/B),
+    the five-block rule of the one-column forwards included."""
     monkeypatch.setattr(_sk, "COLS_V2", True)
-    monkeypatch.setattr(_sk, "COLS_MINB_SET", 5)
-    assert _defs(_sk.launch_spec(False, (3, 19, 36), (1,), "LOG", _dtype("float32")))["CMINB"] == "5"
+    f32 = _dtype("float32")
+    assert _defs(_sk.launch_spec(False, (3, 19, 36), (1,), "LOG", f32))["CMINB"] == "5"
+    monkeypatch.setattr(_sk, "COLS_MINB_SET", 4)
+    assert _defs(_sk.launch_spec(False, (3, 19, 36), (1,), "LOG", f32))["CMINB"] == "4"
+    monkeypatch.setattr(_sk, "COLS_MINB_SET", 6)
+    assert _defs(_sk.launch_spec(True, (3, 19, 36), (1,), "LOG", f32))["CMINB"] == "6"
 
 
 def _planned():
@@ -125,6 +132,8 @@ def _at_bound(item):
     item_size = {"0": 8 if d["SCALAR"] == "double" else 4}.get(d["STORAGE"], 2)
     if d["SPLIT"] != "0":
         return int(d["SK"]) == _sk.COLS_SPLIT_K[k.endswith("bwd"), item_size]
+    if d["CMINB"] == "5":                               # 48 registers: its largest CC
+        return int(d["CC"]) == _sk.COLS_MINB5_CC
     return int(d["CC"]) == _sk.COLS_CC_MAX[k.endswith("bwd"), item_size, d["PAIR"] == "1"] or d["CC"] == "0"
 
 

@@ -2225,7 +2225,10 @@ def col_reg(c):
 # through ex2.approx (the CFX define; SOURCE_COLS' cexp), as the cross-entropy kernels' FASTX -- the PAIR forward's
 # SASS at 19 classes from 816 to 544 instructions (21.5 to 14.3 an element; the copy's rate allows ~32), the
 # log-softmax's from 720 to 528; "0": expf, the old kernels' values to the bit.
-# COLS_MINB_SET (MINIDNN_SOFTMAX_COLS_MINB, "": the table) overrides the blocks an SM for an occupancy A/B.
+# Blocks an SM (CMINB, the launch bounds): 4 (64 registers), float64 2 (128); one-column forwards of up to
+# COLS_MINB5_CC classes 5 (48 registers: 1280 threads an SM; they build without spills there, as the session-7
+# forward did at 48 with more loads in flight a thread; a PAIR forward or a backward at 48 spilled 40-96 bytes).
+# COLS_MINB_SET (MINIDNN_SOFTMAX_COLS_MINB, "": the rule) overrides the blocks an SM for an occupancy A/B.
 COLS_V2 = os.environ.get("MINIDNN_SOFTMAX_COLS_V2", "1") != "0"
 COLS_PAIR = os.environ.get("MINIDNN_SOFTMAX_COLS_PAIR", "1") != "0"
 COLS_SPLIT = os.environ.get("MINIDNN_SOFTMAX_COLS_SPLIT", "1")
@@ -2236,6 +2239,7 @@ COLS_CC_MAX = {(False, 4, False): 32, (False, 2, False): 32, (False, 2, True): 1
                (True, 4, False): 19, (True, 2, False): 21, (True, 2, True): 12, (True, 8, False): 16}
 COLS_SPLIT_K = {(False, 4): 20, (False, 2): 20, (False, 8): 10, (True, 4): 19, (True, 2): 19, (True, 8): 12}
 COLS_FILL = 132 * 1024
+COLS_MINB5_CC = 24
 
 
 def cols_split(backward, c, item, cols):
@@ -2266,6 +2270,8 @@ def cols_v2_defines(backward, c, inner, dtype, cols):
     if pair and COLS_CC_MAX[backward, 2, True] < c <= COLS_CC_MAX[backward, 2, False]:
         pair = False                        # a compiled-in column of one a thread over a chunked PAIR
     cc = c if c <= COLS_CC_MAX[backward, item, pair] else 0
+    if not (COLS_MINB_SET or backward or pair or item == 8) and 0 < cc <= COLS_MINB5_CC:
+        minb = 5
     defines = (f"CC={cc}", f"U={COLS_U}", f"PAIR={int(pair)}", "SPLIT=0", "SK=0", cfx, f"CMINB={minb}")
     return defines, 512 if pair else 256
 
