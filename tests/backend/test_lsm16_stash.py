@@ -261,6 +261,12 @@ def _module_before():
                               capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
+    # session 22's NaN mend of the chunked forward's rescale (s * 0, not 0, while the running max is -inf), applied
+    # to the old text too: the identity is of what this change did
+    mend = ("if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);",
+            "if (nm != m) s = m == NEG_INF ? s * (A)0 : s * exp(m - nm);")
+    assert text.count(mend[0]) == 1
+    text = text.replace(*mend)
     mod = importlib.util.module_from_spec(importlib.util.spec_from_loader("minidnn.backend.cuda._sk_before", None))
     mod.__package__ = "minidnn.backend.cuda"
     exec(compile(text, "softmax_kernels_before.py", "exec"), mod.__dict__)     # noqa: S102 -- the project's history
@@ -283,6 +289,9 @@ def test_modes_0_to_4_unchanged(monkeypatch):
     if old is None:
         pytest.skip(f"git or commit {BEFORE} not available")
     seen = {}
+    # the column plans as they were (session 22's COLS_V2 kernels are their own change, tested in
+    # test_softmax_cols_s22.py); SOURCE_COLS gained those kernels, so its tokens are not compared here
+    monkeypatch.setattr(_sk, "COLS_V2", False)
     for mode in (0, 1, 2, 3, 4):
         monkeypatch.setattr(_sk, "BWD_STASH", mode)
         old.BWD_STASH = mode
@@ -292,7 +301,8 @@ def test_modes_0_to_4_unchanged(monkeypatch):
             seen.setdefault((s.source, s.defines), s)
     assert len(seen) >= 100, len(seen)
     for (source, defines) in seen:
-        assert _tokens(_sk._SOURCES[source], defines) == _tokens(old._SOURCES[source], defines), defines
+        if source != "COLS":
+            assert _tokens(_sk._SOURCES[source], defines) == _tokens(old._SOURCES[source], defines), defines
 
 
 def test_row_ab_plans(monkeypatch):

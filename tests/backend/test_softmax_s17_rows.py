@@ -352,6 +352,12 @@ def _source_before():
     text = (text.replace("from .. import devices as _dev", "from minidnn.backend import devices as _dev")
             .replace("from . import launch as _launch", "from minidnn.backend.cuda import launch as _launch")
             .replace("from .bn_kernels import", "from minidnn.backend.cuda.bn_kernels import"))
+    # session 22's NaN mend of the chunked forward's rescale (s * 0, not 0, while the running max is -inf: a NaN sum
+    # kept), applied to the old text too, so that the identity is of what session 17 changed
+    mend = ("if (nm != m) s = m == NEG_INF ? (A)0 : s * exp(m - nm);",
+            "if (nm != m) s = m == NEG_INF ? s * (A)0 : s * exp(m - nm);")
+    assert text.count(mend[0]) == 1
+    text = text.replace(*mend)
     ns = {"__name__": "softmax_kernels_before"}
     exec(compile(text, "softmax_kernels_before.py", "exec"), ns)      # noqa: S102 -- the project's own history
     return ns
