@@ -22,9 +22,12 @@ in shared memory, only the ones between are read again (from L2).  Backward: y a
 half the elements a thread), the group's sum(dy * y) (softmax) or sum(dy) (log-softmax), then dx = y (dy - s) or
 dy - exp(y) s.  FAST skips the max (its formula is exp(x) / sum exp(x) as written).  Registers capped by
 __launch_bounds__(BLOCK, MINB): 64 a thread holding one array (four 256-thread blocks an SM), 80 holding two.
-Columns (inner > 1, e.g. a channel softmax on NCHW: softmax_cols_fwd / _bwd, SOURCE_COLS): one thread per (o, i),
-consecutive threads on consecutive i (coalesced); C <= 32 values kept in registers (CREG), else a max pass, a sum
-pass and the write pass over the column (re-read through L1/L2).
+Columns (inner > 1, e.g. a channel softmax on NCHW: SOURCE_COLS): one thread per (o, i), consecutive threads on
+consecutive i (coalesced).  COLS_V2 (session 22, the default: softmax_cols2_fwd / _bwd): the class count compiled in
+where a column fits the registers (no masks, no dead slots), two 16-bit columns a thread where inner is even (PAIR),
+past that a column's classes split over 2-8 threads meeting in shared memory (SPLIT: one read), past SPLIT chunks
+of 8 loads and a one-pass online forward; 32-bit offsets walked without a division.  COLS_V2=0: the session-7
+softmax_cols_fwd / _bwd (C <= 32 in registers, CREG slots; else a max pass, a sum pass and the write pass).
 launch_spec() is the planner's choice of kernel, defines and launch shape; the cpu test compiles every one it makes
 for a set of shapes with nvcc.  The backward's warp path holds 32 + 32 elements a thread for log-softmax and 2-byte
 data, 16 + 16 for float32/float64 softmax (bwd_warp: measured); MINIDNN_SOFTMAX_BWD_WARP=1 / =0 force one for a GPU A/B.
@@ -1454,18 +1457,19 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 #error "PAIR and CFX: 16-bit data only"
 #endif
 
-// The forward's exp(v - sh), sh the column's shift and shl = sh log2(e): CFX (COLS_FASTX, 16-bit data, float) as
-// 2^(v log2e - shl), one FFMA and one MUFU.EX2 (ex2.approx.ftz: ~2 ulp of float, results below 2^-126 flushed to
-// 0 -- far below a 16-bit value's rounding) where expf takes ~9 instructions: a 16-bit element moves 4 bytes, so the
-// copy's rate leaves ~32 instructions an element, and the PAIR forward took ~21 with expf.
+// The forward's exp(v - sh), sh the column's shift: CFX (COLS_FASTX, 16-bit data, float) as 2^((v - sh) log2e),
+// one FADD, one FMUL and one MUFU.EX2 (ex2.approx.ftz: ~2 ulp of float, results below 2^-126 flushed to 0 -- far
+// below a 16-bit value's rounding) where expf takes ~9 instructions: a 16-bit element moves 4 bytes, so the copy's
+// rate leaves ~32 instructions an element, and the PAIR forward took ~21 with expf.  v - sh first, not one FFMA
+// with a rounded sh log2e: the max's term is then exactly 1 (run 7: a 1-class log-softmax gave -3.6e-7, not 0).
 #if CFX
-__device__ __forceinline__ float cexp(float v, float sh, float shl)
+__device__ __forceinline__ float cexp(float v, float sh, float)
 {
     float e;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fmaf(v, 1.4426950408889634f, -shl)));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"((v - sh) * 1.4426950408889634f));
     return e;
 }
-#define CSHL(sh) ((sh) * (A)1.4426950408889634)
+#define CSHL(sh) ((A)0)
 #else
 __device__ __forceinline__ A cexp(A v, A sh, A) { return exp(v - sh); }
 #define CSHL(sh) ((A)0)
