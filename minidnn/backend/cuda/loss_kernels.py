@@ -354,7 +354,7 @@ typedef INDEX I;
 #ifndef FASTX
 #define FASTX 0
 #endif
-""" + CE_GRID_SUM + FASTX_HEADER + r"""
+""" + CE_GRID_SUM + FASTX_HEADER + _sk.COL_WALK + r"""
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 #ifndef U
 #define U 16
@@ -376,22 +376,6 @@ typedef INDEX I;
 #define UP 16
 #endif
 
-// Position r's (o, i) kept beside r: the grid stride advances them without a division a position (r = o * inner + i;
-// step = ostep * inner + istep; i unsigned: i + istep < 2 inner fits where inner is near 2^31).
-struct SpPos {
-    unsigned int r, i;
-    int o;
-    const unsigned int istep;
-    const int ostep;
-    __device__ __forceinline__ SpPos(unsigned int r0, unsigned int step, int inner)
-        : r(r0), i(r0 % (unsigned int)inner), o((int)(r0 / (unsigned int)inner)),
-          istep(step % (unsigned int)inner), ostep((int)(step / (unsigned int)inner)) {}
-    __device__ __forceinline__ void next(unsigned int step, int inner)
-    {
-        r += step; o += ostep; i += istep;
-        if (i >= (unsigned int)inner) { i -= (unsigned int)inner; ++o; }
-    }
-};
 
 // P consecutive values of x at q (P = 2: q on a 2-element boundary, one 4- or 8-byte load) / of dx.
 // x is read-only for the kernel's life: the loads through the non-coherent path (__ldg), as the kernels' own
@@ -500,24 +484,26 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
     const bool smooth = eps != 0.0;
     // x.size < 2^31 (the planner): int offsets; the position counter unsigned, so that r + step cannot overflow
     const unsigned int step = P * gridDim.x * blockDim.x;
-    for (SpPos p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner); p.r < n; p.next(step, inner)) {
+    // the walk: position p.k = o * inner + i, p.off the offset of its class 0 (o * CN * inner + i)
+    const unsigned int ci = (unsigned int)(CN * inner);
+    for (ColWalk p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner, ci); p.k < n; p.next(step, inner, ci)) {
         long long t[P];
         int tc[P];
         A m[P], s[P], swx[P], xt[P], sw = 0;
 #pragma unroll
         for (int j = 0; j < P; ++j) {
-            t[j] = (long long)target[p.r + j];
+            t[j] = (long long)target[p.k + j];
             tc[j] = (t[j] >= 0 && t[j] < C) ? (int)t[j] : -1;   // x[t]'s class, an int compare an element
             m[j] = NEG_INF; s[j] = 0; swx[j] = 0; xt[j] = 0;
         }
-        sp_fwd_sums<P, B>(x + (p.o * CN * inner + (int)p.i), C, inner, tc, w, smooth, m, s, swx, sw, xt);
+        sp_fwd_sums<P, B>(x + p.off, C, inner, tc, w, smooth, m, s, swx, sw, xt);
 #pragma unroll
         for (int j = 0; j < P; ++j) {
             A lse, wt;
             const A per = sp_loss(t[j], tc[j], ignore_index, eps, C, w, smooth, m[j], s[j], swx[j], sw, xt[j], lse,
                                   wt);
-            lse_out[p.r + j] = lse;
-            if (REDUCTION == 0) loss_rows[p.r + j] = ST(per);
+            lse_out[p.k + j] = lse;
+            if (REDUCTION == 0) loss_rows[p.k + j] = ST(per);
             acc_loss += per; acc_den += wt;
         }
     }
@@ -552,22 +538,23 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
 {
     const bool smooth = eps != 0.0;
     const unsigned int step = P * gridDim.x * blockDim.x;
-    for (SpPos p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner); p.r < n; p.next(step, inner)) {
-        const int base = p.o * CN * inner + (int)p.i;
+    const unsigned int ci = (unsigned int)(CN * inner);
+    for (ColWalk p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner, ci); p.k < n; p.next(step, inner, ci)) {
+        const int base = (int)p.off;
         int tc[P];
         bool keep[P];
         A sumqg[P], qt[P], gr[P], lse[P], lsel[P];
 #pragma unroll
         for (int j = 0; j < P; ++j) {
-            const long long t = (long long)target[p.r + j];
+            const long long t = (long long)target[p.k + j];
             keep[j] = t != ignore_index;
-            gr[j] = REDUCTION == 0 ? LD(g[p.r + j]) : gm;
+            gr[j] = REDUCTION == 0 ? LD(g[p.k + j]) : gm;
             tc[j] = (t >= 0 && t < C) ? (int)t : -1;
             const A wt = tc[j] >= 0 ? (HAS_W ? LD(w[tc[j]]) : (A)1) : (A)__int_as_float(0x7fffffff);
             const A sumq = (A)(1.0 - eps) * wt + (smooth ? (A)(eps / C) * sw : (A)0);
             sumqg[j] = sumq != (A)0 ? sumq * gr[j] : (A)0;
             qt[j] = (A)(1.0 - eps) * wt;
-            lse[j] = lse_in[p.r + j];
+            lse[j] = lse_in[p.k + j];
             lsel[j] = lse[j] * (A)1.4426950408889634;
         }
         if (P == 1 && !keep[0]) {

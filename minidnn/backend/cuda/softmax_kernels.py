@@ -1310,6 +1310,29 @@ softmax_rows_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 """
 
 # ---- columns (inner > 1): their own source (no row tiling defines) -------------------------------------------------
+# The grid-stride walk of the column kernels (SOURCE_COLS) and of loss_kernels' spatial cross-entropy: a position's
+# (o, i) and its offset advanced by the stride without a division a step (session 22).
+COL_WALK = r"""// The grid-stride walk over ``n`` columns (o, i) of an (outer, C, inner) array, k = o * inner + i (the
+// column kernels' words of columns; the spatial cross-entropy's positions): ``off`` the offset of column k's class 0
+// (o * ci + i, ci = C * inner), i kept to know when o moves on (one compare a step, no division).
+struct ColWalk {
+    unsigned int k, i, off;
+    unsigned int istep, ostep_off;
+    __device__ __forceinline__ ColWalk(unsigned int k0, unsigned int step, unsigned int inner, unsigned int ci)
+    {
+        const unsigned int o = k0 / inner, os = step / inner;
+        k = k0; i = k0 - o * inner; off = o * ci + i;
+        istep = step - os * inner; ostep_off = os * ci + istep;
+    }
+    // unsigned arithmetic: the step past the last column may wrap, harmlessly (the loop ends on k)
+    __device__ __forceinline__ void next(unsigned int step, unsigned int inner, unsigned int ci)
+    {
+        k += step; i += istep; off += ostep_off;
+        if (i >= inner) { i -= inner; off += ci - inner; }
+    }
+};
+"""
+
 SOURCE_COLS = STORAGE_HEADER + r"""
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 __device__ __forceinline__ A vmax(A a, A b) { return (b > a || b != b) ? b : a; }      // NaN wins
@@ -1500,25 +1523,7 @@ __device__ __forceinline__ unsigned int wpack(const A (&v)[2])
 { return (unsigned int)ST(v[0]) | ((unsigned int)ST(v[1]) << 16); }
 #endif
 
-// The grid-stride walk over ``n`` words of columns: ``off`` the offset of word column (o, i)'s class 0, i kept to
-// know when o moves on (one compare a step, no division).
-struct ColWalk {
-    unsigned int k, i, off;
-    unsigned int istep, ostep_off;
-    __device__ __forceinline__ ColWalk(unsigned int k0, unsigned int step, unsigned int inner, unsigned int ci)
-    {
-        const unsigned int o = k0 / inner, os = step / inner;
-        k = k0; i = k0 - o * inner; off = o * ci + i;
-        istep = step - os * inner; ostep_off = os * ci + istep;
-    }
-    // unsigned arithmetic: the step past the last column may wrap, harmlessly (the loop ends on k)
-    __device__ __forceinline__ void next(unsigned int step, unsigned int inner, unsigned int ci)
-    {
-        k += step; i += istep; off += ostep_off;
-        if (i >= inner) { i -= inner; off += ci - inner; }
-    }
-};
-
+""" + COL_WALK + r"""
 template <int NP>
 __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict__ x,
                                           typename Word<NP>::W* __restrict__ y, const unsigned int n, const int C,
