@@ -154,7 +154,8 @@ COLS_BUILDS = _nvcc.cover(_planned(), _features, _at_bound)
 def test_cols_v2_compile_without_spills():
     """nvcc sm_90: every planned COLS_V2 configuration builds with no spills within its launch bounds (64 registers at
     four 256-thread blocks an SM, 128 at two for float64)."""
-    built = _nvcc.build([(_sk.SOURCE_COLS, d) for _, d in COLS_BUILDS], entries=[(k,) for k, _ in COLS_BUILDS])
+    built = _nvcc.build([(_sk.SOURCE_COLS, d) for _, d in COLS_BUILDS], entries=[(k,) for k, _ in COLS_BUILDS],
+                        options=("-std=c++14", "-ftz=true"))       # as CuPy builds (REVIEW22C: two spilled only so)
     for (k, defines), r in zip(COLS_BUILDS, built):
         assert r.returncode == 0, r.stderr[:1500]
         m = re.search(r"Compiling entry function '%s'.*?(\d+) bytes spill stores.*?Used (\d+) registers" % k,
@@ -269,7 +270,8 @@ def warm(cp):
 
 
 CUDA_CASES = [(n, c, inner) for n in NAMES for c in (1, 2, 7, 19, 21, 32, 33, 150, 1000) for inner in (35, 36)
-              if n in ("float32", "bfloat16") or c in (7, 19, 33, 150)]
+              if n in ("float32", "bfloat16") or c in (7, 19, 33, 150)] \
+    + [(n, c, 36) for n in ("bfloat16", "float16") for c in (163, 1001)]   # paired chunks, the last partial (REVIEW22C)
 
 
 @pytest.mark.cuda
@@ -284,7 +286,7 @@ def test_cols_v2_against_float64_and_old(cp, warm, monkeypatch, name, c, inner):
     x = (rng.standard_normal(shape) * 3).astype(dt)
     dy = rng.standard_normal(shape).astype(dt)
     xd, dyd = cp.asarray(x), cp.asarray(dy)
-    for algo in ("accurate", "log") + (("fast",) if name == "float32" else ()):
+    for algo in ("accurate", "log") + (("fast",) if name in ("float32", "bfloat16") else ()):
         y, dx = _run(cp, monkeypatch, True, xd, algo, dyd)
         y0, dx0 = _run(cp, monkeypatch, False, xd, algo, dyd)
         _close_cols(y, _cols_ref(x.astype(np.float64), algo), name, f"{algo} forward",
@@ -307,8 +309,28 @@ def test_cols_v2_against_float64_and_old(cp, warm, monkeypatch, name, c, inner):
         monkeypatch.setattr(_sk, "COLS_FASTX", True)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("c", [2, 19, 150, 1000])
+def test_cols_fast_huge_sums(cp, warm, monkeypatch, name, c):
+    """FAST (no max) on columns whose sum of exps reaches [2^126, FLT_MAX] (values near 88 - ln C): 1 / S is below
+    2^-126, and CuPy builds with -ftz=true -- without FAST_SCALE every output was 0 (REVIEW22C; the rows' session-12
+    guard); with it, the float64 reference within rounding.  Old kernels too (COLS_V2 off)."""
+    dt = _dtype(name)
+    rng = np.random.default_rng(c)
+    x = (88.0 - np.log(c) + 0.01 * rng.standard_normal((2, c, 36))).astype(np.float32)
+    assert np.exp(x.astype(np.float64)).sum(axis=1).min() > 2.0 ** 126
+    x = x.astype(dt)
+    ref = _cols_ref(x.astype(np.float64), "accurate")
+    for v2 in (True, False):
+        y, _ = _run(cp, monkeypatch, v2, cp.asarray(x), "fast")
+        assert np.isfinite(_host(y)).all() and (_host(y) > 0).all(), v2
+        _close_cols(y, ref, name, f"fast, COLS_V2 {v2}")
+    _reset_plans()
+
+
 SPLIT_CASES = [(n, c, fill) for n in ("float32", "bfloat16", "float64") for c in (20, 21, 33, 40, 97, 150, 160)
-               for fill in (1, 200, None)]
+               for fill in (1, 300, None)]      # 300: past 2 x 111 columns, so a slice count doubles (REVIEW22C)
 
 
 @pytest.mark.cuda
@@ -324,7 +346,7 @@ def test_cols_v2_split_slices(cp, warm, monkeypatch, name, c, fill):
     x = (rng.standard_normal(shape) * 3).astype(dt)
     dy = rng.standard_normal(shape).astype(dt)
     xd, dyd = cp.asarray(x), cp.asarray(dy)
-    for algo in ("accurate", "log") + (("fast",) if name == "float32" else ()):
+    for algo in ("accurate", "log") + (("fast",) if name in ("float32", "bfloat16") else ()):
         monkeypatch.setattr(_sk, "COLS_SPLIT", "1")
         y, dx = _run(cp, monkeypatch, True, xd, algo, dyd)
         _close_cols(y, _cols_ref(x.astype(np.float64), algo), name, f"{algo} forward", scale=4)

@@ -516,11 +516,9 @@ __device__ __forceinline__ bool aligned(const void* a, const void* b = 0, const 
 }
 """
 
-SOURCE = STORAGE_HEADER + ROW_HEADER + r"""
-#ifndef SCH
-#define SCH 0
-#endif
-// ---- rows (inner = 1) --------------------------------------------------------------------------------------------
+# FAST's overflow guard, shared by the rows (SOURCE) and the columns (SOURCE_COLS; REVIEW22C found the columns
+# without it: a column of +88s gave 0 where 1/C is right).
+FAST_SCALE = r"""
 // FAST's S = sum exp(x) (no max) reaches [2^126, FLT_MAX] on rows of large values (a row of +80s); 1 / S is then
 // below 2^-126, and CuPy builds every kernel with -ftz=true: e * (1 / S) was 0 for the whole row (session 12 run 5).
 // Such a row takes (e sc) (1 / (S sc)) with sc = 2^-64 (exact scalings); every other row sc = 1 (ACCURATE's and
@@ -533,6 +531,14 @@ __device__ __forceinline__ A fast_scale(A S)
     return (A)1;
 #endif
 }
+"""
+
+SOURCE = STORAGE_HEADER + ROW_HEADER + r"""
+#ifndef SCH
+#define SCH 0
+#endif
+// ---- rows (inner = 1) --------------------------------------------------------------------------------------------
+""" + FAST_SCALE + r"""
 // SCH > 0 (rows of several chunks): the first SCH chunks are also kept in shared memory (stash, thread t's slot e of
 // chunk ch at (ch * E + e) * BLOCK + t: conflict-free), the last stays in registers; only chunks in between (rows
 // longer than (SCH + 1) chunks) are read again.
@@ -1333,7 +1339,7 @@ struct ColWalk {
 };
 """
 
-SOURCE_COLS = STORAGE_HEADER + r"""
+SOURCE_COLS = STORAGE_HEADER + FAST_SCALE + r"""
 #define NEG_INF (-(A)__int_as_float(0x7f800000))
 __device__ __forceinline__ A vmax(A a, A b) { return (b > a || b != b) ? b : a; }      // NaN wins
 
@@ -1370,9 +1376,9 @@ softmax_cols_fwd(const T* __restrict__ x, T* __restrict__ y, const int cols, con
 #pragma unroll
         for (int c = 0; c < CREG; ++c) if (c < C) yc[(size_t)c * inner] = ST(a[c] - m - ls);
 #else
-        const A inv = (A)1 / s;
+        const A sc = fast_scale(s), inv = (A)1 / (s * sc);      // FAST_SCALE: sc 1 but for FAST's huge sums
 #pragma unroll
-        for (int c = 0; c < CREG; ++c) if (c < C) yc[(size_t)c * inner] = ST(a[c] * inv);
+        for (int c = 0; c < CREG; ++c) if (c < C) yc[(size_t)c * inner] = ST((a[c] * sc) * inv);
 #endif
 #else
         A m = 0;
@@ -1387,8 +1393,8 @@ softmax_cols_fwd(const T* __restrict__ x, T* __restrict__ y, const int cols, con
         const A ls = log(s);
         for (int c = 0; c < C; ++c) yc[(size_t)c * inner] = ST(LD(xc[(size_t)c * inner]) - m - ls);
 #else
-        const A inv = (A)1 / s;
-        for (int c = 0; c < C; ++c) yc[(size_t)c * inner] = ST(exp(LD(xc[(size_t)c * inner]) - m) * inv);
+        const A sc = fast_scale(s), inv = (A)1 / (s * sc);
+        for (int c = 0; c < C; ++c) yc[(size_t)c * inner] = ST((exp(LD(xc[(size_t)c * inner]) - m) * sc) * inv);
 #endif
 #endif
     }
@@ -1485,6 +1491,7 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 // below a 16-bit value's rounding) where expf takes ~9 instructions: a 16-bit element moves 4 bytes, so the copy's
 // rate leaves ~32 instructions an element, and the PAIR forward took ~21 with expf.  v - sh first, not one FFMA
 // with a rounded sh log2e: the max's term is then exactly 1 (run 7: a 1-class log-softmax gave -3.6e-7, not 0).
+// (cexp's third argument and CSHL: the shift's log2e product of the first form -- now 0 and unused both ways.)
 #if CFX
 __device__ __forceinline__ float cexp(float v, float sh, float)
 {
@@ -1568,9 +1575,9 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
 #pragma unroll
             for (int c = 0; c < CC; ++c) a[c][p] -= ls;
 #else
-            const A inv = (A)1 / s;
+            const A sc = fast_scale(s), inv = (A)1 / (s * sc);  // FAST_SCALE: sc 1 but for FAST's huge sums
 #pragma unroll
-            for (int c = 0; c < CC; ++c) a[c][p] *= inv;
+            for (int c = 0; c < CC; ++c) a[c][p] = (a[c][p] * sc) * inv;
 #endif
         }
 #pragma unroll
@@ -1614,9 +1621,13 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
                 for (int u = 0; u < U; ++u) s[p] += cexp(v[u][p], r[p], rl);
             }
         }
-        A f[NP], rl[NP];
+        A f[NP], rl[NP], sc[NP];
 #pragma unroll
-        for (int p = 0; p < NP; ++p) { f[p] = ALGO == 2 ? log(s[p]) : (A)1 / s[p]; rl[p] = CSHL(r[p]); }
+        for (int p = 0; p < NP; ++p) {
+            sc[p] = fast_scale(s[p]);                    // FAST_SCALE: 1 but for FAST's huge sums
+            f[p] = ALGO == 2 ? log(s[p]) : (A)1 / (s[p] * sc[p]);
+            rl[p] = CSHL(r[p]);
+        }
         for (int c0 = 0; c0 < C; c0 += U) {
             const W* __restrict__ q = xc + c0 * inner;
             W* __restrict__ z = yc + c0 * inner;
@@ -1630,7 +1641,8 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
                     A o[NP];
 #pragma unroll
                     for (int p = 0; p < NP; ++p)
-                        o[p] = ALGO == 2 ? wval(t[u], p) - r[p] - f[p] : cexp(wval(t[u], p), r[p], rl[p]) * f[p];
+                        o[p] = ALGO == 2 ? wval(t[u], p) - r[p] - f[p]
+                                         : (cexp(wval(t[u], p), r[p], rl[p]) * sc[p]) * f[p];
                     z[u * inner] = wpack(o);
                 }
             }
@@ -1766,14 +1778,14 @@ __device__ __forceinline__ void split_fwd(const T* __restrict__ x, T* __restrict
 #if ALGO == 2
         const A f = log(S);
 #else
-        const A f = (A)1 / S;
+        const A sc = fast_scale(S), f = (A)1 / (S * sc);  // FAST_SCALE: sc 1 but for FAST's huge sums
 #endif
         T* __restrict__ q = y + (w.off + so);
 #if ALGO == 2
         SLICE_LOOP(if (in) q[k * inner] = ST(v[k] - M - f))
 #else
         const A ml = CSHL(M);
-        SLICE_LOOP(if (in) q[k * inner] = ST(cexp(v[k], M, ml) * f))
+        SLICE_LOOP(if (in) q[k * inner] = ST((cexp(v[k], M, ml) * sc) * f))
 #endif
     }
 }
@@ -2230,10 +2242,12 @@ def col_reg(c):
 # float64 forward 11: 4 to 68, its backward 16: 8).  COLS_SPLIT / MINIDNN_SOFTMAX_COLS_SPLIT: "1" (the default) as
 # said | "0" (the chunked path past COLS_CC_MAX) | "fill" (also columns within COLS_CC_MAX split where fewer than
 # COLS_FILL / 2).
-# COLS_FASTX (MINIDNN_SOFTMAX_COLS_FASTX, default "1"): 16-bit forwards take the exps as 2^(x log2e - m log2e)
-# through ex2.approx (the CFX define; SOURCE_COLS' cexp), as the cross-entropy kernels' FASTX -- the PAIR forward's
-# SASS at 19 classes from 816 to 544 instructions (21.5 to 14.3 an element; the copy's rate allows ~32), the
-# log-softmax's from 720 to 528; "0": expf, the old kernels' values to the bit.
+# COLS_FASTX (MINIDNN_SOFTMAX_COLS_FASTX, default "1"): 16-bit forwards take the exps as 2^((x - m) log2e)
+# through ex2.approx (the CFX define; SOURCE_COLS' cexp) -- the PAIR forward's SASS at 19 classes from 816 to 544
+# instructions with session 22's first one-FFMA form (21.5 to 14.3 an element; the copy's rate allows ~32; the
+# (x - m) form, which keeps the max's term exactly 1, one more); "0": expf, the old kernels' values to the bit.
+# The nvcc figures here are without -ftz=true; with it (as CuPy builds) the expf PAIR softmax forward at 19 classes
+# spilled 8 bytes, so expf forwards pair up to 18 (cols_v2_defines; REVIEW22C).
 # Blocks an SM (CMINB, the launch bounds): 4 (64 registers), float64 2 (128); one-column forwards of up to
 # COLS_MINB5_CC classes 5 (48 registers: 1280 threads an SM; they build without spills there, as the session-7
 # forward did at 48 with more loads in flight a thread; a PAIR forward or a backward at 48 spilled 40-96 bytes).
@@ -2276,9 +2290,12 @@ def cols_v2_defines(backward, c, inner, dtype, cols):
     if split:
         return ("CC=0", f"U={COLS_U}", "PAIR=0", f"SPLIT={split}", f"SK={sk}", cfx, f"CMINB={minb}"), 256 // split
     pair = COLS_PAIR and item == 2 and inner % 2 == 0
-    if pair and COLS_CC_MAX[backward, 2, True] < c <= COLS_CC_MAX[backward, 2, False]:
+    # the paired bound; the expf forward (CFX off) one class less: under CuPy's -ftz=true its 19-class softmax
+    # spilled 8 bytes at 64 registers (REVIEW22C; nvcc 13), the ex2 form none
+    pmax = COLS_CC_MAX[backward, 2, True] - (not backward and not COLS_FASTX)
+    if pair and pmax < c <= COLS_CC_MAX[backward, 2, False]:
         pair = False                        # a compiled-in column of one a thread over a chunked PAIR
-    cc = c if c <= COLS_CC_MAX[backward, item, pair] else 0
+    cc = c if c <= (pmax if pair else COLS_CC_MAX[backward, item, False]) else 0
     if not (COLS_MINB_SET or backward or pair or item == 8) and 0 < cc <= COLS_MINB5_CC:
         minb = 5
     defines = (f"CC={cc}", f"U={COLS_U}", f"PAIR={int(pair)}", "SPLIT=0", "SK=0", cfx, f"CMINB={minb}")
