@@ -376,7 +376,6 @@ typedef INDEX I;
 #define UP 16
 #endif
 
-
 // P consecutive values of x at q (P = 2: q on a 2-element boundary, one 4- or 8-byte load) / of dx.
 // x is read-only for the kernel's life: the loads through the non-coherent path (__ldg), as the kernels' own
 // `const X* __restrict__` loads compiled before these helpers took a plain pointer (REVIEW22).
