@@ -67,7 +67,7 @@ def _spatial_builds():
         for kname in ("ce_fwd", "ce_bwd"):
             for w, red, eps, index in ((False, "mean", 0.0, np.int64), (True, "none", 0.1, np.int32),
                                        (True, "sum", 0.1, np.int64), (False, "none", 0.0, np.int64)):
-                for c in (21, 24, 32, 40):       # CC (the class count compiled in) up to SP_CC's bounds, then C read
+                for c in (24, 32, 40):       # CC (the class count compiled in) at SP_CC's bounds, then C read
                     src, k, defines, *_ = _lk.launch_spec(kname, (8, c, 16, 16), _dtype(name), index, w, red, eps,
                                                           widen)
                     jobs.append((k, defines, name))
