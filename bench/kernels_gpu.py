@@ -208,6 +208,56 @@ def copy_bandwidth(cp, timer):
     return 2 * src.nbytes / (ms * 1e-3) / 1e9
 
 
+def alternate(timer, settings, switch, fn, tfn, rounds):
+    """The alternated rounds of the A/B tools (softmax_cluster_ab, cols_ab, ce_sp_ab): each round times every setting
+    -- ``switch(s)``, one eager ``fn()`` (plans and compiles outside the capture), then graph replays of ``fn`` -- and
+    PyTorch's ``tfn`` (None: none) in turn, the order reversed every other round.  The calls a replay holds are
+    counted once per framework, from the first setting's call, so every setting times the same work.  A PyTorch
+    capture that fails is said and dropped.  Returns per-round lists: three dicts by setting -- its ms, settings[0]'s
+    ms over its, PyTorch's ms over its -- and PyTorch's ms."""
+    got = {s: [] for s in settings}
+    ratios = {s: [] for s in settings}
+    vs_torch = {s: [] for s in settings}
+    tms = []
+    reps = treps = None
+    for r in range(rounds):
+        order = list(settings) + (["torch"] if tfn is not None else [])
+        this = {}
+        for s in (order if r % 2 == 0 else order[::-1]):
+            if s == "torch":
+                try:
+                    treps = treps or timer.reps(tfn, "torch")
+                    this[s] = timer.graph(tfn, treps, "torch")
+                    tms.append(this[s])
+                except Exception as exc:        # noqa: BLE001 -- the A/B goes on without PyTorch
+                    print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
+                    tfn = None
+                continue
+            switch(s)
+            fn()
+            reps = reps or timer.reps(fn, "minidnn")
+            this[s] = timer.graph(fn, reps, "minidnn")
+            got[s].append(this[s])
+        for s in settings:
+            ratios[s].append(this[settings[0]] / this[s])
+            if "torch" in this:
+                vs_torch[s].append(this["torch"] / this[s])
+    return got, ratios, vs_torch, tms
+
+
+def forget_softmax():
+    """Forget every settled softmax / cross-entropy launch -- the kernel plans and the primitive's seen-call caches --
+    so that a switch flipped on softmax_kernels, softmax_cluster or loss_kernels takes effect on the next call."""
+    from minidnn.backend import softmax as smx
+    from minidnn.backend.cuda import loss_kernels as lk
+    from minidnn.backend.cuda import softmax_kernels as sk
+    sk._plans.clear()
+    lk._plans.clear()
+    for k, v in vars(smx).items():
+        if isinstance(v, dict) and "seen" in k.lower():
+            v.clear()
+
+
 def ab_start(tool, trials, rounds, how="settings alternated", benchmark=False):
     """The tools' A/B runs' common start (tools/row_ab.py, ce_long_ab.py, norm_s17_ab.py, ktable_ab.py, ln_ab.py):
     None, with a line saying so, where there is no CUDA GPU with CuPy; else (cp, torch or None, a Timer of ``trials``

@@ -30,33 +30,13 @@ OPS = {"fwd": "spatial ce fwd", "bwd": "spatial ce bwd"}
 def _switch(setting):
     from minidnn.backend.cuda import loss_kernels as lk
     lk.SP_CC, lk.SP_PAIR = SETTINGS[setting]
-    lk._plans.clear()
+    KG.forget_softmax()
 
 
 def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
     label = OPS[op]
     _, _, (fn, tfn, nbytes), _ = next(r for r in cases.spatial(shape) if r[0] == label)
-    got = {s: [] for s in settings}
-    ratios = {s: [] for s in settings}
-    vs_torch = {s: [] for s in settings}
-    tgot = []
-    for r in range(rounds):
-        order = list(settings) + (["torch"] if tfn is not None else [])
-        order = order if r % 2 == 0 else order[::-1]
-        this = {}
-        for s in order:
-            if s == "torch":
-                this[s] = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
-                tgot.append(this[s])
-                continue
-            _switch(s)
-            fn()                                    # plans and compiles outside the capture
-            this[s] = timer.graph(fn, timer.reps(fn, "minidnn"), "minidnn")
-            got[s].append(this[s])
-        for s in settings:
-            ratios[s].append(this[settings[0]] / this[s])
-            if "torch" in this:
-                vs_torch[s].append(this["torch"] / this[s])
+    got, ratios, vs_torch, tgot = KG.alternate(timer, settings, _switch, fn, tfn, rounds)
     _switch("pair")
     for s in settings:
         ms = statistics.median(got[s])

@@ -56,15 +56,6 @@ def _sk():
 _START = {}
 
 
-def _forget():
-    """Forget every settled softmax launch (kernel plans and the primitive's seen-call caches)."""
-    from minidnn.backend import softmax as smx
-    _sk()._plans.clear()
-    for k, v in vars(smx).items():
-        if isinstance(v, dict) and "seen" in k.lower():
-            v.clear()
-
-
 def parse(setting):
     """(COLS_V2, COLS_PAIR, COLS_SPLIT, COLS_FASTX, COLS_MINB_SET) of a setting string ("0", "1", "1@5", "1np",
     "1nsnx@6", ...)."""
@@ -84,14 +75,14 @@ def _switch(setting):
     if not _START:
         _START.update(v=(sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_FASTX, sk.COLS_MINB_SET))
     sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_FASTX, sk.COLS_MINB_SET = parse(setting)
-    _forget()
+    KG.forget_softmax()
 
 
 def _restore():
     sk = _sk()
     if _START:
         sk.COLS_V2, sk.COLS_PAIR, sk.COLS_SPLIT, sk.COLS_FASTX, sk.COLS_MINB_SET = _START["v"]
-    _forget()
+    KG.forget_softmax()
 
 
 def _spec(op, shape, dt):
@@ -131,33 +122,8 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
     label, algo, backward = OPS[op]
     row = next(r for r in cases.spatial(shape) if r[0] == label)
     _, _, (fn, tfn, nbytes), _ = row
-    got = {s: [] for s in distinct}
-    ratios = {s: [] for s in distinct}
-    tgot, vs_torch = [], {s: [] for s in distinct}
-    reps = None
     try:
-        for r in range(rounds):
-            order = list(distinct) + (["torch"] if tfn is not None else [])
-            order = order if r % 2 == 0 else order[::-1]
-            this = {}
-            for s in order:
-                if s == "torch":
-                    try:
-                        this[s] = timer.graph(tfn, timer.reps(tfn, "torch"), "torch")
-                        tgot.append(this[s])
-                    except Exception as exc:        # noqa: BLE001
-                        print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
-                        tfn = None
-                    continue
-                _switch(s)
-                fn()                                    # plans and compiles outside the capture
-                reps = reps or timer.reps(fn, "minidnn")
-                this[s] = timer.graph(fn, reps, "minidnn")
-                got[s].append(this[s])
-            for s in distinct:
-                ratios[s].append(this[distinct[0]] / this[s])
-                if "torch" in this:
-                    vs_torch[s].append(this["torch"] / this[s])
+        got, ratios, vs_torch, tgot = KG.alternate(timer, distinct, _switch, fn, tfn, rounds)
     finally:
         _restore()
     for s in settings:

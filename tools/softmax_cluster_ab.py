@@ -55,12 +55,7 @@ def _mods():
 
 def forget():
     """Forget every settled softmax launch (kernel plans and the primitive's seen-call caches)."""
-    from minidnn.backend import softmax as smx
-    _, sk = _mods()
-    sk._plans.clear()
-    for k, v in vars(smx).items():
-        if isinstance(v, dict) and "seen" in k.lower():
-            v.clear()
+    KG.forget_softmax()
 
 
 def parse(setting):
@@ -166,31 +161,8 @@ def run_case(timer, torch, cases, op, shape, dtype_name, bw, rounds, settings):
     row = cases.softmax(shape, algo)[1 if bwd else 0]
     _, _, (fn, _, nbytes), _ = row
     tfn = torch_fn(torch, cases, op, shape)
-    got = {s: [] for s in distinct}
-    ratios = {s: [] for s in distinct}
-    tms = []
-    treps = None
-    reps = None
-    who = distinct + (["torch"] if tfn is not None else [])
     try:
-        for r in range(rounds):
-            this = {}
-            for s in (who if r % 2 == 0 else who[::-1]):
-                if s == "torch":
-                    try:
-                        treps = treps or timer.reps(tfn, "torch")
-                        tms.append(timer.graph(tfn, treps, "torch"))
-                    except Exception as exc:        # noqa: BLE001
-                        print(f"  (PyTorch capture failed: {type(exc).__name__}: {exc})")
-                        who.remove("torch")
-                    continue
-                switch(s)
-                fn()                                # plans and compiles outside the capture
-                reps = reps or timer.reps(fn, "minidnn")
-                this[s] = timer.graph(fn, reps, "minidnn")
-                got[s].append(this[s])
-            for s in distinct:
-                ratios[s].append(this[distinct[0]] / this[s])
+        got, ratios, vs_torch, tms = KG.alternate(timer, distinct, switch, fn, tfn, rounds)
     finally:
         restore()
     tm = statistics.median(tms) if tms else None
@@ -201,7 +173,7 @@ def run_case(timer, torch, cases, op, shape, dtype_name, bw, rounds, settings):
         ms = statistics.median(got[s])
         gbs = nbytes / (ms * 1e-3) / 1e9
         spread = max(got[s]) / min(got[s]) - 1
-        vs = f"  torch/this {tm / ms:5.3f}" if tm else ""
+        vs = f"  torch/this {statistics.median(vs_torch[s]):5.3f}" if vs_torch[s] else ""
         print(f"{name:16s} {dtype_name:9s} {str(shape):14s} {s:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
               f"{100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  {distinct[0]}/this "
               f"{statistics.median(ratios[s]):.3f}{vs}   {describe(plans[s])}")

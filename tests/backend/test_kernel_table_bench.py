@@ -128,3 +128,45 @@ def test_cells_and_verdict():
     assert kg._verdict(75.0, 0.010, 0.012) == "ok"
     assert kg._verdict(69.0, 0.010, 0.012) == "<70%"
     assert kg._verdict(75.0, 0.013, 0.012) == "slower"
+
+
+def test_alternate_rounds():
+    """kernels_gpu.alternate (the A/B tools' loop): every round times each setting after its switch and one eager
+    call, then PyTorch, the order reversed every other round; the calls a replay holds counted once per framework;
+    the per-round ratios against the first setting and PyTorch; a PyTorch capture that fails dropped with a line."""
+    kg = _bench()
+    log, state = [], {}
+    cost = {"a": 2.0, "b": 1.0}
+
+    class Timer:
+        def reps(self, fn, framework):
+            log.append(("reps", framework))
+            return 7
+
+        def graph(self, fn, reps, framework):
+            assert reps == 7
+            if framework == "torch":
+                log.append(("graph", "torch"))
+                if len([e for e in log if e == ("graph", "torch")]) == 3:
+                    raise RuntimeError("capture failed")
+                return 4.0
+            log.append(("graph", state["s"]))
+            return cost[state["s"]]
+
+    def switch(s):
+        state["s"] = s
+        log.append(("switch", s))
+
+    def fn():
+        log.append(("call", state["s"]))
+
+    got, ratios, vs_torch, tms = kg.alternate(Timer(), ["a", "b"], switch, fn, lambda: None, 4)
+    assert got == {"a": [2.0] * 4, "b": [1.0] * 4}
+    assert ratios == {"a": [1.0] * 4, "b": [2.0] * 4}
+    assert vs_torch == {"a": [2.0, 2.0], "b": [4.0, 4.0]} and tms == [4.0, 4.0]   # round 3 lost PyTorch for good
+    assert log.count(("reps", "minidnn")) == 1 and log.count(("reps", "torch")) == 1
+    order = [e[1] for e in log if e[0] == "graph"]
+    assert order == ["a", "b", "torch", "torch", "b", "a", "a", "b", "torch", "b", "a"]
+    for i, e in enumerate(log):                     # each setting's graph after its switch and one eager call
+        if e[0] == "graph" and e[1] != "torch":
+            assert log[i - 1] in (("call", e[1]), ("reps", "minidnn")) and ("switch", e[1]) in log[i - 3:i]
