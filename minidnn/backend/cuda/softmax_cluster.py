@@ -211,6 +211,28 @@ __device__ __forceinline__ int edge_of(const Geo& q, int C, unsigned int rank)
     return -1;
 }
 
+// The block's share of an output row, vector vi = lo + k NT + t of thread t (vi < hi): each value from f(k, e) --
+// the share's vector k, element e -- rounded STEP at a time and stored as one vector (the forward's y, the
+// backward's dx).
+template <class F> __device__ __forceinline__ void store_share(V* out, const int lo, const int hi, F f)
+{
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int vi = lo + k * NT + (int)threadIdx.x;
+        if (vi < hi) {
+            V w;
+#pragma unroll
+            for (int e = 0; e < VEC; e += STEP) {
+                A o[2];
+#pragma unroll
+                for (int j = 0; j < STEP; ++j) o[j] = f(k, e + j);
+                STE(w, e, o[0], o[STEP - 1]);
+            }
+            out[vi] = w;
+        }
+    }
+}
+
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
 smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 {
@@ -283,30 +305,15 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 #endif
 #endif
     T* yr = y + r * C;
-    V* yv = reinterpret_cast<V*>(yr + q.h);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int vi = lo + k * NT + (int)threadIdx.x;
-        if (vi < hi) {
-            V w;
-#pragma unroll
-            for (int e = 0; e < VEC; e += STEP) {
-                A o[2];
-#pragma unroll
-                for (int j = 0; j < STEP; ++j) {
+    store_share(reinterpret_cast<V*>(yr + q.h), lo, hi, [&](int k, int e) {
 #if ALGO == 2
-                    o[j] = LDE(a[k], e + j) - M - ls;
+        return LDE(a[k], e) - M - ls;
 #elif KEEP
-                    o[j] = LDE(a[k], e + j) * finv;
+        return LDE(a[k], e) * finv;
 #else
-                    o[j] = vexp(LDE(a[k], e + j) - M) * inv;
+        return vexp(LDE(a[k], e) - M) * inv;
 #endif
-                }
-                STE(w, e, o[0], o[STEP - 1]);
-            }
-            yv[vi] = w;
-        }
-    }
+    });
     if (ei >= 0) {
 #if ALGO == 2
         yr[ei] = ST(ev - M - ls);
@@ -369,22 +376,8 @@ smx_bwdc(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, 
     cluster_arrive_relaxed();       // this block is done reading the others' partials
     __syncthreads();
     const A S = stat[0];
-    V* dv = reinterpret_cast<V*>(dx + base + q.h);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int vi = lo + k * NT + (int)threadIdx.x;
-        if (vi < hi) {
-            V w;
-#pragma unroll
-            for (int e = 0; e < VEC; e += STEP) {
-                A o[2];
-#pragma unroll
-                for (int j = 0; j < STEP; ++j) o[j] = BWD_DX(LDE(a[k], e + j), LDE(b[k], e + j), S);
-                STE(w, e, o[0], o[STEP - 1]);
-            }
-            dv[vi] = w;
-        }
-    }
+    store_share(reinterpret_cast<V*>(dx + base + q.h), lo, hi,
+                [&](int k, int e) { return BWD_DX(LDE(a[k], e), LDE(b[k], e), S); });
     if (ei >= 0) dx[base + ei] = ST(BWD_DX(ey, eg, S));
     cluster_wait();
 }
