@@ -1491,18 +1491,15 @@ softmax_cols_bwd(const T* __restrict__ y, const T* __restrict__ dy, T* __restric
 // below a 16-bit value's rounding) where expf takes ~9 instructions: a 16-bit element moves 4 bytes, so the copy's
 // rate leaves ~32 instructions an element, and the PAIR forward took ~21 with expf.  v - sh first, not one FFMA
 // with a rounded sh log2e: the max's term is then exactly 1 (run 7: a 1-class log-softmax gave -3.6e-7, not 0).
-// (cexp's third argument and CSHL: the shift's log2e product of the first form -- now 0 and unused both ways.)
 #if CFX
-__device__ __forceinline__ float cexp(float v, float sh, float)
+__device__ __forceinline__ float cexp(float v, float sh)
 {
     float e;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"((v - sh) * 1.4426950408889634f));
     return e;
 }
-#define CSHL(sh) ((A)0)
 #else
-__device__ __forceinline__ A cexp(A v, A sh, A) { return exp(v - sh); }
-#define CSHL(sh) ((A)0)
+__device__ __forceinline__ A cexp(A v, A sh) { return exp(v - sh); }
 #endif
 
 // A word of NP columns: T itself (NP = 1) or two 16-bit values (NP = 2: the low half the even column).
@@ -1559,10 +1556,9 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
             if (m == NEG_INF) m = 0;
 #endif
             A s = 0;
-            const A ml = CSHL(m);
 #pragma unroll
             for (int c = 0; c < CC; ++c) {
-                const A ex = cexp(a[c][p], m, ml);
+                const A ex = cexp(a[c][p], m);
                 s += ex;
 #if ALGO == 2
                 a[c][p] -= m;
@@ -1616,17 +1612,15 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
                 if (bm != m[p]) s[p] *= exp(m[p] - sh);
                 m[p] = bm; r[p] = sh;
 #endif
-                const A rl = CSHL(r[p]);
 #pragma unroll
-                for (int u = 0; u < U; ++u) s[p] += cexp(v[u][p], r[p], rl);
+                for (int u = 0; u < U; ++u) s[p] += cexp(v[u][p], r[p]);
             }
         }
-        A f[NP], rl[NP], sc[NP];
+        A f[NP], sc[NP];
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
             sc[p] = fast_scale(s[p]);                    // FAST_SCALE: 1 but for FAST's huge sums
             f[p] = ALGO == 2 ? log(s[p]) : (A)1 / (s[p] * sc[p]);
-            rl[p] = CSHL(r[p]);
         }
         for (int c0 = 0; c0 < C; c0 += U) {
             const W* __restrict__ q = xc + c0 * inner;
@@ -1642,7 +1636,7 @@ __device__ __forceinline__ void cols2_fwd(const typename Word<NP>::W* __restrict
 #pragma unroll
                     for (int p = 0; p < NP; ++p)
                         o[p] = ALGO == 2 ? wval(t[u], p) - r[p] - f[p]
-                                         : (cexp(wval(t[u], p), r[p], rl[p]) * sc[p]) * f[p];
+                                         : (cexp(wval(t[u], p), r[p]) * sc[p]) * f[p];
                     z[u * inner] = wpack(o);
                 }
             }
@@ -1758,7 +1752,7 @@ __device__ __forceinline__ void split_fwd(const T* __restrict__ x, T* __restrict
         const A sh = m == NEG_INF ? (A)0 : m;
         A s = 0;
 #pragma unroll
-        for (int k = 0; k < SK; ++k) s += cexp(v[k], sh, CSHL(sh));
+        for (int k = 0; k < SK; ++k) s += cexp(v[k], sh);
         sm_m[ty][tx] = m;
         sm_s[ty][tx] = s;
         __syncthreads();
@@ -1784,8 +1778,7 @@ __device__ __forceinline__ void split_fwd(const T* __restrict__ x, T* __restrict
 #if ALGO == 2
         SLICE_LOOP(if (in) q[k * inner] = ST(v[k] - M - f))
 #else
-        const A ml = CSHL(M);
-        SLICE_LOOP(if (in) q[k * inner] = ST((cexp(v[k], M, ml) * sc) * f))
+        SLICE_LOOP(if (in) q[k * inner] = ST((cexp(v[k], M) * sc) * f))
 #endif
     }
 }
