@@ -6,5 +6,7 @@
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-200} CTIME=${CTIME:-200} TAIL=${TAIL:-40}
 export PARTS="tests/backend/test_ce_spatial.py"
-export CMDS="python3 tools/spatial_ce_gpu.py --dtypes float32,bfloat16 --trials 3 --shapes 32x21x128x128,16x19x256x256 --sp-cc '32,24,0;32,24,1'"
+# (runs 3-4 ran tools/spatial_ce_gpu.py --sp-cc, an eager one-pass A/B whose figures followed the settings' order;
+# that option is gone -- tools/ce_sp_ab.py is the A/B, graph replays in alternated rounds)
+export CMDS="python3 tools/ce_sp_ab.py --rounds 3 --trials 5 --settings read,cc,pair"
 exec bash tools/gpu_s9_parts.sh
