@@ -28,6 +28,7 @@ from minidnn.backend.cuda import softmax_kernels as _sk
 from tests._nvcc import build as nvcc_build
 from tests._nvcc import pick
 from tests.backend.test_softmax_rows_cuda import RTOL, SUBNORMAL, _dtype, _launches, _reset_plans
+from tests.backend.test_softmax_s17_rows import _misaligned
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAMES = ("float32", "bfloat16", "float16")
@@ -477,12 +478,6 @@ def _bits(cp, a, b, what):
     w = {2: "uint16", 4: "uint32"}[a.dtype.itemsize]
     bad = int((a.view(w) != b.view(w)).sum())
     assert bad == 0, f"{what}: {bad} of {a.size} elements differ"
-
-
-def _misaligned(cp, xd):
-    flat = cp.zeros(xd.size + 1, xd.dtype)
-    flat[1:] = xd.ravel()
-    return flat[1:].reshape(xd.shape)
 
 
 @pytest.mark.cuda
