@@ -6,6 +6,6 @@
 #   From a clean archive of HEAD:  OUT=$OUT bash tools/gpu_s22_final.sh
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-170} CTIME=${CTIME:-120} TAIL=${TAIL:-30}
-export PARTS="tests/backend/test_ce_spatial.py;;tests/backend/test_softmax_cols_s22.py tests/backend/test_softmax_rows_cuda.py::test_softmax_channel_columns"
+export PARTS="tests/backend/test_ce_spatial.py;;tests/backend/test_softmax_cols_s22.py tests/backend/test_softmax_rows_cuda.py::test_softmax_channel_columns;;tests/backend/test_softmax_cluster.py"
 export CMDS="python3 tools/ce_sp_ab.py --rounds 3 --trials 5 --settings cc,pair"
 exec bash tools/gpu_s9_parts.sh
