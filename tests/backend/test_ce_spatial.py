@@ -38,6 +38,9 @@ def test_spatial_route(monkeypatch, name):
             inner = rows // shape[0]
             pair = name != "float64" and inner % 2 == 0 and shape[1] <= (32 if kname == "ce_fwd" else 24)
             assert ("PAIR" in _defs(defines)) == pair, (shape, kname)     # two positions a thread: SP_PAIR's rule
+            # C read at run time (past SP_CC): the unmasked batches (SP_RT), never in float64
+            rt = name != "float64" and shape[1] > (32 if kname == "ce_fwd" else 24)
+            assert ("SP_RT" in _defs(defines)) == rt, (shape, kname)
             assert groups == -(-rows // (512 if pair else 256))
             assert per_sm == (minb if kname == "ce_fwd" else 16)
             # the class count compiled in up to SP_CC's bounds (forward 32, backward 24), never in float64
@@ -48,6 +51,9 @@ def test_spatial_route(monkeypatch, name):
         assert _defs(defines).get("CC") == (None if name == "float64" else cc), (kname, c)
     monkeypatch.setattr(_lk, "SP_CC", (0, 0))
     assert not {"CC", "PAIR"} & set(_defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2]))
+    monkeypatch.setattr(_lk, "SP_RT", False)
+    assert "SP_RT" not in _defs(_lk.launch_spec("ce_fwd", (2, 150, 4, 4), dt, np.int64, False, "mean")[2])
+    monkeypatch.setattr(_lk, "SP_RT", True)
     monkeypatch.setattr(_lk, "SP_CC", (32, 24))
     monkeypatch.setattr(_lk, "SP_PAIR", False)
     assert "PAIR" not in _defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2])
@@ -327,3 +333,35 @@ def test_cross_entropy_4d_autograd_matches_cpu(cp):
         grads[device] = (float(loss.item()), to_numpy(xt.grad.data))
     assert abs(grads["cuda"][0] - grads["cpu"][0]) <= 1e-5 * abs(grads["cpu"][0])
     np.testing.assert_allclose(grads["cuda"][1], grads["cpu"][1], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(2, 40, 7, 9), (3, 150, 6, 8), (2, 171, 5, 5), (2, 25, 4, 6)],
+                         ids=["40-odd", "150-pairs", "171", "25-bwd-read"])
+def test_spatial_rt_bitwise(cp, monkeypatch, name, shape):
+    """SP_RT (C read at run time: the unmasked full batches, the smoothing compiled in or out, x[t] loaded once) is
+    the masked batches' arithmetic in the same order: loss, lse and dx bitwise SP_RT off's -- weights or none,
+    smoothing or none, ignored positions, an all -inf position, a NaN and a +inf element."""
+    rng = np.random.default_rng(11)
+    dt = _dtype(name)
+    for weighted, eps, reduction in ((False, 0.0, "none"), (True, 0.1, "mean"), (True, 0.0, "sum")):
+        x, t, w = _inputs(rng, shape, name, weighted, 0.2)
+        x[0, :, 0, 0] = -np.inf
+        x[1, 3, 1, 1] = np.nan
+        x[0, 5, 2, 2] = np.inf
+        xd, td = cp.asarray(x.astype(dt)), cp.asarray(t)
+        wd = None if w is None else cp.asarray(w.astype(dt))
+        out = {}
+        for rt in (False, True):
+            monkeypatch.setattr(_lk, "SP_RT", rt)
+            _lk._plans.clear()
+            loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, eps, reduction)
+            g = cp.ones(loss.shape, loss.dtype) * 0.75
+            dx = B.softmax_cross_entropy_backward(None, xd, td, g, lse, den, wd, -100, eps, reduction)
+            out[rt] = [to_numpy(a) for a in (loss, lse, dx)]
+        _lk._plans.clear()
+        spec = _lk.launch_spec("ce_bwd", shape, dt, np.int64, weighted, reduction, eps)
+        assert "SP_RT=1" in spec[2]                 # (the forward of 25 classes compiles C in: the backward reads it)
+        for a, b in zip(out[True], out[False]):
+            assert np.array_equal(a, b, equal_nan=True), (weighted, eps, reduction)

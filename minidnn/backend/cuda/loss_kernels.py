@@ -368,6 +368,9 @@ typedef INDEX I;
 #ifndef PAIR
 #define PAIR 0        // two adjacent positions a thread, one 2-element load a class (the planner: inner even)
 #endif
+#ifndef SP_RT
+#define SP_RT 0       // C read at run time: the unmasked full batches (sp_fwd_sums_rt, sp_bwd_rt; the planner's SP_RT)
+#endif
 // A batch of classes: every class at once where CC (no masks, no dead slots), else U; PAIR's batches hold two
 // positions' values, so at most UP classes (with CC its batches unroll too: their bounds are compile-time).
 #define UB (CC ? CC : U)
@@ -453,6 +456,55 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_sums(
     }
 }
 
+#if CC == 0 && SP_RT
+// The forward's sums where C is read at run time (many classes: ADE20K's 150, COCO-stuff's 171): the batches of B
+// classes sp_fwd_sums takes, in the same order, so the same bits -- but the full batches without masks (the masked
+// batch only at the end: `c0 + k < C` was a compare and a select an element), the class pointer advanced once a
+// batch, the smoothing sums compiled in or out (SM: a branch an element before), and x[t] loaded once a position by
+// the caller (the same value, not an int compare and a select an element).
+template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_fwd_batch(
+    const X* q, const int c0, const int C, const int inner, const T* __restrict__ w, A* m, A* s, A* swx, A& sw)
+{
+    A v[B][P];
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+        if (!MASKED || c0 + k < C) sp_ld<P>(q + k * inner, v[k]);
+        else {
+#pragma unroll
+            for (int j = 0; j < P; ++j) v[k][j] = NEG_INF;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+        A bm = m[j];
+#pragma unroll
+        for (int k = 0; k < B; ++k) bm = fmax(bm, v[k][j]);
+        const A sh = bm == NEG_INF ? (A)0 : bm;
+        if (bm != m[j]) s[j] *= exp(m[j] - sh);
+        m[j] = bm;
+        const A shl = sh * (A)1.4426950408889634;
+#pragma unroll
+        for (int k = 0; k < B; ++k) {
+            if (MASKED && c0 + k >= C) break;
+            const A u = v[k][j];
+            s[j] += CE_EXP(u, sh, shl);
+            if (SM) {
+                const A wc = HAS_W ? LD(w[c0 + k]) : (A)1;
+                swx[j] += wc * u;
+                if (j == 0) sw += wc;
+            }
+        }
+    }
+}
+template <int P, int B, bool SM> __device__ __forceinline__ void sp_fwd_sums_rt(
+    const X* q, const int C, const int inner, const T* __restrict__ w, A* m, A* s, A* swx, A& sw)
+{
+    int c0 = 0;
+    for (; c0 + B <= C; c0 += B, q += B * inner) sp_fwd_batch<P, B, false, SM>(q, c0, C, inner, w, m, s, swx, sw);
+    if (c0 < C) sp_fwd_batch<P, B, true, SM>(q, c0, C, inner, w, m, s, swx, sw);
+}
+#endif
+
 // A position's lse and loss from its sums (SOURCE's ce_fwd); wt: its weight (the denominator's share).
 __device__ __forceinline__ A sp_loss(const long long t, const int tc, const long long ignore_index, const double eps,
                                      const int C, const T* __restrict__ w, const bool smooth, const A m, const A s,
@@ -495,7 +547,15 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
             tc[j] = (t[j] >= 0 && t[j] < C) ? (int)t[j] : -1;   // x[t]'s class, an int compare an element
             m[j] = NEG_INF; s[j] = 0; swx[j] = 0; xt[j] = 0;
         }
+#if CC || !SP_RT
         sp_fwd_sums<P, B>(x + p.off, C, inner, tc, w, smooth, m, s, swx, sw, xt);
+#else
+#pragma unroll
+        for (int j = 0; j < P; ++j)
+            if (tc[j] >= 0) xt[j] = LD(__ldg(x + p.off + tc[j] * inner + j));
+        if (smooth) sp_fwd_sums_rt<P, B, true>(x + p.off, C, inner, w, m, s, swx, sw);
+        else sp_fwd_sums_rt<P, B, false>(x + p.off, C, inner, w, m, s, swx, sw);
+#endif
 #pragma unroll
         for (int j = 0; j < P; ++j) {
             A lse, wt;
@@ -527,6 +587,55 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
         sp_fwd_loop<1, UB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
     ce_grid_sum<256>(acc_loss, acc_den, partial, ticket, loss_out, denom_out, lane, warp);
 }
+
+#if CC == 0 && SP_RT
+// The backward where C is read at run time: sp_bwd_loop's expression an element, batches of B classes -- the full
+// ones without masks, the masked one last -- the class pointers advanced once a batch, the smoothing term compiled in
+// or out (SM).  Without smoothing q_c g is 0 but at the target: dx_c = e sum(q) g there minus (q_t g where q_t != 0),
+// the same bits as e sum(q) g - 0 (x - (+0) is x) and as the general expression at the target.
+template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_bwd_batch(
+    const X* q, X* d, const int c0, const int C, const int inner, const T* __restrict__ w, const double eps,
+    const int* tc, const bool* keep, const A* sumqg, const A* qt, const A* qgt, const A* gr, const A* lse,
+    const A* lsel)
+{
+    A v[B][P];
+#pragma unroll
+    for (int k = 0; k < B; ++k)
+        if (!MASKED || c0 + k < C) sp_ld<P>(q + k * inner, v[k]);
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+        const int c = c0 + k;
+        if (MASKED && c >= C) break;
+        const A sm = SM ? (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1) : (A)0;
+        A o[P];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            if (SM) {
+                const A qq = (c == tc[j] ? qt[j] : (A)0) + sm;
+                const A qg = qq != (A)0 ? qq * gr[j] : (A)0;
+                o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - qg;
+            } else {
+                o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j];
+                if (c == tc[j]) o[j] -= qgt[j];
+            }
+            if (P > 1 && !keep[j]) o[j] = 0;
+        }
+        sp_st<P>(d + k * inner, o);
+    }
+}
+template <int P, int B, bool SM> __device__ __forceinline__ void sp_bwd_rt(
+    const X* q, X* d, const int C, const int inner, const T* __restrict__ w, const double eps, const int* tc,
+    const bool* keep, const A* sumqg, const A* qt, const A* gr, const A* lse, const A* lsel)
+{
+    A qgt[P];
+#pragma unroll
+    for (int j = 0; j < P; ++j) qgt[j] = qt[j] != (A)0 ? qt[j] * gr[j] : (A)0;
+    int c0 = 0;
+    for (; c0 + B <= C; c0 += B, q += B * inner, d += B * inner)
+        sp_bwd_batch<P, B, false, SM>(q, d, c0, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
+    if (c0 < C) sp_bwd_batch<P, B, true, SM>(q, d, c0, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
+}
+#endif
 
 // The backward of P positions a thread: dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's
 // expression; an ignored position's dx 0.
@@ -560,6 +669,11 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
             for (int c = 0; c < CN; ++c) dx[base + c * inner] = STX((A)0);
             continue;
         }
+#if CC == 0 && SP_RT
+        if (smooth) sp_bwd_rt<P, B, true>(x + base, dx + base, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
+        else sp_bwd_rt<P, B, false>(x + base, dx + base, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
+        continue;
+#endif
 #pragma unroll
         for (int c0 = 0; c0 < CN; c0 += B) {
             A v[B][P];
@@ -1382,6 +1496,14 @@ SP_CC = _sp_cc(os.environ.get("MINIDNN_CE_SP_CC", "32,24"))
 # MINIDNN_CE_SP_PAIR=0 | 1.
 SP_PAIR = os.environ.get("MINIDNN_CE_SP_PAIR", "1") == "1"
 SP_UP = (12, 6)     # nvcc 13, 64 registers: no spill in any planned build (the backward at 8-12 spilled)
+# SP_RT (session 23): where C is read at run time (past SP_CC: ADE20K's 150 classes, COCO-stuff's 171), the full
+# batches of classes without a mask, the class pointer advanced once a batch, the smoothing terms compiled in or out
+# and x[t] loaded once a position (sp_fwd_sums_rt / sp_bwd_rt): the same batches and expressions, so the same bits;
+# nvcc 13 SASS (bfloat16, (16, 150, 128, 128)): the forward's batch of 16 classes 570 -> 139 instructions, the
+# backward's of 8 327 -> 102 (float32 742 -> 236, 422 -> 149) -- session 23's run 3 had the forward at 34% of copy
+# in bfloat16, 60% in float32: bound by instructions, not bytes.  Not float64 (its weighted, smoothed forward spilled
+# 4 bytes at 128 registers).  MINIDNN_CE_SP_RT=0: the masked batches (A/B).
+SP_RT = os.environ.get("MINIDNN_CE_SP_RT", "1") != "0"
 
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
@@ -1505,8 +1627,9 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         tail = ("TAIL=1",) if name == "ce_fwd" and CE_TAIL in ("1", "2") else ()     # ce_grid_sum's, as the rows'
         cc = (f"CC={c}",) if c <= SP_CC[name == "ce_bwd"] and accum != "double" else ()    # SP_CC's comment
         pair = SP_PAIR and inner % 2 == 0 and bool(cc)                                    # SP_PAIR's comment
+        rt = ("SP_RT=1",) if not cc and SP_RT and accum != "double" else ()              # SP_RT's comment
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
-                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc
+                base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
                 + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ()), -(-rows // (THREADS * (1 + pair))),
                 minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
