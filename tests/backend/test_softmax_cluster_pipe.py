@@ -368,7 +368,10 @@ def _kernels(xp, name, algo, launch):
     opts = SC.options(_dtype(name), algo, launch)
     kc, kp = L.get_kernel(SC.SOURCE, "smx_fwdc", opts), L.get_kernel(SC.SOURCE, "smx_fwdp", opts)
     held = SC.driver_clusters(kp, launch.cl, launch.nt, SC.slot_bytes(launch))
-    assert held is not None and 0 < held <= SC.resident_clusters(SC._sms(0), launch.cl, launch.nt), held
+    # the estimate counts the launch bounds' blocks an SM; fewer registers than those allow more, CL not dividing a
+    # GPC's block slots fewer: the driver's count within a factor 2 of it, say
+    est = SC.resident_clusters(SC._sms(0), launch.cl, launch.nt)
+    assert held is not None and est // 2 <= held <= 2 * est, (held, est)
     return kc, kp, held
 
 

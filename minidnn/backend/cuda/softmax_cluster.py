@@ -418,8 +418,8 @@ smx_fwdp(const T* __restrict__ x, T* __restrict__ y, const int C, const int rows
     const unsigned int rank = cluster_rank();
     const int step = (int)(gridDim.x / CL);
     int r = (int)(blockIdx.x / CL);
-    A ev;                           // the row's edge value (-inf: none)
-    {
+    A ev = NEG_INF;                 // the row's edge value (-inf: none)
+    if (r < rows) {                 // (settle never launches more clusters than rows: a guard only)
         const Geo q = row_geo(r, C);
         const int lo = (int)((long long)q.nb * rank / CL), hi = (int)((long long)q.nb * (rank + 1) / CL);
         const T* xr = x + (long long)r * C;
