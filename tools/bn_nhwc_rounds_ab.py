@@ -13,8 +13,9 @@ median); the settings alternate within each round (order rotated every round), t
 rounds.  "k" is the rounds each setting took for the case on this device (bn_nhwc.rounds_for: a count the tiles
 cannot take falls to fewer).  0/s > 1: setting s faster than one launch; torch/best > 1: the best setting faster
 than PyTorch.  %copy: the op's compulsory traffic (fwd 2e, bwd 3e, add+relu bwd 5e; e = x's bytes) over the time,
-against a 256 MiB device copy measured here.  NVRTC compiles about 20 kernels a dtype (the RSTRIDE builds with and
-without KEEP / SPLIT): ~40 s of a dtype's ~70 s.  PyTorch is imported here only (the yardstick).
+against a 256 MiB device copy measured here.  The kernels every setting plans (about 15 a dtype: the RSTRIDE builds
+with and without KEEP / SPLIT) are first compiled into CuPy's disk cache a process a core (--no-precompile: one after
+another at first use; give CUPY_CACHE_DIR a writable place).  PyTorch is imported here only (the yardstick).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -29,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bn_nhwc_ab import OPS, TRAFFIC, Case  # noqa: E402
-from bn_nhwc_bench import copy_bandwidth  # noqa: E402
+from bn_nhwc_bench import _dtype, copy_bandwidth  # noqa: E402
 from graph_timer import graph_time  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
@@ -43,6 +45,59 @@ def set_setting(value):
     M.ROUNDS = M.parse_rounds(value)
     M._calls.clear()
     K._calls.clear()
+
+
+def _op_flags(op):
+    """(forward flags, backward flags or None) of the calls an op's timed function makes (bn_nhwc_ab.Case.fn)."""
+    fwd = dict(relu=False, has_z=False, has_scale=True, has_bias=True)
+    if op == "bn fwd":
+        return fwd, None
+    add = op == "add+relu bwd"
+    return fwd, dict(relu=add, has_z=add, has_scale=True)
+
+
+def _compile_one(job):
+    """NVRTC build of one planned configuration into CuPy's disk cache (a spawned worker; bn_nhwc._kernel's options,
+    so the later launch loads the cubin)."""
+    name, dtype_name, vec, flags = job
+    M._launch.cupy().RawModule(code=M.SOURCE, options=M._options(_dtype(dtype_name), vec, **dict(flags))
+                               ).get_function(name)
+    return job
+
+
+def precompile(cases, labels):
+    """Plan every (case, op, setting) with kernels recorded, not built (the planner's occupancy and static memory
+    fall back to BPS and the estimate), then compile the distinct configurations in parallel.  Returns how many."""
+    jobs = set()
+
+    class _Unbuilt:             # no .kernel: _resident_per_sm and static_smem take their fallbacks
+        pass
+
+    def record(name, dtype, vec, **flags):
+        flags.setdefault("v2", M.V2)
+        flags.setdefault("stage", M.STAGE)
+        jobs.add((name, np.dtype(dtype).name, vec, tuple(sorted(flags.items()))))
+        return _Unbuilt()
+    kernel, saved = M._kernel, M.ROUNDS
+    M._kernel = record
+    try:
+        for case in cases:
+            c = case.shape[1]
+            rows, dev = case.x.size // c, case.x.data.device_id
+            vec = M.vec_width(c, case.x.dtype.itemsize, (case.x.data.ptr, case.dy.data.ptr))
+            for label in labels:
+                M.ROUNDS = M.parse_rounds(label)
+                for op in OPS:
+                    fwd, bwd = _op_flags(op)
+                    for running in (True, False):
+                        M._fwd_plan(case.x.dtype, rows, c, vec, M.ROUTE, 0.1, 1e-5, running, running, fwd, dev)
+                    if bwd is not None:
+                        M._bwd_plan(case.x.dtype, rows, c, vec, M.ROUTE, bwd, dev)
+    finally:
+        M._kernel, M.ROUNDS = kernel, saved
+        M._calls.clear()
+        K._calls.clear()
+    return M._launch.compile_in_parallel(_compile_one, sorted(jobs))
 
 
 def rounds_taken(case, op, value):
@@ -64,6 +119,7 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--settings", default="0,2,4,auto", help="ROUNDS values; the first is the baseline")
+    ap.add_argument("--no-precompile", action="store_true")
     a = ap.parse_args(argv)
     labels = [s.strip() for s in a.settings.split(",")]
     for s in labels:
@@ -86,6 +142,10 @@ def main(argv=None):
     saved = M.ROUNDS
     rng = np.random.default_rng(0)
     cases = [Case(cp, torch, shape, name, rng) for name in a.dtypes.split(",") for shape in SHAPES]
+    if not a.no_precompile:
+        t0 = time.perf_counter()
+        n = precompile(cases, labels)
+        print(f"# precompiled {n} kernel configurations in {time.perf_counter() - t0:.1f} s")
     times = {}          # (case index, op, setting) -> [ms per round]
     for r in range(a.rounds):
         for ci, case in enumerate(cases):

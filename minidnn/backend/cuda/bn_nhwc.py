@@ -48,6 +48,9 @@ re-read ~ 465 MB -> ~0.16 ms (~63%; was 0.189, PyTorch 0.177): shared memory hol
 L2 policies (KEEP, session 12; one-launch kernels with the copy): only where the call's data (its (R, C) arrays read
 and written) exceeds the L2, the reduction's newest steps (0.40 of L2) are loaded evict-last and every other load
 evict-first; smaller calls run the kernel without it (the KEEP comment below).
+Channel rounds (ROUNDS, session 23, off by default): a one-launch call as k launches of C / k channels each (every
+row's tile r: pointers shifted by r * C / k, rows CS vectors apart -- RSTRIDE), so that a launch's re-read fits the
+slots and L2; rounds_for plans k, run_rounds makes the launches (the ROUNDS comment below).
 """
 from __future__ import annotations
 
