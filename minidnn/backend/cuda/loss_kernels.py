@@ -336,9 +336,10 @@ __device__ __forceinline__ float ex2_fast(float x)
 # classes of ONE position, 32 lines for 32 values (2-4% of copy at (32, 21, 128, 128), 0.3x PyTorch: session 21).
 # The class count is compiled in (CC, the planner's SP_CC: up to 32 forward, 24 backward): a position's classes all
 # loaded at once, the loops unrolled without masks; past it C is read at run time and walked U at a time (16 forward,
-# 8 backward).  PAIR (SP_PAIR, where inner is even and CC): a thread takes positions r, r + 1 (never two images: inner
-# even) with one 4- or 8-byte load a class, in batches of UP classes (registers); an x (or dx) off the 2-element
-# boundary takes one position a thread inside the same build.  (o, i) advance with the grid stride, no division.
+# 8 backward; SP_RT: the full batches without masks).  PAIR (SP_PAIR, where inner is even and CC or SP_RT): a thread
+# takes positions r, r + 1 (never two images: inner even) with one 4- or 8-byte load a class, in batches of UP classes
+# (registers); an x (or dx) off the 2-element boundary takes one position a thread inside the same build.  (o, i)
+# advance with the grid stride, no division.
 #   ce_sp_fwd: per position, ONE pass over the classes, a batch at a time: the batch's max first (fmax: NaN skipped,
 #              yet a NaN element makes its exp, so s and lse, NaN -- row_stats' NaN), the running sum rescaled once
 #              when the max grows (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch
@@ -371,6 +372,9 @@ typedef INDEX I;
 #ifndef SP_RT
 #define SP_RT 0       // C read at run time: the unmasked full batches (sp_fwd_sums_rt, sp_bwd_rt; the planner's SP_RT)
 #endif
+// PAIR's batch: UP classes, fewer where CC is less; with C read at run time (SP_RT) U, the batches one position a
+// thread takes (an unaligned view in the same build), so that pairs and single positions give the same bits
+#define PB (CC && CC < UP ? CC : UP)
 // A batch of classes: every class at once where CC (no masks, no dead slots), else U; PAIR's batches hold two
 // positions' values, so at most UP classes (with CC its batches unroll too: their bounds are compile-time).
 #define UB (CC ? CC : U)
@@ -580,7 +584,7 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
 #if PAIR
     // PAIR: inner even, so a pair never straddles two images; x on a 2-element boundary (else one a thread: a view)
     if (((size_t)x & (2 * sizeof(X) - 1)) == 0)
-        sp_fwd_loop<2, (CC && CC < UP ? CC : UP)>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps,
+        sp_fwd_loop<2, PB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps,
                                             acc_loss, acc_den);
     else
 #endif
@@ -716,7 +720,7 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     const unsigned int n = (unsigned int)rows;
 #if PAIR
     if ((((size_t)x | (size_t)dx) & (2 * sizeof(X) - 1)) == 0)
-        sp_bwd_loop<2, (CC && CC < UP ? CC : UP)>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
+        sp_bwd_loop<2, PB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
     else
 #endif
         sp_bwd_loop<1, UB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
@@ -1626,8 +1630,8 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         u = 16 if name == "ce_fwd" and accum != "double" else 8
         tail = ("TAIL=1",) if name == "ce_fwd" and CE_TAIL in ("1", "2") else ()     # ce_grid_sum's, as the rows'
         cc = (f"CC={c}",) if c <= SP_CC[name == "ce_bwd"] and accum != "double" else ()    # SP_CC's comment
-        pair = SP_PAIR and inner % 2 == 0 and bool(cc)                                    # SP_PAIR's comment
         rt = ("SP_RT=1",) if not cc and SP_RT and accum != "double" else ()              # SP_RT's comment
+        pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt)                              # SP_PAIR's comment
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
                 base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
                 + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ()), -(-rows // (THREADS * (1 + pair))),
