@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bn_nhwc_ab import OPS, TRAFFIC, Case  # noqa: E402
-from bn_nhwc_bench import _dtype, copy_bandwidth  # noqa: E402
+from bn_nhwc_bench import copy_bandwidth  # noqa: E402
 from graph_timer import graph_time  # noqa: E402
 
 from minidnn.backend import devices as _dev  # noqa: E402
@@ -56,48 +56,29 @@ def _op_flags(op):
     return fwd, dict(relu=add, has_z=add, has_scale=True)
 
 
-def _compile_one(job):
-    """NVRTC build of one planned configuration into CuPy's disk cache (a spawned worker; bn_nhwc._kernel's options,
-    so the later launch loads the cubin)."""
-    name, dtype_name, vec, flags = job
-    M._launch.cupy().RawModule(code=M.SOURCE, options=M._options(_dtype(dtype_name), vec, **dict(flags))
-                               ).get_function(name)
-    return job
-
-
 def precompile(cases, labels):
-    """Plan every (case, op, setting) with kernels recorded, not built (the planner's occupancy and static memory
-    fall back to BPS and the estimate), then compile the distinct configurations in parallel.  Returns how many."""
-    jobs = set()
-
-    class _Unbuilt:             # no .kernel: _resident_per_sm and static_smem take their fallbacks
-        pass
-
-    def record(name, dtype, vec, **flags):
-        flags.setdefault("v2", M.V2)
-        flags.setdefault("stage", M.STAGE)
-        jobs.add((name, np.dtype(dtype).name, vec, tuple(sorted(flags.items()))))
-        return _Unbuilt()
-    kernel, saved = M._kernel, M.ROUNDS
-    M._kernel = record
-    try:
-        for case in cases:
-            c = case.shape[1]
-            rows, dev = case.x.size // c, case.x.data.device_id
-            vec = M.vec_width(c, case.x.dtype.itemsize, (case.x.data.ptr, case.dy.data.ptr))
-            for label in labels:
-                M.ROUNDS = M.parse_rounds(label)
-                for op in OPS:
-                    fwd, bwd = _op_flags(op)
-                    for running in (True, False):
-                        M._fwd_plan(case.x.dtype, rows, c, vec, M.ROUTE, 0.1, 1e-5, running, running, fwd, dev)
-                    if bwd is not None:
-                        M._bwd_plan(case.x.dtype, rows, c, vec, M.ROUTE, bwd, dev)
-    finally:
-        M._kernel, M.ROUNDS = kernel, saved
-        M._calls.clear()
-        K._calls.clear()
-    return M._launch.compile_in_parallel(_compile_one, sorted(jobs))
+    """Plan every (case, op, setting) with kernels recorded, not built (bn_nhwc.planned_kernels), then compile the
+    distinct configurations a process a core (bn_nhwc.precompile).  Returns how many."""
+    def plan_all():
+        saved = M.ROUNDS
+        try:
+            for case in cases:
+                c = case.shape[1]
+                rows, dev = case.x.size // c, case.x.data.device_id
+                vec = M.vec_width(c, case.x.dtype.itemsize, (case.x.data.ptr, case.dy.data.ptr))
+                for label in labels:
+                    M.ROUNDS = M.parse_rounds(label)
+                    for op in OPS:
+                        fwd, bwd = _op_flags(op)
+                        for running in (True, False):
+                            M._fwd_plan(case.x.dtype, rows, c, vec, M.ROUTE, 0.1, 1e-5, running, running, fwd, dev)
+                        if bwd is not None:
+                            M._bwd_plan(case.x.dtype, rows, c, vec, M.ROUTE, bwd, dev)
+        finally:
+            M.ROUNDS = saved
+    jobs = M.planned_kernels(plan_all)
+    K._calls.clear()
+    return M.precompile(jobs)
 
 
 def rounds_taken(case, op, value):

@@ -378,6 +378,29 @@ print("OK")
 """)
 
 
+def test_planned_kernels_records_the_rounds_builds_without_building_under_the_fake_cupy():
+    _fake("""
+def plan_all():
+    for setting in (0, 2):
+        M.ROUNDS = setting
+        M._fwd_plan(np.dtype(np.float32), 70, 64, 4, "one", 0.1, 1e-5, True, True,
+                    dict(relu=False, has_z=False, has_scale=True, has_bias=True), 0)
+        M._bwd_plan(np.dtype(np.float32), 70, 64, 4, "one", dict(relu=True, has_z=True, has_scale=True), 0)
+built = []
+kernel = M._launch.get_kernel
+M._launch.get_kernel = lambda *a, **k: built.append(a) or kernel(*a, **k)
+jobs = M.planned_kernels(plan_all)
+assert built == [] and rec == [] and not M._calls and M._kernel.__name__ == "_kernel"
+got = sorted((n, d, v, dict(f).get("rstride", False)) for n, d, v, f in jobs)
+assert got == [("bnc_bwd1", "float32", 4, False), ("bnc_bwd1", "float32", 4, True),
+               ("bnc_fwd1", "float32", 4, False), ("bnc_fwd1", "float32", 4, True)], got
+for n, d, v, f in jobs:                       # the options _kernel would build with
+    assert M._options(np.dtype(d), v, **dict(f)) == M._options(np.dtype(np.float32), 4, **dict(f))
+    assert dict(f)["cache"] is True and "v2" in dict(f) and "stage" in dict(f)
+print("OK")
+""")
+
+
 def test_bad_attribute_raises_before_any_launch_under_the_fake_cupy():
     _fake("""
 x, z, dy, sc, bi, rm, rv, cnt = arrays((2, 64, 5, 7), np.float32, np.float32)
@@ -446,12 +469,49 @@ TOL = {"float64": dict(rtol=1e-9, atol=1e-9), "float32": dict(rtol=1e-4, atol=1e
        "float16": dict(rtol=1e-2, atol=1e-2), "bfloat16": dict(rtol=4e-2, atol=4e-2)}
 
 
+def _gpu_cases():
+    """(dtype name, shape, ops, ROUNDS, twin) of every call the GPU tests below make."""
+    out = [(n, sh, ops, st, False) for n in ("float32", "float16", "bfloat16") for sh in GPU_SHAPES
+           for ops in ("bn", "bn_activation", "bn_add_activation") for st in (0, 2, 4, "auto")]
+    out += [("float64", sh, "bn_add_activation", st, False) for sh in ((5, 24, 9, 9), (3, 96, 5, 7)) for st in (2, 4)]
+    out += [(n, sh, "bn_add_activation", st, False) for n, sh in LARGE_CASES for st in (0, 2, 4, "auto")]
+    out += [("float32", (4, 96, 7, 9), "bn", st, tw) for st in (2, 4) for tw in (False, True)]
+    out += [(n, (16, 64, 10, 10), "bn_add_activation", st, False) for n in ("float32", "bfloat16") for st in (2, 4)]
+    return out + [(n, SHAPES3[0], "bn_add_activation", "auto", False) for n in ("float32", "bfloat16")]
+
+
+@pytest.fixture(scope="module")
+def warm():
+    """Every kernel configuration the GPU tests launch, compiled first into CuPy's disk cache a process a core
+    (bn_nhwc.precompile: ~60 NVRTC builds one after another would be most of the tests' time)."""
+    saved = M.ROUTE, M.ONCHIP, M.ROUNDS
+    M.ROUTE, M.ONCHIP = "one", True
+
+    def plan_all():
+        for name, shape, ops, setting, twin in _gpu_cases():
+            M.ROUNDS = setting
+            dt, c = _dtype(name), shape[1]
+            rows, vec = int(np.prod(shape)) // c, M.vec_width(c, _dtype(name).itemsize)
+            relu, add = ops != "bn", ops == "bn_add_activation"
+            fwd = dict(relu=relu, has_z=add, has_scale=True, has_bias=True)
+            if twin:
+                fwd["twin"] = True
+            M._fwd_plan(dt, rows, c, vec, "one", 0.1, 1e-5, True, True, fwd, 0)
+            M._bwd_plan(dt, rows, c, vec, "one", dict(relu=relu, has_z=add, has_scale=True), 0)
+    try:
+        M.precompile(M.planned_kernels(plan_all))
+    finally:
+        M.ROUTE, M.ONCHIP, M.ROUNDS = saved
+
+
 @pytest.fixture
-def gpu(monkeypatch):
-    """(cupy, set_rounds): the one-launch route with the on-chip copy, ROUNDS set by set_rounds (caches cleared)."""
+def gpu(monkeypatch, request):
+    """(cupy, set_rounds): the one-launch route with the on-chip copy, ROUNDS set by set_rounds (caches cleared);
+    the tests' kernels precompiled (warm) once."""
     from minidnn.backend import devices as _dev
     if not _dev.cuda_is_available():
         pytest.skip("no CUDA GPU with CuPy on this machine")
+    request.getfixturevalue("warm")
     from minidnn.backend.cuda import bn_kernels as K
     monkeypatch.setattr(M, "ROUTE", "one")
     monkeypatch.setattr(M, "ONCHIP", True)
@@ -610,9 +670,11 @@ def _close_to(got, base, name, count):
     assert int(got["cnt"].get()[0]) == 1
 
 
+LARGE_CASES = [("float32", SHAPES3[0]), ("float32", SHAPES3[2]), ("bfloat16", SHAPES3[1])]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("name, shape", [("float32", SHAPES3[0]), ("float32", SHAPES3[2]), ("bfloat16", SHAPES3[1])],
-                         ids=str)
+@pytest.mark.parametrize("name, shape", LARGE_CASES, ids=str)
 def test_large_shapes_in_rounds_against_one_launch(gpu, name, shape):
     # the A/B's shapes, where each round takes KEEP / SPLIT as a call of R x C / k channels does; add + ReLU against
     # the default (itself tested against float64 at these shapes: test_bn_nhwc_cuda); float64 for 2 rounds

@@ -1271,6 +1271,49 @@ def _kernel(name, dtype, vec, **flags):
 _acc, _param = acc_dtype, param_dtype
 
 
+class _Unbuilt:
+    """planned_kernels' stand-in for a kernel: no ``.kernel``, so _resident_per_sm and static_smem take their
+    fallbacks (BPS, the estimate)."""
+
+
+def planned_kernels(plan_all):
+    """The kernel configurations -- (name, dtype name, vec, sorted flags), _kernel's arguments -- that ``plan_all()``
+    (calls of _fwd_plan / _bwd_plan) asks for, none built; the call caches are cleared after (the plans hold
+    stand-ins).  For precompile: a test or A/B that launches many configurations."""
+    global _kernel
+    jobs, kernel = set(), _kernel
+
+    def record(name, dtype, vec, **flags):
+        flags.setdefault("v2", V2)
+        flags.setdefault("stage", STAGE)
+        jobs.add((name, np.dtype(dtype).name, vec, tuple(sorted(flags.items()))))
+        return _Unbuilt()
+    _kernel = record
+    try:
+        plan_all()
+    finally:
+        _kernel = kernel
+        _calls.clear()
+    return sorted(jobs)
+
+
+def _compile_job(job):
+    """NVRTC build of one planned configuration into CuPy's disk cache (a spawned worker of precompile: _kernel's
+    source and options, so the later launch loads the cubin)."""
+    name, dtype_name, vec, flags = job
+    if dtype_name == "bfloat16":
+        import ml_dtypes  # noqa: F401 -- registers the dtype's name with NumPy
+    _launch.cupy().RawModule(code=SOURCE, options=_options(np.dtype(dtype_name), vec, **dict(flags))
+                             ).get_function(name)
+    return job
+
+
+def precompile(jobs, procs=None):
+    """Compile planned_kernels' configurations into CuPy's disk cache (CUPY_CACHE_DIR) a process a core (spawned, up
+    to 16), so that the launches load cubins instead of running NVRTC one after another.  Returns how many."""
+    return _launch.compile_in_parallel(_compile_job, sorted(set(jobs)), procs)
+
+
 _tickets: dict = {}
 
 
