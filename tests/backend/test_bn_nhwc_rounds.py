@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -499,9 +500,13 @@ def warm():
             M._fwd_plan(dt, rows, c, vec, "one", 0.1, 1e-5, True, True, fwd, 0)
             M._bwd_plan(dt, rows, c, vec, "one", dict(relu=relu, has_z=add, has_scale=True), 0)
     try:
-        M.precompile(M.planned_kernels(plan_all))
+        jobs = M.planned_kernels(plan_all)
     finally:
         M.ROUTE, M.ONCHIP, M.ROUNDS = saved
+    try:
+        M.precompile(jobs)
+    except Exception as e:          # noqa: BLE001 -- only a warm-up: the launches compile what they miss
+        warnings.warn(f"bn_nhwc.precompile failed ({type(e).__name__}: {e}); compiling at first use")
 
 
 @pytest.fixture
@@ -636,6 +641,7 @@ def test_rounds_against_the_default_and_float64(gpu, name, shape, ops):
             assert (nf, nb) == (k, k), (setting, nf, nb)
         ref = _reference(name, shape, ops, seed, _h(got["y"]), _h(got["mean"]), _h(got["inv_std"]))
         _check(got, ref, name, count)
+        _tickets_back_at_zero(cp)
         # against the default: another grid, the same sums in another order
         tol = TOL[name]
         for key in ("y", "mean", "inv_std", "rm", "rv"):
@@ -654,6 +660,13 @@ def test_float64_rounds_against_the_reference(gpu):
             ref = _reference("float64", shape, "bn_add_activation", 4, _h(got["y"]), _h(got["mean"]),
                              _h(got["inv_std"]))
             _check(got, ref, "float64", int(np.prod(shape)) // shape[1])
+
+
+def _tickets_back_at_zero(cp):
+    """Every round's last block to leave reset its sync counters (one scratch serves all rounds in a stream)."""
+    cp.cuda.Device().synchronize()
+    t = M._tickets[cp.cuda.Device().id].get()
+    assert not t.any(), np.flatnonzero(t)[:12]
 
 
 def _close_to(got, base, name, count):
@@ -690,6 +703,7 @@ def test_large_shapes_in_rounds_against_one_launch(gpu, name, shape):
             k = M.round_tiles(shape[1], item, setting)[-1]
             assert (nf, nb) == (k, k) and k > 1, (setting, nf, nb)
         _close_to(got, base, name, count)
+        _tickets_back_at_zero(cp)
         if setting == 2 and name == "float32" and shape == SHAPES3[0]:
             ref = _reference(name, shape, "bn_add_activation", 5, _h(got["y"]), _h(got["mean"]), _h(got["inv_std"]))
             _check(got, ref, name, count)
