@@ -12,8 +12,9 @@ force the launch's shape where the row fits it:
 "all:cl8" (8 blocks a cluster), "all:nt512" (512 threads a block), "all:cl4:nt512" (FORCE_CL / FORCE_NT), e.g.
 --settings 0,all,all:nt512,all:cl8 to test the rule's choice of NT and CL; "all:exact": expf for every exp where
 the default takes ex2.approx in the log-softmax and 16-bit softmax forwards (FAST_EXP); "1:pipe", "all:pipe": the
-persistent pipelined forward smx_fwdp where a call has more rows than the GPU holds clusters at once (PIPE, session
-23; its grid the driver's count of resident clusters, the plan line shows the estimate).  A setting that plans the
+persistent pipelined forward smx_fwdp where a call has more rows than the GPU holds clusters at once (PIPE "1",
+session 23; its grid the driver's count of resident clusters, the plan line shows the estimate); "1:pipelate" the
+same with the next row's copies issued after the cluster arrive (PIPE "late").  A setting that plans the
 same launch as an earlier one is not timed again (its line says "= all", ...); a case where every setting plans the
 row kernels is skipped (float32 128000 classes: more than 8 x 512 x 4 vectors).
 PyTorch: torch.softmax / torch.log_softmax forward; torch._softmax_backward_data / _log_softmax_backward_data
@@ -61,27 +62,28 @@ def forget():
 
 
 def parse(setting):
-    """"S[:clN][:ntN][:exact][:pipe]" -> (S, CL, NT, fast exp, pipe): the setting S with the launch shape forced
-    (FORCE_CL / FORCE_NT; 0: the rule's), with "exact" expf for every exp (FAST_EXP off), with "pipe" the pipelined
-    forward smx_fwdp where it applies (PIPE on; off without)."""
+    """"S[:clN][:ntN][:exact][:pipe|:pipelate]" -> (S, CL, NT, fast exp, PIPE): the setting S with the launch shape
+    forced (FORCE_CL / FORCE_NT; 0: the rule's), with "exact" expf for every exp (FAST_EXP off), with "pipe" /
+    "pipelate" the pipelined forward smx_fwdp where it applies (PIPE "1" / "late"; "0" without)."""
     sc, _ = _mods()
     base, *mods = setting.split(":")
     cl = nt = 0
-    fexp, pipe = True, False
+    fexp, pipe = True, "0"
     for m in mods:
         if m == "exact":
             fexp = False
-        elif m == "pipe":
-            pipe = True
+        elif m in ("pipe", "pipelate"):
+            pipe = "1" if m == "pipe" else "late"
         elif m.startswith("cl") and m[2:].isdigit():
             cl = int(m[2:])
         elif m.startswith("nt") and m[2:].isdigit():
             nt = int(m[2:])
         else:
-            raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}), ntN ({sc.NTS}), exact or pipe")
+            raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}), ntN ({sc.NTS}), exact, pipe or "
+                             "pipelate")
     if base not in sc.SETTINGS or not 0 <= cl <= sc.CL_MAX or nt not in (0,) + sc.NTS:
         raise ValueError(f"setting {setting!r}: one of {sc.SETTINGS}, then :clN (1..{sc.CL_MAX}) :ntN ({sc.NTS}) "
-                         ":exact :pipe")
+                         ":exact :pipe :pipelate")
     return base, cl, nt, fexp, pipe
 
 
@@ -114,7 +116,8 @@ def plan_of(op, shape, dt, setting, dev=0):
 def describe(p):
     kind, x = p
     if kind == "cluster":
-        grid = f"persistent ~{x.grid // x.cl} clusters" if x.pipe else f"{x.grid} blocks"
+        grid = (f"persistent{' late' if x.pipe == 2 else ''} ~{x.grid // x.cl} clusters" if x.pipe
+                else f"{x.grid} blocks")
         return f"cluster CL {x.cl} x NT {x.nt} x VPT {x.vpt}, {grid}{', ex2.approx' if x.fexp else ''}"
     return f"rows {x.name} block {x.block}"
 

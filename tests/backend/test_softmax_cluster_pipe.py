@@ -15,6 +15,7 @@ cluster); special rows; through softmax_kernels with PIPE on; captured in a CUDA
 """
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +44,7 @@ SMS = 132                           # _sms under no GPU: an H100 / H200's
 
 # ---- CPU: the plan ----------------------------------------------------------------------------------------------
 
-# (rows, C, dtype, algo) forward under pipe=True -> (CL, NT, VPT, pipe)
+# (rows, C, dtype, algo) forward under PIPE "1" -> (CL, NT, VPT, pipe)
 PIPE_PLANS = [
     ((4096, 50257, "float32", "ACCURATE"), (7, 512, 4, 1)),    # 264 blocks an estimate, 37 clusters: 4096 > 37
     ((300, 50257, "float32", "ACCURATE"), (7, 512, 4, 1)),
@@ -62,46 +63,54 @@ PIPE_PLANS = [
 @pytest.mark.parametrize("args, want", PIPE_PLANS, ids=str)
 def test_pipe_plan(args, want):
     rows, c, name, algo = args
-    p = SC.plan(rows, c, _dtype(name), algo, False, 0, "1", pipe=True)
+    p = SC.plan(rows, c, _dtype(name), algo, False, 0, "1", pipe="1")
     assert (p and (p.cl, p.nt, p.vpt, p.pipe)) == want if want else p is None, p
     if p is None:
         return
     held = SC.resident_clusters(SMS, p.cl, p.nt)
     assert held == SMS * SC.minb(False, p.nt) // p.cl
     assert p.grid == (held if p.pipe else rows) * p.cl and p.pipe == (rows > held)
-    off = SC.plan(rows, c, _dtype(name), algo, False, 0, "1", pipe=False)
+    off = SC.plan(rows, c, _dtype(name), algo, False, 0, "1", pipe="0")
     assert off == p._replace(grid=rows * p.cl, pipe=0)          # the same kernel shape: only grid and kernel differ
-    assert SC.plan(rows, c, _dtype(name), algo, True, 0, "1", pipe=True).pipe == 0      # never the backward
+    late = SC.plan(rows, c, _dtype(name), algo, False, 0, "1", pipe="late")
+    assert late == p._replace(pipe=2 if p.pipe else 0)          # "late": the same launch, PIPE_LATE in the build
+    assert ("-DPIPE_LATE=1" in SC.options(_dtype(name), algo, late)) == bool(p.pipe)
+    assert "-DPIPE_LATE=1" not in SC.options(_dtype(name), algo, p)
+    assert SC.plan(rows, c, _dtype(name), algo, True, 0, "1", pipe="1").pipe == 0       # never the backward
     assert SC.kernel_name(False, p.pipe) == ("smx_fwdp" if p.pipe else "smx_fwdc")
 
 
 def test_pipe_follows_the_attribute(monkeypatch):
     """plan reads PIPE when ``pipe`` is None (planning time), and the Launch carries it (the prepared kernel and grid
-    differ; softmax_kernels' plan cache must be forgotten on a switch, as for FAST_EXP)."""
+    differ; softmax_kernels' plan cache must be forgotten on a switch, as for FAST_EXP); a bad value is refused."""
     f32 = np.dtype(np.float32)
-    assert SC.PIPE is False                                      # the default until the GPU A/B
+    assert SC.PIPE == "0"                                        # the default until the GPU A/B
+    got = {}
+    for mode in ("1", "late", "0"):
+        monkeypatch.setattr(SC, "PIPE", mode)
+        got[mode] = SC.plan(4096, 50257, f32, "ACCURATE", False, 0, "1")
+    assert (got["1"].pipe, got["late"].pipe, got["0"].pipe) == (1, 2, 0)
     monkeypatch.setattr(SC, "PIPE", True)
-    on = SC.plan(4096, 50257, f32, "ACCURATE", False, 0, "1")
-    monkeypatch.setattr(SC, "PIPE", False)
-    off = SC.plan(4096, 50257, f32, "ACCURATE", False, 0, "1")
-    assert on.pipe == 1 and off.pipe == 0 and on != off
+    with pytest.raises(ValueError, match="MINIDNN_SOFTMAX_CLUSTER_PIPE.*'late'"):
+        SC.plan(4096, 50257, f32, "ACCURATE", False, 0, "1")
 
 
 def test_settle_takes_the_drivers_count():
-    p = SC.plan(4096, 50257, np.float32, "ACCURATE", False, 0, "1", pipe=True)
+    p = SC.plan(4096, 50257, np.float32, "ACCURATE", False, 0, "1", pipe="1")
     assert SC.settle(4096, p, None) == p                        # no driver to ask: the estimate
     assert SC.settle(4096, p, 33) == p._replace(grid=33 * 7)
     assert SC.settle(33, p, 33) == p._replace(grid=33 * 7, pipe=0)      # every row resident: smx_fwdc
     assert SC.settle(34, p, 33).pipe == 1
     assert SC.settle(4096, p, 0) == p._replace(grid=4096 * 7, pipe=0)   # not schedulable: smx_fwdc's launch
-    q = SC.plan(30, 50257, np.float32, "ACCURATE", False, 0, "1", pipe=True)
+    q = SC.plan(30, 50257, np.float32, "ACCURATE", False, 0, "1", pipe="1")
     assert q.pipe == 0 and SC.settle(30, q, 5) == q               # smx_fwdc's launches are left alone
     assert SC.slot_bytes(p) == 512 * 4 * 16 < 48 * 1024
 
 
 def test_pipe_environment_read_at_import():
     code = "from minidnn.backend.cuda import softmax_cluster as SC; print(SC.PIPE)"
-    for val, want in (("0", "False"), ("1", "True"), (None, "False"), ("yes", None), ("2", None), ("", None)):
+    for val, want in (("0", "0"), ("1", "1"), ("late", "late"), (None, "0"), ("yes", None), ("2", None),
+                      ("", None)):
         env = {k: v for k, v in os.environ.items() if k != "MINIDNN_SOFTMAX_CLUSTER_PIPE"}
         if val is not None:
             env["MINIDNN_SOFTMAX_CLUSTER_PIPE"] = val
@@ -216,8 +225,8 @@ PIPE_ROWS = (300, 1000, 4096, 100000)
 
 
 def _pipe_configs():
-    """Every (dtype, algo, CL, NT, VPT, MINB, fexp) of an smx_fwdp launch the plan makes for PIPE_CS x PIPE_ROWS
-    under "1" and "all" (FAST_EXP on and off)."""
+    """Every (dtype, algo, CL, NT, VPT, MINB, fexp, pipe) of an smx_fwdp launch the plan makes for PIPE_CS x
+    PIPE_ROWS under "1" and "all" (FAST_EXP on and off, PIPE "1" and "late")."""
     out = set()
     for name in NAMES:
         for c in PIPE_CS:
@@ -225,45 +234,51 @@ def _pipe_configs():
                 for algo in ("ACCURATE", "LOG"):
                     for setting in ("1", "all"):
                         for fexp in (True, False):
-                            p = SC.plan(rows, c, _dtype(name), algo, False, 0, setting, fast_exp=fexp, pipe=True)
-                            if p and p.pipe:
-                                out.add((name, algo, p.cl, p.nt, p.vpt, p.minb, p.fexp))
+                            for mode in ("1", "late"):
+                                p = SC.plan(rows, c, _dtype(name), algo, False, 0, setting, fast_exp=fexp, pipe=mode)
+                                if p and p.pipe:
+                                    out.add((name, algo, p.cl, p.nt, p.vpt, p.minb, p.fexp, p.pipe))
     return sorted(out)
 
 
-PIPE_DEFAULTS = {("float32", "ACCURATE", 7, 512, 4, 2, 0), ("float32", "ACCURATE", 8, 256, 4, 4, 0),
-                 ("bfloat16", "LOG", 7, 256, 4, 4, 1), ("bfloat16", "LOG", 8, 512, 4, 2, 1),
-                 ("float16", "ACCURATE", 7, 256, 4, 4, 1)}
+PIPE_DEFAULTS = {("float32", "ACCURATE", 7, 512, 4, 2, 0, 1), ("float32", "ACCURATE", 8, 256, 4, 4, 0, 1),
+                 ("bfloat16", "LOG", 7, 256, 4, 4, 1, 1), ("bfloat16", "LOG", 8, 512, 4, 2, 1, 1),
+                 ("float16", "ACCURATE", 7, 256, 4, 4, 1, 1), ("float32", "ACCURATE", 7, 512, 4, 2, 0, 2),
+                 ("bfloat16", "LOG", 7, 256, 4, 4, 1, 2)}
 
 
 def test_pipe_configurations_are_many():
     cfgs = _pipe_configs()
-    assert len(cfgs) >= 20, len(cfgs)
+    assert len(cfgs) >= 40 and {c[7] for c in cfgs} == {1, 2}, len(cfgs)
     assert PIPE_DEFAULTS <= set(cfgs), PIPE_DEFAULTS - set(cfgs)
     assert {c[3] for c in cfgs} == {256, 512} and {c[4] for c in cfgs} >= {2, 3, 4}
 
 
 def _pipe_order(ptx):
     """smx_fwdp's loop in PTX order: the positions of its first cp.async.wait_all, first shared 16-byte read, the
-    copies issued in the loop (after the wait), and the loop's first bar.sync and cluster arrive."""
+    copies issued in the loop (after the wait), the loop's first bar.sync, cluster arrive and wait, and its scalar
+    global loads (the next row's edge)."""
     lines = ptx.splitlines()
     w = next(i for i, s in enumerate(lines) if "cp.async.wait_all" in s)
     rd = next(i for i, s in enumerate(lines) if i > w and "ld.shared.v4" in s)
     cps = [i for i, s in enumerate(lines) if i > w and "cp.async.cg.shared.global" in s]
     bar = next(i for i, s in enumerate(lines) if i > w and "bar.sync" in s)
     arr = next(i for i, s in enumerate(lines) if i > w and "barrier.cluster.arrive" in s)
-    return w, rd, cps, bar, arr
+    wt = next(i for i, s in enumerate(lines) if i > arr and "barrier.cluster.wait" in s)
+    edge = [i for i, s in enumerate(lines) if i > w and re.search(r"ld\.global(\.nc)?\.(f32|u16|b16)\s", s)]
+    return w, rd, cps, bar, arr, wt, edge
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_pipe_kernels_compile_without_spills(tmp_path):
     """Every planned smx_fwdp configuration (a spread; MINIDNN_NVCC_ALL=1: all) builds for sm_90 with -ftz=true (as
     CuPy) without spills within the launch bounds' registers; its PTX issues the next row's copies after reading the
-    slots back and before the row's first block barrier (the copies are in flight during the reductions)."""
+    slots back and before the row's first block barrier (the copies are in flight during the reductions) -- PIPE
+    "late": between the row's cluster arrive and wait --, the next row's edge load between the arrive and the wait."""
     cfgs = pick(_pipe_configs(), 6, PIPE_DEFAULTS)
     units = []
-    for name, algo, cl, nt, vpt, minb, fexp in cfgs:
-        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1, fexp, 1))
+    for name, algo, cl, nt, vpt, minb, fexp, pipe in cfgs:
+        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1, fexp, pipe))
         units.append((SC.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
     res = nvcc_build(units, options=("-std=c++17", "-ftz=true"), entries=[("smx_fwdp",)] * len(units),
                      tmp=tmp_path)
@@ -274,10 +289,14 @@ def test_pipe_kernels_compile_without_spills(tmp_path):
         regs = int(log.split("Used ")[1].split()[0])
         assert spill == 0, (cfg, log)
         assert regs <= 65536 // (cfg[3] * cfg[5]), (cfg, regs)
-    for cfg, r in zip(cfgs[:2], nvcc_build(units[:2], options=("-std=c++17", "-ftz=true"), ptx=True,
-                                             tmp=tmp_path)):
-        w, rd, cps, bar, arr = _pipe_order(r.ptx["smx_fwdp"])
-        assert len(cps) == cfg[4] and all(rd < i < bar for i in cps) and bar < arr, (cfg, w, rd, cps, bar, arr)
+    odd = [i for i, cfg in enumerate(cfgs) if cfg[7] == 2][:1] + [i for i, cfg in enumerate(cfgs) if cfg[7] == 1][:2]
+    for i, r in zip(odd, nvcc_build([units[i] for i in odd], options=("-std=c++17", "-ftz=true"), ptx=True,
+                                    tmp=tmp_path)):
+        cfg = cfgs[i]
+        w, rd, cps, bar, arr, wt, edge = _pipe_order(r.ptx["smx_fwdp"])
+        lo, hi = (arr, wt) if cfg[7] == 2 else (rd, bar)
+        assert len(cps) == cfg[4] and all(lo < i < hi for i in cps) and bar < arr, (cfg, w, rd, cps, bar, arr, wt)
+        assert edge and all(arr < i < wt for i in edge), (cfg, edge, arr, wt)
 
 
 # ---- CPU: the routing under the fake CuPy -------------------------------------------------------------------------
@@ -292,7 +311,7 @@ R.record_to(L, recs)
 import minidnn.backend as B
 from minidnn.backend import softmax as smx
 from minidnn.backend.cuda import softmax_kernels as S, softmax_cluster as SC
-assert SC.PIPE is False
+assert SC.PIPE == "0"
 def forget():
     S._plans.clear()                # PIPE is not part of softmax_kernels' plan key: forget, as for FAST_EXP
     for k, v in vars(smx).items():
@@ -303,10 +322,10 @@ def run(shape):
     n0 = len(recs)
     B.softmax_forward(None, "accurate", None, x, axis=-1)
     B.softmax_backward(None, "log", None, x, x, axis=-1)
-    return [(r[0].split("(")[0], re.findall(r"-D(?:CL|NT|VPT)=\\d+", r[0]), r[1][0], r[1][3], r[1][6])
+    return [(r[0].split("(")[0], re.findall(r"-D(?:CL|NT|VPT|PIPE_LATE)=\\d+", r[0]), r[1][0], r[1][3], r[1][6])
             for r in recs[n0:]]
 out = {{}}
-for pipe in (False, True, False):
+for pipe in ("0", "1", "late", "0"):
     SC.PIPE = pipe
     forget()
     for shape in ((4096, 50257), (37, 50257), (38, 50257)):
@@ -321,13 +340,16 @@ print(repr(out))
     shape7 = ["-DCL=7", "-DNT=512", "-DVPT=4"]
     bwd = ("smx_bwdc", shape7, 4096 * 7, 512, 0)
     for shape in ((4096, 50257), (37, 50257), (38, 50257)):
-        assert out[False, shape] == [("smx_fwdc", shape7, shape[0] * 7, 512, 0),
+        assert out["0", shape] == [("smx_fwdc", shape7, shape[0] * 7, 512, 0),
                                      ("smx_bwdc", shape7, shape[0] * 7, 512, 0)], out
     # PIPE on: a call of more rows than 132 x 2 / 7 = 37 resident clusters (no driver here: the estimate) takes
     # smx_fwdp on 37 clusters with a 32 KB slot; 37 rows stay on smx_fwdc; the backward is smx_bwdc
-    assert out[True, (4096, 50257)] == [("smx_fwdp", shape7, 37 * 7, 512, 512 * 4 * 16), bwd], out
-    assert out[True, (38, 50257)][0] == ("smx_fwdp", shape7, 37 * 7, 512, 512 * 4 * 16), out
-    assert out[True, (37, 50257)][0] == ("smx_fwdc", shape7, 37 * 7, 512, 0), out
+    assert out["1", (4096, 50257)] == [("smx_fwdp", shape7, 37 * 7, 512, 512 * 4 * 16), bwd], out
+    assert out["1", (38, 50257)][0] == ("smx_fwdp", shape7, 37 * 7, 512, 512 * 4 * 16), out
+    assert out["1", (37, 50257)][0] == ("smx_fwdc", shape7, 37 * 7, 512, 0), out
+    # "late": the same launches, the forward built with PIPE_LATE
+    assert out["late", (4096, 50257)] == [("smx_fwdp", shape7 + ["-DPIPE_LATE=1"], 37 * 7, 512, 512 * 4 * 16), bwd]
+    assert out["late", (37, 50257)][0] == ("smx_fwdc", shape7, 37 * 7, 512, 0), out
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------
@@ -336,13 +358,14 @@ print(repr(out))
 GPU_PIPE = [("float32", 50257), ("float32", 32001), ("float32", 65536), ("bfloat16", 50257), ("bfloat16", 131072),
             ("float16", 32001), ("float16", 131072)]
 MANY = 4096
+MODES = ("1", "late")
 
 
-def _launch_of(name, c, algo):
-    """The configuration (Launch, pipe on) the plan makes for MANY rows -- used for every row count of a case, so
-    smx_fwdc and smx_fwdp run the same CL, NT, VPT."""
-    p = SC.plan(MANY, c, _dtype(name), algo, False, 0, "all", pipe=True)
-    assert p is not None and p.pipe == 1, (name, c, algo, p)
+def _launch_of(name, c, algo, mode):
+    """The configuration (Launch, PIPE ``mode``) the plan makes for MANY rows -- used for every row count of a case,
+    so smx_fwdc and smx_fwdp run the same CL, NT, VPT."""
+    p = SC.plan(MANY, c, _dtype(name), algo, False, 0, "all", pipe=mode)
+    assert p is not None and p.pipe == SC.PIPE_MODES[mode], (name, c, algo, p)
     return p
 
 
@@ -353,9 +376,10 @@ def _warm():
     if _WARM:
         return
     _WARM.append(True)
-    jobs = [(n, a, False, _launch_of(n, c, a)) for n, c in GPU_PIPE for a in ("ACCURATE", "LOG")]
-    jobs += [(n, a, False, SC.plan(64, c, _dtype(n), a, False, 0, "all")) for n, c in SPECIAL for a in ("ACCURATE",
-                                                                                                         "LOG")]
+    jobs = [(n, a, False, _launch_of(n, c, a, m)) for n, c in GPU_PIPE for a in ("ACCURATE", "LOG")
+            for m in MODES]
+    jobs += [(n, a, False, SC.plan(64, c, _dtype(n), a, False, 0, "all")._replace(pipe=SC.PIPE_MODES[m]))
+             for n, c in SPECIAL for a in ("ACCURATE", "LOG") for m in MODES]
     try:
         SC.precompile(jobs)
     except Exception as exc:        # noqa: BLE001 -- only a cache: each compiles when first launched
@@ -404,22 +428,25 @@ def _input(xp, rows, c, dtype, seed):
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, c", GPU_PIPE, ids=[f"{n}-{c}" for n, c in GPU_PIPE])
 def test_pipe_bitwise_the_cluster_kernel(cp, name, c):  # noqa: F811
-    """smx_fwdp == smx_fwdc bit for bit (NaN positions equal), softmax and log-softmax, rows 1, H - 1, H + 1, 2H + 3
-    and MANY on H clusters (H the driver's count; the rows a cluster walks: 1 to MANY / H) and on 3 clusters (many
-    rows a cluster: the slot parity over many rows)."""
+    """smx_fwdp (PIPE "1" and "late" builds) == smx_fwdc bit for bit (NaN positions equal), softmax and
+    log-softmax, rows 1, H - 1, H + 1, 2H + 3 and MANY on H clusters (H the driver's count; the rows a cluster walks:
+    1 to MANY / H) and on 3 clusters (many rows a cluster: the slot parity over many rows)."""
     _warm()
     dtype = _dtype(name)
     for algo in ("ACCURATE", "LOG"):
-        launch = _launch_of(name, c, algo)
-        kc, kp, held = _kernels(cp, name, algo, launch)
+        launches = {m: _launch_of(name, c, algo, m) for m in MODES}
+        kc, _, held = _kernels(cp, name, algo, launches["1"])
+        kps = {m: _kernels(cp, name, algo, launches[m])[1] for m in MODES}
         for rows in (1, held - 1, held + 1, 2 * held + 3, MANY):
             if rows < 1:
                 continue
             x = _input(cp, rows, c, dtype, rows + c)
-            ref = _run(cp, kc, x, rows, launch, False)
-            for g in {min(held, rows), min(3, rows)}:
-                got = _run(cp, kp, x, g, launch, True)
-                _bits(cp, got, ref, f"{name} ({rows}, {c}) {algo} on {g} clusters (CL {launch.cl} NT {launch.nt})")
+            ref = _run(cp, kc, x, rows, launches["1"], False)
+            for m in MODES:
+                for g in {min(held, rows), min(3, rows)}:
+                    got = _run(cp, kps[m], x, g, launches[m], True)
+                    _bits(cp, got, ref, f"{name} ({rows}, {c}) {algo} PIPE {m} on {g} clusters (CL {launches[m].cl} "
+                                        f"NT {launches[m].nt})")
             del x, ref, got
             cp.get_default_memory_pool().free_all_blocks()
 
@@ -437,12 +464,14 @@ def test_pipe_special_rows(cp, name, c):  # noqa: F811
     dtype = _dtype(name)
     xd = cp.asarray(_special_rows(64, c, c).astype(dtype))
     for algo in ("ACCURATE", "LOG"):
-        launch = SC.plan(64, c, dtype, algo, False, 0, "all")
-        kc, kp, held = _kernels(cp, name, algo, launch)
-        ref = _run(cp, kc, xd, 64, launch, False)
-        assert bool(cp.isnan(_f(cp, ref)).any())                   # the NaN rows are there
-        for g in (5, min(held, 64)):
-            _bits(cp, _run(cp, kp, xd, g, launch, True), ref, f"{name} {c} {algo} special rows on {g} clusters")
+        for m in MODES:
+            launch = SC.plan(64, c, dtype, algo, False, 0, "all")._replace(pipe=SC.PIPE_MODES[m])
+            kc, kp, held = _kernels(cp, name, algo, launch)
+            ref = _run(cp, kc, xd, 64, launch, False)
+            assert bool(cp.isnan(_f(cp, ref)).any())               # the NaN rows are there
+            for g in (5, min(held, 64)):
+                _bits(cp, _run(cp, kp, xd, g, launch, True), ref, f"{name} {c} {algo} PIPE {m} special rows on {g} "
+                                                                   "clusters")
 
 
 def _f(xp, a):
@@ -455,42 +484,43 @@ def _f(xp, a):
 @pytest.mark.cuda
 @pytest.mark.parametrize("name, c", [("float32", 50257), ("bfloat16", 50257)], ids=["float32", "bfloat16"])
 def test_pipe_through_softmax_kernels(cp, monkeypatch, name, c):  # noqa: F811
-    """PIPE on: B.softmax_forward of MANY rows launches smx_fwdp once on the driver's clusters (the prepared grid),
-    with smx_fwdc's bits (PIPE off); the backward is unchanged (smx_bwdc)."""
+    """PIPE "1" / "late": B.softmax_forward of MANY rows launches smx_fwdp once on the driver's clusters (the
+    prepared grid), with smx_fwdc's bits (PIPE "0")."""
     _warm()
     dtype = _dtype(name)
     xd = _input(cp, MANY, c, dtype, 7)
     for algo in ("accurate", "log"):
-        monkeypatch.setattr(SC, "PIPE", False)
+        monkeypatch.setattr(SC, "PIPE", "0")
         _reset_plans()
         y0 = B.softmax_forward(None, algo, None, xd, axis=-1)
         assert SC.plan(MANY, c, dtype, algo.upper(), False, 0).pipe == 0
-        monkeypatch.setattr(SC, "PIPE", True)
-        _reset_plans()
-        launch = SC.plan(MANY, c, dtype, algo.upper(), False, 0)
-        assert launch.pipe == 1
-        n0 = _launches()
-        y1 = B.softmax_forward(None, algo, None, xd, axis=-1)
-        assert _launches() - n0 == 1
-        plan = _sk.plan(xd, (1,), algo.upper())
-        assert isinstance(plan, _sk._ClusterPlan)
-        held = _kernels(cp, name, algo.upper(), launch)[2]
-        assert plan.go.dims[0] == held * launch.cl and plan.go.shared_mem == SC.slot_bytes(launch), plan.go.dims
-        _bits(cp, y1, y0, f"{name} {algo} PIPE on against off")
-    monkeypatch.setattr(SC, "PIPE", False)
+        for m in MODES:
+            monkeypatch.setattr(SC, "PIPE", m)
+            _reset_plans()
+            launch = SC.plan(MANY, c, dtype, algo.upper(), False, 0)
+            assert launch.pipe == SC.PIPE_MODES[m]
+            n0 = _launches()
+            y1 = B.softmax_forward(None, algo, None, xd, axis=-1)
+            assert _launches() - n0 == 1
+            plan = _sk.plan(xd, (1,), algo.upper())
+            assert isinstance(plan, _sk._ClusterPlan)
+            held = _kernels(cp, name, algo.upper(), launch)[2]
+            assert plan.go.dims[0] == held * launch.cl and plan.go.shared_mem == SC.slot_bytes(launch), plan.go.dims
+            _bits(cp, y1, y0, f"{name} {algo} PIPE {m} against '0'")
+    monkeypatch.setattr(SC, "PIPE", "0")
     _reset_plans()
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name, rows, c", [("float32", 1000, 50257), ("bfloat16", 300, 131072)],
-                         ids=["float32", "bfloat16"])
-def test_pipe_in_a_graph(cp, monkeypatch, name, rows, c):  # noqa: F811
-    """smx_fwdp of both algorithms captured in one CUDA graph (PIPE on, through softmax_kernels); two replays after x
-    changes in place give the eager bits of PIPE off."""
+@pytest.mark.parametrize("name, rows, c, mode", [("float32", 1000, 50257, "1"), ("bfloat16", 300, 131072, "late")],
+                         ids=["float32", "bfloat16-late"])
+def test_pipe_in_a_graph(cp, monkeypatch, name, rows, c, mode):  # noqa: F811
+    """smx_fwdp of both algorithms captured in one CUDA graph (PIPE ``mode``, through softmax_kernels); two replays
+    after x changes in place give the eager bits of PIPE "0"."""
     _warm()
     dtype = _dtype(name)
     xd = _input(cp, rows, c, dtype, 1)
-    monkeypatch.setattr(SC, "PIPE", True)
+    monkeypatch.setattr(SC, "PIPE", mode)
     _reset_plans()
 
     def step():
@@ -509,11 +539,11 @@ def test_pipe_in_a_graph(cp, monkeypatch, name, rows, c):  # noqa: F811
             xd.view(w)[...] = nx.view(w)
             g.launch(s)
         s.synchronize()
-        monkeypatch.setattr(SC, "PIPE", False)
+        monkeypatch.setattr(SC, "PIPE", "0")
         _reset_plans()
         for a, b in zip(outs, step()):
             _bits(cp, a, b, f"replay {k}")
-        monkeypatch.setattr(SC, "PIPE", True)
+        monkeypatch.setattr(SC, "PIPE", mode)
         _reset_plans()
-    monkeypatch.setattr(SC, "PIPE", False)
+    monkeypatch.setattr(SC, "PIPE", "0")
     _reset_plans()

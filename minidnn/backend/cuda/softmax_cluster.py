@@ -48,8 +48,9 @@ session 21's run 10: `plan` -- rows softmax_kernels' one-chunk block path does n
 its chunked path reads part of a row again), "all" every row the kernels can hold (the tests, the A/B).  Measured
 (run 10, H200, graph replays; docs/step_kernels.md): the rule's rows 0.96-2.8x the row kernels, 0.97-3.2x PyTorch.
 PIPE (MINIDNN_SOFTMAX_CLUSTER_PIPE, "0" default, read at import; plan reads the attribute and carries it in the
-Launch): "1" plans smx_fwdp for forwards of more rows than the resident clusters (session 23, helper SMCLP; not yet
-measured on a GPU: docs/step_kernels.md "Session 23").
+Launch): "1" plans smx_fwdp for forwards of more rows than the resident clusters, "late" the same with the copies
+issued after the row's cluster arrive (PIPE_LATE; session 23, helper SMCLP; not yet measured on a GPU:
+docs/step_kernels.md "Session 23").
 """
 from __future__ import annotations
 
@@ -105,12 +106,14 @@ FAST_EXP = os.environ.get("MINIDNN_SOFTMAX_CLUSTER_FASTEXP", "1") != "0"
 # The persistent, pipelined forward smx_fwdp (session 23) for calls of more rows than the GPU holds clusters at once
 # (smx_fwdc: each block loads, meets, stores and exits, and its SM reads nothing from DRAM meanwhile: 60-78% of copy
 # at thousands of float32 rows of 32000-50257 classes, run 10).  "0" (the default until the lead's GPU A/B): off;
-# "1": on.  Read at planning time (the Launch's ``pipe``); tools set it and forget the plans, as FAST_EXP.
-_PIPE_ENV = os.environ.get("MINIDNN_SOFTMAX_CLUSTER_PIPE", "0")
-if _PIPE_ENV not in ("0", "1"):
-    raise ValueError(f"MINIDNN_SOFTMAX_CLUSTER_PIPE={_PIPE_ENV!r}: '0' (smx_fwdc only) or '1' (smx_fwdp for calls "
-                     "of more rows than the resident clusters)")
-PIPE = _PIPE_ENV == "1"
+# "1": on, the next row's copies issued after the thread's max; "late": issued after the row's cluster arrive (the
+# source's PIPE_LATE: whether the arrive's MEMBAR.ALL.GPU waits for copies in flight is for the GPU to say).  Read
+# at planning time (the Launch's ``pipe``: 0, 1, 2); tools set it and forget the plans, as FAST_EXP.
+PIPE_MODES = {"0": 0, "1": 1, "late": 2}
+PIPE = os.environ.get("MINIDNN_SOFTMAX_CLUSTER_PIPE", "0")
+if PIPE not in PIPE_MODES:
+    raise ValueError(f"MINIDNN_SOFTMAX_CLUSTER_PIPE={PIPE!r}: '0' (smx_fwdc only), '1' (smx_fwdp for calls of more "
+                     "rows than the resident clusters) or 'late' (the same, copies issued after the cluster arrive)")
 
 SOURCE = STORAGE_HEADER + r"""
 #define VEC (16 / (int)sizeof(T))
@@ -382,7 +385,13 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 // vector k (NT * VPT * 16 bytes a block; the registers are the second buffer).  A thread reads back only the slots it
 // copied itself (cp.async.wait_all: its own copies landed and are visible to it), so no block barrier guards the
 // slots; it refills them only after thread_max consumed every value read from them (the reads' registers used
-// before the copies are issued).  The head / tail scalar of the next row is a plain load issued with the copies.
+// before the copies are issued).
+// Where the copies go out: PIPE_LATE 0 right after thread_max (in flight through the exps, the block reductions, the
+// meeting and the store); 1 right after the row's cluster arrive.  The arrive's release is a MEMBAR.ALL.GPU in the
+// SASS (nvcc 13, sm_90), which waits for the block's earlier global accesses -- should it wait for cp.async copies
+// too, copies issued before it would stall the block there until they land; issued after it they cannot.  The
+// A/B's "1:pipe" / "1:pipelate" decide.  The next row's head / tail scalar is a plain load issued after the arrive
+// either way (a plain load before it would be waited for) and first used by the next row's thread_max.
 //
 // Cluster barriers (each thread: arrive, wait, arrive, wait, ... -- .aligned, every thread of every block the same
 // count: a cluster's blocks walk the same rows).  One arrive.release + wait.acquire a row, after block_publish:
@@ -393,8 +402,16 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 // arrive.relaxed + wait after the loop keeps each block (its shared memory) alive until every block read its last
 // row's partials.  stat[] / red[]: warp 0 writes stat at row j + 1 after block_max's __syncthreads, which every thread
 // passes only after reading row j's stat (as smx_fwdc's block reductions reuse red[]).
-__device__ __forceinline__ void share_issue(V* slot, const V* xv, const int lo, const int hi)
+#ifndef PIPE_LATE
+#define PIPE_LATE 0
+#endif
+// Row r's share of this block, global -> this thread's slots k NT + t, as one commit group.
+__device__ __forceinline__ void share_issue(V* slot, const T* __restrict__ x, const int r, const int C,
+                                            const unsigned int rank)
 {
+    const Geo q = row_geo(r, C);
+    const int lo = (int)((long long)q.nb * rank / CL), hi = (int)((long long)q.nb * (rank + 1) / CL);
+    const V* xv = reinterpret_cast<const V*>(x + (long long)r * C + q.h);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int vi = lo + k * NT + (int)threadIdx.x;
@@ -406,6 +423,12 @@ __device__ __forceinline__ void share_issue(V* slot, const V* xv, const int lo, 
         }
     }
     asm volatile("cp.async.commit_group;" : : : "memory");
+}
+// Row r's head / tail value of this thread (-inf: none).
+__device__ __forceinline__ A edge_value(const T* __restrict__ x, const int r, const int C, const unsigned int rank)
+{
+    const int ei = edge_of(row_geo(r, C), C, rank);
+    return ei >= 0 ? LD(x[(long long)r * C + ei]) : NEG_INF;
 }
 
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
@@ -420,12 +443,8 @@ smx_fwdp(const T* __restrict__ x, T* __restrict__ y, const int C, const int rows
     int r = (int)(blockIdx.x / CL);
     A ev = NEG_INF;                 // the row's edge value (-inf: none)
     if (r < rows) {                 // (settle never launches more clusters than rows: a guard only)
-        const Geo q = row_geo(r, C);
-        const int lo = (int)((long long)q.nb * rank / CL), hi = (int)((long long)q.nb * (rank + 1) / CL);
-        const T* xr = x + (long long)r * C;
-        share_issue(slot, reinterpret_cast<const V*>(xr + q.h), lo, hi);
-        const int ei = edge_of(q, C, rank);
-        ev = ei >= 0 ? LD(xr[ei]) : NEG_INF;
+        share_issue(slot, x, r, C, rank);
+        ev = edge_value(x, r, C, rank);
     }
     for (int par = 0; r < rows; par ^= 2) {
         const Geo q = row_geo(r, C);
@@ -438,18 +457,16 @@ smx_fwdp(const T* __restrict__ x, T* __restrict__ y, const int C, const int rows
             if (lo + k * NT + (int)threadIdx.x < hi) a[k] = slot[k * NT + (int)threadIdx.x];
         const A m = thread_max(a, lo, hi, ev);
         const int rn = r + step;
-        A evn = NEG_INF;
-        if (rn < rows) {            // the next row's share into the slots m consumed, and its edge
-            const Geo qn = row_geo(rn, C);
-            const int lon = (int)((long long)qn.nb * rank / CL), hin = (int)((long long)qn.nb * (rank + 1) / CL);
-            const T* xn = x + (long long)rn * C;
-            share_issue(slot, reinterpret_cast<const V*>(xn + qn.h), lon, hin);
-            const int ein = edge_of(qn, C, rank);
-            if (ein >= 0) evn = LD(xn[ein]);
-        }
+#if !PIPE_LATE
+        if (rn < rows) share_issue(slot, x, rn, C, rank);      // into the slots m consumed
+#endif
         const A s = thread_sum(a, lo, hi, ei, ev, m);
         block_publish(m, s, red, part + par);
         cluster_arrive();
+#if PIPE_LATE
+        if (rn < rows) share_issue(slot, x, rn, C, rank);
+#endif
+        const A evn = rn < rows ? edge_value(x, rn, C, rank) : NEG_INF;
         cluster_wait();
         cluster_combine(part + par, stat);
         __syncthreads();
@@ -530,7 +547,8 @@ class Launch(NamedTuple):
     minb: int
     grid: int
     fexp: int = 0       # the forward's per-element exp ex2.approx (FAST_EXP)
-    pipe: int = 0       # smx_fwdp (PIPE): grid = the resident clusters' blocks (the estimate; prepare asks the driver)
+    pipe: int = 0       # smx_fwdp (PIPE: 1, "late" 2): grid = the resident clusters' blocks (the estimate; prepare
+    #                     asks the driver)
 
 
 def minb(backward, nt):
@@ -605,12 +623,15 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
     does not hold, 16-bit forwards only where its chunked path would read part of a row again (rows_path_holds),
     and calls of at most BWD_ROWS_PER_SM / FWD_ROWS_PER_SM rows an SM (0: no cap, the defaults); "all" every row of
     at least 32 vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL,
-    FORCE_NT); ``fast_exp``: FAST_EXP when None.  ``pipe`` (PIPE when None): a forward of more rows than
-    resident_clusters takes smx_fwdp, its grid the estimate's clusters (Launch.pipe 1; prepare corrects the grid to
-    the driver's count, or launches smx_fwdc where that count holds every row)."""
+    FORCE_NT); ``fast_exp``: FAST_EXP when None.  ``pipe`` ("0", "1", "late"; PIPE when None): a forward of more
+    rows than resident_clusters takes smx_fwdp, its grid the estimate's clusters (Launch.pipe 1, "late" 2; prepare
+    corrects the grid to the driver's count, or launches smx_fwdc where that count holds every row)."""
     setting = CLUSTER if setting is None else setting
     if setting not in SETTINGS:
         raise ValueError(f"softmax_cluster.CLUSTER = {setting!r} (MINIDNN_SOFTMAX_CLUSTER): '0', '1' or 'all'")
+    pipe = PIPE if pipe is None else pipe
+    if pipe not in PIPE_MODES:
+        raise ValueError(f"softmax_cluster.PIPE = {pipe!r} (MINIDNN_SOFTMAX_CLUSTER_PIPE): '0', '1' or 'late'")
     item = np.dtype(dtype).itemsize
     if setting == "0" or algo_name not in ("ACCURATE", "LOG") or item not in (2, 4) or type_info(dtype) is None:
         return None
@@ -631,10 +652,10 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
         return None
     cl, nt, vpt = got
     fexp = (FAST_EXP if fast_exp is None else fast_exp) and not backward and (algo_name == "LOG" or item == 2)
-    if (PIPE if pipe is None else pipe) and not backward:
+    if PIPE_MODES[pipe] and not backward:
         held = resident_clusters(sms, cl, nt)
         if rows > held:
-            return Launch(cl, nt, vpt, minb(False, nt), held * cl, int(fexp), 1)
+            return Launch(cl, nt, vpt, minb(False, nt), held * cl, int(fexp), PIPE_MODES[pipe])
     return Launch(cl, nt, vpt, minb(backward, nt), rows * cl, int(fexp))
 
 
@@ -651,7 +672,8 @@ def options(dtype, algo_name, launch):
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DALGO={_ALGO[algo_name]}",
             f"-DCL={launch.cl}", f"-DNT={launch.nt}", f"-DVPT={launch.vpt}", f"-DMINB={launch.minb}",
-            *(("-DFEXP=1",) if launch.fexp else ()), "-std=c++17")
+            *(("-DFEXP=1",) if launch.fexp else ()), *(("-DPIPE_LATE=1",) if launch.pipe == 2 else ()),
+            "-std=c++17")
 
 
 def kernel_name(backward, pipe=0):
@@ -694,14 +716,13 @@ def prepare(rows, c, dtype, algo_name, backward, launch):
     """A Prepared launch called as go(x, y) or go(y, dy, dx).  (No cache hint: the forward's streaming stores,
     st.global.cs as the row kernels' HINT_FWD, spilled 4-12 bytes at the 32-register bound -- nvcc 13, sm_90.)
     A pipe launch (smx_fwdp) takes the driver's count of resident clusters for its grid (settle)."""
-    opts = options(dtype, algo_name, launch)
     if launch.pipe:
-        k = _launch.get_kernel(SOURCE, "smx_fwdp", opts)
+        k = _launch.get_kernel(SOURCE, "smx_fwdp", options(dtype, algo_name, launch))
         launch = settle(rows, launch, driver_clusters(k, launch.cl, launch.nt, slot_bytes(launch)))
-    if launch.pipe:
-        return _launch.prepare(k, (launch.grid,), (launch.nt,), [None, None, np.int32(c), np.int32(rows)],
-                               slot_bytes(launch))
-    k = _launch.get_kernel(SOURCE, kernel_name(backward), opts)
+        if launch.pipe:
+            return _launch.prepare(k, (launch.grid,), (launch.nt,), [None, None, np.int32(c), np.int32(rows)],
+                                   slot_bytes(launch))
+    k = _launch.get_kernel(SOURCE, kernel_name(backward), options(dtype, algo_name, launch))
     return _launch.prepare(k, (launch.grid,), (launch.nt,), [None] * (3 if backward else 2) + [np.int32(c)])
 
 
