@@ -121,6 +121,27 @@ def test_pipe_environment_read_at_import():
             assert r.returncode != 0 and "MINIDNN_SOFTMAX_CLUSTER_PIPE" in r.stderr and "'0'" in r.stderr
 
 
+def test_ab_tool_pipe_settings(monkeypatch):
+    """tools/softmax_cluster_ab.py's ":pipe" / ":pipelate" set PIPE "1" / "late" for the setting's plans and switch,
+    restore puts the process's PIPE back, a bad modifier is refused."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
+    import softmax_cluster_ab as T
+    f32 = np.dtype(np.float32)
+    assert T.parse("1:pipe") == ("1", 0, 0, True, "1") and T.parse("all:cl8:pipelate")[4] == "late"
+    assert T.parse("1")[4] == "0"
+    assert T.plan_of("smx", (4096, 50257), f32, "1:pipe") == ("cluster", SC.Launch(7, 512, 4, 2, 37 * 7, 0, 1))
+    assert T.plan_of("lsmx", (4096, 50257), f32, "1:pipelate")[1].pipe == 2
+    assert T.plan_of("smxbwd", (4096, 50257), f32, "1:pipe")[1].pipe == 0            # the backward: smx_bwdc
+    assert "persistent ~37 clusters" in T.describe(T.plan_of("smx", (4096, 50257), f32, "1:pipe"))
+    with pytest.raises(ValueError, match="pipelate"):
+        T.parse("1:pipes")
+    start = SC.PIPE
+    T.switch("1:pipelate")
+    assert SC.PIPE == "late" and SC.plan(4096, 50257, f32, "ACCURATE", False, 0).pipe == 2
+    T.restore()
+    assert SC.PIPE == start
+
+
 # ---- CPU: the persistent walk and the cluster barriers, emulated -------------------------------------------------
 
 def _walk(rows, clusters):
