@@ -556,6 +556,7 @@ def test_pipe_in_a_graph(cp, monkeypatch, name, rows, c, mode):  # noqa: F811
     w = {2: "uint16", 4: "uint32"}[dtype.itemsize]
     for k in range(2):
         nx = _input(cp, rows, c, dtype, 10 + k)
+        cp.cuda.Stream.null.synchronize()          # made on the null stream; s does not wait for it (non-blocking)
         with s:
             xd.view(w)[...] = nx.view(w)
             g.launch(s)
