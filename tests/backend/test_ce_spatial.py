@@ -36,8 +36,9 @@ def test_spatial_route(monkeypatch, name):
             minb = 2 if name == "float64" else 4
             assert _defs(defines)["SP_MINB"] == str(minb)
             inner = rows // shape[0]
-            # (C past SP_CC pairs too, under SP_RT: never in float64)
-            pair = name != "float64" and inner % 2 == 0
+            # (C past SP_CC pairs too, under SP_RT, where the pairs fill 132 SMs twice: never in float64)
+            bound = 32 if kname == "ce_fwd" else 24
+            pair = name != "float64" and inner % 2 == 0 and (shape[1] <= bound or rows // 2 >= 132 * 2 * 256)
             assert ("PAIR" in _defs(defines)) == pair, (shape, kname)     # two positions a thread: SP_PAIR's rule
             # C read at run time (past SP_CC): the unmasked batches (SP_RT), never in float64
             rt = name != "float64" and shape[1] > (32 if kname == "ce_fwd" else 24)
@@ -50,10 +51,14 @@ def test_spatial_route(monkeypatch, name):
     for kname, c, cc in (("ce_fwd", 32, "32"), ("ce_fwd", 33, None), ("ce_bwd", 24, "24"), ("ce_bwd", 25, None)):
         defines = _lk.launch_spec(kname, (2, c, 4, 4), dt, np.int64, False, "mean")[2]
         assert _defs(defines).get("CC") == (None if name == "float64" else cc), (kname, c)
+    if name != "float64":       # SP_RT's pairs: where the pairs give every SM two blocks (SP_RT_PAIR_BLOCKS)
+        for shape, sms, want in (((16, 150, 128, 128), 132, True), ((4, 171, 128, 128), 132, False),
+                                 ((4, 171, 128, 128), 64, True), ((4, 171, 127, 129), 64, False)):
+            d = _defs(_lk.launch_spec("ce_fwd", shape, dt, np.int64, False, "mean", sms=sms)[2])
+            assert ("PAIR" in d, d.get("SP_RT")) == (want, "1"), (shape, sms)
     monkeypatch.setattr(_lk, "SP_CC", (0, 0))
     monkeypatch.setattr(_lk, "SP_RT", False)          # (C read at run time pairs only under SP_RT)
     assert not {"CC", "PAIR"} & set(_defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2]))
-    monkeypatch.setattr(_lk, "SP_RT", False)
     assert "SP_RT" not in _defs(_lk.launch_spec("ce_fwd", (2, 150, 4, 4), dt, np.int64, False, "mean")[2])
     monkeypatch.setattr(_lk, "SP_RT", True)
     monkeypatch.setattr(_lk, "SP_CC", (32, 24))
@@ -347,6 +352,7 @@ def test_spatial_rt_bitwise(cp, monkeypatch, name, shape):
     smoothing or none, ignored positions, an all -inf position, a NaN and a +inf element."""
     rng = np.random.default_rng(11)
     dt = _dtype(name)
+    monkeypatch.setattr(_lk, "SP_RT_PAIR_BLOCKS", 0)     # pairs at these few positions too
     for weighted, eps, reduction in ((False, 0.0, "none"), (True, 0.1, "mean"), (True, 0.0, "sum")):
         x, t, w = _inputs(rng, shape, name, weighted, 0.2)
         x[0, :, 0, 0] = -np.inf

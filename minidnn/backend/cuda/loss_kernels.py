@@ -595,8 +595,9 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
 #if CC == 0 && SP_RT
 // The backward where C is read at run time: sp_bwd_loop's expression an element, batches of B classes -- the full
 // ones without masks, the masked one last -- the class pointers advanced once a batch, the smoothing term compiled in
-// or out (SM).  Without smoothing q_c g is 0 but at the target: dx_c = e sum(q) g there minus (q_t g where q_t != 0),
-// the same bits as e sum(q) g - 0 (x - (+0) is x) and as the general expression at the target.
+// or out (SM).  Without smoothing q_c g is 0 but at the target (q_t g where q_t != 0): one select, the same
+// expression -- e sum(q) g - q_c g, contracted to one FMA as before (a separate subtraction at the target rounded
+// twice: float32 dx off by an ulp there, run 4).
 template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_bwd_batch(
     const X* q, X* d, const int c0, const int C, const int inner, const T* __restrict__ w, const double eps,
     const int* tc, const bool* keep, const A* sumqg, const A* qt, const A* qgt, const A* gr, const A* lse,
@@ -619,8 +620,7 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
                 const A qg = qq != (A)0 ? qq * gr[j] : (A)0;
                 o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - qg;
             } else {
-                o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j];
-                if (c == tc[j]) o[j] -= qgt[j];
+                o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - (c == tc[j] ? qgt[j] : (A)0);
             }
             if (P > 1 && !keep[j]) o[j] = 0;
         }
@@ -1508,6 +1508,10 @@ SP_UP = (12, 6)     # nvcc 13, 64 registers: no spill in any planned build (the 
 # in bfloat16, 60% in float32: bound by instructions, not bytes.  Not float64 (its weighted, smoothed forward spilled
 # 4 bytes at 128 registers).  MINIDNN_CE_SP_RT=0: the masked batches (A/B).
 SP_RT = os.environ.get("MINIDNN_CE_SP_RT", "1") != "0"
+# Past SP_CC, pairs only where they still give every SM this many 256-thread blocks of pairs: session 23's run 4
+# (H200, graph replays) had pairs 2-19% ahead at (16, 150, 128, 128) (131072 pairs) and 16-45% behind at
+# (4, 171, 128, 128) and (8, 150, 64, 64) (32768 and 16384: under a block an SM).  (A module attribute: tests set 0.)
+SP_RT_PAIR_BLOCKS = 2
 
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
@@ -1580,11 +1584,12 @@ def _kernel(source, name, defines):
     return k
 
 
-def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, widen=False, sm80=True):
+def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, widen=False, sm80=True, sms=132):
     """(source key, kernel name, NAME=VALUE defines, grid groups, blocks per SM cap, threads a block) of ``name``
     ("ce_fwd" / "ce_bwd") for logits of ``shape``: the planner's choice, also what the nvcc check compiles.
     ``widen``: 16-bit ``dtype`` logits through the float32 kernels -- float32's whole plan, plus XSTORAGE.
-    ``sm80``: the device runs cp.async (compute capability 8.0+); below it no LONG (its stage is filled by cp.async)."""
+    ``sm80``: the device runs cp.async (compute capability 8.0+); below it no LONG (its stage is filled by cp.async).
+    ``sms``: the device's SMs (SP_RT's pairs need positions to fill them twice over)."""
     n, c = shape[:2]
     inner = math.prod(shape) // (n * c)
     rows = n * inner
@@ -1631,7 +1636,8 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         tail = ("TAIL=1",) if name == "ce_fwd" and CE_TAIL in ("1", "2") else ()     # ce_grid_sum's, as the rows'
         cc = (f"CC={c}",) if c <= SP_CC[name == "ce_bwd"] and accum != "double" else ()    # SP_CC's comment
         rt = ("SP_RT=1",) if not cc and SP_RT and accum != "double" else ()              # SP_RT's comment
-        pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt)                              # SP_PAIR's comment
+        rt_pair = rt and rows // 2 >= sms * SP_RT_PAIR_BLOCKS * THREADS                  # SP_RT_PAIR_BLOCKS'
+        pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt_pair)                         # SP_PAIR's comment
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
                 base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
                 + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ()), -(-rows // (THREADS * (1 + pair))),
@@ -1667,7 +1673,7 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
     arrays = [None] * (9 if name == "ce_fwd" else 7)
     source, kname, defines, groups, per_sm, block = launch_spec(name, x.shape, x.dtype, target.dtype,
                                                                 weight is not None, reduction, eps, widen,
-                                                                sm80=_sm80(dev))
+                                                                sm80=_sm80(dev), sms=_launch.sm_count(dev))
     # widen: the byte boundary x must sit on for the float32 kernel's row split (XVBYTES; 0: none -- scalar loads)
     vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
     # (the spatial PAIR build: 4 bytes, where its pairs are -- off it the kernel takes one position a thread, whose
