@@ -11,10 +11,7 @@ one-chunk block path does not hold, 16-bit forwards only where the chunked path 
 force the launch's shape where the row fits it:
 "all:cl8" (8 blocks a cluster), "all:nt512" (512 threads a block), "all:cl4:nt512" (FORCE_CL / FORCE_NT), e.g.
 --settings 0,all,all:nt512,all:cl8 to test the rule's choice of NT and CL; "all:exact": expf for every exp where
-the default takes ex2.approx in the log-softmax and 16-bit softmax forwards (FAST_EXP); "1:pipe", "all:pipe": the
-persistent pipelined forward smx_fwdp where a call has more rows than the GPU holds clusters at once (PIPE "1",
-session 23; its grid the driver's count of resident clusters, the plan line shows the estimate); "1:pipelate" the
-same with the next row's copies issued after the cluster arrive (PIPE "late").  A setting that plans the
+the default takes ex2.approx in the log-softmax and 16-bit softmax forwards (FAST_EXP).  A setting that plans the
 same launch as an earlier one is not timed again (its line says "= all", ...); a case where every setting plans the
 row kernels is skipped (float32 128000 classes: more than 8 x 512 x 4 vectors).
 PyTorch: torch.softmax / torch.log_softmax forward; torch._softmax_backward_data / _log_softmax_backward_data
@@ -52,7 +49,7 @@ def _mods():
     from minidnn.backend.cuda import softmax_cluster as sc
     from minidnn.backend.cuda import softmax_kernels as sk
     if not _START:
-        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.PIPE))
+        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP))
     return sc, sk
 
 
@@ -62,40 +59,36 @@ def forget():
 
 
 def parse(setting):
-    """"S[:clN][:ntN][:exact][:pipe|:pipelate]" -> (S, CL, NT, fast exp, PIPE): the setting S with the launch shape
-    forced (FORCE_CL / FORCE_NT; 0: the rule's), with "exact" expf for every exp (FAST_EXP off), with "pipe" /
-    "pipelate" the pipelined forward smx_fwdp where it applies (PIPE "1" / "late"; "0" without)."""
+    """"S[:clN][:ntN][:exact]" -> (S, CL, NT, fast exp): the setting S with the launch shape forced (FORCE_CL /
+    FORCE_NT; 0: the rule's) and, with "exact", expf for every exp (FAST_EXP off)."""
     sc, _ = _mods()
     base, *mods = setting.split(":")
     cl = nt = 0
-    fexp, pipe = True, "0"
+    fexp = True
     for m in mods:
         if m == "exact":
             fexp = False
-        elif m in ("pipe", "pipelate"):
-            pipe = "1" if m == "pipe" else "late"
         elif m.startswith("cl") and m[2:].isdigit():
             cl = int(m[2:])
         elif m.startswith("nt") and m[2:].isdigit():
             nt = int(m[2:])
         else:
-            raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}), ntN ({sc.NTS}), exact, pipe or "
-                             "pipelate")
+            raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}), ntN ({sc.NTS}) or exact")
     if base not in sc.SETTINGS or not 0 <= cl <= sc.CL_MAX or nt not in (0,) + sc.NTS:
         raise ValueError(f"setting {setting!r}: one of {sc.SETTINGS}, then :clN (1..{sc.CL_MAX}) :ntN ({sc.NTS}) "
-                         ":exact :pipe :pipelate")
-    return base, cl, nt, fexp, pipe
+                         ":exact")
+    return base, cl, nt, fexp
 
 
 def switch(setting):
     sc, _ = _mods()
-    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.PIPE = parse(setting)
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP = parse(setting)
     forget()
 
 
 def restore():
     sc, _ = _mods()
-    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.PIPE = _START[0]
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP = _START[0]
     forget()
 
 
@@ -105,8 +98,8 @@ def plan_of(op, shape, dt, setting, dev=0):
     sc, sk = _mods()
     _, algo, bwd = OPS[op]
     rows, c = shape
-    base, cl, nt, fexp, pipe = parse(setting)
-    p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, base, (cl, nt), fexp, pipe)
+    base, cl, nt, fexp = parse(setting)
+    p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, base, (cl, nt), fexp)
     if p is not None:
         return ("cluster", p)
     hint = sk.call_hint(bwd, rows * c * np.dtype(dt).itemsize * (3 if bwd else 2), dev)
@@ -116,9 +109,7 @@ def plan_of(op, shape, dt, setting, dev=0):
 def describe(p):
     kind, x = p
     if kind == "cluster":
-        grid = (f"persistent{' late' if x.pipe == 2 else ''} ~{x.grid // x.cl} clusters" if x.pipe
-                else f"{x.grid} blocks")
-        return f"cluster CL {x.cl} x NT {x.nt} x VPT {x.vpt}, {grid}{', ex2.approx' if x.fexp else ''}"
+        return f"cluster CL {x.cl} x NT {x.nt} x VPT {x.vpt}, {x.grid} blocks{', ex2.approx' if x.fexp else ''}"
     return f"rows {x.name} block {x.block}"
 
 

@@ -48,9 +48,6 @@ re-read ~ 465 MB -> ~0.16 ms (~63%; was 0.189, PyTorch 0.177): shared memory hol
 L2 policies (KEEP, session 12; one-launch kernels with the copy): only where the call's data (its (R, C) arrays read
 and written) exceeds the L2, the reduction's newest steps (0.40 of L2) are loaded evict-last and every other load
 evict-first; smaller calls run the kernel without it (the KEEP comment below).
-Channel rounds (ROUNDS, session 23, off by default): a one-launch call as k launches of C / k channels each (every
-row's tile r: pointers shifted by r * C / k, rows CS vectors apart -- RSTRIDE), so that a launch's re-read fits the
-slots and L2; rounds_for plans k, run_rounds makes the launches (the ROUNDS comment below).
 """
 from __future__ import annotations
 
@@ -113,46 +110,6 @@ SPLIT_TRIPS = int(os.environ.get("MINIDNN_BN_NHWC_SPLIT_TRIPS", "4"))
 # At most this many slots per thread (None: what shared memory holds): the tests set it to make the copy hold part
 # of a small tensor's walk; callers clear the call caches (_calls here and in bn_kernels) after changing it.
 SLOTS_CAP = None
-# ROUNDS (session 23, helper BNCL23; docs/step_kernels.md, "Session 23: channel rounds for channels-last batch
-# norm"): a one-launch call with the on-chip copy runs as k launches in a row, launch r on the tile of channels
-# r * C / k ... (r + 1) * C / k - 1 of every row (its pointers shifted to the tile's first channel, its rows CS = C /
-# VEC vectors apart: the source's RSTRIDE), so that a launch's re-read data fits what shared memory and L2 hold and
-# the elementwise pass re-reads nothing from DRAM -- at the price of reading a segment of each row instead of the
-# whole row (tools/seg_bw_probe.py, H200: halves 0.94-0.99 of the whole-row rate, quarters 0.76-0.85, eighths
-# 0.63-0.70: _SEG_RATE).  Tile rule: whole 16-byte vectors, at least ROUND_MIN_BYTES of a row.  Each round's KEEP,
-# slots and SPLIT are those of a call of R rows x C / k channels; BatchNorm's counter moves in round 0 only.
-# MINIDNN_BN_NHWC_ROUNDS: "0" off (the default until the GPU's A/B); a count n: the most rounds <= n the tile rule
-# allows (fewer where it allows no n); "auto": the count round_cost rates cheapest.  A bad value raises (at import
-# for the environment, at the next call for the attribute).  switch() carries it: caches settle again by themselves.
-ROUNDS_MAX = 64
-
-
-def parse_rounds(value, where="bn_nhwc.ROUNDS"):
-    """ROUNDS' setting as 0 (off), a round count 1 .. ROUNDS_MAX, or "auto"; a ValueError naming ``where`` and the
-    value otherwise."""
-    v = value.strip().lower() if isinstance(value, str) else value
-    if v == "auto":
-        return "auto"
-    n = -1
-    if not isinstance(v, (bool, float)):
-        try:
-            n = int(v)
-        except (TypeError, ValueError):
-            pass
-    if not 0 <= n <= ROUNDS_MAX:
-        raise ValueError(f"{where}={value!r}: expected 0 (off), 'auto', or a round count 1-{ROUNDS_MAX}")
-    return n
-
-
-ROUNDS = parse_rounds(os.environ.get("MINIDNN_BN_NHWC_ROUNDS", "0"), "MINIDNN_BN_NHWC_ROUNDS")
-ROUND_MIN_BYTES = 64          # the probe: 64-byte segments of 128-256-byte rows 0.76-0.94, 32-byte ones 0.20-0.52
-# "auto": a round's uncached re-read may take this share of L2 (bn_kernels' NCHW rounds measured 0.5 best), and
-# each round past the first costs ROUND_BYTES of DRAM time (a meeting and a launch's fill and drain, ~4 us at 4 TB/s)
-ROUNDS_L2_SHARE = 0.5
-ROUND_BYTES = 16 * 2 ** 20
-# DRAM rate of k segments of a row against whole rows (tools/seg_bw_probe.py, H200, session 23: /tmp/seg.txt of the
-# lead), k rounded up to a power of two, by segment bytes (< 128, < 256, >= 256); past 8 rounds 0.37 (16 x 64 B)
-_SEG_RATE = {2: (0.94, 0.96, 0.99), 4: (0.76, 0.85, 0.84), 8: (0.63, 0.70, 0.70)}
 # "one" (one launch per direction) or "two"; by default "two" where MINIDNN_BN_ONEPASS=0 asks bn_kernels for two
 ROUTE = os.environ.get("MINIDNN_BN_NHWC_ROUTE", "two" if os.environ.get("MINIDNN_BN_ONEPASS", "1") == "0" else "one")
 THREADS = 256
@@ -307,23 +264,8 @@ typedef float2 A2;
 // The geometry every kernel takes (by value): rows, channels, vectors per row, threads per row of a block, rows of
 // threads, row groups.
 // (Passed as six ints: one kernel parameter per packed argument, as launch.py packs them.)
-// RSTRIDE (session 23's channel rounds, ROUNDS): one more int, CS, the vectors from one row to the next in memory --
-// a round's launch takes C = its tile's channels of rows of the call's full width (pointers shifted to the tile's
-// first channel by the host).  Absent (the default), rows are CV vectors apart and the text is the one before it.
-#ifndef RSTRIDE
-#define RSTRIDE 0
-#endif
-#if RSTRIDE
-struct Geo { int R, C, CV, TX, RB, NG, CS; };
-#define GEO_PARAMS const int R, const int C, const int CV, const int TX, const int RB, const int NG, const int CS
-#define GEO_INIT {R, C, CV, TX, RB, NG, CS}
-#define ROW_VECS(g) (g).CS
-#else
 struct Geo { int R, C, CV, TX, RB, NG; };
 #define GEO_PARAMS const int R, const int C, const int CV, const int TX, const int RB, const int NG
-#define GEO_INIT {R, C, CV, TX, RB, NG}
-#define ROW_VECS(g) (g).CV
-#endif
 
 // This thread's place: vector column, first channel, and whether it owns a vector at all (ty < RB, vcol < CV).
 struct Lane { int tx, ty, vcol, c0; bool on; };
@@ -351,7 +293,7 @@ __device__ __forceinline__ void walk(const Geo& g, const Lane& l, F f)
             const unsigned int gg = g0 + u * G;
             const unsigned int grp = REV ? NG - 1u - gg : gg;
             const unsigned int r = grp * (unsigned int)g.RB + (unsigned int)l.ty;
-            off[u] = gg < NG && r < (unsigned int)g.R ? (int)((r * (unsigned int)ROW_VECS(g) + l.vcol) * VEC) : -1;
+            off[u] = gg < NG && r < (unsigned int)g.R ? (int)((r * (unsigned int)g.CV + l.vcol) * VEC) : -1;
         }
         f(off);
     }
@@ -694,7 +636,7 @@ __device__ __forceinline__ int seq_len(const Geo& g)
 __device__ __forceinline__ int seq_off(const Geo& g, const Lane& l, int k)
 {
     const unsigned int r = (blockIdx.x + (unsigned int)k * gridDim.x) * (unsigned int)g.RB + (unsigned int)l.ty;
-    return r < (unsigned int)g.R ? (int)((r * (unsigned int)ROW_VECS(g) + l.vcol) * VEC) : -1;
+    return r < (unsigned int)g.R ? (int)((r * (unsigned int)g.CV + l.vcol) * VEC) : -1;
 }
 
 // Visit k = kb .. ke - 1 (REV: ke - 1 down to kb), U at a time: f(off[U], kk[U]); kk = -1 past the range.
@@ -884,7 +826,7 @@ bnc_stats(const T* __restrict__ x, A* __restrict__ partial, unsigned int* ticket
           A* __restrict__ inv_std_out, P* running_mean, P* running_var, long long* counter, GEO_PARAMS,
           const double factor, const double eps, const int has_running, const int has_counter)
 {
-    const Geo g = GEO_INIT;
+    const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
     A v[VEC][2];
     fwd_sums(g, l, x, v);
@@ -907,7 +849,7 @@ bnc_apply(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, c
 #else
     typedef A S;
 #endif
-    const Geo g = GEO_INIT;
+    const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
     A mu[VEC], kk[VEC], bb[VEC];
     lane_load(l, (const S*)stat1, mu, false);
@@ -928,7 +870,7 @@ bnc_grad(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
          const A* __restrict__ inv_std, A* __restrict__ partial, unsigned int* ticket, A* __restrict__ coef,
          P* __restrict__ dscale, P* __restrict__ dbias, GEO_PARAMS)
 {
-    const Geo g = GEO_INIT;
+    const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
     A mu[VEC], is[VEC], v[VEC][2];
     lane_load(l, mean, mu, false);
@@ -945,7 +887,7 @@ bnc_dx(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__ 
        const A* __restrict__ inv_std, const A* __restrict__ coef, const P* __restrict__ scale, T* __restrict__ dx,
        T* __restrict__ dz, GEO_PARAMS)
 {
-    const Geo g = GEO_INIT;
+    const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
     A mu[VEC], is[VEC], c0[VEC], c1[VEC], kk[VEC];
     lane_load(l, mean, mu, false);
@@ -1096,7 +1038,7 @@ bnc_fwd1(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, A*
 #if TWIN && !CACHE
 #error "TWIN: written by the on-chip copy's elementwise pass (fwd_apply_c)"
 #endif
-    const Geo g = GEO_INIT;
+    const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
 #if CACHE && KEEP
     // (the phase builds keep nothing: they return before the elementwise pass would hand the lines back, and the
@@ -1146,7 +1088,7 @@ bnc_bwd1(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict_
          P* __restrict__ dscale, P* __restrict__ dbias, const P* __restrict__ scale, T* __restrict__ dx,
          T* __restrict__ dz, GEO_PARAMS CACHE_PARAM)
 {
-    const Geo g = GEO_INIT;
+    const Geo g = {R, C, CV, TX, RB, NG};
     const Lane l = lane_of(g);
 #if CACHE && KEEP
     // (the phase builds keep nothing: they return before the elementwise pass would hand the lines back, and the
@@ -1248,8 +1190,6 @@ def _options(dtype, vec, **flags):
         opts.append("-DSPLIT=1")
     if flags.get("twin"):                   # TWIN_HEADER: absent unless the call asks for relu(y) too
         opts.append("-DTWIN=1")
-    if flags.get("rstride"):                # session 23's channel rounds: absent unless the call takes them
-        opts.append("-DRSTRIDE=1")
     if flags.get("stop"):
         opts.append(f"-DSTOP={int(flags['stop'])}")
     return tuple(opts)
@@ -1269,49 +1209,6 @@ def _kernel(name, dtype, vec, **flags):
 
 
 _acc, _param = acc_dtype, param_dtype
-
-
-class _Unbuilt:
-    """planned_kernels' stand-in for a kernel: no ``.kernel``, so _resident_per_sm and static_smem take their
-    fallbacks (BPS, the estimate)."""
-
-
-def planned_kernels(plan_all):
-    """The kernel configurations -- (name, dtype name, vec, sorted flags), _kernel's arguments -- that ``plan_all()``
-    (calls of _fwd_plan / _bwd_plan) asks for, none built; the call caches are cleared after (the plans hold
-    stand-ins).  For precompile: a test or A/B that launches many configurations."""
-    global _kernel
-    jobs, kernel = set(), _kernel
-
-    def record(name, dtype, vec, **flags):
-        flags.setdefault("v2", V2)
-        flags.setdefault("stage", STAGE)
-        jobs.add((name, np.dtype(dtype).name, vec, tuple(sorted(flags.items()))))
-        return _Unbuilt()
-    _kernel = record
-    try:
-        plan_all()
-    finally:
-        _kernel = kernel
-        _calls.clear()
-    return sorted(jobs)
-
-
-def _compile_job(job):
-    """NVRTC build of one planned configuration into CuPy's disk cache (a spawned worker of precompile: _kernel's
-    source and options, so the later launch loads the cubin)."""
-    name, dtype_name, vec, flags = job
-    if dtype_name == "bfloat16":
-        import ml_dtypes  # noqa: F401 -- registers the dtype's name with NumPy
-    _launch.cupy().RawModule(code=SOURCE, options=_options(np.dtype(dtype_name), vec, **dict(flags))
-                             ).get_function(name)
-    return job
-
-
-def precompile(jobs, procs=None):
-    """Compile planned_kernels' configurations into CuPy's disk cache (CUPY_CACHE_DIR) a process a core (spawned, up
-    to 16), so that the launches load cubins instead of running NVRTC one after another.  Returns how many."""
-    return _launch.compile_in_parallel(_compile_job, sorted(set(jobs)), procs)
 
 
 _tickets: dict = {}
@@ -1407,25 +1304,19 @@ def split_call(c, vec, g, dtype):
     return SPLIT == 2 or combine_trips(c, vec, g, _acc(dtype) == np.float64) >= SPLIT_TRIPS
 
 
-def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev, split=None, stride=None):
+def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev, split=None):
     """(prepared launch, partial elements, sync counters) of a one-launch kernel, or None where its grid cannot be
     resident at once (the two-launch kernels then run).  With ONCHIP: the on-chip copy's slots per thread (`ks`,
     the last argument) and dynamic shared memory, as many as the SM's shared memory holds for BPS blocks and the
     walk needs; none where the driver would then not keep BPS blocks per SM.  KEEP where ``keep_call`` says (two
     more arguments then, kl and klast, after ks); otherwise the kernel and arguments without it.  SPLIT where
     ``split_call`` says at the grid the SMs hold (the same arguments; the compile flag only), checked again at the
-    grid the occupancy gives.  ``stride``: a round of ROUNDS -- ``c`` is the round's tile of channels, its rows
-    ``stride`` vectors apart in memory (the kernel built with RSTRIDE, CS after the six geometry ints); KEEP, the
-    slots and SPLIT as for a call of ``rows`` x ``c``."""
+    grid the occupancy gives."""
     fwd = name == "bnc_fwd1"
-    if stride is not None:
-        flags = dict(flags, rstride=True)
     keep = keep_call(fwd, dtype, rows, c, flags, dev)
     if keep:
         flags = dict(flags, keep=True)
     geo, chunks, ng = _geo_args(rows, c, vec)
-    if stride is not None:
-        geo.append(np.int32(stride))
     if split is None:
         split = split_call(c, vec, reduce_grid(ng, chunks, _launch.sm_count(dev) * BPS), dtype)
     if split:
@@ -1449,9 +1340,8 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev, split=Non
         return None
     g = reduce_grid(ng, chunks, resident)
     if split and not split_call(c, vec, g, dtype):     # fewer blocks resident than the SMs promised
-        return _one_launch(name, dtype, vec, rows, c,
-                           {k_: v for k_, v in flags.items() if k_ not in ("keep", "split", "rstride")},
-                           n_arrays, tail, dev, split=False, stride=stride)
+        return _one_launch(name, dtype, vec, rows, c, {k_: v for k_, v in flags.items() if k_ not in ("keep", "split")},
+                           n_arrays, tail, dev, split=False)
     args = [None] * n_arrays + geo + list(tail) + ([np.int32(ks)] if ONCHIP else [])
     if keep:
         # the arrays the reduction reads and the elementwise pass reads again: x (forward); x, dy (and y, fused)
@@ -1461,108 +1351,6 @@ def _one_launch(name, dtype, vec, rows, c, flags, n_arrays, tail, dev, split=Non
         kl = keep_steps(l2_info(dev)[0], KEEP_FRAC, step, -(-ng // g), ks)
         args += [np.int32(kl), np.int32(KEEP_LAST)]
     return _launch.prepare(k, (g, chunks), (THREADS,), args, shared_mem=dyn), g * c * 2, 3 * chunks
-
-
-def round_tiles(c, item, most=ROUNDS_MAX):
-    """The round counts k <= ``most`` the tile rule allows for rows of ``c`` channels of ``item`` bytes, ascending:
-    1, and every k dividing c whose tile of c / k channels is a whole number of 16-byte vectors (so every round's
-    pointers keep the call's alignment and vector width) of at least ROUND_MIN_BYTES."""
-    return [k for k in range(1, min(c, most) + 1)
-            if k == 1 or (c % k == 0 and c // k * item % 16 == 0 and c // k * item >= ROUND_MIN_BYTES)]
-
-
-def segment_rate(k, seg_bytes):
-    """DRAM rate of reading ``seg_bytes`` of each row in each of k rounds against reading whole rows (_SEG_RATE)."""
-    if k == 1:
-        return 1.0
-    p = 2
-    while p < k:
-        p *= 2
-    if p > 8:
-        return 0.37
-    return _SEG_RATE[p][0 if seg_bytes < 128 else 1 if seg_bytes < 256 else 2]
-
-
-def round_cost(fwd, dtype, rows, c, k, flags, sms, l2_bytes, smem):
-    """"auto"'s price of a call in k rounds, in bytes of DRAM time: the compulsory traffic (``footprint``) plus each
-    round's re-read that neither its on-chip slots nor ROUNDS_L2_SHARE of L2 holds, over the segments' rate, plus
-    ROUND_BYTES a round past the first.  A round's walk and slots as _one_launch makes them (16-byte vectors, the
-    static shared memory estimated, BPS blocks an SM of ``sms``); ``smem``: smem_limits."""
-    item = np.dtype(dtype).itemsize
-    ct = c // k
-    vec = vec_width(ct, item)
-    cv, chunks, tx, rb, ng = geometry(rows, ct, vec)
-    g = reduce_grid(ng, chunks, sms * BPS)
-    n = -(-ng // g)
-    acc = 8 if _acc(dtype) == np.float64 else 4
-    slot = THREADS * vec * item * (1 if fwd else 2)
-    ks_max = cache_slots(*smem, THREADS * (vec * 2 * acc + 16) + 64, BPS, slot)
-    ks = min(n, ks_max if SLOTS_CAP is None else min(ks_max, SLOTS_CAP))
-    # re-read by the elementwise pass where the slots did not keep it: x forward; x, dy (and y after a ReLU) backward
-    arrays = 1 if fwd else 3 if flags.get("relu") else 2
-    uncached = (n - ks) / n * arrays * rows * ct * item
-    reread = max(0.0, uncached - ROUNDS_L2_SHARE * l2_bytes)
-    return (footprint(fwd, dtype, rows, c, flags) + k * reread) / segment_rate(k, ct * item) + (k - 1) * ROUND_BYTES
-
-
-def rounds_for(fwd, dtype, rows, c, flags, dev):
-    """The rounds of a one-launch call (1: one launch as before): ROUNDS off, the two-launch route or no on-chip
-    copy 1; a count n the most round_tiles allows up to n; "auto" the cheapest by round_cost (ties: fewer), 1 where
-    the device does not say its L2 or shared memory."""
-    setting = parse_rounds(ROUNDS)
-    if setting in (0, 1) or ROUTE != "one" or not ONCHIP:
-        return 1
-    item = np.dtype(dtype).itemsize
-    if setting != "auto":
-        return round_tiles(c, item, setting)[-1]
-    l2, smem = l2_info(dev)[0], smem_limits(dev)
-    if not l2 or not smem[0]:
-        return 1
-    sms = _launch.sm_count(dev)
-    return min(round_tiles(c, item), key=lambda k: (round_cost(fwd, dtype, rows, c, k, flags, sms, l2, smem), k))
-
-
-def _rounds_plan(name, dtype, rows, c, vec, flags, n_arrays, tail, tail_rest, k, dev):
-    """("rounds", round 0's launch, the other rounds' launch, k, tile channels, partial elements, sync counters):
-    each a one-launch kernel on the tile (``stride``: rows of c / vec vectors), ``tail_rest`` the scalars of rounds
-    1 .. k - 1 (the forward's has_counter 0); None where a round's grid cannot be resident."""
-    ct, cs = c // k, c // vec
-    first = _one_launch(name, dtype, vec, rows, ct, flags, n_arrays, tail, dev, stride=cs)
-    if first is None:
-        return None
-    rest = first if tuple(tail_rest) == tuple(tail) else \
-        _one_launch(name, dtype, vec, rows, ct, flags, n_arrays, tail_rest, dev, stride=cs)
-    return ("rounds", first[0], rest[0], k, ct, first[1], first[2])
-
-
-class _At:
-    """A device address where a prepared launch takes an array (it reads ``a.data.ptr``): a round's shifted one."""
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-    @property
-    def data(self):
-        return self
-
-
-# How a round shifts each array of a launch (elements a channel): the data and per-channel arrays by 1, coef by 2,
-# the scratch (partial, sync) not at all (0); the counter goes to round 0 only (None later)
-_FWD_STEPS = (1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, None, 1)
-_BWD_STEPS = (1, 1, 1, 1, 1, 0, 0, 2, 1, 1, 1, 1, 1)
-
-
-def run_rounds(plan, arrays, steps):
-    """A rounds plan's k launches, in order on the current stream: round 0 on ``arrays`` as given, round r on each
-    array shifted by r * tile * step elements (``steps``).  Every round's partials and sync counters are its own
-    launch's (written before its meeting reads them; the counters back at 0 when it ends)."""
-    _, first, rest, k, tile = plan[:5]
-    first(*arrays)
-    for r in range(1, k):
-        o = r * tile
-        rest(*[a if a is None or s == 0 else None if s is None else _At(a.data.ptr + o * s * a.itemsize)
-               for a, s in zip(arrays, steps)])
 
 
 def same_launch(a, b):
@@ -1579,24 +1367,14 @@ def _apply_grid(ng, chunks, dev):
 
 def _fwd_plan(dtype, rows, c, vec, route, factor, eps, has_running, has_counter, flags, dev):
     tail = (np.float64(factor), np.float64(eps), np.int32(has_running), np.int32(has_counter))
-    tail_rest = tail[:3] + (np.int32(0),)       # rounds 1 ..: the counter moved in round 0
     if flags.get("twin"):       # relu(y) too: only as the plain call's own launch with one more store, else False
         plain = _fwd_plan(dtype, rows, c, vec, route, factor, eps, has_running, has_counter,
                           dict(flags, twin=False), dev)
-        if plain[0] == "rounds":
-            tw = _rounds_plan("bnc_fwd1", dtype, rows, c, vec, flags, 13, tail, tail_rest, plain[3], dev)
-            ok = tw is not None and same_launch(plain[1], tw[1]) and same_launch(plain[2], tw[2]) \
-                and plain[3:] == tw[3:]
-            return tw if ok else False
         if plain[0] != "one" or not ONCHIP:
             return False
         one = _one_launch("bnc_fwd1", dtype, vec, rows, c, flags, 13, tail, dev)
         return ("one", *one) if one is not None and same_launch(plain[1], one[0]) and plain[2:] == one[1:] else False
     if route == "one":
-        k = rounds_for(True, dtype, rows, c, flags, dev)
-        plan = _rounds_plan("bnc_fwd1", dtype, rows, c, vec, flags, 12, tail, tail_rest, k, dev) if k > 1 else None
-        if plan is not None:
-            return plan
         one = _one_launch("bnc_fwd1", dtype, vec, rows, c, flags, 12, tail, dev)
         if one is not None:
             return ("one", *one)
@@ -1610,10 +1388,6 @@ def _fwd_plan(dtype, rows, c, vec, route, factor, eps, has_running, has_counter,
 
 def _bwd_plan(dtype, rows, c, vec, route, flags, dev):
     if route == "one":
-        k = rounds_for(False, dtype, rows, c, flags, dev)
-        plan = _rounds_plan("bnc_bwd1", dtype, rows, c, vec, flags, 13, (), (), k, dev) if k > 1 else None
-        if plan is not None:
-            return plan
         one = _one_launch("bnc_bwd1", dtype, vec, rows, c, flags, 13, (), dev)
         if one is not None:
             return ("one", *one)
@@ -1645,12 +1419,12 @@ _calls: dict = {}
 
 def switch():
     """What a caller's cache of these calls must key on: (ENABLED, ROUTE, ONCHIP, V2, STAGE, session 12's
-    (KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE), session 17's (SPLIT, SPLIT_TRIPS) and session 23's ROUNDS)."""
+    (KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE) and session 17's (SPLIT, SPLIT_TRIPS))."""
     return ENABLED, ROUTE, ONCHIP, V2, STAGE, _cand()
 
 
 def _cand():
-    return KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE, SPLIT, SPLIT_TRIPS, ROUNDS
+    return KEEP, KEEP_FRAC, KEEP_LAST, KEEP_ABOVE, SPLIT, SPLIT_TRIPS
 
 
 def strided_spec(mem, back, dtype):
@@ -1743,11 +1517,6 @@ class TrainingCall(_Call):
                         running_var, counter, *twin)
                 if twin:
                     return y, mean, inv_std, twin[0]
-            elif plan[0] == "rounds":
-                run_rounds(plan, (xc, z, y, partial, _ticket(cp, plan[-1], dev), mean, inv_std, scale, bias,
-                                  running_mean, running_var, counter, *twin), _FWD_STEPS)
-                if twin:
-                    return y, mean, inv_std, twin[0]
             else:
                 plan[1](xc, partial, _ticket(cp, plan[-1], dev), mean, inv_std, running_mean, running_var, counter)
                 plan[2](xc, z, y, mean, inv_std, scale, bias)
@@ -1784,9 +1553,6 @@ class BackwardCall(_Call):
             if plan[0] == "one":
                 plan[1](xc, dyc, y, mean, inv_std, partial, _ticket(cp, plan[-1], dev), coef, dscale, dbias, scale,
                         dx, dz)
-            elif plan[0] == "rounds":
-                run_rounds(plan, (xc, dyc, y, mean, inv_std, partial, _ticket(cp, plan[-1], dev), coef, dscale, dbias,
-                                  scale, dx, dz), _BWD_STEPS)
             else:
                 plan[1](xc, dyc, y, mean, inv_std, partial, _ticket(cp, plan[-1], dev), coef, dscale, dbias)
                 plan[2](xc, dyc, y, mean, inv_std, coef, scale, dx, dz)

@@ -30,11 +30,6 @@ by threads NT - 1 - j of the last rank (one scalar a thread at most, even with C
   smx_bwdc  y and dy held; each thread s_t = sum dy y (softmax) or sum dy (log-softmax); the block's sum (warp order)
             published; cluster barrier; S = the CL sums in rank order; dx = y (dy - S) or dy - exp(y) S from the
             registers (softmax_kernels' BWD_TERM / BWD_DX).
-  smx_fwdp  (PIPE) smx_fwdc persistent and pipelined, for calls of more rows than the GPU holds clusters at once:
-            grid = the resident clusters (the driver's count), cluster i walks rows i, i + G, ...; a row's share goes
-            global -> shared memory by cp.async (NT * VPT * 16 bytes a block) while the previous row is reduced and
-            stored from registers; the partials double-slotted by row parity (one cluster barrier a row).  The same
-            device functions as smx_fwdc in the same order: the same bits (the cuda test compares with ==).
 A closing cluster arrive (after the last remote read) + wait (at the end) keeps every block's shared partials alive
 until the cluster has read them (norm_gncl's pattern).  Deterministic; nothing read back to the host (capturable).
 
@@ -47,25 +42,20 @@ and keys its plans on it -- tools set it and clear softmax_kernels._plans): "0" 
 session 21's run 10: `plan` -- rows softmax_kernels' one-chunk block path does not hold, 16-bit forwards only where
 its chunked path reads part of a row again), "all" every row the kernels can hold (the tests, the A/B).  Measured
 (run 10, H200, graph replays; docs/step_kernels.md): the rule's rows 0.96-2.8x the row kernels, 0.97-3.2x PyTorch.
-PIPE (MINIDNN_SOFTMAX_CLUSTER_PIPE, "0" default, read at import; plan reads the attribute and carries it in the
-Launch): "1" plans smx_fwdp for forwards of more rows than the resident clusters, "late" the same with the copies
-issued after the row's cluster arrive (PIPE_LATE; session 23, helper SMCLP; not yet measured on a GPU:
-docs/step_kernels.md "Session 23").
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import NamedTuple
 
 import numpy as np
 
 from . import launch as _launch
-from .bn_cluster import CLUSTER_HEADER, DSMEM_F32_HEADER, _LaunchConfig
+from .bn_cluster import CLUSTER_HEADER, DSMEM_F32_HEADER
 from .softmax_geometry import STASH_BYTES, dtype_of, row_config
 from .storage import STORAGE_HEADER, type_info
 
-__all__ = ["SOURCE", "CLUSTER", "PIPE", "plan", "Launch", "prepare", "options", "usable"]
+__all__ = ["SOURCE", "CLUSTER", "plan", "Launch", "prepare", "options", "usable"]
 
 CLUSTER = os.environ.get("MINIDNN_SOFTMAX_CLUSTER", "1")
 SETTINGS = ("0", "1", "all")
@@ -103,17 +93,6 @@ FORCE_NT = 0
 # its bytes take to stream).  The float32 softmax forward keeps expf (its output carries the exp's error).
 # MINIDNN_SOFTMAX_CLUSTER_FASTEXP=0: expf everywhere (the A/B's "all:exact"); read at planning time.
 FAST_EXP = os.environ.get("MINIDNN_SOFTMAX_CLUSTER_FASTEXP", "1") != "0"
-# The persistent, pipelined forward smx_fwdp (session 23) for calls of more rows than the GPU holds clusters at once
-# (smx_fwdc: each block loads, meets, stores and exits, and its SM reads nothing from DRAM meanwhile: 60-78% of copy
-# at thousands of float32 rows of 32000-50257 classes, run 10).  "0" (the default until the lead's GPU A/B): off;
-# "1": on, the next row's copies issued after the thread's max; "late": issued after the row's cluster arrive (the
-# source's PIPE_LATE: whether the arrive's MEMBAR.ALL.GPU waits for copies in flight is for the GPU to say).  Read
-# at planning time (the Launch's ``pipe``: 0, 1, 2); tools set it and forget the plans, as FAST_EXP.
-PIPE_MODES = {"0": 0, "1": 1, "late": 2}
-PIPE = os.environ.get("MINIDNN_SOFTMAX_CLUSTER_PIPE", "0")
-if PIPE not in PIPE_MODES:
-    raise ValueError(f"MINIDNN_SOFTMAX_CLUSTER_PIPE={PIPE!r}: '0' (smx_fwdc only), '1' (smx_fwdp for calls of more "
-                     "rows than the resident clusters) or 'late' (the same, copies issued after the cluster arrive)")
 
 SOURCE = STORAGE_HEADER + r"""
 #define VEC (16 / (int)sizeof(T))
@@ -254,96 +233,6 @@ template <class F> __device__ __forceinline__ void store_share(V* out, const int
     }
 }
 
-// ---- The forward's pieces, shared by smx_fwdc (a cluster a row) and smx_fwdp (persistent, pipelined): the same
-// operations in the same order, so both kernels give the same bits.
-// This thread's max m_t over its edge value ev (-inf: none) and its share a[] (fmax: a NaN is skipped).
-__device__ __forceinline__ A thread_max(const V (&a)[VPT], const int lo, const int hi, const A ev)
-{
-    A m = ev;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)
-        if (lo + k * NT + (int)threadIdx.x < hi) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) m = fmax(m, LDE(a[k], e));
-        }
-    return m;
-}
-// s_t = sum exp(v - m_t) (m_t = -inf: shifted by 0), the edge first; KEEP: a[] := exp(v - m_t) in place.
-__device__ __forceinline__ A thread_sum(V (&a)[VPT], const int lo, const int hi, const int ei, const A ev,
-                                        const A m)
-{
-    const A sh = m == NEG_INF ? (A)0 : m;
-    A s = ei >= 0 ? vexp(ev - sh) : (A)0;
-#pragma unroll
-    for (int k = 0; k < VPT; ++k)
-        if (lo + k * NT + (int)threadIdx.x < hi) {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                const A ex = vexp(LDE(a[k], e) - sh);
-                s += ex;
-#if KEEP
-                set_word(a[k], e, __float_as_uint(ex));
-#endif
-            }
-        }
-    return s;
-}
-// The block's (m_b, s_b) into part[0], part[1] (thread 0), for the cluster to read.
-__device__ __forceinline__ void block_publish(const A m, const A s, A* red, float* part)
-{
-    const A mb = block_max(m, red);
-    // s * 0 where m_t is -inf, not 0: a thread whose values are all NaN (fmax skipped them) keeps its NaN sum
-    const A sb = block_sum(s * (m == NEG_INF ? (A)0 : exp(m - mb)), red);
-    if (threadIdx.x == 0) { part[0] = mb; part[1] = sb; }
-}
-// Warp 0 (after the cluster barrier that follows every block's block_publish): the CL pairs at `part` in each
-// block, combined in rank order -- the same bits in every block -- into stat[0], stat[1] (M, S).
-__device__ __forceinline__ void cluster_combine(const float* part, A* stat)
-{
-    if (threadIdx.x < 32) {
-        A pm = NEG_INF, ps = 0;
-        if (threadIdx.x < CL) { pm = remote_ld(part, threadIdx.x); ps = remote_ld(part + 1, threadIdx.x); }
-        A M = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < CL; ++j) M = fmax(M, __shfl_sync(0xffffffffu, pm, j));
-        if (M == NEG_INF) M = 0;    // an all -inf row: exp(-inf - 0) = 0, S = 0, y NaN as the reference
-        const A c = ps * (pm == NEG_INF ? (A)0 : exp(pm - M));     // (a block of all NaN: its NaN sum stays)
-        A S = 0;
-#pragma unroll
-        for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, c, j);
-        if (threadIdx.x == 0) { stat[0] = M; stat[1] = S; }
-    }
-}
-// The block's share of output row yr (head h) from the registers (KEEP: a[] holds exp(v - m_t)) and the edge.
-__device__ __forceinline__ void fwd_store(const V (&a)[VPT], T* yr, const int h, const int lo, const int hi,
-                                          const int ei, const A ev, const A m, const A M, const A S)
-{
-#if ALGO == 2
-    const A ls = log(S);
-#else
-    const A inv = (A)1 / S;
-#if KEEP
-    const A finv = (m == NEG_INF ? (A)0 : exp(m - M)) * inv;
-#endif
-#endif
-    store_share(reinterpret_cast<V*>(yr + h), lo, hi, [&](int k, int e) {
-#if ALGO == 2
-        return LDE(a[k], e) - M - ls;
-#elif KEEP
-        return LDE(a[k], e) * finv;
-#else
-        return vexp(LDE(a[k], e) - M) * inv;
-#endif
-    });
-    if (ei >= 0) {
-#if ALGO == 2
-        yr[ei] = ST(ev - M - ls);
-#else
-        yr[ei] = ST(vexp(ev - M) * inv);
-#endif
-    }
-}
-
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
 smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 {
@@ -364,117 +253,74 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
     }
     const int ei = edge_of(q, C, rank);
     const A ev = ei >= 0 ? LD(xr[ei]) : NEG_INF;
-    const A m = thread_max(a, lo, hi, ev);
-    const A s = thread_sum(a, lo, hi, ei, ev, m);
-    block_publish(m, s, red, part);
+    A m = ev;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+        if (lo + k * NT + (int)threadIdx.x < hi) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) m = fmax(m, LDE(a[k], e));
+        }
+    const A sh = m == NEG_INF ? (A)0 : m;
+    A s = ei >= 0 ? vexp(ev - sh) : (A)0;
+#pragma unroll
+    for (int k = 0; k < VPT; ++k)
+        if (lo + k * NT + (int)threadIdx.x < hi) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A ex = vexp(LDE(a[k], e) - sh);
+                s += ex;
+#if KEEP
+                set_word(a[k], e, __float_as_uint(ex));
+#endif
+            }
+        }
+    const A mb = block_max(m, red);
+    // s * 0 where m_t is -inf, not 0: a thread whose values are all NaN (fmax skipped them) keeps its NaN sum
+    const A sb = block_sum(s * (m == NEG_INF ? (A)0 : exp(m - mb)), red);
+    if (threadIdx.x == 0) { part[0] = mb; part[1] = sb; }
     cluster_arrive();
     cluster_wait();
-    cluster_combine(part, stat);
+    if (threadIdx.x < 32) {         // the CL pairs in rank order, by warp 0: the same bits in every block
+        A pm = NEG_INF, ps = 0;
+        if (threadIdx.x < CL) { pm = remote_ld(part, threadIdx.x); ps = remote_ld(part + 1, threadIdx.x); }
+        A M = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) M = fmax(M, __shfl_sync(0xffffffffu, pm, j));
+        if (M == NEG_INF) M = 0;    // an all -inf row: exp(-inf - 0) = 0, S = 0, y NaN as the reference
+        const A c = ps * (pm == NEG_INF ? (A)0 : exp(pm - M));     // (a block of all NaN: its NaN sum stays)
+        A S = 0;
+#pragma unroll
+        for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, c, j);
+        if (threadIdx.x == 0) { stat[0] = M; stat[1] = S; }
+    }
     cluster_arrive_relaxed();       // this block is done reading the others' partials
     __syncthreads();
-    fwd_store(a, y + r * C, q.h, lo, hi, ei, ev, m, stat[0], stat[1]);
-    cluster_wait();
-}
-
-// smx_fwdp (PIPE): the forward of more rows than the GPU holds clusters at once.  smx_fwdc's block loads its share,
-// meets the cluster, stores and exits; with two blocks an SM, the SM reads nothing from DRAM while both wait at the
-// barrier or store, and a new block's loads start only after one exits (~66% of copy at (4096, 50257) float32).
-// Here the grid is the resident clusters (the driver's count), cluster i takes rows i, i + G, i + 2G, ... (G the
-// clusters of the grid) and each thread's next row share is on its way into shared memory (cp.async.cg, 16 bytes,
-// one commit group a row) while the current one is reduced and stored from registers: slot[k NT + t] is thread t's
-// vector k (NT * VPT * 16 bytes a block; the registers are the second buffer).  A thread reads back only the slots it
-// copied itself (cp.async.wait_all: its own copies landed and are visible to it), so no block barrier guards the
-// slots; it refills them only after thread_max consumed every value read from them (the reads' registers used
-// before the copies are issued).
-// Where the copies go out: PIPE_LATE 0 right after thread_max (in flight through the exps, the block reductions, the
-// meeting and the store); 1 right after the row's cluster arrive.  The arrive's release is a MEMBAR.ALL.GPU in the
-// SASS (nvcc 13, sm_90), which waits for the block's earlier global accesses -- should it wait for cp.async copies
-// too, copies issued before it would stall the block there until they land; issued after it they cannot.  The
-// A/B's "1:pipe" / "1:pipelate" decide.  The next row's head / tail scalar is a plain load issued after the arrive
-// either way (a plain load before it would be waited for) and first used by the next row's thread_max.
-//
-// Cluster barriers (each thread: arrive, wait, arrive, wait, ... -- .aligned, every thread of every block the same
-// count: a cluster's blocks walk the same rows).  One arrive.release + wait.acquire a row, after block_publish:
-// the partials of row j (the block's j-th) live in part[2 (j & 1)..+1].  Row j's remote reads (cluster_combine, warp
-// 0, before row j + 1's arrive.release in program order) are ordered before that arrive; a block writes slot (j & 1)
-// again at row j + 2, after its wait of row j + 1, which returns only when every block of the cluster arrived there
-// -- so after every block's reads of row j.  Row j + 1 writes the other slot, so one barrier a row suffices.  A final
-// arrive.relaxed + wait after the loop keeps each block (its shared memory) alive until every block read its last
-// row's partials.  stat[] / red[]: warp 0 writes stat at row j + 1 after block_max's __syncthreads, which every thread
-// passes only after reading row j's stat (as smx_fwdc's block reductions reuse red[]).
-#ifndef PIPE_LATE
-#define PIPE_LATE 0
+    const A M = stat[0], S = stat[1];
+#if ALGO == 2
+    const A ls = log(S);
+#else
+    const A inv = (A)1 / S;
+#if KEEP
+    const A finv = (m == NEG_INF ? (A)0 : exp(m - M)) * inv;
 #endif
-// Row r's share of this block, global -> this thread's slots k NT + t, as one commit group.
-__device__ __forceinline__ void share_issue(V* slot, const T* __restrict__ x, const int r, const int C,
-                                            const unsigned int rank)
-{
-    const Geo q = row_geo(r, C);
-    const int lo = (int)((long long)q.nb * rank / CL), hi = (int)((long long)q.nb * (rank + 1) / CL);
-    const V* xv = reinterpret_cast<const V*>(x + (long long)r * C + q.h);
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int vi = lo + k * NT + (int)threadIdx.x;
-        if (vi < hi) {
-            unsigned int d;
-            asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }"
-                : "=r"(d) : "l"(slot + k * NT + (int)threadIdx.x));
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(d), "l"(xv + vi) : "memory");
-        }
-    }
-    asm volatile("cp.async.commit_group;" : : : "memory");
-}
-// Row r's head / tail value of this thread (-inf: none).
-__device__ __forceinline__ A edge_value(const T* __restrict__ x, const int r, const int C, const unsigned int rank)
-{
-    const int ei = edge_of(row_geo(r, C), C, rank);
-    return ei >= 0 ? LD(x[(long long)r * C + ei]) : NEG_INF;
-}
-
-extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB)
-smx_fwdp(const T* __restrict__ x, T* __restrict__ y, const int C, const int rows)
-{
-    extern __shared__ V slot[];     // NT * VPT: this block's share of the next row, thread t's vector k at k NT + t
-    __shared__ A red[NW];
-    __shared__ float part[4];       // this block's (m_b, s_b) of its even rows (0, 1) and odd rows (2, 3)
-    __shared__ A stat[2];
-    const unsigned int rank = cluster_rank();
-    const int step = (int)(gridDim.x / CL);
-    int r = (int)(blockIdx.x / CL);
-    A ev = NEG_INF;                 // the row's edge value (-inf: none)
-    if (r < rows) {                 // (settle never launches more clusters than rows: a guard only)
-        share_issue(slot, x, r, C, rank);
-        ev = edge_value(x, r, C, rank);
-    }
-    for (int par = 0; r < rows; par ^= 2) {
-        const Geo q = row_geo(r, C);
-        const int lo = (int)((long long)q.nb * rank / CL), hi = (int)((long long)q.nb * (rank + 1) / CL);
-        const int ei = edge_of(q, C, rank);
-        V a[VPT];
-        asm volatile("cp.async.wait_all;" : : : "memory");
-#pragma unroll
-        for (int k = 0; k < VPT; ++k)
-            if (lo + k * NT + (int)threadIdx.x < hi) a[k] = slot[k * NT + (int)threadIdx.x];
-        const A m = thread_max(a, lo, hi, ev);
-        const int rn = r + step;
-#if !PIPE_LATE
-        if (rn < rows) share_issue(slot, x, rn, C, rank);      // into the slots m consumed
 #endif
-        const A s = thread_sum(a, lo, hi, ei, ev, m);
-        block_publish(m, s, red, part + par);
-        cluster_arrive();
-#if PIPE_LATE
-        if (rn < rows) share_issue(slot, x, rn, C, rank);
+    T* yr = y + r * C;
+    store_share(reinterpret_cast<V*>(yr + q.h), lo, hi, [&](int k, int e) {
+#if ALGO == 2
+        return LDE(a[k], e) - M - ls;
+#elif KEEP
+        return LDE(a[k], e) * finv;
+#else
+        return vexp(LDE(a[k], e) - M) * inv;
 #endif
-        const A evn = rn < rows ? edge_value(x, rn, C, rank) : NEG_INF;
-        cluster_wait();
-        cluster_combine(part + par, stat);
-        __syncthreads();
-        fwd_store(a, y + (long long)r * C, q.h, lo, hi, ei, ev, m, stat[0], stat[1]);
-        r = rn;
-        ev = evn;
+    });
+    if (ei >= 0) {
+#if ALGO == 2
+        yr[ei] = ST(ev - M - ls);
+#else
+        yr[ei] = ST(vexp(ev - M) * inv);
+#endif
     }
-    cluster_arrive_relaxed();       // done reading the others' partials of the last row
     cluster_wait();
 }
 
@@ -547,8 +393,6 @@ class Launch(NamedTuple):
     minb: int
     grid: int
     fexp: int = 0       # the forward's per-element exp ex2.approx (FAST_EXP)
-    pipe: int = 0       # smx_fwdp (PIPE: 1, "late" 2): grid = the resident clusters' blocks (the estimate; prepare
-    #                     asks the driver)
 
 
 def minb(backward, nt):
@@ -606,15 +450,7 @@ def choose(rows, nvec, backward, sms, cl=0, nt=0):
     return None
 
 
-def resident_clusters(sms, cl, nt):
-    """Clusters of CL blocks the GPU holds at once, as the plan estimates it: the launch bounds' blocks an SM (64
-    registers: exact, the shared memory is no limit at <= 32 KB a block) times the SMs, over CL.  The driver's count
-    (cuOccupancyMaxActiveClusters, which knows how SMs group into GPCs) is lower where CL does not divide a GPC's
-    block slots; prepare takes it where it can ask."""
-    return sms * minb(False, nt) // cl
-
-
-def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fast_exp=None, pipe=None):
+def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fast_exp=None):
     """The cluster launch (Launch) of ``rows`` softmax rows of ``c`` elements of ``dtype`` under ``setting``
     (CLUSTER when None), or None: the kernels take float32 / float16 / bfloat16 rows of ACCURATE (softmax) or LOG,
     on compute capability 9.0+, whose body fits CL_MAX * 512 * VPT_MAX vectors (float32 <= 65539 elements, 16-bit
@@ -623,15 +459,10 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
     does not hold, 16-bit forwards only where its chunked path would read part of a row again (rows_path_holds),
     and calls of at most BWD_ROWS_PER_SM / FWD_ROWS_PER_SM rows an SM (0: no cap, the defaults); "all" every row of
     at least 32 vectors.  ``force``: (CL, NT) where the row fits them, 0 for the rule's (tests; else FORCE_CL,
-    FORCE_NT); ``fast_exp``: FAST_EXP when None.  ``pipe`` ("0", "1", "late"; PIPE when None): a forward of more
-    rows than resident_clusters takes smx_fwdp, its grid the estimate's clusters (Launch.pipe 1, "late" 2; prepare
-    corrects the grid to the driver's count, or launches smx_fwdc where that count holds every row)."""
+    FORCE_NT); ``fast_exp``: FAST_EXP when None."""
     setting = CLUSTER if setting is None else setting
     if setting not in SETTINGS:
         raise ValueError(f"softmax_cluster.CLUSTER = {setting!r} (MINIDNN_SOFTMAX_CLUSTER): '0', '1' or 'all'")
-    pipe = PIPE if pipe is None else pipe
-    if pipe not in PIPE_MODES:
-        raise ValueError(f"softmax_cluster.PIPE = {pipe!r} (MINIDNN_SOFTMAX_CLUSTER_PIPE): '0', '1' or 'late'")
     item = np.dtype(dtype).itemsize
     if setting == "0" or algo_name not in ("ACCURATE", "LOG") or item not in (2, 4) or type_info(dtype) is None:
         return None
@@ -652,10 +483,6 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
         return None
     cl, nt, vpt = got
     fexp = (FAST_EXP if fast_exp is None else fast_exp) and not backward and (algo_name == "LOG" or item == 2)
-    if PIPE_MODES[pipe] and not backward:
-        held = resident_clusters(sms, cl, nt)
-        if rows > held:
-            return Launch(cl, nt, vpt, minb(False, nt), held * cl, int(fexp), PIPE_MODES[pipe])
     return Launch(cl, nt, vpt, minb(backward, nt), rows * cl, int(fexp))
 
 
@@ -672,56 +499,16 @@ def options(dtype, algo_name, launch):
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DALGO={_ALGO[algo_name]}",
             f"-DCL={launch.cl}", f"-DNT={launch.nt}", f"-DVPT={launch.vpt}", f"-DMINB={launch.minb}",
-            *(("-DFEXP=1",) if launch.fexp else ()), *(("-DPIPE_LATE=1",) if launch.pipe == 2 else ()),
-            "-std=c++17")
+            *(("-DFEXP=1",) if launch.fexp else ()), "-std=c++17")
 
 
-def kernel_name(backward, pipe=0):
-    return "smx_bwdc" if backward else "smx_fwdp" if pipe else "smx_fwdc"
-
-
-def slot_bytes(launch):
-    """smx_fwdp's dynamic shared memory a block: one row share, NT * VPT 16-byte vectors (<= 32 KB: no opt-in)."""
-    return launch.nt * launch.vpt * 16
-
-
-def driver_clusters(kernel, cl, nt, dyn):
-    """Clusters of ``kernel`` (CL ``cl``, ``nt`` threads, ``dyn`` bytes of dynamic shared memory a block) the GPU holds
-    at once, as the driver says, or None where it cannot be asked (a fake CuPy) -- bn_cluster.driver_max_clusters
-    with the block size given (that one launches bn_cluster's NT)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        cfg = _LaunchConfig(cl, 1, 1, nt, 1, 1, int(dyn), None, None, 0)
-        n = ctypes.c_int(0)
-        if lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(kernel.kernel.ptr),
-                                            ctypes.byref(cfg)) == 0:
-            return int(n.value)
-    except Exception:       # noqa: BLE001 -- no driver library, or a fake CuPy
-        pass
-    return None
-
-
-def settle(rows, launch, held):
-    """The Launch to run given ``held``, the driver's count of resident clusters (None: not known -- the plan's
-    estimate stands): a pipe launch of rows the held clusters cover all at once (or that cannot be scheduled: 0)
-    becomes smx_fwdc's, else its grid the held clusters."""
-    if not launch.pipe or held is None:
-        return launch
-    if held == 0 or rows <= held:
-        return launch._replace(grid=rows * launch.cl, pipe=0)
-    return launch._replace(grid=held * launch.cl)
+def kernel_name(backward):
+    return "smx_bwdc" if backward else "smx_fwdc"
 
 
 def prepare(rows, c, dtype, algo_name, backward, launch):
     """A Prepared launch called as go(x, y) or go(y, dy, dx).  (No cache hint: the forward's streaming stores,
-    st.global.cs as the row kernels' HINT_FWD, spilled 4-12 bytes at the 32-register bound -- nvcc 13, sm_90.)
-    A pipe launch (smx_fwdp) takes the driver's count of resident clusters for its grid (settle)."""
-    if launch.pipe:
-        k = _launch.get_kernel(SOURCE, "smx_fwdp", options(dtype, algo_name, launch))
-        launch = settle(rows, launch, driver_clusters(k, launch.cl, launch.nt, slot_bytes(launch)))
-        if launch.pipe:
-            return _launch.prepare(k, (launch.grid,), (launch.nt,), [None, None, np.int32(c), np.int32(rows)],
-                                   slot_bytes(launch))
+    st.global.cs as the row kernels' HINT_FWD, spilled 4-12 bytes at the 32-register bound -- nvcc 13, sm_90.)"""
     k = _launch.get_kernel(SOURCE, kernel_name(backward), options(dtype, algo_name, launch))
     return _launch.prepare(k, (launch.grid,), (launch.nt,), [None] * (3 if backward else 2) + [np.int32(c)])
 
@@ -731,7 +518,7 @@ def _compile_one(job):
     options, so the later launch loads the cubin)."""
     dtype_name, algo_name, backward, launch = job
     _launch.cupy().RawModule(code=SOURCE, options=options(dtype_of(dtype_name), algo_name, Launch(*launch))
-                             ).get_function(kernel_name(backward, Launch(*launch).pipe))
+                             ).get_function(kernel_name(backward))
     return job
 
 

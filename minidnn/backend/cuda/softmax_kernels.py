@@ -2580,7 +2580,7 @@ def plan(x, axes, algo_name, backward=False):
     hint = call_hint(backward, x.nbytes * (3 if backward else 2), dev)
     stash = call_stash(backward, dev)
     return _launch.planned(_plans, (backward, x.shape, tuple(axes), algo_name, x.dtype, dev, hint, stash,
-                                    BWD_STASH if stash else 0, _smc.CLUSTER, _smc.PIPE), _plan,
+                                    BWD_STASH if stash else 0, _smc.CLUSTER), _plan,
                            backward, x, axes, algo_name, dev, hint, stash)
 
 
