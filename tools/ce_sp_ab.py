@@ -10,6 +10,7 @@ Settings (loss_kernels.SP_CC / SP_PAIR), the first the reference of the ratio co
   cc     SP_CC (32, 24): the class count compiled in, one position a thread
   pair   SP_CC (32, 24) and SP_PAIR: two adjacent positions a thread where inner is even (the default)
   rt0    pair with SP_RT off: past SP_CC (C read at run time) the masked batches of session 22 (session 23's A/B)
+  nosplit  the default but SP_SPLIT off: one thread a position where few positions have many classes
 """
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 
-SETTINGS = {"read": ((0, 0), False, True), "cc": ((32, 24), False, True), "pair": ((32, 24), True, True),
-            "rt0": ((32, 24), True, False)}
+SETTINGS = {"read": ((0, 0), False, True, True), "cc": ((32, 24), False, True, True),
+            "pair": ((32, 24), True, True, True), "rt0": ((32, 24), True, False, True),
+            "nosplit": ((32, 24), True, True, False)}
 OPS = {"fwd": "spatial ce fwd", "bwd": "spatial ce bwd"}
 
 
 def _switch(setting):
     from minidnn.backend.cuda import loss_kernels as lk
-    lk.SP_CC, lk.SP_PAIR, lk.SP_RT = SETTINGS[setting]
+    lk.SP_CC, lk.SP_PAIR, lk.SP_RT, lk.SP_SPLIT = SETTINGS[setting]
     KG.forget_softmax()
 
 

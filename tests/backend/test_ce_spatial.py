@@ -56,6 +56,21 @@ def test_spatial_route(monkeypatch, name):
                                  ((4, 171, 128, 128), 64, True), ((4, 171, 127, 129), 64, False)):
             d = _defs(_lk.launch_spec("ce_fwd", shape, dt, np.int64, False, "mean", sms=sms)[2])
             assert ("PAIR" in d, d.get("SP_RT")) == (want, "1"), (shape, sms)
+    if name != "float64":       # SP_SPLIT: C read, too few positions for the device's resident threads
+        for shape, sms, want in (((8, 150, 64, 64), 132, 4), ((4, 171, 128, 128), 132, 4), ((2, 64, 8, 8), 132, 2),
+                                 ((16, 150, 128, 128), 132, None), ((8, 150, 64, 64), 16, None),
+                                 ((8, 40, 64, 64), 132, None), ((2, 600, 4, 4), 132, 8)):
+            for kname in ("ce_fwd", "ce_bwd"):
+                _, _, defines, groups, _, _ = _lk.launch_spec(kname, shape, dt, np.int64, True, "mean", 0.1, sms=sms)
+                d = _defs(defines)
+                assert d.get("SPLIT") == (None if want is None else str(want)), (shape, sms, kname)
+                if want:
+                    assert "PAIR" not in d and d["SP_RT"] == "1"
+                    rows = shape[0] * shape[2] * shape[3]
+                    assert groups == -(-rows * want // 256)
+        monkeypatch.setattr(_lk, "SP_SPLIT", False)
+        assert "SPLIT" not in _defs(_lk.launch_spec("ce_fwd", (8, 150, 64, 64), dt, np.int64, True, "mean")[2])
+        monkeypatch.setattr(_lk, "SP_SPLIT", True)
     monkeypatch.setattr(_lk, "SP_CC", (0, 0))
     monkeypatch.setattr(_lk, "SP_RT", False)          # (C read at run time pairs only under SP_RT)
     assert not {"CC", "PAIR"} & set(_defs(_lk.launch_spec("ce_fwd", (2, 5, 4, 4), dt, np.int64, False, "mean")[2]))
@@ -80,7 +95,8 @@ def _spatial_builds():
         for kname in ("ce_fwd", "ce_bwd"):
             for w, red, eps, index in ((False, "mean", 0.0, np.int64), (True, "none", 0.1, np.int32),
                                        (True, "sum", 0.1, np.int64), (False, "none", 0.0, np.int64)):
-                for c in (24, 32, 40):       # CC (the class count compiled in) at SP_CC's bounds, then C read
+                for c in (24, 32, 40, 150):  # CC (the class count compiled in) at SP_CC's bounds, then C read
+                    # (150 classes at these 2048 positions: SPLIT 4)
                     src, k, defines, *_ = _lk.launch_spec(kname, (8, c, 16, 16), _dtype(name), index, w, red, eps,
                                                           widen)
                     jobs.append((k, defines, name))
@@ -216,8 +232,9 @@ def test_spatial_pairs_and_views(cp, monkeypatch, name):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape", [(4, 19, 16, 10), (3, 21, 7, 9), (2, 40, 12, 10), (3, 27, 14, 12)],
-                         ids=["pairs", "odd-inner", "C-read", "fwd-pairs-bwd-single"])
+@pytest.mark.parametrize("shape", [(4, 19, 16, 10), (3, 21, 7, 9), (2, 40, 12, 10), (3, 27, 14, 12),
+                                   (2, 96, 12, 10), (3, 150, 9, 7)],
+                         ids=["pairs", "odd-inner", "C-read", "fwd-pairs-bwd-single", "split-2", "split-4-odd"])
 def test_spatial_grid_stride(cp, monkeypatch, shape):
     """A grid of 3 blocks, so every thread walks several positions (SpPos.next: (o, i) advanced by the stride,
     crossing images), forward and backward, against float64: pairs, odd inner, C read at run time, and a backward
@@ -380,3 +397,69 @@ def test_spatial_rt_bitwise(cp, monkeypatch, name, shape):
         rtol = 2e-6 if name == "float32" else 1e-2
         for a, b in zip(out[True, True], out[True, False]):
             np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=rtol)
+
+
+def test_sp_split_rule(monkeypatch):
+    """SPLIT: the smallest power of two up to 8 that gives the device its resident threads, slices of at least
+    SP_SPLIT_MIN classes; 1 when switched off."""
+    f = _lk.sp_split
+    assert f(32768, 150, 135168) == 4                   # 131072 < 135168, but 150 / 8 < 32 classes a slice
+    assert f(32768, 600, 135168) == 8
+    assert f(200000, 150, 135168) == 1
+    assert f(100, 63, 135168) == 1 and f(100, 64, 135168) == 2
+    assert f(67584, 1000, 135168) == 2 and f(67583, 1000, 135168) == 4
+    monkeypatch.setattr(_lk, "SP_SPLIT", False)
+    assert f(32768, 150, 135168) == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(2, 150, 9, 7), (3, 171, 6, 6), (2, 64, 5, 4), (1, 600, 3, 5)],
+                         ids=["150-split4", "171-split4", "64-split2", "600-split8"])
+def test_spatial_split(cp, monkeypatch, name, shape):
+    """SPLIT threads a position (few positions, C read at run time): loss, lse and dx against float64; the forward
+    within rounding of one thread a position (other batches) and the special positions where they were (an all -inf
+    position, a NaN, a +inf -- in one slice or another); the backward, given the same lse, bitwise one thread a
+    position's (every dx_c its own expression)."""
+    rng = np.random.default_rng(17)
+    dt = _dtype(name)
+    tol = TOLS[name]
+    for weighted, eps, reduction in ((False, 0.0, "none"), (True, 0.1, "mean"), (True, 0.0, "sum"),
+                                     (False, 0.2, "none")):
+        x, t, w = _inputs(rng, shape, name, weighted, 0.2)
+        x[0, :, 0, 0] = -np.inf
+        x[0, shape[1] - 2, 1, 1] = np.nan
+        x[-1, shape[1] // 2, 2, 1] = np.inf
+        x = x.astype(dt)
+        g = rng.standard_normal(t.shape).astype(np.float32) if reduction == "none" else np.float32(0.75)
+        xd, td = cp.asarray(x), cp.asarray(t)
+        wd = None if w is None else cp.asarray(w.astype(dt))
+        out = {}
+        for split in (False, True):
+            monkeypatch.setattr(_lk, "SP_SPLIT", split)
+            _lk._plans.clear()
+            assert ("SPLIT" in _defs(_lk.launch_spec("ce_fwd", shape, dt, np.int64, weighted, reduction, eps)[2])) \
+                == split
+            loss, lse, den = B.softmax_cross_entropy_forward(None, xd, td, wd, -100, eps, reduction)
+            gd = cp.asarray(np.asarray(g).astype(loss.dtype))
+            out[split] = [to_numpy(a) for a in (loss, lse, den)]
+            # the backward of both settings on the unsplit forward's lse and denominator
+            lse0, den0 = (lse, den) if not split else (cp.asarray(out[False][1]), cp.asarray(out[False][2]))
+            dx = B.softmax_cross_entropy_backward(None, xd, td, gd, lse0, den0, wd, -100, eps, reduction)
+            out[split].append(to_numpy(dx))
+        _lk._plans.clear()
+        assert np.array_equal(out[True][3], out[False][3], equal_nan=True), (weighted, eps, reduction)
+        for a, b in zip(out[True][:2], out[False][:2]):
+            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+            assert np.array_equal(np.isnan(a64), np.isnan(b64)) and np.array_equal(np.isinf(a64), np.isinf(b64))
+            fin = np.isfinite(b64)
+            np.testing.assert_allclose(a64[fin], b64[fin], rtol=tol[0], atol=tol[0])
+        # against float64 where the reference is finite (the special positions: their NaN / inf as above)
+        loss_r, lse_r, den_r, dx_r = _reference(x.astype(np.float32), t, w, eps, reduction, np.asarray(g, np.float64))
+        lse_r = lse_r.reshape(t.shape)
+        fin = np.isfinite(lse_r)
+        np.testing.assert_allclose(np.asarray(out[True][1], np.float64)[fin], lse_r[fin], rtol=tol[0], atol=tol[0])
+        if reduction == "none":
+            fin = np.isfinite(np.asarray(loss_r, np.float64))
+            np.testing.assert_allclose(np.asarray(out[True][0], np.float64)[fin], np.asarray(loss_r)[fin],
+                                       rtol=tol[0], atol=tol[0] * 10)

@@ -372,8 +372,15 @@ typedef INDEX I;
 #ifndef SP_RT
 #define SP_RT 0       // C read at run time: the unmasked full batches (sp_fwd_sums_rt, sp_bwd_rt; the planner's SP_RT)
 #endif
-// PAIR's batch: UP classes, fewer where CC is less; with C read at run time (SP_RT) U, the batches one position a
-// thread takes (an unaligned view in the same build), so that pairs and single positions give the same bits
+#ifndef SPLIT
+#define SPLIT 1       // threads a position, each a slice of the classes (the planner's SP_SPLIT: C read, few positions)
+#endif
+#define SP_PW (256 / SPLIT)
+// a block step's positions and this thread's position in it (SPLIT 1: the plain walk's expressions, the same PTX)
+#define SP_BW (SPLIT > 1 ? SP_PW : blockDim.x)
+#define SP_LANE (SPLIT > 1 ? threadIdx.x % SP_PW : threadIdx.x)
+// PAIR's batch: UP classes, fewer where CC is less (registers: U's batches of two positions spilled 20-104 bytes
+// with C read at run time, so pairs there sum in other batches than one position a thread: not its bits)
 #define PB (CC && CC < UP ? CC : UP)
 // A batch of classes: every class at once where CC (no masks, no dead slots), else U; PAIR's batches hold two
 // positions' values, so at most UP classes (with CC its batches unroll too: their bounds are compile-time).
@@ -467,12 +474,13 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_sums(
 // batch, the smoothing sums compiled in or out (SM: a branch an element before), and x[t] loaded once a position by
 // the caller (the same value, not an int compare and a select an element).
 template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_fwd_batch(
-    const X* q, const int c0, const int C, const int inner, const T* __restrict__ w, A* m, A* s, A* swx, A& sw)
+    const X* q, const int cb, const int c0, const int cn, const int inner, const T* __restrict__ w, A* m, A* s,
+    A* swx, A& sw)
 {
     A v[B][P];
 #pragma unroll
     for (int k = 0; k < B; ++k) {
-        if (!MASKED || c0 + k < C) sp_ld<P>(q + k * inner, v[k]);
+        if (!MASKED || c0 + k < cn) sp_ld<P>(q + k * inner, v[k]);
         else {
 #pragma unroll
             for (int j = 0; j < P; ++j) v[k][j] = NEG_INF;
@@ -489,23 +497,25 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
         const A shl = sh * (A)1.4426950408889634;
 #pragma unroll
         for (int k = 0; k < B; ++k) {
-            if (MASKED && c0 + k >= C) break;
+            if (MASKED && c0 + k >= cn) break;
             const A u = v[k][j];
             s[j] += CE_EXP(u, sh, shl);
             if (SM) {
-                const A wc = HAS_W ? LD(w[c0 + k]) : (A)1;
+                const A wc = HAS_W ? LD(w[cb + c0 + k]) : (A)1;
                 swx[j] += wc * u;
                 if (j == 0) sw += wc;
             }
         }
     }
 }
+// (classes cb .. cb + cn - 1 of the position(s) whose class cb is at q: all of them, or SPLIT's slice)
 template <int P, int B, bool SM> __device__ __forceinline__ void sp_fwd_sums_rt(
-    const X* q, const int C, const int inner, const T* __restrict__ w, A* m, A* s, A* swx, A& sw)
+    const X* q, const int cb, const int cn, const int inner, const T* __restrict__ w, A* m, A* s, A* swx, A& sw)
 {
     int c0 = 0;
-    for (; c0 + B <= C; c0 += B, q += B * inner) sp_fwd_batch<P, B, false, SM>(q, c0, C, inner, w, m, s, swx, sw);
-    if (c0 < C) sp_fwd_batch<P, B, true, SM>(q, c0, C, inner, w, m, s, swx, sw);
+    for (; c0 + B <= cn; c0 += B, q += B * inner)
+        sp_fwd_batch<P, B, false, SM>(q, cb, c0, cn, inner, w, m, s, swx, sw);
+    if (c0 < cn) sp_fwd_batch<P, B, true, SM>(q, cb, c0, cn, inner, w, m, s, swx, sw);
 }
 #endif
 
@@ -557,8 +567,8 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
 #pragma unroll
         for (int j = 0; j < P; ++j)
             if (tc[j] >= 0) xt[j] = LD(__ldg(x + p.off + tc[j] * inner + j));
-        if (smooth) sp_fwd_sums_rt<P, B, true>(x + p.off, C, inner, w, m, s, swx, sw);
-        else sp_fwd_sums_rt<P, B, false>(x + p.off, C, inner, w, m, s, swx, sw);
+        if (smooth) sp_fwd_sums_rt<P, B, true>(x + p.off, 0, C, inner, w, m, s, swx, sw);
+        else sp_fwd_sums_rt<P, B, false>(x + p.off, 0, C, inner, w, m, s, swx, sw);
 #endif
 #pragma unroll
         for (int j = 0; j < P; ++j) {
@@ -572,6 +582,58 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
     }
 }
 
+#if SPLIT > 1
+// SPLIT threads a position (the planner's SP_SPLIT: C read at run time and too few positions to fill the GPU one a
+// thread): thread t takes position t % SP_PW of the block's step (a warp's 32 consecutive positions at each class:
+// coalesced as before) and classes [cs, cs + cn), slice t / SP_PW of C, in sp_fwd_sums_rt's batches; the slices'
+// (m, s, smoothing sums) meet in shared memory and slice 0 combines them in slice order -- the running sum rescaled
+// to the larger max, s * 0 where a max was -inf (a NaN sum kept), as the batches do -- and loads x[t], writes lse and
+// the loss.  Other bits than one thread a position (other batch boundaries), within rounding.  The walk is
+// block-uniform: every thread meets at the barriers, past the last position too.
+template <bool SM> __device__ __forceinline__ void sp_fwd_split(
+    const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
+    A* __restrict__ lse_out, const unsigned int n, const int C, const int inner, const long long ignore_index,
+    const double eps, A& acc_loss, A& acc_den)
+{
+    __shared__ A part[4][SPLIT][SP_PW];
+    const int lp = threadIdx.x % SP_PW, sl = threadIdx.x / SP_PW;
+    const int cs = (int)((long long)C * sl / SPLIT), cn = (int)((long long)C * (sl + 1) / SPLIT) - cs;
+    const unsigned int step = gridDim.x * SP_PW;
+    const unsigned int ci = (unsigned int)(C * inner);
+    ColWalk p(blockIdx.x * SP_PW + lp, step, inner, ci);
+    for (unsigned int b0 = blockIdx.x * SP_PW; b0 < n; b0 += step, p.next(step, inner, ci)) {
+        const bool on = p.k < n;
+        long long t = 0;
+        int tc = -1;
+        A m = NEG_INF, s = 0, swx = 0, sw = 0, xt = 0;
+        if (on && sl == 0) {
+            t = (long long)target[p.k];
+            tc = (t >= 0 && t < C) ? (int)t : -1;
+            if (tc >= 0) xt = LD(__ldg(x + p.off + tc * inner));
+        }
+        if (on) sp_fwd_sums_rt<1, U, SM>(x + p.off + cs * inner, cs, cn, inner, w, &m, &s, &swx, sw);
+        part[0][sl][lp] = m; part[1][sl][lp] = s; part[2][sl][lp] = swx; part[3][sl][lp] = sw;
+        __syncthreads();
+        if (on && sl == 0) {
+#pragma unroll
+            for (int j = 1; j < SPLIT; ++j) {
+                const A mj = part[0][j][lp], nm = fmax(m, mj);
+                const A sh = nm == NEG_INF ? (A)0 : nm;
+                s = s * exp(m - sh) + part[1][j][lp] * exp(mj - sh);
+                m = nm;
+                swx += part[2][j][lp]; sw += part[3][j][lp];
+            }
+            A lse, wt;
+            const A per = sp_loss(t, tc, ignore_index, eps, C, w, SM, m, s, swx, sw, xt, lse, wt);
+            lse_out[p.k] = lse;
+            if (REDUCTION == 0) loss_rows[p.k] = ST(per);
+            acc_loss += per; acc_den += wt;
+        }
+        __syncthreads();            // part[] is the next step's
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(256, SP_MINB)
 ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
           A* __restrict__ lse_out, A* __restrict__ partial, unsigned int* ticket, T* __restrict__ loss_out,
@@ -581,6 +643,11 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     A acc_loss = 0, acc_den = 0;
     const unsigned int n = (unsigned int)rows;
+#if SPLIT > 1
+    if (eps != 0.0) sp_fwd_split<true>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss,
+                                       acc_den);
+    else sp_fwd_split<false>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
+#else
 #if PAIR
     // PAIR: inner even, so a pair never straddles two images; x on a 2-element boundary (else one a thread: a view)
     if (((size_t)x & (2 * sizeof(X) - 1)) == 0)
@@ -589,6 +656,7 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     else
 #endif
         sp_fwd_loop<1, UB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
+#endif
     ce_grid_sum<256>(acc_loss, acc_den, partial, ticket, loss_out, denom_out, lane, warp);
 }
 
@@ -599,18 +667,18 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
 // expression -- e sum(q) g - q_c g, contracted to one FMA as before (a separate subtraction at the target rounded
 // twice: float32 dx off by an ulp there, run 4).
 template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_bwd_batch(
-    const X* q, X* d, const int c0, const int C, const int inner, const T* __restrict__ w, const double eps,
-    const int* tc, const bool* keep, const A* sumqg, const A* qt, const A* qgt, const A* gr, const A* lse,
-    const A* lsel)
+    const X* q, X* d, const int cb, const int c0, const int cn, const int C, const int inner,
+    const T* __restrict__ w, const double eps, const int* tc, const bool* keep, const A* sumqg, const A* qt,
+    const A* qgt, const A* gr, const A* lse, const A* lsel)
 {
     A v[B][P];
 #pragma unroll
     for (int k = 0; k < B; ++k)
-        if (!MASKED || c0 + k < C) sp_ld<P>(q + k * inner, v[k]);
+        if (!MASKED || c0 + k < cn) sp_ld<P>(q + k * inner, v[k]);
 #pragma unroll
     for (int k = 0; k < B; ++k) {
-        const int c = c0 + k;
-        if (MASKED && c >= C) break;
+        if (MASKED && c0 + k >= cn) break;
+        const int c = cb + c0 + k;
         const A sm = SM ? (A)(eps / C) * (HAS_W ? LD(w[c]) : (A)1) : (A)0;
         A o[P];
 #pragma unroll
@@ -627,17 +695,20 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
         sp_st<P>(d + k * inner, o);
     }
 }
+// (classes cb .. cb + cn - 1 of C, at q / d: all of them, or SPLIT's slice)
 template <int P, int B, bool SM> __device__ __forceinline__ void sp_bwd_rt(
-    const X* q, X* d, const int C, const int inner, const T* __restrict__ w, const double eps, const int* tc,
-    const bool* keep, const A* sumqg, const A* qt, const A* gr, const A* lse, const A* lsel)
+    const X* q, X* d, const int cb, const int cn, const int C, const int inner, const T* __restrict__ w,
+    const double eps, const int* tc, const bool* keep, const A* sumqg, const A* qt, const A* gr, const A* lse,
+    const A* lsel)
 {
     A qgt[P];
 #pragma unroll
     for (int j = 0; j < P; ++j) qgt[j] = qt[j] != (A)0 ? qt[j] * gr[j] : (A)0;
     int c0 = 0;
-    for (; c0 + B <= C; c0 += B, q += B * inner, d += B * inner)
-        sp_bwd_batch<P, B, false, SM>(q, d, c0, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
-    if (c0 < C) sp_bwd_batch<P, B, true, SM>(q, d, c0, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
+    for (; c0 + B <= cn; c0 += B, q += B * inner, d += B * inner)
+        sp_bwd_batch<P, B, false, SM>(q, d, cb, c0, cn, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
+    if (c0 < cn)
+        sp_bwd_batch<P, B, true, SM>(q, d, cb, c0, cn, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
 }
 #endif
 
@@ -649,9 +720,13 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
     const long long ignore_index, const double eps, const A sw, const A gm)
 {
     const bool smooth = eps != 0.0;
-    const unsigned int step = P * gridDim.x * blockDim.x;
+    // SPLIT > 1 (one position a thread): SP_PW consecutive positions a block step, thread t on position t % SP_PW,
+    // classes [cs, cs + cn) -- slice t / SP_PW of C; else every class of P positions
+    const unsigned int step = P * gridDim.x * SP_BW;
     const unsigned int ci = (unsigned int)(CN * inner);
-    for (ColWalk p(P * (blockIdx.x * blockDim.x + threadIdx.x), step, inner, ci); p.k < n; p.next(step, inner, ci)) {
+    const int cs = SPLIT > 1 ? (int)((long long)C * (threadIdx.x / SP_PW) / SPLIT) : 0;
+    const int cn = SPLIT > 1 ? (int)((long long)C * (threadIdx.x / SP_PW + 1) / SPLIT) - cs : CN;
+    for (ColWalk p(P * (blockIdx.x * SP_BW + SP_LANE), step, inner, ci); p.k < n; p.next(step, inner, ci)) {
         const int base = (int)p.off;
         int tc[P];
         bool keep[P];
@@ -670,12 +745,15 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
             lsel[j] = lse[j] * (A)1.4426950408889634;
         }
         if (P == 1 && !keep[0]) {
-            for (int c = 0; c < CN; ++c) dx[base + c * inner] = STX((A)0);
+            for (int c = cs; c < cs + cn; ++c) dx[base + c * inner] = STX((A)0);
             continue;
         }
 #if CC == 0 && SP_RT
-        if (smooth) sp_bwd_rt<P, B, true>(x + base, dx + base, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
-        else sp_bwd_rt<P, B, false>(x + base, dx + base, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
+        const int cb = base + cs * inner;
+        if (smooth)
+            sp_bwd_rt<P, B, true>(x + cb, dx + cb, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
+        else
+            sp_bwd_rt<P, B, false>(x + cb, dx + cb, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
         continue;
 #endif
 #pragma unroll
@@ -1512,6 +1590,22 @@ SP_RT = os.environ.get("MINIDNN_CE_SP_RT", "1") != "0"
 # (H200, graph replays) had pairs 2-19% ahead at (16, 150, 128, 128) (131072 pairs) and 16-45% behind at
 # (4, 171, 128, 128) and (8, 150, 64, 64) (32768 and 16384: under a block an SM).  (A module attribute: tests set 0.)
 SP_RT_PAIR_BLOCKS = 2
+# SP_SPLIT (session 23): past SP_CC with too few positions to fill the GPU one a thread (ADE20K's 150 classes at
+# (8, 150, 64, 64): 32768 positions, 128 blocks for 132 SMs -- run 4: 52% / 31% of copy forward float32 / bfloat16),
+# SPLIT threads a position, each a slice of at least SP_SPLIT_MIN classes: the forward's slices meet in shared memory
+# (sp_fwd_split), the backward's need not meet (every dx its own).  SPLIT the smallest power of two up to 8 that gives
+# the device its resident threads.  MINIDNN_CE_SP_SPLIT=0: one thread a position (A/B).
+SP_SPLIT = os.environ.get("MINIDNN_CE_SP_SPLIT", "1") != "0"
+SP_SPLIT_MIN = 32         # classes a slice (two of the forward's batches)
+
+
+def sp_split(rows, c, threads):
+    """Threads a position for ``rows`` positions of ``c`` classes (C read at run time) on a device that holds
+    ``threads`` at once: SP_SPLIT's rule."""
+    s = 1
+    while SP_SPLIT and s < 8 and rows * s < threads and c // (2 * s) >= SP_SPLIT_MIN:
+        s *= 2
+    return s
 
 CE_LONG = os.environ.get("MINIDNN_CE_LONG", "2")
 # MINIDNN_CE_LONG_SLOTS=1 (default: one stage slot, a chunk in flight a block) | 3 (three slots, two chunks in flight,
@@ -1638,9 +1732,11 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         rt = ("SP_RT=1",) if not cc and SP_RT and accum != "double" else ()              # SP_RT's comment
         rt_pair = rt and rows // 2 >= sms * SP_RT_PAIR_BLOCKS * THREADS                  # SP_RT_PAIR_BLOCKS'
         pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt_pair)                         # SP_PAIR's comment
+        split = sp_split(rows, c, sms * minb * THREADS) if rt and not pair else 1        # SP_SPLIT's comment
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
                 base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
-                + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ()), -(-rows // (THREADS * (1 + pair))),
+                + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ())
+                + ((f"SPLIT={split}",) if split > 1 else ()), -(-rows * split // (THREADS * (1 + pair))),
                 minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
