@@ -1594,7 +1594,10 @@ SP_RT_PAIR_BLOCKS = 2
 # (8, 150, 64, 64): 32768 positions, 128 blocks for 132 SMs -- run 4: 52% / 31% of copy forward float32 / bfloat16),
 # SPLIT threads a position, each a slice of at least SP_SPLIT_MIN classes: the forward's slices meet in shared memory
 # (sp_fwd_split), the backward's need not meet (every dx its own).  SPLIT the smallest power of two up to 8 that gives
-# the device its resident threads.  MINIDNN_CE_SP_SPLIT=0: one thread a position (A/B).
+# the device its resident threads (the forward: half of them).  Run 7 (H200, graph replays, against one thread a
+# position): backward 1.10-1.43x at (8, 150, 64, 64), (2, 150, 128, 128), (4, 171, 128, 128) -- float32 at 77-111% of
+# copy, bfloat16 66-77%; forward 1.15x at 32768 positions, 0.89-0.91x at 65536 (split 4 then, 2 now: not measured).
+# MINIDNN_CE_SP_SPLIT=0: one thread a position (A/B).
 SP_SPLIT = os.environ.get("MINIDNN_CE_SP_SPLIT", "1") != "0"
 SP_SPLIT_MIN = 32         # classes a slice (two of the forward's batches)
 
@@ -1732,7 +1735,9 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         rt = ("SP_RT=1",) if not cc and SP_RT and accum != "double" else ()              # SP_RT's comment
         rt_pair = rt and rows // 2 >= sms * SP_RT_PAIR_BLOCKS * THREADS                  # SP_RT_PAIR_BLOCKS'
         pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt_pair)                         # SP_PAIR's comment
-        split = sp_split(rows, c, sms * minb * THREADS) if rt and not pair else 1        # SP_SPLIT's comment
+        # (the forward aims at half the resident threads: its slices meet, and run 7 had its split 4 behind one thread
+        # a position at (4, 171, 128, 128), 65536 positions, ahead at 32768; the backward's 4 ahead at both)
+        split = sp_split(rows, c, sms * minb * THREADS // (2 if name == "ce_fwd" else 1)) if rt and not pair else 1
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
                 base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
                 + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ())
