@@ -97,10 +97,11 @@ def _spatial_builds():
         for kname in ("ce_fwd", "ce_bwd"):
             for w, red, eps, index in ((False, "mean", 0.0, np.int64), (True, "none", 0.1, np.int32),
                                        (True, "sum", 0.1, np.int64), (False, "none", 0.0, np.int64)):
-                for c in (24, 32, 40, 150):  # CC (the class count compiled in) at SP_CC's bounds, then C read
-                    # (150 classes at these 2048 positions: SPLIT 4)
+                for c, sms in ((24, 132), (32, 132), (40, 132), (150, 132), (150, 1)):
+                    # CC (the class count compiled in) at SP_CC's bounds, then C read (150 classes at these 2048
+                    # positions: SPLIT 4; on one SM: pairs)
                     src, k, defines, *_ = _lk.launch_spec(kname, (8, c, 16, 16), _dtype(name), index, w, red, eps,
-                                                          widen)
+                                                          widen, sms=sms)
                     jobs.append((k, defines, name))
     return jobs
 
@@ -235,12 +236,18 @@ def test_spatial_pairs_and_views(cp, monkeypatch, name):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", [(4, 19, 16, 10), (3, 21, 7, 9), (2, 40, 12, 10), (3, 27, 14, 12),
-                                   (2, 96, 12, 10), (3, 150, 9, 7)],
-                         ids=["pairs", "odd-inner", "C-read", "fwd-pairs-bwd-single", "split-2", "split-4-odd"])
+                                   (2, 96, 12, 10), (3, 150, 9, 7), (2, 150, 12, 10, "pairs")],
+                         ids=["pairs", "odd-inner", "C-read", "fwd-pairs-bwd-single", "split-2", "split-4-odd",
+                              "rt-pairs"])
 def test_spatial_grid_stride(cp, monkeypatch, shape):
-    """A grid of 3 blocks, so every thread walks several positions (SpPos.next: (o, i) advanced by the stride,
-    crossing images), forward and backward, against float64: pairs, odd inner, C read at run time, and a backward
-    past SP_CC's 24 (one position a thread) beside a paired forward."""
+    """A grid of 3 blocks, so every thread walks several positions (ColWalk.next: (o, i) advanced by the stride,
+    crossing images), forward and backward, against float64: pairs, odd inner, C read at run time, a backward past
+    SP_CC's 24 (one position a thread) beside a paired forward, SPLIT's slices (the forward's barriers in a walk whose
+    last step leaves threads idle), and pairs past SP_CC (SP_RT_PAIR_BLOCKS 0)."""
+    if shape[-1] == "pairs":
+        shape = shape[:-1]
+        monkeypatch.setattr(_lk, "SP_RT_PAIR_BLOCKS", 0)
+        assert "PAIR=1" in _lk.launch_spec("ce_fwd", shape, np.dtype(np.float32), np.int64, True, "none", 0.1)[2]
     monkeypatch.setattr(_lk, "_grid", lambda groups, dev, per_sm: min(groups, 3))
     _lk._plans.clear()
     rng = np.random.default_rng(23)
@@ -380,7 +387,7 @@ def test_spatial_rt_bitwise(cp, monkeypatch, name, shape):
         x[0, 5, 2, 2] = np.inf
         xd, td = cp.asarray(x.astype(dt)), cp.asarray(t)
         wd = None if w is None else cp.asarray(w.astype(dt))
-        out = {}
+        out, dens = {}, {}
         for rt, pair in ((False, False), (True, False), (True, True)):
             monkeypatch.setattr(_lk, "SP_RT", rt)
             monkeypatch.setattr(_lk, "SP_PAIR", pair)
@@ -389,6 +396,11 @@ def test_spatial_rt_bitwise(cp, monkeypatch, name, shape):
             g = cp.ones(loss.shape, loss.dtype) * 0.75
             dx = B.softmax_cross_entropy_backward(None, xd, td, g, lse, den, wd, -100, eps, reduction)
             out[rt, pair] = [to_numpy(a) for a in (loss, lse, dx)]
+            dens[rt, pair] = to_numpy(den)
+            if pair:        # the paired backward on one-a-thread's lse and denominator: its dx to the bit
+                lse1, den1 = cp.asarray(out[True, False][1]), cp.asarray(dens[True, False])
+                dx1 = B.softmax_cross_entropy_backward(None, xd, td, g, lse1, den1, wd, -100, eps, reduction)
+                assert np.array_equal(to_numpy(dx1), out[True, False][2], equal_nan=True), (weighted, eps, reduction)
             spec = _lk.launch_spec("ce_bwd", shape, dt, np.int64, weighted, reduction, eps)
             assert ("SP_RT=1" in spec[2]) == rt      # (the forward of 25 classes compiles C in: the backward reads it)
             assert ("PAIR=1" in spec[2]) == (pair and shape[2] * shape[3] % 2 == 0)
@@ -396,10 +408,12 @@ def test_spatial_rt_bitwise(cp, monkeypatch, name, shape):
         for a, b in zip(out[True, False], out[False, False]):
             assert np.array_equal(a, b, equal_nan=True), (weighted, eps, reduction)
         # pairs: batches of UP classes (12 forward), not U (16): the forward's sums in another order -- within
-        # rounding of one a thread (the special positions the same: NaN / inf wherever they were)
+        # rounding of one a thread (the special positions the same: NaN / inf wherever they were); lse is float32 in
+        # every dtype, the loss and dx in x's
         rtol = 2e-6 if name == "float32" else 1e-2
-        for a, b in zip(out[True, True], out[True, False]):
-            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=rtol)
+        for k, (a, b) in enumerate(zip(out[True, True], out[True, False])):
+            r = 2e-6 if k == 1 else rtol
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=r, atol=r)
 
 
 def test_sp_split_rule(monkeypatch):

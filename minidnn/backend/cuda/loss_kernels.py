@@ -336,15 +336,16 @@ __device__ __forceinline__ float ex2_fast(float x)
 # classes of ONE position, 32 lines for 32 values (2-4% of copy at (32, 21, 128, 128), 0.3x PyTorch: session 21).
 # The class count is compiled in (CC, the planner's SP_CC: up to 32 forward, 24 backward): a position's classes all
 # loaded at once, the loops unrolled without masks; past it C is read at run time and walked U at a time (16 forward,
-# 8 backward; SP_RT: the full batches without masks).  PAIR (SP_PAIR, where inner is even and CC or SP_RT): a thread
-# takes positions r, r + 1 (never two images: inner even) with one 4- or 8-byte load a class, in batches of UP classes
-# (registers); an x (or dx) off the 2-element boundary takes one position a thread inside the same build.  (o, i)
-# advance with the grid stride, no division.
+# 8 backward; SP_RT: the full batches without masks, x[t] loaded once).  PAIR (SP_PAIR, where inner is even, and CC
+# or SP_RT with positions to fill the GPU twice): a thread takes positions r, r + 1 (never two images: inner even)
+# with one 4- or 8-byte load a class, in batches of UP classes (registers); an x (or dx) off the 2-element boundary
+# takes one position a thread inside the same build.  SPLIT (SP_SPLIT: SP_RT with too few positions to fill it once):
+# 2-8 threads a position, each a slice of the classes.  (o, i) advance with the grid stride, no division.
 #   ce_sp_fwd: per position, ONE pass over the classes, a batch at a time: the batch's max first (fmax: NaN skipped,
 #              yet a NaN element makes its exp, so s and lse, NaN -- row_stats' NaN), the running sum rescaled once
 #              when the max grows (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch
 #              (FASTX's ex2.approx where the row kernels take it); an -inf row keeps shift 0 as row_stats does; x[t]
-#              picked on the way (an int compare); the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd;
+#              picked on the way (an int compare; SP_RT: one load); the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd;
 #              'mean' / 'sum': ce_grid_sum, the row forward's grid sum (the LAST block's 256 threads add the
 #              partials: ~2 loads a thread where one thread's loop over 528 partials was a chain at the kernel's end).
 #   ce_sp_bwd: per position, dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's expression
@@ -754,8 +755,7 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
             sp_bwd_rt<P, B, true>(x + cb, dx + cb, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
         else
             sp_bwd_rt<P, B, false>(x + cb, dx + cb, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
-        continue;
-#endif
+#else
 #pragma unroll
         for (int c0 = 0; c0 < CN; c0 += B) {
             A v[B][P];
@@ -779,6 +779,7 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
                 sp_st<P>(dx + base + c * inner, o);
             }
         }
+#endif
     }
 }
 
@@ -1580,7 +1581,8 @@ SP_PAIR = os.environ.get("MINIDNN_CE_SP_PAIR", "1") == "1"
 SP_UP = (12, 6)     # nvcc 13, 64 registers: no spill in any planned build (the backward at 8-12 spilled)
 # SP_RT (session 23): where C is read at run time (past SP_CC: ADE20K's 150 classes, COCO-stuff's 171), the full
 # batches of classes without a mask, the class pointer advanced once a batch, the smoothing terms compiled in or out
-# and x[t] loaded once a position (sp_fwd_sums_rt / sp_bwd_rt): the same batches and expressions, so the same bits;
+# and x[t] loaded once a position (sp_fwd_sums_rt / sp_bwd_rt): the same batches and expressions, so one position a
+# thread gives the same bits (pairs, now taken past SP_CC too, sum the forward in UP's batches: other bits);
 # nvcc 13 SASS (bfloat16, (16, 150, 128, 128)): the forward's batch of 16 classes 570 -> 139 instructions, the
 # backward's of 8 327 -> 102 (float32 742 -> 236, 422 -> 149) -- session 23's run 3 had the forward at 34% of copy
 # in bfloat16, 60% in float32: bound by instructions, not bytes.  Not float64 (its weighted, smoothed forward spilled
