@@ -345,9 +345,10 @@ __device__ __forceinline__ float ex2_fast(float x)
 #              yet a NaN element makes its exp, so s and lse, NaN -- row_stats' NaN), the running sum rescaled once
 #              when the max grows (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch
 #              (FASTX's ex2.approx where the row kernels take it); an -inf row keeps shift 0 as row_stats does; x[t]
-#              picked on the way (an int compare; SP_RT: one load); the smoothing sums beside.  lse and the loss as SOURCE's ce_fwd;
-#              'mean' / 'sum': ce_grid_sum, the row forward's grid sum (the LAST block's 256 threads add the
-#              partials: ~2 loads a thread where one thread's loop over 528 partials was a chain at the kernel's end).
+#              picked on the way (an int compare; SP_RT: one load); the smoothing sums beside.  lse and the loss as
+#              SOURCE's ce_fwd; 'mean' / 'sum': ce_grid_sum, the row forward's grid sum (the LAST block's 256 threads
+#              add the partials: ~2 loads a thread where one thread's loop over 528 partials was a chain at the
+#              kernel's end).
 #   ce_sp_bwd: per position, dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's expression
 #              (the same bits wherever the smoothing sum of the weights is not needed: it is summed in class order
 #              here, in lane order there); an ignored position's dx 0.
@@ -1596,9 +1597,10 @@ SP_RT_PAIR_BLOCKS = 2
 # (8, 150, 64, 64): 32768 positions, 128 blocks for 132 SMs -- run 4: 52% / 31% of copy forward float32 / bfloat16),
 # SPLIT threads a position, each a slice of at least SP_SPLIT_MIN classes: the forward's slices meet in shared memory
 # (sp_fwd_split), the backward's need not meet (every dx its own).  SPLIT the smallest power of two up to 8 that gives
-# the device its resident threads (the forward: half of them).  Run 7 (H200, graph replays, against one thread a
-# position): backward 1.10-1.43x at (8, 150, 64, 64), (2, 150, 128, 128), (4, 171, 128, 128) -- float32 at 77-111% of
-# copy, bfloat16 66-77%; forward 1.15x at 32768 positions, 0.89-0.91x at 65536 (split 4 then, 2 now: not measured).
+# the device half its resident threads.  H200, graph replays, against one thread a position: run 7 (split to all the
+# resident threads) backward 1.10-1.43x at 32768 and 65536 positions ((8, 150, 64, 64), (4, 171, 128, 128): split 4),
+# forward 1.15x at 32768 but 0.89-0.91x at 65536; run 8 (half) forward 1.04-1.05x at 65536 (split 2), while the
+# backward's split 2 at 131072 positions ((8, 150, 128, 128), the full-threads rule) lost 1-5%.
 # MINIDNN_CE_SP_SPLIT=0: one thread a position (A/B).
 SP_SPLIT = os.environ.get("MINIDNN_CE_SP_SPLIT", "1") != "0"
 SP_SPLIT_MIN = 32         # classes a slice (two of the forward's batches)
@@ -1737,9 +1739,8 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         rt = ("SP_RT=1",) if not cc and SP_RT and accum != "double" else ()              # SP_RT's comment
         rt_pair = rt and rows // 2 >= sms * SP_RT_PAIR_BLOCKS * THREADS                  # SP_RT_PAIR_BLOCKS'
         pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt_pair)                         # SP_PAIR's comment
-        # (the forward aims at half the resident threads: its slices meet, and run 7 had its split 4 behind one thread
-        # a position at (4, 171, 128, 128), 65536 positions, ahead at 32768; the backward's 4 ahead at both)
-        split = sp_split(rows, c, sms * minb * THREADS // (2 if name == "ce_fwd" else 1)) if rt and not pair else 1
+        # (half the resident threads: SP_SPLIT's comment)
+        split = sp_split(rows, c, sms * minb * THREADS // 2) if rt and not pair else 1
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
                 base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
                 + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ())
