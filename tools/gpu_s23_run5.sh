@@ -3,6 +3,8 @@
 # cross-entropy), SMCLP's pipelined cluster forward (smx_fwdp, PIPE "1" / "late"), BNCL23's channel rounds for
 # channels-last batch norm -- then their A/Bs (graph replays, PyTorch beside).  ~7 min on a fresh H200.
 #   From a clean archive of HEAD:  OUT=$OUT bash tools/gpu_s23_run5.sh
+# (A record of run 5: both helpers' candidates, their tests and tools were removed after it -- 55819c0 -- so only
+# its spatial part still runs at later commits.)
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-200} CTIME=${CTIME:-170} TAIL=${TAIL:-80}
 export PARTS="tests/backend/test_ce_spatial.py -k rt_bitwise~or~route~or~grid_stride~or~pairs;;\
