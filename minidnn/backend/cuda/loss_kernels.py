@@ -751,11 +751,11 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
             continue;
         }
 #if CC == 0 && SP_RT
-        const int cb = base + cs * inner;
+        const int at = base + cs * inner;           // class cs of the position(s)
         if (smooth)
-            sp_bwd_rt<P, B, true>(x + cb, dx + cb, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
+            sp_bwd_rt<P, B, true>(x + at, dx + at, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
         else
-            sp_bwd_rt<P, B, false>(x + cb, dx + cb, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
+            sp_bwd_rt<P, B, false>(x + at, dx + at, cs, cn, C, inner, w, eps, tc, keep, sumqg, qt, gr, lse, lsel);
 #else
 #pragma unroll
         for (int c0 = 0; c0 < CN; c0 += B) {
