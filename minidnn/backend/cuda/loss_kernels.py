@@ -592,12 +592,13 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
 // to the larger max, s * 0 where a max was -inf (a NaN sum kept), as the batches do -- and loads x[t], writes lse and
 // the loss.  Other bits than one thread a position (other batch boundaries), within rounding.  The walk is
 // block-uniform: every thread meets at the barriers, past the last position too.
+static_assert(SPLIT == 1 || (SP_RT && !PAIR && CC == 0), "SPLIT: C read at run time (SP_RT), one position a thread");
+// (part: the slices' (m, s, swx, sw) -- the kernel's, so that both smoothing instantiations share one array)
 template <bool SM> __device__ __forceinline__ void sp_fwd_split(
     const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
     A* __restrict__ lse_out, const unsigned int n, const int C, const int inner, const long long ignore_index,
-    const double eps, A& acc_loss, A& acc_den)
+    const double eps, A& acc_loss, A& acc_den, A (*part)[SPLIT][SP_PW])
 {
-    __shared__ A part[4][SPLIT][SP_PW];
     const int lp = threadIdx.x % SP_PW, sl = threadIdx.x / SP_PW;
     const int cs = (int)((long long)C * sl / SPLIT), cn = (int)((long long)C * (sl + 1) / SPLIT) - cs;
     const unsigned int step = gridDim.x * SP_PW;
@@ -646,9 +647,11 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     A acc_loss = 0, acc_den = 0;
     const unsigned int n = (unsigned int)rows;
 #if SPLIT > 1
+    __shared__ A part[4][SPLIT][SP_PW];
     if (eps != 0.0) sp_fwd_split<true>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss,
-                                       acc_den);
-    else sp_fwd_split<false>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
+                                       acc_den, part);
+    else sp_fwd_split<false>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den,
+                             part);
 #else
 #if PAIR
     // PAIR: inner even, so a pair never straddles two images; x on a 2-element boundary (else one a thread: a view)
