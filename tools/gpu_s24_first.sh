@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-220} CTIME=${CTIME:-200} TAIL=${TAIL:-60}
 export PARTS="tests/backend/test_ce_spatial.py -k against_float64;;tests/backend/test_ce_spatial.py -k not~against_float64"
 export CMDS="python3 tools/ce_sp_ab.py --rounds 3 --trials 5 --settings nosplit,pair --shapes 4x171x128x128,8x150x64x64;;\
-OUT=\$OUT bash tools/ncu_s23.sh"
+bash tools/ncu_s23.sh"
 exec bash tools/gpu_s9_parts.sh
