@@ -424,60 +424,16 @@ template <int P> __device__ __forceinline__ void sp_st(X* d, const A* v)
     }
 }
 
-// The forward of P positions at q (their class c at q[c * inner + j]): each position's running max m and sum s of
-// exp(x - m) over the classes, B at a time -- the batch's max first (fmax: NaN skipped, yet a NaN element makes its
-// exp, so s and lse, NaN; an all -inf position so far keeps shift 0; a +inf max gives exp(inf - inf) = NaN), the sum
-// rescaled once when the max grows (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch;
-// x[t] picked on the way (tc[j]: the class, -1 for none), the smoothing sums beside.
-template <int P, int B> __device__ __forceinline__ void sp_fwd_sums(
-    const X* q, const int C, const int inner, const int* tc, const T* __restrict__ w, const bool smooth,
-    A* m, A* s, A* swx, A& sw, A* xt)
-{
-#pragma unroll
-    for (int c0 = 0; c0 < CN; c0 += B) {
-        A v[B][P];
-#pragma unroll
-        for (int k = 0; k < B; ++k) {
-            if (c0 + k < CN) sp_ld<P>(q + (c0 + k) * inner, v[k]);
-            else {
-#pragma unroll
-                for (int j = 0; j < P; ++j) v[k][j] = NEG_INF;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < P; ++j) {
-            A bm = m[j];
-#pragma unroll
-            for (int k = 0; k < B; ++k) bm = fmax(bm, v[k][j]);
-            const A sh = bm == NEG_INF ? (A)0 : bm;
-            if (bm != m[j]) s[j] *= exp(m[j] - sh);
-            m[j] = bm;
-            const A shl = sh * (A)1.4426950408889634;
-#pragma unroll
-            for (int k = 0; k < B; ++k) {
-                if (c0 + k >= CN) break;
-                const A u = v[k][j];
-                s[j] += CE_EXP(u, sh, shl);
-                if (c0 + k == tc[j]) xt[j] = u;
-                if (smooth) {
-                    const A wc = HAS_W ? LD(w[c0 + k]) : (A)1;
-                    swx[j] += wc * u;
-                    if (j == 0) sw += wc;
-                }
-            }
-        }
-    }
-}
-
-#if CC == 0 && SP_RT
-// The forward's sums where C is read at run time (many classes: ADE20K's 150, COCO-stuff's 171): the batches of B
-// classes sp_fwd_sums takes, in the same order, so the same bits -- but the full batches without masks (the masked
-// batch only at the end: `c0 + k < C` was a compare and a select an element), the class pointer advanced once a
-// batch, the smoothing sums compiled in or out (SM: a branch an element before), and x[t] loaded once a position by
-// the caller (the same value, not an int compare and a select an element).
-template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_fwd_batch(
-    const X* q, const int cb, const int c0, const int cn, const int inner, const T* __restrict__ w, A* m, A* s,
-    A* swx, A& sw)
+// One batch of B classes of the forward, from class cb + c0 (q: its element of the P positions; class c of position j
+// at q[(c - cb - c0) * inner + j]): each position's running max m and sum s of exp(x - m) -- the batch's max first
+// (fmax: NaN skipped, yet a NaN element makes its exp, so s and lse, NaN; an all -inf position so far keeps shift 0;
+// a +inf max gives exp(inf - inf) = NaN), the sum rescaled once when the max grows (s * 0 while m was -inf: a NaN sum
+// kept), then one exp an element with no branch; the smoothing sums beside (sm: a compile-time constant where the
+// caller passes one).  MASKED: classes past cn are -inf and skipped (a compile-time test where cn is CC).  PICK: x[t]
+// picked on the way (tc[j]: the class, -1 for none -- an int compare and a select an element; SP_RT loads it once).
+template <int P, int B, bool MASKED, bool PICK> __device__ __forceinline__ void sp_fwd_batch(
+    const X* q, const int cb, const int c0, const int cn, const int inner, const T* __restrict__ w, const bool sm,
+    const int* tc, A* m, A* s, A* swx, A& sw, A* xt)
 {
     A v[B][P];
 #pragma unroll
@@ -502,7 +458,8 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
             if (MASKED && c0 + k >= cn) break;
             const A u = v[k][j];
             s[j] += CE_EXP(u, sh, shl);
-            if (SM) {
+            if (PICK && c0 + k == tc[j]) xt[j] = u;
+            if (sm) {
                 const A wc = HAS_W ? LD(w[cb + c0 + k]) : (A)1;
                 swx[j] += wc * u;
                 if (j == 0) sw += wc;
@@ -510,14 +467,32 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
         }
     }
 }
-// (classes cb .. cb + cn - 1 of the position(s) whose class cb is at q: all of them, or SPLIT's slice)
+
+// The forward's sums over all classes of P positions at q, every batch masked (compile-time masks where CC), x[t]
+// picked on the way, the smoothing tested at run time: the class count compiled in, or SP_RT off.
+template <int P, int B> __device__ __forceinline__ void sp_fwd_sums(
+    const X* q, const int C, const int inner, const int* tc, const T* __restrict__ w, const bool smooth,
+    A* m, A* s, A* swx, A& sw, A* xt)
+{
+#pragma unroll
+    for (int c0 = 0; c0 < CN; c0 += B)
+        sp_fwd_batch<P, B, true, true>(q + c0 * inner, 0, c0, CN, inner, w, smooth, tc, m, s, swx, sw, xt);
+}
+
+#if CC == 0 && SP_RT
+// The forward's sums where C is read at run time (many classes: ADE20K's 150, COCO-stuff's 171): sp_fwd_sums's
+// batches in the same order, so the same bits -- but the full batches without masks (the masked batch only at the
+// end: `c0 + k < C` was a compare and a select an element), the class pointer advanced once a batch, the smoothing
+// sums compiled in or out (SM: a branch an element before), and x[t] loaded once a position by the caller (the same
+// value, not an int compare and a select an element).  Classes cb .. cb + cn - 1 of the position(s) whose class cb
+// is at q: all of them, or SPLIT's slice.
 template <int P, int B, bool SM> __device__ __forceinline__ void sp_fwd_sums_rt(
     const X* q, const int cb, const int cn, const int inner, const T* __restrict__ w, A* m, A* s, A* swx, A& sw)
 {
     int c0 = 0;
     for (; c0 + B <= cn; c0 += B, q += B * inner)
-        sp_fwd_batch<P, B, false, SM>(q, cb, c0, cn, inner, w, m, s, swx, sw);
-    if (c0 < cn) sp_fwd_batch<P, B, true, SM>(q, cb, c0, cn, inner, w, m, s, swx, sw);
+        sp_fwd_batch<P, B, false, false>(q, cb, c0, cn, inner, w, SM, nullptr, m, s, swx, sw, nullptr);
+    if (c0 < cn) sp_fwd_batch<P, B, true, false>(q, cb, c0, cn, inner, w, SM, nullptr, m, s, swx, sw, nullptr);
 }
 #endif
 
