@@ -245,6 +245,32 @@ def alternate(timer, settings, switch, fn, tfn, rounds):
     return got, ratios, vs_torch, tms
 
 
+def ab_lines(head, settings, got, ratios, vs_torch, tms, nbytes, bw, same=None, note=None):
+    """The A/B tools' report of one case (softmax_cluster_ab, cols_ab, ce_sp_ab), from ``alternate``'s lists: a line a
+    setting -- the median ms, GB/s and % of the copy bandwidth ``bw`` for the compulsory ``nbytes``, the spread over
+    rounds, the median per-round ratio to the first setting timed, PyTorch's over this one, ``note(s)`` -- where a
+    setting planned the same launch as an earlier one (absent from ``got``; ``same[s]``: that one) a line saying so,
+    then PyTorch's line.  ``head``: the case's columns (op, dtype, shape) as the tool lays them out."""
+    first = next(s for s in settings if s in got)
+    lines = []
+    for s in settings:
+        if s not in got:
+            lines.append(f"{head} {s:7s} = {same[s]} (the same launch)")
+            continue
+        ms = statistics.median(got[s])
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        vt = f"  torch/this {statistics.median(vs_torch[s]):5.2f}" if vs_torch[s] else ""
+        extra = f"  {note(s)}" if note else ""
+        lines.append(f"{head} {s:7s} {ms:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}% of copy  spread "
+                     f"{100 * (max(got[s]) / min(got[s]) - 1):4.1f}%  {first}/this {statistics.median(ratios[s]):5.3f}"
+                     f"{vt}{extra}")
+    if tms:
+        tm = statistics.median(tms)
+        gbs = nbytes / (tm * 1e-3) / 1e9
+        lines.append(f"{head} {'torch':7s} {tm:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}% of copy")
+    return lines
+
+
 def forget_softmax():
     """Forget every settled softmax / cross-entropy launch -- the kernel plans and the primitive's seen-call caches --
     so that a switch flipped on softmax_kernels, softmax_cluster or loss_kernels takes effect on the next call."""

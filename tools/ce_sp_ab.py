@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,17 +41,8 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
     _, _, (fn, tfn, nbytes), _ = next(r for r in cases.spatial(shape) if r[0] == label)
     got, ratios, vs_torch, tgot = KG.alternate(timer, settings, _switch, fn, tfn, rounds)
     _switch("pair")
-    for s in settings:
-        ms = statistics.median(got[s])
-        gbs = nbytes / (ms * 1e-3) / 1e9
-        vt = f"  torch/this {statistics.median(vs_torch[s]):5.2f}" if vs_torch[s] else ""
-        print(f"{label:15s} {dtype_name:9s} {str(shape):18s} {s:5s} {ms:8.4f} ms {100 * gbs / bw:4.0f}% of copy  "
-              f"spread {100 * (max(got[s]) / min(got[s]) - 1):4.1f}%  {settings[0]}/this "
-              f"{statistics.median(ratios[s]):5.3f}{vt}")
-    if tgot:
-        tms = statistics.median(tgot)
-        print(f"{label:15s} {dtype_name:9s} {str(shape):18s} torch {tms:8.4f} ms "
-              f"{nbytes / (tms * 1e-3) / 1e9 / bw * 100:4.0f}% of copy")
+    print("\n".join(KG.ab_lines(f"{label:15s} {dtype_name:9s} {str(shape):18s}", settings, got, ratios, vs_torch,
+                                 tgot, nbytes, bw)))
     sys.stdout.flush()
 
 

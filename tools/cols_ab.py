@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import sys
 import time
 
@@ -126,22 +125,14 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
         got, ratios, vs_torch, tgot = KG.alternate(timer, distinct, _switch, fn, tfn, rounds)
     finally:
         _restore()
-    for s in settings:
-        if s not in got:
-            print(f"{label:24s} {dtype_name:9s} {str(shape):18s} {s:7s} = {same[s]} (the same kernel)")
-            continue
-        ms = statistics.median(got[s])
-        gbs = nbytes / (ms * 1e-3) / 1e9
-        spread = max(got[s]) / min(got[s]) - 1
-        vt = f"  torch/this {statistics.median(vs_torch[s]):5.2f}" if vs_torch[s] else ""
+
+    def kern(s):
         d = dict(x.split("=", 1) for x in plans[s][1])
-        kern = " ".join(f"{k}={d[k]}" for k in ("CREG", "CC", "PAIR", "SPLIT", "SK", "CFX", "CMINB") if k in d)
-        print(f"{label:24s} {dtype_name:9s} {str(shape):18s} {s:7s} {ms:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%"
-              f"  spread {100 * spread:4.1f}%  {distinct[0]}/this {statistics.median(ratios[s]):5.3f}{vt}  [{kern}]")
-    if tgot:
-        tms = statistics.median(tgot)
-        print(f"{label:24s} {dtype_name:9s} {str(shape):18s} {'torch':7s} {tms:8.4f} ms "
-              f"{nbytes / (tms * 1e-3) / 1e9 / bw * 100:4.0f}% of copy")
+        keys = ("CREG", "CC", "PAIR", "SPLIT", "SK", "CFX", "CMINB")
+        return "[" + " ".join(f"{k}={d[k]}" for k in keys if k in d) + "]"
+
+    print("\n".join(KG.ab_lines(f"{label:24s} {dtype_name:9s} {str(shape):18s}", settings, got, ratios, vs_torch,
+                                 tgot, nbytes, bw, same, kern)))
     sys.stdout.flush()
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -165,21 +164,8 @@ def run_case(timer, torch, cases, op, shape, dtype_name, bw, rounds, settings):
         got, ratios, vs_torch, tms = KG.alternate(timer, distinct, switch, fn, tfn, rounds)
     finally:
         restore()
-    tm = statistics.median(tms) if tms else None
-    for s in settings:
-        if s not in got:
-            print(f"{name:16s} {dtype_name:9s} {str(shape):14s} {s:4s}  = {same[s]} (the same launch)")
-            continue
-        ms = statistics.median(got[s])
-        gbs = nbytes / (ms * 1e-3) / 1e9
-        spread = max(got[s]) / min(got[s]) - 1
-        vs = f"  torch/this {statistics.median(vs_torch[s]):5.3f}" if vs_torch[s] else ""
-        print(f"{name:16s} {dtype_name:9s} {str(shape):14s} {s:4s} {ms:8.4f} ms {gbs:6.0f} GB/s "
-              f"{100 * gbs / bw:4.0f}%  spread {100 * spread:4.1f}%  {distinct[0]}/this "
-              f"{statistics.median(ratios[s]):.3f}{vs}   {describe(plans[s])}")
-    if tm:
-        gbs = nbytes / (tm * 1e-3) / 1e9
-        print(f"{name:16s} {dtype_name:9s} {str(shape):14s} torch {tm:8.4f} ms {gbs:6.0f} GB/s {100 * gbs / bw:4.0f}%")
+    print("\n".join(KG.ab_lines(f"{name:16s} {dtype_name:9s} {str(shape):14s}", settings, got, ratios, vs_torch, tms,
+                                 nbytes, bw, same, lambda s: describe(plans[s]))))
     sys.stdout.flush()
 
 

@@ -170,3 +170,24 @@ def test_alternate_rounds():
     for i, e in enumerate(log):                     # each setting's graph after its switch and one eager call
         if e[0] == "graph" and e[1] != "torch":
             assert log[i - 1] in (("call", e[1]), ("reps", "minidnn")) and ("switch", e[1]) in log[i - 3:i]
+
+
+def test_ab_lines():
+    """kernels_gpu.ab_lines (the A/B tools' report): medians, GB/s and % of copy of the compulsory bytes, the spread,
+    the ratio to the first setting timed, PyTorch's ratio, the note; a setting that planned an earlier one's launch
+    says so; PyTorch's own line last; no PyTorch, no torch column or line."""
+    kg = _bench()
+    got = {"a": [2e-3, 1e-3, 1e-3], "c": [0.5e-3, 0.5e-3, 0.6e-3]}
+    ratios = {"a": [1.0] * 3, "c": [2.0, 2.0, 1.5]}
+    vs_torch = {"a": [1.5] * 3, "c": [3.0] * 3}
+    lines = kg.ab_lines("op f32 (4, 4)", ["a", "b", "c"], got, ratios, vs_torch, [1.5e-3] * 3, 2e6, 4000.0,
+                        same={"b": "a"}, note=lambda s: f"[{s}]")
+    assert len(lines) == 4
+    assert lines[0].split() == ["op", "f32", "(4,", "4)", "a", "0.0010", "ms", "2000", "GB/s", "50%", "of", "copy",
+                                "spread", "100.0%", "a/this", "1.000", "torch/this", "1.50", "[a]"]
+    assert lines[1] == "op f32 (4, 4) b       = a (the same launch)"
+    assert "0.0005 ms   4000 GB/s  100% of copy" in lines[2] and "a/this 2.000" in lines[2]
+    assert "spread 20.0%" in lines[2] and lines[2].endswith("torch/this  3.00  [c]")
+    assert lines[3].split() == ["op", "f32", "(4,", "4)", "torch", "0.0015", "ms", "1333", "GB/s", "33%", "of", "copy"]
+    bare = kg.ab_lines("x", ["c"], {"c": [1e-3]}, {"c": [1.0]}, {"c": []}, [], 1e6, 1000.0)
+    assert bare == ["x c         0.0010 ms   1000 GB/s  100% of copy  spread  0.0%  c/this 1.000"]
