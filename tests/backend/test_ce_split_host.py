@@ -18,7 +18,7 @@ import pytest
 from minidnn.backend.cuda import loss_kernels as _lk
 from tests import _nvcc
 from tests.backend.test_ce_spatial import _reference
-from tests.backend.test_softmax_cols_s22 import _HOST_PRE, _PTX_TO_C
+from tests.backend.test_softmax_cols_s22 import _HOST_PRE, _PTX_TO_C, host_build
 from tests.backend.test_softmax_rows_cuda import _dtype
 
 # the CUDA names SOURCE_SPATIAL uses beyond the column kernels' (_HOST_PRE)
@@ -311,12 +311,7 @@ def test_ce_split_kernels_on_the_host(tmp_path):
         plan[case] = [unit(d) for d in split + one]
         if case[1]:                                 # widened: the float32 builds of the same plan
             plan[case] += [unit(tuple(x for x in d if not x.startswith("XSTORAGE="))) for d in split]
-    src = tmp_path / "ce_split_host.cpp"
-    src.write_text(_host_source(units))
-    exe = str(tmp_path / "ce_split_host")
-    r = subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", "-o", exe, str(src)], capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[:4000]
+    exe = host_build(tmp_path, "ce_split_host", _host_source(units))
 
     for case in CASES:
         name, widen, shape, weighted, eps, ignore, reduction, index, split, _, grids, special = case

@@ -615,6 +615,18 @@ def _host_call(exe, unit, backward, nblocks, shape, x, dy, offs):
     return np.frombuffer(r.stdout, dtype=raw(x).dtype).view(x.dtype).reshape(shape)
 
 
+def host_build(tmp_path, name, text):
+    """Compile a host unit (_HOST_PRE's shims + kernels) with g++ into tmp_path; the executable's path."""
+    import subprocess
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(text)
+    exe = str(tmp_path / name)
+    r = subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", "-o", exe, str(src)], capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[:4000]
+    return exe
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
 def test_cols_v2_kernels_on_the_host(tmp_path):
     """The COLS_V2 kernels and the old ones, run on the host (above): float32 over every path (compiled-in columns,
@@ -622,15 +634,9 @@ def test_cols_v2_kernels_on_the_host(tmp_path):
     bytes, float64; special values (NaN, +inf, all -inf columns) -- against float64 (NaN where it is NaN) and the old
     kernels (NaN in the same places; the compiled-in float32 forward to the bit); grids of 1-3 blocks, so the
     grid-stride walk wraps over inner."""
-    import subprocess
     cases = _host_cases()
     plan, units = _host_units(cases)
-    src = tmp_path / "cols_host.cpp"
-    src.write_text(_host_source(units))
-    exe = str(tmp_path / "cols_host")
-    r = subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-w", "-o", exe, str(src)], capture_output=True,
-                       text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[:4000]
+    exe = host_build(tmp_path, "cols_host", _host_source(units))
     tol = {"float32": 4e-6, "float64": 1e-12, "bfloat16": 2e-2, "float16": 4e-3}
     for case in cases:
         name, shape, algo, backward, offs, special, _ = case
