@@ -245,6 +245,20 @@ def alternate(timer, settings, switch, fn, tfn, rounds):
     return got, ratios, vs_torch, tms
 
 
+def distinct_plans(settings, plan_of):
+    """The A/B tools' settings by what they launch: (plans -- ``plan_of(s)`` a setting --, the settings to time -- the
+    first of each distinct plan, in order --, {setting: the earlier one it plans the same as})."""
+    plans, distinct, same = {}, [], {}
+    for s in settings:
+        plans[s] = plan_of(s)
+        twin = next((u for u in distinct if plans[u] == plans[s]), None)
+        if twin is None:
+            distinct.append(s)
+        else:
+            same[s] = twin
+    return plans, distinct, same
+
+
 def ab_lines(head, settings, got, ratios, vs_torch, tms, nbytes, bw, same=None, note=None):
     """The A/B tools' report of one case (softmax_cluster_ab, cols_ab, ce_sp_ab), from ``alternate``'s lists: a line a
     setting -- the median ms, GB/s and % of the copy bandwidth ``bw`` for the compulsory ``nbytes``, the spread over

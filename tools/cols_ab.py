@@ -107,16 +107,12 @@ def precompile(ops, dtype_names, shapes, settings):
 
 
 def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
-    plans, distinct, same = {}, [], {}
-    for s in settings:
+    def plan_of(s):
         _switch(s)
         sp = _spec(op, shape, cases.dt)
-        plans[s] = (sp.name, sp.defines, sp.groups)
-        twin = next((u for u in distinct if plans[u] == plans[s]), None)
-        if twin is None:
-            distinct.append(s)
-        else:
-            same[s] = twin
+        return sp.name, sp.defines, sp.groups
+
+    plans, distinct, same = KG.distinct_plans(settings, plan_of)
     _restore()
     label, algo, backward = OPS[op]
     row = next(r for r in cases.spatial(shape) if r[0] == label)

@@ -194,15 +194,11 @@ def _short(plan, base):
 
 def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings=None):
     settings = _for_op(op, settings if settings and op != "ce" else SETTINGS[op])
-    plans, distinct, same = {}, [], {}
-    for s in settings:
+    def plan_of(s):
         _switch(op, s)
-        plans[s] = _plan(op, shape, cases.dt, s)
-        twin = next((u for u in distinct if plans[u] == plans[s]), None)
-        if twin is None:
-            distinct.append(s)
-        else:
-            same[s] = twin
+        return _plan(op, shape, cases.dt, s)
+
+    plans, distinct, same = KG.distinct_plans(settings, plan_of)
     _restore()
     if len(distinct) == 1:
         print(f"{NAMES[op]:18s} {dtype_name:9s} {str(shape):14s} every setting plans the default kernel: skipped")

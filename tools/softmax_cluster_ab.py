@@ -146,14 +146,7 @@ def torch_fn(torch, cases, op, shape):
 
 def run_case(timer, torch, cases, op, shape, dtype_name, bw, rounds, settings):
     name, algo, bwd = OPS[op]
-    plans, distinct, same = {}, [], {}
-    for s in settings:
-        plans[s] = plan_of(op, shape, cases.dt, s)
-        twin = next((u for u in distinct if plans[u] == plans[s]), None)
-        if twin is None:
-            distinct.append(s)
-        else:
-            same[s] = twin
+    plans, distinct, same = KG.distinct_plans(settings, lambda s: plan_of(op, shape, cases.dt, s))
     if all(plans[s][0] == "rows" for s in settings):
         print(f"{name:16s} {dtype_name:9s} {str(shape):14s} every setting plans the row kernels: skipped")
         return

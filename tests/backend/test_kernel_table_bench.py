@@ -191,3 +191,19 @@ def test_ab_lines():
     assert lines[3].split() == ["op", "f32", "(4,", "4)", "torch", "0.0015", "ms", "1333", "GB/s", "33%", "of", "copy"]
     bare = kg.ab_lines("x", ["c"], {"c": [1e-3]}, {"c": [1.0]}, {"c": []}, [], 1e6, 1000.0)
     assert bare == ["x c         0.0010 ms   1000 GB/s  100% of copy  spread  0.0%  c/this 1.000"]
+
+
+def test_distinct_plans():
+    """kernels_gpu.distinct_plans: each setting's plan asked once, in order; the first of each plan timed, the others
+    named after it."""
+    kg = _bench()
+    asked = []
+
+    def plan_of(s):
+        asked.append(s)
+        return {"0": "rows", "1": "cl7", "all": "cl7", "x": "rows", "y": "cl8"}[s]
+
+    plans, distinct, same = kg.distinct_plans(["0", "1", "all", "x", "y"], plan_of)
+    assert asked == ["0", "1", "all", "x", "y"]
+    assert plans == {"0": "rows", "1": "cl7", "all": "cl7", "x": "rows", "y": "cl8"}
+    assert distinct == ["0", "1", "y"] and same == {"all": "1", "x": "0"}
