@@ -371,6 +371,9 @@ typedef INDEX I;
 #ifndef PAIR
 #define PAIR 0        // two adjacent positions a thread, one 2-element load a class (the planner: inner even)
 #endif
+#ifndef SP_Q
+#define SP_Q 2        // PAIR's positions a thread: 2, or 4 (SP_QUAD: one 8- / 16-byte load a class, inner % 4 == 0)
+#endif
 #ifndef SP_RT
 #define SP_RT 0       // C read at run time: the unmasked full batches (sp_fwd_sums_rt, sp_bwd_rt; the planner's SP_RT)
 #endif
@@ -422,6 +425,19 @@ template <> struct SpIO<2> {
     static __device__ __forceinline__ R ld(const X* q) { return __ldg((const R*)q); }
     static __device__ __forceinline__ void cvt(const R u, A* v) { sp_cvt2(u, v); }
 };
+__device__ __forceinline__ void sp_cvt4(const uint2 u, A* v) { sp_cvt2(u.x, v); sp_cvt2(u.y, v + 2); }
+__device__ __forceinline__ void sp_cvt4(const float4 u, A* v)
+{
+    v[0] = (A)u.x; v[1] = (A)u.y; v[2] = (A)u.z; v[3] = (A)u.w;
+}
+template <int S> struct SpWord4;
+template <> struct SpWord4<2> { typedef uint2 R; };
+template <> struct SpWord4<4> { typedef float4 R; };
+template <> struct SpIO<4> {
+    typedef SpWord4<sizeof(X)>::R R;
+    static __device__ __forceinline__ R ld(const X* q) { return __ldg((const R*)q); }
+    static __device__ __forceinline__ void cvt(const R u, A* v) { sp_cvt4(u, v); }
+};
 template <int P> __device__ __forceinline__ void sp_ld(const X* q, A* v)
 {
     SpIO<P>::cvt(SpIO<P>::ld(q), v);
@@ -430,6 +446,11 @@ template <int P> __device__ __forceinline__ void sp_st(X* d, const A* v)
 {
     if (P == 1) {
         d[0] = STX(v[0]);
+    } else if (P == 4 && sizeof(X) == 2) {
+        *(uint2*)d = make_uint2((unsigned int)STX(v[0]) | ((unsigned int)STX(v[1]) << 16),
+                                (unsigned int)STX(v[2]) | ((unsigned int)STX(v[3]) << 16));
+    } else if (P == 4) {
+        *(float4*)d = make_float4((float)v[0], (float)v[1], (float)v[2], (float)v[3]);
     } else if (sizeof(X) == 2) {
         *(unsigned int*)d = (unsigned int)STX(v[0]) | ((unsigned int)STX(v[1]) << 16);
     } else if (sizeof(X) == 4) {
@@ -440,12 +461,13 @@ template <int P> __device__ __forceinline__ void sp_st(X* d, const A* v)
 }
 
 // One batch of B classes of the forward, from class cb + c0 (v[k][j]: class cb + c0 + k of position j; sp_fwd_batch:
-// loaded from q, class c of position j at q[(c - cb - c0) * inner + j]): each position's running max m and sum s of exp(x - m) -- the batch's max first
-// (fmax: NaN skipped, yet a NaN element makes its exp, so s and lse, NaN; an all -inf position so far keeps shift 0;
-// a +inf max gives exp(inf - inf) = NaN), the sum rescaled once when the max grows (s * 0 while m was -inf: a NaN sum
-// kept), then one exp an element with no branch; the smoothing sums beside (sm: a compile-time constant where the
-// caller passes one).  MASKED: classes past cn are -inf and skipped (a compile-time test where cn is CC).  PICK: x[t]
-// picked on the way (tc[j]: the class, -1 for none -- an int compare and a select an element; SP_RT loads it once).
+// loaded from q, class c of position j at q[(c - cb - c0) * inner + j]): each position's running max m and sum s of
+// exp(x - m) -- the batch's max first (fmax: NaN skipped, yet a NaN element makes its exp, so s and lse, NaN; an all
+// -inf position so far keeps shift 0; a +inf max gives exp(inf - inf) = NaN), the sum rescaled once when the max grows
+// (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch; the smoothing sums beside (sm: a
+// compile-time constant where the caller passes one).  MASKED: classes past cn are -inf and skipped (a compile-time
+// test where cn is CC).  PICK: x[t] picked on the way (tc[j]: the class, -1 for none -- an int compare and a select an
+// element; SP_RT loads it once).
 template <int P, int B, bool MASKED, bool PICK> __device__ __forceinline__ void sp_fwd_vals(
     A (*v)[P], const int cb, const int c0, const int cn, const T* __restrict__ w, const bool sm, const int* tc, A* m,
     A* s, A* swx, A& sw, A* xt)
@@ -613,6 +635,7 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
 // the loss.  Other bits than one thread a position (other batch boundaries), within rounding.  The walk is
 // block-uniform: every thread meets at the barriers, past the last position too.
 static_assert(SPLIT == 1 || (SP_RT && !PAIR && CC == 0), "SPLIT: C read at run time (SP_RT), one position a thread");
+static_assert(SP_Q == 2 || (SP_Q == 4 && SP_RT && CC == 0 && sizeof(X) <= 4), "SP_QUAD: C read (SP_RT), not float64");
 // (part: the slices' (m, s, swx, sw) -- the kernel's, so that both smoothing instantiations share one array)
 template <bool SM> __device__ __forceinline__ void sp_fwd_split(
     const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
@@ -674,10 +697,10 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
                              part);
 #else
 #if PAIR
-    // PAIR: inner even, so a pair never straddles two images; x on a 2-element boundary (else one a thread: a view)
-    if (((size_t)x & (2 * sizeof(X) - 1)) == 0)
-        sp_fwd_loop<2, PB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps,
-                                            acc_loss, acc_den);
+    // PAIR: inner a multiple of SP_Q, so a thread's positions never straddle two images; x on an SP_Q-element
+    // boundary (else one a thread: a view)
+    if (((size_t)x & (SP_Q * sizeof(X) - 1)) == 0)
+        sp_fwd_loop<SP_Q, PB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
     else
 #endif
         sp_fwd_loop<1, UB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
@@ -851,8 +874,8 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     if (REDUCTION == 1) gm /= denom[0];
     const unsigned int n = (unsigned int)rows;
 #if PAIR
-    if ((((size_t)x | (size_t)dx) & (2 * sizeof(X) - 1)) == 0)
-        sp_bwd_loop<2, PB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
+    if ((((size_t)x | (size_t)dx) & (SP_Q * sizeof(X) - 1)) == 0)
+        sp_bwd_loop<SP_Q, PB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
     else
 #endif
         sp_bwd_loop<1, UB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
@@ -1645,6 +1668,16 @@ SP_RT = os.environ.get("MINIDNN_CE_SP_RT", "1") != "0"
 # (H200, graph replays) had pairs 2-19% ahead at (16, 150, 128, 128) (131072 pairs) and 16-45% behind at
 # (4, 171, 128, 128) and (8, 150, 64, 64) (32768 and 16384: under a block an SM).  (A module attribute: tests set 0.)
 SP_RT_PAIR_BLOCKS = 2
+# SP_QUAD (session 24): past SP_CC, four adjacent positions a thread (SP_Q=4: one 8-byte (16-bit) or 16-byte (float32)
+# load a class) where inner % 4 == 0 and the quads still give every SM SP_QUAD_BLOCKS 256-thread blocks.  Why: a warp
+# then reads 256 contiguous bytes of a class plane in 16-bit (512 in float32) where pairs read 128 (256) -- session
+# 23's seg_bw_probe read 128-byte segments at ~0.70 of the copy rate and 256-byte ones at 0.84-0.99, and the bfloat16
+# many-class forwards sit at 58-64% of copy where float32's (256 bytes) reach 78-85% (session 24, runs 1-2; SP_PIPE
+# did not move them).  A quarter of the threads, so two blocks an SM (128 registers) with batches of SP_UPQ classes
+# (forward, backward): a thread's bytes in flight twice pairs', the grid's the same.  MINIDNN_CE_SP_QUAD=0 | 1.
+SP_QUAD = os.environ.get("MINIDNN_CE_SP_QUAD", "0") == "1"
+SP_QUAD_BLOCKS = 1
+SP_UPQ = (12, 6)
 # SP_SPLIT (session 23): past SP_CC with too few positions to fill the GPU one a thread (ADE20K's 150 classes at
 # (8, 150, 64, 64): 32768 positions, 128 blocks for 132 SMs -- run 4: 52% / 31% of copy forward float32 / bfloat16),
 # SPLIT threads a position, each a slice of at least SP_SPLIT_MIN classes: the forward's slices meet in shared memory
@@ -1815,13 +1848,17 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
             rt += ("SP_PIPE=1",)
         rt_pair = rt and rows // 2 >= sms * SP_RT_PAIR_BLOCKS * THREADS                  # SP_RT_PAIR_BLOCKS'
         pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt_pair)                         # SP_PAIR's comment
+        quad = (SP_QUAD and rt and inner % 4 == 0 and not pipe                            # SP_QUAD's comment
+                and rows // 4 >= sms * SP_QUAD_BLOCKS * THREADS)
+        if quad:        # (a quarter of the threads: two blocks an SM hold them where SP_QUAD_BLOCKS is 1 or 2)
+            pair, up, minb = True, SP_UPQ[name == "ce_bwd"], 2
         # (half the resident threads: SP_SPLIT's comment)
         split = sp_split(rows, c, sms * minb * THREADS // 2) if rt and not pair else 1
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
                 base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
-                + (("PAIR=1", f"UP={up}") if pair else ())
-                + ((f"SPLIT={split}",) if split > 1 else ()), -(-rows * split // (THREADS * (1 + pair))),
-                minb if name == "ce_fwd" else 16, THREADS)
+                + (("PAIR=1", f"UP={up}") if pair else ()) + (("SP_Q=4",) if quad else ())
+                + ((f"SPLIT={split}",) if split > 1 else ()),
+                -(-rows * split // (THREADS * (4 if quad else 1 + pair))), minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
 
@@ -1858,7 +1895,8 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
     vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
     # (the spatial PAIR build: 4 bytes, where its pairs are -- off it the kernel takes one position a thread, whose
     # batches and grid are not the aligned float32 copy's, so the cast keeps widen bitwise the float32 kernels')
-    p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 4 if widen and "PAIR=1" in defines else 0
+    p.xalign = (2 * vec if widen and source == "ROWS" and vec > 1 else
+                (8 if "SP_Q=4" in defines else 4) if widen and "PAIR=1" in defines else 0)
     # LONG (not widened): the boundary its copies need -- VBYTES unless RAGGED (each row's own head then); 0: none
     d = dict(x.split("=", 1) for x in defines)
     p.xlong = int(d["VBYTES"]) if d.get("LONG") in ("1", "2") and not widen and d.get("RAGGED") == "0" else 0
