@@ -5,16 +5,12 @@ rounds, as tools/cols_ab.py), in one process.
     python tools/ce_sp_ab.py [--ops fwd,bwd] [--dtypes float32,bfloat16] [--rounds 3] [--trials 5]
                              [--shapes 32x21x128x128,16x19x256x256] [--settings read,cc,pair]
 
-Settings (loss_kernels' switches over BASE below), the first the reference of the ratio column:
+Settings (loss_kernels.SP_CC / SP_PAIR), the first the reference of the ratio column:
   read   SP_CC (0, 0): the class count read at run time, U classes at a time, one position a thread
   cc     SP_CC (32, 24): the class count compiled in, one position a thread
   pair   SP_CC (32, 24) and SP_PAIR: two adjacent positions a thread where inner is even (the default)
   rt0    pair with SP_RT off: past SP_CC (C read at run time) the masked batches of session 22 (session 23's A/B)
   nosplit  the default but SP_SPLIT off: one thread a position where few positions have many classes
-  pipe4  pair with SP_PIPE "4": past SP_CC the next batch's loads in flight, halved batches, 4 blocks an SM
-  pipe3  pair with SP_PIPE "3": the same with the batches as before, 3 blocks an SM (80 registers)
-  quad   pair with SP_QUAD: past SP_CC four positions a thread where the quads fill every SM with a block
-  quad0  quad wherever inner % 4 == 0 (SP_QUAD_BLOCKS 0)
 """
 from __future__ import annotations
 
@@ -28,19 +24,15 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import kernels_gpu as KG  # noqa: E402  (bench/kernels_gpu.py: the cases and the timer)
 
-# each setting: loss_kernels' switches over BASE (the defaults before session 24's candidates)
-BASE = {"SP_CC": (32, 24), "SP_PAIR": True, "SP_RT": True, "SP_SPLIT": True, "SP_PIPE": "0", "SP_QUAD": False,
-        "SP_QUAD_BLOCKS": 1}
-SETTINGS = {"read": {"SP_CC": (0, 0), "SP_PAIR": False}, "cc": {"SP_PAIR": False}, "pair": {},
-            "rt0": {"SP_RT": False}, "nosplit": {"SP_SPLIT": False}, "pipe4": {"SP_PIPE": "4"},
-            "pipe3": {"SP_PIPE": "3"}, "quad": {"SP_QUAD": True}, "quad0": {"SP_QUAD": True, "SP_QUAD_BLOCKS": 0}}
+SETTINGS = {"read": ((0, 0), False, True, True), "cc": ((32, 24), False, True, True),
+            "pair": ((32, 24), True, True, True), "rt0": ((32, 24), True, False, True),
+            "nosplit": ((32, 24), True, True, False)}
 OPS = {"fwd": "spatial ce fwd", "bwd": "spatial ce bwd"}
 
 
 def _switch(setting):
     from minidnn.backend.cuda import loss_kernels as lk
-    for k, v in {**BASE, **SETTINGS[setting]}.items():
-        setattr(lk, k, v)
+    lk.SP_CC, lk.SP_PAIR, lk.SP_RT, lk.SP_SPLIT = SETTINGS[setting]
     KG.forget_softmax()
 
 

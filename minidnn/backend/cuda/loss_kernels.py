@@ -371,14 +371,8 @@ typedef INDEX I;
 #ifndef PAIR
 #define PAIR 0        // two adjacent positions a thread, one 2-element load a class (the planner: inner even)
 #endif
-#ifndef SP_Q
-#define SP_Q 2        // PAIR's positions a thread: 2, or 4 (SP_QUAD: one 8- / 16-byte load a class, inner % 4 == 0)
-#endif
 #ifndef SP_RT
 #define SP_RT 0       // C read at run time: the unmasked full batches (sp_fwd_sums_rt, sp_bwd_rt; the planner's SP_RT)
-#endif
-#ifndef SP_PIPE
-#define SP_PIPE 0     // SP_RT: the next batch's loads in flight while a batch computes (the planner's SP_PIPE)
 #endif
 #ifndef SPLIT
 #define SPLIT 1       // threads a position, each a slice of the classes (the planner's SP_SPLIT: C read, few positions)
@@ -400,57 +394,27 @@ typedef INDEX I;
 
 // P consecutive values of x at q (P = 2: q on a 2-element boundary, one 4- or 8-byte load) / of dx.
 // x is read-only for the kernel's life: the loads through the non-coherent path (__ldg), as the kernels' own
-// `const X* __restrict__` loads compiled before these helpers took a plain pointer (REVIEW22).  SpIO<P>: the load as
-// it comes from memory (R: X, or the 4- / 8- / 16-byte word of two) and its values in A -- apart, so that SP_PIPE can
-// hold the next batch's words while the current batch's values are used.
-__device__ __forceinline__ void sp_cvt2(const unsigned int u, A* v)
-{
-    v[0] = LD((X)(u & 0xffffu));
-    v[1] = LD((X)(u >> 16));
-}
-__device__ __forceinline__ void sp_cvt2(const float2 u, A* v) { v[0] = (A)u.x; v[1] = (A)u.y; }
-__device__ __forceinline__ void sp_cvt2(const double2 u, A* v) { v[0] = (A)u.x; v[1] = (A)u.y; }
-template <int S> struct SpWord2;
-template <> struct SpWord2<2> { typedef unsigned int R; };
-template <> struct SpWord2<4> { typedef float2 R; };
-template <> struct SpWord2<8> { typedef double2 R; };
-template <int P> struct SpIO;
-template <> struct SpIO<1> {
-    typedef X R;
-    static __device__ __forceinline__ R ld(const X* q) { return __ldg(q); }
-    static __device__ __forceinline__ void cvt(const R u, A* v) { v[0] = LD(u); }
-};
-template <> struct SpIO<2> {
-    typedef SpWord2<sizeof(X)>::R R;
-    static __device__ __forceinline__ R ld(const X* q) { return __ldg((const R*)q); }
-    static __device__ __forceinline__ void cvt(const R u, A* v) { sp_cvt2(u, v); }
-};
-__device__ __forceinline__ void sp_cvt4(const uint2 u, A* v) { sp_cvt2(u.x, v); sp_cvt2(u.y, v + 2); }
-__device__ __forceinline__ void sp_cvt4(const float4 u, A* v)
-{
-    v[0] = (A)u.x; v[1] = (A)u.y; v[2] = (A)u.z; v[3] = (A)u.w;
-}
-template <int S> struct SpWord4;
-template <> struct SpWord4<2> { typedef uint2 R; };
-template <> struct SpWord4<4> { typedef float4 R; };
-template <> struct SpIO<4> {
-    typedef SpWord4<sizeof(X)>::R R;
-    static __device__ __forceinline__ R ld(const X* q) { return __ldg((const R*)q); }
-    static __device__ __forceinline__ void cvt(const R u, A* v) { sp_cvt4(u, v); }
-};
+// `const X* __restrict__` loads compiled before these helpers took a plain pointer (REVIEW22).
 template <int P> __device__ __forceinline__ void sp_ld(const X* q, A* v)
 {
-    SpIO<P>::cvt(SpIO<P>::ld(q), v);
+    if (P == 1) {
+        v[0] = LD(__ldg(q));
+    } else if (sizeof(X) == 2) {
+        const unsigned int u = __ldg((const unsigned int*)q);
+        v[0] = LD((X)(u & 0xffffu));
+        v[1] = LD((X)(u >> 16));
+    } else if (sizeof(X) == 4) {
+        const float2 u = __ldg((const float2*)q);
+        v[0] = (A)u.x; v[1] = (A)u.y;
+    } else {
+        const double2 u = __ldg((const double2*)q);
+        v[0] = (A)u.x; v[1] = (A)u.y;
+    }
 }
 template <int P> __device__ __forceinline__ void sp_st(X* d, const A* v)
 {
     if (P == 1) {
         d[0] = STX(v[0]);
-    } else if (P == 4 && sizeof(X) == 2) {
-        *(uint2*)d = make_uint2((unsigned int)STX(v[0]) | ((unsigned int)STX(v[1]) << 16),
-                                (unsigned int)STX(v[2]) | ((unsigned int)STX(v[3]) << 16));
-    } else if (P == 4) {
-        *(float4*)d = make_float4((float)v[0], (float)v[1], (float)v[2], (float)v[3]);
     } else if (sizeof(X) == 2) {
         *(unsigned int*)d = (unsigned int)STX(v[0]) | ((unsigned int)STX(v[1]) << 16);
     } else if (sizeof(X) == 4) {
@@ -460,18 +424,26 @@ template <int P> __device__ __forceinline__ void sp_st(X* d, const A* v)
     }
 }
 
-// One batch of B classes of the forward, from class cb + c0 (v[k][j]: class cb + c0 + k of position j; sp_fwd_batch:
-// loaded from q, class c of position j at q[(c - cb - c0) * inner + j]): each position's running max m and sum s of
-// exp(x - m) -- the batch's max first (fmax: NaN skipped, yet a NaN element makes its exp, so s and lse, NaN; an all
-// -inf position so far keeps shift 0; a +inf max gives exp(inf - inf) = NaN), the sum rescaled once when the max grows
-// (s * 0 while m was -inf: a NaN sum kept), then one exp an element with no branch; the smoothing sums beside (sm: a
-// compile-time constant where the caller passes one).  MASKED: classes past cn are -inf and skipped (a compile-time
-// test where cn is CC).  PICK: x[t] picked on the way (tc[j]: the class, -1 for none -- an int compare and a select an
-// element; SP_RT loads it once).
-template <int P, int B, bool MASKED, bool PICK> __device__ __forceinline__ void sp_fwd_vals(
-    A (*v)[P], const int cb, const int c0, const int cn, const T* __restrict__ w, const bool sm, const int* tc, A* m,
-    A* s, A* swx, A& sw, A* xt)
+// One batch of B classes of the forward, from class cb + c0 (q: its element of the P positions; class c of position j
+// at q[(c - cb - c0) * inner + j]): each position's running max m and sum s of exp(x - m) -- the batch's max first
+// (fmax: NaN skipped, yet a NaN element makes its exp, so s and lse, NaN; an all -inf position so far keeps shift 0;
+// a +inf max gives exp(inf - inf) = NaN), the sum rescaled once when the max grows (s * 0 while m was -inf: a NaN sum
+// kept), then one exp an element with no branch; the smoothing sums beside (sm: a compile-time constant where the
+// caller passes one).  MASKED: classes past cn are -inf and skipped (a compile-time test where cn is CC).  PICK: x[t]
+// picked on the way (tc[j]: the class, -1 for none -- an int compare and a select an element; SP_RT loads it once).
+template <int P, int B, bool MASKED, bool PICK> __device__ __forceinline__ void sp_fwd_batch(
+    const X* q, const int cb, const int c0, const int cn, const int inner, const T* __restrict__ w, const bool sm,
+    const int* tc, A* m, A* s, A* swx, A& sw, A* xt)
 {
+    A v[B][P];
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+        if (!MASKED || c0 + k < cn) sp_ld<P>(q + k * inner, v[k]);
+        else {
+#pragma unroll
+            for (int j = 0; j < P; ++j) v[k][j] = NEG_INF;
+        }
+    }
 #pragma unroll
     for (int j = 0; j < P; ++j) {
         A bm = m[j];
@@ -494,22 +466,6 @@ template <int P, int B, bool MASKED, bool PICK> __device__ __forceinline__ void 
             }
         }
     }
-}
-// ... the batch's loads, then its sums (MASKED: classes past cn -inf)
-template <int P, int B, bool MASKED, bool PICK> __device__ __forceinline__ void sp_fwd_batch(
-    const X* q, const int cb, const int c0, const int cn, const int inner, const T* __restrict__ w, const bool sm,
-    const int* tc, A* m, A* s, A* swx, A& sw, A* xt)
-{
-    A v[B][P];
-#pragma unroll
-    for (int k = 0; k < B; ++k) {
-        if (!MASKED || c0 + k < cn) sp_ld<P>(q + k * inner, v[k]);
-        else {
-#pragma unroll
-            for (int j = 0; j < P; ++j) v[k][j] = NEG_INF;
-        }
-    }
-    sp_fwd_vals<P, B, MASKED, PICK>(v, cb, c0, cn, w, sm, tc, m, s, swx, sw, xt);
 }
 
 // The forward's sums over all classes of P positions at q, every batch masked (compile-time masks where CC), x[t]
@@ -534,31 +490,8 @@ template <int P, int B, bool SM> __device__ __forceinline__ void sp_fwd_sums_rt(
     const X* q, const int cb, const int cn, const int inner, const T* __restrict__ w, A* m, A* s, A* swx, A& sw)
 {
     int c0 = 0;
-#if SP_PIPE
-    // SP_PIPE: the next full batch's loads issued before this batch's sums, so that a thread has a batch in flight
-    // while it computes (without: load, wait, compute, load -- session 24's ncu of the bfloat16 forward: 30-45%
-    // occupancy, 63% of cycles with no eligible warp, waiting on the loads).  The same batches and sums: the same bits.
-    typedef typename SpIO<P>::R R;
-    R r[B];
-    if (B <= cn) {
-#pragma unroll
-        for (int k = 0; k < B; ++k) r[k] = SpIO<P>::ld(q + k * inner);
-    }
-    for (; c0 + B <= cn; c0 += B) {
-        A v[B][P];
-#pragma unroll
-        for (int k = 0; k < B; ++k) SpIO<P>::cvt(r[k], v[k]);
-        q += B * inner;
-        if (c0 + 2 * B <= cn) {
-#pragma unroll
-            for (int k = 0; k < B; ++k) r[k] = SpIO<P>::ld(q + k * inner);
-        }
-        sp_fwd_vals<P, B, false, false>(v, cb, c0, cn, w, SM, nullptr, m, s, swx, sw, nullptr);
-    }
-#else
     for (; c0 + B <= cn; c0 += B, q += B * inner)
         sp_fwd_batch<P, B, false, false>(q, cb, c0, cn, inner, w, SM, nullptr, m, s, swx, sw, nullptr);
-#endif
     if (c0 < cn) sp_fwd_batch<P, B, true, false>(q, cb, c0, cn, inner, w, SM, nullptr, m, s, swx, sw, nullptr);
 }
 #endif
@@ -635,7 +568,6 @@ template <int P, int B> __device__ __forceinline__ void sp_fwd_loop(
 // the loss.  Other bits than one thread a position (other batch boundaries), within rounding.  The walk is
 // block-uniform: every thread meets at the barriers, past the last position too.
 static_assert(SPLIT == 1 || (SP_RT && !PAIR && CC == 0), "SPLIT: C read at run time (SP_RT), one position a thread");
-static_assert(SP_Q == 2 || (SP_Q == 4 && SP_RT && CC == 0 && sizeof(X) <= 4), "SP_QUAD: C read (SP_RT), not float64");
 // (part: the slices' (m, s, swx, sw) -- the kernel's, so that both smoothing instantiations share one array)
 template <bool SM> __device__ __forceinline__ void sp_fwd_split(
     const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, T* __restrict__ loss_rows,
@@ -697,10 +629,10 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
                              part);
 #else
 #if PAIR
-    // PAIR: inner a multiple of SP_Q, so a thread's positions never straddle two images; x on an SP_Q-element
-    // boundary (else one a thread: a view)
-    if (((size_t)x & (SP_Q * sizeof(X) - 1)) == 0)
-        sp_fwd_loop<SP_Q, PB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
+    // PAIR: inner even, so a pair never straddles two images; x on a 2-element boundary (else one a thread: a view)
+    if (((size_t)x & (2 * sizeof(X) - 1)) == 0)
+        sp_fwd_loop<2, PB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps,
+                                            acc_loss, acc_den);
     else
 #endif
         sp_fwd_loop<1, UB>(x, target, w, loss_rows, lse_out, n, C, inner, ignore_index, eps, acc_loss, acc_den);
@@ -714,11 +646,15 @@ ce_sp_fwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
 // or out (SM).  Without smoothing q_c g is 0 but at the target (q_t g where q_t != 0): one select, the same
 // expression -- e sum(q) g - q_c g, contracted to one FMA as before (a separate subtraction at the target rounded
 // twice: float32 dx off by an ulp there, run 4).
-template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_bwd_vals(
-    A (*v)[P], X* d, const int cb, const int c0, const int cn, const int C, const int inner,
+template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_bwd_batch(
+    const X* q, X* d, const int cb, const int c0, const int cn, const int C, const int inner,
     const T* __restrict__ w, const double eps, const int* tc, const bool* keep, const A* sumqg, const A* qt,
     const A* qgt, const A* gr, const A* lse, const A* lsel)
 {
+    A v[B][P];
+#pragma unroll
+    for (int k = 0; k < B; ++k)
+        if (!MASKED || c0 + k < cn) sp_ld<P>(q + k * inner, v[k]);
 #pragma unroll
     for (int k = 0; k < B; ++k) {
         if (MASKED && c0 + k >= cn) break;
@@ -739,18 +675,6 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
         sp_st<P>(d + k * inner, o);
     }
 }
-// ... the batch's loads from q, then its dx (MASKED: classes past cn neither loaded nor stored)
-template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp_bwd_batch(
-    const X* q, X* d, const int cb, const int c0, const int cn, const int C, const int inner,
-    const T* __restrict__ w, const double eps, const int* tc, const bool* keep, const A* sumqg, const A* qt,
-    const A* qgt, const A* gr, const A* lse, const A* lsel)
-{
-    A v[B][P];
-#pragma unroll
-    for (int k = 0; k < B; ++k)
-        if (!MASKED || c0 + k < cn) sp_ld<P>(q + k * inner, v[k]);
-    sp_bwd_vals<P, B, MASKED, SM>(v, d, cb, c0, cn, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
-}
 // (classes cb .. cb + cn - 1 of C, at q / d: all of them, or SPLIT's slice)
 template <int P, int B, bool SM> __device__ __forceinline__ void sp_bwd_rt(
     const X* q, X* d, const int cb, const int cn, const int C, const int inner, const T* __restrict__ w,
@@ -761,29 +685,8 @@ template <int P, int B, bool SM> __device__ __forceinline__ void sp_bwd_rt(
 #pragma unroll
     for (int j = 0; j < P; ++j) qgt[j] = qt[j] != (A)0 ? qt[j] * gr[j] : (A)0;
     int c0 = 0;
-#if SP_PIPE
-    // SP_PIPE: the next full batch's loads issued before this batch's dx (sp_fwd_sums_rt's); the same values
-    typedef typename SpIO<P>::R R;
-    R r[B];
-    if (B <= cn) {
-#pragma unroll
-        for (int k = 0; k < B; ++k) r[k] = SpIO<P>::ld(q + k * inner);
-    }
-    for (; c0 + B <= cn; c0 += B, d += B * inner) {
-        A v[B][P];
-#pragma unroll
-        for (int k = 0; k < B; ++k) SpIO<P>::cvt(r[k], v[k]);
-        q += B * inner;
-        if (c0 + 2 * B <= cn) {
-#pragma unroll
-            for (int k = 0; k < B; ++k) r[k] = SpIO<P>::ld(q + k * inner);
-        }
-        sp_bwd_vals<P, B, false, SM>(v, d, cb, c0, cn, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
-    }
-#else
     for (; c0 + B <= cn; c0 += B, q += B * inner, d += B * inner)
         sp_bwd_batch<P, B, false, SM>(q, d, cb, c0, cn, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
-#endif
     if (c0 < cn)
         sp_bwd_batch<P, B, true, SM>(q, d, cb, c0, cn, C, inner, w, eps, tc, keep, sumqg, qt, qgt, gr, lse, lsel);
 }
@@ -874,8 +777,8 @@ ce_sp_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __rest
     if (REDUCTION == 1) gm /= denom[0];
     const unsigned int n = (unsigned int)rows;
 #if PAIR
-    if ((((size_t)x | (size_t)dx) & (SP_Q * sizeof(X) - 1)) == 0)
-        sp_bwd_loop<SP_Q, PB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
+    if ((((size_t)x | (size_t)dx) & (2 * sizeof(X) - 1)) == 0)
+        sp_bwd_loop<2, PB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
     else
 #endif
         sp_bwd_loop<1, UB>(x, target, w, lse_in, g, dx, n, C, inner, ignore_index, eps, sw, gm);
@@ -1668,16 +1571,6 @@ SP_RT = os.environ.get("MINIDNN_CE_SP_RT", "1") != "0"
 # (H200, graph replays) had pairs 2-19% ahead at (16, 150, 128, 128) (131072 pairs) and 16-45% behind at
 # (4, 171, 128, 128) and (8, 150, 64, 64) (32768 and 16384: under a block an SM).  (A module attribute: tests set 0.)
 SP_RT_PAIR_BLOCKS = 2
-# SP_QUAD (session 24): past SP_CC, four adjacent positions a thread (SP_Q=4: one 8-byte (16-bit) or 16-byte (float32)
-# load a class) where inner % 4 == 0 and the quads still give every SM SP_QUAD_BLOCKS 256-thread blocks.  Why: a warp
-# then reads 256 contiguous bytes of a class plane in 16-bit (512 in float32) where pairs read 128 (256) -- session
-# 23's seg_bw_probe read 128-byte segments at ~0.70 of the copy rate and 256-byte ones at 0.84-0.99, and the bfloat16
-# many-class forwards sit at 58-64% of copy where float32's (256 bytes) reach 78-85% (session 24, runs 1-2; SP_PIPE
-# did not move them).  A quarter of the threads, so two blocks an SM (128 registers) with batches of SP_UPQ classes
-# (forward, backward): a thread's bytes in flight twice pairs', the grid's the same.  MINIDNN_CE_SP_QUAD=0 | 1.
-SP_QUAD = os.environ.get("MINIDNN_CE_SP_QUAD", "0") == "1"
-SP_QUAD_BLOCKS = 1
-SP_UPQ = (12, 6)
 # SP_SPLIT (session 23): past SP_CC with too few positions to fill the GPU one a thread (ADE20K's 150 classes at
 # (8, 150, 64, 64): 32768 positions, 128 blocks for 132 SMs -- run 4: 52% / 31% of copy forward float32 / bfloat16),
 # SPLIT threads a position, each a slice of at least SP_SPLIT_MIN classes: the forward's slices meet in shared memory
@@ -1688,25 +1581,6 @@ SP_UPQ = (12, 6)
 # backward's split 2 at 131072 positions ((8, 150, 128, 128), the full-threads rule) lost 1-5%.
 # MINIDNN_CE_SP_SPLIT=0: one thread a position (A/B).
 SP_SPLIT = os.environ.get("MINIDNN_CE_SP_SPLIT", "1") != "0"
-# SP_PIPE (session 24): with SP_RT, the next batch's loads issued before a batch's sums (forward) or dx (backward), so
-# a thread keeps loads in flight while it computes (session 24's ncu of the bfloat16 forward: 30-45% occupancy, 63% of
-# cycles without an eligible warp, long-scoreboard stalls on the loads).  Two words of a batch live at once, so the
-# registers: "4" four blocks an SM (64 registers) with halved batches -- forward U 8 / UP 6, backward U 8 / UP 4;
-# "3" three blocks an SM (80 registers) with the forward's batches as before (U 16, UP 12; float32 pairs UP 8: 12
-# spilled) and the backward's (8, 6).  nvcc 13: no spill in any of these.  Other batch boundaries change the
-# forward's bits (within rounding), never the backward's.  MINIDNN_CE_SP_PIPE=0 | 4 | 3.
-SP_PIPE = os.environ.get("MINIDNN_CE_SP_PIPE", "0")
-
-
-def sp_pipe_plan(fwd, xbytes):
-    """(blocks an SM, U, UP) of SP_PIPE's setting for the forward (``fwd``) or backward of logits of ``xbytes`` bytes an
-    element; None where SP_PIPE is off."""
-    if SP_PIPE == "4":
-        return (4, 8, 6) if fwd else (4, 8, 4)
-    if SP_PIPE == "3":
-        return (3, 16, 12 if xbytes == 2 else 8) if fwd else (3, 8, 6)
-    return None
-
 SP_SPLIT_MIN = 32         # classes a slice (two of the forward's batches)
 
 
@@ -1841,24 +1715,15 @@ def launch_spec(name, shape, dtype, index_dtype, weighted, reduction, eps=0.0, w
         tail = ("TAIL=1",) if name == "ce_fwd" and CE_TAIL in ("1", "2") else ()     # ce_grid_sum's, as the rows'
         cc = (f"CC={c}",) if c <= SP_CC[name == "ce_bwd"] and accum != "double" else ()    # SP_CC's comment
         rt = ("SP_RT=1",) if not cc and SP_RT and accum != "double" else ()              # SP_RT's comment
-        pipe = sp_pipe_plan(name == "ce_fwd", np.dtype(dtype).itemsize if xstorage is None else 2) if rt else None
-        up = SP_UP[name == "ce_bwd"]
-        if pipe:                                                                         # SP_PIPE's comment
-            minb, u, up = pipe
-            rt += ("SP_PIPE=1",)
         rt_pair = rt and rows // 2 >= sms * SP_RT_PAIR_BLOCKS * THREADS                  # SP_RT_PAIR_BLOCKS'
         pair = SP_PAIR and inner % 2 == 0 and bool(cc or rt_pair)                         # SP_PAIR's comment
-        quad = (SP_QUAD and rt and inner % 4 == 0 and not pipe                            # SP_QUAD's comment
-                and rows // 4 >= sms * SP_QUAD_BLOCKS * THREADS)
-        if quad:        # (a quarter of the threads: two blocks an SM hold them where SP_QUAD_BLOCKS is 1 or 2)
-            pair, up, minb = True, SP_UPQ[name == "ce_bwd"], 2
         # (half the resident threads: SP_SPLIT's comment)
         split = sp_split(rows, c, sms * minb * THREADS // 2) if rt and not pair else 1
         return ("SPATIAL", name.replace("ce_", "ce_sp_"),
                 base + (f"SP_MINB={minb}", f"U={u}", f"FASTX={int(ce_fast(dtype))}") + tail + cc + rt
-                + (("PAIR=1", f"UP={up}") if pair else ()) + (("SP_Q=4",) if quad else ())
-                + ((f"SPLIT={split}",) if split > 1 else ()),
-                -(-rows * split // (THREADS * (4 if quad else 1 + pair))), minb if name == "ce_fwd" else 16, THREADS)
+                + (("PAIR=1", f"UP={SP_UP[name == 'ce_bwd']}") if pair else ())
+                + ((f"SPLIT={split}",) if split > 1 else ()), -(-rows * split // (THREADS * (1 + pair))),
+                minb if name == "ce_fwd" else 16, THREADS)
     return ("WARPS", name, base, (rows + 7) // 8, 8, THREADS)
 
 
@@ -1895,8 +1760,7 @@ def _plan(name, x, target, weight, ignore_index, eps, reduction, dev, widen=Fals
     vec = int(dict(d.split("=", 1) for d in defines).get("VEC", 1))
     # (the spatial PAIR build: 4 bytes, where its pairs are -- off it the kernel takes one position a thread, whose
     # batches and grid are not the aligned float32 copy's, so the cast keeps widen bitwise the float32 kernels')
-    p.xalign = (2 * vec if widen and source == "ROWS" and vec > 1 else
-                (8 if "SP_Q=4" in defines else 4) if widen and "PAIR=1" in defines else 0)
+    p.xalign = 2 * vec if widen and source == "ROWS" and vec > 1 else 4 if widen and "PAIR=1" in defines else 0
     # LONG (not widened): the boundary its copies need -- VBYTES unless RAGGED (each row's own head then); 0: none
     d = dict(x.split("=", 1) for x in defines)
     p.xlong = int(d["VBYTES"]) if d.get("LONG") in ("1", "2") and not widen and d.get("RAGGED") == "0" else 0
