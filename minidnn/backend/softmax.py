@@ -257,8 +257,9 @@ def softmax_cross_entropy_forward(handle, x, target, weight=None, ignore_index=-
 
 def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=None, ignore_index=-100,
                                    label_smoothing=0.0, reduction="mean", widen=False):
-    """dx = (softmax(x) * sum_c q_c - q_c) * g with g = dloss (/ denom for 'mean'); ignored rows get 0, also when
-    every row is ignored (g is then inf or NaN).  ``widen`` (as forward's; dloss float32): the float32 dx of
+    """dx = (softmax(x) * sum_c q_c - q_c) * g with g = dloss (/ denom for 'mean'); ignored rows get softmax(x) * 0
+    -- 0, NaN where the row's softmax is NaN (a NaN or +inf logit, every logit -inf), as PyTorch -- also when every
+    row is ignored (g is then inf or NaN).  ``widen`` (as forward's; dloss float32): the float32 dx of
     x.astype(float32) rounded to x's dtype (nearest even), dx in x's dtype."""
     key, seen = seen_plan(_CE_SEEN, _ce_key("bwdw" if widen else "bwd", handle, x, target, weight, ignore_index,
                                             label_smoothing, reduction, (dloss, lse, denom)))

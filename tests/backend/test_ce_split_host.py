@@ -263,7 +263,7 @@ def _specials(x3, t2, split, bad):
     col[7][:] = -np.inf                                           # NaN and -inf only, the NaN in slice 0
     col[7][a0:a1:3] = np.nan
     col[8][a0:a1] = -np.inf                                       # slice 0 all -inf, finite after
-    col[11][c // 2] = np.nan                                      # ignored: loss 0, dx 0 (lse NaN)
+    col[11][c // 2] = np.nan                                      # ignored: loss 0, dx NaN (lse NaN)
     t2[11 // inner, 11 % inner] = -100
     if not bad:
         return []
@@ -354,8 +354,8 @@ def test_ce_split_kernels_on_the_host(tmp_path):
         loss_r, lse_r = np.array(loss_r, np.float64).reshape(-1), np.asarray(lse_r, np.float64).reshape(-1)
         dx_r = np.array(dx_r, np.float64).reshape(n, c, inner)
         den_r = np.float64(den_r)
-        # an ignored position's dx is 0 (the kernels' contract; the CPU reference's exp(NaN - lse) * 0 is NaN)
-        dx_r.transpose(0, 2, 1)[t.reshape(n, inner) == -100] = 0
+        # an ignored position's dx: the reference's exp(x - lse) * 0 -- 0, NaN where its lse is NaN or -inf
+        # (loss_kernels' IGNORED_DX, as PyTorch's)
         if bad:                                         # its weight NaN: the denominator too
             loss_r[bad] = den_r = np.nan
             for r_ in bad:
@@ -385,7 +385,9 @@ def test_ce_split_kernels_on_the_host(tmp_path):
             _close(dx, dx_r.reshape(shape), max(tol, 4e-6), gmax * (max(w.astype(np.float64)) if weighted else 1)
                    + np.abs(dx_r[np.isfinite(dx_r)]).max(initial=0), wn + " dx")
             ign = (t.reshape(n, inner) == -100)
-            assert not dx.astype(np.float64).reshape(n, c, inner).transpose(0, 2, 1)[ign].any(), wn + " ignored dx"
+            dxi = dx.astype(np.float64).reshape(n, c, inner).transpose(0, 2, 1)[ign]
+            want = np.where(np.isfinite(np.asarray(lse, np.float64).reshape(n, inner)[ign]), 0.0, np.nan)[:, None]
+            assert np.array_equal(dxi, np.broadcast_to(want, dxi.shape), equal_nan=True), wn + " ignored dx"
             if widen:                                    # bitwise the float32 build on the cast
                 uf32, ub32 = plan[case][4:]
                 x32 = x.astype(np.float32)

@@ -7,7 +7,10 @@ weight (C,) (optional, x's dtype); lse (N, *d) in A (the row's log-sum-exp, save
 float16/bfloat16 logits (and weights) are loaded into float (LD/ST of bn_kernels' STORAGE_HEADER), lse and denom float.
 Per row (n, i): q_c = (1 - eps) * w[t] * [c == t] + eps / C * w_c (0 when t == ignore_index), and
     loss = -sum_c q_c * (x_c - lse) = -((1 - eps) * w[t] * (x_t - lse) + eps / C * (sum_c w_c x_c - lse * sum_c w_c))
-    dx_c = (softmax_c * sum_c q_c - q_c) * g      (g = dloss, / denom for 'mean'; ignored rows get 0)
+    dx_c = (softmax_c * sum_c q_c - q_c) * g      (g = dloss, / denom for 'mean'; ignored rows: IGNORED_DX)
+IGNORED_DX (session 24): an ignored row's dx is softmax * 0 -- 0, or NaN where the row's softmax is NaN (its lse NaN:
+a NaN or +inf logit; or -inf: every logit -inf), as PyTorch's log_softmax + nll_loss backward and the CPU reference
+give it; written as lse - lse (0 for a finite lse, NaN otherwise), so the kernels still read no x of an ignored row.
 Logits (N, C) (inner = 1): SOURCE_ROWS below (ce_rows_fwd / ce_rows_bwd), the row read once into registers with
 16-byte loads; up to 1024 classes the forward takes softmax_kernels' PIPE walk (persistent grid, the next row's
 loads and target issued before the current row's reduction; MINIDNN_SOFTMAX_PIPE=0: without); rows of more than one
@@ -206,8 +209,9 @@ ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restric
         const long long o = r / inner, i = r - o * inner;
         const long long base = o * C * (long long)inner + i;
         const long long t = (long long)target[r];
-        if (t == ignore_index) {
-            for (int c = lane; c < C; c += 32) dx[base + (long long)c * inner] = STX((A)0);
+        if (t == ignore_index) {        // 0, or NaN where the row's lse is not finite (IGNORED_DX)
+            const A z = lse_in[r] - lse_in[r];
+            for (int c = lane; c < C; c += 32) dx[base + (long long)c * inner] = STX(z);
             continue;
         }
         A gr = LD(g[REDUCTION == 0 ? r : 0]);
@@ -351,7 +355,7 @@ __device__ __forceinline__ float ex2_fast(float x)
 #              kernel's end).
 #   ce_sp_bwd: per position, dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's expression
 #              (the same bits wherever the smoothing sum of the weights is not needed: it is summed in class order
-#              here, in lane order there); an ignored position's dx 0.
+#              here, in lane order there); an ignored position's dx IGNORED_DX (0, NaN where lse is not finite).
 SOURCE_SPATIAL = STORAGE_HEADER + XIN_HEADER + WARP_REDUCE + r"""
 typedef INDEX I;
 #ifndef FASTX
@@ -670,7 +674,7 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
             } else {
                 o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - (c == tc[j] ? qgt[j] : (A)0);
             }
-            if (P > 1 && !keep[j]) o[j] = 0;
+            if (P > 1 && !keep[j]) o[j] = lse[j] - lse[j];        // IGNORED_DX
         }
         sp_st<P>(d + k * inner, o);
     }
@@ -693,7 +697,7 @@ template <int P, int B, bool SM> __device__ __forceinline__ void sp_bwd_rt(
 #endif
 
 // The backward of P positions a thread: dx_c = exp(x_c - lse) sum(q) g - q_c g, each element SOURCE's ce_bwd's
-// expression; an ignored position's dx 0.
+// expression; an ignored position's dx IGNORED_DX (0, or NaN where its lse is not finite).
 template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
     const X* __restrict__ x, const I* __restrict__ target, const T* __restrict__ w, const A* __restrict__ lse_in,
     const T* __restrict__ g, X* __restrict__ dx, const unsigned int n, const int C, const int inner,
@@ -724,8 +728,9 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
             lse[j] = lse_in[p.k + j];
             lsel[j] = lse[j] * (A)1.4426950408889634;
         }
-        if (P == 1 && !keep[0]) {
-            for (int c = cs; c < cs + cn; ++c) dx[base + c * inner] = STX((A)0);
+        if (P == 1 && !keep[0]) {       // IGNORED_DX
+            const A z = lse[0] - lse[0];
+            for (int c = cs; c < cs + cn; ++c) dx[base + c * inner] = STX(z);
             continue;
         }
 #if CC == 0 && SP_RT
@@ -753,7 +758,7 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
                     const A q = (c == tc[j] ? qt[j] : (A)0) + sm;
                     const A qg = q != (A)0 ? q * gr[j] : (A)0;
                     o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - qg;
-                    if (P > 1 && !keep[j]) o[j] = 0;
+                    if (P > 1 && !keep[j]) o[j] = lse[j] - lse[j];        // IGNORED_DX
                 }
                 sp_st<P>(dx + base + c * inner, o);
             }
@@ -1391,11 +1396,12 @@ template <bool VA> __device__ __forceinline__ void ce_bwd_body(
         const Geo q = row_geo(x + base, C, VA);
         const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
         const long long t = (long long)target[r];
-        if (t == ignore_index) {
+        if (t == ignore_index) {        // 0, or NaN where the row's lse is not finite (IGNORED_DX)
+            const A z = lse_in[r] - lse_in[r];
 #pragma unroll
-            for (int e = 0; e < E; ++e) a[e] = 0;
+            for (int e = 0; e < E; ++e) a[e] = z;
 #pragma unroll
-            for (int j = 0; j < NE1; ++j) ed[j] = 0;
+            for (int j = 0; j < NE1; ++j) ed[j] = z;
             for (int ch = 0; ch < nch; ++ch) store_chunk<VA>(dx + base, ch, q, g, a);
             store_edges(dx + base, q, g, ed);
             continue;
