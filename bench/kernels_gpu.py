@@ -319,6 +319,39 @@ def ab_start(tool, trials, rounds, how="settings alternated", benchmark=False):
     return cp, torch, timer, bw
 
 
+def ab_main(tool, doc, settings_table, ops_table, run_case, argv=None, ops="", shapes="", settings=""):
+    """The A/B tools' command line and loop (tools/ce_sp_ab.py, bn_cl_occ_ab.py): --ops, --dtypes, --shapes (NxCx...,
+    comma-separated), --rounds, --trials, --settings (names of ``settings_table``, the first the ratios' reference;
+    ``ops`` / ``shapes`` / ``settings``: the defaults); ab_start, then ``run_case(timer, cases, op, shape, dtype_name,
+    bw, rounds, settings)`` for every dtype, shape and op in that order, PyTorch's ops on one stream.  0, also where
+    there is no GPU."""
+    import argparse
+    ap = argparse.ArgumentParser(prog=tool, description=doc.splitlines()[0])
+    ap.add_argument("--ops", default=ops)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--shapes", default=shapes)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--settings", default=settings)
+    args = ap.parse_args(argv)
+    chosen = [s for s in args.settings.split(",") if s]
+    op_list = [o for o in args.ops.split(",") if o]
+    if not chosen or any(s not in settings_table for s in chosen) or any(o not in ops_table for o in op_list):
+        ap.error(f"--settings of {', '.join(settings_table)}; --ops of {', '.join(ops_table)}")
+    shape_list = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
+    start = ab_start(tool, args.trials, args.rounds, "settings and PyTorch alternated")
+    if start is None:
+        return 0
+    cp, torch, timer, bw = start
+    with torch_stream(torch):
+        for dtype_name in args.dtypes.split(","):
+            cases = Cases(cp, torch, dtype_name)
+            for shape in shape_list:
+                for op in op_list:
+                    run_case(timer, cases, op, shape, dtype_name, bw, args.rounds, chosen)
+    return 0
+
+
 def _np_dtype(name):
     if name == "bfloat16":
         import ml_dtypes

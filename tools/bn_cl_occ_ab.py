@@ -16,7 +16,6 @@ Settings (BPS, UNROLL, UNROLL_F), the first the reference of the ratio column:
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -38,37 +37,19 @@ def _switch(setting):
     bn_kernels._calls.clear()
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", default="bn,add")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--shapes", default="32x256x56x56,128x64x56x56")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--settings", default="bps2,b2u2,bps3,bps4")
-    args = ap.parse_args(argv)
-    settings = [s for s in args.settings.split(",") if s]
-    ops = [o for o in args.ops.split(",") if o]
-    if any(s not in SETTINGS for s in settings) or any(o not in OPS for o in ops):
-        ap.error(f"--settings of {', '.join(SETTINGS)}; --ops of {', '.join(OPS)}")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
-    start = KG.ab_start("bn_cl_occ_ab", args.trials, args.rounds, "settings and PyTorch alternated")
-    if start is None:
-        return 0
-    cp, torch, timer, bw = start
-    with KG.torch_stream(torch):
-        for dtype_name in args.dtypes.split(","):
-            cases = KG.Cases(cp, torch, dtype_name)
-            for shape in shapes:
-                for op in ops:
-                    _switch(settings[0])
-                    for label, _, (fn, tfn, nbytes), _ in cases.bn(shape, OPS[op], layout="nhwc"):
-                        got, ratios, vs_torch, tgot = KG.alternate(timer, settings, _switch, fn, tfn, args.rounds)
-                        print("\n".join(KG.ab_lines(f"{label:30s} {dtype_name:9s} {str(shape):17s}", settings, got,
-                                                     ratios, vs_torch, tgot, nbytes, bw)))
-                        sys.stdout.flush()
+def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
+    _switch(settings[0])
+    for label, _, (fn, tfn, nbytes), _ in cases.bn(shape, OPS[op], layout="nhwc"):
+        got, ratios, vs_torch, tgot = KG.alternate(timer, settings, _switch, fn, tfn, rounds)
+        print("\n".join(KG.ab_lines(f"{label:30s} {dtype_name:9s} {str(shape):17s}", settings, got, ratios, vs_torch,
+                                     tgot, nbytes, bw)))
+        sys.stdout.flush()
     _switch("bps2")
-    return 0
+
+
+def main(argv=None):
+    return KG.ab_main("bn_cl_occ_ab", __doc__, SETTINGS, OPS, run_case, argv, ops="bn,add",
+                      shapes="32x256x56x56,128x64x56x56", settings="bps2,b2u2,bps3,bps4")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ Settings (loss_kernels.SP_CC / SP_PAIR), the first the reference of the ratio co
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -47,30 +46,8 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ops", default="fwd,bwd")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--shapes", default="32x21x128x128,16x19x256x256")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--settings", default="read,cc,pair")
-    args = ap.parse_args(argv)
-    settings = [s for s in args.settings.split(",") if s]
-    ops = [o for o in args.ops.split(",") if o]
-    if any(s not in SETTINGS for s in settings) or any(o not in OPS for o in ops):
-        ap.error(f"--settings of {', '.join(SETTINGS)}; --ops of {', '.join(OPS)}")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
-    start = KG.ab_start("ce_sp_ab", args.trials, args.rounds, "settings and PyTorch alternated")
-    if start is None:
-        return 0
-    cp, torch, timer, bw = start
-    with KG.torch_stream(torch):
-        for dtype_name in args.dtypes.split(","):
-            cases = KG.Cases(cp, torch, dtype_name)
-            for shape in shapes:
-                for op in ops:
-                    run_case(timer, cases, op, shape, dtype_name, bw, args.rounds, settings)
-    return 0
+    return KG.ab_main("ce_sp_ab", __doc__, SETTINGS, OPS, run_case, argv, ops="fwd,bwd",
+                      shapes="32x21x128x128,16x19x256x256", settings="read,cc,pair")
 
 
 if __name__ == "__main__":

@@ -207,3 +207,46 @@ def test_distinct_plans():
     assert asked == ["0", "1", "all", "x", "y"]
     assert plans == {"0": "rows", "1": "cl7", "all": "cl7", "x": "rows", "y": "cl8"}
     assert distinct == ["0", "1", "y"] and same == {"all": "1", "x": "0"}
+
+
+def test_ab_main(monkeypatch, capsys):
+    """kernels_gpu.ab_main: unknown settings or ops are refused before anything runs; with no GPU a line and 0; else
+    run_case for every dtype, shape and op in that order with the chosen settings (the first the reference), the
+    defaults where no option is given."""
+    kg = _bench()
+    table, ops = {"a": 1, "b": 2, "c": 3}, {"fwd": "x", "bwd": "y"}
+    calls = []
+
+    def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
+        calls.append((cases.dtype_name, op, shape, dtype_name, bw, rounds, tuple(settings), timer))
+
+    for bad in (["--settings", "a,zz"], ["--ops", "fwd,sideways"], ["--settings", ""]):
+        with pytest.raises(SystemExit):
+            kg.ab_main("t", "doc\nmore", table, ops, run_case, bad, ops="fwd", shapes="1x2x3", settings="a")
+    assert not calls
+    monkeypatch.setattr(kg, "ab_start", lambda tool, trials, rounds, how: None)
+    assert kg.ab_main("t", "doc", table, ops, run_case, [], ops="fwd", shapes="1x2x3", settings="a") == 0
+    assert not calls
+    started = []
+
+    def start(tool, trials, rounds, how):
+        started.append((tool, trials, rounds))
+        return "cp", None, "timer", 4000.0
+
+    class FakeCases:
+        def __init__(self, cp, torch, dtype_name):
+            assert (cp, torch) == ("cp", None)
+            self.dtype_name = dtype_name
+
+    monkeypatch.setattr(kg, "ab_start", start)
+    monkeypatch.setattr(kg, "Cases", FakeCases)
+    assert kg.ab_main("t", "doc", table, ops, run_case, ["--dtypes", "float32,bfloat16", "--shapes", "2x3x4,5x6x7",
+                                                        "--settings", "c,a", "--rounds", "2", "--trials", "9"],
+                      ops="fwd,bwd", shapes="1x2x3", settings="a") == 0
+    assert started == [("t", 9, 2)]
+    want = [(d, op, shape, d, 4000.0, 2, ("c", "a"), "timer") for d in ("float32", "bfloat16")
+            for shape in ((2, 3, 4), (5, 6, 7)) for op in ("fwd", "bwd")]
+    assert calls == want
+    calls.clear()
+    kg.ab_main("t", "doc", table, ops, run_case, [], ops="bwd", shapes="8x9", settings="b,c")
+    assert [c[1:3] + c[6:7] for c in calls] == [("bwd", (8, 9), ("b", "c"))] * 2
