@@ -79,7 +79,8 @@ def test_reference_ignored_rows_follow_pytorch():
 
 
 # (route, shape of the logits, switches): every GPU kernel family's ignored-row branch
-ROUTES = [("rows", (28, 9), {}), ("rows-long", (14, 40000), {}), ("warps", (2, 9, 2, 7), {"V1": True}),
+ROUTES = [("rows", (28, 9), {}), ("rows-ragged", (28, 1001), {}), ("rows-long", (14, 40000), {}),
+          ("warps", (2, 9, 2, 7), {"V1": True}),
           ("spatial-cc", (2, 9, 3, 5), {}), ("spatial-read", (2, 40, 2, 7), {}),
           ("spatial-pairs", (2, 40, 2, 8), {"SP_RT_PAIR_BLOCKS": 0}), ("spatial-cc-pairs", (2, 9, 2, 8), {}),
           ("spatial-split", (1, 150, 4, 7), {})]
@@ -109,8 +110,10 @@ def test_gpu_ignored_rows_as_reference(cp, monkeypatch, route, name):
         x, t = _nchw(x2, t2, n, c, h, w)
     x = x.astype(dt)
     spec = _lk.launch_spec("ce_bwd", x.shape, np.dtype(dt), np.int64, False, "none")
-    want_src = {"rows": "ROWS", "rows-long": "ROWS", "warps": "WARPS"}.get(label, "SPATIAL")
+    want_src = {"rows": "ROWS", "rows-ragged": "ROWS", "rows-long": "ROWS", "warps": "WARPS"}.get(label, "SPATIAL")
     assert spec[0] == want_src, spec[:2]
+    if label.startswith("rows"):        # rows-ragged: the scalar head / tail (store_edges' ed[] of the ignored row)
+        assert ("RAGGED=1" in spec[2]) == (label == "rows-ragged"), spec[2]
     if label == "spatial-split":
         assert any(d.startswith("SPLIT=") for d in spec[2])
     if label.endswith("pairs"):
