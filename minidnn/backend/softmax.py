@@ -292,7 +292,7 @@ def softmax_cross_entropy_backward(handle, x, target, dloss, lse, denom, weight=
         smooth = xp.expand_dims(valid, 1).astype(x.dtype) * (eps / c)
         q = q + (smooth if w is None else smooth * w)
     g = dloss.astype(x.dtype)
-    with np.errstate(divide="ignore", invalid="ignore"):          # every row ignored: g is inf, dx stays 0
+    with np.errstate(divide="ignore", invalid="ignore"):          # every row ignored: g is inf, qg stays 0
         g = xp.expand_dims(g, 1) if reduction == "none" else (g / denom if reduction == "mean" else g)
         qg = xp.where(q != 0, q * g, 0).astype(x.dtype, copy=False)
     return (xp.exp(x - xp.expand_dims(lse, 1)) * qg.sum(axis=1, keepdims=True) - qg).astype(x.dtype, copy=False)
