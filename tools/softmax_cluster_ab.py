@@ -48,7 +48,7 @@ def _mods():
     from minidnn.backend.cuda import softmax_cluster as sc
     from minidnn.backend.cuda import softmax_kernels as sk
     if not _START:
-        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP))
+        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX))
     return sc, sk
 
 
@@ -58,11 +58,13 @@ def forget():
 
 
 def parse(setting):
-    """"S[:clN][:ntN][:exact]" -> (S, CL, NT, fast exp): the setting S with the launch shape forced (FORCE_CL /
-    FORCE_NT; 0: the rule's) and, with "exact", expf for every exp (FAST_EXP off)."""
+    """"S[:clN][:ntN][:vptN][:exact]" -> (S, CL, NT, fast exp, VPT_MAX): the setting S with the launch shape forced
+    (FORCE_CL / FORCE_NT; 0: the rule's), the vectors a thread may hold raised or lowered (softmax_cluster.VPT_MAX,
+    1..8; 0: the module's -- session 24's SMXSASS: CL 7 x NT 256 x VPT 8 halves the fixed per-warp cost an element)
+    and, with "exact", expf for every exp (FAST_EXP off)."""
     sc, _ = _mods()
     base, *mods = setting.split(":")
-    cl = nt = 0
+    cl = nt = vmax = 0
     fexp = True
     for m in mods:
         if m == "exact":
@@ -71,23 +73,28 @@ def parse(setting):
             cl = int(m[2:])
         elif m.startswith("nt") and m[2:].isdigit():
             nt = int(m[2:])
+        elif m.startswith("vpt") and m[3:].isdigit():
+            vmax = int(m[3:])
         else:
-            raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}), ntN ({sc.NTS}) or exact")
-    if base not in sc.SETTINGS or not 0 <= cl <= sc.CL_MAX or nt not in (0,) + sc.NTS:
+            raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}), ntN ({sc.NTS}), vptN (1..8) "
+                             "or exact")
+    if base not in sc.SETTINGS or not 0 <= cl <= sc.CL_MAX or nt not in (0,) + sc.NTS or not 0 <= vmax <= 8:
         raise ValueError(f"setting {setting!r}: one of {sc.SETTINGS}, then :clN (1..{sc.CL_MAX}) :ntN ({sc.NTS}) "
-                         ":exact")
-    return base, cl, nt, fexp
+                         ":vptN (1..8) :exact")
+    return base, cl, nt, fexp, vmax
 
 
 def switch(setting):
     sc, _ = _mods()
-    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP = parse(setting)
+    base, cl, nt, fexp, vmax = parse(setting)
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP = base, cl, nt, fexp
+    sc.VPT_MAX = vmax or _START[0][4]
     forget()
 
 
 def restore():
     sc, _ = _mods()
-    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP = _START[0]
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX = _START[0]
     forget()
 
 
@@ -97,8 +104,12 @@ def plan_of(op, shape, dt, setting, dev=0):
     sc, sk = _mods()
     _, algo, bwd = OPS[op]
     rows, c = shape
-    base, cl, nt, fexp = parse(setting)
-    p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, base, (cl, nt), fexp)
+    base, cl, nt, fexp, vmax = parse(setting)
+    was, sc.VPT_MAX = sc.VPT_MAX, vmax or _START[0][4]
+    try:
+        p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, base, (cl, nt), fexp)
+    finally:
+        sc.VPT_MAX = was
     if p is not None:
         return ("cluster", p)
     hint = sk.call_hint(bwd, rows * c * np.dtype(dt).itemsize * (3 if bwd else 2), dev)
@@ -144,6 +155,18 @@ def torch_fn(torch, cases, op, shape):
     return lambda: g(dy, y, -1, x.dtype)
 
 
+def values_check(settings, fn):
+    """Each setting's output against the first's: the largest |difference| over the largest |value| (the forced
+    shapes' outputs are not otherwise tested), "" for one setting."""
+    outs = {}
+    for s in settings:
+        switch(s)
+        outs[s] = fn().astype("float64")
+    ref = outs[settings[0]]
+    scale = float(abs(ref).max()) or 1.0
+    return ", ".join(f"{s} {float(abs(outs[s] - ref).max()) / scale:.1e}" for s in settings[1:])
+
+
 def run_case(timer, torch, cases, op, shape, dtype_name, bw, rounds, settings):
     name, algo, bwd = OPS[op]
     plans, distinct, same = KG.distinct_plans(settings, lambda s: plan_of(op, shape, cases.dt, s))
@@ -154,9 +177,12 @@ def run_case(timer, torch, cases, op, shape, dtype_name, bw, rounds, settings):
     _, _, (fn, _, nbytes), _ = row
     tfn = torch_fn(torch, cases, op, shape)
     try:
+        check = values_check(distinct, fn)
         got, ratios, vs_torch, tms = KG.alternate(timer, distinct, switch, fn, tfn, rounds)
     finally:
         restore()
+    if check:
+        print(f"{name:16s} {dtype_name:9s} {str(shape):14s} values against {distinct[0]}: {check}")
     print("\n".join(KG.ab_lines(f"{name:16s} {dtype_name:9s} {str(shape):14s}", settings, got, ratios, vs_torch, tms,
                                  nbytes, bw, same, lambda s: describe(plans[s]))))
     sys.stdout.flush()

@@ -665,12 +665,18 @@ def test_ab_tool_plans(monkeypatch):
     assert T.plan_of("smx", (300, 50257), f32, "all")[1].fexp == 0            # float32 softmax: expf
     assert T.plan_of("smxbwd", (300, 50257), bf, "all")[1].fexp == 0
     assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[0] == "rows"         # 12564 vectors: > 8 x 256 x 4
-    with pytest.raises(ValueError):
-        T.parse("all:cl9")
-    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP)
+    # vptN (session 24): the vectors a thread may hold, for that setting's plan only
+    assert T.plan_of("smx", (4096, 50257), f32, "1:cl7:nt256:vpt8")[1] == SC.Launch(7, 256, 8, 4, 28672, 0)
+    assert SC.VPT_MAX == 4
+    for bad in ("all:cl9", "all:vpt9", "all:vpt"):
+        with pytest.raises(ValueError):
+            T.parse(bad)
+    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX)
     T.switch("all:cl8:nt512:exact")
     assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP) == ("all", 8, 512, False) and not _sk._plans
     assert SC.plan(300, 50257, bf, "LOG", True, 0) == SC.Launch(8, 512, 2, 2, 2400)
     assert SC.plan(300, 50257, bf, "LOG", False, 0).fexp == 0
+    T.switch("1:cl7:nt256:vpt8")
+    assert SC.VPT_MAX == 8 and SC.plan(4096, 50257, f32, "ACCURATE", False, 0) == SC.Launch(7, 256, 8, 4, 28672, 0)
     T.restore()
-    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP) == start
+    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX) == start
