@@ -48,7 +48,7 @@ def _mods():
     from minidnn.backend.cuda import softmax_cluster as sc
     from minidnn.backend.cuda import softmax_kernels as sk
     if not _START:
-        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX))
+        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX, sc.VPT_F32))
     return sc, sk
 
 
@@ -59,9 +59,9 @@ def forget():
 
 def parse(setting):
     """"S[:clN][:ntN][:vptN][:exact]" -> (S, CL, NT, fast exp, VPT_MAX): the setting S with the launch shape forced
-    (FORCE_CL / FORCE_NT; 0: the rule's), the vectors a thread may hold raised or lowered (softmax_cluster.VPT_MAX,
-    1..8; 0: the module's -- session 24's SMXSASS: CL 7 x NT 256 x VPT 8 halves the fixed per-warp cost an element)
-    and, with "exact", expf for every exp (FAST_EXP off)."""
+    (FORCE_CL / FORCE_NT; 0: the rule's), the vectors a thread may hold raised or lowered (softmax_cluster.VPT_MAX
+    and VPT_F32 both, 1..8; 0: the module's -- "1:vpt4" is the rule before session 24's VPT_F32) and, with "exact",
+    expf for every exp (FAST_EXP off)."""
     sc, _ = _mods()
     base, *mods = setting.split(":")
     cl = nt = vmax = 0
@@ -88,13 +88,13 @@ def switch(setting):
     sc, _ = _mods()
     base, cl, nt, fexp, vmax = parse(setting)
     sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP = base, cl, nt, fexp
-    sc.VPT_MAX = vmax or _START[0][4]
+    sc.VPT_MAX, sc.VPT_F32 = (vmax, vmax) if vmax else _START[0][4:]
     forget()
 
 
 def restore():
     sc, _ = _mods()
-    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX = _START[0]
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX, sc.VPT_F32 = _START[0]
     forget()
 
 
@@ -105,11 +105,12 @@ def plan_of(op, shape, dt, setting, dev=0):
     _, algo, bwd = OPS[op]
     rows, c = shape
     base, cl, nt, fexp, vmax = parse(setting)
-    was, sc.VPT_MAX = sc.VPT_MAX, vmax or _START[0][4]
+    was = sc.VPT_MAX, sc.VPT_F32
+    sc.VPT_MAX, sc.VPT_F32 = (vmax, vmax) if vmax else _START[0][4:]
     try:
         p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, base, (cl, nt), fexp)
     finally:
-        sc.VPT_MAX = was
+        sc.VPT_MAX, sc.VPT_F32 = was
     if p is not None:
         return ("cluster", p)
     hint = sk.call_hint(bwd, rows * c * np.dtype(dt).itemsize * (3 if bwd else 2), dev)

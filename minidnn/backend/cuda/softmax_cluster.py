@@ -64,6 +64,16 @@ if CLUSTER not in SETTINGS:
 CL_MAX = 8              # portable cluster sizes only
 VPT_MAX = 4             # 16-byte vectors of one array a thread
 NTS = (256, 512)        # threads a block
+# VPT_F32 (session 24): the float32 forwards' 256-thread blocks hold up to this many vectors a thread (512-thread
+# blocks keep VPT_MAX, so the longest cluster row is unchanged).  SMXSASS counted ~17 of smx_fwdc's 31 instructions
+# an element as fixed per-warp cost (prologue, edges, reductions, meeting, 1/S) over 14 elements a thread, and the
+# kernel latency-bound (issue busy ~36%); twice the elements a thread at the same 1024 threads an SM halves that cost
+# and doubles the bytes in flight.  Runs 7-9 (H200, graph replays, values within 2e-7 of the rule's): softmax /
+# log-softmax forward float32 (4096, 50257) 0.5914 -> 0.4788 / 0.5765 -> 0.4647 ms (67 -> 82%, 68 -> 85% of copy;
+# 1.61x / 1.63x PyTorch); (2048, 65536) 74 -> 87-89%; (1000, 50257) 65-67 -> 80-83%; (300, 50257) 60-62 -> 75-77%.
+# 16-bit stays at VPT_MAX: a bfloat16 forward at VPT 8 ((2048, 65536)) faulted with an illegal address in run 8 (VPT 7
+# ran and gained 1.14x): not understood.  MINIDNN_SOFTMAX_CLUSTER_VPT_F32=4: the rule before.
+VPT_F32 = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_VPT_F32", "8"))
 # launch bounds at 256 threads (nvcc 13, sm_90, every planned configuration without spills: the nvcc test).  The
 # helper's first choice was 32 registers forward (eight blocks an SM: a wave of 75 float32 rows of 50257 classes
 # instead of 56) and 51 backward (five blocks)
@@ -434,16 +444,18 @@ def _sms(dev):
         return 132
 
 
-def choose(rows, nvec, backward, sms, cl=0, nt=0):
+def choose(rows, nvec, backward, sms, cl=0, nt=0, wide=0):
     """(CL, NT, VPT) holding ``nvec`` body vectors a row, or None: the smallest NT, then the smallest CL, whose
     blocks hold their share in at most VPT_MAX vectors a thread (the most bytes in flight a thread; the most rows
     resident at once when the call has more rows than block slots); then, while rows * CL leaves SMs without a
     block, a larger CL (smaller shares: every SM reads) where CL_MAX allows.  ``cl`` / ``nt`` (non-zero): that
-    cluster size / block size only (FORCE_CL / FORCE_NT: the A/B of the rule's shape; no growing of CL then)."""
+    cluster size / block size only (FORCE_CL / FORCE_NT: the A/B of the rule's shape; no growing of CL then).
+    ``wide`` (non-zero): the most vectors a thread of a 256-thread block may hold instead (VPT_F32's float32
+    forwards)."""
     for t in ((nt,) if nt else NTS):
         for c in ((cl,) if cl else range(1, CL_MAX + 1)):
             vpt = -(-nvec // (c * t))
-            if vpt <= VPT_MAX and t in NTS and 1 <= c <= CL_MAX:
+            if vpt <= (wide if wide and t == 256 else VPT_MAX) and t in NTS and 1 <= c <= CL_MAX:
                 while not cl and rows * c < sms and c < CL_MAX and nvec >= (c + 1) * 32:
                     c += 1
                 return c, t, -(-nvec // (c * t))
@@ -478,7 +490,8 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
         cap = BWD_ROWS_PER_SM if backward else FWD_ROWS_PER_SM
         if cap and rows > cap * sms:
             return None
-    got = choose(rows, nvec, backward, sms, *(force or (FORCE_CL, FORCE_NT)))
+    got = choose(rows, nvec, backward, sms, *(force or (FORCE_CL, FORCE_NT)),
+                 wide=VPT_F32 if not backward and item == 4 and VPT_F32 > VPT_MAX else 0)
     if got is None or rows * got[0] >= 2 ** 31:
         return None
     cl, nt, vpt = got
