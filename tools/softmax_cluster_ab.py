@@ -207,6 +207,8 @@ def main(argv=None):
     except ValueError as exc:
         ap.error(f"--settings: {exc}")
     ops = [o for o in args.ops.split(",") if o]
+    if any(OPS.get(o, ("", "", False))[2] for o in ops) and any(parse(s)[4] > sc.VPT_MAX for s in settings):
+        ap.error("--settings :vptN above VPT_MAX with backward ops: smx_bwdc spills there (session 24, VPT8FAULT)")
     if any(o not in OPS for o in ops):
         ap.error(f"--ops {args.ops!r}: values among {tuple(OPS)}")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]

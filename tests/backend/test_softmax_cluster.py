@@ -715,6 +715,8 @@ def test_ab_tool_plans(monkeypatch):
     for bad in ("all:cl9", "all:vpt9", "all:vpt"):
         with pytest.raises(ValueError):
             T.parse(bad)
+    with pytest.raises(SystemExit):     # smx_bwdc spills past VPT_MAX: refused before anything runs
+        T.main(["--ops", "smx,smxbwd", "--settings", "1,1:vpt8"])
     start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_F32)
     T.switch("all:cl8:nt512:exact")
     assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP) == ("all", 8, 512, False) and not _sk._plans
