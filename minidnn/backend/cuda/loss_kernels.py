@@ -76,6 +76,9 @@ __device__ __forceinline__ X STX(float f)
 { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #endif
 #endif
+// IGNORED_DX (the module docstring): an ignored row's dx, softmax * 0 -- 0 where its lse is finite, NaN where it is
+// NaN or -inf -- from the lse alone, so no x of the row is read.  Every backward kernel's ignored branch.
+__device__ __forceinline__ A ignored_dx(const A lse) { return lse - lse; }
 """
 
 # The row helpers of ROW_HEADER (softmax_kernels) for x and dx of type X: with XSTORAGE, overloads on X pointers of
@@ -209,8 +212,8 @@ ce_bwd(const X* __restrict__ x, const I* __restrict__ target, const T* __restric
         const long long o = r / inner, i = r - o * inner;
         const long long base = o * C * (long long)inner + i;
         const long long t = (long long)target[r];
-        if (t == ignore_index) {        // 0, or NaN where the row's lse is not finite (IGNORED_DX)
-            const A z = lse_in[r] - lse_in[r];
+        if (t == ignore_index) {
+            const A z = ignored_dx(lse_in[r]);
             for (int c = lane; c < C; c += 32) dx[base + (long long)c * inner] = STX(z);
             continue;
         }
@@ -674,7 +677,7 @@ template <int P, int B, bool MASKED, bool SM> __device__ __forceinline__ void sp
             } else {
                 o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - (c == tc[j] ? qgt[j] : (A)0);
             }
-            if (P > 1 && !keep[j]) o[j] = lse[j] - lse[j];        // IGNORED_DX
+            if (P > 1 && !keep[j]) o[j] = ignored_dx(lse[j]);
         }
         sp_st<P>(d + k * inner, o);
     }
@@ -728,8 +731,8 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
             lse[j] = lse_in[p.k + j];
             lsel[j] = lse[j] * (A)1.4426950408889634;
         }
-        if (P == 1 && !keep[0]) {       // IGNORED_DX
-            const A z = lse[0] - lse[0];
+        if (P == 1 && !keep[0]) {
+            const A z = ignored_dx(lse[0]);
             for (int c = cs; c < cs + cn; ++c) dx[base + c * inner] = STX(z);
             continue;
         }
@@ -758,7 +761,7 @@ template <int P, int B> __device__ __forceinline__ void sp_bwd_loop(
                     const A q = (c == tc[j] ? qt[j] : (A)0) + sm;
                     const A qg = q != (A)0 ? q * gr[j] : (A)0;
                     o[j] = CE_EXP(v[k][j], lse[j], lsel[j]) * sumqg[j] - qg;
-                    if (P > 1 && !keep[j]) o[j] = lse[j] - lse[j];        // IGNORED_DX
+                    if (P > 1 && !keep[j]) o[j] = ignored_dx(lse[j]);
                 }
                 sp_st<P>(dx + base + c * inner, o);
             }
@@ -1396,8 +1399,8 @@ template <bool VA> __device__ __forceinline__ void ce_bwd_body(
         const Geo q = row_geo(x + base, C, VA);
         const int nch = ONE ? 1 : (q.nb + CV - 1) / CV;
         const long long t = (long long)target[r];
-        if (t == ignore_index) {        // 0, or NaN where the row's lse is not finite (IGNORED_DX)
-            const A z = lse_in[r] - lse_in[r];
+        if (t == ignore_index) {
+            const A z = ignored_dx(lse_in[r]);
 #pragma unroll
             for (int e = 0; e < E; ++e) a[e] = z;
 #pragma unroll
