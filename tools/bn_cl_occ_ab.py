@@ -29,9 +29,14 @@ SETTINGS = {"bps2": (2, 4, 8), "b2u2": (2, 2, 4), "bps3": (3, 2, 4), "bps4": (4,
 OPS = {"bn": "bn", "add": "bn_add_activation"}
 
 
+_START = []     # the module's own (BPS, UNROLL, UNROLL_F), put back after each case
+
+
 def _switch(setting):
     from minidnn.backend.cuda import bn_kernels, bn_nhwc
-    bn_nhwc.BPS, bn_nhwc.UNROLL, bn_nhwc.UNROLL_F = SETTINGS[setting]
+    if not _START:
+        _START.append((bn_nhwc.BPS, bn_nhwc.UNROLL, bn_nhwc.UNROLL_F))
+    bn_nhwc.BPS, bn_nhwc.UNROLL, bn_nhwc.UNROLL_F = SETTINGS[setting] if setting else _START[0]
     bn_nhwc._kernels.clear()          # (its key holds neither BPS nor UNROLL: the -D flags do)
     bn_nhwc._calls.clear()
     bn_kernels._calls.clear()
@@ -44,7 +49,7 @@ def run_case(timer, cases, op, shape, dtype_name, bw, rounds, settings):
         print("\n".join(KG.ab_lines(f"{label:30s} {dtype_name:9s} {str(shape):17s}", settings, got, ratios, vs_torch,
                                      tgot, nbytes, bw)))
         sys.stdout.flush()
-    _switch("bps2")
+    _switch(None)
 
 
 def main(argv=None):
