@@ -38,9 +38,9 @@ NAMES = ("float32", "bfloat16", "float16")
 
 # (rows, C, dtype, algo, backward, setting) -> (CL, NT, VPT) or None; MINB and the grid follow (checked below)
 PLANS = [
-    ((64, 50257, "float32", "ACCURATE", False, "1"), (7, 512, 4)),     # 12564 vectors: 512 threads, 7 blocks
-    ((64, 50257, "float32", "LOG", True, "1"), (7, 512, 4)),           # few rows: the backward too
-    ((4096, 32000, "float32", "ACCURATE", False, "1"), (8, 256, 4)),   # 8000 vectors: 8 x 256 x 4
+    ((64, 50257, "float32", "ACCURATE", False, "1"), (7, 256, 8)),     # 12564 vectors: VPT_F32 8, 7 blocks
+    ((64, 50257, "float32", "LOG", True, "1"), (7, 512, 4)),           # few rows: the backward too (512 x 4)
+    ((4096, 32000, "float32", "ACCURATE", False, "1"), (4, 256, 8)),   # 8000 vectors: 4 x 256 x 8
     ((4096, 32000, "float32", "LOG", True, "1"), (8, 256, 4)),         # many rows too (BWD_ROWS_PER_SM 0)
     ((4096, 32000, "bfloat16", "LOG", False, "1"), None),              # 16-bit, held by the row path: its kernels
     ((4096, 32000, "bfloat16", "LOG", True, "1"), (4, 256, 4)),        # (the backward: clusters)
@@ -52,15 +52,16 @@ PLANS = [
     ((64, 8192, "float32", "ACCURATE", False, "all"), (3, 256, 3)),    # 128 blocks < 132 SMs: CL 3
     ((64, 16384, "bfloat16", "LOG", False, "1"), None),
     ((64, 16385, "float32", "ACCURATE", False, "1"), None),            # 4096 body vectors + edges: one chunk
-    ((64, 16389, "float32", "ACCURATE", False, "1"), (5, 256, 4)),
+    ((64, 16389, "float32", "ACCURATE", False, "1"), (3, 256, 6)),
     ((64, 8200, "float32", "LOG", True, "1"), (3, 256, 3)),            # the backward's one chunk is 8192
     ((64, 8192, "float32", "LOG", True, "1"), None),
     ((64, 50257, "float32", "FAST", False, "all"), None),              # no max: refused
     ((64, 50257, "float64", "LOG", False, "all"), None),
     ((128, 128000, "float32", "LOG", False, "all"), None),             # 32000 vectors: more than 8 x 512 x 4
     ((128, 128000, "bfloat16", "LOG", False, "1"), (8, 512, 4)),
-    ((2048, 65536, "float32", "ACCURATE", False, "1"), (8, 512, 4)),   # 16384 vectors: the largest float32 row
-    ((2048, 65537, "float32", "ACCURATE", False, "1"), (8, 512, 4)),   # (a ragged row's body: 16384 at most)
+    ((2048, 65536, "float32", "ACCURATE", False, "1"), (8, 256, 8)),   # 16384 vectors: the largest float32 row
+    ((2048, 65537, "float32", "ACCURATE", False, "1"), (8, 256, 8)),   # (a ragged row's body: 16384 at most)
+    ((2048, 65537, "float32", "ACCURATE", True, "1"), (8, 512, 4)),    # (backwards: VPT_MAX)
     ((2048, 65540, "float32", "ACCURATE", False, "1"), None),
     ((64, 50257, "float32", "ACCURATE", False, "0"), None),
     ((3, 100, "float32", "ACCURATE", False, "all"), None),             # < 32 vectors
@@ -95,7 +96,7 @@ VPT_F32_PLANS = [
 
 @pytest.mark.parametrize("args, want", VPT_F32_PLANS, ids=str)
 def test_vpt_f32_plans(monkeypatch, args, want):
-    """VPT_F32 = 8 (session 24, off by default until GPU-tested): the float32 forwards' 256-thread blocks take up to 8
+    """VPT_F32 = 8 (session 24; the default since session 25's run 1 on the H200): the float32 forwards' 256-thread blocks take up to 8
     vectors a thread -- the smallest NT, then CL, that holds the row, so 256 threads at CL 3-8 where VPT 4 needed 512;
     the backwards, 16-bit and 512-thread blocks keep VPT_MAX; the longest cluster row is unchanged."""
     rows, c, algo, backward = args
@@ -279,7 +280,7 @@ NVCC_ROWS = (1, 3, 64, 132, 300, 1000, 4096)
 
 def _configs():
     """Every (dtype, algo, backward, CL, NT, VPT, MINB) the plan makes for NVCC_CS x NVCC_ROWS under "1" and
-    "all", with VPT_F32 off (4) and at 8 (session 24: off by default until GPU-tested)."""
+    "all", with VPT_F32 at 8 (the default) and off (4: MINIDNN_SOFTMAX_CLUSTER_VPT_F32=4)."""
     out = set()
     was = SC.VPT_F32
     try:
@@ -392,10 +393,10 @@ print(repr(out))
     for shape in ((64, 50257), (4096, 32000), (64, 8000), "bf16", "misaligned"):
         assert [n for n, *_ in out["0", shape]] == list(rows), (shape, out["0", shape])
         assert [n for n, *_ in out["all", "misaligned"]] == list(rows)      # not on a 16-byte boundary
-    assert out["1", (64, 50257)] == [("smx_fwdc", ["-DCL=7", "-DNT=512", "-DVPT=4"], 448, 512),
+    assert out["1", (64, 50257)] == [("smx_fwdc", ["-DCL=7", "-DNT=256", "-DVPT=8"], 448, 256),     # VPT_F32
                                      ("smx_bwdc", ["-DCL=7", "-DNT=512", "-DVPT=4"], 448, 512)], out
     # many rows: clusters both ways (BWD_ROWS_PER_SM 0)
-    assert out["1", (4096, 32000)] == [("smx_fwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256),
+    assert out["1", (4096, 32000)] == [("smx_fwdc", ["-DCL=4", "-DNT=256", "-DVPT=8"], 16384, 256),
                                        ("smx_bwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256)], out
     assert out["all", (4096, 32000)][1] == ("smx_bwdc", ["-DCL=8", "-DNT=256", "-DVPT=4"], 32768, 256), out
     # 8000 classes: one chunk of a block (forward and backward: 2000 vectors, 8000 <= 8192) -- "all" only
@@ -705,13 +706,14 @@ def test_ab_tool_plans(monkeypatch):
     assert T.plan_of("smx", (300, 50257), bf, "all:exact")[1] == SC.Launch(7, 256, 4, 4, 2100, 0)
     assert T.plan_of("smx", (300, 50257), f32, "all")[1].fexp == 0            # float32 softmax: expf
     assert T.plan_of("smxbwd", (300, 50257), bf, "all")[1].fexp == 0
-    assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[0] == "rows"         # 12564 vectors: > 8 x 256 x 4
+    assert T.plan_of("smx", (300, 50257), f32, "all:nt256:vpt4")[0] == "rows"    # 12564 vectors: > 8 x 256 x 4
+    assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[1] == SC.Launch(7, 256, 8, 4, 2100, 0)   # VPT_F32
     assert T.plan_of("smx", (300, 50257), f32, "all:nt256:vpt8")[1] == SC.Launch(7, 256, 8, 4, 2100, 0)
     assert T.plan_of("smx", (300, 50257), f32, "1:vpt4")[1] == SC.Launch(7, 512, 4, 2, 2100, 0)
     # vptN (session 24): the vectors a thread may hold, for that setting's plan only
     assert T.plan_of("smx", (4096, 50257), f32, "1:cl7:nt256:vpt8")[1] == SC.Launch(7, 256, 8, 4, 28672, 0)
     assert T.plan_of("smx", (4096, 50257), bf, "1:nt256:vpt8")[1] == SC.Launch(4, 256, 7, 4, 16384, 1)
-    assert (SC.VPT_MAX, SC.VPT_F32) == (4, 4)
+    assert (SC.VPT_MAX, SC.VPT_F32) == (4, 8)
     for bad in ("all:cl9", "all:vpt9", "all:vpt"):
         with pytest.raises(ValueError):
             T.parse(bad)
