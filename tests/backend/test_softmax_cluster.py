@@ -96,9 +96,10 @@ VPT_F32_PLANS = [
 
 @pytest.mark.parametrize("args, want", VPT_F32_PLANS, ids=str)
 def test_vpt_f32_plans(monkeypatch, args, want):
-    """VPT_F32 = 8 (session 24; the default since session 25's run 1 on the H200): the float32 forwards' 256-thread blocks take up to 8
-    vectors a thread -- the smallest NT, then CL, that holds the row, so 256 threads at CL 3-8 where VPT 4 needed 512;
-    the backwards, 16-bit and 512-thread blocks keep VPT_MAX; the longest cluster row is unchanged."""
+    """VPT_F32 = 8 (session 24; the default since session 25's run 1 on the H200): the float32 forwards' 256-thread
+    blocks take up to 8 vectors a thread -- the smallest NT, then CL, that holds the row, so 256 threads at CL 3-8
+    where VPT 4 needed 512; the backwards, 16-bit and 512-thread blocks keep VPT_MAX; the longest cluster row is
+    unchanged."""
     rows, c, algo, backward = args
     monkeypatch.setattr(SC, "VPT_F32", 8)
     p = SC.plan(rows, c, np.dtype(np.float32), algo, backward, 0, "1")
@@ -331,10 +332,12 @@ DEFAULTS = _default_configs()
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_kernels_compile_without_spills(tmp_path):
-    cfgs = pick(_configs(), 6, DEFAULTS)
+    """The planned builds (a spread, and the defaults) without spills within their launch bounds; three of them with
+    PUSH too (session 25: all 151 planned configurations built without spills with it)."""
+    cfgs = [c + (0,) for c in pick(_configs(), 6, DEFAULTS)] + [c + (1,) for c in pick(_configs(), 3)]
     units, entries = [], []
-    for name, algo, backward, cl, nt, vpt, minb, fexp in cfgs:
-        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1, fexp))
+    for name, algo, backward, cl, nt, vpt, minb, fexp, push in cfgs:
+        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1, fexp, push))
         units.append((SC.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
         entries.append((SC.kernel_name(backward),))
     res = nvcc_build(units, options=("-std=c++17", "-ftz=true"), entries=entries, tmp=tmp_path)
@@ -345,6 +348,45 @@ def test_kernels_compile_without_spills(tmp_path):
         regs = int(log.split("Used ")[1].split()[0])
         assert spill == 0, (cfg, log)
         assert regs <= 65536 // (cfg[4] * cfg[6]), (cfg, regs)
+
+
+def test_push_plans_and_options(monkeypatch):
+    """PUSH (MINIDNN_SOFTMAX_CLUSTER_PUSH, off): read at planning time into the Launch, and a define of the build."""
+    f32 = np.dtype(np.float32)
+    assert SC.PUSH == 0 and SC.plan(64, 50257, f32, "LOG", True, 0, "1").push == 0
+    assert not any("PUSH" in o for o in SC.options(f32, "LOG", SC.plan(64, 50257, f32, "LOG", True, 0, "1")))
+    monkeypatch.setattr(SC, "PUSH", 1)
+    p = SC.plan(64, 50257, f32, "LOG", True, 0, "1")
+    assert p.push == 1 and p._replace(push=0) == SC.Launch(7, 512, 4, 2, 448, 0)
+    assert "-DPUSH=1" in SC.options(f32, "LOG", p)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_push_exchanges_by_remote_stores_only(tmp_path):
+    """PUSH's PTX: remote stores (st.shared::cluster) and no remote load; its two cluster barrier phases are a
+    started-arrive at the start (waited on before the stores) and the exchange, so no wait after the output's stores,
+    where the default closes with one; the default's: remote loads and no remote store."""
+    def ptx(push):
+        opts = SC.options(np.dtype(np.float32), "ACCURATE", SC.Launch(4, 256, 8, 4, 1, 0, push))
+        src = tmp_path / f"p{push}.cu"
+        _launch_write(str(src), opts)
+        out = tmp_path / f"p{push}.ptx"
+        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(out), str(src)], check=True)
+        return out.read_text()
+    pull, push = ptx(0), ptx(1)
+    for kernel in ("smx_fwdc", "smx_bwdc"):
+        a, b = (t.split(f".entry {kernel}")[1].split(".entry")[0] for t in (pull, push))
+        assert "ld.shared::cluster" in a and "st.shared::cluster" not in a, kernel
+        assert "st.shared::cluster" in b and "ld.shared::cluster" not in b, kernel
+        assert a.count("barrier.cluster.wait") == 2 and b.count("barrier.cluster.wait") == 2, kernel
+        assert a.count("barrier.cluster.arrive") == 2 and b.count("barrier.cluster.arrive") == 2, kernel
+        assert b.index("barrier.cluster.arrive.relaxed") < b.index("st.shared::cluster"), kernel     # started first
+        assert b.rindex("barrier.cluster.wait") < b.index("st.global") < a.rindex("barrier.cluster.wait"), kernel
+
+
+def _launch_write(path, opts):
+    from minidnn.backend.cuda import launch as _L
+    _L.write_source(path, SC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
 
 
 # ---- CPU: the routing under the fake CuPy -------------------------------------------------------------------------
@@ -565,6 +607,33 @@ def test_cluster_rows_against_float64(cp, cluster_all, name, c):
                 _bits(cp, B.softmax_backward(None, algo, None, y, dyd, axis=-1), dx, what + " backward again")
 
 
+PUSH_CASES = [("float32", 64, 50257), ("float32", 300, 65536), ("bfloat16", 64, 50257), ("float16", 3, 131072),
+              ("bfloat16", 8, 16385)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, rows, c", PUSH_CASES, ids=[f"{n}-{r}x{c}" for n, r, c in PUSH_CASES])
+def test_push_bitwise_the_default(cp, cluster_all, monkeypatch, name, rows, c):
+    """PUSH (the exchange by remote stores, session 25) gives the default's bits: the same partials combined in the
+    same order, forward and backward of both algorithms."""
+    dtype = _dtype(name)
+    rng = np.random.default_rng(rows + c)
+    xd = cp.asarray((rng.standard_normal((rows, c)) * 3).astype(dtype))
+    dyd = cp.asarray(rng.standard_normal((rows, c)).astype(dtype))
+    outs = {}
+    for push in (0, 1):
+        monkeypatch.setattr(SC, "PUSH", push)
+        _reset_plans()
+        for algo in ("accurate", "log"):
+            assert isinstance(_sk.plan(xd, (1,), algo.upper()), _sk._ClusterPlan)
+            assert SC.plan(rows, c, dtype, algo.upper(), False, 0).push == push
+            y = B.softmax_forward(None, algo, None, xd, axis=-1)
+            outs[push, algo] = (y, B.softmax_backward(None, algo, None, y, dyd, axis=-1))
+    for algo in ("accurate", "log"):
+        for k, what in enumerate(("forward", "backward")):
+            _bits(cp, outs[1, algo][k], outs[0, algo][k], f"{name} ({rows}, {c}) {algo} {what} push")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", NAMES)
 def test_fast_exp_off(cp, cluster_all, monkeypatch, name):
@@ -714,19 +783,22 @@ def test_ab_tool_plans(monkeypatch):
     assert T.plan_of("smx", (4096, 50257), f32, "1:cl7:nt256:vpt8")[1] == SC.Launch(7, 256, 8, 4, 28672, 0)
     assert T.plan_of("smx", (4096, 50257), bf, "1:nt256:vpt8")[1] == SC.Launch(4, 256, 7, 4, 16384, 1)
     assert (SC.VPT_MAX, SC.VPT_F32) == (4, 8)
+    assert T.plan_of("smx", (4096, 50257), f32, "1:push")[1] == SC.Launch(7, 256, 8, 4, 28672, 0, 1)
+    assert T.plan_of("smx", (4096, 50257), f32, "1")[1].push == 0 and SC.PUSH == 0
     for bad in ("all:cl9", "all:vpt9", "all:vpt"):
         with pytest.raises(ValueError):
             T.parse(bad)
     with pytest.raises(SystemExit):     # smx_bwdc spills past VPT_MAX: refused before anything runs
         T.main(["--ops", "smx,smxbwd", "--settings", "1,1:vpt8"])
-    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_F32)
+    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_F32, SC.PUSH)
     T.switch("all:cl8:nt512:exact")
     assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP) == ("all", 8, 512, False) and not _sk._plans
     assert SC.plan(300, 50257, bf, "LOG", True, 0) == SC.Launch(8, 512, 2, 2, 2400)
     assert SC.plan(300, 50257, bf, "LOG", False, 0).fexp == 0
     T.switch("1:cl7:nt256:vpt8")
     assert SC.VPT_MAX == 8 and SC.plan(4096, 50257, f32, "ACCURATE", False, 0) == SC.Launch(7, 256, 8, 4, 28672, 0)
-    T.switch("1:vpt4")
+    T.switch("1:vpt4:push")
+    assert SC.PUSH == 1 and SC.plan(64, 50257, f32, "LOG", True, 0).push == 1
     assert (SC.VPT_MAX, SC.VPT_F32) == (4, 4) and SC.plan(4096, 50257, f32, "ACCURATE", False, 0).nt == 512
     T.restore()
-    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_F32) == start
+    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_F32, SC.PUSH) == start

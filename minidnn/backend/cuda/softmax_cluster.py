@@ -81,6 +81,10 @@ NTS = (256, 512)        # threads a block
 # instruction (control bits included) in the failing and the passing builds: not understood, so not taken
 # (docs/step_kernels.md, session 25).
 VPT_F32 = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_VPT_F32", "8"))
+# PUSH (session 25; MINIDNN_SOFTMAX_CLUSTER_PUSH, off): the partials exchanged by remote stores before the cluster
+# barrier instead of remote loads after it (the source's PUSH; no closing barrier) -- the A/B of the fault above
+# (it sits on a remote load) and of the closing wait's cost.
+PUSH = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_PUSH", "0"))
 # launch bounds at 256 threads (nvcc 13, sm_90, every planned configuration without spills: the nvcc test).  The
 # helper's first choice was 32 registers forward (eight blocks an SM: a wave of 75 float32 rows of 50257 classes
 # instead of 56) and 51 backward (five blocks)
@@ -183,6 +187,32 @@ static_assert(sizeof(A) == 4, "float sums only (the partials travel as f32 throu
 #error "ALGO: 1 (softmax, accurate) or 2 (log-softmax)"
 #endif
 """ + DSMEM_F32_HEADER + r"""
+#ifndef PUSH
+#define PUSH 0
+#endif
+#if PUSH
+// PUSH (session 25, the A/B's): the exchange by remote STORES -- each block writes its partial into slot `rank` of
+// every block's part[] before the cluster barrier and reads its own shared memory after it -- instead of remote
+// loads after it.  No block touches another's shared memory after that barrier, so there is no closing arrive /
+// wait; a relaxed arrive at the start, waited on just before the stores, makes sure every block of the cluster has
+// started (its shared memory exists) before anything is written into it.
+__device__ __forceinline__ void remote_st(float* local, unsigned int rank, float a)
+{
+    unsigned long long g;
+    unsigned int addr;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(addr), "f"(a) : "memory");
+}
+__device__ __forceinline__ void remote_st2(float* local, unsigned int rank, float a, float b)
+{
+    unsigned long long g;
+    unsigned int addr;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b) : "memory");
+}
+#endif
 // Block sum / max (fmax: NaN skipped, as softmax_kernels' vmax): butterflies, then the warps in order by every
 // thread; red[] reused only after the call's last barrier.
 __device__ __forceinline__ A block_sum(A v, A* red)
@@ -254,7 +284,12 @@ extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB
 smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 {
     __shared__ A red[NW];
+#if PUSH
+    __shared__ __align__(8) float part[CL][2];     // block j's (m_b, s_b) in part[j], stored there by block j
+    cluster_arrive_relaxed();       // started (waited on before the stores)
+#else
     __shared__ float part[2];       // this block's (m_b, s_b): read by the cluster
+#endif
     __shared__ A stat[2];
     const unsigned int rank = cluster_rank();
     const long long r = blockIdx.x / CL;
@@ -294,12 +329,21 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
     const A mb = block_max(m, red);
     // s * 0 where m_t is -inf, not 0: a thread whose values are all NaN (fmax skipped them) keeps its NaN sum
     const A sb = block_sum(s * (m == NEG_INF ? (A)0 : exp(m - mb)), red);
+#if PUSH
+    cluster_wait();                 // every block of the cluster has started
+    if (threadIdx.x < CL) remote_st2(part[rank], threadIdx.x, mb, sb);
+#else
     if (threadIdx.x == 0) { part[0] = mb; part[1] = sb; }
+#endif
     cluster_arrive();
     cluster_wait();
     if (threadIdx.x < 32) {         // the CL pairs in rank order, by warp 0: the same bits in every block
         A pm = NEG_INF, ps = 0;
+#if PUSH
+        if (threadIdx.x < CL) { pm = part[threadIdx.x][0]; ps = part[threadIdx.x][1]; }
+#else
         if (threadIdx.x < CL) { pm = remote_ld(part, threadIdx.x); ps = remote_ld(part + 1, threadIdx.x); }
+#endif
         A M = NEG_INF;
 #pragma unroll
         for (int j = 0; j < CL; ++j) M = fmax(M, __shfl_sync(0xffffffffu, pm, j));
@@ -310,7 +354,9 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
         for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, c, j);
         if (threadIdx.x == 0) { stat[0] = M; stat[1] = S; }
     }
+#if !PUSH
     cluster_arrive_relaxed();       // this block is done reading the others' partials
+#endif
     __syncthreads();
     const A M = stat[0], S = stat[1];
 #if ALGO == 2
@@ -338,7 +384,9 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
         yr[ei] = ST(vexp(ev - M) * inv);
 #endif
     }
+#if !PUSH
     cluster_wait();
+#endif
 }
 
 #if ALGO == 2
@@ -353,7 +401,12 @@ extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB
 smx_bwdc(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int C)
 {
     __shared__ A red[NW];
+#if PUSH
+    __shared__ float part[CL];      // block j's sum in part[j], stored there by block j
+    cluster_arrive_relaxed();       // started (waited on before the stores)
+#else
     __shared__ float part[1];       // this block's sum: read by the cluster
+#endif
     __shared__ A stat[1];
     const unsigned int rank = cluster_rank();
     const long long r = blockIdx.x / CL;
@@ -380,23 +433,36 @@ smx_bwdc(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, 
         }
     if (ei >= 0) s += BWD_TERM(ey, eg);
     const A sb = block_sum(s, red);
+#if PUSH
+    cluster_wait();                 // every block of the cluster has started
+    if (threadIdx.x < CL) remote_st(part + rank, threadIdx.x, sb);
+#else
     if (threadIdx.x == 0) part[0] = sb;
+#endif
     cluster_arrive();
     cluster_wait();
     if (threadIdx.x < 32) {         // the CL sums in rank order, by warp 0
+#if PUSH
+        const A p = threadIdx.x < CL ? part[threadIdx.x] : (A)0;
+#else
         const A p = threadIdx.x < CL ? remote_ld(part, threadIdx.x) : (A)0;
+#endif
         A S = 0;
 #pragma unroll
         for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, p, j);
         if (threadIdx.x == 0) stat[0] = S;
     }
+#if !PUSH
     cluster_arrive_relaxed();       // this block is done reading the others' partials
+#endif
     __syncthreads();
     const A S = stat[0];
     store_share(reinterpret_cast<V*>(dx + base + q.h), lo, hi,
                 [&](int k, int e) { return BWD_DX(LDE(a[k], e), LDE(b[k], e), S); });
     if (ei >= 0) dx[base + ei] = ST(BWD_DX(ey, eg, S));
+#if !PUSH
     cluster_wait();
+#endif
 }
 """
 
@@ -410,6 +476,7 @@ class Launch(NamedTuple):
     minb: int
     grid: int
     fexp: int = 0       # the forward's per-element exp ex2.approx (FAST_EXP)
+    push: int = 0       # the exchange by remote stores (PUSH)
 
 
 def minb(backward, nt):
@@ -503,7 +570,7 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
         return None
     cl, nt, vpt = got
     fexp = (FAST_EXP if fast_exp is None else fast_exp) and not backward and (algo_name == "LOG" or item == 2)
-    return Launch(cl, nt, vpt, minb(backward, nt), rows * cl, int(fexp))
+    return Launch(cl, nt, vpt, minb(backward, nt), rows * cl, int(fexp), int(bool(PUSH)))
 
 
 def usable(dev) -> bool:
@@ -519,7 +586,7 @@ def options(dtype, algo_name, launch):
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DALGO={_ALGO[algo_name]}",
             f"-DCL={launch.cl}", f"-DNT={launch.nt}", f"-DVPT={launch.vpt}", f"-DMINB={launch.minb}",
-            *(("-DFEXP=1",) if launch.fexp else ()), "-std=c++17")
+            *(("-DFEXP=1",) if launch.fexp else ()), *(("-DPUSH=1",) if launch.push else ()), "-std=c++17")
 
 
 def kernel_name(backward):
