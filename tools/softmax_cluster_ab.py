@@ -11,8 +11,8 @@ one-chunk block path does not hold, 16-bit forwards only where the chunked path 
 force the launch's shape where the row fits it:
 "all:cl8" (8 blocks a cluster), "all:nt512" (512 threads a block), "all:cl4:nt512" (FORCE_CL / FORCE_NT), e.g.
 --settings 0,all,all:nt512,all:cl8 to test the rule's choice of NT and CL; "all:exact": expf for every exp where
-the default takes ex2.approx in the log-softmax and 16-bit softmax forwards (FAST_EXP); "1:push": the partials
-exchanged by remote stores (PUSH, session 25).  A setting that plans the
+the default takes ex2.approx in the log-softmax and 16-bit softmax forwards (FAST_EXP); "1:vpt4": every block's
+threads at most 4 vectors each (the rule before VPT_FWD).  A setting that plans the
 same launch as an earlier one is not timed again (its line says "= all", ...); a case where every setting plans the
 row kernels is skipped (float32 128000 classes: more than 8 x 512 x 4 vectors).
 PyTorch: torch.softmax / torch.log_softmax forward; torch._softmax_backward_data / _log_softmax_backward_data
@@ -49,7 +49,7 @@ def _mods():
     from minidnn.backend.cuda import softmax_cluster as sc
     from minidnn.backend.cuda import softmax_kernels as sk
     if not _START:
-        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX, sc.VPT_F32, sc.PUSH))
+        _START.append((sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX, sc.VPT_FWD))
     return sc, sk
 
 
@@ -59,20 +59,17 @@ def forget():
 
 
 def parse(setting):
-    """"S[:clN][:ntN][:vptN][:exact][:push]" -> (S, CL, NT, fast exp, VPT_MAX, push): the setting S with the
-    launch shape forced (FORCE_CL / FORCE_NT; 0: the rule's), the vectors a thread may hold raised or lowered
-    (softmax_cluster.VPT_MAX and VPT_F32 both, 1..8; 0: the module's -- "1:vpt4" is the rule before session 24's
-    VPT_F32), with "exact" expf for every exp (FAST_EXP off), and with "push" the exchange by remote stores
-    (softmax_cluster.PUSH, session 25)."""
+    """"S[:clN][:ntN][:vptN][:exact]" -> (S, CL, NT, fast exp, VPT_MAX): the setting S with the launch shape
+    forced (FORCE_CL / FORCE_NT; 0: the rule's), the vectors a thread may hold raised or lowered
+    (softmax_cluster.VPT_MAX and VPT_FWD both, 1..8; 0: the module's -- "1:vpt4" is the rule before session 24's
+    VPT_F32 / session 25's VPT_FWD) and, with "exact", expf for every exp (FAST_EXP off)."""
     sc, _ = _mods()
     base, *mods = setting.split(":")
-    cl = nt = vmax = push = 0
+    cl = nt = vmax = 0
     fexp = True
     for m in mods:
         if m == "exact":
             fexp = False
-        elif m == "push":
-            push = 1
         elif m.startswith("cl") and m[2:].isdigit():
             cl = int(m[2:])
         elif m.startswith("nt") and m[2:].isdigit():
@@ -81,24 +78,24 @@ def parse(setting):
             vmax = int(m[3:])
         else:
             raise ValueError(f"setting {setting!r}: modifiers clN (1..{sc.CL_MAX}), ntN ({sc.NTS}), vptN (1..8) "
-                             "exact or push")
+                             "or exact")
     if base not in sc.SETTINGS or not 0 <= cl <= sc.CL_MAX or nt not in (0,) + sc.NTS or not 0 <= vmax <= 8:
         raise ValueError(f"setting {setting!r}: one of {sc.SETTINGS}, then :clN (1..{sc.CL_MAX}) :ntN ({sc.NTS}) "
-                         ":vptN (1..8) :exact :push")
-    return base, cl, nt, fexp, vmax, push
+                         ":vptN (1..8) :exact")
+    return base, cl, nt, fexp, vmax
 
 
 def switch(setting):
     sc, _ = _mods()
-    base, cl, nt, fexp, vmax, push = parse(setting)
-    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.PUSH = base, cl, nt, fexp, push
-    sc.VPT_MAX, sc.VPT_F32 = (vmax, vmax) if vmax else _START[0][4:6]
+    base, cl, nt, fexp, vmax = parse(setting)
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP = base, cl, nt, fexp
+    sc.VPT_MAX, sc.VPT_FWD = (vmax, vmax) if vmax else _START[0][4:]
     forget()
 
 
 def restore():
     sc, _ = _mods()
-    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX, sc.VPT_F32, sc.PUSH = _START[0]
+    sc.CLUSTER, sc.FORCE_CL, sc.FORCE_NT, sc.FAST_EXP, sc.VPT_MAX, sc.VPT_FWD = _START[0]
     forget()
 
 
@@ -108,14 +105,13 @@ def plan_of(op, shape, dt, setting, dev=0):
     sc, sk = _mods()
     _, algo, bwd = OPS[op]
     rows, c = shape
-    base, cl, nt, fexp, vmax, push = parse(setting)
-    was = sc.VPT_MAX, sc.VPT_F32, sc.PUSH
-    sc.VPT_MAX, sc.VPT_F32 = (vmax, vmax) if vmax else _START[0][4:6]
-    sc.PUSH = push
+    base, cl, nt, fexp, vmax = parse(setting)
+    was = sc.VPT_MAX, sc.VPT_FWD
+    sc.VPT_MAX, sc.VPT_FWD = (vmax, vmax) if vmax else _START[0][4:]
     try:
         p = sc.plan(rows, c, dt, algo.upper(), bwd, dev, base, (cl, nt), fexp)
     finally:
-        sc.VPT_MAX, sc.VPT_F32, sc.PUSH = was
+        sc.VPT_MAX, sc.VPT_FWD = was
     if p is not None:
         return ("cluster", p)
     hint = sk.call_hint(bwd, rows * c * np.dtype(dt).itemsize * (3 if bwd else 2), dev)
@@ -125,8 +121,7 @@ def plan_of(op, shape, dt, setting, dev=0):
 def describe(p):
     kind, x = p
     if kind == "cluster":
-        return (f"cluster CL {x.cl} x NT {x.nt} x VPT {x.vpt}, {x.grid} blocks{', ex2.approx' if x.fexp else ''}"
-                f"{', push' if x.push else ''}")
+        return f"cluster CL {x.cl} x NT {x.nt} x VPT {x.vpt}, {x.grid} blocks{', ex2.approx' if x.fexp else ''}"
     return f"rows {x.name} block {x.block}"
 
 

@@ -38,7 +38,7 @@ NAMES = ("float32", "bfloat16", "float16")
 
 # (rows, C, dtype, algo, backward, setting) -> (CL, NT, VPT) or None; MINB and the grid follow (checked below)
 PLANS = [
-    ((64, 50257, "float32", "ACCURATE", False, "1"), (7, 256, 8)),     # 12564 vectors: VPT_F32 8, 7 blocks
+    ((64, 50257, "float32", "ACCURATE", False, "1"), (7, 256, 8)),     # 12564 vectors: VPT_FWD 8, 7 blocks
     ((64, 50257, "float32", "LOG", True, "1"), (7, 512, 4)),           # few rows: the backward too (512 x 4)
     ((4096, 32000, "float32", "ACCURATE", False, "1"), (4, 256, 8)),   # 8000 vectors: 4 x 256 x 8
     ((4096, 32000, "float32", "LOG", True, "1"), (8, 256, 4)),         # many rows too (BWD_ROWS_PER_SM 0)
@@ -47,7 +47,7 @@ PLANS = [
     ((4096, 32000, "float32", "LOG", True, "all"), (8, 256, 4)),
     ((300, 32000, "float32", "LOG", True, "1"), (8, 256, 4)),
     ((1, 50257, "bfloat16", "ACCURATE", False, "1"), (8, 256, 4)),     # 6282 vectors: CL 7, one row: CL 8
-    ((300, 50257, "bfloat16", "LOG", False, "1"), (7, 256, 4)),
+    ((300, 50257, "bfloat16", "LOG", False, "1"), (4, 256, 7)),        # VPT_FWD 8
     ((64, 8192, "float32", "ACCURATE", False, "1"), None),             # one chunk of a block: the row kernels
     ((64, 8192, "float32", "ACCURATE", False, "all"), (3, 256, 3)),    # 128 blocks < 132 SMs: CL 3
     ((64, 16384, "bfloat16", "LOG", False, "1"), None),
@@ -58,7 +58,7 @@ PLANS = [
     ((64, 50257, "float32", "FAST", False, "all"), None),              # no max: refused
     ((64, 50257, "float64", "LOG", False, "all"), None),
     ((128, 128000, "float32", "LOG", False, "all"), None),             # 32000 vectors: more than 8 x 512 x 4
-    ((128, 128000, "bfloat16", "LOG", False, "1"), (8, 512, 4)),
+    ((128, 128000, "bfloat16", "LOG", False, "1"), (8, 256, 8)),
     ((2048, 65536, "float32", "ACCURATE", False, "1"), (8, 256, 8)),   # 16384 vectors: the largest float32 row
     ((2048, 65537, "float32", "ACCURATE", False, "1"), (8, 256, 8)),   # (a ragged row's body: 16384 at most)
     ((2048, 65537, "float32", "ACCURATE", True, "1"), (8, 512, 4)),    # (backwards: VPT_MAX)
@@ -77,14 +77,14 @@ def test_plan(args, want):
         return
     nvec = c // (16 // _dtype(name).itemsize)
     assert p.grid == rows * p.cl and p.minb == SC.minb(backward, p.nt)
-    wide = not backward and name == "float32" and p.nt == 256          # VPT_F32: the float32 forwards at 256 threads
-    assert p.cl * p.nt * p.vpt >= nvec and p.vpt <= (SC.VPT_F32 if wide else SC.VPT_MAX) and p.cl <= SC.CL_MAX
+    wide = not backward and p.nt == 256          # VPT_FWD: the forwards at 256 threads
+    assert p.cl * p.nt * p.vpt >= nvec and p.vpt <= (SC.VPT_FWD if wide else SC.VPT_MAX) and p.cl <= SC.CL_MAX
     assert p.vpt == -(-nvec // (p.cl * p.nt))            # the fewest vectors a thread for that cluster
     assert p.fexp == (not backward and (algo == "LOG" or name != "float32"))     # FAST_EXP: not float32 softmax
     assert SC.plan(rows, c, _dtype(name), algo, backward, 0, setting, fast_exp=False).fexp == 0
 
 
-VPT_F32_PLANS = [
+VPT_FWD_PLANS = [
     ((64, 50257, "ACCURATE", False), (7, 256, 8)), ((4096, 50257, "LOG", False), (7, 256, 8)),
     ((4096, 32000, "ACCURATE", False), (4, 256, 8)), ((64, 16389, "ACCURATE", False), (3, 256, 6)),
     ((2048, 65536, "ACCURATE", False), (8, 256, 8)), ((2048, 65537, "LOG", False), (8, 256, 8)),
@@ -94,25 +94,46 @@ VPT_F32_PLANS = [
 ]
 
 
-@pytest.mark.parametrize("args, want", VPT_F32_PLANS, ids=str)
-def test_vpt_f32_plans(monkeypatch, args, want):
-    """VPT_F32 = 8 (session 24; the default since session 25's run 1 on the H200): the float32 forwards' 256-thread
-    blocks take up to 8 vectors a thread -- the smallest NT, then CL, that holds the row, so 256 threads at CL 3-8
-    where VPT 4 needed 512; the backwards, 16-bit and 512-thread blocks keep VPT_MAX; the longest cluster row is
-    unchanged."""
+@pytest.mark.parametrize("args, want", VPT_FWD_PLANS, ids=str)
+def test_vpt_fwd_plans(monkeypatch, args, want):
+    """VPT_FWD = 8 (session 24's VPT_F32; every dtype since session 25): the forwards' 256-thread blocks take up to 8
+    vectors a thread -- the smallest NT, then CL, that holds the row, so 256 threads at CL 3-8 where VPT 4 needed
+    512; the backwards and 512-thread blocks keep VPT_MAX; the longest cluster row is unchanged."""
     rows, c, algo, backward = args
-    monkeypatch.setattr(SC, "VPT_F32", 8)
+    monkeypatch.setattr(SC, "VPT_FWD", 8)
     p = SC.plan(rows, c, np.dtype(np.float32), algo, backward, 0, "1")
     assert (p and (p.cl, p.nt, p.vpt)) == want if want else p is None, p
     if p:
         assert p.minb == SC.minb(backward, p.nt) and p.cl * p.nt * p.vpt >= c // 4
         assert p.vpt == -(-(c // 4) // (p.cl * p.nt))
-    bf8 = SC.plan(rows, c, _dtype("bfloat16"), algo, backward, 0, "1")
     assert SC.plan(2048, 65540, np.dtype(np.float32), "ACCURATE", False, 0, "1") is None    # past the longest row
-    monkeypatch.setattr(SC, "VPT_F32", 4)
+    monkeypatch.setattr(SC, "VPT_FWD", 4)
     q = SC.plan(rows, c, np.dtype(np.float32), algo, backward, 0, "1")
     assert q is None or q.vpt <= SC.VPT_MAX
-    assert SC.plan(rows, c, _dtype("bfloat16"), algo, backward, 0, "1") == bf8              # 16-bit: no change
+    assert q == p if backward else True                                                     # backwards: no change
+
+
+VPT_FWD_16 = [
+    ((4096, 50257, "ACCURATE", False), (4, 256, 7), (7, 256, 4)),     # 6282 vectors
+    ((4096, 50257, "LOG", False), (4, 256, 7), (7, 256, 4)),
+    ((2048, 65536, "ACCURATE", False), (4, 256, 8), (8, 256, 4)),
+    ((1024, 131072, "LOG", False), (8, 256, 8), (8, 512, 4)),        # the longest 16-bit row: 256 threads now
+    ((1, 50257, "ACCURATE", False), (8, 256, 4), (8, 256, 4)),        # one row: CL grows to 8 either way
+    ((4096, 32000, "ACCURATE", False), None, None),                   # held by the row path
+    ((4096, 50257, "LOG", True), (7, 256, 4), (7, 256, 4)),           # backwards keep VPT_MAX
+]
+
+
+@pytest.mark.parametrize("args, want8, want4", VPT_FWD_16, ids=str)
+def test_vpt_fwd_plans_16_bit(monkeypatch, args, want8, want4):
+    """VPT_FWD covers the 16-bit forwards since session 25 (run 3: 1.11-1.38x the VPT 4 rule's on the H200, once the
+    partials travelled by remote stores); 4 gives the rule before."""
+    rows, c, algo, backward = args
+    for vf, want in ((8, want8), (4, want4)):
+        monkeypatch.setattr(SC, "VPT_FWD", vf)
+        for name in ("bfloat16", "float16"):
+            p = SC.plan(rows, c, _dtype(name), algo, backward, 0, "1")
+            assert (p and (p.cl, p.nt, p.vpt)) == want, (vf, name, p)
 
 
 def test_row_caps_of_the_rule(monkeypatch):
@@ -281,15 +302,15 @@ NVCC_ROWS = (1, 3, 64, 132, 300, 1000, 4096)
 
 def _configs():
     """Every (dtype, algo, backward, CL, NT, VPT, MINB) the plan makes for NVCC_CS x NVCC_ROWS under "1" and
-    "all", with VPT_F32 at 8 (the default) and off (4: MINIDNN_SOFTMAX_CLUSTER_VPT_F32=4)."""
+    "all", with VPT_FWD at 8 (the default) and off (4: MINIDNN_SOFTMAX_CLUSTER_VPT_FWD=4)."""
     out = set()
-    was = SC.VPT_F32
+    was = SC.VPT_FWD
     try:
         for vf in (4, 8):
-            SC.VPT_F32 = vf
+            SC.VPT_FWD = vf
             _plans_into(out)
     finally:
-        SC.VPT_F32 = was
+        SC.VPT_FWD = was
     return sorted(out)
 
 
@@ -332,12 +353,10 @@ DEFAULTS = _default_configs()
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_kernels_compile_without_spills(tmp_path):
-    """The planned builds (a spread, and the defaults) without spills within their launch bounds; three of them with
-    PUSH too (session 25: all 151 planned configurations built without spills with it)."""
-    cfgs = [c + (0,) for c in pick(_configs(), 6, DEFAULTS)] + [c + (1,) for c in pick(_configs(), 3)]
+    cfgs = pick(_configs(), 6, DEFAULTS)
     units, entries = [], []
-    for name, algo, backward, cl, nt, vpt, minb, fexp, push in cfgs:
-        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1, fexp, push))
+    for name, algo, backward, cl, nt, vpt, minb, fexp in cfgs:
+        opts = SC.options(_dtype(name), algo, SC.Launch(cl, nt, vpt, minb, 1, fexp))
         units.append((SC.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
         entries.append((SC.kernel_name(backward),))
     res = nvcc_build(units, options=("-std=c++17", "-ftz=true"), entries=entries, tmp=tmp_path)
@@ -350,38 +369,25 @@ def test_kernels_compile_without_spills(tmp_path):
         assert regs <= 65536 // (cfg[4] * cfg[6]), (cfg, regs)
 
 
-def test_push_plans_and_options(monkeypatch):
-    """PUSH (MINIDNN_SOFTMAX_CLUSTER_PUSH, off): read at planning time into the Launch, and a define of the build."""
-    f32 = np.dtype(np.float32)
-    assert SC.PUSH == 0 and SC.plan(64, 50257, f32, "LOG", True, 0, "1").push == 0
-    assert not any("PUSH" in o for o in SC.options(f32, "LOG", SC.plan(64, 50257, f32, "LOG", True, 0, "1")))
-    monkeypatch.setattr(SC, "PUSH", 1)
-    p = SC.plan(64, 50257, f32, "LOG", True, 0, "1")
-    assert p.push == 1 and p._replace(push=0) == SC.Launch(7, 512, 4, 2, 448, 0)
-    assert "-DPUSH=1" in SC.options(f32, "LOG", p)
-
-
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_push_exchanges_by_remote_stores_only(tmp_path):
-    """PUSH's PTX: remote stores (st.shared::cluster) and no remote load; its two cluster barrier phases are a
-    started-arrive at the start (waited on before the stores) and the exchange, so no wait after the output's stores,
-    where the default closes with one; the default's: remote loads and no remote store."""
-    def ptx(push):
-        opts = SC.options(np.dtype(np.float32), "ACCURATE", SC.Launch(4, 256, 8, 4, 1, 0, push))
-        src = tmp_path / f"p{push}.cu"
-        _launch_write(str(src), opts)
-        out = tmp_path / f"p{push}.ptx"
-        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(out), str(src)], check=True)
-        return out.read_text()
-    pull, push = ptx(0), ptx(1)
-    for kernel in ("smx_fwdc", "smx_bwdc"):
-        a, b = (t.split(f".entry {kernel}")[1].split(".entry")[0] for t in (pull, push))
-        assert "ld.shared::cluster" in a and "st.shared::cluster" not in a, kernel
-        assert "st.shared::cluster" in b and "ld.shared::cluster" not in b, kernel
-        assert a.count("barrier.cluster.wait") == 2 and b.count("barrier.cluster.wait") == 2, kernel
-        assert a.count("barrier.cluster.arrive") == 2 and b.count("barrier.cluster.arrive") == 2, kernel
-        assert b.index("barrier.cluster.arrive.relaxed") < b.index("st.shared::cluster"), kernel     # started first
-        assert b.rindex("barrier.cluster.wait") < b.index("st.global") < a.rindex("barrier.cluster.wait"), kernel
+def test_exchange_by_remote_stores_only(tmp_path):
+    """The partials travel by remote stores (st.shared::cluster) and never by a remote load (session 25: the loads
+    faulted in some builds); two cluster barrier phases -- a started-arrive at the start, waited on just before the
+    stores, and the exchange -- and none after the output's first store (no closing wait)."""
+    for algo, fexp in (("ACCURATE", 0), ("LOG", 1)):
+        for name in ("float32", "bfloat16"):
+            opts = SC.options(_dtype(name), algo, SC.Launch(4, 256, 4, 4, 1, fexp))
+            src, out = tmp_path / "x.cu", tmp_path / "x.ptx"
+            _launch_write(str(src), opts)
+            subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(out), str(src)], check=True)
+            text = out.read_text()
+            for kernel in ("smx_fwdc", "smx_bwdc"):
+                b = text.split(f".entry {kernel}")[1].split(".entry")[0]
+                what = (name, algo, kernel)
+                assert "st.shared::cluster" in b and "ld.shared::cluster" not in b, what
+                assert b.count("barrier.cluster.wait") == 2 and b.count("barrier.cluster.arrive") == 2, what
+                assert b.index("barrier.cluster.arrive.relaxed") < b.index("st.shared::cluster"), what
+                assert b.rindex("barrier.cluster.wait") < b.index("st.global"), what
 
 
 def _launch_write(path, opts):
@@ -435,7 +441,7 @@ print(repr(out))
     for shape in ((64, 50257), (4096, 32000), (64, 8000), "bf16", "misaligned"):
         assert [n for n, *_ in out["0", shape]] == list(rows), (shape, out["0", shape])
         assert [n for n, *_ in out["all", "misaligned"]] == list(rows)      # not on a 16-byte boundary
-    assert out["1", (64, 50257)] == [("smx_fwdc", ["-DCL=7", "-DNT=256", "-DVPT=8"], 448, 256),     # VPT_F32
+    assert out["1", (64, 50257)] == [("smx_fwdc", ["-DCL=7", "-DNT=256", "-DVPT=8"], 448, 256),     # VPT_FWD
                                      ("smx_bwdc", ["-DCL=7", "-DNT=512", "-DVPT=4"], 448, 512)], out
     # many rows: clusters both ways (BWD_ROWS_PER_SM 0)
     assert out["1", (4096, 32000)] == [("smx_fwdc", ["-DCL=4", "-DNT=256", "-DVPT=8"], 16384, 256),
@@ -607,33 +613,6 @@ def test_cluster_rows_against_float64(cp, cluster_all, name, c):
                 _bits(cp, B.softmax_backward(None, algo, None, y, dyd, axis=-1), dx, what + " backward again")
 
 
-PUSH_CASES = [("float32", 64, 50257), ("float32", 300, 65536), ("bfloat16", 64, 50257), ("float16", 3, 131072),
-              ("bfloat16", 8, 16385)]
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("name, rows, c", PUSH_CASES, ids=[f"{n}-{r}x{c}" for n, r, c in PUSH_CASES])
-def test_push_bitwise_the_default(cp, cluster_all, monkeypatch, name, rows, c):
-    """PUSH (the exchange by remote stores, session 25) gives the default's bits: the same partials combined in the
-    same order, forward and backward of both algorithms."""
-    dtype = _dtype(name)
-    rng = np.random.default_rng(rows + c)
-    xd = cp.asarray((rng.standard_normal((rows, c)) * 3).astype(dtype))
-    dyd = cp.asarray(rng.standard_normal((rows, c)).astype(dtype))
-    outs = {}
-    for push in (0, 1):
-        monkeypatch.setattr(SC, "PUSH", push)
-        _reset_plans()
-        for algo in ("accurate", "log"):
-            assert isinstance(_sk.plan(xd, (1,), algo.upper()), _sk._ClusterPlan)
-            assert SC.plan(rows, c, dtype, algo.upper(), False, 0).push == push
-            y = B.softmax_forward(None, algo, None, xd, axis=-1)
-            outs[push, algo] = (y, B.softmax_backward(None, algo, None, y, dyd, axis=-1))
-    for algo in ("accurate", "log"):
-        for k, what in enumerate(("forward", "backward")):
-            _bits(cp, outs[1, algo][k], outs[0, algo][k], f"{name} ({rows}, {c}) {algo} {what} push")
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", NAMES)
 def test_fast_exp_off(cp, cluster_all, monkeypatch, name):
@@ -767,38 +746,39 @@ def test_ab_tool_plans(monkeypatch):
     assert got == want, got
     assert T.plan_of("lsmxbwd", (300, 50257), f32, "1") == ("cluster", SC.Launch(7, 512, 4, 2, 2100))
     assert T.plan_of("smx", (128, 128000), f32, "all")[0] == "rows"
-    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 512, 4, 2, 1024, 1)
+    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all")[1] == SC.Launch(8, 256, 8, 4, 1024, 1)
+    assert T.plan_of("smx", (128, 128000), _dtype("bfloat16"), "all:vpt4")[1] == SC.Launch(8, 512, 4, 2, 1024, 1)
     bf = _dtype("bfloat16")
-    assert T.plan_of("smx", (300, 50257), bf, "all")[1] == SC.Launch(7, 256, 4, 4, 2100, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all")[1] == SC.Launch(4, 256, 7, 4, 1200, 1)
+    assert T.plan_of("smx", (300, 50257), bf, "all:vpt4")[1] == SC.Launch(7, 256, 4, 4, 2100, 1)
     assert T.plan_of("smx", (300, 50257), bf, "all:nt512")[1] == SC.Launch(4, 512, 4, 2, 1200, 1)
     assert T.plan_of("smx", (300, 50257), bf, "all:cl8:nt512")[1] == SC.Launch(8, 512, 2, 2, 2400, 1)
-    assert T.plan_of("smx", (300, 50257), bf, "all:exact")[1] == SC.Launch(7, 256, 4, 4, 2100, 0)
+    assert T.plan_of("smx", (300, 50257), bf, "all:exact")[1] == SC.Launch(4, 256, 7, 4, 1200, 0)
     assert T.plan_of("smx", (300, 50257), f32, "all")[1].fexp == 0            # float32 softmax: expf
     assert T.plan_of("smxbwd", (300, 50257), bf, "all")[1].fexp == 0
     assert T.plan_of("smx", (300, 50257), f32, "all:nt256:vpt4")[0] == "rows"    # 12564 vectors: > 8 x 256 x 4
-    assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[1] == SC.Launch(7, 256, 8, 4, 2100, 0)   # VPT_F32
+    assert T.plan_of("smx", (300, 50257), f32, "all:nt256")[1] == SC.Launch(7, 256, 8, 4, 2100, 0)   # VPT_FWD
     assert T.plan_of("smx", (300, 50257), f32, "all:nt256:vpt8")[1] == SC.Launch(7, 256, 8, 4, 2100, 0)
     assert T.plan_of("smx", (300, 50257), f32, "1:vpt4")[1] == SC.Launch(7, 512, 4, 2, 2100, 0)
     # vptN (session 24): the vectors a thread may hold, for that setting's plan only
     assert T.plan_of("smx", (4096, 50257), f32, "1:cl7:nt256:vpt8")[1] == SC.Launch(7, 256, 8, 4, 28672, 0)
     assert T.plan_of("smx", (4096, 50257), bf, "1:nt256:vpt8")[1] == SC.Launch(4, 256, 7, 4, 16384, 1)
-    assert (SC.VPT_MAX, SC.VPT_F32) == (4, 8)
-    assert T.plan_of("smx", (4096, 50257), f32, "1:push")[1] == SC.Launch(7, 256, 8, 4, 28672, 0, 1)
-    assert T.plan_of("smx", (4096, 50257), f32, "1")[1].push == 0 and SC.PUSH == 0
+    assert (SC.VPT_MAX, SC.VPT_FWD) == (4, 8)
+    assert T.plan_of("smx", (4096, 50257), bf, "1")[1] == SC.Launch(4, 256, 7, 4, 16384, 1)           # 16-bit too
+    assert T.plan_of("smx", (4096, 50257), bf, "1:vpt4")[1] == SC.Launch(7, 256, 4, 4, 28672, 1)
     for bad in ("all:cl9", "all:vpt9", "all:vpt"):
         with pytest.raises(ValueError):
             T.parse(bad)
     with pytest.raises(SystemExit):     # smx_bwdc spills past VPT_MAX: refused before anything runs
         T.main(["--ops", "smx,smxbwd", "--settings", "1,1:vpt8"])
-    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_F32, SC.PUSH)
+    start = (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_FWD)
     T.switch("all:cl8:nt512:exact")
     assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP) == ("all", 8, 512, False) and not _sk._plans
     assert SC.plan(300, 50257, bf, "LOG", True, 0) == SC.Launch(8, 512, 2, 2, 2400)
     assert SC.plan(300, 50257, bf, "LOG", False, 0).fexp == 0
     T.switch("1:cl7:nt256:vpt8")
     assert SC.VPT_MAX == 8 and SC.plan(4096, 50257, f32, "ACCURATE", False, 0) == SC.Launch(7, 256, 8, 4, 28672, 0)
-    T.switch("1:vpt4:push")
-    assert SC.PUSH == 1 and SC.plan(64, 50257, f32, "LOG", True, 0).push == 1
-    assert (SC.VPT_MAX, SC.VPT_F32) == (4, 4) and SC.plan(4096, 50257, f32, "ACCURATE", False, 0).nt == 512
+    T.switch("1:vpt4")
+    assert (SC.VPT_MAX, SC.VPT_FWD) == (4, 4) and SC.plan(4096, 50257, f32, "ACCURATE", False, 0).nt == 512
     T.restore()
-    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_F32, SC.PUSH) == start
+    assert (SC.CLUSTER, SC.FORCE_CL, SC.FORCE_NT, SC.FAST_EXP, SC.VPT_MAX, SC.VPT_FWD) == start

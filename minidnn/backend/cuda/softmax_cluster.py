@@ -21,17 +21,20 @@ k < VPT (consecutive threads, consecutive 16-byte addresses) RAW in registers (V
 by threads NT - 1 - j of the last rank (one scalar a thread at most, even with CL = 1).
   smx_fwdc  each thread its max m_t (fmax: a NaN is skipped, its exp makes the sum NaN -- softmax_kernels' rows) and
             s_t = sum exp(v - m_t) (m_t = -inf: 0); the block's m_b (fmax over threads, warp order) and
-            s_b = sum s_t exp(m_t - m_b) (warp order), published in shared memory; cluster barrier; warp 0 reads the
-            CL pairs through distributed shared memory (lane j: block j's) and combines them in rank order:
+            s_b = sum s_t exp(m_t - m_b) (warp order), stored by lane j into block j's shared memory (distributed
+            shared memory; slot `rank`); cluster barrier; warp 0 reads the CL pairs (lane j: block j's) from its own
+            shared memory and combines them in rank order:
             M = max m_b (an all -inf row: 0), S = sum s_b exp(m_b - M) -- the same bits in every block; then
             softmax y = exp(v - M) / S (float32: the kept exp(v - m_t) times exp(m_t - M) / S) or log-softmax
             y = v - M - log S, from the registers.  An all -inf row gives NaN (0 / 0; -inf + inf), a NaN or +inf
             entry a NaN row: as the reference and softmax_kernels.
   smx_bwdc  y and dy held; each thread s_t = sum dy y (softmax) or sum dy (log-softmax); the block's sum (warp order)
-            published; cluster barrier; S = the CL sums in rank order; dx = y (dy - S) or dy - exp(y) S from the
-            registers (softmax_kernels' BWD_TERM / BWD_DX).
-A closing cluster arrive (after the last remote read) + wait (at the end) keeps every block's shared partials alive
-until the cluster has read them (norm_gncl's pattern).  Deterministic; nothing read back to the host (capturable).
+            stored into every block's slot `rank`; cluster barrier; S = the CL sums in rank order; dx = y (dy - S)
+            or dy - exp(y) S from the registers (softmax_kernels' BWD_TERM / BWD_DX).
+The partials travel by remote stores before the barrier (no remote load; session 25): a relaxed cluster arrive at the
+start, waited on just before the stores, makes sure every block has started; nothing touches another block's shared
+memory after the barrier, so a block leaves without waiting for its cluster.  Deterministic; nothing read back to the
+host (capturable).
 
 Registers (launch bounds at 256 threads, the same a thread at 512): <= 64 both ways (MINB_FWD, MINB_BWD 4 blocks an
 SM; a 32-register forward faulted on the GPU, see MINB_FWD); the nvcc test builds every planned configuration
@@ -64,27 +67,19 @@ if CLUSTER not in SETTINGS:
 CL_MAX = 8              # portable cluster sizes only
 VPT_MAX = 4             # 16-byte vectors of one array a thread
 NTS = (256, 512)        # threads a block
-# VPT_F32 (session 24): the float32 forwards' 256-thread blocks hold up to this many vectors a thread (512-thread
-# blocks keep VPT_MAX, so the longest cluster row is unchanged).  SMXSASS counted ~17 of smx_fwdc's 31 instructions
-# an element as fixed per-warp cost (prologue, edges, reductions, meeting, 1/S) over 14 elements a thread, and the
-# kernel latency-bound (issue busy ~36%); twice the elements a thread at the same 1024 threads an SM halves that cost
-# and doubles the bytes in flight.  Runs 7-9 (H200, graph replays, values within 2e-7 of the rule's): softmax /
-# log-softmax forward float32 (4096, 50257) 0.5914 -> 0.4788 / 0.5765 -> 0.4647 ms (67 -> 82%, 68 -> 85% of copy;
-# 1.61x / 1.63x PyTorch); (2048, 65536) 74 -> 87-89%; (1000, 50257) 65-67 -> 80-83%; (300, 50257) 60-62 -> 75-77%.
-# The default since session 25: its run 1 passed the module's cuda tests with it (and test_nan_rescale's) and timed
-# the rule's new plans 1.12-1.24x the VPT 4 rule's ((4096, 32000) 4 x 256 x 8: 0.3230 -> 0.2862 ms softmax, 1.46x
-# PyTorch).  4 (MINIDNN_SOFTMAX_CLUSTER_VPT_F32=4) is the rule before.
-# 16-bit stays at VPT_MAX: the 16-bit softmax forward at CL 4 x 256 x 8 faults on the GPU in every process (run 1:
-# compute-sanitizer puts it on the DSMEM load of part[1], at an address nvcc's SASS can only make (rank << 24) | 0x424;
-# run 2: float16 too, with a tail, at 64 rows) while log-softmax at 4 x 256 x 8, softmax at 8 x 256 x 8, at
-# 4 x 256 x 7, and with expf instead of ex2.approx run clean, and the SASS around the load is the same instruction for
-# instruction (control bits included) in the failing and the passing builds: not understood, so not taken
-# (docs/step_kernels.md, session 25).
-VPT_F32 = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_VPT_F32", "8"))
-# PUSH (session 25; MINIDNN_SOFTMAX_CLUSTER_PUSH, off): the partials exchanged by remote stores before the cluster
-# barrier instead of remote loads after it (the source's PUSH; no closing barrier) -- the A/B of the fault above
-# (it sits on a remote load) and of the closing wait's cost.
-PUSH = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_PUSH", "0"))
+# VPT_FWD (session 24's VPT_F32, float32 only; every dtype since session 25): the forwards' 256-thread blocks hold up
+# to this many vectors a thread (512-thread blocks and the backwards keep VPT_MAX -- smx_bwdc, two arrays, spills
+# past it -- so the longest cluster row is unchanged).  SMXSASS counted ~17 of smx_fwdc's 31 instructions an element
+# as fixed per-warp cost (prologue, edges, reductions, meeting, 1/S) over 14 elements a thread, and the kernel
+# latency-bound (issue busy ~36%); twice the elements a thread at the same 1024 threads an SM halves that cost and
+# doubles the bytes in flight.  H200, graph replays: float32 (session 24 runs 7-9, session 25 run 1) softmax /
+# log-softmax (4096, 50257) 0.5921 -> 0.4783 / 0.5743 -> 0.4636 ms (66 -> 82%, 68 -> 85% of copy; 1.61x / 1.64x
+# PyTorch), (4096, 32000) 1.13x / 1.17x, (64, 50257) 1.23x / 1.18x, (2048, 65537) 1.18x / 1.20x; bfloat16 (session
+# 25 run 3) softmax / log-softmax (4096, 50257) at 4 x 256 x 7 1.17x / 1.21x (log-softmax 0.99x -> 1.20x PyTorch),
+# (2048, 65536) 4 x 256 x 8 1.11x / 1.11x, (1024, 131072) 8 x 256 x 8 1.35x / 1.38x.  16-bit waited for session 25's
+# remote-store exchange: with the remote loads before it, the 16-bit softmax forward at 4 x 256 x 8 faulted on every
+# launch.  4 (MINIDNN_SOFTMAX_CLUSTER_VPT_FWD=4) is the rule before.
+VPT_FWD = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_VPT_FWD", "8"))
 # launch bounds at 256 threads (nvcc 13, sm_90, every planned configuration without spills: the nvcc test).  The
 # helper's first choice was 32 registers forward (eight blocks an SM: a wave of 75 float32 rows of 50257 classes
 # instead of 56) and 51 backward (five blocks)
@@ -187,15 +182,12 @@ static_assert(sizeof(A) == 4, "float sums only (the partials travel as f32 throu
 #error "ALGO: 1 (softmax, accurate) or 2 (log-softmax)"
 #endif
 """ + DSMEM_F32_HEADER + r"""
-#ifndef PUSH
-#define PUSH 0
-#endif
-#if PUSH
-// PUSH (session 25, the A/B's): the exchange by remote STORES -- each block writes its partial into slot `rank` of
-// every block's part[] before the cluster barrier and reads its own shared memory after it -- instead of remote
-// loads after it.  No block touches another's shared memory after that barrier, so there is no closing arrive /
-// wait; a relaxed arrive at the start, waited on just before the stores, makes sure every block of the cluster has
-// started (its shared memory exists) before anything is written into it.
+// The partials' exchange by remote STORES (session 25): each block writes its partial into slot `rank` of every
+// block's part[] before the cluster barrier, and reads its own shared memory after it.  No block touches another's
+// shared memory after that barrier, so no closing arrive / wait keeps a block alive for the others; a relaxed arrive
+// at the start, waited on just before the stores, makes sure every block of the cluster has started (its shared
+// memory exists) before anything is written into it.  (The remote LOADS after the barrier that this replaced faulted
+// on the GPU in some builds: docs/step_kernels.md, session 25.)  The float at `local` in the block of rank `rank`:
 __device__ __forceinline__ void remote_st(float* local, unsigned int rank, float a)
 {
     unsigned long long g;
@@ -212,7 +204,6 @@ __device__ __forceinline__ void remote_st2(float* local, unsigned int rank, floa
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
     asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b) : "memory");
 }
-#endif
 // Block sum / max (fmax: NaN skipped, as softmax_kernels' vmax): butterflies, then the warps in order by every
 // thread; red[] reused only after the call's last barrier.
 __device__ __forceinline__ A block_sum(A v, A* red)
@@ -284,13 +275,9 @@ extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB
 smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
 {
     __shared__ A red[NW];
-#if PUSH
     __shared__ __align__(8) float part[CL][2];     // block j's (m_b, s_b) in part[j], stored there by block j
-    cluster_arrive_relaxed();       // started (waited on before the stores)
-#else
-    __shared__ float part[2];       // this block's (m_b, s_b): read by the cluster
-#endif
     __shared__ A stat[2];
+    cluster_arrive_relaxed();       // started (waited on before the stores)
     const unsigned int rank = cluster_rank();
     const long long r = blockIdx.x / CL;
     const Geo q = row_geo(r, C);
@@ -329,21 +316,13 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
     const A mb = block_max(m, red);
     // s * 0 where m_t is -inf, not 0: a thread whose values are all NaN (fmax skipped them) keeps its NaN sum
     const A sb = block_sum(s * (m == NEG_INF ? (A)0 : exp(m - mb)), red);
-#if PUSH
     cluster_wait();                 // every block of the cluster has started
     if (threadIdx.x < CL) remote_st2(part[rank], threadIdx.x, mb, sb);
-#else
-    if (threadIdx.x == 0) { part[0] = mb; part[1] = sb; }
-#endif
     cluster_arrive();
     cluster_wait();
     if (threadIdx.x < 32) {         // the CL pairs in rank order, by warp 0: the same bits in every block
         A pm = NEG_INF, ps = 0;
-#if PUSH
         if (threadIdx.x < CL) { pm = part[threadIdx.x][0]; ps = part[threadIdx.x][1]; }
-#else
-        if (threadIdx.x < CL) { pm = remote_ld(part, threadIdx.x); ps = remote_ld(part + 1, threadIdx.x); }
-#endif
         A M = NEG_INF;
 #pragma unroll
         for (int j = 0; j < CL; ++j) M = fmax(M, __shfl_sync(0xffffffffu, pm, j));
@@ -354,9 +333,6 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
         for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, c, j);
         if (threadIdx.x == 0) { stat[0] = M; stat[1] = S; }
     }
-#if !PUSH
-    cluster_arrive_relaxed();       // this block is done reading the others' partials
-#endif
     __syncthreads();
     const A M = stat[0], S = stat[1];
 #if ALGO == 2
@@ -384,9 +360,6 @@ smx_fwdc(const T* __restrict__ x, T* __restrict__ y, const int C)
         yr[ei] = ST(vexp(ev - M) * inv);
 #endif
     }
-#if !PUSH
-    cluster_wait();
-#endif
 }
 
 #if ALGO == 2
@@ -401,13 +374,9 @@ extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, MINB
 smx_bwdc(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, const int C)
 {
     __shared__ A red[NW];
-#if PUSH
     __shared__ float part[CL];      // block j's sum in part[j], stored there by block j
-    cluster_arrive_relaxed();       // started (waited on before the stores)
-#else
-    __shared__ float part[1];       // this block's sum: read by the cluster
-#endif
     __shared__ A stat[1];
+    cluster_arrive_relaxed();       // started (waited on before the stores)
     const unsigned int rank = cluster_rank();
     const long long r = blockIdx.x / CL;
     const Geo q = row_geo(r, C);
@@ -433,36 +402,22 @@ smx_bwdc(const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, 
         }
     if (ei >= 0) s += BWD_TERM(ey, eg);
     const A sb = block_sum(s, red);
-#if PUSH
     cluster_wait();                 // every block of the cluster has started
     if (threadIdx.x < CL) remote_st(part + rank, threadIdx.x, sb);
-#else
-    if (threadIdx.x == 0) part[0] = sb;
-#endif
     cluster_arrive();
     cluster_wait();
     if (threadIdx.x < 32) {         // the CL sums in rank order, by warp 0
-#if PUSH
         const A p = threadIdx.x < CL ? part[threadIdx.x] : (A)0;
-#else
-        const A p = threadIdx.x < CL ? remote_ld(part, threadIdx.x) : (A)0;
-#endif
         A S = 0;
 #pragma unroll
         for (int j = 0; j < CL; ++j) S += __shfl_sync(0xffffffffu, p, j);
         if (threadIdx.x == 0) stat[0] = S;
     }
-#if !PUSH
-    cluster_arrive_relaxed();       // this block is done reading the others' partials
-#endif
     __syncthreads();
     const A S = stat[0];
     store_share(reinterpret_cast<V*>(dx + base + q.h), lo, hi,
                 [&](int k, int e) { return BWD_DX(LDE(a[k], e), LDE(b[k], e), S); });
     if (ei >= 0) dx[base + ei] = ST(BWD_DX(ey, eg, S));
-#if !PUSH
-    cluster_wait();
-#endif
 }
 """
 
@@ -476,7 +431,6 @@ class Launch(NamedTuple):
     minb: int
     grid: int
     fexp: int = 0       # the forward's per-element exp ex2.approx (FAST_EXP)
-    push: int = 0       # the exchange by remote stores (PUSH)
 
 
 def minb(backward, nt):
@@ -524,7 +478,7 @@ def choose(rows, nvec, backward, sms, cl=0, nt=0, wide=0):
     resident at once when the call has more rows than block slots); then, while rows * CL leaves SMs without a
     block, a larger CL (smaller shares: every SM reads) where CL_MAX allows.  ``cl`` / ``nt`` (non-zero): that
     cluster size / block size only (FORCE_CL / FORCE_NT: the A/B of the rule's shape; no growing of CL then).
-    ``wide`` (non-zero): the most vectors a thread of a 256-thread block may hold instead (VPT_F32's float32
+    ``wide`` (non-zero): the most vectors a thread of a 256-thread block may hold instead (VPT_FWD: the
     forwards)."""
     for t in ((nt,) if nt else NTS):
         for c in ((cl,) if cl else range(1, CL_MAX + 1)):
@@ -565,12 +519,12 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
         if cap and rows > cap * sms:
             return None
     got = choose(rows, nvec, backward, sms, *(force or (FORCE_CL, FORCE_NT)),
-                 wide=VPT_F32 if not backward and item == 4 and VPT_F32 > VPT_MAX else 0)
+                 wide=VPT_FWD if not backward and VPT_FWD > VPT_MAX else 0)
     if got is None or rows * got[0] >= 2 ** 31:
         return None
     cl, nt, vpt = got
     fexp = (FAST_EXP if fast_exp is None else fast_exp) and not backward and (algo_name == "LOG" or item == 2)
-    return Launch(cl, nt, vpt, minb(backward, nt), rows * cl, int(fexp), int(bool(PUSH)))
+    return Launch(cl, nt, vpt, minb(backward, nt), rows * cl, int(fexp))
 
 
 def usable(dev) -> bool:
@@ -586,7 +540,7 @@ def options(dtype, algo_name, launch):
     scalar, accum, storage, _ = type_info(dtype)
     return (f"-DSCALAR={scalar}", f"-DACCUM={accum}", f"-DSTORAGE={storage}", f"-DALGO={_ALGO[algo_name]}",
             f"-DCL={launch.cl}", f"-DNT={launch.nt}", f"-DVPT={launch.vpt}", f"-DMINB={launch.minb}",
-            *(("-DFEXP=1",) if launch.fexp else ()), *(("-DPUSH=1",) if launch.push else ()), "-std=c++17")
+            *(("-DFEXP=1",) if launch.fexp else ()), "-std=c++17")
 
 
 def kernel_name(backward):
