@@ -52,7 +52,7 @@ PLANS = [
     ((64, 8192, "float32", "ACCURATE", False, "all"), (3, 256, 3)),    # 128 blocks < 132 SMs: CL 3
     ((64, 16384, "bfloat16", "LOG", False, "1"), None),
     ((64, 16385, "float32", "ACCURATE", False, "1"), None),            # 4096 body vectors + edges: one chunk
-    ((64, 16389, "float32", "ACCURATE", False, "1"), (3, 256, 6)),
+    ((64, 16389, "float32", "ACCURATE", False, "1"), (5, 256, 4)),     # 3 x 256 x 6: 192 blocks, fewer (run 4)
     ((64, 8200, "float32", "LOG", True, "1"), (3, 256, 3)),            # the backward's one chunk is 8192
     ((64, 8192, "float32", "LOG", True, "1"), None),
     ((64, 50257, "float32", "FAST", False, "all"), None),              # no max: refused
@@ -86,7 +86,7 @@ def test_plan(args, want):
 
 VPT_FWD_PLANS = [
     ((64, 50257, "ACCURATE", False), (7, 256, 8)), ((4096, 50257, "LOG", False), (7, 256, 8)),
-    ((4096, 32000, "ACCURATE", False), (4, 256, 8)), ((64, 16389, "ACCURATE", False), (3, 256, 6)),
+    ((4096, 32000, "ACCURATE", False), (4, 256, 8)), ((64, 16389, "ACCURATE", False), (5, 256, 4)),
     ((2048, 65536, "ACCURATE", False), (8, 256, 8)), ((2048, 65537, "LOG", False), (8, 256, 8)),
     ((64, 8192, "ACCURATE", False), None),                # one chunk of a block: still the row kernels
     ((2048, 65536, "ACCURATE", True), (8, 512, 4)),       # backwards keep VPT_MAX
@@ -121,6 +121,9 @@ VPT_FWD_16 = [
     ((1, 50257, "ACCURATE", False), (8, 256, 4), (8, 256, 4)),        # one row: CL grows to 8 either way
     ((4096, 32000, "ACCURATE", False), None, None),                   # held by the row path
     ((4096, 50257, "LOG", True), (7, 256, 4), (7, 256, 4)),           # backwards keep VPT_MAX
+    ((64, 50257, "ACCURATE", False), (7, 256, 4), (7, 256, 4)),       # few rows: 4 x 256 x 7 has 256 blocks of
+    ((64, 65536, "LOG", False), (8, 256, 4), (8, 256, 4)),            # 448-512 (< 3 an SM; run 4: 0.86-0.89x)
+    ((132, 65536, "ACCURATE", False), (4, 256, 8), (8, 256, 4)),      # 528 blocks: 4 an SM (run 4: level)
 ]
 
 
@@ -134,6 +137,21 @@ def test_vpt_fwd_plans_16_bit(monkeypatch, args, want8, want4):
         for name in ("bfloat16", "float16"):
             p = SC.plan(rows, c, _dtype(name), algo, backward, 0, "1")
             assert (p and (p.cl, p.nt, p.vpt)) == want, (vf, name, p)
+
+
+def test_wide_plan_keeps_the_blocks(monkeypatch):
+    """WIDE_MIN_BLOCKS_PER_SM (3): a VPT_FWD plan under 3 blocks an SM gives way to the VPT_MAX plan where that has
+    more blocks; at 0 the wide plan stands; a forced shape is judged the same way."""
+    bf, sms = _dtype("bfloat16"), 132
+    monkeypatch.setattr(SC, "_sms", lambda dev: sms)
+    assert SC.WIDE_MIN_BLOCKS_PER_SM == 3
+    assert SC.plan(64, 50257, bf, "ACCURATE", False, 0, "1") == SC.Launch(7, 256, 4, 4, 448, 1)
+    assert SC.plan(132, 65536, bf, "ACCURATE", False, 0, "1").grid == 4 * sms              # 528 >= 3 x 132
+    assert SC.plan(64, 50257, np.dtype(np.float32), "LOG", False, 0, "1") == SC.Launch(7, 256, 8, 4, 448, 1)
+    monkeypatch.setattr(SC, "WIDE_MIN_BLOCKS_PER_SM", 0)
+    assert SC.plan(64, 50257, bf, "ACCURATE", False, 0, "1") == SC.Launch(4, 256, 7, 4, 256, 1)
+    monkeypatch.setattr(SC, "WIDE_MIN_BLOCKS_PER_SM", 3)
+    assert SC.plan(64, 50257, bf, "ACCURATE", False, 0, "all", (0, 256)) == SC.Launch(7, 256, 4, 4, 448, 1)
 
 
 def test_row_caps_of_the_rule(monkeypatch):

@@ -80,6 +80,11 @@ NTS = (256, 512)        # threads a block
 # remote-store exchange: with the remote loads before it, the 16-bit softmax forward at 4 x 256 x 8 faulted on every
 # launch.  4 (MINIDNN_SOFTMAX_CLUSTER_VPT_FWD=4) is the rule before.
 VPT_FWD = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_VPT_FWD", "8"))
+# ... except where its plan puts fewer than this many blocks an SM and the VPT_MAX plan more (run 4, H200: at 64 rows
+# the 16-bit forwards at 4 x 256 x 7-8 -- 256 blocks on 132 SMs, at most 4 resident an SM -- ran 0.86-0.89x the
+# VPT_MAX plan's 448-512 blocks; 132 rows at 4 x 256 x 8, 528 blocks, level; float32 (64, 50257) at 7 x 256 x 8 has
+# the VPT_MAX plan's 448 blocks and gained 1.23x)
+WIDE_MIN_BLOCKS_PER_SM = 3
 # launch bounds at 256 threads (nvcc 13, sm_90, every planned configuration without spills: the nvcc test).  The
 # helper's first choice was 32 registers forward (eight blocks an SM: a wave of 75 float32 rows of 50257 classes
 # instead of 56) and 51 backward (five blocks)
@@ -518,8 +523,12 @@ def plan(rows, c, dtype, algo_name, backward, dev, setting=None, force=None, fas
         cap = BWD_ROWS_PER_SM if backward else FWD_ROWS_PER_SM
         if cap and rows > cap * sms:
             return None
-    got = choose(rows, nvec, backward, sms, *(force or (FORCE_CL, FORCE_NT)),
-                 wide=VPT_FWD if not backward and VPT_FWD > VPT_MAX else 0)
+    shape = force or (FORCE_CL, FORCE_NT)
+    got = choose(rows, nvec, backward, sms, *shape, wide=VPT_FWD if not backward and VPT_FWD > VPT_MAX else 0)
+    if got and got[2] > VPT_MAX and rows * got[0] < WIDE_MIN_BLOCKS_PER_SM * sms:
+        narrow = choose(rows, nvec, backward, sms, *shape)
+        if narrow and narrow[0] > got[0]:
+            got = narrow
     if got is None or rows * got[0] >= 2 ** 31:
         return None
     cl, nt, vpt = got
