@@ -152,6 +152,26 @@ __device__ __forceinline__ float remote_ld(const float* local, unsigned int rank
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
     return v;
 }
+// Store `a` (and `b` after it) at `local` (this block's shared memory address of the slot) in the block of cluster
+// rank `rank`: the exchange by remote stores BEFORE the cluster barrier (softmax_cluster, session 25: the remote
+// loads after it faulted on the GPU in some builds).  The receiving block must have started: a relaxed arrive at the
+// kernel's start, waited on before the first store.
+__device__ __forceinline__ void remote_st(float* local, unsigned int rank, float a)
+{
+    unsigned long long g;
+    unsigned int addr;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(addr), "f"(a) : "memory");
+}
+__device__ __forceinline__ void remote_st2(float* local, unsigned int rank, float a, float b)
+{
+    unsigned long long g;
+    unsigned int addr;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b) : "memory");
+}
 """
 
 SOURCE = STORAGE_HEADER + _nhwc.TWIN_HEADER + SHADOW_HEADER + r"""

@@ -187,28 +187,12 @@ static_assert(sizeof(A) == 4, "float sums only (the partials travel as f32 throu
 #error "ALGO: 1 (softmax, accurate) or 2 (log-softmax)"
 #endif
 """ + DSMEM_F32_HEADER + r"""
-// The partials' exchange by remote STORES (session 25): each block writes its partial into slot `rank` of every
-// block's part[] before the cluster barrier, and reads its own shared memory after it.  No block touches another's
-// shared memory after that barrier, so no closing arrive / wait keeps a block alive for the others; a relaxed arrive
-// at the start, waited on just before the stores, makes sure every block of the cluster has started (its shared
-// memory exists) before anything is written into it.  (The remote LOADS after the barrier that this replaced faulted
-// on the GPU in some builds: docs/step_kernels.md, session 25.)  The float at `local` in the block of rank `rank`:
-__device__ __forceinline__ void remote_st(float* local, unsigned int rank, float a)
-{
-    unsigned long long g;
-    unsigned int addr;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(addr), "f"(a) : "memory");
-}
-__device__ __forceinline__ void remote_st2(float* local, unsigned int rank, float a, float b)
-{
-    unsigned long long g;
-    unsigned int addr;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b) : "memory");
-}
+// The partials' exchange (session 25): each block writes its partial into slot `rank` of every block's part[]
+// (DSMEM_F32_HEADER's remote_st / remote_st2) before the cluster barrier, and reads its own shared memory after it.
+// No block touches another's shared memory after that barrier, so no closing arrive / wait keeps a block alive for
+// the others; a relaxed arrive at the start, waited on just before the stores, makes sure every block of the cluster
+// has started (its shared memory exists) before anything is written into it.  (The remote LOADS after the barrier
+// that this replaced faulted on the GPU in some builds: docs/step_kernels.md, session 25.)
 // Block sum / max (fmax: NaN skipped, as softmax_kernels' vmax): butterflies, then the warps in order by every
 // thread; red[] reused only after the call's last barrier.
 __device__ __forceinline__ A block_sum(A v, A* red)
