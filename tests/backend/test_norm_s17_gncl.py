@@ -9,7 +9,8 @@ the re-centring and rank 0's per-channel sums -- in float64 against the referenc
 and planes split between blocks; the routing under
 tools/record_launches.py's fake CuPy (the switch on: one gn_fwdc launch of rows * CL blocks, gn_bwdc + col_sum;
 off, 16-bit data even with the removed MINIDNN_GN_CLUSTER_FWD16 / _BWD16 set, and the shapes the register kernels
-hold: the launches before); nvcc (no spills, a spread of configurations).
+hold: the launches before); nvcc (no spills, a spread of configurations; session 25: the partials travel by
+remote stores only, with the barrier phases of that exchange, in the PTX).
 GPU cases (marked cuda): forward (y, mean, rstd) and backward (dx, dscale, dbias) against float64 on the kernel
 table's shapes and ragged ones, float32, with and without affine parameters; every cluster size forced on one shape;
 bitwise repeatable; against the looped kernels on the same inputs; 16-bit rows never launch the clusters.
@@ -358,6 +359,39 @@ def test_512_thread_build_without_spills(tmp_path, monkeypatch):
     log, _ = build(tmp_path, GC.SOURCE, opts, "gn_bwdc", ptx=False)
     assert "0 bytes spill stores" in log, log[-800:]
     assert int(log.split("Used ")[1].split()[0]) <= 64
+
+
+# (backward, CL, VPT, MAXCH, parameter dtype): the default plans with each parameter storage, and the ends
+EXCHANGE = [(False, 7, 4, 1, "float32"), (False, 7, 4, 1, "float16"), (False, 8, 2, 1, "bfloat16"),
+            (False, 4, 4, 1, "float32"), (True, 7, 4, 2, "float32"), (True, 7, 4, 2, "bfloat16"),
+            (True, 8, 4, 4, "float16"), (True, 4, 4, 1, "float32")]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_exchange_by_remote_stores_only(tmp_path):
+    """The partials travel by remote stores (st.shared::cluster) and never by a remote load (session 25: the loads
+    faulted in some softmax_cluster builds); two cluster barrier phases -- a relaxed started-arrive at the start,
+    waited on just before the stores, then the exchange's release arrive and acquire wait -- and none after the
+    output's first global store (no closing wait).  The backward stores two ways: the triple to every block, the
+    channel pairs to rank 0."""
+    from minidnn.backend.cuda import launch
+    for backward, cl, vpt, maxch, pname in EXCHANGE:
+        entry = "gn_bwdc" if backward else "gn_fwdc"
+        opts = GC.options(np.dtype(np.float32), GC._PSTORAGE[pname], cl, vpt, backward, maxch)
+        src, out = tmp_path / "x.cu", tmp_path / "x.ptx"
+        launch.write_source(str(src), GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
+        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(out), str(src)], check=True)
+        b = out.read_text().split(f".entry {entry}")[1].split(".entry")[0]
+        what = (backward, cl, vpt, maxch, pname)
+        assert "ld.shared::cluster" not in b, what
+        assert b.count("st.shared::cluster") == (2 if backward else 1), what
+        assert b.count("barrier.cluster.arrive.relaxed") == 1 and b.count("barrier.cluster.arrive") == 2, what
+        assert b.count("barrier.cluster.wait") == 2, what
+        # started-arrive < its wait < the stores < the release arrive < the acquire wait < the first global store
+        order = [b.index("barrier.cluster.arrive.relaxed"), b.index("barrier.cluster.wait"),
+                 b.index("st.shared::cluster"), b.rindex("st.shared::cluster"),
+                 b.index("barrier.cluster.arrive.release"), b.rindex("barrier.cluster.wait"), b.index("st.global")]
+        assert order == sorted(order) and b.index("barrier.cluster.wait") < b.rindex("barrier.cluster.wait"), what
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------

@@ -19,19 +19,26 @@ Tiling: grid rows * CL blocks of NT threads, cluster = CL consecutive blocks (__
 blockIdx.x / CL; thread t of block `rank` holds vectors lo + t + k * NT, k < VPT (consecutive threads, consecutive
 16-byte addresses), where < hi.
   gn_fwdc  the block's sum b and, about the block's own mean b / n_b, its exact second moment m2 (two block sums
-           over the registers); the pair is published in shared memory; cluster barrier; every block reads the CL
-           pairs through distributed shared memory (lane r of warp 0 loads block r's) and combines them in rank order
-           (Chan's parallel variance: mean = sum b / D, M2 = sum m2 + n_b (b / n_b - mean)^2) -- the same bits in
-           every block; rank 0 writes mean, rstd; y = (x - mean) * rstd * scale[c] + bias[c] from the registers.
+           over the registers); lane j < CL of warp 0 stores the pair into slot `rank` of block j's part[CL][2]
+           through distributed shared memory; cluster barrier; every block combines its own CL slots in rank order
+           (lane r of warp 0 holds block r's pair; Chan's parallel variance: mean = sum b / D,
+           M2 = sum m2 + n_b (b / n_b - mean)^2) -- the same bits in every block; rank 0 writes mean, rstd;
+           y = (x - mean) * rstd * scale[c] + bias[c] from the registers.
   gn_bwdc  per value d = x - mean, g = dy * scale[c]: the block sums (sum d, sum g, sum g d) and, per channel the
            block touches (MAXCH at most, a plane split over two blocks is touched by both), sum dy d and sum dy --
-           from per-vector partials; one exchange of the triple through distributed shared memory (rank order);
+           from per-vector partials; one exchange through distributed shared memory: the triple into slot `rank` of
+           every block's tri[CL][4], the channel pairs into slot `rank` of rank 0's chp[CL][2 MAXCH] (rank 0 alone
+           reads them; only with scale);
            off = sum d / D re-centres x - mean on the row's own mean of the differences (the saved mean is rounded to
            A, norm_kernels' RECENTRE), sum g xhat = rstd (sum g d - off sum g), and
            dx = rstd (g - mean(g) - xhat mean(g xhat)), xhat = (d - off) rstd, from the registers; rank 0 adds each
            channel's partials over the blocks in rank order: e = rstd (sum dy d - off sum dy), s = sum dy.
-A closing cluster arrive (after the last remote read) + wait (at the end) keeps every block's shared partials
-alive until the cluster has read them.  Deterministic; nothing read back to the host (capturable in a graph).
+The exchange is by remote STORES before the cluster barrier (session 25, as softmax_cluster's: the remote loads
+after it, which this replaced, faulted on the GPU in some softmax_cluster builds): a relaxed arrive at the start
+(the block has started), waited on just before the stores; a release arrive after them and an acquire wait before
+each block reads its own slots, in the same rank order as the loads did (the same bits).  Nothing touches another
+block's shared memory after the barrier, so no closing arrive / wait.  Deterministic; nothing read back to the host
+(capturable in a graph).
 
 Switch: GN_CLUSTER (MINIDNN_GN_CLUSTER, read at import; norm_kernels reads the attribute at planning time, so set
 it and clear norm_kernels._plans for an in-process A/B): "1" routes float32 group-norm rows that no register path of
@@ -136,7 +143,30 @@ template <int K> __device__ __forceinline__ void block_sums(A (&v)[K], A* out)
 
 SOURCE = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + CLUSTER_HEADER + DSMEM_F32_HEADER + r"""
 static_assert(sizeof(A) == 4, "float partials: bn_cluster's DSMEM_F32_HEADER");
+static_assert(CL <= 32 && NT >= 32 + 2 * MAXCH, "the exchange's storers: warp 0 (CL lanes), warp 1 (MAXCH lanes)");
 """ + GN_BLOCK_SUMS + r"""
+// The partials' exchange (session 25, softmax_cluster's): each block stores its partials into slot `rank` of the
+// blocks that read them (remote_st / remote_st2 / gn_remote_st4) before the cluster barrier, and every block reads
+// only its own shared memory after it.  One meeting a launch, two barrier phases:
+//   phase 1: cluster_arrive_relaxed() at the start (this block has started: its shared memory exists), waited on
+//            just before the first remote store -- no store lands in a block that has not started;
+//   phase 2: cluster_arrive() (release) after the stores, cluster_wait() (acquire) before the reads -- every block's
+//            stores precede its arrive, so a block past the wait sees all CL slots.
+// Each slot is written once a launch, by one block, and read only after phase 2, so no block ever overwrites a slot
+// that is being read; no block touches another's shared memory after its phase-2 arrive, so nothing needs a closing
+// arrive / wait to keep a block's shared memory alive (the remote LOADS after the barrier that this replaced, with
+// such a closing wait, faulted on the GPU in some softmax_cluster builds: session 25).
+// Store (a, b, c, d) at `local` (16-byte aligned: this block's shared memory address of the slot) in the block of
+// cluster rank `rank` (the backward's triple and a pad, one store).
+__device__ __forceinline__ void gn_remote_st4(float* local, unsigned int rank, float a, float b, float c, float d)
+{
+    unsigned long long g;
+    unsigned int addr;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}
 // This block's vector range [lo, hi) of its group row.
 __device__ __forceinline__ void block_range(int nvec, unsigned int rank, int& lo, int& hi)
 {
@@ -149,8 +179,11 @@ gn_fwdc(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
         A* __restrict__ mean_out, A* __restrict__ rstd_out, const int D, const int G, const int cpg,
         const unsigned int iv_mul, const unsigned int iv_shr, const double eps, const int flags)
 {
-    __shared__ A part[2];          // this block's (sum, second moment about its own mean): read by the cluster
+    // block j's (sum, second moment about its own mean) in part[j], stored there by block j (every block gets all)
+    __shared__ __align__(8) A part[CL][2];
     __shared__ A tot[2];
+    __shared__ A stat[2];
+    cluster_arrive_relaxed();       // started (waited on before the stores)
     const unsigned int rank = cluster_rank();
     const long long r = blockIdx.x / CL;
     const int nvec = D / VEC;
@@ -181,19 +214,19 @@ gn_fwdc(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
             for (int e = 0; e < VEC; ++e) { const A d = LDE(a[k], e) - bmean; q[0] += d * d; }
         }
     block_sums<1>(q, tot + 1);
-    if (threadIdx.x == 0) { part[0] = tot[0]; part[1] = tot[1]; }
+    cluster_wait();                 // every block of the cluster has started
+    if (threadIdx.x < CL) remote_st2(part[rank], threadIdx.x, tot[0], tot[1]);
     cluster_arrive();
     cluster_wait();
     // Chan's combination in rank order, by warp 0 (lane j holds block j's pair): the same bits in every block
-    __shared__ A stat[2];
     if (threadIdx.x < 32) {
         A b = 0, m2 = 0, n = 0;
         if (threadIdx.x < CL) {
             int l, h;
             block_range(nvec, threadIdx.x, l, h);
             n = (A)((h - l) * VEC);
-            b = remote_ld(part, threadIdx.x);
-            m2 = remote_ld(part + 1, threadIdx.x);
+            b = part[threadIdx.x][0];
+            m2 = part[threadIdx.x][1];
         }
         A sum = 0;
 #pragma unroll
@@ -206,7 +239,6 @@ gn_fwdc(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
         for (int j = 0; j < CL; ++j) M2 += __shfl_sync(0xffffffffu, c, j);
         if (threadIdx.x == 0) { stat[0] = mean; stat[1] = (A)1 / sqrt(M2 / (A)D + (A)eps); }
     }
-    cluster_arrive_relaxed();       // this block is done reading the others' partials
     __syncthreads();
     const A mean = stat[0], rstd = stat[1];
     if (threadIdx.x == 0 && rank == 0) { mean_out[r] = mean; rstd_out[r] = rstd; }
@@ -228,7 +260,6 @@ gn_fwdc(const T* __restrict__ x, const PT* __restrict__ scale, const PT* __restr
             yr[vi] = w;
         }
     }
-    cluster_wait();
 }
 
 // Backward.  sums: (N, 2C); MAXCH: the most channels one block's range touches (host: plan).
@@ -237,10 +268,14 @@ gn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
         const PT* __restrict__ scale, A* __restrict__ sums, T* __restrict__ dx, const int D, const int C, const int G,
         const int cpg, const int iv, const unsigned int iv_mul, const unsigned int iv_shr, const int flags)
 {
-    // part: sum d, sum g, sum g d, then per touched channel j (block-local, from this block's first channel):
-    // sum dy d at 3 + 2j, sum dy at 4 + 2j
-    __shared__ A part[3 + 2 * MAXCH];
+    // own: this block's sums -- sum d, sum g, sum g d, then per touched channel j (block-local, from this block's
+    // first channel): sum dy d at 3 + 2j, sum dy at 4 + 2j.  Block j stores its triple (and a pad) into tri[j] of
+    // every block of the cluster, and its channel pairs into chp[j] of rank 0 (the only reader; F_SCALE only).
+    __shared__ A own[3 + 2 * MAXCH];
+    __shared__ __align__(16) A tri[CL][4];
+    __shared__ __align__(8) A chp[CL][2 * MAXCH];
     __shared__ A tot[3];
+    cluster_arrive_relaxed();       // started (waited on before the stores)
     const unsigned int rank = cluster_rank();
     const long long r = blockIdx.x / CL;
     const unsigned int n_ = (unsigned int)((unsigned long long)r / (unsigned int)G);
@@ -282,15 +317,22 @@ gn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
                 if (lc == j) { v[3 + 2 * j] += pe; v[4 + 2 * j] += ps; }
         }
     }
-    block_sums<3 + 2 * MAXCH>(v, part);
+    block_sums<3 + 2 * MAXCH>(v, own);
+    cluster_wait();                 // every block of the cluster has started
+    if (threadIdx.x < CL) {
+        gn_remote_st4(tri[rank], threadIdx.x, own[0], own[1], own[2], (A)0);
+    } else if ((flags & F_SCALE) && threadIdx.x >= 32 && threadIdx.x < 32 + MAXCH) {    // warp 1: pairs to rank 0
+        const int j = (int)threadIdx.x - 32;
+        remote_st2(chp[rank] + 2 * j, 0, own[3 + 2 * j], own[4 + 2 * j]);
+    }
     cluster_arrive();
     cluster_wait();
     if (threadIdx.x < 32) {         // the triple over the cluster, rank order (the same bits in every block)
         A t0 = 0, t1 = 0, t2 = 0;
         if (threadIdx.x < CL) {
-            t0 = remote_ld(part, threadIdx.x);
-            t1 = remote_ld(part + 1, threadIdx.x);
-            t2 = remote_ld(part + 2, threadIdx.x);
+            t0 = tri[threadIdx.x][0];
+            t1 = tri[threadIdx.x][1];
+            t2 = tri[threadIdx.x][2];
         }
         A s0 = 0, s1 = 0, s2 = 0;
 #pragma unroll
@@ -317,14 +359,13 @@ gn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             const int cl0 = (int)divu((unsigned int)l, iv_mul, iv_shr);
             const int cl1 = (int)divu((unsigned int)(h - 1), iv_mul, iv_shr);
             if (c < cl0 || c > cl1) continue;
-            se += remote_ld(part + 3 + 2 * (c - cl0), j);
-            ss += remote_ld(part + 4 + 2 * (c - cl0), j);
+            se += chp[j][2 * (c - cl0)];
+            ss += chp[j][2 * (c - cl0) + 1];
         }
         A* out = sums + (long long)n_ * 2 * C + g0 + c;
         out[0] = is * (se - off * ss);
         out[C] = ss;
     }
-    cluster_arrive_relaxed();       // this block is done reading the others' partials
     V* dr = reinterpret_cast<V*>(dx + r * D);
     const A ioff = off * is;
 #pragma unroll
@@ -340,7 +381,6 @@ gn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
             dr[vi] = w;
         }
     }
-    cluster_wait();
 }
 """
 
