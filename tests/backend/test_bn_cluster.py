@@ -4,7 +4,8 @@ CPU cases: the plan (cluster size, slots, shared memory) for the benchmark's and
 None where a channel does not fit; the kernels' walk emulated in NumPy -- every vector of every channel visited by
 exactly one (rank, thread, slot), every slot within the plan's shared memory -- over ragged splits; the launches
 under tools/record_launches.py's fake CuPy (grid C x CL, NT threads, the planned shared memory; the switch off gives
-bn_fwd1 / bn_bwd1 back; planes that do not fill vectors keep them); nvcc (every form compiles, no spills).
+bn_fwd1 / bn_bwd1 back; planes that do not fill vectors keep them); nvcc (every form compiles, no spills; the
+partials travel by remote stores only, with no closing barrier).
 GPU cases (marked cuda): every form (plain, ReLU, add + ReLU; forward with running statistics and the counter,
 backward with dscale / dbias / dz) against float64 over shapes with ragged splits, float32/float16/bfloat16/
 float64, every cluster size forced; bitwise repeatable; one launch per direction; the large benchmark tensor.
@@ -191,6 +192,48 @@ def test_kernels_compile_without_spills(tmp_path, dtype, cl, bps):
         spill = next(line for line in lines[at:] if "spill stores" in line)
         stores = int(spill.split("bytes spill stores")[0].split(",")[-1])
         assert stores <= (16 if bps == 2 and not backward else 0), spill
+
+
+# (kernel, dtype, CL, bps, flags): the default route's builds (two blocks an SM, fused ReLU / add) at the smallest and
+# largest cluster, forced ones at one block an SM, float64's, and every variant: the twin, its channels-last shadow,
+# DX_NHWC (the channel loop is in every build: its trip count comes from the grid)
+_EXCHANGE = [("bn_fwdc", "float32", 1, 2, dict(relu=True, has_z=True, has_bias=True)),
+             ("bn_bwdc", "float32", 16, 2, dict(relu=True, has_z=True)),
+             ("bn_fwdc", "bfloat16", 16, 1, dict(relu=True, has_z=True, has_bias=True)),
+             ("bn_bwdc", "bfloat16", 4, 2, dict(relu=True, dx_nhwc=True)),
+             ("bn_bwdc", "float16", 8, 1, dict(relu=True, has_z=True, dx_nhwc=True)),
+             ("bn_fwdc", "float16", 4, 2, dict(has_bias=True, twin=True)),
+             ("bn_fwdc", "bfloat16", 8, 2, dict(has_bias=True, twin=True, twin_nhwc=True)),
+             ("bn_fwdc", "float64", 2, 2, dict(relu=True, has_z=True, has_bias=True)),
+             ("bn_bwdc", "float64", 16, 1, dict())]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_exchange_by_remote_stores_only():
+    """The partials travel by remote stores (st.shared::cluster) and never by a remote load (session 25, as
+    softmax_cluster: its remote loads faulted in some builds).  Barrier phases: a relaxed started-arrive at the kernel's
+    start and its wait, once, before the first stores; then a trip's releasing arrive after its stores and the
+    acquiring wait before its gather -- two arrives and two waits in the PTX (the loop's body once), none after the
+    outputs' first store (no closing wait)."""
+    from tests import _nvcc
+    units = []
+    for name, dtype, cl, bps, f in _EXCHANGE:
+        opts = BC._options(_dt(dtype), cl, f.get("relu", False), f.get("has_z", False), True, f.get("has_bias", False),
+                           bps, name == "bn_bwdc", f.get("twin", False), f.get("dx_nhwc", False),
+                           f.get("twin_nhwc", False))
+        units.append((BC.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
+    for (name, dtype, cl, bps, f), r, unit in zip(_EXCHANGE, _nvcc.build(units, ("-std=c++17",), ptx=True), units):
+        assert r.returncode == 0, r.stderr
+        b, what = r.ptx[name], (name, dtype, cl, bps, f)
+        assert ("DX_NHWC=1" in unit[1]) == bool(f.get("dx_nhwc")) and ("TWIN_NHWC=1" in unit[1]) == bool(
+            f.get("twin_nhwc")), what
+        assert b.count("st.shared::cluster.v2.f64") == 1 and "ld.shared::cluster" not in b, what
+        assert b.count("barrier.cluster.arrive.relaxed") == 1 and b.count("barrier.cluster.arrive.release") == 1, what
+        assert b.count("barrier.cluster.arrive") == 2 and b.count("barrier.cluster.wait.acquire") == 2, what
+        assert b.count("barrier.cluster.wait") == 2, what
+        assert (b.index("barrier.cluster.arrive.relaxed") < b.index("barrier.cluster.wait") < b.index("mapa.shared")
+                < b.index("st.shared::cluster") < b.index("barrier.cluster.arrive.release")
+                < b.rindex("barrier.cluster.wait") < b.index("st.global")), what
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------

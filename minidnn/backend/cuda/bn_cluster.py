@@ -22,17 +22,20 @@ dynamic shared memory slot k * NT + t (forward: x; backward: x at slot 2k, the m
 of each array in flight.
   bn_fwdc  pass 1: load x, keep it, accumulate the shifted sums sum(x - K), sum((x - K)^2) (K = the channel's first
            value: the reference's shifted one-pass moments, as bn_fwd1) in A per thread; the block adds them in
-           double (warp butterflies, then the warps in order); cluster barrier; every block adds the CL blocks'
-           partials in rank order from distributed shared memory (the same bits in every block), and derives mean
-           and inv_std; block 0 writes them, the running statistics and BatchNorm's counter; pass 2 writes
-           y = act((x - mean) * inv_std * scale + bias [+ z]) from the kept vectors.
+           double (warp butterflies, then the warps in order) and stores the pair into slot `rank` of every block's
+           partials (distributed shared memory); cluster barrier; every block adds the CL pairs of its own slots in
+           rank order (the same bits in every block), and derives mean and inv_std; block 0 writes them, the
+           running statistics and BatchNorm's counter; pass 2 writes y = act((x - mean) * inv_std * scale + bias
+           [+ z]) from the kept vectors.
   bn_bwdc  pass 1: load x, dy (and y after a fused ReLU: g = dy where y > 0), keep x and g, accumulate sum(g),
            sum(g * xhat); the same exchange; block 0 writes dbias, dscale, coef; pass 2 writes
            dx = scale * inv_std * (g - mean(g) - xhat * mean(g * xhat)) (and dz = g) from the kept vectors;
            built with DX_NHWC, dx's values go to their channels-last memory offsets instead (DX_NHWC_HEADER), the
            rest of the kernel as it is, so dx has the plain kernel's bits.
-A second cluster barrier (arrive after the exchange, wait at the end) keeps every block's partials alive until the
-other blocks have read them.  Deterministic; nothing is read back to the host (capturable in a CUDA graph).
+The partials travel by remote stores before the barrier, never by remote loads (session 25, as softmax_cluster): a
+relaxed cluster arrive at the start, waited on before the first stores, makes sure every block has started; nothing
+touches another block's shared memory after a channel's barrier, so a block leaves without waiting for its cluster.
+Deterministic; nothing is read back to the host (capturable in a CUDA graph).
 The launch takes the same arrays, in the same order, as bn_fwd1 / bn_bwd1 (the partial and ticket buffers are
 not used), so bn_kernels' settled calls run either.
 """
@@ -68,6 +71,9 @@ UNROLL = 4            # vectors in flight per thread and array (see _options)
 SIZES = (1, 2, 4, 8, 16)
 _NON_PORTABLE = 14          # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 _STATIC = 1024              # bytes of static shared memory a block (an upper bound: the partials and the warps' sums)
+# (part[2][CL][2] doubles, warp_sum[NW][2], tot[2]: 784 bytes at NT 512 and CL 16; 1040 at MINIDNN_BN_CLUSTER_NT=1024
+# and CL 16, 16 over -- harmless there, as dyn is a multiple of 16 KiB, except a forced two-block plan at exactly
+# per_block2, which would then hold one block an SM)
 
 # A backward dx in channels-last MEMORY for an NCHW x, shared by bn_kernels' bn_bwd1 and bn_bwdc built with
 # -DDX_NHWC=1 (absent otherwise: the plain kernels' text and PTX).  Needs VEC and fast_div defined before it.
@@ -185,7 +191,7 @@ __device__ __forceinline__ unsigned int fast_div(unsigned int n, unsigned int mu
     return (__umulhi(n, mul) + n) >> shr;
 }
 """ + DX_NHWC_HEADER + r"""
-""" + CLUSTER_HEADER + _nhwc.BN_OUT + r"""
+""" + CLUSTER_HEADER + DSMEM_F32_HEADER + _nhwc.BN_OUT + r"""
 // streaming (evict-first) loads and stores: nothing here is read again from L2
 __device__ __forceinline__ Pack ldcs(const T* p)
 {
@@ -230,17 +236,41 @@ __device__ __forceinline__ Range range_of(int outer, int C, int inner, int iv, u
 }
 
 // The channel loop (both kernels): cluster q of the G = gridDim.x / CL clusters takes channels q, q + G, ...
-// Channel i's partials go to part[i & 1] (double-buffered, so one barrier a channel suffices: a block overwrites
-// part[i & 1] at channel i + 2, after the barrier of channel i + 1, which every block reaches only after reading
-// channel i's partials).  The route launches a cluster a channel (G = C, one trip); fewer clusters (CLUSTERS_CAP)
-// loop over several.  (A persistent grid keeping two buffers, the next channel's reads under this one's meeting,
-// ran slower on an H100 -- session 10 -- and was removed.)
+// The route launches a cluster a channel (G = C, one trip); fewer clusters (CLUSTERS_CAP) loop over several.  (A
+// persistent grid keeping two buffers, the next channel's reads under this one's meeting, ran slower on an H100 --
+// session 10 -- and was removed.)
+//   arrive         (relaxed, at the kernel's start) this block has started
 //   load(c)        pass 1 of channel c into the kept slots: the thread's sums (s1, s2)
-//   publish        the block's sums in double (warp butterflies, the warps in order) into part[i & 1], arrive
-//   wait, gather   every block adds the CL blocks' partials in rank order (the same bits in every block)
+//   wait           (once, before the first trip) every block of the cluster has started: its shared memory exists
+//   publish        the block's sums in double (warp butterflies, the warps in order); lane j < CL of warp 0 stores
+//                  them into slot `rank` of block j's part[i & 1]; arrive (release: the stores)
+//   wait, gather   (acquire) every block adds the CL pairs of its OWN part[i & 1] in rank order (the same bits in
+//                  every block)
 //   store(c)       pass 2 from the kept vectors, then load(c + G)
-// At the end an arrive + wait keeps every block's partials alive until the others have read them.
-__device__ __forceinline__ void publish(A s1, A s2, double* part)
+// The partials travel by remote stores only (session 25; softmax_cluster's remote loads after the barrier faulted
+// on the GPU in some builds): no block touches another's shared memory after a barrier, so there is no closing
+// arrive / wait -- a block's last wait already follows every store into its shared memory.
+// part is double-buffered by trip (channel i of the loop: part[i & 1]), so one barrier a trip suffices.  Block A
+// stores into buffer i & 1 of block B at trips i and i + 2.  Its stores of trip i + 2 follow (in A's program order)
+// its wait of trip i + 1, which returns only after B's arrive of trip i + 1, which B makes in its publish of trip
+// i + 1 -- after its gather of trip i (and its pass 2 and next load) read buffer i & 1: B's reads happen before A's
+// overwrite.  A's stores of trip i + 1 (the other buffer) may land while B still reads buffer i & 1 of trip i (A
+// passed the wait of trip i, B may not have gathered yet): different slots.  And B's gather of trip i follows its
+// wait of trip i, which follows every block's arrive of trip i, each after that block's stores of trip i (release /
+// acquire): B reads complete pairs.  The first trip's stores follow the started-wait (B's shared memory exists).
+__device__ __forceinline__ void remote_st2d(double* local, unsigned int rank, double a, double b)
+{   // the pair (a, b) at `local` (this block's address of a 16-byte slot) in the block of cluster rank `rank`
+    unsigned long long g;
+    unsigned int addr;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
+    asm volatile("st.shared::cluster.v2.f64 [%0], {%1, %2};" :: "r"(addr), "d"(a), "d"(b) : "memory");
+}
+
+// The block's sums (t1, t2) into slot `rank` of part (this trip's part[i & 1]) in every block of the cluster -- lane
+// j < CL of warp 0 stores block j's, all CL stores in flight at once; each such lane adds the warps' sums in the same
+// order (the same bits) -- then the releasing arrive.
+__device__ __forceinline__ void publish(A s1, A s2, double (*part)[2])
 {
     __shared__ double warp_sum[NW][2];
     double a = s1, b = s2;
@@ -252,30 +282,23 @@ __device__ __forceinline__ void publish(A s1, A s2, double* part)
     const int w = threadIdx.x / 32;
     if ((threadIdx.x & 31) == 0) { warp_sum[w][0] = a; warp_sum[w][1] = b; }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < CL) {
         double t1 = 0, t2 = 0;
         for (int i = 0; i < NW; ++i) { t1 += warp_sum[i][0]; t2 += warp_sum[i][1]; }
-        part[0] = t1; part[1] = t2;
+        remote_st2d(part[cluster_rank()], threadIdx.x, t1, t2);
     }
     cluster_arrive();
 }
 
-// After the wait: the cluster's sums from every block's part -- lane r of warp 0 loads block r's pair (all CL
-// loads in flight at once), then the warp adds them in rank order by shuffles (the same bits in every block) --
-// through shared memory to every thread.
-__device__ __forceinline__ void gather(const double* part, double& t1, double& t2)
+// After the wait: the cluster's sums from this block's own part (part[r]: block r's pair) -- lane r of warp 0 reads
+// rank r's pair, then the warp adds them in rank order by shuffles (the same bits in every block) -- through shared
+// memory to every thread.
+__device__ __forceinline__ void gather(const double (*part)[2], double& t1, double& t2)
 {
     __shared__ double tot[2];
     if (threadIdx.x < 32) {
         double v0 = 0, v1 = 0;
-        if (threadIdx.x < CL) {
-            unsigned long long g;
-            unsigned int remote;
-            asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(part));
-            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote)
-                         : "r"((unsigned int)g), "r"((unsigned int)threadIdx.x));
-            asm volatile("ld.shared::cluster.v2.f64 {%0, %1}, [%2];" : "=d"(v0), "=d"(v1) : "r"(remote));
-        }
+        if (threadIdx.x < CL) { v0 = part[threadIdx.x][0]; v1 = part[threadIdx.x][1]; }
         double a = 0, b = 0;
 #pragma unroll
         for (int r = 0; r < CL; ++r) {
@@ -298,7 +321,8 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
         const unsigned int iv_shr, const double factor, const double eps, const int has_running,
         const int has_counter)
 {
-    __shared__ __align__(16) double part[2][2];
+    __shared__ __align__(16) double part[2][CL][2];     // [trip & 1][rank]: block rank's pair, stored there by it
+    cluster_arrive_relaxed();       // started (waited on before the first trip's stores)
     const int G = gridDim.x / CL;
     const Range rg = range_of(outer, C, inner, iv, iv_mul, iv_shr);
     const int n = rg.count();
@@ -323,6 +347,7 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
     A K, s1, s2;
     int c = blockIdx.x / CL;
     load(c, K, s1, s2);
+    cluster_wait();                 // every block of the cluster has started
     for (int i = 0; c < C; ++i, c += G) {
         publish(s1, s2, part[i & 1]);
         A Kn = 0, s1n = 0, s2n = 0;
@@ -380,8 +405,6 @@ bn_fwdc(const T* __restrict__ x, const T* __restrict__ z, T* __restrict__ y, voi
         if (c + G < C) load(c + G, Kn, s1n, s2n);
         K = Kn; s1 = s1n; s2 = s2n;
     }
-    cluster_arrive();
-    cluster_wait();
 }
 
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, BPS)
@@ -391,7 +414,8 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         T* __restrict__ dz, const int outer, const int C, const int inner, const int iv, const unsigned int iv_mul,
         const unsigned int iv_shr)
 {
-    __shared__ __align__(16) double part[2][2];
+    __shared__ __align__(16) double part[2][CL][2];     // [trip & 1][rank]: block rank's pair, stored there by it
+    cluster_arrive_relaxed();       // started (waited on before the first trip's stores)
     const int G = gridDim.x / CL;
     const Range rg = range_of(outer, C, inner, iv, iv_mul, iv_shr);
     const int n = rg.count();
@@ -427,6 +451,7 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
     A s1, s2;
     int c = blockIdx.x / CL;
     load(c, s1, s2);
+    cluster_wait();                 // every block of the cluster has started
     for (int i = 0; c < C; ++i, c += G) {
         publish(s1, s2, part[i & 1]);
         A s1n = 0, s2n = 0;
@@ -471,8 +496,6 @@ bn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const T* __restrict__
         if (c + G < C) load(c + G, s1n, s2n);
         s1 = s1n; s2 = s2n;
     }
-    cluster_arrive();
-    cluster_wait();
 }
 """
 
