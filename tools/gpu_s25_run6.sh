@@ -12,8 +12,8 @@ tests/backend/test_bn_dx_nhwc.py tests/backend/test_bn_twin.py tests/backend/tes
 tests/backend/test_norm_s17_gncl.py tests/backend/test_norm_s18_gn16.py tests/backend/test_norm_s18_gn16b.py tests/backend/test_softmax_cluster.py"
 K="python3 bench/kernels_gpu.py --timing graph"
 export CMDS="python3 tools/gncl_exchange_ab.py $GNCL_OLD 2>&1 | grep -v -i warn | tail -40;;\
-$K --only bn --sizes large,large2 --dtypes float32,bfloat16 2>&1 | grep -E 'bn|batch' | cut -c1-150;;\
-cd ../.snap_old && $K --only bn --sizes large,large2 --dtypes float32,bfloat16 2>&1 | grep -E 'bn|batch' | cut -c1-150;;\
-$K --only gn --sizes large2 --dtypes float32 2>&1 | grep -E 'gn|group' | cut -c1-150;;\
-cd ../.snap_old && $K --only gn --sizes large2 --dtypes float32 2>&1 | grep -E 'gn|group' | cut -c1-150"
+$K --only bn --sizes large,large2 --dtypes float32,bfloat16 2>&1 | grep -E 'bn |batch norm|kernel' | cut -c1-150;;\
+(cd ../.snap_old && $K --only bn --sizes large,large2 --dtypes float32,bfloat16 2>&1 | grep -E 'bn |batch norm|kernel' | cut -c1-150);;\
+$K --only gn --sizes large2 --dtypes float32 2>&1 | grep -E 'group norm|kernel' | cut -c1-150;;\
+(cd ../.snap_old && $K --only gn --sizes large2 --dtypes float32 2>&1 | grep -E 'group norm|kernel' | cut -c1-150)"
 exec bash tools/gpu_s9_parts.sh
