@@ -4,6 +4,8 @@
 # bitwise against the remote-load build it replaced (tools/gncl_exchange_ab.py, with the old module at $GNCL_OLD);
 # and the kernel table's batch norm / group norm rows at HEAD and at the tree before (../.snap_old: 012dd2b), beside
 # PyTorch.
+# (On the device, commands 3 and 5 failed: gpu_s9_parts runs `timeout CMD`, which takes no subshell; run 7 timed
+# the old tree from the command line instead -- bench/kernels_gpu.py in each tree, alternated.)
 #   From clean archives of HEAD (.snap) and 012dd2b (.snap_old):  OUT=$OUT GNCL_OLD=... bash tools/gpu_s25_run6.sh
 cd "$(dirname "$0")/.."
 export TLIMIT=${TLIMIT:-170} CTIME=${CTIME:-110} TAIL=${TAIL:-40}
