@@ -94,7 +94,8 @@ MINB_BWD = 4
 # remote shared read (the DSMEM exchange's ld.shared::cluster) -- or hung, in about half the launches of 132-1000
 # rows; at MINB 4 and 2 the same calls ran clean 3 of 3 times each.  norm_gncl's cluster kernels (40 and 64
 # registers) never showed it.  So both directions take 64 registers (the tested regime) until a 32-register build is
-# understood.
+# understood.  (Session 25: that read is gone -- the partials now travel by remote stores, which ran clean where the
+# loads faulted -- so a 32-register forward could be timed again, for VPT <= 4 plans: VPT_FWD's take 56-63.)
 # "1": the backward takes clusters only for calls of at most this many rows per SM (0: no cap).  The helper's guess
 # was 4 (softmax_kernels' stashed backward reaches 80-92% of copy at thousands of rows); run 10 (H200, graph replays)
 # had the clusters ahead at every row count: float32 softmax backward (4096, 50257) 0.9085 -> 0.5979 ms (99% of
