@@ -374,14 +374,15 @@ def test_exchange_by_remote_stores_only(tmp_path):
     waited on just before the stores, then the exchange's release arrive and acquire wait -- and none after the
     output's first global store (no closing wait).  The backward stores two ways: the triple to every block, the
     channel pairs to rank 0."""
-    from minidnn.backend.cuda import launch
+    from tests import _nvcc
+    units = []
     for backward, cl, vpt, maxch, pname in EXCHANGE:
-        entry = "gn_bwdc" if backward else "gn_fwdc"
         opts = GC.options(np.dtype(np.float32), GC._PSTORAGE[pname], cl, vpt, backward, maxch)
-        src, out = tmp_path / "x.cu", tmp_path / "x.ptx"
-        launch.write_source(str(src), GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
-        subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(out), str(src)], check=True)
-        b = out.read_text().split(f".entry {entry}")[1].split(".entry")[0]
+        units.append((GC.SOURCE, [o[2:] for o in opts if o.startswith("-D")]))
+    for (backward, cl, vpt, maxch, pname), r in zip(EXCHANGE, _nvcc.build(units, ("-std=c++17",), ptx=True,
+                                                                        tmp=tmp_path)):
+        assert r.returncode == 0, r.stderr[-1500:]
+        b = r.ptx["gn_bwdc" if backward else "gn_fwdc"]
         what = (backward, cl, vpt, maxch, pname)
         assert "ld.shared::cluster" not in b, what
         assert b.count("st.shared::cluster") == (2 if backward else 1), what
