@@ -392,25 +392,18 @@ def test_exchange_by_remote_stores_only(tmp_path):
     """The partials travel by remote stores (st.shared::cluster) and never by a remote load (session 25: the loads
     faulted in some builds); two cluster barrier phases -- a started-arrive at the start, waited on just before the
     stores, and the exchange -- and none after the output's first store (no closing wait)."""
-    for algo, fexp in (("ACCURATE", 0), ("LOG", 1)):
-        for name in ("float32", "bfloat16"):
-            opts = SC.options(_dtype(name), algo, SC.Launch(4, 256, 4, 4, 1, fexp))
-            src, out = tmp_path / "x.cu", tmp_path / "x.ptx"
-            _launch_write(str(src), opts)
-            subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-o", str(out), str(src)], check=True)
-            text = out.read_text()
-            for kernel in ("smx_fwdc", "smx_bwdc"):
-                b = text.split(f".entry {kernel}")[1].split(".entry")[0]
-                what = (name, algo, kernel)
-                assert "st.shared::cluster" in b and "ld.shared::cluster" not in b, what
-                assert b.count("barrier.cluster.wait") == 2 and b.count("barrier.cluster.arrive") == 2, what
-                assert b.index("barrier.cluster.arrive.relaxed") < b.index("st.shared::cluster"), what
-                assert b.rindex("barrier.cluster.wait") < b.index("st.global"), what
-
-
-def _launch_write(path, opts):
-    from minidnn.backend.cuda import launch as _L
-    _L.write_source(path, SC.SOURCE, [o[2:] for o in opts if o.startswith("-D")])
+    cases = [(name, algo, fexp) for algo, fexp in (("ACCURATE", 0), ("LOG", 1)) for name in ("float32", "bfloat16")]
+    units = [(SC.SOURCE, [o[2:] for o in SC.options(_dtype(name), algo, SC.Launch(4, 256, 4, 4, 1, fexp))
+                          if o.startswith("-D")]) for name, algo, fexp in cases]
+    for (name, algo, _), r in zip(cases, nvcc_build(units, options=("-std=c++17",), ptx=True, tmp=tmp_path)):
+        assert r.returncode == 0, r.stderr[-1500:]
+        for kernel in ("smx_fwdc", "smx_bwdc"):
+            b = r.ptx[kernel]
+            what = (name, algo, kernel)
+            assert "st.shared::cluster" in b and "ld.shared::cluster" not in b, what
+            assert b.count("barrier.cluster.wait") == 2 and b.count("barrier.cluster.arrive") == 2, what
+            assert b.index("barrier.cluster.arrive.relaxed") < b.index("st.shared::cluster"), what
+            assert b.rindex("barrier.cluster.wait") < b.index("st.global"), what
 
 
 # ---- CPU: the routing under the fake CuPy -------------------------------------------------------------------------
