@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (MINIDNN_SOFTMAX_CLUSTER_VPT_F32 was renamed MINIDNN_SOFTMAX_CLUSTER_VPT_FWD in session 25: the name below is a
+# record of run 1, ignored since.)
 # The next session's first device call (written by session 24, which measured VPT_F32 with its last device seconds):
 # the cluster softmax module's cuda tests with MINIDNN_SOFTMAX_CLUSTER_VPT_F32=8 (the float32 forwards' 256-thread
 # blocks at up to 8 vectors a thread; off by default until these pass), and beside it the default; then the A/B of

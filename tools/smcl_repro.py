@@ -18,8 +18,8 @@ CASES = ["float32:64x50257:fwd:ACCURATE", "float32:300x16385:fwd:ACCURATE", "flo
 def main(cases):
     import os
     cp = _dev.require_cupy()
-    if os.environ.get("SMCL_RELEASE") == "1":      # the closing arrive with release semantics
-        SC.SOURCE = SC.SOURCE.replace("barrier.cluster.arrive.relaxed.aligned",
+    if os.environ.get("SMCL_RELEASE") == "1":      # the start's arrive with release semantics (before session 25:
+        SC.SOURCE = SC.SOURCE.replace("barrier.cluster.arrive.relaxed.aligned",   # the closing arrive's)
                                       "barrier.cluster.arrive.release.aligned")
     if os.environ.get("SMCL_MINB"):
         SC.MINB_FWD = int(os.environ["SMCL_MINB"])

@@ -110,7 +110,8 @@ def test_vpt_fwd_plans(monkeypatch, args, want):
     monkeypatch.setattr(SC, "VPT_FWD", 4)
     q = SC.plan(rows, c, np.dtype(np.float32), algo, backward, 0, "1")
     assert q is None or q.vpt <= SC.VPT_MAX
-    assert q == p if backward else True                                                     # backwards: no change
+    if backward:
+        assert q == p                                                                       # backwards: no change
 
 
 VPT_FWD_16 = [
@@ -402,8 +403,12 @@ def test_exchange_by_remote_stores_only(tmp_path):
             what = (name, algo, kernel)
             assert "st.shared::cluster" in b and "ld.shared::cluster" not in b, what
             assert b.count("barrier.cluster.wait") == 2 and b.count("barrier.cluster.arrive") == 2, what
-            assert b.index("barrier.cluster.arrive.relaxed") < b.index("st.shared::cluster"), what
-            assert b.rindex("barrier.cluster.wait") < b.index("st.global"), what
+            assert b.count("barrier.cluster.arrive.relaxed") == 1 and b.count("barrier.cluster.arrive.release") == 1
+            # started-arrive < its wait < the stores < the release arrive < the acquire wait < the output's stores
+            order = [b.index("barrier.cluster.arrive.relaxed"), b.index("barrier.cluster.wait"),
+                     b.index("st.shared::cluster"), b.rindex("st.shared::cluster"),
+                     b.index("barrier.cluster.arrive.release"), b.rindex("barrier.cluster.wait"), b.index("st.global")]
+            assert order == sorted(order) and b.index("barrier.cluster.wait") < b.rindex("barrier.cluster.wait"), what
 
 
 # ---- CPU: the routing under the fake CuPy -------------------------------------------------------------------------
@@ -477,6 +482,14 @@ def test_environment_read_at_import():
             assert r.returncode == 0 and r.stdout.strip() == val, r.stderr[-800:]
         else:
             assert r.returncode != 0 and "MINIDNN_SOFTMAX_CLUSTER" in r.stderr
+    code = "from minidnn.backend.cuda import softmax_cluster as SC; print(SC.VPT_FWD)"
+    for val, ok in (("4", True), ("6", True), ("3", False), ("9", False)):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                           env=dict(os.environ, MINIDNN_SOFTMAX_CLUSTER_VPT_FWD=val))
+        if ok:
+            assert r.returncode == 0 and r.stdout.strip() == val, r.stderr[-800:]
+        else:
+            assert r.returncode != 0 and "MINIDNN_SOFTMAX_CLUSTER_VPT_FWD" in r.stderr
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ template <int K> __device__ __forceinline__ void block_sums(A (&v)[K], A* out)
 
 SOURCE = STORAGE_HEADER + WARP_REDUCE + GN_DATA_HEADER + CLUSTER_HEADER + DSMEM_F32_HEADER + r"""
 static_assert(sizeof(A) == 4, "float partials: bn_cluster's DSMEM_F32_HEADER");
-static_assert(CL <= 32 && NT >= 32 + 2 * MAXCH, "the exchange's storers: warp 0 (CL lanes), warp 1 (MAXCH lanes)");
+static_assert(CL <= 32 && NT >= 32 + MAXCH, "the exchange's storers: warp 0 (CL lanes), warp 1 (MAXCH lanes)");
 """ + GN_BLOCK_SUMS + r"""
 // The partials' exchange (session 25, softmax_cluster's): each block stores its partials into slot `rank` of the
 // blocks that read them (remote_st / remote_st2 / gn_remote_st4) before the cluster barrier, and every block reads

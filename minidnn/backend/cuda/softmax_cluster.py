@@ -80,6 +80,9 @@ NTS = (256, 512)        # threads a block
 # remote-store exchange: with the remote loads before it, the 16-bit softmax forward at 4 x 256 x 8 faulted on every
 # launch.  4 (MINIDNN_SOFTMAX_CLUSTER_VPT_FWD=4) is the rule before.
 VPT_FWD = int(os.environ.get("MINIDNN_SOFTMAX_CLUSTER_VPT_FWD", "8"))
+if not VPT_MAX <= VPT_FWD <= 8:
+    raise ValueError(f"MINIDNN_SOFTMAX_CLUSTER_VPT_FWD={VPT_FWD}: {VPT_MAX} (the rule before) to 8 (the default; more "
+                     "spills at the 64-register bound)")
 # ... except where its plan puts fewer than this many blocks an SM and the VPT_MAX plan more (run 4, H200: at 64 rows
 # the 16-bit forwards at 4 x 256 x 7-8 -- 256 blocks on 132 SMs, at most 4 resident an SM -- ran 0.86-0.89x the
 # VPT_MAX plan's 448-512 blocks; 132 rows at 4 x 256 x 8, 528 blocks, level; float32 (64, 50257) at 7 x 256 x 8 has
