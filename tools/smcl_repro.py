@@ -1,6 +1,10 @@
 """One cluster softmax call at a time (softmax_cluster, "all"), synchronised after each: for compute-sanitizer.
 
     compute-sanitizer --tool memcheck python3 tools/smcl_repro.py [float32:64x50257:fwd:ACCURATE[:CL,NT] ...]
+    REPEAT=10000 python3 tools/smcl_repro.py bfloat16:2048x65536:fwd:ACCURATE:4,256     # a bitwise stress
+
+REPEAT=N (session 25): each case's call N more times, every output compared bit for bit with the first (a cluster
+exchange that went wrong now and then -- a store landing in the wrong slot -- would show as a mismatch).
 """
 import sys
 
@@ -42,6 +46,16 @@ def main(cases):
             cp.cuda.Device().synchronize()
             print("  dx finite", bool(cp.isfinite(dx.astype(np.float32)).all()), flush=True)
         print("  ok, y finite", bool(cp.isfinite(y.astype(np.float32)).all()), flush=True)
+        n = int(os.environ.get("REPEAT", "0"))
+        if n:
+            bad = 0
+            for _ in range(n):
+                y2 = B.softmax_forward(None, a, None, x, axis=-1)
+                bad += int(not bool(cp.array_equal(y2.view(cp.uint8), y.view(cp.uint8))))
+                if way == "bwd":
+                    dx2 = B.softmax_backward(None, a, None, y, x, axis=-1)
+                    bad += int(not bool(cp.array_equal(dx2.view(cp.uint8), dx.view(cp.uint8))))
+            print(f"  {n} repeats: {bad} outputs differ from the first", flush=True)
 
 
 if __name__ == "__main__":
