@@ -474,22 +474,19 @@ print(repr(out))
 
 
 def test_environment_read_at_import():
-    code = "from minidnn.backend.cuda import softmax_cluster as SC; print(SC.CLUSTER)"
-    for val, ok in (("all", True), ("1", True), ("0", True), ("yes", False)):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                           env=dict(os.environ, MINIDNN_SOFTMAX_CLUSTER=val))
-        if ok:
-            assert r.returncode == 0 and r.stdout.strip() == val, r.stderr[-800:]
-        else:
-            assert r.returncode != 0 and "MINIDNN_SOFTMAX_CLUSTER" in r.stderr
-    code = "from minidnn.backend.cuda import softmax_cluster as SC; print(SC.VPT_FWD)"
-    for val, ok in (("4", True), ("6", True), ("3", False), ("9", False)):
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                           env=dict(os.environ, MINIDNN_SOFTMAX_CLUSTER_VPT_FWD=val))
-        if ok:
-            assert r.returncode == 0 and r.stdout.strip() == val, r.stderr[-800:]
-        else:
-            assert r.returncode != 0 and "MINIDNN_SOFTMAX_CLUSTER_VPT_FWD" in r.stderr
+    """MINIDNN_SOFTMAX_CLUSTER and MINIDNN_SOFTMAX_CLUSTER_VPT_FWD: read at import, a bad value refused there."""
+    for attr, var, cases in (("CLUSTER", "MINIDNN_SOFTMAX_CLUSTER", (("all", True), ("1", True), ("0", True),
+                                                                    ("yes", False))),
+                             ("VPT_FWD", "MINIDNN_SOFTMAX_CLUSTER_VPT_FWD", (("4", True), ("6", True), ("3", False),
+                                                                            ("9", False)))):
+        code = f"from minidnn.backend.cuda import softmax_cluster as SC; print(SC.{attr})"
+        for val, ok in cases:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                               env=dict(os.environ, **{var: val}))
+            if ok:
+                assert r.returncode == 0 and r.stdout.strip() == val, r.stderr[-800:]
+            else:
+                assert r.returncode != 0 and var in r.stderr
 
 
 # ---- GPU ----------------------------------------------------------------------------------------------------------
