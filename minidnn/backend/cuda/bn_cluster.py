@@ -137,10 +137,10 @@ __device__ __forceinline__ void cluster_wait()
 }
 """
 
-# The cluster kernels' exchange by remote stores (softmax_cluster, norm_gncl; bn_cluster takes the relaxed arrive and
-# has its own double store): each block stores its partial into slot `rank` of every block's shared memory before the
-# cluster barrier and reads its own after it (session 25: the remote LOADS after the barrier that this replaced
-# faulted on the GPU in some softmax builds, and the stores ran clean, bitwise the same and 1-4% faster).
+# The cluster kernels' exchange by remote stores (softmax_cluster, norm_gncl, bn_cluster): each block stores its
+# partial into slot `rank` of every block's shared memory before the cluster barrier and reads its own after it
+# (session 25: the remote LOADS after the barrier that this replaced faulted on the GPU in some softmax builds, and the
+# stores ran clean, bitwise the same and 1-4% faster).
 DSMEM_F32_HEADER = r"""
 // An arrive without memory ordering: at a kernel's start, "this block has started" -- waited on just before the first
 // remote store, so every block's shared memory exists when it is written.  (A releasing arrive would make ptxas put
@@ -149,25 +149,37 @@ __device__ __forceinline__ void cluster_arrive_relaxed()
 {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
-// Store `a` (and `b` after it) at `local` (this block's shared memory address of the slot) in the block of cluster
-// rank `rank`: the exchange by remote stores BEFORE the cluster barrier (softmax_cluster, session 25: the remote
-// loads after it faulted on the GPU in some builds).  The receiving block must have started: a relaxed arrive at the
-// kernel's start, waited on before the first store.
-__device__ __forceinline__ void remote_st(float* local, unsigned int rank, float a)
+// The shared::cluster address of `local` (this block's shared memory) in the block of cluster rank `rank`.
+__device__ __forceinline__ unsigned int cluster_addr(const void* local, unsigned int rank)
 {
     unsigned long long g;
     unsigned int addr;
     asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(addr), "f"(a) : "memory");
+    return addr;
+}
+// Store the values at `local` (this block's address of the slot; aligned to the store's size) in the block of
+// cluster rank `rank`: the exchange by remote stores BEFORE the cluster barrier (softmax_cluster, session 25: the
+// remote loads after it faulted on the GPU in some builds).  The receiving block must have started: a relaxed arrive
+// at the kernel's start, waited on before the first store.
+__device__ __forceinline__ void remote_st(float* local, unsigned int rank, float a)
+{
+    asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(cluster_addr(local, rank)), "f"(a) : "memory");
 }
 __device__ __forceinline__ void remote_st2(float* local, unsigned int rank, float a, float b)
 {
-    unsigned long long g;
-    unsigned int addr;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(a), "f"(b) : "memory");
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(cluster_addr(local, rank)), "f"(a), "f"(b)
+                 : "memory");
+}
+__device__ __forceinline__ void remote_st4(float* local, unsigned int rank, float a, float b, float c, float d)
+{
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(cluster_addr(local, rank)), "f"(a),
+                 "f"(b), "f"(c), "f"(d) : "memory");
+}
+__device__ __forceinline__ void remote_st2d(double* local, unsigned int rank, double a, double b)
+{
+    asm volatile("st.shared::cluster.v2.f64 [%0], {%1, %2};" :: "r"(cluster_addr(local, rank)), "d"(a), "d"(b)
+                 : "memory");
 }
 """
 
@@ -249,14 +261,6 @@ __device__ __forceinline__ Range range_of(int outer, int C, int inner, int iv, u
 // passed the wait of trip i, B may not have gathered yet): different slots.  And B's gather of trip i follows its
 // wait of trip i, which follows every block's arrive of trip i, each after that block's stores of trip i (release /
 // acquire): B reads complete pairs.  The first trip's stores follow the started-wait (B's shared memory exists).
-__device__ __forceinline__ void remote_st2d(double* local, unsigned int rank, double a, double b)
-{   // the pair (a, b) at `local` (this block's address of a 16-byte slot) in the block of cluster rank `rank`
-    unsigned long long g;
-    unsigned int addr;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("st.shared::cluster.v2.f64 [%0], {%1, %2};" :: "r"(addr), "d"(a), "d"(b) : "memory");
-}
 
 // The block's sums (t1, t2) into slot `rank` of part (this trip's part[i & 1]) in every block of the cluster -- lane
 // j < CL of warp 0 stores block j's, all CL stores in flight at once; each such lane adds the warps' sums in the same

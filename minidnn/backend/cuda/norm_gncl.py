@@ -146,7 +146,7 @@ static_assert(sizeof(A) == 4, "float partials: bn_cluster's DSMEM_F32_HEADER");
 static_assert(CL <= 32 && NT >= 32 + MAXCH, "the exchange's storers: warp 0 (CL lanes), warp 1 (MAXCH lanes)");
 """ + GN_BLOCK_SUMS + r"""
 // The partials' exchange (session 25, softmax_cluster's): each block stores its partials into slot `rank` of the
-// blocks that read them (remote_st / remote_st2 / gn_remote_st4) before the cluster barrier, and every block reads
+// blocks that read them (remote_st4 / remote_st2) before the cluster barrier, and every block reads
 // only its own shared memory after it.  One meeting a launch, two barrier phases:
 //   phase 1: cluster_arrive_relaxed() at the start (this block has started: its shared memory exists), waited on
 //            just before the first remote store -- no store lands in a block that has not started;
@@ -156,17 +156,6 @@ static_assert(CL <= 32 && NT >= 32 + MAXCH, "the exchange's storers: warp 0 (CL 
 // that is being read; no block touches another's shared memory after its phase-2 arrive, so nothing needs a closing
 // arrive / wait to keep a block's shared memory alive (the remote LOADS after the barrier that this replaced, with
 // such a closing wait, faulted on the GPU in some softmax_cluster builds: session 25).
-// Store (a, b, c, d) at `local` (16-byte aligned: this block's shared memory address of the slot) in the block of
-// cluster rank `rank` (the backward's triple and a pad, one store).
-__device__ __forceinline__ void gn_remote_st4(float* local, unsigned int rank, float a, float b, float c, float d)
-{
-    unsigned long long g;
-    unsigned int addr;
-    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(g) : "l"(local));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"((unsigned int)g), "r"(rank));
-    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" :: "r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
-                 : "memory");
-}
 // This block's vector range [lo, hi) of its group row.
 __device__ __forceinline__ void block_range(int nvec, unsigned int rank, int& lo, int& hi)
 {
@@ -320,7 +309,7 @@ gn_bwdc(const T* __restrict__ x, const T* __restrict__ dy, const A* __restrict__
     block_sums<3 + 2 * MAXCH>(v, own);
     cluster_wait();                 // every block of the cluster has started
     if (threadIdx.x < CL) {
-        gn_remote_st4(tri[rank], threadIdx.x, own[0], own[1], own[2], (A)0);
+        remote_st4(tri[rank], threadIdx.x, own[0], own[1], own[2], (A)0);
     } else if ((flags & F_SCALE) && threadIdx.x >= 32 && threadIdx.x < 32 + MAXCH) {    // warp 1: pairs to rank 0
         const int j = (int)threadIdx.x - 32;
         remote_st2(chp[rank] + 2 * j, 0, own[3 + 2 * j], own[4 + 2 * j]);
